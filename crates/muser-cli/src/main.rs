@@ -2,6 +2,7 @@
 //! clap `Args` struct and a `run` function.
 
 mod cmd;
+mod npy;
 
 use clap::{Parser, Subcommand};
 
