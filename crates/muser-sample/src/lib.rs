@@ -1,2 +1,153 @@
 //! Sampling: pure functions on a logits slice (greedy, temperature, top-k, top-p, min-p,
 //! repetition penalty) chained in llama.cpp's default order, with a seeded MT19937.
+//!
+//! This crate owns the choice of the next token from a row of logits, and nothing else: it
+//! never sees the model, the tokenizer or a backend.
+//!
+//! The chain follows llama.cpp's `common_params_sampling::samplers` default (common/common.h,
+//! 2025-2026): penalties -> dry -> top_n_sigma -> top_k -> typical_p -> top_p -> min_p -> xtc
+//! -> temperature, then `dist` (the seeded draw). DRY, top-n-sigma, typical-p and XTC are off
+//! at llama.cpp's defaults and are not implemented here, so the chain is
+//! penalties -> top_k -> top_p -> min_p -> temperature -> dist.
+//!
+//! Temperature 0 is greedy: the argmax of the penalised logits (lowest id on ties), the same
+//! token llama.cpp's chain picks at temperature 0, but without drawing from the generator.
+//!
+//! The generator is MT19937 (`std::mt19937`) seeded with the low 32 bits of `seed`, and a
+//! draw turns two outputs into a uniform double the way libstdc++ does, so a given seed,
+//! parameter set and logits row picks the same token as llama.cpp (ties aside, see `steps`).
+
+mod steps;
+
+pub use steps::{
+    apply_penalties, candidates_from_logits, dist, greedy, min_p, softmax, temperature,
+    top_k, top_logprobs, top_p, uniform_f64, Candidate,
+};
+
+use rand_mt::Mt;
+use std::collections::VecDeque;
+
+/// llama.cpp's `LLAMA_DEFAULT_SEED`. llama.cpp replaces it with a random seed; here it is an
+/// ordinary, fixed seed, so runs are reproducible unless the caller picks a seed.
+pub const DEFAULT_SEED: u64 = 0xFFFF_FFFF;
+
+/// Sampling parameters, with llama.cpp's defaults.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SamplerParams {
+    /// 0 (or below) = greedy.
+    pub temperature: f32,
+    /// 0 = off.
+    pub top_k: usize,
+    /// >= 1 = off.
+    pub top_p: f32,
+    /// <= 0 = off.
+    pub min_p: f32,
+    /// 1 = off.
+    pub repeat_penalty: f32,
+    /// How many of the most recent accepted tokens the penalties look at; 0 = off.
+    pub repeat_last_n: usize,
+    /// Subtracted once per occurrence in the window; 0 = off.
+    pub frequency_penalty: f32,
+    /// Subtracted once if the token occurs in the window; 0 = off.
+    pub presence_penalty: f32,
+    /// MT19937 seed; only the low 32 bits are used (llama.cpp's seed is a u32).
+    pub seed: u64,
+}
+
+impl Default for SamplerParams {
+    fn default() -> Self {
+        SamplerParams {
+            temperature: 0.8,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.05,
+            repeat_penalty: 1.0,
+            repeat_last_n: 64,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
+            seed: DEFAULT_SEED,
+        }
+    }
+}
+
+impl SamplerParams {
+    /// Greedy decoding: temperature 0, everything else default.
+    pub fn greedy() -> Self {
+        SamplerParams { temperature: 0.0, ..Default::default() }
+    }
+}
+
+/// A sampler: the parameters, the generator state and the recent-token history.
+pub struct Sampler {
+    params: SamplerParams,
+    rng: Mt,
+    /// The last `repeat_last_n` accepted tokens, oldest first.
+    history: VecDeque<u32>,
+}
+
+impl Sampler {
+    pub fn new(params: SamplerParams) -> Self {
+        let rng = Mt::new(params.seed as u32);
+        Sampler { params, rng, history: VecDeque::new() }
+    }
+
+    pub fn params(&self) -> &SamplerParams {
+        &self.params
+    }
+
+    /// Picks the next token from one row of logits (one per vocabulary entry). NaN logits are
+    /// never picked. Returns 0 when no logit is a number (or the row is empty); `try_sample`
+    /// reports that case instead.
+    pub fn sample(&mut self, logits: &[f32]) -> u32 {
+        self.try_sample(logits).unwrap_or(0)
+    }
+
+    /// As `sample`, but `None` when no logit is a number.
+    pub fn try_sample(&mut self, logits: &[f32]) -> Option<u32> {
+        let p = &self.params;
+        let mut cands = candidates_from_logits(logits);
+        let history = self.history.make_contiguous();
+        apply_penalties(
+            &mut cands,
+            history,
+            p.repeat_penalty,
+            p.frequency_penalty,
+            p.presence_penalty,
+        );
+        if p.temperature <= 0.0 {
+            // Candidates are still in id order, so the first maximum is the lowest id.
+            let mut best: Option<&Candidate> = None;
+            for c in &cands {
+                if best.map_or(true, |b| c.logit > b.logit) {
+                    best = Some(c);
+                }
+            }
+            return best.map(|c| c.id);
+        }
+        top_k(&mut cands, p.top_k);
+        top_p(&mut cands, p.top_p, 1);
+        min_p(&mut cands, p.min_p, 1);
+        temperature(&mut cands, p.temperature);
+        dist(&mut cands, &mut self.rng).map(|i| cands[i].id)
+    }
+
+    /// Records a token that was emitted (or fed as prompt) for the penalties' window.
+    pub fn accept(&mut self, token: u32) {
+        if self.params.repeat_last_n == 0 {
+            return;
+        }
+        if self.history.len() == self.params.repeat_last_n {
+            self.history.pop_front();
+        }
+        self.history.push_back(token);
+    }
+
+    /// Forgets the history and reseeds the generator from the parameters.
+    pub fn reset(&mut self) {
+        self.history.clear();
+        self.rng = Mt::new(self.params.seed as u32);
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,278 @@
+//! The individual sampling steps, each a pure function on a candidate list.
+//!
+//! Each step reproduces the behaviour of the llama.cpp sampler of the same name (2025-2026
+//! `src/llama-sampler.cpp`), with two deliberate differences, both only at the edges:
+//! - ties are broken deterministically (equal logits: the lower token id ranks first), where
+//!   llama.cpp's partial sort leaves the order of equal logits unspecified;
+//! - NaN logits never enter a candidate list (`candidates_from_logits` drops them), where
+//!   llama.cpp would let a NaN poison its sums.
+//!
+//! Steps that llama.cpp implements by sorting (top-k, top-p, softmax) sort here too, and steps
+//! that preserve order there (penalties, min-p, temperature) preserve it here, so the list
+//! the final draw walks is in the same order as llama.cpp's and a seeded draw picks the same
+//! token.
+
+use rand_mt::Mt;
+use std::cmp::Ordering;
+
+/// One entry of the candidate list: a token id, its (possibly modified) logit and, once a
+/// step has computed it, its probability within the current list.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Candidate {
+    pub id: u32,
+    pub logit: f32,
+    pub p: f32,
+}
+
+/// Every token whose logit is a number, in id order, with p = 0.
+pub fn candidates_from_logits(logits: &[f32]) -> Vec<Candidate> {
+    logits
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| !l.is_nan())
+        .map(|(i, &logit)| Candidate { id: i as u32, logit, p: 0.0 })
+        .collect()
+}
+
+/// The ranking every sorting step uses: larger logit first, then lower id first.
+fn rank(a: &Candidate, b: &Candidate) -> Ordering {
+    b.logit.total_cmp(&a.logit).then(a.id.cmp(&b.id))
+}
+
+/// Sorts the first `k` ranks into place (the rest follow in unspecified order).
+fn sort_prefix(cands: &mut [Candidate], k: usize) {
+    let k = k.min(cands.len());
+    if k == 0 {
+        return;
+    }
+    if k < cands.len() {
+        cands.select_nth_unstable_by(k - 1, rank);
+    }
+    cands[..k].sort_unstable_by(rank);
+}
+
+/// Index of the largest logit, the first one on ties (lowest id when in id order).
+fn argmax_index(cands: &[Candidate]) -> Option<usize> {
+    let mut best: Option<usize> = None;
+    for (i, c) in cands.iter().enumerate() {
+        match best {
+            Some(b) if cands[b].logit >= c.logit => {}
+            _ => best = Some(i),
+        }
+    }
+    best
+}
+
+/// exp(logit - max), with the infinite cases made well defined: when the maximum is +inf the
+/// +inf logits share the mass, when every logit is -inf they share it uniformly.
+fn exp_shifted(logit: f32, max: f32) -> f32 {
+    if max.is_infinite() {
+        if logit == max { 1.0 } else { 0.0 }
+    } else {
+        (logit - max).exp()
+    }
+}
+
+/// Greedy choice: the token with the largest logit, the lowest id among equals; `None` when no
+/// logit is a number.
+pub fn greedy(logits: &[f32]) -> Option<u32> {
+    let mut best: Option<(u32, f32)> = None;
+    for (i, &l) in logits.iter().enumerate() {
+        if l.is_nan() {
+            continue;
+        }
+        match best {
+            Some((_, b)) if b >= l => {}
+            _ => best = Some((i as u32, l)),
+        }
+    }
+    best.map(|(i, _)| i)
+}
+
+/// Repetition, frequency and presence penalties (llama.cpp's `penalties` sampler) over the
+/// tokens in `history` (the caller passes the last N). For each candidate that occurs `c > 0`
+/// times: a positive logit is divided by `repeat`, a non-positive one multiplied by it, then
+/// `c * frequency + presence` is subtracted. Order is preserved.
+pub fn apply_penalties(
+    cands: &mut [Candidate],
+    history: &[u32],
+    repeat: f32,
+    frequency: f32,
+    presence: f32,
+) {
+    if history.is_empty() || (repeat == 1.0 && frequency == 0.0 && presence == 0.0) {
+        return;
+    }
+    let mut counts: std::collections::HashMap<u32, u32> = std::collections::HashMap::new();
+    for &t in history {
+        *counts.entry(t).or_insert(0) += 1;
+    }
+    for c in cands.iter_mut() {
+        let Some(&n) = counts.get(&c.id) else { continue };
+        if c.logit <= 0.0 {
+            c.logit *= repeat;
+        } else {
+            c.logit /= repeat;
+        }
+        c.logit -= n as f32 * frequency + presence;
+    }
+}
+
+/// Top-k: keeps the `k` best-ranked candidates, sorted best first. `k == 0` is off (no-op).
+pub fn top_k(cands: &mut Vec<Candidate>, k: usize) {
+    if k == 0 {
+        return;
+    }
+    let k = k.min(cands.len());
+    sort_prefix(cands, k);
+    cands.truncate(k);
+}
+
+/// Sorts best first and sets each `p` to its softmax probability within the list.
+pub fn softmax(cands: &mut [Candidate]) {
+    if cands.is_empty() {
+        return;
+    }
+    let n = cands.len();
+    sort_prefix(cands, n);
+    let max = cands[0].logit;
+    let mut sum = 0.0f64;
+    for c in cands.iter_mut() {
+        c.p = exp_shifted(c.logit, max);
+        sum += c.p as f64;
+    }
+    for c in cands.iter_mut() {
+        c.p = (c.p as f64 / sum) as f32;
+    }
+}
+
+/// Top-p (nucleus): sorts best first, computes probabilities within the list, and keeps the
+/// shortest prefix whose mass reaches `p` (at least `min_keep`). `p >= 1` is off (no-op).
+pub fn top_p(cands: &mut Vec<Candidate>, p: f32, min_keep: usize) {
+    if p >= 1.0 || cands.is_empty() {
+        return;
+    }
+    softmax(cands);
+    let mut cum = 0.0f64;
+    let mut keep = cands.len();
+    for (i, c) in cands.iter().enumerate() {
+        cum += c.p as f64;
+        if cum >= p as f64 && i + 1 >= min_keep {
+            keep = i + 1;
+            break;
+        }
+    }
+    cands.truncate(keep);
+}
+
+/// Min-p: keeps the candidates whose probability is at least `p` times the largest one, i.e.
+/// `logit >= max_logit + ln(p)`, preserving order (at least `min_keep`, else unchanged).
+/// `p <= 0` is off (no-op).
+pub fn min_p(cands: &mut Vec<Candidate>, p: f32, min_keep: usize) {
+    if p <= 0.0 || cands.is_empty() {
+        return;
+    }
+    let max = cands.iter().map(|c| c.logit).fold(f32::NEG_INFINITY, f32::max);
+    let threshold = max + p.ln();
+    let kept = cands.iter().filter(|c| c.logit >= threshold).count();
+    if kept >= min_keep.max(1) {
+        cands.retain(|c| c.logit >= threshold);
+    }
+}
+
+/// Temperature: divides every logit by `t`. `t <= 0` keeps only the best candidate's logit
+/// finite (the first one among equals) and sets the others to -inf, as llama.cpp does.
+pub fn temperature(cands: &mut [Candidate], t: f32) {
+    if t <= 0.0 {
+        if let Some(best) = argmax_index(cands) {
+            for (i, c) in cands.iter_mut().enumerate() {
+                if i != best {
+                    c.logit = f32::NEG_INFINITY;
+                }
+            }
+        }
+        return;
+    }
+    for c in cands.iter_mut() {
+        c.logit /= t;
+    }
+}
+
+/// A uniform double in [0, 1) from two MT19937 outputs, as libstdc++'s
+/// `std::uniform_real_distribution<double>(0, 1)` on a `std::mt19937` makes it
+/// (`generate_canonical<double, 53>`: 53 bits need two 32-bit draws, the first the low word).
+pub fn uniform_f64(rng: &mut Mt) -> f64 {
+    let lo = rng.next_u32() as f64;
+    let hi = rng.next_u32() as f64;
+    // lo + hi * 2^32 is rounded to 53 bits and can round up to 2^64; clamp below 1 as the
+    // library does.
+    let r = (lo + hi * 4294967296.0) / 18446744073709551616.0;
+    if r >= 1.0 {
+        1.0 - f64::EPSILON / 2.0
+    } else {
+        r
+    }
+}
+
+/// The final draw (llama.cpp's `dist` sampler): sets each `p` to its softmax probability and
+/// returns the index of the drawn candidate. One uniform `u` is drawn (always, even for a
+/// single candidate, so the generator advances the same way whatever the list); the chosen
+/// index is the first whose running sum of exp(logit - max), walked in list order, reaches
+/// `u` times the total. `None` only for an empty list (no draw is made).
+pub fn dist(cands: &mut [Candidate], rng: &mut Mt) -> Option<usize> {
+    if cands.is_empty() {
+        return None;
+    }
+    let u = uniform_f64(rng);
+    if cands.len() == 1 {
+        cands[0].p = 1.0;
+        return Some(0);
+    }
+    let max = cands.iter().map(|c| c.logit).fold(f32::NEG_INFINITY, f32::max);
+    let mut total = 0.0f64;
+    for c in cands.iter_mut() {
+        c.p = exp_shifted(c.logit, max);
+        total += c.p as f64;
+    }
+    let target = total * u;
+    let mut running = 0.0f64;
+    let mut chosen = None;
+    for (i, c) in cands.iter_mut().enumerate() {
+        if chosen.is_none() {
+            running += c.p as f64;
+            // A zero-mass candidate is never chosen, even when u == 0.
+            if running >= target && c.p > 0.0 {
+                chosen = Some(i);
+            }
+        }
+        c.p = (c.p as f64 / total) as f32;
+    }
+    // Rounding can leave the running sum a hair below the target: take the last candidate
+    // with mass.
+    chosen.or_else(|| cands.iter().rposition(|c| c.p > 0.0))
+}
+
+/// The `n` most likely tokens under log-softmax of `logits` (NaN logits excluded), best
+/// first, as (token id, natural-log probability). For a server's `logprobs`.
+pub fn top_logprobs(logits: &[f32], n: usize) -> Vec<(u32, f32)> {
+    let mut cands = candidates_from_logits(logits);
+    if cands.is_empty() || n == 0 {
+        return Vec::new();
+    }
+    let max = cands.iter().map(|c| c.logit).fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = cands.iter().map(|c| exp_shifted(c.logit, max) as f64).sum();
+    let log_sum = sum.ln();
+    sort_prefix(&mut cands, n);
+    cands.truncate(n);
+    cands
+        .iter()
+        .map(|c| {
+            let lp = if max.is_infinite() {
+                if c.logit == max { -log_sum } else { f64::NEG_INFINITY }
+            } else {
+                (c.logit - max) as f64 - log_sum
+            };
+            (c.id, lp as f32)
+        })
+        .collect()
+}

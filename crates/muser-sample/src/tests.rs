@@ -1,0 +1,393 @@
+use super::*;
+
+/// Random logits: sums of uniforms, roughly normal with spread `scale`, never all equal.
+fn random_logits(rng: &mut Mt, n: usize, scale: f32) -> Vec<f32> {
+    (0..n)
+        .map(|_| {
+            let s: f64 = (0..4).map(|_| uniform_f64(rng)).sum::<f64>() - 2.0;
+            (s as f32) * scale
+        })
+        .collect()
+}
+
+/// Softmax in f64 over (id, logit) pairs.
+fn softmax_f64(logits: &[f32]) -> Vec<f64> {
+    let max = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let e: Vec<f64> = logits.iter().map(|&l| (l as f64 - max).exp()).collect();
+    let s: f64 = e.iter().sum();
+    e.iter().map(|x| x / s).collect()
+}
+
+fn ids(c: &[Candidate]) -> Vec<u32> {
+    c.iter().map(|c| c.id).collect()
+}
+
+/// Ids sorted by logit descending, then id ascending.
+fn ranked_ids(logits: &[f32]) -> Vec<u32> {
+    let mut v: Vec<u32> = (0..logits.len() as u32).collect();
+    v.sort_by(|&a, &b| {
+        logits[b as usize].partial_cmp(&logits[a as usize]).unwrap().then(a.cmp(&b))
+    });
+    v
+}
+
+#[test]
+fn mt19937_matches_std_mt19937() {
+    // The C++ standard fixes these: std::mt19937 default-seeded (5489) yields 3499211612
+    // first and 4123659995 as its 10000th output.
+    let mut rng = Mt::new(5489);
+    assert_eq!(rng.next_u32(), 3499211612);
+    let mut rng = Mt::new(5489);
+    let mut x = 0;
+    for _ in 0..10000 {
+        x = rng.next_u32();
+    }
+    assert_eq!(x, 4123659995);
+}
+
+#[test]
+fn uniform_is_in_unit_interval_and_spread() {
+    let mut rng = Mt::new(7);
+    let n = 100_000;
+    let mut sum = 0.0;
+    let mut below_tenth = 0;
+    for _ in 0..n {
+        let u = uniform_f64(&mut rng);
+        assert!((0.0..1.0).contains(&u));
+        sum += u;
+        if u < 0.1 {
+            below_tenth += 1;
+        }
+    }
+    assert!((sum / n as f64 - 0.5).abs() < 0.005);
+    assert!((below_tenth as f64 / n as f64 - 0.1).abs() < 0.005);
+}
+
+#[test]
+fn greedy_is_argmax_lowest_id_on_ties() {
+    let mut rng = Mt::new(1);
+    for n in [1usize, 2, 17, 1000] {
+        let l = random_logits(&mut rng, n, 3.0);
+        assert_eq!(greedy(&l), Some(ranked_ids(&l)[0]));
+    }
+    assert_eq!(greedy(&[1.0, 3.0, 2.0, 3.0]), Some(1));
+    assert_eq!(greedy(&[f32::NAN, 1.0, f32::NAN, 2.0]), Some(3));
+    assert_eq!(greedy(&[f32::NAN, f32::NAN]), None);
+    assert_eq!(greedy(&[]), None);
+}
+
+#[test]
+fn temperature_zero_sampler_is_argmax() {
+    let mut rng = Mt::new(2);
+    let mut s = Sampler::new(SamplerParams { seed: 99, ..SamplerParams::greedy() });
+    for _ in 0..50 {
+        let l = random_logits(&mut rng, 300, 2.0);
+        assert_eq!(s.sample(&l), greedy(&l).unwrap());
+    }
+    assert_eq!(s.sample(&[0.5, 2.0, 2.0, -1.0]), 1);
+}
+
+#[test]
+fn top_k_keeps_exactly_the_k_largest_sorted() {
+    let mut rng = Mt::new(3);
+    for (n, k) in [(100usize, 1usize), (100, 7), (1000, 40), (50, 50), (10, 40)] {
+        let l = random_logits(&mut rng, n, 2.0);
+        let mut c = candidates_from_logits(&l);
+        top_k(&mut c, k);
+        let want: Vec<u32> = ranked_ids(&l).into_iter().take(k.min(n)).collect();
+        assert_eq!(ids(&c), want, "n={n} k={k}");
+    }
+    // k = 0 is off.
+    let l = random_logits(&mut rng, 20, 2.0);
+    let mut c = candidates_from_logits(&l);
+    top_k(&mut c, 0);
+    assert_eq!(ids(&c), (0..20).collect::<Vec<u32>>());
+}
+
+#[test]
+fn top_p_keeps_smallest_prefix_reaching_p() {
+    let mut rng = Mt::new(4);
+    for (n, p) in [(200usize, 0.5f32), (200, 0.9), (1000, 0.95), (30, 0.1), (64, 0.999)] {
+        let l = random_logits(&mut rng, n, 3.0);
+        let mut c = candidates_from_logits(&l);
+        top_p(&mut c, p, 1);
+        let probs = softmax_f64(&l);
+        let kept = ids(&c);
+        let want_order = ranked_ids(&l);
+        assert_eq!(kept[..], want_order[..kept.len()], "kept set is the best-ranked prefix");
+        let mass: f64 = kept.iter().map(|&i| probs[i as usize]).sum();
+        let mass_without_last = mass - probs[*kept.last().unwrap() as usize];
+        assert!(mass >= p as f64 - 1e-6, "mass {mass} < p {p}");
+        assert!(mass_without_last < p as f64 + 1e-6, "prefix not minimal");
+        // probabilities within the list were computed
+        let psum: f32 = c.iter().map(|c| c.p).sum();
+        assert!(psum > 0.0 && psum <= 1.0 + 1e-5);
+    }
+    // p >= 1 is off.
+    let l = random_logits(&mut rng, 20, 2.0);
+    let mut c = candidates_from_logits(&l);
+    top_p(&mut c, 1.0, 1);
+    assert_eq!(c.len(), 20);
+    // min_keep wins over p.
+    let mut c = candidates_from_logits(&l);
+    top_p(&mut c, 1e-6, 5);
+    assert_eq!(c.len(), 5);
+}
+
+#[test]
+fn min_p_keeps_tokens_within_ratio_of_best() {
+    let mut rng = Mt::new(5);
+    for (n, p) in [(300usize, 0.05f32), (300, 0.3), (50, 0.9)] {
+        let l = random_logits(&mut rng, n, 3.0);
+        let mut c = candidates_from_logits(&l);
+        min_p(&mut c, p, 1);
+        let probs = softmax_f64(&l);
+        let pmax = probs.iter().cloned().fold(0.0, f64::max);
+        let want: Vec<u32> =
+            (0..n as u32).filter(|&i| probs[i as usize] >= p as f64 * pmax).collect();
+        assert_eq!(ids(&c), want, "order preserved, ratio rule");
+        assert!(!c.is_empty() && c.len() < n);
+    }
+    let l = random_logits(&mut rng, 20, 2.0);
+    let mut c = candidates_from_logits(&l);
+    min_p(&mut c, 0.0, 1);
+    assert_eq!(c.len(), 20);
+}
+
+#[test]
+fn temperature_scales_logits_and_zero_keeps_one() {
+    let mut rng = Mt::new(6);
+    let l = random_logits(&mut rng, 100, 2.0);
+    let mut c = candidates_from_logits(&l);
+    temperature(&mut c, 0.5);
+    for (c, &x) in c.iter().zip(&l) {
+        assert_eq!(c.logit, x / 0.5);
+    }
+    let mut c = candidates_from_logits(&l);
+    temperature(&mut c, 0.0);
+    let finite: Vec<u32> = c.iter().filter(|c| c.logit.is_finite()).map(|c| c.id).collect();
+    assert_eq!(finite, vec![greedy(&l).unwrap()]);
+}
+
+#[test]
+fn penalties_divide_positive_multiply_negative() {
+    let l = vec![2.0f32, -1.0, 0.5, 3.0, -2.0];
+    let mut c = candidates_from_logits(&l);
+    apply_penalties(&mut c, &[0, 1, 1, 4], 2.0, 0.0, 0.0);
+    let got: Vec<f32> = c.iter().map(|c| c.logit).collect();
+    assert_eq!(got, vec![1.0, -2.0, 0.5, 3.0, -4.0]);
+
+    let mut c = candidates_from_logits(&l);
+    apply_penalties(&mut c, &[0, 1, 1, 4], 1.0, 0.25, 0.5);
+    let got: Vec<f32> = c.iter().map(|c| c.logit).collect();
+    assert_eq!(got, vec![2.0 - 0.75, -1.0 - 1.0, 0.5, 3.0, -2.0 - 0.75]);
+}
+
+#[test]
+fn penalties_see_only_the_last_n_accepted_tokens() {
+    let params = SamplerParams {
+        repeat_penalty: 2.0,
+        repeat_last_n: 2,
+        ..SamplerParams::greedy()
+    };
+    let mut logits = vec![0.0f32; 8];
+    logits[5] = 2.0;
+    logits[1] = 1.9;
+    logits[3] = 1.5;
+    let mut s = Sampler::new(params.clone());
+    for t in [5, 1, 2] {
+        s.accept(t);
+    }
+    // 5 has left the window of 2: it is not penalised and wins.
+    assert_eq!(s.sample(&logits), 5);
+    let mut s = Sampler::new(params);
+    for t in [1, 5] {
+        s.accept(t);
+    }
+    // 5 -> 1.0 and 1 -> 0.95: token 3 wins.
+    assert_eq!(s.sample(&logits), 3);
+}
+
+fn draw_sequence(params: &SamplerParams, rows: &[Vec<f32>]) -> Vec<u32> {
+    let mut s = Sampler::new(params.clone());
+    rows.iter()
+        .map(|l| {
+            let t = s.sample(l);
+            s.accept(t);
+            t
+        })
+        .collect()
+}
+
+#[test]
+fn same_seed_same_sequence_different_seeds_differ() {
+    let mut rng = Mt::new(8);
+    let rows: Vec<Vec<f32>> = (0..64).map(|_| random_logits(&mut rng, 500, 1.0)).collect();
+    let p = |seed| SamplerParams { seed, temperature: 1.5, top_k: 0, ..Default::default() };
+    let a = draw_sequence(&p(42), &rows);
+    let b = draw_sequence(&p(42), &rows);
+    let c = draw_sequence(&p(43), &rows);
+    assert_eq!(a, b);
+    assert_ne!(a, c);
+    // and the draws are not all the argmax
+    let greedy_seq: Vec<u32> = rows.iter().map(|l| greedy(l).unwrap()).collect();
+    assert_ne!(a, greedy_seq);
+}
+
+#[test]
+fn dist_frequencies_match_softmax() {
+    let mut rng = Mt::new(9);
+    let l = random_logits(&mut rng, 12, 1.5);
+    let probs = softmax_f64(&l);
+    let params = SamplerParams {
+        temperature: 1.0,
+        top_k: 0,
+        top_p: 1.0,
+        min_p: 0.0,
+        seed: 1234,
+        ..Default::default()
+    };
+    let mut s = Sampler::new(params);
+    let n = 200_000;
+    let mut counts = vec![0usize; l.len()];
+    for _ in 0..n {
+        counts[s.sample(&l) as usize] += 1;
+    }
+    for (i, &c) in counts.iter().enumerate() {
+        let f = c as f64 / n as f64;
+        let sigma = (probs[i] * (1.0 - probs[i]) / n as f64).sqrt();
+        assert!((f - probs[i]).abs() < 5.0 * sigma + 1e-4, "token {i}: {f} vs {}", probs[i]);
+    }
+}
+
+#[test]
+fn dist_with_temperature_matches_scaled_softmax() {
+    let mut rng = Mt::new(10);
+    let l = random_logits(&mut rng, 6, 1.0);
+    let t = 0.5f32;
+    let scaled: Vec<f32> = l.iter().map(|x| x / t).collect();
+    let probs = softmax_f64(&scaled);
+    let mut gen = Mt::new(11);
+    let n = 100_000;
+    let mut counts = vec![0usize; l.len()];
+    for _ in 0..n {
+        let mut c = candidates_from_logits(&l);
+        temperature(&mut c, t);
+        let i = dist(&mut c, &mut gen).unwrap();
+        counts[c[i].id as usize] += 1;
+        let psum: f32 = c.iter().map(|c| c.p).sum();
+        assert!((psum - 1.0).abs() < 1e-5);
+    }
+    for (i, &c) in counts.iter().enumerate() {
+        let f = c as f64 / n as f64;
+        let sigma = (probs[i] * (1.0 - probs[i]) / n as f64).sqrt();
+        assert!((f - probs[i]).abs() < 5.0 * sigma + 1e-4);
+    }
+}
+
+#[test]
+fn full_chain_only_draws_from_the_truncated_set() {
+    let mut rng = Mt::new(12);
+    let params = SamplerParams { top_k: 5, seed: 3, temperature: 2.0, ..Default::default() };
+    let mut s = Sampler::new(params);
+    for _ in 0..200 {
+        let l = random_logits(&mut rng, 400, 1.0);
+        let t = s.sample(&l);
+        assert!(ranked_ids(&l)[..5].contains(&t));
+    }
+}
+
+#[test]
+fn nan_logits_never_chosen_and_never_panic() {
+    let mut rng = Mt::new(13);
+    let configs = [
+        SamplerParams::default(),
+        SamplerParams::greedy(),
+        SamplerParams { top_k: 0, top_p: 1.0, min_p: 0.0, temperature: 1.0, ..Default::default() },
+        SamplerParams { repeat_penalty: 1.3, frequency_penalty: 0.2, ..Default::default() },
+    ];
+    for params in configs {
+        let mut s = Sampler::new(params);
+        for _ in 0..100 {
+            let mut l = random_logits(&mut rng, 64, 2.0);
+            // poison the best few and some random ones
+            for &i in &ranked_ids(&l)[..3] {
+                l[i as usize] = f32::NAN;
+            }
+            l[(rng.next_u32() % 64) as usize] = f32::NAN;
+            let t = s.sample(&l);
+            assert!(!l[t as usize].is_nan());
+            s.accept(t);
+        }
+        assert_eq!(s.try_sample(&[f32::NAN; 5]), None);
+        assert_eq!(s.sample(&[f32::NAN; 5]), 0);
+        assert_eq!(s.try_sample(&[]), None);
+        assert_eq!(s.sample(&[]), 0);
+    }
+}
+
+#[test]
+fn infinities_are_handled() {
+    let mut s = Sampler::new(SamplerParams { top_k: 0, top_p: 1.0, min_p: 0.0, ..Default::default() });
+    let l = [0.0, f32::NEG_INFINITY, 1.0, f32::NEG_INFINITY];
+    for _ in 0..200 {
+        let t = s.sample(&l);
+        assert!(t == 0 || t == 2);
+    }
+    for _ in 0..50 {
+        assert_eq!(s.sample(&[0.0, f32::INFINITY, 5.0]), 1);
+    }
+    // all -inf: uniform over them, never a panic
+    let t = s.sample(&[f32::NEG_INFINITY; 4]);
+    assert!(t < 4);
+}
+
+#[test]
+fn len_one_and_empty_inputs() {
+    let mut s = Sampler::new(SamplerParams::default());
+    for _ in 0..10 {
+        assert_eq!(s.sample(&[-3.5]), 0);
+    }
+    let mut c: Vec<Candidate> = Vec::new();
+    top_k(&mut c, 3);
+    top_p(&mut c, 0.5, 1);
+    min_p(&mut c, 0.1, 1);
+    temperature(&mut c, 0.7);
+    softmax(&mut c);
+    assert_eq!(dist(&mut c, &mut Mt::new(1)), None);
+    assert!(top_logprobs(&[], 5).is_empty());
+}
+
+#[test]
+fn single_candidate_still_advances_the_generator() {
+    // llama.cpp draws once per call even for one candidate; the sequence after it must match
+    // a generator that drew once.
+    let mut a = Mt::new(77);
+    let mut c = candidates_from_logits(&[1.0]);
+    assert_eq!(dist(&mut c, &mut a), Some(0));
+    let mut b = Mt::new(77);
+    uniform_f64(&mut b);
+    assert_eq!(a.next_u32(), b.next_u32());
+}
+
+#[test]
+fn top_logprobs_are_log_softmax_sorted() {
+    let mut rng = Mt::new(14);
+    let l = random_logits(&mut rng, 300, 3.0);
+    let probs = softmax_f64(&l);
+    let top = top_logprobs(&l, 10);
+    assert_eq!(top.len(), 10);
+    let want = ranked_ids(&l);
+    for (k, &(id, lp)) in top.iter().enumerate() {
+        assert_eq!(id, want[k]);
+        assert!((lp as f64 - probs[id as usize].ln()).abs() < 1e-4);
+        assert!(lp <= 0.0);
+    }
+    let all = top_logprobs(&l, 1000);
+    assert_eq!(all.len(), 300);
+    let total: f64 = all.iter().map(|&(_, lp)| (lp as f64).exp()).sum();
+    assert!((total - 1.0).abs() < 1e-4);
+    let mut with_nan = l.clone();
+    with_nan[want[0] as usize] = f32::NAN;
+    assert_eq!(top_logprobs(&with_nan, 1)[0].0, want[1]);
+}
