@@ -64,3 +64,55 @@ const _: () = assert!(std::mem::size_of::<BlockQ4K>() == 144);
 const _: () = assert!(std::mem::size_of::<BlockQ5K>() == 176);
 const _: () = assert!(std::mem::size_of::<BlockQ6K>() == 210);
 const _: () = assert!(std::mem::size_of::<BlockQ8K>() == 292);
+
+/// Sub-block `j` (0..8) of a Q4_K/Q5_K `scales` array: its 6-bit (scale, min), as ggml's
+/// `get_scale_min_k4` unpacks them.
+#[inline]
+pub fn scale_min_k4(j: usize, q: &[u8; 12]) -> (u8, u8) {
+    if j < 4 {
+        (q[j] & 63, q[j + 4] & 63)
+    } else {
+        ((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
+    }
+}
+
+impl BlockQ5K {
+    /// Quant `i` (0..256), 0..=31, from its low nibble in `qs` and its fifth bit in `qh`.
+    #[inline]
+    pub fn quant(&self, i: usize) -> u8 {
+        let (group, l) = (i / 64, i % 64);
+        let byte = self.qs[32 * group + l % 32];
+        let low = if l < 32 { byte & 0xF } else { byte >> 4 };
+        let bit = 2 * group + l / 32;
+        low | (((self.qh[l % 32] >> bit) & 1) << 4)
+    }
+}
+
+impl BlockQ4K {
+    /// Quant `i` (0..256), 0..=15.
+    #[inline]
+    pub fn quant(&self, i: usize) -> u8 {
+        let (group, l) = (i / 64, i % 64);
+        let byte = self.qs[32 * group + l % 32];
+        if l < 32 {
+            byte & 0xF
+        } else {
+            byte >> 4
+        }
+    }
+}
+
+impl BlockQ6K {
+    /// Quant `i` (0..256), 0..=63 (the value is `q - 32`).
+    #[inline]
+    pub fn quant(&self, i: usize) -> u8 {
+        let (half, l) = (i / 128, i % 128);
+        let ql = &self.ql[64 * half..64 * half + 64];
+        let qh = &self.qh[32 * half..32 * half + 32];
+        // l in 0..32 -> ql[l] low, 32..64 -> ql[l] low (ql[l-32+32]), 64..96 -> ql[l-64] high,
+        // 96..128 -> ql[l-64] high; the high two bits are pair l/32 of qh[l % 32].
+        let low = if l < 64 { ql[l] & 0xF } else { ql[l - 64] >> 4 };
+        let high = (qh[l % 32] >> (2 * (l / 32))) & 3;
+        low | (high << 4)
+    }
+}
