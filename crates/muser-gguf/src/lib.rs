@@ -11,10 +11,10 @@ mod value;
 mod writer;
 
 pub use error::GgufError;
-pub use reader::{GgufFile, TensorInfo};
+pub use reader::{GgufFile, TensorInfo, MAX_ARRAY_NESTING, MAX_DIMS, MAX_TENSOR_NAME};
 pub use types::GgmlType;
 pub use value::{MetaType, MetaValue};
-pub use writer::{write_file, GgufWriter, TensorSpec};
+pub use writer::{write_file, write_to_vec, GgufWriter, TensorSpec, GGUF_VERSION};
 
 /// Default `general.alignment` when the key is absent.
 pub const DEFAULT_ALIGNMENT: u64 = 32;

@@ -186,7 +186,10 @@ impl GgmlType {
 
     /// Parses ggml's name, case-insensitively.
     pub fn from_name(s: &str) -> Option<GgmlType> {
-        Self::ALL.iter().copied().find(|t| t.name().eq_ignore_ascii_case(s))
+        Self::ALL
+            .iter()
+            .copied()
+            .find(|t| t.name().eq_ignore_ascii_case(s))
     }
 }
 
