@@ -1,0 +1,52 @@
+// Shared by every kernel file (prepended by compile.rs): ggml's block layouts, the 6-bit scale
+// unpacking of Q4_K/Q5_K, and warp reductions.
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+#define QK_K 256
+#define QK8_0 32
+#define WARP 32
+
+// Q4_K: 144 bytes; d, dmin (f16), scales[12], qs[128]
+struct __align__(2) block_q4_k { __half d; __half dmin; uint8_t scales[12]; uint8_t qs[128]; };
+// Q5_K: 176 bytes; d, dmin, scales[12], qh[32], qs[128]
+struct __align__(2) block_q5_k { __half d; __half dmin; uint8_t scales[12]; uint8_t qh[32]; uint8_t qs[128]; };
+// Q6_K: 210 bytes; ql[128], qh[64], scales[16] (int8), d
+struct __align__(2) block_q6_k { uint8_t ql[128]; uint8_t qh[64]; int8_t scales[16]; __half d; };
+// Q8_0: 34 bytes; d, qs[32]
+struct __align__(2) block_q8_0 { __half d; int8_t qs[32]; };
+
+static_assert(sizeof(block_q4_k) == 144, "q4_k size");
+static_assert(sizeof(block_q5_k) == 176, "q5_k size");
+static_assert(sizeof(block_q6_k) == 210, "q6_k size");
+static_assert(sizeof(block_q8_0) == 34, "q8_0 size");
+
+// Sub-block j's 6-bit scale and min of a Q4_K/Q5_K super-block (SPEC section 8).
+__device__ __forceinline__ void scale_min_k4(int j, const uint8_t* s, int* sc, int* m) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
+        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Little-endian 32-bit load from a 2-byte-aligned address.
+__device__ __forceinline__ int load_i32_a2(const uint8_t* p) {
+    const uint16_t* h = (const uint16_t*)p;
+    return (int)((uint32_t)h[0] | ((uint32_t)h[1] << 16));
+}

@@ -1,0 +1,116 @@
+//! The GPU: context, stream, compiled modules and dispatch counters.
+
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CudaError {
+    #[error("CUDA is not available: {0}")]
+    Unavailable(String),
+    #[error("NVRTC failed to compile {file}:\n{log}")]
+    Compile { file: String, log: String },
+    #[error("CUDA driver error: {0}")]
+    Driver(#[from] cudarc::driver::DriverError),
+    #[error("kernel {0} is not in any compiled module")]
+    NoKernel(String),
+}
+
+/// One GPU with every kernel of `kernels/` compiled and loaded.
+pub struct Gpu {
+    pub ctx: Arc<CudaContext>,
+    pub stream: Arc<CudaStream>,
+    pub name: String,
+    pub arch: &'static str,
+    modules: Vec<Arc<CudaModule>>,
+    functions: BTreeMap<String, CudaFunction>,
+    dispatches: BTreeMap<String, AtomicU64>,
+}
+
+impl Gpu {
+    /// Opens device `ordinal`, compiling every kernel for its architecture. No driver, no
+    /// device or no NVRTC is a clear error.
+    pub fn new(ordinal: usize) -> Result<Gpu, CudaError> {
+        // SAFETY: only tries to dlopen libcuda by its candidate names.
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            return Err(CudaError::Unavailable(
+                "no CUDA driver (libcuda.so) on this machine; use --backend cpu".into(),
+            ));
+        }
+        let n = CudaContext::device_count().map_err(|e| {
+            CudaError::Unavailable(format!("the CUDA driver found no usable device ({e})"))
+        })?;
+        if ordinal as i32 >= n {
+            return Err(CudaError::Unavailable(format!(
+                "device {ordinal} requested, {n} CUDA device(s) present"
+            )));
+        }
+        let ctx = CudaContext::new(ordinal)?;
+        let stream = ctx.default_stream();
+        let (major, minor) = ctx.compute_capability()?;
+        let arch = arch_name(major, minor)?;
+        let mut gpu = Gpu {
+            name: ctx.name()?,
+            ctx,
+            stream,
+            arch,
+            modules: Vec::new(),
+            functions: BTreeMap::new(),
+            dispatches: BTreeMap::new(),
+        };
+        for (file, src) in crate::compile::KERNEL_SOURCES {
+            let ptx = crate::compile::compile_source(file, src, arch)?;
+            let module = gpu.ctx.load_module(ptx)?;
+            for name in kernel_names(src) {
+                let f = module.load_function(&name)?;
+                gpu.dispatches.insert(name.clone(), AtomicU64::new(0));
+                gpu.functions.insert(name, f);
+            }
+            gpu.modules.push(module);
+        }
+        Ok(gpu)
+    }
+
+    /// The kernel `name`, counting one dispatch.
+    pub fn kernel(&self, name: &str) -> Result<&CudaFunction, CudaError> {
+        let f = self.functions.get(name).ok_or_else(|| CudaError::NoKernel(name.into()))?;
+        if let Some(c) = self.dispatches.get(name) {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(f)
+    }
+
+    /// Every compiled kernel with its dispatch count so far.
+    pub fn dispatch_counts(&self) -> Vec<(String, u64)> {
+        self.dispatches.iter().map(|(k, v)| (k.clone(), v.load(Ordering::Relaxed))).collect()
+    }
+}
+
+/// "sm_90" for compute capability 9.0.
+fn arch_name(major: i32, minor: i32) -> Result<&'static str, CudaError> {
+    Ok(match (major, minor) {
+        (8, 0) => "sm_80",
+        (8, 6) => "sm_86",
+        (8, 9) => "sm_89",
+        (9, 0) => "sm_90",
+        (10, 0) => "sm_100",
+        (12, 0) => "sm_120",
+        _ => {
+            return Err(CudaError::Unavailable(format!(
+                "compute capability {major}.{minor} is not supported (need 8.0 or newer)"
+            )))
+        }
+    })
+}
+
+/// The `extern "C" __global__` kernel names a source defines.
+pub fn kernel_names(src: &str) -> Vec<String> {
+    src.lines()
+        .filter_map(|l| l.trim().strip_prefix("extern \"C\" __global__"))
+        .filter_map(|rest| {
+            let before_paren = rest.split('(').next()?;
+            before_paren.split_whitespace().last().map(str::to_string)
+        })
+        .collect()
+}

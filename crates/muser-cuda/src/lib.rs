@@ -1,0 +1,13 @@
+//! The CUDA backend: device discovery (never a crash without a driver or GPU), the kernels of
+//! `kernels/` compiled once per process by NVRTC for the device's architecture, and per-kernel
+//! dispatch counters for the audit.
+//!
+//! cudarc is built with dynamic loading: this crate builds and its CPU-side tests run on
+//! machines with no CUDA at all. cudarc panics when a library is missing, so every entry point
+//! checks for the library first and returns `CudaError::Unavailable` instead.
+
+pub mod compile;
+pub mod device;
+
+pub use compile::{compile_source, nvrtc_available, KERNEL_SOURCES};
+pub use device::{CudaError, Gpu};
