@@ -1,9 +1,28 @@
 //! x86 SIMD dot kernels (AVX2, AVX-512) beside the scalar references, and the run-time choice
 //! among them (`Kernels::detect`). Each kernel computes the same dot as its counterpart in
-//! `crate::dot`, within 1e-4 relative.
+//! `crate::dot`, within 1e-4 relative: the quantized kernels form exactly the same integer sums
+//! per block as the scalar ones, only the f32 accumulation across blocks is ordered differently.
+//!
+//! Levels:
+//! - `avx2`: AVX2 + FMA + F16C (`avx2.rs`).
+//! - `avx512`: AVX-512 F/BW/VL + VNNI, plus AVX2/FMA/F16C (`avx512.rs`). A CPU with AVX-512 but
+//!   no VNNI (Skylake-X) gets the AVX2 level; decode is bandwidth-bound and AVX2 reaches it there.
+//!   AVX-512 BF16 is not used: its dot (`vdpbf16ps`) needs bf16 activations, ours are f32, and
+//!   widening bf16 weights to f32 is one shift.
+//!
+//! The environment variable `MUSER_ISA=scalar|avx2|avx512` caps the level `detect` picks (to
+//! benchmark or test a lower one); it never raises it above what the CPU has.
+//!
+//! This module never allocates and never panics except on mismatched slice lengths (as the
+//! scalar references do).
 
 use crate::blocks::*;
 use half::{bf16, f16};
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 
 /// The dot kernels chosen for this CPU, once, by feature detection.
 #[derive(Clone, Copy)]
@@ -35,9 +54,98 @@ impl Kernels {
         }
     }
 
-    /// The fastest kernels this CPU runs (detected once, then cached).
+    /// The AVX2 + FMA + F16C kernels, if this CPU runs them.
+    pub fn avx2() -> Option<Kernels> {
+        #[cfg(target_arch = "x86_64")]
+        if avx2::available() {
+            return Some(avx2::kernels());
+        }
+        None
+    }
+
+    /// The AVX-512 (F, BW, VL, VNNI) kernels, if this CPU runs them.
+    pub fn avx512() -> Option<Kernels> {
+        #[cfg(target_arch = "x86_64")]
+        if avx512::available() {
+            return Some(avx512::kernels());
+        }
+        None
+    }
+
+    /// Every level this CPU runs, lowest first (scalar is always there).
+    pub fn all_available() -> Vec<Kernels> {
+        [Some(Kernels::scalar()), Kernels::avx2(), Kernels::avx512()].into_iter().flatten().collect()
+    }
+
+    /// The fastest kernels this CPU runs, capped by `MUSER_ISA` when set (detected once, then
+    /// cached).
     pub fn detect() -> &'static Kernels {
         static K: std::sync::OnceLock<Kernels> = std::sync::OnceLock::new();
-        K.get_or_init(Kernels::scalar)
+        K.get_or_init(|| Kernels::best_up_to(std::env::var("MUSER_ISA").ok().as_deref()))
+    }
+
+    /// The fastest available level not above `cap` ("scalar", "avx2", "avx512"; `None` or an
+    /// unknown name: no cap).
+    pub fn best_up_to(cap: Option<&str>) -> Kernels {
+        let rank = |isa: &str| ["scalar", "avx2", "avx512"].iter().position(|&n| n == isa);
+        let cap = cap.and_then(|c| rank(c.trim())).unwrap_or(usize::MAX);
+        Kernels::all_available()
+            .into_iter()
+            .filter(|k| rank(k.isa).unwrap() <= cap)
+            .last()
+            .expect("the scalar level is always available")
+    }
+}
+
+/// Unpack Q4_K/Q5_K's 12 packed scale bytes into (eight 6-bit scales, eight 6-bit mins), one per
+/// byte (sub-block j in byte j of each little-endian u64), working on three little-endian u32
+/// words at once (SPEC section 8): for j < 4 scale j and min j are the low 6 bits of bytes j and
+/// j+4; for j >= 4 the low 4 bits come from byte j+4's low (scale) or high (min) nibble and the
+/// top 2 bits from the top 2 bits of byte j-4 (scale) or byte j (min).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+#[inline(always)]
+fn unpack_scales_mins_k4(s: &[u8; 12]) -> (u64, u64) {
+    let w = |i: usize| u32::from_le_bytes([s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3]]);
+    let (w0, w1, w2) = (w(0), w(1), w(2));
+    let sc_lo = w0 & 0x3f3f_3f3f;
+    let m_lo = w1 & 0x3f3f_3f3f;
+    let sc_hi = (w2 & 0x0f0f_0f0f) | (((w0 >> 6) & 0x0303_0303) << 4);
+    let m_hi = ((w2 >> 4) & 0x0f0f_0f0f) | (((w1 >> 6) & 0x0303_0303) << 4);
+    (sc_lo as u64 | (sc_hi as u64) << 32, m_lo as u64 | (m_hi as u64) << 32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unpack_scales_matches_the_spec_byte_rule() {
+        let mut state = 0x1234_5678u32;
+        for _ in 0..1000 {
+            let mut s = [0u8; 12];
+            for b in &mut s {
+                state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                *b = (state >> 24) as u8;
+            }
+            let (sc, m) = unpack_scales_mins_k4(&s);
+            let (sc, m) = (sc.to_le_bytes(), m.to_le_bytes());
+            for j in 0..8 {
+                let (want_sc, want_m) = if j < 4 {
+                    (s[j] & 63, s[j + 4] & 63)
+                } else {
+                    ((s[j + 4] & 0xf) | (s[j - 4] >> 6) << 4, (s[j + 4] >> 4) | (s[j] >> 6) << 4)
+                };
+                assert_eq!((sc[j], m[j]), (want_sc, want_m), "sub-block {j} of {s:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn isa_cap_never_raises_the_level() {
+        assert_eq!(Kernels::best_up_to(Some("scalar")).isa, "scalar");
+        let best = Kernels::best_up_to(None).isa;
+        assert_eq!(Kernels::best_up_to(Some("avx512")).isa, best);
+        let avx2 = Kernels::best_up_to(Some("avx2")).isa;
+        assert!(avx2 == "avx2" || avx2 == "scalar");
     }
 }

@@ -1,0 +1,281 @@
+//! AVX2 + FMA + F16C dot kernels: one weight row (any length for the float formats, whole blocks
+//! for the quantized ones) against one activation row, as called per matrix row by the engine.
+//!
+//! Quantized dots: the weights' quants are unpacked in registers (nibbles by shift and mask) and
+//! multiplied with the int8 activations by `vpmaddubsw` (u8 x i8 -> pairs summed in i16; the
+//! largest pair, 2 * 63 * 128 = 16,128 for Q6_K, never saturates), then by the sub-block scales
+//! with `vpmaddwd` into i32 lanes. A super-block's i32 sum is converted to f32 once. The integer
+//! sums are exactly the scalar reference's; only the f32 order across blocks differs.
+//! Q8_0 widens both operands to i16 (exact for every int8 value, -128 included).
+//!
+//! Measured numbers: see `benches/kernels.rs` and the table in the crate's bench report.
+
+use super::{unpack_scales_mins_k4, Kernels};
+use crate::blocks::*;
+use half::{bf16, f16};
+use std::arch::x86_64::*;
+
+pub(super) fn available() -> bool {
+    is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c")
+}
+
+/// The AVX2 table. Panics if the CPU lacks the features: the wrappers below are sound only
+/// because this check ran.
+pub(super) fn kernels() -> Kernels {
+    assert!(available(), "the AVX2 kernels need AVX2, FMA and F16C");
+    // SAFETY (every wrapper): the CPU has AVX2, FMA and F16C, checked just above.
+    Kernels {
+        isa: "avx2",
+        dot_f32: |x, y| unsafe { dot_f32(x, y) },
+        dot_f16_f32: |x, y| unsafe { dot_f16_f32(x, y) },
+        dot_bf16_f32: |x, y| unsafe { dot_bf16_f32(x, y) },
+        dot_q8_0_q8_0: |x, y| unsafe { dot_q8_0_q8_0(x, y) },
+        dot_q4_k_q8_k: |x, y| unsafe { dot_q4_k_q8_k(x, y) },
+        dot_q5_k_q8_k: |x, y| unsafe { dot_q5_k_q8_k(x, y) },
+        dot_q6_k_q8_k: |x, y| unsafe { dot_q6_k_q8_k(x, y) },
+    }
+}
+
+fn check_len(what: &str, a: usize, b: usize) {
+    assert_eq!(a, b, "{what}: weight and activation lengths differ ({a} vs {b})");
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn hsum_ps(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    _mm_cvtss_f32(s)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn f16_to_f32(h: f16) -> f32 {
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h.to_bits() as i32)))
+}
+
+/// 32 bytes at `p` (unaligned).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn load256<T>(p: *const T) -> __m256i {
+    _mm256_loadu_si256(p as *const __m256i)
+}
+
+// Eight weights widened to f32, per float format.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn load8_f32(p: *const f32) -> __m256 {
+    _mm256_loadu_ps(p)
+}
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn load8_f16(p: *const f16) -> __m256 {
+    _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+}
+/// bf16 is the top half of an f32: widen to u32 and shift left 16 (exact).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn load8_bf16(p: *const bf16) -> __m256 {
+    let w = _mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i));
+    _mm256_castsi256_ps(_mm256_slli_epi32(w, 16))
+}
+
+/// A float dot: four independent 8-lane FMA chains over 32 values per step, then 8 at a time,
+/// then a scalar tail.
+macro_rules! float_dot {
+    ($name:ident, $t:ty, $load8:ident, $to_f32:expr) => {
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn $name(x: &[$t], y: &[f32]) -> f32 {
+            check_len(stringify!($name), x.len(), y.len());
+            let (n, xp, yp) = (x.len(), x.as_ptr(), y.as_ptr());
+            let (mut a0, mut a1, mut a2, mut a3) =
+                (_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps());
+            let mut i = 0;
+            while i + 32 <= n {
+                a0 = _mm256_fmadd_ps($load8(xp.add(i)), _mm256_loadu_ps(yp.add(i)), a0);
+                a1 = _mm256_fmadd_ps($load8(xp.add(i + 8)), _mm256_loadu_ps(yp.add(i + 8)), a1);
+                a2 = _mm256_fmadd_ps($load8(xp.add(i + 16)), _mm256_loadu_ps(yp.add(i + 16)), a2);
+                a3 = _mm256_fmadd_ps($load8(xp.add(i + 24)), _mm256_loadu_ps(yp.add(i + 24)), a3);
+                i += 32;
+            }
+            while i + 8 <= n {
+                a0 = _mm256_fmadd_ps($load8(xp.add(i)), _mm256_loadu_ps(yp.add(i)), a0);
+                i += 8;
+            }
+            let mut sum = hsum_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+            for j in i..n {
+                sum += $to_f32(x[j]) * y[j];
+            }
+            sum
+        }
+    };
+}
+
+float_dot!(dot_f32, f32, load8_f32, |v: f32| v);
+float_dot!(dot_f16_f32, f16, load8_f16, |v: f16| v.to_f32());
+float_dot!(dot_bf16_f32, bf16, load8_bf16, |v: bf16| v.to_f32());
+
+/// Per block: both int8 halves widened to i16, `vpmaddwd` into 8 i32 lanes, converted, scaled by
+/// `d_x * d_y`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q8_0_q8_0(x: &[BlockQ8_0], y: &[BlockQ8_0]) -> f32 {
+    check_len("dot_q8_0_q8_0", x.len(), y.len());
+    let mut acc = _mm256_setzero_ps();
+    for (bx, by) in x.iter().zip(y) {
+        let (xq, yq) = (bx.qs.as_ptr() as *const __m128i, by.qs.as_ptr() as *const __m128i);
+        let p0 = _mm256_madd_epi16(
+            _mm256_cvtepi8_epi16(_mm_loadu_si128(xq)),
+            _mm256_cvtepi8_epi16(_mm_loadu_si128(yq)),
+        );
+        let p1 = _mm256_madd_epi16(
+            _mm256_cvtepi8_epi16(_mm_loadu_si128(xq.add(1))),
+            _mm256_cvtepi8_epi16(_mm_loadu_si128(yq.add(1))),
+        );
+        let d = _mm256_set1_ps(f16_to_f32(bx.d) * f16_to_f32(by.d));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(p0, p1)), d, acc);
+    }
+    hsum_ps(acc)
+}
+
+/// `vpshufb` controls that broadcast i16 lane j of a 128-bit lane to all 8 of its i16 lanes.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn bcast_i16_ctrl(j: i16) -> __m256i {
+    _mm256_set1_epi16((2 * j + 1) << 8 | 2 * j)
+}
+
+/// The (scales, mins) of a Q4_K/Q5_K block as i16 vectors: each 128-bit lane holds the eight
+/// scales; and the mins dotted with the Q8_K pair sums of `bsums` (8 i32 lanes, sub-block j in
+/// lane j: m_j * (bsums[2j] + bsums[2j+1])).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn k4_scales_and_mins(scales: &[u8; 12], bsums: &[i16; 16]) -> (__m256i, __m256i) {
+    let (sc, m) = unpack_scales_mins_k4(scales);
+    let sm = _mm_set_epi64x(m as i64, sc as i64);
+    // Mins (bytes 8..16 of sm) each repeated twice, widened to 16 i16 lanes.
+    let dup = _mm_set_epi8(15, 15, 14, 14, 13, 13, 12, 12, 11, 11, 10, 10, 9, 9, 8, 8);
+    let mins = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(sm, dup));
+    let mins_dot = _mm256_madd_epi16(mins, load256(bsums.as_ptr()));
+    (_mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm)), mins_dot)
+}
+
+/// Q4_K: per group of 64 values, the 32 qs bytes give sub-block 2g (low nibbles) and 2g+1 (high
+/// nibbles) against 32 activations each.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q4_k_q8_k(x: &[BlockQ4K], y: &[BlockQ8K]) -> f32 {
+    check_len("dot_q4_k_q8_k", x.len(), y.len());
+    let m4 = _mm256_set1_epi8(0x0f);
+    let (mut acc, mut acc_m) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    for (bx, by) in x.iter().zip(y) {
+        let (scales, mins_dot) = k4_scales_and_mins(&bx.scales, &by.bsums);
+        let mut sumi = _mm256_setzero_si256();
+        for g in 0..4 {
+            let q = load256(bx.qs.as_ptr().add(32 * g));
+            let lo = _mm256_and_si256(q, m4);
+            let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            let plo = _mm256_maddubs_epi16(lo, load256(by.qs.as_ptr().add(64 * g)));
+            let phi = _mm256_maddubs_epi16(hi, load256(by.qs.as_ptr().add(64 * g + 32)));
+            let slo = _mm256_shuffle_epi8(scales, bcast_i16_ctrl(2 * g as i16));
+            let shi = _mm256_shuffle_epi8(scales, bcast_i16_ctrl(2 * g as i16 + 1));
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(plo, slo));
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(phi, shi));
+        }
+        let d = _mm256_set1_ps(by.d * f16_to_f32(bx.d));
+        let dmin = _mm256_set1_ps(by.d * f16_to_f32(bx.dmin));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), d, acc);
+        acc_m = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mins_dot), dmin, acc_m);
+    }
+    hsum_ps(_mm256_sub_ps(acc, acc_m))
+}
+
+/// Q5_K: as Q4_K; the fifth bit of group g's low (high) half is bit 2g (2g+1) of `qh`, moved to
+/// bit 4. `qh` is shifted right by 2 per group, so bits 0 and 1 of each byte are always the
+/// current pair (the 16-bit shift pulls neighbour bits only into bits 6-7, never read).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q5_k_q8_k(x: &[BlockQ5K], y: &[BlockQ8K]) -> f32 {
+    check_len("dot_q5_k_q8_k", x.len(), y.len());
+    let (m4, bit4) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(0x10));
+    let (mut acc, mut acc_m) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    for (bx, by) in x.iter().zip(y) {
+        let (scales, mins_dot) = k4_scales_and_mins(&bx.scales, &by.bsums);
+        let mut qh = load256(bx.qh.as_ptr());
+        let mut sumi = _mm256_setzero_si256();
+        for g in 0..4 {
+            let q = load256(bx.qs.as_ptr().add(32 * g));
+            let lo = _mm256_or_si256(
+                _mm256_and_si256(q, m4),
+                _mm256_and_si256(_mm256_slli_epi16(qh, 4), bit4),
+            );
+            let hi = _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16(q, 4), m4),
+                _mm256_and_si256(_mm256_slli_epi16(qh, 3), bit4),
+            );
+            qh = _mm256_srli_epi16(qh, 2);
+            let plo = _mm256_maddubs_epi16(lo, load256(by.qs.as_ptr().add(64 * g)));
+            let phi = _mm256_maddubs_epi16(hi, load256(by.qs.as_ptr().add(64 * g + 32)));
+            let slo = _mm256_shuffle_epi8(scales, bcast_i16_ctrl(2 * g as i16));
+            let shi = _mm256_shuffle_epi8(scales, bcast_i16_ctrl(2 * g as i16 + 1));
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(plo, slo));
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(phi, shi));
+        }
+        let d = _mm256_set1_ps(by.d * f16_to_f32(bx.d));
+        let dmin = _mm256_set1_ps(by.d * f16_to_f32(bx.dmin));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), d, acc);
+        acc_m = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mins_dot), dmin, acc_m);
+    }
+    hsum_ps(_mm256_sub_ps(acc, acc_m))
+}
+
+/// Q6_K: per half of 128 values, ql[0..32] holds values 0..32 (low nibbles) and 64..96 (high),
+/// ql[32..64] values 32..64 and 96..128, qh bit pairs 0-1, 2-3, 4-5, 6-7 the top bits of values
+/// l, l+32, l+64, l+96. The quants are used unsigned (0..63): sum(sc * (q - 32) * y) =
+/// sum(sc * q * y) - 32 * sum_j sc_j * bsums_j, the Q8_K bsums being per 16, Q6_K's sub-block.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q6_k_q8_k(x: &[BlockQ6K], y: &[BlockQ8K]) -> f32 {
+    check_len("dot_q6_k_q8_k", x.len(), y.len());
+    let (m4, m30) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(0x30));
+    // Chunk k of a half covers sub-blocks 2k (low 128-bit lane) and 2k+1 (high lane).
+    let ctrl = |k: i16| {
+        _mm256_set_m128i(
+            _mm256_castsi256_si128(bcast_i16_ctrl(2 * k + 1)),
+            _mm256_castsi256_si128(bcast_i16_ctrl(2 * k)),
+        )
+    };
+    let ctrls = [ctrl(0), ctrl(1), ctrl(2), ctrl(3)];
+    let mut acc = _mm256_setzero_ps();
+    for (bx, by) in x.iter().zip(y) {
+        let s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(bx.scales.as_ptr() as *const __m128i));
+        let bias = _mm256_madd_epi16(s16, load256(by.bsums.as_ptr()));
+        let mut sumi = _mm256_setzero_si256();
+        for h in 0..2 {
+            let sc = _mm256_broadcastsi128_si256(if h == 0 {
+                _mm256_castsi256_si128(s16)
+            } else {
+                _mm256_extracti128_si256(s16, 1)
+            });
+            let ql = bx.ql.as_ptr().add(64 * h);
+            let (a0, a1) = (load256(ql), load256(ql.add(32)));
+            let qh = load256(bx.qh.as_ptr().add(32 * h));
+            let v = [
+                _mm256_or_si256(_mm256_and_si256(a0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30)),
+                _mm256_or_si256(_mm256_and_si256(a1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a0, 4), m4), _mm256_and_si256(qh, m30)),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16(a1, 4), m4),
+                    _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30),
+                ),
+            ];
+            for k in 0..4 {
+                let p = _mm256_maddubs_epi16(v[k], load256(by.qs.as_ptr().add(128 * h + 32 * k)));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, _mm256_shuffle_epi8(sc, ctrls[k])));
+            }
+        }
+        sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(bias, 5));
+        let d = _mm256_set1_ps(by.d * f16_to_f32(bx.d));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), d, acc);
+    }
+    hsum_ps(acc)
+}

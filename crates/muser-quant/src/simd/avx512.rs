@@ -1,0 +1,322 @@
+//! AVX-512 (F, BW, VL, VNNI) dot kernels: one weight row (any length for the float formats,
+//! whole blocks for the quantized ones) against one activation row, as called per matrix row by
+//! the engine.
+//!
+//! Quantized K dots work on 64 values per register. A group of 64 Q4_K/Q5_K values is 32 qs
+//! bytes: they are broadcast to both 256-bit halves and shifted per half (`vpsrlvw` by 0 and 4),
+//! so the low half holds sub-block 2g and the high half sub-block 2g+1, matching 64 contiguous
+//! activations. `vpmaddubsw` (u8 x i8, pairs summed in i16, never saturating: the largest pair is
+//! 2 * 63 * 128 = 16,128) then `vpdpwssd` (VNNI: i16 x i16 scale, pairs summed into i32 lanes)
+//! accumulate one super-block in i32, converted to f32 once. The integer sums are exactly the
+//! scalar reference's; only the f32 order across blocks differs.
+//! Q8_0 is signed x signed: `vpdpbusd` needs one unsigned side, so x is offset by 128 (xor 0x80)
+//! and 128 * sum(y) (another `vpdpbusd` against ones) is taken back: exact for every int8.
+//! Float tails use masked loads (no scalar tail).
+//!
+//! Measured numbers: see `benches/kernels.rs` and the table in the crate's bench report.
+
+use super::{unpack_scales_mins_k4, Kernels};
+use crate::blocks::*;
+use half::{bf16, f16};
+use std::arch::x86_64::*;
+
+pub(super) fn available() -> bool {
+    is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vl")
+        && is_x86_feature_detected!("avx512vnni")
+        && super::avx2::available()
+}
+
+/// The AVX-512 table. Panics if the CPU lacks the features: the wrappers below are sound only
+/// because this check ran.
+pub(super) fn kernels() -> Kernels {
+    assert!(available(), "the AVX-512 kernels need AVX-512 F, BW, VL, VNNI and AVX2, FMA, F16C");
+    // SAFETY (every wrapper): the CPU has every feature the kernels enable, checked just above.
+    Kernels {
+        isa: "avx512",
+        dot_f32: |x, y| unsafe { dot_f32(x, y) },
+        dot_f16_f32: |x, y| unsafe { dot_f16_f32(x, y) },
+        dot_bf16_f32: |x, y| unsafe { dot_bf16_f32(x, y) },
+        dot_q8_0_q8_0: |x, y| unsafe { dot_q8_0_q8_0(x, y) },
+        dot_q4_k_q8_k: |x, y| unsafe { dot_q4_k_q8_k(x, y) },
+        dot_q5_k_q8_k: |x, y| unsafe { dot_q5_k_q8_k(x, y) },
+        dot_q6_k_q8_k: |x, y| unsafe { dot_q6_k_q8_k(x, y) },
+    }
+}
+
+fn check_len(what: &str, a: usize, b: usize) {
+    assert_eq!(a, b, "{what}: weight and activation lengths differ ({a} vs {b})");
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+fn f16_to_f32(h: f16) -> f32 {
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h.to_bits() as i32)))
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn load256<T>(p: *const T) -> __m256i {
+    _mm256_loadu_si256(p as *const __m256i)
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn load512<T>(p: *const T) -> __m512i {
+    _mm512_loadu_si512(p as *const __m512i)
+}
+
+/// 32 bytes at `p` in both 256-bit halves.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn load256_twice<T>(p: *const T) -> __m512i {
+    _mm512_broadcast_i64x4(load256(p))
+}
+
+/// i16 lanes 0..16 get `lo`, lanes 16..32 get `hi` (that is, bytes 0..32 and 32..64).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+fn halves_epi16(lo: i16, hi: i16) -> __m512i {
+    _mm512_mask_blend_epi16(0xffff_0000, _mm512_set1_epi16(lo), _mm512_set1_epi16(hi))
+}
+
+// Sixteen weights widened to f32, per float format; `m` selects the lanes to load (the others
+// are zero and their memory is not touched).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn load16_f32(p: *const f32, m: __mmask16) -> __m512 {
+    _mm512_maskz_loadu_ps(m, p)
+}
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn load16_f16(p: *const f16, m: __mmask16) -> __m512 {
+    _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p as *const i16))
+}
+/// bf16 is the top half of an f32: widen to u32 and shift left 16 (exact).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn load16_bf16(p: *const bf16, m: __mmask16) -> __m512 {
+    let w = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p as *const i16));
+    _mm512_castsi512_ps(_mm512_slli_epi32(w, 16))
+}
+
+/// A float dot: four independent 16-lane FMA chains over 64 values per step, then 16 at a time,
+/// then one masked step for the last 1..15 values.
+macro_rules! float_dot {
+    ($name:ident, $t:ty, $load16:ident) => {
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+        unsafe fn $name(x: &[$t], y: &[f32]) -> f32 {
+            check_len(stringify!($name), x.len(), y.len());
+            let (n, xp, yp) = (x.len(), x.as_ptr(), y.as_ptr());
+            let all = !0;
+            let (mut a0, mut a1, mut a2, mut a3) =
+                (_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps());
+            let mut i = 0;
+            while i + 64 <= n {
+                a0 = _mm512_fmadd_ps($load16(xp.add(i), all), _mm512_loadu_ps(yp.add(i)), a0);
+                a1 = _mm512_fmadd_ps($load16(xp.add(i + 16), all), _mm512_loadu_ps(yp.add(i + 16)), a1);
+                a2 = _mm512_fmadd_ps($load16(xp.add(i + 32), all), _mm512_loadu_ps(yp.add(i + 32)), a2);
+                a3 = _mm512_fmadd_ps($load16(xp.add(i + 48), all), _mm512_loadu_ps(yp.add(i + 48)), a3);
+                i += 64;
+            }
+            while i + 16 <= n {
+                a0 = _mm512_fmadd_ps($load16(xp.add(i), all), _mm512_loadu_ps(yp.add(i)), a0);
+                i += 16;
+            }
+            if i < n {
+                let m: __mmask16 = (1u16 << (n - i)) - 1;
+                a1 = _mm512_fmadd_ps($load16(xp.add(i), m), _mm512_maskz_loadu_ps(m, yp.add(i)), a1);
+            }
+            _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)))
+        }
+    };
+}
+
+float_dot!(dot_f32, f32, load16_f32);
+float_dot!(dot_f16_f32, f16, load16_f16);
+float_dot!(dot_bf16_f32, bf16, load16_bf16);
+
+/// Two blocks per register (block i in the low 256 bits, i+1 in the high): sum(x * y) =
+/// sum((x + 128) * y) - 128 * sum(y), both by `vpdpbusd`, then scaled per half.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn dot_q8_0_q8_0(x: &[BlockQ8_0], y: &[BlockQ8_0]) -> f32 {
+    check_len("dot_q8_0_q8_0", x.len(), y.len());
+    let (flip, ones, zero) = (_mm512_set1_epi8(-128), _mm512_set1_epi8(1), _mm512_setzero_si512());
+    let mut acc = _mm512_setzero_ps();
+    let (xp, yp) = (x.chunks_exact(2), y.chunks_exact(2));
+    let (x_tail, y_tail) = (xp.remainder(), yp.remainder());
+    for (bx, by) in xp.zip(yp) {
+        let join = |a: &BlockQ8_0, b: &BlockQ8_0| {
+            _mm512_inserti64x4(_mm512_castsi256_si512(load256(a.qs.as_ptr())), load256(b.qs.as_ptr()), 1)
+        };
+        let (xq, yq) = (join(&bx[0], &bx[1]), join(&by[0], &by[1]));
+        let sum = _mm512_dpbusd_epi32(zero, _mm512_xor_si512(xq, flip), yq);
+        let sum_y = _mm512_dpbusd_epi32(zero, ones, yq);
+        let dot = _mm512_sub_epi32(sum, _mm512_slli_epi32(sum_y, 7));
+        let d0 = _mm512_set1_ps(f16_to_f32(bx[0].d) * f16_to_f32(by[0].d));
+        let d1 = _mm512_set1_ps(f16_to_f32(bx[1].d) * f16_to_f32(by[1].d));
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mask_blend_ps(0xff00, d0, d1), acc);
+    }
+    let mut sum = _mm512_reduce_add_ps(acc);
+    for (bx, by) in x_tail.iter().zip(y_tail) {
+        let sumi: i32 = bx.qs.iter().zip(&by.qs).map(|(&a, &b)| a as i32 * b as i32).sum();
+        sum += sumi as f32 * (f16_to_f32(bx.d) * f16_to_f32(by.d));
+    }
+    sum
+}
+
+/// The (scales, mins) of a Q4_K/Q5_K block: the eight scales as i16 in each 128-bit lane, and
+/// the mins dotted with the Q8_K pair sums of `bsums` (8 i32 lanes, sub-block j in lane j:
+/// m_j * (bsums[2j] + bsums[2j+1])).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn k4_scales_and_mins(scales: &[u8; 12], bsums: &[i16; 16]) -> (__m512i, __m256i) {
+    let (sc, m) = unpack_scales_mins_k4(scales);
+    let sm = _mm_set_epi64x(m as i64, sc as i64);
+    // Mins (bytes 8..16 of sm) each repeated twice, widened to 16 i16 lanes.
+    let dup = _mm_set_epi8(15, 15, 14, 14, 13, 13, 12, 12, 11, 11, 10, 10, 9, 9, 8, 8);
+    let mins = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(sm, dup));
+    let mins_dot = _mm256_madd_epi16(mins, load256(bsums.as_ptr()));
+    (_mm512_broadcast_i32x4(_mm_cvtepu8_epi16(sm)), mins_dot)
+}
+
+/// `vpshufb` controls, per group g of 64 values: i16 lanes 0..16 take scale 2g, lanes 16..32
+/// scale 2g+1 (from the eight i16 scales repeated in every 128-bit lane).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+fn k4_scale_ctrls() -> [__m512i; 4] {
+    let c = |j: i16| (2 * j + 1) << 8 | 2 * j;
+    [0, 1, 2, 3].map(|g| halves_epi16(c(2 * g), c(2 * g + 1)))
+}
+
+/// The float tail of a Q4_K/Q5_K block: acc += d * sumi, acc_m += dmin * mins_dot.
+macro_rules! k4_accumulate {
+    ($acc:ident, $acc_m:ident, $bx:ident, $by:ident, $sumi:expr, $mins_dot:ident) => {
+        let d = _mm512_set1_ps($by.d * f16_to_f32($bx.d));
+        let dmin = _mm256_set1_ps($by.d * f16_to_f32($bx.dmin));
+        $acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps($sumi), d, $acc);
+        $acc_m = _mm256_fmadd_ps(_mm256_cvtepi32_ps($mins_dot), dmin, $acc_m);
+    };
+}
+
+/// The final sum of the K4 accumulators: sum(acc) - sum(acc_m).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+fn k4_finish(acc: __m512, acc_m: __m256) -> f32 {
+    let m = _mm512_castps256_ps512(acc_m);
+    let m = _mm512_mask_blend_ps(0x00ff, _mm512_setzero_ps(), m);
+    _mm512_reduce_add_ps(_mm512_sub_ps(acc, m))
+}
+
+/// Q4_K: per group g of 64 values, 32 qs bytes: low nibbles are sub-block 2g, high nibbles
+/// sub-block 2g+1; the two halves of one register after the per-half shift.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn dot_q4_k_q8_k(x: &[BlockQ4K], y: &[BlockQ8K]) -> f32 {
+    check_len("dot_q4_k_q8_k", x.len(), y.len());
+    let m4 = _mm512_set1_epi8(0x0f);
+    let shift = halves_epi16(0, 4);
+    let ctrls = k4_scale_ctrls();
+    let (mut acc, mut acc_m) = (_mm512_setzero_ps(), _mm256_setzero_ps());
+    for (bx, by) in x.iter().zip(y) {
+        let (scales, mins_dot) = k4_scales_and_mins(&bx.scales, &by.bsums);
+        // Two i32 partial sums so the dpwssd chains of even and odd groups overlap.
+        let mut sumi = [_mm512_setzero_si512(); 2];
+        for g in 0..4 {
+            let q = _mm512_and_si512(_mm512_srlv_epi16(load256_twice(bx.qs.as_ptr().add(32 * g)), shift), m4);
+            let p = _mm512_maddubs_epi16(q, load512(by.qs.as_ptr().add(64 * g)));
+            let sc = _mm512_shuffle_epi8(scales, ctrls[g]);
+            sumi[g & 1] = _mm512_dpwssd_epi32(sumi[g & 1], p, sc);
+        }
+        k4_accumulate!(acc, acc_m, bx, by, _mm512_add_epi32(sumi[0], sumi[1]), mins_dot);
+    }
+    k4_finish(acc, acc_m)
+}
+
+/// Q5_K: as Q4_K; the fifth bit of group g is bit 2g of `qh` for the low half (sub-block 2g) and
+/// bit 2g+1 for the high half. `qh` (32 bytes, in both halves) is shifted right by 2 per group
+/// and tested against bit 0 (low half) or bit 1 (high half); the 16-bit shift pulls neighbour
+/// bits only into bits 6-7, never tested. Set bits add 16 to the 4-bit quant.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn dot_q5_k_q8_k(x: &[BlockQ5K], y: &[BlockQ8K]) -> f32 {
+    check_len("dot_q5_k_q8_k", x.len(), y.len());
+    let (m4, sixteen) = (_mm512_set1_epi8(0x0f), _mm512_set1_epi8(16));
+    let shift = halves_epi16(0, 4);
+    let bit = halves_epi16(0x0101, 0x0202);
+    let ctrls = k4_scale_ctrls();
+    let (mut acc, mut acc_m) = (_mm512_setzero_ps(), _mm256_setzero_ps());
+    for (bx, by) in x.iter().zip(y) {
+        let (scales, mins_dot) = k4_scales_and_mins(&bx.scales, &by.bsums);
+        let mut qh = load256_twice(bx.qh.as_ptr());
+        let mut sumi = [_mm512_setzero_si512(); 2];
+        for g in 0..4 {
+            let q = _mm512_and_si512(_mm512_srlv_epi16(load256_twice(bx.qs.as_ptr().add(32 * g)), shift), m4);
+            let q = _mm512_mask_add_epi8(q, _mm512_test_epi8_mask(qh, bit), q, sixteen);
+            qh = _mm512_srli_epi16(qh, 2);
+            let p = _mm512_maddubs_epi16(q, load512(by.qs.as_ptr().add(64 * g)));
+            let sc = _mm512_shuffle_epi8(scales, ctrls[g]);
+            sumi[g & 1] = _mm512_dpwssd_epi32(sumi[g & 1], p, sc);
+        }
+        k4_accumulate!(acc, acc_m, bx, by, _mm512_add_epi32(sumi[0], sumi[1]), mins_dot);
+    }
+    k4_finish(acc, acc_m)
+}
+
+/// `vpermw` indices for Q6_K: for half h and part p (values 64p..64p+64 of the half), i16 lane
+/// i takes scale 8h + 4p + i/8 (each 16-value sub-block is 8 i16 pair sums).
+const fn q6_k_scale_index(h: usize, p: usize) -> [i16; 32] {
+    let mut idx = [0i16; 32];
+    let mut i = 0;
+    while i < 32 {
+        idx[i] = (8 * h + 4 * p + i / 8) as i16;
+        i += 1;
+    }
+    idx
+}
+const Q6_K_SCALE_INDEX: [[i16; 32]; 4] =
+    [q6_k_scale_index(0, 0), q6_k_scale_index(0, 1), q6_k_scale_index(1, 0), q6_k_scale_index(1, 1)];
+
+/// Q6_K: per half of 128 values, the 64 ql bytes hold values 0..64 in their low nibbles and
+/// 64..128 in their high nibbles; the 32 qh bytes (in both register halves) hold the top bits of
+/// values l, l+32, l+64, l+96 in bit pairs 0-1, 2-3, 4-5, 6-7, moved to bits 4-5 by per-half
+/// variable shifts (<<4, <<2 for the low nibbles; >>0, >>2 for the high ones; bits crossing
+/// a byte boundary land outside 0x30). The quants are used unsigned (0..63):
+/// sum(sc * (q - 32) * y) = sum(sc * q * y) - 32 * sum_j sc_j * bsums_j.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn dot_q6_k_q8_k(x: &[BlockQ6K], y: &[BlockQ8K]) -> f32 {
+    check_len("dot_q6_k_q8_k", x.len(), y.len());
+    let (m4, m30) = (_mm512_set1_epi8(0x0f), _mm512_set1_epi8(0x30));
+    let (shl_lo, shr_hi) = (halves_epi16(4, 2), halves_epi16(0, 2));
+    let index = Q6_K_SCALE_INDEX.map(|a| load512(a.as_ptr()));
+    let mut acc = _mm256_setzero_ps();
+    for (bx, by) in x.iter().zip(y) {
+        let s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(bx.scales.as_ptr() as *const __m128i));
+        let s512 = _mm512_zextsi256_si512(s16);
+        let bias = _mm256_madd_epi16(s16, load256(by.bsums.as_ptr()));
+        let mut sumi = [_mm512_setzero_si512(); 2];
+        for h in 0..2 {
+            let a = load512(bx.ql.as_ptr().add(64 * h));
+            let qh = load256_twice(bx.qh.as_ptr().add(32 * h));
+            let lo = _mm512_or_si512(
+                _mm512_and_si512(a, m4),
+                _mm512_and_si512(_mm512_sllv_epi16(qh, shl_lo), m30),
+            );
+            let hi = _mm512_or_si512(
+                _mm512_and_si512(_mm512_srli_epi16(a, 4), m4),
+                _mm512_and_si512(_mm512_srlv_epi16(qh, shr_hi), m30),
+            );
+            let yq = by.qs.as_ptr().add(128 * h);
+            let plo = _mm512_maddubs_epi16(lo, load512(yq));
+            let phi = _mm512_maddubs_epi16(hi, load512(yq.add(64)));
+            sumi[0] = _mm512_dpwssd_epi32(sumi[0], plo, _mm512_permutexvar_epi16(index[2 * h], s512));
+            sumi[1] = _mm512_dpwssd_epi32(sumi[1], phi, _mm512_permutexvar_epi16(index[2 * h + 1], s512));
+        }
+        let s = _mm512_add_epi32(sumi[0], sumi[1]);
+        let s = _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
+        let s = _mm256_sub_epi32(s, _mm256_slli_epi32(bias, 5));
+        let d = _mm256_set1_ps(by.d * f16_to_f32(bx.d));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), d, acc);
+    }
+    let acc = _mm512_castps256_ps512(acc);
+    _mm512_reduce_add_ps(_mm512_mask_blend_ps(0x00ff, _mm512_setzero_ps(), acc))
+}
