@@ -1,0 +1,60 @@
+//! Streaming detokenization: tokens arrive one at a time and may end inside a UTF-8 character;
+//! only whole characters are handed out, the partial tail waits for the next token.
+
+use crate::{Tokenizer, TokenizerError};
+
+#[derive(Debug, Default, Clone)]
+pub struct StreamDecoder {
+    /// Bytes received but not yet handed out: at most one incomplete character.
+    pending: Vec<u8>,
+}
+
+impl StreamDecoder {
+    pub fn new() -> StreamDecoder {
+        StreamDecoder::default()
+    }
+
+    /// Adds token `id` and returns the characters completed by it. A byte sequence that can
+    /// never become valid UTF-8 comes out as U+FFFD at once rather than blocking the stream.
+    pub fn push(&mut self, tok: &Tokenizer, id: u32) -> Result<String, TokenizerError> {
+        self.pending.extend_from_slice(tok.token_to_piece_bytes(id)?);
+        let mut out = String::new();
+        let mut done = 0;
+        loop {
+            match std::str::from_utf8(&self.pending[done..]) {
+                Ok(s) => {
+                    out.push_str(s);
+                    done = self.pending.len();
+                    break;
+                }
+                Err(e) => {
+                    let valid = &self.pending[done..done + e.valid_up_to()];
+                    out.push_str(&String::from_utf8_lossy(valid));
+                    done += e.valid_up_to();
+                    match e.error_len() {
+                        Some(n) => {
+                            out.push(char::REPLACEMENT_CHARACTER);
+                            done += n;
+                        }
+                        // An incomplete character at the end: keep it for the next token.
+                        None => break,
+                    }
+                }
+            }
+        }
+        self.pending.drain(..done);
+        Ok(out)
+    }
+
+    /// Bytes held back waiting for the rest of a character.
+    pub fn pending(&self) -> &[u8] {
+        &self.pending
+    }
+
+    /// Ends the stream: whatever is held back, lossily.
+    pub fn flush(&mut self) -> String {
+        let s = String::from_utf8_lossy(&self.pending).into_owned();
+        self.pending.clear();
+        s
+    }
+}
