@@ -1,0 +1,160 @@
+//! Matrix x activations over quantized weights: `out[t][r] = dot(W[r], x[t])`.
+//!
+//! The input columns are quantized once per call to each activation format the weights need
+//! (Q8_K for the K-quants, Q8_0 for Q8_0, f32 for the float types) and shared by every weight of
+//! the call (Q/K/V/gate, gate+up). Work is split into tasks of consecutive weight rows (a few
+//! hundred KB of weights each for one column) run on the current rayon pool; inside a task each
+//! weight row is reused across a tile of columns while it sits in L1. The dots are
+//! muser-quant's SIMD kernels (`Kernels::detect`).
+
+use super::CpuWeight;
+use muser_gguf::GgmlType;
+use muser_quant::quantize::{quantize_row_q8_0_ref, quantize_row_q8_k_ref};
+use muser_quant::simd::Kernels;
+use muser_quant::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, BlockQ8_0, QK8_0, QK_K};
+use rayon::prelude::*;
+
+/// Columns of `x` quantized to each activation format needed.
+pub struct QuantizedInput<'a> {
+    pub x: &'a [f32], // (n, cols)
+    pub n: usize,
+    pub cols: usize,
+    q8_0: Vec<BlockQ8_0>, // (n, cols/32)
+    q8_k: Vec<BlockQ8K>,  // (n, cols/256)
+}
+
+impl<'a> QuantizedInput<'a> {
+    /// Quantizes the n columns of `x` for every format `types` need.
+    pub fn new(x: &'a [f32], n: usize, cols: usize, types: &[GgmlType]) -> QuantizedInput<'a> {
+        let mut q = QuantizedInput { x, n, cols, q8_0: Vec::new(), q8_k: Vec::new() };
+        if types.contains(&GgmlType::Q8_0) {
+            let nb = cols / QK8_0;
+            q.q8_0 = vec![bytemuck::Zeroable::zeroed(); n * nb];
+            q.q8_0
+                .par_chunks_mut(nb)
+                .zip(x.par_chunks(cols))
+                .for_each(|(y, x)| quantize_row_q8_0_ref(x, y));
+        }
+        if types.iter().any(|t| matches!(t, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)) {
+            let nb = cols / QK_K;
+            q.q8_k = vec![bytemuck::Zeroable::zeroed(); n * nb];
+            q.q8_k
+                .par_chunks_mut(nb)
+                .zip(x.par_chunks(cols))
+                .for_each(|(y, x)| quantize_row_q8_k_ref(x, y));
+        }
+        q
+    }
+}
+
+/// Computes rows r0..r1 of `w` against every column: tile[(r - r0) * n + t].
+pub fn rows_times_columns(k: &Kernels, w: &CpuWeight, inp: &QuantizedInput, r0: usize, r1: usize, tile: &mut [f32]) {
+    let bytes = w.view.bytes();
+    let rb = w.row_bytes;
+    let wrows = &bytes[r0 * rb..r1 * rb];
+    match w.view.ty {
+        GgmlType::F32 => kernel::<f32, f32>(wrows, inp.x, inp.n, k.dot_f32, tile),
+        GgmlType::F16 => kernel::<half::f16, f32>(wrows, inp.x, inp.n, k.dot_f16_f32, tile),
+        GgmlType::BF16 => kernel::<half::bf16, f32>(wrows, inp.x, inp.n, k.dot_bf16_f32, tile),
+        GgmlType::Q8_0 => kernel::<BlockQ8_0, BlockQ8_0>(wrows, &inp.q8_0, inp.n, k.dot_q8_0_q8_0, tile),
+        GgmlType::Q4_K => kernel::<BlockQ4K, BlockQ8K>(wrows, &inp.q8_k, inp.n, k.dot_q4_k_q8_k, tile),
+        GgmlType::Q5_K => kernel::<BlockQ5K, BlockQ8K>(wrows, &inp.q8_k, inp.n, k.dot_q5_k_q8_k, tile),
+        GgmlType::Q6_K => kernel::<BlockQ6K, BlockQ8K>(wrows, &inp.q8_k, inp.n, k.dot_q6_k_q8_k, tile),
+        // CpuBackend::weight refuses every other type.
+        t => unreachable!("matmul over unsupported type {t}"),
+    }
+}
+
+/// Columns per tile: a weight row is reused for this many columns while it is in L1.
+const COL_TILE: usize = 16;
+
+fn kernel<W: bytemuck::Pod, A>(wrows: &[u8], acts: &[A], n: usize, dot: fn(&[W], &[A]) -> f32, tile: &mut [f32]) {
+    // Alignment was checked when the weight was made resident.
+    let w: &[W] = bytemuck::cast_slice(wrows);
+    let nr = tile.len() / n;
+    let per_row = w.len() / nr;
+    let per_col = acts.len() / n;
+    for t0 in (0..n).step_by(COL_TILE) {
+        let t1 = (t0 + COL_TILE).min(n);
+        for r in 0..nr {
+            let wr = &w[r * per_row..(r + 1) * per_row];
+            for t in t0..t1 {
+                tile[r * n + t] = dot(wr, &acts[t * per_col..(t + 1) * per_col]);
+            }
+        }
+    }
+}
+
+/// Rows per task: about 256 KB of weights, and at least 4 tasks per thread for each matrix.
+pub fn rows_per_task(w: &CpuWeight, n: usize, threads: usize) -> usize {
+    let by_bytes = (256 * 1024 / w.row_bytes.max(1)).max(1);
+    let by_balance = w.rows.div_ceil(threads * 4).max(1);
+    let mut r = by_bytes.min(by_balance);
+    if n > 1 {
+        // Compute-bound: smaller tasks balance better; keep a tile a few rows tall.
+        r = r.min(w.rows.div_ceil(threads * 16)).max(4.min(w.rows));
+    }
+    r
+}
+
+/// A raw output pointer shared by tasks that write disjoint elements.
+#[derive(Clone, Copy)]
+pub struct OutPtr(pub *mut f32);
+// SAFETY: every task writes a distinct set of elements (its own rows) and the pointer outlives
+// the parallel loop that uses it.
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+/// out_i[t][r] = dot(W_i[r], x[t]) for several weights sharing the quantized input.
+pub fn matmul_multi(k: &Kernels, threads: usize, inp: &QuantizedInput, outs: &mut [(&CpuWeight, &mut [f32])]) {
+    let n = inp.n;
+    let mut tasks = Vec::new();
+    let mut ptrs = Vec::new();
+    let mut weights = Vec::new();
+    for (i, (w, out)) in outs.iter_mut().enumerate() {
+        assert_eq!(out.len(), n * w.rows, "matmul output of {} has the wrong size", w.view.name);
+        ptrs.push(OutPtr(out.as_mut_ptr()));
+        weights.push(*w);
+        let step = rows_per_task(w, n, threads);
+        for r0 in (0..w.rows).step_by(step) {
+            tasks.push((i, r0, (r0 + step).min(w.rows)));
+        }
+    }
+    tasks.par_iter().for_each(|&(i, r0, r1)| {
+        let w = weights[i];
+        let mut tile = vec![0f32; (r1 - r0) * n];
+        rows_times_columns(k, w, inp, r0, r1, &mut tile);
+        let p = ptrs[i];
+        for (r, row) in tile.chunks_exact(n).enumerate() {
+            for (t, &v) in row.iter().enumerate() {
+                // SAFETY: (t, r0 + r) is inside out_i ([n, rows]) and only this task writes it.
+                unsafe { *p.0.add(t * w.rows + r0 + r) = v };
+            }
+        }
+    });
+}
+
+/// out[t][r] = silu(dot(G[r], x[t])) * dot(U[r], x[t]): both matrices in one pass over x.
+pub fn gate_up_silu(k: &Kernels, threads: usize, inp: &QuantizedInput, g: &CpuWeight, u: &CpuWeight, out: &mut [f32]) {
+    let n = inp.n;
+    let rows = g.rows;
+    assert_eq!(out.len(), n * rows);
+    let step = rows_per_task(g, n, threads);
+    let p = OutPtr(out.as_mut_ptr());
+    let tasks: Vec<usize> = (0..rows).step_by(step).collect();
+    tasks.par_iter().for_each(|&r0| {
+        let r1 = (r0 + step).min(rows);
+        let mut tg = vec![0f32; (r1 - r0) * n];
+        let mut tu = vec![0f32; (r1 - r0) * n];
+        rows_times_columns(k, g, inp, r0, r1, &mut tg);
+        rows_times_columns(k, u, inp, r0, r1, &mut tu);
+        let p = p;
+        for r in 0..r1 - r0 {
+            for t in 0..n {
+                let v = super::ops::silu(tg[r * n + t]) * tu[r * n + t];
+                // SAFETY: as in matmul_multi.
+                unsafe { *p.0.add(t * rows + r0 + r) = v };
+            }
+        }
+    });
+}

@@ -1,0 +1,237 @@
+//! The CPU backend: weights are zero-copy views of the mapped file, activations are f32
+//! `Vec`s, the KV cache is f16, work runs on the backend's own rayon pool (entered once per
+//! forward through `Backend::run`).
+
+pub mod kv;
+pub mod matmul;
+pub mod ops;
+pub mod simd;
+
+use crate::backend::{Backend, KvLayerSpec, NormArgs};
+use crate::config::RopeParams;
+use crate::error::{EngineError, Result};
+use crate::weights::{TensorView, MATRIX_TYPES};
+use kv::CpuKv;
+use matmul::QuantizedInput;
+use muser_gguf::GgmlType;
+use muser_quant::simd::Kernels;
+use rayon::prelude::*;
+
+/// An f32 matrix `[rows, cols]`, row-major.
+#[derive(Clone, Debug)]
+pub struct CpuBuf {
+    pub rows: usize,
+    pub cols: usize,
+    pub data: Vec<f32>,
+}
+
+impl CpuBuf {
+    pub fn row(&self, r: usize) -> &[f32] {
+        &self.data[r * self.cols..(r + 1) * self.cols]
+    }
+}
+
+/// A resident weight: a matrix view into the file, or a (small) vector dequantized to f32.
+pub struct CpuWeight {
+    pub view: TensorView,
+    pub rows: usize,
+    pub cols: usize,
+    pub row_bytes: usize,
+    /// 1-D tensors (norm weights), dequantized.
+    pub vector: Option<Vec<f32>>,
+}
+
+impl CpuWeight {
+    fn vec(&self) -> &[f32] {
+        self.vector.as_deref().expect("norm weight is a vector")
+    }
+}
+
+pub struct CpuBackend {
+    pool: rayon::ThreadPool,
+    threads: usize,
+    kernels: &'static Kernels,
+}
+
+impl CpuBackend {
+    /// A backend with `threads` workers (None: one per core).
+    pub fn new(threads: Option<usize>) -> Result<CpuBackend> {
+        let threads = threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+        if threads == 0 {
+            return Err(EngineError::Invalid("threads must be at least 1".into()));
+        }
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("muser-cpu-{i}"))
+            .build()
+            .map_err(|e| EngineError::Invalid(format!("cannot start {threads} threads: {e}")))?;
+        Ok(CpuBackend { pool, threads, kernels: Kernels::detect() })
+    }
+
+    /// The ISA of the dot kernels in use ("avx512", "avx2", "scalar").
+    pub fn isa(&self) -> &'static str {
+        self.kernels.isa
+    }
+
+    fn quantize<'a>(&self, x: &'a [f32], n: usize, cols: usize, ws: &[&CpuWeight]) -> QuantizedInput<'a> {
+        let types: Vec<GgmlType> = ws.iter().map(|w| w.view.ty).collect();
+        for w in ws {
+            assert_eq!(w.cols, cols, "{}: input width {cols} != {}", w.view.name, w.cols);
+        }
+        QuantizedInput::new(x, n, cols, &types)
+    }
+}
+
+impl Backend for CpuBackend {
+    type Weight = CpuWeight;
+    type Buf = CpuBuf;
+    type Kv = CpuKv;
+
+    fn name(&self) -> &'static str {
+        "CPU"
+    }
+    fn threads(&self) -> usize {
+        self.threads
+    }
+    fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        self.pool.install(f)
+    }
+
+    fn weight(&self, t: &TensorView) -> Result<CpuWeight> {
+        let (cols, rows) = (t.cols(), t.rows());
+        let bytes = t.bytes();
+        let row_bytes = t.ty.row_bytes(cols as u64).ok_or_else(|| {
+            EngineError::Invalid(format!("tensor {}: row of {cols} values is not a whole number of {} blocks", t.name, t.ty))
+        })? as usize;
+        if row_bytes * rows != bytes.len() {
+            return Err(EngineError::Invalid(format!(
+                "tensor {}: {} {:?} needs {} bytes, found {}",
+                t.name,
+                t.ty,
+                t.dims,
+                row_bytes * rows,
+                bytes.len()
+            )));
+        }
+        if t.dims.len() == 1 {
+            let mut v = vec![0f32; cols];
+            muser_quant::dequantize_row(t.ty, bytes, &mut v)?;
+            return Ok(CpuWeight { view: t.clone(), rows, cols, row_bytes, vector: Some(v) });
+        }
+        if !MATRIX_TYPES.contains(&t.ty) {
+            return Err(EngineError::TensorType { name: t.name.clone(), ty: t.ty, supported: "F32, F16, BF16, Q8_0, Q4_K, Q5_K, Q6_K" });
+        }
+        let align = if t.ty == GgmlType::F32 { 4 } else { 2 };
+        if bytes.as_ptr() as usize % align != 0 {
+            return Err(EngineError::Invalid(format!("tensor {}: data is not {align}-byte aligned", t.name)));
+        }
+        Ok(CpuWeight { view: t.clone(), rows, cols, row_bytes, vector: None })
+    }
+
+    fn buf(&self, rows: usize, cols: usize) -> CpuBuf {
+        CpuBuf { rows, cols, data: vec![0.0; rows * cols] }
+    }
+    fn write(&self, buf: &mut CpuBuf, data: &[f32]) {
+        buf.data.copy_from_slice(data);
+    }
+    fn read(&self, buf: &CpuBuf, out: &mut [f32]) {
+        out.copy_from_slice(&buf.data);
+    }
+    fn kv_cache(&self, layers: &[KvLayerSpec]) -> CpuKv {
+        CpuKv::new(layers)
+    }
+
+    fn embed(&self, table: &CpuWeight, tokens: &[u32], out: &mut CpuBuf) {
+        let bytes = table.view.bytes();
+        let rb = table.row_bytes;
+        out.data.par_chunks_mut(out.cols).zip(tokens).for_each(|(o, &tok)| {
+            let t = tok as usize;
+            // Token ids are checked by the session; the row length by `weight`.
+            muser_quant::dequantize_row(table.view.ty, &bytes[t * rb..(t + 1) * rb], o)
+                .expect("embedding row has the checked length");
+        });
+    }
+
+    fn rmsnorm(&self, x: &CpuBuf, w: Option<&CpuWeight>, eps: f32, out: &mut CpuBuf) {
+        let w = w.map(|w| w.vec());
+        out.data.par_chunks_mut(x.cols).zip(x.data.par_chunks(x.cols)).for_each(|(o, x)| ops::rmsnorm_row(x, w, eps, o));
+    }
+
+    fn rmsnorm_heads(&self, x: &mut CpuBuf, w: &CpuWeight, head_dim: usize, eps: f32) {
+        let w = w.vec();
+        x.data.par_chunks_mut(head_dim).for_each(|h| {
+            let src = h.to_vec();
+            ops::rmsnorm_row(&src, Some(w), eps, h);
+        });
+    }
+
+    fn matmul(&self, x: &CpuBuf, outs: &mut [(&CpuWeight, &mut CpuBuf)]) {
+        let ws: Vec<&CpuWeight> = outs.iter().map(|(w, _)| *w).collect();
+        let inp = self.quantize(&x.data, x.rows, x.cols, &ws);
+        let mut slices: Vec<(&CpuWeight, &mut [f32])> = outs.iter_mut().map(|(w, b)| (*w, b.data.as_mut_slice())).collect();
+        matmul::matmul_multi(self.kernels, self.threads, &inp, &mut slices);
+    }
+
+    fn ffn_gate_up_silu(&self, x: &CpuBuf, gate: &CpuWeight, up: &CpuWeight, out: &mut CpuBuf) {
+        let inp = self.quantize(&x.data, x.rows, x.cols, &[gate, up]);
+        matmul::gate_up_silu(self.kernels, self.threads, &inp, gate, up, &mut out.data);
+    }
+
+    fn rope(&self, x: &mut CpuBuf, head_dim: usize, rope: &RopeParams, pos0: usize) {
+        x.data.par_chunks_mut(x.cols).enumerate().for_each(|(t, row)| {
+            let mut cs = Vec::new();
+            ops::rope_angles(pos0 + t, rope, &mut cs);
+            for h in row.chunks_exact_mut(head_dim) {
+                ops::rope_head(h, &cs, rope.style);
+            }
+        });
+    }
+
+    fn kv_store(&self, kv: &mut CpuKv, layer: usize, k: &CpuBuf, v: &CpuBuf, pos0: usize) {
+        kv.layers[layer].store(&k.data, &v.data, pos0);
+    }
+
+    fn attention(&self, q: &CpuBuf, kv: &CpuKv, layer: usize, pos0: usize, scale: f32, out: &mut CpuBuf) {
+        let l = &kv.layers[layer];
+        let n_head = q.cols / l.spec.head_dim;
+        l.attend(&q.data, n_head, pos0, scale, &mut out.data);
+    }
+
+    fn sigmoid_gate(&self, a: &mut CpuBuf, g: &CpuBuf) {
+        a.data.par_iter_mut().zip(&g.data).for_each(|(a, &g)| *a *= ops::sigmoid(g));
+    }
+
+    fn residual_norm(
+        &self,
+        h: &mut CpuBuf,
+        x: &CpuBuf,
+        post: Option<NormArgs<'_, CpuWeight>>,
+        next: NormArgs<'_, CpuWeight>,
+        out: &mut CpuBuf,
+    ) {
+        let cols = h.cols;
+        let post = post.map(|p| (p.weight.vec(), p.eps));
+        let (nw, neps) = (next.weight.vec(), next.eps);
+        h.data
+            .par_chunks_mut(cols)
+            .zip(x.data.par_chunks(cols))
+            .zip(out.data.par_chunks_mut(cols))
+            .for_each(|((h, x), o)| {
+                match post {
+                    Some((w, eps)) => {
+                        ops::rmsnorm_row(x, Some(w), eps, o);
+                        h.iter_mut().zip(o.iter()).for_each(|(h, v)| *h += v);
+                    }
+                    None => h.iter_mut().zip(x).for_each(|(h, v)| *h += v),
+                }
+                ops::rmsnorm_row(h, Some(nw), neps, o);
+            });
+    }
+
+    fn lm_head(&self, x: &CpuBuf, first_row: usize, w: &CpuWeight, scale: f32, softcap: Option<f32>, out: &mut CpuBuf) {
+        let n = x.rows - first_row;
+        let inp = self.quantize(&x.data[first_row * x.cols..], n, x.cols, &[w]);
+        matmul::matmul_multi(self.kernels, self.threads, &inp, &mut [(w, out.data.as_mut_slice())]);
+        out.data.par_chunks_mut(w.rows).for_each(|row| ops::scale_softcap(row, scale, softcap));
+    }
+}

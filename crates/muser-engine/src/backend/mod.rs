@@ -1,0 +1,98 @@
+//! The backend abstraction: the ops of the decode chain (SPEC section 3) at their natural
+//! granularity, over buffers and weights the backend owns. The graph (`crate::graph`) is written
+//! once against this trait and never knows which backend runs it.
+//!
+//! Buffers are row-major f32 matrices `[n_tokens, width]`: one row per token of the batch.
+//! Positions of a batch are consecutive, starting at `pos0`.
+
+pub mod cpu;
+
+use crate::config::RopeParams;
+use crate::error::Result;
+use crate::weights::TensorView;
+
+/// The KV cache geometry of one layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvLayerSpec {
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    /// Sliding layers see positions p - window + 1 ..= p.
+    pub window: Option<usize>,
+    /// Positions held: a ring of `slots` for sliding layers (position p lives in slot
+    /// p % slots), a plane growing up to `slots` positions for full layers.
+    pub slots: usize,
+}
+
+impl KvLayerSpec {
+    pub fn is_ring(&self) -> bool {
+        self.window.is_some()
+    }
+}
+
+/// The residual branch's optional post-norm and the norm that follows the residual add.
+pub struct NormArgs<'a, W> {
+    pub weight: &'a W,
+    pub eps: f32,
+}
+
+pub trait Backend: Send + Sync + Sized {
+    /// A weight (matrix `[rows, cols]` or vector `[cols]`) resident in the backend.
+    type Weight: Send + Sync;
+    /// An f32 activation buffer `[rows, cols]`.
+    type Buf: Send;
+    /// The KV cache of one sequence.
+    type Kv: Send;
+
+    /// Short name for tables ("CPU").
+    fn name(&self) -> &'static str;
+    /// Worker threads (CPU) or streams; 1 where it does not apply.
+    fn threads(&self) -> usize;
+    /// Runs `f` with the backend's execution context entered (the CPU enters its thread pool
+    /// once per forward instead of once per op).
+    fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        f()
+    }
+
+    /// Makes a tensor resident: a matrix for matmuls and embedding lookups, a vector for norms.
+    /// Refuses a type the backend cannot compute with.
+    fn weight(&self, t: &TensorView) -> Result<Self::Weight>;
+    fn buf(&self, rows: usize, cols: usize) -> Self::Buf;
+    /// Copies host data `[rows * cols]` into `buf`.
+    fn write(&self, buf: &mut Self::Buf, data: &[f32]);
+    /// Copies `buf` to the host, `[rows * cols]`.
+    fn read(&self, buf: &Self::Buf, out: &mut [f32]);
+    fn kv_cache(&self, layers: &[KvLayerSpec]) -> Self::Kv;
+
+    /// out[t] = embedding row tokens[t] (dequantized).
+    fn embed(&self, table: &Self::Weight, tokens: &[u32], out: &mut Self::Buf);
+    /// out = rmsnorm(x, w, eps) per row; `w` None means weight ones.
+    fn rmsnorm(&self, x: &Self::Buf, w: Option<&Self::Weight>, eps: f32, out: &mut Self::Buf);
+    /// In place, per `head_dim`-wide head of every row: x_h = rmsnorm(x_h, w, eps).
+    fn rmsnorm_heads(&self, x: &mut Self::Buf, w: &Self::Weight, head_dim: usize, eps: f32);
+    /// outs[i] = x W_i^T for several weights sharing one input (quantized once).
+    /// x: [n, cols], W_i: [rows_i, cols], outs[i]: [n, rows_i].
+    fn matmul(&self, x: &Self::Buf, outs: &mut [(&Self::Weight, &mut Self::Buf)]);
+    /// out = silu(x Wg^T) * (x Wu^T); x: [n, n_embd], out: [n, n_ff].
+    fn ffn_gate_up_silu(&self, x: &Self::Buf, gate: &Self::Weight, up: &Self::Weight, out: &mut Self::Buf);
+    /// Rotates every `head_dim`-wide head of row t at position pos0 + t, in place.
+    fn rope(&self, x: &mut Self::Buf, head_dim: usize, rope: &RopeParams, pos0: usize);
+    /// Stores k and v rows (positions pos0..pos0+n) into `layer` of the cache.
+    fn kv_store(&self, kv: &mut Self::Kv, layer: usize, k: &Self::Buf, v: &Self::Buf, pos0: usize);
+    /// out[t] = softmax(q_h . K^T * scale) V for each query head h over the positions row t
+    /// (at pos0 + t) sees; query head h reads KV head h / (n_head / n_head_kv).
+    fn attention(&self, q: &Self::Buf, kv: &Self::Kv, layer: usize, pos0: usize, scale: f32, out: &mut Self::Buf);
+    /// a *= sigmoid(g), elementwise.
+    fn sigmoid_gate(&self, a: &mut Self::Buf, g: &Self::Buf);
+    /// The residual tail: h += post ? rmsnorm(x, post) : x; out = rmsnorm(h, next).
+    fn residual_norm(
+        &self,
+        h: &mut Self::Buf,
+        x: &Self::Buf,
+        post: Option<NormArgs<'_, Self::Weight>>,
+        next: NormArgs<'_, Self::Weight>,
+        out: &mut Self::Buf,
+    );
+    /// out = logits of rows first_row.. of x: c * tanh(x W^T * scale / c) with a softcap c,
+    /// x W^T * scale without. out: [n - first_row, n_vocab].
+    fn lm_head(&self, x: &Self::Buf, first_row: usize, w: &Self::Weight, scale: f32, softcap: Option<f32>, out: &mut Self::Buf);
+}

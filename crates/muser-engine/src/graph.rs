@@ -1,0 +1,108 @@
+//! The forward pass of the decoder template over any `Backend`: embedding, the layer chain of
+//! SPEC section 3 with each architecture's switches, the LM head. A batch of n tokens at
+//! consecutive positions runs the same graph as a single decode token (n = 1).
+//!
+//! This module never knows which backend runs it.
+
+use crate::backend::{Backend, NormArgs};
+use crate::config::ModelConfig;
+use crate::weights::ModelWeights;
+
+/// Activation buffers for a batch of `n` tokens.
+pub struct Scratch<B: Backend> {
+    pub n: usize,
+    h: B::Buf,   // (n, n_embd) residual stream
+    x: B::Buf,   // (n, n_embd) normed input of the next matmul
+    q: B::Buf,   // (n, n_head*head_dim)
+    k: B::Buf,   // (n, n_head_kv*head_dim)
+    v: B::Buf,   // (n, n_head_kv*head_dim)
+    g: Option<B::Buf>, // (n, n_head*head_dim) output gate
+    att: B::Buf, // (n, n_head*head_dim)
+    o: B::Buf,   // (n, n_embd) branch output
+    ff: B::Buf,  // (n, n_ff)
+    /// (n_out, n_vocab)
+    pub logits: B::Buf,
+    pub n_out: usize,
+}
+
+impl<B: Backend> Scratch<B> {
+    /// Buffers for `n` tokens with logits for the last `n_out` of them.
+    pub fn new(be: &B, c: &ModelConfig, n: usize, n_out: usize) -> Scratch<B> {
+        Scratch {
+            n,
+            h: be.buf(n, c.n_embd),
+            x: be.buf(n, c.n_embd),
+            q: be.buf(n, c.q_width()),
+            k: be.buf(n, c.kv_width()),
+            v: be.buf(n, c.kv_width()),
+            g: c.arch.attn_gate.then(|| be.buf(n, c.q_width())),
+            att: be.buf(n, c.q_width()),
+            o: be.buf(n, c.n_embd),
+            ff: be.buf(n, c.n_ff),
+            logits: be.buf(n_out, c.n_vocab),
+            n_out,
+        }
+    }
+}
+
+/// Runs `tokens` (at positions pos0..) through the model, storing their K/V in `kv` and the
+/// logits of the last `s.n_out` tokens in `s.logits`. Token ids and context room are checked by
+/// the caller.
+pub fn forward<B: Backend>(
+    be: &B,
+    c: &ModelConfig,
+    w: &ModelWeights<B::Weight>,
+    s: &mut Scratch<B>,
+    kv: &mut B::Kv,
+    tokens: &[u32],
+    pos0: usize,
+) {
+    debug_assert_eq!(tokens.len(), s.n);
+    let scale = 1.0 / (c.head_dim as f32).sqrt();
+    let eps = c.rms_eps;
+
+    // Embedding (row 1), entry norm (row 2), first attention norm.
+    if c.arch.entry_norm {
+        be.embed(&w.token_embd, tokens, &mut s.x);
+        be.rmsnorm(&s.x, None, eps, &mut s.h);
+    } else {
+        be.embed(&w.token_embd, tokens, &mut s.h);
+    }
+    be.rmsnorm(&s.h, Some(&w.layers[0].attn_norm), eps, &mut s.x);
+
+    for (il, (lw, kind)) in w.layers.iter().zip(&c.layers).enumerate() {
+        // Q/K/V(/gate) share one input.
+        match (&lw.wgate, &mut s.g) {
+            (Some(wg), Some(g)) => be.matmul(&s.x, &mut [(&lw.wq, &mut s.q), (&lw.wk, &mut s.k), (&lw.wv, &mut s.v), (wg, g)]),
+            _ => be.matmul(&s.x, &mut [(&lw.wq, &mut s.q), (&lw.wk, &mut s.k), (&lw.wv, &mut s.v)]),
+        }
+        if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
+            be.rmsnorm_heads(&mut s.q, qn, c.head_dim, eps);
+            be.rmsnorm_heads(&mut s.k, kn, c.head_dim, eps);
+        }
+        if kind.rope {
+            be.rope(&mut s.q, c.head_dim, &c.rope, pos0);
+            be.rope(&mut s.k, c.head_dim, &c.rope, pos0);
+        }
+        be.kv_store(kv, il, &s.k, &s.v, pos0);
+        be.attention(&s.q, kv, il, pos0, scale, &mut s.att);
+        if let Some(g) = &s.g {
+            be.sigmoid_gate(&mut s.att, g);
+        }
+        be.matmul(&s.att, &mut [(&lw.wo, &mut s.o)]);
+        let post = lw.post_attn_norm.as_ref().map(|weight| NormArgs { weight, eps: c.post_norm_eps });
+        be.residual_norm(&mut s.h, &s.o, post, NormArgs { weight: &lw.ffn_norm, eps }, &mut s.x);
+
+        be.ffn_gate_up_silu(&s.x, &lw.ffn_gate, &lw.ffn_up, &mut s.ff);
+        be.matmul(&s.ff, &mut [(&lw.ffn_down, &mut s.o)]);
+        let post = lw.post_ffn_norm.as_ref().map(|weight| NormArgs { weight, eps: c.post_norm_eps });
+        let next = w.layers.get(il + 1).map_or(&w.output_norm, |l| &l.attn_norm);
+        be.residual_norm(&mut s.h, &s.o, post, NormArgs { weight: next, eps }, &mut s.x);
+    }
+
+    if s.n_out == 0 {
+        return;
+    }
+    let out_w = w.output.as_ref().unwrap_or(&w.token_embd);
+    be.lm_head(&s.x, s.n - s.n_out, out_w, c.logit_scale, c.softcap, &mut s.logits);
+}

@@ -1,0 +1,223 @@
+//! The public API: `Model` (a checked, loaded GGUF on a backend) and `Session` (one sequence:
+//! its KV cache, position, and the prefill/decode calls the CLI and the server use).
+
+use crate::backend::cpu::CpuBackend;
+use crate::backend::{Backend, KvLayerSpec};
+use crate::config::ModelConfig;
+use crate::error::{EngineError, Result};
+use crate::graph::{self, Scratch};
+use crate::weights::ModelWeights;
+use muser_gguf::GgufFile;
+use std::path::Path;
+use std::sync::Arc;
+
+/// Prefill runs in chunks of this many tokens.
+pub const PREFILL_CHUNK: usize = 512;
+
+#[derive(Debug, Clone, Default)]
+pub struct LoadOptions {
+    /// CPU worker threads (None: one per core).
+    pub threads: Option<usize>,
+}
+
+/// A model whose every tensor was checked, resident in a backend.
+pub struct Model<B: Backend = CpuBackend> {
+    pub config: ModelConfig,
+    file: Arc<GgufFile>,
+    weights: ModelWeights<B::Weight>,
+    backend: B,
+}
+
+impl Model<CpuBackend> {
+    /// Opens `path`, reads the architecture, checks every tensor and maps the weights on the CPU.
+    pub fn load(path: impl AsRef<Path>, opts: &LoadOptions) -> Result<Model<CpuBackend>> {
+        let file = Arc::new(GgufFile::open(path)?);
+        Model::from_gguf(file, CpuBackend::new(opts.threads)?)
+    }
+}
+
+impl<B: Backend> Model<B> {
+    pub fn from_gguf(file: Arc<GgufFile>, backend: B) -> Result<Model<B>> {
+        let config = ModelConfig::from_gguf(&file)?;
+        let weights = ModelWeights::load(&file, &config, &backend)?;
+        Ok(Model { config, file, weights, backend })
+    }
+
+    pub fn gguf(&self) -> &GgufFile {
+        &self.file
+    }
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    /// Names of the tensors the model uses.
+    fn used_tensors(&self) -> impl Iterator<Item = &muser_gguf::TensorInfo> {
+        // Every tensor the checker accepted has one of these prefixes; extra tensors (e.g.
+        // rope_freqs) are not read.
+        self.file.tensors.iter().filter(|t| {
+            t.name.starts_with("blk.") || t.name.starts_with("token_embd") || t.name.starts_with("output")
+        })
+    }
+
+    /// Parameters (values) of all weights.
+    pub fn n_params(&self) -> u64 {
+        self.used_tensors().map(|t| t.n_elements()).sum()
+    }
+    /// Bytes of all weights.
+    pub fn weight_bytes(&self) -> u64 {
+        self.used_tensors().map(|t| t.n_bytes).sum()
+    }
+
+    /// Bytes a decode step reads at `depth` positions of context: every weight once except the
+    /// embedding (one row; all of it when the LM head is tied to it), plus the K/V it attends.
+    pub fn decode_bytes(&self, depth: usize) -> u64 {
+        let c = &self.config;
+        let embd = self.file.tensor("token_embd.weight").map_or(0, |t| t.n_bytes);
+        let row = embd / c.n_vocab.max(1) as u64;
+        let weights = self.weight_bytes() - if c.tied_output { 0 } else { embd - row };
+        let kv: u64 = c
+            .layers
+            .iter()
+            .map(|l| {
+                let seen = match (l.sliding, c.sliding_window) {
+                    (true, Some(w)) => depth.min(w),
+                    _ => depth,
+                };
+                (seen * c.kv_width() * 2 * 2) as u64
+            })
+            .sum();
+        weights + kv
+    }
+}
+
+/// One sequence on a model: KV cache, position, logits.
+pub struct Session<'m, B: Backend = CpuBackend> {
+    model: &'m Model<B>,
+    kv: B::Kv,
+    n_ctx: usize,
+    pos: usize,
+    one: Scratch<B>,
+    batch: Option<Scratch<B>>,
+    logits: Vec<f32>,
+}
+
+impl<'m, B: Backend> Session<'m, B> {
+    /// A session holding up to `n_ctx` positions.
+    pub fn new(model: &'m Model<B>, n_ctx: usize) -> Result<Session<'m, B>> {
+        if n_ctx == 0 {
+            return Err(EngineError::Invalid("n_ctx must be at least 1".into()));
+        }
+        let c = &model.config;
+        let specs: Vec<KvLayerSpec> = c
+            .layers
+            .iter()
+            .map(|l| {
+                let window = if l.sliding { c.sliding_window } else { None };
+                // A ring must also hold the positions a batch row still sees while later rows of
+                // the same batch are stored.
+                let slots = window.map_or(n_ctx, |w| n_ctx.min(w + PREFILL_CHUNK - 1));
+                KvLayerSpec { n_head_kv: c.n_head_kv, head_dim: c.head_dim, window, slots }
+            })
+            .collect();
+        let be = &model.backend;
+        Ok(Session {
+            model,
+            kv: be.kv_cache(&specs),
+            n_ctx,
+            pos: 0,
+            one: Scratch::new(be, c, 1, 1),
+            batch: None,
+            logits: vec![0.0; c.n_vocab],
+        })
+    }
+
+    /// Positions processed so far.
+    pub fn pos(&self) -> usize {
+        self.pos
+    }
+    pub fn n_ctx(&self) -> usize {
+        self.n_ctx
+    }
+    pub fn model(&self) -> &'m Model<B> {
+        self.model
+    }
+    /// Forgets the sequence (the cache is overwritten from position 0).
+    pub fn reset(&mut self) {
+        self.pos = 0;
+    }
+
+    fn check(&self, tokens: &[u32]) -> Result<()> {
+        if tokens.is_empty() {
+            return Err(EngineError::Invalid("no tokens to process".into()));
+        }
+        if self.pos + tokens.len() > self.n_ctx {
+            return Err(EngineError::ContextOverflow { n_past: self.pos, n_new: tokens.len(), n_ctx: self.n_ctx });
+        }
+        let n_vocab = self.model.config.n_vocab;
+        if let Some(&token) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
+            return Err(EngineError::BadToken { token, n_vocab });
+        }
+        Ok(())
+    }
+
+    /// Runs one chunk (<= PREFILL_CHUNK tokens) and copies the logits of its last `n_out` tokens
+    /// to `dst` (`[n_out, n_vocab]`).
+    fn run_chunk(&mut self, chunk: &[u32], n_out: usize, dst: &mut [f32]) {
+        let m = self.model;
+        let s = if chunk.len() == 1 && n_out == 1 {
+            &mut self.one
+        } else {
+            if !matches!(&self.batch, Some(b) if b.n == chunk.len() && b.n_out == n_out) {
+                self.batch = None; // free before allocating the next
+                self.batch = Some(Scratch::new(&m.backend, &m.config, chunk.len(), n_out));
+            }
+            self.batch.as_mut().unwrap()
+        };
+        let (kv, pos) = (&mut self.kv, self.pos);
+        m.backend.run(|| graph::forward(&m.backend, &m.config, &m.weights, s, kv, chunk, pos));
+        self.pos += chunk.len();
+        if n_out > 0 {
+            m.backend.read(&s.logits, dst);
+        }
+    }
+
+    /// Processes a prompt (in chunks of 512) and returns the logits of its last position.
+    pub fn prefill(&mut self, tokens: &[u32]) -> Result<&[f32]> {
+        self.check(tokens)?;
+        let n_chunks = tokens.len().div_ceil(PREFILL_CHUNK);
+        for (i, chunk) in tokens.chunks(PREFILL_CHUNK).enumerate() {
+            let n_out = usize::from(i + 1 == n_chunks);
+            let mut logits = std::mem::take(&mut self.logits);
+            self.run_chunk(chunk, n_out, &mut logits);
+            self.logits = logits;
+        }
+        Ok(&self.logits)
+    }
+
+    /// Processes tokens and returns the logits of every position: `[n_tokens, n_vocab]`.
+    pub fn prefill_all(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        self.check(tokens)?;
+        let nv = self.model.config.n_vocab;
+        let mut all = vec![0f32; tokens.len() * nv];
+        let mut done = 0;
+        for chunk in tokens.chunks(PREFILL_CHUNK) {
+            self.run_chunk(chunk, chunk.len(), &mut all[done * nv..(done + chunk.len()) * nv]);
+            done += chunk.len();
+        }
+        Ok(all)
+    }
+
+    /// Appends one token and returns the logits of its position.
+    pub fn decode(&mut self, token: u32) -> Result<&[f32]> {
+        self.check(&[token])?;
+        let mut logits = std::mem::take(&mut self.logits);
+        self.run_chunk(&[token], 1, &mut logits);
+        self.logits = logits;
+        Ok(&self.logits)
+    }
+
+    /// The logits of the last prefill or decode.
+    pub fn logits(&self) -> &[f32] {
+        &self.logits
+    }
+}
