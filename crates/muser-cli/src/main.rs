@@ -31,6 +31,8 @@ enum Command {
     Quantize(cmd::quantize::Args),
     /// Write a synthetic model from a preset.
     Synth(cmd::synth::Args),
+    /// Check a backend's kernels against the CPU reference kernels.
+    Check(cmd::check::Args),
 }
 
 fn main() {
@@ -44,6 +46,7 @@ fn main() {
         Command::Tensor(a) => cmd::tensor::run(a),
         Command::Quantize(a) => cmd::quantize::run(a),
         Command::Synth(a) => cmd::synth::run(a),
+        Command::Check(a) => cmd::check::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

@@ -13,6 +13,8 @@ pub enum CudaError {
     Compile { file: String, log: String },
     #[error("CUDA driver error: {0}")]
     Driver(#[from] cudarc::driver::DriverError),
+    #[error("unsupported on CUDA: {0}")]
+    Unsupported(String),
     #[error("kernel {0} is not in any compiled module")]
     NoKernel(String),
 }

@@ -8,6 +8,8 @@
 
 pub mod compile;
 pub mod device;
+pub mod matvec;
+pub mod parity;
 
 pub use compile::{compile_source, nvrtc_available, KERNEL_SOURCES};
 pub use device::{CudaError, Gpu};

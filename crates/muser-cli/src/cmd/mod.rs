@@ -1,3 +1,4 @@
+pub mod check;
 pub mod bench;
 pub mod inspect;
 pub mod logits;
