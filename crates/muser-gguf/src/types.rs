@@ -1,4 +1,6 @@
 //! The ggml tensor types: id, values per block and bytes per block (facts from ggml.h / ggml.c).
+//! Checked against gguf-py's `GGML_QUANT_SIZES` by tests/python/test_gguf_interop.py (gguf-py
+//! still lists Q8_1 as 40 bytes, from when its d and s were f32; ggml's block_q8_1 is 36).
 
 /// A ggml tensor type as stored in a GGUF tensor info. Every id ggml defines is known here so
 /// files from other tools can be inspected; `muser-quant` decides which ones it can compute with.
@@ -38,11 +40,13 @@ pub enum GgmlType {
     TQ1_0 = 34,
     TQ2_0 = 35,
     MXFP4 = 39,
+    NVFP4 = 40,
+    Q1_0 = 41,
 }
 
 impl GgmlType {
     /// All known types, in id order.
-    pub const ALL: [GgmlType; 32] = [
+    pub const ALL: [GgmlType; 34] = [
         GgmlType::F32,
         GgmlType::F16,
         GgmlType::Q4_0,
@@ -75,6 +79,8 @@ impl GgmlType {
         GgmlType::TQ1_0,
         GgmlType::TQ2_0,
         GgmlType::MXFP4,
+        GgmlType::NVFP4,
+        GgmlType::Q1_0,
     ];
 
     /// The type with this GGUF id, or `None` for an id ggml does not define.
@@ -122,6 +128,8 @@ impl GgmlType {
             TQ1_0 => (256, 54),
             TQ2_0 => (256, 66),
             MXFP4 => (32, 17),
+            NVFP4 => (64, 36),
+            Q1_0 => (128, 18),
         }
     }
 
@@ -181,6 +189,8 @@ impl GgmlType {
             TQ1_0 => "TQ1_0",
             TQ2_0 => "TQ2_0",
             MXFP4 => "MXFP4",
+            NVFP4 => "NVFP4",
+            Q1_0 => "Q1_0",
         }
     }
 
