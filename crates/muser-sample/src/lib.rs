@@ -116,13 +116,7 @@ impl Sampler {
         );
         if p.temperature <= 0.0 {
             // Candidates are still in id order, so the first maximum is the lowest id.
-            let mut best: Option<&Candidate> = None;
-            for c in &cands {
-                if best.map_or(true, |b| c.logit > b.logit) {
-                    best = Some(c);
-                }
-            }
-            return best.map(|c| c.id);
+            return steps::argmax_index(&cands).map(|i| cands[i].id);
         }
         top_k(&mut cands, p.top_k);
         top_p(&mut cands, p.top_p, 1);

@@ -52,7 +52,7 @@ fn sort_prefix(cands: &mut [Candidate], k: usize) {
 }
 
 /// Index of the largest logit, the first one on ties (lowest id when in id order).
-fn argmax_index(cands: &[Candidate]) -> Option<usize> {
+pub(crate) fn argmax_index(cands: &[Candidate]) -> Option<usize> {
     let mut best: Option<usize> = None;
     for (i, c) in cands.iter().enumerate() {
         match best {
@@ -166,8 +166,8 @@ pub fn top_p(cands: &mut Vec<Candidate>, p: f32, min_keep: usize) {
 }
 
 /// Min-p: keeps the candidates whose probability is at least `p` times the largest one, i.e.
-/// `logit >= max_logit + ln(p)`, preserving order (at least `min_keep`, else unchanged).
-/// `p <= 0` is off (no-op).
+/// `logit >= max_logit + ln(p)`, preserving order. When fewer than `min_keep` pass, keeps the
+/// `min_keep` best-ranked instead, sorted (llama.cpp's fallback). `p <= 0` is off (no-op).
 pub fn min_p(cands: &mut Vec<Candidate>, p: f32, min_keep: usize) {
     if p <= 0.0 || cands.is_empty() {
         return;
@@ -175,8 +175,10 @@ pub fn min_p(cands: &mut Vec<Candidate>, p: f32, min_keep: usize) {
     let max = cands.iter().map(|c| c.logit).fold(f32::NEG_INFINITY, f32::max);
     let threshold = max + p.ln();
     let kept = cands.iter().filter(|c| c.logit >= threshold).count();
-    if kept >= min_keep.max(1) {
+    if kept >= min_keep {
         cands.retain(|c| c.logit >= threshold);
+    } else {
+        top_k(cands, min_keep);
     }
 }
 

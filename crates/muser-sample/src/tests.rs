@@ -152,6 +152,10 @@ fn min_p_keeps_tokens_within_ratio_of_best() {
     let mut c = candidates_from_logits(&l);
     min_p(&mut c, 0.0, 1);
     assert_eq!(c.len(), 20);
+    // min_keep wins over p: the best-ranked min_keep survive, sorted
+    let mut c = candidates_from_logits(&l);
+    min_p(&mut c, 0.999, 6);
+    assert_eq!(ids(&c), ranked_ids(&l)[..6].to_vec());
 }
 
 #[test]
