@@ -13,7 +13,7 @@ impl std::fmt::Display for Num {
         let digits = self.0.to_string();
         let mut out = String::with_capacity(digits.len() + digits.len() / 3);
         for (i, ch) in digits.chars().enumerate() {
-            if i > 0 && (digits.len() - i) % 3 == 0 {
+            if i > 0 && (digits.len() - i).is_multiple_of(3) {
                 out.push(',');
             }
             out.push(ch);

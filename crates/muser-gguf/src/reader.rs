@@ -466,7 +466,7 @@ fn parse_layout(buf: &[u8]) -> Result<Layout, GgufError> {
         infos_end
     } else {
         let aligned = align_up(infos_end, alignment);
-        if aligned.map_or(true, |a| a > file_len) {
+        if aligned.is_none_or(|a| a > file_len) {
             return Err(GgufError::DataSectionPastEnd {
                 data_offset: aligned.unwrap_or(u64::MAX),
                 infos_end,
@@ -504,7 +504,7 @@ fn parse_layout(buf: &[u8]) -> Result<Layout, GgufError> {
         }
         if t.offset
             .checked_add(t.n_bytes)
-            .map_or(true, |end| end > data_len)
+            .is_none_or(|end| end > data_len)
         {
             let at = t.offset.min(data_len);
             return Err(GgufError::TensorPastEnd {

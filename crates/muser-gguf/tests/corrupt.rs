@@ -41,7 +41,7 @@ impl Raw {
     }
     /// Zeros up to a multiple of `align`.
     fn pad(&mut self, align: usize) -> &mut Raw {
-        while self.0.len() % align != 0 {
+        while !self.0.len().is_multiple_of(align) {
             self.0.push(0);
         }
         self

@@ -7,7 +7,7 @@ use muser_gguf::GgmlType;
 fn ids_names_and_row_bytes_agree() {
     let mut last = None;
     for t in GgmlType::ALL {
-        assert!(last.map_or(true, |l| l < t.id()), "ALL is in id order");
+        assert!(last.is_none_or(|l| l < t.id()), "ALL is in id order");
         last = Some(t.id());
         assert_eq!(GgmlType::from_id(t.id()), Some(t));
         assert_eq!(GgmlType::from_name(&t.name().to_lowercase()), Some(t));
@@ -21,5 +21,9 @@ fn ids_names_and_row_bytes_agree() {
         assert_eq!(GgmlType::from_id(removed), None);
     }
     assert_eq!(GgmlType::Q4_K.row_bytes(4096), Some(16 * 144));
-    assert_eq!(GgmlType::F64.row_bytes(u64::MAX), None, "overflow is None, not a panic");
+    assert_eq!(
+        GgmlType::F64.row_bytes(u64::MAX),
+        None,
+        "overflow is None, not a panic"
+    );
 }
