@@ -1,6 +1,57 @@
-#[derive(clap::Args)]
-pub struct Args {}
+//! `muser synth PRESET OUT [--seed N]`: write a synthetic model; `muser synth --list` lists the
+//! presets with their sizes.
 
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("not implemented yet")
+use muser_synth::{find_preset, parameter_count, synthesize, weight_bytes, PRESETS};
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The preset (see --list).
+    #[arg(required_unless_present = "list")]
+    preset: Option<String>,
+    /// The GGUF file to write.
+    #[arg(required_unless_present = "list")]
+    out: Option<PathBuf>,
+    /// Seed of the weights; the file is a pure function of (preset, seed).
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// List the presets and exit.
+    #[arg(long)]
+    list: bool,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    if args.list {
+        println!("{:<14} {:>8} {:>16} {:>16}  description", "preset", "arch", "parameters", "weight bytes");
+        for p in PRESETS {
+            println!(
+                "{:<14} {:>8} {:>16} {:>16}  {}",
+                p.name,
+                p.arch.name(),
+                parameter_count(p),
+                weight_bytes(p),
+                p.description
+            );
+        }
+        return Ok(());
+    }
+    let (name, out) = (args.preset.expect("clap requires it"), args.out.expect("clap requires it"));
+    let p = find_preset(&name)?;
+    let start = Instant::now();
+    let s = synthesize(p, &out, args.seed, std::io::stderr().is_terminal())?;
+    let secs = start.elapsed().as_secs_f64();
+    println!(
+        "wrote {} ({}, seed {}): {} tensors, {} parameters, {} bytes of weights in {:.1} s ({:.2} GB/s)",
+        out.display(),
+        p.name,
+        args.seed,
+        s.n_tensors,
+        s.parameters,
+        s.weight_bytes,
+        secs,
+        s.weight_bytes as f64 / secs / 1e9
+    );
+    Ok(())
 }
