@@ -1,6 +1,153 @@
-#[derive(clap::Args)]
-pub struct Args {}
+//! `muser bench`: llama-bench's table (prompt processing ppN, text generation tgN; mean ± sd
+//! over r repetitions after one warm-up), plus for tg the bytes a decode step reads, the achieved
+//! GB/s and its share of the read bandwidth this run measures.
 
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("not implemented yet")
+use muser_engine::{Backend, Model, Session};
+use rayon::prelude::*;
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[arg(short = 'm', long)]
+    pub model: Option<PathBuf>,
+    /// Prompt tokens of the pp test (0: skip).
+    #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
+    pub n_prompt: usize,
+    /// Generated tokens of the tg test (0: skip).
+    #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
+    pub n_gen: usize,
+    /// Repetitions.
+    #[arg(short = 'r', long, default_value_t = 5)]
+    pub reps: usize,
+    #[arg(short = 't', long)]
+    pub threads: Option<usize>,
+}
+
+/// Read bandwidth in bytes/s: the best of a few multi-threaded passes summing a 1 GiB buffer
+/// (larger than any cache).
+pub fn measure_read_bandwidth(threads: usize) -> anyhow::Result<f64> {
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build()?;
+    let n = (1usize << 30) / 8;
+    pool.install(|| {
+        let mut buf = vec![0u64; n];
+        buf.par_chunks_mut(1 << 16).enumerate().for_each(|(i, c)| c.iter_mut().enumerate().for_each(|(j, v)| *v = (i ^ j) as u64));
+        let mut best = 0f64;
+        for _ in 0..4 {
+            let t = Instant::now();
+            let s: u64 = buf
+                .par_chunks(1 << 18)
+                .map(|c| {
+                    // Eight independent lanes so the loop is load-bound, not add-latency-bound.
+                    let mut acc = [0u64; 8];
+                    for ch in c.chunks_exact(8) {
+                        for k in 0..8 {
+                            acc[k] = acc[k].wrapping_add(ch[k]);
+                        }
+                    }
+                    acc.iter().fold(0u64, |a, &b| a.wrapping_add(b))
+                })
+                .reduce(|| 0, |a, b| a.wrapping_add(b));
+            std::hint::black_box(s);
+            best = best.max((n * 8) as f64 / t.elapsed().as_secs_f64());
+        }
+        Ok(best)
+    })
+}
+
+fn mean_sd(v: &[f64]) -> (f64, f64) {
+    let m = v.iter().sum::<f64>() / v.len() as f64;
+    let var = if v.len() > 1 { v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (v.len() - 1) as f64 } else { 0.0 };
+    (m, var.sqrt())
+}
+
+fn human_params(n: u64) -> String {
+    if n >= 1_000_000_000 {
+        format!("{:.2} B", n as f64 / 1e9)
+    } else {
+        format!("{:.2} M", n as f64 / 1e6)
+    }
+}
+
+/// "llama 1.10 B Q4_K": architecture, parameters and the type holding most weight bytes.
+fn model_name(model: &Model) -> String {
+    let mut by_type: Vec<(String, u64)> = Vec::new();
+    for t in &model.gguf().tensors {
+        let name = t.ggml_type.name().to_string();
+        match by_type.iter_mut().find(|(n, _)| *n == name) {
+            Some(e) => e.1 += t.n_bytes,
+            None => by_type.push((name, t.n_bytes)),
+        }
+    }
+    let main = by_type.iter().max_by_key(|e| e.1).map(|e| e.0.clone()).unwrap_or_default();
+    format!("{} {} {}", model.config.arch.name, human_params(model.n_params()), main)
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let path = super::run::resolve_model(args.model.as_deref())?;
+    let model = super::run::load_model(&path, args.threads)?;
+    let threads = model.backend().threads();
+    let reps = args.reps.max(1);
+    let nv = model.config.n_vocab as u32;
+    // Token ids from a fixed xorshift sequence (the ids do not change the work).
+    let mut state = 0x2545_F491_4F6C_DD1Du64;
+    let mut next_token = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state % nv as u64) as u32
+    };
+
+    eprintln!("measuring read bandwidth ({threads} threads, 1 GiB buffer) ...");
+    let bw = measure_read_bandwidth(threads)?;
+    eprintln!("read bandwidth: {:.1} GB/s", bw / 1e9);
+
+    let name = model_name(&model);
+    let size = format!("{:.2} GiB", model.weight_bytes() as f64 / (1u64 << 30) as f64);
+    let params = human_params(model.n_params());
+    let backend = format!("{} ({})", model.backend().name(), model.backend().isa());
+    println!("| model | size | params | backend | threads | test | t/s | MB/token | GB/s | % of read BW |");
+    println!("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |");
+
+    if args.n_prompt > 0 {
+        let toks: Vec<u32> = (0..args.n_prompt).map(|_| next_token()).collect();
+        let mut s = Session::new(&model, args.n_prompt)?;
+        let mut rates = Vec::new();
+        for rep in 0..=reps {
+            s.reset();
+            let t = Instant::now();
+            s.prefill(&toks)?;
+            if rep > 0 {
+                rates.push(args.n_prompt as f64 / t.elapsed().as_secs_f64());
+            }
+        }
+        let (m, sd) = mean_sd(&rates);
+        println!("| {name} | {size} | {params} | {backend} | {threads} | pp{} | {m:.2} ± {sd:.2} | | | |", args.n_prompt);
+    }
+    if args.n_gen > 0 {
+        let toks: Vec<u32> = (0..args.n_gen).map(|_| next_token()).collect();
+        let mut s = Session::new(&model, args.n_gen)?;
+        let mut rates = Vec::new();
+        for rep in 0..=reps {
+            s.reset();
+            let t = Instant::now();
+            for &tok in &toks {
+                s.decode(tok)?;
+            }
+            if rep > 0 {
+                rates.push(args.n_gen as f64 / t.elapsed().as_secs_f64());
+            }
+        }
+        let (m, sd) = mean_sd(&rates);
+        // Mean context depth over the run: positions 0..n_gen attend over 1..=n_gen entries.
+        let bytes = model.decode_bytes(args.n_gen.div_ceil(2)) as f64;
+        let gbs = bytes * m / 1e9;
+        println!(
+            "| {name} | {size} | {params} | {backend} | {threads} | tg{} | {m:.2} ± {sd:.2} | {:.1} | {gbs:.2} | {:.0}% |",
+            args.n_gen,
+            bytes / 1e6,
+            100.0 * gbs * 1e9 / bw
+        );
+    }
+    Ok(())
 }

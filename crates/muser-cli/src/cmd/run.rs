@@ -1,6 +1,143 @@
-#[derive(clap::Args)]
-pub struct Args {}
+//! `muser run`: generate text from a prompt, streaming it, then print load time and prompt and
+//! decode speeds to stderr.
 
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("not implemented yet")
+use anyhow::{bail, Context};
+use muser_engine::{Backend, LoadOptions, Model, Session};
+use muser_sample::{Sampler, SamplerParams, DEFAULT_SEED};
+use muser_tokenizer::{StreamDecoder, Tokenizer};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// GGUF model (default: models/muse-default.gguf next to the repository or the cwd).
+    #[arg(short = 'm', long)]
+    pub model: Option<PathBuf>,
+    /// The prompt.
+    #[arg(short = 'p', long)]
+    pub prompt: String,
+    /// Tokens to generate at most.
+    #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
+    pub n_predict: usize,
+    /// Context length (default: prompt + n-predict, at most the model's training context).
+    #[arg(short = 'c', long = "ctx-size")]
+    pub ctx_size: Option<usize>,
+    /// Temperature (0 = greedy).
+    #[arg(long, default_value_t = 0.8)]
+    pub temp: f32,
+    #[arg(long = "top-k", default_value_t = 40)]
+    pub top_k: usize,
+    #[arg(long = "top-p", default_value_t = 0.95)]
+    pub top_p: f32,
+    #[arg(long = "min-p", default_value_t = 0.05)]
+    pub min_p: f32,
+    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    #[arg(long = "repeat-last-n", default_value_t = 64)]
+    pub repeat_last_n: usize,
+    #[arg(long, default_value_t = DEFAULT_SEED)]
+    pub seed: u64,
+    /// CPU threads (default: one per core).
+    #[arg(short = 't', long)]
+    pub threads: Option<usize>,
+}
+
+/// The default model's path relative to the repository root or the cwd.
+pub const DEFAULT_MODEL: &str = "models/muse-default.gguf";
+
+/// `-m` if given; else the default model in the cwd or in a folder above the executable.
+pub fn resolve_model(model: Option<&Path>) -> anyhow::Result<PathBuf> {
+    if let Some(m) = model {
+        return Ok(m.to_path_buf());
+    }
+    let mut places = vec![PathBuf::from(DEFAULT_MODEL)];
+    if let Ok(exe) = std::env::current_exe() {
+        places.extend(exe.ancestors().skip(1).map(|d| d.join(DEFAULT_MODEL)));
+    }
+    if let Some(p) = places.into_iter().find(|p| p.is_file()) {
+        return Ok(p);
+    }
+    bail!(
+        "no model given (-m) and no default model at {DEFAULT_MODEL}; make one with \
+         `muser synth muse-tiny m.gguf` and run with `-m m.gguf`"
+    )
+}
+
+pub fn load_model(path: &Path, threads: Option<usize>) -> anyhow::Result<Model> {
+    Model::load(path, &LoadOptions { threads }).with_context(|| format!("loading {}", path.display()))
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let path = resolve_model(args.model.as_deref())?;
+    let t0 = Instant::now();
+    let model = load_model(&path, args.threads)?;
+    let tok = Tokenizer::from_gguf(model.gguf()).context("reading the tokenizer")?;
+    let load_s = t0.elapsed().as_secs_f64();
+
+    let prompt = tok.encode(&args.prompt, true, true);
+    if prompt.is_empty() {
+        bail!("the prompt is empty after tokenization");
+    }
+    let n_ctx = args.ctx_size.unwrap_or_else(|| (prompt.len() + args.n_predict).min(model.config.n_ctx_train.max(prompt.len())));
+    let mut session = Session::new(&model, n_ctx)?;
+    let mut sampler = Sampler::new(SamplerParams {
+        temperature: args.temp,
+        top_k: args.top_k,
+        top_p: args.top_p,
+        min_p: args.min_p,
+        repeat_penalty: args.repeat_penalty,
+        repeat_last_n: args.repeat_last_n,
+        seed: args.seed,
+        ..Default::default()
+    });
+    for &t in &prompt {
+        sampler.accept(t);
+    }
+
+    let mut out = std::io::stdout().lock();
+    write!(out, "{}", args.prompt)?;
+    out.flush()?;
+
+    let t1 = Instant::now();
+    let mut logits = session.prefill(&prompt)?.to_vec();
+    let prompt_s = t1.elapsed().as_secs_f64();
+
+    let t2 = Instant::now();
+    let mut stream = StreamDecoder::new();
+    let mut n_gen = 0;
+    let mut n_decoded = 0;
+    while n_gen < args.n_predict {
+        let next = sampler.sample(&logits);
+        sampler.accept(next);
+        n_gen += 1;
+        if tok.is_eog(next) {
+            break;
+        }
+        write!(out, "{}", stream.push(&tok, next)?)?;
+        out.flush()?;
+        if n_gen == args.n_predict {
+            break;
+        }
+        logits.copy_from_slice(session.decode(next)?);
+        n_decoded += 1;
+    }
+    writeln!(out, "{}", stream.flush())?;
+    let decode_s = t2.elapsed().as_secs_f64();
+
+    eprintln!();
+    eprintln!("load:    {:.0} ms ({}, {} threads)", load_s * 1e3, path.display(), model.backend().threads());
+    eprintln!(
+        "prompt:  {} tokens in {:.1} ms, {:.2} tokens/s",
+        prompt.len(),
+        prompt_s * 1e3,
+        prompt.len() as f64 / prompt_s
+    );
+    eprintln!(
+        "decode:  {} tokens in {:.1} ms, {:.2} tokens/s",
+        n_decoded,
+        decode_s * 1e3,
+        if n_decoded > 0 { n_decoded as f64 / decode_s } else { 0.0 }
+    );
+    Ok(())
 }
