@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -235,7 +236,7 @@ def models(tmp_path_factory):
         key = (arch, mix, tuple(sorted(kw.items())))
         if key not in cache:
             name = f"{arch}-{mix}-" + "-".join(f"{k}{v}" for k, v in sorted(kw.items())) + ".gguf"
-            cache[key] = write_model(root / name, arch, mix, seed=hash((arch, mix)) % 1000, **kw)
+            cache[key] = write_model(root / name, arch, mix, seed=zlib.crc32(f"{arch}-{mix}".encode()), **kw)
         return cache[key]
 
     return get
