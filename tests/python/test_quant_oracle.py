@@ -8,6 +8,11 @@
 - Quantization, byte-exact, for Q8_0 and BF16 (the formats gguf-python can quantize), on random
   data with exact ties, zero blocks and (BF16) NaN/Inf; F16 against numpy's IEEE conversion.
 
+- Optionally, K-quant quantization byte-exact against ggml's own C reference quantizers
+  (`quantize_row_{q4_K,q5_K,q6_K,q8_K,q8_0}_ref`): set MUSER_GGML_SRC to a ggml or llama.cpp
+  checkout; its ggml-quants.c is compiled here with the system C compiler for the baseline x86-64
+  ISA (no FMA contraction), as llama.cpp builds it into ggml-base. Skipped otherwise.
+
 Muser is reached through its example binary `quant_io` (crates/muser-quant/examples), built
 once per session with cargo.
 """
@@ -15,6 +20,8 @@ once per session with cargo.
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -163,3 +170,96 @@ def test_quant_io_rejects_bad_input(quant_io, tmp_path):
     for args in (["dequant", "Q4_K"], ["quant", "Q8_0"], ["dequant", "Q4_0"], ["frobnicate", "F32"]):
         r = subprocess.run([str(quant_io), *args, str(src), str(dst)], capture_output=True, text=True)
         assert r.returncode == 1 and "quant_io:" in r.stderr, (args, r.stderr)
+
+
+# ----------------------------------------------------------------------------------------
+# Optional: ggml's C reference quantizers as the oracle (MUSER_GGML_SRC)
+
+HARNESS_C = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "ggml.h"
+#include "ggml-quants.h"
+/* Symbols ggml-quants.c references outside the reference quantizers; never called here. */
+void ggml_abort(const char * file, int line, const char * fmt, ...) { abort(); }
+size_t ggml_row_size(enum ggml_type type, int64_t ne) { abort(); }
+const char * ggml_type_name(enum ggml_type type) { abort(); }
+size_t ggml_type_size(enum ggml_type type) { abort(); }
+int main(int argc, char ** argv) {
+    FILE * f = fopen(argv[2], "rb");
+    fseek(f, 0, SEEK_END); long n = ftell(f) / 4; fseek(f, 0, SEEK_SET);
+    float * x = malloc(n * 4);
+    if (fread(x, 4, n, f) != (size_t) n) return 3;
+    fclose(f);
+    void * y = calloc(n * 2, 1);
+    size_t bytes;
+    if      (!strcmp(argv[1], "Q4_K")) { quantize_row_q4_K_ref(x, y, n); bytes = n / 256 * 144; }
+    else if (!strcmp(argv[1], "Q5_K")) { quantize_row_q5_K_ref(x, y, n); bytes = n / 256 * 176; }
+    else if (!strcmp(argv[1], "Q6_K")) { quantize_row_q6_K_ref(x, y, n); bytes = n / 256 * 210; }
+    else if (!strcmp(argv[1], "Q8_K")) { quantize_row_q8_K_ref(x, y, n); bytes = n / 256 * 292; }
+    else if (!strcmp(argv[1], "Q8_0")) { quantize_row_q8_0_ref(x, y, n); bytes = n / 32 * 34; }
+    else return 2;
+    FILE * o = fopen(argv[3], "wb");
+    fwrite(y, 1, bytes, o);
+    fclose(o);
+    return 0;
+}
+"""
+
+
+@pytest.fixture(scope="session")
+def ggml_ref(tmp_path_factory) -> Path:
+    root = os.environ.get("MUSER_GGML_SRC")
+    if not root:
+        pytest.skip("MUSER_GGML_SRC (a ggml or llama.cpp checkout) not set")
+    root = Path(root)
+    ggml = root / "ggml" if (root / "ggml" / "src" / "ggml-quants.c").exists() else root
+    src = ggml / "src"
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not (src / "ggml-quants.c").exists() or cc is None:
+        pytest.skip(f"no {src / 'ggml-quants.c'} or no C compiler")
+    out = tmp_path_factory.mktemp("ggml")
+    (out / "harness.c").write_text(HARNESS_C)
+    inc = [f"-I{ggml / 'include'}", f"-I{src}", f"-I{src / 'ggml-cpu'}"]
+    exe = out / "ggml_ref"
+    # -DNDEBUG as in a release build: nearest_int's range assert would abort on the extreme data.
+    subprocess.run([cc, "-O2", "-DNDEBUG", "-std=gnu11", "-ffp-contract=off", *inc, str(src / "ggml-quants.c"),
+                    str(out / "harness.c"), "-lm", "-o", str(exe)], check=True, capture_output=True)
+    return exe
+
+
+def k_quant_datasets(n: int):
+    rng = np.random.default_rng(21)
+    per_block = lambda lo, hi, k: 10.0 ** rng.uniform(lo, hi, (n // k, 1)).repeat(k, 0).ravel()
+    yield "gaussian", rng.standard_normal(n) * per_block(-5, 3, 256)
+    yield "offset", rng.standard_normal(n) + rng.uniform(-3, 3, (n // 32, 1)).repeat(32, 0).ravel()
+    yield "cos", 0.1 + 2 * np.cos(np.arange(n, dtype=np.float32))
+    yield "heavy-tailed", rng.standard_t(2, n)
+    sparse = rng.standard_normal(n)
+    sparse[rng.random(n) < 0.9] = 0
+    yield "sparse", sparse
+    yield "half-integers", rng.integers(-40, 40, n) / 2
+    yield "positive", np.abs(rng.standard_normal(n))
+    yield "constant-per-32", np.repeat(rng.standard_normal(n // 32), 32)
+    tiny = rng.standard_normal(n)
+    tiny[: n // 8] = 0
+    tiny[n // 8 : n // 4] *= 1e-20
+    yield "zeros-and-tiny", tiny
+    # Subnormal to huge block scales, with NaN and infinities: garbage in, the same garbage out.
+    extreme = rng.standard_normal(n) * 10.0 ** rng.uniform(-45, 30, (n // 32, 1)).repeat(32, 0).ravel()
+    extreme[rng.integers(0, n, 60)] = [np.nan] * 20 + [np.inf] * 20 + [-np.inf] * 20
+    yield "extreme", extreme
+
+
+@pytest.mark.parametrize("ty", ["Q4_K", "Q5_K", "Q6_K", "Q8_K", "Q8_0"])
+def test_quantize_byte_exact_with_ggml_c(quant_io, ggml_ref, tmp_path, ty):
+    size = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210, "Q8_K": 292, "Q8_0": 34}[ty]
+    for name, x in k_quant_datasets(256 * 2000):
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        ours = np.frombuffer(run_io(quant_io, tmp_path, "quant", ty, x.tobytes()), np.uint8)
+        (tmp_path / "x.f32").write_bytes(x.tobytes())
+        subprocess.run([str(ggml_ref), ty, str(tmp_path / "x.f32"), str(tmp_path / "c.bin")], check=True)
+        want = np.fromfile(tmp_path / "c.bin", np.uint8)
+        bad = np.flatnonzero((ours.reshape(-1, size) != want.reshape(-1, size)).any(axis=1))
+        assert bad.size == 0, f"{ty} on {name}: {bad.size} of {want.size // size} blocks differ (first {bad[0]})"

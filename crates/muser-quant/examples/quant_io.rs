@@ -17,7 +17,10 @@ fn run(args: &[String]) -> Result<(), String> {
     let out: Vec<u8> = match cmd.as_str() {
         "dequant" => {
             if data.len() % size != 0 {
-                return Err(format!("{input}: {} bytes is not whole {ty} blocks of {size}", data.len()));
+                return Err(format!(
+                    "{input}: {} bytes is not whole {ty} blocks of {size}",
+                    data.len()
+                ));
             }
             let mut y = vec![0f32; data.len() / size * block];
             dequantize_row(ty, &data, &mut y).map_err(|e| e.to_string())?;
@@ -27,11 +30,13 @@ fn run(args: &[String]) -> Result<(), String> {
             if data.len() % 4 != 0 {
                 return Err(format!("{input}: {} bytes is not whole f32s", data.len()));
             }
-            let x: Vec<f32> =
-                data.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
-            let n_bytes = ty
-                .row_bytes(x.len() as u64)
-                .ok_or_else(|| format!("{} values are not whole {ty} blocks of {block}", x.len()))?;
+            let x: Vec<f32> = data
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                .collect();
+            let n_bytes = ty.row_bytes(x.len() as u64).ok_or_else(|| {
+                format!("{} values are not whole {ty} blocks of {block}", x.len())
+            })?;
             let mut y = vec![0u8; n_bytes as usize];
             quantize_row(ty, &x, &mut y).map_err(|e| e.to_string())?;
             y

@@ -9,7 +9,10 @@ use crate::blocks::*;
 use half::{bf16, f16};
 
 fn check_len(what: &str, values: usize, out: usize) {
-    assert_eq!(values, out, "{what}: input holds {values} values, output has room for {out}");
+    assert_eq!(
+        values, out,
+        "{what}: input holds {values} values, output has room for {out}"
+    );
 }
 
 pub fn dequantize_row_f16(x: &[f16], y: &mut [f32]) {

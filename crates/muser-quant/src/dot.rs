@@ -11,22 +11,34 @@ use crate::blocks::*;
 use half::{bf16, f16};
 
 fn check_len(what: &str, a: usize, b: usize) {
-    assert_eq!(a, b, "{what}: weight and activation lengths differ ({a} vs {b})");
+    assert_eq!(
+        a, b,
+        "{what}: weight and activation lengths differ ({a} vs {b})"
+    );
 }
 
 pub fn vec_dot_f32(x: &[f32], y: &[f32]) -> f32 {
     check_len("vec_dot_f32", x.len(), y.len());
-    x.iter().zip(y).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() as f32
+    x.iter()
+        .zip(y)
+        .map(|(&a, &b)| a as f64 * b as f64)
+        .sum::<f64>() as f32
 }
 
 pub fn vec_dot_f16_f32(x: &[f16], y: &[f32]) -> f32 {
     check_len("vec_dot_f16_f32", x.len(), y.len());
-    x.iter().zip(y).map(|(&a, &b)| a.to_f64() * b as f64).sum::<f64>() as f32
+    x.iter()
+        .zip(y)
+        .map(|(&a, &b)| a.to_f64() * b as f64)
+        .sum::<f64>() as f32
 }
 
 pub fn vec_dot_bf16_f32(x: &[bf16], y: &[f32]) -> f32 {
     check_len("vec_dot_bf16_f32", x.len(), y.len());
-    x.iter().zip(y).map(|(&a, &b)| a.to_f64() * b as f64).sum::<f64>() as f32
+    x.iter()
+        .zip(y)
+        .map(|(&a, &b)| a.to_f64() * b as f64)
+        .sum::<f64>() as f32
 }
 
 /// sum over blocks of `d_x * d_y * sum(qx * qy)`.
@@ -34,7 +46,12 @@ pub fn vec_dot_q8_0_q8_0(x: &[BlockQ8_0], y: &[BlockQ8_0]) -> f32 {
     check_len("vec_dot_q8_0_q8_0", x.len(), y.len());
     let mut sum = 0.0f32;
     for (bx, by) in x.iter().zip(y) {
-        let sumi: i32 = bx.qs.iter().zip(&by.qs).map(|(&a, &b)| a as i32 * b as i32).sum();
+        let sumi: i32 = bx
+            .qs
+            .iter()
+            .zip(&by.qs)
+            .map(|(&a, &b)| a as i32 * b as i32)
+            .sum();
         sum += sumi as f32 * (bx.d.to_f32() * by.d.to_f32());
     }
     sum
@@ -86,7 +103,9 @@ fn k_sums(scales: &[u8; 12], y: &BlockQ8K, quant: impl Fn(usize) -> i32) -> (i32
     let (mut sumi, mut summ) = (0i32, 0i32);
     for j in 0..QK_K / 32 {
         let (sc, m) = scale_min_k4(j, scales);
-        let sub: i32 = (32 * j..32 * j + 32).map(|i| quant(i) * y.qs[i] as i32).sum();
+        let sub: i32 = (32 * j..32 * j + 32)
+            .map(|i| quant(i) * y.qs[i] as i32)
+            .sum();
         sumi += sc as i32 * sub;
         summ += m as i32 * (y.bsums[2 * j] as i32 + y.bsums[2 * j + 1] as i32);
     }

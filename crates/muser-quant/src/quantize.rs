@@ -80,6 +80,20 @@ fn c_max(a: f32, b: f32) -> f32 {
     }
 }
 
+/// C's `int8_t q = f` as x86 code compiled from ggml runs it: exact for -128..=127; outside
+/// (undefined in C) the conversion to int32 yields 0x80000000 for NaN, infinities and
+/// out-of-range values, and the store keeps the low byte. Only reachable in Q8_0 when a block's
+/// max is so small (below ~1e-36) that 1/d overflows to infinity; d is then 0 in f16 anyway.
+#[inline]
+fn c_float_to_i8(f: f32) -> i8 {
+    let i = if f.is_finite() && (-2_147_483_648.0..2_147_483_648.0).contains(&f) {
+        f as i32
+    } else {
+        i32::MIN
+    };
+    i as i8
+}
+
 pub fn quantize_row_q8_0_ref(x: &[f32], y: &mut [BlockQ8_0]) {
     check_len("quantize_row_q8_0_ref", x.len(), y.len(), QK8_0);
     for (b, xs) in y.iter_mut().zip(x.chunks_exact(QK8_0)) {
@@ -88,9 +102,8 @@ pub fn quantize_row_q8_0_ref(x: &[f32], y: &mut [BlockQ8_0]) {
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         b.d = fp32_to_fp16(d);
         for (q, &v) in b.qs.iter_mut().zip(xs) {
-            // C `roundf` (halves away from zero) = Rust `f32::round`; the float -> int8
-            // conversion saturates here where C's is undefined (only reachable with NaN/Inf).
-            *q = (v * id).round() as i8;
+            // C `roundf` (halves away from zero) = Rust `f32::round`.
+            *q = c_float_to_i8((v * id).round());
         }
     }
 }
@@ -176,11 +189,11 @@ fn make_qkx2_quants(
     (scale, -min)
 }
 
-/// ggml's `make_qx_quants` with `qw = NULL`: a symmetric fit of `x` to levels -nmax..nmax-1
-/// (stored as l + nmax), trying 18 scales around `-nmax / max` (max = the signed value of
-/// largest magnitude) with weights by `rmse_type` (1: x^2, 2: 1, 3: |x|, else sqrt|x|).
-/// `rmse_type` 0 returns the first guess; a negative one returns early after one refinement.
-fn make_qx_quants(nmax: i32, x: &[f32], l_out: &mut [i8], rmse_type: i32) -> f32 {
+/// ggml's `make_qx_quants` as Q6_K calls it (`rmse_type` 1, `qw` NULL): a symmetric fit of
+/// `x` to levels -nmax..nmax-1 (stored as l + nmax), trying 18 scales around `-nmax / max`
+/// (max = the signed value of largest magnitude) and keeping the best by the weighted
+/// least-squares criterion with weights x^2.
+fn make_qx_quants(nmax: i32, x: &[f32], l_out: &mut [i8]) -> f32 {
     let n = x.len();
     let mut max = 0.0f32;
     let mut amax = 0.0f32;
@@ -196,23 +209,7 @@ fn make_qx_quants(nmax: i32, x: &[f32], l_out: &mut [i8], rmse_type: i32) -> f32
         return 0.0;
     }
     let mut iscale = -(nmax as f32) / max;
-    if rmse_type == 0 {
-        for i in 0..n {
-            let l = nearest_int(iscale * x[i]);
-            l_out[i] = (nmax + l.clamp(-nmax, nmax - 1)) as i8;
-        }
-        return 1.0 / iscale;
-    }
-    let (rmse_type, return_early) =
-        if rmse_type < 0 { (-rmse_type, true) } else { (rmse_type, false) };
-    let weight = |v: f32| -> f32 {
-        match rmse_type {
-            1 => v * v,
-            2 => 1.0,
-            3 => v.abs(),
-            _ => v.abs().sqrt(),
-        }
-    };
+    let weight = |v: f32| v * v;
     let mut sumlx = 0.0f32;
     let mut suml2 = 0.0f32;
     for i in 0..n {
@@ -224,9 +221,6 @@ fn make_qx_quants(nmax: i32, x: &[f32], l_out: &mut [i8], rmse_type: i32) -> f32
         suml2 += w * lf * lf;
     }
     let mut scale = if suml2 != 0.0 { sumlx / suml2 } else { 0.0 };
-    if return_early {
-        return if suml2 > 0.0 { 0.5 * (scale + 1.0 / iscale) } else { 1.0 / iscale };
-    }
     let mut best = scale * sumlx;
     for is in -9..=9 {
         if is == 0 {
@@ -298,8 +292,15 @@ fn quantize_k_superblock(
         for (w, &v) in weights.iter_mut().zip(xs) {
             *w = av_x + v.abs();
         }
-        let (scale, min) =
-            make_qkx2_quants(nmax, xs, &weights, &mut l[32 * j..32 * j + 32], rmin, rdelta, nstep);
+        let (scale, min) = make_qkx2_quants(
+            nmax,
+            xs,
+            &weights,
+            &mut l[32 * j..32 * j + 32],
+            rmin,
+            rdelta,
+            nstep,
+        );
         scales[j] = scale;
         mins[j] = min;
         if scale > max_scale {
@@ -309,7 +310,11 @@ fn quantize_k_superblock(
             max_min = min;
         }
     }
-    let inv_scale = if max_scale > 0.0 { 63.0 / max_scale } else { 0.0 };
+    let inv_scale = if max_scale > 0.0 {
+        63.0 / max_scale
+    } else {
+        0.0
+    };
     let inv_min = if max_min > 0.0 { 63.0 / max_min } else { 0.0 };
     let (mut ls, mut lm) = ([0u8; 8], [0u8; 8]);
     for j in 0..8 {
@@ -377,7 +382,11 @@ pub fn quantize_row_q6_k_ref(x: &[f32], y: &mut [BlockQ6K]) {
         let mut max_scale = 0.0f32;
         let mut max_abs_scale = 0.0f32;
         for ib in 0..QK_K / 16 {
-            let scale = make_qx_quants(32, &xs[16 * ib..16 * ib + 16], &mut l[16 * ib..16 * ib + 16], 1);
+            let scale = make_qx_quants(
+                32,
+                &xs[16 * ib..16 * ib + 16],
+                &mut l[16 * ib..16 * ib + 16],
+            );
             scales[ib] = scale;
             if scale.abs() > max_abs_scale {
                 max_abs_scale = scale.abs();
@@ -403,7 +412,10 @@ pub fn quantize_row_q6_k_ref(x: &[f32], y: &mut [BlockQ6K]) {
             }
         }
         for h in 0..QK_K / 128 {
-            let (ql, qh) = (&mut b.ql[64 * h..64 * h + 64], &mut b.qh[32 * h..32 * h + 32]);
+            let (ql, qh) = (
+                &mut b.ql[64 * h..64 * h + 64],
+                &mut b.qh[32 * h..32 * h + 32],
+            );
             let lv = |k: usize| l[128 * h + k] as u8;
             for i in 0..32 {
                 ql[i] = (lv(i) & 0xF) | ((lv(i + 64) & 0xF) << 4);

@@ -18,11 +18,24 @@ pub enum QuantError {
     #[error("tensor type {0} is not supported by Muser (supported: F32, F16, BF16, Q8_0, Q4_K, Q5_K, Q6_K)")]
     Unsupported(GgmlType),
     #[error("{ty}: a row of {n} values is not a multiple of the block size {block}")]
-    RowLength { ty: GgmlType, n: usize, block: usize },
+    RowLength {
+        ty: GgmlType,
+        n: usize,
+        block: usize,
+    },
     #[error("{ty}: {n} values need {expected} bytes, got {got}")]
-    ByteLength { ty: GgmlType, n: usize, expected: usize, got: usize },
+    ByteLength {
+        ty: GgmlType,
+        n: usize,
+        expected: usize,
+        got: usize,
+    },
     #[error("{ty} weights are dotted with a {expected} activation, got a {got} one")]
-    ActivationType { ty: GgmlType, expected: GgmlType, got: GgmlType },
+    ActivationType {
+        ty: GgmlType,
+        expected: GgmlType,
+        got: GgmlType,
+    },
 }
 
 /// An activation row quantized once for the dot kernels of one weight type.
@@ -76,7 +89,12 @@ fn check_bytes(ty: GgmlType, n: usize, got: usize) -> Result<(), QuantError> {
     }
     let expected = n / block * ty.type_size();
     if got != expected {
-        return Err(QuantError::ByteLength { ty, n, expected, got });
+        return Err(QuantError::ByteLength {
+            ty,
+            n,
+            expected,
+            got,
+        });
     }
     Ok(())
 }
@@ -160,7 +178,11 @@ pub fn quantize_activation(ty: GgmlType, x: &[f32]) -> Result<Activation, QuantE
     let act_ty = activation_type(ty)?;
     let block = act_ty.block_size();
     if x.len() % block != 0 {
-        return Err(QuantError::RowLength { ty: act_ty, n: x.len(), block });
+        return Err(QuantError::RowLength {
+            ty: act_ty,
+            n: x.len(),
+            block,
+        });
     }
     Ok(match act_ty {
         GgmlType::Q8_0 => {
@@ -182,7 +204,11 @@ pub fn quantize_activation(ty: GgmlType, x: &[f32]) -> Result<Activation, QuantE
 pub fn dot_row(ty: GgmlType, w: &[u8], act: &Activation) -> Result<f32, QuantError> {
     let act_ty = activation_type(ty)?;
     if act.ggml_type() != act_ty {
-        return Err(QuantError::ActivationType { ty, expected: act_ty, got: act.ggml_type() });
+        return Err(QuantError::ActivationType {
+            ty,
+            expected: act_ty,
+            got: act.ggml_type(),
+        });
     }
     check_bytes(ty, act.len(), w.len())?;
     let k = Kernels::detect();
