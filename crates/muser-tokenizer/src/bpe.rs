@@ -33,7 +33,11 @@ impl PreTokenizer {
             "qwen2" => (PATTERN_QWEN2, false, false),
             _ => (PATTERN_GPT2, false, false),
         };
-        PreTokenizer { pattern, ignore_merges, default_add_bos }
+        PreTokenizer {
+            pattern,
+            ignore_merges,
+            default_add_bos,
+        }
     }
 }
 
@@ -67,8 +71,9 @@ impl BpeEncoder {
         let mut byte_tokens = [0u32; 256];
         for b in 0..=255u8 {
             let text = bytes.char_of(b).to_string();
-            byte_tokens[b as usize] =
-                *vocab.get(&text).ok_or(TokenizerError::MissingByteToken { byte: b, text })?;
+            byte_tokens[b as usize] = *vocab
+                .get(&text)
+                .ok_or(TokenizerError::MissingByteToken { byte: b, text })?;
         }
         let mut merge_map = HashMap::with_capacity(merges.len());
         for (index, merge) in merges.iter().enumerate() {
@@ -86,7 +91,10 @@ impl BpeEncoder {
                 .ok_or_else(|| bad("no space separates the two parts".into()))?;
             let (left, right) = (&merge[..split], &merge[split + 1..]);
             let lookup = |part: &str, what: &str| {
-                vocab.get(part).copied().ok_or_else(|| bad(format!("{what} {part:?} is not a token")))
+                vocab
+                    .get(part)
+                    .copied()
+                    .ok_or_else(|| bad(format!("{what} {part:?} is not a token")))
             };
             let l = lookup(left, "left part")?;
             let r = lookup(right, "right part")?;
@@ -123,13 +131,13 @@ impl BpeEncoder {
             };
             // Text the pattern skipped (none for the patterns above) is a word too.
             if m.start() > end {
-                self.encode_word(text[end..m.start()].as_bytes(), vocab, out);
+                self.encode_word(&text.as_bytes()[end..m.start()], vocab, out);
             }
             self.encode_word(m.as_str().as_bytes(), vocab, out);
             end = m.end();
         }
         if end < text.len() {
-            self.encode_word(text[end..].as_bytes(), vocab, out);
+            self.encode_word(&text.as_bytes()[end..], vocab, out);
         }
     }
 

@@ -103,13 +103,19 @@ impl TokenizerData {
     /// checked here; consistency (lengths, merges, ids in range) is checked by `Tokenizer::new`.
     pub fn from_gguf(file: &GgufFile) -> Result<TokenizerData, TokenizerError> {
         let model = match meta_str(file, "tokenizer.ggml.model")? {
-            None => return Err(TokenizerError::MissingKey { key: "tokenizer.ggml.model" }),
+            None => {
+                return Err(TokenizerError::MissingKey {
+                    key: "tokenizer.ggml.model",
+                })
+            }
             Some("gpt2") => TokenizerModel::Gpt2,
             Some("llama") => TokenizerModel::Llama,
             Some(other) => return Err(TokenizerError::UnsupportedModel(other.to_string())),
         };
-        let tokens = meta_str_array(file, "tokenizer.ggml.tokens")?
-            .ok_or(TokenizerError::MissingKey { key: "tokenizer.ggml.tokens" })?;
+        let tokens =
+            meta_str_array(file, "tokenizer.ggml.tokens")?.ok_or(TokenizerError::MissingKey {
+                key: "tokenizer.ggml.tokens",
+            })?;
         let scores = meta_f32_array(file, "tokenizer.ggml.scores")?.unwrap_or_default();
         let token_types = match meta_i64_array(file, "tokenizer.ggml.token_type")? {
             None => Vec::new(),
@@ -171,7 +177,11 @@ fn meta_scalar_name(v: &MetaValue) -> &'static str {
 }
 
 fn wrong(key: &'static str, expected: &'static str, v: &MetaValue) -> TokenizerError {
-    TokenizerError::WrongType { key, expected, found: type_name(v) }
+    TokenizerError::WrongType {
+        key,
+        expected,
+        found: type_name(v),
+    }
 }
 
 fn as_i128(v: &MetaValue) -> Option<i128> {
@@ -205,13 +215,19 @@ fn meta_bool(file: &GgufFile, key: &'static str) -> Result<Option<bool>, Tokeniz
 }
 
 fn meta_id(file: &GgufFile, key: &'static str) -> Result<Option<u32>, TokenizerError> {
-    let Some(v) = file.get(key) else { return Ok(None) };
+    let Some(v) = file.get(key) else {
+        return Ok(None);
+    };
     match as_i128(v) {
         None => Err(wrong(key, "an integer", v)),
         Some(x) if x < 0 => Ok(None),
         Some(x) => u32::try_from(x)
             .map(Some)
-            .map_err(|_| TokenizerError::SpecialIdOutOfRange { key, id: x as u64, n_vocab: 0 }),
+            .map_err(|_| TokenizerError::WrongType {
+                key,
+                expected: "a token id below 2^32",
+                found: x.to_string(),
+            }),
     }
 }
 
@@ -227,9 +243,14 @@ fn meta_array<'a>(
     }
 }
 
-fn meta_str_array(file: &GgufFile, key: &'static str) -> Result<Option<Vec<String>>, TokenizerError> {
+fn meta_str_array(
+    file: &GgufFile,
+    key: &'static str,
+) -> Result<Option<Vec<String>>, TokenizerError> {
     const EXPECTED: &str = "an array of strings";
-    let Some(items) = meta_array(file, key, EXPECTED)? else { return Ok(None) };
+    let Some(items) = meta_array(file, key, EXPECTED)? else {
+        return Ok(None);
+    };
     items
         .iter()
         .map(|v| match v {
@@ -242,13 +263,17 @@ fn meta_str_array(file: &GgufFile, key: &'static str) -> Result<Option<Vec<Strin
 
 fn meta_f32_array(file: &GgufFile, key: &'static str) -> Result<Option<Vec<f32>>, TokenizerError> {
     const EXPECTED: &str = "an array of numbers";
-    let Some(items) = meta_array(file, key, EXPECTED)? else { return Ok(None) };
+    let Some(items) = meta_array(file, key, EXPECTED)? else {
+        return Ok(None);
+    };
     items
         .iter()
         .map(|v| match *v {
             MetaValue::F32(x) => Ok(x),
             MetaValue::F64(x) => Ok(x as f32),
-            ref other => as_i128(other).map(|x| x as f32).ok_or_else(|| wrong(key, EXPECTED, other)),
+            ref other => as_i128(other)
+                .map(|x| x as f32)
+                .ok_or_else(|| wrong(key, EXPECTED, other)),
         })
         .collect::<Result<_, _>>()
         .map(Some)
@@ -256,7 +281,9 @@ fn meta_f32_array(file: &GgufFile, key: &'static str) -> Result<Option<Vec<f32>>
 
 fn meta_i64_array(file: &GgufFile, key: &'static str) -> Result<Option<Vec<i64>>, TokenizerError> {
     const EXPECTED: &str = "an array of integers";
-    let Some(items) = meta_array(file, key, EXPECTED)? else { return Ok(None) };
+    let Some(items) = meta_array(file, key, EXPECTED)? else {
+        return Ok(None);
+    };
     items
         .iter()
         .map(|v| {

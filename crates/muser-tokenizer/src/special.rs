@@ -36,7 +36,11 @@ impl SpecialMatcher {
             };
             if let Some(&first) = text.as_bytes().first() {
                 let bytes = text.as_bytes().to_vec();
-                by_first_byte[first as usize].push(Special { bytes, id: id as u32, control });
+                by_first_byte[first as usize].push(Special {
+                    bytes,
+                    id: id as u32,
+                    control,
+                });
             }
         }
         for list in &mut by_first_byte {

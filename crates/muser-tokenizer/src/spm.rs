@@ -51,7 +51,9 @@ impl PartialOrd for Bigram {
 }
 impl Ord for Bigram {
     fn cmp(&self, other: &Self) -> Ordering {
-        self.score.total_cmp(&other.score).then(other.left.cmp(&self.left))
+        self.score
+            .total_cmp(&other.score)
+            .then(other.left.cmp(&self.left))
     }
 }
 
@@ -75,7 +77,12 @@ impl SpmEncoder {
         for (b, slot) in byte_tokens.iter_mut().enumerate() {
             *slot = vocab.get(&format!("<0x{b:02X}>")).copied();
         }
-        SpmEncoder { scores, byte_tokens, unk, add_space_prefix }
+        SpmEncoder {
+            scores,
+            byte_tokens,
+            unk,
+            add_space_prefix,
+        }
     }
 
     /// Tokenizes raw text (no special tokens in it); `at_start` is true for a fragment that
@@ -120,7 +127,12 @@ impl SpmEncoder {
         let mut syms: Vec<Symbol> = Vec::with_capacity(text.len());
         for (start, c) in text.char_indices() {
             let i = syms.len() as u32;
-            syms.push(Symbol { start: start as u32, len: c.len_utf8() as u32, prev: i.wrapping_sub(1), next: i + 1 });
+            syms.push(Symbol {
+                start: start as u32,
+                len: c.len_utf8() as u32,
+                prev: i.wrapping_sub(1),
+                next: i + 1,
+            });
         }
         if let Some(last) = syms.last_mut() {
             last.next = NONE;
@@ -132,7 +144,12 @@ impl SpmEncoder {
             let piece = &text[l.start as usize..(l.start + len) as usize];
             if let Some(&id) = vocab.get(piece) {
                 let score = self.scores.get(id as usize).copied().unwrap_or(0.0);
-                heap.push(Bigram { score, left, right, len });
+                heap.push(Bigram {
+                    score,
+                    left,
+                    right,
+                    len,
+                });
             }
         };
         for i in 1..syms.len() as u32 {

@@ -17,7 +17,8 @@ impl StreamDecoder {
     /// Adds token `id` and returns the characters completed by it. A byte sequence that can
     /// never become valid UTF-8 comes out as U+FFFD at once rather than blocking the stream.
     pub fn push(&mut self, tok: &Tokenizer, id: u32) -> Result<String, TokenizerError> {
-        self.pending.extend_from_slice(tok.token_to_piece_bytes(id)?);
+        self.pending
+            .extend_from_slice(tok.token_to_piece_bytes(id)?);
         let mut out = String::new();
         let mut done = 0;
         loop {

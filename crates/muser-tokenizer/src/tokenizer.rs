@@ -7,9 +7,10 @@ use crate::{TokenType, TokenizerData, TokenizerError, TokenizerModel};
 use muser_gguf::GgufFile;
 use std::collections::HashMap;
 
+/// Both boxed: each holds 256-entry byte tables.
 enum Encoder {
-    Bpe(BpeEncoder),
-    Spm(SpmEncoder),
+    Bpe(Box<BpeEncoder>),
+    Spm(Box<SpmEncoder>),
 }
 
 pub struct Tokenizer {
@@ -52,7 +53,11 @@ impl Tokenizer {
         }
         let check_len = |key, found: usize| {
             if found != 0 && found != n_vocab {
-                Err(TokenizerError::LengthMismatch { key, found, n_vocab })
+                Err(TokenizerError::LengthMismatch {
+                    key,
+                    found,
+                    n_vocab,
+                })
             } else {
                 Ok(())
             }
@@ -65,9 +70,11 @@ impl Tokenizer {
             data.token_types
         };
         let check_id = |key, id: Option<u32>| match id {
-            Some(id) if id as usize >= n_vocab => {
-                Err(TokenizerError::SpecialIdOutOfRange { key, id: id as u64, n_vocab })
-            }
+            Some(id) if id as usize >= n_vocab => Err(TokenizerError::SpecialIdOutOfRange {
+                key,
+                id: id as u64,
+                n_vocab,
+            }),
             _ => Ok(id),
         };
         let bos = check_id("tokenizer.ggml.bos_token_id", data.bos)?;
@@ -89,15 +96,25 @@ impl Tokenizer {
                 let pre = PreTokenizer::for_name(data.pre.as_deref());
                 let add_bos = data.add_bos.unwrap_or(pre.default_add_bos);
                 let bpe = BpeEncoder::new(&pre, &vocab, &data.merges)?;
-                (Encoder::Bpe(bpe), bos, eos, unk, add_bos)
+                (Encoder::Bpe(Box::new(bpe)), bos, eos, unk, add_bos)
             }
             TokenizerModel::Llama => {
                 let unk = unk.or_else(|| in_vocab(0));
-                let scores = if data.scores.is_empty() { vec![0.0; n_vocab] } else { data.scores };
+                let scores = if data.scores.is_empty() {
+                    vec![0.0; n_vocab]
+                } else {
+                    data.scores
+                };
                 let add_space_prefix = data.add_space_prefix.unwrap_or(true);
                 let spm = SpmEncoder::new(&vocab, scores, unk, add_space_prefix);
                 let (bos, eos) = (bos.or_else(|| in_vocab(1)), eos.or_else(|| in_vocab(2)));
-                (Encoder::Spm(spm), bos, eos, unk, data.add_bos.unwrap_or(true))
+                (
+                    Encoder::Spm(Box::new(spm)),
+                    bos,
+                    eos,
+                    unk,
+                    data.add_bos.unwrap_or(true),
+                )
             }
         };
 
@@ -180,7 +197,11 @@ impl Tokenizer {
     /// The bytes token `id` stands for (possibly part of a UTF-8 character).
     pub fn token_to_piece_bytes(&self, id: u32) -> Result<&[u8], TokenizerError> {
         let i = self.check(id)?;
-        let start = if i == 0 { 0 } else { self.piece_ends[i - 1] as usize };
+        let start = if i == 0 {
+            0
+        } else {
+            self.piece_ends[i - 1] as usize
+        };
         Ok(&self.pieces[start..self.piece_ends[i] as usize])
     }
 
@@ -202,7 +223,10 @@ impl Tokenizer {
         if (id as usize) < self.tokens.len() {
             Ok(id as usize)
         } else {
-            Err(TokenizerError::IdOutOfRange { id, n_vocab: self.tokens.len() })
+            Err(TokenizerError::IdOutOfRange {
+                id,
+                n_vocab: self.tokens.len(),
+            })
         }
     }
 
@@ -263,4 +287,3 @@ fn append_piece(out: &mut Vec<u8>, encoder: &Encoder, text: &str, ty: TokenType)
         },
     }
 }
-

@@ -4,8 +4,7 @@
 
 use muser_gguf::{GgufFile, GgufWriter, MetaType, MetaValue};
 use muser_tokenizer::{
-    ByteUnicode, StreamDecoder, TokenType, Tokenizer, TokenizerData, TokenizerError,
-    TokenizerModel,
+    ByteUnicode, StreamDecoder, TokenType, Tokenizer, TokenizerData, TokenizerError, TokenizerModel,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -60,7 +59,9 @@ fn train_merges(corpus: &str, n_merges: usize) -> (Vec<String>, Vec<String>) {
                 *counts.entry((p[0].clone(), p[1].clone())).or_default() += 1;
             }
         }
-        let Some(((l, r), _)) = counts.into_iter().max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0)))
+        let Some(((l, r), _)) = counts
+            .into_iter()
+            .max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0)))
         else {
             break;
         };
@@ -95,7 +96,11 @@ fn gpt2_data(pre: &str, n_merges: usize) -> TokenizerData {
     tokens.push("<|eot|>".into());
     tokens.push("<tool>".into());
     let mut types = vec![TokenType::Normal; n_normal];
-    types.extend([TokenType::Control, TokenType::Control, TokenType::UserDefined]);
+    types.extend([
+        TokenType::Control,
+        TokenType::Control,
+        TokenType::UserDefined,
+    ]);
     let mut data = TokenizerData::new(TokenizerModel::Gpt2, tokens);
     data.pre = Some(pre.into());
     data.merges = merges;
@@ -118,7 +123,9 @@ fn byte_vocab(extra: &[&str], merges: &[&str]) -> TokenizerData {
 }
 
 fn ids_to_texts(tok: &Tokenizer, ids: &[u32]) -> Vec<String> {
-    ids.iter().map(|&id| tok.token_text(id).unwrap().to_string()).collect()
+    ids.iter()
+        .map(|&id| tok.token_text(id).unwrap().to_string())
+        .collect()
 }
 
 /// Naive BPE: repeatedly merge the adjacent pair of lowest rank (leftmost among equals).
@@ -135,7 +142,10 @@ fn naive_bpe(word: &str, merges: &[String]) -> Vec<String> {
     let mut syms: Vec<String> = word.bytes().map(|b| bu.char_of(b).to_string()).collect();
     loop {
         let best = (0..syms.len().saturating_sub(1))
-            .filter_map(|i| rank.get(&(syms[i].as_str(), syms[i + 1].as_str())).map(|&r| (r, i)))
+            .filter_map(|i| {
+                rank.get(&(syms[i].as_str(), syms[i + 1].as_str()))
+                    .map(|&r| (r, i))
+            })
             .min();
         let Some((_, i)) = best else { return syms };
         let right = syms.remove(i + 1);
@@ -170,12 +180,19 @@ fn gpt2_round_trips_random_text_and_merges() {
             let n = rng.gen_range(0..120);
             let text = random_text(&mut rng, n);
             let ids = tok.encode(&text, false, false);
-            assert_eq!(tok.decode(&ids).unwrap(), text.as_bytes(), "pre {pre}: {text:?}");
+            assert_eq!(
+                tok.decode(&ids).unwrap(),
+                text.as_bytes(),
+                "pre {pre}: {text:?}"
+            );
             n_tokens += ids.len();
             n_bytes += text.len();
         }
         // The trained merges do apply: fewer tokens than bytes.
-        assert!(n_tokens < n_bytes, "pre {pre}: {n_tokens} tokens for {n_bytes} bytes");
+        assert!(
+            n_tokens < n_bytes,
+            "pre {pre}: {n_tokens} tokens for {n_bytes} bytes"
+        );
         let ids = tok.encode("the dog", false, false);
         assert!(ids.len() < 7, "{:?}", ids_to_texts(&tok, &ids));
     }
@@ -205,9 +222,15 @@ fn merge_order_matches_naive_reference() {
         let merge_refs: Vec<&str> = merges.iter().map(String::as_str).collect();
         let tok = Tokenizer::new(byte_vocab(&extra, &merge_refs)).unwrap();
         for _ in 0..50 {
-            let word: String = (0..rng.gen_range(1..40)).map(|_| rng.gen_range(b'a'..=b'e') as char).collect();
+            let word: String = (0..rng.gen_range(1..40))
+                .map(|_| rng.gen_range(b'a'..=b'e') as char)
+                .collect();
             let ids = tok.encode(&word, false, false);
-            assert_eq!(ids_to_texts(&tok, &ids), naive_bpe(&word, &merges), "{word}");
+            assert_eq!(
+                ids_to_texts(&tok, &ids),
+                naive_bpe(&word, &merges),
+                "{word}"
+            );
         }
     }
 }
@@ -215,15 +238,30 @@ fn merge_order_matches_naive_reference() {
 #[test]
 fn merge_rank_decides_and_ties_go_left() {
     let t = Tokenizer::new(byte_vocab(&["ab", "bc"], &["a b", "b c"])).unwrap();
-    assert_eq!(ids_to_texts(&t, &t.encode("abc", false, false)), ["ab", "c"]);
+    assert_eq!(
+        ids_to_texts(&t, &t.encode("abc", false, false)),
+        ["ab", "c"]
+    );
     let t = Tokenizer::new(byte_vocab(&["ab", "bc"], &["b c", "a b"])).unwrap();
-    assert_eq!(ids_to_texts(&t, &t.encode("abc", false, false)), ["a", "bc"]);
+    assert_eq!(
+        ids_to_texts(&t, &t.encode("abc", false, false)),
+        ["a", "bc"]
+    );
     let t = Tokenizer::new(byte_vocab(&["aa"], &["a a"])).unwrap();
-    assert_eq!(ids_to_texts(&t, &t.encode("aaa", false, false)), ["aa", "a"]);
-    assert_eq!(ids_to_texts(&t, &t.encode("aaaaa", false, false)), ["aa", "aa", "a"]);
+    assert_eq!(
+        ids_to_texts(&t, &t.encode("aaa", false, false)),
+        ["aa", "a"]
+    );
+    assert_eq!(
+        ids_to_texts(&t, &t.encode("aaaaa", false, false)),
+        ["aa", "aa", "a"]
+    );
     // Merges never cross a pre-token boundary: " b" is its own word.
     let t = Tokenizer::new(byte_vocab(&["aĠ"], &["a Ġ"])).unwrap();
-    assert_eq!(ids_to_texts(&t, &t.encode("a b", false, false)), ["a", "Ġ", "b"]);
+    assert_eq!(
+        ids_to_texts(&t, &t.encode("a b", false, false)),
+        ["a", "Ġ", "b"]
+    );
 }
 
 #[test]
@@ -238,11 +276,29 @@ fn pre_tokenizer_is_chosen_by_name() {
         )
     };
     // GPT-2: digits are one run; "'S" is not a contraction (case-sensitive).
-    assert_eq!(digits("default"), (vec!["11".into(), "11".into()], vec!["I".into(), "T".into(), "'".into(), "S".into()]));
+    assert_eq!(
+        digits("default"),
+        (
+            vec!["11".into(), "11".into()],
+            vec!["I".into(), "T".into(), "'".into(), "S".into()]
+        )
+    );
     // Llama 3: digits in groups of three; contractions case-insensitive.
-    assert_eq!(digits("llama-bpe"), (vec!["111".into(), "1".into()], vec!["I".into(), "T".into(), "'S".into()]));
+    assert_eq!(
+        digits("llama-bpe"),
+        (
+            vec!["111".into(), "1".into()],
+            vec!["I".into(), "T".into(), "'S".into()]
+        )
+    );
     // Qwen 2: single digits.
-    assert_eq!(digits("qwen2"), (vec!["1".into(); 4], vec!["I".into(), "T".into(), "'S".into()]));
+    assert_eq!(
+        digits("qwen2"),
+        (
+            vec!["1".into(); 4],
+            vec!["I".into(), "T".into(), "'S".into()]
+        )
+    );
 }
 
 #[test]
@@ -254,7 +310,10 @@ fn llama_bpe_ignore_merges_takes_whole_word_tokens() {
     assert_eq!(ids_to_texts(&t, &t.encode("abc", false, false)), ["abc"]);
     d.pre = Some("default".into());
     let t = Tokenizer::new(d).unwrap();
-    assert_eq!(ids_to_texts(&t, &t.encode("abc", false, false)), ["ab", "c"]);
+    assert_eq!(
+        ids_to_texts(&t, &t.encode("abc", false, false)),
+        ["ab", "c"]
+    );
 }
 
 #[test]
@@ -284,7 +343,8 @@ fn special_tokens_split_before_bpe() {
 fn longest_special_token_wins() {
     let mut d = byte_vocab(&["<|e", "<|eot|>"], &[]);
     d.token_types = vec![TokenType::Normal; 256];
-    d.token_types.extend([TokenType::Control, TokenType::Control]);
+    d.token_types
+        .extend([TokenType::Control, TokenType::Control]);
     let t = Tokenizer::new(d).unwrap();
     assert_eq!(t.encode("<|eot|><|e", false, true), [257, 256]);
 }
@@ -338,7 +398,10 @@ fn stream_decoder_holds_partial_characters() {
     // A dangling lead byte comes out lossily on flush; a bad id is an error.
     let lead = tok.encode_bytes(&[0xE6], false, false);
     assert_eq!(dec.push(&tok, lead[0]).unwrap(), "");
-    assert!(matches!(dec.push(&tok, 1_000_000), Err(TokenizerError::IdOutOfRange { id: 1_000_000, .. })));
+    assert!(matches!(
+        dec.push(&tok, 1_000_000),
+        Err(TokenizerError::IdOutOfRange { id: 1_000_000, .. })
+    ));
     assert_eq!(dec.flush(), "\u{FFFD}");
     // An impossible byte does not block what follows.
     let ids = tok.encode_bytes(&[0xFF, b'o', b'k'], false, false);
@@ -371,7 +434,14 @@ fn spm_data(pieces: &[(&str, f32)]) -> TokenizerData {
 
 #[test]
 fn spm_merges_by_score_with_space_prefix() {
-    let pieces = [("▁", -1.0), ("a", -1.0), ("b", -1.0), ("▁a", -3.0), ("ab", -2.0), ("▁ab", -4.0)];
+    let pieces = [
+        ("▁", -1.0),
+        ("a", -1.0),
+        ("b", -1.0),
+        ("▁a", -3.0),
+        ("ab", -2.0),
+        ("▁ab", -4.0),
+    ];
     let t = Tokenizer::new(spm_data(&pieces)).unwrap();
     // "ab" (-2) beats "▁a" (-3); then "▁ab" is a token.
     assert_eq!(ids_to_texts(&t, &t.encode("ab", false, false)), ["▁ab"]);
@@ -379,15 +449,35 @@ fn spm_merges_by_score_with_space_prefix() {
     let mut d = spm_data(&pieces[..5]);
     d.add_space_prefix = Some(false);
     let t = Tokenizer::new(d).unwrap();
-    assert_eq!(ids_to_texts(&t, &t.encode("ab a", false, false)), ["ab", "▁a"]);
-    let t = Tokenizer::new(spm_data(&[("▁", -1.0), ("a", -1.0), ("b", -1.0), ("▁a", -1.0), ("ab", -2.0)])).unwrap();
+    assert_eq!(
+        ids_to_texts(&t, &t.encode("ab a", false, false)),
+        ["ab", "▁a"]
+    );
+    let t = Tokenizer::new(spm_data(&[
+        ("▁", -1.0),
+        ("a", -1.0),
+        ("b", -1.0),
+        ("▁a", -1.0),
+        ("ab", -2.0),
+    ]))
+    .unwrap();
     assert_eq!(ids_to_texts(&t, &t.encode("ab", false, false)), ["▁a", "b"]);
 }
 
 #[test]
 fn spm_byte_fallback_and_round_trip() {
-    let t = Tokenizer::new(spm_data(&[("▁", -1.0), ("h", -1.0), ("i", -1.0), ("▁hi", -1.5), ("hi", -1.2)])).unwrap();
-    assert_eq!(ids_to_texts(&t, &t.encode("hi é", false, false)), ["▁hi", "▁", "<0xC3>", "<0xA9>"]);
+    let t = Tokenizer::new(spm_data(&[
+        ("▁", -1.0),
+        ("h", -1.0),
+        ("i", -1.0),
+        ("▁hi", -1.5),
+        ("hi", -1.2),
+    ]))
+    .unwrap();
+    assert_eq!(
+        ids_to_texts(&t, &t.encode("hi é", false, false)),
+        ["▁hi", "▁", "<0xC3>", "<0xA9>"]
+    );
     let mut rng = StdRng::seed_from_u64(9);
     for _ in 0..200 {
         let text = random_text(&mut rng, 50);
@@ -396,16 +486,30 @@ fn spm_byte_fallback_and_round_trip() {
         let bytes: Vec<u8> = (0..rng.gen_range(0..60)).map(|_| rng.gen()).collect();
         let ids = t.encode_bytes(&bytes, false, false);
         // The space prefix belongs to a text fragment; empty input has none.
-        let mut expect = if bytes.is_empty() { vec![] } else { b" ".to_vec() };
+        let mut expect = if bytes.is_empty() {
+            vec![]
+        } else {
+            b" ".to_vec()
+        };
         expect.extend_from_slice(&bytes);
         assert_eq!(t.decode(&ids).unwrap(), expect);
     }
     // No byte tokens and no file unk: falls back to id 0, the conventional <unk>.
-    let mut d = TokenizerData::new(TokenizerModel::Llama, vec!["<unk>".into(), "▁".into(), "a".into()]);
+    let mut d = TokenizerData::new(
+        TokenizerModel::Llama,
+        vec!["<unk>".into(), "▁".into(), "a".into()],
+    );
     d.token_types = vec![TokenType::Unknown, TokenType::Normal, TokenType::Normal];
     let t = Tokenizer::new(d).unwrap();
     assert_eq!(t.encode("aé", false, false), [1, 2, 0, 0]);
     assert_eq!(t.unk(), Some(0));
+}
+
+#[test]
+fn tokenizer_can_be_shared_across_threads() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Tokenizer>();
+    assert_send_sync::<StreamDecoder>();
 }
 
 // ---------------------------------------------------------------- bad metadata
@@ -413,56 +517,110 @@ fn spm_byte_fallback_and_round_trip() {
 #[test]
 fn bad_metadata_is_a_typed_error() {
     let err = |d: TokenizerData| Tokenizer::new(d).err().unwrap();
-    assert!(matches!(err(byte_vocab(&["ab"], &["a x"])), TokenizerError::BadMerge { index: 0, .. }));
-    assert!(matches!(err(byte_vocab(&["ab"], &["a b", "ab"])), TokenizerError::BadMerge { index: 1, .. }));
+    assert!(matches!(
+        err(byte_vocab(&["ab"], &["a x"])),
+        TokenizerError::BadMerge { index: 0, .. }
+    ));
+    assert!(matches!(
+        err(byte_vocab(&["ab"], &["a b", "ab"])),
+        TokenizerError::BadMerge { index: 1, .. }
+    ));
     // "b c" is a pair of tokens, but "bc" is not.
-    assert!(matches!(err(byte_vocab(&["ab"], &["b c"])), TokenizerError::BadMerge { index: 0, .. }));
+    assert!(matches!(
+        err(byte_vocab(&["ab"], &["b c"])),
+        TokenizerError::BadMerge { index: 0, .. }
+    ));
     let mut d = byte_vocab(&[], &[]);
     d.bos = Some(256);
     match err(d) {
-        TokenizerError::SpecialIdOutOfRange { key, id: 256, n_vocab: 256 } => {
+        TokenizerError::SpecialIdOutOfRange {
+            key,
+            id: 256,
+            n_vocab: 256,
+        } => {
             assert_eq!(key, "tokenizer.ggml.bos_token_id")
         }
         e => panic!("{e}"),
     }
     let mut d = byte_vocab(&[], &[]);
     d.scores = vec![0.0; 10];
-    assert!(matches!(err(d), TokenizerError::LengthMismatch { found: 10, n_vocab: 256, .. }));
+    assert!(matches!(
+        err(d),
+        TokenizerError::LengthMismatch {
+            found: 10,
+            n_vocab: 256,
+            ..
+        }
+    ));
     let mut d = byte_vocab(&[], &[]);
     d.tokens.remove(b'x' as usize);
-    assert!(matches!(err(d), TokenizerError::MissingByteToken { byte: b'x', .. }));
-    assert!(matches!(err(TokenizerData::new(TokenizerModel::Llama, vec![])), TokenizerError::EmptyVocab));
+    assert!(matches!(
+        err(d),
+        TokenizerError::MissingByteToken { byte: b'x', .. }
+    ));
+    assert!(matches!(
+        err(TokenizerData::new(TokenizerModel::Llama, vec![])),
+        TokenizerError::EmptyVocab
+    ));
     let t = Tokenizer::new(byte_vocab(&[], &[])).unwrap();
     let e = t.decode(&[1, 2, 999]).unwrap_err();
-    assert_eq!(e, TokenizerError::IdOutOfRange { id: 999, n_vocab: 256 });
+    assert_eq!(
+        e,
+        TokenizerError::IdOutOfRange {
+            id: 999,
+            n_vocab: 256
+        }
+    );
     assert!(e.to_string().contains("999"));
 }
 
 // ---------------------------------------------------------------- from GGUF metadata
 
 fn gguf_with(meta: Vec<(&str, MetaValue)>) -> GgufFile {
-    let meta: Vec<(String, MetaValue)> = meta.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
-    let bytes = GgufWriter::new(Vec::new(), &meta, &[]).unwrap().finish().unwrap();
+    let meta: Vec<(String, MetaValue)> =
+        meta.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+    let bytes = GgufWriter::new(Vec::new(), &meta, &[])
+        .unwrap()
+        .finish()
+        .unwrap();
     GgufFile::from_bytes(bytes).unwrap()
 }
 
 fn str_array(items: &[String]) -> MetaValue {
-    MetaValue::Array(MetaType::String, items.iter().map(|s| MetaValue::String(s.clone())).collect())
+    MetaValue::Array(
+        MetaType::String,
+        items.iter().map(|s| MetaValue::String(s.clone())).collect(),
+    )
 }
 
 #[test]
 fn from_gguf_reads_metadata() {
     let d = gpt2_data("qwen2", 100);
-    let types = MetaValue::Array(MetaType::I32, d.token_types.iter().map(|&t| MetaValue::I32(t as i32)).collect());
+    let types = MetaValue::Array(
+        MetaType::I32,
+        d.token_types
+            .iter()
+            .map(|&t| MetaValue::I32(t as i32))
+            .collect(),
+    );
     let file = gguf_with(vec![
         ("tokenizer.ggml.model", MetaValue::String("gpt2".into())),
         ("tokenizer.ggml.pre", MetaValue::String("qwen2".into())),
         ("tokenizer.ggml.tokens", str_array(&d.tokens)),
         ("tokenizer.ggml.token_type", types),
         ("tokenizer.ggml.merges", str_array(&d.merges)),
-        ("tokenizer.ggml.bos_token_id", MetaValue::U32(d.bos.unwrap())),
-        ("tokenizer.ggml.eos_token_id", MetaValue::U32(d.eos.unwrap())),
-        ("tokenizer.ggml.eot_token_id", MetaValue::U32(d.eot.unwrap())),
+        (
+            "tokenizer.ggml.bos_token_id",
+            MetaValue::U32(d.bos.unwrap()),
+        ),
+        (
+            "tokenizer.ggml.eos_token_id",
+            MetaValue::U32(d.eos.unwrap()),
+        ),
+        (
+            "tokenizer.ggml.eot_token_id",
+            MetaValue::U32(d.eot.unwrap()),
+        ),
         ("tokenizer.ggml.padding_token_id", MetaValue::I32(-1)),
         ("tokenizer.ggml.add_bos_token", MetaValue::Bool(true)),
     ]);
@@ -474,22 +632,47 @@ fn from_gguf_reads_metadata() {
     assert_eq!(t.encode("x", true, false)[0], d.bos.unwrap());
     assert_eq!(t.pad(), None);
 
-    let missing = gguf_with(vec![("tokenizer.ggml.model", MetaValue::String("gpt2".into()))]);
+    let missing = gguf_with(vec![(
+        "tokenizer.ggml.model",
+        MetaValue::String("gpt2".into()),
+    )]);
     assert_eq!(
         Tokenizer::from_gguf(&missing).err().unwrap(),
-        TokenizerError::MissingKey { key: "tokenizer.ggml.tokens" }
+        TokenizerError::MissingKey {
+            key: "tokenizer.ggml.tokens"
+        }
     );
-    let bert = gguf_with(vec![("tokenizer.ggml.model", MetaValue::String("bert".into()))]);
-    assert!(matches!(Tokenizer::from_gguf(&bert), Err(TokenizerError::UnsupportedModel(m)) if m == "bert"));
+    let bert = gguf_with(vec![(
+        "tokenizer.ggml.model",
+        MetaValue::String("bert".into()),
+    )]);
+    assert!(
+        matches!(Tokenizer::from_gguf(&bert), Err(TokenizerError::UnsupportedModel(m)) if m == "bert")
+    );
     let wrong = gguf_with(vec![
         ("tokenizer.ggml.model", MetaValue::String("llama".into())),
         ("tokenizer.ggml.tokens", MetaValue::U32(3)),
     ]);
-    assert!(matches!(Tokenizer::from_gguf(&wrong), Err(TokenizerError::WrongType { key: "tokenizer.ggml.tokens", .. })));
+    assert!(matches!(
+        Tokenizer::from_gguf(&wrong),
+        Err(TokenizerError::WrongType {
+            key: "tokenizer.ggml.tokens",
+            ..
+        })
+    ));
     let bad_type = gguf_with(vec![
         ("tokenizer.ggml.model", MetaValue::String("llama".into())),
-        ("tokenizer.ggml.tokens", str_array(&["a".into(), "b".into()])),
-        ("tokenizer.ggml.token_type", MetaValue::Array(MetaType::I32, vec![MetaValue::I32(1), MetaValue::I32(9)])),
+        (
+            "tokenizer.ggml.tokens",
+            str_array(&["a".into(), "b".into()]),
+        ),
+        (
+            "tokenizer.ggml.token_type",
+            MetaValue::Array(MetaType::I32, vec![MetaValue::I32(1), MetaValue::I32(9)]),
+        ),
     ]);
-    assert_eq!(Tokenizer::from_gguf(&bad_type).err().unwrap(), TokenizerError::BadTokenType { id: 1, value: 9 });
+    assert_eq!(
+        Tokenizer::from_gguf(&bad_type).err().unwrap(),
+        TokenizerError::BadTokenType { id: 1, value: 9 }
+    );
 }

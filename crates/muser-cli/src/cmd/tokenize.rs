@@ -33,7 +33,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         for &id in &ids {
             let piece = String::from_utf8_lossy(tok.token_to_piece_bytes(id)?).into_owned();
             let shown = stream.push(&tok, id)?;
-            println!("{id:>8}  {:<24} {piece:?} -> {shown:?}", format!("{:?}", tok.token_text(id)?));
+            println!(
+                "{id:>8}  {:<24} {piece:?} -> {shown:?}",
+                format!("{:?}", tok.token_text(id)?)
+            );
         }
         println!("{} tokens", ids.len());
     } else {
