@@ -132,76 +132,22 @@ def save_weights(state, out, limit=14_000_000):
     return len(chunks)
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--work", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "work"))
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--budget", type=float, default=120.0, help="seconds per configuration")
-    ap.add_argument("--seq", type=int, default=512)
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--wd", type=float, default=0.1)
-    ap.add_argument("--warmup", type=int, default=100)
-    ap.add_argument("--eval-every", type=int, default=100)
-    ap.add_argument("--ref-len", type=int, default=512)
-    ap.add_argument("--tiny", action="store_true", help="smoke test: tiny model, few steps")
-    a = ap.parse_args()
-    os.makedirs(a.out, exist_ok=True)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    a.bf16 = device.type == "cuda"
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    logf = open(os.path.join(a.out, "train.log"), "w")
-
-    def log(s):
-        print(s, flush=True)
-        logf.write(s + "\n")
-        logf.flush()
-
-    t_start = time.time()
-    cfg = dict(DEFAULT_CONFIG)
-    configs = CONFIGS
-    if a.tiny:
-        cfg.update(n_layer=4, d_model=64, d_ff=128, n_head=2, n_kv_head=1, head_dim=32,
-                   sliding_window=16, context_length=64)
-        configs = [("tiny", 0.0, 30, 3e-3)]
-        a.seq, a.batch, a.eval_every, a.ref_len = 64, 8, 10, 64
-    train = np.load(os.path.join(a.work, "train.npy"))
-    val = np.load(os.path.join(a.work, "val.npy"))
-    stats = json.load(open(os.path.join(a.work, "stats.json")))
-    cfg["vocab_size"] = stats["vocab_size"]
-    bos = int(train[0])
-    train, dev = split_dev(train, bos, 0.03, SEED)
-    hw = {"device": torch.cuda.get_device_name(0) if device.type == "cuda" else platform.processor(),
-          "torch": torch.__version__, "python": platform.python_version()}
-    log(f"hardware {hw}; train {train.size} dev {dev.size} val {val.size} tokens; cfg {cfg}")
-
-    runs, best_model, best = [], None, None
-    for name, dropout, steps, lr in configs:
-        model, r = train_one(cfg, name, dropout, steps, lr, train, dev, a, device, log)
-        runs.append(r)
-        if best is None or r["best_dev"] < best["best_dev"]:
-            best, best_model = r, model
-        else:
-            del model
-    model = best_model.float().eval()
-    # Held-out evaluation (fp32, no autocast), scored once.
+def finalize(model, cfg, val, bos, a, device, report, log):
+    """Held-out loss, reference logits and samples of `model`, in eval mode (no dropout), fp32."""
+    model = model.float().eval()
     val_loss = eval_loss(model, val, a.seq, device, autocast=False)
-    n_params = sum(p.numel() for p in model.parameters())
+    model.eval()  # eval_loss leaves the model in train mode
     with torch.no_grad():
         ref = torch.from_numpy(val[: a.ref_len].astype(np.int64))[None].to(device)
         logits = model(ref)[0].float().cpu().numpy()
     np.save(os.path.join(a.out, "ref_tokens.npy"), val[: a.ref_len].astype(np.int32))
     np.save(os.path.join(a.out, "ref_logits.npy"), logits.astype(np.float32))
-    nfiles = save_weights(model.gguf_state(), a.out)
-    report = {"config": cfg, "chosen": best["name"], "runs": runs, "val_loss": val_loss,
-              "val_ppl": math.exp(val_loss), "unigram_val_ppl": stats["unigram_val_ppl"],
-              "n_params": n_params, "hardware": hw, "seed": SEED, "weight_files": nfiles,
-              "seq": a.seq, "batch": a.batch, "wd": a.wd,
-              "wall_seconds": round(time.time() - t_start, 1)}
-    log(f"chosen {best['name']} val loss {val_loss:.4f} ppl {math.exp(val_loss):.2f} "
-        f"(unigram {stats['unigram_val_ppl']:.1f}); params {n_params}")
-    # A sample, if the tokenizer package is there.
-    try:
+    n_params = sum(p.numel() for p in model.parameters())
+    report.update(val_loss=val_loss, val_ppl=math.exp(val_loss), n_params=n_params,
+                  reference_device=str(device))
+    log(f"chosen {report['chosen']} val loss {val_loss:.4f} ppl {math.exp(val_loss):.2f} "
+        f"(unigram {report['unigram_val_ppl']:.1f}); params {n_params}")
+    try:  # a sample, if the tokenizer package is there
         from tokenizers import Tokenizer
         tok = Tokenizer.from_file(os.path.join(a.work, "tokenizer.json"))
         g = torch.Generator(device=device)
@@ -223,6 +169,94 @@ def main():
             log("SAMPLE: " + s)
     except Exception as e:  # noqa: BLE001
         log(f"no sample: {e}")
+
+
+def load_model(run_dir, device):
+    """A Muse model holding the weights saved by save_weights in run_dir."""
+    import glob
+    report = json.load(open(os.path.join(run_dir, "report.json")))
+    cfg = report["config"]
+    w = {}
+    for p in sorted(glob.glob(os.path.join(run_dir, "weights_*.npz"))):
+        w.update(np.load(p))
+    model = Muse(cfg)
+    for name, p in model.named_parameters():
+        if name.startswith("blocks."):
+            _, i, n = name.split(".")
+            key = f"blk.{i}.{n}.weight"
+        else:
+            key = name + ".weight"
+        p.data.copy_(torch.from_numpy(np.asarray(w[key], dtype=np.float32)))
+    return model.to(device), cfg, report
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--work", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "work"))
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--budget", type=float, default=120.0, help="seconds per configuration")
+    ap.add_argument("--seq", type=int, default=512)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--wd", type=float, default=0.1)
+    ap.add_argument("--warmup", type=int, default=100)
+    ap.add_argument("--eval-every", type=int, default=100)
+    ap.add_argument("--ref-len", type=int, default=512)
+    ap.add_argument("--tiny", action="store_true", help="smoke test: tiny model, few steps")
+    ap.add_argument("--reference-only", action="store_true",
+                    help="reload the weights in --out and recompute the held-out loss, "
+                         "reference logits and samples (no training)")
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    a.bf16 = device.type == "cuda"
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    logf = open(os.path.join(a.out, "train.log"), "a" if a.reference_only else "w")
+
+    def log(s):
+        print(s, flush=True)
+        logf.write(s + "\n")
+        logf.flush()
+
+    t_start = time.time()
+    cfg = dict(DEFAULT_CONFIG)
+    configs = CONFIGS
+    if a.tiny:
+        cfg.update(n_layer=4, d_model=64, d_ff=128, n_head=2, n_kv_head=1, head_dim=32,
+                   sliding_window=16, context_length=64)
+        configs = [("tiny", 0.0, 30, 3e-3)]
+        a.seq, a.batch, a.eval_every, a.ref_len = 64, 8, 10, 64
+    if a.reference_only:
+        model, cfg, report = load_model(a.out, device)
+        val = np.load(os.path.join(a.work, "val.npy"))
+        finalize(model, cfg, val, int(val[0]), a, device, report, log)
+        json.dump(report, open(os.path.join(a.out, "report.json"), "w"), indent=1)
+        return
+    train = np.load(os.path.join(a.work, "train.npy"))
+    val = np.load(os.path.join(a.work, "val.npy"))
+    stats = json.load(open(os.path.join(a.work, "stats.json")))
+    cfg["vocab_size"] = stats["vocab_size"]
+    bos = int(train[0])
+    train, dev = split_dev(train, bos, 0.03, SEED)
+    hw = {"device": torch.cuda.get_device_name(0) if device.type == "cuda" else platform.processor(),
+          "torch": torch.__version__, "python": platform.python_version()}
+    log(f"hardware {hw}; train {train.size} dev {dev.size} val {val.size} tokens; cfg {cfg}")
+
+    runs, best_model, best = [], None, None
+    for name, dropout, steps, lr in configs:
+        model, r = train_one(cfg, name, dropout, steps, lr, train, dev, a, device, log)
+        runs.append(r)
+        if best is None or r["best_dev"] < best["best_dev"]:
+            best, best_model = r, model
+        else:
+            del model
+    model = best_model.float()
+    nfiles = save_weights(model.gguf_state(), a.out)
+    report = {"config": cfg, "chosen": best["name"], "runs": runs,
+              "unigram_val_ppl": stats["unigram_val_ppl"], "hardware": hw, "seed": SEED,
+              "weight_files": nfiles, "seq": a.seq, "batch": a.batch, "wd": a.wd,
+              "train_seconds": round(time.time() - t_start, 1)}
+    finalize(model, cfg, val, bos, a, device, report, log)
     json.dump(report, open(os.path.join(a.out, "report.json"), "w"), indent=1)
     log(f"done in {time.time() - t_start:.1f}s")
 
