@@ -33,7 +33,9 @@ pub struct Bpe {
 /// GPT-2's byte-to-unicode table: printable Latin-1 bytes map to themselves, the other 68 bytes
 /// to U+0100 onwards in byte order, so every token is a printable string without spaces.
 pub fn byte_to_unicode() -> [char; 256] {
-    let printable = |b: u32| (0x21..=0x7e).contains(&b) || (0xa1..=0xac).contains(&b) || (0xae..=0xff).contains(&b);
+    let printable = |b: u32| {
+        (0x21..=0x7e).contains(&b) || (0xa1..=0xac).contains(&b) || (0xae..=0xff).contains(&b)
+    };
     let mut table = ['\0'; 256];
     let mut next = 256u32;
     for b in 0..256u32 {
@@ -51,12 +53,18 @@ pub fn byte_to_unicode() -> [char; 256] {
 /// Splits `text` into pre-tokens with `pattern` (one of the `REGEX_*` constants).
 pub fn pre_tokenize<'t>(pattern: &str, text: &'t str) -> Vec<&'t str> {
     let re = fancy_regex::Regex::new(pattern).expect("the pre-tokenizer regexes are valid");
-    re.find_iter(text).map(|m| m.expect("no backtracking limit on these patterns").as_str()).collect()
+    re.find_iter(text)
+        .map(|m| m.expect("no backtracking limit on these patterns").as_str())
+        .collect()
 }
 
 impl Bpe {
     fn empty() -> Bpe {
-        Bpe { tokens: (0..=255u8).map(|b| vec![b]).collect(), merges: Vec::new(), ranks: HashMap::new() }
+        Bpe {
+            tokens: (0..=255u8).map(|b| vec![b]).collect(),
+            merges: Vec::new(),
+            ranks: HashMap::new(),
+        }
     }
 
     /// Learns up to `max_merges` merges from `text` split by `pattern`. Pairs are chosen by
@@ -66,8 +74,10 @@ impl Bpe {
         for w in pre_tokenize(pattern, text) {
             *counts.entry(w.as_bytes()).or_default() += 1;
         }
-        let mut words: Vec<(Vec<u32>, u64)> =
-            counts.into_iter().map(|(w, c)| (w.iter().map(|&b| b as u32).collect(), c)).collect();
+        let mut words: Vec<(Vec<u32>, u64)> = counts
+            .into_iter()
+            .map(|(w, c)| (w.iter().map(|&b| b as u32).collect(), c))
+            .collect();
         let mut bpe = Bpe::empty();
         let mut refused: HashSet<(u32, u32)> = HashSet::new();
         while bpe.merges.len() < max_merges {
@@ -77,8 +87,10 @@ impl Bpe {
                     *pairs.entry((p[0], p[1])).or_default() += c;
                 }
             }
-            let mut candidates: Vec<((u32, u32), u64)> =
-                pairs.into_iter().filter(|(p, _)| !refused.contains(p)).collect();
+            let mut candidates: Vec<((u32, u32), u64)> = pairs
+                .into_iter()
+                .filter(|(p, _)| !refused.contains(p))
+                .collect();
             candidates.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
             let Some(pair) = candidates.into_iter().map(|(p, _)| p).find(|&p| {
                 let ok = bpe.joins_to_pair(p);
@@ -133,24 +145,35 @@ impl Bpe {
 
     /// Encodes text: pre-tokenize with `pattern`, then BPE within each pre-token.
     pub fn encode(&self, pattern: &str, text: &str) -> Vec<u32> {
-        pre_tokenize(pattern, text).into_iter().flat_map(|w| self.encode_word(w.as_bytes())).collect()
+        pre_tokenize(pattern, text)
+            .into_iter()
+            .flat_map(|w| self.encode_word(w.as_bytes()))
+            .collect()
     }
 
     /// The bytes of a token sequence.
     pub fn decode(&self, ids: &[u32]) -> Vec<u8> {
-        ids.iter().flat_map(|&i| self.tokens[i as usize].iter().copied()).collect()
+        ids.iter()
+            .flat_map(|&i| self.tokens[i as usize].iter().copied())
+            .collect()
     }
 
     /// Token strings in GPT-2's byte-to-unicode alphabet (`tokenizer.ggml.tokens`).
     pub fn token_strings(&self) -> Vec<String> {
         let table = byte_to_unicode();
-        self.tokens.iter().map(|t| t.iter().map(|&b| table[b as usize]).collect()).collect()
+        self.tokens
+            .iter()
+            .map(|t| t.iter().map(|&b| table[b as usize]).collect())
+            .collect()
     }
 
     /// Merges as "left right" in the byte-to-unicode alphabet (`tokenizer.ggml.merges`).
     pub fn merge_strings(&self) -> Vec<String> {
         let s = self.token_strings();
-        self.merges.iter().map(|&(a, b)| format!("{} {}", s[a as usize], s[b as usize])).collect()
+        self.merges
+            .iter()
+            .map(|&(a, b)| format!("{} {}", s[a as usize], s[b as usize]))
+            .collect()
     }
 }
 
@@ -178,7 +201,11 @@ mod tests {
     #[test]
     fn merges_reproduce_the_training_words() {
         let bpe = Bpe::train(CORPUS, REGEX_LLAMA_BPE, 100_000);
-        assert!(bpe.merges.len() > 1500, "only {} merges learned", bpe.merges.len());
+        assert!(
+            bpe.merges.len() > 1500,
+            "only {} merges learned",
+            bpe.merges.len()
+        );
         // With every merge learned and count >= 1 allowed, each training word ends as one token.
         let words = pre_tokenize(REGEX_LLAMA_BPE, CORPUS);
         for w in &words {
@@ -194,10 +221,18 @@ mod tests {
         assert_eq!(bpe.merges.len(), 1000);
         let ids = bpe.encode(REGEX_LLAMA_BPE, CORPUS);
         assert_eq!(bpe.decode(&ids), CORPUS.as_bytes());
-        assert!(ids.len() * 3 < CORPUS.len(), "{} tokens for {} bytes", ids.len(), CORPUS.len());
+        assert!(
+            ids.len() * 3 < CORPUS.len(),
+            "{} tokens for {} bytes",
+            ids.len(),
+            CORPUS.len()
+        );
         // Text never seen in training, with bytes outside ASCII, round-trips through byte tokens.
         let novel = "Zebras quizzically juxtapose 12345 — naïve façades! 🙂\n\tend";
-        assert_eq!(bpe.decode(&bpe.encode(REGEX_LLAMA_BPE, novel)), novel.as_bytes());
+        assert_eq!(
+            bpe.decode(&bpe.encode(REGEX_LLAMA_BPE, novel)),
+            novel.as_bytes()
+        );
     }
 
     #[test]
@@ -215,8 +250,10 @@ mod tests {
         // Stop early so words are still split; the trainer's segmentation of each word must be
         // what merge-by-rank encoding gives.
         let bpe = Bpe::train(CORPUS, REGEX_QWEN2, 300);
-        let mut words: Vec<Vec<u32>> =
-            pre_tokenize(REGEX_QWEN2, CORPUS).iter().map(|w| w.bytes().map(u32::from).collect()).collect();
+        let mut words: Vec<Vec<u32>> = pre_tokenize(REGEX_QWEN2, CORPUS)
+            .iter()
+            .map(|w| w.bytes().map(u32::from).collect())
+            .collect();
         for (i, &p) in bpe.merges.iter().enumerate() {
             for w in &mut words {
                 merge_in_place(w, p, 256 + i as u32);

@@ -46,7 +46,15 @@ pub fn vocab(p: &Preset) -> Vocab {
         reserved += 1;
     }
     token_types.resize(tokens.len(), TOKEN_TYPE_CONTROL);
-    Vocab { pre, tokens, token_types, merges: bpe.merge_strings(), bos, eos: bos + 1, eot: bos + 2 }
+    Vocab {
+        pre,
+        tokens,
+        token_types,
+        merges: bpe.merge_strings(),
+        bos,
+        eos: bos + 1,
+        eot: bos + 2,
+    }
 }
 
 fn s(v: &str) -> MetaValue {
@@ -61,43 +69,90 @@ pub fn metadata(p: &Preset, seed: u64) -> Vec<(String, MetaValue)> {
     let u32v = |x: u64| MetaValue::U32(u32::try_from(x).expect("hyperparameters fit in u32"));
 
     put("general.architecture".into(), s(a));
-    put("general.name".into(), s(&format!("{} (synthetic, seed {seed})", p.name)));
-    put("general.file_type".into(), MetaValue::U32(FILE_TYPE_MOSTLY_Q4_K_M));
+    put(
+        "general.name".into(),
+        s(&format!("{} (synthetic, seed {seed})", p.name)),
+    );
+    put(
+        "general.file_type".into(),
+        MetaValue::U32(FILE_TYPE_MOSTLY_Q4_K_M),
+    );
     put("general.quantization_version".into(), MetaValue::U32(2));
-    put(format!("{a}.context_length"), MetaValue::U32(p.context_length));
+    put(
+        format!("{a}.context_length"),
+        MetaValue::U32(p.context_length),
+    );
     put(format!("{a}.embedding_length"), u32v(p.embedding_length));
     put(format!("{a}.block_count"), MetaValue::U32(p.block_count));
-    put(format!("{a}.feed_forward_length"), u32v(p.feed_forward_length));
+    put(
+        format!("{a}.feed_forward_length"),
+        u32v(p.feed_forward_length),
+    );
     put(format!("{a}.attention.head_count"), u32v(p.head_count));
-    put(format!("{a}.attention.head_count_kv"), u32v(p.head_count_kv));
+    put(
+        format!("{a}.attention.head_count_kv"),
+        u32v(p.head_count_kv),
+    );
     put(format!("{a}.attention.key_length"), u32v(p.head_dim));
     put(format!("{a}.attention.value_length"), u32v(p.head_dim));
-    put(format!("{a}.attention.layer_norm_rms_epsilon"), MetaValue::F32(p.rms_eps));
+    put(
+        format!("{a}.attention.layer_norm_rms_epsilon"),
+        MetaValue::F32(p.rms_eps),
+    );
     put(format!("{a}.rope.dimension_count"), u32v(p.head_dim));
-    put(format!("{a}.rope.freq_base"), MetaValue::F32(p.rope_freq_base));
+    put(
+        format!("{a}.rope.freq_base"),
+        MetaValue::F32(p.rope_freq_base),
+    );
     put(format!("{a}.vocab_size"), u32v(p.vocab_size));
     if p.arch == Arch::Muse {
-        put(format!("{a}.attention.post_norm_rms_epsilon"), MetaValue::F32(p.post_norm_eps));
-        put(format!("{a}.attention.sliding_window"), MetaValue::U32(p.sliding_window));
-        put(format!("{a}.attention.full_attention_interval"), MetaValue::U32(p.full_attention_interval));
+        put(
+            format!("{a}.attention.post_norm_rms_epsilon"),
+            MetaValue::F32(p.post_norm_eps),
+        );
+        put(
+            format!("{a}.attention.sliding_window"),
+            MetaValue::U32(p.sliding_window),
+        );
+        put(
+            format!("{a}.attention.full_attention_interval"),
+            MetaValue::U32(p.full_attention_interval),
+        );
         put(format!("{a}.logit_scale"), MetaValue::F32(p.logit_scale));
-        put(format!("{a}.final_logit_softcapping"), MetaValue::F32(p.final_logit_softcapping));
+        put(
+            format!("{a}.final_logit_softcapping"),
+            MetaValue::F32(p.final_logit_softcapping),
+        );
     }
 
     let v = vocab(p);
-    let strings = |xs: Vec<String>| MetaValue::Array(MetaType::String, xs.into_iter().map(MetaValue::String).collect());
+    let strings = |xs: Vec<String>| {
+        MetaValue::Array(
+            MetaType::String,
+            xs.into_iter().map(MetaValue::String).collect(),
+        )
+    };
     put("tokenizer.ggml.model".into(), s("gpt2"));
     put("tokenizer.ggml.pre".into(), s(v.pre));
     put("tokenizer.ggml.tokens".into(), strings(v.tokens));
     put(
         "tokenizer.ggml.token_type".into(),
-        MetaValue::Array(MetaType::I32, v.token_types.into_iter().map(MetaValue::I32).collect()),
+        MetaValue::Array(
+            MetaType::I32,
+            v.token_types.into_iter().map(MetaValue::I32).collect(),
+        ),
     );
     put("tokenizer.ggml.merges".into(), strings(v.merges));
     put("tokenizer.ggml.bos_token_id".into(), MetaValue::U32(v.bos));
     put("tokenizer.ggml.eos_token_id".into(), MetaValue::U32(v.eos));
     put("tokenizer.ggml.eot_token_id".into(), MetaValue::U32(v.eot));
-    put("tokenizer.ggml.add_bos_token".into(), MetaValue::Bool(p.arch != Arch::Qwen3));
-    put("tokenizer.ggml.add_eos_token".into(), MetaValue::Bool(false));
+    put(
+        "tokenizer.ggml.add_bos_token".into(),
+        MetaValue::Bool(p.arch != Arch::Qwen3),
+    );
+    put(
+        "tokenizer.ggml.add_eos_token".into(),
+        MetaValue::Bool(false),
+    );
     m
 }

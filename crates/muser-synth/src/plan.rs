@@ -23,7 +23,10 @@ pub struct PlannedTensor {
 impl PlannedTensor {
     /// Bytes of one row (`dims[0]` values).
     pub fn row_bytes(&self) -> u64 {
-        self.spec.ggml_type.row_bytes(self.spec.dims[0]).expect("plan rows are whole blocks")
+        self.spec
+            .ggml_type
+            .row_bytes(self.spec.dims[0])
+            .expect("plan rows are whole blocks")
     }
     pub fn n_rows(&self) -> u64 {
         self.spec.dims[1..].iter().product()
@@ -51,7 +54,10 @@ pub fn weight_bytes(p: &Preset) -> u64 {
 
 /// Number of weights (values) of a preset.
 pub fn parameter_count(p: &Preset) -> u64 {
-    layout(p).iter().map(|t| t.spec.dims.iter().product::<u64>()).sum()
+    layout(p)
+        .iter()
+        .map(|t| t.spec.dims.iter().product::<u64>())
+        .sum()
 }
 
 /// The full plan: specs and initialisation. The type mix is Q4_K_M as SPEC section 2 gives it:
@@ -59,24 +65,58 @@ pub fn parameter_count(p: &Preset) -> u64 {
 /// other matrix Q4_K, norm weights F32.
 pub fn layout(p: &Preset) -> Vec<PlannedTensor> {
     use GgmlType::{F32, Q4_K, Q5_K, Q6_K};
-    let (d, ff, q, kv, hd) = (p.embedding_length, p.feed_forward_length, p.q_dim(), p.kv_dim(), p.head_dim);
+    let (d, ff, q, kv, hd) = (
+        p.embedding_length,
+        p.feed_forward_length,
+        p.q_dim(),
+        p.kv_dim(),
+        p.head_dim,
+    );
     let two_l = 2.0 * p.block_count as f32;
-    let proj = Init::Gaussian { std: 1.0 / (d as f32).sqrt() };
-    let attn_out = Init::Gaussian { std: 1.0 / (q as f32 * two_l).sqrt() };
-    let ffn_down = Init::Gaussian { std: 1.0 / (ff as f32 * two_l).sqrt() };
+    let proj = Init::Gaussian {
+        std: 1.0 / (d as f32).sqrt(),
+    };
+    let attn_out = Init::Gaussian {
+        std: 1.0 / (q as f32 * two_l).sqrt(),
+    };
+    let ffn_down = Init::Gaussian {
+        std: 1.0 / (ff as f32 * two_l).sqrt(),
+    };
     // The LM head: a normalised input gives logits (after the muse logit scale) of std ~3,
     // spread enough that the top token is distinct, far from the softcap.
-    let logit_scale = if p.arch == Arch::Muse { p.logit_scale } else { 1.0 };
-    let head = Init::Gaussian { std: 3.0 / (logit_scale * (d as f32).sqrt()) };
+    let logit_scale = if p.arch == Arch::Muse {
+        p.logit_scale
+    } else {
+        1.0
+    };
+    let head = Init::Gaussian {
+        std: 3.0 / (logit_scale * (d as f32).sqrt()),
+    };
 
     let mut out = Vec::new();
     let mut add = |name: String, dims: Vec<u64>, ggml_type: GgmlType, init: Init| {
-        out.push(PlannedTensor { spec: TensorSpec { name, dims, ggml_type }, init });
+        out.push(PlannedTensor {
+            spec: TensorSpec {
+                name,
+                dims,
+                ggml_type,
+            },
+            init,
+        });
     };
-    add("token_embd.weight".into(), vec![d, p.vocab_size], Q4_K, Init::Gaussian { std: 1.0 });
+    add(
+        "token_embd.weight".into(),
+        vec![d, p.vocab_size],
+        Q4_K,
+        Init::Gaussian { std: 1.0 },
+    );
     for i in 0..p.block_count {
         let n = |s: &str| format!("blk.{i}.{s}.weight");
-        let down_type = if use_more_bits(i, p.block_count) { Q6_K } else { Q4_K };
+        let down_type = if use_more_bits(i, p.block_count) {
+            Q6_K
+        } else {
+            Q4_K
+        };
         add(n("attn_norm"), vec![d], F32, Init::NearOne);
         add(n("attn_q"), vec![d, q], Q4_K, proj);
         add(n("attn_k"), vec![d, kv], Q4_K, proj);
@@ -130,12 +170,30 @@ mod tests {
             .filter(|s| s.name.ends_with("ffn_down.weight") && s.ggml_type == GgmlType::Q6_K)
             .count();
         assert_eq!(q6_downs, 26);
-        assert!(specs.iter().filter(|s| s.name.contains("norm")).all(|s| s.ggml_type == GgmlType::F32));
+        assert!(specs
+            .iter()
+            .filter(|s| s.name.contains("norm"))
+            .all(|s| s.ggml_type == GgmlType::F32));
+    }
+
+    #[test]
+    fn full_attention_layer_counts() {
+        let full = |name: &str| {
+            let p = preset(name).unwrap();
+            (0..p.block_count)
+                .filter(|&i| p.is_full_attention_layer(i))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(full("muse-glimmer").len(), 13);
+        assert_eq!(full("muse-tiny"), [3, 7]);
+        assert!(full("llama-tiny").is_empty());
+        let tiny = preset("muse-tiny").unwrap();
+        assert!(tiny.sliding_window < tiny.context_length);
     }
 
     #[test]
     fn more_bits_layers_match_the_spec_rule() {
-        let spec_rule = |i: u32| i < 6 || i >= 45 || (i >= 6 && (i - 6) % 3 == 2);
+        let spec_rule = |i: u32| !(6..45).contains(&i) || (i - 6) % 3 == 2;
         for i in 0..52 {
             assert_eq!(use_more_bits(i, 52), spec_rule(i), "layer {i}");
         }
@@ -164,7 +222,11 @@ mod tests {
         ];
         for &(name, bytes, params) in expect {
             let p = preset(name).unwrap();
-            assert_eq!((weight_bytes(p), parameter_count(p)), (bytes, params), "{name}");
+            assert_eq!(
+                (weight_bytes(p), parameter_count(p)),
+                (bytes, params),
+                "{name}"
+            );
         }
         for p in PRESETS {
             for t in layout(p) {

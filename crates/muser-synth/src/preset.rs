@@ -155,7 +155,8 @@ pub const PRESETS: &[Preset] = &[
     },
     Preset {
         name: "llama-glimmer",
-        description: "a llama with Muse Glimmer's sizes and Q4_K_M mix (the llama.cpp comparator file)",
+        description:
+            "a llama with Muse Glimmer's sizes and Q4_K_M mix (the llama.cpp comparator file)",
         block_count: 52,
         embedding_length: 6656,
         feed_forward_length: 19968,
@@ -184,6 +185,6 @@ impl Preset {
     }
     /// Muse: layer `i` is a full-attention NoPE layer (else sliding-window with RoPE).
     pub fn is_full_attention_layer(&self, i: u32) -> bool {
-        self.full_attention_interval > 0 && (i + 1) % self.full_attention_interval == 0
+        self.full_attention_interval > 0 && (i + 1).is_multiple_of(self.full_attention_interval)
     }
 }

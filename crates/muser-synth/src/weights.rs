@@ -43,7 +43,9 @@ pub fn mix(mut z: u64) -> u64 {
 
 /// FNV-1a of a tensor name, so a tensor's bytes depend on its name, not its place in the file.
 fn name_hash(name: &str) -> u64 {
-    name.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3))
+    name.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 /// A discretised Gaussian over quant levels 0..n: a random byte indexes `table` to give a level.
@@ -57,8 +59,9 @@ struct QuantDist {
 
 impl QuantDist {
     fn new(levels: u32, center: f64, sigma: f64) -> QuantDist {
-        let weight: Vec<f64> =
-            (0..levels).map(|k| (-((k as f64 - center).powi(2)) / (2.0 * sigma * sigma)).exp()).collect();
+        let weight: Vec<f64> = (0..levels)
+            .map(|k| (-((k as f64 - center).powi(2)) / (2.0 * sigma * sigma)).exp())
+            .collect();
         let total: f64 = weight.iter().sum();
         let mut table = [0u8; 256];
         let mut cum = 0.0;
@@ -74,8 +77,16 @@ impl QuantDist {
         table[0] = 0;
         table[255] = (levels - 1) as u8;
         let mean = table.iter().map(|&q| q as f64).sum::<f64>() / 256.0;
-        let var = table.iter().map(|&q| (q as f64 - mean).powi(2)).sum::<f64>() / 256.0;
-        QuantDist { table, mean: mean as f32, std: var.sqrt() as f32 }
+        let var = table
+            .iter()
+            .map(|&q| (q as f64 - mean).powi(2))
+            .sum::<f64>()
+            / 256.0;
+        QuantDist {
+            table,
+            mean: mean as f32,
+            std: var.sqrt() as f32,
+        }
     }
 }
 
@@ -125,13 +136,17 @@ fn f16_nonzero(x: f32) -> f16 {
 fn k_scales(rng: &mut Rng, std: f32, dist: &QuantDist) -> (f16, f16, [u8; 8], [u8; 8]) {
     let d = f16_nonzero(std / (dist.std * 48.0));
     let step = std / (dist.std * d.to_f32()); // the sc that gives exactly `std`, ~48
-    // dmin so that the largest offset, mean*d*63, needs m = 56 at most (f16 error included).
+                                              // dmin so that the largest offset, mean*d*63, needs m = 56 at most (f16 error included).
     let dmin = f16_nonzero(dist.mean * d.to_f32() * 63.0 / 56.0);
     let (mut sc, mut m) = ([0u8; 8], [0u8; 8]);
     for j in 0..8 {
-        let s = (step * (0.75 + 0.5 * rng.uniform())).round().clamp(1.0, 63.0);
+        let s = (step * (0.75 + 0.5 * rng.uniform()))
+            .round()
+            .clamp(1.0, 63.0);
         sc[j] = s as u8;
-        m[j] = (dist.mean * d.to_f32() * s / dmin.to_f32()).round().clamp(0.0, 63.0) as u8;
+        m[j] = (dist.mean * d.to_f32() * s / dmin.to_f32())
+            .round()
+            .clamp(0.0, 63.0) as u8;
     }
     (d, dmin, sc, m)
 }
@@ -196,7 +211,9 @@ fn block_q6_k(rng: &mut Rng, std: f32, out: &mut [u8]) {
     let (qh, rest) = rest.split_at_mut(64);
     let (scales, d_out) = rest.split_at_mut(16);
     for s in scales.iter_mut() {
-        *s = (step * (0.75 + 0.5 * rng.uniform())).round().clamp(1.0, 127.0) as i8 as u8;
+        *s = (step * (0.75 + 0.5 * rng.uniform()))
+            .round()
+            .clamp(1.0, 127.0) as i8 as u8;
     }
     d_out.copy_from_slice(&d.to_le_bytes());
     // Per 128 values c: ql[64c+l] = v[l] | v[l+64] << 4, ql[64c+l+32] = v[l+32] | v[l+96] << 4,
@@ -206,7 +223,8 @@ fn block_q6_k(rng: &mut Rng, std: f32, out: &mut [u8]) {
         for l in 0..32 {
             ql[64 * c + l] = (v[l] & 0xf) | (v[l + 64] & 0xf) << 4;
             ql[64 * c + l + 32] = (v[l + 32] & 0xf) | (v[l + 96] & 0xf) << 4;
-            qh[32 * c + l] = (v[l] >> 4) | (v[l + 32] >> 4) << 2 | (v[l + 64] >> 4) << 4 | (v[l + 96] >> 4) << 6;
+            qh[32 * c + l] =
+                (v[l] >> 4) | (v[l + 32] >> 4) << 2 | (v[l + 64] >> 4) << 4 | (v[l + 96] >> 4) << 6;
         }
     }
 }
@@ -242,10 +260,12 @@ pub fn generate(t: &PlannedTensor, seed: u64) -> Vec<u8> {
     let row_bytes = t.row_bytes() as usize;
     let mut data = vec![0u8; t.n_bytes() as usize];
     let base = mix(seed ^ mix(name_hash(&t.spec.name)));
-    data.par_chunks_mut(row_bytes).enumerate().for_each(|(row, out)| {
-        let mut rng = Rng::new(mix(base ^ mix(row as u64)));
-        fill_row(t, &mut rng, out);
-    });
+    data.par_chunks_mut(row_bytes)
+        .enumerate()
+        .for_each(|(row, out)| {
+            let mut rng = Rng::new(mix(base ^ mix(row as u64)));
+            fill_row(t, &mut rng, out);
+        });
     data
 }
 
@@ -256,7 +276,11 @@ mod tests {
 
     fn tensor(ty: GgmlType, std: f32) -> PlannedTensor {
         PlannedTensor {
-            spec: TensorSpec { name: "blk.0.test.weight".into(), dims: vec![1024, 64], ggml_type: ty },
+            spec: TensorSpec {
+                name: "blk.0.test.weight".into(),
+                dims: vec![1024, 64],
+                ggml_type: ty,
+            },
             init: Init::Gaussian { std },
         }
     }
@@ -270,14 +294,21 @@ mod tests {
             match ty {
                 GgmlType::Q4_K | GgmlType::Q5_K => {
                     let (d, dmin, s) = (h(&blk[0..2]), h(&blk[2..4]), &blk[4..16]);
-                    let (qh, qs) = if ty == GgmlType::Q5_K { (&blk[16..48], &blk[48..]) } else { (&[][..], &blk[16..]) };
+                    let (qh, qs) = if ty == GgmlType::Q5_K {
+                        (&blk[16..48], &blk[48..])
+                    } else {
+                        (&[][..], &blk[16..])
+                    };
                     for i in 0..256 {
                         let (g, l, hi) = (i / 64, i % 32, (i / 32) % 2);
                         let j = i / 32;
                         let (sc, m) = if j < 4 {
                             (s[j] & 63, s[j + 4] & 63)
                         } else {
-                            ((s[j + 4] & 0xf) | (s[j - 4] >> 6) << 4, (s[j + 4] >> 4) | (s[j] >> 6) << 4)
+                            (
+                                (s[j + 4] & 0xf) | (s[j - 4] >> 6) << 4,
+                                (s[j + 4] >> 4) | (s[j] >> 6) << 4,
+                            )
                         };
                         let mut q = (qs[32 * g + l] >> (4 * hi)) & 0xf;
                         if ty == GgmlType::Q5_K {
@@ -287,7 +318,12 @@ mod tests {
                     }
                 }
                 GgmlType::Q6_K => {
-                    let (ql, qh, sc, d) = (&blk[0..128], &blk[128..192], &blk[192..208], h(&blk[208..210]));
+                    let (ql, qh, sc, d) = (
+                        &blk[0..128],
+                        &blk[128..192],
+                        &blk[192..208],
+                        h(&blk[208..210]),
+                    );
                     for i in 0..256 {
                         let (c, k) = (i / 128, i % 128);
                         let (l, quarter) = (k % 32, k / 32);
@@ -318,8 +354,14 @@ mod tests {
                 let mean = v.iter().map(|&x| x as f64).sum::<f64>() / n;
                 let sd = (v.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / n).sqrt();
                 assert!(v.iter().all(|x| x.is_finite()));
-                assert!((sd / std as f64 - 1.0).abs() < 0.05, "{ty} std {std}: got {sd}");
-                assert!(mean.abs() < 0.02 * std as f64, "{ty} std {std}: mean {mean}");
+                assert!(
+                    (sd / std as f64 - 1.0).abs() < 0.05,
+                    "{ty} std {std}: got {sd}"
+                );
+                assert!(
+                    mean.abs() < 0.02 * std as f64,
+                    "{ty} std {std}: mean {mean}"
+                );
             }
         }
     }
@@ -336,7 +378,11 @@ mod tests {
     fn rows_do_not_depend_on_threading_and_seeds_differ() {
         let t = tensor(GgmlType::Q4_K, 0.02);
         let a = generate(&t, 1);
-        let b = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap().install(|| generate(&t, 1));
+        let b = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap()
+            .install(|| generate(&t, 1));
         assert_eq!(a, b);
         assert_ne!(a, generate(&t, 2));
     }

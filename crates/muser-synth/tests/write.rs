@@ -24,28 +24,52 @@ fn every_preset_tensor_reads_back_with_its_dims_and_type() {
         let plan = layout(p);
         assert_eq!(f.tensors.len(), plan.len());
         for t in &plan {
-            let info = f.tensor(&t.spec.name).unwrap_or_else(|| panic!("{name}: {} missing", t.spec.name));
+            let info = f
+                .tensor(&t.spec.name)
+                .unwrap_or_else(|| panic!("{name}: {} missing", t.spec.name));
             assert_eq!(info.dims, t.spec.dims, "{}", t.spec.name);
             assert_eq!(info.ggml_type, t.spec.ggml_type, "{}", t.spec.name);
             assert_eq!(info.n_bytes, t.n_bytes());
         }
         let arch = p.arch.name();
         assert_eq!(f.get_str("general.architecture").unwrap(), arch);
-        assert_eq!(f.get_u32(&format!("{arch}.block_count")).unwrap(), p.block_count);
-        assert_eq!(f.get_u32(&format!("{arch}.embedding_length")).unwrap() as u64, p.embedding_length);
-        assert_eq!(f.get_u32(&format!("{arch}.vocab_size")).unwrap() as u64, p.vocab_size);
+        assert_eq!(
+            f.get_u32(&format!("{arch}.block_count")).unwrap(),
+            p.block_count
+        );
+        assert_eq!(
+            f.get_u32(&format!("{arch}.embedding_length")).unwrap() as u64,
+            p.embedding_length
+        );
+        assert_eq!(
+            f.get_u32(&format!("{arch}.vocab_size")).unwrap() as u64,
+            p.vocab_size
+        );
         let tokens = f.get_str_array("tokenizer.ggml.tokens").unwrap();
         assert_eq!(tokens.len() as u64, p.vocab_size);
-        assert_eq!(f.get_i64_array("tokenizer.ggml.token_type").unwrap().len(), tokens.len());
+        assert_eq!(
+            f.get_i64_array("tokenizer.ggml.token_type").unwrap().len(),
+            tokens.len()
+        );
         let bos = f.get_u32("tokenizer.ggml.bos_token_id").unwrap() as usize;
         assert_eq!(tokens[bos], "<|begin_of_text|>");
-        assert_eq!(tokens[f.get_u32("tokenizer.ggml.eot_token_id").unwrap() as usize], "<|eot_id|>");
+        assert_eq!(
+            tokens[f.get_u32("tokenizer.ggml.eot_token_id").unwrap() as usize],
+            "<|eot_id|>"
+        );
         let merges = f.get_str_array("tokenizer.ggml.merges").unwrap();
-        assert_eq!(merges.len(), bos - 256, "one token per merge after the 256 byte tokens");
+        assert_eq!(
+            merges.len(),
+            bos - 256,
+            "one token per merge after the 256 byte tokens"
+        );
         // Each merge's two halves are tokens, and their join is the token the merge makes.
         for (i, m) in merges.iter().enumerate() {
             let (a, b) = m.split_once(' ').unwrap();
-            assert!(tokens[..256 + i].contains(&a) && tokens[..256 + i].contains(&b), "{m}");
+            assert!(
+                tokens[..256 + i].contains(&a) && tokens[..256 + i].contains(&b),
+                "{m}"
+            );
             assert_eq!(format!("{a}{b}"), tokens[256 + i]);
         }
         std::fs::remove_file(&path).unwrap();
@@ -79,7 +103,10 @@ fn muse_tiny_has_every_muse_key() {
     ] {
         assert!(f.get(key).is_some(), "{key} missing");
     }
-    assert_eq!(f.get("muse.attention.sliding_window"), Some(&MetaValue::U32(32)));
+    assert_eq!(
+        f.get("muse.attention.sliding_window"),
+        Some(&MetaValue::U32(32))
+    );
     assert_eq!(f.get_str("tokenizer.ggml.model").unwrap(), "gpt2");
     std::fs::remove_file(&path).unwrap();
 }
@@ -94,7 +121,12 @@ fn same_seed_same_bytes_different_seed_different_weights() {
     let fa = GgufFile::open(&pa).unwrap();
     let fc = GgufFile::open(&pc).unwrap();
     for (ta, tc) in fa.tensors.iter().zip(&fc.tensors) {
-        assert_ne!(fa.tensor_data(ta), fc.tensor_data(tc), "{} did not change with the seed", ta.name);
+        assert_ne!(
+            fa.tensor_data(ta),
+            fc.tensor_data(tc),
+            "{} did not change with the seed",
+            ta.name
+        );
     }
     for p in [pa, pb, pc] {
         std::fs::remove_file(p).unwrap();
@@ -141,8 +173,16 @@ fn dequantized_weights_have_the_planned_statistics() {
             Init::NearOne => (1.0, 0.05),
         };
         let n_err = want_sd / n.sqrt(); // standard error of the mean
-        assert!((mean - want_mean).abs() < 5.0 * n_err + 0.02 * want_sd, "{}: mean {mean}", t.spec.name);
-        assert!((sd / want_sd - 1.0).abs() < 0.1 + 3.0 / n.sqrt(), "{}: std {sd} vs {want_sd}", t.spec.name);
+        assert!(
+            (mean - want_mean).abs() < 5.0 * n_err + 0.02 * want_sd,
+            "{}: mean {mean}",
+            t.spec.name
+        );
+        assert!(
+            (sd / want_sd - 1.0).abs() < 0.1 + 3.0 / n.sqrt(),
+            "{}: std {sd} vs {want_sd}",
+            t.spec.name
+        );
     }
     std::fs::remove_file(&path).unwrap();
 }

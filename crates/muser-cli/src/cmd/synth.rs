@@ -24,7 +24,10 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     if args.list {
-        println!("{:<14} {:>8} {:>16} {:>16}  description", "preset", "arch", "parameters", "weight bytes");
+        println!(
+            "{:<14} {:>8} {:>16} {:>16}  description",
+            "preset", "arch", "parameters", "weight bytes"
+        );
         for p in PRESETS {
             println!(
                 "{:<14} {:>8} {:>16} {:>16}  {}",
@@ -37,7 +40,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         return Ok(());
     }
-    let (name, out) = (args.preset.expect("clap requires it"), args.out.expect("clap requires it"));
+    let (name, out) = (
+        args.preset.expect("clap requires it"),
+        args.out.expect("clap requires it"),
+    );
     let p = find_preset(&name)?;
     let start = Instant::now();
     let s = synthesize(p, &out, args.seed, std::io::stderr().is_terminal())?;
