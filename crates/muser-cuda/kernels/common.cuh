@@ -2,7 +2,15 @@
 // unpacking of Q4_K/Q5_K, and warp reductions.
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
-#include <stdint.h>
+
+// NVRTC ships no <stdint.h>; a typedef may be repeated with the same type, so these are safe
+// where a CUDA header already declared them.
+typedef signed char int8_t;
+typedef unsigned char uint8_t;
+typedef short int16_t;
+typedef unsigned short uint16_t;
+typedef int int32_t;
+typedef unsigned int uint32_t;
 
 #define QK_K 256
 #define QK8_0 32
