@@ -33,6 +33,8 @@ enum Command {
     Synth(cmd::synth::Args),
     /// Check a backend's kernels against the CPU reference kernels.
     Check(cmd::check::Args),
+    /// Print the token ids of a text.
+    Tokenize(cmd::tokenize::Args),
 }
 
 fn main() {
@@ -47,6 +49,7 @@ fn main() {
         Command::Quantize(a) => cmd::quantize::run(a),
         Command::Synth(a) => cmd::synth::run(a),
         Command::Check(a) => cmd::check::run(a),
+        Command::Tokenize(a) => cmd::tokenize::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

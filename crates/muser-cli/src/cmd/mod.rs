@@ -7,3 +7,4 @@ pub mod quantize;
 pub mod run;
 pub mod synth;
 pub mod tensor;
+pub mod tokenize;
