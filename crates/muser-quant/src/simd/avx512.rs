@@ -137,28 +137,54 @@ float_dot!(dot_f32, f32, load16_f32);
 float_dot!(dot_f16_f32, f16, load16_f16);
 float_dot!(dot_bf16_f32, bf16, load16_bf16);
 
-/// Two blocks per register (block i in the low 256 bits, i+1 in the high): sum(x * y) =
-/// sum((x + 128) * y) - 128 * sum(y), both by `vpdpbusd`, then scaled per half.
+/// `vpermt2w` indices gathering the `d` of 4 consecutive Q8_0 blocks (34 bytes each) from two
+/// 64-byte loads at block offsets 0 and 68 bytes: words 0 and 17 of each, into words `at..at+4`.
+const fn q8_0_d_index(at: usize) -> [i16; 32] {
+    let mut idx = [0i16; 32];
+    idx[at + 1] = 17;
+    idx[at + 2] = 32;
+    idx[at + 3] = 32 + 17;
+    idx
+}
+const Q8_0_DX_INDEX: [i16; 32] = q8_0_d_index(0);
+const Q8_0_DY_INDEX: [i16; 32] = q8_0_d_index(4);
+/// `vpermps` indices: f32 lanes 0..8 take scale `2k`, lanes 8..16 scale `2k+1`.
+const Q8_0_SCALE_INDEX: [[i32; 16]; 2] =
+    [[0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1], [2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3]];
+
+/// Four blocks per step, two per register (block 2k in the low 256 bits, 2k+1 in the high):
+/// sum(x * y) = sum((x + 128) * y) - 128 * sum(y), both by `vpdpbusd`. The eight f16 scales of
+/// the step are gathered from the blocks with two word permutes and converted at once.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn dot_q8_0_q8_0(x: &[BlockQ8_0], y: &[BlockQ8_0]) -> f32 {
     check_len("dot_q8_0_q8_0", x.len(), y.len());
     let (flip, ones, zero) = (_mm512_set1_epi8(-128), _mm512_set1_epi8(1), _mm512_setzero_si512());
-    let mut acc = _mm512_setzero_ps();
-    let (xp, yp) = (x.chunks_exact(2), y.chunks_exact(2));
-    let (x_tail, y_tail) = (xp.remainder(), yp.remainder());
-    for (bx, by) in xp.zip(yp) {
+    let (dx_index, dy_index) = (load512(Q8_0_DX_INDEX.as_ptr()), load512(Q8_0_DY_INDEX.as_ptr()));
+    let scale_index = Q8_0_SCALE_INDEX.map(|a| load512(a.as_ptr()));
+    let (mut acc0, mut acc1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+    let (xs, ys) = (x.chunks_exact(4), y.chunks_exact(4));
+    let (x_tail, y_tail) = (xs.remainder(), ys.remainder());
+    for (bx, by) in xs.zip(ys) {
         let join = |a: &BlockQ8_0, b: &BlockQ8_0| {
             _mm512_inserti64x4(_mm512_castsi256_si512(load256(a.qs.as_ptr())), load256(b.qs.as_ptr()), 1)
         };
-        let (xq, yq) = (join(&bx[0], &bx[1]), join(&by[0], &by[1]));
-        let sum = _mm512_dpbusd_epi32(zero, _mm512_xor_si512(xq, flip), yq);
-        let sum_y = _mm512_dpbusd_epi32(zero, ones, yq);
-        let dot = _mm512_sub_epi32(sum, _mm512_slli_epi32(sum_y, 7));
-        let d0 = _mm512_set1_ps(f16_to_f32(bx[0].d) * f16_to_f32(by[0].d));
-        let d1 = _mm512_set1_ps(f16_to_f32(bx[1].d) * f16_to_f32(by[1].d));
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mask_blend_ps(0xff00, d0, d1), acc);
+        let dot = |xq: __m512i, yq: __m512i| {
+            let sum = _mm512_dpbusd_epi32(zero, _mm512_xor_si512(xq, flip), yq);
+            let sum_y = _mm512_dpbusd_epi32(zero, ones, yq);
+            _mm512_cvtepi32_ps(_mm512_sub_epi32(sum, _mm512_slli_epi32(sum_y, 7)))
+        };
+        let dot01 = dot(join(&bx[0], &bx[1]), join(&by[0], &by[1]));
+        let dot23 = dot(join(&bx[2], &bx[3]), join(&by[2], &by[3]));
+        // The 4 blocks are 136 bytes: loads at 0 and 68 stay inside them.
+        let (px, py) = (bx.as_ptr() as *const u8, by.as_ptr() as *const u8);
+        let dx = _mm512_permutex2var_epi16(load512(px), dx_index, load512(px.add(68)));
+        let dy = _mm512_permutex2var_epi16(load512(py), dy_index, load512(py.add(68)));
+        let d = _mm256_cvtph_ps(_mm512_castsi512_si128(_mm512_mask_blend_epi16(0xf0, dx, dy)));
+        let s = _mm512_castps128_ps512(_mm_mul_ps(_mm256_castps256_ps128(d), _mm256_extractf128_ps(d, 1)));
+        acc0 = _mm512_fmadd_ps(dot01, _mm512_permutexvar_ps(scale_index[0], s), acc0);
+        acc1 = _mm512_fmadd_ps(dot23, _mm512_permutexvar_ps(scale_index[1], s), acc1);
     }
-    let mut sum = _mm512_reduce_add_ps(acc);
+    let mut sum = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
     for (bx, by) in x_tail.iter().zip(y_tail) {
         let sumi: i32 = bx.qs.iter().zip(&by.qs).map(|(&a, &b)| a as i32 * b as i32).sum();
         sum += sumi as f32 * (f16_to_f32(bx.d) * f16_to_f32(by.d));
