@@ -1,6 +1,8 @@
 //! `muser inspect FILE`: metadata (long arrays summarised) and the tensor table.
 
 use muser_gguf::{GgufFile, MetaValue};
+use std::fmt::Write as _;
+use std::io::Write as _;
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
@@ -14,9 +16,11 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let f = GgufFile::open(&args.file)?;
+    let mut o = String::new();
     let total: u64 = f.tensors.iter().map(|t| t.n_bytes).sum();
     let params: u64 = f.tensors.iter().map(|t| t.n_elements()).sum();
-    println!(
+    writeln!(
+        o,
         "{}: GGUF v{}, {} metadata keys, {} tensors, {} parameters, {} bytes of tensor data, alignment {}",
         args.file.display(),
         f.version,
@@ -25,22 +29,41 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         params,
         total,
         f.alignment
-    );
-    println!("\nmetadata:");
+    )?;
+    writeln!(o, "\nmetadata:")?;
     for (key, value) in &f.metadata {
-        println!("  {key} = {}", show(value, args.max_array));
+        writeln!(o, "  {key} = {}", show(value, args.max_array))?;
     }
-    println!("\ntensors:");
-    let w = f.tensors.iter().map(|t| t.name.len()).max().unwrap_or(4).max(4);
-    println!("  {:<w$}  {:<7}  {:<24}  {:>14}  {:>14}", "name", "type", "shape", "bytes", "offset");
+    writeln!(o, "\ntensors:")?;
+    let w = f
+        .tensors
+        .iter()
+        .map(|t| t.name.len())
+        .max()
+        .unwrap_or(4)
+        .max(4);
+    writeln!(
+        o,
+        "  {:<w$}  {:<7}  {:<24}  {:>14}  {:>14}",
+        "name", "type", "shape", "bytes", "offset"
+    )?;
     for t in &f.tensors {
         let shape = format!("{:?}", t.dims);
-        println!(
+        writeln!(
+            o,
             "  {:<w$}  {:<7}  {:<24}  {:>14}  {:>14}",
-            t.name, t.ggml_type.name(), shape, t.n_bytes, t.offset
-        );
+            t.name,
+            t.ggml_type.name(),
+            shape,
+            t.n_bytes,
+            t.offset
+        )?;
     }
-    Ok(())
+    // A closed pipe (`muser inspect F | head`) ends the output quietly.
+    match std::io::stdout().lock().write_all(o.as_bytes()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(()),
+    }
 }
 
 /// One value in a line; arrays longer than `max` show their first and last elements.
