@@ -1,9 +1,19 @@
 #!/usr/bin/env bash
-# Runs every test Muser has: the Rust unit and integration tests, then the Python oracle tests
-# (gguf-py, numpy reference model, HF tokenizers) against the release `muser` binary.
+# Runs every test Muser has: the Rust unit and integration tests (including the NVRTC compile of
+# every CUDA kernel, with libnvrtc from the nvidia-cuda-nvrtc wheel), then the Python oracle tests
+# (gguf-py, the numpy reference model, HF tokenizers) against the release `muser` binary.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install -q -r tests/python/requirements.txt
+
+# NVRTC from the wheel: cudarc looks for libnvrtc.so, the wheel ships libnvrtc.so.13.
+nv="$(python3 -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13"))')"
+mkdir -p target/nvrtc
+ln -sf "$nv/lib/libnvrtc.so.13" target/nvrtc/libnvrtc.so
+export LD_LIBRARY_PATH="$PWD/target/nvrtc:$nv/lib:${LD_LIBRARY_PATH:-}"
+export MUSER_CUDA_INCLUDE="$nv/include"
+export MUSER_REQUIRE_NVRTC=1
+
 cargo test --workspace
 cargo build --release -p muser-cli
 export MUSER_BIN="$PWD/target/release/muser"
