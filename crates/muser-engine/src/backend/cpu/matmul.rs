@@ -57,9 +57,15 @@ pub fn rows_times_columns(k: &Kernels, w: &CpuWeight, inp: &QuantizedInput, r0: 
         GgmlType::F16 => kernel::<half::f16, f32>(wrows, inp.x, inp.n, k.dot_f16_f32, tile),
         GgmlType::BF16 => kernel::<half::bf16, f32>(wrows, inp.x, inp.n, k.dot_bf16_f32, tile),
         GgmlType::Q8_0 => kernel::<BlockQ8_0, BlockQ8_0>(wrows, &inp.q8_0, inp.n, k.dot_q8_0_q8_0, tile),
-        GgmlType::Q4_K => kernel::<BlockQ4K, BlockQ8K>(wrows, &inp.q8_k, inp.n, k.dot_q4_k_q8_k, tile),
+        GgmlType::Q4_K => match x4::q4_k() {
+            Some(k4) if inp.n >= 4 => kernel_x4(wrows, &inp.q8_k, inp.n, k.dot_q4_k_q8_k, k4, tile),
+            _ => kernel::<BlockQ4K, BlockQ8K>(wrows, &inp.q8_k, inp.n, k.dot_q4_k_q8_k, tile),
+        },
         GgmlType::Q5_K => kernel::<BlockQ5K, BlockQ8K>(wrows, &inp.q8_k, inp.n, k.dot_q5_k_q8_k, tile),
-        GgmlType::Q6_K => kernel::<BlockQ6K, BlockQ8K>(wrows, &inp.q8_k, inp.n, k.dot_q6_k_q8_k, tile),
+        GgmlType::Q6_K => match x4::q6_k() {
+            Some(k4) if inp.n >= 4 => kernel_x4(wrows, &inp.q8_k, inp.n, k.dot_q6_k_q8_k, k4, tile),
+            _ => kernel::<BlockQ6K, BlockQ8K>(wrows, &inp.q8_k, inp.n, k.dot_q6_k_q8_k, tile),
+        },
         // CpuBackend::weight refuses every other type.
         t => unreachable!("matmul over unsupported type {t}"),
     }
@@ -82,6 +88,53 @@ fn kernel<W: bytemuck::Pod, A>(wrows: &[u8], acts: &[A], n: usize, dot: fn(&[W],
                 tile[r * n + t] = dot(wr, &acts[t * per_col..(t + 1) * per_col]);
             }
         }
+    }
+}
+
+/// As `kernel`, four columns at a time through a four-column dot (the rest one by one).
+fn kernel_x4<W: bytemuck::Pod>(
+    wrows: &[u8],
+    acts: &[BlockQ8K],
+    n: usize,
+    dot: fn(&[W], &[BlockQ8K]) -> f32,
+    dot4: x4::Dot4<W>,
+    tile: &mut [f32],
+) {
+    let w: &[W] = bytemuck::cast_slice(wrows);
+    let nr = tile.len() / n;
+    let per_row = w.len() / nr;
+    let per_col = acts.len() / n;
+    let col = |t: usize| &acts[t * per_col..(t + 1) * per_col];
+    for t0 in (0..n).step_by(COL_TILE) {
+        let t1 = (t0 + COL_TILE).min(n);
+        for r in 0..nr {
+            let wr = &w[r * per_row..(r + 1) * per_row];
+            let mut t = t0;
+            while t + 4 <= t1 {
+                let v = dot4(wr, [col(t), col(t + 1), col(t + 2), col(t + 3)]);
+                tile[r * n + t..r * n + t + 4].copy_from_slice(&v);
+                t += 4;
+            }
+            for t in t..t1 {
+                tile[r * n + t] = dot(wr, col(t));
+            }
+        }
+    }
+}
+
+/// The four-column kernels where this target has them.
+mod x4 {
+    #[cfg(target_arch = "x86_64")]
+    pub use super::super::gemm::{q4_k_x4 as q4_k, q6_k_x4 as q6_k, Dot4};
+    #[cfg(not(target_arch = "x86_64"))]
+    pub type Dot4<W> = fn(&[W], [&[muser_quant::BlockQ8K]; 4]) -> [f32; 4];
+    #[cfg(not(target_arch = "x86_64"))]
+    pub fn q4_k() -> Option<Dot4<muser_quant::BlockQ4K>> {
+        None
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    pub fn q6_k() -> Option<Dot4<muser_quant::BlockQ6K>> {
+        None
     }
 }
 

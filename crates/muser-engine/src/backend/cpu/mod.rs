@@ -2,6 +2,8 @@
 //! `Vec`s, the KV cache is f16, work runs on the backend's own rayon pool (entered once per
 //! forward through `Backend::run`).
 
+#[cfg(target_arch = "x86_64")]
+pub mod gemm;
 pub mod kv;
 pub mod matmul;
 pub mod ops;

@@ -1,0 +1,190 @@
+//! Four-column dot kernels for prefill (AVX-512 VNNI): one weight row against four activation
+//! columns. A K-quant block is unpacked once (nibbles, high bits, sub-block scales) and then
+//! multiplied into four Q8_K columns, so the unpacking, which costs as much as the multiplies
+//! in a one-column dot, is paid once per four columns.
+//!
+//! Serves Q4_K and Q6_K weights (the bulk of a Q4_K_M file) whenever a matmul has 4 or more
+//! columns; other types and the last n % 4 columns use muser-quant's one-column kernels.
+//! Tested against muser-quant's scalar reference dots (`tests/gemm.rs`).
+
+use muser_quant::{BlockQ4K, BlockQ6K, BlockQ8K};
+
+/// A four-column dot: out[c] = dot(w, y[c]).
+pub type Dot4<W> = fn(&[W], [&[BlockQ8K]; 4]) -> [f32; 4];
+
+/// The four-column Q4_K kernel when this CPU runs it.
+pub fn q4_k_x4() -> Option<Dot4<BlockQ4K>> {
+    has_avx512_vnni().then_some(dot_q4_k_q8_k_x4 as Dot4<BlockQ4K>)
+}
+/// The four-column Q6_K kernel when this CPU runs it.
+pub fn q6_k_x4() -> Option<Dot4<BlockQ6K>> {
+    has_avx512_vnni().then_some(dot_q6_k_q8_k_x4 as Dot4<BlockQ6K>)
+}
+
+fn has_avx512_vnni() -> bool {
+    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HAS.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512bw")
+                && is_x86_feature_detected!("avx512vl")
+                && is_x86_feature_detected!("avx512vnni")
+                && std::env::var("MUSER_ISA").map_or(true, |v| v == "avx512")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        false
+    })
+}
+
+/// The eight 6-bit scales and mins of a Q4_K/Q5_K block (SPEC section 8).
+fn scales_mins_k4(s: &[u8; 12]) -> ([u8; 8], [u8; 8]) {
+    let (mut sc, mut m) = ([0u8; 8], [0u8; 8]);
+    for j in 0..4 {
+        sc[j] = s[j] & 63;
+        m[j] = s[j + 4] & 63;
+        sc[j + 4] = (s[j + 8] & 0x0f) | ((s[j] >> 6) << 4);
+        m[j + 4] = (s[j + 8] >> 4) | ((s[j + 4] >> 6) << 4);
+    }
+    (sc, m)
+}
+
+fn dot_q4_k_q8_k_x4(x: &[BlockQ4K], y: [&[BlockQ8K]; 4]) -> [f32; 4] {
+    for c in &y {
+        assert_eq!(c.len(), x.len(), "dot_q4_k_q8_k_x4: {} weight blocks, {} activation blocks", x.len(), c.len());
+    }
+    assert!(has_avx512_vnni());
+    // SAFETY: the CPU has the features (asserted above) and every column has x.len() blocks.
+    unsafe { x86::q4_k_x4(x, y) }
+}
+
+fn dot_q6_k_q8_k_x4(x: &[BlockQ6K], y: [&[BlockQ8K]; 4]) -> [f32; 4] {
+    for c in &y {
+        assert_eq!(c.len(), x.len(), "dot_q6_k_q8_k_x4: {} weight blocks, {} activation blocks", x.len(), c.len());
+    }
+    assert!(has_avx512_vnni());
+    // SAFETY: as above.
+    unsafe { x86::q6_k_x4(x, y) }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::scales_mins_k4;
+    use muser_quant::{BlockQ4K, BlockQ6K, BlockQ8K};
+    use std::arch::x86_64::*;
+
+    /// i16 lanes 0..16 = a, lanes 16..32 = b.
+    #[inline(always)]
+    unsafe fn halves_i16(a: i16, b: i16) -> __m512i {
+        _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16(a)), _mm256_set1_epi16(b), 1)
+    }
+
+    /// The same 32 bytes in both 256-bit halves.
+    #[inline(always)]
+    unsafe fn load32_twice(p: *const u8) -> __m512i {
+        _mm512_broadcast_i64x4(_mm256_loadu_si256(p as *const __m256i))
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub unsafe fn q4_k_x4(x: &[BlockQ4K], y: [&[BlockQ8K]; 4]) -> [f32; 4] {
+        let m4 = _mm512_set1_epi8(0x0f);
+        // Low half keeps the low nibbles (sub-block 2g), high half shifts in the high ones (2g+1).
+        let shift = halves_i16(0, 4);
+        let mut acc = [_mm512_setzero_ps(); 4];
+        let mut acc_m = [_mm256_setzero_ps(); 4];
+        for (i, bx) in x.iter().enumerate() {
+            let (sc, mn) = scales_mins_k4(&bx.scales);
+            let d = bx.d.to_f32();
+            let dmin = bx.dmin.to_f32();
+            // Each min twice, as i16, to pair with the sixteen bsums.
+            let mins = _mm256_set_epi16(
+                mn[7] as i16, mn[7] as i16, mn[6] as i16, mn[6] as i16, mn[5] as i16, mn[5] as i16, mn[4] as i16, mn[4] as i16,
+                mn[3] as i16, mn[3] as i16, mn[2] as i16, mn[2] as i16, mn[1] as i16, mn[1] as i16, mn[0] as i16, mn[0] as i16,
+            );
+            let mut sumi = [_mm512_setzero_si512(); 4];
+            for g in 0..4 {
+                let q = _mm512_and_si512(_mm512_srlv_epi16(load32_twice(bx.qs.as_ptr().add(32 * g)), shift), m4);
+                let s = halves_i16(sc[2 * g] as i16, sc[2 * g + 1] as i16);
+                for c in 0..4 {
+                    let a = _mm512_loadu_si512(y[c][i].qs.as_ptr().add(64 * g) as *const _);
+                    let p = _mm512_maddubs_epi16(q, a);
+                    sumi[c] = _mm512_dpwssd_epi32(sumi[c], p, s);
+                }
+            }
+            for c in 0..4 {
+                let by = &y[c][i];
+                let mins_dot = _mm256_madd_epi16(mins, _mm256_loadu_si256(by.bsums.as_ptr() as *const __m256i));
+                acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi[c]), _mm512_set1_ps(by.d * d), acc[c]);
+                acc_m[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mins_dot), _mm256_set1_ps(by.d * dmin), acc_m[c]);
+            }
+        }
+        // The same lanes and the same final reduction as muser-quant's one-column kernel, so
+        // prefill and decode logits agree to the bit.
+        [0, 1, 2, 3].map(|c| {
+            let m = _mm512_mask_blend_ps(0x00ff, _mm512_setzero_ps(), _mm512_castps256_ps512(acc_m[c]));
+            _mm512_reduce_add_ps(_mm512_sub_ps(acc[c], m))
+        })
+    }
+
+    /// i16 index tables for `vpermw`: for half h and part p (values 64p..64p+64 of the half),
+    /// lane i takes scale 8h + 4p + i/8 (each 16-value sub-block is 8 pair sums).
+    const fn scale_index(h: usize, p: usize) -> [i16; 32] {
+        let mut idx = [0i16; 32];
+        let mut i = 0;
+        while i < 32 {
+            idx[i] = (8 * h + 4 * p + i / 8) as i16;
+            i += 1;
+        }
+        idx
+    }
+    const SCALE_INDEX: [[i16; 32]; 4] = [scale_index(0, 0), scale_index(0, 1), scale_index(1, 0), scale_index(1, 1)];
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub unsafe fn q6_k_x4(x: &[BlockQ6K], y: [&[BlockQ8K]; 4]) -> [f32; 4] {
+        let m4 = _mm512_set1_epi8(0x0f);
+        let m30 = _mm512_set1_epi8(0x30);
+        // Bits of value l (< 32) of a half: qh[l] bits 0-1 (l), 2-3 (l+32), 4-5 (l+64), 6-7
+        // (l+96); these shifts move them to bits 4-5 (16-bit shifts; neighbour bits that cross
+        // a byte land outside 0x30).
+        let shl_lo = halves_i16(4, 2);
+        let shr_hi = halves_i16(0, 2);
+        let index = SCALE_INDEX.map(|a| _mm512_loadu_si512(a.as_ptr() as *const _));
+        let mut acc = [_mm256_setzero_ps(); 4];
+        for (i, bx) in x.iter().enumerate() {
+            let d = bx.d.to_f32();
+            let s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(bx.scales.as_ptr() as *const __m128i));
+            let s512 = _mm512_zextsi256_si512(s16);
+            let mut sumi = [_mm512_setzero_si512(); 4];
+            for h in 0..2 {
+                // ql[64h..64h+64]: low nibbles are values 0..64 of the half, high nibbles 64..128.
+                let a = _mm512_loadu_si512(bx.ql.as_ptr().add(64 * h) as *const _);
+                let hb = load32_twice(bx.qh.as_ptr().add(32 * h));
+                let q_lo = _mm512_or_si512(_mm512_and_si512(a, m4), _mm512_and_si512(_mm512_sllv_epi16(hb, shl_lo), m30));
+                let q_hi = _mm512_or_si512(
+                    _mm512_and_si512(_mm512_srli_epi16(a, 4), m4),
+                    _mm512_and_si512(_mm512_srlv_epi16(hb, shr_hi), m30),
+                );
+                let s_lo = _mm512_permutexvar_epi16(index[2 * h], s512);
+                let s_hi = _mm512_permutexvar_epi16(index[2 * h + 1], s512);
+                for c in 0..4 {
+                    let base = y[c][i].qs.as_ptr().add(128 * h);
+                    let p_lo = _mm512_maddubs_epi16(q_lo, _mm512_loadu_si512(base as *const _));
+                    let p_hi = _mm512_maddubs_epi16(q_hi, _mm512_loadu_si512(base.add(64) as *const _));
+                    sumi[c] = _mm512_dpwssd_epi32(sumi[c], p_lo, s_lo);
+                    sumi[c] = _mm512_dpwssd_epi32(sumi[c], p_hi, s_hi);
+                }
+            }
+            for c in 0..4 {
+                let by = &y[c][i];
+                // The quants were used unsigned (0..63): subtract 32 * sc_j * bsums_j per lane.
+                let bias = _mm256_madd_epi16(s16, _mm256_loadu_si256(by.bsums.as_ptr() as *const __m256i));
+                let s = sumi[c];
+                let s = _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
+                let s = _mm256_sub_epi32(s, _mm256_slli_epi32(bias, 5));
+                acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(by.d * d), acc[c]);
+            }
+        }
+        // As muser-quant's one-column kernel: same lanes, same reduction.
+        [0, 1, 2, 3].map(|c| _mm512_reduce_add_ps(_mm512_mask_blend_ps(0x00ff, _mm512_setzero_ps(), _mm512_castps256_ps512(acc[c]))))
+    }
+}
