@@ -81,13 +81,17 @@ fn random_vec<T: Random>(rng: &mut StdRng, n: usize) -> Vec<T> {
     (0..n).map(|_| T::random(rng)).collect()
 }
 
+/// A row dequantizer, and the dot a kernel table holds for one format.
+type Dequantize<W> = fn(&[W], &mut [f32]);
+type DotOf<W, A> = fn(&Kernels) -> fn(&[W], &[A]) -> f32;
+
 /// Benchmarks one weight format `W` (blocks of `per_block` values) against activations `A`.
 fn bench_format<W: Random + Copy, A: Random>(
     c: &mut Criterion,
     name: &str,
     per_block: usize,
-    dequantize: Option<fn(&[W], &mut [f32])>,
-    dot: fn(&Kernels) -> fn(&[W], &[A]) -> f32,
+    dequantize: Option<Dequantize<W>>,
+    dot: DotOf<W, A>,
 ) {
     let mut rng = StdRng::seed_from_u64(0xbe7c);
     let row_blocks = ROW / per_block;

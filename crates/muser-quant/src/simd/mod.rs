@@ -91,8 +91,7 @@ impl Kernels {
         let cap = cap.and_then(|c| rank(c.trim())).unwrap_or(usize::MAX);
         Kernels::all_available()
             .into_iter()
-            .filter(|k| rank(k.isa).unwrap() <= cap)
-            .last()
+            .rfind(|k| rank(k.isa).unwrap() <= cap)
             .expect("the scalar level is always available")
     }
 }
