@@ -124,11 +124,18 @@ pub struct ModelConfig {
 }
 
 fn supported_list() -> String {
-    ARCHITECTURES.iter().map(|a| a.name).collect::<Vec<_>>().join(", ")
+    ARCHITECTURES
+        .iter()
+        .map(|a| a.name)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn meta_err(key: &str, msg: impl Into<String>) -> EngineError {
-    EngineError::Metadata { key: key.to_string(), msg: msg.into() }
+    EngineError::Metadata {
+        key: key.to_string(),
+        msg: msg.into(),
+    }
 }
 
 /// Typed metadata access with errors naming the key.
@@ -181,10 +188,17 @@ impl ModelConfig {
     /// (naming it and the supported ones) and on missing or inconsistent keys.
     pub fn from_gguf(file: &GgufFile) -> Result<ModelConfig> {
         let arch_name = file.get_str("general.architecture")?;
-        let arch = *ARCHITECTURES.iter().find(|a| a.name == arch_name).ok_or_else(|| {
-            EngineError::UnsupportedArch { arch: arch_name.to_string(), supported: supported_list() }
-        })?;
-        let m = Meta { file, arch: arch_name };
+        let arch = *ARCHITECTURES
+            .iter()
+            .find(|a| a.name == arch_name)
+            .ok_or_else(|| EngineError::UnsupportedArch {
+                arch: arch_name.to_string(),
+                supported: supported_list(),
+            })?;
+        let m = Meta {
+            file,
+            arch: arch_name,
+        };
 
         let n_layer = m.positive("block_count")?;
         let n_embd = m.positive("embedding_length")?;
@@ -220,7 +234,10 @@ impl ModelConfig {
         } else if let Some(t) = file.tensor("token_embd.weight") {
             t.dims.get(1).copied().unwrap_or(0) as usize
         } else {
-            return Err(meta_err(&m.key("vocab_size"), "missing, and no tokenizer or token_embd to infer it"));
+            return Err(meta_err(
+                &m.key("vocab_size"),
+                "missing, and no tokenizer or token_embd to infer it",
+            ));
         };
         let n_ctx_train = m.usize_or("context_length", 4096)?;
         let rms_eps = m.f32_or("attention.layer_norm_rms_epsilon", 1e-5)?;
@@ -228,14 +245,26 @@ impl ModelConfig {
         let freq_base = m.f32_or("rope.freq_base", 10000.0)?;
 
         let (sliding_window, layers) = match arch.sliding {
-            SlidingPattern::None => (None, vec![LayerKind { sliding: false, rope: true }; n_layer]),
+            SlidingPattern::None => (
+                None,
+                vec![
+                    LayerKind {
+                        sliding: false,
+                        rope: true
+                    };
+                    n_layer
+                ],
+            ),
             SlidingPattern::NopeFullEvery => {
                 let window = m.positive("attention.sliding_window")?;
                 let interval = m.positive("attention.full_attention_interval")?;
                 let layers = (0..n_layer)
                     .map(|i| {
                         let full = (i + 1) % interval == 0;
-                        LayerKind { sliding: !full, rope: !full }
+                        LayerKind {
+                            sliding: !full,
+                            rope: !full,
+                        }
                     })
                     .collect();
                 (Some(window), layers)
@@ -245,7 +274,10 @@ impl ModelConfig {
         let softcap = if m.has("final_logit_softcapping") {
             let c = m.f32_or("final_logit_softcapping", 0.0)?;
             if c < 0.0 {
-                return Err(meta_err(&m.key("final_logit_softcapping"), format!("{c} must be >= 0")));
+                return Err(meta_err(
+                    &m.key("final_logit_softcapping"),
+                    format!("{c} must be >= 0"),
+                ));
             }
             (c > 0.0).then_some(c)
         } else {
@@ -265,7 +297,11 @@ impl ModelConfig {
             n_ctx_train,
             rms_eps,
             post_norm_eps,
-            rope: RopeParams { style: arch.rope_style, freq_base, n_rot },
+            rope: RopeParams {
+                style: arch.rope_style,
+                freq_base,
+                n_rot,
+            },
             sliding_window,
             layers,
             logit_scale,

@@ -17,12 +17,20 @@ pub enum EngineError {
     #[error("the model's tensors do not match architecture '{arch}':\n  {}", problems.join("\n  "))]
     Tensors { arch: String, problems: Vec<String> },
     #[error("tensor {name}: type {ty} is not supported for this role (supported: {supported})")]
-    TensorType { name: String, ty: GgmlType, supported: &'static str },
+    TensorType {
+        name: String,
+        ty: GgmlType,
+        supported: &'static str,
+    },
     #[error(
         "{n_new} tokens at position {n_past} do not fit the context: n_prompt = {n_new}, \
          n_past = {n_past}, n_ctx = {n_ctx}"
     )]
-    ContextOverflow { n_past: usize, n_new: usize, n_ctx: usize },
+    ContextOverflow {
+        n_past: usize,
+        n_new: usize,
+        n_ctx: usize,
+    },
     #[error("token id {token} is out of range (n_vocab = {n_vocab})")]
     BadToken { token: u32, n_vocab: usize },
     #[error("{0}")]

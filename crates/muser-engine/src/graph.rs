@@ -11,15 +11,15 @@ use crate::weights::ModelWeights;
 /// Activation buffers for a batch of `n` tokens.
 pub struct Scratch<B: Backend> {
     pub n: usize,
-    h: B::Buf,   // (n, n_embd) residual stream
-    x: B::Buf,   // (n, n_embd) normed input of the next matmul
-    q: B::Buf,   // (n, n_head*head_dim)
-    k: B::Buf,   // (n, n_head_kv*head_dim)
-    v: B::Buf,   // (n, n_head_kv*head_dim)
+    h: B::Buf,         // (n, n_embd) residual stream
+    x: B::Buf,         // (n, n_embd) normed input of the next matmul
+    q: B::Buf,         // (n, n_head*head_dim)
+    k: B::Buf,         // (n, n_head_kv*head_dim)
+    v: B::Buf,         // (n, n_head_kv*head_dim)
     g: Option<B::Buf>, // (n, n_head*head_dim) output gate
-    att: B::Buf, // (n, n_head*head_dim)
-    o: B::Buf,   // (n, n_embd) branch output
-    ff: B::Buf,  // (n, n_ff)
+    att: B::Buf,       // (n, n_head*head_dim)
+    o: B::Buf,         // (n, n_embd) branch output
+    ff: B::Buf,        // (n, n_ff)
     /// (n_out, n_vocab)
     pub logits: B::Buf,
     pub n_out: usize,
@@ -73,8 +73,19 @@ pub fn forward<B: Backend>(
     for (il, (lw, kind)) in w.layers.iter().zip(&c.layers).enumerate() {
         // Q/K/V(/gate) share one input.
         match (&lw.wgate, &mut s.g) {
-            (Some(wg), Some(g)) => be.matmul(&s.x, &mut [(&lw.wq, &mut s.q), (&lw.wk, &mut s.k), (&lw.wv, &mut s.v), (wg, g)]),
-            _ => be.matmul(&s.x, &mut [(&lw.wq, &mut s.q), (&lw.wk, &mut s.k), (&lw.wv, &mut s.v)]),
+            (Some(wg), Some(g)) => be.matmul(
+                &s.x,
+                &mut [
+                    (&lw.wq, &mut s.q),
+                    (&lw.wk, &mut s.k),
+                    (&lw.wv, &mut s.v),
+                    (wg, g),
+                ],
+            ),
+            _ => be.matmul(
+                &s.x,
+                &mut [(&lw.wq, &mut s.q), (&lw.wk, &mut s.k), (&lw.wv, &mut s.v)],
+            ),
         }
         if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
             be.rmsnorm_heads(&mut s.q, qn, c.head_dim, eps);
@@ -90,19 +101,50 @@ pub fn forward<B: Backend>(
             be.sigmoid_gate(&mut s.att, g);
         }
         be.matmul(&s.att, &mut [(&lw.wo, &mut s.o)]);
-        let post = lw.post_attn_norm.as_ref().map(|weight| NormArgs { weight, eps: c.post_norm_eps });
-        be.residual_norm(&mut s.h, &s.o, post, NormArgs { weight: &lw.ffn_norm, eps }, &mut s.x);
+        let post = lw.post_attn_norm.as_ref().map(|weight| NormArgs {
+            weight,
+            eps: c.post_norm_eps,
+        });
+        be.residual_norm(
+            &mut s.h,
+            &s.o,
+            post,
+            NormArgs {
+                weight: &lw.ffn_norm,
+                eps,
+            },
+            &mut s.x,
+        );
 
         be.ffn_gate_up_silu(&s.x, &lw.ffn_gate, &lw.ffn_up, &mut s.ff);
         be.matmul(&s.ff, &mut [(&lw.ffn_down, &mut s.o)]);
-        let post = lw.post_ffn_norm.as_ref().map(|weight| NormArgs { weight, eps: c.post_norm_eps });
-        let next = w.layers.get(il + 1).map_or(&w.output_norm, |l| &l.attn_norm);
-        be.residual_norm(&mut s.h, &s.o, post, NormArgs { weight: next, eps }, &mut s.x);
+        let post = lw.post_ffn_norm.as_ref().map(|weight| NormArgs {
+            weight,
+            eps: c.post_norm_eps,
+        });
+        let next = w
+            .layers
+            .get(il + 1)
+            .map_or(&w.output_norm, |l| &l.attn_norm);
+        be.residual_norm(
+            &mut s.h,
+            &s.o,
+            post,
+            NormArgs { weight: next, eps },
+            &mut s.x,
+        );
     }
 
     if s.n_out == 0 {
         return;
     }
     let out_w = w.output.as_ref().unwrap_or(&w.token_embd);
-    be.lm_head(&s.x, s.n - s.n_out, out_w, c.logit_scale, c.softcap, &mut s.logits);
+    be.lm_head(
+        &s.x,
+        s.n - s.n_out,
+        out_w,
+        c.logit_scale,
+        c.softcap,
+        &mut s.logits,
+    );
 }

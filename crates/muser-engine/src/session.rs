@@ -40,7 +40,12 @@ impl<B: Backend> Model<B> {
     pub fn from_gguf(file: Arc<GgufFile>, backend: B) -> Result<Model<B>> {
         let config = ModelConfig::from_gguf(&file)?;
         let weights = ModelWeights::load(&file, &config, &backend)?;
-        Ok(Model { config, file, weights, backend })
+        Ok(Model {
+            config,
+            file,
+            weights,
+            backend,
+        })
     }
 
     pub fn gguf(&self) -> &GgufFile {
@@ -55,7 +60,9 @@ impl<B: Backend> Model<B> {
         // Every tensor the checker accepted has one of these prefixes; extra tensors (e.g.
         // rope_freqs) are not read.
         self.file.tensors.iter().filter(|t| {
-            t.name.starts_with("blk.") || t.name.starts_with("token_embd") || t.name.starts_with("output")
+            t.name.starts_with("blk.")
+                || t.name.starts_with("token_embd")
+                || t.name.starts_with("output")
         })
     }
 
@@ -72,7 +79,10 @@ impl<B: Backend> Model<B> {
     /// embedding (one row; all of it when the LM head is tied to it), plus the K/V it attends.
     pub fn decode_bytes(&self, depth: usize) -> u64 {
         let c = &self.config;
-        let embd = self.file.tensor("token_embd.weight").map_or(0, |t| t.n_bytes);
+        let embd = self
+            .file
+            .tensor("token_embd.weight")
+            .map_or(0, |t| t.n_bytes);
         let row = embd / c.n_vocab.max(1) as u64;
         let weights = self.weight_bytes() - if c.tied_output { 0 } else { embd - row };
         let kv: u64 = c
@@ -116,7 +126,12 @@ impl<'m, B: Backend> Session<'m, B> {
                 // A ring must also hold the positions a batch row still sees while later rows of
                 // the same batch are stored.
                 let slots = window.map_or(n_ctx, |w| n_ctx.min(w + PREFILL_CHUNK - 1));
-                KvLayerSpec { n_head_kv: c.n_head_kv, head_dim: c.head_dim, window, slots }
+                KvLayerSpec {
+                    n_head_kv: c.n_head_kv,
+                    head_dim: c.head_dim,
+                    window,
+                    slots,
+                }
             })
             .collect();
         let be = &model.backend;
@@ -151,7 +166,11 @@ impl<'m, B: Backend> Session<'m, B> {
             return Err(EngineError::Invalid("no tokens to process".into()));
         }
         if self.pos + tokens.len() > self.n_ctx {
-            return Err(EngineError::ContextOverflow { n_past: self.pos, n_new: tokens.len(), n_ctx: self.n_ctx });
+            return Err(EngineError::ContextOverflow {
+                n_past: self.pos,
+                n_new: tokens.len(),
+                n_ctx: self.n_ctx,
+            });
         }
         let n_vocab = self.model.config.n_vocab;
         if let Some(&token) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
@@ -174,7 +193,8 @@ impl<'m, B: Backend> Session<'m, B> {
             self.batch.as_mut().unwrap()
         };
         let (kv, pos) = (&mut self.kv, self.pos);
-        m.backend.run(|| graph::forward(&m.backend, &m.config, &m.weights, s, kv, chunk, pos));
+        m.backend
+            .run(|| graph::forward(&m.backend, &m.config, &m.weights, s, kv, chunk, pos));
         self.pos += chunk.len();
         if n_out > 0 {
             m.backend.read(&s.logits, dst);
@@ -201,7 +221,11 @@ impl<'m, B: Backend> Session<'m, B> {
         let mut all = vec![0f32; tokens.len() * nv];
         let mut done = 0;
         for chunk in tokens.chunks(PREFILL_CHUNK) {
-            self.run_chunk(chunk, chunk.len(), &mut all[done * nv..(done + chunk.len()) * nv]);
+            self.run_chunk(
+                chunk,
+                chunk.len(),
+                &mut all[done * nv..(done + chunk.len()) * nv],
+            );
             done += chunk.len();
         }
         Ok(all)

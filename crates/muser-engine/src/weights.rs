@@ -85,28 +85,28 @@ impl TensorView {
 
 /// Weights of one decoder layer. Optional tensors follow the architecture's switches.
 pub struct LayerWeights<W> {
-    pub attn_norm: W,           // (n_embd)
-    pub wq: W,                  // (n_head*head_dim, n_embd)
-    pub wk: W,                  // (n_head_kv*head_dim, n_embd)
-    pub wv: W,                  // (n_head_kv*head_dim, n_embd)
-    pub wgate: Option<W>,       // (n_head*head_dim, n_embd)       muse
-    pub q_norm: Option<W>,      // (head_dim)                      muse, qwen3
-    pub k_norm: Option<W>,      // (head_dim)                      muse, qwen3
-    pub wo: W,                  // (n_embd, n_head*head_dim)
+    pub attn_norm: W,              // (n_embd)
+    pub wq: W,                     // (n_head*head_dim, n_embd)
+    pub wk: W,                     // (n_head_kv*head_dim, n_embd)
+    pub wv: W,                     // (n_head_kv*head_dim, n_embd)
+    pub wgate: Option<W>,          // (n_head*head_dim, n_embd)       muse
+    pub q_norm: Option<W>,         // (head_dim)                      muse, qwen3
+    pub k_norm: Option<W>,         // (head_dim)                      muse, qwen3
+    pub wo: W,                     // (n_embd, n_head*head_dim)
     pub post_attn_norm: Option<W>, // (n_embd)                     muse
-    pub ffn_norm: W,            // (n_embd)
-    pub ffn_gate: W,            // (n_ff, n_embd)
-    pub ffn_up: W,              // (n_ff, n_embd)
-    pub ffn_down: W,            // (n_embd, n_ff)
-    pub post_ffn_norm: Option<W>, // (n_embd)                      muse
+    pub ffn_norm: W,               // (n_embd)
+    pub ffn_gate: W,               // (n_ff, n_embd)
+    pub ffn_up: W,                 // (n_ff, n_embd)
+    pub ffn_down: W,               // (n_embd, n_ff)
+    pub post_ffn_norm: Option<W>,  // (n_embd)                      muse
 }
 
 pub struct ModelWeights<W> {
-    pub token_embd: W,          // (n_vocab, n_embd)
+    pub token_embd: W, // (n_vocab, n_embd)
     pub layers: Vec<LayerWeights<W>>,
-    pub output_norm: W,         // (n_embd)
+    pub output_norm: W, // (n_embd)
     /// None when tied to token_embd.
-    pub output: Option<W>,      // (n_vocab, n_embd)
+    pub output: Option<W>, // (n_vocab, n_embd)
 }
 
 /// Types a matrix may have.
@@ -123,7 +123,11 @@ pub const MATRIX_TYPES: &[GgmlType] = &[
 pub const VECTOR_TYPES: &[GgmlType] = &[GgmlType::F32, GgmlType::F16, GgmlType::BF16];
 
 fn type_list(types: &[GgmlType]) -> String {
-    types.iter().map(|t| t.name()).collect::<Vec<_>>().join(", ")
+    types
+        .iter()
+        .map(|t| t.name())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Collects every tensor problem before failing.
@@ -135,12 +139,16 @@ struct Checker<'a> {
 impl Checker<'_> {
     fn get(&mut self, name: &str, dims: &[usize], types: &[GgmlType]) -> Option<TensorView> {
         let Some(v) = TensorView::from_file(self.file, name) else {
-            self.problems.push(format!("{name}: missing (expected dims {dims:?})"));
+            self.problems
+                .push(format!("{name}: missing (expected dims {dims:?})"));
             return None;
         };
         let want: Vec<u64> = dims.iter().map(|&d| d as u64).collect();
         if v.dims != want {
-            self.problems.push(format!("{name}: expected dims {want:?}, found {:?}", v.dims));
+            self.problems.push(format!(
+                "{name}: expected dims {want:?}, found {:?}",
+                v.dims
+            ));
             return None;
         }
         if !types.contains(&v.ty) {
@@ -168,7 +176,9 @@ impl<W> ModelWeights<W> {
             if !present {
                 return Ok(None);
             }
-            let v = it.next().expect("check_tensors returns one view per expected tensor");
+            let v = it
+                .next()
+                .expect("check_tensors returns one view per expected tensor");
             backend.weight(&v).map(Some)
         };
         let a = &cfg.arch;
@@ -194,16 +204,30 @@ impl<W> ModelWeights<W> {
         }
         let output_norm = next(true)?.unwrap();
         let output = next(!cfg.tied_output)?;
-        Ok(ModelWeights { token_embd, layers, output_norm, output })
+        Ok(ModelWeights {
+            token_embd,
+            layers,
+            output_norm,
+            output,
+        })
     }
 }
 
 /// The expected tensors in load order (the order `ModelWeights::load` consumes them), each checked
 /// for presence, dims and type. Errors list every problem.
 pub fn check_tensors(file: &Arc<GgufFile>, cfg: &ModelConfig) -> Result<Vec<TensorView>> {
-    let mut c = Checker { file, problems: Vec::new() };
-    let (e, qw, kvw, hd, ff, nv) =
-        (cfg.n_embd, cfg.q_width(), cfg.kv_width(), cfg.head_dim, cfg.n_ff, cfg.n_vocab);
+    let mut c = Checker {
+        file,
+        problems: Vec::new(),
+    };
+    let (e, qw, kvw, hd, ff, nv) = (
+        cfg.n_embd,
+        cfg.q_width(),
+        cfg.kv_width(),
+        cfg.head_dim,
+        cfg.n_ff,
+        cfg.n_vocab,
+    );
     let (m, v) = (MATRIX_TYPES, VECTOR_TYPES);
     let a = &cfg.arch;
     let mut views = Vec::new();
@@ -248,7 +272,10 @@ pub fn check_tensors(file: &Arc<GgufFile>, cfg: &ModelConfig) -> Result<Vec<Tens
         if total > 12 {
             problems.push(format!("... and {} more", total - 12));
         }
-        return Err(EngineError::Tensors { arch: a.name.to_string(), problems });
+        return Err(EngineError::Tensors {
+            arch: a.name.to_string(),
+            problems,
+        });
     }
     Ok(views)
 }

@@ -24,7 +24,9 @@ fn prefill_vs_decode(t: &Tiny, n: usize, n_ctx: usize) {
     assert!(nmse(last, &all[(n - 1) * nv..]) < 1e-6);
     // logits are not degenerate
     let row = &all[(n - 1) * nv..];
-    let (mn, mx) = row.iter().fold((f32::MAX, f32::MIN), |(a, b), &v| (a.min(v), b.max(v)));
+    let (mn, mx) = row
+        .iter()
+        .fold((f32::MAX, f32::MIN), |(a, b), &v| (a.min(v), b.max(v)));
     assert!(mx - mn > 1e-3, "{}: flat logits", t.arch);
 }
 
@@ -86,9 +88,22 @@ fn context_overflow_is_an_error() {
     let m = Tiny::new("llama").model();
     let mut s = Session::new(&m, 8).unwrap();
     let err = s.prefill(&random_tokens(9, 320, 1)).unwrap_err();
-    assert!(matches!(err, EngineError::ContextOverflow { n_past: 0, n_new: 9, n_ctx: 8 }), "{err}");
+    assert!(
+        matches!(
+            err,
+            EngineError::ContextOverflow {
+                n_past: 0,
+                n_new: 9,
+                n_ctx: 8
+            }
+        ),
+        "{err}"
+    );
     let msg = err.to_string();
-    assert!(msg.contains("n_prompt = 9") && msg.contains("n_ctx = 8"), "{msg}");
+    assert!(
+        msg.contains("n_prompt = 9") && msg.contains("n_ctx = 8"),
+        "{msg}"
+    );
     s.prefill(&random_tokens(5, 320, 1)).unwrap();
     for _ in 0..3 {
         s.decode(1).unwrap();
@@ -105,13 +120,22 @@ fn bad_token_and_empty_prompt_are_errors() {
     let m = Tiny::new("qwen3").model();
     let mut s = Session::new(&m, 8).unwrap();
     let err = s.prefill(&[1, 320]).unwrap_err();
-    assert!(err.to_string().contains("320") && err.to_string().contains("n_vocab = 320"), "{err}");
+    assert!(
+        err.to_string().contains("320") && err.to_string().contains("n_vocab = 320"),
+        "{err}"
+    );
     assert!(s.prefill(&[]).is_err());
     assert!(Session::new(&m, 0).is_err());
     assert_eq!(s.pos(), 0);
 }
 
-fn load_err(t: &Tiny, edit: impl FnOnce(&mut Vec<(muser_gguf::TensorSpec, Vec<u8>)>, &mut Vec<(String, muser_gguf::MetaValue)>)) -> String {
+fn load_err(
+    t: &Tiny,
+    edit: impl FnOnce(
+        &mut Vec<(muser_gguf::TensorSpec, Vec<u8>)>,
+        &mut Vec<(String, muser_gguf::MetaValue)>,
+    ),
+) -> String {
     let mut tensors = t.tensors();
     let mut meta = t.metadata();
     edit(&mut tensors, &mut meta);
@@ -125,7 +149,9 @@ fn load_err(t: &Tiny, edit: impl FnOnce(&mut Vec<(muser_gguf::TensorSpec, Vec<u8
 #[test]
 fn missing_tensor_is_named() {
     let t = Tiny::new("muse");
-    let msg = load_err(&t, |ts, _| ts.retain(|(s, _)| s.name != "blk.1.attn_k.weight"));
+    let msg = load_err(&t, |ts, _| {
+        ts.retain(|(s, _)| s.name != "blk.1.attn_k.weight")
+    });
     assert!(msg.contains("blk.1.attn_k.weight: missing"), "{msg}");
     let msg = load_err(&t, |ts, _| ts.retain(|(s, _)| s.name != "output.weight"));
     assert!(msg.contains("output.weight: missing"), "{msg}");
@@ -135,36 +161,63 @@ fn missing_tensor_is_named() {
 fn misshaped_tensor_is_named_with_expected_and_found() {
     let t = Tiny::new("llama");
     let msg = load_err(&t, |ts, _| {
-        let i = ts.iter().position(|(s, _)| s.name == "blk.2.attn_q.weight").unwrap();
-        let spec = muser_gguf::TensorSpec::new("blk.2.attn_q.weight", &[256, 128], muser_gguf::GgmlType::Q4_K);
+        let i = ts
+            .iter()
+            .position(|(s, _)| s.name == "blk.2.attn_q.weight")
+            .unwrap();
+        let spec = muser_gguf::TensorSpec::new(
+            "blk.2.attn_q.weight",
+            &[256, 128],
+            muser_gguf::GgmlType::Q4_K,
+        );
         let data = Tiny::data(&spec, &mut rand::SeedableRng::seed_from_u64(1));
         ts[i] = (spec, data);
     });
-    assert!(msg.contains("blk.2.attn_q.weight: expected dims [256, 256], found [256, 128]"), "{msg}");
+    assert!(
+        msg.contains("blk.2.attn_q.weight: expected dims [256, 256], found [256, 128]"),
+        "{msg}"
+    );
 }
 
 #[test]
 fn unsupported_tensor_type_is_named() {
     let t = Tiny::new("llama");
     let msg = load_err(&t, |ts, _| {
-        let i = ts.iter().position(|(s, _)| s.name == "blk.0.ffn_up.weight").unwrap();
-        let spec = muser_gguf::TensorSpec::new("blk.0.ffn_up.weight", &[256, 512], muser_gguf::GgmlType::Q4_0);
+        let i = ts
+            .iter()
+            .position(|(s, _)| s.name == "blk.0.ffn_up.weight")
+            .unwrap();
+        let spec = muser_gguf::TensorSpec::new(
+            "blk.0.ffn_up.weight",
+            &[256, 512],
+            muser_gguf::GgmlType::Q4_0,
+        );
         let n = spec.n_bytes().unwrap() as usize;
         ts[i] = (spec, vec![0u8; n]);
     });
-    assert!(msg.contains("blk.0.ffn_up.weight: type Q4_0 is not supported"), "{msg}");
+    assert!(
+        msg.contains("blk.0.ffn_up.weight: type Q4_0 is not supported"),
+        "{msg}"
+    );
 }
 
 #[test]
 fn unsupported_architecture_lists_the_supported_ones() {
     let t = Tiny::new("llama");
-    let msg = load_err(&t, |_, meta| meta[0].1 = muser_gguf::MetaValue::String("gpt-j".into()));
-    assert!(msg.contains("'gpt-j'") && msg.contains("muse, llama, qwen3"), "{msg}");
+    let msg = load_err(&t, |_, meta| {
+        meta[0].1 = muser_gguf::MetaValue::String("gpt-j".into())
+    });
+    assert!(
+        msg.contains("'gpt-j'") && msg.contains("muse, llama, qwen3"),
+        "{msg}"
+    );
 }
 
 #[test]
 fn missing_hyperparameter_is_named() {
     let t = Tiny::new("muse");
-    let msg = load_err(&t, |_, meta| meta.retain(|(k, _)| k != "muse.attention.sliding_window"));
+    let msg = load_err(&t, |_, meta| {
+        meta.retain(|(k, _)| k != "muse.attention.sliding_window")
+    });
     assert!(msg.contains("muse.attention.sliding_window"), "{msg}");
 }

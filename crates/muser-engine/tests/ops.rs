@@ -27,15 +27,30 @@ fn buf(rows: usize, cols: usize, data: Vec<f32>) -> CpuBuf {
 }
 
 /// A weight of `ty` and its dequantized values (what the reference computes with).
-fn weight(be: &CpuBackend, ty: GgmlType, rows: usize, cols: usize, rng: &mut StdRng) -> (muser_engine::backend::cpu::CpuWeight, Vec<f32>) {
+fn weight(
+    be: &CpuBackend,
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    rng: &mut StdRng,
+) -> (muser_engine::backend::cpu::CpuWeight, Vec<f32>) {
     let vals = rand_vec(rows * cols, rng);
     let bytes = quantize(ty, &vals, cols);
     let mut deq = vec![0f32; rows * cols];
     let rb = bytes.len() / rows;
     for r in 0..rows {
-        muser_quant::dequantize_row(ty, &bytes[r * rb..(r + 1) * rb], &mut deq[r * cols..(r + 1) * cols]).unwrap();
+        muser_quant::dequantize_row(
+            ty,
+            &bytes[r * rb..(r + 1) * rb],
+            &mut deq[r * cols..(r + 1) * cols],
+        )
+        .unwrap();
     }
-    let dims: Vec<u64> = if rows == 1 { vec![cols as u64] } else { vec![cols as u64, rows as u64] };
+    let dims: Vec<u64> = if rows == 1 {
+        vec![cols as u64]
+    } else {
+        vec![cols as u64, rows as u64]
+    };
     let v = TensorView::owned("w", ty, &dims, bytes).unwrap();
     (be.weight(&v).unwrap(), deq)
 }
@@ -44,7 +59,9 @@ fn ref_matmul(w: &[f32], rows: usize, cols: usize, x: &[f32], n: usize) -> Vec<f
     let mut out = vec![0f32; n * rows];
     for t in 0..n {
         for r in 0..rows {
-            out[t * rows + r] = (0..cols).map(|i| w[r * cols + i] as f64 * x[t * cols + i] as f64).sum::<f64>() as f32;
+            out[t * rows + r] = (0..cols)
+                .map(|i| w[r * cols + i] as f64 * x[t * cols + i] as f64)
+                .sum::<f64>() as f32;
         }
     }
     out
@@ -76,7 +93,10 @@ fn matmul_matches_dequantized_reference() {
                 be.matmul(&xb, &mut [(&w, &mut o1), (&w2, &mut o2)]);
                 let e1 = nmse(&o1.data, &ref_matmul(&deq, rows, cols, &x, n));
                 let e2 = nmse(&o2.data, &ref_matmul(&deq2, 11, cols, &x, n));
-                assert!(e1 <= 5e-4 && e2 <= 5e-4, "{ty} {rows}x{cols} n={n}: nmse {e1} {e2}");
+                assert!(
+                    e1 <= 5e-4 && e2 <= 5e-4,
+                    "{ty} {rows}x{cols} n={n}: nmse {e1} {e2}"
+                );
             }
         }
     }
@@ -92,15 +112,25 @@ fn gate_up_silu_matches_reference() {
         let x = rand_vec(n * 512, &mut rng);
         let mut out = be.buf(n, 96);
         be.ffn_gate_up_silu(&buf(n, 512, x.clone()), &g, &u, &mut out);
-        let (a, b) = (ref_matmul(&gd, 96, 512, &x, n), ref_matmul(&ud, 96, 512, &x, n));
-        let want: Vec<f32> = a.iter().zip(&b).map(|(a, b)| a / (1.0 + (-a).exp()) * b).collect();
+        let (a, b) = (
+            ref_matmul(&gd, 96, 512, &x, n),
+            ref_matmul(&ud, 96, 512, &x, n),
+        );
+        let want: Vec<f32> = a
+            .iter()
+            .zip(&b)
+            .map(|(a, b)| a / (1.0 + (-a).exp()) * b)
+            .collect();
         assert!(nmse(&out.data, &want) <= 5e-4);
     }
 }
 
 fn ref_rmsnorm(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
     let ms = x.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / x.len() as f64;
-    x.iter().zip(w).map(|(v, g)| (*v as f64 / (ms + eps as f64).sqrt() * *g as f64) as f32).collect()
+    x.iter()
+        .zip(w)
+        .map(|(v, g)| (*v as f64 / (ms + eps as f64).sqrt() * *g as f64) as f32)
+        .collect()
 }
 
 #[test]
@@ -111,17 +141,26 @@ fn norms_match_reference() {
     let x = rand_vec(3 * 192, &mut rng);
     let mut out = be.buf(3, 192);
     be.rmsnorm(&buf(3, 192, x.clone()), Some(&w), 1e-5, &mut out);
-    let want: Vec<f32> = x.chunks(192).flat_map(|r| ref_rmsnorm(r, &wd, 1e-5)).collect();
+    let want: Vec<f32> = x
+        .chunks(192)
+        .flat_map(|r| ref_rmsnorm(r, &wd, 1e-5))
+        .collect();
     assert!(nmse(&out.data, &want) <= 1e-7);
     // weightless (entry norm)
     be.rmsnorm(&buf(3, 192, x.clone()), None, 1e-5, &mut out);
-    let want: Vec<f32> = x.chunks(192).flat_map(|r| ref_rmsnorm(r, &[1.0; 192], 1e-5)).collect();
+    let want: Vec<f32> = x
+        .chunks(192)
+        .flat_map(|r| ref_rmsnorm(r, &[1.0; 192], 1e-5))
+        .collect();
     assert!(nmse(&out.data, &want) <= 1e-7);
     // per head
     let (hw, hwd) = weight(&be, GgmlType::F32, 1, 64, &mut rng);
     let mut xb = buf(3, 192, x.clone());
     be.rmsnorm_heads(&mut xb, &hw, 64, 1e-6);
-    let want: Vec<f32> = x.chunks(64).flat_map(|h| ref_rmsnorm(h, &hwd, 1e-6)).collect();
+    let want: Vec<f32> = x
+        .chunks(64)
+        .flat_map(|h| ref_rmsnorm(h, &hwd, 1e-6))
+        .collect();
     assert!(nmse(&xb.data, &want) <= 1e-7);
 }
 
@@ -136,12 +175,28 @@ fn residual_norm_matches_reference() {
     for with_post in [false, true] {
         let mut h = buf(2, 256, h0.clone());
         let mut out = be.buf(2, 256);
-        let post = with_post.then(|| NormArgs { weight: &pw, eps: 1e-8 });
-        be.residual_norm(&mut h, &buf(2, 256, x.clone()), post, NormArgs { weight: &nw, eps: 1e-5 }, &mut out);
+        let post = with_post.then(|| NormArgs {
+            weight: &pw,
+            eps: 1e-8,
+        });
+        be.residual_norm(
+            &mut h,
+            &buf(2, 256, x.clone()),
+            post,
+            NormArgs {
+                weight: &nw,
+                eps: 1e-5,
+            },
+            &mut out,
+        );
         let mut want_h = Vec::new();
         let mut want_o = Vec::new();
         for (hr, xr) in h0.chunks(256).zip(x.chunks(256)) {
-            let br = if with_post { ref_rmsnorm(xr, &pwd, 1e-8) } else { xr.to_vec() };
+            let br = if with_post {
+                ref_rmsnorm(xr, &pwd, 1e-8)
+            } else {
+                xr.to_vec()
+            };
             let nh: Vec<f32> = hr.iter().zip(&br).map(|(a, b)| a + b).collect();
             want_o.extend(ref_rmsnorm(&nh, &nwd, 1e-5));
             want_h.extend(nh);
@@ -156,7 +211,11 @@ fn rope_matches_formula() {
     let mut rng = StdRng::seed_from_u64(5);
     for style in [RopeStyle::Interleaved, RopeStyle::Neox] {
         for n_rot in [64usize, 32] {
-            let rope = RopeParams { style, freq_base: 10000.0, n_rot };
+            let rope = RopeParams {
+                style,
+                freq_base: 10000.0,
+                n_rot,
+            };
             let x = rand_vec(3 * 128, &mut rng); // 3 rows, 2 heads of 64
             let mut xb = buf(3, 128, x.clone());
             be.rope(&mut xb, 64, &rope, 7);
@@ -189,7 +248,11 @@ fn gate_and_lm_head_match_reference() {
     let g = rand_vec(64, &mut rng);
     let mut ab = buf(1, 64, a.clone());
     be.sigmoid_gate(&mut ab, &buf(1, 64, g.clone()));
-    let want: Vec<f32> = a.iter().zip(&g).map(|(a, g)| a / (1.0 + (-g).exp())).collect();
+    let want: Vec<f32> = a
+        .iter()
+        .zip(&g)
+        .map(|(a, g)| a / (1.0 + (-g).exp()))
+        .collect();
     assert!(nmse(&ab.data, &want) <= 1e-7);
 
     let (w, wd) = weight(&be, GgmlType::Q8_0, 50, 256, &mut rng);
@@ -215,7 +278,12 @@ fn attention_matches_naive_reference() {
     let (n_head, n_kv, hd) = (4usize, 2usize, 32usize);
     for window in [None, Some(5usize)] {
         // Ring of 7 slots for a window of 5 (batches of up to 3 rows).
-        let spec = KvLayerSpec { n_head_kv: n_kv, head_dim: hd, window, slots: if window.is_some() { 7 } else { 64 } };
+        let spec = KvLayerSpec {
+            n_head_kv: n_kv,
+            head_dim: hd,
+            window,
+            slots: if window.is_some() { 7 } else { 64 },
+        };
         let mut kv = be.kv_cache(&[spec]);
         let (mut ks, mut vs) = (Vec::new(), Vec::new()); // f16-rounded history
         let mut pos = 0;
@@ -223,12 +291,25 @@ fn attention_matches_naive_reference() {
             let k = rand_vec(n * n_kv * hd, &mut rng);
             let v = rand_vec(n * n_kv * hd, &mut rng);
             let q = rand_vec(n * n_head * hd, &mut rng);
-            be.kv_store(&mut kv, 0, &buf(n, n_kv * hd, k.clone()), &buf(n, n_kv * hd, v.clone()), pos);
+            be.kv_store(
+                &mut kv,
+                0,
+                &buf(n, n_kv * hd, k.clone()),
+                &buf(n, n_kv * hd, v.clone()),
+                pos,
+            );
             ks.extend(k.iter().map(|x| f16::from_f32(*x).to_f32()));
             vs.extend(v.iter().map(|x| f16::from_f32(*x).to_f32()));
             let mut out = be.buf(n, n_head * hd);
             let scale = 1.0 / (hd as f32).sqrt();
-            be.attention(&buf(n, n_head * hd, q.clone()), &kv, 0, pos, scale, &mut out);
+            be.attention(
+                &buf(n, n_head * hd, q.clone()),
+                &kv,
+                0,
+                pos,
+                scale,
+                &mut out,
+            );
             let mut want = vec![0f32; n * n_head * hd];
             for t in 0..n {
                 let p = pos + t;
@@ -237,7 +318,12 @@ fn attention_matches_naive_reference() {
                     let kh = h / (n_head / n_kv);
                     let qh = &q[(t * n_head + h) * hd..][..hd];
                     let s: Vec<f64> = (lo..=p)
-                        .map(|j| (0..hd).map(|i| qh[i] as f64 * ks[(j * n_kv + kh) * hd + i] as f64).sum::<f64>() * scale as f64)
+                        .map(|j| {
+                            (0..hd)
+                                .map(|i| qh[i] as f64 * ks[(j * n_kv + kh) * hd + i] as f64)
+                                .sum::<f64>()
+                                * scale as f64
+                        })
                         .collect();
                     let m = s.iter().cloned().fold(f64::MIN, f64::max);
                     let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
@@ -245,7 +331,8 @@ fn attention_matches_naive_reference() {
                         want[(t * n_head + h) * hd + i] = (lo..=p)
                             .zip(&s)
                             .map(|(j, sj)| (sj - m).exp() / z * vs[(j * n_kv + kh) * hd + i] as f64)
-                            .sum::<f64>() as f32;
+                            .sum::<f64>()
+                            as f32;
                     }
                 }
             }

@@ -27,11 +27,17 @@ pub struct Args {
 /// Read bandwidth in bytes/s: the best of a few multi-threaded passes summing a 1 GiB buffer
 /// (larger than any cache).
 pub fn measure_read_bandwidth(threads: usize) -> anyhow::Result<f64> {
-    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build()?;
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()?;
     let n = (1usize << 30) / 8;
     pool.install(|| {
         let mut buf = vec![0u64; n];
-        buf.par_chunks_mut(1 << 16).enumerate().for_each(|(i, c)| c.iter_mut().enumerate().for_each(|(j, v)| *v = (i ^ j) as u64));
+        buf.par_chunks_mut(1 << 16).enumerate().for_each(|(i, c)| {
+            c.iter_mut()
+                .enumerate()
+                .for_each(|(j, v)| *v = (i ^ j) as u64)
+        });
         let mut best = 0f64;
         for _ in 0..4 {
             let t = Instant::now();
@@ -57,7 +63,11 @@ pub fn measure_read_bandwidth(threads: usize) -> anyhow::Result<f64> {
 
 fn mean_sd(v: &[f64]) -> (f64, f64) {
     let m = v.iter().sum::<f64>() / v.len() as f64;
-    let var = if v.len() > 1 { v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (v.len() - 1) as f64 } else { 0.0 };
+    let var = if v.len() > 1 {
+        v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (v.len() - 1) as f64
+    } else {
+        0.0
+    };
     (m, var.sqrt())
 }
 
@@ -79,8 +89,17 @@ fn model_name(model: &Model) -> String {
             None => by_type.push((name, t.n_bytes)),
         }
     }
-    let main = by_type.iter().max_by_key(|e| e.1).map(|e| e.0.clone()).unwrap_or_default();
-    format!("{} {} {}", model.config.arch.name, human_params(model.n_params()), main)
+    let main = by_type
+        .iter()
+        .max_by_key(|e| e.1)
+        .map(|e| e.0.clone())
+        .unwrap_or_default();
+    format!(
+        "{} {} {}",
+        model.config.arch.name,
+        human_params(model.n_params()),
+        main
+    )
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -103,7 +122,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     eprintln!("read bandwidth: {:.1} GB/s", bw / 1e9);
 
     let name = model_name(&model);
-    let size = format!("{:.2} GiB", model.weight_bytes() as f64 / (1u64 << 30) as f64);
+    let size = format!(
+        "{:.2} GiB",
+        model.weight_bytes() as f64 / (1u64 << 30) as f64
+    );
     let params = human_params(model.n_params());
     let backend = format!("{} ({})", model.backend().name(), model.backend().isa());
     println!("| model | size | params | backend | threads | test | t/s | MB/token | GB/s | % of read BW |");

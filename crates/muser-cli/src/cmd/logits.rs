@@ -28,7 +28,10 @@ fn parse_tokens(s: &str) -> anyhow::Result<Vec<u32>> {
     s.split(',')
         .map(str::trim)
         .filter(|t| !t.is_empty())
-        .map(|t| t.parse::<u32>().with_context(|| format!("bad token id {t:?} in --tokens")))
+        .map(|t| {
+            t.parse::<u32>()
+                .with_context(|| format!("bad token id {t:?} in --tokens"))
+        })
         .collect()
 }
 
@@ -36,7 +39,11 @@ fn parse_tokens(s: &str) -> anyhow::Result<Vec<u32>> {
 pub fn write_npy(path: &Path, shape: &[usize], data: &[f32]) -> anyhow::Result<()> {
     assert_eq!(shape.iter().product::<usize>(), data.len());
     let dims = shape.iter().map(|d| d.to_string()).collect::<Vec<_>>();
-    let shape_txt = if dims.len() == 1 { format!("({},)", dims[0]) } else { format!("({})", dims.join(", ")) };
+    let shape_txt = if dims.len() == 1 {
+        format!("({},)", dims[0])
+    } else {
+        format!("({})", dims.join(", "))
+    };
     let mut header = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': {shape_txt}, }}");
     // magic (6) + version (2) + length (2) + header + '\n' is a multiple of 64.
     let total = 10 + header.len() + 1;
@@ -60,7 +67,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let model = super::run::load_model(&path, args.threads)?;
     let tokens = match (&args.tokens, &args.prompt) {
         (Some(t), None) => parse_tokens(t)?,
-        (None, Some(p)) => Tokenizer::from_gguf(model.gguf()).context("reading the tokenizer")?.encode(p, true, true),
+        (None, Some(p)) => Tokenizer::from_gguf(model.gguf())
+            .context("reading the tokenizer")?
+            .encode(p, true, true),
         _ => bail!("give exactly one of --tokens and -p"),
     };
     if tokens.is_empty() {
@@ -69,6 +78,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut s = Session::new(&model, tokens.len())?;
     let logits = s.prefill_all(&tokens)?;
     write_npy(&args.out, &[tokens.len(), model.config.n_vocab], &logits)?;
-    eprintln!("wrote {} ({} x {})", args.out.display(), tokens.len(), model.config.n_vocab);
+    eprintln!(
+        "wrote {} ({} x {})",
+        args.out.display(),
+        tokens.len(),
+        model.config.n_vocab
+    );
     Ok(())
 }

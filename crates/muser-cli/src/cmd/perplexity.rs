@@ -39,7 +39,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let path = super::run::resolve_model(args.model.as_deref())?;
     let model = super::run::load_model(&path, args.threads)?;
     let tok = Tokenizer::from_gguf(model.gguf()).context("reading the tokenizer")?;
-    let text = std::fs::read(&args.file).with_context(|| format!("reading {}", args.file.display()))?;
+    let text =
+        std::fs::read(&args.file).with_context(|| format!("reading {}", args.file.display()))?;
     let tokens = tok.encode_bytes(&text, true, false);
     let n_ctx = args.ctx_size;
     if n_ctx < 4 {
@@ -58,7 +59,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let nv = model.config.n_vocab;
     let first = n_ctx / 2;
-    eprintln!("perplexity: {} tokens, {n_chunk} chunks of {n_ctx}, scoring the last {} of each", tokens.len(), n_ctx - 1 - first);
+    eprintln!(
+        "perplexity: {} tokens, {n_chunk} chunks of {n_ctx}, scoring the last {} of each",
+        tokens.len(),
+        n_ctx - 1 - first
+    );
 
     let mut s = Session::new(&model, n_ctx)?;
     let (mut sum, mut sum2, mut count) = (0f64, 0f64, 0usize);
@@ -82,7 +87,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         if i == 0 {
             let per = t0.elapsed().as_secs_f64();
-            eprintln!("{:.2} seconds per pass - ETA {:.1} minutes", per, per * n_chunk as f64 / 60.0);
+            eprintln!(
+                "{:.2} seconds per pass - ETA {:.1} minutes",
+                per,
+                per * n_chunk as f64 / 60.0
+            );
         }
         write!(out, "[{}]{:.4},", i + 1, (sum / count as f64).exp())?;
         out.flush()?;
@@ -91,7 +100,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mean = sum / count as f64;
     let ppl = mean.exp();
     let var = sum2 / count as f64 - mean * mean;
-    let unc = if var > 0.0 && count > 1 { (var / (count - 1) as f64).sqrt() * ppl } else { 0.0 };
+    let unc = if var > 0.0 && count > 1 {
+        (var / (count - 1) as f64).sqrt() * ppl
+    } else {
+        0.0
+    };
     writeln!(out, "Final estimate: PPL = {ppl:.4} +/- {unc:.5}")?;
     Ok(())
 }

@@ -65,7 +65,8 @@ pub fn resolve_model(model: Option<&Path>) -> anyhow::Result<PathBuf> {
 }
 
 pub fn load_model(path: &Path, threads: Option<usize>) -> anyhow::Result<Model> {
-    Model::load(path, &LoadOptions { threads }).with_context(|| format!("loading {}", path.display()))
+    Model::load(path, &LoadOptions { threads })
+        .with_context(|| format!("loading {}", path.display()))
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -79,7 +80,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if prompt.is_empty() {
         bail!("the prompt is empty after tokenization");
     }
-    let n_ctx = args.ctx_size.unwrap_or_else(|| (prompt.len() + args.n_predict).min(model.config.n_ctx_train.max(prompt.len())));
+    let n_ctx = args.ctx_size.unwrap_or_else(|| {
+        (prompt.len() + args.n_predict).min(model.config.n_ctx_train.max(prompt.len()))
+    });
     let mut session = Session::new(&model, n_ctx)?;
     let mut sampler = Sampler::new(SamplerParams {
         temperature: args.temp,
@@ -126,7 +129,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let decode_s = t2.elapsed().as_secs_f64();
 
     eprintln!();
-    eprintln!("load:    {:.0} ms ({}, {} threads)", load_s * 1e3, path.display(), model.backend().threads());
+    eprintln!(
+        "load:    {:.0} ms ({}, {} threads)",
+        load_s * 1e3,
+        path.display(),
+        model.backend().threads()
+    );
     eprintln!(
         "prompt:  {} tokens in {:.1} ms, {:.2} tokens/s",
         prompt.len(),
@@ -137,7 +145,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "decode:  {} tokens in {:.1} ms, {:.2} tokens/s",
         n_decoded,
         decode_s * 1e3,
-        if n_decoded > 0 { n_decoded as f64 / decode_s } else { 0.0 }
+        if n_decoded > 0 {
+            n_decoded as f64 / decode_s
+        } else {
+            0.0
+        }
     );
     Ok(())
 }

@@ -73,14 +73,28 @@ pub trait Backend: Send + Sync + Sized {
     /// x: [n, cols], W_i: [rows_i, cols], outs[i]: [n, rows_i].
     fn matmul(&self, x: &Self::Buf, outs: &mut [(&Self::Weight, &mut Self::Buf)]);
     /// out = silu(x Wg^T) * (x Wu^T); x: [n, n_embd], out: [n, n_ff].
-    fn ffn_gate_up_silu(&self, x: &Self::Buf, gate: &Self::Weight, up: &Self::Weight, out: &mut Self::Buf);
+    fn ffn_gate_up_silu(
+        &self,
+        x: &Self::Buf,
+        gate: &Self::Weight,
+        up: &Self::Weight,
+        out: &mut Self::Buf,
+    );
     /// Rotates every `head_dim`-wide head of row t at position pos0 + t, in place.
     fn rope(&self, x: &mut Self::Buf, head_dim: usize, rope: &RopeParams, pos0: usize);
     /// Stores k and v rows (positions pos0..pos0+n) into `layer` of the cache.
     fn kv_store(&self, kv: &mut Self::Kv, layer: usize, k: &Self::Buf, v: &Self::Buf, pos0: usize);
     /// out[t] = softmax(q_h . K^T * scale) V for each query head h over the positions row t
     /// (at pos0 + t) sees; query head h reads KV head h / (n_head / n_head_kv).
-    fn attention(&self, q: &Self::Buf, kv: &Self::Kv, layer: usize, pos0: usize, scale: f32, out: &mut Self::Buf);
+    fn attention(
+        &self,
+        q: &Self::Buf,
+        kv: &Self::Kv,
+        layer: usize,
+        pos0: usize,
+        scale: f32,
+        out: &mut Self::Buf,
+    );
     /// a *= sigmoid(g), elementwise.
     fn sigmoid_gate(&self, a: &mut Self::Buf, g: &Self::Buf);
     /// The residual tail: h += post ? rmsnorm(x, post) : x; out = rmsnorm(h, next).
@@ -94,5 +108,13 @@ pub trait Backend: Send + Sync + Sized {
     );
     /// out = logits of rows first_row.. of x: c * tanh(x W^T * scale / c) with a softcap c,
     /// x W^T * scale without. out: [n - first_row, n_vocab].
-    fn lm_head(&self, x: &Self::Buf, first_row: usize, w: &Self::Weight, scale: f32, softcap: Option<f32>, out: &mut Self::Buf);
+    fn lm_head(
+        &self,
+        x: &Self::Buf,
+        first_row: usize,
+        w: &Self::Weight,
+        scale: f32,
+        softcap: Option<f32>,
+        out: &mut Self::Buf,
+    );
 }

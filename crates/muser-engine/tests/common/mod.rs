@@ -46,14 +46,29 @@ impl Tiny {
         let a = self.arch;
         let k = |s: &str| format!("{a}.{s}");
         let mut m = vec![
-            ("general.architecture".to_string(), MetaValue::String(a.to_string())),
+            (
+                "general.architecture".to_string(),
+                MetaValue::String(a.to_string()),
+            ),
             (k("block_count"), MetaValue::U32(self.n_layer as u32)),
             (k("embedding_length"), MetaValue::U32(self.n_embd as u32)),
             (k("feed_forward_length"), MetaValue::U32(self.n_ff as u32)),
-            (k("attention.head_count"), MetaValue::U32(self.n_head as u32)),
-            (k("attention.head_count_kv"), MetaValue::U32(self.n_head_kv as u32)),
-            (k("attention.key_length"), MetaValue::U32(self.head_dim as u32)),
-            (k("attention.value_length"), MetaValue::U32(self.head_dim as u32)),
+            (
+                k("attention.head_count"),
+                MetaValue::U32(self.n_head as u32),
+            ),
+            (
+                k("attention.head_count_kv"),
+                MetaValue::U32(self.n_head_kv as u32),
+            ),
+            (
+                k("attention.key_length"),
+                MetaValue::U32(self.head_dim as u32),
+            ),
+            (
+                k("attention.value_length"),
+                MetaValue::U32(self.head_dim as u32),
+            ),
             (k("vocab_size"), MetaValue::U32(self.n_vocab as u32)),
             (k("context_length"), MetaValue::U32(4096)),
             (k("attention.layer_norm_rms_epsilon"), MetaValue::F32(1e-5)),
@@ -61,8 +76,14 @@ impl Tiny {
         ];
         if a == "muse" {
             m.push((k("attention.post_norm_rms_epsilon"), MetaValue::F32(1e-8)));
-            m.push((k("attention.sliding_window"), MetaValue::U32(self.window as u32)));
-            m.push((k("attention.full_attention_interval"), MetaValue::U32(self.full_interval as u32)));
+            m.push((
+                k("attention.sliding_window"),
+                MetaValue::U32(self.window as u32),
+            ));
+            m.push((
+                k("attention.full_attention_interval"),
+                MetaValue::U32(self.full_interval as u32),
+            ));
             m.push((k("logit_scale"), MetaValue::F32(0.5)));
             m.push((k("final_logit_softcapping"), MetaValue::F32(20.0)));
         }
@@ -99,7 +120,11 @@ impl Tiny {
             t.push(TensorSpec::new(n("ffn_norm"), &[e], F32));
             t.push(TensorSpec::new(n("ffn_gate"), &[e, ff], Q4_K));
             t.push(TensorSpec::new(n("ffn_up"), &[e, ff], BF16));
-            t.push(TensorSpec::new(n("ffn_down"), &[ff, e], if i % 2 == 0 { Q6_K } else { F32 }));
+            t.push(TensorSpec::new(
+                n("ffn_down"),
+                &[ff, e],
+                if i % 2 == 0 { Q6_K } else { F32 },
+            ));
             if muse {
                 t.push(TensorSpec::new(n("post_ffw_norm"), &[e], F32));
             }
@@ -126,10 +151,13 @@ impl Tiny {
 
     pub fn tensors(&self) -> Vec<(TensorSpec, Vec<u8>)> {
         let mut rng = StdRng::seed_from_u64(self.seed);
-        self.tensor_specs().into_iter().map(|s| {
-            let d = Tiny::data(&s, &mut rng);
-            (s, d)
-        }).collect()
+        self.tensor_specs()
+            .into_iter()
+            .map(|s| {
+                let d = Tiny::data(&s, &mut rng);
+                (s, d)
+            })
+            .collect()
     }
 
     pub fn bytes(&self) -> Vec<u8> {
@@ -158,7 +186,10 @@ pub fn quantize(ty: GgmlType, vals: &[f32], cols: usize) -> Vec<u8> {
 
 pub fn nmse(a: &[f32], b: &[f32]) -> f64 {
     assert_eq!(a.len(), b.len());
-    assert!(a.iter().chain(b).all(|v| v.is_finite()), "non-finite values");
+    assert!(
+        a.iter().chain(b).all(|v| v.is_finite()),
+        "non-finite values"
+    );
     let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
     let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
     num / den

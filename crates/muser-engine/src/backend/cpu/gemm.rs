@@ -51,7 +51,13 @@ fn scales_mins_k4(s: &[u8; 12]) -> ([u8; 8], [u8; 8]) {
 
 fn dot_q4_k_q8_k_x4(x: &[BlockQ4K], y: [&[BlockQ8K]; 4]) -> [f32; 4] {
     for c in &y {
-        assert_eq!(c.len(), x.len(), "dot_q4_k_q8_k_x4: {} weight blocks, {} activation blocks", x.len(), c.len());
+        assert_eq!(
+            c.len(),
+            x.len(),
+            "dot_q4_k_q8_k_x4: {} weight blocks, {} activation blocks",
+            x.len(),
+            c.len()
+        );
     }
     assert!(has_avx512_vnni());
     // SAFETY: the CPU has the features (asserted above) and every column has x.len() blocks.
@@ -60,7 +66,13 @@ fn dot_q4_k_q8_k_x4(x: &[BlockQ4K], y: [&[BlockQ8K]; 4]) -> [f32; 4] {
 
 fn dot_q6_k_q8_k_x4(x: &[BlockQ6K], y: [&[BlockQ8K]; 4]) -> [f32; 4] {
     for c in &y {
-        assert_eq!(c.len(), x.len(), "dot_q6_k_q8_k_x4: {} weight blocks, {} activation blocks", x.len(), c.len());
+        assert_eq!(
+            c.len(),
+            x.len(),
+            "dot_q6_k_q8_k_x4: {} weight blocks, {} activation blocks",
+            x.len(),
+            c.len()
+        );
     }
     assert!(has_avx512_vnni());
     // SAFETY: as above.
@@ -76,7 +88,11 @@ mod x86 {
     /// i16 lanes 0..16 = a, lanes 16..32 = b.
     #[inline(always)]
     unsafe fn halves_i16(a: i16, b: i16) -> __m512i {
-        _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16(a)), _mm256_set1_epi16(b), 1)
+        _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm256_set1_epi16(a)),
+            _mm256_set1_epi16(b),
+            1,
+        )
     }
 
     /// The same 32 bytes in both 256-bit halves.
@@ -98,12 +114,29 @@ mod x86 {
             let dmin = bx.dmin.to_f32();
             // Each min twice, as i16, to pair with the sixteen bsums.
             let mins = _mm256_set_epi16(
-                mn[7] as i16, mn[7] as i16, mn[6] as i16, mn[6] as i16, mn[5] as i16, mn[5] as i16, mn[4] as i16, mn[4] as i16,
-                mn[3] as i16, mn[3] as i16, mn[2] as i16, mn[2] as i16, mn[1] as i16, mn[1] as i16, mn[0] as i16, mn[0] as i16,
+                mn[7] as i16,
+                mn[7] as i16,
+                mn[6] as i16,
+                mn[6] as i16,
+                mn[5] as i16,
+                mn[5] as i16,
+                mn[4] as i16,
+                mn[4] as i16,
+                mn[3] as i16,
+                mn[3] as i16,
+                mn[2] as i16,
+                mn[2] as i16,
+                mn[1] as i16,
+                mn[1] as i16,
+                mn[0] as i16,
+                mn[0] as i16,
             );
             let mut sumi = [_mm512_setzero_si512(); 4];
             for g in 0..4 {
-                let q = _mm512_and_si512(_mm512_srlv_epi16(load32_twice(bx.qs.as_ptr().add(32 * g)), shift), m4);
+                let q = _mm512_and_si512(
+                    _mm512_srlv_epi16(load32_twice(bx.qs.as_ptr().add(32 * g)), shift),
+                    m4,
+                );
                 let s = halves_i16(sc[2 * g] as i16, sc[2 * g + 1] as i16);
                 for c in 0..4 {
                     let a = _mm512_loadu_si512(y[c][i].qs.as_ptr().add(64 * g) as *const _);
@@ -113,15 +146,30 @@ mod x86 {
             }
             for c in 0..4 {
                 let by = &y[c][i];
-                let mins_dot = _mm256_madd_epi16(mins, _mm256_loadu_si256(by.bsums.as_ptr() as *const __m256i));
-                acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi[c]), _mm512_set1_ps(by.d * d), acc[c]);
-                acc_m[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mins_dot), _mm256_set1_ps(by.d * dmin), acc_m[c]);
+                let mins_dot = _mm256_madd_epi16(
+                    mins,
+                    _mm256_loadu_si256(by.bsums.as_ptr() as *const __m256i),
+                );
+                acc[c] = _mm512_fmadd_ps(
+                    _mm512_cvtepi32_ps(sumi[c]),
+                    _mm512_set1_ps(by.d * d),
+                    acc[c],
+                );
+                acc_m[c] = _mm256_fmadd_ps(
+                    _mm256_cvtepi32_ps(mins_dot),
+                    _mm256_set1_ps(by.d * dmin),
+                    acc_m[c],
+                );
             }
         }
         // The same lanes and the same final reduction as muser-quant's one-column kernel, so
         // prefill and decode logits agree to the bit.
         [0, 1, 2, 3].map(|c| {
-            let m = _mm512_mask_blend_ps(0x00ff, _mm512_setzero_ps(), _mm512_castps256_ps512(acc_m[c]));
+            let m = _mm512_mask_blend_ps(
+                0x00ff,
+                _mm512_setzero_ps(),
+                _mm512_castps256_ps512(acc_m[c]),
+            );
             _mm512_reduce_add_ps(_mm512_sub_ps(acc[c], m))
         })
     }
@@ -137,7 +185,12 @@ mod x86 {
         }
         idx
     }
-    const SCALE_INDEX: [[i16; 32]; 4] = [scale_index(0, 0), scale_index(0, 1), scale_index(1, 0), scale_index(1, 1)];
+    const SCALE_INDEX: [[i16; 32]; 4] = [
+        scale_index(0, 0),
+        scale_index(0, 1),
+        scale_index(1, 0),
+        scale_index(1, 1),
+    ];
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
     pub unsafe fn q6_k_x4(x: &[BlockQ6K], y: [&[BlockQ8K]; 4]) -> [f32; 4] {
@@ -159,7 +212,10 @@ mod x86 {
                 // ql[64h..64h+64]: low nibbles are values 0..64 of the half, high nibbles 64..128.
                 let a = _mm512_loadu_si512(bx.ql.as_ptr().add(64 * h) as *const _);
                 let hb = load32_twice(bx.qh.as_ptr().add(32 * h));
-                let q_lo = _mm512_or_si512(_mm512_and_si512(a, m4), _mm512_and_si512(_mm512_sllv_epi16(hb, shl_lo), m30));
+                let q_lo = _mm512_or_si512(
+                    _mm512_and_si512(a, m4),
+                    _mm512_and_si512(_mm512_sllv_epi16(hb, shl_lo), m30),
+                );
                 let q_hi = _mm512_or_si512(
                     _mm512_and_si512(_mm512_srli_epi16(a, 4), m4),
                     _mm512_and_si512(_mm512_srlv_epi16(hb, shr_hi), m30),
@@ -169,7 +225,8 @@ mod x86 {
                 for c in 0..4 {
                     let base = y[c][i].qs.as_ptr().add(128 * h);
                     let p_lo = _mm512_maddubs_epi16(q_lo, _mm512_loadu_si512(base as *const _));
-                    let p_hi = _mm512_maddubs_epi16(q_hi, _mm512_loadu_si512(base.add(64) as *const _));
+                    let p_hi =
+                        _mm512_maddubs_epi16(q_hi, _mm512_loadu_si512(base.add(64) as *const _));
                     sumi[c] = _mm512_dpwssd_epi32(sumi[c], p_lo, s_lo);
                     sumi[c] = _mm512_dpwssd_epi32(sumi[c], p_hi, s_hi);
                 }
@@ -177,14 +234,22 @@ mod x86 {
             for c in 0..4 {
                 let by = &y[c][i];
                 // The quants were used unsigned (0..63): subtract 32 * sc_j * bsums_j per lane.
-                let bias = _mm256_madd_epi16(s16, _mm256_loadu_si256(by.bsums.as_ptr() as *const __m256i));
+                let bias =
+                    _mm256_madd_epi16(s16, _mm256_loadu_si256(by.bsums.as_ptr() as *const __m256i));
                 let s = sumi[c];
-                let s = _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
+                let s =
+                    _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
                 let s = _mm256_sub_epi32(s, _mm256_slli_epi32(bias, 5));
                 acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(by.d * d), acc[c]);
             }
         }
         // As muser-quant's one-column kernel: same lanes, same reduction.
-        [0, 1, 2, 3].map(|c| _mm512_reduce_add_ps(_mm512_mask_blend_ps(0x00ff, _mm512_setzero_ps(), _mm512_castps256_ps512(acc[c]))))
+        [0, 1, 2, 3].map(|c| {
+            _mm512_reduce_add_ps(_mm512_mask_blend_ps(
+                0x00ff,
+                _mm512_setzero_ps(),
+                _mm512_castps256_ps512(acc[c]),
+            ))
+        })
     }
 }

@@ -26,8 +26,16 @@ impl CpuKv {
         let layers = specs
             .iter()
             .map(|&spec| {
-                let n = if spec.is_ring() { spec.slots * spec.n_head_kv * spec.head_dim } else { 0 };
-                KvLayer { spec, k: vec![f16::ZERO; n], v: vec![f16::ZERO; n] }
+                let n = if spec.is_ring() {
+                    spec.slots * spec.n_head_kv * spec.head_dim
+                } else {
+                    0
+                };
+                KvLayer {
+                    spec,
+                    k: vec![f16::ZERO; n],
+                    v: vec![f16::ZERO; n],
+                }
             })
             .collect();
         CpuKv { layers }
@@ -72,7 +80,10 @@ impl KvLayer {
             let kh = h / group;
             let qh = &q[i * hd..(i + 1) * hd];
             let p = pos0 + t;
-            let lo = self.spec.window.map_or(0, |win| (p + 1).saturating_sub(win));
+            let lo = self
+                .spec
+                .window
+                .map_or(0, |win| (p + 1).saturating_sub(win));
             let mut scores: Vec<f32> = (lo..=p)
                 .map(|j| {
                     let s = self.slot(j) * w + kh * hd;

@@ -26,7 +26,13 @@ pub struct QuantizedInput<'a> {
 impl<'a> QuantizedInput<'a> {
     /// Quantizes the n columns of `x` for every format `types` need.
     pub fn new(x: &'a [f32], n: usize, cols: usize, types: &[GgmlType]) -> QuantizedInput<'a> {
-        let mut q = QuantizedInput { x, n, cols, q8_0: Vec::new(), q8_k: Vec::new() };
+        let mut q = QuantizedInput {
+            x,
+            n,
+            cols,
+            q8_0: Vec::new(),
+            q8_k: Vec::new(),
+        };
         if types.contains(&GgmlType::Q8_0) {
             let nb = cols / QK8_0;
             q.q8_0 = vec![bytemuck::Zeroable::zeroed(); n * nb];
@@ -35,7 +41,10 @@ impl<'a> QuantizedInput<'a> {
                 .zip(x.par_chunks(cols))
                 .for_each(|(y, x)| quantize_row_q8_0_ref(x, y));
         }
-        if types.iter().any(|t| matches!(t, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)) {
+        if types
+            .iter()
+            .any(|t| matches!(t, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K))
+        {
             let nb = cols / QK_K;
             q.q8_k = vec![bytemuck::Zeroable::zeroed(); n * nb];
             q.q8_k
@@ -48,7 +57,14 @@ impl<'a> QuantizedInput<'a> {
 }
 
 /// Computes rows r0..r1 of `w` against every column: tile[(r - r0) * n + t].
-pub fn rows_times_columns(k: &Kernels, w: &CpuWeight, inp: &QuantizedInput, r0: usize, r1: usize, tile: &mut [f32]) {
+pub fn rows_times_columns(
+    k: &Kernels,
+    w: &CpuWeight,
+    inp: &QuantizedInput,
+    r0: usize,
+    r1: usize,
+    tile: &mut [f32],
+) {
     let bytes = w.view.bytes();
     let rb = w.row_bytes;
     let wrows = &bytes[r0 * rb..r1 * rb];
@@ -56,12 +72,16 @@ pub fn rows_times_columns(k: &Kernels, w: &CpuWeight, inp: &QuantizedInput, r0: 
         GgmlType::F32 => kernel::<f32, f32>(wrows, inp.x, inp.n, k.dot_f32, tile),
         GgmlType::F16 => kernel::<half::f16, f32>(wrows, inp.x, inp.n, k.dot_f16_f32, tile),
         GgmlType::BF16 => kernel::<half::bf16, f32>(wrows, inp.x, inp.n, k.dot_bf16_f32, tile),
-        GgmlType::Q8_0 => kernel::<BlockQ8_0, BlockQ8_0>(wrows, &inp.q8_0, inp.n, k.dot_q8_0_q8_0, tile),
+        GgmlType::Q8_0 => {
+            kernel::<BlockQ8_0, BlockQ8_0>(wrows, &inp.q8_0, inp.n, k.dot_q8_0_q8_0, tile)
+        }
         GgmlType::Q4_K => match x4::q4_k() {
             Some(k4) if inp.n >= 4 => kernel_x4(wrows, &inp.q8_k, inp.n, k.dot_q4_k_q8_k, k4, tile),
             _ => kernel::<BlockQ4K, BlockQ8K>(wrows, &inp.q8_k, inp.n, k.dot_q4_k_q8_k, tile),
         },
-        GgmlType::Q5_K => kernel::<BlockQ5K, BlockQ8K>(wrows, &inp.q8_k, inp.n, k.dot_q5_k_q8_k, tile),
+        GgmlType::Q5_K => {
+            kernel::<BlockQ5K, BlockQ8K>(wrows, &inp.q8_k, inp.n, k.dot_q5_k_q8_k, tile)
+        }
         GgmlType::Q6_K => match x4::q6_k() {
             Some(k4) if inp.n >= 4 => kernel_x4(wrows, &inp.q8_k, inp.n, k.dot_q6_k_q8_k, k4, tile),
             _ => kernel::<BlockQ6K, BlockQ8K>(wrows, &inp.q8_k, inp.n, k.dot_q6_k_q8_k, tile),
@@ -74,7 +94,13 @@ pub fn rows_times_columns(k: &Kernels, w: &CpuWeight, inp: &QuantizedInput, r0: 
 /// Columns per tile: a weight row is reused for this many columns while it is in L1.
 const COL_TILE: usize = 16;
 
-fn kernel<W: bytemuck::Pod, A>(wrows: &[u8], acts: &[A], n: usize, dot: fn(&[W], &[A]) -> f32, tile: &mut [f32]) {
+fn kernel<W: bytemuck::Pod, A>(
+    wrows: &[u8],
+    acts: &[A],
+    n: usize,
+    dot: fn(&[W], &[A]) -> f32,
+    tile: &mut [f32],
+) {
     // Alignment was checked when the weight was made resident.
     let w: &[W] = bytemuck::cast_slice(wrows);
     let nr = tile.len() / n;
@@ -159,13 +185,23 @@ unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
 
 /// out_i[t][r] = dot(W_i[r], x[t]) for several weights sharing the quantized input.
-pub fn matmul_multi(k: &Kernels, threads: usize, inp: &QuantizedInput, outs: &mut [(&CpuWeight, &mut [f32])]) {
+pub fn matmul_multi(
+    k: &Kernels,
+    threads: usize,
+    inp: &QuantizedInput,
+    outs: &mut [(&CpuWeight, &mut [f32])],
+) {
     let n = inp.n;
     let mut tasks = Vec::new();
     let mut ptrs = Vec::new();
     let mut weights = Vec::new();
     for (i, (w, out)) in outs.iter_mut().enumerate() {
-        assert_eq!(out.len(), n * w.rows, "matmul output of {} has the wrong size", w.view.name);
+        assert_eq!(
+            out.len(),
+            n * w.rows,
+            "matmul output of {} has the wrong size",
+            w.view.name
+        );
         ptrs.push(OutPtr(out.as_mut_ptr()));
         weights.push(*w);
         let step = rows_per_task(w, n, threads);
@@ -188,7 +224,14 @@ pub fn matmul_multi(k: &Kernels, threads: usize, inp: &QuantizedInput, outs: &mu
 }
 
 /// out[t][r] = silu(dot(G[r], x[t])) * dot(U[r], x[t]): both matrices in one pass over x.
-pub fn gate_up_silu(k: &Kernels, threads: usize, inp: &QuantizedInput, g: &CpuWeight, u: &CpuWeight, out: &mut [f32]) {
+pub fn gate_up_silu(
+    k: &Kernels,
+    threads: usize,
+    inp: &QuantizedInput,
+    g: &CpuWeight,
+    u: &CpuWeight,
+    out: &mut [f32],
+) {
     let n = inp.n;
     let rows = g.rows;
     assert_eq!(out.len(), n * rows);

@@ -58,7 +58,8 @@ pub struct CpuBackend {
 impl CpuBackend {
     /// A backend with `threads` workers (None: one per core).
     pub fn new(threads: Option<usize>) -> Result<CpuBackend> {
-        let threads = threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+        let threads =
+            threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
         if threads == 0 {
             return Err(EngineError::Invalid("threads must be at least 1".into()));
         }
@@ -67,7 +68,11 @@ impl CpuBackend {
             .thread_name(|i| format!("muser-cpu-{i}"))
             .build()
             .map_err(|e| EngineError::Invalid(format!("cannot start {threads} threads: {e}")))?;
-        Ok(CpuBackend { pool, threads, kernels: Kernels::detect() })
+        Ok(CpuBackend {
+            pool,
+            threads,
+            kernels: Kernels::detect(),
+        })
     }
 
     /// The ISA of the dot kernels in use ("avx512", "avx2", "scalar").
@@ -75,10 +80,20 @@ impl CpuBackend {
         self.kernels.isa
     }
 
-    fn quantize<'a>(&self, x: &'a [f32], n: usize, cols: usize, ws: &[&CpuWeight]) -> QuantizedInput<'a> {
+    fn quantize<'a>(
+        &self,
+        x: &'a [f32],
+        n: usize,
+        cols: usize,
+        ws: &[&CpuWeight],
+    ) -> QuantizedInput<'a> {
         let types: Vec<GgmlType> = ws.iter().map(|w| w.view.ty).collect();
         for w in ws {
-            assert_eq!(w.cols, cols, "{}: input width {cols} != {}", w.view.name, w.cols);
+            assert_eq!(
+                w.cols, cols,
+                "{}: input width {cols} != {}",
+                w.view.name, w.cols
+            );
         }
         QuantizedInput::new(x, n, cols, &types)
     }
@@ -103,7 +118,10 @@ impl Backend for CpuBackend {
         let (cols, rows) = (t.cols(), t.rows());
         let bytes = t.bytes();
         let row_bytes = t.ty.row_bytes(cols as u64).ok_or_else(|| {
-            EngineError::Invalid(format!("tensor {}: row of {cols} values is not a whole number of {} blocks", t.name, t.ty))
+            EngineError::Invalid(format!(
+                "tensor {}: row of {cols} values is not a whole number of {} blocks",
+                t.name, t.ty
+            ))
         })? as usize;
         if row_bytes * rows != bytes.len() {
             return Err(EngineError::Invalid(format!(
@@ -118,20 +136,43 @@ impl Backend for CpuBackend {
         if t.dims.len() == 1 {
             let mut v = vec![0f32; cols];
             muser_quant::dequantize_row(t.ty, bytes, &mut v)?;
-            return Ok(CpuWeight { view: t.clone(), rows, cols, row_bytes, vector: Some(v) });
+            return Ok(CpuWeight {
+                view: t.clone(),
+                rows,
+                cols,
+                row_bytes,
+                vector: Some(v),
+            });
         }
         if !MATRIX_TYPES.contains(&t.ty) {
-            return Err(EngineError::TensorType { name: t.name.clone(), ty: t.ty, supported: "F32, F16, BF16, Q8_0, Q4_K, Q5_K, Q6_K" });
+            return Err(EngineError::TensorType {
+                name: t.name.clone(),
+                ty: t.ty,
+                supported: "F32, F16, BF16, Q8_0, Q4_K, Q5_K, Q6_K",
+            });
         }
         let align = if t.ty == GgmlType::F32 { 4 } else { 2 };
         if bytes.as_ptr() as usize % align != 0 {
-            return Err(EngineError::Invalid(format!("tensor {}: data is not {align}-byte aligned", t.name)));
+            return Err(EngineError::Invalid(format!(
+                "tensor {}: data is not {align}-byte aligned",
+                t.name
+            )));
         }
-        Ok(CpuWeight { view: t.clone(), rows, cols, row_bytes, vector: None })
+        Ok(CpuWeight {
+            view: t.clone(),
+            rows,
+            cols,
+            row_bytes,
+            vector: None,
+        })
     }
 
     fn buf(&self, rows: usize, cols: usize) -> CpuBuf {
-        CpuBuf { rows, cols, data: vec![0.0; rows * cols] }
+        CpuBuf {
+            rows,
+            cols,
+            data: vec![0.0; rows * cols],
+        }
     }
     fn write(&self, buf: &mut CpuBuf, data: &[f32]) {
         buf.data.copy_from_slice(data);
@@ -146,17 +187,23 @@ impl Backend for CpuBackend {
     fn embed(&self, table: &CpuWeight, tokens: &[u32], out: &mut CpuBuf) {
         let bytes = table.view.bytes();
         let rb = table.row_bytes;
-        out.data.par_chunks_mut(out.cols).zip(tokens).for_each(|(o, &tok)| {
-            let t = tok as usize;
-            // Token ids are checked by the session; the row length by `weight`.
-            muser_quant::dequantize_row(table.view.ty, &bytes[t * rb..(t + 1) * rb], o)
-                .expect("embedding row has the checked length");
-        });
+        out.data
+            .par_chunks_mut(out.cols)
+            .zip(tokens)
+            .for_each(|(o, &tok)| {
+                let t = tok as usize;
+                // Token ids are checked by the session; the row length by `weight`.
+                muser_quant::dequantize_row(table.view.ty, &bytes[t * rb..(t + 1) * rb], o)
+                    .expect("embedding row has the checked length");
+            });
     }
 
     fn rmsnorm(&self, x: &CpuBuf, w: Option<&CpuWeight>, eps: f32, out: &mut CpuBuf) {
         let w = w.map(|w| w.vec());
-        out.data.par_chunks_mut(x.cols).zip(x.data.par_chunks(x.cols)).for_each(|(o, x)| ops::rmsnorm_row(x, w, eps, o));
+        out.data
+            .par_chunks_mut(x.cols)
+            .zip(x.data.par_chunks(x.cols))
+            .for_each(|(o, x)| ops::rmsnorm_row(x, w, eps, o));
     }
 
     fn rmsnorm_heads(&self, x: &mut CpuBuf, w: &CpuWeight, head_dim: usize, eps: f32) {
@@ -170,7 +217,10 @@ impl Backend for CpuBackend {
     fn matmul(&self, x: &CpuBuf, outs: &mut [(&CpuWeight, &mut CpuBuf)]) {
         let ws: Vec<&CpuWeight> = outs.iter().map(|(w, _)| *w).collect();
         let inp = self.quantize(&x.data, x.rows, x.cols, &ws);
-        let mut slices: Vec<(&CpuWeight, &mut [f32])> = outs.iter_mut().map(|(w, b)| (*w, b.data.as_mut_slice())).collect();
+        let mut slices: Vec<(&CpuWeight, &mut [f32])> = outs
+            .iter_mut()
+            .map(|(w, b)| (*w, b.data.as_mut_slice()))
+            .collect();
         matmul::matmul_multi(self.kernels, self.threads, &inp, &mut slices);
     }
 
@@ -180,27 +230,41 @@ impl Backend for CpuBackend {
     }
 
     fn rope(&self, x: &mut CpuBuf, head_dim: usize, rope: &RopeParams, pos0: usize) {
-        x.data.par_chunks_mut(x.cols).enumerate().for_each(|(t, row)| {
-            let mut cs = Vec::new();
-            ops::rope_angles(pos0 + t, rope, &mut cs);
-            for h in row.chunks_exact_mut(head_dim) {
-                ops::rope_head(h, &cs, rope.style);
-            }
-        });
+        x.data
+            .par_chunks_mut(x.cols)
+            .enumerate()
+            .for_each(|(t, row)| {
+                let mut cs = Vec::new();
+                ops::rope_angles(pos0 + t, rope, &mut cs);
+                for h in row.chunks_exact_mut(head_dim) {
+                    ops::rope_head(h, &cs, rope.style);
+                }
+            });
     }
 
     fn kv_store(&self, kv: &mut CpuKv, layer: usize, k: &CpuBuf, v: &CpuBuf, pos0: usize) {
         kv.layers[layer].store(&k.data, &v.data, pos0);
     }
 
-    fn attention(&self, q: &CpuBuf, kv: &CpuKv, layer: usize, pos0: usize, scale: f32, out: &mut CpuBuf) {
+    fn attention(
+        &self,
+        q: &CpuBuf,
+        kv: &CpuKv,
+        layer: usize,
+        pos0: usize,
+        scale: f32,
+        out: &mut CpuBuf,
+    ) {
         let l = &kv.layers[layer];
         let n_head = q.cols / l.spec.head_dim;
         l.attend(&q.data, n_head, pos0, scale, &mut out.data);
     }
 
     fn sigmoid_gate(&self, a: &mut CpuBuf, g: &CpuBuf) {
-        a.data.par_iter_mut().zip(&g.data).for_each(|(a, &g)| *a *= ops::sigmoid(g));
+        a.data
+            .par_iter_mut()
+            .zip(&g.data)
+            .for_each(|(a, &g)| *a *= ops::sigmoid(g));
     }
 
     fn residual_norm(
@@ -230,10 +294,25 @@ impl Backend for CpuBackend {
             });
     }
 
-    fn lm_head(&self, x: &CpuBuf, first_row: usize, w: &CpuWeight, scale: f32, softcap: Option<f32>, out: &mut CpuBuf) {
+    fn lm_head(
+        &self,
+        x: &CpuBuf,
+        first_row: usize,
+        w: &CpuWeight,
+        scale: f32,
+        softcap: Option<f32>,
+        out: &mut CpuBuf,
+    ) {
         let n = x.rows - first_row;
         let inp = self.quantize(&x.data[first_row * x.cols..], n, x.cols, &[w]);
-        matmul::matmul_multi(self.kernels, self.threads, &inp, &mut [(w, out.data.as_mut_slice())]);
-        out.data.par_chunks_mut(w.rows).for_each(|row| ops::scale_softcap(row, scale, softcap));
+        matmul::matmul_multi(
+            self.kernels,
+            self.threads,
+            &inp,
+            &mut [(w, out.data.as_mut_slice())],
+        );
+        out.data
+            .par_chunks_mut(w.rows)
+            .for_each(|row| ops::scale_softcap(row, scale, softcap));
     }
 }

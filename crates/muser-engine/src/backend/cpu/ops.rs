@@ -8,7 +8,11 @@ pub fn rmsnorm_row(x: &[f32], w: Option<&[f32]>, eps: f32, out: &mut [f32]) {
     let ss: f64 = x.iter().map(|&v| (v as f64) * (v as f64)).sum();
     let inv = (1.0 / (ss / x.len() as f64 + eps as f64).sqrt()) as f32;
     match w {
-        Some(w) => out.iter_mut().zip(x).zip(w).for_each(|((o, &v), &g)| *o = v * inv * g),
+        Some(w) => out
+            .iter_mut()
+            .zip(x)
+            .zip(w)
+            .for_each(|((o, &v), &g)| *o = v * inv * g),
         None => out.iter_mut().zip(x).for_each(|(o, &v)| *o = v * inv),
     }
 }

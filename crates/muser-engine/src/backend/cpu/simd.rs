@@ -29,7 +29,9 @@ pub fn axpy_f16(out: &mut [f32], s: f32, v: &[f16]) {
 
 #[cfg(target_arch = "x86_64")]
 fn has_f16c() -> bool {
-    is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
+    is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c")
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -76,7 +78,10 @@ mod x86 {
         let mut i = 0;
         while i + 8 <= n {
             let x = _mm256_cvtph_ps(_mm_loadu_si128(pv.add(i) as *const __m128i));
-            _mm256_storeu_ps(po.add(i), _mm256_fmadd_ps(sv, x, _mm256_loadu_ps(po.add(i))));
+            _mm256_storeu_ps(
+                po.add(i),
+                _mm256_fmadd_ps(sv, x, _mm256_loadu_ps(po.add(i))),
+            );
             i += 8;
         }
         while i < n {
