@@ -86,7 +86,7 @@ def main():
     ap.add_argument("--work", default=os.path.join(HERE, "work"))
     ap.add_argument("--f32", default=os.path.join(HERE, "work", "muse-default-f32.gguf"))
     ap.add_argument("--out", default=os.path.join(ROOT, "models", "muse-default.gguf"))
-    ap.add_argument("--types", default="Q6_K,Q4_K_M,Q8_0",
+    ap.add_argument("--types", default="Q4_K_M,Q6_K,Q8_0",
                     help="quantization types to try in order; the first that passes is kept")
     ap.add_argument("--summary", default=os.path.join(HERE, "work", "check.json"))
     a = ap.parse_args()
@@ -120,12 +120,23 @@ def main():
         summary["tokenizer_mismatched_docs"] = "skipped: this muser has no tokenize command"
         print(summary["tokenizer_mismatched_docs"])
 
+    # Unigram baseline on the same text and positions as `muser perplexity -c 512`
+    # (BOS + the file's tokens, chunks of 512, the last 255 of each chunk scored),
+    # with add-one smoothed counts of the training stream.
+    ids = np.asarray([0] + tok.encode(text, add_special_tokens=False).ids)
+    counts = np.bincount(np.load(os.path.join(a.work, "train.npy")).astype(np.int64),
+                         minlength=cfg["vocab_size"]) + 1.0
+    logp = np.log(counts / counts.sum())
+    scored = [ids[c * 512 + 257: (c + 1) * 512] for c in range(len(ids) // 512)]
+    summary["unigram_ppl_same_positions"] = float(np.exp(-logp[np.concatenate(scored)].mean()))
+    print(f"unigram baseline on the same positions: {summary['unigram_ppl_same_positions']:.1f}")
     ppl_f32, out = muser_perplexity(a.muser, a.f32, os.path.join(a.work, "val.txt"))
     summary["ppl_f32"] = ppl_f32
     print(f"F32 perplexity on held-out text: {ppl_f32:.3f}")
     summary["quant"] = {}
     kept = None
     for ty in a.types.split(","):
+        os.makedirs(os.path.dirname(a.out), exist_ok=True)
         q = a.out + f".{ty}.tmp"
         sh([a.muser, "quantize", a.f32, q, ty])
         size = os.path.getsize(q)
