@@ -15,6 +15,9 @@ typedef unsigned int uint32_t;
 #define QK_K 256
 #define QK8_0 32
 #define WARP 32
+#ifndef INFINITY
+#define INFINITY __int_as_float(0x7f800000)
+#endif
 
 // Q4_K: 144 bytes; d, dmin (f16), scales[12], qs[128]
 struct __align__(2) block_q4_k { __half d; __half dmin; uint8_t scales[12]; uint8_t qs[128]; };

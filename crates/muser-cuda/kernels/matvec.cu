@@ -1,15 +1,40 @@
 // Matrix-vector products for decode: y[c][r] = sum_k W[r][k] * x[c][k] for 1..8 activation
-// columns c (one decode step, or a decode group of several sequences).
+// columns c (one decode step, or a decode group of several sequences), and the same kernels
+// looped over groups of 8 columns for prefill until the tensor-core matmul takes over.
 //
-// Weights stay in their GGUF block layout (Q4_K, Q5_K, Q6_K, Q8_0, F16, F32); nothing is
-// dequantized to memory. For the quantized formats the activation is quantized once per input by
-// `quantize_q8_1` to int8 with one f32 scale per 32 values (plus that block's scaled sum, for the
-// Q4_K/Q5_K mins), and the dots run on dp4a. Float formats read the f32 activation.
+// Shapes served: every matrix of the decode chain (Muse Glimmer: 4096x6656 attn_q/attn_gate,
+// 256x6656 attn_k/attn_v, 6656x4096 attn_output, 19968x6656 ffn_gate/ffn_up, 6656x19968
+// ffn_down, 202048x6656 output), any K that is a multiple of the format's block.
 //
-// Launch: 128 threads (4 warps) per block, one warp per row, grid = ceil(rows / 4). Lane l of a
-// row's warp takes work items l, l+32, ... (an item is 16 quantized values of two sub-blocks),
-// so each row's reduction order depends only on K, never on the number of columns: results are
-// batch-invariant. Version 1 (2026-11-29): correctness first; not yet tuned for bandwidth.
+// Formats (kernel argument `ty`, see FMT_*): Q4_K and Q5_K in their GGUF blocks (144 and 176
+// bytes: 16-byte aligned, so the block header is one 16-byte load); Q6_K and Q8_0 repacked at
+// upload into aligned planes (see matvec.rs: quants, then scales, then d); F16, BF16, F32.
+// The activation of the quantized formats is quantized once per call by `quantize_q8_1` to int8
+// with one f32 scale per 32 values (and that block's d * sum(q), for the Q4_K/Q5_K mins); the
+// dots run on dp4a. Float formats read the f32 activation.
+//
+// One launch serves up to four matrices sharing one input (Q/K/V/gate): `MatvecJobs` lists
+// them, blocks take consecutive rows of the concatenation, so the small attn_k/attn_v ride
+// along with the large ones instead of running alone on a few SMs.
+//
+// Launch: 128 threads (4 warps) per block, one warp per row, grid = ceil(total rows / 4).
+// Lane l of a row's warp takes work items l, l+32, ... (an item is 16 weight bytes), so each
+// row's reduction order depends only on the format and K, never on the number of columns: the
+// results are batch-invariant.
+//
+// Versions: v1 (2026-11-29) one kernel per (format, columns), unaligned Q6_K loads.
+// v2 (2026-11-30) one kernel per column count with the format a warp-uniform switch, several
+// matrices per launch, the Q4_K/Q5_K header as one 16-byte load and its 6-bit scales unpacked
+// four at a time, Q6_K/Q8_0 repacked into 16-byte aligned planes, two items in flight per lane.
+// Measured on the H200: see the report of `muser check --backend cuda --bench`.
+
+#define FMT_F32 0
+#define FMT_F16 1
+#define FMT_BF16 2
+#define FMT_Q8_0 3
+#define FMT_Q4_K 4
+#define FMT_Q5_K 5
+#define FMT_Q6_K 6
 
 // x: [n][32] f32 blocks (n = ncols * K / 32). q: int8 [n][32]; ds: (d, d * sum(q)) per block.
 extern "C" __global__ void quantize_q8_1(const float* __restrict__ x, int8_t* __restrict__ q,
@@ -26,290 +51,323 @@ extern "C" __global__ void quantize_q8_1(const float* __restrict__ x, int8_t* __
     if (lane == 0) ds[blk] = make_float2(d, d * s);
 }
 
-template <int NC>
-__device__ __forceinline__ void store_rows(float (&acc)[NC], float* __restrict__ y, int row, int rows) {
-#pragma unroll
-    for (int c = 0; c < NC; ++c) {
-        const float v = warp_sum(acc[c]);
-        if (threadIdx.x % WARP == 0) y[(size_t)c * rows + row] = v;
-    }
+// The activation of one call: int8 + scales for the quantized formats, f32 for the others.
+// xq: [ncols][K] int8; xds: [ncols][K/32]; xf: [ncols][K].
+struct Act {
+    const int8_t* __restrict__ xq;
+    const float2* __restrict__ xds;
+    const float* __restrict__ xf;
+    int K;
+    int ncols;
+};
+
+// The 8 six-bit scales (or mins) of a Q4_K/Q5_K super-block, bytes 0-3 in lo, 4-7 in hi
+// (SPEC section 8): y, z, w are scales[0..4], [4..8], [8..12].
+__device__ __forceinline__ void unpack_scales_k4(uint32_t y, uint32_t z, uint32_t w, uint32_t* sc_lo,
+                                                 uint32_t* sc_hi, uint32_t* m_lo, uint32_t* m_hi) {
+    *sc_lo = y & 0x3F3F3F3Fu;
+    *m_lo = z & 0x3F3F3F3Fu;
+    *sc_hi = (w & 0x0F0F0F0Fu) | ((y >> 2) & 0x30303030u);
+    *m_hi = ((w >> 4) & 0x0F0F0F0Fu) | ((z >> 2) & 0x30303030u);
 }
 
-// Q4_K: item = (super-block b, group g of 64 values, half h): 16 qs bytes give 16 values of
-// sub-block 2g (low nibbles) and 16 of sub-block 2g+1 (high nibbles).
-template <int NC>
-__device__ void matvec_q4_k(const uint8_t* __restrict__ w, const int8_t* __restrict__ xq,
-                            const float2* __restrict__ xds, float* __restrict__ y, int rows, int K) {
-    const int row = blockIdx.x * 4 + threadIdx.x / WARP;
-    if (row >= rows) return;
-    const int nb = K / QK_K;
-    const block_q4_k* B = (const block_q4_k*)(w + (size_t)row * nb * sizeof(block_q4_k));
-    float acc[NC];
-#pragma unroll
-    for (int c = 0; c < NC; ++c) acc[c] = 0.0f;
-    for (int item = threadIdx.x % WARP; item < nb * 8; item += WARP) {
-        const int b = item >> 3, g = (item >> 1) & 3, h = item & 1;
-        const block_q4_k* blk = B + b;
-        const uint4 qv = *(const uint4*)(blk->qs + 32 * g + 16 * h);
-        const int qw[4] = {(int)qv.x, (int)qv.y, (int)qv.z, (int)qv.w};
-        int sc0, m0, sc1, m1;
-        scale_min_k4(2 * g, blk->scales, &sc0, &m0);
-        scale_min_k4(2 * g + 1, blk->scales, &sc1, &m1);
-        const float d = __half2float(blk->d), dmin = __half2float(blk->dmin);
-        const int i0 = b * QK_K + 64 * g + 16 * h;
-        const int a0 = (b * QK_K + 64 * g) / 32;
-#pragma unroll
-        for (int c = 0; c < NC; ++c) {
-            const int8_t* xc = xq + (size_t)c * K;
-            const int4 x0 = *(const int4*)(xc + i0);
-            const int4 x1 = *(const int4*)(xc + i0 + 32);
-            const int xa[4] = {x0.x, x0.y, x0.z, x0.w}, xb[4] = {x1.x, x1.y, x1.z, x1.w};
-            int s0 = 0, s1 = 0;
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                s0 = __dp4a(qw[k] & 0x0F0F0F0F, xa[k], s0);
-                s1 = __dp4a((qw[k] >> 4) & 0x0F0F0F0F, xb[k], s1);
-            }
-            const float2 ds0 = xds[(size_t)c * (K / 32) + a0], ds1 = xds[(size_t)c * (K / 32) + a0 + 1];
-            acc[c] += d * (sc0 * ds0.x * s0 + sc1 * ds1.x * s1);
-            if (h == 0) acc[c] -= dmin * (m0 * ds0.y + m1 * ds1.y);
-        }
-    }
-    store_rows<NC>(acc, y, row, rows);
+// Bytes 2g and 2g+1 of the 8 packed values (lo: 0-3, hi: 4-7).
+__device__ __forceinline__ void pick_pair(uint32_t lo, uint32_t hi, int g, int* a, int* b) {
+    const uint32_t word = g < 2 ? lo : hi;
+    const int sh = (g & 1) * 16;
+    *a = (word >> sh) & 0xFF;
+    *b = (word >> (sh + 8)) & 0xFF;
 }
 
-// Q5_K: as Q4_K, the fifth bit of value l of group g is bit 2g (low) / 2g+1 (high) of qh[l].
-template <int NC>
-__device__ void matvec_q5_k(const uint8_t* __restrict__ w, const int8_t* __restrict__ xq,
-                            const float2* __restrict__ xds, float* __restrict__ y, int rows, int K) {
-    const int row = blockIdx.x * 4 + threadIdx.x / WARP;
-    if (row >= rows) return;
-    const int nb = K / QK_K;
-    const block_q5_k* B = (const block_q5_k*)(w + (size_t)row * nb * sizeof(block_q5_k));
-    float acc[NC];
-#pragma unroll
-    for (int c = 0; c < NC; ++c) acc[c] = 0.0f;
-    for (int item = threadIdx.x % WARP; item < nb * 8; item += WARP) {
-        const int b = item >> 3, g = (item >> 1) & 3, h = item & 1;
-        const block_q5_k* blk = B + b;
-        const uint4 qv = *(const uint4*)(blk->qs + 32 * g + 16 * h);
-        const uint4 hv = *(const uint4*)(blk->qh + 16 * h);
-        const int qw[4] = {(int)qv.x, (int)qv.y, (int)qv.z, (int)qv.w};
-        const int hw[4] = {(int)hv.x, (int)hv.y, (int)hv.z, (int)hv.w};
-        int sc0, m0, sc1, m1;
-        scale_min_k4(2 * g, blk->scales, &sc0, &m0);
-        scale_min_k4(2 * g + 1, blk->scales, &sc1, &m1);
-        const float d = __half2float(blk->d), dmin = __half2float(blk->dmin);
-        const int i0 = b * QK_K + 64 * g + 16 * h;
-        const int a0 = (b * QK_K + 64 * g) / 32;
-        int lo[4], hi[4];
+// Q4_K/Q5_K item = (super-block b, group g of 64 values, half h): 16 qs bytes give 16 values of
+// sub-block 2g (low nibbles) and 16 of sub-block 2g+1 (high nibbles); Q5_K's fifth bits are bit
+// 2g (low) / 2g+1 (high) of qh[16h + l].
+template <int NC, bool Q5>
+__device__ __forceinline__ void item_q45_k(const uint8_t* __restrict__ row, int item, const Act& a,
+                                           float (&acc)[NC]) {
+    const int b = item >> 3, g = (item >> 1) & 3, h = item & 1;
+    const uint8_t* blk = row + (size_t)b * (Q5 ? 176 : 144);
+    const uint4 hdr = *(const uint4*)blk;
+    const uint4 qv = *(const uint4*)(blk + (Q5 ? 48 : 16) + 32 * g + 16 * h);
+    int lo[4], hi[4];
+    const uint32_t qw[4] = {qv.x, qv.y, qv.z, qv.w};
+    if (Q5) {
+        const uint4 hv = *(const uint4*)(blk + 16 + 16 * h);
+        const uint32_t hw[4] = {hv.x, hv.y, hv.z, hv.w};
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
             lo[k] = (qw[k] & 0x0F0F0F0F) | (((hw[k] >> (2 * g)) & 0x01010101) << 4);
             hi[k] = ((qw[k] >> 4) & 0x0F0F0F0F) | (((hw[k] >> (2 * g + 1)) & 0x01010101) << 4);
         }
+    } else {
 #pragma unroll
-        for (int c = 0; c < NC; ++c) {
-            const int8_t* xc = xq + (size_t)c * K;
-            const int4 x0 = *(const int4*)(xc + i0);
-            const int4 x1 = *(const int4*)(xc + i0 + 32);
-            const int xa[4] = {x0.x, x0.y, x0.z, x0.w}, xb[4] = {x1.x, x1.y, x1.z, x1.w};
-            int s0 = 0, s1 = 0;
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                s0 = __dp4a(lo[k], xa[k], s0);
-                s1 = __dp4a(hi[k], xb[k], s1);
-            }
-            const float2 ds0 = xds[(size_t)c * (K / 32) + a0], ds1 = xds[(size_t)c * (K / 32) + a0 + 1];
-            acc[c] += d * (sc0 * ds0.x * s0 + sc1 * ds1.x * s1);
-            if (h == 0) acc[c] -= dmin * (m0 * ds0.y + m1 * ds1.y);
+        for (int k = 0; k < 4; ++k) {
+            lo[k] = qw[k] & 0x0F0F0F0F;
+            hi[k] = (qw[k] >> 4) & 0x0F0F0F0F;
         }
     }
-    store_rows<NC>(acc, y, row, rows);
+    uint32_t sc_lo, sc_hi, m_lo, m_hi;
+    unpack_scales_k4(hdr.y, hdr.z, hdr.w, &sc_lo, &sc_hi, &m_lo, &m_hi);
+    int sc0, sc1, m0, m1;
+    pick_pair(sc_lo, sc_hi, g, &sc0, &sc1);
+    pick_pair(m_lo, m_hi, g, &m0, &m1);
+    const float2 dm = __half22float2(*(const __half2*)&hdr.x);
+    const int i0 = b * QK_K + 64 * g + 16 * h;
+    const int a0 = (b * QK_K + 64 * g) / 32;
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+        if (c >= a.ncols) break;
+        const int8_t* xc = a.xq + (size_t)c * a.K;
+        const int4 x0 = *(const int4*)(xc + i0);
+        const int4 x1 = *(const int4*)(xc + i0 + 32);
+        const int xa[4] = {x0.x, x0.y, x0.z, x0.w}, xb[4] = {x1.x, x1.y, x1.z, x1.w};
+        int s0 = 0, s1 = 0;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            s0 = __dp4a(lo[k], xa[k], s0);
+            s1 = __dp4a(hi[k], xb[k], s1);
+        }
+        const float2* dsc = a.xds + (size_t)c * (a.K / 32) + a0;
+        const float2 ds0 = dsc[0], ds1 = dsc[1];
+        float v = dm.x * ((float)(sc0 * s0) * ds0.x + (float)(sc1 * s1) * ds1.x);
+        if (h == 0) v -= dm.y * ((float)m0 * ds0.y + (float)m1 * ds1.y);
+        acc[c] += v;
+    }
 }
 
-// Q6_K: item = (super-block b, half, lp, k): ql bytes half*64 + 32lp + 16k (+16) hold 16 values
-// of sub-block half*8 + 2lp + k (low nibbles) and 16 of sub-block +4 (high nibbles); their two
-// high bits are bit pairs lp and lp+2 of qh[half*32 + 16k + l]. Blocks are 210 bytes, so only
-// 2-byte aligned loads are safe.
+// Q6_K, repacked: plane A [rows][nb][192] = ql[128] qh[64]; plane B [rows][nb][16] scales;
+// plane C [rows][nb] d (f16). Item = (super-block b, half, lp, k): ql bytes half*64 + 32lp + 16k
+// hold 16 values of sub-block half*8 + 2lp + k (low nibbles) and 16 of sub-block +4 (high
+// nibbles); their two high bits are bit pairs lp and lp+2 of qh[half*32 + 16k + l].
 template <int NC>
-__device__ void matvec_q6_k(const uint8_t* __restrict__ w, const int8_t* __restrict__ xq,
-                            const float2* __restrict__ xds, float* __restrict__ y, int rows, int K) {
-    const int row = blockIdx.x * 4 + threadIdx.x / WARP;
-    if (row >= rows) return;
-    const int nb = K / QK_K;
-    const block_q6_k* B = (const block_q6_k*)(w + (size_t)row * nb * sizeof(block_q6_k));
-    float acc[NC];
+__device__ __forceinline__ void item_q6_k(const uint8_t* __restrict__ qa, const int8_t* __restrict__ sb,
+                                          const __half* __restrict__ dc, int item, const Act& a,
+                                          float (&acc)[NC]) {
+    const int b = item >> 3, half = (item >> 2) & 1, lp = (item >> 1) & 1, k = item & 1;
+    const uint8_t* blk = qa + (size_t)b * 192;
+    const uint4 lv = *(const uint4*)(blk + half * 64 + 32 * lp + 16 * k);
+    const uint4 hv = *(const uint4*)(blk + 128 + half * 32 + 16 * k);
+    const uint32_t lw[4] = {lv.x, lv.y, lv.z, lv.w}, hw[4] = {hv.x, hv.y, hv.z, hv.w};
+    int lo[4], hi[4];
 #pragma unroll
-    for (int c = 0; c < NC; ++c) acc[c] = 0.0f;
-    for (int item = threadIdx.x % WARP; item < nb * 8; item += WARP) {
-        const int b = item >> 3, half = (item >> 2) & 1, lp = (item >> 1) & 1, k = item & 1;
-        const block_q6_k* blk = B + b;
-        const uint8_t* ql = blk->ql + half * 64 + 32 * lp + 16 * k;
-        const uint8_t* qh = blk->qh + half * 32 + 16 * k;
-        int lo[4], hi[4];
+    for (int j = 0; j < 4; ++j) {
+        lo[j] = __vsub4((lw[j] & 0x0F0F0F0F) | (((hw[j] >> (2 * lp)) & 0x03030303) << 4), 0x20202020);
+        hi[j] = __vsub4(((lw[j] >> 4) & 0x0F0F0F0F) | (((hw[j] >> (2 * lp + 4)) & 0x03030303) << 4), 0x20202020);
+    }
+    const int sidx = half * 8 + 2 * lp + k;
+    const int sc0 = sb[b * 16 + sidx], sc1 = sb[b * 16 + sidx + 4];
+    const float d = __half2float(dc[b]);
+    const int i0 = b * QK_K + half * 128 + 32 * lp + 16 * k;
+    const int a0 = (b * QK_K + half * 128 + 32 * lp) / 32;
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+        if (c >= a.ncols) break;
+        const int8_t* xc = a.xq + (size_t)c * a.K;
+        const int4 x0 = *(const int4*)(xc + i0);
+        const int4 x1 = *(const int4*)(xc + i0 + 64);
+        const int xa[4] = {x0.x, x0.y, x0.z, x0.w}, xb[4] = {x1.x, x1.y, x1.z, x1.w};
+        int s0 = 0, s1 = 0;
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-            const int l = load_i32_a2(ql + 4 * j), hb = load_i32_a2(qh + 4 * j);
-            lo[j] = __vsub4((l & 0x0F0F0F0F) | (((hb >> (2 * lp)) & 0x03030303) << 4), 0x20202020);
-            hi[j] = __vsub4(((l >> 4) & 0x0F0F0F0F) | (((hb >> (2 * lp + 4)) & 0x03030303) << 4), 0x20202020);
+            s0 = __dp4a(lo[j], xa[j], s0);
+            s1 = __dp4a(hi[j], xb[j], s1);
         }
-        const int sidx = half * 8 + 2 * lp + k;
-        const float d = __half2float(blk->d);
-        const int sc0 = blk->scales[sidx], sc1 = blk->scales[sidx + 4];
-        const int i0 = b * QK_K + half * 128 + 32 * lp + 16 * k;
-        const int a0 = (b * QK_K + half * 128 + 32 * lp) / 32;
-#pragma unroll
-        for (int c = 0; c < NC; ++c) {
-            const int8_t* xc = xq + (size_t)c * K;
-            const int4 x0 = *(const int4*)(xc + i0);
-            const int4 x1 = *(const int4*)(xc + i0 + 64);
-            const int xa[4] = {x0.x, x0.y, x0.z, x0.w}, xb[4] = {x1.x, x1.y, x1.z, x1.w};
-            int s0 = 0, s1 = 0;
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                s0 = __dp4a(lo[j], xa[j], s0);
-                s1 = __dp4a(hi[j], xb[j], s1);
-            }
-            const float2 ds0 = xds[(size_t)c * (K / 32) + a0], ds1 = xds[(size_t)c * (K / 32) + a0 + 2];
-            acc[c] += d * (sc0 * ds0.x * s0 + sc1 * ds1.x * s1);
-        }
+        const float2* dsc = a.xds + (size_t)c * (a.K / 32) + a0;
+        acc[c] += d * ((float)(sc0 * s0) * dsc[0].x + (float)(sc1 * s1) * dsc[2].x);
     }
-    store_rows<NC>(acc, y, row, rows);
 }
 
-// Q8_0: item = (block, half): 16 int8 values.
+// Q8_0, repacked: plane A [rows][nb][32] int8; plane B [rows][nb] d (f16). Item = 16 values.
 template <int NC>
-__device__ void matvec_q8_0(const uint8_t* __restrict__ w, const int8_t* __restrict__ xq,
-                            const float2* __restrict__ xds, float* __restrict__ y, int rows, int K) {
-    const int row = blockIdx.x * 4 + threadIdx.x / WARP;
-    if (row >= rows) return;
-    const int nb = K / QK8_0;
-    const block_q8_0* B = (const block_q8_0*)(w + (size_t)row * nb * sizeof(block_q8_0));
-    float acc[NC];
+__device__ __forceinline__ void item_q8_0(const int8_t* __restrict__ qa, const __half* __restrict__ dc,
+                                          int item, const Act& a, float (&acc)[NC]) {
+    const int b = item >> 1;
+    const int4 wv = *(const int4*)(qa + (size_t)item * 16);
+    const int w[4] = {wv.x, wv.y, wv.z, wv.w};
+    const float d = __half2float(dc[b]);
 #pragma unroll
-    for (int c = 0; c < NC; ++c) acc[c] = 0.0f;
-    for (int item = threadIdx.x % WARP; item < nb * 2; item += WARP) {
-        const int b = item >> 1, h = item & 1;
-        const block_q8_0* blk = B + b;
-        int qw[4];
+    for (int c = 0; c < NC; ++c) {
+        if (c >= a.ncols) break;
+        const int4 x0 = *(const int4*)(a.xq + (size_t)c * a.K + item * 16);
+        const int xa[4] = {x0.x, x0.y, x0.z, x0.w};
+        int s = 0;
 #pragma unroll
-        for (int j = 0; j < 4; ++j) qw[j] = load_i32_a2((const uint8_t*)blk->qs + 16 * h + 4 * j);
-        const float d = __half2float(blk->d);
-#pragma unroll
-        for (int c = 0; c < NC; ++c) {
-            const int4 x0 = *(const int4*)(xq + (size_t)c * K + b * 32 + 16 * h);
-            const int xa[4] = {x0.x, x0.y, x0.z, x0.w};
-            int s = 0;
-#pragma unroll
-            for (int j = 0; j < 4; ++j) s = __dp4a(qw[j], xa[j], s);
-            acc[c] += d * xds[(size_t)c * (K / 32) + b].x * s;
-        }
+        for (int j = 0; j < 4; ++j) s = __dp4a(w[j], xa[j], s);
+        acc[c] += d * a.xds[(size_t)c * (a.K / 32) + b].x * (float)s;
     }
-    store_rows<NC>(acc, y, row, rows);
 }
 
-// F16 weights, f32 activation: item = 8 values (one 16-byte load).
-template <int NC>
-__device__ void matvec_f16(const uint8_t* __restrict__ w, const float* __restrict__ x,
-                           float* __restrict__ y, int rows, int K) {
-    const int row = blockIdx.x * 4 + threadIdx.x / WARP;
-    if (row >= rows) return;
-    const __half* W = (const __half*)w + (size_t)row * K;
-    float acc[NC];
-#pragma unroll
-    for (int c = 0; c < NC; ++c) acc[c] = 0.0f;
-    for (int item = threadIdx.x % WARP; item < K / 8; item += WARP) {
-        const uint4 raw = *(const uint4*)(W + 8 * item);
-        const __half2* h2 = (const __half2*)&raw;
-        float wf[8];
+// Float formats: item = 16 weight bytes (4 f32 or 8 f16/bf16 values).
+template <int NC, int FMT>
+__device__ __forceinline__ void item_float(const uint8_t* __restrict__ row, int item, const Act& a,
+                                           float (&acc)[NC]) {
+    const uint4 raw = *(const uint4*)(row + (size_t)item * 16);
+    constexpr int PER = FMT == FMT_F32 ? 4 : 8;
+    float wf[PER];
+    if (FMT == FMT_F32) {
+        wf[0] = __uint_as_float(raw.x);
+        wf[1] = __uint_as_float(raw.y);
+        wf[2] = __uint_as_float(raw.z);
+        wf[3] = __uint_as_float(raw.w);
+    } else {
+        const uint32_t u[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-            const float2 f = __half22float2(h2[j]);
-            wf[2 * j] = f.x;
-            wf[2 * j + 1] = f.y;
-        }
-#pragma unroll
-        for (int c = 0; c < NC; ++c) {
-            const float4* xc = (const float4*)(x + (size_t)c * K + 8 * item);
-            const float4 p = xc[0], q = xc[1];
-            acc[c] += wf[0] * p.x + wf[1] * p.y + wf[2] * p.z + wf[3] * p.w +
-                      wf[4] * q.x + wf[5] * q.y + wf[6] * q.z + wf[7] * q.w;
+            if (FMT == FMT_F16) {
+                const float2 f = __half22float2(*(const __half2*)&u[j]);
+                wf[2 * j] = f.x;
+                wf[2 * j + 1] = f.y;
+            } else {
+                wf[2 * j] = __uint_as_float(u[j] << 16);
+                wf[2 * j + 1] = __uint_as_float(u[j] & 0xFFFF0000u);
+            }
         }
     }
-    store_rows<NC>(acc, y, row, rows);
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+        if (c >= a.ncols) break;
+        const float4* xc = (const float4*)(a.xf + (size_t)c * a.K + (size_t)item * PER);
+        float s = 0.0f;
+#pragma unroll
+        for (int j = 0; j < PER / 4; ++j) {
+            const float4 p = xc[j];
+            s += wf[4 * j] * p.x + wf[4 * j + 1] * p.y + wf[4 * j + 2] * p.z + wf[4 * j + 3] * p.w;
+        }
+        acc[c] += s;
+    }
 }
 
-// F32 weights: item = 4 values.
+// Work items in a row of K values.
+__device__ __forceinline__ int items_per_row(int ty, int K) {
+    switch (ty) {
+    case FMT_F32: return K / 4;
+    case FMT_F16:
+    case FMT_BF16: return K / 8;
+    case FMT_Q8_0: return K / 16;
+    default: return K / 32;
+    }
+}
+
+// acc[c] += this lane's share of row `row` of matrix w (format ty) dotted with column c.
+// Items are visited as lane, lane + 32, ...; two per iteration so two loads are in flight.
 template <int NC>
-__device__ void matvec_f32(const uint8_t* __restrict__ w, const float* __restrict__ x,
-                           float* __restrict__ y, int rows, int K) {
-    const int row = blockIdx.x * 4 + threadIdx.x / WARP;
-    if (row >= rows) return;
-    const float4* W = (const float4*)((const float*)w + (size_t)row * K);
+__device__ __forceinline__ void row_dot(int ty, const uint8_t* __restrict__ w, int row, int rows, const Act& a,
+                                        float (&acc)[NC]) {
+    const int lane = threadIdx.x % WARP;
+    const int n = items_per_row(ty, a.K);
+    const int nb = a.K / QK_K;
+    switch (ty) {
+    case FMT_Q4_K: {
+        const uint8_t* r = w + (size_t)row * nb * 144;
+#pragma unroll 2
+        for (int it = lane; it < n; it += WARP) item_q45_k<NC, false>(r, it, a, acc);
+        break;
+    }
+    case FMT_Q5_K: {
+        const uint8_t* r = w + (size_t)row * nb * 176;
+#pragma unroll 2
+        for (int it = lane; it < n; it += WARP) item_q45_k<NC, true>(r, it, a, acc);
+        break;
+    }
+    case FMT_Q6_K: {
+        const uint8_t* qa = w + (size_t)row * nb * 192;
+        const int8_t* sb = (const int8_t*)(w + (size_t)rows * nb * 192) + (size_t)row * nb * 16;
+        const __half* dc = (const __half*)(w + (size_t)rows * nb * 208) + (size_t)row * nb;
+#pragma unroll 2
+        for (int it = lane; it < n; it += WARP) item_q6_k<NC>(qa, sb, dc, it, a, acc);
+        break;
+    }
+    case FMT_Q8_0: {
+        const int nb0 = a.K / QK8_0;
+        const int8_t* qa = (const int8_t*)w + (size_t)row * a.K;
+        const __half* dc = (const __half*)(w + (size_t)rows * a.K) + (size_t)row * nb0;
+#pragma unroll 2
+        for (int it = lane; it < n; it += WARP) item_q8_0<NC>(qa, dc, it, a, acc);
+        break;
+    }
+    case FMT_F16: {
+        const uint8_t* r = w + (size_t)row * a.K * 2;
+#pragma unroll 2
+        for (int it = lane; it < n; it += WARP) item_float<NC, FMT_F16>(r, it, a, acc);
+        break;
+    }
+    case FMT_BF16: {
+        const uint8_t* r = w + (size_t)row * a.K * 2;
+#pragma unroll 2
+        for (int it = lane; it < n; it += WARP) item_float<NC, FMT_BF16>(r, it, a, acc);
+        break;
+    }
+    default: {
+        const uint8_t* r = w + (size_t)row * a.K * 4;
+#pragma unroll 2
+        for (int it = lane; it < n; it += WARP) item_float<NC, FMT_F32>(r, it, a, acc);
+        break;
+    }
+    }
+}
+
+// Up to four matrices sharing one input; rows of job j are global rows start[j]..start[j+1].
+struct MatvecJobs {
+    const uint8_t* w[4];
+    float* y[4]; // [ncols][rows_j]
+    int rows[4];
+    int ty[4];
+    int start[5];
+    int njobs;
+};
+
+template <int NC>
+__device__ void matvec_multi(const MatvecJobs& jobs, const Act& a) {
+    const int grow = blockIdx.x * 4 + threadIdx.x / WARP;
+    if (grow >= jobs.start[jobs.njobs]) return;
+    int j = 0;
+#pragma unroll
+    for (int t = 1; t < 4; ++t)
+        if (t < jobs.njobs && grow >= jobs.start[t]) j = t;
+    const int row = grow - jobs.start[j];
+    const int rows = jobs.rows[j];
     float acc[NC];
 #pragma unroll
     for (int c = 0; c < NC; ++c) acc[c] = 0.0f;
-    for (int item = threadIdx.x % WARP; item < K / 4; item += WARP) {
-        const float4 wv = W[item];
+    row_dot<NC>(jobs.ty[j], jobs.w[j], row, rows, a, acc);
+    float* y = jobs.y[j];
 #pragma unroll
-        for (int c = 0; c < NC; ++c) {
-            const float4 p = ((const float4*)(x + (size_t)c * K))[item];
-            acc[c] += wv.x * p.x + wv.y * p.y + wv.z * p.z + wv.w * p.w;
-        }
+    for (int c = 0; c < NC; ++c) {
+        const float v = warp_sum(acc[c]);
+        if (c < a.ncols && threadIdx.x % WARP == 0) y[(size_t)c * rows + row] = v;
     }
-    store_rows<NC>(acc, y, row, rows);
 }
 
-#define Q_ARGS const uint8_t* __restrict__ w, const int8_t* __restrict__ xq, const float2* __restrict__ xds, float* __restrict__ y, int rows, int K
-#define F_ARGS const uint8_t* __restrict__ w, const float* __restrict__ x, float* __restrict__ y, int rows, int K
+// y[c][r] = silu(G[r] . x[c]) * (U[r] . x[c]): gate and up rows in the same warp, one pass
+// over the activation.
+template <int NC>
+__device__ void matvec_silu(const uint8_t* wg, int tyg, const uint8_t* wu, int tyu, float* y, int rows,
+                            const Act& a) {
+    const int row = blockIdx.x * 4 + threadIdx.x / WARP;
+    if (row >= rows) return;
+    float ag[NC], au[NC];
+#pragma unroll
+    for (int c = 0; c < NC; ++c) ag[c] = au[c] = 0.0f;
+    row_dot<NC>(tyg, wg, row, rows, a, ag);
+    row_dot<NC>(tyu, wu, row, rows, a, au);
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+        const float g = warp_sum(ag[c]), u = warp_sum(au[c]);
+        if (c < a.ncols && threadIdx.x % WARP == 0) y[(size_t)c * rows + row] = g / (1.0f + expf(-g)) * u;
+    }
+}
 
-// One entry point per (format, columns): NVRTC exports them by these names.
-extern "C" __global__ void __launch_bounds__(128) matvec_q4_k_1(Q_ARGS) { matvec_q4_k<1>(w, xq, xds, y, rows, K); }
-extern "C" __global__ void __launch_bounds__(128) matvec_q4_k_2(Q_ARGS) { matvec_q4_k<2>(w, xq, xds, y, rows, K); }
-extern "C" __global__ void __launch_bounds__(128) matvec_q4_k_3(Q_ARGS) { matvec_q4_k<3>(w, xq, xds, y, rows, K); }
-extern "C" __global__ void __launch_bounds__(128) matvec_q4_k_4(Q_ARGS) { matvec_q4_k<4>(w, xq, xds, y, rows, K); }
-extern "C" __global__ void __launch_bounds__(128) matvec_q4_k_5(Q_ARGS) { matvec_q4_k<5>(w, xq, xds, y, rows, K); }
-extern "C" __global__ void __launch_bounds__(128) matvec_q4_k_6(Q_ARGS) { matvec_q4_k<6>(w, xq, xds, y, rows, K); }
-extern "C" __global__ void __launch_bounds__(128) matvec_q4_k_7(Q_ARGS) { matvec_q4_k<7>(w, xq, xds, y, rows, K); }
-extern "C" __global__ void __launch_bounds__(128) matvec_q4_k_8(Q_ARGS) { matvec_q4_k<8>(w, xq, xds, y, rows, K); }
-extern "C" __global__ void __launch_bounds__(128) matvec_q5_k_1(Q_ARGS) { matvec_q5_k<1>(w, xq, xds, y, rows, K); }
-extern "C" __global__ void __launch_bounds__(128) matvec_q5_k_2(Q_ARGS) { matvec_q5_k<2>(w, xq, xds, y, rows, K); }
-extern "C" __global__ void __launch_bounds__(128) matvec_q5_k_3(Q_ARGS) { matvec_q5_k<3>(w, xq, xds, y, rows, K); }
-extern "C" __global__ void __launch_bounds__(128) matvec_q5_k_4(Q_ARGS) { matvec_q5_k<4>(w, xq, xds, y, rows, K); }
-extern "C" __global__ void __launch_bounds__(128) matvec_q5_k_5(Q_ARGS) { matvec_q5_k<5>(w, xq, xds, y, rows, K); }
-extern "C" __global__ void __launch_bounds__(128) matvec_q5_k_6(Q_ARGS) { matvec_q5_k<6>(w, xq, xds, y, rows, K); }
-extern "C" __global__ void __launch_bounds__(128) matvec_q5_k_7(Q_ARGS) { matvec_q5_k<7>(w, xq, xds, y, rows, K); }
-extern "C" __global__ void __launch_bounds__(128) matvec_q5_k_8(Q_ARGS) { matvec_q5_k<8>(w, xq, xds, y, rows, K); }
-extern "C" __global__ void __launch_bounds__(128) matvec_q6_k_1(Q_ARGS) { matvec_q6_k<1>(w, xq, xds, y, rows, K); }
-extern "C" __global__ void __launch_bounds__(128) matvec_q6_k_2(Q_ARGS) { matvec_q6_k<2>(w, xq, xds, y, rows, K); }
-extern "C" __global__ void __launch_bounds__(128) matvec_q6_k_3(Q_ARGS) { matvec_q6_k<3>(w, xq, xds, y, rows, K); }
-extern "C" __global__ void __launch_bounds__(128) matvec_q6_k_4(Q_ARGS) { matvec_q6_k<4>(w, xq, xds, y, rows, K); }
-extern "C" __global__ void __launch_bounds__(128) matvec_q6_k_5(Q_ARGS) { matvec_q6_k<5>(w, xq, xds, y, rows, K); }
-extern "C" __global__ void __launch_bounds__(128) matvec_q6_k_6(Q_ARGS) { matvec_q6_k<6>(w, xq, xds, y, rows, K); }
-extern "C" __global__ void __launch_bounds__(128) matvec_q6_k_7(Q_ARGS) { matvec_q6_k<7>(w, xq, xds, y, rows, K); }
-extern "C" __global__ void __launch_bounds__(128) matvec_q6_k_8(Q_ARGS) { matvec_q6_k<8>(w, xq, xds, y, rows, K); }
-extern "C" __global__ void __launch_bounds__(128) matvec_q8_0_1(Q_ARGS) { matvec_q8_0<1>(w, xq, xds, y, rows, K); }
-extern "C" __global__ void __launch_bounds__(128) matvec_q8_0_2(Q_ARGS) { matvec_q8_0<2>(w, xq, xds, y, rows, K); }
-extern "C" __global__ void __launch_bounds__(128) matvec_q8_0_3(Q_ARGS) { matvec_q8_0<3>(w, xq, xds, y, rows, K); }
-extern "C" __global__ void __launch_bounds__(128) matvec_q8_0_4(Q_ARGS) { matvec_q8_0<4>(w, xq, xds, y, rows, K); }
-extern "C" __global__ void __launch_bounds__(128) matvec_q8_0_5(Q_ARGS) { matvec_q8_0<5>(w, xq, xds, y, rows, K); }
-extern "C" __global__ void __launch_bounds__(128) matvec_q8_0_6(Q_ARGS) { matvec_q8_0<6>(w, xq, xds, y, rows, K); }
-extern "C" __global__ void __launch_bounds__(128) matvec_q8_0_7(Q_ARGS) { matvec_q8_0<7>(w, xq, xds, y, rows, K); }
-extern "C" __global__ void __launch_bounds__(128) matvec_q8_0_8(Q_ARGS) { matvec_q8_0<8>(w, xq, xds, y, rows, K); }
-extern "C" __global__ void __launch_bounds__(128) matvec_f16_1(F_ARGS) { matvec_f16<1>(w, x, y, rows, K); }
-extern "C" __global__ void __launch_bounds__(128) matvec_f16_2(F_ARGS) { matvec_f16<2>(w, x, y, rows, K); }
-extern "C" __global__ void __launch_bounds__(128) matvec_f16_3(F_ARGS) { matvec_f16<3>(w, x, y, rows, K); }
-extern "C" __global__ void __launch_bounds__(128) matvec_f16_4(F_ARGS) { matvec_f16<4>(w, x, y, rows, K); }
-extern "C" __global__ void __launch_bounds__(128) matvec_f16_5(F_ARGS) { matvec_f16<5>(w, x, y, rows, K); }
-extern "C" __global__ void __launch_bounds__(128) matvec_f16_6(F_ARGS) { matvec_f16<6>(w, x, y, rows, K); }
-extern "C" __global__ void __launch_bounds__(128) matvec_f16_7(F_ARGS) { matvec_f16<7>(w, x, y, rows, K); }
-extern "C" __global__ void __launch_bounds__(128) matvec_f16_8(F_ARGS) { matvec_f16<8>(w, x, y, rows, K); }
-extern "C" __global__ void __launch_bounds__(128) matvec_f32_1(F_ARGS) { matvec_f32<1>(w, x, y, rows, K); }
-extern "C" __global__ void __launch_bounds__(128) matvec_f32_2(F_ARGS) { matvec_f32<2>(w, x, y, rows, K); }
-extern "C" __global__ void __launch_bounds__(128) matvec_f32_3(F_ARGS) { matvec_f32<3>(w, x, y, rows, K); }
-extern "C" __global__ void __launch_bounds__(128) matvec_f32_4(F_ARGS) { matvec_f32<4>(w, x, y, rows, K); }
-extern "C" __global__ void __launch_bounds__(128) matvec_f32_5(F_ARGS) { matvec_f32<5>(w, x, y, rows, K); }
-extern "C" __global__ void __launch_bounds__(128) matvec_f32_6(F_ARGS) { matvec_f32<6>(w, x, y, rows, K); }
-extern "C" __global__ void __launch_bounds__(128) matvec_f32_7(F_ARGS) { matvec_f32<7>(w, x, y, rows, K); }
-extern "C" __global__ void __launch_bounds__(128) matvec_f32_8(F_ARGS) { matvec_f32<8>(w, x, y, rows, K); }
+#define ACT_ARGS const int8_t* __restrict__ xq, const float2* __restrict__ xds, const float* __restrict__ xf, int K, int ncols
+#define ACT Act{xq, xds, xf, K, ncols}
+
+// One entry point per column count (a launch with fewer columns uses the next wider one).
+extern "C" __global__ void __launch_bounds__(128) matvec_1(MatvecJobs jobs, ACT_ARGS) { matvec_multi<1>(jobs, ACT); }
+extern "C" __global__ void __launch_bounds__(128) matvec_2(MatvecJobs jobs, ACT_ARGS) { matvec_multi<2>(jobs, ACT); }
+extern "C" __global__ void __launch_bounds__(128) matvec_4(MatvecJobs jobs, ACT_ARGS) { matvec_multi<4>(jobs, ACT); }
+extern "C" __global__ void __launch_bounds__(128) matvec_8(MatvecJobs jobs, ACT_ARGS) { matvec_multi<8>(jobs, ACT); }
+
+#define SILU_ARGS const uint8_t* __restrict__ wg, int tyg, const uint8_t* __restrict__ wu, int tyu, float* __restrict__ y, int rows
+extern "C" __global__ void __launch_bounds__(128) matvec_silu_1(SILU_ARGS, ACT_ARGS) { matvec_silu<1>(wg, tyg, wu, tyu, y, rows, ACT); }
+extern "C" __global__ void __launch_bounds__(128) matvec_silu_2(SILU_ARGS, ACT_ARGS) { matvec_silu<2>(wg, tyg, wu, tyu, y, rows, ACT); }
+extern "C" __global__ void __launch_bounds__(128) matvec_silu_4(SILU_ARGS, ACT_ARGS) { matvec_silu<4>(wg, tyg, wu, tyu, y, rows, ACT); }
+extern "C" __global__ void __launch_bounds__(128) matvec_silu_8(SILU_ARGS, ACT_ARGS) { matvec_silu<8>(wg, tyg, wu, tyu, y, rows, ACT); }

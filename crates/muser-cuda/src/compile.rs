@@ -8,7 +8,15 @@ use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
 pub const COMMON_HEADER: &str = include_str!("../kernels/common.cuh");
 
 /// Every kernel source file, by name. CI compiles each with NVRTC for sm_90.
-pub const KERNEL_SOURCES: &[(&str, &str)] = &[("matvec.cu", include_str!("../kernels/matvec.cu"))];
+pub const KERNEL_SOURCES: &[(&str, &str)] = &[
+    ("matvec.cu", include_str!("../kernels/matvec.cu")),
+    ("embed.cu", include_str!("../kernels/embed.cu")),
+    ("norm.cu", include_str!("../kernels/norm.cu")),
+    ("rope.cu", include_str!("../kernels/rope.cu")),
+    ("attention.cu", include_str!("../kernels/attention.cu")),
+    ("elementwise.cu", include_str!("../kernels/elementwise.cu")),
+    ("argmax.cu", include_str!("../kernels/argmax.cu")),
+];
 
 /// True when libnvrtc can be loaded (cudarc would panic otherwise).
 pub fn nvrtc_available() -> bool {

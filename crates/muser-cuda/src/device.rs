@@ -25,6 +25,8 @@ pub struct Gpu {
     pub stream: Arc<CudaStream>,
     pub name: String,
     pub arch: &'static str,
+    /// Streaming multiprocessors.
+    pub sms: usize,
     modules: Vec<Arc<CudaModule>>,
     functions: BTreeMap<String, CudaFunction>,
     dispatches: BTreeMap<String, AtomicU64>,
@@ -49,6 +51,10 @@ impl Gpu {
             )));
         }
         let ctx = CudaContext::new(ordinal)?;
+        // SAFETY: everything runs on the one stream below, which orders every access; cudarc's
+        // per-buffer events would only add a record/wait pair to each launch.
+        unsafe { ctx.disable_event_tracking() };
+        let sms = ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as usize;
         let stream = ctx.default_stream();
         let (major, minor) = ctx.compute_capability()?;
         let arch = arch_name(major, minor)?;
@@ -57,6 +63,7 @@ impl Gpu {
             ctx,
             stream,
             arch,
+            sms,
             modules: Vec::new(),
             functions: BTreeMap::new(),
             dispatches: BTreeMap::new(),
@@ -106,13 +113,41 @@ fn arch_name(major: i32, minor: i32) -> Result<&'static str, CudaError> {
     })
 }
 
-/// The `extern "C" __global__` kernel names a source defines.
+/// The `extern "C" __global__` kernel names a source defines (a `__launch_bounds__(..)` before
+/// the name is skipped).
 pub fn kernel_names(src: &str) -> Vec<String> {
     src.lines()
         .filter_map(|l| l.trim().strip_prefix("extern \"C\" __global__"))
         .filter_map(|rest| {
+            let rest = match rest.find("__launch_bounds__(") {
+                Some(i) => {
+                    let after = &rest[i..];
+                    &after[after.find(')')? + 1..]
+                }
+                None => rest,
+            };
             let before_paren = rest.split('(').next()?;
             before_paren.split_whitespace().last().map(str::to_string)
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn kernel_names_skip_launch_bounds() {
+        let src = "extern \"C\" __global__ void __launch_bounds__(128) matvec_1(MatvecJobs j) {}\n\
+                   extern \"C\" __global__ void kv_store(const float* k,\n";
+        assert_eq!(super::kernel_names(src), vec!["matvec_1", "kv_store"]);
+    }
+
+    #[test]
+    fn every_source_names_distinct_kernels() {
+        let mut all: Vec<String> = crate::KERNEL_SOURCES.iter().flat_map(|(_, s)| super::kernel_names(s)).collect();
+        let n = all.len();
+        all.sort();
+        all.dedup();
+        assert_eq!(all.len(), n, "a kernel name is defined twice");
+        assert!(!all.iter().any(|k| k.starts_with("__")), "{all:?}");
+    }
 }

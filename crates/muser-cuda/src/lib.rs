@@ -6,10 +6,12 @@
 //! machines with no CUDA at all. cudarc panics when a library is missing, so every entry point
 //! checks for the library first and returns `CudaError::Unavailable` instead.
 
+pub mod backend;
 pub mod compile;
 pub mod device;
 pub mod matvec;
 pub mod parity;
 
+pub use backend::{CudaBackend, CudaBuf, CudaKv, CudaWeight};
 pub use compile::{compile_source, nvrtc_available, KERNEL_SOURCES};
 pub use device::{CudaError, Gpu};

@@ -1,11 +1,14 @@
-//! Host side of `kernels/matvec.cu`: weight upload, activation quantization, launches for any
+//! Host side of `kernels/matvec.cu`: weight upload (Q6_K and Q8_0 repacked into 16-byte aligned
+//! planes), activation quantization, and launches of several matrices sharing one input for any
 //! number of columns (in groups of up to 8, the kernels' widest instantiation).
 
 use crate::device::{CudaError, Gpu};
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 use muser_gguf::GgmlType;
+use rayon::prelude::*;
 
-/// A weight matrix on the GPU, in its GGUF block layout: `rows` rows of `cols` values.
+/// A weight matrix on the GPU: `rows` rows of `cols` values, in its GGUF block layout
+/// (Q4_K, Q5_K, F32, F16, BF16) or repacked into planes (Q6_K, Q8_0: see `repack`).
 pub struct DeviceMatrix {
     pub ty: GgmlType,
     pub rows: usize,
@@ -15,23 +18,26 @@ pub struct DeviceMatrix {
 
 /// Scratch for one quantized activation of up to `cap` values (columns x K).
 pub struct ActScratch {
-    q: CudaSlice<i8>,
-    ds: CudaSlice<f32>,
-    cap: usize,
+    pub q: CudaSlice<i8>,
+    pub ds: CudaSlice<f32>, // (cap / 32, 2)
+    pub cap: usize,
 }
 
 /// Columns one kernel launch handles at most.
 pub const MAX_COLS: usize = 8;
+/// Matrices one launch handles at most (`MatvecJobs` in matvec.cu).
+pub const MAX_JOBS: usize = 4;
 
-/// The kernel-name suffix of a weight type, or an error for a type with no CUDA matvec.
-pub fn kernel_format(ty: GgmlType) -> Result<&'static str, CudaError> {
+/// The kernels' format code (FMT_* in matvec.cu), or an error for a type with no CUDA matvec.
+pub fn format_code(ty: GgmlType) -> Result<i32, CudaError> {
     Ok(match ty {
-        GgmlType::Q4_K => "q4_k",
-        GgmlType::Q5_K => "q5_k",
-        GgmlType::Q6_K => "q6_k",
-        GgmlType::Q8_0 => "q8_0",
-        GgmlType::F16 => "f16",
-        GgmlType::F32 => "f32",
+        GgmlType::F32 => 0,
+        GgmlType::F16 => 1,
+        GgmlType::BF16 => 2,
+        GgmlType::Q8_0 => 3,
+        GgmlType::Q4_K => 4,
+        GgmlType::Q5_K => 5,
+        GgmlType::Q6_K => 6,
         other => return Err(CudaError::Unsupported(format!("no CUDA matvec for {other}"))),
     })
 }
@@ -41,19 +47,91 @@ pub fn uses_q8_activation(ty: GgmlType) -> bool {
     matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::Q8_0)
 }
 
+/// The matvec kernel serving a group of `n` (1..=8) columns: the next instantiated width.
+pub fn matvec_width(n: usize) -> usize {
+    match n {
+        0 | 1 => 1,
+        2 => 2,
+        3 | 4 => 4,
+        _ => 8,
+    }
+}
+
+/// Reorders the blocks of Q6_K (210 bytes) and Q8_0 (34 bytes), whose fields are only 2-byte
+/// aligned, into planes the kernels read with 16-byte loads; other types are returned as they
+/// are. Q6_K: [rows][nb][192] ql+qh, then [rows][nb][16] scales, then [rows][nb] d (f16).
+/// Q8_0: [rows][cols] int8, then [rows][cols/32] d (f16). The byte count is unchanged.
+pub fn repack(ty: GgmlType, bytes: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+    let (bs, quants, scales) = match ty {
+        GgmlType::Q6_K => (210usize, 192usize, 16usize),
+        GgmlType::Q8_0 => (34, 32, 0),
+        _ => return std::borrow::Cow::Borrowed(bytes),
+    };
+    let nblk = bytes.len() / bs;
+    let mut out = vec![0u8; bytes.len()];
+    let (qa, rest) = out.split_at_mut(nblk * quants);
+    let (sb, dc) = rest.split_at_mut(nblk * scales);
+    let blocks = bytes.par_chunks_exact(bs);
+    let d_at = if ty == GgmlType::Q6_K { 208 } else { 0 };
+    let q_at = if ty == GgmlType::Q6_K { 0 } else { 2 };
+    blocks
+        .zip(qa.par_chunks_exact_mut(quants))
+        .zip(dc.par_chunks_exact_mut(2))
+        .for_each(|((b, q), d)| {
+            q.copy_from_slice(&b[q_at..q_at + quants]);
+            d.copy_from_slice(&b[d_at..d_at + 2]);
+        });
+    if scales > 0 {
+        sb.par_chunks_exact_mut(scales)
+            .zip(bytes.par_chunks_exact(bs))
+            .for_each(|(s, b)| s.copy_from_slice(&b[192..208]));
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+/// The device address of a buffer (kernels take raw pointers so one launch can name several).
+pub fn dptr<T>(gpu: &Gpu, s: &CudaSlice<T>) -> u64 {
+    let (p, _sync) = s.device_ptr(&gpu.stream);
+    p
+}
+
+/// Up to four matrices sharing one input; mirrors `MatvecJobs` of matvec.cu.
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug)]
+struct MatvecJobs {
+    w: [u64; MAX_JOBS],
+    y: [u64; MAX_JOBS],
+    rows: [i32; MAX_JOBS],
+    ty: [i32; MAX_JOBS],
+    start: [i32; MAX_JOBS + 1],
+    njobs: i32,
+}
+// SAFETY: a plain #[repr(C)] struct of integers with the layout of the CUDA struct.
+unsafe impl DeviceRepr for MatvecJobs {}
+
+/// One matrix of a matvec launch: the weight and the address of its output `[ncols][rows]`.
+pub struct Job<'a> {
+    pub m: &'a DeviceMatrix,
+    pub y: u64,
+}
+
 impl Gpu {
-    /// Uploads `rows` x `cols` weights of type `ty` (raw GGUF bytes).
-    pub fn upload_matrix(
-        &self,
-        ty: GgmlType,
-        rows: usize,
-        cols: usize,
-        bytes: &[u8],
-    ) -> Result<DeviceMatrix, CudaError> {
-        kernel_format(ty)?;
+    /// Uploads `rows` x `cols` weights of type `ty` (raw GGUF bytes), repacking where needed.
+    pub fn upload_matrix(&self, ty: GgmlType, rows: usize, cols: usize, bytes: &[u8]) -> Result<DeviceMatrix, CudaError> {
+        format_code(ty)?;
         let row_bytes = ty.row_bytes(cols as u64).ok_or_else(|| {
-            CudaError::Unsupported(format!("{ty}: row of {cols} is not a multiple of the block"))
+            CudaError::Unsupported(format!("{ty}: a row of {cols} values is not a whole number of blocks"))
         })? as usize;
+        if row_bytes % 16 != 0 && !matches!(ty, GgmlType::Q6_K | GgmlType::Q8_0) {
+            return Err(CudaError::Unsupported(format!(
+                "{ty} rows of {cols} values ({row_bytes} bytes) are not 16-byte aligned"
+            )));
+        }
+        if matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K) && cols % 256 != 0
+            || ty == GgmlType::Q8_0 && cols % 32 != 0
+        {
+            return Err(CudaError::Unsupported(format!("{ty} row of {cols} values")));
+        }
         if bytes.len() != rows * row_bytes {
             return Err(CudaError::Unsupported(format!(
                 "{ty} matrix {rows}x{cols} needs {} bytes, got {}",
@@ -61,16 +139,118 @@ impl Gpu {
                 bytes.len()
             )));
         }
-        Ok(DeviceMatrix { ty, rows, cols, data: self.stream.clone_htod(bytes)? })
+        let data = self.stream.clone_htod(&*repack(ty, bytes))?;
+        Ok(DeviceMatrix { ty, rows, cols, data })
     }
 
     /// Scratch for activations of up to `cap` values.
     pub fn act_scratch(&self, cap: usize) -> Result<ActScratch, CudaError> {
-        Ok(ActScratch {
-            q: self.stream.alloc_zeros::<i8>(cap)?,
-            ds: self.stream.alloc_zeros::<f32>(cap / 32 * 2)?,
-            cap,
-        })
+        let cap = cap.max(32);
+        Ok(ActScratch { q: self.stream.alloc_zeros::<i8>(cap)?, ds: self.stream.alloc_zeros::<f32>(cap / 32 * 2)?, cap })
+    }
+
+    /// Quantizes `n` f32 values at address `x` (n a multiple of 32) into `scratch`.
+    pub fn quantize_q8_1(&self, x: u64, n: usize, scratch: &mut ActScratch) -> Result<(), CudaError> {
+        if n > scratch.cap {
+            *scratch = self.act_scratch(n)?;
+        }
+        let n_blocks = (n / 32) as i32;
+        let cfg = LaunchConfig { grid_dim: ((n_blocks as u32).div_ceil(4), 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+        let (q, ds) = (dptr(self, &scratch.q), dptr(self, &scratch.ds));
+        let f = self.kernel("quantize_q8_1")?;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&x).arg(&q).arg(&ds).arg(&n_blocks);
+        // SAFETY: x holds n f32; q and ds hold at least n / 32 blocks.
+        unsafe { b.launch(cfg) }?;
+        Ok(())
+    }
+
+    /// y_j[c][r] = W_j x[c] for every job, `ncols` columns of width `k` at address `x` (f32).
+    /// The int8 activation must already be in `scratch` when any job is quantized
+    /// (`quantize_q8_1`): matmuls sharing one input quantize it once.
+    pub fn matvec_jobs(&self, jobs: &[Job], x: u64, k: usize, ncols: usize, scratch: &ActScratch) -> Result<(), CudaError> {
+        for group in jobs.chunks(MAX_JOBS) {
+            let mut mj = MatvecJobs::default();
+            let mut total = 0usize;
+            for (i, j) in group.iter().enumerate() {
+                if j.m.cols != k {
+                    return Err(CudaError::Unsupported(format!("matvec input width {k} != matrix cols {}", j.m.cols)));
+                }
+                mj.w[i] = dptr(self, &j.m.data);
+                mj.rows[i] = j.m.rows as i32;
+                mj.ty[i] = format_code(j.m.ty)?;
+                mj.start[i] = total as i32;
+                total += j.m.rows;
+            }
+            mj.njobs = group.len() as i32;
+            mj.start[group.len()] = total as i32;
+            let cfg = LaunchConfig { grid_dim: ((total as u32).div_ceil(4), 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+            let mut c0 = 0;
+            while c0 < ncols {
+                let n = (ncols - c0).min(MAX_COLS);
+                for (i, j) in group.iter().enumerate() {
+                    mj.y[i] = j.y + (c0 * j.m.rows * 4) as u64;
+                }
+                let (xq, xds, xf) = self.act_ptrs(scratch, x, k, c0);
+                let (k_i, n_i) = (k as i32, n as i32);
+                let f = self.kernel(&format!("matvec_{}", matvec_width(n)))?;
+                let mut b = self.stream.launch_builder(f);
+                b.arg(&mj).arg(&xq).arg(&xds).arg(&xf).arg(&k_i).arg(&n_i);
+                // SAFETY: each job reads rows*row_bytes weight bytes and writes n*rows outputs at
+                // y + c0*rows; the activation holds ncols*k values.
+                unsafe { b.launch(cfg) }?;
+                c0 += n;
+            }
+        }
+        Ok(())
+    }
+
+    /// y[c][r] = silu(G[r] . x[c]) * (U[r] . x[c]) (the int8 activation already in `scratch`
+    /// when either matrix is quantized).
+    pub fn matvec_silu(
+        &self,
+        gate: &DeviceMatrix,
+        up: &DeviceMatrix,
+        x: u64,
+        ncols: usize,
+        scratch: &ActScratch,
+        y: u64,
+    ) -> Result<(), CudaError> {
+        let (k, rows) = (gate.cols, gate.rows);
+        if up.cols != k || up.rows != rows {
+            return Err(CudaError::Unsupported(format!(
+                "gate {}x{} and up {}x{} differ in shape",
+                gate.rows, gate.cols, up.rows, up.cols
+            )));
+        }
+        let cfg = LaunchConfig { grid_dim: ((rows as u32).div_ceil(4), 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+        let (wg, wu) = (dptr(self, &gate.data), dptr(self, &up.data));
+        let (tg, tu) = (format_code(gate.ty)?, format_code(up.ty)?);
+        let rows_i = rows as i32;
+        let mut c0 = 0;
+        while c0 < ncols {
+            let n = (ncols - c0).min(MAX_COLS);
+            let (xq, xds, xf) = self.act_ptrs(scratch, x, k, c0);
+            let yc = y + (c0 * rows * 4) as u64;
+            let (k_i, n_i) = (k as i32, n as i32);
+            let f = self.kernel(&format!("matvec_silu_{}", matvec_width(n)))?;
+            let mut b = self.stream.launch_builder(f);
+            b.arg(&wg).arg(&tg).arg(&wu).arg(&tu).arg(&yc).arg(&rows_i);
+            b.arg(&xq).arg(&xds).arg(&xf).arg(&k_i).arg(&n_i);
+            // SAFETY: as in matvec_jobs.
+            unsafe { b.launch(cfg) }?;
+            c0 += n;
+        }
+        Ok(())
+    }
+
+    /// Addresses of column c0 of the int8 activation, its scales and the f32 activation.
+    fn act_ptrs(&self, scratch: &ActScratch, x: u64, k: usize, c0: usize) -> (u64, u64, u64) {
+        (
+            dptr(self, &scratch.q) + (c0 * k) as u64,
+            dptr(self, &scratch.ds) + (c0 * k / 32 * 8) as u64,
+            x + (c0 * k * 4) as u64,
+        )
     }
 
     /// y[c][r] = W x[c] for `ncols` columns: x is [ncols][cols], y is [ncols][rows].
@@ -82,55 +262,71 @@ impl Gpu {
         scratch: &mut ActScratch,
         y: &mut CudaSlice<f32>,
     ) -> Result<(), CudaError> {
-        let k = m.cols;
-        assert!(x.len() >= ncols * k && y.len() >= ncols * m.rows, "matvec buffers too small");
-        let fmt = kernel_format(m.ty)?;
-        let grid = (m.rows as u32).div_ceil(4);
-        let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
-        let (rows_i, k_i) = (m.rows as i32, k as i32);
+        assert!(x.len() >= ncols * m.cols && y.len() >= ncols * m.rows, "matvec buffers too small");
+        let xp = dptr(self, x);
         if uses_q8_activation(m.ty) {
-            if ncols * k > scratch.cap {
-                return Err(CudaError::Unsupported(format!(
-                    "activation of {ncols}x{k} exceeds the scratch of {}",
-                    scratch.cap
-                )));
-            }
-            let n_blocks = (ncols * k / 32) as i32;
-            let f = self.kernel("quantize_q8_1")?;
-            let qcfg = LaunchConfig {
-                grid_dim: ((n_blocks as u32).div_ceil(4), 1, 1),
-                block_dim: (128, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            let mut b = self.stream.launch_builder(f);
-            b.arg(x).arg(&mut scratch.q).arg(&mut scratch.ds).arg(&n_blocks);
-            // SAFETY: x holds ncols*k f32; q and ds hold at least that many blocks.
-            unsafe { b.launch(qcfg) }?;
+            self.quantize_q8_1(xp, ncols * m.cols, scratch)?;
         }
-        let mut c0 = 0;
-        while c0 < ncols {
-            let n = (ncols - c0).min(MAX_COLS);
-            let f = self.kernel(&format!("matvec_{fmt}_{n}"))?;
-            let mut b = self.stream.launch_builder(f);
-            let mut y_part = y.slice_mut(c0 * m.rows..(c0 + n) * m.rows);
-            b.arg(&m.data);
-            let xq;
-            let xds;
-            let xf;
-            if uses_q8_activation(m.ty) {
-                xq = scratch.q.slice(c0 * k..(c0 + n) * k);
-                xds = scratch.ds.slice(c0 * k / 16..(c0 + n) * k / 16);
-                b.arg(&xq).arg(&xds);
+        self.matvec_jobs(&[Job { m, y: dptr(self, y) }], xp, m.cols, ncols, scratch)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jobs_struct_matches_the_kernel_layout() {
+        // w[4], y[4] pointers, rows[4], ty[4], start[5], njobs: 120 bytes, 8-aligned.
+        assert_eq!(std::mem::size_of::<MatvecJobs>(), 120);
+        assert_eq!(std::mem::align_of::<MatvecJobs>(), 8);
+    }
+
+    #[test]
+    fn every_column_count_has_a_kernel_that_covers_it() {
+        for n in 1..=MAX_COLS {
+            let w = matvec_width(n);
+            assert!(w >= n && [1, 2, 4, 8].contains(&w), "{n} columns -> width {w}");
+        }
+    }
+
+    #[test]
+    fn glimmer_matrices_route_to_dp4a_kernels_with_aligned_rows() {
+        // (rows, cols, type) of Muse Glimmer's matrices.
+        for (cols, ty) in [(6656u64, GgmlType::Q4_K), (6656, GgmlType::Q6_K), (4096, GgmlType::Q4_K), (19968, GgmlType::Q4_K), (19968, GgmlType::Q6_K), (6656, GgmlType::Q5_K)] {
+            assert!(uses_q8_activation(ty));
+            assert!(format_code(ty).is_ok());
+            let rb = ty.row_bytes(cols).unwrap();
+            if ty != GgmlType::Q6_K {
+                assert_eq!(rb % 16, 0, "{ty} rows of {cols}");
+            }
+        }
+    }
+
+    #[test]
+    fn repack_moves_every_byte_once() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        for (ty, bs) in [(GgmlType::Q6_K, 210usize), (GgmlType::Q8_0, 34)] {
+            let nblk = 37;
+            let bytes: Vec<u8> = (0..nblk * bs).map(|_| rng.gen()).collect();
+            let out = repack(ty, &bytes);
+            assert_eq!(out.len(), bytes.len());
+            let mut a = bytes.clone();
+            let mut b = out.to_vec();
+            a.sort_unstable();
+            b.sort_unstable();
+            assert_eq!(a, b, "{ty}: repack is a permutation");
+            // Spot-check block 5's fields in their planes.
+            let blk = &bytes[5 * bs..6 * bs];
+            if ty == GgmlType::Q6_K {
+                assert_eq!(&out[5 * 192..6 * 192], &blk[..192]);
+                assert_eq!(&out[nblk * 192 + 5 * 16..nblk * 192 + 6 * 16], &blk[192..208]);
+                assert_eq!(&out[nblk * 208 + 10..nblk * 208 + 12], &blk[208..210]);
             } else {
-                xf = x.slice(c0 * k..(c0 + n) * k);
-                b.arg(&xf);
+                assert_eq!(&out[5 * 32..6 * 32], &blk[2..34]);
+                assert_eq!(&out[nblk * 32 + 10..nblk * 32 + 12], &blk[..2]);
             }
-            b.arg(&mut y_part).arg(&rows_i).arg(&k_i);
-            // SAFETY: the kernel reads rows*row_bytes weight bytes, n*k activations, and writes
-            // n*rows outputs, all within the slices passed.
-            unsafe { b.launch(cfg) }?;
-            c0 += n;
         }
-        Ok(())
     }
 }

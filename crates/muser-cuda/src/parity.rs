@@ -100,7 +100,7 @@ pub fn check_matvec(gpu: &Gpu, ty: GgmlType, rows: usize, cols: usize, ncols: us
     gpu.matvec(&m, &xd, ncols, &mut scratch, &mut yd)?;
     let y = gpu.stream.clone_dtoh(&yd)?;
     Ok(Parity {
-        kernel: format!("matvec_{}", crate::matvec::kernel_format(ty)?),
+        kernel: format!("matvec {ty}"),
         shape: format!("{rows}x{cols} x{ncols}"),
         nmse: nmse(&y, &reference),
         threshold: MATVEC_NMSE,

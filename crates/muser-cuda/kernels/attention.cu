@@ -1,0 +1,173 @@
+// The f16 KV cache and attention over it (SPEC section 3: KV store, attention over the sliding
+// ring and the full plane, split over the sequence for long contexts).
+//
+// Cache layout per layer: K and V are [slots][n_kv * D] f16. A sliding layer keeps a ring
+// (position p in slot p % slots), a full layer a plane (slot = p).
+//
+// attn_partial: grid (n_kv, n_rows, n_splits), 128 threads. A block takes one KV head, one
+// query row (at position pos0 + row) and one split of the positions that row sees; it serves the
+// G = n_head / n_kv query heads that share the KV head (16 on Muse Glimmer), so each K/V row is
+// read once per group. Positions go in tiles of 32 through shared memory (K, V converted to f32,
+// K rows padded so the 32 lanes of a score read different banks); softmax is online (running
+// max and sum per head). The block writes its unnormalised output, max and sum; attn_combine
+// (grid (n_head, n_rows), D threads) merges the splits. Decode (one row) uses many splits so
+// that ~2 blocks per SM run; prefill rows (many) use few.
+// Head dims: 64, 128, 256 (template), G * D <= 4096.
+// Measured on the H200: see `muser check --backend cuda --bench`.
+
+#define ATT_T 32
+
+extern "C" __global__ void kv_store(const float* __restrict__ k, const float* __restrict__ v, __half* __restrict__ kc,
+                                    __half* __restrict__ vc, int n, int width, int pos0, int slots, int ring) {
+    const long long idx = (long long)blockIdx.x * 256 + threadIdx.x;
+    if (idx >= (long long)n * width) return;
+    const int t = idx / width, e = idx % width;
+    const int p = pos0 + t;
+    const long long s = ring ? p % slots : p;
+    kc[s * width + e] = __float2half_rn(k[idx]);
+    vc[s * width + e] = __float2half_rn(v[idx]);
+}
+
+// Shared memory of one block: q [G][D], K tile [T][D + 4], V tile [T][D], scores [G][T],
+// max / sum / rescale [G] each.
+template <int D>
+__device__ void attn_partial(const float* __restrict__ q, const __half* __restrict__ kc, const __half* __restrict__ vc,
+                             float* __restrict__ o_part, float2* __restrict__ ml_part, int n_head, int n_kv,
+                             int pos0, int window, int slots, int ring, float scale, int split_len) {
+    constexpr int OUTS = 4096 / 128;
+    constexpr int KP = D + 4;
+    extern __shared__ float4 smem4[];
+    float* smem = (float*)smem4;
+    const int kvh = blockIdx.x, row = blockIdx.y, split = blockIdx.z, n_splits = gridDim.z;
+    const int G = n_head / n_kv;
+    const int width = n_kv * D;
+    const int tid = threadIdx.x, lane = tid % WARP, warp = tid / WARP;
+    float* qs = smem;
+    float* kt = qs + G * D;
+    float* vt = kt + ATT_T * KP;
+    float* sc = vt + ATT_T * D;
+    float* mrow = sc + G * ATT_T;
+    float* lrow = mrow + G;
+    float* alpha = lrow + G;
+
+    const int p = pos0 + row;
+    const int lo = window > 0 ? max(0, p - window + 1) : 0;
+    const int start = lo + split * split_len;
+    const int end = min(p + 1, start + split_len);
+
+    const float* qrow = q + (size_t)row * n_head * D + (size_t)kvh * G * D;
+    for (int e = tid; e < G * D; e += 128) qs[e] = qrow[e];
+    for (int g = tid; g < G; g += 128) {
+        mrow[g] = -INFINITY;
+        lrow[g] = 0.0f;
+    }
+    float acc[OUTS];
+#pragma unroll
+    for (int k = 0; k < OUTS; ++k) acc[k] = 0.0f;
+    __syncthreads();
+
+    for (int j0 = start; j0 < end; j0 += ATT_T) {
+        // K and V rows j0 .. j0 + T (zeros past the end).
+        for (int e = tid; e < ATT_T * D / 2; e += 128) {
+            const int jj = e / (D / 2), dd = 2 * (e % (D / 2));
+            const int j = j0 + jj;
+            float2 kf = make_float2(0.0f, 0.0f), vf = kf;
+            if (j < end) {
+                const long long s = ring ? j % slots : j;
+                const size_t off = (size_t)s * width + (size_t)kvh * D + dd;
+                kf = __half22float2(*(const __half2*)(kc + off));
+                vf = __half22float2(*(const __half2*)(vc + off));
+            }
+            kt[jj * KP + dd] = kf.x;
+            kt[jj * KP + dd + 1] = kf.y;
+            vt[jj * D + dd] = vf.x;
+            vt[jj * D + dd + 1] = vf.y;
+        }
+        __syncthreads();
+        // Scores: one (head, position) per thread and step; a warp shares the head.
+        for (int e = tid; e < G * ATT_T; e += 128) {
+            const int g = e / ATT_T, jj = e % ATT_T;
+            float s = -INFINITY;
+            if (j0 + jj < end) {
+                const float4* qa = (const float4*)(qs + g * D);
+                const float4* ka = (const float4*)(kt + jj * KP);
+                float d0 = 0.0f;
+#pragma unroll 8
+                for (int d = 0; d < D / 4; ++d) {
+                    const float4 a = qa[d], b = ka[d];
+                    d0 += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+                }
+                s = d0 * scale;
+            }
+            sc[e] = s;
+        }
+        __syncthreads();
+        // Online softmax: a warp per head, a lane per position.
+        for (int g = warp; g < G; g += 4) {
+            const float s = sc[g * ATT_T + lane];
+            const float m_old = mrow[g];
+            const float m_new = fmaxf(m_old, warp_max(s));
+            const float pr = s == -INFINITY ? 0.0f : expf(s - m_new);
+            sc[g * ATT_T + lane] = pr;
+            const float ps = warp_sum(pr);
+            if (lane == 0) {
+                const float a = m_old == -INFINITY ? 0.0f : expf(m_old - m_new);
+                lrow[g] = lrow[g] * a + ps;
+                mrow[g] = m_new;
+                alpha[g] = a;
+            }
+        }
+        __syncthreads();
+        // acc[g][d] = acc * alpha_g + sum_j p[g][j] V[j][d].
+#pragma unroll
+        for (int k = 0; k < OUTS; ++k) {
+            const int e = tid + 128 * k;
+            if (e < G * D) {
+                const int g = e / D, d = e % D;
+                const float* pr = sc + g * ATT_T;
+                float a = acc[k] * alpha[g];
+#pragma unroll 8
+                for (int jj = 0; jj < ATT_T; ++jj) a += pr[jj] * vt[jj * D + d];
+                acc[k] = a;
+            }
+        }
+        __syncthreads();
+    }
+    const size_t base = ((size_t)row * n_head + (size_t)kvh * G) * n_splits + split;
+#pragma unroll
+    for (int k = 0; k < OUTS; ++k) {
+        const int e = tid + 128 * k;
+        if (e < G * D) {
+            const int g = e / D, d = e % D;
+            o_part[(base + (size_t)g * n_splits) * D + d] = acc[k];
+        }
+    }
+    for (int g = tid; g < G; g += 128) ml_part[base + (size_t)g * n_splits] = make_float2(mrow[g], lrow[g]);
+}
+
+#define ATT_ARGS const float* __restrict__ q, const __half* __restrict__ kc, const __half* __restrict__ vc, \
+    float* __restrict__ o_part, float2* __restrict__ ml_part, int n_head, int n_kv, int pos0, int window, int slots, \
+    int ring, float scale, int split_len
+#define ATT_PASS q, kc, vc, o_part, ml_part, n_head, n_kv, pos0, window, slots, ring, scale, split_len
+extern "C" __global__ void __launch_bounds__(128) attn_partial_64(ATT_ARGS) { attn_partial<64>(ATT_PASS); }
+extern "C" __global__ void __launch_bounds__(128) attn_partial_128(ATT_ARGS) { attn_partial<128>(ATT_PASS); }
+extern "C" __global__ void __launch_bounds__(128) attn_partial_256(ATT_ARGS) { attn_partial<256>(ATT_PASS); }
+
+// out[row][h][d] = sum_s e^(m_s - M) o_s[d] / sum_s e^(m_s - M) l_s. Launch: grid (n_head,
+// n_rows), D threads.
+extern "C" __global__ void attn_combine(const float* __restrict__ o_part, const float2* __restrict__ ml_part,
+                                        float* __restrict__ out, int n_head, int n_splits, int D) {
+    const int h = blockIdx.x, row = blockIdx.y, d = threadIdx.x;
+    const size_t base = ((size_t)row * n_head + h) * n_splits;
+    float M = -INFINITY;
+    for (int s = 0; s < n_splits; ++s) M = fmaxf(M, ml_part[base + s].x);
+    float num = 0.0f, den = 0.0f;
+    for (int s = 0; s < n_splits; ++s) {
+        const float2 ml = ml_part[base + s];
+        if (ml.x == -INFINITY) continue;
+        const float w = expf(ml.x - M);
+        num += w * o_part[(base + s) * D + d];
+        den += w * ml.y;
+    }
+    out[((size_t)row * n_head + h) * D + d] = num / den;
+}

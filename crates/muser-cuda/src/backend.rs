@@ -1,0 +1,465 @@
+//! `CudaBackend`: the engine's `Backend` on one GPU. Weights are uploaded once (a progress bar
+//! while they go), activations are f32 device buffers, the KV cache is f16 on the device, and
+//! every op of the decode chain is one kernel (or a fused group) of `kernels/`.
+//!
+//! The trait's ops return no `Result`: a driver error in the middle of a forward pass (a lost
+//! device, an illegal address) panics with the driver's message. Everything that can be checked
+//! before the first token (no driver, no device, no NVRTC, an unsupported tensor type) is an
+//! error from `CudaBackend::new` or `Backend::weight`.
+//!
+//! All work goes to one stream in order; the host waits only where it reads a buffer back.
+
+use crate::device::{CudaError, Gpu};
+use crate::matvec::{dptr, uses_q8_activation, ActScratch, DeviceMatrix, Job};
+use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits};
+use muser_engine::backend::{Backend, KvLayerSpec, NormArgs};
+use muser_engine::config::{RopeParams, RopeStyle};
+use muser_engine::weights::TensorView;
+use muser_engine::{EngineError, Result};
+use muser_gguf::GgmlType;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+
+/// A resident weight: a matrix in its (possibly repacked) block layout, or a 1-D tensor
+/// dequantized to f32 (norm weights).
+pub struct CudaWeight {
+    pub name: String,
+    pub matrix: Option<DeviceMatrix>,
+    pub vector: Option<CudaSlice<f32>>, // (cols)
+    pub rows: usize,
+    pub cols: usize,
+}
+
+impl CudaWeight {
+    fn mat(&self) -> &DeviceMatrix {
+        self.matrix.as_ref().unwrap_or_else(|| panic!("{} is a vector, used as a matrix", self.name))
+    }
+    fn vec_ptr(&self, gpu: &Gpu) -> u64 {
+        dptr(gpu, self.vector.as_ref().unwrap_or_else(|| panic!("{} is a matrix, used as a vector", self.name)))
+    }
+}
+
+/// An f32 matrix `[rows, cols]` on the device, row-major.
+pub struct CudaBuf {
+    pub rows: usize,
+    pub cols: usize,
+    pub data: CudaSlice<f32>,
+}
+
+/// The KV cache of one layer: K and V `[slots, n_head_kv * head_dim]` f16 (a ring for sliding
+/// layers, a plane of `slots` = n_ctx positions for full layers).
+pub struct CudaKvLayer {
+    pub spec: KvLayerSpec,
+    pub k: CudaSlice<u16>, // f16 bits
+    pub v: CudaSlice<u16>, // f16 bits
+}
+
+pub struct CudaKv {
+    pub layers: Vec<CudaKvLayer>,
+}
+
+/// Scratch buffers, grown on demand.
+struct Workspace {
+    act: ActScratch,
+    tokens: CudaSlice<u32>,
+    o_part: CudaSlice<f32>,
+    ml_part: CudaSlice<f32>,
+    argmax: CudaSlice<u32>,
+}
+
+pub struct CudaBackend {
+    pub gpu: Gpu,
+    ws: Mutex<Workspace>,
+    upload: Mutex<Option<indicatif::ProgressBar>>,
+    big_smem_set: [AtomicBool; 3],
+}
+
+/// Panics with the driver's message: the trait's ops cannot return errors (see the module doc).
+fn ck<T>(r: std::result::Result<T, impl std::fmt::Display>, what: &str) -> T {
+    r.unwrap_or_else(|e| panic!("CUDA {what}: {e}"))
+}
+
+fn grow<T: DeviceRepr + ValidAsZeroBits>(gpu: &Gpu, s: &mut CudaSlice<T>, n: usize) {
+    if s.len() < n {
+        *s = ck(gpu.stream.alloc_zeros::<T>(n.next_power_of_two()), "alloc");
+    }
+}
+
+fn cfg1(n: usize, threads: u32) -> LaunchConfig {
+    LaunchConfig { grid_dim: ((n as u32).div_ceil(threads).max(1), 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 }
+}
+
+/// Positions per attention tile (ATT_T in attention.cu).
+const ATT_T: usize = 32;
+
+/// How an attention launch splits the positions: `n_splits` blocks per (row, KV head), each
+/// over `split_len` positions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttnPlan {
+    pub n_splits: usize,
+    pub split_len: usize,
+}
+
+/// Splits so that about two blocks per SM run (decode: one row over a long context), with at
+/// least 128 positions per split; `count` is the longest visible range of the batch.
+pub fn attention_plan(count: usize, n_rows: usize, n_kv: usize, sms: usize) -> AttnPlan {
+    let base = (n_rows * n_kv).max(1);
+    let want = (2 * sms).div_ceil(base).max(1);
+    let n_splits = want.min(count.div_ceil(128)).max(1);
+    let split_len = count.div_ceil(n_splits).div_ceil(ATT_T) * ATT_T;
+    AttnPlan { n_splits: count.div_ceil(split_len).max(1), split_len }
+}
+
+/// Dynamic shared memory of attn_partial for G query heads per KV head of width d.
+pub fn attention_smem(g: usize, d: usize) -> usize {
+    4 * (g * d + ATT_T * (d + 4) + ATT_T * d + g * ATT_T + 3 * g)
+}
+
+/// The attn_partial instantiation for a head width, if any.
+pub fn attention_kernel(head_dim: usize) -> Option<&'static str> {
+    match head_dim {
+        64 => Some("attn_partial_64"),
+        128 => Some("attn_partial_128"),
+        256 => Some("attn_partial_256"),
+        _ => None,
+    }
+}
+
+impl CudaBackend {
+    /// Opens GPU `ordinal` and compiles the kernels. No driver, no device or no NVRTC is an
+    /// error, never a crash.
+    pub fn new(ordinal: usize) -> std::result::Result<CudaBackend, CudaError> {
+        let gpu = Gpu::new(ordinal)?;
+        let ws = Workspace {
+            act: gpu.act_scratch(32)?,
+            tokens: gpu.stream.alloc_zeros(1)?,
+            o_part: gpu.stream.alloc_zeros(1)?,
+            ml_part: gpu.stream.alloc_zeros(1)?,
+            argmax: gpu.stream.alloc_zeros(1)?,
+        };
+        Ok(CudaBackend { gpu, ws: Mutex::new(ws), upload: Mutex::new(None), big_smem_set: Default::default() })
+    }
+
+    /// Shows a progress bar (on a terminal) while `total_bytes` of weights upload.
+    pub fn with_upload_progress(self, total_bytes: u64) -> CudaBackend {
+        let pb = indicatif::ProgressBar::new(total_bytes);
+        pb.set_style(
+            indicatif::ProgressStyle::with_template("uploading weights {bar:40} {bytes}/{total_bytes} ({bytes_per_sec})")
+                .expect("valid template"),
+        );
+        *self.upload.lock().unwrap() = Some(pb);
+        self
+    }
+
+    fn kernel(&self, name: &str) -> &cudarc::driver::CudaFunction {
+        ck(self.gpu.kernel(name), "kernel lookup")
+    }
+
+    fn p<T>(&self, s: &CudaSlice<T>) -> u64 {
+        dptr(&self.gpu, s)
+    }
+
+    /// Index of the largest value of each row of `x` (the first on ties), computed on the GPU:
+    /// greedy decoding reads back 4 bytes per row.
+    pub fn argmax(&self, x: &CudaBuf) -> Vec<u32> {
+        let mut ws = self.ws.lock().unwrap();
+        grow(&self.gpu, &mut ws.argmax, x.rows);
+        let (xp, out, cols) = (self.p(&x.data), self.p(&ws.argmax), x.cols as i32);
+        let cfg = LaunchConfig { grid_dim: (x.rows as u32, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 };
+        let mut b = self.gpu.stream.launch_builder(self.kernel("argmax_rows"));
+        b.arg(&xp).arg(&cols).arg(&out);
+        // SAFETY: x is [rows][cols]; out holds rows indices.
+        ck(unsafe { b.launch(cfg) }, "argmax_rows");
+        let all = ck(self.gpu.stream.clone_dtoh(&ws.argmax), "read argmax");
+        all[..x.rows].to_vec()
+    }
+
+    /// Waits for all queued work (for timing).
+    pub fn synchronize(&self) {
+        ck(self.gpu.stream.synchronize(), "synchronize");
+    }
+
+    /// Quantizes the `n` f32 values at `x` when any of `types` reads int8 activations.
+    fn quantize_for(&self, ws: &mut Workspace, x: u64, n: usize, types: &[GgmlType]) {
+        if types.iter().any(|&t| uses_q8_activation(t)) {
+            ck(self.gpu.quantize_q8_1(x, n, &mut ws.act), "quantize_q8_1");
+        }
+    }
+
+    fn upload_progress(&self, bytes: usize) {
+        if let Some(pb) = self.upload.lock().unwrap().as_ref() {
+            pb.inc(bytes as u64);
+            if pb.position() >= pb.length().unwrap_or(0) {
+                pb.finish_and_clear();
+            }
+        }
+    }
+}
+
+impl Backend for CudaBackend {
+    type Weight = CudaWeight;
+    type Buf = CudaBuf;
+    type Kv = CudaKv;
+
+    fn name(&self) -> &'static str {
+        "CUDA"
+    }
+    fn threads(&self) -> usize {
+        1
+    }
+
+    fn weight(&self, t: &TensorView) -> Result<CudaWeight> {
+        let (cols, rows) = (t.cols(), t.rows());
+        let bytes = t.bytes();
+        let err = |e: CudaError| EngineError::Invalid(format!("tensor {} on CUDA: {e}", t.name));
+        let w = if t.dims.len() == 1 {
+            let mut v = vec![0f32; cols];
+            muser_quant::dequantize_row(t.ty, bytes, &mut v)?;
+            let vector = self.gpu.stream.clone_htod(&v).map_err(|e| err(e.into()))?;
+            CudaWeight { name: t.name.clone(), matrix: None, vector: Some(vector), rows, cols }
+        } else {
+            if crate::matvec::format_code(t.ty).is_err() {
+                return Err(EngineError::TensorType {
+                    name: t.name.clone(),
+                    ty: t.ty,
+                    supported: "F32, F16, BF16, Q8_0, Q4_K, Q5_K, Q6_K",
+                });
+            }
+            let m = self.gpu.upload_matrix(t.ty, rows, cols, bytes).map_err(err)?;
+            CudaWeight { name: t.name.clone(), matrix: Some(m), vector: None, rows, cols }
+        };
+        self.upload_progress(bytes.len());
+        Ok(w)
+    }
+
+    fn buf(&self, rows: usize, cols: usize) -> CudaBuf {
+        CudaBuf { rows, cols, data: ck(self.gpu.stream.alloc_zeros::<f32>((rows * cols).max(1)), "alloc buffer") }
+    }
+    fn write(&self, buf: &mut CudaBuf, data: &[f32]) {
+        assert_eq!(data.len(), buf.rows * buf.cols, "write: size mismatch");
+        ck(self.gpu.stream.memcpy_htod(data, &mut buf.data), "write buffer");
+    }
+    fn read(&self, buf: &CudaBuf, out: &mut [f32]) {
+        let n = buf.rows * buf.cols;
+        assert_eq!(out.len(), n, "read: size mismatch");
+        ck(self.gpu.stream.memcpy_dtoh(&buf.data.slice(..n), out), "read buffer");
+    }
+    fn kv_cache(&self, layers: &[KvLayerSpec]) -> CudaKv {
+        let layers = layers
+            .iter()
+            .map(|&spec| {
+                let n = spec.slots * spec.n_head_kv * spec.head_dim;
+                CudaKvLayer {
+                    spec,
+                    k: ck(self.gpu.stream.alloc_zeros::<u16>(n), "alloc KV cache"),
+                    v: ck(self.gpu.stream.alloc_zeros::<u16>(n), "alloc KV cache"),
+                }
+            })
+            .collect();
+        CudaKv { layers }
+    }
+
+    fn embed(&self, table: &CudaWeight, tokens: &[u32], out: &mut CudaBuf) {
+        let m = table.mat();
+        let mut ws = self.ws.lock().unwrap();
+        grow(&self.gpu, &mut ws.tokens, tokens.len());
+        ck(self.gpu.stream.memcpy_htod(tokens, &mut ws.tokens), "upload tokens");
+        let ty = crate::matvec::format_code(m.ty).expect("checked at upload");
+        let (tp, toks, op) = (self.p(&m.data), self.p(&ws.tokens), self.p(&out.data));
+        let (rows, cols) = (m.rows as i64, m.cols as i32);
+        let cfg = LaunchConfig {
+            grid_dim: ((m.cols as u32).div_ceil(256), tokens.len() as u32, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.gpu.stream.launch_builder(self.kernel("embed_rows"));
+        b.arg(&tp).arg(&ty).arg(&rows).arg(&cols).arg(&toks).arg(&op);
+        // SAFETY: tokens < rows (checked by the session); out holds n_tokens * cols.
+        ck(unsafe { b.launch(cfg) }, "embed_rows");
+    }
+
+    fn rmsnorm(&self, x: &CudaBuf, w: Option<&CudaWeight>, eps: f32, out: &mut CudaBuf) {
+        let (xp, wp, op) = (self.p(&x.data), w.map_or(0, |w| w.vec_ptr(&self.gpu)), self.p(&out.data));
+        let cols = x.cols as i32;
+        let cfg = LaunchConfig { grid_dim: (x.rows as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let mut b = self.gpu.stream.launch_builder(self.kernel("rmsnorm"));
+        b.arg(&xp).arg(&wp).arg(&op).arg(&cols).arg(&eps);
+        // SAFETY: x and out are [rows][cols]; w is [cols] or null.
+        ck(unsafe { b.launch(cfg) }, "rmsnorm");
+    }
+
+    fn rmsnorm_heads(&self, x: &mut CudaBuf, w: &CudaWeight, head_dim: usize, eps: f32) {
+        let n_heads = (x.rows * x.cols / head_dim) as i32;
+        let (xp, wp, hd) = (self.p(&x.data), w.vec_ptr(&self.gpu), head_dim as i32);
+        let mut b = self.gpu.stream.launch_builder(self.kernel("rmsnorm_heads"));
+        b.arg(&xp).arg(&wp).arg(&hd).arg(&n_heads).arg(&eps);
+        // SAFETY: x holds n_heads * head_dim values; w holds head_dim.
+        ck(unsafe { b.launch(cfg1(n_heads as usize * 32, 128)) }, "rmsnorm_heads");
+    }
+
+    fn matmul(&self, x: &CudaBuf, outs: &mut [(&CudaWeight, &mut CudaBuf)]) {
+        let mut ws = self.ws.lock().unwrap();
+        let xp = self.p(&x.data);
+        let types: Vec<GgmlType> = outs.iter().map(|(w, _)| w.mat().ty).collect();
+        self.quantize_for(&mut ws, xp, x.rows * x.cols, &types);
+        let jobs: Vec<Job> = outs
+            .iter()
+            .map(|(w, y)| {
+                assert_eq!((y.rows, y.cols), (x.rows, w.rows), "matmul output of {} has the wrong shape", w.name);
+                Job { m: w.mat(), y: dptr(&self.gpu, &y.data) }
+            })
+            .collect();
+        ck(self.gpu.matvec_jobs(&jobs, xp, x.cols, x.rows, &ws.act), "matvec");
+    }
+
+    fn ffn_gate_up_silu(&self, x: &CudaBuf, gate: &CudaWeight, up: &CudaWeight, out: &mut CudaBuf) {
+        let mut ws = self.ws.lock().unwrap();
+        let xp = self.p(&x.data);
+        self.quantize_for(&mut ws, xp, x.rows * x.cols, &[gate.mat().ty, up.mat().ty]);
+        let op = self.p(&out.data);
+        ck(self.gpu.matvec_silu(gate.mat(), up.mat(), xp, x.rows, &ws.act, op), "matvec_silu");
+    }
+
+    fn rope(&self, x: &mut CudaBuf, head_dim: usize, rope: &RopeParams, pos0: usize) {
+        let n = x.rows * (x.cols / head_dim) * (rope.n_rot / 2);
+        let xp = self.p(&x.data);
+        let (rows, cols, hd, nrot, p0) = (x.rows as i32, x.cols as i32, head_dim as i32, rope.n_rot as i32, pos0 as i32);
+        let neox = i32::from(rope.style == RopeStyle::Neox);
+        let mut b = self.gpu.stream.launch_builder(self.kernel("rope"));
+        b.arg(&xp).arg(&rows).arg(&cols).arg(&hd).arg(&nrot).arg(&p0).arg(&rope.freq_base).arg(&neox);
+        // SAFETY: one thread per pair of x ([rows][cols]).
+        ck(unsafe { b.launch(cfg1(n, 256)) }, "rope");
+    }
+
+    fn kv_store(&self, kv: &mut CudaKv, layer: usize, k: &CudaBuf, v: &CudaBuf, pos0: usize) {
+        let l = &mut kv.layers[layer];
+        let width = l.spec.n_head_kv * l.spec.head_dim;
+        assert_eq!(k.cols, width, "kv_store: k width");
+        if !l.spec.is_ring() {
+            assert!(pos0 + k.rows <= l.spec.slots, "kv_store: position {} past the plane of {}", pos0 + k.rows, l.spec.slots);
+        }
+        let (kp, vp, kc, vc) = (self.p(&k.data), self.p(&v.data), self.p(&l.k), self.p(&l.v));
+        let (n, w, p0, slots, ring) = (k.rows as i32, width as i32, pos0 as i32, l.spec.slots as i32, i32::from(l.spec.is_ring()));
+        let mut b = self.gpu.stream.launch_builder(self.kernel("kv_store"));
+        b.arg(&kp).arg(&vp).arg(&kc).arg(&vc).arg(&n).arg(&w).arg(&p0).arg(&slots).arg(&ring);
+        // SAFETY: slots index within the cache (ring: modulo; plane: checked above).
+        ck(unsafe { b.launch(cfg1(k.rows * width, 256)) }, "kv_store");
+    }
+
+    fn attention(&self, q: &CudaBuf, kv: &CudaKv, layer: usize, pos0: usize, scale: f32, out: &mut CudaBuf) {
+        let l = &kv.layers[layer];
+        let (d, n_kv) = (l.spec.head_dim, l.spec.n_head_kv);
+        let n_head = q.cols / d;
+        let g = n_head / n_kv;
+        let name = attention_kernel(d).unwrap_or_else(|| panic!("CUDA attention: head dim {d} (64, 128, 256 supported)"));
+        assert!(g * d <= 4096, "CUDA attention: {g} query heads of {d} per KV head (at most 4096 values)");
+        let p_last = pos0 + q.rows - 1;
+        let lo = l.spec.window.map_or(0, |w| (p_last + 1).saturating_sub(w));
+        let plan = attention_plan(p_last + 1 - lo, q.rows, n_kv, self.gpu.sms);
+        let parts = q.rows * n_head * plan.n_splits;
+        let mut ws = self.ws.lock().unwrap();
+        grow(&self.gpu, &mut ws.o_part, parts * d);
+        grow(&self.gpu, &mut ws.ml_part, parts * 2);
+        let smem = attention_smem(g, d);
+        let f = self.kernel(name);
+        if smem > 48 * 1024 {
+            let i = [64, 128, 256].iter().position(|&x| x == d).unwrap();
+            if !self.big_smem_set[i].swap(true, Ordering::Relaxed) {
+                ck(
+                    f.set_attribute(
+                        cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        smem as i32,
+                    ),
+                    "attention shared memory",
+                );
+            }
+        }
+        let (qp, kc, vc, op, mp) = (self.p(&q.data), self.p(&l.k), self.p(&l.v), self.p(&ws.o_part), self.p(&ws.ml_part));
+        let window = l.spec.window.unwrap_or(0) as i32;
+        let (nh, nk, p0, slots, ring, sl) =
+            (n_head as i32, n_kv as i32, pos0 as i32, l.spec.slots as i32, i32::from(l.spec.is_ring()), plan.split_len as i32);
+        let cfg = LaunchConfig {
+            grid_dim: (n_kv as u32, q.rows as u32, plan.n_splits as u32),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: smem as u32,
+        };
+        let mut b = self.gpu.stream.launch_builder(f);
+        b.arg(&qp).arg(&kc).arg(&vc).arg(&op).arg(&mp).arg(&nh).arg(&nk).arg(&p0).arg(&window).arg(&slots).arg(&ring);
+        b.arg(&scale).arg(&sl);
+        // SAFETY: partials hold rows * n_head * n_splits entries; cache reads stay within slots.
+        ck(unsafe { b.launch(cfg) }, "attn_partial");
+        let (outp, ns, dd) = (self.p(&out.data), plan.n_splits as i32, d as i32);
+        let cfg = LaunchConfig { grid_dim: (n_head as u32, q.rows as u32, 1), block_dim: (d as u32, 1, 1), shared_mem_bytes: 0 };
+        let mut b = self.gpu.stream.launch_builder(self.kernel("attn_combine"));
+        b.arg(&op).arg(&mp).arg(&outp).arg(&nh).arg(&ns).arg(&dd);
+        // SAFETY: out is [rows][n_head * d].
+        ck(unsafe { b.launch(cfg) }, "attn_combine");
+    }
+
+    fn sigmoid_gate(&self, a: &mut CudaBuf, g: &CudaBuf) {
+        let n = a.rows * a.cols;
+        let (ap, gp, ni) = (self.p(&a.data), self.p(&g.data), n as i32);
+        let mut b = self.gpu.stream.launch_builder(self.kernel("sigmoid_gate"));
+        b.arg(&ap).arg(&gp).arg(&ni);
+        // SAFETY: a and g hold n values.
+        ck(unsafe { b.launch(cfg1(n, 256)) }, "sigmoid_gate");
+    }
+
+    fn residual_norm(&self, h: &mut CudaBuf, x: &CudaBuf, post: Option<NormArgs<'_, CudaWeight>>, next: NormArgs<'_, CudaWeight>, out: &mut CudaBuf) {
+        let (hp, xp, op) = (self.p(&h.data), self.p(&x.data), self.p(&out.data));
+        let (pw, peps) = post.map_or((0, 0.0), |p| (p.weight.vec_ptr(&self.gpu), p.eps));
+        let (nw, neps) = (next.weight.vec_ptr(&self.gpu), next.eps);
+        let cols = h.cols as i32;
+        let cfg = LaunchConfig { grid_dim: (h.rows as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let mut b = self.gpu.stream.launch_builder(self.kernel("residual_norm"));
+        b.arg(&hp).arg(&xp).arg(&pw).arg(&peps).arg(&nw).arg(&neps).arg(&op).arg(&cols);
+        // SAFETY: h, x, out are [rows][cols]; the weights [cols].
+        ck(unsafe { b.launch(cfg) }, "residual_norm");
+    }
+
+    fn lm_head(&self, x: &CudaBuf, first_row: usize, w: &CudaWeight, scale: f32, softcap: Option<f32>, out: &mut CudaBuf) {
+        let n = x.rows - first_row;
+        let m = w.mat();
+        assert_eq!((out.rows, out.cols), (n, m.rows), "lm_head output shape");
+        let xp = self.p(&x.data) + (first_row * x.cols * 4) as u64;
+        {
+            let mut ws = self.ws.lock().unwrap();
+            self.quantize_for(&mut ws, xp, n * x.cols, &[m.ty]);
+            let job = Job { m, y: self.p(&out.data) };
+            ck(self.gpu.matvec_jobs(&[job], xp, x.cols, n, &ws.act), "lm_head matvec");
+        }
+        let total = n * m.rows;
+        let (op, ni, cap) = (self.p(&out.data), total as i32, softcap.unwrap_or(0.0));
+        let mut b = self.gpu.stream.launch_builder(self.kernel("scale_softcap"));
+        b.arg(&op).arg(&ni).arg(&scale).arg(&cap);
+        // SAFETY: out holds n * n_vocab values.
+        ck(unsafe { b.launch(cfg1(total, 256)) }, "scale_softcap");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn glimmer_attention_routes_to_the_128_kernel_within_48k_of_shared_memory() {
+        // 32 query heads over 2 KV heads of 128: G = 16.
+        assert_eq!(attention_kernel(128), Some("attn_partial_128"));
+        assert!(attention_smem(16, 128) <= 48 * 1024);
+        assert_eq!(attention_kernel(64), Some("attn_partial_64"));
+        assert_eq!(attention_kernel(96), None);
+    }
+
+    #[test]
+    fn attention_plan_covers_every_position_once() {
+        for &(count, rows, n_kv) in &[(1usize, 1usize, 2usize), (4096, 1, 2), (8192, 1, 2), (65536, 1, 2), (512, 512, 2), (33, 9, 8), (4607, 64, 2)] {
+            let p = attention_plan(count, rows, n_kv, 132);
+            assert!(p.n_splits >= 1 && p.split_len % ATT_T == 0 && p.split_len > 0);
+            assert!(p.n_splits * p.split_len >= count, "{count}: {p:?}");
+            assert!((p.n_splits - 1) * p.split_len < count, "{count}: an empty split in {p:?}");
+        }
+        // Decode over a long context fills the machine; a prefill chunk does not split.
+        assert!(attention_plan(8192, 1, 2, 132).n_splits >= 32);
+        assert_eq!(attention_plan(512, 512, 2, 132).n_splits, 1);
+    }
+}
