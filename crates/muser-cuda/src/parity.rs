@@ -7,8 +7,12 @@ use muser_gguf::GgmlType;
 use rand::{Rng, SeedableRng};
 use rayon::prelude::*;
 
-/// NMSE threshold for matvec and matmul (SPEC section 5).
+/// NMSE threshold for matvec, matmul and attention (SPEC section 5).
 pub const MATVEC_NMSE: f64 = 5e-4;
+/// NMSE threshold for elementwise ops and norms (SPEC section 5).
+pub const ELEMENTWISE_NMSE: f64 = 1e-7;
+/// NMSE threshold for whole-model logits (SPEC section 5).
+pub const LOGITS_NMSE: f64 = 2e-3;
 
 /// One parity measurement.
 #[derive(Debug, Clone)]
@@ -48,6 +52,9 @@ pub fn random_matrix(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u
             }),
             GgmlType::F16 => row.chunks_mut(2).for_each(|c| {
                 c.copy_from_slice(&f16::from_f32(rng.gen_range(-1.0f32..1.0)).to_le_bytes())
+            }),
+            GgmlType::BF16 => row.chunks_mut(2).for_each(|c| {
+                c.copy_from_slice(&half::bf16::from_f32(rng.gen_range(-1.0f32..1.0)).to_le_bytes())
             }),
             _ => {
                 rng.fill(row);
@@ -105,4 +112,24 @@ pub fn check_matvec(gpu: &Gpu, ty: GgmlType, rows: usize, cols: usize, ncols: us
         nmse: nmse(&y, &reference),
         threshold: MATVEC_NMSE,
     })
+}
+
+/// A seeded generator for parity inputs (so callers need no RNG crate of their own).
+pub struct Rand(rand::rngs::StdRng);
+
+impl Rand {
+    pub fn new(seed: u64) -> Rand {
+        Rand(rand::rngs::StdRng::seed_from_u64(seed))
+    }
+    /// Uniform in [lo, hi).
+    pub fn f32(&mut self, lo: f32, hi: f32) -> f32 {
+        self.0.gen_range(lo..hi)
+    }
+    /// Uniform in [0, n).
+    pub fn below(&mut self, n: u32) -> u32 {
+        self.0.gen_range(0..n)
+    }
+    pub fn u64(&mut self) -> u64 {
+        self.0.gen()
+    }
 }

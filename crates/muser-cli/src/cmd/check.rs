@@ -1,10 +1,24 @@
-//! `muser check --backend cuda`: every CUDA kernel against the CPU reference kernel on fresh
-//! random inputs, at the Muse Glimmer shapes and on both sides of every routing boundary
-//! (1, 2, 4, 8, 9, 16 and 512 columns), with SPEC section 5's NMSE thresholds.
+//! `muser check --backend cuda`: every op of the CUDA backend against the same op of the CPU
+//! backend (the reference) on fresh random inputs, at the Muse Glimmer shapes and on both sides
+//! of every routing boundary (1, 2, 4, 8, 9, 16 and 512 columns), with SPEC section 5's NMSE
+//! thresholds; then whole models (`--model`, e.g. synthesized muse-tiny and muse-mid): logits of
+//! every prompt position, and a greedy continuation whose every step is compared (first
+//! divergence shown with its logit margin). `--bench` times the matvecs at the Glimmer shapes and
+//! whole-model decode. Prints a table, the dispatch audit (kernels never dispatched flagged) and
+//! exits non-zero on any failure.
 
-use muser_cuda::parity::{check_matvec, Parity};
-use muser_cuda::Gpu;
-use muser_gguf::GgmlType;
+use anyhow::Context;
+use muser_cuda::parity::{nmse, random_matrix, Rand, ELEMENTWISE_NMSE, LOGITS_NMSE, MATVEC_NMSE};
+use muser_cuda::{CudaBackend, CudaBuf};
+use muser_engine::backend::{Backend, KvLayerSpec, NormArgs};
+use muser_engine::config::{RopeParams, RopeStyle};
+use muser_engine::weights::TensorView;
+use muser_engine::{CpuBackend, Model, Session};
+use muser_gguf::{GgmlType, GgufFile};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -17,70 +31,518 @@ pub struct Args {
     /// Seed of the random inputs.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Whole-model parity on these GGUF files (repeatable).
+    #[arg(long)]
+    model: Vec<PathBuf>,
+    /// Tokens of the greedy continuation compared per model.
+    #[arg(long, default_value_t = 64)]
+    tokens: usize,
+    /// Prompt length of the whole-model check.
+    #[arg(long, default_value_t = 100)]
+    prompt: usize,
+    /// Skip the op-by-op parity (whole models only).
+    #[arg(long)]
+    no_ops: bool,
+    /// Also time the matvecs at the Glimmer shapes and whole-model decode.
+    #[arg(long)]
+    bench: bool,
 }
 
-/// (name, rows, cols, type) of the Muse Glimmer matrices.
-const GLIMMER: &[(&str, usize, usize, GgmlType)] = &[
-    ("attn_q/attn_gate", 4096, 6656, GgmlType::Q4_K),
-    ("attn_k", 256, 6656, GgmlType::Q4_K),
-    ("attn_v", 256, 6656, GgmlType::Q6_K),
-    ("attn_output", 6656, 4096, GgmlType::Q4_K),
-    ("ffn_gate/ffn_up", 19968, 6656, GgmlType::Q4_K),
-    ("ffn_down", 6656, 19968, GgmlType::Q4_K),
-    ("ffn_down (more bits)", 6656, 19968, GgmlType::Q6_K),
-    ("output", 202048, 6656, GgmlType::Q5_K),
-];
+/// One parity measurement.
+struct Row {
+    op: String,
+    shape: String,
+    nmse: f64,
+    threshold: f64,
+}
+
+impl Row {
+    fn pass(&self) -> bool {
+        self.nmse.is_finite() && self.nmse <= self.threshold
+    }
+}
+
+/// The two backends side by side.
+struct Pair {
+    cpu: CpuBackend,
+    gpu: CudaBackend,
+    rng: Rand,
+    rows: Vec<Row>,
+}
+
+const HIDDEN: usize = 6656;
+const Q_WIDTH: usize = 4096;
+const KV_WIDTH: usize = 256;
+const FFN: usize = 19968;
+const VOCAB: usize = 202048;
+const HEAD: usize = 128;
+
+impl Pair {
+    fn record(&mut self, op: &str, shape: String, got: &[f32], want: &[f32], threshold: f64) {
+        let r = Row { op: op.to_string(), shape, nmse: nmse(got, want), threshold };
+        println!(
+            "{:<5} {:<22} {:<34} nmse {:>10.3e} (<= {:.0e})",
+            if r.pass() { "ok" } else { "FAIL" },
+            r.op,
+            r.shape,
+            r.nmse,
+            r.threshold
+        );
+        self.rows.push(r);
+    }
+
+    fn randn(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.rng.f32(-1.0, 1.0) * scale).collect()
+    }
+
+    /// The same host data in a CPU and a CUDA buffer.
+    fn bufs(&mut self, rows: usize, cols: usize, data: &[f32]) -> (<CpuBackend as Backend>::Buf, CudaBuf) {
+        let mut c = self.cpu.buf(rows, cols);
+        self.cpu.write(&mut c, data);
+        let mut g = self.gpu.buf(rows, cols);
+        self.gpu.write(&mut g, data);
+        (c, g)
+    }
+
+    fn random_bufs(&mut self, rows: usize, cols: usize) -> (<CpuBackend as Backend>::Buf, CudaBuf, Vec<f32>) {
+        let data = self.randn(rows * cols, 1.0);
+        let (c, g) = self.bufs(rows, cols, &data);
+        (c, g, data)
+    }
+
+    fn read_cpu(&self, b: &<CpuBackend as Backend>::Buf) -> Vec<f32> {
+        b.data.clone()
+    }
+    fn read_gpu(&self, b: &CudaBuf) -> Vec<f32> {
+        let mut v = vec![0f32; b.rows * b.cols];
+        self.gpu.read(b, &mut v);
+        v
+    }
+
+    fn weights(&mut self, t: &TensorView) -> anyhow::Result<(<CpuBackend as Backend>::Weight, muser_cuda::CudaWeight)> {
+        Ok((self.cpu.weight(t)?, self.gpu.weight(t)?))
+    }
+
+    fn matrix(&mut self, name: &str, ty: GgmlType, rows: usize, cols: usize) -> anyhow::Result<TensorView> {
+        let seed = self.rng.u64();
+        Ok(TensorView::owned(name, ty, &[cols as u64, rows as u64], random_matrix(ty, rows, cols, seed))?)
+    }
+
+    fn vector(&mut self, name: &str, cols: usize) -> anyhow::Result<TensorView> {
+        let v: Vec<f32> = (0..cols).map(|_| self.rng.f32(0.5, 1.5)).collect();
+        Ok(TensorView::owned(name, GgmlType::F32, &[cols as u64], v.iter().flat_map(|x| x.to_le_bytes()).collect())?)
+    }
+}
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     anyhow::ensure!(args.backend == "cuda", "muser check supports --backend cuda (got {:?})", args.backend);
-    let gpu = Gpu::new(0)?;
-    eprintln!("checking {} ({}) against the CPU reference", gpu.name, gpu.arch);
-    let mut cases: Vec<(String, usize, usize, GgmlType, usize)> = Vec::new();
-    let columns = [1usize, 2, 4, 8, 9, 16];
-    if args.quick {
-        for ty in [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::F16, GgmlType::F32] {
-            for n in columns {
-                cases.push((format!("{ty}"), 64, 512, ty, n));
-            }
-        }
-    } else {
-        for &(name, rows, cols, ty) in GLIMMER {
-            // The LM head's CPU reference is 1.3 G multiply-adds a column: two columns suffice.
-            let ns: &[usize] = if rows > 100_000 { &[1, 2] } else { &columns };
-            for &n in ns {
-                cases.push((name.to_string(), rows, cols, ty, n));
-            }
-        }
-        for ty in [GgmlType::Q5_K, GgmlType::Q8_0, GgmlType::F16, GgmlType::F32] {
-            for n in columns {
-                cases.push((format!("{ty} 4096x6656"), 4096, 6656, ty, n));
-            }
-        }
-        for ty in [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::F16, GgmlType::F32] {
-            cases.push((format!("{ty} prefill-width"), 1024, 6656, ty, 512));
-        }
+    let gpu = CudaBackend::new(0)?;
+    eprintln!("checking {} ({}, {} SMs) against the CPU backend", gpu.gpu.name, gpu.gpu.arch, gpu.gpu.sms);
+    let mut pair = Pair { cpu: CpuBackend::new(None)?, gpu, rng: Rand::new(args.seed), rows: Vec::new() };
+    let t0 = Instant::now();
+    if !args.no_ops {
+        check_ops(&mut pair, args.quick)?;
+        eprintln!("op parity: {:.1} s", t0.elapsed().as_secs_f64());
     }
-    let mut results: Vec<(String, Parity)> = Vec::new();
-    for (i, (name, rows, cols, ty, n)) in cases.iter().enumerate() {
-        let p = check_matvec(&gpu, *ty, *rows, *cols, *n, args.seed.wrapping_add(i as u64))?;
-        println!(
-            "{:<6} {:<14} {:<24} {:<22} nmse {:>10.3e} (<= {:.0e})  {}",
-            if p.pass() { "ok" } else { "FAIL" },
-            p.kernel,
-            name,
-            p.shape,
-            p.nmse,
-            p.threshold,
-            ty
-        );
-        results.push((name.clone(), p));
+    let mut audit: BTreeMap<String, u64> = pair.gpu.gpu.dispatch_counts().into_iter().collect();
+    if args.bench {
+        bench_matvec(&pair)?;
     }
+    let mut models = Vec::new();
+    for path in &args.model {
+        let m = check_model(&mut pair.rows, path, &args, &mut audit).with_context(|| format!("model {}", path.display()))?;
+        models.push(m);
+    }
+
     println!("\ndispatch audit (kernel: launches in this run):");
-    for (k, n) in gpu.dispatch_counts() {
-        println!("  {k:<20} {n}{}", if n == 0 { "   <- never dispatched" } else { "" });
+    let mut never = 0;
+    for (k, n) in &audit {
+        if *n == 0 {
+            never += 1;
+        }
+        println!("  {k:<18} {n:>9}{}", if *n == 0 { "   <- never dispatched" } else { "" });
     }
-    let failed = results.iter().filter(|(_, p)| !p.pass()).count();
-    anyhow::ensure!(failed == 0, "{failed} of {} parity checks failed", results.len());
-    println!("all {} parity checks passed", results.len());
+    let failed: Vec<&Row> = pair.rows.iter().filter(|r| !r.pass()).collect();
+    println!("\nsummary");
+    println!("| checks | failed | worst op NMSE / threshold | kernels never dispatched |");
+    let worst = pair.rows.iter().map(|r| r.nmse / r.threshold).fold(0.0f64, |a, b| if b.is_nan() { f64::INFINITY } else { a.max(b) });
+    println!("| {} | {} | {:.3} | {} |", pair.rows.len(), failed.len(), worst, never);
+    for m in &models {
+        println!("{m}");
+    }
+    for r in &failed {
+        println!("FAILED: {} {} nmse {:.3e} > {:.0e}", r.op, r.shape, r.nmse, r.threshold);
+    }
+    anyhow::ensure!(failed.is_empty(), "{} of {} parity checks failed", failed.len(), pair.rows.len());
+    println!("all {} parity checks passed", pair.rows.len());
+    Ok(())
+}
+
+/// Every op of the Backend trait at the Muse Glimmer shapes and column counts.
+fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
+    let columns: &[usize] = if quick { &[1, 9] } else { &[1, 2, 4, 8, 9, 16, 512] };
+    let (hidden, qw, kvw, ffn) = if quick { (512, 256, 128, 768) } else { (HIDDEN, Q_WIDTH, KV_WIDTH, FFN) };
+
+    // Embedding rows of every format.
+    for ty in [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::F16, GgmlType::BF16, GgmlType::F32] {
+        let vocab = 3000;
+        let t = p.matrix("token_embd", ty, vocab, hidden)?;
+        let (wc, wg) = p.weights(&t)?;
+        let n = 9;
+        let tokens: Vec<u32> = (0..n).map(|_| p.rng.below(vocab as u32)).collect();
+        let (mut oc, mut og) = (p.cpu.buf(n, hidden), p.gpu.buf(n, hidden));
+        p.cpu.embed(&wc, &tokens, &mut oc);
+        p.gpu.embed(&wg, &tokens, &mut og);
+        let (a, b) = (p.read_gpu(&og), p.read_cpu(&oc));
+        p.record("embed", format!("{ty} {n}x{hidden}"), &a, &b, ELEMENTWISE_NMSE);
+    }
+
+    let norm_w = p.vector("norm", hidden)?;
+    let (nwc, nwg) = p.weights(&norm_w)?;
+    let post_w = p.vector("post", hidden)?;
+    let (pwc, pwg) = p.weights(&post_w)?;
+    let head_w = p.vector("q_norm", HEAD)?;
+    let (hwc, hwg) = p.weights(&head_w)?;
+
+    // Glimmer's matrices: (name, rows, cols, type).
+    let mats: Vec<(&str, usize, usize, GgmlType)> = vec![
+        ("attn_q", qw, hidden, GgmlType::Q4_K),
+        ("attn_k", kvw, hidden, GgmlType::Q4_K),
+        ("attn_v", kvw, hidden, GgmlType::Q6_K),
+        ("attn_gate", qw, hidden, GgmlType::Q4_K),
+        ("attn_output", hidden, qw, GgmlType::Q4_K),
+        ("ffn_down", hidden, ffn, GgmlType::Q4_K),
+        ("ffn_down_q6k", hidden, ffn, GgmlType::Q6_K),
+    ];
+    let mut w = BTreeMap::new();
+    for &(name, rows, cols, ty) in &mats {
+        let t = p.matrix(name, ty, rows, cols)?;
+        w.insert(name, p.weights(&t)?);
+    }
+    let tg = p.matrix("ffn_gate", GgmlType::Q4_K, ffn, hidden)?;
+    let (gc, gg) = p.weights(&tg)?;
+    let tu = p.matrix("ffn_up", GgmlType::Q4_K, ffn, hidden)?;
+    let (uc, ug) = p.weights(&tu)?;
+    // The other formats at one shape, for the routing of each (Q8_0, F16, BF16, F32, Q5_K).
+    let mut other = Vec::new();
+    for ty in [GgmlType::Q5_K, GgmlType::Q8_0, GgmlType::F16, GgmlType::BF16, GgmlType::F32] {
+        let t = p.matrix("other", ty, 1024, hidden)?;
+        other.push((ty, p.weights(&t)?));
+    }
+
+    for &n in columns {
+        // Norms.
+        let (xc, xg, _) = p.random_bufs(n, hidden);
+        let (mut oc, mut og) = (p.cpu.buf(n, hidden), p.gpu.buf(n, hidden));
+        p.cpu.rmsnorm(&xc, Some(&nwc), 1e-5, &mut oc);
+        p.gpu.rmsnorm(&xg, Some(&nwg), 1e-5, &mut og);
+        let (a, b) = (p.read_gpu(&og), p.read_cpu(&oc));
+        p.record("rmsnorm", format!("{n}x{hidden}"), &a, &b, ELEMENTWISE_NMSE);
+        p.cpu.rmsnorm(&xc, None, 1e-5, &mut oc);
+        p.gpu.rmsnorm(&xg, None, 1e-5, &mut og);
+        let (a, b) = (p.read_gpu(&og), p.read_cpu(&oc));
+        p.record("rmsnorm (entry, w=1)", format!("{n}x{hidden}"), &a, &b, ELEMENTWISE_NMSE);
+
+        // Residual tails, with and without the post-norm.
+        for with_post in [true, false] {
+            let (mut hc, mut hg, _) = p.random_bufs(n, hidden);
+            let (bc, bg, _) = p.random_bufs(n, hidden);
+            let post_c = with_post.then(|| NormArgs { weight: &pwc, eps: 1e-8 });
+            let post_g = with_post.then(|| NormArgs { weight: &pwg, eps: 1e-8 });
+            p.cpu.residual_norm(&mut hc, &bc, post_c, NormArgs { weight: &nwc, eps: 1e-5 }, &mut oc);
+            p.gpu.residual_norm(&mut hg, &bg, post_g, NormArgs { weight: &nwg, eps: 1e-5 }, &mut og);
+            let op = if with_post { "residual_norm" } else { "residual_norm (no post)" };
+            let (a, b) = (p.read_gpu(&hg), p.read_cpu(&hc));
+            p.record(op, format!("h {n}x{hidden}"), &a, &b, ELEMENTWISE_NMSE);
+            let (a, b) = (p.read_gpu(&og), p.read_cpu(&oc));
+            p.record(op, format!("out {n}x{hidden}"), &a, &b, ELEMENTWISE_NMSE);
+        }
+
+        // Q/K/V/gate sharing one input (one launch), then the QK norms and RoPE.
+        let (mut qc, mut qg) = (p.cpu.buf(n, qw), p.gpu.buf(n, qw));
+        let (mut kc, mut kg) = (p.cpu.buf(n, kvw), p.gpu.buf(n, kvw));
+        let (mut vc, mut vg) = (p.cpu.buf(n, kvw), p.gpu.buf(n, kvw));
+        let (mut gtc, mut gtg) = (p.cpu.buf(n, qw), p.gpu.buf(n, qw));
+        {
+            let (q, k, v, g) = (&w["attn_q"], &w["attn_k"], &w["attn_v"], &w["attn_gate"]);
+            p.cpu.matmul(&oc, &mut [(&q.0, &mut qc), (&k.0, &mut kc), (&v.0, &mut vc), (&g.0, &mut gtc)]);
+            p.gpu.matmul(&og, &mut [(&q.1, &mut qg), (&k.1, &mut kg), (&v.1, &mut vg), (&g.1, &mut gtg)]);
+        }
+        for (name, c, g) in [("attn_q", &qc, &qg), ("attn_k", &kc, &kg), ("attn_v Q6_K", &vc, &vg), ("attn_gate", &gtc, &gtg)] {
+            let (a, b) = (p.read_gpu(g), p.read_cpu(c));
+            p.record("matmul qkvg", format!("{name} {}x{hidden} x{n}", c.cols), &a, &b, MATVEC_NMSE);
+        }
+        // Continue from identical inputs so each op is measured alone.
+        let qdata = p.randn(n * qw, 1.0);
+        let (mut qc, mut qg) = p.bufs(n, qw, &qdata);
+        p.cpu.rmsnorm_heads(&mut qc, &hwc, HEAD, 1e-5);
+        p.gpu.rmsnorm_heads(&mut qg, &hwg, HEAD, 1e-5);
+        let (a, b) = (p.read_gpu(&qg), p.read_cpu(&qc));
+        p.record("rmsnorm_heads", format!("{n}x{qw} /{HEAD}"), &a, &b, ELEMENTWISE_NMSE);
+        for (style, base, pos0) in [(RopeStyle::Interleaved, 500000.0, 60000 - n.min(60000)), (RopeStyle::Neox, 10000.0, 37)] {
+            let rope = RopeParams { style, freq_base: base, n_rot: HEAD };
+            let (mut rc, mut rg, _) = p.random_bufs(n, qw);
+            p.cpu.rope(&mut rc, HEAD, &rope, pos0);
+            p.gpu.rope(&mut rg, HEAD, &rope, pos0);
+            let (a, b) = (p.read_gpu(&rg), p.read_cpu(&rc));
+            p.record("rope", format!("{style:?} {n}x{qw} @{pos0}"), &a, &b, ELEMENTWISE_NMSE);
+        }
+
+        // Attention over a ring (sliding window 4096) and a plane, at depth.
+        for ring in [true, false] {
+            let depth = if n >= 512 { 700 } else if ring { 5000 } else { 8192 };
+            let spec = KvLayerSpec {
+                n_head_kv: kvw / HEAD,
+                head_dim: HEAD,
+                window: ring.then_some(4096),
+                slots: if ring { 4096 + 511 } else { depth + n },
+            };
+            let mut kvc = p.cpu.kv_cache(&[spec]);
+            let mut kvg = p.gpu.kv_cache(&[spec]);
+            let mut pos = 0;
+            while pos < depth + n {
+                let m = (depth + n - pos).min(512);
+                let kd = p.randn(m * kvw, 1.0);
+                let vd = p.randn(m * kvw, 1.0);
+                let (kc2, kg2) = p.bufs(m, kvw, &kd);
+                let (vc2, vg2) = p.bufs(m, kvw, &vd);
+                p.cpu.kv_store(&mut kvc, 0, &kc2, &vc2, pos);
+                p.gpu.kv_store(&mut kvg, 0, &kg2, &vg2, pos);
+                pos += m;
+            }
+            let qd = p.randn(n * qw, 1.0);
+            let (qc, qg) = p.bufs(n, qw, &qd);
+            let (mut ac, mut ag) = (p.cpu.buf(n, qw), p.gpu.buf(n, qw));
+            let scale = 1.0 / (HEAD as f32).sqrt();
+            p.cpu.attention(&qc, &kvc, 0, depth, scale, &mut ac);
+            p.gpu.attention(&qg, &kvg, 0, depth, scale, &mut ag);
+            let (a, b) = (p.read_gpu(&ag), p.read_cpu(&ac));
+            let what = if ring { "ring 4096" } else { "plane" };
+            p.record("kv_store+attention", format!("{what} {n} rows @{depth}"), &a, &b, MATVEC_NMSE);
+        }
+
+        // Output gate, o_proj, FFN.
+        let (mut ac, mut ag, _) = p.random_bufs(n, qw);
+        let (gc2, gg2, _) = p.random_bufs(n, qw);
+        p.cpu.sigmoid_gate(&mut ac, &gc2);
+        p.gpu.sigmoid_gate(&mut ag, &gg2);
+        let (a, b) = (p.read_gpu(&ag), p.read_cpu(&ac));
+        p.record("sigmoid_gate", format!("{n}x{qw}"), &a, &b, ELEMENTWISE_NMSE);
+        let (mut oc2, mut og2) = (p.cpu.buf(n, hidden), p.gpu.buf(n, hidden));
+        let wo = &w["attn_output"];
+        p.cpu.matmul(&ac, &mut [(&wo.0, &mut oc2)]);
+        p.gpu.matmul(&ag, &mut [(&wo.1, &mut og2)]);
+        let (a, b) = (p.read_gpu(&og2), p.read_cpu(&oc2));
+        p.record("matmul", format!("attn_output {hidden}x{qw} x{n}"), &a, &b, MATVEC_NMSE);
+
+        let (xc, xg, _) = p.random_bufs(n, hidden);
+        let (mut fc, mut fg) = (p.cpu.buf(n, ffn), p.gpu.buf(n, ffn));
+        p.cpu.ffn_gate_up_silu(&xc, &gc, &uc, &mut fc);
+        p.gpu.ffn_gate_up_silu(&xg, &gg, &ug, &mut fg);
+        let (a, b) = (p.read_gpu(&fg), p.read_cpu(&fc));
+        p.record("ffn_gate_up_silu", format!("{ffn}x{hidden} x{n}"), &a, &b, MATVEC_NMSE);
+        let (fc, fg, _) = p.random_bufs(n, ffn);
+        for name in ["ffn_down", "ffn_down_q6k"] {
+            let wd = &w[name];
+            p.cpu.matmul(&fc, &mut [(&wd.0, &mut oc2)]);
+            p.gpu.matmul(&fg, &mut [(&wd.1, &mut og2)]);
+            let (a, b) = (p.read_gpu(&og2), p.read_cpu(&oc2));
+            p.record("matmul", format!("{name} {hidden}x{ffn} x{n}"), &a, &b, MATVEC_NMSE);
+        }
+        if n <= 16 {
+            let (xc, xg, _) = p.random_bufs(n, hidden);
+            for i in 0..other.len() {
+                let ty = other[i].0;
+                let (mut yc, mut yg) = (p.cpu.buf(n, 1024), p.gpu.buf(n, 1024));
+                p.cpu.matmul(&xc, &mut [(&other[i].1 .0, &mut yc)]);
+                p.gpu.matmul(&xg, &mut [(&other[i].1 .1, &mut yg)]);
+                let (a, b) = (p.read_gpu(&yg), p.read_cpu(&yc));
+                p.record("matmul", format!("{ty} 1024x{hidden} x{n}"), &a, &b, MATVEC_NMSE);
+            }
+        }
+    }
+
+    // LM head (+ scale + softcap) at the full vocabulary, and GPU argmax of its logits.
+    let vocab = if quick { 4096 } else { VOCAB };
+    let t = p.matrix("output", GgmlType::Q5_K, vocab, hidden)?;
+    let (lc, lg) = p.weights(&t)?;
+    for (n, first) in [(1usize, 0usize), (2, 0), (9, 7)] {
+        let (xc, xg, _) = p.random_bufs(n, hidden);
+        let (mut oc, mut og) = (p.cpu.buf(n - first, vocab), p.gpu.buf(n - first, vocab));
+        p.cpu.lm_head(&xc, first, &lc, 0.196_116_14, Some(20.0), &mut oc);
+        p.gpu.lm_head(&xg, first, &lg, 0.196_116_14, Some(20.0), &mut og);
+        let (a, b) = (p.read_gpu(&og), p.read_cpu(&oc));
+        p.record("lm_head+softcap", format!("Q5_K {vocab}x{hidden} rows {first}..{n}"), &a, &b, MATVEC_NMSE);
+        // argmax: the GPU's index against the host's over the same GPU logits.
+        let idx = p.gpu.argmax(&og);
+        let host: Vec<u32> = a.chunks(vocab).map(|r| argmax(r) as u32).collect();
+        let miss = idx.iter().zip(&host).filter(|(x, y)| x != y).count();
+        let r = if miss == 0 { 0.0 } else { f64::INFINITY };
+        p.record("argmax", format!("{} rows of {vocab}", n - first), &[r as f32], &[1.0], 0.0);
+    }
+    Ok(())
+}
+
+/// The first index of the largest value (muser-sample's greedy rule).
+fn argmax(v: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] {
+            best = i;
+        }
+    }
+    best
+}
+
+/// Whole-model parity of one GGUF: prompt logits, then a greedy continuation where both
+/// backends are fed the CPU's tokens and every step's logits and top-1 are compared.
+fn check_model(rows: &mut Vec<Row>, path: &PathBuf, args: &Args, audit: &mut BTreeMap<String, u64>) -> anyhow::Result<String> {
+    let file = Arc::new(GgufFile::open(path)?);
+    let total: u64 = file.tensors.iter().map(|t| t.n_bytes).sum();
+    let t0 = Instant::now();
+    let cuda = Model::from_gguf(file.clone(), CudaBackend::new(0)?.with_upload_progress(total))?;
+    cuda.backend().synchronize();
+    let load_s = t0.elapsed().as_secs_f64();
+    let cpu = Model::from_gguf(file, CpuBackend::new(None)?)?;
+    let c = &cuda.config;
+    let name = path.file_name().map_or_else(|| path.display().to_string(), |s| s.to_string_lossy().to_string());
+    let n_ctx = args.prompt + args.tokens + 1;
+    let mut rng = Rand::new(args.seed ^ 0x5eed);
+    let prompt: Vec<u32> = (0..args.prompt).map(|_| rng.below(c.n_vocab as u32)).collect();
+
+    let mut sc = Session::new(&cpu, n_ctx)?;
+    let mut sg = Session::new(&cuda, n_ctx)?;
+    let lc = sc.prefill_all(&prompt)?;
+    let lg = sg.prefill_all(&prompt)?;
+    let r = Row { op: "model prompt logits".into(), shape: format!("{name} {} pos", prompt.len()), nmse: nmse(&lg, &lc), threshold: LOGITS_NMSE };
+    println!("{:<5} {:<22} {:<34} nmse {:>10.3e} (<= {:.0e})", if r.pass() { "ok" } else { "FAIL" }, r.op, r.shape, r.nmse, r.threshold);
+    rows.push(r);
+
+    // Greedy continuation: the CPU picks, both are fed its token.
+    let nv = c.n_vocab;
+    let mut cpu_logits = lc[(prompt.len() - 1) * nv..].to_vec();
+    let mut gpu_logits = lg[(prompt.len() - 1) * nv..].to_vec();
+    let (mut num, mut den) = (0f64, 0f64);
+    let mut first_div: Option<String> = None;
+    let mut agree = 0;
+    for step in 0..args.tokens {
+        let tc = argmax(&cpu_logits);
+        let tg = argmax(&gpu_logits);
+        num += cpu_logits.iter().zip(&gpu_logits).map(|(a, b)| ((a - b) as f64).powi(2)).sum::<f64>();
+        den += cpu_logits.iter().map(|a| (*a as f64).powi(2)).sum::<f64>();
+        if tc == tg {
+            agree += 1;
+        } else if first_div.is_none() {
+            let margin = cpu_logits[tc] - cpu_logits[tg];
+            let rms = (cpu_logits.iter().zip(&gpu_logits).map(|(a, b)| ((a - b) as f64).powi(2)).sum::<f64>() / nv as f64).sqrt();
+            let tie = (margin as f64) <= 3.0 * rms.max(1e-6) * std::f64::consts::SQRT_2;
+            first_div = Some(format!(
+                "step {step}: CPU {tc} vs CUDA {tg}, CPU logit margin {margin:.4} vs logit error rms {rms:.4} ({})",
+                if tie { "near-tie" } else { "NOT a near-tie" }
+            ));
+            if !tie {
+                rows.push(Row { op: "greedy divergence".into(), shape: format!("{name} step {step}"), nmse: f64::INFINITY, threshold: 0.0 });
+            }
+        }
+        cpu_logits = sc.decode(tc as u32)?.to_vec();
+        gpu_logits = sg.decode(tc as u32)?.to_vec();
+    }
+    let r = Row { op: "model decode logits".into(), shape: format!("{name} {} steps", args.tokens), nmse: num / den.max(f64::MIN_POSITIVE), threshold: LOGITS_NMSE };
+    println!("{:<5} {:<22} {:<34} nmse {:>10.3e} (<= {:.0e})", if r.pass() { "ok" } else { "FAIL" }, r.op, r.shape, r.nmse, r.threshold);
+    rows.push(r);
+    println!(
+        "      greedy top-1 agreement {agree}/{}{}",
+        args.tokens,
+        first_div.as_deref().map_or(String::new(), |d| format!("; first divergence {d}"))
+    );
+
+    let mut speed = String::new();
+    if args.bench {
+        // Decode speed on CUDA at the context reached (logits read back every token).
+        let n = 32;
+        let mut sg = Session::new(&cuda, 16 + n + 1)?;
+        sg.prefill(&prompt[..prompt.len().min(16)])?;
+        cuda.backend().synchronize();
+        let t = Instant::now();
+        let mut tok = 1u32;
+        for _ in 0..n {
+            tok = argmax(sg.decode(tok)?) as u32;
+        }
+        let s = t.elapsed().as_secs_f64() / n as f64;
+        let bytes = cuda.decode_bytes(sg.pos());
+        speed = format!(
+            "; decode {:.2} ms/token = {:.1} tokens/s, {:.1} MB/token, {:.0} GB/s",
+            s * 1e3,
+            1.0 / s,
+            bytes as f64 / 1e6,
+            bytes as f64 / s / 1e9
+        );
+    }
+    for (k, n) in cuda.backend().gpu.dispatch_counts() {
+        *audit.entry(k).or_default() += n;
+    }
+    Ok(format!(
+        "model {name}: {} layers, hidden {}, vocab {}; upload {:.2} s ({:.1} GB/s); greedy {agree}/{} agree{}",
+        c.n_layer,
+        c.n_embd,
+        c.n_vocab,
+        load_s,
+        total as f64 / load_s / 1e9,
+        args.tokens,
+        speed
+    ))
+}
+
+/// Times one launch of each Glimmer matrix (1 column) and prints GB/s of weights read.
+fn bench_matvec(p: &Pair) -> anyhow::Result<()> {
+    println!("\nmatvec timing (1 column, weights streamed once per launch):");
+    println!("| matrix | type | rows x cols | MB | us | GB/s |");
+    let cases = [
+        ("attn_q+k+v+gate", 0usize, 0usize, GgmlType::Q4_K),
+        ("attn_q", Q_WIDTH, HIDDEN, GgmlType::Q4_K),
+        ("attn_k", KV_WIDTH, HIDDEN, GgmlType::Q4_K),
+        ("attn_output", HIDDEN, Q_WIDTH, GgmlType::Q4_K),
+        ("ffn_gate", FFN, HIDDEN, GgmlType::Q4_K),
+        ("ffn_down", HIDDEN, FFN, GgmlType::Q4_K),
+        ("ffn_down", HIDDEN, FFN, GgmlType::Q6_K),
+        ("output", VOCAB, HIDDEN, GgmlType::Q5_K),
+        ("attn_q", Q_WIDTH, HIDDEN, GgmlType::F16),
+        ("attn_q", Q_WIDTH, HIDDEN, GgmlType::Q8_0),
+    ];
+    let be = &p.gpu;
+    for (name, rows, cols, ty) in cases {
+        let mats: Vec<(usize, usize, GgmlType)> = if rows == 0 {
+            vec![(Q_WIDTH, HIDDEN, ty), (KV_WIDTH, HIDDEN, ty), (KV_WIDTH, HIDDEN, GgmlType::Q6_K), (Q_WIDTH, HIDDEN, ty)]
+        } else {
+            vec![(rows, cols, ty)]
+        };
+        let mut ws = Vec::new();
+        let mut outs = Vec::new();
+        let mut bytes = 0u64;
+        for (i, &(r, c, t)) in mats.iter().enumerate() {
+            let data = random_matrix(t, r, c, 99 + i as u64);
+            bytes += data.len() as u64;
+            ws.push(be.weight(&TensorView::owned("bench", t, &[c as u64, r as u64], data)?)?);
+            outs.push(be.buf(1, r));
+        }
+        let k = mats[0].1;
+        let mut xin = be.buf(1, k);
+        be.write(&mut xin, &vec![0.5f32; k]);
+        let iters = 50;
+        let run = |outs: &mut Vec<CudaBuf>| {
+            let mut pairs: Vec<(&muser_cuda::CudaWeight, &mut CudaBuf)> = ws.iter().zip(outs.iter_mut()).collect();
+            be.matmul(&xin, &mut pairs);
+        };
+        run(&mut outs);
+        be.synchronize();
+        let t = Instant::now();
+        for _ in 0..iters {
+            run(&mut outs);
+        }
+        be.synchronize();
+        let us = t.elapsed().as_secs_f64() / iters as f64 * 1e6;
+        let shape = if rows == 0 { format!("{}+{}+{}+{} x {HIDDEN}", Q_WIDTH, KV_WIDTH, KV_WIDTH, Q_WIDTH) } else { format!("{rows} x {cols}") };
+        println!("| {name} | {ty} | {shape} | {:.1} | {us:.1} | {:.0} |", bytes as f64 / 1e6, bytes as f64 / us / 1e3);
+    }
     Ok(())
 }
