@@ -83,7 +83,8 @@ def train_one(cfg, name, dropout, max_steps, lr, train, dev, a, device, log):
             if device.type == "cuda":
                 torch.cuda.synchronize()
             per = (time.time() - t0) / 20
-            total = max(step, min(max_steps, int(a.budget / (per * 1.1))))
+            if not math.isinf(a.budget):
+                total = max(step, min(max_steps, int(a.budget / (per * 1.1))))
             log(f"[{name}] {per * 1000:.1f} ms/step -> {total} steps")
         warm = min(a.warmup, total // 10)
         if step < warm:
@@ -201,6 +202,9 @@ def main():
     ap.add_argument("--warmup", type=int, default=100)
     ap.add_argument("--eval-every", type=int, default=100)
     ap.add_argument("--ref-len", type=int, default=512)
+    ap.add_argument("--steps", default=None,
+                    help="comma-separated step counts, one per configuration, instead of sizing "
+                         "the schedules from --budget (to repeat a run exactly)")
     ap.add_argument("--tiny", action="store_true", help="smoke test: tiny model, few steps")
     ap.add_argument("--reference-only", action="store_true",
                     help="reload the weights in --out and recompute the held-out loss, "
@@ -243,6 +247,11 @@ def main():
     log(f"hardware {hw}; train {train.size} dev {dev.size} val {val.size} tokens; cfg {cfg}")
 
     runs, best_model, best = [], None, None
+    if a.steps:
+        fixed = [int(x) for x in a.steps.split(",")]
+        assert len(fixed) == len(configs), "--steps needs one count per configuration"
+        configs = [(n, d, s, lr) for (n, d, _, lr), s in zip(configs, fixed)]
+        a.budget = float("inf")
     for name, dropout, steps, lr in configs:
         model, r = train_one(cfg, name, dropout, steps, lr, train, dev, a, device, log)
         runs.append(r)
