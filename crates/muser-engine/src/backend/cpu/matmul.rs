@@ -56,7 +56,7 @@ impl<'a> QuantizedInput<'a> {
     }
 }
 
-/// Computes rows r0..r1 of `w` against every column: tile[(r - r0) * n + t].
+/// Computes rows r0..r1 of `w` against every column: tile[t * (r1 - r0) + r - r0].
 pub fn rows_times_columns(
     k: &Kernels,
     w: &CpuWeight,
@@ -111,7 +111,7 @@ fn kernel<W: bytemuck::Pod, A>(
         for r in 0..nr {
             let wr = &w[r * per_row..(r + 1) * per_row];
             for t in t0..t1 {
-                tile[r * n + t] = dot(wr, &acts[t * per_col..(t + 1) * per_col]);
+                tile[t * nr + r] = dot(wr, &acts[t * per_col..(t + 1) * per_col]);
             }
         }
     }
@@ -138,11 +138,13 @@ fn kernel_x4<W: bytemuck::Pod>(
             let mut t = t0;
             while t + 4 <= t1 {
                 let v = dot4(wr, [col(t), col(t + 1), col(t + 2), col(t + 3)]);
-                tile[r * n + t..r * n + t + 4].copy_from_slice(&v);
+                for (k, v) in v.into_iter().enumerate() {
+                    tile[(t + k) * nr + r] = v;
+                }
                 t += 4;
             }
             for t in t..t1 {
-                tile[r * n + t] = dot(wr, col(t));
+                tile[t * nr + r] = dot(wr, col(t));
             }
         }
     }
@@ -214,11 +216,10 @@ pub fn matmul_multi(
         let mut tile = vec![0f32; (r1 - r0) * n];
         rows_times_columns(k, w, inp, r0, r1, &mut tile);
         let p = ptrs[i];
-        for (r, row) in tile.chunks_exact(n).enumerate() {
-            for (t, &v) in row.iter().enumerate() {
-                // SAFETY: (t, r0 + r) is inside out_i ([n, rows]) and only this task writes it.
-                unsafe { *p.0.add(t * w.rows + r0 + r) = v };
-            }
+        for (t, row) in tile.chunks_exact(r1 - r0).enumerate() {
+            // SAFETY: row t, columns r0..r1 of out_i ([n, rows]) are inside it and only this
+            // task writes them.
+            unsafe { std::ptr::copy_nonoverlapping(row.as_ptr(), p.0.add(t * w.rows + r0), r1 - r0) };
         }
     });
 }
@@ -245,9 +246,10 @@ pub fn gate_up_silu(
         rows_times_columns(k, g, inp, r0, r1, &mut tg);
         rows_times_columns(k, u, inp, r0, r1, &mut tu);
         let p = p;
-        for r in 0..r1 - r0 {
-            for t in 0..n {
-                let v = super::ops::silu(tg[r * n + t]) * tu[r * n + t];
+        let nr = r1 - r0;
+        for t in 0..n {
+            for r in 0..nr {
+                let v = super::ops::silu(tg[t * nr + r]) * tu[t * nr + r];
                 // SAFETY: as in matmul_multi.
                 unsafe { *p.0.add(t * rows + r0 + r) = v };
             }
