@@ -46,6 +46,12 @@ pub struct Args {
     /// Also time the matvecs at the Glimmer shapes and whole-model decode.
     #[arg(long)]
     bench: bool,
+    /// Time prefill (pp512) and decode (tg) of these GGUF files on CUDA alone (repeatable).
+    #[arg(long)]
+    speed: Vec<PathBuf>,
+    /// Context depth of an extra decode timing of the --speed models (0: none).
+    #[arg(long, default_value_t = 0)]
+    depth: usize,
 }
 
 /// One parity measurement.
@@ -151,6 +157,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut models = Vec::new();
     for path in &args.model {
         let m = check_model(&mut pair.rows, path, &args, &mut audit).with_context(|| format!("model {}", path.display()))?;
+        models.push(m);
+    }
+
+    for path in &args.speed {
+        let m = speed(path, args.depth, &mut audit).with_context(|| format!("model {}", path.display()))?;
         models.push(m);
     }
 
@@ -291,34 +302,12 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
         // Attention over a ring (sliding window 4096) and a plane, at depth.
         for ring in [true, false] {
             let depth = if n >= 512 { 700 } else if ring { 5000 } else { 8192 };
-            let spec = KvLayerSpec {
-                n_head_kv: kvw / HEAD,
-                head_dim: HEAD,
-                window: ring.then_some(4096),
-                slots: if ring { 4096 + 511 } else { depth + n },
-            };
-            let mut kvc = p.cpu.kv_cache(&[spec]);
-            let mut kvg = p.gpu.kv_cache(&[spec]);
-            let mut pos = 0;
-            while pos < depth + n {
-                let m = (depth + n - pos).min(512);
-                let kd = p.randn(m * kvw, 1.0);
-                let vd = p.randn(m * kvw, 1.0);
-                let (kc2, kg2) = p.bufs(m, kvw, &kd);
-                let (vc2, vg2) = p.bufs(m, kvw, &vd);
-                p.cpu.kv_store(&mut kvc, 0, &kc2, &vc2, pos);
-                p.gpu.kv_store(&mut kvg, 0, &kg2, &vg2, pos);
-                pos += m;
-            }
-            let qd = p.randn(n * qw, 1.0);
-            let (qc, qg) = p.bufs(n, qw, &qd);
-            let (mut ac, mut ag) = (p.cpu.buf(n, qw), p.gpu.buf(n, qw));
-            let scale = 1.0 / (HEAD as f32).sqrt();
-            p.cpu.attention(&qc, &kvc, 0, depth, scale, &mut ac);
-            p.gpu.attention(&qg, &kvg, 0, depth, scale, &mut ag);
-            let (a, b) = (p.read_gpu(&ag), p.read_cpu(&ac));
-            let what = if ring { "ring 4096" } else { "plane" };
-            p.record("kv_store+attention", format!("{what} {n} rows @{depth}"), &a, &b, MATVEC_NMSE);
+            check_attention(p, n, kvw / HEAD, HEAD, qw / HEAD, ring.then_some(4096), depth);
+        }
+        if n == 1 || n == 9 {
+            // Head width 256 (over 48 KB of shared memory) and 64.
+            check_attention(p, n, 2, 256, 32, None, 3000);
+            check_attention(p, n, 4, 64, 8, Some(1000), 1500);
         }
 
         // Output gate, o_proj, FFN.
@@ -381,6 +370,34 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
         p.record("argmax", format!("{} rows of {vocab}", n - first), &[r as f32], &[1.0], 0.0);
     }
     Ok(())
+}
+
+/// kv_store of depth + n random positions, then attention of n query rows at pos0 = depth.
+fn check_attention(p: &mut Pair, n: usize, n_kv: usize, head: usize, n_head: usize, window: Option<usize>, depth: usize) {
+    let (kvw, qw) = (n_kv * head, n_head * head);
+    let spec = KvLayerSpec { n_head_kv: n_kv, head_dim: head, window, slots: window.map_or(depth + n, |w| w + 511) };
+    let mut kvc = p.cpu.kv_cache(&[spec]);
+    let mut kvg = p.gpu.kv_cache(&[spec]);
+    let mut pos = 0;
+    while pos < depth + n {
+        let m = (depth + n - pos).min(512);
+        let kd = p.randn(m * kvw, 1.0);
+        let vd = p.randn(m * kvw, 1.0);
+        let (kc, kg) = p.bufs(m, kvw, &kd);
+        let (vc, vg) = p.bufs(m, kvw, &vd);
+        p.cpu.kv_store(&mut kvc, 0, &kc, &vc, pos);
+        p.gpu.kv_store(&mut kvg, 0, &kg, &vg, pos);
+        pos += m;
+    }
+    let qd = p.randn(n * qw, 1.0);
+    let (qc, qg) = p.bufs(n, qw, &qd);
+    let (mut ac, mut ag) = (p.cpu.buf(n, qw), p.gpu.buf(n, qw));
+    let scale = 1.0 / (head as f32).sqrt();
+    p.cpu.attention(&qc, &kvc, 0, depth, scale, &mut ac);
+    p.gpu.attention(&qg, &kvg, 0, depth, scale, &mut ag);
+    let (a, b) = (p.read_gpu(&ag), p.read_cpu(&ac));
+    let what = window.map_or("plane".to_string(), |w| format!("ring {w}"));
+    p.record("kv_store+attention", format!("{what} {n_head}/{n_kv}x{head} {n} rows @{depth}"), &a, &b, MATVEC_NMSE);
 }
 
 /// The first index of the largest value (muser-sample's greedy rule).
@@ -545,4 +562,65 @@ fn bench_matvec(p: &Pair) -> anyhow::Result<()> {
         println!("| {name} | {ty} | {shape} | {:.1} | {us:.1} | {:.0} |", bytes as f64 / 1e6, bytes as f64 / us / 1e3);
     }
     Ok(())
+}
+
+/// The H200's read bandwidth as measured by a streaming kernel (SPEC section 7), bytes/s.
+const H200_READ_BW: f64 = 4.5e12;
+
+/// pp512 and tg128 (and tg64 at `depth`) of one model on CUDA alone.
+fn speed(path: &PathBuf, depth: usize, audit: &mut BTreeMap<String, u64>) -> anyhow::Result<String> {
+    let file = Arc::new(GgufFile::open(path)?);
+    let total: u64 = file.tensors.iter().map(|t| t.n_bytes).sum();
+    let t0 = Instant::now();
+    let m = Model::from_gguf(file, CudaBackend::new(0)?.with_upload_progress(total))?;
+    m.backend().synchronize();
+    let load_s = t0.elapsed().as_secs_f64();
+    let name = path.file_name().map_or_else(|| path.display().to_string(), |s| s.to_string_lossy().to_string());
+    let nv = m.config.n_vocab as u32;
+    let mut rng = Rand::new(7);
+    let prompt: Vec<u32> = (0..depth.max(512)).map(|_| rng.below(nv)).collect();
+    let mut s = Session::new(&m, depth.max(512) + 129)?;
+    s.prefill(&prompt[..8])?;
+    s.reset();
+    let t = Instant::now();
+    s.prefill(&prompt[..512])?;
+    let pp = 512.0 / t.elapsed().as_secs_f64();
+    let tg = |s: &mut Session<CudaBackend>, n: usize| -> anyhow::Result<(f64, u64)> {
+        let mut tok = argmax(s.logits()) as u32;
+        let t = Instant::now();
+        for _ in 0..n {
+            tok = argmax(s.decode(tok)?) as u32;
+        }
+        let secs = t.elapsed().as_secs_f64() / n as f64;
+        Ok((secs, m.decode_bytes(s.pos() - n / 2)))
+    };
+    s.reset();
+    s.prefill(&prompt[..1])?;
+    let (t0s, b0) = tg(&mut s, 128)?;
+    let mut line = format!(
+        "speed {name}: upload {load_s:.1} s ({:.1} GB/s); pp512 {pp:.0} tokens/s; tg128 {:.1} tokens/s ({:.2} ms/token, {:.2} GB/token, {:.0} GB/s = {:.0}% of {:.1} TB/s)",
+        total as f64 / load_s / 1e9,
+        1.0 / t0s,
+        t0s * 1e3,
+        b0 as f64 / 1e9,
+        b0 as f64 / t0s / 1e9,
+        100.0 * b0 as f64 / t0s / H200_READ_BW,
+        H200_READ_BW / 1e12
+    );
+    if depth > 0 {
+        s.reset();
+        s.prefill(&prompt[..depth])?;
+        let (td, bd) = tg(&mut s, 64)?;
+        line += &format!(
+            "; tg64 at depth {depth}: {:.1} tokens/s ({:.2} GB/token, {:.0} GB/s)",
+            1.0 / td,
+            bd as f64 / 1e9,
+            bd as f64 / td / 1e9
+        );
+    }
+    println!("{line}");
+    for (k, n) in m.backend().gpu.dispatch_counts() {
+        *audit.entry(k).or_default() += n;
+    }
+    Ok(line)
 }

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# One H200 call for the CUDA backend (issue 4): synthesizes the small models on the device, runs
+# `muser check --backend cuda` (every op against the CPU backend at the Muse Glimmer shapes, then
+# whole-model parity of muse-tiny, muse-mid, llama-tiny, qwen3-tiny, the matvec timings and the
+# dispatch audit) and, with GLIMMER=1, synthesizes muse-glimmer and times pp512 / tg128 (and tg64
+# at DEPTH) on CUDA alone. Full logs go to $OUT; a short table is printed last.
+#
+# Usage (device tool, from the repository root, carrying target/release/muser):
+#   GLIMMER=1 DEPTH=8192 bash scripts/device_cuda_check.sh
+set -uo pipefail
+BIN=${MUSER_BIN:-target/release/muser}
+OUT=${OUT:-/tmp/muser-out}
+MODELS=${MODELS:-/tmp/muser-models}
+mkdir -p "$OUT" "$MODELS"
+
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv,noheader > "$OUT/gpu.txt" 2>&1
+cat "$OUT/gpu.txt"
+
+step() { # name timeout_s command...
+    local name=$1 limit=$2
+    shift 2
+    echo "== $name: $*"
+    local t0=$SECONDS
+    timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+    local rc=$?
+    echo "$name rc=$rc ($((SECONDS - t0)) s)" | tee -a "$OUT/summary.txt"
+    return $rc
+}
+
+for p in muse-tiny muse-mid llama-tiny qwen3-tiny; do
+    "$BIN" synth "$p" "$MODELS/$p.gguf" > /dev/null || echo "synth $p failed"
+done
+
+step quick 120 "$BIN" check --backend cuda --quick
+tail -n 25 "$OUT/quick.log"
+step full 360 "$BIN" check --backend cuda --bench \
+    --model "$MODELS/muse-tiny.gguf" --model "$MODELS/llama-tiny.gguf" --model "$MODELS/qwen3-tiny.gguf" \
+    --model "$MODELS/muse-mid.gguf"
+
+if [ "${GLIMMER:-0}" = 1 ]; then
+    t0=$SECONDS
+    "$BIN" synth muse-glimmer "$MODELS/muse-glimmer.gguf" > "$OUT/synth.txt" 2>&1
+    echo "synth muse-glimmer: $((SECONDS - t0)) s" | tee -a "$OUT/summary.txt"
+    step speed 300 "$BIN" check --backend cuda --no-ops --speed "$MODELS/muse-glimmer.gguf" --depth "${DEPTH:-0}"
+fi
+
+echo
+echo "================ short table ================"
+grep -E "^FAIL|^FAILED|panicked|^error" "$OUT"/*.log | head -40
+grep -E "^\| |^summary|^all |never dispatched|greedy|^model |^speed " "$OUT"/full.log "$OUT"/speed.log 2>/dev/null | sed 's#^[^:]*/##'
+cat "$OUT/summary.txt"
