@@ -56,14 +56,12 @@ def muser_perplexity(muser, model, text_file, ctx=512, threads=2):
 
 
 def muser_token_ids(muser, model, text):
-    """Token ids from `muser tokenize -v` (first integer of each line), without BOS."""
-    out = sh([muser, "tokenize", "-m", model, "-p", text, "-v"])
-    ids = []
+    """Token ids from `muser tokenize` (BOS included): its line of space-separated integers."""
+    out = sh([muser, "tokenize", "-m", model, "-p", text])
     for line in out.splitlines():
-        m = re.match(r"\s*(\d+)\b", line)
-        if m:
-            ids.append(int(m.group(1)))
-    return ids
+        if re.fullmatch(r"\d+( \d+)*", line.strip()):
+            return [int(x) for x in line.split()]
+    raise RuntimeError("no token ids in `muser tokenize` output:\n" + out)
 
 
 def check_logits_against(muser, gguf_path, cfg, w, tokens, ref_logits, log):
