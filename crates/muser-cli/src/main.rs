@@ -7,7 +7,11 @@ mod npy;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "muser", version, about = "Muser: a GGUF inference engine for K-quant models")]
+#[command(
+    name = "muser",
+    version,
+    about = "Muser: a GGUF inference engine for K-quant models"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

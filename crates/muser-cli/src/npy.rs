@@ -15,7 +15,11 @@ pub fn write_f32(path: &Path, shape: &[usize], data: &[f32]) -> anyhow::Result<(
         [d] => format!("({d},)"),
         _ => format!(
             "({})",
-            shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")
+            shape
+                .iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
         ),
     };
     let mut header = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': {dims}, }}");

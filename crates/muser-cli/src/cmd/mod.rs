@@ -1,5 +1,5 @@
-pub mod check;
 pub mod bench;
+pub mod check;
 pub mod inspect;
 pub mod logits;
 pub mod perplexity;

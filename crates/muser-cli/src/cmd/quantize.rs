@@ -45,7 +45,9 @@ impl Target {
             Some(t @ (GgmlType::Q8_0 | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)) => {
                 Ok(Target::Single(t))
             }
-            _ => anyhow::bail!("unknown quantization type {s:?}: expected Q8_0, Q4_K, Q5_K, Q6_K or Q4_K_M"),
+            _ => anyhow::bail!(
+                "unknown quantization type {s:?}: expected Q8_0, Q4_K, Q5_K, Q6_K or Q4_K_M"
+            ),
         }
     }
 
@@ -73,9 +75,8 @@ fn layer_of(name: &str) -> Option<usize> {
 
 /// The type a tensor is written with.
 fn choose_type(t: &TensorInfo, target: Target, pure: bool, n_layers: usize) -> GgmlType {
-    let quantizable = t.dims.len() >= 2
-        && t.name.ends_with("weight")
-        && !t.name.contains("_norm.weight");
+    let quantizable =
+        t.dims.len() >= 2 && t.name.ends_with("weight") && !t.name.contains("_norm.weight");
     if !quantizable {
         return t.ggml_type;
     }
@@ -86,7 +87,11 @@ fn choose_type(t: &TensorInfo, target: Target, pure: bool, n_layers: usize) -> G
     let wanted = if pure {
         base
     } else if t.name == "output.weight" {
-        if base == GgmlType::Q8_0 { base } else { GgmlType::Q6_K }
+        if base == GgmlType::Q8_0 {
+            base
+        } else {
+            GgmlType::Q6_K
+        }
     } else if target == Target::Q4KM
         && (t.name.contains("attn_v.weight") || t.name.contains("ffn_down.weight"))
         && layer_of(&t.name).is_some_and(|i| use_more_bits(i, n_layers))
@@ -113,9 +118,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             t.ggml_type
         );
     }
-    let n_layers = f.tensors.iter().filter_map(|t| layer_of(&t.name)).max().map_or(0, |i| i + 1);
-    let types: Vec<GgmlType> =
-        f.tensors.iter().map(|t| choose_type(t, target, args.pure, n_layers)).collect();
+    let n_layers = f
+        .tensors
+        .iter()
+        .filter_map(|t| layer_of(&t.name))
+        .max()
+        .map_or(0, |i| i + 1);
+    let types: Vec<GgmlType> = f
+        .tensors
+        .iter()
+        .map(|t| choose_type(t, target, args.pure, n_layers))
+        .collect();
 
     let mut metadata: Vec<(String, MetaValue)> = f
         .metadata
@@ -124,12 +137,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .cloned()
         .collect();
     metadata.push(("general.quantization_version".into(), MetaValue::U32(2)));
-    metadata.push(("general.file_type".into(), MetaValue::U32(target.file_type())));
+    metadata.push((
+        "general.file_type".into(),
+        MetaValue::U32(target.file_type()),
+    ));
     let specs: Vec<TensorSpec> = f
         .tensors
         .iter()
         .zip(&types)
-        .map(|(t, &ty)| TensorSpec { name: t.name.clone(), dims: t.dims.clone(), ggml_type: ty })
+        .map(|(t, &ty)| TensorSpec {
+            name: t.name.clone(),
+            dims: t.dims.clone(),
+            ggml_type: ty,
+        })
         .collect();
 
     let total: u64 = f.tensors.iter().map(|t| t.n_elements()).sum();
@@ -175,11 +195,14 @@ fn convert(f: &GgufFile, t: &TensorInfo, ty: GgmlType) -> anyhow::Result<Vec<u8>
     let in_row = t.ggml_type.row_bytes(cols as u64).context("row length")? as usize;
     let out_row = ty.row_bytes(cols as u64).context("row length")? as usize;
     let mut out = vec![0u8; rows * out_row];
-    out.par_chunks_mut(out_row.max(1)).enumerate().take(rows).try_for_each(|(r, dst)| {
-        let mut row = vec![0f32; cols];
-        muser_quant::dequantize_row(t.ggml_type, &src[r * in_row..(r + 1) * in_row], &mut row)?;
-        muser_quant::quantize_row(ty, &row, dst)?;
-        anyhow::Ok(())
-    })?;
+    out.par_chunks_mut(out_row.max(1))
+        .enumerate()
+        .take(rows)
+        .try_for_each(|(r, dst)| {
+            let mut row = vec![0f32; cols];
+            muser_quant::dequantize_row(t.ggml_type, &src[r * in_row..(r + 1) * in_row], &mut row)?;
+            muser_quant::quantize_row(ty, &row, dst)?;
+            anyhow::Ok(())
+        })?;
     Ok(out)
 }

@@ -30,7 +30,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let row_bytes = t.n_bytes as usize / rows.max(1);
     let data = f.tensor_data(t);
     let mut out = vec![0f32; rows * cols];
-    for (r, dst) in out.chunks_mut(cols.max(1)).enumerate().take(rows * cols.min(1)) {
+    for (r, dst) in out
+        .chunks_mut(cols.max(1))
+        .enumerate()
+        .take(rows * cols.min(1))
+    {
         muser_quant::dequantize_row(t.ggml_type, &data[r * row_bytes..(r + 1) * row_bytes], dst)
             .map_err(|e| anyhow::anyhow!("tensor {}: {e}", t.name))?;
     }
