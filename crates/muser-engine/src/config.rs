@@ -239,6 +239,22 @@ impl ModelConfig {
                 "missing, and no tokenizer or token_embd to infer it",
             ));
         };
+        // RoPE scaling changes the angles; refuse rather than compute wrong logits.
+        if file.tensor("rope_freqs.weight").is_some() {
+            return Err(EngineError::Invalid(
+                "tensor rope_freqs.weight (per-dimension RoPE frequency factors, e.g. Llama 3.1 \
+                 scaling) is not supported yet"
+                    .into(),
+            ));
+        }
+        if let Some(MetaValue::String(t)) = file.get(&m.key("rope.scaling.type")) {
+            if t != "none" {
+                return Err(meta_err(
+                    &m.key("rope.scaling.type"),
+                    format!("RoPE scaling '{t}' is not supported yet"),
+                ));
+            }
+        }
         let n_ctx_train = m.usize_or("context_length", 4096)?;
         let rms_eps = m.f32_or("attention.layer_norm_rms_epsilon", 1e-5)?;
         let post_norm_eps = m.f32_or("attention.post_norm_rms_epsilon", rms_eps)?;

@@ -221,3 +221,24 @@ fn missing_hyperparameter_is_named() {
     });
     assert!(msg.contains("muse.attention.sliding_window"), "{msg}");
 }
+
+#[test]
+fn rope_scaling_is_refused_not_ignored() {
+    let t = Tiny::new("llama");
+    let msg = load_err(&t, |_, meta| {
+        meta.push((
+            "llama.rope.scaling.type".into(),
+            muser_gguf::MetaValue::String("yarn".into()),
+        ))
+    });
+    assert!(
+        msg.contains("llama.rope.scaling.type") && msg.contains("yarn"),
+        "{msg}"
+    );
+    let msg = load_err(&t, |ts, _| {
+        let spec =
+            muser_gguf::TensorSpec::new("rope_freqs.weight", &[32], muser_gguf::GgmlType::F32);
+        ts.push((spec, vec![0u8; 128]));
+    });
+    assert!(msg.contains("rope_freqs.weight"), "{msg}");
+}
