@@ -19,6 +19,15 @@ typedef unsigned int uint32_t;
 #define INFINITY __int_as_float(0x7f800000)
 #endif
 
+// Weight formats, as the host's matvec::format_code numbers them.
+#define FMT_F32 0
+#define FMT_F16 1
+#define FMT_BF16 2
+#define FMT_Q8_0 3
+#define FMT_Q4_K 4
+#define FMT_Q5_K 5
+#define FMT_Q6_K 6
+
 // Q4_K: 144 bytes; d, dmin (f16), scales[12], qs[128]
 struct __align__(2) block_q4_k { __half d; __half dmin; uint8_t scales[12]; uint8_t qs[128]; };
 // Q5_K: 176 bytes; d, dmin, scales[12], qh[32], qs[128]

@@ -28,13 +28,6 @@
 // four at a time, Q6_K/Q8_0 repacked into 16-byte aligned planes, two items in flight per lane.
 // Measured on the H200: see the report of `muser check --backend cuda --bench`.
 
-#define FMT_F32 0
-#define FMT_F16 1
-#define FMT_BF16 2
-#define FMT_Q8_0 3
-#define FMT_Q4_K 4
-#define FMT_Q5_K 5
-#define FMT_Q6_K 6
 
 // x: [n][32] f32 blocks (n = ncols * K / 32). q: int8 [n][32]; ds: (d, d * sum(q)) per block.
 extern "C" __global__ void quantize_q8_1(const float* __restrict__ x, int8_t* __restrict__ q,

@@ -317,7 +317,7 @@ impl Backend for CudaBackend {
         let xp = self.p(&x.data);
         self.quantize_for(&mut ws, xp, x.rows * x.cols, &[gate.mat().ty, up.mat().ty]);
         let op = self.p(&out.data);
-        ck(self.gpu.matvec_silu(gate.mat(), up.mat(), xp, x.rows, &ws.act, op), "matvec_silu");
+        ck(self.gpu.matvec_silu(gate.mat(), up.mat(), xp, x.rows, &mut ws.act, op), "matvec_silu");
     }
 
     fn rope(&self, x: &mut CudaBuf, head_dim: usize, rope: &RopeParams, pos0: usize) {

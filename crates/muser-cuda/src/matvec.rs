@@ -16,17 +16,31 @@ pub struct DeviceMatrix {
     pub data: CudaSlice<u8>,
 }
 
-/// Scratch for one quantized activation of up to `cap` values (columns x K).
+/// Scratch for one quantized activation of up to `cap` values (columns x K), and the two
+/// intermediate outputs of a prefill gate+up.
 pub struct ActScratch {
     pub q: CudaSlice<i8>,
     pub ds: CudaSlice<f32>, // (cap / 32, 2)
     pub cap: usize,
+    pub tmp: CudaSlice<f32>, // (2, ncols, rows) gate and up outputs of a prefill FFN
 }
 
 /// Columns one kernel launch handles at most.
 pub const MAX_COLS: usize = 8;
 /// Matrices one launch handles at most (`MatvecJobs` in matvec.cu).
 pub const MAX_JOBS: usize = 4;
+
+/// The tensor-core kernel (mmq.cu) serving `ty` at width `k` for more than `MAX_COLS` columns;
+/// None means the matvec kernels are looped over groups of 8 columns.
+pub fn mmq_kernel(ty: GgmlType, k: usize) -> Option<&'static str> {
+    match ty {
+        GgmlType::Q4_K => Some("mmq_q4_k"),
+        GgmlType::Q5_K => Some("mmq_q5_k"),
+        GgmlType::Q6_K => Some("mmq_q6_k"),
+        GgmlType::Q8_0 if k % 256 == 0 => Some("mmq_q8_0"),
+        _ => None,
+    }
+}
 
 /// The kernels' format code (FMT_* in matvec.cu), or an error for a type with no CUDA matvec.
 pub fn format_code(ty: GgmlType) -> Result<i32, CudaError> {
@@ -146,13 +160,20 @@ impl Gpu {
     /// Scratch for activations of up to `cap` values.
     pub fn act_scratch(&self, cap: usize) -> Result<ActScratch, CudaError> {
         let cap = cap.max(32);
-        Ok(ActScratch { q: self.stream.alloc_zeros::<i8>(cap)?, ds: self.stream.alloc_zeros::<f32>(cap / 32 * 2)?, cap })
+        Ok(ActScratch {
+            q: self.stream.alloc_zeros::<i8>(cap)?,
+            ds: self.stream.alloc_zeros::<f32>(cap / 32 * 2)?,
+            cap,
+            tmp: self.stream.alloc_zeros::<f32>(1)?,
+        })
     }
 
     /// Quantizes `n` f32 values at address `x` (n a multiple of 32) into `scratch`.
     pub fn quantize_q8_1(&self, x: u64, n: usize, scratch: &mut ActScratch) -> Result<(), CudaError> {
         if n > scratch.cap {
+            let tmp = std::mem::replace(&mut scratch.tmp, self.stream.alloc_zeros::<f32>(1)?);
             *scratch = self.act_scratch(n)?;
+            scratch.tmp = tmp;
         }
         let n_blocks = (n / 32) as i32;
         let cfg = LaunchConfig { grid_dim: ((n_blocks as u32).div_ceil(4), 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
@@ -169,7 +190,13 @@ impl Gpu {
     /// The int8 activation must already be in `scratch` when any job is quantized
     /// (`quantize_q8_1`): matmuls sharing one input quantize it once.
     pub fn matvec_jobs(&self, jobs: &[Job], x: u64, k: usize, ncols: usize, scratch: &ActScratch) -> Result<(), CudaError> {
-        for group in jobs.chunks(MAX_JOBS) {
+        let (mmq, rest): (Vec<&Job>, Vec<&Job>) =
+            jobs.iter().partition(|j| ncols > MAX_COLS && mmq_kernel(j.m.ty, k).is_some());
+        for j in mmq {
+            self.mmq(j.m, ncols, scratch, j.y)?;
+        }
+        let rest: Vec<Job> = rest.into_iter().map(|j| Job { m: j.m, y: j.y }).collect();
+        for group in rest.chunks(MAX_JOBS) {
             let mut mj = MatvecJobs::default();
             let mut total = 0usize;
             for (i, j) in group.iter().enumerate() {
@@ -205,15 +232,36 @@ impl Gpu {
         Ok(())
     }
 
+    /// y[c][r] = W x[c] on the tensor cores for all `ncols` columns (the int8 activation
+    /// already in `scratch`).
+    pub fn mmq(&self, m: &DeviceMatrix, ncols: usize, scratch: &ActScratch, y: u64) -> Result<(), CudaError> {
+        let name = mmq_kernel(m.ty, m.cols)
+            .ok_or_else(|| CudaError::Unsupported(format!("no tensor-core matmul for {} at width {}", m.ty, m.cols)))?;
+        let cfg = LaunchConfig {
+            grid_dim: ((ncols as u32).div_ceil(64), (m.rows as u32).div_ceil(64), 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (w, xq, xds) = (dptr(self, &m.data), dptr(self, &scratch.q), dptr(self, &scratch.ds));
+        let (rows, k, n) = (m.rows as i32, m.cols as i32, ncols as i32);
+        let f = self.kernel(name)?;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&w).arg(&rows).arg(&k).arg(&xq).arg(&xds).arg(&y).arg(&n);
+        // SAFETY: reads rows*row_bytes weight bytes and ncols*k activations; writes ncols*rows.
+        unsafe { b.launch(cfg) }?;
+        Ok(())
+    }
+
     /// y[c][r] = silu(G[r] . x[c]) * (U[r] . x[c]) (the int8 activation already in `scratch`
-    /// when either matrix is quantized).
+    /// when either matrix is quantized). Prefill widths run gate and up on the tensor cores into
+    /// `scratch.tmp`, then `silu_mul`.
     pub fn matvec_silu(
         &self,
         gate: &DeviceMatrix,
         up: &DeviceMatrix,
         x: u64,
         ncols: usize,
-        scratch: &ActScratch,
+        scratch: &mut ActScratch,
         y: u64,
     ) -> Result<(), CudaError> {
         let (k, rows) = (gate.cols, gate.rows);
@@ -222,6 +270,23 @@ impl Gpu {
                 "gate {}x{} and up {}x{} differ in shape",
                 gate.rows, gate.cols, up.rows, up.cols
             )));
+        }
+        if ncols > MAX_COLS && mmq_kernel(gate.ty, k).is_some() && mmq_kernel(up.ty, k).is_some() {
+            let n = ncols * rows;
+            if scratch.tmp.len() < 2 * n {
+                scratch.tmp = self.stream.alloc_zeros::<f32>(2 * n)?;
+            }
+            let tg = dptr(self, &scratch.tmp);
+            let tu = tg + (n * 4) as u64;
+            self.mmq(gate, ncols, scratch, tg)?;
+            self.mmq(up, ncols, scratch, tu)?;
+            let ni = n as i32;
+            let cfg = LaunchConfig { grid_dim: ((n as u32).div_ceil(256), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+            let mut b = self.stream.launch_builder(self.kernel("silu_mul")?);
+            b.arg(&tg).arg(&tu).arg(&y).arg(&ni);
+            // SAFETY: tmp holds 2n values; y holds n.
+            unsafe { b.launch(cfg) }?;
+            return Ok(());
         }
         let cfg = LaunchConfig { grid_dim: ((rows as u32).div_ceil(4), 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
         let (wg, wu) = (dptr(self, &gate.data), dptr(self, &up.data));
@@ -288,6 +353,16 @@ mod tests {
             let w = matvec_width(n);
             assert!(w >= n && [1, 2, 4, 8].contains(&w), "{n} columns -> width {w}");
         }
+    }
+
+    #[test]
+    fn prefill_routes_every_glimmer_matrix_to_the_tensor_cores() {
+        for (k, ty) in [(6656usize, GgmlType::Q4_K), (6656, GgmlType::Q6_K), (4096, GgmlType::Q4_K), (19968, GgmlType::Q4_K), (19968, GgmlType::Q6_K), (6656, GgmlType::Q5_K)] {
+            assert!(mmq_kernel(ty, k).is_some(), "{ty} at K = {k}");
+        }
+        assert_eq!(mmq_kernel(GgmlType::Q8_0, 6656), Some("mmq_q8_0"));
+        assert_eq!(mmq_kernel(GgmlType::Q8_0, 6656 + 32), None);
+        assert_eq!(mmq_kernel(GgmlType::F16, 6656), None);
     }
 
     #[test]
