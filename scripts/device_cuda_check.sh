@@ -31,17 +31,17 @@ for p in muse-tiny muse-mid llama-tiny qwen3-tiny; do
     "$BIN" synth "$p" "$MODELS/$p.gguf" > /dev/null || echo "synth $p failed"
 done
 
-step quick 120 "$BIN" check --backend cuda --quick
+step quick 60 "$BIN" check --backend cuda --quick
 tail -n 25 "$OUT/quick.log"
-step full 360 "$BIN" check --backend cuda --bench \
+step full 270 "$BIN" check --backend cuda --bench \
     --model "$MODELS/muse-tiny.gguf" --model "$MODELS/llama-tiny.gguf" --model "$MODELS/qwen3-tiny.gguf" \
     --model "$MODELS/muse-mid.gguf"
 
 if [ "${GLIMMER:-0}" = 1 ]; then
     t0=$SECONDS
-    "$BIN" synth muse-glimmer "$MODELS/muse-glimmer.gguf" > "$OUT/synth.txt" 2>&1
+    timeout 90 "$BIN" synth muse-glimmer "$MODELS/muse-glimmer.gguf" > "$OUT/synth.txt" 2>&1
     echo "synth muse-glimmer: $((SECONDS - t0)) s" | tee -a "$OUT/summary.txt"
-    step speed 300 "$BIN" check --backend cuda --no-ops --speed "$MODELS/muse-glimmer.gguf" --depth "${DEPTH:-0}"
+    step speed 150 "$BIN" check --backend cuda --no-ops --speed "$MODELS/muse-glimmer.gguf" --depth "${DEPTH:-0}"
 fi
 
 echo
