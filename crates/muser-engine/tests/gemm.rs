@@ -1,5 +1,5 @@
-//! The four-column prefill kernels against muser-quant's scalar reference dots, on random
-//! blocks, for several block counts.
+//! The multi-column prefill kernels (4 and 8 columns) against muser-quant's scalar reference
+//! dots, and bit for bit against its AVX-512 one-column kernels, for several block counts.
 #![cfg(target_arch = "x86_64")]
 
 mod common;
@@ -12,92 +12,104 @@ use muser_quant::{BlockQ4K, BlockQ6K, BlockQ8K};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-fn columns(nb: usize, rng: &mut StdRng) -> Vec<Vec<BlockQ8K>> {
-    (0..4)
-        .map(|_| {
-            let x: Vec<f32> = (0..nb * 256)
-                .map(|_| rng.gen_range(-2.0f32..2.0) + 0.01)
-                .collect();
-            let mut y = vec![bytemuck::Zeroable::zeroed(); nb];
-            quantize_row_q8_k_ref(&x, &mut y);
-            y
-        })
-        .collect()
+fn columns<const C: usize>(nb: usize, rng: &mut StdRng) -> [Vec<BlockQ8K>; C] {
+    std::array::from_fn(|_| {
+        let x: Vec<f32> = (0..nb * 256)
+            .map(|_| rng.gen_range(-2.0f32..2.0) + 0.01)
+            .collect();
+        let mut y = vec![bytemuck::Zeroable::zeroed(); nb];
+        quantize_row_q8_k_ref(&x, &mut y);
+        y
+    })
 }
 
-fn check<W: bytemuck::Pod>(ty: GgmlType, dot4: gemm::Dot4<W>, dot: fn(&[W], &[BlockQ8K]) -> f32) {
-    let mut rng = StdRng::seed_from_u64(ty as u64);
-    for nb in [1usize, 2, 7, 16] {
+/// The C-column kernel against the one-column `dot`: within 1e-4 relative, or bit for bit.
+fn check<W: bytemuck::Pod, const C: usize>(
+    ty: GgmlType,
+    dotn: gemm::DotN<W, C>,
+    dot: fn(&[W], &[BlockQ8K]) -> f32,
+    bitwise: bool,
+) {
+    let mut rng = StdRng::seed_from_u64(ty as u64 + C as u64);
+    for nb in [1usize, 2, 7, 16, 22] {
         let w: Vec<f32> = (0..nb * 256)
             .map(|_| rng.gen_range(-1.0f32..1.0) + 0.01)
             .collect();
         let bytes = quantize(ty, &w, nb * 256);
         let wb: &[W] = bytemuck::cast_slice(&bytes);
-        let ys = columns(nb, &mut rng);
-        let got = dot4(wb, [&ys[0], &ys[1], &ys[2], &ys[3]]);
-        for c in 0..4 {
+        let ys = columns::<C>(nb, &mut rng);
+        let got = dotn(wb, std::array::from_fn(|c| ys[c].as_slice()));
+        for c in 0..C {
             let want = dot(wb, &ys[c]);
-            let err = (got[c] - want).abs() / want.abs().max(1.0);
-            assert!(
-                err < 1e-4,
-                "{ty} nb={nb} column {c}: {} vs reference {want}",
-                got[c]
-            );
+            if bitwise {
+                assert_eq!(
+                    got[c].to_bits(),
+                    want.to_bits(),
+                    "{ty} x{C} nb={nb} column {c}"
+                );
+            } else {
+                let err = (got[c] - want).abs() / want.abs().max(1.0);
+                assert!(
+                    err < 1e-4,
+                    "{ty} x{C} nb={nb} column {c}: {} vs {want}",
+                    got[c]
+                );
+            }
         }
     }
 }
 
 #[test]
-fn q4_k_x4_matches_scalar_reference() {
-    let Some(k) = gemm::q4_k_x4() else {
+fn multi_column_kernels_match_scalar_reference() {
+    let Some(k4) = gemm::q4_k_cols::<4>() else {
         return eprintln!("no AVX-512 VNNI: skipped");
     };
-    check::<BlockQ4K>(GgmlType::Q4_K, k, Kernels::scalar().dot_q4_k_q8_k);
+    let s = Kernels::scalar();
+    check::<BlockQ4K, 4>(GgmlType::Q4_K, k4, s.dot_q4_k_q8_k, false);
+    check::<BlockQ4K, 8>(
+        GgmlType::Q4_K,
+        gemm::q4_k_cols::<8>().unwrap(),
+        s.dot_q4_k_q8_k,
+        false,
+    );
+    check::<BlockQ6K, 4>(
+        GgmlType::Q6_K,
+        gemm::q6_k_cols::<4>().unwrap(),
+        s.dot_q6_k_q8_k,
+        false,
+    );
+    check::<BlockQ6K, 8>(
+        GgmlType::Q6_K,
+        gemm::q6_k_cols::<8>().unwrap(),
+        s.dot_q6_k_q8_k,
+        false,
+    );
 }
 
-#[test]
-fn q6_k_x4_matches_scalar_reference() {
-    let Some(k) = gemm::q6_k_x4() else {
-        return eprintln!("no AVX-512 VNNI: skipped");
-    };
-    check::<BlockQ6K>(GgmlType::Q6_K, k, Kernels::scalar().dot_q6_k_q8_k);
-}
-
-/// Prefill uses the four-column kernels and decode the one-column ones: with the same lanes
+/// Prefill uses the multi-column kernels and decode the one-column ones: with the same lanes
 /// and reduction they agree to the bit, so prefill and decode logits do too.
 #[test]
-fn x4_equals_the_avx512_one_column_kernel_bitwise() {
-    let Some(k) = Kernels::avx512() else {
-        return eprintln!("no AVX-512: skipped");
+fn multi_column_kernels_equal_the_avx512_one_column_kernels_bitwise() {
+    let (Some(k), Some(k4)) = (Kernels::avx512(), gemm::q4_k_cols::<4>()) else {
+        return eprintln!("no AVX-512 VNNI: skipped");
     };
-    let (k4, k6) = (gemm::q4_k_x4().unwrap(), gemm::q6_k_x4().unwrap());
-    let mut rng = StdRng::seed_from_u64(99);
-    for nb in [1usize, 3, 8, 22] {
-        let w: Vec<f32> = (0..nb * 256)
-            .map(|_| rng.gen_range(-1.0f32..1.0) + 0.01)
-            .collect();
-        let ys = columns(nb, &mut rng);
-        let (b4, b6) = (
-            quantize(GgmlType::Q4_K, &w, nb * 256),
-            quantize(GgmlType::Q6_K, &w, nb * 256),
-        );
-        let (w4, w6): (&[BlockQ4K], &[BlockQ6K]) =
-            (bytemuck::cast_slice(&b4), bytemuck::cast_slice(&b6));
-        let (g4, g6) = (
-            k4(w4, [&ys[0], &ys[1], &ys[2], &ys[3]]),
-            k6(w6, [&ys[0], &ys[1], &ys[2], &ys[3]]),
-        );
-        for c in 0..4 {
-            assert_eq!(
-                g4[c].to_bits(),
-                (k.dot_q4_k_q8_k)(w4, &ys[c]).to_bits(),
-                "Q4_K nb {nb} column {c}"
-            );
-            assert_eq!(
-                g6[c].to_bits(),
-                (k.dot_q6_k_q8_k)(w6, &ys[c]).to_bits(),
-                "Q6_K nb {nb} column {c}"
-            );
-        }
-    }
+    check::<BlockQ4K, 4>(GgmlType::Q4_K, k4, k.dot_q4_k_q8_k, true);
+    check::<BlockQ4K, 8>(
+        GgmlType::Q4_K,
+        gemm::q4_k_cols::<8>().unwrap(),
+        k.dot_q4_k_q8_k,
+        true,
+    );
+    check::<BlockQ6K, 4>(
+        GgmlType::Q6_K,
+        gemm::q6_k_cols::<4>().unwrap(),
+        k.dot_q6_k_q8_k,
+        true,
+    );
+    check::<BlockQ6K, 8>(
+        GgmlType::Q6_K,
+        gemm::q6_k_cols::<8>().unwrap(),
+        k.dot_q6_k_q8_k,
+        true,
+    );
 }

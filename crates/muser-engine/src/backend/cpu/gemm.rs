@@ -1,24 +1,26 @@
-//! Four-column dot kernels for prefill (AVX-512 VNNI): one weight row against four activation
-//! columns. A K-quant block is unpacked once (nibbles, high bits, sub-block scales) and then
-//! multiplied into four Q8_K columns, so the unpacking, which costs as much as the multiplies
-//! in a one-column dot, is paid once per four columns.
+//! Multi-column dot kernels for prefill (AVX-512 VNNI): one weight row against C = 4 or 8
+//! activation columns. A K-quant block is unpacked once (nibbles, high bits, sub-block scales)
+//! and then multiplied into C Q8_K columns, so the unpacking, which costs as much as the
+//! multiplies in a one-column dot, is paid once per C columns.
 //!
 //! Serves Q4_K and Q6_K weights (the bulk of a Q4_K_M file) whenever a matmul has 4 or more
-//! columns; other types and the last n % 4 columns use muser-quant's one-column kernels.
-//! Tested against muser-quant's scalar reference dots (`tests/gemm.rs`).
+//! columns; other types and the last n % 4 columns use muser-quant's one-column kernels. Per
+//! column the arithmetic (lanes, order, final reduction) is that of muser-quant's AVX-512
+//! one-column kernel, so results are bit-identical and prefill logits equal decode logits.
+//! Tested against the scalar reference and the one-column kernel (`tests/gemm.rs`).
 
 use muser_quant::{BlockQ4K, BlockQ6K, BlockQ8K};
 
-/// A four-column dot: out[c] = dot(w, y[c]).
-pub type Dot4<W> = fn(&[W], [&[BlockQ8K]; 4]) -> [f32; 4];
+/// A C-column dot: out[c] = dot(w, y[c]).
+pub type DotN<W, const C: usize> = fn(&[W], [&[BlockQ8K]; C]) -> [f32; C];
 
-/// The four-column Q4_K kernel when this CPU runs it.
-pub fn q4_k_x4() -> Option<Dot4<BlockQ4K>> {
-    has_avx512_vnni().then_some(dot_q4_k_q8_k_x4 as Dot4<BlockQ4K>)
+/// The C-column Q4_K kernel (C = 4 or 8) when this CPU runs it.
+pub fn q4_k_cols<const C: usize>() -> Option<DotN<BlockQ4K, C>> {
+    has_avx512_vnni().then_some(dot_q4_k_q8_k_cols::<C> as DotN<BlockQ4K, C>)
 }
-/// The four-column Q6_K kernel when this CPU runs it.
-pub fn q6_k_x4() -> Option<Dot4<BlockQ6K>> {
-    has_avx512_vnni().then_some(dot_q6_k_q8_k_x4 as Dot4<BlockQ6K>)
+/// The C-column Q6_K kernel when this CPU runs it.
+pub fn q6_k_cols<const C: usize>() -> Option<DotN<BlockQ6K, C>> {
+    has_avx512_vnni().then_some(dot_q6_k_q8_k_cols::<C> as DotN<BlockQ6K, C>)
 }
 
 fn has_avx512_vnni() -> bool {
@@ -37,46 +39,45 @@ fn has_avx512_vnni() -> bool {
     })
 }
 
-/// The eight 6-bit scales and mins of a Q4_K/Q5_K block (SPEC section 8).
+/// The eight 6-bit scales and mins of a Q4_K/Q5_K block (SPEC section 8), four bytes at a
+/// time: scales 0..4 and mins 0..4 are the low 6 bits of bytes 0..4 and 4..8; scales 4..8 are
+/// the low nibbles of bytes 8..12 with the top 2 bits of bytes 0..4 above them, mins 4..8 the
+/// high nibbles with the top 2 bits of bytes 4..8. (Per-byte masks keep the u32 shifts from
+/// mixing bytes.)
+#[inline(always)]
 fn scales_mins_k4(s: &[u8; 12]) -> ([u8; 8], [u8; 8]) {
-    let (mut sc, mut m) = ([0u8; 8], [0u8; 8]);
-    for j in 0..4 {
-        sc[j] = s[j] & 63;
-        m[j] = s[j + 4] & 63;
-        sc[j + 4] = (s[j + 8] & 0x0f) | ((s[j] >> 6) << 4);
-        m[j + 4] = (s[j + 8] >> 4) | ((s[j + 4] >> 6) << 4);
-    }
-    (sc, m)
+    let word = |i: usize| u32::from_le_bytes([s[i], s[i + 1], s[i + 2], s[i + 3]]);
+    let (a, b, c) = (word(0), word(4), word(8));
+    let sc_lo = a & 0x3f3f_3f3f;
+    let m_lo = b & 0x3f3f_3f3f;
+    let sc_hi = (c & 0x0f0f_0f0f) | (((a >> 6) & 0x0303_0303) << 4);
+    let m_hi = ((c >> 4) & 0x0f0f_0f0f) | (((b >> 6) & 0x0303_0303) << 4);
+    let join = |lo: u32, hi: u32| (lo as u64 | (hi as u64) << 32).to_le_bytes();
+    (join(sc_lo, sc_hi), join(m_lo, m_hi))
 }
 
-fn dot_q4_k_q8_k_x4(x: &[BlockQ4K], y: [&[BlockQ8K]; 4]) -> [f32; 4] {
-    for c in &y {
+fn check_cols(what: &str, nb: usize, y: &[&[BlockQ8K]]) {
+    for c in y {
         assert_eq!(
             c.len(),
-            x.len(),
-            "dot_q4_k_q8_k_x4: {} weight blocks, {} activation blocks",
-            x.len(),
+            nb,
+            "{what}: {nb} weight blocks, {} activation blocks",
             c.len()
         );
     }
-    assert!(has_avx512_vnni());
-    // SAFETY: the CPU has the features (asserted above) and every column has x.len() blocks.
-    unsafe { x86::q4_k_x4(x, y) }
+    assert!(has_avx512_vnni(), "{what} needs AVX-512 VNNI");
 }
 
-fn dot_q6_k_q8_k_x4(x: &[BlockQ6K], y: [&[BlockQ8K]; 4]) -> [f32; 4] {
-    for c in &y {
-        assert_eq!(
-            c.len(),
-            x.len(),
-            "dot_q6_k_q8_k_x4: {} weight blocks, {} activation blocks",
-            x.len(),
-            c.len()
-        );
-    }
-    assert!(has_avx512_vnni());
+fn dot_q4_k_q8_k_cols<const C: usize>(x: &[BlockQ4K], y: [&[BlockQ8K]; C]) -> [f32; C] {
+    check_cols("dot_q4_k_q8_k_cols", x.len(), &y);
+    // SAFETY: the CPU has the features and every column has x.len() blocks (checked above).
+    unsafe { x86::q4_k_cols(x, y) }
+}
+
+fn dot_q6_k_q8_k_cols<const C: usize>(x: &[BlockQ6K], y: [&[BlockQ8K]; C]) -> [f32; C] {
+    check_cols("dot_q6_k_q8_k_cols", x.len(), &y);
     // SAFETY: as above.
-    unsafe { x86::q6_k_x4(x, y) }
+    unsafe { x86::q6_k_cols(x, y) }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -102,12 +103,12 @@ mod x86 {
     }
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-    pub unsafe fn q4_k_x4(x: &[BlockQ4K], y: [&[BlockQ8K]; 4]) -> [f32; 4] {
+    pub unsafe fn q4_k_cols<const C: usize>(x: &[BlockQ4K], y: [&[BlockQ8K]; C]) -> [f32; C] {
         let m4 = _mm512_set1_epi8(0x0f);
         // Low half keeps the low nibbles (sub-block 2g), high half shifts in the high ones (2g+1).
         let shift = halves_i16(0, 4);
-        let mut acc = [_mm512_setzero_ps(); 4];
-        let mut acc_m = [_mm256_setzero_ps(); 4];
+        let mut acc = [_mm512_setzero_ps(); C];
+        let mut acc_m = [_mm256_setzero_ps(); C];
         for (i, bx) in x.iter().enumerate() {
             let (sc, mn) = scales_mins_k4(&bx.scales);
             let d = bx.d.to_f32();
@@ -131,20 +132,20 @@ mod x86 {
                 mn[0] as i16,
                 mn[0] as i16,
             );
-            let mut sumi = [_mm512_setzero_si512(); 4];
+            let mut sumi = [_mm512_setzero_si512(); C];
             for g in 0..4 {
                 let q = _mm512_and_si512(
                     _mm512_srlv_epi16(load32_twice(bx.qs.as_ptr().add(32 * g)), shift),
                     m4,
                 );
                 let s = halves_i16(sc[2 * g] as i16, sc[2 * g + 1] as i16);
-                for c in 0..4 {
+                for c in 0..C {
                     let a = _mm512_loadu_si512(y[c][i].qs.as_ptr().add(64 * g) as *const _);
                     let p = _mm512_maddubs_epi16(q, a);
                     sumi[c] = _mm512_dpwssd_epi32(sumi[c], p, s);
                 }
             }
-            for c in 0..4 {
+            for c in 0..C {
                 let by = &y[c][i];
                 let mins_dot = _mm256_madd_epi16(
                     mins,
@@ -164,7 +165,7 @@ mod x86 {
         }
         // The same lanes and the same final reduction as muser-quant's one-column kernel, so
         // prefill and decode logits agree to the bit.
-        [0, 1, 2, 3].map(|c| {
+        std::array::from_fn(|c| {
             let m = _mm512_mask_blend_ps(
                 0x00ff,
                 _mm512_setzero_ps(),
@@ -193,7 +194,7 @@ mod x86 {
     ];
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-    pub unsafe fn q6_k_x4(x: &[BlockQ6K], y: [&[BlockQ8K]; 4]) -> [f32; 4] {
+    pub unsafe fn q6_k_cols<const C: usize>(x: &[BlockQ6K], y: [&[BlockQ8K]; C]) -> [f32; C] {
         let m4 = _mm512_set1_epi8(0x0f);
         let m30 = _mm512_set1_epi8(0x30);
         // Bits of value l (< 32) of a half: qh[l] bits 0-1 (l), 2-3 (l+32), 4-5 (l+64), 6-7
@@ -202,12 +203,12 @@ mod x86 {
         let shl_lo = halves_i16(4, 2);
         let shr_hi = halves_i16(0, 2);
         let index = SCALE_INDEX.map(|a| _mm512_loadu_si512(a.as_ptr() as *const _));
-        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut acc = [_mm256_setzero_ps(); C];
         for (i, bx) in x.iter().enumerate() {
             let d = bx.d.to_f32();
             let s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(bx.scales.as_ptr() as *const __m128i));
             let s512 = _mm512_zextsi256_si512(s16);
-            let mut sumi = [_mm512_setzero_si512(); 4];
+            let mut sumi = [_mm512_setzero_si512(); C];
             for h in 0..2 {
                 // ql[64h..64h+64]: low nibbles are values 0..64 of the half, high nibbles 64..128.
                 let a = _mm512_loadu_si512(bx.ql.as_ptr().add(64 * h) as *const _);
@@ -222,7 +223,7 @@ mod x86 {
                 );
                 let s_lo = _mm512_permutexvar_epi16(index[2 * h], s512);
                 let s_hi = _mm512_permutexvar_epi16(index[2 * h + 1], s512);
-                for c in 0..4 {
+                for c in 0..C {
                     let base = y[c][i].qs.as_ptr().add(128 * h);
                     let p_lo = _mm512_maddubs_epi16(q_lo, _mm512_loadu_si512(base as *const _));
                     let p_hi =
@@ -231,7 +232,7 @@ mod x86 {
                     sumi[c] = _mm512_dpwssd_epi32(sumi[c], p_hi, s_hi);
                 }
             }
-            for c in 0..4 {
+            for c in 0..C {
                 let by = &y[c][i];
                 // The quants were used unsigned (0..63): subtract 32 * sc_j * bsums_j per lane.
                 let bias =
@@ -244,7 +245,7 @@ mod x86 {
             }
         }
         // As muser-quant's one-column kernel: same lanes, same reduction.
-        [0, 1, 2, 3].map(|c| {
+        std::array::from_fn(|c| {
             _mm512_reduce_add_ps(_mm512_mask_blend_ps(
                 0x00ff,
                 _mm512_setzero_ps(),

@@ -75,15 +75,19 @@ pub fn rows_times_columns(
         GgmlType::Q8_0 => {
             kernel::<BlockQ8_0, BlockQ8_0>(wrows, &inp.q8_0, inp.n, k.dot_q8_0_q8_0, tile)
         }
-        GgmlType::Q4_K => match x4::q4_k() {
-            Some(k4) if inp.n >= 4 => kernel_x4(wrows, &inp.q8_k, inp.n, k.dot_q4_k_q8_k, k4, tile),
+        GgmlType::Q4_K => match (cols::q4_k::<8>(), cols::q4_k::<4>()) {
+            (Some(k8), Some(k4)) if inp.n >= 4 => {
+                kernel_cols(wrows, &inp.q8_k, inp.n, k.dot_q4_k_q8_k, k8, k4, tile)
+            }
             _ => kernel::<BlockQ4K, BlockQ8K>(wrows, &inp.q8_k, inp.n, k.dot_q4_k_q8_k, tile),
         },
         GgmlType::Q5_K => {
             kernel::<BlockQ5K, BlockQ8K>(wrows, &inp.q8_k, inp.n, k.dot_q5_k_q8_k, tile)
         }
-        GgmlType::Q6_K => match x4::q6_k() {
-            Some(k4) if inp.n >= 4 => kernel_x4(wrows, &inp.q8_k, inp.n, k.dot_q6_k_q8_k, k4, tile),
+        GgmlType::Q6_K => match (cols::q6_k::<8>(), cols::q6_k::<4>()) {
+            (Some(k8), Some(k4)) if inp.n >= 4 => {
+                kernel_cols(wrows, &inp.q8_k, inp.n, k.dot_q6_k_q8_k, k8, k4, tile)
+            }
             _ => kernel::<BlockQ6K, BlockQ8K>(wrows, &inp.q8_k, inp.n, k.dot_q6_k_q8_k, tile),
         },
         // CpuBackend::weight refuses every other type.
@@ -117,13 +121,15 @@ fn kernel<W: bytemuck::Pod, A>(
     }
 }
 
-/// As `kernel`, four columns at a time through a four-column dot (the rest one by one).
-fn kernel_x4<W: bytemuck::Pod>(
+/// As `kernel`, eight then four columns at a time through multi-column dots (the rest one by
+/// one).
+fn kernel_cols<W: bytemuck::Pod>(
     wrows: &[u8],
     acts: &[BlockQ8K],
     n: usize,
     dot: fn(&[W], &[BlockQ8K]) -> f32,
-    dot4: x4::Dot4<W>,
+    dot8: cols::DotN<W, 8>,
+    dot4: cols::DotN<W, 4>,
     tile: &mut [f32],
 ) {
     let w: &[W] = bytemuck::cast_slice(wrows);
@@ -136,8 +142,15 @@ fn kernel_x4<W: bytemuck::Pod>(
         for r in 0..nr {
             let wr = &w[r * per_row..(r + 1) * per_row];
             let mut t = t0;
-            while t + 4 <= t1 {
-                let v = dot4(wr, [col(t), col(t + 1), col(t + 2), col(t + 3)]);
+            while t + 8 <= t1 {
+                let v = dot8(wr, std::array::from_fn(|k| col(t + k)));
+                for (k, v) in v.into_iter().enumerate() {
+                    tile[(t + k) * nr + r] = v;
+                }
+                t += 8;
+            }
+            if t + 4 <= t1 {
+                let v = dot4(wr, std::array::from_fn(|k| col(t + k)));
                 for (k, v) in v.into_iter().enumerate() {
                     tile[(t + k) * nr + r] = v;
                 }
@@ -150,18 +163,18 @@ fn kernel_x4<W: bytemuck::Pod>(
     }
 }
 
-/// The four-column kernels where this target has them.
-mod x4 {
+/// The multi-column kernels where this target has them.
+mod cols {
     #[cfg(target_arch = "x86_64")]
-    pub use super::super::gemm::{q4_k_x4 as q4_k, q6_k_x4 as q6_k, Dot4};
+    pub use super::super::gemm::{q4_k_cols as q4_k, q6_k_cols as q6_k, DotN};
     #[cfg(not(target_arch = "x86_64"))]
-    pub type Dot4<W> = fn(&[W], [&[muser_quant::BlockQ8K]; 4]) -> [f32; 4];
+    pub type DotN<W, const C: usize> = fn(&[W], [&[muser_quant::BlockQ8K]; C]) -> [f32; C];
     #[cfg(not(target_arch = "x86_64"))]
-    pub fn q4_k() -> Option<Dot4<muser_quant::BlockQ4K>> {
+    pub fn q4_k<const C: usize>() -> Option<DotN<muser_quant::BlockQ4K, C>> {
         None
     }
     #[cfg(not(target_arch = "x86_64"))]
-    pub fn q6_k() -> Option<Dot4<muser_quant::BlockQ6K>> {
+    pub fn q6_k<const C: usize>() -> Option<DotN<muser_quant::BlockQ6K, C>> {
         None
     }
 }
@@ -219,7 +232,9 @@ pub fn matmul_multi(
         for (t, row) in tile.chunks_exact(r1 - r0).enumerate() {
             // SAFETY: row t, columns r0..r1 of out_i ([n, rows]) are inside it and only this
             // task writes them.
-            unsafe { std::ptr::copy_nonoverlapping(row.as_ptr(), p.0.add(t * w.rows + r0), r1 - r0) };
+            unsafe {
+                std::ptr::copy_nonoverlapping(row.as_ptr(), p.0.add(t * w.rows + r0), r1 - r0)
+            };
         }
     });
 }
