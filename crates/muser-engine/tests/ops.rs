@@ -175,7 +175,7 @@ fn residual_norm_matches_reference() {
     for with_post in [false, true] {
         let mut h = buf(2, 256, h0.clone());
         let mut out = be.buf(2, 256);
-        let post = with_post.then(|| NormArgs {
+        let post = with_post.then_some(NormArgs {
             weight: &pw,
             eps: 1e-8,
         });

@@ -194,6 +194,13 @@ pub fn rows_per_task(w: &CpuWeight, n: usize, threads: usize) -> usize {
 /// A raw output pointer shared by tasks that write disjoint elements.
 #[derive(Clone, Copy)]
 pub struct OutPtr(pub *mut f32);
+
+impl OutPtr {
+    /// The pointer (a method, so closures capture the whole Send + Sync wrapper).
+    fn at(self, i: usize) -> *mut f32 {
+        self.0.wrapping_add(i)
+    }
+}
 // SAFETY: every task writes a distinct set of elements (its own rows) and the pointer outlives
 // the parallel loop that uses it.
 unsafe impl Send for OutPtr {}
@@ -232,9 +239,7 @@ pub fn matmul_multi(
         for (t, row) in tile.chunks_exact(r1 - r0).enumerate() {
             // SAFETY: row t, columns r0..r1 of out_i ([n, rows]) are inside it and only this
             // task writes them.
-            unsafe {
-                std::ptr::copy_nonoverlapping(row.as_ptr(), p.0.add(t * w.rows + r0), r1 - r0)
-            };
+            unsafe { std::ptr::copy_nonoverlapping(row.as_ptr(), p.at(t * w.rows + r0), r1 - r0) };
         }
     });
 }
@@ -260,13 +265,12 @@ pub fn gate_up_silu(
         let mut tu = vec![0f32; (r1 - r0) * n];
         rows_times_columns(k, g, inp, r0, r1, &mut tg);
         rows_times_columns(k, u, inp, r0, r1, &mut tu);
-        let p = p;
         let nr = r1 - r0;
         for t in 0..n {
             for r in 0..nr {
                 let v = super::ops::silu(tg[t * nr + r]) * tu[t * nr + r];
                 // SAFETY: as in matmul_multi.
-                unsafe { *p.0.add(t * rows + r0 + r) = v };
+                unsafe { *p.at(t * rows + r0 + r) = v };
             }
         }
     });

@@ -152,7 +152,7 @@ impl Backend for CpuBackend {
             });
         }
         let align = if t.ty == GgmlType::F32 { 4 } else { 2 };
-        if bytes.as_ptr() as usize % align != 0 {
+        if !(bytes.as_ptr() as usize).is_multiple_of(align) {
             return Err(EngineError::Invalid(format!(
                 "tensor {}: data is not {align}-byte aligned",
                 t.name
