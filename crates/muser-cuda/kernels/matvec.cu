@@ -9,8 +9,8 @@
 // Formats (kernel argument `ty`, see FMT_*): Q4_K and Q5_K in their GGUF blocks (144 and 176
 // bytes: 16-byte aligned, so the block header is one 16-byte load); Q6_K and Q8_0 repacked at
 // upload into aligned planes (see matvec.rs: quants, then scales, then d); F16, BF16, F32.
-// The activation of the quantized formats is quantized once per call by `quantize_q8_1` to int8
-// with one f32 scale per 32 values (and that block's d * sum(q), for the Q4_K/Q5_K mins); the
+// The activation of the quantized formats is quantized once per call by `quantize_q8_k` (or `quantize_q8_0`) to int8
+// with the CPU reference's scales (and d * sum(q) per 32 values, for the Q4_K/Q5_K mins); the
 // dots run on dp4a. Float formats read the f32 activation.
 //
 // One launch serves up to four matrices sharing one input (Q/K/V/gate): `MatvecJobs` lists
@@ -29,8 +29,53 @@
 // Measured on the H200: see the report of `muser check --backend cuda --bench`.
 
 
-// x: [n][32] f32 blocks (n = ncols * K / 32). q: int8 [n][32]; ds: (d, d * sum(q)) per block.
-extern "C" __global__ void quantize_q8_1(const float* __restrict__ x, int8_t* __restrict__ q,
+// Activation quantizers, bit-identical to the CPU reference's (muser-quant, after ggml), so
+// that a GPU dot and a CPU dot sum the same integers: quantize_q8_k for the K-quants (one f32
+// scale per 256 values: iscale = -127 / (the value of largest magnitude, first on ties),
+// q = min(127, round-half-even(iscale * x)), d = 1 / iscale), quantize_q8_0 for Q8_0 (one scale
+// per 32: d = amax / 127 rounded to f16, q = roundf(x / d)). Both write q: int8 [n][32] and
+// ds: (d, d * sum(q)) per 32 values (the second for the Q4_K/Q5_K mins).
+
+// One warp per 256 values (lane l takes values 8l .. 8l + 7); n_blocks counts 256-blocks.
+extern "C" __global__ void quantize_q8_k(const float* __restrict__ x, int8_t* __restrict__ q,
+                                         float2* __restrict__ ds, int n_blocks) {
+    const int blk = blockIdx.x * 4 + threadIdx.x / WARP;
+    const int lane = threadIdx.x % WARP;
+    if (blk >= n_blocks) return;
+    const float4* xv = (const float4*)(x + (size_t)blk * 256 + 8 * lane);
+    const float4 u = xv[0], v = xv[1];
+    const float f[8] = {u.x, u.y, u.z, u.w, v.x, v.y, v.z, v.w};
+    float amax = 0.0f, max = 0.0f;
+    int at = 0x7FFFFFFF;
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+        if (fabsf(f[i]) > amax) { amax = fabsf(f[i]); max = f[i]; at = 8 * lane + i; }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float oa = __shfl_xor_sync(0xffffffffu, amax, o), om = __shfl_xor_sync(0xffffffffu, max, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, at, o);
+        if (oa > amax || (oa == amax && oi < at)) { amax = oa; max = om; at = oi; }
+    }
+    const float iscale = amax == 0.0f ? 0.0f : -127.0f / max;
+    const float d = amax == 0.0f ? 0.0f : 1.0f / iscale;
+    int qi[8], sum = 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        qi[i] = min(127, __float2int_rn(iscale * f[i]));
+        sum += qi[i];
+    }
+    int2 packed;
+    packed.x = (qi[0] & 0xFF) | ((qi[1] & 0xFF) << 8) | ((qi[2] & 0xFF) << 16) | ((qi[3] & 0xFF) << 24);
+    packed.y = (qi[4] & 0xFF) | ((qi[5] & 0xFF) << 8) | ((qi[6] & 0xFF) << 16) | ((qi[7] & 0xFF) << 24);
+    *(int2*)(q + (size_t)blk * 256 + 8 * lane) = packed;
+    // Lanes 4j .. 4j + 3 hold the 32-block j.
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    if ((lane & 3) == 0) ds[(size_t)blk * 8 + lane / 4] = make_float2(d, d * (float)sum);
+}
+
+// One warp per 32 values; n_blocks counts 32-blocks.
+extern "C" __global__ void quantize_q8_0(const float* __restrict__ x, int8_t* __restrict__ q,
                                          float2* __restrict__ ds, int n_blocks) {
     const int blk = blockIdx.x * 4 + threadIdx.x / WARP;
     const int lane = threadIdx.x % WARP;
@@ -38,10 +83,12 @@ extern "C" __global__ void quantize_q8_1(const float* __restrict__ x, int8_t* __
     const float v = x[(size_t)blk * 32 + lane];
     const float amax = warp_max(fabsf(v));
     const float d = amax / 127.0f;
-    const int qi = amax == 0.0f ? 0 : __float2int_rn(v / d);
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const int qi = max(-128, min(127, (int)roundf(v * id)));
     q[(size_t)blk * 32 + lane] = (int8_t)qi;
     const float s = warp_sum((float)qi);
-    if (lane == 0) ds[blk] = make_float2(d, d * s);
+    const float d16 = __half2float(__float2half_rn(d));
+    if (lane == 0) ds[blk] = make_float2(d16, d16 * s);
 }
 
 // The activation of one call: int8 + scales for the quantized formats, f32 for the others.
@@ -190,6 +237,101 @@ __device__ __forceinline__ void item_q8_0(const int8_t* __restrict__ qa, const _
     }
 }
 
+// Wide items (v3): a lane takes 64 values of Q4_K/Q5_K (one group g: sub-blocks 2g, 2g+1, 32
+// qs bytes) or 128 of Q6_K (one half of a super-block), so the header, the scale unpacking and
+// the activation-scale loads are paid once per 32 or 96 weight bytes instead of per 16.
+template <int NC, bool Q5>
+__device__ __forceinline__ void item64_q45_k(const uint8_t* __restrict__ row, int item, const Act& a,
+                                             float (&acc)[NC]) {
+    const int b = item >> 2, g = item & 3;
+    const uint8_t* blk = row + (size_t)b * (Q5 ? 176 : 144);
+    const uint4 hdr = *(const uint4*)blk;
+    const uint8_t* qs = blk + (Q5 ? 48 : 16) + 32 * g;
+    const uint4 qa = *(const uint4*)qs, qb = *(const uint4*)(qs + 16);
+    const uint32_t qw[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};
+    int lo[8], hi[8];
+    if (Q5) {
+        const uint4 ha = *(const uint4*)(blk + 16), hb = *(const uint4*)(blk + 32);
+        const uint32_t hw[8] = {ha.x, ha.y, ha.z, ha.w, hb.x, hb.y, hb.z, hb.w};
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            lo[k] = (qw[k] & 0x0F0F0F0F) | (((hw[k] >> (2 * g)) & 0x01010101) << 4);
+            hi[k] = ((qw[k] >> 4) & 0x0F0F0F0F) | (((hw[k] >> (2 * g + 1)) & 0x01010101) << 4);
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            lo[k] = qw[k] & 0x0F0F0F0F;
+            hi[k] = (qw[k] >> 4) & 0x0F0F0F0F;
+        }
+    }
+    uint32_t sc_lo, sc_hi, m_lo, m_hi;
+    unpack_scales_k4(hdr.y, hdr.z, hdr.w, &sc_lo, &sc_hi, &m_lo, &m_hi);
+    int sc0, sc1, m0, m1;
+    pick_pair(sc_lo, sc_hi, g, &sc0, &sc1);
+    pick_pair(m_lo, m_hi, g, &m0, &m1);
+    const float2 dm = __half22float2(*(const __half2*)&hdr.x);
+    const int i0 = b * QK_K + 64 * g;
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+        if (c >= a.ncols) break;
+        const int4* xc = (const int4*)(a.xq + (size_t)c * a.K + i0);
+        const int4 x0 = xc[0], x1 = xc[1], x2 = xc[2], x3 = xc[3];
+        const int xa[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+        const int xb[8] = {x2.x, x2.y, x2.z, x2.w, x3.x, x3.y, x3.z, x3.w};
+        int s0 = 0, s1 = 0;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            s0 = __dp4a(lo[k], xa[k], s0);
+            s1 = __dp4a(hi[k], xb[k], s1);
+        }
+        const float4 dd = *(const float4*)(a.xds + (size_t)c * (a.K / 32) + i0 / 32);
+        acc[c] += dm.x * ((float)(sc0 * s0) * dd.x + (float)(sc1 * s1) * dd.z) - dm.y * ((float)m0 * dd.y + (float)m1 * dd.w);
+    }
+}
+
+template <int NC>
+__device__ __forceinline__ void item128_q6_k(const uint8_t* __restrict__ qa, const int8_t* __restrict__ sb,
+                                             const __half* __restrict__ dc, int item, const Act& a,
+                                             float (&acc)[NC]) {
+    const int b = item >> 1, half = item & 1;
+    const uint8_t* blk = qa + (size_t)b * 192;
+    const uint4 l0 = *(const uint4*)(blk + half * 64), l1 = *(const uint4*)(blk + half * 64 + 16);
+    const uint4 l2 = *(const uint4*)(blk + half * 64 + 32), l3 = *(const uint4*)(blk + half * 64 + 48);
+    const uint4 h0 = *(const uint4*)(blk + 128 + half * 32), h1 = *(const uint4*)(blk + 128 + half * 32 + 16);
+    const uint32_t lw[16] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w, l2.x, l2.y, l2.z, l2.w, l3.x, l3.y, l3.z, l3.w};
+    const uint32_t hw[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
+    const uint2 scw = *(const uint2*)(sb + b * 16 + half * 8);
+    const int8_t* sc = (const int8_t*)&scw;
+    const float d = __half2float(dc[b]);
+    const int i0 = b * QK_K + half * 128;
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+        if (c >= a.ncols) break;
+        const int4* xc = (const int4*)(a.xq + (size_t)c * a.K + i0);
+        const float2* dsc = a.xds + (size_t)c * (a.K / 32) + i0 / 32;
+        float v = 0.0f;
+#pragma unroll
+        for (int qq = 0; qq < 4; ++qq) {
+            // Values 32qq .. 32qq + 31 of the half: low (qq < 2) or high nibbles of ql words
+            // 8 (qq & 1) .., high bits from bit pair qq of the qh words.
+            const int4 x0 = xc[2 * qq], x1 = xc[2 * qq + 1];
+            const int xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+            int s_lo = 0, s_hi = 0;
+#pragma unroll
+            for (int k = 0; k < 8; ++k) {
+                const int q = __vsub4(((lw[8 * (qq & 1) + k] >> (4 * (qq >> 1))) & 0x0F0F0F0F) |
+                                          (((hw[k] >> (2 * qq)) & 0x03030303) << 4),
+                                      0x20202020);
+                if (k < 4) s_lo = __dp4a(q, xv[k], s_lo);
+                else s_hi = __dp4a(q, xv[k], s_hi);
+            }
+            v += dsc[qq].x * (float)(sc[2 * qq] * s_lo + sc[2 * qq + 1] * s_hi);
+        }
+        acc[c] += d * v;
+    }
+}
+
 // Float formats: item = 16 weight bytes (4 f32 or 8 f16/bf16 values).
 template <int NC, int FMT>
 __device__ __forceinline__ void item_float(const uint8_t* __restrict__ row, int item, const Act& a,
@@ -231,35 +373,43 @@ __device__ __forceinline__ void item_float(const uint8_t* __restrict__ row, int 
 }
 
 // Work items in a row of K values.
+template <bool WIDE>
 __device__ __forceinline__ int items_per_row(int ty, int K) {
     switch (ty) {
     case FMT_F32: return K / 4;
     case FMT_F16:
     case FMT_BF16: return K / 8;
     case FMT_Q8_0: return K / 16;
-    default: return K / 32;
+    case FMT_Q6_K: return WIDE ? K / 128 : K / 32;
+    default: return WIDE ? K / 64 : K / 32;
     }
 }
 
 // acc[c] += this lane's share of row `row` of matrix w (format ty) dotted with column c.
 // Items are visited as lane, lane + 32, ...; two per iteration so two loads are in flight.
-template <int NC>
+template <int NC, bool WIDE>
 __device__ __forceinline__ void row_dot(int ty, const uint8_t* __restrict__ w, int row, int rows, const Act& a,
                                         float (&acc)[NC]) {
     const int lane = threadIdx.x % WARP;
-    const int n = items_per_row(ty, a.K);
+    const int n = items_per_row<WIDE>(ty, a.K);
     const int nb = a.K / QK_K;
     switch (ty) {
     case FMT_Q4_K: {
         const uint8_t* r = w + (size_t)row * nb * 144;
 #pragma unroll 2
-        for (int it = lane; it < n; it += WARP) item_q45_k<NC, false>(r, it, a, acc);
+        for (int it = lane; it < n; it += WARP) {
+            if (WIDE) item64_q45_k<NC, false>(r, it, a, acc);
+            else item_q45_k<NC, false>(r, it, a, acc);
+        }
         break;
     }
     case FMT_Q5_K: {
         const uint8_t* r = w + (size_t)row * nb * 176;
 #pragma unroll 2
-        for (int it = lane; it < n; it += WARP) item_q45_k<NC, true>(r, it, a, acc);
+        for (int it = lane; it < n; it += WARP) {
+            if (WIDE) item64_q45_k<NC, true>(r, it, a, acc);
+            else item_q45_k<NC, true>(r, it, a, acc);
+        }
         break;
     }
     case FMT_Q6_K: {
@@ -267,7 +417,10 @@ __device__ __forceinline__ void row_dot(int ty, const uint8_t* __restrict__ w, i
         const int8_t* sb = (const int8_t*)(w + (size_t)rows * nb * 192) + (size_t)row * nb * 16;
         const __half* dc = (const __half*)(w + (size_t)rows * nb * 208) + (size_t)row * nb;
 #pragma unroll 2
-        for (int it = lane; it < n; it += WARP) item_q6_k<NC>(qa, sb, dc, it, a, acc);
+        for (int it = lane; it < n; it += WARP) {
+            if (WIDE) item128_q6_k<NC>(qa, sb, dc, it, a, acc);
+            else item_q6_k<NC>(qa, sb, dc, it, a, acc);
+        }
         break;
     }
     case FMT_Q8_0: {
@@ -309,7 +462,7 @@ struct MatvecJobs {
     int njobs;
 };
 
-template <int NC>
+template <int NC, bool WIDE>
 __device__ void matvec_multi(const MatvecJobs& jobs, const Act& a) {
     const int grow = blockIdx.x * 4 + threadIdx.x / WARP;
     if (grow >= jobs.start[jobs.njobs]) return;
@@ -322,7 +475,7 @@ __device__ void matvec_multi(const MatvecJobs& jobs, const Act& a) {
     float acc[NC];
 #pragma unroll
     for (int c = 0; c < NC; ++c) acc[c] = 0.0f;
-    row_dot<NC>(jobs.ty[j], jobs.w[j], row, rows, a, acc);
+    row_dot<NC, WIDE>(jobs.ty[j], jobs.w[j], row, rows, a, acc);
     float* y = jobs.y[j];
 #pragma unroll
     for (int c = 0; c < NC; ++c) {
@@ -341,8 +494,8 @@ __device__ void matvec_silu(const uint8_t* wg, int tyg, const uint8_t* wu, int t
     float ag[NC], au[NC];
 #pragma unroll
     for (int c = 0; c < NC; ++c) ag[c] = au[c] = 0.0f;
-    row_dot<NC>(tyg, wg, row, rows, a, ag);
-    row_dot<NC>(tyu, wu, row, rows, a, au);
+    row_dot<NC, true>(tyg, wg, row, rows, a, ag);
+    row_dot<NC, true>(tyu, wu, row, rows, a, au);
 #pragma unroll
     for (int c = 0; c < NC; ++c) {
         const float g = warp_sum(ag[c]), u = warp_sum(au[c]);
@@ -354,10 +507,13 @@ __device__ void matvec_silu(const uint8_t* wg, int tyg, const uint8_t* wu, int t
 #define ACT Act{xq, xds, xf, K, ncols}
 
 // One entry point per column count (a launch with fewer columns uses the next wider one).
-extern "C" __global__ void __launch_bounds__(128) matvec_1(MatvecJobs jobs, ACT_ARGS) { matvec_multi<1>(jobs, ACT); }
-extern "C" __global__ void __launch_bounds__(128) matvec_2(MatvecJobs jobs, ACT_ARGS) { matvec_multi<2>(jobs, ACT); }
-extern "C" __global__ void __launch_bounds__(128) matvec_4(MatvecJobs jobs, ACT_ARGS) { matvec_multi<4>(jobs, ACT); }
-extern "C" __global__ void __launch_bounds__(128) matvec_8(MatvecJobs jobs, ACT_ARGS) { matvec_multi<8>(jobs, ACT); }
+extern "C" __global__ void __launch_bounds__(128) matvec_1(MatvecJobs jobs, ACT_ARGS) { matvec_multi<1, true>(jobs, ACT); }
+extern "C" __global__ void __launch_bounds__(128) matvec_2(MatvecJobs jobs, ACT_ARGS) { matvec_multi<2, true>(jobs, ACT); }
+extern "C" __global__ void __launch_bounds__(128) matvec_4(MatvecJobs jobs, ACT_ARGS) { matvec_multi<4, true>(jobs, ACT); }
+extern "C" __global__ void __launch_bounds__(128) matvec_8(MatvecJobs jobs, ACT_ARGS) { matvec_multi<8, true>(jobs, ACT); }
+
+// v2 items (16 weight bytes each), kept while v3 is measured against it (`--bench`).
+extern "C" __global__ void __launch_bounds__(128) matvec_v2_1(MatvecJobs jobs, ACT_ARGS) { matvec_multi<1, false>(jobs, ACT); }
 
 #define SILU_ARGS const uint8_t* __restrict__ wg, int tyg, const uint8_t* __restrict__ wu, int tyu, float* __restrict__ y, int rows
 extern "C" __global__ void __launch_bounds__(128) matvec_silu_1(SILU_ARGS, ACT_ARGS) { matvec_silu<1>(wg, tyg, wu, tyu, y, rows, ACT); }

@@ -1,6 +1,6 @@
 // Prefill matmul on the tensor cores: Y[c][r] = sum_k W[r][k] x[c][k] for many columns (more
 // than the 8 of the matvec kernels), with the K-quant weights expanded to int8 in shared memory
-// and the activation quantized to int8 (quantize_q8_1 of matvec.cu), multiplied by integer MMA
+// and the activation quantized to int8 (quantize_q8_k of matvec.cu), multiplied by integer MMA
 // (mma.sync m16n8k32 s8, m16n8k16 for Q6_K whose scales cover 16 values).
 //
 // Per sub-block the integer dot is scaled in f32: acc += (d * sc_j)[r] * dx[c] * C[r][c] -

@@ -10,7 +10,7 @@
 //! All work goes to one stream in order; the host waits only where it reads a buffer back.
 
 use crate::device::{CudaError, Gpu};
-use crate::matvec::{dptr, uses_q8_activation, ActScratch, DeviceMatrix, Job};
+use crate::matvec::{dptr, ActScratch, DeviceMatrix, Job};
 use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits};
 use muser_engine::backend::{Backend, KvLayerSpec, NormArgs};
 use muser_engine::config::{RopeParams, RopeStyle};
@@ -72,6 +72,8 @@ pub struct CudaBackend {
     ws: Mutex<Workspace>,
     upload: Mutex<Option<indicatif::ProgressBar>>,
     big_smem_set: [AtomicBool; 3],
+    /// Per-op time (synchronizing around each op) when profiling is on: op -> (calls, seconds).
+    profile: Mutex<Option<std::collections::BTreeMap<String, (u64, f64)>>>,
 }
 
 /// Panics with the driver's message: the trait's ops cannot return errors (see the module doc).
@@ -87,6 +89,15 @@ fn grow<T: DeviceRepr + ValidAsZeroBits>(gpu: &Gpu, s: &mut CudaSlice<T>, n: usi
 
 fn cfg1(n: usize, threads: u32) -> LaunchConfig {
     LaunchConfig { grid_dim: ((n as u32).div_ceil(threads).max(1), 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 }
+}
+
+/// "attn_q" for "blk.7.attn_q.weight".
+fn short_name(name: &str) -> &str {
+    let n = name.strip_suffix(".weight").unwrap_or(name);
+    match n.strip_prefix("blk.") {
+        Some(rest) => rest.split_once('.').map_or(rest, |(_, r)| r),
+        None => n,
+    }
 }
 
 /// Positions per attention tile (ATT_T in attention.cu).
@@ -137,7 +148,13 @@ impl CudaBackend {
             ml_part: gpu.stream.alloc_zeros(1)?,
             argmax: gpu.stream.alloc_zeros(1)?,
         };
-        Ok(CudaBackend { gpu, ws: Mutex::new(ws), upload: Mutex::new(None), big_smem_set: Default::default() })
+        Ok(CudaBackend {
+            gpu,
+            ws: Mutex::new(ws),
+            upload: Mutex::new(None),
+            big_smem_set: Default::default(),
+            profile: Mutex::new(None),
+        })
     }
 
     /// Shows a progress bar (on a terminal) while `total_bytes` of weights upload.
@@ -174,16 +191,55 @@ impl CudaBackend {
         all[..x.rows].to_vec()
     }
 
+    /// Starts (or stops) timing every op: each op then synchronizes before and after itself, so
+    /// the times include one launch latency each but no overlap with neighbours.
+    pub fn set_profiling(&self, on: bool) {
+        *self.profile.lock().unwrap() = on.then(std::collections::BTreeMap::new);
+    }
+
+    /// (op, calls, seconds) since profiling started, slowest first.
+    pub fn profile_report(&self) -> Vec<(String, u64, f64)> {
+        let mut v: Vec<(String, u64, f64)> =
+            self.profile.lock().unwrap().iter().flatten().map(|(k, &(n, s))| (k.clone(), n, s)).collect();
+        v.sort_by(|a, b| b.2.total_cmp(&a.2));
+        v
+    }
+
+    fn timed<R>(&self, op: impl FnOnce() -> String, f: impl FnOnce() -> R) -> R {
+        if self.profile.lock().unwrap().is_none() {
+            return f();
+        }
+        self.synchronize();
+        let t = std::time::Instant::now();
+        let r = f();
+        self.synchronize();
+        let secs = t.elapsed().as_secs_f64();
+        if let Some(m) = self.profile.lock().unwrap().as_mut() {
+            let e = m.entry(op()).or_insert((0, 0.0));
+            e.0 += 1;
+            e.1 += secs;
+        }
+        r
+    }
+
     /// Waits for all queued work (for timing).
     pub fn synchronize(&self) {
         ck(self.gpu.stream.synchronize(), "synchronize");
     }
 
-    /// Quantizes the `n` f32 values at `x` when any of `types` reads int8 activations.
-    fn quantize_for(&self, ws: &mut Workspace, x: u64, n: usize, types: &[GgmlType]) {
-        if types.iter().any(|&t| uses_q8_activation(t)) {
-            ck(self.gpu.quantize_q8_1(x, n, &mut ws.act), "quantize_q8_1");
-        }
+    /// Quantizes the `n` f32 values at `x` (rows of width `k`) for the kernels of `types`.
+    fn quantize_for(&self, ws: &mut Workspace, x: u64, n: usize, k: usize, types: &[GgmlType]) {
+        ck(self.gpu.quantize_act(x, n, k, types, &mut ws.act), "quantize activation");
+    }
+
+    /// matmul through the matvec kernels named `{prefix}_{width}` (for comparing versions).
+    pub fn matmul_with(&self, prefix: &str, x: &CudaBuf, outs: &mut [(&CudaWeight, &mut CudaBuf)]) {
+        let mut ws = self.ws.lock().unwrap();
+        let xp = self.p(&x.data);
+        let types: Vec<GgmlType> = outs.iter().map(|(w, _)| w.mat().ty).collect();
+        self.quantize_for(&mut ws, xp, x.rows * x.cols, x.cols, &types);
+        let jobs: Vec<Job> = outs.iter().map(|(w, y)| Job { m: w.mat(), y: dptr(&self.gpu, &y.data) }).collect();
+        ck(self.gpu.matvec_jobs_with(prefix, &jobs, xp, x.cols, x.rows, &ws.act), "matvec");
     }
 
     fn upload_progress(&self, bytes: usize) {
@@ -260,180 +316,202 @@ impl Backend for CudaBackend {
     }
 
     fn embed(&self, table: &CudaWeight, tokens: &[u32], out: &mut CudaBuf) {
-        let m = table.mat();
-        let mut ws = self.ws.lock().unwrap();
-        grow(&self.gpu, &mut ws.tokens, tokens.len());
-        ck(self.gpu.stream.memcpy_htod(tokens, &mut ws.tokens), "upload tokens");
-        let ty = crate::matvec::format_code(m.ty).expect("checked at upload");
-        let (tp, toks, op) = (self.p(&m.data), self.p(&ws.tokens), self.p(&out.data));
-        let (rows, cols) = (m.rows as i64, m.cols as i32);
-        let cfg = LaunchConfig {
-            grid_dim: ((m.cols as u32).div_ceil(256), tokens.len() as u32, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let mut b = self.gpu.stream.launch_builder(self.kernel("embed_rows"));
-        b.arg(&tp).arg(&ty).arg(&rows).arg(&cols).arg(&toks).arg(&op);
-        // SAFETY: tokens < rows (checked by the session); out holds n_tokens * cols.
-        ck(unsafe { b.launch(cfg) }, "embed_rows");
+        self.timed(|| "embed".to_string(), || {
+            let m = table.mat();
+            let mut ws = self.ws.lock().unwrap();
+            grow(&self.gpu, &mut ws.tokens, tokens.len());
+            ck(self.gpu.stream.memcpy_htod(tokens, &mut ws.tokens), "upload tokens");
+            let ty = crate::matvec::format_code(m.ty).expect("checked at upload");
+            let (tp, toks, op) = (self.p(&m.data), self.p(&ws.tokens), self.p(&out.data));
+            let (rows, cols) = (m.rows as i64, m.cols as i32);
+            let cfg = LaunchConfig {
+                grid_dim: ((m.cols as u32).div_ceil(256), tokens.len() as u32, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let mut b = self.gpu.stream.launch_builder(self.kernel("embed_rows"));
+            b.arg(&tp).arg(&ty).arg(&rows).arg(&cols).arg(&toks).arg(&op);
+            // SAFETY: tokens < rows (checked by the session); out holds n_tokens * cols.
+            ck(unsafe { b.launch(cfg) }, "embed_rows");
+        })
     }
 
     fn rmsnorm(&self, x: &CudaBuf, w: Option<&CudaWeight>, eps: f32, out: &mut CudaBuf) {
-        let (xp, wp, op) = (self.p(&x.data), w.map_or(0, |w| w.vec_ptr(&self.gpu)), self.p(&out.data));
-        let cols = x.cols as i32;
-        let cfg = LaunchConfig { grid_dim: (x.rows as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-        let mut b = self.gpu.stream.launch_builder(self.kernel("rmsnorm"));
-        b.arg(&xp).arg(&wp).arg(&op).arg(&cols).arg(&eps);
-        // SAFETY: x and out are [rows][cols]; w is [cols] or null.
-        ck(unsafe { b.launch(cfg) }, "rmsnorm");
+        self.timed(|| "rmsnorm".to_string(), || {
+            let (xp, wp, op) = (self.p(&x.data), w.map_or(0, |w| w.vec_ptr(&self.gpu)), self.p(&out.data));
+            let cols = x.cols as i32;
+            let cfg = LaunchConfig { grid_dim: (x.rows as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+            let mut b = self.gpu.stream.launch_builder(self.kernel("rmsnorm"));
+            b.arg(&xp).arg(&wp).arg(&op).arg(&cols).arg(&eps);
+            // SAFETY: x and out are [rows][cols]; w is [cols] or null.
+            ck(unsafe { b.launch(cfg) }, "rmsnorm");
+        })
     }
 
     fn rmsnorm_heads(&self, x: &mut CudaBuf, w: &CudaWeight, head_dim: usize, eps: f32) {
-        let n_heads = (x.rows * x.cols / head_dim) as i32;
-        let (xp, wp, hd) = (self.p(&x.data), w.vec_ptr(&self.gpu), head_dim as i32);
-        let mut b = self.gpu.stream.launch_builder(self.kernel("rmsnorm_heads"));
-        b.arg(&xp).arg(&wp).arg(&hd).arg(&n_heads).arg(&eps);
-        // SAFETY: x holds n_heads * head_dim values; w holds head_dim.
-        ck(unsafe { b.launch(cfg1(n_heads as usize * 32, 128)) }, "rmsnorm_heads");
+        self.timed(|| "rmsnorm_heads".to_string(), || {
+            let n_heads = (x.rows * x.cols / head_dim) as i32;
+            let (xp, wp, hd) = (self.p(&x.data), w.vec_ptr(&self.gpu), head_dim as i32);
+            let mut b = self.gpu.stream.launch_builder(self.kernel("rmsnorm_heads"));
+            b.arg(&xp).arg(&wp).arg(&hd).arg(&n_heads).arg(&eps);
+            // SAFETY: x holds n_heads * head_dim values; w holds head_dim.
+            ck(unsafe { b.launch(cfg1(n_heads as usize * 32, 128)) }, "rmsnorm_heads");
+        })
     }
 
     fn matmul(&self, x: &CudaBuf, outs: &mut [(&CudaWeight, &mut CudaBuf)]) {
-        let mut ws = self.ws.lock().unwrap();
-        let xp = self.p(&x.data);
-        let types: Vec<GgmlType> = outs.iter().map(|(w, _)| w.mat().ty).collect();
-        self.quantize_for(&mut ws, xp, x.rows * x.cols, &types);
-        let jobs: Vec<Job> = outs
-            .iter()
-            .map(|(w, y)| {
-                assert_eq!((y.rows, y.cols), (x.rows, w.rows), "matmul output of {} has the wrong shape", w.name);
-                Job { m: w.mat(), y: dptr(&self.gpu, &y.data) }
-            })
-            .collect();
-        ck(self.gpu.matvec_jobs(&jobs, xp, x.cols, x.rows, &ws.act), "matvec");
+        self.timed(|| format!("matmul {}", short_name(&outs[0].0.name)), || {
+            let mut ws = self.ws.lock().unwrap();
+            let xp = self.p(&x.data);
+            let types: Vec<GgmlType> = outs.iter().map(|(w, _)| w.mat().ty).collect();
+            self.quantize_for(&mut ws, xp, x.rows * x.cols, x.cols, &types);
+            let jobs: Vec<Job> = outs
+                .iter()
+                .map(|(w, y)| {
+                    assert_eq!((y.rows, y.cols), (x.rows, w.rows), "matmul output of {} has the wrong shape", w.name);
+                    Job { m: w.mat(), y: dptr(&self.gpu, &y.data) }
+                })
+                .collect();
+            ck(self.gpu.matvec_jobs(&jobs, xp, x.cols, x.rows, &ws.act), "matvec");
+        })
     }
 
     fn ffn_gate_up_silu(&self, x: &CudaBuf, gate: &CudaWeight, up: &CudaWeight, out: &mut CudaBuf) {
-        let mut ws = self.ws.lock().unwrap();
-        let xp = self.p(&x.data);
-        self.quantize_for(&mut ws, xp, x.rows * x.cols, &[gate.mat().ty, up.mat().ty]);
-        let op = self.p(&out.data);
-        ck(self.gpu.matvec_silu(gate.mat(), up.mat(), xp, x.rows, &mut ws.act, op), "matvec_silu");
+        self.timed(|| "ffn_gate_up_silu".to_string(), || {
+            let mut ws = self.ws.lock().unwrap();
+            let xp = self.p(&x.data);
+            self.quantize_for(&mut ws, xp, x.rows * x.cols, x.cols, &[gate.mat().ty, up.mat().ty]);
+            let op = self.p(&out.data);
+            ck(self.gpu.matvec_silu(gate.mat(), up.mat(), xp, x.rows, &mut ws.act, op), "matvec_silu");
+        })
     }
 
     fn rope(&self, x: &mut CudaBuf, head_dim: usize, rope: &RopeParams, pos0: usize) {
-        let n = x.rows * (x.cols / head_dim) * (rope.n_rot / 2);
-        let xp = self.p(&x.data);
-        let (rows, cols, hd, nrot, p0) = (x.rows as i32, x.cols as i32, head_dim as i32, rope.n_rot as i32, pos0 as i32);
-        let neox = i32::from(rope.style == RopeStyle::Neox);
-        let mut b = self.gpu.stream.launch_builder(self.kernel("rope"));
-        b.arg(&xp).arg(&rows).arg(&cols).arg(&hd).arg(&nrot).arg(&p0).arg(&rope.freq_base).arg(&neox);
-        // SAFETY: one thread per pair of x ([rows][cols]).
-        ck(unsafe { b.launch(cfg1(n, 256)) }, "rope");
+        self.timed(|| "rope".to_string(), || {
+            let n = x.rows * (x.cols / head_dim) * (rope.n_rot / 2);
+            let xp = self.p(&x.data);
+            let (rows, cols, hd, nrot, p0) = (x.rows as i32, x.cols as i32, head_dim as i32, rope.n_rot as i32, pos0 as i32);
+            let neox = i32::from(rope.style == RopeStyle::Neox);
+            let mut b = self.gpu.stream.launch_builder(self.kernel("rope"));
+            b.arg(&xp).arg(&rows).arg(&cols).arg(&hd).arg(&nrot).arg(&p0).arg(&rope.freq_base).arg(&neox);
+            // SAFETY: one thread per pair of x ([rows][cols]).
+            ck(unsafe { b.launch(cfg1(n, 256)) }, "rope");
+        })
     }
 
     fn kv_store(&self, kv: &mut CudaKv, layer: usize, k: &CudaBuf, v: &CudaBuf, pos0: usize) {
-        let l = &mut kv.layers[layer];
-        let width = l.spec.n_head_kv * l.spec.head_dim;
-        assert_eq!(k.cols, width, "kv_store: k width");
-        if !l.spec.is_ring() {
-            assert!(pos0 + k.rows <= l.spec.slots, "kv_store: position {} past the plane of {}", pos0 + k.rows, l.spec.slots);
-        }
-        let (kp, vp, kc, vc) = (self.p(&k.data), self.p(&v.data), self.p(&l.k), self.p(&l.v));
-        let (n, w, p0, slots, ring) = (k.rows as i32, width as i32, pos0 as i32, l.spec.slots as i32, i32::from(l.spec.is_ring()));
-        let mut b = self.gpu.stream.launch_builder(self.kernel("kv_store"));
-        b.arg(&kp).arg(&vp).arg(&kc).arg(&vc).arg(&n).arg(&w).arg(&p0).arg(&slots).arg(&ring);
-        // SAFETY: slots index within the cache (ring: modulo; plane: checked above).
-        ck(unsafe { b.launch(cfg1(k.rows * width, 256)) }, "kv_store");
+        self.timed(|| "kv_store".to_string(), || {
+            let l = &mut kv.layers[layer];
+            let width = l.spec.n_head_kv * l.spec.head_dim;
+            assert_eq!(k.cols, width, "kv_store: k width");
+            if !l.spec.is_ring() {
+                assert!(pos0 + k.rows <= l.spec.slots, "kv_store: position {} past the plane of {}", pos0 + k.rows, l.spec.slots);
+            }
+            let (kp, vp, kc, vc) = (self.p(&k.data), self.p(&v.data), self.p(&l.k), self.p(&l.v));
+            let (n, w, p0, slots, ring) = (k.rows as i32, width as i32, pos0 as i32, l.spec.slots as i32, i32::from(l.spec.is_ring()));
+            let mut b = self.gpu.stream.launch_builder(self.kernel("kv_store"));
+            b.arg(&kp).arg(&vp).arg(&kc).arg(&vc).arg(&n).arg(&w).arg(&p0).arg(&slots).arg(&ring);
+            // SAFETY: slots index within the cache (ring: modulo; plane: checked above).
+            ck(unsafe { b.launch(cfg1(k.rows * width, 256)) }, "kv_store");
+        })
     }
 
     fn attention(&self, q: &CudaBuf, kv: &CudaKv, layer: usize, pos0: usize, scale: f32, out: &mut CudaBuf) {
-        let l = &kv.layers[layer];
-        let (d, n_kv) = (l.spec.head_dim, l.spec.n_head_kv);
-        let n_head = q.cols / d;
-        let g = n_head / n_kv;
-        let name = attention_kernel(d).unwrap_or_else(|| panic!("CUDA attention: head dim {d} (64, 128, 256 supported)"));
-        assert!(g * d <= 4096, "CUDA attention: {g} query heads of {d} per KV head (at most 4096 values)");
-        let p_last = pos0 + q.rows - 1;
-        let lo = l.spec.window.map_or(0, |w| (p_last + 1).saturating_sub(w));
-        let plan = attention_plan(p_last + 1 - lo, q.rows, n_kv, self.gpu.sms);
-        let parts = q.rows * n_head * plan.n_splits;
-        let mut ws = self.ws.lock().unwrap();
-        grow(&self.gpu, &mut ws.o_part, parts * d);
-        grow(&self.gpu, &mut ws.ml_part, parts * 2);
-        let smem = attention_smem(g, d);
-        let f = self.kernel(name);
-        if smem > 48 * 1024 {
-            let i = [64, 128, 256].iter().position(|&x| x == d).unwrap();
-            if !self.big_smem_set[i].swap(true, Ordering::Relaxed) {
-                ck(
-                    f.set_attribute(
-                        cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                        smem as i32,
-                    ),
-                    "attention shared memory",
-                );
+        self.timed(|| "attention".to_string(), || {
+            let l = &kv.layers[layer];
+            let (d, n_kv) = (l.spec.head_dim, l.spec.n_head_kv);
+            let n_head = q.cols / d;
+            let g = n_head / n_kv;
+            let name = attention_kernel(d).unwrap_or_else(|| panic!("CUDA attention: head dim {d} (64, 128, 256 supported)"));
+            assert!(g * d <= 4096, "CUDA attention: {g} query heads of {d} per KV head (at most 4096 values)");
+            let p_last = pos0 + q.rows - 1;
+            let lo = l.spec.window.map_or(0, |w| (p_last + 1).saturating_sub(w));
+            let plan = attention_plan(p_last + 1 - lo, q.rows, n_kv, self.gpu.sms);
+            let parts = q.rows * n_head * plan.n_splits;
+            let mut ws = self.ws.lock().unwrap();
+            grow(&self.gpu, &mut ws.o_part, parts * d);
+            grow(&self.gpu, &mut ws.ml_part, parts * 2);
+            let smem = attention_smem(g, d);
+            let f = self.kernel(name);
+            if smem > 48 * 1024 {
+                let i = [64, 128, 256].iter().position(|&x| x == d).unwrap();
+                if !self.big_smem_set[i].swap(true, Ordering::Relaxed) {
+                    ck(
+                        f.set_attribute(
+                            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                            smem as i32,
+                        ),
+                        "attention shared memory",
+                    );
+                }
             }
-        }
-        let (qp, kc, vc, op, mp) = (self.p(&q.data), self.p(&l.k), self.p(&l.v), self.p(&ws.o_part), self.p(&ws.ml_part));
-        let window = l.spec.window.unwrap_or(0) as i32;
-        let (nh, nk, p0, slots, ring, sl) =
-            (n_head as i32, n_kv as i32, pos0 as i32, l.spec.slots as i32, i32::from(l.spec.is_ring()), plan.split_len as i32);
-        let cfg = LaunchConfig {
-            grid_dim: (n_kv as u32, q.rows as u32, plan.n_splits as u32),
-            block_dim: (128, 1, 1),
-            shared_mem_bytes: smem as u32,
-        };
-        let mut b = self.gpu.stream.launch_builder(f);
-        b.arg(&qp).arg(&kc).arg(&vc).arg(&op).arg(&mp).arg(&nh).arg(&nk).arg(&p0).arg(&window).arg(&slots).arg(&ring);
-        b.arg(&scale).arg(&sl);
-        // SAFETY: partials hold rows * n_head * n_splits entries; cache reads stay within slots.
-        ck(unsafe { b.launch(cfg) }, "attn_partial");
-        let (outp, ns, dd) = (self.p(&out.data), plan.n_splits as i32, d as i32);
-        let cfg = LaunchConfig { grid_dim: (n_head as u32, q.rows as u32, 1), block_dim: (d as u32, 1, 1), shared_mem_bytes: 0 };
-        let mut b = self.gpu.stream.launch_builder(self.kernel("attn_combine"));
-        b.arg(&op).arg(&mp).arg(&outp).arg(&nh).arg(&ns).arg(&dd);
-        // SAFETY: out is [rows][n_head * d].
-        ck(unsafe { b.launch(cfg) }, "attn_combine");
+            let (qp, kc, vc, op, mp) = (self.p(&q.data), self.p(&l.k), self.p(&l.v), self.p(&ws.o_part), self.p(&ws.ml_part));
+            let window = l.spec.window.unwrap_or(0) as i32;
+            let (nh, nk, p0, slots, ring, sl) =
+                (n_head as i32, n_kv as i32, pos0 as i32, l.spec.slots as i32, i32::from(l.spec.is_ring()), plan.split_len as i32);
+            let cfg = LaunchConfig {
+                grid_dim: (n_kv as u32, q.rows as u32, plan.n_splits as u32),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: smem as u32,
+            };
+            let mut b = self.gpu.stream.launch_builder(f);
+            b.arg(&qp).arg(&kc).arg(&vc).arg(&op).arg(&mp).arg(&nh).arg(&nk).arg(&p0).arg(&window).arg(&slots).arg(&ring);
+            b.arg(&scale).arg(&sl);
+            // SAFETY: partials hold rows * n_head * n_splits entries; cache reads stay within slots.
+            ck(unsafe { b.launch(cfg) }, "attn_partial");
+            let (outp, ns, dd) = (self.p(&out.data), plan.n_splits as i32, d as i32);
+            let cfg = LaunchConfig { grid_dim: (n_head as u32, q.rows as u32, 1), block_dim: (d as u32, 1, 1), shared_mem_bytes: 0 };
+            let mut b = self.gpu.stream.launch_builder(self.kernel("attn_combine"));
+            b.arg(&op).arg(&mp).arg(&outp).arg(&nh).arg(&ns).arg(&dd);
+            // SAFETY: out is [rows][n_head * d].
+            ck(unsafe { b.launch(cfg) }, "attn_combine");
+        })
     }
 
     fn sigmoid_gate(&self, a: &mut CudaBuf, g: &CudaBuf) {
-        let n = a.rows * a.cols;
-        let (ap, gp, ni) = (self.p(&a.data), self.p(&g.data), n as i32);
-        let mut b = self.gpu.stream.launch_builder(self.kernel("sigmoid_gate"));
-        b.arg(&ap).arg(&gp).arg(&ni);
-        // SAFETY: a and g hold n values.
-        ck(unsafe { b.launch(cfg1(n, 256)) }, "sigmoid_gate");
+        self.timed(|| "sigmoid_gate".to_string(), || {
+            let n = a.rows * a.cols;
+            let (ap, gp, ni) = (self.p(&a.data), self.p(&g.data), n as i32);
+            let mut b = self.gpu.stream.launch_builder(self.kernel("sigmoid_gate"));
+            b.arg(&ap).arg(&gp).arg(&ni);
+            // SAFETY: a and g hold n values.
+            ck(unsafe { b.launch(cfg1(n, 256)) }, "sigmoid_gate");
+        })
     }
 
     fn residual_norm(&self, h: &mut CudaBuf, x: &CudaBuf, post: Option<NormArgs<'_, CudaWeight>>, next: NormArgs<'_, CudaWeight>, out: &mut CudaBuf) {
-        let (hp, xp, op) = (self.p(&h.data), self.p(&x.data), self.p(&out.data));
-        let (pw, peps) = post.map_or((0, 0.0), |p| (p.weight.vec_ptr(&self.gpu), p.eps));
-        let (nw, neps) = (next.weight.vec_ptr(&self.gpu), next.eps);
-        let cols = h.cols as i32;
-        let cfg = LaunchConfig { grid_dim: (h.rows as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-        let mut b = self.gpu.stream.launch_builder(self.kernel("residual_norm"));
-        b.arg(&hp).arg(&xp).arg(&pw).arg(&peps).arg(&nw).arg(&neps).arg(&op).arg(&cols);
-        // SAFETY: h, x, out are [rows][cols]; the weights [cols].
-        ck(unsafe { b.launch(cfg) }, "residual_norm");
+        self.timed(|| "residual_norm".to_string(), || {
+            let (hp, xp, op) = (self.p(&h.data), self.p(&x.data), self.p(&out.data));
+            let (pw, peps) = post.map_or((0, 0.0), |p| (p.weight.vec_ptr(&self.gpu), p.eps));
+            let (nw, neps) = (next.weight.vec_ptr(&self.gpu), next.eps);
+            let cols = h.cols as i32;
+            let cfg = LaunchConfig { grid_dim: (h.rows as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+            let mut b = self.gpu.stream.launch_builder(self.kernel("residual_norm"));
+            b.arg(&hp).arg(&xp).arg(&pw).arg(&peps).arg(&nw).arg(&neps).arg(&op).arg(&cols);
+            // SAFETY: h, x, out are [rows][cols]; the weights [cols].
+            ck(unsafe { b.launch(cfg) }, "residual_norm");
+        })
     }
 
     fn lm_head(&self, x: &CudaBuf, first_row: usize, w: &CudaWeight, scale: f32, softcap: Option<f32>, out: &mut CudaBuf) {
-        let n = x.rows - first_row;
-        let m = w.mat();
-        assert_eq!((out.rows, out.cols), (n, m.rows), "lm_head output shape");
-        let xp = self.p(&x.data) + (first_row * x.cols * 4) as u64;
-        {
-            let mut ws = self.ws.lock().unwrap();
-            self.quantize_for(&mut ws, xp, n * x.cols, &[m.ty]);
-            let job = Job { m, y: self.p(&out.data) };
-            ck(self.gpu.matvec_jobs(&[job], xp, x.cols, n, &ws.act), "lm_head matvec");
-        }
-        let total = n * m.rows;
-        let (op, ni, cap) = (self.p(&out.data), total as i32, softcap.unwrap_or(0.0));
-        let mut b = self.gpu.stream.launch_builder(self.kernel("scale_softcap"));
-        b.arg(&op).arg(&ni).arg(&scale).arg(&cap);
-        // SAFETY: out holds n * n_vocab values.
-        ck(unsafe { b.launch(cfg1(total, 256)) }, "scale_softcap");
+        self.timed(|| "lm_head".to_string(), || {
+            let n = x.rows - first_row;
+            let m = w.mat();
+            assert_eq!((out.rows, out.cols), (n, m.rows), "lm_head output shape");
+            let xp = self.p(&x.data) + (first_row * x.cols * 4) as u64;
+            {
+                let mut ws = self.ws.lock().unwrap();
+                self.quantize_for(&mut ws, xp, n * x.cols, x.cols, &[m.ty]);
+                let job = Job { m, y: self.p(&out.data) };
+                ck(self.gpu.matvec_jobs(&[job], xp, x.cols, n, &ws.act), "lm_head matvec");
+            }
+            let total = n * m.rows;
+            let (op, ni, cap) = (self.p(&out.data), total as i32, softcap.unwrap_or(0.0));
+            let mut b = self.gpu.stream.launch_builder(self.kernel("scale_softcap"));
+            b.arg(&op).arg(&ni).arg(&scale).arg(&cap);
+            // SAFETY: out holds n * n_vocab values.
+            ck(unsafe { b.launch(cfg1(total, 256)) }, "scale_softcap");
+        })
     }
 }
 

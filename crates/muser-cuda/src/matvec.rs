@@ -168,28 +168,40 @@ impl Gpu {
         })
     }
 
-    /// Quantizes `n` f32 values at address `x` (n a multiple of 32) into `scratch`.
-    pub fn quantize_q8_1(&self, x: u64, n: usize, scratch: &mut ActScratch) -> Result<(), CudaError> {
+    /// Quantizes `n` f32 values at address `x` (rows of width `k`) into `scratch` in the
+    /// activation format the CPU reference pairs with `types`: Q8_K (one scale per 256) when any
+    /// is a K-quant, else Q8_0 (one per 32). A no-op when no type reads int8 activations.
+    pub fn quantize_act(&self, x: u64, n: usize, k: usize, types: &[GgmlType], scratch: &mut ActScratch) -> Result<(), CudaError> {
+        if !types.iter().any(|&t| uses_q8_activation(t)) {
+            return Ok(());
+        }
         if n > scratch.cap {
             let tmp = std::mem::replace(&mut scratch.tmp, self.stream.alloc_zeros::<f32>(1)?);
             *scratch = self.act_scratch(n)?;
             scratch.tmp = tmp;
         }
-        let n_blocks = (n / 32) as i32;
+        let kquant = k % 256 == 0 && types.iter().any(|t| matches!(t, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K));
+        let (name, per) = if kquant { ("quantize_q8_k", 256) } else { ("quantize_q8_0", 32) };
+        let n_blocks = (n / per) as i32;
         let cfg = LaunchConfig { grid_dim: ((n_blocks as u32).div_ceil(4), 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
         let (q, ds) = (dptr(self, &scratch.q), dptr(self, &scratch.ds));
-        let f = self.kernel("quantize_q8_1")?;
+        let f = self.kernel(name)?;
         let mut b = self.stream.launch_builder(f);
         b.arg(&x).arg(&q).arg(&ds).arg(&n_blocks);
-        // SAFETY: x holds n f32; q and ds hold at least n / 32 blocks.
+        // SAFETY: x holds n f32; q and ds hold at least n values and n / 32 scales.
         unsafe { b.launch(cfg) }?;
         Ok(())
     }
 
     /// y_j[c][r] = W_j x[c] for every job, `ncols` columns of width `k` at address `x` (f32).
     /// The int8 activation must already be in `scratch` when any job is quantized
-    /// (`quantize_q8_1`): matmuls sharing one input quantize it once.
+    /// (`quantize_act`): matmuls sharing one input quantize it once.
     pub fn matvec_jobs(&self, jobs: &[Job], x: u64, k: usize, ncols: usize, scratch: &ActScratch) -> Result<(), CudaError> {
+        self.matvec_jobs_with("matvec", jobs, x, k, ncols, scratch)
+    }
+
+    /// `matvec_jobs` through the kernels named `{prefix}_{width}` (the bench compares versions).
+    pub fn matvec_jobs_with(&self, prefix: &str, jobs: &[Job], x: u64, k: usize, ncols: usize, scratch: &ActScratch) -> Result<(), CudaError> {
         let (mmq, rest): (Vec<&Job>, Vec<&Job>) =
             jobs.iter().partition(|j| ncols > MAX_COLS && mmq_kernel(j.m.ty, k).is_some());
         for j in mmq {
@@ -220,7 +232,7 @@ impl Gpu {
                 }
                 let (xq, xds, xf) = self.act_ptrs(scratch, x, k, c0);
                 let (k_i, n_i) = (k as i32, n as i32);
-                let f = self.kernel(&format!("matvec_{}", matvec_width(n)))?;
+                let f = self.kernel(&format!("{prefix}_{}", matvec_width(n)))?;
                 let mut b = self.stream.launch_builder(f);
                 b.arg(&mj).arg(&xq).arg(&xds).arg(&xf).arg(&k_i).arg(&n_i);
                 // SAFETY: each job reads rows*row_bytes weight bytes and writes n*rows outputs at
@@ -329,9 +341,7 @@ impl Gpu {
     ) -> Result<(), CudaError> {
         assert!(x.len() >= ncols * m.cols && y.len() >= ncols * m.rows, "matvec buffers too small");
         let xp = dptr(self, x);
-        if uses_q8_activation(m.ty) {
-            self.quantize_q8_1(xp, ncols * m.cols, scratch)?;
-        }
+        self.quantize_act(xp, ncols * m.cols, m.cols, &[m.ty], scratch)?;
         self.matvec_jobs(&[Job { m, y: dptr(self, y) }], xp, m.cols, ncols, scratch)
     }
 }
