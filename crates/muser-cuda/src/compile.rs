@@ -17,6 +17,7 @@ pub const KERNEL_SOURCES: &[(&str, &str)] = &[
     ("attention.cu", include_str!("../kernels/attention.cu")),
     ("elementwise.cu", include_str!("../kernels/elementwise.cu")),
     ("argmax.cu", include_str!("../kernels/argmax.cu")),
+    ("membw.cu", include_str!("../kernels/membw.cu")),
 ];
 
 /// True when libnvrtc can be loaded (cudarc would panic otherwise).

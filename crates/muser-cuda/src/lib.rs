@@ -10,6 +10,7 @@ pub mod backend;
 pub mod compile;
 pub mod device;
 pub mod matvec;
+pub mod membw;
 pub mod parity;
 
 pub use backend::{CudaBackend, CudaBuf, CudaKv, CudaWeight};
