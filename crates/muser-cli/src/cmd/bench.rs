@@ -2,7 +2,8 @@
 //! over r repetitions after one warm-up), plus for tg the bytes a decode step reads, the achieved
 //! GB/s and its share of the read bandwidth this run measures.
 
-use muser_engine::{Backend, Model, Session};
+use super::backend::{CliBackend, ModelJob};
+use muser_engine::{Model, Session};
 use rayon::prelude::*;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -20,6 +21,9 @@ pub struct Args {
     /// Repetitions.
     #[arg(short = 'r', long, default_value_t = 5)]
     pub reps: usize,
+    /// Backend: auto (CUDA when a GPU is usable), cpu or cuda.
+    #[arg(long, value_enum, default_value_t = super::backend::BackendKind::Auto)]
+    pub backend: super::backend::BackendKind,
     #[arg(short = 't', long)]
     pub threads: Option<usize>,
 }
@@ -80,7 +84,7 @@ fn human_params(n: u64) -> String {
 }
 
 /// "llama 1.10 B Q4_K": architecture, parameters and the type holding most weight bytes.
-fn model_name(model: &Model) -> String {
+fn model_name<B: CliBackend>(model: &Model<B>) -> String {
     let mut by_type: Vec<(String, u64)> = Vec::new();
     for t in &model.gguf().tensors {
         let name = t.ggml_type.name().to_string();
@@ -104,72 +108,80 @@ fn model_name(model: &Model) -> String {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let path = super::run::resolve_model(args.model.as_deref())?;
-    let model = super::run::load_model(&path, args.threads)?;
-    let threads = model.backend().threads();
-    let reps = args.reps.max(1);
-    let nv = model.config.n_vocab as u32;
-    // Token ids from a fixed xorshift sequence (the ids do not change the work).
-    let mut state = 0x2545_F491_4F6C_DD1Du64;
-    let mut next_token = move || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        (state % nv as u64) as u32
-    };
+    super::backend::with_model(&path, args.backend, args.threads, Job(args))
+}
 
-    eprintln!("measuring read bandwidth ({threads} threads, 1 GiB buffer) ...");
-    let bw = measure_read_bandwidth(threads)?;
-    eprintln!("read bandwidth: {:.1} GB/s", bw / 1e9);
+struct Job(Args);
 
-    let name = model_name(&model);
-    let size = format!(
-        "{:.2} GiB",
-        model.weight_bytes() as f64 / (1u64 << 30) as f64
-    );
-    let params = human_params(model.n_params());
-    let backend = format!("{} ({})", model.backend().name(), model.backend().isa());
-    println!("| model | size | params | backend | threads | test | t/s | MB/token | GB/s | % of read BW |");
-    println!("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |");
+impl ModelJob for Job {
+    fn run<B: CliBackend>(self, model: Model<B>) -> anyhow::Result<()> {
+        let args = self.0;
+        let threads = model.backend().threads();
+        let reps = args.reps.max(1);
+        let nv = model.config.n_vocab as u32;
+        // Token ids from a fixed xorshift sequence (the ids do not change the work).
+        let mut state = 0x2545_F491_4F6C_DD1Du64;
+        let mut next_token = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % nv as u64) as u32
+        };
 
-    if args.n_prompt > 0 {
-        let toks: Vec<u32> = (0..args.n_prompt).map(|_| next_token()).collect();
-        let mut s = Session::new(&model, args.n_prompt)?;
-        let mut rates = Vec::new();
-        for rep in 0..=reps {
-            s.reset();
-            let t = Instant::now();
-            s.prefill(&toks)?;
-            if rep > 0 {
-                rates.push(args.n_prompt as f64 / t.elapsed().as_secs_f64());
+        eprintln!("measuring read bandwidth ...");
+        let bw = model.backend().read_bandwidth()?;
+        eprintln!("read bandwidth: {:.1} GB/s", bw / 1e9);
+
+        let name = model_name(&model);
+        let size = format!(
+            "{:.2} GiB",
+            model.weight_bytes() as f64 / (1u64 << 30) as f64
+        );
+        let params = human_params(model.n_params());
+        let backend = model.backend().label();
+        println!("| model | size | params | backend | threads | test | t/s | MB/token | GB/s | % of read BW |");
+        println!("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |");
+
+        if args.n_prompt > 0 {
+            let toks: Vec<u32> = (0..args.n_prompt).map(|_| next_token()).collect();
+            let mut s = Session::new(&model, args.n_prompt)?;
+            let mut rates = Vec::new();
+            for rep in 0..=reps {
+                s.reset();
+                let t = Instant::now();
+                s.prefill(&toks)?;
+                if rep > 0 {
+                    rates.push(args.n_prompt as f64 / t.elapsed().as_secs_f64());
+                }
             }
+            let (m, sd) = mean_sd(&rates);
+            println!("| {name} | {size} | {params} | {backend} | {threads} | pp{} | {m:.2} ± {sd:.2} | | | |", args.n_prompt);
         }
-        let (m, sd) = mean_sd(&rates);
-        println!("| {name} | {size} | {params} | {backend} | {threads} | pp{} | {m:.2} ± {sd:.2} | | | |", args.n_prompt);
-    }
-    if args.n_gen > 0 {
-        let toks: Vec<u32> = (0..args.n_gen).map(|_| next_token()).collect();
-        let mut s = Session::new(&model, args.n_gen)?;
-        let mut rates = Vec::new();
-        for rep in 0..=reps {
-            s.reset();
-            let t = Instant::now();
-            for &tok in &toks {
-                s.decode(tok)?;
+        if args.n_gen > 0 {
+            let toks: Vec<u32> = (0..args.n_gen).map(|_| next_token()).collect();
+            let mut s = Session::new(&model, args.n_gen)?;
+            let mut rates = Vec::new();
+            for rep in 0..=reps {
+                s.reset();
+                let t = Instant::now();
+                for &tok in &toks {
+                    s.decode(tok)?;
+                }
+                if rep > 0 {
+                    rates.push(args.n_gen as f64 / t.elapsed().as_secs_f64());
+                }
             }
-            if rep > 0 {
-                rates.push(args.n_gen as f64 / t.elapsed().as_secs_f64());
-            }
-        }
-        let (m, sd) = mean_sd(&rates);
-        // Mean context depth over the run: positions 0..n_gen attend over 1..=n_gen entries.
-        let bytes = model.decode_bytes(args.n_gen.div_ceil(2)) as f64;
-        let gbs = bytes * m / 1e9;
-        println!(
+            let (m, sd) = mean_sd(&rates);
+            // Mean context depth over the run: positions 0..n_gen attend over 1..=n_gen entries.
+            let bytes = model.decode_bytes(args.n_gen.div_ceil(2)) as f64;
+            let gbs = bytes * m / 1e9;
+            println!(
             "| {name} | {size} | {params} | {backend} | {threads} | tg{} | {m:.2} ± {sd:.2} | {:.1} | {gbs:.2} | {:.0}% |",
             args.n_gen,
             bytes / 1e6,
             100.0 * gbs * 1e9 / bw
         );
+        }
+        Ok(())
     }
-    Ok(())
 }

@@ -4,8 +4,9 @@
 //! chunk scored (each position predicting the next token). Prints the running perplexity after
 //! each chunk and the final estimate with its uncertainty as llama.cpp computes it.
 
+use super::backend::{CliBackend, ModelJob};
 use anyhow::{bail, Context};
-use muser_engine::Session;
+use muser_engine::{Model, Session};
 use muser_tokenizer::Tokenizer;
 use std::io::Write;
 use std::path::PathBuf;
@@ -24,6 +25,9 @@ pub struct Args {
     /// Evaluate at most this many chunks (default: all).
     #[arg(long)]
     pub chunks: Option<usize>,
+    /// Backend: auto (CUDA when a GPU is usable), cpu or cuda.
+    #[arg(long, value_enum, default_value_t = super::backend::BackendKind::Auto)]
+    pub backend: super::backend::BackendKind,
     #[arg(short = 't', long)]
     pub threads: Option<usize>,
 }
@@ -37,74 +41,82 @@ fn nll(logits: &[f32], target: u32) -> f64 {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let path = super::run::resolve_model(args.model.as_deref())?;
-    let model = super::run::load_model(&path, args.threads)?;
-    let tok = Tokenizer::from_gguf(model.gguf()).context("reading the tokenizer")?;
-    let text =
-        std::fs::read(&args.file).with_context(|| format!("reading {}", args.file.display()))?;
-    let tokens = tok.encode_bytes(&text, true, false);
-    let n_ctx = args.ctx_size;
-    if n_ctx < 4 {
-        bail!("context of {n_ctx} tokens is too small (at least 4)");
-    }
-    if tokens.len() < 2 * n_ctx {
-        bail!(
+    super::backend::with_model(&path, args.backend, args.threads, Job(args))
+}
+
+struct Job(Args);
+
+impl ModelJob for Job {
+    fn run<B: CliBackend>(self, model: Model<B>) -> anyhow::Result<()> {
+        let args = self.0;
+        let tok = Tokenizer::from_gguf(model.gguf()).context("reading the tokenizer")?;
+        let text = std::fs::read(&args.file)
+            .with_context(|| format!("reading {}", args.file.display()))?;
+        let tokens = tok.encode_bytes(&text, true, false);
+        let n_ctx = args.ctx_size;
+        if n_ctx < 4 {
+            bail!("context of {n_ctx} tokens is too small (at least 4)");
+        }
+        if tokens.len() < 2 * n_ctx {
+            bail!(
             "you need at least {} tokens to evaluate perplexity with a context of {n_ctx}; the file has {}",
             2 * n_ctx,
             tokens.len()
         );
-    }
-    let mut n_chunk = tokens.len() / n_ctx;
-    if let Some(c) = args.chunks {
-        n_chunk = n_chunk.min(c.max(1));
-    }
-    let nv = model.config.n_vocab;
-    let first = n_ctx / 2;
-    eprintln!(
-        "perplexity: {} tokens, {n_chunk} chunks of {n_ctx}, scoring the last {} of each",
-        tokens.len(),
-        n_ctx - 1 - first
-    );
+        }
+        let mut n_chunk = tokens.len() / n_ctx;
+        if let Some(c) = args.chunks {
+            n_chunk = n_chunk.min(c.max(1));
+        }
+        let nv = model.config.n_vocab;
+        let first = n_ctx / 2;
+        eprintln!(
+            "perplexity: {} tokens, {n_chunk} chunks of {n_ctx}, scoring the last {} of each",
+            tokens.len(),
+            n_ctx - 1 - first
+        );
 
-    let mut s = Session::new(&model, n_ctx)?;
-    let (mut sum, mut sum2, mut count) = (0f64, 0f64, 0usize);
-    let t0 = Instant::now();
-    let mut out = std::io::stdout().lock();
-    for i in 0..n_chunk {
-        let start = i * n_ctx;
-        let mut chunk = tokens[start..start + n_ctx].to_vec();
-        if tok.add_bos() {
-            if let Some(bos) = tok.bos() {
-                chunk[0] = bos;
+        let mut s = Session::new(&model, n_ctx)?;
+        let (mut sum, mut sum2, mut count) = (0f64, 0f64, 0usize);
+        let t0 = Instant::now();
+        let mut out = std::io::stdout().lock();
+        for i in 0..n_chunk {
+            let start = i * n_ctx;
+            let mut chunk = tokens[start..start + n_ctx].to_vec();
+            if tok.add_bos() {
+                if let Some(bos) = tok.bos() {
+                    chunk[0] = bos;
+                }
             }
+            s.reset();
+            let logits = s.prefill_all(&chunk)?;
+            for j in first..n_ctx - 1 {
+                let v = nll(&logits[j * nv..(j + 1) * nv], tokens[start + j + 1]);
+                sum += v;
+                sum2 += v * v;
+                count += 1;
+            }
+            if i == 0 {
+                let per = t0.elapsed().as_secs_f64();
+                eprintln!(
+                    "{:.2} seconds per pass - ETA {:.1} minutes",
+                    per,
+                    per * n_chunk as f64 / 60.0
+                );
+            }
+            write!(out, "[{}]{:.4},", i + 1, (sum / count as f64).exp())?;
+            out.flush()?;
         }
-        s.reset();
-        let logits = s.prefill_all(&chunk)?;
-        for j in first..n_ctx - 1 {
-            let v = nll(&logits[j * nv..(j + 1) * nv], tokens[start + j + 1]);
-            sum += v;
-            sum2 += v * v;
-            count += 1;
-        }
-        if i == 0 {
-            let per = t0.elapsed().as_secs_f64();
-            eprintln!(
-                "{:.2} seconds per pass - ETA {:.1} minutes",
-                per,
-                per * n_chunk as f64 / 60.0
-            );
-        }
-        write!(out, "[{}]{:.4},", i + 1, (sum / count as f64).exp())?;
-        out.flush()?;
+        writeln!(out)?;
+        let mean = sum / count as f64;
+        let ppl = mean.exp();
+        let var = sum2 / count as f64 - mean * mean;
+        let unc = if var > 0.0 && count > 1 {
+            (var / (count - 1) as f64).sqrt() * ppl
+        } else {
+            0.0
+        };
+        writeln!(out, "Final estimate: PPL = {ppl:.4} +/- {unc:.5}")?;
+        Ok(())
     }
-    writeln!(out)?;
-    let mean = sum / count as f64;
-    let ppl = mean.exp();
-    let var = sum2 / count as f64 - mean * mean;
-    let unc = if var > 0.0 && count > 1 {
-        (var / (count - 1) as f64).sqrt() * ppl
-    } else {
-        0.0
-    };
-    writeln!(out, "Final estimate: PPL = {ppl:.4} +/- {unc:.5}")?;
-    Ok(())
 }

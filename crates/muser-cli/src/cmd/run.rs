@@ -1,8 +1,9 @@
 //! `muser run`: generate text from a prompt, streaming it, then print load time and prompt and
 //! decode speeds to stderr.
 
+use super::backend::{CliBackend, ModelJob};
 use anyhow::{bail, Context};
-use muser_engine::{Backend, LoadOptions, Model, Session};
+use muser_engine::{Model, Session};
 use muser_sample::{Sampler, SamplerParams, DEFAULT_SEED};
 use muser_tokenizer::{StreamDecoder, Tokenizer};
 use std::io::Write;
@@ -39,6 +40,9 @@ pub struct Args {
     #[arg(long, default_value_t = DEFAULT_SEED)]
     pub seed: u64,
     /// CPU threads (default: one per core).
+    /// Backend: auto (CUDA when a GPU is usable), cpu or cuda.
+    #[arg(long, value_enum, default_value_t = super::backend::BackendKind::Auto)]
+    pub backend: super::backend::BackendKind,
     #[arg(short = 't', long)]
     pub threads: Option<usize>,
 }
@@ -64,92 +68,109 @@ pub fn resolve_model(model: Option<&Path>) -> anyhow::Result<PathBuf> {
     )
 }
 
-pub fn load_model(path: &Path, threads: Option<usize>) -> anyhow::Result<Model> {
-    Model::load(path, &LoadOptions { threads })
-        .with_context(|| format!("loading {}", path.display()))
-}
-
 pub fn run(args: Args) -> anyhow::Result<()> {
     let path = resolve_model(args.model.as_deref())?;
     let t0 = Instant::now();
-    let model = load_model(&path, args.threads)?;
-    let tok = Tokenizer::from_gguf(model.gguf()).context("reading the tokenizer")?;
-    let load_s = t0.elapsed().as_secs_f64();
+    super::backend::with_model(
+        &path,
+        args.backend,
+        args.threads,
+        Job {
+            args,
+            path: path.clone(),
+            t0,
+        },
+    )
+}
 
-    let prompt = tok.encode(&args.prompt, true, true);
-    if prompt.is_empty() {
-        bail!("the prompt is empty after tokenization");
-    }
-    let n_ctx = args.ctx_size.unwrap_or_else(|| {
-        (prompt.len() + args.n_predict).min(model.config.n_ctx_train.max(prompt.len()))
-    });
-    let mut session = Session::new(&model, n_ctx)?;
-    let mut sampler = Sampler::new(SamplerParams {
-        temperature: args.temp,
-        top_k: args.top_k,
-        top_p: args.top_p,
-        min_p: args.min_p,
-        repeat_penalty: args.repeat_penalty,
-        repeat_last_n: args.repeat_last_n,
-        seed: args.seed,
-        ..Default::default()
-    });
-    for &t in &prompt {
-        sampler.accept(t);
-    }
+struct Job {
+    args: Args,
+    path: PathBuf,
+    t0: Instant,
+}
 
-    let mut out = std::io::stdout().lock();
-    write!(out, "{}", args.prompt)?;
-    out.flush()?;
+impl ModelJob for Job {
+    fn run<B: CliBackend>(self, model: Model<B>) -> anyhow::Result<()> {
+        let Job { args, path, t0 } = self;
+        let tok = Tokenizer::from_gguf(model.gguf()).context("reading the tokenizer")?;
+        let load_s = t0.elapsed().as_secs_f64();
 
-    let t1 = Instant::now();
-    let mut logits = session.prefill(&prompt)?.to_vec();
-    let prompt_s = t1.elapsed().as_secs_f64();
-
-    let t2 = Instant::now();
-    let mut stream = StreamDecoder::new();
-    let mut n_gen = 0;
-    let mut n_decoded = 0;
-    while n_gen < args.n_predict {
-        let next = sampler.sample(&logits);
-        sampler.accept(next);
-        n_gen += 1;
-        if tok.is_eog(next) {
-            break;
+        let prompt = tok.encode(&args.prompt, true, true);
+        if prompt.is_empty() {
+            bail!("the prompt is empty after tokenization");
         }
-        write!(out, "{}", stream.push(&tok, next)?)?;
+        let n_ctx = args.ctx_size.unwrap_or_else(|| {
+            (prompt.len() + args.n_predict).min(model.config.n_ctx_train.max(prompt.len()))
+        });
+        let mut session = Session::new(&model, n_ctx)?;
+        let mut sampler = Sampler::new(SamplerParams {
+            temperature: args.temp,
+            top_k: args.top_k,
+            top_p: args.top_p,
+            min_p: args.min_p,
+            repeat_penalty: args.repeat_penalty,
+            repeat_last_n: args.repeat_last_n,
+            seed: args.seed,
+            ..Default::default()
+        });
+        for &t in &prompt {
+            sampler.accept(t);
+        }
+
+        let mut out = std::io::stdout().lock();
+        write!(out, "{}", args.prompt)?;
         out.flush()?;
-        if n_gen == args.n_predict {
-            break;
-        }
-        logits.copy_from_slice(session.decode(next)?);
-        n_decoded += 1;
-    }
-    writeln!(out, "{}", stream.flush())?;
-    let decode_s = t2.elapsed().as_secs_f64();
 
-    eprintln!();
-    eprintln!(
-        "load:    {:.0} ms ({}, {} threads)",
-        load_s * 1e3,
-        path.display(),
-        model.backend().threads()
-    );
-    eprintln!(
-        "prompt:  {} tokens in {:.1} ms, {:.2} tokens/s",
-        prompt.len(),
-        prompt_s * 1e3,
-        prompt.len() as f64 / prompt_s
-    );
-    eprintln!(
-        "decode:  {} tokens in {:.1} ms, {:.2} tokens/s",
-        n_decoded,
-        decode_s * 1e3,
-        if n_decoded > 0 {
-            n_decoded as f64 / decode_s
-        } else {
-            0.0
+        let t1 = Instant::now();
+        let mut logits = session.prefill(&prompt)?.to_vec();
+        let prompt_s = t1.elapsed().as_secs_f64();
+
+        let t2 = Instant::now();
+        let mut stream = StreamDecoder::new();
+        let mut n_gen = 0;
+        let mut n_decoded = 0;
+        while n_gen < args.n_predict {
+            let next = sampler.sample(&logits);
+            sampler.accept(next);
+            n_gen += 1;
+            if tok.is_eog(next) {
+                break;
+            }
+            write!(out, "{}", stream.push(&tok, next)?)?;
+            out.flush()?;
+            if n_gen == args.n_predict {
+                break;
+            }
+            logits.copy_from_slice(session.decode(next)?);
+            n_decoded += 1;
         }
-    );
-    Ok(())
+        writeln!(out, "{}", stream.flush())?;
+        let decode_s = t2.elapsed().as_secs_f64();
+
+        eprintln!();
+        eprintln!(
+            "load:    {:.0} ms ({}, {}, {} threads)",
+            load_s * 1e3,
+            path.display(),
+            model.backend().label(),
+            model.backend().threads()
+        );
+        eprintln!(
+            "prompt:  {} tokens in {:.1} ms, {:.2} tokens/s",
+            prompt.len(),
+            prompt_s * 1e3,
+            prompt.len() as f64 / prompt_s
+        );
+        eprintln!(
+            "decode:  {} tokens in {:.1} ms, {:.2} tokens/s",
+            n_decoded,
+            decode_s * 1e3,
+            if n_decoded > 0 {
+                n_decoded as f64 / decode_s
+            } else {
+                0.0
+            }
+        );
+        Ok(())
+    }
 }

@@ -1,0 +1,76 @@
+//! Backend selection for the commands that run a model (`run`, `logits`, `bench`,
+//! `perplexity`): `--backend auto` takes the GPU when one is usable and the CPU otherwise;
+//! `--backend cuda` makes a missing GPU an error.
+
+use anyhow::Context;
+use muser_cuda::{CudaBackend, CudaError};
+use muser_engine::{Backend, CpuBackend, LoadOptions, Model};
+use muser_gguf::GgufFile;
+use std::path::Path;
+use std::sync::Arc;
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum BackendKind {
+    /// CUDA when a GPU is usable, else the CPU.
+    #[default]
+    Auto,
+    Cpu,
+    Cuda,
+}
+
+/// What the CLI needs of a backend beyond running the graph.
+pub trait CliBackend: Backend {
+    /// "CPU (avx512)", "CUDA (NVIDIA H200, sm_90)".
+    fn label(&self) -> String;
+    /// The read bandwidth this machine reaches now, bytes/s.
+    fn read_bandwidth(&self) -> anyhow::Result<f64>;
+}
+
+impl CliBackend for CpuBackend {
+    fn label(&self) -> String {
+        format!("CPU ({})", self.isa())
+    }
+    fn read_bandwidth(&self) -> anyhow::Result<f64> {
+        super::bench::measure_read_bandwidth(self.threads())
+    }
+}
+
+impl CliBackend for CudaBackend {
+    fn label(&self) -> String {
+        format!("CUDA ({}, {})", self.gpu.name, self.gpu.arch)
+    }
+    fn read_bandwidth(&self) -> anyhow::Result<f64> {
+        Ok(self.gpu.measure_read_bandwidth()?)
+    }
+}
+
+/// What a command does with a loaded model, whichever backend holds it.
+pub trait ModelJob {
+    fn run<B: CliBackend>(self, model: Model<B>) -> anyhow::Result<()>;
+}
+
+/// Loads `path` on the chosen backend and runs `job` with it.
+pub fn with_model(
+    path: &Path,
+    kind: BackendKind,
+    threads: Option<usize>,
+    job: impl ModelJob,
+) -> anyhow::Result<()> {
+    let load_cpu = || {
+        Model::load(path, &LoadOptions { threads })
+            .with_context(|| format!("loading {}", path.display()))
+    };
+    let cuda = match kind {
+        BackendKind::Cpu => return job.run(load_cpu()?),
+        BackendKind::Cuda => CudaBackend::new(0)?,
+        BackendKind::Auto => match CudaBackend::new(0) {
+            Ok(be) => be,
+            Err(CudaError::Unavailable(_)) => return job.run(load_cpu()?),
+            Err(e) => return Err(e).context("--backend auto found a GPU but could not use it"),
+        },
+    };
+    let file = Arc::new(GgufFile::open(path)?);
+    let model =
+        Model::from_gguf(file, cuda).with_context(|| format!("loading {}", path.display()))?;
+    job.run(model)
+}
