@@ -18,6 +18,9 @@ pub struct Args {
     /// Generated tokens of the tg test (0: skip).
     #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
     pub n_gen: usize,
+    /// Context depth: tokens prefilled (untimed) before each tg run, as llama-bench's -d.
+    #[arg(short = 'd', long, default_value_t = 0)]
+    pub depth: usize,
     /// Repetitions.
     #[arg(short = 'r', long, default_value_t = 5)]
     pub reps: usize,
@@ -159,10 +162,14 @@ impl ModelJob for Job {
         }
         if args.n_gen > 0 {
             let toks: Vec<u32> = (0..args.n_gen).map(|_| next_token()).collect();
-            let mut s = Session::new(&model, args.n_gen)?;
+            let context: Vec<u32> = (0..args.depth).map(|_| next_token()).collect();
+            let mut s = Session::new(&model, args.depth + args.n_gen)?;
             let mut rates = Vec::new();
             for rep in 0..=reps {
                 s.reset();
+                if !context.is_empty() {
+                    s.prefill(&context)?;
+                }
                 let t = Instant::now();
                 for &tok in &toks {
                     s.decode(tok)?;
@@ -172,15 +179,19 @@ impl ModelJob for Job {
                 }
             }
             let (m, sd) = mean_sd(&rates);
-            // Mean context depth over the run: positions 0..n_gen attend over 1..=n_gen entries.
-            let bytes = model.decode_bytes(args.n_gen.div_ceil(2)) as f64;
+            // Mean context over the run: the depth plus half the generated tokens.
+            let bytes = model.decode_bytes(args.depth + args.n_gen.div_ceil(2)) as f64;
             let gbs = bytes * m / 1e9;
+            let test = if args.depth > 0 {
+                format!("tg{} @ d{}", args.n_gen, args.depth)
+            } else {
+                format!("tg{}", args.n_gen)
+            };
             println!(
-            "| {name} | {size} | {params} | {backend} | {threads} | tg{} | {m:.2} ± {sd:.2} | {:.1} | {gbs:.2} | {:.0}% |",
-            args.n_gen,
-            bytes / 1e6,
-            100.0 * gbs * 1e9 / bw
-        );
+                "| {name} | {size} | {params} | {backend} | {threads} | {test} | {m:.2} ± {sd:.2} | {:.1} | {gbs:.2} | {:.0}% |",
+                bytes / 1e6,
+                100.0 * gbs * 1e9 / bw
+            );
         }
         Ok(())
     }
