@@ -31,11 +31,21 @@ for p in muse-tiny muse-mid llama-tiny qwen3-tiny; do
     "$BIN" synth "$p" "$MODELS/$p.gguf" > /dev/null || echo "synth $p failed"
 done
 
-step quick 60 "$BIN" check --backend cuda --quick
-tail -n 25 "$OUT/quick.log"
+if [ "${QUICK:-0}" = 1 ]; then
+    step quick 60 "$BIN" check --backend cuda --quick
+    tail -n 25 "$OUT/quick.log"
+fi
 step full 270 "$BIN" check --backend cuda --bench \
     --model "$MODELS/muse-tiny.gguf" --model "$MODELS/llama-tiny.gguf" --model "$MODELS/qwen3-tiny.gguf" \
     --model "$MODELS/muse-mid.gguf"
+
+if [ "${NCU:-0}" = 1 ]; then
+    # Hardware counters of one decode matvec (the ffn_gate case of --bench: Q4_K 19968 x 6656).
+    NCU_BIN=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    step ncu 120 "$NCU_BIN" --clock-control none --kernel-name regex:'^matvec_1$' --launch-skip 204 --launch-count 1 \
+        --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+        --section MemoryWorkloadAnalysis "$BIN" check --backend cuda --no-ops --bench
+fi
 
 if [ "${GLIMMER:-0}" = 1 ]; then
     t0=$SECONDS
@@ -48,4 +58,5 @@ echo
 echo "================ short table ================"
 grep -E "^FAIL|^FAILED|panicked|^error" "$OUT"/*.log | head -40
 grep -E "^\| |^summary|^all |never dispatched|greedy|^model |^speed " "$OUT"/full.log "$OUT"/speed.log 2>/dev/null | sed 's#^[^:]*/##'
+grep -E "Duration|Memory Throughput|DRAM Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Block Limit|Stall|Warp Cycles" "$OUT"/ncu.log 2>/dev/null | head -30
 cat "$OUT/summary.txt"

@@ -4,10 +4,11 @@
 // Cache layout per layer: K and V are [slots][n_kv * D] f16. A sliding layer keeps a ring
 // (position p in slot p % slots), a full layer a plane (slot = p).
 //
-// attn_partial: grid (n_kv, n_rows, n_splits), 128 threads. A block takes one KV head, one
-// query row (at position pos0 + row) and one split of the positions that row sees; it serves the
-// G = n_head / n_kv query heads that share the KV head (16 on Muse Glimmer), so each K/V row is
-// read once per group. Positions go in tiles of 32 through shared memory (K, V converted to f32,
+// attn_partial: grid (n_kv * chunks, n_rows, n_splits), 128 threads. A block takes one KV head,
+// one query row (at position pos0 + row) and one split of the positions that row sees; it serves
+// G of the n_head / n_kv query heads that share the KV head (all 16 on Muse Glimmer in prefill,
+// fewer per block in decode when more blocks are needed to fill the GPU), so each K/V row is
+// read once per chunk of heads. Positions go in tiles of 32 through shared memory (K, V converted to f32,
 // K rows padded so the 32 lanes of a score read different banks); softmax is online (running
 // max and sum per head). The block writes its unnormalised output, max and sum; attn_combine
 // (grid (n_head, n_rows), D threads) merges the splits. Decode (one row) uses many splits so
@@ -32,14 +33,16 @@ extern "C" __global__ void kv_store(const float* __restrict__ k, const float* __
 // max / sum / rescale [G] each.
 template <int D>
 __device__ void attn_partial(const float* __restrict__ q, const __half* __restrict__ kc, const __half* __restrict__ vc,
-                             float* __restrict__ o_part, float2* __restrict__ ml_part, int n_head, int n_kv,
+                             float* __restrict__ o_part, float2* __restrict__ ml_part, int n_head, int n_kv, int G,
                              int pos0, int window, int slots, int ring, float scale, int split_len) {
     constexpr int OUTS = 4096 / 128;
     constexpr int KP = D + 4;
     extern __shared__ float4 smem4[];
     float* smem = (float*)smem4;
-    const int kvh = blockIdx.x, row = blockIdx.y, split = blockIdx.z, n_splits = gridDim.z;
-    const int G = n_head / n_kv;
+    // Block x = (KV head, chunk of its query heads): G heads of the group's n_head / n_kv.
+    const int n_chunks = n_head / n_kv / G;
+    const int kvh = blockIdx.x / n_chunks, h0 = kvh * (n_head / n_kv) + (blockIdx.x % n_chunks) * G;
+    const int row = blockIdx.y, split = blockIdx.z, n_splits = gridDim.z;
     const int width = n_kv * D;
     const int tid = threadIdx.x, lane = tid % WARP, warp = tid / WARP;
     float* qs = smem;
@@ -55,7 +58,7 @@ __device__ void attn_partial(const float* __restrict__ q, const __half* __restri
     const int start = lo + split * split_len;
     const int end = min(p + 1, start + split_len);
 
-    const float* qrow = q + (size_t)row * n_head * D + (size_t)kvh * G * D;
+    const float* qrow = q + (size_t)row * n_head * D + (size_t)h0 * D;
     for (int e = tid; e < G * D; e += 128) qs[e] = qrow[e];
     for (int g = tid; g < G; g += 128) {
         mrow[g] = -INFINITY;
@@ -133,7 +136,7 @@ __device__ void attn_partial(const float* __restrict__ q, const __half* __restri
         }
         __syncthreads();
     }
-    const size_t base = ((size_t)row * n_head + (size_t)kvh * G) * n_splits + split;
+    const size_t base = ((size_t)row * n_head + (size_t)h0) * n_splits + split;
 #pragma unroll
     for (int k = 0; k < OUTS; ++k) {
         const int e = tid + 128 * k;
@@ -146,9 +149,9 @@ __device__ void attn_partial(const float* __restrict__ q, const __half* __restri
 }
 
 #define ATT_ARGS const float* __restrict__ q, const __half* __restrict__ kc, const __half* __restrict__ vc, \
-    float* __restrict__ o_part, float2* __restrict__ ml_part, int n_head, int n_kv, int pos0, int window, int slots, \
-    int ring, float scale, int split_len
-#define ATT_PASS q, kc, vc, o_part, ml_part, n_head, n_kv, pos0, window, slots, ring, scale, split_len
+    float* __restrict__ o_part, float2* __restrict__ ml_part, int n_head, int n_kv, int G, int pos0, int window, \
+    int slots, int ring, float scale, int split_len
+#define ATT_PASS q, kc, vc, o_part, ml_part, n_head, n_kv, G, pos0, window, slots, ring, scale, split_len
 extern "C" __global__ void __launch_bounds__(128) attn_partial_64(ATT_ARGS) { attn_partial<64>(ATT_PASS); }
 extern "C" __global__ void __launch_bounds__(128) attn_partial_128(ATT_ARGS) { attn_partial<128>(ATT_PASS); }
 extern "C" __global__ void __launch_bounds__(128) attn_partial_256(ATT_ARGS) { attn_partial<256>(ATT_PASS); }

@@ -17,16 +17,19 @@
 // them, blocks take consecutive rows of the concatenation, so the small attn_k/attn_v ride
 // along with the large ones instead of running alone on a few SMs.
 //
-// Launch: 128 threads (4 warps) per block, one warp per row, grid = ceil(total rows / 4).
-// Lane l of a row's warp takes work items l, l+32, ... (an item is 16 weight bytes), so each
-// row's reduction order depends only on the format and K, never on the number of columns: the
-// results are batch-invariant.
+// Launch: 128 threads (4 warps) per block, 4 rows per warp (MATVEC_R), grid = ceil(rows / 16).
+// The lanes of a warp take the work items (64 values of Q4_K/Q5_K, 128 of Q6_K, 16 bytes of the
+// others) of its rows in turn, so each row's reduction order depends only on the format and K,
+// never on the number of columns: the results are batch-invariant.
 //
 // Versions: v1 (2026-11-29) one kernel per (format, columns), unaligned Q6_K loads.
 // v2 (2026-11-30) one kernel per column count with the format a warp-uniform switch, several
 // matrices per launch, the Q4_K/Q5_K header as one 16-byte load and its 6-bit scales unpacked
 // four at a time, Q6_K/Q8_0 repacked into 16-byte aligned planes, two items in flight per lane.
-// Measured on the H200: see the report of `muser check --backend cuda --bench`.
+// v3 (2026-11-29) items of 64 (Q4_K/Q5_K) and 128 (Q6_K) values per lane. H200, 1 column:
+// Q4_K 19968x6656 1.69 TB/s, 6656x19968 1.90 TB/s, Q6_K 6656x19968 1.47 TB/s, Q5_K 202048x6656
+// 2.36 TB/s (v2: 1.69, 1.62, 1.32, 2.23). Lanes idled at the end of rows of 104 items.
+// v4 (2026-11-29) 4 rows per warp with one item list, so no lane idles at a row's end.
 
 
 // Activation quantizers, bit-identical to the CPU reference's (muser-quant, after ggml), so
@@ -119,104 +122,6 @@ __device__ __forceinline__ void pick_pair(uint32_t lo, uint32_t hi, int g, int* 
     *b = (word >> (sh + 8)) & 0xFF;
 }
 
-// Q4_K/Q5_K item = (super-block b, group g of 64 values, half h): 16 qs bytes give 16 values of
-// sub-block 2g (low nibbles) and 16 of sub-block 2g+1 (high nibbles); Q5_K's fifth bits are bit
-// 2g (low) / 2g+1 (high) of qh[16h + l].
-template <int NC, bool Q5>
-__device__ __forceinline__ void item_q45_k(const uint8_t* __restrict__ row, int item, const Act& a,
-                                           float (&acc)[NC]) {
-    const int b = item >> 3, g = (item >> 1) & 3, h = item & 1;
-    const uint8_t* blk = row + (size_t)b * (Q5 ? 176 : 144);
-    const uint4 hdr = *(const uint4*)blk;
-    const uint4 qv = *(const uint4*)(blk + (Q5 ? 48 : 16) + 32 * g + 16 * h);
-    int lo[4], hi[4];
-    const uint32_t qw[4] = {qv.x, qv.y, qv.z, qv.w};
-    if (Q5) {
-        const uint4 hv = *(const uint4*)(blk + 16 + 16 * h);
-        const uint32_t hw[4] = {hv.x, hv.y, hv.z, hv.w};
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            lo[k] = (qw[k] & 0x0F0F0F0F) | (((hw[k] >> (2 * g)) & 0x01010101) << 4);
-            hi[k] = ((qw[k] >> 4) & 0x0F0F0F0F) | (((hw[k] >> (2 * g + 1)) & 0x01010101) << 4);
-        }
-    } else {
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            lo[k] = qw[k] & 0x0F0F0F0F;
-            hi[k] = (qw[k] >> 4) & 0x0F0F0F0F;
-        }
-    }
-    uint32_t sc_lo, sc_hi, m_lo, m_hi;
-    unpack_scales_k4(hdr.y, hdr.z, hdr.w, &sc_lo, &sc_hi, &m_lo, &m_hi);
-    int sc0, sc1, m0, m1;
-    pick_pair(sc_lo, sc_hi, g, &sc0, &sc1);
-    pick_pair(m_lo, m_hi, g, &m0, &m1);
-    const float2 dm = __half22float2(*(const __half2*)&hdr.x);
-    const int i0 = b * QK_K + 64 * g + 16 * h;
-    const int a0 = (b * QK_K + 64 * g) / 32;
-#pragma unroll
-    for (int c = 0; c < NC; ++c) {
-        if (c >= a.ncols) break;
-        const int8_t* xc = a.xq + (size_t)c * a.K;
-        const int4 x0 = *(const int4*)(xc + i0);
-        const int4 x1 = *(const int4*)(xc + i0 + 32);
-        const int xa[4] = {x0.x, x0.y, x0.z, x0.w}, xb[4] = {x1.x, x1.y, x1.z, x1.w};
-        int s0 = 0, s1 = 0;
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            s0 = __dp4a(lo[k], xa[k], s0);
-            s1 = __dp4a(hi[k], xb[k], s1);
-        }
-        const float2* dsc = a.xds + (size_t)c * (a.K / 32) + a0;
-        const float2 ds0 = dsc[0], ds1 = dsc[1];
-        float v = dm.x * ((float)(sc0 * s0) * ds0.x + (float)(sc1 * s1) * ds1.x);
-        if (h == 0) v -= dm.y * ((float)m0 * ds0.y + (float)m1 * ds1.y);
-        acc[c] += v;
-    }
-}
-
-// Q6_K, repacked: plane A [rows][nb][192] = ql[128] qh[64]; plane B [rows][nb][16] scales;
-// plane C [rows][nb] d (f16). Item = (super-block b, half, lp, k): ql bytes half*64 + 32lp + 16k
-// hold 16 values of sub-block half*8 + 2lp + k (low nibbles) and 16 of sub-block +4 (high
-// nibbles); their two high bits are bit pairs lp and lp+2 of qh[half*32 + 16k + l].
-template <int NC>
-__device__ __forceinline__ void item_q6_k(const uint8_t* __restrict__ qa, const int8_t* __restrict__ sb,
-                                          const __half* __restrict__ dc, int item, const Act& a,
-                                          float (&acc)[NC]) {
-    const int b = item >> 3, half = (item >> 2) & 1, lp = (item >> 1) & 1, k = item & 1;
-    const uint8_t* blk = qa + (size_t)b * 192;
-    const uint4 lv = *(const uint4*)(blk + half * 64 + 32 * lp + 16 * k);
-    const uint4 hv = *(const uint4*)(blk + 128 + half * 32 + 16 * k);
-    const uint32_t lw[4] = {lv.x, lv.y, lv.z, lv.w}, hw[4] = {hv.x, hv.y, hv.z, hv.w};
-    int lo[4], hi[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        lo[j] = __vsub4((lw[j] & 0x0F0F0F0F) | (((hw[j] >> (2 * lp)) & 0x03030303) << 4), 0x20202020);
-        hi[j] = __vsub4(((lw[j] >> 4) & 0x0F0F0F0F) | (((hw[j] >> (2 * lp + 4)) & 0x03030303) << 4), 0x20202020);
-    }
-    const int sidx = half * 8 + 2 * lp + k;
-    const int sc0 = sb[b * 16 + sidx], sc1 = sb[b * 16 + sidx + 4];
-    const float d = __half2float(dc[b]);
-    const int i0 = b * QK_K + half * 128 + 32 * lp + 16 * k;
-    const int a0 = (b * QK_K + half * 128 + 32 * lp) / 32;
-#pragma unroll
-    for (int c = 0; c < NC; ++c) {
-        if (c >= a.ncols) break;
-        const int8_t* xc = a.xq + (size_t)c * a.K;
-        const int4 x0 = *(const int4*)(xc + i0);
-        const int4 x1 = *(const int4*)(xc + i0 + 64);
-        const int xa[4] = {x0.x, x0.y, x0.z, x0.w}, xb[4] = {x1.x, x1.y, x1.z, x1.w};
-        int s0 = 0, s1 = 0;
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            s0 = __dp4a(lo[j], xa[j], s0);
-            s1 = __dp4a(hi[j], xb[j], s1);
-        }
-        const float2* dsc = a.xds + (size_t)c * (a.K / 32) + a0;
-        acc[c] += d * ((float)(sc0 * s0) * dsc[0].x + (float)(sc1 * s1) * dsc[2].x);
-    }
-}
-
 // Q8_0, repacked: plane A [rows][nb][32] int8; plane B [rows][nb] d (f16). Item = 16 values.
 template <int NC>
 __device__ __forceinline__ void item_q8_0(const int8_t* __restrict__ qa, const __half* __restrict__ dc,
@@ -237,9 +142,10 @@ __device__ __forceinline__ void item_q8_0(const int8_t* __restrict__ qa, const _
     }
 }
 
-// Wide items (v3): a lane takes 64 values of Q4_K/Q5_K (one group g: sub-blocks 2g, 2g+1, 32
-// qs bytes) or 128 of Q6_K (one half of a super-block), so the header, the scale unpacking and
-// the activation-scale loads are paid once per 32 or 96 weight bytes instead of per 16.
+// Q4_K/Q5_K item = (super-block b, group g): 64 values, sub-blocks 2g (low nibbles of the 32 qs
+// bytes 32g..) and 2g + 1 (high nibbles); Q5_K's fifth bits are bits 2g / 2g + 1 of qh[l]. One
+// item per lane pays the header, the scale unpacking and the activation-scale loads once per
+// 32 weight bytes.
 template <int NC, bool Q5>
 __device__ __forceinline__ void item64_q45_k(const uint8_t* __restrict__ row, int item, const Act& a,
                                              float (&acc)[NC]) {
@@ -290,6 +196,9 @@ __device__ __forceinline__ void item64_q45_k(const uint8_t* __restrict__ row, in
     }
 }
 
+// Q6_K, repacked: plane A [rows][nb][192] = ql[128] qh[64]; plane B [rows][nb][16] scales;
+// plane C [rows][nb] d (f16). Item = (super-block b, half): 128 values from 64 ql and 32 qh
+// bytes (SPEC section 8's layout), 8 scales of 16 values.
 template <int NC>
 __device__ __forceinline__ void item128_q6_k(const uint8_t* __restrict__ qa, const int8_t* __restrict__ sb,
                                              const __half* __restrict__ dc, int item, const Act& a,
@@ -373,86 +282,83 @@ __device__ __forceinline__ void item_float(const uint8_t* __restrict__ row, int 
 }
 
 // Work items in a row of K values.
-template <bool WIDE>
 __device__ __forceinline__ int items_per_row(int ty, int K) {
     switch (ty) {
     case FMT_F32: return K / 4;
     case FMT_F16:
     case FMT_BF16: return K / 8;
     case FMT_Q8_0: return K / 16;
-    case FMT_Q6_K: return WIDE ? K / 128 : K / 32;
-    default: return WIDE ? K / 64 : K / 32;
+    case FMT_Q6_K: return K / 128;
+    default: return K / 64;
     }
 }
 
-// acc[c] += this lane's share of row `row` of matrix w (format ty) dotted with column c.
-// Items are visited as lane, lane + 32, ...; two per iteration so two loads are in flight.
-template <int NC, bool WIDE>
-__device__ __forceinline__ void row_dot(int ty, const uint8_t* __restrict__ w, int row, int rows, const Act& a,
-                                        float (&acc)[NC]) {
-    const int lane = threadIdx.x % WARP;
-    const int n = items_per_row<WIDE>(ty, a.K);
+// v[c] += item `it` of row `row` (of `rows`) of matrix w (format FMT) dotted with column c.
+template <int NC, int FMT>
+__device__ __forceinline__ void item_fmt(const uint8_t* __restrict__ w, int row, int rows, int it, const Act& a,
+                                         float (&v)[NC]) {
     const int nb = a.K / QK_K;
-    switch (ty) {
-    case FMT_Q4_K: {
-        const uint8_t* r = w + (size_t)row * nb * 144;
-#pragma unroll 2
-        for (int it = lane; it < n; it += WARP) {
-            if (WIDE) item64_q45_k<NC, false>(r, it, a, acc);
-            else item_q45_k<NC, false>(r, it, a, acc);
-        }
-        break;
-    }
-    case FMT_Q5_K: {
-        const uint8_t* r = w + (size_t)row * nb * 176;
-#pragma unroll 2
-        for (int it = lane; it < n; it += WARP) {
-            if (WIDE) item64_q45_k<NC, true>(r, it, a, acc);
-            else item_q45_k<NC, true>(r, it, a, acc);
-        }
-        break;
-    }
-    case FMT_Q6_K: {
+    if (FMT == FMT_Q4_K) {
+        item64_q45_k<NC, false>(w + (size_t)row * nb * 144, it, a, v);
+    } else if (FMT == FMT_Q5_K) {
+        item64_q45_k<NC, true>(w + (size_t)row * nb * 176, it, a, v);
+    } else if (FMT == FMT_Q6_K) {
         const uint8_t* qa = w + (size_t)row * nb * 192;
         const int8_t* sb = (const int8_t*)(w + (size_t)rows * nb * 192) + (size_t)row * nb * 16;
         const __half* dc = (const __half*)(w + (size_t)rows * nb * 208) + (size_t)row * nb;
-#pragma unroll 2
-        for (int it = lane; it < n; it += WARP) {
-            if (WIDE) item128_q6_k<NC>(qa, sb, dc, it, a, acc);
-            else item_q6_k<NC>(qa, sb, dc, it, a, acc);
-        }
-        break;
-    }
-    case FMT_Q8_0: {
-        const int nb0 = a.K / QK8_0;
+        item128_q6_k<NC>(qa, sb, dc, it, a, v);
+    } else if (FMT == FMT_Q8_0) {
         const int8_t* qa = (const int8_t*)w + (size_t)row * a.K;
-        const __half* dc = (const __half*)(w + (size_t)rows * a.K) + (size_t)row * nb0;
-#pragma unroll 2
-        for (int it = lane; it < n; it += WARP) item_q8_0<NC>(qa, dc, it, a, acc);
-        break;
-    }
-    case FMT_F16: {
-        const uint8_t* r = w + (size_t)row * a.K * 2;
-#pragma unroll 2
-        for (int it = lane; it < n; it += WARP) item_float<NC, FMT_F16>(r, it, a, acc);
-        break;
-    }
-    case FMT_BF16: {
-        const uint8_t* r = w + (size_t)row * a.K * 2;
-#pragma unroll 2
-        for (int it = lane; it < n; it += WARP) item_float<NC, FMT_BF16>(r, it, a, acc);
-        break;
-    }
-    default: {
-        const uint8_t* r = w + (size_t)row * a.K * 4;
-#pragma unroll 2
-        for (int it = lane; it < n; it += WARP) item_float<NC, FMT_F32>(r, it, a, acc);
-        break;
-    }
+        const __half* dc = (const __half*)(w + (size_t)rows * a.K) + (size_t)row * (a.K / QK8_0);
+        item_q8_0<NC>(qa, dc, it, a, v);
+    } else {
+        item_float<NC, FMT>(w + (size_t)row * a.K * (FMT == FMT_F32 ? 4 : 2), it, a, v);
     }
 }
 
-// Up to four matrices sharing one input; rows of job j are global rows start[j]..start[j+1].
+// acc[r][c] += this lane's share of rows row0 .. row0 + nr - 1 (nr <= R) dotted with column c.
+// The nr rows' items form one list that the warp's lanes take in turn (lane, lane + 32, ...), so
+// no lane idles at the end of a row whose item count is not a multiple of 32 (6656-wide Q4_K
+// rows have 104 items). Two items per iteration keep two loads in flight.
+template <int NC, int R, int FMT>
+__device__ __forceinline__ void rows_loop(const uint8_t* __restrict__ w, int row0, int nr, int rows, const Act& a,
+                                          float (&acc)[R][NC]) {
+    const int n = items_per_row(FMT, a.K);
+    const int total = nr * n;
+    int rr = 0, it = threadIdx.x % WARP;
+    while (it >= n) { it -= n; ++rr; }
+#pragma unroll 2
+    for (int t = threadIdx.x % WARP; t < total; t += WARP) {
+        float v[NC];
+#pragma unroll
+        for (int c = 0; c < NC; ++c) v[c] = 0.0f;
+        item_fmt<NC, FMT>(w, row0 + rr, rows, it, a, v);
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+            if (r == rr)
+#pragma unroll
+                for (int c = 0; c < NC; ++c) acc[r][c] += v[c];
+        it += WARP;
+        while (it >= n) { it -= n; ++rr; }
+    }
+}
+
+template <int NC, int R>
+__device__ __forceinline__ void rows_dot(int ty, const uint8_t* __restrict__ w, int row0, int nr, int rows, const Act& a,
+                                         float (&acc)[R][NC]) {
+    switch (ty) {
+    case FMT_Q4_K: rows_loop<NC, R, FMT_Q4_K>(w, row0, nr, rows, a, acc); break;
+    case FMT_Q5_K: rows_loop<NC, R, FMT_Q5_K>(w, row0, nr, rows, a, acc); break;
+    case FMT_Q6_K: rows_loop<NC, R, FMT_Q6_K>(w, row0, nr, rows, a, acc); break;
+    case FMT_Q8_0: rows_loop<NC, R, FMT_Q8_0>(w, row0, nr, rows, a, acc); break;
+    case FMT_F16: rows_loop<NC, R, FMT_F16>(w, row0, nr, rows, a, acc); break;
+    case FMT_BF16: rows_loop<NC, R, FMT_BF16>(w, row0, nr, rows, a, acc); break;
+    default: rows_loop<NC, R, FMT_F32>(w, row0, nr, rows, a, acc); break;
+    }
+}
+
+// Up to four matrices sharing one input; rows of job j are global rows start[j]..start[j+1]
+// (starts are multiples of 4, so a warp's rows never straddle two matrices).
 struct MatvecJobs {
     const uint8_t* w[4];
     float* y[4]; // [ncols][rows_j]
@@ -462,61 +368,74 @@ struct MatvecJobs {
     int njobs;
 };
 
-template <int NC, bool WIDE>
+// A warp takes R consecutive rows of one matrix.
+template <int NC, int R>
 __device__ void matvec_multi(const MatvecJobs& jobs, const Act& a) {
-    const int grow = blockIdx.x * 4 + threadIdx.x / WARP;
+    const int grow = (blockIdx.x * 4 + threadIdx.x / WARP) * R;
     if (grow >= jobs.start[jobs.njobs]) return;
     int j = 0;
 #pragma unroll
     for (int t = 1; t < 4; ++t)
         if (t < jobs.njobs && grow >= jobs.start[t]) j = t;
-    const int row = grow - jobs.start[j];
-    const int rows = jobs.rows[j];
-    float acc[NC];
+    const int rows = jobs.rows[j], row0 = grow - jobs.start[j];
+    const int nr = min(R, rows - row0);
+    if (nr <= 0) return; // padding after the matrix's last row
+    float acc[R][NC];
 #pragma unroll
-    for (int c = 0; c < NC; ++c) acc[c] = 0.0f;
-    row_dot<NC, WIDE>(jobs.ty[j], jobs.w[j], row, rows, a, acc);
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int c = 0; c < NC; ++c) acc[r][c] = 0.0f;
+    rows_dot<NC, R>(jobs.ty[j], jobs.w[j], row0, nr, rows, a, acc);
     float* y = jobs.y[j];
 #pragma unroll
-    for (int c = 0; c < NC; ++c) {
-        const float v = warp_sum(acc[c]);
-        if (c < a.ncols && threadIdx.x % WARP == 0) y[(size_t)c * rows + row] = v;
-    }
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int c = 0; c < NC; ++c) {
+            const float v = warp_sum(acc[r][c]);
+            if (r < nr && c < a.ncols && threadIdx.x % WARP == 0) y[(size_t)c * rows + row0 + r] = v;
+        }
 }
 
 // y[c][r] = silu(G[r] . x[c]) * (U[r] . x[c]): gate and up rows in the same warp, one pass
-// over the activation.
-template <int NC>
+// over the activation. A warp takes R rows of each.
+template <int NC, int R>
 __device__ void matvec_silu(const uint8_t* wg, int tyg, const uint8_t* wu, int tyu, float* y, int rows,
                             const Act& a) {
-    const int row = blockIdx.x * 4 + threadIdx.x / WARP;
-    if (row >= rows) return;
-    float ag[NC], au[NC];
+    const int row0 = (blockIdx.x * 4 + threadIdx.x / WARP) * R;
+    if (row0 >= rows) return;
+    const int nr = min(R, rows - row0);
+    float ag[R][NC], au[R][NC];
 #pragma unroll
-    for (int c = 0; c < NC; ++c) ag[c] = au[c] = 0.0f;
-    row_dot<NC, true>(tyg, wg, row, rows, a, ag);
-    row_dot<NC, true>(tyu, wu, row, rows, a, au);
+    for (int r = 0; r < R; ++r)
 #pragma unroll
-    for (int c = 0; c < NC; ++c) {
-        const float g = warp_sum(ag[c]), u = warp_sum(au[c]);
-        if (c < a.ncols && threadIdx.x % WARP == 0) y[(size_t)c * rows + row] = g / (1.0f + expf(-g)) * u;
-    }
+        for (int c = 0; c < NC; ++c) ag[r][c] = au[r][c] = 0.0f;
+    rows_dot<NC, R>(tyg, wg, row0, nr, rows, a, ag);
+    rows_dot<NC, R>(tyu, wu, row0, nr, rows, a, au);
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int c = 0; c < NC; ++c) {
+            const float g = warp_sum(ag[r][c]), u = warp_sum(au[r][c]);
+            if (r < nr && c < a.ncols && threadIdx.x % WARP == 0) y[(size_t)c * rows + row0 + r] = g / (1.0f + expf(-g)) * u;
+        }
 }
 
 #define ACT_ARGS const int8_t* __restrict__ xq, const float2* __restrict__ xds, const float* __restrict__ xf, int K, int ncols
 #define ACT Act{xq, xds, xf, K, ncols}
 
-// One entry point per column count (a launch with fewer columns uses the next wider one).
-extern "C" __global__ void __launch_bounds__(128) matvec_1(MatvecJobs jobs, ACT_ARGS) { matvec_multi<1, true>(jobs, ACT); }
-extern "C" __global__ void __launch_bounds__(128) matvec_2(MatvecJobs jobs, ACT_ARGS) { matvec_multi<2, true>(jobs, ACT); }
-extern "C" __global__ void __launch_bounds__(128) matvec_4(MatvecJobs jobs, ACT_ARGS) { matvec_multi<4, true>(jobs, ACT); }
-extern "C" __global__ void __launch_bounds__(128) matvec_8(MatvecJobs jobs, ACT_ARGS) { matvec_multi<8, true>(jobs, ACT); }
+// One entry point per column count (a launch with fewer columns uses the next wider one); a
+// warp takes MATVEC_R rows.
+#define MATVEC_R 4
+extern "C" __global__ void __launch_bounds__(128) matvec_1(MatvecJobs jobs, ACT_ARGS) { matvec_multi<1, MATVEC_R>(jobs, ACT); }
+extern "C" __global__ void __launch_bounds__(128) matvec_2(MatvecJobs jobs, ACT_ARGS) { matvec_multi<2, MATVEC_R>(jobs, ACT); }
+extern "C" __global__ void __launch_bounds__(128) matvec_4(MatvecJobs jobs, ACT_ARGS) { matvec_multi<4, MATVEC_R>(jobs, ACT); }
+extern "C" __global__ void __launch_bounds__(128) matvec_8(MatvecJobs jobs, ACT_ARGS) { matvec_multi<8, MATVEC_R>(jobs, ACT); }
 
-// v2 items (16 weight bytes each), kept while v3 is measured against it (`--bench`).
-extern "C" __global__ void __launch_bounds__(128) matvec_v2_1(MatvecJobs jobs, ACT_ARGS) { matvec_multi<1, false>(jobs, ACT); }
+// One row per warp (v3), kept while v4 is measured against it (`--bench`).
+extern "C" __global__ void __launch_bounds__(128) matvec_r1_1(MatvecJobs jobs, ACT_ARGS) { matvec_multi<1, 1>(jobs, ACT); }
 
 #define SILU_ARGS const uint8_t* __restrict__ wg, int tyg, const uint8_t* __restrict__ wu, int tyu, float* __restrict__ y, int rows
-extern "C" __global__ void __launch_bounds__(128) matvec_silu_1(SILU_ARGS, ACT_ARGS) { matvec_silu<1>(wg, tyg, wu, tyu, y, rows, ACT); }
-extern "C" __global__ void __launch_bounds__(128) matvec_silu_2(SILU_ARGS, ACT_ARGS) { matvec_silu<2>(wg, tyg, wu, tyu, y, rows, ACT); }
-extern "C" __global__ void __launch_bounds__(128) matvec_silu_4(SILU_ARGS, ACT_ARGS) { matvec_silu<4>(wg, tyg, wu, tyu, y, rows, ACT); }
-extern "C" __global__ void __launch_bounds__(128) matvec_silu_8(SILU_ARGS, ACT_ARGS) { matvec_silu<8>(wg, tyg, wu, tyu, y, rows, ACT); }
+extern "C" __global__ void __launch_bounds__(128) matvec_silu_1(SILU_ARGS, ACT_ARGS) { matvec_silu<1, MATVEC_R>(wg, tyg, wu, tyu, y, rows, ACT); }
+extern "C" __global__ void __launch_bounds__(128) matvec_silu_2(SILU_ARGS, ACT_ARGS) { matvec_silu<2, MATVEC_R>(wg, tyg, wu, tyu, y, rows, ACT); }
+extern "C" __global__ void __launch_bounds__(128) matvec_silu_4(SILU_ARGS, ACT_ARGS) { matvec_silu<4, MATVEC_R>(wg, tyg, wu, tyu, y, rows, ACT); }
+extern "C" __global__ void __launch_bounds__(128) matvec_silu_8(SILU_ARGS, ACT_ARGS) { matvec_silu<8, MATVEC_R>(wg, tyg, wu, tyu, y, rows, ACT); }

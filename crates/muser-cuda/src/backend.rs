@@ -100,25 +100,35 @@ fn short_name(name: &str) -> &str {
     }
 }
 
+/// Widest row the norm kernels serve (NORM_T * NORM_V in norm.cu).
+pub const MAX_NORM_WIDTH: usize = 8192;
+
 /// Positions per attention tile (ATT_T in attention.cu).
 const ATT_T: usize = 32;
 
-/// How an attention launch splits the positions: `n_splits` blocks per (row, KV head), each
-/// over `split_len` positions.
+/// How an attention launch splits the work: `n_splits` blocks per (row, KV head, head chunk),
+/// each over `split_len` positions, and the group's query heads in `chunks` blocks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AttnPlan {
     pub n_splits: usize,
     pub split_len: usize,
+    pub chunks: usize,
 }
 
-/// Splits so that about two blocks per SM run (decode: one row over a long context), with at
-/// least 128 positions per split; `count` is the longest visible range of the batch.
-pub fn attention_plan(count: usize, n_rows: usize, n_kv: usize, sms: usize) -> AttnPlan {
+/// About two blocks per SM when the batch allows: splits of at least one tile (32 positions),
+/// then the `group` query heads of a KV head over several blocks (at least 2 heads each).
+/// `count` is the longest visible range of the batch.
+pub fn attention_plan(count: usize, n_rows: usize, n_kv: usize, group: usize, sms: usize) -> AttnPlan {
+    let target = 2 * sms;
     let base = (n_rows * n_kv).max(1);
-    let want = (2 * sms).div_ceil(base).max(1);
-    let n_splits = want.min(count.div_ceil(128)).max(1);
+    let n_splits = target.div_ceil(base).min(count.div_ceil(ATT_T)).max(1);
     let split_len = count.div_ceil(n_splits).div_ceil(ATT_T) * ATT_T;
-    AttnPlan { n_splits: count.div_ceil(split_len).max(1), split_len }
+    let n_splits = count.div_ceil(split_len).max(1);
+    let mut chunks = 1;
+    while base * n_splits * chunks < target && group % (chunks * 2) == 0 && group / (chunks * 2) >= 2 {
+        chunks *= 2;
+    }
+    AttnPlan { n_splits, split_len, chunks }
 }
 
 /// Dynamic shared memory of attn_partial for G query heads per KV head of width d.
@@ -268,6 +278,12 @@ impl Backend for CudaBackend {
         let (cols, rows) = (t.cols(), t.rows());
         let bytes = t.bytes();
         let err = |e: CudaError| EngineError::Invalid(format!("tensor {} on CUDA: {e}", t.name));
+        if t.dims.len() == 1 && cols > MAX_NORM_WIDTH {
+            return Err(EngineError::Invalid(format!(
+                "tensor {}: CUDA norms serve rows up to {MAX_NORM_WIDTH} values, this one has {cols}",
+                t.name
+            )));
+        }
         let w = if t.dims.len() == 1 {
             let mut v = vec![0f32; cols];
             muser_quant::dequantize_row(t.ty, bytes, &mut v)?;
@@ -340,7 +356,7 @@ impl Backend for CudaBackend {
         self.timed(|| "rmsnorm".to_string(), || {
             let (xp, wp, op) = (self.p(&x.data), w.map_or(0, |w| w.vec_ptr(&self.gpu)), self.p(&out.data));
             let cols = x.cols as i32;
-            let cfg = LaunchConfig { grid_dim: (x.rows as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+            let cfg = LaunchConfig { grid_dim: (x.rows as u32, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 };
             let mut b = self.gpu.stream.launch_builder(self.kernel("rmsnorm"));
             b.arg(&xp).arg(&wp).arg(&op).arg(&cols).arg(&eps);
             // SAFETY: x and out are [rows][cols]; w is [cols] or null.
@@ -426,12 +442,13 @@ impl Backend for CudaBackend {
             assert!(g * d <= 4096, "CUDA attention: {g} query heads of {d} per KV head (at most 4096 values)");
             let p_last = pos0 + q.rows - 1;
             let lo = l.spec.window.map_or(0, |w| (p_last + 1).saturating_sub(w));
-            let plan = attention_plan(p_last + 1 - lo, q.rows, n_kv, self.gpu.sms);
+            let plan = attention_plan(p_last + 1 - lo, q.rows, n_kv, g, self.gpu.sms);
+            let g_block = g / plan.chunks;
             let parts = q.rows * n_head * plan.n_splits;
             let mut ws = self.ws.lock().unwrap();
             grow(&self.gpu, &mut ws.o_part, parts * d);
             grow(&self.gpu, &mut ws.ml_part, parts * 2);
-            let smem = attention_smem(g, d);
+            let smem = attention_smem(g_block, d);
             let f = self.kernel(name);
             if smem > 48 * 1024 {
                 let i = [64, 128, 256].iter().position(|&x| x == d).unwrap();
@@ -447,15 +464,22 @@ impl Backend for CudaBackend {
             }
             let (qp, kc, vc, op, mp) = (self.p(&q.data), self.p(&l.k), self.p(&l.v), self.p(&ws.o_part), self.p(&ws.ml_part));
             let window = l.spec.window.unwrap_or(0) as i32;
-            let (nh, nk, p0, slots, ring, sl) =
-                (n_head as i32, n_kv as i32, pos0 as i32, l.spec.slots as i32, i32::from(l.spec.is_ring()), plan.split_len as i32);
+            let (nh, nk, gb, p0, slots, ring, sl) = (
+                n_head as i32,
+                n_kv as i32,
+                g_block as i32,
+                pos0 as i32,
+                l.spec.slots as i32,
+                i32::from(l.spec.is_ring()),
+                plan.split_len as i32,
+            );
             let cfg = LaunchConfig {
-                grid_dim: (n_kv as u32, q.rows as u32, plan.n_splits as u32),
+                grid_dim: ((n_kv * plan.chunks) as u32, q.rows as u32, plan.n_splits as u32),
                 block_dim: (128, 1, 1),
                 shared_mem_bytes: smem as u32,
             };
             let mut b = self.gpu.stream.launch_builder(f);
-            b.arg(&qp).arg(&kc).arg(&vc).arg(&op).arg(&mp).arg(&nh).arg(&nk).arg(&p0).arg(&window).arg(&slots).arg(&ring);
+            b.arg(&qp).arg(&kc).arg(&vc).arg(&op).arg(&mp).arg(&nh).arg(&nk).arg(&gb).arg(&p0).arg(&window).arg(&slots).arg(&ring);
             b.arg(&scale).arg(&sl);
             // SAFETY: partials hold rows * n_head * n_splits entries; cache reads stay within slots.
             ck(unsafe { b.launch(cfg) }, "attn_partial");
@@ -485,7 +509,7 @@ impl Backend for CudaBackend {
             let (pw, peps) = post.map_or((0, 0.0), |p| (p.weight.vec_ptr(&self.gpu), p.eps));
             let (nw, neps) = (next.weight.vec_ptr(&self.gpu), next.eps);
             let cols = h.cols as i32;
-            let cfg = LaunchConfig { grid_dim: (h.rows as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+            let cfg = LaunchConfig { grid_dim: (h.rows as u32, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 };
             let mut b = self.gpu.stream.launch_builder(self.kernel("residual_norm"));
             b.arg(&hp).arg(&xp).arg(&pw).arg(&peps).arg(&nw).arg(&neps).arg(&op).arg(&cols);
             // SAFETY: h, x, out are [rows][cols]; the weights [cols].
@@ -530,14 +554,18 @@ mod tests {
 
     #[test]
     fn attention_plan_covers_every_position_once() {
-        for &(count, rows, n_kv) in &[(1usize, 1usize, 2usize), (4096, 1, 2), (8192, 1, 2), (65536, 1, 2), (512, 512, 2), (33, 9, 8), (4607, 64, 2)] {
-            let p = attention_plan(count, rows, n_kv, 132);
+        for &(count, rows, n_kv) in &[(1usize, 1usize, 2usize), (129, 1, 2), (4096, 1, 2), (8192, 1, 2), (65536, 1, 2), (512, 512, 2), (33, 9, 8), (4607, 64, 2)] {
+            let p = attention_plan(count, rows, n_kv, 16, 132);
             assert!(p.n_splits >= 1 && p.split_len % ATT_T == 0 && p.split_len > 0);
+            assert!(p.chunks >= 1 && 16 % p.chunks == 0 && 16 / p.chunks >= 2, "{p:?}");
             assert!(p.n_splits * p.split_len >= count, "{count}: {p:?}");
             assert!((p.n_splits - 1) * p.split_len < count, "{count}: an empty split in {p:?}");
         }
         // Decode over a long context fills the machine; a prefill chunk does not split.
-        assert!(attention_plan(8192, 1, 2, 132).n_splits >= 32);
-        assert_eq!(attention_plan(512, 512, 2, 132).n_splits, 1);
+        assert!(attention_plan(8192, 1, 2, 16, 132).n_splits >= 32);
+        assert_eq!(attention_plan(512, 512, 2, 16, 132), AttnPlan { n_splits: 1, split_len: 512, chunks: 1 });
+        // Short decode contexts spread the 16 heads of a KV head over several blocks.
+        let p = attention_plan(129, 1, 2, 16, 132);
+        assert_eq!((p.n_splits, p.chunks), (5, 8));
     }
 }

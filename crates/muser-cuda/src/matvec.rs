@@ -29,6 +29,8 @@ pub struct ActScratch {
 pub const MAX_COLS: usize = 8;
 /// Matrices one launch handles at most (`MatvecJobs` in matvec.cu).
 pub const MAX_JOBS: usize = 4;
+/// Rows per warp of the matvec kernels (MATVEC_R in matvec.cu).
+pub const MATVEC_R: usize = 4;
 
 /// The tensor-core kernel (mmq.cu) serving `ty` at width `k` for more than `MAX_COLS` columns;
 /// None means the matvec kernels are looped over groups of 8 columns.
@@ -219,11 +221,17 @@ impl Gpu {
                 mj.rows[i] = j.m.rows as i32;
                 mj.ty[i] = format_code(j.m.ty)?;
                 mj.start[i] = total as i32;
-                total += j.m.rows;
+                // Starts are multiples of 4: a warp's rows stay in one matrix.
+                total += j.m.rows.div_ceil(4) * 4;
             }
             mj.njobs = group.len() as i32;
             mj.start[group.len()] = total as i32;
-            let cfg = LaunchConfig { grid_dim: ((total as u32).div_ceil(4), 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+            let rows_per_block = if prefix == "matvec_r1" { 4 } else { 4 * MATVEC_R };
+            let cfg = LaunchConfig {
+                grid_dim: ((total as u32).div_ceil(rows_per_block as u32), 1, 1),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: 0,
+            };
             let mut c0 = 0;
             while c0 < ncols {
                 let n = (ncols - c0).min(MAX_COLS);
@@ -300,7 +308,11 @@ impl Gpu {
             unsafe { b.launch(cfg) }?;
             return Ok(());
         }
-        let cfg = LaunchConfig { grid_dim: ((rows as u32).div_ceil(4), 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+        let cfg = LaunchConfig {
+            grid_dim: ((rows as u32).div_ceil(4 * MATVEC_R as u32), 1, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
         let (wg, wu) = (dptr(self, &gate.data), dptr(self, &up.data));
         let (tg, tu) = (format_code(gate.ty)?, format_code(up.ty)?);
         let rows_i = rows as i32;
