@@ -1,6 +1,8 @@
 //! The forward pass of the decoder template over any `Backend`: embedding, the layer chain of
 //! SPEC section 3 with each architecture's switches, the LM head. A batch of n tokens at
-//! consecutive positions runs the same graph as a single decode token (n = 1).
+//! consecutive positions runs the same graph as a single decode token (n = 1), and so does a
+//! decode group (one token of each of n sequences): only RoPE, the KV store and attention see
+//! which sequence and position a row belongs to.
 //!
 //! This module never knows which backend runs it.
 
@@ -45,6 +47,17 @@ impl<B: Backend> Scratch<B> {
     }
 }
 
+/// Which sequence and position each row of a forward pass belongs to.
+pub enum Rows<'a, 'k, Kv> {
+    /// Consecutive tokens of one sequence: row t at position pos0 + t of `kv`.
+    Run { kv: &'a mut Kv, pos0: usize },
+    /// A decode group: row t is the next token of sequence t, at position pos[t] of kvs[t].
+    Group {
+        kvs: &'a mut [&'k mut Kv],
+        pos: &'a [usize],
+    },
+}
+
 /// Runs `tokens` (at positions pos0..) through the model, storing their K/V in `kv` and the
 /// logits of the last `s.n_out` tokens in `s.logits`. Token ids and context room are checked by
 /// the caller.
@@ -56,6 +69,18 @@ pub fn forward<B: Backend>(
     kv: &mut B::Kv,
     tokens: &[u32],
     pos0: usize,
+) {
+    forward_rows(be, c, w, s, Rows::Run { kv, pos0 }, tokens)
+}
+
+/// As `forward`, with each row's sequence and position given by `rows`.
+pub fn forward_rows<B: Backend>(
+    be: &B,
+    c: &ModelConfig,
+    w: &ModelWeights<B::Weight>,
+    s: &mut Scratch<B>,
+    mut rows: Rows<'_, '_, B::Kv>,
+    tokens: &[u32],
 ) {
     debug_assert_eq!(tokens.len(), s.n);
     let scale = 1.0 / (c.head_dim as f32).sqrt();
@@ -91,12 +116,25 @@ pub fn forward<B: Backend>(
             be.rmsnorm_heads(&mut s.q, qn, c.head_dim, eps);
             be.rmsnorm_heads(&mut s.k, kn, c.head_dim, eps);
         }
-        if kind.rope {
-            be.rope(&mut s.q, c.head_dim, &c.rope, pos0);
-            be.rope(&mut s.k, c.head_dim, &c.rope, pos0);
+        match &mut rows {
+            Rows::Run { kv, pos0 } => {
+                if kind.rope {
+                    be.rope(&mut s.q, c.head_dim, &c.rope, *pos0);
+                    be.rope(&mut s.k, c.head_dim, &c.rope, *pos0);
+                }
+                be.kv_store(kv, il, &s.k, &s.v, *pos0);
+                be.attention(&s.q, kv, il, *pos0, scale, &mut s.att);
+            }
+            Rows::Group { kvs, pos } => {
+                let (qw, kvw) = (c.q_width(), c.kv_width());
+                if kind.rope {
+                    be.rope_rows(&mut s.q, qw, c.head_dim, &c.rope, pos);
+                    be.rope_rows(&mut s.k, kvw, c.head_dim, &c.rope, pos);
+                }
+                be.kv_store_rows(kvs, il, &s.k, &s.v, kvw, pos);
+                be.attention_rows(&s.q, qw, kvs, il, pos, scale, &mut s.att);
+            }
         }
-        be.kv_store(kv, il, &s.k, &s.v, pos0);
-        be.attention(&s.q, kv, il, pos0, scale, &mut s.att);
         if let Some(g) = &s.g {
             be.sigmoid_gate(&mut s.att, g);
         }

@@ -7,9 +7,11 @@
 //! let mut s = Session::new(&model, 4096)?;
 //! let logits = s.prefill(&prompt_tokens)?;   // last position
 //! let logits = s.decode(next_token)?;        // one more position
+//! let rows = group.decode(&mut [&mut s, &mut s2], &[t, t2])?;  // one step of two sequences
 //! ```
 
 pub mod backend;
+pub mod batch;
 pub mod config;
 pub mod error;
 pub mod graph;
@@ -18,6 +20,7 @@ pub mod weights;
 
 pub use backend::cpu::CpuBackend;
 pub use backend::Backend;
+pub use batch::DecodeGroup;
 pub use config::{ModelConfig, RopeStyle, ARCHITECTURES};
 pub use error::{EngineError, Result};
 pub use session::{LoadOptions, Model, Session, PREFILL_CHUNK};

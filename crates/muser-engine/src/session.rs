@@ -24,8 +24,8 @@ pub struct LoadOptions {
 pub struct Model<B: Backend = CpuBackend> {
     pub config: ModelConfig,
     file: Arc<GgufFile>,
-    weights: ModelWeights<B::Weight>,
-    backend: B,
+    pub(crate) weights: ModelWeights<B::Weight>,
+    pub(crate) backend: B,
 }
 
 impl Model<CpuBackend> {
@@ -102,13 +102,14 @@ impl<B: Backend> Model<B> {
 
 /// One sequence on a model: KV cache, position, logits.
 pub struct Session<'m, B: Backend = CpuBackend> {
-    model: &'m Model<B>,
-    kv: B::Kv,
+    pub(crate) model: &'m Model<B>,
+    pub(crate) kv: B::Kv,
+    specs: Vec<KvLayerSpec>,
     n_ctx: usize,
-    pos: usize,
+    pub(crate) pos: usize,
     one: Scratch<B>,
     batch: Option<Scratch<B>>,
-    logits: Vec<f32>,
+    pub(crate) logits: Vec<f32>,
 }
 
 impl<'m, B: Backend> Session<'m, B> {
@@ -138,6 +139,7 @@ impl<'m, B: Backend> Session<'m, B> {
         Ok(Session {
             model,
             kv: be.kv_cache(&specs),
+            specs,
             n_ctx,
             pos: 0,
             one: Scratch::new(be, c, 1, 1),
@@ -161,7 +163,22 @@ impl<'m, B: Backend> Session<'m, B> {
         self.pos = 0;
     }
 
-    fn check(&self, tokens: &[u32]) -> Result<()> {
+    /// Goes back to position `n` (<= pos), keeping the cached positions before it so a prompt
+    /// that shares them can continue from there. Returns false, and resets to position 0, when
+    /// a sliding layer's ring has already overwritten positions that position n still sees.
+    pub fn rewind(&mut self, n: usize) -> bool {
+        let n = n.min(self.pos);
+        // A ring of `slots` keeps positions pos - slots .. pos - 1; position n (and a chunk
+        // after it, which the ring's size allows for) sees positions from n - window + 1 on.
+        let kept = self.specs.iter().all(|s| match s.window {
+            Some(w) => (n + 1).saturating_sub(w) >= self.pos.saturating_sub(s.slots),
+            None => true,
+        });
+        self.pos = if kept { n } else { 0 };
+        kept
+    }
+
+    pub(crate) fn check(&self, tokens: &[u32]) -> Result<()> {
         if tokens.is_empty() {
             return Err(EngineError::Invalid("no tokens to process".into()));
         }
@@ -212,6 +229,16 @@ impl<'m, B: Backend> Session<'m, B> {
             self.logits = logits;
         }
         Ok(&self.logits)
+    }
+
+    /// Processes tokens (in chunks of 512) without computing logits: a prefill chunk whose last
+    /// position is not the end of the prompt.
+    pub fn extend(&mut self, tokens: &[u32]) -> Result<()> {
+        self.check(tokens)?;
+        for chunk in tokens.chunks(PREFILL_CHUNK) {
+            self.run_chunk(chunk, 0, &mut []);
+        }
+        Ok(())
     }
 
     /// Processes tokens and returns the logits of every position: `[n_tokens, n_vocab]`.

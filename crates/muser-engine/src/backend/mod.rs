@@ -3,7 +3,9 @@
 //! once against this trait and never knows which backend runs it.
 //!
 //! Buffers are row-major f32 matrices `[n_tokens, width]`: one row per token of the batch.
-//! Positions of a batch are consecutive, starting at `pos0`.
+//! Positions of a batch are consecutive, starting at `pos0`; in a decode group (the `*_rows`
+//! ops) row t is instead the next token of its own sequence, at position `pos[t]` of cache
+//! `kvs[t]`.
 
 pub mod cpu;
 
@@ -117,4 +119,91 @@ pub trait Backend: Send + Sync + Sized {
         softcap: Option<f32>,
         out: &mut Self::Buf,
     );
+
+    // Decode groups: row t is one token of sequence t, at position pos[t] of the cache kvs[t].
+    // The defaults run the one-sequence ops row by row through host copies (correct, slow);
+    // a backend overrides them to run all rows in one launch. Whatever the group, each row's
+    // result must be the one it gets alone (batch invariance): no reduction across rows.
+
+    /// Rotates every `head_dim`-wide head of row t (`width` values) at position pos[t].
+    fn rope_rows(
+        &self,
+        x: &mut Self::Buf,
+        width: usize,
+        head_dim: usize,
+        rope: &RopeParams,
+        pos: &[usize],
+    ) {
+        let mut rows = split_rows(self, x, pos.len(), width);
+        for (r, &p) in rows.iter_mut().zip(pos) {
+            self.rope(r, head_dim, rope, p);
+        }
+        join_rows(self, &rows, width, x);
+    }
+
+    /// Stores row t of k and v (`width` values each) at position pos[t] of `layer` in kvs[t].
+    fn kv_store_rows(
+        &self,
+        kvs: &mut [&mut Self::Kv],
+        layer: usize,
+        k: &Self::Buf,
+        v: &Self::Buf,
+        width: usize,
+        pos: &[usize],
+    ) {
+        let ks = split_rows(self, k, pos.len(), width);
+        let vs = split_rows(self, v, pos.len(), width);
+        for (((kv, k), v), &p) in kvs.iter_mut().zip(&ks).zip(&vs).zip(pos) {
+            self.kv_store(kv, layer, k, v, p);
+        }
+    }
+
+    /// out[t] = attention of row t of q (`width` values) over kvs[t] at position pos[t], as
+    /// `attention` computes it for a one-row batch.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_rows(
+        &self,
+        q: &Self::Buf,
+        width: usize,
+        kvs: &[&mut Self::Kv],
+        layer: usize,
+        pos: &[usize],
+        scale: f32,
+        out: &mut Self::Buf,
+    ) {
+        let qs = split_rows(self, q, pos.len(), width);
+        let outs: Vec<Self::Buf> = qs
+            .iter()
+            .zip(kvs)
+            .zip(pos)
+            .map(|((q, kv), &p)| {
+                let mut o = self.buf(1, width);
+                self.attention(q, kv, layer, p, scale, &mut o);
+                o
+            })
+            .collect();
+        join_rows(self, &outs, width, out);
+    }
+}
+
+/// The n rows of `buf` (`[n, width]`) as n one-row buffers (through the host).
+fn split_rows<B: Backend>(be: &B, buf: &B::Buf, n: usize, width: usize) -> Vec<B::Buf> {
+    let mut host = vec![0f32; n * width];
+    be.read(buf, &mut host);
+    host.chunks_exact(width)
+        .map(|row| {
+            let mut b = be.buf(1, width);
+            be.write(&mut b, row);
+            b
+        })
+        .collect()
+}
+
+/// Writes one-row buffers into the rows of `out` (`[rows.len(), width]`, through the host).
+fn join_rows<B: Backend>(be: &B, rows: &[B::Buf], width: usize, out: &mut B::Buf) {
+    let mut host = vec![0f32; rows.len() * width];
+    for (r, dst) in rows.iter().zip(host.chunks_exact_mut(width)) {
+        be.read(r, dst);
+    }
+    be.write(out, &host);
 }

@@ -73,34 +73,47 @@ impl KvLayer {
     /// position pos0 + t) over the positions it sees; writes out (same shape as q).
     pub fn attend(&self, q: &[f32], n_head: usize, pos0: usize, scale: f32, out: &mut [f32]) {
         let hd = self.spec.head_dim;
-        let w = self.width();
-        let group = n_head / self.spec.n_head_kv;
         out.par_chunks_mut(hd).enumerate().for_each(|(i, o)| {
             let (t, h) = (i / n_head, i % n_head);
-            let kh = h / group;
-            let qh = &q[i * hd..(i + 1) * hd];
-            let p = pos0 + t;
-            let lo = self
-                .spec
-                .window
-                .map_or(0, |win| (p + 1).saturating_sub(win));
-            let mut scores: Vec<f32> = (lo..=p)
-                .map(|j| {
-                    let s = self.slot(j) * w + kh * hd;
-                    dot_f16_f32(&self.k[s..s + hd], qh) * scale
-                })
-                .collect();
-            let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let mut sum = 0f32;
-            for s in scores.iter_mut() {
-                *s = (*s - max).exp();
-                sum += *s;
-            }
-            o.fill(0.0);
-            for (j, &e) in (lo..=p).zip(&scores) {
-                let s = self.slot(j) * w + kh * hd;
-                axpy_f16(o, e / sum, &self.v[s..s + hd]);
-            }
+            self.attend_head(&q[i * hd..(i + 1) * hd], h, n_head, pos0 + t, scale, o);
         });
+    }
+
+    /// One query head `h` (of `n_head`) at position p over the positions it sees: the whole
+    /// computation of one (row, head), in a fixed order, so a row's result is the same whatever
+    /// batch or decode group it is part of.
+    pub fn attend_head(
+        &self,
+        qh: &[f32],
+        h: usize,
+        n_head: usize,
+        p: usize,
+        scale: f32,
+        o: &mut [f32],
+    ) {
+        let hd = self.spec.head_dim;
+        let w = self.width();
+        let kh = h / (n_head / self.spec.n_head_kv);
+        let lo = self
+            .spec
+            .window
+            .map_or(0, |win| (p + 1).saturating_sub(win));
+        let mut scores: Vec<f32> = (lo..=p)
+            .map(|j| {
+                let s = self.slot(j) * w + kh * hd;
+                dot_f16_f32(&self.k[s..s + hd], qh) * scale
+            })
+            .collect();
+        let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut sum = 0f32;
+        for s in scores.iter_mut() {
+            *s = (*s - max).exp();
+            sum += *s;
+        }
+        o.fill(0.0);
+        for (j, &e) in (lo..=p).zip(&scores) {
+            let s = self.slot(j) * w + kh * hd;
+            axpy_f16(o, e / sum, &self.v[s..s + hd]);
+        }
     }
 }

@@ -315,4 +315,59 @@ impl Backend for CpuBackend {
             .par_chunks_mut(w.rows)
             .for_each(|row| ops::scale_softcap(row, scale, softcap));
     }
+
+    fn rope_rows(
+        &self,
+        x: &mut CpuBuf,
+        _width: usize,
+        head_dim: usize,
+        rope: &RopeParams,
+        pos: &[usize],
+    ) {
+        x.data
+            .par_chunks_mut(x.cols)
+            .zip(pos)
+            .for_each(|(row, &p)| {
+                let mut cs = Vec::new();
+                ops::rope_angles(p, rope, &mut cs);
+                for h in row.chunks_exact_mut(head_dim) {
+                    ops::rope_head(h, &cs, rope.style);
+                }
+            });
+    }
+
+    fn kv_store_rows(
+        &self,
+        kvs: &mut [&mut CpuKv],
+        layer: usize,
+        k: &CpuBuf,
+        v: &CpuBuf,
+        _width: usize,
+        pos: &[usize],
+    ) {
+        kvs.par_iter_mut()
+            .zip(k.data.par_chunks(k.cols))
+            .zip(v.data.par_chunks(v.cols))
+            .zip(pos)
+            .for_each(|(((kv, k), v), &p)| kv.layers[layer].store(k, v, p));
+    }
+
+    fn attention_rows(
+        &self,
+        q: &CpuBuf,
+        _width: usize,
+        kvs: &[&mut CpuKv],
+        layer: usize,
+        pos: &[usize],
+        scale: f32,
+        out: &mut CpuBuf,
+    ) {
+        let hd = kvs.first().map_or(1, |kv| kv.layers[layer].spec.head_dim);
+        let n_head = q.cols / hd;
+        out.data.par_chunks_mut(hd).enumerate().for_each(|(i, o)| {
+            let (t, h) = (i / n_head, i % n_head);
+            let qh = &q.data[i * hd..(i + 1) * hd];
+            kvs[t].layers[layer].attend_head(qh, h, n_head, pos[t], scale, o);
+        });
+    }
 }

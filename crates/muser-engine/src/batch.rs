@@ -1,0 +1,101 @@
+//! Decode groups: several resident sequences (each a `Session` with its own KV cache and
+//! position) advanced by one token each in one forward pass. The matmuls run over all rows at
+//! once, so the weights are read once per step; RoPE, the KV store and attention run per row
+//! with that row's cache and position (`graph::Rows::Group`).
+//!
+//! Batch invariance: every op computes a row from that row alone, with the same arithmetic in
+//! the same order whatever the number of rows (the multi-column matmul kernels repeat the
+//! one-column kernel's arithmetic per column), so a sequence gets the same logits, bit for bit,
+//! decoded alone or beside any others. `tests/batch.rs` holds the engine to that.
+
+use crate::backend::Backend;
+use crate::error::{EngineError, Result};
+use crate::graph::{self, Rows, Scratch};
+use crate::session::Session;
+
+/// Scratch buffers for decode groups of every size used so far, and the logits of the last
+/// group. One per model; reuse it across steps.
+pub struct DecodeGroup<B: Backend> {
+    /// scratch[n - 1]: buffers for a group of n rows.
+    scratch: Vec<Option<Scratch<B>>>,
+    /// (n, n_vocab)
+    logits: Vec<f32>,
+}
+
+impl<B: Backend> Default for DecodeGroup<B> {
+    fn default() -> Self {
+        DecodeGroup {
+            scratch: Vec::new(),
+            logits: Vec::new(),
+        }
+    }
+}
+
+impl<B: Backend> DecodeGroup<B> {
+    pub fn new() -> DecodeGroup<B> {
+        DecodeGroup::default()
+    }
+
+    /// Appends tokens[i] to sessions[i], all in one forward pass, and returns the logits
+    /// `[n, n_vocab]` (row i for sessions[i]; each session's `logits()` holds its row too).
+    /// All sessions must be on the same model; token ids and context room are checked first,
+    /// and on an error no session has moved.
+    pub fn decode(
+        &mut self,
+        sessions: &mut [&mut Session<'_, B>],
+        tokens: &[u32],
+    ) -> Result<&[f32]> {
+        let n = sessions.len();
+        if n == 0 {
+            return Err(EngineError::Invalid(
+                "a decode group needs a sequence".into(),
+            ));
+        }
+        if tokens.len() != n {
+            return Err(EngineError::Invalid(format!(
+                "a decode group of {n} sequences got {} tokens",
+                tokens.len()
+            )));
+        }
+        let model = sessions[0].model;
+        for (i, (s, &t)) in sessions.iter().zip(tokens).enumerate() {
+            if !std::ptr::eq(s.model, model) {
+                return Err(EngineError::Invalid(format!(
+                    "sequence {i} of a decode group is on another model"
+                )));
+            }
+            s.check(&[t])?;
+        }
+
+        if self.scratch.len() < n {
+            self.scratch.resize_with(n, || None);
+        }
+        let s = self.scratch[n - 1]
+            .get_or_insert_with(|| Scratch::new(&model.backend, &model.config, n, n));
+        let pos: Vec<usize> = sessions.iter().map(|s| s.pos).collect();
+        let mut kvs: Vec<&mut B::Kv> = sessions.iter_mut().map(|s| &mut s.kv).collect();
+        let be = &model.backend;
+        be.run(|| {
+            graph::forward_rows(
+                be,
+                &model.config,
+                &model.weights,
+                s,
+                Rows::Group {
+                    kvs: &mut kvs,
+                    pos: &pos,
+                },
+                tokens,
+            )
+        });
+
+        let nv = model.config.n_vocab;
+        self.logits.resize(n * nv, 0.0);
+        be.read(&s.logits, &mut self.logits);
+        for (s, row) in sessions.iter_mut().zip(self.logits.chunks_exact(nv)) {
+            s.pos += 1;
+            s.logits.copy_from_slice(row);
+        }
+        Ok(&self.logits)
+    }
+}

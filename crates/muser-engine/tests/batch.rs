@@ -1,0 +1,347 @@
+//! Decode groups and the serving helpers: a sequence gets the same logits, bit for bit, decoded
+//! alone or in a group of any size and composition; chunked prefill and a rewound prefix give
+//! the logits of one whole prefill; a bad group is refused with no sequence moved.
+
+mod common;
+use common::*;
+use muser_engine::{CpuBackend, DecodeGroup, LoadOptions, Model, Session};
+use muser_sample::greedy;
+
+fn bits(x: &[f32]) -> Vec<u32> {
+    x.iter().map(|v| v.to_bits()).collect()
+}
+
+/// Greedy continuation of `prompt` alone: the logits of every decode step.
+fn solo(m: &Model, n_ctx: usize, prompt: &[u32], steps: usize) -> Vec<Vec<u32>> {
+    let mut s = Session::new(m, n_ctx).unwrap();
+    let mut logits = s.prefill(prompt).unwrap().to_vec();
+    let mut out = Vec::new();
+    for _ in 0..steps {
+        let next = greedy(&logits).unwrap();
+        logits = s.decode(next).unwrap().to_vec();
+        out.push(bits(&logits));
+    }
+    out
+}
+
+/// 16 sequences with prompts of different lengths advance in decode groups whose size and
+/// members change every step (sequence i runs steps + i steps, so groups shrink at the end);
+/// each sequence's logits equal its solo run's bit for bit.
+fn group_equals_solo(m: &Model, n_ctx: usize, lens: &[usize], steps: usize) {
+    let steps_of = |i: usize| steps + i;
+    let nv = m.config.n_vocab;
+    let prompts: Vec<Vec<u32>> = lens
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| random_tokens(n, nv, 100 + i as u64))
+        .collect();
+    let want: Vec<Vec<Vec<u32>>> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| solo(m, n_ctx, p, steps_of(i)))
+        .collect();
+
+    let mut sessions: Vec<Session> = prompts
+        .iter()
+        .map(|_| Session::new(m, n_ctx).unwrap())
+        .collect();
+    let mut next: Vec<u32> = sessions
+        .iter_mut()
+        .zip(&prompts)
+        .map(|(s, p)| greedy(s.prefill(p).unwrap()).unwrap())
+        .collect();
+    let mut done = vec![0usize; prompts.len()];
+    let mut group = DecodeGroup::new();
+    let mut step = 0;
+    let mut sizes = Vec::new();
+    while (0..prompts.len()).any(|i| done[i] < steps_of(i)) {
+        // Members this step: every unfinished sequence on every fourth step; else a third of
+        // them sit out, a different third each step (sequence 0 never does).
+        let members: Vec<usize> = (0..prompts.len())
+            .filter(|&i| done[i] < steps_of(i) && (step % 4 == 0 || i == 0 || (i + step) % 3 != 0))
+            .collect();
+        step += 1;
+        if members.is_empty() {
+            continue;
+        }
+        sizes.push(members.len());
+        let tokens: Vec<u32> = members.iter().map(|&i| next[i]).collect();
+        let mut refs: Vec<&mut Session> = sessions
+            .iter_mut()
+            .enumerate()
+            .filter(|(i, _)| members.contains(i))
+            .map(|(_, s)| s)
+            .collect();
+        let logits = group.decode(&mut refs, &tokens).unwrap().to_vec();
+        for (row, &i) in logits.chunks_exact(nv).zip(&members) {
+            assert_eq!(
+                bits(row),
+                want[i][done[i]],
+                "sequence {i} (prompt {}) step {}: group of {} differs from solo",
+                lens[i],
+                done[i],
+                members.len()
+            );
+            assert_eq!(bits(sessions[i].logits()), bits(row));
+            next[i] = greedy(row).unwrap();
+            done[i] += 1;
+        }
+    }
+    assert!(sizes.contains(&16), "sizes {sizes:?}");
+    assert!(sizes.contains(&1), "sizes {sizes:?}");
+}
+
+const LENS: [usize; 16] = [1, 2, 3, 5, 7, 9, 12, 15, 16, 17, 20, 24, 29, 31, 33, 38];
+
+#[test]
+fn group_equals_solo_muse() {
+    // Window 16 < positions: the sliding rings wrap during the run.
+    group_equals_solo(&Tiny::new("muse").model(), 80, &LENS, 12);
+}
+
+#[test]
+fn group_equals_solo_llama() {
+    group_equals_solo(&Tiny::new("llama").model(), 80, &LENS, 12);
+}
+
+#[test]
+fn group_equals_solo_qwen3() {
+    group_equals_solo(&Tiny::new("qwen3").model(), 80, &LENS, 12);
+}
+
+fn default_model() -> Option<Model<CpuBackend>> {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../models/muse-default.gguf"
+    );
+    std::path::Path::new(path)
+        .is_file()
+        .then(|| Model::load(path, &LoadOptions { threads: Some(2) }).unwrap())
+}
+
+#[test]
+fn group_equals_solo_default_model() {
+    // The shipped Q4_K_M model: 16 greedy requests alone and beside each other.
+    let Some(m) = default_model() else {
+        eprintln!("models/muse-default.gguf not found; skipped");
+        return;
+    };
+    let lens: Vec<usize> = LENS.iter().map(|n| n * 5).collect();
+    group_equals_solo(&m, 512, &lens, 16);
+}
+
+#[test]
+fn chunked_prefill_equals_one_prefill() {
+    let t = Tiny::new("muse");
+    let m = t.model();
+    let toks = random_tokens(300, t.n_vocab, 11);
+    let mut whole = Session::new(&m, 400).unwrap();
+    let want = bits(whole.prefill(&toks).unwrap());
+    let mut chunked = Session::new(&m, 400).unwrap();
+    for c in toks[..256].chunks(64) {
+        chunked.extend(c).unwrap();
+    }
+    assert_eq!(chunked.pos(), 256);
+    assert_eq!(bits(chunked.prefill(&toks[256..]).unwrap()), want);
+    assert_eq!(
+        bits(chunked.decode(5).unwrap()),
+        bits(whole.decode(5).unwrap())
+    );
+}
+
+#[test]
+fn rewind_keeps_the_shared_prefix() {
+    let t = Tiny::new("muse"); // window 16, n_ctx 64: rings of 64 slots
+    let m = t.model();
+    let a = random_tokens(40, t.n_vocab, 1);
+    let mut b = a[..30].to_vec();
+    b.extend(random_tokens(8, t.n_vocab, 2));
+    let mut fresh = Session::new(&m, 64).unwrap();
+    let want = bits(fresh.prefill(&b).unwrap());
+
+    let mut s = Session::new(&m, 64).unwrap();
+    s.prefill(&a).unwrap();
+    assert!(s.rewind(30));
+    assert_eq!(s.pos(), 30);
+    assert_eq!(bits(s.prefill(&b[30..]).unwrap()), want);
+}
+
+#[test]
+fn rewind_refuses_positions_a_ring_overwrote() {
+    // n_ctx 600 > window 16 + 511: rings of 527 slots; at position 590, positions below 63
+    // are gone, so rewinding to 20 (which sees 5..19) is refused.
+    let mut t = Tiny::new("muse");
+    t.n_layer = 2;
+    let m = t.model();
+    let toks = random_tokens(590, t.n_vocab, 4);
+    let mut s = Session::new(&m, 600).unwrap();
+    s.extend(&toks).unwrap();
+    assert!(!s.rewind(20));
+    assert_eq!(s.pos(), 0);
+    s.extend(&toks).unwrap();
+    assert!(s.rewind(100));
+    assert_eq!(s.pos(), 100);
+}
+
+#[test]
+fn bad_groups_are_refused_and_move_nothing() {
+    let t = Tiny::new("llama");
+    let m = t.model();
+    let mut a = Session::new(&m, 8).unwrap();
+    let mut b = Session::new(&m, 8).unwrap();
+    a.prefill(&[1, 2, 3]).unwrap();
+    b.prefill(&[1; 8]).unwrap(); // full
+    let mut g = DecodeGroup::new();
+    assert!(g.decode(&mut [], &[]).is_err());
+    assert!(g.decode(&mut [&mut a], &[1, 2]).is_err());
+    assert!(g.decode(&mut [&mut a], &[t.n_vocab as u32]).is_err());
+    let e = g.decode(&mut [&mut a, &mut b], &[1, 2]).unwrap_err();
+    assert!(e.to_string().contains("n_ctx = 8"), "{e}");
+    assert_eq!((a.pos(), b.pos()), (3, 8));
+    let other = t.model();
+    let mut c = Session::new(&other, 8).unwrap();
+    c.prefill(&[1]).unwrap();
+    assert!(g.decode(&mut [&mut a, &mut c], &[1, 2]).is_err());
+    assert_eq!(a.pos(), 3);
+    g.decode(&mut [&mut a], &[1]).unwrap();
+    assert_eq!(a.pos(), 4);
+}
+
+/// The CPU backend without its decode-group overrides: the trait's default `*_rows` ops (row by
+/// row through host copies), as a backend gets them before it overrides them.
+struct RowByRow(CpuBackend);
+
+impl muser_engine::Backend for RowByRow {
+    type Weight = <CpuBackend as muser_engine::Backend>::Weight;
+    type Buf = <CpuBackend as muser_engine::Backend>::Buf;
+    type Kv = <CpuBackend as muser_engine::Backend>::Kv;
+    fn name(&self) -> &'static str {
+        "row-by-row"
+    }
+    fn threads(&self) -> usize {
+        self.0.threads()
+    }
+    fn weight(&self, t: &muser_engine::weights::TensorView) -> muser_engine::Result<Self::Weight> {
+        self.0.weight(t)
+    }
+    fn buf(&self, rows: usize, cols: usize) -> Self::Buf {
+        self.0.buf(rows, cols)
+    }
+    fn write(&self, buf: &mut Self::Buf, data: &[f32]) {
+        self.0.write(buf, data)
+    }
+    fn read(&self, buf: &Self::Buf, out: &mut [f32]) {
+        self.0.read(buf, out)
+    }
+    fn kv_cache(&self, layers: &[muser_engine::backend::KvLayerSpec]) -> Self::Kv {
+        self.0.kv_cache(layers)
+    }
+    fn embed(&self, table: &Self::Weight, tokens: &[u32], out: &mut Self::Buf) {
+        self.0.embed(table, tokens, out)
+    }
+    fn rmsnorm(&self, x: &Self::Buf, w: Option<&Self::Weight>, eps: f32, out: &mut Self::Buf) {
+        self.0.rmsnorm(x, w, eps, out)
+    }
+    fn rmsnorm_heads(&self, x: &mut Self::Buf, w: &Self::Weight, head_dim: usize, eps: f32) {
+        self.0.rmsnorm_heads(x, w, head_dim, eps)
+    }
+    fn matmul(&self, x: &Self::Buf, outs: &mut [(&Self::Weight, &mut Self::Buf)]) {
+        self.0.matmul(x, outs)
+    }
+    fn ffn_gate_up_silu(
+        &self,
+        x: &Self::Buf,
+        gate: &Self::Weight,
+        up: &Self::Weight,
+        out: &mut Self::Buf,
+    ) {
+        self.0.ffn_gate_up_silu(x, gate, up, out)
+    }
+    fn rope(
+        &self,
+        x: &mut Self::Buf,
+        head_dim: usize,
+        rope: &muser_engine::config::RopeParams,
+        pos0: usize,
+    ) {
+        self.0.rope(x, head_dim, rope, pos0)
+    }
+    fn kv_store(&self, kv: &mut Self::Kv, layer: usize, k: &Self::Buf, v: &Self::Buf, pos0: usize) {
+        self.0.kv_store(kv, layer, k, v, pos0)
+    }
+    fn attention(
+        &self,
+        q: &Self::Buf,
+        kv: &Self::Kv,
+        layer: usize,
+        pos0: usize,
+        scale: f32,
+        out: &mut Self::Buf,
+    ) {
+        self.0.attention(q, kv, layer, pos0, scale, out)
+    }
+    fn sigmoid_gate(&self, a: &mut Self::Buf, g: &Self::Buf) {
+        self.0.sigmoid_gate(a, g)
+    }
+    fn residual_norm(
+        &self,
+        h: &mut Self::Buf,
+        x: &Self::Buf,
+        post: Option<muser_engine::backend::NormArgs<'_, Self::Weight>>,
+        next: muser_engine::backend::NormArgs<'_, Self::Weight>,
+        out: &mut Self::Buf,
+    ) {
+        self.0.residual_norm(h, x, post, next, out)
+    }
+    fn lm_head(
+        &self,
+        x: &Self::Buf,
+        first_row: usize,
+        w: &Self::Weight,
+        scale: f32,
+        softcap: Option<f32>,
+        out: &mut Self::Buf,
+    ) {
+        self.0.lm_head(x, first_row, w, scale, softcap, out)
+    }
+}
+
+#[test]
+fn default_row_ops_equal_the_cpu_overrides() {
+    let t = Tiny::new("muse");
+    let file = std::sync::Arc::new(muser_gguf::GgufFile::from_bytes(t.bytes()).unwrap());
+    let fast = Model::from_gguf(file.clone(), CpuBackend::new(Some(2)).unwrap()).unwrap();
+    let slow = Model::from_gguf(file, RowByRow(CpuBackend::new(Some(2)).unwrap())).unwrap();
+    let prompts: Vec<Vec<u32>> = (0..5)
+        .map(|i| random_tokens(3 + 7 * i, t.n_vocab, i as u64))
+        .collect();
+    let mut a: Vec<Session> = prompts
+        .iter()
+        .map(|_| Session::new(&fast, 80).unwrap())
+        .collect();
+    let mut b: Vec<Session<RowByRow>> = prompts
+        .iter()
+        .map(|_| Session::new(&slow, 80).unwrap())
+        .collect();
+    let mut next = Vec::new();
+    for ((sa, sb), p) in a.iter_mut().zip(&mut b).zip(&prompts) {
+        let la = sa.prefill(p).unwrap().to_vec();
+        assert_eq!(bits(&la), bits(sb.prefill(p).unwrap()));
+        next.push(greedy(&la).unwrap());
+    }
+    let (mut ga, mut gb) = (DecodeGroup::new(), DecodeGroup::new());
+    for _ in 0..20 {
+        let la = ga
+            .decode(&mut a.iter_mut().collect::<Vec<_>>(), &next)
+            .unwrap()
+            .to_vec();
+        let lb = gb
+            .decode(&mut b.iter_mut().collect::<Vec<_>>(), &next)
+            .unwrap();
+        assert_eq!(bits(&la), bits(lb));
+        next = la
+            .chunks_exact(t.n_vocab)
+            .map(|r| greedy(r).unwrap())
+            .collect();
+    }
+}
