@@ -11,8 +11,9 @@
 // Launch: grid (ceil(ncols / 64), ceil(rows / 64)) so that the column tiles of one row tile run
 // next to each other and share its weights in L2; 128 threads = 2 x 2 warps, each warp a 32 x 32
 // tile of the 64 x 64 output. One super-block (256 values of K) of the 64 weight rows is
-// expanded into shared memory per step. Version 1 (2026-11-29).
-// Measured on the H200: see `muser check --backend cuda --bench`.
+// expanded into shared memory per step, beside the 64 x 256 int8 activation tile and its scales.
+// v1 (2026-11-29) read the activation fragments and scales from global memory in the inner loop:
+// Muse Glimmer pp512 1,185 tokens/s on the H200. v2 (2026-11-29) stages them in shared memory.
 
 #define MMQ_BM 64
 #define MMQ_BN 64
@@ -128,8 +129,10 @@ template <int FMT>
 __device__ void mmq(const uint8_t* __restrict__ w, int rows, int K, const int8_t* __restrict__ xq,
                     const float2* __restrict__ xds, float* __restrict__ y, int ncols) {
     __shared__ __align__(16) int8_t as[MMQ_BM * MMQ_AS];
+    __shared__ __align__(16) int8_t xs[MMQ_BN * MMQ_AS];
     __shared__ float scale[MMQ_BM * 16];
     __shared__ float mins[MMQ_BM * 8];
+    __shared__ float2 xd[MMQ_BN * 8];
     constexpr bool HAS_MIN = FMT == FMT_Q4_K || FMT == FMT_Q5_K;
     const int c0 = blockIdx.x * MMQ_BN, r0 = blockIdx.y * MMQ_BM;
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, g = lane >> 2, t = lane & 3;
@@ -142,45 +145,41 @@ __device__ void mmq(const uint8_t* __restrict__ w, int rows, int K, const int8_t
         for (int j = 0; j < 4; ++j)
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
-    // Columns of this thread's B fragments (col g of each n8 tile) and of its outputs (2t, 2t+1).
-    int bcol[4];
-    bool bok[4];
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt) {
-        bcol[nt] = c0 + wc + 8 * nt + g;
-        bok[nt] = bcol[nt] < ncols;
-    }
     for (int b = 0; b < nb; ++b) {
         __syncthreads();
         mmq_load<FMT>(w, rows, K, r0, b, as, scale, mins);
+        {
+            // The activation tile: 64 columns x 256 values of K (zeros past the last column),
+            // and its 64 x 8 block scales.
+            const int cl = threadIdx.x >> 1, h = threadIdx.x & 1, c = c0 + cl;
+            int4* dst = (int4*)(xs + cl * MMQ_AS + 128 * h);
+            const int4* src = (const int4*)(xq + (size_t)c * K + b * QK_K + 128 * h);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) dst[i] = c < ncols ? src[i] : make_int4(0, 0, 0, 0);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int j = 4 * h + i;
+                xd[cl * 8 + j] = c < ncols ? xds[(size_t)c * nb32 + b * 8 + j] : make_float2(0.0f, 0.0f);
+            }
+        }
         __syncthreads();
 #pragma unroll 2
         for (int j = 0; j < 8; ++j) { // 32 values of K per step
-            const int kq = b * QK_K + 32 * j;
             int bf[4][2];
-#pragma unroll
-            for (int nt = 0; nt < 4; ++nt) {
-                const int8_t* xc = xq + (size_t)bcol[nt] * K + kq + 4 * t;
-                bf[nt][0] = bok[nt] ? *(const int*)xc : 0;
-                bf[nt][1] = bok[nt] ? *(const int*)(xc + 16) : 0;
-            }
             float2 dx[4][2];
 #pragma unroll
-            for (int nt = 0; nt < 4; ++nt)
+            for (int nt = 0; nt < 4; ++nt) {
+                const int8_t* xc = xs + (wc + 8 * nt + g) * MMQ_AS + 32 * j + 4 * t;
+                bf[nt][0] = *(const int*)xc;
+                bf[nt][1] = *(const int*)(xc + 16);
 #pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const int c = c0 + wc + 8 * nt + 2 * t + e;
-                    dx[nt][e] = c < ncols ? xds[(size_t)c * nb32 + b * 8 + j] : make_float2(0.0f, 0.0f);
-                }
+                for (int e = 0; e < 2; ++e) dx[nt][e] = xd[(wc + 8 * nt + 2 * t + e) * 8 + j];
+            }
 #pragma unroll
             for (int mt = 0; mt < 2; ++mt) {
                 const int ra = wr + 16 * mt + g; // rows ra and ra + 8 of the tile
                 const int8_t* a_lo = as + ra * MMQ_AS + 32 * j + 4 * t;
                 const int8_t* a_hi = a_lo + 8 * MMQ_AS;
-                int c[4][4];
-#pragma unroll
-                for (int nt = 0; nt < 4; ++nt) c[nt][0] = c[nt][1] = c[nt][2] = c[nt][3] = 0;
-                float s_lo[2], s_hi[2];
                 if (FMT == FMT_Q6_K) {
                     // Two k16 steps, each with its own 16-value scale.
 #pragma unroll
@@ -191,17 +190,17 @@ __device__ void mmq(const uint8_t* __restrict__ w, int rows, int K, const int8_t
                         const int a0 = *(const int*)(a_lo + 16 * kk), a1 = *(const int*)(a_hi + 16 * kk);
 #pragma unroll
                         for (int nt = 0; nt < 4; ++nt) mma_k16(ck[nt], a0, a1, bf[nt][kk]);
-                        s_lo[kk] = scale[ra * 16 + 2 * j + kk];
-                        s_hi[kk] = scale[(ra + 8) * 16 + 2 * j + kk];
+                        const float sl = scale[ra * 16 + 2 * j + kk], sh = scale[(ra + 8) * 16 + 2 * j + kk];
 #pragma unroll
                         for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
-                            for (int e = 0; e < 4; ++e) {
-                                const float s = e < 2 ? s_lo[kk] : s_hi[kk];
-                                acc[mt][nt][e] += s * dx[nt][e & 1].x * (float)ck[nt][e];
-                            }
+                            for (int e = 0; e < 4; ++e)
+                                acc[mt][nt][e] += (e < 2 ? sl : sh) * dx[nt][e & 1].x * (float)ck[nt][e];
                     }
                 } else {
+                    int c[4][4];
+#pragma unroll
+                    for (int nt = 0; nt < 4; ++nt) c[nt][0] = c[nt][1] = c[nt][2] = c[nt][3] = 0;
                     const int a0 = *(const int*)a_lo, a1 = *(const int*)a_hi;
                     const int a2 = *(const int*)(a_lo + 16), a3 = *(const int*)(a_hi + 16);
 #pragma unroll

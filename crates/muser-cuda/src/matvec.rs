@@ -226,7 +226,7 @@ impl Gpu {
             }
             mj.njobs = group.len() as i32;
             mj.start[group.len()] = total as i32;
-            let rows_per_block = if prefix == "matvec_r1" { 4 } else { 4 * MATVEC_R };
+            let rows_per_block = 4 * MATVEC_R;
             let cfg = LaunchConfig {
                 grid_dim: ((total as u32).div_ceil(rows_per_block as u32), 1, 1),
                 block_dim: (128, 1, 1),

@@ -519,7 +519,7 @@ fn check_model(rows: &mut Vec<Row>, path: &PathBuf, args: &Args, audit: &mut BTr
 /// Times one launch of each Glimmer matrix (1 column) and prints GB/s of weights read.
 fn bench_matvec(p: &Pair) -> anyhow::Result<()> {
     println!("\nmatvec timing (1 column, weights streamed once per launch):");
-    println!("| matrix | type | rows x cols | MB | us | GB/s | v3 (1 row/warp) us | v3 GB/s |");
+    println!("| matrix | type | rows x cols | MB | us | GB/s | v4 <= 64 regs us | GB/s |");
     let cases = [
         ("attn_q+k+v+gate", 0usize, 0usize, GgmlType::Q4_K),
         ("attn_q", Q_WIDTH, HIDDEN, GgmlType::Q4_K),
@@ -567,16 +567,13 @@ fn bench_matvec(p: &Pair) -> anyhow::Result<()> {
             t.elapsed().as_secs_f64() / iters as f64 * 1e6
         };
         let us = time("matvec", &mut outs);
-        let us2 = time("matvec_r1", &mut outs);
+        let us2 = time("matvec_lb", &mut outs);
         let shape = if rows == 0 { format!("{}+{}+{}+{} x {HIDDEN}", Q_WIDTH, KV_WIDTH, KV_WIDTH, Q_WIDTH) } else { format!("{rows} x {cols}") };
         let mb = bytes as f64 / 1e6;
         println!("| {name} | {ty} | {shape} | {mb:.1} | {us:.1} | {:.0} | {us2:.1} | {:.0} |", bytes as f64 / us / 1e3, bytes as f64 / us2 / 1e3);
     }
     Ok(())
 }
-
-/// The H200's read bandwidth as measured by a streaming kernel (SPEC section 7), bytes/s.
-const H200_READ_BW: f64 = 4.5e12;
 
 /// pp512 and tg128 (and tg64 at `depth`) of one model on CUDA alone.
 fn speed(path: &PathBuf, depth: usize, audit: &mut BTreeMap<String, u64>) -> anyhow::Result<String> {
@@ -596,6 +593,20 @@ fn speed(path: &PathBuf, depth: usize, audit: &mut BTreeMap<String, u64>) -> any
     let t = Instant::now();
     s.prefill(&prompt[..512])?;
     let pp = 512.0 / t.elapsed().as_secs_f64();
+    // Per-op time of one 512-token prefill chunk.
+    s.reset();
+    m.backend().set_profiling(true);
+    s.prefill(&prompt[..512])?;
+    let prof = m.backend().profile_report();
+    m.backend().set_profiling(false);
+    let total: f64 = prof.iter().map(|p| p.2).sum();
+    println!("prefill breakdown of {name} (512 tokens; ms per chunk):");
+    println!("| op | calls | ms | share |");
+    for (op, n, secs) in &prof {
+        println!("| {op} | {n} | {:.3} | {:.0}% |", secs * 1e3, 100.0 * secs / total);
+    }
+    println!("| total (synchronized) | | {:.3} | |", total * 1e3);
+    let read_bw = m.backend().gpu.measure_read_bandwidth()?;
     let tg = |s: &mut Session<CudaBackend>, n: usize| -> anyhow::Result<(f64, u64)> {
         let mut tok = argmax(s.logits()) as u32;
         let t = Instant::now();
@@ -609,14 +620,14 @@ fn speed(path: &PathBuf, depth: usize, audit: &mut BTreeMap<String, u64>) -> any
     s.prefill(&prompt[..1])?;
     let (t0s, b0) = tg(&mut s, 128)?;
     let mut line = format!(
-        "speed {name}: upload {load_s:.1} s ({:.1} GB/s); pp512 {pp:.0} tokens/s; tg128 {:.1} tokens/s ({:.2} ms/token, {:.2} GB/token, {:.0} GB/s = {:.0}% of {:.1} TB/s)",
+        "speed {name}: upload {load_s:.1} s ({:.1} GB/s); pp512 {pp:.0} tokens/s; tg128 {:.1} tokens/s ({:.2} ms/token, {:.2} GB/token, {:.0} GB/s = {:.0}% of the {:.2} TB/s measured)",
         total as f64 / load_s / 1e9,
         1.0 / t0s,
         t0s * 1e3,
         b0 as f64 / 1e9,
         b0 as f64 / t0s / 1e9,
-        100.0 * b0 as f64 / t0s / H200_READ_BW,
-        H200_READ_BW / 1e12
+        100.0 * b0 as f64 / t0s / read_bw,
+        read_bw / 1e12
     );
     // Per-op time of a decode step (each op synchronized: launch latencies included, no overlap).
     let steps = 16;
