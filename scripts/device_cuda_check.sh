@@ -52,11 +52,18 @@ if [ "${GLIMMER:-0}" = 1 ]; then
     timeout 90 "$BIN" synth muse-glimmer "$MODELS/muse-glimmer.gguf" > "$OUT/synth.txt" 2>&1
     echo "synth muse-glimmer: $((SECONDS - t0)) s" | tee -a "$OUT/summary.txt"
     step speed 150 "$BIN" check --backend cuda --no-ops --speed "$MODELS/muse-glimmer.gguf" --depth "${DEPTH:-0}"
+    if [ "${NCU_MMQ:-0}" = 1 ]; then
+        # Hardware counters of one prefill matmul (a Q4_K mmq launch of pp512, layer ~6).
+        NCU_BIN=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+        step ncu_mmq 150 "$NCU_BIN" --clock-control none --kernel-name regex:'^mmq_q4_k$' --launch-skip 40 --launch-count 1 \
+            --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+            --section ComputeWorkloadAnalysis "$BIN" check --backend cuda --no-ops --speed "$MODELS/muse-glimmer.gguf"
+    fi
 fi
 
 echo
 echo "================ short table ================"
 grep -E "^FAIL|^FAILED|panicked|^error" "$OUT"/*.log | head -40
 grep -E "^\| |^summary|^all |never dispatched|greedy|^model |^speed " "$OUT"/full.log "$OUT"/speed.log 2>/dev/null | sed 's#^[^:]*/##'
-grep -E "Duration|Memory Throughput|DRAM Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Block Limit|Stall|Warp Cycles" "$OUT"/ncu.log 2>/dev/null | head -30
+grep -E "Duration|Memory Throughput|DRAM Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Block Limit|Stall|Warp Cycles" "$OUT"/ncu*.log 2>/dev/null | head -40
 cat "$OUT/summary.txt"

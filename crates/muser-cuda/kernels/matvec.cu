@@ -29,7 +29,11 @@
 // v3 (2026-11-29) items of 64 (Q4_K/Q5_K) and 128 (Q6_K) values per lane. H200, 1 column:
 // Q4_K 19968x6656 1.69 TB/s, 6656x19968 1.90 TB/s, Q6_K 6656x19968 1.47 TB/s, Q5_K 202048x6656
 // 2.36 TB/s (v2: 1.69, 1.62, 1.32, 2.23). Lanes idled at the end of rows of 104 items.
-// v4 (2026-11-29) 4 rows per warp with one item list, so no lane idles at a row's end.
+// v4 (2026-11-29) 4 rows per warp with one item list, so no lane idles at a row's end: Q4_K
+// 19968x6656 1.89 TB/s, 6656x19968 1.84, Q6_K 6656x19968 1.52, Q5_K 202048x6656 3.06 (ncu on
+// the first: 72 registers, 34% occupancy, DRAM 50% busy, issue gaps 72% waits on weight loads;
+// capping at 64 registers changed nothing). v5 (2026-11-29) loads the next item's weights
+// before the current item's arithmetic.
 
 
 // Activation quantizers, bit-identical to the CPU reference's (muser-quant, after ggml), so
@@ -146,19 +150,34 @@ __device__ __forceinline__ void item_q8_0(const int8_t* __restrict__ qa, const _
 // bytes 32g..) and 2g + 1 (high nibbles); Q5_K's fifth bits are bits 2g / 2g + 1 of qh[l]. One
 // item per lane pays the header, the scale unpacking and the activation-scale loads once per
 // 32 weight bytes.
-template <int NC, bool Q5>
-__device__ __forceinline__ void item64_q45_k(const uint8_t* __restrict__ row, int item, const Act& a,
-                                             float (&acc)[NC]) {
+// The weight bytes of one item, loaded ahead of the item's arithmetic (see rows_loop_pf).
+struct RawQ45 {
+    uint4 hdr, qa, qb, ha, hb; // header, 32 qs bytes, (Q5_K) the 32 qh bytes
+};
+
+template <bool Q5>
+__device__ __forceinline__ RawQ45 load_q45(const uint8_t* __restrict__ row, int item) {
     const int b = item >> 2, g = item & 3;
     const uint8_t* blk = row + (size_t)b * (Q5 ? 176 : 144);
-    const uint4 hdr = *(const uint4*)blk;
     const uint8_t* qs = blk + (Q5 ? 48 : 16) + 32 * g;
-    const uint4 qa = *(const uint4*)qs, qb = *(const uint4*)(qs + 16);
-    const uint32_t qw[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};
+    RawQ45 r;
+    r.hdr = *(const uint4*)blk;
+    r.qa = *(const uint4*)qs;
+    r.qb = *(const uint4*)(qs + 16);
+    if (Q5) {
+        r.ha = *(const uint4*)(blk + 16);
+        r.hb = *(const uint4*)(blk + 32);
+    }
+    return r;
+}
+
+template <int NC, bool Q5>
+__device__ __forceinline__ void dot_q45(const RawQ45& r, int item, const Act& a, float (&acc)[NC]) {
+    const int b = item >> 2, g = item & 3;
+    const uint32_t qw[8] = {r.qa.x, r.qa.y, r.qa.z, r.qa.w, r.qb.x, r.qb.y, r.qb.z, r.qb.w};
     int lo[8], hi[8];
     if (Q5) {
-        const uint4 ha = *(const uint4*)(blk + 16), hb = *(const uint4*)(blk + 32);
-        const uint32_t hw[8] = {ha.x, ha.y, ha.z, ha.w, hb.x, hb.y, hb.z, hb.w};
+        const uint32_t hw[8] = {r.ha.x, r.ha.y, r.ha.z, r.ha.w, r.hb.x, r.hb.y, r.hb.z, r.hb.w};
 #pragma unroll
         for (int k = 0; k < 8; ++k) {
             lo[k] = (qw[k] & 0x0F0F0F0F) | (((hw[k] >> (2 * g)) & 0x01010101) << 4);
@@ -172,11 +191,11 @@ __device__ __forceinline__ void item64_q45_k(const uint8_t* __restrict__ row, in
         }
     }
     uint32_t sc_lo, sc_hi, m_lo, m_hi;
-    unpack_scales_k4(hdr.y, hdr.z, hdr.w, &sc_lo, &sc_hi, &m_lo, &m_hi);
+    unpack_scales_k4(r.hdr.y, r.hdr.z, r.hdr.w, &sc_lo, &sc_hi, &m_lo, &m_hi);
     int sc0, sc1, m0, m1;
     pick_pair(sc_lo, sc_hi, g, &sc0, &sc1);
     pick_pair(m_lo, m_hi, g, &m0, &m1);
-    const float2 dm = __half22float2(*(const __half2*)&hdr.x);
+    const float2 dm = __half22float2(*(const __half2*)&r.hdr.x);
     const int i0 = b * QK_K + 64 * g;
 #pragma unroll
     for (int c = 0; c < NC; ++c) {
@@ -199,20 +218,35 @@ __device__ __forceinline__ void item64_q45_k(const uint8_t* __restrict__ row, in
 // Q6_K, repacked: plane A [rows][nb][192] = ql[128] qh[64]; plane B [rows][nb][16] scales;
 // plane C [rows][nb] d (f16). Item = (super-block b, half): 128 values from 64 ql and 32 qh
 // bytes (SPEC section 8's layout), 8 scales of 16 values.
-template <int NC>
-__device__ __forceinline__ void item128_q6_k(const uint8_t* __restrict__ qa, const int8_t* __restrict__ sb,
-                                             const __half* __restrict__ dc, int item, const Act& a,
-                                             float (&acc)[NC]) {
+struct RawQ6 {
+    uint4 l0, l1, l2, l3, h0, h1; // 64 ql bytes, 32 qh bytes of the half
+    uint2 sc;                     // its 8 scales
+    float d;
+};
+
+__device__ __forceinline__ RawQ6 load_q6(const uint8_t* __restrict__ qa, const int8_t* __restrict__ sb,
+                                         const __half* __restrict__ dc, int item) {
     const int b = item >> 1, half = item & 1;
     const uint8_t* blk = qa + (size_t)b * 192;
-    const uint4 l0 = *(const uint4*)(blk + half * 64), l1 = *(const uint4*)(blk + half * 64 + 16);
-    const uint4 l2 = *(const uint4*)(blk + half * 64 + 32), l3 = *(const uint4*)(blk + half * 64 + 48);
-    const uint4 h0 = *(const uint4*)(blk + 128 + half * 32), h1 = *(const uint4*)(blk + 128 + half * 32 + 16);
-    const uint32_t lw[16] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w, l2.x, l2.y, l2.z, l2.w, l3.x, l3.y, l3.z, l3.w};
-    const uint32_t hw[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
-    const uint2 scw = *(const uint2*)(sb + b * 16 + half * 8);
-    const int8_t* sc = (const int8_t*)&scw;
-    const float d = __half2float(dc[b]);
+    RawQ6 r;
+    r.l0 = *(const uint4*)(blk + half * 64);
+    r.l1 = *(const uint4*)(blk + half * 64 + 16);
+    r.l2 = *(const uint4*)(blk + half * 64 + 32);
+    r.l3 = *(const uint4*)(blk + half * 64 + 48);
+    r.h0 = *(const uint4*)(blk + 128 + half * 32);
+    r.h1 = *(const uint4*)(blk + 128 + half * 32 + 16);
+    r.sc = *(const uint2*)(sb + b * 16 + half * 8);
+    r.d = __half2float(dc[b]);
+    return r;
+}
+
+template <int NC>
+__device__ __forceinline__ void dot_q6(const RawQ6& r, int item, const Act& a, float (&acc)[NC]) {
+    const int b = item >> 1, half = item & 1;
+    const uint32_t lw[16] = {r.l0.x, r.l0.y, r.l0.z, r.l0.w, r.l1.x, r.l1.y, r.l1.z, r.l1.w,
+                             r.l2.x, r.l2.y, r.l2.z, r.l2.w, r.l3.x, r.l3.y, r.l3.z, r.l3.w};
+    const uint32_t hw[8] = {r.h0.x, r.h0.y, r.h0.z, r.h0.w, r.h1.x, r.h1.y, r.h1.z, r.h1.w};
+    const int8_t* sc = (const int8_t*)&r.sc;
     const int i0 = b * QK_K + half * 128;
 #pragma unroll
     for (int c = 0; c < NC; ++c) {
@@ -237,7 +271,7 @@ __device__ __forceinline__ void item128_q6_k(const uint8_t* __restrict__ qa, con
             }
             v += dsc[qq].x * (float)(sc[2 * qq] * s_lo + sc[2 * qq + 1] * s_hi);
         }
-        acc[c] += d * v;
+        acc[c] += r.d * v;
     }
 }
 
@@ -293,21 +327,27 @@ __device__ __forceinline__ int items_per_row(int ty, int K) {
     }
 }
 
-// v[c] += item `it` of row `row` (of `rows`) of matrix w (format FMT) dotted with column c.
+// The K-quant raw item of row `row`.
+template <int FMT>
+__device__ __forceinline__ auto raw_load(const uint8_t* __restrict__ w, int row, int rows, int it, const Act& a) {
+    const int nb = a.K / QK_K;
+    if constexpr (FMT == FMT_Q6_K) {
+        return load_q6(w + (size_t)row * nb * 192, (const int8_t*)(w + (size_t)rows * nb * 192) + (size_t)row * nb * 16,
+                       (const __half*)(w + (size_t)rows * nb * 208) + (size_t)row * nb, it);
+    } else {
+        return load_q45<FMT == FMT_Q5_K>(w + (size_t)row * nb * (FMT == FMT_Q5_K ? 176 : 144), it);
+    }
+}
+
+// v[c] += item `it` of row `row` of matrix w (format FMT) dotted with column c.
 template <int NC, int FMT>
 __device__ __forceinline__ void item_fmt(const uint8_t* __restrict__ w, int row, int rows, int it, const Act& a,
                                          float (&v)[NC]) {
-    const int nb = a.K / QK_K;
-    if (FMT == FMT_Q4_K) {
-        item64_q45_k<NC, false>(w + (size_t)row * nb * 144, it, a, v);
-    } else if (FMT == FMT_Q5_K) {
-        item64_q45_k<NC, true>(w + (size_t)row * nb * 176, it, a, v);
-    } else if (FMT == FMT_Q6_K) {
-        const uint8_t* qa = w + (size_t)row * nb * 192;
-        const int8_t* sb = (const int8_t*)(w + (size_t)rows * nb * 192) + (size_t)row * nb * 16;
-        const __half* dc = (const __half*)(w + (size_t)rows * nb * 208) + (size_t)row * nb;
-        item128_q6_k<NC>(qa, sb, dc, it, a, v);
-    } else if (FMT == FMT_Q8_0) {
+    if constexpr (FMT == FMT_Q4_K || FMT == FMT_Q5_K) {
+        dot_q45<NC, FMT == FMT_Q5_K>(raw_load<FMT>(w, row, rows, it, a), it, a, v);
+    } else if constexpr (FMT == FMT_Q6_K) {
+        dot_q6<NC>(raw_load<FMT>(w, row, rows, it, a), it, a, v);
+    } else if constexpr (FMT == FMT_Q8_0) {
         const int8_t* qa = (const int8_t*)w + (size_t)row * a.K;
         const __half* dc = (const __half*)(w + (size_t)rows * a.K) + (size_t)row * (a.K / QK8_0);
         item_q8_0<NC>(qa, dc, it, a, v);
@@ -343,13 +383,58 @@ __device__ __forceinline__ void rows_loop(const uint8_t* __restrict__ w, int row
     }
 }
 
-template <int NC, int R>
+// rows_loop for the K-quants with software pipelining (v5): the next item's weight bytes are
+// loaded before the current item's arithmetic, so every lane keeps a load in flight while it
+// computes (ncu on v4: 72% of the issue gaps were waits on these loads).
+template <int NC, int R, int FMT>
+__device__ __forceinline__ void rows_loop_pf(const uint8_t* __restrict__ w, int row0, int nr, int rows, const Act& a,
+                                             float (&acc)[R][NC]) {
+    const int n = items_per_row(FMT, a.K);
+    const int total = nr * n;
+    int t = threadIdx.x % WARP;
+    if (t >= total) return;
+    int rr = 0, it = t;
+    while (it >= n) { it -= n; ++rr; }
+    auto cur = raw_load<FMT>(w, row0 + rr, rows, it, a);
+#pragma unroll 2
+    for (; t < total; t += WARP) {
+        int rr2 = rr, it2 = it + WARP;
+        while (it2 >= n) { it2 -= n; ++rr2; }
+        decltype(cur) nxt = cur;
+        if (t + WARP < total) nxt = raw_load<FMT>(w, row0 + rr2, rows, it2, a);
+        float v[NC];
+#pragma unroll
+        for (int c = 0; c < NC; ++c) v[c] = 0.0f;
+        if constexpr (FMT == FMT_Q6_K) dot_q6<NC>(cur, it, a, v);
+        else dot_q45<NC, FMT == FMT_Q5_K>(cur, it, a, v);
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+            if (r == rr)
+#pragma unroll
+                for (int c = 0; c < NC; ++c) acc[r][c] += v[c];
+        cur = nxt;
+        rr = rr2;
+        it = it2;
+    }
+}
+
+// PF false: the K-quants without the software pipelining (v4), for comparison in --bench.
+template <int NC, int R, bool PF = true>
 __device__ __forceinline__ void rows_dot(int ty, const uint8_t* __restrict__ w, int row0, int nr, int rows, const Act& a,
                                          float (&acc)[R][NC]) {
     switch (ty) {
-    case FMT_Q4_K: rows_loop<NC, R, FMT_Q4_K>(w, row0, nr, rows, a, acc); break;
-    case FMT_Q5_K: rows_loop<NC, R, FMT_Q5_K>(w, row0, nr, rows, a, acc); break;
-    case FMT_Q6_K: rows_loop<NC, R, FMT_Q6_K>(w, row0, nr, rows, a, acc); break;
+    case FMT_Q4_K:
+        if (PF) rows_loop_pf<NC, R, FMT_Q4_K>(w, row0, nr, rows, a, acc);
+        else rows_loop<NC, R, FMT_Q4_K>(w, row0, nr, rows, a, acc);
+        break;
+    case FMT_Q5_K:
+        if (PF) rows_loop_pf<NC, R, FMT_Q5_K>(w, row0, nr, rows, a, acc);
+        else rows_loop<NC, R, FMT_Q5_K>(w, row0, nr, rows, a, acc);
+        break;
+    case FMT_Q6_K:
+        if (PF) rows_loop_pf<NC, R, FMT_Q6_K>(w, row0, nr, rows, a, acc);
+        else rows_loop<NC, R, FMT_Q6_K>(w, row0, nr, rows, a, acc);
+        break;
     case FMT_Q8_0: rows_loop<NC, R, FMT_Q8_0>(w, row0, nr, rows, a, acc); break;
     case FMT_F16: rows_loop<NC, R, FMT_F16>(w, row0, nr, rows, a, acc); break;
     case FMT_BF16: rows_loop<NC, R, FMT_BF16>(w, row0, nr, rows, a, acc); break;
@@ -369,7 +454,7 @@ struct MatvecJobs {
 };
 
 // A warp takes R consecutive rows of one matrix.
-template <int NC, int R>
+template <int NC, int R, bool PF = true>
 __device__ void matvec_multi(const MatvecJobs& jobs, const Act& a) {
     const int grow = (blockIdx.x * 4 + threadIdx.x / WARP) * R;
     if (grow >= jobs.start[jobs.njobs]) return;
@@ -385,7 +470,7 @@ __device__ void matvec_multi(const MatvecJobs& jobs, const Act& a) {
     for (int r = 0; r < R; ++r)
 #pragma unroll
         for (int c = 0; c < NC; ++c) acc[r][c] = 0.0f;
-    rows_dot<NC, R>(jobs.ty[j], jobs.w[j], row0, nr, rows, a, acc);
+    rows_dot<NC, R, PF>(jobs.ty[j], jobs.w[j], row0, nr, rows, a, acc);
     float* y = jobs.y[j];
 #pragma unroll
     for (int r = 0; r < R; ++r)
@@ -431,8 +516,8 @@ extern "C" __global__ void __launch_bounds__(128) matvec_2(MatvecJobs jobs, ACT_
 extern "C" __global__ void __launch_bounds__(128) matvec_4(MatvecJobs jobs, ACT_ARGS) { matvec_multi<4, MATVEC_R>(jobs, ACT); }
 extern "C" __global__ void __launch_bounds__(128) matvec_8(MatvecJobs jobs, ACT_ARGS) { matvec_multi<8, MATVEC_R>(jobs, ACT); }
 
-// v4 capped at 64 registers (8 blocks, 32 warps per SM), measured against v4 (`--bench`).
-extern "C" __global__ void __launch_bounds__(128, 8) matvec_lb_1(MatvecJobs jobs, ACT_ARGS) { matvec_multi<1, MATVEC_R>(jobs, ACT); }
+// v4 (no software pipelining), measured against v5 (`--bench`).
+extern "C" __global__ void __launch_bounds__(128) matvec_v4_1(MatvecJobs jobs, ACT_ARGS) { matvec_multi<1, MATVEC_R, false>(jobs, ACT); }
 
 #define SILU_ARGS const uint8_t* __restrict__ wg, int tyg, const uint8_t* __restrict__ wu, int tyu, float* __restrict__ y, int rows
 extern "C" __global__ void __launch_bounds__(128) matvec_silu_1(SILU_ARGS, ACT_ARGS) { matvec_silu<1, MATVEC_R>(wg, tyg, wu, tyu, y, rows, ACT); }

@@ -15,8 +15,8 @@ impl Gpu {
         let n = n16 as u64;
         let mut best = 0f64;
         for pass in 0..6 {
-            let start = self.ctx.new_event(None)?;
-            let end = self.ctx.new_event(None)?;
+            let start = self.ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))?;
+            let end = self.ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))?;
             start.record(&self.stream)?;
             let f = self.kernel("read_bandwidth")?;
             let mut b = self.stream.launch_builder(f);
