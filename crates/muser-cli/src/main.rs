@@ -39,6 +39,8 @@ enum Command {
     Check(cmd::check::Args),
     /// Print the token ids of a text.
     Tokenize(cmd::tokenize::Args),
+    /// Serve the OpenAI API (completions, chat, streaming) with continuous batching.
+    Serve(cmd::serve::Args),
 }
 
 fn main() {
@@ -54,6 +56,7 @@ fn main() {
         Command::Synth(a) => cmd::synth::run(a),
         Command::Check(a) => cmd::check::run(a),
         Command::Tokenize(a) => cmd::tokenize::run(a),
+        Command::Serve(a) => cmd::serve::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

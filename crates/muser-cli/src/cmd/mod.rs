@@ -6,6 +6,7 @@ pub mod logits;
 pub mod perplexity;
 pub mod quantize;
 pub mod run;
+pub mod serve;
 pub mod synth;
 pub mod tensor;
 pub mod tokenize;

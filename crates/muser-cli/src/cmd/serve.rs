@@ -1,0 +1,72 @@
+//! `muser serve`: the OpenAI-compatible server (crates/muser-server). The port answers at once
+//! (GET /health is 503 while the model loads), then the model is loaded on the chosen backend
+//! and the engine loop runs on this thread until the process is stopped.
+
+use super::backend::{BackendKind, CliBackend, ModelJob};
+use muser_engine::Model;
+use muser_server::{Server, ServerConfig};
+use std::path::PathBuf;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// GGUF model (default: models/muse-default.gguf next to the repository or the cwd).
+    #[arg(short = 'm', long)]
+    pub model: Option<PathBuf>,
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port (0: any free port; the address is printed when the model is ready).
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Slots: requests decoded together in one batch.
+    #[arg(long = "parallel", short = 'n', default_value_t = 8)]
+    pub parallel: usize,
+    /// Context of each slot, tokens (default: the model's training context).
+    #[arg(short = 'c', long = "ctx-size")]
+    pub ctx_size: Option<usize>,
+    /// Requests that may wait for a slot; more are refused with 503 (default: 4 x parallel).
+    #[arg(long = "max-queue")]
+    pub max_queue: Option<usize>,
+    /// Require `Authorization: Bearer KEY` (GET /health and /v1/models stay open).
+    #[arg(long = "api-key")]
+    pub api_key: Option<String>,
+    /// Largest request body, bytes (413 above).
+    #[arg(long = "body-limit", default_value_t = 8 << 20)]
+    pub body_limit: usize,
+    /// Backend: auto (CUDA when a GPU is usable), cpu or cuda.
+    #[arg(long, value_enum, default_value_t = BackendKind::Auto)]
+    pub backend: BackendKind,
+    /// CPU threads (default: one per core).
+    #[arg(short = 't', long)]
+    pub threads: Option<usize>,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let path = super::run::resolve_model(args.model.as_deref())?;
+    let server = Server::start(ServerConfig {
+        host: args.host.clone(),
+        port: args.port,
+        parallel: args.parallel,
+        n_ctx: args.ctx_size,
+        max_queue: args.max_queue,
+        api_key: args.api_key.clone(),
+        body_limit: args.body_limit,
+        model_path: path.clone(),
+    })?;
+    eprintln!(
+        "muser serve: listening on http://{} (loading {})",
+        server.addr(),
+        path.display()
+    );
+    // A model that fails to load ends the process with the error.
+    super::backend::with_model(&path, args.backend, args.threads, Job { server })
+}
+
+struct Job {
+    server: Server,
+}
+
+impl ModelJob for Job {
+    fn run<B: CliBackend>(self, model: Model<B>) -> anyhow::Result<()> {
+        self.server.serve_model(model)
+    }
+}

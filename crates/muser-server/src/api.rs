@@ -1,0 +1,458 @@
+//! Request parsing: a body becomes a checked generation request or an OpenAI-shaped 400 that
+//! names the field, what it must be and what it was. Fields are read from a JSON object by hand
+//! (not derived) so every wrong type and out-of-range value gets such a message; unknown fields
+//! are ignored, as OpenAI's API does.
+
+use crate::error::ApiError;
+use muser_sample::SamplerParams;
+use muser_tokenizer::Tokenizer;
+use serde_json::{Map, Value};
+
+/// Most stop strings a request may give.
+pub const MAX_STOPS: usize = 16;
+/// Most alternatives `top_logprobs` / completions' `logprobs` may ask for.
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
+pub fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// A short rendering of a value for error messages.
+fn show(v: &Value) -> String {
+    let s = v.to_string();
+    if s.len() > 40 {
+        format!("{}...", &s[..s.floor_char_boundary(40)])
+    } else {
+        s
+    }
+}
+
+/// The body as a JSON object: invalid UTF-8, malformed JSON and a non-object are 400s.
+pub fn parse_object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
+    let text = std::str::from_utf8(body).map_err(|e| {
+        ApiError::bad_request(format!(
+            "the request body is not valid UTF-8 (invalid byte at offset {})",
+            e.valid_up_to()
+        ))
+        .with_code("invalid_utf8")
+    })?;
+    let v: Value = serde_json::from_str(text).map_err(|e| {
+        ApiError::bad_request(format!("the request body is not valid JSON: {e}"))
+            .with_code("invalid_json")
+    })?;
+    match v {
+        Value::Object(m) => Ok(m),
+        other => Err(ApiError::bad_request(format!(
+            "the request body must be a JSON object, got {}",
+            type_name(&other)
+        ))
+        .with_code("invalid_json")),
+    }
+}
+
+/// Typed, range-checked access to the fields of a request object; null counts as absent.
+pub struct Fields<'a>(pub &'a Map<String, Value>);
+
+impl<'a> Fields<'a> {
+    pub fn get(&self, k: &str) -> Option<&'a Value> {
+        self.0.get(k).filter(|v| !v.is_null())
+    }
+
+    pub fn number(&self, k: &str, lo: f64, hi: f64) -> Result<Option<f64>, ApiError> {
+        let Some(v) = self.get(k) else {
+            return Ok(None);
+        };
+        match v.as_f64() {
+            Some(x) if (lo..=hi).contains(&x) => Ok(Some(x)),
+            _ => Err(ApiError::param(
+                k,
+                format!("{k} must be a number from {lo} to {hi}, got {}", show(v)),
+            )),
+        }
+    }
+
+    pub fn integer(&self, k: &str, lo: i64, hi: i64) -> Result<Option<i64>, ApiError> {
+        let Some(v) = self.get(k) else {
+            return Ok(None);
+        };
+        match v.as_i64() {
+            Some(x) if (lo..=hi).contains(&x) => Ok(Some(x)),
+            _ => Err(ApiError::param(
+                k,
+                format!("{k} must be an integer from {lo} to {hi}, got {}", show(v)),
+            )),
+        }
+    }
+
+    pub fn boolean(&self, k: &str) -> Result<Option<bool>, ApiError> {
+        match self.get(k) {
+            None => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(v) => Err(ApiError::param(
+                k,
+                format!("{k} must be a boolean, got {}", show(v)),
+            )),
+        }
+    }
+
+    pub fn string(&self, k: &str) -> Result<Option<&'a str>, ApiError> {
+        match self.get(k) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s)),
+            Some(v) => Err(ApiError::param(
+                k,
+                format!("{k} must be a string, got {}", type_name(v)),
+            )),
+        }
+    }
+}
+
+/// Everything of a completion request except the prompt.
+#[derive(Debug, Clone)]
+pub struct Generation {
+    pub params: SamplerParams,
+    /// None: until the context is full.
+    pub max_tokens: Option<usize>,
+    pub stop: Vec<String>,
+    /// Some(n): report each token's log-probability and its n most likely alternatives.
+    pub logprobs: Option<usize>,
+    pub stream: bool,
+    /// Streams end with a chunk that carries the usage (`stream_options.include_usage`).
+    pub include_usage: bool,
+}
+
+/// Reads the sampling and output fields shared by /v1/completions and /v1/chat/completions.
+/// `seed` is used when the request gives none.
+pub fn parse_generation(f: &Fields, chat: bool, seed: u64) -> Result<Generation, ApiError> {
+    if let Some(n) = f.integer("n", i64::MIN, i64::MAX)? {
+        if n != 1 {
+            return Err(ApiError::param(
+                "n",
+                format!("n must be 1 (one choice per request), got {n}"),
+            ));
+        }
+    }
+    if f.boolean("echo")? == Some(true) {
+        return Err(ApiError::param("echo", "echo is not supported"));
+    }
+    if f.string("suffix")?.is_some_and(|s| !s.is_empty()) {
+        return Err(ApiError::param("suffix", "suffix is not supported"));
+    }
+    if let Some(b) = f.integer("best_of", i64::MIN, i64::MAX)? {
+        if b != 1 {
+            return Err(ApiError::param("best_of", "best_of must be 1"));
+        }
+    }
+
+    let mut p = SamplerParams::default();
+    if let Some(t) = f.number("temperature", 0.0, 2.0)? {
+        p.temperature = t as f32;
+    }
+    if let Some(t) = f.number("top_p", 0.0, 1.0)? {
+        p.top_p = t as f32;
+    }
+    if let Some(k) = f.integer("top_k", 0, i32::MAX as i64)? {
+        p.top_k = k as usize;
+    }
+    if let Some(m) = f.number("min_p", 0.0, 1.0)? {
+        p.min_p = m as f32;
+    }
+    for key in ["repetition_penalty", "repeat_penalty"] {
+        if let Some(r) = f.number(key, 0.0, 10.0)? {
+            if r == 0.0 {
+                return Err(ApiError::param(key, format!("{key} must be above 0")));
+            }
+            p.repeat_penalty = r as f32;
+        }
+    }
+    if let Some(x) = f.number("frequency_penalty", -2.0, 2.0)? {
+        p.frequency_penalty = x as f32;
+    }
+    if let Some(x) = f.number("presence_penalty", -2.0, 2.0)? {
+        p.presence_penalty = x as f32;
+    }
+    p.seed = match f.integer("seed", i64::MIN, i64::MAX)? {
+        None | Some(-1) => seed,
+        Some(s) => s as u64,
+    };
+
+    let mut max_tokens = None;
+    for key in ["max_tokens", "max_completion_tokens", "n_predict"] {
+        if let Some(n) = f.integer(key, 1, i32::MAX as i64)? {
+            max_tokens = Some(n as usize);
+        }
+    }
+
+    let stop = match f.get("stop") {
+        None => Vec::new(),
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(a)) => {
+            if a.len() > MAX_STOPS {
+                return Err(ApiError::param(
+                    "stop",
+                    format!("stop has {} strings; at most {MAX_STOPS}", a.len()),
+                ));
+            }
+            a.iter()
+                .map(|s| match s {
+                    Value::String(s) => Ok(s.clone()),
+                    v => Err(ApiError::param(
+                        "stop",
+                        format!("stop must hold strings, got {}", type_name(v)),
+                    )),
+                })
+                .collect::<Result<_, _>>()?
+        }
+        Some(v) => {
+            return Err(ApiError::param(
+                "stop",
+                format!(
+                    "stop must be a string or an array of strings, got {}",
+                    type_name(v)
+                ),
+            ))
+        }
+    };
+
+    let top_max = MAX_TOP_LOGPROBS as i64;
+    let logprobs = if chat {
+        let on = f.boolean("logprobs")?.unwrap_or(false);
+        let top = f.integer("top_logprobs", 0, top_max)?;
+        if top.is_some() && !on {
+            return Err(ApiError::param(
+                "top_logprobs",
+                "top_logprobs needs logprobs set to true",
+            ));
+        }
+        on.then(|| top.unwrap_or(0) as usize)
+    } else {
+        // Completions: an integer; `true` is taken as 0 alternatives.
+        match f.get("logprobs") {
+            Some(Value::Bool(b)) => b.then_some(0),
+            _ => f.integer("logprobs", 0, top_max)?.map(|n| n as usize),
+        }
+    };
+
+    let stream = f.boolean("stream")?.unwrap_or(false);
+    let include_usage = match f.get("stream_options") {
+        None => false,
+        Some(Value::Object(o)) => Fields(o).boolean("include_usage")?.unwrap_or(false),
+        Some(v) => {
+            return Err(ApiError::param(
+                "stream_options",
+                format!("stream_options must be an object, got {}", type_name(v)),
+            ))
+        }
+    };
+
+    Ok(Generation {
+        params: p,
+        max_tokens,
+        stop,
+        logprobs,
+        stream,
+        include_usage,
+    })
+}
+
+/// A completions prompt: a string, an array of token ids, or a one-element array of either.
+/// Strings are tokenized with BOS (where the model asks for it) and control tokens parsed.
+pub fn parse_prompt(
+    v: Option<&Value>,
+    tok: &Tokenizer,
+    n_vocab: usize,
+) -> Result<Vec<u32>, ApiError> {
+    let err = |m: String| ApiError::param("prompt", m);
+    let tokens = match v {
+        None => return Err(err("prompt is required".into())),
+        Some(Value::String(s)) => tok.encode(s, true, true),
+        Some(Value::Array(a)) if a.iter().all(Value::is_number) && !a.is_empty() => {
+            token_ids(a, n_vocab).map_err(|m| err(format!("prompt{m}")))?
+        }
+        Some(Value::Array(a)) if a.len() == 1 => return parse_prompt(a.first(), tok, n_vocab),
+        Some(Value::Array(a)) if a.is_empty() => return Err(err("prompt is empty".into())),
+        Some(Value::Array(a)) => {
+            return Err(err(format!(
+                "prompt holds {} prompts; send one prompt per request (a string or an array \
+                 of token ids)",
+                a.len()
+            )))
+        }
+        Some(other) => {
+            return Err(err(format!(
+                "prompt must be a string or an array of token ids, got {}",
+                type_name(other)
+            )))
+        }
+    };
+    if tokens.is_empty() {
+        return Err(err("prompt has no tokens".into()));
+    }
+    Ok(tokens)
+}
+
+/// Token ids of a JSON array, each checked against the vocabulary; the error text continues
+/// the field name ("[3] = 99999 is out of range ...").
+pub fn token_ids(a: &[Value], n_vocab: usize) -> Result<Vec<u32>, String> {
+    a.iter()
+        .enumerate()
+        .map(|(i, v)| match v.as_u64() {
+            Some(t) if (t as usize) < n_vocab => Ok(t as u32),
+            _ => Err(format!(
+                "[{i}] = {} is not a token id (an integer from 0 to {})",
+                show(v),
+                n_vocab - 1
+            )),
+        })
+        .collect()
+}
+
+/// The number of tokens to generate at most: `max_tokens`, or what is left of the context.
+/// A prompt that leaves no room, or a prompt plus max_tokens past the context, is a 400 that
+/// carries n_prompt_tokens and n_ctx.
+pub fn fit_context(
+    n_prompt: usize,
+    max_tokens: Option<usize>,
+    n_ctx: usize,
+) -> Result<usize, ApiError> {
+    let over = |msg: String| {
+        ApiError::bad_request(msg)
+            .with_code("context_length_exceeded")
+            .with("n_prompt_tokens", n_prompt)
+            .with("n_ctx", n_ctx)
+    };
+    if n_prompt >= n_ctx {
+        return Err(over(format!(
+            "the prompt has {n_prompt} tokens, which leaves no room in the context of {n_ctx} \
+             tokens"
+        )));
+    }
+    match max_tokens {
+        None => Ok(n_ctx - n_prompt),
+        Some(m) if n_prompt + m <= n_ctx => Ok(m),
+        Some(m) => Err(over(format!(
+            "the prompt ({n_prompt} tokens) plus max_tokens ({m}) is past the context of \
+             {n_ctx} tokens"
+        ))
+        .with_param("max_tokens")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn gen(v: Value) -> Result<Generation, ApiError> {
+        parse_generation(&Fields(v.as_object().unwrap()), false, 7)
+    }
+
+    #[test]
+    fn defaults_and_values() {
+        let g = gen(json!({})).unwrap();
+        assert_eq!(
+            g.params,
+            SamplerParams {
+                seed: 7,
+                ..Default::default()
+            }
+        );
+        assert_eq!((g.max_tokens, g.logprobs, g.stream), (None, None, false));
+        let g = gen(
+            json!({"temperature": 0, "top_k": 5, "seed": 3, "max_tokens": 9,
+                           "stop": ["a", "b"], "logprobs": 2, "stream": true,
+                           "stream_options": {"include_usage": true}}),
+        )
+        .unwrap();
+        assert_eq!(g.params.temperature, 0.0);
+        assert_eq!((g.params.top_k, g.params.seed), (5, 3));
+        assert_eq!((g.max_tokens, g.logprobs), (Some(9), Some(2)));
+        assert_eq!(g.stop, vec!["a", "b"]);
+        assert!(g.stream && g.include_usage);
+    }
+
+    #[test]
+    fn wrong_types_and_ranges_name_the_field() {
+        for (body, field) in [
+            (json!({"temperature": "hot"}), "temperature"),
+            (json!({"temperature": -1}), "temperature"),
+            (json!({"temperature": 1e300}), "temperature"),
+            (json!({"top_p": 2}), "top_p"),
+            (json!({"top_k": -3}), "top_k"),
+            (json!({"top_k": 1.5}), "top_k"),
+            (json!({"max_tokens": -5}), "max_tokens"),
+            (json!({"max_tokens": 0}), "max_tokens"),
+            (json!({"max_tokens": 1e30}), "max_tokens"),
+            (json!({"max_tokens": "10"}), "max_tokens"),
+            (json!({"seed": "x"}), "seed"),
+            (json!({"stop": 3}), "stop"),
+            (json!({"stop": [1]}), "stop"),
+            (json!({"stream": "yes"}), "stream"),
+            (json!({"logprobs": 50}), "logprobs"),
+            (json!({"n": 2}), "n"),
+            (json!({"repetition_penalty": 0}), "repetition_penalty"),
+            (json!({"stream_options": 1}), "stream_options"),
+        ] {
+            let e = gen(body.clone()).unwrap_err();
+            assert_eq!(e.status, 400, "{body}");
+            assert_eq!(e.param.as_deref(), Some(field), "{body}: {}", e.message);
+            assert!(e.message.starts_with(field), "{body}: {}", e.message);
+        }
+    }
+
+    #[test]
+    fn chat_logprobs() {
+        let f = |v: Value| parse_generation(&Fields(v.as_object().unwrap()), true, 0);
+        assert_eq!(
+            f(json!({"logprobs": true, "top_logprobs": 3}))
+                .unwrap()
+                .logprobs,
+            Some(3)
+        );
+        assert_eq!(f(json!({"logprobs": false})).unwrap().logprobs, None);
+        assert!(f(json!({"top_logprobs": 3})).is_err());
+        assert!(f(json!({"logprobs": 1})).is_err());
+    }
+
+    #[test]
+    fn bodies() {
+        assert_eq!(
+            parse_object(b"\xff{}").unwrap_err().code,
+            Some("invalid_utf8")
+        );
+        assert_eq!(
+            parse_object(b"{\"a\":").unwrap_err().code,
+            Some("invalid_json")
+        );
+        assert_eq!(parse_object(b"[1]").unwrap_err().code, Some("invalid_json"));
+        assert!(parse_object(b"{\"a\": 1}").is_ok());
+    }
+
+    #[test]
+    fn context_fit() {
+        assert_eq!(fit_context(10, None, 512).unwrap(), 502);
+        assert_eq!(fit_context(10, Some(502), 512).unwrap(), 502);
+        let e = fit_context(10, Some(503), 512).unwrap_err();
+        assert_eq!(e.extra["n_prompt_tokens"], 10);
+        assert_eq!(e.extra["n_ctx"], 512);
+        assert_eq!(e.code, Some("context_length_exceeded"));
+        assert!(fit_context(512, None, 512).is_err());
+    }
+
+    #[test]
+    fn token_id_arrays() {
+        assert_eq!(token_ids(&[json!(0), json!(9)], 10).unwrap(), vec![0, 9]);
+        assert!(token_ids(&[json!(10)], 10)
+            .unwrap_err()
+            .contains("[0] = 10"));
+        assert!(token_ids(&[json!(-1)], 10).is_err());
+        assert!(token_ids(&[json!(1.5)], 10).is_err());
+    }
+}

@@ -1,0 +1,201 @@
+//! Chat messages to a prompt: the GGUF's `tokenizer.chat_template` (a Hugging Face Jinja
+//! template) rendered with minijinja and Python-compatible string methods, or a plain
+//! "Role: text" template when the file has none.
+
+use crate::error::ApiError;
+use minijinja::{context, Environment, Error, ErrorKind};
+use serde_json::Value;
+
+/// Used when the model has no `tokenizer.chat_template`.
+pub const FALLBACK_TEMPLATE: &str = "{%- for m in messages -%}\
+{{ m.role | capitalize }}: {{ m.content }}\n\
+{% endfor -%}\
+{%- if add_generation_prompt %}Assistant:{% endif -%}";
+
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    /// The template is the file's own (false: the fallback).
+    pub from_model: bool,
+    bos: String,
+    eos: String,
+}
+
+impl ChatTemplate {
+    /// Compiles `source` (None: the fallback). A template minijinja cannot parse is an error
+    /// naming the line.
+    pub fn new(source: Option<&str>, bos: &str, eos: &str) -> anyhow::Result<ChatTemplate> {
+        let mut env = Environment::new();
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", |msg: String| -> Result<String, Error> {
+            Err(Error::new(ErrorKind::InvalidOperation, msg))
+        });
+        env.add_function("strftime_now", |_fmt: String| -> String {
+            // Templates use it for a "today is" line; a fixed date keeps prompts reproducible.
+            "01 Jan 2026".to_string()
+        });
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        let from_model = source.is_some();
+        env.add_template_owned("chat", source.unwrap_or(FALLBACK_TEMPLATE).to_string())
+            .map_err(|e| anyhow::anyhow!("the model's chat template does not parse: {e:#}"))?;
+        Ok(ChatTemplate {
+            env,
+            from_model,
+            bos: bos.to_string(),
+            eos: eos.to_string(),
+        })
+    }
+
+    /// The prompt text for `messages`, ending where the assistant's reply begins.
+    pub fn render(&self, messages: &[Value]) -> Result<String, ApiError> {
+        let tmpl = self
+            .env
+            .get_template("chat")
+            .map_err(|e| ApiError::internal(format!("chat template: {e}")))?;
+        tmpl.render(context! {
+            messages => messages,
+            add_generation_prompt => true,
+            bos_token => &self.bos,
+            eos_token => &self.eos,
+        })
+        .map_err(|e| ApiError::bad_request(format!("the chat template refused the messages: {e}")))
+    }
+}
+
+/// Checks `messages` (a non-empty array of {role, content}) and returns them with content
+/// flattened to a string (text parts joined), the form templates expect.
+pub fn parse_messages(v: Option<&Value>) -> Result<Vec<Value>, ApiError> {
+    let param = |m: String| ApiError::param("messages", m);
+    let arr = match v {
+        Some(Value::Array(a)) => a,
+        Some(other) => {
+            return Err(param(format!(
+                "messages must be an array, got {}",
+                crate::api::type_name(other)
+            )))
+        }
+        None => return Err(param("messages is required".into())),
+    };
+    if arr.is_empty() {
+        return Err(param("messages must not be empty".into()));
+    }
+    let mut out = Vec::with_capacity(arr.len());
+    for (i, m) in arr.iter().enumerate() {
+        let Some(obj) = m.as_object() else {
+            return Err(param(format!("messages[{i}] must be an object")));
+        };
+        let role = match obj.get("role") {
+            Some(Value::String(r)) => r.as_str(),
+            _ => return Err(param(format!("messages[{i}].role must be a string"))),
+        };
+        let role = match role {
+            "system" | "user" | "assistant" | "tool" => role,
+            "developer" => "system",
+            other => {
+                return Err(param(format!(
+                    "messages[{i}].role '{other}' is not one of system, developer, user, \
+                     assistant, tool"
+                )))
+            }
+        };
+        let content = match obj.get("content") {
+            Some(Value::String(s)) => s.clone(),
+            None | Some(Value::Null) if role == "assistant" => String::new(),
+            Some(Value::Array(parts)) => {
+                let mut text = String::new();
+                for (j, p) in parts.iter().enumerate() {
+                    match (p.get("type").and_then(Value::as_str), p.get("text")) {
+                        (Some("text"), Some(Value::String(t))) => text.push_str(t),
+                        (Some("text"), _) => {
+                            return Err(param(format!(
+                                "messages[{i}].content[{j}].text must be a string"
+                            )))
+                        }
+                        (ty, _) => {
+                            return Err(param(format!(
+                                "messages[{i}].content[{j}]: only text parts are supported, \
+                                 got type {}",
+                                ty.unwrap_or("(none)")
+                            )))
+                        }
+                    }
+                }
+                text
+            }
+            _ => {
+                return Err(param(format!(
+                    "messages[{i}].content must be a string or an array of text parts"
+                )))
+            }
+        };
+        out.push(serde_json::json!({ "role": role, "content": content }));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn fallback_template() {
+        let t = ChatTemplate::new(None, "<s>", "</s>").unwrap();
+        let m = parse_messages(Some(&json!([
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": "!"}]}
+        ])))
+        .unwrap();
+        assert_eq!(
+            t.render(&m).unwrap(),
+            "System: Be brief.\nUser: Hi!\nAssistant:"
+        );
+    }
+
+    #[test]
+    fn model_template_with_python_methods() {
+        let src =
+            "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'].strip() }}\
+                   {% if not loop.last %}\n{% endif %}{% endfor %}\
+                   {% if add_generation_prompt %}<|assistant|>{% endif %}";
+        let t = ChatTemplate::new(Some(src), "<s>", "</s>").unwrap();
+        let m = parse_messages(Some(&json!([{"role": "user", "content": "  hello  "}]))).unwrap();
+        assert_eq!(t.render(&m).unwrap(), "<s><|user|>hello<|assistant|>");
+    }
+
+    #[test]
+    fn raise_exception_is_a_400() {
+        let t = ChatTemplate::new(
+            Some("{{ raise_exception('roles must alternate') }}"),
+            "",
+            "",
+        )
+        .unwrap();
+        let e = t.render(&[]).unwrap_err();
+        assert_eq!(e.status, 400);
+        assert!(e.message.contains("roles must alternate"), "{}", e.message);
+    }
+
+    #[test]
+    fn bad_messages() {
+        for (v, what) in [
+            (json!("hi"), "must be an array"),
+            (json!([]), "must not be empty"),
+            (json!([{"role": "user"}]), "content"),
+            (json!([{"role": "robot", "content": "x"}]), "robot"),
+            (
+                json!([{"role": 3, "content": "x"}]),
+                "role must be a string",
+            ),
+            (
+                json!([{"role": "user", "content": [{"type": "image_url"}]}]),
+                "only text",
+            ),
+        ] {
+            let e = parse_messages(Some(&v)).unwrap_err();
+            assert!(e.message.contains(what), "{v}: {}", e.message);
+        }
+        assert!(parse_messages(None).is_err());
+        assert!(ChatTemplate::new(Some("{% for %}"), "", "").is_err());
+    }
+}

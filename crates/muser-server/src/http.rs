@@ -1,0 +1,540 @@
+//! The routes: request bodies are read under the size limit, parsed (`api`, `chat`), checked
+//! against the context, handed to the engine, and the engine's events are answered as one
+//! OpenAI response object or as server-sent events ending in `data: [DONE]`.
+
+use crate::api::{self, fit_context, parse_generation, parse_object, parse_prompt, Fields};
+use crate::chat::parse_messages;
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+use crate::scheduler::{Event, Finish, Job, Logprob};
+use crate::{ModelInfo, Shared};
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::sse::{Event as SseEvent, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use futures_util::stream::{self, Stream, StreamExt};
+use serde_json::{json, Map, Value};
+use std::convert::Infallible;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+type AppState = State<Arc<Shared>>;
+
+pub(crate) fn router(shared: Arc<Shared>) -> Router {
+    Router::new()
+        .route("/health", get(health))
+        .route("/v1/health", get(health))
+        .route("/v1/models", get(models))
+        .route("/models", get(models))
+        .route("/v1/completions", post(completions))
+        .route("/completions", post(completions))
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/chat/completions", post(chat_completions))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .layer(middleware::from_fn_with_state(shared.clone(), auth))
+        .with_state(shared)
+}
+
+/// `--api-key`: every route but /health and the model list needs `Authorization: Bearer KEY`.
+async fn auth(State(sh): AppState, req: Request, next: Next) -> Response {
+    let Some(key) = &sh.config.api_key else {
+        return next.run(req).await;
+    };
+    let path = req.uri().path();
+    if matches!(path, "/health" | "/v1/health" | "/v1/models" | "/models") {
+        return next.run(req).await;
+    }
+    let given = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    if given == Some(key.as_str()) {
+        return next.run(req).await;
+    }
+    ApiError::new(
+        StatusCode::UNAUTHORIZED,
+        "authentication_error",
+        "invalid or missing API key (Authorization: Bearer <key>)",
+    )
+    .with_code("invalid_api_key")
+    .into_response()
+}
+
+async fn not_found(req: Request) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        format!("no route for {} {}", req.method(), req.uri().path()),
+    )
+    .with_code("not_found")
+}
+
+impl Shared {
+    /// The model, or 503 while it loads (500 if it failed to).
+    fn ready(&self) -> Result<Arc<ModelInfo>, ApiError> {
+        if let Some(m) = self.model.get() {
+            return Ok(m.clone());
+        }
+        match self.load_error.get() {
+            Some(e) => Err(ApiError::internal(format!("the model failed to load: {e}"))),
+            None => Err(ApiError::unavailable("the model is loading").with_code("loading")),
+        }
+    }
+
+    fn next_id(&self) -> u64 {
+        self.counter.fetch_add(1, Relaxed)
+    }
+
+    /// Hands a job to the engine, or 503 when `max_queue` requests already wait for a slot.
+    fn submit(&self, job: Job) -> Result<(), ApiError> {
+        let m = &self.metrics;
+        let waiting = m.queued.fetch_add(1, Relaxed);
+        if waiting as usize >= self.max_queue {
+            m.queued.fetch_sub(1, Relaxed);
+            Metrics::add(&m.requests_rejected, 1);
+            return Err(ApiError::unavailable(format!(
+                "the server is busy: {} slots in use and {waiting} requests waiting; retry later",
+                self.config.parallel
+            ))
+            .with_code("server_overloaded"));
+        }
+        self.jobs.send(job).map_err(|_| {
+            m.queued.fetch_sub(1, Relaxed);
+            ApiError::internal("the engine has stopped")
+        })
+    }
+}
+
+/// The body, at most `limit` bytes: 413 above it (by Content-Length or while reading).
+async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, ApiError> {
+    let too_large = || {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request_error",
+            format!("the request body is larger than the limit of {limit} bytes"),
+        )
+        .with_code("request_too_large")
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(too_large());
+    }
+    axum::body::to_bytes(body, limit).await.map_err(|e| {
+        let mut src: Option<&(dyn std::error::Error + 'static)> = Some(&e);
+        while let Some(s) = src {
+            if s.is::<http_body_util::LengthLimitError>() {
+                return too_large();
+            }
+            src = s.source();
+        }
+        ApiError::bad_request(format!("could not read the request body: {e}"))
+    })
+}
+
+async fn health(State(sh): AppState) -> Response {
+    match sh.ready() {
+        Ok(_) => Json(json!({"status": "ok"})).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn models(State(sh): AppState) -> Result<Json<Value>, ApiError> {
+    let m = sh.ready()?;
+    Ok(Json(json!({
+        "object": "list",
+        "data": [{
+            "id": m.id,
+            "object": "model",
+            "created": m.created,
+            "owned_by": "muser",
+            "meta": {
+                "n_ctx": m.n_ctx,
+                "n_ctx_train": m.n_ctx_train,
+                "n_vocab": m.n_vocab,
+                "n_params": m.n_params,
+                "size": m.size,
+                "backend": m.backend,
+                "chat_template": if m.template.from_model { "model" } else { "fallback" },
+            }
+        }]
+    })))
+}
+
+async fn metrics(State(sh): AppState) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        sh.metrics.render(),
+    )
+        .into_response()
+}
+
+async fn tokenize(
+    State(sh): AppState,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Json<Value>, ApiError> {
+    let m = sh.ready()?;
+    let obj = parse_object(&read_body(&headers, body, sh.config.body_limit).await?)?;
+    let f = Fields(&obj);
+    let content = f
+        .string("content")?
+        .ok_or_else(|| ApiError::param("content", "content is required"))?;
+    let add_special = f.boolean("add_special")?.unwrap_or(false);
+    let parse_special = f.boolean("parse_special")?.unwrap_or(true);
+    let ids = m.tokenizer.encode(content, add_special, parse_special);
+    let tokens: Vec<Value> = if f.boolean("with_pieces")?.unwrap_or(false) {
+        ids.iter()
+            .map(|&id| json!({"id": id, "piece": piece(&m, id)}))
+            .collect()
+    } else {
+        ids.iter().map(|&id| json!(id)).collect()
+    };
+    Ok(Json(json!({ "tokens": tokens })))
+}
+
+async fn detokenize(
+    State(sh): AppState,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Json<Value>, ApiError> {
+    let m = sh.ready()?;
+    let obj = parse_object(&read_body(&headers, body, sh.config.body_limit).await?)?;
+    let ids = match Fields(&obj).get("tokens") {
+        Some(Value::Array(a)) => api::token_ids(a, m.tokenizer.n_vocab())
+            .map_err(|e| ApiError::param("tokens", format!("tokens{e}")))?,
+        Some(v) => {
+            return Err(ApiError::param(
+                "tokens",
+                format!(
+                    "tokens must be an array of token ids, got {}",
+                    api::type_name(v)
+                ),
+            ))
+        }
+        None => return Err(ApiError::param("tokens", "tokens is required")),
+    };
+    let bytes = m
+        .tokenizer
+        .decode(&ids)
+        .map_err(|e| ApiError::param("tokens", e.to_string()))?;
+    Ok(Json(json!({ "content": String::from_utf8_lossy(&bytes) })))
+}
+
+async fn completions(State(sh): AppState, headers: HeaderMap, body: Body) -> Response {
+    generate(sh, headers, body, false)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn chat_completions(State(sh): AppState, headers: HeaderMap, body: Body) -> Response {
+    generate(sh, headers, body, true)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn generate(
+    sh: Arc<Shared>,
+    headers: HeaderMap,
+    body: Body,
+    chat: bool,
+) -> Result<Response, ApiError> {
+    let m = sh.ready()?;
+    let obj = parse_object(&read_body(&headers, body, sh.config.body_limit).await?)?;
+    let f = Fields(&obj);
+    if let Some(name) = f.string("model")? {
+        if !name.is_empty() && !m.knows(name) {
+            return Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                format!(
+                    "the model '{name}' does not exist; this server has '{}'",
+                    m.id
+                ),
+            )
+            .with_code("model_not_found")
+            .with_param("model"));
+        }
+    }
+    let gen = parse_generation(&f, chat, sh.next_id())?;
+    let prompt = if chat {
+        let messages = parse_messages(f.get("messages"))?;
+        let text = m.template.render(&messages)?;
+        // A template that writes BOS itself gets no second one.
+        let bos_written = m
+            .tokenizer
+            .bos()
+            .and_then(|b| m.tokenizer.token_text(b).ok())
+            .is_some_and(|b| !b.is_empty() && text.starts_with(b));
+        let p = m.tokenizer.encode(&text, !bos_written, true);
+        if p.is_empty() {
+            return Err(ApiError::param("messages", "the messages have no tokens"));
+        }
+        p
+    } else {
+        parse_prompt(f.get("prompt"), &m.tokenizer, m.n_vocab)?
+    };
+    let max_tokens = fit_context(prompt.len(), gen.max_tokens, m.n_ctx)?;
+
+    let (tx, rx) = unbounded_channel();
+    let reply = Reply {
+        id: format!(
+            "{}-{:016x}",
+            if chat { "chatcmpl" } else { "cmpl" },
+            sh.next_id()
+        ),
+        created: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        model: m.id.clone(),
+        chat,
+        logprobs: gen.logprobs.is_some(),
+        include_usage: gen.include_usage,
+        info: m.clone(),
+    };
+    let stream = gen.stream;
+    sh.submit(Job {
+        prompt,
+        gen,
+        max_tokens,
+        events: tx,
+    })?;
+    if stream {
+        Ok(Sse::new(sse_stream(reply, rx)).into_response())
+    } else {
+        collect(reply, rx).await.map(|v| Json(v).into_response())
+    }
+}
+
+/// How to write the answer to one request.
+struct Reply {
+    id: String,
+    created: u64,
+    model: String,
+    chat: bool,
+    logprobs: bool,
+    include_usage: bool,
+    info: Arc<ModelInfo>,
+}
+
+fn piece(m: &ModelInfo, id: u32) -> String {
+    String::from_utf8_lossy(m.tokenizer.token_to_piece_bytes(id).unwrap_or(b"")).into_owned()
+}
+
+fn usage(f: &Finish) -> Value {
+    json!({
+        "prompt_tokens": f.prompt_tokens,
+        "completion_tokens": f.completion_tokens,
+        "total_tokens": f.prompt_tokens + f.completion_tokens,
+        "prompt_tokens_details": { "cached_tokens": f.cached_tokens },
+    })
+}
+
+impl Reply {
+    /// `logprobs` of a choice for these tokens; `offset` is the text offset of the first.
+    fn logprobs(&self, lps: &[Logprob], mut offset: usize) -> Value {
+        if !self.logprobs {
+            return Value::Null;
+        }
+        let m = &self.info;
+        if self.chat {
+            let entry = |id: u32, lp: f32| {
+                let p = piece(m, id);
+                json!({"token": p, "logprob": lp, "bytes": p.as_bytes()})
+            };
+            let content: Vec<Value> = lps
+                .iter()
+                .map(|l| {
+                    let mut e = entry(l.id, l.logprob);
+                    e["top_logprobs"] = l.top.iter().map(|&(id, lp)| entry(id, lp)).collect();
+                    e
+                })
+                .collect();
+            json!({ "content": content })
+        } else {
+            let mut tokens = Vec::new();
+            let mut token_logprobs = Vec::new();
+            let mut top = Vec::new();
+            let mut offsets = Vec::new();
+            for l in lps {
+                let p = piece(m, l.id);
+                offsets.push(offset);
+                offset += p.len();
+                tokens.push(p);
+                token_logprobs.push(l.logprob);
+                let alts: Map<String, Value> = l
+                    .top
+                    .iter()
+                    .map(|&(id, lp)| (piece(m, id), json!(lp)))
+                    .collect();
+                top.push(alts);
+            }
+            json!({
+                "tokens": tokens,
+                "token_logprobs": token_logprobs,
+                "top_logprobs": top,
+                "text_offset": offsets,
+            })
+        }
+    }
+
+    fn object(&self, stream: bool) -> &'static str {
+        match (self.chat, stream) {
+            (true, true) => "chat.completion.chunk",
+            (true, false) => "chat.completion",
+            (false, _) => "text_completion",
+        }
+    }
+
+    fn envelope(&self, stream: bool, choices: Value) -> Value {
+        json!({
+            "id": self.id,
+            "object": self.object(stream),
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": "muser",
+            "choices": choices,
+        })
+    }
+
+    /// One streamed chunk: text, the token's logprobs, or the finish reason.
+    fn chunk(
+        &self,
+        text: Option<&str>,
+        lps: &[Logprob],
+        offset: usize,
+        finish: Option<&str>,
+        role: bool,
+    ) -> Value {
+        let mut choice = json!({
+            "index": 0,
+            "logprobs": if lps.is_empty() { Value::Null } else { self.logprobs(lps, offset) },
+            "finish_reason": finish,
+        });
+        if self.chat {
+            let mut delta = Map::new();
+            if role {
+                delta.insert("role".into(), json!("assistant"));
+            }
+            if let Some(t) = text {
+                delta.insert("content".into(), json!(t));
+            }
+            choice["delta"] = Value::Object(delta);
+        } else {
+            choice["text"] = json!(text.unwrap_or(""));
+        }
+        self.envelope(true, json!([choice]))
+    }
+
+    /// The whole answer.
+    fn complete(&self, text: String, lps: &[Logprob], f: &Finish) -> Value {
+        let mut choice = json!({
+            "index": 0,
+            "logprobs": self.logprobs(lps, 0),
+            "finish_reason": f.reason.as_str(),
+        });
+        if self.chat {
+            choice["message"] = json!({"role": "assistant", "content": text});
+        } else {
+            choice["text"] = json!(text);
+        }
+        let mut v = self.envelope(false, json!([choice]));
+        v["usage"] = usage(f);
+        v
+    }
+}
+
+async fn collect(reply: Reply, mut rx: UnboundedReceiver<Event>) -> Result<Value, ApiError> {
+    let mut text = String::new();
+    let mut lps = Vec::new();
+    while let Some(ev) = rx.recv().await {
+        match ev {
+            Event::Token { text: t, logprob } => {
+                text.push_str(&t);
+                lps.extend(logprob);
+            }
+            Event::Done(f) => return Ok(reply.complete(text, &lps, &f)),
+            Event::Error(e) => return Err(ApiError::internal(e)),
+        }
+    }
+    Err(ApiError::internal(
+        "the engine stopped before the answer was complete",
+    ))
+}
+
+/// Server-sent events: a chunk per token (text and logprobs), a chunk with the finish reason,
+/// the usage chunk if asked for, then `[DONE]`. Dropping the stream (the client went away)
+/// drops the receiver, which the engine notices at its next step.
+fn sse_stream(
+    reply: Reply,
+    rx: UnboundedReceiver<Event>,
+) -> impl Stream<Item = Result<SseEvent, Infallible>> {
+    struct St {
+        reply: Reply,
+        rx: UnboundedReceiver<Event>,
+        offset: usize,
+        first: bool,
+        ended: bool,
+    }
+    let data = |v: Value| SseEvent::default().data(v.to_string());
+    let st = St {
+        reply,
+        rx,
+        offset: 0,
+        first: true,
+        ended: false,
+    };
+    stream::unfold(st, move |mut st| async move {
+        if st.ended {
+            return None;
+        }
+        let mut out = Vec::new();
+        let r = &st.reply;
+        if st.first && r.chat {
+            out.push(data(r.chunk(Some(""), &[], 0, None, true)));
+        }
+        st.first = false;
+        match st.rx.recv().await {
+            Some(Event::Token { text, logprob }) => {
+                let lps: Vec<Logprob> = logprob.into_iter().collect();
+                if !text.is_empty() || !lps.is_empty() {
+                    out.push(data(r.chunk(Some(&text), &lps, st.offset, None, false)));
+                }
+                st.offset += text.len();
+            }
+            Some(Event::Done(f)) => {
+                out.push(data(r.chunk(None, &[], 0, Some(f.reason.as_str()), false)));
+                if r.include_usage {
+                    let mut u = r.envelope(true, json!([]));
+                    u["usage"] = usage(&f);
+                    out.push(data(u));
+                }
+                out.push(SseEvent::default().data("[DONE]"));
+                st.ended = true;
+            }
+            Some(Event::Error(e)) => {
+                out.push(data(ApiError::internal(e).body()));
+                st.ended = true;
+            }
+            None => {
+                out.push(data(
+                    ApiError::internal("the engine stopped before the answer was complete").body(),
+                ));
+                st.ended = true;
+            }
+        }
+        Some((stream::iter(out.into_iter().map(Ok)), st))
+    })
+    .flatten()
+}

@@ -1,0 +1,241 @@
+//! The OpenAI-compatible HTTP server and its scheduler.
+//!
+//! `Server::start` binds the port and answers at once (GET /health is 503 until the model is
+//! ready); `Server::serve_model` then takes a model on any `muser_engine::Backend` and runs the
+//! engine loop (`scheduler`) on the calling thread, while axum on a small tokio runtime parses
+//! requests (`api`, `chat`), hands them to the engine over a channel and streams the tokens it
+//! sends back (`http`).
+//!
+//! ```ignore
+//! let server = Server::start(ServerConfig { port: 8080, ..Default::default() })?;
+//! let model = Model::load("m.gguf", &LoadOptions::default())?;
+//! server.serve_model(model)?; // runs until the process ends
+//! ```
+
+pub mod api;
+pub mod chat;
+pub mod error;
+mod http;
+pub mod metrics;
+pub mod scheduler;
+pub mod text;
+
+use anyhow::Context;
+use chat::ChatTemplate;
+use metrics::Metrics;
+use muser_engine::{Backend, Model};
+use muser_tokenizer::Tokenizer;
+use scheduler::{Engine, Job};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicU64;
+use std::sync::{mpsc, Arc, OnceLock};
+
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub host: String,
+    /// 0: any free port (the bound address is `Server::addr`).
+    pub port: u16,
+    /// Slots: sequences decoded together.
+    pub parallel: usize,
+    /// Context of each slot (None: the model's training context).
+    pub n_ctx: Option<usize>,
+    /// Requests that may wait for a slot; more get 503 (None: 4 x parallel).
+    pub max_queue: Option<usize>,
+    /// Requests must carry `Authorization: Bearer <key>` (except /health and /v1/models).
+    pub api_key: Option<String>,
+    /// Largest request body, bytes (413 above).
+    pub body_limit: usize,
+    /// The model file, for its id.
+    pub model_path: PathBuf,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            host: "127.0.0.1".into(),
+            port: 8080,
+            parallel: 8,
+            n_ctx: None,
+            max_queue: None,
+            api_key: None,
+            body_limit: 8 << 20,
+            model_path: PathBuf::from("model.gguf"),
+        }
+    }
+}
+
+/// What the handlers know of the loaded model.
+pub struct ModelInfo {
+    /// The model's id in the API: the file name without `.gguf`.
+    pub id: String,
+    /// Other names a request's `model` may use: the file name, the path, `general.name`.
+    pub aliases: Vec<String>,
+    pub tokenizer: Tokenizer,
+    pub template: ChatTemplate,
+    /// Context of each slot.
+    pub n_ctx: usize,
+    pub n_ctx_train: usize,
+    pub n_vocab: usize,
+    pub n_params: u64,
+    pub size: u64,
+    /// Unix time the model became ready.
+    pub created: u64,
+    pub backend: String,
+}
+
+impl ModelInfo {
+    pub fn knows(&self, name: &str) -> bool {
+        name == self.id || self.aliases.iter().any(|a| a == name)
+    }
+}
+
+/// State shared by the handlers and the engine.
+pub(crate) struct Shared {
+    pub config: ServerConfig,
+    pub max_queue: usize,
+    pub model: OnceLock<Arc<ModelInfo>>,
+    pub load_error: OnceLock<String>,
+    pub metrics: Metrics,
+    pub jobs: mpsc::Sender<Job>,
+    /// Seeds for requests that give none, and response ids.
+    pub counter: AtomicU64,
+}
+
+pub struct Server {
+    shared: Arc<Shared>,
+    jobs: mpsc::Receiver<Job>,
+    addr: SocketAddr,
+    _runtime: tokio::runtime::Runtime,
+}
+
+impl Server {
+    /// Binds `host:port` and starts answering (503 until `serve_model`).
+    pub fn start(config: ServerConfig) -> anyhow::Result<Server> {
+        if config.parallel == 0 {
+            anyhow::bail!("--parallel must be at least 1");
+        }
+        let listener = std::net::TcpListener::bind((config.host.as_str(), config.port))
+            .with_context(|| format!("cannot listen on {}:{}", config.host, config.port))?;
+        listener.set_nonblocking(true)?;
+        let addr = listener.local_addr()?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("muser-http")
+            .enable_all()
+            .build()?;
+        let (tx, rx) = mpsc::channel();
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        let shared = Arc::new(Shared {
+            max_queue: config.max_queue.unwrap_or(4 * config.parallel),
+            config,
+            model: OnceLock::new(),
+            load_error: OnceLock::new(),
+            metrics: Metrics::default(),
+            jobs: tx,
+            counter: AtomicU64::new(seed),
+        });
+        let app = http::router(shared.clone());
+        runtime.spawn(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
+            if let Err(e) = axum::serve(listener, app).await {
+                eprintln!("server error: {e}");
+            }
+        });
+        Ok(Server {
+            shared,
+            jobs: rx,
+            addr,
+            _runtime: runtime,
+        })
+    }
+
+    /// The address the server listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The model could not be loaded: /health says so with a 500.
+    pub fn fail(&self, message: &str) {
+        let _ = self.shared.load_error.set(message.to_string());
+    }
+
+    /// Serves `model` until the process ends: builds the tokenizer and chat template, marks the
+    /// server ready and runs the engine loop on this thread.
+    pub fn serve_model<B: Backend>(self, model: Model<B>) -> anyhow::Result<()> {
+        let sh = &self.shared;
+        let info = match model_info(&model, &sh.config) {
+            Ok(i) => i,
+            Err(e) => {
+                self.fail(&format!("{e:#}"));
+                return Err(e);
+            }
+        };
+        let info = Arc::new(info);
+        let mut engine = Engine::new(
+            &model,
+            &info.tokenizer,
+            &sh.metrics,
+            sh.config.parallel,
+            info.n_ctx,
+        )?;
+        eprintln!(
+            "muser serve: {} ready on http://{} ({} slots of {} tokens, {})",
+            info.id, self.addr, sh.config.parallel, info.n_ctx, info.backend
+        );
+        let _ = sh.model.set(info.clone());
+        engine.run(self.jobs);
+        Ok(())
+    }
+}
+
+fn model_info<B: Backend>(model: &Model<B>, config: &ServerConfig) -> anyhow::Result<ModelInfo> {
+    let gguf = model.gguf();
+    let tokenizer = Tokenizer::from_gguf(gguf).context("reading the tokenizer")?;
+    let text = |id: Option<u32>| {
+        id.and_then(|i| tokenizer.token_text(i).ok())
+            .unwrap_or("")
+            .to_string()
+    };
+    let template_src = gguf.get_str("tokenizer.chat_template").ok();
+    let template = ChatTemplate::new(template_src, &text(tokenizer.bos()), &text(tokenizer.eos()))?;
+    let c = &model.config;
+    let n_ctx = config.n_ctx.unwrap_or(c.n_ctx_train);
+    if n_ctx == 0 {
+        anyhow::bail!("the context size must be at least 1");
+    }
+    let path = &config.model_path;
+    let file_name = path
+        .file_name()
+        .map(|f| f.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let id = file_name
+        .strip_suffix(".gguf")
+        .unwrap_or(&file_name)
+        .to_string();
+    let mut aliases = vec![file_name.clone(), path.display().to_string()];
+    if let Ok(name) = gguf.get_str("general.name") {
+        aliases.push(name.to_string());
+    }
+    Ok(ModelInfo {
+        id,
+        aliases,
+        template,
+        n_ctx,
+        n_ctx_train: c.n_ctx_train,
+        n_vocab: c.n_vocab,
+        n_params: model.n_params(),
+        size: model.weight_bytes(),
+        created: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        backend: format!(
+            "{}, {} threads",
+            model.backend().name(),
+            model.backend().threads()
+        ),
+        tokenizer,
+    })
+}

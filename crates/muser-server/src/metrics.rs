@@ -1,0 +1,138 @@
+//! Counters the engine thread and the handlers update, rendered as Prometheus text at
+//! GET /metrics (names after llama-server's, prefixed `muser:`).
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+#[derive(Default)]
+pub struct Metrics {
+    /// Prompt tokens run through the model (cached prefix tokens not counted).
+    pub prompt_tokens: AtomicU64,
+    /// Prompt tokens served from a slot's cache.
+    pub cached_tokens: AtomicU64,
+    pub generated_tokens: AtomicU64,
+    /// Nanoseconds spent in prefill chunks and in decode steps.
+    pub prefill_ns: AtomicU64,
+    pub decode_ns: AtomicU64,
+    pub decode_steps: AtomicU64,
+    pub requests_finished: AtomicU64,
+    /// Requests whose client went away before the end.
+    pub requests_cancelled: AtomicU64,
+    /// Requests refused with 503 because the queue was full.
+    pub requests_rejected: AtomicU64,
+    /// Requests holding a slot now.
+    pub running: AtomicU64,
+    /// Requests waiting for a slot now (sent to the engine, not yet in a slot).
+    pub queued: AtomicU64,
+    /// Positions held in all slots' KV caches, and what they can hold.
+    pub kv_tokens: AtomicU64,
+    pub kv_capacity: AtomicU64,
+}
+
+impl Metrics {
+    pub fn add(c: &AtomicU64, n: u64) {
+        c.fetch_add(n, Relaxed);
+    }
+
+    pub fn render(&self) -> String {
+        let g = |c: &AtomicU64| c.load(Relaxed);
+        let rate = |tokens: u64, ns: u64| {
+            if ns == 0 {
+                0.0
+            } else {
+                tokens as f64 / (ns as f64 * 1e-9)
+            }
+        };
+        let kv_cap = g(&self.kv_capacity).max(1);
+        let rows: [(&str, &str, &str, String); 13] = [
+            (
+                "prompt_tokens_total",
+                "counter",
+                "Prompt tokens processed (cache hits excluded).",
+                g(&self.prompt_tokens).to_string(),
+            ),
+            (
+                "prompt_tokens_cached_total",
+                "counter",
+                "Prompt tokens reused from a slot's cache.",
+                g(&self.cached_tokens).to_string(),
+            ),
+            (
+                "tokens_predicted_total",
+                "counter",
+                "Tokens generated.",
+                g(&self.generated_tokens).to_string(),
+            ),
+            (
+                "prompt_seconds_total",
+                "counter",
+                "Time spent in prefill.",
+                format!("{:.6}", g(&self.prefill_ns) as f64 * 1e-9),
+            ),
+            (
+                "tokens_predicted_seconds_total",
+                "counter",
+                "Time spent in decode steps.",
+                format!("{:.6}", g(&self.decode_ns) as f64 * 1e-9),
+            ),
+            (
+                "prompt_tokens_seconds",
+                "gauge",
+                "Prefill throughput, tokens/s, over the server's life.",
+                format!("{:.3}", rate(g(&self.prompt_tokens), g(&self.prefill_ns))),
+            ),
+            (
+                "predicted_tokens_seconds",
+                "gauge",
+                "Aggregate decode throughput, tokens/s, over the server's life.",
+                format!("{:.3}", rate(g(&self.generated_tokens), g(&self.decode_ns))),
+            ),
+            (
+                "requests_finished_total",
+                "counter",
+                "Requests completed.",
+                g(&self.requests_finished).to_string(),
+            ),
+            (
+                "requests_cancelled_total",
+                "counter",
+                "Requests whose client disconnected first.",
+                g(&self.requests_cancelled).to_string(),
+            ),
+            (
+                "requests_rejected_total",
+                "counter",
+                "Requests refused because the queue was full.",
+                g(&self.requests_rejected).to_string(),
+            ),
+            (
+                "requests_processing",
+                "gauge",
+                "Requests holding a slot.",
+                g(&self.running).to_string(),
+            ),
+            (
+                "requests_deferred",
+                "gauge",
+                "Requests waiting for a slot.",
+                g(&self.queued).to_string(),
+            ),
+            (
+                "kv_cache_usage_ratio",
+                "gauge",
+                "Share of the slots' KV cache positions in use.",
+                format!("{:.6}", g(&self.kv_tokens) as f64 / kv_cap as f64),
+            ),
+        ];
+        let mut out = String::new();
+        for (name, kind, help, value) in rows {
+            out.push_str(&format!(
+                "# HELP muser:{name} {help}\n# TYPE muser:{name} {kind}\nmuser:{name} {value}\n"
+            ));
+        }
+        out.push_str(&format!(
+            "# HELP muser:kv_cache_tokens KV cache positions in use.\n# TYPE muser:kv_cache_tokens gauge\nmuser:kv_cache_tokens {}\n",
+            g(&self.kv_tokens)
+        ));
+        out
+    }
+}

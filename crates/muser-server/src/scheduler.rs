@@ -1,0 +1,493 @@
+//! The engine thread: it owns the model and the slots (one `Session`, so one KV cache, each)
+//! and runs requests that arrive over a channel. Every step:
+//!
+//! 1. drops requests whose client went away (their receiver is gone), freeing the slot;
+//! 2. gives waiting requests idle slots, preferring the slot whose cache shares the longest
+//!    prefix with the prompt (those positions are not computed again: "cached tokens");
+//! 3. advances every decoding slot by one token in one decode group (one forward pass);
+//! 4. runs one prefill chunk of a prompt: 512 tokens when no slot is decoding, 64 when one is,
+//!    so running streams keep their pace while a long prompt comes in.
+//!
+//! Tokens go back to the request's handler as `Event`s; text is released through the stop
+//! buffer and streaming UTF-8 decoder, so a client never sees half a character or a stop string.
+
+use crate::api::Generation;
+use crate::metrics::Metrics;
+use crate::text::StopBuffer;
+use muser_engine::{Backend, DecodeGroup, Model, Session};
+use muser_sample::Sampler;
+use muser_tokenizer::{StreamDecoder, Tokenizer};
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::mpsc::{Receiver, TryRecvError};
+use std::time::Instant;
+use tokio::sync::mpsc::UnboundedSender;
+
+/// Prefill chunk when no decode waits, and when one does.
+pub const CHUNK_IDLE: usize = 512;
+pub const CHUNK_BUSY: usize = 64;
+
+/// A checked request, ready to run: the prompt fits the context with `max_tokens` after it.
+pub struct Job {
+    pub prompt: Vec<u32>,
+    pub gen: Generation,
+    pub max_tokens: usize,
+    pub events: UnboundedSender<Event>,
+}
+
+#[derive(Debug, Clone)]
+pub enum Event {
+    /// One generated token: the text it released (maybe empty) and, when asked, its logprob.
+    Token {
+        text: String,
+        logprob: Option<Logprob>,
+    },
+    Done(Finish),
+    Error(String),
+}
+
+#[derive(Debug, Clone)]
+pub struct Logprob {
+    pub id: u32,
+    pub logprob: f32,
+    /// The most likely tokens, most likely first.
+    pub top: Vec<(u32, f32)>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    /// An end-of-generation token or a stop string.
+    Stop,
+    /// max_tokens, or the context is full.
+    Length,
+}
+
+impl FinishReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Finish {
+    pub reason: FinishReason,
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub cached_tokens: usize,
+}
+
+/// The log-probability of `id` under `logits` (natural log of the softmax) and the `n` most
+/// likely tokens'.
+pub fn logprob(logits: &[f32], id: u32, n: usize) -> Logprob {
+    let max = logits
+        .iter()
+        .filter(|v| !v.is_nan())
+        .fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    let sum: f64 = logits
+        .iter()
+        .filter(|v| !v.is_nan())
+        .map(|&v| ((v - max) as f64).exp())
+        .sum();
+    let lp = (logits[id as usize] - max) as f64 - sum.ln();
+    Logprob {
+        id,
+        logprob: lp as f32,
+        top: muser_sample::top_logprobs(logits, n),
+    }
+}
+
+/// A request in a slot.
+struct Task {
+    job: Job,
+    sampler: Sampler,
+    decoder: StreamDecoder,
+    stop: StopBuffer,
+    n_gen: usize,
+    n_cached: usize,
+    /// The token sampled last, to be fed by the next decode step; None while prefilling.
+    next: Option<u32>,
+    /// Order of arrival: the oldest prefilling request gets the next chunk.
+    seq: u64,
+}
+
+struct Slot<'m, B: Backend> {
+    session: Session<'m, B>,
+    /// The tokens whose K/V the session holds (len = session.pos()).
+    cached: Vec<u32>,
+    task: Option<Task>,
+    /// When the slot last took a request (least recently used slots are taken first).
+    used: u64,
+}
+
+/// What became of a request after a token was sampled.
+enum Outcome {
+    Continue,
+    Finished,
+    /// The client went away.
+    Gone,
+}
+
+pub struct Engine<'m, B: Backend> {
+    tok: &'m Tokenizer,
+    metrics: &'m Metrics,
+    slots: Vec<Slot<'m, B>>,
+    queue: VecDeque<Job>,
+    group: DecodeGroup<B>,
+    n_ctx: usize,
+    clock: u64,
+}
+
+impl<'m, B: Backend> Engine<'m, B> {
+    pub fn new(
+        model: &'m Model<B>,
+        tok: &'m Tokenizer,
+        metrics: &'m Metrics,
+        n_parallel: usize,
+        n_ctx: usize,
+    ) -> muser_engine::Result<Engine<'m, B>> {
+        let slots = (0..n_parallel)
+            .map(|_| {
+                Ok(Slot {
+                    session: Session::new(model, n_ctx)?,
+                    cached: Vec::new(),
+                    task: None,
+                    used: 0,
+                })
+            })
+            .collect::<muser_engine::Result<_>>()?;
+        metrics
+            .kv_capacity
+            .store((n_parallel * n_ctx) as u64, Relaxed);
+        Ok(Engine {
+            tok,
+            metrics,
+            slots,
+            queue: VecDeque::new(),
+            group: DecodeGroup::new(),
+            n_ctx,
+            clock: 0,
+        })
+    }
+
+    /// Runs until the job channel closes and the last request is done.
+    pub fn run(&mut self, jobs: Receiver<Job>) {
+        loop {
+            if !self.busy() {
+                match jobs.recv() {
+                    Ok(j) => self.queue.push_back(j),
+                    Err(_) => return,
+                }
+            }
+            loop {
+                match jobs.try_recv() {
+                    Ok(j) => self.queue.push_back(j),
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) if self.busy() => break,
+                    Err(TryRecvError::Disconnected) => return,
+                }
+            }
+            self.step();
+        }
+    }
+
+    fn busy(&self) -> bool {
+        !self.queue.is_empty() || self.slots.iter().any(|s| s.task.is_some())
+    }
+
+    /// One scheduling step (see the module header).
+    pub fn step(&mut self) {
+        self.drop_gone();
+        self.assign();
+        self.decode_step();
+        self.prefill_step();
+        let m = self.metrics;
+        let running = self.slots.iter().filter(|s| s.task.is_some()).count();
+        m.running.store(running as u64, Relaxed);
+        let kv: usize = self.slots.iter().map(|s| s.session.pos()).sum();
+        m.kv_tokens.store(kv as u64, Relaxed);
+    }
+
+    fn drop_gone(&mut self) {
+        let m = self.metrics;
+        for s in &mut self.slots {
+            if s.task.as_ref().is_some_and(|t| t.job.events.is_closed()) {
+                s.task = None;
+                Metrics::add(&m.requests_cancelled, 1);
+            }
+        }
+        self.queue.retain(|j| {
+            let gone = j.events.is_closed();
+            if gone {
+                m.queued.fetch_sub(1, Relaxed);
+                Metrics::add(&m.requests_cancelled, 1);
+            }
+            !gone
+        });
+    }
+
+    /// Waiting requests into idle slots, each into the idle slot sharing the longest prefix
+    /// with its prompt (the least recently used among equals).
+    fn assign(&mut self) {
+        while !self.queue.is_empty() {
+            let job = &self.queue[0];
+            let best = self
+                .slots
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.task.is_none())
+                .max_by_key(|(_, s)| {
+                    let common = s
+                        .cached
+                        .iter()
+                        .zip(&job.prompt)
+                        .take_while(|(a, b)| a == b)
+                        .count();
+                    (common, std::cmp::Reverse(s.used))
+                })
+                .map(|(i, _)| i);
+            let Some(i) = best else { return };
+            let job = self.queue.pop_front().expect("queue is not empty");
+            self.metrics.queued.fetch_sub(1, Relaxed);
+            self.clock += 1;
+            let slot = &mut self.slots[i];
+            slot.used = self.clock;
+
+            // Keep the shared prefix, less one token: the last prompt position must run to
+            // give the logits of the first generated token.
+            let common = slot
+                .cached
+                .iter()
+                .zip(&job.prompt)
+                .take_while(|(a, b)| a == b)
+                .count()
+                .min(job.prompt.len() - 1);
+            slot.session.rewind(common);
+            slot.cached.truncate(slot.session.pos());
+            let n_cached = slot.session.pos();
+            Metrics::add(&self.metrics.cached_tokens, n_cached as u64);
+
+            let mut sampler = Sampler::new(job.gen.params.clone());
+            for &t in &job.prompt {
+                sampler.accept(t);
+            }
+            slot.task = Some(Task {
+                stop: StopBuffer::new(&job.gen.stop),
+                job,
+                sampler,
+                decoder: StreamDecoder::new(),
+                n_gen: 0,
+                n_cached,
+                next: None,
+                seq: self.clock,
+            });
+        }
+    }
+
+    fn decode_step(&mut self) {
+        let rows: Vec<usize> = (0..self.slots.len())
+            .filter(|&i| {
+                self.slots[i]
+                    .task
+                    .as_ref()
+                    .is_some_and(|t| t.next.is_some())
+            })
+            .collect();
+        if rows.is_empty() {
+            return;
+        }
+        let tokens: Vec<u32> = rows
+            .iter()
+            .map(|&i| self.slots[i].task.as_ref().and_then(|t| t.next).unwrap())
+            .collect();
+        let t0 = Instant::now();
+        let result = {
+            let mut sessions: Vec<&mut Session<'m, B>> = self
+                .slots
+                .iter_mut()
+                .filter(|s| s.task.as_ref().is_some_and(|t| t.next.is_some()))
+                .map(|s| &mut s.session)
+                .collect();
+            self.group.decode(&mut sessions, &tokens).map(|_| ())
+        };
+        let m = self.metrics;
+        Metrics::add(&m.decode_ns, t0.elapsed().as_nanos() as u64);
+        Metrics::add(&m.decode_steps, 1);
+        if let Err(e) = result {
+            // The group is checked before anything runs, so no session moved.
+            for &i in &rows {
+                self.fail(i, format!("decode failed: {e}"));
+            }
+            return;
+        }
+        for (&i, &t) in rows.iter().zip(&tokens) {
+            let slot = &mut self.slots[i];
+            slot.cached.push(t);
+            slot.task.as_mut().unwrap().next = None;
+            self.after_logits(i);
+        }
+    }
+
+    fn prefill_step(&mut self) {
+        let decoding = self
+            .slots
+            .iter()
+            .any(|s| s.task.as_ref().is_some_and(|t| t.next.is_some()));
+        let chunk = if decoding { CHUNK_BUSY } else { CHUNK_IDLE };
+        let Some(i) = (0..self.slots.len())
+            .filter(|&i| {
+                self.slots[i]
+                    .task
+                    .as_ref()
+                    .is_some_and(|t| t.next.is_none())
+            })
+            .min_by_key(|&i| self.slots[i].task.as_ref().unwrap().seq)
+        else {
+            return;
+        };
+        let slot = &mut self.slots[i];
+        let task = slot.task.as_ref().unwrap();
+        let rest = &task.job.prompt[slot.session.pos()..];
+        let part = &rest[..rest.len().min(chunk)];
+        let last = part.len() == rest.len();
+        let t0 = Instant::now();
+        let result = if last {
+            slot.session.prefill(part).map(|_| ())
+        } else {
+            slot.session.extend(part)
+        };
+        let m = self.metrics;
+        Metrics::add(&m.prefill_ns, t0.elapsed().as_nanos() as u64);
+        match result {
+            Ok(()) => {
+                Metrics::add(&m.prompt_tokens, part.len() as u64);
+                slot.cached.extend_from_slice(part);
+                if last {
+                    self.after_logits(i);
+                }
+            }
+            // Prompts are checked by the handler (ids, room); this is a bug, not a hang.
+            Err(e) => {
+                slot.session.reset();
+                slot.cached.clear();
+                self.fail(i, format!("prefill failed: {e}"));
+            }
+        }
+    }
+
+    /// Samples slot i's next token from its session's logits and hands it to the client.
+    fn after_logits(&mut self, i: usize) {
+        let slot = &mut self.slots[i];
+        let pos = slot.session.pos();
+        let logits = slot.session.logits();
+        let task = slot.task.as_mut().unwrap();
+        let outcome = emit(task, logits, self.tok, pos, self.n_ctx, self.metrics);
+        match outcome {
+            Outcome::Continue => {}
+            Outcome::Finished => {
+                slot.task = None;
+                Metrics::add(&self.metrics.requests_finished, 1);
+            }
+            Outcome::Gone => {
+                slot.task = None;
+                Metrics::add(&self.metrics.requests_cancelled, 1);
+            }
+        }
+    }
+
+    fn fail(&mut self, i: usize, msg: String) {
+        if let Some(t) = self.slots[i].task.take() {
+            let _ = t.job.events.send(Event::Error(msg));
+        }
+    }
+}
+
+/// Samples a token, releases its text and decides whether the request goes on.
+fn emit(
+    task: &mut Task,
+    logits: &[f32],
+    tok: &Tokenizer,
+    pos: usize,
+    n_ctx: usize,
+    m: &Metrics,
+) -> Outcome {
+    let id = task.sampler.sample(logits);
+    task.sampler.accept(id);
+    if tok.is_eog(id) {
+        return finish(task, FinishReason::Stop, true);
+    }
+    task.n_gen += 1;
+    Metrics::add(&m.generated_tokens, 1);
+    let logprob = task.job.gen.logprobs.map(|n| logprob(logits, id, n));
+    // An id past the tokenizer's vocabulary (a model whose output is wider) gives no text.
+    let piece = task.decoder.push(tok, id).unwrap_or_default();
+    let r = task.stop.push(&piece);
+    if r.stopped {
+        if task
+            .job
+            .events
+            .send(Event::Token {
+                text: r.text,
+                logprob,
+            })
+            .is_err()
+        {
+            return Outcome::Gone;
+        }
+        return finish(task, FinishReason::Stop, false);
+    }
+    if task
+        .job
+        .events
+        .send(Event::Token {
+            text: r.text,
+            logprob,
+        })
+        .is_err()
+    {
+        return Outcome::Gone;
+    }
+    if task.n_gen >= task.job.max_tokens || pos >= n_ctx {
+        return finish(task, FinishReason::Length, true);
+    }
+    task.next = Some(id);
+    Outcome::Continue
+}
+
+/// Ends a request: releases what the decoder and stop buffer hold (unless a stop string ended
+/// it), then sends the usage.
+fn finish(task: &mut Task, mut reason: FinishReason, release: bool) -> Outcome {
+    let mut text = String::new();
+    if release {
+        let r = task.stop.push(&task.decoder.flush());
+        text = r.text;
+        if r.stopped {
+            reason = FinishReason::Stop;
+        } else {
+            text.push_str(&task.stop.flush());
+        }
+    }
+    let events = &task.job.events;
+    if !text.is_empty()
+        && events
+            .send(Event::Token {
+                text,
+                logprob: None,
+            })
+            .is_err()
+    {
+        return Outcome::Gone;
+    }
+    let done = Finish {
+        reason,
+        prompt_tokens: task.job.prompt.len(),
+        completion_tokens: task.n_gen,
+        cached_tokens: task.n_cached,
+    };
+    if events.send(Event::Done(done)).is_err() {
+        return Outcome::Gone;
+    }
+    Outcome::Finished
+}
