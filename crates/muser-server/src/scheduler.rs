@@ -177,13 +177,13 @@ impl<'m, B: Backend> Engine<'m, B> {
         loop {
             if !self.busy() {
                 match jobs.recv() {
-                    Ok(j) => self.queue.push_back(j),
+                    Ok(j) => self.push(j),
                     Err(_) => return,
                 }
             }
             loop {
                 match jobs.try_recv() {
-                    Ok(j) => self.queue.push_back(j),
+                    Ok(j) => self.push(j),
                     Err(TryRecvError::Empty) => break,
                     Err(TryRecvError::Disconnected) if self.busy() => break,
                     Err(TryRecvError::Disconnected) => return,
@@ -193,7 +193,13 @@ impl<'m, B: Backend> Engine<'m, B> {
         }
     }
 
-    fn busy(&self) -> bool {
+    /// Queues a job (`Metrics::queued` counts it already: the handler added it).
+    pub fn push(&mut self, job: Job) {
+        self.queue.push_back(job);
+    }
+
+    /// Whether a request is waiting or running.
+    pub fn busy(&self) -> bool {
         !self.queue.is_empty() || self.slots.iter().any(|s| s.task.is_some())
     }
 

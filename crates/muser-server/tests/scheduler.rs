@@ -1,0 +1,317 @@
+//! The scheduler on the shipped default model, stepped by hand: concurrent requests get what
+//! they get alone (bit for bit), prefill is chunked so running streams keep their pace, a
+//! cached prefix is reused and reported, a client that goes away frees its slot within a step,
+//! and more requests than slots wait their turn.
+
+use muser_engine::{LoadOptions, Model};
+use muser_sample::SamplerParams;
+use muser_server::api::Generation;
+use muser_server::metrics::Metrics;
+use muser_server::scheduler::{Engine, Event, Finish, FinishReason, Job};
+use muser_tokenizer::Tokenizer;
+use std::sync::atomic::Ordering::Relaxed;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+fn model() -> (Model, Tokenizer) {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../models/muse-default.gguf"
+    );
+    let m = Model::load(path, &LoadOptions { threads: Some(2) }).unwrap();
+    let t = Tokenizer::from_gguf(m.gguf()).unwrap();
+    (m, t)
+}
+
+fn greedy(max_tokens: usize) -> Generation {
+    Generation {
+        params: SamplerParams::greedy(),
+        max_tokens: Some(max_tokens),
+        stop: Vec::new(),
+        logprobs: Some(2),
+        stream: true,
+        include_usage: false,
+    }
+}
+
+/// A job as a handler makes it (counted as queued).
+fn submit(
+    e: &mut Engine<'_, muser_engine::CpuBackend>,
+    m: &Metrics,
+    prompt: Vec<u32>,
+    gen: Generation,
+) -> UnboundedReceiver<Event> {
+    let (tx, rx) = unbounded_channel();
+    m.queued.fetch_add(1, Relaxed);
+    e.push(Job {
+        prompt,
+        max_tokens: gen.max_tokens.unwrap(),
+        gen,
+        events: tx,
+    });
+    rx
+}
+
+/// What a request got: its text, every logprob's bits, and how it ended.
+#[derive(Debug, PartialEq)]
+struct Answer {
+    text: String,
+    logprobs: Vec<(u32, u32, Vec<(u32, u32)>)>,
+    finish: Option<(FinishReason, usize, usize)>,
+}
+
+fn drain(rx: &mut UnboundedReceiver<Event>, a: &mut Answer) -> usize {
+    let mut tokens = 0;
+    while let Ok(ev) = rx.try_recv() {
+        match ev {
+            Event::Token { text, logprob } => {
+                a.text.push_str(&text);
+                if let Some(l) = logprob {
+                    tokens += 1;
+                    let top = l.top.iter().map(|&(i, p)| (i, p.to_bits())).collect();
+                    a.logprobs.push((l.id, l.logprob.to_bits(), top));
+                }
+            }
+            Event::Done(Finish {
+                reason,
+                prompt_tokens,
+                completion_tokens,
+                ..
+            }) => a.finish = Some((reason, prompt_tokens, completion_tokens)),
+            Event::Error(e) => panic!("engine error: {e}"),
+        }
+    }
+    tokens
+}
+
+fn answer() -> Answer {
+    Answer {
+        text: String::new(),
+        logprobs: Vec::new(),
+        finish: None,
+    }
+}
+
+/// Runs the prompts together on an engine of `parallel` slots until all are done.
+fn run_together(
+    m: &Model,
+    tok: &Tokenizer,
+    parallel: usize,
+    prompts: &[Vec<u32>],
+    max_tokens: usize,
+) -> Vec<Answer> {
+    let metrics = Metrics::default();
+    let mut e = Engine::new(m, tok, &metrics, parallel, 512).unwrap();
+    let mut rxs: Vec<_> = prompts
+        .iter()
+        .map(|p| submit(&mut e, &metrics, p.clone(), greedy(max_tokens)))
+        .collect();
+    let mut answers: Vec<Answer> = prompts.iter().map(|_| answer()).collect();
+    let mut steps = 0;
+    while e.busy() {
+        e.step();
+        steps += 1;
+        assert!(metrics.running.load(Relaxed) as usize <= parallel);
+        assert!(steps < 10_000, "the engine does not finish");
+        for (rx, a) in rxs.iter_mut().zip(&mut answers) {
+            drain(rx, a);
+        }
+    }
+    assert_eq!(metrics.queued.load(Relaxed), 0);
+    assert_eq!(
+        metrics.requests_finished.load(Relaxed) as usize,
+        prompts.len()
+    );
+    answers
+}
+
+const TEXTS: [&str; 16] = [
+    "Once upon a time",
+    "The meaning of life is",
+    "A penny saved",
+    "You will",
+    "Q: Why did the chicken cross the road?\nA:",
+    "Never",
+    "It is a truth universally acknowledged",
+    "Love",
+    "In the beginning",
+    "The best way to predict the future",
+    "He who laughs last",
+    "Today",
+    "There are two kinds of people",
+    "If at first you don't succeed,",
+    "Beware of",
+    "Your lucky number is",
+];
+
+#[test]
+fn sixteen_concurrent_requests_match_their_solo_runs() {
+    let (m, tok) = model();
+    let prompts: Vec<Vec<u32>> = TEXTS.iter().map(|t| tok.encode(t, true, true)).collect();
+    let together = run_together(&m, &tok, 16, &prompts, 24);
+    for (p, got) in prompts.iter().zip(&together) {
+        let alone = run_together(&m, &tok, 1, std::slice::from_ref(p), 24);
+        assert_eq!(got, &alone[0]);
+        assert!(got.finish.is_some());
+    }
+    // More requests than slots: the same answers again, four at a time.
+    assert_eq!(run_together(&m, &tok, 4, &prompts, 24), together);
+}
+
+#[test]
+fn prefill_is_chunked_so_decodes_keep_their_pace() {
+    let (m, tok) = model();
+    let metrics = Metrics::default();
+    let mut e = Engine::new(&m, &tok, &metrics, 2, 1024).unwrap();
+    let mut rx_a = submit(
+        &mut e,
+        &metrics,
+        tok.encode("Once", true, true),
+        greedy(200),
+    );
+    let mut a = answer();
+    e.step();
+    assert_eq!(drain(&mut rx_a, &mut a), 1);
+
+    // A 300-token prompt arrives while A decodes: 64-token chunks, one per step, and A gets a
+    // token every step.
+    let long = long_prompt(&tok, 300);
+    let mut rx_b = submit(&mut e, &metrics, long, greedy(4));
+    let mut b = answer();
+    for step in 1..=5 {
+        let before = metrics.prompt_tokens.load(Relaxed);
+        e.step();
+        assert_eq!(drain(&mut rx_a, &mut a), 1, "step {step}");
+        let chunk = metrics.prompt_tokens.load(Relaxed) - before;
+        assert_eq!(chunk, if step < 5 { 64 } else { 300 - 256 });
+        drain(&mut rx_b, &mut b);
+        // The first token (or an end-of-generation token at once) after the last chunk only.
+        let answered = !b.logprobs.is_empty() || b.finish.is_some();
+        assert_eq!(answered, step == 5, "step {step}");
+    }
+
+    // Alone, a prompt is prefilled in chunks of 512.
+    let metrics = Metrics::default();
+    let mut e = Engine::new(&m, &tok, &metrics, 2, 1024).unwrap();
+    let mut rx = submit(&mut e, &metrics, long_prompt(&tok, 600), greedy(4));
+    let mut c = answer();
+    e.step();
+    assert_eq!(metrics.prompt_tokens.load(Relaxed), 512);
+    drain(&mut rx, &mut c);
+    assert!(c.logprobs.is_empty() && c.finish.is_none());
+    e.step();
+    assert_eq!(metrics.prompt_tokens.load(Relaxed), 600);
+    drain(&mut rx, &mut c);
+    assert!(!c.logprobs.is_empty() || c.finish.is_some());
+}
+
+/// `n` tokens of text.
+fn long_prompt(tok: &Tokenizer, n: usize) -> Vec<u32> {
+    let text = TEXTS.join(" ").repeat(1 + n / 50);
+    let t = tok.encode(&text, true, true);
+    assert!(t.len() >= n);
+    t[..n].to_vec()
+}
+
+#[test]
+fn a_cached_prefix_is_reused_and_reported() {
+    let (m, tok) = model();
+    let metrics = Metrics::default();
+    let mut e = Engine::new(&m, &tok, &metrics, 1, 512).unwrap();
+    let p = tok.encode(
+        "A journey of a thousand miles begins with a single step, and then another",
+        true,
+        true,
+    );
+    let mut q = p[..p.len() - 4].to_vec();
+    q.extend(tok.encode(" and ends with a nap", false, false));
+    let cached = |e: &mut Engine<'_, _>, prompt: &Vec<u32>| {
+        let mut rx = submit(e, &metrics, prompt.clone(), greedy(6));
+        while e.busy() {
+            e.step();
+        }
+        let mut out = None;
+        while let Ok(ev) = rx.try_recv() {
+            if let Event::Done(f) = ev {
+                out = Some(f.cached_tokens);
+            }
+        }
+        out.unwrap()
+    };
+    assert_eq!(cached(&mut e, &p), 0);
+    assert_eq!(cached(&mut e, &q), p.len() - 4);
+    // The same prompt again: all but the last token (it must run to give logits).
+    assert_eq!(cached(&mut e, &q), q.len() - 1);
+    assert_eq!(
+        metrics.cached_tokens.load(Relaxed) as usize,
+        p.len() - 4 + q.len() - 1
+    );
+
+    // A reused prefix changes nothing in the answer.
+    let reused = {
+        let mut rx = submit(&mut e, &metrics, q.clone(), greedy(6));
+        let mut a = answer();
+        while e.busy() {
+            e.step();
+            drain(&mut rx, &mut a);
+        }
+        a
+    };
+    let fresh = run_together(&m, &tok, 1, std::slice::from_ref(&q), 6);
+    assert_eq!(reused, fresh[0]);
+}
+
+#[test]
+fn a_client_that_goes_away_frees_its_slot_within_one_step() {
+    let (m, tok) = model();
+    let metrics = Metrics::default();
+    let mut e = Engine::new(&m, &tok, &metrics, 1, 512).unwrap();
+    let rx_a = submit(
+        &mut e,
+        &metrics,
+        tok.encode("Once", true, true),
+        greedy(400),
+    );
+    let rx_b = submit(
+        &mut e,
+        &metrics,
+        tok.encode("Twice", true, true),
+        greedy(400),
+    );
+    for _ in 0..3 {
+        e.step();
+    }
+    assert_eq!(metrics.running.load(Relaxed), 1);
+    assert_eq!(metrics.queued.load(Relaxed), 1);
+    drop(rx_b); // the waiting client goes away
+    e.step();
+    assert_eq!(metrics.queued.load(Relaxed), 0);
+    drop(rx_a); // and the running one
+    e.step();
+    assert!(!e.busy());
+    assert_eq!(metrics.running.load(Relaxed), 0);
+    assert_eq!(metrics.requests_cancelled.load(Relaxed), 2);
+    assert!(metrics.generated_tokens.load(Relaxed) < 10);
+}
+
+#[test]
+fn stop_strings_and_lengths_end_requests() {
+    let (m, tok) = model();
+    let prompt = tok.encode("Once upon a time", true, true);
+    let full = run_together(&m, &tok, 1, std::slice::from_ref(&prompt), 30).remove(0);
+    assert_eq!(full.finish, Some((FinishReason::Length, prompt.len(), 30)));
+    // Stop at a word the greedy text contains: the text ends right before it.
+    let word = full.text.split_whitespace().nth(2).unwrap().to_string();
+    let at = full.text.find(&word).unwrap();
+    let metrics = Metrics::default();
+    let mut e = Engine::new(&m, &tok, &metrics, 1, 512).unwrap();
+    let mut gen = greedy(30);
+    gen.stop = vec![word.clone()];
+    let mut rx = submit(&mut e, &metrics, prompt.clone(), gen);
+    let mut a = answer();
+    while e.busy() {
+        e.step();
+        drain(&mut rx, &mut a);
+    }
+    assert_eq!(a.text, full.text[..at], "stop {word:?}");
+    assert_eq!(a.finish.unwrap().0, FinishReason::Stop);
+}
