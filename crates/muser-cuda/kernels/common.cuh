@@ -53,6 +53,16 @@ __device__ __forceinline__ void scale_min_k4(int j, const uint8_t* s, int* sc, i
     }
 }
 
+// The 8 six-bit scales (or mins) of a Q4_K/Q5_K super-block, bytes 0-3 in lo, 4-7 in hi
+// (SPEC section 8): y, z, w are scales[0..4], [4..8], [8..12].
+__device__ __forceinline__ void unpack_scales_k4(uint32_t y, uint32_t z, uint32_t w, uint32_t* sc_lo,
+                                                 uint32_t* sc_hi, uint32_t* m_lo, uint32_t* m_hi) {
+    *sc_lo = y & 0x3F3F3F3Fu;
+    *m_lo = z & 0x3F3F3F3Fu;
+    *sc_hi = (w & 0x0F0F0F0Fu) | ((y >> 2) & 0x30303030u);
+    *m_hi = ((w >> 4) & 0x0F0F0F0Fu) | ((z >> 2) & 0x30303030u);
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

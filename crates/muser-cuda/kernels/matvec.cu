@@ -32,8 +32,8 @@
 // v4 (2026-11-29) 4 rows per warp with one item list, so no lane idles at a row's end: Q4_K
 // 19968x6656 1.89 TB/s, 6656x19968 1.84, Q6_K 6656x19968 1.52, Q5_K 202048x6656 3.06 (ncu on
 // the first: 72 registers, 34% occupancy, DRAM 50% busy, issue gaps 72% waits on weight loads;
-// capping at 64 registers changed nothing). v5 (2026-11-29) loads the next item's weights
-// before the current item's arithmetic.
+// capping at 64 registers changed nothing; loading the next item's weights before the current
+// item's arithmetic changed nothing either, so that version was dropped).
 
 
 // Activation quantizers, bit-identical to the CPU reference's (muser-quant, after ggml), so
@@ -108,16 +108,6 @@ struct Act {
     int ncols;
 };
 
-// The 8 six-bit scales (or mins) of a Q4_K/Q5_K super-block, bytes 0-3 in lo, 4-7 in hi
-// (SPEC section 8): y, z, w are scales[0..4], [4..8], [8..12].
-__device__ __forceinline__ void unpack_scales_k4(uint32_t y, uint32_t z, uint32_t w, uint32_t* sc_lo,
-                                                 uint32_t* sc_hi, uint32_t* m_lo, uint32_t* m_hi) {
-    *sc_lo = y & 0x3F3F3F3Fu;
-    *m_lo = z & 0x3F3F3F3Fu;
-    *sc_hi = (w & 0x0F0F0F0Fu) | ((y >> 2) & 0x30303030u);
-    *m_hi = ((w >> 4) & 0x0F0F0F0Fu) | ((z >> 2) & 0x30303030u);
-}
-
 // Bytes 2g and 2g+1 of the 8 packed values (lo: 0-3, hi: 4-7).
 __device__ __forceinline__ void pick_pair(uint32_t lo, uint32_t hi, int g, int* a, int* b) {
     const uint32_t word = g < 2 ? lo : hi;
@@ -150,7 +140,7 @@ __device__ __forceinline__ void item_q8_0(const int8_t* __restrict__ qa, const _
 // bytes 32g..) and 2g + 1 (high nibbles); Q5_K's fifth bits are bits 2g / 2g + 1 of qh[l]. One
 // item per lane pays the header, the scale unpacking and the activation-scale loads once per
 // 32 weight bytes.
-// The weight bytes of one item, loaded ahead of the item's arithmetic (see rows_loop_pf).
+// The weight bytes of one Q4_K/Q5_K item.
 struct RawQ45 {
     uint4 hdr, qa, qb, ha, hb; // header, 32 qs bytes, (Q5_K) the 32 qh bytes
 };
@@ -383,58 +373,13 @@ __device__ __forceinline__ void rows_loop(const uint8_t* __restrict__ w, int row
     }
 }
 
-// rows_loop for the K-quants with software pipelining (v5): the next item's weight bytes are
-// loaded before the current item's arithmetic, so every lane keeps a load in flight while it
-// computes (ncu on v4: 72% of the issue gaps were waits on these loads).
-template <int NC, int R, int FMT>
-__device__ __forceinline__ void rows_loop_pf(const uint8_t* __restrict__ w, int row0, int nr, int rows, const Act& a,
-                                             float (&acc)[R][NC]) {
-    const int n = items_per_row(FMT, a.K);
-    const int total = nr * n;
-    int t = threadIdx.x % WARP;
-    if (t >= total) return;
-    int rr = 0, it = t;
-    while (it >= n) { it -= n; ++rr; }
-    auto cur = raw_load<FMT>(w, row0 + rr, rows, it, a);
-#pragma unroll 2
-    for (; t < total; t += WARP) {
-        int rr2 = rr, it2 = it + WARP;
-        while (it2 >= n) { it2 -= n; ++rr2; }
-        decltype(cur) nxt = cur;
-        if (t + WARP < total) nxt = raw_load<FMT>(w, row0 + rr2, rows, it2, a);
-        float v[NC];
-#pragma unroll
-        for (int c = 0; c < NC; ++c) v[c] = 0.0f;
-        if constexpr (FMT == FMT_Q6_K) dot_q6<NC>(cur, it, a, v);
-        else dot_q45<NC, FMT == FMT_Q5_K>(cur, it, a, v);
-#pragma unroll
-        for (int r = 0; r < R; ++r)
-            if (r == rr)
-#pragma unroll
-                for (int c = 0; c < NC; ++c) acc[r][c] += v[c];
-        cur = nxt;
-        rr = rr2;
-        it = it2;
-    }
-}
-
-// PF false: the K-quants without the software pipelining (v4), for comparison in --bench.
-template <int NC, int R, bool PF = true>
+template <int NC, int R>
 __device__ __forceinline__ void rows_dot(int ty, const uint8_t* __restrict__ w, int row0, int nr, int rows, const Act& a,
                                          float (&acc)[R][NC]) {
     switch (ty) {
-    case FMT_Q4_K:
-        if (PF) rows_loop_pf<NC, R, FMT_Q4_K>(w, row0, nr, rows, a, acc);
-        else rows_loop<NC, R, FMT_Q4_K>(w, row0, nr, rows, a, acc);
-        break;
-    case FMT_Q5_K:
-        if (PF) rows_loop_pf<NC, R, FMT_Q5_K>(w, row0, nr, rows, a, acc);
-        else rows_loop<NC, R, FMT_Q5_K>(w, row0, nr, rows, a, acc);
-        break;
-    case FMT_Q6_K:
-        if (PF) rows_loop_pf<NC, R, FMT_Q6_K>(w, row0, nr, rows, a, acc);
-        else rows_loop<NC, R, FMT_Q6_K>(w, row0, nr, rows, a, acc);
-        break;
+    case FMT_Q4_K: rows_loop<NC, R, FMT_Q4_K>(w, row0, nr, rows, a, acc); break;
+    case FMT_Q5_K: rows_loop<NC, R, FMT_Q5_K>(w, row0, nr, rows, a, acc); break;
+    case FMT_Q6_K: rows_loop<NC, R, FMT_Q6_K>(w, row0, nr, rows, a, acc); break;
     case FMT_Q8_0: rows_loop<NC, R, FMT_Q8_0>(w, row0, nr, rows, a, acc); break;
     case FMT_F16: rows_loop<NC, R, FMT_F16>(w, row0, nr, rows, a, acc); break;
     case FMT_BF16: rows_loop<NC, R, FMT_BF16>(w, row0, nr, rows, a, acc); break;
@@ -454,7 +399,7 @@ struct MatvecJobs {
 };
 
 // A warp takes R consecutive rows of one matrix.
-template <int NC, int R, bool PF = true>
+template <int NC, int R>
 __device__ void matvec_multi(const MatvecJobs& jobs, const Act& a) {
     const int grow = (blockIdx.x * 4 + threadIdx.x / WARP) * R;
     if (grow >= jobs.start[jobs.njobs]) return;
@@ -470,7 +415,7 @@ __device__ void matvec_multi(const MatvecJobs& jobs, const Act& a) {
     for (int r = 0; r < R; ++r)
 #pragma unroll
         for (int c = 0; c < NC; ++c) acc[r][c] = 0.0f;
-    rows_dot<NC, R, PF>(jobs.ty[j], jobs.w[j], row0, nr, rows, a, acc);
+    rows_dot<NC, R>(jobs.ty[j], jobs.w[j], row0, nr, rows, a, acc);
     float* y = jobs.y[j];
 #pragma unroll
     for (int r = 0; r < R; ++r)
@@ -515,9 +460,6 @@ extern "C" __global__ void __launch_bounds__(128) matvec_1(MatvecJobs jobs, ACT_
 extern "C" __global__ void __launch_bounds__(128) matvec_2(MatvecJobs jobs, ACT_ARGS) { matvec_multi<2, MATVEC_R>(jobs, ACT); }
 extern "C" __global__ void __launch_bounds__(128) matvec_4(MatvecJobs jobs, ACT_ARGS) { matvec_multi<4, MATVEC_R>(jobs, ACT); }
 extern "C" __global__ void __launch_bounds__(128) matvec_8(MatvecJobs jobs, ACT_ARGS) { matvec_multi<8, MATVEC_R>(jobs, ACT); }
-
-// v4 (no software pipelining), measured against v5 (`--bench`).
-extern "C" __global__ void __launch_bounds__(128) matvec_v4_1(MatvecJobs jobs, ACT_ARGS) { matvec_multi<1, MATVEC_R, false>(jobs, ACT); }
 
 #define SILU_ARGS const uint8_t* __restrict__ wg, int tyg, const uint8_t* __restrict__ wu, int tyu, float* __restrict__ y, int rows
 extern "C" __global__ void __launch_bounds__(128) matvec_silu_1(SILU_ARGS, ACT_ARGS) { matvec_silu<1, MATVEC_R>(wg, tyg, wu, tyu, y, rows, ACT); }

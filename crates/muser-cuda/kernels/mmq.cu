@@ -13,7 +13,9 @@
 // tile of the 64 x 64 output. One super-block (256 values of K) of the 64 weight rows is
 // expanded into shared memory per step, beside the 64 x 256 int8 activation tile and its scales.
 // v1 (2026-11-29) read the activation fragments and scales from global memory in the inner loop:
-// Muse Glimmer pp512 1,185 tokens/s on the H200. v2 (2026-11-29) stages them in shared memory.
+// Muse Glimmer pp512 1,185 tokens/s on the H200. v2 stages them in shared memory: 1,310 tokens/s
+// (ncu: L1 98% busy with the scattered tile loads, DRAM 1%, 128 registers, 25% occupancy). v3
+// (2026-11-29) loads both tiles in row-contiguous 16-byte pieces.
 
 #define MMQ_BM 64
 #define MMQ_BN 64
@@ -32,95 +34,99 @@ __device__ __forceinline__ void mma_k16(int (&c)[4], int a0, int a1, int b0) {
 }
 
 // Expands super-block b of rows r0..r0+63 into as (int8 [64][MMQ_AS]), scale ([64][16]: d*sc
-// per sub-block of 32, or of 16 for Q6_K) and mins ([64][8]: dmin*m, Q4_K/Q5_K). Thread tid
-// takes row tid / 2, half tid % 2 of the super-block.
+// per sub-block of 32, or of 16 for Q6_K) and mins ([64][8]: dmin*m, Q4_K/Q5_K). The block's
+// threads take 16-byte pieces of the rows in order (piece e: row e / P, piece e % P), so each
+// warp's loads cover a few contiguous row segments (v1 gave each thread half a row: ncu showed
+// the L1 saturated at 98% by those scattered loads).
 template <int FMT>
 __device__ __forceinline__ void mmq_load(const uint8_t* __restrict__ w, int rows, int K, int r0, int b,
                                          int8_t* as, float* scale, float* mins) {
-    const int rr = threadIdx.x >> 1, h = threadIdx.x & 1, r = r0 + rr;
-    int8_t* dst = as + rr * MMQ_AS;
     const int nb = K / QK_K;
-    if (r >= rows) {
-        for (int i = 0; i < 8; ++i) *(int4*)(dst + 128 * h + 16 * i) = make_int4(0, 0, 0, 0);
-        for (int j = 0; j < 8; ++j) {
-            scale[rr * 16 + 8 * h + j] = 0.0f;
-            if (h == 0) mins[rr * 8 + j] = 0.0f;
-        }
-        return;
-    }
+    const uint4 z4 = make_uint4(0, 0, 0, 0);
     if (FMT == FMT_Q4_K || FMT == FMT_Q5_K) {
-        const bool q5 = FMT == FMT_Q5_K;
-        const uint8_t* blk = w + ((size_t)r * nb + b) * (q5 ? 176 : 144);
-        const uint8_t* qs = blk + (q5 ? 48 : 16);
-        uint4 qh0 = make_uint4(0, 0, 0, 0), qh1 = qh0;
-        if (q5) {
-            qh0 = *(const uint4*)(blk + 16);
-            qh1 = *(const uint4*)(blk + 32);
-        }
-        const uint32_t qhw[8] = {qh0.x, qh0.y, qh0.z, qh0.w, qh1.x, qh1.y, qh1.z, qh1.w};
+        constexpr bool Q5 = FMT == FMT_Q5_K;
+        constexpr int BS = Q5 ? 176 : 144, QS = Q5 ? 48 : 16;
+        // Pieces: 0 = header (d, dmin, scales), 1..8 = qs bytes 16 (p - 1) ...
+        for (int e = threadIdx.x; e < MMQ_BM * 9; e += 128) {
+            const int rr = e / 9, p = e % 9, r = r0 + rr;
+            const uint8_t* blk = w + ((size_t)min(r, rows - 1) * nb + b) * BS;
+            if (p == 0) {
+                const uint4 hdr = r < rows ? *(const uint4*)blk : z4;
+                uint32_t sc_lo, sc_hi, m_lo, m_hi;
+                unpack_scales_k4(hdr.y, hdr.z, hdr.w, &sc_lo, &sc_hi, &m_lo, &m_hi);
+                const float2 dm = __half22float2(*(const __half2*)&hdr.x);
 #pragma unroll
-        for (int gg2 = 0; gg2 < 2; ++gg2) {
-            const int gg = 2 * h + gg2; // group of 64 values
-#pragma unroll
-            for (int half16 = 0; half16 < 2; ++half16) {
-                const uint4 q = *(const uint4*)(qs + 32 * gg + 16 * half16);
-                const uint32_t qw[4] = {q.x, q.y, q.z, q.w};
+                for (int j = 0; j < 4; ++j) {
+                    scale[rr * 16 + j] = dm.x * (float)((sc_lo >> (8 * j)) & 0xFF);
+                    scale[rr * 16 + 4 + j] = dm.x * (float)((sc_hi >> (8 * j)) & 0xFF);
+                    mins[rr * 8 + j] = dm.y * (float)((m_lo >> (8 * j)) & 0xFF);
+                    mins[rr * 8 + 4 + j] = dm.y * (float)((m_hi >> (8 * j)) & 0xFF);
+                }
+            } else {
+                const int q = p - 1, gg = q >> 1, half16 = q & 1;
+                const uint4 qv = r < rows ? *(const uint4*)(blk + QS + 16 * q) : z4;
+                const uint32_t qw[4] = {qv.x, qv.y, qv.z, qv.w};
+                uint32_t hw[4] = {0, 0, 0, 0};
+                if (Q5) {
+                    const uint4 hv = r < rows ? *(const uint4*)(blk + 16 + 16 * half16) : z4;
+                    hw[0] = hv.x;
+                    hw[1] = hv.y;
+                    hw[2] = hv.z;
+                    hw[3] = hv.w;
+                }
                 uint32_t lo[4], hi[4];
 #pragma unroll
                 for (int k = 0; k < 4; ++k) {
-                    lo[k] = qw[k] & 0x0F0F0F0F;
-                    hi[k] = (qw[k] >> 4) & 0x0F0F0F0F;
-                    if (q5) {
-                        const uint32_t hb = qhw[4 * half16 + k];
-                        lo[k] |= ((hb >> (2 * gg)) & 0x01010101) << 4;
-                        hi[k] |= ((hb >> (2 * gg + 1)) & 0x01010101) << 4;
-                    }
+                    lo[k] = (qw[k] & 0x0F0F0F0F) | (Q5 ? ((hw[k] >> (2 * gg)) & 0x01010101) << 4 : 0);
+                    hi[k] = ((qw[k] >> 4) & 0x0F0F0F0F) | (Q5 ? ((hw[k] >> (2 * gg + 1)) & 0x01010101) << 4 : 0);
                 }
-                *(uint4*)(dst + 64 * gg + 16 * half16) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
-                *(uint4*)(dst + 64 * gg + 32 + 16 * half16) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
-            }
-        }
-        if (h == 0) {
-            const float d = __half2float(*(const __half*)blk), dmin = __half2float(*(const __half*)(blk + 2));
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                int sc, m;
-                scale_min_k4(j, blk + 4, &sc, &m);
-                scale[rr * 16 + j] = d * (float)sc;
-                mins[rr * 8 + j] = dmin * (float)m;
+                int8_t* dst = as + rr * MMQ_AS + 64 * gg + 16 * half16;
+                *(uint4*)dst = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+                *(uint4*)(dst + 32) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
             }
         }
     } else if (FMT == FMT_Q6_K) {
-        const size_t bi = (size_t)r * nb + b;
-        const uint8_t* qa = w + bi * 192;
-        const int8_t* sc = (const int8_t*)(w + (size_t)rows * nb * 192) + bi * 16;
-        const float d = __half2float(((const __half*)(w + (size_t)rows * nb * 208))[bi]);
-        const int hf = h; // 128 values per half
+        // Pieces: 0..7 = ql bytes 16p of plane A (with the qh bytes they need), 8 = the scales.
+        for (int e = threadIdx.x; e < MMQ_BM * 9; e += 128) {
+            const int rr = e / 9, p = e % 9, r = r0 + rr;
+            const size_t bi = (size_t)min(r, rows - 1) * nb + b;
+            if (p == 8) {
+                const uint4 sv = r < rows ? *(const uint4*)(w + (size_t)rows * nb * 192 + bi * 16) : z4;
+                const float d = r < rows ? __half2float(((const __half*)(w + (size_t)rows * nb * 208))[bi]) : 0.0f;
+                const int8_t* sc = (const int8_t*)&sv;
 #pragma unroll
-        for (int qq = 0; qq < 4; ++qq) {
+                for (int j = 0; j < 16; ++j) scale[rr * 16 + j] = d * (float)sc[j];
+            } else {
+                // ql byte j (0..63 of a half) holds value j (low nibble) and j + 64 (high); their
+                // two high bits are bit pairs j / 32 and j / 32 + 2 of qh[j % 32].
+                const int half = p >> 2, j0 = 16 * (p & 3), sh = 2 * (j0 >> 5);
+                const uint8_t* qa = w + bi * 192;
+                const uint4 lv = r < rows ? *(const uint4*)(qa + half * 64 + j0) : z4;
+                const uint4 hv = r < rows ? *(const uint4*)(qa + 128 + half * 32 + (j0 & 31)) : z4;
+                const uint32_t lw[4] = {lv.x, lv.y, lv.z, lv.w}, hw[4] = {hv.x, hv.y, hv.z, hv.w};
+                uint32_t lo[4], hi[4];
 #pragma unroll
-            for (int l16 = 0; l16 < 2; ++l16) {
-                const uint4 L = *(const uint4*)(qa + hf * 64 + 32 * (qq & 1) + 16 * l16);
-                const uint4 H = *(const uint4*)(qa + 128 + hf * 32 + 16 * l16);
-                const uint32_t lw[4] = {L.x, L.y, L.z, L.w}, hw[4] = {H.x, H.y, H.z, H.w};
-                uint32_t o[4];
-#pragma unroll
-                for (int k = 0; k < 4; ++k)
-                    o[k] = __vsub4(((lw[k] >> (4 * (qq >> 1))) & 0x0F0F0F0F) | (((hw[k] >> (2 * qq)) & 0x03030303) << 4),
-                                   0x20202020);
-                *(uint4*)(dst + hf * 128 + 32 * qq + 16 * l16) = make_uint4(o[0], o[1], o[2], o[3]);
+                for (int k = 0; k < 4; ++k) {
+                    lo[k] = __vsub4((lw[k] & 0x0F0F0F0F) | (((hw[k] >> sh) & 0x03030303) << 4), 0x20202020);
+                    hi[k] = __vsub4(((lw[k] >> 4) & 0x0F0F0F0F) | (((hw[k] >> (sh + 4)) & 0x03030303) << 4), 0x20202020);
+                }
+                int8_t* dst = as + rr * MMQ_AS + half * 128 + j0;
+                *(uint4*)dst = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+                *(uint4*)(dst + 64) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
             }
         }
+    } else { // Q8_0 planes: int8 [rows][K], d [rows][K/32]; pieces 0..15 quants, 16 the 8 scales
+        for (int e = threadIdx.x; e < MMQ_BM * 17; e += 128) {
+            const int rr = e / 17, p = e % 17, r = r0 + rr;
+            const size_t rc = (size_t)min(r, rows - 1);
+            if (p == 16) {
+                const uint4 dv = r < rows ? *(const uint4*)((const __half*)(w + (size_t)rows * K) + rc * (K / 32) + b * 8) : z4;
+                const __half* d = (const __half*)&dv;
 #pragma unroll
-        for (int j = 0; j < 8; ++j) scale[rr * 16 + 8 * h + j] = d * (float)sc[8 * h + j];
-    } else { // Q8_0 planes: int8 [rows][K], d [rows][K/32]
-        const int8_t* qa = (const int8_t*)w + (size_t)r * K + b * 256 + 128 * h;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) *(int4*)(dst + 128 * h + 16 * i) = *(const int4*)(qa + 16 * i);
-        const __half* dc = (const __half*)(w + (size_t)rows * K) + (size_t)r * (K / 32) + b * 8;
-        if (h == 0) {
-#pragma unroll
-            for (int j = 0; j < 8; ++j) scale[rr * 16 + j] = __half2float(dc[j]);
+                for (int j = 0; j < 8; ++j) scale[rr * 16 + j] = __half2float(d[j]);
+            } else {
+                *(uint4*)(as + rr * MMQ_AS + 16 * p) = r < rows ? *(const uint4*)(w + rc * K + b * 256 + 16 * p) : z4;
+            }
         }
     }
 }
@@ -148,19 +154,18 @@ __device__ void mmq(const uint8_t* __restrict__ w, int rows, int K, const int8_t
     for (int b = 0; b < nb; ++b) {
         __syncthreads();
         mmq_load<FMT>(w, rows, K, r0, b, as, scale, mins);
-        {
-            // The activation tile: 64 columns x 256 values of K (zeros past the last column),
-            // and its 64 x 8 block scales.
-            const int cl = threadIdx.x >> 1, h = threadIdx.x & 1, c = c0 + cl;
-            int4* dst = (int4*)(xs + cl * MMQ_AS + 128 * h);
-            const int4* src = (const int4*)(xq + (size_t)c * K + b * QK_K + 128 * h);
+        // The activation tile: 64 columns x 256 values of K (zeros past the last column), 16
+        // consecutive threads per column, and its 64 x 8 block scales.
 #pragma unroll
-            for (int i = 0; i < 8; ++i) dst[i] = c < ncols ? src[i] : make_int4(0, 0, 0, 0);
+        for (int i = 0; i < 8; ++i) {
+            const int e = threadIdx.x + 128 * i, cl = e >> 4, piece = e & 15, c = c0 + cl;
+            *(int4*)(xs + cl * MMQ_AS + 16 * piece) =
+                c < ncols ? *(const int4*)(xq + (size_t)c * K + b * QK_K + 16 * piece) : make_int4(0, 0, 0, 0);
+        }
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const int j = 4 * h + i;
-                xd[cl * 8 + j] = c < ncols ? xds[(size_t)c * nb32 + b * 8 + j] : make_float2(0.0f, 0.0f);
-            }
+        for (int i = 0; i < 4; ++i) {
+            const int e = threadIdx.x + 128 * i, cl = e >> 3, j = e & 7, c = c0 + cl;
+            xd[cl * 8 + j] = c < ncols ? xds[(size_t)c * nb32 + b * 8 + j] : make_float2(0.0f, 0.0f);
         }
         __syncthreads();
 #pragma unroll 2

@@ -242,16 +242,6 @@ impl CudaBackend {
         ck(self.gpu.quantize_act(x, n, k, types, &mut ws.act), "quantize activation");
     }
 
-    /// matmul through the matvec kernels named `{prefix}_{width}` (for comparing versions).
-    pub fn matmul_with(&self, prefix: &str, x: &CudaBuf, outs: &mut [(&CudaWeight, &mut CudaBuf)]) {
-        let mut ws = self.ws.lock().unwrap();
-        let xp = self.p(&x.data);
-        let types: Vec<GgmlType> = outs.iter().map(|(w, _)| w.mat().ty).collect();
-        self.quantize_for(&mut ws, xp, x.rows * x.cols, x.cols, &types);
-        let jobs: Vec<Job> = outs.iter().map(|(w, y)| Job { m: w.mat(), y: dptr(&self.gpu, &y.data) }).collect();
-        ck(self.gpu.matvec_jobs_with(prefix, &jobs, xp, x.cols, x.rows, &ws.act), "matvec");
-    }
-
     fn upload_progress(&self, bytes: usize) {
         if let Some(pb) = self.upload.lock().unwrap().as_ref() {
             pb.inc(bytes as u64);

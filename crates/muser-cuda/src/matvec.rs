@@ -199,11 +199,6 @@ impl Gpu {
     /// The int8 activation must already be in `scratch` when any job is quantized
     /// (`quantize_act`): matmuls sharing one input quantize it once.
     pub fn matvec_jobs(&self, jobs: &[Job], x: u64, k: usize, ncols: usize, scratch: &ActScratch) -> Result<(), CudaError> {
-        self.matvec_jobs_with("matvec", jobs, x, k, ncols, scratch)
-    }
-
-    /// `matvec_jobs` through the kernels named `{prefix}_{width}` (the bench compares versions).
-    pub fn matvec_jobs_with(&self, prefix: &str, jobs: &[Job], x: u64, k: usize, ncols: usize, scratch: &ActScratch) -> Result<(), CudaError> {
         let (mmq, rest): (Vec<&Job>, Vec<&Job>) =
             jobs.iter().partition(|j| ncols > MAX_COLS && mmq_kernel(j.m.ty, k).is_some());
         for j in mmq {
@@ -240,7 +235,7 @@ impl Gpu {
                 }
                 let (xq, xds, xf) = self.act_ptrs(scratch, x, k, c0);
                 let (k_i, n_i) = (k as i32, n as i32);
-                let f = self.kernel(&format!("{prefix}_{}", matvec_width(n)))?;
+                let f = self.kernel(&format!("matvec_{}", matvec_width(n)))?;
                 let mut b = self.stream.launch_builder(f);
                 b.arg(&mj).arg(&xq).arg(&xds).arg(&xf).arg(&k_i).arg(&n_i);
                 // SAFETY: each job reads rows*row_bytes weight bytes and writes n*rows outputs at

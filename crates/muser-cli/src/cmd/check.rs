@@ -519,7 +519,7 @@ fn check_model(rows: &mut Vec<Row>, path: &PathBuf, args: &Args, audit: &mut BTr
 /// Times one launch of each Glimmer matrix (1 column) and prints GB/s of weights read.
 fn bench_matvec(p: &Pair) -> anyhow::Result<()> {
     println!("\nmatvec timing (1 column, weights streamed once per launch):");
-    println!("| matrix | type | rows x cols | MB | us | GB/s | v4 us | v4 GB/s |");
+    println!("| matrix | type | rows x cols | MB | us | GB/s |");
     let cases = [
         ("attn_q+k+v+gate", 0usize, 0usize, GgmlType::Q4_K),
         ("attn_q", Q_WIDTH, HIDDEN, GgmlType::Q4_K),
@@ -552,25 +552,20 @@ fn bench_matvec(p: &Pair) -> anyhow::Result<()> {
         let mut xin = be.buf(1, k);
         be.write(&mut xin, &vec![0.5f32; k]);
         let iters = 50;
-        let time = |prefix: &str, outs: &mut Vec<CudaBuf>| {
-            let mut run = || {
-                let mut pairs: Vec<(&muser_cuda::CudaWeight, &mut CudaBuf)> = ws.iter().zip(outs.iter_mut()).collect();
-                be.matmul_with(prefix, &xin, &mut pairs);
-            };
-            run();
-            be.synchronize();
-            let t = Instant::now();
-            for _ in 0..iters {
-                run();
-            }
-            be.synchronize();
-            t.elapsed().as_secs_f64() / iters as f64 * 1e6
+        let run = |outs: &mut Vec<CudaBuf>| {
+            let mut pairs: Vec<(&muser_cuda::CudaWeight, &mut CudaBuf)> = ws.iter().zip(outs.iter_mut()).collect();
+            be.matmul(&xin, &mut pairs);
         };
-        let us = time("matvec", &mut outs);
-        let us2 = time("matvec_v4", &mut outs);
+        run(&mut outs);
+        be.synchronize();
+        let t = Instant::now();
+        for _ in 0..iters {
+            run(&mut outs);
+        }
+        be.synchronize();
+        let us = t.elapsed().as_secs_f64() / iters as f64 * 1e6;
         let shape = if rows == 0 { format!("{}+{}+{}+{} x {HIDDEN}", Q_WIDTH, KV_WIDTH, KV_WIDTH, Q_WIDTH) } else { format!("{rows} x {cols}") };
-        let mb = bytes as f64 / 1e6;
-        println!("| {name} | {ty} | {shape} | {mb:.1} | {us:.1} | {:.0} | {us2:.1} | {:.0} |", bytes as f64 / us / 1e3, bytes as f64 / us2 / 1e3);
+        println!("| {name} | {ty} | {shape} | {:.1} | {us:.1} | {:.0} |", bytes as f64 / 1e6, bytes as f64 / us / 1e3);
     }
     Ok(())
 }
