@@ -1,0 +1,439 @@
+"""`muser serve` against the real `openai` Python client (and raw HTTP where the client hides
+what is checked): completions and chat, streaming and not, logprobs, usage with cached tokens,
+stop strings, token-array prompts, tokenize/detokenize, 16 concurrent streams each identical to
+its solo run, a client disconnecting mid-stream, every kind of bad request, overload (503) and
+the API key.
+
+The servers run models/muse-default.gguf on a free loopback port; the binary is $MUSER_BIN,
+else target/release/muser (`cargo build --release -p muser-cli`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import openai
+import pytest
+import requests
+
+REPO = Path(__file__).resolve().parents[2]
+MODEL = REPO / "models" / "muse-default.gguf"
+MODEL_ID = "muse-default"
+N_CTX = 2048  # per slot; above the model's 512 so a stream can run long enough to interrupt
+
+
+def muser_bin() -> Path:
+    b = Path(os.environ.get("MUSER_BIN", REPO / "target" / "release" / "muser"))
+    if not b.exists():
+        pytest.fail(f"{b} not found: run `cargo build --release -p muser-cli` or set MUSER_BIN")
+    return b
+
+
+class ServerProcess:
+    """`muser serve` on port 0 (a free port); the address is read from its first line."""
+
+    def __init__(self, *args: str, model: Path = MODEL):
+        cmd = [str(muser_bin()), "serve", "-m", str(model), "--port", "0", *args]
+        self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+        self.headers = {}
+        if "--api-key" in args:
+            self.headers["Authorization"] = "Bearer " + args[args.index("--api-key") + 1]
+        self.log: list[str] = []
+        first = self.proc.stderr.readline()
+        self.log.append(first)
+        m = re.search(r"listening on (http://[\d.:]+)", first)
+        if not m:
+            self.stop()
+            raise RuntimeError(f"server did not start: {first!r}")
+        self.url = m.group(1)
+        threading.Thread(target=self._drain, daemon=True).start()
+        deadline = time.monotonic() + 60
+        while requests.get(self.url + "/health", timeout=10).status_code != 200:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError("server never became ready:\n" + "".join(self.log))
+            time.sleep(0.05)
+
+    def _drain(self) -> None:
+        for line in self.proc.stderr:
+            self.log.append(line)
+
+    def metrics(self) -> dict[str, float]:
+        text = requests.get(self.url + "/metrics", headers=self.headers, timeout=10).text
+        out = {}
+        for line in text.splitlines():
+            if line.startswith("muser:"):
+                name, value = line.split()
+                out[name[len("muser:"):]] = float(value)
+        return out
+
+    def wait_metric(self, name: str, pred, timeout: float = 30.0) -> float:
+        """Polls /metrics until pred(value) holds (a bounded wait, not a timing assertion)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            v = self.metrics()[name]
+            if pred(v):
+                return v
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{name} = {v} after {timeout} s")
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = ServerProcess("--parallel", "16", "--ctx-size", str(N_CTX), "--threads", "2")
+    yield s
+    s.stop()
+    assert s.proc.returncode is not None
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+
+
+def post(server, path: str, body, **kw) -> requests.Response:
+    data = body if isinstance(body, (bytes, str)) else json.dumps(body)
+    return requests.post(server.url + path, data=data, timeout=60, **kw)
+
+
+def tokenize(server, text: str, add_special: bool = True) -> list[int]:
+    r = post(server, "/tokenize", {"content": text, "add_special": add_special})
+    assert r.status_code == 200, r.text
+    return r.json()["tokens"]
+
+
+# --- basics -----------------------------------------------------------------------------------
+
+
+def test_health_models_and_metrics(server, client):
+    r = requests.get(server.url + "/health", timeout=10)
+    assert (r.status_code, r.json()) == (200, {"status": "ok"})
+    models = client.models.list().data
+    assert [m.id for m in models] == [MODEL_ID]
+    m = server.metrics()
+    for name in ["prompt_tokens_total", "tokens_predicted_total", "predicted_tokens_seconds",
+                 "requests_processing", "requests_deferred", "kv_cache_usage_ratio"]:
+        assert name in m, name
+
+
+def test_completion(server, client):
+    prompt = "Once upon a time"
+    r = client.completions.create(model=MODEL_ID, prompt=prompt, max_tokens=20, temperature=0)
+    c = r.choices[0]
+    assert r.object == "text_completion" and c.text
+    assert c.finish_reason == "length"
+    assert r.usage.prompt_tokens == len(tokenize(server, prompt))
+    assert r.usage.completion_tokens == 20
+    assert r.usage.total_tokens == r.usage.prompt_tokens + 20
+
+    # The same request streamed gives the same text, and the stream ends with [DONE].
+    chunks = list(client.completions.create(model=MODEL_ID, prompt=prompt, max_tokens=20,
+                                            temperature=0, stream=True))
+    assert "".join(ch.choices[0].text for ch in chunks) == c.text
+    assert chunks[-1].choices[0].finish_reason == "length"
+    raw = post(server, "/v1/completions",
+               {"prompt": prompt, "max_tokens": 3, "stream": True}).text
+    events = [line for line in raw.split("\n") if line.startswith("data: ")]
+    assert events[-1] == "data: [DONE]"
+
+
+def test_chat(client):
+    msgs = [{"role": "system", "content": "You are a fortune cookie."},
+            {"role": "user", "content": "What does the future hold?"}]
+    r = client.chat.completions.create(model=MODEL_ID, messages=msgs, max_tokens=24,
+                                       temperature=0)
+    m = r.choices[0].message
+    assert r.object == "chat.completion" and m.role == "assistant"
+    stream = client.chat.completions.create(model=MODEL_ID, messages=msgs, max_tokens=24,
+                                            temperature=0, stream=True,
+                                            stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert text == m.content
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == \
+        r.usage.completion_tokens
+    finish = [ch.choices[0].finish_reason for ch in chunks if ch.choices]
+    assert finish[-1] == r.choices[0].finish_reason
+
+
+def test_sampling_parameters_and_seed(client):
+    kw = dict(model=MODEL_ID, prompt="You will", max_tokens=16, temperature=1.0, top_p=0.9,
+              extra_body={"top_k": 20, "min_p": 0.02, "repetition_penalty": 1.1})
+    a = client.completions.create(seed=5, **kw).choices[0].text
+    b = client.completions.create(seed=5, **kw).choices[0].text
+    assert a == b  # a seed reproduces the draw
+
+
+def test_logprobs(client):
+    r = client.completions.create(model=MODEL_ID, prompt="A penny saved", max_tokens=8,
+                                  temperature=0, logprobs=3)
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 8
+    assert "".join(lp.tokens) == r.choices[0].text
+    for tok, p, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        assert p <= 0 and len(top) <= 3
+        assert max(top.values()) == pytest.approx(p, abs=1e-6)  # greedy takes the top token
+    assert lp.text_offset[0] == 0
+
+    r = client.chat.completions.create(model=MODEL_ID, max_tokens=6, temperature=0,
+                                       messages=[{"role": "user", "content": "Hi"}],
+                                       logprobs=True, top_logprobs=2)
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens
+    for e in content:
+        assert len(e.top_logprobs) == 2 and e.top_logprobs[0].logprob >= e.top_logprobs[1].logprob
+        assert e.logprob == pytest.approx(e.top_logprobs[0].logprob, abs=1e-6)
+        assert bytes(e.bytes).decode("utf-8", "replace") == e.token
+
+
+def test_cached_prefix_is_reported(client):
+    prompt = "It is a truth universally acknowledged, that a single man in possession of"
+    first = client.completions.create(model=MODEL_ID, prompt=prompt, max_tokens=4, temperature=0)
+    again = client.completions.create(model=MODEL_ID, prompt=prompt, max_tokens=4, temperature=0)
+    n = first.usage.prompt_tokens
+    assert again.usage.prompt_tokens_details.cached_tokens == n - 1
+    assert again.choices[0].text == first.choices[0].text
+
+
+def test_stop_strings(client):
+    base = client.completions.create(model=MODEL_ID, prompt="Once upon a time", max_tokens=40,
+                                     temperature=0).choices[0].text
+    word = base.split()[2]
+    r = client.completions.create(model=MODEL_ID, prompt="Once upon a time", max_tokens=40,
+                                  temperature=0, stop=[word, "zzzz"])
+    assert r.choices[0].text == base[: base.index(word)]
+    assert r.choices[0].finish_reason == "stop"
+
+
+def test_token_array_prompt(server, client):
+    ids = tokenize(server, "Love is")
+    a = client.completions.create(model=MODEL_ID, prompt=ids, max_tokens=10, temperature=0)
+    b = client.completions.create(model=MODEL_ID, prompt="Love is", max_tokens=10,
+                                  temperature=0)
+    assert a.choices[0].text == b.choices[0].text
+
+
+def test_tokenize_detokenize(server):
+    ids = tokenize(server, "Hello, world!", add_special=False)
+    assert ids and 0 not in ids  # no BOS without add_special
+    r = post(server, "/detokenize", {"tokens": ids})
+    assert r.json() == {"content": "Hello, world!"}
+    pieces = post(server, "/tokenize", {"content": "Hi there", "with_pieces": True}).json()
+    assert "".join(p["piece"] for p in pieces["tokens"]) == "Hi there"
+
+
+# --- concurrency, disconnect ------------------------------------------------------------------
+
+PROMPTS = [
+    "Once upon a time", "The meaning of life is", "A penny saved", "You will",
+    "Q: Why did the chicken cross the road?\nA:", "Never", "In the beginning", "Love",
+    "The best way to predict the future", "He who laughs last", "Today", "Beware of",
+    "There are two kinds of people", "If at first you don't succeed,", "Your lucky number is",
+    "It is a truth universally acknowledged",
+]
+
+
+def test_16_concurrent_streams_match_their_solo_runs(client):
+    def run(prompt: str, stream: bool) -> str:
+        kw = dict(model=MODEL_ID, prompt=prompt, max_tokens=48, temperature=0)
+        if not stream:
+            return client.completions.create(**kw).choices[0].text
+        return "".join(ch.choices[0].text for ch in client.completions.create(stream=True, **kw))
+
+    solo = [run(p, False) for p in PROMPTS]
+    barrier = threading.Barrier(len(PROMPTS))
+
+    def together(p: str) -> str:
+        barrier.wait(timeout=30)
+        return run(p, True)
+
+    with ThreadPoolExecutor(len(PROMPTS)) as ex:
+        concurrent = list(ex.map(together, PROMPTS))
+    for p, a, b in zip(PROMPTS, solo, concurrent):
+        assert a == b, p
+
+
+def test_disconnect_mid_stream_frees_the_slot(server):
+    before = server.metrics()
+    r = requests.post(server.url + "/v1/completions", stream=True, timeout=60,
+                      json={"prompt": "Once upon a time", "max_tokens": N_CTX - 16,
+                            "temperature": 0, "stream": True})
+    lines = r.iter_lines()
+    got = 0
+    for line in lines:
+        if line.startswith(b"data: {"):
+            got += 1
+            if got == 3:
+                break
+    r.close()  # the client goes away after three tokens
+    server.wait_metric("requests_processing", lambda v: v == 0)
+    server.wait_metric("requests_cancelled_total",
+                       lambda v: v == before["requests_cancelled_total"] + 1)
+    after = server.metrics()
+    generated = after["tokens_predicted_total"] - before["tokens_predicted_total"]
+    assert generated < (N_CTX - 16) / 2, generated
+    # The server goes on serving.
+    assert post(server, "/v1/completions", {"prompt": "Hi", "max_tokens": 2}).status_code == 200
+
+
+# --- bad requests -----------------------------------------------------------------------------
+
+BAD = [
+    # (name, path, body, status, param or code that must appear)
+    ("malformed json", "/v1/completions", b'{"prompt": "hi", ', 400, "invalid_json"),
+    ("not an object", "/v1/completions", b"[1, 2]", 400, "invalid_json"),
+    ("invalid utf-8", "/v1/completions", b'{"prompt": "\xff\xfe"}', 400, "invalid_utf8"),
+    ("wrong type", "/v1/completions", {"prompt": "hi", "temperature": "hot"}, 400, "temperature"),
+    ("prompt type", "/v1/completions", {"prompt": {"a": 1}}, 400, "prompt"),
+    ("no prompt", "/v1/completions", {"max_tokens": 3}, 400, "prompt"),
+    ("negative max_tokens", "/v1/completions", {"prompt": "hi", "max_tokens": -1}, 400,
+     "max_tokens"),
+    ("huge max_tokens", "/v1/completions", {"prompt": "hi", "max_tokens": 10**30}, 400,
+     "max_tokens"),
+    ("negative top_k", "/v1/completions", {"prompt": "hi", "top_k": -2}, 400, "top_k"),
+    ("huge temperature", "/v1/completions", {"prompt": "hi", "temperature": 1e300}, 400,
+     "temperature"),
+    ("token id out of range", "/v1/completions", {"prompt": [1, 2, 4096]}, 400, "prompt"),
+    ("negative token id", "/v1/completions", {"prompt": [-1]}, 400, "prompt"),
+    ("unknown model", "/v1/completions", {"model": "gpt-5", "prompt": "hi"}, 404,
+     "model_not_found"),
+    ("n > 1", "/v1/completions", {"prompt": "hi", "n": 3}, 400, "n"),
+    ("no messages", "/v1/chat/completions", {"messages": []}, 400, "messages"),
+    ("bad role", "/v1/chat/completions", {"messages": [{"role": "x", "content": "hi"}]}, 400,
+     "messages"),
+    ("top_logprobs > 20", "/v1/chat/completions",
+     {"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": 50},
+     400, "top_logprobs"),
+    ("detokenize bad id", "/detokenize", {"tokens": [5, 99999]}, 400, "tokens"),
+    ("tokenize no content", "/tokenize", {"text": "hi"}, 400, "content"),
+]
+
+
+@pytest.mark.parametrize("name,path,body,status,what", BAD, ids=[b[0] for b in BAD])
+def test_bad_request(server, name, path, body, status, what):
+    r = post(server, path, body)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) >= {"message", "type", "code"}
+    assert err["message"]
+    assert what in (err["code"], err["param"]), err
+
+
+def test_prompt_past_the_context(server, client):
+    n_prompt = len(tokenize(server, "Once upon a time"))
+    r = post(server, "/v1/completions", {"prompt": "Once upon a time", "max_tokens": N_CTX})
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert err["code"] == "context_length_exceeded"
+    assert (err["n_prompt_tokens"], err["n_ctx"]) == (n_prompt, N_CTX)
+    long = list(range(2, 2 + N_CTX))
+    r = post(server, "/v1/completions", {"prompt": long})
+    assert r.status_code == 400 and r.json()["error"]["n_prompt_tokens"] == N_CTX
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model=MODEL_ID, prompt="hi", max_tokens=N_CTX + 1)
+
+
+def test_body_over_the_limit(server):
+    big = json.dumps({"prompt": "x" * (9 << 20)})
+    r = post(server, "/v1/completions", big)
+    assert r.status_code == 413
+    assert r.json()["error"]["code"] == "request_too_large"
+
+    # Without Content-Length (chunked): the limit holds while reading.
+    def chunks():
+        yield b'{"prompt": "'
+        for _ in range(9):
+            yield b"x" * (1 << 20)
+        yield b'"}'
+
+    r = requests.post(server.url + "/v1/completions", data=chunks(), timeout=60)
+    assert r.status_code == 413
+
+
+def test_unknown_route_and_server_survives(server, client):
+    r = requests.get(server.url + "/v1/nothing", timeout=10)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+    assert client.completions.create(model=MODEL_ID, prompt="Hi", max_tokens=2).choices
+
+
+# --- overload and the API key -----------------------------------------------------------------
+
+
+LONG_CTX = 20000
+
+
+@pytest.fixture(scope="module")
+def small_server():
+    # A context long enough that a stream outlasts the test's requests (about 10 s of tokens;
+    # the stream is cancelled when the test closes it).
+    s = ServerProcess("--parallel", "1", "--max-queue", "1", "--ctx-size", str(LONG_CTX),
+                      "--api-key", "sesame", "--threads", "2")
+    yield s
+    s.stop()
+
+
+def test_api_key(small_server):
+    url = small_server.url
+    assert requests.get(url + "/health", timeout=10).status_code == 200
+    r = requests.post(url + "/v1/completions", json={"prompt": "hi", "max_tokens": 1}, timeout=10)
+    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=url + "/v1", api_key="wrong", max_retries=0).completions.create(
+            model=MODEL_ID, prompt="hi", max_tokens=1)
+    ok = openai.OpenAI(base_url=url + "/v1", api_key="sesame", max_retries=0)
+    assert ok.completions.create(model=MODEL_ID, prompt="hi", max_tokens=2).choices
+
+
+def test_more_clients_than_slots_and_queue_get_503(small_server):
+    s = small_server
+    auth = {"Authorization": "Bearer sesame"}
+    body = {"prompt": "Once upon a time", "max_tokens": LONG_CTX - 16, "temperature": 0,
+            "stream": True}
+
+    def open_stream():
+        r = requests.post(s.url + "/v1/completions", json=body, headers=auth, stream=True,
+                          timeout=60)
+        assert r.status_code == 200
+        return r
+
+    a = open_stream()  # takes the only slot
+    # Keep the line iterator referenced: a dropped one closes the connection (urllib3), which
+    # the server rightly takes as a disconnect.
+    a_lines = a.iter_lines()
+    for line in a_lines:
+        if line.startswith(b"data: {"):
+            break
+    b = open_stream()  # waits in the queue (headers come at once; tokens later)
+    s.wait_metric("requests_deferred", lambda v: v == 1)
+    r = requests.post(s.url + "/v1/completions", json=body, headers=auth, timeout=60)
+    assert r.status_code == 503, r.text
+    assert r.json()["error"]["code"] == "server_overloaded"
+    with pytest.raises(openai.InternalServerError):  # the client's class for 5xx
+        openai.OpenAI(base_url=s.url + "/v1", api_key="sesame", max_retries=0).completions.create(
+            model=MODEL_ID, prompt="hi", max_tokens=1)
+    a.close()
+    b.close()
+    del a_lines
+    s.wait_metric("requests_processing", lambda v: v == 0)
+    s.wait_metric("requests_deferred", lambda v: v == 0)
+    ok = requests.post(s.url + "/v1/completions", headers=auth, timeout=60,
+                       json={"prompt": "hi", "max_tokens": 2})
+    assert ok.status_code == 200
