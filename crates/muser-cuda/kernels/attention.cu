@@ -14,7 +14,12 @@
 // (grid (n_head, n_rows), D threads) merges the splits. Decode (one row) uses many splits so
 // that ~2 blocks per SM run; prefill rows (many) use few.
 // Head dims: 64, 128, 256 (template), G * D <= 4096.
-// Measured on the H200: see `muser check --backend cuda --bench`.
+// Measured on the H200 (2026-11-29), Muse Glimmer, 52 layers, each call synchronized (~8 us of
+// that is the synchronization): decode at depth ~150 1.49 ms per token (split plan v1, 128
+// positions per split and no head chunks: 3.2 ms); decode at depth 8192 costs per token
+// 3.0 ms more than at depth 0 (tg 71.0 vs 90.4 tokens/s), for 0.27 GB of K/V: attention is far from
+// bandwidth-bound there (next: QK and PV on the tensor cores, mma over the 16 heads of a group);
+// prefill of a 512-token chunk 29 ms.
 
 #define ATT_T 32
 

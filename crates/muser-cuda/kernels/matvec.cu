@@ -29,8 +29,10 @@
 // v3 (2026-11-29) items of 64 (Q4_K/Q5_K) and 128 (Q6_K) values per lane. H200, 1 column:
 // Q4_K 19968x6656 1.69 TB/s, 6656x19968 1.90 TB/s, Q6_K 6656x19968 1.47 TB/s, Q5_K 202048x6656
 // 2.36 TB/s (v2: 1.69, 1.62, 1.32, 2.23). Lanes idled at the end of rows of 104 items.
-// v4 (2026-11-29) 4 rows per warp with one item list, so no lane idles at a row's end: Q4_K
-// 19968x6656 1.89 TB/s, 6656x19968 1.84, Q6_K 6656x19968 1.52, Q5_K 202048x6656 3.06 (ncu on
+// v4 (2026-11-29) 4 rows per warp with one item list, so no lane idles at a row's end. H200,
+// 1 column, host-timed per call including the activation quantizer's launch: Q4_K q+k+v+gate
+// (33 MB) 22 us = 1.50 TB/s, 4096x6656 1.36, 6656x4096 1.28, 19968x6656 1.89, 6656x19968
+// 1.84; Q6_K 6656x19968 1.52; Q5_K 202048x6656 3.06; F16 4096x6656 1.49; Q8_0 1.35 (ncu on
 // the first: 72 registers, 34% occupancy, DRAM 50% busy, issue gaps 72% waits on weight loads;
 // capping at 64 registers changed nothing; loading the next item's weights before the current
 // item's arithmetic changed nothing either, so that version was dropped).

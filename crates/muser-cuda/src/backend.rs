@@ -32,10 +32,17 @@ pub struct CudaWeight {
 
 impl CudaWeight {
     fn mat(&self) -> &DeviceMatrix {
-        self.matrix.as_ref().unwrap_or_else(|| panic!("{} is a vector, used as a matrix", self.name))
+        self.matrix
+            .as_ref()
+            .unwrap_or_else(|| panic!("{} is a vector, used as a matrix", self.name))
     }
     fn vec_ptr(&self, gpu: &Gpu) -> u64 {
-        dptr(gpu, self.vector.as_ref().unwrap_or_else(|| panic!("{} is a matrix, used as a vector", self.name)))
+        dptr(
+            gpu,
+            self.vector
+                .as_ref()
+                .unwrap_or_else(|| panic!("{} is a matrix, used as a vector", self.name)),
+        )
     }
 }
 
@@ -88,7 +95,11 @@ fn grow<T: DeviceRepr + ValidAsZeroBits>(gpu: &Gpu, s: &mut CudaSlice<T>, n: usi
 }
 
 fn cfg1(n: usize, threads: u32) -> LaunchConfig {
-    LaunchConfig { grid_dim: ((n as u32).div_ceil(threads).max(1), 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 }
+    LaunchConfig {
+        grid_dim: ((n as u32).div_ceil(threads).max(1), 1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    }
 }
 
 /// "attn_q" for "blk.7.attn_q.weight".
@@ -118,17 +129,30 @@ pub struct AttnPlan {
 /// About two blocks per SM when the batch allows: splits of at least one tile (32 positions),
 /// then the `group` query heads of a KV head over several blocks (at least 2 heads each).
 /// `count` is the longest visible range of the batch.
-pub fn attention_plan(count: usize, n_rows: usize, n_kv: usize, group: usize, sms: usize) -> AttnPlan {
+pub fn attention_plan(
+    count: usize,
+    n_rows: usize,
+    n_kv: usize,
+    group: usize,
+    sms: usize,
+) -> AttnPlan {
     let target = 2 * sms;
     let base = (n_rows * n_kv).max(1);
     let n_splits = target.div_ceil(base).min(count.div_ceil(ATT_T)).max(1);
     let split_len = count.div_ceil(n_splits).div_ceil(ATT_T) * ATT_T;
     let n_splits = count.div_ceil(split_len).max(1);
     let mut chunks = 1;
-    while base * n_splits * chunks < target && group % (chunks * 2) == 0 && group / (chunks * 2) >= 2 {
+    while base * n_splits * chunks < target
+        && group.is_multiple_of(chunks * 2)
+        && group / (chunks * 2) >= 2
+    {
         chunks *= 2;
     }
-    AttnPlan { n_splits, split_len, chunks }
+    AttnPlan {
+        n_splits,
+        split_len,
+        chunks,
+    }
 }
 
 /// Dynamic shared memory of attn_partial for G query heads per KV head of width d.
@@ -171,8 +195,10 @@ impl CudaBackend {
     pub fn with_upload_progress(self, total_bytes: u64) -> CudaBackend {
         let pb = indicatif::ProgressBar::new(total_bytes);
         pb.set_style(
-            indicatif::ProgressStyle::with_template("uploading weights {bar:40} {bytes}/{total_bytes} ({bytes_per_sec})")
-                .expect("valid template"),
+            indicatif::ProgressStyle::with_template(
+                "uploading weights {bar:40} {bytes}/{total_bytes} ({bytes_per_sec})",
+            )
+            .expect("valid template"),
         );
         *self.upload.lock().unwrap() = Some(pb);
         self
@@ -192,7 +218,11 @@ impl CudaBackend {
         let mut ws = self.ws.lock().unwrap();
         grow(&self.gpu, &mut ws.argmax, x.rows);
         let (xp, out, cols) = (self.p(&x.data), self.p(&ws.argmax), x.cols as i32);
-        let cfg = LaunchConfig { grid_dim: (x.rows as u32, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 };
+        let cfg = LaunchConfig {
+            grid_dim: (x.rows as u32, 1, 1),
+            block_dim: (1024, 1, 1),
+            shared_mem_bytes: 0,
+        };
         let mut b = self.gpu.stream.launch_builder(self.kernel("argmax_rows"));
         b.arg(&xp).arg(&cols).arg(&out);
         // SAFETY: x is [rows][cols]; out holds rows indices.
@@ -209,8 +239,14 @@ impl CudaBackend {
 
     /// (op, calls, seconds) since profiling started, slowest first.
     pub fn profile_report(&self) -> Vec<(String, u64, f64)> {
-        let mut v: Vec<(String, u64, f64)> =
-            self.profile.lock().unwrap().iter().flatten().map(|(k, &(n, s))| (k.clone(), n, s)).collect();
+        let mut v: Vec<(String, u64, f64)> = self
+            .profile
+            .lock()
+            .unwrap()
+            .iter()
+            .flatten()
+            .map(|(k, &(n, s))| (k.clone(), n, s))
+            .collect();
         v.sort_by(|a, b| b.2.total_cmp(&a.2));
         v
     }
@@ -239,7 +275,10 @@ impl CudaBackend {
 
     /// Quantizes the `n` f32 values at `x` (rows of width `k`) for the kernels of `types`.
     fn quantize_for(&self, ws: &mut Workspace, x: u64, n: usize, k: usize, types: &[GgmlType]) {
-        ck(self.gpu.quantize_act(x, n, k, types, &mut ws.act), "quantize activation");
+        ck(
+            self.gpu.quantize_act(x, n, k, types, &mut ws.act),
+            "quantize activation",
+        );
     }
 
     fn upload_progress(&self, bytes: usize) {
@@ -278,7 +317,13 @@ impl Backend for CudaBackend {
             let mut v = vec![0f32; cols];
             muser_quant::dequantize_row(t.ty, bytes, &mut v)?;
             let vector = self.gpu.stream.clone_htod(&v).map_err(|e| err(e.into()))?;
-            CudaWeight { name: t.name.clone(), matrix: None, vector: Some(vector), rows, cols }
+            CudaWeight {
+                name: t.name.clone(),
+                matrix: None,
+                vector: Some(vector),
+                rows,
+                cols,
+            }
         } else {
             if crate::matvec::format_code(t.ty).is_err() {
                 return Err(EngineError::TensorType {
@@ -287,24 +332,46 @@ impl Backend for CudaBackend {
                     supported: "F32, F16, BF16, Q8_0, Q4_K, Q5_K, Q6_K",
                 });
             }
-            let m = self.gpu.upload_matrix(t.ty, rows, cols, bytes).map_err(err)?;
-            CudaWeight { name: t.name.clone(), matrix: Some(m), vector: None, rows, cols }
+            let m = self
+                .gpu
+                .upload_matrix(t.ty, rows, cols, bytes)
+                .map_err(err)?;
+            CudaWeight {
+                name: t.name.clone(),
+                matrix: Some(m),
+                vector: None,
+                rows,
+                cols,
+            }
         };
         self.upload_progress(bytes.len());
         Ok(w)
     }
 
     fn buf(&self, rows: usize, cols: usize) -> CudaBuf {
-        CudaBuf { rows, cols, data: ck(self.gpu.stream.alloc_zeros::<f32>((rows * cols).max(1)), "alloc buffer") }
+        CudaBuf {
+            rows,
+            cols,
+            data: ck(
+                self.gpu.stream.alloc_zeros::<f32>((rows * cols).max(1)),
+                "alloc buffer",
+            ),
+        }
     }
     fn write(&self, buf: &mut CudaBuf, data: &[f32]) {
         assert_eq!(data.len(), buf.rows * buf.cols, "write: size mismatch");
-        ck(self.gpu.stream.memcpy_htod(data, &mut buf.data), "write buffer");
+        ck(
+            self.gpu.stream.memcpy_htod(data, &mut buf.data),
+            "write buffer",
+        );
     }
     fn read(&self, buf: &CudaBuf, out: &mut [f32]) {
         let n = buf.rows * buf.cols;
         assert_eq!(out.len(), n, "read: size mismatch");
-        ck(self.gpu.stream.memcpy_dtoh(&buf.data.slice(..n), out), "read buffer");
+        ck(
+            self.gpu.stream.memcpy_dtoh(&buf.data.slice(..n), out),
+            "read buffer",
+        );
     }
     fn kv_cache(&self, layers: &[KvLayerSpec]) -> CudaKv {
         let layers = layers
@@ -322,107 +389,209 @@ impl Backend for CudaBackend {
     }
 
     fn embed(&self, table: &CudaWeight, tokens: &[u32], out: &mut CudaBuf) {
-        self.timed(|| "embed".to_string(), || {
-            let m = table.mat();
-            let mut ws = self.ws.lock().unwrap();
-            grow(&self.gpu, &mut ws.tokens, tokens.len());
-            ck(self.gpu.stream.memcpy_htod(tokens, &mut ws.tokens), "upload tokens");
-            let ty = crate::matvec::format_code(m.ty).expect("checked at upload");
-            let (tp, toks, op) = (self.p(&m.data), self.p(&ws.tokens), self.p(&out.data));
-            let (rows, cols) = (m.rows as i64, m.cols as i32);
-            let cfg = LaunchConfig {
-                grid_dim: ((m.cols as u32).div_ceil(256), tokens.len() as u32, 1),
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            let mut b = self.gpu.stream.launch_builder(self.kernel("embed_rows"));
-            b.arg(&tp).arg(&ty).arg(&rows).arg(&cols).arg(&toks).arg(&op);
-            // SAFETY: tokens < rows (checked by the session); out holds n_tokens * cols.
-            ck(unsafe { b.launch(cfg) }, "embed_rows");
-        })
+        self.timed(
+            || "embed".to_string(),
+            || {
+                let m = table.mat();
+                let mut ws = self.ws.lock().unwrap();
+                grow(&self.gpu, &mut ws.tokens, tokens.len());
+                ck(
+                    self.gpu.stream.memcpy_htod(tokens, &mut ws.tokens),
+                    "upload tokens",
+                );
+                let ty = crate::matvec::format_code(m.ty).expect("checked at upload");
+                let (tp, toks, op) = (self.p(&m.data), self.p(&ws.tokens), self.p(&out.data));
+                let (rows, cols) = (m.rows as i64, m.cols as i32);
+                let cfg = LaunchConfig {
+                    grid_dim: ((m.cols as u32).div_ceil(256), tokens.len() as u32, 1),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                let mut b = self.gpu.stream.launch_builder(self.kernel("embed_rows"));
+                b.arg(&tp)
+                    .arg(&ty)
+                    .arg(&rows)
+                    .arg(&cols)
+                    .arg(&toks)
+                    .arg(&op);
+                // SAFETY: tokens < rows (checked by the session); out holds n_tokens * cols.
+                ck(unsafe { b.launch(cfg) }, "embed_rows");
+            },
+        )
     }
 
     fn rmsnorm(&self, x: &CudaBuf, w: Option<&CudaWeight>, eps: f32, out: &mut CudaBuf) {
-        self.timed(|| "rmsnorm".to_string(), || {
-            let (xp, wp, op) = (self.p(&x.data), w.map_or(0, |w| w.vec_ptr(&self.gpu)), self.p(&out.data));
-            let cols = x.cols as i32;
-            let cfg = LaunchConfig { grid_dim: (x.rows as u32, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 };
-            let mut b = self.gpu.stream.launch_builder(self.kernel("rmsnorm"));
-            b.arg(&xp).arg(&wp).arg(&op).arg(&cols).arg(&eps);
-            // SAFETY: x and out are [rows][cols]; w is [cols] or null.
-            ck(unsafe { b.launch(cfg) }, "rmsnorm");
-        })
+        self.timed(
+            || "rmsnorm".to_string(),
+            || {
+                let (xp, wp, op) = (
+                    self.p(&x.data),
+                    w.map_or(0, |w| w.vec_ptr(&self.gpu)),
+                    self.p(&out.data),
+                );
+                let cols = x.cols as i32;
+                let cfg = LaunchConfig {
+                    grid_dim: (x.rows as u32, 1, 1),
+                    block_dim: (1024, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                let mut b = self.gpu.stream.launch_builder(self.kernel("rmsnorm"));
+                b.arg(&xp).arg(&wp).arg(&op).arg(&cols).arg(&eps);
+                // SAFETY: x and out are [rows][cols]; w is [cols] or null.
+                ck(unsafe { b.launch(cfg) }, "rmsnorm");
+            },
+        )
     }
 
     fn rmsnorm_heads(&self, x: &mut CudaBuf, w: &CudaWeight, head_dim: usize, eps: f32) {
-        self.timed(|| "rmsnorm_heads".to_string(), || {
-            let n_heads = (x.rows * x.cols / head_dim) as i32;
-            let (xp, wp, hd) = (self.p(&x.data), w.vec_ptr(&self.gpu), head_dim as i32);
-            let mut b = self.gpu.stream.launch_builder(self.kernel("rmsnorm_heads"));
-            b.arg(&xp).arg(&wp).arg(&hd).arg(&n_heads).arg(&eps);
-            // SAFETY: x holds n_heads * head_dim values; w holds head_dim.
-            ck(unsafe { b.launch(cfg1(n_heads as usize * 32, 128)) }, "rmsnorm_heads");
-        })
+        self.timed(
+            || "rmsnorm_heads".to_string(),
+            || {
+                let n_heads = (x.rows * x.cols / head_dim) as i32;
+                let (xp, wp, hd) = (self.p(&x.data), w.vec_ptr(&self.gpu), head_dim as i32);
+                let mut b = self.gpu.stream.launch_builder(self.kernel("rmsnorm_heads"));
+                b.arg(&xp).arg(&wp).arg(&hd).arg(&n_heads).arg(&eps);
+                // SAFETY: x holds n_heads * head_dim values; w holds head_dim.
+                ck(
+                    unsafe { b.launch(cfg1(n_heads as usize * 32, 128)) },
+                    "rmsnorm_heads",
+                );
+            },
+        )
     }
 
     fn matmul(&self, x: &CudaBuf, outs: &mut [(&CudaWeight, &mut CudaBuf)]) {
-        self.timed(|| format!("matmul {}", short_name(&outs[0].0.name)), || {
-            let mut ws = self.ws.lock().unwrap();
-            let xp = self.p(&x.data);
-            let types: Vec<GgmlType> = outs.iter().map(|(w, _)| w.mat().ty).collect();
-            self.quantize_for(&mut ws, xp, x.rows * x.cols, x.cols, &types);
-            let jobs: Vec<Job> = outs
-                .iter()
-                .map(|(w, y)| {
-                    assert_eq!((y.rows, y.cols), (x.rows, w.rows), "matmul output of {} has the wrong shape", w.name);
-                    Job { m: w.mat(), y: dptr(&self.gpu, &y.data) }
-                })
-                .collect();
-            ck(self.gpu.matvec_jobs(&jobs, xp, x.cols, x.rows, &ws.act), "matvec");
-        })
+        self.timed(
+            || format!("matmul {}", short_name(&outs[0].0.name)),
+            || {
+                let mut ws = self.ws.lock().unwrap();
+                let xp = self.p(&x.data);
+                let types: Vec<GgmlType> = outs.iter().map(|(w, _)| w.mat().ty).collect();
+                self.quantize_for(&mut ws, xp, x.rows * x.cols, x.cols, &types);
+                let jobs: Vec<Job> = outs
+                    .iter()
+                    .map(|(w, y)| {
+                        assert_eq!(
+                            (y.rows, y.cols),
+                            (x.rows, w.rows),
+                            "matmul output of {} has the wrong shape",
+                            w.name
+                        );
+                        Job {
+                            m: w.mat(),
+                            y: dptr(&self.gpu, &y.data),
+                        }
+                    })
+                    .collect();
+                ck(
+                    self.gpu.matvec_jobs(&jobs, xp, x.cols, x.rows, &ws.act),
+                    "matvec",
+                );
+            },
+        )
     }
 
     fn ffn_gate_up_silu(&self, x: &CudaBuf, gate: &CudaWeight, up: &CudaWeight, out: &mut CudaBuf) {
-        self.timed(|| "ffn_gate_up_silu".to_string(), || {
-            let mut ws = self.ws.lock().unwrap();
-            let xp = self.p(&x.data);
-            self.quantize_for(&mut ws, xp, x.rows * x.cols, x.cols, &[gate.mat().ty, up.mat().ty]);
-            let op = self.p(&out.data);
-            ck(self.gpu.matvec_silu(gate.mat(), up.mat(), xp, x.rows, &mut ws.act, op), "matvec_silu");
-        })
+        self.timed(
+            || "ffn_gate_up_silu".to_string(),
+            || {
+                let mut ws = self.ws.lock().unwrap();
+                let xp = self.p(&x.data);
+                self.quantize_for(
+                    &mut ws,
+                    xp,
+                    x.rows * x.cols,
+                    x.cols,
+                    &[gate.mat().ty, up.mat().ty],
+                );
+                let op = self.p(&out.data);
+                ck(
+                    self.gpu
+                        .matvec_silu(gate.mat(), up.mat(), xp, x.rows, &mut ws.act, op),
+                    "matvec_silu",
+                );
+            },
+        )
     }
 
     fn rope(&self, x: &mut CudaBuf, head_dim: usize, rope: &RopeParams, pos0: usize) {
-        self.timed(|| "rope".to_string(), || {
-            let n = x.rows * (x.cols / head_dim) * (rope.n_rot / 2);
-            let xp = self.p(&x.data);
-            let (rows, cols, hd, nrot, p0) = (x.rows as i32, x.cols as i32, head_dim as i32, rope.n_rot as i32, pos0 as i32);
-            let neox = i32::from(rope.style == RopeStyle::Neox);
-            let mut b = self.gpu.stream.launch_builder(self.kernel("rope"));
-            b.arg(&xp).arg(&rows).arg(&cols).arg(&hd).arg(&nrot).arg(&p0).arg(&rope.freq_base).arg(&neox);
-            // SAFETY: one thread per pair of x ([rows][cols]).
-            ck(unsafe { b.launch(cfg1(n, 256)) }, "rope");
-        })
+        self.timed(
+            || "rope".to_string(),
+            || {
+                let n = x.rows * (x.cols / head_dim) * (rope.n_rot / 2);
+                let xp = self.p(&x.data);
+                let (rows, cols, hd, nrot, p0) = (
+                    x.rows as i32,
+                    x.cols as i32,
+                    head_dim as i32,
+                    rope.n_rot as i32,
+                    pos0 as i32,
+                );
+                let neox = i32::from(rope.style == RopeStyle::Neox);
+                let mut b = self.gpu.stream.launch_builder(self.kernel("rope"));
+                b.arg(&xp)
+                    .arg(&rows)
+                    .arg(&cols)
+                    .arg(&hd)
+                    .arg(&nrot)
+                    .arg(&p0)
+                    .arg(&rope.freq_base)
+                    .arg(&neox);
+                // SAFETY: one thread per pair of x ([rows][cols]).
+                ck(unsafe { b.launch(cfg1(n, 256)) }, "rope");
+            },
+        )
     }
 
     fn kv_store(&self, kv: &mut CudaKv, layer: usize, k: &CudaBuf, v: &CudaBuf, pos0: usize) {
-        self.timed(|| "kv_store".to_string(), || {
-            let l = &mut kv.layers[layer];
-            let width = l.spec.n_head_kv * l.spec.head_dim;
-            assert_eq!(k.cols, width, "kv_store: k width");
-            if !l.spec.is_ring() {
-                assert!(pos0 + k.rows <= l.spec.slots, "kv_store: position {} past the plane of {}", pos0 + k.rows, l.spec.slots);
-            }
-            let (kp, vp, kc, vc) = (self.p(&k.data), self.p(&v.data), self.p(&l.k), self.p(&l.v));
-            let (n, w, p0, slots, ring) = (k.rows as i32, width as i32, pos0 as i32, l.spec.slots as i32, i32::from(l.spec.is_ring()));
-            let mut b = self.gpu.stream.launch_builder(self.kernel("kv_store"));
-            b.arg(&kp).arg(&vp).arg(&kc).arg(&vc).arg(&n).arg(&w).arg(&p0).arg(&slots).arg(&ring);
-            // SAFETY: slots index within the cache (ring: modulo; plane: checked above).
-            ck(unsafe { b.launch(cfg1(k.rows * width, 256)) }, "kv_store");
-        })
+        self.timed(
+            || "kv_store".to_string(),
+            || {
+                let l = &mut kv.layers[layer];
+                let width = l.spec.n_head_kv * l.spec.head_dim;
+                assert_eq!(k.cols, width, "kv_store: k width");
+                if !l.spec.is_ring() {
+                    assert!(
+                        pos0 + k.rows <= l.spec.slots,
+                        "kv_store: position {} past the plane of {}",
+                        pos0 + k.rows,
+                        l.spec.slots
+                    );
+                }
+                let (kp, vp, kc, vc) =
+                    (self.p(&k.data), self.p(&v.data), self.p(&l.k), self.p(&l.v));
+                let (n, w, p0, slots, ring) = (
+                    k.rows as i32,
+                    width as i32,
+                    pos0 as i32,
+                    l.spec.slots as i32,
+                    i32::from(l.spec.is_ring()),
+                );
+                let mut b = self.gpu.stream.launch_builder(self.kernel("kv_store"));
+                b.arg(&kp)
+                    .arg(&vp)
+                    .arg(&kc)
+                    .arg(&vc)
+                    .arg(&n)
+                    .arg(&w)
+                    .arg(&p0)
+                    .arg(&slots)
+                    .arg(&ring);
+                // SAFETY: slots index within the cache (ring: modulo; plane: checked above).
+                ck(unsafe { b.launch(cfg1(k.rows * width, 256)) }, "kv_store");
+            },
+        )
     }
 
-    fn attention(&self, q: &CudaBuf, kv: &CudaKv, layer: usize, pos0: usize, scale: f32, out: &mut CudaBuf) {
+    fn attention(
+        &self,
+        q: &CudaBuf,
+        kv: &CudaKv,
+        layer: usize,
+        pos0: usize,
+        scale: f32,
+        out: &mut CudaBuf,
+    ) {
         self.timed(|| "attention".to_string(), || {
             let l = &kv.layers[layer];
             let (d, n_kv) = (l.spec.head_dim, l.spec.n_head_kv);
@@ -483,49 +652,90 @@ impl Backend for CudaBackend {
     }
 
     fn sigmoid_gate(&self, a: &mut CudaBuf, g: &CudaBuf) {
-        self.timed(|| "sigmoid_gate".to_string(), || {
-            let n = a.rows * a.cols;
-            let (ap, gp, ni) = (self.p(&a.data), self.p(&g.data), n as i32);
-            let mut b = self.gpu.stream.launch_builder(self.kernel("sigmoid_gate"));
-            b.arg(&ap).arg(&gp).arg(&ni);
-            // SAFETY: a and g hold n values.
-            ck(unsafe { b.launch(cfg1(n, 256)) }, "sigmoid_gate");
-        })
+        self.timed(
+            || "sigmoid_gate".to_string(),
+            || {
+                let n = a.rows * a.cols;
+                let (ap, gp, ni) = (self.p(&a.data), self.p(&g.data), n as i32);
+                let mut b = self.gpu.stream.launch_builder(self.kernel("sigmoid_gate"));
+                b.arg(&ap).arg(&gp).arg(&ni);
+                // SAFETY: a and g hold n values.
+                ck(unsafe { b.launch(cfg1(n, 256)) }, "sigmoid_gate");
+            },
+        )
     }
 
-    fn residual_norm(&self, h: &mut CudaBuf, x: &CudaBuf, post: Option<NormArgs<'_, CudaWeight>>, next: NormArgs<'_, CudaWeight>, out: &mut CudaBuf) {
-        self.timed(|| "residual_norm".to_string(), || {
-            let (hp, xp, op) = (self.p(&h.data), self.p(&x.data), self.p(&out.data));
-            let (pw, peps) = post.map_or((0, 0.0), |p| (p.weight.vec_ptr(&self.gpu), p.eps));
-            let (nw, neps) = (next.weight.vec_ptr(&self.gpu), next.eps);
-            let cols = h.cols as i32;
-            let cfg = LaunchConfig { grid_dim: (h.rows as u32, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 };
-            let mut b = self.gpu.stream.launch_builder(self.kernel("residual_norm"));
-            b.arg(&hp).arg(&xp).arg(&pw).arg(&peps).arg(&nw).arg(&neps).arg(&op).arg(&cols);
-            // SAFETY: h, x, out are [rows][cols]; the weights [cols].
-            ck(unsafe { b.launch(cfg) }, "residual_norm");
-        })
+    fn residual_norm(
+        &self,
+        h: &mut CudaBuf,
+        x: &CudaBuf,
+        post: Option<NormArgs<'_, CudaWeight>>,
+        next: NormArgs<'_, CudaWeight>,
+        out: &mut CudaBuf,
+    ) {
+        self.timed(
+            || "residual_norm".to_string(),
+            || {
+                let (hp, xp, op) = (self.p(&h.data), self.p(&x.data), self.p(&out.data));
+                let (pw, peps) = post.map_or((0, 0.0), |p| (p.weight.vec_ptr(&self.gpu), p.eps));
+                let (nw, neps) = (next.weight.vec_ptr(&self.gpu), next.eps);
+                let cols = h.cols as i32;
+                let cfg = LaunchConfig {
+                    grid_dim: (h.rows as u32, 1, 1),
+                    block_dim: (1024, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                let mut b = self.gpu.stream.launch_builder(self.kernel("residual_norm"));
+                b.arg(&hp)
+                    .arg(&xp)
+                    .arg(&pw)
+                    .arg(&peps)
+                    .arg(&nw)
+                    .arg(&neps)
+                    .arg(&op)
+                    .arg(&cols);
+                // SAFETY: h, x, out are [rows][cols]; the weights [cols].
+                ck(unsafe { b.launch(cfg) }, "residual_norm");
+            },
+        )
     }
 
-    fn lm_head(&self, x: &CudaBuf, first_row: usize, w: &CudaWeight, scale: f32, softcap: Option<f32>, out: &mut CudaBuf) {
-        self.timed(|| "lm_head".to_string(), || {
-            let n = x.rows - first_row;
-            let m = w.mat();
-            assert_eq!((out.rows, out.cols), (n, m.rows), "lm_head output shape");
-            let xp = self.p(&x.data) + (first_row * x.cols * 4) as u64;
-            {
-                let mut ws = self.ws.lock().unwrap();
-                self.quantize_for(&mut ws, xp, n * x.cols, x.cols, &[m.ty]);
-                let job = Job { m, y: self.p(&out.data) };
-                ck(self.gpu.matvec_jobs(&[job], xp, x.cols, n, &ws.act), "lm_head matvec");
-            }
-            let total = n * m.rows;
-            let (op, ni, cap) = (self.p(&out.data), total as i32, softcap.unwrap_or(0.0));
-            let mut b = self.gpu.stream.launch_builder(self.kernel("scale_softcap"));
-            b.arg(&op).arg(&ni).arg(&scale).arg(&cap);
-            // SAFETY: out holds n * n_vocab values.
-            ck(unsafe { b.launch(cfg1(total, 256)) }, "scale_softcap");
-        })
+    fn lm_head(
+        &self,
+        x: &CudaBuf,
+        first_row: usize,
+        w: &CudaWeight,
+        scale: f32,
+        softcap: Option<f32>,
+        out: &mut CudaBuf,
+    ) {
+        self.timed(
+            || "lm_head".to_string(),
+            || {
+                let n = x.rows - first_row;
+                let m = w.mat();
+                assert_eq!((out.rows, out.cols), (n, m.rows), "lm_head output shape");
+                let xp = self.p(&x.data) + (first_row * x.cols * 4) as u64;
+                {
+                    let mut ws = self.ws.lock().unwrap();
+                    self.quantize_for(&mut ws, xp, n * x.cols, x.cols, &[m.ty]);
+                    let job = Job {
+                        m,
+                        y: self.p(&out.data),
+                    };
+                    ck(
+                        self.gpu.matvec_jobs(&[job], xp, x.cols, n, &ws.act),
+                        "lm_head matvec",
+                    );
+                }
+                let total = n * m.rows;
+                let (op, ni, cap) = (self.p(&out.data), total as i32, softcap.unwrap_or(0.0));
+                let mut b = self.gpu.stream.launch_builder(self.kernel("scale_softcap"));
+                b.arg(&op).arg(&ni).arg(&scale).arg(&cap);
+                // SAFETY: out holds n * n_vocab values.
+                ck(unsafe { b.launch(cfg1(total, 256)) }, "scale_softcap");
+            },
+        )
     }
 }
 
@@ -544,16 +754,38 @@ mod tests {
 
     #[test]
     fn attention_plan_covers_every_position_once() {
-        for &(count, rows, n_kv) in &[(1usize, 1usize, 2usize), (129, 1, 2), (4096, 1, 2), (8192, 1, 2), (65536, 1, 2), (512, 512, 2), (33, 9, 8), (4607, 64, 2)] {
+        for &(count, rows, n_kv) in &[
+            (1usize, 1usize, 2usize),
+            (129, 1, 2),
+            (4096, 1, 2),
+            (8192, 1, 2),
+            (65536, 1, 2),
+            (512, 512, 2),
+            (33, 9, 8),
+            (4607, 64, 2),
+        ] {
             let p = attention_plan(count, rows, n_kv, 16, 132);
             assert!(p.n_splits >= 1 && p.split_len % ATT_T == 0 && p.split_len > 0);
-            assert!(p.chunks >= 1 && 16 % p.chunks == 0 && 16 / p.chunks >= 2, "{p:?}");
+            assert!(
+                p.chunks >= 1 && 16 % p.chunks == 0 && 16 / p.chunks >= 2,
+                "{p:?}"
+            );
             assert!(p.n_splits * p.split_len >= count, "{count}: {p:?}");
-            assert!((p.n_splits - 1) * p.split_len < count, "{count}: an empty split in {p:?}");
+            assert!(
+                (p.n_splits - 1) * p.split_len < count,
+                "{count}: an empty split in {p:?}"
+            );
         }
         // Decode over a long context fills the machine; a prefill chunk does not split.
         assert!(attention_plan(8192, 1, 2, 16, 132).n_splits >= 32);
-        assert_eq!(attention_plan(512, 512, 2, 16, 132), AttnPlan { n_splits: 1, split_len: 512, chunks: 1 });
+        assert_eq!(
+            attention_plan(512, 512, 2, 16, 132),
+            AttnPlan {
+                n_splits: 1,
+                split_len: 512,
+                chunks: 1
+            }
+        );
         // Short decode contexts spread the 16 heads of a KV head over several blocks.
         let p = attention_plan(129, 1, 2, 16, 132);
         assert_eq!((p.n_splits, p.chunks), (5, 8));

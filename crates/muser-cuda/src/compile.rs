@@ -43,8 +43,10 @@ pub fn compile_source(name: &str, src: &str, arch: &'static str) -> Result<Ptx, 
         include_paths: include_paths(),
         ..Default::default()
     };
-    compile_ptx_with_opts(full, opts)
-        .map_err(|e| CudaError::Compile { file: name.to_string(), log: format!("{e:?}") })
+    compile_ptx_with_opts(full, opts).map_err(|e| CudaError::Compile {
+        file: name.to_string(),
+        log: format!("{e:?}"),
+    })
 }
 
 /// Where NVRTC finds `cuda_fp16.h`: CUDA_HOME/include or the nvidia-cuda-runtime wheel.
@@ -52,7 +54,11 @@ fn include_paths() -> Vec<String> {
     let mut v = Vec::new();
     for var in ["MUSER_CUDA_INCLUDE", "CUDA_HOME", "CUDA_PATH"] {
         if let Ok(p) = std::env::var(var) {
-            let inc = if var == "MUSER_CUDA_INCLUDE" { p } else { format!("{p}/include") };
+            let inc = if var == "MUSER_CUDA_INCLUDE" {
+                p
+            } else {
+                format!("{p}/include")
+            };
             v.push(inc);
         }
     }

@@ -54,7 +54,9 @@ impl Gpu {
         // SAFETY: everything runs on the one stream below, which orders every access; cudarc's
         // per-buffer events would only add a record/wait pair to each launch.
         unsafe { ctx.disable_event_tracking() };
-        let sms = ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as usize;
+        let sms = ctx.attribute(
+            cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+        )? as usize;
         let stream = ctx.default_stream();
         let (major, minor) = ctx.compute_capability()?;
         let arch = arch_name(major, minor)?;
@@ -83,7 +85,10 @@ impl Gpu {
 
     /// The kernel `name`, counting one dispatch.
     pub fn kernel(&self, name: &str) -> Result<&CudaFunction, CudaError> {
-        let f = self.functions.get(name).ok_or_else(|| CudaError::NoKernel(name.into()))?;
+        let f = self
+            .functions
+            .get(name)
+            .ok_or_else(|| CudaError::NoKernel(name.into()))?;
         if let Some(c) = self.dispatches.get(name) {
             c.fetch_add(1, Ordering::Relaxed);
         }
@@ -92,7 +97,10 @@ impl Gpu {
 
     /// Every compiled kernel with its dispatch count so far.
     pub fn dispatch_counts(&self) -> Vec<(String, u64)> {
-        self.dispatches.iter().map(|(k, v)| (k.clone(), v.load(Ordering::Relaxed))).collect()
+        self.dispatches
+            .iter()
+            .map(|(k, v)| (k.clone(), v.load(Ordering::Relaxed)))
+            .collect()
     }
 }
 
@@ -143,7 +151,10 @@ mod tests {
 
     #[test]
     fn every_source_names_distinct_kernels() {
-        let mut all: Vec<String> = crate::KERNEL_SOURCES.iter().flat_map(|(_, s)| super::kernel_names(s)).collect();
+        let mut all: Vec<String> = crate::KERNEL_SOURCES
+            .iter()
+            .flat_map(|(_, s)| super::kernel_names(s))
+            .collect();
         let n = all.len();
         all.sort();
         all.dedup();

@@ -39,7 +39,7 @@ pub fn mmq_kernel(ty: GgmlType, k: usize) -> Option<&'static str> {
         GgmlType::Q4_K => Some("mmq_q4_k"),
         GgmlType::Q5_K => Some("mmq_q5_k"),
         GgmlType::Q6_K => Some("mmq_q6_k"),
-        GgmlType::Q8_0 if k % 256 == 0 => Some("mmq_q8_0"),
+        GgmlType::Q8_0 if k.is_multiple_of(256) => Some("mmq_q8_0"),
         _ => None,
     }
 }
@@ -54,13 +54,20 @@ pub fn format_code(ty: GgmlType) -> Result<i32, CudaError> {
         GgmlType::Q4_K => 4,
         GgmlType::Q5_K => 5,
         GgmlType::Q6_K => 6,
-        other => return Err(CudaError::Unsupported(format!("no CUDA matvec for {other}"))),
+        other => {
+            return Err(CudaError::Unsupported(format!(
+                "no CUDA matvec for {other}"
+            )))
+        }
     })
 }
 
 /// Whether the kernel of `ty` reads an int8-quantized activation.
 pub fn uses_q8_activation(ty: GgmlType) -> bool {
-    matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::Q8_0)
+    matches!(
+        ty,
+        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::Q8_0
+    )
 }
 
 /// The matvec kernel serving a group of `n` (1..=8) columns: the next instantiated width.
@@ -133,18 +140,27 @@ pub struct Job<'a> {
 
 impl Gpu {
     /// Uploads `rows` x `cols` weights of type `ty` (raw GGUF bytes), repacking where needed.
-    pub fn upload_matrix(&self, ty: GgmlType, rows: usize, cols: usize, bytes: &[u8]) -> Result<DeviceMatrix, CudaError> {
+    pub fn upload_matrix(
+        &self,
+        ty: GgmlType,
+        rows: usize,
+        cols: usize,
+        bytes: &[u8],
+    ) -> Result<DeviceMatrix, CudaError> {
         format_code(ty)?;
         let row_bytes = ty.row_bytes(cols as u64).ok_or_else(|| {
-            CudaError::Unsupported(format!("{ty}: a row of {cols} values is not a whole number of blocks"))
+            CudaError::Unsupported(format!(
+                "{ty}: a row of {cols} values is not a whole number of blocks"
+            ))
         })? as usize;
-        if row_bytes % 16 != 0 && !matches!(ty, GgmlType::Q6_K | GgmlType::Q8_0) {
+        if !row_bytes.is_multiple_of(16) && !matches!(ty, GgmlType::Q6_K | GgmlType::Q8_0) {
             return Err(CudaError::Unsupported(format!(
                 "{ty} rows of {cols} values ({row_bytes} bytes) are not 16-byte aligned"
             )));
         }
-        if matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K) && cols % 256 != 0
-            || ty == GgmlType::Q8_0 && cols % 32 != 0
+        if matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)
+            && !cols.is_multiple_of(256)
+            || ty == GgmlType::Q8_0 && !cols.is_multiple_of(32)
         {
             return Err(CudaError::Unsupported(format!("{ty} row of {cols} values")));
         }
@@ -156,7 +172,12 @@ impl Gpu {
             )));
         }
         let data = self.stream.clone_htod(&*repack(ty, bytes))?;
-        Ok(DeviceMatrix { ty, rows, cols, data })
+        Ok(DeviceMatrix {
+            ty,
+            rows,
+            cols,
+            data,
+        })
     }
 
     /// Scratch for activations of up to `cap` values.
@@ -173,7 +194,14 @@ impl Gpu {
     /// Quantizes `n` f32 values at address `x` (rows of width `k`) into `scratch` in the
     /// activation format the CPU reference pairs with `types`: Q8_K (one scale per 256) when any
     /// is a K-quant, else Q8_0 (one per 32). A no-op when no type reads int8 activations.
-    pub fn quantize_act(&self, x: u64, n: usize, k: usize, types: &[GgmlType], scratch: &mut ActScratch) -> Result<(), CudaError> {
+    pub fn quantize_act(
+        &self,
+        x: u64,
+        n: usize,
+        k: usize,
+        types: &[GgmlType],
+        scratch: &mut ActScratch,
+    ) -> Result<(), CudaError> {
         if !types.iter().any(|&t| uses_q8_activation(t)) {
             return Ok(());
         }
@@ -182,10 +210,21 @@ impl Gpu {
             *scratch = self.act_scratch(n)?;
             scratch.tmp = tmp;
         }
-        let kquant = k % 256 == 0 && types.iter().any(|t| matches!(t, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K));
-        let (name, per) = if kquant { ("quantize_q8_k", 256) } else { ("quantize_q8_0", 32) };
+        let kquant = k.is_multiple_of(256)
+            && types
+                .iter()
+                .any(|t| matches!(t, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K));
+        let (name, per) = if kquant {
+            ("quantize_q8_k", 256)
+        } else {
+            ("quantize_q8_0", 32)
+        };
         let n_blocks = (n / per) as i32;
-        let cfg = LaunchConfig { grid_dim: ((n_blocks as u32).div_ceil(4), 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+        let cfg = LaunchConfig {
+            grid_dim: ((n_blocks as u32).div_ceil(4), 1, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
         let (q, ds) = (dptr(self, &scratch.q), dptr(self, &scratch.ds));
         let f = self.kernel(name)?;
         let mut b = self.stream.launch_builder(f);
@@ -198,9 +237,17 @@ impl Gpu {
     /// y_j[c][r] = W_j x[c] for every job, `ncols` columns of width `k` at address `x` (f32).
     /// The int8 activation must already be in `scratch` when any job is quantized
     /// (`quantize_act`): matmuls sharing one input quantize it once.
-    pub fn matvec_jobs(&self, jobs: &[Job], x: u64, k: usize, ncols: usize, scratch: &ActScratch) -> Result<(), CudaError> {
-        let (mmq, rest): (Vec<&Job>, Vec<&Job>) =
-            jobs.iter().partition(|j| ncols > MAX_COLS && mmq_kernel(j.m.ty, k).is_some());
+    pub fn matvec_jobs(
+        &self,
+        jobs: &[Job],
+        x: u64,
+        k: usize,
+        ncols: usize,
+        scratch: &ActScratch,
+    ) -> Result<(), CudaError> {
+        let (mmq, rest): (Vec<&Job>, Vec<&Job>) = jobs
+            .iter()
+            .partition(|j| ncols > MAX_COLS && mmq_kernel(j.m.ty, k).is_some());
         for j in mmq {
             self.mmq(j.m, ncols, scratch, j.y)?;
         }
@@ -210,7 +257,10 @@ impl Gpu {
             let mut total = 0usize;
             for (i, j) in group.iter().enumerate() {
                 if j.m.cols != k {
-                    return Err(CudaError::Unsupported(format!("matvec input width {k} != matrix cols {}", j.m.cols)));
+                    return Err(CudaError::Unsupported(format!(
+                        "matvec input width {k} != matrix cols {}",
+                        j.m.cols
+                    )));
                 }
                 mj.w[i] = dptr(self, &j.m.data);
                 mj.rows[i] = j.m.rows as i32;
@@ -249,19 +299,39 @@ impl Gpu {
 
     /// y[c][r] = W x[c] on the tensor cores for all `ncols` columns (the int8 activation
     /// already in `scratch`).
-    pub fn mmq(&self, m: &DeviceMatrix, ncols: usize, scratch: &ActScratch, y: u64) -> Result<(), CudaError> {
-        let name = mmq_kernel(m.ty, m.cols)
-            .ok_or_else(|| CudaError::Unsupported(format!("no tensor-core matmul for {} at width {}", m.ty, m.cols)))?;
+    pub fn mmq(
+        &self,
+        m: &DeviceMatrix,
+        ncols: usize,
+        scratch: &ActScratch,
+        y: u64,
+    ) -> Result<(), CudaError> {
+        let name = mmq_kernel(m.ty, m.cols).ok_or_else(|| {
+            CudaError::Unsupported(format!(
+                "no tensor-core matmul for {} at width {}",
+                m.ty, m.cols
+            ))
+        })?;
         let cfg = LaunchConfig {
             grid_dim: ((ncols as u32).div_ceil(64), (m.rows as u32).div_ceil(64), 1),
             block_dim: (128, 1, 1),
             shared_mem_bytes: 0,
         };
-        let (w, xq, xds) = (dptr(self, &m.data), dptr(self, &scratch.q), dptr(self, &scratch.ds));
+        let (w, xq, xds) = (
+            dptr(self, &m.data),
+            dptr(self, &scratch.q),
+            dptr(self, &scratch.ds),
+        );
         let (rows, k, n) = (m.rows as i32, m.cols as i32, ncols as i32);
         let f = self.kernel(name)?;
         let mut b = self.stream.launch_builder(f);
-        b.arg(&w).arg(&rows).arg(&k).arg(&xq).arg(&xds).arg(&y).arg(&n);
+        b.arg(&w)
+            .arg(&rows)
+            .arg(&k)
+            .arg(&xq)
+            .arg(&xds)
+            .arg(&y)
+            .arg(&n);
         // SAFETY: reads rows*row_bytes weight bytes and ncols*k activations; writes ncols*rows.
         unsafe { b.launch(cfg) }?;
         Ok(())
@@ -296,7 +366,11 @@ impl Gpu {
             self.mmq(gate, ncols, scratch, tg)?;
             self.mmq(up, ncols, scratch, tu)?;
             let ni = n as i32;
-            let cfg = LaunchConfig { grid_dim: ((n as u32).div_ceil(256), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+            let cfg = LaunchConfig {
+                grid_dim: ((n as u32).div_ceil(256), 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
             let mut b = self.stream.launch_builder(self.kernel("silu_mul")?);
             b.arg(&tg).arg(&tu).arg(&y).arg(&ni);
             // SAFETY: tmp holds 2n values; y holds n.
@@ -346,10 +420,22 @@ impl Gpu {
         scratch: &mut ActScratch,
         y: &mut CudaSlice<f32>,
     ) -> Result<(), CudaError> {
-        assert!(x.len() >= ncols * m.cols && y.len() >= ncols * m.rows, "matvec buffers too small");
+        assert!(
+            x.len() >= ncols * m.cols && y.len() >= ncols * m.rows,
+            "matvec buffers too small"
+        );
         let xp = dptr(self, x);
         self.quantize_act(xp, ncols * m.cols, m.cols, &[m.ty], scratch)?;
-        self.matvec_jobs(&[Job { m, y: dptr(self, y) }], xp, m.cols, ncols, scratch)
+        self.matvec_jobs(
+            &[Job {
+                m,
+                y: dptr(self, y),
+            }],
+            xp,
+            m.cols,
+            ncols,
+            scratch,
+        )
     }
 }
 
@@ -368,13 +454,23 @@ mod tests {
     fn every_column_count_has_a_kernel_that_covers_it() {
         for n in 1..=MAX_COLS {
             let w = matvec_width(n);
-            assert!(w >= n && [1, 2, 4, 8].contains(&w), "{n} columns -> width {w}");
+            assert!(
+                w >= n && [1, 2, 4, 8].contains(&w),
+                "{n} columns -> width {w}"
+            );
         }
     }
 
     #[test]
     fn prefill_routes_every_glimmer_matrix_to_the_tensor_cores() {
-        for (k, ty) in [(6656usize, GgmlType::Q4_K), (6656, GgmlType::Q6_K), (4096, GgmlType::Q4_K), (19968, GgmlType::Q4_K), (19968, GgmlType::Q6_K), (6656, GgmlType::Q5_K)] {
+        for (k, ty) in [
+            (6656usize, GgmlType::Q4_K),
+            (6656, GgmlType::Q6_K),
+            (4096, GgmlType::Q4_K),
+            (19968, GgmlType::Q4_K),
+            (19968, GgmlType::Q6_K),
+            (6656, GgmlType::Q5_K),
+        ] {
             assert!(mmq_kernel(ty, k).is_some(), "{ty} at K = {k}");
         }
         assert_eq!(mmq_kernel(GgmlType::Q8_0, 6656), Some("mmq_q8_0"));
@@ -385,7 +481,14 @@ mod tests {
     #[test]
     fn glimmer_matrices_route_to_dp4a_kernels_with_aligned_rows() {
         // (rows, cols, type) of Muse Glimmer's matrices.
-        for (cols, ty) in [(6656u64, GgmlType::Q4_K), (6656, GgmlType::Q6_K), (4096, GgmlType::Q4_K), (19968, GgmlType::Q4_K), (19968, GgmlType::Q6_K), (6656, GgmlType::Q5_K)] {
+        for (cols, ty) in [
+            (6656u64, GgmlType::Q4_K),
+            (6656, GgmlType::Q6_K),
+            (4096, GgmlType::Q4_K),
+            (19968, GgmlType::Q4_K),
+            (19968, GgmlType::Q6_K),
+            (6656, GgmlType::Q5_K),
+        ] {
             assert!(uses_q8_activation(ty));
             assert!(format_code(ty).is_ok());
             let rb = ty.row_bytes(cols).unwrap();
@@ -413,7 +516,10 @@ mod tests {
             let blk = &bytes[5 * bs..6 * bs];
             if ty == GgmlType::Q6_K {
                 assert_eq!(&out[5 * 192..6 * 192], &blk[..192]);
-                assert_eq!(&out[nblk * 192 + 5 * 16..nblk * 192 + 6 * 16], &blk[192..208]);
+                assert_eq!(
+                    &out[nblk * 192 + 5 * 16..nblk * 192 + 6 * 16],
+                    &blk[192..208]
+                );
                 assert_eq!(&out[nblk * 208 + 10..nblk * 208 + 12], &blk[208..210]);
             } else {
                 assert_eq!(&out[5 * 32..6 * 32], &blk[2..34]);

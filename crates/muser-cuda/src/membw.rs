@@ -11,12 +11,20 @@ impl Gpu {
         let buf = self.stream.alloc_zeros::<u8>(n16 * 16)?;
         let blocks = 4 * self.sms;
         let mut out = self.stream.alloc_zeros::<u32>(blocks)?;
-        let cfg = LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let cfg = LaunchConfig {
+            grid_dim: (blocks as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
         let n = n16 as u64;
         let mut best = 0f64;
         for pass in 0..6 {
-            let start = self.ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))?;
-            let end = self.ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))?;
+            let start = self
+                .ctx
+                .new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))?;
+            let end = self
+                .ctx
+                .new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))?;
             start.record(&self.stream)?;
             let f = self.kernel("read_bandwidth")?;
             let mut b = self.stream.launch_builder(f);

@@ -85,7 +85,12 @@ const HEAD: usize = 128;
 
 impl Pair {
     fn record(&mut self, op: &str, shape: String, got: &[f32], want: &[f32], threshold: f64) {
-        let r = Row { op: op.to_string(), shape, nmse: nmse(got, want), threshold };
+        let r = Row {
+            op: op.to_string(),
+            shape,
+            nmse: nmse(got, want),
+            threshold,
+        };
         println!(
             "{:<5} {:<22} {:<34} nmse {:>10.3e} (<= {:.0e})",
             if r.pass() { "ok" } else { "FAIL" },
@@ -102,7 +107,12 @@ impl Pair {
     }
 
     /// The same host data in a CPU and a CUDA buffer.
-    fn bufs(&mut self, rows: usize, cols: usize, data: &[f32]) -> (<CpuBackend as Backend>::Buf, CudaBuf) {
+    fn bufs(
+        &mut self,
+        rows: usize,
+        cols: usize,
+        data: &[f32],
+    ) -> (<CpuBackend as Backend>::Buf, CudaBuf) {
         let mut c = self.cpu.buf(rows, cols);
         self.cpu.write(&mut c, data);
         let mut g = self.gpu.buf(rows, cols);
@@ -110,7 +120,11 @@ impl Pair {
         (c, g)
     }
 
-    fn random_bufs(&mut self, rows: usize, cols: usize) -> (<CpuBackend as Backend>::Buf, CudaBuf, Vec<f32>) {
+    fn random_bufs(
+        &mut self,
+        rows: usize,
+        cols: usize,
+    ) -> (<CpuBackend as Backend>::Buf, CudaBuf, Vec<f32>) {
         let data = self.randn(rows * cols, 1.0);
         let (c, g) = self.bufs(rows, cols, &data);
         (c, g, data)
@@ -125,26 +139,57 @@ impl Pair {
         v
     }
 
-    fn weights(&mut self, t: &TensorView) -> anyhow::Result<(<CpuBackend as Backend>::Weight, muser_cuda::CudaWeight)> {
+    fn weights(
+        &mut self,
+        t: &TensorView,
+    ) -> anyhow::Result<(<CpuBackend as Backend>::Weight, muser_cuda::CudaWeight)> {
         Ok((self.cpu.weight(t)?, self.gpu.weight(t)?))
     }
 
-    fn matrix(&mut self, name: &str, ty: GgmlType, rows: usize, cols: usize) -> anyhow::Result<TensorView> {
+    fn matrix(
+        &mut self,
+        name: &str,
+        ty: GgmlType,
+        rows: usize,
+        cols: usize,
+    ) -> anyhow::Result<TensorView> {
         let seed = self.rng.u64();
-        Ok(TensorView::owned(name, ty, &[cols as u64, rows as u64], random_matrix(ty, rows, cols, seed))?)
+        Ok(TensorView::owned(
+            name,
+            ty,
+            &[cols as u64, rows as u64],
+            random_matrix(ty, rows, cols, seed),
+        )?)
     }
 
     fn vector(&mut self, name: &str, cols: usize) -> anyhow::Result<TensorView> {
         let v: Vec<f32> = (0..cols).map(|_| self.rng.f32(0.5, 1.5)).collect();
-        Ok(TensorView::owned(name, GgmlType::F32, &[cols as u64], v.iter().flat_map(|x| x.to_le_bytes()).collect())?)
+        Ok(TensorView::owned(
+            name,
+            GgmlType::F32,
+            &[cols as u64],
+            v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        )?)
     }
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    anyhow::ensure!(args.backend == "cuda", "muser check supports --backend cuda (got {:?})", args.backend);
+    anyhow::ensure!(
+        args.backend == "cuda",
+        "muser check supports --backend cuda (got {:?})",
+        args.backend
+    );
     let gpu = CudaBackend::new(0)?;
-    eprintln!("checking {} ({}, {} SMs) against the CPU backend", gpu.gpu.name, gpu.gpu.arch, gpu.gpu.sms);
-    let mut pair = Pair { cpu: CpuBackend::new(None)?, gpu, rng: Rand::new(args.seed), rows: Vec::new() };
+    eprintln!(
+        "checking {} ({}, {} SMs) against the CPU backend",
+        gpu.gpu.name, gpu.gpu.arch, gpu.gpu.sms
+    );
+    let mut pair = Pair {
+        cpu: CpuBackend::new(None)?,
+        gpu,
+        rng: Rand::new(args.seed),
+        rows: Vec::new(),
+    };
     let t0 = Instant::now();
     if !args.no_ops {
         check_ops(&mut pair, args.quick)?;
@@ -156,12 +201,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let mut models = Vec::new();
     for path in &args.model {
-        let m = check_model(&mut pair.rows, path, &args, &mut audit).with_context(|| format!("model {}", path.display()))?;
+        let m = check_model(&mut pair.rows, path, &args, &mut audit)
+            .with_context(|| format!("model {}", path.display()))?;
         models.push(m);
     }
 
     for path in &args.speed {
-        let m = speed(path, args.depth, &mut audit).with_context(|| format!("model {}", path.display()))?;
+        let m = speed(path, args.depth, &mut audit)
+            .with_context(|| format!("model {}", path.display()))?;
         models.push(m);
     }
 
@@ -171,7 +218,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         if *n == 0 {
             never += 1;
         }
-        println!("  {k:<18} {n:>9}{}", if *n == 0 { "   <- never dispatched" } else { "" });
+        println!(
+            "  {k:<18} {n:>9}{}",
+            if *n == 0 {
+                "   <- never dispatched"
+            } else {
+                ""
+            }
+        );
     }
     let failed: Vec<&Row> = pair.rows.iter().filter(|r| !r.pass()).collect();
     println!("\nsummary");
@@ -181,27 +235,63 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .rows
         .iter()
         .filter(|r| r.threshold > 0.0)
-        .map(|r| if r.nmse.is_finite() { r.nmse / r.threshold } else { f64::INFINITY })
+        .map(|r| {
+            if r.nmse.is_finite() {
+                r.nmse / r.threshold
+            } else {
+                f64::INFINITY
+            }
+        })
         .fold(0.0f64, f64::max);
-    println!("| {} | {} | {:.3} | {} |", pair.rows.len(), failed.len(), worst, never);
+    println!(
+        "| {} | {} | {:.3} | {} |",
+        pair.rows.len(),
+        failed.len(),
+        worst,
+        never
+    );
     for m in &models {
         println!("{m}");
     }
     for r in &failed {
-        println!("FAILED: {} {} nmse {:.3e} > {:.0e}", r.op, r.shape, r.nmse, r.threshold);
+        println!(
+            "FAILED: {} {} nmse {:.3e} > {:.0e}",
+            r.op, r.shape, r.nmse, r.threshold
+        );
     }
-    anyhow::ensure!(failed.is_empty(), "{} of {} parity checks failed", failed.len(), pair.rows.len());
+    anyhow::ensure!(
+        failed.is_empty(),
+        "{} of {} parity checks failed",
+        failed.len(),
+        pair.rows.len()
+    );
     println!("all {} parity checks passed", pair.rows.len());
     Ok(())
 }
 
 /// Every op of the Backend trait at the Muse Glimmer shapes and column counts.
 fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
-    let columns: &[usize] = if quick { &[1, 9] } else { &[1, 2, 4, 8, 9, 16, 512] };
-    let (hidden, qw, kvw, ffn) = if quick { (512, 256, 128, 768) } else { (HIDDEN, Q_WIDTH, KV_WIDTH, FFN) };
+    let columns: &[usize] = if quick {
+        &[1, 9]
+    } else {
+        &[1, 2, 4, 8, 9, 16, 512]
+    };
+    let (hidden, qw, kvw, ffn) = if quick {
+        (512, 256, 128, 768)
+    } else {
+        (HIDDEN, Q_WIDTH, KV_WIDTH, FFN)
+    };
 
     // Embedding rows of every format.
-    for ty in [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::F16, GgmlType::BF16, GgmlType::F32] {
+    for ty in [
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q6_K,
+        GgmlType::Q8_0,
+        GgmlType::F16,
+        GgmlType::BF16,
+        GgmlType::F32,
+    ] {
         let vocab = 3000;
         let t = p.matrix("token_embd", ty, vocab, hidden)?;
         let (wc, wg) = p.weights(&t)?;
@@ -211,7 +301,13 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
         p.cpu.embed(&wc, &tokens, &mut oc);
         p.gpu.embed(&wg, &tokens, &mut og);
         let (a, b) = (p.read_gpu(&og), p.read_cpu(&oc));
-        p.record("embed", format!("{ty} {n}x{hidden}"), &a, &b, ELEMENTWISE_NMSE);
+        p.record(
+            "embed",
+            format!("{ty} {n}x{hidden}"),
+            &a,
+            &b,
+            ELEMENTWISE_NMSE,
+        );
     }
 
     let norm_w = p.vector("norm", hidden)?;
@@ -242,7 +338,13 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
     let (uc, ug) = p.weights(&tu)?;
     // The other formats at one shape, for the routing of each (Q8_0, F16, BF16, F32, Q5_K).
     let mut other = Vec::new();
-    for ty in [GgmlType::Q5_K, GgmlType::Q8_0, GgmlType::F16, GgmlType::BF16, GgmlType::F32] {
+    for ty in [
+        GgmlType::Q5_K,
+        GgmlType::Q8_0,
+        GgmlType::F16,
+        GgmlType::BF16,
+        GgmlType::F32,
+    ] {
         let t = p.matrix("other", ty, 1024, hidden)?;
         other.push((ty, p.weights(&t)?));
     }
@@ -258,17 +360,51 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
         p.cpu.rmsnorm(&xc, None, 1e-5, &mut oc);
         p.gpu.rmsnorm(&xg, None, 1e-5, &mut og);
         let (a, b) = (p.read_gpu(&og), p.read_cpu(&oc));
-        p.record("rmsnorm (entry, w=1)", format!("{n}x{hidden}"), &a, &b, ELEMENTWISE_NMSE);
+        p.record(
+            "rmsnorm (entry, w=1)",
+            format!("{n}x{hidden}"),
+            &a,
+            &b,
+            ELEMENTWISE_NMSE,
+        );
 
         // Residual tails, with and without the post-norm.
         for with_post in [true, false] {
             let (mut hc, mut hg, _) = p.random_bufs(n, hidden);
             let (bc, bg, _) = p.random_bufs(n, hidden);
-            let post_c = with_post.then(|| NormArgs { weight: &pwc, eps: 1e-8 });
-            let post_g = with_post.then(|| NormArgs { weight: &pwg, eps: 1e-8 });
-            p.cpu.residual_norm(&mut hc, &bc, post_c, NormArgs { weight: &nwc, eps: 1e-5 }, &mut oc);
-            p.gpu.residual_norm(&mut hg, &bg, post_g, NormArgs { weight: &nwg, eps: 1e-5 }, &mut og);
-            let op = if with_post { "residual_norm" } else { "residual_norm (no post)" };
+            let post_c = with_post.then_some(NormArgs {
+                weight: &pwc,
+                eps: 1e-8,
+            });
+            let post_g = with_post.then_some(NormArgs {
+                weight: &pwg,
+                eps: 1e-8,
+            });
+            p.cpu.residual_norm(
+                &mut hc,
+                &bc,
+                post_c,
+                NormArgs {
+                    weight: &nwc,
+                    eps: 1e-5,
+                },
+                &mut oc,
+            );
+            p.gpu.residual_norm(
+                &mut hg,
+                &bg,
+                post_g,
+                NormArgs {
+                    weight: &nwg,
+                    eps: 1e-5,
+                },
+                &mut og,
+            );
+            let op = if with_post {
+                "residual_norm"
+            } else {
+                "residual_norm (no post)"
+            };
             let (a, b) = (p.read_gpu(&hg), p.read_cpu(&hc));
             p.record(op, format!("h {n}x{hidden}"), &a, &b, ELEMENTWISE_NMSE);
             let (a, b) = (p.read_gpu(&og), p.read_cpu(&oc));
@@ -282,12 +418,39 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
         let (mut gtc, mut gtg) = (p.cpu.buf(n, qw), p.gpu.buf(n, qw));
         {
             let (q, k, v, g) = (&w["attn_q"], &w["attn_k"], &w["attn_v"], &w["attn_gate"]);
-            p.cpu.matmul(&oc, &mut [(&q.0, &mut qc), (&k.0, &mut kc), (&v.0, &mut vc), (&g.0, &mut gtc)]);
-            p.gpu.matmul(&og, &mut [(&q.1, &mut qg), (&k.1, &mut kg), (&v.1, &mut vg), (&g.1, &mut gtg)]);
+            p.cpu.matmul(
+                &oc,
+                &mut [
+                    (&q.0, &mut qc),
+                    (&k.0, &mut kc),
+                    (&v.0, &mut vc),
+                    (&g.0, &mut gtc),
+                ],
+            );
+            p.gpu.matmul(
+                &og,
+                &mut [
+                    (&q.1, &mut qg),
+                    (&k.1, &mut kg),
+                    (&v.1, &mut vg),
+                    (&g.1, &mut gtg),
+                ],
+            );
         }
-        for (name, c, g) in [("attn_q", &qc, &qg), ("attn_k", &kc, &kg), ("attn_v Q6_K", &vc, &vg), ("attn_gate", &gtc, &gtg)] {
+        for (name, c, g) in [
+            ("attn_q", &qc, &qg),
+            ("attn_k", &kc, &kg),
+            ("attn_v Q6_K", &vc, &vg),
+            ("attn_gate", &gtc, &gtg),
+        ] {
             let (a, b) = (p.read_gpu(g), p.read_cpu(c));
-            p.record("matmul qkvg", format!("{name} {}x{hidden} x{n}", c.cols), &a, &b, MATVEC_NMSE);
+            p.record(
+                "matmul qkvg",
+                format!("{name} {}x{hidden} x{n}", c.cols),
+                &a,
+                &b,
+                MATVEC_NMSE,
+            );
         }
         // Continue from identical inputs so each op is measured alone.
         let qdata = p.randn(n * qw, 1.0);
@@ -295,20 +458,53 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
         p.cpu.rmsnorm_heads(&mut qc, &hwc, HEAD, 1e-5);
         p.gpu.rmsnorm_heads(&mut qg, &hwg, HEAD, 1e-5);
         let (a, b) = (p.read_gpu(&qg), p.read_cpu(&qc));
-        p.record("rmsnorm_heads", format!("{n}x{qw} /{HEAD}"), &a, &b, ELEMENTWISE_NMSE);
-        for (style, base, pos0) in [(RopeStyle::Interleaved, 500000.0, 60000 - n.min(60000)), (RopeStyle::Neox, 10000.0, 37)] {
-            let rope = RopeParams { style, freq_base: base, n_rot: HEAD };
+        p.record(
+            "rmsnorm_heads",
+            format!("{n}x{qw} /{HEAD}"),
+            &a,
+            &b,
+            ELEMENTWISE_NMSE,
+        );
+        for (style, base, pos0) in [
+            (RopeStyle::Interleaved, 500000.0, 60000 - n.min(60000)),
+            (RopeStyle::Neox, 10000.0, 37),
+        ] {
+            let rope = RopeParams {
+                style,
+                freq_base: base,
+                n_rot: HEAD,
+            };
             let (mut rc, mut rg, _) = p.random_bufs(n, qw);
             p.cpu.rope(&mut rc, HEAD, &rope, pos0);
             p.gpu.rope(&mut rg, HEAD, &rope, pos0);
             let (a, b) = (p.read_gpu(&rg), p.read_cpu(&rc));
-            p.record("rope", format!("{style:?} {n}x{qw} @{pos0}"), &a, &b, ELEMENTWISE_NMSE);
+            p.record(
+                "rope",
+                format!("{style:?} {n}x{qw} @{pos0}"),
+                &a,
+                &b,
+                ELEMENTWISE_NMSE,
+            );
         }
 
         // Attention over a ring (sliding window 4096) and a plane, at depth.
         for ring in [true, false] {
-            let depth = if n >= 512 { 700 } else if ring { 5000 } else { 8192 };
-            check_attention(p, n, kvw / HEAD, HEAD, qw / HEAD, ring.then_some(4096), depth);
+            let depth = if n >= 512 {
+                700
+            } else if ring {
+                5000
+            } else {
+                8192
+            };
+            check_attention(
+                p,
+                n,
+                kvw / HEAD,
+                HEAD,
+                qw / HEAD,
+                ring.then_some(4096),
+                depth,
+            );
         }
         if n == 1 || n == 9 {
             // Head width 256 (over 48 KB of shared memory) and 64.
@@ -322,37 +518,66 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
         p.cpu.sigmoid_gate(&mut ac, &gc2);
         p.gpu.sigmoid_gate(&mut ag, &gg2);
         let (a, b) = (p.read_gpu(&ag), p.read_cpu(&ac));
-        p.record("sigmoid_gate", format!("{n}x{qw}"), &a, &b, ELEMENTWISE_NMSE);
+        p.record(
+            "sigmoid_gate",
+            format!("{n}x{qw}"),
+            &a,
+            &b,
+            ELEMENTWISE_NMSE,
+        );
         let (mut oc2, mut og2) = (p.cpu.buf(n, hidden), p.gpu.buf(n, hidden));
         let wo = &w["attn_output"];
         p.cpu.matmul(&ac, &mut [(&wo.0, &mut oc2)]);
         p.gpu.matmul(&ag, &mut [(&wo.1, &mut og2)]);
         let (a, b) = (p.read_gpu(&og2), p.read_cpu(&oc2));
-        p.record("matmul", format!("attn_output {hidden}x{qw} x{n}"), &a, &b, MATVEC_NMSE);
+        p.record(
+            "matmul",
+            format!("attn_output {hidden}x{qw} x{n}"),
+            &a,
+            &b,
+            MATVEC_NMSE,
+        );
 
         let (xc, xg, _) = p.random_bufs(n, hidden);
         let (mut fc, mut fg) = (p.cpu.buf(n, ffn), p.gpu.buf(n, ffn));
         p.cpu.ffn_gate_up_silu(&xc, &gc, &uc, &mut fc);
         p.gpu.ffn_gate_up_silu(&xg, &gg, &ug, &mut fg);
         let (a, b) = (p.read_gpu(&fg), p.read_cpu(&fc));
-        p.record("ffn_gate_up_silu", format!("{ffn}x{hidden} x{n}"), &a, &b, MATVEC_NMSE);
+        p.record(
+            "ffn_gate_up_silu",
+            format!("{ffn}x{hidden} x{n}"),
+            &a,
+            &b,
+            MATVEC_NMSE,
+        );
         let (fc, fg, _) = p.random_bufs(n, ffn);
         for name in ["ffn_down", "ffn_down_q6k"] {
             let wd = &w[name];
             p.cpu.matmul(&fc, &mut [(&wd.0, &mut oc2)]);
             p.gpu.matmul(&fg, &mut [(&wd.1, &mut og2)]);
             let (a, b) = (p.read_gpu(&og2), p.read_cpu(&oc2));
-            p.record("matmul", format!("{name} {hidden}x{ffn} x{n}"), &a, &b, MATVEC_NMSE);
+            p.record(
+                "matmul",
+                format!("{name} {hidden}x{ffn} x{n}"),
+                &a,
+                &b,
+                MATVEC_NMSE,
+            );
         }
         if n <= 16 {
             let (xc, xg, _) = p.random_bufs(n, hidden);
-            for i in 0..other.len() {
-                let ty = other[i].0;
+            for (ty, (wc, wg)) in &other {
                 let (mut yc, mut yg) = (p.cpu.buf(n, 1024), p.gpu.buf(n, 1024));
-                p.cpu.matmul(&xc, &mut [(&other[i].1 .0, &mut yc)]);
-                p.gpu.matmul(&xg, &mut [(&other[i].1 .1, &mut yg)]);
+                p.cpu.matmul(&xc, &mut [(wc, &mut yc)]);
+                p.gpu.matmul(&xg, &mut [(wg, &mut yg)]);
                 let (a, b) = (p.read_gpu(&yg), p.read_cpu(&yc));
-                p.record("matmul", format!("{ty} 1024x{hidden} x{n}"), &a, &b, MATVEC_NMSE);
+                p.record(
+                    "matmul",
+                    format!("{ty} 1024x{hidden} x{n}"),
+                    &a,
+                    &b,
+                    MATVEC_NMSE,
+                );
             }
         }
     }
@@ -364,24 +589,51 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
     for (n, first) in [(1usize, 0usize), (2, 0), (9, 7)] {
         let (xc, xg, _) = p.random_bufs(n, hidden);
         let (mut oc, mut og) = (p.cpu.buf(n - first, vocab), p.gpu.buf(n - first, vocab));
-        p.cpu.lm_head(&xc, first, &lc, 0.196_116_14, Some(20.0), &mut oc);
-        p.gpu.lm_head(&xg, first, &lg, 0.196_116_14, Some(20.0), &mut og);
+        p.cpu
+            .lm_head(&xc, first, &lc, 0.196_116_14, Some(20.0), &mut oc);
+        p.gpu
+            .lm_head(&xg, first, &lg, 0.196_116_14, Some(20.0), &mut og);
         let (a, b) = (p.read_gpu(&og), p.read_cpu(&oc));
-        p.record("lm_head+softcap", format!("Q5_K {vocab}x{hidden} rows {first}..{n}"), &a, &b, MATVEC_NMSE);
+        p.record(
+            "lm_head+softcap",
+            format!("Q5_K {vocab}x{hidden} rows {first}..{n}"),
+            &a,
+            &b,
+            MATVEC_NMSE,
+        );
         // argmax: the GPU's index against the host's over the same GPU logits.
         let idx = p.gpu.argmax(&og);
         let host: Vec<u32> = a.chunks(vocab).map(|r| argmax(r) as u32).collect();
         let miss = idx.iter().zip(&host).filter(|(x, y)| x != y).count();
         // Recorded as NMSE of (1 + mismatches) against 1: zero exactly when every index agrees.
-        p.record("argmax", format!("{} rows of {vocab}", n - first), &[1.0 + miss as f32], &[1.0], 0.0);
+        p.record(
+            "argmax",
+            format!("{} rows of {vocab}", n - first),
+            &[1.0 + miss as f32],
+            &[1.0],
+            0.0,
+        );
     }
     Ok(())
 }
 
 /// kv_store of depth + n random positions, then attention of n query rows at pos0 = depth.
-fn check_attention(p: &mut Pair, n: usize, n_kv: usize, head: usize, n_head: usize, window: Option<usize>, depth: usize) {
+fn check_attention(
+    p: &mut Pair,
+    n: usize,
+    n_kv: usize,
+    head: usize,
+    n_head: usize,
+    window: Option<usize>,
+    depth: usize,
+) {
     let (kvw, qw) = (n_kv * head, n_head * head);
-    let spec = KvLayerSpec { n_head_kv: n_kv, head_dim: head, window, slots: window.map_or(depth + n, |w| w + 511) };
+    let spec = KvLayerSpec {
+        n_head_kv: n_kv,
+        head_dim: head,
+        window,
+        slots: window.map_or(depth + n, |w| w + 511),
+    };
     let mut kvc = p.cpu.kv_cache(&[spec]);
     let mut kvg = p.gpu.kv_cache(&[spec]);
     let mut pos = 0;
@@ -403,7 +655,13 @@ fn check_attention(p: &mut Pair, n: usize, n_kv: usize, head: usize, n_head: usi
     p.gpu.attention(&qg, &kvg, 0, depth, scale, &mut ag);
     let (a, b) = (p.read_gpu(&ag), p.read_cpu(&ac));
     let what = window.map_or("plane".to_string(), |w| format!("ring {w}"));
-    p.record("kv_store+attention", format!("{what} {n_head}/{n_kv}x{head} {n} rows @{depth}"), &a, &b, MATVEC_NMSE);
+    p.record(
+        "kv_store+attention",
+        format!("{what} {n_head}/{n_kv}x{head} {n} rows @{depth}"),
+        &a,
+        &b,
+        MATVEC_NMSE,
+    );
 }
 
 /// The first index of the largest value (muser-sample's greedy rule).
@@ -419,26 +677,51 @@ fn argmax(v: &[f32]) -> usize {
 
 /// Whole-model parity of one GGUF: prompt logits, then a greedy continuation where both
 /// backends are fed the CPU's tokens and every step's logits and top-1 are compared.
-fn check_model(rows: &mut Vec<Row>, path: &PathBuf, args: &Args, audit: &mut BTreeMap<String, u64>) -> anyhow::Result<String> {
+fn check_model(
+    rows: &mut Vec<Row>,
+    path: &PathBuf,
+    args: &Args,
+    audit: &mut BTreeMap<String, u64>,
+) -> anyhow::Result<String> {
     let file = Arc::new(GgufFile::open(path)?);
     let total: u64 = file.tensors.iter().map(|t| t.n_bytes).sum();
     let t0 = Instant::now();
-    let cuda = Model::from_gguf(file.clone(), CudaBackend::new(0)?.with_upload_progress(total))?;
+    let cuda = Model::from_gguf(
+        file.clone(),
+        CudaBackend::new(0)?.with_upload_progress(total),
+    )?;
     cuda.backend().synchronize();
     let load_s = t0.elapsed().as_secs_f64();
     let cpu = Model::from_gguf(file, CpuBackend::new(None)?)?;
     let c = &cuda.config;
-    let name = path.file_name().map_or_else(|| path.display().to_string(), |s| s.to_string_lossy().to_string());
+    let name = path.file_name().map_or_else(
+        || path.display().to_string(),
+        |s| s.to_string_lossy().to_string(),
+    );
     let n_ctx = args.prompt + args.tokens + 1;
     let mut rng = Rand::new(args.seed ^ 0x5eed);
-    let prompt: Vec<u32> = (0..args.prompt).map(|_| rng.below(c.n_vocab as u32)).collect();
+    let prompt: Vec<u32> = (0..args.prompt)
+        .map(|_| rng.below(c.n_vocab as u32))
+        .collect();
 
     let mut sc = Session::new(&cpu, n_ctx)?;
     let mut sg = Session::new(&cuda, n_ctx)?;
     let lc = sc.prefill_all(&prompt)?;
     let lg = sg.prefill_all(&prompt)?;
-    let r = Row { op: "model prompt logits".into(), shape: format!("{name} {} pos", prompt.len()), nmse: nmse(&lg, &lc), threshold: LOGITS_NMSE };
-    println!("{:<5} {:<22} {:<34} nmse {:>10.3e} (<= {:.0e})", if r.pass() { "ok" } else { "FAIL" }, r.op, r.shape, r.nmse, r.threshold);
+    let r = Row {
+        op: "model prompt logits".into(),
+        shape: format!("{name} {} pos", prompt.len()),
+        nmse: nmse(&lg, &lc),
+        threshold: LOGITS_NMSE,
+    };
+    println!(
+        "{:<5} {:<22} {:<34} nmse {:>10.3e} (<= {:.0e})",
+        if r.pass() { "ok" } else { "FAIL" },
+        r.op,
+        r.shape,
+        r.nmse,
+        r.threshold
+    );
     rows.push(r);
 
     // Greedy continuation: the CPU picks, both are fed its token.
@@ -451,32 +734,61 @@ fn check_model(rows: &mut Vec<Row>, path: &PathBuf, args: &Args, audit: &mut BTr
     for step in 0..args.tokens {
         let tc = argmax(&cpu_logits);
         let tg = argmax(&gpu_logits);
-        num += cpu_logits.iter().zip(&gpu_logits).map(|(a, b)| ((a - b) as f64).powi(2)).sum::<f64>();
+        num += cpu_logits
+            .iter()
+            .zip(&gpu_logits)
+            .map(|(a, b)| ((a - b) as f64).powi(2))
+            .sum::<f64>();
         den += cpu_logits.iter().map(|a| (*a as f64).powi(2)).sum::<f64>();
         if tc == tg {
             agree += 1;
         } else if first_div.is_none() {
             let margin = cpu_logits[tc] - cpu_logits[tg];
-            let rms = (cpu_logits.iter().zip(&gpu_logits).map(|(a, b)| ((a - b) as f64).powi(2)).sum::<f64>() / nv as f64).sqrt();
+            let rms = (cpu_logits
+                .iter()
+                .zip(&gpu_logits)
+                .map(|(a, b)| ((a - b) as f64).powi(2))
+                .sum::<f64>()
+                / nv as f64)
+                .sqrt();
             let tie = (margin as f64) <= 3.0 * rms.max(1e-6) * std::f64::consts::SQRT_2;
             first_div = Some(format!(
                 "step {step}: CPU {tc} vs CUDA {tg}, CPU logit margin {margin:.4} vs logit error rms {rms:.4} ({})",
                 if tie { "near-tie" } else { "NOT a near-tie" }
             ));
             if !tie {
-                rows.push(Row { op: "greedy divergence".into(), shape: format!("{name} step {step}"), nmse: f64::INFINITY, threshold: 0.0 });
+                rows.push(Row {
+                    op: "greedy divergence".into(),
+                    shape: format!("{name} step {step}"),
+                    nmse: f64::INFINITY,
+                    threshold: 0.0,
+                });
             }
         }
         cpu_logits = sc.decode(tc as u32)?.to_vec();
         gpu_logits = sg.decode(tc as u32)?.to_vec();
     }
-    let r = Row { op: "model decode logits".into(), shape: format!("{name} {} steps", args.tokens), nmse: num / den.max(f64::MIN_POSITIVE), threshold: LOGITS_NMSE };
-    println!("{:<5} {:<22} {:<34} nmse {:>10.3e} (<= {:.0e})", if r.pass() { "ok" } else { "FAIL" }, r.op, r.shape, r.nmse, r.threshold);
+    let r = Row {
+        op: "model decode logits".into(),
+        shape: format!("{name} {} steps", args.tokens),
+        nmse: num / den.max(f64::MIN_POSITIVE),
+        threshold: LOGITS_NMSE,
+    };
+    println!(
+        "{:<5} {:<22} {:<34} nmse {:>10.3e} (<= {:.0e})",
+        if r.pass() { "ok" } else { "FAIL" },
+        r.op,
+        r.shape,
+        r.nmse,
+        r.threshold
+    );
     rows.push(r);
     println!(
         "      greedy top-1 agreement {agree}/{}{}",
         args.tokens,
-        first_div.as_deref().map_or(String::new(), |d| format!("; first divergence {d}"))
+        first_div
+            .as_deref()
+            .map_or(String::new(), |d| format!("; first divergence {d}"))
     );
 
     let mut speed = String::new();
@@ -535,7 +847,12 @@ fn bench_matvec(p: &Pair) -> anyhow::Result<()> {
     let be = &p.gpu;
     for (name, rows, cols, ty) in cases {
         let mats: Vec<(usize, usize, GgmlType)> = if rows == 0 {
-            vec![(Q_WIDTH, HIDDEN, ty), (KV_WIDTH, HIDDEN, ty), (KV_WIDTH, HIDDEN, GgmlType::Q6_K), (Q_WIDTH, HIDDEN, ty)]
+            vec![
+                (Q_WIDTH, HIDDEN, ty),
+                (KV_WIDTH, HIDDEN, ty),
+                (KV_WIDTH, HIDDEN, GgmlType::Q6_K),
+                (Q_WIDTH, HIDDEN, ty),
+            ]
         } else {
             vec![(rows, cols, ty)]
         };
@@ -553,7 +870,8 @@ fn bench_matvec(p: &Pair) -> anyhow::Result<()> {
         be.write(&mut xin, &vec![0.5f32; k]);
         let iters = 50;
         let run = |outs: &mut Vec<CudaBuf>| {
-            let mut pairs: Vec<(&muser_cuda::CudaWeight, &mut CudaBuf)> = ws.iter().zip(outs.iter_mut()).collect();
+            let mut pairs: Vec<(&muser_cuda::CudaWeight, &mut CudaBuf)> =
+                ws.iter().zip(outs.iter_mut()).collect();
             be.matmul(&xin, &mut pairs);
         };
         run(&mut outs);
@@ -564,21 +882,39 @@ fn bench_matvec(p: &Pair) -> anyhow::Result<()> {
         }
         be.synchronize();
         let us = t.elapsed().as_secs_f64() / iters as f64 * 1e6;
-        let shape = if rows == 0 { format!("{}+{}+{}+{} x {HIDDEN}", Q_WIDTH, KV_WIDTH, KV_WIDTH, Q_WIDTH) } else { format!("{rows} x {cols}") };
-        println!("| {name} | {ty} | {shape} | {:.1} | {us:.1} | {:.0} |", bytes as f64 / 1e6, bytes as f64 / us / 1e3);
+        let shape = if rows == 0 {
+            format!(
+                "{}+{}+{}+{} x {HIDDEN}",
+                Q_WIDTH, KV_WIDTH, KV_WIDTH, Q_WIDTH
+            )
+        } else {
+            format!("{rows} x {cols}")
+        };
+        println!(
+            "| {name} | {ty} | {shape} | {:.1} | {us:.1} | {:.0} |",
+            bytes as f64 / 1e6,
+            bytes as f64 / us / 1e3
+        );
     }
     Ok(())
 }
 
 /// pp512 and tg128 (and tg64 at `depth`) of one model on CUDA alone.
-fn speed(path: &PathBuf, depth: usize, audit: &mut BTreeMap<String, u64>) -> anyhow::Result<String> {
+fn speed(
+    path: &PathBuf,
+    depth: usize,
+    audit: &mut BTreeMap<String, u64>,
+) -> anyhow::Result<String> {
     let file = Arc::new(GgufFile::open(path)?);
-    let total: u64 = file.tensors.iter().map(|t| t.n_bytes).sum();
+    let file_bytes: u64 = file.tensors.iter().map(|t| t.n_bytes).sum();
     let t0 = Instant::now();
-    let m = Model::from_gguf(file, CudaBackend::new(0)?.with_upload_progress(total))?;
+    let m = Model::from_gguf(file, CudaBackend::new(0)?.with_upload_progress(file_bytes))?;
     m.backend().synchronize();
     let load_s = t0.elapsed().as_secs_f64();
-    let name = path.file_name().map_or_else(|| path.display().to_string(), |s| s.to_string_lossy().to_string());
+    let name = path.file_name().map_or_else(
+        || path.display().to_string(),
+        |s| s.to_string_lossy().to_string(),
+    );
     let nv = m.config.n_vocab as u32;
     let mut rng = Rand::new(7);
     let prompt: Vec<u32> = (0..depth.max(512)).map(|_| rng.below(nv)).collect();
@@ -598,7 +934,11 @@ fn speed(path: &PathBuf, depth: usize, audit: &mut BTreeMap<String, u64>) -> any
     println!("prefill breakdown of {name} (512 tokens; ms per chunk):");
     println!("| op | calls | ms | share |");
     for (op, n, secs) in &prof {
-        println!("| {op} | {n} | {:.3} | {:.0}% |", secs * 1e3, 100.0 * secs / total);
+        println!(
+            "| {op} | {n} | {:.3} | {:.0}% |",
+            secs * 1e3,
+            100.0 * secs / total
+        );
     }
     println!("| total (synchronized) | | {:.3} | |", total * 1e3);
     let read_bw = m.backend().gpu.measure_read_bandwidth()?;
@@ -616,7 +956,7 @@ fn speed(path: &PathBuf, depth: usize, audit: &mut BTreeMap<String, u64>) -> any
     let (t0s, b0) = tg(&mut s, 128)?;
     let mut line = format!(
         "speed {name}: upload {load_s:.1} s ({:.1} GB/s); pp512 {pp:.0} tokens/s; tg128 {:.1} tokens/s ({:.2} ms/token, {:.2} GB/token, {:.0} GB/s = {:.0}% of the {:.2} TB/s measured)",
-        total as f64 / load_s / 1e9,
+        file_bytes as f64 / load_s / 1e9,
         1.0 / t0s,
         t0s * 1e3,
         b0 as f64 / 1e9,
@@ -631,12 +971,23 @@ fn speed(path: &PathBuf, depth: usize, audit: &mut BTreeMap<String, u64>) -> any
     let prof = m.backend().profile_report();
     m.backend().set_profiling(false);
     let total: f64 = prof.iter().map(|p| p.2).sum();
-    println!("decode step breakdown of {name} at depth ~{} (ms per token; op calls per token):", s.pos());
+    println!(
+        "decode step breakdown of {name} at depth ~{} (ms per token; op calls per token):",
+        s.pos()
+    );
     println!("| op | calls | ms | share |");
     for (op, n, secs) in &prof {
-        println!("| {op} | {} | {:.3} | {:.0}% |", n / steps as u64, secs * 1e3 / steps as f64, 100.0 * secs / total);
+        println!(
+            "| {op} | {} | {:.3} | {:.0}% |",
+            n / steps as u64,
+            secs * 1e3 / steps as f64,
+            100.0 * secs / total
+        );
     }
-    println!("| total (synchronized) | | {:.3} | |", total * 1e3 / steps as f64);
+    println!(
+        "| total (synchronized) | | {:.3} | |",
+        total * 1e3 / steps as f64
+    );
     if depth > 0 {
         s.reset();
         s.prefill(&prompt[..depth])?;
