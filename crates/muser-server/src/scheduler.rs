@@ -5,8 +5,8 @@
 //! 2. gives waiting requests idle slots, preferring the slot whose cache shares the longest
 //!    prefix with the prompt (those positions are not computed again: "cached tokens");
 //! 3. advances every decoding slot by one token in one decode group (one forward pass);
-//! 4. runs one prefill chunk of a prompt: 512 tokens when no slot is decoding, 64 when one is,
-//!    so running streams keep their pace while a long prompt comes in.
+//! 4. prefills waiting prompts, oldest first, up to 512 tokens when no slot is decoding and 64
+//!    when one is, so running streams keep their pace while a long prompt comes in.
 //!
 //! Tokens go back to the request's handler as `Event`s; text is released through the stop
 //! buffer and streaming UTF-8 decoder, so a client never sees half a character or a stop string.
@@ -336,27 +336,37 @@ impl<'m, B: Backend> Engine<'m, B> {
         }
     }
 
+    /// Prefill within a budget of `CHUNK_IDLE` tokens, `CHUNK_BUSY` while a slot decodes: the
+    /// oldest prompt first, then the next ones while budget is left (short prompts arriving
+    /// together start together). Each prompt's part runs as its own batch.
     fn prefill_step(&mut self) {
         let decoding = self
             .slots
             .iter()
             .any(|s| s.task.as_ref().is_some_and(|t| t.next.is_some()));
-        let chunk = if decoding { CHUNK_BUSY } else { CHUNK_IDLE };
-        let Some(i) = (0..self.slots.len())
-            .filter(|&i| {
-                self.slots[i]
-                    .task
-                    .as_ref()
-                    .is_some_and(|t| t.next.is_none())
-            })
-            .min_by_key(|&i| self.slots[i].task.as_ref().unwrap().seq)
-        else {
-            return;
-        };
+        let mut budget = if decoding { CHUNK_BUSY } else { CHUNK_IDLE };
+        while budget > 0 {
+            let Some(i) = (0..self.slots.len())
+                .filter(|&i| {
+                    self.slots[i]
+                        .task
+                        .as_ref()
+                        .is_some_and(|t| t.next.is_none())
+                })
+                .min_by_key(|&i| self.slots[i].task.as_ref().unwrap().seq)
+            else {
+                return;
+            };
+            budget -= self.prefill_part(i, budget);
+        }
+    }
+
+    /// Runs up to `budget` more prompt tokens of slot i; returns how many ran.
+    fn prefill_part(&mut self, i: usize, budget: usize) -> usize {
         let slot = &mut self.slots[i];
         let task = slot.task.as_ref().unwrap();
         let rest = &task.job.prompt[slot.session.pos()..];
-        let part = &rest[..rest.len().min(chunk)];
+        let part = &rest[..rest.len().min(budget)];
         let last = part.len() == rest.len();
         let t0 = Instant::now();
         let result = if last {
@@ -366,9 +376,10 @@ impl<'m, B: Backend> Engine<'m, B> {
         };
         let m = self.metrics;
         Metrics::add(&m.prefill_ns, t0.elapsed().as_nanos() as u64);
+        let n = part.len();
         match result {
             Ok(()) => {
-                Metrics::add(&m.prompt_tokens, part.len() as u64);
+                Metrics::add(&m.prompt_tokens, n as u64);
                 slot.cached.extend_from_slice(part);
                 if last {
                     self.after_logits(i);
@@ -381,6 +392,7 @@ impl<'m, B: Backend> Engine<'m, B> {
                 self.fail(i, format!("prefill failed: {e}"));
             }
         }
+        n
     }
 
     /// Samples slot i's next token from its session's logits and hands it to the client.

@@ -19,13 +19,19 @@ fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, String)
     let mut out = String::new();
     s.read_to_string(&mut out).unwrap();
     let status = out[9..12].parse().unwrap();
-    let body = out.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_string();
+    let body = out
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_string();
     (status, body)
 }
 
 #[test]
 fn health_is_503_while_loading_then_200() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/muse-default.gguf");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../models/muse-default.gguf"
+    );
     let server = Server::start(ServerConfig {
         port: 0,
         parallel: 2,
