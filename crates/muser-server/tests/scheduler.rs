@@ -51,11 +51,14 @@ fn submit(
     rx
 }
 
+/// A token's id, its logprob's bits, and the (id, logprob bits) of the alternatives.
+type TokenBits = (u32, u32, Vec<(u32, u32)>);
+
 /// What a request got: its text, every logprob's bits, and how it ended.
 #[derive(Debug, PartialEq)]
 struct Answer {
     text: String,
-    logprobs: Vec<(u32, u32, Vec<(u32, u32)>)>,
+    logprobs: Vec<TokenBits>,
     finish: Option<(FinishReason, usize, usize)>,
 }
 
