@@ -26,7 +26,7 @@ import requests
 REPO = Path(__file__).resolve().parents[2]
 MODEL = REPO / "models" / "muse-default.gguf"
 MODEL_ID = "muse-default"
-N_CTX = 2048  # per slot; above the model's 512 so a stream can run long enough to interrupt
+N_CTX = 8192  # per slot; above the model's 512 so a stream runs long enough to interrupt
 
 
 def muser_bin() -> Path:
@@ -344,7 +344,7 @@ def test_prompt_past_the_context(server, client):
     err = r.json()["error"]
     assert err["code"] == "context_length_exceeded"
     assert (err["n_prompt_tokens"], err["n_ctx"]) == (n_prompt, N_CTX)
-    long = list(range(2, 2 + N_CTX))
+    long = [2 + i % 4000 for i in range(N_CTX)]
     r = post(server, "/v1/completions", {"prompt": long})
     assert r.status_code == 400 and r.json()["error"]["n_prompt_tokens"] == N_CTX
     with pytest.raises(openai.BadRequestError):
