@@ -4,7 +4,7 @@
 #   2. runs the parity command (`muser check --backend cuda`, op by op at the Glimmer shapes,
 #      and whole-model parity of the small presets against the CPU backend),
 #   3. runs `muser bench --backend cuda` (pp512, tg128 at depth 0 and 8192) on both models,
-#   4. optionally (LLAMA=1, with .llamacpp-src.tar.xz carried) builds llama.cpp with CUDA and
+#   4. optionally (LLAMA=1, with .llamacpp-src.tar.xz from scripts/pack_llamacpp.sh carried) builds llama.cpp with CUDA and
 #      runs llama-bench on llama-glimmer in the same call.
 # Full logs go to $OUT; a short table is printed last.
 #
