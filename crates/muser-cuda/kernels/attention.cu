@@ -14,6 +14,12 @@
 // (grid (n_head, n_rows), D threads) merges the splits. Decode (one row) uses many splits so
 // that ~2 blocks per SM run; prefill rows (many) use few.
 // Head dims: 64, 128, 256 (template), G * D <= 4096.
+//
+// Decode groups (row t the next token of its own sequence): kv_store_rows and attn_rows_partial
+// take each row's position from `pos` and its cache from `tab` (per row: K and V addresses and
+// the slot count of this layer). Each row is split over the sequence exactly as it would be
+// alone (`solo_split`, the plan of a one-row batch), and the grid's extra splits of shorter rows
+// write an empty partial that attn_combine skips, so a row's output does not depend on the group.
 // Measured on the H200 (2026-11-29), Muse Glimmer, 52 layers, each call synchronized (~8 us of
 // that is the synchronization): decode at depth ~150 1.49 ms per token (split plan v1, 128
 // positions per split and no head chunks: 3.2 ms); decode at depth 8192 costs per token
@@ -34,20 +40,47 @@ extern "C" __global__ void kv_store(const float* __restrict__ k, const float* __
     vc[s * width + e] = __float2half_rn(v[idx]);
 }
 
+// Per row t (decode groups): K, V addresses and slots of one layer's cache.
+struct RowKv {
+    unsigned long long k, v, slots;
+};
+
+extern "C" __global__ void kv_store_rows(const float* __restrict__ k, const float* __restrict__ v,
+                                         const RowKv* __restrict__ tab, const int* __restrict__ pos, int n, int width,
+                                         int ring) {
+    const long long idx = (long long)blockIdx.x * 256 + threadIdx.x;
+    if (idx >= (long long)n * width) return;
+    const int t = idx / width, e = idx % width;
+    const int p = pos[t], slots = (int)tab[t].slots;
+    const long long s = ring ? p % slots : p;
+    ((__half*)tab[t].k)[s * width + e] = __float2half_rn(k[idx]);
+    ((__half*)tab[t].v)[s * width + e] = __float2half_rn(v[idx]);
+}
+
+// How a row that sees `count` positions is split when it is alone in its batch: (n_splits,
+// split_len) of `attention_plan(count, 1, ..)` in backend.rs, in the same integer arithmetic;
+// solo = ceil(2 * SMs / n_kv), the splits a one-row batch asks for.
+__device__ __forceinline__ int2 solo_split(int count, int solo) {
+    int n = max(1, min(solo, (count + ATT_T - 1) / ATT_T));
+    const int len = ((count + n - 1) / n + ATT_T - 1) / ATT_T * ATT_T;
+    n = max(1, (count + len - 1) / len);
+    return make_int2(n, len);
+}
+
 // Shared memory of one block: q [G][D], K tile [T][D + 4], V tile [T][D], scores [G][T],
 // max / sum / rescale [G] each.
+// One block: query heads h0 .. h0 + G - 1 (sharing KV head kvh) of one row, over positions
+// start .. end - 1 of the cache; writes the unnormalised output, max and sum of split `split` of
+// `n_splits` (the stride of the partials).
 template <int D>
-__device__ void attn_partial(const float* __restrict__ q, const __half* __restrict__ kc, const __half* __restrict__ vc,
-                             float* __restrict__ o_part, float2* __restrict__ ml_part, int n_head, int n_kv, int G,
-                             int pos0, int window, int slots, int ring, float scale, int split_len) {
+__device__ void attn_block(const float* __restrict__ qrow, const __half* __restrict__ kc, const __half* __restrict__ vc,
+                           float* __restrict__ o_part, float2* __restrict__ ml_part, int row, int n_head, int n_kv,
+                           int G, int kvh, int h0, int split, int n_splits, int start, int end, int slots, int ring,
+                           float scale) {
     constexpr int OUTS = 4096 / 128;
     constexpr int KP = D + 4;
     extern __shared__ float4 smem4[];
     float* smem = (float*)smem4;
-    // Block x = (KV head, chunk of its query heads): G heads of the group's n_head / n_kv.
-    const int n_chunks = n_head / n_kv / G;
-    const int kvh = blockIdx.x / n_chunks, h0 = kvh * (n_head / n_kv) + (blockIdx.x % n_chunks) * G;
-    const int row = blockIdx.y, split = blockIdx.z, n_splits = gridDim.z;
     const int width = n_kv * D;
     const int tid = threadIdx.x, lane = tid % WARP, warp = tid / WARP;
     float* qs = smem;
@@ -58,12 +91,6 @@ __device__ void attn_partial(const float* __restrict__ q, const __half* __restri
     float* lrow = mrow + G;
     float* alpha = lrow + G;
 
-    const int p = pos0 + row;
-    const int lo = window > 0 ? max(0, p - window + 1) : 0;
-    const int start = lo + split * split_len;
-    const int end = min(p + 1, start + split_len);
-
-    const float* qrow = q + (size_t)row * n_head * D + (size_t)h0 * D;
     for (int e = tid; e < G * D; e += 128) qs[e] = qrow[e];
     for (int g = tid; g < G; g += 128) {
         mrow[g] = -INFINITY;
@@ -153,6 +180,47 @@ __device__ void attn_partial(const float* __restrict__ q, const __half* __restri
     for (int g = tid; g < G; g += 128) ml_part[base + (size_t)g * n_splits] = make_float2(mrow[g], lrow[g]);
 }
 
+// A batch of one sequence: row at position pos0 + row; grid (n_kv * chunks, n_rows, n_splits).
+template <int D>
+__device__ void attn_partial(const float* __restrict__ q, const __half* __restrict__ kc, const __half* __restrict__ vc,
+                             float* __restrict__ o_part, float2* __restrict__ ml_part, int n_head, int n_kv, int G,
+                             int pos0, int window, int slots, int ring, float scale, int split_len) {
+    // Block x = (KV head, chunk of its query heads): G heads of the group's n_head / n_kv.
+    const int n_chunks = n_head / n_kv / G;
+    const int kvh = blockIdx.x / n_chunks, h0 = kvh * (n_head / n_kv) + (blockIdx.x % n_chunks) * G;
+    const int row = blockIdx.y, split = blockIdx.z;
+    const int p = pos0 + row;
+    const int lo = window > 0 ? max(0, p - window + 1) : 0;
+    const int start = lo + split * split_len;
+    const int end = min(p + 1, start + split_len);
+    attn_block<D>(q + (size_t)row * n_head * D + (size_t)h0 * D, kc, vc, o_part, ml_part, row, n_head, n_kv, G, kvh,
+                  h0, split, gridDim.z, start, end, slots, ring, scale);
+}
+
+// A decode group: row t at position pos[t] of its own cache tab[t]; grid (n_kv * chunks,
+// n_rows, the most splits of any row). Splits past the row's own count write an empty partial.
+template <int D>
+__device__ void attn_rows_partial(const float* __restrict__ q, const RowKv* __restrict__ tab, const int* __restrict__ pos,
+                                  float* __restrict__ o_part, float2* __restrict__ ml_part, int n_head, int n_kv, int G,
+                                  int window, int ring, float scale, int solo) {
+    const int n_chunks = n_head / n_kv / G;
+    const int kvh = blockIdx.x / n_chunks, h0 = kvh * (n_head / n_kv) + (blockIdx.x % n_chunks) * G;
+    const int row = blockIdx.y, split = blockIdx.z, n_splits = gridDim.z;
+    const int p = pos[row];
+    const int lo = window > 0 ? max(0, p - window + 1) : 0;
+    const int2 plan = solo_split(p + 1 - lo, solo);
+    if (split >= plan.x) {
+        const size_t base = ((size_t)row * n_head + (size_t)h0) * n_splits + split;
+        for (int g = threadIdx.x; g < G; g += 128) ml_part[base + (size_t)g * n_splits] = make_float2(-INFINITY, 0.0f);
+        return;
+    }
+    const int start = lo + split * plan.y;
+    const int end = min(p + 1, start + plan.y);
+    const RowKv c = tab[row];
+    attn_block<D>(q + (size_t)row * n_head * D + (size_t)h0 * D, (const __half*)c.k, (const __half*)c.v, o_part,
+                  ml_part, row, n_head, n_kv, G, kvh, h0, split, n_splits, start, end, (int)c.slots, ring, scale);
+}
+
 #define ATT_ARGS const float* __restrict__ q, const __half* __restrict__ kc, const __half* __restrict__ vc, \
     float* __restrict__ o_part, float2* __restrict__ ml_part, int n_head, int n_kv, int G, int pos0, int window, \
     int slots, int ring, float scale, int split_len
@@ -161,8 +229,16 @@ extern "C" __global__ void __launch_bounds__(128) attn_partial_64(ATT_ARGS) { at
 extern "C" __global__ void __launch_bounds__(128) attn_partial_128(ATT_ARGS) { attn_partial<128>(ATT_PASS); }
 extern "C" __global__ void __launch_bounds__(128) attn_partial_256(ATT_ARGS) { attn_partial<256>(ATT_PASS); }
 
-// out[row][h][d] = sum_s e^(m_s - M) o_s[d] / sum_s e^(m_s - M) l_s. Launch: grid (n_head,
-// n_rows), D threads.
+#define ROWS_ARGS const float* __restrict__ q, const RowKv* __restrict__ tab, const int* __restrict__ pos, \
+    float* __restrict__ o_part, float2* __restrict__ ml_part, int n_head, int n_kv, int G, int window, int ring, \
+    float scale, int solo
+#define ROWS_PASS q, tab, pos, o_part, ml_part, n_head, n_kv, G, window, ring, scale, solo
+extern "C" __global__ void __launch_bounds__(128) attn_rows_64(ROWS_ARGS) { attn_rows_partial<64>(ROWS_PASS); }
+extern "C" __global__ void __launch_bounds__(128) attn_rows_128(ROWS_ARGS) { attn_rows_partial<128>(ROWS_PASS); }
+extern "C" __global__ void __launch_bounds__(128) attn_rows_256(ROWS_ARGS) { attn_rows_partial<256>(ROWS_PASS); }
+
+// out[row][h][d] = sum_s e^(m_s - M) o_s[d] / sum_s e^(m_s - M) l_s, in split order, skipping
+// empty splits (max -inf). Launch: grid (n_head, n_rows), D threads.
 extern "C" __global__ void attn_combine(const float* __restrict__ o_part, const float2* __restrict__ ml_part,
                                         float* __restrict__ out, int n_head, int n_splits, int D) {
     const int h = blockIdx.x, row = blockIdx.y, d = threadIdx.x;

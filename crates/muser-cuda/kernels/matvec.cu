@@ -45,9 +45,10 @@
 // per 32: d = amax / 127 rounded to f16, q = roundf(x / d)). Both write q: int8 [n][32] and
 // ds: (d, d * sum(q)) per 32 values (the second for the Q4_K/Q5_K mins).
 
-// One warp per 256 values (lane l takes values 8l .. 8l + 7); n_blocks counts 256-blocks.
+// One warp per 256 values (lane l takes values 8l .. 8l + 7); n_blocks counts 256-blocks of
+// columns K wide. kmajor: each column's K bytes in the k-major layout of `xq16` (decode groups).
 extern "C" __global__ void quantize_q8_k(const float* __restrict__ x, int8_t* __restrict__ q,
-                                         float2* __restrict__ ds, int n_blocks) {
+                                         float2* __restrict__ ds, int n_blocks, int K, int kmajor) {
     const int blk = blockIdx.x * 4 + threadIdx.x / WARP;
     const int lane = threadIdx.x % WARP;
     if (blk >= n_blocks) return;
@@ -76,7 +77,13 @@ extern "C" __global__ void quantize_q8_k(const float* __restrict__ x, int8_t* __
     int2 packed;
     packed.x = (qi[0] & 0xFF) | ((qi[1] & 0xFF) << 8) | ((qi[2] & 0xFF) << 16) | ((qi[3] & 0xFF) << 24);
     packed.y = (qi[4] & 0xFF) | ((qi[5] & 0xFF) << 8) | ((qi[6] & 0xFF) << 16) | ((qi[7] & 0xFF) << 24);
-    *(int2*)(q + (size_t)blk * 256 + 8 * lane) = packed;
+    size_t dst = (size_t)blk * 256 + 8 * lane;
+    if (kmajor) {
+        // Value v of column c goes to chunk ((v / 16) % 4, v / 64) of the column (see xq16).
+        const int per = K / QK_K, c = blk / per, v = (blk % per) * QK_K + 8 * lane;
+        dst = (size_t)c * K + ((size_t)((v >> 4) & 3) * (K >> 6) + (v >> 6)) * 16 + (v & 15);
+    }
+    *(int2*)(q + dst) = packed;
     // Lanes 4j .. 4j + 3 hold the 32-block j.
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
@@ -102,13 +109,27 @@ extern "C" __global__ void quantize_q8_0(const float* __restrict__ x, int8_t* __
 
 // The activation of one call: int8 + scales for the quantized formats, f32 for the others.
 // xq: [ncols][K] int8; xds: [ncols][K/32]; xf: [ncols][K].
+// kmajor (decode groups, from quantize_q8_k): within a column, the 16-byte chunk of values
+// 64i + 16j .. 64i + 16j + 15 lives at chunk index j * (K / 64) + i, so the lanes of a warp, which
+// take consecutive 64-value items, load consecutive 16-byte chunks (one 512-byte piece per load
+// instead of 32 pieces 64 bytes apart). The layout changes addresses only, never arithmetic.
 struct Act {
     const int8_t* __restrict__ xq;
     const float2* __restrict__ xds;
     const float* __restrict__ xf;
     int K;
     int ncols;
+    int kmajor;
 };
+
+// The 16 int8 activation values v0 .. v0 + 15 (v0 a multiple of 16) of column c. The one-column
+// kernels (NC == 1) always read the row-major layout.
+template <int NC>
+__device__ __forceinline__ int4 xq16(const Act& a, int c, int v0) {
+    const int8_t* col = a.xq + (size_t)c * a.K;
+    if (NC > 1 && a.kmajor) return *(const int4*)(col + ((size_t)((v0 >> 4) & 3) * (a.K >> 6) + (v0 >> 6)) * 16);
+    return *(const int4*)(col + v0);
+}
 
 // Bytes 2g and 2g+1 of the 8 packed values (lo: 0-3, hi: 4-7).
 __device__ __forceinline__ void pick_pair(uint32_t lo, uint32_t hi, int g, int* a, int* b) {
@@ -129,7 +150,7 @@ __device__ __forceinline__ void item_q8_0(const int8_t* __restrict__ qa, const _
 #pragma unroll
     for (int c = 0; c < NC; ++c) {
         if (c >= a.ncols) break;
-        const int4 x0 = *(const int4*)(a.xq + (size_t)c * a.K + item * 16);
+        const int4 x0 = xq16<NC>(a, c, item * 16);
         const int xa[4] = {x0.x, x0.y, x0.z, x0.w};
         int s = 0;
 #pragma unroll
@@ -192,8 +213,8 @@ __device__ __forceinline__ void dot_q45(const RawQ45& r, int item, const Act& a,
 #pragma unroll
     for (int c = 0; c < NC; ++c) {
         if (c >= a.ncols) break;
-        const int4* xc = (const int4*)(a.xq + (size_t)c * a.K + i0);
-        const int4 x0 = xc[0], x1 = xc[1], x2 = xc[2], x3 = xc[3];
+        const int4 x0 = xq16<NC>(a, c, i0), x1 = xq16<NC>(a, c, i0 + 16), x2 = xq16<NC>(a, c, i0 + 32),
+                   x3 = xq16<NC>(a, c, i0 + 48);
         const int xa[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
         const int xb[8] = {x2.x, x2.y, x2.z, x2.w, x3.x, x3.y, x3.z, x3.w};
         int s0 = 0, s1 = 0;
@@ -243,14 +264,13 @@ __device__ __forceinline__ void dot_q6(const RawQ6& r, int item, const Act& a, f
 #pragma unroll
     for (int c = 0; c < NC; ++c) {
         if (c >= a.ncols) break;
-        const int4* xc = (const int4*)(a.xq + (size_t)c * a.K + i0);
         const float2* dsc = a.xds + (size_t)c * (a.K / 32) + i0 / 32;
         float v = 0.0f;
 #pragma unroll
         for (int qq = 0; qq < 4; ++qq) {
             // Values 32qq .. 32qq + 31 of the half: low (qq < 2) or high nibbles of ql words
             // 8 (qq & 1) .., high bits from bit pair qq of the qh words.
-            const int4 x0 = xc[2 * qq], x1 = xc[2 * qq + 1];
+            const int4 x0 = xq16<NC>(a, c, i0 + 32 * qq), x1 = xq16<NC>(a, c, i0 + 32 * qq + 16);
             const int xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
             int s_lo = 0, s_hi = 0;
 #pragma unroll
@@ -400,10 +420,10 @@ struct MatvecJobs {
     int njobs;
 };
 
-// A warp takes R consecutive rows of one matrix.
+// Warp-level work: rows grow .. grow + R - 1 of the jobs' concatenated rows (R consecutive rows of
+// one matrix) for the a.ncols columns of `a`, which start at column c0 of the call.
 template <int NC, int R>
-__device__ void matvec_multi(const MatvecJobs& jobs, const Act& a) {
-    const int grow = (blockIdx.x * 4 + threadIdx.x / WARP) * R;
+__device__ __forceinline__ void matvec_warp(const MatvecJobs& jobs, int grow, const Act& a, int c0) {
     if (grow >= jobs.start[jobs.njobs]) return;
     int j = 0;
 #pragma unroll
@@ -424,16 +444,15 @@ __device__ void matvec_multi(const MatvecJobs& jobs, const Act& a) {
 #pragma unroll
         for (int c = 0; c < NC; ++c) {
             const float v = warp_sum(acc[r][c]);
-            if (r < nr && c < a.ncols && threadIdx.x % WARP == 0) y[(size_t)c * rows + row0 + r] = v;
+            if (r < nr && c < a.ncols && threadIdx.x % WARP == 0) y[(size_t)(c0 + c) * rows + row0 + r] = v;
         }
 }
 
-// y[c][r] = silu(G[r] . x[c]) * (U[r] . x[c]): gate and up rows in the same warp, one pass
-// over the activation. A warp takes R rows of each.
+// y[c][r] = silu(G[r] . x[c]) * (U[r] . x[c]) for rows row0 .. row0 + R - 1: gate and up rows in
+// the same warp, one pass over the activation; `a` starts at column c0 of the call.
 template <int NC, int R>
-__device__ void matvec_silu(const uint8_t* wg, int tyg, const uint8_t* wu, int tyu, float* y, int rows,
-                            const Act& a) {
-    const int row0 = (blockIdx.x * 4 + threadIdx.x / WARP) * R;
+__device__ __forceinline__ void silu_warp(const uint8_t* wg, int tyg, const uint8_t* wu, int tyu, float* y, int rows,
+                                          int row0, const Act& a, int c0) {
     if (row0 >= rows) return;
     const int nr = min(R, rows - row0);
     float ag[R][NC], au[R][NC];
@@ -448,23 +467,46 @@ __device__ void matvec_silu(const uint8_t* wg, int tyg, const uint8_t* wu, int t
 #pragma unroll
         for (int c = 0; c < NC; ++c) {
             const float g = warp_sum(ag[r][c]), u = warp_sum(au[r][c]);
-            if (r < nr && c < a.ncols && threadIdx.x % WARP == 0) y[(size_t)c * rows + row0 + r] = g / (1.0f + expf(-g)) * u;
+            if (r < nr && c < a.ncols && threadIdx.x % WARP == 0)
+                y[(size_t)(c0 + c) * rows + row0 + r] = g / (1.0f + expf(-g)) * u;
         }
 }
 
-#define ACT_ARGS const int8_t* __restrict__ xq, const float2* __restrict__ xds, const float* __restrict__ xf, int K, int ncols
-#define ACT Act{xq, xds, xf, K, ncols}
+// Decode groups (2 to 64 columns): the columns go in groups of 8, one group per warp, and the
+// ncg = ceil(ncols / 8) warps of a group of rows sit in one block, so the rows' weights come from
+// DRAM once and from L1/L2 for the other groups. Each warp runs the 8-column instantiation of
+// the one-column arithmetic (same items per lane, same order, same warp sum), so every column
+// gets the bits it would get alone: decode groups are batch-invariant.
+// Block: ncg * rwpb warps, rwpb = blockDim.x / 32 / ncg groups of R rows each.
+__device__ __forceinline__ Act column_group(const Act& a, int cg) {
+    const int c0 = cg * 8;
+    return Act{a.xq + (size_t)c0 * a.K, a.xds + (size_t)c0 * (a.K / 32), a.xf + (size_t)c0 * a.K, a.K,
+               min(8, a.ncols - c0), a.kmajor};
+}
 
-// One entry point per column count (a launch with fewer columns uses the next wider one); a
-// warp takes MATVEC_R rows.
-#define MATVEC_R 4
-extern "C" __global__ void __launch_bounds__(128) matvec_1(MatvecJobs jobs, ACT_ARGS) { matvec_multi<1, MATVEC_R>(jobs, ACT); }
-extern "C" __global__ void __launch_bounds__(128) matvec_2(MatvecJobs jobs, ACT_ARGS) { matvec_multi<2, MATVEC_R>(jobs, ACT); }
-extern "C" __global__ void __launch_bounds__(128) matvec_4(MatvecJobs jobs, ACT_ARGS) { matvec_multi<4, MATVEC_R>(jobs, ACT); }
-extern "C" __global__ void __launch_bounds__(128) matvec_8(MatvecJobs jobs, ACT_ARGS) { matvec_multi<8, MATVEC_R>(jobs, ACT); }
-
+#define ACT_ARGS const int8_t* __restrict__ xq, const float2* __restrict__ xds, const float* __restrict__ xf, int K, \
+    int ncols, int kmajor
+#define ACT Act{xq, xds, xf, K, ncols, kmajor}
 #define SILU_ARGS const uint8_t* __restrict__ wg, int tyg, const uint8_t* __restrict__ wu, int tyu, float* __restrict__ y, int rows
-extern "C" __global__ void __launch_bounds__(128) matvec_silu_1(SILU_ARGS, ACT_ARGS) { matvec_silu<1, MATVEC_R>(wg, tyg, wu, tyu, y, rows, ACT); }
-extern "C" __global__ void __launch_bounds__(128) matvec_silu_2(SILU_ARGS, ACT_ARGS) { matvec_silu<2, MATVEC_R>(wg, tyg, wu, tyu, y, rows, ACT); }
-extern "C" __global__ void __launch_bounds__(128) matvec_silu_4(SILU_ARGS, ACT_ARGS) { matvec_silu<4, MATVEC_R>(wg, tyg, wu, tyu, y, rows, ACT); }
-extern "C" __global__ void __launch_bounds__(128) matvec_silu_8(SILU_ARGS, ACT_ARGS) { matvec_silu<8, MATVEC_R>(wg, tyg, wu, tyu, y, rows, ACT); }
+
+// A warp takes MATVEC_R rows. matvec_1: 4 warps per block, one column. matvec_cols: up to 8 column
+// groups (64 columns), 4 to 8 warps per block.
+#define MATVEC_R 4
+extern "C" __global__ void __launch_bounds__(128) matvec_1(MatvecJobs jobs, ACT_ARGS) {
+    matvec_warp<1, MATVEC_R>(jobs, (blockIdx.x * 4 + threadIdx.x / WARP) * MATVEC_R, ACT, 0);
+}
+extern "C" __global__ void __launch_bounds__(256) matvec_cols(MatvecJobs jobs, ACT_ARGS) {
+    const Act a = ACT;
+    const int ncg = (ncols + 7) / 8, warp = threadIdx.x / WARP, cg = warp % ncg;
+    const int grow = (blockIdx.x * (blockDim.x / WARP / ncg) + warp / ncg) * MATVEC_R;
+    matvec_warp<8, MATVEC_R>(jobs, grow, column_group(a, cg), cg * 8);
+}
+extern "C" __global__ void __launch_bounds__(128) matvec_silu_1(SILU_ARGS, ACT_ARGS) {
+    silu_warp<1, MATVEC_R>(wg, tyg, wu, tyu, y, rows, (blockIdx.x * 4 + threadIdx.x / WARP) * MATVEC_R, ACT, 0);
+}
+extern "C" __global__ void __launch_bounds__(256) matvec_silu_cols(SILU_ARGS, ACT_ARGS) {
+    const Act a = ACT;
+    const int ncg = (ncols + 7) / 8, warp = threadIdx.x / WARP, cg = warp % ncg;
+    const int row0 = (blockIdx.x * (blockDim.x / WARP / ncg) + warp / ncg) * MATVEC_R;
+    silu_warp<8, MATVEC_R>(wg, tyg, wu, tyu, y, rows, row0, column_group(a, cg), cg * 8);
+}

@@ -8,6 +8,10 @@
 //! error from `CudaBackend::new` or `Backend::weight`.
 //!
 //! All work goes to one stream in order; the host waits only where it reads a buffer back.
+//!
+//! Decode groups (the `*_rows` ops): each row's position and KV cache come from two small device
+//! tables (`RowTables`), uploaded only when the group's positions or caches change (once per
+//! step), so RoPE, the KV store and attention of all rows are one launch each.
 
 use crate::device::{CudaError, Gpu};
 use crate::matvec::{dptr, ActScratch, DeviceMatrix, Job};
@@ -17,7 +21,6 @@ use muser_engine::config::{RopeParams, RopeStyle};
 use muser_engine::weights::TensorView;
 use muser_engine::{EngineError, Result};
 use muser_gguf::GgmlType;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 /// A resident weight: a matrix in its (possibly repacked) block layout, or a 1-D tensor
@@ -65,6 +68,16 @@ pub struct CudaKv {
     pub layers: Vec<CudaKvLayer>,
 }
 
+/// The device tables of the decode group last seen: positions, and per (layer, row) the row's
+/// cache of that layer (K, V addresses and slots: `RowKv` in attention.cu).
+struct RowTables {
+    pos: Vec<i32>,
+    pos_dev: CudaSlice<i32>, // (n)
+    n: usize,
+    kv: Vec<u64>,           // (layers, n, 3)
+    kv_dev: CudaSlice<u64>, // (layers, n, 3)
+}
+
 /// Scratch buffers, grown on demand.
 struct Workspace {
     act: ActScratch,
@@ -77,8 +90,10 @@ struct Workspace {
 pub struct CudaBackend {
     pub gpu: Gpu,
     ws: Mutex<Workspace>,
+    rows: Mutex<RowTables>,
     upload: Mutex<Option<indicatif::ProgressBar>>,
-    big_smem_set: [AtomicBool; 3],
+    /// Kernels whose dynamic shared memory limit was raised (attn_partial_*, attn_rows_*).
+    big_smem_set: Mutex<Vec<&'static str>>,
     /// Per-op time (synchronizing around each op) when profiling is on: op -> (calls, seconds).
     profile: Mutex<Option<std::collections::BTreeMap<String, (u64, f64)>>>,
 }
@@ -138,9 +153,7 @@ pub fn attention_plan(
 ) -> AttnPlan {
     let target = 2 * sms;
     let base = (n_rows * n_kv).max(1);
-    let n_splits = target.div_ceil(base).min(count.div_ceil(ATT_T)).max(1);
-    let split_len = count.div_ceil(n_splits).div_ceil(ATT_T) * ATT_T;
-    let n_splits = count.div_ceil(split_len).max(1);
+    let (n_splits, split_len) = split_plan(count, target.div_ceil(base));
     let mut chunks = 1;
     while base * n_splits * chunks < target
         && group.is_multiple_of(chunks * 2)
@@ -153,6 +166,20 @@ pub fn attention_plan(
         split_len,
         chunks,
     }
+}
+
+/// (n_splits, split_len) for `count` positions when at most `want` splits are asked for: splits of
+/// whole tiles, none empty. `solo_split` in attention.cu is the same integer arithmetic (a decode
+/// group splits each row as `attention_plan(count, 1, ..)` does, with want = solo_splits).
+pub fn split_plan(count: usize, want: usize) -> (usize, usize) {
+    let n = want.min(count.div_ceil(ATT_T)).max(1);
+    let len = count.div_ceil(n).div_ceil(ATT_T) * ATT_T;
+    (count.div_ceil(len).max(1), len)
+}
+
+/// The splits a one-row batch asks for (`want` of `split_plan`).
+pub fn solo_splits(n_kv: usize, sms: usize) -> usize {
+    (2 * sms).div_ceil(n_kv.max(1))
 }
 
 /// Dynamic shared memory of attn_partial for G query heads per KV head of width d.
@@ -170,6 +197,16 @@ pub fn attention_kernel(head_dim: usize) -> Option<&'static str> {
     }
 }
 
+/// The attn_rows_partial instantiation (decode groups) for a head width, if any.
+pub fn attention_rows_kernel(head_dim: usize) -> Option<&'static str> {
+    match head_dim {
+        64 => Some("attn_rows_64"),
+        128 => Some("attn_rows_128"),
+        256 => Some("attn_rows_256"),
+        _ => None,
+    }
+}
+
 impl CudaBackend {
     /// Opens GPU `ordinal` and compiles the kernels. No driver, no device or no NVRTC is an
     /// error, never a crash.
@@ -182,9 +219,17 @@ impl CudaBackend {
             ml_part: gpu.stream.alloc_zeros(1)?,
             argmax: gpu.stream.alloc_zeros(1)?,
         };
+        let rows = RowTables {
+            pos: Vec::new(),
+            pos_dev: gpu.stream.alloc_zeros(1)?,
+            n: 0,
+            kv: Vec::new(),
+            kv_dev: gpu.stream.alloc_zeros(1)?,
+        };
         Ok(CudaBackend {
             gpu,
             ws: Mutex::new(ws),
+            rows: Mutex::new(rows),
             upload: Mutex::new(None),
             big_smem_set: Default::default(),
             profile: Mutex::new(None),
@@ -279,6 +324,142 @@ impl CudaBackend {
             self.gpu.quantize_act(x, n, k, types, &mut ws.act),
             "quantize activation",
         );
+    }
+
+    /// Device address of the group's positions (`[n]` i32), uploaded when they changed.
+    fn positions(&self, pos: &[usize]) -> u64 {
+        let mut t = self.rows.lock().unwrap();
+        self.upload_positions(&mut t, pos);
+        self.p(&t.pos_dev)
+    }
+
+    fn upload_positions(&self, t: &mut RowTables, pos: &[usize]) {
+        let same =
+            t.pos.len() == pos.len() && t.pos.iter().zip(pos).all(|(&a, &b)| a as usize == b);
+        if !same {
+            t.pos = pos.iter().map(|&p| p as i32).collect();
+            grow(&self.gpu, &mut t.pos_dev, pos.len());
+            let RowTables { pos, pos_dev, .. } = t;
+            ck(
+                self.gpu.stream.memcpy_htod(pos, pos_dev),
+                "upload positions",
+            );
+        }
+    }
+
+    /// Device addresses of the group's positions (`[n]` i32) and of layer `layer`'s per-row cache
+    /// table (`[n]` RowKv), uploading either only when it differs from the last group's.
+    fn row_tables(&self, kvs: &[&mut CudaKv], layer: usize, pos: &[usize]) -> (u64, u64) {
+        let mut t = self.rows.lock().unwrap();
+        let n = pos.len();
+        self.upload_positions(&mut t, pos);
+        let entry = |kv: &CudaKv, l: usize| {
+            let c = &kv.layers[l];
+            [self.p(&c.k), self.p(&c.v), c.spec.slots as u64]
+        };
+        let layers = kvs.first().map_or(0, |kv| kv.layers.len());
+        let at = |l: usize, r: usize| (l * n + r) * 3;
+        let same_kv = t.n == n
+            && t.kv.len() == layers * n * 3
+            && kvs
+                .iter()
+                .enumerate()
+                .all(|(r, kv)| t.kv[at(layer, r)..at(layer, r) + 3] == entry(kv, layer));
+        if !same_kv {
+            let mut tab = vec![0u64; layers * n * 3];
+            for l in 0..layers {
+                for (r, kv) in kvs.iter().enumerate() {
+                    assert_eq!(kv.layers.len(), layers, "a decode group mixes models");
+                    tab[at(l, r)..at(l, r) + 3].copy_from_slice(&entry(kv, l));
+                }
+            }
+            grow(&self.gpu, &mut t.kv_dev, tab.len());
+            ck(
+                self.gpu.stream.memcpy_htod(&tab, &mut t.kv_dev),
+                "upload KV table",
+            );
+            t.kv = tab;
+            t.n = n;
+        }
+        (
+            self.p(&t.pos_dev),
+            self.p(&t.kv_dev) + (at(layer, 0) * 8) as u64,
+        )
+    }
+
+    /// Raises `f`'s dynamic shared memory limit to `smem` bytes once, where it exceeds 48 KB.
+    fn allow_smem(&self, name: &'static str, f: &cudarc::driver::CudaFunction, smem: usize) {
+        if smem <= 48 * 1024 {
+            return;
+        }
+        let mut set = self.big_smem_set.lock().unwrap();
+        if !set.contains(&name) {
+            ck(
+                f.set_attribute(
+                    cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    smem as i32,
+                ),
+                "attention shared memory",
+            );
+            set.push(name);
+        }
+    }
+
+    /// RoPE over every row of x: row t at position pos0 + t, or pos[t] when `pos` (a device
+    /// address of `[rows]` i32) is not null.
+    fn launch_rope(
+        &self,
+        x: &mut CudaBuf,
+        head_dim: usize,
+        rope: &RopeParams,
+        pos0: usize,
+        pos: u64,
+    ) {
+        let n = x.rows * (x.cols / head_dim) * (rope.n_rot / 2);
+        let xp = self.p(&x.data);
+        let (rows, cols, hd, nrot, p0) = (
+            x.rows as i32,
+            x.cols as i32,
+            head_dim as i32,
+            rope.n_rot as i32,
+            pos0 as i32,
+        );
+        let neox = i32::from(rope.style == RopeStyle::Neox);
+        let mut b = self.gpu.stream.launch_builder(self.kernel("rope"));
+        b.arg(&xp)
+            .arg(&rows)
+            .arg(&cols)
+            .arg(&hd)
+            .arg(&nrot)
+            .arg(&p0)
+            .arg(&pos)
+            .arg(&rope.freq_base)
+            .arg(&neox);
+        // SAFETY: one thread per pair of x ([rows][cols]); pos is null or holds rows positions.
+        ck(unsafe { b.launch(cfg1(n, 256)) }, "rope");
+    }
+
+    /// Merges the `n_splits` partials of each (row, head) into `out` (`[rows][n_head * d]`).
+    fn attn_combine(
+        &self,
+        ws: &Workspace,
+        rows: usize,
+        n_head: usize,
+        n_splits: usize,
+        d: usize,
+        out: &mut CudaBuf,
+    ) {
+        let (op, mp) = (self.p(&ws.o_part), self.p(&ws.ml_part));
+        let (outp, nh, ns, dd) = (self.p(&out.data), n_head as i32, n_splits as i32, d as i32);
+        let cfg = LaunchConfig {
+            grid_dim: (n_head as u32, rows as u32, 1),
+            block_dim: (d as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.gpu.stream.launch_builder(self.kernel("attn_combine"));
+        b.arg(&op).arg(&mp).arg(&outp).arg(&nh).arg(&ns).arg(&dd);
+        // SAFETY: the partials hold rows * n_head * n_splits entries; out is [rows][n_head * d].
+        ck(unsafe { b.launch(cfg) }, "attn_combine");
     }
 
     fn upload_progress(&self, bytes: usize) {
@@ -517,29 +698,7 @@ impl Backend for CudaBackend {
     fn rope(&self, x: &mut CudaBuf, head_dim: usize, rope: &RopeParams, pos0: usize) {
         self.timed(
             || "rope".to_string(),
-            || {
-                let n = x.rows * (x.cols / head_dim) * (rope.n_rot / 2);
-                let xp = self.p(&x.data);
-                let (rows, cols, hd, nrot, p0) = (
-                    x.rows as i32,
-                    x.cols as i32,
-                    head_dim as i32,
-                    rope.n_rot as i32,
-                    pos0 as i32,
-                );
-                let neox = i32::from(rope.style == RopeStyle::Neox);
-                let mut b = self.gpu.stream.launch_builder(self.kernel("rope"));
-                b.arg(&xp)
-                    .arg(&rows)
-                    .arg(&cols)
-                    .arg(&hd)
-                    .arg(&nrot)
-                    .arg(&p0)
-                    .arg(&rope.freq_base)
-                    .arg(&neox);
-                // SAFETY: one thread per pair of x ([rows][cols]).
-                ck(unsafe { b.launch(cfg1(n, 256)) }, "rope");
-            },
+            || self.launch_rope(x, head_dim, rope, pos0, 0),
         )
     }
 
@@ -592,63 +751,76 @@ impl Backend for CudaBackend {
         scale: f32,
         out: &mut CudaBuf,
     ) {
-        self.timed(|| "attention".to_string(), || {
-            let l = &kv.layers[layer];
-            let (d, n_kv) = (l.spec.head_dim, l.spec.n_head_kv);
-            let n_head = q.cols / d;
-            let g = n_head / n_kv;
-            let name = attention_kernel(d).unwrap_or_else(|| panic!("CUDA attention: head dim {d} (64, 128, 256 supported)"));
-            assert!(g * d <= 4096, "CUDA attention: {g} query heads of {d} per KV head (at most 4096 values)");
-            let p_last = pos0 + q.rows - 1;
-            let lo = l.spec.window.map_or(0, |w| (p_last + 1).saturating_sub(w));
-            let plan = attention_plan(p_last + 1 - lo, q.rows, n_kv, g, self.gpu.sms);
-            let g_block = g / plan.chunks;
-            let parts = q.rows * n_head * plan.n_splits;
-            let mut ws = self.ws.lock().unwrap();
-            grow(&self.gpu, &mut ws.o_part, parts * d);
-            grow(&self.gpu, &mut ws.ml_part, parts * 2);
-            let smem = attention_smem(g_block, d);
-            let f = self.kernel(name);
-            if smem > 48 * 1024 {
-                let i = [64, 128, 256].iter().position(|&x| x == d).unwrap();
-                if !self.big_smem_set[i].swap(true, Ordering::Relaxed) {
-                    ck(
-                        f.set_attribute(
-                            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                            smem as i32,
-                        ),
-                        "attention shared memory",
-                    );
-                }
-            }
-            let (qp, kc, vc, op, mp) = (self.p(&q.data), self.p(&l.k), self.p(&l.v), self.p(&ws.o_part), self.p(&ws.ml_part));
-            let window = l.spec.window.unwrap_or(0) as i32;
-            let (nh, nk, gb, p0, slots, ring, sl) = (
-                n_head as i32,
-                n_kv as i32,
-                g_block as i32,
-                pos0 as i32,
-                l.spec.slots as i32,
-                i32::from(l.spec.is_ring()),
-                plan.split_len as i32,
-            );
-            let cfg = LaunchConfig {
-                grid_dim: ((n_kv * plan.chunks) as u32, q.rows as u32, plan.n_splits as u32),
-                block_dim: (128, 1, 1),
-                shared_mem_bytes: smem as u32,
-            };
-            let mut b = self.gpu.stream.launch_builder(f);
-            b.arg(&qp).arg(&kc).arg(&vc).arg(&op).arg(&mp).arg(&nh).arg(&nk).arg(&gb).arg(&p0).arg(&window).arg(&slots).arg(&ring);
-            b.arg(&scale).arg(&sl);
-            // SAFETY: partials hold rows * n_head * n_splits entries; cache reads stay within slots.
-            ck(unsafe { b.launch(cfg) }, "attn_partial");
-            let (outp, ns, dd) = (self.p(&out.data), plan.n_splits as i32, d as i32);
-            let cfg = LaunchConfig { grid_dim: (n_head as u32, q.rows as u32, 1), block_dim: (d as u32, 1, 1), shared_mem_bytes: 0 };
-            let mut b = self.gpu.stream.launch_builder(self.kernel("attn_combine"));
-            b.arg(&op).arg(&mp).arg(&outp).arg(&nh).arg(&ns).arg(&dd);
-            // SAFETY: out is [rows][n_head * d].
-            ck(unsafe { b.launch(cfg) }, "attn_combine");
-        })
+        self.timed(
+            || "attention".to_string(),
+            || {
+                let l = &kv.layers[layer];
+                let (d, n_kv) = (l.spec.head_dim, l.spec.n_head_kv);
+                let n_head = q.cols / d;
+                let g = n_head / n_kv;
+                let name = attention_kernel(d).unwrap_or_else(|| {
+                    panic!("CUDA attention: head dim {d} (64, 128, 256 supported)")
+                });
+                assert!(
+                    g * d <= 4096,
+                    "CUDA attention: {g} query heads of {d} per KV head (at most 4096 values)"
+                );
+                let p_last = pos0 + q.rows - 1;
+                let lo = l.spec.window.map_or(0, |w| (p_last + 1).saturating_sub(w));
+                let plan = attention_plan(p_last + 1 - lo, q.rows, n_kv, g, self.gpu.sms);
+                let g_block = g / plan.chunks;
+                let parts = q.rows * n_head * plan.n_splits;
+                let mut ws = self.ws.lock().unwrap();
+                grow(&self.gpu, &mut ws.o_part, parts * d);
+                grow(&self.gpu, &mut ws.ml_part, parts * 2);
+                let smem = attention_smem(g_block, d);
+                let f = self.kernel(name);
+                self.allow_smem(name, f, smem);
+                let (qp, kc, vc, op, mp) = (
+                    self.p(&q.data),
+                    self.p(&l.k),
+                    self.p(&l.v),
+                    self.p(&ws.o_part),
+                    self.p(&ws.ml_part),
+                );
+                let window = l.spec.window.unwrap_or(0) as i32;
+                let (nh, nk, gb, p0, slots, ring, sl) = (
+                    n_head as i32,
+                    n_kv as i32,
+                    g_block as i32,
+                    pos0 as i32,
+                    l.spec.slots as i32,
+                    i32::from(l.spec.is_ring()),
+                    plan.split_len as i32,
+                );
+                let cfg = LaunchConfig {
+                    grid_dim: (
+                        (n_kv * plan.chunks) as u32,
+                        q.rows as u32,
+                        plan.n_splits as u32,
+                    ),
+                    block_dim: (128, 1, 1),
+                    shared_mem_bytes: smem as u32,
+                };
+                let mut b = self.gpu.stream.launch_builder(f);
+                b.arg(&qp)
+                    .arg(&kc)
+                    .arg(&vc)
+                    .arg(&op)
+                    .arg(&mp)
+                    .arg(&nh)
+                    .arg(&nk)
+                    .arg(&gb)
+                    .arg(&p0)
+                    .arg(&window)
+                    .arg(&slots)
+                    .arg(&ring);
+                b.arg(&scale).arg(&sl);
+                // SAFETY: partials hold rows * n_head * n_splits entries; cache reads stay within slots.
+                ck(unsafe { b.launch(cfg) }, "attn_partial");
+                self.attn_combine(&ws, q.rows, n_head, plan.n_splits, d, out);
+            },
+        )
     }
 
     fn sigmoid_gate(&self, a: &mut CudaBuf, g: &CudaBuf) {
@@ -734,6 +906,159 @@ impl Backend for CudaBackend {
                 b.arg(&op).arg(&ni).arg(&scale).arg(&cap);
                 // SAFETY: out holds n * n_vocab values.
                 ck(unsafe { b.launch(cfg1(total, 256)) }, "scale_softcap");
+            },
+        )
+    }
+
+    fn rope_rows(
+        &self,
+        x: &mut CudaBuf,
+        width: usize,
+        head_dim: usize,
+        rope: &RopeParams,
+        pos: &[usize],
+    ) {
+        self.timed(
+            || "rope_rows".to_string(),
+            || {
+                assert_eq!((x.rows, x.cols), (pos.len(), width), "rope_rows shape");
+                let pp = self.positions(pos);
+                self.launch_rope(x, head_dim, rope, 0, pp);
+            },
+        )
+    }
+
+    fn kv_store_rows(
+        &self,
+        kvs: &mut [&mut CudaKv],
+        layer: usize,
+        k: &CudaBuf,
+        v: &CudaBuf,
+        width: usize,
+        pos: &[usize],
+    ) {
+        self.timed(
+            || "kv_store_rows".to_string(),
+            || {
+                let n = pos.len();
+                assert!(
+                    kvs.len() == n && k.rows == n && v.rows == n,
+                    "kv_store_rows: {n} rows"
+                );
+                let spec = kvs[0].layers[layer].spec;
+                assert!(
+                    k.cols == width && width == spec.n_head_kv * spec.head_dim,
+                    "kv_store_rows: k width {} for a cache of {} x {}",
+                    k.cols,
+                    spec.n_head_kv,
+                    spec.head_dim
+                );
+                for (kv, &p) in kvs.iter().zip(pos) {
+                    let s = &kv.layers[layer].spec;
+                    assert!(
+                        s.is_ring() || p < s.slots,
+                        "kv_store_rows: position {p} past the plane of {}",
+                        s.slots
+                    );
+                }
+                let (pp, tab) = self.row_tables(kvs, layer, pos);
+                let (kp, vp) = (self.p(&k.data), self.p(&v.data));
+                let (ni, wi, ring) = (n as i32, width as i32, i32::from(spec.is_ring()));
+                let mut b = self.gpu.stream.launch_builder(self.kernel("kv_store_rows"));
+                b.arg(&kp)
+                    .arg(&vp)
+                    .arg(&tab)
+                    .arg(&pp)
+                    .arg(&ni)
+                    .arg(&wi)
+                    .arg(&ring);
+                // SAFETY: row t writes slot pos[t] (modulo its slots for a ring; checked above for
+                // a plane) of its own cache.
+                ck(unsafe { b.launch(cfg1(n * width, 256)) }, "kv_store_rows");
+            },
+        )
+    }
+
+    fn attention_rows(
+        &self,
+        q: &CudaBuf,
+        width: usize,
+        kvs: &[&mut CudaKv],
+        layer: usize,
+        pos: &[usize],
+        scale: f32,
+        out: &mut CudaBuf,
+    ) {
+        self.timed(
+            || "attention_rows".to_string(),
+            || {
+                let n = pos.len();
+                assert!(
+                    kvs.len() == n && q.rows == n && q.cols == width,
+                    "attention_rows: {n} rows"
+                );
+                let spec = kvs[0].layers[layer].spec;
+                let (d, n_kv) = (spec.head_dim, spec.n_head_kv);
+                let n_head = width / d;
+                let g = n_head / n_kv;
+                let name = attention_rows_kernel(d).unwrap_or_else(|| {
+                    panic!("CUDA attention: head dim {d} (64, 128, 256 supported)")
+                });
+                assert!(
+                    g * d <= 4096,
+                    "CUDA attention: {g} query heads of {d} per KV head (at most 4096 values)"
+                );
+                // Each row's splits are those it gets alone; the grid covers the most of any row.
+                let solo = solo_splits(n_kv, self.gpu.sms);
+                let visible =
+                    |p: usize| p + 1 - spec.window.map_or(0, |w| (p + 1).saturating_sub(w));
+                let count = pos.iter().map(|&p| visible(p)).max().unwrap_or(1);
+                let max_splits = pos
+                    .iter()
+                    .map(|&p| split_plan(visible(p), solo).0)
+                    .max()
+                    .unwrap_or(1);
+                // Head chunks change which block computes a head, never its arithmetic.
+                let chunks = attention_plan(count, n, n_kv, g, self.gpu.sms).chunks;
+                let g_block = g / chunks;
+                let (pp, tab) = self.row_tables(kvs, layer, pos);
+                let mut ws = self.ws.lock().unwrap();
+                let parts = n * n_head * max_splits;
+                grow(&self.gpu, &mut ws.o_part, parts * d);
+                grow(&self.gpu, &mut ws.ml_part, parts * 2);
+                let smem = attention_smem(g_block, d);
+                let f = self.kernel(name);
+                self.allow_smem(name, f, smem);
+                let (qp, op, mp) = (self.p(&q.data), self.p(&ws.o_part), self.p(&ws.ml_part));
+                let window = spec.window.unwrap_or(0) as i32;
+                let (nh, nk, gb, ring, so) = (
+                    n_head as i32,
+                    n_kv as i32,
+                    g_block as i32,
+                    i32::from(spec.is_ring()),
+                    solo as i32,
+                );
+                let cfg = LaunchConfig {
+                    grid_dim: ((n_kv * chunks) as u32, n as u32, max_splits as u32),
+                    block_dim: (128, 1, 1),
+                    shared_mem_bytes: smem as u32,
+                };
+                let mut b = self.gpu.stream.launch_builder(f);
+                b.arg(&qp)
+                    .arg(&tab)
+                    .arg(&pp)
+                    .arg(&op)
+                    .arg(&mp)
+                    .arg(&nh)
+                    .arg(&nk)
+                    .arg(&gb)
+                    .arg(&window)
+                    .arg(&ring);
+                b.arg(&scale).arg(&so);
+                // SAFETY: partials hold n * n_head * max_splits entries; each row reads its own cache
+                // within its slots.
+                ck(unsafe { b.launch(cfg) }, "attn_rows");
+                self.attn_combine(&ws, n, n_head, max_splits, d, out);
             },
         )
     }

@@ -1,6 +1,9 @@
 //! Host side of `kernels/matvec.cu`: weight upload (Q6_K and Q8_0 repacked into 16-byte aligned
 //! planes), activation quantization, and launches of several matrices sharing one input for any
-//! number of columns (in groups of up to 8, the kernels' widest instantiation).
+//! number of columns: one column on `matvec_1`; decode groups of 2 to 64 columns on
+//! `matvec_cols` (groups of 8 columns, the weights read once per launch), with the same
+//! arithmetic per column as one column alone, so a sequence's results never depend on the group;
+//! more columns (prefill) on the tensor cores (`mmq`).
 
 use crate::device::{CudaError, Gpu};
 use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
@@ -22,18 +25,24 @@ pub struct ActScratch {
     pub q: CudaSlice<i8>,
     pub ds: CudaSlice<f32>, // (cap / 32, 2)
     pub cap: usize,
+    /// The int8 activation in `q` is in the k-major layout (`xq16` in matvec.cu).
+    pub kmajor: bool,
     pub tmp: CudaSlice<f32>, // (2, ncols, rows) gate and up outputs of a prefill FFN
 }
 
-/// Columns one kernel launch handles at most.
-pub const MAX_COLS: usize = 8;
+/// Columns one warp of `matvec_cols` handles.
+pub const GROUP_COLS: usize = 8;
+/// Columns one `matvec_cols` launch handles at most (8 groups of 8). Up to this many columns
+/// every matrix runs the matvec arithmetic (batch-invariant); beyond it the tensor cores
+/// (`mmq_kernel`) where the format has them.
+pub const MAX_COLS: usize = 64;
 /// Matrices one launch handles at most (`MatvecJobs` in matvec.cu).
 pub const MAX_JOBS: usize = 4;
 /// Rows per warp of the matvec kernels (MATVEC_R in matvec.cu).
 pub const MATVEC_R: usize = 4;
 
 /// The tensor-core kernel (mmq.cu) serving `ty` at width `k` for more than `MAX_COLS` columns;
-/// None means the matvec kernels are looped over groups of 8 columns.
+/// None means `matvec_cols` is looped over groups of 64 columns.
 pub fn mmq_kernel(ty: GgmlType, k: usize) -> Option<&'static str> {
     match ty {
         GgmlType::Q4_K => Some("mmq_q4_k"),
@@ -70,14 +79,30 @@ pub fn uses_q8_activation(ty: GgmlType) -> bool {
     )
 }
 
-/// The matvec kernel serving a group of `n` (1..=8) columns: the next instantiated width.
-pub fn matvec_width(n: usize) -> usize {
-    match n {
-        0 | 1 => 1,
-        2 => 2,
-        3 | 4 => 4,
-        _ => 8,
-    }
+/// Launch geometry of `matvec_cols` (and `matvec_silu_cols`) for `ncols` (2..=64) columns over
+/// `rows` rows: (blocks, threads). A block holds every column group (one warp each) of
+/// `rows_per_block / MATVEC_R` groups of MATVEC_R rows: at least 4 warps.
+pub fn cols_launch(ncols: usize, rows: usize) -> (u32, u32) {
+    let ncg = ncols.div_ceil(GROUP_COLS);
+    let row_warps = (4 / ncg).max(1);
+    let blocks = rows.div_ceil(row_warps * MATVEC_R);
+    (blocks as u32, (32 * ncg * row_warps) as u32)
+}
+
+/// Whether an activation of `ncols` columns of width `k` quantized for `types` goes to the
+/// k-major layout: decode groups (2..=MAX_COLS columns) read by `matvec_cols` through the Q8_K
+/// quantizer. One column and tensor-core widths keep the row-major layout.
+pub fn kmajor_layout(ncols: usize, k: usize, types: &[GgmlType]) -> bool {
+    (2..=MAX_COLS).contains(&ncols) && uses_q8_k(k, types)
+}
+
+/// Whether the activation for `types` at width `k` is quantized to Q8_K (one scale per 256):
+/// any K-quant among them; else Q8_0 (one per 32).
+fn uses_q8_k(k: usize, types: &[GgmlType]) -> bool {
+    k.is_multiple_of(256)
+        && types
+            .iter()
+            .any(|t| matches!(t, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K))
 }
 
 /// Reorders the blocks of Q6_K (210 bytes) and Q8_0 (34 bytes), whose fields are only 2-byte
@@ -138,6 +163,23 @@ pub struct Job<'a> {
     pub y: u64,
 }
 
+/// The launch of `n` (1..=MAX_COLS) columns over `rows` rows: `matvec_1` (4 warps of MATVEC_R
+/// rows per block) or `matvec_cols`.
+fn matvec_config(n: usize, rows: usize) -> (LaunchConfig, &'static str) {
+    let (blocks, threads, name) = if n == 1 {
+        (rows.div_ceil(4 * MATVEC_R) as u32, 128, "matvec_1")
+    } else {
+        let (b, t) = cols_launch(n, rows);
+        (b, t, "matvec_cols")
+    };
+    let cfg = LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    (cfg, name)
+}
+
 impl Gpu {
     /// Uploads `rows` x `cols` weights of type `ty` (raw GGUF bytes), repacking where needed.
     pub fn upload_matrix(
@@ -187,6 +229,7 @@ impl Gpu {
             q: self.stream.alloc_zeros::<i8>(cap)?,
             ds: self.stream.alloc_zeros::<f32>(cap / 32 * 2)?,
             cap,
+            kmajor: false,
             tmp: self.stream.alloc_zeros::<f32>(1)?,
         })
     }
@@ -194,6 +237,7 @@ impl Gpu {
     /// Quantizes `n` f32 values at address `x` (rows of width `k`) into `scratch` in the
     /// activation format the CPU reference pairs with `types`: Q8_K (one scale per 256) when any
     /// is a K-quant, else Q8_0 (one per 32). A no-op when no type reads int8 activations.
+    /// Decode groups get the k-major layout (`kmajor_layout`).
     pub fn quantize_act(
         &self,
         x: u64,
@@ -203,6 +247,7 @@ impl Gpu {
         scratch: &mut ActScratch,
     ) -> Result<(), CudaError> {
         if !types.iter().any(|&t| uses_q8_activation(t)) {
+            scratch.kmajor = false;
             return Ok(());
         }
         if n > scratch.cap {
@@ -210,10 +255,8 @@ impl Gpu {
             *scratch = self.act_scratch(n)?;
             scratch.tmp = tmp;
         }
-        let kquant = k.is_multiple_of(256)
-            && types
-                .iter()
-                .any(|t| matches!(t, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K));
+        let kquant = uses_q8_k(k, types);
+        scratch.kmajor = kmajor_layout(n / k, k, types);
         let (name, per) = if kquant {
             ("quantize_q8_k", 256)
         } else {
@@ -226,9 +269,13 @@ impl Gpu {
             shared_mem_bytes: 0,
         };
         let (q, ds) = (dptr(self, &scratch.q), dptr(self, &scratch.ds));
+        let (k_i, km) = (k as i32, i32::from(scratch.kmajor));
         let f = self.kernel(name)?;
         let mut b = self.stream.launch_builder(f);
         b.arg(&x).arg(&q).arg(&ds).arg(&n_blocks);
+        if kquant {
+            b.arg(&k_i).arg(&km);
+        }
         // SAFETY: x holds n f32; q and ds hold at least n values and n / 32 scales.
         unsafe { b.launch(cfg) }?;
         Ok(())
@@ -248,6 +295,10 @@ impl Gpu {
         let (mmq, rest): (Vec<&Job>, Vec<&Job>) = jobs
             .iter()
             .partition(|j| ncols > MAX_COLS && mmq_kernel(j.m.ty, k).is_some());
+        assert!(
+            !scratch.kmajor || mmq.is_empty(),
+            "the tensor cores read the row-major activation"
+        );
         for j in mmq {
             self.mmq(j.m, ncols, scratch, j.y)?;
         }
@@ -271,12 +322,6 @@ impl Gpu {
             }
             mj.njobs = group.len() as i32;
             mj.start[group.len()] = total as i32;
-            let rows_per_block = 4 * MATVEC_R;
-            let cfg = LaunchConfig {
-                grid_dim: ((total as u32).div_ceil(rows_per_block as u32), 1, 1),
-                block_dim: (128, 1, 1),
-                shared_mem_bytes: 0,
-            };
             let mut c0 = 0;
             while c0 < ncols {
                 let n = (ncols - c0).min(MAX_COLS);
@@ -284,10 +329,16 @@ impl Gpu {
                     mj.y[i] = j.y + (c0 * j.m.rows * 4) as u64;
                 }
                 let (xq, xds, xf) = self.act_ptrs(scratch, x, k, c0);
-                let (k_i, n_i) = (k as i32, n as i32);
-                let f = self.kernel(&format!("matvec_{}", matvec_width(n)))?;
-                let mut b = self.stream.launch_builder(f);
-                b.arg(&mj).arg(&xq).arg(&xds).arg(&xf).arg(&k_i).arg(&n_i);
+                let (k_i, n_i, km) = (k as i32, n as i32, i32::from(scratch.kmajor));
+                let (cfg, name) = matvec_config(n, total);
+                let mut b = self.stream.launch_builder(self.kernel(name)?);
+                b.arg(&mj)
+                    .arg(&xq)
+                    .arg(&xds)
+                    .arg(&xf)
+                    .arg(&k_i)
+                    .arg(&n_i)
+                    .arg(&km);
                 // SAFETY: each job reads rows*row_bytes weight bytes and writes n*rows outputs at
                 // y + c0*rows; the activation holds ncols*k values.
                 unsafe { b.launch(cfg) }?;
@@ -377,11 +428,6 @@ impl Gpu {
             unsafe { b.launch(cfg) }?;
             return Ok(());
         }
-        let cfg = LaunchConfig {
-            grid_dim: ((rows as u32).div_ceil(4 * MATVEC_R as u32), 1, 1),
-            block_dim: (128, 1, 1),
-            shared_mem_bytes: 0,
-        };
         let (wg, wu) = (dptr(self, &gate.data), dptr(self, &up.data));
         let (tg, tu) = (format_code(gate.ty)?, format_code(up.ty)?);
         let rows_i = rows as i32;
@@ -390,11 +436,17 @@ impl Gpu {
             let n = (ncols - c0).min(MAX_COLS);
             let (xq, xds, xf) = self.act_ptrs(scratch, x, k, c0);
             let yc = y + (c0 * rows * 4) as u64;
-            let (k_i, n_i) = (k as i32, n as i32);
-            let f = self.kernel(&format!("matvec_silu_{}", matvec_width(n)))?;
-            let mut b = self.stream.launch_builder(f);
+            let (k_i, n_i, km) = (k as i32, n as i32, i32::from(scratch.kmajor));
+            let (cfg, name) = matvec_config(n, rows);
+            let name = if n == 1 {
+                "matvec_silu_1"
+            } else {
+                debug_assert_eq!(name, "matvec_cols");
+                "matvec_silu_cols"
+            };
+            let mut b = self.stream.launch_builder(self.kernel(name)?);
             b.arg(&wg).arg(&tg).arg(&wu).arg(&tu).arg(&yc).arg(&rows_i);
-            b.arg(&xq).arg(&xds).arg(&xf).arg(&k_i).arg(&n_i);
+            b.arg(&xq).arg(&xds).arg(&xf).arg(&k_i).arg(&n_i).arg(&km);
             // SAFETY: as in matvec_jobs.
             unsafe { b.launch(cfg) }?;
             c0 += n;
@@ -451,13 +503,38 @@ mod tests {
     }
 
     #[test]
-    fn every_column_count_has_a_kernel_that_covers_it() {
-        for n in 1..=MAX_COLS {
-            let w = matvec_width(n);
-            assert!(
-                w >= n && [1, 2, 4, 8].contains(&w),
-                "{n} columns -> width {w}"
-            );
+    fn every_decode_group_size_gets_one_warp_per_column_group_and_covers_every_row() {
+        for n in 2..=MAX_COLS {
+            for rows in [1usize, 3, 4, 5, 16, 17, 256, 4096, 6656, 19968, 202048] {
+                let (blocks, threads) = cols_launch(n, rows);
+                let ncg = n.div_ceil(GROUP_COLS);
+                let warps = threads as usize / 32;
+                assert!(threads % 32 == 0 && (128..=256).contains(&threads) || warps == ncg);
+                assert_eq!(warps % ncg, 0, "{n} columns: {warps} warps");
+                let rows_per_block = warps / ncg * MATVEC_R;
+                assert!(blocks as usize * rows_per_block >= rows);
+                assert!(
+                    (blocks as usize - 1) * rows_per_block < rows,
+                    "an empty block"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn decode_groups_get_the_k_major_layout_and_prefill_the_row_major() {
+        let q4 = [GgmlType::Q4_K];
+        assert!(!kmajor_layout(1, 6656, &q4));
+        assert!(kmajor_layout(2, 6656, &q4));
+        assert!(kmajor_layout(64, 6656, &[GgmlType::Q4_K, GgmlType::Q6_K]));
+        assert!(!kmajor_layout(65, 6656, &q4));
+        // The Q8_0 quantizer (no K-quant, or K not a multiple of 256) keeps the row-major layout.
+        assert!(!kmajor_layout(8, 6656, &[GgmlType::Q8_0]));
+        assert!(!kmajor_layout(8, 6656 + 32, &[GgmlType::Q8_0]));
+        // Every column count up to MAX_COLS has its kernel.
+        assert_eq!(matvec_config(1, 100).1, "matvec_1");
+        for n in 2..=MAX_COLS {
+            assert_eq!(matvec_config(n, 100).1, "matvec_cols");
         }
     }
 

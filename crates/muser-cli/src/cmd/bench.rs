@@ -1,9 +1,14 @@
 //! `muser bench`: llama-bench's table (prompt processing ppN, text generation tgN; mean ± sd
 //! over r repetitions after one warm-up), plus for tg the bytes a decode step reads, the achieved
 //! GB/s and its share of the read bandwidth this run measures.
+//!
+//! `-s 1,8,32` replaces the tg row by one row per stream count N: N sessions (prompts of a few
+//! tokens, or of depth + a few), then n_gen decode steps, each one `DecodeGroup` of all N; the
+//! rate is the aggregate N * n_gen / time, and a step reads the weights once plus every
+//! session's K/V.
 
 use super::backend::{CliBackend, ModelJob};
-use muser_engine::{Model, Session};
+use muser_engine::{DecodeGroup, Model, Session};
 use rayon::prelude::*;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -29,6 +34,10 @@ pub struct Args {
     pub backend: super::backend::BackendKind,
     #[arg(short = 't', long)]
     pub threads: Option<usize>,
+    /// Concurrent decode streams, comma-separated (e.g. 1,8,32): one tg row per count, all the
+    /// streams advanced together one decode group per step.
+    #[arg(short = 's', long, value_delimiter = ',')]
+    pub streams: Vec<usize>,
 }
 
 /// Read bandwidth in bytes/s: the best of a few multi-threaded passes summing a 1 GiB buffer
@@ -142,7 +151,7 @@ impl ModelJob for Job {
         );
         let params = human_params(model.n_params());
         let backend = model.backend().label();
-        println!("| model | size | params | backend | threads | test | t/s | MB/token | GB/s | % of read BW |");
+        println!("| model | size | params | backend | threads | test | t/s | MB/step | GB/s | % of read BW |");
         println!("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |");
 
         if args.n_prompt > 0 {
@@ -160,7 +169,23 @@ impl ModelJob for Job {
             let (m, sd) = mean_sd(&rates);
             println!("| {name} | {size} | {params} | {backend} | {threads} | pp{} | {m:.2} ± {sd:.2} | | | |", args.n_prompt);
         }
-        if args.n_gen > 0 {
+        if args.n_gen > 0 && !args.streams.is_empty() {
+            for &n in &args.streams {
+                anyhow::ensure!(n > 0, "-s: a stream count must be at least 1");
+                let (m, sd, bytes) = streams(&model, n, &args, &mut next_token)?;
+                let gbs = bytes * m / n as f64 / 1e9;
+                let test = if args.depth > 0 {
+                    format!("tg{} @ d{} x{n} streams", args.n_gen, args.depth)
+                } else {
+                    format!("tg{} x{n} streams", args.n_gen)
+                };
+                println!(
+                    "| {name} | {size} | {params} | {backend} | {threads} | {test} | {m:.2} ± {sd:.2} | {:.1} | {gbs:.2} | {:.0}% |",
+                    bytes / 1e6,
+                    100.0 * gbs * 1e9 / bw
+                );
+            }
+        } else if args.n_gen > 0 {
             let toks: Vec<u32> = (0..args.n_gen).map(|_| next_token()).collect();
             let context: Vec<u32> = (0..args.depth).map(|_| next_token()).collect();
             let mut s = Session::new(&model, args.depth + args.n_gen)?;
@@ -195,4 +220,48 @@ impl ModelJob for Job {
         }
         Ok(())
     }
+}
+
+/// `n` sessions decoding together: (mean, sd) of the aggregate tokens/s over the repetitions,
+/// and the bytes one step reads (the weights once, each session's K/V at its mean context).
+fn streams<B: CliBackend>(
+    model: &Model<B>,
+    n: usize,
+    args: &Args,
+    next_token: &mut impl FnMut() -> u32,
+) -> anyhow::Result<(f64, f64, f64)> {
+    // Prompts of different lengths, so the sequences sit at different positions.
+    let prompts: Vec<Vec<u32>> = (0..n)
+        .map(|i| (0..args.depth + 2 + i % 5).map(|_| next_token()).collect())
+        .collect();
+    let steps: Vec<Vec<u32>> = (0..args.n_gen)
+        .map(|_| (0..n).map(|_| next_token()).collect())
+        .collect();
+    let n_ctx = args.depth + 7 + args.n_gen;
+    let mut sessions = (0..n)
+        .map(|_| Session::new(model, n_ctx))
+        .collect::<muser_engine::Result<Vec<_>>>()?;
+    let mut group = DecodeGroup::new();
+    let mut rates = Vec::new();
+    for rep in 0..=args.reps.max(1) {
+        for (s, p) in sessions.iter_mut().zip(&prompts) {
+            s.reset();
+            s.prefill(p)?;
+        }
+        let t = Instant::now();
+        for toks in &steps {
+            let mut members: Vec<&mut Session<B>> = sessions.iter_mut().collect();
+            group.decode(&mut members, toks)?;
+        }
+        if rep > 0 {
+            rates.push((n * args.n_gen) as f64 / t.elapsed().as_secs_f64());
+        }
+    }
+    let (m, sd) = mean_sd(&rates);
+    let weights = model.decode_bytes(0) as f64;
+    let kv: f64 = prompts
+        .iter()
+        .map(|p| (model.decode_bytes(p.len() + args.n_gen / 2) as f64) - weights)
+        .sum();
+    Ok((m, sd, weights + kv))
 }

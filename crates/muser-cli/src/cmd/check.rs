@@ -1,11 +1,17 @@
 //! `muser check --backend cuda`: every op of the CUDA backend against the same op of the CPU
 //! backend (the reference) on fresh random inputs, at the Muse Glimmer shapes and on both sides
-//! of every routing boundary (1, 2, 4, 8, 9, 16 and 512 columns), with SPEC section 5's NMSE
-//! thresholds; then whole models (`--model`, e.g. synthesized muse-tiny and muse-mid): logits of
-//! every prompt position, and a greedy continuation whose every step is compared (first
-//! divergence shown with its logit margin). `--bench` times the matvecs at the Glimmer shapes and
-//! whole-model decode. Prints a table, the dispatch audit (kernels never dispatched flagged) and
-//! exits non-zero on any failure.
+//! of every routing boundary (1, 2, 8, 9, 16, 64 and 65 columns, 512), with SPEC section 5's NMSE
+//! thresholds, including the decode-group row ops (RoPE, KV store and attention with a position
+//! and a cache per row); then whole models (`--model`, e.g. synthesized muse-tiny and muse-mid):
+//! logits of every prompt position, and a greedy continuation whose every step is compared
+//! (first divergence shown with its logit margin). `--bench` times the matvecs at the Glimmer
+//! shapes and whole-model decode. Prints a table, the dispatch audit (kernels never dispatched
+//! flagged) and exits non-zero on any failure.
+//!
+//! Batch invariance, bit for bit on the GPU: each matmul column of a decode group against the
+//! same column alone, each row op's row against the one-row op, and whole models
+//! (`--invariance`, every `--model`, or a synthesized muse-tiny with `--quick`): 16 greedy
+//! requests decoded alone, then in decode groups of 2, 8 and 16, every step's logits compared.
 
 use anyhow::Context;
 use muser_cuda::parity::{nmse, random_matrix, Rand, ELEMENTWISE_NMSE, LOGITS_NMSE, MATVEC_NMSE};
@@ -52,6 +58,17 @@ pub struct Args {
     /// Context depth of an extra decode timing of the --speed models (0: none).
     #[arg(long, default_value_t = 0)]
     depth: usize,
+    /// Batch invariance on CUDA alone (no CPU run) for these GGUF files (repeatable); every
+    /// --model is checked too, and with --quick and no model a synthesized muse-tiny.
+    #[arg(long)]
+    invariance: Vec<PathBuf>,
+    /// Decode steps of each request in the invariance check.
+    #[arg(long, default_value_t = 8)]
+    invariance_steps: usize,
+    /// Per-op time of a decode-group step of the --speed models at these group sizes
+    /// (comma-separated, e.g. 8,32).
+    #[arg(long, value_delimiter = ',')]
+    group_profile: Vec<usize>,
 }
 
 /// One parity measurement.
@@ -66,6 +83,47 @@ impl Row {
     fn pass(&self) -> bool {
         self.nmse.is_finite() && self.nmse <= self.threshold
     }
+}
+
+/// A bit-for-bit comparison: a row that passes (threshold 0, NMSE 0) when every value of `got`
+/// has the bits of `want`, and fails (NMSE infinite) otherwise; printed with the count and the
+/// largest difference.
+fn exact_row(op: &str, shape: String, got: &[f32], want: &[f32]) -> Row {
+    assert_eq!(got.len(), want.len(), "{op} {shape}: lengths differ");
+    let miss = got
+        .iter()
+        .zip(want)
+        .filter(|(a, b)| a.to_bits() != b.to_bits())
+        .count();
+    let max = got
+        .iter()
+        .zip(want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    let r = Row {
+        op: op.to_string(),
+        shape,
+        nmse: if miss == 0 { 0.0 } else { f64::INFINITY },
+        threshold: 0.0,
+    };
+    if miss == 0 {
+        println!(
+            "{:<5} {:<22} {:<34} bit-identical ({} values)",
+            "ok",
+            r.op,
+            r.shape,
+            got.len()
+        );
+    } else {
+        println!(
+            "{:<5} {:<22} {:<34} {miss} of {} values differ, max |diff| {max:.3e}",
+            "FAIL",
+            r.op,
+            r.shape,
+            got.len()
+        );
+    }
+    r
 }
 
 /// The two backends side by side.
@@ -99,6 +157,11 @@ impl Pair {
             r.nmse,
             r.threshold
         );
+        self.rows.push(r);
+    }
+
+    fn exact(&mut self, op: &str, shape: String, got: &[f32], want: &[f32]) {
+        let r = exact_row(op, shape, got, want);
         self.rows.push(r);
     }
 
@@ -206,8 +269,23 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         models.push(m);
     }
 
+    let mut inv_paths: Vec<PathBuf> = args.model.iter().chain(&args.invariance).cloned().collect();
+    let tmp = std::env::temp_dir().join(format!("muser-check-{}", std::process::id()));
+    if inv_paths.is_empty() && args.quick {
+        std::fs::create_dir_all(&tmp)?;
+        let path = tmp.join("muse-tiny.gguf");
+        muser_synth::synthesize(muser_synth::find_preset("muse-tiny")?, &path, 0, false)?;
+        inv_paths.push(path);
+    }
+    for path in &inv_paths {
+        let m = check_invariance(&mut pair.rows, path, args.invariance_steps, &mut audit)
+            .with_context(|| format!("batch invariance of {}", path.display()))?;
+        models.push(m);
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+
     for path in &args.speed {
-        let m = speed(path, args.depth, &mut audit)
+        let m = speed(path, args.depth, &args.group_profile, &mut audit)
             .with_context(|| format!("model {}", path.display()))?;
         models.push(m);
     }
@@ -272,9 +350,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 /// Every op of the Backend trait at the Muse Glimmer shapes and column counts.
 fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
     let columns: &[usize] = if quick {
-        &[1, 9]
+        &[1, 9, 65]
     } else {
-        &[1, 2, 4, 8, 9, 16, 512]
+        &[1, 2, 4, 8, 9, 16, 64, 65, 512]
     };
     let (hidden, qw, kvw, ffn) = if quick {
         (512, 256, 128, 768)
@@ -512,6 +590,28 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
             check_attention(p, n, 4, 64, 8, Some(1000), 1500);
         }
 
+        // Decode-group row ops: a position and a KV cache per row.
+        if n <= 65 {
+            check_rope_rows(p, n, qw);
+            let window = if quick { 256 } else { 4096 };
+            let deepest = if quick || n > 16 { 700 } else { 6000 };
+            for ring in [true, false] {
+                check_attention_rows(
+                    p,
+                    n,
+                    kvw / HEAD,
+                    HEAD,
+                    qw / HEAD,
+                    ring.then_some(window),
+                    deepest,
+                );
+            }
+            if n == 9 {
+                check_attention_rows(p, n, 2, 256, 32, None, 1500);
+                check_attention_rows(p, n, 4, 64, 8, Some(300), 1000);
+            }
+        }
+
         // Output gate, o_proj, FFN.
         let (mut ac, mut ag, _) = p.random_bufs(n, qw);
         let (gc2, gg2, _) = p.random_bufs(n, qw);
@@ -564,7 +664,7 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
                 MATVEC_NMSE,
             );
         }
-        if n <= 16 {
+        if n <= 65 {
             let (xc, xg, _) = p.random_bufs(n, hidden);
             for (ty, (wc, wg)) in &other {
                 let (mut yc, mut yg) = (p.cpu.buf(n, 1024), p.gpu.buf(n, 1024));
@@ -580,6 +680,57 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
                 );
             }
         }
+    }
+
+    // Each column of a decode group gets the bits it gets alone.
+    let groups: &[usize] = if quick {
+        &[2, 9, 64]
+    } else {
+        &[2, 8, 9, 16, 33, 64]
+    };
+    for &n in groups {
+        let (_, xg, xdata) = p.random_bufs(n, hidden);
+        let mut cases: Vec<(String, &muser_cuda::CudaWeight)> = vec![
+            (format!("attn_q Q4_K {qw}x{hidden}"), &w["attn_q"].1),
+            (format!("attn_v Q6_K {kvw}x{hidden}"), &w["attn_v"].1),
+        ];
+        for (ty, (_, wg)) in &other {
+            cases.push((format!("{ty} 1024x{hidden}"), wg));
+        }
+        for (what, wg) in cases {
+            let mut yg = p.gpu.buf(n, wg.rows);
+            p.gpu.matmul(&xg, &mut [(wg, &mut yg)]);
+            let group = p.read_gpu(&yg);
+            let mut alone = Vec::with_capacity(group.len());
+            for c in 0..n {
+                let (_, x1) = p.bufs(1, hidden, &xdata[c * hidden..(c + 1) * hidden]);
+                let mut y1 = p.gpu.buf(1, wg.rows);
+                p.gpu.matmul(&x1, &mut [(wg, &mut y1)]);
+                alone.extend(p.read_gpu(&y1));
+            }
+            p.exact(
+                "matmul column == alone",
+                format!("{what} x{n}"),
+                &group,
+                &alone,
+            );
+        }
+        let mut fg = p.gpu.buf(n, ffn);
+        p.gpu.ffn_gate_up_silu(&xg, &gg, &ug, &mut fg);
+        let group = p.read_gpu(&fg);
+        let mut alone = Vec::with_capacity(group.len());
+        for c in 0..n {
+            let (_, x1) = p.bufs(1, hidden, &xdata[c * hidden..(c + 1) * hidden]);
+            let mut f1 = p.gpu.buf(1, ffn);
+            p.gpu.ffn_gate_up_silu(&x1, &gg, &ug, &mut f1);
+            alone.extend(p.read_gpu(&f1));
+        }
+        p.exact(
+            "gate_up_silu col==alone",
+            format!("{ffn}x{hidden} x{n}"),
+            &group,
+            &alone,
+        );
     }
 
     // LM head (+ scale + softcap) at the full vocabulary, and GPU argmax of its logits.
@@ -662,6 +813,302 @@ fn check_attention(
         &b,
         MATVEC_NMSE,
     );
+}
+
+/// rope_rows (a position per row) against the CPU's, and each row against the one-row GPU rope.
+fn check_rope_rows(p: &mut Pair, n: usize, qw: usize) {
+    for (style, base) in [
+        (RopeStyle::Interleaved, 500000.0),
+        (RopeStyle::Neox, 10000.0),
+    ] {
+        let rope = RopeParams {
+            style,
+            freq_base: base,
+            n_rot: HEAD,
+        };
+        let pos: Vec<usize> = (0..n).map(|_| p.rng.below(65536) as usize).collect();
+        let (mut rc, mut rg, data) = p.random_bufs(n, qw);
+        p.cpu.rope_rows(&mut rc, qw, HEAD, &rope, &pos);
+        p.gpu.rope_rows(&mut rg, qw, HEAD, &rope, &pos);
+        let (a, b) = (p.read_gpu(&rg), p.read_cpu(&rc));
+        p.record(
+            "rope_rows",
+            format!("{style:?} {n}x{qw}"),
+            &a,
+            &b,
+            ELEMENTWISE_NMSE,
+        );
+        let mut alone = Vec::with_capacity(a.len());
+        for (t, &pt) in pos.iter().enumerate() {
+            let (_, mut r1) = p.bufs(1, qw, &data[t * qw..(t + 1) * qw]);
+            p.gpu.rope(&mut r1, HEAD, &rope, pt);
+            alone.extend(p.read_gpu(&r1));
+        }
+        p.exact(
+            "rope_rows row == alone",
+            format!("{style:?} {n}x{qw}"),
+            &a,
+            &alone,
+        );
+    }
+}
+
+/// A decode group of n sequences, each with its own cache (its own slot count) filled with
+/// random K/V up to its own depth (0 .. deepest): kv_store_rows of each row's next K/V, then
+/// attention_rows, against the CPU's; then each row against the one-row GPU attention over the
+/// same cache (bit for bit: a row is split over its positions as it is alone).
+fn check_attention_rows(
+    p: &mut Pair,
+    n: usize,
+    n_kv: usize,
+    head: usize,
+    n_head: usize,
+    window: Option<usize>,
+    deepest: usize,
+) {
+    let (kvw, qw) = (n_kv * head, n_head * head);
+    let depths: Vec<usize> = (0..n)
+        .map(|t| {
+            if t == 0 {
+                deepest
+            } else {
+                p.rng.below(deepest as u32 + 1) as usize
+            }
+        })
+        .collect();
+    let mut kvc = Vec::new();
+    let mut kvg = Vec::new();
+    for (t, &depth) in depths.iter().enumerate() {
+        let spec = KvLayerSpec {
+            n_head_kv: n_kv,
+            head_dim: head,
+            window,
+            // Slot counts differ between the sequences of a group (sessions of different n_ctx).
+            slots: window.map_or(depth + 1 + t % 3, |w| w + 511 - 200 * (t % 3)),
+        };
+        let (mut c, mut g) = (p.cpu.kv_cache(&[spec]), p.gpu.kv_cache(&[spec]));
+        let mut pos = 0;
+        while pos < depth {
+            let m = (depth - pos).min(512);
+            let kd = p.randn(m * kvw, 1.0);
+            let vd = p.randn(m * kvw, 1.0);
+            let (kc, kg) = p.bufs(m, kvw, &kd);
+            let (vc, vg) = p.bufs(m, kvw, &vd);
+            p.cpu.kv_store(&mut c, 0, &kc, &vc, pos);
+            p.gpu.kv_store(&mut g, 0, &kg, &vg, pos);
+            pos += m;
+        }
+        kvc.push(c);
+        kvg.push(g);
+    }
+    let (kc, kg, _) = p.random_bufs(n, kvw);
+    let (vc, vg, _) = p.random_bufs(n, kvw);
+    let (qc, qg, qdata) = p.random_bufs(n, qw);
+    let (mut ac, mut ag) = (p.cpu.buf(n, qw), p.gpu.buf(n, qw));
+    let scale = 1.0 / (head as f32).sqrt();
+    {
+        let mut rc: Vec<&mut _> = kvc.iter_mut().collect();
+        let mut rg: Vec<&mut _> = kvg.iter_mut().collect();
+        p.cpu.kv_store_rows(&mut rc, 0, &kc, &vc, kvw, &depths);
+        p.gpu.kv_store_rows(&mut rg, 0, &kg, &vg, kvw, &depths);
+        p.cpu
+            .attention_rows(&qc, qw, &rc, 0, &depths, scale, &mut ac);
+        p.gpu
+            .attention_rows(&qg, qw, &rg, 0, &depths, scale, &mut ag);
+    }
+    let (a, b) = (p.read_gpu(&ag), p.read_cpu(&ac));
+    let what = window.map_or("plane".to_string(), |w| format!("ring {w}"));
+    let shape = format!("{what} {n_head}/{n_kv}x{head} {n} rows @0..{deepest}");
+    p.record("kv_store+attn_rows", shape.clone(), &a, &b, MATVEC_NMSE);
+    let mut alone = Vec::with_capacity(a.len());
+    for (t, &depth) in depths.iter().enumerate() {
+        let (_, q1) = p.bufs(1, qw, &qdata[t * qw..(t + 1) * qw]);
+        let mut o1 = p.gpu.buf(1, qw);
+        p.gpu.attention(&q1, &kvg[t], 0, depth, scale, &mut o1);
+        alone.extend(p.read_gpu(&o1));
+    }
+    p.exact("attn_rows row == alone", shape, &a, &alone);
+}
+
+/// Batch invariance of a whole model on CUDA: 16 greedy requests (prompts of 1 to ~150 tokens)
+/// decoded alone, then in decode groups of 2, 8 and 16; every step's logits must have the bits
+/// of the request's solo run (each request is fed its solo run's tokens).
+fn check_invariance(
+    rows: &mut Vec<Row>,
+    path: &PathBuf,
+    steps: usize,
+    audit: &mut BTreeMap<String, u64>,
+) -> anyhow::Result<String> {
+    let file = Arc::new(GgufFile::open(path)?);
+    let total: u64 = file.tensors.iter().map(|t| t.n_bytes).sum();
+    let m = Model::from_gguf(file, CudaBackend::new(0)?.with_upload_progress(total))?;
+    let name = path.file_name().map_or_else(
+        || path.display().to_string(),
+        |s| s.to_string_lossy().to_string(),
+    );
+    let nv = m.config.n_vocab;
+    let mut rng = Rand::new(0x1a7e);
+    let n_req = 16;
+    let prompts: Vec<Vec<u32>> = (0..n_req)
+        .map(|i| {
+            let len = 1 + (i * 37) % 150;
+            (0..len).map(|_| rng.below(nv as u32)).collect()
+        })
+        .collect();
+    let n_ctx = 151 + steps;
+    let t0 = Instant::now();
+    // Solo: each request's tokens (greedy on its own logits) and the bits of every step.
+    let mut fed: Vec<Vec<u32>> = Vec::new();
+    let mut want: Vec<Vec<Vec<u32>>> = Vec::new();
+    for p in &prompts {
+        let mut s = Session::new(&m, n_ctx)?;
+        let mut next = argmax(s.prefill(p)?) as u32;
+        let (mut toks, mut bits) = (Vec::new(), Vec::new());
+        for _ in 0..steps {
+            toks.push(next);
+            let l = s.decode(next)?;
+            bits.push(l.iter().map(|v| v.to_bits()).collect::<Vec<u32>>());
+            next = argmax(l) as u32;
+        }
+        fed.push(toks);
+        want.push(bits);
+    }
+    let mut summary = Vec::new();
+    for size in [2usize, 8, 16] {
+        let mut sessions = prompts
+            .iter()
+            .map(|_| Session::new(&m, n_ctx))
+            .collect::<muser_engine::Result<Vec<_>>>()?;
+        for (s, p) in sessions.iter_mut().zip(&prompts) {
+            s.prefill(p)?;
+        }
+        let mut group = muser_engine::DecodeGroup::new();
+        let (mut differ, mut max_diff) = (0usize, 0f32);
+        for step in 0..steps {
+            for (g, members) in sessions.chunks_mut(size).enumerate() {
+                let ids: Vec<usize> = (g * size..g * size + members.len()).collect();
+                let toks: Vec<u32> = ids.iter().map(|&i| fed[i][step]).collect();
+                let mut refs: Vec<&mut Session<CudaBackend>> = members.iter_mut().collect();
+                let logits = group.decode(&mut refs, &toks)?;
+                for (row, &i) in logits.chunks_exact(nv).zip(&ids) {
+                    let w = &want[i][step];
+                    if row.iter().zip(w).any(|(a, &b)| a.to_bits() != b) {
+                        differ += 1;
+                        let d = row
+                            .iter()
+                            .zip(w)
+                            .map(|(a, &b)| (a - f32::from_bits(b)).abs())
+                            .fold(0f32, f32::max);
+                        max_diff = max_diff.max(d);
+                    }
+                }
+            }
+        }
+        let r = Row {
+            op: "batch invariance".into(),
+            shape: format!("{name} groups of {size}"),
+            nmse: if differ == 0 { 0.0 } else { f64::INFINITY },
+            threshold: 0.0,
+        };
+        println!(
+            "{:<5} {:<22} {:<34} {}",
+            if r.pass() { "ok" } else { "FAIL" },
+            r.op,
+            r.shape,
+            if differ == 0 {
+                format!("{n_req} requests x {steps} steps bit-identical to solo")
+            } else {
+                format!(
+                    "{differ} of {} request-steps differ from solo, max |diff| {max_diff:.3e}",
+                    n_req * steps
+                )
+            }
+        );
+        summary.push(format!(
+            "{size}: {}",
+            if differ == 0 {
+                "identical".to_string()
+            } else {
+                format!("{differ} differ")
+            }
+        ));
+        rows.push(r);
+    }
+    for (k, n) in m.backend().gpu.dispatch_counts() {
+        *audit.entry(k).or_default() += n;
+    }
+    Ok(format!(
+        "invariance {name}: {n_req} greedy requests x {steps} steps, alone vs groups of {} ({:.1} s)",
+        summary.join(", "),
+        t0.elapsed().as_secs_f64()
+    ))
+}
+
+/// Time of a decode-group step of `n` sequences (prompts of a few tokens): the whole step
+/// (logits read back), the logits read-back alone, and the per-op breakdown (each op
+/// synchronized).
+fn profile_group(m: &Model<CudaBackend>, n: usize, name: &str) -> anyhow::Result<()> {
+    let nv = m.config.n_vocab as u32;
+    let mut rng = Rand::new(11);
+    let steps = 8;
+    let mut sessions = (0..n)
+        .map(|_| Session::new(m, 16 + 2 * steps))
+        .collect::<muser_engine::Result<Vec<_>>>()?;
+    for (i, s) in sessions.iter_mut().enumerate() {
+        let p: Vec<u32> = (0..2 + i % 5).map(|_| rng.below(nv)).collect();
+        s.prefill(&p)?;
+    }
+    let mut group = muser_engine::DecodeGroup::new();
+    let mut step = |sessions: &mut Vec<Session<CudaBackend>>| -> anyhow::Result<()> {
+        let toks: Vec<u32> = (0..n).map(|_| rng.below(nv)).collect();
+        let mut refs: Vec<&mut Session<CudaBackend>> = sessions.iter_mut().collect();
+        group.decode(&mut refs, &toks)?;
+        Ok(())
+    };
+    step(&mut sessions)?;
+    let t = Instant::now();
+    for _ in 0..steps {
+        step(&mut sessions)?;
+    }
+    let step_s = t.elapsed().as_secs_f64() / steps as f64;
+    // The logits read-back a step ends with ([n][n_vocab] f32 to the host).
+    let be = m.backend();
+    let logits = be.buf(n, nv as usize);
+    let mut host = vec![0f32; n * nv as usize];
+    be.read(&logits, &mut host);
+    let t = Instant::now();
+    for _ in 0..4 {
+        be.read(&logits, &mut host);
+    }
+    let read_s = t.elapsed().as_secs_f64() / 4.0;
+    be.set_profiling(true);
+    for _ in 0..steps {
+        step(&mut sessions)?;
+    }
+    let prof = be.profile_report();
+    be.set_profiling(false);
+    let total: f64 = prof.iter().map(|p| p.2).sum();
+    println!(
+        "decode group of {n} on {name}: {:.2} ms per step = {:.0} tokens/s; logits read-back {:.2} ms ({:.1} MB)",
+        step_s * 1e3,
+        n as f64 / step_s,
+        read_s * 1e3,
+        (n * nv as usize * 4) as f64 / 1e6
+    );
+    println!("| op | calls | ms per step | share |");
+    for (op, calls, secs) in &prof {
+        println!(
+            "| {op} | {} | {:.3} | {:.0}% |",
+            calls / steps as u64,
+            secs * 1e3 / steps as f64,
+            100.0 * secs / total
+        );
+    }
+    println!(
+        "| total (synchronized) | | {:.3} | |",
+        total * 1e3 / steps as f64
+    );
+    Ok(())
 }
 
 /// The first index of the largest value (muser-sample's greedy rule).
@@ -903,6 +1350,7 @@ fn bench_matvec(p: &Pair) -> anyhow::Result<()> {
 fn speed(
     path: &PathBuf,
     depth: usize,
+    group_profile: &[usize],
     audit: &mut BTreeMap<String, u64>,
 ) -> anyhow::Result<String> {
     let file = Arc::new(GgufFile::open(path)?);
@@ -998,6 +1446,9 @@ fn speed(
             bd as f64 / 1e9,
             bd as f64 / td / 1e9
         );
+    }
+    for &n in group_profile {
+        profile_group(&m, n, &name)?;
     }
     println!("{line}");
     for (k, n) in m.backend().gpu.dispatch_counts() {
