@@ -4,13 +4,8 @@
 # carry to the device, where scripts/device_bench.sh builds it with LLAMA=1. Never committed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-work=${LLAMACPP_WORK:-/tmp/llamacpp-sdist}
-mkdir -p "$work"
-python3 -m pip install -q scikit-build-core cmake ninja
-if [ ! -d "$work/llama_cpp_python-0.3.36" ]; then
-    (cd "$work" && python3 -m pip download --no-deps --no-binary :all: --no-build-isolation llama-cpp-python==0.3.36 &&
-     tar xzf llama_cpp_python-0.3.36.tar.gz)
-fi
+work=${LLAMACPP_WORK:-target/llamacpp}
+scripts/fetch_llamacpp.sh "$work" > /dev/null
 # Models, docs and the backends we do not build are left out; CMake needs the rest.
 tar cJf .llamacpp-src.tar.xz -C "$work/llama_cpp_python-0.3.36/vendor" \
     --exclude=llama.cpp/models --exclude=llama.cpp/docs --exclude=llama.cpp/media \

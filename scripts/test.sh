@@ -14,6 +14,15 @@ export LD_LIBRARY_PATH="$PWD/target/nvrtc:$nv/lib:${LD_LIBRARY_PATH:-}"
 export MUSER_CUDA_INCLUDE="$nv/include"
 export MUSER_REQUIRE_NVRTC=1
 
+# The comparator, llama.cpp, built on the side from PyPI's source (never committed): its C
+# reference quantizers and llama-quantize are byte oracles, llama-perplexity the logit oracle.
+# MUSER_SKIP_LLAMACPP=1 skips it (about 15 minutes on 2 cores the first time).
+if [ "${MUSER_SKIP_LLAMACPP:-0}" != 1 ]; then
+    llama_src="$(scripts/fetch_llamacpp.sh "$PWD/target/llamacpp" build)"
+    export MUSER_GGML_SRC="$llama_src"
+    export LLAMA_CPP_BIN="$llama_src/build-cpu/bin"
+fi
+
 cargo test --workspace
 cargo build --release -p muser-cli
 export MUSER_BIN="$PWD/target/release/muser"
