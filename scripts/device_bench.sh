@@ -8,8 +8,14 @@
 #      runs llama-bench on llama-glimmer in the same call.
 # Full logs go to $OUT; a short table is printed last.
 #
+# JOB=streams instead (issue 6, multi-sequence decode): synthesizes llama-glimmer and muse-tiny,
+# runs the quick parity check with batch invariance on both models (in the default matvec item
+# order, then MUSER_MATVEC=aligned), `muser bench -s` (aggregate decode tokens/s at each stream
+# count, in both orders) and a per-op profile of a decode-group step.
+#
 # Usage (device tool, repository root, carrying target/release/muser):
 #   bash scripts/device_bench.sh            # QUICK=1 for the quick op check only
+#   JOB=streams STREAMS=1,8,32 bash scripts/device_bench.sh
 set -uo pipefail
 BIN=${MUSER_BIN:-target/release/muser}
 OUT=${OUT:-/tmp/muser-out}
@@ -26,14 +32,45 @@ if [ "${LLAMA:-0}" = 1 ] && [ -f .llamacpp-src.tar.xz ]; then
     LLAMA_PID=$!
 fi
 
+# Every step ends by the deadline (BUDGET seconds after the start), so the table below is printed
+# within the device call's limit.
+DEADLINE=$((SECONDS + ${BUDGET:-100000}))
 step() { # name limit_s command...
     local name=$1 limit=$2
     shift 2
+    local left=$((DEADLINE - SECONDS))
+    [ "$limit" -gt "$left" ] && limit=$left
+    if [ "$limit" -lt 5 ]; then
+        echo "$name skipped (device budget)" | tee -a "$OUT/summary.txt"
+        return
+    fi
     local t0=$SECONDS
     timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
     local rc=$?
     echo "$name rc=$rc ($((SECONDS - t0)) s)" | tee -a "$OUT/summary.txt"
 }
+
+if [ "${JOB:-}" = streams ]; then
+    G=$MODELS/llama-glimmer.gguf T=$MODELS/muse-tiny.gguf
+    step synth-llama-glimmer 60 "$BIN" synth llama-glimmer "$G"
+    step synth-muse-tiny 30 "$BIN" synth muse-tiny "$T"
+    S=${STREAMS:-1,8,32}
+    step check-list 90 "$BIN" check --backend cuda --quick --invariance "$T" --invariance "$G"
+    step bench-streams-list 60 "$BIN" bench --backend cuda -m "$G" -p 0 -n 32 -r 1 -s "$S"
+    step bench-streams-aligned 60 env MUSER_MATVEC=aligned "$BIN" bench --backend cuda -m "$G" -p 0 -n 32 -r 1 -s "$S"
+    step check-aligned 70 env MUSER_MATVEC=aligned "$BIN" check --backend cuda --quick --no-ops --invariance "$T" --invariance "$G"
+    step profile 60 "$BIN" check --backend cuda --no-ops --speed "$G" --group-profile 8,32
+    echo
+    echo "================ short table ================"
+    for c in check-list check-aligned; do
+        echo "$c: $(grep -hcE "^ok" "$OUT/$c.log") ok, $(grep -hcE "^FAIL" "$OUT/$c.log") FAIL"
+        grep -hE "^FAIL|^invariance|never dispatched|^all " "$OUT/$c.log" | head -12
+    done
+    grep -h "^decode group of\|^speed" "$OUT/profile.log"
+    for o in list aligned; do echo "matvec order: $o"; grep -h "^| " "$OUT/bench-streams-$o.log"; done
+    cat "$OUT/summary.txt"
+    exit 0
+fi
 
 for p in muse-glimmer llama-glimmer muse-tiny muse-mid; do
     step "synth-$p" 120 "$BIN" synth "$p" "$MODELS/$p.gguf"

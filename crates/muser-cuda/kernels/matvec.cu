@@ -184,47 +184,82 @@ __device__ __forceinline__ RawQ45 load_q45(const uint8_t* __restrict__ row, int 
     return r;
 }
 
-template <int NC, bool Q5>
-__device__ __forceinline__ void dot_q45(const RawQ45& r, int item, const Act& a, float (&acc)[NC]) {
+// A Q4_K/Q5_K item unpacked: its 64 values (lo: sub-block 2g, hi: sub-block 2g + 1, four per
+// int), the two sub-blocks' scales and mins, the super-block's d and dmin, its first value i0.
+struct Q45 {
+    int lo[8], hi[8];
+    int sc0, sc1, m0, m1;
+    float2 dm;
+    int i0;
+};
+
+template <bool Q5>
+__device__ __forceinline__ Q45 unpack_q45(const RawQ45& r, int item) {
     const int b = item >> 2, g = item & 3;
     const uint32_t qw[8] = {r.qa.x, r.qa.y, r.qa.z, r.qa.w, r.qb.x, r.qb.y, r.qb.z, r.qb.w};
-    int lo[8], hi[8];
+    Q45 u;
     if (Q5) {
         const uint32_t hw[8] = {r.ha.x, r.ha.y, r.ha.z, r.ha.w, r.hb.x, r.hb.y, r.hb.z, r.hb.w};
 #pragma unroll
         for (int k = 0; k < 8; ++k) {
-            lo[k] = (qw[k] & 0x0F0F0F0F) | (((hw[k] >> (2 * g)) & 0x01010101) << 4);
-            hi[k] = ((qw[k] >> 4) & 0x0F0F0F0F) | (((hw[k] >> (2 * g + 1)) & 0x01010101) << 4);
+            u.lo[k] = (qw[k] & 0x0F0F0F0F) | (((hw[k] >> (2 * g)) & 0x01010101) << 4);
+            u.hi[k] = ((qw[k] >> 4) & 0x0F0F0F0F) | (((hw[k] >> (2 * g + 1)) & 0x01010101) << 4);
         }
     } else {
 #pragma unroll
         for (int k = 0; k < 8; ++k) {
-            lo[k] = qw[k] & 0x0F0F0F0F;
-            hi[k] = (qw[k] >> 4) & 0x0F0F0F0F;
+            u.lo[k] = qw[k] & 0x0F0F0F0F;
+            u.hi[k] = (qw[k] >> 4) & 0x0F0F0F0F;
         }
     }
     uint32_t sc_lo, sc_hi, m_lo, m_hi;
     unpack_scales_k4(r.hdr.y, r.hdr.z, r.hdr.w, &sc_lo, &sc_hi, &m_lo, &m_hi);
-    int sc0, sc1, m0, m1;
-    pick_pair(sc_lo, sc_hi, g, &sc0, &sc1);
-    pick_pair(m_lo, m_hi, g, &m0, &m1);
-    const float2 dm = __half22float2(*(const __half2*)&r.hdr.x);
-    const int i0 = b * QK_K + 64 * g;
+    pick_pair(sc_lo, sc_hi, g, &u.sc0, &u.sc1);
+    pick_pair(m_lo, m_hi, g, &u.m0, &u.m1);
+    u.dm = __half22float2(*(const __half2*)&r.hdr.x);
+    u.i0 = b * QK_K + 64 * g;
+    return u;
+}
+
+// Column c's 64 int8 activation values at i0 and their (d, d * sum) pairs.
+struct X64 {
+    int4 x0, x1, x2, x3;
+    float4 dd;
+};
+
+template <int NC>
+__device__ __forceinline__ X64 load_x64(const Act& a, int c, int i0) {
+    X64 x;
+    x.x0 = xq16<NC>(a, c, i0);
+    x.x1 = xq16<NC>(a, c, i0 + 16);
+    x.x2 = xq16<NC>(a, c, i0 + 32);
+    x.x3 = xq16<NC>(a, c, i0 + 48);
+    x.dd = *(const float4*)(a.xds + (size_t)c * (a.K / 32) + i0 / 32);
+    return x;
+}
+
+// The item's dot with one column: integer sub-block sums, then one fixed float expression.
+__device__ __forceinline__ float q45_dot(const Q45& u, const X64& x) {
+    const int xa[8] = {x.x0.x, x.x0.y, x.x0.z, x.x0.w, x.x1.x, x.x1.y, x.x1.z, x.x1.w};
+    const int xb[8] = {x.x2.x, x.x2.y, x.x2.z, x.x2.w, x.x3.x, x.x3.y, x.x3.z, x.x3.w};
+    int s0 = 0, s1 = 0;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+        s0 = __dp4a(u.lo[k], xa[k], s0);
+        s1 = __dp4a(u.hi[k], xb[k], s1);
+    }
+    const float4 dd = x.dd;
+    return u.dm.x * ((float)(u.sc0 * s0) * dd.x + (float)(u.sc1 * s1) * dd.z) -
+           u.dm.y * ((float)u.m0 * dd.y + (float)u.m1 * dd.w);
+}
+
+template <int NC, bool Q5>
+__device__ __forceinline__ void dot_q45(const RawQ45& r, int item, const Act& a, float (&acc)[NC]) {
+    const Q45 u = unpack_q45<Q5>(r, item);
 #pragma unroll
     for (int c = 0; c < NC; ++c) {
         if (c >= a.ncols) break;
-        const int4 x0 = xq16<NC>(a, c, i0), x1 = xq16<NC>(a, c, i0 + 16), x2 = xq16<NC>(a, c, i0 + 32),
-                   x3 = xq16<NC>(a, c, i0 + 48);
-        const int xa[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-        const int xb[8] = {x2.x, x2.y, x2.z, x2.w, x3.x, x3.y, x3.z, x3.w};
-        int s0 = 0, s1 = 0;
-#pragma unroll
-        for (int k = 0; k < 8; ++k) {
-            s0 = __dp4a(lo[k], xa[k], s0);
-            s1 = __dp4a(hi[k], xb[k], s1);
-        }
-        const float4 dd = *(const float4*)(a.xds + (size_t)c * (a.K / 32) + i0 / 32);
-        acc[c] += dm.x * ((float)(sc0 * s0) * dd.x + (float)(sc1 * s1) * dd.z) - dm.y * ((float)m0 * dd.y + (float)m1 * dd.w);
+        acc[c] += q45_dot(u, load_x64<NC>(a, c, u.i0));
     }
 }
 
@@ -395,17 +430,85 @@ __device__ __forceinline__ void rows_loop(const uint8_t* __restrict__ w, int row
     }
 }
 
-template <int NC, int R>
+// The row-aligned order (v6, `_al` kernels): lane l takes items l, l + 32, ... of each of the
+// warp's nr rows, the rows' items at one position together, so a Q4_K/Q5_K column's activation
+// (64 int8 values and their scales) is loaded once for the R rows instead of once per row, and R
+// weight loads are in flight per lane. Lanes past a row's last item idle (6656-wide Q4_K rows:
+// 104 items, 4 rounds of 32). Each row's per-lane sum still runs over its items in increasing
+// order and the same warp sum follows, so the 1-column and the group kernels of this order agree
+// bit for bit (the two orders do not agree with each other: one order is used per process).
+template <int NC, int R, int FMT>
+__device__ __forceinline__ void rows_aligned(const uint8_t* __restrict__ w, int row0, int nr, int rows, const Act& a,
+                                             float (&acc)[R][NC]) {
+    const int n = items_per_row(FMT, a.K);
+#pragma unroll 1
+    for (int it = threadIdx.x % WARP; it < n; it += WARP) {
+        if constexpr (FMT == FMT_Q4_K || FMT == FMT_Q5_K) {
+            RawQ45 raw[R];
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+                if (r < nr) raw[r] = raw_load<FMT>(w, row0 + r, rows, it, a);
+            if constexpr (NC == 1) {
+                const X64 x = load_x64<NC>(a, 0, (it >> 2) * QK_K + 64 * (it & 3));
+#pragma unroll
+                for (int r = 0; r < R; ++r)
+                    if (r < nr) {
+                        float v = 0.0f;
+                        v += q45_dot(unpack_q45<FMT == FMT_Q5_K>(raw[r], it), x);
+                        acc[r][0] += v;
+                    }
+            } else {
+                Q45 u[R];
+#pragma unroll
+                for (int r = 0; r < R; ++r)
+                    if (r < nr) u[r] = unpack_q45<FMT == FMT_Q5_K>(raw[r], it);
+#pragma unroll
+                for (int c = 0; c < NC; ++c) {
+                    if (c >= a.ncols) break;
+                    const X64 x = load_x64<NC>(a, c, u[0].i0);
+#pragma unroll
+                    for (int r = 0; r < R; ++r)
+                        if (r < nr) {
+                            float v = 0.0f;
+                            v += q45_dot(u[r], x);
+                            acc[r][c] += v;
+                        }
+                }
+            }
+        } else {
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+                if (r < nr) {
+                    float v[NC];
+#pragma unroll
+                    for (int c = 0; c < NC; ++c) v[c] = 0.0f;
+                    item_fmt<NC, FMT>(w, row0 + r, rows, it, a, v);
+#pragma unroll
+                    for (int c = 0; c < NC; ++c) acc[r][c] += v[c];
+                }
+        }
+    }
+}
+
+// ALIGNED: the row-aligned order (rows_aligned), else the list order (rows_loop).
+template <int NC, int R, bool ALIGNED, int FMT>
+__device__ __forceinline__ void rows_fmt(const uint8_t* __restrict__ w, int row0, int nr, int rows, const Act& a,
+                                         float (&acc)[R][NC]) {
+    if constexpr (ALIGNED) rows_aligned<NC, R, FMT>(w, row0, nr, rows, a, acc);
+    else rows_loop<NC, R, FMT>(w, row0, nr, rows, a, acc);
+}
+
+template <int NC, int R, bool ALIGNED>
 __device__ __forceinline__ void rows_dot(int ty, const uint8_t* __restrict__ w, int row0, int nr, int rows, const Act& a,
                                          float (&acc)[R][NC]) {
     switch (ty) {
-    case FMT_Q4_K: rows_loop<NC, R, FMT_Q4_K>(w, row0, nr, rows, a, acc); break;
-    case FMT_Q5_K: rows_loop<NC, R, FMT_Q5_K>(w, row0, nr, rows, a, acc); break;
-    case FMT_Q6_K: rows_loop<NC, R, FMT_Q6_K>(w, row0, nr, rows, a, acc); break;
-    case FMT_Q8_0: rows_loop<NC, R, FMT_Q8_0>(w, row0, nr, rows, a, acc); break;
-    case FMT_F16: rows_loop<NC, R, FMT_F16>(w, row0, nr, rows, a, acc); break;
-    case FMT_BF16: rows_loop<NC, R, FMT_BF16>(w, row0, nr, rows, a, acc); break;
-    default: rows_loop<NC, R, FMT_F32>(w, row0, nr, rows, a, acc); break;
+    case FMT_Q4_K: rows_fmt<NC, R, ALIGNED, FMT_Q4_K>(w, row0, nr, rows, a, acc); break;
+    case FMT_Q5_K: rows_fmt<NC, R, ALIGNED, FMT_Q5_K>(w, row0, nr, rows, a, acc); break;
+    case FMT_Q6_K: rows_fmt<NC, R, ALIGNED, FMT_Q6_K>(w, row0, nr, rows, a, acc); break;
+    case FMT_Q8_0: rows_fmt<NC, R, ALIGNED, FMT_Q8_0>(w, row0, nr, rows, a, acc); break;
+    case FMT_F16: rows_fmt<NC, R, ALIGNED, FMT_F16>(w, row0, nr, rows, a, acc); break;
+    case FMT_BF16: rows_fmt<NC, R, ALIGNED, FMT_BF16>(w, row0, nr, rows, a, acc); break;
+    default: rows_fmt<NC, R, ALIGNED, FMT_F32>(w, row0, nr, rows, a, acc); break;
     }
 }
 
@@ -422,7 +525,7 @@ struct MatvecJobs {
 
 // Warp-level work: rows grow .. grow + R - 1 of the jobs' concatenated rows (R consecutive rows of
 // one matrix) for the a.ncols columns of `a`, which start at column c0 of the call.
-template <int NC, int R>
+template <int NC, int R, bool ALIGNED>
 __device__ __forceinline__ void matvec_warp(const MatvecJobs& jobs, int grow, const Act& a, int c0) {
     if (grow >= jobs.start[jobs.njobs]) return;
     int j = 0;
@@ -437,7 +540,7 @@ __device__ __forceinline__ void matvec_warp(const MatvecJobs& jobs, int grow, co
     for (int r = 0; r < R; ++r)
 #pragma unroll
         for (int c = 0; c < NC; ++c) acc[r][c] = 0.0f;
-    rows_dot<NC, R>(jobs.ty[j], jobs.w[j], row0, nr, rows, a, acc);
+    rows_dot<NC, R, ALIGNED>(jobs.ty[j], jobs.w[j], row0, nr, rows, a, acc);
     float* y = jobs.y[j];
 #pragma unroll
     for (int r = 0; r < R; ++r)
@@ -450,26 +553,38 @@ __device__ __forceinline__ void matvec_warp(const MatvecJobs& jobs, int grow, co
 
 // y[c][r] = silu(G[r] . x[c]) * (U[r] . x[c]) for rows row0 .. row0 + R - 1: gate and up rows in
 // the same warp, one pass over the activation; `a` starts at column c0 of the call.
-template <int NC, int R>
+template <int NC, int R, bool ALIGNED>
 __device__ __forceinline__ void silu_warp(const uint8_t* wg, int tyg, const uint8_t* wu, int tyu, float* y, int rows,
                                           int row0, const Act& a, int c0) {
     if (row0 >= rows) return;
-    const int nr = min(R, rows - row0);
-    float ag[R][NC], au[R][NC];
+    const int nr = min(R, rows - row0), lane = threadIdx.x % WARP;
+    // Lane r * NC + c keeps the gate's sum of (row r, column c) while the up rows run, so only one
+    // accumulator array is live at a time (every lane ends a warp sum with the same bits).
+    static_assert(R * NC <= WARP, "one lane per output");
+    float acc[R][NC], g = 0.0f, u = 0.0f;
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
-        for (int c = 0; c < NC; ++c) ag[r][c] = au[r][c] = 0.0f;
-    rows_dot<NC, R>(tyg, wg, row0, nr, rows, a, ag);
-    rows_dot<NC, R>(tyu, wu, row0, nr, rows, a, au);
+        for (int c = 0; c < NC; ++c) acc[r][c] = 0.0f;
+    rows_dot<NC, R, ALIGNED>(tyg, wg, row0, nr, rows, a, acc);
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
         for (int c = 0; c < NC; ++c) {
-            const float g = warp_sum(ag[r][c]), u = warp_sum(au[r][c]);
-            if (r < nr && c < a.ncols && threadIdx.x % WARP == 0)
-                y[(size_t)(c0 + c) * rows + row0 + r] = g / (1.0f + expf(-g)) * u;
+            const float s = warp_sum(acc[r][c]);
+            if (lane == r * NC + c) g = s;
+            acc[r][c] = 0.0f;
         }
+    rows_dot<NC, R, ALIGNED>(tyu, wu, row0, nr, rows, a, acc);
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int c = 0; c < NC; ++c) {
+            const float s = warp_sum(acc[r][c]);
+            if (lane == r * NC + c) u = s;
+        }
+    const int r = lane / NC, c = lane % NC;
+    if (lane < R * NC && r < nr && c < a.ncols) y[(size_t)(c0 + c) * rows + row0 + r] = g / (1.0f + expf(-g)) * u;
 }
 
 // Decode groups (2 to 64 columns): the columns go in groups of 8, one group per warp, and the
@@ -490,23 +605,43 @@ __device__ __forceinline__ Act column_group(const Act& a, int cg) {
 #define SILU_ARGS const uint8_t* __restrict__ wg, int tyg, const uint8_t* __restrict__ wu, int tyu, float* __restrict__ y, int rows
 
 // A warp takes MATVEC_R rows. matvec_1: 4 warps per block, one column. matvec_cols: up to 8 column
-// groups (64 columns), 4 to 8 warps per block.
+// groups (64 columns), 4 to 8 warps per block. `_al`: the same in the row-aligned order.
 #define MATVEC_R 4
-extern "C" __global__ void __launch_bounds__(128) matvec_1(MatvecJobs jobs, ACT_ARGS) {
-    matvec_warp<1, MATVEC_R>(jobs, (blockIdx.x * 4 + threadIdx.x / WARP) * MATVEC_R, ACT, 0);
+template <bool ALIGNED>
+__device__ __forceinline__ void matvec_one(const MatvecJobs& jobs, const Act& a) {
+    matvec_warp<1, MATVEC_R, ALIGNED>(jobs, (blockIdx.x * 4 + threadIdx.x / WARP) * MATVEC_R, a, 0);
 }
-extern "C" __global__ void __launch_bounds__(256) matvec_cols(MatvecJobs jobs, ACT_ARGS) {
-    const Act a = ACT;
-    const int ncg = (ncols + 7) / 8, warp = threadIdx.x / WARP, cg = warp % ncg;
+template <bool ALIGNED>
+__device__ __forceinline__ void matvec_groups(const MatvecJobs& jobs, const Act& a) {
+    const int ncg = (a.ncols + 7) / 8, warp = threadIdx.x / WARP, cg = warp % ncg;
     const int grow = (blockIdx.x * (blockDim.x / WARP / ncg) + warp / ncg) * MATVEC_R;
-    matvec_warp<8, MATVEC_R>(jobs, grow, column_group(a, cg), cg * 8);
+    matvec_warp<8, MATVEC_R, ALIGNED>(jobs, grow, column_group(a, cg), cg * 8);
 }
+template <bool ALIGNED>
+__device__ __forceinline__ void silu_one(const uint8_t* wg, int tyg, const uint8_t* wu, int tyu, float* y, int rows,
+                                         const Act& a) {
+    silu_warp<1, MATVEC_R, ALIGNED>(wg, tyg, wu, tyu, y, rows, (blockIdx.x * 4 + threadIdx.x / WARP) * MATVEC_R, a, 0);
+}
+template <bool ALIGNED>
+__device__ __forceinline__ void silu_groups(const uint8_t* wg, int tyg, const uint8_t* wu, int tyu, float* y, int rows,
+                                            const Act& a) {
+    const int ncg = (a.ncols + 7) / 8, warp = threadIdx.x / WARP, cg = warp % ncg;
+    const int row0 = (blockIdx.x * (blockDim.x / WARP / ncg) + warp / ncg) * MATVEC_R;
+    silu_warp<8, MATVEC_R, ALIGNED>(wg, tyg, wu, tyu, y, rows, row0, column_group(a, cg), cg * 8);
+}
+extern "C" __global__ void __launch_bounds__(128) matvec_1(MatvecJobs jobs, ACT_ARGS) { matvec_one<false>(jobs, ACT); }
+extern "C" __global__ void __launch_bounds__(256) matvec_cols(MatvecJobs jobs, ACT_ARGS) { matvec_groups<false>(jobs, ACT); }
 extern "C" __global__ void __launch_bounds__(128) matvec_silu_1(SILU_ARGS, ACT_ARGS) {
-    silu_warp<1, MATVEC_R>(wg, tyg, wu, tyu, y, rows, (blockIdx.x * 4 + threadIdx.x / WARP) * MATVEC_R, ACT, 0);
+    silu_one<false>(wg, tyg, wu, tyu, y, rows, ACT);
 }
 extern "C" __global__ void __launch_bounds__(256) matvec_silu_cols(SILU_ARGS, ACT_ARGS) {
-    const Act a = ACT;
-    const int ncg = (ncols + 7) / 8, warp = threadIdx.x / WARP, cg = warp % ncg;
-    const int row0 = (blockIdx.x * (blockDim.x / WARP / ncg) + warp / ncg) * MATVEC_R;
-    silu_warp<8, MATVEC_R>(wg, tyg, wu, tyu, y, rows, row0, column_group(a, cg), cg * 8);
+    silu_groups<false>(wg, tyg, wu, tyu, y, rows, ACT);
+}
+extern "C" __global__ void __launch_bounds__(128) matvec_1_al(MatvecJobs jobs, ACT_ARGS) { matvec_one<true>(jobs, ACT); }
+extern "C" __global__ void __launch_bounds__(256) matvec_cols_al(MatvecJobs jobs, ACT_ARGS) { matvec_groups<true>(jobs, ACT); }
+extern "C" __global__ void __launch_bounds__(128) matvec_silu_1_al(SILU_ARGS, ACT_ARGS) {
+    silu_one<true>(wg, tyg, wu, tyu, y, rows, ACT);
+}
+extern "C" __global__ void __launch_bounds__(256) matvec_silu_cols_al(SILU_ARGS, ACT_ARGS) {
+    silu_groups<true>(wg, tyg, wu, tyu, y, rows, ACT);
 }

@@ -26,6 +26,29 @@ pub fn nvrtc_available() -> bool {
     unsafe { cudarc::nvrtc::sys::is_culib_present() }
 }
 
+/// PTX already compiled in this process, by (file, arch): every backend opened after the first
+/// (`muser check` opens several) skips NVRTC.
+static COMPILED: std::sync::Mutex<Vec<(String, &'static str, Ptx)>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// `compile_source`, once per (file, arch) and process.
+pub fn compile_cached(name: &str, src: &str, arch: &'static str) -> Result<Ptx, CudaError> {
+    if let Some((_, _, ptx)) = COMPILED
+        .lock()
+        .unwrap()
+        .iter()
+        .find(|(n, a, _)| n == name && *a == arch)
+    {
+        return Ok(ptx.clone());
+    }
+    let ptx = compile_source(name, src, arch)?;
+    COMPILED
+        .lock()
+        .unwrap()
+        .push((name.to_string(), arch, ptx.clone()));
+    Ok(ptx)
+}
+
 /// Compiles one source (with the common header) to PTX for `arch` (e.g. "sm_90").
 pub fn compile_source(name: &str, src: &str, arch: &'static str) -> Result<Ptx, CudaError> {
     if !nvrtc_available() {

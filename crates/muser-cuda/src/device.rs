@@ -1,8 +1,9 @@
 //! The GPU: context, stream, compiled modules and dispatch counters.
 
+use crate::matvec::MatvecOrder;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 #[derive(Debug, thiserror::Error)]
@@ -30,6 +31,8 @@ pub struct Gpu {
     modules: Vec<Arc<CudaModule>>,
     functions: BTreeMap<String, CudaFunction>,
     dispatches: BTreeMap<String, AtomicU64>,
+    /// The matvec kernels' item order (`MatvecOrder::Aligned` when set).
+    aligned: AtomicBool,
 }
 
 impl Gpu {
@@ -60,6 +63,7 @@ impl Gpu {
         let stream = ctx.default_stream();
         let (major, minor) = ctx.compute_capability()?;
         let arch = arch_name(major, minor)?;
+        let order = MatvecOrder::from_env()?;
         let mut gpu = Gpu {
             name: ctx.name()?,
             ctx,
@@ -69,9 +73,10 @@ impl Gpu {
             modules: Vec::new(),
             functions: BTreeMap::new(),
             dispatches: BTreeMap::new(),
+            aligned: AtomicBool::new(order == MatvecOrder::Aligned),
         };
         for (file, src) in crate::compile::KERNEL_SOURCES {
-            let ptx = crate::compile::compile_source(file, src, arch)?;
+            let ptx = crate::compile::compile_cached(file, src, arch)?;
             let module = gpu.ctx.load_module(ptx)?;
             for name in kernel_names(src) {
                 let f = module.load_function(&name)?;
@@ -93,6 +98,22 @@ impl Gpu {
             c.fetch_add(1, Ordering::Relaxed);
         }
         Ok(f)
+    }
+
+    /// The matvec item order every launch uses (from `MUSER_MATVEC` at start).
+    pub fn matvec_order(&self) -> MatvecOrder {
+        if self.aligned.load(Ordering::Relaxed) {
+            MatvecOrder::Aligned
+        } else {
+            MatvecOrder::List
+        }
+    }
+
+    /// Switches the matvec item order (for checks that compare the two; results of one order
+    /// must never be mixed with the other's in one comparison).
+    pub fn set_matvec_order(&self, order: MatvecOrder) {
+        self.aligned
+            .store(order == MatvecOrder::Aligned, Ordering::Relaxed);
     }
 
     /// Every compiled kernel with its dispatch count so far.

@@ -14,6 +14,7 @@
 //! requests decoded alone, then in decode groups of 2, 8 and 16, every step's logits compared.
 
 use anyhow::Context;
+use muser_cuda::matvec::MatvecOrder;
 use muser_cuda::parity::{nmse, random_matrix, Rand, ELEMENTWISE_NMSE, LOGITS_NMSE, MATVEC_NMSE};
 use muser_cuda::{CudaBackend, CudaBuf};
 use muser_engine::backend::{Backend, KvLayerSpec, NormArgs};
@@ -682,56 +683,99 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
         }
     }
 
-    // Each column of a decode group gets the bits it gets alone.
+    // Each column of a decode group gets the bits it gets alone, in both matvec item orders
+    // (a process uses one: MUSER_MATVEC); each order's group results also against the CPU.
     let groups: &[usize] = if quick {
         &[2, 9, 64]
     } else {
         &[2, 8, 9, 16, 33, 64]
     };
-    for &n in groups {
-        let (_, xg, xdata) = p.random_bufs(n, hidden);
-        let mut cases: Vec<(String, &muser_cuda::CudaWeight)> = vec![
-            (format!("attn_q Q4_K {qw}x{hidden}"), &w["attn_q"].1),
-            (format!("attn_v Q6_K {kvw}x{hidden}"), &w["attn_v"].1),
-        ];
-        for (ty, (_, wg)) in &other {
-            cases.push((format!("{ty} 1024x{hidden}"), wg));
-        }
-        for (what, wg) in cases {
-            let mut yg = p.gpu.buf(n, wg.rows);
-            p.gpu.matmul(&xg, &mut [(wg, &mut yg)]);
-            let group = p.read_gpu(&yg);
+    let process_order = p.gpu.gpu.matvec_order();
+    for order in [MatvecOrder::List, MatvecOrder::Aligned] {
+        p.gpu.gpu.set_matvec_order(order);
+        let tag = format!("{order:?}").to_lowercase();
+        for &n in groups.iter().chain([1usize].iter()) {
+            let (xc, xg, xdata) = p.random_bufs(n, hidden);
+            let mut cases: Vec<(
+                String,
+                &<CpuBackend as Backend>::Weight,
+                &muser_cuda::CudaWeight,
+            )> = vec![
+                (
+                    format!("attn_q Q4_K {qw}x{hidden}"),
+                    &w["attn_q"].0,
+                    &w["attn_q"].1,
+                ),
+                (
+                    format!("attn_v Q6_K {kvw}x{hidden}"),
+                    &w["attn_v"].0,
+                    &w["attn_v"].1,
+                ),
+            ];
+            for (ty, (wc, wg)) in &other {
+                cases.push((format!("{ty} 1024x{hidden}"), wc, wg));
+            }
+            for (what, wc, wg) in cases {
+                let (mut yc, mut yg) = (p.cpu.buf(n, wg.rows), p.gpu.buf(n, wg.rows));
+                p.cpu.matmul(&xc, &mut [(wc, &mut yc)]);
+                p.gpu.matmul(&xg, &mut [(wg, &mut yg)]);
+                let group = p.read_gpu(&yg);
+                let want = p.read_cpu(&yc);
+                p.record(
+                    &format!("matmul {tag}"),
+                    format!("{what} x{n}"),
+                    &group,
+                    &want,
+                    MATVEC_NMSE,
+                );
+                if n == 1 {
+                    continue;
+                }
+                let mut alone = Vec::with_capacity(group.len());
+                for c in 0..n {
+                    let (_, x1) = p.bufs(1, hidden, &xdata[c * hidden..(c + 1) * hidden]);
+                    let mut y1 = p.gpu.buf(1, wg.rows);
+                    p.gpu.matmul(&x1, &mut [(wg, &mut y1)]);
+                    alone.extend(p.read_gpu(&y1));
+                }
+                p.exact(
+                    &format!("col==alone {tag}"),
+                    format!("{what} x{n}"),
+                    &group,
+                    &alone,
+                );
+            }
+            let (mut fc, mut fg) = (p.cpu.buf(n, ffn), p.gpu.buf(n, ffn));
+            p.cpu.ffn_gate_up_silu(&xc, &gc, &uc, &mut fc);
+            p.gpu.ffn_gate_up_silu(&xg, &gg, &ug, &mut fg);
+            let group = p.read_gpu(&fg);
+            let want = p.read_cpu(&fc);
+            p.record(
+                &format!("gate_up_silu {tag}"),
+                format!("{ffn}x{hidden} x{n}"),
+                &group,
+                &want,
+                MATVEC_NMSE,
+            );
+            if n == 1 {
+                continue;
+            }
             let mut alone = Vec::with_capacity(group.len());
             for c in 0..n {
                 let (_, x1) = p.bufs(1, hidden, &xdata[c * hidden..(c + 1) * hidden]);
-                let mut y1 = p.gpu.buf(1, wg.rows);
-                p.gpu.matmul(&x1, &mut [(wg, &mut y1)]);
-                alone.extend(p.read_gpu(&y1));
+                let mut f1 = p.gpu.buf(1, ffn);
+                p.gpu.ffn_gate_up_silu(&x1, &gg, &ug, &mut f1);
+                alone.extend(p.read_gpu(&f1));
             }
             p.exact(
-                "matmul column == alone",
-                format!("{what} x{n}"),
+                &format!("silu col==alone {tag}"),
+                format!("{ffn}x{hidden} x{n}"),
                 &group,
                 &alone,
             );
         }
-        let mut fg = p.gpu.buf(n, ffn);
-        p.gpu.ffn_gate_up_silu(&xg, &gg, &ug, &mut fg);
-        let group = p.read_gpu(&fg);
-        let mut alone = Vec::with_capacity(group.len());
-        for c in 0..n {
-            let (_, x1) = p.bufs(1, hidden, &xdata[c * hidden..(c + 1) * hidden]);
-            let mut f1 = p.gpu.buf(1, ffn);
-            p.gpu.ffn_gate_up_silu(&x1, &gg, &ug, &mut f1);
-            alone.extend(p.read_gpu(&f1));
-        }
-        p.exact(
-            "gate_up_silu col==alone",
-            format!("{ffn}x{hidden} x{n}"),
-            &group,
-            &alone,
-        );
     }
+    p.gpu.gpu.set_matvec_order(process_order);
 
     // LM head (+ scale + softcap) at the full vocabulary, and GPU argmax of its logits.
     let vocab = if quick { 4096 } else { VOCAB };
@@ -947,6 +991,7 @@ fn check_invariance(
         |s| s.to_string_lossy().to_string(),
     );
     let nv = m.config.n_vocab;
+    let order = format!("{:?}", m.backend().gpu.matvec_order()).to_lowercase();
     let mut rng = Rand::new(0x1a7e);
     let n_req = 16;
     let prompts: Vec<Vec<u32>> = (0..n_req)
@@ -1006,7 +1051,7 @@ fn check_invariance(
         }
         let r = Row {
             op: "batch invariance".into(),
-            shape: format!("{name} groups of {size}"),
+            shape: format!("{name} groups of {size} ({order})"),
             nmse: if differ == 0 { 0.0 } else { f64::INFINITY },
             threshold: 0.0,
         };
@@ -1038,7 +1083,7 @@ fn check_invariance(
         *audit.entry(k).or_default() += n;
     }
     Ok(format!(
-        "invariance {name}: {n_req} greedy requests x {steps} steps, alone vs groups of {} ({:.1} s)",
+        "invariance {name} ({order} matvec order): {n_req} greedy requests x {steps} steps, alone vs groups of {} ({:.1} s)",
         summary.join(", "),
         t0.elapsed().as_secs_f64()
     ))
