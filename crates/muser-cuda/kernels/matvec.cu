@@ -1,6 +1,6 @@
-// Matrix-vector products for decode: y[c][r] = sum_k W[r][k] * x[c][k] for 1..8 activation
-// columns c (one decode step, or a decode group of several sequences), and the same kernels
-// looped over groups of 8 columns for prefill until the tensor-core matmul takes over.
+// Matrix-vector products for decode: y[c][r] = sum_k W[r][k] * x[c][k] for 1..64 activation
+// columns c (one decode step, or a decode group of several sequences; also prefill chunks of up
+// to 64 tokens), and for more columns of the formats the tensor-core matmul (mmq.cu) lacks.
 //
 // Shapes served: every matrix of the decode chain (Muse Glimmer: 4096x6656 attn_q/attn_gate,
 // 256x6656 attn_k/attn_v, 6656x4096 attn_output, 19968x6656 ffn_gate/ffn_up, 6656x19968
@@ -17,10 +17,17 @@
 // them, blocks take consecutive rows of the concatenation, so the small attn_k/attn_v ride
 // along with the large ones instead of running alone on a few SMs.
 //
-// Launch: 128 threads (4 warps) per block, 4 rows per warp (MATVEC_R), grid = ceil(rows / 16).
-// The lanes of a warp take the work items (64 values of Q4_K/Q5_K, 128 of Q6_K, 16 bytes of the
-// others) of its rows in turn, so each row's reduction order depends only on the format and K,
-// never on the number of columns: the results are batch-invariant.
+// Launch: matvec_1 (one column) 128 threads (4 warps) per block, 4 rows per warp (MATVEC_R),
+// grid = ceil(rows / 16). matvec_cols (2..64 columns, decode groups): one warp per group of 8
+// columns, the ncg = ceil(ncols / 8) warps of the same 4 rows in one block (4 to 8 warps per
+// block), so the rows' weights come from DRAM once per launch. The lanes of a warp take the work
+// items (64 values of Q4_K/Q5_K, 128 of Q6_K, 16 bytes of the others) of its rows in a fixed
+// order, and every warp of every width runs the same per-column arithmetic, so each row's
+// reduction order depends only on the format and K, never on the number of columns: a sequence
+// gets the same bits alone or in any decode group (batch invariance; `muser check` compares
+// the bits). Two item orders exist (rows_loop, rows_aligned); a process uses one.
+// Decode groups read the int8 activation in a k-major layout (see Act) so a warp's activation
+// loads are contiguous.
 //
 // Versions: v1 (2026-11-29) one kernel per (format, columns), unaligned Q6_K loads.
 // v2 (2026-11-30) one kernel per column count with the format a warp-uniform switch, several
@@ -36,6 +43,10 @@
 // the first: 72 registers, 34% occupancy, DRAM 50% busy, issue gaps 72% waits on weight loads;
 // capping at 64 registers changed nothing; loading the next item's weights before the current
 // item's arithmetic changed nothing either, so that version was dropped).
+// v5 (2026-11-30) decode groups of up to 64 columns in one launch (matvec_cols, column groups
+// of 8 per warp, k-major activation) instead of mmq past 8 columns (whose sums differ from the
+// one-column kernel's); the row-aligned order (`_al`, MUSER_MATVEC=aligned) as an alternative.
+// ptxas (sm_90): matvec_1 72 registers, matvec_cols 175, matvec_1_al 128, matvec_cols_al 255.
 
 
 // Activation quantizers, bit-identical to the CPU reference's (muser-quant, after ggml), so
