@@ -415,18 +415,7 @@ fn parse_layout(buf: &[u8]) -> Result<Layout, GgufError> {
         metadata.push((key, value));
     }
 
-    let alignment = match metadata.iter().find(|(k, _)| k == "general.alignment") {
-        None => DEFAULT_ALIGNMENT,
-        Some((_, MetaValue::U32(a))) => u64::from(*a),
-        Some((_, v)) => {
-            return Err(GgufError::AlignmentNotU32 {
-                found: v.meta_type(),
-            })
-        }
-    };
-    if alignment == 0 || !alignment.is_power_of_two() {
-        return Err(GgufError::BadAlignment { alignment });
-    }
+    let alignment = alignment_of(&metadata)?;
 
     // ---- tensor infos ----
     let mut tensors: Vec<TensorInfo> = Vec::with_capacity(n_tensors as usize);
@@ -720,4 +709,21 @@ impl std::fmt::Display for TensorInfo {
             Num(self.n_bytes)
         )
     }
+}
+
+/// `general.alignment` (default 32): a u32 that is a non-zero power of two.
+pub(crate) fn alignment_of(metadata: &[(String, MetaValue)]) -> Result<u64, GgufError> {
+    let alignment = match metadata.iter().find(|(k, _)| k == "general.alignment") {
+        None => DEFAULT_ALIGNMENT,
+        Some((_, MetaValue::U32(a))) => u64::from(*a),
+        Some((_, v)) => {
+            return Err(GgufError::AlignmentNotU32 {
+                found: v.meta_type(),
+            })
+        }
+    };
+    if alignment == 0 || !alignment.is_power_of_two() {
+        return Err(GgufError::BadAlignment { alignment });
+    }
+    Ok(alignment)
 }

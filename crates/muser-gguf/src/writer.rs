@@ -6,7 +6,7 @@
 //! only their declared element type, and `general.alignment` must be a power-of-two u32.
 
 use crate::reader::{tensor_n_bytes, MAX_ARRAY_NESTING, MAX_TENSOR_NAME};
-use crate::{GgmlType, GgufError, MetaValue, DEFAULT_ALIGNMENT, GGUF_MAGIC};
+use crate::{GgmlType, GgufError, MetaValue, GGUF_MAGIC};
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::Path;
@@ -111,18 +111,7 @@ impl Plan {
             keys.insert(key, i as u64);
             check_value(key, value, 0)?;
         }
-        let alignment = match metadata.iter().find(|(k, _)| k == "general.alignment") {
-            None => DEFAULT_ALIGNMENT,
-            Some((_, MetaValue::U32(a))) => u64::from(*a),
-            Some((_, v)) => {
-                return Err(GgufError::AlignmentNotU32 {
-                    found: v.meta_type(),
-                })
-            }
-        };
-        if alignment == 0 || !alignment.is_power_of_two() {
-            return Err(GgufError::BadAlignment { alignment });
-        }
+        let alignment = crate::reader::alignment_of(metadata)?;
         let mut names: HashMap<&str, u64> = HashMap::new();
         let mut sizes = Vec::with_capacity(tensors.len());
         for (i, t) in tensors.iter().enumerate() {
