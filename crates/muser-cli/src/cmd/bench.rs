@@ -120,14 +120,12 @@ fn model_name<B: CliBackend>(model: &Model<B>) -> String {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let path = super::run::resolve_model(args.model.as_deref())?;
-    super::backend::with_model(&path, args.backend, args.threads, Job(args))
+    super::backend::with_model(&path, args.backend, args.threads, args)
 }
 
-struct Job(Args);
-
-impl ModelJob for Job {
+impl ModelJob for Args {
     fn run<B: CliBackend>(self, model: Model<B>) -> anyhow::Result<()> {
-        let args = self.0;
+        let args = self;
         let threads = model.backend().threads();
         let reps = args.reps.max(1);
         let nv = model.config.n_vocab as u32;

@@ -40,14 +40,12 @@ fn parse_tokens(s: &str) -> anyhow::Result<Vec<u32>> {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let path = super::run::resolve_model(args.model.as_deref())?;
-    super::backend::with_model(&path, args.backend, args.threads, Job(args))
+    super::backend::with_model(&path, args.backend, args.threads, args)
 }
 
-struct Job(Args);
-
-impl ModelJob for Job {
+impl ModelJob for Args {
     fn run<B: CliBackend>(self, model: Model<B>) -> anyhow::Result<()> {
-        let args = self.0;
+        let args = self;
         let tokens = match (&args.tokens, &args.prompt) {
             (Some(t), None) => parse_tokens(t)?,
             (None, Some(p)) => Tokenizer::from_gguf(model.gguf())

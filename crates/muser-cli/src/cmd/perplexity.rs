@@ -41,14 +41,12 @@ fn nll(logits: &[f32], target: u32) -> f64 {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let path = super::run::resolve_model(args.model.as_deref())?;
-    super::backend::with_model(&path, args.backend, args.threads, Job(args))
+    super::backend::with_model(&path, args.backend, args.threads, args)
 }
 
-struct Job(Args);
-
-impl ModelJob for Job {
+impl ModelJob for Args {
     fn run<B: CliBackend>(self, model: Model<B>) -> anyhow::Result<()> {
-        let args = self.0;
+        let args = self;
         let tok = Tokenizer::from_gguf(model.gguf()).context("reading the tokenizer")?;
         let text = std::fs::read(&args.file)
             .with_context(|| format!("reading {}", args.file.display()))?;
