@@ -9,9 +9,8 @@
 # Full logs go to $OUT; a short table is printed last.
 #
 # JOB=streams instead (issue 6, multi-sequence decode): synthesizes llama-glimmer and muse-tiny,
-# runs the quick parity check with batch invariance on both models (in the default matvec item
-# order, then MUSER_MATVEC=aligned), `muser bench -s` (aggregate decode tokens/s at each stream
-# count, in both orders) and a per-op profile of a decode-group step.
+# runs the quick parity check with batch invariance on both models, `muser bench -s` (aggregate
+# decode tokens/s at each stream count) and a per-op profile of decode-group steps.
 #
 # Usage (device tool, repository root, carrying target/release/muser):
 #   bash scripts/device_bench.sh            # QUICK=1 for the quick op check only
@@ -55,19 +54,15 @@ if [ "${JOB:-}" = streams ]; then
     step synth-llama-glimmer 60 "$BIN" synth llama-glimmer "$G"
     step synth-muse-tiny 30 "$BIN" synth muse-tiny "$T"
     S=${STREAMS:-1,8,32}
-    step check-list 90 "$BIN" check --backend cuda --quick --invariance "$T" --invariance "$G"
-    step bench-streams-list 60 "$BIN" bench --backend cuda -m "$G" -p 0 -n 32 -r 1 -s "$S"
-    step bench-streams-aligned 60 env MUSER_MATVEC=aligned "$BIN" bench --backend cuda -m "$G" -p 0 -n 32 -r 1 -s "$S"
-    step check-aligned 70 env MUSER_MATVEC=aligned "$BIN" check --backend cuda --quick --no-ops --invariance "$T" --invariance "$G"
+    step check 90 "$BIN" check --backend cuda --quick --invariance "$T" --invariance "$G"
+    step bench-streams 60 "$BIN" bench --backend cuda -m "$G" -p 0 -n 32 -r 1 -s "$S"
     step profile 60 "$BIN" check --backend cuda --no-ops --speed "$G" --group-profile 8,32
     echo
     echo "================ short table ================"
-    for c in check-list check-aligned; do
-        echo "$c: $(grep -hcE "^ok" "$OUT/$c.log") ok, $(grep -hcE "^FAIL" "$OUT/$c.log") FAIL"
-        grep -hE "^FAIL|^invariance|never dispatched|^all " "$OUT/$c.log" | head -12
-    done
+    echo "check: $(grep -hcE "^ok" "$OUT/check.log") ok, $(grep -hcE "^FAIL" "$OUT/check.log") FAIL"
+    grep -hE "^FAIL|^invariance|never dispatched|^all " "$OUT/check.log" | head -12
     grep -h "^decode group of\|^speed" "$OUT/profile.log"
-    for o in list aligned; do echo "matvec order: $o"; grep -h "^| " "$OUT/bench-streams-$o.log"; done
+    grep -h "^| " "$OUT/bench-streams.log"
     cat "$OUT/summary.txt"
     exit 0
 fi

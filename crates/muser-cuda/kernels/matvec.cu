@@ -22,10 +22,10 @@
 // columns, the ncg = ceil(ncols / 8) warps of the same 4 rows in one block (4 to 8 warps per
 // block), so the rows' weights come from DRAM once per launch. The lanes of a warp take the work
 // items (64 values of Q4_K/Q5_K, 128 of Q6_K, 16 bytes of the others) of its rows in a fixed
-// order, and every warp of every width runs the same per-column arithmetic, so each row's
-// reduction order depends only on the format and K, never on the number of columns: a sequence
-// gets the same bits alone or in any decode group (batch invariance; `muser check` compares
-// the bits). Two item orders exist (rows_loop, rows_aligned); a process uses one.
+// order (`rows_dot`), and every warp of every width runs the same per-column arithmetic, so each
+// row's reduction order depends only on the format and K, never on the number of columns: a
+// sequence gets the same bits alone or in any decode group (batch invariance; `muser check`
+// compares the bits).
 // Decode groups read the int8 activation in a k-major layout (see Act) so a warp's activation
 // loads are contiguous.
 //
@@ -43,10 +43,18 @@
 // the first: 72 registers, 34% occupancy, DRAM 50% busy, issue gaps 72% waits on weight loads;
 // capping at 64 registers changed nothing; loading the next item's weights before the current
 // item's arithmetic changed nothing either, so that version was dropped).
-// v5 (2026-11-30) decode groups of up to 64 columns in one launch (matvec_cols, column groups
+// v5 (2026-11-29) decode groups of up to 64 columns in one launch (matvec_cols, column groups
 // of 8 per warp, k-major activation) instead of mmq past 8 columns (whose sums differ from the
-// one-column kernel's); the row-aligned order (`_al`, MUSER_MATVEC=aligned) as an alternative.
-// ptxas (sm_90): matvec_1 72 registers, matvec_cols 175, matvec_1_al 128, matvec_cols_al 255.
+// one-column kernel's), in v4's item order. v6 (2026-11-29) the row-aligned order (rows_dot):
+// lane l takes items l, l + 32, .. of each of its warp's 4 rows, the 4 rows' items at one
+// position together. H200, llama-glimmer, aggregate decode tokens/s at 1 / 8 / 16 / 32 / 64
+// streams (`muser bench -s`, one decode group per step): v5 98.4 / 232 / 266 / 240 / 227, v6
+// 110.4 / 281 / 346 / 383 / 391, so v6 replaced the list order (v4, v5). ptxas (sm_90): v6
+// matvec_1 128 registers, matvec_cols 255 (v5: 72, 175). Per-op time of a v5 step of 32
+// streams (each op synchronized): gate+up 68 ms and ffn_down 36 ms of 134 ms, ~40x the time
+// the weights take to read: the group kernel is limited by its instructions and L1 traffic
+// (per item and column 16 dp4a and, in v5, 80 activation bytes), not by DRAM (inferred from
+// these times; not yet profiled with ncu). Next: integer MMA for the group sums.
 
 
 // Activation quantizers, bit-identical to the CPU reference's (muser-quant, after ggml), so
@@ -414,42 +422,15 @@ __device__ __forceinline__ void item_fmt(const uint8_t* __restrict__ w, int row,
     }
 }
 
-// acc[r][c] += this lane's share of rows row0 .. row0 + nr - 1 (nr <= R) dotted with column c.
-// The nr rows' items form one list that the warp's lanes take in turn (lane, lane + 32, ...), so
-// no lane idles at the end of a row whose item count is not a multiple of 32 (6656-wide Q4_K
-// rows have 104 items). Two items per iteration keep two loads in flight.
+// acc[r][c] += this lane's share of rows row0 .. row0 + nr - 1 (nr <= R) dotted with column c,
+// in the row-aligned order (v6): lane l takes items l, l + 32, ... of each of the warp's nr rows,
+// the rows' items at one position together, so a Q4_K/Q5_K column's activation (64 int8 values
+// and their scales) is loaded once for the R rows instead of once per row, and R weight loads
+// are in flight per lane. Lanes past a row's last item idle (6656-wide Q4_K rows: 104 items, 4
+// rounds of 32). Each row's per-lane sum runs over its items in increasing order whatever NC,
+// and the same warp sum follows, so the 1-column and the group kernels agree bit for bit.
 template <int NC, int R, int FMT>
-__device__ __forceinline__ void rows_loop(const uint8_t* __restrict__ w, int row0, int nr, int rows, const Act& a,
-                                          float (&acc)[R][NC]) {
-    const int n = items_per_row(FMT, a.K);
-    const int total = nr * n;
-    int rr = 0, it = threadIdx.x % WARP;
-    while (it >= n) { it -= n; ++rr; }
-#pragma unroll 2
-    for (int t = threadIdx.x % WARP; t < total; t += WARP) {
-        float v[NC];
-#pragma unroll
-        for (int c = 0; c < NC; ++c) v[c] = 0.0f;
-        item_fmt<NC, FMT>(w, row0 + rr, rows, it, a, v);
-#pragma unroll
-        for (int r = 0; r < R; ++r)
-            if (r == rr)
-#pragma unroll
-                for (int c = 0; c < NC; ++c) acc[r][c] += v[c];
-        it += WARP;
-        while (it >= n) { it -= n; ++rr; }
-    }
-}
-
-// The row-aligned order (v6, `_al` kernels): lane l takes items l, l + 32, ... of each of the
-// warp's nr rows, the rows' items at one position together, so a Q4_K/Q5_K column's activation
-// (64 int8 values and their scales) is loaded once for the R rows instead of once per row, and R
-// weight loads are in flight per lane. Lanes past a row's last item idle (6656-wide Q4_K rows:
-// 104 items, 4 rounds of 32). Each row's per-lane sum still runs over its items in increasing
-// order and the same warp sum follows, so the 1-column and the group kernels of this order agree
-// bit for bit (the two orders do not agree with each other: one order is used per process).
-template <int NC, int R, int FMT>
-__device__ __forceinline__ void rows_aligned(const uint8_t* __restrict__ w, int row0, int nr, int rows, const Act& a,
+__device__ __forceinline__ void rows_fmt(const uint8_t* __restrict__ w, int row0, int nr, int rows, const Act& a,
                                              float (&acc)[R][NC]) {
     const int n = items_per_row(FMT, a.K);
 #pragma unroll 1
@@ -501,25 +482,17 @@ __device__ __forceinline__ void rows_aligned(const uint8_t* __restrict__ w, int 
     }
 }
 
-// ALIGNED: the row-aligned order (rows_aligned), else the list order (rows_loop).
-template <int NC, int R, bool ALIGNED, int FMT>
-__device__ __forceinline__ void rows_fmt(const uint8_t* __restrict__ w, int row0, int nr, int rows, const Act& a,
-                                         float (&acc)[R][NC]) {
-    if constexpr (ALIGNED) rows_aligned<NC, R, FMT>(w, row0, nr, rows, a, acc);
-    else rows_loop<NC, R, FMT>(w, row0, nr, rows, a, acc);
-}
-
-template <int NC, int R, bool ALIGNED>
+template <int NC, int R>
 __device__ __forceinline__ void rows_dot(int ty, const uint8_t* __restrict__ w, int row0, int nr, int rows, const Act& a,
                                          float (&acc)[R][NC]) {
     switch (ty) {
-    case FMT_Q4_K: rows_fmt<NC, R, ALIGNED, FMT_Q4_K>(w, row0, nr, rows, a, acc); break;
-    case FMT_Q5_K: rows_fmt<NC, R, ALIGNED, FMT_Q5_K>(w, row0, nr, rows, a, acc); break;
-    case FMT_Q6_K: rows_fmt<NC, R, ALIGNED, FMT_Q6_K>(w, row0, nr, rows, a, acc); break;
-    case FMT_Q8_0: rows_fmt<NC, R, ALIGNED, FMT_Q8_0>(w, row0, nr, rows, a, acc); break;
-    case FMT_F16: rows_fmt<NC, R, ALIGNED, FMT_F16>(w, row0, nr, rows, a, acc); break;
-    case FMT_BF16: rows_fmt<NC, R, ALIGNED, FMT_BF16>(w, row0, nr, rows, a, acc); break;
-    default: rows_fmt<NC, R, ALIGNED, FMT_F32>(w, row0, nr, rows, a, acc); break;
+    case FMT_Q4_K: rows_fmt<NC, R, FMT_Q4_K>(w, row0, nr, rows, a, acc); break;
+    case FMT_Q5_K: rows_fmt<NC, R, FMT_Q5_K>(w, row0, nr, rows, a, acc); break;
+    case FMT_Q6_K: rows_fmt<NC, R, FMT_Q6_K>(w, row0, nr, rows, a, acc); break;
+    case FMT_Q8_0: rows_fmt<NC, R, FMT_Q8_0>(w, row0, nr, rows, a, acc); break;
+    case FMT_F16: rows_fmt<NC, R, FMT_F16>(w, row0, nr, rows, a, acc); break;
+    case FMT_BF16: rows_fmt<NC, R, FMT_BF16>(w, row0, nr, rows, a, acc); break;
+    default: rows_fmt<NC, R, FMT_F32>(w, row0, nr, rows, a, acc); break;
     }
 }
 
@@ -536,7 +509,7 @@ struct MatvecJobs {
 
 // Warp-level work: rows grow .. grow + R - 1 of the jobs' concatenated rows (R consecutive rows of
 // one matrix) for the a.ncols columns of `a`, which start at column c0 of the call.
-template <int NC, int R, bool ALIGNED>
+template <int NC, int R>
 __device__ __forceinline__ void matvec_warp(const MatvecJobs& jobs, int grow, const Act& a, int c0) {
     if (grow >= jobs.start[jobs.njobs]) return;
     int j = 0;
@@ -551,7 +524,7 @@ __device__ __forceinline__ void matvec_warp(const MatvecJobs& jobs, int grow, co
     for (int r = 0; r < R; ++r)
 #pragma unroll
         for (int c = 0; c < NC; ++c) acc[r][c] = 0.0f;
-    rows_dot<NC, R, ALIGNED>(jobs.ty[j], jobs.w[j], row0, nr, rows, a, acc);
+    rows_dot<NC, R>(jobs.ty[j], jobs.w[j], row0, nr, rows, a, acc);
     float* y = jobs.y[j];
 #pragma unroll
     for (int r = 0; r < R; ++r)
@@ -564,7 +537,7 @@ __device__ __forceinline__ void matvec_warp(const MatvecJobs& jobs, int grow, co
 
 // y[c][r] = silu(G[r] . x[c]) * (U[r] . x[c]) for rows row0 .. row0 + R - 1: gate and up rows in
 // the same warp, one pass over the activation; `a` starts at column c0 of the call.
-template <int NC, int R, bool ALIGNED>
+template <int NC, int R>
 __device__ __forceinline__ void silu_warp(const uint8_t* wg, int tyg, const uint8_t* wu, int tyu, float* y, int rows,
                                           int row0, const Act& a, int c0) {
     if (row0 >= rows) return;
@@ -577,7 +550,7 @@ __device__ __forceinline__ void silu_warp(const uint8_t* wg, int tyg, const uint
     for (int r = 0; r < R; ++r)
 #pragma unroll
         for (int c = 0; c < NC; ++c) acc[r][c] = 0.0f;
-    rows_dot<NC, R, ALIGNED>(tyg, wg, row0, nr, rows, a, acc);
+    rows_dot<NC, R>(tyg, wg, row0, nr, rows, a, acc);
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
@@ -586,7 +559,7 @@ __device__ __forceinline__ void silu_warp(const uint8_t* wg, int tyg, const uint
             if (lane == r * NC + c) g = s;
             acc[r][c] = 0.0f;
         }
-    rows_dot<NC, R, ALIGNED>(tyu, wu, row0, nr, rows, a, acc);
+    rows_dot<NC, R>(tyu, wu, row0, nr, rows, a, acc);
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
@@ -616,43 +589,26 @@ __device__ __forceinline__ Act column_group(const Act& a, int cg) {
 #define SILU_ARGS const uint8_t* __restrict__ wg, int tyg, const uint8_t* __restrict__ wu, int tyu, float* __restrict__ y, int rows
 
 // A warp takes MATVEC_R rows. matvec_1: 4 warps per block, one column. matvec_cols: up to 8 column
-// groups (64 columns), 4 to 8 warps per block. `_al`: the same in the row-aligned order.
+// groups (64 columns), 4 to 8 warps per block.
 #define MATVEC_R 4
-template <bool ALIGNED>
-__device__ __forceinline__ void matvec_one(const MatvecJobs& jobs, const Act& a) {
-    matvec_warp<1, MATVEC_R, ALIGNED>(jobs, (blockIdx.x * 4 + threadIdx.x / WARP) * MATVEC_R, a, 0);
-}
-template <bool ALIGNED>
 __device__ __forceinline__ void matvec_groups(const MatvecJobs& jobs, const Act& a) {
     const int ncg = (a.ncols + 7) / 8, warp = threadIdx.x / WARP, cg = warp % ncg;
     const int grow = (blockIdx.x * (blockDim.x / WARP / ncg) + warp / ncg) * MATVEC_R;
-    matvec_warp<8, MATVEC_R, ALIGNED>(jobs, grow, column_group(a, cg), cg * 8);
+    matvec_warp<8, MATVEC_R>(jobs, grow, column_group(a, cg), cg * 8);
 }
-template <bool ALIGNED>
-__device__ __forceinline__ void silu_one(const uint8_t* wg, int tyg, const uint8_t* wu, int tyu, float* y, int rows,
-                                         const Act& a) {
-    silu_warp<1, MATVEC_R, ALIGNED>(wg, tyg, wu, tyu, y, rows, (blockIdx.x * 4 + threadIdx.x / WARP) * MATVEC_R, a, 0);
-}
-template <bool ALIGNED>
 __device__ __forceinline__ void silu_groups(const uint8_t* wg, int tyg, const uint8_t* wu, int tyu, float* y, int rows,
                                             const Act& a) {
     const int ncg = (a.ncols + 7) / 8, warp = threadIdx.x / WARP, cg = warp % ncg;
     const int row0 = (blockIdx.x * (blockDim.x / WARP / ncg) + warp / ncg) * MATVEC_R;
-    silu_warp<8, MATVEC_R, ALIGNED>(wg, tyg, wu, tyu, y, rows, row0, column_group(a, cg), cg * 8);
+    silu_warp<8, MATVEC_R>(wg, tyg, wu, tyu, y, rows, row0, column_group(a, cg), cg * 8);
 }
-extern "C" __global__ void __launch_bounds__(128) matvec_1(MatvecJobs jobs, ACT_ARGS) { matvec_one<false>(jobs, ACT); }
-extern "C" __global__ void __launch_bounds__(256) matvec_cols(MatvecJobs jobs, ACT_ARGS) { matvec_groups<false>(jobs, ACT); }
+extern "C" __global__ void __launch_bounds__(128) matvec_1(MatvecJobs jobs, ACT_ARGS) {
+    matvec_warp<1, MATVEC_R>(jobs, (blockIdx.x * 4 + threadIdx.x / WARP) * MATVEC_R, ACT, 0);
+}
+extern "C" __global__ void __launch_bounds__(256) matvec_cols(MatvecJobs jobs, ACT_ARGS) { matvec_groups(jobs, ACT); }
 extern "C" __global__ void __launch_bounds__(128) matvec_silu_1(SILU_ARGS, ACT_ARGS) {
-    silu_one<false>(wg, tyg, wu, tyu, y, rows, ACT);
+    silu_warp<1, MATVEC_R>(wg, tyg, wu, tyu, y, rows, (blockIdx.x * 4 + threadIdx.x / WARP) * MATVEC_R, ACT, 0);
 }
 extern "C" __global__ void __launch_bounds__(256) matvec_silu_cols(SILU_ARGS, ACT_ARGS) {
-    silu_groups<false>(wg, tyg, wu, tyu, y, rows, ACT);
-}
-extern "C" __global__ void __launch_bounds__(128) matvec_1_al(MatvecJobs jobs, ACT_ARGS) { matvec_one<true>(jobs, ACT); }
-extern "C" __global__ void __launch_bounds__(256) matvec_cols_al(MatvecJobs jobs, ACT_ARGS) { matvec_groups<true>(jobs, ACT); }
-extern "C" __global__ void __launch_bounds__(128) matvec_silu_1_al(SILU_ARGS, ACT_ARGS) {
-    silu_one<true>(wg, tyg, wu, tyu, y, rows, ACT);
-}
-extern "C" __global__ void __launch_bounds__(256) matvec_silu_cols_al(SILU_ARGS, ACT_ARGS) {
-    silu_groups<true>(wg, tyg, wu, tyu, y, rows, ACT);
+    silu_groups(wg, tyg, wu, tyu, y, rows, ACT);
 }

@@ -1090,7 +1090,7 @@ mod tests {
             (4607, 64, 2),
         ] {
             let p = attention_plan(count, rows, n_kv, 16, 132);
-            assert!(p.n_splits >= 1 && p.split_len % ATT_T == 0 && p.split_len > 0);
+            assert!(p.n_splits >= 1 && p.split_len.is_multiple_of(ATT_T) && p.split_len > 0);
             assert!(
                 p.chunks >= 1 && 16 % p.chunks == 0 && 16 / p.chunks >= 2,
                 "{p:?}"

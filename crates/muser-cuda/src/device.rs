@@ -1,9 +1,8 @@
 //! The GPU: context, stream, compiled modules and dispatch counters.
 
-use crate::matvec::MatvecOrder;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 #[derive(Debug, thiserror::Error)]
@@ -31,8 +30,6 @@ pub struct Gpu {
     modules: Vec<Arc<CudaModule>>,
     functions: BTreeMap<String, CudaFunction>,
     dispatches: BTreeMap<String, AtomicU64>,
-    /// The matvec kernels' item order (`MatvecOrder::Aligned` when set).
-    aligned: AtomicBool,
 }
 
 impl Gpu {
@@ -63,7 +60,6 @@ impl Gpu {
         let stream = ctx.default_stream();
         let (major, minor) = ctx.compute_capability()?;
         let arch = arch_name(major, minor)?;
-        let order = MatvecOrder::from_env()?;
         let mut gpu = Gpu {
             name: ctx.name()?,
             ctx,
@@ -73,7 +69,6 @@ impl Gpu {
             modules: Vec::new(),
             functions: BTreeMap::new(),
             dispatches: BTreeMap::new(),
-            aligned: AtomicBool::new(order == MatvecOrder::Aligned),
         };
         for (file, src) in crate::compile::KERNEL_SOURCES {
             let ptx = crate::compile::compile_cached(file, src, arch)?;
@@ -98,22 +93,6 @@ impl Gpu {
             c.fetch_add(1, Ordering::Relaxed);
         }
         Ok(f)
-    }
-
-    /// The matvec item order every launch uses (from `MUSER_MATVEC` at start).
-    pub fn matvec_order(&self) -> MatvecOrder {
-        if self.aligned.load(Ordering::Relaxed) {
-            MatvecOrder::Aligned
-        } else {
-            MatvecOrder::List
-        }
-    }
-
-    /// Switches the matvec item order (for checks that compare the two; results of one order
-    /// must never be mixed with the other's in one comparison).
-    pub fn set_matvec_order(&self, order: MatvecOrder) {
-        self.aligned
-            .store(order == MatvecOrder::Aligned, Ordering::Relaxed);
     }
 
     /// Every compiled kernel with its dispatch count so far.

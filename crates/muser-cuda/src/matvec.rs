@@ -163,55 +163,20 @@ pub struct Job<'a> {
     pub y: u64,
 }
 
-/// The order in which a warp's lanes take a row's items (each row's sum depends on it; every
-/// launch of a process uses one order, so a row gets the same bits alone or in a group).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MatvecOrder {
-    /// The items of the warp's 4 rows as one list, lane l taking items l, l + 32, ... of it
-    /// (`matvec_1`, `matvec_cols`): no lane idles at a row's end.
-    List,
-    /// Lane l takes items l, l + 32, ... of each row, the 4 rows at one position together
-    /// (`matvec_1_al`, `matvec_cols_al`): a column's activation is read once for 4 rows.
-    Aligned,
-}
-
-impl MatvecOrder {
-    /// From `MUSER_MATVEC` (`list`, the default, or `aligned`).
-    pub fn from_env() -> Result<MatvecOrder, CudaError> {
-        match std::env::var("MUSER_MATVEC").as_deref() {
-            Err(_) | Ok("") | Ok("list") => Ok(MatvecOrder::List),
-            Ok("aligned") => Ok(MatvecOrder::Aligned),
-            Ok(other) => Err(CudaError::Unsupported(format!(
-                "MUSER_MATVEC={other}: expected list or aligned"
-            ))),
-        }
-    }
-}
-
 /// The kernel (matvec or, with `silu`, fused gate+up+SiLU) and launch of `n` (1..=MAX_COLS)
 /// columns over `rows` rows: the 1-column kernel (4 warps of MATVEC_R rows per block) or the
-/// column-group kernel, in `order`.
-fn matvec_config(
-    n: usize,
-    rows: usize,
-    silu: bool,
-    order: MatvecOrder,
-) -> (LaunchConfig, &'static str) {
-    use MatvecOrder::*;
+/// column-group kernel.
+fn matvec_config(n: usize, rows: usize, silu: bool) -> (LaunchConfig, &'static str) {
     let (blocks, threads) = if n == 1 {
         (rows.div_ceil(4 * MATVEC_R) as u32, 128)
     } else {
         cols_launch(n, rows)
     };
-    let name = match (n == 1, silu, order) {
-        (true, false, List) => "matvec_1",
-        (false, false, List) => "matvec_cols",
-        (true, true, List) => "matvec_silu_1",
-        (false, true, List) => "matvec_silu_cols",
-        (true, false, Aligned) => "matvec_1_al",
-        (false, false, Aligned) => "matvec_cols_al",
-        (true, true, Aligned) => "matvec_silu_1_al",
-        (false, true, Aligned) => "matvec_silu_cols_al",
+    let name = match (n == 1, silu) {
+        (true, false) => "matvec_1",
+        (false, false) => "matvec_cols",
+        (true, true) => "matvec_silu_1",
+        (false, true) => "matvec_silu_cols",
     };
     let cfg = LaunchConfig {
         grid_dim: (blocks, 1, 1),
@@ -371,7 +336,7 @@ impl Gpu {
                 }
                 let (xq, xds, xf) = self.act_ptrs(scratch, x, k, c0);
                 let (k_i, n_i, km) = (k as i32, n as i32, i32::from(scratch.kmajor));
-                let (cfg, name) = matvec_config(n, total, false, self.matvec_order());
+                let (cfg, name) = matvec_config(n, total, false);
                 let mut b = self.stream.launch_builder(self.kernel(name)?);
                 b.arg(&mj)
                     .arg(&xq)
@@ -478,7 +443,7 @@ impl Gpu {
             let (xq, xds, xf) = self.act_ptrs(scratch, x, k, c0);
             let yc = y + (c0 * rows * 4) as u64;
             let (k_i, n_i, km) = (k as i32, n as i32, i32::from(scratch.kmajor));
-            let (cfg, name) = matvec_config(n, rows, true, self.matvec_order());
+            let (cfg, name) = matvec_config(n, rows, true);
             let mut b = self.stream.launch_builder(self.kernel(name)?);
             b.arg(&wg).arg(&tg).arg(&wu).arg(&tu).arg(&yc).arg(&rows_i);
             b.arg(&xq).arg(&xds).arg(&xf).arg(&k_i).arg(&n_i).arg(&km);
@@ -566,25 +531,20 @@ mod tests {
         // The Q8_0 quantizer (no K-quant, or K not a multiple of 256) keeps the row-major layout.
         assert!(!kmajor_layout(8, 6656, &[GgmlType::Q8_0]));
         assert!(!kmajor_layout(8, 6656 + 32, &[GgmlType::Q8_0]));
-        // Every column count up to MAX_COLS has its kernel, in each order.
+        // Every column count up to MAX_COLS has its kernel.
         let src = crate::KERNEL_SOURCES
             .iter()
             .find(|(f, _)| *f == "matvec.cu")
             .unwrap()
             .1;
         let compiled = crate::device::kernel_names(src);
-        for order in [MatvecOrder::List, MatvecOrder::Aligned] {
-            for silu in [false, true] {
-                let one = matvec_config(1, 100, silu, order).1;
-                let group = matvec_config(2, 100, silu, order).1;
-                assert!(
-                    one != group
-                        && compiled.iter().any(|k| k == one)
-                        && compiled.iter().any(|k| k == group)
-                );
-                for n in 2..=MAX_COLS {
-                    assert_eq!(matvec_config(n, 100, silu, order).1, group);
-                }
+        for silu in [false, true] {
+            let one = matvec_config(1, 100, silu).1;
+            let group = matvec_config(2, 100, silu).1;
+            assert!(one != group);
+            assert!(compiled.iter().any(|k| k == one) && compiled.iter().any(|k| k == group));
+            for n in 2..=MAX_COLS {
+                assert_eq!(matvec_config(n, 100, silu).1, group);
             }
         }
     }

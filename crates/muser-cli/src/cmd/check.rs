@@ -14,7 +14,6 @@
 //! requests decoded alone, then in decode groups of 2, 8 and 16, every step's logits compared.
 
 use anyhow::Context;
-use muser_cuda::matvec::MatvecOrder;
 use muser_cuda::parity::{nmse, random_matrix, Rand, ELEMENTWISE_NMSE, LOGITS_NMSE, MATVEC_NMSE};
 use muser_cuda::{CudaBackend, CudaBuf};
 use muser_engine::backend::{Backend, KvLayerSpec, NormArgs};
@@ -683,17 +682,14 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
         }
     }
 
-    // Each column of a decode group gets the bits it gets alone, in both matvec item orders
-    // (a process uses one: MUSER_MATVEC); each order's group results also against the CPU.
+    // Each column of a decode group gets the bits it gets alone; the group's results also
+    // against the CPU.
     let groups: &[usize] = if quick {
         &[2, 9, 64]
     } else {
         &[2, 8, 9, 16, 33, 64]
     };
-    let process_order = p.gpu.gpu.matvec_order();
-    for order in [MatvecOrder::List, MatvecOrder::Aligned] {
-        p.gpu.gpu.set_matvec_order(order);
-        let tag = format!("{order:?}").to_lowercase();
+    {
         for &n in groups.iter().chain([1usize].iter()) {
             let (xc, xg, xdata) = p.random_bufs(n, hidden);
             let mut cases: Vec<(
@@ -722,7 +718,7 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
                 let group = p.read_gpu(&yg);
                 let want = p.read_cpu(&yc);
                 p.record(
-                    &format!("matmul {tag}"),
+                    "matmul group",
                     format!("{what} x{n}"),
                     &group,
                     &want,
@@ -739,7 +735,7 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
                     alone.extend(p.read_gpu(&y1));
                 }
                 p.exact(
-                    &format!("col==alone {tag}"),
+                    "matmul col == alone",
                     format!("{what} x{n}"),
                     &group,
                     &alone,
@@ -751,7 +747,7 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
             let group = p.read_gpu(&fg);
             let want = p.read_cpu(&fc);
             p.record(
-                &format!("gate_up_silu {tag}"),
+                "gate_up_silu group",
                 format!("{ffn}x{hidden} x{n}"),
                 &group,
                 &want,
@@ -768,14 +764,13 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
                 alone.extend(p.read_gpu(&f1));
             }
             p.exact(
-                &format!("silu col==alone {tag}"),
+                "silu col == alone",
                 format!("{ffn}x{hidden} x{n}"),
                 &group,
                 &alone,
             );
         }
     }
-    p.gpu.gpu.set_matvec_order(process_order);
 
     // LM head (+ scale + softcap) at the full vocabulary, and GPU argmax of its logits.
     let vocab = if quick { 4096 } else { VOCAB };
@@ -931,9 +926,12 @@ fn check_attention_rows(
             slots: window.map_or(depth + 1 + t % 3, |w| w + 511 - 200 * (t % 3)),
         };
         let (mut c, mut g) = (p.cpu.kv_cache(&[spec]), p.gpu.kv_cache(&[spec]));
+        // A ring takes at most slots - window + 1 positions per store (as a session's batches),
+        // else one store would write a slot twice (in parallel on the GPU).
+        let chunk = window.map_or(512, |w| (spec.slots + 1 - w).min(512));
         let mut pos = 0;
         while pos < depth {
-            let m = (depth - pos).min(512);
+            let m = (depth - pos).min(chunk);
             let kd = p.randn(m * kvw, 1.0);
             let vd = p.randn(m * kvw, 1.0);
             let (kc, kg) = p.bufs(m, kvw, &kd);
@@ -991,7 +989,6 @@ fn check_invariance(
         |s| s.to_string_lossy().to_string(),
     );
     let nv = m.config.n_vocab;
-    let order = format!("{:?}", m.backend().gpu.matvec_order()).to_lowercase();
     let mut rng = Rand::new(0x1a7e);
     let n_req = 16;
     let prompts: Vec<Vec<u32>> = (0..n_req)
@@ -1051,7 +1048,7 @@ fn check_invariance(
         }
         let r = Row {
             op: "batch invariance".into(),
-            shape: format!("{name} groups of {size} ({order})"),
+            shape: format!("{name} groups of {size}"),
             nmse: if differ == 0 { 0.0 } else { f64::INFINITY },
             threshold: 0.0,
         };
@@ -1083,7 +1080,7 @@ fn check_invariance(
         *audit.entry(k).or_default() += n;
     }
     Ok(format!(
-        "invariance {name} ({order} matvec order): {n_req} greedy requests x {steps} steps, alone vs groups of {} ({:.1} s)",
+        "invariance {name}: {n_req} greedy requests x {steps} steps, alone vs groups of {} ({:.1} s)",
         summary.join(", "),
         t0.elapsed().as_secs_f64()
     ))
