@@ -113,3 +113,89 @@ fn multi_column_kernels_equal_the_avx512_one_column_kernels_bitwise() {
         true,
     );
 }
+
+/// Random blocks with finite scales: every quant and packed scale byte random.
+fn random_blocks<W: bytemuck::Pod>(count: usize, rng: &mut StdRng, fix: impl Fn(&mut W, &mut StdRng)) -> Vec<W> {
+    let mut v: Vec<W> = vec![bytemuck::Zeroable::zeroed(); count];
+    rng.fill(bytemuck::cast_slice_mut::<W, u8>(&mut v));
+    for b in &mut v {
+        fix(b, rng);
+    }
+    v
+}
+
+fn small_f16(rng: &mut StdRng) -> half::f16 {
+    half::f16::from_f32(rng.gen_range(-1.0f32..1.0) * 1e-2)
+}
+
+fn q4_k_blocks(count: usize, rng: &mut StdRng) -> Vec<BlockQ4K> {
+    random_blocks(count, rng, |b: &mut BlockQ4K, rng| {
+        b.d = small_f16(rng);
+        b.dmin = small_f16(rng);
+    })
+}
+
+fn q6_k_blocks(count: usize, rng: &mut StdRng) -> Vec<BlockQ6K> {
+    random_blocks(count, rng, |b: &mut BlockQ6K, rng| b.d = small_f16(rng))
+}
+
+fn q8_k_columns(n: usize, nb: usize, rng: &mut StdRng) -> Vec<BlockQ8K> {
+    let x: Vec<f32> = (0..n * nb * 256)
+        .map(|_| rng.gen_range(-2.0f32..2.0) + 0.01)
+        .collect();
+    let mut y = vec![bytemuck::Zeroable::zeroed(); n * nb];
+    quantize_row_q8_k_ref(&x, &mut y);
+    y
+}
+
+/// The tiled matmul against the one-column kernel, bit for bit, at every (row, column) of
+/// shapes whose row and column counts are and are not multiples of the tile.
+fn check_tiled<W: bytemuck::Pod>(
+    name: &str,
+    gemm: muser_engine::backend::cpu::tile::GemmFn<W>,
+    dot: fn(&[W], &[BlockQ8K]) -> f32,
+    blocks: fn(usize, &mut StdRng) -> Vec<W>,
+) {
+    let mut rng = StdRng::seed_from_u64(42);
+    let shapes = [
+        (1, 1, 1),
+        (3, 2, 5),
+        (4, 1, 4),
+        (5, 8, 9),
+        (7, 3, 13),
+        (13, 2, 31),
+        (16, 8, 64),
+        (67, 1, 127),
+        (9, 28, 70),
+        (33, 4, 512),
+    ];
+    for (rows, nb, n) in shapes {
+        let w = blocks(rows * nb, &mut rng);
+        let y = q8_k_columns(n, nb, &mut rng);
+        let mut out = vec![f32::NAN; rows * n];
+        gemm(&w, rows, &y, n, &mut out);
+        for t in 0..n {
+            for r in 0..rows {
+                let want = dot(&w[r * nb..(r + 1) * nb], &y[t * nb..(t + 1) * nb]);
+                assert_eq!(
+                    out[t * rows + r].to_bits(),
+                    want.to_bits(),
+                    "{name} rows={rows} nb={nb} n={n}: row {r} column {t}: {} vs {want}",
+                    out[t * rows + r]
+                );
+            }
+        }
+    }
+}
+
+/// The register-tiled prefill kernels equal the AVX-512 one-column kernels bit for bit.
+#[test]
+fn tiled_kernels_equal_the_avx512_one_column_kernels_bitwise() {
+    use muser_engine::backend::cpu::tile;
+    let (Some(k), Some(g4), Some(g6)) = (Kernels::avx512(), tile::q4_k_gemm(), tile::q6_k_gemm())
+    else {
+        return eprintln!("no AVX-512 VNNI: skipped");
+    };
+    check_tiled("q4_k", g4, k.dot_q4_k_q8_k, q4_k_blocks);
+    check_tiled("q6_k", g6, k.dot_q6_k_q8_k, q6_k_blocks);
+}

@@ -23,7 +23,7 @@ pub fn q6_k_cols<const C: usize>() -> Option<DotN<BlockQ6K, C>> {
     has_avx512_vnni().then_some(dot_q6_k_q8_k_cols::<C> as DotN<BlockQ6K, C>)
 }
 
-fn has_avx512_vnni() -> bool {
+pub(super) fn has_avx512_vnni() -> bool {
     static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *HAS.get_or_init(|| {
         #[cfg(target_arch = "x86_64")]

@@ -8,6 +8,8 @@ pub mod kv;
 pub mod matmul;
 pub mod ops;
 pub mod simd;
+#[cfg(target_arch = "x86_64")]
+pub mod tile;
 
 use crate::backend::{Backend, KvLayerSpec, NormArgs};
 use crate::config::RopeParams;

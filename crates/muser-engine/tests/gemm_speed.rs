@@ -1,0 +1,106 @@
+//! Speed of the prefill matmul kernels on one thread (not a test: run with
+//! `cargo test --release -p muser-engine --test gemm_speed -- --ignored --nocapture`).
+#![cfg(target_arch = "x86_64")]
+
+use muser_engine::backend::cpu::{gemm, tile};
+use muser_quant::quantize::quantize_row_q8_k_ref;
+use muser_quant::{BlockQ4K, BlockQ6K, BlockQ8K};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::time::Instant;
+
+fn blocks<W: bytemuck::Pod>(count: usize, rng: &mut StdRng, fix: impl Fn(&mut W)) -> Vec<W> {
+    let mut v: Vec<W> = vec![bytemuck::Zeroable::zeroed(); count];
+    rng.fill(bytemuck::cast_slice_mut::<W, u8>(&mut v));
+    v.iter_mut().for_each(fix);
+    v
+}
+
+fn columns(n: usize, nb: usize, rng: &mut StdRng) -> Vec<BlockQ8K> {
+    let x: Vec<f32> = (0..n * nb * 256).map(|_| rng.gen_range(-2.0f32..2.0)).collect();
+    let mut y = vec![bytemuck::Zeroable::zeroed(); n * nb];
+    quantize_row_q8_k_ref(&x, &mut y);
+    y
+}
+
+/// Best of `reps` timings of f, in seconds.
+fn best(reps: usize, mut f: impl FnMut()) -> f64 {
+    (0..reps)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_secs_f64()
+        })
+        .fold(f64::MAX, f64::min)
+}
+
+/// The old path: 8 then 4 columns per weight row (multi-column dots).
+fn old<W: bytemuck::Pod>(
+    w: &[W],
+    rows: usize,
+    y: &[BlockQ8K],
+    n: usize,
+    out: &mut [f32],
+    d8: gemm::DotN<W, 8>,
+) {
+    let nb = w.len() / rows;
+    for t0 in (0..n).step_by(16) {
+        for r in 0..rows {
+            let wr = &w[r * nb..(r + 1) * nb];
+            for t in (t0..(t0 + 16).min(n)).step_by(8) {
+                let v = d8(wr, std::array::from_fn(|k| &y[(t + k) * nb..(t + k + 1) * nb]));
+                for k in 0..8 {
+                    out[(t + k) * rows + r] = v[k];
+                }
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore]
+fn prefill_kernel_speed() {
+    let Some(g4) = tile::q4_k_gemm() else { return };
+    let g6 = tile::q6_k_gemm().unwrap();
+    let mut rng = StdRng::seed_from_u64(1);
+    let n = 512;
+    // MUSER_SPEED_ONLY=q4: time only the tiled Q4_K kernel at K=2048, many times (for perf).
+    if std::env::var("MUSER_SPEED_ONLY").is_ok_and(|v| v == "q4") {
+        let nb = 8;
+        let y = columns(n, nb, &mut rng);
+        let w4 = blocks(64 * nb, &mut rng, |b: &mut BlockQ4K| {
+            b.d = half::f16::from_f32(0.01);
+            b.dmin = half::f16::from_f32(0.01)
+        });
+        let panel = tile::Panel::new(&y, n, nb);
+        let mut out = vec![0f32; 64 * n];
+        let t = best(200, || tile::gemm_q4_k(&w4, 64, &panel, &mut out));
+        println!("q4_k tiled K=2048: {:.1} GMAC/s", (64 * 2048 * n) as f64 / t / 1e9);
+        return;
+    }
+    let chunk = 64; // rows per task
+    for (name, cols) in [("K=2048", 2048usize), ("K=7168", 7168)] {
+        let nb = cols / 256;
+        let y = columns(n, nb, &mut rng);
+        let w4 = blocks(chunk * nb, &mut rng, |b: &mut BlockQ4K| {
+            b.d = half::f16::from_f32(0.01);
+            b.dmin = half::f16::from_f32(0.01)
+        });
+        let w6 = blocks(chunk * nb, &mut rng, |b: &mut BlockQ6K| b.d = half::f16::from_f32(0.01));
+        let mut out = vec![0f32; chunk * n];
+        let macs = (chunk * cols * n) as f64;
+        let t = best(3, || g4(&w4, chunk, &y, n, &mut out));
+        println!("q4_k tiled, panel built inside  {name}: {:.1} GMAC/s", macs / t / 1e9);
+        let panel = tile::Panel::new(&y, n, nb);
+        let t = best(5, || tile::gemm_q4_k(&w4, chunk, &panel, &mut out));
+        println!("q4_k tiled  {name}: {:.1} GMAC/s", macs / t / 1e9);
+        let t = best(3, || g6(&w6, chunk, &y, n, &mut out));
+        println!("q6_k tiled, panel built inside  {name}: {:.1} GMAC/s", macs / t / 1e9);
+        let t = best(5, || tile::gemm_q6_k(&w6, chunk, &panel, &mut out));
+        println!("q6_k tiled  {name}: {:.1} GMAC/s", macs / t / 1e9);
+        let t = best(3, || old(&w4, chunk, &y, n, &mut out, gemm::q4_k_cols::<8>().unwrap()));
+        println!("q4_k cols8  {name}: {:.1} GMAC/s", macs / t / 1e9);
+        let t = best(3, || old(&w6, chunk, &y, n, &mut out, gemm::q6_k_cols::<8>().unwrap()));
+        println!("q6_k cols8  {name}: {:.1} GMAC/s", macs / t / 1e9);
+    }
+}
