@@ -21,7 +21,13 @@ pub struct QuantizedInput<'a> {
     pub cols: usize,
     q8_0: Vec<BlockQ8_0>, // (n, cols/32)
     q8_k: Vec<BlockQ8K>,  // (n, cols/256)
+    /// The Q8_K columns in the tiled kernels' layout, when they serve this input.
+    #[cfg(target_arch = "x86_64")]
+    panel: Option<super::tile::Panel>,
 }
+
+/// Columns from which Q4_K / Q6_K weights go through the register-tiled kernels.
+pub const TILE_MIN_COLUMNS: usize = 4;
 
 impl<'a> QuantizedInput<'a> {
     /// Quantizes the n columns of `x` for every format `types` need.
@@ -32,6 +38,8 @@ impl<'a> QuantizedInput<'a> {
             cols,
             q8_0: Vec::new(),
             q8_k: Vec::new(),
+            #[cfg(target_arch = "x86_64")]
+            panel: None,
         };
         if types.contains(&GgmlType::Q8_0) {
             let nb = cols / QK8_0;
@@ -51,6 +59,13 @@ impl<'a> QuantizedInput<'a> {
                 .par_chunks_mut(nb)
                 .zip(x.par_chunks(cols))
                 .for_each(|(y, x)| quantize_row_q8_k_ref(x, y));
+            #[cfg(target_arch = "x86_64")]
+            if n >= TILE_MIN_COLUMNS
+                && super::tile::available()
+                && types.iter().any(|t| matches!(t, GgmlType::Q4_K | GgmlType::Q6_K))
+            {
+                q.panel = Some(super::tile::Panel::new(&q.q8_k, n, nb));
+            }
         }
         q
     }
@@ -74,6 +89,16 @@ pub fn rows_times_columns(
         GgmlType::BF16 => kernel::<half::bf16, f32>(wrows, inp.x, inp.n, k.dot_bf16_f32, tile),
         GgmlType::Q8_0 => {
             kernel::<BlockQ8_0, BlockQ8_0>(wrows, &inp.q8_0, inp.n, k.dot_q8_0_q8_0, tile)
+        }
+        #[cfg(target_arch = "x86_64")]
+        GgmlType::Q4_K if inp.panel.is_some() => {
+            let p = inp.panel.as_ref().expect("checked");
+            super::tile::gemm_q4_k(bytemuck::cast_slice(wrows), r1 - r0, p, tile)
+        }
+        #[cfg(target_arch = "x86_64")]
+        GgmlType::Q6_K if inp.panel.is_some() => {
+            let p = inp.panel.as_ref().expect("checked");
+            super::tile::gemm_q6_k(bytemuck::cast_slice(wrows), r1 - r0, p, tile)
         }
         GgmlType::Q4_K => match (cols::q4_k::<8>(), cols::q4_k::<4>()) {
             (Some(k8), Some(k4)) if inp.n >= 4 => {
@@ -185,8 +210,10 @@ pub fn rows_per_task(w: &CpuWeight, n: usize, threads: usize) -> usize {
     let by_balance = w.rows.div_ceil(threads * 4).max(1);
     let mut r = by_bytes.min(by_balance);
     if n > 1 {
-        // Compute-bound: smaller tasks balance better; keep a tile a few rows tall.
+        // Compute-bound: smaller tasks balance better; keep a tile a few rows tall, in whole
+        // tiles of the tiled kernels.
         r = r.min(w.rows.div_ceil(threads * 16)).max(4.min(w.rows));
+        r = r.div_ceil(4) * 4;
     }
     r
 }

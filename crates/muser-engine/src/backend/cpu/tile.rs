@@ -76,28 +76,39 @@ pub struct Panel {
 }
 
 impl Panel {
-    /// Lays out `n` columns of `nb` Q8_K blocks each (`y` is `n x nb`).
+    /// Lays out `n` columns of `nb` Q8_K blocks each (`y` is `n x nb`), four columns per
+    /// task on the current rayon pool.
     pub fn new(y: &[BlockQ8K], n: usize, nb: usize) -> Panel {
+        use rayon::prelude::*;
         assert_eq!(y.len(), n * nb, "panel: {n} columns of {nb} blocks");
         let np = n.div_ceil(C) * C;
         let mut qs = vec![ZERO_LINE; np * nb * 4];
         let mut bsums2 = vec![ZERO_LINE; np / 2 * nb];
         let mut d = vec![0f32; np * nb];
-        for t in 0..n {
-            for i in 0..nb {
-                let b = &y[t * nb + i];
-                let q = &mut qs[(t * nb + i) * 4..(t * nb + i) * 4 + 4];
-                for (g, line) in q.iter_mut().enumerate() {
-                    // Stored as a + 128 (unsigned bytes for `vpdpbusd`'s unsigned side).
-                    for (o, &v) in line.0.iter_mut().zip(&b.qs[64 * g..64 * g + 64]) {
-                        *o = v as u8 ^ 0x80;
+        if nb > 0 {
+            qs.par_chunks_mut(C * nb * 4)
+                .zip(bsums2.par_chunks_mut(C / 2 * nb))
+                .zip(d.par_chunks_mut(C * nb))
+                .enumerate()
+                .for_each(|(u, ((qs, bsums2), d))| {
+                    for c in 0..C.min(n.saturating_sub(C * u)) {
+                        let t = C * u + c;
+                        for i in 0..nb {
+                            let b = &y[t * nb + i];
+                            let q = &mut qs[(c * nb + i) * 4..(c * nb + i) * 4 + 4];
+                            for (g, line) in q.iter_mut().enumerate() {
+                                // a + 128: the unsigned side of `vpdpbusd`.
+                                for (o, &v) in line.0.iter_mut().zip(&b.qs[64 * g..64 * g + 64]) {
+                                    *o = v as u8 ^ 0x80;
+                                }
+                            }
+                            let half = (c % 2) * 32;
+                            bsums2[c / 2 * nb + i].0[half..half + 32]
+                                .copy_from_slice(bytemuck::cast_slice(&b.bsums));
+                            d[i * C + c] = b.d;
+                        }
                     }
-                }
-                let half = (t % 2) * 32;
-                bsums2[t / 2 * nb + i].0[half..half + 32]
-                    .copy_from_slice(bytemuck::cast_slice(&b.bsums));
-                d[(t / C * nb + i) * C + t % C] = b.d;
-            }
+                });
         }
         Panel { n, nb, qs, bsums2, d }
     }
@@ -419,6 +430,18 @@ mod x86 {
         pair_index(14),
     ]);
 
+    #[repr(C, align(64))]
+    struct BcastIndex([[i32; 16]; 16]);
+    static BCAST_INDEX: BcastIndex = BcastIndex({
+        let mut t = [[0i32; 16]; 16];
+        let mut p = 0;
+        while p < 16 {
+            t[p] = [p as i32; 16];
+            p += 1;
+        }
+        t
+    });
+
     // The asm below keeps the 16 sums of a tile in zmm0..zmm15 (pair p = 4r + c in zmm p),
     // the activations of the tile's 4 columns for two groups in zmm16..19 and zmm20..23, a
     // row's quants and pair scales in zmm24..26, temporaries in zmm27..31.
@@ -528,7 +551,8 @@ mod x86 {
         ($p:literal) => {
             concat!(
                 "vcvtdq2ps zmm", $p, ", zmm", $p, "\n",
-                "vbroadcastss zmm31, dword ptr [{acc} + 1536 + 4*", $p, "]\n",
+                "vmovdqa64 zmm31, zmmword ptr [{bidx} + 64*", $p, "]\n",
+                "vpermps zmm31, zmm31, zmm30\n",
                 "vfmadd213ps zmm", $p, ", zmm31, zmmword ptr [{acc} + 64*", $p, "]\n",
                 "vmovaps zmmword ptr [{acc} + 64*", $p, "], zmm", $p, "\n",
             )
@@ -614,7 +638,6 @@ mod x86 {
                 "vbroadcastf32x4 zmm29, xmmword ptr [{dcol}]",
                 "vmulps zmm30, zmm29, zmmword ptr [{w} + 2048]",
                 "vmulps zmm29, zmm29, zmmword ptr [{w} + 2112]",
-                "vmovaps zmmword ptr [{acc} + 1536], zmm30",
                 q4_acc!("0"), q4_acc!("1"), q4_acc!("2"), q4_acc!("3"),
                 q4_acc!("4"), q4_acc!("5"), q4_acc!("6"), q4_acc!("7"),
                 q4_acc!("8"), q4_acc!("9"), q4_acc!("10"), q4_acc!("11"),
@@ -634,6 +657,7 @@ mod x86 {
                 bst = in(reg) bst,
                 acc = in(reg) accp,
                 pidx = in(reg) PAIR_INDEX.0.as_ptr(),
+                bidx = in(reg) BCAST_INDEX.0.as_ptr(),
                 out("zmm0") _, out("zmm1") _, out("zmm2") _, out("zmm3") _,
                 out("zmm4") _, out("zmm5") _, out("zmm6") _, out("zmm7") _,
                 out("zmm8") _, out("zmm9") _, out("zmm10") _, out("zmm11") _,
