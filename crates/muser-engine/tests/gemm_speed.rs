@@ -64,18 +64,41 @@ fn prefill_kernel_speed() {
     let g6 = tile::q6_k_gemm().unwrap();
     let mut rng = StdRng::seed_from_u64(1);
     let n = 512;
-    // MUSER_SPEED_ONLY=q4: time only the tiled Q4_K kernel at K=2048, many times (for perf).
-    if std::env::var("MUSER_SPEED_ONLY").is_ok_and(|v| v == "q4") {
-        let nb = 8;
-        let y = columns(n, nb, &mut rng);
-        let w4 = blocks(64 * nb, &mut rng, |b: &mut BlockQ4K| {
-            b.d = half::f16::from_f32(0.01);
-            b.dmin = half::f16::from_f32(0.01)
-        });
-        let panel = tile::Panel::new(&y, n, nb);
-        let mut out = vec![0f32; 64 * n];
-        let t = best(200, || tile::gemm_q4_k(&w4, 64, &panel, &mut out));
-        println!("q4_k tiled K=2048: {:.1} GMAC/s", (64 * 2048 * n) as f64 / t / 1e9);
+    // MUSER_SPEED_ONLY=shapes: the tiled kernels on llama-1b's prefill shapes, one thread,
+    // tasks of 64 rows as the backend splits them.
+    if std::env::var("MUSER_SPEED_ONLY").is_ok_and(|v| v == "shapes") {
+        for (name, rows, cols, q6) in [
+            ("gate/up 7168x2048 q4_k", 7168usize, 2048usize, false),
+            ("down 2048x7168 q4_k", 2048, 7168, false),
+            ("down 2048x7168 q6_k", 2048, 7168, true),
+            ("q/o 2048x2048 q4_k", 2048, 2048, false),
+        ] {
+            let nb = cols / 256;
+            let y = columns(n, nb, &mut rng);
+            let panel = tile::Panel::new(&y, n, nb);
+            let chunk = 64;
+            let mut out = vec![0f32; chunk * n];
+            let macs = (rows * cols * n) as f64;
+            let t = if q6 {
+                let w = blocks(rows * nb, &mut rng, |b: &mut BlockQ6K| b.d = half::f16::from_f32(0.01));
+                best(3, || {
+                    for r0 in (0..rows).step_by(chunk) {
+                        tile::gemm_q6_k(&w[r0 * nb..(r0 + chunk) * nb], chunk, &panel, &mut out)
+                    }
+                })
+            } else {
+                let w = blocks(rows * nb, &mut rng, |b: &mut BlockQ4K| {
+                    b.d = half::f16::from_f32(0.01);
+                    b.dmin = half::f16::from_f32(0.01)
+                });
+                best(3, || {
+                    for r0 in (0..rows).step_by(chunk) {
+                        tile::gemm_q4_k(&w[r0 * nb..(r0 + chunk) * nb], chunk, &panel, &mut out)
+                    }
+                })
+            };
+            println!("{name}: {:.1} GMAC/s ({:.1} ms)", macs / t / 1e9, t * 1e3);
+        }
         return;
     }
     let chunk = 64; // rows per task

@@ -127,18 +127,18 @@ fn check_shapes<W>(what: &str, w: &[W], rows: usize, p: &Panel, out: &[f32]) {
 
 /// Columns per chunk: a row tile is unpacked once per chunk, and a chunk's activations stay
 /// in L2 while the row tiles pass.
-const CHUNK: usize = 64;
+const CHUNK: usize = 128;
 
 /// out[t * rows + r] = dot(W[r], column t) for every row of `w` (`rows x nb` blocks).
 pub fn gemm_q4_k(w: &[BlockQ4K], rows: usize, p: &Panel, out: &mut [f32]) {
     check_shapes("gemm_q4_k", w, rows, p, out);
     let nb = p.nb;
-    let mut buf: Vec<x86::Q4W> = Vec::with_capacity(nb);
+    let mut buf: Vec<x86::Q4W> = (0..nb).map(|_| x86::Q4W::zero()).collect();
     for c0 in (0..p.n).step_by(CHUNK) {
         let c1 = (c0 + CHUNK).min(p.n);
         for r0 in (0..rows).step_by(R) {
             let rr = R.min(rows - r0);
-            buf.clear();
+
             // SAFETY: the features were checked; rows r0..r0+rr exist; every column tile
             // t0..t0+4 (t0 < c1, a multiple of 4) is inside the zero-padded panel, and the
             // kernel writes out[t * rows + r] only for t < c1, r < r0 + rr.
@@ -157,12 +157,12 @@ pub fn gemm_q4_k(w: &[BlockQ4K], rows: usize, p: &Panel, out: &mut [f32]) {
 pub fn gemm_q6_k(w: &[BlockQ6K], rows: usize, p: &Panel, out: &mut [f32]) {
     check_shapes("gemm_q6_k", w, rows, p, out);
     let nb = p.nb;
-    let mut buf: Vec<x86::Q6W> = Vec::with_capacity(nb);
+    let mut buf: Vec<x86::Q6W> = (0..nb).map(|_| x86::Q6W::zero()).collect();
     for c0 in (0..p.n).step_by(CHUNK) {
         let c1 = (c0 + CHUNK).min(p.n);
         for r0 in (0..rows).step_by(R) {
             let rr = R.min(rows - r0);
-            buf.clear();
+
             // SAFETY: as in gemm_q4_k.
             unsafe {
                 x86::unpack_q6_k(&w[r0 * nb..(r0 + rr) * nb], rr, nb, &mut buf);
@@ -214,6 +214,19 @@ mod x86 {
         scales: [__m512i; R],
         /// [1792] d of row r in lanes 4r..4r+4.
         d: [f32; 16],
+    }
+
+    impl Q4W {
+        pub fn zero() -> Q4W {
+            // SAFETY: all-zero bytes are a valid Q4W (integer and float vectors).
+            unsafe { std::mem::zeroed() }
+        }
+    }
+    impl Q6W {
+        pub fn zero() -> Q6W {
+            // SAFETY: as above.
+            unsafe { std::mem::zeroed() }
+        }
     }
 
     const _: () = assert!(std::mem::size_of::<Q4W>() == 2176);
@@ -296,14 +309,16 @@ mod x86 {
     /// Unpacks `rr` rows (<= 4) of `nb` Q4_K blocks into one `Q4W` per block (rows past `rr`
     /// zero).
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
-    pub unsafe fn unpack_q4_k(w: &[BlockQ4K], rr: usize, nb: usize, buf: &mut Vec<Q4W>) {
+    pub unsafe fn unpack_q4_k(w: &[BlockQ4K], rr: usize, nb: usize, buf: &mut [Q4W]) {
         let m4 = _mm512_set1_epi8(0x0f);
         let ones = _mm512_set1_epi8(1);
         let zero = _mm512_setzero_si512();
         let shift = halves_i16(0, 4);
         let index = K4_INDEX.map(|a| _mm512_loadu_si512(a.as_ptr() as *const _));
-        for i in 0..nb {
-            let mut u: Q4W = std::mem::zeroed();
+        for (i, u) in buf[..nb].iter_mut().enumerate() {
+            if rr < R {
+                *u = Q4W::zero();
+            }
             for r in 0..rr {
                 let b = &w[r * nb + i];
                 for g in 0..4 {
@@ -334,7 +349,6 @@ mod x86 {
                     u.dmin[4 * r + c] = dmin;
                 }
             }
-            buf.push(u);
         }
     }
 
@@ -369,14 +383,16 @@ mod x86 {
     /// pairs (0-1: values l, 2-3: l+32, 4-5: l+64, 6-7: l+96 of the half), exactly as the
     /// one-column kernel assembles them.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
-    pub unsafe fn unpack_q6_k(w: &[BlockQ6K], rr: usize, nb: usize, buf: &mut Vec<Q6W>) {
+    pub unsafe fn unpack_q6_k(w: &[BlockQ6K], rr: usize, nb: usize, buf: &mut [Q6W]) {
         let m4 = _mm512_set1_epi8(0x0f);
         let m30 = _mm512_set1_epi8(0x30);
         let shl_lo = halves_i16(4, 2);
         let shr_hi = halves_i16(0, 2);
         let index = K6_INDEX.map(|a| _mm512_loadu_si512(a.as_ptr() as *const _));
-        for i in 0..nb {
-            let mut u: Q6W = std::mem::zeroed();
+        for (i, u) in buf[..nb].iter_mut().enumerate() {
+            if rr < R {
+                *u = Q6W::zero();
+            }
             for r in 0..rr {
                 let b = &w[r * nb + i];
                 for h in 0..2 {
@@ -402,7 +418,6 @@ mod x86 {
                     u.d[4 * r + c] = d;
                 }
             }
-            buf.push(u);
         }
     }
 
