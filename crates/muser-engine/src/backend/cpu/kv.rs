@@ -46,7 +46,7 @@ impl KvLayer {
     fn width(&self) -> usize {
         self.spec.n_head_kv * self.spec.head_dim
     }
-    fn slot(&self, pos: usize) -> usize {
+    pub(crate) fn slot(&self, pos: usize) -> usize {
         if self.spec.is_ring() {
             pos % self.spec.slots
         } else {
@@ -73,6 +73,10 @@ impl KvLayer {
     /// position pos0 + t) over the positions it sees; writes out (same shape as q).
     pub fn attend(&self, q: &[f32], n_head: usize, pos0: usize, scale: f32, out: &mut [f32]) {
         let hd = self.spec.head_dim;
+        if q.len() / (n_head * hd) >= super::attn::MIN_ROWS && super::attn::available(hd) {
+            // Bit for bit the per-head path below, laid out for throughput.
+            return super::attn::attend(self, q, n_head, pos0, scale, out);
+        }
         out.par_chunks_mut(hd).enumerate().for_each(|(i, o)| {
             let (t, h) = (i / n_head, i % n_head);
             self.attend_head(&q[i * hd..(i + 1) * hd], h, n_head, pos0 + t, scale, o);

@@ -2,6 +2,7 @@
 //! `Vec`s, the KV cache is f16, work runs on the backend's own rayon pool (entered once per
 //! forward through `Backend::run`).
 
+pub mod attn;
 #[cfg(target_arch = "x86_64")]
 pub mod gemm;
 pub mod kv;

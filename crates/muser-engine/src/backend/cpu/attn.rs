@@ -1,0 +1,236 @@
+//! Batched attention for prefill (AVX-512): the rows of one sequence over its f16 KV cache,
+//! with every (row, head) result bit for bit that of `KvLayer::attend_head` (the decode path).
+//!
+//! `attend_head` computes, per (row, head): scores `dot_f16_f32(k_j, q) * scale` (the AVX2
+//! dot: two 8-lane FMA chains over 16 values per step, then a fixed reduction tree), a scalar
+//! max / exp / sum in position order, then `o = 0; o = fma(e_j / sum, v_j, o)` in position
+//! order. Here the same operations are laid out for throughput:
+//!
+//! - K is converted once per call to f32 and transposed into blocks of 16 positions
+//!   (`[block][dim][16]`), so one FMA advances the same lane chain of 16 positions; the 16
+//!   chains of the AVX2 dot (lane l of its two accumulators) are kept apart and reduced with
+//!   its tree. The query's values are broadcast once per 4 blocks.
+//! - V is converted once per call to f32; the G query heads that share a KV head (GQA) are
+//!   done together, so each V row is loaded once for G heads.
+//! - exp and the running sum stay scalar, in order, as in `attend_head`.
+//!
+//! Used when a call has enough rows for the conversions to pay (`MIN_ROWS`), the head size
+//! is a multiple of 16 and the CPU has AVX-512F (with AVX2, FMA, F16C, which the decode path's
+//! kernels use); otherwise the caller runs `attend_head` per (row, head).
+
+use super::kv::KvLayer;
+use half::slice::HalfFloatSliceExt;
+use rayon::prelude::*;
+
+/// Rows from which a call takes the batched path.
+pub const MIN_ROWS: usize = 8;
+
+/// Whether the batched path serves a layer with this head size on this CPU.
+pub fn available(head_dim: usize) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let has = *HAS.get_or_init(|| {
+            is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c")
+        });
+        has && head_dim > 0 && head_dim.is_multiple_of(16)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = head_dim;
+        false
+    }
+}
+
+/// A raw pointer shared by tasks that write disjoint parts of the output.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: each task writes only its own (row, KV head) slice, and the buffer outlives them.
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+impl OutPtr {
+    fn at(self, i: usize) -> *mut f32 {
+        self.0.wrapping_add(i)
+    }
+}
+
+/// Rows t of q (`[n, n_head * head_dim]`, at positions pos0 + t) over `kv`; writes out.
+/// Requires `available(head_dim)`.
+pub fn attend(kv: &KvLayer, q: &[f32], n_head: usize, pos0: usize, scale: f32, out: &mut [f32]) {
+    let spec = kv.spec;
+    let hd = spec.head_dim;
+    let nkv = spec.n_head_kv;
+    assert!(available(hd));
+    let width = n_head * hd;
+    let n = q.len() / width;
+    if n == 0 {
+        return;
+    }
+    let group = n_head / nkv;
+    let lo_of = |p: usize| spec.window.map_or(0, |w| (p + 1).saturating_sub(w));
+    // Positions seen by some row: base ..= last.
+    let base = lo_of(pos0);
+    let last = pos0 + n - 1;
+    let span = last + 1 - base;
+    let nblk = span.div_ceil(16);
+    let kvw = nkv * hd;
+    // Per KV head: K transposed ([block][dim][16] f32) and V ([pos][dim] f32), from `base`.
+    let mut kt = vec![0f32; nkv * nblk * hd * 16];
+    let mut vf = vec![0f32; nkv * span * hd];
+    kt.par_chunks_mut(nblk * hd * 16)
+        .zip(vf.par_chunks_mut(span * hd))
+        .enumerate()
+        .for_each(|(kh, (kt, vf))| {
+            let mut row = vec![0f32; hd];
+            for j in 0..span {
+                let s = kv.slot(base + j) * kvw + kh * hd;
+                kv.k[s..s + hd].convert_to_f32_slice(&mut row);
+                let (b, l) = (j / 16, j % 16);
+                for (d, &x) in row.iter().enumerate() {
+                    kt[(b * hd + d) * 16 + l] = x;
+                }
+                kv.v[s..s + hd].convert_to_f32_slice(&mut vf[j * hd..(j + 1) * hd]);
+            }
+        });
+    let o = OutPtr(out.as_mut_ptr());
+    assert_eq!(out.len(), q.len());
+    (0..n * nkv).into_par_iter().for_each(|task| {
+        let (t, kh) = (task / nkv, task % nkv);
+        let p = pos0 + t;
+        let lo = lo_of(p);
+        let kt = &kt[kh * nblk * hd * 16..(kh + 1) * nblk * hd * 16];
+        let vf = &vf[kh * span * hd..(kh + 1) * span * hd];
+        let heads = kh * group..(kh + 1) * group;
+        let qs = &q[t * width + heads.start * hd..t * width + heads.end * hd];
+        let mut res = vec![0f32; group * hd];
+        // SAFETY: the CPU has the features (`available`); the slices are sized for the
+        // blocks and positions used (lo - base .. p - base < span).
+        unsafe { x86::group(kt, vf, hd, qs, group, lo - base, p - base, scale, &mut res) };
+        for (g, h) in heads.enumerate() {
+            // SAFETY: row t, head h of out is inside it and only this task writes it.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    res[g * hd..].as_ptr(),
+                    o.at(t * width + h * hd),
+                    hd,
+                )
+            };
+        }
+    });
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    /// Scores of one query over key blocks b0..b1 (of 16 positions): sc[16 (b - b0) + l] =
+    /// dot(k_{16b + l}, q) * scale with the AVX2 dot's chains and reduction.
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    unsafe fn scores(kt: &[f32], hd: usize, q: &[f32], b0: usize, b1: usize, scale: f32, sc: &mut [f32]) {
+        let steps = hd / 16;
+        let blk = hd * 16;
+        let mut b = b0;
+        while b < b1 {
+            let nb = (b1 - b).min(4);
+            // acc[k][l]: the AVX2 dot's acc0 (l < 8) / acc1 (l >= 8) lane l % 8, over 16
+            // positions of block b + k.
+            let mut chain = [[_mm512_setzero_ps(); 16]; 4];
+            for l in 0..16 {
+                for s in 0..steps {
+                    let d = 16 * s + l;
+                    let qd = _mm512_set1_ps(q[d]);
+                    for (k, c) in chain.iter_mut().enumerate().take(nb) {
+                        let kv = _mm512_loadu_ps(kt.as_ptr().add((b + k) * blk + d * 16));
+                        c[l] = _mm512_fmadd_ps(kv, qd, c[l]);
+                    }
+                }
+            }
+            for (k, c) in chain.iter().enumerate().take(nb) {
+                // acc = acc0 + acc1; s4 = lo4 + hi4; s2 = [s4_0 + s4_2, s4_1 + s4_3]; s2_0 + s2_1.
+                let acc: [__m512; 8] = std::array::from_fn(|l| _mm512_add_ps(c[l], c[l + 8]));
+                let s4: [__m512; 4] = std::array::from_fn(|m| _mm512_add_ps(acc[m], acc[m + 4]));
+                let s2_0 = _mm512_add_ps(s4[0], s4[2]);
+                let s2_1 = _mm512_add_ps(s4[1], s4[3]);
+                let dot = _mm512_add_ps(s2_0, s2_1);
+                _mm512_storeu_ps(
+                    sc.as_mut_ptr().add(16 * (b + k - b0)),
+                    _mm512_mul_ps(dot, _mm512_set1_ps(scale)),
+                );
+            }
+            b += nb;
+        }
+    }
+
+    /// The G query heads `qs` (`[G, hd]`) sharing one KV head, at a row that sees positions
+    /// lo..=p (relative to the buffers' base); writes res (`[G, hd]`).
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    pub unsafe fn group(
+        kt: &[f32],
+        vf: &[f32],
+        hd: usize,
+        qs: &[f32],
+        g: usize,
+        lo: usize,
+        p: usize,
+        scale: f32,
+        res: &mut [f32],
+    ) {
+        let (b0, b1) = (lo / 16, p / 16 + 1);
+        let len = p + 1 - lo;
+        let off = lo - 16 * b0;
+        // Per head: the weights e_j / sum of positions lo..=p.
+        let mut w = vec![0f32; g * len.next_multiple_of(16)];
+        let wl = len.next_multiple_of(16);
+        let mut sc = vec![0f32; 16 * (b1 - b0)];
+        for h in 0..g {
+            scores(kt, hd, &qs[h * hd..(h + 1) * hd], b0, b1, scale, &mut sc);
+            let e = &mut sc[off..off + len];
+            let max = e.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let mut sum = 0f32;
+            for s in e.iter_mut() {
+                *s = (*s - max).exp();
+                sum += *s;
+            }
+            let wh = &mut w[h * wl..h * wl + wl];
+            wh[..len].copy_from_slice(e);
+            let sv = _mm512_set1_ps(sum);
+            for c in wh.chunks_exact_mut(16) {
+                let x = _mm512_loadu_ps(c.as_ptr());
+                _mm512_storeu_ps(c.as_mut_ptr(), _mm512_div_ps(x, sv));
+            }
+        }
+        // o = 0; o = fma(w_j, v_j, o) in position order, 4 heads x 64 values at a time.
+        for h0 in (0..g).step_by(4) {
+            let gh = (g - h0).min(4);
+            for d0 in (0..hd).step_by(64) {
+                let nd = ((hd - d0) / 16).min(4);
+                let mut o = [[_mm512_setzero_ps(); 4]; 4];
+                for j in 0..len {
+                    let v = vf.as_ptr().add((lo + j) * hd + d0);
+                    let vv: [__m512; 4] = std::array::from_fn(|k| {
+                        if k < nd {
+                            _mm512_loadu_ps(v.add(16 * k))
+                        } else {
+                            _mm512_setzero_ps()
+                        }
+                    });
+                    for (hh, oh) in o.iter_mut().enumerate().take(gh) {
+                        let wj = _mm512_set1_ps(*w.get_unchecked((h0 + hh) * wl + j));
+                        for k in 0..nd {
+                            oh[k] = _mm512_fmadd_ps(wj, vv[k], oh[k]);
+                        }
+                    }
+                }
+                for (hh, oh) in o.iter().enumerate().take(gh) {
+                    for k in 0..nd {
+                        _mm512_storeu_ps(res.as_mut_ptr().add((h0 + hh) * hd + d0 + 16 * k), oh[k]);
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,88 @@
+//! The batched prefill attention equals the per-(row, head) decode path bit for bit, and a
+//! whole prefill's logits equal token-by-token decode logits bit for bit.
+
+mod common;
+use common::*;
+use half::f16;
+use muser_engine::backend::cpu::attn;
+use muser_engine::backend::cpu::kv::KvLayer;
+use muser_engine::backend::KvLayerSpec;
+use muser_engine::Session;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+fn bits(x: &[f32]) -> Vec<u32> {
+    x.iter().map(|v| v.to_bits()).collect()
+}
+
+/// A layer holding positions 0..pos0+n with random K and V (as `store` would leave them).
+fn layer(spec: KvLayerSpec, upto: usize, rng: &mut StdRng) -> KvLayer {
+    let w = spec.n_head_kv * spec.head_dim;
+    let mut kv = KvLayer {
+        spec,
+        k: if spec.is_ring() { vec![f16::ZERO; spec.slots * w] } else { Vec::new() },
+        v: if spec.is_ring() { vec![f16::ZERO; spec.slots * w] } else { Vec::new() },
+    };
+    let k: Vec<f32> = (0..upto * w).map(|_| rng.gen_range(-2.0f32..2.0)).collect();
+    let v: Vec<f32> = (0..upto * w).map(|_| rng.gen_range(-2.0f32..2.0)).collect();
+    kv.store(&k, &v, 0);
+    kv
+}
+
+#[test]
+fn batched_attention_equals_per_head_attention_bitwise() {
+    let mut rng = StdRng::seed_from_u64(5);
+    // (n_head, n_head_kv, head_dim, window, pos0, rows)
+    let cases = [
+        (8, 2, 64, None, 0, 8),
+        (8, 2, 64, None, 0, 37),
+        (8, 2, 64, None, 21, 19),
+        (4, 4, 128, None, 3, 40),
+        (12, 2, 64, None, 100, 9),
+        (6, 3, 32, Some(16), 0, 33),
+        (8, 2, 64, Some(16), 50, 24),
+        (4, 1, 256, Some(7), 13, 17),
+    ];
+    for (n_head, n_head_kv, head_dim, window, pos0, rows) in cases {
+        if !attn::available(head_dim) {
+            return eprintln!("no AVX-512: skipped");
+        }
+        let slots = window.map_or(pos0 + rows, |w| w + rows - 1);
+        let spec = KvLayerSpec { n_head_kv, head_dim, window, slots };
+        let kv = layer(spec, pos0 + rows, &mut rng);
+        let q: Vec<f32> = (0..rows * n_head * head_dim)
+            .map(|_| rng.gen_range(-1.0f32..1.0))
+            .collect();
+        let scale = 1.0 / (head_dim as f32).sqrt();
+        let mut got = vec![f32::NAN; q.len()];
+        attn::attend(&kv, &q, n_head, pos0, scale, &mut got);
+        let mut want = vec![f32::NAN; q.len()];
+        for (i, o) in want.chunks_mut(head_dim).enumerate() {
+            let (t, h) = (i / n_head, i % n_head);
+            kv.attend_head(&q[i * head_dim..(i + 1) * head_dim], h, n_head, pos0 + t, scale, o);
+        }
+        assert_eq!(
+            bits(&got),
+            bits(&want),
+            "heads {n_head}/{n_head_kv} x {head_dim}, window {window:?}, pos0 {pos0}, rows {rows}"
+        );
+    }
+}
+
+/// Prefill (tiled matmuls, batched attention) against one token at a time (one-column dots,
+/// per-head attention): every logit equal to the bit.
+#[test]
+fn prefill_logits_equal_decode_logits_bitwise() {
+    for arch in ["llama", "qwen3", "muse"] {
+        let t = Tiny::new(arch);
+        let m = t.model();
+        let toks = random_tokens(45, t.n_vocab, 9);
+        let all = Session::new(&m, 64).unwrap().prefill_all(&toks).unwrap().to_vec();
+        let mut s = Session::new(&m, 64).unwrap();
+        let nv = t.n_vocab;
+        for (i, &tok) in toks.iter().enumerate() {
+            let l = s.decode(tok).unwrap();
+            assert_eq!(bits(l), bits(&all[i * nv..(i + 1) * nv]), "{arch} position {i}");
+        }
+    }
+}
