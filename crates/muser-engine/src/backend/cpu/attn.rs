@@ -2,9 +2,8 @@
 //! with every (row, head) result bit for bit that of `KvLayer::attend_head` (the decode path).
 //!
 //! `attend_head` computes, per (row, head): scores `dot_f16_f32(k_j, q) * scale` (the AVX2
-//! dot: two 8-lane FMA chains over 16 values per step, then a fixed reduction tree), a scalar
-//! max / exp / sum in position order, then `o = 0; o = fma(e_j / sum, v_j, o)` in position
-//! order. Here the same operations are laid out for throughput:
+//! dot: two 8-lane FMA chains over 16 values per step, then a fixed reduction tree), the
+//! weights `softmax(scores)`, then `o = 0; o = fma(w_j, v_j, o)` in position order. Here the same operations are laid out for throughput:
 //!
 //! - K is converted once per call to f32 and transposed into blocks of 16 positions
 //!   (`[block][dim][16]`), so one FMA advances the same lane chain of 16 positions; the 16
@@ -12,7 +11,7 @@
 //!   its tree. The query's values are broadcast once per 4 blocks.
 //! - V is converted once per call to f32; the G query heads that share a KV head (GQA) are
 //!   done together, so each V row is loaded once for G heads.
-//! - exp and the running sum stay scalar, in order, as in `attend_head`.
+//! - the softmax is the shared one (`softmax.rs`), as in `attend_head`.
 //!
 //! Used when a call has enough rows for the conversions to pay (`MIN_ROWS`), the head size
 //! is a multiple of 16 and the CPU has AVX-512F (with AVX2, FMA, F16C, which the decode path's
@@ -126,38 +125,53 @@ pub fn attend(kv: &KvLayer, q: &[f32], n_head: usize, pos0: usize, scale: f32, o
 mod x86 {
     use std::arch::x86_64::*;
 
+    /// One lane chain of the AVX2 dot for up to 4 blocks: lane l of its accumulators (acc0 for
+    /// l < 8, acc1 for l >= 8) over dims l, l + 16, ..., for 16 positions per block.
+    #[inline(always)]
+    unsafe fn chain(kt: *const f32, blk: usize, steps: usize, q: *const f32, nb: usize, l: usize) -> [__m512; 4] {
+        let mut c = [_mm512_setzero_ps(); 4];
+        for s in 0..steps {
+            let d = 16 * s + l;
+            let qd = _mm512_set1_ps(*q.add(d));
+            for (k, ck) in c.iter_mut().enumerate().take(nb) {
+                *ck = _mm512_fmadd_ps(_mm512_loadu_ps(kt.add(k * blk + d * 16)), qd, *ck);
+            }
+        }
+        c
+    }
+
+    #[inline(always)]
+    unsafe fn add4(a: [__m512; 4], b: [__m512; 4]) -> [__m512; 4] {
+        [
+            _mm512_add_ps(a[0], b[0]),
+            _mm512_add_ps(a[1], b[1]),
+            _mm512_add_ps(a[2], b[2]),
+            _mm512_add_ps(a[3], b[3]),
+        ]
+    }
+
     /// Scores of one query over key blocks b0..b1 (of 16 positions): sc[16 (b - b0) + l] =
-    /// dot(k_{16b + l}, q) * scale with the AVX2 dot's chains and reduction.
+    /// dot(k_{16b + l}, q) * scale with the AVX2 dot's chains and reduction tree: acc = acc0 +
+    /// acc1; s4 = lo4 + hi4; s2 = [s4_0 + s4_2, s4_1 + s4_3]; dot = s2_0 + s2_1. Computed
+    /// along the tree so that few vectors are live.
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
     unsafe fn scores(kt: &[f32], hd: usize, q: &[f32], b0: usize, b1: usize, scale: f32, sc: &mut [f32]) {
         let steps = hd / 16;
         let blk = hd * 16;
+        let qp = q.as_ptr();
         let mut b = b0;
         while b < b1 {
             let nb = (b1 - b).min(4);
-            // acc[k][l]: the AVX2 dot's acc0 (l < 8) / acc1 (l >= 8) lane l % 8, over 16
-            // positions of block b + k.
-            let mut chain = [[_mm512_setzero_ps(); 16]; 4];
-            for l in 0..16 {
-                for s in 0..steps {
-                    let d = 16 * s + l;
-                    let qd = _mm512_set1_ps(q[d]);
-                    for (k, c) in chain.iter_mut().enumerate().take(nb) {
-                        let kv = _mm512_loadu_ps(kt.as_ptr().add((b + k) * blk + d * 16));
-                        c[l] = _mm512_fmadd_ps(kv, qd, c[l]);
-                    }
-                }
-            }
-            for (k, c) in chain.iter().enumerate().take(nb) {
-                // acc = acc0 + acc1; s4 = lo4 + hi4; s2 = [s4_0 + s4_2, s4_1 + s4_3]; s2_0 + s2_1.
-                let acc: [__m512; 8] = std::array::from_fn(|l| _mm512_add_ps(c[l], c[l + 8]));
-                let s4: [__m512; 4] = std::array::from_fn(|m| _mm512_add_ps(acc[m], acc[m + 4]));
-                let s2_0 = _mm512_add_ps(s4[0], s4[2]);
-                let s2_1 = _mm512_add_ps(s4[1], s4[3]);
-                let dot = _mm512_add_ps(s2_0, s2_1);
+            let kp = kt.as_ptr().add(b * blk);
+            let acc = |l: usize| add4(chain(kp, blk, steps, qp, nb, l), chain(kp, blk, steps, qp, nb, l + 8));
+            let s4 = |m: usize| add4(acc(m), acc(m + 4));
+            let s2_0 = add4(s4(0), s4(2));
+            let s2_1 = add4(s4(1), s4(3));
+            let dot = add4(s2_0, s2_1);
+            for (k, dk) in dot.iter().enumerate().take(nb) {
                 _mm512_storeu_ps(
                     sc.as_mut_ptr().add(16 * (b + k - b0)),
-                    _mm512_mul_ps(dot, _mm512_set1_ps(scale)),
+                    _mm512_mul_ps(*dk, _mm512_set1_ps(scale)),
                 );
             }
             b += nb;
@@ -189,19 +203,8 @@ mod x86 {
         for h in 0..g {
             scores(kt, hd, &qs[h * hd..(h + 1) * hd], b0, b1, scale, &mut sc);
             let e = &mut sc[off..off + len];
-            let max = e.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let mut sum = 0f32;
-            for s in e.iter_mut() {
-                *s = (*s - max).exp();
-                sum += *s;
-            }
-            let wh = &mut w[h * wl..h * wl + wl];
-            wh[..len].copy_from_slice(e);
-            let sv = _mm512_set1_ps(sum);
-            for c in wh.chunks_exact_mut(16) {
-                let x = _mm512_loadu_ps(c.as_ptr());
-                _mm512_storeu_ps(c.as_mut_ptr(), _mm512_div_ps(x, sv));
-            }
+            super::super::softmax::softmax(e);
+            w[h * wl..h * wl + len].copy_from_slice(e);
         }
         // o = 0; o = fma(w_j, v_j, o) in position order, 4 heads x 64 values at a time.
         for h0 in (0..g).step_by(4) {

@@ -108,16 +108,11 @@ impl KvLayer {
                 dot_f16_f32(&self.k[s..s + hd], qh) * scale
             })
             .collect();
-        let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let mut sum = 0f32;
-        for s in scores.iter_mut() {
-            *s = (*s - max).exp();
-            sum += *s;
-        }
+        super::softmax::softmax(&mut scores);
         o.fill(0.0);
-        for (j, &e) in (lo..=p).zip(&scores) {
+        for (j, &wj) in (lo..=p).zip(&scores) {
             let s = self.slot(j) * w + kh * hd;
-            axpy_f16(o, e / sum, &self.v[s..s + hd]);
+            axpy_f16(o, wj, &self.v[s..s + hd]);
         }
     }
 }

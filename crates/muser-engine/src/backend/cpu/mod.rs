@@ -9,6 +9,7 @@ pub mod kv;
 pub mod matmul;
 pub mod ops;
 pub mod simd;
+pub mod softmax;
 #[cfg(target_arch = "x86_64")]
 pub mod tile;
 
