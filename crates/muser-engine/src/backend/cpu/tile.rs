@@ -610,6 +610,44 @@ mod x86 {
         };
     }
 
+    /// The horizontal sums of 16 vectors (pair p = 4r + c), each by `_mm512_reduce_add_ps`'s
+    /// tree (lane l + lane l+8, then m + m+4, then [0+2, 1+3], then 0+1), all 16 at once;
+    /// stores pair (r, c) at out[c * ld + r] for r < rr, c < cc.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    unsafe fn store_sums(v: &[__m512; 16], out: *mut f32, ld: usize, rr: usize, cc: usize) {
+        let a: [__m512; 8] = std::array::from_fn(|i| {
+            let (x, y) = (v[2 * i], v[2 * i + 1]);
+            _mm512_add_ps(
+                _mm512_shuffle_f32x4::<0b01_00_01_00>(x, y),
+                _mm512_shuffle_f32x4::<0b11_10_11_10>(x, y),
+            )
+        });
+        let b: [__m512; 4] = std::array::from_fn(|i| {
+            let (x, y) = (a[2 * i], a[2 * i + 1]);
+            _mm512_add_ps(
+                _mm512_shuffle_f32x4::<0b10_00_10_00>(x, y),
+                _mm512_shuffle_f32x4::<0b11_01_11_01>(x, y),
+            )
+        });
+        let c: [__m512; 2] = std::array::from_fn(|i| {
+            let (x, y) = (b[2 * i], b[2 * i + 1]);
+            _mm512_add_ps(
+                _mm512_shuffle_ps::<0b01_00_01_00>(x, y),
+                _mm512_shuffle_ps::<0b11_10_11_10>(x, y),
+            )
+        });
+        // Lane 4c + r holds pair (r, c).
+        let d = _mm512_add_ps(
+            _mm512_shuffle_ps::<0b10_00_10_00>(c[0], c[1]),
+            _mm512_shuffle_ps::<0b11_01_11_01>(c[0], c[1]),
+        );
+        let mut lanes = [0f32; 16];
+        _mm512_storeu_ps(lanes.as_mut_ptr(), d);
+        for col in 0..cc {
+            std::ptr::copy_nonoverlapping(lanes.as_ptr().add(4 * col), out.add(col * ld), rr);
+        }
+    }
+
     /// One 4 x 4 Q4_K tile over every block: out[c * ld + r] for r < rr, c < cc.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
     pub unsafe fn tile_q4_k(
@@ -687,19 +725,18 @@ mod x86 {
             bs = bs.add(1);
             dcol = dcol.add(C);
         }
-        // The one-column kernel's reduction: sum(acc - [acc_m, 0]).
-        for r in 0..rr {
-            for c in 0..cc {
-                let m = acc.acc_m[2 * r + c / 2];
-                let m = if c % 2 == 0 {
-                    _mm512_castps512_ps256(m)
-                } else {
-                    _mm512_extractf32x8_ps(m, 1)
-                };
-                let m = _mm512_mask_blend_ps(0x00ff, _mm512_setzero_ps(), _mm512_castps256_ps512(m));
-                *out.add(c * ld + r) = _mm512_reduce_add_ps(_mm512_sub_ps(acc.acc[4 * r + c], m));
-            }
-        }
+        // The one-column kernel's reduction: sum(acc - [acc_m, 0]), for the 16 pairs at once.
+        let v: [__m512; 16] = std::array::from_fn(|p| {
+            let (r, c) = (p / 4, p % 4);
+            let am = acc.acc_m[2 * r + c / 2];
+            let m = if c % 2 == 0 {
+                _mm512_maskz_mov_ps(0x00ff, am)
+            } else {
+                _mm512_maskz_shuffle_f32x4::<0b00_00_11_10>(0x00ff, am, am)
+            };
+            _mm512_sub_ps(acc.acc[p], m)
+        });
+        store_sums(&v, out, ld, rr, cc);
     }
 
     /// One 4 x 4 Q6_K tile over every block: out[c * ld + r] for r < rr, c < cc.
@@ -769,17 +806,16 @@ mod x86 {
             bs = bs.add(1);
             dcol = dcol.add(C);
         }
-        for r in 0..rr {
-            for c in 0..cc {
-                let v = acc.acc[2 * r + c / 2];
-                let v = if c % 2 == 0 {
-                    _mm512_castps512_ps256(v)
-                } else {
-                    _mm512_extractf32x8_ps(v, 1)
-                };
-                let v = _mm512_mask_blend_ps(0x00ff, _mm512_setzero_ps(), _mm512_castps256_ps512(v));
-                *out.add(c * ld + r) = _mm512_reduce_add_ps(v);
+        // The one-column kernel's reduction: sum([acc, 0]).
+        let v: [__m512; 16] = std::array::from_fn(|p| {
+            let (r, c) = (p / 4, p % 4);
+            let a = acc.acc[2 * r + c / 2];
+            if c % 2 == 0 {
+                _mm512_maskz_mov_ps(0x00ff, a)
+            } else {
+                _mm512_maskz_shuffle_f32x4::<0b00_00_11_10>(0x00ff, a, a)
             }
-        }
+        });
+        store_sums(&v, out, ld, rr, cc);
     }
 }
