@@ -9,7 +9,7 @@
 
 use super::CpuWeight;
 use muser_gguf::GgmlType;
-use muser_quant::quantize::{quantize_row_q8_0_ref, quantize_row_q8_k_ref};
+use muser_quant::quantize::quantize_row_q8_0_ref;
 use muser_quant::simd::Kernels;
 use muser_quant::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, BlockQ8_0, QK8_0, QK_K};
 use rayon::prelude::*;
@@ -58,7 +58,7 @@ impl<'a> QuantizedInput<'a> {
             q.q8_k
                 .par_chunks_mut(nb)
                 .zip(x.par_chunks(cols))
-                .for_each(|(y, x)| quantize_row_q8_k_ref(x, y));
+                .for_each(|(y, x)| super::quant::quantize_row_q8_k(x, y));
             #[cfg(target_arch = "x86_64")]
             if n >= TILE_MIN_COLUMNS
                 && super::tile::available()
@@ -271,7 +271,8 @@ pub fn matmul_multi(
     });
 }
 
-/// out[t][r] = silu(dot(G[r], x[t])) * dot(U[r], x[t]): both matrices in one pass over x.
+/// out[t][r] = silu(dot(G[r], x[t])) * dot(U[r], x[t]): both matrices in one pass over x
+/// (silu on the shared vector exp, `softmax::silu_mul`).
 pub fn gate_up_silu(
     k: &Kernels,
     threads: usize,
@@ -293,12 +294,11 @@ pub fn gate_up_silu(
         rows_times_columns(k, g, inp, r0, r1, &mut tg);
         rows_times_columns(k, u, inp, r0, r1, &mut tu);
         let nr = r1 - r0;
+        let mut row = vec![0f32; nr];
         for t in 0..n {
-            for r in 0..nr {
-                let v = super::ops::silu(tg[t * nr + r]) * tu[t * nr + r];
-                // SAFETY: as in matmul_multi.
-                unsafe { *p.at(t * rows + r0 + r) = v };
-            }
+            super::softmax::silu_mul(&tg[t * nr..(t + 1) * nr], &tu[t * nr..(t + 1) * nr], &mut row);
+            // SAFETY: as in matmul_multi.
+            unsafe { std::ptr::copy_nonoverlapping(row.as_ptr(), p.at(t * rows + r0), nr) };
         }
     });
 }

@@ -8,6 +8,7 @@ pub mod gemm;
 pub mod kv;
 pub mod matmul;
 pub mod ops;
+pub mod quant;
 pub mod simd;
 pub mod softmax;
 #[cfg(target_arch = "x86_64")]

@@ -1,5 +1,6 @@
-//! The softmax of attention scores, shared by every attention path of the CPU backend (decode,
-//! decode groups, batched prefill) so that they agree to the bit.
+//! The softmax of attention scores and the FFN's SiLU, on one vectorized exp, shared by every
+//! path of the CPU backend (decode, decode groups, batched prefill) so that they agree to the
+//! bit.
 //!
 //! `softmax(x)`: x_j <- exp(x_j - max) / sum, with
 //! - max over all x_j;
@@ -32,10 +33,14 @@ const C: [f32; 6] = [
     0.5,
 ];
 const LOW: f32 = -87.0;
+/// exp(89) overflows.
+const HIGH: f32 = 89.0;
 
 /// The scalar exp of the shared softmax (the vector versions compute the same per lane).
 #[inline(always)]
 fn exp_scalar(x: f32, fma: impl Fn(f32, f32, f32) -> f32) -> f32 {
+    // Past these bounds the result is 0 or inf anyway; NaN passes.
+    let x = if x.is_nan() { x } else { x.clamp(LOW - 17.0, HIGH) };
     let t = x * LOG2E + ROUND;
     let n = t - ROUND;
     let r = fma(-n, LN2_HI, x);
@@ -102,6 +107,26 @@ pub fn softmax(x: &mut [f32]) {
     softmax_scalar(x, f32::mul_add);
 }
 
+/// out_i = silu(g_i) * u_i, with silu(x) = x / (1 + exp(-x)) on the shared exp (the same bits
+/// whichever version runs).
+pub fn silu_mul(g: &[f32], u: &[f32], out: &mut [f32]) {
+    assert!(g.len() == u.len() && g.len() == out.len());
+    #[cfg(target_arch = "x86_64")]
+    {
+        if x86::has_avx512() {
+            // SAFETY: the CPU has the features.
+            return unsafe { x86::silu_mul_avx512(g, u, out) };
+        }
+        if x86::has_fma() {
+            // SAFETY: as above.
+            return unsafe { x86::silu_mul_fma(g, u, out) };
+        }
+    }
+    for ((o, &g), &u) in out.iter_mut().zip(g).zip(u) {
+        *o = g / (1.0 + exp_scalar(-g, f32::mul_add)) * u;
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::*;
@@ -120,10 +145,12 @@ mod x86 {
     macro_rules! vexp {
         ($name:ident, $v:ty, $vi:ty, $set1:ident, $mul:ident, $add:ident, $sub:ident, $fmadd:ident,
          $fnmadd:ident, $cvt:ident, $min:ident, $max:ident, $set1i:ident, $addi:ident, $slli:ident,
-         $cast:ident, $setz:ident, $cmplt:expr, $feat:literal) => {
+         $cast:ident, $setz:ident, $cmplt:expr, $min_ps:ident, $max_ps:ident, $feat:literal) => {
             #[target_feature(enable = $feat)]
             #[inline]
             unsafe fn $name(x: $v) -> $v {
+                // The scalar clamp: max/min return their second operand when one is NaN.
+                let x = $min_ps($set1(HIGH), $max_ps($set1(LOW - 17.0), x));
                 let t = $add($mul(x, $set1(LOG2E)), $set1(ROUND));
                 let n = $sub(t, $set1(ROUND));
                 let r = $fnmadd(n, $set1(LN2_HI), x);
@@ -160,11 +187,11 @@ mod x86 {
     vexp!(exp512, __m512, __m512i, _mm512_set1_ps, _mm512_mul_ps, _mm512_add_ps, _mm512_sub_ps,
           _mm512_fmadd_ps, _mm512_fnmadd_ps, _mm512_cvtps_epi32, _mm512_min_epi32, _mm512_max_epi32,
           _mm512_set1_epi32, _mm512_add_epi32, _mm512_slli_epi32, _mm512_castsi512_ps,
-          _mm512_setzero_ps, low512, "avx512f,fma");
+          _mm512_setzero_ps, low512, _mm512_min_ps, _mm512_max_ps, "avx512f,fma");
     vexp!(exp256, __m256, __m256i, _mm256_set1_ps, _mm256_mul_ps, _mm256_add_ps, _mm256_sub_ps,
           _mm256_fmadd_ps, _mm256_fnmadd_ps, _mm256_cvtps_epi32, _mm256_min_epi32, _mm256_max_epi32,
           _mm256_set1_epi32, _mm256_add_epi32, _mm256_slli_epi32, _mm256_castsi256_ps,
-          _mm256_setzero_ps, low256, "avx2,fma");
+          _mm256_setzero_ps, low256, _mm256_min_ps, _mm256_max_ps, "avx2,fma");
 
     #[target_feature(enable = "avx512f,fma")]
     pub unsafe fn softmax_avx512(x: &mut [f32]) {
@@ -195,6 +222,37 @@ mod x86 {
             let k = tail(i);
             let v = _mm512_maskz_loadu_ps(k, p.add(i));
             _mm512_mask_storeu_ps(p.add(i), k, _mm512_div_ps(v, sv));
+        }
+    }
+
+    #[target_feature(enable = "avx512f,fma")]
+    pub unsafe fn silu_mul_avx512(g: &[f32], u: &[f32], out: &mut [f32]) {
+        let n = g.len();
+        let one = _mm512_set1_ps(1.0);
+        for i in (0..n).step_by(16) {
+            let k: __mmask16 = if n - i >= 16 { 0xffff } else { (1u16 << (n - i)) - 1 };
+            let gv = _mm512_maskz_loadu_ps(k, g.as_ptr().add(i));
+            let uv = _mm512_maskz_loadu_ps(k, u.as_ptr().add(i));
+            let e = exp512(_mm512_sub_ps(_mm512_setzero_ps(), gv));
+            let s = _mm512_div_ps(gv, _mm512_add_ps(one, e));
+            _mm512_mask_storeu_ps(out.as_mut_ptr().add(i), k, _mm512_mul_ps(s, uv));
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn silu_mul_fma(g: &[f32], u: &[f32], out: &mut [f32]) {
+        let n = g.len();
+        let one = _mm256_set1_ps(1.0);
+        let (mut gb, mut ub) = ([0f32; 8], [0f32; 8]);
+        for i in (0..n).step_by(8) {
+            let len = (n - i).min(8);
+            gb[..len].copy_from_slice(&g[i..i + len]);
+            ub[..len].copy_from_slice(&u[i..i + len]);
+            let gv = _mm256_loadu_ps(gb.as_ptr());
+            let e = exp256(_mm256_sub_ps(_mm256_setzero_ps(), gv));
+            let s = _mm256_div_ps(gv, _mm256_add_ps(one, e));
+            _mm256_storeu_ps(gb.as_mut_ptr(), _mm256_mul_ps(s, _mm256_loadu_ps(ub.as_ptr())));
+            out[i..i + len].copy_from_slice(&gb[..len]);
         }
     }
 
@@ -257,6 +315,27 @@ mod x86 {
                     }
                 }
                 x += 0.0137;
+            }
+        }
+
+        #[test]
+        fn every_silu_version_gives_the_same_bits() {
+            if !has_avx512() {
+                return;
+            }
+            let g: Vec<f32> = (0..1001).map(|i| (i as f32 - 500.0) * 0.37).collect();
+            let u: Vec<f32> = (0..1001).map(|i| 1.0 + i as f32 * 1e-3).collect();
+            let (mut a, mut b) = (vec![0f32; g.len()], vec![0f32; g.len()]);
+            unsafe {
+                silu_mul_avx512(&g, &u, &mut a);
+                silu_mul_fma(&g, &u, &mut b);
+            }
+            for i in 0..g.len() {
+                let want = g[i] / (1.0 + exp_scalar(-g[i], f32::mul_add)) * u[i];
+                assert_eq!(a[i].to_bits(), want.to_bits(), "silu({})", g[i]);
+                assert_eq!(b[i].to_bits(), want.to_bits(), "silu({})", g[i]);
+                let exact = g[i] as f64 / (1.0 + (-g[i] as f64).exp()) * u[i] as f64;
+                assert!((want as f64 - exact).abs() <= 1e-6 * exact.abs().max(1e-30), "silu({})", g[i]);
             }
         }
 
