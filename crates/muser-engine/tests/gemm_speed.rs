@@ -76,14 +76,15 @@ fn prefill_kernel_speed() {
             let nb = cols / 256;
             let y = columns(n, nb, &mut rng);
             let panel = tile::Panel::new(&y, n, nb);
-            let chunk = 64;
+            let chunk = tile::rows_per_task(nb);
             let mut out = vec![0f32; chunk * n];
             let macs = (rows * cols * n) as f64;
             let t = if q6 {
                 let w = blocks(rows * nb, &mut rng, |b: &mut BlockQ6K| b.d = half::f16::from_f32(0.01));
                 best(3, || {
                     for r0 in (0..rows).step_by(chunk) {
-                        tile::gemm_q6_k(&w[r0 * nb..(r0 + chunk) * nb], chunk, &panel, &mut out)
+                        let r1 = (r0 + chunk).min(rows);
+                        tile::gemm_q6_k(&w[r0 * nb..r1 * nb], r1 - r0, &panel, &mut out[..(r1 - r0) * n])
                     }
                 })
             } else {
@@ -93,7 +94,8 @@ fn prefill_kernel_speed() {
                 });
                 best(3, || {
                     for r0 in (0..rows).step_by(chunk) {
-                        tile::gemm_q4_k(&w[r0 * nb..(r0 + chunk) * nb], chunk, &panel, &mut out)
+                        let r1 = (r0 + chunk).min(rows);
+                        tile::gemm_q4_k(&w[r0 * nb..r1 * nb], r1 - r0, &panel, &mut out[..(r1 - r0) * n])
                     }
                 })
             };

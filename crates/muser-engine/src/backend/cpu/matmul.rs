@@ -213,6 +213,13 @@ pub fn rows_per_task(w: &CpuWeight, n: usize, threads: usize) -> usize {
         // Compute-bound: smaller tasks balance better; keep a tile a few rows tall, in whole
         // tiles of the tiled kernels.
         r = r.min(w.rows.div_ceil(threads * 16)).max(4.min(w.rows));
+        #[cfg(target_arch = "x86_64")]
+        if n >= TILE_MIN_COLUMNS
+            && matches!(w.view.ty, GgmlType::Q4_K | GgmlType::Q6_K)
+            && super::tile::available()
+        {
+            r = r.min(super::tile::rows_per_task(w.cols / QK_K));
+        }
         r = r.div_ceil(4) * 4;
     }
     r

@@ -125,54 +125,139 @@ fn check_shapes<W>(what: &str, w: &[W], rows: usize, p: &Panel, out: &[f32]) {
     assert!(p.nb > 0 || rows == 0);
 }
 
-/// Columns per chunk: a row tile is unpacked once per chunk, and a chunk's activations stay
-/// in L2 while the row tiles pass.
+/// Bytes of unpacked blocks of a row tile that stay in L1 (48 KB) with the activations.
+const L1_WEIGHTS: usize = 24 * 1024;
+/// Columns per chunk when a row tile stays in L1: the chunk's activations stay in L2.
 const CHUNK: usize = 128;
+
+/// Rows of a task for `nb` blocks per row: the unpacked rows (about 544 bytes per row and
+/// block) stay in L2 (about 256 KB) while every column tile passes over them.
+pub fn rows_per_task(nb: usize) -> usize {
+    let rows = 256 * 1024 / (544 * nb.max(1));
+    (rows / R).clamp(1, 16) * R
+}
+
+thread_local! {
+    static Q4_BUF: std::cell::RefCell<Vec<x86::Q4W>> = const { std::cell::RefCell::new(Vec::new()) };
+    static Q6_BUF: std::cell::RefCell<Vec<x86::Q6W>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Runs f on this thread's buffer of at least `len` unpacked blocks (contents stale: the
+/// unpackers overwrite every block they are given).
+fn with_buf<T, F: FnOnce(&mut [T])>(
+    key: &'static std::thread::LocalKey<std::cell::RefCell<Vec<T>>>,
+    len: usize,
+    zero: fn() -> T,
+    f: F,
+) {
+    let mut buf = key.with(|b| std::mem::take(&mut *b.borrow_mut()));
+    if buf.len() < len {
+        buf.resize_with(len, zero);
+    }
+    f(&mut buf[..len]);
+    key.with(|b| *b.borrow_mut() = buf);
+}
 
 /// out[t * rows + r] = dot(W[r], column t) for every row of `w` (`rows x nb` blocks).
 pub fn gemm_q4_k(w: &[BlockQ4K], rows: usize, p: &Panel, out: &mut [f32]) {
     check_shapes("gemm_q4_k", w, rows, p, out);
     let nb = p.nb;
-    let mut buf: Vec<x86::Q4W> = (0..nb).map(|_| x86::Q4W::zero()).collect();
-    for c0 in (0..p.n).step_by(CHUNK) {
-        let c1 = (c0 + CHUNK).min(p.n);
-        for r0 in (0..rows).step_by(R) {
-            let rr = R.min(rows - r0);
-
-            // SAFETY: the features were checked; rows r0..r0+rr exist; every column tile
-            // t0..t0+4 (t0 < c1, a multiple of 4) is inside the zero-padded panel, and the
-            // kernel writes out[t * rows + r] only for t < c1, r < r0 + rr.
-            unsafe {
-                x86::unpack_q4_k(&w[r0 * nb..(r0 + rr) * nb], rr, nb, &mut buf);
-                for t0 in (c0..c1).step_by(C) {
-                    let cc = C.min(c1 - t0);
-                    x86::tile_q4_k(&buf, p, t0, out.as_mut_ptr().add(t0 * rows + r0), rows, rr, cc);
+    if nb * std::mem::size_of::<x86::Q4W>() <= L1_WEIGHTS {
+        // A row tile's unpacked blocks fit L1: unpack it once per chunk of columns (whose
+        // activations stay in L2) and pass every column tile of the chunk over it.
+        with_buf(&Q4_BUF, nb, x86::Q4W::zero, |buf| {
+            for c0 in (0..p.n).step_by(CHUNK) {
+                let c1 = (c0 + CHUNK).min(p.n);
+                for r0 in (0..rows).step_by(R) {
+                    let rr = R.min(rows - r0);
+                    // SAFETY: the features were checked; rows r0..r0+rr exist; column tile
+                    // t0..t0+4 is inside the padded panel; the kernel writes out[t * rows + r]
+                    // only for t < c1 <= n, r < r0 + rr <= rows.
+                    unsafe {
+                        x86::unpack_q4_k(&w[r0 * nb..(r0 + rr) * nb], rr, nb, buf);
+                        for t0 in (c0..c1).step_by(C) {
+                            let cc = C.min(c1 - t0);
+                            let o = out.as_mut_ptr().add(t0 * rows + r0);
+                            x86::tile_q4_k(buf, p, t0, o, rows, rr, cc);
+                        }
+                    }
                 }
             }
-        }
+        });
+        return;
     }
+    // Larger rows: every row tile unpacked once, then for each column tile (its activations
+    // stay in L1) the row tiles in turn (their blocks stay in L2 when `rows <=
+    // rows_per_task(nb)`).
+    let tiles = rows.div_ceil(R);
+    with_buf(&Q4_BUF, tiles * nb, x86::Q4W::zero, |buf| {
+        for (k, b) in buf.chunks_exact_mut(nb).enumerate() {
+            let r0 = k * R;
+            let rr = R.min(rows - r0);
+            // SAFETY: as above.
+            unsafe { x86::unpack_q4_k(&w[r0 * nb..(r0 + rr) * nb], rr, nb, b) };
+        }
+        for t0 in (0..p.n).step_by(C) {
+            let cc = C.min(p.n - t0);
+            for (k, b) in buf.chunks_exact(nb).enumerate() {
+                let r0 = k * R;
+                let rr = R.min(rows - r0);
+                // SAFETY: as above.
+                unsafe { x86::tile_q4_k(b, p, t0, out.as_mut_ptr().add(t0 * rows + r0), rows, rr, cc) };
+            }
+        }
+    });
 }
 
 /// As [`gemm_q4_k`] for Q6_K weights.
 pub fn gemm_q6_k(w: &[BlockQ6K], rows: usize, p: &Panel, out: &mut [f32]) {
     check_shapes("gemm_q6_k", w, rows, p, out);
     let nb = p.nb;
-    let mut buf: Vec<x86::Q6W> = (0..nb).map(|_| x86::Q6W::zero()).collect();
-    for c0 in (0..p.n).step_by(CHUNK) {
-        let c1 = (c0 + CHUNK).min(p.n);
-        for r0 in (0..rows).step_by(R) {
-            let rr = R.min(rows - r0);
-
-            // SAFETY: as in gemm_q4_k.
-            unsafe {
-                x86::unpack_q6_k(&w[r0 * nb..(r0 + rr) * nb], rr, nb, &mut buf);
-                for t0 in (c0..c1).step_by(C) {
-                    let cc = C.min(c1 - t0);
-                    x86::tile_q6_k(&buf, p, t0, out.as_mut_ptr().add(t0 * rows + r0), rows, rr, cc);
+    if nb * std::mem::size_of::<x86::Q6W>() <= L1_WEIGHTS {
+        // A row tile's unpacked blocks fit L1: unpack it once per chunk of columns (whose
+        // activations stay in L2) and pass every column tile of the chunk over it.
+        with_buf(&Q6_BUF, nb, x86::Q6W::zero, |buf| {
+            for c0 in (0..p.n).step_by(CHUNK) {
+                let c1 = (c0 + CHUNK).min(p.n);
+                for r0 in (0..rows).step_by(R) {
+                    let rr = R.min(rows - r0);
+                    // SAFETY: the features were checked; rows r0..r0+rr exist; column tile
+                    // t0..t0+4 is inside the padded panel; the kernel writes out[t * rows + r]
+                    // only for t < c1 <= n, r < r0 + rr <= rows.
+                    unsafe {
+                        x86::unpack_q6_k(&w[r0 * nb..(r0 + rr) * nb], rr, nb, buf);
+                        for t0 in (c0..c1).step_by(C) {
+                            let cc = C.min(c1 - t0);
+                            let o = out.as_mut_ptr().add(t0 * rows + r0);
+                            x86::tile_q6_k(buf, p, t0, o, rows, rr, cc);
+                        }
+                    }
                 }
             }
-        }
+        });
+        return;
     }
+    // Larger rows: every row tile unpacked once, then for each column tile (its activations
+    // stay in L1) the row tiles in turn (their blocks stay in L2 when `rows <=
+    // rows_per_task(nb)`).
+    let tiles = rows.div_ceil(R);
+    with_buf(&Q6_BUF, tiles * nb, x86::Q6W::zero, |buf| {
+        for (k, b) in buf.chunks_exact_mut(nb).enumerate() {
+            let r0 = k * R;
+            let rr = R.min(rows - r0);
+            // SAFETY: as above.
+            unsafe { x86::unpack_q6_k(&w[r0 * nb..(r0 + rr) * nb], rr, nb, b) };
+        }
+        for t0 in (0..p.n).step_by(C) {
+            let cc = C.min(p.n - t0);
+            for (k, b) in buf.chunks_exact(nb).enumerate() {
+                let r0 = k * R;
+                let rr = R.min(rows - r0);
+                // SAFETY: as above.
+                unsafe { x86::tile_q6_k(b, p, t0, out.as_mut_ptr().add(t0 * rows + r0), rows, rr, cc) };
+            }
+        }
+    });
 }
 
 const _: () = assert!(QK_K == 256);
