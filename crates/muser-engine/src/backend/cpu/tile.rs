@@ -329,6 +329,13 @@ mod x86 {
         prod: [f32; 16],
     }
 
+    /// The accumulators' starting value.
+    static ZERO_ACC: Acc = Acc {
+        acc: [unsafe { std::mem::transmute::<[f32; 16], __m512>([0.0; 16]) }; 16],
+        acc_m: [unsafe { std::mem::transmute::<[f32; 16], __m512>([0.0; 16]) }; 8],
+        prod: [0.0; 16],
+    };
+
     /// i16 lanes 0..16 = a, lanes 16..32 = b.
     #[inline(always)]
     unsafe fn halves_i16(a: i16, b: i16) -> __m512i {
@@ -653,7 +660,7 @@ mod x86 {
                 "vcvtdq2ps zmm", $p, ", zmm", $p, "\n",
                 "vmovdqa64 zmm31, zmmword ptr [{bidx} + 64*", $p, "]\n",
                 "vpermps zmm31, zmm31, zmm30\n",
-                "vfmadd213ps zmm", $p, ", zmm31, zmmword ptr [{acc} + 64*", $p, "]\n",
+                "vfmadd213ps zmm", $p, ", zmm31, zmmword ptr [{acc_in} + 64*", $p, "]\n",
                 "vmovaps zmmword ptr [{acc} + 64*", $p, "], zmm", $p, "\n",
             )
         };
@@ -668,7 +675,7 @@ mod x86 {
                 "vcvtdq2ps zmm28, zmm28\n",
                 "vmovdqa64 zmm31, zmmword ptr [{pidx} + 64*(2*", $r, "+", $k, ")]\n",
                 "vpermps zmm31, zmm31, zmm29\n",
-                "vfmadd213ps zmm28, zmm31, zmmword ptr [{acc} + 1024 + 64*(2*", $r, "+", $k, ")]\n",
+                "vfmadd213ps zmm28, zmm31, zmmword ptr [{acc_in} + 1024 + 64*(2*", $r, "+", $k, ")]\n",
                 "vmovaps zmmword ptr [{acc} + 1024 + 64*(2*", $r, "+", $k, ")], zmm28\n",
             )
         };
@@ -689,7 +696,7 @@ mod x86 {
                 "vcvtdq2ps zmm30, zmm30\n",
                 "vmovdqa64 zmm31, zmmword ptr [{pidx} + 64*(2*", $r, "+", $k, ")]\n",
                 "vpermps zmm31, zmm31, zmm29\n",
-                "vfmadd213ps zmm30, zmm31, zmmword ptr [{acc} + 64*(2*", $r, "+", $k, ")]\n",
+                "vfmadd213ps zmm30, zmm31, zmmword ptr [{acc_in} + 64*(2*", $r, "+", $k, ")]\n",
                 "vmovaps zmmword ptr [{acc} + 64*(2*", $r, "+", $k, ")], zmm30\n",
             )
         };
@@ -745,14 +752,17 @@ mod x86 {
         cc: usize,
     ) {
         let nb = p.nb;
-        let mut acc: Acc = std::mem::zeroed();
+        // Uninitialized: the first block adds to ZERO_ACC (the one-column kernel's +0.0 start)
+        // and writes every accumulator.
+        let mut acc = std::mem::MaybeUninit::<Acc>::uninit();
         let cs = nb * 4 * std::mem::size_of::<Line>();
         let mut a = p.qs.as_ptr().add(t0 * nb * 4);
         let mut bs = p.bsums2.as_ptr().add(t0 / 2 * nb);
         let bst = nb * std::mem::size_of::<Line>();
         let mut dcol = p.d.as_ptr().add(t0 / C * nb * C);
-        let accp = &mut acc as *mut Acc;
-        for u in w {
+        let accp = acc.as_mut_ptr();
+        for (i, u) in w.iter().enumerate() {
+            let acc_in = if i == 0 { &ZERO_ACC as *const Acc } else { accp as *const Acc };
             asm!(
                 // Sums start at the correction for the +128 of the activations.
                 "vmovdqa64 zmm0, zmmword ptr [{w} + 1792]",
@@ -794,6 +804,7 @@ mod x86 {
                 bs = in(reg) bs,
                 bst = in(reg) bst,
                 acc = in(reg) accp,
+                acc_in = in(reg) acc_in,
                 pidx = in(reg) PAIR_INDEX.0.as_ptr(),
                 bidx = in(reg) BCAST_INDEX.0.as_ptr(),
                 out("zmm0") _, out("zmm1") _, out("zmm2") _, out("zmm3") _,
@@ -810,6 +821,8 @@ mod x86 {
             bs = bs.add(1);
             dcol = dcol.add(C);
         }
+        // SAFETY: nb >= 1 (checked by the callers), so the first block wrote every accumulator.
+        let acc = acc.assume_init();
         // The one-column kernel's reduction: sum(acc - [acc_m, 0]), for the 16 pairs at once.
         let v: [__m512; 16] = std::array::from_fn(|p| {
             let (r, c) = (p / 4, p % 4);
@@ -836,14 +849,17 @@ mod x86 {
         cc: usize,
     ) {
         let nb = p.nb;
-        let mut acc: Acc = std::mem::zeroed();
+        // Uninitialized: the first block adds to ZERO_ACC (the one-column kernel's +0.0 start)
+        // and writes every accumulator.
+        let mut acc = std::mem::MaybeUninit::<Acc>::uninit();
         let cs = nb * 4 * std::mem::size_of::<Line>();
         let mut a = p.qs.as_ptr().add(t0 * nb * 4);
         let mut bs = p.bsums2.as_ptr().add(t0 / 2 * nb);
         let bst = nb * std::mem::size_of::<Line>();
         let mut dcol = p.d.as_ptr().add(t0 / C * nb * C);
-        let accp = &mut acc as *mut Acc;
-        for u in w {
+        let accp = acc.as_mut_ptr();
+        for (i, u) in w.iter().enumerate() {
+            let acc_in = if i == 0 { &ZERO_ACC as *const Acc } else { accp as *const Acc };
             asm!(
                 "mov {k:e}, 0xaaaaaaaa",
                 "kmovd k1, {k:e}",
@@ -875,6 +891,7 @@ mod x86 {
                 bs = in(reg) bs,
                 bst = in(reg) bst,
                 acc = in(reg) accp,
+                acc_in = in(reg) acc_in,
                 pidx = in(reg) PAIR_INDEX.0.as_ptr(),
                 out("k1") _,
                 out("zmm0") _, out("zmm1") _, out("zmm2") _, out("zmm3") _,
@@ -891,6 +908,8 @@ mod x86 {
             bs = bs.add(1);
             dcol = dcol.add(C);
         }
+        // SAFETY: as in tile_q4_k.
+        let acc = acc.assume_init();
         // The one-column kernel's reduction: sum([acc, 0]).
         let v: [__m512; 16] = std::array::from_fn(|p| {
             let (r, c) = (p / 4, p % 4);
