@@ -125,139 +125,89 @@ fn check_shapes<W>(what: &str, w: &[W], rows: usize, p: &Panel, out: &[f32]) {
     assert!(p.nb > 0 || rows == 0);
 }
 
-/// Bytes of unpacked blocks of a row tile that stay in L1 (48 KB) with the activations.
-const L1_WEIGHTS: usize = 24 * 1024;
-/// Columns per chunk when a row tile stays in L1: the chunk's activations stay in L2.
+/// Columns per chunk: the chunk's activations (and its tiles' accumulators) stay in L2.
 const CHUNK: usize = 128;
+/// Blocks per K step: a row tile's unpacked blocks of one step (8 x 2 KB) stay in L1 while
+/// the column tiles of the chunk pass over them.
+const KC: usize = 8;
 
-/// Rows of a task for `nb` blocks per row: the unpacked rows (about 544 bytes per row and
-/// block) stay in L2 (about 256 KB) while every column tile passes over them.
+/// Rows of a task for `nb` blocks per row (whole tiles; the backend's own rule may cut it
+/// further for balance).
 pub fn rows_per_task(nb: usize) -> usize {
-    let rows = 256 * 1024 / (544 * nb.max(1));
-    (rows / R).clamp(1, 16) * R
+    let _ = nb;
+    16 * R
 }
 
 thread_local! {
     static Q4_BUF: std::cell::RefCell<Vec<x86::Q4W>> = const { std::cell::RefCell::new(Vec::new()) };
     static Q6_BUF: std::cell::RefCell<Vec<x86::Q6W>> = const { std::cell::RefCell::new(Vec::new()) };
+    static ACC_BUF: std::cell::RefCell<Vec<x86::Acc>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// Runs f on this thread's buffer of at least `len` unpacked blocks (contents stale: the
-/// unpackers overwrite every block they are given).
-fn with_buf<T, F: FnOnce(&mut [T])>(
+/// Runs f on this thread's buffer of at least `len` items (contents stale: callers overwrite
+/// what they read).
+fn with_buf<T, R2, F: FnOnce(&mut [T]) -> R2>(
     key: &'static std::thread::LocalKey<std::cell::RefCell<Vec<T>>>,
     len: usize,
     zero: fn() -> T,
     f: F,
-) {
+) -> R2 {
     let mut buf = key.with(|b| std::mem::take(&mut *b.borrow_mut()));
     if buf.len() < len {
         buf.resize_with(len, zero);
     }
-    f(&mut buf[..len]);
+    let r = f(&mut buf[..len]);
     key.with(|b| *b.borrow_mut() = buf);
+    r
+}
+
+/// The loop nest shared by the formats: for each chunk of columns, each row tile is unpacked
+/// once, then for each step of KC blocks every column tile of the chunk runs those blocks
+/// into its accumulators (the last step stores the sums).
+macro_rules! gemm_body {
+    ($w:ident, $rows:ident, $p:ident, $out:ident, $key:ident, $T:ty, $unpack:path, $tile:path, $finish:path) => {{
+        let nb = $p.nb;
+        with_buf(&$key, nb, <$T>::zero, |buf| {
+            with_buf(&ACC_BUF, CHUNK / C, x86::Acc::zero, |accs| {
+                for c0 in (0..$p.n).step_by(CHUNK) {
+                    let c1 = (c0 + CHUNK).min($p.n);
+                    for r0 in (0..$rows).step_by(R) {
+                        let rr = R.min($rows - r0);
+                        // SAFETY: the features were checked; rows r0..r0+rr exist; column
+                        // tiles t0..t0+4 (t0 < c1) are inside the padded panel; blocks
+                        // k0..k1 <= nb; the finish writes out[t * rows + r] only for t < c1
+                        // <= n, r < r0 + rr <= rows.
+                        unsafe {
+                            $unpack(&$w[r0 * nb..(r0 + rr) * nb], rr, nb, buf);
+                            for k0 in (0..nb).step_by(KC) {
+                                let k1 = (k0 + KC).min(nb);
+                                for (j, t0) in (c0..c1).step_by(C).enumerate() {
+                                    let acc = &mut accs[j];
+                                    $tile(&buf[k0..k1], $p, t0, k0, acc, k0 == 0);
+                                    if k1 == nb {
+                                        let o = $out.as_mut_ptr().add(t0 * $rows + r0);
+                                        $finish(acc, o, $rows, rr, C.min(c1 - t0));
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            })
+        })
+    }};
 }
 
 /// out[t * rows + r] = dot(W[r], column t) for every row of `w` (`rows x nb` blocks).
 pub fn gemm_q4_k(w: &[BlockQ4K], rows: usize, p: &Panel, out: &mut [f32]) {
     check_shapes("gemm_q4_k", w, rows, p, out);
-    let nb = p.nb;
-    if nb * std::mem::size_of::<x86::Q4W>() <= L1_WEIGHTS {
-        // A row tile's unpacked blocks fit L1: unpack it once per chunk of columns (whose
-        // activations stay in L2) and pass every column tile of the chunk over it.
-        with_buf(&Q4_BUF, nb, x86::Q4W::zero, |buf| {
-            for c0 in (0..p.n).step_by(CHUNK) {
-                let c1 = (c0 + CHUNK).min(p.n);
-                for r0 in (0..rows).step_by(R) {
-                    let rr = R.min(rows - r0);
-                    // SAFETY: the features were checked; rows r0..r0+rr exist; column tile
-                    // t0..t0+4 is inside the padded panel; the kernel writes out[t * rows + r]
-                    // only for t < c1 <= n, r < r0 + rr <= rows.
-                    unsafe {
-                        x86::unpack_q4_k(&w[r0 * nb..(r0 + rr) * nb], rr, nb, buf);
-                        for t0 in (c0..c1).step_by(C) {
-                            let cc = C.min(c1 - t0);
-                            let o = out.as_mut_ptr().add(t0 * rows + r0);
-                            x86::tile_q4_k(buf, p, t0, o, rows, rr, cc);
-                        }
-                    }
-                }
-            }
-        });
-        return;
-    }
-    // Larger rows: every row tile unpacked once, then for each column tile (its activations
-    // stay in L1) the row tiles in turn (their blocks stay in L2 when `rows <=
-    // rows_per_task(nb)`).
-    let tiles = rows.div_ceil(R);
-    with_buf(&Q4_BUF, tiles * nb, x86::Q4W::zero, |buf| {
-        for (k, b) in buf.chunks_exact_mut(nb).enumerate() {
-            let r0 = k * R;
-            let rr = R.min(rows - r0);
-            // SAFETY: as above.
-            unsafe { x86::unpack_q4_k(&w[r0 * nb..(r0 + rr) * nb], rr, nb, b) };
-        }
-        for t0 in (0..p.n).step_by(C) {
-            let cc = C.min(p.n - t0);
-            for (k, b) in buf.chunks_exact(nb).enumerate() {
-                let r0 = k * R;
-                let rr = R.min(rows - r0);
-                // SAFETY: as above.
-                unsafe { x86::tile_q4_k(b, p, t0, out.as_mut_ptr().add(t0 * rows + r0), rows, rr, cc) };
-            }
-        }
-    });
+    gemm_body!(w, rows, p, out, Q4_BUF, x86::Q4W, x86::unpack_q4_k, x86::tile_q4_k, x86::finish_q4_k)
 }
 
 /// As [`gemm_q4_k`] for Q6_K weights.
 pub fn gemm_q6_k(w: &[BlockQ6K], rows: usize, p: &Panel, out: &mut [f32]) {
     check_shapes("gemm_q6_k", w, rows, p, out);
-    let nb = p.nb;
-    if nb * std::mem::size_of::<x86::Q6W>() <= L1_WEIGHTS {
-        // A row tile's unpacked blocks fit L1: unpack it once per chunk of columns (whose
-        // activations stay in L2) and pass every column tile of the chunk over it.
-        with_buf(&Q6_BUF, nb, x86::Q6W::zero, |buf| {
-            for c0 in (0..p.n).step_by(CHUNK) {
-                let c1 = (c0 + CHUNK).min(p.n);
-                for r0 in (0..rows).step_by(R) {
-                    let rr = R.min(rows - r0);
-                    // SAFETY: the features were checked; rows r0..r0+rr exist; column tile
-                    // t0..t0+4 is inside the padded panel; the kernel writes out[t * rows + r]
-                    // only for t < c1 <= n, r < r0 + rr <= rows.
-                    unsafe {
-                        x86::unpack_q6_k(&w[r0 * nb..(r0 + rr) * nb], rr, nb, buf);
-                        for t0 in (c0..c1).step_by(C) {
-                            let cc = C.min(c1 - t0);
-                            let o = out.as_mut_ptr().add(t0 * rows + r0);
-                            x86::tile_q6_k(buf, p, t0, o, rows, rr, cc);
-                        }
-                    }
-                }
-            }
-        });
-        return;
-    }
-    // Larger rows: every row tile unpacked once, then for each column tile (its activations
-    // stay in L1) the row tiles in turn (their blocks stay in L2 when `rows <=
-    // rows_per_task(nb)`).
-    let tiles = rows.div_ceil(R);
-    with_buf(&Q6_BUF, tiles * nb, x86::Q6W::zero, |buf| {
-        for (k, b) in buf.chunks_exact_mut(nb).enumerate() {
-            let r0 = k * R;
-            let rr = R.min(rows - r0);
-            // SAFETY: as above.
-            unsafe { x86::unpack_q6_k(&w[r0 * nb..(r0 + rr) * nb], rr, nb, b) };
-        }
-        for t0 in (0..p.n).step_by(C) {
-            let cc = C.min(p.n - t0);
-            for (k, b) in buf.chunks_exact(nb).enumerate() {
-                let r0 = k * R;
-                let rr = R.min(rows - r0);
-                // SAFETY: as above.
-                unsafe { x86::tile_q6_k(b, p, t0, out.as_mut_ptr().add(t0 * rows + r0), rows, rr, cc) };
-            }
-        }
-    });
+    gemm_body!(w, rows, p, out, Q6_BUF, x86::Q6W, x86::unpack_q6_k, x86::tile_q6_k, x86::finish_q6_k)
 }
 
 const _: () = assert!(QK_K == 256);
@@ -301,6 +251,13 @@ mod x86 {
         d: [f32; 16],
     }
 
+    impl Acc {
+        pub fn zero() -> Acc {
+            // SAFETY: all-zero bytes are valid f32 vectors.
+            unsafe { std::mem::zeroed() }
+        }
+    }
+
     impl Q4W {
         pub fn zero() -> Q4W {
             // SAFETY: all-zero bytes are a valid Q4W (integer and float vectors).
@@ -319,7 +276,7 @@ mod x86 {
 
     /// The f32 accumulators of a tile, in the one-column kernels' lanes.
     #[repr(C, align(64))]
-    struct Acc {
+    pub struct Acc {
         /// [64p] Pair p = 4r + c (Q4_K: 16 lanes); for Q6_K the first 8 are used as [2r + k]:
         /// columns 2k (lanes 0..8) and 2k+1 (lanes 8..16) of row r.
         acc: [__m512; 16],
@@ -740,29 +697,19 @@ mod x86 {
         }
     }
 
-    /// One 4 x 4 Q4_K tile over every block: out[c * ld + r] for r < rr, c < cc.
+    /// One 4 x 4 Q4_K tile over blocks k0..k0 + w.len() into the accumulators (which the
+    /// first blocks of a tile, `first`, start from zero).
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
-    pub unsafe fn tile_q4_k(
-        w: &[Q4W],
-        p: &Panel,
-        t0: usize,
-        out: *mut f32,
-        ld: usize,
-        rr: usize,
-        cc: usize,
-    ) {
+    pub unsafe fn tile_q4_k(w: &[Q4W], p: &Panel, t0: usize, k0: usize, acc: *mut Acc, first: bool) {
         let nb = p.nb;
-        // Uninitialized: the first block adds to ZERO_ACC (the one-column kernel's +0.0 start)
-        // and writes every accumulator.
-        let mut acc = std::mem::MaybeUninit::<Acc>::uninit();
         let cs = nb * 4 * std::mem::size_of::<Line>();
-        let mut a = p.qs.as_ptr().add(t0 * nb * 4);
-        let mut bs = p.bsums2.as_ptr().add(t0 / 2 * nb);
+        let mut a = p.qs.as_ptr().add((t0 * nb + k0) * 4);
+        let mut bs = p.bsums2.as_ptr().add(t0 / 2 * nb + k0);
         let bst = nb * std::mem::size_of::<Line>();
-        let mut dcol = p.d.as_ptr().add(t0 / C * nb * C);
-        let accp = acc.as_mut_ptr();
+        let mut dcol = p.d.as_ptr().add((t0 / C * nb + k0) * C);
+        let accp = acc;
         for (i, u) in w.iter().enumerate() {
-            let acc_in = if i == 0 { &ZERO_ACC as *const Acc } else { accp as *const Acc };
+            let acc_in = if first && i == 0 { &ZERO_ACC as *const Acc } else { accp as *const Acc };
             asm!(
                 // Sums start at the correction for the +128 of the activations.
                 "vmovdqa64 zmm0, zmmword ptr [{w} + 1792]",
@@ -821,9 +768,12 @@ mod x86 {
             bs = bs.add(1);
             dcol = dcol.add(C);
         }
-        // SAFETY: nb >= 1 (checked by the callers), so the first block wrote every accumulator.
-        let acc = acc.assume_init();
-        // The one-column kernel's reduction: sum(acc - [acc_m, 0]), for the 16 pairs at once.
+    }
+
+    /// Q4_K: the one-column kernel's reduction sum(acc - [acc_m, 0]) of the 16 pairs, stored
+    /// at out[c * ld + r] for r < rr, c < cc.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    pub unsafe fn finish_q4_k(acc: &Acc, out: *mut f32, ld: usize, rr: usize, cc: usize) {
         let v: [__m512; 16] = std::array::from_fn(|p| {
             let (r, c) = (p / 4, p % 4);
             let am = acc.acc_m[2 * r + c / 2];
@@ -837,29 +787,18 @@ mod x86 {
         store_sums(&v, out, ld, rr, cc);
     }
 
-    /// One 4 x 4 Q6_K tile over every block: out[c * ld + r] for r < rr, c < cc.
+    /// As `tile_q4_k` for Q6_K.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
-    pub unsafe fn tile_q6_k(
-        w: &[Q6W],
-        p: &Panel,
-        t0: usize,
-        out: *mut f32,
-        ld: usize,
-        rr: usize,
-        cc: usize,
-    ) {
+    pub unsafe fn tile_q6_k(w: &[Q6W], p: &Panel, t0: usize, k0: usize, acc: *mut Acc, first: bool) {
         let nb = p.nb;
-        // Uninitialized: the first block adds to ZERO_ACC (the one-column kernel's +0.0 start)
-        // and writes every accumulator.
-        let mut acc = std::mem::MaybeUninit::<Acc>::uninit();
         let cs = nb * 4 * std::mem::size_of::<Line>();
-        let mut a = p.qs.as_ptr().add(t0 * nb * 4);
-        let mut bs = p.bsums2.as_ptr().add(t0 / 2 * nb);
+        let mut a = p.qs.as_ptr().add((t0 * nb + k0) * 4);
+        let mut bs = p.bsums2.as_ptr().add(t0 / 2 * nb + k0);
         let bst = nb * std::mem::size_of::<Line>();
-        let mut dcol = p.d.as_ptr().add(t0 / C * nb * C);
-        let accp = acc.as_mut_ptr();
+        let mut dcol = p.d.as_ptr().add((t0 / C * nb + k0) * C);
+        let accp = acc;
         for (i, u) in w.iter().enumerate() {
-            let acc_in = if i == 0 { &ZERO_ACC as *const Acc } else { accp as *const Acc };
+            let acc_in = if first && i == 0 { &ZERO_ACC as *const Acc } else { accp as *const Acc };
             asm!(
                 "mov {k:e}, 0xaaaaaaaa",
                 "kmovd k1, {k:e}",
@@ -908,9 +847,11 @@ mod x86 {
             bs = bs.add(1);
             dcol = dcol.add(C);
         }
-        // SAFETY: as in tile_q4_k.
-        let acc = acc.assume_init();
-        // The one-column kernel's reduction: sum([acc, 0]).
+    }
+
+    /// Q6_K: the one-column kernel's reduction sum([acc, 0]) of the 16 pairs.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    pub unsafe fn finish_q6_k(acc: &Acc, out: *mut f32, ld: usize, rr: usize, cc: usize) {
         let v: [__m512; 16] = std::array::from_fn(|p| {
             let (r, c) = (p / 4, p % 4);
             let a = acc.acc[2 * r + c / 2];
