@@ -120,6 +120,39 @@ pub fn rows_times_columns(
     }
 }
 
+/// Rows r0..r1 of `w` against every column through the tiled kernels, written to
+/// out[t * ld + r - r0], when they serve this weight and input; false (nothing written)
+/// otherwise.
+///
+/// # Safety
+/// `out` must be valid for writes at t * ld + r for t < n, r < r1 - r0, unaliased meanwhile.
+unsafe fn tiled_into(
+    w: &CpuWeight,
+    inp: &QuantizedInput,
+    r0: usize,
+    r1: usize,
+    out: *mut f32,
+    ld: usize,
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(p) = inp.panel.as_ref() {
+        let wrows = &w.view.bytes()[r0 * w.row_bytes..r1 * w.row_bytes];
+        match w.view.ty {
+            GgmlType::Q4_K => {
+                super::tile::gemm_q4_k_into(bytemuck::cast_slice(wrows), r1 - r0, p, out, ld);
+                return true;
+            }
+            GgmlType::Q6_K => {
+                super::tile::gemm_q6_k_into(bytemuck::cast_slice(wrows), r1 - r0, p, out, ld);
+                return true;
+            }
+            _ => {}
+        }
+    }
+    let _ = (w, inp, r0, r1, out, ld);
+    false
+}
+
 /// Columns per tile: a weight row is reused for this many columns while it is in L1.
 const COL_TILE: usize = 16;
 
@@ -267,9 +300,14 @@ pub fn matmul_multi(
     }
     tasks.par_iter().for_each(|&(i, r0, r1)| {
         let w = weights[i];
+        let p = ptrs[i];
+        // SAFETY: columns r0..r1 of every row of out_i ([n, rows]) are inside it and only this
+        // task writes them.
+        if unsafe { tiled_into(w, inp, r0, r1, p.at(r0), w.rows) } {
+            return;
+        }
         let mut tile = vec![0f32; (r1 - r0) * n];
         rows_times_columns(k, w, inp, r0, r1, &mut tile);
-        let p = ptrs[i];
         for (t, row) in tile.chunks_exact(r1 - r0).enumerate() {
             // SAFETY: row t, columns r0..r1 of out_i ([n, rows]) are inside it and only this
             // task writes them.
@@ -296,16 +334,42 @@ pub fn gate_up_silu(
     let tasks: Vec<usize> = (0..rows).step_by(step).collect();
     tasks.par_iter().for_each(|&r0| {
         let r1 = (r0 + step).min(rows);
-        let mut tg = vec![0f32; (r1 - r0) * n];
-        let mut tu = vec![0f32; (r1 - r0) * n];
-        rows_times_columns(k, g, inp, r0, r1, &mut tg);
-        rows_times_columns(k, u, inp, r0, r1, &mut tu);
         let nr = r1 - r0;
-        let mut row = vec![0f32; nr];
-        for t in 0..n {
-            super::softmax::silu_mul(&tg[t * nr..(t + 1) * nr], &tu[t * nr..(t + 1) * nr], &mut row);
-            // SAFETY: as in matmul_multi.
-            unsafe { std::ptr::copy_nonoverlapping(row.as_ptr(), p.at(t * rows + r0), nr) };
-        }
+        with_scratch(nr * n, |tg| {
+            rows_times_columns(k, g, inp, r0, r1, tg);
+            // SAFETY: columns r0..r1 of every row of out are inside it and only this task
+            // writes them.
+            if unsafe { tiled_into(u, inp, r0, r1, p.at(r0), rows) } {
+                for t in 0..n {
+                    // SAFETY: as above; the slice is this task's part of row t.
+                    let o = unsafe { std::slice::from_raw_parts_mut(p.at(t * rows + r0), nr) };
+                    super::softmax::silu_mul_in_place(&tg[t * nr..(t + 1) * nr], o);
+                }
+                return;
+            }
+            let mut tu = vec![0f32; nr * n];
+            rows_times_columns(k, u, inp, r0, r1, &mut tu);
+            for t in 0..n {
+                // SAFETY: as above.
+                let o = unsafe { std::slice::from_raw_parts_mut(p.at(t * rows + r0), nr) };
+                super::softmax::silu_mul(&tg[t * nr..(t + 1) * nr], &tu[t * nr..(t + 1) * nr], o);
+            }
+        });
     });
+}
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Runs f on this thread's scratch buffer of `len` f32 (contents stale: f must write before
+/// it reads).
+fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+    let mut buf = SCRATCH.with(|b| std::mem::take(&mut *b.borrow_mut()));
+    if buf.len() < len {
+        buf.resize(len, 0.0);
+    }
+    let r = f(&mut buf[..len]);
+    SCRATCH.with(|b| *b.borrow_mut() = buf);
+    r
 }

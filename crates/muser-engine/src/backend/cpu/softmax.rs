@@ -127,6 +127,18 @@ pub fn silu_mul(g: &[f32], u: &[f32], out: &mut [f32]) {
     }
 }
 
+/// uo_i = silu(g_i) * uo_i: `silu_mul` with the up projection read from and the result
+/// written to the same slice.
+pub fn silu_mul_in_place(g: &[f32], uo: &mut [f32]) {
+    assert_eq!(g.len(), uo.len());
+    let mut buf = [0f32; 64];
+    for (g, uo) in g.chunks(64).zip(uo.chunks_mut(64)) {
+        let u = &mut buf[..g.len()];
+        u.copy_from_slice(uo);
+        silu_mul(g, u, uo);
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::*;

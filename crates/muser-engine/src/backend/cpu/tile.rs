@@ -118,6 +118,13 @@ impl Panel {
     }
 }
 
+fn check_shapes_into<W>(what: &str, w: &[W], rows: usize, p: &Panel, ld: usize) {
+    assert!(available(), "{what} needs AVX-512 VNNI");
+    assert_eq!(w.len(), rows * p.nb, "{what}: {} blocks for {rows} rows of {}", w.len(), p.nb);
+    assert!(ld >= rows, "{what}: row stride {ld} < {rows} rows");
+    assert!(p.nb > 0 || rows == 0);
+}
+
 fn check_shapes<W>(what: &str, w: &[W], rows: usize, p: &Panel, out: &[f32]) {
     assert!(available(), "{what} needs AVX-512 VNNI");
     assert_eq!(w.len(), rows * p.nb, "{what}: {} blocks for {rows} rows of {}", w.len(), p.nb);
@@ -165,7 +172,7 @@ fn with_buf<T, R2, F: FnOnce(&mut [T]) -> R2>(
 /// once, then for each step of KC blocks every column tile of the chunk runs those blocks
 /// into its accumulators (the last step stores the sums).
 macro_rules! gemm_body {
-    ($w:ident, $rows:ident, $p:ident, $out:ident, $key:ident, $T:ty, $unpack:path, $tile:path, $finish:path) => {{
+    ($w:ident, $rows:ident, $p:ident, $out:ident, $ld:ident, $key:ident, $T:ty, $unpack:path, $tile:path, $finish:path) => {{
         let nb = $p.nb;
         with_buf(&$key, nb, <$T>::zero, |buf| {
             with_buf(&ACC_BUF, CHUNK / C, x86::Acc::zero, |accs| {
@@ -175,8 +182,8 @@ macro_rules! gemm_body {
                         let rr = R.min($rows - r0);
                         // SAFETY: the features were checked; rows r0..r0+rr exist; column
                         // tiles t0..t0+4 (t0 < c1) are inside the padded panel; blocks
-                        // k0..k1 <= nb; the finish writes out[t * rows + r] only for t < c1
-                        // <= n, r < r0 + rr <= rows.
+                        // k0..k1 <= nb; the finish writes out[t * ld + r] only for t < c1
+                        // <= n, r < r0 + rr <= rows (inside out by the caller's contract).
                         unsafe {
                             $unpack(&$w[r0 * nb..(r0 + rr) * nb], rr, nb, buf);
                             for k0 in (0..nb).step_by(KC) {
@@ -185,8 +192,8 @@ macro_rules! gemm_body {
                                     let acc = &mut accs[j];
                                     $tile(&buf[k0..k1], $p, t0, k0, acc, k0 == 0);
                                     if k1 == nb {
-                                        let o = $out.as_mut_ptr().add(t0 * $rows + r0);
-                                        $finish(acc, o, $rows, rr, C.min(c1 - t0));
+                                        let o = $out.add(t0 * $ld + r0);
+                                        $finish(acc, o, $ld, rr, C.min(c1 - t0));
                                     }
                                 }
                             }
@@ -201,13 +208,34 @@ macro_rules! gemm_body {
 /// out[t * rows + r] = dot(W[r], column t) for every row of `w` (`rows x nb` blocks).
 pub fn gemm_q4_k(w: &[BlockQ4K], rows: usize, p: &Panel, out: &mut [f32]) {
     check_shapes("gemm_q4_k", w, rows, p, out);
-    gemm_body!(w, rows, p, out, Q4_BUF, x86::Q4W, x86::unpack_q4_k, x86::tile_q4_k, x86::finish_q4_k)
+    // SAFETY: out holds n x rows.
+    unsafe { gemm_q4_k_into(w, rows, p, out.as_mut_ptr(), rows) }
+}
+
+/// As [`gemm_q4_k`], writing out[t * ld + r].
+///
+/// # Safety
+/// `out` must be valid for writes at t * ld + r for every column t < n and row r < rows, and
+/// no one else may access those elements meanwhile.
+pub unsafe fn gemm_q4_k_into(w: &[BlockQ4K], rows: usize, p: &Panel, out: *mut f32, ld: usize) {
+    check_shapes_into("gemm_q4_k", w, rows, p, ld);
+    gemm_body!(w, rows, p, out, ld, Q4_BUF, x86::Q4W, x86::unpack_q4_k, x86::tile_q4_k, x86::finish_q4_k)
 }
 
 /// As [`gemm_q4_k`] for Q6_K weights.
 pub fn gemm_q6_k(w: &[BlockQ6K], rows: usize, p: &Panel, out: &mut [f32]) {
     check_shapes("gemm_q6_k", w, rows, p, out);
-    gemm_body!(w, rows, p, out, Q6_BUF, x86::Q6W, x86::unpack_q6_k, x86::tile_q6_k, x86::finish_q6_k)
+    // SAFETY: out holds n x rows.
+    unsafe { gemm_q6_k_into(w, rows, p, out.as_mut_ptr(), rows) }
+}
+
+/// As [`gemm_q4_k_into`] for Q6_K weights.
+///
+/// # Safety
+/// As [`gemm_q4_k_into`].
+pub unsafe fn gemm_q6_k_into(w: &[BlockQ6K], rows: usize, p: &Panel, out: *mut f32, ld: usize) {
+    check_shapes_into("gemm_q6_k", w, rows, p, ld);
+    gemm_body!(w, rows, p, out, ld, Q6_BUF, x86::Q6W, x86::unpack_q6_k, x86::tile_q6_k, x86::finish_q6_k)
 }
 
 const _: () = assert!(QK_K == 256);
@@ -690,10 +718,15 @@ mod x86 {
             _mm512_shuffle_ps::<0b10_00_10_00>(c[0], c[1]),
             _mm512_shuffle_ps::<0b11_01_11_01>(c[0], c[1]),
         );
-        let mut lanes = [0f32; 16];
-        _mm512_storeu_ps(lanes.as_mut_ptr(), d);
-        for col in 0..cc {
-            std::ptr::copy_nonoverlapping(lanes.as_ptr().add(4 * col), out.add(col * ld), rr);
+        let k: __mmask8 = (1u8 << rr) - 1;
+        let cols = [
+            _mm512_castps512_ps128(d),
+            _mm512_extractf32x4_ps::<1>(d),
+            _mm512_extractf32x4_ps::<2>(d),
+            _mm512_extractf32x4_ps::<3>(d),
+        ];
+        for (col, v) in cols.into_iter().enumerate().take(cc) {
+            _mm_mask_storeu_ps(out.add(col * ld), k, v);
         }
     }
 
