@@ -138,11 +138,12 @@ const CHUNK: usize = 128;
 /// the column tiles of the chunk pass over them.
 const KC: usize = 8;
 
-/// Rows of a task for `nb` blocks per row (whole tiles; the backend's own rule may cut it
-/// further for balance).
+/// Rows of a task for `nb` blocks per row, in whole tiles: the task's unpacked rows (about
+/// 544 bytes per row and block) stay in L2 (with a chunk's activations) while every column
+/// chunk passes over them. The backend's own rule may cut it further for balance.
 pub fn rows_per_task(nb: usize) -> usize {
-    let _ = nb;
-    16 * R
+    let tiles = 300 * 1024 / (std::mem::size_of::<x86::Q4W>() * nb.max(1));
+    tiles.clamp(1, 16) * R
 }
 
 thread_local! {
@@ -168,29 +169,36 @@ fn with_buf<T, R2, F: FnOnce(&mut [T]) -> R2>(
     r
 }
 
-/// The loop nest shared by the formats: for each chunk of columns, each row tile is unpacked
-/// once, then for each step of KC blocks every column tile of the chunk runs those blocks
-/// into its accumulators (the last step stores the sums).
+/// The loop nest shared by the formats: every row tile unpacked once; then for each chunk of
+/// columns, each row tile, each step of KC blocks, every column tile of the chunk runs those
+/// blocks into its accumulators (the last step stores the sums).
 macro_rules! gemm_body {
     ($w:ident, $rows:ident, $p:ident, $out:ident, $ld:ident, $key:ident, $T:ty, $unpack:path, $tile:path, $finish:path) => {{
         let nb = $p.nb;
-        with_buf(&$key, nb, <$T>::zero, |buf| {
+        let tiles = $rows.div_ceil(R);
+        with_buf(&$key, tiles * nb, <$T>::zero, |buf| {
+            for (k, b) in buf.chunks_exact_mut(nb).enumerate() {
+                let r0 = k * R;
+                let rr = R.min($rows - r0);
+                // SAFETY: the features were checked; rows r0..r0+rr exist.
+                unsafe { $unpack(&$w[r0 * nb..(r0 + rr) * nb], rr, nb, b) };
+            }
             with_buf(&ACC_BUF, CHUNK / C, x86::Acc::zero, |accs| {
                 for c0 in (0..$p.n).step_by(CHUNK) {
                     let c1 = (c0 + CHUNK).min($p.n);
-                    for r0 in (0..$rows).step_by(R) {
+                    for (k, b) in buf.chunks_exact(nb).enumerate() {
+                        let r0 = k * R;
                         let rr = R.min($rows - r0);
-                        // SAFETY: the features were checked; rows r0..r0+rr exist; column
-                        // tiles t0..t0+4 (t0 < c1) are inside the padded panel; blocks
-                        // k0..k1 <= nb; the finish writes out[t * ld + r] only for t < c1
-                        // <= n, r < r0 + rr <= rows (inside out by the caller's contract).
-                        unsafe {
-                            $unpack(&$w[r0 * nb..(r0 + rr) * nb], rr, nb, buf);
-                            for k0 in (0..nb).step_by(KC) {
-                                let k1 = (k0 + KC).min(nb);
-                                for (j, t0) in (c0..c1).step_by(C).enumerate() {
-                                    let acc = &mut accs[j];
-                                    $tile(&buf[k0..k1], $p, t0, k0, acc, k0 == 0);
+                        for k0 in (0..nb).step_by(KC) {
+                            let k1 = (k0 + KC).min(nb);
+                            for (j, t0) in (c0..c1).step_by(C).enumerate() {
+                                let acc = &mut accs[j];
+                                // SAFETY: column tile t0..t0+4 (t0 < c1) is inside the padded
+                                // panel; blocks k0..k1 <= nb; the finish writes out[t * ld + r]
+                                // only for t < c1 <= n, r < r0 + rr <= rows (inside out by the
+                                // caller's contract).
+                                unsafe {
+                                    $tile(&b[k0..k1], $p, t0, k0, acc, k0 == 0);
                                     if k1 == nb {
                                         let o = $out.add(t0 * $ld + r0);
                                         $finish(acc, o, $ld, rr, C.min(c1 - t0));
