@@ -695,18 +695,12 @@ mod x86 {
         };
     }
 
-    /// The horizontal sums of 16 vectors (pair p = 4r + c), each by `_mm512_reduce_add_ps`'s
-    /// tree (lane l + lane l+8, then m + m+4, then [0+2, 1+3], then 0+1), all 16 at once;
-    /// stores pair (r, c) at out[c * ld + r] for r < rr, c < cc.
+    /// The horizontal sums of 16 vectors v_p (pair p = 4r + c), each by
+    /// `_mm512_reduce_add_ps`'s tree (lane l + lane l+8, then m + m+4, then [0+2, 1+3], then
+    /// 0+1), all 16 at once, from the first step's results: a[i] = [v_{2i} lanes 0..8 + lanes
+    /// 8..16 | the same of v_{2i+1}]. Stores pair (r, c) at out[c * ld + r] for r < rr, c < cc.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    unsafe fn store_sums(v: &[__m512; 16], out: *mut f32, ld: usize, rr: usize, cc: usize) {
-        let a: [__m512; 8] = std::array::from_fn(|i| {
-            let (x, y) = (v[2 * i], v[2 * i + 1]);
-            _mm512_add_ps(
-                _mm512_shuffle_f32x4::<0b01_00_01_00>(x, y),
-                _mm512_shuffle_f32x4::<0b11_10_11_10>(x, y),
-            )
-        });
+    unsafe fn store_sums(a: &[__m512; 8], out: *mut f32, ld: usize, rr: usize, cc: usize) {
         let b: [__m512; 4] = std::array::from_fn(|i| {
             let (x, y) = (a[2 * i], a[2 * i + 1]);
             _mm512_add_ps(
@@ -815,17 +809,15 @@ mod x86 {
     /// at out[c * ld + r] for r < rr, c < cc.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     pub unsafe fn finish_q4_k(acc: &Acc, out: *mut f32, ld: usize, rr: usize, cc: usize) {
-        let v: [__m512; 16] = std::array::from_fn(|p| {
-            let (r, c) = (p / 4, p % 4);
-            let am = acc.acc_m[2 * r + c / 2];
-            let m = if c % 2 == 0 {
-                _mm512_maskz_mov_ps(0x00ff, am)
-            } else {
-                _mm512_maskz_shuffle_f32x4::<0b00_00_11_10>(0x00ff, am, am)
-            };
-            _mm512_sub_ps(acc.acc[p], m)
+        // Pairs 2i, 2i+1 are row r = i / 2, columns 2k, 2k+1 (k = i % 2), whose mins share
+        // acc_m[i]: lanes l < 8 of [v_2i | v_2i+1] are (acc - acc_m) + acc of lane l + 8.
+        let a: [__m512; 8] = std::array::from_fn(|i| {
+            let (x, y) = (acc.acc[2 * i], acc.acc[2 * i + 1]);
+            let lo = _mm512_shuffle_f32x4::<0b01_00_01_00>(x, y);
+            let hi = _mm512_shuffle_f32x4::<0b11_10_11_10>(x, y);
+            _mm512_add_ps(_mm512_sub_ps(lo, acc.acc_m[i]), hi)
         });
-        store_sums(&v, out, ld, rr, cc);
+        store_sums(&a, out, ld, rr, cc);
     }
 
     /// As `tile_q4_k` for Q6_K.
@@ -893,15 +885,10 @@ mod x86 {
     /// Q6_K: the one-column kernel's reduction sum([acc, 0]) of the 16 pairs.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     pub unsafe fn finish_q6_k(acc: &Acc, out: *mut f32, ld: usize, rr: usize, cc: usize) {
-        let v: [__m512; 16] = std::array::from_fn(|p| {
-            let (r, c) = (p / 4, p % 4);
-            let a = acc.acc[2 * r + c / 2];
-            if c % 2 == 0 {
-                _mm512_maskz_mov_ps(0x00ff, a)
-            } else {
-                _mm512_maskz_shuffle_f32x4::<0b00_00_11_10>(0x00ff, a, a)
-            }
-        });
-        store_sums(&v, out, ld, rr, cc);
+        // acc[i] holds columns 2k, 2k+1 of row i / 2 in lanes 0..8, 8..16; their upper eight
+        // lanes in the one-column kernel are +0.0, added in the tree's first step.
+        let zero = _mm512_setzero_ps();
+        let a: [__m512; 8] = std::array::from_fn(|i| _mm512_add_ps(acc.acc[i], zero));
+        store_sums(&a, out, ld, rr, cc);
     }
 }
