@@ -64,6 +64,24 @@ fn prefill_kernel_speed() {
     let g6 = tile::q6_k_gemm().unwrap();
     let mut rng = StdRng::seed_from_u64(1);
     let n = 512;
+    // MUSER_SPEED_ONLY=attn: batched prefill attention of 512 rows (32 heads of 64 over 8 KV
+    // heads), on a one-thread pool.
+    if std::env::var("MUSER_SPEED_ONLY").is_ok_and(|v| v == "attn") {
+        use muser_engine::backend::cpu::{attn, kv::KvLayer};
+        use muser_engine::backend::KvLayerSpec;
+        let (nh, nkv, hd, rows) = (32usize, 8usize, 64usize, 512usize);
+        let spec = KvLayerSpec { n_head_kv: nkv, head_dim: hd, window: None, slots: rows };
+        let mut kv = KvLayer { spec, k: Vec::new(), v: Vec::new() };
+        let k: Vec<f32> = (0..rows * nkv * hd).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+        kv.store(&k, &k, 0);
+        let q: Vec<f32> = (0..rows * nh * hd).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+        let mut out = vec![0f32; q.len()];
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+        let t = pool.install(|| best(5, || attn::attend(&kv, &q, nh, 0, 0.125, &mut out)));
+        let pairs = (rows * (rows + 1) / 2 * nh) as f64;
+        println!("attention 512 rows: {:.2} ms, {:.2} ns per (query, key)", t * 1e3, t / pairs * 1e9);
+        return;
+    }
     // MUSER_SPEED_ONLY=shapes: the tiled kernels on llama-1b's prefill shapes, one thread,
     // tasks of 64 rows as the backend splits them.
     if std::env::var("MUSER_SPEED_ONLY").is_ok_and(|v| v == "shapes") {

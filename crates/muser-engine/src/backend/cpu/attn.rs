@@ -74,7 +74,8 @@ pub fn attend(kv: &KvLayer, q: &[f32], n_head: usize, pos0: usize, scale: f32, o
     let base = lo_of(pos0);
     let last = pos0 + n - 1;
     let span = last + 1 - base;
-    let nblk = span.div_ceil(16);
+    // Blocks of 16 positions, plus 3 of zeros: scores run 4 blocks at a time.
+    let nblk = span.div_ceil(16) + 3;
     let kvw = nkv * hd;
     // Per KV head: K transposed ([block][dim][16] f32) and V ([pos][dim] f32), from `base`.
     let mut kt = vec![0f32; nkv * nblk * hd * 16];
@@ -104,10 +105,11 @@ pub fn attend(kv: &KvLayer, q: &[f32], n_head: usize, pos0: usize, scale: f32, o
         let vf = &vf[kh * span * hd..(kh + 1) * span * hd];
         let heads = kh * group..(kh + 1) * group;
         let qs = &q[t * width + heads.start * hd..t * width + heads.end * hd];
-        let mut res = vec![0f32; group * hd];
+        let mut res = [0f32; 1024];
+        assert!(group * hd <= res.len(), "attention group of {group} x {hd} values");
         // SAFETY: the CPU has the features (`available`); the slices are sized for the
-        // blocks and positions used (lo - base .. p - base < span).
-        unsafe { x86::group(kt, vf, hd, qs, group, lo - base, p - base, scale, &mut res) };
+        // blocks and positions used (lo - base .. p - base < span, blocks up to 3 past it).
+        unsafe { x86::group(kt, vf, hd, qs, group, lo - base, p - base, scale, &mut res[..group * hd]) };
         for (g, h) in heads.enumerate() {
             // SAFETY: row t, head h of out is inside it and only this task writes it.
             unsafe {
@@ -125,15 +127,15 @@ pub fn attend(kv: &KvLayer, q: &[f32], n_head: usize, pos0: usize, scale: f32, o
 mod x86 {
     use std::arch::x86_64::*;
 
-    /// One lane chain of the AVX2 dot for up to 4 blocks: lane l of its accumulators (acc0 for
-    /// l < 8, acc1 for l >= 8) over dims l, l + 16, ..., for 16 positions per block.
+    /// One lane chain of the AVX2 dot for 4 blocks: lane l of its accumulators (acc0 for l < 8,
+    /// acc1 for l >= 8) over dims l, l + 16, ..., for 16 positions per block.
     #[inline(always)]
-    unsafe fn chain(kt: *const f32, blk: usize, steps: usize, q: *const f32, nb: usize, l: usize) -> [__m512; 4] {
+    unsafe fn chain(kt: *const f32, blk: usize, steps: usize, q: *const f32, l: usize) -> [__m512; 4] {
         let mut c = [_mm512_setzero_ps(); 4];
         for s in 0..steps {
             let d = 16 * s + l;
             let qd = _mm512_set1_ps(*q.add(d));
-            for (k, ck) in c.iter_mut().enumerate().take(nb) {
+            for (k, ck) in c.iter_mut().enumerate() {
                 *ck = _mm512_fmadd_ps(_mm512_loadu_ps(kt.add(k * blk + d * 16)), qd, *ck);
             }
         }
@@ -159,22 +161,55 @@ mod x86 {
         let steps = hd / 16;
         let blk = hd * 16;
         let qp = q.as_ptr();
-        let mut b = b0;
-        while b < b1 {
-            let nb = (b1 - b).min(4);
+        // Four blocks at a time (the buffer has 3 blocks of zeros past the last).
+        for b in (b0..b1).step_by(4) {
+            assert!((b + 4) * blk <= kt.len() && 16 * (b + 4 - b0) <= sc.len());
             let kp = kt.as_ptr().add(b * blk);
-            let acc = |l: usize| add4(chain(kp, blk, steps, qp, nb, l), chain(kp, blk, steps, qp, nb, l + 8));
+            let acc = |l: usize| add4(chain(kp, blk, steps, qp, l), chain(kp, blk, steps, qp, l + 8));
             let s4 = |m: usize| add4(acc(m), acc(m + 4));
             let s2_0 = add4(s4(0), s4(2));
             let s2_1 = add4(s4(1), s4(3));
             let dot = add4(s2_0, s2_1);
-            for (k, dk) in dot.iter().enumerate().take(nb) {
+            for (k, dk) in dot.iter().enumerate() {
                 _mm512_storeu_ps(
                     sc.as_mut_ptr().add(16 * (b + k - b0)),
                     _mm512_mul_ps(*dk, _mm512_set1_ps(scale)),
                 );
             }
-            b += nb;
+        }
+    }
+
+    thread_local! {
+        /// Per thread: scores and weights of a task.
+        static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+
+    /// o_h = sum_j w_h[j] v_j in position order (o = 0; o = fma(w_j, v_j, o)), for GH heads
+    /// and ND x 16 values from d0.
+    #[inline(always)]
+    unsafe fn weighted<const GH: usize, const ND: usize>(
+        vf: *const f32,
+        hd: usize,
+        w: *const f32,
+        wl: usize,
+        len: usize,
+        res: *mut f32,
+    ) {
+        let mut o = [[_mm512_setzero_ps(); ND]; GH];
+        for j in 0..len {
+            let v = vf.add(j * hd);
+            let vv: [__m512; ND] = std::array::from_fn(|k| _mm512_loadu_ps(v.add(16 * k)));
+            for (hh, oh) in o.iter_mut().enumerate() {
+                let wj = _mm512_set1_ps(*w.add(hh * wl + j));
+                for k in 0..ND {
+                    oh[k] = _mm512_fmadd_ps(wj, vv[k], oh[k]);
+                }
+            }
+        }
+        for (hh, oh) in o.iter().enumerate() {
+            for (k, ok) in oh.iter().enumerate() {
+                _mm512_storeu_ps(res.add(hh * hd + 16 * k), *ok);
+            }
         }
     }
 
@@ -196,44 +231,38 @@ mod x86 {
         let (b0, b1) = (lo / 16, p / 16 + 1);
         let len = p + 1 - lo;
         let off = lo - 16 * b0;
-        // Per head: the weights e_j / sum of positions lo..=p.
-        let mut w = vec![0f32; g * len.next_multiple_of(16)];
         let wl = len.next_multiple_of(16);
-        let mut sc = vec![0f32; 16 * (b1 - b0)];
+        let nsc = 16 * (b1 - b0).next_multiple_of(4);
+        let mut buf = SCRATCH.with(|b| std::mem::take(&mut *b.borrow_mut()));
+        if buf.len() < g * wl + nsc {
+            buf.resize(g * wl + nsc, 0.0);
+        }
+        let (w, sc) = buf.split_at_mut(g * wl);
+        // Per head: the weights softmax(scores) of positions lo..=p.
         for h in 0..g {
-            scores(kt, hd, &qs[h * hd..(h + 1) * hd], b0, b1, scale, &mut sc);
+            scores(kt, hd, &qs[h * hd..(h + 1) * hd], b0, b1, scale, sc);
             let e = &mut sc[off..off + len];
             super::super::softmax::softmax(e);
             w[h * wl..h * wl + len].copy_from_slice(e);
         }
-        // o = 0; o = fma(w_j, v_j, o) in position order, 4 heads x 64 values at a time.
+        // Up to 4 heads x 64 values at a time.
+        let (vp, wp, rp) = (vf.as_ptr().add(lo * hd), w.as_ptr(), res.as_mut_ptr());
         for h0 in (0..g).step_by(4) {
             let gh = (g - h0).min(4);
             for d0 in (0..hd).step_by(64) {
                 let nd = ((hd - d0) / 16).min(4);
-                let mut o = [[_mm512_setzero_ps(); 4]; 4];
-                for j in 0..len {
-                    let v = vf.as_ptr().add((lo + j) * hd + d0);
-                    let vv: [__m512; 4] = std::array::from_fn(|k| {
-                        if k < nd {
-                            _mm512_loadu_ps(v.add(16 * k))
-                        } else {
-                            _mm512_setzero_ps()
+                let (v, wh, r) = (vp.add(d0), wp.add(h0 * wl), rp.add(h0 * hd + d0));
+                macro_rules! go {
+                    ($($gh:literal, $nd:literal);*) => {
+                        match (gh, nd) {
+                            $(($gh, $nd) => weighted::<$gh, $nd>(v, hd, wh, wl, len, r),)*
+                            _ => unreachable!(),
                         }
-                    });
-                    for (hh, oh) in o.iter_mut().enumerate().take(gh) {
-                        let wj = _mm512_set1_ps(*w.get_unchecked((h0 + hh) * wl + j));
-                        for k in 0..nd {
-                            oh[k] = _mm512_fmadd_ps(wj, vv[k], oh[k]);
-                        }
-                    }
+                    };
                 }
-                for (hh, oh) in o.iter().enumerate().take(gh) {
-                    for k in 0..nd {
-                        _mm512_storeu_ps(res.as_mut_ptr().add((h0 + hh) * hd + d0 + 16 * k), oh[k]);
-                    }
-                }
+                go!(4, 4; 4, 3; 4, 2; 4, 1; 3, 4; 3, 3; 3, 2; 3, 1; 2, 4; 2, 3; 2, 2; 2, 1; 1, 4; 1, 3; 1, 2; 1, 1);
             }
         }
+        SCRATCH.with(|b| *b.borrow_mut() = buf);
     }
 }
