@@ -74,24 +74,19 @@ pub fn attend(kv: &KvLayer, q: &[f32], n_head: usize, pos0: usize, scale: f32, o
     let base = lo_of(pos0);
     let last = pos0 + n - 1;
     let span = last + 1 - base;
-    // Blocks of 16 positions, plus 3 of zeros: scores run 4 blocks at a time.
-    let nblk = span.div_ceil(16) + 3;
+    // Per KV head: K and V as f32 ([pos][dim]) from `base`, K with 8 rows of zeros past the
+    // end (scores run 8 positions at a time).
     let kvw = nkv * hd;
-    // Per KV head: K transposed ([block][dim][16] f32) and V ([pos][dim] f32), from `base`.
-    let mut kt = vec![0f32; nkv * nblk * hd * 16];
+    let kspan = span + 8;
+    let mut kf = vec![0f32; nkv * kspan * hd];
     let mut vf = vec![0f32; nkv * span * hd];
-    kt.par_chunks_mut(nblk * hd * 16)
+    kf.par_chunks_mut(kspan * hd)
         .zip(vf.par_chunks_mut(span * hd))
         .enumerate()
-        .for_each(|(kh, (kt, vf))| {
-            let mut row = vec![0f32; hd];
+        .for_each(|(kh, (kf, vf))| {
             for j in 0..span {
                 let s = kv.slot(base + j) * kvw + kh * hd;
-                kv.k[s..s + hd].convert_to_f32_slice(&mut row);
-                let (b, l) = (j / 16, j % 16);
-                for (d, &x) in row.iter().enumerate() {
-                    kt[(b * hd + d) * 16 + l] = x;
-                }
+                kv.k[s..s + hd].convert_to_f32_slice(&mut kf[j * hd..(j + 1) * hd]);
                 kv.v[s..s + hd].convert_to_f32_slice(&mut vf[j * hd..(j + 1) * hd]);
             }
         });
@@ -101,15 +96,15 @@ pub fn attend(kv: &KvLayer, q: &[f32], n_head: usize, pos0: usize, scale: f32, o
         let (t, kh) = (task / nkv, task % nkv);
         let p = pos0 + t;
         let lo = lo_of(p);
-        let kt = &kt[kh * nblk * hd * 16..(kh + 1) * nblk * hd * 16];
+        let kf = &kf[kh * kspan * hd..(kh + 1) * kspan * hd];
         let vf = &vf[kh * span * hd..(kh + 1) * span * hd];
         let heads = kh * group..(kh + 1) * group;
         let qs = &q[t * width + heads.start * hd..t * width + heads.end * hd];
         let mut res = [0f32; 1024];
         assert!(group * hd <= res.len(), "attention group of {group} x {hd} values");
-        // SAFETY: the CPU has the features (`available`); the slices are sized for the
-        // blocks and positions used (lo - base .. p - base < span, blocks up to 3 past it).
-        unsafe { x86::group(kt, vf, hd, qs, group, lo - base, p - base, scale, &mut res[..group * hd]) };
+        // SAFETY: the CPU has the features (`available`); the slices hold the positions used
+        // (lo - base ..= p - base < span, K up to 7 rows past it).
+        unsafe { x86::group(kf, vf, hd, qs, group, lo - base, p - base, scale, &mut res[..group * hd]) };
         for (g, h) in heads.enumerate() {
             // SAFETY: row t, head h of out is inside it and only this task writes it.
             unsafe {
@@ -127,55 +122,78 @@ pub fn attend(kv: &KvLayer, q: &[f32], n_head: usize, pos0: usize, scale: f32, o
 mod x86 {
     use std::arch::x86_64::*;
 
-    /// One lane chain of the AVX2 dot for 4 blocks: lane l of its accumulators (acc0 for l < 8,
-    /// acc1 for l >= 8) over dims l, l + 16, ..., for 16 positions per block.
+    /// The 16 horizontal sums of v by `_mm512_reduce_add_ps`'s tree (lane l + l+8, then m +
+    /// m+4, then [0+2, 1+3], then 0+1), all at once: lane 4(p % 4) + p / 4 of the result is
+    /// the sum of v[p].
     #[inline(always)]
-    unsafe fn chain(kt: *const f32, blk: usize, steps: usize, q: *const f32, l: usize) -> [__m512; 4] {
-        let mut c = [_mm512_setzero_ps(); 4];
-        for s in 0..steps {
-            let d = 16 * s + l;
-            let qd = _mm512_set1_ps(*q.add(d));
-            for (k, ck) in c.iter_mut().enumerate() {
-                *ck = _mm512_fmadd_ps(_mm512_loadu_ps(kt.add(k * blk + d * 16)), qd, *ck);
-            }
-        }
-        c
+    unsafe fn sums16(v: &[__m512; 16]) -> __m512 {
+        let a: [__m512; 8] = std::array::from_fn(|i| {
+            let (x, y) = (v[2 * i], v[2 * i + 1]);
+            _mm512_add_ps(
+                _mm512_shuffle_f32x4::<0b01_00_01_00>(x, y),
+                _mm512_shuffle_f32x4::<0b11_10_11_10>(x, y),
+            )
+        });
+        let b: [__m512; 4] = std::array::from_fn(|i| {
+            let (x, y) = (a[2 * i], a[2 * i + 1]);
+            _mm512_add_ps(
+                _mm512_shuffle_f32x4::<0b10_00_10_00>(x, y),
+                _mm512_shuffle_f32x4::<0b11_01_11_01>(x, y),
+            )
+        });
+        let c: [__m512; 2] = std::array::from_fn(|i| {
+            let (x, y) = (b[2 * i], b[2 * i + 1]);
+            _mm512_add_ps(
+                _mm512_shuffle_ps::<0b01_00_01_00>(x, y),
+                _mm512_shuffle_ps::<0b11_10_11_10>(x, y),
+            )
+        });
+        _mm512_add_ps(
+            _mm512_shuffle_ps::<0b10_00_10_00>(c[0], c[1]),
+            _mm512_shuffle_ps::<0b11_01_11_01>(c[0], c[1]),
+        )
     }
 
-    #[inline(always)]
-    unsafe fn add4(a: [__m512; 4], b: [__m512; 4]) -> [__m512; 4] {
-        [
-            _mm512_add_ps(a[0], b[0]),
-            _mm512_add_ps(a[1], b[1]),
-            _mm512_add_ps(a[2], b[2]),
-            _mm512_add_ps(a[3], b[3]),
-        ]
-    }
-
-    /// Scores of one query over key blocks b0..b1 (of 16 positions): sc[16 (b - b0) + l] =
-    /// dot(k_{16b + l}, q) * scale with the AVX2 dot's chains and reduction tree: acc = acc0 +
-    /// acc1; s4 = lo4 + hi4; s2 = [s4_0 + s4_2, s4_1 + s4_3]; dot = s2_0 + s2_1. Computed
-    /// along the tree so that few vectors are live.
+    /// Scores of two query heads q0, q1 over positions j0..j0+len (rows of kf): sc0[j] =
+    /// dot(k_j, q0) * scale, sc1 likewise, each dot the AVX2 dot's: its two 8-lane FMA chains
+    /// over 16 values per step are the 16 lanes of one chain here (lane l: dims l + 16 s),
+    /// reduced by the same tree (acc0 + acc1, lo4 + hi4, [0+2, 1+3], 0+1) as
+    /// `_mm512_reduce_add_ps`. Eight positions at a time, each K row loaded once for both
+    /// heads; `sc0` and `sc1` hold len rounded up to 8.
+    #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-    unsafe fn scores(kt: &[f32], hd: usize, q: &[f32], b0: usize, b1: usize, scale: f32, sc: &mut [f32]) {
+    unsafe fn scores2(
+        kf: &[f32],
+        hd: usize,
+        q0: &[f32],
+        q1: &[f32],
+        j0: usize,
+        len: usize,
+        scale: f32,
+        sc0: &mut [f32],
+        sc1: &mut [f32],
+    ) {
         let steps = hd / 16;
-        let blk = hd * 16;
-        let qp = q.as_ptr();
-        // Four blocks at a time (the buffer has 3 blocks of zeros past the last).
-        for b in (b0..b1).step_by(4) {
-            assert!((b + 4) * blk <= kt.len() && 16 * (b + 4 - b0) <= sc.len());
-            let kp = kt.as_ptr().add(b * blk);
-            let acc = |l: usize| add4(chain(kp, blk, steps, qp, l), chain(kp, blk, steps, qp, l + 8));
-            let s4 = |m: usize| add4(acc(m), acc(m + 4));
-            let s2_0 = add4(s4(0), s4(2));
-            let s2_1 = add4(s4(1), s4(3));
-            let dot = add4(s2_0, s2_1);
-            for (k, dk) in dot.iter().enumerate() {
-                _mm512_storeu_ps(
-                    sc.as_mut_ptr().add(16 * (b + k - b0)),
-                    _mm512_mul_ps(*dk, _mm512_set1_ps(scale)),
-                );
+        let sv = _mm512_set1_ps(scale);
+        for j in (0..len).step_by(8) {
+            assert!((j0 + j + 8) * hd <= kf.len() && j + 8 <= sc0.len() && j + 8 <= sc1.len());
+            let kp = kf.as_ptr().add((j0 + j) * hd);
+            // v[4(k % 4) + 2h + k / 4]: position j + k, head h, so that the sums come out as
+            // lanes 8h + k.
+            let mut v = [_mm512_setzero_ps(); 16];
+            for st in 0..steps {
+                let qa = _mm512_loadu_ps(q0.as_ptr().add(16 * st));
+                let qb = _mm512_loadu_ps(q1.as_ptr().add(16 * st));
+                for k in 0..8 {
+                    let kv = _mm512_loadu_ps(kp.add(k * hd + 16 * st));
+                    let i = 4 * (k % 4) + k / 4;
+                    v[i] = _mm512_fmadd_ps(kv, qa, v[i]);
+                    v[i + 2] = _mm512_fmadd_ps(kv, qb, v[i + 2]);
+                }
             }
+            let d = _mm512_mul_ps(sums16(&v), sv);
+            _mm256_storeu_ps(sc0.as_mut_ptr().add(j), _mm512_castps512_ps256(d));
+            _mm256_storeu_ps(sc1.as_mut_ptr().add(j), _mm512_extractf32x8_ps::<1>(d));
         }
     }
 
@@ -218,7 +236,7 @@ mod x86 {
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
     pub unsafe fn group(
-        kt: &[f32],
+        kt: &[f32],  // K as f32 rows (8 rows of padding)
         vf: &[f32],
         hd: usize,
         qs: &[f32],
@@ -228,22 +246,26 @@ mod x86 {
         scale: f32,
         res: &mut [f32],
     ) {
-        let (b0, b1) = (lo / 16, p / 16 + 1);
         let len = p + 1 - lo;
-        let off = lo - 16 * b0;
         let wl = len.next_multiple_of(16);
-        let nsc = 16 * (b1 - b0).next_multiple_of(4);
         let mut buf = SCRATCH.with(|b| std::mem::take(&mut *b.borrow_mut()));
-        if buf.len() < g * wl + nsc {
-            buf.resize(g * wl + nsc, 0.0);
+        if buf.len() < (g + 1) * wl {
+            buf.resize((g + 1) * wl, 0.0);
         }
-        let (w, sc) = buf.split_at_mut(g * wl);
-        // Per head: the weights softmax(scores) of positions lo..=p.
+        let (w, spare) = buf.split_at_mut(g * wl);
+        // Per head: the scores, then in place the weights softmax(scores), of positions lo..=p.
+        for h in (0..g).step_by(2) {
+            let q0 = &qs[h * hd..(h + 1) * hd];
+            let (w0, rest) = w[h * wl..].split_at_mut(wl);
+            if h + 1 < g {
+                let q1 = &qs[(h + 1) * hd..(h + 2) * hd];
+                scores2(kt, hd, q0, q1, lo, len, scale, w0, &mut rest[..wl]);
+            } else {
+                scores2(kt, hd, q0, q0, lo, len, scale, w0, &mut spare[..wl]);
+            }
+        }
         for h in 0..g {
-            scores(kt, hd, &qs[h * hd..(h + 1) * hd], b0, b1, scale, sc);
-            let e = &mut sc[off..off + len];
-            super::super::softmax::softmax(e);
-            w[h * wl..h * wl + len].copy_from_slice(e);
+            super::super::softmax::softmax(&mut w[h * wl..h * wl + len]);
         }
         // Up to 4 heads x 64 values at a time.
         let (vp, wp, rp) = (vf.as_ptr().add(lo * hd), w.as_ptr(), res.as_mut_ptr());
