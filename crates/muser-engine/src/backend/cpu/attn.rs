@@ -103,7 +103,7 @@ pub fn attend(kv: &KvLayer, q: &[f32], n_head: usize, pos0: usize, scale: f32, o
         let mut res = [0f32; 1024];
         assert!(group * hd <= res.len(), "attention group of {group} x {hd} values");
         // SAFETY: the CPU has the features (`available`); the slices hold the positions used
-        // (lo - base ..= p - base < span, K up to 7 rows past it).
+        // (lo - base ..= p - base < span, K up to 3 rows past it).
         unsafe { x86::group(kf, vf, hd, qs, group, lo - base, p - base, scale, &mut res[..group * hd]) };
         for (g, h) in heads.enumerate() {
             // SAFETY: row t, head h of out is inside it and only this task writes it.
@@ -154,46 +154,35 @@ mod x86 {
         )
     }
 
-    /// Scores of two query heads q0, q1 over positions j0..j0+len (rows of kf): sc0[j] =
-    /// dot(k_j, q0) * scale, sc1 likewise, each dot the AVX2 dot's: its two 8-lane FMA chains
-    /// over 16 values per step are the 16 lanes of one chain here (lane l: dims l + 16 s),
-    /// reduced by the same tree (acc0 + acc1, lo4 + hi4, [0+2, 1+3], 0+1) as
-    /// `_mm512_reduce_add_ps`. Eight positions at a time, each K row loaded once for both
-    /// heads; `sc0` and `sc1` hold len rounded up to 8.
-    #[allow(clippy::too_many_arguments)]
+    /// Scores of four query heads q[h] over positions j0..j0+len (rows of kf): sc[h][j] =
+    /// dot(k_j, q_h) * scale, each dot the AVX2 dot's: its two 8-lane FMA chains over 16
+    /// values per step are the 16 lanes of one chain here (lane l: dims l + 16 s), reduced by
+    /// the same tree (acc0 + acc1, lo4 + hi4, [0+2, 1+3], 0+1) as `_mm512_reduce_add_ps`. Four
+    /// positions at a time, each K value loaded once for the four heads; each sc[h] holds len
+    /// rounded up to 4.
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-    unsafe fn scores2(
-        kf: &[f32],
-        hd: usize,
-        q0: &[f32],
-        q1: &[f32],
-        j0: usize,
-        len: usize,
-        scale: f32,
-        sc0: &mut [f32],
-        sc1: &mut [f32],
-    ) {
+    unsafe fn scores4(kf: &[f32], hd: usize, q: [&[f32]; 4], j0: usize, len: usize, scale: f32, sc: [*mut f32; 4]) {
         let steps = hd / 16;
         let sv = _mm512_set1_ps(scale);
-        for j in (0..len).step_by(8) {
-            assert!((j0 + j + 8) * hd <= kf.len() && j + 8 <= sc0.len() && j + 8 <= sc1.len());
+        for j in (0..len).step_by(4) {
+            assert!((j0 + j + 4) * hd <= kf.len());
             let kp = kf.as_ptr().add((j0 + j) * hd);
-            // v[4(k % 4) + 2h + k / 4]: position j + k, head h, so that the sums come out as
-            // lanes 8h + k.
+            // v[4k + h]: position j + k, head h, so that the sums come out as lanes 4h + k.
             let mut v = [_mm512_setzero_ps(); 16];
             for st in 0..steps {
-                let qa = _mm512_loadu_ps(q0.as_ptr().add(16 * st));
-                let qb = _mm512_loadu_ps(q1.as_ptr().add(16 * st));
-                for k in 0..8 {
+                let qv: [__m512; 4] = std::array::from_fn(|h| _mm512_loadu_ps(q[h].as_ptr().add(16 * st)));
+                for k in 0..4 {
                     let kv = _mm512_loadu_ps(kp.add(k * hd + 16 * st));
-                    let i = 4 * (k % 4) + k / 4;
-                    v[i] = _mm512_fmadd_ps(kv, qa, v[i]);
-                    v[i + 2] = _mm512_fmadd_ps(kv, qb, v[i + 2]);
+                    for h in 0..4 {
+                        v[4 * k + h] = _mm512_fmadd_ps(kv, qv[h], v[4 * k + h]);
+                    }
                 }
             }
             let d = _mm512_mul_ps(sums16(&v), sv);
-            _mm256_storeu_ps(sc0.as_mut_ptr().add(j), _mm512_castps512_ps256(d));
-            _mm256_storeu_ps(sc1.as_mut_ptr().add(j), _mm512_extractf32x8_ps::<1>(d));
+            _mm_storeu_ps(sc[0].add(j), _mm512_castps512_ps128(d));
+            _mm_storeu_ps(sc[1].add(j), _mm512_extractf32x4_ps::<1>(d));
+            _mm_storeu_ps(sc[2].add(j), _mm512_extractf32x4_ps::<2>(d));
+            _mm_storeu_ps(sc[3].add(j), _mm512_extractf32x4_ps::<3>(d));
         }
     }
 
@@ -253,16 +242,21 @@ mod x86 {
             buf.resize((g + 1) * wl, 0.0);
         }
         let (w, spare) = buf.split_at_mut(g * wl);
-        // Per head: the scores, then in place the weights softmax(scores), of positions lo..=p.
-        for h in (0..g).step_by(2) {
-            let q0 = &qs[h * hd..(h + 1) * hd];
-            let (w0, rest) = w[h * wl..].split_at_mut(wl);
-            if h + 1 < g {
-                let q1 = &qs[(h + 1) * hd..(h + 2) * hd];
-                scores2(kt, hd, q0, q1, lo, len, scale, w0, &mut rest[..wl]);
-            } else {
-                scores2(kt, hd, q0, q0, lo, len, scale, w0, &mut spare[..wl]);
-            }
+        // Per head: the scores, then in place the weights softmax(scores), of positions lo..=p;
+        // four heads at a time (a missing head repeats one, its scores land in `spare`).
+        for h0 in (0..g).step_by(4) {
+            let q: [&[f32]; 4] = std::array::from_fn(|k| {
+                let h = (h0 + k).min(g - 1);
+                &qs[h * hd..(h + 1) * hd]
+            });
+            let sc: [*mut f32; 4] = std::array::from_fn(|k| {
+                if h0 + k < g {
+                    w.as_mut_ptr().add((h0 + k) * wl)
+                } else {
+                    spare.as_mut_ptr()
+                }
+            });
+            scores4(kt, hd, q, lo, len, scale, sc);
         }
         for h in 0..g {
             super::super::softmax::softmax(&mut w[h * wl..h * wl + len]);
