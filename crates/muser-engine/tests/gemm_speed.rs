@@ -63,7 +63,7 @@ fn prefill_kernel_speed() {
     let Some(g4) = tile::q4_k_gemm() else { return };
     let g6 = tile::q6_k_gemm().unwrap();
     let mut rng = StdRng::seed_from_u64(1);
-    let n = 512;
+    let n: usize = std::env::var("MUSER_SPEED_N").map_or(512, |v| v.parse().unwrap());
     // MUSER_SPEED_ONLY=attn: batched prefill attention of 512 rows (32 heads of 64 over 8 KV
     // heads), on a one-thread pool.
     if std::env::var("MUSER_SPEED_ONLY").is_ok_and(|v| v == "attn") {
@@ -118,6 +118,35 @@ fn prefill_kernel_speed() {
                 })
             };
             println!("{name}: {:.1} GMAC/s ({:.1} ms)", macs / t / 1e9, t * 1e3);
+            // The multi-column dots (8, then 4 columns) on the same shape, for comparison.
+            if !q6 && n % 4 == 0 {
+                let w = blocks(rows * nb, &mut rng, |b: &mut BlockQ4K| {
+                    b.d = half::f16::from_f32(0.01);
+                    b.dmin = half::f16::from_f32(0.01)
+                });
+                let (k8, k4) = (gemm::q4_k_cols::<8>().unwrap(), gemm::q4_k_cols::<4>().unwrap());
+                let mut out = vec![0f32; rows * n];
+                let t = best(3, || {
+                    for r in 0..rows {
+                        let wr = &w[r * nb..(r + 1) * nb];
+                        let mut c = 0;
+                        while c + 8 <= n {
+                            let v = k8(wr, std::array::from_fn(|k| &y[(c + k) * nb..(c + k + 1) * nb]));
+                            for k in 0..8 {
+                                out[(c + k) * rows + r] = v[k];
+                            }
+                            c += 8;
+                        }
+                        if c + 4 <= n {
+                            let v = k4(wr, std::array::from_fn(|k| &y[(c + k) * nb..(c + k + 1) * nb]));
+                            for k in 0..4 {
+                                out[(c + k) * rows + r] = v[k];
+                            }
+                        }
+                    }
+                });
+                println!("  (multi-column dots: {:.1} GMAC/s)", macs / t / 1e9);
+            }
         }
         return;
     }

@@ -27,7 +27,7 @@ pub struct QuantizedInput<'a> {
 }
 
 /// Columns from which Q4_K / Q6_K weights go through the register-tiled kernels.
-pub const TILE_MIN_COLUMNS: usize = 4;
+pub const TILE_MIN_COLUMNS: usize = 8;
 
 impl<'a> QuantizedInput<'a> {
     /// Quantizes the n columns of `x` for every format `types` need.
