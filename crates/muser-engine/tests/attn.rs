@@ -20,8 +20,16 @@ fn layer(spec: KvLayerSpec, upto: usize, rng: &mut StdRng) -> KvLayer {
     let w = spec.n_head_kv * spec.head_dim;
     let mut kv = KvLayer {
         spec,
-        k: if spec.is_ring() { vec![f16::ZERO; spec.slots * w] } else { Vec::new() },
-        v: if spec.is_ring() { vec![f16::ZERO; spec.slots * w] } else { Vec::new() },
+        k: if spec.is_ring() {
+            vec![f16::ZERO; spec.slots * w]
+        } else {
+            Vec::new()
+        },
+        v: if spec.is_ring() {
+            vec![f16::ZERO; spec.slots * w]
+        } else {
+            Vec::new()
+        },
     };
     let k: Vec<f32> = (0..upto * w).map(|_| rng.gen_range(-2.0f32..2.0)).collect();
     let v: Vec<f32> = (0..upto * w).map(|_| rng.gen_range(-2.0f32..2.0)).collect();
@@ -48,7 +56,12 @@ fn batched_attention_equals_per_head_attention_bitwise() {
             return eprintln!("no AVX-512: skipped");
         }
         let slots = window.map_or(pos0 + rows, |w| w + rows - 1);
-        let spec = KvLayerSpec { n_head_kv, head_dim, window, slots };
+        let spec = KvLayerSpec {
+            n_head_kv,
+            head_dim,
+            window,
+            slots,
+        };
         let kv = layer(spec, pos0 + rows, &mut rng);
         let q: Vec<f32> = (0..rows * n_head * head_dim)
             .map(|_| rng.gen_range(-1.0f32..1.0))
@@ -59,7 +72,14 @@ fn batched_attention_equals_per_head_attention_bitwise() {
         let mut want = vec![f32::NAN; q.len()];
         for (i, o) in want.chunks_mut(head_dim).enumerate() {
             let (t, h) = (i / n_head, i % n_head);
-            kv.attend_head(&q[i * head_dim..(i + 1) * head_dim], h, n_head, pos0 + t, scale, o);
+            kv.attend_head(
+                &q[i * head_dim..(i + 1) * head_dim],
+                h,
+                n_head,
+                pos0 + t,
+                scale,
+                o,
+            );
         }
         assert_eq!(
             bits(&got),
@@ -77,12 +97,20 @@ fn prefill_logits_equal_decode_logits_bitwise() {
         let t = Tiny::new(arch);
         let m = t.model();
         let toks = random_tokens(45, t.n_vocab, 9);
-        let all = Session::new(&m, 64).unwrap().prefill_all(&toks).unwrap().to_vec();
+        let all = Session::new(&m, 64)
+            .unwrap()
+            .prefill_all(&toks)
+            .unwrap()
+            .to_vec();
         let mut s = Session::new(&m, 64).unwrap();
         let nv = t.n_vocab;
         for (i, &tok) in toks.iter().enumerate() {
             let l = s.decode(tok).unwrap();
-            assert_eq!(bits(l), bits(&all[i * nv..(i + 1) * nv]), "{arch} position {i}");
+            assert_eq!(
+                bits(l),
+                bits(&all[i * nv..(i + 1) * nv]),
+                "{arch} position {i}"
+            );
         }
     }
 }

@@ -115,7 +115,11 @@ fn multi_column_kernels_equal_the_avx512_one_column_kernels_bitwise() {
 }
 
 /// Random blocks with finite scales: every quant and packed scale byte random.
-fn random_blocks<W: bytemuck::Pod>(count: usize, rng: &mut StdRng, fix: impl Fn(&mut W, &mut StdRng)) -> Vec<W> {
+fn random_blocks<W: bytemuck::Pod>(
+    count: usize,
+    rng: &mut StdRng,
+    fix: impl Fn(&mut W, &mut StdRng),
+) -> Vec<W> {
     let mut v: Vec<W> = vec![bytemuck::Zeroable::zeroed(); count];
     rng.fill(bytemuck::cast_slice_mut::<W, u8>(&mut v));
     for b in &mut v {

@@ -17,7 +17,9 @@ fn blocks<W: bytemuck::Pod>(count: usize, rng: &mut StdRng, fix: impl Fn(&mut W)
 }
 
 fn columns(n: usize, nb: usize, rng: &mut StdRng) -> Vec<BlockQ8K> {
-    let x: Vec<f32> = (0..n * nb * 256).map(|_| rng.gen_range(-2.0f32..2.0)).collect();
+    let x: Vec<f32> = (0..n * nb * 256)
+        .map(|_| rng.gen_range(-2.0f32..2.0))
+        .collect();
     let mut y = vec![bytemuck::Zeroable::zeroed(); n * nb];
     quantize_row_q8_k_ref(&x, &mut y);
     y
@@ -48,7 +50,10 @@ fn old<W: bytemuck::Pod>(
         for r in 0..rows {
             let wr = &w[r * nb..(r + 1) * nb];
             for t in (t0..(t0 + 16).min(n)).step_by(8) {
-                let v = d8(wr, std::array::from_fn(|k| &y[(t + k) * nb..(t + k + 1) * nb]));
+                let v = d8(
+                    wr,
+                    std::array::from_fn(|k| &y[(t + k) * nb..(t + k + 1) * nb]),
+                );
                 for k in 0..8 {
                     out[(t + k) * rows + r] = v[k];
                 }
@@ -70,16 +75,36 @@ fn prefill_kernel_speed() {
         use muser_engine::backend::cpu::{attn, kv::KvLayer};
         use muser_engine::backend::KvLayerSpec;
         let (nh, nkv, hd, rows) = (32usize, 8usize, 64usize, 512usize);
-        let spec = KvLayerSpec { n_head_kv: nkv, head_dim: hd, window: None, slots: rows };
-        let mut kv = KvLayer { spec, k: Vec::new(), v: Vec::new() };
-        let k: Vec<f32> = (0..rows * nkv * hd).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+        let spec = KvLayerSpec {
+            n_head_kv: nkv,
+            head_dim: hd,
+            window: None,
+            slots: rows,
+        };
+        let mut kv = KvLayer {
+            spec,
+            k: Vec::new(),
+            v: Vec::new(),
+        };
+        let k: Vec<f32> = (0..rows * nkv * hd)
+            .map(|_| rng.gen_range(-1.0f32..1.0))
+            .collect();
         kv.store(&k, &k, 0);
-        let q: Vec<f32> = (0..rows * nh * hd).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+        let q: Vec<f32> = (0..rows * nh * hd)
+            .map(|_| rng.gen_range(-1.0f32..1.0))
+            .collect();
         let mut out = vec![0f32; q.len()];
-        let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap();
         let t = pool.install(|| best(5, || attn::attend(&kv, &q, nh, 0, 0.125, &mut out)));
         let pairs = (rows * (rows + 1) / 2 * nh) as f64;
-        println!("attention 512 rows: {:.2} ms, {:.2} ns per (query, key)", t * 1e3, t / pairs * 1e9);
+        println!(
+            "attention 512 rows: {:.2} ms, {:.2} ns per (query, key)",
+            t * 1e3,
+            t / pairs * 1e9
+        );
         return;
     }
     // MUSER_SPEED_ONLY=shapes: the tiled kernels on llama-1b's prefill shapes, one thread,
@@ -98,11 +123,18 @@ fn prefill_kernel_speed() {
             let mut out = vec![0f32; chunk * n];
             let macs = (rows * cols * n) as f64;
             let t = if q6 {
-                let w = blocks(rows * nb, &mut rng, |b: &mut BlockQ6K| b.d = half::f16::from_f32(0.01));
+                let w = blocks(rows * nb, &mut rng, |b: &mut BlockQ6K| {
+                    b.d = half::f16::from_f32(0.01)
+                });
                 best(3, || {
                     for r0 in (0..rows).step_by(chunk) {
                         let r1 = (r0 + chunk).min(rows);
-                        tile::gemm_q6_k(&w[r0 * nb..r1 * nb], r1 - r0, &panel, &mut out[..(r1 - r0) * n])
+                        tile::gemm_q6_k(
+                            &w[r0 * nb..r1 * nb],
+                            r1 - r0,
+                            &panel,
+                            &mut out[..(r1 - r0) * n],
+                        )
                     }
                 })
             } else {
@@ -113,32 +145,46 @@ fn prefill_kernel_speed() {
                 best(3, || {
                     for r0 in (0..rows).step_by(chunk) {
                         let r1 = (r0 + chunk).min(rows);
-                        tile::gemm_q4_k(&w[r0 * nb..r1 * nb], r1 - r0, &panel, &mut out[..(r1 - r0) * n])
+                        tile::gemm_q4_k(
+                            &w[r0 * nb..r1 * nb],
+                            r1 - r0,
+                            &panel,
+                            &mut out[..(r1 - r0) * n],
+                        )
                     }
                 })
             };
             println!("{name}: {:.1} GMAC/s ({:.1} ms)", macs / t / 1e9, t * 1e3);
             // The multi-column dots (8, then 4 columns) on the same shape, for comparison.
-            if !q6 && n % 4 == 0 {
+            if !q6 && n.is_multiple_of(4) {
                 let w = blocks(rows * nb, &mut rng, |b: &mut BlockQ4K| {
                     b.d = half::f16::from_f32(0.01);
                     b.dmin = half::f16::from_f32(0.01)
                 });
-                let (k8, k4) = (gemm::q4_k_cols::<8>().unwrap(), gemm::q4_k_cols::<4>().unwrap());
+                let (k8, k4) = (
+                    gemm::q4_k_cols::<8>().unwrap(),
+                    gemm::q4_k_cols::<4>().unwrap(),
+                );
                 let mut out = vec![0f32; rows * n];
                 let t = best(3, || {
                     for r in 0..rows {
                         let wr = &w[r * nb..(r + 1) * nb];
                         let mut c = 0;
                         while c + 8 <= n {
-                            let v = k8(wr, std::array::from_fn(|k| &y[(c + k) * nb..(c + k + 1) * nb]));
+                            let v = k8(
+                                wr,
+                                std::array::from_fn(|k| &y[(c + k) * nb..(c + k + 1) * nb]),
+                            );
                             for k in 0..8 {
                                 out[(c + k) * rows + r] = v[k];
                             }
                             c += 8;
                         }
                         if c + 4 <= n {
-                            let v = k4(wr, std::array::from_fn(|k| &y[(c + k) * nb..(c + k + 1) * nb]));
+                            let v = k4(
+                                wr,
+                                std::array::from_fn(|k| &y[(c + k) * nb..(c + k + 1) * nb]),
+                            );
                             for k in 0..4 {
                                 out[(c + k) * rows + r] = v[k];
                             }
@@ -158,21 +204,33 @@ fn prefill_kernel_speed() {
             b.d = half::f16::from_f32(0.01);
             b.dmin = half::f16::from_f32(0.01)
         });
-        let w6 = blocks(chunk * nb, &mut rng, |b: &mut BlockQ6K| b.d = half::f16::from_f32(0.01));
+        let w6 = blocks(chunk * nb, &mut rng, |b: &mut BlockQ6K| {
+            b.d = half::f16::from_f32(0.01)
+        });
         let mut out = vec![0f32; chunk * n];
         let macs = (chunk * cols * n) as f64;
         let t = best(3, || g4(&w4, chunk, &y, n, &mut out));
-        println!("q4_k tiled, panel built inside  {name}: {:.1} GMAC/s", macs / t / 1e9);
+        println!(
+            "q4_k tiled, panel built inside  {name}: {:.1} GMAC/s",
+            macs / t / 1e9
+        );
         let panel = tile::Panel::new(&y, n, nb);
         let t = best(5, || tile::gemm_q4_k(&w4, chunk, &panel, &mut out));
         println!("q4_k tiled  {name}: {:.1} GMAC/s", macs / t / 1e9);
         let t = best(3, || g6(&w6, chunk, &y, n, &mut out));
-        println!("q6_k tiled, panel built inside  {name}: {:.1} GMAC/s", macs / t / 1e9);
+        println!(
+            "q6_k tiled, panel built inside  {name}: {:.1} GMAC/s",
+            macs / t / 1e9
+        );
         let t = best(5, || tile::gemm_q6_k(&w6, chunk, &panel, &mut out));
         println!("q6_k tiled  {name}: {:.1} GMAC/s", macs / t / 1e9);
-        let t = best(3, || old(&w4, chunk, &y, n, &mut out, gemm::q4_k_cols::<8>().unwrap()));
+        let t = best(3, || {
+            old(&w4, chunk, &y, n, &mut out, gemm::q4_k_cols::<8>().unwrap())
+        });
         println!("q4_k cols8  {name}: {:.1} GMAC/s", macs / t / 1e9);
-        let t = best(3, || old(&w6, chunk, &y, n, &mut out, gemm::q6_k_cols::<8>().unwrap()));
+        let t = best(3, || {
+            old(&w6, chunk, &y, n, &mut out, gemm::q6_k_cols::<8>().unwrap())
+        });
         println!("q6_k cols8  {name}: {:.1} GMAC/s", macs / t / 1e9);
     }
 }

@@ -11,7 +11,11 @@ fn q8_k_quantizer_equals_the_reference_bytewise() {
     let mut rng = StdRng::seed_from_u64(11);
     let mut rows: Vec<Vec<f32>> = Vec::new();
     for scale in [1e-39f32, 1e-30, 1e-3, 1.0, 300.0, 1e30] {
-        rows.push((0..1024).map(|_| rng.gen_range(-1.0f32..1.0) * scale).collect());
+        rows.push(
+            (0..1024)
+                .map(|_| rng.gen_range(-1.0f32..1.0) * scale)
+                .collect(),
+        );
     }
     // Ties in magnitude of both signs (the first one sets the scale), zeros, a zero block,
     // exact halves (rounding ties), NaN and infinities.
@@ -23,7 +27,9 @@ fn q8_k_quantizer_equals_the_reference_bytewise() {
     r[512..768].fill(0.0);
     r[800] = f32::NAN;
     rows.push(r);
-    let mut r: Vec<f32> = (0..512).map(|i| (i as f32 - 256.0) / 254.0 * 127.5).collect();
+    let mut r: Vec<f32> = (0..512)
+        .map(|i| (i as f32 - 256.0) / 254.0 * 127.5)
+        .collect();
     r[3] = f32::INFINITY;
     r[300] = -0.0;
     rows.push(r);

@@ -101,18 +101,29 @@ pub fn attend(kv: &KvLayer, q: &[f32], n_head: usize, pos0: usize, scale: f32, o
         let heads = kh * group..(kh + 1) * group;
         let qs = &q[t * width + heads.start * hd..t * width + heads.end * hd];
         let mut res = [0f32; 1024];
-        assert!(group * hd <= res.len(), "attention group of {group} x {hd} values");
+        assert!(
+            group * hd <= res.len(),
+            "attention group of {group} x {hd} values"
+        );
         // SAFETY: the CPU has the features (`available`); the slices hold the positions used
         // (lo - base ..= p - base < span, K up to 3 rows past it).
-        unsafe { x86::group(kf, vf, hd, qs, group, lo - base, p - base, scale, &mut res[..group * hd]) };
+        unsafe {
+            x86::group(
+                kf,
+                vf,
+                hd,
+                qs,
+                group,
+                lo - base,
+                p - base,
+                scale,
+                &mut res[..group * hd],
+            )
+        };
         for (g, h) in heads.enumerate() {
             // SAFETY: row t, head h of out is inside it and only this task writes it.
             unsafe {
-                std::ptr::copy_nonoverlapping(
-                    res[g * hd..].as_ptr(),
-                    o.at(t * width + h * hd),
-                    hd,
-                )
+                std::ptr::copy_nonoverlapping(res[g * hd..].as_ptr(), o.at(t * width + h * hd), hd)
             };
         }
     });
@@ -161,7 +172,15 @@ mod x86 {
     /// positions at a time, each K value loaded once for the four heads; each sc[h] holds len
     /// rounded up to 4.
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-    unsafe fn scores4(kf: &[f32], hd: usize, q: [&[f32]; 4], j0: usize, len: usize, scale: f32, sc: [*mut f32; 4]) {
+    unsafe fn scores4(
+        kf: &[f32],
+        hd: usize,
+        q: [&[f32]; 4],
+        j0: usize,
+        len: usize,
+        scale: f32,
+        sc: [*mut f32; 4],
+    ) {
         let steps = hd / 16;
         let sv = _mm512_set1_ps(scale);
         for j in (0..len).step_by(4) {
@@ -170,7 +189,8 @@ mod x86 {
             // v[4k + h]: position j + k, head h, so that the sums come out as lanes 4h + k.
             let mut v = [_mm512_setzero_ps(); 16];
             for st in 0..steps {
-                let qv: [__m512; 4] = std::array::from_fn(|h| _mm512_loadu_ps(q[h].as_ptr().add(16 * st)));
+                let qv: [__m512; 4] =
+                    std::array::from_fn(|h| _mm512_loadu_ps(q[h].as_ptr().add(16 * st)));
                 for k in 0..4 {
                     let kv = _mm512_loadu_ps(kp.add(k * hd + 16 * st));
                     for h in 0..4 {
@@ -225,7 +245,7 @@ mod x86 {
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
     pub unsafe fn group(
-        kt: &[f32],  // K as f32 rows (8 rows of padding)
+        kt: &[f32], // K as f32 rows (8 rows of padding)
         vf: &[f32],
         hd: usize,
         qs: &[f32],

@@ -3,8 +3,9 @@
 //! and then multiplied into C Q8_K columns, so the unpacking, which costs as much as the
 //! multiplies in a one-column dot, is paid once per C columns.
 //!
-//! Serves Q4_K and Q6_K weights (the bulk of a Q4_K_M file) whenever a matmul has 4 or more
-//! columns; other types and the last n % 4 columns use muser-quant's one-column kernels. Per
+//! Serves Q4_K and Q6_K weights (the bulk of a Q4_K_M file) when a matmul has 4 to 7 columns
+//! (from 8 the register-tiled kernels of `tile.rs` take over); other types and the last n % 4
+//! columns use muser-quant's one-column kernels. Per
 //! column the arithmetic (lanes, order, final reduction) is that of muser-quant's AVX-512
 //! one-column kernel, so results are bit-identical and prefill logits equal decode logits.
 //! Tested against the scalar reference and the one-column kernel (`tests/gemm.rs`).

@@ -5,7 +5,9 @@
 //! the call (Q/K/V/gate, gate+up). Work is split into tasks of consecutive weight rows (a few
 //! hundred KB of weights each for one column) run on the current rayon pool; inside a task each
 //! weight row is reused across a tile of columns while it sits in L1. The dots are
-//! muser-quant's SIMD kernels (`Kernels::detect`).
+//! muser-quant's SIMD kernels (`Kernels::detect`); from 8 columns, Q4_K and Q6_K weights go
+//! through the register-tiled kernels of `tile.rs` instead (bit-identical), which write straight
+//! into the output.
 
 use super::CpuWeight;
 use muser_gguf::GgmlType;
@@ -62,7 +64,9 @@ impl<'a> QuantizedInput<'a> {
             #[cfg(target_arch = "x86_64")]
             if n >= TILE_MIN_COLUMNS
                 && super::tile::available()
-                && types.iter().any(|t| matches!(t, GgmlType::Q4_K | GgmlType::Q6_K))
+                && types
+                    .iter()
+                    .any(|t| matches!(t, GgmlType::Q4_K | GgmlType::Q6_K))
             {
                 q.panel = Some(super::tile::Panel::new(&q.q8_k, n, nb));
             }

@@ -28,7 +28,9 @@ mod x86 {
 
     pub fn available() -> bool {
         static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *HAS.get_or_init(|| is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw"))
+        *HAS.get_or_init(|| {
+            is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw")
+        })
     }
 
     /// One block of 256; false (nothing written) if it holds a NaN or an infinity.
@@ -75,7 +77,10 @@ mod x86 {
             let t = _mm512_add_ps(_mm512_mul_ps(is, *vj), magic);
             let q = _mm512_sub_epi32(_mm512_and_si512(_mm512_castps_si512(t), mask), off);
             let q = _mm512_min_epi32(q, top);
-            _mm_storeu_si128(b.qs.as_mut_ptr().add(16 * j) as *mut __m128i, _mm512_cvtepi32_epi8(q));
+            _mm_storeu_si128(
+                b.qs.as_mut_ptr().add(16 * j) as *mut __m128i,
+                _mm512_cvtepi32_epi8(q),
+            );
             b.bsums[j] = _mm512_reduce_add_epi32(q) as i16;
         }
         b.d = 1.0 / iscale;

@@ -11,6 +11,7 @@
 //! - sum in 16 running partial sums (element j into partial j % 16, in order), reduced by a
 //!   fixed tree: ((p_l + p_{l+8}) + ...) as written in `tree16`;
 //! - then one IEEE division per element.
+//!
 //! Every step is elementwise or has a fixed order, so the AVX-512, AVX2 and scalar versions
 //! give the same bits; the vector versions only run the same arithmetic 16 or 8 lanes at a
 //! time.
@@ -18,8 +19,9 @@
 const LOG2E: f32 = std::f32::consts::LOG2_E;
 /// ln 2 split in two: the high part has 16 significant bits, so n * LN2_HI is exact for
 /// |n| < 2^8.
-const LN2_HI: f32 = 0.693_145_751_953_125;
-const LN2_LO: f32 = 1.428_606_820_309_417_2e-6;
+const LN2_HI: f32 = f32::from_bits(0x3f31_7200); // 0.693145751953125
+/// ln 2 - LN2_HI, rounded to f32 (1.4286068e-6).
+const LN2_LO: f32 = f32::from_bits(0x35bf_be8e);
 /// 1.5 * 2^23: adding it rounds an f32 of magnitude < 2^22 to an integer (nearest, ties to
 /// even).
 const ROUND: f32 = 12_582_912.0;
@@ -40,7 +42,11 @@ const HIGH: f32 = 89.0;
 #[inline(always)]
 fn exp_scalar(x: f32, fma: impl Fn(f32, f32, f32) -> f32) -> f32 {
     // Past these bounds the result is 0 or inf anyway; NaN passes.
-    let x = if x.is_nan() { x } else { x.clamp(LOW - 17.0, HIGH) };
+    let x = if x.is_nan() {
+        x
+    } else {
+        x.clamp(LOW - 17.0, HIGH)
+    };
     let t = x * LOG2E + ROUND;
     let n = t - ROUND;
     let r = fma(-n, LN2_HI, x);
@@ -196,20 +202,64 @@ mod x86 {
         _mm256_blendv_ps(e, z, m)
     }
 
-    vexp!(exp512, __m512, __m512i, _mm512_set1_ps, _mm512_mul_ps, _mm512_add_ps, _mm512_sub_ps,
-          _mm512_fmadd_ps, _mm512_fnmadd_ps, _mm512_cvtps_epi32, _mm512_min_epi32, _mm512_max_epi32,
-          _mm512_set1_epi32, _mm512_add_epi32, _mm512_slli_epi32, _mm512_castsi512_ps,
-          _mm512_setzero_ps, low512, _mm512_min_ps, _mm512_max_ps, "avx512f,fma");
-    vexp!(exp256, __m256, __m256i, _mm256_set1_ps, _mm256_mul_ps, _mm256_add_ps, _mm256_sub_ps,
-          _mm256_fmadd_ps, _mm256_fnmadd_ps, _mm256_cvtps_epi32, _mm256_min_epi32, _mm256_max_epi32,
-          _mm256_set1_epi32, _mm256_add_epi32, _mm256_slli_epi32, _mm256_castsi256_ps,
-          _mm256_setzero_ps, low256, _mm256_min_ps, _mm256_max_ps, "avx2,fma");
+    vexp!(
+        exp512,
+        __m512,
+        __m512i,
+        _mm512_set1_ps,
+        _mm512_mul_ps,
+        _mm512_add_ps,
+        _mm512_sub_ps,
+        _mm512_fmadd_ps,
+        _mm512_fnmadd_ps,
+        _mm512_cvtps_epi32,
+        _mm512_min_epi32,
+        _mm512_max_epi32,
+        _mm512_set1_epi32,
+        _mm512_add_epi32,
+        _mm512_slli_epi32,
+        _mm512_castsi512_ps,
+        _mm512_setzero_ps,
+        low512,
+        _mm512_min_ps,
+        _mm512_max_ps,
+        "avx512f,fma"
+    );
+    vexp!(
+        exp256,
+        __m256,
+        __m256i,
+        _mm256_set1_ps,
+        _mm256_mul_ps,
+        _mm256_add_ps,
+        _mm256_sub_ps,
+        _mm256_fmadd_ps,
+        _mm256_fnmadd_ps,
+        _mm256_cvtps_epi32,
+        _mm256_min_epi32,
+        _mm256_max_epi32,
+        _mm256_set1_epi32,
+        _mm256_add_epi32,
+        _mm256_slli_epi32,
+        _mm256_castsi256_ps,
+        _mm256_setzero_ps,
+        low256,
+        _mm256_min_ps,
+        _mm256_max_ps,
+        "avx2,fma"
+    );
 
     #[target_feature(enable = "avx512f,fma")]
     pub unsafe fn softmax_avx512(x: &mut [f32]) {
         let n = x.len();
         let p = x.as_mut_ptr();
-        let tail = |i: usize| -> __mmask16 { if n - i >= 16 { 0xffff } else { (1u16 << (n - i)) - 1 } };
+        let tail = |i: usize| -> __mmask16 {
+            if n - i >= 16 {
+                0xffff
+            } else {
+                (1u16 << (n - i)) - 1
+            }
+        };
         let mut m = _mm512_set1_ps(f32::NEG_INFINITY);
         for i in (0..n).step_by(16) {
             let v = _mm512_mask_loadu_ps(_mm512_set1_ps(f32::NEG_INFINITY), tail(i), p.add(i));
@@ -242,7 +292,11 @@ mod x86 {
         let n = g.len();
         let one = _mm512_set1_ps(1.0);
         for i in (0..n).step_by(16) {
-            let k: __mmask16 = if n - i >= 16 { 0xffff } else { (1u16 << (n - i)) - 1 };
+            let k: __mmask16 = if n - i >= 16 {
+                0xffff
+            } else {
+                (1u16 << (n - i)) - 1
+            };
             let gv = _mm512_maskz_loadu_ps(k, g.as_ptr().add(i));
             let uv = _mm512_maskz_loadu_ps(k, u.as_ptr().add(i));
             let e = exp512(_mm512_sub_ps(_mm512_setzero_ps(), gv));
@@ -263,7 +317,10 @@ mod x86 {
             let gv = _mm256_loadu_ps(gb.as_ptr());
             let e = exp256(_mm256_sub_ps(_mm256_setzero_ps(), gv));
             let s = _mm256_div_ps(gv, _mm256_add_ps(one, e));
-            _mm256_storeu_ps(gb.as_mut_ptr(), _mm256_mul_ps(s, _mm256_loadu_ps(ub.as_ptr())));
+            _mm256_storeu_ps(
+                gb.as_mut_ptr(),
+                _mm256_mul_ps(s, _mm256_loadu_ps(ub.as_ptr())),
+            );
             out[i..i + len].copy_from_slice(&gb[..len]);
         }
     }
@@ -314,7 +371,10 @@ mod x86 {
                 let mut got8 = [0f32; 16];
                 unsafe {
                     _mm256_storeu_ps(got8.as_mut_ptr(), exp256(_mm256_loadu_ps(xs.as_ptr())));
-                    _mm256_storeu_ps(got8.as_mut_ptr().add(8), exp256(_mm256_loadu_ps(xs.as_ptr().add(8))));
+                    _mm256_storeu_ps(
+                        got8.as_mut_ptr().add(8),
+                        exp256(_mm256_loadu_ps(xs.as_ptr().add(8))),
+                    );
                 }
                 for l in 0..16 {
                     let want = exp_scalar(xs[l], fma);
@@ -347,7 +407,11 @@ mod x86 {
                 assert_eq!(a[i].to_bits(), want.to_bits(), "silu({})", g[i]);
                 assert_eq!(b[i].to_bits(), want.to_bits(), "silu({})", g[i]);
                 let exact = g[i] as f64 / (1.0 + (-g[i] as f64).exp()) * u[i] as f64;
-                assert!((want as f64 - exact).abs() <= 1e-6 * exact.abs().max(1e-30), "silu({})", g[i]);
+                assert!(
+                    (want as f64 - exact).abs() <= 1e-6 * exact.abs().max(1e-30),
+                    "silu({})",
+                    g[i]
+                );
             }
         }
 

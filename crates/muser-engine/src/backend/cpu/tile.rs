@@ -1,28 +1,47 @@
 //! Register-tiled prefill matmul (AVX-512 VNNI): Q4_K / Q6_K weights x Q8_K activations, a
-//! tile of R = 4 weight rows x C = 4 activation columns at a time.
+//! tile of R = 4 weight rows x C = 4 activation columns at a time. Serves every matmul of
+//! 8 columns or more (`matmul::TILE_MIN_COLUMNS`).
 //!
 //! Layout. The activation columns are copied once per matmul into a [`Panel`]: each block's 256
-//! quants 64-byte aligned, the `bsums` of two neighbouring columns side by side, the scales `d`
-//! of four neighbouring columns side by side (columns padded with zeros to a multiple of 4).
-//! The weights of a tile of 4 rows are unpacked once per column chunk into a small buffer: the
-//! quants as bytes 0..63 (Q4_K nibbles / Q6_K 6-bit values), the sub-block scales as the i16
-//! vectors the multiply wants, the mins, the f32 block scales of the 4 rows.
+//! quants plus 128 (unsigned bytes), 64-byte aligned; the `bsums` of two neighbouring columns
+//! side by side; the scales `d` of four neighbouring columns side by side (columns padded to a
+//! multiple of 4). A task's weight rows are unpacked once, 4 rows x 1 block at a time: the
+//! quants as bytes (Q4_K nibbles / Q6_K 6-bit values), the sub-block scales as the i16 vectors
+//! the multiply wants, the mins, the f32 block scales.
 //!
-//! Microkernel. Per block and per pair of 64-value groups, for each of the 16 (row, column)
-//! pairs: two `vpdpbusd` from zero give the 4-value dots of each group per i32 lane (at most
-//! 4 * 63 * 128 in magnitude, so they fit an i16), one shift and one word blend put the two
-//! groups' dots in the low and high i16 of each lane, and one `vpdpwssd` multiplies them by the
-//! two groups' sub-block scales and adds them to the lane. That is 3 multiply-port instructions
-//! per 128 products (the one-column kernel needs 4: `vpmaddubsw` + `vpdpwssd` per group); the
-//! shift and blend run on other ports. The row's quants and scales are loaded once for 4
-//! columns, the column's quants once for 4 rows.
+//! Loop nest (`gemm_body`). Columns in chunks of 128 (their activations and their tiles'
+//! accumulators stay in L2); per chunk, row tile and step of 8 blocks (the row tile's unpacked
+//! blocks stay in L1), every column tile of the chunk runs the step's blocks into its f32
+//! accumulators; after the last step the sums are reduced and stored.
+//!
+//! Microkernel (inline asm: the 16 i32 sums in zmm0..15, the columns' quants of two groups in
+//! zmm16..23, a row's quants and scales in zmm24..26). Per block and per pair of 64-value
+//! groups, for each of the 16 (row, column) pairs, Q4_K: y = dot(a1 + 128, q1) per i32 lane
+//! (`vpdpbusd` from zero), shifted to the high i16, plus dot(a0 + 128, q0) (both in 0..=15,300,
+//! so no carry crosses the i16 boundary), then one `vpdpwssd` multiplies the two i16 halves by
+//! the two groups' sub-block scales into the sum, which starts from minus 128 x the scaled
+//! quant sums (the +128 taken back). Q6_K: two `vpdpbusd` (quants unsigned, activations
+//! signed, |dot| < 2^15) blended into the i16 halves, then `vpdpwssd`. That is 3 multiply-port
+//! instructions per 128 products (the one-column kernel needs 4: `vpmaddubsw` + `vpdpwssd` per
+//! group); the shift and blend run on other ports. A row's quants and scales are loaded once
+//! for 4 columns, a column's quants once for 4 rows. Then per block: the 16 sums to f32 and one
+//! FMA each with d_row * d_column (the 16 products from one multiply, broadcast by `vpermps`),
+//! for Q4_K also the mins (`vpmaddwd` of the mins with two columns' bsums at once, one FMA per
+//! two pairs); the f32 accumulators live in memory (L1).
 //!
 //! Exactness. Per (row, column) every i32 lane ends a block holding exactly the integer of the
 //! same lane in muser-quant's AVX-512 one-column kernel (same 4 values per lane per group, same
 //! scales; integer sums are exact in any order), and the f32 work is that kernel's: one
 //! conversion and one FMA per block in block order (for Q4_K the mins too, on 8 lanes), the
-//! same products `d_row * d_column`, the same final reduction. So a matmul gives bit for bit
-//! what one-column dots give, and prefill logits equal decode logits. Tested in `tests/gemm.rs`.
+//! same products `d_row * d_column`, the same final reduction tree (`_mm512_reduce_add_ps`'s,
+//! done for 16 pairs at once). So a matmul gives bit for bit what one-column dots give, and
+//! prefill logits equal decode logits. Tested in `tests/gemm.rs`.
+//!
+//! Speed (2026-11-29, 2-core AMD EPYC Zen 5, one thread, `tests/gemm_speed.rs`, 512 columns):
+//! Q4_K 7168x2048 ~190 GMAC/s, 2048x7168 ~170, Q6_K 2048x7168 ~170; the multi-column dots it
+//! replaces ran at ~90-100. The bound is the multiply ports: per block a 4 x 4 tile issues 96
+//! VNNI instructions and 34 f32 multiply/FMA ones, 65 cycles at 2 per cycle (about 250 GMAC/s
+//! at 4.2 GHz); the rest goes to loads of the f32 accumulators and to the L2 streams.
 
 use muser_quant::{BlockQ4K, BlockQ6K, BlockQ8K, QK_K};
 
@@ -110,7 +129,13 @@ impl Panel {
                     }
                 });
         }
-        Panel { n, nb, qs, bsums2, d }
+        Panel {
+            n,
+            nb,
+            qs,
+            bsums2,
+            d,
+        }
     }
 
     pub fn n(&self) -> usize {
@@ -120,14 +145,26 @@ impl Panel {
 
 fn check_shapes_into<W>(what: &str, w: &[W], rows: usize, p: &Panel, ld: usize) {
     assert!(available(), "{what} needs AVX-512 VNNI");
-    assert_eq!(w.len(), rows * p.nb, "{what}: {} blocks for {rows} rows of {}", w.len(), p.nb);
+    assert_eq!(
+        w.len(),
+        rows * p.nb,
+        "{what}: {} blocks for {rows} rows of {}",
+        w.len(),
+        p.nb
+    );
     assert!(ld >= rows, "{what}: row stride {ld} < {rows} rows");
     assert!(p.nb > 0 || rows == 0);
 }
 
 fn check_shapes<W>(what: &str, w: &[W], rows: usize, p: &Panel, out: &[f32]) {
     assert!(available(), "{what} needs AVX-512 VNNI");
-    assert_eq!(w.len(), rows * p.nb, "{what}: {} blocks for {rows} rows of {}", w.len(), p.nb);
+    assert_eq!(
+        w.len(),
+        rows * p.nb,
+        "{what}: {} blocks for {rows} rows of {}",
+        w.len(),
+        p.nb
+    );
     assert_eq!(out.len(), rows * p.n, "{what}: output of {} x {rows}", p.n);
     assert!(p.nb > 0 || rows == 0);
 }
@@ -227,7 +264,18 @@ pub fn gemm_q4_k(w: &[BlockQ4K], rows: usize, p: &Panel, out: &mut [f32]) {
 /// no one else may access those elements meanwhile.
 pub unsafe fn gemm_q4_k_into(w: &[BlockQ4K], rows: usize, p: &Panel, out: *mut f32, ld: usize) {
     check_shapes_into("gemm_q4_k", w, rows, p, ld);
-    gemm_body!(w, rows, p, out, ld, Q4_BUF, x86::Q4W, x86::unpack_q4_k, x86::tile_q4_k, x86::finish_q4_k)
+    gemm_body!(
+        w,
+        rows,
+        p,
+        out,
+        ld,
+        Q4_BUF,
+        x86::Q4W,
+        x86::unpack_q4_k,
+        x86::tile_q4_k,
+        x86::finish_q4_k
+    )
 }
 
 /// As [`gemm_q4_k`] for Q6_K weights.
@@ -243,7 +291,18 @@ pub fn gemm_q6_k(w: &[BlockQ6K], rows: usize, p: &Panel, out: &mut [f32]) {
 /// As [`gemm_q4_k_into`].
 pub unsafe fn gemm_q6_k_into(w: &[BlockQ6K], rows: usize, p: &Panel, out: *mut f32, ld: usize) {
     check_shapes_into("gemm_q6_k", w, rows, p, ld);
-    gemm_body!(w, rows, p, out, ld, Q6_BUF, x86::Q6W, x86::unpack_q6_k, x86::tile_q6_k, x86::finish_q6_k)
+    gemm_body!(
+        w,
+        rows,
+        p,
+        out,
+        ld,
+        Q6_BUF,
+        x86::Q6W,
+        x86::unpack_q6_k,
+        x86::tile_q6_k,
+        x86::finish_q6_k
+    )
 }
 
 const _: () = assert!(QK_K == 256);
@@ -358,7 +417,10 @@ mod x86 {
         let m_lo = b & 0x3f3f_3f3f;
         let sc_hi = (c & 0x0f0f_0f0f) | (((a >> 6) & 0x0303_0303) << 4);
         let m_hi = ((c >> 4) & 0x0f0f_0f0f) | (((b >> 6) & 0x0303_0303) << 4);
-        (sc_lo as u64 | (sc_hi as u64) << 32, m_lo as u64 | (m_hi as u64) << 32)
+        (
+            sc_lo as u64 | (sc_hi as u64) << 32,
+            m_lo as u64 | (m_hi as u64) << 32,
+        )
     }
 
     /// `vpermw` tables over [8 scales, 8 mins] (i16): the pair scales of group pair h (i16
@@ -550,14 +612,30 @@ mod x86 {
     macro_rules! load_columns {
         ($g0:literal, $g1:literal) => {
             concat!(
-                "vmovdqa64 zmm16, zmmword ptr [{a} + ", $g0, "]\n",
-                "vmovdqa64 zmm17, zmmword ptr [{a} + {cs} + ", $g0, "]\n",
-                "vmovdqa64 zmm18, zmmword ptr [{a} + {cs}*2 + ", $g0, "]\n",
-                "vmovdqa64 zmm19, zmmword ptr [{a3} + ", $g0, "]\n",
-                "vmovdqa64 zmm20, zmmword ptr [{a} + ", $g1, "]\n",
-                "vmovdqa64 zmm21, zmmword ptr [{a} + {cs} + ", $g1, "]\n",
-                "vmovdqa64 zmm22, zmmword ptr [{a} + {cs}*2 + ", $g1, "]\n",
-                "vmovdqa64 zmm23, zmmword ptr [{a3} + ", $g1, "]\n",
+                "vmovdqa64 zmm16, zmmword ptr [{a} + ",
+                $g0,
+                "]\n",
+                "vmovdqa64 zmm17, zmmword ptr [{a} + {cs} + ",
+                $g0,
+                "]\n",
+                "vmovdqa64 zmm18, zmmword ptr [{a} + {cs}*2 + ",
+                $g0,
+                "]\n",
+                "vmovdqa64 zmm19, zmmword ptr [{a3} + ",
+                $g0,
+                "]\n",
+                "vmovdqa64 zmm20, zmmword ptr [{a} + ",
+                $g1,
+                "]\n",
+                "vmovdqa64 zmm21, zmmword ptr [{a} + {cs} + ",
+                $g1,
+                "]\n",
+                "vmovdqa64 zmm22, zmmword ptr [{a} + {cs}*2 + ",
+                $g1,
+                "]\n",
+                "vmovdqa64 zmm23, zmmword ptr [{a3} + ",
+                $g1,
+                "]\n",
             )
         };
     }
@@ -585,10 +663,16 @@ mod x86 {
         ($acc:literal, $a0:literal, $a1:literal) => {
             concat!(
                 "vpxord zmm27, zmm27, zmm27\n",
-                "vpdpbusd zmm27, zmm", $a1, ", zmm25\n",
+                "vpdpbusd zmm27, zmm",
+                $a1,
+                ", zmm25\n",
                 "vpslld zmm27, zmm27, 16\n",
-                "vpdpbusd zmm27, zmm", $a0, ", zmm24\n",
-                "vpdpwssd zmm", $acc, ", zmm27, zmm26\n",
+                "vpdpbusd zmm27, zmm",
+                $a0,
+                ", zmm24\n",
+                "vpdpwssd zmm",
+                $acc,
+                ", zmm27, zmm26\n",
             )
         };
     }
@@ -599,12 +683,18 @@ mod x86 {
         ($acc:literal, $a0:literal, $a1:literal) => {
             concat!(
                 "vpxord zmm27, zmm27, zmm27\n",
-                "vpdpbusd zmm27, zmm24, zmm", $a0, "\n",
+                "vpdpbusd zmm27, zmm24, zmm",
+                $a0,
+                "\n",
                 "vpxord zmm28, zmm28, zmm28\n",
-                "vpdpbusd zmm28, zmm25, zmm", $a1, "\n",
+                "vpdpbusd zmm28, zmm25, zmm",
+                $a1,
+                "\n",
                 "vpslld zmm28, zmm28, 16\n",
                 "vmovdqu16 zmm27{{k1}}, zmm28\n",
-                "vpdpwssd zmm", $acc, ", zmm27, zmm26\n",
+                "vpdpwssd zmm",
+                $acc,
+                ", zmm27, zmm26\n",
             )
         };
     }
@@ -614,9 +704,15 @@ mod x86 {
     macro_rules! row {
         ($pair:ident, $q0:literal, $q1:literal, $s:literal, $p0:literal, $p1:literal, $p2:literal, $p3:literal) => {
             concat!(
-                "vmovdqa64 zmm24, zmmword ptr [{w} + ", $q0, "]\n",
-                "vmovdqa64 zmm25, zmmword ptr [{w} + ", $q1, "]\n",
-                "vmovdqa64 zmm26, zmmword ptr [{w} + ", $s, "]\n",
+                "vmovdqa64 zmm24, zmmword ptr [{w} + ",
+                $q0,
+                "]\n",
+                "vmovdqa64 zmm25, zmmword ptr [{w} + ",
+                $q1,
+                "]\n",
+                "vmovdqa64 zmm26, zmmword ptr [{w} + ",
+                $s,
+                "]\n",
                 $pair!($p0, "16", "20"),
                 $pair!($p1, "17", "21"),
                 $pair!($p2, "18", "22"),
@@ -650,11 +746,25 @@ mod x86 {
     macro_rules! q4_acc {
         ($p:literal) => {
             concat!(
-                "vcvtdq2ps zmm", $p, ", zmm", $p, "\n",
-                "vmovdqa64 zmm31, zmmword ptr [{bidx} + 64*", $p, "]\n",
+                "vcvtdq2ps zmm",
+                $p,
+                ", zmm",
+                $p,
+                "\n",
+                "vmovdqa64 zmm31, zmmword ptr [{bidx} + 64*",
+                $p,
+                "]\n",
                 "vpermps zmm31, zmm31, zmm30\n",
-                "vfmadd213ps zmm", $p, ", zmm31, zmmword ptr [{acc_in} + 64*", $p, "]\n",
-                "vmovaps zmmword ptr [{acc} + 64*", $p, "], zmm", $p, "\n",
+                "vfmadd213ps zmm",
+                $p,
+                ", zmm31, zmmword ptr [{acc_in} + 64*",
+                $p,
+                "]\n",
+                "vmovaps zmmword ptr [{acc} + 64*",
+                $p,
+                "], zmm",
+                $p,
+                "\n",
             )
         };
     }
@@ -664,12 +774,28 @@ mod x86 {
     macro_rules! q4_mins {
         ($r:literal, $k:literal, $bs:literal) => {
             concat!(
-                "vpmaddwd zmm28, zmm", $bs, ", zmmword ptr [{w} + 1536 + 64*", $r, "]\n",
+                "vpmaddwd zmm28, zmm",
+                $bs,
+                ", zmmword ptr [{w} + 1536 + 64*",
+                $r,
+                "]\n",
                 "vcvtdq2ps zmm28, zmm28\n",
-                "vmovdqa64 zmm31, zmmword ptr [{pidx} + 64*(2*", $r, "+", $k, ")]\n",
+                "vmovdqa64 zmm31, zmmword ptr [{pidx} + 64*(2*",
+                $r,
+                "+",
+                $k,
+                ")]\n",
                 "vpermps zmm31, zmm31, zmm29\n",
-                "vfmadd213ps zmm28, zmm31, zmmword ptr [{acc_in} + 1024 + 64*(2*", $r, "+", $k, ")]\n",
-                "vmovaps zmmword ptr [{acc} + 1024 + 64*(2*", $r, "+", $k, ")], zmm28\n",
+                "vfmadd213ps zmm28, zmm31, zmmword ptr [{acc_in} + 1024 + 64*(2*",
+                $r,
+                "+",
+                $k,
+                ")]\n",
+                "vmovaps zmmword ptr [{acc} + 1024 + 64*(2*",
+                $r,
+                "+",
+                $k,
+                ")], zmm28\n",
             )
         };
     }
@@ -680,17 +806,41 @@ mod x86 {
     macro_rules! q6_acc {
         ($r:literal, $k:literal, $bs:literal, $s0:literal, $s1:literal) => {
             concat!(
-                "vshufi64x2 zmm30, zmm", $s0, ", zmm", $s1, ", 0x44\n",
-                "vshufi64x2 zmm31, zmm", $s0, ", zmm", $s1, ", 0xee\n",
+                "vshufi64x2 zmm30, zmm",
+                $s0,
+                ", zmm",
+                $s1,
+                ", 0x44\n",
+                "vshufi64x2 zmm31, zmm",
+                $s0,
+                ", zmm",
+                $s1,
+                ", 0xee\n",
                 "vpaddd zmm30, zmm30, zmm31\n",
-                "vpmaddwd zmm31, zmm", $bs, ", zmmword ptr [{w} + 1536 + 64*", $r, "]\n",
+                "vpmaddwd zmm31, zmm",
+                $bs,
+                ", zmmword ptr [{w} + 1536 + 64*",
+                $r,
+                "]\n",
                 "vpslld zmm31, zmm31, 5\n",
                 "vpsubd zmm30, zmm30, zmm31\n",
                 "vcvtdq2ps zmm30, zmm30\n",
-                "vmovdqa64 zmm31, zmmword ptr [{pidx} + 64*(2*", $r, "+", $k, ")]\n",
+                "vmovdqa64 zmm31, zmmword ptr [{pidx} + 64*(2*",
+                $r,
+                "+",
+                $k,
+                ")]\n",
                 "vpermps zmm31, zmm31, zmm29\n",
-                "vfmadd213ps zmm30, zmm31, zmmword ptr [{acc_in} + 64*(2*", $r, "+", $k, ")]\n",
-                "vmovaps zmmword ptr [{acc} + 64*(2*", $r, "+", $k, ")], zmm30\n",
+                "vfmadd213ps zmm30, zmm31, zmmword ptr [{acc_in} + 64*(2*",
+                $r,
+                "+",
+                $k,
+                ")]\n",
+                "vmovaps zmmword ptr [{acc} + 64*(2*",
+                $r,
+                "+",
+                $k,
+                ")], zmm30\n",
             )
         };
     }
@@ -735,7 +885,14 @@ mod x86 {
     /// One 4 x 4 Q4_K tile over blocks k0..k0 + w.len() into the accumulators (which the
     /// first blocks of a tile, `first`, start from zero).
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
-    pub unsafe fn tile_q4_k(w: &[Q4W], p: &Panel, t0: usize, k0: usize, acc: *mut Acc, first: bool) {
+    pub unsafe fn tile_q4_k(
+        w: &[Q4W],
+        p: &Panel,
+        t0: usize,
+        k0: usize,
+        acc: *mut Acc,
+        first: bool,
+    ) {
         let nb = p.nb;
         let cs = nb * 4 * std::mem::size_of::<Line>();
         let mut a = p.qs.as_ptr().add((t0 * nb + k0) * 4);
@@ -744,7 +901,11 @@ mod x86 {
         let mut dcol = p.d.as_ptr().add((t0 / C * nb + k0) * C);
         let accp = acc;
         for (i, u) in w.iter().enumerate() {
-            let acc_in = if first && i == 0 { &ZERO_ACC as *const Acc } else { accp as *const Acc };
+            let acc_in = if first && i == 0 {
+                &ZERO_ACC as *const Acc
+            } else {
+                accp as *const Acc
+            };
             asm!(
                 // Sums start at the correction for the +128 of the activations.
                 "vmovdqa64 zmm0, zmmword ptr [{w} + 1792]",
@@ -822,7 +983,14 @@ mod x86 {
 
     /// As `tile_q4_k` for Q6_K.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
-    pub unsafe fn tile_q6_k(w: &[Q6W], p: &Panel, t0: usize, k0: usize, acc: *mut Acc, first: bool) {
+    pub unsafe fn tile_q6_k(
+        w: &[Q6W],
+        p: &Panel,
+        t0: usize,
+        k0: usize,
+        acc: *mut Acc,
+        first: bool,
+    ) {
         let nb = p.nb;
         let cs = nb * 4 * std::mem::size_of::<Line>();
         let mut a = p.qs.as_ptr().add((t0 * nb + k0) * 4);
@@ -831,7 +999,11 @@ mod x86 {
         let mut dcol = p.d.as_ptr().add((t0 / C * nb + k0) * C);
         let accp = acc;
         for (i, u) in w.iter().enumerate() {
-            let acc_in = if first && i == 0 { &ZERO_ACC as *const Acc } else { accp as *const Acc };
+            let acc_in = if first && i == 0 {
+                &ZERO_ACC as *const Acc
+            } else {
+                accp as *const Acc
+            };
             asm!(
                 "mov {k:e}, 0xaaaaaaaa",
                 "kmovd k1, {k:e}",
