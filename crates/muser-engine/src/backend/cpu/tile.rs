@@ -377,15 +377,12 @@ mod x86 {
         acc: [__m512; 16],
         /// [1024 + 64(2r + k)] Q4_K mins: columns 2k (lanes 0..8) and 2k+1 of row r.
         acc_m: [__m512; 8],
-        /// [1536] Scratch: the 16 products d_row * d_column of the current block.
-        prod: [f32; 16],
     }
 
     /// The accumulators' starting value.
     static ZERO_ACC: Acc = Acc {
         acc: [unsafe { std::mem::transmute::<[f32; 16], __m512>([0.0; 16]) }; 16],
         acc_m: [unsafe { std::mem::transmute::<[f32; 16], __m512>([0.0; 16]) }; 8],
-        prod: [0.0; 16],
     };
 
     /// i16 lanes 0..16 = a, lanes 16..32 = b.
