@@ -100,26 +100,10 @@ pub fn attend(kv: &KvLayer, q: &[f32], n_head: usize, pos0: usize, scale: f32, o
         let vf = &vf[kh * span * hd..(kh + 1) * span * hd];
         let heads = kh * group..(kh + 1) * group;
         let qs = &q[t * width + heads.start * hd..t * width + heads.end * hd];
-        let mut res = [0f32; 1024];
-        assert!(
-            group * hd <= res.len(),
-            "attention group of {group} x {hd} values"
-        );
+        let mut res = vec![0f32; group * hd];
         // SAFETY: the CPU has the features (`available`); the slices hold the positions used
         // (lo - base ..= p - base < span, K up to 3 rows past it).
-        unsafe {
-            x86::group(
-                kf,
-                vf,
-                hd,
-                qs,
-                group,
-                lo - base,
-                p - base,
-                scale,
-                &mut res[..group * hd],
-            )
-        };
+        unsafe { x86::group(kf, vf, hd, qs, group, lo - base, p - base, scale, &mut res) };
         for (g, h) in heads.enumerate() {
             // SAFETY: row t, head h of out is inside it and only this task writes it.
             unsafe {
@@ -127,6 +111,25 @@ pub fn attend(kv: &KvLayer, q: &[f32], n_head: usize, pos0: usize, scale: f32, o
             };
         }
     });
+}
+
+/// Other targets: `available` is false, so this is never called.
+#[cfg(not(target_arch = "x86_64"))]
+mod x86 {
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn group(
+        _: &[f32],
+        _: &[f32],
+        _: usize,
+        _: &[f32],
+        _: usize,
+        _: usize,
+        _: usize,
+        _: f32,
+        _: &mut [f32],
+    ) {
+        unreachable!("batched attention needs x86_64")
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
