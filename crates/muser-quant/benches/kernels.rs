@@ -49,31 +49,55 @@ impl Random for bf16 {
 }
 impl Random for BlockQ8_0 {
     fn random(rng: &mut StdRng) -> Self {
-        BlockQ8_0 { d: f16_scale(rng), qs: bytes::<32>(rng).map(|b| (b as i8).max(-127)) }
+        BlockQ8_0 {
+            d: f16_scale(rng),
+            qs: bytes::<32>(rng).map(|b| (b as i8).max(-127)),
+        }
     }
 }
 impl Random for BlockQ4K {
     fn random(rng: &mut StdRng) -> Self {
-        BlockQ4K { d: f16_scale(rng), dmin: f16_scale(rng), scales: bytes(rng), qs: bytes(rng) }
+        BlockQ4K {
+            d: f16_scale(rng),
+            dmin: f16_scale(rng),
+            scales: bytes(rng),
+            qs: bytes(rng),
+        }
     }
 }
 impl Random for BlockQ5K {
     fn random(rng: &mut StdRng) -> Self {
         let (d, dmin) = (f16_scale(rng), f16_scale(rng));
-        BlockQ5K { d, dmin, scales: bytes(rng), qh: bytes(rng), qs: bytes(rng) }
+        BlockQ5K {
+            d,
+            dmin,
+            scales: bytes(rng),
+            qh: bytes(rng),
+            qs: bytes(rng),
+        }
     }
 }
 impl Random for BlockQ6K {
     fn random(rng: &mut StdRng) -> Self {
         let scales = bytes::<16>(rng).map(|b| b as i8);
-        BlockQ6K { ql: bytes(rng), qh: bytes(rng), scales, d: f16_scale(rng) }
+        BlockQ6K {
+            ql: bytes(rng),
+            qh: bytes(rng),
+            scales,
+            d: f16_scale(rng),
+        }
     }
 }
 impl Random for BlockQ8K {
     fn random(rng: &mut StdRng) -> Self {
         let qs: [i8; QK_K] = std::array::from_fn(|_| rng.gen_range(-127..=127));
-        let bsums = std::array::from_fn(|j| qs[16 * j..16 * j + 16].iter().map(|&q| q as i16).sum());
-        BlockQ8K { d: rng.gen_range(1e-3..1e-1), qs, bsums }
+        let bsums =
+            std::array::from_fn(|j| qs[16 * j..16 * j + 16].iter().map(|&q| q as i16).sum());
+        BlockQ8K {
+            d: rng.gen_range(1e-3..1e-1),
+            qs,
+            bsums,
+        }
     }
 }
 
@@ -103,7 +127,8 @@ fn bench_format<W: Random + Copy, A: Random>(
         let w: Vec<W> = random_vec(&mut rng, rows * row_blocks);
         let mut g = c.benchmark_group(format!("{name}/{set}"));
         g.throughput(Throughput::Bytes((rows * row_bytes) as u64));
-        g.warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(1));
+        g.warm_up_time(Duration::from_millis(500))
+            .measurement_time(Duration::from_secs(1));
         if set == "dram" {
             g.sample_size(10).sampling_mode(SamplingMode::Flat);
         }
@@ -131,10 +156,18 @@ fn kernels(c: &mut Criterion) {
     bench_format::<f32, f32>(c, "f32", 1, None, |k| k.dot_f32);
     bench_format::<f16, f32>(c, "f16", 1, Some(dequantize_row_f16), |k| k.dot_f16_f32);
     bench_format::<bf16, f32>(c, "bf16", 1, Some(dequantize_row_bf16), |k| k.dot_bf16_f32);
-    bench_format::<BlockQ8_0, BlockQ8_0>(c, "q8_0", QK8_0, Some(dequantize_row_q8_0), |k| k.dot_q8_0_q8_0);
-    bench_format::<BlockQ4K, BlockQ8K>(c, "q4_k", QK_K, Some(dequantize_row_q4_k), |k| k.dot_q4_k_q8_k);
-    bench_format::<BlockQ5K, BlockQ8K>(c, "q5_k", QK_K, Some(dequantize_row_q5_k), |k| k.dot_q5_k_q8_k);
-    bench_format::<BlockQ6K, BlockQ8K>(c, "q6_k", QK_K, Some(dequantize_row_q6_k), |k| k.dot_q6_k_q8_k);
+    bench_format::<BlockQ8_0, BlockQ8_0>(c, "q8_0", QK8_0, Some(dequantize_row_q8_0), |k| {
+        k.dot_q8_0_q8_0
+    });
+    bench_format::<BlockQ4K, BlockQ8K>(c, "q4_k", QK_K, Some(dequantize_row_q4_k), |k| {
+        k.dot_q4_k_q8_k
+    });
+    bench_format::<BlockQ5K, BlockQ8K>(c, "q5_k", QK_K, Some(dequantize_row_q5_k), |k| {
+        k.dot_q5_k_q8_k
+    });
+    bench_format::<BlockQ6K, BlockQ8K>(c, "q6_k", QK_K, Some(dequantize_row_q6_k), |k| {
+        k.dot_q6_k_q8_k
+    });
 }
 
 criterion_group!(benches, kernels);

@@ -16,7 +16,9 @@ use rand::{Rng, SeedableRng};
 
 const K_LENGTHS: [usize; 9] = [256, 512, 768, 4096, 4352, 6656, 11008, 19968, 20480];
 const Q8_0_LENGTHS: [usize; 8] = [32, 64, 96, 4096, 6656, 6688, 19968, 20480];
-const FLOAT_LENGTHS: [usize; 16] = [1, 7, 15, 16, 17, 63, 64, 65, 100, 256, 1000, 4096, 6656, 19968, 20479, 20480];
+const FLOAT_LENGTHS: [usize; 16] = [
+    1, 7, 15, 16, 17, 63, 64, 65, 100, 256, 1000, 4096, 6656, 19968, 20479, 20480,
+];
 
 /// The f64 sum of the terms and the sum of their absolute values.
 struct Terms {
@@ -26,7 +28,10 @@ struct Terms {
 
 impl Terms {
     fn new() -> Terms {
-        Terms { exact: 0.0, scale: 0.0 }
+        Terms {
+            exact: 0.0,
+            scale: 0.0,
+        }
     }
     fn add(&mut self, t: f64) {
         self.exact += t;
@@ -51,7 +56,10 @@ fn check(what: &str, isa: &str, n: usize, got: f32, reference: f32, terms: &Term
 
 fn levels() -> Vec<Kernels> {
     let all = Kernels::all_available();
-    eprintln!("levels tested: {:?}", all.iter().map(|k| k.isa).collect::<Vec<_>>());
+    eprintln!(
+        "levels tested: {:?}",
+        all.iter().map(|k| k.isa).collect::<Vec<_>>()
+    );
     all
 }
 
@@ -67,8 +75,13 @@ fn random_q8_k(rng: &mut StdRng, nb: usize) -> Vec<BlockQ8K> {
     (0..nb)
         .map(|_| {
             let qs: [i8; QK_K] = std::array::from_fn(|_| rng.gen_range(-127..=127));
-            let bsums = std::array::from_fn(|j| qs[16 * j..16 * j + 16].iter().map(|&q| q as i16).sum());
-            BlockQ8K { d: rng.gen_range(1e-3..1e-1), qs, bsums }
+            let bsums =
+                std::array::from_fn(|j| qs[16 * j..16 * j + 16].iter().map(|&q| q as i16).sum());
+            BlockQ8K {
+                d: rng.gen_range(1e-3..1e-1),
+                qs,
+                bsums,
+            }
         })
         .collect()
 }
@@ -109,7 +122,10 @@ fn random_q6_k(rng: &mut StdRng, nb: usize) -> Vec<BlockQ6K> {
 
 fn random_q8_0(rng: &mut StdRng, nb: usize) -> Vec<BlockQ8_0> {
     (0..nb)
-        .map(|_| BlockQ8_0 { d: f16_scale(rng, 1e-3, 1e-1), qs: bytes::<32>(rng).map(|b| b as i8) })
+        .map(|_| BlockQ8_0 {
+            d: f16_scale(rng, 1e-3, 1e-1),
+            qs: bytes::<32>(rng).map(|b| b as i8),
+        })
         .collect()
 }
 
@@ -128,17 +144,34 @@ fn terms_q4_k(x: &[BlockQ4K], y: &[BlockQ8K], fifth_bit: impl Fn(usize, usize) -
 }
 
 fn as_q4_k(x: &[BlockQ5K]) -> Vec<BlockQ4K> {
-    x.iter().map(|b| BlockQ4K { d: b.d, dmin: b.dmin, scales: b.scales, qs: b.qs }).collect()
+    x.iter()
+        .map(|b| BlockQ4K {
+            d: b.d,
+            dmin: b.dmin,
+            scales: b.scales,
+            qs: b.qs,
+        })
+        .collect()
 }
 
 #[test]
 fn q4_k_matches_scalar_at_every_level() {
     let mut rng = StdRng::seed_from_u64(0x5134_0001);
     for &n in &K_LENGTHS {
-        let (x, y) = (random_q4_k(&mut rng, n / QK_K), random_q8_k(&mut rng, n / QK_K));
+        let (x, y) = (
+            random_q4_k(&mut rng, n / QK_K),
+            random_q8_k(&mut rng, n / QK_K),
+        );
         let (reference, terms) = (vec_dot_q4_k_q8_k(&x, &y), terms_q4_k(&x, &y, |_, _| 0));
         for k in levels() {
-            check("q4_k x q8_k", k.isa, n, (k.dot_q4_k_q8_k)(&x, &y), reference, &terms);
+            check(
+                "q4_k x q8_k",
+                k.isa,
+                n,
+                (k.dot_q4_k_q8_k)(&x, &y),
+                reference,
+                &terms,
+            );
         }
     }
 }
@@ -147,11 +180,21 @@ fn q4_k_matches_scalar_at_every_level() {
 fn q5_k_matches_scalar_at_every_level() {
     let mut rng = StdRng::seed_from_u64(0x5134_0002);
     for &n in &K_LENGTHS {
-        let (x, y) = (random_q5_k(&mut rng, n / QK_K), random_q8_k(&mut rng, n / QK_K));
+        let (x, y) = (
+            random_q5_k(&mut rng, n / QK_K),
+            random_q8_k(&mut rng, n / QK_K),
+        );
         let terms = terms_q4_k(&as_q4_k(&x), &y, |b, i| x[b].quant(i) & 16);
         let reference = vec_dot_q5_k_q8_k(&x, &y);
         for k in levels() {
-            check("q5_k x q8_k", k.isa, n, (k.dot_q5_k_q8_k)(&x, &y), reference, &terms);
+            check(
+                "q5_k x q8_k",
+                k.isa,
+                n,
+                (k.dot_q5_k_q8_k)(&x, &y),
+                reference,
+                &terms,
+            );
         }
     }
 }
@@ -171,10 +214,20 @@ fn terms_q6_k(x: &[BlockQ6K], y: &[BlockQ8K]) -> Terms {
 fn q6_k_matches_scalar_at_every_level() {
     let mut rng = StdRng::seed_from_u64(0x5134_0003);
     for &n in &K_LENGTHS {
-        let (x, y) = (random_q6_k(&mut rng, n / QK_K), random_q8_k(&mut rng, n / QK_K));
+        let (x, y) = (
+            random_q6_k(&mut rng, n / QK_K),
+            random_q8_k(&mut rng, n / QK_K),
+        );
         let (reference, terms) = (vec_dot_q6_k_q8_k(&x, &y), terms_q6_k(&x, &y));
         for k in levels() {
-            check("q6_k x q8_k", k.isa, n, (k.dot_q6_k_q8_k)(&x, &y), reference, &terms);
+            check(
+                "q6_k x q8_k",
+                k.isa,
+                n,
+                (k.dot_q6_k_q8_k)(&x, &y),
+                reference,
+                &terms,
+            );
         }
     }
 }
@@ -193,10 +246,20 @@ fn terms_q8_0(x: &[BlockQ8_0], y: &[BlockQ8_0]) -> Terms {
 fn q8_0_matches_scalar_at_every_level() {
     let mut rng = StdRng::seed_from_u64(0x5134_0004);
     for &n in &Q8_0_LENGTHS {
-        let (x, y) = (random_q8_0(&mut rng, n / QK8_0), random_q8_0(&mut rng, n / QK8_0));
+        let (x, y) = (
+            random_q8_0(&mut rng, n / QK8_0),
+            random_q8_0(&mut rng, n / QK8_0),
+        );
         let (reference, terms) = (vec_dot_q8_0_q8_0(&x, &y), terms_q8_0(&x, &y));
         for k in levels() {
-            check("q8_0 x q8_0", k.isa, n, (k.dot_q8_0_q8_0)(&x, &y), reference, &terms);
+            check(
+                "q8_0 x q8_0",
+                k.isa,
+                n,
+                (k.dot_q8_0_q8_0)(&x, &y),
+                reference,
+                &terms,
+            );
         }
     }
 }
@@ -213,7 +276,8 @@ fn quantized_dots_are_exact_at_the_integer_limits() {
         let mut y = random_q8_k(&mut rng, nb);
         for b in &mut y {
             b.qs = std::array::from_fn(|_| pick(&mut rng, &[0x80, 0x81, 0x7f, 0x00]) as i8);
-            b.bsums = std::array::from_fn(|j| b.qs[16 * j..16 * j + 16].iter().map(|&q| q as i16).sum());
+            b.bsums =
+                std::array::from_fn(|j| b.qs[16 * j..16 * j + 16].iter().map(|&q| q as i16).sum());
         }
         let extreme = |rng: &mut StdRng| pick(rng, &[0xff, 0x00, 0xf0, 0x0f, 0x80, 0x7f]);
         let mut x4 = random_q4_k(&mut rng, nb);
@@ -243,10 +307,38 @@ fn quantized_dots_are_exact_at_the_integer_limits() {
         let t5 = terms_q4_k(&as_q4_k(&x5), &y, |b, i| x5[b].quant(i) & 16);
         let (t6, t8) = (terms_q6_k(&x6, &y), terms_q8_0(&x8, &y8));
         for k in levels() {
-            check("q4_k limits", k.isa, n, (k.dot_q4_k_q8_k)(&x4, &y), vec_dot_q4_k_q8_k(&x4, &y), &t4);
-            check("q5_k limits", k.isa, n, (k.dot_q5_k_q8_k)(&x5, &y), vec_dot_q5_k_q8_k(&x5, &y), &t5);
-            check("q6_k limits", k.isa, n, (k.dot_q6_k_q8_k)(&x6, &y), vec_dot_q6_k_q8_k(&x6, &y), &t6);
-            check("q8_0 limits", k.isa, n, (k.dot_q8_0_q8_0)(&x8, &y8), vec_dot_q8_0_q8_0(&x8, &y8), &t8);
+            check(
+                "q4_k limits",
+                k.isa,
+                n,
+                (k.dot_q4_k_q8_k)(&x4, &y),
+                vec_dot_q4_k_q8_k(&x4, &y),
+                &t4,
+            );
+            check(
+                "q5_k limits",
+                k.isa,
+                n,
+                (k.dot_q5_k_q8_k)(&x5, &y),
+                vec_dot_q5_k_q8_k(&x5, &y),
+                &t5,
+            );
+            check(
+                "q6_k limits",
+                k.isa,
+                n,
+                (k.dot_q6_k_q8_k)(&x6, &y),
+                vec_dot_q6_k_q8_k(&x6, &y),
+                &t6,
+            );
+            check(
+                "q8_0 limits",
+                k.isa,
+                n,
+                (k.dot_q8_0_q8_0)(&x8, &y8),
+                vec_dot_q8_0_q8_0(&x8, &y8),
+                &t8,
+            );
         }
     }
 }
@@ -270,11 +362,22 @@ fn float_dots_match_scalar_at_every_level() {
         let t32 = float_terms(x.iter().map(|&v| v as f64), &y);
         let t16 = float_terms(xh.iter().map(|v| v.to_f64()), &y);
         let tb16 = float_terms(xb.iter().map(|v| v.to_f64()), &y);
-        let (r32, r16, rb16) = (vec_dot_f32(&x, &y), vec_dot_f16_f32(&xh, &y), vec_dot_bf16_f32(&xb, &y));
+        let (r32, r16, rb16) = (
+            vec_dot_f32(&x, &y),
+            vec_dot_f16_f32(&xh, &y),
+            vec_dot_bf16_f32(&xb, &y),
+        );
         for k in levels() {
             check("f32 x f32", k.isa, n, (k.dot_f32)(&x, &y), r32, &t32);
             check("f16 x f32", k.isa, n, (k.dot_f16_f32)(&xh, &y), r16, &t16);
-            check("bf16 x f32", k.isa, n, (k.dot_bf16_f32)(&xb, &y), rb16, &tb16);
+            check(
+                "bf16 x f32",
+                k.isa,
+                n,
+                (k.dot_bf16_f32)(&xb, &y),
+                rb16,
+                &tb16,
+            );
         }
     }
 }
@@ -285,8 +388,16 @@ fn mismatched_lengths_panic_at_every_level() {
     let (x, y) = (random_q4_k(&mut rng, 3), random_q8_k(&mut rng, 2));
     let xf = vec![1.0f32; 17];
     for k in levels() {
-        assert!(std::panic::catch_unwind(|| (k.dot_q4_k_q8_k)(&x, &y)).is_err(), "{}", k.isa);
-        assert!(std::panic::catch_unwind(|| (k.dot_f32)(&xf, &xf[1..])).is_err(), "{}", k.isa);
+        assert!(
+            std::panic::catch_unwind(|| (k.dot_q4_k_q8_k)(&x, &y)).is_err(),
+            "{}",
+            k.isa
+        );
+        assert!(
+            std::panic::catch_unwind(|| (k.dot_f32)(&xf, &xf[1..])).is_err(),
+            "{}",
+            k.isa
+        );
     }
 }
 

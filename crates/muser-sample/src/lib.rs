@@ -20,8 +20,8 @@
 mod steps;
 
 pub use steps::{
-    apply_penalties, candidates_from_logits, dist, greedy, min_p, softmax, temperature,
-    top_k, top_logprobs, top_p, uniform_f64, Candidate,
+    apply_penalties, candidates_from_logits, dist, greedy, min_p, softmax, temperature, top_k,
+    top_logprobs, top_p, uniform_f64, Candidate,
 };
 
 use rand_mt::Mt;
@@ -73,7 +73,10 @@ impl Default for SamplerParams {
 impl SamplerParams {
     /// Greedy decoding: temperature 0, everything else default.
     pub fn greedy() -> Self {
-        SamplerParams { temperature: 0.0, ..Default::default() }
+        SamplerParams {
+            temperature: 0.0,
+            ..Default::default()
+        }
     }
 }
 
@@ -88,7 +91,11 @@ pub struct Sampler {
 impl Sampler {
     pub fn new(params: SamplerParams) -> Self {
         let rng = Mt::new(params.seed as u32);
-        Sampler { params, rng, history: VecDeque::new() }
+        Sampler {
+            params,
+            rng,
+            history: VecDeque::new(),
+        }
     }
 
     pub fn params(&self) -> &SamplerParams {

@@ -30,7 +30,11 @@ pub fn candidates_from_logits(logits: &[f32]) -> Vec<Candidate> {
         .iter()
         .enumerate()
         .filter(|(_, l)| !l.is_nan())
-        .map(|(i, &logit)| Candidate { id: i as u32, logit, p: 0.0 })
+        .map(|(i, &logit)| Candidate {
+            id: i as u32,
+            logit,
+            p: 0.0,
+        })
         .collect()
 }
 
@@ -67,7 +71,11 @@ pub(crate) fn argmax_index(cands: &[Candidate]) -> Option<usize> {
 /// +inf logits share the mass, when every logit is -inf they share it uniformly.
 fn exp_shifted(logit: f32, max: f32) -> f32 {
     if max.is_infinite() {
-        if logit == max { 1.0 } else { 0.0 }
+        if logit == max {
+            1.0
+        } else {
+            0.0
+        }
     } else {
         (logit - max).exp()
     }
@@ -108,7 +116,9 @@ pub fn apply_penalties(
         *counts.entry(t).or_insert(0) += 1;
     }
     for c in cands.iter_mut() {
-        let Some(&n) = counts.get(&c.id) else { continue };
+        let Some(&n) = counts.get(&c.id) else {
+            continue;
+        };
         if c.logit <= 0.0 {
             c.logit *= repeat;
         } else {
@@ -172,7 +182,10 @@ pub fn min_p(cands: &mut Vec<Candidate>, p: f32, min_keep: usize) {
     if p <= 0.0 || cands.is_empty() {
         return;
     }
-    let max = cands.iter().map(|c| c.logit).fold(f32::NEG_INFINITY, f32::max);
+    let max = cands
+        .iter()
+        .map(|c| c.logit)
+        .fold(f32::NEG_INFINITY, f32::max);
     let threshold = max + p.ln();
     let kept = cands.iter().filter(|c| c.logit >= threshold).count();
     if kept >= min_keep {
@@ -230,7 +243,10 @@ pub fn dist(cands: &mut [Candidate], rng: &mut Mt) -> Option<usize> {
         cands[0].p = 1.0;
         return Some(0);
     }
-    let max = cands.iter().map(|c| c.logit).fold(f32::NEG_INFINITY, f32::max);
+    let max = cands
+        .iter()
+        .map(|c| c.logit)
+        .fold(f32::NEG_INFINITY, f32::max);
     let mut total = 0.0f64;
     for c in cands.iter_mut() {
         c.p = exp_shifted(c.logit, max);
@@ -261,7 +277,10 @@ pub fn top_logprobs(logits: &[f32], n: usize) -> Vec<(u32, f32)> {
     if cands.is_empty() || n == 0 {
         return Vec::new();
     }
-    let max = cands.iter().map(|c| c.logit).fold(f32::NEG_INFINITY, f32::max);
+    let max = cands
+        .iter()
+        .map(|c| c.logit)
+        .fold(f32::NEG_INFINITY, f32::max);
     let sum: f64 = cands.iter().map(|c| exp_shifted(c.logit, max) as f64).sum();
     let log_sum = sum.ln();
     sort_prefix(&mut cands, n);
@@ -270,7 +289,11 @@ pub fn top_logprobs(logits: &[f32], n: usize) -> Vec<(u32, f32)> {
         .iter()
         .map(|c| {
             let lp = if max.is_infinite() {
-                if c.logit == max { -log_sum } else { f64::NEG_INFINITY }
+                if c.logit == max {
+                    -log_sum
+                } else {
+                    f64::NEG_INFINITY
+                }
             } else {
                 (c.logit - max) as f64 - log_sum
             };

@@ -26,7 +26,10 @@ fn ids(c: &[Candidate]) -> Vec<u32> {
 fn ranked_ids(logits: &[f32]) -> Vec<u32> {
     let mut v: Vec<u32> = (0..logits.len() as u32).collect();
     v.sort_by(|&a, &b| {
-        logits[b as usize].partial_cmp(&logits[a as usize]).unwrap().then(a.cmp(&b))
+        logits[b as usize]
+            .partial_cmp(&logits[a as usize])
+            .unwrap()
+            .then(a.cmp(&b))
     });
     v
 }
@@ -79,7 +82,10 @@ fn greedy_is_argmax_lowest_id_on_ties() {
 #[test]
 fn temperature_zero_sampler_is_argmax() {
     let mut rng = Mt::new(2);
-    let mut s = Sampler::new(SamplerParams { seed: 99, ..SamplerParams::greedy() });
+    let mut s = Sampler::new(SamplerParams {
+        seed: 99,
+        ..SamplerParams::greedy()
+    });
     for _ in 0..50 {
         let l = random_logits(&mut rng, 300, 2.0);
         assert_eq!(s.sample(&l), greedy(&l).unwrap());
@@ -107,14 +113,24 @@ fn top_k_keeps_exactly_the_k_largest_sorted() {
 #[test]
 fn top_p_keeps_smallest_prefix_reaching_p() {
     let mut rng = Mt::new(4);
-    for (n, p) in [(200usize, 0.5f32), (200, 0.9), (1000, 0.95), (30, 0.1), (64, 0.999)] {
+    for (n, p) in [
+        (200usize, 0.5f32),
+        (200, 0.9),
+        (1000, 0.95),
+        (30, 0.1),
+        (64, 0.999),
+    ] {
         let l = random_logits(&mut rng, n, 3.0);
         let mut c = candidates_from_logits(&l);
         top_p(&mut c, p, 1);
         let probs = softmax_f64(&l);
         let kept = ids(&c);
         let want_order = ranked_ids(&l);
-        assert_eq!(kept[..], want_order[..kept.len()], "kept set is the best-ranked prefix");
+        assert_eq!(
+            kept[..],
+            want_order[..kept.len()],
+            "kept set is the best-ranked prefix"
+        );
         let mass: f64 = kept.iter().map(|&i| probs[i as usize]).sum();
         let mass_without_last = mass - probs[*kept.last().unwrap() as usize];
         assert!(mass >= p as f64 - 1e-6, "mass {mass} < p {p}");
@@ -143,8 +159,9 @@ fn min_p_keeps_tokens_within_ratio_of_best() {
         min_p(&mut c, p, 1);
         let probs = softmax_f64(&l);
         let pmax = probs.iter().cloned().fold(0.0, f64::max);
-        let want: Vec<u32> =
-            (0..n as u32).filter(|&i| probs[i as usize] >= p as f64 * pmax).collect();
+        let want: Vec<u32> = (0..n as u32)
+            .filter(|&i| probs[i as usize] >= p as f64 * pmax)
+            .collect();
         assert_eq!(ids(&c), want, "order preserved, ratio rule");
         assert!(!c.is_empty() && c.len() < n);
     }
@@ -169,7 +186,11 @@ fn temperature_scales_logits_and_zero_keeps_one() {
     }
     let mut c = candidates_from_logits(&l);
     temperature(&mut c, 0.0);
-    let finite: Vec<u32> = c.iter().filter(|c| c.logit.is_finite()).map(|c| c.id).collect();
+    let finite: Vec<u32> = c
+        .iter()
+        .filter(|c| c.logit.is_finite())
+        .map(|c| c.id)
+        .collect();
     assert_eq!(finite, vec![greedy(&l).unwrap()]);
 }
 
@@ -227,7 +248,12 @@ fn draw_sequence(params: &SamplerParams, rows: &[Vec<f32>]) -> Vec<u32> {
 fn same_seed_same_sequence_different_seeds_differ() {
     let mut rng = Mt::new(8);
     let rows: Vec<Vec<f32>> = (0..64).map(|_| random_logits(&mut rng, 500, 1.0)).collect();
-    let p = |seed| SamplerParams { seed, temperature: 1.5, top_k: 0, ..Default::default() };
+    let p = |seed| SamplerParams {
+        seed,
+        temperature: 1.5,
+        top_k: 0,
+        ..Default::default()
+    };
     let a = draw_sequence(&p(42), &rows);
     let b = draw_sequence(&p(42), &rows);
     let c = draw_sequence(&p(43), &rows);
@@ -260,7 +286,11 @@ fn dist_frequencies_match_softmax() {
     for (i, &c) in counts.iter().enumerate() {
         let f = c as f64 / n as f64;
         let sigma = (probs[i] * (1.0 - probs[i]) / n as f64).sqrt();
-        assert!((f - probs[i]).abs() < 5.0 * sigma + 1e-4, "token {i}: {f} vs {}", probs[i]);
+        assert!(
+            (f - probs[i]).abs() < 5.0 * sigma + 1e-4,
+            "token {i}: {f} vs {}",
+            probs[i]
+        );
     }
 }
 
@@ -292,7 +322,12 @@ fn dist_with_temperature_matches_scaled_softmax() {
 #[test]
 fn full_chain_only_draws_from_the_truncated_set() {
     let mut rng = Mt::new(12);
-    let params = SamplerParams { top_k: 5, seed: 3, temperature: 2.0, ..Default::default() };
+    let params = SamplerParams {
+        top_k: 5,
+        seed: 3,
+        temperature: 2.0,
+        ..Default::default()
+    };
     let mut s = Sampler::new(params);
     for _ in 0..200 {
         let l = random_logits(&mut rng, 400, 1.0);
@@ -307,8 +342,18 @@ fn nan_logits_never_chosen_and_never_panic() {
     let configs = [
         SamplerParams::default(),
         SamplerParams::greedy(),
-        SamplerParams { top_k: 0, top_p: 1.0, min_p: 0.0, temperature: 1.0, ..Default::default() },
-        SamplerParams { repeat_penalty: 1.3, frequency_penalty: 0.2, ..Default::default() },
+        SamplerParams {
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            temperature: 1.0,
+            ..Default::default()
+        },
+        SamplerParams {
+            repeat_penalty: 1.3,
+            frequency_penalty: 0.2,
+            ..Default::default()
+        },
     ];
     for params in configs {
         let mut s = Sampler::new(params);
@@ -332,7 +377,12 @@ fn nan_logits_never_chosen_and_never_panic() {
 
 #[test]
 fn infinities_are_handled() {
-    let mut s = Sampler::new(SamplerParams { top_k: 0, top_p: 1.0, min_p: 0.0, ..Default::default() });
+    let mut s = Sampler::new(SamplerParams {
+        top_k: 0,
+        top_p: 1.0,
+        min_p: 0.0,
+        ..Default::default()
+    });
     let l = [0.0, f32::NEG_INFINITY, 1.0, f32::NEG_INFINITY];
     for _ in 0..200 {
         let t = s.sample(&l);

@@ -41,7 +41,10 @@ pub(super) fn kernels() -> Kernels {
 }
 
 fn check_len(what: &str, a: usize, b: usize) {
-    assert_eq!(a, b, "{what}: weight and activation lengths differ ({a} vs {b})");
+    assert_eq!(
+        a, b,
+        "{what}: weight and activation lengths differ ({a} vs {b})"
+    );
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -93,8 +96,12 @@ macro_rules! float_dot {
         unsafe fn $name(x: &[$t], y: &[f32]) -> f32 {
             check_len(stringify!($name), x.len(), y.len());
             let (n, xp, yp) = (x.len(), x.as_ptr(), y.as_ptr());
-            let (mut a0, mut a1, mut a2, mut a3) =
-                (_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps());
+            let (mut a0, mut a1, mut a2, mut a3) = (
+                _mm256_setzero_ps(),
+                _mm256_setzero_ps(),
+                _mm256_setzero_ps(),
+                _mm256_setzero_ps(),
+            );
             let mut i = 0;
             while i + 32 <= n {
                 a0 = _mm256_fmadd_ps($load8(xp.add(i)), _mm256_loadu_ps(yp.add(i)), a0);
@@ -127,7 +134,10 @@ unsafe fn dot_q8_0_q8_0(x: &[BlockQ8_0], y: &[BlockQ8_0]) -> f32 {
     check_len("dot_q8_0_q8_0", x.len(), y.len());
     let mut acc = _mm256_setzero_ps();
     for (bx, by) in x.iter().zip(y) {
-        let (xq, yq) = (bx.qs.as_ptr() as *const __m128i, by.qs.as_ptr() as *const __m128i);
+        let (xq, yq) = (
+            bx.qs.as_ptr() as *const __m128i,
+            by.qs.as_ptr() as *const __m128i,
+        );
         let p0 = _mm256_madd_epi16(
             _mm256_cvtepi8_epi16(_mm_loadu_si128(xq)),
             _mm256_cvtepi8_epi16(_mm_loadu_si128(yq)),
@@ -262,9 +272,18 @@ unsafe fn dot_q6_k_q8_k(x: &[BlockQ6K], y: &[BlockQ8K]) -> f32 {
             let (a0, a1) = (load256(ql), load256(ql.add(32)));
             let qh = load256(bx.qh.as_ptr().add(32 * h));
             let v = [
-                _mm256_or_si256(_mm256_and_si256(a0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30)),
-                _mm256_or_si256(_mm256_and_si256(a1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30)),
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a0, 4), m4), _mm256_and_si256(qh, m30)),
+                _mm256_or_si256(
+                    _mm256_and_si256(a0, m4),
+                    _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(a1, m4),
+                    _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16(a0, 4), m4),
+                    _mm256_and_si256(qh, m30),
+                ),
                 _mm256_or_si256(
                     _mm256_and_si256(_mm256_srli_epi16(a1, 4), m4),
                     _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30),
@@ -272,7 +291,10 @@ unsafe fn dot_q6_k_q8_k(x: &[BlockQ6K], y: &[BlockQ8K]) -> f32 {
             ];
             for k in 0..4 {
                 let p = _mm256_maddubs_epi16(v[k], load256(by.qs.as_ptr().add(128 * h + 32 * k)));
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, _mm256_shuffle_epi8(sc, ctrls[k])));
+                sumi = _mm256_add_epi32(
+                    sumi,
+                    _mm256_madd_epi16(p, _mm256_shuffle_epi8(sc, ctrls[k])),
+                );
             }
         }
         sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(bias, 5));

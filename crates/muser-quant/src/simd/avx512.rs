@@ -34,7 +34,10 @@ pub(super) fn available() -> bool {
 /// The AVX-512 table. Panics if the CPU lacks the features: the wrappers below are sound only
 /// because this check ran.
 pub(super) fn kernels() -> Kernels {
-    assert!(available(), "the AVX-512 kernels need AVX-512 F, BW, VL, VNNI and AVX2, FMA, F16C");
+    assert!(
+        available(),
+        "the AVX-512 kernels need AVX-512 F, BW, VL, VNNI and AVX2, FMA, F16C"
+    );
     // SAFETY (every wrapper): the CPU has every feature the kernels enable, checked just above.
     Kernels {
         isa: "avx512",
@@ -49,7 +52,10 @@ pub(super) fn kernels() -> Kernels {
 }
 
 fn check_len(what: &str, a: usize, b: usize) {
-    assert_eq!(a, b, "{what}: weight and activation lengths differ ({a} vs {b})");
+    assert_eq!(
+        a, b,
+        "{what}: weight and activation lengths differ ({a} vs {b})"
+    );
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
@@ -113,14 +119,30 @@ macro_rules! float_dot {
             check_len(stringify!($name), x.len(), y.len());
             let (n, xp, yp) = (x.len(), x.as_ptr(), y.as_ptr());
             let all = !0;
-            let (mut a0, mut a1, mut a2, mut a3) =
-                (_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps());
+            let (mut a0, mut a1, mut a2, mut a3) = (
+                _mm512_setzero_ps(),
+                _mm512_setzero_ps(),
+                _mm512_setzero_ps(),
+                _mm512_setzero_ps(),
+            );
             let mut i = 0;
             while i + 64 <= n {
                 a0 = _mm512_fmadd_ps($load16(xp.add(i), all), _mm512_loadu_ps(yp.add(i)), a0);
-                a1 = _mm512_fmadd_ps($load16(xp.add(i + 16), all), _mm512_loadu_ps(yp.add(i + 16)), a1);
-                a2 = _mm512_fmadd_ps($load16(xp.add(i + 32), all), _mm512_loadu_ps(yp.add(i + 32)), a2);
-                a3 = _mm512_fmadd_ps($load16(xp.add(i + 48), all), _mm512_loadu_ps(yp.add(i + 48)), a3);
+                a1 = _mm512_fmadd_ps(
+                    $load16(xp.add(i + 16), all),
+                    _mm512_loadu_ps(yp.add(i + 16)),
+                    a1,
+                );
+                a2 = _mm512_fmadd_ps(
+                    $load16(xp.add(i + 32), all),
+                    _mm512_loadu_ps(yp.add(i + 32)),
+                    a2,
+                );
+                a3 = _mm512_fmadd_ps(
+                    $load16(xp.add(i + 48), all),
+                    _mm512_loadu_ps(yp.add(i + 48)),
+                    a3,
+                );
                 i += 64;
             }
             while i + 16 <= n {
@@ -129,7 +151,11 @@ macro_rules! float_dot {
             }
             if i < n {
                 let m: __mmask16 = (1u16 << (n - i)) - 1;
-                a1 = _mm512_fmadd_ps($load16(xp.add(i), m), _mm512_maskz_loadu_ps(m, yp.add(i)), a1);
+                a1 = _mm512_fmadd_ps(
+                    $load16(xp.add(i), m),
+                    _mm512_maskz_loadu_ps(m, yp.add(i)),
+                    a1,
+                );
             }
             _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)))
         }
@@ -152,8 +178,10 @@ const fn q8_0_d_index(at: usize) -> [i16; 32] {
 const Q8_0_DX_INDEX: [i16; 32] = q8_0_d_index(0);
 const Q8_0_DY_INDEX: [i16; 32] = q8_0_d_index(4);
 /// `vpermps` indices: f32 lanes 0..8 take scale `2k`, lanes 8..16 scale `2k+1`.
-const Q8_0_SCALE_INDEX: [[i32; 16]; 2] =
-    [[0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1], [2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3]];
+const Q8_0_SCALE_INDEX: [[i32; 16]; 2] = [
+    [0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1],
+    [2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3],
+];
 
 /// Four blocks per step, two per register (block 2k in the low 256 bits, 2k+1 in the high):
 /// sum(x * y) = sum((x + 128) * y) - 128 * sum(y), both by `vpdpbusd`. The eight f16 scales of
@@ -161,15 +189,26 @@ const Q8_0_SCALE_INDEX: [[i32; 16]; 2] =
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn dot_q8_0_q8_0(x: &[BlockQ8_0], y: &[BlockQ8_0]) -> f32 {
     check_len("dot_q8_0_q8_0", x.len(), y.len());
-    let (flip, ones, zero) = (_mm512_set1_epi8(-128), _mm512_set1_epi8(1), _mm512_setzero_si512());
-    let (dx_index, dy_index) = (load512(Q8_0_DX_INDEX.as_ptr()), load512(Q8_0_DY_INDEX.as_ptr()));
+    let (flip, ones, zero) = (
+        _mm512_set1_epi8(-128),
+        _mm512_set1_epi8(1),
+        _mm512_setzero_si512(),
+    );
+    let (dx_index, dy_index) = (
+        load512(Q8_0_DX_INDEX.as_ptr()),
+        load512(Q8_0_DY_INDEX.as_ptr()),
+    );
     let scale_index = Q8_0_SCALE_INDEX.map(|a| load512(a.as_ptr()));
     let (mut acc0, mut acc1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
     let (xs, ys) = (x.chunks_exact(4), y.chunks_exact(4));
     let (x_tail, y_tail) = (xs.remainder(), ys.remainder());
     for (bx, by) in xs.zip(ys) {
         let join = |a: &BlockQ8_0, b: &BlockQ8_0| {
-            _mm512_inserti64x4(_mm512_castsi256_si512(load256(a.qs.as_ptr())), load256(b.qs.as_ptr()), 1)
+            _mm512_inserti64x4(
+                _mm512_castsi256_si512(load256(a.qs.as_ptr())),
+                load256(b.qs.as_ptr()),
+                1,
+            )
         };
         let dot = |xq: __m512i, yq: __m512i| {
             let sum = _mm512_dpbusd_epi32(zero, _mm512_xor_si512(xq, flip), yq);
@@ -182,14 +221,24 @@ unsafe fn dot_q8_0_q8_0(x: &[BlockQ8_0], y: &[BlockQ8_0]) -> f32 {
         let (px, py) = (bx.as_ptr() as *const u8, by.as_ptr() as *const u8);
         let dx = _mm512_permutex2var_epi16(load512(px), dx_index, load512(px.add(68)));
         let dy = _mm512_permutex2var_epi16(load512(py), dy_index, load512(py.add(68)));
-        let d = _mm256_cvtph_ps(_mm512_castsi512_si128(_mm512_mask_blend_epi16(0xf0, dx, dy)));
-        let s = _mm512_castps128_ps512(_mm_mul_ps(_mm256_castps256_ps128(d), _mm256_extractf128_ps(d, 1)));
+        let d = _mm256_cvtph_ps(_mm512_castsi512_si128(_mm512_mask_blend_epi16(
+            0xf0, dx, dy,
+        )));
+        let s = _mm512_castps128_ps512(_mm_mul_ps(
+            _mm256_castps256_ps128(d),
+            _mm256_extractf128_ps(d, 1),
+        ));
         acc0 = _mm512_fmadd_ps(dot01, _mm512_permutexvar_ps(scale_index[0], s), acc0);
         acc1 = _mm512_fmadd_ps(dot23, _mm512_permutexvar_ps(scale_index[1], s), acc1);
     }
     let mut sum = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
     for (bx, by) in x_tail.iter().zip(y_tail) {
-        let sumi: i32 = bx.qs.iter().zip(&by.qs).map(|(&a, &b)| a as i32 * b as i32).sum();
+        let sumi: i32 = bx
+            .qs
+            .iter()
+            .zip(&by.qs)
+            .map(|(&a, &b)| a as i32 * b as i32)
+            .sum();
         sum += sumi as f32 * (f16_to_f32(bx.d) * f16_to_f32(by.d));
     }
     sum
@@ -252,12 +301,22 @@ unsafe fn dot_q4_k_q8_k(x: &[BlockQ4K], y: &[BlockQ8K]) -> f32 {
         // Two i32 partial sums so the dpwssd chains of even and odd groups overlap.
         let mut sumi = [_mm512_setzero_si512(); 2];
         for g in 0..4 {
-            let q = _mm512_and_si512(_mm512_srlv_epi16(load256_twice(bx.qs.as_ptr().add(32 * g)), shift), m4);
+            let q = _mm512_and_si512(
+                _mm512_srlv_epi16(load256_twice(bx.qs.as_ptr().add(32 * g)), shift),
+                m4,
+            );
             let p = _mm512_maddubs_epi16(q, load512(by.qs.as_ptr().add(64 * g)));
             let sc = _mm512_shuffle_epi8(scales, ctrls[g]);
             sumi[g & 1] = _mm512_dpwssd_epi32(sumi[g & 1], p, sc);
         }
-        k4_accumulate!(acc, acc_m, bx, by, _mm512_add_epi32(sumi[0], sumi[1]), mins_dot);
+        k4_accumulate!(
+            acc,
+            acc_m,
+            bx,
+            by,
+            _mm512_add_epi32(sumi[0], sumi[1]),
+            mins_dot
+        );
     }
     k4_finish(acc, acc_m)
 }
@@ -279,14 +338,24 @@ unsafe fn dot_q5_k_q8_k(x: &[BlockQ5K], y: &[BlockQ8K]) -> f32 {
         let mut qh = load256_twice(bx.qh.as_ptr());
         let mut sumi = [_mm512_setzero_si512(); 2];
         for g in 0..4 {
-            let q = _mm512_and_si512(_mm512_srlv_epi16(load256_twice(bx.qs.as_ptr().add(32 * g)), shift), m4);
+            let q = _mm512_and_si512(
+                _mm512_srlv_epi16(load256_twice(bx.qs.as_ptr().add(32 * g)), shift),
+                m4,
+            );
             let q = _mm512_mask_add_epi8(q, _mm512_test_epi8_mask(qh, bit), q, sixteen);
             qh = _mm512_srli_epi16(qh, 2);
             let p = _mm512_maddubs_epi16(q, load512(by.qs.as_ptr().add(64 * g)));
             let sc = _mm512_shuffle_epi8(scales, ctrls[g]);
             sumi[g & 1] = _mm512_dpwssd_epi32(sumi[g & 1], p, sc);
         }
-        k4_accumulate!(acc, acc_m, bx, by, _mm512_add_epi32(sumi[0], sumi[1]), mins_dot);
+        k4_accumulate!(
+            acc,
+            acc_m,
+            bx,
+            by,
+            _mm512_add_epi32(sumi[0], sumi[1]),
+            mins_dot
+        );
     }
     k4_finish(acc, acc_m)
 }
@@ -302,8 +371,12 @@ const fn q6_k_scale_index(h: usize, p: usize) -> [i16; 32] {
     }
     idx
 }
-const Q6_K_SCALE_INDEX: [[i16; 32]; 4] =
-    [q6_k_scale_index(0, 0), q6_k_scale_index(0, 1), q6_k_scale_index(1, 0), q6_k_scale_index(1, 1)];
+const Q6_K_SCALE_INDEX: [[i16; 32]; 4] = [
+    q6_k_scale_index(0, 0),
+    q6_k_scale_index(0, 1),
+    q6_k_scale_index(1, 0),
+    q6_k_scale_index(1, 1),
+];
 
 /// Q6_K: per half of 128 values, the 64 ql bytes hold values 0..64 in their low nibbles and
 /// 64..128 in their high nibbles; the 32 qh bytes (in both register halves) hold the top bits of
@@ -337,8 +410,13 @@ unsafe fn dot_q6_k_q8_k(x: &[BlockQ6K], y: &[BlockQ8K]) -> f32 {
             let yq = by.qs.as_ptr().add(128 * h);
             let plo = _mm512_maddubs_epi16(lo, load512(yq));
             let phi = _mm512_maddubs_epi16(hi, load512(yq.add(64)));
-            sumi[0] = _mm512_dpwssd_epi32(sumi[0], plo, _mm512_permutexvar_epi16(index[2 * h], s512));
-            sumi[1] = _mm512_dpwssd_epi32(sumi[1], phi, _mm512_permutexvar_epi16(index[2 * h + 1], s512));
+            sumi[0] =
+                _mm512_dpwssd_epi32(sumi[0], plo, _mm512_permutexvar_epi16(index[2 * h], s512));
+            sumi[1] = _mm512_dpwssd_epi32(
+                sumi[1],
+                phi,
+                _mm512_permutexvar_epi16(index[2 * h + 1], s512),
+            );
         }
         let s = _mm512_add_epi32(sumi[0], sumi[1]);
         let s = _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));

@@ -74,7 +74,10 @@ impl Kernels {
 
     /// Every level this CPU runs, lowest first (scalar is always there).
     pub fn all_available() -> Vec<Kernels> {
-        [Some(Kernels::scalar()), Kernels::avx2(), Kernels::avx512()].into_iter().flatten().collect()
+        [Some(Kernels::scalar()), Kernels::avx2(), Kernels::avx512()]
+            .into_iter()
+            .flatten()
+            .collect()
     }
 
     /// The fastest kernels this CPU runs, capped by `MUSER_ISA` when set (detected once, then
@@ -110,7 +113,10 @@ fn unpack_scales_mins_k4(s: &[u8; 12]) -> (u64, u64) {
     let m_lo = w1 & 0x3f3f_3f3f;
     let sc_hi = (w2 & 0x0f0f_0f0f) | (((w0 >> 6) & 0x0303_0303) << 4);
     let m_hi = ((w2 >> 4) & 0x0f0f_0f0f) | (((w1 >> 6) & 0x0303_0303) << 4);
-    (sc_lo as u64 | (sc_hi as u64) << 32, m_lo as u64 | (m_hi as u64) << 32)
+    (
+        sc_lo as u64 | (sc_hi as u64) << 32,
+        m_lo as u64 | (m_hi as u64) << 32,
+    )
 }
 
 #[cfg(test)]
@@ -132,7 +138,10 @@ mod tests {
                 let (want_sc, want_m) = if j < 4 {
                     (s[j] & 63, s[j + 4] & 63)
                 } else {
-                    ((s[j + 4] & 0xf) | (s[j - 4] >> 6) << 4, (s[j + 4] >> 4) | (s[j] >> 6) << 4)
+                    (
+                        (s[j + 4] & 0xf) | (s[j - 4] >> 6) << 4,
+                        (s[j + 4] >> 4) | (s[j] >> 6) << 4,
+                    )
                 };
                 assert_eq!((sc[j], m[j]), (want_sc, want_m), "sub-block {j} of {s:?}");
             }
