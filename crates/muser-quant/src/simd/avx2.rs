@@ -12,7 +12,7 @@
 //! many passes (machine shared with other jobs). GB/s of weights, in L2 (512 KB) / streamed
 //! (64 MB): Q4_K 27 / 24, Q5_K 26 / 24, Q6_K 41 / 28, Q8_0 10 / 5, f32 89 / 36, f16 53 / 32.
 
-use super::{unpack_scales_mins_k4, Kernels};
+use super::{check_len, unpack_scales_mins_k4, Kernels};
 use crate::blocks::*;
 use half::{bf16, f16};
 use std::arch::x86_64::*;
@@ -38,13 +38,6 @@ pub(super) fn kernels() -> Kernels {
         dot_q5_k_q8_k: |x, y| unsafe { dot_q5_k_q8_k(x, y) },
         dot_q6_k_q8_k: |x, y| unsafe { dot_q6_k_q8_k(x, y) },
     }
-}
-
-fn check_len(what: &str, a: usize, b: usize) {
-    assert_eq!(
-        a, b,
-        "{what}: weight and activation lengths differ ({a} vs {b})"
-    );
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]

@@ -18,7 +18,7 @@
 //! crate's bench report are lower). GB/s of weights, set in L2 (512 KB) / streamed (64 MB):
 //! Q4_K 36 / 29, Q5_K 34 / 29, Q6_K 67 / 34, Q8_0 56 / 34, f32 132 / 27, f16 75 / 36.
 
-use super::{unpack_scales_mins_k4, Kernels};
+use super::{check_len, unpack_scales_mins_k4, Kernels};
 use crate::blocks::*;
 use half::{bf16, f16};
 use std::arch::x86_64::*;
@@ -49,13 +49,6 @@ pub(super) fn kernels() -> Kernels {
         dot_q5_k_q8_k: |x, y| unsafe { dot_q5_k_q8_k(x, y) },
         dot_q6_k_q8_k: |x, y| unsafe { dot_q6_k_q8_k(x, y) },
     }
-}
-
-fn check_len(what: &str, a: usize, b: usize) {
-    assert_eq!(
-        a, b,
-        "{what}: weight and activation lengths differ ({a} vs {b})"
-    );
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
@@ -360,24 +353,6 @@ unsafe fn dot_q5_k_q8_k(x: &[BlockQ5K], y: &[BlockQ8K]) -> f32 {
     k4_finish(acc, acc_m)
 }
 
-/// `vpermw` indices for Q6_K: for half h and part p (values 64p..64p+64 of the half), i16 lane
-/// i takes scale 8h + 4p + i/8 (each 16-value sub-block is 8 i16 pair sums).
-const fn q6_k_scale_index(h: usize, p: usize) -> [i16; 32] {
-    let mut idx = [0i16; 32];
-    let mut i = 0;
-    while i < 32 {
-        idx[i] = (8 * h + 4 * p + i / 8) as i16;
-        i += 1;
-    }
-    idx
-}
-const Q6_K_SCALE_INDEX: [[i16; 32]; 4] = [
-    q6_k_scale_index(0, 0),
-    q6_k_scale_index(0, 1),
-    q6_k_scale_index(1, 0),
-    q6_k_scale_index(1, 1),
-];
-
 /// Q6_K: per half of 128 values, the 64 ql bytes hold values 0..64 in their low nibbles and
 /// 64..128 in their high nibbles; the 32 qh bytes (in both register halves) hold the top bits of
 /// values l, l+32, l+64, l+96 in bit pairs 0-1, 2-3, 4-5, 6-7, moved to bits 4-5 by per-half
@@ -389,7 +364,7 @@ unsafe fn dot_q6_k_q8_k(x: &[BlockQ6K], y: &[BlockQ8K]) -> f32 {
     check_len("dot_q6_k_q8_k", x.len(), y.len());
     let (m4, m30) = (_mm512_set1_epi8(0x0f), _mm512_set1_epi8(0x30));
     let (shl_lo, shr_hi) = (halves_epi16(4, 2), halves_epi16(0, 2));
-    let index = Q6_K_SCALE_INDEX.map(|a| load512(a.as_ptr()));
+    let index = super::Q6_K_SCALE_INDEX.map(|a| load512(a.as_ptr()));
     let mut acc = _mm256_setzero_ps();
     for (bx, by) in x.iter().zip(y) {
         let s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(bx.scales.as_ptr() as *const __m128i));

@@ -19,6 +19,33 @@
 use crate::blocks::*;
 use half::{bf16, f16};
 
+/// `vpermw` indices for Q6_K: for half h and part p (values 64p..64p+64 of the half), i16 lane
+/// i takes scale 8h + 4p + i/8 (each 16-value sub-block is 8 i16 pair sums).
+const fn q6_k_scale_index(h: usize, p: usize) -> [i16; 32] {
+    let mut idx = [0i16; 32];
+    let mut i = 0;
+    while i < 32 {
+        idx[i] = (8 * h + 4 * p + i / 8) as i16;
+        i += 1;
+    }
+    idx
+}
+pub const Q6_K_SCALE_INDEX: [[i16; 32]; 4] = [
+    q6_k_scale_index(0, 0),
+    q6_k_scale_index(0, 1),
+    q6_k_scale_index(1, 0),
+    q6_k_scale_index(1, 1),
+];
+
+/// Panics when a weight row and its activation differ in length, as the scalar dots do.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+fn check_len(what: &str, a: usize, b: usize) {
+    assert_eq!(
+        a, b,
+        "{what}: weight and activation lengths differ ({a} vs {b})"
+    );
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]

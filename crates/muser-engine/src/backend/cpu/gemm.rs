@@ -176,24 +176,6 @@ mod x86 {
         })
     }
 
-    /// i16 index tables for `vpermw`: for half h and part p (values 64p..64p+64 of the half),
-    /// lane i takes scale 8h + 4p + i/8 (each 16-value sub-block is 8 pair sums).
-    const fn scale_index(h: usize, p: usize) -> [i16; 32] {
-        let mut idx = [0i16; 32];
-        let mut i = 0;
-        while i < 32 {
-            idx[i] = (8 * h + 4 * p + i / 8) as i16;
-            i += 1;
-        }
-        idx
-    }
-    const SCALE_INDEX: [[i16; 32]; 4] = [
-        scale_index(0, 0),
-        scale_index(0, 1),
-        scale_index(1, 0),
-        scale_index(1, 1),
-    ];
-
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
     pub unsafe fn q6_k_cols<const C: usize>(x: &[BlockQ6K], y: [&[BlockQ8K]; C]) -> [f32; C] {
         let m4 = _mm512_set1_epi8(0x0f);
@@ -203,7 +185,8 @@ mod x86 {
         // a byte land outside 0x30).
         let shl_lo = halves_i16(4, 2);
         let shr_hi = halves_i16(0, 2);
-        let index = SCALE_INDEX.map(|a| _mm512_loadu_si512(a.as_ptr() as *const _));
+        let index =
+            muser_quant::simd::Q6_K_SCALE_INDEX.map(|a| _mm512_loadu_si512(a.as_ptr() as *const _));
         let mut acc = [_mm256_setzero_ps(); C];
         for (i, bx) in x.iter().enumerate() {
             let d = bx.d.to_f32();
