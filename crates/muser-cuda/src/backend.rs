@@ -12,10 +12,20 @@
 //! Decode groups (the `*_rows` ops): each row's position and KV cache come from two small device
 //! tables (`RowTables`), uploaded only when the group's positions or caches change (once per
 //! step), so RoPE, the KV store and attention of all rows are one launch each.
+//!
+//! Decode steps are CUDA graphs (`decode_step`): a step's tokens, positions and cache table are
+//! uploaded first, and every launch of the step reads them from device memory, so its launches
+//! depend only on the step's shape: the group size, the attention head chunks of each layer
+//! (which change at a few context lengths) and the addresses of the scratch buffers. The first
+//! step of a shape runs op by op (it grows the buffers it needs), the second is captured into a
+//! graph, and later ones replay it: one launch from the host per token instead of ~15 per
+//! layer. `MUSER_CUDA_GRAPHS=0` turns this off; profiling (`set_profiling`) does too.
 
 use crate::device::{CudaError, Gpu};
 use crate::matvec::{dptr, ActScratch, DeviceMatrix, Job};
-use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits};
+use cudarc::driver::{
+    sys, CudaGraph, CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits,
+};
 use muser_engine::backend::{Backend, KvLayerSpec, NormArgs};
 use muser_engine::config::{RopeParams, RopeStyle};
 use muser_engine::weights::TensorView;
@@ -82,6 +92,8 @@ struct RowTables {
 struct Workspace {
     act: ActScratch,
     tokens: CudaSlice<u32>,
+    /// The tokens last uploaded to `tokens`.
+    tokens_host: Vec<u32>,
     o_part: CudaSlice<f32>,
     ml_part: CudaSlice<f32>,
     argmax: CudaSlice<u32>,
@@ -96,7 +108,32 @@ pub struct CudaBackend {
     big_smem_set: Mutex<Vec<&'static str>>,
     /// Per-op time (synchronizing around each op) when profiling is on: op -> (calls, seconds).
     profile: Mutex<Option<std::collections::BTreeMap<String, (u64, f64)>>>,
+    /// Decode steps are recorded and replayed as graphs (see the module doc).
+    graphs: std::sync::atomic::AtomicBool,
 }
+
+/// What a recorded decode step was recorded for: it replays only while all of it is unchanged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct StepKey {
+    rows: usize,
+    /// Attention head chunks of each layer (`rows_chunks`).
+    chunks: Vec<usize>,
+    /// Addresses (and sizes) of the workspace buffers the launches read and write.
+    buffers: Vec<u64>,
+}
+
+/// A decode step recorded as a CUDA graph (`Backend::decode_step`).
+pub struct CudaRecording {
+    key: StepKey,
+    /// None: the shape ran once op by op; it is captured the next time it comes.
+    graph: Option<CudaGraph>,
+    /// Launches per kernel of the graph, added to the dispatch counters on each replay.
+    launches: Vec<(String, u64)>,
+}
+
+// SAFETY: a recording is used only through `&mut` (one thread at a time), which is all CUDA asks
+// of graph objects (they are not internally synchronized).
+unsafe impl Send for CudaRecording {}
 
 /// Panics with the driver's message: the trait's ops cannot return errors (see the module doc).
 fn ck<T>(r: std::result::Result<T, impl std::fmt::Display>, what: &str) -> T {
@@ -105,6 +142,12 @@ fn ck<T>(r: std::result::Result<T, impl std::fmt::Display>, what: &str) -> T {
 
 fn grow<T: DeviceRepr + ValidAsZeroBits>(gpu: &Gpu, s: &mut CudaSlice<T>, n: usize) {
     if s.len() < n {
+        let capturing = gpu.stream.capture_status().ok()
+            != Some(sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE);
+        assert!(
+            !capturing,
+            "a buffer grew while a decode step was being captured (its first run should have grown it)"
+        );
         *s = ck(gpu.stream.alloc_zeros::<T>(n.next_power_of_two()), "alloc");
     }
 }
@@ -215,6 +258,7 @@ impl CudaBackend {
         let ws = Workspace {
             act: gpu.act_scratch(32)?,
             tokens: gpu.stream.alloc_zeros(1)?,
+            tokens_host: Vec::new(),
             o_part: gpu.stream.alloc_zeros(1)?,
             ml_part: gpu.stream.alloc_zeros(1)?,
             argmax: gpu.stream.alloc_zeros(1)?,
@@ -233,6 +277,9 @@ impl CudaBackend {
             upload: Mutex::new(None),
             big_smem_set: Default::default(),
             profile: Mutex::new(None),
+            graphs: std::sync::atomic::AtomicBool::new(
+                std::env::var("MUSER_CUDA_GRAPHS").map_or(true, |v| v != "0"),
+            ),
         })
     }
 
@@ -257,23 +304,14 @@ impl CudaBackend {
         dptr(&self.gpu, s)
     }
 
-    /// Index of the largest value of each row of `x` (the first on ties), computed on the GPU:
-    /// greedy decoding reads back 4 bytes per row.
-    pub fn argmax(&self, x: &CudaBuf) -> Vec<u32> {
-        let mut ws = self.ws.lock().unwrap();
-        grow(&self.gpu, &mut ws.argmax, x.rows);
-        let (xp, out, cols) = (self.p(&x.data), self.p(&ws.argmax), x.cols as i32);
-        let cfg = LaunchConfig {
-            grid_dim: (x.rows as u32, 1, 1),
-            block_dim: (1024, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let mut b = self.gpu.stream.launch_builder(self.kernel("argmax_rows"));
-        b.arg(&xp).arg(&cols).arg(&out);
-        // SAFETY: x is [rows][cols]; out holds rows indices.
-        ck(unsafe { b.launch(cfg) }, "argmax_rows");
-        let all = ck(self.gpu.stream.clone_dtoh(&ws.argmax), "read argmax");
-        all[..x.rows].to_vec()
+    /// Whether decode steps are recorded and replayed as graphs.
+    pub fn graphs(&self) -> bool {
+        self.graphs.load(std::sync::atomic::Ordering::Relaxed)
+    }
+    /// Turns graph recording of decode steps on or off (recordings made so far are kept, and
+    /// replayed again once it is back on).
+    pub fn set_graphs(&self, on: bool) {
+        self.graphs.store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Starts (or stops) timing every op: each op then synchronizes before and after itself, so
@@ -324,6 +362,56 @@ impl CudaBackend {
             self.gpu.quantize_act(x, n, k, types, &mut ws.act),
             "quantize activation",
         );
+    }
+
+    /// Uploads `tokens` to the workspace unless they are the ones it holds.
+    fn upload_tokens(&self, ws: &mut Workspace, tokens: &[u32]) {
+        if ws.tokens_host != tokens {
+            grow(&self.gpu, &mut ws.tokens, tokens.len());
+            ck(
+                self.gpu.stream.memcpy_htod(tokens, &mut ws.tokens),
+                "upload tokens",
+            );
+            ws.tokens_host = tokens.to_vec();
+        }
+    }
+
+    /// Attention head chunks of a decode group's layer of geometry `spec` at positions `pos`:
+    /// a plan as a one-row batch over the longest visible range would get. Chunks change which
+    /// block computes a head, never its arithmetic.
+    fn rows_chunks(&self, spec: &KvLayerSpec, pos: &[usize]) -> usize {
+        let visible = |p: usize| p + 1 - spec.window.map_or(0, |w| (p + 1).saturating_sub(w));
+        let count = pos.iter().map(|&p| visible(p)).max().unwrap_or(1);
+        let g = spec.n_head / spec.n_head_kv.max(1);
+        attention_plan(count, pos.len(), spec.n_head_kv, g, self.gpu.sms).chunks
+    }
+
+    /// The shape of a decode step at positions `pos` over caches `kvs` (see `StepKey`).
+    fn step_key(&self, kvs: &[&mut CudaKv], pos: &[usize]) -> StepKey {
+        let chunks = kvs.first().map_or(Vec::new(), |kv| {
+            kv.layers
+                .iter()
+                .map(|l| self.rows_chunks(&l.spec, pos))
+                .collect()
+        });
+        let ws = self.ws.lock().unwrap();
+        let t = self.rows.lock().unwrap();
+        let buffers = vec![
+            self.p(&ws.act.q),
+            self.p(&ws.act.ds),
+            self.p(&ws.act.tmp),
+            ws.act.cap as u64,
+            self.p(&ws.tokens),
+            self.p(&ws.o_part),
+            self.p(&ws.ml_part),
+            self.p(&t.pos_dev),
+            self.p(&t.kv_dev),
+        ];
+        StepKey {
+            rows: pos.len(),
+            chunks,
+            buffers,
+        }
     }
 
     /// Device address of the group's positions (`[n]` i32), uploaded when they changed.
@@ -476,6 +564,104 @@ impl Backend for CudaBackend {
     type Weight = CudaWeight;
     type Buf = CudaBuf;
     type Kv = CudaKv;
+    type Recording = CudaRecording;
+
+    fn decode_step(
+        &self,
+        rec: &mut Option<CudaRecording>,
+        tokens: &[u32],
+        kvs: &mut [&mut CudaKv],
+        pos: &[usize],
+        f: impl FnOnce(&mut [&mut CudaKv]),
+    ) {
+        if !self.graphs() || self.profile.lock().unwrap().is_some() {
+            return f(kvs);
+        }
+        // The step's inputs go to the device tables first; the ops then find them there and
+        // upload nothing (a capture must contain launches only).
+        self.upload_tokens(&mut self.ws.lock().unwrap(), tokens);
+        if !kvs.is_empty() {
+            self.row_tables(kvs, 0, pos);
+        }
+        let key = self.step_key(kvs, pos);
+        match rec {
+            Some(r) if r.key == key => {
+                if let Some(g) = &r.graph {
+                    ck(g.launch(), "decode step graph");
+                    self.gpu.add_dispatches(&r.launches);
+                    return;
+                }
+                // Seen once: capture this step, then launch it.
+                let before = self.gpu.dispatch_counts();
+                ck(
+                    self.gpu.stream.begin_capture(
+                        sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+                    ),
+                    "begin capture",
+                );
+                f(kvs);
+                let graph = ck(
+                    self.gpu
+                        .stream
+                        .end_capture(sys::CUgraphInstantiate_flags(0)),
+                    "end capture",
+                )
+                .expect("a decode step launches kernels");
+                assert_eq!(
+                    self.step_key(kvs, pos),
+                    key,
+                    "a captured decode step changed its buffers"
+                );
+                let launches = self
+                    .gpu
+                    .dispatch_counts()
+                    .into_iter()
+                    .zip(before)
+                    .filter(|((_, a), (_, b))| a > b)
+                    .map(|((k, a), (_, b))| (k, a - b))
+                    .collect();
+                ck(graph.launch(), "decode step graph");
+                r.graph = Some(graph);
+                r.launches = launches;
+            }
+            _ => {
+                // A new shape: run op by op (growing what it needs); capture the next time.
+                f(kvs);
+                *rec = Some(CudaRecording {
+                    key: self.step_key(kvs, pos),
+                    graph: None,
+                    launches: Vec::new(),
+                });
+            }
+        }
+    }
+
+    /// On the GPU: one block per row, 4 bytes read back per row.
+    fn argmax(&self, x: &CudaBuf, cols: usize, out: &mut [u32]) {
+        let rows = out.len();
+        assert!(
+            rows * cols <= x.rows * x.cols,
+            "argmax: {rows} rows of {cols} from a buffer of {} x {}",
+            x.rows,
+            x.cols
+        );
+        let mut ws = self.ws.lock().unwrap();
+        grow(&self.gpu, &mut ws.argmax, rows);
+        let (xp, op, c) = (self.p(&x.data), self.p(&ws.argmax), cols as i32);
+        let cfg = LaunchConfig {
+            grid_dim: (rows as u32, 1, 1),
+            block_dim: (1024, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.gpu.stream.launch_builder(self.kernel("argmax_rows"));
+        b.arg(&xp).arg(&c).arg(&op);
+        // SAFETY: x holds rows * cols values (checked above); out holds rows indices.
+        ck(unsafe { b.launch(cfg) }, "argmax_rows");
+        ck(
+            self.gpu.stream.memcpy_dtoh(&ws.argmax.slice(..rows), out),
+            "read argmax",
+        );
+    }
 
     fn name(&self) -> &'static str {
         "CUDA"
@@ -575,11 +761,7 @@ impl Backend for CudaBackend {
             || {
                 let m = table.mat();
                 let mut ws = self.ws.lock().unwrap();
-                grow(&self.gpu, &mut ws.tokens, tokens.len());
-                ck(
-                    self.gpu.stream.memcpy_htod(tokens, &mut ws.tokens),
-                    "upload tokens",
-                );
+                self.upload_tokens(&mut ws, tokens);
                 let ty = crate::matvec::format_code(m.ty).expect("checked at upload");
                 let (tp, toks, op) = (self.p(&m.data), self.p(&ws.tokens), self.p(&out.data));
                 let (rows, cols) = (m.rows as i64, m.cols as i32);
@@ -1008,18 +1190,16 @@ impl Backend for CudaBackend {
                     g * d <= 4096,
                     "CUDA attention: {g} query heads of {d} per KV head (at most 4096 values)"
                 );
-                // Each row's splits are those it gets alone; the grid covers the most of any row.
+                assert_eq!(
+                    spec.n_head, n_head,
+                    "attention_rows: query heads of the cache"
+                );
+                // Each row's splits are those it gets alone; the grid covers the most any row can
+                // get (`solo`), so it does not change with the positions (a recorded step replays
+                // at any position) and a row's extra splits write empty partials.
                 let solo = solo_splits(n_kv, self.gpu.sms);
-                let visible =
-                    |p: usize| p + 1 - spec.window.map_or(0, |w| (p + 1).saturating_sub(w));
-                let count = pos.iter().map(|&p| visible(p)).max().unwrap_or(1);
-                let max_splits = pos
-                    .iter()
-                    .map(|&p| split_plan(visible(p), solo).0)
-                    .max()
-                    .unwrap_or(1);
-                // Head chunks change which block computes a head, never its arithmetic.
-                let chunks = attention_plan(count, n, n_kv, g, self.gpu.sms).chunks;
+                let max_splits = solo;
+                let chunks = self.rows_chunks(&spec, pos);
                 let g_block = g / chunks;
                 let (pp, tab) = self.row_tables(kvs, layer, pos);
                 let mut ws = self.ws.lock().unwrap();

@@ -57,7 +57,8 @@ impl Gpu {
         let sms = ctx.attribute(
             cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
         )? as usize;
-        let stream = ctx.default_stream();
+        // A stream of its own: the legacy default stream cannot be captured into a graph.
+        let stream = ctx.new_stream()?;
         let (major, minor) = ctx.compute_capability()?;
         let arch = arch_name(major, minor)?;
         let mut gpu = Gpu {
@@ -93,6 +94,15 @@ impl Gpu {
             c.fetch_add(1, Ordering::Relaxed);
         }
         Ok(f)
+    }
+
+    /// Counts `n` more dispatches of each kernel of `counts` (kernels a replayed graph launches).
+    pub fn add_dispatches(&self, counts: &[(String, u64)]) {
+        for (name, n) in counts {
+            if let Some(c) = self.dispatches.get(name) {
+                c.fetch_add(*n, Ordering::Relaxed);
+            }
+        }
     }
 
     /// Every compiled kernel with its dispatch count so far.

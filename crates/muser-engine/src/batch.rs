@@ -10,7 +10,7 @@
 
 use crate::backend::Backend;
 use crate::error::{EngineError, Result};
-use crate::graph::{self, Rows, Scratch};
+use crate::graph::{self, Scratch};
 use crate::session::Session;
 
 /// Scratch buffers for decode groups of every size used so far, and the logits of the last
@@ -18,6 +18,8 @@ use crate::session::Session;
 pub struct DecodeGroup<B: Backend> {
     /// scratch[n - 1]: buffers for a group of n rows.
     scratch: Vec<Option<Scratch<B>>>,
+    /// recs[n - 1]: the recorded step of scratch[n - 1] (see `Backend::decode_step`).
+    recs: Vec<Option<B::Recording>>,
     /// (n, n_vocab)
     logits: Vec<f32>,
 }
@@ -26,6 +28,7 @@ impl<B: Backend> Default for DecodeGroup<B> {
     fn default() -> Self {
         DecodeGroup {
             scratch: Vec::new(),
+            recs: Vec::new(),
             logits: Vec::new(),
         }
     }
@@ -69,22 +72,23 @@ impl<B: Backend> DecodeGroup<B> {
 
         if self.scratch.len() < n {
             self.scratch.resize_with(n, || None);
+            self.recs.resize_with(n, || None);
         }
         let s = self.scratch[n - 1]
             .get_or_insert_with(|| Scratch::new(&model.backend, &model.config, n, n));
         let pos: Vec<usize> = sessions.iter().map(|s| s.pos).collect();
         let mut kvs: Vec<&mut B::Kv> = sessions.iter_mut().map(|s| &mut s.kv).collect();
         let be = &model.backend;
+        let rec = &mut self.recs[n - 1];
         be.run(|| {
-            graph::forward_rows(
+            graph::decode_step(
                 be,
                 &model.config,
                 &model.weights,
                 s,
-                Rows::Group {
-                    kvs: &mut kvs,
-                    pos: &pos,
-                },
+                rec,
+                &mut kvs,
+                &pos,
                 tokens,
             )
         });

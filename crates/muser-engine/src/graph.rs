@@ -73,6 +73,25 @@ pub fn forward<B: Backend>(
     forward_rows(be, c, w, s, Rows::Run { kv, pos0 }, tokens)
 }
 
+/// One decode step of a group: row t is `tokens[t]` of sequence t at position `pos[t]` of
+/// `kvs[t]` (a single sequence's decode is a group of one). Goes through
+/// `Backend::decode_step`, so a backend may replay a recording of an earlier step of the same
+/// shape (`rec`, kept by the caller with `s`) instead of issuing the ops again.
+pub fn decode_step<B: Backend>(
+    be: &B,
+    c: &ModelConfig,
+    w: &ModelWeights<B::Weight>,
+    s: &mut Scratch<B>,
+    rec: &mut Option<B::Recording>,
+    kvs: &mut [&mut B::Kv],
+    pos: &[usize],
+    tokens: &[u32],
+) {
+    be.decode_step(rec, tokens, kvs, pos, |kvs| {
+        forward_rows(be, c, w, s, Rows::Group { kvs, pos }, tokens)
+    })
+}
+
 /// As `forward`, with each row's sequence and position given by `rows`.
 pub fn forward_rows<B: Backend>(
     be: &B,

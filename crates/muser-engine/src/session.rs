@@ -108,6 +108,8 @@ pub struct Session<'m, B: Backend = CpuBackend> {
     n_ctx: usize,
     pub(crate) pos: usize,
     one: Scratch<B>,
+    /// The recorded decode step of `one` (see `Backend::decode_step`).
+    rec: Option<B::Recording>,
     batch: Option<Scratch<B>>,
     pub(crate) logits: Vec<f32>,
 }
@@ -128,6 +130,7 @@ impl<'m, B: Backend> Session<'m, B> {
                 // the same batch are stored.
                 let slots = window.map_or(n_ctx, |w| n_ctx.min(w + PREFILL_CHUNK - 1));
                 KvLayerSpec {
+                    n_head: c.n_head,
                     n_head_kv: c.n_head_kv,
                     head_dim: c.head_dim,
                     window,
@@ -143,6 +146,7 @@ impl<'m, B: Backend> Session<'m, B> {
             n_ctx,
             pos: 0,
             one: Scratch::new(be, c, 1, 1),
+            rec: None,
             batch: None,
             logits: vec![0.0; c.n_vocab],
         })
@@ -260,11 +264,43 @@ impl<'m, B: Backend> Session<'m, B> {
 
     /// Appends one token and returns the logits of its position.
     pub fn decode(&mut self, token: u32) -> Result<&[f32]> {
-        self.check(&[token])?;
-        let mut logits = std::mem::take(&mut self.logits);
-        self.run_chunk(&[token], 1, &mut logits);
-        self.logits = logits;
+        self.step(token)?;
+        self.model.backend.read(&self.one.logits, &mut self.logits);
         Ok(&self.logits)
+    }
+
+    /// Appends one token and returns the most likely next token (the first on ties), computed
+    /// where the logits are: a GPU reads back one index instead of the vocabulary. `logits()`
+    /// is not updated.
+    pub fn decode_greedy(&mut self, token: u32) -> Result<u32> {
+        self.step(token)?;
+        let mut out = [0u32];
+        let m = self.model;
+        m.backend
+            .argmax(&self.one.logits, m.config.n_vocab, &mut out);
+        Ok(out[0])
+    }
+
+    /// One decode step (a decode group of one row), logits left in `self.one`.
+    fn step(&mut self, token: u32) -> Result<()> {
+        self.check(&[token])?;
+        let m = self.model;
+        let (s, rec, pos) = (&mut self.one, &mut self.rec, self.pos);
+        let kv = &mut self.kv;
+        m.backend.run(|| {
+            graph::decode_step(
+                &m.backend,
+                &m.config,
+                &m.weights,
+                s,
+                rec,
+                &mut [kv],
+                &[pos],
+                &[token],
+            )
+        });
+        self.pos += 1;
+        Ok(())
     }
 
     /// The logits of the last prefill or decode.

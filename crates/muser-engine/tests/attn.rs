@@ -57,6 +57,7 @@ fn batched_attention_equals_per_head_attention_bitwise() {
         }
         let slots = window.map_or(pos0 + rows, |w| w + rows - 1);
         let spec = KvLayerSpec {
+            n_head,
             n_head_kv,
             head_dim,
             window,

@@ -131,6 +131,24 @@ fn group_equals_solo_default_model() {
 }
 
 #[test]
+fn decode_greedy_picks_the_first_maximum_of_decode_logits() {
+    let t = Tiny::new("muse");
+    let m = t.model();
+    let prompt = random_tokens(9, t.n_vocab, 21);
+    let mut a = Session::new(&m, 64).unwrap();
+    let mut b = Session::new(&m, 64).unwrap();
+    let mut next = greedy(a.prefill(&prompt).unwrap()).unwrap();
+    b.prefill(&prompt).unwrap();
+    for _ in 0..12 {
+        let want = greedy(a.decode(next).unwrap()).unwrap();
+        let got = b.decode_greedy(next).unwrap();
+        assert_eq!(got, want);
+        assert_eq!(a.pos(), b.pos());
+        next = got;
+    }
+}
+
+#[test]
 fn chunked_prefill_equals_one_prefill() {
     let t = Tiny::new("muse");
     let m = t.model();
@@ -215,6 +233,7 @@ impl muser_engine::Backend for RowByRow {
     type Weight = <CpuBackend as muser_engine::Backend>::Weight;
     type Buf = <CpuBackend as muser_engine::Backend>::Buf;
     type Kv = <CpuBackend as muser_engine::Backend>::Kv;
+    type Recording = ();
     fn name(&self) -> &'static str {
         "row-by-row"
     }

@@ -76,6 +76,7 @@ fn prefill_kernel_speed() {
         use muser_engine::backend::KvLayerSpec;
         let (nh, nkv, hd, rows) = (32usize, 8usize, 64usize, 512usize);
         let spec = KvLayerSpec {
+            n_head: nh,
             n_head_kv: nkv,
             head_dim: hd,
             window: None,

@@ -279,6 +279,7 @@ fn attention_matches_naive_reference() {
     for window in [None, Some(5usize)] {
         // Ring of 7 slots for a window of 5 (batches of up to 3 rows).
         let spec = KvLayerSpec {
+            n_head,
             n_head_kv: n_kv,
             head_dim: hd,
             window,

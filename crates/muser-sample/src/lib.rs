@@ -102,6 +102,17 @@ impl Sampler {
         &self.params
     }
 
+    /// The pick is the first maximum of the raw logits: greedy with no penalty in effect, so
+    /// a backend's own argmax may stand in for `sample`.
+    pub fn is_argmax(&self) -> bool {
+        let p = &self.params;
+        p.temperature <= 0.0
+            && (p.repeat_last_n == 0
+                || p.repeat_penalty == 1.0
+                    && p.frequency_penalty == 0.0
+                    && p.presence_penalty == 0.0)
+    }
+
     /// Picks the next token from one row of logits (one per vocabulary entry). NaN logits are
     /// never picked. Returns 0 when no logit is a number (or the row is empty); `try_sample`
     /// reports that case instead.

@@ -94,6 +94,45 @@ fn temperature_zero_sampler_is_argmax() {
 }
 
 #[test]
+fn is_argmax_exactly_when_the_pick_is_the_raw_first_maximum() {
+    let mut rng = Mt::new(3);
+    let greedy_params = SamplerParams::greedy();
+    assert!(Sampler::new(greedy_params.clone()).is_argmax());
+    // Any penalty, or a temperature, can move the pick off the raw maximum.
+    let others = [
+        SamplerParams {
+            repeat_penalty: 1.3,
+            ..greedy_params.clone()
+        },
+        SamplerParams {
+            presence_penalty: 0.5,
+            ..greedy_params.clone()
+        },
+        SamplerParams {
+            frequency_penalty: 0.5,
+            ..greedy_params.clone()
+        },
+        SamplerParams::default(),
+    ];
+    for p in others {
+        assert!(!Sampler::new(p).is_argmax());
+    }
+    // Penalties with an empty window change nothing: still the raw maximum.
+    let mut s = Sampler::new(SamplerParams {
+        repeat_penalty: 1.3,
+        repeat_last_n: 0,
+        ..greedy_params
+    });
+    assert!(s.is_argmax());
+    for _ in 0..50 {
+        let l = random_logits(&mut rng, 500, 2.0);
+        let pick = s.sample(&l);
+        s.accept(pick);
+        assert_eq!(pick, greedy(&l).unwrap());
+    }
+}
+
+#[test]
 fn top_k_keeps_exactly_the_k_largest_sorted() {
     let mut rng = Mt::new(3);
     for (n, k) in [(100usize, 1usize), (100, 7), (1000, 40), (50, 50), (10, 40)] {

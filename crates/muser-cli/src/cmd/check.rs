@@ -792,7 +792,8 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
             MATVEC_NMSE,
         );
         // argmax: the GPU's index against the host's over the same GPU logits.
-        let idx = p.gpu.argmax(&og);
+        let mut idx = vec![0u32; og.rows];
+        p.gpu.argmax(&og, og.cols, &mut idx);
         let host: Vec<u32> = a.chunks(vocab).map(|r| argmax(r) as u32).collect();
         let miss = idx.iter().zip(&host).filter(|(x, y)| x != y).count();
         // Recorded as NMSE of (1 + mismatches) against 1: zero exactly when every index agrees.
@@ -819,6 +820,7 @@ fn check_attention(
 ) {
     let (kvw, qw) = (n_kv * head, n_head * head);
     let spec = KvLayerSpec {
+        n_head,
         n_head_kv: n_kv,
         head_dim: head,
         window,
@@ -919,6 +921,7 @@ fn check_attention_rows(
     let mut kvg = Vec::new();
     for (t, &depth) in depths.iter().enumerate() {
         let spec = KvLayerSpec {
+            n_head,
             n_head_kv: n_kv,
             head_dim: head,
             window,
@@ -973,8 +976,10 @@ fn check_attention_rows(
 }
 
 /// Batch invariance of a whole model on CUDA: 16 greedy requests (prompts of 1 to ~150 tokens)
-/// decoded alone, then in decode groups of 2, 8 and 16; every step's logits must have the bits
-/// of the request's solo run (each request is fed its solo run's tokens).
+/// decoded alone op by op (no graphs), then alone again and in decode groups of 2, 8 and 16 with
+/// each step replayed from a recorded graph; every step's logits must have the bits of the
+/// request's first solo run (each request is fed its solo run's tokens), and the GPU's argmax
+/// (`decode_greedy`) must pick the token the host picks from those logits.
 fn check_invariance(
     rows: &mut Vec<Row>,
     path: &PathBuf,
@@ -999,7 +1004,9 @@ fn check_invariance(
         .collect();
     let n_ctx = 151 + steps;
     let t0 = Instant::now();
-    // Solo: each request's tokens (greedy on its own logits) and the bits of every step.
+    // Solo, op by op: each request's tokens (greedy on its own logits) and the bits of every step.
+    let graphs = m.backend().graphs();
+    m.backend().set_graphs(false);
     let mut fed: Vec<Vec<u32>> = Vec::new();
     let mut want: Vec<Vec<Vec<u32>>> = Vec::new();
     for p in &prompts {
@@ -1015,8 +1022,39 @@ fn check_invariance(
         fed.push(toks);
         want.push(bits);
     }
+    m.backend().set_graphs(graphs);
+    // GPU argmax of solo decode steps (replayed graphs) against the host's pick.
+    let mut argmax_differ = 0;
+    for ((p, toks), bits) in prompts.iter().zip(&fed).zip(&want) {
+        let mut s = Session::new(&m, n_ctx)?;
+        s.prefill(p)?;
+        for (&t, b) in toks.iter().zip(bits) {
+            let host = argmax(&b.iter().map(|&v| f32::from_bits(v)).collect::<Vec<_>>()) as u32;
+            if s.decode_greedy(t)? != host {
+                argmax_differ += 1;
+            }
+        }
+    }
+    let r = Row {
+        op: "decode_greedy".into(),
+        shape: format!("{name} GPU argmax"),
+        nmse: if argmax_differ == 0 {
+            0.0
+        } else {
+            f64::INFINITY
+        },
+        threshold: 0.0,
+    };
+    println!(
+        "{:<5} {:<22} {:<34} {argmax_differ} of {} steps pick another token than the host",
+        if r.pass() { "ok" } else { "FAIL" },
+        r.op,
+        r.shape,
+        n_req * steps
+    );
+    rows.push(r);
     let mut summary = Vec::new();
-    for size in [2usize, 8, 16] {
+    for size in [1usize, 2, 8, 16] {
         let mut sessions = prompts
             .iter()
             .map(|_| Session::new(&m, n_ctx))

@@ -122,15 +122,16 @@ impl ModelJob for Job {
         out.flush()?;
 
         let t1 = Instant::now();
-        let mut logits = session.prefill(&prompt)?.to_vec();
+        let mut next = sampler.sample(session.prefill(&prompt)?);
         let prompt_s = t1.elapsed().as_secs_f64();
 
+        // Greedy with no penalty: the backend's argmax (a GPU reads back one index per token).
+        let argmax = sampler.is_argmax();
         let t2 = Instant::now();
         let mut stream = StreamDecoder::new();
         let mut n_gen = 0;
         let mut n_decoded = 0;
         while n_gen < args.n_predict {
-            let next = sampler.sample(&logits);
             sampler.accept(next);
             n_gen += 1;
             if tok.is_eog(next) {
@@ -141,7 +142,11 @@ impl ModelJob for Job {
             if n_gen == args.n_predict {
                 break;
             }
-            logits.copy_from_slice(session.decode(next)?);
+            next = if argmax {
+                session.decode_greedy(next)?
+            } else {
+                sampler.sample(session.decode(next)?)
+            };
             n_decoded += 1;
         }
         writeln!(out, "{}", stream.flush())?;

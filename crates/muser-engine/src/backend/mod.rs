@@ -16,6 +16,8 @@ use crate::weights::TensorView;
 /// The KV cache geometry of one layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KvLayerSpec {
+    /// Query heads that attend the layer (n_head / n_head_kv of them share a KV head).
+    pub n_head: usize,
     pub n_head_kv: usize,
     pub head_dim: usize,
     /// Sliding layers see positions p - window + 1 ..= p.
@@ -44,6 +46,9 @@ pub trait Backend: Send + Sync + Sized {
     type Buf: Send;
     /// The KV cache of one sequence.
     type Kv: Send;
+    /// A recorded decode step that can be replayed (CUDA: a graph); `()` for a backend that
+    /// issues every op as it comes.
+    type Recording: Send;
 
     /// Short name for tables ("CPU").
     fn name(&self) -> &'static str;
@@ -120,6 +125,35 @@ pub trait Backend: Send + Sync + Sized {
         out: &mut Self::Buf,
     );
 
+    /// Runs one decode step: `f` issues the step's ops (the graph over `Rows::Group`: row t is
+    /// `tokens[t]` of sequence t at position `pos[t]` of cache `kvs[t]`). A backend may upload
+    /// these per-step inputs to device tables first, record what `f` issues into `rec`, and on
+    /// later steps of the same shape replay the recording instead of calling `f`; every op of a
+    /// decode group reads its per-step values (tokens, positions, caches) from those tables,
+    /// never from values baked into a launch. The default just calls `f`.
+    fn decode_step(
+        &self,
+        rec: &mut Option<Self::Recording>,
+        tokens: &[u32],
+        kvs: &mut [&mut Self::Kv],
+        pos: &[usize],
+        f: impl FnOnce(&mut [&mut Self::Kv]),
+    ) {
+        let _ = (rec, tokens, pos);
+        f(kvs)
+    }
+
+    /// out[t] = the index of the largest value of row t of `x` (`[out.len(), cols]`), the first
+    /// on ties. The default reads `x` back; a backend may compute it in place and read back one
+    /// index per row.
+    fn argmax(&self, x: &Self::Buf, cols: usize, out: &mut [u32]) {
+        let mut host = vec![0f32; out.len() * cols];
+        self.read(x, &mut host);
+        for (o, row) in out.iter_mut().zip(host.chunks_exact(cols.max(1))) {
+            *o = argmax_first(row);
+        }
+    }
+
     // Decode groups: row t is one token of sequence t, at position pos[t] of the cache kvs[t].
     // The defaults run the one-sequence ops row by row through host copies (correct, slow);
     // a backend overrides them to run all rows in one launch. Whatever the group, each row's
@@ -184,6 +218,17 @@ pub trait Backend: Send + Sync + Sized {
             .collect();
         join_rows(self, &outs, width, out);
     }
+}
+
+/// The index of the largest value (the first on ties; NaN never wins).
+pub fn argmax_first(row: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in row.iter().enumerate() {
+        if v > row[best] {
+            best = i;
+        }
+    }
+    best as u32
 }
 
 /// The n rows of `buf` (`[n, width]`) as n one-row buffers (through the host).

@@ -108,6 +108,7 @@ impl Backend for CpuBackend {
     type Weight = CpuWeight;
     type Buf = CpuBuf;
     type Kv = CpuKv;
+    type Recording = ();
 
     fn name(&self) -> &'static str {
         "CPU"
