@@ -24,6 +24,11 @@ pub trait CliBackend: Backend {
     fn label(&self) -> String;
     /// The read bandwidth this machine reaches now, bytes/s.
     fn read_bandwidth(&self) -> anyhow::Result<f64>;
+    /// Every compiled kernel with the times it was dispatched so far; None for a backend
+    /// without kernels of its own.
+    fn dispatch_counts(&self) -> Option<Vec<(String, u64)>> {
+        None
+    }
 }
 
 impl CliBackend for CpuBackend {
@@ -37,10 +42,14 @@ impl CliBackend for CpuBackend {
 
 impl CliBackend for CudaBackend {
     fn label(&self) -> String {
-        format!("CUDA ({}, {})", self.gpu.name, self.gpu.arch)
+        let graphs = if self.graphs() { ", graphs" } else { "" };
+        format!("CUDA ({}, {}{graphs})", self.gpu.name, self.gpu.arch)
     }
     fn read_bandwidth(&self) -> anyhow::Result<f64> {
         Ok(self.gpu.measure_read_bandwidth()?)
+    }
+    fn dispatch_counts(&self) -> Option<Vec<(String, u64)>> {
+        Some(self.gpu.dispatch_counts())
     }
 }
 

@@ -2,6 +2,9 @@
 //! over r repetitions after one warm-up), plus for tg the bytes a decode step reads, the achieved
 //! GB/s and its share of the read bandwidth this run measures.
 //!
+//! `--audit` (GPU backends) then prints each compiled kernel's dispatches in the run and in one
+//! more decode step, and lists the kernels the run never dispatched.
+//!
 //! `-s 1,8,32` replaces the tg row by one row per stream count N: N sessions (prompts of a few
 //! tokens, or of depth + a few), then n_gen decode steps, each one `DecodeGroup` of all N; the
 //! rate is the aggregate N * n_gen / time, and a step reads the weights once plus every
@@ -38,6 +41,10 @@ pub struct Args {
     /// streams advanced together one decode group per step.
     #[arg(short = 's', long, value_delimiter = ',')]
     pub streams: Vec<usize>,
+    /// Dispatch audit: each kernel's launches in the run and per decode step, and the kernels
+    /// the run never dispatched.
+    #[arg(long)]
+    pub audit: bool,
 }
 
 /// Read bandwidth in bytes/s: the best of a few multi-threaded passes summing a 1 GiB buffer
@@ -142,6 +149,7 @@ impl ModelJob for Args {
         let bw = model.backend().read_bandwidth()?;
         eprintln!("read bandwidth: {:.1} GB/s", bw / 1e9);
 
+        let counts0 = model.backend().dispatch_counts();
         let name = model_name(&model);
         let size = format!(
             "{:.2} GiB",
@@ -216,8 +224,60 @@ impl ModelJob for Args {
                 100.0 * gbs * 1e9 / bw
             );
         }
+        if args.audit {
+            audit(&model, counts0, &mut next_token)?;
+        }
         Ok(())
     }
+}
+
+/// The dispatch audit of `--audit`: launches per kernel since `before`, and in one more decode
+/// step (after a warm-up step, so a recorded step is replayed).
+fn audit<B: CliBackend>(
+    model: &Model<B>,
+    before: Option<Vec<(String, u64)>>,
+    next_token: &mut impl FnMut() -> u32,
+) -> anyhow::Result<()> {
+    let (Some(before), Some(_)) = (before, model.backend().dispatch_counts()) else {
+        println!(
+            "\ndispatch audit: the {} backend has no kernels of its own",
+            model.backend().name()
+        );
+        return Ok(());
+    };
+    let run = model.backend().dispatch_counts().unwrap_or_default();
+    let mut s = Session::new(model, 8)?;
+    s.prefill(&[next_token(), next_token()])?;
+    for _ in 0..2 {
+        s.decode(next_token())?;
+    }
+    let pre = model.backend().dispatch_counts().unwrap_or_default();
+    s.decode(next_token())?;
+    let post = model.backend().dispatch_counts().unwrap_or_default();
+    println!(
+        "\ndispatch audit (kernel | launches in the benchmark run | launches per decode step):"
+    );
+    let (mut never, mut per_step) = (Vec::new(), 0u64);
+    for (((k, b), (_, r)), ((_, p0), (_, p1))) in before.iter().zip(&run).zip(pre.iter().zip(&post))
+    {
+        let (n, step) = (r - b, p1 - p0);
+        per_step += step;
+        if n == 0 {
+            never.push(k.as_str());
+        }
+        println!("| {k} | {n} | {step} |");
+    }
+    println!("one decode step launches {per_step} kernels");
+    if never.is_empty() {
+        println!("every compiled kernel was dispatched by this run");
+    } else {
+        println!(
+            "never dispatched by this run ({}): {}",
+            never.len(),
+            never.join(", ")
+        );
+    }
+    Ok(())
 }
 
 /// `n` sessions decoding together: (mean, sd) of the aggregate tokens/s over the repetitions,
