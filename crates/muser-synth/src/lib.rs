@@ -78,13 +78,14 @@ pub fn synthesize(
         .expect("the template is valid"),
     );
     let mut writer = GgufWriter::create(path, &metadata::metadata(p, seed), &specs)?;
+    let bigram = weights::Bigram::for_preset(p, seed);
 
     // One thread generates tensor i+1 (rows in parallel on rayon) while this one writes tensor i.
     let (tx, rx) = sync_channel::<Vec<u8>>(1);
     let written = std::thread::scope(|scope| -> Result<(), SynthError> {
         scope.spawn(|| {
             for t in &tensors {
-                if tx.send(weights::generate(t, seed)).is_err() {
+                if tx.send(weights::generate(t, seed, &bigram)).is_err() {
                     return; // the writer failed and hung up
                 }
             }

@@ -11,6 +11,11 @@ pub enum Init {
     Gaussian { std: f32 },
     /// Norm weights: 1 plus small Gaussian noise (std 0.05).
     NearOne,
+    /// The LM head (`weights.rs`, `Bigram`): every row has values of standard deviation `std`;
+    /// the row of a token `succ(t)` is `alpha` times the normalised embedding row of `t` plus
+    /// Gaussian noise of standard deviation `sqrt(std^2 - alpha^2)`, so a residual stream that
+    /// carries `t`'s embedding favours `succ(t)`.
+    Head { std: f32, alpha: f32 },
 }
 
 /// One tensor of the plan.
@@ -60,6 +65,52 @@ pub fn parameter_count(p: &Preset) -> u64 {
         .sum()
 }
 
+/// Standard deviation of the LM head's logits over the vocabulary, for an output-normalised
+/// input (the random part; the favourite of `Init::Head` comes on top).
+pub const HEAD_LOGIT_STD: f32 = 1.5;
+
+/// Share of the input token's embedding in the direction of the last hidden state (its cosine),
+/// as the architecture's residual stream leaves it. Llama and qwen3 add each branch's output
+/// (standard deviations 1/sqrt(2 L) of `layout`) to the raw embedding: measured with `muser
+/// logits` on llama-tiny, qwen3-tiny and llama-1b (2026-11-29), the stream keeps a cosine of
+/// about 0.8 whatever the depth. Muse normalises the embedding and adds 2 L post-normed branches
+/// of unit RMS, so the embedding keeps 1/sqrt(1 + 2 L) of the stream.
+fn embedding_cosine(p: &Preset) -> f32 {
+    match p.arch {
+        Arch::Llama | Arch::Qwen3 => EMBEDDING_COSINE_LLAMA,
+        Arch::Muse => 1.0 / (1.0 + 2.0 * p.block_count as f32).sqrt(),
+    }
+}
+const EMBEDDING_COSINE_LLAMA: f32 = 0.9;
+
+/// The LM head's initialisation: a bigram-like favourite on top of Gaussian logits of standard
+/// deviation `HEAD_LOGIT_STD`.
+///
+/// Logits of independent Gaussians (std s) over a vocabulary of n tokens put one token's
+/// probability at about one half when it stands ln n + s^2/2 above their mean (the sum of the
+/// others' exp is n exp(s^2/2)). The favourite succ(t) gets that boost, b = alpha * <e_t, x>
+/// * logit_scale with <e_t, x> = d * cosine (`embedding_cosine`, e_t normalised to RMS 1); its
+/// probability then varies around 0.5 with the noise and the layers, yet the gap to the
+/// runner-up is rarely below a few hundredths of a nat. Muse's softcap is undone on the target.
+/// Where the geometry asks for more (alpha above 0.9 std: the embedding is a small share of the
+/// stream, as in muse-tiny), alpha is capped and the favourite is weaker.
+pub fn head_init(p: &Preset) -> Init {
+    let (ls, cap) = if p.arch == Arch::Muse {
+        (p.logit_scale, p.final_logit_softcapping)
+    } else {
+        (1.0, 0.0)
+    };
+    let d = p.embedding_length as f32;
+    let s = HEAD_LOGIT_STD;
+    let mut boost = (p.vocab_size as f32).ln() + s * s / 2.0;
+    if cap > 0.0 {
+        boost = cap * (boost / cap).min(0.9).atanh();
+    }
+    let std = s / (ls * d.sqrt());
+    let alpha = (boost / (ls * d * embedding_cosine(p))).min(0.9 * std);
+    Init::Head { std, alpha }
+}
+
 /// The full plan: specs and initialisation. The type mix is Q4_K_M as SPEC section 2 gives it:
 /// token_embd Q4_K, output Q5_K, attn_v Q6_K, ffn_down Q6_K on `use_more_bits` layers, every
 /// other matrix Q4_K, norm weights F32.
@@ -82,16 +133,7 @@ pub fn layout(p: &Preset) -> Vec<PlannedTensor> {
     let ffn_down = Init::Gaussian {
         std: 1.0 / (ff as f32 * two_l).sqrt(),
     };
-    // The LM head: a normalised input gives logits (after the muse logit scale) of std ~3,
-    // spread enough that the top token is distinct, far from the softcap.
-    let logit_scale = if p.arch == Arch::Muse {
-        p.logit_scale
-    } else {
-        1.0
-    };
-    let head = Init::Gaussian {
-        std: 3.0 / (logit_scale * (d as f32).sqrt()),
-    };
+    let head = head_init(p);
 
     let mut out = Vec::new();
     let mut add = |name: String, dims: Vec<u64>, ggml_type: GgmlType, init: Init| {

@@ -3,11 +3,71 @@
 //! deviation and zero mean. No floats are quantized, so a 16.75 GB model is generated at memory
 //! speed. Every row has its own RNG seeded from (seed, tensor name, row), so the bytes do not
 //! depend on how rows are spread over threads.
+//!
+//! The one exception is the LM head's structure (`Bigram`): the rows of the vocabulary's
+//! normal tokens (about 2,000 in every preset) are built in f32 from the embedding rows they
+//! point to and quantized with muser-quant's reference quantizer; every other row (reserved
+//! and control tokens) is generated as blocks like the rest.
 
-use crate::plan::{Init, PlannedTensor};
+use crate::metadata::vocab;
+use crate::plan::{layout, Init, PlannedTensor};
+use crate::preset::Preset;
 use half::f16;
 use muser_gguf::GgmlType;
 use rayon::prelude::*;
+
+/// The bigram table of the LM head: a random permutation `succ` of the normal (learned) tokens.
+/// The head row of `succ(t)` carries `t`'s embedding (`Init::Head`), so after reading `t` the
+/// model favours `succ(t)` by a few nats, as a trained model has a clear favourite at most
+/// positions. Control and reserved tokens are neither favoured nor favour anything.
+pub struct Bigram {
+    /// `succ[t]` for every normal token `t < succ.len()`.
+    pub succ: Vec<u32>,
+    /// `pred[v] = t` where `succ[t] = v`, for `v < succ.len()`.
+    pred: Vec<u32>,
+    /// `token_embd`, whose rows are regenerated where the head needs them.
+    embd: PlannedTensor,
+}
+
+impl Bigram {
+    /// The table for `n_normal` normal tokens (ids 0..n_normal) and the embedding `embd`.
+    pub fn new(n_normal: usize, embd: PlannedTensor, seed: u64) -> Bigram {
+        // Fisher-Yates with its own stream (the name is no tensor's).
+        let mut rng = Rng::new(mix(seed ^ mix(name_hash("bigram succ"))));
+        let mut succ: Vec<u32> = (0..n_normal as u32).collect();
+        for i in (1..n_normal).rev() {
+            let j = (rng.next_u64() % (i as u64 + 1)) as usize;
+            succ.swap(i, j);
+        }
+        let mut pred = vec![0u32; n_normal];
+        for (t, &v) in succ.iter().enumerate() {
+            pred[v as usize] = t as u32;
+        }
+        Bigram { succ, pred, embd }
+    }
+
+    /// The table of preset `p`: its normal tokens are those the BPE trainer learned (ids below
+    /// BOS), its embedding `token_embd`.
+    pub fn for_preset(p: &Preset, seed: u64) -> Bigram {
+        let embd = layout(p)
+            .into_iter()
+            .find(|t| t.spec.name == "token_embd.weight")
+            .expect("every preset has an embedding");
+        Bigram::new(vocab(p).bos as usize, embd, seed)
+    }
+
+    /// Row `t` of the embedding, dequantized and scaled to RMS 1.
+    pub fn embedding_row(&self, t: usize, seed: u64) -> Vec<f32> {
+        let mut bytes = vec![0u8; self.embd.row_bytes() as usize];
+        fill_row(&self.embd, &mut row_rng(&self.embd, seed, t), &mut bytes);
+        let mut e = vec![0f32; self.embd.spec.dims[0] as usize];
+        muser_quant::dequantize_row(self.embd.spec.ggml_type, &bytes, &mut e)
+            .expect("the embedding is a K-quant of whole blocks");
+        let rms = (e.iter().map(|x| x * x).sum::<f32>() / e.len() as f32).sqrt();
+        e.iter_mut().for_each(|x| *x /= rms);
+        e
+    }
+}
 
 /// wyrand: a small, fast 64-bit generator (Wang Yi's); statistically fine for weights.
 pub struct Rng(u64);
@@ -229,14 +289,19 @@ fn block_q6_k(rng: &mut Rng, std: f32, out: &mut [u8]) {
     }
 }
 
-/// Fills one row of tensor `t` (its bytes in `out`).
+/// Fills one row of tensor `t` (its bytes in `out`). `Init::Head` rows here are plain Gaussian
+/// rows (those of tokens outside the bigram table).
 fn fill_row(t: &PlannedTensor, rng: &mut Rng, out: &mut [u8]) {
-    match (t.spec.ggml_type, t.init) {
+    let init = match t.init {
+        Init::Head { std, .. } => Init::Gaussian { std },
+        init => init,
+    };
+    match (t.spec.ggml_type, init) {
         (GgmlType::F32, init) => {
             for v in out.chunks_exact_mut(4) {
                 let x = match init {
                     Init::NearOne => 1.0 + 0.05 * rng.gaussian(),
-                    Init::Gaussian { std } => std * rng.gaussian(),
+                    Init::Gaussian { std } | Init::Head { std, .. } => std * rng.gaussian(),
                 };
                 v.copy_from_slice(&x.to_le_bytes());
             }
@@ -255,16 +320,50 @@ fn fill_row(t: &PlannedTensor, rng: &mut Rng, out: &mut [u8]) {
     }
 }
 
-/// Generates the whole tensor `t`, rows in parallel.
-pub fn generate(t: &PlannedTensor, seed: u64) -> Vec<u8> {
+/// Row `row` of tensor `t`, under `seed`, has its own generator.
+fn row_rng(t: &PlannedTensor, seed: u64, row: usize) -> Rng {
+    let base = mix(seed ^ mix(name_hash(&t.spec.name)));
+    Rng::new(mix(base ^ mix(row as u64)))
+}
+
+/// Fills head row `v` (the token `succ(t)` of the bigram table): `alpha` times `t`'s normalised
+/// embedding plus Gaussian noise, so that the row's values have standard deviation `std`,
+/// quantized with the reference quantizer of the head's type.
+fn fill_head_row(
+    t: &PlannedTensor,
+    bigram: &Bigram,
+    seed: u64,
+    v: usize,
+    rng: &mut Rng,
+    out: &mut [u8],
+) {
+    let Init::Head { std, alpha } = t.init else {
+        unreachable!("only the head has a bigram row")
+    };
+    let noise = (std * std - alpha * alpha).max(0.0).sqrt();
+    let e = bigram.embedding_row(bigram.pred[v] as usize, seed);
+    let row: Vec<f32> = e
+        .iter()
+        .map(|&x| alpha * x + noise * rng.gaussian())
+        .collect();
+    muser_quant::quantize_row(t.spec.ggml_type, &row, out).expect("head rows are whole blocks");
+}
+
+/// Generates the whole tensor `t`, rows in parallel. `bigram` shapes the LM head
+/// (`Init::Head`); other tensors ignore it.
+pub fn generate(t: &PlannedTensor, seed: u64, bigram: &Bigram) -> Vec<u8> {
     let row_bytes = t.row_bytes() as usize;
     let mut data = vec![0u8; t.n_bytes() as usize];
-    let base = mix(seed ^ mix(name_hash(&t.spec.name)));
+    let is_head = matches!(t.init, Init::Head { .. });
     data.par_chunks_mut(row_bytes)
         .enumerate()
         .for_each(|(row, out)| {
-            let mut rng = Rng::new(mix(base ^ mix(row as u64)));
-            fill_row(t, &mut rng, out);
+            let mut rng = row_rng(t, seed, row);
+            if is_head && row < bigram.succ.len() {
+                fill_head_row(t, bigram, seed, row, &mut rng, out);
+            } else {
+                fill_row(t, &mut rng, out);
+            }
         });
     data
 }
@@ -273,6 +372,10 @@ pub fn generate(t: &PlannedTensor, seed: u64) -> Vec<u8> {
 mod tests {
     use super::*;
     use muser_gguf::TensorSpec;
+
+    fn no_bigram(t: &PlannedTensor) -> Bigram {
+        Bigram::new(0, t.clone(), 0)
+    }
 
     fn tensor(ty: GgmlType, std: f32) -> PlannedTensor {
         PlannedTensor {
@@ -349,7 +452,7 @@ mod tests {
         for ty in [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K] {
             for std in [1.0f32, 0.0123, 6.9e-4, 3e-5] {
                 let t = tensor(ty, std);
-                let v = dequant(ty, &generate(&t, 7));
+                let v = dequant(ty, &generate(&t, 7, &no_bigram(&t)));
                 let n = v.len() as f64;
                 let mean = v.iter().map(|&x| x as f64).sum::<f64>() / n;
                 let sd = (v.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / n).sqrt();
@@ -377,13 +480,14 @@ mod tests {
     #[test]
     fn rows_do_not_depend_on_threading_and_seeds_differ() {
         let t = tensor(GgmlType::Q4_K, 0.02);
-        let a = generate(&t, 1);
+        let none = no_bigram(&t);
+        let a = generate(&t, 1, &none);
         let b = rayon::ThreadPoolBuilder::new()
             .num_threads(1)
             .build()
             .unwrap()
-            .install(|| generate(&t, 1));
+            .install(|| generate(&t, 1, &none));
         assert_eq!(a, b);
-        assert_ne!(a, generate(&t, 2));
+        assert_ne!(a, generate(&t, 2, &none));
     }
 }

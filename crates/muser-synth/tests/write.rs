@@ -169,7 +169,7 @@ fn dequantized_weights_have_the_planned_statistics() {
         let mean = v.iter().map(|&x| x as f64).sum::<f64>() / n;
         let sd = (v.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / n).sqrt();
         let (want_mean, want_sd) = match t.init {
-            Init::Gaussian { std } => (0.0, std as f64),
+            Init::Gaussian { std } | Init::Head { std, .. } => (0.0, std as f64),
             Init::NearOne => (1.0, 0.05),
         };
         let n_err = want_sd / n.sqrt(); // standard error of the mean
@@ -185,4 +185,70 @@ fn dequantized_weights_have_the_planned_statistics() {
         );
     }
     std::fs::remove_file(&path).unwrap();
+}
+
+/// The LM head's bigram structure, read back from the file: fed the output-normalised embedding
+/// of a normal token t (a residual stream the layers left alone), the head's favourite is
+/// succ(t), by a clear margin, yet with a probability well short of one; succ is a permutation
+/// of the normal tokens.
+#[test]
+fn the_lm_head_favours_the_successor_of_the_input_token() {
+    use muser_synth::weights::Bigram;
+    for (name, seed) in [("llama-tiny", 11), ("qwen3-tiny", 12)] {
+        let p = find_preset(name).unwrap();
+        let (path, _) = write(name, seed, "bigram");
+        let f = GgufFile::open(&path).unwrap();
+        let read = |tensor: &str| {
+            let info = f.tensor(tensor).unwrap();
+            let mut v = vec![0f32; info.n_elements() as usize];
+            muser_quant::dequantize_row(info.ggml_type, f.tensor_data(info), &mut v).unwrap();
+            v
+        };
+        let (embd, head) = (read("token_embd.weight"), read("output.weight"));
+        let d = p.embedding_length as usize;
+        let bigram = Bigram::for_preset(p, seed);
+        let n = bigram.succ.len();
+        let bos = f.get_u32("tokenizer.ggml.bos_token_id").unwrap() as usize;
+        assert_eq!(n, bos, "{name}: the table covers the learned tokens");
+        let mut seen = vec![false; n];
+        bigram.succ.iter().for_each(|&v| seen[v as usize] = true);
+        assert!(seen.iter().all(|&s| s), "{name}: succ is a permutation");
+
+        let (mut hits, mut p1s, mut gaps) = (0, Vec::new(), Vec::new());
+        let tokens: Vec<usize> = (0..200).map(|i| (i * 7919 + seed as usize) % n).collect();
+        for &t in &tokens {
+            let e = &embd[t * d..(t + 1) * d];
+            let rms = (e.iter().map(|x| x * x).sum::<f32>() / d as f32).sqrt();
+            let logits: Vec<f64> = head
+                .chunks_exact(d)
+                .map(|w| w.iter().zip(e).map(|(a, b)| (a * b / rms) as f64).sum())
+                .collect();
+            let top = (0..logits.len())
+                .max_by(|&a, &b| logits[a].total_cmp(&logits[b]))
+                .unwrap();
+            hits += (top == bigram.succ[t] as usize) as usize;
+            let z: f64 = logits.iter().map(|l| (l - logits[top]).exp()).sum();
+            p1s.push(1.0 / z);
+            let second = (0..logits.len())
+                .filter(|&v| v != top)
+                .map(|v| logits[v])
+                .fold(f64::NEG_INFINITY, f64::max);
+            gaps.push(logits[top] - second);
+        }
+        let median = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let (p1, gap) = (median(&mut p1s), median(&mut gaps));
+        assert!(
+            hits >= 190,
+            "{name}: succ(t) is top-1 for {hits} of 200 tokens"
+        );
+        assert!(
+            (0.3..0.99).contains(&p1),
+            "{name}: median top-1 probability {p1}"
+        );
+        assert!(gap > 1.0, "{name}: median top-2 gap {gap} nats");
+        std::fs::remove_file(&path).unwrap();
+    }
 }
