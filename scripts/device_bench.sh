@@ -12,6 +12,12 @@
 # runs the quick parity check with batch invariance on both models, `muser bench -s` (aggregate
 # decode tokens/s at each stream count) and a per-op profile of decode-group steps.
 #
+# JOB=compare (issues 4 and 6, side by side with llama.cpp; needs LLAMA=1 and the carried source):
+# synthesizes llama-glimmer and muse-tiny, runs the quick parity check with batch invariance
+# (which also holds graph replay to the bits of op-by-op decode), `muser bench` on llama-glimmer
+# (pp512, tg128 with and without CUDA graphs and with --audit, tg128 at depth 8192, decode groups
+# of 1/8/32 streams), then llama.cpp's llama-bench and llama-batched-bench on the same file.
+#
 # Usage (device tool, repository root, carrying target/release/muser):
 #   bash scripts/device_bench.sh            # QUICK=1 for the quick op check only
 #   JOB=streams STREAMS=1,8,32 bash scripts/device_bench.sh
@@ -27,7 +33,7 @@ if [ "${LLAMA:-0}" = 1 ] && [ -f .llamacpp-src.tar.xz ]; then
     ( mkdir -p /tmp/llama && tar xJf .llamacpp-src.tar.xz -C /tmp/llama && cd /tmp/llama/llama.cpp &&
       cmake -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
         -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_APP=OFF &&
-      cmake --build build -j 16 --target llama-bench ) > "$OUT/llama-build.log" 2>&1 &
+      cmake --build build -j 16 --target llama-bench llama-batched-bench ) > "$OUT/llama-build.log" 2>&1 &
     LLAMA_PID=$!
 fi
 
@@ -48,6 +54,35 @@ step() { # name limit_s command...
     local rc=$?
     echo "$name rc=$rc ($((SECONDS - t0)) s)" | tee -a "$OUT/summary.txt"
 }
+
+if [ "${JOB:-}" = compare ]; then
+    G=$MODELS/llama-glimmer.gguf T=$MODELS/muse-tiny.gguf
+    step synth-llama-glimmer 90 "$BIN" synth llama-glimmer "$G"
+    step synth-muse-tiny 30 "$BIN" synth muse-tiny "$T"
+    step check 120 "$BIN" check --backend cuda --quick --invariance "$T" --invariance "$G"
+    step bench-graphs 150 "$BIN" bench --backend cuda -m "$G" -p 512 -n 128 -r "$REPS" --audit
+    step bench-nographs 60 env MUSER_CUDA_GRAPHS=0 "$BIN" bench --backend cuda -m "$G" -p 0 -n 128 -r "$REPS"
+    step bench-d8192 90 "$BIN" bench --backend cuda -m "$G" -p 0 -n 128 -d 8192 -r 2
+    step bench-streams 90 "$BIN" bench --backend cuda -m "$G" -p 0 -n 64 -r 2 -s "${STREAMS:-1,8,32}"
+    if [ -n "${LLAMA_PID:-}" ]; then
+        wait "$LLAMA_PID"
+        LB=/tmp/llama/llama.cpp/build/bin
+        step llama-bench 150 "$LB/llama-bench" -m "$G" -p 512 -n 128 -fa 1 -r "$REPS" -d 0,8192
+        step llama-batched-bench 120 "$LB/llama-batched-bench" -m "$G" -c 16384 -b 2048 -ub 512 \
+            -npp 128 -ntg 128 -npl "${STREAMS:-1,8,32}" -fa on -ngl 99
+    fi
+    echo
+    echo "================ short table ================"
+    echo "check: $(grep -hcE "^ok" "$OUT/check.log") ok, $(grep -hcE "^FAIL" "$OUT/check.log") FAIL"
+    grep -hE "^FAIL|^invariance|never dispatched|^all |decode_greedy|batch invariance" "$OUT/check.log" | head -16
+    grep -h "^| .*CUDA" "$OUT"/bench-*.log
+    grep -h "one decode step launches\|never dispatched by" "$OUT/bench-graphs.log"
+    [ -f "$OUT/llama-bench.log" ] && grep "^| " "$OUT/llama-bench.log"
+    [ -f "$OUT/llama-batched-bench.log" ] && grep "^|" "$OUT/llama-batched-bench.log"
+    tail -3 "$OUT/llama-build.log" 2>/dev/null
+    cat "$OUT/summary.txt"
+    exit 0
+fi
 
 if [ "${JOB:-}" = streams ]; then
     G=$MODELS/llama-glimmer.gguf T=$MODELS/muse-tiny.gguf
