@@ -88,8 +88,9 @@ const EMBEDDING_COSINE_LLAMA: f32 = 0.9;
 ///
 /// Logits of independent Gaussians (std s) over a vocabulary of n tokens put one token's
 /// probability at about one half when it stands ln n + s^2/2 above their mean (the sum of the
-/// others' exp is n exp(s^2/2)). The favourite succ(t) gets that boost, b = alpha * <e_t, x>
-/// * logit_scale with <e_t, x> = d * cosine (`embedding_cosine`, e_t normalised to RMS 1); its
+/// others' exp is n exp(s^2/2)). The favourite succ(t) gets that boost,
+/// `b = alpha * logit_scale * <e_t, x>` with `<e_t, x> = d * cosine` (`embedding_cosine`, e_t
+/// normalised to RMS 1); its
 /// probability then varies around 0.5 with the noise and the layers, yet the gap to the
 /// runner-up is rarely below a few hundredths of a nat. Muse's softcap is undone on the target.
 /// Where the geometry asks for more (alpha above 0.9 std: the embedding is a small share of the
