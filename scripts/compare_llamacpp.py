@@ -156,6 +156,7 @@ class Stats:
     nll: list = field(default_factory=list)
     nll_base: list = field(default_factory=list)
     gap_p: list = field(default_factory=list)
+    top1_p: list = field(default_factory=list)
     p_diff: list = field(default_factory=list)
     mismatches: list = field(default_factory=list)
 
@@ -176,6 +177,7 @@ class Stats:
         self.kld.extend(kld.tolist())
         srt = np.sort(lpb, axis=1)
         self.gap_p.extend((srt[:, -1] - srt[:, -2]).tolist())
+        self.top1_p.extend(np.exp(srt[:, -1]).tolist())
         self.nll.extend(nll.tolist())
         self.nll_base.extend(nll_b.tolist())
         self.p_diff.extend((np.exp(-nll) - np.exp(-nll_b)).tolist())
@@ -210,6 +212,9 @@ class Stats:
             # from the stored 16-bit log-probs, clamped at max-16: biased low on these files
             ppl_llamacpp_stored=float(math.exp(np.mean(self.nll_base))),
             llamacpp_top2_gap_below_0p05=float((np.array(self.gap_p) < 0.05).mean()),
+            llamacpp_top2_gap_median=float(np.median(self.gap_p)),
+            llamacpp_top1_prob_p10_50_90=[float(x) for x in
+                                          np.percentile(self.top1_p, [10, 50, 90])],
             rms_dp=float(math.sqrt(np.mean(pd ** 2))),
             max_dp=float(np.abs(pd).max()),
         )
@@ -383,7 +388,9 @@ def print_logit_result(r: dict) -> None:
     print(f"   PPL over the scored positions: muser {s['ppl_muser']:.4f}, llama-perplexity's final"
           f" estimate {r.get('llama_perplexity_final_ppl')}")
     print(f"   positions where llama.cpp's top-2 log-probs are < 0.05 nats apart: "
-          f"{100 * s['llamacpp_top2_gap_below_0p05']:.1f}%")
+          f"{100 * s['llamacpp_top2_gap_below_0p05']:.1f}% (median gap "
+          f"{s['llamacpp_top2_gap_median']:.2f}); its top-1 probability p10/p50/p90: "
+          + "/".join(f"{x:.2f}" for x in s['llamacpp_top1_prob_p10_50_90']))
     print(f"   RMS Δp {100 * s['rms_dp']:.4f}%   max |Δp| {100 * s['max_dp']:.4f}%")
     for mm in r["mismatches"][:5]:
         print(f"     top-1 mismatch: {mm}")

@@ -5,7 +5,9 @@
 //! (`plan.rs`) lists every tensor, its type and the statistics of its weights; the metadata
 //! (`metadata.rs`) carries the hyperparameters and a vocabulary trained by the BPE trainer
 //! (`bpe.rs`); the weights (`weights.rs`) are generated directly as quantized blocks, one tensor
-//! at a time, rows in parallel, while the previous tensor is being written. The whole model is
+//! at a time, rows in parallel, while the previous tensor is being written. The LM head has a
+//! bigram structure (`weights::Bigram`, `plan::head_init`) so that, as in a trained model, most
+//! positions have a clear favourite: the next-token distributions are not flat-topped. The whole model is
 //! never in memory: at most two tensors are (the largest, glimmer's output, is 925 MB).
 //!
 //! Output is a pure function of (preset, seed).
