@@ -57,6 +57,48 @@ extern "C" __global__ void kv_store_rows(const float* __restrict__ k, const floa
     ((__half*)tab[t].v)[s * width + e] = __float2half_rn(v[idx]);
 }
 
+// The attention prologue of a decode group (Backend::qkv_rows): per row t, every head of q and
+// k normed in place (qw, kw non-null: rmsnorm_heads's arithmetic) and rotated (n_rot > 0: rope's
+// arithmetic at pos[t]), then the row's k and v stored at pos[t] of its cache tab[t]
+// (kv_store_rows's conversion). One warp per head, q heads then k heads of each row (a k head's
+// warp also stores the v head); 4 warps per block. Replaces five launches per layer.
+extern "C" __global__ void __launch_bounds__(128) qkv_rows(float* __restrict__ q, float* __restrict__ k,
+                                                           const float* __restrict__ v, const float* __restrict__ qw,
+                                                           const float* __restrict__ kw, float eps, int n_rows,
+                                                           int n_head, int n_kv, int head_dim, int n_rot,
+                                                           float freq_base, int neox, const RowKv* __restrict__ tab,
+                                                           const int* __restrict__ pos, int ring) {
+    const int wid = blockIdx.x * 4 + threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    const int per = n_head + n_kv;
+    if (wid >= n_rows * per) return;
+    const int t = wid / per, h = wid % per, hk = h - n_head;
+    const bool is_k = h >= n_head;
+    float* x = is_k ? k + ((size_t)t * n_kv + hk) * head_dim : q + ((size_t)t * n_head + h) * head_dim;
+    const float* w = is_k ? kw : qw;
+    if (w) {
+        float ss = 0.0f;
+        for (int i = lane; i < head_dim; i += WARP) ss += x[i] * x[i];
+        const float inv = rsqrtf(warp_sum(ss) / (float)head_dim + eps);
+        for (int i = lane; i < head_dim; i += WARP) x[i] = x[i] * inv * w[i];
+        __syncwarp();
+    }
+    const int p = pos[t];
+    if (n_rot > 0) {
+        for (int i = lane; i < n_rot / 2; i += WARP) rope_pair(x, i, n_rot, p, freq_base, neox);
+        __syncwarp();
+    }
+    if (is_k) {
+        const int width = n_kv * head_dim, slots = (int)tab[t].slots;
+        const long long s = ring ? p % slots : p;
+        const size_t off = (size_t)s * width + (size_t)hk * head_dim;
+        const float* vx = v + ((size_t)t * n_kv + hk) * head_dim;
+        for (int i = lane; i < head_dim; i += WARP) {
+            ((__half*)tab[t].k)[off + i] = __float2half_rn(x[i]);
+            ((__half*)tab[t].v)[off + i] = __float2half_rn(vx[i]);
+        }
+    }
+}
+
 // How a row that sees `count` positions is split when it is alone in its batch: (n_splits,
 // split_len) of `attention_plan(count, 1, ..)` in backend.rs, in the same integer arithmetic;
 // solo = ceil(2 * SMs / n_kv), the splits a one-row batch asks for.
@@ -101,24 +143,45 @@ __device__ void attn_block(const float* __restrict__ qrow, const __half* __restr
     for (int k = 0; k < OUTS; ++k) acc[k] = 0.0f;
     __syncthreads();
 
-    for (int j0 = start; j0 < end; j0 += ATT_T) {
-        // K and V rows j0 .. j0 + T (zeros past the end).
-        for (int e = tid; e < ATT_T * D / 2; e += 128) {
-            const int jj = e / (D / 2), dd = 2 * (e % (D / 2));
+    // K and V rows of a tile as 16-byte pieces (8 halves), TP per thread, loaded into registers
+    // one tile ahead: the next tile's loads are in flight while this one is computed.
+    constexpr int TP = ATT_T * D / 8 / 128;
+    uint4 kr[TP], vr[TP];
+    auto load_tile = [&](int j0) {
+#pragma unroll
+        for (int i = 0; i < TP; ++i) {
+            const int e = tid + 128 * i, jj = e / (D / 8), dd = 8 * (e % (D / 8));
             const int j = j0 + jj;
-            float2 kf = make_float2(0.0f, 0.0f), vf = kf;
+            kr[i] = vr[i] = make_uint4(0u, 0u, 0u, 0u);
             if (j < end) {
                 const long long s = ring ? j % slots : j;
                 const size_t off = (size_t)s * width + (size_t)kvh * D + dd;
-                kf = __half22float2(*(const __half2*)(kc + off));
-                vf = __half22float2(*(const __half2*)(vc + off));
+                kr[i] = *(const uint4*)(kc + off);
+                vr[i] = *(const uint4*)(vc + off);
             }
-            kt[jj * KP + dd] = kf.x;
-            kt[jj * KP + dd + 1] = kf.y;
-            vt[jj * D + dd] = vf.x;
-            vt[jj * D + dd + 1] = vf.y;
+        }
+    };
+    load_tile(start);
+    for (int j0 = start; j0 < end; j0 += ATT_T) {
+        // K and V rows j0 .. j0 + T (zeros past the end) to shared memory as f32.
+#pragma unroll
+        for (int i = 0; i < TP; ++i) {
+            const int e = tid + 128 * i, jj = e / (D / 8), dd = 8 * (e % (D / 8));
+            const __half2* kh = (const __half2*)&kr[i];
+            const __half2* vh = (const __half2*)&vr[i];
+            float4* kd = (float4*)(kt + jj * KP + dd);
+            float4* vd = (float4*)(vt + jj * D + dd);
+            const float2 k0 = __half22float2(kh[0]), k1 = __half22float2(kh[1]), k2 = __half22float2(kh[2]),
+                         k3 = __half22float2(kh[3]);
+            const float2 v0 = __half22float2(vh[0]), v1 = __half22float2(vh[1]), v2 = __half22float2(vh[2]),
+                         v3 = __half22float2(vh[3]);
+            kd[0] = make_float4(k0.x, k0.y, k1.x, k1.y);
+            kd[1] = make_float4(k2.x, k2.y, k3.x, k3.y);
+            vd[0] = make_float4(v0.x, v0.y, v1.x, v1.y);
+            vd[1] = make_float4(v2.x, v2.y, v3.x, v3.y);
         }
         __syncthreads();
+        if (j0 + ATT_T < end) load_tile(j0 + ATT_T);
         // Scores: one (head, position) per thread and step; a warp shares the head.
         for (int e = tid; e < G * ATT_T; e += 128) {
             const int g = e / ATT_T, jj = e % ATT_T;
@@ -198,7 +261,8 @@ __device__ void attn_partial(const float* __restrict__ q, const __half* __restri
 }
 
 // A decode group: row t at position pos[t] of its own cache tab[t]; grid (n_kv * chunks,
-// n_rows, the most splits of any row). Splits past the row's own count write an empty partial.
+// n_rows, the most splits any row can get). Splits past the row's own count do nothing:
+// attn_rows_combine reads only the row's own splits.
 template <int D>
 __device__ void attn_rows_partial(const float* __restrict__ q, const RowKv* __restrict__ tab, const int* __restrict__ pos,
                                   float* __restrict__ o_part, float2* __restrict__ ml_part, int n_head, int n_kv, int G,
@@ -209,11 +273,7 @@ __device__ void attn_rows_partial(const float* __restrict__ q, const RowKv* __re
     const int p = pos[row];
     const int lo = window > 0 ? max(0, p - window + 1) : 0;
     const int2 plan = solo_split(p + 1 - lo, solo);
-    if (split >= plan.x) {
-        const size_t base = ((size_t)row * n_head + (size_t)h0) * n_splits + split;
-        for (int g = threadIdx.x; g < G; g += 128) ml_part[base + (size_t)g * n_splits] = make_float2(-INFINITY, 0.0f);
-        return;
-    }
+    if (split >= plan.x) return;
     const int start = lo + split * plan.y;
     const int end = min(p + 1, start + plan.y);
     const RowKv c = tab[row];
@@ -254,4 +314,32 @@ extern "C" __global__ void attn_combine(const float* __restrict__ o_part, const 
         den += w * ml.y;
     }
     out[((size_t)row * n_head + h) * D + d] = num / den;
+}
+
+// Decode groups: as attn_combine over row t's own splits (solo_split of the positions it sees,
+// in split order, so a row gets the bits of its one-row attention), times sigmoid(gate) when a
+// gate is given (sigmoid_gate's arithmetic). Launch: grid (n_head, n_rows), D threads.
+extern "C" __global__ void attn_rows_combine(const float* __restrict__ o_part, const float2* __restrict__ ml_part,
+                                             float* __restrict__ out, const float* __restrict__ gate,
+                                             const int* __restrict__ pos, int n_head, int n_splits, int D,
+                                             int window, int solo) {
+    const int h = blockIdx.x, row = blockIdx.y, d = threadIdx.x;
+    const int p = pos[row];
+    const int lo = window > 0 ? max(0, p - window + 1) : 0;
+    const int ns = solo_split(p + 1 - lo, solo).x;
+    const size_t base = ((size_t)row * n_head + h) * n_splits;
+    float M = -INFINITY;
+    for (int s = 0; s < ns; ++s) M = fmaxf(M, ml_part[base + s].x);
+    float num = 0.0f, den = 0.0f;
+    for (int s = 0; s < ns; ++s) {
+        const float2 ml = ml_part[base + s];
+        if (ml.x == -INFINITY) continue;
+        const float w = expf(ml.x - M);
+        num += w * o_part[(base + s) * D + d];
+        den += w * ml.y;
+    }
+    const size_t i = ((size_t)row * n_head + h) * D + d;
+    float o = num / den;
+    if (gate) o *= 1.0f / (1.0f + expf(-gate[i]));
+    out[i] = o;
 }

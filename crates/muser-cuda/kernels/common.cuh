@@ -75,6 +75,20 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+// RoPE of pair i of a head h (n_rot rotated values) at position p: theta = p * base^(-2i / n_rot),
+// computed in double as the CPU reference does (positions reach 65536, where an f32 angle would
+// be off by ~0.004 rad). Pairs are (2i, 2i + 1) (GPT-J interleaved) or (i, i + n_rot / 2) (NeoX).
+__device__ __forceinline__ void rope_pair(float* h, int i, int n_rot, int p, float freq_base, int neox) {
+    const double theta = (double)p * pow((double)freq_base, -2.0 * (double)i / (double)n_rot);
+    double s, c;
+    sincos(theta, &s, &c);
+    const float cf = (float)c, sf = (float)s;
+    const int a = neox ? i : 2 * i, b = neox ? i + n_rot / 2 : 2 * i + 1;
+    const float x0 = h[a], x1 = h[b];
+    h[a] = x0 * cf - x1 * sf;
+    h[b] = x0 * sf + x1 * cf;
+}
+
 // Little-endian 32-bit load from a 2-byte-aligned address.
 __device__ __forceinline__ int load_i32_a2(const uint8_t* p) {
     const uint16_t* h = (const uint16_t*)p;

@@ -21,13 +21,5 @@ extern "C" __global__ void rope(float* __restrict__ x, int n_rows, int cols, int
     const long long hh = idx / half; // row * heads + head
     const int t = hh / heads;
     const int p = pos ? pos[t] : pos0 + t;
-    const double theta = (double)p * pow((double)freq_base, -2.0 * (double)i / (double)n_rot);
-    double s, c;
-    sincos(theta, &s, &c);
-    const float cf = (float)c, sf = (float)s;
-    float* h = x + hh * head_dim;
-    const int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
-    const float x0 = h[a], x1 = h[b];
-    h[a] = x0 * cf - x1 * sf;
-    h[b] = x0 * sf + x1 * cf;
+    rope_pair(x + hh * head_dim, i, n_rot, p, freq_base, neox);
 }

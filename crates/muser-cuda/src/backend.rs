@@ -26,7 +26,7 @@ use crate::matvec::{dptr, ActScratch, DeviceMatrix, Job};
 use cudarc::driver::{
     sys, CudaGraph, CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits,
 };
-use muser_engine::backend::{Backend, KvLayerSpec, NormArgs};
+use muser_engine::backend::{Backend, Heads, KvLayerSpec, NormArgs};
 use muser_engine::config::{RopeParams, RopeStyle};
 use muser_engine::weights::TensorView;
 use muser_engine::{EngineError, Result};
@@ -1161,6 +1161,90 @@ impl Backend for CudaBackend {
         )
     }
 
+    fn qkv_rows(
+        &self,
+        q: &mut CudaBuf,
+        k: &mut CudaBuf,
+        v: &CudaBuf,
+        norms: Option<(&CudaWeight, &CudaWeight, f32)>,
+        heads: Heads,
+        rope: Option<&RopeParams>,
+        kvs: &mut [&mut CudaKv],
+        layer: usize,
+        pos: &[usize],
+    ) {
+        self.timed(
+            || "qkv_rows".to_string(),
+            || {
+                let n = pos.len();
+                let hd = heads.head_dim;
+                let (qw, kvw) = (heads.n_head * hd, heads.n_head_kv * hd);
+                assert!(
+                    kvs.len() == n
+                        && (q.rows, q.cols) == (n, qw)
+                        && (k.rows, k.cols) == (n, kvw)
+                        && (v.rows, v.cols) == (n, kvw),
+                    "qkv_rows: {n} rows of {qw} / {kvw}"
+                );
+                let spec = kvs[0].layers[layer].spec;
+                assert!(
+                    spec.n_head_kv == heads.n_head_kv && spec.head_dim == hd,
+                    "qkv_rows: heads {heads:?} for a cache of {} x {}",
+                    spec.n_head_kv,
+                    spec.head_dim
+                );
+                for (kv, &p) in kvs.iter().zip(pos) {
+                    let s = &kv.layers[layer].spec;
+                    assert!(
+                        s.is_ring() || p < s.slots,
+                        "qkv_rows: position {p} past the plane of {}",
+                        s.slots
+                    );
+                }
+                let (pp, tab) = self.row_tables(kvs, layer, pos);
+                let (qn, kn, eps) = norms.map_or((0, 0, 0.0), |(a, b, e)| {
+                    (a.vec_ptr(&self.gpu), b.vec_ptr(&self.gpu), e)
+                });
+                let (n_rot, base, neox) = rope.map_or((0, 0.0, 0), |r| {
+                    (
+                        r.n_rot as i32,
+                        r.freq_base,
+                        i32::from(r.style == RopeStyle::Neox),
+                    )
+                });
+                let (qp, kp, vp) = (self.p(&q.data), self.p(&k.data), self.p(&v.data));
+                let (ni, nh, nk, hdi, ring) = (
+                    n as i32,
+                    heads.n_head as i32,
+                    heads.n_head_kv as i32,
+                    hd as i32,
+                    i32::from(spec.is_ring()),
+                );
+                let warps = n * (heads.n_head + heads.n_head_kv);
+                let mut b = self.gpu.stream.launch_builder(self.kernel("qkv_rows"));
+                b.arg(&qp)
+                    .arg(&kp)
+                    .arg(&vp)
+                    .arg(&qn)
+                    .arg(&kn)
+                    .arg(&eps)
+                    .arg(&ni)
+                    .arg(&nh)
+                    .arg(&nk)
+                    .arg(&hdi)
+                    .arg(&n_rot)
+                    .arg(&base)
+                    .arg(&neox)
+                    .arg(&tab)
+                    .arg(&pp)
+                    .arg(&ring);
+                // SAFETY: one warp per head of q ([n][qw]) and k ([n][kvw]); row t writes slot
+                // pos[t] (modulo its slots for a ring; checked above for a plane) of its own cache.
+                ck(unsafe { b.launch(cfg1(warps * 32, 128)) }, "qkv_rows");
+            },
+        )
+    }
+
     fn attention_rows(
         &self,
         q: &CudaBuf,
@@ -1169,6 +1253,7 @@ impl Backend for CudaBackend {
         layer: usize,
         pos: &[usize],
         scale: f32,
+        gate: Option<&CudaBuf>,
         out: &mut CudaBuf,
     ) {
         self.timed(
@@ -1238,7 +1323,34 @@ impl Backend for CudaBackend {
                 // SAFETY: partials hold n * n_head * max_splits entries; each row reads its own cache
                 // within its slots.
                 ck(unsafe { b.launch(cfg) }, "attn_rows");
-                self.attn_combine(&ws, n, n_head, max_splits, d, out);
+                if let Some(g) = gate {
+                    assert_eq!((g.rows, g.cols), (n, width), "attention_rows: gate shape");
+                }
+                let gp = gate.map_or(0, |g| self.p(&g.data));
+                let (outp, dd) = (self.p(&out.data), d as i32);
+                let cfg = LaunchConfig {
+                    grid_dim: (n_head as u32, n as u32, 1),
+                    block_dim: (d as u32, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                let mut b = self
+                    .gpu
+                    .stream
+                    .launch_builder(self.kernel("attn_rows_combine"));
+                let ms = max_splits as i32;
+                b.arg(&op)
+                    .arg(&mp)
+                    .arg(&outp)
+                    .arg(&gp)
+                    .arg(&pp)
+                    .arg(&nh)
+                    .arg(&ms)
+                    .arg(&dd)
+                    .arg(&window)
+                    .arg(&so);
+                // SAFETY: the partials hold n * n_head * max_splits entries, of which row t reads
+                // its own splits; out (and gate) are [n][n_head * d].
+                ck(unsafe { b.launch(cfg) }, "attn_rows_combine");
             },
         )
     }

@@ -6,7 +6,7 @@
 //!
 //! This module never knows which backend runs it.
 
-use crate::backend::{Backend, NormArgs};
+use crate::backend::{Backend, Heads, NormArgs};
 use crate::config::ModelConfig;
 use crate::weights::ModelWeights;
 
@@ -131,31 +131,45 @@ pub fn forward_rows<B: Backend>(
                 &mut [(&lw.wq, &mut s.q), (&lw.wk, &mut s.k), (&lw.wv, &mut s.v)],
             ),
         }
-        if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
-            be.rmsnorm_heads(&mut s.q, qn, c.head_dim, eps);
-            be.rmsnorm_heads(&mut s.k, kn, c.head_dim, eps);
-        }
         match &mut rows {
             Rows::Run { kv, pos0 } => {
+                if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
+                    be.rmsnorm_heads(&mut s.q, qn, c.head_dim, eps);
+                    be.rmsnorm_heads(&mut s.k, kn, c.head_dim, eps);
+                }
                 if kind.rope {
                     be.rope(&mut s.q, c.head_dim, &c.rope, *pos0);
                     be.rope(&mut s.k, c.head_dim, &c.rope, *pos0);
                 }
                 be.kv_store(kv, il, &s.k, &s.v, *pos0);
                 be.attention(&s.q, kv, il, *pos0, scale, &mut s.att);
+                if let Some(g) = &s.g {
+                    be.sigmoid_gate(&mut s.att, g);
+                }
             }
             Rows::Group { kvs, pos } => {
-                let (qw, kvw) = (c.q_width(), c.kv_width());
-                if kind.rope {
-                    be.rope_rows(&mut s.q, qw, c.head_dim, &c.rope, pos);
-                    be.rope_rows(&mut s.k, kvw, c.head_dim, &c.rope, pos);
-                }
-                be.kv_store_rows(kvs, il, &s.k, &s.v, kvw, pos);
-                be.attention_rows(&s.q, qw, kvs, il, pos, scale, &mut s.att);
+                let norms = match (&lw.q_norm, &lw.k_norm) {
+                    (Some(qn), Some(kn)) => Some((qn, kn, eps)),
+                    _ => None,
+                };
+                let heads = Heads {
+                    n_head: c.n_head,
+                    n_head_kv: c.n_head_kv,
+                    head_dim: c.head_dim,
+                };
+                let rope = kind.rope.then_some(&c.rope);
+                be.qkv_rows(&mut s.q, &mut s.k, &s.v, norms, heads, rope, kvs, il, pos);
+                be.attention_rows(
+                    &s.q,
+                    c.q_width(),
+                    kvs,
+                    il,
+                    pos,
+                    scale,
+                    s.g.as_ref(),
+                    &mut s.att,
+                );
             }
-        }
-        if let Some(g) = &s.g {
-            be.sigmoid_gate(&mut s.att, g);
         }
         be.matmul(&s.att, &mut [(&lw.wo, &mut s.o)]);
         let post = lw.post_attn_norm.as_ref().map(|weight| NormArgs {

@@ -16,7 +16,7 @@
 use anyhow::Context;
 use muser_cuda::parity::{nmse, random_matrix, Rand, ELEMENTWISE_NMSE, LOGITS_NMSE, MATVEC_NMSE};
 use muser_cuda::{CudaBackend, CudaBuf};
-use muser_engine::backend::{Backend, KvLayerSpec, NormArgs};
+use muser_engine::backend::{Backend, Heads, KvLayerSpec, NormArgs};
 use muser_engine::config::{RopeParams, RopeStyle};
 use muser_engine::weights::TensorView;
 use muser_engine::{CpuBackend, Model, Session};
@@ -254,6 +254,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         rows: Vec::new(),
     };
     let t0 = Instant::now();
+    // The read-bandwidth probe (`muser bench`'s reference for % of bandwidth) runs too, so the
+    // audit below covers every compiled kernel.
+    eprintln!(
+        "read bandwidth: {:.2} TB/s",
+        pair.gpu.gpu.measure_read_bandwidth()? / 1e12
+    );
     if !args.no_ops {
         check_ops(&mut pair, args.quick)?;
         eprintln!("op parity: {:.1} s", t0.elapsed().as_secs_f64());
@@ -895,9 +901,11 @@ fn check_rope_rows(p: &mut Pair, n: usize, qw: usize) {
 }
 
 /// A decode group of n sequences, each with its own cache (its own slot count) filled with
-/// random K/V up to its own depth (0 .. deepest): kv_store_rows of each row's next K/V, then
-/// attention_rows, against the CPU's; then each row against the one-row GPU attention over the
-/// same cache (bit for bit: a row is split over its positions as it is alone).
+/// random K/V up to its own depth (0 .. deepest): the fused prologue qkv_rows (QK norm, RoPE,
+/// KV store of each row's next K/V), then attention_rows with the output gate, against the CPU's
+/// (whose qkv_rows runs rmsnorm_heads, rope_rows and kv_store_rows); then each row against the
+/// one-row GPU attention and sigmoid_gate over the same cache (bit for bit: a row is split over
+/// its positions as it is alone).
 fn check_attention_rows(
     p: &mut Pair,
     n: usize,
@@ -946,30 +954,85 @@ fn check_attention_rows(
         kvc.push(c);
         kvg.push(g);
     }
-    let (kc, kg, _) = p.random_bufs(n, kvw);
+    let (mut kc, mut kg, _) = p.random_bufs(n, kvw);
     let (vc, vg, _) = p.random_bufs(n, kvw);
-    let (qc, qg, qdata) = p.random_bufs(n, qw);
+    let (mut qc, mut qg, _) = p.random_bufs(n, qw);
+    let (gc, gg, gdata) = p.random_bufs(n, qw);
     let (mut ac, mut ag) = (p.cpu.buf(n, qw), p.gpu.buf(n, qw));
     let scale = 1.0 / (head as f32).sqrt();
+    // QK norm and NeoX RoPE on rings, neither on planes: both paths of the fused prologue.
+    let (qn, kn) = (
+        p.vector("q_norm", head).unwrap(),
+        p.vector("k_norm", head).unwrap(),
+    );
+    let (qnc, knc) = (p.cpu.weight(&qn).unwrap(), p.cpu.weight(&kn).unwrap());
+    let (qng, kng) = (p.gpu.weight(&qn).unwrap(), p.gpu.weight(&kn).unwrap());
+    let rope = RopeParams {
+        style: RopeStyle::Neox,
+        freq_base: 10000.0,
+        n_rot: head,
+    };
+    let heads = Heads {
+        n_head,
+        n_head_kv: n_kv,
+        head_dim: head,
+    };
+    let ring = window.is_some();
     {
         let mut rc: Vec<&mut _> = kvc.iter_mut().collect();
         let mut rg: Vec<&mut _> = kvg.iter_mut().collect();
-        p.cpu.kv_store_rows(&mut rc, 0, &kc, &vc, kvw, &depths);
-        p.gpu.kv_store_rows(&mut rg, 0, &kg, &vg, kvw, &depths);
+        p.cpu.qkv_rows(
+            &mut qc,
+            &mut kc,
+            &vc,
+            ring.then_some((&qnc, &knc, 1e-6)),
+            heads,
+            ring.then_some(&rope),
+            &mut rc,
+            0,
+            &depths,
+        );
+        p.gpu.qkv_rows(
+            &mut qg,
+            &mut kg,
+            &vg,
+            ring.then_some((&qng, &kng, 1e-6)),
+            heads,
+            ring.then_some(&rope),
+            &mut rg,
+            0,
+            &depths,
+        );
         p.cpu
-            .attention_rows(&qc, qw, &rc, 0, &depths, scale, &mut ac);
+            .attention_rows(&qc, qw, &rc, 0, &depths, scale, Some(&gc), &mut ac);
         p.gpu
-            .attention_rows(&qg, qw, &rg, 0, &depths, scale, &mut ag);
+            .attention_rows(&qg, qw, &rg, 0, &depths, scale, Some(&gg), &mut ag);
     }
-    let (a, b) = (p.read_gpu(&ag), p.read_cpu(&ac));
     let what = window.map_or("plane".to_string(), |w| format!("ring {w}"));
     let shape = format!("{what} {n_head}/{n_kv}x{head} {n} rows @0..{deepest}");
-    p.record("kv_store+attn_rows", shape.clone(), &a, &b, MATVEC_NMSE);
+    let qdata = p.read_gpu(&qg);
+    p.record(
+        "qkv_rows (q)",
+        shape.clone(),
+        &qdata,
+        &p.read_cpu(&qc),
+        ELEMENTWISE_NMSE,
+    );
+    let (a, b) = (p.read_gpu(&ag), p.read_cpu(&ac));
+    p.record(
+        "qkv_rows+attn_rows+gate",
+        shape.clone(),
+        &a,
+        &b,
+        MATVEC_NMSE,
+    );
     let mut alone = Vec::with_capacity(a.len());
     for (t, &depth) in depths.iter().enumerate() {
         let (_, q1) = p.bufs(1, qw, &qdata[t * qw..(t + 1) * qw]);
+        let (_, g1) = p.bufs(1, qw, &gdata[t * qw..(t + 1) * qw]);
         let mut o1 = p.gpu.buf(1, qw);
         p.gpu.attention(&q1, &kvg[t], 0, depth, scale, &mut o1);
+        p.gpu.sigmoid_gate(&mut o1, &g1);
         alone.extend(p.read_gpu(&o1));
     }
     p.exact("attn_rows row == alone", shape, &a, &alone);

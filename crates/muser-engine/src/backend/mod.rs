@@ -33,6 +33,15 @@ impl KvLayerSpec {
     }
 }
 
+/// The attention heads of a layer: `n_head` query heads of `head_dim` values, n_head /
+/// n_head_kv of them sharing each of the `n_head_kv` KV heads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Heads {
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+}
+
 /// The residual branch's optional post-norm and the norm that follows the residual add.
 pub struct NormArgs<'a, W> {
     pub weight: &'a W,
@@ -192,8 +201,40 @@ pub trait Backend: Send + Sync + Sized {
         }
     }
 
+    /// The attention prologue of a decode group, in place: per row t, the QK norm (`norms`:
+    /// q's and k's weights and eps) of every head of q and k, RoPE at pos[t] (when `rope` is
+    /// given), then k and v stored at pos[t] of `layer` in kvs[t]. The default runs
+    /// `rmsnorm_heads`, `rope_rows` and `kv_store_rows`; a backend may fuse them, with the same
+    /// arithmetic.
+    #[allow(clippy::too_many_arguments)]
+    fn qkv_rows(
+        &self,
+        q: &mut Self::Buf,
+        k: &mut Self::Buf,
+        v: &Self::Buf,
+        norms: Option<(&Self::Weight, &Self::Weight, f32)>,
+        heads: Heads,
+        rope: Option<&RopeParams>,
+        kvs: &mut [&mut Self::Kv],
+        layer: usize,
+        pos: &[usize],
+    ) {
+        let hd = heads.head_dim;
+        if let Some((qn, kn, eps)) = norms {
+            self.rmsnorm_heads(q, qn, hd, eps);
+            self.rmsnorm_heads(k, kn, hd, eps);
+        }
+        let (qw, kvw) = (heads.n_head * hd, heads.n_head_kv * hd);
+        if let Some(rope) = rope {
+            self.rope_rows(q, qw, hd, rope, pos);
+            self.rope_rows(k, kvw, hd, rope, pos);
+        }
+        self.kv_store_rows(kvs, layer, k, v, kvw, pos);
+    }
+
     /// out[t] = attention of row t of q (`width` values) over kvs[t] at position pos[t], as
-    /// `attention` computes it for a one-row batch.
+    /// `attention` computes it for a one-row batch, times sigmoid(gate[t]) elementwise when a
+    /// gate is given (as `sigmoid_gate` computes it).
     #[allow(clippy::too_many_arguments)]
     fn attention_rows(
         &self,
@@ -203,6 +244,7 @@ pub trait Backend: Send + Sync + Sized {
         layer: usize,
         pos: &[usize],
         scale: f32,
+        gate: Option<&Self::Buf>,
         out: &mut Self::Buf,
     ) {
         let qs = split_rows(self, q, pos.len(), width);
@@ -217,6 +259,9 @@ pub trait Backend: Send + Sync + Sized {
             })
             .collect();
         join_rows(self, &outs, width, out);
+        if let Some(g) = gate {
+            self.sigmoid_gate(out, g);
+        }
     }
 }
 

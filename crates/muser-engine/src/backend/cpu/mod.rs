@@ -366,6 +366,7 @@ impl Backend for CpuBackend {
         layer: usize,
         pos: &[usize],
         scale: f32,
+        gate: Option<&CpuBuf>,
         out: &mut CpuBuf,
     ) {
         let hd = kvs.first().map_or(1, |kv| kv.layers[layer].spec.head_dim);
@@ -375,5 +376,8 @@ impl Backend for CpuBackend {
             let qh = &q.data[i * hd..(i + 1) * hd];
             kvs[t].layers[layer].attend_head(qh, h, n_head, pos[t], scale, o);
         });
+        if let Some(g) = gate {
+            self.sigmoid_gate(out, g);
+        }
     }
 }
