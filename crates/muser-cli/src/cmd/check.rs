@@ -960,7 +960,8 @@ fn check_attention_rows(
     let (gc, gg, gdata) = p.random_bufs(n, qw);
     let (mut ac, mut ag) = (p.cpu.buf(n, qw), p.gpu.buf(n, qw));
     let scale = 1.0 / (head as f32).sqrt();
-    // QK norm and NeoX RoPE on rings, neither on planes: both paths of the fused prologue.
+    // Rings: the fused prologue (QK norm, NeoX RoPE, KV store) and the gated attention; planes:
+    // the plain KV store and attention.
     let (qn, kn) = (
         p.vector("q_norm", head).unwrap(),
         p.vector("k_norm", head).unwrap(),
@@ -981,32 +982,38 @@ fn check_attention_rows(
     {
         let mut rc: Vec<&mut _> = kvc.iter_mut().collect();
         let mut rg: Vec<&mut _> = kvg.iter_mut().collect();
-        p.cpu.qkv_rows(
-            &mut qc,
-            &mut kc,
-            &vc,
-            ring.then_some((&qnc, &knc, 1e-6)),
-            heads,
-            ring.then_some(&rope),
-            &mut rc,
-            0,
-            &depths,
-        );
-        p.gpu.qkv_rows(
-            &mut qg,
-            &mut kg,
-            &vg,
-            ring.then_some((&qng, &kng, 1e-6)),
-            heads,
-            ring.then_some(&rope),
-            &mut rg,
-            0,
-            &depths,
-        );
+        if ring {
+            p.cpu.qkv_rows(
+                &mut qc,
+                &mut kc,
+                &vc,
+                Some((&qnc, &knc, 1e-6)),
+                heads,
+                Some(&rope),
+                &mut rc,
+                0,
+                &depths,
+            );
+            p.gpu.qkv_rows(
+                &mut qg,
+                &mut kg,
+                &vg,
+                Some((&qng, &kng, 1e-6)),
+                heads,
+                Some(&rope),
+                &mut rg,
+                0,
+                &depths,
+            );
+        } else {
+            p.cpu.kv_store_rows(&mut rc, 0, &kc, &vc, kvw, &depths);
+            p.gpu.kv_store_rows(&mut rg, 0, &kg, &vg, kvw, &depths);
+        }
+        let (gate_c, gate_g) = (ring.then_some(&gc), ring.then_some(&gg));
         p.cpu
-            .attention_rows(&qc, qw, &rc, 0, &depths, scale, Some(&gc), &mut ac);
+            .attention_rows(&qc, qw, &rc, 0, &depths, scale, gate_c, &mut ac);
         p.gpu
-            .attention_rows(&qg, qw, &rg, 0, &depths, scale, Some(&gg), &mut ag);
+            .attention_rows(&qg, qw, &rg, 0, &depths, scale, gate_g, &mut ag);
     }
     let what = window.map_or("plane".to_string(), |w| format!("ring {w}"));
     let shape = format!("{what} {n_head}/{n_kv}x{head} {n} rows @0..{deepest}");
@@ -1032,7 +1039,9 @@ fn check_attention_rows(
         let (_, g1) = p.bufs(1, qw, &gdata[t * qw..(t + 1) * qw]);
         let mut o1 = p.gpu.buf(1, qw);
         p.gpu.attention(&q1, &kvg[t], 0, depth, scale, &mut o1);
-        p.gpu.sigmoid_gate(&mut o1, &g1);
+        if ring {
+            p.gpu.sigmoid_gate(&mut o1, &g1);
+        }
         alone.extend(p.read_gpu(&o1));
     }
     p.exact("attn_rows row == alone", shape, &a, &alone);
