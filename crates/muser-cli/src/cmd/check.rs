@@ -1018,21 +1018,23 @@ fn check_attention_rows(
     let what = window.map_or("plane".to_string(), |w| format!("ring {w}"));
     let shape = format!("{what} {n_head}/{n_kv}x{head} {n} rows @0..{deepest}");
     let qdata = p.read_gpu(&qg);
-    p.record(
-        "qkv_rows (q)",
-        shape.clone(),
-        &qdata,
-        &p.read_cpu(&qc),
-        ELEMENTWISE_NMSE,
-    );
+    if ring {
+        let want = p.read_cpu(&qc);
+        p.record(
+            "qkv_rows (q)",
+            shape.clone(),
+            &qdata,
+            &want,
+            ELEMENTWISE_NMSE,
+        );
+    }
     let (a, b) = (p.read_gpu(&ag), p.read_cpu(&ac));
-    p.record(
-        "qkv_rows+attn_rows+gate",
-        shape.clone(),
-        &a,
-        &b,
-        MATVEC_NMSE,
-    );
+    let op = if ring {
+        "qkv_rows+attn_rows+gate"
+    } else {
+        "kv_store+attn_rows"
+    };
+    p.record(op, shape.clone(), &a, &b, MATVEC_NMSE);
     let mut alone = Vec::with_capacity(a.len());
     for (t, &depth) in depths.iter().enumerate() {
         let (_, q1) = p.bufs(1, qw, &qdata[t * qw..(t + 1) * qw]);
