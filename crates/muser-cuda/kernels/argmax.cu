@@ -4,7 +4,7 @@
 // Measured on the H200: ~0.8 MB per row, latency-bound.
 
 extern "C" __global__ void __launch_bounds__(1024) argmax_rows(const float* __restrict__ x, int cols,
-                                                               uint32_t* __restrict__ idx) {
+                                                               uint32_t* __restrict__ idx) { pdl_wait();
     const float* r = x + (size_t)blockIdx.x * cols;
     float best = -INFINITY;
     int bi = 0x7FFFFFFF;

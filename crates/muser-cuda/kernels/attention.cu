@@ -30,7 +30,7 @@
 #define ATT_T 32
 
 extern "C" __global__ void kv_store(const float* __restrict__ k, const float* __restrict__ v, __half* __restrict__ kc,
-                                    __half* __restrict__ vc, int n, int width, int pos0, int slots, int ring) {
+                                    __half* __restrict__ vc, int n, int width, int pos0, int slots, int ring) { pdl_wait();
     const long long idx = (long long)blockIdx.x * 256 + threadIdx.x;
     if (idx >= (long long)n * width) return;
     const int t = idx / width, e = idx % width;
@@ -47,7 +47,7 @@ struct RowKv {
 
 extern "C" __global__ void kv_store_rows(const float* __restrict__ k, const float* __restrict__ v,
                                          const RowKv* __restrict__ tab, const int* __restrict__ pos, int n, int width,
-                                         int ring) {
+                                         int ring) { pdl_wait();
     const long long idx = (long long)blockIdx.x * 256 + threadIdx.x;
     if (idx >= (long long)n * width) return;
     const int t = idx / width, e = idx % width;
@@ -67,7 +67,7 @@ extern "C" __global__ void __launch_bounds__(128) qkv_rows(float* __restrict__ q
                                                            const float* __restrict__ kw, float eps, int n_rows,
                                                            int n_head, int n_kv, int head_dim, int n_rot,
                                                            float freq_base, int neox, const RowKv* __restrict__ tab,
-                                                           const int* __restrict__ pos, int ring) {
+                                                           const int* __restrict__ pos, int ring) { pdl_wait();
     const int wid = blockIdx.x * 4 + threadIdx.x / WARP, lane = threadIdx.x % WARP;
     const int per = n_head + n_kv;
     if (wid >= n_rows * per) return;
@@ -285,22 +285,22 @@ __device__ void attn_rows_partial(const float* __restrict__ q, const RowKv* __re
     float* __restrict__ o_part, float2* __restrict__ ml_part, int n_head, int n_kv, int G, int pos0, int window, \
     int slots, int ring, float scale, int split_len
 #define ATT_PASS q, kc, vc, o_part, ml_part, n_head, n_kv, G, pos0, window, slots, ring, scale, split_len
-extern "C" __global__ void __launch_bounds__(128) attn_partial_64(ATT_ARGS) { attn_partial<64>(ATT_PASS); }
-extern "C" __global__ void __launch_bounds__(128) attn_partial_128(ATT_ARGS) { attn_partial<128>(ATT_PASS); }
-extern "C" __global__ void __launch_bounds__(128) attn_partial_256(ATT_ARGS) { attn_partial<256>(ATT_PASS); }
+extern "C" __global__ void __launch_bounds__(128) attn_partial_64(ATT_ARGS) { pdl_wait(); attn_partial<64>(ATT_PASS); }
+extern "C" __global__ void __launch_bounds__(128) attn_partial_128(ATT_ARGS) { pdl_wait(); attn_partial<128>(ATT_PASS); }
+extern "C" __global__ void __launch_bounds__(128) attn_partial_256(ATT_ARGS) { pdl_wait(); attn_partial<256>(ATT_PASS); }
 
 #define ROWS_ARGS const float* __restrict__ q, const RowKv* __restrict__ tab, const int* __restrict__ pos, \
     float* __restrict__ o_part, float2* __restrict__ ml_part, int n_head, int n_kv, int G, int window, int ring, \
     float scale, int solo
 #define ROWS_PASS q, tab, pos, o_part, ml_part, n_head, n_kv, G, window, ring, scale, solo
-extern "C" __global__ void __launch_bounds__(128) attn_rows_64(ROWS_ARGS) { attn_rows_partial<64>(ROWS_PASS); }
-extern "C" __global__ void __launch_bounds__(128) attn_rows_128(ROWS_ARGS) { attn_rows_partial<128>(ROWS_PASS); }
-extern "C" __global__ void __launch_bounds__(128) attn_rows_256(ROWS_ARGS) { attn_rows_partial<256>(ROWS_PASS); }
+extern "C" __global__ void __launch_bounds__(128) attn_rows_64(ROWS_ARGS) { pdl_wait(); attn_rows_partial<64>(ROWS_PASS); }
+extern "C" __global__ void __launch_bounds__(128) attn_rows_128(ROWS_ARGS) { pdl_wait(); attn_rows_partial<128>(ROWS_PASS); }
+extern "C" __global__ void __launch_bounds__(128) attn_rows_256(ROWS_ARGS) { pdl_wait(); attn_rows_partial<256>(ROWS_PASS); }
 
 // out[row][h][d] = sum_s e^(m_s - M) o_s[d] / sum_s e^(m_s - M) l_s, in split order, skipping
 // empty splits (max -inf). Launch: grid (n_head, n_rows), D threads.
 extern "C" __global__ void attn_combine(const float* __restrict__ o_part, const float2* __restrict__ ml_part,
-                                        float* __restrict__ out, int n_head, int n_splits, int D) {
+                                        float* __restrict__ out, int n_head, int n_splits, int D) { pdl_wait();
     const int h = blockIdx.x, row = blockIdx.y, d = threadIdx.x;
     const size_t base = ((size_t)row * n_head + h) * n_splits;
     float M = -INFINITY;
@@ -322,7 +322,7 @@ extern "C" __global__ void attn_combine(const float* __restrict__ o_part, const 
 extern "C" __global__ void attn_rows_combine(const float* __restrict__ o_part, const float2* __restrict__ ml_part,
                                              float* __restrict__ out, const float* __restrict__ gate,
                                              const int* __restrict__ pos, int n_head, int n_splits, int D,
-                                             int window, int solo) {
+                                             int window, int solo) { pdl_wait();
     const int h = blockIdx.x, row = blockIdx.y, d = threadIdx.x;
     const int p = pos[row];
     const int lo = window > 0 ? max(0, p - window + 1) : 0;

@@ -75,6 +75,21 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+// Programmatic dependent launch (Hopper and newer). In a recorded decode step a kernel may be
+// launched as the programmatic dependent of the one before it (`graph.rs`): its blocks can be
+// scheduled while the previous kernel is still running, and pdl_wait() holds them until that
+// kernel has completed and its writes are visible. A kernel that calls it does so first, in
+// every block, before reading anything and before any early return (a grid that finished
+// without waiting would let the kernel after it run before the one before it ended); the trigger
+// lets the next kernel's blocks be scheduled as soon as this kernel's have all started. Both
+// are no-ops when the launch is not programmatic, and compile to nothing before sm_90.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 // RoPE of pair i of a head h (n_rot rotated values) at position p: theta = p * base^(-2i / n_rot),
 // computed in double as the CPU reference does (positions reach 65536, where an f32 angle would
 // be off by ~0.004 rad). Pairs are (2i, 2i + 1) (GPT-J interleaved) or (i, i + n_rot / 2) (NeoX).

@@ -56,7 +56,7 @@ __device__ float dequant_value(int ty, const uint8_t* __restrict__ t, long long 
 
 // out: [n_tokens][cols]; tokens: [n_tokens] (checked < rows by the session).
 extern "C" __global__ void embed_rows(const uint8_t* __restrict__ table, int ty, long long rows, int cols,
-                                      const uint32_t* __restrict__ tokens, float* __restrict__ out) {
+                                      const uint32_t* __restrict__ tokens, float* __restrict__ out) { pdl_wait();
     const int i = blockIdx.x * 256 + threadIdx.x;
     if (i >= cols) return;
     const int t = blockIdx.y;

@@ -41,7 +41,7 @@ __device__ __forceinline__ float sum_sq(const float (&v)[NORM_V]) {
 
 // x, out: [rows][cols] (cols <= 8192); w: [cols] or null (weight ones).
 extern "C" __global__ void __launch_bounds__(NORM_T) rmsnorm(const float* __restrict__ x, const float* __restrict__ w,
-                                                             float* __restrict__ out, int cols, float eps) {
+                                                             float* __restrict__ out, int cols, float eps) { pdl_wait();
     const size_t off = (size_t)blockIdx.x * cols;
     float v[NORM_V];
     load_row(x + off, cols, v);
@@ -55,7 +55,7 @@ extern "C" __global__ void __launch_bounds__(NORM_T) rmsnorm(const float* __rest
 
 // In place over every head_dim-wide head of x (n_heads heads in all); w: [head_dim].
 extern "C" __global__ void __launch_bounds__(128) rmsnorm_heads(float* __restrict__ x, const float* __restrict__ w,
-                                                                int head_dim, int n_heads, float eps) {
+                                                                int head_dim, int n_heads, float eps) { pdl_wait();
     const int h = blockIdx.x * 4 + threadIdx.x / WARP, lane = threadIdx.x % WARP;
     if (h >= n_heads) return;
     float* xh = x + (size_t)h * head_dim;
@@ -70,7 +70,7 @@ extern "C" __global__ void __launch_bounds__(128) rmsnorm_heads(float* __restric
 extern "C" __global__ void __launch_bounds__(NORM_T) residual_norm(float* __restrict__ h, const float* __restrict__ x,
                                                                    const float* __restrict__ post, float post_eps,
                                                                    const float* __restrict__ next, float next_eps,
-                                                                   float* __restrict__ out, int cols) {
+                                                                   float* __restrict__ out, int cols) { pdl_wait();
     const size_t off = (size_t)blockIdx.x * cols;
     float xv[NORM_V], hv[NORM_V];
     load_row(x + off, cols, xv);

@@ -12,7 +12,7 @@
 // and k (2 heads) of every RoPE layer. Measured on the H200: latency-bound (16 KB per row).
 
 extern "C" __global__ void rope(float* __restrict__ x, int n_rows, int cols, int head_dim, int n_rot, int pos0,
-                                const int* __restrict__ pos, float freq_base, int neox) {
+                                const int* __restrict__ pos, float freq_base, int neox) { pdl_wait();
     const int half = n_rot / 2;
     const int heads = cols / head_dim;
     const long long idx = (long long)blockIdx.x * 256 + threadIdx.x;

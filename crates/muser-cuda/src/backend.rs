@@ -22,10 +22,9 @@
 //! layer. `MUSER_CUDA_GRAPHS=0` turns this off; profiling (`set_profiling`) does too.
 
 use crate::device::{CudaError, Gpu};
+use crate::graph::{pdl_enabled, StepGraph};
 use crate::matvec::{dptr, ActScratch, DeviceMatrix, Job};
-use cudarc::driver::{
-    sys, CudaGraph, CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits,
-};
+use cudarc::driver::{sys, CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits};
 use muser_engine::backend::{Backend, Heads, KvLayerSpec, NormArgs};
 use muser_engine::config::{RopeParams, RopeStyle};
 use muser_engine::weights::TensorView;
@@ -110,6 +109,8 @@ pub struct CudaBackend {
     profile: Mutex<Option<std::collections::BTreeMap<String, (u64, f64)>>>,
     /// Decode steps are recorded and replayed as graphs (see the module doc).
     graphs: std::sync::atomic::AtomicBool,
+    /// (kernels, kernel edges, programmatic edges) of the last graph captured.
+    last_graph: Mutex<Option<(u64, usize, usize)>>,
 }
 
 /// What a recorded decode step was recorded for: it replays only while all of it is unchanged.
@@ -126,7 +127,7 @@ struct StepKey {
 pub struct CudaRecording {
     key: StepKey,
     /// None: the shape ran once op by op; it is captured the next time it comes.
-    graph: Option<CudaGraph>,
+    graph: Option<StepGraph>,
     /// Launches per kernel of the graph, added to the dispatch counters on each replay.
     launches: Vec<(String, u64)>,
 }
@@ -277,6 +278,7 @@ impl CudaBackend {
             upload: Mutex::new(None),
             big_smem_set: Default::default(),
             profile: Mutex::new(None),
+            last_graph: Mutex::new(None),
             graphs: std::sync::atomic::AtomicBool::new(
                 std::env::var("MUSER_CUDA_GRAPHS").map_or(true, |v| v != "0"),
             ),
@@ -302,6 +304,16 @@ impl CudaBackend {
 
     fn p<T>(&self, s: &CudaSlice<T>) -> u64 {
         dptr(&self.gpu, s)
+    }
+
+    /// (kernels, kernel-to-kernel edges, programmatic edges) of the last decode step captured.
+    pub fn last_graph(&self) -> Option<(u64, usize, usize)> {
+        *self.last_graph.lock().unwrap()
+    }
+
+    /// Whether decode steps are recorded and replayed as graphs with programmatic edges.
+    pub fn pdl(&self) -> bool {
+        pdl_enabled(&self.gpu)
     }
 
     /// Whether decode steps are recorded and replayed as graphs.
@@ -601,18 +613,15 @@ impl Backend for CudaBackend {
                 );
                 f(kvs);
                 let graph = ck(
-                    self.gpu
-                        .stream
-                        .end_capture(sys::CUgraphInstantiate_flags(0)),
+                    StepGraph::end_capture(&self.gpu, pdl_enabled(&self.gpu)),
                     "end capture",
-                )
-                .expect("a decode step launches kernels");
+                );
                 assert_eq!(
                     self.step_key(kvs, pos),
                     key,
                     "a captured decode step changed its buffers"
                 );
-                let launches = self
+                let launches: Vec<(String, u64)> = self
                     .gpu
                     .dispatch_counts()
                     .into_iter()
@@ -621,6 +630,8 @@ impl Backend for CudaBackend {
                     .map(|((k, a), (_, b))| (k, a - b))
                     .collect();
                 ck(graph.launch(), "decode step graph");
+                let kernels = launches.iter().map(|(_, n)| n).sum();
+                *self.last_graph.lock().unwrap() = Some((kernels, graph.edges, graph.programmatic));
                 r.graph = Some(graph);
                 r.launches = launches;
             }

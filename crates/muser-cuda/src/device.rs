@@ -30,6 +30,8 @@ pub struct Gpu {
     modules: Vec<Arc<CudaModule>>,
     functions: BTreeMap<String, CudaFunction>,
     dispatches: BTreeMap<String, AtomicU64>,
+    /// Handles of the kernels that call `pdl_wait()` first (`pdl_kernel_names`).
+    pdl_aware: Vec<usize>,
 }
 
 impl Gpu {
@@ -70,12 +72,17 @@ impl Gpu {
             modules: Vec::new(),
             functions: BTreeMap::new(),
             dispatches: BTreeMap::new(),
+            pdl_aware: Vec::new(),
         };
         for (file, src) in crate::compile::KERNEL_SOURCES {
             let ptx = crate::compile::compile_cached(file, src, arch)?;
             let module = gpu.ctx.load_module(ptx)?;
+            let aware = pdl_kernel_names(src);
             for name in kernel_names(src) {
                 let f = module.load_function(&name)?;
+                if aware.contains(&name) {
+                    gpu.pdl_aware.push(f.cu_function() as usize);
+                }
                 gpu.dispatches.insert(name.clone(), AtomicU64::new(0));
                 gpu.functions.insert(name, f);
             }
@@ -103,6 +110,11 @@ impl Gpu {
                 c.fetch_add(*n, Ordering::Relaxed);
             }
         }
+    }
+
+    /// Whether `f` is a kernel that waits for its programmatic predecessor (`graph.rs`).
+    pub fn is_pdl_aware(&self, f: cudarc::driver::sys::CUfunction) -> bool {
+        self.pdl_aware.contains(&(f as usize))
     }
 
     /// Every compiled kernel with its dispatch count so far.
@@ -150,6 +162,20 @@ pub fn kernel_names(src: &str) -> Vec<String> {
         .collect()
 }
 
+/// The kernels of `src` whose body begins with `pdl_wait();` (see common.cuh): only those may be
+/// launched as programmatic dependents.
+pub fn pdl_kernel_names(src: &str) -> Vec<String> {
+    let decl = "extern \"C\" __global__";
+    src.match_indices(decl)
+        .filter_map(|(at, _)| {
+            let def = &src[at..];
+            let name = kernel_names(def.lines().next()?).into_iter().next()?;
+            let body = &def[def.find('{')? + 1..];
+            body.trim_start().starts_with("pdl_wait();").then_some(name)
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -157,6 +183,28 @@ mod tests {
         let src = "extern \"C\" __global__ void __launch_bounds__(128) matvec_1(MatvecJobs j) {}\n\
                    extern \"C\" __global__ void kv_store(const float* k,\n";
         assert_eq!(super::kernel_names(src), vec!["matvec_1", "kv_store"]);
+    }
+
+    #[test]
+    fn pdl_aware_kernels_are_those_that_wait_first() {
+        let src = "extern \"C\" __global__ void a(int x) { pdl_wait(); f(x); }\n\
+                   extern \"C\" __global__ void __launch_bounds__(128) b(int x,\n int y) {\n    pdl_wait();\n}\n\
+                   extern \"C\" __global__ void c(int x) { if (x) return; pdl_wait(); }\n";
+        assert_eq!(super::pdl_kernel_names(src), vec!["a", "b"]);
+    }
+
+    #[test]
+    fn every_kernel_of_the_decode_chain_but_the_matvecs_waits_first() {
+        // The norm, RoPE, attention, elementwise, embedding and argmax kernels can all be
+        // launched as programmatic dependents; a kernel added there without pdl_wait() first
+        // would silently lose the overlap (or, worse, be made programmatic without waiting).
+        for (file, src) in crate::KERNEL_SOURCES {
+            if matches!(*file, "matvec.cu" | "mmq.cu" | "membw.cu") {
+                continue;
+            }
+            let all = super::kernel_names(src);
+            assert_eq!(super::pdl_kernel_names(src), all, "{file}");
+        }
     }
 
     #[test]

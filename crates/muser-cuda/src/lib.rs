@@ -9,6 +9,7 @@
 pub mod backend;
 pub mod compile;
 pub mod device;
+pub mod graph;
 pub mod matvec;
 pub mod membw;
 pub mod parity;

@@ -29,6 +29,10 @@ pub trait CliBackend: Backend {
     fn dispatch_counts(&self) -> Option<Vec<(String, u64)>> {
         None
     }
+    /// How the last recorded decode step runs (a CUDA graph and its edges), if it was recorded.
+    fn step_note(&self) -> Option<String> {
+        None
+    }
 }
 
 impl CliBackend for CpuBackend {
@@ -42,7 +46,11 @@ impl CliBackend for CpuBackend {
 
 impl CliBackend for CudaBackend {
     fn label(&self) -> String {
-        let graphs = if self.graphs() { ", graphs" } else { "" };
+        let graphs = match (self.graphs(), self.pdl()) {
+            (true, true) => ", graphs+PDL",
+            (true, false) => ", graphs",
+            _ => "",
+        };
         format!("CUDA ({}, {}{graphs})", self.gpu.name, self.gpu.arch)
     }
     fn read_bandwidth(&self) -> anyhow::Result<f64> {
@@ -50,6 +58,11 @@ impl CliBackend for CudaBackend {
     }
     fn dispatch_counts(&self) -> Option<Vec<(String, u64)>> {
         Some(self.gpu.dispatch_counts())
+    }
+    fn step_note(&self) -> Option<String> {
+        self.last_graph().map(|(k, e, p)| {
+            format!("one CUDA graph of {k} kernels; {p} of its {e} kernel-to-kernel edges programmatic (PDL)")
+        })
     }
 }
 

@@ -268,6 +268,9 @@ fn audit<B: CliBackend>(
         println!("| {k} | {n} | {step} |");
     }
     println!("one decode step launches {per_step} kernels");
+    if let Some(note) = model.backend().step_note() {
+        println!("decode step: {note}");
+    }
     if never.is_empty() {
         println!("every compiled kernel was dispatched by this run");
     } else {
