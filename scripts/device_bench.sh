@@ -55,6 +55,28 @@ step() { # name limit_s command...
     echo "$name rc=$rc ($((SECONDS - t0)) s)" | tee -a "$OUT/summary.txt"
 }
 
+if [ "${JOB:-}" = graphs ]; then
+    # Quick A/B of the decode-step recording: parity and invariance (graph replay against op by
+    # op), then tg128 with graphs+PDL, graphs alone and neither, and at depth 8192.
+    G=$MODELS/llama-glimmer.gguf T=$MODELS/muse-tiny.gguf
+    step synth-llama-glimmer 90 "$BIN" synth llama-glimmer "$G"
+    step synth-muse-tiny 30 "$BIN" synth muse-tiny "$T"
+    step check 120 "$BIN" check --backend cuda --quick --invariance "$T" --invariance "$G"
+    step bench-pdl 60 "$BIN" bench --backend cuda -m "$G" -p 0 -n 128 -r "$REPS" --audit
+    step bench-graphs 60 env MUSER_CUDA_PDL=0 "$BIN" bench --backend cuda -m "$G" -p 0 -n 128 -r "$REPS"
+    step bench-nographs 60 env MUSER_CUDA_GRAPHS=0 "$BIN" bench --backend cuda -m "$G" -p 0 -n 128 -r "$REPS"
+    step bench-d8192 90 "$BIN" bench --backend cuda -m "$G" -p 0 -n 128 -d 8192 -r 2
+    step bench-streams 90 "$BIN" bench --backend cuda -m "$G" -p 0 -n 64 -r 2 -s "${STREAMS:-1,8,32}"
+    echo
+    echo "================ short table ================"
+    echo "check: $(grep -hcE "^ok" "$OUT/check.log") ok, $(grep -hcE "^FAIL" "$OUT/check.log") FAIL"
+    grep -hE "^FAIL|never dispatched|^all |decode_greedy|batch invariance" "$OUT/check.log" | head -16
+    grep -h "^| .*CUDA" "$OUT"/bench-*.log
+    grep -h "one decode step launches\|^decode step:\|never dispatched by" "$OUT/bench-pdl.log"
+    cat "$OUT/summary.txt"
+    exit 0
+fi
+
 if [ "${JOB:-}" = compare ]; then
     G=$MODELS/llama-glimmer.gguf T=$MODELS/muse-tiny.gguf
     step synth-llama-glimmer 90 "$BIN" synth llama-glimmer "$G"
