@@ -55,6 +55,17 @@
 // the weights take to read: the group kernel is limited by its instructions and L1 traffic
 // (per item and column 16 dp4a and, in v5, 80 activation bytes), not by DRAM (inferred from
 // these times; not yet profiled with ncu). Next: integer MMA for the group sums.
+// v7 (2026-11-29, tried, not adopted; scripts/matvec_lab/ has the code, the lab and the logs):
+// one-column kernels with persistent warps streaming each round's weights through shared memory
+// with cp.async, 2 to 6 rounds ahead, in v6's order (bits equal to v6's, checked; parity and
+// invariance passed). H200, cudaEvent-timed, weights rotated past L2, 1 column, GB/s, v6 / v7:
+// Q4_K 19968x6656 2473 / 2076, 6656x19968 2782 / 2346, 4096x6656 1582 / 1243, 6656x4096
+// 1688 / 1326; Q6_K 6656x19968 1534 / 1663; Q5_K 202048x6656 3323 / 2826; Q6_K 202048x6656
+// 2018 / 1874; gate+up+SiLU 19968x6656 3371 / 2411. A plain read of the same bytes (the roof
+// at each size): 3.8 TB/s at 75 MB, 2.3 at 15 MB, 4.5 at 1 GB, so a lone 15 MB matvec cannot
+// reach 80% of 4.5 TB/s (launch ramp and tail); v6 is at 65-73% of the roof at 75 MB, 74% at
+// 0.9 GB. Per-lane copies (each a half sector) held v7 at 1.4 TB/s whatever the depth; coalesced
+// copies reached the numbers above, best at 2 stages and 20 warps per SM.
 
 
 // Activation quantizers, bit-identical to the CPU reference's (muser-quant, after ggml), so

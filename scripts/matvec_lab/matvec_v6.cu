@@ -1,0 +1,614 @@
+// Matrix-vector products for decode: y[c][r] = sum_k W[r][k] * x[c][k] for 1..64 activation
+// columns c (one decode step, or a decode group of several sequences; also prefill chunks of up
+// to 64 tokens), and for more columns of the formats the tensor-core matmul (mmq.cu) lacks.
+//
+// Shapes served: every matrix of the decode chain (Muse Glimmer: 4096x6656 attn_q/attn_gate,
+// 256x6656 attn_k/attn_v, 6656x4096 attn_output, 19968x6656 ffn_gate/ffn_up, 6656x19968
+// ffn_down, 202048x6656 output), any K that is a multiple of the format's block.
+//
+// Formats (kernel argument `ty`, see FMT_*): Q4_K and Q5_K in their GGUF blocks (144 and 176
+// bytes: 16-byte aligned, so the block header is one 16-byte load); Q6_K and Q8_0 repacked at
+// upload into aligned planes (see matvec.rs: quants, then scales, then d); F16, BF16, F32.
+// The activation of the quantized formats is quantized once per call by `quantize_q8_k` (or `quantize_q8_0`) to int8
+// with the CPU reference's scales (and d * sum(q) per 32 values, for the Q4_K/Q5_K mins); the
+// dots run on dp4a. Float formats read the f32 activation.
+//
+// One launch serves up to four matrices sharing one input (Q/K/V/gate): `MatvecJobs` lists
+// them, blocks take consecutive rows of the concatenation, so the small attn_k/attn_v ride
+// along with the large ones instead of running alone on a few SMs.
+//
+// Launch: matvec_1 (one column) 128 threads (4 warps) per block, 4 rows per warp (MATVEC_R),
+// grid = ceil(rows / 16). matvec_cols (2..64 columns, decode groups): one warp per group of 8
+// columns, the ncg = ceil(ncols / 8) warps of the same 4 rows in one block (4 to 8 warps per
+// block), so the rows' weights come from DRAM once per launch. The lanes of a warp take the work
+// items (64 values of Q4_K/Q5_K, 128 of Q6_K, 16 bytes of the others) of its rows in a fixed
+// order (`rows_dot`), and every warp of every width runs the same per-column arithmetic, so each
+// row's reduction order depends only on the format and K, never on the number of columns: a
+// sequence gets the same bits alone or in any decode group (batch invariance; `muser check`
+// compares the bits).
+// Decode groups read the int8 activation in a k-major layout (see Act) so a warp's activation
+// loads are contiguous.
+//
+// Versions: v1 (2026-11-29) one kernel per (format, columns), unaligned Q6_K loads.
+// v2 (2026-11-30) one kernel per column count with the format a warp-uniform switch, several
+// matrices per launch, the Q4_K/Q5_K header as one 16-byte load and its 6-bit scales unpacked
+// four at a time, Q6_K/Q8_0 repacked into 16-byte aligned planes, two items in flight per lane.
+// v3 (2026-11-29) items of 64 (Q4_K/Q5_K) and 128 (Q6_K) values per lane. H200, 1 column:
+// Q4_K 19968x6656 1.69 TB/s, 6656x19968 1.90 TB/s, Q6_K 6656x19968 1.47 TB/s, Q5_K 202048x6656
+// 2.36 TB/s (v2: 1.69, 1.62, 1.32, 2.23). Lanes idled at the end of rows of 104 items.
+// v4 (2026-11-29) 4 rows per warp with one item list, so no lane idles at a row's end. H200,
+// 1 column, host-timed per call including the activation quantizer's launch: Q4_K q+k+v+gate
+// (33 MB) 22 us = 1.50 TB/s, 4096x6656 1.36, 6656x4096 1.28, 19968x6656 1.89, 6656x19968
+// 1.84; Q6_K 6656x19968 1.52; Q5_K 202048x6656 3.06; F16 4096x6656 1.49; Q8_0 1.35 (ncu on
+// the first: 72 registers, 34% occupancy, DRAM 50% busy, issue gaps 72% waits on weight loads;
+// capping at 64 registers changed nothing; loading the next item's weights before the current
+// item's arithmetic changed nothing either, so that version was dropped).
+// v5 (2026-11-29) decode groups of up to 64 columns in one launch (matvec_cols, column groups
+// of 8 per warp, k-major activation) instead of mmq past 8 columns (whose sums differ from the
+// one-column kernel's), in v4's item order. v6 (2026-11-29) the row-aligned order (rows_dot):
+// lane l takes items l, l + 32, .. of each of its warp's 4 rows, the 4 rows' items at one
+// position together. H200, llama-glimmer, aggregate decode tokens/s at 1 / 8 / 16 / 32 / 64
+// streams (`muser bench -s`, one decode group per step): v5 98.4 / 232 / 266 / 240 / 227, v6
+// 110.4 / 281 / 346 / 383 / 391, so v6 replaced the list order (v4, v5). ptxas (sm_90): v6
+// matvec_1 128 registers, matvec_cols 255 (v5: 72, 175). Per-op time of a v5 step of 32
+// streams (each op synchronized): gate+up 68 ms and ffn_down 36 ms of 134 ms, ~40x the time
+// the weights take to read: the group kernel is limited by its instructions and L1 traffic
+// (per item and column 16 dp4a and, in v5, 80 activation bytes), not by DRAM (inferred from
+// these times; not yet profiled with ncu). Next: integer MMA for the group sums.
+
+
+// Activation quantizers, bit-identical to the CPU reference's (muser-quant, after ggml), so
+// that a GPU dot and a CPU dot sum the same integers: quantize_q8_k for the K-quants (one f32
+// scale per 256 values: iscale = -127 / (the value of largest magnitude, first on ties),
+// q = min(127, round-half-even(iscale * x)), d = 1 / iscale), quantize_q8_0 for Q8_0 (one scale
+// per 32: d = amax / 127 rounded to f16, q = roundf(x / d)). Both write q: int8 [n][32] and
+// ds: (d, d * sum(q)) per 32 values (the second for the Q4_K/Q5_K mins).
+
+// One warp per 256 values (lane l takes values 8l .. 8l + 7); n_blocks counts 256-blocks of
+// columns K wide. kmajor: each column's K bytes in the k-major layout of `xq16` (decode groups).
+extern "C" __global__ void quantize_q8_k(const float* __restrict__ x, int8_t* __restrict__ q,
+                                         float2* __restrict__ ds, int n_blocks, int K, int kmajor) {
+    const int blk = blockIdx.x * 4 + threadIdx.x / WARP;
+    const int lane = threadIdx.x % WARP;
+    if (blk >= n_blocks) return;
+    const float4* xv = (const float4*)(x + (size_t)blk * 256 + 8 * lane);
+    const float4 u = xv[0], v = xv[1];
+    const float f[8] = {u.x, u.y, u.z, u.w, v.x, v.y, v.z, v.w};
+    float amax = 0.0f, max = 0.0f;
+    int at = 0x7FFFFFFF;
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+        if (fabsf(f[i]) > amax) { amax = fabsf(f[i]); max = f[i]; at = 8 * lane + i; }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float oa = __shfl_xor_sync(0xffffffffu, amax, o), om = __shfl_xor_sync(0xffffffffu, max, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, at, o);
+        if (oa > amax || (oa == amax && oi < at)) { amax = oa; max = om; at = oi; }
+    }
+    const float iscale = amax == 0.0f ? 0.0f : -127.0f / max;
+    const float d = amax == 0.0f ? 0.0f : 1.0f / iscale;
+    int qi[8], sum = 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        qi[i] = min(127, __float2int_rn(iscale * f[i]));
+        sum += qi[i];
+    }
+    int2 packed;
+    packed.x = (qi[0] & 0xFF) | ((qi[1] & 0xFF) << 8) | ((qi[2] & 0xFF) << 16) | ((qi[3] & 0xFF) << 24);
+    packed.y = (qi[4] & 0xFF) | ((qi[5] & 0xFF) << 8) | ((qi[6] & 0xFF) << 16) | ((qi[7] & 0xFF) << 24);
+    size_t dst = (size_t)blk * 256 + 8 * lane;
+    if (kmajor) {
+        // Value v of column c goes to chunk ((v / 16) % 4, v / 64) of the column (see xq16).
+        const int per = K / QK_K, c = blk / per, v = (blk % per) * QK_K + 8 * lane;
+        dst = (size_t)c * K + ((size_t)((v >> 4) & 3) * (K >> 6) + (v >> 6)) * 16 + (v & 15);
+    }
+    *(int2*)(q + dst) = packed;
+    // Lanes 4j .. 4j + 3 hold the 32-block j.
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    if ((lane & 3) == 0) ds[(size_t)blk * 8 + lane / 4] = make_float2(d, d * (float)sum);
+}
+
+// One warp per 32 values; n_blocks counts 32-blocks.
+extern "C" __global__ void quantize_q8_0(const float* __restrict__ x, int8_t* __restrict__ q,
+                                         float2* __restrict__ ds, int n_blocks) {
+    const int blk = blockIdx.x * 4 + threadIdx.x / WARP;
+    const int lane = threadIdx.x % WARP;
+    if (blk >= n_blocks) return;
+    const float v = x[(size_t)blk * 32 + lane];
+    const float amax = warp_max(fabsf(v));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const int qi = max(-128, min(127, (int)roundf(v * id)));
+    q[(size_t)blk * 32 + lane] = (int8_t)qi;
+    const float s = warp_sum((float)qi);
+    const float d16 = __half2float(__float2half_rn(d));
+    if (lane == 0) ds[blk] = make_float2(d16, d16 * s);
+}
+
+// The activation of one call: int8 + scales for the quantized formats, f32 for the others.
+// xq: [ncols][K] int8; xds: [ncols][K/32]; xf: [ncols][K].
+// kmajor (decode groups, from quantize_q8_k): within a column, the 16-byte chunk of values
+// 64i + 16j .. 64i + 16j + 15 lives at chunk index j * (K / 64) + i, so the lanes of a warp, which
+// take consecutive 64-value items, load consecutive 16-byte chunks (one 512-byte piece per load
+// instead of 32 pieces 64 bytes apart). The layout changes addresses only, never arithmetic.
+struct Act {
+    const int8_t* __restrict__ xq;
+    const float2* __restrict__ xds;
+    const float* __restrict__ xf;
+    int K;
+    int ncols;
+    int kmajor;
+};
+
+// The 16 int8 activation values v0 .. v0 + 15 (v0 a multiple of 16) of column c. The one-column
+// kernels (NC == 1) always read the row-major layout.
+template <int NC>
+__device__ __forceinline__ int4 xq16(const Act& a, int c, int v0) {
+    const int8_t* col = a.xq + (size_t)c * a.K;
+    if (NC > 1 && a.kmajor) return *(const int4*)(col + ((size_t)((v0 >> 4) & 3) * (a.K >> 6) + (v0 >> 6)) * 16);
+    return *(const int4*)(col + v0);
+}
+
+// Bytes 2g and 2g+1 of the 8 packed values (lo: 0-3, hi: 4-7).
+__device__ __forceinline__ void pick_pair(uint32_t lo, uint32_t hi, int g, int* a, int* b) {
+    const uint32_t word = g < 2 ? lo : hi;
+    const int sh = (g & 1) * 16;
+    *a = (word >> sh) & 0xFF;
+    *b = (word >> (sh + 8)) & 0xFF;
+}
+
+// Q8_0, repacked: plane A [rows][nb][32] int8; plane B [rows][nb] d (f16). Item = 16 values.
+template <int NC>
+__device__ __forceinline__ void item_q8_0(const int8_t* __restrict__ qa, const __half* __restrict__ dc,
+                                          int item, const Act& a, float (&acc)[NC]) {
+    const int b = item >> 1;
+    const int4 wv = *(const int4*)(qa + (size_t)item * 16);
+    const int w[4] = {wv.x, wv.y, wv.z, wv.w};
+    const float d = __half2float(dc[b]);
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+        if (c >= a.ncols) break;
+        const int4 x0 = xq16<NC>(a, c, item * 16);
+        const int xa[4] = {x0.x, x0.y, x0.z, x0.w};
+        int s = 0;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) s = __dp4a(w[j], xa[j], s);
+        acc[c] += d * a.xds[(size_t)c * (a.K / 32) + b].x * (float)s;
+    }
+}
+
+// Q4_K/Q5_K item = (super-block b, group g): 64 values, sub-blocks 2g (low nibbles of the 32 qs
+// bytes 32g..) and 2g + 1 (high nibbles); Q5_K's fifth bits are bits 2g / 2g + 1 of qh[l]. One
+// item per lane pays the header, the scale unpacking and the activation-scale loads once per
+// 32 weight bytes.
+// The weight bytes of one Q4_K/Q5_K item.
+struct RawQ45 {
+    uint4 hdr, qa, qb, ha, hb; // header, 32 qs bytes, (Q5_K) the 32 qh bytes
+};
+
+template <bool Q5>
+__device__ __forceinline__ RawQ45 load_q45(const uint8_t* __restrict__ row, int item) {
+    const int b = item >> 2, g = item & 3;
+    const uint8_t* blk = row + (size_t)b * (Q5 ? 176 : 144);
+    const uint8_t* qs = blk + (Q5 ? 48 : 16) + 32 * g;
+    RawQ45 r;
+    r.hdr = *(const uint4*)blk;
+    r.qa = *(const uint4*)qs;
+    r.qb = *(const uint4*)(qs + 16);
+    if (Q5) {
+        r.ha = *(const uint4*)(blk + 16);
+        r.hb = *(const uint4*)(blk + 32);
+    }
+    return r;
+}
+
+// A Q4_K/Q5_K item unpacked: its 64 values (lo: sub-block 2g, hi: sub-block 2g + 1, four per
+// int), the two sub-blocks' scales and mins, the super-block's d and dmin, its first value i0.
+struct Q45 {
+    int lo[8], hi[8];
+    int sc0, sc1, m0, m1;
+    float2 dm;
+    int i0;
+};
+
+template <bool Q5>
+__device__ __forceinline__ Q45 unpack_q45(const RawQ45& r, int item) {
+    const int b = item >> 2, g = item & 3;
+    const uint32_t qw[8] = {r.qa.x, r.qa.y, r.qa.z, r.qa.w, r.qb.x, r.qb.y, r.qb.z, r.qb.w};
+    Q45 u;
+    if (Q5) {
+        const uint32_t hw[8] = {r.ha.x, r.ha.y, r.ha.z, r.ha.w, r.hb.x, r.hb.y, r.hb.z, r.hb.w};
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            u.lo[k] = (qw[k] & 0x0F0F0F0F) | (((hw[k] >> (2 * g)) & 0x01010101) << 4);
+            u.hi[k] = ((qw[k] >> 4) & 0x0F0F0F0F) | (((hw[k] >> (2 * g + 1)) & 0x01010101) << 4);
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            u.lo[k] = qw[k] & 0x0F0F0F0F;
+            u.hi[k] = (qw[k] >> 4) & 0x0F0F0F0F;
+        }
+    }
+    uint32_t sc_lo, sc_hi, m_lo, m_hi;
+    unpack_scales_k4(r.hdr.y, r.hdr.z, r.hdr.w, &sc_lo, &sc_hi, &m_lo, &m_hi);
+    pick_pair(sc_lo, sc_hi, g, &u.sc0, &u.sc1);
+    pick_pair(m_lo, m_hi, g, &u.m0, &u.m1);
+    u.dm = __half22float2(*(const __half2*)&r.hdr.x);
+    u.i0 = b * QK_K + 64 * g;
+    return u;
+}
+
+// Column c's 64 int8 activation values at i0 and their (d, d * sum) pairs.
+struct X64 {
+    int4 x0, x1, x2, x3;
+    float4 dd;
+};
+
+template <int NC>
+__device__ __forceinline__ X64 load_x64(const Act& a, int c, int i0) {
+    X64 x;
+    x.x0 = xq16<NC>(a, c, i0);
+    x.x1 = xq16<NC>(a, c, i0 + 16);
+    x.x2 = xq16<NC>(a, c, i0 + 32);
+    x.x3 = xq16<NC>(a, c, i0 + 48);
+    x.dd = *(const float4*)(a.xds + (size_t)c * (a.K / 32) + i0 / 32);
+    return x;
+}
+
+// The item's dot with one column: integer sub-block sums, then one fixed float expression.
+__device__ __forceinline__ float q45_dot(const Q45& u, const X64& x) {
+    const int xa[8] = {x.x0.x, x.x0.y, x.x0.z, x.x0.w, x.x1.x, x.x1.y, x.x1.z, x.x1.w};
+    const int xb[8] = {x.x2.x, x.x2.y, x.x2.z, x.x2.w, x.x3.x, x.x3.y, x.x3.z, x.x3.w};
+    int s0 = 0, s1 = 0;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+        s0 = __dp4a(u.lo[k], xa[k], s0);
+        s1 = __dp4a(u.hi[k], xb[k], s1);
+    }
+    const float4 dd = x.dd;
+    return u.dm.x * ((float)(u.sc0 * s0) * dd.x + (float)(u.sc1 * s1) * dd.z) -
+           u.dm.y * ((float)u.m0 * dd.y + (float)u.m1 * dd.w);
+}
+
+template <int NC, bool Q5>
+__device__ __forceinline__ void dot_q45(const RawQ45& r, int item, const Act& a, float (&acc)[NC]) {
+    const Q45 u = unpack_q45<Q5>(r, item);
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+        if (c >= a.ncols) break;
+        acc[c] += q45_dot(u, load_x64<NC>(a, c, u.i0));
+    }
+}
+
+// Q6_K, repacked: plane A [rows][nb][192] = ql[128] qh[64]; plane B [rows][nb][16] scales;
+// plane C [rows][nb] d (f16). Item = (super-block b, half): 128 values from 64 ql and 32 qh
+// bytes (SPEC section 8's layout), 8 scales of 16 values.
+struct RawQ6 {
+    uint4 l0, l1, l2, l3, h0, h1; // 64 ql bytes, 32 qh bytes of the half
+    uint2 sc;                     // its 8 scales
+    float d;
+};
+
+__device__ __forceinline__ RawQ6 load_q6(const uint8_t* __restrict__ qa, const int8_t* __restrict__ sb,
+                                         const __half* __restrict__ dc, int item) {
+    const int b = item >> 1, half = item & 1;
+    const uint8_t* blk = qa + (size_t)b * 192;
+    RawQ6 r;
+    r.l0 = *(const uint4*)(blk + half * 64);
+    r.l1 = *(const uint4*)(blk + half * 64 + 16);
+    r.l2 = *(const uint4*)(blk + half * 64 + 32);
+    r.l3 = *(const uint4*)(blk + half * 64 + 48);
+    r.h0 = *(const uint4*)(blk + 128 + half * 32);
+    r.h1 = *(const uint4*)(blk + 128 + half * 32 + 16);
+    r.sc = *(const uint2*)(sb + b * 16 + half * 8);
+    r.d = __half2float(dc[b]);
+    return r;
+}
+
+template <int NC>
+__device__ __forceinline__ void dot_q6(const RawQ6& r, int item, const Act& a, float (&acc)[NC]) {
+    const int b = item >> 1, half = item & 1;
+    const uint32_t lw[16] = {r.l0.x, r.l0.y, r.l0.z, r.l0.w, r.l1.x, r.l1.y, r.l1.z, r.l1.w,
+                             r.l2.x, r.l2.y, r.l2.z, r.l2.w, r.l3.x, r.l3.y, r.l3.z, r.l3.w};
+    const uint32_t hw[8] = {r.h0.x, r.h0.y, r.h0.z, r.h0.w, r.h1.x, r.h1.y, r.h1.z, r.h1.w};
+    const int8_t* sc = (const int8_t*)&r.sc;
+    const int i0 = b * QK_K + half * 128;
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+        if (c >= a.ncols) break;
+        const float2* dsc = a.xds + (size_t)c * (a.K / 32) + i0 / 32;
+        float v = 0.0f;
+#pragma unroll
+        for (int qq = 0; qq < 4; ++qq) {
+            // Values 32qq .. 32qq + 31 of the half: low (qq < 2) or high nibbles of ql words
+            // 8 (qq & 1) .., high bits from bit pair qq of the qh words.
+            const int4 x0 = xq16<NC>(a, c, i0 + 32 * qq), x1 = xq16<NC>(a, c, i0 + 32 * qq + 16);
+            const int xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+            int s_lo = 0, s_hi = 0;
+#pragma unroll
+            for (int k = 0; k < 8; ++k) {
+                const int q = __vsub4(((lw[8 * (qq & 1) + k] >> (4 * (qq >> 1))) & 0x0F0F0F0F) |
+                                          (((hw[k] >> (2 * qq)) & 0x03030303) << 4),
+                                      0x20202020);
+                if (k < 4) s_lo = __dp4a(q, xv[k], s_lo);
+                else s_hi = __dp4a(q, xv[k], s_hi);
+            }
+            v += dsc[qq].x * (float)(sc[2 * qq] * s_lo + sc[2 * qq + 1] * s_hi);
+        }
+        acc[c] += r.d * v;
+    }
+}
+
+// Float formats: item = 16 weight bytes (4 f32 or 8 f16/bf16 values).
+template <int NC, int FMT>
+__device__ __forceinline__ void item_float(const uint8_t* __restrict__ row, int item, const Act& a,
+                                           float (&acc)[NC]) {
+    const uint4 raw = *(const uint4*)(row + (size_t)item * 16);
+    constexpr int PER = FMT == FMT_F32 ? 4 : 8;
+    float wf[PER];
+    if (FMT == FMT_F32) {
+        wf[0] = __uint_as_float(raw.x);
+        wf[1] = __uint_as_float(raw.y);
+        wf[2] = __uint_as_float(raw.z);
+        wf[3] = __uint_as_float(raw.w);
+    } else {
+        const uint32_t u[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            if (FMT == FMT_F16) {
+                const float2 f = __half22float2(*(const __half2*)&u[j]);
+                wf[2 * j] = f.x;
+                wf[2 * j + 1] = f.y;
+            } else {
+                wf[2 * j] = __uint_as_float(u[j] << 16);
+                wf[2 * j + 1] = __uint_as_float(u[j] & 0xFFFF0000u);
+            }
+        }
+    }
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+        if (c >= a.ncols) break;
+        const float4* xc = (const float4*)(a.xf + (size_t)c * a.K + (size_t)item * PER);
+        float s = 0.0f;
+#pragma unroll
+        for (int j = 0; j < PER / 4; ++j) {
+            const float4 p = xc[j];
+            s += wf[4 * j] * p.x + wf[4 * j + 1] * p.y + wf[4 * j + 2] * p.z + wf[4 * j + 3] * p.w;
+        }
+        acc[c] += s;
+    }
+}
+
+// Work items in a row of K values.
+__device__ __forceinline__ int items_per_row(int ty, int K) {
+    switch (ty) {
+    case FMT_F32: return K / 4;
+    case FMT_F16:
+    case FMT_BF16: return K / 8;
+    case FMT_Q8_0: return K / 16;
+    case FMT_Q6_K: return K / 128;
+    default: return K / 64;
+    }
+}
+
+// The K-quant raw item of row `row`.
+template <int FMT>
+__device__ __forceinline__ auto raw_load(const uint8_t* __restrict__ w, int row, int rows, int it, const Act& a) {
+    const int nb = a.K / QK_K;
+    if constexpr (FMT == FMT_Q6_K) {
+        return load_q6(w + (size_t)row * nb * 192, (const int8_t*)(w + (size_t)rows * nb * 192) + (size_t)row * nb * 16,
+                       (const __half*)(w + (size_t)rows * nb * 208) + (size_t)row * nb, it);
+    } else {
+        return load_q45<FMT == FMT_Q5_K>(w + (size_t)row * nb * (FMT == FMT_Q5_K ? 176 : 144), it);
+    }
+}
+
+// v[c] += item `it` of row `row` of matrix w (format FMT) dotted with column c.
+template <int NC, int FMT>
+__device__ __forceinline__ void item_fmt(const uint8_t* __restrict__ w, int row, int rows, int it, const Act& a,
+                                         float (&v)[NC]) {
+    if constexpr (FMT == FMT_Q4_K || FMT == FMT_Q5_K) {
+        dot_q45<NC, FMT == FMT_Q5_K>(raw_load<FMT>(w, row, rows, it, a), it, a, v);
+    } else if constexpr (FMT == FMT_Q6_K) {
+        dot_q6<NC>(raw_load<FMT>(w, row, rows, it, a), it, a, v);
+    } else if constexpr (FMT == FMT_Q8_0) {
+        const int8_t* qa = (const int8_t*)w + (size_t)row * a.K;
+        const __half* dc = (const __half*)(w + (size_t)rows * a.K) + (size_t)row * (a.K / QK8_0);
+        item_q8_0<NC>(qa, dc, it, a, v);
+    } else {
+        item_float<NC, FMT>(w + (size_t)row * a.K * (FMT == FMT_F32 ? 4 : 2), it, a, v);
+    }
+}
+
+// acc[r][c] += this lane's share of rows row0 .. row0 + nr - 1 (nr <= R) dotted with column c,
+// in the row-aligned order (v6): lane l takes items l, l + 32, ... of each of the warp's nr rows,
+// the rows' items at one position together, so a Q4_K/Q5_K column's activation (64 int8 values
+// and their scales) is loaded once for the R rows instead of once per row, and R weight loads
+// are in flight per lane. Lanes past a row's last item idle (6656-wide Q4_K rows: 104 items, 4
+// rounds of 32). Each row's per-lane sum runs over its items in increasing order whatever NC,
+// and the same warp sum follows, so the 1-column and the group kernels agree bit for bit.
+template <int NC, int R, int FMT>
+__device__ __forceinline__ void rows_fmt(const uint8_t* __restrict__ w, int row0, int nr, int rows, const Act& a,
+                                             float (&acc)[R][NC]) {
+    const int n = items_per_row(FMT, a.K);
+#pragma unroll 1
+    for (int it = threadIdx.x % WARP; it < n; it += WARP) {
+        if constexpr (FMT == FMT_Q4_K || FMT == FMT_Q5_K) {
+            RawQ45 raw[R];
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+                if (r < nr) raw[r] = raw_load<FMT>(w, row0 + r, rows, it, a);
+            if constexpr (NC == 1) {
+                const X64 x = load_x64<NC>(a, 0, (it >> 2) * QK_K + 64 * (it & 3));
+#pragma unroll
+                for (int r = 0; r < R; ++r)
+                    if (r < nr) {
+                        float v = 0.0f;
+                        v += q45_dot(unpack_q45<FMT == FMT_Q5_K>(raw[r], it), x);
+                        acc[r][0] += v;
+                    }
+            } else {
+                Q45 u[R];
+#pragma unroll
+                for (int r = 0; r < R; ++r)
+                    if (r < nr) u[r] = unpack_q45<FMT == FMT_Q5_K>(raw[r], it);
+#pragma unroll
+                for (int c = 0; c < NC; ++c) {
+                    if (c >= a.ncols) break;
+                    const X64 x = load_x64<NC>(a, c, u[0].i0);
+#pragma unroll
+                    for (int r = 0; r < R; ++r)
+                        if (r < nr) {
+                            float v = 0.0f;
+                            v += q45_dot(u[r], x);
+                            acc[r][c] += v;
+                        }
+                }
+            }
+        } else {
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+                if (r < nr) {
+                    float v[NC];
+#pragma unroll
+                    for (int c = 0; c < NC; ++c) v[c] = 0.0f;
+                    item_fmt<NC, FMT>(w, row0 + r, rows, it, a, v);
+#pragma unroll
+                    for (int c = 0; c < NC; ++c) acc[r][c] += v[c];
+                }
+        }
+    }
+}
+
+template <int NC, int R>
+__device__ __forceinline__ void rows_dot(int ty, const uint8_t* __restrict__ w, int row0, int nr, int rows, const Act& a,
+                                         float (&acc)[R][NC]) {
+    switch (ty) {
+    case FMT_Q4_K: rows_fmt<NC, R, FMT_Q4_K>(w, row0, nr, rows, a, acc); break;
+    case FMT_Q5_K: rows_fmt<NC, R, FMT_Q5_K>(w, row0, nr, rows, a, acc); break;
+    case FMT_Q6_K: rows_fmt<NC, R, FMT_Q6_K>(w, row0, nr, rows, a, acc); break;
+    case FMT_Q8_0: rows_fmt<NC, R, FMT_Q8_0>(w, row0, nr, rows, a, acc); break;
+    case FMT_F16: rows_fmt<NC, R, FMT_F16>(w, row0, nr, rows, a, acc); break;
+    case FMT_BF16: rows_fmt<NC, R, FMT_BF16>(w, row0, nr, rows, a, acc); break;
+    default: rows_fmt<NC, R, FMT_F32>(w, row0, nr, rows, a, acc); break;
+    }
+}
+
+// Up to four matrices sharing one input; rows of job j are global rows start[j]..start[j+1]
+// (starts are multiples of 4, so a warp's rows never straddle two matrices).
+struct MatvecJobs {
+    const uint8_t* w[4];
+    float* y[4]; // [ncols][rows_j]
+    int rows[4];
+    int ty[4];
+    int start[5];
+    int njobs;
+};
+
+// Warp-level work: rows grow .. grow + R - 1 of the jobs' concatenated rows (R consecutive rows of
+// one matrix) for the a.ncols columns of `a`, which start at column c0 of the call.
+template <int NC, int R>
+__device__ __forceinline__ void matvec_warp(const MatvecJobs& jobs, int grow, const Act& a, int c0) {
+    if (grow >= jobs.start[jobs.njobs]) return;
+    int j = 0;
+#pragma unroll
+    for (int t = 1; t < 4; ++t)
+        if (t < jobs.njobs && grow >= jobs.start[t]) j = t;
+    const int rows = jobs.rows[j], row0 = grow - jobs.start[j];
+    const int nr = min(R, rows - row0);
+    if (nr <= 0) return; // padding after the matrix's last row
+    float acc[R][NC];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int c = 0; c < NC; ++c) acc[r][c] = 0.0f;
+    rows_dot<NC, R>(jobs.ty[j], jobs.w[j], row0, nr, rows, a, acc);
+    float* y = jobs.y[j];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int c = 0; c < NC; ++c) {
+            const float v = warp_sum(acc[r][c]);
+            if (r < nr && c < a.ncols && threadIdx.x % WARP == 0) y[(size_t)(c0 + c) * rows + row0 + r] = v;
+        }
+}
+
+// y[c][r] = silu(G[r] . x[c]) * (U[r] . x[c]) for rows row0 .. row0 + R - 1: gate and up rows in
+// the same warp, one pass over the activation; `a` starts at column c0 of the call.
+template <int NC, int R>
+__device__ __forceinline__ void silu_warp(const uint8_t* wg, int tyg, const uint8_t* wu, int tyu, float* y, int rows,
+                                          int row0, const Act& a, int c0) {
+    if (row0 >= rows) return;
+    const int nr = min(R, rows - row0), lane = threadIdx.x % WARP;
+    // Lane r * NC + c keeps the gate's sum of (row r, column c) while the up rows run, so only one
+    // accumulator array is live at a time (every lane ends a warp sum with the same bits).
+    static_assert(R * NC <= WARP, "one lane per output");
+    float acc[R][NC], g = 0.0f, u = 0.0f;
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int c = 0; c < NC; ++c) acc[r][c] = 0.0f;
+    rows_dot<NC, R>(tyg, wg, row0, nr, rows, a, acc);
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int c = 0; c < NC; ++c) {
+            const float s = warp_sum(acc[r][c]);
+            if (lane == r * NC + c) g = s;
+            acc[r][c] = 0.0f;
+        }
+    rows_dot<NC, R>(tyu, wu, row0, nr, rows, a, acc);
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int c = 0; c < NC; ++c) {
+            const float s = warp_sum(acc[r][c]);
+            if (lane == r * NC + c) u = s;
+        }
+    const int r = lane / NC, c = lane % NC;
+    if (lane < R * NC && r < nr && c < a.ncols) y[(size_t)(c0 + c) * rows + row0 + r] = g / (1.0f + expf(-g)) * u;
+}
+
+// Decode groups (2 to 64 columns): the columns go in groups of 8, one group per warp, and the
+// ncg = ceil(ncols / 8) warps of a group of rows sit in one block, so the rows' weights come from
+// DRAM once and from L1/L2 for the other groups. Each warp runs the 8-column instantiation of
+// the one-column arithmetic (same items per lane, same order, same warp sum), so every column
+// gets the bits it would get alone: decode groups are batch-invariant.
+// Block: ncg * rwpb warps, rwpb = blockDim.x / 32 / ncg groups of R rows each.
+__device__ __forceinline__ Act column_group(const Act& a, int cg) {
+    const int c0 = cg * 8;
+    return Act{a.xq + (size_t)c0 * a.K, a.xds + (size_t)c0 * (a.K / 32), a.xf + (size_t)c0 * a.K, a.K,
+               min(8, a.ncols - c0), a.kmajor};
+}
+
+#define ACT_ARGS const int8_t* __restrict__ xq, const float2* __restrict__ xds, const float* __restrict__ xf, int K, \
+    int ncols, int kmajor
+#define ACT Act{xq, xds, xf, K, ncols, kmajor}
+#define SILU_ARGS const uint8_t* __restrict__ wg, int tyg, const uint8_t* __restrict__ wu, int tyu, float* __restrict__ y, int rows
+
+// A warp takes MATVEC_R rows. matvec_1: 4 warps per block, one column. matvec_cols: up to 8 column
+// groups (64 columns), 4 to 8 warps per block.
+#define MATVEC_R 4
+__device__ __forceinline__ void matvec_groups(const MatvecJobs& jobs, const Act& a) {
+    const int ncg = (a.ncols + 7) / 8, warp = threadIdx.x / WARP, cg = warp % ncg;
+    const int grow = (blockIdx.x * (blockDim.x / WARP / ncg) + warp / ncg) * MATVEC_R;
+    matvec_warp<8, MATVEC_R>(jobs, grow, column_group(a, cg), cg * 8);
+}
+__device__ __forceinline__ void silu_groups(const uint8_t* wg, int tyg, const uint8_t* wu, int tyu, float* y, int rows,
+                                            const Act& a) {
+    const int ncg = (a.ncols + 7) / 8, warp = threadIdx.x / WARP, cg = warp % ncg;
+    const int row0 = (blockIdx.x * (blockDim.x / WARP / ncg) + warp / ncg) * MATVEC_R;
+    silu_warp<8, MATVEC_R>(wg, tyg, wu, tyu, y, rows, row0, column_group(a, cg), cg * 8);
+}
+extern "C" __global__ void __launch_bounds__(128) matvec_1(MatvecJobs jobs, ACT_ARGS) {
+    matvec_warp<1, MATVEC_R>(jobs, (blockIdx.x * 4 + threadIdx.x / WARP) * MATVEC_R, ACT, 0);
+}
+extern "C" __global__ void __launch_bounds__(256) matvec_cols(MatvecJobs jobs, ACT_ARGS) { matvec_groups(jobs, ACT); }
+extern "C" __global__ void __launch_bounds__(128) matvec_silu_1(SILU_ARGS, ACT_ARGS) {
+    silu_warp<1, MATVEC_R>(wg, tyg, wu, tyu, y, rows, (blockIdx.x * 4 + threadIdx.x / WARP) * MATVEC_R, ACT, 0);
+}
+extern "C" __global__ void __launch_bounds__(256) matvec_silu_cols(SILU_ARGS, ACT_ARGS) {
+    silu_groups(wg, tyg, wu, tyu, y, rows, ACT);
+}
