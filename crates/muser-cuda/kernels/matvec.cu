@@ -78,7 +78,7 @@
 // One warp per 256 values (lane l takes values 8l .. 8l + 7); n_blocks counts 256-blocks of
 // columns K wide. kmajor: each column's K bytes in the k-major layout of `xq16` (decode groups).
 extern "C" __global__ void quantize_q8_k(const float* __restrict__ x, int8_t* __restrict__ q,
-                                         float2* __restrict__ ds, int n_blocks, int K, int kmajor) {
+                                         float2* __restrict__ ds, int n_blocks, int K, int kmajor) { pdl_wait();
     const int blk = blockIdx.x * 4 + threadIdx.x / WARP;
     const int lane = threadIdx.x % WARP;
     if (blk >= n_blocks) return;
@@ -122,7 +122,7 @@ extern "C" __global__ void quantize_q8_k(const float* __restrict__ x, int8_t* __
 
 // One warp per 32 values; n_blocks counts 32-blocks.
 extern "C" __global__ void quantize_q8_0(const float* __restrict__ x, int8_t* __restrict__ q,
-                                         float2* __restrict__ ds, int n_blocks) {
+                                         float2* __restrict__ ds, int n_blocks) { pdl_wait();
     const int blk = blockIdx.x * 4 + threadIdx.x / WARP;
     const int lane = threadIdx.x % WARP;
     if (blk >= n_blocks) return;
@@ -613,13 +613,67 @@ __device__ __forceinline__ void silu_groups(const uint8_t* wg, int tyg, const ui
     const int row0 = (blockIdx.x * (blockDim.x / WARP / ncg) + warp / ncg) * MATVEC_R;
     silu_warp<8, MATVEC_R>(wg, tyg, wu, tyu, y, rows, row0, column_group(a, cg), cg * 8);
 }
+// In a recorded decode step every kernel here is a programmatic dependent of the one before it
+// (graph.rs): the one-column kernels first ask L2 for their warp's weight rows, which do not
+// depend on that kernel, and only then wait for it (pdl_wait_prefetch_*), so the weight stream
+// of a matvec starts while the small kernels before it (the activation quantizer, the norms)
+// still run.
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
+// Rows row0 .. row0 + nr - 1 of a matrix of format ty: the bytes of the plane that holds most of
+// them (the whole rows of Q4_K/Q5_K and the float formats, the quants of repacked Q6_K/Q8_0),
+// one 128-byte line per lane and step.
+__device__ __forceinline__ void prefetch_rows(int ty, const uint8_t* w, int row0, int nr, int K) {
+    size_t rb;
+    switch (ty) {
+    case FMT_Q4_K: rb = (size_t)K / QK_K * 144; break;
+    case FMT_Q5_K: rb = (size_t)K / QK_K * 176; break;
+    case FMT_Q6_K: rb = (size_t)K / QK_K * 192; break;
+    case FMT_Q8_0: rb = (size_t)K; break;
+    case FMT_F16:
+    case FMT_BF16: rb = (size_t)K * 2; break;
+    default: rb = (size_t)K * 4; break;
+    }
+    const uint8_t* base = w + (size_t)row0 * rb;
+    for (size_t off = (size_t)(threadIdx.x % WARP) * 128; off < (size_t)nr * rb; off += WARP * 128)
+        prefetch_l2(base + off);
+}
+
+__device__ __forceinline__ void pdl_wait_prefetch_jobs(const MatvecJobs& jobs, int grow, int K) {
+    if (grow < jobs.start[jobs.njobs]) {
+        int j = 0;
+#pragma unroll
+        for (int t = 1; t < 4; ++t)
+            if (t < jobs.njobs && grow >= jobs.start[t]) j = t;
+        const int row0 = grow - jobs.start[j], nr = min(MATVEC_R, jobs.rows[j] - row0);
+        if (nr > 0) prefetch_rows(jobs.ty[j], jobs.w[j], row0, nr, K);
+    }
+    pdl_wait();
+}
+
+__device__ __forceinline__ void pdl_wait_prefetch_silu(const uint8_t* wg, int tyg, const uint8_t* wu, int tyu,
+                                                       int rows, int row0, int K) {
+    if (row0 < rows) {
+        const int nr = min(MATVEC_R, rows - row0);
+        prefetch_rows(tyg, wg, row0, nr, K);
+        prefetch_rows(tyu, wu, row0, nr, K);
+    }
+    pdl_wait();
+}
+
 extern "C" __global__ void __launch_bounds__(128) matvec_1(MatvecJobs jobs, ACT_ARGS) {
+    pdl_wait_prefetch_jobs(jobs, (blockIdx.x * 4 + threadIdx.x / WARP) * MATVEC_R, K);
     matvec_warp<1, MATVEC_R>(jobs, (blockIdx.x * 4 + threadIdx.x / WARP) * MATVEC_R, ACT, 0);
 }
-extern "C" __global__ void __launch_bounds__(256) matvec_cols(MatvecJobs jobs, ACT_ARGS) { matvec_groups(jobs, ACT); }
+extern "C" __global__ void __launch_bounds__(256) matvec_cols(MatvecJobs jobs, ACT_ARGS) {
+    pdl_wait();
+    matvec_groups(jobs, ACT);
+}
 extern "C" __global__ void __launch_bounds__(128) matvec_silu_1(SILU_ARGS, ACT_ARGS) {
+    pdl_wait_prefetch_silu(wg, tyg, wu, tyu, rows, (blockIdx.x * 4 + threadIdx.x / WARP) * MATVEC_R, K);
     silu_warp<1, MATVEC_R>(wg, tyg, wu, tyu, y, rows, (blockIdx.x * 4 + threadIdx.x / WARP) * MATVEC_R, ACT, 0);
 }
 extern "C" __global__ void __launch_bounds__(256) matvec_silu_cols(SILU_ARGS, ACT_ARGS) {
+    pdl_wait();
     silu_groups(wg, tyg, wu, tyu, y, rows, ACT);
 }

@@ -246,13 +246,13 @@ __device__ void mmq(const uint8_t* __restrict__ w, int rows, int K, const int8_t
 
 #define MMQ_ARGS const uint8_t* __restrict__ w, int rows, int K, const int8_t* __restrict__ xq, \
     const float2* __restrict__ xds, float* __restrict__ y, int ncols
-extern "C" __global__ void __launch_bounds__(128) mmq_q4_k(MMQ_ARGS) { mmq<FMT_Q4_K>(w, rows, K, xq, xds, y, ncols); }
-extern "C" __global__ void __launch_bounds__(128) mmq_q5_k(MMQ_ARGS) { mmq<FMT_Q5_K>(w, rows, K, xq, xds, y, ncols); }
-extern "C" __global__ void __launch_bounds__(128) mmq_q6_k(MMQ_ARGS) { mmq<FMT_Q6_K>(w, rows, K, xq, xds, y, ncols); }
-extern "C" __global__ void __launch_bounds__(128) mmq_q8_0(MMQ_ARGS) { mmq<FMT_Q8_0>(w, rows, K, xq, xds, y, ncols); }
+extern "C" __global__ void __launch_bounds__(128) mmq_q4_k(MMQ_ARGS) { pdl_wait(); mmq<FMT_Q4_K>(w, rows, K, xq, xds, y, ncols); }
+extern "C" __global__ void __launch_bounds__(128) mmq_q5_k(MMQ_ARGS) { pdl_wait(); mmq<FMT_Q5_K>(w, rows, K, xq, xds, y, ncols); }
+extern "C" __global__ void __launch_bounds__(128) mmq_q6_k(MMQ_ARGS) { pdl_wait(); mmq<FMT_Q6_K>(w, rows, K, xq, xds, y, ncols); }
+extern "C" __global__ void __launch_bounds__(128) mmq_q8_0(MMQ_ARGS) { pdl_wait(); mmq<FMT_Q8_0>(w, rows, K, xq, xds, y, ncols); }
 
 // out = silu(g) * u, elementwise (the prefill FFN after two mmq launches).
-extern "C" __global__ void silu_mul(const float* __restrict__ g, const float* __restrict__ u, float* __restrict__ out, int n) {
+extern "C" __global__ void silu_mul(const float* __restrict__ g, const float* __restrict__ u, float* __restrict__ out, int n) { pdl_wait();
     const int i = blockIdx.x * 256 + threadIdx.x;
     if (i < n) out[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }

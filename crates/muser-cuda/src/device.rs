@@ -162,8 +162,9 @@ pub fn kernel_names(src: &str) -> Vec<String> {
         .collect()
 }
 
-/// The kernels of `src` whose body begins with `pdl_wait();` (see common.cuh): only those may be
-/// launched as programmatic dependents.
+/// The kernels of `src` whose body begins with `pdl_wait()` or a `pdl_wait_*` variant (one that
+/// prefetches weights first, see matvec.cu), see common.cuh: only those may be launched as
+/// programmatic dependents.
 pub fn pdl_kernel_names(src: &str) -> Vec<String> {
     let decl = "extern \"C\" __global__";
     src.match_indices(decl)
@@ -171,7 +172,7 @@ pub fn pdl_kernel_names(src: &str) -> Vec<String> {
             let def = &src[at..];
             let name = kernel_names(def.lines().next()?).into_iter().next()?;
             let body = &def[def.find('{')? + 1..];
-            body.trim_start().starts_with("pdl_wait();").then_some(name)
+            body.trim_start().starts_with("pdl_wait").then_some(name)
         })
         .collect()
 }
@@ -189,17 +190,17 @@ mod tests {
     fn pdl_aware_kernels_are_those_that_wait_first() {
         let src = "extern \"C\" __global__ void a(int x) { pdl_wait(); f(x); }\n\
                    extern \"C\" __global__ void __launch_bounds__(128) b(int x,\n int y) {\n    pdl_wait();\n}\n\
-                   extern \"C\" __global__ void c(int x) { if (x) return; pdl_wait(); }\n";
-        assert_eq!(super::pdl_kernel_names(src), vec!["a", "b"]);
+                   extern \"C\" __global__ void c(int x) { if (x) return; pdl_wait(); }\n\
+                   extern \"C\" __global__ void d(int x) { pdl_wait_prefetch_rows(x); f(x); }\n";
+        assert_eq!(super::pdl_kernel_names(src), vec!["a", "b", "d"]);
     }
 
     #[test]
-    fn every_kernel_of_the_decode_chain_but_the_matvecs_waits_first() {
-        // The norm, RoPE, attention, elementwise, embedding and argmax kernels can all be
-        // launched as programmatic dependents; a kernel added there without pdl_wait() first
-        // would silently lose the overlap (or, worse, be made programmatic without waiting).
+    fn every_kernel_of_the_decode_chain_waits_first() {
+        // Every kernel but the bandwidth probe can be launched as a programmatic dependent; a
+        // kernel added without pdl_wait() first would silently lose the overlap.
         for (file, src) in crate::KERNEL_SOURCES {
-            if matches!(*file, "matvec.cu" | "mmq.cu" | "membw.cu") {
+            if *file == "membw.cu" {
                 continue;
             }
             let all = super::kernel_names(src);
