@@ -55,6 +55,43 @@ step() { # name limit_s command...
     echo "$name rc=$rc ($((SECONDS - t0)) s)" | tee -a "$OUT/summary.txt"
 }
 
+if [ "${JOB:-}" = final ]; then
+    # Everything of issues 4-6 in one call: parity (ops at the Glimmer shapes, whole-model
+    # muse-tiny and muse-mid, invariance with graph replay), the matvec timing, muse-glimmer and
+    # llama-glimmer (pp512, tg128 with and without graphs, depth 8192, decode groups), and with
+    # LLAMA=1 llama.cpp's llama-bench and llama-batched-bench on the same llama-glimmer file.
+    G=$MODELS/llama-glimmer.gguf M=$MODELS/muse-glimmer.gguf T=$MODELS/muse-tiny.gguf D=$MODELS/muse-mid.gguf
+    step synth-muse-glimmer 150 "$BIN" synth muse-glimmer "$M"
+    step synth-llama-glimmer 90 "$BIN" synth llama-glimmer "$G"
+    step synth-muse-tiny 30 "$BIN" synth muse-tiny "$T"
+    step synth-muse-mid 60 "$BIN" synth muse-mid "$D"
+    step check 200 "$BIN" check --backend cuda --quick --bench --model "$T" --model "$D" --invariance "$T" --invariance "$G"
+    step bench-muse 120 "$BIN" bench --backend cuda -m "$M" -p 512 -n 128 -r "$REPS" --audit
+    step bench-muse-d8192 90 "$BIN" bench --backend cuda -m "$M" -p 0 -n 128 -d 8192 -r 2
+    step bench-llama 90 "$BIN" bench --backend cuda -m "$G" -p 512 -n 128 -r "$REPS"
+    step bench-llama-nographs 60 env MUSER_CUDA_GRAPHS=0 "$BIN" bench --backend cuda -m "$G" -p 0 -n 128 -r "$REPS"
+    step bench-llama-d8192 90 "$BIN" bench --backend cuda -m "$G" -p 0 -n 128 -d 8192 -r 2
+    step bench-llama-streams 90 "$BIN" bench --backend cuda -m "$G" -p 0 -n 64 -r 2 -s "${STREAMS:-1,8,32}"
+    if [ -n "${LLAMA_PID:-}" ]; then
+        wait "$LLAMA_PID"
+        LB=/tmp/llama/llama.cpp/build/bin
+        step llama-bench 150 "$LB/llama-bench" -m "$G" -p 512 -n 128 -fa 1 -r "$REPS" -d 0,8192
+        step llama-batched-bench 120 "$LB/llama-batched-bench" -m "$G" -c 16384 -b 2048 -ub 512 \
+            -npp 128 -ntg 128 -npl "${STREAMS:-1,8,32}" -fa on -ngl 99
+    fi
+    echo
+    echo "================ short table ================"
+    echo "check: $(grep -hcE "^ok" "$OUT/check.log") ok, $(grep -hcE "^FAIL" "$OUT/check.log") FAIL"
+    grep -hE "^FAIL|never dispatched|^all |decode_greedy|batch invariance|^model |speed" "$OUT/check.log" | head -24
+    grep -hiE "q6_k|q4_k|q5_k" "$OUT/check.log" | grep -i "TB/s\|GB/s" | head -12
+    grep -h "^| .*CUDA" "$OUT"/bench-*.log
+    grep -h "one decode step launches\|^decode step:\|never dispatched by" "$OUT/bench-muse.log"
+    [ -f "$OUT/llama-bench.log" ] && grep "^| " "$OUT/llama-bench.log"
+    [ -f "$OUT/llama-batched-bench.log" ] && grep "^|" "$OUT/llama-batched-bench.log"
+    cat "$OUT/summary.txt"
+    exit 0
+fi
+
 if [ "${JOB:-}" = graphs ]; then
     # Quick A/B of the decode-step recording: parity and invariance (graph replay against op by
     # op), then tg128 with graphs+PDL, graphs alone and neither, and at depth 8192.
