@@ -68,6 +68,13 @@ if [ "${JOB:-}" = final ]; then
     step check 200 "$BIN" check --backend cuda --quick --bench --model "$T" --model "$D" --invariance "$T" --invariance "$G"
     step bench-muse 120 "$BIN" bench --backend cuda -m "$M" -p 512 -n 128 -r "$REPS" --audit
     step bench-muse-d8192 90 "$BIN" bench --backend cuda -m "$M" -p 0 -n 128 -d 8192 -r 2
+    # Per-kernel time of replayed decode steps (Nsight Systems, graph nodes traced), if present.
+    NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
+    if [ -n "$NSYS" ]; then
+        step nsys 120 "$NSYS" profile --cuda-graph-trace=node -t cuda -o /tmp/muser-nsys -f true \
+            "$BIN" bench --backend cuda -m "$M" -p 0 -n 64 -r 1
+        step nsys-stats 60 "$NSYS" stats -q --report cuda_gpu_kern_sum --format csv -o "$OUT/kern" /tmp/muser-nsys.nsys-rep
+    fi
     step bench-llama 90 "$BIN" bench --backend cuda -m "$G" -p 512 -n 128 -r "$REPS"
     step bench-llama-nographs 60 env MUSER_CUDA_GRAPHS=0 "$BIN" bench --backend cuda -m "$G" -p 0 -n 128 -r "$REPS"
     step bench-llama-d8192 90 "$BIN" bench --backend cuda -m "$G" -p 0 -n 128 -d 8192 -r 2
