@@ -281,6 +281,223 @@ __device__ void attn_rows_partial(const float* __restrict__ q, const RowKv* __re
                   ml_part, row, n_head, n_kv, G, kvh, h0, split, n_splits, start, end, (int)c.slots, ring, scale);
 }
 
+// Tensor-core decode attention (decode groups; head dim 128, at most 16 query heads per KV
+// head: Muse Glimmer and llama-glimmer have 16). A block takes one (KV head, row, split) as
+// attn_rows_partial does with all the group's heads (no head chunks), so the split plan and the
+// partials' layout are the same and attn_rows_combine merges them. Its 4 warps take steps of 16
+// positions in turn, each with its own online softmax, merged at the end:
+//   S = Q K^T with mma.m16n8k16 (f16 in, f32 sums): A = Q (16 heads x 128 dims, rows past G
+//       zero), B = K read straight from the cache, each lane 64 contiguous bytes of one position
+//       (the k order inside each 16-wide step is permuted, identically for Q and K: lane quad c
+//       holds dims 32c .. 32c + 31);
+//   P = exp(S * scale - m), rounded to f16, reused in registers as the A operand of O += P V,
+//       with V staged through shared memory (rows padded to 272 bytes) and ldmatrix.trans.
+// f16 Q and P are the only roundings the f32 kernel does not make (relative 2^-11).
+__device__ __forceinline__ uint32_t pack_half2(float a, float b) {
+    const __half2 h = __floats2half2_rn(a, b);
+    return *(const uint32_t*)&h;
+}
+__device__ __forceinline__ void mma_f16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ uint32_t u4_word(const uint4 (&v)[4], int w) {
+    const uint4 x = v[w >> 2];
+    const int c = w & 3;
+    return c == 0 ? x.x : c == 1 ? x.y : c == 2 ? x.z : x.w;
+}
+
+#define MMA_VP 136 // V rows in shared memory: 128 halves + 8 of padding
+extern "C" __global__ void __launch_bounds__(128) attn_rows_mma_128(const float* __restrict__ q,
+                                                                    const RowKv* __restrict__ tab,
+                                                                    const int* __restrict__ pos,
+                                                                    float* __restrict__ o_part,
+                                                                    float2* __restrict__ ml_part, int n_head,
+                                                                    int n_kv, int window, int ring, float scale,
+                                                                    int solo) { pdl_wait();
+    constexpr int D = 128;
+    const int G = n_head / n_kv;
+    const int kvh = blockIdx.x, h0 = kvh * G;
+    const int row = blockIdx.y, split = blockIdx.z, n_splits = gridDim.z;
+    const int p = pos[row];
+    const int lo = window > 0 ? max(0, p - window + 1) : 0;
+    const int2 plan = solo_split(p + 1 - lo, solo);
+    if (split >= plan.x) return;
+    const int start = lo + split * plan.y;
+    const int end = min(p + 1, start + plan.y);
+    const RowKv c = tab[row];
+    const __half* kc = (const __half*)c.k;
+    const __half* vc = (const __half*)c.v;
+    const int slots = (int)c.slots, width = n_kv * D;
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, qd = lane >> 2, qc = lane & 3;
+
+    // Q as A fragments, step s: a0/a2 = row qd, dims 32qc + 4s + {0,1} / {2,3}; a1/a3 = row qd + 8.
+    uint32_t qa[8][4];
+    const float* qrow = q + (size_t)row * n_head * D + (size_t)h0 * D;
+#pragma unroll
+    for (int s = 0; s < 8; ++s)
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) {
+            const int h = qd + 8 * rr;
+            float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (h < G) x = *(const float4*)(qrow + (size_t)h * D + 32 * qc + 4 * s);
+            qa[s][rr] = pack_half2(x.x, x.y);
+            qa[s][2 + rr] = pack_half2(x.z, x.w);
+        }
+
+    extern __shared__ float4 smem4[];
+    __half* vs = (__half*)smem4 + warp * 16 * MMA_VP;
+    float o[16][4];
+#pragma unroll
+    for (int t = 0; t < 16; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.0f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+
+    for (int j0 = start + 16 * warp; j0 < end; j0 += 64) {
+        // K of positions j0 + 8t + qd (n-tile t, column qd): this lane's 64 bytes of each.
+        uint4 kr[2][4];
+#pragma unroll
+        for (int t = 0; t < 2; ++t) {
+            const int j = j0 + 8 * t + qd;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) kr[t][i] = make_uint4(0u, 0u, 0u, 0u);
+            if (j < end) {
+                const long long sl = ring ? j % slots : j;
+                const uint4* src = (const uint4*)(kc + (size_t)sl * width + (size_t)kvh * D + 32 * qc);
+#pragma unroll
+                for (int i = 0; i < 4; ++i) kr[t][i] = src[i];
+            }
+        }
+        // V of positions j0 .. j0 + 15 into this warp's rows of shared memory.
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const int e = lane + 32 * i, jj = e >> 4, col = (e & 15) * 8, j = j0 + jj;
+            uint4 v = make_uint4(0u, 0u, 0u, 0u);
+            if (j < end) {
+                const long long sl = ring ? j % slots : j;
+                v = *(const uint4*)(vc + (size_t)sl * width + (size_t)kvh * D + col);
+            }
+            *(uint4*)(vs + jj * MMA_VP + col) = v;
+        }
+        // S: element (row qd + 8 (e >> 1), column 2qc + (e & 1)) of n-tile t is position
+        // j0 + 8t + 2qc + (e & 1).
+        float sc[2][4];
+#pragma unroll
+        for (int t = 0; t < 2; ++t) {
+            sc[t][0] = sc[t][1] = sc[t][2] = sc[t][3] = 0.0f;
+#pragma unroll
+            for (int s = 0; s < 8; ++s) mma_f16(sc[t], qa[s], u4_word(kr[t], 2 * s), u4_word(kr[t], 2 * s + 1));
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int j = j0 + 8 * t + 2 * qc + (e & 1);
+                sc[t][e] = j < end ? sc[t][e] * scale : -INFINITY;
+            }
+        }
+        // Online softmax per row (the quad of lanes holding a row agrees on m and l).
+        uint32_t pa[4];
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) {
+            float mx = fmaxf(fmaxf(sc[0][2 * rr], sc[0][2 * rr + 1]), fmaxf(sc[1][2 * rr], sc[1][2 * rr + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float m_new = fmaxf(m[rr], mx);
+            const bool none = m_new == -INFINITY;
+            const float alpha = none || m[rr] == -INFINITY ? (none ? 1.0f : 0.0f) : expf(m[rr] - m_new);
+            float pv[4];
+#pragma unroll
+            for (int t = 0; t < 2; ++t)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const float sv = sc[t][2 * rr + e];
+                    pv[2 * t + e] = sv == -INFINITY ? 0.0f : expf(sv - m_new);
+                }
+            float rs = pv[0] + pv[1] + pv[2] + pv[3];
+            rs += __shfl_xor_sync(0xffffffffu, rs, 1);
+            rs += __shfl_xor_sync(0xffffffffu, rs, 2);
+            l[rr] = l[rr] * alpha + rs;
+            m[rr] = m_new;
+#pragma unroll
+            for (int t = 0; t < 16; ++t) {
+                o[t][2 * rr] *= alpha;
+                o[t][2 * rr + 1] *= alpha;
+            }
+            // A fragment of P: a0 / a1 = rows qd / qd + 8 at k = 2qc + e (n-tile 0), a2 / a3 at k + 8.
+            pa[rr] = pack_half2(pv[0], pv[1]);
+            pa[2 + rr] = pack_half2(pv[2], pv[3]);
+        }
+        __syncwarp();
+        // O += P V: ldmatrix.trans gives the B fragments of two n-tiles (8 dims each) at a time.
+        const uint32_t vbase = (uint32_t)__cvta_generic_to_shared(vs);
+#pragma unroll
+        for (int t2 = 0; t2 < 16; t2 += 2) {
+            const int mtx = lane >> 3, r = lane & 7;
+            const uint32_t addr =
+                vbase + (uint32_t)((((mtx & 1) * 8 + r) * MMA_VP + 8 * (t2 + (mtx >> 1))) * 2);
+            uint32_t b0, b1, b2, b3;
+            asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                         : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
+                         : "r"(addr));
+            mma_f16(o[t2], pa, b0, b1);
+            mma_f16(o[t2 + 1], pa, b2, b3);
+        }
+        __syncwarp();
+    }
+
+    // Merge the warps' states: 3 and 2 into 1 and 0, then 1 into 0, through shared memory (the V
+    // rows are free now); warp 0 writes the block's partial.
+    __syncthreads();
+    float* so = (float*)smem4;                // [2][16 heads][128]
+    float2* sml = (float2*)(so + 2 * 16 * D); // [2][16]
+    auto put = [&](int slot) {
+#pragma unroll
+        for (int t = 0; t < 16; ++t)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) so[(slot * 16 + qd + 8 * (e >> 1)) * D + 8 * t + 2 * qc + (e & 1)] = o[t][e];
+        if (qc == 0) {
+            sml[slot * 16 + qd] = make_float2(m[0], l[0]);
+            sml[slot * 16 + qd + 8] = make_float2(m[1], l[1]);
+        }
+    };
+    auto merge = [&](int slot) {
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) {
+            const float2 ml = sml[slot * 16 + qd + 8 * rr];
+            const float M = fmaxf(m[rr], ml.x);
+            const float a = m[rr] == -INFINITY ? 0.0f : expf(m[rr] - M);
+            const float b = ml.x == -INFINITY ? 0.0f : expf(ml.x - M);
+            l[rr] = l[rr] * a + ml.y * b;
+            m[rr] = M;
+#pragma unroll
+            for (int t = 0; t < 16; ++t)
+#pragma unroll
+                for (int e = 0; e < 2; ++e)
+                    o[t][2 * rr + e] = o[t][2 * rr + e] * a +
+                                       so[(slot * 16 + qd + 8 * rr) * D + 8 * t + 2 * qc + e] * b;
+        }
+    };
+    if (warp >= 2) put(warp - 2);
+    __syncthreads();
+    if (warp < 2) merge(warp);
+    __syncthreads();
+    if (warp == 1) put(0);
+    __syncthreads();
+    if (warp != 0) return;
+    merge(0);
+    const size_t base = ((size_t)row * n_head + (size_t)h0) * n_splits + split;
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+        const int g = qd + 8 * rr;
+        if (g >= G) continue;
+#pragma unroll
+        for (int t = 0; t < 16; ++t)
+#pragma unroll
+            for (int e = 0; e < 2; ++e)
+                o_part[(base + (size_t)g * n_splits) * D + 8 * t + 2 * qc + e] = o[t][2 * rr + e];
+        if (qc == 0) ml_part[base + (size_t)g * n_splits] = make_float2(m[rr], l[rr]);
+    }
+}
+
 #define ATT_ARGS const float* __restrict__ q, const __half* __restrict__ kc, const __half* __restrict__ vc, \
     float* __restrict__ o_part, float2* __restrict__ ml_part, int n_head, int n_kv, int G, int pos0, int window, \
     int slots, int ring, float scale, int split_len

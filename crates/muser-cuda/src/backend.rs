@@ -109,6 +109,8 @@ pub struct CudaBackend {
     profile: Mutex<Option<std::collections::BTreeMap<String, (u64, f64)>>>,
     /// Decode steps are recorded and replayed as graphs (see the module doc).
     graphs: std::sync::atomic::AtomicBool,
+    /// Decode attention on the tensor cores where it fits (`mma_attention_fits`).
+    attn_mma: std::sync::atomic::AtomicBool,
     /// (kernels, kernel edges, programmatic edges) of the last graph captured.
     last_graph: Mutex<Option<(u64, usize, usize)>>,
 }
@@ -241,6 +243,16 @@ pub fn attention_kernel(head_dim: usize) -> Option<&'static str> {
     }
 }
 
+/// Shared memory of attn_rows_mma_128: 4 warps x 16 V rows of 136 halves (reused for the merge
+/// of the warps' states: 2 x 16 x 128 f32 and 2 x 16 (max, sum)).
+pub const ATTN_MMA_SMEM: usize = 4 * 16 * 136 * 2;
+
+/// Whether the tensor-core decode attention serves a head width `d` with `g` query heads per
+/// KV head (one m16n8k16 row block of heads).
+pub fn mma_attention_fits(d: usize, g: usize) -> bool {
+    d == 128 && (1..=16).contains(&g)
+}
+
 /// The attn_rows_partial instantiation (decode groups) for a head width, if any.
 pub fn attention_rows_kernel(head_dim: usize) -> Option<&'static str> {
     match head_dim {
@@ -279,6 +291,9 @@ impl CudaBackend {
             big_smem_set: Default::default(),
             profile: Mutex::new(None),
             last_graph: Mutex::new(None),
+            attn_mma: std::sync::atomic::AtomicBool::new(
+                std::env::var("MUSER_ATTN_MMA").map_or(true, |v| v != "0"),
+            ),
             graphs: std::sync::atomic::AtomicBool::new(
                 std::env::var("MUSER_CUDA_GRAPHS").map_or(true, |v| v != "0"),
             ),
@@ -314,6 +329,15 @@ impl CudaBackend {
     /// Whether decode steps are recorded and replayed as graphs with programmatic edges.
     pub fn pdl(&self) -> bool {
         pdl_enabled(&self.gpu)
+    }
+
+    /// Whether decode attention runs on the tensor cores where it fits (`MUSER_ATTN_MMA=0`: no).
+    pub fn attn_mma(&self) -> bool {
+        self.attn_mma.load(std::sync::atomic::Ordering::Relaxed)
+    }
+    pub fn set_attn_mma(&self, on: bool) {
+        self.attn_mma
+            .store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Whether decode steps are recorded and replayed as graphs.
@@ -1295,45 +1319,69 @@ impl Backend for CudaBackend {
                 // at any position) and a row's extra splits write empty partials.
                 let solo = solo_splits(n_kv, self.gpu.sms);
                 let max_splits = solo;
-                let chunks = self.rows_chunks(&spec, pos);
-                let g_block = g / chunks;
                 let (pp, tab) = self.row_tables(kvs, layer, pos);
                 let mut ws = self.ws.lock().unwrap();
                 let parts = n * n_head * max_splits;
                 grow(&self.gpu, &mut ws.o_part, parts * d);
                 grow(&self.gpu, &mut ws.ml_part, parts * 2);
-                let smem = attention_smem(g_block, d);
-                let f = self.kernel(name);
-                self.allow_smem(name, f, smem);
                 let (qp, op, mp) = (self.p(&q.data), self.p(&ws.o_part), self.p(&ws.ml_part));
                 let window = spec.window.unwrap_or(0) as i32;
-                let (nh, nk, gb, ring, so) = (
+                let (nh, nk, ring, so) = (
                     n_head as i32,
                     n_kv as i32,
-                    g_block as i32,
                     i32::from(spec.is_ring()),
                     solo as i32,
                 );
-                let cfg = LaunchConfig {
-                    grid_dim: ((n_kv * chunks) as u32, n as u32, max_splits as u32),
-                    block_dim: (128, 1, 1),
-                    shared_mem_bytes: smem as u32,
-                };
-                let mut b = self.gpu.stream.launch_builder(f);
-                b.arg(&qp)
-                    .arg(&tab)
-                    .arg(&pp)
-                    .arg(&op)
-                    .arg(&mp)
-                    .arg(&nh)
-                    .arg(&nk)
-                    .arg(&gb)
-                    .arg(&window)
-                    .arg(&ring);
-                b.arg(&scale).arg(&so);
-                // SAFETY: partials hold n * n_head * max_splits entries; each row reads its own cache
-                // within its slots.
-                ck(unsafe { b.launch(cfg) }, "attn_rows");
+                if self.attn_mma() && mma_attention_fits(d, g) {
+                    // Tensor cores: all the group's heads per block (no head chunks).
+                    let f = self.kernel("attn_rows_mma_128");
+                    let cfg = LaunchConfig {
+                        grid_dim: (n_kv as u32, n as u32, max_splits as u32),
+                        block_dim: (128, 1, 1),
+                        shared_mem_bytes: ATTN_MMA_SMEM as u32,
+                    };
+                    let mut b = self.gpu.stream.launch_builder(f);
+                    b.arg(&qp)
+                        .arg(&tab)
+                        .arg(&pp)
+                        .arg(&op)
+                        .arg(&mp)
+                        .arg(&nh)
+                        .arg(&nk)
+                        .arg(&window)
+                        .arg(&ring)
+                        .arg(&scale)
+                        .arg(&so);
+                    // SAFETY: as attn_rows below, with one block per (KV head, row, split).
+                    ck(unsafe { b.launch(cfg) }, "attn_rows_mma");
+                } else {
+                    let chunks = self.rows_chunks(&spec, pos);
+                    let g_block = g / chunks;
+                    let smem = attention_smem(g_block, d);
+                    let f = self.kernel(name);
+                    self.allow_smem(name, f, smem);
+                    let gb = g_block as i32;
+                    let cfg = LaunchConfig {
+                        grid_dim: ((n_kv * chunks) as u32, n as u32, max_splits as u32),
+                        block_dim: (128, 1, 1),
+                        shared_mem_bytes: smem as u32,
+                    };
+                    let mut b = self.gpu.stream.launch_builder(f);
+                    b.arg(&qp)
+                        .arg(&tab)
+                        .arg(&pp)
+                        .arg(&op)
+                        .arg(&mp)
+                        .arg(&nh)
+                        .arg(&nk)
+                        .arg(&gb)
+                        .arg(&window)
+                        .arg(&ring);
+                    b.arg(&scale).arg(&so);
+                    // SAFETY: partials hold n * n_head * max_splits entries; each row reads its own
+                    // cache within its slots.
+                    ck(unsafe { b.launch(cfg) }, "attn_rows");
+                }
                 if let Some(g) = gate {
                     assert_eq!((g.rows, g.cols), (n, width), "attention_rows: gate shape");
                 }
@@ -1370,6 +1418,16 @@ impl Backend for CudaBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn glimmer_decode_attention_fits_the_tensor_core_kernel() {
+        // Muse Glimmer and llama-glimmer: 32 query heads over 2 KV heads of 128.
+        assert!(mma_attention_fits(128, 16));
+        assert!(mma_attention_fits(128, 4));
+        assert!(!mma_attention_fits(128, 17) && !mma_attention_fits(64, 8));
+        // The merge area fits in the V rows' shared memory.
+        assert!(2 * 16 * 128 * 4 + 2 * 16 * 8 <= ATTN_MMA_SMEM && ATTN_MMA_SMEM <= 48 * 1024);
+    }
 
     #[test]
     fn glimmer_attention_routes_to_the_128_kernel_within_48k_of_shared_memory() {

@@ -14,6 +14,7 @@
 //! requests decoded alone, then in decode groups of 2, 8 and 16, every step's logits compared.
 
 use anyhow::Context;
+use muser_cuda::backend::mma_attention_fits;
 use muser_cuda::parity::{nmse, random_matrix, Rand, ELEMENTWISE_NMSE, LOGITS_NMSE, MATVEC_NMSE};
 use muser_cuda::{CudaBackend, CudaBuf};
 use muser_engine::backend::{Backend, Heads, KvLayerSpec, NormArgs};
@@ -601,17 +602,23 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
             check_rope_rows(p, n, qw);
             let window = if quick { 256 } else { 4096 };
             let deepest = if quick || n > 16 { 700 } else { 6000 };
-            for ring in [true, false] {
-                check_attention_rows(
-                    p,
-                    n,
-                    kvw / HEAD,
-                    HEAD,
-                    qw / HEAD,
-                    ring.then_some(window),
-                    deepest,
-                );
+            // The tensor-core decode attention (Glimmer's 16 heads of 128 per KV head) and the
+            // f32 one.
+            for mma in [true, false] {
+                p.gpu.set_attn_mma(mma);
+                for ring in [true, false] {
+                    check_attention_rows(
+                        p,
+                        n,
+                        kvw / HEAD,
+                        HEAD,
+                        qw / HEAD,
+                        ring.then_some(window),
+                        deepest,
+                    );
+                }
             }
+            p.gpu.set_attn_mma(true);
             if n == 9 {
                 check_attention_rows(p, n, 2, 256, 32, None, 1500);
                 check_attention_rows(p, n, 4, 64, 8, Some(300), 1000);
@@ -1016,7 +1023,12 @@ fn check_attention_rows(
             .attention_rows(&qg, qw, &rg, 0, &depths, scale, gate_g, &mut ag);
     }
     let what = window.map_or("plane".to_string(), |w| format!("ring {w}"));
-    let shape = format!("{what} {n_head}/{n_kv}x{head} {n} rows @0..{deepest}");
+    let mma = if p.gpu.attn_mma() && mma_attention_fits(head, n_head / n_kv) {
+        " mma"
+    } else {
+        ""
+    };
+    let shape = format!("{what} {n_head}/{n_kv}x{head}{mma} {n} rows @0..{deepest}");
     let qdata = p.read_gpu(&qg);
     if ring {
         let want = p.read_cpu(&qc);
@@ -1035,16 +1047,34 @@ fn check_attention_rows(
         "kv_store+attn_rows"
     };
     p.record(op, shape.clone(), &a, &b, MATVEC_NMSE);
+    // Each row alone (a decode group of one, as a single sequence decodes) must get its bits.
     let mut alone = Vec::with_capacity(a.len());
     for (t, &depth) in depths.iter().enumerate() {
         let (_, q1) = p.bufs(1, qw, &qdata[t * qw..(t + 1) * qw]);
         let (_, g1) = p.bufs(1, qw, &gdata[t * qw..(t + 1) * qw]);
         let mut o1 = p.gpu.buf(1, qw);
-        p.gpu.attention(&q1, &kvg[t], 0, depth, scale, &mut o1);
-        if ring {
-            p.gpu.sigmoid_gate(&mut o1, &g1);
-        }
+        let one = [&mut kvg[t]];
+        p.gpu.attention_rows(
+            &q1,
+            qw,
+            &one,
+            0,
+            &[depth],
+            scale,
+            ring.then_some(&g1),
+            &mut o1,
+        );
         alone.extend(p.read_gpu(&o1));
+        if t == 0 && mma.is_empty() {
+            // Without the tensor cores, a group of one is the one-row batch attention's bits.
+            let mut r1 = p.gpu.buf(1, qw);
+            p.gpu.attention(&q1, &kvg[t], 0, depth, scale, &mut r1);
+            if ring {
+                p.gpu.sigmoid_gate(&mut r1, &g1);
+            }
+            let (x, y) = (p.read_gpu(&r1), p.read_gpu(&o1));
+            p.exact("attn_rows == attention", shape.clone(), &x, &y);
+        }
     }
     p.exact("attn_rows row == alone", shape, &a, &alone);
 }
