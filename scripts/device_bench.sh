@@ -78,6 +78,7 @@ if [ "${JOB:-}" = final ]; then
     step bench-llama 90 "$BIN" bench --backend cuda -m "$G" -p 512 -n 128 -r "$REPS"
     step bench-llama-nographs 60 env MUSER_CUDA_GRAPHS=0 "$BIN" bench --backend cuda -m "$G" -p 0 -n 128 -r "$REPS"
     step bench-llama-d8192 90 "$BIN" bench --backend cuda -m "$G" -p 0 -n 128 -d 8192 -r 2
+    step bench-llama-d8192-f32attn 90 env MUSER_ATTN_MMA=0 "$BIN" bench --backend cuda -m "$G" -p 0 -n 128 -d 8192 -r 2
     step bench-llama-streams 90 "$BIN" bench --backend cuda -m "$G" -p 0 -n 64 -r 2 -s "${STREAMS:-1,8,32}"
     if [ -n "${LLAMA_PID:-}" ]; then
         wait "$LLAMA_PID"
