@@ -714,3 +714,291 @@ extern "C" __global__ void __launch_bounds__(256) matvec_silu_cols(SILU_ARGS, AC
     pdl_wait();
     silu_groups(wg, tyg, wu, tyu, y, rows, ACT);
 }
+
+// ---------------------------------------------------------------------------------------------
+// v8: decode groups of Q4_K/Q5_K matrices on the integer tensor cores (matvec_mma and, for the
+// fused gate+up+SiLU, matvec_silu_mma), bit-identical per column to matvec_1.
+//
+// One block takes 16 rows (MMA_ROWS, one MMA tile; blockIdx.y) and up to 32 columns (ncg = 1, 2 or
+// 4 groups of 8; blockIdx.x takes columns 32x .., so the slices of the same rows run side by side
+// and share the weights in L2), with 4 * ncg warps. mma.sync m16n8k32 s8 computes a
+// sub-block's (32 values') integer sums for the 16 rows x 8 columns: A = the weights unpacked to
+// int8 (row g / g + 8 of lane (g, t) = lane / 4, lane % 4), B = the int8 activation. The k order
+// inside an MMA is free (integer sums are order-free), so lane t takes the item's qs bytes
+// 8t .. 8t + 7 (k slots 4t.. and 16 + 4t..) and the activation values 8t .. 8t + 7 of the
+// sub-block: one 8-byte load each. An item's two sub-blocks (low and high nibbles of the same
+// bytes) are two MMAs on the same loads.
+//
+// Batch invariance: matvec_1 gives row r, column c the value warp_sum over lanes l of acc_l,
+// acc_l = the items l, l + 32, .. of the row summed in increasing order, each item's value
+// 0 + q45_tail(...) of its two sub-block sums. Here warp w of the W = 4 * ncg warps takes the
+// items whose lane in matvec_1 would be l = w + W * j (j < 32 / W), in the same increasing order,
+// so the thread that holds (r, c) in the MMA output keeps matvec_1's acc_l for its 32 / W lanes
+// (32 accumulators per thread whatever ncg), with the same float expression per item (q45_tail;
+// the integer sums are the same integers as dp4a's). The warp_sum butterfly is then replayed:
+// its levels 16 .. W pair lanes l and l + o of the same thread, the rest go through shared
+// memory, where one thread per (r, c) finishes the tree (a + b == b + a in IEEE arithmetic, so
+// every lane of the butterfly holds the same bits and the tree's shape is all that matters).
+
+#define MMA_ROWS 16
+#define MMA_COLS 32
+// Int bits 0x4B400000 are the float 1.5 * 2^23 = 12582912, whose ulp is 1: the bits
+// MMA_MAGIC + s read as a float are exactly 12582912 + s for |s| < 2^22. The MMAs start from this
+// accumulator, so each sub-block sum s (|s| <= 32 * 31 * 127 < 2^17) arrives as such a float,
+// and one FMA, sc * (12582912 + s) - sc * 12582912 rounded once, gives sc * s exactly (an integer
+// below 2^24, and +0 for 0): the float (float)(sc * s) of q45_dot, without an integer multiply
+// and a conversion per (row, column, sub-block).
+#define MMA_MAGIC 0x4B400000
+#define MMA_MAGIC_F 12582912.0f
+
+__device__ __forceinline__ void mma_s8(int (&d)[4], int a0, int a1, int a2, int a3, int b0, int b1) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// The 8 int8 activation values v .. v + 7 (v a multiple of 8) of column c, in either layout.
+__device__ __forceinline__ uint2 xq8(const Act& a, int c, int v) {
+    const int8_t* col = a.xq + (size_t)c * a.K;
+    if (a.kmajor) return *(const uint2*)(col + ((size_t)((v >> 4) & 3) * (a.K >> 6) + (v >> 6)) * 16 + (v & 15));
+    return *(const uint2*)(col + v);
+}
+
+// A row's factors for item sub-blocks 2gi, 2gi + 1: d, dmin, the scales as floats, -scale * 12582912
+// (for the FMA above) and the mins as floats.
+struct MmaScales {
+    float2 dm;
+    float fs0, fs1, ns0, ns1, fm0, fm1;
+};
+
+__device__ __forceinline__ MmaScales mma_scales(uint4 hdr, int gi) {
+    uint32_t sc_lo, sc_hi, m_lo, m_hi;
+    unpack_scales_k4(hdr.y, hdr.z, hdr.w, &sc_lo, &sc_hi, &m_lo, &m_hi);
+    int sc0, sc1, m0, m1;
+    pick_pair(sc_lo, sc_hi, gi, &sc0, &sc1);
+    pick_pair(m_lo, m_hi, gi, &m0, &m1);
+    MmaScales s;
+    s.dm = __half22float2(*(const __half2*)&hdr.x);
+    s.fs0 = (float)sc0;
+    s.fs1 = (float)sc1;
+    s.ns0 = s.fs0 * -MMA_MAGIC_F; // exact: at most 63 * 3 * 2^22
+    s.ns1 = s.fs1 * -MMA_MAGIC_F;
+    s.fm0 = (float)m0;
+    s.fm1 = (float)m1;
+    return s;
+}
+
+// Asks L2 for round q (items 32q .. 32q + 31: 8 super-blocks) of rows row0 .. row0 + 15, the
+// block's threads one 128-byte line each.
+template <bool Q5>
+__device__ __forceinline__ void mma_prefetch(const uint8_t* w, int row0, int rows, int K, int q) {
+    constexpr int BS = Q5 ? 176 : 144;
+    const int nb = K / QK_K, b0 = 8 * q;
+    if (b0 >= nb) return;
+    const int seg = min(8, nb - b0) * BS, lines = (seg + 127) / 128;
+    for (int e = threadIdx.x; e < MMA_ROWS * lines; e += blockDim.x) {
+        const int r = min(row0 + e / lines, rows - 1);
+        prefetch_l2(w + ((size_t)r * nb + b0) * BS + (e % lines) * 128);
+    }
+}
+
+__device__ __forceinline__ void mma_prefetch_fmt(int ty, const uint8_t* w, int row0, int rows, int K, int q) {
+    if (ty == FMT_Q5_K) mma_prefetch<true>(w, row0, rows, K, q);
+    else mma_prefetch<false>(w, row0, rows, K, q);
+}
+
+// acc[j][nt][e] += the items of lane w + W * j (matvec_1's lanes) of rows row0 + g (e < 2) or
+// row0 + g + 8 (e >= 2), column 8 nt + 2t + (e & 1) of `a`, in increasing order.
+template <int NCG, bool Q5>
+__device__ __forceinline__ void mma_rows(const uint8_t* __restrict__ w, int row0, int rows, const Act& a,
+                                         float (&acc)[8 / NCG][NCG][4]) {
+    constexpr int W = 4 * NCG, J = 32 / W, BS = Q5 ? 176 : 144, QS = Q5 ? 48 : 16;
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, g = lane >> 2, t = lane & 3;
+    const int n = a.K / 64, nrounds = (n + 31) / 32, nb32 = a.K / 32;
+    const size_t rb = (size_t)(a.K / QK_K) * BS;
+    const uint8_t* wa = w + (size_t)min(row0 + g, rows - 1) * rb;
+    const uint8_t* wb = w + (size_t)min(row0 + g + 8, rows - 1) * rb;
+#pragma unroll 1
+    for (int q = 0; q < nrounds; ++q) {
+        mma_prefetch<Q5>(w, row0, rows, a.K, q + 2);
+#pragma unroll
+        for (int j = 0; j < J; ++j) {
+            const int it = 32 * q + warp + W * j;
+            if (it >= n) break; // warp-uniform
+            const int b = it >> 2, gi = it & 3;
+            const uint8_t* ba = wa + (size_t)b * BS;
+            const uint8_t* bb = wb + (size_t)b * BS;
+            const uint4 ha = *(const uint4*)ba, hb = *(const uint4*)bb;
+            const uint2 qa = *(const uint2*)(ba + QS + 32 * gi + 8 * t), qb = *(const uint2*)(bb + QS + 32 * gi + 8 * t);
+            // A registers: row g k 4t.., row g + 8 k 4t.., row g k 16 + 4t.., row g + 8 k 16 + 4t..
+            const uint32_t qw[4] = {qa.x, qb.x, qa.y, qb.y};
+            int lo[4], hi[4];
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                lo[k] = qw[k] & 0x0F0F0F0F;
+                hi[k] = (qw[k] >> 4) & 0x0F0F0F0F;
+            }
+            if (Q5) {
+                const uint2 xa = *(const uint2*)(ba + 16 + 8 * t), xb = *(const uint2*)(bb + 16 + 8 * t);
+                const uint32_t hw[4] = {xa.x, xb.x, xa.y, xb.y};
+#pragma unroll
+                for (int k = 0; k < 4; ++k) {
+                    lo[k] |= ((hw[k] >> (2 * gi)) & 0x01010101) << 4;
+                    hi[k] |= ((hw[k] >> (2 * gi + 1)) & 0x01010101) << 4;
+                }
+            }
+            const MmaScales sa = mma_scales(ha, gi), sb = mma_scales(hb, gi);
+#pragma unroll
+            for (int nt = 0; nt < NCG; ++nt) {
+                const int cb = min(8 * nt + g, a.ncols - 1); // this lane's B column
+                const uint2 x0 = xq8(a, cb, 64 * it + 8 * t), x1 = xq8(a, cb, 64 * it + 32 + 8 * t);
+                int d0[4] = {MMA_MAGIC, MMA_MAGIC, MMA_MAGIC, MMA_MAGIC};
+                int d1[4] = {MMA_MAGIC, MMA_MAGIC, MMA_MAGIC, MMA_MAGIC};
+                mma_s8(d0, lo[0], lo[1], lo[2], lo[3], (int)x0.x, (int)x0.y);
+                mma_s8(d1, hi[0], hi[1], hi[2], hi[3], (int)x1.x, (int)x1.y);
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const MmaScales s = e < 2 ? sa : sb; // e is a constant: no select
+                    const int c = min(8 * nt + 2 * t + (e & 1), a.ncols - 1);
+                    const float4 dd = *(const float4*)(a.xds + (size_t)c * nb32 + 2 * it);
+                    const float f0 = __fmaf_rn(s.fs0, __int_as_float(d0[e]), s.ns0);
+                    const float f1 = __fmaf_rn(s.fs1, __int_as_float(d1[e]), s.ns1);
+                    float v = 0.0f;
+                    v += q45_tail(s.dm, f0, f1, s.fm0, s.fm1, dd);
+                    acc[j][nt][e] += v;
+                }
+            }
+        }
+    }
+}
+
+template <int NCG>
+__device__ __forceinline__ void mma_rows_fmt(int ty, const uint8_t* w, int row0, int rows, const Act& a,
+                                             float (&acc)[8 / NCG][NCG][4]) {
+#pragma unroll
+    for (int j = 0; j < 8 / NCG; ++j)
+#pragma unroll
+        for (int nt = 0; nt < NCG; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[j][nt][e] = 0.0f;
+    if (ty == FMT_Q5_K) mma_rows<NCG, true>(w, row0, rows, a, acc);
+    else mma_rows<NCG, false>(w, row0, rows, a, acc);
+}
+
+// warp_sum of matvec_1 over the lanes' accumulators of output (row p % 16, column p / 16),
+// p = threadIdx.x: levels 16 .. W in each thread (lanes l and l + o are its j and j + o / W),
+// then through `part` ([W][8 * NCG][16]) levels W / 2 .. 1 in thread p.
+template <int NCG>
+__device__ __forceinline__ float mma_reduce(float (&acc)[8 / NCG][NCG][4], float* part) {
+    constexpr int W = 4 * NCG;
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int o = 16; o >= W; o >>= 1)
+#pragma unroll
+        for (int j = 0; j < o / W; ++j)
+#pragma unroll
+            for (int nt = 0; nt < NCG; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[j][nt][e] += acc[j + o / W][nt][e];
+#pragma unroll
+    for (int nt = 0; nt < NCG; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            part[(warp * 8 * NCG + 8 * nt + 2 * t + (e & 1)) * MMA_ROWS + g + (e < 2 ? 0 : 8)] = acc[0][nt][e];
+    __syncthreads();
+    const int p = threadIdx.x;
+    float s[W];
+#pragma unroll
+    for (int i = 0; i < W; ++i) s[i] = part[i * 8 * NCG * MMA_ROWS + p];
+#pragma unroll
+    for (int o = W / 2; o > 0; o >>= 1)
+#pragma unroll
+        for (int i = 0; i < o; ++i) s[i] += s[i + o];
+    __syncthreads();
+    return s[0];
+}
+
+// Columns 32 * blockIdx.x .. of the call.
+__device__ __forceinline__ Act mma_slice(const Act& a) {
+    const int c0 = blockIdx.x * MMA_COLS;
+    return Act{a.xq + (size_t)c0 * a.K, a.xds + (size_t)c0 * (a.K / 32), a.xf, a.K, min(MMA_COLS, a.ncols - c0),
+               a.kmajor};
+}
+
+// Shared memory of the final tree: [4 * ncg][8 * ncg][16] floats, 32 KB at ncg = 4.
+#define MMA_PART (16 * 32 * MMA_ROWS)
+
+template <int NCG>
+__device__ __forceinline__ void mma_jobs(const MatvecJobs& jobs, const Act& a, float* part) {
+    const int grow = blockIdx.y * MMA_ROWS;
+    int j = 0;
+#pragma unroll
+    for (int u = 1; u < 4; ++u)
+        if (u < jobs.njobs && grow >= jobs.start[u]) j = u;
+    const int rows = jobs.rows[j], row0 = grow - jobs.start[j];
+    if (row0 >= rows) return; // padding after the matrix's last row: the whole block
+    float acc[8 / NCG][NCG][4];
+    mma_rows_fmt<NCG>(jobs.ty[j], jobs.w[j], row0, rows, a, acc);
+    const float v = mma_reduce<NCG>(acc, part);
+    const int r = row0 + (threadIdx.x & 15), c = threadIdx.x >> 4;
+    if (r < rows && c < a.ncols) jobs.y[j][(size_t)(blockIdx.x * MMA_COLS + c) * rows + r] = v;
+}
+
+template <int NCG>
+__device__ __forceinline__ void mma_silu(const uint8_t* wg, int tyg, const uint8_t* wu, int tyu, float* y, int rows,
+                                         const Act& a, float* part) {
+    const int row0 = blockIdx.y * MMA_ROWS;
+    float acc[8 / NCG][NCG][4];
+    mma_rows_fmt<NCG>(tyg, wg, row0, rows, a, acc);
+    const float g = mma_reduce<NCG>(acc, part);
+    mma_rows_fmt<NCG>(tyu, wu, row0, rows, a, acc);
+    const float u = mma_reduce<NCG>(acc, part);
+    const int r = row0 + (threadIdx.x & 15), c = threadIdx.x >> 4;
+    if (r < rows && c < a.ncols) y[(size_t)(blockIdx.x * MMA_COLS + c) * rows + r] = g / (1.0f + expf(-g)) * u;
+}
+
+// The block's first two rounds of weights asked of L2 before waiting for the previous kernel.
+__device__ __forceinline__ void pdl_wait_prefetch_mma(const MatvecJobs& jobs, int K) {
+    const int grow = blockIdx.y * MMA_ROWS;
+    int j = 0;
+#pragma unroll
+    for (int u = 1; u < 4; ++u)
+        if (u < jobs.njobs && grow >= jobs.start[u]) j = u;
+    const int row0 = grow - jobs.start[j];
+    if (blockIdx.x == 0 && row0 < jobs.rows[j])
+        for (int q = 0; q < 2; ++q) mma_prefetch_fmt(jobs.ty[j], jobs.w[j], row0, jobs.rows[j], K, q);
+    pdl_wait();
+}
+
+__device__ __forceinline__ void pdl_wait_prefetch_silu_mma(const uint8_t* wg, int tyg, const uint8_t* wu, int tyu,
+                                                           int rows, int K) {
+    if (blockIdx.x == 0)
+        for (int q = 0; q < 2; ++q) {
+            mma_prefetch_fmt(tyg, wg, blockIdx.y * MMA_ROWS, rows, K, q);
+            mma_prefetch_fmt(tyu, wu, blockIdx.y * MMA_ROWS, rows, K, q);
+        }
+    pdl_wait();
+}
+
+// Grid (ceil(ncols / 32), ceil(rows / 16) over the jobs, each job's rows padded to 16); block
+// 128 * ncg threads, ncg = 1, 2 or 4 (columns per slice up to 8, 16, 32).
+extern "C" __global__ void __launch_bounds__(512) matvec_mma(MatvecJobs jobs, ACT_ARGS) {
+    pdl_wait_prefetch_mma(jobs, K);
+    __shared__ float part[MMA_PART];
+    const Act a = mma_slice(ACT);
+    switch (blockDim.x / 128) {
+    case 1: mma_jobs<1>(jobs, a, part); break;
+    case 2: mma_jobs<2>(jobs, a, part); break;
+    default: mma_jobs<4>(jobs, a, part); break;
+    }
+}
+extern "C" __global__ void __launch_bounds__(512) matvec_silu_mma(SILU_ARGS, ACT_ARGS) {
+    pdl_wait_prefetch_silu_mma(wg, tyg, wu, tyu, rows, K);
+    __shared__ float part[MMA_PART];
+    const Act a = mma_slice(ACT);
+    switch (blockDim.x / 128) {
+    case 1: mma_silu<1>(wg, tyg, wu, tyu, y, rows, a, part); break;
+    case 2: mma_silu<2>(wg, tyg, wu, tyu, y, rows, a, part); break;
+    default: mma_silu<4>(wg, tyg, wu, tyu, y, rows, a, part); break;
+    }
+}

@@ -41,6 +41,38 @@ pub const MAX_JOBS: usize = 4;
 /// Rows per warp of the matvec kernels (MATVEC_R in matvec.cu).
 pub const MATVEC_R: usize = 4;
 
+/// Rows one block of `matvec_mma` takes (one MMA tile; MMA_ROWS in matvec.cu).
+pub const MMA_ROWS: usize = 16;
+/// Columns one block of `matvec_mma` takes at most (MMA_COLS in matvec.cu); grid y covers more.
+pub const MMA_COLS: usize = 32;
+
+/// Whether a decode group of `ncols` columns of a `ty` matrix runs on the integer tensor cores
+/// (`matvec_mma`, `matvec_silu_mma`: Q4_K and Q5_K, 2..=MAX_COLS columns) rather than on
+/// `matvec_cols`; both give every column the bits of `matvec_1`. `MUSER_CUDA_MMA=0` keeps every
+/// group on `matvec_cols` (for A/B runs).
+pub fn uses_mma(ty: GgmlType, ncols: usize) -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    (2..=MAX_COLS).contains(&ncols)
+        && matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K)
+        && *ON.get_or_init(|| std::env::var("MUSER_CUDA_MMA").map_or(true, |v| v != "0"))
+}
+
+/// Launch of `matvec_mma` / `matvec_silu_mma` for `ncols` columns over `rows` rows (each job's
+/// rows padded to MMA_ROWS): blocks of 16 rows x up to 32 columns, 128 * ncg threads with ncg =
+/// 1, 2 or 4 groups of 8 columns (3 groups run as 4, the last one's columns clamped).
+pub fn mma_launch(ncols: usize, rows: usize) -> LaunchConfig {
+    let ncg = ncols.min(MMA_COLS).div_ceil(GROUP_COLS).next_power_of_two();
+    LaunchConfig {
+        grid_dim: (
+            ncols.div_ceil(MMA_COLS) as u32,
+            rows.div_ceil(MMA_ROWS) as u32,
+            1,
+        ),
+        block_dim: (128 * ncg as u32, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
 /// The tensor-core kernel (mmq.cu) serving `ty` at width `k` for more than `MAX_COLS` columns;
 /// None means `matvec_cols` is looped over groups of 64 columns.
 pub fn mmq_kernel(ty: GgmlType, k: usize) -> Option<&'static str> {
@@ -308,6 +340,11 @@ impl Gpu {
         for j in mmq {
             self.mmq(j.m, ncols, scratch, j.y)?;
         }
+        let (tc, rest): (Vec<&Job>, Vec<&Job>) =
+            rest.into_iter().partition(|j| uses_mma(j.m.ty, ncols));
+        for group in tc.chunks(MAX_JOBS) {
+            self.matvec_mma(group, x, k, ncols, scratch)?;
+        }
         let rest: Vec<Job> = rest.into_iter().map(|j| Job { m: j.m, y: j.y }).collect();
         for group in rest.chunks(MAX_JOBS) {
             let mut mj = MatvecJobs::default();
@@ -351,6 +388,51 @@ impl Gpu {
                 c0 += n;
             }
         }
+        Ok(())
+    }
+
+    /// Up to MAX_JOBS Q4_K/Q5_K matrices, a decode group of `ncols` (2..=MAX_COLS) columns, in
+    /// one `matvec_mma` launch (the int8 activation already in `scratch`).
+    fn matvec_mma(
+        &self,
+        group: &[&Job],
+        x: u64,
+        k: usize,
+        ncols: usize,
+        scratch: &ActScratch,
+    ) -> Result<(), CudaError> {
+        let mut mj = MatvecJobs::default();
+        let mut total = 0usize;
+        for (i, j) in group.iter().enumerate() {
+            if j.m.cols != k {
+                return Err(CudaError::Unsupported(format!(
+                    "matvec input width {k} != matrix cols {}",
+                    j.m.cols
+                )));
+            }
+            mj.w[i] = dptr(self, &j.m.data);
+            mj.y[i] = j.y;
+            mj.rows[i] = j.m.rows as i32;
+            mj.ty[i] = format_code(j.m.ty)?;
+            mj.start[i] = total as i32;
+            // Starts are multiples of 16: a block's rows stay in one matrix.
+            total += j.m.rows.div_ceil(MMA_ROWS) * MMA_ROWS;
+        }
+        mj.njobs = group.len() as i32;
+        mj.start[group.len()] = total as i32;
+        let (xq, xds, xf) = self.act_ptrs(scratch, x, k, 0);
+        let (k_i, n_i, km) = (k as i32, ncols as i32, i32::from(scratch.kmajor));
+        let mut b = self.stream.launch_builder(self.kernel("matvec_mma")?);
+        b.arg(&mj)
+            .arg(&xq)
+            .arg(&xds)
+            .arg(&xf)
+            .arg(&k_i)
+            .arg(&n_i)
+            .arg(&km);
+        // SAFETY: each job reads rows*row_bytes weight bytes and writes ncols*rows outputs; the
+        // activation holds ncols*k values and their scales.
+        unsafe { b.launch(mma_launch(ncols, total)) }?;
         Ok(())
     }
 
@@ -437,6 +519,16 @@ impl Gpu {
         let (wg, wu) = (dptr(self, &gate.data), dptr(self, &up.data));
         let (tg, tu) = (format_code(gate.ty)?, format_code(up.ty)?);
         let rows_i = rows as i32;
+        if uses_mma(gate.ty, ncols) && uses_mma(up.ty, ncols) {
+            let (xq, xds, xf) = self.act_ptrs(scratch, x, k, 0);
+            let (k_i, n_i, km) = (k as i32, ncols as i32, i32::from(scratch.kmajor));
+            let mut b = self.stream.launch_builder(self.kernel("matvec_silu_mma")?);
+            b.arg(&wg).arg(&tg).arg(&wu).arg(&tu).arg(&y).arg(&rows_i);
+            b.arg(&xq).arg(&xds).arg(&xf).arg(&k_i).arg(&n_i).arg(&km);
+            // SAFETY: as in matvec_mma.
+            unsafe { b.launch(mma_launch(ncols, rows)) }?;
+            return Ok(());
+        }
         let mut c0 = 0;
         while c0 < ncols {
             let n = (ncols - c0).min(MAX_COLS);
@@ -519,6 +611,27 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn mma_launch_covers_every_row_and_column_with_1_2_or_4_column_groups() {
+        for n in 2..=MAX_COLS {
+            for rows in [16usize, 17, 256, 6656, 19968, 202048] {
+                let cfg = mma_launch(n, rows);
+                let ncg = cfg.block_dim.0 as usize / 128;
+                assert!([1, 2, 4].contains(&ncg));
+                assert!(8 * ncg >= n.min(MMA_COLS), "{n} columns: {ncg} groups");
+                assert!(cfg.grid_dim.0 as usize * MMA_ROWS >= rows);
+                assert!(cfg.grid_dim.1 as usize * MMA_COLS >= n);
+                assert!(
+                    (cfg.grid_dim.1 as usize - 1) * MMA_COLS < n,
+                    "an empty column slice"
+                );
+            }
+        }
+        assert!(uses_mma(GgmlType::Q4_K, 8) && uses_mma(GgmlType::Q5_K, 64));
+        assert!(!uses_mma(GgmlType::Q4_K, 1) && !uses_mma(GgmlType::Q4_K, 65));
+        assert!(!uses_mma(GgmlType::Q6_K, 8) && !uses_mma(GgmlType::Q8_0, 8));
     }
 
     #[test]
