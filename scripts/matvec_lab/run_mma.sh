@@ -3,7 +3,7 @@
 # binary (MUSER_BIN, carried) synthesizes llama-glimmer and muse-tiny, runs the lab (bits of
 # matvec_mma / matvec_silu_mma against matvec_1 per column, timings against matvec_cols), and
 # only when every bit matches: the quick parity check with batch invariance on both models and
-# `muser bench -s 1,8,32`. Logs in $OUT.
+# `muser bench -s 1,8,32`. LAB_ONLY=1: the lab alone. Logs in $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/mma-out}
 B=${MUSER_BIN:-target/device/muser-mma}
@@ -14,8 +14,8 @@ T0=$SECONDS
 ( nvcc -O3 -std=c++17 -arch=sm_90 -Xptxas -v -I/tmp/lab -o /tmp/lab/lab_mma scripts/matvec_lab/lab_mma.cu \
     > "$OUT/lab-build.log" 2>&1; echo "nvcc rc=$?" >> "$OUT/lab-build.log" ) &
 NV=$!
-( "$B" synth llama-glimmer /tmp/g.gguf && "$B" synth muse-tiny /tmp/t.gguf ) > "$OUT/synth.log" 2>&1 &
-SY=$!
+SY=
+[ "${LAB_ONLY:-0}" = 1 ] || { ( "$B" synth llama-glimmer /tmp/g.gguf && "$B" synth muse-tiny /tmp/t.gguf ) > "$OUT/synth.log" 2>&1 & SY=$!; }
 wait $NV
 echo "nvcc done at $((SECONDS - T0)) s"
 grep -E "error|nvcc rc" "$OUT/lab-build.log" | head -20
@@ -23,6 +23,7 @@ grep -A1 "_mma\|matvec_cols\|silu_cols" "$OUT/lab-build.log" | grep -o "Function
 timeout 70 /tmp/lab/lab_mma 2>&1 | tee "$OUT/lab.log"
 LAB=${PIPESTATUS[0]}
 echo "lab rc=$LAB at $((SECONDS - T0)) s"
+[ -z "$SY" ] && exit "$LAB"
 wait $SY
 echo "synth done at $((SECONDS - T0)) s"
 if [ "$LAB" != 0 ]; then echo "lab failed: no muser runs"; exit 1; fi

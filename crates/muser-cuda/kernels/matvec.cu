@@ -807,31 +807,64 @@ __device__ __forceinline__ void mma_prefetch_fmt(int ty, const uint8_t* w, int r
     else mma_prefetch<false>(w, row0, rows, K, q);
 }
 
+// The weight bytes of one item of rows g and g + 8 for lane t: the two headers, qs bytes
+// 8t .. 8t + 7 of the item and (Q5_K) qh bytes 8t .. 8t + 7.
+struct MmaRaw {
+    uint4 ha, hb;
+    uint2 qa, qb, xa, xb;
+};
+
+template <bool Q5>
+__device__ __forceinline__ MmaRaw mma_load(const uint8_t* wa, const uint8_t* wb, int it, int t) {
+    constexpr int BS = Q5 ? 176 : 144, QS = Q5 ? 48 : 16;
+    const int b = it >> 2, gi = it & 3;
+    const uint8_t* ba = wa + (size_t)b * BS;
+    const uint8_t* bb = wb + (size_t)b * BS;
+    MmaRaw r;
+    r.ha = *(const uint4*)ba;
+    r.hb = *(const uint4*)bb;
+    r.qa = *(const uint2*)(ba + QS + 32 * gi + 8 * t);
+    r.qb = *(const uint2*)(bb + QS + 32 * gi + 8 * t);
+    if (Q5) {
+        r.xa = *(const uint2*)(ba + 16 + 8 * t);
+        r.xb = *(const uint2*)(bb + 16 + 8 * t);
+    }
+    return r;
+}
+
 // acc[j][nt][e] += the items of lane w + W * j (matvec_1's lanes) of rows row0 + g (e < 2) or
-// row0 + g + 8 (e >= 2), column 8 nt + 2t + (e & 1) of `a`, in increasing order.
-template <int NCG, bool Q5>
+// row0 + g + 8 (e >= 2), column 8 nt + 2t + (e & 1) of `a`, in increasing order. The warp's
+// items go in sequence (round q, then j); with PIPE the next item's weights are loaded before the
+// current item's arithmetic (an index past the row's end loads its last item and is not used).
+template <int NCG, bool Q5, bool PIPE>
 __device__ __forceinline__ void mma_rows(const uint8_t* __restrict__ w, int row0, int rows, const Act& a,
                                          float (&acc)[8 / NCG][NCG][4]) {
-    constexpr int W = 4 * NCG, J = 32 / W, BS = Q5 ? 176 : 144, QS = Q5 ? 48 : 16;
+    constexpr int W = 4 * NCG, J = 32 / W, BS = Q5 ? 176 : 144;
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, g = lane >> 2, t = lane & 3;
     const int n = a.K / 64, nrounds = (n + 31) / 32, nb32 = a.K / 32;
     const size_t rb = (size_t)(a.K / QK_K) * BS;
     const uint8_t* wa = w + (size_t)min(row0 + g, rows - 1) * rb;
     const uint8_t* wb = w + (size_t)min(row0 + g + 8, rows - 1) * rb;
+    MmaRaw cur;
+    if (PIPE) cur = mma_load<Q5>(wa, wb, min(warp, n - 1), t);
 #pragma unroll 1
     for (int q = 0; q < nrounds; ++q) {
         mma_prefetch<Q5>(w, row0, rows, a.K, q + 2);
 #pragma unroll
         for (int j = 0; j < J; ++j) {
             const int it = 32 * q + warp + W * j;
-            if (it >= n) break; // warp-uniform
-            const int b = it >> 2, gi = it & 3;
-            const uint8_t* ba = wa + (size_t)b * BS;
-            const uint8_t* bb = wb + (size_t)b * BS;
-            const uint4 ha = *(const uint4*)ba, hb = *(const uint4*)bb;
-            const uint2 qa = *(const uint2*)(ba + QS + 32 * gi + 8 * t), qb = *(const uint2*)(bb + QS + 32 * gi + 8 * t);
+            MmaRaw raw;
+            if (PIPE) {
+                raw = cur;
+                cur = mma_load<Q5>(wa, wb, min(j + 1 < J ? it + W : 32 * (q + 1) + warp, n - 1), t);
+                if (it >= n) continue; // warp-uniform
+            } else {
+                if (it >= n) break;
+                raw = mma_load<Q5>(wa, wb, it, t);
+            }
+            const int gi = it & 3;
             // A registers: row g k 4t.., row g + 8 k 4t.., row g k 16 + 4t.., row g + 8 k 16 + 4t..
-            const uint32_t qw[4] = {qa.x, qb.x, qa.y, qb.y};
+            const uint32_t qw[4] = {raw.qa.x, raw.qb.x, raw.qa.y, raw.qb.y};
             int lo[4], hi[4];
 #pragma unroll
             for (int k = 0; k < 4; ++k) {
@@ -839,15 +872,14 @@ __device__ __forceinline__ void mma_rows(const uint8_t* __restrict__ w, int row0
                 hi[k] = (qw[k] >> 4) & 0x0F0F0F0F;
             }
             if (Q5) {
-                const uint2 xa = *(const uint2*)(ba + 16 + 8 * t), xb = *(const uint2*)(bb + 16 + 8 * t);
-                const uint32_t hw[4] = {xa.x, xb.x, xa.y, xb.y};
+                const uint32_t hw[4] = {raw.xa.x, raw.xb.x, raw.xa.y, raw.xb.y};
 #pragma unroll
                 for (int k = 0; k < 4; ++k) {
                     lo[k] |= ((hw[k] >> (2 * gi)) & 0x01010101) << 4;
                     hi[k] |= ((hw[k] >> (2 * gi + 1)) & 0x01010101) << 4;
                 }
             }
-            const MmaScales sa = mma_scales(ha, gi), sb = mma_scales(hb, gi);
+            const MmaScales sa = mma_scales(raw.ha, gi), sb = mma_scales(raw.hb, gi);
 #pragma unroll
             for (int nt = 0; nt < NCG; ++nt) {
                 const int cb = min(8 * nt + g, a.ncols - 1); // this lane's B column
@@ -872,7 +904,7 @@ __device__ __forceinline__ void mma_rows(const uint8_t* __restrict__ w, int row0
     }
 }
 
-template <int NCG>
+template <int NCG, bool PIPE>
 __device__ __forceinline__ void mma_rows_fmt(int ty, const uint8_t* w, int row0, int rows, const Act& a,
                                              float (&acc)[8 / NCG][NCG][4]) {
 #pragma unroll
@@ -881,8 +913,8 @@ __device__ __forceinline__ void mma_rows_fmt(int ty, const uint8_t* w, int row0,
         for (int nt = 0; nt < NCG; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[j][nt][e] = 0.0f;
-    if (ty == FMT_Q5_K) mma_rows<NCG, true>(w, row0, rows, a, acc);
-    else mma_rows<NCG, false>(w, row0, rows, a, acc);
+    if (ty == FMT_Q5_K) mma_rows<NCG, true, PIPE>(w, row0, rows, a, acc);
+    else mma_rows<NCG, false, PIPE>(w, row0, rows, a, acc);
 }
 
 // warp_sum of matvec_1 over the lanes' accumulators of output (row p % 16, column p / 16),
@@ -928,7 +960,7 @@ __device__ __forceinline__ Act mma_slice(const Act& a) {
 // Shared memory of the final tree: [4 * ncg][8 * ncg][16] floats, 32 KB at ncg = 4.
 #define MMA_PART (16 * 32 * MMA_ROWS)
 
-template <int NCG>
+template <int NCG, bool PIPE>
 __device__ __forceinline__ void mma_jobs(const MatvecJobs& jobs, const Act& a, float* part) {
     const int grow = blockIdx.y * MMA_ROWS;
     int j = 0;
@@ -938,20 +970,20 @@ __device__ __forceinline__ void mma_jobs(const MatvecJobs& jobs, const Act& a, f
     const int rows = jobs.rows[j], row0 = grow - jobs.start[j];
     if (row0 >= rows) return; // padding after the matrix's last row: the whole block
     float acc[8 / NCG][NCG][4];
-    mma_rows_fmt<NCG>(jobs.ty[j], jobs.w[j], row0, rows, a, acc);
+    mma_rows_fmt<NCG, PIPE>(jobs.ty[j], jobs.w[j], row0, rows, a, acc);
     const float v = mma_reduce<NCG>(acc, part);
     const int r = row0 + (threadIdx.x & 15), c = threadIdx.x >> 4;
     if (r < rows && c < a.ncols) jobs.y[j][(size_t)(blockIdx.x * MMA_COLS + c) * rows + r] = v;
 }
 
-template <int NCG>
+template <int NCG, bool PIPE>
 __device__ __forceinline__ void mma_silu(const uint8_t* wg, int tyg, const uint8_t* wu, int tyu, float* y, int rows,
                                          const Act& a, float* part) {
     const int row0 = blockIdx.y * MMA_ROWS;
     float acc[8 / NCG][NCG][4];
-    mma_rows_fmt<NCG>(tyg, wg, row0, rows, a, acc);
+    mma_rows_fmt<NCG, PIPE>(tyg, wg, row0, rows, a, acc);
     const float g = mma_reduce<NCG>(acc, part);
-    mma_rows_fmt<NCG>(tyu, wu, row0, rows, a, acc);
+    mma_rows_fmt<NCG, PIPE>(tyu, wu, row0, rows, a, acc);
     const float u = mma_reduce<NCG>(acc, part);
     const int r = row0 + (threadIdx.x & 15), c = threadIdx.x >> 4;
     if (r < rows && c < a.ncols) y[(size_t)(blockIdx.x * MMA_COLS + c) * rows + r] = g / (1.0f + expf(-g)) * u;
@@ -982,23 +1014,34 @@ __device__ __forceinline__ void pdl_wait_prefetch_silu_mma(const uint8_t* wg, in
 
 // Grid (ceil(ncols / 32), ceil(rows / 16) over the jobs, each job's rows padded to 16); block
 // 128 * ncg threads, ncg = 1, 2 or 4 (columns per slice up to 8, 16, 32).
+template <bool PIPE>
+__device__ __forceinline__ void mma_kernel(const MatvecJobs& jobs, const Act& act) {
+    __shared__ float part[MMA_PART];
+    const Act a = mma_slice(act);
+    switch (blockDim.x / 128) {
+    case 1: mma_jobs<1, PIPE>(jobs, a, part); break;
+    case 2: mma_jobs<2, PIPE>(jobs, a, part); break;
+    default: mma_jobs<4, PIPE>(jobs, a, part); break;
+    }
+}
+template <bool PIPE>
+__device__ __forceinline__ void mma_silu_kernel(const uint8_t* wg, int tyg, const uint8_t* wu, int tyu, float* y,
+                                                int rows, const Act& act) {
+    __shared__ float part[MMA_PART];
+    const Act a = mma_slice(act);
+    switch (blockDim.x / 128) {
+    case 1: mma_silu<1, PIPE>(wg, tyg, wu, tyu, y, rows, a, part); break;
+    case 2: mma_silu<2, PIPE>(wg, tyg, wu, tyu, y, rows, a, part); break;
+    default: mma_silu<4, PIPE>(wg, tyg, wu, tyu, y, rows, a, part); break;
+    }
+}
+#define MMA_PIPE_MATVEC true
+#define MMA_PIPE_SILU true
 extern "C" __global__ void __launch_bounds__(512) matvec_mma(MatvecJobs jobs, ACT_ARGS) {
     pdl_wait_prefetch_mma(jobs, K);
-    __shared__ float part[MMA_PART];
-    const Act a = mma_slice(ACT);
-    switch (blockDim.x / 128) {
-    case 1: mma_jobs<1>(jobs, a, part); break;
-    case 2: mma_jobs<2>(jobs, a, part); break;
-    default: mma_jobs<4>(jobs, a, part); break;
-    }
+    mma_kernel<MMA_PIPE_MATVEC>(jobs, ACT);
 }
 extern "C" __global__ void __launch_bounds__(512) matvec_silu_mma(SILU_ARGS, ACT_ARGS) {
     pdl_wait_prefetch_silu_mma(wg, tyg, wu, tyu, rows, K);
-    __shared__ float part[MMA_PART];
-    const Act a = mma_slice(ACT);
-    switch (blockDim.x / 128) {
-    case 1: mma_silu<1>(wg, tyg, wu, tyu, y, rows, a, part); break;
-    case 2: mma_silu<2>(wg, tyg, wu, tyu, y, rows, a, part); break;
-    default: mma_silu<4>(wg, tyg, wu, tyu, y, rows, a, part); break;
-    }
+    mma_silu_kernel<MMA_PIPE_SILU>(wg, tyg, wu, tyu, y, rows, ACT);
 }

@@ -621,10 +621,10 @@ mod tests {
                 let ncg = cfg.block_dim.0 as usize / 128;
                 assert!([1, 2, 4].contains(&ncg));
                 assert!(8 * ncg >= n.min(MMA_COLS), "{n} columns: {ncg} groups");
-                assert!(cfg.grid_dim.0 as usize * MMA_ROWS >= rows);
-                assert!(cfg.grid_dim.1 as usize * MMA_COLS >= n);
+                assert!(cfg.grid_dim.1 as usize * MMA_ROWS >= rows);
+                assert!(cfg.grid_dim.0 as usize * MMA_COLS >= n);
                 assert!(
-                    (cfg.grid_dim.1 as usize - 1) * MMA_COLS < n,
+                    (cfg.grid_dim.0 as usize - 1) * MMA_COLS < n,
                     "an empty column slice"
                 );
             }
