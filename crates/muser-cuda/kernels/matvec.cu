@@ -28,6 +28,8 @@
 // compares the bits).
 // Decode groups read the int8 activation in a k-major layout (see Act) so a warp's activation
 // loads are contiguous.
+// Decode groups of Q4_K/Q5_K matrices run on the integer tensor cores instead (matvec_mma,
+// matvec_silu_mma, v8 below: blocks of 16 rows x up to 32 columns), with the same bits.
 //
 // Versions: v1 (2026-11-29) one kernel per (format, columns), unaligned Q6_K loads.
 // v2 (2026-11-30) one kernel per column count with the format a warp-uniform switch, several
@@ -66,6 +68,34 @@
 // reach 80% of 4.5 TB/s (launch ramp and tail); v6 is at 65-73% of the roof at 75 MB, 74% at
 // 0.9 GB. Per-lane copies (each a half sector) held v7 at 1.4 TB/s whatever the depth; coalesced
 // copies reached the numbers above, best at 2 stages and 20 warps per SM.
+// v8 (2026-11-29) decode groups of Q4_K/Q5_K matrices on the integer tensor cores (matvec_mma,
+// matvec_silu_mma, at the end of this file; matvec_cols keeps Q6_K, Q8_0 and the float formats):
+// mma.sync m16n8k32 s8 per sub-block, the float expression of every item shared with matvec_1
+// (q45_tail) and matvec_1's per-lane order and warp_sum tree replayed, so every column keeps
+// matvec_1's bits. H200, scripts/matvec_lab/lab_mma.cu (cudaEvent-timed, weights rotated past
+// L2), matvec_cols / matvec_mma in us at 8 / 32 / 64 columns: Q4_K ffn_gate 19968x6656 98.8 /
+// 77.7, 354 / 221, 729 / 415; ffn_down 6656x19968 132 / 80.5, 295 / 239, 568 / 390; q+k+gate
+// 4096+256+4096 x6656 43.0 / 32.3, 153 / 94.2, 313 / 181; attn_output 6656x4096 24.1 / 22.1,
+// 70.3 / 63.8, 146 / 109; gate+up+SiLU 19968x6656 195 / 143, 702 / 413, 1445 / 776; Q5_K output
+// 202048x6656 1037 / 659, 3925 / 2154, 8051 / 4245 (matvec_1 at 1 column: 33.2, 32.5, 17.2, 10.2,
+// 57.2, 296). Every column bit-identical to matvec_1 (2..64 columns, odd shapes, multi-matrix
+// launches, mixed Q5_K/Q4_K SiLU); `muser check --quick --invariance` passed (213 checks, groups
+// of 1/2/8/16 bit-identical to solo on muse-tiny and llama-glimmer). llama-glimmer aggregate
+// decode tokens/s at 1 / 8 / 32 streams (`muser bench -s`, graphs+PDL, same call): v8 120.7 /
+// 304.9 / 489.7, matvec_cols (MUSER_CUDA_MMA=0) - / 256.9 / 371.0; llama.cpp batched-bench on the
+// same file: 100 / 332 / 1279. Still far from the weights' read time: the time grows with the
+// columns (0.26 TB/s at 32 columns), so the per-column work limits it, not the weights: each
+// block of 16 rows re-reads the whole activation of its columns (at 32 columns 266 KB for 60 KB of
+// weights; k-major 16-byte pieces, half of each 32-byte sector unused) and the epilogue costs
+// ~10 float operations per (row, column, item). Tried in run 5 (lab-run5.log), not adopted: the
+// next item's weights loaded before the current item's arithmetic (slower: 92.7 against 77.7 us
+// at 8 columns, equal at 32; the SiLU kernel spilled 1 KB). Measured there: the row-major
+// activation (32 contiguous bytes per lane quad) made that kernel 10-20% faster than the k-major
+// one at 8-64 columns with the same bits; not yet routed (the layout is chosen per activation in
+// matvec.rs and k-major also serves matvec_cols). Next: more rows per block sharing each
+// activation load (the 32 per-lane accumulators per output are what limits the rows: replaying
+// the warp_sum tree leaf by leaf, in its bit-reversed order, would need 6), then the activation
+// and its scales staged in shared memory.
 // v8 (2026-11-29) Q6_K rows in pairs: a pair's items loaded together, each 32-value piece of the
 // activation loaded once per pair (v6: once per row), and sum (q - 32) x formed as sum q x - sum
 // 32 x with the second once per piece (v6: a per-byte subtraction per row), the same integers
@@ -807,64 +837,31 @@ __device__ __forceinline__ void mma_prefetch_fmt(int ty, const uint8_t* w, int r
     else mma_prefetch<false>(w, row0, rows, K, q);
 }
 
-// The weight bytes of one item of rows g and g + 8 for lane t: the two headers, qs bytes
-// 8t .. 8t + 7 of the item and (Q5_K) qh bytes 8t .. 8t + 7.
-struct MmaRaw {
-    uint4 ha, hb;
-    uint2 qa, qb, xa, xb;
-};
-
-template <bool Q5>
-__device__ __forceinline__ MmaRaw mma_load(const uint8_t* wa, const uint8_t* wb, int it, int t) {
-    constexpr int BS = Q5 ? 176 : 144, QS = Q5 ? 48 : 16;
-    const int b = it >> 2, gi = it & 3;
-    const uint8_t* ba = wa + (size_t)b * BS;
-    const uint8_t* bb = wb + (size_t)b * BS;
-    MmaRaw r;
-    r.ha = *(const uint4*)ba;
-    r.hb = *(const uint4*)bb;
-    r.qa = *(const uint2*)(ba + QS + 32 * gi + 8 * t);
-    r.qb = *(const uint2*)(bb + QS + 32 * gi + 8 * t);
-    if (Q5) {
-        r.xa = *(const uint2*)(ba + 16 + 8 * t);
-        r.xb = *(const uint2*)(bb + 16 + 8 * t);
-    }
-    return r;
-}
-
 // acc[j][nt][e] += the items of lane w + W * j (matvec_1's lanes) of rows row0 + g (e < 2) or
-// row0 + g + 8 (e >= 2), column 8 nt + 2t + (e & 1) of `a`, in increasing order. The warp's
-// items go in sequence (round q, then j); with PIPE the next item's weights are loaded before the
-// current item's arithmetic (an index past the row's end loads its last item and is not used).
-template <int NCG, bool Q5, bool PIPE>
+// row0 + g + 8 (e >= 2), column 8 nt + 2t + (e & 1) of `a`, in increasing order.
+template <int NCG, bool Q5>
 __device__ __forceinline__ void mma_rows(const uint8_t* __restrict__ w, int row0, int rows, const Act& a,
                                          float (&acc)[8 / NCG][NCG][4]) {
-    constexpr int W = 4 * NCG, J = 32 / W, BS = Q5 ? 176 : 144;
+    constexpr int W = 4 * NCG, J = 32 / W, BS = Q5 ? 176 : 144, QS = Q5 ? 48 : 16;
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, g = lane >> 2, t = lane & 3;
     const int n = a.K / 64, nrounds = (n + 31) / 32, nb32 = a.K / 32;
     const size_t rb = (size_t)(a.K / QK_K) * BS;
     const uint8_t* wa = w + (size_t)min(row0 + g, rows - 1) * rb;
     const uint8_t* wb = w + (size_t)min(row0 + g + 8, rows - 1) * rb;
-    MmaRaw cur;
-    if (PIPE) cur = mma_load<Q5>(wa, wb, min(warp, n - 1), t);
 #pragma unroll 1
     for (int q = 0; q < nrounds; ++q) {
         mma_prefetch<Q5>(w, row0, rows, a.K, q + 2);
 #pragma unroll
         for (int j = 0; j < J; ++j) {
             const int it = 32 * q + warp + W * j;
-            MmaRaw raw;
-            if (PIPE) {
-                raw = cur;
-                cur = mma_load<Q5>(wa, wb, min(j + 1 < J ? it + W : 32 * (q + 1) + warp, n - 1), t);
-                if (it >= n) continue; // warp-uniform
-            } else {
-                if (it >= n) break;
-                raw = mma_load<Q5>(wa, wb, it, t);
-            }
-            const int gi = it & 3;
+            if (it >= n) break; // warp-uniform
+            const int b = it >> 2, gi = it & 3;
+            const uint8_t* ba = wa + (size_t)b * BS;
+            const uint8_t* bb = wb + (size_t)b * BS;
+            const uint4 ha = *(const uint4*)ba, hb = *(const uint4*)bb;
+            const uint2 qa = *(const uint2*)(ba + QS + 32 * gi + 8 * t), qb = *(const uint2*)(bb + QS + 32 * gi + 8 * t);
             // A registers: row g k 4t.., row g + 8 k 4t.., row g k 16 + 4t.., row g + 8 k 16 + 4t..
-            const uint32_t qw[4] = {raw.qa.x, raw.qb.x, raw.qa.y, raw.qb.y};
+            const uint32_t qw[4] = {qa.x, qb.x, qa.y, qb.y};
             int lo[4], hi[4];
 #pragma unroll
             for (int k = 0; k < 4; ++k) {
@@ -872,14 +869,15 @@ __device__ __forceinline__ void mma_rows(const uint8_t* __restrict__ w, int row0
                 hi[k] = (qw[k] >> 4) & 0x0F0F0F0F;
             }
             if (Q5) {
-                const uint32_t hw[4] = {raw.xa.x, raw.xb.x, raw.xa.y, raw.xb.y};
+                const uint2 xa = *(const uint2*)(ba + 16 + 8 * t), xb = *(const uint2*)(bb + 16 + 8 * t);
+                const uint32_t hw[4] = {xa.x, xb.x, xa.y, xb.y};
 #pragma unroll
                 for (int k = 0; k < 4; ++k) {
                     lo[k] |= ((hw[k] >> (2 * gi)) & 0x01010101) << 4;
                     hi[k] |= ((hw[k] >> (2 * gi + 1)) & 0x01010101) << 4;
                 }
             }
-            const MmaScales sa = mma_scales(raw.ha, gi), sb = mma_scales(raw.hb, gi);
+            const MmaScales sa = mma_scales(ha, gi), sb = mma_scales(hb, gi);
 #pragma unroll
             for (int nt = 0; nt < NCG; ++nt) {
                 const int cb = min(8 * nt + g, a.ncols - 1); // this lane's B column
@@ -904,7 +902,7 @@ __device__ __forceinline__ void mma_rows(const uint8_t* __restrict__ w, int row0
     }
 }
 
-template <int NCG, bool PIPE>
+template <int NCG>
 __device__ __forceinline__ void mma_rows_fmt(int ty, const uint8_t* w, int row0, int rows, const Act& a,
                                              float (&acc)[8 / NCG][NCG][4]) {
 #pragma unroll
@@ -913,8 +911,8 @@ __device__ __forceinline__ void mma_rows_fmt(int ty, const uint8_t* w, int row0,
         for (int nt = 0; nt < NCG; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[j][nt][e] = 0.0f;
-    if (ty == FMT_Q5_K) mma_rows<NCG, true, PIPE>(w, row0, rows, a, acc);
-    else mma_rows<NCG, false, PIPE>(w, row0, rows, a, acc);
+    if (ty == FMT_Q5_K) mma_rows<NCG, true>(w, row0, rows, a, acc);
+    else mma_rows<NCG, false>(w, row0, rows, a, acc);
 }
 
 // warp_sum of matvec_1 over the lanes' accumulators of output (row p % 16, column p / 16),
@@ -960,7 +958,7 @@ __device__ __forceinline__ Act mma_slice(const Act& a) {
 // Shared memory of the final tree: [4 * ncg][8 * ncg][16] floats, 32 KB at ncg = 4.
 #define MMA_PART (16 * 32 * MMA_ROWS)
 
-template <int NCG, bool PIPE>
+template <int NCG>
 __device__ __forceinline__ void mma_jobs(const MatvecJobs& jobs, const Act& a, float* part) {
     const int grow = blockIdx.y * MMA_ROWS;
     int j = 0;
@@ -970,20 +968,20 @@ __device__ __forceinline__ void mma_jobs(const MatvecJobs& jobs, const Act& a, f
     const int rows = jobs.rows[j], row0 = grow - jobs.start[j];
     if (row0 >= rows) return; // padding after the matrix's last row: the whole block
     float acc[8 / NCG][NCG][4];
-    mma_rows_fmt<NCG, PIPE>(jobs.ty[j], jobs.w[j], row0, rows, a, acc);
+    mma_rows_fmt<NCG>(jobs.ty[j], jobs.w[j], row0, rows, a, acc);
     const float v = mma_reduce<NCG>(acc, part);
     const int r = row0 + (threadIdx.x & 15), c = threadIdx.x >> 4;
     if (r < rows && c < a.ncols) jobs.y[j][(size_t)(blockIdx.x * MMA_COLS + c) * rows + r] = v;
 }
 
-template <int NCG, bool PIPE>
+template <int NCG>
 __device__ __forceinline__ void mma_silu(const uint8_t* wg, int tyg, const uint8_t* wu, int tyu, float* y, int rows,
                                          const Act& a, float* part) {
     const int row0 = blockIdx.y * MMA_ROWS;
     float acc[8 / NCG][NCG][4];
-    mma_rows_fmt<NCG, PIPE>(tyg, wg, row0, rows, a, acc);
+    mma_rows_fmt<NCG>(tyg, wg, row0, rows, a, acc);
     const float g = mma_reduce<NCG>(acc, part);
-    mma_rows_fmt<NCG, PIPE>(tyu, wu, row0, rows, a, acc);
+    mma_rows_fmt<NCG>(tyu, wu, row0, rows, a, acc);
     const float u = mma_reduce<NCG>(acc, part);
     const int r = row0 + (threadIdx.x & 15), c = threadIdx.x >> 4;
     if (r < rows && c < a.ncols) y[(size_t)(blockIdx.x * MMA_COLS + c) * rows + r] = g / (1.0f + expf(-g)) * u;
@@ -1014,34 +1012,23 @@ __device__ __forceinline__ void pdl_wait_prefetch_silu_mma(const uint8_t* wg, in
 
 // Grid (ceil(ncols / 32), ceil(rows / 16) over the jobs, each job's rows padded to 16); block
 // 128 * ncg threads, ncg = 1, 2 or 4 (columns per slice up to 8, 16, 32).
-template <bool PIPE>
-__device__ __forceinline__ void mma_kernel(const MatvecJobs& jobs, const Act& act) {
-    __shared__ float part[MMA_PART];
-    const Act a = mma_slice(act);
-    switch (blockDim.x / 128) {
-    case 1: mma_jobs<1, PIPE>(jobs, a, part); break;
-    case 2: mma_jobs<2, PIPE>(jobs, a, part); break;
-    default: mma_jobs<4, PIPE>(jobs, a, part); break;
-    }
-}
-template <bool PIPE>
-__device__ __forceinline__ void mma_silu_kernel(const uint8_t* wg, int tyg, const uint8_t* wu, int tyu, float* y,
-                                                int rows, const Act& act) {
-    __shared__ float part[MMA_PART];
-    const Act a = mma_slice(act);
-    switch (blockDim.x / 128) {
-    case 1: mma_silu<1, PIPE>(wg, tyg, wu, tyu, y, rows, a, part); break;
-    case 2: mma_silu<2, PIPE>(wg, tyg, wu, tyu, y, rows, a, part); break;
-    default: mma_silu<4, PIPE>(wg, tyg, wu, tyu, y, rows, a, part); break;
-    }
-}
-#define MMA_PIPE_MATVEC true
-#define MMA_PIPE_SILU true
 extern "C" __global__ void __launch_bounds__(512) matvec_mma(MatvecJobs jobs, ACT_ARGS) {
     pdl_wait_prefetch_mma(jobs, K);
-    mma_kernel<MMA_PIPE_MATVEC>(jobs, ACT);
+    __shared__ float part[MMA_PART];
+    const Act a = mma_slice(ACT);
+    switch (blockDim.x / 128) {
+    case 1: mma_jobs<1>(jobs, a, part); break;
+    case 2: mma_jobs<2>(jobs, a, part); break;
+    default: mma_jobs<4>(jobs, a, part); break;
+    }
 }
 extern "C" __global__ void __launch_bounds__(512) matvec_silu_mma(SILU_ARGS, ACT_ARGS) {
     pdl_wait_prefetch_silu_mma(wg, tyg, wu, tyu, rows, K);
-    mma_silu_kernel<MMA_PIPE_SILU>(wg, tyg, wu, tyu, y, rows, ACT);
+    __shared__ float part[MMA_PART];
+    const Act a = mma_slice(ACT);
+    switch (blockDim.x / 128) {
+    case 1: mma_silu<1>(wg, tyg, wu, tyu, y, rows, a, part); break;
+    case 2: mma_silu<2>(wg, tyg, wu, tyu, y, rows, a, part); break;
+    default: mma_silu<4>(wg, tyg, wu, tyu, y, rows, a, part); break;
+    }
 }

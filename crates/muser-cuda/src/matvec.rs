@@ -1,7 +1,8 @@
 //! Host side of `kernels/matvec.cu`: weight upload (Q6_K and Q8_0 repacked into 16-byte aligned
 //! planes), activation quantization, and launches of several matrices sharing one input for any
-//! number of columns: one column on `matvec_1`; decode groups of 2 to 64 columns on
-//! `matvec_cols` (groups of 8 columns, the weights read once per launch), with the same
+//! number of columns: one column on `matvec_1`; decode groups of 2 to 64 columns on the integer
+//! tensor cores for Q4_K/Q5_K (`matvec_mma`, `matvec_silu_mma`) and on `matvec_cols` for the
+//! other formats (groups of 8 columns, the weights read once per launch), both with the same
 //! arithmetic per column as one column alone, so a sequence's results never depend on the group;
 //! more columns (prefill) on the tensor cores (`mmq`).
 
