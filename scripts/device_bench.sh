@@ -67,6 +67,7 @@ if [ "${JOB:-}" = final ]; then
     step synth-muse-mid 60 "$BIN" synth muse-mid "$D"
     step check 200 "$BIN" check --backend cuda --quick --bench --model "$T" --model "$D" --invariance "$T" --invariance "$G"
     step bench-llama 90 "$BIN" bench --backend cuda -m "$G" -p 512 -n 128 -r "$REPS"
+    step bench-llama-f32attn 60 env MUSER_ATTN_MMA=0 "$BIN" bench --backend cuda -m "$G" -p 0 -n 128 -r "$REPS"
     step bench-llama-streams 90 "$BIN" bench --backend cuda -m "$G" -p 0 -n 64 -r 2 -s "${STREAMS:-1,8,32}"
     step bench-llama-d8192 90 "$BIN" bench --backend cuda -m "$G" -p 0 -n 128 -d 8192 -r 2
     step synth-muse-glimmer 150 "$BIN" synth muse-glimmer "$M"

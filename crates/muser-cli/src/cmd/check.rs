@@ -421,6 +421,11 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
     let (gc, gg) = p.weights(&tg)?;
     let tu = p.matrix("ffn_up", GgmlType::Q4_K, ffn, hidden)?;
     let (uc, ug) = p.weights(&tu)?;
+    // A Q6_K gate+up (the formats the tensor-core group kernel leaves to matvec_silu_cols).
+    let t6g = p.matrix("ffn_gate", GgmlType::Q6_K, 1024, hidden)?;
+    let (g6c, g6g) = p.weights(&t6g)?;
+    let t6u = p.matrix("ffn_up", GgmlType::Q6_K, 1024, hidden)?;
+    let (u6c, u6g) = p.weights(&t6u)?;
     // The other formats at one shape, for the routing of each (Q8_0, F16, BF16, F32, Q5_K).
     let mut other = Vec::new();
     for ty in [
@@ -754,34 +759,39 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
                     &alone,
                 );
             }
-            let (mut fc, mut fg) = (p.cpu.buf(n, ffn), p.gpu.buf(n, ffn));
-            p.cpu.ffn_gate_up_silu(&xc, &gc, &uc, &mut fc);
-            p.gpu.ffn_gate_up_silu(&xg, &gg, &ug, &mut fg);
-            let group = p.read_gpu(&fg);
-            let want = p.read_cpu(&fc);
-            p.record(
-                "gate_up_silu group",
-                format!("{ffn}x{hidden} x{n}"),
-                &group,
-                &want,
-                MATVEC_NMSE,
-            );
-            if n == 1 {
-                continue;
+            for (what, rows, (gcw, ggw), (ucw, ugw)) in [
+                (format!("Q4_K {ffn}x{hidden}"), ffn, (&gc, &gg), (&uc, &ug)),
+                (
+                    format!("Q6_K 1024x{hidden}"),
+                    1024,
+                    (&g6c, &g6g),
+                    (&u6c, &u6g),
+                ),
+            ] {
+                let (mut fc, mut fg) = (p.cpu.buf(n, rows), p.gpu.buf(n, rows));
+                p.cpu.ffn_gate_up_silu(&xc, gcw, ucw, &mut fc);
+                p.gpu.ffn_gate_up_silu(&xg, ggw, ugw, &mut fg);
+                let group = p.read_gpu(&fg);
+                let want = p.read_cpu(&fc);
+                p.record(
+                    "gate_up_silu group",
+                    format!("{what} x{n}"),
+                    &group,
+                    &want,
+                    MATVEC_NMSE,
+                );
+                if n == 1 {
+                    continue;
+                }
+                let mut alone = Vec::with_capacity(group.len());
+                for c in 0..n {
+                    let (_, x1) = p.bufs(1, hidden, &xdata[c * hidden..(c + 1) * hidden]);
+                    let mut f1 = p.gpu.buf(1, rows);
+                    p.gpu.ffn_gate_up_silu(&x1, ggw, ugw, &mut f1);
+                    alone.extend(p.read_gpu(&f1));
+                }
+                p.exact("silu col == alone", format!("{what} x{n}"), &group, &alone);
             }
-            let mut alone = Vec::with_capacity(group.len());
-            for c in 0..n {
-                let (_, x1) = p.bufs(1, hidden, &xdata[c * hidden..(c + 1) * hidden]);
-                let mut f1 = p.gpu.buf(1, ffn);
-                p.gpu.ffn_gate_up_silu(&x1, &gg, &ug, &mut f1);
-                alone.extend(p.read_gpu(&f1));
-            }
-            p.exact(
-                "silu col == alone",
-                format!("{ffn}x{hidden} x{n}"),
-                &group,
-                &alone,
-            );
         }
     }
 
