@@ -96,13 +96,12 @@
 // activation load (the 32 per-lane accumulators per output are what limits the rows: replaying
 // the warp_sum tree leaf by leaf, in its bit-reversed order, would need 6), then the activation
 // and its scales staged in shared memory.
-// v8 (2026-11-29) Q6_K rows in pairs: a pair's items loaded together, each 32-value piece of the
-// activation loaded once per pair (v6: once per row), and sum (q - 32) x formed as sum q x - sum
-// 32 x with the second once per piece (v6: a per-byte subtraction per row), the same integers
-// and the same float expression and order, so the bits are v6's. The one-column kernels are
-// capped at 128 registers (__launch_bounds__(128, 4): 16 warps per SM, no spills; the pairs
-// alone took them to 156). Programmatic dependent launch: the one-column kernels prefetch their
-// weight rows into L2 before waiting for the kernel before them (pdl_wait_prefetch_*).
+// Q6_K rows in pairs (2026-11-29, tried, reverted): a pair's items loaded together, the activation
+// once per pair, sum (q - 32) x as sum q x - sum 32 x (same bits as v6), capped at 128 registers.
+// H200 (`muser check --bench`, same call): Q6_K ffn_down 6656x19968 132 us = 826 GB/s, against
+// v6's ~71 us = 1.5 TB/s (half the weight loads in flight per lane); v6's Q6_K code is back.
+// Programmatic dependent launch (kept): the one-column kernels prefetch their weight rows into L2
+// before waiting for the kernel before them (pdl_wait_prefetch_*).
 
 
 // Activation quantizers, bit-identical to the CPU reference's (muser-quant, after ggml), so
@@ -362,6 +361,40 @@ __device__ __forceinline__ RawQ6 load_q6(const uint8_t* __restrict__ qa, const i
     return r;
 }
 
+template <int NC>
+__device__ __forceinline__ void dot_q6(const RawQ6& r, int item, const Act& a, float (&acc)[NC]) {
+    const int b = item >> 1, half = item & 1;
+    const uint32_t lw[16] = {r.l0.x, r.l0.y, r.l0.z, r.l0.w, r.l1.x, r.l1.y, r.l1.z, r.l1.w,
+                             r.l2.x, r.l2.y, r.l2.z, r.l2.w, r.l3.x, r.l3.y, r.l3.z, r.l3.w};
+    const uint32_t hw[8] = {r.h0.x, r.h0.y, r.h0.z, r.h0.w, r.h1.x, r.h1.y, r.h1.z, r.h1.w};
+    const int8_t* sc = (const int8_t*)&r.sc;
+    const int i0 = b * QK_K + half * 128;
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+        if (c >= a.ncols) break;
+        const float2* dsc = a.xds + (size_t)c * (a.K / 32) + i0 / 32;
+        float v = 0.0f;
+#pragma unroll
+        for (int qq = 0; qq < 4; ++qq) {
+            // Values 32qq .. 32qq + 31 of the half: low (qq < 2) or high nibbles of ql words
+            // 8 (qq & 1) .., high bits from bit pair qq of the qh words.
+            const int4 x0 = xq16<NC>(a, c, i0 + 32 * qq), x1 = xq16<NC>(a, c, i0 + 32 * qq + 16);
+            const int xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+            int s_lo = 0, s_hi = 0;
+#pragma unroll
+            for (int k = 0; k < 8; ++k) {
+                const int q = __vsub4(((lw[8 * (qq & 1) + k] >> (4 * (qq >> 1))) & 0x0F0F0F0F) |
+                                          (((hw[k] >> (2 * qq)) & 0x03030303) << 4),
+                                      0x20202020);
+                if (k < 4) s_lo = __dp4a(q, xv[k], s_lo);
+                else s_hi = __dp4a(q, xv[k], s_hi);
+            }
+            v += dsc[qq].x * (float)(sc[2 * qq] * s_lo + sc[2 * qq + 1] * s_hi);
+        }
+        acc[c] += r.d * v;
+    }
+}
+
 // Float formats: item = 16 weight bytes (4 f32 or 8 f16/bf16 values).
 template <int NC, int FMT>
 __device__ __forceinline__ void item_float(const uint8_t* __restrict__ row, int item, const Act& a,
@@ -432,6 +465,8 @@ __device__ __forceinline__ void item_fmt(const uint8_t* __restrict__ w, int row,
                                          float (&v)[NC]) {
     if constexpr (FMT == FMT_Q4_K || FMT == FMT_Q5_K) {
         dot_q45<NC, FMT == FMT_Q5_K>(raw_load<FMT>(w, row, rows, it, a), it, a, v);
+    } else if constexpr (FMT == FMT_Q6_K) {
+        dot_q6<NC>(raw_load<FMT>(w, row, rows, it, a), it, a, v);
     } else if constexpr (FMT == FMT_Q8_0) {
         const int8_t* qa = (const int8_t*)w + (size_t)row * a.K;
         const __half* dc = (const __half*)(w + (size_t)rows * a.K) + (size_t)row * (a.K / QK8_0);
@@ -483,65 +518,6 @@ __device__ __forceinline__ void rows_fmt(const uint8_t* __restrict__ w, int row0
                             float v = 0.0f;
                             v += q45_dot(u[r], x);
                             acc[r][c] += v;
-                        }
-                }
-            }
-        } else if constexpr (FMT == FMT_Q6_K) {
-            // v8: rows go in pairs; a pair's items are loaded together and each 32-value piece of
-            // the column's activation once for both. The integer sums are v6's exactly: sum (q - 32) x
-            // is computed as sum q x - sum 32 x, the second once per piece for both rows (no
-            // per-byte subtraction per row); the float expression and order per row are v6's.
-            const int b = it >> 1, half = it & 1, i0 = b * QK_K + half * 128;
-#pragma unroll
-            for (int rp = 0; rp < R; rp += 2) {
-                if (rp >= nr) break;
-                RawQ6 raw[2];
-#pragma unroll
-                for (int r = 0; r < 2; ++r)
-                    if (rp + r < nr) raw[r] = raw_load<FMT>(w, row0 + rp + r, rows, it, a);
-#pragma unroll
-                for (int c = 0; c < NC; ++c) {
-                    if (c >= a.ncols) break;
-                    const float2* dsc = a.xds + (size_t)c * (a.K / 32) + i0 / 32;
-                    float v[2] = {0.0f, 0.0f};
-#pragma unroll
-                    for (int qq = 0; qq < 4; ++qq) {
-                        const int4 x0 = xq16<NC>(a, c, i0 + 32 * qq), x1 = xq16<NC>(a, c, i0 + 32 * qq + 16);
-                        const int xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-                        int c_lo = 0, c_hi = 0;
-#pragma unroll
-                        for (int k = 0; k < 8; ++k) {
-                            if (k < 4) c_lo = __dp4a(0x20202020, xv[k], c_lo);
-                            else c_hi = __dp4a(0x20202020, xv[k], c_hi);
-                        }
-                        const float dx = dsc[qq].x;
-#pragma unroll
-                        for (int r = 0; r < 2; ++r)
-                            if (rp + r < nr) {
-                                const uint32_t lw[16] = {raw[r].l0.x, raw[r].l0.y, raw[r].l0.z, raw[r].l0.w,
-                                                         raw[r].l1.x, raw[r].l1.y, raw[r].l1.z, raw[r].l1.w,
-                                                         raw[r].l2.x, raw[r].l2.y, raw[r].l2.z, raw[r].l2.w,
-                                                         raw[r].l3.x, raw[r].l3.y, raw[r].l3.z, raw[r].l3.w};
-                                const uint32_t hw[8] = {raw[r].h0.x, raw[r].h0.y, raw[r].h0.z, raw[r].h0.w,
-                                                        raw[r].h1.x, raw[r].h1.y, raw[r].h1.z, raw[r].h1.w};
-                                const int8_t* sc = (const int8_t*)&raw[r].sc;
-                                int s_lo = 0, s_hi = 0;
-#pragma unroll
-                                for (int k = 0; k < 8; ++k) {
-                                    const int q = ((lw[8 * (qq & 1) + k] >> (4 * (qq >> 1))) & 0x0F0F0F0F) |
-                                                  (((hw[k] >> (2 * qq)) & 0x03030303) << 4);
-                                    if (k < 4) s_lo = __dp4a(q, xv[k], s_lo);
-                                    else s_hi = __dp4a(q, xv[k], s_hi);
-                                }
-                                v[r] += dx * (float)(sc[2 * qq] * (s_lo - c_lo) + sc[2 * qq + 1] * (s_hi - c_hi));
-                            }
-                    }
-#pragma unroll
-                    for (int r = 0; r < 2; ++r)
-                        if (rp + r < nr) {
-                            float t = 0.0f;
-                            t += raw[r].d * v[r];
-                            acc[rp + r][c] += t;
                         }
                 }
             }
@@ -728,7 +704,7 @@ __device__ __forceinline__ void pdl_wait_prefetch_silu(const uint8_t* wg, int ty
     pdl_wait();
 }
 
-extern "C" __global__ void __launch_bounds__(128, 4) matvec_1(MatvecJobs jobs, ACT_ARGS) {
+extern "C" __global__ void __launch_bounds__(128) matvec_1(MatvecJobs jobs, ACT_ARGS) {
     pdl_wait_prefetch_jobs(jobs, (blockIdx.x * 4 + threadIdx.x / WARP) * MATVEC_R, K);
     matvec_warp<1, MATVEC_R>(jobs, (blockIdx.x * 4 + threadIdx.x / WARP) * MATVEC_R, ACT, 0);
 }
@@ -736,7 +712,7 @@ extern "C" __global__ void __launch_bounds__(256) matvec_cols(MatvecJobs jobs, A
     pdl_wait();
     matvec_groups(jobs, ACT);
 }
-extern "C" __global__ void __launch_bounds__(128, 4) matvec_silu_1(SILU_ARGS, ACT_ARGS) {
+extern "C" __global__ void __launch_bounds__(128) matvec_silu_1(SILU_ARGS, ACT_ARGS) {
     pdl_wait_prefetch_silu(wg, tyg, wu, tyu, rows, (blockIdx.x * 4 + threadIdx.x / WARP) * MATVEC_R, K);
     silu_warp<1, MATVEC_R>(wg, tyg, wu, tyu, y, rows, (blockIdx.x * 4 + threadIdx.x / WARP) * MATVEC_R, ACT, 0);
 }
