@@ -1426,7 +1426,7 @@ mod tests {
         assert!(mma_attention_fits(128, 4));
         assert!(!mma_attention_fits(128, 17) && !mma_attention_fits(64, 8));
         // The merge area fits in the V rows' shared memory.
-        assert!(2 * 16 * 128 * 4 + 2 * 16 * 8 <= ATTN_MMA_SMEM && ATTN_MMA_SMEM <= 48 * 1024);
+        const { assert!(2 * 16 * 128 * 4 + 2 * 16 * 8 <= ATTN_MMA_SMEM && ATTN_MMA_SMEM <= 48 * 1024) };
     }
 
     #[test]

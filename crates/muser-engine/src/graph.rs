@@ -77,6 +77,7 @@ pub fn forward<B: Backend>(
 /// `kvs[t]` (a single sequence's decode is a group of one). Goes through
 /// `Backend::decode_step`, so a backend may replay a recording of an earlier step of the same
 /// shape (`rec`, kept by the caller with `s`) instead of issuing the ops again.
+#[allow(clippy::too_many_arguments)]
 pub fn decode_step<B: Backend>(
     be: &B,
     c: &ModelConfig,
