@@ -514,23 +514,30 @@ extern "C" __global__ void __launch_bounds__(128) attn_rows_64(ROWS_ARGS) { pdl_
 extern "C" __global__ void __launch_bounds__(128) attn_rows_128(ROWS_ARGS) { pdl_wait(); attn_rows_partial<128>(ROWS_PASS); }
 extern "C" __global__ void __launch_bounds__(128) attn_rows_256(ROWS_ARGS) { pdl_wait(); attn_rows_partial<256>(ROWS_PASS); }
 
-// out[row][h][d] = sum_s e^(m_s - M) o_s[d] / sum_s e^(m_s - M) l_s, in split order, skipping
-// empty splits (max -inf). Launch: grid (n_head, n_rows), D threads.
-extern "C" __global__ void attn_combine(const float* __restrict__ o_part, const float2* __restrict__ ml_part,
-                                        float* __restrict__ out, int n_head, int n_splits, int D) { pdl_wait();
-    const int h = blockIdx.x, row = blockIdx.y, d = threadIdx.x;
-    const size_t base = ((size_t)row * n_head + h) * n_splits;
+// Value d of a (row, head)'s output from its first ns partials (at base, stride D values each):
+// sum_s e^(m_s - M) o_s[d] / sum_s e^(m_s - M) l_s in split order, skipping empty splits (max -inf).
+__device__ __forceinline__ float merge_splits(const float* __restrict__ o_part, const float2* __restrict__ ml_part,
+                                              size_t base, int ns, int D, int d) {
     float M = -INFINITY;
-    for (int s = 0; s < n_splits; ++s) M = fmaxf(M, ml_part[base + s].x);
+    for (int s = 0; s < ns; ++s) M = fmaxf(M, ml_part[base + s].x);
     float num = 0.0f, den = 0.0f;
-    for (int s = 0; s < n_splits; ++s) {
+    for (int s = 0; s < ns; ++s) {
         const float2 ml = ml_part[base + s];
         if (ml.x == -INFINITY) continue;
         const float w = expf(ml.x - M);
         num += w * o_part[(base + s) * D + d];
         den += w * ml.y;
     }
-    out[((size_t)row * n_head + h) * D + d] = num / den;
+    return num / den;
+}
+
+// out[row][h][d] = sum_s e^(m_s - M) o_s[d] / sum_s e^(m_s - M) l_s, in split order, skipping
+// empty splits (max -inf). Launch: grid (n_head, n_rows), D threads.
+extern "C" __global__ void attn_combine(const float* __restrict__ o_part, const float2* __restrict__ ml_part,
+                                        float* __restrict__ out, int n_head, int n_splits, int D) { pdl_wait();
+    const int h = blockIdx.x, row = blockIdx.y, d = threadIdx.x;
+    const size_t base = ((size_t)row * n_head + h) * n_splits;
+    out[((size_t)row * n_head + h) * D + d] = merge_splits(o_part, ml_part, base, n_splits, D, d);
 }
 
 // Decode groups: as attn_combine over row t's own splits (solo_split of the positions it sees,
@@ -545,18 +552,8 @@ extern "C" __global__ void attn_rows_combine(const float* __restrict__ o_part, c
     const int lo = window > 0 ? max(0, p - window + 1) : 0;
     const int ns = solo_split(p + 1 - lo, solo).x;
     const size_t base = ((size_t)row * n_head + h) * n_splits;
-    float M = -INFINITY;
-    for (int s = 0; s < ns; ++s) M = fmaxf(M, ml_part[base + s].x);
-    float num = 0.0f, den = 0.0f;
-    for (int s = 0; s < ns; ++s) {
-        const float2 ml = ml_part[base + s];
-        if (ml.x == -INFINITY) continue;
-        const float w = expf(ml.x - M);
-        num += w * o_part[(base + s) * D + d];
-        den += w * ml.y;
-    }
     const size_t i = ((size_t)row * n_head + h) * D + d;
-    float o = num / den;
+    float o = merge_splits(o_part, ml_part, base, ns, D, d);
     if (gate) o *= 1.0f / (1.0f + expf(-gate[i]));
     out[i] = o;
 }

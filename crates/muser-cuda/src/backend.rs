@@ -138,6 +138,19 @@ pub struct CudaRecording {
 // of graph objects (they are not internally synchronized).
 unsafe impl Send for CudaRecording {}
 
+/// Panics (naming `op`) when a row's position is past the plane of a full layer's cache: the
+/// store would write outside it. Rings wrap.
+fn check_plane_positions(op: &str, kvs: &[&mut CudaKv], layer: usize, pos: &[usize]) {
+    for (kv, &p) in kvs.iter().zip(pos) {
+        let s = &kv.layers[layer].spec;
+        assert!(
+            s.is_ring() || p < s.slots,
+            "{op}: position {p} past the plane of {}",
+            s.slots
+        );
+    }
+}
+
 /// Panics with the driver's message: the trait's ops cannot return errors (see the module doc).
 fn ck<T>(r: std::result::Result<T, impl std::fmt::Display>, what: &str) -> T {
     r.unwrap_or_else(|e| panic!("CUDA {what}: {e}"))
@@ -1170,14 +1183,7 @@ impl Backend for CudaBackend {
                     spec.n_head_kv,
                     spec.head_dim
                 );
-                for (kv, &p) in kvs.iter().zip(pos) {
-                    let s = &kv.layers[layer].spec;
-                    assert!(
-                        s.is_ring() || p < s.slots,
-                        "kv_store_rows: position {p} past the plane of {}",
-                        s.slots
-                    );
-                }
+                check_plane_positions("kv_store_rows", kvs, layer, pos);
                 let (pp, tab) = self.row_tables(kvs, layer, pos);
                 let (kp, vp) = (self.p(&k.data), self.p(&v.data));
                 let (ni, wi, ring) = (n as i32, width as i32, i32::from(spec.is_ring()));
@@ -1228,14 +1234,7 @@ impl Backend for CudaBackend {
                     spec.n_head_kv,
                     spec.head_dim
                 );
-                for (kv, &p) in kvs.iter().zip(pos) {
-                    let s = &kv.layers[layer].spec;
-                    assert!(
-                        s.is_ring() || p < s.slots,
-                        "qkv_rows: position {p} past the plane of {}",
-                        s.slots
-                    );
-                }
+                check_plane_positions("qkv_rows", kvs, layer, pos);
                 let (pp, tab) = self.row_tables(kvs, layer, pos);
                 let (qn, kn, eps) = norms.map_or((0, 0, 0.0), |(a, b, e)| {
                     (a.vec_ptr(&self.gpu), b.vec_ptr(&self.gpu), e)
