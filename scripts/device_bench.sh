@@ -102,6 +102,30 @@ if [ "${JOB:-}" = final ]; then
     exit 0
 fi
 
+if [ "${JOB:-}" = parity ]; then
+    # The parity command at the Glimmer shapes (every op, both sides of every routing boundary),
+    # whole-model parity of muse-tiny and muse-mid against the CPU backend, batch invariance with
+    # graph replay on muse-tiny and llama-glimmer, the matvec timings, then tg128 on llama-glimmer.
+    G=$MODELS/llama-glimmer.gguf T=$MODELS/muse-tiny.gguf D=$MODELS/muse-mid.gguf
+    step synth-llama-glimmer 90 "$BIN" synth llama-glimmer "$G"
+    step synth-muse-tiny 30 "$BIN" synth muse-tiny "$T"
+    step synth-muse-mid 60 "$BIN" synth muse-mid "$D"
+    step check 300 "$BIN" check --backend cuda --bench --model "$T" --model "$D" --invariance "$T" --invariance "$G"
+    step bench-llama 90 "$BIN" bench --backend cuda -m "$G" -p 512 -n 128 -r "$REPS" --audit
+    step bench-llama-streams 90 "$BIN" bench --backend cuda -m "$G" -p 0 -n 64 -r 2 -s "${STREAMS:-1,8,32}"
+    step profile 60 "$BIN" check --backend cuda --no-ops --speed "$G" --group-profile 8,32
+    echo
+    echo "================ short table ================"
+    echo "check: $(grep -hcE "^ok" "$OUT/check.log") ok, $(grep -hcE "^FAIL" "$OUT/check.log") FAIL"
+    grep -hE "^FAIL|never dispatched|^all |decode_greedy|batch invariance|^model |speed" "$OUT/check.log" | head -24
+    grep -h "^decode group of\|^speed" "$OUT/profile.log"
+    sed -n '/^matvec timing/,/^$/p' "$OUT/check.log" | head -16
+    grep -h "^| .*CUDA" "$OUT"/bench-*.log
+    grep -h "one decode step launches\|never dispatched by" "$OUT/bench-llama.log"
+    cat "$OUT/summary.txt"
+    exit 0
+fi
+
 if [ "${JOB:-}" = graphs ]; then
     # Quick A/B of the decode-step recording: parity and invariance (graph replay against op by
     # op), then tg128 with graphs+PDL, graphs alone and neither, and at depth 8192.

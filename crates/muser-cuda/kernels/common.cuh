@@ -109,3 +109,43 @@ __device__ __forceinline__ int load_i32_a2(const uint8_t* p) {
     const uint16_t* h = (const uint16_t*)p;
     return (int)((uint32_t)h[0] | ((uint32_t)h[1] << 16));
 }
+
+// ---------------------------------------------------------------------------------------------
+// The canonical K-quant dot product (batch invariance). Every kernel that multiplies a Q4_K,
+// Q5_K or Q6_K matrix by a Q8_K-quantized activation (matvec_1 and matvec_cols in matvec.cu, the
+// tensor-core tiles of mmk.cu) gives output (row r, column c) the bits of this definition,
+// whatever the number of columns and however it splits the work:
+//   y = 0; for each chunk of KQ_CHUNK consecutive super-blocks (the last may be shorter), in
+//   increasing order: { c = 0; for each super-block b of the chunk in increasing order:
+//   c = c + v_b; y = y + c }
+// (f32 adds; the chunks let a kernel split K over warps and still add in this order), with
+// super-block b's value v_b computed from exact integers:
+//   Q4_K/Q5_K: isc = sum_s sc_s * (sum_{k in s} q_k x_k), im = sum_s m_s * (sum_{k in s} x_k)
+//              over the 8 sub-blocks s of 32 values; v_b = dx * (d * isc - dmin * im)
+//   Q6_K:      isc = sum_s sc_s * (sum_{k in s} (q_k - 32) x_k) over the 16 sub-blocks of 16;
+//              v_b = dx * (d * isc)
+// (q the quants, sc / m the sub-block scales / mins, d / dmin the super-block's factors, x the
+// int8 activation and dx its scale for these 256 values). The integer sums are exact in any
+// order (|isc| < 2^28, |im| < 2^21), so a kernel may split them over lanes, dp4a or MMA tiles
+// as it likes; the float steps are written with intrinsics so that no FMA contraction can
+// change them from one kernel to another.
+__device__ __forceinline__ float kq_value_q45(float d, float dmin, int isc, int im, float dx) {
+    return __fmul_rn(dx, __fmaf_rn(d, __int2float_rn(isc), -__fmul_rn(dmin, __int2float_rn(im))));
+}
+__device__ __forceinline__ float kq_value_q6(float d, int isc, float dx) {
+    return __fmul_rn(dx, __fmul_rn(d, __int2float_rn(isc)));
+}
+__device__ __forceinline__ float kq_add(float y, float v) { return __fadd_rn(y, v); }
+#define KQ_CHUNK 4
+
+// Up to four matrices sharing one input (Q/K/V/gate); rows of job j are global rows
+// start[j] .. start[j + 1] of the launch (each job's rows padded to the kernel's row block, so
+// a warp's or block's rows never straddle two matrices). y[j] is [ncols][rows[j]].
+struct MatvecJobs {
+    const uint8_t* w[4];
+    float* y[4];
+    int rows[4];
+    int ty[4];
+    int start[5];
+    int njobs;
+};

@@ -108,13 +108,16 @@
 // that a GPU dot and a CPU dot sum the same integers: quantize_q8_k for the K-quants (one f32
 // scale per 256 values: iscale = -127 / (the value of largest magnitude, first on ties),
 // q = min(127, round-half-even(iscale * x)), d = 1 / iscale), quantize_q8_0 for Q8_0 (one scale
-// per 32: d = amax / 127 rounded to f16, q = roundf(x / d)). Both write q: int8 [n][32] and
-// ds: (d, d * sum(q)) per 32 values (the second for the Q4_K/Q5_K mins).
+// per 32: d = amax / 127 rounded to f16, q = roundf(x / d)). Both write q: int8 [n][32];
+// quantize_q8_k also ds: (d, sum(q)) per 32 values (the sum exact as a float, for the Q4_K/Q5_K
+// mins) and bs: the 8 sums of each 256 values split as lo + 64 hi, int8 [n / 256][lo 8, hi 8];
+// quantize_q8_0 ds: (d, d * sum(q)).
 
 // One warp per 256 values (lane l takes values 8l .. 8l + 7); n_blocks counts 256-blocks of
 // columns K wide. kmajor: each column's K bytes in the k-major layout of `xq16` (decode groups).
 extern "C" __global__ void quantize_q8_k(const float* __restrict__ x, int8_t* __restrict__ q,
-                                         float2* __restrict__ ds, int n_blocks, int K, int kmajor) { pdl_wait();
+                                         float2* __restrict__ ds, int8_t* __restrict__ bs, int n_blocks, int K,
+                                         int kmajor) { pdl_wait();
     const int blk = blockIdx.x * 4 + threadIdx.x / WARP;
     const int lane = threadIdx.x % WARP;
     if (blk >= n_blocks) return;
@@ -153,7 +156,12 @@ extern "C" __global__ void quantize_q8_k(const float* __restrict__ x, int8_t* __
     // Lanes 4j .. 4j + 3 hold the 32-block j.
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    if ((lane & 3) == 0) ds[(size_t)blk * 8 + lane / 4] = make_float2(d, d * (float)sum);
+    if ((lane & 3) == 0) {
+        ds[(size_t)blk * 8 + lane / 4] = make_float2(d, (float)sum);
+        // The sum split as lo + 64 hi (lo 0..63, hi -64..63), both int8, for the mins MMA of mmk.cu.
+        bs[(size_t)blk * 16 + lane / 4] = (int8_t)(sum & 63);
+        bs[(size_t)blk * 16 + 8 + lane / 4] = (int8_t)(sum >> 6);
+    }
 }
 
 // One warp per 32 values; n_blocks counts 32-blocks.
@@ -304,38 +312,6 @@ __device__ __forceinline__ X64 load_x64(const Act& a, int c, int i0) {
     return x;
 }
 
-// The one float expression of a Q4_K/Q5_K item's dot with one column, from its two sub-block
-// sums scaled by their 6-bit scales (f0 = sc0 * s0, f1 = sc1 * s1, exact integers), its two mins
-// and the column's (d, d * sum) of the two sub-blocks (dd). Every kernel that serves Q4_K/Q5_K
-// to decode (matvec_1, matvec_cols, matvec_mma) ends each item with this function, so each
-// compiles it to the same float operations (the same contractions into FMA).
-__device__ __forceinline__ float q45_tail(float2 dm, float f0, float f1, float fm0, float fm1, float4 dd) {
-    return dm.x * (f0 * dd.x + f1 * dd.z) - dm.y * (fm0 * dd.y + fm1 * dd.w);
-}
-
-// The item's dot with one column: integer sub-block sums, then one fixed float expression.
-__device__ __forceinline__ float q45_dot(const Q45& u, const X64& x) {
-    const int xa[8] = {x.x0.x, x.x0.y, x.x0.z, x.x0.w, x.x1.x, x.x1.y, x.x1.z, x.x1.w};
-    const int xb[8] = {x.x2.x, x.x2.y, x.x2.z, x.x2.w, x.x3.x, x.x3.y, x.x3.z, x.x3.w};
-    int s0 = 0, s1 = 0;
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-        s0 = __dp4a(u.lo[k], xa[k], s0);
-        s1 = __dp4a(u.hi[k], xb[k], s1);
-    }
-    return q45_tail(u.dm, (float)(u.sc0 * s0), (float)(u.sc1 * s1), (float)u.m0, (float)u.m1, x.dd);
-}
-
-template <int NC, bool Q5>
-__device__ __forceinline__ void dot_q45(const RawQ45& r, int item, const Act& a, float (&acc)[NC]) {
-    const Q45 u = unpack_q45<Q5>(r, item);
-#pragma unroll
-    for (int c = 0; c < NC; ++c) {
-        if (c >= a.ncols) break;
-        acc[c] += q45_dot(u, load_x64<NC>(a, c, u.i0));
-    }
-}
-
 // Q6_K, repacked: plane A [rows][nb][192] = ql[128] qh[64]; plane B [rows][nb][16] scales;
 // plane C [rows][nb] d (f16). Item = (super-block b, half): 128 values from 64 ql and 32 qh
 // bytes (SPEC section 8's layout), 8 scales of 16 values.
@@ -361,38 +337,35 @@ __device__ __forceinline__ RawQ6 load_q6(const uint8_t* __restrict__ qa, const i
     return r;
 }
 
+// The canonical integer sum of a Q6_K item (half a super-block: 8 sub-blocks of 16) with column
+// c: isc = sum_s sc_s * sum_{k in s} (q_k - 32) x_k.
 template <int NC>
-__device__ __forceinline__ void dot_q6(const RawQ6& r, int item, const Act& a, float (&acc)[NC]) {
+__device__ __forceinline__ int q6_isc(const RawQ6& r, int item, const Act& a, int c) {
     const int b = item >> 1, half = item & 1;
     const uint32_t lw[16] = {r.l0.x, r.l0.y, r.l0.z, r.l0.w, r.l1.x, r.l1.y, r.l1.z, r.l1.w,
                              r.l2.x, r.l2.y, r.l2.z, r.l2.w, r.l3.x, r.l3.y, r.l3.z, r.l3.w};
     const uint32_t hw[8] = {r.h0.x, r.h0.y, r.h0.z, r.h0.w, r.h1.x, r.h1.y, r.h1.z, r.h1.w};
     const int8_t* sc = (const int8_t*)&r.sc;
     const int i0 = b * QK_K + half * 128;
+    int isc = 0;
 #pragma unroll
-    for (int c = 0; c < NC; ++c) {
-        if (c >= a.ncols) break;
-        const float2* dsc = a.xds + (size_t)c * (a.K / 32) + i0 / 32;
-        float v = 0.0f;
+    for (int qq = 0; qq < 4; ++qq) {
+        // Values 32qq .. 32qq + 31 of the half: low (qq < 2) or high nibbles of ql words
+        // 8 (qq & 1) .., high bits from bit pair qq of the qh words.
+        const int4 x0 = xq16<NC>(a, c, i0 + 32 * qq), x1 = xq16<NC>(a, c, i0 + 32 * qq + 16);
+        const int xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+        int s_lo = 0, s_hi = 0;
 #pragma unroll
-        for (int qq = 0; qq < 4; ++qq) {
-            // Values 32qq .. 32qq + 31 of the half: low (qq < 2) or high nibbles of ql words
-            // 8 (qq & 1) .., high bits from bit pair qq of the qh words.
-            const int4 x0 = xq16<NC>(a, c, i0 + 32 * qq), x1 = xq16<NC>(a, c, i0 + 32 * qq + 16);
-            const int xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-            int s_lo = 0, s_hi = 0;
-#pragma unroll
-            for (int k = 0; k < 8; ++k) {
-                const int q = __vsub4(((lw[8 * (qq & 1) + k] >> (4 * (qq >> 1))) & 0x0F0F0F0F) |
-                                          (((hw[k] >> (2 * qq)) & 0x03030303) << 4),
-                                      0x20202020);
-                if (k < 4) s_lo = __dp4a(q, xv[k], s_lo);
-                else s_hi = __dp4a(q, xv[k], s_hi);
-            }
-            v += dsc[qq].x * (float)(sc[2 * qq] * s_lo + sc[2 * qq + 1] * s_hi);
+        for (int k = 0; k < 8; ++k) {
+            const int q = __vsub4(((lw[8 * (qq & 1) + k] >> (4 * (qq >> 1))) & 0x0F0F0F0F) |
+                                      (((hw[k] >> (2 * qq)) & 0x03030303) << 4),
+                                  0x20202020);
+            if (k < 4) s_lo = __dp4a(q, xv[k], s_lo);
+            else s_hi = __dp4a(q, xv[k], s_hi);
         }
-        acc[c] += r.d * v;
+        isc += sc[2 * qq] * s_lo + sc[2 * qq + 1] * s_hi;
     }
+    return isc;
 }
 
 // Float formats: item = 16 weight bytes (4 f32 or 8 f16/bf16 values).
@@ -463,11 +436,7 @@ __device__ __forceinline__ auto raw_load(const uint8_t* __restrict__ w, int row,
 template <int NC, int FMT>
 __device__ __forceinline__ void item_fmt(const uint8_t* __restrict__ w, int row, int rows, int it, const Act& a,
                                          float (&v)[NC]) {
-    if constexpr (FMT == FMT_Q4_K || FMT == FMT_Q5_K) {
-        dot_q45<NC, FMT == FMT_Q5_K>(raw_load<FMT>(w, row, rows, it, a), it, a, v);
-    } else if constexpr (FMT == FMT_Q6_K) {
-        dot_q6<NC>(raw_load<FMT>(w, row, rows, it, a), it, a, v);
-    } else if constexpr (FMT == FMT_Q8_0) {
+    if constexpr (FMT == FMT_Q8_0) {
         const int8_t* qa = (const int8_t*)w + (size_t)row * a.K;
         const __half* dc = (const __half*)(w + (size_t)rows * a.K) + (size_t)row * (a.K / QK8_0);
         item_q8_0<NC>(qa, dc, it, a, v);
@@ -476,52 +445,179 @@ __device__ __forceinline__ void item_fmt(const uint8_t* __restrict__ w, int row,
     }
 }
 
-// acc[r][c] += this lane's share of rows row0 .. row0 + nr - 1 (nr <= R) dotted with column c,
-// in the row-aligned order (v6): lane l takes items l, l + 32, ... of each of the warp's nr rows,
-// the rows' items at one position together, so a Q4_K/Q5_K column's activation (64 int8 values
-// and their scales) is loaded once for the R rows instead of once per row, and R weight loads
-// are in flight per lane. Lanes past a row's last item idle (6656-wide Q4_K rows: 104 items, 4
-// rounds of 32). Each row's per-lane sum runs over its items in increasing order whatever NC,
-// and the same warp sum follows, so the 1-column and the group kernels agree bit for bit.
+// The K-quant integer sums of one item (a Q4_K/Q5_K quarter super-block) with one column:
+// isc = sc0 * s0 + sc1 * s1 and im = m0 * xsum0 + m1 * xsum1 (the canonical order's integers,
+// common.cuh; the activation's sub-block sums arrive as exact floats in dd.y, dd.w).
+__device__ __forceinline__ void q45_ints(const Q45& u, const X64& x, int* isc, int* im) {
+    const int xa[8] = {x.x0.x, x.x0.y, x.x0.z, x.x0.w, x.x1.x, x.x1.y, x.x1.z, x.x1.w};
+    const int xb[8] = {x.x2.x, x.x2.y, x.x2.z, x.x2.w, x.x3.x, x.x3.y, x.x3.z, x.x3.w};
+    int s0 = 0, s1 = 0;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+        s0 = __dp4a(u.lo[k], xa[k], s0);
+        s1 = __dp4a(u.hi[k], xb[k], s1);
+    }
+    *isc = u.sc0 * s0 + u.sc1 * s1;
+    *im = u.m0 * __float2int_rn(x.dd.y) + u.m1 * __float2int_rn(x.dd.w);
+}
+
+// Sum of the lanes' integers over the `per` lanes (2 or 4, aligned) of one super-block: exact.
+template <int PER>
+__device__ __forceinline__ int sb_reduce(int v) {
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    if (PER == 4) v += __shfl_xor_sync(0xffffffffu, v, 2);
+    return v;
+}
+
+// K-quant rows in the canonical order (common.cuh): lane l takes items l, l + 32, .. of each of
+// the warp's nr rows (an item is a quarter super-block of Q4_K/Q5_K, a half of Q6_K), the rows'
+// items at one position together, so a column's activation is loaded once for the R rows and R
+// weight loads are in flight per lane. The PER = 4 (2) lanes of a super-block add their integer
+// sums exactly (shuffles), each computes v_b, and the warp adds the round's 8 (16) v_b, gathered
+// from their lanes, chunk by chunk into acc: every lane ends with the row's sum, whatever NC.
+// Q4_K/Q5_K: the next round's weights and activation are loaded before this round's shuffles,
+// so the loads are in flight while the warp reduces.
+
+// acc[r][c] += the round's chunks: v[r][c] of the super-blocks j = 0 .. nsb - 1 held by lanes PER * j.
+template <int NC, int R, int PER>
+__device__ __forceinline__ void kq_gather(const float (&v)[R][NC], int nsb, int nr, int ncols, float (&acc)[R][NC]) {
+    constexpr int SB = WARP / PER;
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+        if (r < nr)
+#pragma unroll
+            for (int c = 0; c < NC; ++c) {
+                if (c >= ncols) break;
+                float ch = 0.0f;
+#pragma unroll
+                for (int j = 0; j < SB; ++j) {
+                    if (j >= nsb) break; // warp-uniform
+                    ch = kq_add(ch, __shfl_sync(0xffffffffu, v[r][c], PER * j));
+                    if (j % KQ_CHUNK == KQ_CHUNK - 1 || j == nsb - 1) {
+                        acc[r][c] = kq_add(acc[r][c], ch);
+                        ch = 0.0f;
+                    }
+                }
+            }
+}
+
 template <int NC, int R, int FMT>
-__device__ __forceinline__ void rows_fmt(const uint8_t* __restrict__ w, int row0, int nr, int rows, const Act& a,
-                                             float (&acc)[R][NC]) {
-    const int n = items_per_row(FMT, a.K);
+__device__ __forceinline__ void rows_kq(const uint8_t* __restrict__ w, int row0, int nr, int rows, const Act& a,
+                                        float (&acc)[R][NC]) {
+    constexpr bool Q6 = FMT == FMT_Q6_K;
+    constexpr int PER = Q6 ? 2 : 4, SB = WARP / PER;
+    static_assert(SB % KQ_CHUNK == 0, "a round holds whole chunks");
+    const int n = items_per_row(FMT, a.K), lane = threadIdx.x % WARP;
+    if constexpr (Q6) {
 #pragma unroll 1
-    for (int it = threadIdx.x % WARP; it < n; it += WARP) {
-        if constexpr (FMT == FMT_Q4_K || FMT == FMT_Q5_K) {
-            RawQ45 raw[R];
+        for (int base = 0; base < n; base += WARP) {
+            const int it = min(base + lane, n - 1); // lanes past the row's end are never gathered
+            float v[R][NC];
+            // One row at a time (a Q6_K item is 27 registers; four at once spill).
 #pragma unroll
             for (int r = 0; r < R; ++r)
-                if (r < nr) raw[r] = raw_load<FMT>(w, row0 + r, rows, it, a);
-            if constexpr (NC == 1) {
-                const X64 x = load_x64<NC>(a, 0, (it >> 2) * QK_K + 64 * (it & 3));
+                if (r < nr) {
+                    const RawQ6 raw = raw_load<FMT>(w, row0 + r, rows, it, a);
 #pragma unroll
-                for (int r = 0; r < R; ++r)
-                    if (r < nr) {
-                        float v = 0.0f;
-                        v += q45_dot(unpack_q45<FMT == FMT_Q5_K>(raw[r], it), x);
-                        acc[r][0] += v;
+                    for (int c = 0; c < NC; ++c) {
+                        if (c >= a.ncols) break;
+                        const float dx = a.xds[(size_t)c * (a.K / 32) + (it >> 1) * 8].x;
+                        v[r][c] = kq_value_q6(raw.d, sb_reduce<PER>(q6_isc<NC>(raw, it, a, c)), dx);
                     }
-            } else {
-                Q45 u[R];
+                }
+            kq_gather<NC, R, PER>(v, min(SB, (n - base) / PER), nr, a.ncols, acc);
+        }
+    } else {
+        // Q4_K, one column: the next round's weights and activation are loaded before this
+        // round's shuffles. (Q5_K items are 20 registers, and decode groups hold 8 columns: in
+        // flight together they spill; they load each round at its start.)
+        constexpr bool PIPE = FMT == FMT_Q4_K && NC == 1;
+        RawQ45 raw[R];
+        X64 x;
+        int it = min(lane, n - 1);
+        if constexpr (!PIPE) {
+#pragma unroll 1
+            for (int base = 0; base < n; base += WARP) {
+                it = min(base + lane, n - 1);
 #pragma unroll
                 for (int r = 0; r < R; ++r)
-                    if (r < nr) u[r] = unpack_q45<FMT == FMT_Q5_K>(raw[r], it);
+                    if (r < nr) raw[r] = raw_load<FMT>(w, row0 + r, rows, it, a);
+                const int i0 = (it >> 2) * QK_K + 64 * (it & 3);
+                float v[R][NC];
 #pragma unroll
                 for (int c = 0; c < NC; ++c) {
                     if (c >= a.ncols) break;
-                    const X64 x = load_x64<NC>(a, c, u[0].i0);
+                    x = load_x64<NC>(a, c, i0);
 #pragma unroll
                     for (int r = 0; r < R; ++r)
                         if (r < nr) {
-                            float v = 0.0f;
-                            v += q45_dot(u[r], x);
-                            acc[r][c] += v;
+                            const Q45 u = unpack_q45<FMT == FMT_Q5_K>(raw[r], it);
+                            int isc, im;
+                            q45_ints(u, x, &isc, &im);
+                            v[r][c] = kq_value_q45(u.dm.x, u.dm.y, sb_reduce<PER>(isc), sb_reduce<PER>(im), x.dd.x);
                         }
                 }
+                kq_gather<NC, R, PER>(v, min(SB, (n - base) / PER), nr, a.ncols, acc);
             }
         } else {
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+            if (r < nr) raw[r] = raw_load<FMT>(w, row0 + r, rows, it, a);
+        x = load_x64<NC>(a, 0, (it >> 2) * QK_K + 64 * (it & 3));
+#pragma unroll 1
+        for (int base = 0; base < n; base += WARP) {
+            int isc[R][NC], im[R][NC];
+            float2 dm[R];
+            float dx[NC];
+#pragma unroll
+            for (int c = 0; c < NC; ++c) {
+                dx[c] = x.dd.x;
+#pragma unroll
+                for (int r = 0; r < R; ++r)
+                    if (r < nr) {
+                        const Q45 u = unpack_q45<FMT == FMT_Q5_K>(raw[r], it);
+                        q45_ints(u, x, &isc[r][c], &im[r][c]);
+                        dm[r] = u.dm;
+                    }
+            }
+            // The next round's loads, in flight during this round's shuffles.
+            if (base + WARP < n) {
+                it = min(base + WARP + lane, n - 1);
+#pragma unroll
+                for (int r = 0; r < R; ++r)
+                    if (r < nr) raw[r] = raw_load<FMT>(w, row0 + r, rows, it, a);
+                x = load_x64<NC>(a, 0, (it >> 2) * QK_K + 64 * (it & 3));
+            }
+            float v[R][NC];
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+                if (r < nr)
+#pragma unroll
+                    for (int c = 0; c < NC; ++c) {
+                        if (c >= a.ncols) break;
+                        v[r][c] = kq_value_q45(dm[r].x, dm[r].y, sb_reduce<PER>(isc[r][c]), sb_reduce<PER>(im[r][c]),
+                                               dx[c]);
+                    }
+            kq_gather<NC, R, PER>(v, min(SB, (n - base) / PER), nr, a.ncols, acc);
+        }
+        }
+    }
+}
+
+// acc[r][c] = rows row0 .. row0 + nr - 1 (nr <= R) dotted with column c, in every lane.
+// K-quants: rows_kq. Other formats (v6's row-aligned order): lane l takes items l, l + 32, ..
+// of each row, sums them in increasing order, and the warp sum follows. Either way a row's
+// reduction order depends only on the format and K, never on NC, so the 1-column and the group
+// kernels agree bit for bit.
+template <int NC, int R, int FMT>
+__device__ __forceinline__ void rows_fmt(const uint8_t* __restrict__ w, int row0, int nr, int rows, const Act& a,
+                                         float (&acc)[R][NC]) {
+    if constexpr (FMT == FMT_Q4_K || FMT == FMT_Q5_K || FMT == FMT_Q6_K) {
+        rows_kq<NC, R, FMT>(w, row0, nr, rows, a, acc);
+    } else {
+        const int n = items_per_row(FMT, a.K);
+#pragma unroll 1
+        for (int it = threadIdx.x % WARP; it < n; it += WARP) {
 #pragma unroll
             for (int r = 0; r < R; ++r)
                 if (r < nr) {
@@ -533,6 +629,10 @@ __device__ __forceinline__ void rows_fmt(const uint8_t* __restrict__ w, int row0
                     for (int c = 0; c < NC; ++c) acc[r][c] += v[c];
                 }
         }
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int c = 0; c < NC; ++c) acc[r][c] = warp_sum(acc[r][c]);
     }
 }
 
@@ -550,16 +650,7 @@ __device__ __forceinline__ void rows_dot(int ty, const uint8_t* __restrict__ w, 
     }
 }
 
-// Up to four matrices sharing one input; rows of job j are global rows start[j]..start[j+1]
-// (starts are multiples of 4, so a warp's rows never straddle two matrices).
-struct MatvecJobs {
-    const uint8_t* w[4];
-    float* y[4]; // [ncols][rows_j]
-    int rows[4];
-    int ty[4];
-    int start[5];
-    int njobs;
-};
+// MatvecJobs (common.cuh): starts are multiples of MATVEC_R here.
 
 // Warp-level work: rows grow .. grow + R - 1 of the jobs' concatenated rows (R consecutive rows of
 // one matrix) for the a.ncols columns of `a`, which start at column c0 of the call.
@@ -584,8 +675,7 @@ __device__ __forceinline__ void matvec_warp(const MatvecJobs& jobs, int grow, co
     for (int r = 0; r < R; ++r)
 #pragma unroll
         for (int c = 0; c < NC; ++c) {
-            const float v = warp_sum(acc[r][c]);
-            if (r < nr && c < a.ncols && threadIdx.x % WARP == 0) y[(size_t)(c0 + c) * rows + row0 + r] = v;
+            if (r < nr && c < a.ncols && threadIdx.x % WARP == 0) y[(size_t)(c0 + c) * rows + row0 + r] = acc[r][c];
         }
 }
 
@@ -609,18 +699,15 @@ __device__ __forceinline__ void silu_warp(const uint8_t* wg, int tyg, const uint
     for (int r = 0; r < R; ++r)
 #pragma unroll
         for (int c = 0; c < NC; ++c) {
-            const float s = warp_sum(acc[r][c]);
-            if (lane == r * NC + c) g = s;
+            if (lane == r * NC + c) g = acc[r][c];
             acc[r][c] = 0.0f;
         }
     rows_dot<NC, R>(tyu, wu, row0, nr, rows, a, acc);
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
-        for (int c = 0; c < NC; ++c) {
-            const float s = warp_sum(acc[r][c]);
-            if (lane == r * NC + c) u = s;
-        }
+        for (int c = 0; c < NC; ++c)
+            if (lane == r * NC + c) u = acc[r][c];
     const int r = lane / NC, c = lane % NC;
     if (lane < R * NC && r < nr && c < a.ncols) y[(size_t)(c0 + c) * rows + row0 + r] = g / (1.0f + expf(-g)) * u;
 }
@@ -704,7 +791,7 @@ __device__ __forceinline__ void pdl_wait_prefetch_silu(const uint8_t* wg, int ty
     pdl_wait();
 }
 
-extern "C" __global__ void __launch_bounds__(128) matvec_1(MatvecJobs jobs, ACT_ARGS) {
+extern "C" __global__ void __launch_bounds__(128, 4) matvec_1(MatvecJobs jobs, ACT_ARGS) {
     pdl_wait_prefetch_jobs(jobs, (blockIdx.x * 4 + threadIdx.x / WARP) * MATVEC_R, K);
     matvec_warp<1, MATVEC_R>(jobs, (blockIdx.x * 4 + threadIdx.x / WARP) * MATVEC_R, ACT, 0);
 }
@@ -712,299 +799,11 @@ extern "C" __global__ void __launch_bounds__(256) matvec_cols(MatvecJobs jobs, A
     pdl_wait();
     matvec_groups(jobs, ACT);
 }
-extern "C" __global__ void __launch_bounds__(128) matvec_silu_1(SILU_ARGS, ACT_ARGS) {
+extern "C" __global__ void __launch_bounds__(128, 4) matvec_silu_1(SILU_ARGS, ACT_ARGS) {
     pdl_wait_prefetch_silu(wg, tyg, wu, tyu, rows, (blockIdx.x * 4 + threadIdx.x / WARP) * MATVEC_R, K);
     silu_warp<1, MATVEC_R>(wg, tyg, wu, tyu, y, rows, (blockIdx.x * 4 + threadIdx.x / WARP) * MATVEC_R, ACT, 0);
 }
 extern "C" __global__ void __launch_bounds__(256) matvec_silu_cols(SILU_ARGS, ACT_ARGS) {
     pdl_wait();
     silu_groups(wg, tyg, wu, tyu, y, rows, ACT);
-}
-
-// ---------------------------------------------------------------------------------------------
-// v8: decode groups of Q4_K/Q5_K matrices on the integer tensor cores (matvec_mma and, for the
-// fused gate+up+SiLU, matvec_silu_mma), bit-identical per column to matvec_1.
-//
-// One block takes 16 rows (MMA_ROWS, one MMA tile; blockIdx.y) and up to 32 columns (ncg = 1, 2 or
-// 4 groups of 8; blockIdx.x takes columns 32x .., so the slices of the same rows run side by side
-// and share the weights in L2), with 4 * ncg warps. mma.sync m16n8k32 s8 computes a
-// sub-block's (32 values') integer sums for the 16 rows x 8 columns: A = the weights unpacked to
-// int8 (row g / g + 8 of lane (g, t) = lane / 4, lane % 4), B = the int8 activation. The k order
-// inside an MMA is free (integer sums are order-free), so lane t takes the item's qs bytes
-// 8t .. 8t + 7 (k slots 4t.. and 16 + 4t..) and the activation values 8t .. 8t + 7 of the
-// sub-block: one 8-byte load each. An item's two sub-blocks (low and high nibbles of the same
-// bytes) are two MMAs on the same loads.
-//
-// Batch invariance: matvec_1 gives row r, column c the value warp_sum over lanes l of acc_l,
-// acc_l = the items l, l + 32, .. of the row summed in increasing order, each item's value
-// 0 + q45_tail(...) of its two sub-block sums. Here warp w of the W = 4 * ncg warps takes the
-// items whose lane in matvec_1 would be l = w + W * j (j < 32 / W), in the same increasing order,
-// so the thread that holds (r, c) in the MMA output keeps matvec_1's acc_l for its 32 / W lanes
-// (32 accumulators per thread whatever ncg), with the same float expression per item (q45_tail;
-// the integer sums are the same integers as dp4a's). The warp_sum butterfly is then replayed:
-// its levels 16 .. W pair lanes l and l + o of the same thread, the rest go through shared
-// memory, where one thread per (r, c) finishes the tree (a + b == b + a in IEEE arithmetic, so
-// every lane of the butterfly holds the same bits and the tree's shape is all that matters).
-
-#define MMA_ROWS 16
-#define MMA_COLS 32
-// Int bits 0x4B400000 are the float 1.5 * 2^23 = 12582912, whose ulp is 1: the bits
-// MMA_MAGIC + s read as a float are exactly 12582912 + s for |s| < 2^22. The MMAs start from this
-// accumulator, so each sub-block sum s (|s| <= 32 * 31 * 127 < 2^17) arrives as such a float,
-// and one FMA, sc * (12582912 + s) - sc * 12582912 rounded once, gives sc * s exactly (an integer
-// below 2^24, and +0 for 0): the float (float)(sc * s) of q45_dot, without an integer multiply
-// and a conversion per (row, column, sub-block).
-#define MMA_MAGIC 0x4B400000
-#define MMA_MAGIC_F 12582912.0f
-
-__device__ __forceinline__ void mma_s8(int (&d)[4], int a0, int a1, int a2, int a3, int b0, int b1) {
-    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-// The 8 int8 activation values v .. v + 7 (v a multiple of 8) of column c, in either layout.
-__device__ __forceinline__ uint2 xq8(const Act& a, int c, int v) {
-    const int8_t* col = a.xq + (size_t)c * a.K;
-    if (a.kmajor) return *(const uint2*)(col + ((size_t)((v >> 4) & 3) * (a.K >> 6) + (v >> 6)) * 16 + (v & 15));
-    return *(const uint2*)(col + v);
-}
-
-// A row's factors for item sub-blocks 2gi, 2gi + 1: d, dmin, the scales as floats, -scale * 12582912
-// (for the FMA above) and the mins as floats.
-struct MmaScales {
-    float2 dm;
-    float fs0, fs1, ns0, ns1, fm0, fm1;
-};
-
-__device__ __forceinline__ MmaScales mma_scales(uint4 hdr, int gi) {
-    uint32_t sc_lo, sc_hi, m_lo, m_hi;
-    unpack_scales_k4(hdr.y, hdr.z, hdr.w, &sc_lo, &sc_hi, &m_lo, &m_hi);
-    int sc0, sc1, m0, m1;
-    pick_pair(sc_lo, sc_hi, gi, &sc0, &sc1);
-    pick_pair(m_lo, m_hi, gi, &m0, &m1);
-    MmaScales s;
-    s.dm = __half22float2(*(const __half2*)&hdr.x);
-    s.fs0 = (float)sc0;
-    s.fs1 = (float)sc1;
-    s.ns0 = s.fs0 * -MMA_MAGIC_F; // exact: at most 63 * 3 * 2^22
-    s.ns1 = s.fs1 * -MMA_MAGIC_F;
-    s.fm0 = (float)m0;
-    s.fm1 = (float)m1;
-    return s;
-}
-
-// Asks L2 for round q (items 32q .. 32q + 31: 8 super-blocks) of rows row0 .. row0 + 15, the
-// block's threads one 128-byte line each.
-template <bool Q5>
-__device__ __forceinline__ void mma_prefetch(const uint8_t* w, int row0, int rows, int K, int q) {
-    constexpr int BS = Q5 ? 176 : 144;
-    const int nb = K / QK_K, b0 = 8 * q;
-    if (b0 >= nb) return;
-    const int seg = min(8, nb - b0) * BS, lines = (seg + 127) / 128;
-    for (int e = threadIdx.x; e < MMA_ROWS * lines; e += blockDim.x) {
-        const int r = min(row0 + e / lines, rows - 1);
-        prefetch_l2(w + ((size_t)r * nb + b0) * BS + (e % lines) * 128);
-    }
-}
-
-__device__ __forceinline__ void mma_prefetch_fmt(int ty, const uint8_t* w, int row0, int rows, int K, int q) {
-    if (ty == FMT_Q5_K) mma_prefetch<true>(w, row0, rows, K, q);
-    else mma_prefetch<false>(w, row0, rows, K, q);
-}
-
-// acc[j][nt][e] += the items of lane w + W * j (matvec_1's lanes) of rows row0 + g (e < 2) or
-// row0 + g + 8 (e >= 2), column 8 nt + 2t + (e & 1) of `a`, in increasing order.
-template <int NCG, bool Q5>
-__device__ __forceinline__ void mma_rows(const uint8_t* __restrict__ w, int row0, int rows, const Act& a,
-                                         float (&acc)[8 / NCG][NCG][4]) {
-    constexpr int W = 4 * NCG, J = 32 / W, BS = Q5 ? 176 : 144, QS = Q5 ? 48 : 16;
-    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, g = lane >> 2, t = lane & 3;
-    const int n = a.K / 64, nrounds = (n + 31) / 32, nb32 = a.K / 32;
-    const size_t rb = (size_t)(a.K / QK_K) * BS;
-    const uint8_t* wa = w + (size_t)min(row0 + g, rows - 1) * rb;
-    const uint8_t* wb = w + (size_t)min(row0 + g + 8, rows - 1) * rb;
-#pragma unroll 1
-    for (int q = 0; q < nrounds; ++q) {
-        mma_prefetch<Q5>(w, row0, rows, a.K, q + 2);
-#pragma unroll
-        for (int j = 0; j < J; ++j) {
-            const int it = 32 * q + warp + W * j;
-            if (it >= n) break; // warp-uniform
-            const int b = it >> 2, gi = it & 3;
-            const uint8_t* ba = wa + (size_t)b * BS;
-            const uint8_t* bb = wb + (size_t)b * BS;
-            const uint4 ha = *(const uint4*)ba, hb = *(const uint4*)bb;
-            const uint2 qa = *(const uint2*)(ba + QS + 32 * gi + 8 * t), qb = *(const uint2*)(bb + QS + 32 * gi + 8 * t);
-            // A registers: row g k 4t.., row g + 8 k 4t.., row g k 16 + 4t.., row g + 8 k 16 + 4t..
-            const uint32_t qw[4] = {qa.x, qb.x, qa.y, qb.y};
-            int lo[4], hi[4];
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                lo[k] = qw[k] & 0x0F0F0F0F;
-                hi[k] = (qw[k] >> 4) & 0x0F0F0F0F;
-            }
-            if (Q5) {
-                const uint2 xa = *(const uint2*)(ba + 16 + 8 * t), xb = *(const uint2*)(bb + 16 + 8 * t);
-                const uint32_t hw[4] = {xa.x, xb.x, xa.y, xb.y};
-#pragma unroll
-                for (int k = 0; k < 4; ++k) {
-                    lo[k] |= ((hw[k] >> (2 * gi)) & 0x01010101) << 4;
-                    hi[k] |= ((hw[k] >> (2 * gi + 1)) & 0x01010101) << 4;
-                }
-            }
-            const MmaScales sa = mma_scales(ha, gi), sb = mma_scales(hb, gi);
-#pragma unroll
-            for (int nt = 0; nt < NCG; ++nt) {
-                const int cb = min(8 * nt + g, a.ncols - 1); // this lane's B column
-                const uint2 x0 = xq8(a, cb, 64 * it + 8 * t), x1 = xq8(a, cb, 64 * it + 32 + 8 * t);
-                int d0[4] = {MMA_MAGIC, MMA_MAGIC, MMA_MAGIC, MMA_MAGIC};
-                int d1[4] = {MMA_MAGIC, MMA_MAGIC, MMA_MAGIC, MMA_MAGIC};
-                mma_s8(d0, lo[0], lo[1], lo[2], lo[3], (int)x0.x, (int)x0.y);
-                mma_s8(d1, hi[0], hi[1], hi[2], hi[3], (int)x1.x, (int)x1.y);
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const MmaScales s = e < 2 ? sa : sb; // e is a constant: no select
-                    const int c = min(8 * nt + 2 * t + (e & 1), a.ncols - 1);
-                    const float4 dd = *(const float4*)(a.xds + (size_t)c * nb32 + 2 * it);
-                    const float f0 = __fmaf_rn(s.fs0, __int_as_float(d0[e]), s.ns0);
-                    const float f1 = __fmaf_rn(s.fs1, __int_as_float(d1[e]), s.ns1);
-                    float v = 0.0f;
-                    v += q45_tail(s.dm, f0, f1, s.fm0, s.fm1, dd);
-                    acc[j][nt][e] += v;
-                }
-            }
-        }
-    }
-}
-
-template <int NCG>
-__device__ __forceinline__ void mma_rows_fmt(int ty, const uint8_t* w, int row0, int rows, const Act& a,
-                                             float (&acc)[8 / NCG][NCG][4]) {
-#pragma unroll
-    for (int j = 0; j < 8 / NCG; ++j)
-#pragma unroll
-        for (int nt = 0; nt < NCG; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[j][nt][e] = 0.0f;
-    if (ty == FMT_Q5_K) mma_rows<NCG, true>(w, row0, rows, a, acc);
-    else mma_rows<NCG, false>(w, row0, rows, a, acc);
-}
-
-// warp_sum of matvec_1 over the lanes' accumulators of output (row p % 16, column p / 16),
-// p = threadIdx.x: levels 16 .. W in each thread (lanes l and l + o are its j and j + o / W),
-// then through `part` ([W][8 * NCG][16]) levels W / 2 .. 1 in thread p.
-template <int NCG>
-__device__ __forceinline__ float mma_reduce(float (&acc)[8 / NCG][NCG][4], float* part) {
-    constexpr int W = 4 * NCG;
-    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, g = lane >> 2, t = lane & 3;
-#pragma unroll
-    for (int o = 16; o >= W; o >>= 1)
-#pragma unroll
-        for (int j = 0; j < o / W; ++j)
-#pragma unroll
-            for (int nt = 0; nt < NCG; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) acc[j][nt][e] += acc[j + o / W][nt][e];
-#pragma unroll
-    for (int nt = 0; nt < NCG; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-            part[(warp * 8 * NCG + 8 * nt + 2 * t + (e & 1)) * MMA_ROWS + g + (e < 2 ? 0 : 8)] = acc[0][nt][e];
-    __syncthreads();
-    const int p = threadIdx.x;
-    float s[W];
-#pragma unroll
-    for (int i = 0; i < W; ++i) s[i] = part[i * 8 * NCG * MMA_ROWS + p];
-#pragma unroll
-    for (int o = W / 2; o > 0; o >>= 1)
-#pragma unroll
-        for (int i = 0; i < o; ++i) s[i] += s[i + o];
-    __syncthreads();
-    return s[0];
-}
-
-// Columns 32 * blockIdx.x .. of the call.
-__device__ __forceinline__ Act mma_slice(const Act& a) {
-    const int c0 = blockIdx.x * MMA_COLS;
-    return Act{a.xq + (size_t)c0 * a.K, a.xds + (size_t)c0 * (a.K / 32), a.xf, a.K, min(MMA_COLS, a.ncols - c0),
-               a.kmajor};
-}
-
-// Shared memory of the final tree: [4 * ncg][8 * ncg][16] floats, 32 KB at ncg = 4.
-#define MMA_PART (16 * 32 * MMA_ROWS)
-
-template <int NCG>
-__device__ __forceinline__ void mma_jobs(const MatvecJobs& jobs, const Act& a, float* part) {
-    const int grow = blockIdx.y * MMA_ROWS;
-    int j = 0;
-#pragma unroll
-    for (int u = 1; u < 4; ++u)
-        if (u < jobs.njobs && grow >= jobs.start[u]) j = u;
-    const int rows = jobs.rows[j], row0 = grow - jobs.start[j];
-    if (row0 >= rows) return; // padding after the matrix's last row: the whole block
-    float acc[8 / NCG][NCG][4];
-    mma_rows_fmt<NCG>(jobs.ty[j], jobs.w[j], row0, rows, a, acc);
-    const float v = mma_reduce<NCG>(acc, part);
-    const int r = row0 + (threadIdx.x & 15), c = threadIdx.x >> 4;
-    if (r < rows && c < a.ncols) jobs.y[j][(size_t)(blockIdx.x * MMA_COLS + c) * rows + r] = v;
-}
-
-template <int NCG>
-__device__ __forceinline__ void mma_silu(const uint8_t* wg, int tyg, const uint8_t* wu, int tyu, float* y, int rows,
-                                         const Act& a, float* part) {
-    const int row0 = blockIdx.y * MMA_ROWS;
-    float acc[8 / NCG][NCG][4];
-    mma_rows_fmt<NCG>(tyg, wg, row0, rows, a, acc);
-    const float g = mma_reduce<NCG>(acc, part);
-    mma_rows_fmt<NCG>(tyu, wu, row0, rows, a, acc);
-    const float u = mma_reduce<NCG>(acc, part);
-    const int r = row0 + (threadIdx.x & 15), c = threadIdx.x >> 4;
-    if (r < rows && c < a.ncols) y[(size_t)(blockIdx.x * MMA_COLS + c) * rows + r] = g / (1.0f + expf(-g)) * u;
-}
-
-// The block's first two rounds of weights asked of L2 before waiting for the previous kernel.
-__device__ __forceinline__ void pdl_wait_prefetch_mma(const MatvecJobs& jobs, int K) {
-    const int grow = blockIdx.y * MMA_ROWS;
-    int j = 0;
-#pragma unroll
-    for (int u = 1; u < 4; ++u)
-        if (u < jobs.njobs && grow >= jobs.start[u]) j = u;
-    const int row0 = grow - jobs.start[j];
-    if (blockIdx.x == 0 && row0 < jobs.rows[j])
-        for (int q = 0; q < 2; ++q) mma_prefetch_fmt(jobs.ty[j], jobs.w[j], row0, jobs.rows[j], K, q);
-    pdl_wait();
-}
-
-__device__ __forceinline__ void pdl_wait_prefetch_silu_mma(const uint8_t* wg, int tyg, const uint8_t* wu, int tyu,
-                                                           int rows, int K) {
-    if (blockIdx.x == 0)
-        for (int q = 0; q < 2; ++q) {
-            mma_prefetch_fmt(tyg, wg, blockIdx.y * MMA_ROWS, rows, K, q);
-            mma_prefetch_fmt(tyu, wu, blockIdx.y * MMA_ROWS, rows, K, q);
-        }
-    pdl_wait();
-}
-
-// Grid (ceil(ncols / 32), ceil(rows / 16) over the jobs, each job's rows padded to 16); block
-// 128 * ncg threads, ncg = 1, 2 or 4 (columns per slice up to 8, 16, 32).
-extern "C" __global__ void __launch_bounds__(512) matvec_mma(MatvecJobs jobs, ACT_ARGS) {
-    pdl_wait_prefetch_mma(jobs, K);
-    __shared__ float part[MMA_PART];
-    const Act a = mma_slice(ACT);
-    switch (blockDim.x / 128) {
-    case 1: mma_jobs<1>(jobs, a, part); break;
-    case 2: mma_jobs<2>(jobs, a, part); break;
-    default: mma_jobs<4>(jobs, a, part); break;
-    }
-}
-extern "C" __global__ void __launch_bounds__(512) matvec_silu_mma(SILU_ARGS, ACT_ARGS) {
-    pdl_wait_prefetch_silu_mma(wg, tyg, wu, tyu, rows, K);
-    __shared__ float part[MMA_PART];
-    const Act a = mma_slice(ACT);
-    switch (blockDim.x / 128) {
-    case 1: mma_silu<1>(wg, tyg, wu, tyu, y, rows, a, part); break;
-    case 2: mma_silu<2>(wg, tyg, wu, tyu, y, rows, a, part); break;
-    default: mma_silu<4>(wg, tyg, wu, tyu, y, rows, a, part); break;
-    }
 }

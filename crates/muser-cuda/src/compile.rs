@@ -10,6 +10,7 @@ pub const COMMON_HEADER: &str = include_str!("../kernels/common.cuh");
 /// Every kernel source file, by name. CI compiles each with NVRTC for sm_90.
 pub const KERNEL_SOURCES: &[(&str, &str)] = &[
     ("matvec.cu", include_str!("../kernels/matvec.cu")),
+    ("mmk.cu", include_str!("../kernels/mmk.cu")),
     ("mmq.cu", include_str!("../kernels/mmq.cu")),
     ("embed.cu", include_str!("../kernels/embed.cu")),
     ("norm.cu", include_str!("../kernels/norm.cu")),

@@ -1,10 +1,11 @@
-//! Host side of `kernels/matvec.cu`: weight upload (Q6_K and Q8_0 repacked into 16-byte aligned
-//! planes), activation quantization, and launches of several matrices sharing one input for any
-//! number of columns: one column on `matvec_1`; decode groups of 2 to 64 columns on the integer
-//! tensor cores for Q4_K/Q5_K (`matvec_mma`, `matvec_silu_mma`) and on `matvec_cols` for the
-//! other formats (groups of 8 columns, the weights read once per launch), both with the same
-//! arithmetic per column as one column alone, so a sequence's results never depend on the group;
-//! more columns (prefill) on the tensor cores (`mmq`).
+//! Host side of `kernels/matvec.cu`, `kernels/mmk.cu` and `kernels/mmq.cu`: weight upload (Q6_K
+//! and Q8_0 repacked into 16-byte aligned planes), activation quantization, and launches of
+//! several matrices sharing one input for any number of columns. One column runs on `matvec_1`;
+//! two or more columns of a K-quant (decode groups and prefill alike) on the integer tensor cores
+//! (`mmk_*`), in the canonical order of common.cuh that `matvec_1` also follows, so a sequence's
+//! results never depend on its group or on how its prompt was chunked; the other formats on
+//! `matvec_cols` (groups of 8 columns, the same per-column arithmetic as one column) and, past
+//! 64 columns, Q8_0 on `mmq_q8_0`.
 
 use crate::device::{CudaError, Gpu};
 use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
@@ -25,6 +26,7 @@ pub struct DeviceMatrix {
 pub struct ActScratch {
     pub q: CudaSlice<i8>,
     pub ds: CudaSlice<f32>, // (cap / 32, 2)
+    pub bs: CudaSlice<i8>,  // (cap / 256, 16): Q8_K sub-block sums split as lo + 64 hi
     pub cap: usize,
     /// The int8 activation in `q` is in the k-major layout (`xq16` in matvec.cu).
     pub kmajor: bool,
@@ -42,45 +44,47 @@ pub const MAX_JOBS: usize = 4;
 /// Rows per warp of the matvec kernels (MATVEC_R in matvec.cu).
 pub const MATVEC_R: usize = 4;
 
-/// Rows one block of `matvec_mma` takes (one MMA tile; MMA_ROWS in matvec.cu).
-pub const MMA_ROWS: usize = 16;
-/// Columns one block of `matvec_mma` takes at most (MMA_COLS in matvec.cu); grid y covers more.
-pub const MMA_COLS: usize = 32;
+/// Rows one block of the `mmk_*` kernels takes (MMK_ROWS in mmk.cu): one MMA tile, K split over 4 warps.
+pub const MMK_ROWS: usize = 16;
 
-/// Whether a decode group of `ncols` columns of a `ty` matrix runs on the integer tensor cores
-/// (`matvec_mma`, `matvec_silu_mma`: Q4_K and Q5_K, 2..=MAX_COLS columns) rather than on
-/// `matvec_cols`; both give every column the bits of `matvec_1`. `MUSER_CUDA_MMA=0` keeps every
-/// group on `matvec_cols` (for A/B runs).
-pub fn uses_mma(ty: GgmlType, ncols: usize) -> bool {
+/// Whether `ncols` columns of a `ty` matrix of width `k` run on the tensor-core tiles of mmk.cu:
+/// the K-quants from 2 columns on (decode groups and prefill). `MUSER_CUDA_MMK=0` keeps them on
+/// `matvec_cols` (groups of 64 at most per launch; same bits, for A/B runs).
+pub fn uses_mmk(ty: GgmlType, ncols: usize, k: usize) -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    (2..=MAX_COLS).contains(&ncols)
-        && matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K)
-        && *ON.get_or_init(|| std::env::var("MUSER_CUDA_MMA").map_or(true, |v| v != "0"))
+    ncols >= 2
+        && k.is_multiple_of(256)
+        && matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)
+        && *ON.get_or_init(|| std::env::var("MUSER_CUDA_MMK").map_or(true, |v| v != "0"))
 }
 
-/// Launch of `matvec_mma` / `matvec_silu_mma` for `ncols` columns over `rows` rows (each job's
-/// rows padded to MMA_ROWS): blocks of 16 rows x up to 32 columns, 128 * ncg threads with ncg =
-/// 1, 2 or 4 groups of 8 columns (3 groups run as 4, the last one's columns clamped).
-pub fn mma_launch(ncols: usize, rows: usize) -> LaunchConfig {
-    let ncg = ncols.min(MMA_COLS).div_ceil(GROUP_COLS).next_power_of_two();
-    LaunchConfig {
+/// Launch and kernel (`mmk_1`, `mmk_2`, `mmk_4`, or the `mmk_silu_*` twins) of `ncols` columns
+/// over `rows` rows (each job's rows padded to MMK_ROWS): blocks of 64 rows x 8, 16 or 32 columns.
+pub fn mmk_launch(ncols: usize, rows: usize, silu: bool) -> (LaunchConfig, &'static str) {
+    let (nt, name) = match (ncols, silu) {
+        (0..=8, false) => (1, "mmk_1"),
+        (9..=16, false) => (2, "mmk_2"),
+        (_, false) => (4, "mmk_4"),
+        (0..=8, true) => (1, "mmk_silu_1"),
+        (9..=16, true) => (2, "mmk_silu_2"),
+        (_, true) => (4, "mmk_silu_4"),
+    };
+    let cfg = LaunchConfig {
         grid_dim: (
-            ncols.div_ceil(MMA_COLS) as u32,
-            rows.div_ceil(MMA_ROWS) as u32,
+            ncols.div_ceil(8 * nt) as u32,
+            rows.div_ceil(MMK_ROWS) as u32,
             1,
         ),
-        block_dim: (128 * ncg as u32, 1, 1),
+        block_dim: (128, 1, 1),
         shared_mem_bytes: 0,
-    }
+    };
+    (cfg, name)
 }
 
-/// The tensor-core kernel (mmq.cu) serving `ty` at width `k` for more than `MAX_COLS` columns;
-/// None means `matvec_cols` is looped over groups of 64 columns.
+/// The tensor-core kernel (mmq.cu) serving a non-K-quant `ty` at width `k` for more than
+/// `MAX_COLS` columns; None means `matvec_cols` is looped over groups of 64 columns.
 pub fn mmq_kernel(ty: GgmlType, k: usize) -> Option<&'static str> {
     match ty {
-        GgmlType::Q4_K => Some("mmq_q4_k"),
-        GgmlType::Q5_K => Some("mmq_q5_k"),
-        GgmlType::Q6_K => Some("mmq_q6_k"),
         GgmlType::Q8_0 if k.is_multiple_of(256) => Some("mmq_q8_0"),
         _ => None,
     }
@@ -123,10 +127,11 @@ pub fn cols_launch(ncols: usize, rows: usize) -> (u32, u32) {
 }
 
 /// Whether an activation of `ncols` columns of width `k` quantized for `types` goes to the
-/// k-major layout: decode groups (2..=MAX_COLS columns) read by `matvec_cols` through the Q8_K
-/// quantizer. One column and tensor-core widths keep the row-major layout.
+/// k-major layout: decode groups (2..=MAX_COLS columns) of a Q8_0 matrix read by `matvec_cols`
+/// through the Q8_K quantizer (a K-quant shares the input). Everything else keeps the row-major
+/// layout (mmk.cu reads either).
 pub fn kmajor_layout(ncols: usize, k: usize, types: &[GgmlType]) -> bool {
-    (2..=MAX_COLS).contains(&ncols) && uses_q8_k(k, types)
+    (2..=MAX_COLS).contains(&ncols) && uses_q8_k(k, types) && types.contains(&GgmlType::Q8_0)
 }
 
 /// Whether the activation for `types` at width `k` is quantized to Q8_K (one scale per 256):
@@ -267,6 +272,7 @@ impl Gpu {
         Ok(ActScratch {
             q: self.stream.alloc_zeros::<i8>(cap)?,
             ds: self.stream.alloc_zeros::<f32>(cap / 32 * 2)?,
+            bs: self.stream.alloc_zeros::<i8>((cap / 256).max(1) * 16)?,
             cap,
             kmajor: false,
             tmp: self.stream.alloc_zeros::<f32>(1)?,
@@ -307,15 +313,24 @@ impl Gpu {
             block_dim: (128, 1, 1),
             shared_mem_bytes: 0,
         };
-        let (q, ds) = (dptr(self, &scratch.q), dptr(self, &scratch.ds));
+        let (q, ds, bs) = (
+            dptr(self, &scratch.q),
+            dptr(self, &scratch.ds),
+            dptr(self, &scratch.bs),
+        );
         let (k_i, km) = (k as i32, i32::from(scratch.kmajor));
         let f = self.kernel(name)?;
         let mut b = self.stream.launch_builder(f);
-        b.arg(&x).arg(&q).arg(&ds).arg(&n_blocks);
+        b.arg(&x).arg(&q).arg(&ds);
+        if kquant {
+            b.arg(&bs);
+        }
+        b.arg(&n_blocks);
         if kquant {
             b.arg(&k_i).arg(&km);
         }
-        // SAFETY: x holds n f32; q and ds hold at least n values and n / 32 scales.
+        // SAFETY: x holds n f32; q, ds and bs hold at least n values, n / 32 scales and n / 16
+        // split sums.
         unsafe { b.launch(cfg) }?;
         Ok(())
     }
@@ -331,8 +346,13 @@ impl Gpu {
         ncols: usize,
         scratch: &ActScratch,
     ) -> Result<(), CudaError> {
-        let (mmq, rest): (Vec<&Job>, Vec<&Job>) = jobs
-            .iter()
+        let (tc, rest): (Vec<&Job>, Vec<&Job>) =
+            jobs.iter().partition(|j| uses_mmk(j.m.ty, ncols, k));
+        for group in tc.chunks(MAX_JOBS) {
+            self.mmk(group, k, ncols, scratch)?;
+        }
+        let (mmq, rest): (Vec<&Job>, Vec<&Job>) = rest
+            .into_iter()
             .partition(|j| ncols > MAX_COLS && mmq_kernel(j.m.ty, k).is_some());
         assert!(
             !scratch.kmajor || mmq.is_empty(),
@@ -340,11 +360,6 @@ impl Gpu {
         );
         for j in mmq {
             self.mmq(j.m, ncols, scratch, j.y)?;
-        }
-        let (tc, rest): (Vec<&Job>, Vec<&Job>) =
-            rest.into_iter().partition(|j| uses_mma(j.m.ty, ncols));
-        for group in tc.chunks(MAX_JOBS) {
-            self.matvec_mma(group, x, k, ncols, scratch)?;
         }
         let rest: Vec<Job> = rest.into_iter().map(|j| Job { m: j.m, y: j.y }).collect();
         for group in rest.chunks(MAX_JOBS) {
@@ -392,12 +407,11 @@ impl Gpu {
         Ok(())
     }
 
-    /// Up to MAX_JOBS Q4_K/Q5_K matrices, a decode group of `ncols` (2..=MAX_COLS) columns, in
-    /// one `matvec_mma` launch (the int8 activation already in `scratch`).
-    fn matvec_mma(
+    /// Up to MAX_JOBS K-quant matrices times `ncols` (2 or more) columns in one `mmk_*` launch
+    /// (the Q8_K activation already in `scratch`).
+    fn mmk(
         &self,
         group: &[&Job],
-        x: u64,
         k: usize,
         ncols: usize,
         scratch: &ActScratch,
@@ -416,25 +430,33 @@ impl Gpu {
             mj.rows[i] = j.m.rows as i32;
             mj.ty[i] = format_code(j.m.ty)?;
             mj.start[i] = total as i32;
-            // Starts are multiples of 16: a block's rows stay in one matrix.
-            total += j.m.rows.div_ceil(MMA_ROWS) * MMA_ROWS;
+            // Starts are multiples of MMK_ROWS: a block's rows stay in one matrix.
+            total += j.m.rows.div_ceil(MMK_ROWS) * MMK_ROWS;
         }
         mj.njobs = group.len() as i32;
         mj.start[group.len()] = total as i32;
-        let (xq, xds, xf) = self.act_ptrs(scratch, x, k, 0);
-        let (k_i, n_i, km) = (k as i32, ncols as i32, i32::from(scratch.kmajor));
-        let mut b = self.stream.launch_builder(self.kernel("matvec_mma")?);
-        b.arg(&mj)
-            .arg(&xq)
-            .arg(&xds)
-            .arg(&xf)
-            .arg(&k_i)
-            .arg(&n_i)
-            .arg(&km);
+        let (cfg, name) = mmk_launch(ncols, total, false);
+        let (p, i) = self.mmk_act(scratch, k, ncols);
+        let mut b = self.stream.launch_builder(self.kernel(name)?);
+        b.arg(&mj).arg(&p[0]).arg(&p[1]).arg(&p[2]);
+        b.arg(&i[0]).arg(&i[1]).arg(&i[2]);
         // SAFETY: each job reads rows*row_bytes weight bytes and writes ncols*rows outputs; the
-        // activation holds ncols*k values and their scales.
-        unsafe { b.launch(mma_launch(ncols, total)) }?;
+        // activation holds ncols*k values, their scales and split sums.
+        unsafe { b.launch(cfg) }?;
         Ok(())
+    }
+
+    /// The activation arguments of an `mmk_*` kernel (KACT_ARGS in mmk.cu): the addresses of the
+    /// int8 values, their scales and split sums; K, the columns and the layout flag.
+    fn mmk_act(&self, scratch: &ActScratch, k: usize, ncols: usize) -> ([u64; 3], [i32; 3]) {
+        (
+            [
+                dptr(self, &scratch.q),
+                dptr(self, &scratch.ds),
+                dptr(self, &scratch.bs),
+            ],
+            [k as i32, ncols as i32, i32::from(scratch.kmajor)],
+        )
     }
 
     /// y[c][r] = W x[c] on the tensor cores for all `ncols` columns (the int8 activation
@@ -478,8 +500,8 @@ impl Gpu {
     }
 
     /// y[c][r] = silu(G[r] . x[c]) * (U[r] . x[c]) (the int8 activation already in `scratch`
-    /// when either matrix is quantized). Prefill widths run gate and up on the tensor cores into
-    /// `scratch.tmp`, then `silu_mul`.
+    /// when either matrix is quantized). K-quants from 2 columns on run fused on `mmk_silu_*`;
+    /// Q8_0 past 64 columns runs gate and up on `mmq_q8_0` into `scratch.tmp`, then `silu_mul`.
     pub fn matvec_silu(
         &self,
         gate: &DeviceMatrix,
@@ -495,6 +517,21 @@ impl Gpu {
                 "gate {}x{} and up {}x{} differ in shape",
                 gate.rows, gate.cols, up.rows, up.cols
             )));
+        }
+        let (wg, wu) = (dptr(self, &gate.data), dptr(self, &up.data));
+        let (tg, tu) = (format_code(gate.ty)?, format_code(up.ty)?);
+        let rows_i = rows as i32;
+        if uses_mmk(gate.ty, ncols, k) && uses_mmk(up.ty, ncols, k) {
+            let (cfg, name) = mmk_launch(ncols, rows, true);
+            let (p, i) = self.mmk_act(scratch, k, ncols);
+            let mut b = self.stream.launch_builder(self.kernel(name)?);
+            b.arg(&wg).arg(&tg).arg(&wu).arg(&tu).arg(&y).arg(&rows_i);
+            b.arg(&p[0]).arg(&p[1]).arg(&p[2]);
+            b.arg(&i[0]).arg(&i[1]).arg(&i[2]);
+            // SAFETY: reads rows*row_bytes bytes of each matrix and the activation of ncols*k
+            // values; writes ncols*rows outputs.
+            unsafe { b.launch(cfg) }?;
+            return Ok(());
         }
         if ncols > MAX_COLS && mmq_kernel(gate.ty, k).is_some() && mmq_kernel(up.ty, k).is_some() {
             let n = ncols * rows;
@@ -515,19 +552,6 @@ impl Gpu {
             b.arg(&tg).arg(&tu).arg(&y).arg(&ni);
             // SAFETY: tmp holds 2n values; y holds n.
             unsafe { b.launch(cfg) }?;
-            return Ok(());
-        }
-        let (wg, wu) = (dptr(self, &gate.data), dptr(self, &up.data));
-        let (tg, tu) = (format_code(gate.ty)?, format_code(up.ty)?);
-        let rows_i = rows as i32;
-        if uses_mma(gate.ty, ncols) && uses_mma(up.ty, ncols) {
-            let (xq, xds, xf) = self.act_ptrs(scratch, x, k, 0);
-            let (k_i, n_i, km) = (k as i32, ncols as i32, i32::from(scratch.kmajor));
-            let mut b = self.stream.launch_builder(self.kernel("matvec_silu_mma")?);
-            b.arg(&wg).arg(&tg).arg(&wu).arg(&tu).arg(&y).arg(&rows_i);
-            b.arg(&xq).arg(&xds).arg(&xf).arg(&k_i).arg(&n_i).arg(&km);
-            // SAFETY: as in matvec_mma.
-            unsafe { b.launch(mma_launch(ncols, rows)) }?;
             return Ok(());
         }
         let mut c0 = 0;
@@ -615,37 +639,76 @@ mod tests {
     }
 
     #[test]
-    fn mma_launch_covers_every_row_and_column_with_1_2_or_4_column_groups() {
-        for n in 2..=MAX_COLS {
-            for rows in [16usize, 17, 256, 6656, 19968, 202048] {
-                let cfg = mma_launch(n, rows);
-                let ncg = cfg.block_dim.0 as usize / 128;
-                assert!([1, 2, 4].contains(&ncg));
-                assert!(8 * ncg >= n.min(MMA_COLS), "{n} columns: {ncg} groups");
-                assert!(cfg.grid_dim.1 as usize * MMA_ROWS >= rows);
-                assert!(cfg.grid_dim.0 as usize * MMA_COLS >= n);
-                assert!(
-                    (cfg.grid_dim.0 as usize - 1) * MMA_COLS < n,
-                    "an empty column slice"
-                );
+    fn mmk_launch_covers_every_row_and_column_with_1_2_or_4_column_tiles() {
+        let src = crate::KERNEL_SOURCES
+            .iter()
+            .find(|(f, _)| *f == "mmk.cu")
+            .unwrap()
+            .1;
+        let compiled = crate::device::kernel_names(src);
+        for silu in [false, true] {
+            for n in (2..=80).chain([128, 511, 512, 513, 2048]) {
+                for rows in [1usize, 16, 17, 64, 65, 256, 6656, 19968, 202048] {
+                    let (cfg, name) = mmk_launch(n, rows, silu);
+                    assert!(compiled.iter().any(|k| k == name), "{name} is not in mmk.cu");
+                    assert_eq!(name.starts_with("mmk_silu_"), silu);
+                    let nt: usize = name.rsplit('_').next().unwrap().parse().unwrap();
+                    assert!([1, 2, 4].contains(&nt));
+                    let bn = 8 * nt;
+                    assert_eq!(cfg.block_dim.0, 128);
+                    assert!(cfg.grid_dim.1 as usize * MMK_ROWS >= rows);
+                    assert!((cfg.grid_dim.1 as usize - 1) * MMK_ROWS < rows, "an empty row block");
+                    assert!(cfg.grid_dim.0 as usize * bn >= n);
+                    assert!((cfg.grid_dim.0 as usize - 1) * bn < n, "an empty column tile");
+                    // The narrowest tile that holds the group when it fits in one.
+                    if n <= 32 {
+                        assert_eq!(cfg.grid_dim.0, 1);
+                        assert!(bn < 2 * n || bn == 8, "{n} columns on tiles of {bn}");
+                    }
+                }
             }
         }
-        assert!(uses_mma(GgmlType::Q4_K, 8) && uses_mma(GgmlType::Q5_K, 64));
-        assert!(!uses_mma(GgmlType::Q4_K, 1) && !uses_mma(GgmlType::Q4_K, 65));
-        assert!(!uses_mma(GgmlType::Q6_K, 8) && !uses_mma(GgmlType::Q8_0, 8));
     }
 
     #[test]
-    fn decode_groups_get_the_k_major_layout_and_prefill_the_row_major() {
-        let q4 = [GgmlType::Q4_K];
-        assert!(!kmajor_layout(1, 6656, &q4));
-        assert!(kmajor_layout(2, 6656, &q4));
-        assert!(kmajor_layout(64, 6656, &[GgmlType::Q4_K, GgmlType::Q6_K]));
-        assert!(!kmajor_layout(65, 6656, &q4));
+    fn decode_groups_and_prefill_of_k_quants_route_to_the_tensor_cores() {
+        // Muse Glimmer's K-quant matrices (type, input width) at every routing boundary.
+        for (k, ty) in [
+            (6656usize, GgmlType::Q4_K),
+            (6656, GgmlType::Q6_K),
+            (4096, GgmlType::Q4_K),
+            (19968, GgmlType::Q4_K),
+            (19968, GgmlType::Q6_K),
+            (6656, GgmlType::Q5_K),
+        ] {
+            assert!(!uses_mmk(ty, 1, k), "one column stays on matvec_1");
+            for n in [2, 4, 8, 9, 16, 17, 32, 64, 65, 512] {
+                assert!(uses_mmk(ty, n, k), "{ty} at K = {k}, {n} columns");
+            }
+            // Row-major activation for them: k-major only serves Q8_0 groups.
+            assert!(!kmajor_layout(8, k, &[ty]));
+        }
+        for ty in [GgmlType::Q8_0, GgmlType::F16, GgmlType::BF16, GgmlType::F32] {
+            assert!(!uses_mmk(ty, 8, 6656) && !uses_mmk(ty, 512, 6656));
+        }
+        assert_eq!(mmq_kernel(GgmlType::Q8_0, 6656), Some("mmq_q8_0"));
+        assert_eq!(mmq_kernel(GgmlType::Q8_0, 6656 + 32), None);
+        assert_eq!(mmq_kernel(GgmlType::Q4_K, 6656), None);
+        assert_eq!(mmq_kernel(GgmlType::F16, 6656), None);
+    }
+
+    #[test]
+    fn q8_0_decode_groups_get_the_k_major_layout_and_the_rest_the_row_major() {
+        let q8 = [GgmlType::Q4_K, GgmlType::Q8_0];
+        assert!(!kmajor_layout(1, 6656, &q8));
+        assert!(kmajor_layout(2, 6656, &q8));
+        assert!(kmajor_layout(64, 6656, &q8));
+        assert!(!kmajor_layout(65, 6656, &q8));
+        assert!(!kmajor_layout(8, 6656, &[GgmlType::Q4_K, GgmlType::Q6_K]));
         // The Q8_0 quantizer (no K-quant, or K not a multiple of 256) keeps the row-major layout.
         assert!(!kmajor_layout(8, 6656, &[GgmlType::Q8_0]));
         assert!(!kmajor_layout(8, 6656 + 32, &[GgmlType::Q8_0]));
-        // Every column count up to MAX_COLS has its kernel.
+        // Every column count up to MAX_COLS has its matvec kernel.
         let src = crate::KERNEL_SOURCES
             .iter()
             .find(|(f, _)| *f == "matvec.cu")
@@ -661,23 +724,6 @@ mod tests {
                 assert_eq!(matvec_config(n, 100, silu).1, group);
             }
         }
-    }
-
-    #[test]
-    fn prefill_routes_every_glimmer_matrix_to_the_tensor_cores() {
-        for (k, ty) in [
-            (6656usize, GgmlType::Q4_K),
-            (6656, GgmlType::Q6_K),
-            (4096, GgmlType::Q4_K),
-            (19968, GgmlType::Q4_K),
-            (19968, GgmlType::Q6_K),
-            (6656, GgmlType::Q5_K),
-        ] {
-            assert!(mmq_kernel(ty, k).is_some(), "{ty} at K = {k}");
-        }
-        assert_eq!(mmq_kernel(GgmlType::Q8_0, 6656), Some("mmq_q8_0"));
-        assert_eq!(mmq_kernel(GgmlType::Q8_0, 6656 + 32), None);
-        assert_eq!(mmq_kernel(GgmlType::F16, 6656), None);
     }
 
     #[test]

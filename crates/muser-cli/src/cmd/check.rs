@@ -421,7 +421,7 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
     let (gc, gg) = p.weights(&tg)?;
     let tu = p.matrix("ffn_up", GgmlType::Q4_K, ffn, hidden)?;
     let (uc, ug) = p.weights(&tu)?;
-    // A Q6_K gate+up (the formats the tensor-core group kernel leaves to matvec_silu_cols).
+    // A Q6_K gate+up (mmk_silu_* with the Q6_K tiles).
     let t6g = p.matrix("ffn_gate", GgmlType::Q6_K, 1024, hidden)?;
     let (g6c, g6g) = p.weights(&t6g)?;
     let t6u = p.matrix("ffn_up", GgmlType::Q6_K, 1024, hidden)?;
@@ -700,12 +700,13 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
         }
     }
 
-    // Each column of a decode group gets the bits it gets alone; the group's results also
-    // against the CPU.
+    // Each column of a decode group, and of a prefill chunk (the K-quants run both on the
+    // tensor-core tiles of mmk.cu, in the canonical order of matvec_1), gets the bits it gets
+    // alone; the group's results also against the CPU.
     let groups: &[usize] = if quick {
-        &[2, 9, 64]
+        &[2, 9, 64, 130]
     } else {
-        &[2, 8, 9, 16, 33, 64]
+        &[2, 8, 9, 16, 33, 64, 512]
     };
     {
         for &n in groups.iter().chain([1usize].iter()) {

@@ -1,0 +1,390 @@
+// K-quant matrices (Q4_K, Q5_K, Q6_K) times 2 or more activation columns on the integer tensor
+// cores: decode groups (one column per sequence of the group) and prefill chunks alike, in the
+// canonical order of common.cuh (kq_value_*, kq_add), so every column gets the bits matvec_1
+// gives it alone: a sequence's tokens do not depend on its decode group, nor its prompt's KV
+// cache on how the prompt was chunked (batch invariance).
+//
+// Launch: 128 threads (4 warps) per block; a block takes 16 rows (one MMA tile: rows g and g + 8
+// of lane (g, t) = (lane / 4, lane % 4)) and BN = 8 * NT columns (NT = 1, 2, 4: mmk_1, mmk_2,
+// mmk_4). Grid x: column tiles (those of one row block run side by side and share its weights in
+// L2), grid y: row blocks over the jobs' rows (each job padded to 16 rows). The 4 warps split K
+// by chunks of KQ_CHUNK super-blocks (warp w takes chunks w, w + 4, ..): each sums its chunk's
+// v_b in order, and after every round of 4 chunks one thread per output adds the 4 chunk sums to
+// the output's total in chunk order (shared memory), which is the canonical order.
+// Per super-block b, per n-tile of 8 columns, lane (g, t) of a warp:
+// then adds v_b = kq_value_*(...) to its chunk sums. Each warp asks L2 for its next chunk's
+// weights when it starts a chunk.
+
+#define MMK_ROWS 16
+#define MMK_WARPS 4
+
+struct KAct {
+    const int8_t* __restrict__ xq;  // [ncols][K] int8, row-major or (kmajor) k-major as in matvec.cu
+    const float2* __restrict__ xds; // [ncols][K / 32] (d, sum)
+    const int8_t* __restrict__ xbs; // [ncols][K / 256][16] sums split (lo 8, hi 8)
+    int K;
+    int ncols;
+    int kmajor;
+};
+
+__device__ __forceinline__ void mmk_k32(int (&d)[4], int a0, int a1, int a2, int a3, int b0, int b1) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void mmk_k16(int (&d)[4], int a0, int a1, int b0) {
+    asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+        : "r"(a0), "r"(a1), "r"(b0));
+}
+
+__device__ __forceinline__ void mmk_prefetch(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
+// Address of int8 activation value v of column c (v a multiple of 4; 4 or 8 bytes read there
+// stay inside one 16-byte chunk of the k-major layout).
+__device__ __forceinline__ const int8_t* mmk_x(const KAct& a, int c, int v) {
+    const int8_t* col = a.xq + (size_t)c * a.K;
+    if (a.kmajor) return col + ((size_t)((v >> 4) & 3) * (a.K >> 6) + (v >> 6)) * 16 + (v & 15);
+    return col + v;
+}
+
+// Byte s (0..7) of the packed 8 scales lo (0..3), hi (4..7): unsigned.
+__device__ __forceinline__ int byte_u(uint32_t lo, uint32_t hi, int s) {
+    return (int)(((s < 4 ? lo : hi) >> (8 * (s & 3))) & 0xFF);
+}
+
+// Signed byte s (0..15) of 16 int8 values.
+__device__ __forceinline__ int byte_s(const uint4& v, int s) {
+    const uint32_t w = s < 4 ? v.x : s < 8 ? v.y : s < 12 ? v.z : v.w;
+    return (int)(int8_t)(w >> (8 * (s & 3)));
+}
+
+// The lane's columns: as B (column g of each n-tile) and as outputs (2t, 2t + 1), clamped to the
+// last column (clamped outputs are computed and never stored).
+template <int NT>
+struct MmkCols {
+    int b[NT], o[NT][2];
+    __device__ __forceinline__ MmkCols(int ncols) {
+        const int lane = threadIdx.x % WARP, g = lane >> 2, t = lane & 3;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+            b[nt] = min(8 * nt + g, ncols - 1);
+            o[nt][0] = min(8 * nt + 2 * t, ncols - 1);
+            o[nt][1] = min(8 * nt + 2 * t + 1, ncols - 1);
+        }
+    }
+};
+
+// acc += v_b of super-blocks b0 .. b1 - 1, in order, for rows row0 + g, row0 + g + 8.
+template <int NT, bool Q5>
+__device__ __forceinline__ void mmk_q45(const uint8_t* __restrict__ w, int row0, int rows, const KAct& a, int b0,
+                                        int b1, float (&acc)[NT][4]) {
+    constexpr int BS = Q5 ? 176 : 144, QS = Q5 ? 48 : 16;
+    const int lane = threadIdx.x % WARP, g = lane >> 2, t = lane & 3;
+    const int nb = a.K / QK_K, nb32 = a.K / 32;
+    const size_t rb = (size_t)nb * BS;
+    const uint8_t* wa = w + (size_t)min(row0 + g, rows - 1) * rb;
+    const uint8_t* wb = w + (size_t)min(row0 + g + 8, rows - 1) * rb;
+    const MmkCols<NT> cols(a.ncols);
+#pragma unroll 1
+    for (int b = b0; b < b1; ++b) {
+        const uint8_t* ba = wa + (size_t)b * BS;
+        const uint8_t* bb = wb + (size_t)b * BS;
+        const uint4 ha = *(const uint4*)ba, hb = *(const uint4*)bb;
+        uint2 qa[4], qb[4];
+#pragma unroll
+        for (int gi = 0; gi < 4; ++gi) {
+            qa[gi] = *(const uint2*)(ba + QS + 32 * gi + 8 * t);
+            qb[gi] = *(const uint2*)(bb + QS + 32 * gi + 8 * t);
+        }
+        uint2 xa = make_uint2(0, 0), xb = make_uint2(0, 0);
+        if (Q5) {
+            xa = *(const uint2*)(ba + 16 + 8 * t);
+            xb = *(const uint2*)(bb + 16 + 8 * t);
+        }
+        uint32_t sa_lo, sa_hi, ma_lo, ma_hi, sb_lo, sb_hi, mb_lo, mb_hi;
+        unpack_scales_k4(ha.y, ha.z, ha.w, &sa_lo, &sa_hi, &ma_lo, &ma_hi);
+        unpack_scales_k4(hb.y, hb.z, hb.w, &sb_lo, &sb_hi, &mb_lo, &mb_hi);
+        int isc[NT][4];
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) isc[nt][0] = isc[nt][1] = isc[nt][2] = isc[nt][3] = 0;
+#pragma unroll
+        for (int gi = 0; gi < 4; ++gi) {
+            // A registers: row g k 4t.., row g + 8 k 4t.., row g k 16 + 4t.., row g + 8 k 16 + 4t..
+            const uint32_t qw[4] = {qa[gi].x, qb[gi].x, qa[gi].y, qb[gi].y};
+            const uint32_t hw[4] = {xa.x, xb.x, xa.y, xb.y};
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int s = 2 * gi + h;
+                int A[4];
+#pragma unroll
+                for (int k = 0; k < 4; ++k) {
+                    A[k] = (int)((qw[k] >> (4 * h)) & 0x0F0F0F0F);
+                    if (Q5) A[k] |= (int)(((hw[k] >> s) & 0x01010101) << 4);
+                }
+                const int sca = byte_u(sa_lo, sa_hi, s), scb = byte_u(sb_lo, sb_hi, s);
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) {
+                    const uint2 x = *(const uint2*)mmk_x(a, cols.b[nt], b * QK_K + 32 * s + 8 * t);
+                    int d[4] = {0, 0, 0, 0};
+                    mmk_k32(d, A[0], A[1], A[2], A[3], (int)x.x, (int)x.y);
+                    isc[nt][0] += sca * d[0];
+                    isc[nt][1] += sca * d[1];
+                    isc[nt][2] += scb * d[2];
+                    isc[nt][3] += scb * d[3];
+                }
+            }
+        }
+        // im = sum_s m_s xsum_s: A_lo holds the mins at k 0..7, A_hi at k 8..15.
+        const int alo0 = t == 0 ? (int)ma_lo : t == 1 ? (int)ma_hi : 0;
+        const int alo1 = t == 0 ? (int)mb_lo : t == 1 ? (int)mb_hi : 0;
+        const int ahi0 = t == 2 ? (int)ma_lo : t == 3 ? (int)ma_hi : 0;
+        const int ahi1 = t == 2 ? (int)mb_lo : t == 3 ? (int)mb_hi : 0;
+        const float2 dma = __half22float2(*(const __half2*)&ha.x), dmb = __half22float2(*(const __half2*)&hb.x);
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+            const int bs = *(const int*)(a.xbs + ((size_t)cols.b[nt] * nb + b) * 16 + 4 * t);
+            int rl[4] = {0, 0, 0, 0}, rh[4] = {0, 0, 0, 0};
+            mmk_k16(rl, alo0, alo1, bs);
+            mmk_k16(rh, ahi0, ahi1, bs);
+            const float dx0 = a.xds[(size_t)cols.o[nt][0] * nb32 + 8 * b].x;
+            const float dx1 = a.xds[(size_t)cols.o[nt][1] * nb32 + 8 * b].x;
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const float2 dm = e < 2 ? dma : dmb;
+                const int im = rl[e] + 64 * rh[e];
+                acc[nt][e] = kq_add(acc[nt][e], kq_value_q45(dm.x, dm.y, isc[nt][e], im, (e & 1) ? dx1 : dx0));
+            }
+        }
+    }
+}
+
+// Q6_K, repacked (matvec.rs): plane A [rows][nb][192] = ql[128] qh[64]; plane B [rows][nb][16]
+// int8 scales; plane C [rows][nb] d (f16). Value 32qq + v (v < 32) of half h: ql byte
+// 64h + 32 (qq & 1) + v, nibble qq >> 1; high bits: bit pair qq of qh byte 32h + v.
+template <int NT>
+__device__ __forceinline__ void mmk_q6(const uint8_t* __restrict__ w, int row0, int rows, const KAct& a, int b0,
+                                       int b1, float (&acc)[NT][4]) {
+    const int lane = threadIdx.x % WARP, g = lane >> 2, t = lane & 3;
+    const int nb = a.K / QK_K, nb32 = a.K / 32;
+    const int ra = min(row0 + g, rows - 1), rb = min(row0 + g + 8, rows - 1);
+    const uint8_t* qa = w + (size_t)ra * nb * 192;
+    const uint8_t* qb = w + (size_t)rb * nb * 192;
+    const int8_t* scp = (const int8_t*)(w + (size_t)rows * nb * 192);
+    const __half* dp = (const __half*)(w + (size_t)rows * nb * 208);
+    const MmkCols<NT> cols(a.ncols);
+#pragma unroll 1
+    for (int b = b0; b < b1; ++b) {
+        const uint8_t* ba = qa + (size_t)b * 192;
+        const uint8_t* bb = qb + (size_t)b * 192;
+        uint32_t la[2][2][2], lb[2][2][2], hqa[2][2], hqb[2][2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int u = 0; u < 2; ++u) {
+#pragma unroll
+                for (int p = 0; p < 2; ++p) {
+                    la[h][p][u] = *(const uint32_t*)(ba + 64 * h + 32 * p + 16 * u + 4 * t);
+                    lb[h][p][u] = *(const uint32_t*)(bb + 64 * h + 32 * p + 16 * u + 4 * t);
+                }
+                hqa[h][u] = *(const uint32_t*)(ba + 128 + 32 * h + 16 * u + 4 * t);
+                hqb[h][u] = *(const uint32_t*)(bb + 128 + 32 * h + 16 * u + 4 * t);
+            }
+        const uint4 sva = *(const uint4*)(scp + ((size_t)ra * nb + b) * 16);
+        const uint4 svb = *(const uint4*)(scp + ((size_t)rb * nb + b) * 16);
+        const float da = __half2float(dp[(size_t)ra * nb + b]), db = __half2float(dp[(size_t)rb * nb + b]);
+        int isc[NT][4];
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) isc[nt][0] = isc[nt][1] = isc[nt][2] = isc[nt][3] = 0;
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int qq = 0; qq < 4; ++qq)
+#pragma unroll
+                for (int u = 0; u < 2; ++u) {
+                    const int s = 8 * h + 2 * qq + u, p = qq & 1, nib = 4 * (qq >> 1);
+                    const int A0 = (int)__vsub4(((la[h][p][u] >> nib) & 0x0F0F0F0F) |
+                                                    (((hqa[h][u] >> (2 * qq)) & 0x03030303) << 4),
+                                                0x20202020);
+                    const int A1 = (int)__vsub4(((lb[h][p][u] >> nib) & 0x0F0F0F0F) |
+                                                    (((hqb[h][u] >> (2 * qq)) & 0x03030303) << 4),
+                                                0x20202020);
+                    const int sca = byte_s(sva, s), scb = byte_s(svb, s);
+#pragma unroll
+                    for (int nt = 0; nt < NT; ++nt) {
+                        const int x = *(const int*)mmk_x(a, cols.b[nt], b * QK_K + 16 * s + 4 * t);
+                        int d[4] = {0, 0, 0, 0};
+                        mmk_k16(d, A0, A1, x);
+                        isc[nt][0] += sca * d[0];
+                        isc[nt][1] += sca * d[1];
+                        isc[nt][2] += scb * d[2];
+                        isc[nt][3] += scb * d[3];
+                    }
+                }
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+            const float dx0 = a.xds[(size_t)cols.o[nt][0] * nb32 + 8 * b].x;
+            const float dx1 = a.xds[(size_t)cols.o[nt][1] * nb32 + 8 * b].x;
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                acc[nt][e] = kq_add(acc[nt][e], kq_value_q6(e < 2 ? da : db, isc[nt][e], (e & 1) ? dx1 : dx0));
+        }
+    }
+}
+
+// Asks L2 for chunk ch of the warp's 16 rows (the quants plane of Q6_K): lane l takes row l / 2
+// and every other 64 bytes of its chunk, so every 128-byte line is asked for.
+__device__ __forceinline__ void mmk_prefetch_chunk(const uint8_t* w, int ty, int row0, int rows, int K, int ch) {
+    const int lane = threadIdx.x % WARP, nb = K / QK_K, b0 = ch * KQ_CHUNK;
+    if (b0 >= nb || row0 >= rows) return;
+    const int bs = ty == FMT_Q6_K ? 192 : ty == FMT_Q5_K ? 176 : 144;
+    const int span = (min(b0 + KQ_CHUNK, nb) - b0) * bs;
+    const uint8_t* p = w + ((size_t)min(row0 + (lane >> 1), rows - 1) * nb + b0) * bs;
+    for (int o = (lane & 1) * 64; o < span; o += 128) mmk_prefetch(p + o);
+}
+
+// Shared memory of the chunk sums: [MMK_WARPS][16 rows x 32 columns] floats (8 KB).
+#define MMK_PART (MMK_WARPS * MMK_ROWS * 32)
+
+// y[i] = output p = threadIdx.x + 128 i of the block (row p % 16, column p / 16 of the tile) of
+// a matrix of format ty, in the canonical order: the warps sum their chunks, and per round of
+// MMK_WARPS chunks the sums meet in `part` and are added to y in chunk order.
+template <int NT>
+__device__ __forceinline__ void mmk_rows(int ty, const uint8_t* w, int row0, int rows, const KAct& a, float (&y)[NT],
+                                         float* part) {
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, g = lane >> 2, t = lane & 3;
+    const int nb = a.K / QK_K, nch = (nb + KQ_CHUNK - 1) / KQ_CHUNK;
+#pragma unroll
+    for (int i = 0; i < NT; ++i) y[i] = 0.0f;
+#pragma unroll 1
+    for (int r0 = 0; r0 < nch; r0 += MMK_WARPS) {
+        const int ch = r0 + warp;
+        float c[NT][4];
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) c[nt][0] = c[nt][1] = c[nt][2] = c[nt][3] = 0.0f;
+        if (ch < nch) {
+            mmk_prefetch_chunk(w, ty, row0, rows, a.K, ch + MMK_WARPS);
+            const int b0 = ch * KQ_CHUNK, b1 = min(b0 + KQ_CHUNK, nb);
+            if (ty == FMT_Q6_K) mmk_q6<NT>(w, row0, rows, a, b0, b1, c);
+            else if (ty == FMT_Q5_K) mmk_q45<NT, true>(w, row0, rows, a, b0, b1, c);
+            else mmk_q45<NT, false>(w, row0, rows, a, b0, b1, c);
+        }
+        __syncthreads(); // the previous round's sums are read
+        if (ch < nch)
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    part[warp * MMK_ROWS * 32 + (8 * nt + 2 * t + (e & 1)) * MMK_ROWS + g + (e < 2 ? 0 : 8)] = c[nt][e];
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < NT; ++i)
+#pragma unroll
+            for (int u = 0; u < MMK_WARPS; ++u)
+                if (r0 + u < nch) y[i] = kq_add(y[i], part[u * MMK_ROWS * 32 + threadIdx.x + 128 * i]);
+    }
+}
+
+// Columns blockIdx.x * BN .. of the launch.
+__device__ __forceinline__ KAct mmk_slice(const KAct& a, int bn) {
+    const int c0 = blockIdx.x * bn;
+    return KAct{a.xq + (size_t)c0 * a.K, a.xds + (size_t)c0 * (a.K / 32), a.xbs + (size_t)c0 * (a.K / QK_K) * 16,
+                a.K, min(bn, a.ncols - c0), a.kmajor};
+}
+
+// The job of the block's rows and the warp's first row in it (or rows when past its end).
+__device__ __forceinline__ int mmk_job(const MatvecJobs& jobs, int* row0) {
+    const int grow = blockIdx.y * MMK_ROWS;
+    int j = 0;
+#pragma unroll
+    for (int u = 1; u < 4; ++u)
+        if (u < jobs.njobs && grow >= jobs.start[u]) j = u;
+    *row0 = grow - jobs.start[j];
+    return j;
+}
+
+// y[c][r] of the thread's outputs (see mmk_rows).
+template <int NT>
+__device__ __forceinline__ void mmk_store(float* y, int rows, int row0, int c0, int ncols, const float (&v)[NT]) {
+#pragma unroll
+    for (int i = 0; i < NT; ++i) {
+        const int p = threadIdx.x + 128 * i, r = row0 + p % MMK_ROWS, c = p / MMK_ROWS;
+        if (r < rows && c < ncols) y[(size_t)(c0 + c) * rows + r] = v[i];
+    }
+}
+
+// Each warp's first chunk asked of L2 before waiting for the previous kernel (the weights do
+// not depend on it); only the first column tile asks.
+__device__ __forceinline__ void pdl_wait_prefetch_mmk(const MatvecJobs& jobs, int K) {
+    int row0;
+    const int j = mmk_job(jobs, &row0);
+    if (blockIdx.x == 0) mmk_prefetch_chunk(jobs.w[j], jobs.ty[j], row0, jobs.rows[j], K, threadIdx.x / WARP);
+    pdl_wait();
+}
+__device__ __forceinline__ void pdl_wait_prefetch_mmk_silu(const uint8_t* wg, int tyg, int rows, int K) {
+    if (blockIdx.x == 0) mmk_prefetch_chunk(wg, tyg, blockIdx.y * MMK_ROWS, rows, K, threadIdx.x / WARP);
+    pdl_wait();
+}
+
+#define KACT_ARGS const int8_t* __restrict__ xq, const float2* __restrict__ xds, const int8_t* __restrict__ xbs, \
+    int K, int ncols, int kmajor
+#define KACT KAct{xq, xds, xbs, K, ncols, kmajor}
+
+template <int NT>
+__device__ __forceinline__ void mmk_kernel(const MatvecJobs& jobs, const KAct& act) {
+    __shared__ float part[MMK_PART];
+    int row0;
+    const int j = mmk_job(jobs, &row0);
+    const int rows = jobs.rows[j];
+    if (row0 >= rows) return; // padding after the matrix's last row (the whole block)
+    const KAct a = mmk_slice(act, 8 * NT);
+    float y[NT];
+    mmk_rows<NT>(jobs.ty[j], jobs.w[j], row0, rows, a, y, part);
+    mmk_store<NT>(jobs.y[j], rows, row0, blockIdx.x * 8 * NT, a.ncols, y);
+}
+
+// y[c][r] = silu(G[r] . x[c]) * (U[r] . x[c]), the two sums each in the canonical order and the
+// float expression of matvec.cu's silu_warp.
+template <int NT>
+__device__ __forceinline__ void mmk_silu_kernel(const uint8_t* wg, int tyg, const uint8_t* wu, int tyu, float* y,
+                                                int rows, const KAct& act) {
+    __shared__ float part[MMK_PART];
+    const int row0 = blockIdx.y * MMK_ROWS;
+    if (row0 >= rows) return;
+    const KAct a = mmk_slice(act, 8 * NT);
+    float gs[NT], us[NT];
+    mmk_rows<NT>(tyg, wg, row0, rows, a, gs, part);
+    mmk_rows<NT>(tyu, wu, row0, rows, a, us, part);
+#pragma unroll
+    for (int i = 0; i < NT; ++i) gs[i] = gs[i] / (1.0f + expf(-gs[i])) * us[i];
+    mmk_store<NT>(y, rows, row0, blockIdx.x * 8 * NT, a.ncols, gs);
+}
+
+#define MMK_SILU_ARGS const uint8_t* __restrict__ wg, int tyg, const uint8_t* __restrict__ wu, int tyu, \
+    float* __restrict__ y, int rows
+
+extern "C" __global__ void __launch_bounds__(128) mmk_1(MatvecJobs jobs, KACT_ARGS) {
+    pdl_wait_prefetch_mmk(jobs, K);
+    mmk_kernel<1>(jobs, KACT);
+}
+extern "C" __global__ void __launch_bounds__(128) mmk_2(MatvecJobs jobs, KACT_ARGS) {
+    pdl_wait_prefetch_mmk(jobs, K);
+    mmk_kernel<2>(jobs, KACT);
+}
+extern "C" __global__ void __launch_bounds__(128) mmk_4(MatvecJobs jobs, KACT_ARGS) {
+    pdl_wait_prefetch_mmk(jobs, K);
+    mmk_kernel<4>(jobs, KACT);
+}
+extern "C" __global__ void __launch_bounds__(128) mmk_silu_1(MMK_SILU_ARGS, KACT_ARGS) {
+    pdl_wait_prefetch_mmk_silu(wg, tyg, rows, K);
+    mmk_silu_kernel<1>(wg, tyg, wu, tyu, y, rows, KACT);
+}
+extern "C" __global__ void __launch_bounds__(128) mmk_silu_2(MMK_SILU_ARGS, KACT_ARGS) {
+    pdl_wait_prefetch_mmk_silu(wg, tyg, rows, K);
+    mmk_silu_kernel<2>(wg, tyg, wu, tyu, y, rows, KACT);
+}
+extern "C" __global__ void __launch_bounds__(128) mmk_silu_4(MMK_SILU_ARGS, KACT_ARGS) {
+    pdl_wait_prefetch_mmk_silu(wg, tyg, rows, K);
+    mmk_silu_kernel<4>(wg, tyg, wu, tyu, y, rows, KACT);
+}
