@@ -115,11 +115,12 @@ __device__ __forceinline__ int load_i32_a2(const uint8_t* p) {
 // Q5_K or Q6_K matrix by a Q8_K-quantized activation (matvec_1 and matvec_cols in matvec.cu, the
 // tensor-core tiles of mmk.cu) gives output (row r, column c) the bits of this definition,
 // whatever the number of columns and however it splits the work:
-//   y = 0; for each chunk of KQ_CHUNK consecutive super-blocks (the last may be shorter), in
-//   increasing order: { c = 0; for each super-block b of the chunk in increasing order:
-//   c = c + v_b; y = y + c }
-// (f32 adds; the chunks let a kernel split K over warps and still add in this order), with
-// super-block b's value v_b computed from exact integers:
+//   y = 0; for each chunk of KQ_CHUNK = 4 consecutive super-blocks b0 .. b0 + 3 (the last chunk
+//   may be shorter), in increasing order: y = y + c, c = (v_b0 + v_b0+1) + (v_b0+2 + v_b0+3)
+//   (f32 adds; a missing super-block drops out of the tree: (v + -) = v),
+// so a kernel may split K over warps by chunks, and a warp may add a round's super-blocks with
+// a butterfly (a + b and b + a have the same bits); super-block b's value v_b is computed from
+// exact integers:
 //   Q4_K/Q5_K: isc = sum_s sc_s * (sum_{k in s} q_k x_k), im = sum_s m_s * (sum_{k in s} x_k)
 //              over the 8 sub-blocks s of 32 values; v_b = dx * (d * isc - dmin * im)
 //   Q6_K:      isc = sum_s sc_s * (sum_{k in s} (q_k - 32) x_k) over the 16 sub-blocks of 16;

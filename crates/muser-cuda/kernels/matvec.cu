@@ -470,138 +470,118 @@ __device__ __forceinline__ int sb_reduce(int v) {
 }
 
 // K-quant rows in the canonical order (common.cuh): lane l takes items l, l + 32, .. of each of
-// the warp's nr rows (an item is a quarter super-block of Q4_K/Q5_K, a half of Q6_K), the rows'
-// items at one position together, so a column's activation is loaded once for the R rows and R
-// weight loads are in flight per lane. The PER = 4 (2) lanes of a super-block add their integer
-// sums exactly (shuffles), each computes v_b, and the warp adds the round's 8 (16) v_b, gathered
-// from their lanes, chunk by chunk into acc: every lane ends with the row's sum, whatever NC.
-// Q4_K/Q5_K: the next round's weights and activation are loaded before this round's shuffles,
-// so the loads are in flight while the warp reduces.
+// the warp's R = 4 rows (an item is a quarter super-block of Q4_K/Q5_K, a half of Q6_K), the
+// rows' items at one position together, so a column's activation is loaded once for the 4 rows
+// and 4 weight loads are in flight per lane. Per round of 32 items, the PER = 4 (2) lanes of a
+// super-block reduce-scatter their integer sums (exact): Q4_K/Q5_K lane 4j + q ends with row q's
+// sums of super-block j, Q6_K lane 2j + p with rows p and p + 2; each computes v_b of its rows,
+// a butterfly over the super-blocks makes each chunk's tree, and the chunks are added to the
+// row's total in order. Row r's total ends in lane r & 3 (r & 1 for Q6_K) and is broadcast.
 
-// acc[r][c] += the round's chunks: v[r][c] of the super-blocks j = 0 .. nsb - 1 held by lanes PER * j.
-template <int NC, int R, int PER>
-__device__ __forceinline__ void kq_gather(const float (&v)[R][NC], int nsb, int nr, int ncols, float (&acc)[R][NC]) {
-    constexpr int SB = WARP / PER;
+// Q4_K/Q5_K: lane 4j + q gets the sum over its super-block's 4 lanes of m[q] (integers, exact).
+__device__ __forceinline__ int quad_scatter(const int (&m)[4], int q) {
+    const int p = q & 1, h = (q >> 1) & 1;
+    const int ka = (p ? m[1] : m[0]) + __shfl_xor_sync(0xffffffffu, p ? m[0] : m[1], 1); // row p
+    const int kb = (p ? m[3] : m[2]) + __shfl_xor_sync(0xffffffffu, p ? m[2] : m[3], 1); // row p + 2
+    return (h ? kb : ka) + __shfl_xor_sync(0xffffffffu, h ? ka : kb, 2);                // row q
+}
+
+// y += the round's chunks of this lane's row(s): v is the value of super-block j = lane / PER of
+// the round (nsb present), the chunk trees by butterfly, then the chunks in order from the lanes
+// that hold them (lane PER * 4k + lane % PER). Correct in lanes 0 .. PER - 1.
+template <int PER>
+__device__ __forceinline__ void kq_round(float v, int nsb, float& y) {
+    const int lane = threadIdx.x % WARP, j = lane / PER;
+    float o = __shfl_xor_sync(0xffffffffu, v, PER);
+    if ((j ^ 1) < nsb) v = kq_add(v, o);
+    o = __shfl_xor_sync(0xffffffffu, v, 2 * PER);
+    if (((j ^ 2) & ~1) < nsb) v = kq_add(v, o);
+    y = kq_add(y, v);
 #pragma unroll
-    for (int r = 0; r < R; ++r)
-        if (r < nr)
-#pragma unroll
-            for (int c = 0; c < NC; ++c) {
-                if (c >= ncols) break;
-                float ch = 0.0f;
-#pragma unroll
-                for (int j = 0; j < SB; ++j) {
-                    if (j >= nsb) break; // warp-uniform
-                    ch = kq_add(ch, __shfl_sync(0xffffffffu, v[r][c], PER * j));
-                    if (j % KQ_CHUNK == KQ_CHUNK - 1 || j == nsb - 1) {
-                        acc[r][c] = kq_add(acc[r][c], ch);
-                        ch = 0.0f;
-                    }
-                }
-            }
+    for (int k = 1; k < WARP / PER / KQ_CHUNK; ++k) {
+        o = __shfl_sync(0xffffffffu, v, KQ_CHUNK * PER * k + lane % PER);
+        if (KQ_CHUNK * k < nsb) y = kq_add(y, o);
+    }
 }
 
 template <int NC, int R, int FMT>
 __device__ __forceinline__ void rows_kq(const uint8_t* __restrict__ w, int row0, int nr, int rows, const Act& a,
                                         float (&acc)[R][NC]) {
+    static_assert(R == 4, "the reduce-scatter takes 4 rows");
     constexpr bool Q6 = FMT == FMT_Q6_K;
     constexpr int PER = Q6 ? 2 : 4, SB = WARP / PER;
     static_assert(SB % KQ_CHUNK == 0, "a round holds whole chunks");
     const int n = items_per_row(FMT, a.K), lane = threadIdx.x % WARP;
-    if constexpr (Q6) {
+    float y[2][NC]; // this lane's rows: lane & 3 (Q4_K/Q5_K), or lane & 1 and (lane & 1) + 2 (Q6_K)
+#pragma unroll
+    for (int c = 0; c < NC; ++c) y[0][c] = y[1][c] = 0.0f;
 #pragma unroll 1
-        for (int base = 0; base < n; base += WARP) {
-            const int it = min(base + lane, n - 1); // lanes past the row's end are never gathered
-            float v[R][NC];
+    for (int base = 0; base < n; base += WARP) {
+        const int it = min(base + lane, n - 1); // lanes past the row's end drop out of the trees
+        const int nsb = min(SB, (n - base) / PER);
+        if constexpr (Q6) {
+            int isc[R][NC];
+            float d[R];
             // One row at a time (a Q6_K item is 27 registers; four at once spill).
 #pragma unroll
-            for (int r = 0; r < R; ++r)
+            for (int r = 0; r < R; ++r) {
+                d[r] = 0.0f;
+#pragma unroll
+                for (int c = 0; c < NC; ++c) isc[r][c] = 0;
                 if (r < nr) {
                     const RawQ6 raw = raw_load<FMT>(w, row0 + r, rows, it, a);
+                    d[r] = raw.d;
 #pragma unroll
                     for (int c = 0; c < NC; ++c) {
                         if (c >= a.ncols) break;
-                        const float dx = a.xds[(size_t)c * (a.K / 32) + (it >> 1) * 8].x;
-                        v[r][c] = kq_value_q6(raw.d, sb_reduce<PER>(q6_isc<NC>(raw, it, a, c)), dx);
+                        isc[r][c] = q6_isc<NC>(raw, it, a, c);
                     }
                 }
-            kq_gather<NC, R, PER>(v, min(SB, (n - base) / PER), nr, a.ncols, acc);
-        }
-    } else {
-        // Q4_K, one column: the next round's weights and activation are loaded before this
-        // round's shuffles. (Q5_K items are 20 registers, and decode groups hold 8 columns: in
-        // flight together they spill; they load each round at its start.)
-        constexpr bool PIPE = FMT == FMT_Q4_K && NC == 1;
-        RawQ45 raw[R];
-        X64 x;
-        int it = min(lane, n - 1);
-        if constexpr (!PIPE) {
-#pragma unroll 1
-            for (int base = 0; base < n; base += WARP) {
-                it = min(base + lane, n - 1);
-#pragma unroll
-                for (int r = 0; r < R; ++r)
-                    if (r < nr) raw[r] = raw_load<FMT>(w, row0 + r, rows, it, a);
-                const int i0 = (it >> 2) * QK_K + 64 * (it & 3);
-                float v[R][NC];
-#pragma unroll
-                for (int c = 0; c < NC; ++c) {
-                    if (c >= a.ncols) break;
-                    x = load_x64<NC>(a, c, i0);
-#pragma unroll
-                    for (int r = 0; r < R; ++r)
-                        if (r < nr) {
-                            const Q45 u = unpack_q45<FMT == FMT_Q5_K>(raw[r], it);
-                            int isc, im;
-                            q45_ints(u, x, &isc, &im);
-                            v[r][c] = kq_value_q45(u.dm.x, u.dm.y, sb_reduce<PER>(isc), sb_reduce<PER>(im), x.dd.x);
-                        }
-                }
-                kq_gather<NC, R, PER>(v, min(SB, (n - base) / PER), nr, a.ncols, acc);
             }
-        } else {
-#pragma unroll
-        for (int r = 0; r < R; ++r)
-            if (r < nr) raw[r] = raw_load<FMT>(w, row0 + r, rows, it, a);
-        x = load_x64<NC>(a, 0, (it >> 2) * QK_K + 64 * (it & 3));
-#pragma unroll 1
-        for (int base = 0; base < n; base += WARP) {
-            int isc[R][NC], im[R][NC];
-            float2 dm[R];
-            float dx[NC];
+            const int p = lane & 1;
 #pragma unroll
             for (int c = 0; c < NC; ++c) {
-                dx[c] = x.dd.x;
-#pragma unroll
-                for (int r = 0; r < R; ++r)
-                    if (r < nr) {
-                        const Q45 u = unpack_q45<FMT == FMT_Q5_K>(raw[r], it);
-                        q45_ints(u, x, &isc[r][c], &im[r][c]);
-                        dm[r] = u.dm;
-                    }
+                if (c >= a.ncols) break;
+                const float dx = a.xds[(size_t)c * (a.K / 32) + (it >> 1) * 8].x;
+                const int ka = (p ? isc[1][c] : isc[0][c]) + __shfl_xor_sync(0xffffffffu, p ? isc[0][c] : isc[1][c], 1);
+                const int kb = (p ? isc[3][c] : isc[2][c]) + __shfl_xor_sync(0xffffffffu, p ? isc[2][c] : isc[3][c], 1);
+                kq_round<PER>(kq_value_q6(p ? d[1] : d[0], ka, dx), nsb, y[0][c]);
+                kq_round<PER>(kq_value_q6(p ? d[3] : d[2], kb, dx), nsb, y[1][c]);
             }
-            // The next round's loads, in flight during this round's shuffles.
-            if (base + WARP < n) {
-                it = min(base + WARP + lane, n - 1);
-#pragma unroll
-                for (int r = 0; r < R; ++r)
-                    if (r < nr) raw[r] = raw_load<FMT>(w, row0 + r, rows, it, a);
-                x = load_x64<NC>(a, 0, (it >> 2) * QK_K + 64 * (it & 3));
-            }
-            float v[R][NC];
+        } else {
+            RawQ45 raw[R];
 #pragma unroll
             for (int r = 0; r < R; ++r)
-                if (r < nr)
+                if (r < nr) raw[r] = raw_load<FMT>(w, row0 + r, rows, it, a);
+            const int i0 = (it >> 2) * QK_K + 64 * (it & 3), q = lane & 3;
 #pragma unroll
-                    for (int c = 0; c < NC; ++c) {
-                        if (c >= a.ncols) break;
-                        v[r][c] = kq_value_q45(dm[r].x, dm[r].y, sb_reduce<PER>(isc[r][c]), sb_reduce<PER>(im[r][c]),
-                                               dx[c]);
+            for (int c = 0; c < NC; ++c) {
+                if (c >= a.ncols) break;
+                const X64 x = load_x64<NC>(a, c, i0);
+                int isc[R], im[R];
+                float2 dm[R];
+#pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    isc[r] = im[r] = 0;
+                    dm[r] = make_float2(0.0f, 0.0f);
+                    if (r < nr) {
+                        const Q45 u = unpack_q45<FMT == FMT_Q5_K>(raw[r], it);
+                        q45_ints(u, x, &isc[r], &im[r]);
+                        dm[r] = u.dm;
                     }
-            kq_gather<NC, R, PER>(v, min(SB, (n - base) / PER), nr, a.ncols, acc);
-        }
+                }
+                const float2 dq = q == 0 ? dm[0] : q == 1 ? dm[1] : q == 2 ? dm[2] : dm[3];
+                kq_round<PER>(kq_value_q45(dq.x, dq.y, quad_scatter(isc, q), quad_scatter(im, q), x.dd.x), nsb,
+                              y[0][c]);
+            }
         }
     }
+    // Row r's total from its lane, to every lane.
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int c = 0; c < NC; ++c)
+            acc[r][c] = Q6 ? __shfl_sync(0xffffffffu, y[r >> 1][c], r & 1) : __shfl_sync(0xffffffffu, y[0][c], r);
 }
 
 // acc[r][c] = rows row0 .. row0 + nr - 1 (nr <= R) dotted with column c, in every lane.

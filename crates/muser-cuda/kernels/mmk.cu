@@ -8,11 +8,11 @@
 // of lane (g, t) = (lane / 4, lane % 4)) and BN = 8 * NT columns (NT = 1, 2, 4: mmk_1, mmk_2,
 // mmk_4). Grid x: column tiles (those of one row block run side by side and share its weights in
 // L2), grid y: row blocks over the jobs' rows (each job padded to 16 rows). The 4 warps split K
-// by chunks of KQ_CHUNK super-blocks (warp w takes chunks w, w + 4, ..): each sums its chunk's
-// v_b in order, and after every round of 4 chunks one thread per output adds the 4 chunk sums to
+// by chunks of KQ_CHUNK super-blocks (warp w takes chunks w, w + 4, ..): each makes its chunk's
+// tree of v_b, and after every round of 4 chunks one thread per output adds the 4 chunk sums to
 // the output's total in chunk order (shared memory), which is the canonical order.
 // Per super-block b, per n-tile of 8 columns, lane (g, t) of a warp:
-// then adds v_b = kq_value_*(...) to its chunk sums. Each warp asks L2 for its next chunk's
+// then puts v_b = kq_value_*(...) into its chunk tree. Each warp asks L2 for its next chunk's
 // weights when it starts a chunk.
 
 #define MMK_ROWS 16
@@ -76,10 +76,18 @@ struct MmkCols {
     }
 };
 
-// acc += v_b of super-blocks b0 .. b1 - 1, in order, for rows row0 + g, row0 + g + 8.
+// The chunk tree (common.cuh) of super-blocks b0 .. b1 - 1 (at most KQ_CHUNK), for rows row0 + g,
+// row0 + g + 8: lo = v_b0 (+ v_b0+1), hi = v_b0+2 (+ v_b0+3); the chunk is lo + hi (or lo).
+__device__ __forceinline__ void kq_leaf(float& lo, float& hi, int k, float v) {
+    if (k == 0) lo = v;
+    else if (k == 1) lo = kq_add(lo, v);
+    else if (k == 2) hi = v;
+    else hi = kq_add(hi, v);
+}
+
 template <int NT, bool Q5>
 __device__ __forceinline__ void mmk_q45(const uint8_t* __restrict__ w, int row0, int rows, const KAct& a, int b0,
-                                        int b1, float (&acc)[NT][4]) {
+                                        int b1, float (&lo)[NT][4], float (&hi)[NT][4]) {
     constexpr int BS = Q5 ? 176 : 144, QS = Q5 ? 48 : 16;
     const int lane = threadIdx.x % WARP, g = lane >> 2, t = lane & 3;
     const int nb = a.K / QK_K, nb32 = a.K / 32;
@@ -154,7 +162,7 @@ __device__ __forceinline__ void mmk_q45(const uint8_t* __restrict__ w, int row0,
             for (int e = 0; e < 4; ++e) {
                 const float2 dm = e < 2 ? dma : dmb;
                 const int im = rl[e] + 64 * rh[e];
-                acc[nt][e] = kq_add(acc[nt][e], kq_value_q45(dm.x, dm.y, isc[nt][e], im, (e & 1) ? dx1 : dx0));
+                kq_leaf(lo[nt][e], hi[nt][e], b - b0, kq_value_q45(dm.x, dm.y, isc[nt][e], im, (e & 1) ? dx1 : dx0));
             }
         }
     }
@@ -165,7 +173,7 @@ __device__ __forceinline__ void mmk_q45(const uint8_t* __restrict__ w, int row0,
 // 64h + 32 (qq & 1) + v, nibble qq >> 1; high bits: bit pair qq of qh byte 32h + v.
 template <int NT>
 __device__ __forceinline__ void mmk_q6(const uint8_t* __restrict__ w, int row0, int rows, const KAct& a, int b0,
-                                       int b1, float (&acc)[NT][4]) {
+                                       int b1, float (&lo)[NT][4], float (&hi)[NT][4]) {
     const int lane = threadIdx.x % WARP, g = lane >> 2, t = lane & 3;
     const int nb = a.K / QK_K, nb32 = a.K / 32;
     const int ra = min(row0 + g, rows - 1), rb = min(row0 + g + 8, rows - 1);
@@ -228,7 +236,7 @@ __device__ __forceinline__ void mmk_q6(const uint8_t* __restrict__ w, int row0, 
             const float dx1 = a.xds[(size_t)cols.o[nt][1] * nb32 + 8 * b].x;
 #pragma unroll
             for (int e = 0; e < 4; ++e)
-                acc[nt][e] = kq_add(acc[nt][e], kq_value_q6(e < 2 ? da : db, isc[nt][e], (e & 1) ? dx1 : dx0));
+                kq_leaf(lo[nt][e], hi[nt][e], b - b0, kq_value_q6(e < 2 ? da : db, isc[nt][e], (e & 1) ? dx1 : dx0));
         }
     }
 }
@@ -249,7 +257,7 @@ __device__ __forceinline__ void mmk_prefetch_chunk(const uint8_t* w, int ty, int
 
 // y[i] = output p = threadIdx.x + 128 i of the block (row p % 16, column p / 16 of the tile) of
 // a matrix of format ty, in the canonical order: the warps sum their chunks, and per round of
-// MMK_WARPS chunks the sums meet in `part` and are added to y in chunk order.
+// MMK_WARPS chunks the sums (each chunk's tree) meet in `part` and are added to y in chunk order.
 template <int NT>
 __device__ __forceinline__ void mmk_rows(int ty, const uint8_t* w, int row0, int rows, const KAct& a, float (&y)[NT],
                                          float* part) {
@@ -260,15 +268,22 @@ __device__ __forceinline__ void mmk_rows(int ty, const uint8_t* w, int row0, int
 #pragma unroll 1
     for (int r0 = 0; r0 < nch; r0 += MMK_WARPS) {
         const int ch = r0 + warp;
-        float c[NT][4];
+        float c[NT][4], hi[NT][4];
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt) c[nt][0] = c[nt][1] = c[nt][2] = c[nt][3] = 0.0f;
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) c[nt][e] = hi[nt][e] = 0.0f;
         if (ch < nch) {
             mmk_prefetch_chunk(w, ty, row0, rows, a.K, ch + MMK_WARPS);
             const int b0 = ch * KQ_CHUNK, b1 = min(b0 + KQ_CHUNK, nb);
-            if (ty == FMT_Q6_K) mmk_q6<NT>(w, row0, rows, a, b0, b1, c);
-            else if (ty == FMT_Q5_K) mmk_q45<NT, true>(w, row0, rows, a, b0, b1, c);
-            else mmk_q45<NT, false>(w, row0, rows, a, b0, b1, c);
+            if (ty == FMT_Q6_K) mmk_q6<NT>(w, row0, rows, a, b0, b1, c, hi);
+            else if (ty == FMT_Q5_K) mmk_q45<NT, true>(w, row0, rows, a, b0, b1, c, hi);
+            else mmk_q45<NT, false>(w, row0, rows, a, b0, b1, c, hi);
+            if (b1 - b0 > 2)
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) c[nt][e] = kq_add(c[nt][e], hi[nt][e]);
         }
         __syncthreads(); // the previous round's sums are read
         if (ch < nch)
