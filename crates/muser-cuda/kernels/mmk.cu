@@ -95,8 +95,11 @@ __device__ __forceinline__ void mmk_q45(const uint8_t* __restrict__ w, int row0,
     const uint8_t* wa = w + (size_t)min(row0 + g, rows - 1) * rb;
     const uint8_t* wb = w + (size_t)min(row0 + g + 8, rows - 1) * rb;
     const MmkCols<NT> cols(a.ncols);
-#pragma unroll 1
-    for (int b = b0; b < b1; ++b) {
+    // Unrolled over the chunk's positions, so each super-block's place in the tree is a constant.
+#pragma unroll
+    for (int k = 0; k < KQ_CHUNK; ++k) {
+        const int b = b0 + k;
+        if (b >= b1) break;
         const uint8_t* ba = wa + (size_t)b * BS;
         const uint8_t* bb = wb + (size_t)b * BS;
         const uint4 ha = *(const uint4*)ba, hb = *(const uint4*)bb;
@@ -162,7 +165,7 @@ __device__ __forceinline__ void mmk_q45(const uint8_t* __restrict__ w, int row0,
             for (int e = 0; e < 4; ++e) {
                 const float2 dm = e < 2 ? dma : dmb;
                 const int im = rl[e] + 64 * rh[e];
-                kq_leaf(lo[nt][e], hi[nt][e], b - b0, kq_value_q45(dm.x, dm.y, isc[nt][e], im, (e & 1) ? dx1 : dx0));
+                kq_leaf(lo[nt][e], hi[nt][e], k, kq_value_q45(dm.x, dm.y, isc[nt][e], im, (e & 1) ? dx1 : dx0));
             }
         }
     }
@@ -182,8 +185,11 @@ __device__ __forceinline__ void mmk_q6(const uint8_t* __restrict__ w, int row0, 
     const int8_t* scp = (const int8_t*)(w + (size_t)rows * nb * 192);
     const __half* dp = (const __half*)(w + (size_t)rows * nb * 208);
     const MmkCols<NT> cols(a.ncols);
-#pragma unroll 1
-    for (int b = b0; b < b1; ++b) {
+    // Unrolled over the chunk's positions, so each super-block's place in the tree is a constant.
+#pragma unroll
+    for (int k = 0; k < KQ_CHUNK; ++k) {
+        const int b = b0 + k;
+        if (b >= b1) break;
         const uint8_t* ba = qa + (size_t)b * 192;
         const uint8_t* bb = qb + (size_t)b * 192;
         uint32_t la[2][2][2], lb[2][2][2], hqa[2][2], hqb[2][2];
@@ -236,7 +242,7 @@ __device__ __forceinline__ void mmk_q6(const uint8_t* __restrict__ w, int row0, 
             const float dx1 = a.xds[(size_t)cols.o[nt][1] * nb32 + 8 * b].x;
 #pragma unroll
             for (int e = 0; e < 4; ++e)
-                kq_leaf(lo[nt][e], hi[nt][e], b - b0, kq_value_q6(e < 2 ? da : db, isc[nt][e], (e & 1) ? dx1 : dx0));
+                kq_leaf(lo[nt][e], hi[nt][e], k, kq_value_q6(e < 2 ? da : db, isc[nt][e], (e & 1) ? dx1 : dx0));
         }
     }
 }

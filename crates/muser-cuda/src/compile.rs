@@ -11,7 +11,6 @@ pub const COMMON_HEADER: &str = include_str!("../kernels/common.cuh");
 pub const KERNEL_SOURCES: &[(&str, &str)] = &[
     ("matvec.cu", include_str!("../kernels/matvec.cu")),
     ("mmk.cu", include_str!("../kernels/mmk.cu")),
-    ("mmq.cu", include_str!("../kernels/mmq.cu")),
     ("embed.cu", include_str!("../kernels/embed.cu")),
     ("norm.cu", include_str!("../kernels/norm.cu")),
     ("rope.cu", include_str!("../kernels/rope.cu")),

@@ -1,11 +1,11 @@
-//! Host side of `kernels/matvec.cu`, `kernels/mmk.cu` and `kernels/mmq.cu`: weight upload (Q6_K
+//! Host side of `kernels/matvec.cu` and `kernels/mmk.cu`: weight upload (Q6_K
 //! and Q8_0 repacked into 16-byte aligned planes), activation quantization, and launches of
 //! several matrices sharing one input for any number of columns. One column runs on `matvec_1`;
 //! two or more columns of a K-quant (decode groups and prefill alike) on the integer tensor cores
 //! (`mmk_*`), in the canonical order of common.cuh that `matvec_1` also follows, so a sequence's
 //! results never depend on its group or on how its prompt was chunked; the other formats on
-//! `matvec_cols` (groups of 8 columns, the same per-column arithmetic as one column) and, past
-//! 64 columns, Q8_0 on `mmq_q8_0`.
+//! `matvec_cols` (groups of 8 columns, the same per-column arithmetic as one column; 64 columns
+//! per launch).
 
 use crate::device::{CudaError, Gpu};
 use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
@@ -30,14 +30,13 @@ pub struct ActScratch {
     pub cap: usize,
     /// The int8 activation in `q` is in the k-major layout (`xq16` in matvec.cu).
     pub kmajor: bool,
-    pub tmp: CudaSlice<f32>, // (2, ncols, rows) gate and up outputs of a prefill FFN
+    pub tmp: CudaSlice<f32>, // spare f32 scratch (part of a recorded step's workspace key)
 }
 
 /// Columns one warp of `matvec_cols` handles.
 pub const GROUP_COLS: usize = 8;
-/// Columns one `matvec_cols` launch handles at most (8 groups of 8). Up to this many columns
-/// every matrix runs the matvec arithmetic (batch-invariant); beyond it the tensor cores
-/// (`mmq_kernel`) where the format has them.
+/// Columns one `matvec_cols` launch handles at most (8 groups of 8); more are looped over. (The
+/// K-quants run every width from 2 columns on the tensor-core tiles of mmk.cu.)
 pub const MAX_COLS: usize = 64;
 /// Matrices one launch handles at most (`MatvecJobs` in matvec.cu).
 pub const MAX_JOBS: usize = 4;
@@ -79,15 +78,6 @@ pub fn mmk_launch(ncols: usize, rows: usize, silu: bool) -> (LaunchConfig, &'sta
         shared_mem_bytes: 0,
     };
     (cfg, name)
-}
-
-/// The tensor-core kernel (mmq.cu) serving a non-K-quant `ty` at width `k` for more than
-/// `MAX_COLS` columns; None means `matvec_cols` is looped over groups of 64 columns.
-pub fn mmq_kernel(ty: GgmlType, k: usize) -> Option<&'static str> {
-    match ty {
-        GgmlType::Q8_0 if k.is_multiple_of(256) => Some("mmq_q8_0"),
-        _ => None,
-    }
 }
 
 /// The kernels' format code (FMT_* in matvec.cu), or an error for a type with no CUDA matvec.
@@ -351,16 +341,6 @@ impl Gpu {
         for group in tc.chunks(MAX_JOBS) {
             self.mmk(group, k, ncols, scratch)?;
         }
-        let (mmq, rest): (Vec<&Job>, Vec<&Job>) = rest
-            .into_iter()
-            .partition(|j| ncols > MAX_COLS && mmq_kernel(j.m.ty, k).is_some());
-        assert!(
-            !scratch.kmajor || mmq.is_empty(),
-            "the tensor cores read the row-major activation"
-        );
-        for j in mmq {
-            self.mmq(j.m, ncols, scratch, j.y)?;
-        }
         let rest: Vec<Job> = rest.into_iter().map(|j| Job { m: j.m, y: j.y }).collect();
         for group in rest.chunks(MAX_JOBS) {
             let mut mj = MatvecJobs::default();
@@ -459,49 +439,9 @@ impl Gpu {
         )
     }
 
-    /// y[c][r] = W x[c] on the tensor cores for all `ncols` columns (the int8 activation
-    /// already in `scratch`).
-    pub fn mmq(
-        &self,
-        m: &DeviceMatrix,
-        ncols: usize,
-        scratch: &ActScratch,
-        y: u64,
-    ) -> Result<(), CudaError> {
-        let name = mmq_kernel(m.ty, m.cols).ok_or_else(|| {
-            CudaError::Unsupported(format!(
-                "no tensor-core matmul for {} at width {}",
-                m.ty, m.cols
-            ))
-        })?;
-        let cfg = LaunchConfig {
-            grid_dim: ((ncols as u32).div_ceil(64), (m.rows as u32).div_ceil(64), 1),
-            block_dim: (128, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let (w, xq, xds) = (
-            dptr(self, &m.data),
-            dptr(self, &scratch.q),
-            dptr(self, &scratch.ds),
-        );
-        let (rows, k, n) = (m.rows as i32, m.cols as i32, ncols as i32);
-        let f = self.kernel(name)?;
-        let mut b = self.stream.launch_builder(f);
-        b.arg(&w)
-            .arg(&rows)
-            .arg(&k)
-            .arg(&xq)
-            .arg(&xds)
-            .arg(&y)
-            .arg(&n);
-        // SAFETY: reads rows*row_bytes weight bytes and ncols*k activations; writes ncols*rows.
-        unsafe { b.launch(cfg) }?;
-        Ok(())
-    }
-
     /// y[c][r] = silu(G[r] . x[c]) * (U[r] . x[c]) (the int8 activation already in `scratch`
-    /// when either matrix is quantized). K-quants from 2 columns on run fused on `mmk_silu_*`;
-    /// Q8_0 past 64 columns runs gate and up on `mmq_q8_0` into `scratch.tmp`, then `silu_mul`.
+    /// when either matrix is quantized). K-quants from 2 columns on run fused on `mmk_silu_*`,
+    /// the other formats on `matvec_silu_1` / `matvec_silu_cols` (64 columns per launch).
     pub fn matvec_silu(
         &self,
         gate: &DeviceMatrix,
@@ -530,27 +470,6 @@ impl Gpu {
             b.arg(&i[0]).arg(&i[1]).arg(&i[2]);
             // SAFETY: reads rows*row_bytes bytes of each matrix and the activation of ncols*k
             // values; writes ncols*rows outputs.
-            unsafe { b.launch(cfg) }?;
-            return Ok(());
-        }
-        if ncols > MAX_COLS && mmq_kernel(gate.ty, k).is_some() && mmq_kernel(up.ty, k).is_some() {
-            let n = ncols * rows;
-            if scratch.tmp.len() < 2 * n {
-                scratch.tmp = self.stream.alloc_zeros::<f32>(2 * n)?;
-            }
-            let tg = dptr(self, &scratch.tmp);
-            let tu = tg + (n * 4) as u64;
-            self.mmq(gate, ncols, scratch, tg)?;
-            self.mmq(up, ncols, scratch, tu)?;
-            let ni = n as i32;
-            let cfg = LaunchConfig {
-                grid_dim: ((n as u32).div_ceil(256), 1, 1),
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            let mut b = self.stream.launch_builder(self.kernel("silu_mul")?);
-            b.arg(&tg).arg(&tu).arg(&y).arg(&ni);
-            // SAFETY: tmp holds 2n values; y holds n.
             unsafe { b.launch(cfg) }?;
             return Ok(());
         }
@@ -691,10 +610,6 @@ mod tests {
         for ty in [GgmlType::Q8_0, GgmlType::F16, GgmlType::BF16, GgmlType::F32] {
             assert!(!uses_mmk(ty, 8, 6656) && !uses_mmk(ty, 512, 6656));
         }
-        assert_eq!(mmq_kernel(GgmlType::Q8_0, 6656), Some("mmq_q8_0"));
-        assert_eq!(mmq_kernel(GgmlType::Q8_0, 6656 + 32), None);
-        assert_eq!(mmq_kernel(GgmlType::Q4_K, 6656), None);
-        assert_eq!(mmq_kernel(GgmlType::F16, 6656), None);
     }
 
     #[test]

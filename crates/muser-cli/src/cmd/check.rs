@@ -426,6 +426,11 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
     let (g6c, g6g) = p.weights(&t6g)?;
     let t6u = p.matrix("ffn_up", GgmlType::Q6_K, 1024, hidden)?;
     let (u6c, u6g) = p.weights(&t6u)?;
+    // A Q8_0 gate+up (matvec_silu_1 / matvec_silu_cols).
+    let t8g = p.matrix("ffn_gate", GgmlType::Q8_0, 1024, hidden)?;
+    let (g8c, g8g) = p.weights(&t8g)?;
+    let t8u = p.matrix("ffn_up", GgmlType::Q8_0, 1024, hidden)?;
+    let (u8c, u8g) = p.weights(&t8u)?;
     // The other formats at one shape, for the routing of each (Q8_0, F16, BF16, F32, Q5_K).
     let mut other = Vec::new();
     for ty in [
@@ -767,6 +772,12 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
                     1024,
                     (&g6c, &g6g),
                     (&u6c, &u6g),
+                ),
+                (
+                    format!("Q8_0 1024x{hidden}"),
+                    1024,
+                    (&g8c, &g8g),
+                    (&u8c, &u8g),
                 ),
             ] {
                 let (mut fc, mut fg) = (p.cpu.buf(n, rows), p.gpu.buf(n, rows));
