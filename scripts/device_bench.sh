@@ -65,13 +65,11 @@ if [ "${JOB:-}" = final ]; then
     step synth-llama-glimmer 90 "$BIN" synth llama-glimmer "$G"
     step synth-muse-tiny 30 "$BIN" synth muse-tiny "$T"
     step synth-muse-mid 60 "$BIN" synth muse-mid "$D"
-    step check 200 "$BIN" check --backend cuda --quick --bench --model "$T" --model "$D" --invariance "$T" --invariance "$G"
+    # The parity command at the Glimmer shapes (QUICK=1: the small shapes), whole models, invariance.
+    step check 240 "$BIN" check --backend cuda $([ "${QUICK:-0}" = 1 ] && echo --quick) --bench \
+        --model "$T" --model "$D" --invariance "$T" --invariance "$G"
     step bench-llama 90 "$BIN" bench --backend cuda -m "$G" -p 512 -n 128 -r "$REPS"
-    step bench-llama-f32attn 60 env MUSER_ATTN_MMA=0 "$BIN" bench --backend cuda -m "$G" -p 0 -n 128 -r "$REPS"
     step bench-llama-streams 90 "$BIN" bench --backend cuda -m "$G" -p 0 -n 64 -r 2 -s "${STREAMS:-1,8,32}"
-    step bench-llama-d8192 90 "$BIN" bench --backend cuda -m "$G" -p 0 -n 128 -d 8192 -r 2
-    step synth-muse-glimmer 150 "$BIN" synth muse-glimmer "$M"
-    step bench-muse 120 "$BIN" bench --backend cuda -m "$M" -p 512 -n 128 -r "$REPS" --audit
     if [ -n "${LLAMA_PID:-}" ]; then
         wait "$LLAMA_PID"
         LB=/tmp/llama/llama.cpp/build/bin
@@ -79,21 +77,18 @@ if [ "${JOB:-}" = final ]; then
         step llama-batched-bench 120 "$LB/llama-batched-bench" -m "$G" -c 16384 -b 2048 -ub 512 \
             -npp 128 -ntg 128 -npl "${STREAMS:-1,8,32}" -fa on -ngl 99
     fi
+    step bench-llama-d8192 90 "$BIN" bench --backend cuda -m "$G" -p 0 -n 128 -d 8192 -r 2
+    step synth-muse-glimmer 150 "$BIN" synth muse-glimmer "$M"
+    step bench-muse 120 "$BIN" bench --backend cuda -m "$M" -p 512 -n 128 -r "$REPS" --audit
     step bench-muse-d8192 90 "$BIN" bench --backend cuda -m "$M" -p 0 -n 128 -d 8192 -r 2
-    step bench-llama-d8192-f32attn 90 env MUSER_ATTN_MMA=0 "$BIN" bench --backend cuda -m "$G" -p 0 -n 128 -d 8192 -r 2
-    # Per-kernel time of replayed decode steps (Nsight Systems, graph nodes traced), if present.
-    NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
-    if [ -n "$NSYS" ]; then
-        step nsys 120 "$NSYS" profile --cuda-graph-trace=node -t cuda -o /tmp/muser-nsys -f true \
-            "$BIN" bench --backend cuda -m "$M" -p 0 -n 64 -r 1
-        step nsys-stats 60 "$NSYS" stats -q --report cuda_gpu_kern_sum --format csv -o "$OUT/kern" /tmp/muser-nsys.nsys-rep
-    fi
+    step profile 60 "$BIN" check --backend cuda --no-ops --speed "$G" --group-profile 8,32
     step bench-llama-nographs 60 env MUSER_CUDA_GRAPHS=0 "$BIN" bench --backend cuda -m "$G" -p 0 -n 128 -r "$REPS"
     echo
     echo "================ short table ================"
     echo "check: $(grep -hcE "^ok" "$OUT/check.log") ok, $(grep -hcE "^FAIL" "$OUT/check.log") FAIL"
     grep -hE "^FAIL|never dispatched|^all |decode_greedy|batch invariance|^model |speed" "$OUT/check.log" | head -24
     sed -n '/^matvec timing/,/^$/p' "$OUT/check.log" | head -16
+    grep -h "^decode group of" "$OUT/profile.log" 2>/dev/null
     grep "^| .*CUDA" "$OUT"/bench-*.log | sed "s|$OUT/||"
     grep -h "one decode step launches\|^decode step:\|never dispatched by" "$OUT/bench-muse.log"
     [ -f "$OUT/llama-bench.log" ] && grep "^| " "$OUT/llama-bench.log"

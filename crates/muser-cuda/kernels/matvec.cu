@@ -1,6 +1,7 @@
-// Matrix-vector products for decode: y[c][r] = sum_k W[r][k] * x[c][k] for 1..64 activation
-// columns c (one decode step, or a decode group of several sequences; also prefill chunks of up
-// to 64 tokens), and for more columns of the formats the tensor-core matmul (mmq.cu) lacks.
+// Matrix-vector products for decode: y[c][r] = sum_k W[r][k] * x[c][k] for one activation column
+// (matvec_1: one decode step; every format) and for 2..64 columns of the formats that have no
+// tensor-core kernel (matvec_cols: Q8_0, F16, BF16, F32 decode groups and prefill chunks; the
+// K-quants run 2 or more columns on mmk.cu).
 //
 // Shapes served: every matrix of the decode chain (Muse Glimmer: 4096x6656 attn_q/attn_gate,
 // 256x6656 attn_k/attn_v, 6656x4096 attn_output, 19968x6656 ffn_gate/ffn_up, 6656x19968
@@ -9,9 +10,11 @@
 // Formats (kernel argument `ty`, see FMT_*): Q4_K and Q5_K in their GGUF blocks (144 and 176
 // bytes: 16-byte aligned, so the block header is one 16-byte load); Q6_K and Q8_0 repacked at
 // upload into aligned planes (see matvec.rs: quants, then scales, then d); F16, BF16, F32.
-// The activation of the quantized formats is quantized once per call by `quantize_q8_k` (or `quantize_q8_0`) to int8
-// with the CPU reference's scales (and d * sum(q) per 32 values, for the Q4_K/Q5_K mins); the
-// dots run on dp4a. Float formats read the f32 activation.
+// The activation of the quantized formats is quantized once per call by `quantize_q8_k` (or
+// `quantize_q8_0`) to int8 with the CPU reference's scales (and the sums per 32 values, for the
+// Q4_K/Q5_K mins); the dots run on dp4a. Float formats read the f32 activation. The K-quants
+// follow the canonical order of common.cuh (integer sums per super-block, then f32 chunk trees),
+// which mmk.cu's tensor-core tiles reproduce, so a column gets the same bits from both.
 //
 // One launch serves up to four matrices sharing one input (Q/K/V/gate): `MatvecJobs` lists
 // them, blocks take consecutive rows of the concatenation, so the small attn_k/attn_v ride
@@ -26,10 +29,8 @@
 // row's reduction order depends only on the format and K, never on the number of columns: a
 // sequence gets the same bits alone or in any decode group (batch invariance; `muser check`
 // compares the bits).
-// Decode groups read the int8 activation in a k-major layout (see Act) so a warp's activation
-// loads are contiguous.
-// Decode groups of Q4_K/Q5_K matrices run on the integer tensor cores instead (matvec_mma,
-// matvec_silu_mma, v8 below: blocks of 16 rows x up to 32 columns), with the same bits.
+// Q8_0 decode groups sharing a Q8_K activation with a K-quant read it in a k-major layout (see
+// Act) so a warp's activation loads are contiguous.
 //
 // Versions: v1 (2026-11-29) one kernel per (format, columns), unaligned Q6_K loads.
 // v2 (2026-11-30) one kernel per column count with the format a warp-uniform switch, several
@@ -100,6 +101,18 @@
 // once per pair, sum (q - 32) x as sum q x - sum 32 x (same bits as v6), capped at 128 registers.
 // H200 (`muser check --bench`, same call): Q6_K ffn_down 6656x19968 132 us = 826 GB/s, against
 // v6's ~71 us = 1.5 TB/s (half the weight loads in flight per lane); v6's Q6_K code is back.
+// v9 (2026-11-29) the canonical K-quant order (common.cuh): per super-block exact integer sums,
+// then f32 chunk trees, so that integer tensor-core tiles (mmk.cu) can give decode groups and
+// prefill the bits of matvec_1 (v8 replayed matvec_1's per-item float order on the tensor cores
+// and paid ~10 float operations per row, column and 64 values). matvec_1 reduce-scatters a
+// super-block's integers over its 4 (Q6_K: 2) lanes and adds each round's chunks by butterfly.
+// H200, `muser check --bench` (host-timed, 1 column, same binary as below): Q4_K ffn_gate
+// 19968x6656 36.9 us (v6 36.3), ffn_down 34.7 (34.0), Q6_K ffn_down 80.9 (83.4), Q5_K output
+// 301.5 (298.7). A first version that gathered each super-block's value lane by lane and added
+// them in sequence cost ~30% (ffn_gate 46-49 us, llama-glimmer tg128 87-90 against 112 t/s).
+// llama-glimmer decode groups (`muser bench -s`, aggregate t/s at 1 / 8 / 32 streams): v8
+// 111 / 342 / 516, v9 with sequential chunk sums in mmk 86.5 / 460 / 919 (pp512 1966 against
+// 1591), v9 with trees 108 / 451 / 745 (the tree slot then a runtime branch, since unrolled).
 // Programmatic dependent launch (kept): the one-column kernels prefetch their weight rows into L2
 // before waiting for the kernel before them (pdl_wait_prefetch_*).
 

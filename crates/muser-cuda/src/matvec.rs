@@ -569,16 +569,25 @@ mod tests {
             for n in (2..=80).chain([128, 511, 512, 513, 2048]) {
                 for rows in [1usize, 16, 17, 64, 65, 256, 6656, 19968, 202048] {
                     let (cfg, name) = mmk_launch(n, rows, silu);
-                    assert!(compiled.iter().any(|k| k == name), "{name} is not in mmk.cu");
+                    assert!(
+                        compiled.iter().any(|k| k == name),
+                        "{name} is not in mmk.cu"
+                    );
                     assert_eq!(name.starts_with("mmk_silu_"), silu);
                     let nt: usize = name.rsplit('_').next().unwrap().parse().unwrap();
                     assert!([1, 2, 4].contains(&nt));
                     let bn = 8 * nt;
                     assert_eq!(cfg.block_dim.0, 128);
                     assert!(cfg.grid_dim.1 as usize * MMK_ROWS >= rows);
-                    assert!((cfg.grid_dim.1 as usize - 1) * MMK_ROWS < rows, "an empty row block");
+                    assert!(
+                        (cfg.grid_dim.1 as usize - 1) * MMK_ROWS < rows,
+                        "an empty row block"
+                    );
                     assert!(cfg.grid_dim.0 as usize * bn >= n);
-                    assert!((cfg.grid_dim.0 as usize - 1) * bn < n, "an empty column tile");
+                    assert!(
+                        (cfg.grid_dim.0 as usize - 1) * bn < n,
+                        "an empty column tile"
+                    );
                     // The narrowest tile that holds the group when it fits in one.
                     if n <= 32 {
                         assert_eq!(cfg.grid_dim.0, 1);
