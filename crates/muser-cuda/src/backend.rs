@@ -448,7 +448,7 @@ impl CudaBackend {
         let buffers = vec![
             self.p(&ws.act.q),
             self.p(&ws.act.ds),
-            self.p(&ws.act.tmp),
+            self.p(&ws.act.bs),
             ws.act.cap as u64,
             self.p(&ws.tokens),
             self.p(&ws.o_part),

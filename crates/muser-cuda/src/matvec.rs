@@ -21,8 +21,7 @@ pub struct DeviceMatrix {
     pub data: CudaSlice<u8>,
 }
 
-/// Scratch for one quantized activation of up to `cap` values (columns x K), and the two
-/// intermediate outputs of a prefill gate+up.
+/// Scratch for one quantized activation of up to `cap` values (columns x K).
 pub struct ActScratch {
     pub q: CudaSlice<i8>,
     pub ds: CudaSlice<f32>, // (cap / 32, 2)
@@ -30,7 +29,6 @@ pub struct ActScratch {
     pub cap: usize,
     /// The int8 activation in `q` is in the k-major layout (`xq16` in matvec.cu).
     pub kmajor: bool,
-    pub tmp: CudaSlice<f32>, // spare f32 scratch (part of a recorded step's workspace key)
 }
 
 /// Columns one warp of `matvec_cols` handles.
@@ -58,7 +56,8 @@ pub fn uses_mmk(ty: GgmlType, ncols: usize, k: usize) -> bool {
 }
 
 /// Launch and kernel (`mmk_1`, `mmk_2`, `mmk_4`, or the `mmk_silu_*` twins) of `ncols` columns
-/// over `rows` rows (each job's rows padded to MMK_ROWS): blocks of 64 rows x 8, 16 or 32 columns.
+/// over `rows` rows (each job's rows padded to MMK_ROWS): blocks of 16 rows x 8, 16 or 32
+/// columns, 4 warps splitting K.
 pub fn mmk_launch(ncols: usize, rows: usize, silu: bool) -> (LaunchConfig, &'static str) {
     let (nt, name) = match (ncols, silu) {
         (0..=8, false) => (1, "mmk_1"),
@@ -265,7 +264,6 @@ impl Gpu {
             bs: self.stream.alloc_zeros::<i8>((cap / 256).max(1) * 16)?,
             cap,
             kmajor: false,
-            tmp: self.stream.alloc_zeros::<f32>(1)?,
         })
     }
 
@@ -286,9 +284,7 @@ impl Gpu {
             return Ok(());
         }
         if n > scratch.cap {
-            let tmp = std::mem::replace(&mut scratch.tmp, self.stream.alloc_zeros::<f32>(1)?);
             *scratch = self.act_scratch(n)?;
-            scratch.tmp = tmp;
         }
         let kquant = uses_q8_k(k, types);
         scratch.kmajor = kmajor_layout(n / k, k, types);
