@@ -12,6 +12,15 @@
 // tree of v_b, and after every round of 4 chunks one thread per output adds the 4 chunk sums to
 // the output's total in chunk order (shared memory), which is the canonical order.
 // Per super-block b, per n-tile of 8 columns, lane (g, t) of a warp:
+//   Q4_K/Q5_K: each sub-block s (32 values) is one mma.m16n8k32 s8: k slots 4t..4t+3 and
+//     16+4t..16+4t+3 hold values 8t..8t+7 of the sub-block (any k order gives the same integer
+//     sums), so lane t reads 8 qs bytes of each of its two rows per pair of sub-blocks (their
+//     low and high nibbles) and 8 activation bytes per column and sub-block. isc += sc_s * (the
+//     MMA's sums), exact. The mins: im = sum_s m_s * xsum_s is two mma.m16n8k16 s8 with A = the
+//     row's 8 mins (at k 0..7, then at k 8..15) and B = the column's 8 sums split as
+//     lo + 64 hi (quantize_q8_k's bs), im = r_lo + 64 r_hi.
+//   Q6_K: each sub-block (16 values) is one mma.m16n8k16 s8 on (q - 32): lane t's slots hold
+//     values 4t..4t+3; isc += sc_s * (the MMA's sums).
 // then puts v_b = kq_value_*(...) into its chunk tree. Each warp asks L2 for its next chunk's
 // weights when it starts a chunk.
 
