@@ -104,6 +104,9 @@ __device__ __forceinline__ void rope_pair(float* h, int i, int n_rot, int p, flo
     h[b] = x0 * sf + x1 * cf;
 }
 
+// Asks L2 for the 128-byte line holding p (weights a kernel will read soon).
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
 // Little-endian 32-bit load from a 2-byte-aligned address.
 __device__ __forceinline__ int load_i32_a2(const uint8_t* p) {
     const uint16_t* h = (const uint16_t*)p;

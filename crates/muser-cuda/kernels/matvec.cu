@@ -308,7 +308,7 @@ __device__ __forceinline__ Q45 unpack_q45(const RawQ45& r, int item) {
     return u;
 }
 
-// Column c's 64 int8 activation values at i0 and their (d, d * sum) pairs.
+// Column c's 64 int8 activation values at i0 and their (d, sum) pairs.
 struct X64 {
     int4 x0, x1, x2, x3;
     float4 dd;
@@ -741,7 +741,6 @@ __device__ __forceinline__ void silu_groups(const uint8_t* wg, int tyg, const ui
 // depend on that kernel, and only then wait for it (pdl_wait_prefetch_*), so the weight stream
 // of a matvec starts while the small kernels before it (the activation quantizer, the norms)
 // still run.
-__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
 // Rows row0 .. row0 + nr - 1 of a matrix of format ty: the bytes of the plane that holds most of
 // them (the whole rows of Q4_K/Q5_K and the float formats, the quants of repacked Q6_K/Q8_0),

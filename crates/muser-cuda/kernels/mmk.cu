@@ -48,8 +48,6 @@ __device__ __forceinline__ void mmk_k16(int (&d)[4], int a0, int a1, int b0) {
         : "r"(a0), "r"(a1), "r"(b0));
 }
 
-__device__ __forceinline__ void mmk_prefetch(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
-
 // Address of int8 activation value v of column c (v a multiple of 4; 4 or 8 bytes read there
 // stay inside one 16-byte chunk of the k-major layout).
 __device__ __forceinline__ const int8_t* mmk_x(const KAct& a, int c, int v) {
@@ -264,7 +262,7 @@ __device__ __forceinline__ void mmk_prefetch_chunk(const uint8_t* w, int ty, int
     const int bs = ty == FMT_Q6_K ? 192 : ty == FMT_Q5_K ? 176 : 144;
     const int span = (min(b0 + KQ_CHUNK, nb) - b0) * bs;
     const uint8_t* p = w + ((size_t)min(row0 + (lane >> 1), rows - 1) * nb + b0) * bs;
-    for (int o = (lane & 1) * 64; o < span; o += 128) mmk_prefetch(p + o);
+    for (int o = (lane & 1) * 64; o < span; o += 128) prefetch_l2(p + o);
 }
 
 // Shared memory of the chunk sums: [MMK_WARPS][16 rows x 32 columns] floats (8 KB).
