@@ -172,6 +172,34 @@ if [ "${JOB:-}" = compare ]; then
     exit 0
 fi
 
+if [ "${JOB:-}" = timeline ]; then
+    # One decode step kernel by kernel (Nsight Compute, each kernel alone, clocks and caches left
+    # as they are) against the step's wall time: what the gaps cost. With CHECK=1 the quick
+    # parity command (and batch invariance on both models) runs first.
+    G=$MODELS/llama-glimmer.gguf T=$MODELS/muse-tiny.gguf
+    step synth-llama-glimmer 60 "$BIN" synth llama-glimmer "$G"
+    step synth-muse-tiny 30 "$BIN" synth muse-tiny "$T"
+    if [ "${CHECK:-0}" = 1 ]; then
+        step check 240 "$BIN" check --backend cuda --quick --bench --invariance "$T" --invariance "$G"
+        echo "check: $(grep -hcE "^ok" "$OUT/check.log") ok, $(grep -hcE "^FAIL" "$OUT/check.log") FAIL"
+        grep -hE "^FAIL|never dispatched|^all |panicked|error" "$OUT/check.log" | head -20
+        sed -n '/^matvec timing/,/^$/p' "$OUT/check.log" | head -16
+    fi
+    step bench 150 "$BIN" bench --backend cuda -m "$G" -p 512 -n 128 -r 2 --audit
+    tail -3 "$OUT/bench.log"
+    NCU_BIN=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    step ncu "${NCU_LIMIT:-240}" env MUSER_CUDA_GRAPHS=0 "$NCU_BIN" --clock-control none --cache-control none \
+        --metrics gpu__time_duration.sum --csv --page raw --log-file "$OUT/ncu.csv" \
+        "$BIN" bench --backend cuda -m "$G" -p 0 -n 3 -r 1
+    python3 scripts/ncu_timeline.py "$OUT/ncu.csv" > "$OUT/timeline.txt" 2>&1
+    echo
+    echo "================ short table ================"
+    grep -h "^| .*CUDA" "$OUT"/bench*.log
+    head -40 "$OUT/timeline.txt"
+    cat "$OUT/summary.txt"
+    exit 0
+fi
+
 if [ "${JOB:-}" = streams ]; then
     G=$MODELS/llama-glimmer.gguf T=$MODELS/muse-tiny.gguf
     step synth-llama-glimmer 60 "$BIN" synth llama-glimmer "$G"

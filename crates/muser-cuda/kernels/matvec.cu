@@ -799,3 +799,358 @@ extern "C" __global__ void __launch_bounds__(256) matvec_silu_cols(SILU_ARGS, AC
     pdl_wait();
     silu_groups(wg, tyg, wu, tyu, y, rows, ACT);
 }
+
+// ---------------------------------------------------------------------------------------------
+// mvk_1 / mvk_silu_1 (v10): one column of K-quant matrices, the work split by chunks. matvec_1
+// gives each warp 4 whole rows, so at the Glimmer shapes a launch runs 1.3 to 2.4 waves of
+// blocks (the last one partly empty) and, at K = 6656 (26 super-blocks), a quarter of the lanes
+// idle in a row's last round; its Q6_K path loads one row at a time (a 128-value Q6_K item is
+// 27 registers). Here a launch's work is a list of tasks (row quad, chunk of KQ_CHUNK
+// super-blocks), cut into one contiguous range per warp of a grid that fills the GPU once, so
+// every warp streams the same number of bytes and every lane works in every round. A round
+// takes 2 tasks: quad j = lane / 4 takes super-block j & 3 of task j >> 2, lane q = lane & 3 its
+// quarter q (64 values; Q6_K too: quarter (h, p) = values 128h + 32p .. + 31 and 128h + 64 + 32p
+// .. + 31, whose quants are 32 contiguous ql bytes and the 32 qh bytes of half h) of the task's
+// 4 rows, so 4 rows' loads are in flight per lane whatever the format. The quad reduce-scatters
+// its integers (quad_scatter), each lane makes its row's super-block value, a butterfly over the
+// 4 quads makes the chunk's tree, and the chunk values go to `cv`; a counter per row quad finds
+// the warp that completes it (threadfence, atomicAdd), which adds the row's chunks in order from
+// 0 (the canonical order of common.cuh, so the bits are matvec_1's and mmk's), writes y and
+// resets the counter for the next launch. cv: [padded rows][chunks] (silu: [rows][2][chunks]);
+// cnt: one u32 per row quad, zero between launches.
+
+// Q6_K quarter (h, p) of super-block sb of a row (repacked planes, see RawQ6).
+struct RawQ6Q {
+    uint4 l0, l1, h0, h1; // 32 ql bytes 64h + 32p .., the 32 qh bytes 32h ..
+    uint2 sc;             // scales 8h .. 8h + 7
+    float d;
+};
+
+__device__ __forceinline__ RawQ6Q load_q6q(const uint8_t* __restrict__ w, int row, int rows, int nb, int sb, int q) {
+    const int h = q >> 1, p = q & 1;
+    const size_t at = (size_t)row * nb + sb;
+    const uint8_t* blk = w + at * 192;
+    RawQ6Q r;
+    r.l0 = *(const uint4*)(blk + 64 * h + 32 * p);
+    r.l1 = *(const uint4*)(blk + 64 * h + 32 * p + 16);
+    r.h0 = *(const uint4*)(blk + 128 + 32 * h);
+    r.h1 = *(const uint4*)(blk + 128 + 32 * h + 16);
+    r.sc = *(const uint2*)(w + (size_t)rows * nb * 192 + at * 16 + 8 * h);
+    r.d = __half2float(((const __half*)(w + (size_t)rows * nb * 208))[at]);
+    return r;
+}
+
+// isc of a Q6_K quarter: values A + l (low nibbles, qh bits 2p) and A + 64 + l (high nibbles, qh
+// bits 4 + 2p), l < 32, A = 128h + 32p; sub-blocks 8h + 2p, + 1 (A) and 8h + 4 + 2p, + 1 (A + 64).
+__device__ __forceinline__ int q6q_isc(const RawQ6Q& r, int p, const int4& xa0, const int4& xa1, const int4& xb0,
+                                       const int4& xb1) {
+    const uint32_t lw[8] = {r.l0.x, r.l0.y, r.l0.z, r.l0.w, r.l1.x, r.l1.y, r.l1.z, r.l1.w};
+    const uint32_t hw[8] = {r.h0.x, r.h0.y, r.h0.z, r.h0.w, r.h1.x, r.h1.y, r.h1.z, r.h1.w};
+    const int xa[8] = {xa0.x, xa0.y, xa0.z, xa0.w, xa1.x, xa1.y, xa1.z, xa1.w};
+    const int xb[8] = {xb0.x, xb0.y, xb0.z, xb0.w, xb1.x, xb1.y, xb1.z, xb1.w};
+    int sa0 = 0, sa1 = 0, sb0 = 0, sb1 = 0;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+        const int qa = __vsub4((lw[k] & 0x0F0F0F0F) | (((hw[k] >> (2 * p)) & 0x03030303) << 4), 0x20202020);
+        const int qb = __vsub4(((lw[k] >> 4) & 0x0F0F0F0F) | (((hw[k] >> (4 + 2 * p)) & 0x03030303) << 4), 0x20202020);
+        if (k < 4) {
+            sa0 = __dp4a(qa, xa[k], sa0);
+            sb0 = __dp4a(qb, xb[k], sb0);
+        } else {
+            sa1 = __dp4a(qa, xa[k], sa1);
+            sb1 = __dp4a(qb, xb[k], sb1);
+        }
+    }
+    // Scale bytes 2p, 2p + 1 of each word (p is per lane: shifts, not a local array index).
+    const int sh = 16 * p;
+    return (int)(int8_t)(r.sc.x >> sh) * sa0 + (int)(int8_t)(r.sc.x >> (sh + 8)) * sa1 +
+           (int)(int8_t)(r.sc.y >> sh) * sb0 + (int)(int8_t)(r.sc.y >> (sh + 8)) * sb1;
+}
+
+// One task of a launch: rows row0 .. row0 + nr - 1 of matrix w (format ty), chunk ch; gq the row
+// quad's index in the launch (its counter; its rows' cv entries start at row 4 gq).
+struct MvkTask {
+    const uint8_t* w;
+    float* y;
+    int ty, rows, row0, nr, gq, ch, m;
+};
+
+// Task t of a matvec launch inside job (w, y, ty, rows) whose rows start at row st of the launch.
+__device__ __forceinline__ MvkTask mvk_job_task(const uint8_t* w, float* y, int ty, int rows, int st, int nch, int t) {
+    MvkTask k;
+    k.gq = t / nch;
+    k.ch = t - k.gq * nch;
+    k.w = w;
+    k.y = y;
+    k.ty = ty;
+    k.rows = rows;
+    k.row0 = 4 * k.gq - st;
+    k.nr = min(4, rows - k.row0);
+    k.m = 0;
+    return k;
+}
+
+// Task t of a gate+up launch: row quads, then gate (m = 0) or up (m = 1), then chunks.
+__device__ __forceinline__ MvkTask mvk_silu_task(const uint8_t* wg, int tyg, const uint8_t* wu, int tyu, int rows,
+                                                 int nch, int t) {
+    MvkTask k;
+    k.gq = t / (2 * nch);
+    const int rem = t - k.gq * 2 * nch;
+    k.m = rem >= nch;
+    k.ch = rem - k.m * nch;
+    k.w = k.m ? wu : wg;
+    k.ty = k.m ? tyu : tyg;
+    k.y = nullptr;
+    k.rows = rows;
+    k.row0 = 4 * k.gq;
+    k.nr = min(4, rows - k.row0);
+    return k;
+}
+
+// This lane's integers of quarter q of super-block sb for the task's rows (format FMT): isc, im
+// and (d, dmin) per row; the activation scale dx.
+template <int FMT>
+__device__ __forceinline__ void mvk_ints(const MvkTask& k, int sb, int q, const int8_t* __restrict__ xq,
+                                         const float2* __restrict__ xds, int K, int (&isc)[4], int (&im)[4],
+                                         float2 (&dm)[4]) {
+    const int nb = K / QK_K;
+    const Act a{xq, xds, nullptr, K, 1, 0};
+    if constexpr (FMT == FMT_Q6_K) {
+        const int A = sb * QK_K + 128 * (q >> 1) + 32 * (q & 1);
+        RawQ6Q raw[4];
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+            if (r < k.nr) raw[r] = load_q6q(k.w, k.row0 + r, k.rows, nb, sb, q);
+        const int4 xa0 = xq16<1>(a, 0, A), xa1 = xq16<1>(a, 0, A + 16);
+        const int4 xb0 = xq16<1>(a, 0, A + 64), xb1 = xq16<1>(a, 0, A + 80);
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+            if (r < k.nr) {
+                isc[r] = q6q_isc(raw[r], q & 1, xa0, xa1, xb0, xb1);
+                dm[r].x = raw[r].d;
+            }
+    } else {
+        constexpr bool Q5 = FMT == FMT_Q5_K;
+        const int item = sb * 4 + q;
+        RawQ45 raw[4];
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+            if (r < k.nr) raw[r] = load_q45<Q5>(k.w + (size_t)(k.row0 + r) * nb * (Q5 ? 176 : 144), item);
+        const X64 x = load_x64<1>(a, 0, sb * QK_K + 64 * q);
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+            if (r < k.nr) {
+                const Q45 u = unpack_q45<Q5>(raw[r], item);
+                q45_ints(u, x, &isc[r], &im[r]);
+                dm[r] = u.dm;
+            }
+    }
+}
+
+// The value of super-block sb for row q of the task's quad (in lane q of each quad), from this
+// lane's quarter q of the 4 rows: the integers summed over the quad (exact), then the canonical
+// f32 value. Lanes whose super-block is absent (ok false) load nothing and their value is unused.
+template <int FMT>
+__device__ __forceinline__ float mvk_value(const MvkTask& k, int sb, bool ok, int q, const int8_t* __restrict__ xq,
+                                           const float2* __restrict__ xds, int K) {
+    int isc[4] = {0, 0, 0, 0}, im[4] = {0, 0, 0, 0};
+    float2 dm[4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) dm[r] = make_float2(0.0f, 0.0f);
+    float dx = 0.0f;
+    if (ok) {
+        dx = xds[(size_t)sb * 8].x;
+        mvk_ints<FMT>(k, sb, q, xq, xds, K, isc, im, dm);
+    }
+    const int s = quad_scatter(isc, q);
+    const float2 dq = q == 0 ? dm[0] : q == 1 ? dm[1] : q == 2 ? dm[2] : dm[3];
+    if constexpr (FMT == FMT_Q6_K) return kq_value_q6(dq.x, s, dx);
+    else return kq_value_q45(dq.x, dq.y, s, quad_scatter(im, q), dx);
+}
+
+// Asks L2 for the first round of the warp's range (2 tasks x 4 rows: a quarter chunk per lane).
+__device__ __forceinline__ void mvk_prefetch(const MvkTask& k, int K) {
+    const int lane = threadIdx.x % WARP, r = (lane >> 2) & 3, seg = lane & 3, nb = K / QK_K;
+    if (r >= k.nr) return;
+    const int bsz = k.ty == FMT_Q6_K ? 192 : k.ty == FMT_Q5_K ? 176 : 144;
+    const int nsb = min(KQ_CHUNK, nb - KQ_CHUNK * k.ch);
+    const uint8_t* p = k.w + ((size_t)(k.row0 + r) * nb + KQ_CHUNK * k.ch) * bsz;
+    prefetch_l2(p + seg * nsb * bsz / 4);
+    if (seg == 3) prefetch_l2(p + nsb * bsz - 1);
+}
+
+// The warp's range of the launch's T tasks: [t0, t1), W = all warps of the grid.
+__device__ __forceinline__ void mvk_range(long long T, int* t0, int* t1) {
+    const long long W = (long long)gridDim.x * (blockDim.x / WARP), w = (long long)blockIdx.x * (blockDim.x / WARP) +
+                                                                        threadIdx.x / WARP;
+    *t0 = (int)(T * w / W);
+    *t1 = (int)(T * (w + 1) / W);
+}
+
+// The rounds of one warp over tasks [t0, t1), all of format FMT; task(t) decodes task t. A row
+// quad whose tasks all lie in [t0, t1) is summed here, its chunks in order from 0 as they come
+// (its tasks come in order), and written; the chunk values of a row quad shared with other
+// warps (at most the first and the last of the range) go to cv, and the warp's part ends with
+// one fence and one atomicAdd of its task count: the warp that completes the count adds the
+// row's chunks in order and writes it. SILU: gate and up sums of the row quad, then
+// silu(gate) * up.
+template <bool SILU, int FMT, typename TaskFn>
+__device__ __forceinline__ void mvk_warp(TaskFn task, int t0, int t1, int nch, const int8_t* __restrict__ xq,
+                                         const float2* __restrict__ xds, int K, float* __restrict__ cv,
+                                         unsigned* __restrict__ cnt, float* __restrict__ ysilu) {
+    const int lane = threadIdx.x % WARP, j = lane >> 2, q = lane & 3, s4 = j & 3, hf = j >> 2;
+    const int nb = K / QK_K, per = (SILU ? 2 : 1) * nch; // tasks per row quad
+    float ya = 0.0f, yb = 0.0f;                            // row q's running sums (gate / up)
+#pragma unroll 1
+    for (int tb = t0; tb < t1; tb += 2) {
+        const int t = tb + hf;
+        const bool tv = t < t1;
+        const MvkTask k = task(tv ? t : t1 - 1);
+        const int sb = KQ_CHUNK * k.ch + s4;
+        float v = mvk_value<FMT>(k, sb, tv && sb < nb, q, xq, xds, K);
+        // The chunk's tree over the 4 quads of this half (kq_round's, per chunk).
+        const int nsb = nb - KQ_CHUNK * k.ch;
+        float o = __shfl_xor_sync(0xffffffffu, v, 4);
+        if ((s4 ^ 1) < nsb) v = kq_add(v, o);
+        o = __shfl_xor_sync(0xffffffffu, v, 8);
+        if (((s4 ^ 2) & ~1) < nsb) v = kq_add(v, o);
+        // Row q's chunk values of both tasks, in every lane (lanes 16 h + q hold task h's).
+        const float cva = __shfl_sync(0xffffffffu, v, q), cvb = __shfl_sync(0xffffffffu, v, 16 + q);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int tt = tb + h;
+            if (tt >= t1) break;
+            const MvkTask kt = task(tt);
+            const float c = h ? cvb : cva;
+            const int first = kt.gq * per, idx = kt.m * nch + kt.ch;
+            const bool wr = lane < kt.nr; // lanes 0 .. 3 write row `lane`
+            if (first >= t0 && first + per <= t1) {
+                if (SILU && kt.m) yb = kq_add(kt.ch == 0 ? 0.0f : yb, c);
+                else ya = kq_add(kt.ch == 0 ? 0.0f : ya, c);
+                if (idx == per - 1 && wr) {
+                    if (SILU) ysilu[kt.row0 + lane] = ya / (1.0f + expf(-ya)) * yb;
+                    else kt.y[kt.row0 + lane] = ya;
+                }
+                continue;
+            }
+            const size_t row = (size_t)4 * kt.gq + lane;
+            if (wr) cv[row * per + idx] = c;
+            if (idx == per - 1 || tt == t1 - 1) { // the end of this warp's part of the row quad
+                const int n = min(first + per, t1) - max(first, t0);
+                if (wr) __threadfence(); // the chunk values visible GPU-wide before they are counted
+                __syncwarp();
+                int last = 0;
+                if (lane == 0) last = atomicAdd(&cnt[kt.gq], (unsigned)n) == (unsigned)(per - n);
+                last = __shfl_sync(0xffffffffu, last, 0);
+                if (last && wr) {
+                    __threadfence();
+                    const float* cr = cv + row * per;
+                    float g = 0.0f;
+                    for (int i = 0; i < nch; ++i) g = kq_add(g, __ldcg(cr + i));
+                    if (SILU) {
+                        float u = 0.0f;
+                        for (int i = 0; i < nch; ++i) u = kq_add(u, __ldcg(cr + nch + i));
+                        ysilu[kt.row0 + lane] = g / (1.0f + expf(-g)) * u;
+                    } else {
+                        kt.y[kt.row0 + lane] = g;
+                    }
+                }
+                if (last && lane == 0) cnt[kt.gq] = 0u; // zero again for the next launch
+            }
+        }
+    }
+}
+
+#define MVK_ACT const int8_t* __restrict__ xq, const float2* __restrict__ xds, int K, float* __restrict__ cv, \
+    unsigned* __restrict__ cnt
+
+
+// The warp's tasks [t0, t1) of one format: a loop per format (one loop serving every format
+// would need the registers of all of them at once and spill).
+template <bool SILU, typename TaskFn>
+__device__ __forceinline__ void mvk_fmt(int ty, TaskFn task, int t0, int t1, int nch, const int8_t* __restrict__ xq,
+                                        const float2* __restrict__ xds, int K, float* __restrict__ cv,
+                                        unsigned* __restrict__ cnt, float* __restrict__ ysilu) {
+    switch (ty) {
+    case FMT_Q4_K: mvk_warp<SILU, FMT_Q4_K>(task, t0, t1, nch, xq, xds, K, cv, cnt, ysilu); break;
+    case FMT_Q5_K: mvk_warp<SILU, FMT_Q5_K>(task, t0, t1, nch, xq, xds, K, cv, cnt, ysilu); break;
+    default: mvk_warp<SILU, FMT_Q6_K>(task, t0, t1, nch, xq, xds, K, cv, cnt, ysilu); break;
+    }
+}
+
+// The warp's job and tasks: each job gets a share of the grid's W warps in proportion to its
+// tasks, and at least one (warp w takes job j when w >= j + (W - njobs) * T_<j / T, T_<j the
+// tasks before job j), so a warp's tasks share one format (one loop serving every format would
+// need the registers of all of them at once and spill).
+struct MvkSpan {
+    int j, t0, t1;
+};
+
+__device__ __forceinline__ MvkSpan mvk_span(const MatvecJobs& jobs, int nch) {
+    const long long W = (long long)gridDim.x * (blockDim.x / WARP), T = (long long)(jobs.start[jobs.njobs] / 4) * nch;
+    const long long w = (long long)blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP, F = W - jobs.njobs;
+    long long ws[5], ts[5];
+#pragma unroll
+    for (int u = 0; u < 5; ++u) {
+        ts[u] = u <= jobs.njobs ? (long long)(jobs.start[u] / 4) * nch : T;
+        ws[u] = u < jobs.njobs ? u + F * ts[u] / T : W;
+    }
+    MvkSpan sp{0, 0, 0};
+#pragma unroll
+    for (int u = 1; u < 4; ++u)
+        if (u < jobs.njobs && w >= ws[u]) sp.j = u;
+    long long wa = ws[0], wb = ws[1], ta = ts[0], tb = ts[1];
+#pragma unroll
+    for (int u = 1; u < 4; ++u)
+        if (sp.j == u) {
+            wa = ws[u];
+            wb = ws[u + 1];
+            ta = ts[u];
+            tb = ts[u + 1];
+        }
+    sp.t0 = (int)(ta + (tb - ta) * (w - wa) / (wb - wa));
+    sp.t1 = (int)(ta + (tb - ta) * (w + 1 - wa) / (wb - wa));
+    return sp;
+}
+
+__device__ __forceinline__ void pdl_wait_prefetch_mvk(const MatvecJobs& jobs, int K) {
+    const int nch = (K / QK_K + KQ_CHUNK - 1) / KQ_CHUNK;
+    const MvkSpan sp = mvk_span(jobs, nch);
+    const int t = sp.t0 + (threadIdx.x % WARP >= 16);
+    if (t < sp.t1)
+        mvk_prefetch(mvk_job_task(jobs.w[sp.j], jobs.y[sp.j], jobs.ty[sp.j], jobs.rows[sp.j], jobs.start[sp.j], nch, t),
+                     K);
+    pdl_wait();
+}
+
+// The grid must have at least njobs warps (matvec.rs: mvk_blocks).
+extern "C" __global__ void __launch_bounds__(128, 4) mvk_1(MatvecJobs jobs, MVK_ACT) {
+    pdl_wait_prefetch_mvk(jobs, K);
+    const int nch = (K / QK_K + KQ_CHUNK - 1) / KQ_CHUNK;
+    const MvkSpan sp = mvk_span(jobs, nch);
+    const uint8_t* w = jobs.w[sp.j];
+    float* yj = jobs.y[sp.j];
+    const int ty = jobs.ty[sp.j], rows = jobs.rows[sp.j], st = jobs.start[sp.j];
+    mvk_fmt<false>(ty, [=](int t) { return mvk_job_task(w, yj, ty, rows, st, nch, t); }, sp.t0, sp.t1, nch, xq, xds, K,
+                   cv, cnt, nullptr);
+}
+
+__device__ __forceinline__ void pdl_wait_prefetch_mvk_silu(const uint8_t* wg, int tyg, const uint8_t* wu, int tyu,
+                                                           int rows, int K) {
+    const int nch = (K / QK_K + KQ_CHUNK - 1) / KQ_CHUNK;
+    int t0, t1;
+    mvk_range((long long)((rows + 3) / 4) * 2 * nch, &t0, &t1);
+    const int t = t0 + (threadIdx.x % WARP >= 16);
+    if (t < t1) mvk_prefetch(mvk_silu_task(wg, tyg, wu, tyu, rows, nch, t), K);
+    pdl_wait();
+}
+
+// Gate and up of one format (tyg == tyu; the host sends other pairs to matvec_silu_1).
+extern "C" __global__ void __launch_bounds__(128, 4) mvk_silu_1(SILU_ARGS, MVK_ACT) {
+    pdl_wait_prefetch_mvk_silu(wg, tyg, wu, tyu, rows, K);
+    const int nch = (K / QK_K + KQ_CHUNK - 1) / KQ_CHUNK;
+    int t0, t1;
+    mvk_range((long long)((rows + 3) / 4) * 2 * nch, &t0, &t1);
+    mvk_fmt<true>(tyg, [&](int t) { return mvk_silu_task(wg, tyg, wu, tyu, rows, nch, t); }, t0, t1, nch, xq, xds, K,
+                  cv, cnt, y);
+}

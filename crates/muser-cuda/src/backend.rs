@@ -445,7 +445,10 @@ impl CudaBackend {
         });
         let ws = self.ws.lock().unwrap();
         let t = self.rows.lock().unwrap();
+        let (cv, cnt) = self.gpu.split_key();
         let buffers = vec![
+            cv,
+            cnt,
             self.p(&ws.act.q),
             self.p(&ws.act.ds),
             self.p(&ws.act.bs),

@@ -32,6 +32,8 @@ pub struct Gpu {
     dispatches: BTreeMap<String, AtomicU64>,
     /// Handles of the kernels that call `pdl_wait()` first (`pdl_kernel_names`).
     pdl_aware: Vec<usize>,
+    /// Chunk values and counters of the split one-column kernels (`split_scratch`).
+    pub(crate) split: std::sync::Mutex<crate::matvec::SplitScratch>,
 }
 
 impl Gpu {
@@ -73,6 +75,7 @@ impl Gpu {
             functions: BTreeMap::new(),
             dispatches: BTreeMap::new(),
             pdl_aware: Vec::new(),
+            split: Default::default(),
         };
         for (file, src) in crate::compile::KERNEL_SOURCES {
             let ptx = crate::compile::compile_cached(file, src, arch)?;

@@ -31,6 +31,13 @@ pub struct ActScratch {
     pub kmajor: bool,
 }
 
+/// The `mvk_*` kernels' scratch (`Gpu::split_scratch`).
+#[derive(Default)]
+pub struct SplitScratch {
+    cv: Option<CudaSlice<f32>>,
+    cnt: Option<CudaSlice<u32>>,
+}
+
 /// Columns one warp of `matvec_cols` handles.
 pub const GROUP_COLS: usize = 8;
 /// Columns one `matvec_cols` launch handles at most (8 groups of 8); more are looped over. (The
@@ -53,6 +60,28 @@ pub fn uses_mmk(ty: GgmlType, ncols: usize, k: usize) -> bool {
         && k.is_multiple_of(256)
         && matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)
         && *ON.get_or_init(|| std::env::var("MUSER_CUDA_MMK").map_or(true, |v| v != "0"))
+}
+
+/// Whether `ncols` columns of a `ty` matrix of width `k` run on `mvk_1` (one column of a
+/// K-quant, the work split by chunks over a grid that fills the GPU once; matvec.cu).
+/// `MUSER_CUDA_MVK=0` keeps them on `matvec_1` (same bits, for A/B runs).
+pub fn uses_mvk(ty: GgmlType, ncols: usize, k: usize) -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    ncols == 1
+        && k.is_multiple_of(256)
+        && matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)
+        && *ON.get_or_init(|| std::env::var("MUSER_CUDA_MVK").map_or(true, |v| v != "0"))
+}
+
+/// Chunks of KQ_CHUNK (4) super-blocks in a row of `k` values (the `mvk_*` tasks' unit).
+pub fn mvk_chunks(k: usize) -> usize {
+    (k / 256).div_ceil(4)
+}
+
+/// Blocks (of 4 warps) of an `mvk_*` launch of `tasks` tasks (a round takes 2 per warp): the
+/// GPU filled once (4 blocks per SM, the kernels' launch bounds), fewer when there is less work.
+pub fn mvk_blocks(tasks: usize, sms: usize) -> u32 {
+    (tasks.div_ceil(2).div_ceil(4)).clamp(1, sms.max(1) * 4) as u32
 }
 
 /// Launch and kernel (`mmk_1`, `mmk_2`, `mmk_4`, or the `mmk_silu_*` twins) of `ncols` columns
@@ -255,6 +284,32 @@ impl Gpu {
         })
     }
 
+    /// The chunk values and row-quad counters of the `mvk_*` kernels, at least `cv` floats and
+    /// `cnt` counters (grown on demand; new counters are zero, and every launch leaves them so).
+    pub fn split_scratch(&self, cv: usize, cnt: usize) -> Result<(u64, u64), CudaError> {
+        let mut s = self.split.lock().unwrap();
+        if s.cv.as_ref().is_none_or(|b| b.len() < cv) {
+            s.cv = Some(self.stream.alloc_zeros::<f32>(cv.max(1).next_power_of_two())?);
+        }
+        if s.cnt.as_ref().is_none_or(|b| b.len() < cnt) {
+            s.cnt = Some(self.stream.alloc_zeros::<u32>(cnt.max(1).next_power_of_two())?);
+        }
+        Ok((self.split_ptrs(&s).0, self.split_ptrs(&s).1))
+    }
+
+    /// The addresses of the split scratch (0 before its first use): part of a recorded decode
+    /// step's key.
+    pub fn split_key(&self) -> (u64, u64) {
+        self.split_ptrs(&self.split.lock().unwrap())
+    }
+
+    fn split_ptrs(&self, s: &SplitScratch) -> (u64, u64) {
+        (
+            s.cv.as_ref().map_or(0, |b| dptr(self, b)),
+            s.cnt.as_ref().map_or(0, |b| dptr(self, b)),
+        )
+    }
+
     /// Scratch for activations of up to `cap` values.
     pub fn act_scratch(&self, cap: usize) -> Result<ActScratch, CudaError> {
         let cap = cap.max(32);
@@ -332,8 +387,14 @@ impl Gpu {
         ncols: usize,
         scratch: &ActScratch,
     ) -> Result<(), CudaError> {
-        let (tc, rest): (Vec<&Job>, Vec<&Job>) =
-            jobs.iter().partition(|j| uses_mmk(j.m.ty, ncols, k));
+        let (mv, jobs): (Vec<&Job>, Vec<&Job>) =
+            jobs.iter().partition(|j| uses_mvk(j.m.ty, ncols, k));
+        for group in mv.chunks(MAX_JOBS) {
+            self.mvk(group, k, scratch)?;
+        }
+        let (tc, rest): (Vec<&Job>, Vec<&Job>) = jobs
+            .into_iter()
+            .partition(|j| uses_mmk(j.m.ty, ncols, k));
         for group in tc.chunks(MAX_JOBS) {
             self.mmk(group, k, ncols, scratch)?;
         }
@@ -380,6 +441,47 @@ impl Gpu {
                 c0 += n;
             }
         }
+        Ok(())
+    }
+
+    /// Up to MAX_JOBS K-quant matrices times one column in one `mvk_1` launch (the Q8_K
+    /// activation already in `scratch`).
+    fn mvk(&self, group: &[&Job], k: usize, scratch: &ActScratch) -> Result<(), CudaError> {
+        let mut mj = MatvecJobs::default();
+        let mut total = 0usize;
+        for (i, j) in group.iter().enumerate() {
+            if j.m.cols != k {
+                return Err(CudaError::Unsupported(format!(
+                    "matvec input width {k} != matrix cols {}",
+                    j.m.cols
+                )));
+            }
+            mj.w[i] = dptr(self, &j.m.data);
+            mj.y[i] = j.y;
+            mj.rows[i] = j.m.rows as i32;
+            mj.ty[i] = format_code(j.m.ty)?;
+            mj.start[i] = total as i32;
+            // Starts are multiples of 4: a task's row quad stays in one matrix.
+            total += j.m.rows.div_ceil(4) * 4;
+        }
+        mj.njobs = group.len() as i32;
+        mj.start[group.len()] = total as i32;
+        let nch = mvk_chunks(k);
+        let tasks = total / 4 * nch;
+        let (cv, cnt) = self.split_scratch(total * nch, total / 4)?;
+        let cfg = LaunchConfig {
+            grid_dim: (mvk_blocks(tasks, self.sms), 1, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (xq, xds) = (dptr(self, &scratch.q), dptr(self, &scratch.ds));
+        let k_i = k as i32;
+        let mut b = self.stream.launch_builder(self.kernel("mvk_1")?);
+        b.arg(&mj).arg(&xq).arg(&xds).arg(&k_i).arg(&cv).arg(&cnt);
+        // SAFETY: each job reads rows*row_bytes weight bytes and writes rows outputs; the
+        // activation holds k values and k / 32 scales; cv holds total * nch floats and cnt
+        // total / 4 counters, zero between launches (each launch leaves them so).
+        unsafe { b.launch(cfg) }?;
         Ok(())
     }
 
@@ -466,6 +568,24 @@ impl Gpu {
             b.arg(&i[0]).arg(&i[1]).arg(&i[2]);
             // SAFETY: reads rows*row_bytes bytes of each matrix and the activation of ncols*k
             // values; writes ncols*rows outputs.
+            unsafe { b.launch(cfg) }?;
+            return Ok(());
+        }
+        if uses_mvk(gate.ty, ncols, k) && gate.ty == up.ty {
+            let nch = mvk_chunks(k);
+            let quads = rows.div_ceil(4);
+            let (cv, cnt) = self.split_scratch(quads * 4 * 2 * nch, quads)?;
+            let cfg = LaunchConfig {
+                grid_dim: (mvk_blocks(quads * 2 * nch, self.sms), 1, 1),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let (xq, xds, k_i) = (dptr(self, &scratch.q), dptr(self, &scratch.ds), k as i32);
+            let mut b = self.stream.launch_builder(self.kernel("mvk_silu_1")?);
+            b.arg(&wg).arg(&tg).arg(&wu).arg(&tu).arg(&y).arg(&rows_i);
+            b.arg(&xq).arg(&xds).arg(&k_i).arg(&cv).arg(&cnt);
+            // SAFETY: reads rows*row_bytes bytes of each matrix and the activation of k values;
+            // writes rows outputs; cv and cnt as in `mvk`.
             unsafe { b.launch(cfg) }?;
             return Ok(());
         }
@@ -605,15 +725,80 @@ mod tests {
             (19968, GgmlType::Q6_K),
             (6656, GgmlType::Q5_K),
         ] {
-            assert!(!uses_mmk(ty, 1, k), "one column stays on matvec_1");
+            assert!(!uses_mmk(ty, 1, k), "one column runs on mvk_1");
+            assert!(uses_mvk(ty, 1, k), "{ty} at K = {k}, one column");
             for n in [2, 4, 8, 9, 16, 17, 32, 64, 65, 512] {
                 assert!(uses_mmk(ty, n, k), "{ty} at K = {k}, {n} columns");
+                assert!(!uses_mvk(ty, n, k));
             }
             // Row-major activation for them: k-major only serves Q8_0 groups.
             assert!(!kmajor_layout(8, k, &[ty]));
         }
         for ty in [GgmlType::Q8_0, GgmlType::F16, GgmlType::BF16, GgmlType::F32] {
             assert!(!uses_mmk(ty, 8, 6656) && !uses_mmk(ty, 512, 6656));
+            assert!(!uses_mvk(ty, 1, 6656));
+        }
+    }
+
+    /// Host mirror of `mvk_span` in matvec.cu: (job, first task, end) of warp w of W.
+    fn mvk_span(starts: &[usize], nch: usize, ww: usize, w: usize) -> (usize, usize, usize) {
+        let nj = starts.len() - 1;
+        let t_all = starts[nj] / 4 * nch;
+        let f = ww - nj;
+        let ts = |u: usize| starts[u] / 4 * nch;
+        let ws = |u: usize| if u < nj { u + f * ts(u) / t_all } else { ww };
+        let j = (1..nj).filter(|&u| w >= ws(u)).last().unwrap_or(0);
+        let (wa, wb, ta, tb) = (ws(j), ws(j + 1), ts(j), ts(j + 1));
+        (
+            j,
+            ta + (tb - ta) * (w - wa) / (wb - wa),
+            ta + (tb - ta) * (w + 1 - wa) / (wb - wa),
+        )
+    }
+
+    #[test]
+    fn mvk_warps_take_every_task_once_within_one_job_and_in_balance() {
+        let sms = 132;
+        // Glimmer's one-column launches: q+k+v+gate, attn_output, ffn_down, the LM head, and
+        // small or odd ones (a job smaller than a warp's share, rows not a multiple of 4).
+        let launches: [&[usize]; 6] = [
+            &[4096, 256, 256, 4096],
+            &[6656],
+            &[202048],
+            &[256],
+            &[6, 4096, 2, 33],
+            &[5, 3, 1, 7],
+        ];
+        for rows in launches {
+            for k in [256usize, 4096, 6656, 19968] {
+                let nch = mvk_chunks(k);
+                let mut starts = vec![0];
+                for r in rows {
+                    starts.push(starts.last().unwrap() + r.div_ceil(4) * 4);
+                }
+                let tasks = starts[rows.len()] / 4 * nch;
+                let ww = 4 * mvk_blocks(tasks, sms) as usize;
+                assert!(ww >= rows.len() && ww <= sms * 16, "{rows:?} K {k}: {ww} warps");
+                let mut seen = vec![0u8; tasks];
+                let mut most = 0;
+                for w in 0..ww {
+                    let (j, t0, t1) = mvk_span(&starts, nch, ww, w);
+                    assert!(t0 <= t1);
+                    for (t, s) in seen.iter_mut().enumerate().take(t1).skip(t0) {
+                        // Task t's row quad lies in job j.
+                        let quad = t / nch;
+                        assert!(4 * quad >= starts[j] && 4 * quad < starts[j + 1], "{rows:?} {t}");
+                        *s += 1;
+                    }
+                    most = most.max(t1 - t0);
+                }
+                assert!(seen.iter().all(|&s| s == 1), "{rows:?} K {k}: a task missed or repeated");
+                // No warp far above the mean (a job's share rounds to whole warps).
+                let mean = tasks.div_ceil(ww);
+                assert!(most <= 2 * mean + 2, "{rows:?} K {k}: {most} tasks against a mean of {mean}");
+                // The split scratch holds every chunk value and counter.
+                assert_eq!(starts[rows.len()] * nch, tasks * 4);
+            }
         }
     }
 
