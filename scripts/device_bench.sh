@@ -83,6 +83,8 @@ if [ "${JOB:-}" = final ]; then
     step bench-muse-d8192 90 "$BIN" bench --backend cuda -m "$M" -p 0 -n 128 -d 8192 -r 2
     step profile 60 "$BIN" check --backend cuda --no-ops --speed "$G" --group-profile 8,32
     step bench-llama-nographs 60 env MUSER_CUDA_GRAPHS=0 "$BIN" bench --backend cuda -m "$G" -p 0 -n 128 -r "$REPS"
+    # The one-column K-quant matvecs on v9's matvec_1 instead of mvk_1 (same bits): before/after.
+    step bench-llama-matvec1 60 env MUSER_CUDA_MVK=0 "$BIN" bench --backend cuda -m "$G" -p 0 -n 128 -r "$REPS"
     echo
     echo "================ short table ================"
     echo "check: $(grep -hcE "^ok" "$OUT/check.log") ok, $(grep -hcE "^FAIL" "$OUT/check.log") FAIL"
@@ -188,14 +190,20 @@ if [ "${JOB:-}" = timeline ]; then
     step bench 150 "$BIN" bench --backend cuda -m "$G" -p 512 -n 128 -r 2 --audit
     tail -3 "$OUT/bench.log"
     NCU_BIN=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-    step ncu "${NCU_LIMIT:-240}" env MUSER_CUDA_GRAPHS=0 "$NCU_BIN" --clock-control none --cache-control none \
-        --metrics gpu__time_duration.sum --csv --page raw --log-file "$OUT/ncu.csv" \
-        "$BIN" bench --backend cuda -m "$G" -p 0 -n 3 -r 1
-    python3 scripts/ncu_timeline.py "$OUT/ncu.csv" > "$OUT/timeline.txt" 2>&1
+    # AB="VAR=value ...": the bench and the timeline again with those variables (an A/B run).
+    for ab in "" ${AB:+"$AB"}; do
+        sfx=${ab:+-ab}
+        [ -n "$ab" ] && step bench$sfx 150 env $ab "$BIN" bench --backend cuda -m "$G" -p 0 -n 128 -r 2
+        step ncu$sfx "${NCU_LIMIT:-240}" env MUSER_CUDA_GRAPHS=0 $ab "$NCU_BIN" --clock-control none \
+            --cache-control none --metrics gpu__time_duration.sum --csv --page raw --log-file "$OUT/ncu$sfx.csv" \
+            "$BIN" bench --backend cuda -m "$G" -p 0 -n 3 -r 1
+        python3 scripts/ncu_timeline.py "$OUT/ncu$sfx.csv" > "$OUT/timeline$sfx.txt" 2>&1
+    done
     echo
     echo "================ short table ================"
-    grep -h "^| .*CUDA" "$OUT"/bench*.log
-    head -40 "$OUT/timeline.txt"
+    grep "^| .*CUDA" "$OUT"/bench*.log | sed "s|$OUT/||"
+    head -12 "$OUT/timeline.txt"
+    [ -n "${AB:-}" ] && echo "with $AB:" && head -12 "$OUT/timeline-ab.txt"
     cat "$OUT/summary.txt"
     exit 0
 fi
