@@ -181,20 +181,25 @@ if [ "${JOB:-}" = timeline ]; then
     G=$MODELS/llama-glimmer.gguf T=$MODELS/muse-tiny.gguf
     step synth-llama-glimmer 60 "$BIN" synth llama-glimmer "$G"
     step synth-muse-tiny 30 "$BIN" synth muse-tiny "$T"
+    if [ "${CHECK:-0}" = ops ]; then
+        step check 90 "$BIN" check --backend cuda --quick
+        echo "check: $(grep -hcE "^ok" "$OUT/check.log") ok, $(grep -hcE "^FAIL" "$OUT/check.log") FAIL"
+        grep -hE "^FAIL|never dispatched|^all |panicked|error" "$OUT/check.log" | head -20
+    fi
     if [ "${CHECK:-0}" = 1 ]; then
         step check 240 "$BIN" check --backend cuda --quick --bench --invariance "$T" --invariance "$G"
         echo "check: $(grep -hcE "^ok" "$OUT/check.log") ok, $(grep -hcE "^FAIL" "$OUT/check.log") FAIL"
         grep -hE "^FAIL|never dispatched|^all |panicked|error" "$OUT/check.log" | head -20
         sed -n '/^matvec timing/,/^$/p' "$OUT/check.log" | head -16
     fi
-    step bench 150 "$BIN" bench --backend cuda -m "$G" -p 512 -n 128 -r 2 --audit
+    step bench 150 "$BIN" bench --backend cuda -m "$G" -p "${PP:-512}" -n 128 -r 2 --audit
     tail -3 "$OUT/bench.log"
     NCU_BIN=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
     # AB="VAR=value ...": the bench and the timeline again with those variables (an A/B run).
     for ab in "" ${AB:+"$AB"}; do
         sfx=${ab:+-ab}
         [ -n "$ab" ] && step bench$sfx 150 env $ab "$BIN" bench --backend cuda -m "$G" -p 0 -n 128 -r 2
-        step ncu$sfx "${NCU_LIMIT:-240}" env MUSER_CUDA_GRAPHS=0 $ab "$NCU_BIN" --clock-control none \
+        step ncu$sfx "${NCU_LIMIT:-100}" env MUSER_CUDA_GRAPHS=0 $ab "$NCU_BIN" --clock-control none \
             --cache-control none --metrics gpu__time_duration.sum --csv --page raw --log-file "$OUT/ncu$sfx.csv" \
             "$BIN" bench --backend cuda -m "$G" -p 0 -n 3 -r 1
         python3 scripts/ncu_timeline.py "$OUT/ncu$sfx.csv" > "$OUT/timeline$sfx.txt" 2>&1

@@ -812,12 +812,27 @@ extern "C" __global__ void __launch_bounds__(256) matvec_silu_cols(SILU_ARGS, AC
 // quarter q (64 values; Q6_K too: quarter (h, p) = values 128h + 32p .. + 31 and 128h + 64 + 32p
 // .. + 31, whose quants are 32 contiguous ql bytes and the 32 qh bytes of half h) of the task's
 // 4 rows, so 4 rows' loads are in flight per lane whatever the format. The quad reduce-scatters
-// its integers (quad_scatter), each lane makes its row's super-block value, a butterfly over the
-// 4 quads makes the chunk's tree, and the chunk values go to `cv`; a counter per row quad finds
-// the warp that completes it (threadfence, atomicAdd), which adds the row's chunks in order from
-// 0 (the canonical order of common.cuh, so the bits are matvec_1's and mmk's), writes y and
-// resets the counter for the next launch. cv: [padded rows][chunks] (silu: [rows][2][chunks]);
-// cnt: one u32 per row quad, zero between launches.
+// its integers (quad_scatter), each lane makes its row's super-block value, and a butterfly over
+// the 4 quads makes the chunk's tree. A row quad whose tasks all lie in the warp's range is
+// summed in registers, its chunks in order from 0 (the canonical order of common.cuh, so the
+// bits are matvec_1's and mmk's); only the row quads a warp shares with its neighbours (at most
+// the first and the last of its range) send chunk values through `cv`, where a counter per row
+// quad finds the warp that completes it (threadfence, atomicAdd): that warp adds the row's
+// chunks in order from 0, writes y and zeroes the counter for the next launch.
+// cv: [padded rows][chunks] (silu: [rows][2][chunks]); cnt: one u32 per row quad.
+// Measured (H200, 2026-11-29, llama-glimmer, Nsight Compute per kernel, matvec_1 -> mvk_1):
+// q+k+v 16.5 -> 17.8 us, attn_output 9.9 -> 12.8, ffn_down Q4_K 32.0 -> 33.9, Q6_K 77.5 ->
+// 47.0, gate+up+SiLU 61.6 -> 54.7, Q5_K LM head 296 -> 282; tg128 108.7 -> 126.4 tokens/s
+// (`MUSER_CUDA_MVK=0` in the same call: 109.3). Tried and dropped: the counter and fence after
+// every round (the fence stalls the warp an L2 round trip: gate+up 66.8 us, attn_output 15.1);
+// the shared row quads counted once at the end of the warp's range (no faster: the fence then
+// lands in the kernel's tail); asking L2 for the next round's weights each round (slower
+// everywhere: the LM head 417 against 279 us, tg128 108.8 against 115.9); one warp per row
+// quad for the q+k+v launch (55% of the warps: 23.8 us; kept for attn_output, see mvk_blocks).
+// v10b: the warps' spans in 32-bit arithmetic, once per warp (the 64-bit divisions, emulated,
+// had each warp spend ~1-3 us before its first load): attn_output 12.8 -> 9.9 us, q+k+v 17.8 ->
+// 16.7, ffn_down Q4_K 33.9 -> 29.2, Q6_K 47.0 -> 47.6, gate+up+SiLU 54.7 -> 54.7, LM head 282
+// -> 275; tg128 126.4 -> 132.1 tokens/s.
 
 // Q6_K quarter (h, p) of super-block sb of a row (repacked planes, see RawQ6).
 struct RawQ6Q {
@@ -979,10 +994,10 @@ __device__ __forceinline__ void mvk_prefetch(const MvkTask& k, int K) {
     if (seg == 3) prefetch_l2(p + nsb * bsz - 1);
 }
 
-// The warp's range of the launch's T tasks: [t0, t1), W = all warps of the grid.
-__device__ __forceinline__ void mvk_range(long long T, int* t0, int* t1) {
-    const long long W = (long long)gridDim.x * (blockDim.x / WARP), w = (long long)blockIdx.x * (blockDim.x / WARP) +
-                                                                        threadIdx.x / WARP;
+// The warp's range of the launch's T tasks: [t0, t1), W = all warps of the grid (32-bit, as
+// mvk_span).
+__device__ __forceinline__ void mvk_range(unsigned T, int* t0, int* t1) {
+    const unsigned W = gridDim.x * (blockDim.x / WARP), w = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
     *t0 = (int)(T * w / W);
     *t1 = (int)(T * (w + 1) / W);
 }
@@ -1086,20 +1101,22 @@ struct MvkSpan {
     int j, t0, t1;
 };
 
+// In 32-bit arithmetic: the host checks that tasks x warps < 2^32 (64-bit divisions, emulated,
+// cost each warp ~1 us at the start of a ~10 us launch).
 __device__ __forceinline__ MvkSpan mvk_span(const MatvecJobs& jobs, int nch) {
-    const long long W = (long long)gridDim.x * (blockDim.x / WARP), T = (long long)(jobs.start[jobs.njobs] / 4) * nch;
-    const long long w = (long long)blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP, F = W - jobs.njobs;
-    long long ws[5], ts[5];
+    const unsigned W = gridDim.x * (blockDim.x / WARP), T = (unsigned)(jobs.start[jobs.njobs] / 4) * nch;
+    const unsigned w = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP, F = W - jobs.njobs;
+    unsigned ws[5], ts[5];
 #pragma unroll
     for (int u = 0; u < 5; ++u) {
-        ts[u] = u <= jobs.njobs ? (long long)(jobs.start[u] / 4) * nch : T;
+        ts[u] = u <= jobs.njobs ? (unsigned)(jobs.start[u] / 4) * nch : T;
         ws[u] = u < jobs.njobs ? u + F * ts[u] / T : W;
     }
     MvkSpan sp{0, 0, 0};
 #pragma unroll
     for (int u = 1; u < 4; ++u)
         if (u < jobs.njobs && w >= ws[u]) sp.j = u;
-    long long wa = ws[0], wb = ws[1], ta = ts[0], tb = ts[1];
+    unsigned wa = ws[0], wb = ws[1], ta = ts[0], tb = ts[1];
 #pragma unroll
     for (int u = 1; u < 4; ++u)
         if (sp.j == u) {
@@ -1113,7 +1130,9 @@ __device__ __forceinline__ MvkSpan mvk_span(const MatvecJobs& jobs, int nch) {
     return sp;
 }
 
-__device__ __forceinline__ void pdl_wait_prefetch_mvk(const MatvecJobs& jobs, int K) {
+// The warp's span (computed once), a request to L2 for its first round, then the wait for the
+// kernel before (common.cuh).
+__device__ __forceinline__ MvkSpan pdl_wait_prefetch_mvk(const MatvecJobs& jobs, int K) {
     const int nch = (K / QK_K + KQ_CHUNK - 1) / KQ_CHUNK;
     const MvkSpan sp = mvk_span(jobs, nch);
     const int t = sp.t0 + (threadIdx.x % WARP >= 16);
@@ -1121,13 +1140,13 @@ __device__ __forceinline__ void pdl_wait_prefetch_mvk(const MatvecJobs& jobs, in
         mvk_prefetch(mvk_job_task(jobs.w[sp.j], jobs.y[sp.j], jobs.ty[sp.j], jobs.rows[sp.j], jobs.start[sp.j], nch, t),
                      K);
     pdl_wait();
+    return sp;
 }
 
 // The grid must have at least njobs warps (matvec.rs: mvk_blocks).
 extern "C" __global__ void __launch_bounds__(128, 4) mvk_1(MatvecJobs jobs, MVK_ACT) {
-    pdl_wait_prefetch_mvk(jobs, K);
+    const MvkSpan sp = pdl_wait_prefetch_mvk(jobs, K);
     const int nch = (K / QK_K + KQ_CHUNK - 1) / KQ_CHUNK;
-    const MvkSpan sp = mvk_span(jobs, nch);
     const uint8_t* w = jobs.w[sp.j];
     float* yj = jobs.y[sp.j];
     const int ty = jobs.ty[sp.j], rows = jobs.rows[sp.j], st = jobs.start[sp.j];
@@ -1135,22 +1154,23 @@ extern "C" __global__ void __launch_bounds__(128, 4) mvk_1(MatvecJobs jobs, MVK_
                    cv, cnt, nullptr);
 }
 
-__device__ __forceinline__ void pdl_wait_prefetch_mvk_silu(const uint8_t* wg, int tyg, const uint8_t* wu, int tyu,
+// The warp's range (t0, t1) as in pdl_wait_prefetch_mvk.
+__device__ __forceinline__ int2 pdl_wait_prefetch_mvk_silu(const uint8_t* wg, int tyg, const uint8_t* wu, int tyu,
                                                            int rows, int K) {
     const int nch = (K / QK_K + KQ_CHUNK - 1) / KQ_CHUNK;
     int t0, t1;
-    mvk_range((long long)((rows + 3) / 4) * 2 * nch, &t0, &t1);
+    mvk_range((unsigned)((rows + 3) / 4) * 2 * nch, &t0, &t1);
     const int t = t0 + (threadIdx.x % WARP >= 16);
     if (t < t1) mvk_prefetch(mvk_silu_task(wg, tyg, wu, tyu, rows, nch, t), K);
     pdl_wait();
+    return make_int2(t0, t1);
 }
 
 // Gate and up of one format (tyg == tyu; the host sends other pairs to matvec_silu_1).
 extern "C" __global__ void __launch_bounds__(128, 4) mvk_silu_1(SILU_ARGS, MVK_ACT) {
-    pdl_wait_prefetch_mvk_silu(wg, tyg, wu, tyu, rows, K);
+    const int2 range = pdl_wait_prefetch_mvk_silu(wg, tyg, wu, tyu, rows, K);
     const int nch = (K / QK_K + KQ_CHUNK - 1) / KQ_CHUNK;
-    int t0, t1;
-    mvk_range((long long)((rows + 3) / 4) * 2 * nch, &t0, &t1);
-    mvk_fmt<true>(tyg, [&](int t) { return mvk_silu_task(wg, tyg, wu, tyu, rows, nch, t); }, t0, t1, nch, xq, xds, K,
+    mvk_fmt<true>(tyg, [&](int t) { return mvk_silu_task(wg, tyg, wu, tyu, rows, nch, t); }, range.x, range.y, nch,
+                  xq, xds, K,
                   cv, cnt, y);
 }

@@ -166,7 +166,8 @@ pub fn kernel_names(src: &str) -> Vec<String> {
 }
 
 /// The kernels of `src` whose body begins with `pdl_wait()` or a `pdl_wait_*` variant (one that
-/// prefetches weights first, see matvec.cu), see common.cuh: only those may be launched as
+/// prefetches weights first, see matvec.cu), called alone or as the value of the first
+/// statement (`const T v = pdl_wait_x(..);`), see common.cuh: only those may be launched as
 /// programmatic dependents.
 pub fn pdl_kernel_names(src: &str) -> Vec<String> {
     let decl = "extern \"C\" __global__";
@@ -174,8 +175,10 @@ pub fn pdl_kernel_names(src: &str) -> Vec<String> {
         .filter_map(|(at, _)| {
             let def = &src[at..];
             let name = kernel_names(def.lines().next()?).into_iter().next()?;
-            let body = &def[def.find('{')? + 1..];
-            body.trim_start().starts_with("pdl_wait").then_some(name)
+            let body = def[def.find('{')? + 1..].trim_start();
+            let first = &body[..body.find(';')?];
+            let call = first.split_once('=').map_or(first, |(_, v)| v).trim_start();
+            call.starts_with("pdl_wait").then_some(name)
         })
         .collect()
 }
@@ -194,8 +197,10 @@ mod tests {
         let src = "extern \"C\" __global__ void a(int x) { pdl_wait(); f(x); }\n\
                    extern \"C\" __global__ void __launch_bounds__(128) b(int x,\n int y) {\n    pdl_wait();\n}\n\
                    extern \"C\" __global__ void c(int x) { if (x) return; pdl_wait(); }\n\
-                   extern \"C\" __global__ void d(int x) { pdl_wait_prefetch_rows(x); f(x); }\n";
-        assert_eq!(super::pdl_kernel_names(src), vec!["a", "b", "d"]);
+                   extern \"C\" __global__ void d(int x) { pdl_wait_prefetch_rows(x); f(x); }\n\
+                   extern \"C\" __global__ void e(int x) { const int2 r = pdl_wait_span(x); f(r); }\n\
+                   extern \"C\" __global__ void g(int x) { const int2 r = span(x); pdl_wait(); }\n";
+        assert_eq!(super::pdl_kernel_names(src), vec!["a", "b", "d", "e"]);
     }
 
     #[test]

@@ -93,6 +93,18 @@ pub fn mvk_blocks(quads: usize, per: usize, sms: usize) -> u32 {
     }
 }
 
+/// The `mvk_*` kernels split the work in 32-bit arithmetic: tasks x warps must stay below 2^32
+/// (Glimmer's LM head: 353,584 x 2,112 = 7.5e8).
+pub fn mvk_fits(tasks: usize, blocks: u32) -> Result<(), CudaError> {
+    if (tasks as u64) * (blocks as u64) * 4 < 1 << 32 {
+        Ok(())
+    } else {
+        Err(CudaError::Unsupported(format!(
+            "a one-column matvec of {tasks} chunk tasks over {blocks} blocks is too large to split"
+        )))
+    }
+}
+
 /// Launch and kernel (`mmk_1`, `mmk_2`, `mmk_4`, or the `mmk_silu_*` twins) of `ncols` columns
 /// over `rows` rows (each job's rows padded to MMK_ROWS): blocks of 16 rows x 8, 16 or 32
 /// columns, 4 warps splitting K.
@@ -477,8 +489,10 @@ impl Gpu {
         mj.start[group.len()] = total as i32;
         let nch = mvk_chunks(k);
         let (cv, cnt) = self.split_scratch(total * nch, total / 4)?;
+        let blocks = mvk_blocks(total / 4, nch, self.sms);
+        mvk_fits(total / 4 * nch, blocks)?;
         let cfg = LaunchConfig {
-            grid_dim: (mvk_blocks(total / 4, nch, self.sms), 1, 1),
+            grid_dim: (blocks, 1, 1),
             block_dim: (128, 1, 1),
             shared_mem_bytes: 0,
         };
@@ -583,8 +597,10 @@ impl Gpu {
             let nch = mvk_chunks(k);
             let quads = rows.div_ceil(4);
             let (cv, cnt) = self.split_scratch(quads * 4 * 2 * nch, quads)?;
+            let blocks = mvk_blocks(quads, 2 * nch, self.sms);
+            mvk_fits(quads * 2 * nch, blocks)?;
             let cfg = LaunchConfig {
-                grid_dim: (mvk_blocks(quads, 2 * nch, self.sms), 1, 1),
+                grid_dim: (blocks, 1, 1),
                 block_dim: (128, 1, 1),
                 shared_mem_bytes: 0,
             };
@@ -815,6 +831,7 @@ mod tests {
                 // No warp far above the mean (a job's share rounds to whole warps).
                 let mean = tasks.div_ceil(ww);
                 assert!(most <= 2 * mean + 2, "{rows:?} K {k}: {most} tasks against a mean of {mean}");
+                assert!(mvk_fits(tasks, (ww / 4) as u32).is_ok());
                 // The split scratch holds every chunk value and counter.
                 assert_eq!(starts[rows.len()] * nch, tasks * 4);
             }
