@@ -1,5 +1,6 @@
 // Matrix-vector products for decode: y[c][r] = sum_k W[r][k] * x[c][k] for one activation column
-// (matvec_1: one decode step; every format) and for 2..64 columns of the formats that have no
+// (mvk_1 / mvk_silu_1 for the K-quants, at the end of this file; matvec_1 for every format, kept
+// for the others and for A/B runs) and for 2..64 columns of the formats that have no
 // tensor-core kernel (matvec_cols: Q8_0, F16, BF16, F32 decode groups and prefill chunks; the
 // K-quants run 2 or more columns on mmk.cu).
 //

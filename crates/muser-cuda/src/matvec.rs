@@ -1,11 +1,12 @@
 //! Host side of `kernels/matvec.cu` and `kernels/mmk.cu`: weight upload (Q6_K
 //! and Q8_0 repacked into 16-byte aligned planes), activation quantization, and launches of
-//! several matrices sharing one input for any number of columns. One column runs on `matvec_1`;
-//! two or more columns of a K-quant (decode groups and prefill alike) on the integer tensor cores
-//! (`mmk_*`), in the canonical order of common.cuh that `matvec_1` also follows, so a sequence's
-//! results never depend on its group or on how its prompt was chunked; the other formats on
-//! `matvec_cols` (groups of 8 columns, the same per-column arithmetic as one column; 64 columns
-//! per launch).
+//! several matrices sharing one input for any number of columns. One column of a K-quant runs
+//! on `mvk_1` / `mvk_silu_1` (the work split into tasks of 4 rows x 4 super-blocks over one full
+//! wave of warps), of the other formats on `matvec_1`; two or more columns of a K-quant (decode
+//! groups and prefill alike) on the integer tensor cores (`mmk_*`), all in the canonical order of
+//! common.cuh, so a sequence's results never depend on its group or on how its prompt was
+//! chunked; the other formats on `matvec_cols` (groups of 8 columns, the same per-column
+//! arithmetic as one column; 64 columns per launch).
 
 use crate::device::{CudaError, Gpu};
 use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
