@@ -77,9 +77,28 @@ impl Gpu {
             pdl_aware: Vec::new(),
             split: Default::default(),
         };
-        for (file, src) in crate::compile::KERNEL_SOURCES {
+        // NVRTC compiles each file to PTX (every process); loading a module has the driver
+        // turn its PTX into machine code (ptxas: ~20 s for matvec.cu and mmk.cu each on a 2-core
+        // x86 machine), which the driver caches on disk, so the first process on a machine is
+        // the slow one: a bar on a terminal, and the times on stderr when they are long.
+        let files = crate::compile::KERNEL_SOURCES;
+        let pb = indicatif::ProgressBar::new(files.len() as u64);
+        pb.set_style(
+            indicatif::ProgressStyle::with_template(
+                "compiling CUDA kernels for {msg} {bar:30} {pos}/{len} files ({elapsed})",
+            )
+            .expect("valid template"),
+        );
+        pb.set_message(arch);
+        let (mut t_nvrtc, mut t_load) = (0.0f64, 0.0f64);
+        for (file, src) in files {
+            let t0 = std::time::Instant::now();
             let ptx = crate::compile::compile_cached(file, src, arch)?;
+            let t1 = std::time::Instant::now();
             let module = gpu.ctx.load_module(ptx)?;
+            t_nvrtc += (t1 - t0).as_secs_f64();
+            t_load += t1.elapsed().as_secs_f64();
+            pb.inc(1);
             let aware = pdl_kernel_names(src);
             for name in kernel_names(src) {
                 let f = module.load_function(&name)?;
@@ -90,6 +109,13 @@ impl Gpu {
                 gpu.functions.insert(name, f);
             }
             gpu.modules.push(module);
+        }
+        pb.finish_and_clear();
+        if t_nvrtc + t_load > 5.0 {
+            eprintln!(
+                "CUDA kernels for {arch}: NVRTC {t_nvrtc:.1} s, module load {t_load:.1} s (the \
+                 driver's translation to machine code, cached on disk for later runs)"
+            );
         }
         Ok(gpu)
     }
