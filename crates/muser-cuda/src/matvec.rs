@@ -488,6 +488,9 @@ impl Gpu {
         }
         mj.njobs = group.len() as i32;
         mj.start[group.len()] = total as i32;
+        if total == 0 {
+            return Ok(()); // matrices without rows: nothing to compute (the split divides by the tasks)
+        }
         let nch = mvk_chunks(k);
         let (cv, cnt) = self.split_scratch(total * nch, total / 4)?;
         let blocks = mvk_blocks(total / 4, nch, self.sms);
@@ -592,6 +595,9 @@ impl Gpu {
             // SAFETY: reads rows*row_bytes bytes of each matrix and the activation of ncols*k
             // values; writes ncols*rows outputs.
             unsafe { b.launch(cfg) }?;
+            return Ok(());
+        }
+        if rows == 0 || ncols == 0 {
             return Ok(());
         }
         if uses_mvk(gate.ty, ncols, k) && gate.ty == up.ty {
