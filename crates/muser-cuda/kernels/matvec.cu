@@ -803,7 +803,7 @@ extern "C" __global__ void __launch_bounds__(256) matvec_silu_cols(SILU_ARGS, AC
 
 // ---------------------------------------------------------------------------------------------
 // mvk_1 / mvk_silu_1 (v10): one column of K-quant matrices, the work split by chunks. matvec_1
-// gives each warp 4 whole rows, so at the Glimmer shapes a launch runs 1.3 to 2.4 waves of
+// gives each warp 4 whole rows, so at the Glimmer shapes a launch runs 0.8 to 2.4 waves of
 // blocks (the last one partly empty) and, at K = 6656 (26 super-blocks), a quarter of the lanes
 // idle in a row's last round; its Q6_K path loads one row at a time (a 128-value Q6_K item is
 // 27 registers). Here a launch's work is a list of tasks (row quad, chunk of KQ_CHUNK
