@@ -311,12 +311,18 @@ impl Gpu {
     pub fn split_scratch(&self, cv: usize, cnt: usize) -> Result<(u64, u64), CudaError> {
         let mut s = self.split.lock().unwrap();
         if s.cv.as_ref().is_none_or(|b| b.len() < cv) {
-            s.cv = Some(self.stream.alloc_zeros::<f32>(cv.max(1).next_power_of_two())?);
+            s.cv = Some(
+                self.stream
+                    .alloc_zeros::<f32>(cv.max(1).next_power_of_two())?,
+            );
         }
         if s.cnt.as_ref().is_none_or(|b| b.len() < cnt) {
-            s.cnt = Some(self.stream.alloc_zeros::<u32>(cnt.max(1).next_power_of_two())?);
+            s.cnt = Some(
+                self.stream
+                    .alloc_zeros::<u32>(cnt.max(1).next_power_of_two())?,
+            );
         }
-        Ok((self.split_ptrs(&s).0, self.split_ptrs(&s).1))
+        Ok(self.split_ptrs(&s))
     }
 
     /// The addresses of the split scratch (0 before its first use): part of a recorded decode
@@ -414,32 +420,14 @@ impl Gpu {
         for group in mv.chunks(MAX_JOBS) {
             self.mvk(group, k, scratch)?;
         }
-        let (tc, rest): (Vec<&Job>, Vec<&Job>) = jobs
-            .into_iter()
-            .partition(|j| uses_mmk(j.m.ty, ncols, k));
+        let (tc, rest): (Vec<&Job>, Vec<&Job>) =
+            jobs.into_iter().partition(|j| uses_mmk(j.m.ty, ncols, k));
         for group in tc.chunks(MAX_JOBS) {
             self.mmk(group, k, ncols, scratch)?;
         }
-        let rest: Vec<Job> = rest.into_iter().map(|j| Job { m: j.m, y: j.y }).collect();
         for group in rest.chunks(MAX_JOBS) {
-            let mut mj = MatvecJobs::default();
-            let mut total = 0usize;
-            for (i, j) in group.iter().enumerate() {
-                if j.m.cols != k {
-                    return Err(CudaError::Unsupported(format!(
-                        "matvec input width {k} != matrix cols {}",
-                        j.m.cols
-                    )));
-                }
-                mj.w[i] = dptr(self, &j.m.data);
-                mj.rows[i] = j.m.rows as i32;
-                mj.ty[i] = format_code(j.m.ty)?;
-                mj.start[i] = total as i32;
-                // Starts are multiples of 4: a warp's rows stay in one matrix.
-                total += j.m.rows.div_ceil(4) * 4;
-            }
-            mj.njobs = group.len() as i32;
-            mj.start[group.len()] = total as i32;
+            // Starts are multiples of 4: a warp's rows stay in one matrix.
+            let (mut mj, total) = self.jobs_struct(group, k, MATVEC_R)?;
             let mut c0 = 0;
             while c0 < ncols {
                 let n = (ncols - c0).min(MAX_COLS);
@@ -466,9 +454,14 @@ impl Gpu {
         Ok(())
     }
 
-    /// Up to MAX_JOBS K-quant matrices times one column in one `mvk_1` launch (the Q8_K
-    /// activation already in `scratch`).
-    fn mvk(&self, group: &[&Job], k: usize, scratch: &ActScratch) -> Result<(), CudaError> {
+    /// The `MatvecJobs` of up to MAX_JOBS matrices of width `k`, each job's rows starting at a
+    /// multiple of `pad` (so a kernel's row group stays in one matrix), and the padded total.
+    fn jobs_struct(
+        &self,
+        group: &[&Job],
+        k: usize,
+        pad: usize,
+    ) -> Result<(MatvecJobs, usize), CudaError> {
         let mut mj = MatvecJobs::default();
         let mut total = 0usize;
         for (i, j) in group.iter().enumerate() {
@@ -483,11 +476,18 @@ impl Gpu {
             mj.rows[i] = j.m.rows as i32;
             mj.ty[i] = format_code(j.m.ty)?;
             mj.start[i] = total as i32;
-            // Starts are multiples of 4: a task's row quad stays in one matrix.
-            total += j.m.rows.div_ceil(4) * 4;
+            total += j.m.rows.div_ceil(pad) * pad;
         }
         mj.njobs = group.len() as i32;
         mj.start[group.len()] = total as i32;
+        Ok((mj, total))
+    }
+
+    /// Up to MAX_JOBS K-quant matrices times one column in one `mvk_1` launch (the Q8_K
+    /// activation already in `scratch`).
+    fn mvk(&self, group: &[&Job], k: usize, scratch: &ActScratch) -> Result<(), CudaError> {
+        // Starts are multiples of 4: a task's row quad stays in one matrix.
+        let (mj, total) = self.jobs_struct(group, k, MATVEC_R)?;
         if total == 0 {
             return Ok(()); // matrices without rows: nothing to compute (the split divides by the tasks)
         }
@@ -520,25 +520,8 @@ impl Gpu {
         ncols: usize,
         scratch: &ActScratch,
     ) -> Result<(), CudaError> {
-        let mut mj = MatvecJobs::default();
-        let mut total = 0usize;
-        for (i, j) in group.iter().enumerate() {
-            if j.m.cols != k {
-                return Err(CudaError::Unsupported(format!(
-                    "matvec input width {k} != matrix cols {}",
-                    j.m.cols
-                )));
-            }
-            mj.w[i] = dptr(self, &j.m.data);
-            mj.y[i] = j.y;
-            mj.rows[i] = j.m.rows as i32;
-            mj.ty[i] = format_code(j.m.ty)?;
-            mj.start[i] = total as i32;
-            // Starts are multiples of MMK_ROWS: a block's rows stay in one matrix.
-            total += j.m.rows.div_ceil(MMK_ROWS) * MMK_ROWS;
-        }
-        mj.njobs = group.len() as i32;
-        mj.start[group.len()] = total as i32;
+        // Starts are multiples of MMK_ROWS: a block's rows stay in one matrix.
+        let (mj, total) = self.jobs_struct(group, k, MMK_ROWS)?;
         let (cfg, name) = mmk_launch(ncols, total, false);
         let (p, i) = self.mmk_act(scratch, k, ncols);
         let mut b = self.stream.launch_builder(self.kernel(name)?);
@@ -811,7 +794,10 @@ mod tests {
                 }
                 let tasks = starts[rows.len()] / 4 * nch;
                 let ww = 4 * mvk_blocks(tasks / nch, nch, sms) as usize;
-                assert!(ww >= rows.len() && ww <= sms * 16, "{rows:?} K {k}: {ww} warps");
+                assert!(
+                    ww >= rows.len() && ww <= sms * 16,
+                    "{rows:?} K {k}: {ww} warps"
+                );
                 let mut seen = vec![0u8; tasks];
                 let mut most = 0;
                 for w in 0..ww {
@@ -820,15 +806,25 @@ mod tests {
                     for (t, s) in seen.iter_mut().enumerate().take(t1).skip(t0) {
                         // Task t's row quad lies in job j.
                         let quad = t / nch;
-                        assert!(4 * quad >= starts[j] && 4 * quad < starts[j + 1], "{rows:?} {t}");
+                        assert!(
+                            4 * quad >= starts[j] && 4 * quad < starts[j + 1],
+                            "{rows:?} {t}"
+                        );
                         *s += 1;
                     }
                     most = most.max(t1 - t0);
                 }
-                assert!(seen.iter().all(|&s| s == 1), "{rows:?} K {k}: a task missed or repeated");
+                assert!(
+                    seen.iter().all(|&s| s == 1),
+                    "{rows:?} K {k}: a task missed or repeated"
+                );
                 // One job of one row quad per warp: no row quad shared between warps.
                 let quads = rows[0].div_ceil(4);
-                if rows.len() == 1 && quads <= sms * 16 && 4 * quads >= 3 * sms * 16 && quads % 4 == 0 {
+                if rows.len() == 1
+                    && quads <= sms * 16
+                    && 4 * quads >= 3 * sms * 16
+                    && quads % 4 == 0
+                {
                     assert_eq!(ww, quads);
                     for w in 0..ww {
                         let (_, t0, t1) = mvk_span(&starts, nch, ww, w);
@@ -837,7 +833,10 @@ mod tests {
                 }
                 // No warp far above the mean (a job's share rounds to whole warps).
                 let mean = tasks.div_ceil(ww);
-                assert!(most <= 2 * mean + 2, "{rows:?} K {k}: {most} tasks against a mean of {mean}");
+                assert!(
+                    most <= 2 * mean + 2,
+                    "{rows:?} K {k}: {most} tasks against a mean of {mean}"
+                );
                 assert!(mvk_fits(tasks, (ww / 4) as u32).is_ok());
                 // The split scratch holds every chunk value and counter.
                 assert_eq!(starts[rows.len()] * nch, tasks * 4);
