@@ -213,6 +213,29 @@ if [ "${JOB:-}" = timeline ]; then
     exit 0
 fi
 
+if [ "${JOB:-}" = tiles ]; then
+    # A/B of the tensor-core kernels of 2 or more columns (mmk.cu against mmt.cu, chosen by
+    # MUSER_CUDA_MMT_MIN): the quick parity command with every width on mmt.cu (MMT_MIN=2),
+    # batch invariance on both models, then pp512 and decode groups of 8 and 32 streams on
+    # llama-glimmer for each threshold in MINS, and the prefill breakdown per op.
+    G=$MODELS/llama-glimmer.gguf T=$MODELS/muse-tiny.gguf
+    step synth-llama-glimmer 60 "$BIN" synth llama-glimmer "$G"
+    step synth-muse-tiny 30 "$BIN" synth muse-tiny "$T"
+    step check 240 env MUSER_CUDA_MMT_MIN=2 "$BIN" check --backend cuda --quick --invariance "$T" --invariance "$G"
+    for v in ${MINS:-2 17 100000}; do
+        step bench-mmt$v 90 env MUSER_CUDA_MMT_MIN=$v "$BIN" bench --backend cuda -m "$G" -p 512 -n 32 -r 2 -s "${STREAMS:-8,32}"
+    done
+    step speed 90 env MUSER_CUDA_MMT_MIN=${SPEED_MIN:-2} "$BIN" check --backend cuda --no-ops --speed "$G"
+    echo
+    echo "================ short table ================"
+    echo "check: $(grep -hcE "^ok" "$OUT/check.log") ok, $(grep -hcE "^FAIL" "$OUT/check.log") FAIL"
+    grep -hE "^FAIL|^invariance|never dispatched|^all |panicked|rror" "$OUT/check.log" | head -16
+    grep "^| .*CUDA" "$OUT"/bench-*.log | sed "s|$OUT/||"
+    grep -h "^| \|^speed" "$OUT/speed.log" | head -24
+    cat "$OUT/summary.txt"
+    exit 0
+fi
+
 if [ "${JOB:-}" = streams ]; then
     G=$MODELS/llama-glimmer.gguf T=$MODELS/muse-tiny.gguf
     step synth-llama-glimmer 60 "$BIN" synth llama-glimmer "$G"

@@ -53,9 +53,9 @@ if [ "${GLIMMER:-0}" = 1 ]; then
     echo "synth muse-glimmer: $((SECONDS - t0)) s" | tee -a "$OUT/summary.txt"
     step speed 150 "$BIN" check --backend cuda --no-ops --speed "$MODELS/muse-glimmer.gguf" --depth "${DEPTH:-0}"
     if [ "${NCU_MMQ:-0}" = 1 ]; then
-        # Hardware counters of one prefill matmul (an mmk_4 launch of pp512, layer ~6).
+        # Hardware counters of one prefill matmul (an mmt_4 launch of pp512, layer ~6).
         NCU_BIN=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-        step ncu_mmq 150 "$NCU_BIN" --clock-control none --kernel-name regex:'^mmk_4$' --launch-skip 40 --launch-count 1 \
+        step ncu_mmq 150 "$NCU_BIN" --clock-control none --kernel-name regex:'^mmt_4$' --launch-skip 40 --launch-count 1 \
             --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
             --section ComputeWorkloadAnalysis "$BIN" check --backend cuda --no-ops --speed "$MODELS/muse-glimmer.gguf"
     fi

@@ -1,12 +1,11 @@
-// K-quant matrices (Q4_K, Q5_K, Q6_K) times 2 or more activation columns on the integer tensor
-// cores: decode groups (one column per sequence of the group) and prefill chunks alike, in the
-// canonical order of common.cuh (kq_value_*, kq_add), so every column gets the bits matvec_1
+// K-quant matrices (Q4_K, Q5_K, Q6_K) times 2 to 16 activation columns on the integer tensor
+// cores (decode groups, one column per sequence of the group; wider groups and prefill chunks run
+// on mmt.cu, same arithmetic), in the canonical order of common.cuh (kq_value_*, kq_add), so every column gets the bits matvec_1
 // gives it alone: a sequence's tokens do not depend on its decode group, nor its prompt's KV
 // cache on how the prompt was chunked (batch invariance).
 //
 // Launch: 128 threads (4 warps) per block; a block takes 16 rows (one MMA tile: rows g and g + 8
-// of lane (g, t) = (lane / 4, lane % 4)) and BN = 8 * NT columns (NT = 1, 2, 4: mmk_1, mmk_2,
-// mmk_4). Grid x: column tiles (those of one row block run side by side and share its weights in
+// of lane (g, t) = (lane / 4, lane % 4)) and BN = 8 * NT columns (NT = 1, 2: mmk_1, mmk_2). Grid x: column tiles (those of one row block run side by side and share its weights in
 // L2), grid y: row blocks over the jobs' rows (each job padded to 16 rows). The 4 warps split K
 // by chunks of KQ_CHUNK super-blocks (warp w takes chunks w, w + 4, ..): each makes its chunk's
 // tree of v_b, and after every round of 4 chunks one thread per output adds the 4 chunk sums to
@@ -27,44 +26,12 @@
 #define MMK_ROWS 16
 #define MMK_WARPS 4
 
-struct KAct {
-    const int8_t* __restrict__ xq;  // [ncols][K] int8, row-major or (kmajor) k-major as in matvec.cu
-    const float2* __restrict__ xds; // [ncols][K / 32] (d, sum)
-    const int8_t* __restrict__ xbs; // [ncols][K / 256][16] sums split (lo 8, hi 8)
-    int K;
-    int ncols;
-    int kmajor;
-};
-
-__device__ __forceinline__ void mmk_k32(int (&d)[4], int a0, int a1, int a2, int a3, int b0, int b1) {
-    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ void mmk_k16(int (&d)[4], int a0, int a1, int b0) {
-    asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};"
-        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-        : "r"(a0), "r"(a1), "r"(b0));
-}
-
 // Address of int8 activation value v of column c (v a multiple of 4; 4 or 8 bytes read there
 // stay inside one 16-byte chunk of the k-major layout).
 __device__ __forceinline__ const int8_t* mmk_x(const KAct& a, int c, int v) {
     const int8_t* col = a.xq + (size_t)c * a.K;
     if (a.kmajor) return col + ((size_t)((v >> 4) & 3) * (a.K >> 6) + (v >> 6)) * 16 + (v & 15);
     return col + v;
-}
-
-// Byte s (0..7) of the packed 8 scales lo (0..3), hi (4..7): unsigned.
-__device__ __forceinline__ int byte_u(uint32_t lo, uint32_t hi, int s) {
-    return (int)(((s < 4 ? lo : hi) >> (8 * (s & 3))) & 0xFF);
-}
-
-// Signed byte s (0..15) of 16 int8 values.
-__device__ __forceinline__ int byte_s(const uint4& v, int s) {
-    const uint32_t w = s < 4 ? v.x : s < 8 ? v.y : s < 12 ? v.z : v.w;
-    return (int)(int8_t)(w >> (8 * (s & 3)));
 }
 
 // The lane's columns: as B (column g of each n-tile) and as outputs (2t, 2t + 1), clamped to the
@@ -82,15 +49,6 @@ struct MmkCols {
         }
     }
 };
-
-// The chunk tree (common.cuh) of super-blocks b0 .. b1 - 1 (at most KQ_CHUNK), for rows row0 + g,
-// row0 + g + 8: lo = v_b0 (+ v_b0+1), hi = v_b0+2 (+ v_b0+3); the chunk is lo + hi (or lo).
-__device__ __forceinline__ void kq_leaf(float& lo, float& hi, int k, float v) {
-    if (k == 0) lo = v;
-    else if (k == 1) lo = kq_add(lo, v);
-    else if (k == 2) hi = v;
-    else hi = kq_add(hi, v);
-}
 
 template <int NT, bool Q5>
 __device__ __forceinline__ void mmk_q45(const uint8_t* __restrict__ w, int row0, int rows, const KAct& a, int b0,
@@ -254,17 +212,6 @@ __device__ __forceinline__ void mmk_q6(const uint8_t* __restrict__ w, int row0, 
     }
 }
 
-// Asks L2 for chunk ch of the warp's 16 rows (the quants plane of Q6_K): lane l takes row l / 2
-// and every other 64 bytes of its chunk, so every 128-byte line is asked for.
-__device__ __forceinline__ void mmk_prefetch_chunk(const uint8_t* w, int ty, int row0, int rows, int K, int ch) {
-    const int lane = threadIdx.x % WARP, nb = K / QK_K, b0 = ch * KQ_CHUNK;
-    if (b0 >= nb || row0 >= rows) return;
-    const int bs = ty == FMT_Q6_K ? 192 : ty == FMT_Q5_K ? 176 : 144;
-    const int span = (min(b0 + KQ_CHUNK, nb) - b0) * bs;
-    const uint8_t* p = w + ((size_t)min(row0 + (lane >> 1), rows - 1) * nb + b0) * bs;
-    for (int o = (lane & 1) * 64; o < span; o += 128) prefetch_l2(p + o);
-}
-
 // Shared memory of the chunk sums: [MMK_WARPS][16 rows x 32 columns] floats (8 KB).
 #define MMK_PART (MMK_WARPS * MMK_ROWS * 32)
 
@@ -314,13 +261,6 @@ __device__ __forceinline__ void mmk_rows(int ty, const uint8_t* w, int row0, int
     }
 }
 
-// Columns blockIdx.x * BN .. of the launch.
-__device__ __forceinline__ KAct mmk_slice(const KAct& a, int bn) {
-    const int c0 = blockIdx.x * bn;
-    return KAct{a.xq + (size_t)c0 * a.K, a.xds + (size_t)c0 * (a.K / 32), a.xbs + (size_t)c0 * (a.K / QK_K) * 16,
-                a.K, min(bn, a.ncols - c0), a.kmajor};
-}
-
 // The job of the block's rows and the warp's first row in it (or rows when past its end).
 __device__ __forceinline__ int mmk_job(const MatvecJobs& jobs, int* row0) {
     const int grow = blockIdx.y * MMK_ROWS;
@@ -355,10 +295,6 @@ __device__ __forceinline__ void pdl_wait_prefetch_mmk_silu(const uint8_t* wg, in
     pdl_wait();
 }
 
-#define KACT_ARGS const int8_t* __restrict__ xq, const float2* __restrict__ xds, const int8_t* __restrict__ xbs, \
-    int K, int ncols, int kmajor
-#define KACT KAct{xq, xds, xbs, K, ncols, kmajor}
-
 template <int NT>
 __device__ __forceinline__ void mmk_kernel(const MatvecJobs& jobs, const KAct& act) {
     __shared__ float part[MMK_PART];
@@ -389,9 +325,6 @@ __device__ __forceinline__ void mmk_silu_kernel(const uint8_t* wg, int tyg, cons
     mmk_store<NT>(y, rows, row0, blockIdx.x * 8 * NT, a.ncols, gs);
 }
 
-#define MMK_SILU_ARGS const uint8_t* __restrict__ wg, int tyg, const uint8_t* __restrict__ wu, int tyu, \
-    float* __restrict__ y, int rows
-
 extern "C" __global__ void __launch_bounds__(128) mmk_1(MatvecJobs jobs, KACT_ARGS) {
     pdl_wait_prefetch_mmk(jobs, K);
     mmk_kernel<1>(jobs, KACT);
@@ -400,10 +333,6 @@ extern "C" __global__ void __launch_bounds__(128) mmk_2(MatvecJobs jobs, KACT_AR
     pdl_wait_prefetch_mmk(jobs, K);
     mmk_kernel<2>(jobs, KACT);
 }
-extern "C" __global__ void __launch_bounds__(128) mmk_4(MatvecJobs jobs, KACT_ARGS) {
-    pdl_wait_prefetch_mmk(jobs, K);
-    mmk_kernel<4>(jobs, KACT);
-}
 extern "C" __global__ void __launch_bounds__(128) mmk_silu_1(MMK_SILU_ARGS, KACT_ARGS) {
     pdl_wait_prefetch_mmk_silu(wg, tyg, rows, K);
     mmk_silu_kernel<1>(wg, tyg, wu, tyu, y, rows, KACT);
@@ -411,8 +340,4 @@ extern "C" __global__ void __launch_bounds__(128) mmk_silu_1(MMK_SILU_ARGS, KACT
 extern "C" __global__ void __launch_bounds__(128) mmk_silu_2(MMK_SILU_ARGS, KACT_ARGS) {
     pdl_wait_prefetch_mmk_silu(wg, tyg, rows, K);
     mmk_silu_kernel<2>(wg, tyg, wu, tyu, y, rows, KACT);
-}
-extern "C" __global__ void __launch_bounds__(128) mmk_silu_4(MMK_SILU_ARGS, KACT_ARGS) {
-    pdl_wait_prefetch_mmk_silu(wg, tyg, rows, K);
-    mmk_silu_kernel<4>(wg, tyg, wu, tyu, y, rows, KACT);
 }

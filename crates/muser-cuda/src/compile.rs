@@ -1,5 +1,6 @@
 //! NVRTC compilation of the kernel sources in `kernels/`. `common.cuh` is prepended to every
-//! source (NVRTC has no file system include path for our headers).
+//! source, `kq_mma.cuh` (the integer tensor-core pieces) to mmk.cu and mmt.cu (NVRTC has no
+//! file system include path for our headers).
 
 use crate::device::CudaError;
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
@@ -10,7 +11,20 @@ pub const COMMON_HEADER: &str = include_str!("../kernels/common.cuh");
 /// Every kernel source file, by name. CI compiles each with NVRTC for sm_90.
 pub const KERNEL_SOURCES: &[(&str, &str)] = &[
     ("matvec.cu", include_str!("../kernels/matvec.cu")),
-    ("mmk.cu", include_str!("../kernels/mmk.cu")),
+    (
+        "mmk.cu",
+        concat!(
+            include_str!("../kernels/kq_mma.cuh"),
+            include_str!("../kernels/mmk.cu")
+        ),
+    ),
+    (
+        "mmt.cu",
+        concat!(
+            include_str!("../kernels/kq_mma.cuh"),
+            include_str!("../kernels/mmt.cu")
+        ),
+    ),
     ("embed.cu", include_str!("../kernels/embed.cu")),
     ("norm.cu", include_str!("../kernels/norm.cu")),
     ("rope.cu", include_str!("../kernels/rope.cu")),

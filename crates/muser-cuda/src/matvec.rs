@@ -1,12 +1,12 @@
-//! Host side of `kernels/matvec.cu` and `kernels/mmk.cu`: weight upload (Q6_K
+//! Host side of `kernels/matvec.cu`, `kernels/mmk.cu` and `kernels/mmt.cu`: weight upload (Q6_K
 //! and Q8_0 repacked into 16-byte aligned planes), activation quantization, and launches of
 //! several matrices sharing one input for any number of columns. One column of a K-quant runs
 //! on `mvk_1` / `mvk_silu_1` (the work split into tasks of 4 rows x 4 super-blocks over one full
 //! wave of warps), of the other formats on `matvec_1`; two or more columns of a K-quant (decode
-//! groups and prefill alike) on the integer tensor cores (`mmk_*`), all in the canonical order of
-//! common.cuh, so a sequence's results never depend on its group or on how its prompt was
-//! chunked; the other formats on `matvec_cols` (groups of 8 columns, the same per-column
-//! arithmetic as one column; 64 columns per launch).
+//! groups and prefill alike) on the integer tensor cores (`mmk_*` up to 16 columns, `mmt_4`
+//! beyond), all in the canonical order of common.cuh, so a sequence's results never depend on
+//! its group or on how its prompt was chunked; the other formats on `matvec_cols` (groups of 8
+//! columns, the same per-column arithmetic as one column; 64 columns per launch).
 
 use crate::device::{CudaError, Gpu};
 use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
@@ -106,28 +106,34 @@ pub fn mvk_fits(tasks: usize, blocks: u32) -> Result<(), CudaError> {
     }
 }
 
-/// Launch and kernel (`mmk_1`, `mmk_2`, `mmk_4`, or the `mmk_silu_*` twins) of `ncols` columns
-/// over `rows` rows (each job's rows padded to MMK_ROWS): blocks of 16 rows x 8, 16 or 32
-/// columns, 4 warps splitting K.
-pub fn mmk_launch(ncols: usize, rows: usize, silu: bool) -> (LaunchConfig, &'static str) {
-    let (nt, name) = match (ncols, silu) {
-        (0..=8, false) => (1, "mmk_1"),
-        (9..=16, false) => (2, "mmk_2"),
-        (_, false) => (4, "mmk_4"),
-        (0..=8, true) => (1, "mmk_silu_1"),
-        (9..=16, true) => (2, "mmk_silu_2"),
-        (_, true) => (4, "mmk_silu_4"),
+/// Rows one block of the `mmt_*` kernels takes (MMT_ROWS in mmt.cu): 16 per warp, each warp the
+/// whole of K.
+pub const MMT_ROWS: usize = 64;
+
+/// Launch and kernel of `ncols` (2 or more) tensor-core columns over `rows` rows, and the row
+/// block each job's rows are padded to: up to 16 columns `mmk_1` / `mmk_2` (mmk.cu: blocks of 16
+/// rows x 8 or 16 columns, 4 warps splitting K), more `mmt_4` (mmt.cu: blocks of 64 rows x 32
+/// columns staged in shared memory, each warp 16 rows and the whole of K); the `*_silu_*` twins
+/// when `silu`. H200, llama-glimmer, same call: pp512 3080 tokens/s on mmt_4 against 1891 on
+/// v10's mmk_4, 32 streams 880 against 826; at 8 streams mmt with 8-column tiles was slower (365
+/// against 443), so groups up to 16 stay on mmk.cu.
+pub fn mmk_launch(ncols: usize, rows: usize, silu: bool) -> (LaunchConfig, String, usize) {
+    let (family, nt, block_rows) = match ncols {
+        0..=8 => ("mmk", 1, MMK_ROWS),
+        9..=16 => ("mmk", 2, MMK_ROWS),
+        _ => ("mmt", 4, MMT_ROWS),
     };
+    let name = format!("{family}_{}{nt}", if silu { "silu_" } else { "" });
     let cfg = LaunchConfig {
         grid_dim: (
             ncols.div_ceil(8 * nt) as u32,
-            rows.div_ceil(MMK_ROWS) as u32,
+            rows.div_ceil(block_rows) as u32,
             1,
         ),
         block_dim: (128, 1, 1),
         shared_mem_bytes: 0,
     };
-    (cfg, name)
+    (cfg, name, block_rows)
 }
 
 /// The kernels' format code (FMT_* in matvec.cu), or an error for a type with no CUDA matvec.
@@ -169,7 +175,7 @@ pub fn cols_launch(ncols: usize, rows: usize) -> (u32, u32) {
 /// Whether an activation of `ncols` columns of width `k` quantized for `types` goes to the
 /// k-major layout: decode groups (2..=MAX_COLS columns) of a Q8_0 matrix read by `matvec_cols`
 /// through the Q8_K quantizer (a K-quant shares the input). Everything else keeps the row-major
-/// layout (mmk.cu reads either).
+/// layout (mmk.cu and mmt.cu read either).
 pub fn kmajor_layout(ncols: usize, k: usize, types: &[GgmlType]) -> bool {
     (2..=MAX_COLS).contains(&ncols) && uses_q8_k(k, types) && types.contains(&GgmlType::Q8_0)
 }
@@ -520,11 +526,12 @@ impl Gpu {
         ncols: usize,
         scratch: &ActScratch,
     ) -> Result<(), CudaError> {
-        // Starts are multiples of MMK_ROWS: a block's rows stay in one matrix.
-        let (mj, total) = self.jobs_struct(group, k, MMK_ROWS)?;
-        let (cfg, name) = mmk_launch(ncols, total, false);
+        let (_, _, pad) = mmk_launch(ncols, 0, false);
+        // Starts are multiples of the row block: a block's rows stay in one matrix.
+        let (mj, total) = self.jobs_struct(group, k, pad)?;
+        let (cfg, name, _) = mmk_launch(ncols, total, false);
         let (p, i) = self.mmk_act(scratch, k, ncols);
-        let mut b = self.stream.launch_builder(self.kernel(name)?);
+        let mut b = self.stream.launch_builder(self.kernel(&name)?);
         b.arg(&mj).arg(&p[0]).arg(&p[1]).arg(&p[2]);
         b.arg(&i[0]).arg(&i[1]).arg(&i[2]);
         // SAFETY: each job reads rows*row_bytes weight bytes and writes ncols*rows outputs; the
@@ -569,9 +576,9 @@ impl Gpu {
         let (tg, tu) = (format_code(gate.ty)?, format_code(up.ty)?);
         let rows_i = rows as i32;
         if uses_mmk(gate.ty, ncols, k) && uses_mmk(up.ty, ncols, k) {
-            let (cfg, name) = mmk_launch(ncols, rows, true);
+            let (cfg, name, _) = mmk_launch(ncols, rows, true);
             let (p, i) = self.mmk_act(scratch, k, ncols);
-            let mut b = self.stream.launch_builder(self.kernel(name)?);
+            let mut b = self.stream.launch_builder(self.kernel(&name)?);
             b.arg(&wg).arg(&tg).arg(&wu).arg(&tu).arg(&y).arg(&rows_i);
             b.arg(&p[0]).arg(&p[1]).arg(&p[2]);
             b.arg(&i[0]).arg(&i[1]).arg(&i[2]);
@@ -689,28 +696,29 @@ mod tests {
 
     #[test]
     fn mmk_launch_covers_every_row_and_column_with_1_2_or_4_column_tiles() {
-        let src = crate::KERNEL_SOURCES
+        let compiled: Vec<String> = ["mmk.cu", "mmt.cu"]
             .iter()
-            .find(|(f, _)| *f == "mmk.cu")
-            .unwrap()
-            .1;
-        let compiled = crate::device::kernel_names(src);
+            .flat_map(|file| {
+                let src = crate::KERNEL_SOURCES.iter().find(|(f, _)| f == file);
+                crate::device::kernel_names(src.unwrap().1)
+            })
+            .collect();
         for silu in [false, true] {
             for n in (2..=80).chain([128, 511, 512, 513, 2048]) {
                 for rows in [1usize, 16, 17, 64, 65, 256, 6656, 19968, 202048] {
-                    let (cfg, name) = mmk_launch(n, rows, silu);
-                    assert!(
-                        compiled.iter().any(|k| k == name),
-                        "{name} is not in mmk.cu"
-                    );
-                    assert_eq!(name.starts_with("mmk_silu_"), silu);
+                    let (cfg, name, block_rows) = mmk_launch(n, rows, silu);
+                    assert!(compiled.contains(&name), "{name} is not compiled");
+                    assert_eq!(name.contains("_silu_"), silu);
+                    // Up to 16 columns mmk.cu's 16-row blocks, more mmt.cu's 64-row blocks.
+                    assert_eq!(name.starts_with("mmt_"), n > 16, "{name} for {n} columns");
+                    assert_eq!(block_rows, if n > 16 { MMT_ROWS } else { MMK_ROWS });
                     let nt: usize = name.rsplit('_').next().unwrap().parse().unwrap();
                     assert!([1, 2, 4].contains(&nt));
                     let bn = 8 * nt;
                     assert_eq!(cfg.block_dim.0, 128);
-                    assert!(cfg.grid_dim.1 as usize * MMK_ROWS >= rows);
+                    assert!(cfg.grid_dim.1 as usize * block_rows >= rows);
                     assert!(
-                        (cfg.grid_dim.1 as usize - 1) * MMK_ROWS < rows,
+                        (cfg.grid_dim.1 as usize - 1) * block_rows < rows,
                         "an empty row block"
                     );
                     assert!(cfg.grid_dim.0 as usize * bn >= n);

@@ -1,0 +1,378 @@
+// K-quant matrices (Q4_K, Q5_K, Q6_K) times many activation columns (prefill chunks, wide decode
+// groups) on the integer tensor cores, with the weights and activations of each super-block
+// staged in shared memory. Same arithmetic as mmk.cu (see there for the MMA fragments: one
+// mma.m16n8k32 per 32-value sub-block of Q4_K/Q5_K, two m16n8k16 for the mins, one m16n8k16 per
+// 16-value sub-block of Q6_K) and the canonical order of common.cuh, so every column gets the
+// bits mvk_1 gives it alone. What differs is how the work is laid out:
+//
+// Launch: 128 threads (4 warps) per block; a block takes MMT_ROWS = 64 rows (warp w rows 16w ..
+// 16w + 15) and BN = 8 * NT = 32 columns (grid x: column tiles, grid y: row blocks over the jobs'
+// rows, each job padded to 64 rows). Every warp runs the whole of K for its 16 rows in order,
+// so each output's chunk trees are added in place (no reduction between warps), and all four
+// warps share the block's activation tile. Per super-block, the block copies the 64 rows'
+// weights and the BN columns' int8 activations, scales and split sums to shared memory with
+// cp.async (two stages: the next super-block's copy runs under this one's MMAs); strides are
+// padded so the fragment loads are free of bank conflicts.
+
+#define MMT_WARPS 4
+#define MMT_ROWS (16 * MMT_WARPS)
+
+// Shared-memory row strides (bytes): 8-byte fragment loads (Q4_K/Q5_K weights, their
+// activations) want a stride of 8 or 24 words mod 32, 4-byte ones (Q6_K) 4 mod 8 words.
+template <int FMT>
+struct MmtFmt;
+template <>
+struct MmtFmt<FMT_Q4_K> {
+    static constexpr int BS = 144, CH = 9, WS = 160, XS = 288;
+};
+template <>
+struct MmtFmt<FMT_Q5_K> {
+    static constexpr int BS = 176, CH = 11, WS = 224, XS = 288;
+};
+// Q6_K, repacked (matvec.rs): 12 chunks of ql+qh (plane A) and 1 of scales (plane B) per row;
+// d (plane C) is read from global memory.
+template <>
+struct MmtFmt<FMT_Q6_K> {
+    static constexpr int BS = 192, CH = 13, WS = 208, XS = 272;
+};
+
+// Bytes of one stage: the weights of MMT_ROWS rows, then BN activation rows, BN (d, sum) and BN
+// split sums.
+template <int FMT, int NT>
+__host__ __device__ constexpr int mmt_stage_bytes() {
+    return MMT_ROWS * MmtFmt<FMT>::WS + 8 * NT * (MmtFmt<FMT>::XS + 8 + 16);
+}
+template <int NT>
+__host__ __device__ constexpr int mmt_stage_max() {
+    return mmt_stage_bytes<FMT_Q5_K, NT>() > mmt_stage_bytes<FMT_Q6_K, NT>() ? mmt_stage_bytes<FMT_Q5_K, NT>()
+                                                                             : mmt_stage_bytes<FMT_Q6_K, NT>();
+}
+
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((unsigned)__cvta_generic_to_shared(dst)),
+                 "l"(src));
+}
+__device__ __forceinline__ void cp_async8(void* dst, const void* src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"((unsigned)__cvta_generic_to_shared(dst)),
+                 "l"(src));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// Copies the weights of super-block b of rows row0 .. row0 + 63 (clamped to the last row) to
+// the stage (not committed).
+template <int FMT>
+__device__ __forceinline__ void mmt_copy_w(uint8_t* st, const uint8_t* __restrict__ w, int row0, int rows, int nb,
+                                           int b) {
+    using F = MmtFmt<FMT>;
+    for (int i = threadIdx.x; i < MMT_ROWS * F::CH; i += 128) {
+        const int r = i / F::CH, c = i - r * F::CH;
+        const size_t blk = (size_t)min(row0 + r, rows - 1) * nb + b;
+        const uint8_t* src;
+        if (FMT == FMT_Q6_K) src = c < 12 ? w + blk * 192 + 16 * c : w + (size_t)rows * nb * 192 + blk * 16;
+        else src = w + blk * F::BS + 16 * c;
+        cp_async16(st + r * F::WS + 16 * c, src);
+    }
+}
+
+// Copies the activation part of super-block b (columns clamped to the last; the int8 values
+// row-major or k-major, see matvec.cu) to the stage and commits the stage.
+template <int FMT, int NT>
+__device__ __forceinline__ void mmt_copy_x(uint8_t* st, const KAct& a, int b) {
+    using F = MmtFmt<FMT>;
+    constexpr int BN = 8 * NT;
+    const int nb = a.K / QK_K;
+    uint8_t* sx = st + MMT_ROWS * F::WS;
+    for (int i = threadIdx.x; i < BN * 16; i += 128) {
+        // Values 16u .. 16u + 15 of the super-block: one 16-byte chunk in either layout.
+        const int c = i >> 4, u = i & 15;
+        const int8_t* col = a.xq + (size_t)min(c, a.ncols - 1) * a.K;
+        cp_async16(sx + c * F::XS + 16 * u, a.kmajor ? col + ((size_t)(u & 3) * (a.K >> 6) + 4 * b + (u >> 2)) * 16
+                                                     : col + b * QK_K + 16 * u);
+    }
+    if (threadIdx.x < BN) {
+        const int c = min((int)threadIdx.x, a.ncols - 1);
+        cp_async8(sx + BN * F::XS + 8 * threadIdx.x, a.xds + (size_t)c * (a.K / 32) + 8 * b);
+        if (FMT != FMT_Q6_K) cp_async16(sx + BN * (F::XS + 8) + 16 * threadIdx.x, a.xbs + ((size_t)c * nb + b) * 16);
+    }
+    cp_async_commit();
+}
+
+// Adds super-block value v at position k of its chunk to the lane's trees, and the chunk to y
+// when it is complete (last: the row's last super-block).
+__device__ __forceinline__ void mmt_leaf(float& y, float& lo, float& hi, int k, bool last, float v) {
+    kq_leaf(lo, hi, k, v);
+    if (k == KQ_CHUNK - 1 || last) y = kq_add(y, k >= 2 ? kq_add(lo, hi) : lo);
+}
+
+// Super-block b (position k of its chunk) of the warp's 16 rows x BN columns from the stage.
+template <int NT, bool Q5>
+__device__ __forceinline__ void mmt_q45(const uint8_t* st, int k, bool last, float (&y)[NT][4], float (&lo)[NT][4],
+                                        float (&hi)[NT][4]) {
+    using F = MmtFmt<Q5 ? FMT_Q5_K : FMT_Q4_K>;
+    constexpr int QS = Q5 ? 48 : 16, BN = 8 * NT;
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, g = lane >> 2, t = lane & 3;
+    const uint8_t* ba = st + (16 * warp + g) * F::WS;
+    const uint8_t* bb = ba + 8 * F::WS;
+    const uint8_t* sx = st + MMT_ROWS * F::WS;
+    const float2* sd = (const float2*)(sx + BN * F::XS);
+    const int8_t* sbs = (const int8_t*)(sx + BN * (F::XS + 8));
+    const uint4 ha = *(const uint4*)ba, hb = *(const uint4*)bb;
+    uint2 xa = make_uint2(0, 0), xb = make_uint2(0, 0);
+    if (Q5) {
+        xa = *(const uint2*)(ba + 16 + 8 * t);
+        xb = *(const uint2*)(bb + 16 + 8 * t);
+    }
+    uint32_t sa_lo, sa_hi, ma_lo, ma_hi, sb_lo, sb_hi, mb_lo, mb_hi;
+    unpack_scales_k4(ha.y, ha.z, ha.w, &sa_lo, &sa_hi, &ma_lo, &ma_hi);
+    unpack_scales_k4(hb.y, hb.z, hb.w, &sb_lo, &sb_hi, &mb_lo, &mb_hi);
+    int isc[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) isc[nt][0] = isc[nt][1] = isc[nt][2] = isc[nt][3] = 0;
+#pragma unroll
+    for (int gi = 0; gi < 4; ++gi) {
+        const uint2 qa = *(const uint2*)(ba + QS + 32 * gi + 8 * t), qb = *(const uint2*)(bb + QS + 32 * gi + 8 * t);
+        // A registers: row g k 4t.., row g + 8 k 4t.., row g k 16 + 4t.., row g + 8 k 16 + 4t..
+        const uint32_t qw[4] = {qa.x, qb.x, qa.y, qb.y};
+        const uint32_t hw[4] = {xa.x, xb.x, xa.y, xb.y};
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int s = 2 * gi + h;
+            int A[4];
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                A[q] = (int)((qw[q] >> (4 * h)) & 0x0F0F0F0F);
+                if (Q5) A[q] |= (int)(((hw[q] >> s) & 0x01010101) << 4);
+            }
+            const int sca = byte_u(sa_lo, sa_hi, s), scb = byte_u(sb_lo, sb_hi, s);
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+                const uint2 x = *(const uint2*)(sx + (8 * nt + g) * F::XS + 32 * s + 8 * t);
+                int d[4] = {0, 0, 0, 0};
+                mmk_k32(d, A[0], A[1], A[2], A[3], (int)x.x, (int)x.y);
+                isc[nt][0] += sca * d[0];
+                isc[nt][1] += sca * d[1];
+                isc[nt][2] += scb * d[2];
+                isc[nt][3] += scb * d[3];
+            }
+        }
+    }
+    // im = sum_s m_s xsum_s: A_lo holds the mins at k 0..7, A_hi at k 8..15 (as in mmk.cu).
+    const int alo0 = t == 0 ? (int)ma_lo : t == 1 ? (int)ma_hi : 0;
+    const int alo1 = t == 0 ? (int)mb_lo : t == 1 ? (int)mb_hi : 0;
+    const int ahi0 = t == 2 ? (int)ma_lo : t == 3 ? (int)ma_hi : 0;
+    const int ahi1 = t == 2 ? (int)mb_lo : t == 3 ? (int)mb_hi : 0;
+    const float2 dma = __half22float2(*(const __half2*)&ha.x), dmb = __half22float2(*(const __half2*)&hb.x);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        const int bs = *(const int*)(sbs + (8 * nt + g) * 16 + 4 * t);
+        int rl[4] = {0, 0, 0, 0}, rh[4] = {0, 0, 0, 0};
+        mmk_k16(rl, alo0, alo1, bs);
+        mmk_k16(rh, ahi0, ahi1, bs);
+        const float dx0 = sd[8 * nt + 2 * t].x, dx1 = sd[8 * nt + 2 * t + 1].x;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const float2 dm = e < 2 ? dma : dmb;
+            const int im = rl[e] + 64 * rh[e];
+            mmt_leaf(y[nt][e], lo[nt][e], hi[nt][e], k, last,
+                     kq_value_q45(dm.x, dm.y, isc[nt][e], im, (e & 1) ? dx1 : dx0));
+        }
+    }
+}
+
+// Q6_K: the stage holds ql[128] qh[64] scales[16] per row (see mmk_q6 for the value layout);
+// da, db the super-block's d of rows g and g + 8.
+template <int NT>
+__device__ __forceinline__ void mmt_q6(const uint8_t* st, float da, float db, int k, bool last, float (&y)[NT][4],
+                                       float (&lo)[NT][4], float (&hi)[NT][4]) {
+    using F = MmtFmt<FMT_Q6_K>;
+    constexpr int BN = 8 * NT;
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, g = lane >> 2, t = lane & 3;
+    const uint8_t* ba = st + (16 * warp + g) * F::WS;
+    const uint8_t* bb = ba + 8 * F::WS;
+    const uint8_t* sx = st + MMT_ROWS * F::WS;
+    const float2* sd = (const float2*)(sx + BN * F::XS);
+    const uint4 sva = *(const uint4*)(ba + 192), svb = *(const uint4*)(bb + 192);
+    int isc[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) isc[nt][0] = isc[nt][1] = isc[nt][2] = isc[nt][3] = 0;
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+            uint32_t la[2], lb[2];
+#pragma unroll
+            for (int p = 0; p < 2; ++p) {
+                la[p] = *(const uint32_t*)(ba + 64 * h + 32 * p + 16 * u + 4 * t);
+                lb[p] = *(const uint32_t*)(bb + 64 * h + 32 * p + 16 * u + 4 * t);
+            }
+            const uint32_t hqa = *(const uint32_t*)(ba + 128 + 32 * h + 16 * u + 4 * t);
+            const uint32_t hqb = *(const uint32_t*)(bb + 128 + 32 * h + 16 * u + 4 * t);
+#pragma unroll
+            for (int qq = 0; qq < 4; ++qq) {
+                const int s = 8 * h + 2 * qq + u, p = qq & 1, nib = 4 * (qq >> 1);
+                const int A0 = (int)__vsub4(((la[p] >> nib) & 0x0F0F0F0F) | (((hqa >> (2 * qq)) & 0x03030303) << 4),
+                                            0x20202020);
+                const int A1 = (int)__vsub4(((lb[p] >> nib) & 0x0F0F0F0F) | (((hqb >> (2 * qq)) & 0x03030303) << 4),
+                                            0x20202020);
+                const int sca = byte_s(sva, s), scb = byte_s(svb, s);
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) {
+                    const int x = *(const int*)(sx + (8 * nt + g) * F::XS + 16 * s + 4 * t);
+                    int d[4] = {0, 0, 0, 0};
+                    mmk_k16(d, A0, A1, x);
+                    isc[nt][0] += sca * d[0];
+                    isc[nt][1] += sca * d[1];
+                    isc[nt][2] += scb * d[2];
+                    isc[nt][3] += scb * d[3];
+                }
+            }
+        }
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        const float dx0 = sd[8 * nt + 2 * t].x, dx1 = sd[8 * nt + 2 * t + 1].x;
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            mmt_leaf(y[nt][e], lo[nt][e], hi[nt][e], k, last,
+                     kq_value_q6(e < 2 ? da : db, isc[nt][e], (e & 1) ? dx1 : dx0));
+    }
+}
+
+// y[nt][e] = the lane's outputs (rows 16w + g (+ 8 for e >= 2), columns 8nt + 2t + (e & 1)) of
+// the block's rows row0 .. of a format-FMT matrix: every super-block in order through two
+// stages of `smem`.
+template <int FMT, int NT>
+__device__ __forceinline__ void mmt_rows(const uint8_t* __restrict__ w, int row0, int rows, const KAct& a,
+                                         float (&y)[NT][4], uint8_t* smem) {
+    constexpr int SB = mmt_stage_max<NT>();
+    const int nb = a.K / QK_K;
+    const int lane = threadIdx.x % WARP, g = lane >> 2;
+    const int ra = min(row0 + 16 * (threadIdx.x / WARP) + g, rows - 1), rb = min(ra + 8, rows - 1);
+    const __half* dp = (const __half*)(w + (size_t)rows * nb * 208);
+    float lo[NT][4], hi[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) y[nt][e] = lo[nt][e] = hi[nt][e] = 0.0f;
+    mmt_copy_w<FMT>(smem, w, row0, rows, nb, 0);
+    mmt_copy_x<FMT, NT>(smem, a, 0);
+#pragma unroll 1
+    for (int b0 = 0; b0 < nb; b0 += KQ_CHUNK) {
+        // Unrolled over the chunk's positions, so each super-block's place in the tree is a constant.
+#pragma unroll
+        for (int k = 0; k < KQ_CHUNK; ++k) {
+            const int b = b0 + k;
+            if (b >= nb) break;
+            uint8_t* cur = smem + (b & 1) * SB;
+            if (b + 1 < nb) {
+                uint8_t* nxt = smem + ((b + 1) & 1) * SB;
+                mmt_copy_w<FMT>(nxt, w, row0, rows, nb, b + 1);
+                mmt_copy_x<FMT, NT>(nxt, a, b + 1);
+                cp_async_wait<1>();
+            } else {
+                cp_async_wait<0>();
+            }
+            __syncthreads(); // stage b is in shared memory for every warp
+            if (FMT == FMT_Q6_K) {
+                const float da = __half2float(dp[(size_t)ra * nb + b]), db = __half2float(dp[(size_t)rb * nb + b]);
+                mmt_q6<NT>(cur, da, db, k, b == nb - 1, y, lo, hi);
+            } else {
+                mmt_q45<NT, FMT == FMT_Q5_K>(cur, k, b == nb - 1, y, lo, hi);
+            }
+            __syncthreads(); // every warp is done with stage b before it is refilled
+        }
+    }
+}
+
+template <int NT>
+__device__ __forceinline__ void mmt_dispatch(int ty, const uint8_t* w, int row0, int rows, const KAct& a,
+                                             float (&y)[NT][4], uint8_t* smem) {
+    if (ty == FMT_Q6_K) mmt_rows<FMT_Q6_K, NT>(w, row0, rows, a, y, smem);
+    else if (ty == FMT_Q5_K) mmt_rows<FMT_Q5_K, NT>(w, row0, rows, a, y, smem);
+    else mmt_rows<FMT_Q4_K, NT>(w, row0, rows, a, y, smem);
+}
+
+// The job of the block's rows and its first row in it (past the job's rows: padding).
+__device__ __forceinline__ int mmt_job(const MatvecJobs& jobs, int* row0) {
+    const int grow = blockIdx.y * MMT_ROWS;
+    int j = 0;
+#pragma unroll
+    for (int u = 1; u < 4; ++u)
+        if (u < jobs.njobs && grow >= jobs.start[u]) j = u;
+    *row0 = grow - jobs.start[j];
+    return j;
+}
+
+// y[c][r] of the lane's outputs.
+template <int NT>
+__device__ __forceinline__ void mmt_store(float* y, int rows, int row0, int c0, int ncols, const float (&v)[NT][4]) {
+    const int lane = threadIdx.x % WARP, g = lane >> 2, t = lane & 3;
+    const int r0 = row0 + 16 * (threadIdx.x / WARP) + g;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int r = r0 + (e < 2 ? 0 : 8), c = 8 * nt + 2 * t + (e & 1);
+            if (r < rows && c < ncols) y[(size_t)(c0 + c) * rows + r] = v[nt][e];
+        }
+}
+
+template <int NT>
+__device__ __forceinline__ void mmt_kernel(const MatvecJobs& jobs, const KAct& act) {
+    __shared__ __align__(16) uint8_t smem[2 * mmt_stage_max<NT>()];
+    int row0;
+    const int j = mmt_job(jobs, &row0);
+    const int rows = jobs.rows[j];
+    if (row0 >= rows) return; // padding after the matrix's last row (the whole block)
+    const KAct a = mmk_slice(act, 8 * NT);
+    float y[NT][4];
+    mmt_dispatch<NT>(jobs.ty[j], jobs.w[j], row0, rows, a, y, smem);
+    mmt_store<NT>(jobs.y[j], rows, row0, blockIdx.x * 8 * NT, a.ncols, y);
+}
+
+// y[c][r] = silu(G[r] . x[c]) * (U[r] . x[c]), as mmk_silu_kernel.
+template <int NT>
+__device__ __forceinline__ void mmt_silu_kernel(const uint8_t* wg, int tyg, const uint8_t* wu, int tyu, float* y,
+                                                int rows, const KAct& act) {
+    __shared__ __align__(16) uint8_t smem[2 * mmt_stage_max<NT>()];
+    const int row0 = blockIdx.y * MMT_ROWS;
+    if (row0 >= rows) return;
+    const KAct a = mmk_slice(act, 8 * NT);
+    float gs[NT][4], us[NT][4];
+    mmt_dispatch<NT>(tyg, wg, row0, rows, a, gs, smem);
+    mmt_dispatch<NT>(tyu, wu, row0, rows, a, us, smem);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) gs[nt][e] = gs[nt][e] / (1.0f + expf(-gs[nt][e])) * us[nt][e];
+    mmt_store<NT>(y, rows, row0, blockIdx.x * 8 * NT, a.ncols, gs);
+}
+
+// Each block's first weights asked of L2 before waiting for the previous kernel (only the
+// first column tile asks).
+__device__ __forceinline__ void pdl_wait_prefetch_mmt(const MatvecJobs& jobs, int K) {
+    int row0;
+    const int j = mmt_job(jobs, &row0);
+    if (blockIdx.x == 0 && row0 < jobs.rows[j])
+        for (int wp = 0; wp < MMT_ROWS / 16; ++wp)
+            mmk_prefetch_chunk(jobs.w[j], jobs.ty[j], row0 + 16 * wp, jobs.rows[j], K, 0);
+    pdl_wait();
+}
+__device__ __forceinline__ void pdl_wait_prefetch_mmt_silu(const uint8_t* wg, int tyg, int rows, int K) {
+    if (blockIdx.x == 0)
+        for (int wp = 0; wp < MMT_ROWS / 16; ++wp)
+            mmk_prefetch_chunk(wg, tyg, blockIdx.y * MMT_ROWS + 16 * wp, rows, K, 0);
+    pdl_wait();
+}
+
+extern "C" __global__ void __launch_bounds__(128) mmt_4(MatvecJobs jobs, KACT_ARGS) {
+    pdl_wait_prefetch_mmt(jobs, K);
+    mmt_kernel<4>(jobs, KACT);
+}
+extern "C" __global__ void __launch_bounds__(128) mmt_silu_4(MMK_SILU_ARGS, KACT_ARGS) {
+    pdl_wait_prefetch_mmt_silu(wg, tyg, rows, K);
+    mmt_silu_kernel<4>(wg, tyg, wu, tyu, y, rows, KACT);
+}
