@@ -214,24 +214,34 @@ if [ "${JOB:-}" = timeline ]; then
 fi
 
 if [ "${JOB:-}" = tiles ]; then
-    # A/B of the tensor-core kernels of 2 or more columns (mmk.cu against mmt.cu, chosen by
-    # MUSER_CUDA_MMT_MIN): the quick parity command with every width on mmt.cu (MMT_MIN=2),
-    # batch invariance on both models, then pp512 and decode groups of 8 and 32 streams on
-    # llama-glimmer for each threshold in MINS, and the prefill breakdown per op.
+    # Prefill and decode groups (the tensor-core kernels of 2 or more columns, prefill attention):
+    # the quick parity command with batch invariance on both models, whole-model parity of
+    # muse-tiny, then pp512 and decode groups of 8 and 32 streams on llama-glimmer for $BIN and
+    # each binary in ALT (an A/B of builds), the prefill and decode-step breakdowns per op, and
+    # the per-op profile of decode groups.
     G=$MODELS/llama-glimmer.gguf T=$MODELS/muse-tiny.gguf
     step synth-llama-glimmer 60 "$BIN" synth llama-glimmer "$G"
     step synth-muse-tiny 30 "$BIN" synth muse-tiny "$T"
-    step check 240 env MUSER_CUDA_MMT_MIN=2 "$BIN" check --backend cuda --quick --invariance "$T" --invariance "$G"
-    for v in ${MINS:-2 17 100000}; do
-        step bench-mmt$v 90 env MUSER_CUDA_MMT_MIN=$v "$BIN" bench --backend cuda -m "$G" -p 512 -n 32 -r 2 -s "${STREAMS:-8,32}"
+    step check 240 "$BIN" check --backend cuda --quick --model "$T" --invariance "$T" --invariance "$G"
+    for b in "$BIN" ${ALT:-}; do
+        step "bench-$(basename "$b")" 90 "$b" bench --backend cuda -m "$G" -p 512 -n 32 -r 2 -s "${STREAMS:-8,32}"
     done
-    step speed 90 env MUSER_CUDA_MMT_MIN=${SPEED_MIN:-2} "$BIN" check --backend cuda --no-ops --speed "$G"
+    step speed 90 "$BIN" check --backend cuda --no-ops --speed "$G" --group-profile 8,32
+    if [ -n "${NCU_KERNEL:-}" ]; then
+        # Hardware counters of one launch of NCU_KERNEL in decode groups of NCU_STREAMS.
+        NCU_BIN=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+        step ncu-kernel 150 env MUSER_CUDA_GRAPHS=0 "$NCU_BIN" --clock-control none --kernel-name "regex:^$NCU_KERNEL\$" \
+            --launch-skip 60 --launch-count 1 --section SpeedOfLight --section Occupancy --section LaunchStats \
+            --section WarpStateStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+            "$BIN" bench --backend cuda -m "$G" -p 0 -n 4 -r 1 -s "${NCU_STREAMS:-8}"
+    fi
     echo
     echo "================ short table ================"
     echo "check: $(grep -hcE "^ok" "$OUT/check.log") ok, $(grep -hcE "^FAIL" "$OUT/check.log") FAIL"
-    grep -hE "^FAIL|^invariance|never dispatched|^all |panicked|rror" "$OUT/check.log" | head -16
+    grep -hE "^FAIL|^invariance|never dispatched|^all |panicked|rror|^model " "$OUT/check.log" | head -16
     grep "^| .*CUDA" "$OUT"/bench-*.log | sed "s|$OUT/||"
-    grep -h "^| \|^speed" "$OUT/speed.log" | head -24
+    grep -h "^| \|^speed\|^decode group of" "$OUT/speed.log" | head -40
+    [ -f "$OUT/ncu-kernel.log" ] && grep -E "Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|Registers Per|Stall|Warp Cycles Per Issued|Issue Slots Busy|L1/TEX Hit|L2 Hit|Eligible Warps" "$OUT/ncu-kernel.log" | head -30
     cat "$OUT/summary.txt"
     exit 0
 fi

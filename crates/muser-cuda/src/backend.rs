@@ -83,7 +83,7 @@ struct RowTables {
     pos: Vec<i32>,
     pos_dev: CudaSlice<i32>, // (n)
     n: usize,
-    kv: Vec<u64>,           // (layers, n, 3)
+    kv: Vec<u64>, // (layers, n, 3); prefill tables: (layers, 3), every row the same
     kv_dev: CudaSlice<u64>, // (layers, n, 3)
 }
 
@@ -102,6 +102,8 @@ pub struct CudaBackend {
     pub gpu: Gpu,
     ws: Mutex<Workspace>,
     rows: Mutex<RowTables>,
+    /// The row tables of prefill chunks on the per-row attention (`prefill_tables`).
+    prefill_rows: Mutex<RowTables>,
     upload: Mutex<Option<indicatif::ProgressBar>>,
     /// Kernels whose dynamic shared memory limit was raised (attn_partial_*, attn_rows_*).
     big_smem_set: Mutex<Vec<&'static str>>,
@@ -113,6 +115,25 @@ pub struct CudaBackend {
     attn_mma: std::sync::atomic::AtomicBool,
     /// (kernels, kernel edges, programmatic edges) of the last graph captured.
     last_graph: Mutex<Option<(u64, usize, usize)>>,
+}
+
+/// One launch of the per-row attention kernels (decode groups, and prefill chunks on the tensor
+/// cores): device tables, partials, and the split plan.
+struct RowsAttn {
+    /// Device addresses of the rows' positions ([n] i32) and cache table ([n] RowKv).
+    pos: u64,
+    tab: u64,
+    /// Device addresses of the partial outputs and (max, sum) pairs.
+    parts: (u64, u64),
+    n: usize,
+    n_head: usize,
+    n_kv: usize,
+    /// The grid's splits per row (the partials' stride): at least any row's own.
+    splits: usize,
+    /// `solo_splits`: a row's own split plan is `split_plan(count, solo)`.
+    solo: usize,
+    window: usize,
+    ring: bool,
 }
 
 /// What a recorded decode step was recorded for: it replays only while all of it is unchanged.
@@ -190,6 +211,11 @@ pub const MAX_NORM_WIDTH: usize = 8192;
 
 /// Positions per attention tile (ATT_T in attention.cu).
 const ATT_T: usize = 32;
+
+/// A prefill chunk whose rows see at most this many positions runs its attention on the per-row
+/// tensor-core kernel (`attn_rows_mma_128`, each row as its decode would run it); longer ones on
+/// `attn_partial_*`, whose split plan keeps the partials small for long rows.
+const PREFILL_ROWS_MAX: usize = 512;
 
 /// How an attention launch splits the work: `n_splits` blocks per (row, KV head, head chunk),
 /// each over `split_len` positions, and the group's query heads in `chunks` blocks.
@@ -289,17 +315,21 @@ impl CudaBackend {
             ml_part: gpu.stream.alloc_zeros(1)?,
             argmax: gpu.stream.alloc_zeros(1)?,
         };
-        let rows = RowTables {
-            pos: Vec::new(),
-            pos_dev: gpu.stream.alloc_zeros(1)?,
-            n: 0,
-            kv: Vec::new(),
-            kv_dev: gpu.stream.alloc_zeros(1)?,
+        let tables = || -> std::result::Result<RowTables, CudaError> {
+            Ok(RowTables {
+                pos: Vec::new(),
+                pos_dev: gpu.stream.alloc_zeros(1)?,
+                n: 0,
+                kv: Vec::new(),
+                kv_dev: gpu.stream.alloc_zeros(1)?,
+            })
         };
+        let (rows, prefill_rows) = (tables()?, tables()?);
         Ok(CudaBackend {
             gpu,
             ws: Mutex::new(ws),
             rows: Mutex::new(rows),
+            prefill_rows: Mutex::new(prefill_rows),
             upload: Mutex::new(None),
             big_smem_set: Default::default(),
             profile: Mutex::new(None),
@@ -525,6 +555,105 @@ impl CudaBackend {
             self.p(&t.pos_dev),
             self.p(&t.kv_dev) + (at(layer, 0) * 8) as u64,
         )
+    }
+
+    /// Device addresses of the positions pos0 .. pos0 + n - 1 and of layer `layer`'s per-row cache
+    /// table, every row on `kv`: a prefill chunk as a group of rows of one sequence (tables of
+    /// their own, so a recorded decode step's tables are never overwritten).
+    fn prefill_tables(&self, kv: &CudaKv, layer: usize, pos0: usize, n: usize) -> (u64, u64) {
+        let mut t = self.prefill_rows.lock().unwrap();
+        if t.pos.len() != n || t.pos.first() != Some(&(pos0 as i32)) {
+            let pos: Vec<usize> = (pos0..pos0 + n).collect();
+            self.upload_positions(&mut t, &pos);
+        }
+        // One entry per layer (every row the same); the table is rebuilt when they change.
+        let entries: Vec<u64> = kv
+            .layers
+            .iter()
+            .flat_map(|c| [self.p(&c.k), self.p(&c.v), c.spec.slots as u64])
+            .collect();
+        if t.n != n || t.kv != entries {
+            let tab: Vec<u64> = entries
+                .chunks(3)
+                .flat_map(|e| std::iter::repeat_n(e, n).flatten().copied())
+                .collect();
+            grow(&self.gpu, &mut t.kv_dev, tab.len());
+            ck(
+                self.gpu.stream.memcpy_htod(&tab, &mut t.kv_dev),
+                "upload KV table",
+            );
+            t.kv = entries;
+            t.n = n;
+        }
+        (
+            self.p(&t.pos_dev),
+            self.p(&t.kv_dev) + (layer * n * 3 * 8) as u64,
+        )
+    }
+
+    /// attn_rows_mma_128 over the rows of `a` (query `qp`, [n][n_head * 128] f32): one block per
+    /// (KV head, row, split), each row split as it would be alone.
+    fn attn_rows_mma(&self, a: &RowsAttn, qp: u64, scale: f32) {
+        let f = self.kernel("attn_rows_mma_128");
+        let cfg = LaunchConfig {
+            grid_dim: (a.n_kv as u32, a.n as u32, a.splits as u32),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: ATTN_MMA_SMEM as u32,
+        };
+        let (nh, nk, window, ring, so) = (
+            a.n_head as i32,
+            a.n_kv as i32,
+            a.window as i32,
+            i32::from(a.ring),
+            a.solo as i32,
+        );
+        let mut b = self.gpu.stream.launch_builder(f);
+        b.arg(&qp)
+            .arg(&a.tab)
+            .arg(&a.pos)
+            .arg(&a.parts.0)
+            .arg(&a.parts.1)
+            .arg(&nh)
+            .arg(&nk)
+            .arg(&window)
+            .arg(&ring)
+            .arg(&scale)
+            .arg(&so);
+        // SAFETY: the partials hold n * n_head * splits entries; each row reads its own cache
+        // within its slots.
+        ck(unsafe { b.launch(cfg) }, "attn_rows_mma");
+    }
+
+    /// attn_rows_combine: each row's own splits of `a`'s partials merged into `outp` ([n][n_head *
+    /// d]), times sigmoid(gate) where `gp` is not 0.
+    fn attn_rows_combine(&self, a: &RowsAttn, d: usize, gp: u64, outp: u64) {
+        let cfg = LaunchConfig {
+            grid_dim: (a.n_head as u32, a.n as u32, 1),
+            block_dim: (d as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (nh, ms, dd, window, so) = (
+            a.n_head as i32,
+            a.splits as i32,
+            d as i32,
+            a.window as i32,
+            a.solo as i32,
+        );
+        let f = self.kernel("attn_rows_combine");
+        let mut b = self.gpu.stream.launch_builder(f);
+        b.arg(&a.parts.0)
+            .arg(&a.parts.1)
+            .arg(&outp)
+            .arg(&gp)
+            .arg(&a.pos)
+            .arg(&nh)
+            .arg(&ms)
+            .arg(&dd)
+            .arg(&window)
+            .arg(&so);
+        // SAFETY: the partials hold n * n_head * splits entries, of which row t reads its own
+        // splits; out (and gate) are [n][n_head * d].
+        ck(unsafe { b.launch(cfg) }, "attn_rows_combine");
     }
 
     /// Raises `f`'s dynamic shared memory limit to `smem` bytes once, where it exceeds 48 KB.
@@ -1000,7 +1129,34 @@ impl Backend for CudaBackend {
                 );
                 let p_last = pos0 + q.rows - 1;
                 let lo = l.spec.window.map_or(0, |w| (p_last + 1).saturating_sub(w));
-                let plan = attention_plan(p_last + 1 - lo, q.rows, n_kv, g, self.gpu.sms);
+                let count = p_last + 1 - lo;
+                if self.attn_mma() && mma_attention_fits(d, g) && count <= PREFILL_ROWS_MAX {
+                    // The rows as a decode group of one sequence: each row's attention is
+                    // computed as its decode would compute it, on the tensor cores.
+                    let solo = solo_splits(n_kv, self.gpu.sms);
+                    let splits = solo.min(count.div_ceil(ATT_T)).max(1);
+                    let (pp, tab) = self.prefill_tables(kv, layer, pos0, q.rows);
+                    let mut ws = self.ws.lock().unwrap();
+                    let parts = q.rows * n_head * splits;
+                    grow(&self.gpu, &mut ws.o_part, parts * d);
+                    grow(&self.gpu, &mut ws.ml_part, parts * 2);
+                    let a = RowsAttn {
+                        pos: pp,
+                        tab,
+                        parts: (self.p(&ws.o_part), self.p(&ws.ml_part)),
+                        n: q.rows,
+                        n_head,
+                        n_kv,
+                        splits,
+                        solo,
+                        window: l.spec.window.unwrap_or(0),
+                        ring: l.spec.is_ring(),
+                    };
+                    self.attn_rows_mma(&a, self.p(&q.data), scale);
+                    self.attn_rows_combine(&a, d, 0, self.p(&out.data));
+                    return;
+                }
+                let plan = attention_plan(count, q.rows, n_kv, g, self.gpu.sms);
                 let g_block = g / plan.chunks;
                 let parts = q.rows * n_head * plan.n_splits;
                 let mut ws = self.ws.lock().unwrap();
@@ -1326,43 +1482,36 @@ impl Backend for CudaBackend {
                 let parts = n * n_head * max_splits;
                 grow(&self.gpu, &mut ws.o_part, parts * d);
                 grow(&self.gpu, &mut ws.ml_part, parts * 2);
-                let (qp, op, mp) = (self.p(&q.data), self.p(&ws.o_part), self.p(&ws.ml_part));
-                let window = spec.window.unwrap_or(0) as i32;
-                let (nh, nk, ring, so) = (
-                    n_head as i32,
-                    n_kv as i32,
-                    i32::from(spec.is_ring()),
-                    solo as i32,
-                );
+                let a = RowsAttn {
+                    pos: pp,
+                    tab,
+                    parts: (self.p(&ws.o_part), self.p(&ws.ml_part)),
+                    n,
+                    n_head,
+                    n_kv,
+                    splits: max_splits,
+                    solo,
+                    window: spec.window.unwrap_or(0),
+                    ring: spec.is_ring(),
+                };
+                let qp = self.p(&q.data);
                 if self.attn_mma() && mma_attention_fits(d, g) {
                     // Tensor cores: all the group's heads per block (no head chunks).
-                    let f = self.kernel("attn_rows_mma_128");
-                    let cfg = LaunchConfig {
-                        grid_dim: (n_kv as u32, n as u32, max_splits as u32),
-                        block_dim: (128, 1, 1),
-                        shared_mem_bytes: ATTN_MMA_SMEM as u32,
-                    };
-                    let mut b = self.gpu.stream.launch_builder(f);
-                    b.arg(&qp)
-                        .arg(&tab)
-                        .arg(&pp)
-                        .arg(&op)
-                        .arg(&mp)
-                        .arg(&nh)
-                        .arg(&nk)
-                        .arg(&window)
-                        .arg(&ring)
-                        .arg(&scale)
-                        .arg(&so);
-                    // SAFETY: as attn_rows below, with one block per (KV head, row, split).
-                    ck(unsafe { b.launch(cfg) }, "attn_rows_mma");
+                    self.attn_rows_mma(&a, qp, scale);
                 } else {
                     let chunks = self.rows_chunks(&spec, pos);
                     let g_block = g / chunks;
                     let smem = attention_smem(g_block, d);
                     let f = self.kernel(name);
                     self.allow_smem(name, f, smem);
-                    let gb = g_block as i32;
+                    let (nh, nk, gb, window, ring, so) = (
+                        n_head as i32,
+                        n_kv as i32,
+                        g_block as i32,
+                        a.window as i32,
+                        i32::from(a.ring),
+                        solo as i32,
+                    );
                     let cfg = LaunchConfig {
                         grid_dim: ((n_kv * chunks) as u32, n as u32, max_splits as u32),
                         block_dim: (128, 1, 1),
@@ -1370,10 +1519,10 @@ impl Backend for CudaBackend {
                     };
                     let mut b = self.gpu.stream.launch_builder(f);
                     b.arg(&qp)
-                        .arg(&tab)
-                        .arg(&pp)
-                        .arg(&op)
-                        .arg(&mp)
+                        .arg(&a.tab)
+                        .arg(&a.pos)
+                        .arg(&a.parts.0)
+                        .arg(&a.parts.1)
                         .arg(&nh)
                         .arg(&nk)
                         .arg(&gb)
@@ -1388,30 +1537,7 @@ impl Backend for CudaBackend {
                     assert_eq!((g.rows, g.cols), (n, width), "attention_rows: gate shape");
                 }
                 let gp = gate.map_or(0, |g| self.p(&g.data));
-                let (outp, dd) = (self.p(&out.data), d as i32);
-                let cfg = LaunchConfig {
-                    grid_dim: (n_head as u32, n as u32, 1),
-                    block_dim: (d as u32, 1, 1),
-                    shared_mem_bytes: 0,
-                };
-                let mut b = self
-                    .gpu
-                    .stream
-                    .launch_builder(self.kernel("attn_rows_combine"));
-                let ms = max_splits as i32;
-                b.arg(&op)
-                    .arg(&mp)
-                    .arg(&outp)
-                    .arg(&gp)
-                    .arg(&pp)
-                    .arg(&nh)
-                    .arg(&ms)
-                    .arg(&dd)
-                    .arg(&window)
-                    .arg(&so);
-                // SAFETY: the partials hold n * n_head * max_splits entries, of which row t reads
-                // its own splits; out (and gate) are [n][n_head * d].
-                ck(unsafe { b.launch(cfg) }, "attn_rows_combine");
+                self.attn_rows_combine(&a, d, gp, self.p(&out.data));
             },
         )
     }
