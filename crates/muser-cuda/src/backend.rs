@@ -105,8 +105,6 @@ pub struct CudaBackend {
     /// The row tables of prefill chunks on the per-row attention (`prefill_tables`).
     prefill_rows: Mutex<RowTables>,
     upload: Mutex<Option<indicatif::ProgressBar>>,
-    /// Kernels whose dynamic shared memory limit was raised (attn_partial_*, attn_rows_*).
-    big_smem_set: Mutex<Vec<&'static str>>,
     /// Per-op time (synchronizing around each op) when profiling is on: op -> (calls, seconds).
     profile: Mutex<Option<std::collections::BTreeMap<String, (u64, f64)>>>,
     /// Decode steps are recorded and replayed as graphs (see the module doc).
@@ -331,7 +329,6 @@ impl CudaBackend {
             rows: Mutex::new(rows),
             prefill_rows: Mutex::new(prefill_rows),
             upload: Mutex::new(None),
-            big_smem_set: Default::default(),
             profile: Mutex::new(None),
             last_graph: Mutex::new(None),
             attn_mma: std::sync::atomic::AtomicBool::new(
@@ -654,24 +651,6 @@ impl CudaBackend {
         // SAFETY: the partials hold n * n_head * splits entries, of which row t reads its own
         // splits; out (and gate) are [n][n_head * d].
         ck(unsafe { b.launch(cfg) }, "attn_rows_combine");
-    }
-
-    /// Raises `f`'s dynamic shared memory limit to `smem` bytes once, where it exceeds 48 KB.
-    fn allow_smem(&self, name: &'static str, f: &cudarc::driver::CudaFunction, smem: usize) {
-        if smem <= 48 * 1024 {
-            return;
-        }
-        let mut set = self.big_smem_set.lock().unwrap();
-        if !set.contains(&name) {
-            ck(
-                f.set_attribute(
-                    cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    smem as i32,
-                ),
-                "attention shared memory",
-            );
-            set.push(name);
-        }
     }
 
     /// RoPE over every row of x: row t at position pos0 + t, or pos[t] when `pos` (a device
@@ -1163,8 +1142,7 @@ impl Backend for CudaBackend {
                 grow(&self.gpu, &mut ws.o_part, parts * d);
                 grow(&self.gpu, &mut ws.ml_part, parts * 2);
                 let smem = attention_smem(g_block, d);
-                let f = self.kernel(name);
-                self.allow_smem(name, f, smem);
+                let f = ck(self.gpu.kernel_smem(name, smem), "attention shared memory");
                 let (qp, kc, vc, op, mp) = (
                     self.p(&q.data),
                     self.p(&l.k),
@@ -1502,8 +1480,7 @@ impl Backend for CudaBackend {
                     let chunks = self.rows_chunks(&spec, pos);
                     let g_block = g / chunks;
                     let smem = attention_smem(g_block, d);
-                    let f = self.kernel(name);
-                    self.allow_smem(name, f, smem);
+                    let f = ck(self.gpu.kernel_smem(name, smem), "attention shared memory");
                     let (nh, nk, gb, window, ring, so) = (
                         n_head as i32,
                         n_kv as i32,

@@ -34,6 +34,8 @@ pub struct Gpu {
     pdl_aware: Vec<usize>,
     /// Chunk values and counters of the split one-column kernels (`split_scratch`).
     pub(crate) split: std::sync::Mutex<crate::matvec::SplitScratch>,
+    /// Kernels whose dynamic shared memory limit was raised, and to how much (`kernel_smem`).
+    big_smem: std::sync::Mutex<BTreeMap<String, usize>>,
 }
 
 impl Gpu {
@@ -76,6 +78,7 @@ impl Gpu {
             dispatches: BTreeMap::new(),
             pdl_aware: Vec::new(),
             split: Default::default(),
+            big_smem: Default::default(),
         };
         // NVRTC compiles each file to PTX (every process); loading a module has the driver
         // turn its PTX into machine code (ptxas: ~20 s for matvec.cu and mmk.cu each on a 2-core
@@ -128,6 +131,23 @@ impl Gpu {
             .ok_or_else(|| CudaError::NoKernel(name.into()))?;
         if let Some(c) = self.dispatches.get(name) {
             c.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(f)
+    }
+
+    /// `kernel(name)` for a launch with `smem` bytes of dynamic shared memory: the kernel's limit is
+    /// raised past the default 48 KB where needed (once per size).
+    pub fn kernel_smem(&self, name: &str, smem: usize) -> Result<&CudaFunction, CudaError> {
+        let f = self.kernel(name)?;
+        if smem > 48 * 1024 {
+            let mut set = self.big_smem.lock().unwrap();
+            if set.get(name).is_none_or(|&s| s < smem) {
+                f.set_attribute(
+                    cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    smem as i32,
+                )?;
+                set.insert(name.to_string(), smem);
+            }
         }
         Ok(f)
     }
