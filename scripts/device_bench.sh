@@ -83,8 +83,6 @@ if [ "${JOB:-}" = final ]; then
     step bench-muse-d8192 90 "$BIN" bench --backend cuda -m "$M" -p 0 -n 128 -d 8192 -r 2
     step profile 60 "$BIN" check --backend cuda --no-ops --speed "$G" --group-profile 8,32
     step bench-llama-nographs 60 env MUSER_CUDA_GRAPHS=0 "$BIN" bench --backend cuda -m "$G" -p 0 -n 128 -r "$REPS"
-    # The one-column K-quant matvecs on v9's matvec_1 instead of mvk_1 (same bits): before/after.
-    step bench-llama-matvec1 60 env MUSER_CUDA_MVK=0 "$BIN" bench --backend cuda -m "$G" -p 0 -n 128 -r "$REPS"
     echo
     echo "================ short table ================"
     echo "check: $(grep -hcE "^ok" "$OUT/check.log") ok, $(grep -hcE "^FAIL" "$OUT/check.log") FAIL"

@@ -211,8 +211,8 @@ pub const MAX_NORM_WIDTH: usize = 8192;
 const ATT_T: usize = 32;
 
 /// A prefill chunk whose rows see at most this many positions runs its attention on the per-row
-/// tensor-core kernel (`attn_rows_mma_128`, each row as its decode would run it); longer ones on
-/// `attn_partial_*`, whose split plan keeps the partials small for long rows.
+/// tensor-core kernel (`attn_rows_mma_128`, one block per row and KV head); longer ones on
+/// `attn_partial_*`, which splits long rows over more blocks.
 const PREFILL_ROWS_MAX: usize = 512;
 
 /// How an attention launch splits the work: `n_splits` blocks per (row, KV head, head chunk),
@@ -1110,10 +1110,11 @@ impl Backend for CudaBackend {
                 let lo = l.spec.window.map_or(0, |w| (p_last + 1).saturating_sub(w));
                 let count = p_last + 1 - lo;
                 if self.attn_mma() && mma_attention_fits(d, g) && count <= PREFILL_ROWS_MAX {
-                    // The rows as a decode group of one sequence: each row's attention is
-                    // computed as its decode would compute it, on the tensor cores.
-                    let solo = solo_splits(n_kv, self.gpu.sms);
-                    let splits = solo.min(count.div_ceil(ATT_T)).max(1);
+                    // The rows as a decode group of one sequence on the tensor cores, each row
+                    // whole in one block (the rows give the grid its width; 16 splits of 32
+                    // positions as a lone decode row takes them wrote ~0.3 GB of partials per
+                    // layer at pp512).
+                    let (solo, splits) = (1, 1);
                     let (pp, tab) = self.prefill_tables(kv, layer, pos0, q.rows);
                     let mut ws = self.ws.lock().unwrap();
                     let parts = q.rows * n_head * splits;
