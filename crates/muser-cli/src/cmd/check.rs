@@ -601,6 +601,15 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
                 depth,
             );
         }
+        if n > 1 {
+            // A prompt's first chunk (rows that see at most 512 positions run on the tensor-core
+            // rows kernel, one block per row, where it fits), and with that kernel off.
+            for mma in [true, false] {
+                p.gpu.set_attn_mma(mma);
+                check_attention(p, n, kvw / HEAD, HEAD, qw / HEAD, None, 0);
+            }
+            p.gpu.set_attn_mma(true);
+        }
         if n == 1 || n == 9 {
             // Head width 256 (over 48 KB of shared memory) and 64.
             check_attention(p, n, 2, 256, 32, None, 3000);
@@ -882,9 +891,10 @@ fn check_attention(
     p.gpu.attention(&qg, &kvg, 0, depth, scale, &mut ag);
     let (a, b) = (p.read_gpu(&ag), p.read_cpu(&ac));
     let what = window.map_or("plane".to_string(), |w| format!("ring {w}"));
+    let off = if p.gpu.attn_mma() { "" } else { " mma off" };
     p.record(
         "kv_store+attention",
-        format!("{what} {n_head}/{n_kv}x{head} {n} rows @{depth}"),
+        format!("{what} {n_head}/{n_kv}x{head}{off} {n} rows @{depth}"),
         &a,
         &b,
         MATVEC_NMSE,
