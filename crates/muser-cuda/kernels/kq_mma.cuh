@@ -1,6 +1,7 @@
 // The integer tensor-core pieces shared by mmk.cu and mmt.cu (compile.rs puts this header
 // before both): the activation arguments, the MMA instructions, the scale bytes, the chunk-tree
-// leaf and the L2 prefetch of a chunk of weights.
+// leaf, the L2 prefetch of a chunk of weights, a block's job, and the arithmetic of one
+// super-block (kq45_superblock, kq6_superblock), so both kernels give every output the same bits.
 
 struct KAct {
     const int8_t* __restrict__ xq;  // [ncols][K] int8, row-major or (kmajor) k-major as in matvec.cu
@@ -54,6 +55,18 @@ __device__ __forceinline__ void mmk_prefetch_chunk(const uint8_t* w, int ty, int
     for (int o = (lane & 1) * 64; o < span; o += 128) prefetch_l2(p + o);
 }
 
+// The job of a block of `block_rows` rows (grid y) and its first row in it (past the job's
+// rows: padding, the whole block).
+__device__ __forceinline__ int kq_job(const MatvecJobs& jobs, int block_rows, int* row0) {
+    const int grow = blockIdx.y * block_rows;
+    int j = 0;
+#pragma unroll
+    for (int u = 1; u < 4; ++u)
+        if (u < jobs.njobs && grow >= jobs.start[u]) j = u;
+    *row0 = grow - jobs.start[j];
+    return j;
+}
+
 // Columns blockIdx.x * BN .. of the launch.
 __device__ __forceinline__ KAct mmk_slice(const KAct& a, int bn) {
     const int c0 = blockIdx.x * bn;
@@ -68,3 +81,123 @@ __device__ __forceinline__ KAct mmk_slice(const KAct& a, int bn) {
 #define MMK_SILU_ARGS const uint8_t* __restrict__ wg, int tyg, const uint8_t* __restrict__ wu, int tyu, \
     float* __restrict__ y, int rows
 
+
+// ---------------------------------------------------------------------------------------------
+// One super-block of the lane's two rows (g and g + 8 of a 16-row MMA tile) against NT tiles of
+// 8 columns, shared by mmk.cu and mmt.cu (which differ in where weights and activations come
+// from, so both come through functors). Each of the lane's outputs (nt, e) gets its
+// super-block value v_b of common.cuh through emit(nt, e, v).
+//   qs(gi, r):  Q4_K/Q5_K: the lane's 8 qs bytes (32 gi + 8t ..) of row g (r = 0) or g + 8;
+//   xq(nt, s):  the lane's B fragment of sub-block s (Q4_K/Q5_K: uint2, values 8t .. 8t + 7 of
+//               the 32; Q6_K: int, values 4t .. 4t + 3 of the 16) of column g of tile nt;
+//   xbs(nt):    the lane's 4 bytes (4t ..) of column g's split sums (Q4_K/Q5_K);
+//   dx(nt, j):  the Q8_K scale of output column 2t + j of tile nt.
+// Q4_K/Q5_K: each sub-block s (32 values) is one mma.m16n8k32 s8 whose k slots 4t..4t+3 and
+// 16+4t..16+4t+3 hold values 8t..8t+7 of the sub-block (any k order gives the same integer
+// sums): lane t's 8 qs bytes of each row per pair of sub-blocks (their low and high nibbles).
+// isc += sc_s * (the MMA's sums), exact. The mins: im = sum_s m_s * xsum_s is two
+// mma.m16n8k16 s8 with A = the row's 8 mins (at k 0..7, then at k 8..15) and B = the column's 8
+// sums split as lo + 64 hi (quantize_q8_k's bs), im = r_lo + 64 r_hi.
+template <int NT, bool Q5, class QS, class XQ, class XBS, class DX, class EMIT>
+__device__ __forceinline__ void kq45_superblock(const uint4& ha, const uint4& hb, QS qs, const uint2& xa,
+                                                const uint2& xb, XQ xq, XBS xbs, DX dx, EMIT emit) {
+    const int t = threadIdx.x & 3;
+    uint32_t sa_lo, sa_hi, ma_lo, ma_hi, sb_lo, sb_hi, mb_lo, mb_hi;
+    unpack_scales_k4(ha.y, ha.z, ha.w, &sa_lo, &sa_hi, &ma_lo, &ma_hi);
+    unpack_scales_k4(hb.y, hb.z, hb.w, &sb_lo, &sb_hi, &mb_lo, &mb_hi);
+    int isc[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) isc[nt][0] = isc[nt][1] = isc[nt][2] = isc[nt][3] = 0;
+#pragma unroll
+    for (int gi = 0; gi < 4; ++gi) {
+        // A registers: row g k 4t.., row g + 8 k 4t.., row g k 16 + 4t.., row g + 8 k 16 + 4t..
+        const uint2 qa = qs(gi, 0), qb = qs(gi, 1);
+        const uint32_t qw[4] = {qa.x, qb.x, qa.y, qb.y};
+        const uint32_t hw[4] = {xa.x, xb.x, xa.y, xb.y};
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int s = 2 * gi + h;
+            int A[4];
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                A[k] = (int)((qw[k] >> (4 * h)) & 0x0F0F0F0F);
+                if (Q5) A[k] |= (int)(((hw[k] >> s) & 0x01010101) << 4);
+            }
+            const int sca = byte_u(sa_lo, sa_hi, s), scb = byte_u(sb_lo, sb_hi, s);
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+                const uint2 x = xq(nt, s);
+                int d[4] = {0, 0, 0, 0};
+                mmk_k32(d, A[0], A[1], A[2], A[3], (int)x.x, (int)x.y);
+                isc[nt][0] += sca * d[0];
+                isc[nt][1] += sca * d[1];
+                isc[nt][2] += scb * d[2];
+                isc[nt][3] += scb * d[3];
+            }
+        }
+    }
+    // im = sum_s m_s xsum_s: A_lo holds the mins at k 0..7, A_hi at k 8..15.
+    const int alo0 = t == 0 ? (int)ma_lo : t == 1 ? (int)ma_hi : 0;
+    const int alo1 = t == 0 ? (int)mb_lo : t == 1 ? (int)mb_hi : 0;
+    const int ahi0 = t == 2 ? (int)ma_lo : t == 3 ? (int)ma_hi : 0;
+    const int ahi1 = t == 2 ? (int)mb_lo : t == 3 ? (int)mb_hi : 0;
+    const float2 dma = __half22float2(*(const __half2*)&ha.x), dmb = __half22float2(*(const __half2*)&hb.x);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        const int bs = xbs(nt);
+        int rl[4] = {0, 0, 0, 0}, rh[4] = {0, 0, 0, 0};
+        mmk_k16(rl, alo0, alo1, bs);
+        mmk_k16(rh, ahi0, ahi1, bs);
+        const float dx0 = dx(nt, 0), dx1 = dx(nt, 1);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const float2 dm = e < 2 ? dma : dmb;
+            const int im = rl[e] + 64 * rh[e];
+            emit(nt, e, kq_value_q45(dm.x, dm.y, isc[nt][e], im, (e & 1) ? dx1 : dx0));
+        }
+    }
+}
+
+// Q6_K (the planes of matvec.rs' repack): value 32qq + v (v < 32) of half h is in ql byte
+// 64h + 32 (qq & 1) + v, nibble qq >> 1, its high bits bit pair qq of qh byte 32h + v.
+// ql(h, p, u, r): the lane's ql word (bytes 64h + 32p + 16u + 4t ..) of row g (r = 0) or g + 8,
+// qh(h, u, r) its qh word (bytes 128 + 32h + 16u + 4t ..); sva/svb the rows' 16 int8 scales,
+// da/db their d. Each sub-block (16 values) is one mma.m16n8k16 s8 on (q - 32): lane t's slots
+// hold values 4t..4t+3; isc += sc_s * (the MMA's sums).
+template <int NT, class QL, class QH, class XQ, class DX, class EMIT>
+__device__ __forceinline__ void kq6_superblock(QL ql, QH qh, const uint4& sva, const uint4& svb, float da, float db,
+                                               XQ xq, DX dx, EMIT emit) {
+    int isc[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) isc[nt][0] = isc[nt][1] = isc[nt][2] = isc[nt][3] = 0;
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int qq = 0; qq < 4; ++qq)
+#pragma unroll
+            for (int u = 0; u < 2; ++u) {
+                const int s = 8 * h + 2 * qq + u, p = qq & 1, nib = 4 * (qq >> 1);
+                const int A0 = (int)__vsub4(((ql(h, p, u, 0) >> nib) & 0x0F0F0F0F) |
+                                                (((qh(h, u, 0) >> (2 * qq)) & 0x03030303) << 4),
+                                            0x20202020);
+                const int A1 = (int)__vsub4(((ql(h, p, u, 1) >> nib) & 0x0F0F0F0F) |
+                                                (((qh(h, u, 1) >> (2 * qq)) & 0x03030303) << 4),
+                                            0x20202020);
+                const int sca = byte_s(sva, s), scb = byte_s(svb, s);
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) {
+                    int d[4] = {0, 0, 0, 0};
+                    mmk_k16(d, A0, A1, xq(nt, s));
+                    isc[nt][0] += sca * d[0];
+                    isc[nt][1] += sca * d[1];
+                    isc[nt][2] += scb * d[2];
+                    isc[nt][3] += scb * d[3];
+                }
+            }
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        const float dx0 = dx(nt, 0), dx1 = dx(nt, 1);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) emit(nt, e, kq_value_q6(e < 2 ? da : db, isc[nt][e], (e & 1) ? dx1 : dx0));
+    }
+}

@@ -1,26 +1,19 @@
 // K-quant matrices (Q4_K, Q5_K, Q6_K) times 2 to 16 activation columns on the integer tensor
-// cores (decode groups, one column per sequence of the group; wider groups and prefill chunks run
-// on mmt.cu, same arithmetic), in the canonical order of common.cuh (kq_value_*, kq_add), so every column gets the bits matvec_1
-// gives it alone: a sequence's tokens do not depend on its decode group, nor its prompt's KV
-// cache on how the prompt was chunked (batch invariance).
+// cores (decode groups, one column per sequence of the group; wider groups and prefill chunks
+// run on mmt.cu, same arithmetic), in the canonical order of common.cuh (kq_value_*, kq_add), so
+// every column gets the bits matvec_1 gives it alone: a sequence's tokens do not depend on its
+// decode group, nor its prompt's KV cache on how the prompt was chunked (batch invariance).
 //
 // Launch: 128 threads (4 warps) per block; a block takes 16 rows (one MMA tile: rows g and g + 8
-// of lane (g, t) = (lane / 4, lane % 4)) and BN = 8 * NT columns (NT = 1, 2: mmk_1, mmk_2). Grid x: column tiles (those of one row block run side by side and share its weights in
-// L2), grid y: row blocks over the jobs' rows (each job padded to 16 rows). The 4 warps split K
-// by chunks of KQ_CHUNK super-blocks (warp w takes chunks w, w + 4, ..): each makes its chunk's
+// of lane (g, t) = (lane / 4, lane % 4)) and BN = 8 * NT columns (NT = 1, 2: mmk_1, mmk_2).
+// Grid x: column tiles (those of one row block run side by side and share its weights in L2),
+// grid y: row blocks over the jobs' rows (each job padded to 16 rows). The 4 warps split K by
+// chunks of KQ_CHUNK super-blocks (warp w takes chunks w, w + 4, ..): each makes its chunk's
 // tree of v_b, and after every round of 4 chunks one thread per output adds the 4 chunk sums to
 // the output's total in chunk order (shared memory), which is the canonical order.
-// Per super-block b, per n-tile of 8 columns, lane (g, t) of a warp:
-//   Q4_K/Q5_K: each sub-block s (32 values) is one mma.m16n8k32 s8: k slots 4t..4t+3 and
-//     16+4t..16+4t+3 hold values 8t..8t+7 of the sub-block (any k order gives the same integer
-//     sums), so lane t reads 8 qs bytes of each of its two rows per pair of sub-blocks (their
-//     low and high nibbles) and 8 activation bytes per column and sub-block. isc += sc_s * (the
-//     MMA's sums), exact. The mins: im = sum_s m_s * xsum_s is two mma.m16n8k16 s8 with A = the
-//     row's 8 mins (at k 0..7, then at k 8..15) and B = the column's 8 sums split as
-//     lo + 64 hi (quantize_q8_k's bs), im = r_lo + 64 r_hi.
-//   Q6_K: each sub-block (16 values) is one mma.m16n8k16 s8 on (q - 32): lane t's slots hold
-//     values 4t..4t+3; isc += sc_s * (the MMA's sums).
-// then puts v_b = kq_value_*(...) into its chunk tree. Each warp asks L2 for its next chunk's
+// Per super-block b, per n-tile of 8 columns, lane (g, t) of a warp: the MMAs of
+// kq45_superblock / kq6_superblock (kq_mma.cuh), with the activations read from global memory,
+// each v_b = kq_value_*(...) put into its chunk tree. Each warp asks L2 for its next chunk's
 // weights when it starts a chunk.
 
 #define MMK_ROWS 16
@@ -79,66 +72,17 @@ __device__ __forceinline__ void mmk_q45(const uint8_t* __restrict__ w, int row0,
             xa = *(const uint2*)(ba + 16 + 8 * t);
             xb = *(const uint2*)(bb + 16 + 8 * t);
         }
-        uint32_t sa_lo, sa_hi, ma_lo, ma_hi, sb_lo, sb_hi, mb_lo, mb_hi;
-        unpack_scales_k4(ha.y, ha.z, ha.w, &sa_lo, &sa_hi, &ma_lo, &ma_hi);
-        unpack_scales_k4(hb.y, hb.z, hb.w, &sb_lo, &sb_hi, &mb_lo, &mb_hi);
-        int isc[NT][4];
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) isc[nt][0] = isc[nt][1] = isc[nt][2] = isc[nt][3] = 0;
-#pragma unroll
-        for (int gi = 0; gi < 4; ++gi) {
-            // A registers: row g k 4t.., row g + 8 k 4t.., row g k 16 + 4t.., row g + 8 k 16 + 4t..
-            const uint32_t qw[4] = {qa[gi].x, qb[gi].x, qa[gi].y, qb[gi].y};
-            const uint32_t hw[4] = {xa.x, xb.x, xa.y, xb.y};
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int s = 2 * gi + h;
-                int A[4];
-#pragma unroll
-                for (int k = 0; k < 4; ++k) {
-                    A[k] = (int)((qw[k] >> (4 * h)) & 0x0F0F0F0F);
-                    if (Q5) A[k] |= (int)(((hw[k] >> s) & 0x01010101) << 4);
-                }
-                const int sca = byte_u(sa_lo, sa_hi, s), scb = byte_u(sb_lo, sb_hi, s);
-#pragma unroll
-                for (int nt = 0; nt < NT; ++nt) {
-                    const uint2 x = *(const uint2*)mmk_x(a, cols.b[nt], b * QK_K + 32 * s + 8 * t);
-                    int d[4] = {0, 0, 0, 0};
-                    mmk_k32(d, A[0], A[1], A[2], A[3], (int)x.x, (int)x.y);
-                    isc[nt][0] += sca * d[0];
-                    isc[nt][1] += sca * d[1];
-                    isc[nt][2] += scb * d[2];
-                    isc[nt][3] += scb * d[3];
-                }
-            }
-        }
-        // im = sum_s m_s xsum_s: A_lo holds the mins at k 0..7, A_hi at k 8..15.
-        const int alo0 = t == 0 ? (int)ma_lo : t == 1 ? (int)ma_hi : 0;
-        const int alo1 = t == 0 ? (int)mb_lo : t == 1 ? (int)mb_hi : 0;
-        const int ahi0 = t == 2 ? (int)ma_lo : t == 3 ? (int)ma_hi : 0;
-        const int ahi1 = t == 2 ? (int)mb_lo : t == 3 ? (int)mb_hi : 0;
-        const float2 dma = __half22float2(*(const __half2*)&ha.x), dmb = __half22float2(*(const __half2*)&hb.x);
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-            const int bs = *(const int*)(a.xbs + ((size_t)cols.b[nt] * nb + b) * 16 + 4 * t);
-            int rl[4] = {0, 0, 0, 0}, rh[4] = {0, 0, 0, 0};
-            mmk_k16(rl, alo0, alo1, bs);
-            mmk_k16(rh, ahi0, ahi1, bs);
-            const float dx0 = a.xds[(size_t)cols.o[nt][0] * nb32 + 8 * b].x;
-            const float dx1 = a.xds[(size_t)cols.o[nt][1] * nb32 + 8 * b].x;
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const float2 dm = e < 2 ? dma : dmb;
-                const int im = rl[e] + 64 * rh[e];
-                kq_leaf(lo[nt][e], hi[nt][e], k, kq_value_q45(dm.x, dm.y, isc[nt][e], im, (e & 1) ? dx1 : dx0));
-            }
-        }
+        kq45_superblock<NT, Q5>(
+            ha, hb, [&](int gi, int r) { return r ? qb[gi] : qa[gi]; }, xa, xb,
+            [&](int nt, int s) { return *(const uint2*)mmk_x(a, cols.b[nt], b * QK_K + 32 * s + 8 * t); },
+            [&](int nt) { return *(const int*)(a.xbs + ((size_t)cols.b[nt] * nb + b) * 16 + 4 * t); },
+            [&](int nt, int j) { return a.xds[(size_t)cols.o[nt][j] * nb32 + 8 * b].x; },
+            [&](int nt, int e, float v) { kq_leaf(lo[nt][e], hi[nt][e], k, v); });
     }
 }
 
 // Q6_K, repacked (matvec.rs): plane A [rows][nb][192] = ql[128] qh[64]; plane B [rows][nb][16]
-// int8 scales; plane C [rows][nb] d (f16). Value 32qq + v (v < 32) of half h: ql byte
-// 64h + 32 (qq & 1) + v, nibble qq >> 1; high bits: bit pair qq of qh byte 32h + v.
+// int8 scales; plane C [rows][nb] d (f16).
 template <int NT>
 __device__ __forceinline__ void mmk_q6(const uint8_t* __restrict__ w, int row0, int rows, const KAct& a, int b0,
                                        int b1, float (&lo)[NT][4], float (&hi)[NT][4]) {
@@ -173,42 +117,12 @@ __device__ __forceinline__ void mmk_q6(const uint8_t* __restrict__ w, int row0, 
         const uint4 sva = *(const uint4*)(scp + ((size_t)ra * nb + b) * 16);
         const uint4 svb = *(const uint4*)(scp + ((size_t)rb * nb + b) * 16);
         const float da = __half2float(dp[(size_t)ra * nb + b]), db = __half2float(dp[(size_t)rb * nb + b]);
-        int isc[NT][4];
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) isc[nt][0] = isc[nt][1] = isc[nt][2] = isc[nt][3] = 0;
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-            for (int qq = 0; qq < 4; ++qq)
-#pragma unroll
-                for (int u = 0; u < 2; ++u) {
-                    const int s = 8 * h + 2 * qq + u, p = qq & 1, nib = 4 * (qq >> 1);
-                    const int A0 = (int)__vsub4(((la[h][p][u] >> nib) & 0x0F0F0F0F) |
-                                                    (((hqa[h][u] >> (2 * qq)) & 0x03030303) << 4),
-                                                0x20202020);
-                    const int A1 = (int)__vsub4(((lb[h][p][u] >> nib) & 0x0F0F0F0F) |
-                                                    (((hqb[h][u] >> (2 * qq)) & 0x03030303) << 4),
-                                                0x20202020);
-                    const int sca = byte_s(sva, s), scb = byte_s(svb, s);
-#pragma unroll
-                    for (int nt = 0; nt < NT; ++nt) {
-                        const int x = *(const int*)mmk_x(a, cols.b[nt], b * QK_K + 16 * s + 4 * t);
-                        int d[4] = {0, 0, 0, 0};
-                        mmk_k16(d, A0, A1, x);
-                        isc[nt][0] += sca * d[0];
-                        isc[nt][1] += sca * d[1];
-                        isc[nt][2] += scb * d[2];
-                        isc[nt][3] += scb * d[3];
-                    }
-                }
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-            const float dx0 = a.xds[(size_t)cols.o[nt][0] * nb32 + 8 * b].x;
-            const float dx1 = a.xds[(size_t)cols.o[nt][1] * nb32 + 8 * b].x;
-#pragma unroll
-            for (int e = 0; e < 4; ++e)
-                kq_leaf(lo[nt][e], hi[nt][e], k, kq_value_q6(e < 2 ? da : db, isc[nt][e], (e & 1) ? dx1 : dx0));
-        }
+        kq6_superblock<NT>(
+            [&](int h, int p, int u, int r) { return r ? lb[h][p][u] : la[h][p][u]; },
+            [&](int h, int u, int r) { return r ? hqb[h][u] : hqa[h][u]; }, sva, svb, da, db,
+            [&](int nt, int s) { return *(const int*)mmk_x(a, cols.b[nt], b * QK_K + 16 * s + 4 * t); },
+            [&](int nt, int j) { return a.xds[(size_t)cols.o[nt][j] * nb32 + 8 * b].x; },
+            [&](int nt, int e, float v) { kq_leaf(lo[nt][e], hi[nt][e], k, v); });
     }
 }
 
@@ -261,17 +175,6 @@ __device__ __forceinline__ void mmk_rows(int ty, const uint8_t* w, int row0, int
     }
 }
 
-// The job of the block's rows and the warp's first row in it (or rows when past its end).
-__device__ __forceinline__ int mmk_job(const MatvecJobs& jobs, int* row0) {
-    const int grow = blockIdx.y * MMK_ROWS;
-    int j = 0;
-#pragma unroll
-    for (int u = 1; u < 4; ++u)
-        if (u < jobs.njobs && grow >= jobs.start[u]) j = u;
-    *row0 = grow - jobs.start[j];
-    return j;
-}
-
 // y[c][r] of the thread's outputs (see mmk_rows).
 template <int NT>
 __device__ __forceinline__ void mmk_store(float* y, int rows, int row0, int c0, int ncols, const float (&v)[NT]) {
@@ -286,7 +189,7 @@ __device__ __forceinline__ void mmk_store(float* y, int rows, int row0, int c0, 
 // not depend on it); only the first column tile asks.
 __device__ __forceinline__ void pdl_wait_prefetch_mmk(const MatvecJobs& jobs, int K) {
     int row0;
-    const int j = mmk_job(jobs, &row0);
+    const int j = kq_job(jobs, MMK_ROWS, &row0);
     if (blockIdx.x == 0) mmk_prefetch_chunk(jobs.w[j], jobs.ty[j], row0, jobs.rows[j], K, threadIdx.x / WARP);
     pdl_wait();
 }
@@ -299,7 +202,7 @@ template <int NT>
 __device__ __forceinline__ void mmk_kernel(const MatvecJobs& jobs, const KAct& act) {
     __shared__ float part[MMK_PART];
     int row0;
-    const int j = mmk_job(jobs, &row0);
+    const int j = kq_job(jobs, MMK_ROWS, &row0);
     const int rows = jobs.rows[j];
     if (row0 >= rows) return; // padding after the matrix's last row (the whole block)
     const KAct a = mmk_slice(act, 8 * NT);

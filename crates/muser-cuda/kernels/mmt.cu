@@ -1,9 +1,9 @@
 // K-quant matrices (Q4_K, Q5_K, Q6_K) times many activation columns (prefill chunks, wide decode
 // groups) on the integer tensor cores, with the weights and activations of each super-block
-// staged in shared memory. Same arithmetic as mmk.cu (see there for the MMA fragments: one
-// mma.m16n8k32 per 32-value sub-block of Q4_K/Q5_K, two m16n8k16 for the mins, one m16n8k16 per
-// 16-value sub-block of Q6_K) and the canonical order of common.cuh, so every column gets the
-// bits mvk_1 gives it alone. What differs is how the work is laid out:
+// staged in shared memory. Same arithmetic as mmk.cu (kq_mma.cuh's kq45_superblock and
+// kq6_superblock: one mma.m16n8k32 per 32-value sub-block of Q4_K/Q5_K, two m16n8k16 for the
+// mins, one m16n8k16 per 16-value sub-block of Q6_K) and the canonical order of common.cuh, so
+// every column gets the bits mvk_1 gives it alone. What differs is how the work is laid out:
 //
 // Launch: 128 threads (4 warps) per block; a block takes MMT_ROWS = 64 rows (warp w rows 16w ..
 // 16w + 15) and BN = 8 * NT = 32 columns (grid x: column tiles, grid y: row blocks over the jobs'
@@ -108,7 +108,8 @@ __device__ __forceinline__ void mmt_leaf(float& y, float& lo, float& hi, int k, 
     if (k == KQ_CHUNK - 1 || last) y = kq_add(y, k >= 2 ? kq_add(lo, hi) : lo);
 }
 
-// Super-block b (position k of its chunk) of the warp's 16 rows x BN columns from the stage.
+// Super-block b (position k of its chunk; last: the row's last) of the warp's 16 rows x BN
+// columns from the stage (kq45_superblock's arithmetic).
 template <int NT, bool Q5>
 __device__ __forceinline__ void mmt_q45(const uint8_t* st, int k, bool last, float (&y)[NT][4], float (&lo)[NT][4],
                                         float (&hi)[NT][4]) {
@@ -126,65 +127,16 @@ __device__ __forceinline__ void mmt_q45(const uint8_t* st, int k, bool last, flo
         xa = *(const uint2*)(ba + 16 + 8 * t);
         xb = *(const uint2*)(bb + 16 + 8 * t);
     }
-    uint32_t sa_lo, sa_hi, ma_lo, ma_hi, sb_lo, sb_hi, mb_lo, mb_hi;
-    unpack_scales_k4(ha.y, ha.z, ha.w, &sa_lo, &sa_hi, &ma_lo, &ma_hi);
-    unpack_scales_k4(hb.y, hb.z, hb.w, &sb_lo, &sb_hi, &mb_lo, &mb_hi);
-    int isc[NT][4];
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) isc[nt][0] = isc[nt][1] = isc[nt][2] = isc[nt][3] = 0;
-#pragma unroll
-    for (int gi = 0; gi < 4; ++gi) {
-        const uint2 qa = *(const uint2*)(ba + QS + 32 * gi + 8 * t), qb = *(const uint2*)(bb + QS + 32 * gi + 8 * t);
-        // A registers: row g k 4t.., row g + 8 k 4t.., row g k 16 + 4t.., row g + 8 k 16 + 4t..
-        const uint32_t qw[4] = {qa.x, qb.x, qa.y, qb.y};
-        const uint32_t hw[4] = {xa.x, xb.x, xa.y, xb.y};
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int s = 2 * gi + h;
-            int A[4];
-#pragma unroll
-            for (int q = 0; q < 4; ++q) {
-                A[q] = (int)((qw[q] >> (4 * h)) & 0x0F0F0F0F);
-                if (Q5) A[q] |= (int)(((hw[q] >> s) & 0x01010101) << 4);
-            }
-            const int sca = byte_u(sa_lo, sa_hi, s), scb = byte_u(sb_lo, sb_hi, s);
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt) {
-                const uint2 x = *(const uint2*)(sx + (8 * nt + g) * F::XS + 32 * s + 8 * t);
-                int d[4] = {0, 0, 0, 0};
-                mmk_k32(d, A[0], A[1], A[2], A[3], (int)x.x, (int)x.y);
-                isc[nt][0] += sca * d[0];
-                isc[nt][1] += sca * d[1];
-                isc[nt][2] += scb * d[2];
-                isc[nt][3] += scb * d[3];
-            }
-        }
-    }
-    // im = sum_s m_s xsum_s: A_lo holds the mins at k 0..7, A_hi at k 8..15 (as in mmk.cu).
-    const int alo0 = t == 0 ? (int)ma_lo : t == 1 ? (int)ma_hi : 0;
-    const int alo1 = t == 0 ? (int)mb_lo : t == 1 ? (int)mb_hi : 0;
-    const int ahi0 = t == 2 ? (int)ma_lo : t == 3 ? (int)ma_hi : 0;
-    const int ahi1 = t == 2 ? (int)mb_lo : t == 3 ? (int)mb_hi : 0;
-    const float2 dma = __half22float2(*(const __half2*)&ha.x), dmb = __half22float2(*(const __half2*)&hb.x);
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-        const int bs = *(const int*)(sbs + (8 * nt + g) * 16 + 4 * t);
-        int rl[4] = {0, 0, 0, 0}, rh[4] = {0, 0, 0, 0};
-        mmk_k16(rl, alo0, alo1, bs);
-        mmk_k16(rh, ahi0, ahi1, bs);
-        const float dx0 = sd[8 * nt + 2 * t].x, dx1 = sd[8 * nt + 2 * t + 1].x;
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const float2 dm = e < 2 ? dma : dmb;
-            const int im = rl[e] + 64 * rh[e];
-            mmt_leaf(y[nt][e], lo[nt][e], hi[nt][e], k, last,
-                     kq_value_q45(dm.x, dm.y, isc[nt][e], im, (e & 1) ? dx1 : dx0));
-        }
-    }
+    kq45_superblock<NT, Q5>(
+        ha, hb, [&](int gi, int r) { return *(const uint2*)((r ? bb : ba) + QS + 32 * gi + 8 * t); }, xa, xb,
+        [&](int nt, int s) { return *(const uint2*)(sx + (8 * nt + g) * F::XS + 32 * s + 8 * t); },
+        [&](int nt) { return *(const int*)(sbs + (8 * nt + g) * 16 + 4 * t); },
+        [&](int nt, int j) { return sd[8 * nt + 2 * t + j].x; },
+        [&](int nt, int e, float v) { mmt_leaf(y[nt][e], lo[nt][e], hi[nt][e], k, last, v); });
 }
 
-// Q6_K: the stage holds ql[128] qh[64] scales[16] per row (see mmk_q6 for the value layout);
-// da, db the super-block's d of rows g and g + 8.
+// Q6_K: the stage holds ql[128] qh[64] scales[16] per row (kq6_superblock's arithmetic); da, db
+// the super-block's d of rows g and g + 8.
 template <int NT>
 __device__ __forceinline__ void mmt_q6(const uint8_t* st, float da, float db, int k, bool last, float (&y)[NT][4],
                                        float (&lo)[NT][4], float (&hi)[NT][4]) {
@@ -196,49 +148,15 @@ __device__ __forceinline__ void mmt_q6(const uint8_t* st, float da, float db, in
     const uint8_t* sx = st + MMT_ROWS * F::WS;
     const float2* sd = (const float2*)(sx + BN * F::XS);
     const uint4 sva = *(const uint4*)(ba + 192), svb = *(const uint4*)(bb + 192);
-    int isc[NT][4];
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) isc[nt][0] = isc[nt][1] = isc[nt][2] = isc[nt][3] = 0;
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int u = 0; u < 2; ++u) {
-            uint32_t la[2], lb[2];
-#pragma unroll
-            for (int p = 0; p < 2; ++p) {
-                la[p] = *(const uint32_t*)(ba + 64 * h + 32 * p + 16 * u + 4 * t);
-                lb[p] = *(const uint32_t*)(bb + 64 * h + 32 * p + 16 * u + 4 * t);
-            }
-            const uint32_t hqa = *(const uint32_t*)(ba + 128 + 32 * h + 16 * u + 4 * t);
-            const uint32_t hqb = *(const uint32_t*)(bb + 128 + 32 * h + 16 * u + 4 * t);
-#pragma unroll
-            for (int qq = 0; qq < 4; ++qq) {
-                const int s = 8 * h + 2 * qq + u, p = qq & 1, nib = 4 * (qq >> 1);
-                const int A0 = (int)__vsub4(((la[p] >> nib) & 0x0F0F0F0F) | (((hqa >> (2 * qq)) & 0x03030303) << 4),
-                                            0x20202020);
-                const int A1 = (int)__vsub4(((lb[p] >> nib) & 0x0F0F0F0F) | (((hqb >> (2 * qq)) & 0x03030303) << 4),
-                                            0x20202020);
-                const int sca = byte_s(sva, s), scb = byte_s(svb, s);
-#pragma unroll
-                for (int nt = 0; nt < NT; ++nt) {
-                    const int x = *(const int*)(sx + (8 * nt + g) * F::XS + 16 * s + 4 * t);
-                    int d[4] = {0, 0, 0, 0};
-                    mmk_k16(d, A0, A1, x);
-                    isc[nt][0] += sca * d[0];
-                    isc[nt][1] += sca * d[1];
-                    isc[nt][2] += scb * d[2];
-                    isc[nt][3] += scb * d[3];
-                }
-            }
-        }
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-        const float dx0 = sd[8 * nt + 2 * t].x, dx1 = sd[8 * nt + 2 * t + 1].x;
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-            mmt_leaf(y[nt][e], lo[nt][e], hi[nt][e], k, last,
-                     kq_value_q6(e < 2 ? da : db, isc[nt][e], (e & 1) ? dx1 : dx0));
-    }
+    kq6_superblock<NT>(
+        [&](int h, int p, int u, int r) {
+            return *(const uint32_t*)((r ? bb : ba) + 64 * h + 32 * p + 16 * u + 4 * t);
+        },
+        [&](int h, int u, int r) { return *(const uint32_t*)((r ? bb : ba) + 128 + 32 * h + 16 * u + 4 * t); },
+        sva, svb, da, db,
+        [&](int nt, int s) { return *(const int*)(sx + (8 * nt + g) * F::XS + 16 * s + 4 * t); },
+        [&](int nt, int j) { return sd[8 * nt + 2 * t + j].x; },
+        [&](int nt, int e, float v) { mmt_leaf(y[nt][e], lo[nt][e], hi[nt][e], k, last, v); });
 }
 
 // y[nt][e] = the lane's outputs (rows 16w + g (+ 8 for e >= 2), columns 8nt + 2t + (e & 1)) of
@@ -295,17 +213,6 @@ __device__ __forceinline__ void mmt_dispatch(int ty, const uint8_t* w, int row0,
     else mmt_rows<FMT_Q4_K, NT>(w, row0, rows, a, y, smem);
 }
 
-// The job of the block's rows and its first row in it (past the job's rows: padding).
-__device__ __forceinline__ int mmt_job(const MatvecJobs& jobs, int* row0) {
-    const int grow = blockIdx.y * MMT_ROWS;
-    int j = 0;
-#pragma unroll
-    for (int u = 1; u < 4; ++u)
-        if (u < jobs.njobs && grow >= jobs.start[u]) j = u;
-    *row0 = grow - jobs.start[j];
-    return j;
-}
-
 // y[c][r] of the lane's outputs.
 template <int NT>
 __device__ __forceinline__ void mmt_store(float* y, int rows, int row0, int c0, int ncols, const float (&v)[NT][4]) {
@@ -324,7 +231,7 @@ template <int NT>
 __device__ __forceinline__ void mmt_kernel(const MatvecJobs& jobs, const KAct& act) {
     __shared__ __align__(16) uint8_t smem[2 * mmt_stage_max<NT>()];
     int row0;
-    const int j = mmt_job(jobs, &row0);
+    const int j = kq_job(jobs, MMT_ROWS, &row0);
     const int rows = jobs.rows[j];
     if (row0 >= rows) return; // padding after the matrix's last row (the whole block)
     const KAct a = mmk_slice(act, 8 * NT);
@@ -355,7 +262,7 @@ __device__ __forceinline__ void mmt_silu_kernel(const uint8_t* wg, int tyg, cons
 // first column tile asks).
 __device__ __forceinline__ void pdl_wait_prefetch_mmt(const MatvecJobs& jobs, int K) {
     int row0;
-    const int j = mmt_job(jobs, &row0);
+    const int j = kq_job(jobs, MMT_ROWS, &row0);
     if (blockIdx.x == 0 && row0 < jobs.rows[j])
         for (int wp = 0; wp < MMT_ROWS / 16; ++wp)
             mmk_prefetch_chunk(jobs.w[j], jobs.ty[j], row0 + 16 * wp, jobs.rows[j], K, 0);
