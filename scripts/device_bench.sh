@@ -21,8 +21,15 @@
 # Usage (device tool, repository root, carrying target/release/muser):
 #   bash scripts/device_bench.sh            # QUICK=1 for the quick op check only
 #   JOB=streams STREAMS=1,8,32 bash scripts/device_bench.sh
+#
+# Kernel cache: `MUSER_KERNEL_CACHE=target/device/kernels target/release/muser kernels` here (NVRTC
+# from the pip wheel, no GPU) and carrying target/device/kernels spares the device's first run
+# of every call the NVRTC compilation (58-102 s on a fresh H200 machine) and the driver's
+# translation (27-41 s); files that do not match the binary's kernels are compiled as before.
 set -uo pipefail
 BIN=${MUSER_BIN:-target/release/muser}
+KERNELS=${KERNELS:-target/device/kernels}
+[ -d "$KERNELS" ] && export MUSER_KERNEL_CACHE="$PWD/$KERNELS"
 OUT=${OUT:-/tmp/muser-out}
 MODELS=${MODELS:-/tmp/muser-models}
 REPS=${REPS:-3}

@@ -37,6 +37,8 @@ enum Command {
     Synth(cmd::synth::Args),
     /// Check a backend's kernels against the CPU reference kernels.
     Check(cmd::check::Args),
+    /// Compile the CUDA kernels into the kernel cache ahead of time (no GPU needed).
+    Kernels(cmd::kernels::Args),
     /// Print the token ids of a text.
     Tokenize(cmd::tokenize::Args),
     /// Serve the OpenAI API (completions, chat, streaming) with continuous batching.
@@ -55,6 +57,7 @@ fn main() {
         Command::Quantize(a) => cmd::quantize::run(a),
         Command::Synth(a) => cmd::synth::run(a),
         Command::Check(a) => cmd::check::run(a),
+        Command::Kernels(a) => cmd::kernels::run(a),
         Command::Tokenize(a) => cmd::tokenize::run(a),
         Command::Serve(a) => cmd::serve::run(a),
     };

@@ -3,7 +3,9 @@
 //! file system include path for our headers).
 
 use crate::device::CudaError;
-use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
+use cudarc::nvrtc::{result, sys, Ptx};
+use std::ffi::CString;
+use std::path::{Path, PathBuf};
 
 /// The shared header: block structs and helpers.
 pub const COMMON_HEADER: &str = include_str!("../kernels/common.cuh");
@@ -40,31 +42,147 @@ pub fn nvrtc_available() -> bool {
     unsafe { cudarc::nvrtc::sys::is_culib_present() }
 }
 
-/// PTX already compiled in this process, by (file, arch): every backend opened after the first
-/// (`muser check` opens several) skips NVRTC.
-static COMPILED: std::sync::Mutex<Vec<(String, &'static str, Ptx)>> =
+/// Machine code already compiled or read in this process, by (file, arch): every backend opened
+/// after the first (`muser check` opens several) skips the cache and NVRTC.
+static IMAGES: std::sync::Mutex<Vec<(String, &'static str, Vec<u8>)>> =
     std::sync::Mutex::new(Vec::new());
 
-/// `compile_source`, once per (file, arch) and process.
-pub fn compile_cached(name: &str, src: &str, arch: &'static str) -> Result<Ptx, CudaError> {
-    if let Some((_, _, ptx)) = COMPILED
-        .lock()
-        .unwrap()
-        .iter()
-        .find(|(n, a, _)| n == name && *a == arch)
-    {
-        return Ok(ptx.clone());
+/// Where compiled kernels are kept between processes: `MUSER_KERNEL_CACHE` (empty or `off`:
+/// nowhere), else `$XDG_CACHE_HOME/muser/kernels`, else `~/.cache/muser/kernels`.
+pub fn cache_dir() -> Option<PathBuf> {
+    if let Ok(d) = std::env::var("MUSER_KERNEL_CACHE") {
+        return (!d.is_empty() && d != "off").then(|| PathBuf::from(d));
     }
-    let ptx = compile_source(name, src, arch)?;
-    COMPILED
-        .lock()
-        .unwrap()
-        .push((name.to_string(), arch, ptx.clone()));
-    Ok(ptx)
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(base.join("muser").join("kernels"))
 }
 
-/// Compiles one source (with the common header) to PTX for `arch` (e.g. "sm_90").
+/// The cache file of one source for `arch`: named by the file, the architecture and a hash of
+/// everything NVRTC is given (the headers, the source, the options), so an edited kernel is
+/// compiled again.
+pub fn cache_path(dir: &Path, name: &str, src: &str, arch: &str) -> PathBuf {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::hash::DefaultHasher::new();
+    (COMMON_HEADER, name, src, arch, NVRTC_OPTIONS).hash(&mut h);
+    let stem = name.trim_end_matches(".cu");
+    dir.join(format!("{stem}-{arch}-{:016x}.cubin", h.finish()))
+}
+
+/// Where a kernel image came from (`kernel_image`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ImageSource {
+    /// Already in this process.
+    Process,
+    /// Read from the kernel cache.
+    Disk,
+    /// Compiled now by NVRTC (and written to the cache when there is one).
+    Nvrtc,
+}
+
+/// Machine code (CUBIN) of one kernel source for `arch`: from this process, the kernel cache, or
+/// NVRTC (then stored in the cache; a cache that cannot be written is only skipped).
+pub fn kernel_image(
+    name: &str,
+    src: &str,
+    arch: &'static str,
+) -> Result<(Vec<u8>, ImageSource), CudaError> {
+    let known = |images: &Vec<(String, &'static str, Vec<u8>)>| {
+        images
+            .iter()
+            .find(|(n, a, _)| n == name && *a == arch)
+            .map(|(_, _, i)| i.clone())
+    };
+    if let Some(image) = known(&IMAGES.lock().unwrap()) {
+        return Ok((image, ImageSource::Process));
+    }
+    let path = cache_dir().map(|d| cache_path(&d, name, src, arch));
+    let (image, from) = match path.as_ref().and_then(|p| std::fs::read(p).ok()) {
+        Some(image) if !image.is_empty() => (image, ImageSource::Disk),
+        _ => {
+            let image = compile_cubin(name, src, arch)?;
+            if let Some(p) = &path {
+                store(p, &image);
+            }
+            (image, ImageSource::Nvrtc)
+        }
+    };
+    let mut images = IMAGES.lock().unwrap();
+    if known(&images).is_none() {
+        images.push((name.to_string(), arch, image.clone()));
+    }
+    Ok((image, from))
+}
+
+/// Compiles one source again, replacing its image in this process and in the cache (a cached
+/// image the driver refused to load).
+pub fn recompile_image(name: &str, src: &str, arch: &'static str) -> Result<Vec<u8>, CudaError> {
+    let image = compile_cubin(name, src, arch)?;
+    if let Some(d) = cache_dir() {
+        store(&cache_path(&d, name, src, arch), &image);
+    }
+    let mut images = IMAGES.lock().unwrap();
+    images.retain(|(n, a, _)| !(n == name && *a == arch));
+    images.push((name.to_string(), arch, image.clone()));
+    Ok(image)
+}
+
+/// Writes a cache file whole or not at all (a temporary file renamed into place).
+fn store(path: &Path, image: &[u8]) {
+    let Some(dir) = path.parent() else { return };
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    let ok = std::fs::create_dir_all(dir).is_ok()
+        && std::fs::write(&tmp, image).is_ok()
+        && std::fs::rename(&tmp, path).is_ok();
+    if !ok {
+        let _ = std::fs::remove_file(&tmp);
+    }
+}
+
+/// Options given to NVRTC besides the architecture and include paths.
+const NVRTC_OPTIONS: &[&str] = &["--std=c++17"];
+
+/// Compiles one source (with the common header) to PTX for `arch` (e.g. "sm_90"): for reading
+/// the code NVRTC makes (tools); the backend loads `compile_cubin`'s machine code.
 pub fn compile_source(name: &str, src: &str, arch: &'static str) -> Result<Ptx, CudaError> {
+    // SAFETY: the program is valid until nvrtc() destroys it, after this returns.
+    let ptx = nvrtc(name, src, arch, |p| {
+        unsafe { result::get_ptx(p) }.map(to_bytes)
+    })?;
+    Ok(Ptx::from_src(
+        String::from_utf8_lossy(&ptx).trim_end_matches('\0'),
+    ))
+}
+
+/// Compiles one source (with the common header) to machine code (CUBIN) for the real
+/// architecture `arch` (e.g. "sm_90"): loading it needs no translation by the driver.
+pub fn compile_cubin(name: &str, src: &str, arch: &'static str) -> Result<Vec<u8>, CudaError> {
+    nvrtc(name, src, arch, |p| {
+        let mut size = 0usize;
+        // SAFETY: p is a compiled program (nvrtc() calls this after compiling); the buffer holds
+        // the size NVRTC reports.
+        unsafe {
+            sys::nvrtcGetCUBINSize(p, &mut size).result()?;
+            let mut image = vec![0u8; size];
+            sys::nvrtcGetCUBIN(p, image.as_mut_ptr().cast()).result()?;
+            Ok(image)
+        }
+    })
+}
+
+fn to_bytes(v: Vec<std::ffi::c_char>) -> Vec<u8> {
+    v.into_iter().map(|c| c as u8).collect()
+}
+
+/// Runs NVRTC on `src` with the common header for `arch` and returns `output` of the compiled
+/// program; a compile error carries NVRTC's log.
+fn nvrtc(
+    name: &str,
+    src: &str,
+    arch: &'static str,
+    output: impl FnOnce(sys::nvrtcProgram) -> Result<Vec<u8>, result::NvrtcError>,
+) -> Result<Vec<u8>, CudaError> {
     if !nvrtc_available() {
         return Err(CudaError::Unavailable(
             "libnvrtc was not found on the loader path (install the CUDA toolkit or the \
@@ -72,18 +190,36 @@ pub fn compile_source(name: &str, src: &str, arch: &'static str) -> Result<Ptx, 
                 .into(),
         ));
     }
-    let full = format!("{COMMON_HEADER}\n#line 1 \"{name}\"\n{src}");
-    let opts = CompileOptions {
-        arch: Some(arch),
-        name: Some(name.to_string()),
-        options: vec!["--std=c++17".into()],
-        include_paths: include_paths(),
-        ..Default::default()
-    };
-    compile_ptx_with_opts(full, opts).map_err(|e| CudaError::Compile {
+    let fail = |log: String| CudaError::Compile {
         file: name.to_string(),
-        log: format!("{e:?}"),
-    })
+        log,
+    };
+    let full = CString::new(format!("{COMMON_HEADER}\n#line 1 \"{name}\"\n{src}"))
+        .map_err(|_| fail("a NUL byte in the source".into()))?;
+    let cname = CString::new(name).map_err(|_| fail("a NUL byte in the name".into()))?;
+    let mut options: Vec<String> = include_paths()
+        .into_iter()
+        .map(|p| format!("--include-path={p}"))
+        .collect();
+    options.push(format!("--gpu-architecture={arch}"));
+    options.extend(NVRTC_OPTIONS.iter().map(|o| o.to_string()));
+    let prog = result::create_program(&full, Some(&cname)).map_err(|e| fail(format!("{e:?}")))?;
+    // SAFETY: prog was created above and is destroyed once, at the end.
+    let out = unsafe {
+        match result::compile_program(prog, &options) {
+            Ok(()) => output(prog).map_err(|e| fail(format!("{e:?}"))),
+            Err(e) => {
+                let log = result::get_program_log(prog)
+                    .map(to_bytes)
+                    .unwrap_or_default();
+                let log = String::from_utf8_lossy(&log);
+                Err(fail(format!("{e:?}\n{}", log.trim_end_matches('\0'))))
+            }
+        }
+    };
+    // SAFETY: prog is valid and not used after this.
+    let _ = unsafe { result::destroy_program(prog) };
+    out
 }
 
 /// Where NVRTC finds `cuda_fp16.h`: CUDA_HOME/include or the nvidia-cuda-runtime wheel.

@@ -1,6 +1,6 @@
 //! The CUDA backend: device discovery (never a crash without a driver or GPU), the kernels of
-//! `kernels/` compiled once per process by NVRTC for the device's architecture, and per-kernel
-//! dispatch counters for the audit.
+//! `kernels/` compiled by NVRTC to machine code for the device's architecture (kept in a kernel
+//! cache on disk between runs), and per-kernel dispatch counters for the audit.
 //!
 //! cudarc is built with dynamic loading: this crate builds and its CPU-side tests run on
 //! machines with no CUDA at all. cudarc panics when a library is missing, so every entry point
@@ -15,5 +15,5 @@ pub mod membw;
 pub mod parity;
 
 pub use backend::{CudaBackend, CudaBuf, CudaKv, CudaWeight};
-pub use compile::{compile_source, nvrtc_available, KERNEL_SOURCES};
+pub use compile::{compile_cubin, compile_source, nvrtc_available, KERNEL_SOURCES};
 pub use device::{CudaError, Gpu};

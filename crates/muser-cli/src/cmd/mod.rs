@@ -2,6 +2,7 @@ pub mod backend;
 pub mod bench;
 pub mod check;
 pub mod inspect;
+pub mod kernels;
 pub mod logits;
 pub mod perplexity;
 pub mod quantize;
