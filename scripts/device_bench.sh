@@ -221,16 +221,21 @@ fi
 if [ "${JOB:-}" = tiles ]; then
     # Prefill and decode groups (the tensor-core kernels of 2 or more columns, prefill attention):
     # the quick parity command with batch invariance on both models, whole-model parity of
-    # muse-tiny, then pp512 and decode groups of 8 and 32 streams on llama-glimmer for $BIN and
-    # each binary in ALT (an A/B of builds), the prefill and decode-step breakdowns per op, and
-    # the per-op profile of decode groups.
+    # muse-tiny (FULL=1: the full parity command, which also checks mmt_split_4), then pp512
+    # and decode groups of 8 and 32 streams on llama-glimmer for $BIN, each binary in ALT (an
+    # A/B of builds) and $BIN with the variables in AB, the prefill and decode-step breakdowns
+    # per op, and the per-op profile of decode groups.
     G=$MODELS/llama-glimmer.gguf T=$MODELS/muse-tiny.gguf
     step synth-llama-glimmer 60 "$BIN" synth llama-glimmer "$G"
     step synth-muse-tiny 30 "$BIN" synth muse-tiny "$T"
-    step check 240 "$BIN" check --backend cuda --quick --model "$T" --invariance "$T" --invariance "$G"
+    step check 240 "$BIN" check --backend cuda $([ "${FULL:-0}" = 1 ] || echo --quick) --model "$T" \
+        --invariance "$T" --invariance "$G"
     for b in "$BIN" ${ALT:-}; do
         step "bench-$(basename "$b")" 90 "$b" bench --backend cuda -m "$G" -p 512 -n 32 -r 2 -s "${STREAMS:-8,32}"
     done
+    # AB="VAR=value ...": $BIN's bench again with those variables (e.g. MUSER_CUDA_MMT_SPLIT=1).
+    [ -n "${AB:-}" ] && step bench-ab 90 env $AB "$BIN" bench --backend cuda -m "$G" -p 512 -n 32 -r 2 \
+        -s "${STREAMS:-8,32}"
     step speed 90 "$BIN" check --backend cuda --no-ops --speed "$G" --group-profile 8,32
     if [ -n "${NCU_KERNEL:-}" ]; then
         # Hardware counters of one launch of NCU_KERNEL in decode groups of NCU_STREAMS.

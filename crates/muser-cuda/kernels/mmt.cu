@@ -101,17 +101,19 @@ __device__ __forceinline__ void mmt_copy_x(uint8_t* st, const KAct& a, int b) {
     cp_async_commit();
 }
 
-// Adds super-block value v at position k of its chunk to the lane's trees, and the chunk to y
-// when it is complete (last: the row's last super-block).
-__device__ __forceinline__ void mmt_leaf(float& y, float& lo, float& hi, int k, bool last, float v) {
+// Adds super-block value v at position k of its chunk to the lane's trees, and hands the chunk's
+// value to done() when it is complete (last: the range's last super-block).
+template <class DONE>
+__device__ __forceinline__ void mmt_leaf(float& lo, float& hi, int k, bool last, float v, DONE done) {
     kq_leaf(lo, hi, k, v);
-    if (k == KQ_CHUNK - 1 || last) y = kq_add(y, k >= 2 ? kq_add(lo, hi) : lo);
+    if (k == KQ_CHUNK - 1 || last) done(k >= 2 ? kq_add(lo, hi) : lo);
 }
 
-// Super-block b (position k of its chunk; last: the row's last) of the warp's 16 rows x BN
-// columns from the stage (kq45_superblock's arithmetic).
-template <int NT, bool Q5>
-__device__ __forceinline__ void mmt_q45(const uint8_t* st, int k, bool last, float (&y)[NT][4], float (&lo)[NT][4],
+// Super-block b (position k of its chunk; last: the range's last) of the warp's 16 rows x BN
+// columns from the stage (kq45_superblock's arithmetic); each complete chunk's value goes to
+// chunk(nt, e, value).
+template <int NT, bool Q5, class CHUNK>
+__device__ __forceinline__ void mmt_q45(const uint8_t* st, int k, bool last, CHUNK chunk, float (&lo)[NT][4],
                                         float (&hi)[NT][4]) {
     using F = MmtFmt<Q5 ? FMT_Q5_K : FMT_Q4_K>;
     constexpr int QS = Q5 ? 48 : 16, BN = 8 * NT;
@@ -132,13 +134,15 @@ __device__ __forceinline__ void mmt_q45(const uint8_t* st, int k, bool last, flo
         [&](int nt, int s) { return *(const uint2*)(sx + (8 * nt + g) * F::XS + 32 * s + 8 * t); },
         [&](int nt) { return *(const int*)(sbs + (8 * nt + g) * 16 + 4 * t); },
         [&](int nt, int j) { return sd[8 * nt + 2 * t + j].x; },
-        [&](int nt, int e, float v) { mmt_leaf(y[nt][e], lo[nt][e], hi[nt][e], k, last, v); });
+        [&](int nt, int e, float v) {
+            mmt_leaf(lo[nt][e], hi[nt][e], k, last, v, [&](float c) { chunk(nt, e, c); });
+        });
 }
 
 // Q6_K: the stage holds ql[128] qh[64] scales[16] per row (kq6_superblock's arithmetic); da, db
 // the super-block's d of rows g and g + 8.
-template <int NT>
-__device__ __forceinline__ void mmt_q6(const uint8_t* st, float da, float db, int k, bool last, float (&y)[NT][4],
+template <int NT, class CHUNK>
+__device__ __forceinline__ void mmt_q6(const uint8_t* st, float da, float db, int k, bool last, CHUNK chunk,
                                        float (&lo)[NT][4], float (&hi)[NT][4]) {
     using F = MmtFmt<FMT_Q6_K>;
     constexpr int BN = 8 * NT;
@@ -156,15 +160,18 @@ __device__ __forceinline__ void mmt_q6(const uint8_t* st, float da, float db, in
         sva, svb, da, db,
         [&](int nt, int s) { return *(const int*)(sx + (8 * nt + g) * F::XS + 16 * s + 4 * t); },
         [&](int nt, int j) { return sd[8 * nt + 2 * t + j].x; },
-        [&](int nt, int e, float v) { mmt_leaf(y[nt][e], lo[nt][e], hi[nt][e], k, last, v); });
+        [&](int nt, int e, float v) {
+            mmt_leaf(lo[nt][e], hi[nt][e], k, last, v, [&](float c) { chunk(nt, e, c); });
+        });
 }
 
-// y[nt][e] = the lane's outputs (rows 16w + g (+ 8 for e >= 2), columns 8nt + 2t + (e & 1)) of
-// the block's rows row0 .. of a format-FMT matrix: every super-block in order through two
-// stages of `smem`.
-template <int FMT, int NT>
+// The chunks of super-blocks sb0 .. sb1 - 1 (sb0 a multiple of KQ_CHUNK; sb1 a multiple of it or
+// the row's end) of the block's rows row0 .. of a format-FMT matrix, every super-block in order
+// through two stages of `smem`: chunk(nt, e, chunk index, value) for each of the lane's outputs
+// (rows 16w + g (+ 8 for e >= 2), columns 8nt + 2t + (e & 1)) and chunks, in order.
+template <int FMT, int NT, class CHUNK>
 __device__ __forceinline__ void mmt_rows(const uint8_t* __restrict__ w, int row0, int rows, const KAct& a,
-                                         float (&y)[NT][4], uint8_t* smem) {
+                                         uint8_t* smem, int sb0, int sb1, CHUNK chunk) {
     constexpr int SB = mmt_stage_max<NT>();
     const int nb = a.K / QK_K;
     const int lane = threadIdx.x % WARP, g = lane >> 2;
@@ -174,19 +181,19 @@ __device__ __forceinline__ void mmt_rows(const uint8_t* __restrict__ w, int row0
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) y[nt][e] = lo[nt][e] = hi[nt][e] = 0.0f;
-    mmt_copy_w<FMT>(smem, w, row0, rows, nb, 0);
-    mmt_copy_x<FMT, NT>(smem, a, 0);
+        for (int e = 0; e < 4; ++e) lo[nt][e] = hi[nt][e] = 0.0f;
+    mmt_copy_w<FMT>(smem, w, row0, rows, nb, sb0);
+    mmt_copy_x<FMT, NT>(smem, a, sb0);
 #pragma unroll 1
-    for (int b0 = 0; b0 < nb; b0 += KQ_CHUNK) {
+    for (int b0 = sb0; b0 < sb1; b0 += KQ_CHUNK) {
         // Unrolled over the chunk's positions, so each super-block's place in the tree is a constant.
 #pragma unroll
         for (int k = 0; k < KQ_CHUNK; ++k) {
             const int b = b0 + k;
-            if (b >= nb) break;
-            uint8_t* cur = smem + (b & 1) * SB;
-            if (b + 1 < nb) {
-                uint8_t* nxt = smem + ((b + 1) & 1) * SB;
+            if (b >= sb1) break;
+            uint8_t* cur = smem + ((b - sb0) & 1) * SB;
+            if (b + 1 < sb1) {
+                uint8_t* nxt = smem + ((b + 1 - sb0) & 1) * SB;
                 mmt_copy_w<FMT>(nxt, w, row0, rows, nb, b + 1);
                 mmt_copy_x<FMT, NT>(nxt, a, b + 1);
                 cp_async_wait<1>();
@@ -194,23 +201,36 @@ __device__ __forceinline__ void mmt_rows(const uint8_t* __restrict__ w, int row0
                 cp_async_wait<0>();
             }
             __syncthreads(); // stage b is in shared memory for every warp
+            const auto done = [&](int nt, int e, float c) { chunk(nt, e, b0 / KQ_CHUNK, c); };
             if (FMT == FMT_Q6_K) {
                 const float da = __half2float(dp[(size_t)ra * nb + b]), db = __half2float(dp[(size_t)rb * nb + b]);
-                mmt_q6<NT>(cur, da, db, k, b == nb - 1, y, lo, hi);
+                mmt_q6<NT>(cur, da, db, k, b == sb1 - 1, done, lo, hi);
             } else {
-                mmt_q45<NT, FMT == FMT_Q5_K>(cur, k, b == nb - 1, y, lo, hi);
+                mmt_q45<NT, FMT == FMT_Q5_K>(cur, k, b == sb1 - 1, done, lo, hi);
             }
             __syncthreads(); // every warp is done with stage b before it is refilled
         }
     }
 }
 
-template <int NT>
+template <int NT, class CHUNK>
 __device__ __forceinline__ void mmt_dispatch(int ty, const uint8_t* w, int row0, int rows, const KAct& a,
-                                             float (&y)[NT][4], uint8_t* smem) {
-    if (ty == FMT_Q6_K) mmt_rows<FMT_Q6_K, NT>(w, row0, rows, a, y, smem);
-    else if (ty == FMT_Q5_K) mmt_rows<FMT_Q5_K, NT>(w, row0, rows, a, y, smem);
-    else mmt_rows<FMT_Q4_K, NT>(w, row0, rows, a, y, smem);
+                                             uint8_t* smem, int sb0, int sb1, CHUNK chunk) {
+    if (ty == FMT_Q6_K) mmt_rows<FMT_Q6_K, NT>(w, row0, rows, a, smem, sb0, sb1, chunk);
+    else if (ty == FMT_Q5_K) mmt_rows<FMT_Q5_K, NT>(w, row0, rows, a, smem, sb0, sb1, chunk);
+    else mmt_rows<FMT_Q4_K, NT>(w, row0, rows, a, smem, sb0, sb1, chunk);
+}
+
+// y[nt][e] = the lane's outputs over the whole row: the chunks added in order (common.cuh).
+template <int NT>
+__device__ __forceinline__ void mmt_sum(int ty, const uint8_t* w, int row0, int rows, const KAct& a,
+                                        float (&y)[NT][4], uint8_t* smem) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) y[nt][e] = 0.0f;
+    mmt_dispatch<NT>(ty, w, row0, rows, a, smem, 0, a.K / QK_K,
+                     [&](int nt, int e, int, float c) { y[nt][e] = kq_add(y[nt][e], c); });
 }
 
 // y[c][r] of the lane's outputs.
@@ -236,7 +256,7 @@ __device__ __forceinline__ void mmt_kernel(const MatvecJobs& jobs, const KAct& a
     if (row0 >= rows) return; // padding after the matrix's last row (the whole block)
     const KAct a = mmk_slice(act, 8 * NT);
     float y[NT][4];
-    mmt_dispatch<NT>(jobs.ty[j], jobs.w[j], row0, rows, a, y, smem);
+    mmt_sum<NT>(jobs.ty[j], jobs.w[j], row0, rows, a, y, smem);
     mmt_store<NT>(jobs.y[j], rows, row0, blockIdx.x * 8 * NT, a.ncols, y);
 }
 
@@ -249,13 +269,69 @@ __device__ __forceinline__ void mmt_silu_kernel(const uint8_t* wg, int tyg, cons
     if (row0 >= rows) return;
     const KAct a = mmk_slice(act, 8 * NT);
     float gs[NT][4], us[NT][4];
-    mmt_dispatch<NT>(tyg, wg, row0, rows, a, gs, smem);
-    mmt_dispatch<NT>(tyu, wu, row0, rows, a, us, smem);
+    mmt_sum<NT>(tyg, wg, row0, rows, a, gs, smem);
+    mmt_sum<NT>(tyu, wu, row0, rows, a, us, smem);
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) gs[nt][e] = gs[nt][e] / (1.0f + expf(-gs[nt][e])) * us[nt][e];
     mmt_store<NT>(y, rows, row0, blockIdx.x * 8 * NT, a.ncols, gs);
+}
+
+// K split over the grid's z (decode groups whose launches have fewer 64-row blocks than the GPU
+// has SMs: ffn_down, attn_output and q+k+v+gate at 32 columns; the host decides, `mmt_splits`).
+// Split s of S takes chunks C s / S .. C (s + 1) / S of the row (C chunks in all). Split 0 adds
+// its chunks in order as mmt_4 does and leaves that running sum in chunk slot 0 of `cv`; the
+// other splits leave each chunk's value in its slot. The block that completes a tile's count
+// adds the later chunks to the running sum in order (the canonical order: the bits of mmt_4)
+// and sets the count back to 0 for the next launch. cv: [tiles][C][16][128] floats (the outputs
+// of a block, 16 per thread), cnt: [tiles].
+template <int NT>
+__device__ __forceinline__ void mmt_split_kernel(const MatvecJobs& jobs, const KAct& act, float* __restrict__ cv,
+                                                 unsigned* __restrict__ cnt) {
+    __shared__ __align__(16) uint8_t smem[2 * mmt_stage_max<NT>()];
+    __shared__ bool last;
+    int row0;
+    const int j = kq_job(jobs, MMT_ROWS, &row0);
+    const int rows = jobs.rows[j];
+    if (row0 >= rows) return; // padding after the matrix's last row (every split of the tile)
+    const KAct a = mmk_slice(act, 8 * NT);
+    const int nb = a.K / QK_K, C = (nb + KQ_CHUNK - 1) / KQ_CHUNK, S = gridDim.z, s = blockIdx.z;
+    const int c0 = C * s / S, c1 = C * (s + 1) / S, first_end = C / S;
+    const int tile = blockIdx.y * gridDim.x + blockIdx.x;
+    float* tcv = cv + (size_t)tile * C * (4 * NT * 128) + threadIdx.x; // the thread's slots
+    const auto slot = [&](int chunk, int nt, int e) { return tcv + (chunk * (4 * NT) + 4 * nt + e) * 128; };
+    float y[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) y[nt][e] = 0.0f;
+    mmt_dispatch<NT>(jobs.ty[j], jobs.w[j], row0, rows, a, smem, KQ_CHUNK * c0, min(KQ_CHUNK * c1, nb),
+                     [&](int nt, int e, int chunk, float c) {
+                         if (s == 0) y[nt][e] = kq_add(y[nt][e], c);
+                         else *slot(chunk, nt, e) = c;
+                     });
+    if (s == 0)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) *slot(0, nt, e) = y[nt][e];
+    __threadfence(); // this block's values are visible before its count
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(cnt + tile, 1u) == (unsigned)(S - 1);
+    __syncthreads();
+    if (!last) return;
+    __threadfence(); // the other splits' values are read after their counts
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            float v = __ldcg(slot(0, nt, e));
+            for (int ch = first_end; ch < C; ++ch) v = kq_add(v, __ldcg(slot(ch, nt, e)));
+            y[nt][e] = v;
+        }
+    if (threadIdx.x == 0) cnt[tile] = 0;
+    mmt_store<NT>(jobs.y[j], rows, row0, blockIdx.x * 8 * NT, a.ncols, y);
 }
 
 // Each block's first weights asked of L2 before waiting for the previous kernel (only the
@@ -281,6 +357,11 @@ __device__ __forceinline__ void pdl_wait_prefetch_mmt_silu(const uint8_t* wg, in
 extern "C" __global__ void __launch_bounds__(128, 3) mmt_4(MatvecJobs jobs, KACT_ARGS) {
     pdl_wait_prefetch_mmt(jobs, K);
     mmt_kernel<4>(jobs, KACT);
+}
+extern "C" __global__ void __launch_bounds__(128, 3) mmt_split_4(MatvecJobs jobs, KACT_ARGS, float* __restrict__ cv,
+                                                                  unsigned* __restrict__ cnt) {
+    pdl_wait_prefetch_mmt(jobs, K);
+    mmt_split_kernel<4>(jobs, KACT, cv, cnt);
 }
 extern "C" __global__ void __launch_bounds__(128, 3) mmt_silu_4(MMK_SILU_ARGS, KACT_ARGS) {
     pdl_wait_prefetch_mmt_silu(wg, tyg, rows, K);

@@ -38,6 +38,9 @@ pub struct Gpu {
     pub(crate) split: std::sync::Mutex<crate::matvec::SplitScratch>,
     /// Kernels whose dynamic shared memory limit was raised, and to how much (`kernel_smem`).
     big_smem: std::sync::Mutex<BTreeMap<String, usize>>,
+    /// Narrow tensor-core launches split K over blocks (`matvec::mmt_splits`); off unless
+    /// `MUSER_CUDA_MMT_SPLIT=1` until measured.
+    mmt_split: std::sync::atomic::AtomicBool,
 }
 
 impl Gpu {
@@ -81,6 +84,9 @@ impl Gpu {
             pdl_aware: Vec::new(),
             split: Default::default(),
             big_smem: Default::default(),
+            mmt_split: std::sync::atomic::AtomicBool::new(
+                std::env::var("MUSER_CUDA_MMT_SPLIT").is_ok_and(|v| v == "1"),
+            ),
         };
         // Each file's machine code for this architecture: from the kernel cache (`cache_dir`),
         // else compiled by NVRTC (the files in parallel) and stored there. On a machine's first
@@ -168,6 +174,14 @@ impl Gpu {
             c.fetch_add(1, Ordering::Relaxed);
         }
         Ok(f)
+    }
+
+    /// Whether narrow tensor-core launches split K over blocks (`matvec::mmt_splits`).
+    pub fn mmt_split(&self) -> bool {
+        self.mmt_split.load(Ordering::Relaxed)
+    }
+    pub fn set_mmt_split(&self, on: bool) {
+        self.mmt_split.store(on, Ordering::Relaxed);
     }
 
     /// `kernel(name)` for a launch with `smem` bytes of dynamic shared memory: the kernel's limit is

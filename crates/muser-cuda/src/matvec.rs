@@ -136,6 +136,27 @@ pub fn mmk_launch(ncols: usize, rows: usize, silu: bool) -> (LaunchConfig, Strin
     (cfg, name, block_rows)
 }
 
+/// K splits of an `mmt_4` launch of `blocks` blocks over rows of `chunks` chunks of 4
+/// super-blocks (`mmt_split_4`, each split a range of chunks, the tile's sum completed in chunk
+/// order by the last split): when `on` (`Gpu::mmt_split`), launches of fewer blocks than twice
+/// the SMs get about three per SM; else 1, no split.
+pub fn mmt_splits(on: bool, blocks: usize, chunks: usize, sms: usize) -> usize {
+    if on {
+        split_count(blocks, chunks, sms)
+    } else {
+        1
+    }
+}
+
+/// `mmt_splits` when on: 1 from 2 blocks per SM on, else enough splits for ~3 blocks per SM,
+/// at most one per chunk.
+fn split_count(blocks: usize, chunks: usize, sms: usize) -> usize {
+    if blocks == 0 || blocks >= 2 * sms {
+        return 1;
+    }
+    (3 * sms).div_ceil(blocks).clamp(1, chunks.max(1))
+}
+
 /// The kernels' format code (FMT_* in matvec.cu), or an error for a type with no CUDA matvec.
 pub fn format_code(ty: GgmlType) -> Result<i32, CudaError> {
     Ok(match ty {
@@ -529,13 +550,32 @@ impl Gpu {
         let (_, _, pad) = mmk_launch(ncols, 0, false);
         // Starts are multiples of the row block: a block's rows stay in one matrix.
         let (mj, total) = self.jobs_struct(group, k, pad)?;
-        let (cfg, name, _) = mmk_launch(ncols, total, false);
+        let (mut cfg, mut name, _) = mmk_launch(ncols, total, false);
         let (p, i) = self.mmk_act(scratch, k, ncols);
+        let tiles = (cfg.grid_dim.0 * cfg.grid_dim.1) as usize;
+        let splits = if name == "mmt_4" {
+            mmt_splits(self.mmt_split(), tiles, mvk_chunks(k), self.sms)
+        } else {
+            1
+        };
+        // The split kernel's chunk values ([tiles][chunks][16][128] floats) and tile counts.
+        let split = if splits > 1 {
+            name = "mmt_split_4".to_string();
+            cfg.grid_dim.2 = splits as u32;
+            Some(self.split_scratch(tiles * mvk_chunks(k) * 16 * 128, tiles)?)
+        } else {
+            None
+        };
         let mut b = self.stream.launch_builder(self.kernel(&name)?);
         b.arg(&mj).arg(&p[0]).arg(&p[1]).arg(&p[2]);
         b.arg(&i[0]).arg(&i[1]).arg(&i[2]);
+        if let Some((cv, cnt)) = &split {
+            b.arg(cv).arg(cnt);
+        }
         // SAFETY: each job reads rows*row_bytes weight bytes and writes ncols*rows outputs; the
-        // activation holds ncols*k values, their scales and split sums.
+        // activation holds ncols*k values, their scales and split sums; the split scratch holds
+        // tiles * chunks * 2048 values and tiles counts, zero between launches (each launch
+        // leaves them so).
         unsafe { b.launch(cfg) }?;
         Ok(())
     }
@@ -734,6 +774,25 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn narrow_mmt_launches_split_k_into_at_most_one_split_per_chunk() {
+        let sms = 132;
+        // Glimmer at 32 columns: ffn_down and attn_output 104 blocks, q+k+v+gate 136.
+        for (blocks, chunks) in [(104usize, 20usize), (104, 7), (136, 7), (1, 2), (263, 5)] {
+            let s = split_count(blocks, chunks, sms);
+            assert!((1..=chunks).contains(&s), "{blocks} blocks: {s} splits");
+            assert!(s > 1, "{blocks} blocks of {chunks} chunks are not split");
+            // About three blocks per SM, unless the chunks run out.
+            assert!(blocks * s >= (3 * sms).min(blocks * chunks));
+            assert!(blocks * (s - 1) < 3 * sms);
+        }
+        // Wide launches (prefill: 16 column tiles), empty ones and single chunks are not split.
+        for blocks in [0usize, 264, 312 * 16] {
+            assert_eq!(split_count(blocks, 26, sms), 1);
+        }
+        assert_eq!(split_count(1, 1, sms), 1);
     }
 
     #[test]

@@ -744,7 +744,23 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
             for (ty, (wc, wg)) in &other {
                 cases.push((format!("{ty} 1024x{hidden}"), wc, wg));
             }
-            for (what, wc, wg) in cases {
+            // Past 16 columns the K-quants run on mmt.cu, once more with K split over blocks
+            // (mmt_split_4, off by default until measured).
+            let splits: &[bool] = if n > 16 { &[false, true] } else { &[false] };
+            for (split, (what, wc, wg)) in splits
+                .iter()
+                .flat_map(|&s| cases.iter().map(move |c| (s, c)))
+            {
+                let ty = wg.matrix.as_ref().map(|m| m.ty);
+                if split && !matches!(ty, Some(GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)) {
+                    continue;
+                }
+                p.gpu.gpu.set_mmt_split(split);
+                let what = if split {
+                    format!("{what} split")
+                } else {
+                    what.clone()
+                };
                 let (mut yc, mut yg) = (p.cpu.buf(n, wg.rows), p.gpu.buf(n, wg.rows));
                 p.cpu.matmul(&xc, &mut [(wc, &mut yc)]);
                 p.gpu.matmul(&xg, &mut [(wg, &mut yg)]);
@@ -774,6 +790,7 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
                     &alone,
                 );
             }
+            p.gpu.gpu.set_mmt_split(false);
             for (what, rows, (gcw, ggw), (ucw, ugw)) in [
                 (format!("Q4_K {ffn}x{hidden}"), ffn, (&gc, &gg), (&uc, &ug)),
                 (
