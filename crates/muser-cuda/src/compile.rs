@@ -42,10 +42,10 @@ pub fn nvrtc_available() -> bool {
     unsafe { cudarc::nvrtc::sys::is_culib_present() }
 }
 
-/// Machine code already compiled or read in this process, by (file, arch): every backend opened
-/// after the first (`muser check` opens several) skips the cache and NVRTC.
-static IMAGES: std::sync::Mutex<Vec<(String, &'static str, Vec<u8>)>> =
-    std::sync::Mutex::new(Vec::new());
+/// Machine code already compiled or read in this process, by cache file name (`cache_path`: the
+/// file, the architecture and the sources' hash): every backend opened after the first (`muser
+/// check` opens several) skips the cache and NVRTC.
+static IMAGES: std::sync::Mutex<Vec<(PathBuf, Vec<u8>)>> = std::sync::Mutex::new(Vec::new());
 
 /// Where compiled kernels are kept between processes: `MUSER_KERNEL_CACHE` (empty or `off`:
 /// nowhere), else `$XDG_CACHE_HOME/muser/kernels`, else `~/.cache/muser/kernels`.
@@ -86,18 +86,19 @@ pub enum ImageSource {
 pub fn kernel_image(
     name: &str,
     src: &str,
-    arch: &'static str,
+    arch: &str,
 ) -> Result<(Vec<u8>, ImageSource), CudaError> {
-    let known = |images: &Vec<(String, &'static str, Vec<u8>)>| {
+    let key = cache_path(Path::new(""), name, src, arch);
+    let known = |images: &Vec<(PathBuf, Vec<u8>)>| {
         images
             .iter()
-            .find(|(n, a, _)| n == name && *a == arch)
-            .map(|(_, _, i)| i.clone())
+            .find(|(k, _)| *k == key)
+            .map(|(_, i)| i.clone())
     };
     if let Some(image) = known(&IMAGES.lock().unwrap()) {
         return Ok((image, ImageSource::Process));
     }
-    let path = cache_dir().map(|d| cache_path(&d, name, src, arch));
+    let path = cache_dir().map(|d| d.join(&key));
     let (image, from) = match path.as_ref().and_then(|p| std::fs::read(p).ok()) {
         Some(image) if !image.is_empty() => (image, ImageSource::Disk),
         _ => {
@@ -110,21 +111,22 @@ pub fn kernel_image(
     };
     let mut images = IMAGES.lock().unwrap();
     if known(&images).is_none() {
-        images.push((name.to_string(), arch, image.clone()));
+        images.push((key, image.clone()));
     }
     Ok((image, from))
 }
 
 /// Compiles one source again, replacing its image in this process and in the cache (a cached
 /// image the driver refused to load).
-pub fn recompile_image(name: &str, src: &str, arch: &'static str) -> Result<Vec<u8>, CudaError> {
+pub fn recompile_image(name: &str, src: &str, arch: &str) -> Result<Vec<u8>, CudaError> {
     let image = compile_cubin(name, src, arch)?;
+    let key = cache_path(Path::new(""), name, src, arch);
     if let Some(d) = cache_dir() {
-        store(&cache_path(&d, name, src, arch), &image);
+        store(&d.join(&key), &image);
     }
     let mut images = IMAGES.lock().unwrap();
-    images.retain(|(n, a, _)| !(n == name && *a == arch));
-    images.push((name.to_string(), arch, image.clone()));
+    images.retain(|(k, _)| *k != key);
+    images.push((key, image.clone()));
     Ok(image)
 }
 
@@ -145,7 +147,7 @@ const NVRTC_OPTIONS: &[&str] = &["--std=c++17"];
 
 /// Compiles one source (with the common header) to PTX for `arch` (e.g. "sm_90"): for reading
 /// the code NVRTC makes (tools); the backend loads `compile_cubin`'s machine code.
-pub fn compile_source(name: &str, src: &str, arch: &'static str) -> Result<Ptx, CudaError> {
+pub fn compile_source(name: &str, src: &str, arch: &str) -> Result<Ptx, CudaError> {
     // SAFETY: the program is valid until nvrtc() destroys it, after this returns.
     let ptx = nvrtc(name, src, arch, |p| {
         unsafe { result::get_ptx(p) }.map(to_bytes)
@@ -157,7 +159,7 @@ pub fn compile_source(name: &str, src: &str, arch: &'static str) -> Result<Ptx, 
 
 /// Compiles one source (with the common header) to machine code (CUBIN) for the real
 /// architecture `arch` (e.g. "sm_90"): loading it needs no translation by the driver.
-pub fn compile_cubin(name: &str, src: &str, arch: &'static str) -> Result<Vec<u8>, CudaError> {
+pub fn compile_cubin(name: &str, src: &str, arch: &str) -> Result<Vec<u8>, CudaError> {
     nvrtc(name, src, arch, |p| {
         let mut size = 0usize;
         // SAFETY: p is a compiled program (nvrtc() calls this after compiling); the buffer holds
@@ -180,7 +182,7 @@ fn to_bytes(v: Vec<std::ffi::c_char>) -> Vec<u8> {
 fn nvrtc(
     name: &str,
     src: &str,
-    arch: &'static str,
+    arch: &str,
     output: impl FnOnce(sys::nvrtcProgram) -> Result<Vec<u8>, result::NvrtcError>,
 ) -> Result<Vec<u8>, CudaError> {
     if !nvrtc_available() {

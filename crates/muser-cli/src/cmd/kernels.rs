@@ -13,8 +13,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    // Architectures are 'static for the in-process cache; a handful of them per process at most.
-    let arch: &'static str = Box::leak(args.arch.clone().into_boxed_str());
+    let arch = args.arch.as_str();
     anyhow::ensure!(
         arch.strip_prefix("sm_")
             .is_some_and(|v| !v.is_empty() && v.chars().all(|c| c.is_ascii_alphanumeric())),
