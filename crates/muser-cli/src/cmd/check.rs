@@ -833,6 +833,9 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
         }
     }
 
+    // K split over blocks (mmt_split_4) at a width of several chunks, in the quick check too.
+    check_split(p, 40, 4096)?;
+
     // LM head (+ scale + softcap) at the full vocabulary, and GPU argmax of its logits.
     let vocab = if quick { 4096 } else { VOCAB };
     let t = p.matrix("output", GgmlType::Q5_K, vocab, hidden)?;
@@ -865,6 +868,36 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
             &[1.0],
             0.0,
         );
+    }
+    Ok(())
+}
+
+/// `n` columns of K-quant matrices of width `k` on mmt.cu with K split over blocks against the
+/// same launch unsplit (bit for bit: the split kernel adds the chunks in the same order) and
+/// against the CPU.
+fn check_split(p: &mut Pair, n: usize, k: usize) -> anyhow::Result<()> {
+    let (xc, xg, _) = p.random_bufs(n, k);
+    for (ty, rows) in [
+        (GgmlType::Q4_K, 320usize),
+        (GgmlType::Q5_K, 128),
+        (GgmlType::Q6_K, 256),
+    ] {
+        let t = p.matrix("split", ty, rows, k)?;
+        let (wc, wg) = p.weights(&t)?;
+        let mut outs = Vec::new();
+        for split in [false, true] {
+            p.gpu.gpu.set_mmt_split(split);
+            let mut yg = p.gpu.buf(n, rows);
+            p.gpu.matmul(&xg, &mut [(&wg, &mut yg)]);
+            outs.push(p.read_gpu(&yg));
+        }
+        p.gpu.gpu.set_mmt_split(false);
+        let mut yc = p.cpu.buf(n, rows);
+        p.cpu.matmul(&xc, &mut [(&wc, &mut yc)]);
+        let want = p.read_cpu(&yc);
+        let shape = format!("{ty} {rows}x{k} x{n}");
+        p.record("matmul split", shape.clone(), &outs[1], &want, MATVEC_NMSE);
+        p.exact("split == unsplit", shape, &outs[1], &outs[0]);
     }
     Ok(())
 }
