@@ -218,6 +218,37 @@ if [ "${JOB:-}" = timeline ]; then
     exit 0
 fi
 
+if [ "${JOB:-}" = ab ]; then
+    # A/B of settings of one binary: the parity command (FULL=1 the full one, else --quick) with
+    # --bench (matvec timings at the Glimmer shapes) and batch invariance, then for each setting
+    # in AB (settings separated by ';', each "VAR=value ..." or "-" for none) llama-glimmer's
+    # pp512 and tg128 (and decode groups of STREAMS when set), and the per-op profile of the first.
+    G=$MODELS/llama-glimmer.gguf T=$MODELS/muse-tiny.gguf
+    step synth-llama-glimmer 60 "$BIN" synth llama-glimmer "$G"
+    step synth-muse-tiny 30 "$BIN" synth muse-tiny "$T"
+    step check 240 "$BIN" check --backend cuda $([ "${FULL:-0}" = 1 ] || echo --quick) --bench --model "$T" \
+        --invariance "$T" --invariance "$G"
+    i=0
+    IFS=';' read -ra SETS <<< "${AB:--}"
+    for set in "${SETS[@]}"; do
+        i=$((i + 1))
+        [ "$set" = - ] && set=""
+        echo "setting $i: ${set:-(none)}" >> "$OUT/summary.txt"
+        step "bench-$i" 90 env $set "$BIN" bench --backend cuda -m "$G" -p 512 -n 128 -r 2 \
+            $([ -n "${STREAMS:-}" ] && echo "-s $STREAMS")
+    done
+    step speed 90 "$BIN" check --backend cuda --no-ops --speed "$G"
+    echo
+    echo "================ short table ================"
+    echo "check: $(grep -hcE "^ok" "$OUT/check.log") ok, $(grep -hcE "^FAIL" "$OUT/check.log") FAIL"
+    grep -hE "^FAIL|^invariance|never dispatched|^all |panicked|rror|^model " "$OUT/check.log" | head -16
+    sed -n '/^| matrix | type/,/^$/p' "$OUT/check.log" | head -24
+    for f in "$OUT"/bench-*.log; do grep -H "^| .*CUDA" "$f" | sed "s|$OUT/||"; done
+    grep -h "^| \|^speed" "$OUT/speed.log" | head -24
+    cat "$OUT/summary.txt"
+    exit 0
+fi
+
 if [ "${JOB:-}" = tiles ]; then
     # Prefill and decode groups (the tensor-core kernels of 2 or more columns, prefill attention):
     # the quick parity command with batch invariance on both models, whole-model parity of

@@ -149,7 +149,7 @@ const NVRTC_OPTIONS: &[&str] = &["--std=c++17"];
 /// the code NVRTC makes (tools); the backend loads `compile_cubin`'s machine code.
 pub fn compile_source(name: &str, src: &str, arch: &str) -> Result<Ptx, CudaError> {
     // SAFETY: the program is valid until nvrtc() destroys it, after this returns.
-    let ptx = nvrtc(name, src, arch, |p| {
+    let ptx = nvrtc(name, src, arch, &[], |p| {
         unsafe { result::get_ptx(p) }.map(to_bytes)
     })?;
     Ok(Ptx::from_src(
@@ -160,7 +160,7 @@ pub fn compile_source(name: &str, src: &str, arch: &str) -> Result<Ptx, CudaErro
 /// Compiles one source (with the common header) to machine code (CUBIN) for the real
 /// architecture `arch` (e.g. "sm_90"): loading it needs no translation by the driver.
 pub fn compile_cubin(name: &str, src: &str, arch: &str) -> Result<Vec<u8>, CudaError> {
-    nvrtc(name, src, arch, |p| {
+    nvrtc(name, src, arch, &[], |p| {
         let mut size = 0usize;
         // SAFETY: p is a compiled program (nvrtc() calls this after compiling); the buffer holds
         // the size NVRTC reports.
@@ -173,6 +173,36 @@ pub fn compile_cubin(name: &str, src: &str, arch: &str) -> Result<Vec<u8>, CudaE
     })
 }
 
+/// Each kernel's resources in one source compiled for `arch` (tools: `muser kernels
+/// --resources`): a line per kernel with its registers, spill stores and loads, stack and static
+/// shared memory, from the assembler's report.
+pub fn kernel_resources(name: &str, src: &str, arch: &str) -> Result<Vec<String>, CudaError> {
+    // SAFETY: nvrtc() calls this on a compiled program, before destroying it.
+    let log = nvrtc(name, src, arch, &["--ptxas-options=-v"], |p| {
+        unsafe { result::get_program_log(p) }.map(to_bytes)
+    })?;
+    let log = String::from_utf8_lossy(&log);
+    let mut out = Vec::new();
+    let mut kernel = String::new();
+    let mut parts: Vec<String> = Vec::new();
+    for line in log.lines() {
+        let line = line.trim().trim_start_matches("ptxas info    :").trim();
+        if let Some(rest) = line.strip_prefix("Compiling entry function '") {
+            kernel = rest.split('\'').next().unwrap_or("").to_string();
+            parts.clear();
+        } else if !kernel.is_empty()
+            && (line.contains("stack frame") || line.starts_with("Used "))
+        {
+            parts.push(line.to_string());
+            if line.starts_with("Used ") {
+                out.push(format!("{kernel}: {}", parts.join("; ")));
+                kernel.clear();
+            }
+        }
+    }
+    Ok(out)
+}
+
 fn to_bytes(v: Vec<std::ffi::c_char>) -> Vec<u8> {
     v.into_iter().map(|c| c as u8).collect()
 }
@@ -183,6 +213,7 @@ fn nvrtc(
     name: &str,
     src: &str,
     arch: &str,
+    extra: &[&str],
     output: impl FnOnce(sys::nvrtcProgram) -> Result<Vec<u8>, result::NvrtcError>,
 ) -> Result<Vec<u8>, CudaError> {
     if !nvrtc_available() {
@@ -204,7 +235,7 @@ fn nvrtc(
         .map(|p| format!("--include-path={p}"))
         .collect();
     options.push(format!("--gpu-architecture={arch}"));
-    options.extend(NVRTC_OPTIONS.iter().map(|o| o.to_string()));
+    options.extend(NVRTC_OPTIONS.iter().chain(extra).map(|o| o.to_string()));
     let prog = result::create_program(&full, Some(&cname)).map_err(|e| fail(format!("{e:?}")))?;
     // SAFETY: prog was created above and is destroyed once, at the end.
     let out = unsafe {

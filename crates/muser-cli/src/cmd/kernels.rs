@@ -10,6 +10,10 @@ pub struct Args {
     /// GPU architecture to compile for (NVRTC's real architectures: sm_80, sm_86, sm_89, sm_90, ...).
     #[arg(long, default_value = "sm_90")]
     arch: String,
+    /// Print each kernel's registers, spills and shared memory (the assembler's report) for
+    /// these source files (e.g. matvec.cu) instead of filling the cache.
+    #[arg(long, value_delimiter = ',', num_args = 1..)]
+    resources: Vec<String>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -19,6 +23,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .is_some_and(|v| !v.is_empty() && v.chars().all(|c| c.is_ascii_alphanumeric())),
         "--arch {arch}: expected a real GPU architecture such as sm_90"
     );
+    if !args.resources.is_empty() {
+        return resources(&args.resources, arch);
+    }
     let dir = cache_dir().ok_or_else(|| {
         anyhow::anyhow!("no kernel cache: set MUSER_KERNEL_CACHE (or HOME) to a writable folder")
     })?;
@@ -61,5 +68,22 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         files.len(),
         t0.elapsed().as_secs_f64()
     );
+    Ok(())
+}
+
+/// `--resources`: the assembler's report for the named sources, a line per kernel.
+fn resources(names: &[String], arch: &str) -> anyhow::Result<()> {
+    for name in names {
+        let (file, src) = muser_cuda::KERNEL_SOURCES
+            .iter()
+            .find(|(f, _)| f == name || f.trim_end_matches(".cu") == name)
+            .ok_or_else(|| {
+                let known: Vec<_> = muser_cuda::KERNEL_SOURCES.iter().map(|(f, _)| *f).collect();
+                anyhow::anyhow!("--resources {name}: no such kernel source (known: {})", known.join(", "))
+            })?;
+        for line in muser_cuda::compile::kernel_resources(file, src, arch)? {
+            println!("{file}: {line}");
+        }
+    }
     Ok(())
 }
