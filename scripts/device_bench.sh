@@ -221,20 +221,25 @@ fi
 if [ "${JOB:-}" = ab ]; then
     # A/B of settings of one binary: the parity command (FULL=1 the full one, else --quick) with
     # --bench (matvec timings at the Glimmer shapes) and batch invariance, then for each setting
-    # in AB (settings separated by ';', each "VAR=value ..." or "-" for none) llama-glimmer's
+    # in AB (settings separated by ';', each "VAR=value ..." with an optional "bin=PATH", or "-")
+    # llama-glimmer's
     # pp512 and tg128 (and decode groups of STREAMS when set), and the per-op profile of the first.
     G=$MODELS/llama-glimmer.gguf T=$MODELS/muse-tiny.gguf
     step synth-llama-glimmer 60 "$BIN" synth llama-glimmer "$G"
     step synth-muse-tiny 30 "$BIN" synth muse-tiny "$T"
-    step check 240 "$BIN" check --backend cuda $([ "${FULL:-0}" = 1 ] || echo --quick) --bench --model "$T" \
-        --invariance "$T" --invariance "$G"
+    step check 240 env ${CHECK_ENV:-} "$BIN" check --backend cuda $([ "${FULL:-0}" = 1 ] || echo --quick) --bench \
+        --model "$T" --invariance "$T" --invariance "$G"
     i=0
     IFS=';' read -ra SETS <<< "${AB:--}"
     for set in "${SETS[@]}"; do
         i=$((i + 1))
         [ "$set" = - ] && set=""
-        echo "setting $i: ${set:-(none)}" >> "$OUT/summary.txt"
-        step "bench-$i" 90 env $set "$BIN" bench --backend cuda -m "$G" -p 512 -n 128 -r 2 \
+        # "bin=PATH" in a setting: that binary instead of $BIN (an A/B of builds).
+        b=$BIN
+        for w in $set; do case $w in bin=*) b=${w#bin=} ;; esac; done
+        set=$(echo "$set" | tr ' ' '\n' | grep -v '^bin=' | tr '\n' ' ')
+        echo "setting $i: $(basename "$b") ${set:-(none)}" >> "$OUT/summary.txt"
+        step "bench-$i" 90 env $set "$b" bench --backend cuda -m "$G" -p 512 -n 128 -r 2 \
             $([ -n "${STREAMS:-}" ] && echo "-s $STREAMS")
     done
     step speed 90 "$BIN" check --backend cuda --no-ops --speed "$G"

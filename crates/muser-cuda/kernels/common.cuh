@@ -11,7 +11,6 @@ typedef short int16_t;
 typedef unsigned short uint16_t;
 typedef int int32_t;
 typedef unsigned int uint32_t;
-typedef unsigned long long uint64_t;
 
 #define QK_K 256
 #define QK8_0 32

@@ -834,6 +834,17 @@ extern "C" __global__ void __launch_bounds__(256) matvec_silu_cols(SILU_ARGS, AC
 // had each warp spend ~1-3 us before its first load): attn_output 12.8 -> 9.9 us, q+k+v 17.8 ->
 // 16.7, ffn_down Q4_K 33.9 -> 29.2, Q6_K 47.0 -> 47.6, gate+up+SiLU 54.7 -> 54.7, LM head 282
 // -> 275; tg128 126.4 -> 132.1 tokens/s.
+// Tried and dropped after v10b (H200, llama-glimmer, 2026-11-30, one binary per variant in one
+// call, tg128 against 132.8-133.0 for this kernel): each warp's rounds streamed into shared
+// memory by bulk copies (cp.async.bulk, one per task row, mbarrier per stage, the first rounds
+// asked for before pdl_wait; same bits, checked): 2 stages 114.1-120.7, 4 stages (2 blocks per
+// SM) 93.9; one launch each: ffn_down Q6_K 50.0 -> 68.3 us, LM head 282 -> 387; the warp's tasks stepped instead of divided
+// (two tasks live per round: spills, 126.5); a bulk L2 prefetch of the round 1 or 2 ahead (115.1,
+// 110.0). Nsight Compute on the q+k+v launch: 20% of issue slots busy, 21% achieved occupancy
+// (128 registers), 11.4 cycles between a warp's instructions, 41% of them waiting on L1TEX; a
+// round's loads reach ~16 lines per instruction by their addresses (4 rows x 8 super-blocks per
+// warp), so the next lever is likely the layout (a task's bytes contiguous: coalesced 512-byte
+// loads), not more bytes in flight.
 
 // Q6_K quarter (h, p) of super-block sb of a row (repacked planes, see RawQ6).
 struct RawQ6Q {
@@ -923,72 +934,12 @@ __device__ __forceinline__ MvkTask mvk_silu_task(const uint8_t* wg, int tyg, con
     return k;
 }
 
-// mvs_1's stage layout (see mvs_warp) and its helpers.
-#define MVS_SC (2 * 4 * KQ_CHUNK * 192)
-#define MVS_D (MVS_SC + 2 * 4 * KQ_CHUNK * 16)
-#define MVS_STAGE (MVS_D + 2 * 4 * 32)
-#define MVS_BARS 256 // the mbarriers before the stages: 4 warps x up to 8 stages
-
-__device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ void mbar_init(uint64_t* bar) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(bar)) : "memory");
-}
-__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, int bytes) {
-    asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes)
-                 : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
-    asm volatile("{\n\t.reg .b64 st;\n\tmbarrier.arrive.release.cta.shared::cta.b64 st, [%0];\n\t}" ::"r"(
-                     smem_addr(bar))
-                 : "memory");
-}
-// Waits until the phase of `parity` has completed (its copies have landed).
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
-    asm volatile("{\n\t.reg .pred done;\n"
-                 "wait_%=:\n\t"
-                 "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 done, [%0], %1;\n\t"
-                 "@!done bra wait_%=;\n\t}" ::"r"(smem_addr(bar)),
-                 "r"(parity)
-                 : "memory");
-}
-// bytes (a multiple of 16, both addresses 16-byte aligned) from global src to shared dst,
-// counted on bar.
-__device__ __forceinline__ void bulk_copy(void* dst, const void* src, int bytes, uint64_t* bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                     smem_addr(dst)),
-                 "l"(src), "r"(bytes), "r"(smem_addr(bar))
-                 : "memory");
-}
-
-template <int FMT>
-__host__ __device__ constexpr int mvs_block_bytes() {
-    return FMT == FMT_Q6_K ? 192 : FMT == FMT_Q5_K ? 176 : 144;
-}
-
-// Q6_K quarter (h, p) of the stage's super-block s4 of row r (this half's task; RawQ6Q's fields).
-__device__ __forceinline__ RawQ6Q load_q6q_staged(const uint8_t* stage, const MvkTask& k, int r, int nb, int s4,
-                                                  int q) {
-    const int h = q >> 1, p = q & 1, slot = 4 * (threadIdx.x % WARP >> 4) + r;
-    const uint8_t* blk = stage + (slot * KQ_CHUNK + s4) * 192;
-    RawQ6Q raw;
-    raw.l0 = *(const uint4*)(blk + 64 * h + 32 * p);
-    raw.l1 = *(const uint4*)(blk + 64 * h + 32 * p + 16);
-    raw.h0 = *(const uint4*)(blk + 128 + 32 * h);
-    raw.h1 = *(const uint4*)(blk + 128 + 32 * h + 16);
-    raw.sc = *(const uint2*)(stage + MVS_SC + (slot * KQ_CHUNK + s4) * 16 + 8 * h);
-    const int at = (k.row0 + r) * nb + KQ_CHUNK * k.ch; // < 2^31: rows x nb of one matrix
-    raw.d = __half2float(*(const __half*)(stage + MVS_D + slot * 32 + ((2 * at) & 15) + 2 * s4));
-    return raw;
-}
-
 // This lane's integers of quarter q of super-block sb for the task's rows (format FMT): isc, im
 // and (d, dmin) per row; the activation scale dx.
-// STAGED: the task's rows come from st, this half's part of the warp's shared-memory stage
-// (mvs_stage_copy's layout) instead of global memory.
-template <int FMT, bool STAGED>
+template <int FMT>
 __device__ __forceinline__ void mvk_ints(const MvkTask& k, int sb, int q, const int8_t* __restrict__ xq,
-                                         const float2* __restrict__ xds, int K, const uint8_t* st, int (&isc)[4],
-                                         int (&im)[4], float2 (&dm)[4]) {
+                                         const float2* __restrict__ xds, int K, int (&isc)[4], int (&im)[4],
+                                         float2 (&dm)[4]) {
     const int nb = K / QK_K;
     const Act a{xq, xds, nullptr, K, 1, 0};
     if constexpr (FMT == FMT_Q6_K) {
@@ -996,10 +947,7 @@ __device__ __forceinline__ void mvk_ints(const MvkTask& k, int sb, int q, const 
         RawQ6Q raw[4];
 #pragma unroll
         for (int r = 0; r < 4; ++r)
-            if (r < k.nr) {
-                if (STAGED) raw[r] = load_q6q_staged(st, k, r, nb, sb - KQ_CHUNK * k.ch, q);
-                else raw[r] = load_q6q(k.w, k.row0 + r, k.rows, nb, sb, q);
-            }
+            if (r < k.nr) raw[r] = load_q6q(k.w, k.row0 + r, k.rows, nb, sb, q);
         const int4 xa0 = xq16<1>(a, 0, A), xa1 = xq16<1>(a, 0, A + 16);
         const int4 xb0 = xq16<1>(a, 0, A + 64), xb1 = xq16<1>(a, 0, A + 80);
 #pragma unroll
@@ -1014,12 +962,7 @@ __device__ __forceinline__ void mvk_ints(const MvkTask& k, int sb, int q, const 
         RawQ45 raw[4];
 #pragma unroll
         for (int r = 0; r < 4; ++r)
-            if (r < k.nr) {
-                if (STAGED)
-                    raw[r] = load_q45<Q5>(st + (4 * (threadIdx.x % WARP >> 4) + r) * KQ_CHUNK * (Q5 ? 176 : 144),
-                                          item - 4 * KQ_CHUNK * k.ch);
-                else raw[r] = load_q45<Q5>(k.w + (size_t)(k.row0 + r) * nb * (Q5 ? 176 : 144), item);
-            }
+            if (r < k.nr) raw[r] = load_q45<Q5>(k.w + (size_t)(k.row0 + r) * nb * (Q5 ? 176 : 144), item);
         const X64 x = load_x64<1>(a, 0, sb * QK_K + 64 * q);
 #pragma unroll
         for (int r = 0; r < 4; ++r)
@@ -1034,9 +977,9 @@ __device__ __forceinline__ void mvk_ints(const MvkTask& k, int sb, int q, const 
 // The value of super-block sb for row q of the task's quad (in lane q of each quad), from this
 // lane's quarter q of the 4 rows: the integers summed over the quad (exact), then the canonical
 // f32 value. Lanes whose super-block is absent (ok false) load nothing and their value is unused.
-template <int FMT, bool STAGED = false>
+template <int FMT>
 __device__ __forceinline__ float mvk_value(const MvkTask& k, int sb, bool ok, int q, const int8_t* __restrict__ xq,
-                                           const float2* __restrict__ xds, int K, const uint8_t* st = nullptr) {
+                                           const float2* __restrict__ xds, int K) {
     int isc[4] = {0, 0, 0, 0}, im[4] = {0, 0, 0, 0};
     float2 dm[4];
 #pragma unroll
@@ -1044,7 +987,7 @@ __device__ __forceinline__ float mvk_value(const MvkTask& k, int sb, bool ok, in
     float dx = 0.0f;
     if (ok) {
         dx = xds[(size_t)sb * 8].x;
-        mvk_ints<FMT, STAGED>(k, sb, q, xq, xds, K, st, isc, im, dm);
+        mvk_ints<FMT>(k, sb, q, xq, xds, K, isc, im, dm);
     }
     const int s = quad_scatter(isc, q);
     const float2 dq = q == 0 ? dm[0] : q == 1 ? dm[1] : q == 2 ? dm[2] : dm[3];
@@ -1071,27 +1014,33 @@ __device__ __forceinline__ void mvk_range(unsigned T, int* t0, int* t1) {
     *t1 = (int)(T * (w + 1) / W);
 }
 
-// The chunk's tree over the 4 quads of each half of the warp (kq_round's, per chunk): v is the
-// value of super-block s4 = (lane / 4) & 3 of the half's chunk, nsb of whose super-blocks exist.
-__device__ __forceinline__ float mvk_chunk_tree(float v, int nsb) {
-    const int s4 = (threadIdx.x % WARP >> 2) & 3;
-    float o = __shfl_xor_sync(0xffffffffu, v, 4);
-    if ((s4 ^ 1) < nsb) v = kq_add(v, o);
-    o = __shfl_xor_sync(0xffffffffu, v, 8);
-    if (((s4 ^ 2) & ~1) < nsb) v = kq_add(v, o);
-    return v;
-}
-
-// The chunk values of a round's tasks tb, tb + 1 (lanes 16 h + q hold row q's of task h) into
-// the rows' sums: ya, yb (gate / up) for a row quad whose tasks all lie in the warp's range
-// [t0, t1), else through cv and the row quad's counter (mvk_warp).
-template <bool SILU, typename TaskFn>
-__device__ __forceinline__ void mvk_commit(TaskFn task, float v, int tb, int t0, int t1, int nch,
-                                           float* __restrict__ cv, unsigned* __restrict__ cnt,
-                                           float* __restrict__ ysilu, float& ya, float& yb) {
-    const int lane = threadIdx.x % WARP, q = lane & 3;
-    const int per = (SILU ? 2 : 1) * nch; // tasks per row quad
-    {
+// The rounds of one warp over tasks [t0, t1), all of format FMT; task(t) decodes task t. A row
+// quad whose tasks all lie in [t0, t1) is summed here, its chunks in order from 0 as they come
+// (its tasks come in order), and written; the chunk values of a row quad shared with other
+// warps (at most the first and the last of the range) go to cv, and the warp's part ends with
+// one fence and one atomicAdd of its task count: the warp that completes the count adds the
+// row's chunks in order and writes it. SILU: gate and up sums of the row quad, then
+// silu(gate) * up.
+template <bool SILU, int FMT, typename TaskFn>
+__device__ __forceinline__ void mvk_warp(TaskFn task, int t0, int t1, int nch, const int8_t* __restrict__ xq,
+                                         const float2* __restrict__ xds, int K, float* __restrict__ cv,
+                                         unsigned* __restrict__ cnt, float* __restrict__ ysilu) {
+    const int lane = threadIdx.x % WARP, j = lane >> 2, q = lane & 3, s4 = j & 3, hf = j >> 2;
+    const int nb = K / QK_K, per = (SILU ? 2 : 1) * nch; // tasks per row quad
+    float ya = 0.0f, yb = 0.0f;                            // row q's running sums (gate / up)
+#pragma unroll 1
+    for (int tb = t0; tb < t1; tb += 2) {
+        const int t = tb + hf;
+        const bool tv = t < t1;
+        const MvkTask k = task(tv ? t : t1 - 1);
+        const int sb = KQ_CHUNK * k.ch + s4;
+        float v = mvk_value<FMT>(k, sb, tv && sb < nb, q, xq, xds, K);
+        // The chunk's tree over the 4 quads of this half (kq_round's, per chunk).
+        const int nsb = nb - KQ_CHUNK * k.ch;
+        float o = __shfl_xor_sync(0xffffffffu, v, 4);
+        if ((s4 ^ 1) < nsb) v = kq_add(v, o);
+        o = __shfl_xor_sync(0xffffffffu, v, 8);
+        if (((s4 ^ 2) & ~1) < nsb) v = kq_add(v, o);
         // Row q's chunk values of both tasks, in every lane (lanes 16 h + q hold task h's).
         const float cva = __shfl_sync(0xffffffffu, v, q), cvb = __shfl_sync(0xffffffffu, v, 16 + q);
 #pragma unroll
@@ -1135,131 +1084,6 @@ __device__ __forceinline__ void mvk_commit(TaskFn task, float v, int tb, int t0,
                 }
                 if (last && lane == 0) cnt[kt.gq] = 0u; // zero again for the next launch
             }
-        }
-    }
-}
-
-// The rounds of one warp over tasks [t0, t1), all of format FMT; task(t) decodes task t. A row
-// quad whose tasks all lie in [t0, t1) is summed here, its chunks in order from 0 as they come
-// (its tasks come in order), and written; the chunk values of a row quad shared with other
-// warps (at most the first and the last of the range) go to cv, and the warp's part ends with
-// one fence and one atomicAdd of its task count: the warp that completes the count adds the
-// row's chunks in order and writes it. SILU: gate and up sums of the row quad, then
-// silu(gate) * up.
-template <bool SILU, int FMT, typename TaskFn>
-__device__ __forceinline__ void mvk_warp(TaskFn task, int t0, int t1, int nch, const int8_t* __restrict__ xq,
-                                         const float2* __restrict__ xds, int K, float* __restrict__ cv,
-                                         unsigned* __restrict__ cnt, float* __restrict__ ysilu) {
-    const int lane = threadIdx.x % WARP, j = lane >> 2, q = lane & 3, s4 = j & 3, hf = j >> 2;
-    const int nb = K / QK_K;
-    float ya = 0.0f, yb = 0.0f; // row q's running sums (gate / up)
-#pragma unroll 1
-    for (int tb = t0; tb < t1; tb += 2) {
-        const int t = tb + hf;
-        const bool tv = t < t1;
-        const MvkTask k = task(tv ? t : t1 - 1);
-        const int sb = KQ_CHUNK * k.ch + s4;
-        const float v = mvk_value<FMT>(k, sb, tv && sb < nb, q, xq, xds, K);
-        mvk_commit<SILU>(task, mvk_chunk_tree(v, nb - KQ_CHUNK * k.ch), tb, t0, t1, nch, cv, cnt, ysilu, ya, yb);
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// mvs_1 / mvs_silu_1: mvk's tasks, rounds and arithmetic (the same bits), with each warp's
-// weights streamed into shared memory by the Hopper bulk-copy engine (cp.async.bulk, one copy
-// per row of a task: a row's chunk of KQ_CHUNK super-blocks is contiguous) several rounds ahead
-// of the round it computes. In mvk a warp has one round's loads in flight and then computes
-// with none (128 registers hold a round: 16 warps per SM); here the copies of the next
-// `stages - 1` rounds stay in flight while a round is computed, so the bytes in flight no
-// longer depend on registers, and the first rounds are asked for before the kernel waits for
-// its predecessor (the weights are not written by it). One mbarrier per stage and warp counts
-// the bytes; warps never wait for each other.
-// A stage: [2 tasks][4 rows][KQ_CHUNK super-blocks] of the format's blocks (Q4_K 144, Q5_K 176,
-// Q6_K 192 bytes of ql+qh), then for Q6_K the rows' scales [2][4][KQ_CHUNK][16] and, per row, the
-// 32-byte aligned window of its d plane holding the chunk's KQ_CHUNK f16 (repack pads the plane).
-// Asks for round tb's weights (tasks tb, tb + 1 < t1) into stage, counted on bar: lanes 8 p + 4 h
-// + r copy part p (0: the blocks, Q6_K 1: scales, 2: the d window) of row r of task tb + h.
-template <int FMT, typename TaskFn>
-__device__ __forceinline__ void mvs_issue(TaskFn task, int tb, int t1, int nb, uint8_t* stage, uint64_t* bar) {
-    constexpr int bsz = mvs_block_bytes<FMT>(), parts = FMT == FMT_Q6_K ? 3 : 1;
-    const int lane = threadIdx.x % WARP, h = (lane >> 2) & 1, r = lane & 3, part = lane >> 3;
-    const int t = tb + h;
-    if (part < parts && t < t1) {
-        const MvkTask k = task(t);
-        if (r < k.nr) {
-            const int nsb = min(KQ_CHUNK, nb - KQ_CHUNK * k.ch), slot = 4 * h + r;
-            const size_t at = (size_t)(k.row0 + r) * nb + KQ_CHUNK * k.ch;
-            const uint8_t* src;
-            uint8_t* dst;
-            int bytes;
-            if (part == 0) {
-                src = k.w + at * bsz;
-                dst = stage + slot * KQ_CHUNK * bsz;
-                bytes = nsb * bsz;
-            } else if (part == 1) {
-                src = k.w + (size_t)k.rows * nb * 192 + at * 16;
-                dst = stage + MVS_SC + slot * KQ_CHUNK * 16;
-                bytes = nsb * 16;
-            } else {
-                src = k.w + (((size_t)k.rows * nb * 208 + at * 2) & ~(size_t)15);
-                dst = stage + MVS_D + slot * 32;
-                bytes = 32;
-            }
-            mbar_expect_tx(bar, bytes);
-            bulk_copy(dst, src, bytes, bar);
-        }
-    }
-    __syncwarp();
-    if (lane == 0) mbar_arrive(bar);
-}
-
-// This warp's stages and their mbarriers in the block's shared memory.
-struct MvsPipe {
-    uint8_t* st;
-    uint64_t* bar;
-    int stages;
-};
-
-__device__ __forceinline__ MvsPipe mvs_pipe(uint8_t* smem, int stages) {
-    const int wi = threadIdx.x / WARP;
-    return MvsPipe{smem + MVS_BARS + wi * stages * MVS_STAGE, (uint64_t*)smem + 8 * wi, stages};
-}
-
-// mvk_warp's rounds from the warp's stages: the barriers set up and the first stages asked for,
-// the wait for the kernel before (pdl_wait, which every thread calls here once), then per round:
-// wait for its stage, compute, ask for the round `stages` ahead into the stage just read.
-template <bool SILU, int FMT, typename TaskFn>
-__device__ __forceinline__ void mvs_warp(TaskFn task, int t0, int t1, int nch, const int8_t* __restrict__ xq,
-                                         const float2* __restrict__ xds, int K, float* __restrict__ cv,
-                                         unsigned* __restrict__ cnt, float* __restrict__ ysilu, const MvsPipe& pp) {
-    const int lane = threadIdx.x % WARP, j = lane >> 2, q = lane & 3, s4 = j & 3, hf = j >> 2;
-    const int nb = K / QK_K, rounds = (t1 - t0 + 1) / 2;
-    if (lane == 0)
-        for (int s = 0; s < pp.stages; ++s) mbar_init(pp.bar + s);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    __syncwarp();
-    for (int s = 0; s < pp.stages && s < rounds; ++s)
-        mvs_issue<FMT>(task, t0 + 2 * s, t1, nb, pp.st + s * MVS_STAGE, pp.bar + s);
-    pdl_wait();
-    float ya = 0.0f, yb = 0.0f; // row q's running sums (gate / up)
-    int s = 0;
-    unsigned phase = 0;
-#pragma unroll 1
-    for (int n = 0; n < rounds; ++n) {
-        const int tb = t0 + 2 * n;
-        uint8_t* st = pp.st + s * MVS_STAGE;
-        mbar_wait(pp.bar + s, phase);
-        const int t = tb + hf;
-        const bool tv = t < t1;
-        const MvkTask k = task(tv ? t : t1 - 1);
-        const int sb = KQ_CHUNK * k.ch + s4;
-        const float v = mvk_value<FMT, true>(k, sb, tv && sb < nb, q, xq, xds, K, st);
-        __syncwarp(); // every lane has read the stage
-        if (n + pp.stages < rounds) mvs_issue<FMT>(task, tb + 2 * pp.stages, t1, nb, st, pp.bar + s);
-        mvk_commit<SILU>(task, mvk_chunk_tree(v, nb - KQ_CHUNK * k.ch), tb, t0, t1, nch, cv, cnt, ysilu, ya, yb);
-        if (++s == pp.stages) {
-            s = 0;
-            phase ^= 1;
         }
     }
 }
@@ -1361,50 +1185,4 @@ extern "C" __global__ void __launch_bounds__(128, 4) mvk_silu_1(SILU_ARGS, MVK_A
     mvk_fmt<true>(tyg, [&](int t) { return mvk_silu_task(wg, tyg, wu, tyu, rows, nch, t); }, range.x, range.y, nch,
                   xq, xds, K,
                   cv, cnt, y);
-}
-
-template <bool SILU, typename TaskFn>
-__device__ __forceinline__ void mvs_fmt(int ty, TaskFn task, int t0, int t1, int nch, const int8_t* __restrict__ xq,
-                                        const float2* __restrict__ xds, int K, float* __restrict__ cv,
-                                        unsigned* __restrict__ cnt, float* __restrict__ ysilu, const MvsPipe& pp) {
-    switch (ty) {
-    case FMT_Q4_K: mvs_warp<SILU, FMT_Q4_K>(task, t0, t1, nch, xq, xds, K, cv, cnt, ysilu, pp); break;
-    case FMT_Q5_K: mvs_warp<SILU, FMT_Q5_K>(task, t0, t1, nch, xq, xds, K, cv, cnt, ysilu, pp); break;
-    default: mvs_warp<SILU, FMT_Q6_K>(task, t0, t1, nch, xq, xds, K, cv, cnt, ysilu, pp); break;
-    }
-}
-
-// The whole of mvs_1: the span, the first stages asked for, pdl_wait (in mvs_warp, every thread
-// once, before reading the activation), the rounds. Named for graph.rs, which launches a kernel
-// as a programmatic dependent when its first call is a pdl_wait*.
-__device__ __forceinline__ void pdl_wait_mvs(const MatvecJobs& jobs, MVK_ACT, int stages) {
-    extern __shared__ __align__(128) uint8_t mvs_smem[];
-    const int nch = (K / QK_K + KQ_CHUNK - 1) / KQ_CHUNK;
-    const MvkSpan sp = mvk_span(jobs, nch);
-    const uint8_t* w = jobs.w[sp.j];
-    float* yj = jobs.y[sp.j];
-    const int ty = jobs.ty[sp.j], rows = jobs.rows[sp.j], st = jobs.start[sp.j];
-    mvs_fmt<false>(ty, [=](int t) { return mvk_job_task(w, yj, ty, rows, st, nch, t); }, sp.t0, sp.t1, nch, xq, xds, K,
-                   cv, cnt, nullptr, mvs_pipe(mvs_smem, stages));
-}
-
-// Dynamic shared memory: MVS_BARS + 4 warps x stages x MVS_STAGE bytes (matvec.rs: mvs_smem);
-// 1 <= stages <= 8. The grid must have at least njobs warps (matvec.rs: mvk_blocks).
-extern "C" __global__ void __launch_bounds__(128, 4) mvs_1(MatvecJobs jobs, MVK_ACT, int stages) {
-    pdl_wait_mvs(jobs, xq, xds, K, cv, cnt, stages);
-}
-
-// mvs_silu_1's whole, as pdl_wait_mvs.
-__device__ __forceinline__ void pdl_wait_mvs_silu(SILU_ARGS, MVK_ACT, int stages) {
-    extern __shared__ __align__(128) uint8_t mvs_smem[];
-    const int nch = (K / QK_K + KQ_CHUNK - 1) / KQ_CHUNK;
-    int t0, t1;
-    mvk_range((unsigned)((rows + 3) / 4) * 2 * nch, &t0, &t1);
-    mvs_fmt<true>(tyg, [&](int t) { return mvk_silu_task(wg, tyg, wu, tyu, rows, nch, t); }, t0, t1, nch, xq, xds,
-                  K, cv, cnt, y, mvs_pipe(mvs_smem, stages));
-}
-
-// Gate and up of one format (tyg == tyu), as mvk_silu_1.
-extern "C" __global__ void __launch_bounds__(128, 4) mvs_silu_1(SILU_ARGS, MVK_ACT, int stages) {
-    pdl_wait_mvs_silu(wg, tyg, wu, tyu, y, rows, xq, xds, K, cv, cnt, stages);
 }

@@ -190,8 +190,7 @@ pub fn kernel_resources(name: &str, src: &str, arch: &str) -> Result<Vec<String>
         if let Some(rest) = line.strip_prefix("Compiling entry function '") {
             kernel = rest.split('\'').next().unwrap_or("").to_string();
             parts.clear();
-        } else if !kernel.is_empty()
-            && (line.contains("stack frame") || line.starts_with("Used "))
+        } else if !kernel.is_empty() && (line.contains("stack frame") || line.starts_with("Used "))
         {
             parts.push(line.to_string());
             if line.starts_with("Used ") {

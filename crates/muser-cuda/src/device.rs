@@ -41,9 +41,6 @@ pub struct Gpu {
     /// Narrow tensor-core launches split K over blocks (`matvec::mmt_splits`); off unless
     /// `MUSER_CUDA_MMT_SPLIT=1` until measured.
     mmt_split: std::sync::atomic::AtomicBool,
-    /// Stages per warp of the staged one-column kernels (`mvs_1`, `mvs_silu_1`); 0 runs `mvk_1` /
-    /// `mvk_silu_1` instead (`MUSER_CUDA_MVS_STAGES`, default `matvec::MVS_STAGES`).
-    mvs_stages: std::sync::atomic::AtomicUsize,
 }
 
 impl Gpu {
@@ -89,13 +86,6 @@ impl Gpu {
             big_smem: Default::default(),
             mmt_split: std::sync::atomic::AtomicBool::new(
                 std::env::var("MUSER_CUDA_MMT_SPLIT").is_ok_and(|v| v == "1"),
-            ),
-            mvs_stages: std::sync::atomic::AtomicUsize::new(
-                std::env::var("MUSER_CUDA_MVS_STAGES")
-                    .ok()
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or(crate::matvec::MVS_STAGES)
-                    .min(crate::matvec::MVS_STAGES_MAX),
             ),
         };
         // Each file's machine code for this architecture: from the kernel cache (`cache_dir`),
@@ -192,15 +182,6 @@ impl Gpu {
     }
     pub fn set_mmt_split(&self, on: bool) {
         self.mmt_split.store(on, Ordering::Relaxed);
-    }
-
-    /// Stages per warp of the staged one-column kernels, 0 when `mvk_*` runs instead.
-    pub fn mvs_stages(&self) -> usize {
-        self.mvs_stages.load(Ordering::Relaxed)
-    }
-    pub fn set_mvs_stages(&self, stages: usize) {
-        self.mvs_stages
-            .store(stages.min(crate::matvec::MVS_STAGES_MAX), Ordering::Relaxed);
     }
 
     /// `kernel(name)` for a launch with `smem` bytes of dynamic shared memory: the kernel's limit is

@@ -85,26 +85,13 @@ pub fn mvk_chunks(k: usize) -> usize {
 /// one warp per row quad instead: no row quad is shared between warps, so no chunk values go
 /// through memory. (H200, llama-glimmer, ncu: attn_output 12.6 us against 15.1 split; the
 /// q+k+v launch, 55% full that way, 23.8 against 17.8.)
-pub fn mvk_blocks(quads: usize, per: usize, sms: usize, per_sm: usize) -> u32 {
-    let most = sms.max(1) * per_sm.max(1);
-    let warps = 4 * most;
+pub fn mvk_blocks(quads: usize, per: usize, sms: usize) -> u32 {
+    let (most, warps) = (sms.max(1) * 4, sms.max(1) * 16);
     if quads <= warps && 4 * quads >= 3 * warps {
         quads.div_ceil(4) as u32
     } else {
         (quads * per).div_ceil(2).div_ceil(4).clamp(1, most) as u32
     }
-}
-
-/// Stages per warp of `mvs_1` / `mvs_silu_1` unless `MUSER_CUDA_MVS_STAGES` says otherwise (0:
-/// `mvk_*`), and the most the kernels take (MVS_BARS in matvec.cu: 8 mbarriers per warp).
-pub const MVS_STAGES: usize = 2;
-pub const MVS_STAGES_MAX: usize = 8;
-
-/// Bytes of one stage of one warp (MVS_STAGE in matvec.cu: 2 tasks x 4 rows x 4 super-blocks of
-/// up to 192 bytes, Q6_K's scales and 32-byte d windows) and a block's dynamic shared memory.
-const MVS_STAGE: usize = 2 * 4 * 4 * 192 + 2 * 4 * 4 * 16 + 2 * 4 * 32;
-pub fn mvs_smem(stages: usize) -> usize {
-    256 + 4 * stages * MVS_STAGE
 }
 
 /// The `mvk_*` kernels split the work in 32-bit arithmetic: tasks x warps must stay below 2^32
@@ -223,15 +210,10 @@ fn uses_q8_k(k: usize, types: &[GgmlType]) -> bool {
             .any(|t| matches!(t, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K))
 }
 
-/// Zero bytes after a repacked Q6_K matrix (`repack`).
-pub const Q6_K_PAD: usize = 32;
-
 /// Reorders the blocks of Q6_K (210 bytes) and Q8_0 (34 bytes), whose fields are only 2-byte
 /// aligned, into planes the kernels read with 16-byte loads; other types are returned as they
 /// are. Q6_K: [rows][nb][192] ql+qh, then [rows][nb][16] scales, then [rows][nb] d (f16).
-/// Q8_0: [rows][cols] int8, then [rows][cols/32] d (f16). The byte count is unchanged, but for
-/// Q6_K's 32 zero bytes after the d plane: `mvs_*` copies whole 16-byte-aligned 32-byte windows
-/// of that plane.
+/// Q8_0: [rows][cols] int8, then [rows][cols/32] d (f16). The byte count is unchanged.
 pub fn repack(ty: GgmlType, bytes: &[u8]) -> std::borrow::Cow<'_, [u8]> {
     let (bs, quants, scales) = match ty {
         GgmlType::Q6_K => (210usize, 192usize, 16usize),
@@ -239,11 +221,9 @@ pub fn repack(ty: GgmlType, bytes: &[u8]) -> std::borrow::Cow<'_, [u8]> {
         _ => return std::borrow::Cow::Borrowed(bytes),
     };
     let nblk = bytes.len() / bs;
-    let pad = if ty == GgmlType::Q6_K { Q6_K_PAD } else { 0 };
-    let mut out = vec![0u8; bytes.len() + pad];
+    let mut out = vec![0u8; bytes.len()];
     let (qa, rest) = out.split_at_mut(nblk * quants);
     let (sb, dc) = rest.split_at_mut(nblk * scales);
-    let dc = &mut dc[..nblk * 2];
     let blocks = bytes.par_chunks_exact(bs);
     let d_at = if ty == GgmlType::Q6_K { 208 } else { 0 };
     let q_at = if ty == GgmlType::Q6_K { 0 } else { 2 };
@@ -351,41 +331,6 @@ impl Gpu {
             cols,
             data,
         })
-    }
-
-    /// The one-column kernel for `quads` row quads of `per` tasks: `mvs` with its stages per warp
-    /// (`Gpu::mvs_stages`; its grid as many blocks per SM as its shared memory lets run at once)
-    /// or, with 0 stages, `mvk` (4 blocks per SM, its launch bounds); the stages to pass (0: none)
-    /// and the launch.
-    fn mvk_kernel(
-        &self,
-        mvk: &str,
-        mvs: &str,
-        quads: usize,
-        per: usize,
-    ) -> Result<(&cudarc::driver::CudaFunction, i32, LaunchConfig), CudaError> {
-        let stages = self.mvs_stages();
-        let (f, smem, per_sm) = if stages == 0 {
-            (self.kernel(mvk)?, 0, 4)
-        } else {
-            let smem = mvs_smem(stages);
-            let f = self.kernel_smem(mvs, smem)?;
-            let fits = f.occupancy_max_active_blocks_per_multiprocessor(128, smem, None)?;
-            if fits == 0 {
-                return Err(CudaError::Unsupported(format!(
-                    "{mvs} with {stages} stages needs {smem} bytes of shared memory per block"
-                )));
-            }
-            (f, smem, (fits as usize).min(4))
-        };
-        let blocks = mvk_blocks(quads, per, self.sms, per_sm);
-        mvk_fits(quads * per, blocks)?;
-        let cfg = LaunchConfig {
-            grid_dim: (blocks, 1, 1),
-            block_dim: (128, 1, 1),
-            shared_mem_bytes: smem as u32,
-        };
-        Ok((f, stages as i32, cfg))
     }
 
     /// The chunk values and row-quad counters of the `mvk_*` kernels, at least `cv` floats and
@@ -575,14 +520,17 @@ impl Gpu {
         }
         let nch = mvk_chunks(k);
         let (cv, cnt) = self.split_scratch(total * nch, total / 4)?;
-        let (f, stages, cfg) = self.mvk_kernel("mvk_1", "mvs_1", total / 4, nch)?;
+        let blocks = mvk_blocks(total / 4, nch, self.sms);
+        mvk_fits(total / 4 * nch, blocks)?;
+        let cfg = LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
         let (xq, xds) = (dptr(self, &scratch.q), dptr(self, &scratch.ds));
         let k_i = k as i32;
-        let mut b = self.stream.launch_builder(f);
+        let mut b = self.stream.launch_builder(self.kernel("mvk_1")?);
         b.arg(&mj).arg(&xq).arg(&xds).arg(&k_i).arg(&cv).arg(&cnt);
-        if stages > 0 {
-            b.arg(&stages);
-        }
         // SAFETY: each job reads rows*row_bytes weight bytes and writes rows outputs; the
         // activation holds k values and k / 32 scales; cv holds total * nch floats and cnt
         // total / 4 counters, zero between launches (each launch leaves them so).
@@ -686,14 +634,17 @@ impl Gpu {
             let nch = mvk_chunks(k);
             let quads = rows.div_ceil(4);
             let (cv, cnt) = self.split_scratch(quads * 4 * 2 * nch, quads)?;
-            let (f, stages, cfg) = self.mvk_kernel("mvk_silu_1", "mvs_silu_1", quads, 2 * nch)?;
+            let blocks = mvk_blocks(quads, 2 * nch, self.sms);
+            mvk_fits(quads * 2 * nch, blocks)?;
+            let cfg = LaunchConfig {
+                grid_dim: (blocks, 1, 1),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: 0,
+            };
             let (xq, xds, k_i) = (dptr(self, &scratch.q), dptr(self, &scratch.ds), k as i32);
-            let mut b = self.stream.launch_builder(f);
+            let mut b = self.stream.launch_builder(self.kernel("mvk_silu_1")?);
             b.arg(&wg).arg(&tg).arg(&wu).arg(&tu).arg(&y).arg(&rows_i);
             b.arg(&xq).arg(&xds).arg(&k_i).arg(&cv).arg(&cnt);
-            if stages > 0 {
-                b.arg(&stages);
-            }
             // SAFETY: reads rows*row_bytes bytes of each matrix and the activation of k values;
             // writes rows outputs; cv and cnt as in `mvk`.
             unsafe { b.launch(cfg) }?;
@@ -909,7 +860,7 @@ mod tests {
                     starts.push(starts.last().unwrap() + r.div_ceil(4) * 4);
                 }
                 let tasks = starts[rows.len()] / 4 * nch;
-                let ww = 4 * mvk_blocks(tasks / nch, nch, sms, 4) as usize;
+                let ww = 4 * mvk_blocks(tasks / nch, nch, sms) as usize;
                 assert!(
                     ww >= rows.len() && ww <= sms * 16,
                     "{rows:?} K {k}: {ww} warps"
@@ -1017,11 +968,9 @@ mod tests {
             let nblk = 37;
             let bytes: Vec<u8> = (0..nblk * bs).map(|_| rng.gen()).collect();
             let out = repack(ty, &bytes);
-            let pad = if ty == GgmlType::Q6_K { Q6_K_PAD } else { 0 };
-            assert_eq!(out.len(), bytes.len() + pad);
-            assert!(out[bytes.len()..].iter().all(|&b| b == 0), "{ty}: the pad is zero");
+            assert_eq!(out.len(), bytes.len());
             let mut a = bytes.clone();
-            let mut b = out[..bytes.len()].to_vec();
+            let mut b = out.to_vec();
             a.sort_unstable();
             b.sort_unstable();
             assert_eq!(a, b, "{ty}: repack is a permutation");

@@ -835,10 +835,6 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
 
     // K split over blocks (mmt_split_4) at a width of several chunks, in the quick check too.
     check_split(p, 40, 4096)?;
-    // One column on the staged kernels against mvk, at a width whose last chunk is short and at
-    // one of whole chunks.
-    check_mvs(p, 6656)?;
-    check_mvs(p, 4096)?;
 
     // LM head (+ scale + softcap) at the full vocabulary, and GPU argmax of its logits.
     let vocab = if quick { 4096 } else { VOCAB };
@@ -872,64 +868,6 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
             &[1.0],
             0.0,
         );
-    }
-    Ok(())
-}
-
-/// One column of K-quant matrices of width `k` on the staged one-column kernels (`mvs_1`,
-/// `mvs_silu_1`) at 2 and 4 stages per warp against `mvk_*` (0 stages; bit for bit: the same
-/// tasks, rounds and order) and against the CPU: a launch of three matrices of the three formats
-/// (row counts that leave partial row quads and warps with less than a task) and a gate+up.
-fn check_mvs(p: &mut Pair, k: usize) -> anyhow::Result<()> {
-    let (xc, xg, _) = p.random_bufs(1, k);
-    let jobs = [
-        (GgmlType::Q4_K, 4100usize),
-        (GgmlType::Q5_K, 998),
-        (GgmlType::Q6_K, 2046),
-    ];
-    let mut ws = Vec::new();
-    for (ty, rows) in jobs {
-        let t = p.matrix("mvs", ty, rows, k)?;
-        ws.push(p.weights(&t)?);
-    }
-    let (gate, up) = (
-        p.matrix("mvs gate", GgmlType::Q4_K, 3002, k)?,
-        p.matrix("mvs up", GgmlType::Q4_K, 3002, k)?,
-    );
-    let ((gc, gg), (uc, ug)) = (p.weights(&gate)?, p.weights(&up)?);
-    let before = p.gpu.gpu.mvs_stages();
-    let mut outs = Vec::new();
-    let mut silu = Vec::new();
-    for stages in [0usize, 2, 4] {
-        p.gpu.gpu.set_mvs_stages(stages);
-        let mut ys: Vec<_> = jobs.iter().map(|&(_, rows)| p.gpu.buf(1, rows)).collect();
-        {
-            let mut pairs: Vec<_> = ws.iter().map(|(_, wg)| wg).zip(ys.iter_mut()).collect();
-            p.gpu.matmul(&xg, &mut pairs);
-        }
-        outs.push(ys.iter().map(|y| p.read_gpu(y)).collect::<Vec<_>>());
-        let mut f = p.gpu.buf(1, 3002);
-        p.gpu.ffn_gate_up_silu(&xg, &gg, &ug, &mut f);
-        silu.push(p.read_gpu(&f));
-    }
-    p.gpu.gpu.set_mvs_stages(before);
-    for (i, &(ty, rows)) in jobs.iter().enumerate() {
-        let mut yc = p.cpu.buf(1, rows);
-        p.cpu.matmul(&xc, &mut [(&ws[i].0, &mut yc)]);
-        let want = p.read_cpu(&yc);
-        for (s, stages) in [(1, 2), (2, 4)] {
-            let shape = format!("{ty} {rows}x{k} of 3 jobs, {stages} stages");
-            p.record("matvec staged", shape.clone(), &outs[s][i], &want, MATVEC_NMSE);
-            p.exact("staged == mvk", shape, &outs[s][i], &outs[0][i]);
-        }
-    }
-    let mut fc = p.cpu.buf(1, 3002);
-    p.cpu.ffn_gate_up_silu(&xc, &gc, &uc, &mut fc);
-    let want = p.read_cpu(&fc);
-    for (s, stages) in [(1, 2), (2, 4)] {
-        let shape = format!("Q4_K 2x3002x{k}, {stages} stages");
-        p.record("gate_up_silu staged", shape.clone(), &silu[s], &want, MATVEC_NMSE);
-        p.exact("staged silu == mvk", shape, &silu[s], &silu[0]);
     }
     Ok(())
 }
@@ -1606,7 +1544,7 @@ fn check_model(
 /// Times one launch of each Glimmer matrix (1 column) and prints GB/s of weights read.
 fn bench_matvec(p: &Pair) -> anyhow::Result<()> {
     println!("\nmatvec timing (1 column, weights streamed once per launch):");
-    println!("| matrix | type | rows x cols | MB | us | GB/s | K-quants: us with 0 (mvk) / 2 / 4 stages (mvs) |");
+    println!("| matrix | type | rows x cols | MB | us | GB/s |");
     let cases = [
         ("attn_q+k+v+gate", 0usize, 0usize, GgmlType::Q4_K),
         ("attn_q", Q_WIDTH, HIDDEN, GgmlType::Q4_K),
@@ -1649,30 +1587,14 @@ fn bench_matvec(p: &Pair) -> anyhow::Result<()> {
                 ws.iter().zip(outs.iter_mut()).collect();
             be.matmul(&xin, &mut pairs);
         };
-        let time = |outs: &mut Vec<CudaBuf>| {
-            run(outs);
-            be.synchronize();
-            let t = Instant::now();
-            for _ in 0..iters {
-                run(outs);
-            }
-            be.synchronize();
-            t.elapsed().as_secs_f64() / iters as f64 * 1e6
-        };
-        let us = time(&mut outs);
-        let mut stages = String::new();
-        if matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K) {
-            let before = be.gpu.mvs_stages();
-            let each: Vec<String> = [0usize, 2, 4]
-                .iter()
-                .map(|&n| {
-                    be.gpu.set_mvs_stages(n);
-                    format!("{:.1}", time(&mut outs))
-                })
-                .collect();
-            be.gpu.set_mvs_stages(before);
-            stages = each.join(" / ");
+        run(&mut outs);
+        be.synchronize();
+        let t = Instant::now();
+        for _ in 0..iters {
+            run(&mut outs);
         }
+        be.synchronize();
+        let us = t.elapsed().as_secs_f64() / iters as f64 * 1e6;
         let shape = if rows == 0 {
             format!(
                 "{}+{}+{}+{} x {HIDDEN}",
@@ -1682,7 +1604,7 @@ fn bench_matvec(p: &Pair) -> anyhow::Result<()> {
             format!("{rows} x {cols}")
         };
         println!(
-            "| {name} | {ty} | {shape} | {:.1} | {us:.1} | {:.0} | {stages} |",
+            "| {name} | {ty} | {shape} | {:.1} | {us:.1} | {:.0} |",
             bytes as f64 / 1e6,
             bytes as f64 / us / 1e3
         );

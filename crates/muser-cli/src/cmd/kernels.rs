@@ -79,7 +79,10 @@ fn resources(names: &[String], arch: &str) -> anyhow::Result<()> {
             .find(|(f, _)| f == name || f.trim_end_matches(".cu") == name)
             .ok_or_else(|| {
                 let known: Vec<_> = muser_cuda::KERNEL_SOURCES.iter().map(|(f, _)| *f).collect();
-                anyhow::anyhow!("--resources {name}: no such kernel source (known: {})", known.join(", "))
+                anyhow::anyhow!(
+                    "--resources {name}: no such kernel source (known: {})",
+                    known.join(", ")
+                )
             })?;
         for line in muser_cuda::compile::kernel_resources(file, src, arch)? {
             println!("{file}: {line}");
