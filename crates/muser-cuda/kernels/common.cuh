@@ -153,3 +153,50 @@ struct MatvecJobs {
     int start[5];
     int njobs;
 };
+
+// Q8_K quantization of 256-block blk (of rows K wide) held by one warp, lane l with values
+// 8l .. 8l + 7 in f (quantize_q8_k in matvec.cu, and residual_norm in norm.cu, which quantizes
+// its output for the matmul after it): the bits of the CPU reference's quantizer (see
+// quantize_q8_k). Writes q (int8; kmajor: the k-major layout of xq16), ds (d, sum) per 32
+// values and bs (the 8 sums split as lo + 64 hi).
+__device__ __forceinline__ void q8k_warp(const float (&f)[8], int blk, int lane, int8_t* __restrict__ q,
+                                         float2* __restrict__ ds, int8_t* __restrict__ bs, int K, int kmajor) {
+    float amax = 0.0f, max = 0.0f;
+    int at = 0x7FFFFFFF;
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+        if (fabsf(f[i]) > amax) { amax = fabsf(f[i]); max = f[i]; at = 8 * lane + i; }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float oa = __shfl_xor_sync(0xffffffffu, amax, o), om = __shfl_xor_sync(0xffffffffu, max, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, at, o);
+        if (oa > amax || (oa == amax && oi < at)) { amax = oa; max = om; at = oi; }
+    }
+    const float iscale = amax == 0.0f ? 0.0f : -127.0f / max;
+    const float d = amax == 0.0f ? 0.0f : 1.0f / iscale;
+    int qi[8], sum = 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        qi[i] = min(127, __float2int_rn(iscale * f[i]));
+        sum += qi[i];
+    }
+    int2 packed;
+    packed.x = (qi[0] & 0xFF) | ((qi[1] & 0xFF) << 8) | ((qi[2] & 0xFF) << 16) | ((qi[3] & 0xFF) << 24);
+    packed.y = (qi[4] & 0xFF) | ((qi[5] & 0xFF) << 8) | ((qi[6] & 0xFF) << 16) | ((qi[7] & 0xFF) << 24);
+    size_t dst = (size_t)blk * 256 + 8 * lane;
+    if (kmajor) {
+        // Value v of column c goes to chunk ((v / 16) % 4, v / 64) of the column (see xq16).
+        const int per = K / QK_K, c = blk / per, v = (blk % per) * QK_K + 8 * lane;
+        dst = (size_t)c * K + ((size_t)((v >> 4) & 3) * (K >> 6) + (v >> 6)) * 16 + (v & 15);
+    }
+    *(int2*)(q + dst) = packed;
+    // Lanes 4j .. 4j + 3 hold the 32-block j.
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    if ((lane & 3) == 0) {
+        ds[(size_t)blk * 8 + lane / 4] = make_float2(d, (float)sum);
+        // The sum split as lo + 64 hi (lo 0..63, hi -64..63), both int8, for the mins MMA of mmk.cu.
+        bs[(size_t)blk * 16 + lane / 4] = (int8_t)(sum & 63);
+        bs[(size_t)blk * 16 + 8 + lane / 4] = (int8_t)(sum >> 6);
+    }
+}

@@ -138,44 +138,7 @@ extern "C" __global__ void quantize_q8_k(const float* __restrict__ x, int8_t* __
     const float4* xv = (const float4*)(x + (size_t)blk * 256 + 8 * lane);
     const float4 u = xv[0], v = xv[1];
     const float f[8] = {u.x, u.y, u.z, u.w, v.x, v.y, v.z, v.w};
-    float amax = 0.0f, max = 0.0f;
-    int at = 0x7FFFFFFF;
-#pragma unroll
-    for (int i = 0; i < 8; ++i)
-        if (fabsf(f[i]) > amax) { amax = fabsf(f[i]); max = f[i]; at = 8 * lane + i; }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const float oa = __shfl_xor_sync(0xffffffffu, amax, o), om = __shfl_xor_sync(0xffffffffu, max, o);
-        const int oi = __shfl_xor_sync(0xffffffffu, at, o);
-        if (oa > amax || (oa == amax && oi < at)) { amax = oa; max = om; at = oi; }
-    }
-    const float iscale = amax == 0.0f ? 0.0f : -127.0f / max;
-    const float d = amax == 0.0f ? 0.0f : 1.0f / iscale;
-    int qi[8], sum = 0;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-        qi[i] = min(127, __float2int_rn(iscale * f[i]));
-        sum += qi[i];
-    }
-    int2 packed;
-    packed.x = (qi[0] & 0xFF) | ((qi[1] & 0xFF) << 8) | ((qi[2] & 0xFF) << 16) | ((qi[3] & 0xFF) << 24);
-    packed.y = (qi[4] & 0xFF) | ((qi[5] & 0xFF) << 8) | ((qi[6] & 0xFF) << 16) | ((qi[7] & 0xFF) << 24);
-    size_t dst = (size_t)blk * 256 + 8 * lane;
-    if (kmajor) {
-        // Value v of column c goes to chunk ((v / 16) % 4, v / 64) of the column (see xq16).
-        const int per = K / QK_K, c = blk / per, v = (blk % per) * QK_K + 8 * lane;
-        dst = (size_t)c * K + ((size_t)((v >> 4) & 3) * (K >> 6) + (v >> 6)) * 16 + (v & 15);
-    }
-    *(int2*)(q + dst) = packed;
-    // Lanes 4j .. 4j + 3 hold the 32-block j.
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    if ((lane & 3) == 0) {
-        ds[(size_t)blk * 8 + lane / 4] = make_float2(d, (float)sum);
-        // The sum split as lo + 64 hi (lo 0..63, hi -64..63), both int8, for the mins MMA of mmk.cu.
-        bs[(size_t)blk * 16 + lane / 4] = (int8_t)(sum & 63);
-        bs[(size_t)blk * 16 + 8 + lane / 4] = (int8_t)(sum >> 6);
-    }
+    q8k_warp(f, blk, lane, q, ds, bs, K, kmajor);
 }
 
 // One warp per 32 values; n_blocks counts 32-blocks.

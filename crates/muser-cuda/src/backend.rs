@@ -113,6 +113,13 @@ pub struct CudaBackend {
     attn_mma: std::sync::atomic::AtomicBool,
     /// (kernels, kernel edges, programmatic edges) of the last graph captured.
     last_graph: Mutex<Option<(u64, usize, usize)>>,
+    /// The f32 values (address, count, row width) whose row-major Q8_K quantization the
+    /// workspace's activation scratch holds, written there by the `residual_norm` that produced
+    /// them; only the next op may use it (every other op clears it, `timed`), and a matmul or
+    /// gate+up over exactly those values then skips its quantizer (`quantize_for`).
+    fused_act: Mutex<Option<(u64, usize, usize)>>,
+    /// residual_norm quantizes its output (`MUSER_CUDA_FUSED_QUANT`, default on).
+    fuse_quant: std::sync::atomic::AtomicBool,
 }
 
 /// One launch of the per-row attention kernels (decode groups, and prefill chunks on the tensor
@@ -331,6 +338,10 @@ impl CudaBackend {
             upload: Mutex::new(None),
             profile: Mutex::new(None),
             last_graph: Mutex::new(None),
+            fused_act: Mutex::new(None),
+            fuse_quant: std::sync::atomic::AtomicBool::new(
+                std::env::var("MUSER_CUDA_FUSED_QUANT").map_or(true, |v| v != "0"),
+            ),
             attn_mma: std::sync::atomic::AtomicBool::new(
                 std::env::var("MUSER_ATTN_MMA").map_or(true, |v| v != "0"),
             ),
@@ -410,7 +421,15 @@ impl CudaBackend {
         v
     }
 
+    /// Runs op `f` (timed when profiling). Every op but the ones that may read a fused
+    /// quantization (`timed_reader`) ends the life of one (`fused_act`).
     fn timed<R>(&self, op: impl FnOnce() -> String, f: impl FnOnce() -> R) -> R {
+        *self.fused_act.lock().unwrap() = None;
+        self.timed_reader(op, f)
+    }
+
+    /// `timed` for the matmuls, which may use the fused quantization of their input.
+    fn timed_reader<R>(&self, op: impl FnOnce() -> String, f: impl FnOnce() -> R) -> R {
         if self.profile.lock().unwrap().is_none() {
             return f();
         }
@@ -433,7 +452,14 @@ impl CudaBackend {
     }
 
     /// Quantizes the `n` f32 values at `x` (rows of width `k`) for the kernels of `types`.
+    /// Skipped when the scratch already holds these values' quantization in the layout the
+    /// kernels of `types` read (row-major Q8_K from `residual_norm`; `fused_act`).
     fn quantize_for(&self, ws: &mut Workspace, x: u64, n: usize, k: usize, types: &[GgmlType]) {
+        let fused = self.fused_act.lock().unwrap().take();
+        if fused == Some((x, n, k)) && crate::matvec::reads_row_major_q8_k(n / k, k, types) {
+            ws.act.kmajor = false;
+            return;
+        }
         ck(
             self.gpu.quantize_act(x, n, k, types, &mut ws.act),
             "quantize activation",
@@ -886,6 +912,7 @@ impl Backend for CudaBackend {
     }
     fn write(&self, buf: &mut CudaBuf, data: &[f32]) {
         assert_eq!(data.len(), buf.rows * buf.cols, "write: size mismatch");
+        *self.fused_act.lock().unwrap() = None;
         ck(
             self.gpu.stream.memcpy_htod(data, &mut buf.data),
             "write buffer",
@@ -983,7 +1010,7 @@ impl Backend for CudaBackend {
     }
 
     fn matmul(&self, x: &CudaBuf, outs: &mut [(&CudaWeight, &mut CudaBuf)]) {
-        self.timed(
+        self.timed_reader(
             || format!("matmul {}", short_name(&outs[0].0.name)),
             || {
                 let mut ws = self.ws.lock().unwrap();
@@ -1014,7 +1041,7 @@ impl Backend for CudaBackend {
     }
 
     fn ffn_gate_up_silu(&self, x: &CudaBuf, gate: &CudaWeight, up: &CudaWeight, out: &mut CudaBuf) {
-        self.timed(
+        self.timed_reader(
             || "ffn_gate_up_silu".to_string(),
             || {
                 let mut ws = self.ws.lock().unwrap();
@@ -1225,6 +1252,19 @@ impl Backend for CudaBackend {
                     block_dim: (1024, 1, 1),
                     shared_mem_bytes: 0,
                 };
+                // out's Q8_K quantization into the activation scratch, for the matmul after.
+                let n = h.rows * h.cols;
+                let fuse = self.fuse_quant.load(std::sync::atomic::Ordering::Relaxed)
+                    && h.cols.is_multiple_of(256);
+                let mut ws = self.ws.lock().unwrap();
+                if fuse && n > ws.act.cap {
+                    ws.act = ck(self.gpu.act_scratch(n), "activation scratch");
+                }
+                let (q, ds, bs) = if fuse {
+                    (self.p(&ws.act.q), self.p(&ws.act.ds), self.p(&ws.act.bs))
+                } else {
+                    (0, 0, 0)
+                };
                 let mut b = self.gpu.stream.launch_builder(self.kernel("residual_norm"));
                 b.arg(&hp)
                     .arg(&xp)
@@ -1233,9 +1273,16 @@ impl Backend for CudaBackend {
                     .arg(&nw)
                     .arg(&neps)
                     .arg(&op)
-                    .arg(&cols);
-                // SAFETY: h, x, out are [rows][cols]; the weights [cols].
+                    .arg(&cols)
+                    .arg(&q)
+                    .arg(&ds)
+                    .arg(&bs);
+                // SAFETY: h, x, out are [rows][cols]; the weights [cols]; q, ds and bs (when
+                // fused) hold the quantization of rows * cols values (act_scratch).
                 ck(unsafe { b.launch(cfg) }, "residual_norm");
+                if fuse {
+                    *self.fused_act.lock().unwrap() = Some((op, n, h.cols));
+                }
             },
         )
     }

@@ -201,6 +201,15 @@ pub fn kmajor_layout(ncols: usize, k: usize, types: &[GgmlType]) -> bool {
     (2..=MAX_COLS).contains(&ncols) && uses_q8_k(k, types) && types.contains(&GgmlType::Q8_0)
 }
 
+/// Whether the kernels of `types` over `ncols` columns of width `k` read the activation as
+/// row-major Q8_K (what `residual_norm` writes beside its output): some type reads int8, the
+/// format is Q8_K and the layout is not k-major.
+pub fn reads_row_major_q8_k(ncols: usize, k: usize, types: &[GgmlType]) -> bool {
+    types.iter().any(|&t| uses_q8_activation(t))
+        && uses_q8_k(k, types)
+        && !kmajor_layout(ncols, k, types)
+}
+
 /// Whether the activation for `types` at width `k` is quantized to Q8_K (one scale per 256):
 /// any K-quant among them; else Q8_0 (one per 32).
 fn uses_q8_k(k: usize, types: &[GgmlType]) -> bool {

@@ -495,6 +495,18 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
                 },
                 &mut og,
             );
+            // The matmul right after reads residual_norm's quantization of out (fused); the
+            // same matmul again quantizes out itself: the same bits.
+            let q = &w["attn_q"].1;
+            let (mut fused, mut plain) = (p.gpu.buf(n, q.rows), p.gpu.buf(n, q.rows));
+            p.gpu.matmul(&og, &mut [(q, &mut fused)]);
+            p.gpu.matmul(&og, &mut [(q, &mut plain)]);
+            p.exact(
+                "fused quantization",
+                format!("residual_norm -> attn_q {n}x{hidden} (post: {with_post})"),
+                &p.read_gpu(&fused),
+                &p.read_gpu(&plain),
+            );
             let op = if with_post {
                 "residual_norm"
             } else {
@@ -744,8 +756,9 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
             for (ty, (wc, wg)) in &other {
                 cases.push((format!("{ty} 1024x{hidden}"), wc, wg));
             }
-            // Past 16 columns the K-quants run on mmt.cu, once more with K split over blocks
-            // (mmt_split_4, off by default until measured).
+            // Past 16 columns the K-quants run on mmt.cu, unsplit and with K split over blocks
+            // where the launch is narrow (mmt_split_4, on by default).
+            let split_default = p.gpu.gpu.mmt_split();
             let splits: &[bool] = if n > 16 { &[false, true] } else { &[false] };
             for (split, (what, wc, wg)) in splits
                 .iter()
@@ -790,7 +803,7 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
                     &alone,
                 );
             }
-            p.gpu.gpu.set_mmt_split(false);
+            p.gpu.gpu.set_mmt_split(split_default);
             for (what, rows, (gcw, ggw), (ucw, ugw)) in [
                 (format!("Q4_K {ffn}x{hidden}"), ffn, (&gc, &gg), (&uc, &ug)),
                 (
@@ -877,6 +890,7 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
 /// against the CPU.
 fn check_split(p: &mut Pair, n: usize, k: usize) -> anyhow::Result<()> {
     let (xc, xg, _) = p.random_bufs(n, k);
+    let split_default = p.gpu.gpu.mmt_split();
     for (ty, rows) in [
         (GgmlType::Q4_K, 320usize),
         (GgmlType::Q5_K, 128),
@@ -891,7 +905,7 @@ fn check_split(p: &mut Pair, n: usize, k: usize) -> anyhow::Result<()> {
             p.gpu.matmul(&xg, &mut [(&wg, &mut yg)]);
             outs.push(p.read_gpu(&yg));
         }
-        p.gpu.gpu.set_mmt_split(false);
+        p.gpu.gpu.set_mmt_split(split_default);
         let mut yc = p.cpu.buf(n, rows);
         p.cpu.matmul(&xc, &mut [(&wc, &mut yc)]);
         let want = p.read_cpu(&yc);
