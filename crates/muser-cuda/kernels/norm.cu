@@ -3,9 +3,8 @@
 // the fused residual tail h += rmsnorm(x, post); out = rmsnorm(h, next) (SPEC rows 10 and 13).
 //
 // Launch: rmsnorm and residual_norm one block of 1024 threads per row, each thread holding its
-// (at most 8) values in registers between the passes (rmsnorm values tid + 1024 k,
-// residual_norm 8 consecutive ones; sums in f32 over a fixed tree, so a row's result never
-// depends on the batch); rows up to 8192 wide. rmsnorm_heads one warp per head, 4
+// (at most 8) values in registers between the passes (values tid + 1024 k; sums in f32 over a
+// fixed tree, so a row's result never depends on the batch); rows up to 8192 wide. rmsnorm_heads one warp per head, 4
 // heads per block. Measured on the H200 (2026-11-29, v1 with 256 threads and three passes over
 // memory): residual_norm ~20 us per 6656-wide row, latency-bound; this version keeps one load:
 // 104 calls per Glimmer token take 1.4 ms synchronized (~6 us each once the ~8 us of
@@ -66,68 +65,48 @@ extern "C" __global__ void __launch_bounds__(128) rmsnorm_heads(float* __restric
     for (int i = lane; i < head_dim; i += WARP) xh[i] = xh[i] * inv * w[i];
 }
 
-// Loads this thread's values 8 tid .. 8 tid + 7 of a row (zeros past the end; 16-byte loads
-// when the row allows).
-__device__ __forceinline__ void load_run(const float* __restrict__ r, int cols, float (&v)[NORM_V]) {
-    const int i0 = NORM_V * threadIdx.x;
-    if ((cols & 7) == 0) {
-        float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f), b = a;
-        if (i0 < cols) {
-            a = *(const float4*)(r + i0);
-            b = *(const float4*)(r + i0 + 4);
-        }
-        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-        return;
-    }
-#pragma unroll
-    for (int k = 0; k < NORM_V; ++k) v[k] = i0 + k < cols ? r[i0 + k] : 0.0f;
-}
-
 // h += post ? rmsnorm(x, post, post_eps) : x; out = rmsnorm(h, next, next_eps). h, x, out:
-// [rows][cols] (cols <= 8192); post (may be null) and next: [cols]. Thread t holds values
-// 8t .. 8t + 7, so each warp holds 256 consecutive values of out: with q non-null (cols a
+// [rows][cols] (cols <= 8192); post (may be null) and next: [cols]. With q non-null (cols a
 // multiple of 256) it also writes out's Q8_K quantization (q8k_warp: the bits quantize_q8_k
 // would give, row-major) for the matmul that reads out next, which then skips its quantizer
-// (backend.rs: residual_norm, quantize_for). H200, llama-glimmer decode: 104 residual norms and
-// 209 quantizer launches per token (v10b timeline: 4.4 and 2.2 us each).
+// (backend.rs: residual_norm, quantize_for): out goes through shared memory so that warp w
+// holds values 256 w .. 256 w + 255, 8 consecutive ones per lane. H200, llama-glimmer decode:
+// 104 residual norms and 209 quantizer launches per token (v10b timeline: 4.4 and 2.2 us each).
 extern "C" __global__ void __launch_bounds__(NORM_T) residual_norm(float* __restrict__ h, const float* __restrict__ x,
                                                                    const float* __restrict__ post, float post_eps,
                                                                    const float* __restrict__ next, float next_eps,
                                                                    float* __restrict__ out, int cols,
                                                                    int8_t* __restrict__ q, float2* __restrict__ ds,
                                                                    int8_t* __restrict__ bs) { pdl_wait();
+    __shared__ __align__(16) float so[NORM_V * NORM_T];
     const size_t off = (size_t)blockIdx.x * cols;
-    const int i0 = NORM_V * threadIdx.x;
-    float xv[NORM_V], hv[NORM_V], pw[NORM_V], nw[NORM_V];
-    load_run(x + off, cols, xv);
-    load_run(h + off, cols, hv);
-    if (post) load_run(post, cols, pw);
-    load_run(next, cols, nw);
+    float xv[NORM_V], hv[NORM_V];
+    load_row(x + off, cols, xv);
+    load_row(h + off, cols, hv);
     const float inv = post ? rsqrtf(block_sum(sum_sq(xv)) / (float)cols + post_eps) : 1.0f;
 #pragma unroll
-    for (int k = 0; k < NORM_V; ++k) hv[k] += post ? xv[k] * inv * pw[k] : xv[k];
-    const float inv2 = rsqrtf(block_sum(sum_sq(hv)) / (float)cols + next_eps);
-    float o[NORM_V];
-#pragma unroll
-    for (int k = 0; k < NORM_V; ++k) o[k] = hv[k] * inv2 * nw[k];
-    if ((cols & 7) == 0) {
-        if (i0 < cols) {
-            *(float4*)(h + off + i0) = make_float4(hv[0], hv[1], hv[2], hv[3]);
-            *(float4*)(h + off + i0 + 4) = make_float4(hv[4], hv[5], hv[6], hv[7]);
-            *(float4*)(out + off + i0) = make_float4(o[0], o[1], o[2], o[3]);
-            *(float4*)(out + off + i0 + 4) = make_float4(o[4], o[5], o[6], o[7]);
-        }
-    } else {
-#pragma unroll
-        for (int k = 0; k < NORM_V; ++k)
-            if (i0 + k < cols) {
-                h[off + i0 + k] = hv[k];
-                out[off + i0 + k] = o[k];
-            }
+    for (int k = 0; k < NORM_V; ++k) {
+        const int i = threadIdx.x + k * NORM_T;
+        if (i < cols) hv[k] += post ? xv[k] * inv * post[i] : xv[k];
     }
+    const float inv2 = rsqrtf(block_sum(sum_sq(hv)) / (float)cols + next_eps);
+#pragma unroll
+    for (int k = 0; k < NORM_V; ++k) {
+        const int i = threadIdx.x + k * NORM_T;
+        if (i < cols) {
+            const float o = hv[k] * inv2 * next[i];
+            h[off + i] = hv[k];
+            out[off + i] = o;
+            so[i] = o;
+        }
+    }
+    if (!q) return;
+    __syncthreads();
     // Warps whose 256 values lie in the row (cols a multiple of 256: all or none of a warp's).
-    if (q && i0 < cols) {
-        const int per = cols / QK_K;
-        q8k_warp(o, blockIdx.x * per + threadIdx.x / WARP, threadIdx.x % WARP, q, ds, bs, cols, 0);
+    const int i0 = NORM_V * threadIdx.x;
+    if (i0 < cols) {
+        const float4 a = *(const float4*)(so + i0), b = *(const float4*)(so + i0 + 4);
+        const float f[NORM_V] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+        q8k_warp(f, blockIdx.x * (cols / QK_K) + threadIdx.x / WARP, threadIdx.x % WARP, q, ds, bs, cols, 0);
     }
 }
