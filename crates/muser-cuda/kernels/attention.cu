@@ -542,12 +542,17 @@ extern "C" __global__ void attn_combine(const float* __restrict__ o_part, const 
 
 // Decode groups: as attn_combine over row t's own splits (solo_split of the positions it sees,
 // in split order, so a row gets the bits of its one-row attention), times sigmoid(gate) when a
-// gate is given (sigmoid_gate's arithmetic). Launch: grid (n_head, n_rows), D threads.
+// gate is given (sigmoid_gate's arithmetic). Launch: grid (n_head, n_rows), D threads; or, with
+// q non-null (256 a multiple of D, n_head * D of 256), grid (n_head * D / 256, n_rows) and 256
+// threads, and the block also writes its 256 outputs' Q8_K quantization (q8k_warp: the bits of
+// quantize_q8_k, row-major) for the attn_output matmul, which then skips its quantizer.
 extern "C" __global__ void attn_rows_combine(const float* __restrict__ o_part, const float2* __restrict__ ml_part,
                                              float* __restrict__ out, const float* __restrict__ gate,
                                              const int* __restrict__ pos, int n_head, int n_splits, int D,
-                                             int window, int solo) { pdl_wait();
-    const int h = blockIdx.x, row = blockIdx.y, d = threadIdx.x;
+                                             int window, int solo, int8_t* __restrict__ q, float2* __restrict__ ds,
+                                             int8_t* __restrict__ bs) { pdl_wait();
+    // blockDim.x / D heads per block (1, or with q the 256 / D heads of one Q8_K block).
+    const int hpb = blockDim.x / D, h = blockIdx.x * hpb + threadIdx.x / D, row = blockIdx.y, d = threadIdx.x % D;
     const int p = pos[row];
     const int lo = window > 0 ? max(0, p - window + 1) : 0;
     const int ns = solo_split(p + 1 - lo, solo).x;
@@ -556,4 +561,14 @@ extern "C" __global__ void attn_rows_combine(const float* __restrict__ o_part, c
     float o = merge_splits(o_part, ml_part, base, ns, D, d);
     if (gate) o *= 1.0f / (1.0f + expf(-gate[i]));
     out[i] = o;
+    if (!q) return;
+    // The block's 256 outputs quantized for the attn_output matmul (backend.rs: quantize_for).
+    __shared__ __align__(16) float so[QK_K];
+    so[threadIdx.x] = o;
+    __syncthreads();
+    if (threadIdx.x < WARP) {
+        const float4 u = *(const float4*)(so + 8 * threadIdx.x), v = *(const float4*)(so + 8 * threadIdx.x + 4);
+        const float f[8] = {u.x, u.y, u.z, u.w, v.x, v.y, v.z, v.w};
+        q8k_warp(f, row * gridDim.x + blockIdx.x, threadIdx.x, q, ds, bs, n_head * D, 0);
+    }
 }

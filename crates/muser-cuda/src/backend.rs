@@ -649,10 +649,26 @@ impl CudaBackend {
 
     /// attn_rows_combine: each row's own splits of `a`'s partials merged into `outp` ([n][n_head *
     /// d]), times sigmoid(gate) where `gp` is not 0.
-    fn attn_rows_combine(&self, a: &RowsAttn, d: usize, gp: u64, outp: u64) {
+    /// With the fused quantization on (`fuse_quant`) and heads that tile Q8_K blocks, blocks of
+    /// 256 threads also quantize the output into `ws`'s activation scratch for the attn_output
+    /// matmul (`fused_act`, set here: call it last in its op).
+    fn attn_rows_combine(&self, ws: &mut Workspace, a: &RowsAttn, d: usize, gp: u64, outp: u64) {
+        let width = a.n_head * d;
+        let fuse = self.fuse_quant.load(std::sync::atomic::Ordering::Relaxed)
+            && 256 % d == 0
+            && width.is_multiple_of(256);
+        if fuse && a.n * width > ws.act.cap {
+            ws.act = ck(self.gpu.act_scratch(a.n * width), "activation scratch");
+        }
+        let (q, ds, bs) = if fuse {
+            (self.p(&ws.act.q), self.p(&ws.act.ds), self.p(&ws.act.bs))
+        } else {
+            (0, 0, 0)
+        };
+        let threads = if fuse { 256 } else { d };
         let cfg = LaunchConfig {
-            grid_dim: (a.n_head as u32, a.n as u32, 1),
-            block_dim: (d as u32, 1, 1),
+            grid_dim: ((width / threads) as u32, a.n as u32, 1),
+            block_dim: (threads as u32, 1, 1),
             shared_mem_bytes: 0,
         };
         let (nh, ms, dd, window, so) = (
@@ -673,10 +689,17 @@ impl CudaBackend {
             .arg(&ms)
             .arg(&dd)
             .arg(&window)
-            .arg(&so);
+            .arg(&so)
+            .arg(&q)
+            .arg(&ds)
+            .arg(&bs);
         // SAFETY: the partials hold n * n_head * splits entries, of which row t reads its own
-        // splits; out (and gate) are [n][n_head * d].
+        // splits; out (and gate) are [n][n_head * d]; q, ds, bs (when fused) the quantization of
+        // n * n_head * d values (act_scratch).
         ck(unsafe { b.launch(cfg) }, "attn_rows_combine");
+        if fuse {
+            *self.fused_act.lock().unwrap() = Some((outp, a.n * width, width));
+        }
     }
 
     /// RoPE over every row of x: row t at position pos0 + t, or pos[t] when `pos` (a device
@@ -1160,7 +1183,7 @@ impl Backend for CudaBackend {
                         ring: l.spec.is_ring(),
                     };
                     self.attn_rows_mma(&a, self.p(&q.data), scale);
-                    self.attn_rows_combine(&a, d, 0, self.p(&out.data));
+                    self.attn_rows_combine(&mut ws, &a, d, 0, self.p(&out.data));
                     return;
                 }
                 let plan = attention_plan(count, q.rows, n_kv, g, self.gpu.sms);
@@ -1562,7 +1585,7 @@ impl Backend for CudaBackend {
                     assert_eq!((g.rows, g.cols), (n, width), "attention_rows: gate shape");
                 }
                 let gp = gate.map_or(0, |g| self.p(&g.data));
-                self.attn_rows_combine(&a, d, gp, self.p(&out.data));
+                self.attn_rows_combine(&mut ws, &a, d, gp, self.p(&out.data));
             },
         )
     }

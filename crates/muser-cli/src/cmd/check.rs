@@ -495,17 +495,10 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
                 },
                 &mut og,
             );
-            // The matmul right after reads residual_norm's quantization of out (fused); the
-            // same matmul again quantizes out itself: the same bits.
-            let q = &w["attn_q"].1;
-            let (mut fused, mut plain) = (p.gpu.buf(n, q.rows), p.gpu.buf(n, q.rows));
-            p.gpu.matmul(&og, &mut [(q, &mut fused)]);
-            p.gpu.matmul(&og, &mut [(q, &mut plain)]);
-            p.exact(
-                "fused quantization",
-                format!("residual_norm -> attn_q {n}x{hidden} (post: {with_post})"),
-                &p.read_gpu(&fused),
-                &p.read_gpu(&plain),
+            fused_matmul_exact(
+                p,
+                &og,
+                &format!("residual_norm -> matmul {n}x{hidden} (post: {with_post})"),
             );
             let op = if with_post {
                 "residual_norm"
@@ -916,6 +909,21 @@ fn check_split(p: &mut Pair, n: usize, k: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `x` was just written by an op that may hand its Q8_K quantization to the next matmul (fused):
+/// a Q4_K matmul over x right after it, then the same matmul again (which quantizes x itself),
+/// must give the same bits.
+fn fused_matmul_exact(p: &mut Pair, x: &CudaBuf, what: &str) {
+    let t = p
+        .matrix("fused", GgmlType::Q4_K, 256, x.cols)
+        .expect("a random Q4_K matrix");
+    let (_, wg) = p.weights(&t).expect("its upload");
+    let (mut fused, mut plain) = (p.gpu.buf(x.rows, 256), p.gpu.buf(x.rows, 256));
+    p.gpu.matmul(x, &mut [(&wg, &mut fused)]);
+    p.gpu.matmul(x, &mut [(&wg, &mut plain)]);
+    let (f, u) = (p.read_gpu(&fused), p.read_gpu(&plain));
+    p.exact("fused quantization", what.to_string(), &f, &u);
+}
+
 /// kv_store of depth + n random positions, then attention of n query rows at pos0 = depth.
 fn check_attention(
     p: &mut Pair,
@@ -953,6 +961,11 @@ fn check_attention(
     let scale = 1.0 / (head as f32).sqrt();
     p.cpu.attention(&qc, &kvc, 0, depth, scale, &mut ac);
     p.gpu.attention(&qg, &kvg, 0, depth, scale, &mut ag);
+    fused_matmul_exact(
+        p,
+        &ag,
+        &format!("attention -> attn_output {n}x{qw} @{depth}"),
+    );
     let (a, b) = (p.read_gpu(&ag), p.read_cpu(&ac));
     let what = window.map_or("plane".to_string(), |w| format!("ring {w}"));
     let off = if p.gpu.attn_mma() { "" } else { " mma off" };
@@ -1118,6 +1131,7 @@ fn check_attention_rows(
         p.gpu
             .attention_rows(&qg, qw, &rg, 0, &depths, scale, gate_g, &mut ag);
     }
+    fused_matmul_exact(p, &ag, &format!("attention_rows -> attn_output {n}x{qw}"));
     let what = window.map_or("plane".to_string(), |w| format!("ring {w}"));
     let mma = if p.gpu.attn_mma() && mma_attention_fits(head, n_head / n_kv) {
         " mma"
