@@ -783,6 +783,8 @@ impl Backend for CudaBackend {
         pos: &[usize],
         f: impl FnOnce(&mut [&mut CudaKv]),
     ) {
+        // A replayed step writes buffers and the activation scratch with no op on the host.
+        *self.fused_act.lock().unwrap() = None;
         if !self.graphs() || self.profile.lock().unwrap().is_some() {
             return f(kvs);
         }

@@ -181,7 +181,12 @@ pub fn kernel_resources(name: &str, src: &str, arch: &str) -> Result<Vec<String>
     let log = nvrtc(name, src, arch, &["--ptxas-options=-v"], |p| {
         unsafe { result::get_program_log(p) }.map(to_bytes)
     })?;
-    let log = String::from_utf8_lossy(&log);
+    Ok(parse_resources(&String::from_utf8_lossy(&log)))
+}
+
+/// The assembler's verbose report (`ptxas -v` through NVRTC) as a line per kernel: "name: N bytes
+/// stack frame, ... spill loads; Used R registers, ...".
+fn parse_resources(log: &str) -> Vec<String> {
     let mut out = Vec::new();
     let mut kernel = String::new();
     let mut parts: Vec<String> = Vec::new();
@@ -190,16 +195,23 @@ pub fn kernel_resources(name: &str, src: &str, arch: &str) -> Result<Vec<String>
         if let Some(rest) = line.strip_prefix("Compiling entry function '") {
             kernel = rest.split('\'').next().unwrap_or("").to_string();
             parts.clear();
-        } else if !kernel.is_empty() && (line.contains("stack frame") || line.starts_with("Used "))
-        {
-            parts.push(line.to_string());
+        } else if !kernel.is_empty() {
+            // Stack lines come as "ptxas . N bytes stack frame, ..." (a continuation).
+            let line = line
+                .trim_start_matches("ptxas")
+                .trim_start()
+                .trim_start_matches('.');
+            let line = line.trim();
+            if line.contains("stack frame") || line.starts_with("Used ") {
+                parts.push(line.to_string());
+            }
             if line.starts_with("Used ") {
                 out.push(format!("{kernel}: {}", parts.join("; ")));
                 kernel.clear();
             }
         }
     }
-    Ok(out)
+    out
 }
 
 fn to_bytes(v: Vec<std::ffi::c_char>) -> Vec<u8> {
@@ -269,4 +281,29 @@ fn include_paths() -> Vec<String> {
     }
     v.push("/usr/local/cuda/include".into());
     v
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn resources_one_line_per_kernel() {
+        let log = "ptxas info    : 0 bytes gmem\n\
+                   ptxas info    : Compiling entry function 'mvk_1' for 'sm_90'\n\
+                   ptxas info    : Function properties for mvk_1\n\
+                   ptxas         .     144 bytes stack frame, 60 bytes spill stores, 44 bytes spill loads\n\
+                   ptxas info    : Used 128 registers, used 0 barriers, 144 bytes cumulative stack size\n\
+                   ptxas info    : Compiling entry function 'rmsnorm' for 'sm_90'\n\
+                   ptxas info    : Function properties for rmsnorm\n\
+                   ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n\
+                   ptxas info    : Used 32 registers, used 1 barriers, 128 bytes smem\n";
+        assert_eq!(
+            super::parse_resources(log),
+            vec![
+                "mvk_1: 144 bytes stack frame, 60 bytes spill stores, 44 bytes spill loads; Used 128 \
+                 registers, used 0 barriers, 144 bytes cumulative stack size",
+                "rmsnorm: 0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads; Used 32 \
+                 registers, used 1 barriers, 128 bytes smem",
+            ]
+        );
+    }
 }
