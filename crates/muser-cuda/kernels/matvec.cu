@@ -798,16 +798,16 @@ extern "C" __global__ void __launch_bounds__(256) matvec_silu_cols(SILU_ARGS, AC
 // 16.7, ffn_down Q4_K 33.9 -> 29.2, Q6_K 47.0 -> 47.6, gate+up+SiLU 54.7 -> 54.7, LM head 282
 // -> 275; tg128 126.4 -> 132.1 tokens/s.
 // Tried and dropped after v10b (H200, llama-glimmer, 2026-11-30, one binary per variant in one
-// call, tg128 against 132.8-133.0 for this kernel): each warp's rounds streamed into shared
-// memory by bulk copies (cp.async.bulk, one per task row, mbarrier per stage, the first rounds
-// asked for before pdl_wait; same bits, checked): 2 stages 114.1-120.7, 4 stages (2 blocks per
-// SM) 93.9; one launch each: ffn_down Q6_K 50.0 -> 68.3 us, LM head 282 -> 387; the warp's tasks stepped instead of divided
-// (two tasks live per round: spills, 126.5); a bulk L2 prefetch of the round 1 or 2 ahead (115.1,
-// 110.0). Nsight Compute on the q+k+v launch: 20% of issue slots busy, 21% achieved occupancy
-// (128 registers), 11.4 cycles between a warp's instructions, 41% of them waiting on L1TEX; a
-// round's loads reach ~16 lines per instruction by their addresses (4 rows x 8 super-blocks per
-// warp), so the next lever is likely the layout (a task's bytes contiguous: coalesced 512-byte
-// loads), not more bytes in flight.
+// call, tg128 against 132.8-133.0 for this kernel): each warp's rounds streamed into shared memory
+// by bulk copies (cp.async.bulk, one per task row, mbarrier per stage, the first rounds asked for
+// before pdl_wait; same bits, checked): 2 stages 114.1-120.7, 4 stages (2 blocks per SM) 93.9; one
+// launch each: ffn_down Q6_K 50.0 -> 68.3 us, LM head 282 -> 387; the warp's tasks stepped instead
+// of divided (two tasks live per round: spills, 126.5); a bulk L2 prefetch of the round 1 or 2
+// ahead (115.1, 110.0). Nsight Compute on the q+k+v launch: 20% of issue slots busy, 21% achieved
+// occupancy (128 registers), 11.4 cycles between a warp's instructions, 41% of them waiting on
+// L1TEX; a round's loads reach ~16 lines per instruction by their addresses (4 rows x 8 super-
+// blocks per warp), so the next lever is likely the layout (a task's bytes contiguous: coalesced
+// 512-byte loads), not more bytes in flight.
 
 // Q6_K quarter (h, p) of super-block sb of a row (repacked planes, see RawQ6).
 struct RawQ6Q {
