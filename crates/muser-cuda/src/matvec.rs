@@ -988,6 +988,23 @@ mod tests {
     }
 
     #[test]
+    fn fused_quantization_only_where_the_kernels_read_row_major_q8_k() {
+        use GgmlType::*;
+        // K-quants read Q8_K row-major at any width and any number of columns...
+        for ncols in [1, 2, 8, 16, 17, 64, 512] {
+            assert!(reads_row_major_q8_k(ncols, 6656, &[Q4_K, Q6_K]));
+        }
+        // ...but for a Q8_0 matrix among them decode groups take the k-major layout,
+        assert!(reads_row_major_q8_k(1, 4096, &[Q4_K, Q8_0]));
+        assert!(!reads_row_major_q8_k(8, 4096, &[Q4_K, Q8_0]));
+        // Q8_0 alone reads Q8_0 blocks, float matrices read no int8, and a width that is not a
+        // whole number of super-blocks has no Q8_K.
+        assert!(!reads_row_major_q8_k(1, 4096, &[Q8_0]));
+        assert!(!reads_row_major_q8_k(1, 4096, &[F16, F32]));
+        assert!(!reads_row_major_q8_k(1, 4000, &[Q4_K]));
+    }
+
+    #[test]
     fn repack_moves_every_byte_once() {
         use rand::{Rng, SeedableRng};
         let mut rng = rand::rngs::StdRng::seed_from_u64(7);
