@@ -44,6 +44,13 @@ if [ "${LLAMA:-0}" = 1 ] && [ -f .llamacpp-src.tar.xz ]; then
     LLAMA_PID=$!
 fi
 
+# The parity command's totals, and (check_summary) its failures, invariance and model lines.
+check_counts() { echo "check: $(grep -hcE "^ok" "$OUT/check.log") ok, $(grep -hcE "^FAIL" "$OUT/check.log") FAIL"; }
+check_summary() {
+    check_counts
+    grep -hE "^FAIL|^invariance|never dispatched|^all |panicked|rror|^model " "$OUT/check.log" | head -16
+}
+
 # Every step ends by the deadline (BUDGET seconds after the start), so the table below is printed
 # within the device call's limit.
 DEADLINE=$((SECONDS + ${BUDGET:-100000}))
@@ -92,7 +99,7 @@ if [ "${JOB:-}" = final ]; then
     step bench-llama-nographs 60 env MUSER_CUDA_GRAPHS=0 "$BIN" bench --backend cuda -m "$G" -p 0 -n 128 -r "$REPS"
     echo
     echo "================ short table ================"
-    echo "check: $(grep -hcE "^ok" "$OUT/check.log") ok, $(grep -hcE "^FAIL" "$OUT/check.log") FAIL"
+    check_counts
     grep -hE "^FAIL|never dispatched|^all |decode_greedy|batch invariance|^model |speed" "$OUT/check.log" | head -24
     sed -n '/^matvec timing/,/^$/p' "$OUT/check.log" | head -16
     grep -h "^decode group of" "$OUT/profile.log" 2>/dev/null
@@ -118,7 +125,7 @@ if [ "${JOB:-}" = parity ]; then
     step profile 60 "$BIN" check --backend cuda --no-ops --speed "$G" --group-profile 8,32
     echo
     echo "================ short table ================"
-    echo "check: $(grep -hcE "^ok" "$OUT/check.log") ok, $(grep -hcE "^FAIL" "$OUT/check.log") FAIL"
+    check_counts
     grep -hE "^FAIL|never dispatched|^all |decode_greedy|batch invariance|^model |speed" "$OUT/check.log" | head -24
     grep -h "^decode group of\|^speed" "$OUT/profile.log"
     sed -n '/^matvec timing/,/^$/p' "$OUT/check.log" | head -16
@@ -142,7 +149,7 @@ if [ "${JOB:-}" = graphs ]; then
     step bench-streams 90 "$BIN" bench --backend cuda -m "$G" -p 0 -n 64 -r 2 -s "${STREAMS:-1,8,32}"
     echo
     echo "================ short table ================"
-    echo "check: $(grep -hcE "^ok" "$OUT/check.log") ok, $(grep -hcE "^FAIL" "$OUT/check.log") FAIL"
+    check_counts
     grep -hE "^FAIL|never dispatched|^all |decode_greedy|batch invariance" "$OUT/check.log" | head -16
     grep -h "^| .*CUDA" "$OUT"/bench-*.log
     grep -h "one decode step launches\|^decode step:\|never dispatched by" "$OUT/bench-pdl.log"
@@ -168,7 +175,7 @@ if [ "${JOB:-}" = compare ]; then
     fi
     echo
     echo "================ short table ================"
-    echo "check: $(grep -hcE "^ok" "$OUT/check.log") ok, $(grep -hcE "^FAIL" "$OUT/check.log") FAIL"
+    check_counts
     grep -hE "^FAIL|^invariance|never dispatched|^all |decode_greedy|batch invariance" "$OUT/check.log" | head -16
     grep -h "^| .*CUDA" "$OUT"/bench-*.log
     grep -h "one decode step launches\|never dispatched by" "$OUT/bench-graphs.log"
@@ -188,12 +195,12 @@ if [ "${JOB:-}" = timeline ]; then
     step synth-muse-tiny 30 "$BIN" synth muse-tiny "$T"
     if [ "${CHECK:-0}" = ops ]; then
         step check 90 "$BIN" check --backend cuda --quick
-        echo "check: $(grep -hcE "^ok" "$OUT/check.log") ok, $(grep -hcE "^FAIL" "$OUT/check.log") FAIL"
+        check_counts
         grep -hE "^FAIL|never dispatched|^all |panicked|error" "$OUT/check.log" | head -20
     fi
     if [ "${CHECK:-0}" = 1 ]; then
         step check 240 "$BIN" check --backend cuda --quick --bench --invariance "$T" --invariance "$G"
-        echo "check: $(grep -hcE "^ok" "$OUT/check.log") ok, $(grep -hcE "^FAIL" "$OUT/check.log") FAIL"
+        check_counts
         grep -hE "^FAIL|never dispatched|^all |panicked|error" "$OUT/check.log" | head -20
         sed -n '/^matvec timing/,/^$/p' "$OUT/check.log" | head -16
     fi
@@ -245,8 +252,7 @@ if [ "${JOB:-}" = ab ]; then
     step speed 90 "$BIN" check --backend cuda --no-ops --speed "$G"
     echo
     echo "================ short table ================"
-    echo "check: $(grep -hcE "^ok" "$OUT/check.log") ok, $(grep -hcE "^FAIL" "$OUT/check.log") FAIL"
-    grep -hE "^FAIL|^invariance|never dispatched|^all |panicked|rror|^model " "$OUT/check.log" | head -16
+    check_summary
     sed -n '/^| matrix | type/,/^$/p' "$OUT/check.log" | head -24
     for f in "$OUT"/bench-*.log; do grep -H "^| .*CUDA" "$f" | sed "s|$OUT/||"; done
     grep -h "^| \|^speed" "$OUT/speed.log" | head -24
@@ -283,8 +289,7 @@ if [ "${JOB:-}" = tiles ]; then
     fi
     echo
     echo "================ short table ================"
-    echo "check: $(grep -hcE "^ok" "$OUT/check.log") ok, $(grep -hcE "^FAIL" "$OUT/check.log") FAIL"
-    grep -hE "^FAIL|^invariance|never dispatched|^all |panicked|rror|^model " "$OUT/check.log" | head -16
+    check_summary
     grep "^| .*CUDA" "$OUT"/bench-*.log | sed "s|$OUT/||"
     grep -h "^| \|^speed\|^decode group of" "$OUT/speed.log" | head -40
     [ -f "$OUT/ncu-kernel.log" ] && grep -E "Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|Registers Per|Stall|Warp Cycles Per Issued|Issue Slots Busy|L1/TEX Hit|L2 Hit|Eligible Warps" "$OUT/ncu-kernel.log" | head -30
@@ -302,7 +307,7 @@ if [ "${JOB:-}" = streams ]; then
     step profile 60 "$BIN" check --backend cuda --no-ops --speed "$G" --group-profile 8,32
     echo
     echo "================ short table ================"
-    echo "check: $(grep -hcE "^ok" "$OUT/check.log") ok, $(grep -hcE "^FAIL" "$OUT/check.log") FAIL"
+    check_counts
     grep -hE "^FAIL|^invariance|never dispatched|^all " "$OUT/check.log" | head -12
     grep -h "^decode group of\|^speed" "$OUT/profile.log"
     grep -h "^| " "$OUT/bench-streams.log"
