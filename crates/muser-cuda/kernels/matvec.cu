@@ -808,6 +808,11 @@ extern "C" __global__ void __launch_bounds__(256) matvec_silu_cols(SILU_ARGS, AC
 // L1TEX; a round's loads reach ~16 lines per instruction by their addresses (4 rows x 8 super-
 // blocks per warp), so the next lever is likely the layout (a task's bytes contiguous: coalesced
 // 512-byte loads), not more bytes in flight.
+// Also dropped (H200, 2026-11-30, same call, same bits): twins loading the quad's rows 2 or 1 at a
+// time (96 / 80 registers, no spills, 5 / 6 blocks per SM instead of 4): tg128 96.0 / 96.2
+// against 131.3 tokens/s; per launch (check --bench, us, mvk / 2 / 1 rows) ffn_gate 35.7 / 51.1 /
+// 50.8, Q6_K ffn_down 50.8 / 54.3 / 55.5, LM head 281 / 458 / 433. More warps do not make up
+// for fewer loads in flight per warp.
 
 // Q6_K quarter (h, p) of super-block sb of a row (repacked planes, see RawQ6).
 struct RawQ6Q {
@@ -898,10 +903,8 @@ __device__ __forceinline__ MvkTask mvk_silu_task(const uint8_t* wg, int tyg, con
 }
 
 // This lane's integers of quarter q of super-block sb for the task's rows (format FMT): isc, im
-// and (d, dmin) per row; the activation scale dx. The rows' weights are loaded RPH rows at a
-// time (4: all at once, 128 registers; 2 or 1: fewer registers for more warps per SM, the
-// mvkr2_* / mvkr1_* kernels); the integers are the same whatever RPH.
-template <int FMT, int RPH>
+// and (d, dmin) per row; the activation scale dx.
+template <int FMT>
 __device__ __forceinline__ void mvk_ints(const MvkTask& k, int sb, int q, const int8_t* __restrict__ xq,
                                          const float2* __restrict__ xds, int K, int (&isc)[4], int (&im)[4],
                                          float2 (&dm)[4]) {
@@ -909,77 +912,40 @@ __device__ __forceinline__ void mvk_ints(const MvkTask& k, int sb, int q, const 
     const Act a{xq, xds, nullptr, K, 1, 0};
     if constexpr (FMT == FMT_Q6_K) {
         const int A = sb * QK_K + 128 * (q >> 1) + 32 * (q & 1);
-        if constexpr (RPH == 4) {
-            RawQ6Q raw[4];
+        RawQ6Q raw[4];
 #pragma unroll
-            for (int r = 0; r < 4; ++r)
-                if (r < k.nr) raw[r] = load_q6q(k.w, k.row0 + r, k.rows, nb, sb, q);
-            const int4 xa0 = xq16<1>(a, 0, A), xa1 = xq16<1>(a, 0, A + 16);
-            const int4 xb0 = xq16<1>(a, 0, A + 64), xb1 = xq16<1>(a, 0, A + 80);
-#pragma unroll
-            for (int r = 0; r < 4; ++r)
-                if (r < k.nr) {
-                    isc[r] = q6q_isc(raw[r], q & 1, xa0, xa1, xb0, xb1);
-                    dm[r].x = raw[r].d;
-                }
-            return;
-        }
+        for (int r = 0; r < 4; ++r)
+            if (r < k.nr) raw[r] = load_q6q(k.w, k.row0 + r, k.rows, nb, sb, q);
         const int4 xa0 = xq16<1>(a, 0, A), xa1 = xq16<1>(a, 0, A + 16);
         const int4 xb0 = xq16<1>(a, 0, A + 64), xb1 = xq16<1>(a, 0, A + 80);
-#pragma unroll 1
-        for (int r0 = 0; r0 < 4; r0 += RPH) {
-            RawQ6Q raw[RPH];
 #pragma unroll
-            for (int r = 0; r < RPH; ++r)
-                if (r0 + r < k.nr) raw[r] = load_q6q(k.w, k.row0 + r0 + r, k.rows, nb, sb, q);
-#pragma unroll
-            for (int r = 0; r < RPH; ++r)
-                if (r0 + r < k.nr) {
-                    isc[r0 + r] = q6q_isc(raw[r], q & 1, xa0, xa1, xb0, xb1);
-                    dm[r0 + r].x = raw[r].d;
-                }
-        }
+        for (int r = 0; r < 4; ++r)
+            if (r < k.nr) {
+                isc[r] = q6q_isc(raw[r], q & 1, xa0, xa1, xb0, xb1);
+                dm[r].x = raw[r].d;
+            }
     } else {
         constexpr bool Q5 = FMT == FMT_Q5_K;
         const int item = sb * 4 + q;
-        if constexpr (RPH == 4) {
-            RawQ45 raw[4];
+        RawQ45 raw[4];
 #pragma unroll
-            for (int r = 0; r < 4; ++r)
-                if (r < k.nr) raw[r] = load_q45<Q5>(k.w + (size_t)(k.row0 + r) * nb * (Q5 ? 176 : 144), item);
-            const X64 x = load_x64<1>(a, 0, sb * QK_K + 64 * q);
-#pragma unroll
-            for (int r = 0; r < 4; ++r)
-                if (r < k.nr) {
-                    const Q45 u = unpack_q45<Q5>(raw[r], item);
-                    q45_ints(u, x, &isc[r], &im[r]);
-                    dm[r] = u.dm;
-                }
-            return;
-        }
+        for (int r = 0; r < 4; ++r)
+            if (r < k.nr) raw[r] = load_q45<Q5>(k.w + (size_t)(k.row0 + r) * nb * (Q5 ? 176 : 144), item);
         const X64 x = load_x64<1>(a, 0, sb * QK_K + 64 * q);
-#pragma unroll 1
-        for (int r0 = 0; r0 < 4; r0 += RPH) {
-            RawQ45 raw[RPH];
 #pragma unroll
-            for (int r = 0; r < RPH; ++r)
-                if (r0 + r < k.nr)
-                    raw[r] = load_q45<Q5>(k.w + (size_t)(k.row0 + r0 + r) * nb * (Q5 ? 176 : 144), item);
-#pragma unroll
-            for (int r = 0; r < RPH; ++r)
-                if (r0 + r < k.nr) {
-                    const Q45 u = unpack_q45<Q5>(raw[r], item);
-                    q45_ints(u, x, &isc[r0 + r], &im[r0 + r]);
-                    dm[r0 + r] = u.dm;
-                }
-        }
+        for (int r = 0; r < 4; ++r)
+            if (r < k.nr) {
+                const Q45 u = unpack_q45<Q5>(raw[r], item);
+                q45_ints(u, x, &isc[r], &im[r]);
+                dm[r] = u.dm;
+            }
     }
 }
 
 // The value of super-block sb for row q of the task's quad (in lane q of each quad), from this
 // lane's quarter q of the 4 rows: the integers summed over the quad (exact), then the canonical
 // f32 value. Lanes whose super-block is absent (ok false) load nothing and their value is unused.
-template <int FMT, int RPH>
+template <int FMT>
 __device__ __forceinline__ float mvk_value(const MvkTask& k, int sb, bool ok, int q, const int8_t* __restrict__ xq,
                                            const float2* __restrict__ xds, int K) {
     int isc[4] = {0, 0, 0, 0}, im[4] = {0, 0, 0, 0};
@@ -989,7 +955,7 @@ __device__ __forceinline__ float mvk_value(const MvkTask& k, int sb, bool ok, in
     float dx = 0.0f;
     if (ok) {
         dx = xds[(size_t)sb * 8].x;
-        mvk_ints<FMT, RPH>(k, sb, q, xq, xds, K, isc, im, dm);
+        mvk_ints<FMT>(k, sb, q, xq, xds, K, isc, im, dm);
     }
     const int s = quad_scatter(isc, q);
     const float2 dq = q == 0 ? dm[0] : q == 1 ? dm[1] : q == 2 ? dm[2] : dm[3];
@@ -1023,7 +989,7 @@ __device__ __forceinline__ void mvk_range(unsigned T, int* t0, int* t1) {
 // one fence and one atomicAdd of its task count: the warp that completes the count adds the
 // row's chunks in order and writes it. SILU: gate and up sums of the row quad, then
 // silu(gate) * up.
-template <bool SILU, int FMT, int RPH, typename TaskFn>
+template <bool SILU, int FMT, typename TaskFn>
 __device__ __forceinline__ void mvk_warp(TaskFn task, int t0, int t1, int nch, const int8_t* __restrict__ xq,
                                          const float2* __restrict__ xds, int K, float* __restrict__ cv,
                                          unsigned* __restrict__ cnt, float* __restrict__ ysilu) {
@@ -1036,7 +1002,7 @@ __device__ __forceinline__ void mvk_warp(TaskFn task, int t0, int t1, int nch, c
         const bool tv = t < t1;
         const MvkTask k = task(tv ? t : t1 - 1);
         const int sb = KQ_CHUNK * k.ch + s4;
-        float v = mvk_value<FMT, RPH>(k, sb, tv && sb < nb, q, xq, xds, K);
+        float v = mvk_value<FMT>(k, sb, tv && sb < nb, q, xq, xds, K);
         // The chunk's tree over the 4 quads of this half (kq_round's, per chunk).
         const int nsb = nb - KQ_CHUNK * k.ch;
         float o = __shfl_xor_sync(0xffffffffu, v, 4);
@@ -1096,14 +1062,14 @@ __device__ __forceinline__ void mvk_warp(TaskFn task, int t0, int t1, int nch, c
 
 // The warp's tasks [t0, t1) of one format: a loop per format (one loop serving every format
 // would need the registers of all of them at once and spill).
-template <bool SILU, int RPH, typename TaskFn>
+template <bool SILU, typename TaskFn>
 __device__ __forceinline__ void mvk_fmt(int ty, TaskFn task, int t0, int t1, int nch, const int8_t* __restrict__ xq,
                                         const float2* __restrict__ xds, int K, float* __restrict__ cv,
                                         unsigned* __restrict__ cnt, float* __restrict__ ysilu) {
     switch (ty) {
-    case FMT_Q4_K: mvk_warp<SILU, FMT_Q4_K, RPH>(task, t0, t1, nch, xq, xds, K, cv, cnt, ysilu); break;
-    case FMT_Q5_K: mvk_warp<SILU, FMT_Q5_K, RPH>(task, t0, t1, nch, xq, xds, K, cv, cnt, ysilu); break;
-    default: mvk_warp<SILU, FMT_Q6_K, RPH>(task, t0, t1, nch, xq, xds, K, cv, cnt, ysilu); break;
+    case FMT_Q4_K: mvk_warp<SILU, FMT_Q4_K>(task, t0, t1, nch, xq, xds, K, cv, cnt, ysilu); break;
+    case FMT_Q5_K: mvk_warp<SILU, FMT_Q5_K>(task, t0, t1, nch, xq, xds, K, cv, cnt, ysilu); break;
+    default: mvk_warp<SILU, FMT_Q6_K>(task, t0, t1, nch, xq, xds, K, cv, cnt, ysilu); break;
     }
 }
 
@@ -1157,32 +1123,15 @@ __device__ __forceinline__ MvkSpan pdl_wait_prefetch_mvk(const MatvecJobs& jobs,
     return sp;
 }
 
-// The warp's tasks of mvk_1 (its span from pdl_wait_prefetch_mvk), RPH rows' loads at a time.
-template <int RPH>
-__device__ __forceinline__ void mvk_run(const MatvecJobs& jobs, const MvkSpan& sp, MVK_ACT) {
+// The grid must have at least njobs warps (matvec.rs: mvk_blocks).
+extern "C" __global__ void __launch_bounds__(128, 4) mvk_1(MatvecJobs jobs, MVK_ACT) {
+    const MvkSpan sp = pdl_wait_prefetch_mvk(jobs, K);
     const int nch = (K / QK_K + KQ_CHUNK - 1) / KQ_CHUNK;
     const uint8_t* w = jobs.w[sp.j];
     float* yj = jobs.y[sp.j];
     const int ty = jobs.ty[sp.j], rows = jobs.rows[sp.j], st = jobs.start[sp.j];
-    mvk_fmt<false, RPH>(ty, [=](int t) { return mvk_job_task(w, yj, ty, rows, st, nch, t); }, sp.t0, sp.t1, nch, xq,
-                        xds, K, cv, cnt, nullptr);
-}
-
-// The grid must have at least njobs warps (matvec.rs: mvk_blocks). mvkr2_1 / mvkr1_1: the same
-// tasks and bits with the rows' loads 2 or 1 at a time, 5 or 6 blocks per SM (96 or 80
-// registers, no spills: `muser kernels --resources matvec`); MUSER_CUDA_MVK_RPH=2 or 1 picks
-// them (not yet measured on the H200; mvk_1 runs at 20% achieved occupancy).
-extern "C" __global__ void __launch_bounds__(128, 4) mvk_1(MatvecJobs jobs, MVK_ACT) {
-    const MvkSpan sp = pdl_wait_prefetch_mvk(jobs, K);
-    mvk_run<4>(jobs, sp, xq, xds, K, cv, cnt);
-}
-extern "C" __global__ void __launch_bounds__(128, 5) mvkr2_1(MatvecJobs jobs, MVK_ACT) {
-    const MvkSpan sp = pdl_wait_prefetch_mvk(jobs, K);
-    mvk_run<2>(jobs, sp, xq, xds, K, cv, cnt);
-}
-extern "C" __global__ void __launch_bounds__(128, 6) mvkr1_1(MatvecJobs jobs, MVK_ACT) {
-    const MvkSpan sp = pdl_wait_prefetch_mvk(jobs, K);
-    mvk_run<1>(jobs, sp, xq, xds, K, cv, cnt);
+    mvk_fmt<false>(ty, [=](int t) { return mvk_job_task(w, yj, ty, rows, st, nch, t); }, sp.t0, sp.t1, nch, xq, xds, K,
+                   cv, cnt, nullptr);
 }
 
 // The warp's range (t0, t1) as in pdl_wait_prefetch_mvk.
@@ -1197,25 +1146,11 @@ __device__ __forceinline__ int2 pdl_wait_prefetch_mvk_silu(const uint8_t* wg, in
     return make_int2(t0, t1);
 }
 
-// The warp's tasks of mvk_silu_1 (range from pdl_wait_prefetch_mvk_silu), RPH rows at a time.
-template <int RPH>
-__device__ __forceinline__ void mvk_silu_run(int2 range, SILU_ARGS, MVK_ACT) {
-    const int nch = (K / QK_K + KQ_CHUNK - 1) / KQ_CHUNK;
-    mvk_fmt<true, RPH>(tyg, [&](int t) { return mvk_silu_task(wg, tyg, wu, tyu, rows, nch, t); }, range.x, range.y,
-                       nch, xq, xds, K, cv, cnt, y);
-}
-
-// Gate and up of one format (tyg == tyu; the host sends other pairs to matvec_silu_1); the
-// mvkr* twins as mvk_1's.
+// Gate and up of one format (tyg == tyu; the host sends other pairs to matvec_silu_1).
 extern "C" __global__ void __launch_bounds__(128, 4) mvk_silu_1(SILU_ARGS, MVK_ACT) {
     const int2 range = pdl_wait_prefetch_mvk_silu(wg, tyg, wu, tyu, rows, K);
-    mvk_silu_run<4>(range, wg, tyg, wu, tyu, y, rows, xq, xds, K, cv, cnt);
-}
-extern "C" __global__ void __launch_bounds__(128, 5) mvkr2_silu_1(SILU_ARGS, MVK_ACT) {
-    const int2 range = pdl_wait_prefetch_mvk_silu(wg, tyg, wu, tyu, rows, K);
-    mvk_silu_run<2>(range, wg, tyg, wu, tyu, y, rows, xq, xds, K, cv, cnt);
-}
-extern "C" __global__ void __launch_bounds__(128, 6) mvkr1_silu_1(SILU_ARGS, MVK_ACT) {
-    const int2 range = pdl_wait_prefetch_mvk_silu(wg, tyg, wu, tyu, rows, K);
-    mvk_silu_run<1>(range, wg, tyg, wu, tyu, y, rows, xq, xds, K, cv, cnt);
+    const int nch = (K / QK_K + KQ_CHUNK - 1) / KQ_CHUNK;
+    mvk_fmt<true>(tyg, [&](int t) { return mvk_silu_task(wg, tyg, wu, tyu, rows, nch, t); }, range.x, range.y, nch,
+                  xq, xds, K,
+                  cv, cnt, y);
 }

@@ -41,10 +41,6 @@ pub struct Gpu {
     /// Narrow tensor-core launches split K over blocks (`matvec::mmt_splits`); on unless
     /// `MUSER_CUDA_MMT_SPLIT=0` (H200, llama-glimmer, 32 streams: 1076 against 1056 tokens/s).
     mmt_split: std::sync::atomic::AtomicBool,
-    /// Rows whose weights the one-column kernels load at a time: 4 (`mvk_*`), or 2 or 1 (the
-    /// `mvkr2_*` / `mvkr1_*` twins: fewer registers, more warps per SM; same bits) from
-    /// `MUSER_CUDA_MVK_RPH`, not yet measured.
-    mvk_rph: std::sync::atomic::AtomicUsize,
 }
 
 impl Gpu {
@@ -90,13 +86,6 @@ impl Gpu {
             big_smem: Default::default(),
             mmt_split: std::sync::atomic::AtomicBool::new(
                 std::env::var("MUSER_CUDA_MMT_SPLIT").map_or(true, |v| v != "0"),
-            ),
-            mvk_rph: std::sync::atomic::AtomicUsize::new(
-                match std::env::var("MUSER_CUDA_MVK_RPH").as_deref() {
-                    Ok("2") => 2,
-                    Ok("1") => 1,
-                    _ => 4,
-                },
             ),
         };
         // Each file's machine code for this architecture: from the kernel cache (`cache_dir`),
@@ -193,15 +182,6 @@ impl Gpu {
     }
     pub fn set_mmt_split(&self, on: bool) {
         self.mmt_split.store(on, Ordering::Relaxed);
-    }
-
-    /// Rows per load phase of the one-column kernels (4, 2 or 1; see `matvec::mvk_kernel`).
-    pub fn mvk_rph(&self) -> usize {
-        self.mvk_rph.load(Ordering::Relaxed)
-    }
-    pub fn set_mvk_rph(&self, rph: usize) {
-        assert!(matches!(rph, 1 | 2 | 4), "rows per phase 4, 2 or 1");
-        self.mvk_rph.store(rph, Ordering::Relaxed);
     }
 
     /// `kernel(name)` for a launch with `smem` bytes of dynamic shared memory: the kernel's limit is

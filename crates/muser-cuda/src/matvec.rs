@@ -80,30 +80,17 @@ pub fn mvk_chunks(k: usize) -> usize {
 }
 
 /// Blocks (of 4 warps) of an `mvk_*` launch over `quads` row quads of `per` tasks each (a round
-/// takes 2 tasks per warp): the GPU filled once (`per_sm` blocks per SM, the kernel's launch
-/// bounds: `mvk_kernel`).
+/// takes 2 tasks per warp): the GPU filled once (4 blocks per SM, the kernels' launch bounds).
 /// When one warp per row quad fills at least 3/4 of that (attn_output at the Glimmer shapes),
 /// one warp per row quad instead: no row quad is shared between warps, so no chunk values go
 /// through memory. (H200, llama-glimmer, ncu: attn_output 12.6 us against 15.1 split; the
 /// q+k+v launch, 55% full that way, 23.8 against 17.8.)
-pub fn mvk_blocks(quads: usize, per: usize, sms: usize, per_sm: usize) -> u32 {
-    let most = sms.max(1) * per_sm.max(1);
-    let warps = 4 * most;
+pub fn mvk_blocks(quads: usize, per: usize, sms: usize) -> u32 {
+    let (most, warps) = (sms.max(1) * 4, sms.max(1) * 16);
     if quads <= warps && 4 * quads >= 3 * warps {
         quads.div_ceil(4) as u32
     } else {
         (quads * per).div_ceil(2).div_ceil(4).clamp(1, most) as u32
-    }
-}
-
-/// The one-column kernel of `rph` rows per load phase (`Gpu::mvk_rph`), its gate+up twin and
-/// the blocks per SM their launch bounds give: `mvk_1` (4 rows, 128 registers, 4 blocks),
-/// `mvkr2_1` (2, 96, 5), `mvkr1_1` (1, 80, 6).
-pub fn mvk_kernel(rph: usize) -> (&'static str, &'static str, usize) {
-    match rph {
-        2 => ("mvkr2_1", "mvkr2_silu_1", 5),
-        1 => ("mvkr1_1", "mvkr1_silu_1", 6),
-        _ => ("mvk_1", "mvk_silu_1", 4),
     }
 }
 
@@ -542,8 +529,7 @@ impl Gpu {
         }
         let nch = mvk_chunks(k);
         let (cv, cnt) = self.split_scratch(total * nch, total / 4)?;
-        let (name, _, per_sm) = mvk_kernel(self.mvk_rph());
-        let blocks = mvk_blocks(total / 4, nch, self.sms, per_sm);
+        let blocks = mvk_blocks(total / 4, nch, self.sms);
         mvk_fits(total / 4 * nch, blocks)?;
         let cfg = LaunchConfig {
             grid_dim: (blocks, 1, 1),
@@ -552,7 +538,7 @@ impl Gpu {
         };
         let (xq, xds) = (dptr(self, &scratch.q), dptr(self, &scratch.ds));
         let k_i = k as i32;
-        let mut b = self.stream.launch_builder(self.kernel(name)?);
+        let mut b = self.stream.launch_builder(self.kernel("mvk_1")?);
         b.arg(&mj).arg(&xq).arg(&xds).arg(&k_i).arg(&cv).arg(&cnt);
         // SAFETY: each job reads rows*row_bytes weight bytes and writes rows outputs; the
         // activation holds k values and k / 32 scales; cv holds total * nch floats and cnt
@@ -657,8 +643,7 @@ impl Gpu {
             let nch = mvk_chunks(k);
             let quads = rows.div_ceil(4);
             let (cv, cnt) = self.split_scratch(quads * 4 * 2 * nch, quads)?;
-            let (_, name, per_sm) = mvk_kernel(self.mvk_rph());
-            let blocks = mvk_blocks(quads, 2 * nch, self.sms, per_sm);
+            let blocks = mvk_blocks(quads, 2 * nch, self.sms);
             mvk_fits(quads * 2 * nch, blocks)?;
             let cfg = LaunchConfig {
                 grid_dim: (blocks, 1, 1),
@@ -666,7 +651,7 @@ impl Gpu {
                 shared_mem_bytes: 0,
             };
             let (xq, xds, k_i) = (dptr(self, &scratch.q), dptr(self, &scratch.ds), k as i32);
-            let mut b = self.stream.launch_builder(self.kernel(name)?);
+            let mut b = self.stream.launch_builder(self.kernel("mvk_silu_1")?);
             b.arg(&wg).arg(&tg).arg(&wu).arg(&tu).arg(&y).arg(&rows_i);
             b.arg(&xq).arg(&xds).arg(&k_i).arg(&cv).arg(&cnt);
             // SAFETY: reads rows*row_bytes bytes of each matrix and the activation of k values;
@@ -876,10 +861,7 @@ mod tests {
             &[6, 4096, 2, 33],
             &[5, 3, 1, 7],
         ];
-        for (rows, per_sm) in launches
-            .iter()
-            .flat_map(|&r| [4usize, 5, 6].map(|b| (r, b)))
-        {
+        for rows in launches {
             for k in [256usize, 4096, 6656, 19968] {
                 let nch = mvk_chunks(k);
                 let mut starts = vec![0];
@@ -887,9 +869,9 @@ mod tests {
                     starts.push(starts.last().unwrap() + r.div_ceil(4) * 4);
                 }
                 let tasks = starts[rows.len()] / 4 * nch;
-                let ww = 4 * mvk_blocks(tasks / nch, nch, sms, per_sm) as usize;
+                let ww = 4 * mvk_blocks(tasks / nch, nch, sms) as usize;
                 assert!(
-                    ww >= rows.len() && ww <= sms * 4 * per_sm,
+                    ww >= rows.len() && ww <= sms * 16,
                     "{rows:?} K {k}: {ww} warps"
                 );
                 let mut seen = vec![0u8; tasks];
@@ -915,8 +897,8 @@ mod tests {
                 // One job of one row quad per warp: no row quad shared between warps.
                 let quads = rows[0].div_ceil(4);
                 if rows.len() == 1
-                    && quads <= sms * 4 * per_sm
-                    && 4 * quads >= 3 * sms * 4 * per_sm
+                    && quads <= sms * 16
+                    && 4 * quads >= 3 * sms * 16
                     && quads % 4 == 0
                 {
                     assert_eq!(ww, quads);

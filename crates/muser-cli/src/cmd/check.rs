@@ -841,10 +841,6 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
 
     // K split over blocks (mmt_split_4) at a width of several chunks, in the quick check too.
     check_split(p, 40, 4096)?;
-    // One column with the rows' loads 2 or 1 at a time (mvkr2_*, mvkr1_*), at a width whose last
-    // chunk is short and at one of whole chunks.
-    check_mvk_rph(p, hidden)?;
-    check_mvk_rph(p, 4096)?;
 
     // LM head (+ scale + softcap) at the full vocabulary, and GPU argmax of its logits.
     let vocab = if quick { 4096 } else { VOCAB };
@@ -878,63 +874,6 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
             &[1.0],
             0.0,
         );
-    }
-    Ok(())
-}
-
-/// One column of K-quant matrices of width `k` on the one-column kernels that load 2 or 1 rows at
-/// a time (`mvkr2_*`, `mvkr1_*`) against `mvk_*` (4 rows; bit for bit: the same tasks and
-/// integers) and the CPU: one launch of three matrices of the three formats (row counts that
-/// leave partial row quads) and a gate+up.
-fn check_mvk_rph(p: &mut Pair, k: usize) -> anyhow::Result<()> {
-    let (xc, xg, _) = p.random_bufs(1, k);
-    let jobs = [
-        (GgmlType::Q4_K, 4100usize),
-        (GgmlType::Q5_K, 998),
-        (GgmlType::Q6_K, 2046),
-    ];
-    let mut ws = Vec::new();
-    for (ty, rows) in jobs {
-        let t = p.matrix("rph", ty, rows, k)?;
-        ws.push(p.weights(&t)?);
-    }
-    let rows_ffn = 3002;
-    let gate = p.matrix("rph gate", GgmlType::Q4_K, rows_ffn, k)?;
-    let up = p.matrix("rph up", GgmlType::Q4_K, rows_ffn, k)?;
-    let ((gc, gg), (uc, ug)) = (p.weights(&gate)?, p.weights(&up)?);
-    let before = p.gpu.gpu.mvk_rph();
-    let mut outs = Vec::new();
-    let mut silu = Vec::new();
-    for rph in [4usize, 2, 1] {
-        p.gpu.gpu.set_mvk_rph(rph);
-        let mut ys: Vec<_> = jobs.iter().map(|&(_, rows)| p.gpu.buf(1, rows)).collect();
-        {
-            let mut pairs: Vec<_> = ws.iter().map(|(_, wg)| wg).zip(ys.iter_mut()).collect();
-            p.gpu.matmul(&xg, &mut pairs);
-        }
-        outs.push(ys.iter().map(|y| p.read_gpu(y)).collect::<Vec<_>>());
-        let mut f = p.gpu.buf(1, rows_ffn);
-        p.gpu.ffn_gate_up_silu(&xg, &gg, &ug, &mut f);
-        silu.push(p.read_gpu(&f));
-    }
-    p.gpu.gpu.set_mvk_rph(before);
-    for (i, &(ty, rows)) in jobs.iter().enumerate() {
-        let mut yc = p.cpu.buf(1, rows);
-        p.cpu.matmul(&xc, &mut [(&ws[i].0, &mut yc)]);
-        let want = p.read_cpu(&yc);
-        for (s, rph) in [(1, 2), (2, 1)] {
-            let shape = format!("{ty} {rows}x{k} of 3 jobs, {rph} rows at a time");
-            p.record("matvec", shape.clone(), &outs[s][i], &want, MATVEC_NMSE);
-            p.exact("rows at a time == 4", shape, &outs[s][i], &outs[0][i]);
-        }
-    }
-    let mut fc = p.cpu.buf(1, rows_ffn);
-    p.cpu.ffn_gate_up_silu(&xc, &gc, &uc, &mut fc);
-    let want = p.read_cpu(&fc);
-    for (s, rph) in [(1, 2), (2, 1)] {
-        let shape = format!("Q4_K 2x{rows_ffn}x{k}, {rph} rows at a time");
-        p.record("gate_up_silu", shape.clone(), &silu[s], &want, MATVEC_NMSE);
-        p.exact("silu rows at a time == 4", shape, &silu[s], &silu[0]);
     }
     Ok(())
 }
@@ -1633,9 +1572,7 @@ fn check_model(
 /// Times one launch of each Glimmer matrix (1 column) and prints GB/s of weights read.
 fn bench_matvec(p: &Pair) -> anyhow::Result<()> {
     println!("\nmatvec timing (1 column, weights streamed once per launch):");
-    println!(
-        "| matrix | type | rows x cols | MB | us | GB/s | K-quants: us with 2 / 1 rows at a time |"
-    );
+    println!("| matrix | type | rows x cols | MB | us | GB/s |");
     let cases = [
         ("attn_q+k+v+gate", 0usize, 0usize, GgmlType::Q4_K),
         ("attn_q", Q_WIDTH, HIDDEN, GgmlType::Q4_K),
@@ -1678,31 +1615,14 @@ fn bench_matvec(p: &Pair) -> anyhow::Result<()> {
                 ws.iter().zip(outs.iter_mut()).collect();
             be.matmul(&xin, &mut pairs);
         };
-        let time = |outs: &mut Vec<CudaBuf>| {
-            run(outs);
-            be.synchronize();
-            let t = Instant::now();
-            for _ in 0..iters {
-                run(outs);
-            }
-            be.synchronize();
-            t.elapsed().as_secs_f64() / iters as f64 * 1e6
-        };
-        let us = time(&mut outs);
-        // The one-column kernels' variants (`Gpu::mvk_rph`), for comparison.
-        let mut rph = String::new();
-        if matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K) {
-            let before = be.gpu.mvk_rph();
-            let each: Vec<String> = [2usize, 1]
-                .iter()
-                .map(|&n| {
-                    be.gpu.set_mvk_rph(n);
-                    format!("{:.1}", time(&mut outs))
-                })
-                .collect();
-            be.gpu.set_mvk_rph(before);
-            rph = each.join(" / ");
+        run(&mut outs);
+        be.synchronize();
+        let t = Instant::now();
+        for _ in 0..iters {
+            run(&mut outs);
         }
+        be.synchronize();
+        let us = t.elapsed().as_secs_f64() / iters as f64 * 1e6;
         let shape = if rows == 0 {
             format!(
                 "{}+{}+{}+{} x {HIDDEN}",
@@ -1712,7 +1632,7 @@ fn bench_matvec(p: &Pair) -> anyhow::Result<()> {
             format!("{rows} x {cols}")
         };
         println!(
-            "| {name} | {ty} | {shape} | {:.1} | {us:.1} | {:.0} | {rph} |",
+            "| {name} | {ty} | {shape} | {:.1} | {us:.1} | {:.0} |",
             bytes as f64 / 1e6,
             bytes as f64 / us / 1e3
         );
