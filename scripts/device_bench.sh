@@ -260,6 +260,29 @@ if [ "${JOB:-}" = ab ]; then
     exit 0
 fi
 
+if [ "${JOB:-}" = sass ]; then
+    # Where a kernel's warps stall, instruction by instruction: Nsight Compute's source counters
+    # (warp-state samples and executed instructions per SASS line) for one launch of each kernel in
+    # SASS_KERNELS (a decode step of llama-glimmer, no graphs), exported as CSV to $OUT.
+    G=$MODELS/llama-glimmer.gguf
+    step synth-llama-glimmer 60 "$BIN" synth llama-glimmer "$G"
+    NCU_BIN=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    for spec in ${SASS_KERNELS:-mvk_silu_1:20 mvk_1:41}; do
+        k=${spec%%:*} skip=${spec#*:}
+        step "ncu-$k-$skip" 150 env MUSER_CUDA_GRAPHS=0 "$NCU_BIN" --clock-control none --kernel-name "regex:^$k\$" \
+            --launch-skip "$skip" --launch-count 1 --section SourceCounters --section WarpStateStats \
+            --section SpeedOfLight --section Occupancy --import-source no -o "$OUT/$k-$skip" -f \
+            "$BIN" bench --backend cuda -m "$G" -p 0 -n 2 -r 1
+        "$NCU_BIN" -i "$OUT/$k-$skip.ncu-rep" --page source --csv --print-source sass > "$OUT/$k-$skip-sass.csv" 2> "$OUT/$k-$skip-sass.err"
+        "$NCU_BIN" -i "$OUT/$k-$skip.ncu-rep" --page details > "$OUT/$k-$skip-details.txt" 2>&1
+        rm -f "$OUT/$k-$skip.ncu-rep"
+        grep -E "Duration|Warp Cycles Per Issued|Issue Slots Busy|Achieved Occupancy|Executed Instructions " "$OUT/$k-$skip-details.txt" | head -8
+        wc -c "$OUT/$k-$skip-sass.csv"
+    done
+    cat "$OUT/summary.txt"
+    exit 0
+fi
+
 if [ "${JOB:-}" = tiles ]; then
     # Prefill and decode groups (the tensor-core kernels of 2 or more columns, prefill attention):
     # the quick parity command with batch invariance on both models, whole-model parity of

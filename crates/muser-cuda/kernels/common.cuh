@@ -142,6 +142,15 @@ __device__ __forceinline__ float kq_value_q6(float d, int isc, float dx) {
 __device__ __forceinline__ float kq_add(float y, float v) { return __fadd_rn(y, v); }
 #define KQ_CHUNK 4
 
+// The resident layout of K-quant matrices (Q4_K, Q5_K, Q6_K; matvec.rs `repack`): the rows in
+// quads, and in each quad the 4 rows' super-block b side by side, so block b of row r is block
+// number kq_blk(r, nb, b) and a chunk of KQ_CHUNK super-blocks of a row quad (the one-column
+// kernels' task) is one contiguous run of bytes. A row's blocks follow each other 4 blocks apart.
+// The rows are padded with zero blocks to a multiple of 4 (kq_rows); Q6_K's planes (matvec.cu)
+// hold kq_rows(rows) x nb blocks each, in this order.
+__device__ __forceinline__ size_t kq_blk(int row, int nb, int b) { return ((size_t)(row >> 2) * nb + b) * 4 + (row & 3); }
+__device__ __forceinline__ size_t kq_rows(long long rows) { return (size_t)((rows + 3) & ~3LL); }
+
 // Up to four matrices sharing one input (Q/K/V/gate); rows of job j are global rows
 // start[j] .. start[j + 1] of the launch (each job's rows padded to the kernel's row block, so
 // a warp's or block's rows never straddle two matrices). y[j] is [ncols][rows[j]].

@@ -29,7 +29,7 @@ __device__ float dequant_value(int ty, const uint8_t* __restrict__ t, long long 
     case EMB_Q5_K: {
         const bool q5 = ty == EMB_Q5_K;
         const int nb = cols / QK_K;
-        const uint8_t* blk = t + (r * nb + i / QK_K) * (q5 ? 176 : 144);
+        const uint8_t* blk = t + kq_blk((int)r, nb, i / QK_K) * (q5 ? 176 : 144);
         const int j = i % QK_K, g = j / 64, within = j % 64, upper = within >= 32, l = within % 32;
         const uint8_t* qs = blk + (q5 ? 48 : 16);
         int q = (qs[32 * g + l] >> (4 * upper)) & 0xF;
@@ -40,12 +40,12 @@ __device__ float dequant_value(int ty, const uint8_t* __restrict__ t, long long 
         return d * (float)sc * (float)q - dmin * (float)m;
     }
     default: {
-        // Q6_K planes: [rows][nb][192] ql/qh, [rows][nb][16] scales, [rows][nb] d.
+        // Q6_K planes (blocks in the order of kq_blk): ql/qh [192], scales [16], d.
         const int nb = cols / QK_K;
-        const long long b = r * nb + i / QK_K;
+        const size_t b = kq_blk((int)r, nb, i / QK_K), n = kq_rows(rows) * nb;
         const uint8_t* qa = t + b * 192;
-        const int8_t* sc = (const int8_t*)(t + rows * nb * 192) + b * 16;
-        const float d = __half2float(((const __half*)(t + rows * nb * 208))[b]);
+        const int8_t* sc = (const int8_t*)(t + n * 192) + b * 16;
+        const float d = __half2float(((const __half*)(t + n * 208))[b]);
         const int j = i % QK_K, half = j / 128, v = j % 128, quarter = v / 32, l = v % 32;
         const int lowbits = (qa[half * 64 + l + 32 * (quarter & 1)] >> (4 * (quarter >> 1))) & 0xF;
         const int highbits = (qa[128 + half * 32 + l] >> (2 * quarter)) & 3;

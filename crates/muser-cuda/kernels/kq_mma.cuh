@@ -44,15 +44,15 @@ __device__ __forceinline__ void kq_leaf(float& lo, float& hi, int k, float v) {
     else hi = kq_add(hi, v);
 }
 
-// Asks L2 for chunk ch of the warp's 16 rows (the quants plane of Q6_K): lane l takes row l / 2
-// and every other 64 bytes of its chunk, so every 128-byte line is asked for.
+// Asks L2 for chunk ch of the warp's 16 rows (the quants plane of Q6_K), every 128-byte line: a
+// chunk of a row quad is one contiguous run (kq_blk); lanes 8i .. 8i + 7 take quad i.
 __device__ __forceinline__ void mmk_prefetch_chunk(const uint8_t* w, int ty, int row0, int rows, int K, int ch) {
     const int lane = threadIdx.x % WARP, nb = K / QK_K, b0 = ch * KQ_CHUNK;
     if (b0 >= nb || row0 >= rows) return;
     const int bs = ty == FMT_Q6_K ? 192 : ty == FMT_Q5_K ? 176 : 144;
-    const int span = (min(b0 + KQ_CHUNK, nb) - b0) * bs;
-    const uint8_t* p = w + ((size_t)min(row0 + (lane >> 1), rows - 1) * nb + b0) * bs;
-    for (int o = (lane & 1) * 64; o < span; o += 128) prefetch_l2(p + o);
+    const int span = 4 * (min(b0 + KQ_CHUNK, nb) - b0) * bs;
+    const uint8_t* p = w + kq_blk(min(row0 + 4 * (lane >> 3), rows - 1) & ~3, nb, b0) * bs;
+    for (int o = (lane & 7) * 128; o < span; o += 1024) prefetch_l2(p + o);
 }
 
 // The job of a block of `block_rows` rows (grid y) and its first row in it (past the job's

@@ -219,10 +219,9 @@ struct RawQ45 {
     uint4 hdr, qa, qb, ha, hb; // header, 32 qs bytes, (Q5_K) the 32 qh bytes
 };
 
+// blk: the item's super-block (kq_blk), g: the item's quarter.
 template <bool Q5>
-__device__ __forceinline__ RawQ45 load_q45(const uint8_t* __restrict__ row, int item) {
-    const int b = item >> 2, g = item & 3;
-    const uint8_t* blk = row + (size_t)b * (Q5 ? 176 : 144);
+__device__ __forceinline__ RawQ45 load_q45(const uint8_t* __restrict__ blk, int g) {
     const uint8_t* qs = blk + (Q5 ? 48 : 16) + 32 * g;
     RawQ45 r;
     r.hdr = *(const uint4*)blk;
@@ -298,10 +297,13 @@ struct RawQ6 {
     float d;
 };
 
-__device__ __forceinline__ RawQ6 load_q6(const uint8_t* __restrict__ qa, const int8_t* __restrict__ sb,
-                                         const __half* __restrict__ dc, int item) {
-    const int b = item >> 1, half = item & 1;
-    const uint8_t* blk = qa + (size_t)b * 192;
+// Item `item` of row `row` of a Q6_K matrix of `rows` rows and nb super-blocks per row.
+__device__ __forceinline__ RawQ6 load_q6(const uint8_t* __restrict__ w, int rows, int nb, int row, int item) {
+    const size_t b = kq_blk(row, nb, item >> 1), n = kq_rows(rows) * nb;
+    const int half = item & 1;
+    const uint8_t* blk = w + b * 192;
+    const int8_t* sb = (const int8_t*)(w + n * 192);
+    const __half* dc = (const __half*)(w + n * 208);
     RawQ6 r;
     r.l0 = *(const uint4*)(blk + half * 64);
     r.l1 = *(const uint4*)(blk + half * 64 + 16);
@@ -402,10 +404,9 @@ template <int FMT>
 __device__ __forceinline__ auto raw_load(const uint8_t* __restrict__ w, int row, int rows, int it, const Act& a) {
     const int nb = a.K / QK_K;
     if constexpr (FMT == FMT_Q6_K) {
-        return load_q6(w + (size_t)row * nb * 192, (const int8_t*)(w + (size_t)rows * nb * 192) + (size_t)row * nb * 16,
-                       (const __half*)(w + (size_t)rows * nb * 208) + (size_t)row * nb, it);
+        return load_q6(w, rows, nb, row, it);
     } else {
-        return load_q45<FMT == FMT_Q5_K>(w + (size_t)row * nb * (FMT == FMT_Q5_K ? 176 : 144), it);
+        return load_q45<FMT == FMT_Q5_K>(w + kq_blk(row, nb, it >> 2) * (FMT == FMT_Q5_K ? 176 : 144), it & 3);
     }
 }
 
@@ -821,17 +822,17 @@ struct RawQ6Q {
     float d;
 };
 
-__device__ __forceinline__ RawQ6Q load_q6q(const uint8_t* __restrict__ w, int row, int rows, int nb, int sb, int q) {
+// at: the block's number (kq_blk), n: the blocks of each plane.
+__device__ __forceinline__ RawQ6Q load_q6q(const uint8_t* __restrict__ w, size_t at, size_t n, int q) {
     const int h = q >> 1, p = q & 1;
-    const size_t at = (size_t)row * nb + sb;
     const uint8_t* blk = w + at * 192;
     RawQ6Q r;
     r.l0 = *(const uint4*)(blk + 64 * h + 32 * p);
     r.l1 = *(const uint4*)(blk + 64 * h + 32 * p + 16);
     r.h0 = *(const uint4*)(blk + 128 + 32 * h);
     r.h1 = *(const uint4*)(blk + 128 + 32 * h + 16);
-    r.sc = *(const uint2*)(w + (size_t)rows * nb * 192 + at * 16 + 8 * h);
-    r.d = __half2float(((const __half*)(w + (size_t)rows * nb * 208))[at]);
+    r.sc = *(const uint2*)(w + n * 192 + at * 16 + 8 * h);
+    r.d = __half2float(((const __half*)(w + n * 208))[at]);
     return r;
 }
 
@@ -903,7 +904,9 @@ __device__ __forceinline__ MvkTask mvk_silu_task(const uint8_t* wg, int tyg, con
 }
 
 // This lane's integers of quarter q of super-block sb for the task's rows (format FMT): isc, im
-// and (d, dmin) per row; the activation scale dx.
+// and (d, dmin) per row. The quad's 4 rows' block sb lie side by side (kq_blk; row0 is a
+// multiple of 4, and the padding rows of the last quad exist, as zero blocks), so the 4 loads
+// per field are one base plus constants, and no row is skipped.
 template <int FMT>
 __device__ __forceinline__ void mvk_ints(const MvkTask& k, int sb, int q, const int8_t* __restrict__ xq,
                                          const float2* __restrict__ xds, int K, int (&isc)[4], int (&im)[4],
@@ -911,34 +914,33 @@ __device__ __forceinline__ void mvk_ints(const MvkTask& k, int sb, int q, const 
     const int nb = K / QK_K;
     const Act a{xq, xds, nullptr, K, 1, 0};
     if constexpr (FMT == FMT_Q6_K) {
+        const size_t at0 = kq_blk(k.row0, nb, sb), n = kq_rows(k.rows) * nb;
         const int A = sb * QK_K + 128 * (q >> 1) + 32 * (q & 1);
         RawQ6Q raw[4];
 #pragma unroll
-        for (int r = 0; r < 4; ++r)
-            if (r < k.nr) raw[r] = load_q6q(k.w, k.row0 + r, k.rows, nb, sb, q);
+        for (int r = 0; r < 4; ++r) raw[r] = load_q6q(k.w, at0 + r, n, q);
         const int4 xa0 = xq16<1>(a, 0, A), xa1 = xq16<1>(a, 0, A + 16);
         const int4 xb0 = xq16<1>(a, 0, A + 64), xb1 = xq16<1>(a, 0, A + 80);
 #pragma unroll
-        for (int r = 0; r < 4; ++r)
-            if (r < k.nr) {
-                isc[r] = q6q_isc(raw[r], q & 1, xa0, xa1, xb0, xb1);
-                dm[r].x = raw[r].d;
-            }
+        for (int r = 0; r < 4; ++r) {
+            isc[r] = q6q_isc(raw[r], q & 1, xa0, xa1, xb0, xb1);
+            dm[r].x = raw[r].d;
+        }
     } else {
         constexpr bool Q5 = FMT == FMT_Q5_K;
+        constexpr int BS = Q5 ? 176 : 144;
+        const uint8_t* blk0 = k.w + kq_blk(k.row0, nb, sb) * BS;
         const int item = sb * 4 + q;
         RawQ45 raw[4];
 #pragma unroll
-        for (int r = 0; r < 4; ++r)
-            if (r < k.nr) raw[r] = load_q45<Q5>(k.w + (size_t)(k.row0 + r) * nb * (Q5 ? 176 : 144), item);
+        for (int r = 0; r < 4; ++r) raw[r] = load_q45<Q5>(blk0 + r * BS, q);
         const X64 x = load_x64<1>(a, 0, sb * QK_K + 64 * q);
 #pragma unroll
-        for (int r = 0; r < 4; ++r)
-            if (r < k.nr) {
-                const Q45 u = unpack_q45<Q5>(raw[r], item);
-                q45_ints(u, x, &isc[r], &im[r]);
-                dm[r] = u.dm;
-            }
+        for (int r = 0; r < 4; ++r) {
+            const Q45 u = unpack_q45<Q5>(raw[r], item);
+            q45_ints(u, x, &isc[r], &im[r]);
+            dm[r] = u.dm;
+        }
     }
 }
 
@@ -963,15 +965,15 @@ __device__ __forceinline__ float mvk_value(const MvkTask& k, int sb, bool ok, in
     else return kq_value_q45(dq.x, dq.y, s, quad_scatter(im, q), dx);
 }
 
-// Asks L2 for the first round of the warp's range (2 tasks x 4 rows: a quarter chunk per lane).
+// Asks L2 for the first round of the warp's range: each half-warp its task, one contiguous run of
+// 4 x nsb blocks (kq_blk; the quants plane of Q6_K), two 128-byte lines per lane.
 __device__ __forceinline__ void mvk_prefetch(const MvkTask& k, int K) {
-    const int lane = threadIdx.x % WARP, r = (lane >> 2) & 3, seg = lane & 3, nb = K / QK_K;
-    if (r >= k.nr) return;
+    const int l = threadIdx.x % 16, nb = K / QK_K;
     const int bsz = k.ty == FMT_Q6_K ? 192 : k.ty == FMT_Q5_K ? 176 : 144;
-    const int nsb = min(KQ_CHUNK, nb - KQ_CHUNK * k.ch);
-    const uint8_t* p = k.w + ((size_t)(k.row0 + r) * nb + KQ_CHUNK * k.ch) * bsz;
-    prefetch_l2(p + seg * nsb * bsz / 4);
-    if (seg == 3) prefetch_l2(p + nsb * bsz - 1);
+    const int span = 4 * min(KQ_CHUNK, nb - KQ_CHUNK * k.ch) * bsz;
+    const uint8_t* p = k.w + kq_blk(k.row0, nb, KQ_CHUNK * k.ch) * bsz;
+    prefetch_l2(p + 128 * l);
+    if (128 * (l + 16) < span) prefetch_l2(p + 128 * (l + 16));
 }
 
 // The warp's range of the launch's T tasks: [t0, t1), W = all warps of the grid (32-bit, as

@@ -49,17 +49,16 @@ __device__ __forceinline__ void mmk_q45(const uint8_t* __restrict__ w, int row0,
     constexpr int BS = Q5 ? 176 : 144, QS = Q5 ? 48 : 16;
     const int lane = threadIdx.x % WARP, g = lane >> 2, t = lane & 3;
     const int nb = a.K / QK_K, nb32 = a.K / 32;
-    const size_t rb = (size_t)nb * BS;
-    const uint8_t* wa = w + (size_t)min(row0 + g, rows - 1) * rb;
-    const uint8_t* wb = w + (size_t)min(row0 + g + 8, rows - 1) * rb;
+    const uint8_t* wa = w + kq_blk(min(row0 + g, rows - 1), nb, 0) * BS;
+    const uint8_t* wb = w + kq_blk(min(row0 + g + 8, rows - 1), nb, 0) * BS;
     const MmkCols<NT> cols(a.ncols);
     // Unrolled over the chunk's positions, so each super-block's place in the tree is a constant.
 #pragma unroll
     for (int k = 0; k < KQ_CHUNK; ++k) {
         const int b = b0 + k;
         if (b >= b1) break;
-        const uint8_t* ba = wa + (size_t)b * BS;
-        const uint8_t* bb = wb + (size_t)b * BS;
+        const uint8_t* ba = wa + (size_t)b * 4 * BS; // a row's blocks are 4 apart (kq_blk)
+        const uint8_t* bb = wb + (size_t)b * 4 * BS;
         const uint4 ha = *(const uint4*)ba, hb = *(const uint4*)bb;
         uint2 qa[4], qb[4];
 #pragma unroll
@@ -81,26 +80,26 @@ __device__ __forceinline__ void mmk_q45(const uint8_t* __restrict__ w, int row0,
     }
 }
 
-// Q6_K, repacked (matvec.rs): plane A [rows][nb][192] = ql[128] qh[64]; plane B [rows][nb][16]
-// int8 scales; plane C [rows][nb] d (f16).
+// Q6_K, repacked (matvec.rs): plane A ql[128] qh[64], plane B int8 scales [16], plane C d (f16),
+// kq_rows(rows) x nb blocks each in the order of kq_blk.
 template <int NT>
 __device__ __forceinline__ void mmk_q6(const uint8_t* __restrict__ w, int row0, int rows, const KAct& a, int b0,
                                        int b1, float (&lo)[NT][4], float (&hi)[NT][4]) {
     const int lane = threadIdx.x % WARP, g = lane >> 2, t = lane & 3;
     const int nb = a.K / QK_K, nb32 = a.K / 32;
     const int ra = min(row0 + g, rows - 1), rb = min(row0 + g + 8, rows - 1);
-    const uint8_t* qa = w + (size_t)ra * nb * 192;
-    const uint8_t* qb = w + (size_t)rb * nb * 192;
-    const int8_t* scp = (const int8_t*)(w + (size_t)rows * nb * 192);
-    const __half* dp = (const __half*)(w + (size_t)rows * nb * 208);
+    const size_t n = kq_rows(rows) * nb;
+    const int8_t* scp = (const int8_t*)(w + n * 192);
+    const __half* dp = (const __half*)(w + n * 208);
     const MmkCols<NT> cols(a.ncols);
     // Unrolled over the chunk's positions, so each super-block's place in the tree is a constant.
 #pragma unroll
     for (int k = 0; k < KQ_CHUNK; ++k) {
         const int b = b0 + k;
         if (b >= b1) break;
-        const uint8_t* ba = qa + (size_t)b * 192;
-        const uint8_t* bb = qb + (size_t)b * 192;
+        const size_t ia = kq_blk(ra, nb, b), ib = kq_blk(rb, nb, b);
+        const uint8_t* ba = w + ia * 192;
+        const uint8_t* bb = w + ib * 192;
         uint32_t la[2][2][2], lb[2][2][2], hqa[2][2], hqb[2][2];
 #pragma unroll
         for (int h = 0; h < 2; ++h)
@@ -114,9 +113,9 @@ __device__ __forceinline__ void mmk_q6(const uint8_t* __restrict__ w, int row0, 
                 hqa[h][u] = *(const uint32_t*)(ba + 128 + 32 * h + 16 * u + 4 * t);
                 hqb[h][u] = *(const uint32_t*)(bb + 128 + 32 * h + 16 * u + 4 * t);
             }
-        const uint4 sva = *(const uint4*)(scp + ((size_t)ra * nb + b) * 16);
-        const uint4 svb = *(const uint4*)(scp + ((size_t)rb * nb + b) * 16);
-        const float da = __half2float(dp[(size_t)ra * nb + b]), db = __half2float(dp[(size_t)rb * nb + b]);
+        const uint4 sva = *(const uint4*)(scp + ia * 16);
+        const uint4 svb = *(const uint4*)(scp + ib * 16);
+        const float da = __half2float(dp[ia]), db = __half2float(dp[ib]);
         kq6_superblock<NT>(
             [&](int h, int p, int u, int r) { return r ? lb[h][p][u] : la[h][p][u]; },
             [&](int h, int u, int r) { return r ? hqb[h][u] : hqa[h][u]; }, sva, svb, da, db,

@@ -70,9 +70,9 @@ __device__ __forceinline__ void mmt_copy_w(uint8_t* st, const uint8_t* __restric
     using F = MmtFmt<FMT>;
     for (int i = threadIdx.x; i < MMT_ROWS * F::CH; i += 128) {
         const int r = i / F::CH, c = i - r * F::CH;
-        const size_t blk = (size_t)min(row0 + r, rows - 1) * nb + b;
+        const size_t blk = kq_blk(min(row0 + r, rows - 1), nb, b);
         const uint8_t* src;
-        if (FMT == FMT_Q6_K) src = c < 12 ? w + blk * 192 + 16 * c : w + (size_t)rows * nb * 192 + blk * 16;
+        if (FMT == FMT_Q6_K) src = c < 12 ? w + blk * 192 + 16 * c : w + kq_rows(rows) * nb * 192 + blk * 16;
         else src = w + blk * F::BS + 16 * c;
         cp_async16(st + r * F::WS + 16 * c, src);
     }
@@ -176,7 +176,7 @@ __device__ __forceinline__ void mmt_rows(const uint8_t* __restrict__ w, int row0
     const int nb = a.K / QK_K;
     const int lane = threadIdx.x % WARP, g = lane >> 2;
     const int ra = min(row0 + 16 * (threadIdx.x / WARP) + g, rows - 1), rb = min(ra + 8, rows - 1);
-    const __half* dp = (const __half*)(w + (size_t)rows * nb * 208);
+    const __half* dp = (const __half*)(w + kq_rows(rows) * nb * 208);
     float lo[NT][4], hi[NT][4];
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
@@ -203,7 +203,7 @@ __device__ __forceinline__ void mmt_rows(const uint8_t* __restrict__ w, int row0
             __syncthreads(); // stage b is in shared memory for every warp
             const auto done = [&](int nt, int e, float c) { chunk(nt, e, b0 / KQ_CHUNK, c); };
             if (FMT == FMT_Q6_K) {
-                const float da = __half2float(dp[(size_t)ra * nb + b]), db = __half2float(dp[(size_t)rb * nb + b]);
+                const float da = __half2float(dp[kq_blk(ra, nb, b)]), db = __half2float(dp[kq_blk(rb, nb, b)]);
                 mmt_q6<NT>(cur, da, db, k, b == sb1 - 1, done, lo, hi);
             } else {
                 mmt_q45<NT, FMT == FMT_Q5_K>(cur, k, b == sb1 - 1, done, lo, hi);

@@ -13,8 +13,9 @@ use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelA
 use muser_gguf::GgmlType;
 use rayon::prelude::*;
 
-/// A weight matrix on the GPU: `rows` rows of `cols` values, in its GGUF block layout
-/// (Q4_K, Q5_K, F32, F16, BF16) or repacked into planes (Q6_K, Q8_0: see `repack`).
+/// A weight matrix on the GPU: `rows` rows of `cols` values, in its GGUF layout (F32, F16, BF16)
+/// or repacked (the K-quants' blocks interleaved by row quads, Q6_K and Q8_0 in planes: see
+/// `repack`).
 pub struct DeviceMatrix {
     pub ty: GgmlType,
     pub rows: usize,
@@ -219,36 +220,79 @@ fn uses_q8_k(k: usize, types: &[GgmlType]) -> bool {
             .any(|t| matches!(t, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K))
 }
 
-/// Reorders the blocks of Q6_K (210 bytes) and Q8_0 (34 bytes), whose fields are only 2-byte
-/// aligned, into planes the kernels read with 16-byte loads; other types are returned as they
-/// are. Q6_K: [rows][nb][192] ql+qh, then [rows][nb][16] scales, then [rows][nb] d (f16).
-/// Q8_0: [rows][cols] int8, then [rows][cols/32] d (f16). The byte count is unchanged.
-pub fn repack(ty: GgmlType, bytes: &[u8]) -> std::borrow::Cow<'_, [u8]> {
-    let (bs, quants, scales) = match ty {
-        GgmlType::Q6_K => (210usize, 192usize, 16usize),
-        GgmlType::Q8_0 => (34, 32, 0),
-        _ => return std::borrow::Cow::Borrowed(bytes),
+/// The resident layout of a `rows` x `cols` matrix of type `ty` (raw GGUF bytes in).
+///
+/// K-quants (Q4_K, Q5_K, Q6_K): the rows in quads, and in each quad the 4 rows' super-block b side
+/// by side: block b of row r goes to block number `((r / 4) * nb + b) * 4 + r % 4` (`kq_blk` in
+/// common.cuh), so a chunk of super-blocks of a row quad, the one-column kernels' task, is one
+/// contiguous run of bytes. The rows are padded with zero blocks to a multiple of 4. Q6_K's
+/// blocks (210 bytes, fields only 2-byte aligned) are further split into planes the kernels read
+/// with 16-byte loads, each in that block order: ql+qh [192], then the scales [16], then d (f16).
+/// Q8_0 (34 bytes): [rows][cols] int8, then [rows][cols/32] d (f16). Other types are returned as
+/// they are.
+pub fn repack(ty: GgmlType, rows: usize, bytes: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+    use std::borrow::Cow;
+    let bs = match ty {
+        GgmlType::Q4_K => 144usize,
+        GgmlType::Q5_K => 176,
+        GgmlType::Q6_K => 210,
+        GgmlType::Q8_0 => {
+            let nblk = bytes.len() / 34;
+            let mut out = vec![0u8; bytes.len()];
+            let (qa, dc) = out.split_at_mut(nblk * 32);
+            bytes
+                .par_chunks_exact(34)
+                .zip(qa.par_chunks_exact_mut(32))
+                .zip(dc.par_chunks_exact_mut(2))
+                .for_each(|((b, q), d)| {
+                    q.copy_from_slice(&b[2..34]);
+                    d.copy_from_slice(&b[..2]);
+                });
+            return Cow::Owned(out);
+        }
+        _ => return Cow::Borrowed(bytes),
     };
-    let nblk = bytes.len() / bs;
-    let mut out = vec![0u8; bytes.len()];
-    let (qa, rest) = out.split_at_mut(nblk * quants);
-    let (sb, dc) = rest.split_at_mut(nblk * scales);
-    let blocks = bytes.par_chunks_exact(bs);
-    let d_at = if ty == GgmlType::Q6_K { 208 } else { 0 };
-    let q_at = if ty == GgmlType::Q6_K { 0 } else { 2 };
-    blocks
-        .zip(qa.par_chunks_exact_mut(quants))
-        .zip(dc.par_chunks_exact_mut(2))
-        .for_each(|((b, q), d)| {
-            q.copy_from_slice(&b[q_at..q_at + quants]);
-            d.copy_from_slice(&b[d_at..d_at + 2]);
-        });
-    if scales > 0 {
-        sb.par_chunks_exact_mut(scales)
-            .zip(bytes.par_chunks_exact(bs))
-            .for_each(|(s, b)| s.copy_from_slice(&b[192..208]));
+    if rows == 0 {
+        return Cow::Borrowed(bytes);
     }
-    std::borrow::Cow::Owned(out)
+    let nb = bytes.len() / rows / bs;
+    let quads = rows.div_ceil(4);
+    // The source block of slot (row i of the quad, super-block b) of quad g, if that row exists.
+    let src = |g: usize, b: usize, i: usize| {
+        let r = 4 * g + i;
+        (r < rows).then(|| &bytes[(r * nb + b) * bs..(r * nb + b + 1) * bs])
+    };
+    if ty != GgmlType::Q6_K {
+        let mut out = vec![0u8; quads * 4 * nb * bs];
+        out.par_chunks_exact_mut(4 * nb * bs)
+            .enumerate()
+            .for_each(|(g, quad)| {
+                for (k, dst) in quad.chunks_exact_mut(bs).enumerate() {
+                    if let Some(b) = src(g, k / 4, k % 4) {
+                        dst.copy_from_slice(b);
+                    }
+                }
+            });
+        return Cow::Owned(out);
+    }
+    let nblk = quads * 4 * nb;
+    let mut out = vec![0u8; nblk * 210];
+    let (qa, rest) = out.split_at_mut(nblk * 192);
+    let (sc, dc) = rest.split_at_mut(nblk * 16);
+    qa.par_chunks_exact_mut(4 * nb * 192)
+        .zip(sc.par_chunks_exact_mut(4 * nb * 16))
+        .zip(dc.par_chunks_exact_mut(4 * nb * 2))
+        .enumerate()
+        .for_each(|(g, ((q, s), d))| {
+            for k in 0..4 * nb {
+                if let Some(b) = src(g, k / 4, k % 4) {
+                    q[k * 192..(k + 1) * 192].copy_from_slice(&b[..192]);
+                    s[k * 16..(k + 1) * 16].copy_from_slice(&b[192..208]);
+                    d[k * 2..(k + 1) * 2].copy_from_slice(&b[208..210]);
+                }
+            }
+        });
+    Cow::Owned(out)
 }
 
 /// The device address of a buffer (kernels take raw pointers so one launch can name several).
@@ -333,7 +377,7 @@ impl Gpu {
                 bytes.len()
             )));
         }
-        let data = self.stream.clone_htod(&*repack(ty, bytes))?;
+        let data = self.stream.clone_htod(&*repack(ty, rows, bytes))?;
         Ok(DeviceMatrix {
             ty,
             rows,
@@ -987,31 +1031,59 @@ mod tests {
     }
 
     #[test]
-    fn repack_moves_every_byte_once() {
+    fn repack_places_every_block() {
         use rand::{Rng, SeedableRng};
         let mut rng = rand::rngs::StdRng::seed_from_u64(7);
-        for (ty, bs) in [(GgmlType::Q6_K, 210usize), (GgmlType::Q8_0, 34)] {
-            let nblk = 37;
-            let bytes: Vec<u8> = (0..nblk * bs).map(|_| rng.gen()).collect();
-            let out = repack(ty, &bytes);
-            assert_eq!(out.len(), bytes.len());
-            let mut a = bytes.clone();
-            let mut b = out.to_vec();
-            a.sort_unstable();
-            b.sort_unstable();
-            assert_eq!(a, b, "{ty}: repack is a permutation");
-            // Spot-check block 5's fields in their planes.
-            let blk = &bytes[5 * bs..6 * bs];
-            if ty == GgmlType::Q6_K {
-                assert_eq!(&out[5 * 192..6 * 192], &blk[..192]);
-                assert_eq!(
-                    &out[nblk * 192 + 5 * 16..nblk * 192 + 6 * 16],
-                    &blk[192..208]
-                );
-                assert_eq!(&out[nblk * 208 + 10..nblk * 208 + 12], &blk[208..210]);
-            } else {
-                assert_eq!(&out[5 * 32..6 * 32], &blk[2..34]);
-                assert_eq!(&out[nblk * 32 + 10..nblk * 32 + 12], &blk[..2]);
+        for (ty, bs) in [
+            (GgmlType::Q4_K, 144usize),
+            (GgmlType::Q5_K, 176),
+            (GgmlType::Q6_K, 210),
+            (GgmlType::Q8_0, 34),
+        ] {
+            // 7 rows (one padded quad) of 3 blocks.
+            let (rows, nb) = (7usize, 3usize);
+            let bytes: Vec<u8> = (0..rows * nb * bs)
+                .map(|_| rng.gen_range(1..=255))
+                .collect();
+            let out = repack(ty, rows, &bytes);
+            let blk = |r: usize, b: usize| &bytes[(r * nb + b) * bs..(r * nb + b + 1) * bs];
+            if ty == GgmlType::Q8_0 {
+                let nblk = rows * nb;
+                assert_eq!(out.len(), bytes.len());
+                assert_eq!(&out[5 * 32..6 * 32], &blk(1, 2)[2..34]);
+                assert_eq!(&out[nblk * 32 + 10..nblk * 32 + 12], &blk(1, 2)[..2]);
+                continue;
+            }
+            // Padded to 8 rows; block b of row r at ((r / 4) * nb + b) * 4 + r % 4.
+            let nblk = 8 * nb;
+            assert_eq!(out.len(), nblk * bs, "{ty}");
+            let at = |r: usize, b: usize| ((r / 4) * nb + b) * 4 + r % 4;
+            for r in 0..8 {
+                for b in 0..nb {
+                    let k = at(r, b);
+                    let (q, s, d) = if ty == GgmlType::Q6_K {
+                        (
+                            &out[k * 192..(k + 1) * 192],
+                            &out[nblk * 192 + k * 16..nblk * 192 + (k + 1) * 16],
+                            &out[nblk * 208 + k * 2..nblk * 208 + (k + 1) * 2],
+                        )
+                    } else {
+                        (&out[k * bs..(k + 1) * bs], &[][..], &[][..])
+                    };
+                    if r >= rows {
+                        // Padding rows: zero blocks (d = 0, so every value is 0).
+                        assert!(
+                            q.iter().chain(s).chain(d).all(|&x| x == 0),
+                            "{ty} pad {r} {b}"
+                        );
+                    } else if ty == GgmlType::Q6_K {
+                        assert_eq!(q, &blk(r, b)[..192]);
+                        assert_eq!(s, &blk(r, b)[192..208]);
+                        assert_eq!(d, &blk(r, b)[208..210]);
+                    } else {
+                        assert_eq!(q, blk(r, b), "{ty} row {r} block {b}");
+                    }
+                }
             }
         }
     }
