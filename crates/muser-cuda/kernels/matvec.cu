@@ -814,6 +814,17 @@ extern "C" __global__ void __launch_bounds__(256) matvec_silu_cols(SILU_ARGS, AC
 // against 131.3 tokens/s; per launch (check --bench, us, mvk / 2 / 1 rows) ffn_gate 35.7 / 51.1 /
 // 50.8, Q6_K ffn_down 50.8 / 54.3 / 55.5, LM head 281 / 458 / 433. More warps do not make up
 // for fewer loads in flight per warp.
+// v11 (2026-11-30): the K-quant blocks interleaved by row quads at upload (kq_blk, common.cuh), so
+// a task is one contiguous run and a warp's range one run per matrix; the quad's loads one base
+// plus constants, no branch per row (the padding rows exist as zero blocks). H200, same call:
+// tg128 130.65 -> 140.48 tokens/s; check --bench q+k+v+gate 24.9 -> 20.7 us, ffn_gate 35.7 ->
+// 34.1, Q6_K ffn_down 50.8 -> 44.1, LM head 281 -> 253 (3.66 TB/s); pp512 3463 -> 3407.
+// Tried after v11 and dropped: one bulk L2 request per warp and matrix (cp.async.bulk.prefetch)
+// for the first 8 or 16 KB of its run instead of the first round's lines: tg128 138.06 / 134.28
+// against 140.59 / 140.65.
+// v11b: a round's two tasks stepped from the last (row quad, index) instead of divided out of the
+// task number (three integer divisions per round): tg128 143.65 / 144.01 against 141.59 / 140.86;
+// Nsight Compute gate+up+SiLU 51.2 us (v11: 53.3).
 
 // Q6_K quarter (h, p) of super-block sb of a row (repacked planes, see RawQ6).
 struct RawQ6Q {
@@ -872,10 +883,12 @@ struct MvkTask {
 };
 
 // Task t of a matvec launch inside job (w, y, ty, rows) whose rows start at row st of the launch.
-__device__ __forceinline__ MvkTask mvk_job_task(const uint8_t* w, float* y, int ty, int rows, int st, int nch, int t) {
+// Task (row quad gq of the launch, chunk ch) = task gq * nch + ch.
+__device__ __forceinline__ MvkTask mvk_job_task_at(const uint8_t* w, float* y, int ty, int rows, int st, int gq,
+                                                   int ch) {
     MvkTask k;
-    k.gq = t / nch;
-    k.ch = t - k.gq * nch;
+    k.gq = gq;
+    k.ch = ch;
     k.w = w;
     k.y = y;
     k.ty = ty;
@@ -885,13 +898,17 @@ __device__ __forceinline__ MvkTask mvk_job_task(const uint8_t* w, float* y, int 
     k.m = 0;
     return k;
 }
+__device__ __forceinline__ MvkTask mvk_job_task(const uint8_t* w, float* y, int ty, int rows, int st, int nch, int t) {
+    const int gq = t / nch;
+    return mvk_job_task_at(w, y, ty, rows, st, gq, t - gq * nch);
+}
 
 // Task t of a gate+up launch: row quads, then gate (m = 0) or up (m = 1), then chunks.
-__device__ __forceinline__ MvkTask mvk_silu_task(const uint8_t* wg, int tyg, const uint8_t* wu, int tyu, int rows,
-                                                 int nch, int t) {
+// Task (row quad gq, rem: gate chunks 0 .. nch - 1, then up chunks) = task gq * 2 nch + rem.
+__device__ __forceinline__ MvkTask mvk_silu_task_at(const uint8_t* wg, int tyg, const uint8_t* wu, int tyu, int rows,
+                                                    int nch, int gq, int rem) {
     MvkTask k;
-    k.gq = t / (2 * nch);
-    const int rem = t - k.gq * 2 * nch;
+    k.gq = gq;
     k.m = rem >= nch;
     k.ch = rem - k.m * nch;
     k.w = k.m ? wu : wg;
@@ -901,6 +918,11 @@ __device__ __forceinline__ MvkTask mvk_silu_task(const uint8_t* wg, int tyg, con
     k.row0 = 4 * k.gq;
     k.nr = min(4, rows - k.row0);
     return k;
+}
+__device__ __forceinline__ MvkTask mvk_silu_task(const uint8_t* wg, int tyg, const uint8_t* wu, int tyu, int rows,
+                                                 int nch, int t) {
+    const int gq = t / (2 * nch);
+    return mvk_silu_task_at(wg, tyg, wu, tyu, rows, nch, gq, t - gq * 2 * nch);
 }
 
 // This lane's integers of quarter q of super-block sb for the task's rows (format FMT): isc, im
@@ -984,7 +1006,8 @@ __device__ __forceinline__ void mvk_range(unsigned T, int* t0, int* t1) {
     *t1 = (int)(T * (w + 1) / W);
 }
 
-// The rounds of one warp over tasks [t0, t1), all of format FMT; task(t) decodes task t. A row
+// The rounds of one warp over tasks [t0, t1), all of format FMT; task(gq, i) decodes task i of row
+// quad gq (task gq * per + i). A row
 // quad whose tasks all lie in [t0, t1) is summed here, its chunks in order from 0 as they come
 // (its tasks come in order), and written; the chunk values of a row quad shared with other
 // warps (at most the first and the last of the range) go to cv, and the warp's part ends with
@@ -998,11 +1021,13 @@ __device__ __forceinline__ void mvk_warp(TaskFn task, int t0, int t1, int nch, c
     const int lane = threadIdx.x % WARP, j = lane >> 2, q = lane & 3, s4 = j & 3, hf = j >> 2;
     const int nb = K / QK_K, per = (SILU ? 2 : 1) * nch; // tasks per row quad
     float ya = 0.0f, yb = 0.0f;                            // row q's running sums (gate / up)
+    // The round's two tasks tb and tb + 1 as (row quad, index in it), stepped without divisions.
+    int ga = t0 / per, ra = t0 - ga * per;
 #pragma unroll 1
     for (int tb = t0; tb < t1; tb += 2) {
-        const int t = tb + hf;
-        const bool tv = t < t1;
-        const MvkTask k = task(tv ? t : t1 - 1);
+        const int gb = ga + (ra + 1 == per), rb = ra + 1 == per ? 0 : ra + 1;
+        const bool tv = tb + hf < t1;
+        const MvkTask k = hf && tv ? task(gb, rb) : task(ga, ra);
         const int sb = KQ_CHUNK * k.ch + s4;
         float v = mvk_value<FMT>(k, sb, tv && sb < nb, q, xq, xds, K);
         // The chunk's tree over the 4 quads of this half (kq_round's, per chunk).
@@ -1017,7 +1042,7 @@ __device__ __forceinline__ void mvk_warp(TaskFn task, int t0, int t1, int nch, c
         for (int h = 0; h < 2; ++h) {
             const int tt = tb + h;
             if (tt >= t1) break;
-            const MvkTask kt = task(tt);
+            const MvkTask kt = h ? task(gb, rb) : task(ga, ra);
             const float c = h ? cvb : cva;
             const int first = kt.gq * per, idx = kt.m * nch + kt.ch;
             const bool wr = lane < kt.nr; // lanes 0 .. 3 write row `lane`
@@ -1055,6 +1080,8 @@ __device__ __forceinline__ void mvk_warp(TaskFn task, int t0, int t1, int nch, c
                 if (last && lane == 0) cnt[kt.gq] = 0u; // zero again for the next launch
             }
         }
+        ga = gb + (rb + 1 == per);
+        ra = rb + 1 == per ? 0 : rb + 1;
     }
 }
 
@@ -1132,7 +1159,8 @@ extern "C" __global__ void __launch_bounds__(128, 4) mvk_1(MatvecJobs jobs, MVK_
     const uint8_t* w = jobs.w[sp.j];
     float* yj = jobs.y[sp.j];
     const int ty = jobs.ty[sp.j], rows = jobs.rows[sp.j], st = jobs.start[sp.j];
-    mvk_fmt<false>(ty, [=](int t) { return mvk_job_task(w, yj, ty, rows, st, nch, t); }, sp.t0, sp.t1, nch, xq, xds, K,
+    mvk_fmt<false>(ty, [=](int gq, int ch) { return mvk_job_task_at(w, yj, ty, rows, st, gq, ch); }, sp.t0, sp.t1, nch,
+                   xq, xds, K,
                    cv, cnt, nullptr);
 }
 
@@ -1152,7 +1180,8 @@ __device__ __forceinline__ int2 pdl_wait_prefetch_mvk_silu(const uint8_t* wg, in
 extern "C" __global__ void __launch_bounds__(128, 4) mvk_silu_1(SILU_ARGS, MVK_ACT) {
     const int2 range = pdl_wait_prefetch_mvk_silu(wg, tyg, wu, tyu, rows, K);
     const int nch = (K / QK_K + KQ_CHUNK - 1) / KQ_CHUNK;
-    mvk_fmt<true>(tyg, [&](int t) { return mvk_silu_task(wg, tyg, wu, tyu, rows, nch, t); }, range.x, range.y, nch,
+    mvk_fmt<true>(tyg, [&](int gq, int rem) { return mvk_silu_task_at(wg, tyg, wu, tyu, rows, nch, gq, rem); }, range.x,
+                  range.y, nch,
                   xq, xds, K,
                   cv, cnt, y);
 }
