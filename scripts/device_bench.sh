@@ -83,6 +83,8 @@ if [ "${JOB:-}" = final ]; then
     step check 240 "$BIN" check --backend cuda $([ "${QUICK:-0}" = 1 ] && echo --quick) --bench \
         --model "$T" --model "$D" --invariance "$T" --invariance "$G"
     step bench-llama 90 "$BIN" bench --backend cuda -m "$G" -p 512 -n 128 -r "$REPS"
+    # FINAL_AB="VAR=value ...": tg128 again with those variables, right after.
+    [ -n "${FINAL_AB:-}" ] && step bench-llama-ab 60 env $FINAL_AB "$BIN" bench --backend cuda -m "$G" -p 0 -n 128 -r "$REPS"
     step bench-llama-streams 90 "$BIN" bench --backend cuda -m "$G" -p 0 -n 64 -r 2 -s "${STREAMS:-1,8,32}"
     if [ -n "${LLAMA_PID:-}" ]; then
         wait "$LLAMA_PID"
@@ -97,6 +99,14 @@ if [ "${JOB:-}" = final ]; then
     step bench-muse-d8192 90 "$BIN" bench --backend cuda -m "$M" -p 0 -n 128 -d 8192 -r 2
     step profile 60 "$BIN" check --backend cuda --no-ops --speed "$G" --group-profile 8,32
     step bench-llama-nographs 60 env MUSER_CUDA_GRAPHS=0 "$BIN" bench --backend cuda -m "$G" -p 0 -n 128 -r "$REPS"
+    if [ "${NCU:-0}" = 1 ]; then
+        # One decode step kernel by kernel (as JOB=timeline), if the budget still allows.
+        NCU_BIN=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+        step ncu "${NCU_LIMIT:-100}" env MUSER_CUDA_GRAPHS=0 "$NCU_BIN" --clock-control none --cache-control none \
+            --metrics gpu__time_duration.sum --csv --page raw --log-file "$OUT/ncu.csv" \
+            "$BIN" bench --backend cuda -m "$G" -p 0 -n 3 -r 1
+        python3 scripts/ncu_timeline.py "$OUT/ncu.csv" > "$OUT/timeline.txt" 2>&1
+    fi
     echo
     echo "================ short table ================"
     check_counts
@@ -107,6 +117,7 @@ if [ "${JOB:-}" = final ]; then
     grep -h "one decode step launches\|^decode step:\|never dispatched by" "$OUT/bench-muse.log"
     [ -f "$OUT/llama-bench.log" ] && grep "^| " "$OUT/llama-bench.log"
     [ -f "$OUT/llama-batched-bench.log" ] && grep "^|" "$OUT/llama-batched-bench.log"
+    [ -f "$OUT/timeline.txt" ] && head -14 "$OUT/timeline.txt"
     cat "$OUT/summary.txt"
     exit 0
 fi
@@ -230,7 +241,8 @@ if [ "${JOB:-}" = ab ]; then
     # --bench (matvec timings at the Glimmer shapes) and batch invariance, then for each setting
     # in AB (settings separated by ';', each "VAR=value ..." with an optional "bin=PATH", or "-")
     # llama-glimmer's
-    # pp512 and tg128 (and decode groups of STREAMS when set), and the per-op profile of the first.
+    # pp512 and tg128 (and decode groups of STREAMS, tg at DEPTH when set), and the per-op profile
+    # of the first.
     G=$MODELS/llama-glimmer.gguf T=$MODELS/muse-tiny.gguf
     step synth-llama-glimmer 60 "$BIN" synth llama-glimmer "$G"
     step synth-muse-tiny 30 "$BIN" synth muse-tiny "$T"
@@ -248,6 +260,9 @@ if [ "${JOB:-}" = ab ]; then
         echo "setting $i: $(basename "$b") ${set:-(none)}" >> "$OUT/summary.txt"
         step "bench-$i" 90 env $set "$b" bench --backend cuda -m "$G" -p 512 -n 128 -r 2 \
             $([ -n "${STREAMS:-}" ] && echo "-s $STREAMS")
+        # DEPTH=N: tg at that context depth too.
+        [ -n "${DEPTH:-}" ] && step "bench-$i-d$DEPTH" 90 env $set "$b" bench --backend cuda -m "$G" -p 0 -n 64 \
+            -d "$DEPTH" -r 2
     done
     step speed 90 "$BIN" check --backend cuda --no-ops --speed "$G"
     echo

@@ -61,30 +61,94 @@ extern "C" __global__ void kv_store_rows(const float* __restrict__ k, const floa
 // k normed in place (qw, kw non-null: rmsnorm_heads's arithmetic) and rotated (n_rot > 0: rope's
 // arithmetic at pos[t]), then the row's k and v stored at pos[t] of its cache tab[t]
 // (kv_store_rows's conversion). One warp per head, q heads then k heads of each row (a k head's
-// warp also stores the v head); 4 warps per block. Replaces five launches per layer.
+// warp also stores the v head); 4 warps per block. Replaces five launches per layer. What depends
+// only on the weights and the positions (uploaded before the step) comes before pdl_wait: the
+// norm weights and the rotation's cosines and sines (double-precision pow and sincos, most of
+// the kernel's time), for heads up to 256 wide. H200, llama-glimmer (with residual_norm's
+// weights loaded before its wait too; same bits, 669/669 checks): tg128 146.12 / 145.00 against
+// 143.06 / 143.78 tokens/s. Tried in the same call and dropped: attn_rows_mma_128 asking L2 for
+// its split's K/V rows before the wait (tg64 at depth 8192 113.02 / 112.99 against 113.59 /
+// 113.53).
+#define QKV_PW 8 // norm weights per lane held from before the wait: head_dim <= 256
+#define QKV_PR 4 // rotated pairs per lane: n_rot <= 256
+// The warp's head (row t, head h of the row's q heads then k heads; live: the warp has one) and,
+// when held, the lane's norm weights, position and rotation factors, then pdl_wait.
+struct QkvPre {
+    float wv[QKV_PW], cs[QKV_PR], sn[QKV_PR];
+    int t, h, p;
+    bool live, held;
+};
+__device__ __forceinline__ QkvPre pdl_wait_qkv(const float* __restrict__ qw, const float* __restrict__ kw,
+                                               int head_dim, int n_rot, float freq_base, const int* __restrict__ pos,
+                                               int n_rows, int n_head, int n_kv) {
+    const int wid = blockIdx.x * 4 + threadIdx.x / WARP, lane = threadIdx.x % WARP, per = n_head + n_kv;
+    QkvPre r;
+    r.live = wid < n_rows * per;
+    r.t = r.live ? wid / per : 0;
+    r.h = wid % per;
+    r.held = head_dim <= QKV_PW * WARP && n_rot <= 2 * QKV_PR * WARP;
+    r.p = 0;
+    const float* w = r.h >= n_head ? kw : qw;
+    if (r.live && r.held) {
+        r.p = pos[r.t];
+#pragma unroll
+        for (int u = 0; u < QKV_PW; ++u) {
+            const int i = lane + u * WARP;
+            r.wv[u] = w && i < head_dim ? w[i] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < QKV_PR; ++u) {
+            const int i = lane + u * WARP;
+            if (i < n_rot / 2) rope_cs(i, n_rot, r.p, freq_base, &r.cs[u], &r.sn[u]);
+        }
+    }
+    pdl_wait();
+    return r;
+}
+
 extern "C" __global__ void __launch_bounds__(128) qkv_rows(float* __restrict__ q, float* __restrict__ k,
                                                            const float* __restrict__ v, const float* __restrict__ qw,
                                                            const float* __restrict__ kw, float eps, int n_rows,
                                                            int n_head, int n_kv, int head_dim, int n_rot,
                                                            float freq_base, int neox, const RowKv* __restrict__ tab,
-                                                           const int* __restrict__ pos, int ring) { pdl_wait();
-    const int wid = blockIdx.x * 4 + threadIdx.x / WARP, lane = threadIdx.x % WARP;
-    const int per = n_head + n_kv;
-    if (wid >= n_rows * per) return;
-    const int t = wid / per, h = wid % per, hk = h - n_head;
+                                                           const int* __restrict__ pos, int ring) {
+    const QkvPre pre = pdl_wait_qkv(qw, kw, head_dim, n_rot, freq_base, pos, n_rows, n_head, n_kv);
+    if (!pre.live) return;
+    const int lane = threadIdx.x % WARP, t = pre.t, h = pre.h, hk = h - n_head;
     const bool is_k = h >= n_head;
-    float* x = is_k ? k + ((size_t)t * n_kv + hk) * head_dim : q + ((size_t)t * n_head + h) * head_dim;
     const float* w = is_k ? kw : qw;
+    const bool held = pre.held;
+    const float(&wv)[QKV_PW] = pre.wv;
+    const float(&cs)[QKV_PR] = pre.cs;
+    const float(&sn)[QKV_PR] = pre.sn;
+    int p = pre.p;
+    float* x = is_k ? k + ((size_t)t * n_kv + hk) * head_dim : q + ((size_t)t * n_head + h) * head_dim;
+    if (!held) p = pos[t];
     if (w) {
         float ss = 0.0f;
         for (int i = lane; i < head_dim; i += WARP) ss += x[i] * x[i];
         const float inv = rsqrtf(warp_sum(ss) / (float)head_dim + eps);
-        for (int i = lane; i < head_dim; i += WARP) x[i] = x[i] * inv * w[i];
+        if (held) {
+#pragma unroll
+            for (int u = 0; u < QKV_PW; ++u) {
+                const int i = lane + u * WARP;
+                if (i < head_dim) x[i] = x[i] * inv * wv[u];
+            }
+        } else {
+            for (int i = lane; i < head_dim; i += WARP) x[i] = x[i] * inv * w[i];
+        }
         __syncwarp();
     }
-    const int p = pos[t];
     if (n_rot > 0) {
-        for (int i = lane; i < n_rot / 2; i += WARP) rope_pair(x, i, n_rot, p, freq_base, neox);
+        if (held) {
+#pragma unroll
+            for (int u = 0; u < QKV_PR; ++u) {
+                const int i = lane + u * WARP;
+                if (i < n_rot / 2) rope_rot(x, i, n_rot, neox, cs[u], sn[u]);
+            }
+        } else {
+            for (int i = lane; i < n_rot / 2; i += WARP) rope_pair(x, i, n_rot, p, freq_base, neox);
+        }
         __syncwarp();
     }
     if (is_k) {

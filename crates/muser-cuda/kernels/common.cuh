@@ -93,15 +93,25 @@ __device__ __forceinline__ void pdl_wait() {
 // RoPE of pair i of a head h (n_rot rotated values) at position p: theta = p * base^(-2i / n_rot),
 // computed in double as the CPU reference does (positions reach 65536, where an f32 angle would
 // be off by ~0.004 rad). Pairs are (2i, 2i + 1) (GPT-J interleaved) or (i, i + n_rot / 2) (NeoX).
-__device__ __forceinline__ void rope_pair(float* h, int i, int n_rot, int p, float freq_base, int neox) {
+// rope_cs: the pair's cosine and sine (they depend on the position only, so a kernel may compute
+// them before waiting for the kernel before it); rope_rot: the rotation.
+__device__ __forceinline__ void rope_cs(int i, int n_rot, int p, float freq_base, float* cf, float* sf) {
     const double theta = (double)p * pow((double)freq_base, -2.0 * (double)i / (double)n_rot);
     double s, c;
     sincos(theta, &s, &c);
-    const float cf = (float)c, sf = (float)s;
+    *cf = (float)c;
+    *sf = (float)s;
+}
+__device__ __forceinline__ void rope_rot(float* h, int i, int n_rot, int neox, float cf, float sf) {
     const int a = neox ? i : 2 * i, b = neox ? i + n_rot / 2 : 2 * i + 1;
     const float x0 = h[a], x1 = h[b];
     h[a] = x0 * cf - x1 * sf;
     h[b] = x0 * sf + x1 * cf;
+}
+__device__ __forceinline__ void rope_pair(float* h, int i, int n_rot, int p, float freq_base, int neox) {
+    float cf, sf;
+    rope_cs(i, n_rot, p, freq_base, &cf, &sf);
+    rope_rot(h, i, n_rot, neox, cf, sf);
 }
 
 // Asks L2 for the 128-byte line holding p (weights a kernel will read soon).

@@ -65,6 +65,20 @@ extern "C" __global__ void __launch_bounds__(128) rmsnorm_heads(float* __restric
     for (int i = lane; i < head_dim; i += WARP) xh[i] = xh[i] * inv * w[i];
 }
 
+// The thread's values of the weights post (if any) and next of residual_norm, loaded before
+// waiting for the kernel before (they do not depend on it), then pdl_wait.
+struct NormW {
+    float p[NORM_V], n[NORM_V];
+};
+__device__ __forceinline__ NormW pdl_wait_norm_w(const float* __restrict__ post, const float* __restrict__ next,
+                                                 int cols) {
+    NormW w;
+    if (post) load_row(post, cols, w.p);
+    load_row(next, cols, w.n);
+    pdl_wait();
+    return w;
+}
+
 // h += post ? rmsnorm(x, post, post_eps) : x; out = rmsnorm(h, next, next_eps). h, x, out:
 // [rows][cols] (cols <= 8192); post (may be null) and next: [cols]. With q non-null (cols a
 // multiple of 256) it also writes out's Q8_K quantization (q8k_warp: the bits quantize_q8_k
@@ -72,13 +86,17 @@ extern "C" __global__ void __launch_bounds__(128) rmsnorm_heads(float* __restric
 // (backend.rs: residual_norm, quantize_for): out goes through shared memory so that warp w
 // holds values 256 w .. 256 w + 255, 8 consecutive ones per lane. H200, llama-glimmer decode:
 // 104 residual norms and 209 quantizer launches per token (v10b timeline: 4.4 and 2.2 us each).
+// The weights post and next are loaded before pdl_wait (they do not depend on the kernel before).
 extern "C" __global__ void __launch_bounds__(NORM_T) residual_norm(float* __restrict__ h, const float* __restrict__ x,
                                                                    const float* __restrict__ post, float post_eps,
                                                                    const float* __restrict__ next, float next_eps,
                                                                    float* __restrict__ out, int cols,
                                                                    int8_t* __restrict__ q, float2* __restrict__ ds,
-                                                                   int8_t* __restrict__ bs) { pdl_wait();
+                                                                   int8_t* __restrict__ bs) {
+    const NormW wt = pdl_wait_norm_w(post, next, cols);
     __shared__ __align__(16) float so[NORM_V * NORM_T];
+    const float(&pw)[NORM_V] = wt.p;
+    const float(&nw)[NORM_V] = wt.n;
     const size_t off = (size_t)blockIdx.x * cols;
     float xv[NORM_V], hv[NORM_V];
     load_row(x + off, cols, xv);
@@ -87,14 +105,14 @@ extern "C" __global__ void __launch_bounds__(NORM_T) residual_norm(float* __rest
 #pragma unroll
     for (int k = 0; k < NORM_V; ++k) {
         const int i = threadIdx.x + k * NORM_T;
-        if (i < cols) hv[k] += post ? xv[k] * inv * post[i] : xv[k];
+        if (i < cols) hv[k] += post ? xv[k] * inv * pw[k] : xv[k];
     }
     const float inv2 = rsqrtf(block_sum(sum_sq(hv)) / (float)cols + next_eps);
 #pragma unroll
     for (int k = 0; k < NORM_V; ++k) {
         const int i = threadIdx.x + k * NORM_T;
         if (i < cols) {
-            const float o = hv[k] * inv2 * next[i];
+            const float o = hv[k] * inv2 * nw[k];
             h[off + i] = hv[k];
             out[off + i] = o;
             so[i] = o;
