@@ -64,11 +64,12 @@ extern "C" __global__ void kv_store_rows(const float* __restrict__ k, const floa
 // warp also stores the v head); 4 warps per block. Replaces five launches per layer. What depends
 // only on the weights and the positions (uploaded before the step) comes before pdl_wait: the
 // norm weights and the rotation's cosines and sines (double-precision pow and sincos, most of
-// the kernel's time), for heads up to 256 wide. H200, llama-glimmer (with residual_norm's
-// weights loaded before its wait too; same bits, 669/669 checks): tg128 146.12 / 145.00 against
-// 143.06 / 143.78 tokens/s. Tried in the same call and dropped: attn_rows_mma_128 asking L2 for
-// its split's K/V rows before the wait (tg64 at depth 8192 113.02 / 112.99 against 113.59 /
-// 113.53).
+// the kernel's time), for heads up to 256 wide. H200, llama-glimmer, 2026-11-30 (with
+// residual_norm's weights loaded before its wait too; same bits, 676/676 checks): tg128 151.10 /
+// 151.15 tokens/s, against 148.14 / 148.15 with both kernels kept out of PDL (full dependencies)
+// and 143.06 / 143.78 (another call) before the pre-wait loads. Tried and dropped:
+// attn_rows_mma_128 asking L2 for its split's K/V rows before the wait (tg64 at depth 8192
+// 113.02 / 112.99 against 113.59 / 113.53).
 #define QKV_PW 8 // norm weights per lane held from before the wait: head_dim <= 256
 #define QKV_PR 4 // rotated pairs per lane: n_rot <= 256
 // The warp's head (row t, head h of the row's q heads then k heads; live: the warp has one) and,

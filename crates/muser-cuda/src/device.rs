@@ -139,10 +139,9 @@ impl Gpu {
                 }
             };
             let aware = pdl_kernel_names(src);
-            let all = std::env::var("MUSER_CUDA_PDL_ALL").is_ok_and(|v| v == "1");
             for name in kernel_names(src) {
                 let f = module.load_function(&name)?;
-                if aware.contains(&name) && (all || !FULL_EDGE.contains(&name.as_str())) {
+                if aware.contains(&name) {
                     gpu.pdl_aware.push(f.cu_function() as usize);
                 }
                 gpu.dispatches.insert(name.clone(), AtomicU64::new(0));
@@ -260,14 +259,6 @@ pub fn kernel_names(src: &str) -> Vec<String> {
         })
         .collect()
 }
-
-/// PDL-aware kernels whose incoming edges stay full dependencies (unless `MUSER_CUDA_PDL_ALL=1`):
-/// the residual norm (a block of 1024 threads and 32 KB of shared memory) and the attention
-/// prologue. Launched early, their blocks would wait on an SM while the matvec before them still
-/// streams; after it, they start with their weights and rotation factors loaded first (H200,
-/// llama-glimmer, 2026-11-30: tg128 146.12 / 145.00 tokens/s with both kept out of PDL and their
-/// pre-wait loads, against 143.06 / 143.78 with both programmatic and no pre-wait loads).
-pub const FULL_EDGE: &[&str] = &["residual_norm", "qkv_rows"];
 
 /// The kernels of `src` whose body begins with `pdl_wait()` or a `pdl_wait_*` variant (one that
 /// prefetches weights first, see matvec.cu), called alone or as the value of the first
