@@ -69,6 +69,19 @@ step() { # name limit_s command...
     echo "$name rc=$rc ($((SECONDS - t0)) s)" | tee -a "$OUT/summary.txt"
 }
 
+# Nsight Compute, and one decode step of llama-glimmer ($G) kernel by kernel with it (each
+# kernel's duration run alone, clocks and caches as they are): ncu_timeline SUFFIX [VAR=value ...]
+# writes ncu$SUFFIX.csv and timeline$SUFFIX.txt.
+NCU_BIN=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+ncu_timeline() {
+    local sfx=$1
+    shift
+    step "ncu$sfx" "${NCU_LIMIT:-100}" env MUSER_CUDA_GRAPHS=0 "$@" "$NCU_BIN" --clock-control none \
+        --cache-control none --metrics gpu__time_duration.sum --csv --page raw --log-file "$OUT/ncu$sfx.csv" \
+        "$BIN" bench --backend cuda -m "$G" -p 0 -n 3 -r 1
+    python3 scripts/ncu_timeline.py "$OUT/ncu$sfx.csv" > "$OUT/timeline$sfx.txt" 2>&1
+}
+
 if [ "${JOB:-}" = final ]; then
     # Everything of issues 4-6 in one call: parity (ops at the Glimmer shapes, whole-model
     # muse-tiny and muse-mid, invariance with graph replay), the matvec timing, muse-glimmer and
@@ -101,11 +114,7 @@ if [ "${JOB:-}" = final ]; then
     step bench-llama-nographs 60 env MUSER_CUDA_GRAPHS=0 "$BIN" bench --backend cuda -m "$G" -p 0 -n 128 -r "$REPS"
     if [ "${NCU:-0}" = 1 ]; then
         # One decode step kernel by kernel (as JOB=timeline), if the budget still allows.
-        NCU_BIN=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-        step ncu "${NCU_LIMIT:-100}" env MUSER_CUDA_GRAPHS=0 "$NCU_BIN" --clock-control none --cache-control none \
-            --metrics gpu__time_duration.sum --csv --page raw --log-file "$OUT/ncu.csv" \
-            "$BIN" bench --backend cuda -m "$G" -p 0 -n 3 -r 1
-        python3 scripts/ncu_timeline.py "$OUT/ncu.csv" > "$OUT/timeline.txt" 2>&1
+        ncu_timeline ""
     fi
     echo
     echo "================ short table ================"
@@ -217,15 +226,11 @@ if [ "${JOB:-}" = timeline ]; then
     fi
     step bench 150 "$BIN" bench --backend cuda -m "$G" -p "${PP:-512}" -n 128 -r 2 --audit
     tail -3 "$OUT/bench.log"
-    NCU_BIN=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
     # AB="VAR=value ...": the bench and the timeline again with those variables (an A/B run).
     for ab in "" ${AB:+"$AB"}; do
         sfx=${ab:+-ab}
         [ -n "$ab" ] && step bench$sfx 150 env $ab "$BIN" bench --backend cuda -m "$G" -p 0 -n 128 -r 2
-        step ncu$sfx "${NCU_LIMIT:-100}" env MUSER_CUDA_GRAPHS=0 $ab "$NCU_BIN" --clock-control none \
-            --cache-control none --metrics gpu__time_duration.sum --csv --page raw --log-file "$OUT/ncu$sfx.csv" \
-            "$BIN" bench --backend cuda -m "$G" -p 0 -n 3 -r 1
-        python3 scripts/ncu_timeline.py "$OUT/ncu$sfx.csv" > "$OUT/timeline$sfx.txt" 2>&1
+        ncu_timeline "$sfx" $ab
     done
     echo
     echo "================ short table ================"
@@ -281,7 +286,6 @@ if [ "${JOB:-}" = sass ]; then
     # SASS_KERNELS (a decode step of llama-glimmer, no graphs), exported as CSV to $OUT.
     G=$MODELS/llama-glimmer.gguf
     step synth-llama-glimmer 60 "$BIN" synth llama-glimmer "$G"
-    NCU_BIN=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
     for spec in ${SASS_KERNELS:-mvk_silu_1:20 mvk_1:41}; do
         k=${spec%%:*} skip=${spec#*:}
         step "ncu-$k-$skip" 150 env MUSER_CUDA_GRAPHS=0 "$NCU_BIN" --clock-control none --kernel-name "regex:^$k\$" \
@@ -319,7 +323,6 @@ if [ "${JOB:-}" = tiles ]; then
     step speed 90 "$BIN" check --backend cuda --no-ops --speed "$G" --group-profile 8,32
     if [ -n "${NCU_KERNEL:-}" ]; then
         # Hardware counters of one launch of NCU_KERNEL in decode groups of NCU_STREAMS.
-        NCU_BIN=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
         step ncu-kernel 150 env MUSER_CUDA_GRAPHS=0 "$NCU_BIN" --clock-control none --kernel-name "regex:^$NCU_KERNEL\$" \
             --launch-skip 60 --launch-count 1 --section SpeedOfLight --section Occupancy --section LaunchStats \
             --section WarpStateStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
