@@ -82,6 +82,25 @@ ncu_timeline() {
     python3 scripts/ncu_timeline.py "$OUT/ncu$sfx.csv" > "$OUT/timeline$sfx.txt" 2>&1
 }
 
+# Where a kernel's warps stall, instruction by instruction: Nsight Compute's source counters
+# (warp-state samples and executed instructions per SASS line) for one launch of each kernel in
+# SASS_KERNELS ("name:launches-to-skip ...") while `muser bench $SASS_BENCH` runs on
+# llama-glimmer ($G, already synthesized; no graphs), exported as CSV to $OUT.
+sass_profile() {
+    for spec in ${SASS_KERNELS:-mvk_silu_1:20 mvk_1:41}; do
+        k=${spec%%:*} skip=${spec#*:}
+        step "ncu-$k-$skip" 150 env MUSER_CUDA_GRAPHS=0 "$NCU_BIN" --clock-control none --kernel-name "regex:^$k\$" \
+            --launch-skip "$skip" --launch-count 1 --section SourceCounters --section WarpStateStats \
+            --section SpeedOfLight --section Occupancy --import-source no -o "$OUT/$k-$skip" -f \
+            "$BIN" bench --backend cuda -m "$G" ${SASS_BENCH:--p 0 -n 2 -r 1}
+        "$NCU_BIN" -i "$OUT/$k-$skip.ncu-rep" --page source --csv --print-source sass > "$OUT/$k-$skip-sass.csv" 2> "$OUT/$k-$skip-sass.err"
+        "$NCU_BIN" -i "$OUT/$k-$skip.ncu-rep" --page details > "$OUT/$k-$skip-details.txt" 2>&1
+        rm -f "$OUT/$k-$skip.ncu-rep"
+        grep -E "Duration|Warp Cycles Per Issued|Issue Slots Busy|Achieved Occupancy|Executed Instructions |Registers Per" "$OUT/$k-$skip-details.txt" | head -8
+        wc -c "$OUT/$k-$skip-sass.csv"
+    done
+}
+
 if [ "${JOB:-}" = final ]; then
     # Everything of issues 4-6 in one call: parity (ops at the Glimmer shapes, whole-model
     # muse-tiny and muse-mid, invariance with graph replay), the matvec timing, muse-glimmer and
@@ -270,34 +289,23 @@ if [ "${JOB:-}" = ab ]; then
             -d "$DEPTH" -r 2
     done
     step speed 90 "$BIN" check --backend cuda --no-ops --speed "$G"
+    # SASS_KERNELS set: their source counters too (see sass_profile).
+    [ -n "${SASS_KERNELS:-}" ] && sass_profile > "$OUT/sass.txt" 2>&1
     echo
     echo "================ short table ================"
     check_summary
     sed -n '/^| matrix | type/,/^$/p' "$OUT/check.log" | head -24
     for f in "$OUT"/bench-*.log; do grep -H "^| .*CUDA" "$f" | sed "s|$OUT/||"; done
     grep -h "^| \|^speed" "$OUT/speed.log" | head -24
+    [ -f "$OUT/sass.txt" ] && cat "$OUT/sass.txt"
     cat "$OUT/summary.txt"
     exit 0
 fi
 
 if [ "${JOB:-}" = sass ]; then
-    # Where a kernel's warps stall, instruction by instruction: Nsight Compute's source counters
-    # (warp-state samples and executed instructions per SASS line) for one launch of each kernel in
-    # SASS_KERNELS (a decode step of llama-glimmer, no graphs), exported as CSV to $OUT.
     G=$MODELS/llama-glimmer.gguf
     step synth-llama-glimmer 60 "$BIN" synth llama-glimmer "$G"
-    for spec in ${SASS_KERNELS:-mvk_silu_1:20 mvk_1:41}; do
-        k=${spec%%:*} skip=${spec#*:}
-        step "ncu-$k-$skip" 150 env MUSER_CUDA_GRAPHS=0 "$NCU_BIN" --clock-control none --kernel-name "regex:^$k\$" \
-            --launch-skip "$skip" --launch-count 1 --section SourceCounters --section WarpStateStats \
-            --section SpeedOfLight --section Occupancy --import-source no -o "$OUT/$k-$skip" -f \
-            "$BIN" bench --backend cuda -m "$G" -p 0 -n 2 -r 1
-        "$NCU_BIN" -i "$OUT/$k-$skip.ncu-rep" --page source --csv --print-source sass > "$OUT/$k-$skip-sass.csv" 2> "$OUT/$k-$skip-sass.err"
-        "$NCU_BIN" -i "$OUT/$k-$skip.ncu-rep" --page details > "$OUT/$k-$skip-details.txt" 2>&1
-        rm -f "$OUT/$k-$skip.ncu-rep"
-        grep -E "Duration|Warp Cycles Per Issued|Issue Slots Busy|Achieved Occupancy|Executed Instructions " "$OUT/$k-$skip-details.txt" | head -8
-        wc -c "$OUT/$k-$skip-sass.csv"
-    done
+    sass_profile
     cat "$OUT/summary.txt"
     exit 0
 fi

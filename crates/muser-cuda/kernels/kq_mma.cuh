@@ -36,12 +36,33 @@ __device__ __forceinline__ int byte_s(const uint4& v, int s) {
 }
 
 // The chunk tree (common.cuh) of super-blocks b0 .. b1 - 1 (at most KQ_CHUNK), for rows row0 + g,
-// row0 + g + 8: lo = v_b0 (+ v_b0+1), hi = v_b0+2 (+ v_b0+3); the chunk is lo + hi (or lo).
-__device__ __forceinline__ void kq_leaf(float& lo, float& hi, int k, float v) {
-    if (k == 0) lo = v;
-    else if (k == 1) lo = kq_add(lo, v);
-    else if (k == 2) hi = v;
-    else hi = kq_add(hi, v);
+// row0 + g + 8: lo = v_b0 (+ v_b0+1), hi = v_b0+2 (+ v_b0+3); the chunk is lo + hi (or lo). The
+// values v of every output of the lane at position k of the chunk: k is warp-uniform, so this is
+// one branch per super-block (a loop over the chunk's positions runs one copy of the super-block's
+// code: unrolled, the kernels outgrew the instruction cache).
+template <int NT>
+__device__ __forceinline__ void kq_leaves(int k, const float (&v)[NT][4], float (&lo)[NT][4], float (&hi)[NT][4]) {
+    if (k == 0) {
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) lo[nt][e] = v[nt][e];
+    } else if (k == 1) {
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) lo[nt][e] = kq_add(lo[nt][e], v[nt][e]);
+    } else if (k == 2) {
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) hi[nt][e] = v[nt][e];
+    } else {
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) hi[nt][e] = kq_add(hi[nt][e], v[nt][e]);
+    }
 }
 
 // Asks L2 for chunk ch of the warp's 16 rows (the quants plane of Q6_K), every 128-byte line: a

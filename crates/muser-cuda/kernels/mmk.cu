@@ -52,11 +52,9 @@ __device__ __forceinline__ void mmk_q45(const uint8_t* __restrict__ w, int row0,
     const uint8_t* wa = w + kq_blk(min(row0 + g, rows - 1), nb, 0) * BS;
     const uint8_t* wb = w + kq_blk(min(row0 + g + 8, rows - 1), nb, 0) * BS;
     const MmkCols<NT> cols(a.ncols);
-    // Unrolled over the chunk's positions, so each super-block's place in the tree is a constant.
-#pragma unroll
-    for (int k = 0; k < KQ_CHUNK; ++k) {
-        const int b = b0 + k;
-        if (b >= b1) break;
+    // One copy of the super-block's code, its place in the chunk tree a warp-uniform branch.
+#pragma unroll 1
+    for (int b = b0; b < b1; ++b) {
         const uint8_t* ba = wa + (size_t)b * 4 * BS; // a row's blocks are 4 apart (kq_blk)
         const uint8_t* bb = wb + (size_t)b * 4 * BS;
         const uint4 ha = *(const uint4*)ba, hb = *(const uint4*)bb;
@@ -66,6 +64,7 @@ __device__ __forceinline__ void mmk_q45(const uint8_t* __restrict__ w, int row0,
             qa[gi] = *(const uint2*)(ba + QS + 32 * gi + 8 * t);
             qb[gi] = *(const uint2*)(bb + QS + 32 * gi + 8 * t);
         }
+        float v[NT][4];
         uint2 xa = make_uint2(0, 0), xb = make_uint2(0, 0);
         if (Q5) {
             xa = *(const uint2*)(ba + 16 + 8 * t);
@@ -76,7 +75,8 @@ __device__ __forceinline__ void mmk_q45(const uint8_t* __restrict__ w, int row0,
             [&](int nt, int s) { return *(const uint2*)mmk_x(a, cols.b[nt], b * QK_K + 32 * s + 8 * t); },
             [&](int nt) { return *(const int*)(a.xbs + ((size_t)cols.b[nt] * nb + b) * 16 + 4 * t); },
             [&](int nt, int j) { return a.xds[(size_t)cols.o[nt][j] * nb32 + 8 * b].x; },
-            [&](int nt, int e, float v) { kq_leaf(lo[nt][e], hi[nt][e], k, v); });
+            [&](int nt, int e, float x) { v[nt][e] = x; });
+        kq_leaves<NT>(b - b0, v, lo, hi);
     }
 }
 
@@ -92,11 +92,10 @@ __device__ __forceinline__ void mmk_q6(const uint8_t* __restrict__ w, int row0, 
     const int8_t* scp = (const int8_t*)(w + n * 192);
     const __half* dp = (const __half*)(w + n * 208);
     const MmkCols<NT> cols(a.ncols);
-    // Unrolled over the chunk's positions, so each super-block's place in the tree is a constant.
-#pragma unroll
-    for (int k = 0; k < KQ_CHUNK; ++k) {
-        const int b = b0 + k;
-        if (b >= b1) break;
+    // As mmk_q45: one copy of the super-block's code.
+#pragma unroll 1
+    for (int b = b0; b < b1; ++b) {
+        float v[NT][4];
         const size_t ia = kq_blk(ra, nb, b), ib = kq_blk(rb, nb, b);
         const uint8_t* ba = w + ia * 192;
         const uint8_t* bb = w + ib * 192;
@@ -121,7 +120,8 @@ __device__ __forceinline__ void mmk_q6(const uint8_t* __restrict__ w, int row0, 
             [&](int h, int u, int r) { return r ? hqb[h][u] : hqa[h][u]; }, sva, svb, da, db,
             [&](int nt, int s) { return *(const int*)mmk_x(a, cols.b[nt], b * QK_K + 16 * s + 4 * t); },
             [&](int nt, int j) { return a.xds[(size_t)cols.o[nt][j] * nb32 + 8 * b].x; },
-            [&](int nt, int e, float v) { kq_leaf(lo[nt][e], hi[nt][e], k, v); });
+            [&](int nt, int e, float x) { v[nt][e] = x; });
+        kq_leaves<NT>(b - b0, v, lo, hi);
     }
 }
 
@@ -220,8 +220,18 @@ __device__ __forceinline__ void mmk_silu_kernel(const uint8_t* wg, int tyg, cons
     if (row0 >= rows) return;
     const KAct a = mmk_slice(act, 8 * NT);
     float gs[NT], us[NT];
-    mmk_rows<NT>(tyg, wg, row0, rows, a, gs, part);
-    mmk_rows<NT>(tyu, wu, row0, rows, a, us, part);
+    // Gate, then up, through one copy of the code (two inlined copies overflow the instruction
+    // cache).
+#pragma unroll 1
+    for (int m = 0; m < 2; ++m) {
+        float y[NT];
+        mmk_rows<NT>(m ? tyu : tyg, m ? wu : wg, row0, rows, a, y, part);
+#pragma unroll
+        for (int i = 0; i < NT; ++i) {
+            if (m) us[i] = y[i];
+            else gs[i] = y[i];
+        }
+    }
 #pragma unroll
     for (int i = 0; i < NT; ++i) gs[i] = gs[i] / (1.0f + expf(-gs[i])) * us[i];
     mmk_store<NT>(y, rows, row0, blockIdx.x * 8 * NT, a.ncols, gs);

@@ -101,12 +101,17 @@ __device__ __forceinline__ void mmt_copy_x(uint8_t* st, const KAct& a, int b) {
     cp_async_commit();
 }
 
-// Adds super-block value v at position k of its chunk to the lane's trees, and hands the chunk's
-// value to done() when it is complete (last: the range's last super-block).
-template <class DONE>
-__device__ __forceinline__ void mmt_leaf(float& lo, float& hi, int k, bool last, float v, DONE done) {
-    kq_leaf(lo, hi, k, v);
-    if (k == KQ_CHUNK - 1 || last) done(k >= 2 ? kq_add(lo, hi) : lo);
+// Adds the super-block values v (position k of their chunk) to the lane's trees, and hands each output's chunk value to
+// chunk(nt, e, value) when the chunk is complete (last: the range's last super-block).
+template <int NT, class CHUNK>
+__device__ __forceinline__ void mmt_leaves(int k, bool last, const float (&v)[NT][4], float (&lo)[NT][4],
+                                           float (&hi)[NT][4], CHUNK chunk) {
+    kq_leaves<NT>(k, v, lo, hi);
+    if (k == KQ_CHUNK - 1 || last)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) chunk(nt, e, k >= 2 ? kq_add(lo[nt][e], hi[nt][e]) : lo[nt][e]);
 }
 
 // Super-block b (position k of its chunk; last: the range's last) of the warp's 16 rows x BN
@@ -124,6 +129,7 @@ __device__ __forceinline__ void mmt_q45(const uint8_t* st, int k, bool last, CHU
     const float2* sd = (const float2*)(sx + BN * F::XS);
     const int8_t* sbs = (const int8_t*)(sx + BN * (F::XS + 8));
     const uint4 ha = *(const uint4*)ba, hb = *(const uint4*)bb;
+    float v[NT][4];
     uint2 xa = make_uint2(0, 0), xb = make_uint2(0, 0);
     if (Q5) {
         xa = *(const uint2*)(ba + 16 + 8 * t);
@@ -133,10 +139,8 @@ __device__ __forceinline__ void mmt_q45(const uint8_t* st, int k, bool last, CHU
         ha, hb, [&](int gi, int r) { return *(const uint2*)((r ? bb : ba) + QS + 32 * gi + 8 * t); }, xa, xb,
         [&](int nt, int s) { return *(const uint2*)(sx + (8 * nt + g) * F::XS + 32 * s + 8 * t); },
         [&](int nt) { return *(const int*)(sbs + (8 * nt + g) * 16 + 4 * t); },
-        [&](int nt, int j) { return sd[8 * nt + 2 * t + j].x; },
-        [&](int nt, int e, float v) {
-            mmt_leaf(lo[nt][e], hi[nt][e], k, last, v, [&](float c) { chunk(nt, e, c); });
-        });
+        [&](int nt, int j) { return sd[8 * nt + 2 * t + j].x; }, [&](int nt, int e, float x) { v[nt][e] = x; });
+    mmt_leaves<NT>(k, last, v, lo, hi, chunk);
 }
 
 // Q6_K: the stage holds ql[128] qh[64] scales[16] per row (kq6_superblock's arithmetic); da, db
@@ -152,6 +156,7 @@ __device__ __forceinline__ void mmt_q6(const uint8_t* st, float da, float db, in
     const uint8_t* sx = st + MMT_ROWS * F::WS;
     const float2* sd = (const float2*)(sx + BN * F::XS);
     const uint4 sva = *(const uint4*)(ba + 192), svb = *(const uint4*)(bb + 192);
+    float v[NT][4];
     kq6_superblock<NT>(
         [&](int h, int p, int u, int r) {
             return *(const uint32_t*)((r ? bb : ba) + 64 * h + 32 * p + 16 * u + 4 * t);
@@ -159,10 +164,8 @@ __device__ __forceinline__ void mmt_q6(const uint8_t* st, float da, float db, in
         [&](int h, int u, int r) { return *(const uint32_t*)((r ? bb : ba) + 128 + 32 * h + 16 * u + 4 * t); },
         sva, svb, da, db,
         [&](int nt, int s) { return *(const int*)(sx + (8 * nt + g) * F::XS + 16 * s + 4 * t); },
-        [&](int nt, int j) { return sd[8 * nt + 2 * t + j].x; },
-        [&](int nt, int e, float v) {
-            mmt_leaf(lo[nt][e], hi[nt][e], k, last, v, [&](float c) { chunk(nt, e, c); });
-        });
+        [&](int nt, int j) { return sd[8 * nt + 2 * t + j].x; }, [&](int nt, int e, float x) { v[nt][e] = x; });
+    mmt_leaves<NT>(k, last, v, lo, hi, chunk);
 }
 
 // The chunks of super-blocks sb0 .. sb1 - 1 (sb0 a multiple of KQ_CHUNK; sb1 a multiple of it or
@@ -184,32 +187,30 @@ __device__ __forceinline__ void mmt_rows(const uint8_t* __restrict__ w, int row0
         for (int e = 0; e < 4; ++e) lo[nt][e] = hi[nt][e] = 0.0f;
     mmt_copy_w<FMT>(smem, w, row0, rows, nb, sb0);
     mmt_copy_x<FMT, NT>(smem, a, sb0);
+    // One loop iteration per super-block, its place in the chunk tree a warp-uniform branch (an
+    // unrolled chunk made the loop ~4x longer than the instruction cache: Nsight Compute on
+    // mmt_silu_4 found 35% of warp samples waiting for instructions).
 #pragma unroll 1
-    for (int b0 = sb0; b0 < sb1; b0 += KQ_CHUNK) {
-        // Unrolled over the chunk's positions, so each super-block's place in the tree is a constant.
-#pragma unroll
-        for (int k = 0; k < KQ_CHUNK; ++k) {
-            const int b = b0 + k;
-            if (b >= sb1) break;
-            uint8_t* cur = smem + ((b - sb0) & 1) * SB;
-            if (b + 1 < sb1) {
-                uint8_t* nxt = smem + ((b + 1 - sb0) & 1) * SB;
-                mmt_copy_w<FMT>(nxt, w, row0, rows, nb, b + 1);
-                mmt_copy_x<FMT, NT>(nxt, a, b + 1);
-                cp_async_wait<1>();
-            } else {
-                cp_async_wait<0>();
-            }
-            __syncthreads(); // stage b is in shared memory for every warp
-            const auto done = [&](int nt, int e, float c) { chunk(nt, e, b0 / KQ_CHUNK, c); };
-            if (FMT == FMT_Q6_K) {
-                const float da = __half2float(dp[kq_blk(ra, nb, b)]), db = __half2float(dp[kq_blk(rb, nb, b)]);
-                mmt_q6<NT>(cur, da, db, k, b == sb1 - 1, done, lo, hi);
-            } else {
-                mmt_q45<NT, FMT == FMT_Q5_K>(cur, k, b == sb1 - 1, done, lo, hi);
-            }
-            __syncthreads(); // every warp is done with stage b before it is refilled
+    for (int b = sb0; b < sb1; ++b) {
+        uint8_t* cur = smem + ((b - sb0) & 1) * SB;
+        if (b + 1 < sb1) {
+            uint8_t* nxt = smem + ((b + 1 - sb0) & 1) * SB;
+            mmt_copy_w<FMT>(nxt, w, row0, rows, nb, b + 1);
+            mmt_copy_x<FMT, NT>(nxt, a, b + 1);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
         }
+        __syncthreads(); // stage b is in shared memory for every warp
+        const int k = (b - sb0) % KQ_CHUNK; // sb0 is a multiple of KQ_CHUNK
+        const auto done = [&](int nt, int e, float c) { chunk(nt, e, b / KQ_CHUNK, c); };
+        if (FMT == FMT_Q6_K) {
+            const float da = __half2float(dp[kq_blk(ra, nb, b)]), db = __half2float(dp[kq_blk(rb, nb, b)]);
+            mmt_q6<NT>(cur, da, db, k, b == sb1 - 1, done, lo, hi);
+        } else {
+            mmt_q45<NT, FMT == FMT_Q5_K>(cur, k, b == sb1 - 1, done, lo, hi);
+        }
+        __syncthreads(); // every warp is done with stage b before it is refilled
     }
 }
 
@@ -269,8 +270,20 @@ __device__ __forceinline__ void mmt_silu_kernel(const uint8_t* wg, int tyg, cons
     if (row0 >= rows) return;
     const KAct a = mmk_slice(act, 8 * NT);
     float gs[NT][4], us[NT][4];
-    mmt_sum<NT>(tyg, wg, row0, rows, a, gs, smem);
-    mmt_sum<NT>(tyu, wu, row0, rows, a, us, smem);
+    // Gate, then up, through one copy of the code (two inlined copies overflow the instruction
+    // cache).
+#pragma unroll 1
+    for (int m = 0; m < 2; ++m) {
+        float y[NT][4];
+        mmt_sum<NT>(m ? tyu : tyg, m ? wu : wg, row0, rows, a, y, smem);
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                if (m) us[nt][e] = y[nt][e];
+                else gs[nt][e] = y[nt][e];
+            }
+    }
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
