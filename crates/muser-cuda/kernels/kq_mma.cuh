@@ -18,6 +18,13 @@ __device__ __forceinline__ void mmk_k32(int (&d)[4], int a0, int a1, int a2, int
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+// The same with A unsigned (u8 x s8).
+__device__ __forceinline__ void mmk_k32u(int (&d)[4], int a0, int a1, int a2, int a3, int b0, int b1) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
 __device__ __forceinline__ void mmk_k16(int (&d)[4], int a0, int a1, int b0) {
     asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};"
         : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
@@ -103,6 +110,17 @@ __device__ __forceinline__ KAct mmk_slice(const KAct& a, int bn) {
     float* __restrict__ y, int rows
 
 
+// Up to this many column tiles, kq45_superblock folds the sub-block scales into the MMA operand
+// (see there). H200, llama-glimmer, same call (2026-11-30), aggregate tokens/s at 8 / 16 / 32
+// streams and pp512: the scales by multiply-adds 480.3 / 776.1 / 1313.4 / 3513; folded for
+// every width 494.2 / 768.8 / 1270.4 / 3287; folded from 4 tiles on (mmt) 478.5 / 770.2 /
+// 1249.3 / 3274 (mmt_silu_4 126 -> 137 us: twice the MMAs, which the tiles' issue slots pay
+// for). So only the one-tile kernels (mmk_1, mmk_silu_1: 8-column groups, bound by their load
+// latency, not by issue) fold them.
+#ifndef KQ_SCALED_MAX_NT
+#define KQ_SCALED_MAX_NT 1
+#endif
+
 // ---------------------------------------------------------------------------------------------
 // One super-block of the lane's two rows (g and g + 8 of a 16-row MMA tile) against NT tiles of
 // 8 columns, shared by mmk.cu and mmt.cu (which differ in where weights and activations come
@@ -127,8 +145,18 @@ __device__ __forceinline__ void kq45_superblock(const uint4& ha, const uint4& hb
     unpack_scales_k4(ha.y, ha.z, ha.w, &sa_lo, &sa_hi, &ma_lo, &ma_hi);
     unpack_scales_k4(hb.y, hb.z, hb.w, &sb_lo, &sb_hi, &mb_lo, &mb_hi);
     int isc[NT][4];
+    // With at most KQ_SCALED_MAX_NT column tiles, the sub-block scales go into the A operand
+    // instead of 4 multiply-adds per MMA result: sc = lo + 8 hi (lo, hi < 8), and q * lo, q * hi < 256
+    // (q < 32) are the bytes of an unsigned MMA operand (one 32-bit multiply per 4 bytes: no byte
+    // carries into the next), so isc = sum_s lo_s (q.x)_s + 8 sum_s hi_s (q.x)_s is two MMA
+    // chains over the 8 sub-blocks, exact as before. Per sub-block: 8 multiplies for the two
+    // rows' A, then 2 MMAs per tile (instead of 1 MMA and 4 dependent multiply-adds per tile).
+    constexpr bool SCALED = NT <= KQ_SCALED_MAX_NT;
+    int acc_hi[SCALED ? NT : 1][4];
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) isc[nt][0] = isc[nt][1] = isc[nt][2] = isc[nt][3] = 0;
+#pragma unroll
+    for (int nt = 0; nt < (SCALED ? NT : 1); ++nt) acc_hi[nt][0] = acc_hi[nt][1] = acc_hi[nt][2] = acc_hi[nt][3] = 0;
 #pragma unroll
     for (int gi = 0; gi < 4; ++gi) {
         // A registers: row g k 4t.., row g + 8 k 4t.., row g k 16 + 4t.., row g + 8 k 16 + 4t..
@@ -145,18 +173,35 @@ __device__ __forceinline__ void kq45_superblock(const uint4& ha, const uint4& hb
                 if (Q5) A[k] |= (int)(((hw[k] >> s) & 0x01010101) << 4);
             }
             const int sca = byte_u(sa_lo, sa_hi, s), scb = byte_u(sb_lo, sb_hi, s);
+            if constexpr (SCALED) {
+                const int la = sca & 7, ha = sca >> 3, lb = scb & 7, hb = scb >> 3;
+                const int L0 = A[0] * la, L1 = A[1] * lb, L2 = A[2] * la, L3 = A[3] * lb;
+                const int H0 = A[0] * ha, H1 = A[1] * hb, H2 = A[2] * ha, H3 = A[3] * hb;
 #pragma unroll
-            for (int nt = 0; nt < NT; ++nt) {
-                const uint2 x = xq(nt, s);
-                int d[4] = {0, 0, 0, 0};
-                mmk_k32(d, A[0], A[1], A[2], A[3], (int)x.x, (int)x.y);
-                isc[nt][0] += sca * d[0];
-                isc[nt][1] += sca * d[1];
-                isc[nt][2] += scb * d[2];
-                isc[nt][3] += scb * d[3];
+                for (int nt = 0; nt < NT; ++nt) {
+                    const uint2 x = xq(nt, s);
+                    mmk_k32u(isc[nt], L0, L1, L2, L3, (int)x.x, (int)x.y);
+                    mmk_k32u(acc_hi[SCALED ? nt : 0], H0, H1, H2, H3, (int)x.x, (int)x.y);
+                }
+            } else {
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) {
+                    const uint2 x = xq(nt, s);
+                    int d[4] = {0, 0, 0, 0};
+                    mmk_k32(d, A[0], A[1], A[2], A[3], (int)x.x, (int)x.y);
+                    isc[nt][0] += sca * d[0];
+                    isc[nt][1] += sca * d[1];
+                    isc[nt][2] += scb * d[2];
+                    isc[nt][3] += scb * d[3];
+                }
             }
         }
     }
+    if constexpr (SCALED)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) isc[nt][e] += 8 * acc_hi[SCALED ? nt : 0][e];
     // im = sum_s m_s xsum_s: A_lo holds the mins at k 0..7, A_hi at k 8..15.
     const int alo0 = t == 0 ? (int)ma_lo : t == 1 ? (int)ma_hi : 0;
     const int alo1 = t == 0 ? (int)mb_lo : t == 1 ? (int)mb_hi : 0;
