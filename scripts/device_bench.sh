@@ -99,6 +99,8 @@ sass_profile() {
         grep -E "Duration|Warp Cycles Per Issued|Issue Slots Busy|Achieved Occupancy|Executed Instructions |Registers Per" "$OUT/$k-$skip-details.txt" | head -8
         wc -c "$OUT/$k-$skip-sass.csv"
     done
+    # One archive, named to sort first (the device tool brings back only the first few files).
+    (cd "$OUT" && tar czf 0-sass.tgz ./*-sass.csv ./*-details.txt && rm -f ./*-sass.csv ./*-sass.err ./*-details.txt)
 }
 
 if [ "${JOB:-}" = final ]; then
