@@ -927,6 +927,13 @@ impl Backend for CudaBackend {
         Ok(w)
     }
 
+    fn weights_loaded(&self) {
+        *self.gpu.staging.lock().unwrap() = Vec::new();
+        if let Some(pb) = self.upload.lock().unwrap().take() {
+            pb.finish_and_clear();
+        }
+    }
+
     fn buf(&self, rows: usize, cols: usize) -> CudaBuf {
         CudaBuf {
             rows,

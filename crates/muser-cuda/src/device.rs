@@ -41,6 +41,8 @@ pub struct Gpu {
     /// Narrow tensor-core launches split K over blocks (`matvec::mmt_splits`); on unless
     /// `MUSER_CUDA_MMT_SPLIT=0` (H200, llama-glimmer, 32 streams: 1076 against 1056 tokens/s).
     mmt_split: std::sync::atomic::AtomicBool,
+    /// The host buffer matrices are reordered in before their copy (`upload_matrix`).
+    pub(crate) staging: std::sync::Mutex<Vec<u8>>,
 }
 
 impl Gpu {
@@ -87,6 +89,7 @@ impl Gpu {
             mmt_split: std::sync::atomic::AtomicBool::new(
                 std::env::var("MUSER_CUDA_MMT_SPLIT").map_or(true, |v| v != "0"),
             ),
+            staging: Default::default(),
         };
         // Each file's machine code for this architecture: from the kernel cache (`cache_dir`),
         // else compiled by NVRTC (the files in parallel) and stored there. On a machine's first

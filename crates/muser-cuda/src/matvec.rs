@@ -231,52 +231,87 @@ fn uses_q8_k(k: usize, types: &[GgmlType]) -> bool {
 /// Q8_0 (34 bytes): [rows][cols] int8, then [rows][cols/32] d (f16). Other types are returned as
 /// they are.
 pub fn repack(ty: GgmlType, rows: usize, bytes: &[u8]) -> std::borrow::Cow<'_, [u8]> {
-    use std::borrow::Cow;
-    let bs = match ty {
-        GgmlType::Q4_K => 144usize,
-        GgmlType::Q5_K => 176,
-        GgmlType::Q6_K => 210,
-        GgmlType::Q8_0 => {
-            let nblk = bytes.len() / 34;
-            let mut out = vec![0u8; bytes.len()];
-            let (qa, dc) = out.split_at_mut(nblk * 32);
-            bytes
-                .par_chunks_exact(34)
-                .zip(qa.par_chunks_exact_mut(32))
-                .zip(dc.par_chunks_exact_mut(2))
-                .for_each(|((b, q), d)| {
-                    q.copy_from_slice(&b[2..34]);
-                    d.copy_from_slice(&b[..2]);
-                });
-            return Cow::Owned(out);
+    match repacked_len(ty, rows, bytes.len()) {
+        None => std::borrow::Cow::Borrowed(bytes),
+        Some(n) => {
+            let mut out = vec![0u8; n];
+            repack_to(ty, rows, bytes, &mut out);
+            std::borrow::Cow::Owned(out)
         }
-        _ => return Cow::Borrowed(bytes),
-    };
+    }
+}
+
+/// The block size of a type `repack` reorders (Q8_0: its 34-byte blocks), or None.
+fn repack_block(ty: GgmlType) -> Option<usize> {
+    match ty {
+        GgmlType::Q4_K => Some(144),
+        GgmlType::Q5_K => Some(176),
+        GgmlType::Q6_K => Some(210),
+        GgmlType::Q8_0 => Some(34),
+        _ => None,
+    }
+}
+
+/// The length of `repack`'s output for a `rows`-row matrix of `len` bytes, or None when the
+/// matrix is used as it is.
+pub fn repacked_len(ty: GgmlType, rows: usize, len: usize) -> Option<usize> {
+    let bs = repack_block(ty)?;
+    if ty == GgmlType::Q8_0 {
+        return Some(len);
+    }
     if rows == 0 {
-        return Cow::Borrowed(bytes);
+        return None;
+    }
+    let nb = len / rows / bs;
+    Some(rows.div_ceil(4) * 4 * nb * bs)
+}
+
+/// `repack` into `out` (`repacked_len` bytes; every byte written, the padding rows' zeros
+/// included, so `out` may be a reused buffer holding anything).
+pub fn repack_to(ty: GgmlType, rows: usize, bytes: &[u8], out: &mut [u8]) {
+    let Some(n) = repacked_len(ty, rows, bytes.len()) else {
+        return out.copy_from_slice(bytes);
+    };
+    assert_eq!(
+        out.len(),
+        n,
+        "repack_to: output of {} bytes, {n} needed",
+        out.len()
+    );
+    let bs = repack_block(ty).expect("repacked types have a block size");
+    if ty == GgmlType::Q8_0 {
+        let nblk = bytes.len() / 34;
+        let (qa, dc) = out.split_at_mut(nblk * 32);
+        bytes
+            .par_chunks_exact(34)
+            .zip(qa.par_chunks_exact_mut(32))
+            .zip(dc.par_chunks_exact_mut(2))
+            .for_each(|((b, q), d)| {
+                q.copy_from_slice(&b[2..34]);
+                d.copy_from_slice(&b[..2]);
+            });
+        return;
     }
     let nb = bytes.len() / rows / bs;
-    let quads = rows.div_ceil(4);
     // The source block of slot (row i of the quad, super-block b) of quad g, if that row exists.
     let src = |g: usize, b: usize, i: usize| {
         let r = 4 * g + i;
         (r < rows).then(|| &bytes[(r * nb + b) * bs..(r * nb + b + 1) * bs])
     };
     if ty != GgmlType::Q6_K {
-        let mut out = vec![0u8; quads * 4 * nb * bs];
         out.par_chunks_exact_mut(4 * nb * bs)
             .enumerate()
             .for_each(|(g, quad)| {
                 for (k, dst) in quad.chunks_exact_mut(bs).enumerate() {
-                    if let Some(b) = src(g, k / 4, k % 4) {
-                        dst.copy_from_slice(b);
+                    match src(g, k / 4, k % 4) {
+                        Some(b) => dst.copy_from_slice(b),
+                        None => dst.fill(0),
                     }
                 }
             });
-        return Cow::Owned(out);
+        return;
     }
-    let nblk = quads * 4 * nb;
-    let mut out = vec![0u8; nblk * 210];
+    let nblk = n / 210;
     let (qa, rest) = out.split_at_mut(nblk * 192);
     let (sc, dc) = rest.split_at_mut(nblk * 16);
     qa.par_chunks_exact_mut(4 * nb * 192)
@@ -285,14 +320,25 @@ pub fn repack(ty: GgmlType, rows: usize, bytes: &[u8]) -> std::borrow::Cow<'_, [
         .enumerate()
         .for_each(|(g, ((q, s), d))| {
             for k in 0..4 * nb {
-                if let Some(b) = src(g, k / 4, k % 4) {
-                    q[k * 192..(k + 1) * 192].copy_from_slice(&b[..192]);
-                    s[k * 16..(k + 1) * 16].copy_from_slice(&b[192..208]);
-                    d[k * 2..(k + 1) * 2].copy_from_slice(&b[208..210]);
+                let (qk, sk, dk) = (
+                    &mut q[k * 192..(k + 1) * 192],
+                    &mut s[k * 16..(k + 1) * 16],
+                    &mut d[k * 2..(k + 1) * 2],
+                );
+                match src(g, k / 4, k % 4) {
+                    Some(b) => {
+                        qk.copy_from_slice(&b[..192]);
+                        sk.copy_from_slice(&b[192..208]);
+                        dk.copy_from_slice(&b[208..210]);
+                    }
+                    None => {
+                        qk.fill(0);
+                        sk.fill(0);
+                        dk.fill(0);
+                    }
                 }
             }
         });
-    Cow::Owned(out)
 }
 
 /// The device address of a buffer (kernels take raw pointers so one launch can name several).
@@ -377,7 +423,21 @@ impl Gpu {
                 bytes.len()
             )));
         }
-        let data = self.stream.clone_htod(&*repack(ty, rows, bytes))?;
+        // Reordered through one host buffer kept across uploads (`staging`, released by
+        // `CudaBackend::weights_loaded`): a fresh one per matrix paid a page fault per 4 KB.
+        let data = match repacked_len(ty, rows, bytes.len()) {
+            None => self.stream.clone_htod(bytes)?,
+            Some(n) => {
+                let mut st = self.staging.lock().unwrap();
+                if st.len() < n {
+                    st.resize(n, 0);
+                }
+                repack_to(ty, rows, bytes, &mut st[..n]);
+                // A copy from pageable memory returns once the source is staged, so the buffer
+                // may be refilled right after.
+                self.stream.clone_htod(&st[..n])?
+            }
+        };
         Ok(DeviceMatrix {
             ty,
             rows,
@@ -1046,6 +1106,12 @@ mod tests {
                 .map(|_| rng.gen_range(1..=255))
                 .collect();
             let out = repack(ty, rows, &bytes);
+            // Into a reused buffer full of other bytes (the upload's staging buffer): the same
+            // bytes, the padding rows' zeros included.
+            let n = repacked_len(ty, rows, bytes.len()).expect("a repacked type");
+            let mut reused = vec![0xA5u8; n + 9];
+            repack_to(ty, rows, &bytes, &mut reused[..n]);
+            assert_eq!(&reused[..n], &out[..], "{ty}: repack_to into a used buffer");
             let blk = |r: usize, b: usize| &bytes[(r * nb + b) * bs..(r * nb + b + 1) * bs];
             if ty == GgmlType::Q8_0 {
                 let nblk = rows * nb;

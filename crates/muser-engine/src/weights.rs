@@ -204,6 +204,7 @@ impl<W> ModelWeights<W> {
         }
         let output_norm = next(true)?.unwrap();
         let output = next(!cfg.tied_output)?;
+        backend.weights_loaded();
         Ok(ModelWeights {
             token_embd,
             layers,

@@ -92,7 +92,9 @@ pub fn with_model(
         },
     };
     let file = Arc::new(GgufFile::open(path)?);
-    let model =
-        Model::from_gguf(file, cuda).with_context(|| format!("loading {}", path.display()))?;
+    // A progress bar (on a terminal) while the weights upload.
+    let weight_bytes: u64 = file.tensors.iter().map(|t| t.n_bytes).sum();
+    let model = Model::from_gguf(file, cuda.with_upload_progress(weight_bytes))
+        .with_context(|| format!("loading {}", path.display()))?;
     job.run(model)
 }

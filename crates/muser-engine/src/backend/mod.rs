@@ -72,6 +72,9 @@ pub trait Backend: Send + Sync + Sized {
     /// Makes a tensor resident: a matrix for matmuls and embedding lookups, a vector for norms.
     /// Refuses a type the backend cannot compute with.
     fn weight(&self, t: &TensorView) -> Result<Self::Weight>;
+    /// Every weight of the model is resident: the backend may drop what it kept for loading
+    /// (staging buffers, the progress bar).
+    fn weights_loaded(&self) {}
     fn buf(&self, rows: usize, cols: usize) -> Self::Buf;
     /// Copies host data `[rows * cols]` into `buf`.
     fn write(&self, buf: &mut Self::Buf, data: &[f32]);
