@@ -1,6 +1,6 @@
 // The integer tensor-core pieces shared by mmk.cu and mmt.cu (compile.rs puts this header
 // before both): the activation arguments, the MMA instructions, the scale bytes, the chunk-tree
-// leaf, the L2 prefetch of a chunk of weights, a block's job, and the arithmetic of one
+// leaves, the L2 prefetch of a chunk of weights, a block's job, and the arithmetic of one
 // super-block (kq45_superblock, kq6_superblock), so both kernels give every output the same bits.
 
 struct KAct {
@@ -146,11 +146,11 @@ __device__ __forceinline__ void kq45_superblock(const uint4& ha, const uint4& hb
     unpack_scales_k4(hb.y, hb.z, hb.w, &sb_lo, &sb_hi, &mb_lo, &mb_hi);
     int isc[NT][4];
     // With at most KQ_SCALED_MAX_NT column tiles, the sub-block scales go into the A operand
-    // instead of 4 multiply-adds per MMA result: sc = lo + 8 hi (lo, hi < 8), and q * lo, q * hi < 256
-    // (q < 32) are the bytes of an unsigned MMA operand (one 32-bit multiply per 4 bytes: no byte
-    // carries into the next), so isc = sum_s lo_s (q.x)_s + 8 sum_s hi_s (q.x)_s is two MMA
-    // chains over the 8 sub-blocks, exact as before. Per sub-block: 8 multiplies for the two
-    // rows' A, then 2 MMAs per tile (instead of 1 MMA and 4 dependent multiply-adds per tile).
+    // instead of 4 multiply-adds per MMA result: sc = lo + 8 hi (lo, hi < 8), and q * lo and
+    // q * hi (< 256, as q < 32) are the bytes of an unsigned MMA operand (one 32-bit multiply per
+    // 4 bytes: no byte carries into the next), so isc = sum_s lo_s (q.x)_s + 8 sum_s hi_s (q.x)_s
+    // is two MMA chains over the 8 sub-blocks, exact as before. Per sub-block: 8 multiplies for
+    // the two rows' A, then 2 MMAs per tile (instead of 1 MMA and 4 dependent multiply-adds).
     constexpr bool SCALED = NT <= KQ_SCALED_MAX_NT;
     int acc_hi[SCALED ? NT : 1][4];
 #pragma unroll

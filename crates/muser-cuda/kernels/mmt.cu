@@ -101,8 +101,9 @@ __device__ __forceinline__ void mmt_copy_x(uint8_t* st, const KAct& a, int b) {
     cp_async_commit();
 }
 
-// Adds the super-block values v (position k of their chunk) to the lane's trees, and hands each output's chunk value to
-// chunk(nt, e, value) when the chunk is complete (last: the range's last super-block).
+// Adds the super-block values v (position k of their chunk) to the lane's trees, and hands each
+// output's chunk value to chunk(nt, e, value) when the chunk is complete (last: the range's last
+// super-block).
 template <int NT, class CHUNK>
 __device__ __forceinline__ void mmt_leaves(int k, bool last, const float (&v)[NT][4], float (&lo)[NT][4],
                                            float (&hi)[NT][4], CHUNK chunk) {
