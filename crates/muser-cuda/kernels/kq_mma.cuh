@@ -181,7 +181,7 @@ __device__ __forceinline__ void kq45_superblock(const uint4& ha, const uint4& hb
                 for (int nt = 0; nt < NT; ++nt) {
                     const uint2 x = xq(nt, s);
                     mmk_k32u(isc[nt], L0, L1, L2, L3, (int)x.x, (int)x.y);
-                    mmk_k32u(acc_hi[SCALED ? nt : 0], H0, H1, H2, H3, (int)x.x, (int)x.y);
+                    mmk_k32u(acc_hi[nt], H0, H1, H2, H3, (int)x.x, (int)x.y);
                 }
             } else {
 #pragma unroll
@@ -201,7 +201,7 @@ __device__ __forceinline__ void kq45_superblock(const uint4& ha, const uint4& hb
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) isc[nt][e] += 8 * acc_hi[SCALED ? nt : 0][e];
+            for (int e = 0; e < 4; ++e) isc[nt][e] += 8 * acc_hi[nt][e];
     // im = sum_s m_s xsum_s: A_lo holds the mins at k 0..7, A_hi at k 8..15.
     const int alo0 = t == 0 ? (int)ma_lo : t == 1 ? (int)ma_hi : 0;
     const int alo1 = t == 0 ? (int)mb_lo : t == 1 ? (int)mb_hi : 0;
