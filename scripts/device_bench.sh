@@ -103,6 +103,22 @@ sass_profile() {
     (cd "$OUT" && tar czf 0-sass.tgz ./*-sass.csv ./*-details.txt && rm -f ./*-sass.csv ./*-sass.err ./*-details.txt)
 }
 
+# Memory traffic of one launch of each kernel in TRAFFIC_KERNELS ("name:launches-to-skip ...") for
+# binary $1 (DRAM bytes read, the sectors L1 asks of L2, L1 sector requests, L2 hit rate): how
+# many sectors the kernel asks of L2 for each byte it reads from DRAM.
+traffic_profile() {
+    local b=$1 tag=$2
+    for spec in ${TRAFFIC_KERNELS:-mvk_silu_1:20}; do
+        k=${spec%%:*} skip=${spec#*:}
+        step "traffic-$tag-$k" 90 env MUSER_CUDA_GRAPHS=0 "$NCU_BIN" --clock-control none --kernel-name "regex:^$k\$" \
+            --launch-skip "$skip" --launch-count 1 --metrics \
+            gpu__time_duration.sum,dram__bytes_read.sum,lts__t_sectors_srcunit_tex_op_read.sum,l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum,l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum,lts__t_sector_hit_rate.pct,lts__throughput.avg.pct_of_peak_sustained_elapsed,dram__throughput.avg.pct_of_peak_sustained_elapsed \
+            "$b" bench --backend cuda -m "$G" ${SASS_BENCH:--p 0 -n 2 -r 1}
+        echo "traffic $tag $k:"
+        grep -E "duration|bytes_read|sectors|requests|hit_rate|throughput" "$OUT/traffic-$tag-$k.log" | sed 's/^ */  /'
+    done
+}
+
 if [ "${JOB:-}" = final ]; then
     # Everything of issues 4-6 in one call: parity (ops at the Glimmer shapes, whole-model
     # muse-tiny and muse-mid, invariance with graph replay), the matvec timing, muse-glimmer and
@@ -291,6 +307,16 @@ if [ "${JOB:-}" = ab ]; then
             -d "$DEPTH" -r 2
     done
     step speed 90 "$BIN" check --backend cuda --no-ops --speed "$G"
+    # TRAFFIC_KERNELS set: each setting's binary's memory traffic for them (traffic_profile).
+    if [ -n "${TRAFFIC_KERNELS:-}" ]; then
+        i=0
+        for set in "${SETS[@]}"; do
+            i=$((i + 1))
+            b=$BIN
+            for w in $set; do case $w in bin=*) b=${w#bin=} ;; esac; done
+            traffic_profile "$b" "$i"
+        done > "$OUT/traffic.txt" 2>&1
+    fi
     # SASS_KERNELS set: their source counters too (see sass_profile).
     [ -n "${SASS_KERNELS:-}" ] && sass_profile > "$OUT/sass.txt" 2>&1
     echo
@@ -300,6 +326,7 @@ if [ "${JOB:-}" = ab ]; then
     for f in "$OUT"/bench-*.log; do grep -H "^| .*CUDA" "$f" | sed "s|$OUT/||"; done
     grep -h "^| \|^speed" "$OUT/speed.log" | head -24
     [ -f "$OUT/sass.txt" ] && cat "$OUT/sass.txt"
+    [ -f "$OUT/traffic.txt" ] && cat "$OUT/traffic.txt"
     cat "$OUT/summary.txt"
     exit 0
 fi

@@ -8,9 +8,10 @@
 // of lane (g, t) = (lane / 4, lane % 4)) and BN = 8 * NT columns (NT = 1, 2: mmk_1, mmk_2).
 // Grid x: column tiles (those of one row block run side by side and share its weights in L2),
 // grid y: row blocks over the jobs' rows (each job padded to 16 rows). The 4 warps split K by
-// chunks of KQ_CHUNK super-blocks (warp w takes chunks w, w + 4, ..): each makes its chunk's
-// tree of v_b, and after every round of 4 chunks one thread per output adds the 4 chunk sums to
-// the output's total in chunk order (shared memory), which is the canonical order.
+// chunks of KQ_CHUNK super-blocks (warp w takes chunks w, w + 4, ..): each makes its chunks'
+// trees of v_b into shared memory, and once the row's chunks are all there (a window of up to
+// MMK_MAXCH chunks) one thread per output adds them to the output's total in chunk order, which
+// is the canonical order.
 // Per super-block b, per n-tile of 8 columns, lane (g, t) of a warp: the MMAs of
 // kq45_superblock / kq6_superblock (kq_mma.cuh), with the activations read from global memory,
 // each v_b = kq_value_*(...) put into its chunk tree. Each warp asks L2 for its next chunk's
@@ -125,28 +126,34 @@ __device__ __forceinline__ void mmk_q6(const uint8_t* __restrict__ w, int row0, 
     }
 }
 
-// Shared memory of the chunk sums: [MMK_WARPS][16 rows x 32 columns] floats (8 KB).
-#define MMK_PART (MMK_WARPS * MMK_ROWS * 32)
+// Shared memory of the chunk sums: [MMK_MAXCH chunks][8 NT columns x 16 rows] floats. The warps
+// make the trees of a window of up to MMK_MAXCH chunks (K <= 24576 is one window: every Glimmer
+// matrix) without waiting for each other, then meet once and add the window's chunks in order.
+// (Before: rounds of MMK_WARPS chunks with a block barrier each, at which 15% of mmk_silu_1's warp
+// samples waited.)
+#define MMK_MAXCH 24
 
 // y[i] = output p = threadIdx.x + 128 i of the block (row p % 16, column p / 16 of the tile) of
-// a matrix of format ty, in the canonical order: the warps sum their chunks, and per round of
-// MMK_WARPS chunks the sums (each chunk's tree) meet in `part` and are added to y in chunk order.
+// a matrix of format ty, in the canonical order: warp w makes the trees of chunks w, w +
+// MMK_WARPS, .. of each window, the sums meet in `part` and are added to y in chunk order.
 template <int NT>
 __device__ __forceinline__ void mmk_rows(int ty, const uint8_t* w, int row0, int rows, const KAct& a, float (&y)[NT],
                                          float* part) {
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, g = lane >> 2, t = lane & 3;
     const int nb = a.K / QK_K, nch = (nb + KQ_CHUNK - 1) / KQ_CHUNK;
+    constexpr int S = MMK_ROWS * 8 * NT; // one chunk's sums
 #pragma unroll
     for (int i = 0; i < NT; ++i) y[i] = 0.0f;
 #pragma unroll 1
-    for (int r0 = 0; r0 < nch; r0 += MMK_WARPS) {
-        const int ch = r0 + warp;
-        float c[NT][4], hi[NT][4];
+    for (int w0 = 0; w0 < nch; w0 += MMK_MAXCH) {
+        const int w1 = min(w0 + MMK_MAXCH, nch);
+#pragma unroll 1
+        for (int ch = w0 + warp; ch < w1; ch += MMK_WARPS) {
+            float c[NT][4], hi[NT][4];
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
+            for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) c[nt][e] = hi[nt][e] = 0.0f;
-        if (ch < nch) {
+                for (int e = 0; e < 4; ++e) c[nt][e] = hi[nt][e] = 0.0f;
             mmk_prefetch_chunk(w, ty, row0, rows, a.K, ch + MMK_WARPS);
             const int b0 = ch * KQ_CHUNK, b1 = min(b0 + KQ_CHUNK, nb);
             if (ty == FMT_Q6_K) mmk_q6<NT>(w, row0, rows, a, b0, b1, c, hi);
@@ -157,20 +164,18 @@ __device__ __forceinline__ void mmk_rows(int ty, const uint8_t* w, int row0, int
                 for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
                     for (int e = 0; e < 4; ++e) c[nt][e] = kq_add(c[nt][e], hi[nt][e]);
-        }
-        __syncthreads(); // the previous round's sums are read
-        if (ch < nch)
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
                 for (int e = 0; e < 4; ++e)
-                    part[warp * MMK_ROWS * 32 + (8 * nt + 2 * t + (e & 1)) * MMK_ROWS + g + (e < 2 ? 0 : 8)] = c[nt][e];
-        __syncthreads();
+                    part[(ch - w0) * S + (8 * nt + 2 * t + (e & 1)) * MMK_ROWS + g + (e < 2 ? 0 : 8)] = c[nt][e];
+        }
+        __syncthreads(); // the window's sums are written
 #pragma unroll
         for (int i = 0; i < NT; ++i)
-#pragma unroll
-            for (int u = 0; u < MMK_WARPS; ++u)
-                if (r0 + u < nch) y[i] = kq_add(y[i], part[u * MMK_ROWS * 32 + threadIdx.x + 128 * i]);
+#pragma unroll 1
+            for (int ch = w0; ch < w1; ++ch) y[i] = kq_add(y[i], part[(ch - w0) * S + threadIdx.x + 128 * i]);
+        __syncthreads(); // and read: part is free for the next window (or mmk_silu_kernel's up)
     }
 }
 
@@ -199,7 +204,7 @@ __device__ __forceinline__ void pdl_wait_prefetch_mmk_silu(const uint8_t* wg, in
 
 template <int NT>
 __device__ __forceinline__ void mmk_kernel(const MatvecJobs& jobs, const KAct& act) {
-    __shared__ float part[MMK_PART];
+    __shared__ float part[MMK_MAXCH * MMK_ROWS * 8 * NT];
     int row0;
     const int j = kq_job(jobs, MMK_ROWS, &row0);
     const int rows = jobs.rows[j];
@@ -215,7 +220,7 @@ __device__ __forceinline__ void mmk_kernel(const MatvecJobs& jobs, const KAct& a
 template <int NT>
 __device__ __forceinline__ void mmk_silu_kernel(const uint8_t* wg, int tyg, const uint8_t* wu, int tyu, float* y,
                                                 int rows, const KAct& act) {
-    __shared__ float part[MMK_PART];
+    __shared__ float part[MMK_MAXCH * MMK_ROWS * 8 * NT];
     const int row0 = blockIdx.y * MMK_ROWS;
     if (row0 >= rows) return;
     const KAct a = mmk_slice(act, 8 * NT);
