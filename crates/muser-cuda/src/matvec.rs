@@ -119,9 +119,35 @@ pub const MMT_ROWS: usize = 64;
 /// v10's mmk_4, 32 streams 880 against 826; at 8 streams mmt with 8-column tiles was slower (365
 /// against 443), so groups up to 16 stay on mmk.cu.
 pub fn mmk_launch(ncols: usize, rows: usize, silu: bool) -> (LaunchConfig, String, usize) {
+    mmk_launch_upto(ncols, rows, silu, mmk_cols())
+}
+
+/// The widest group that runs on `mmk_*` (more columns run on `mmt_*`): 16, or what
+/// `MUSER_CUDA_MMK_COLS` asks for (16, 32, 48 or 64; wider groups then run as several 16-column
+/// `mmk_2` tiles side by side, each reading the row block's weights, which L2 shares). An A/B
+/// switch, not yet measured above 16: since the activation loads moved before the MMAs, 16
+/// streams on `mmk_2` take 17.2 ms per step against 25.9 for 32 on `mmt_4` (BENCHMARKS.md).
+pub fn mmk_cols() -> usize {
+    static COLS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *COLS.get_or_init(|| {
+        std::env::var("MUSER_CUDA_MMK_COLS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|c| [16, 32, 48, 64].contains(c))
+            .unwrap_or(16)
+    })
+}
+
+/// `mmk_launch` with groups of up to `mmk_cols` (a multiple of 16) columns on `mmk_*`.
+pub fn mmk_launch_upto(
+    ncols: usize,
+    rows: usize,
+    silu: bool,
+    mmk_cols: usize,
+) -> (LaunchConfig, String, usize) {
     let (family, nt, block_rows) = match ncols {
         0..=8 => ("mmk", 1, MMK_ROWS),
-        9..=16 => ("mmk", 2, MMK_ROWS),
+        n if n <= mmk_cols.max(16) => ("mmk", 2, MMK_ROWS),
         _ => ("mmt", 4, MMT_ROWS),
     };
     let name = format!("{family}_{}{nt}", if silu { "silu_" } else { "" });
@@ -856,15 +882,18 @@ mod tests {
                 crate::device::kernel_names(src.unwrap().1)
             })
             .collect();
-        for silu in [false, true] {
+        for (silu, upto) in [false, true]
+            .into_iter()
+            .flat_map(|s| [(s, 16), (s, 32), (s, 64)])
+        {
             for n in (2..=80).chain([128, 511, 512, 513, 2048]) {
                 for rows in [1usize, 16, 17, 64, 65, 256, 6656, 19968, 202048] {
-                    let (cfg, name, block_rows) = mmk_launch(n, rows, silu);
+                    let (cfg, name, block_rows) = mmk_launch_upto(n, rows, silu, upto);
                     assert!(compiled.contains(&name), "{name} is not compiled");
                     assert_eq!(name.contains("_silu_"), silu);
-                    // Up to 16 columns mmk.cu's 16-row blocks, more mmt.cu's 64-row blocks.
-                    assert_eq!(name.starts_with("mmt_"), n > 16, "{name} for {n} columns");
-                    assert_eq!(block_rows, if n > 16 { MMT_ROWS } else { MMK_ROWS });
+                    // Up to `upto` columns mmk.cu's 16-row blocks, more mmt.cu's 64-row blocks.
+                    assert_eq!(name.starts_with("mmt_"), n > upto, "{name} for {n} columns");
+                    assert_eq!(block_rows, if n > upto { MMT_ROWS } else { MMK_ROWS });
                     let nt: usize = name.rsplit('_').next().unwrap().parse().unwrap();
                     assert!([1, 2, 4].contains(&nt));
                     let bn = 8 * nt;
@@ -880,7 +909,7 @@ mod tests {
                         "an empty column tile"
                     );
                     // The narrowest tile that holds the group when it fits in one.
-                    if n <= 32 {
+                    if n <= 32 && (n <= 16 || n > upto) {
                         assert_eq!(cfg.grid_dim.0, 1);
                         assert!(bn < 2 * n || bn == 8, "{n} columns on tiles of {bn}");
                     }
