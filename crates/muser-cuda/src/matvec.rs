@@ -125,8 +125,9 @@ pub fn mmk_launch(ncols: usize, rows: usize, silu: bool) -> (LaunchConfig, Strin
 /// The widest group that runs on `mmk_*` (more columns run on `mmt_*`): 16, or what
 /// `MUSER_CUDA_MMK_COLS` asks for (16, 32, 48 or 64; wider groups then run as several 16-column
 /// `mmk_2` tiles side by side, each reading the row block's weights, which L2 shares). An A/B
-/// switch, not yet measured above 16: since the activation loads moved before the MMAs, 16
-/// streams on `mmk_2` take 17.2 ms per step against 25.9 for 32 on `mmt_4` (BENCHMARKS.md).
+/// switch, not yet measured above 16: since the activation loads moved before the MMAs, a
+/// 16-stream step on `mmk_2` takes 17.2 ms and a 32-stream step on `mmt_4` 25.9 ms
+/// (BENCHMARKS.md), so two `mmk_2` tiles win if they cost less than 1.5x one.
 pub fn mmk_cols() -> usize {
     static COLS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *COLS.get_or_init(|| {
