@@ -14,7 +14,7 @@
 // is the canonical order.
 // Per super-block b, per n-tile of 8 columns, lane (g, t) of a warp: the MMAs of
 // kq45_superblock / kq6_superblock (kq_mma.cuh), with the activations read from global memory
-// together with the super-block's weights (MMK_XPRE), each v_b = kq_value_*(...) put into its
+// together with the super-block's weights, each v_b = kq_value_*(...) put into its
 // chunk tree. Each warp asks L2 for its next chunk's
 // weights when it starts a chunk.
 
@@ -30,15 +30,12 @@ __device__ __forceinline__ const int8_t* mmk_x(const KAct& a, int c, int v) {
     return col + (a.kmajor ? km : (size_t)v);
 }
 
-// MMK_XPRE: a super-block's activation fragments, split sums and scales are loaded together with
-// its weights, before its arithmetic. Read inside the MMA loop (and behind a branch on the
+// A super-block's activation fragments, split sums and scales are loaded together with its
+// weights, before its arithmetic (mmk_q45, mmk_q6). Read inside the MMA loop (and behind a branch on the
 // layout), each sub-block's B fragment was its own round trip to L1/L2 after the previous
 // sub-block's MMAs: 8 (Q6_K 16) dependent trips per super-block. H200, llama-glimmer, same call
 // (2026-11-30): 8 streams 495.3 / 502.9 -> 715.3 tokens/s, 16 streams 764.1 / 777.4 -> 940.7
 // (mmk_2 at 229 registers, 2 blocks per SM, still gains), 669/669 checks, groups identical to solo.
-#ifndef MMK_XPRE
-#define MMK_XPRE 1
-#endif
 
 // The lane's columns: as B (column g of each n-tile) and as outputs (2t, 2t + 1), clamped to the
 // last column (clamped outputs are computed and never stored).
@@ -86,7 +83,7 @@ __device__ __forceinline__ void mmk_q45(const uint8_t* __restrict__ w, int row0,
         auto xq = [&](int nt, int s) { return *(const uint2*)mmk_x(a, cols.b[nt], b * QK_K + 32 * s + 8 * t); };
         auto xbs = [&](int nt) { return *(const int*)(a.xbs + ((size_t)cols.b[nt] * nb + b) * 16 + 4 * t); };
         auto dx = [&](int nt, int j) { return a.xds[(size_t)cols.o[nt][j] * nb32 + 8 * b].x; };
-        if constexpr (MMK_XPRE) {
+        {
             uint2 xv[NT][8];
             int xs[NT];
             float xd[NT][2];
@@ -102,10 +99,6 @@ __device__ __forceinline__ void mmk_q45(const uint8_t* __restrict__ w, int row0,
                 ha, hb, [&](int gi, int r) { return r ? qb[gi] : qa[gi]; }, xa, xb,
                 [&](int nt, int s) { return xv[nt][s]; }, [&](int nt) { return xs[nt]; },
                 [&](int nt, int j) { return xd[nt][j]; }, [&](int nt, int e, float x) { v[nt][e] = x; });
-        } else {
-            kq45_superblock<NT, Q5>(
-                ha, hb, [&](int gi, int r) { return r ? qb[gi] : qa[gi]; }, xa, xb, xq, xbs, dx,
-                [&](int nt, int e, float x) { v[nt][e] = x; });
         }
         kq_leaves<NT>(b - b0, v, lo, hi);
     }
@@ -150,7 +143,7 @@ __device__ __forceinline__ void mmk_q6(const uint8_t* __restrict__ w, int row0, 
         auto dx = [&](int nt, int j) { return a.xds[(size_t)cols.o[nt][j] * nb32 + 8 * b].x; };
         auto ql = [&](int h, int p, int u, int r) { return r ? lb[h][p][u] : la[h][p][u]; };
         auto qh = [&](int h, int u, int r) { return r ? hqb[h][u] : hqa[h][u]; };
-        if constexpr (MMK_XPRE) {
+        {
             int xv[NT][16];
             float xd[NT][2];
 #pragma unroll
@@ -162,8 +155,6 @@ __device__ __forceinline__ void mmk_q6(const uint8_t* __restrict__ w, int row0, 
             }
             kq6_superblock<NT>(ql, qh, sva, svb, da, db, [&](int nt, int s) { return xv[nt][s]; },
                                [&](int nt, int j) { return xd[nt][j]; }, [&](int nt, int e, float x) { v[nt][e] = x; });
-        } else {
-            kq6_superblock<NT>(ql, qh, sva, svb, da, db, xq, dx, [&](int nt, int e, float x) { v[nt][e] = x; });
         }
         kq_leaves<NT>(b - b0, v, lo, hi);
     }
