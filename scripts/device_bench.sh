@@ -332,8 +332,11 @@ if [ "${JOB:-}" = ab ]; then
 fi
 
 if [ "${JOB:-}" = sass ]; then
+    # PROFILE_GROUPS=8,32: the per-op profile of decode-group steps of those widths first.
     G=$MODELS/llama-glimmer.gguf
     step synth-llama-glimmer 60 "$BIN" synth llama-glimmer "$G"
+    [ -n "${PROFILE_GROUPS:-}" ] && step profile 90 "$BIN" check --backend cuda --no-ops --speed "$G" --group-profile "$PROFILE_GROUPS" &&
+        grep -h "^| \|^decode group\|^group" "$OUT/profile.log" | tail -40
     sass_profile
     cat "$OUT/summary.txt"
     exit 0

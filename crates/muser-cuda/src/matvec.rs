@@ -177,12 +177,27 @@ pub fn mmt_splits(on: bool, blocks: usize, chunks: usize, sms: usize) -> usize {
 }
 
 /// `mmt_splits` when on: 1 from 2 blocks per SM on, else enough splits for ~3 blocks per SM,
-/// at most one per chunk.
+/// at most one per chunk (`MUSER_CUDA_MMT_FILL=floor`: the most splits whose blocks all fit in
+/// one wave of 3 per SM, an A/B switch).
 fn split_count(blocks: usize, chunks: usize, sms: usize) -> usize {
+    split_count_as(blocks, chunks, sms, mmt_fill_floor())
+}
+
+fn mmt_fill_floor() -> bool {
+    static FLOOR: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *FLOOR.get_or_init(|| std::env::var("MUSER_CUDA_MMT_FILL").is_ok_and(|v| v == "floor"))
+}
+
+fn split_count_as(blocks: usize, chunks: usize, sms: usize, floor: bool) -> usize {
     if blocks == 0 || blocks >= 2 * sms {
         return 1;
     }
-    (3 * sms).div_ceil(blocks).clamp(1, chunks.max(1))
+    let s = if floor {
+        (3 * sms / blocks).max(2)
+    } else {
+        (3 * sms).div_ceil(blocks)
+    };
+    s.clamp(1, chunks.max(1))
 }
 
 /// The kernels' format code (FMT_* in matvec.cu), or an error for a type with no CUDA matvec.
@@ -924,18 +939,25 @@ mod tests {
         let sms = 132;
         // Glimmer at 32 columns: ffn_down and attn_output 104 blocks, q+k+v+gate 136.
         for (blocks, chunks) in [(104usize, 20usize), (104, 7), (136, 7), (1, 2), (263, 5)] {
-            let s = split_count(blocks, chunks, sms);
+            let s = split_count_as(blocks, chunks, sms, false);
             assert!((1..=chunks).contains(&s), "{blocks} blocks: {s} splits");
             assert!(s > 1, "{blocks} blocks of {chunks} chunks are not split");
             // About three blocks per SM, unless the chunks run out.
             assert!(blocks * s >= (3 * sms).min(blocks * chunks));
             assert!(blocks * (s - 1) < 3 * sms);
+            // The floor policy: one wave of at most 3 blocks per SM, unless 2 splits overflow it.
+            let f = split_count_as(blocks, chunks, sms, true);
+            assert!((2..=chunks.max(2)).contains(&f) || chunks == 1, "{blocks}: {f}");
+            assert!(blocks * f <= 3 * sms || f == 2, "{blocks} blocks x {f} splits");
+            assert!(f <= s);
         }
         // Wide launches (prefill: 16 column tiles), empty ones and single chunks are not split.
         for blocks in [0usize, 264, 312 * 16] {
-            assert_eq!(split_count(blocks, 26, sms), 1);
+            assert_eq!(split_count_as(blocks, 26, sms, false), 1);
+            assert_eq!(split_count_as(blocks, 26, sms, true), 1);
         }
-        assert_eq!(split_count(1, 1, sms), 1);
+        assert_eq!(split_count_as(1, 1, sms, false), 1);
+        assert_eq!(split_count_as(1, 1, sms, true), 1);
     }
 
     #[test]
