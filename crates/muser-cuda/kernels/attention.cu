@@ -165,10 +165,12 @@ extern "C" __global__ void __launch_bounds__(128) qkv_rows(float* __restrict__ q
 }
 
 // How a row that sees `count` positions is split when it is alone in its batch: (n_splits,
-// split_len) of `attention_plan(count, 1, ..)` in backend.rs, in the same integer arithmetic;
-// solo = ceil(2 * SMs / n_kv), the splits a one-row batch asks for.
-__device__ __forceinline__ int2 solo_split(int count, int solo) {
-    int n = max(1, min(solo, (count + ATT_T - 1) / ATT_T));
+// split_len) of `row_split(count, solo, min_tiles)` in backend.rs, in the same integer
+// arithmetic; solo = ceil(2 * SMs / n_kv), the splits a one-row batch asks for: one split per
+// tile of ATT_T positions up to T = min_tiles splits, and past T splits at least T tiles each.
+__device__ __forceinline__ int2 solo_split(int count, int solo, int min_tiles) {
+    const int T = max(1, min_tiles), tiles = (count + ATT_T - 1) / ATT_T;
+    int n = max(1, min(solo, min(tiles, max(T, (tiles + T - 1) / T))));
     const int len = ((count + n - 1) / n + ATT_T - 1) / ATT_T * ATT_T;
     n = max(1, (count + len - 1) / len);
     return make_int2(n, len);
@@ -331,13 +333,13 @@ __device__ void attn_partial(const float* __restrict__ q, const __half* __restri
 template <int D>
 __device__ void attn_rows_partial(const float* __restrict__ q, const RowKv* __restrict__ tab, const int* __restrict__ pos,
                                   float* __restrict__ o_part, float2* __restrict__ ml_part, int n_head, int n_kv, int G,
-                                  int window, int ring, float scale, int solo) {
+                                  int window, int ring, float scale, int solo, int min_tiles) {
     const int n_chunks = n_head / n_kv / G;
     const int kvh = blockIdx.x / n_chunks, h0 = kvh * (n_head / n_kv) + (blockIdx.x % n_chunks) * G;
     const int row = blockIdx.y, split = blockIdx.z, n_splits = gridDim.z;
     const int p = pos[row];
     const int lo = window > 0 ? max(0, p - window + 1) : 0;
-    const int2 plan = solo_split(p + 1 - lo, solo);
+    const int2 plan = solo_split(p + 1 - lo, solo, min_tiles);
     if (split >= plan.x) return;
     const int start = lo + split * plan.y;
     const int end = min(p + 1, start + plan.y);
@@ -381,14 +383,14 @@ extern "C" __global__ void __launch_bounds__(128) attn_rows_mma_128(const float*
                                                                     float* __restrict__ o_part,
                                                                     float2* __restrict__ ml_part, int n_head,
                                                                     int n_kv, int window, int ring, float scale,
-                                                                    int solo) { pdl_wait();
+                                                                    int solo, int min_tiles) { pdl_wait();
     constexpr int D = 128;
     const int G = n_head / n_kv;
     const int kvh = blockIdx.x, h0 = kvh * G;
     const int row = blockIdx.y, split = blockIdx.z, n_splits = gridDim.z;
     const int p = pos[row];
     const int lo = window > 0 ? max(0, p - window + 1) : 0;
-    const int2 plan = solo_split(p + 1 - lo, solo);
+    const int2 plan = solo_split(p + 1 - lo, solo, min_tiles);
     if (split >= plan.x) return;
     const int start = lo + split * plan.y;
     const int end = min(p + 1, start + plan.y);
@@ -573,8 +575,8 @@ extern "C" __global__ void __launch_bounds__(128) attn_partial_256(ATT_ARGS) { p
 
 #define ROWS_ARGS const float* __restrict__ q, const RowKv* __restrict__ tab, const int* __restrict__ pos, \
     float* __restrict__ o_part, float2* __restrict__ ml_part, int n_head, int n_kv, int G, int window, int ring, \
-    float scale, int solo
-#define ROWS_PASS q, tab, pos, o_part, ml_part, n_head, n_kv, G, window, ring, scale, solo
+    float scale, int solo, int min_tiles
+#define ROWS_PASS q, tab, pos, o_part, ml_part, n_head, n_kv, G, window, ring, scale, solo, min_tiles
 extern "C" __global__ void __launch_bounds__(128) attn_rows_64(ROWS_ARGS) { pdl_wait(); attn_rows_partial<64>(ROWS_PASS); }
 extern "C" __global__ void __launch_bounds__(128) attn_rows_128(ROWS_ARGS) { pdl_wait(); attn_rows_partial<128>(ROWS_PASS); }
 extern "C" __global__ void __launch_bounds__(128) attn_rows_256(ROWS_ARGS) { pdl_wait(); attn_rows_partial<256>(ROWS_PASS); }
@@ -614,13 +616,14 @@ extern "C" __global__ void attn_combine(const float* __restrict__ o_part, const 
 extern "C" __global__ void attn_rows_combine(const float* __restrict__ o_part, const float2* __restrict__ ml_part,
                                              float* __restrict__ out, const float* __restrict__ gate,
                                              const int* __restrict__ pos, int n_head, int n_splits, int D,
-                                             int window, int solo, int8_t* __restrict__ q, float2* __restrict__ ds,
+                                             int window, int solo, int min_tiles, int8_t* __restrict__ q,
+                                             float2* __restrict__ ds,
                                              int8_t* __restrict__ bs) { pdl_wait();
     // blockDim.x / D heads per block (1, or with q the 256 / D heads of one Q8_K block).
     const int hpb = blockDim.x / D, h = blockIdx.x * hpb + threadIdx.x / D, row = blockIdx.y, d = threadIdx.x % D;
     const int p = pos[row];
     const int lo = window > 0 ? max(0, p - window + 1) : 0;
-    const int ns = solo_split(p + 1 - lo, solo).x;
+    const int ns = solo_split(p + 1 - lo, solo, min_tiles).x;
     const size_t base = ((size_t)row * n_head + h) * n_splits;
     const size_t i = ((size_t)row * n_head + h) * D + d;
     float o = merge_splits(o_part, ml_part, base, ns, D, d);

@@ -137,8 +137,10 @@ struct RowsAttn {
     n_kv: usize,
     /// The grid's splits per row (the partials' stride): at least any row's own.
     splits: usize,
-    /// `solo_splits`: a row's own split plan is `split_plan(count, solo)`.
+    /// `solo_splits`: a row's own split plan is `row_split(count, solo, min_tiles)`.
     solo: usize,
+    /// The fewest 32-position tiles in a split (`attn_split_tiles`).
+    min_tiles: usize,
     window: usize,
     ring: bool,
 }
@@ -245,7 +247,7 @@ pub fn attention_plan(
 ) -> AttnPlan {
     let target = 2 * sms;
     let base = (n_rows * n_kv).max(1);
-    let (n_splits, split_len) = split_plan(count, target.div_ceil(base));
+    let (n_splits, split_len) = row_split(count, target.div_ceil(base), attn_split_tiles());
     let mut chunks = 1;
     while base * n_splits * chunks < target
         && group.is_multiple_of(chunks * 2)
@@ -260,18 +262,39 @@ pub fn attention_plan(
     }
 }
 
-/// (n_splits, split_len) for `count` positions when at most `want` splits are asked for: splits of
-/// whole tiles, none empty. `solo_split` in attention.cu is the same integer arithmetic (a decode
-/// group splits each row as `attention_plan(count, 1, ..)` does, with want = solo_splits).
-pub fn split_plan(count: usize, want: usize) -> (usize, usize) {
-    let n = want.min(count.div_ceil(ATT_T)).max(1);
+/// The splits a one-row batch asks for (`solo` of `row_split`).
+pub fn solo_splits(n_kv: usize, sms: usize) -> usize {
+    (2 * sms).div_ceil(n_kv.max(1))
+}
+
+/// (n_splits, split_len) of a row that sees `count` positions (`solo_split` in attention.cu,
+/// the same integer arithmetic) when at most `solo` splits are asked for: one split per tile of
+/// ATT_T positions up to T = `min_tiles` splits, past T splits at least T tiles each; splits of
+/// whole tiles, none empty. A decode group splits each row as `attention_plan(count, 1, ..)`
+/// does (`solo` = `solo_splits`), so a row's attention has the same bits alone or in any group.
+pub fn row_split(count: usize, solo: usize, min_tiles: usize) -> (usize, usize) {
+    let t = min_tiles.max(1);
+    let tiles = count.div_ceil(ATT_T);
+    let n = solo.min(tiles.min(t.max(tiles.div_ceil(t)))).max(1);
     let len = count.div_ceil(n).div_ceil(ATT_T) * ATT_T;
     (count.div_ceil(len).max(1), len)
 }
 
-/// The splits a one-row batch asks for (`want` of `split_plan`).
-pub fn solo_splits(n_kv: usize, sms: usize) -> usize {
-    (2 * sms).div_ceil(n_kv.max(1))
+/// `min_tiles` of `row_split` for every attention launch: `MUSER_ATTN_SPLIT_TILES` (1 to 64),
+/// else 8. A decode row over 8192 positions then runs 32 splits of 256 positions per KV head
+/// instead of 128 of 64 (each of attn_rows_mma_128's 4 warps one 16-position step, its partial
+/// as large as its K/V, and attn_rows_combine merging 128 partials per output). H200,
+/// llama-glimmer, tg64 at depth 8192 (same call): 1 tile 116.28 tokens/s, 4 127.00, 8 127.69,
+/// 16 117.89; rows up to 8 tiles (256 positions) keep their one split per tile.
+pub fn attn_split_tiles() -> usize {
+    static TILES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *TILES.get_or_init(|| {
+        std::env::var("MUSER_ATTN_SPLIT_TILES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|t| (1..=64).contains(t))
+            .unwrap_or(8)
+    })
 }
 
 /// Dynamic shared memory of attn_partial for G query heads per KV head of width d.
@@ -625,12 +648,13 @@ impl CudaBackend {
             block_dim: (128, 1, 1),
             shared_mem_bytes: ATTN_MMA_SMEM as u32,
         };
-        let (nh, nk, window, ring, so) = (
+        let (nh, nk, window, ring, so, mt) = (
             a.n_head as i32,
             a.n_kv as i32,
             a.window as i32,
             i32::from(a.ring),
             a.solo as i32,
+            a.min_tiles as i32,
         );
         let mut b = self.gpu.stream.launch_builder(f);
         b.arg(&qp)
@@ -643,7 +667,8 @@ impl CudaBackend {
             .arg(&window)
             .arg(&ring)
             .arg(&scale)
-            .arg(&so);
+            .arg(&so)
+            .arg(&mt);
         // SAFETY: the partials hold n * n_head * splits entries; each row reads its own cache
         // within its slots.
         ck(unsafe { b.launch(cfg) }, "attn_rows_mma");
@@ -673,12 +698,13 @@ impl CudaBackend {
             block_dim: (threads as u32, 1, 1),
             shared_mem_bytes: 0,
         };
-        let (nh, ms, dd, window, so) = (
+        let (nh, ms, dd, window, so, mt) = (
             a.n_head as i32,
             a.splits as i32,
             d as i32,
             a.window as i32,
             a.solo as i32,
+            a.min_tiles as i32,
         );
         let f = self.kernel("attn_rows_combine");
         let mut b = self.gpu.stream.launch_builder(f);
@@ -692,6 +718,7 @@ impl CudaBackend {
             .arg(&dd)
             .arg(&window)
             .arg(&so)
+            .arg(&mt)
             .arg(&q)
             .arg(&ds)
             .arg(&bs);
@@ -1190,6 +1217,7 @@ impl Backend for CudaBackend {
                         n_kv,
                         splits,
                         solo,
+                        min_tiles: 1,
                         window: l.spec.window.unwrap_or(0),
                         ring: l.spec.is_ring(),
                     };
@@ -1551,6 +1579,7 @@ impl Backend for CudaBackend {
                     n_kv,
                     splits: max_splits,
                     solo,
+                    min_tiles: attn_split_tiles(),
                     window: spec.window.unwrap_or(0),
                     ring: spec.is_ring(),
                 };
@@ -1587,7 +1616,8 @@ impl Backend for CudaBackend {
                         .arg(&gb)
                         .arg(&window)
                         .arg(&ring);
-                    b.arg(&scale).arg(&so);
+                    let mt = a.min_tiles as i32;
+                    b.arg(&scale).arg(&so).arg(&mt);
                     // SAFETY: partials hold n * n_head * max_splits entries; each row reads its own
                     // cache within its slots.
                     ck(unsafe { b.launch(cfg) }, "attn_rows");
@@ -1623,6 +1653,36 @@ mod tests {
         assert!(attention_smem(16, 128) <= 48 * 1024);
         assert_eq!(attention_kernel(64), Some("attn_partial_64"));
         assert_eq!(attention_kernel(96), None);
+    }
+
+    #[test]
+    fn decode_row_splits_cover_every_position_once_and_grow_past_min_tiles_by_whole_runs() {
+        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        for _ in 0..2000 {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            let count = 1 + (rng % 70_000) as usize;
+            let min_tiles = 1 + (rng >> 20) as usize % 16;
+            let solo = solo_splits(2, 132);
+            let (n, len) = row_split(count, solo, min_tiles);
+            assert!(n >= 1 && n <= solo && len.is_multiple_of(ATT_T), "{count}: {n} x {len}");
+            assert!(n * len >= count && (n - 1) * len < count, "{count}: {n} x {len}");
+            // One split per tile up to min_tiles splits, then at least min_tiles tiles each.
+            let tiles = count.div_ceil(ATT_T);
+            assert!(n <= tiles, "{count}: {n} splits");
+            if tiles <= min_tiles {
+                assert_eq!(n, tiles.min(solo), "{count}/{min_tiles}: {n} x {len}");
+            } else {
+                assert!(n <= min_tiles.max(tiles.div_ceil(min_tiles)), "{count}/{min_tiles}: {n}");
+            }
+            // One tile: a split per tile up to `solo` (the plan before min_tiles).
+            if min_tiles == 1 {
+                let n1 = solo.min(count.div_ceil(ATT_T));
+                let l1 = count.div_ceil(n1).div_ceil(ATT_T) * ATT_T;
+                assert_eq!((n, len), (count.div_ceil(l1), l1));
+            }
+        }
     }
 
     #[test]
