@@ -1666,15 +1666,24 @@ mod tests {
             let min_tiles = 1 + (rng >> 20) as usize % 16;
             let solo = solo_splits(2, 132);
             let (n, len) = row_split(count, solo, min_tiles);
-            assert!(n >= 1 && n <= solo && len.is_multiple_of(ATT_T), "{count}: {n} x {len}");
-            assert!(n * len >= count && (n - 1) * len < count, "{count}: {n} x {len}");
+            assert!(
+                n >= 1 && n <= solo && len.is_multiple_of(ATT_T),
+                "{count}: {n} x {len}"
+            );
+            assert!(
+                n * len >= count && (n - 1) * len < count,
+                "{count}: {n} x {len}"
+            );
             // One split per tile up to min_tiles splits, then at least min_tiles tiles each.
             let tiles = count.div_ceil(ATT_T);
             assert!(n <= tiles, "{count}: {n} splits");
             if tiles <= min_tiles {
                 assert_eq!(n, tiles.min(solo), "{count}/{min_tiles}: {n} x {len}");
             } else {
-                assert!(n <= min_tiles.max(tiles.div_ceil(min_tiles)), "{count}/{min_tiles}: {n}");
+                assert!(
+                    n <= min_tiles.max(tiles.div_ceil(min_tiles)),
+                    "{count}/{min_tiles}: {n}"
+                );
             }
             // One tile: a split per tile up to `solo` (the plan before min_tiles).
             if min_tiles == 1 {

@@ -950,8 +950,14 @@ mod tests {
             assert!(blocks * (s - 1) < 3 * sms);
             // The floor policy: one wave of at most 3 blocks per SM, unless 2 splits overflow it.
             let f = split_count_as(blocks, chunks, sms, true);
-            assert!((2..=chunks.max(2)).contains(&f) || chunks == 1, "{blocks}: {f}");
-            assert!(blocks * f <= 3 * sms || f == 2, "{blocks} blocks x {f} splits");
+            assert!(
+                (2..=chunks.max(2)).contains(&f) || chunks == 1,
+                "{blocks}: {f}"
+            );
+            assert!(
+                blocks * f <= 3 * sms || f == 2,
+                "{blocks} blocks x {f} splits"
+            );
             assert!(f <= s);
         }
         // Wide launches (prefill: 16 column tiles), empty ones and single chunks are not split.

@@ -65,7 +65,7 @@ impl Target {
 
 /// llama.cpp's "more bits" layers: the first and last eighth, and every third in between.
 fn use_more_bits(i: usize, n: usize) -> bool {
-    i < n / 8 || i >= 7 * n / 8 || (i >= n / 8 && (i - n / 8) % 3 == 2)
+    i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2
 }
 
 /// The layer index of a `blk.N.` tensor.
@@ -103,7 +103,7 @@ fn choose_type(t: &TensorInfo, target: Target, pure: bool, n_layers: usize) -> G
     // Fall back when the block does not divide the row.
     [wanted, GgmlType::Q8_0, GgmlType::F16]
         .into_iter()
-        .find(|ty| t.n_cols() % ty.block_size() as u64 == 0)
+        .find(|ty| t.n_cols().is_multiple_of(ty.block_size() as u64))
         .unwrap_or(GgmlType::F32)
 }
 
