@@ -284,8 +284,9 @@ pub fn row_split(count: usize, solo: usize, min_tiles: usize) -> (usize, usize) 
 /// else 8. A decode row over 8192 positions then runs 32 splits of 256 positions per KV head
 /// instead of 128 of 64 (each of attn_rows_mma_128's 4 warps one 16-position step, its partial
 /// as large as its K/V, and attn_rows_combine merging 128 partials per output). H200,
-/// llama-glimmer, tg64 at depth 8192 (same call): 1 tile 116.28 tokens/s, 4 127.00, 8 127.69,
-/// 16 117.89; rows up to 8 tiles (256 positions) keep their one split per tile.
+/// llama-glimmer, tg64 at depth 8192 (same call, with every row cut to at most one split per
+/// `min_tiles` tiles): 1 tile 116.28 tokens/s, 4 127.00, 8 127.69, 16 117.89; with this rule
+/// (rows up to 8 tiles keep one split per tile) 127.51 against 115.96 for 1 (another call).
 pub fn attn_split_tiles() -> usize {
     static TILES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *TILES.get_or_init(|| {
