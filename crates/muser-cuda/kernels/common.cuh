@@ -114,6 +114,18 @@ __device__ __forceinline__ void rope_pair(float* h, int i, int n_rot, int p, flo
     rope_rot(h, i, n_rot, neox, cf, sf);
 }
 
+// A split's completion count without the sequentially consistent fences of __threadfence:
+// atom_add_release adds v to *p at GPU scope after the writes before it (the caller's, and through
+// a barrier its warp's or block's) and returns the old value; the thread that finds the count
+// complete calls fence_acquire before reading the others' writes (then a barrier for its warp's
+// or block's other threads).
+__device__ __forceinline__ unsigned atom_add_release(unsigned* p, unsigned v) {
+    unsigned old;
+    asm volatile("atom.release.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+    return old;
+}
+__device__ __forceinline__ void fence_acquire() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
+
 // Asks L2 for the 128-byte line holding p (weights a kernel will read soon).
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 

@@ -998,6 +998,36 @@ __device__ __forceinline__ void mvk_prefetch(const MvkTask& k, int K) {
     if (128 * (l + 16) < span) prefetch_l2(p + 128 * (l + 16));
 }
 
+// g = the n chunk values at a added in order from 0 (and, TWO, u = those at b): the canonical
+// sum of a row's chunks. The loads of 8 chunks (of both rows) go out together, so the completing
+// warp waits one L2 round trip per 8 chunks instead of one per chunk.
+template <bool TWO>
+__device__ __forceinline__ void kq_sum_chunks(const float* a, const float* b, int n, float* g, float* u) {
+    float sa = 0.0f, sb = 0.0f;
+#pragma unroll 1
+    for (int i0 = 0; i0 < n; i0 += 8) {
+        float ca[8], cb[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            ca[i] = i0 + i < n ? __ldcg(a + i0 + i) : 0.0f;
+            cb[i] = TWO && i0 + i < n ? __ldcg(b + i0 + i) : 0.0f;
+        }
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+            if (i0 + i < n) {
+                sa = kq_add(sa, ca[i]);
+                if (TWO) sb = kq_add(sb, cb[i]);
+            }
+    }
+    *g = sa;
+    *u = sb;
+}
+
+// Timing hook of scripts/matvec_lab/trace.cu (per-warp timestamps of a launch); nothing here.
+#ifndef MVK_TRACE
+#define MVK_TRACE(point, dep)
+#endif
+
 // The warp's range of the launch's T tasks: [t0, t1), W = all warps of the grid (32-bit, as
 // mvk_span).
 __device__ __forceinline__ void mvk_range(unsigned T, int* t0, int* t1) {
@@ -1038,6 +1068,7 @@ __device__ __forceinline__ void mvk_warp(TaskFn task, int t0, int t1, int nch, c
         if (((s4 ^ 2) & ~1) < nsb) v = kq_add(v, o);
         // Row q's chunk values of both tasks, in every lane (lanes 16 h + q hold task h's).
         const float cva = __shfl_sync(0xffffffffu, v, q), cvb = __shfl_sync(0xffffffffu, v, 16 + q);
+        MVK_TRACE(2 + (tb - t0) / 2, cva + cvb);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int tt = tb + h;
@@ -1059,22 +1090,24 @@ __device__ __forceinline__ void mvk_warp(TaskFn task, int t0, int t1, int nch, c
             if (wr) cv[row * per + idx] = c;
             if (idx == per - 1 || tt == t1 - 1) { // the end of this warp's part of the row quad
                 const int n = min(first + per, t1) - max(first, t0);
-                if (wr) __threadfence(); // the chunk values visible GPU-wide before they are counted
+                // The lanes' chunk values ordered before lane 0's count (release, cumulative over
+                // the warp barrier); the completing warp's reads after it (acquire, then the
+                // barrier for lanes 1 .. 3).
                 __syncwarp();
                 int last = 0;
-                if (lane == 0) last = atomicAdd(&cnt[kt.gq], (unsigned)n) == (unsigned)(per - n);
+                if (lane == 0) {
+                    last = atom_add_release(&cnt[kt.gq], (unsigned)n) == (unsigned)(per - n);
+                    if (last) fence_acquire();
+                }
                 last = __shfl_sync(0xffffffffu, last, 0);
-                if (last && wr) {
-                    __threadfence();
-                    const float* cr = cv + row * per;
-                    float g = 0.0f;
-                    for (int i = 0; i < nch; ++i) g = kq_add(g, __ldcg(cr + i));
-                    if (SILU) {
-                        float u = 0.0f;
-                        for (int i = 0; i < nch; ++i) u = kq_add(u, __ldcg(cr + nch + i));
-                        ysilu[kt.row0 + lane] = g / (1.0f + expf(-g)) * u;
-                    } else {
-                        kt.y[kt.row0 + lane] = g;
+                if (last) {
+                    __syncwarp();
+                    if (wr) {
+                        const float* cr = cv + row * per;
+                        float g, u;
+                        kq_sum_chunks<SILU>(cr, cr + nch, nch, &g, &u);
+                        if (SILU) ysilu[kt.row0 + lane] = g / (1.0f + expf(-g)) * u;
+                        else kt.y[kt.row0 + lane] = g;
                     }
                 }
                 if (last && lane == 0) cnt[kt.gq] = 0u; // zero again for the next launch
@@ -1083,6 +1116,7 @@ __device__ __forceinline__ void mvk_warp(TaskFn task, int t0, int t1, int nch, c
         ga = gb + (rb + 1 == per);
         ra = rb + 1 == per ? 0 : rb + 1;
     }
+    MVK_TRACE(30, ya + yb);
 }
 
 #define MVK_ACT const int8_t* __restrict__ xq, const float2* __restrict__ xds, int K, float* __restrict__ cv, \
@@ -1142,6 +1176,7 @@ __device__ __forceinline__ MvkSpan mvk_span(const MatvecJobs& jobs, int nch) {
 // The warp's span (computed once), a request to L2 for its first round, then the wait for the
 // kernel before (common.cuh).
 __device__ __forceinline__ MvkSpan pdl_wait_prefetch_mvk(const MatvecJobs& jobs, int K) {
+    MVK_TRACE(0, 0.0f);
     const int nch = (K / QK_K + KQ_CHUNK - 1) / KQ_CHUNK;
     const MvkSpan sp = mvk_span(jobs, nch);
     const int t = sp.t0 + (threadIdx.x % WARP >= 16);
@@ -1149,6 +1184,7 @@ __device__ __forceinline__ MvkSpan pdl_wait_prefetch_mvk(const MatvecJobs& jobs,
         mvk_prefetch(mvk_job_task(jobs.w[sp.j], jobs.y[sp.j], jobs.ty[sp.j], jobs.rows[sp.j], jobs.start[sp.j], nch, t),
                      K);
     pdl_wait();
+    MVK_TRACE(1, 0.0f);
     return sp;
 }
 
@@ -1167,12 +1203,14 @@ extern "C" __global__ void __launch_bounds__(128, 4) mvk_1(MatvecJobs jobs, MVK_
 // The warp's range (t0, t1) as in pdl_wait_prefetch_mvk.
 __device__ __forceinline__ int2 pdl_wait_prefetch_mvk_silu(const uint8_t* wg, int tyg, const uint8_t* wu, int tyu,
                                                            int rows, int K) {
+    MVK_TRACE(0, 0.0f);
     const int nch = (K / QK_K + KQ_CHUNK - 1) / KQ_CHUNK;
     int t0, t1;
     mvk_range((unsigned)((rows + 3) / 4) * 2 * nch, &t0, &t1);
     const int t = t0 + (threadIdx.x % WARP >= 16);
     if (t < t1) mvk_prefetch(mvk_silu_task(wg, tyg, wu, tyu, rows, nch, t), K);
     pdl_wait();
+    MVK_TRACE(1, 0.0f);
     return make_int2(t0, t1);
 }
 
