@@ -825,6 +825,17 @@ extern "C" __global__ void __launch_bounds__(256) matvec_silu_cols(SILU_ARGS, AC
 // v11b: a round's two tasks stepped from the last (row quad, index) instead of divided out of the
 // task number (three integer divisions per round): tg128 143.65 / 144.01 against 141.59 / 140.86;
 // Nsight Compute gate+up+SiLU 51.2 us (v11: 53.3).
+// v11c (2026-11-30): the shared row quads counted with a release atomic and completed after one
+// acquire fence (atom_add_release, common.cuh) instead of two sequentially consistent fences
+// (__threadfence), the chunk values loaded 8 at a time: tg128 150.09 / 149.77 -> 157.43 /
+// 157.11. scripts/matvec_lab/trace.cu (per-warp timestamps, MVK_TRACE) shows this kernel's
+// rounds at the read bandwidth once running (~2.2 us per 4.6 KB round for all 2,112 warps) and
+// each large launch losing 10-14 us to the first round, the warps' spread of end times and the
+// shared quads. Tried after it and dropped (BENCHMARKS.md, 2026-11-30 06:35): a whole
+// super-block per lane (tg128 120 against 143), both shared counts at the range's end (no
+// change), one 16-warp block per SM taking rounds from a shared counter (ends tightened, rounds
+// 14% slower: 145 against 157.5), the next Q4_K round's loads before this round's reductions
+// (150.5 against 156.2).
 
 // Q6_K quarter (h, p) of super-block sb of a row (repacked planes, see RawQ6).
 struct RawQ6Q {
