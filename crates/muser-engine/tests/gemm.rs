@@ -8,7 +8,7 @@ use muser_engine::backend::cpu::gemm;
 use muser_gguf::GgmlType;
 use muser_quant::quantize::quantize_row_q8_k_ref;
 use muser_quant::simd::Kernels;
-use muser_quant::{BlockQ4K, BlockQ6K, BlockQ8K};
+use muser_quant::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -139,6 +139,13 @@ fn q4_k_blocks(count: usize, rng: &mut StdRng) -> Vec<BlockQ4K> {
     })
 }
 
+fn q5_k_blocks(count: usize, rng: &mut StdRng) -> Vec<BlockQ5K> {
+    random_blocks(count, rng, |b: &mut BlockQ5K, rng| {
+        b.d = small_f16(rng);
+        b.dmin = small_f16(rng);
+    })
+}
+
 fn q6_k_blocks(count: usize, rng: &mut StdRng) -> Vec<BlockQ6K> {
     random_blocks(count, rng, |b: &mut BlockQ6K, rng| b.d = small_f16(rng))
 }
@@ -196,10 +203,15 @@ fn check_tiled<W: bytemuck::Pod>(
 #[test]
 fn tiled_kernels_equal_the_avx512_one_column_kernels_bitwise() {
     use muser_engine::backend::cpu::tile;
-    let (Some(k), Some(g4), Some(g6)) = (Kernels::avx512(), tile::q4_k_gemm(), tile::q6_k_gemm())
-    else {
+    let (Some(k), Some(g4), Some(g5), Some(g6)) = (
+        Kernels::avx512(),
+        tile::q4_k_gemm(),
+        tile::q5_k_gemm(),
+        tile::q6_k_gemm(),
+    ) else {
         return eprintln!("no AVX-512 VNNI: skipped");
     };
     check_tiled("q4_k", g4, k.dot_q4_k_q8_k, q4_k_blocks);
+    check_tiled("q5_k", g5, k.dot_q5_k_q8_k, q5_k_blocks);
     check_tiled("q6_k", g6, k.dot_q6_k_q8_k, q6_k_blocks);
 }

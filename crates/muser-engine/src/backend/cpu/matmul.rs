@@ -5,7 +5,7 @@
 //! the call (Q/K/V/gate, gate+up). Work is split into tasks of consecutive weight rows (a few
 //! hundred KB of weights each for one column) run on the current rayon pool; inside a task each
 //! weight row is reused across a tile of columns while it sits in L1. The dots are
-//! muser-quant's SIMD kernels (`Kernels::detect`); from 8 columns, Q4_K and Q6_K weights go
+//! muser-quant's SIMD kernels (`Kernels::detect`); from 8 columns, Q4_K, Q5_K and Q6_K weights go
 //! through the register-tiled kernels of `tile.rs` instead (bit-identical), which write straight
 //! into the output.
 
@@ -28,7 +28,7 @@ pub struct QuantizedInput<'a> {
     panel: Option<super::tile::Panel>,
 }
 
-/// Columns from which Q4_K / Q6_K weights go through the register-tiled kernels.
+/// Columns from which Q4_K / Q5_K / Q6_K weights go through the register-tiled kernels.
 pub const TILE_MIN_COLUMNS: usize = 8;
 
 impl<'a> QuantizedInput<'a> {
@@ -66,7 +66,7 @@ impl<'a> QuantizedInput<'a> {
                 && super::tile::available()
                 && types
                     .iter()
-                    .any(|t| matches!(t, GgmlType::Q4_K | GgmlType::Q6_K))
+                    .any(|t| matches!(t, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K))
             {
                 q.panel = Some(super::tile::Panel::new(&q.q8_k, n, nb));
             }
@@ -98,6 +98,11 @@ pub fn rows_times_columns(
         GgmlType::Q4_K if inp.panel.is_some() => {
             let p = inp.panel.as_ref().expect("checked");
             super::tile::gemm_q4_k(bytemuck::cast_slice(wrows), r1 - r0, p, tile)
+        }
+        #[cfg(target_arch = "x86_64")]
+        GgmlType::Q5_K if inp.panel.is_some() => {
+            let p = inp.panel.as_ref().expect("checked");
+            super::tile::gemm_q5_k(bytemuck::cast_slice(wrows), r1 - r0, p, tile)
         }
         #[cfg(target_arch = "x86_64")]
         GgmlType::Q6_K if inp.panel.is_some() => {
@@ -144,6 +149,10 @@ unsafe fn tiled_into(
         match w.view.ty {
             GgmlType::Q4_K => {
                 super::tile::gemm_q4_k_into(bytemuck::cast_slice(wrows), r1 - r0, p, out, ld);
+                return true;
+            }
+            GgmlType::Q5_K => {
+                super::tile::gemm_q5_k_into(bytemuck::cast_slice(wrows), r1 - r0, p, out, ld);
                 return true;
             }
             GgmlType::Q6_K => {
@@ -252,7 +261,7 @@ pub fn rows_per_task(w: &CpuWeight, n: usize, threads: usize) -> usize {
         r = r.min(w.rows.div_ceil(threads * 16)).max(4.min(w.rows));
         #[cfg(target_arch = "x86_64")]
         if n >= TILE_MIN_COLUMNS
-            && matches!(w.view.ty, GgmlType::Q4_K | GgmlType::Q6_K)
+            && matches!(w.view.ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)
             && super::tile::available()
         {
             r = r.min(super::tile::rows_per_task(w.cols / QK_K));

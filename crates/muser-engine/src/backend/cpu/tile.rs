@@ -1,6 +1,10 @@
-//! Register-tiled prefill matmul (AVX-512 VNNI): Q4_K / Q6_K weights x Q8_K activations, a
-//! tile of R = 4 weight rows x C = 4 activation columns at a time. Serves every matmul of
-//! 8 columns or more (`matmul::TILE_MIN_COLUMNS`).
+//! Register-tiled prefill matmul (AVX-512 VNNI): Q4_K / Q5_K / Q6_K weights x Q8_K activations,
+//! a tile of R = 4 weight rows x C = 4 activation columns at a time. Serves every matmul of
+//! 8 columns or more (`matmul::TILE_MIN_COLUMNS`). Q5_K runs the Q4_K microkernel: its unpack
+//! adds the fifth bit, so the quants are 0..31 instead of 0..15 (a lane's i16 half stays below
+//! 4 x 255 x 31 = 31,620), and the scales, mins and the f32 work are Q4_K's, as in muser-quant's
+//! one-column kernels. On a Q5_K llama-1b (2 threads, 2026-11-30) pp512 went from 105 tokens/s
+//! (one-column dots per column) to 337-354.
 //!
 //! Layout. The activation columns are copied once per matmul into a [`Panel`]: each block's 256
 //! quants plus 128 (unsigned bytes), 64-byte aligned; the `bsums` of two neighbouring columns
@@ -43,7 +47,7 @@
 //! VNNI instructions and 34 f32 multiply/FMA ones, 65 cycles at 2 per cycle (about 250 GMAC/s
 //! at 4.2 GHz); the rest goes to loads of the f32 accumulators and to the L2 streams.
 
-use muser_quant::{BlockQ4K, BlockQ6K, BlockQ8K, QK_K};
+use muser_quant::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K};
 
 /// Rows x columns of a tile.
 pub const R: usize = 4;
@@ -63,6 +67,14 @@ pub fn q4_k_gemm() -> Option<GemmFn<BlockQ4K>> {
     available().then_some(|w, rows, y, n, out| {
         let p = Panel::new(y, n, w.len() / rows.max(1));
         gemm_q4_k(w, rows, &p, out)
+    })
+}
+
+/// The tiled Q5_K kernel (panel built inside) when this CPU runs it.
+pub fn q5_k_gemm() -> Option<GemmFn<BlockQ5K>> {
+    available().then_some(|w, rows, y, n, out| {
+        let p = Panel::new(y, n, w.len() / rows.max(1));
+        gemm_q5_k(w, rows, &p, out)
     })
 }
 
@@ -278,6 +290,33 @@ pub unsafe fn gemm_q4_k_into(w: &[BlockQ4K], rows: usize, p: &Panel, out: *mut f
     )
 }
 
+/// As [`gemm_q4_k`] for Q5_K weights (the Q4_K tile kernel over quants 0..31).
+pub fn gemm_q5_k(w: &[BlockQ5K], rows: usize, p: &Panel, out: &mut [f32]) {
+    check_shapes("gemm_q5_k", w, rows, p, out);
+    // SAFETY: out holds n x rows.
+    unsafe { gemm_q5_k_into(w, rows, p, out.as_mut_ptr(), rows) }
+}
+
+/// As [`gemm_q4_k_into`] for Q5_K weights.
+///
+/// # Safety
+/// As [`gemm_q4_k_into`].
+pub unsafe fn gemm_q5_k_into(w: &[BlockQ5K], rows: usize, p: &Panel, out: *mut f32, ld: usize) {
+    check_shapes_into("gemm_q5_k", w, rows, p, ld);
+    gemm_body!(
+        w,
+        rows,
+        p,
+        out,
+        ld,
+        Q4_BUF,
+        x86::Q4W,
+        x86::unpack_q5_k,
+        x86::tile_q4_k,
+        x86::finish_q4_k
+    )
+}
+
 /// As [`gemm_q4_k`] for Q6_K weights.
 pub fn gemm_q6_k(w: &[BlockQ6K], rows: usize, p: &Panel, out: &mut [f32]) {
     check_shapes("gemm_q6_k", w, rows, p, out);
@@ -309,7 +348,7 @@ const _: () = assert!(QK_K == 256);
 
 mod x86 {
     use super::{Line, Panel, C, R};
-    use muser_quant::{BlockQ4K, BlockQ6K};
+    use muser_quant::{BlockQ4K, BlockQ5K, BlockQ6K};
     use std::arch::asm;
     use std::arch::x86_64::*;
 
@@ -450,10 +489,71 @@ mod x86 {
         _mm512_mask_blend_epi16(0xaaaa_aaaa, lo, _mm512_slli_epi32(hi, 16))
     }
 
-    /// Unpacks `rr` rows (<= 4) of `nb` Q4_K blocks into one `Q4W` per block (rows past `rr`
-    /// zero).
+    /// The fields a Q4_K and a Q5_K block share (the tile kernel's inputs besides the quants).
+    pub trait K4Block {
+        fn d(&self) -> half::f16;
+        fn dmin(&self) -> half::f16;
+        fn scales(&self) -> &[u8; 12];
+        /// Group g's 64 quants as bytes: the low half values 64g..64g+32, the high half
+        /// 64g+32..64g+64 (`shift`: 0 in the low i16 half, 4 in the high).
+        ///
+        /// # Safety
+        /// The CPU must have AVX-512 BW.
+        unsafe fn quants(&self, g: usize, m4: __m512i, shift: __m512i) -> __m512i;
+    }
+    impl K4Block for BlockQ4K {
+        fn d(&self) -> half::f16 {
+            self.d
+        }
+        fn dmin(&self) -> half::f16 {
+            self.dmin
+        }
+        fn scales(&self) -> &[u8; 12] {
+            &self.scales
+        }
+        #[inline(always)]
+        unsafe fn quants(&self, g: usize, m4: __m512i, shift: __m512i) -> __m512i {
+            _mm512_and_si512(
+                _mm512_srlv_epi16(load32_twice(self.qs.as_ptr().add(32 * g)), shift),
+                m4,
+            )
+        }
+    }
+    /// Q5_K: the Q4_K nibble plus 16 times bit 2g (low half) or 2g + 1 (high half) of `qh[l]`,
+    /// as muser-quant's one-column kernel assembles them; values 0..31, so the kernel's i16
+    /// halves stay below 4 x 255 x 31 = 31,620.
+    impl K4Block for BlockQ5K {
+        fn d(&self) -> half::f16 {
+            self.d
+        }
+        fn dmin(&self) -> half::f16 {
+            self.dmin
+        }
+        fn scales(&self) -> &[u8; 12] {
+            &self.scales
+        }
+        #[inline(always)]
+        unsafe fn quants(&self, g: usize, m4: __m512i, shift: __m512i) -> __m512i {
+            let q = _mm512_and_si512(
+                _mm512_srlv_epi16(load32_twice(self.qs.as_ptr().add(32 * g)), shift),
+                m4,
+            );
+            // Bit 0 of each byte after a 16-bit shift by 2g / 2g + 1 is the byte's own bit.
+            let hb = _mm512_and_si512(
+                _mm512_srlv_epi16(
+                    load32_twice(self.qh.as_ptr()),
+                    halves_i16(2 * g as i16, 2 * g as i16 + 1),
+                ),
+                _mm512_set1_epi8(1),
+            );
+            _mm512_or_si512(q, _mm512_slli_epi16(hb, 4))
+        }
+    }
+
+    /// Unpacks `rr` rows (<= 4) of `nb` Q4_K or Q5_K blocks into one `Q4W` per block (rows past
+    /// `rr` zero).
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
-    pub unsafe fn unpack_q4_k(w: &[BlockQ4K], rr: usize, nb: usize, buf: &mut [Q4W]) {
+    pub unsafe fn unpack_k4<B: K4Block>(w: &[B], rr: usize, nb: usize, buf: &mut [Q4W]) {
         let m4 = _mm512_set1_epi8(0x0f);
         let ones = _mm512_set1_epi8(1);
         let zero = _mm512_setzero_si512();
@@ -466,12 +566,9 @@ mod x86 {
             for r in 0..rr {
                 let b = &w[r * nb + i];
                 for g in 0..4 {
-                    u.q[r][g] = _mm512_and_si512(
-                        _mm512_srlv_epi16(load32_twice(b.qs.as_ptr().add(32 * g)), shift),
-                        m4,
-                    );
+                    u.q[r][g] = b.quants(g, m4, shift);
                 }
-                let (sc, m) = scales_mins_k4(&b.scales);
+                let (sc, m) = scales_mins_k4(b.scales());
                 let sm = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(_mm_set_epi64x(
                     m as i64, sc as i64,
                 )));
@@ -487,13 +584,19 @@ mod x86 {
                     corr = _mm512_dpwssd_epi32(corr, pack_pair(s0, s1), u.s[r][h]);
                 }
                 u.corr[r] = _mm512_sub_epi32(zero, _mm512_slli_epi32(corr, 7));
-                let (d, dmin) = (f16_to_f32(b.d), f16_to_f32(b.dmin));
+                let (d, dmin) = (f16_to_f32(b.d()), f16_to_f32(b.dmin()));
                 for c in 0..C {
                     u.d[4 * r + c] = d;
                     u.dmin[4 * r + c] = dmin;
                 }
             }
         }
+    }
+    pub unsafe fn unpack_q4_k(w: &[BlockQ4K], rr: usize, nb: usize, buf: &mut [Q4W]) {
+        unpack_k4(w, rr, nb, buf)
+    }
+    pub unsafe fn unpack_q5_k(w: &[BlockQ5K], rr: usize, nb: usize, buf: &mut [Q4W]) {
+        unpack_k4(w, rr, nb, buf)
     }
 
     /// `vpermw` tables over the 16 Q6_K scales (i16): group pair h, i16 lane 2j + k: the scale
