@@ -1,5 +1,6 @@
 //! The multi-column prefill kernels (4 and 8 columns) against muser-quant's scalar reference
-//! dots, and bit for bit against its AVX-512 one-column kernels, for several block counts.
+//! dots, and bit for bit against its AVX-512 one-column kernels, for several block counts; the
+//! register-tiled kernels bit for bit too.
 #![cfg(target_arch = "x86_64")]
 
 mod common;
@@ -59,59 +60,43 @@ fn check<W: bytemuck::Pod, const C: usize>(
     }
 }
 
+/// `check` at 4 and 8 columns.
+fn check_4_and_8<W: bytemuck::Pod>(
+    ty: GgmlType,
+    k: (Option<gemm::DotN<W, 4>>, Option<gemm::DotN<W, 8>>),
+    dot: fn(&[W], &[BlockQ8K]) -> f32,
+    bitwise: bool,
+) {
+    check::<W, 4>(ty, k.0.unwrap(), dot, bitwise);
+    check::<W, 8>(ty, k.1.unwrap(), dot, bitwise);
+}
+
+/// The Q4_K, Q5_K and Q6_K multi-column kernels at 4 and 8 columns against `k`'s dots.
+fn check_k_quants(k: &Kernels, bitwise: bool) {
+    let q4 = (gemm::q4_k_cols(), gemm::q4_k_cols());
+    check_4_and_8::<BlockQ4K>(GgmlType::Q4_K, q4, k.dot_q4_k_q8_k, bitwise);
+    let q5 = (gemm::q5_k_cols(), gemm::q5_k_cols());
+    check_4_and_8::<BlockQ5K>(GgmlType::Q5_K, q5, k.dot_q5_k_q8_k, bitwise);
+    let q6 = (gemm::q6_k_cols(), gemm::q6_k_cols());
+    check_4_and_8::<BlockQ6K>(GgmlType::Q6_K, q6, k.dot_q6_k_q8_k, bitwise);
+}
+
 #[test]
 fn multi_column_kernels_match_scalar_reference() {
-    let Some(k4) = gemm::q4_k_cols::<4>() else {
+    if gemm::q4_k_cols::<4>().is_none() {
         return eprintln!("no AVX-512 VNNI: skipped");
-    };
-    let s = Kernels::scalar();
-    check::<BlockQ4K, 4>(GgmlType::Q4_K, k4, s.dot_q4_k_q8_k, false);
-    check::<BlockQ4K, 8>(
-        GgmlType::Q4_K,
-        gemm::q4_k_cols::<8>().unwrap(),
-        s.dot_q4_k_q8_k,
-        false,
-    );
-    check::<BlockQ6K, 4>(
-        GgmlType::Q6_K,
-        gemm::q6_k_cols::<4>().unwrap(),
-        s.dot_q6_k_q8_k,
-        false,
-    );
-    check::<BlockQ6K, 8>(
-        GgmlType::Q6_K,
-        gemm::q6_k_cols::<8>().unwrap(),
-        s.dot_q6_k_q8_k,
-        false,
-    );
+    }
+    check_k_quants(&Kernels::scalar(), false);
 }
 
 /// Prefill uses the multi-column kernels and decode the one-column ones: with the same lanes
 /// and reduction they agree to the bit, so prefill and decode logits do too.
 #[test]
 fn multi_column_kernels_equal_the_avx512_one_column_kernels_bitwise() {
-    let (Some(k), Some(k4)) = (Kernels::avx512(), gemm::q4_k_cols::<4>()) else {
+    let Some(k) = Kernels::avx512().filter(|_| gemm::q4_k_cols::<4>().is_some()) else {
         return eprintln!("no AVX-512 VNNI: skipped");
     };
-    check::<BlockQ4K, 4>(GgmlType::Q4_K, k4, k.dot_q4_k_q8_k, true);
-    check::<BlockQ4K, 8>(
-        GgmlType::Q4_K,
-        gemm::q4_k_cols::<8>().unwrap(),
-        k.dot_q4_k_q8_k,
-        true,
-    );
-    check::<BlockQ6K, 4>(
-        GgmlType::Q6_K,
-        gemm::q6_k_cols::<4>().unwrap(),
-        k.dot_q6_k_q8_k,
-        true,
-    );
-    check::<BlockQ6K, 8>(
-        GgmlType::Q6_K,
-        gemm::q6_k_cols::<8>().unwrap(),
-        k.dot_q6_k_q8_k,
-        true,
-    );
+    check_k_quants(&k, true);
 }
 
 /// Random blocks with finite scales: every quant and packed scale byte random.

@@ -3,14 +3,14 @@
 //! and then multiplied into C Q8_K columns, so the unpacking, which costs as much as the
 //! multiplies in a one-column dot, is paid once per C columns.
 //!
-//! Serves Q4_K and Q6_K weights (the bulk of a Q4_K_M file) when a matmul has 4 to 7 columns
+//! Serves Q4_K, Q5_K and Q6_K weights (the bulk of Q4_K_M and Q5_K_M files) when a matmul has 4 to 7 columns
 //! (from 8 the register-tiled kernels of `tile.rs` take over); other types and the last n % 4
 //! columns use muser-quant's one-column kernels. Per
 //! column the arithmetic (lanes, order, final reduction) is that of muser-quant's AVX-512
 //! one-column kernel, so results are bit-identical and prefill logits equal decode logits.
 //! Tested against the scalar reference and the one-column kernel (`tests/gemm.rs`).
 
-use muser_quant::{BlockQ4K, BlockQ6K, BlockQ8K};
+use muser_quant::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K};
 
 /// A C-column dot: out[c] = dot(w, y[c]).
 pub type DotN<W, const C: usize> = fn(&[W], [&[BlockQ8K]; C]) -> [f32; C];
@@ -18,6 +18,10 @@ pub type DotN<W, const C: usize> = fn(&[W], [&[BlockQ8K]; C]) -> [f32; C];
 /// The C-column Q4_K kernel (C = 4 or 8) when this CPU runs it.
 pub fn q4_k_cols<const C: usize>() -> Option<DotN<BlockQ4K, C>> {
     has_avx512_vnni().then_some(dot_q4_k_q8_k_cols::<C> as DotN<BlockQ4K, C>)
+}
+/// The C-column Q5_K kernel (Q4_K's over quants 0..31) when this CPU runs it.
+pub fn q5_k_cols<const C: usize>() -> Option<DotN<BlockQ5K, C>> {
+    has_avx512_vnni().then_some(dot_q5_k_q8_k_cols::<C> as DotN<BlockQ5K, C>)
 }
 /// The C-column Q6_K kernel when this CPU runs it.
 pub fn q6_k_cols<const C: usize>() -> Option<DotN<BlockQ6K, C>> {
@@ -72,7 +76,13 @@ fn check_cols(what: &str, nb: usize, y: &[&[BlockQ8K]]) {
 fn dot_q4_k_q8_k_cols<const C: usize>(x: &[BlockQ4K], y: [&[BlockQ8K]; C]) -> [f32; C] {
     check_cols("dot_q4_k_q8_k_cols", x.len(), &y);
     // SAFETY: the CPU has the features and every column has x.len() blocks (checked above).
-    unsafe { x86::q4_k_cols(x, y) }
+    unsafe { x86::k4_cols(x, y) }
+}
+
+fn dot_q5_k_q8_k_cols<const C: usize>(x: &[BlockQ5K], y: [&[BlockQ8K]; C]) -> [f32; C] {
+    check_cols("dot_q5_k_q8_k_cols", x.len(), &y);
+    // SAFETY: as above.
+    unsafe { x86::k4_cols(x, y) }
 }
 
 fn dot_q6_k_q8_k_cols<const C: usize>(x: &[BlockQ6K], y: [&[BlockQ8K]; C]) -> [f32; C] {
@@ -83,37 +93,23 @@ fn dot_q6_k_q8_k_cols<const C: usize>(x: &[BlockQ6K], y: [&[BlockQ8K]; C]) -> [f
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
+    use super::super::k4::{halves_i16, load32_twice, K4Block};
     use super::scales_mins_k4;
-    use muser_quant::{BlockQ4K, BlockQ6K, BlockQ8K};
+    use muser_quant::{BlockQ6K, BlockQ8K};
     use std::arch::x86_64::*;
 
-    /// i16 lanes 0..16 = a, lanes 16..32 = b.
-    #[inline(always)]
-    unsafe fn halves_i16(a: i16, b: i16) -> __m512i {
-        _mm512_inserti64x4(
-            _mm512_castsi256_si512(_mm256_set1_epi16(a)),
-            _mm256_set1_epi16(b),
-            1,
-        )
-    }
-
-    /// The same 32 bytes in both 256-bit halves.
-    #[inline(always)]
-    unsafe fn load32_twice(p: *const u8) -> __m512i {
-        _mm512_broadcast_i64x4(_mm256_loadu_si256(p as *const __m256i))
-    }
-
+    /// Q4_K or Q5_K (`K4Block`: the quants 0..15 or 0..31 as bytes, the rest alike).
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-    pub unsafe fn q4_k_cols<const C: usize>(x: &[BlockQ4K], y: [&[BlockQ8K]; C]) -> [f32; C] {
+    pub unsafe fn k4_cols<B: K4Block, const C: usize>(x: &[B], y: [&[BlockQ8K]; C]) -> [f32; C] {
         let m4 = _mm512_set1_epi8(0x0f);
         // Low half keeps the low nibbles (sub-block 2g), high half shifts in the high ones (2g+1).
         let shift = halves_i16(0, 4);
         let mut acc = [_mm512_setzero_ps(); C];
         let mut acc_m = [_mm256_setzero_ps(); C];
         for (i, bx) in x.iter().enumerate() {
-            let (sc, mn) = scales_mins_k4(&bx.scales);
-            let d = bx.d.to_f32();
-            let dmin = bx.dmin.to_f32();
+            let (sc, mn) = scales_mins_k4(bx.scales());
+            let d = bx.d().to_f32();
+            let dmin = bx.dmin().to_f32();
             // Each min twice, as i16, to pair with the sixteen bsums.
             let mins = _mm256_set_epi16(
                 mn[7] as i16,
@@ -135,10 +131,7 @@ mod x86 {
             );
             let mut sumi = [_mm512_setzero_si512(); C];
             for g in 0..4 {
-                let q = _mm512_and_si512(
-                    _mm512_srlv_epi16(load32_twice(bx.qs.as_ptr().add(32 * g)), shift),
-                    m4,
-                );
+                let q = bx.quants(g, m4, shift);
                 let s = halves_i16(sc[2 * g] as i16, sc[2 * g + 1] as i16);
                 for c in 0..C {
                     let a = _mm512_loadu_si512(y[c][i].qs.as_ptr().add(64 * g) as *const _);

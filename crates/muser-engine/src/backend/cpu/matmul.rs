@@ -115,9 +115,12 @@ pub fn rows_times_columns(
             }
             _ => kernel::<BlockQ4K, BlockQ8K>(wrows, &inp.q8_k, inp.n, k.dot_q4_k_q8_k, tile),
         },
-        GgmlType::Q5_K => {
-            kernel::<BlockQ5K, BlockQ8K>(wrows, &inp.q8_k, inp.n, k.dot_q5_k_q8_k, tile)
-        }
+        GgmlType::Q5_K => match (cols::q5_k::<8>(), cols::q5_k::<4>()) {
+            (Some(k8), Some(k4)) if inp.n >= 4 => {
+                kernel_cols(wrows, &inp.q8_k, inp.n, k.dot_q5_k_q8_k, k8, k4, tile)
+            }
+            _ => kernel::<BlockQ5K, BlockQ8K>(wrows, &inp.q8_k, inp.n, k.dot_q5_k_q8_k, tile),
+        },
         GgmlType::Q6_K => match (cols::q6_k::<8>(), cols::q6_k::<4>()) {
             (Some(k8), Some(k4)) if inp.n >= 4 => {
                 kernel_cols(wrows, &inp.q8_k, inp.n, k.dot_q6_k_q8_k, k8, k4, tile)
@@ -237,11 +240,15 @@ fn kernel_cols<W: bytemuck::Pod>(
 /// The multi-column kernels where this target has them.
 mod cols {
     #[cfg(target_arch = "x86_64")]
-    pub use super::super::gemm::{q4_k_cols as q4_k, q6_k_cols as q6_k, DotN};
+    pub use super::super::gemm::{q4_k_cols as q4_k, q5_k_cols as q5_k, q6_k_cols as q6_k, DotN};
     #[cfg(not(target_arch = "x86_64"))]
     pub type DotN<W, const C: usize> = fn(&[W], [&[muser_quant::BlockQ8K]; C]) -> [f32; C];
     #[cfg(not(target_arch = "x86_64"))]
     pub fn q4_k<const C: usize>() -> Option<DotN<muser_quant::BlockQ4K, C>> {
+        None
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    pub fn q5_k<const C: usize>() -> Option<DotN<muser_quant::BlockQ5K, C>> {
         None
     }
     #[cfg(not(target_arch = "x86_64"))]

@@ -5,6 +5,8 @@
 pub mod attn;
 #[cfg(target_arch = "x86_64")]
 pub mod gemm;
+#[cfg(target_arch = "x86_64")]
+mod k4;
 pub mod kv;
 pub mod matmul;
 pub mod ops;

@@ -47,6 +47,7 @@
 //! VNNI instructions and 34 f32 multiply/FMA ones, 65 cycles at 2 per cycle (about 250 GMAC/s
 //! at 4.2 GHz); the rest goes to loads of the f32 accumulators and to the L2 streams.
 
+use super::k4::K4Block;
 use muser_quant::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K};
 
 /// Rows x columns of a tile.
@@ -264,9 +265,7 @@ macro_rules! gemm_body {
 
 /// out[t * rows + r] = dot(W[r], column t) for every row of `w` (`rows x nb` blocks).
 pub fn gemm_q4_k(w: &[BlockQ4K], rows: usize, p: &Panel, out: &mut [f32]) {
-    check_shapes("gemm_q4_k", w, rows, p, out);
-    // SAFETY: out holds n x rows.
-    unsafe { gemm_q4_k_into(w, rows, p, out.as_mut_ptr(), rows) }
+    gemm_k4("gemm_q4_k", w, rows, p, out)
 }
 
 /// As [`gemm_q4_k`], writing out[t * ld + r].
@@ -275,26 +274,12 @@ pub fn gemm_q4_k(w: &[BlockQ4K], rows: usize, p: &Panel, out: &mut [f32]) {
 /// `out` must be valid for writes at t * ld + r for every column t < n and row r < rows, and
 /// no one else may access those elements meanwhile.
 pub unsafe fn gemm_q4_k_into(w: &[BlockQ4K], rows: usize, p: &Panel, out: *mut f32, ld: usize) {
-    check_shapes_into("gemm_q4_k", w, rows, p, ld);
-    gemm_body!(
-        w,
-        rows,
-        p,
-        out,
-        ld,
-        Q4_BUF,
-        x86::Q4W,
-        x86::unpack_q4_k,
-        x86::tile_q4_k,
-        x86::finish_q4_k
-    )
+    gemm_k4_into("gemm_q4_k", w, rows, p, out, ld)
 }
 
 /// As [`gemm_q4_k`] for Q5_K weights (the Q4_K tile kernel over quants 0..31).
 pub fn gemm_q5_k(w: &[BlockQ5K], rows: usize, p: &Panel, out: &mut [f32]) {
-    check_shapes("gemm_q5_k", w, rows, p, out);
-    // SAFETY: out holds n x rows.
-    unsafe { gemm_q5_k_into(w, rows, p, out.as_mut_ptr(), rows) }
+    gemm_k4("gemm_q5_k", w, rows, p, out)
 }
 
 /// As [`gemm_q4_k_into`] for Q5_K weights.
@@ -302,7 +287,26 @@ pub fn gemm_q5_k(w: &[BlockQ5K], rows: usize, p: &Panel, out: &mut [f32]) {
 /// # Safety
 /// As [`gemm_q4_k_into`].
 pub unsafe fn gemm_q5_k_into(w: &[BlockQ5K], rows: usize, p: &Panel, out: *mut f32, ld: usize) {
-    check_shapes_into("gemm_q5_k", w, rows, p, ld);
+    gemm_k4_into("gemm_q5_k", w, rows, p, out, ld)
+}
+
+fn gemm_k4<B: K4Block>(what: &str, w: &[B], rows: usize, p: &Panel, out: &mut [f32]) {
+    check_shapes(what, w, rows, p, out);
+    // SAFETY: out holds n x rows.
+    unsafe { gemm_k4_into(what, w, rows, p, out.as_mut_ptr(), rows) }
+}
+
+/// # Safety
+/// As [`gemm_q4_k_into`].
+unsafe fn gemm_k4_into<B: K4Block>(
+    what: &str,
+    w: &[B],
+    rows: usize,
+    p: &Panel,
+    out: *mut f32,
+    ld: usize,
+) {
+    check_shapes_into(what, w, rows, p, ld);
     gemm_body!(
         w,
         rows,
@@ -311,7 +315,7 @@ pub unsafe fn gemm_q5_k_into(w: &[BlockQ5K], rows: usize, p: &Panel, out: *mut f
         ld,
         Q4_BUF,
         x86::Q4W,
-        x86::unpack_q5_k,
+        x86::unpack_k4::<B>,
         x86::tile_q4_k,
         x86::finish_q4_k
     )
@@ -347,8 +351,9 @@ pub unsafe fn gemm_q6_k_into(w: &[BlockQ6K], rows: usize, p: &Panel, out: *mut f
 const _: () = assert!(QK_K == 256);
 
 mod x86 {
+    use super::super::k4::{halves_i16, load32_twice, K4Block};
     use super::{Line, Panel, C, R};
-    use muser_quant::{BlockQ4K, BlockQ5K, BlockQ6K};
+    use muser_quant::BlockQ6K;
     use std::arch::asm;
     use std::arch::x86_64::*;
 
@@ -424,21 +429,6 @@ mod x86 {
         acc_m: [unsafe { std::mem::transmute::<[f32; 16], __m512>([0.0; 16]) }; 8],
     };
 
-    /// i16 lanes 0..16 = a, lanes 16..32 = b.
-    #[inline(always)]
-    unsafe fn halves_i16(a: i16, b: i16) -> __m512i {
-        _mm512_inserti64x4(
-            _mm512_castsi256_si512(_mm256_set1_epi16(a)),
-            _mm256_set1_epi16(b),
-            1,
-        )
-    }
-
-    #[inline(always)]
-    unsafe fn load32_twice(p: *const u8) -> __m512i {
-        _mm512_broadcast_i64x4(_mm256_loadu_si256(p as *const __m256i))
-    }
-
     #[inline(always)]
     unsafe fn f16_to_f32(h: half::f16) -> f32 {
         _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h.to_bits() as i32)))
@@ -489,67 +479,6 @@ mod x86 {
         _mm512_mask_blend_epi16(0xaaaa_aaaa, lo, _mm512_slli_epi32(hi, 16))
     }
 
-    /// The fields a Q4_K and a Q5_K block share (the tile kernel's inputs besides the quants).
-    pub trait K4Block {
-        fn d(&self) -> half::f16;
-        fn dmin(&self) -> half::f16;
-        fn scales(&self) -> &[u8; 12];
-        /// Group g's 64 quants as bytes: the low half values 64g..64g+32, the high half
-        /// 64g+32..64g+64 (`shift`: 0 in the low i16 half, 4 in the high).
-        ///
-        /// # Safety
-        /// The CPU must have AVX-512 BW.
-        unsafe fn quants(&self, g: usize, m4: __m512i, shift: __m512i) -> __m512i;
-    }
-    impl K4Block for BlockQ4K {
-        fn d(&self) -> half::f16 {
-            self.d
-        }
-        fn dmin(&self) -> half::f16 {
-            self.dmin
-        }
-        fn scales(&self) -> &[u8; 12] {
-            &self.scales
-        }
-        #[inline(always)]
-        unsafe fn quants(&self, g: usize, m4: __m512i, shift: __m512i) -> __m512i {
-            _mm512_and_si512(
-                _mm512_srlv_epi16(load32_twice(self.qs.as_ptr().add(32 * g)), shift),
-                m4,
-            )
-        }
-    }
-    /// Q5_K: the Q4_K nibble plus 16 times bit 2g (low half) or 2g + 1 (high half) of `qh[l]`,
-    /// as muser-quant's one-column kernel assembles them; values 0..31, so the kernel's i16
-    /// halves stay below 4 x 255 x 31 = 31,620.
-    impl K4Block for BlockQ5K {
-        fn d(&self) -> half::f16 {
-            self.d
-        }
-        fn dmin(&self) -> half::f16 {
-            self.dmin
-        }
-        fn scales(&self) -> &[u8; 12] {
-            &self.scales
-        }
-        #[inline(always)]
-        unsafe fn quants(&self, g: usize, m4: __m512i, shift: __m512i) -> __m512i {
-            let q = _mm512_and_si512(
-                _mm512_srlv_epi16(load32_twice(self.qs.as_ptr().add(32 * g)), shift),
-                m4,
-            );
-            // Bit 0 of each byte after a 16-bit shift by 2g / 2g + 1 is the byte's own bit.
-            let hb = _mm512_and_si512(
-                _mm512_srlv_epi16(
-                    load32_twice(self.qh.as_ptr()),
-                    halves_i16(2 * g as i16, 2 * g as i16 + 1),
-                ),
-                _mm512_set1_epi8(1),
-            );
-            _mm512_or_si512(q, _mm512_slli_epi16(hb, 4))
-        }
-    }
-
     /// Unpacks `rr` rows (<= 4) of `nb` Q4_K or Q5_K blocks into one `Q4W` per block (rows past
     /// `rr` zero).
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
@@ -591,12 +520,6 @@ mod x86 {
                 }
             }
         }
-    }
-    pub unsafe fn unpack_q4_k(w: &[BlockQ4K], rr: usize, nb: usize, buf: &mut [Q4W]) {
-        unpack_k4(w, rr, nb, buf)
-    }
-    pub unsafe fn unpack_q5_k(w: &[BlockQ5K], rr: usize, nb: usize, buf: &mut [Q4W]) {
-        unpack_k4(w, rr, nb, buf)
     }
 
     /// `vpermw` tables over the 16 Q6_K scales (i16): group pair h, i16 lane 2j + k: the scale
