@@ -9,7 +9,7 @@ use muser_engine::backend::cpu::gemm;
 use muser_gguf::GgmlType;
 use muser_quant::quantize::quantize_row_q8_k_ref;
 use muser_quant::simd::Kernels;
-use muser_quant::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K};
+use muser_quant::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, BlockQ8_0};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -99,7 +99,48 @@ fn multi_column_kernels_equal_the_avx512_one_column_kernels_bitwise() {
     check_k_quants(&k, true);
 }
 
-/// Random blocks with finite scales: every quant and packed scale byte random.
+/// The tiled Q8_0 matmul against the AVX-512 one-column Q8_0 dot, bit for bit, at every (row,
+/// column) of shapes that use each tile size and its leftovers, with block counts that do and
+/// do not fill its 4-block steps.
+#[test]
+fn q8_0_matmul_equals_the_avx512_one_column_kernel_bitwise() {
+    let (Some(k), Some(mm)) = (Kernels::avx512(), gemm::q8_0_matmul()) else {
+        return eprintln!("no AVX-512 VNNI: skipped");
+    };
+    let mut rng = StdRng::seed_from_u64(8);
+    let q8 = |count: usize, rng: &mut StdRng| {
+        let v: Vec<f32> = (0..count * 32)
+            .map(|_| rng.gen_range(-1.0f32..1.0) + 0.01)
+            .collect();
+        let b = quantize(GgmlType::Q8_0, &v, 32);
+        bytemuck::cast_slice::<u8, BlockQ8_0>(&b).to_vec()
+    };
+    for (rows, nb, n) in [
+        (1, 1, 4),
+        (3, 5, 5),
+        (8, 4, 16),
+        (9, 3, 17),
+        (17, 8, 31),
+        (18, 13, 40),
+    ] {
+        let w = q8(rows * nb, &mut rng);
+        let y = q8(n * nb, &mut rng);
+        let mut out = vec![f32::NAN; n * rows];
+        mm(&w, rows, &y, n, &mut out);
+        for t in 0..n {
+            for r in 0..rows {
+                let want = (k.dot_q8_0_q8_0)(&w[r * nb..(r + 1) * nb], &y[t * nb..(t + 1) * nb]);
+                assert_eq!(
+                    out[t * rows + r].to_bits(),
+                    want.to_bits(),
+                    "rows={rows} nb={nb} n={n}: row {r} column {t}"
+                );
+            }
+        }
+    }
+}
+
+/// Random blocks with finite scales/// Random blocks with finite scales: every quant and packed scale byte random.
 fn random_blocks<W: bytemuck::Pod>(
     count: usize,
     rng: &mut StdRng,

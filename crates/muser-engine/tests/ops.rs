@@ -102,6 +102,36 @@ fn matmul_matches_dequantized_reference() {
     }
 }
 
+/// Batch invariance at the op level: a matmul of n columns (the multi-column, tiled and Q8_0
+/// tile kernels, with their leftover rows and columns) gives every column the bits of a
+/// one-column matmul.
+#[test]
+fn matmul_columns_equal_one_column_matmuls_bitwise() {
+    let be = be();
+    let mut rng = StdRng::seed_from_u64(11);
+    for ty in TYPES {
+        for &(rows, cols) in &[(37usize, 256usize), (8, 1280), (5, 768)] {
+            for &n in &[2usize, 4, 5, 9, 17] {
+                let (w, _) = weight(&be, ty, rows, cols, &mut rng);
+                let x = rand_vec(n * cols, &mut rng);
+                let mut all = be.buf(n, rows);
+                be.matmul(&buf(n, cols, x.clone()), &mut [(&w, &mut all)]);
+                for t in 0..n {
+                    let mut one = be.buf(1, rows);
+                    let xt = x[t * cols..(t + 1) * cols].to_vec();
+                    be.matmul(&buf(1, cols, xt), &mut [(&w, &mut one)]);
+                    let got: Vec<u32> = all.data[t * rows..(t + 1) * rows]
+                        .iter()
+                        .map(|v| v.to_bits())
+                        .collect();
+                    let want: Vec<u32> = one.data.iter().map(|v| v.to_bits()).collect();
+                    assert_eq!(got, want, "{ty} {rows}x{cols}, column {t} of {n}");
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn gate_up_silu_matches_reference() {
     let be = be();

@@ -44,7 +44,12 @@ pub fn vec_dot_bf16_f32(x: &[bf16], y: &[f32]) -> f32 {
 /// sum over blocks of `d_x * d_y * sum(qx * qy)`.
 pub fn vec_dot_q8_0_q8_0(x: &[BlockQ8_0], y: &[BlockQ8_0]) -> f32 {
     check_len("vec_dot_q8_0_q8_0", x.len(), y.len());
-    let mut sum = 0.0f32;
+    q8_0_blocks_add(0.0, x, y)
+}
+
+/// `sum` plus, block by block in order, `sum(qx * qy) * (d_x * d_y)` (f32, one rounding per
+/// step): the scalar dot, and the tail of the SIMD ones (blocks past their last full step).
+pub fn q8_0_blocks_add(mut sum: f32, x: &[BlockQ8_0], y: &[BlockQ8_0]) -> f32 {
     for (bx, by) in x.iter().zip(y) {
         let sumi: i32 = bx
             .qs

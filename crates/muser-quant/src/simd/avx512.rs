@@ -224,17 +224,11 @@ unsafe fn dot_q8_0_q8_0(x: &[BlockQ8_0], y: &[BlockQ8_0]) -> f32 {
         acc0 = _mm512_fmadd_ps(dot01, _mm512_permutexvar_ps(scale_index[0], s), acc0);
         acc1 = _mm512_fmadd_ps(dot23, _mm512_permutexvar_ps(scale_index[1], s), acc1);
     }
-    let mut sum = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
-    for (bx, by) in x_tail.iter().zip(y_tail) {
-        let sumi: i32 = bx
-            .qs
-            .iter()
-            .zip(&by.qs)
-            .map(|(&a, &b)| a as i32 * b as i32)
-            .sum();
-        sum += sumi as f32 * (f16_to_f32(bx.d) * f16_to_f32(by.d));
-    }
-    sum
+    crate::dot::q8_0_blocks_add(
+        _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)),
+        x_tail,
+        y_tail,
+    )
 }
 
 /// The (scales, mins) of a Q4_K/Q5_K block: the eight scales as i16 in each 128-bit lane, and

@@ -91,9 +91,12 @@ pub fn rows_times_columns(
         GgmlType::F32 => kernel::<f32, f32>(wrows, inp.x, inp.n, k.dot_f32, tile),
         GgmlType::F16 => kernel::<half::f16, f32>(wrows, inp.x, inp.n, k.dot_f16_f32, tile),
         GgmlType::BF16 => kernel::<half::bf16, f32>(wrows, inp.x, inp.n, k.dot_bf16_f32, tile),
-        GgmlType::Q8_0 => {
-            kernel::<BlockQ8_0, BlockQ8_0>(wrows, &inp.q8_0, inp.n, k.dot_q8_0_q8_0, tile)
-        }
+        GgmlType::Q8_0 => match cols::q8_0_matmul() {
+            Some(mm) if inp.n >= 4 => {
+                mm(bytemuck::cast_slice(wrows), r1 - r0, &inp.q8_0, inp.n, tile)
+            }
+            _ => kernel::<BlockQ8_0, BlockQ8_0>(wrows, &inp.q8_0, inp.n, k.dot_q8_0_q8_0, tile),
+        },
         #[cfg(target_arch = "x86_64")]
         GgmlType::Q4_K if inp.panel.is_some() => {
             let p = inp.panel.as_ref().expect("checked");
@@ -240,7 +243,9 @@ fn kernel_cols<W: bytemuck::Pod>(
 /// The multi-column kernels where this target has them.
 mod cols {
     #[cfg(target_arch = "x86_64")]
-    pub use super::super::gemm::{q4_k_cols as q4_k, q5_k_cols as q5_k, q6_k_cols as q6_k, DotN};
+    pub use super::super::gemm::{
+        q4_k_cols as q4_k, q5_k_cols as q5_k, q6_k_cols as q6_k, q8_0_matmul, DotN,
+    };
     #[cfg(not(target_arch = "x86_64"))]
     pub type DotN<W, const C: usize> = fn(&[W], [&[muser_quant::BlockQ8K]; C]) -> [f32; C];
     #[cfg(not(target_arch = "x86_64"))]
@@ -249,6 +254,13 @@ mod cols {
     }
     #[cfg(not(target_arch = "x86_64"))]
     pub fn q5_k<const C: usize>() -> Option<DotN<muser_quant::BlockQ5K, C>> {
+        None
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    pub type Q8_0Matmul =
+        fn(&[muser_quant::BlockQ8_0], usize, &[muser_quant::BlockQ8_0], usize, &mut [f32]);
+    #[cfg(not(target_arch = "x86_64"))]
+    pub fn q8_0_matmul() -> Option<Q8_0Matmul> {
         None
     }
     #[cfg(not(target_arch = "x86_64"))]
