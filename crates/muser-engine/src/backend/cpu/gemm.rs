@@ -1,13 +1,16 @@
-//! Multi-column dot kernels for prefill (AVX-512 VNNI): one weight row against C = 4 or 8
-//! activation columns. A K-quant block is unpacked once (nibbles, high bits, sub-block scales)
-//! and then multiplied into C Q8_K columns, so the unpacking, which costs as much as the
-//! multiplies in a one-column dot, is paid once per C columns.
+//! Multi-column dot kernels for prefill and decode groups (AVX-512 VNNI).
 //!
-//! Serves Q4_K, Q5_K and Q6_K weights (the bulk of Q4_K_M and Q5_K_M files) when a matmul has 4 to 7 columns
-//! (from 8 the register-tiled kernels of `tile.rs` take over); other types and the last n % 4
-//! columns use muser-quant's one-column kernels. Per
-//! column the arithmetic (lanes, order, final reduction) is that of muser-quant's AVX-512
-//! one-column kernel, so results are bit-identical and prefill logits equal decode logits.
+//! K-quants: one weight row against C = 4 or 8 activation columns. A block is unpacked once
+//! (nibbles, high bits, sub-block scales) and then multiplied into C Q8_K columns, so the
+//! unpacking, which costs as much as the multiplies in a one-column dot, is paid once per C
+//! columns. Serves Q4_K, Q5_K and Q6_K weights (the bulk of Q4_K_M and Q5_K_M files) when a
+//! matmul has 4 to 7 columns (from 8 the register-tiled kernels of `tile.rs` take over).
+//!
+//! Q8_0: register tiles of up to 8 rows x 16 columns from 4 columns on (`q8_0_matmul`).
+//!
+//! Other types and leftover columns use muser-quant's one-column kernels. Per column the
+//! arithmetic (lanes, order, final reduction) is that of muser-quant's AVX-512 one-column
+//! kernel, so results are bit-identical and prefill logits equal decode logits.
 //! Tested against the scalar reference and the one-column kernel (`tests/gemm.rs`).
 
 use muser_quant::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, BlockQ8_0};
