@@ -123,7 +123,7 @@ fn dot_q6_k_q8_k_cols<const C: usize>(x: &[BlockQ6K], y: [&[BlockQ8K]; C]) -> [f
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::super::k4::{halves_i16, load32_twice, K4Block};
+    use super::super::k4::{f16_to_f32, halves_i16, load32_twice, K4Block};
     use super::scales_mins_k4;
     use muser_quant::{BlockQ6K, BlockQ8K, BlockQ8_0};
     use std::arch::x86_64::*;
@@ -261,12 +261,6 @@ mod x86 {
         })
     }
 
-    /// An f16 as f32 (exact).
-    #[inline(always)]
-    unsafe fn f16_f32(h: half::f16) -> f32 {
-        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h.to_bits() as i32)))
-    }
-
     /// Blocks a and b's 32 quants in the low and high 256 bits.
     #[inline(always)]
     unsafe fn join_q8_0(a: &BlockQ8_0, b: &BlockQ8_0) -> __m512i {
@@ -319,14 +313,14 @@ mod x86 {
             // d_x of blocks (0, 1) and (2, 3) in the two 8-lane halves: lane-wise d_x d_y is the
             // one-column kernel's product, in its lanes.
             let dx: [[__m512; 2]; R] = std::array::from_fn(|r| {
-                let d: [f32; 4] = std::array::from_fn(|k| f16_f32(x[r][i + k].d));
+                let d: [f32; 4] = std::array::from_fn(|k| f16_to_f32(x[r][i + k].d));
                 [halves_f32(d[0], d[1]), halves_f32(d[2], d[3])]
             });
             for c in 0..C {
                 let b = &y[c][i..i + 4];
                 let yq = [join_q8_0(&b[0], &b[1]), join_q8_0(&b[2], &b[3])];
                 let corr = yq.map(|q| _mm512_slli_epi32(_mm512_dpbusd_epi32(zero, ones, q), 7));
-                let d: [f32; 4] = std::array::from_fn(|k| f16_f32(b[k].d));
+                let d: [f32; 4] = std::array::from_fn(|k| f16_to_f32(b[k].d));
                 let dy = [halves_f32(d[0], d[1]), halves_f32(d[2], d[3])];
                 for r in 0..R {
                     let d01 = _mm512_cvtepi32_ps(_mm512_sub_epi32(

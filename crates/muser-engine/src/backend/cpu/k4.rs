@@ -1,6 +1,7 @@
 //! What the AVX-512 kernels of Q4_K and Q5_K share (`tile.rs`, `gemm.rs`): a block's d, dmin
 //! and 6-bit scales are laid out alike, and a Q5_K quant is a Q4_K nibble plus a fifth bit, so
-//! one kernel serves both once it reads a block's 64 quants of a group as bytes.
+//! one kernel serves both once it reads a block's 64 quants of a group as bytes. Also the small
+//! AVX-512 helpers those kernels and the Q8_0 tiles share.
 
 use half::f16;
 use muser_quant::{BlockQ4K, BlockQ5K};
@@ -14,6 +15,12 @@ pub(super) unsafe fn halves_i16(a: i16, b: i16) -> __m512i {
         _mm256_set1_epi16(b),
         1,
     )
+}
+
+/// An f16 as f32 (exact; F16C).
+#[inline(always)]
+pub(super) unsafe fn f16_to_f32(h: f16) -> f32 {
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h.to_bits() as i32)))
 }
 
 /// The same 32 bytes in both 256-bit halves.

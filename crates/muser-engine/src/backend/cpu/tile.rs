@@ -351,7 +351,7 @@ pub unsafe fn gemm_q6_k_into(w: &[BlockQ6K], rows: usize, p: &Panel, out: *mut f
 const _: () = assert!(QK_K == 256);
 
 mod x86 {
-    use super::super::k4::{halves_i16, load32_twice, K4Block};
+    use super::super::k4::{f16_to_f32, halves_i16, load32_twice, K4Block};
     use super::{Line, Panel, C, R};
     use muser_quant::BlockQ6K;
     use std::arch::asm;
@@ -428,11 +428,6 @@ mod x86 {
         acc: [unsafe { std::mem::transmute::<[f32; 16], __m512>([0.0; 16]) }; 16],
         acc_m: [unsafe { std::mem::transmute::<[f32; 16], __m512>([0.0; 16]) }; 8],
     };
-
-    #[inline(always)]
-    unsafe fn f16_to_f32(h: half::f16) -> f32 {
-        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h.to_bits() as i32)))
-    }
 
     /// The packed 6-bit scales and mins of a Q4_K block as two u64 (eight bytes each).
     #[inline(always)]
