@@ -415,15 +415,17 @@ extern "C" __global__ void __launch_bounds__(128) attn_rows_mma_128(const float*
         }
 
     extern __shared__ float4 smem4[];
-    __half* vs = (__half*)smem4 + warp * 16 * MMA_VP;
+    // Two V stages per warp: stage b of warp w at (2 w + b) * 16 rows.
+    __half* vs0 = (__half*)smem4 + 2 * warp * 16 * MMA_VP;
     float o[16][4];
 #pragma unroll
     for (int t = 0; t < 16; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.0f;
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 
-    for (int j0 = start + 16 * warp; j0 < end; j0 += 64) {
-        // K of positions j0 + 8t + qd (n-tile t, column qd): this lane's 64 bytes of each.
-        uint4 kr[2][4];
+    // The step at j0 + 64 is asked for before the step at j0 is computed: its K into registers,
+    // its V into the warp's other shared-memory stage (cp.async; positions past the end read as
+    // zeros, so 0 * P stays 0).
+    const auto load_k = [&](uint4 (&kr)[2][4], int j0) {
 #pragma unroll
         for (int t = 0; t < 2; ++t) {
             const int j = j0 + 8 * t + qd;
@@ -436,16 +438,32 @@ extern "C" __global__ void __launch_bounds__(128) attn_rows_mma_128(const float*
                 for (int i = 0; i < 4; ++i) kr[t][i] = src[i];
             }
         }
-        // V of positions j0 .. j0 + 15 into this warp's rows of shared memory.
+    };
+    const auto load_v = [&](__half* vs, int j0) {
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
             const int e = lane + 32 * i, jj = e >> 4, col = (e & 15) * 8, j = j0 + jj;
-            uint4 v = make_uint4(0u, 0u, 0u, 0u);
-            if (j < end) {
-                const long long sl = ring ? j % slots : j;
-                v = *(const uint4*)(vc + (size_t)sl * width + (size_t)kvh * D + col);
-            }
-            *(uint4*)(vs + jj * MMA_VP + col) = v;
+            const long long sl = j < end ? (ring ? j % slots : j) : 0;
+            const __half* src = vc + (size_t)sl * width + (size_t)kvh * D + col;
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(
+                             (unsigned)__cvta_generic_to_shared(vs + jj * MMA_VP + col)),
+                         "l"(src), "r"(j < end ? 16 : 0));
+        }
+        asm volatile("cp.async.commit_group;" ::: "memory");
+    };
+    uint4 kr[2][4];
+    int stage = 0;
+    if (start + 16 * warp < end) {
+        load_k(kr, start + 16 * warp);
+        load_v(vs0, start + 16 * warp);
+    }
+    for (int j0 = start + 16 * warp; j0 < end; j0 += 64, stage ^= 1) {
+        __half* vs = vs0 + stage * 16 * MMA_VP;
+        uint4 kn[2][4];
+        const bool more = j0 + 64 < end;
+        if (more) {
+            load_k(kn, j0 + 64);
+            load_v(vs0 + (stage ^ 1) * 16 * MMA_VP, j0 + 64);
         }
         // S: element (row qd + 8 (e >> 1), column 2qc + (e & 1)) of n-tile t is position
         // j0 + 8t + 2qc + (e & 1).
@@ -493,6 +511,9 @@ extern "C" __global__ void __launch_bounds__(128) attn_rows_mma_128(const float*
             pa[rr] = pack_half2(pv[0], pv[1]);
             pa[2 + rr] = pack_half2(pv[2], pv[3]);
         }
+        // This step's V (the next step's copy may still be in flight).
+        if (more) asm volatile("cp.async.wait_group 1;" ::: "memory");
+        else asm volatile("cp.async.wait_group 0;" ::: "memory");
         __syncwarp();
         // O += P V: ldmatrix.trans gives the B fragments of two n-tiles (8 dims each) at a time.
         const uint32_t vbase = (uint32_t)__cvta_generic_to_shared(vs);
@@ -509,6 +530,12 @@ extern "C" __global__ void __launch_bounds__(128) attn_rows_mma_128(const float*
             mma_f16(o[t2 + 1], pa, b2, b3);
         }
         __syncwarp();
+        if (more) {
+#pragma unroll
+            for (int t = 0; t < 2; ++t)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) kr[t][i] = kn[t][i];
+        }
     }
 
     // Merge the warps' states: 3 and 2 into 1 and 0, then 1 into 0, through shared memory (the V

@@ -313,9 +313,9 @@ pub fn attention_kernel(head_dim: usize) -> Option<&'static str> {
     }
 }
 
-/// Shared memory of attn_rows_mma_128: 4 warps x 16 V rows of 136 halves (reused for the merge
-/// of the warps' states: 2 x 16 x 128 f32 and 2 x 16 (max, sum)).
-pub const ATTN_MMA_SMEM: usize = 4 * 16 * 136 * 2;
+/// Shared memory of attn_rows_mma_128: 4 warps x 2 stages x 16 V rows of 136 halves (reused for
+/// the merge of the warps' states: 2 x 16 x 128 f32 and 2 x 16 (max, sum)).
+pub const ATTN_MMA_SMEM: usize = 4 * 2 * 16 * 136 * 2;
 
 /// Whether the tensor-core decode attention serves a head width `d` with `g` query heads per
 /// KV head (one m16n8k16 row block of heads).
