@@ -249,9 +249,22 @@ __device__ __forceinline__ void mmt_store(float* y, int rows, int row0, int c0, 
         }
 }
 
+// The two stages: static up to 4 column tiles (48,640 bytes), dynamic beyond (the launch asks
+// for 2 * mmt_stage_max<NT>() bytes; matvec.rs mmt_smem).
+template <int NT>
+__device__ __forceinline__ uint8_t* mmt_stages() {
+    if constexpr (NT <= 4) {
+        __shared__ __align__(16) uint8_t smem[2 * mmt_stage_max<NT>()];
+        return smem;
+    } else {
+        extern __shared__ __align__(16) uint8_t dsmem[];
+        return dsmem;
+    }
+}
+
 template <int NT>
 __device__ __forceinline__ void mmt_kernel(const MatvecJobs& jobs, const KAct& act) {
-    __shared__ __align__(16) uint8_t smem[2 * mmt_stage_max<NT>()];
+    uint8_t* smem = mmt_stages<NT>();
     int row0;
     const int j = kq_job(jobs, MMT_ROWS, &row0);
     const int rows = jobs.rows[j];
@@ -266,13 +279,16 @@ __device__ __forceinline__ void mmt_kernel(const MatvecJobs& jobs, const KAct& a
 template <int NT>
 __device__ __forceinline__ void mmt_silu_kernel(const uint8_t* wg, int tyg, const uint8_t* wu, int tyu, float* y,
                                                 int rows, const KAct& act) {
-    __shared__ __align__(16) uint8_t smem[2 * mmt_stage_max<NT>()];
+    uint8_t* smem = mmt_stages<NT>();
     const int row0 = blockIdx.y * MMT_ROWS;
     if (row0 >= rows) return;
     const KAct a = mmk_slice(act, 8 * NT);
     float gs[NT][4], us[NT][4];
     // Gate, then up, through one copy of the code (two inlined copies overflow the instruction
     // cache).
+    // With 8 tiles the gate's outputs wait in shared memory past the stages (mmt_smem), not in
+    // registers, while the up matrix runs.
+    float* park = (float*)(smem + 2 * mmt_stage_max<NT>()) + threadIdx.x;
 #pragma unroll 1
     for (int m = 0; m < 2; ++m) {
         float y[NT][4];
@@ -282,9 +298,15 @@ __device__ __forceinline__ void mmt_silu_kernel(const uint8_t* wg, int tyg, cons
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 if (m) us[nt][e] = y[nt][e];
+                else if (NT > 4) park[(4 * nt + e) * 128] = y[nt][e];
                 else gs[nt][e] = y[nt][e];
             }
     }
+    if (NT > 4)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) gs[nt][e] = park[(4 * nt + e) * 128];
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -391,4 +413,16 @@ extern "C" __global__ void __launch_bounds__(128, 3) mmt_split_4(MatvecJobs jobs
 extern "C" __global__ void __launch_bounds__(128, 3) mmt_silu_4(MMK_SILU_ARGS, KACT_ARGS) {
     pdl_wait_prefetch_mmt_silu(wg, tyg, rows, K);
     mmt_silu_kernel<4>(wg, tyg, wu, tyu, y, rows, KACT);
+}
+
+// 8 column tiles (64 columns) per block for prefill chunks: each warp 16 rows x 64 columns, so
+// every A fragment, weight copy and loop step serves twice the MMAs of mmt_4; the accumulators
+// need up to 255 registers (2 blocks per SM) and the stages dynamic shared memory.
+extern "C" __global__ void __launch_bounds__(128, 2) mmt_8(MatvecJobs jobs, KACT_ARGS) {
+    pdl_wait_prefetch_mmt(jobs, K);
+    mmt_kernel<8>(jobs, KACT);
+}
+extern "C" __global__ void __launch_bounds__(128, 2) mmt_silu_8(MMK_SILU_ARGS, KACT_ARGS) {
+    pdl_wait_prefetch_mmt_silu(wg, tyg, rows, K);
+    mmt_silu_kernel<8>(wg, tyg, wu, tyu, y, rows, KACT);
 }

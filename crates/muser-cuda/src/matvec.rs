@@ -149,7 +149,8 @@ pub fn mmk_launch_upto(
     let (family, nt, block_rows) = match ncols {
         0..=8 => ("mmk", 1, MMK_ROWS),
         n if n <= mmk_cols.max(16) => ("mmk", 2, MMK_ROWS),
-        _ => ("mmt", 4, MMT_ROWS),
+        n if n < mmt8_min() => ("mmt", 4, MMT_ROWS),
+        _ => ("mmt", 8, MMT_ROWS),
     };
     let name = format!("{family}_{}{nt}", if silu { "silu_" } else { "" });
     let cfg = LaunchConfig {
@@ -159,9 +160,26 @@ pub fn mmk_launch_upto(
             1,
         ),
         block_dim: (128, 1, 1),
-        shared_mem_bytes: 0,
+        shared_mem_bytes: if nt == 8 { MMT8_SMEM as u32 } else { 0 },
     };
     (cfg, name, block_rows)
+}
+
+/// Dynamic shared memory of `mmt_8` / `mmt_silu_8` (mmt.cu): two stages of 64 rows' weights and
+/// 64 columns' activations (Q5_K, the largest: 64 x 224 + 64 x (288 + 24) bytes each), then the
+/// gate's outputs parked while the up matrix runs (128 threads x 32 floats).
+pub const MMT8_SMEM: usize = 2 * (64 * 224 + 64 * (288 + 24)) + 128 * 32 * 4;
+
+/// The fewest columns that run on 64-column tiles (`mmt_8`): 64, or `MUSER_CUDA_MMT8_MIN` (an
+/// A/B knob; a value past every launch keeps `mmt_4`).
+pub fn mmt8_min() -> usize {
+    static MIN: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *MIN.get_or_init(|| {
+        std::env::var("MUSER_CUDA_MMT8_MIN")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(64)
+    })
 }
 
 /// K splits of an `mmt_4` launch of `blocks` blocks over rows of `chunks` chunks of 4
@@ -724,7 +742,8 @@ impl Gpu {
         } else {
             None
         };
-        let mut b = self.stream.launch_builder(self.kernel(&name)?);
+        let f = self.kernel_smem(&name, cfg.shared_mem_bytes as usize)?;
+        let mut b = self.stream.launch_builder(f);
         b.arg(&mj).arg(&p[0]).arg(&p[1]).arg(&p[2]);
         b.arg(&i[0]).arg(&i[1]).arg(&i[2]);
         if let Some((cv, cnt)) = &split {
@@ -776,7 +795,8 @@ impl Gpu {
         if uses_mmk(gate.ty, ncols, k) && uses_mmk(up.ty, ncols, k) {
             let (cfg, name, _) = mmk_launch(ncols, rows, true);
             let (p, i) = self.mmk_act(scratch, k, ncols);
-            let mut b = self.stream.launch_builder(self.kernel(&name)?);
+            let f = self.kernel_smem(&name, cfg.shared_mem_bytes as usize)?;
+            let mut b = self.stream.launch_builder(f);
             b.arg(&wg).arg(&tg).arg(&wu).arg(&tu).arg(&y).arg(&rows_i);
             b.arg(&p[0]).arg(&p[1]).arg(&p[2]);
             b.arg(&i[0]).arg(&i[1]).arg(&i[2]);
@@ -893,7 +913,7 @@ mod tests {
     }
 
     #[test]
-    fn mmk_launch_covers_every_row_and_column_with_1_2_or_4_column_tiles() {
+    fn mmk_launch_covers_every_row_and_column_with_1_2_4_or_8_column_tiles() {
         let compiled: Vec<String> = ["mmk.cu", "mmt.cu"]
             .iter()
             .flat_map(|file| {
@@ -914,7 +934,11 @@ mod tests {
                     assert_eq!(name.starts_with("mmt_"), n > upto, "{name} for {n} columns");
                     assert_eq!(block_rows, if n > upto { MMT_ROWS } else { MMK_ROWS });
                     let nt: usize = name.rsplit('_').next().unwrap().parse().unwrap();
-                    assert!([1, 2, 4].contains(&nt));
+                    assert!([1, 2, 4, 8].contains(&nt));
+                    assert_eq!(nt == 8, n > upto && n >= mmt8_min());
+                    // 64-column tiles: two stages of the largest format and the parked gate.
+                    let smem = if nt == 8 { MMT8_SMEM } else { 0 };
+                    assert_eq!(cfg.shared_mem_bytes as usize, smem);
                     let bn = 8 * nt;
                     assert_eq!(cfg.block_dim.0, 128);
                     assert!(cfg.grid_dim.1 as usize * block_rows >= rows);
