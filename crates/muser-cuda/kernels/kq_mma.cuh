@@ -115,8 +115,9 @@ __device__ __forceinline__ KAct mmk_slice(const KAct& a, int bn) {
 // streams and pp512: the scales by multiply-adds 480.3 / 776.1 / 1313.4 / 3513; folded for
 // every width 494.2 / 768.8 / 1270.4 / 3287; folded from 4 tiles on (mmt) 478.5 / 770.2 /
 // 1249.3 / 3274 (mmt_silu_4 126 -> 137 us: twice the MMAs, which the tiles' issue slots pay
-// for). So only the one-tile kernels (mmk_1, mmk_silu_1: 8-column groups, bound by their load
-// latency, not by issue) fold them.
+// for). Again for mmt_8 alone (2026-11-30, same call): pp512 3307 against 3851 (255 registers,
+// 72 bytes of spills). So only the one-tile kernels (mmk_1, mmk_silu_1: 8-column groups, bound
+// by their load latency, not by issue) fold them.
 #ifndef KQ_SCALED_MAX_NT
 #define KQ_SCALED_MAX_NT 1
 #endif

@@ -62,44 +62,76 @@ __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
-// Copies the weights of super-block b of rows row0 .. row0 + 63 (clamped to the last row) to
-// the stage (not committed).
-template <int FMT>
-__device__ __forceinline__ void mmt_copy_w(uint8_t* st, const uint8_t* __restrict__ w, int row0, int rows, int nb,
-                                           int b) {
-    using F = MmtFmt<FMT>;
-    for (int i = threadIdx.x; i < MMT_ROWS * F::CH; i += 128) {
-        const int r = i / F::CH, c = i - r * F::CH;
-        const size_t blk = kq_blk(min(row0 + r, rows - 1), nb, b);
-        const uint8_t* src;
-        if (FMT == FMT_Q6_K) src = c < 12 ? w + blk * 192 + 16 * c : w + kq_rows(rows) * nb * 192 + blk * 16;
-        else src = w + blk * F::BS + 16 * c;
-        cp_async16(st + r * F::WS + 16 * c, src);
-    }
-}
-
-// Copies the activation part of super-block b (columns clamped to the last; the int8 values
-// row-major or k-major, see matvec.cu) to the stage and commits the stage.
+// The block's copies of one super-block, planned once per launch. Weights: thread t copies
+// the 16-byte pieces c = t % 2, t % 2 + 2, .. of row t / 2 (the two threads of a row read 32
+// contiguous bytes per instruction, and a warp's 32 stores hit every bank group of the padded
+// rows once per wavefront), so its pieces are one offset from w and one place in the stage plus
+// constants; a row's blocks lie 4 blocks apart (kq_blk), so super-block sb0 + db is that offset
+// plus 4 db blocks (Q6_K's scales plane, one piece per row by threads 0 .. 63: 4 db x 16
+// bytes). Activations: thread t copies piece t % 16 of columns t / 16 + 8 j, one address plus a
+// step per 8 columns. Rows past the matrix and columns past the tile are not copied: their
+// outputs are never stored, and stale stage bytes only reach those outputs (integer MMAs, whose
+// other outputs they cannot touch). Offsets are 32-bit (matvec.rs: mmt_fits).
 template <int FMT, int NT>
-__device__ __forceinline__ void mmt_copy_x(uint8_t* st, const KAct& a, int b) {
+struct MmtPlan {
     using F = MmtFmt<FMT>;
-    constexpr int BN = 8 * NT;
-    const int nb = a.K / QK_K;
-    uint8_t* sx = st + MMT_ROWS * F::WS;
-    for (int i = threadIdx.x; i < BN * 16; i += 128) {
-        // Values 16u .. 16u + 15 of the super-block: one 16-byte chunk in either layout.
-        const int c = i >> 4, u = i & 15;
-        const int8_t* col = a.xq + (size_t)min(c, a.ncols - 1) * a.K;
-        cp_async16(sx + c * F::XS + 16 * u, a.kmajor ? col + ((size_t)(u & 3) * (a.K >> 6) + 4 * b + (u >> 2)) * 16
-                                                     : col + b * QK_K + 16 * u);
+    static constexpr int WCH = FMT == FMT_Q6_K ? 12 : F::CH; // pieces of a row's block (Q6_K: plane A)
+    static constexpr int BS = FMT == FMT_Q6_K ? 192 : F::BS;
+    uint32_t woff;      // bytes from w to the thread's first piece at super-block sb0
+    uint32_t soff;      // Q6_K, threads 0 .. 63: the row's scales at super-block sb0
+    uint32_t wdst;      // the first piece's place in the stage
+    int wok;            // bit 0: the thread's row exists; bit 1: its scales piece (Q6_K)
+    const int8_t* xq;   // column t / 16's piece t % 16 at super-block sb0
+    size_t xstep;       // 8 columns further
+    int nx;             // this thread's activation pieces (columns t / 16 + 8 j < ncols)
+    int xbstep;         // bytes per super-block of one piece (256 row-major, 64 k-major)
+    const float2* ds;   // threads < ncols: their column's (d, sum) at super-block sb0
+    const int8_t* bs;   // and its split sums
+
+    __device__ __forceinline__ MmtPlan(int row0, int rows, const KAct& a, int sb0) {
+        const int t = threadIdx.x, r = t >> 1, nb = a.K / QK_K;
+        wok = row0 + r < rows;
+        woff = wok ? (uint32_t)(kq_blk(row0 + r, nb, sb0) * BS + 16 * (t & 1)) : 0;
+        wdst = r * F::WS + 16 * (t & 1);
+        soff = 0;
+        if (FMT == FMT_Q6_K && t < MMT_ROWS && row0 + t < rows) {
+            wok |= 2;
+            soff = (uint32_t)(kq_rows(rows) * nb * 192 + kq_blk(row0 + t, nb, sb0) * 16);
+        }
+        const int c = t >> 4, u = t & 15;
+        xq = a.xq + (size_t)c * a.K +
+             (a.kmajor ? ((size_t)(u & 3) * (a.K >> 6) + 4 * sb0 + (u >> 2)) * 16 : (size_t)sb0 * QK_K + 16 * u);
+        xstep = (size_t)8 * a.K;
+        nx = c < a.ncols ? (a.ncols - 1 - c) / 8 + 1 : 0;
+        xbstep = a.kmajor ? 64 : QK_K;
+        ds = a.xds + (size_t)t * (a.K / 32) + 8 * sb0;
+        bs = a.xbs + ((size_t)t * nb + sb0) * 16;
     }
-    if (threadIdx.x < BN) {
-        const int c = min((int)threadIdx.x, a.ncols - 1);
-        cp_async8(sx + BN * F::XS + 8 * threadIdx.x, a.xds + (size_t)c * (a.K / 32) + 8 * b);
-        if (FMT != FMT_Q6_K) cp_async16(sx + BN * (F::XS + 8) + 16 * threadIdx.x, a.xbs + ((size_t)c * nb + b) * 16);
+
+    // Super-block sb0 + db of the block's rows and columns into stage st, committed.
+    __device__ __forceinline__ void copy(uint8_t* st, const uint8_t* __restrict__ w, int db, int ncols) const {
+        const int t = threadIdx.x;
+        if (wok & 1) {
+            const uint8_t* src = w + (woff + (uint32_t)db * 4 * BS);
+#pragma unroll
+            for (int j = 0; j < (WCH + 1) / 2; ++j)
+                if (2 * j + (t & 1) < WCH) cp_async16(st + wdst + 32 * j, src + 32 * j);
+        }
+        if (FMT == FMT_Q6_K && (wok & 2)) cp_async16(st + t * F::WS + 192, w + (soff + (uint32_t)db * 64));
+        constexpr int BN = 8 * NT;
+        uint8_t* sx = st + MMT_ROWS * F::WS + (t >> 4) * F::XS + 16 * (t & 15);
+        const int8_t* x = xq + (size_t)db * xbstep;
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+            if (j < nx) cp_async16(sx + 8 * j * F::XS, x + j * xstep);
+        if (t < ncols) {
+            uint8_t* sd = st + MMT_ROWS * F::WS + BN * F::XS;
+            cp_async8(sd + 8 * t, ds + 8 * db);
+            if (FMT != FMT_Q6_K) cp_async16(sd + BN * 8 + 16 * t, bs + 16 * db);
+        }
+        cp_async_commit();
     }
-    cp_async_commit();
-}
+};
 
 // Adds the super-block values v (position k of their chunk) to the lane's trees, and hands each
 // output's chunk value to chunk(nt, e, value) when the chunk is complete (last: the range's last
@@ -186,8 +218,8 @@ __device__ __forceinline__ void mmt_rows(const uint8_t* __restrict__ w, int row0
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) lo[nt][e] = hi[nt][e] = 0.0f;
-    mmt_copy_w<FMT>(smem, w, row0, rows, nb, sb0);
-    mmt_copy_x<FMT, NT>(smem, a, sb0);
+    const MmtPlan<FMT, NT> plan(row0, rows, a, sb0);
+    plan.copy(smem, w, 0, a.ncols);
     // One loop iteration per super-block, its place in the chunk tree a warp-uniform branch (an
     // unrolled chunk made the loop ~4x longer than the instruction cache: Nsight Compute on
     // mmt_silu_4 found 35% of warp samples waiting for instructions).
@@ -196,8 +228,7 @@ __device__ __forceinline__ void mmt_rows(const uint8_t* __restrict__ w, int row0
         uint8_t* cur = smem + ((b - sb0) & 1) * SB;
         if (b + 1 < sb1) {
             uint8_t* nxt = smem + ((b + 1 - sb0) & 1) * SB;
-            mmt_copy_w<FMT>(nxt, w, row0, rows, nb, b + 1);
-            mmt_copy_x<FMT, NT>(nxt, a, b + 1);
+            plan.copy(nxt, w, b + 1 - sb0, a.ncols);
             cp_async_wait<1>();
         } else {
             cp_async_wait<0>();

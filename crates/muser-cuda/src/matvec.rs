@@ -165,6 +165,19 @@ pub fn mmk_launch_upto(
     (cfg, name, block_rows)
 }
 
+/// The tile kernels (mmt.cu's `MmtPlan`) address a matrix's bytes with 32-bit offsets: an error
+/// naming the matrix's size for one of 4 GiB or more (no Muse Glimmer matrix comes near: the
+/// largest, the LM head, is about 1.1 GB).
+pub fn mmt_fits(bytes: usize) -> Result<(), CudaError> {
+    if (bytes as u64) < 1 << 32 {
+        Ok(())
+    } else {
+        Err(CudaError::Unsupported(format!(
+            "a K-quant matrix of {bytes} bytes is too large for the tensor-core tile kernels (4 GiB at most)"
+        )))
+    }
+}
+
 /// Dynamic shared memory of `mmt_8` / `mmt_silu_8` (mmt.cu): two stages of 64 rows' weights and
 /// 64 columns' activations (Q5_K, the largest: 64 x 224 + 64 x (288 + 24) bytes each), then the
 /// gate's outputs parked while the up matrix runs (128 threads x 32 floats).
@@ -742,6 +755,11 @@ impl Gpu {
         } else {
             None
         };
+        if name.starts_with("mmt") {
+            for j in group {
+                mmt_fits(j.m.data.len())?;
+            }
+        }
         let f = self.kernel_smem(&name, cfg.shared_mem_bytes as usize)?;
         let mut b = self.stream.launch_builder(f);
         b.arg(&mj).arg(&p[0]).arg(&p[1]).arg(&p[2]);
@@ -794,6 +812,10 @@ impl Gpu {
         let rows_i = rows as i32;
         if uses_mmk(gate.ty, ncols, k) && uses_mmk(up.ty, ncols, k) {
             let (cfg, name, _) = mmk_launch(ncols, rows, true);
+            if name.starts_with("mmt") {
+                mmt_fits(gate.data.len())?;
+                mmt_fits(up.data.len())?;
+            }
             let (p, i) = self.mmk_act(scratch, k, ncols);
             let f = self.kernel_smem(&name, cfg.shared_mem_bytes as usize)?;
             let mut b = self.stream.launch_builder(f);
@@ -910,6 +932,14 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn mmt_fits_matrices_below_4_gib_and_names_the_size_of_larger_ones() {
+        assert!(mmt_fits(1_090_000_000).is_ok());
+        assert!(mmt_fits((1 << 32) - 1).is_ok());
+        let e = mmt_fits(1 << 32).unwrap_err().to_string();
+        assert!(e.contains("4294967296 bytes"), "{e}");
     }
 
     #[test]
