@@ -7,16 +7,13 @@
 // Launch: 128 threads (4 warps) per block; a block takes 16 rows (one MMA tile: rows g and g + 8
 // of lane (g, t) = (lane / 4, lane % 4)) and BN = 8 * NT columns (NT = 1, 2: mmk_1, mmk_2).
 // Grid x: column tiles (those of one row block run side by side and share its weights in L2),
-// grid y: row blocks over the jobs' rows (each job padded to 16 rows). The 4 warps split K by
-// chunks of KQ_CHUNK super-blocks (warp w takes chunks w, w + 4, ..): each makes its chunks'
-// trees of v_b into shared memory, and once the row's chunks are all there (a window of up to
-// MMK_MAXCH chunks) one thread per output adds them to the output's total in chunk order, which
-// is the canonical order.
+// grid y: row blocks over the jobs' rows (each job padded to 16 rows). The 4 warps split K into
+// contiguous ranges of super-blocks (by windows, MMK_WIN): each puts its super-blocks' values
+// into shared memory, and once a window's are all there one thread per output makes the chunk
+// trees and adds them to the output's total in chunk order, which is the canonical order.
 // Per super-block b, per n-tile of 8 columns, lane (g, t) of a warp: the MMAs of
 // kq45_superblock / kq6_superblock (kq_mma.cuh), with the activations read from global memory
-// together with the super-block's weights, each v_b = kq_value_*(...) put into its
-// chunk tree. Each warp asks L2 for its next chunk's
-// weights when it starts a chunk.
+// together with the super-block's weights, each v_b = kq_value_*(...) put into shared memory. Each warp asks L2 for the next chunk's weights when it ends a chunk.
 
 #define MMK_ROWS 16
 #define MMK_WARPS 4
@@ -53,9 +50,9 @@ struct MmkCols {
     }
 };
 
-template <int NT, bool Q5>
+template <int NT, bool Q5, class LEAF>
 __device__ __forceinline__ void mmk_q45(const uint8_t* __restrict__ w, int row0, int rows, const KAct& a, int b0,
-                                        int b1, float (&lo)[NT][4], float (&hi)[NT][4]) {
+                                        int b1, LEAF leaf) {
     constexpr int BS = Q5 ? 176 : 144, QS = Q5 ? 48 : 16;
     const int lane = threadIdx.x % WARP, g = lane >> 2, t = lane & 3;
     const int nb = a.K / QK_K, nb32 = a.K / 32;
@@ -100,15 +97,15 @@ __device__ __forceinline__ void mmk_q45(const uint8_t* __restrict__ w, int row0,
                 [&](int nt, int s) { return xv[nt][s]; }, [&](int nt) { return xs[nt]; },
                 [&](int nt, int j) { return xd[nt][j]; }, [&](int nt, int e, float x) { v[nt][e] = x; });
         }
-        kq_leaves<NT>(b - b0, v, lo, hi);
+        leaf(b, v);
     }
 }
 
 // Q6_K, repacked (matvec.rs): plane A ql[128] qh[64], plane B int8 scales [16], plane C d (f16),
 // kq_rows(rows) x nb blocks each in the order of kq_blk.
-template <int NT>
+template <int NT, class LEAF>
 __device__ __forceinline__ void mmk_q6(const uint8_t* __restrict__ w, int row0, int rows, const KAct& a, int b0,
-                                       int b1, float (&lo)[NT][4], float (&hi)[NT][4]) {
+                                       int b1, LEAF leaf) {
     const int lane = threadIdx.x % WARP, g = lane >> 2, t = lane & 3;
     const int nb = a.K / QK_K, nb32 = a.K / 32;
     const int ra = min(row0 + g, rows - 1), rb = min(row0 + g + 8, rows - 1);
@@ -156,59 +153,68 @@ __device__ __forceinline__ void mmk_q6(const uint8_t* __restrict__ w, int row0, 
             kq6_superblock<NT>(ql, qh, sva, svb, da, db, [&](int nt, int s) { return xv[nt][s]; },
                                [&](int nt, int j) { return xd[nt][j]; }, [&](int nt, int e, float x) { v[nt][e] = x; });
         }
-        kq_leaves<NT>(b - b0, v, lo, hi);
+        leaf(b, v);
     }
 }
 
-// Shared memory of the chunk sums: [MMK_MAXCH chunks][8 NT columns x 16 rows] floats. The warps
-// make the trees of a window of up to MMK_MAXCH chunks (K <= 24576 is one window: every Glimmer
-// matrix) without waiting for each other, then meet once and add the window's chunks in order.
-// (Before: rounds of MMK_WARPS chunks with a block barrier each, at which 15% of mmk_silu_1's warp
-// samples waited.)
-#define MMK_MAXCH 24
+// Super-blocks per window (a multiple of KQ_CHUNK): the warps split a window's super-blocks
+// into 4 contiguous ranges, put every super-block's values in shared memory ([window][8 NT
+// columns x 16 rows] floats, 40 KB), meet once, and one thread per output makes the chunk trees
+// and adds them to its total in chunk order (the canonical order). Every Glimmer matrix is one
+// window at 8 columns; ffn_down is two at 16. (Before: warp w took whole chunks w, w + 4, ..;
+// at K = 6656, 26 super-blocks in 7 chunks, the block then waited for two warps of 8
+// super-blocks while the others had 6 and 4; by super-blocks the ranges hold 6 or 7.)
+#define MMK_WIN(NT) ((NT) == 1 ? 80 : 40)
+
+// The chunk of super-block b's row block that follows b's, asked of L2 when b ends a chunk.
+__device__ __forceinline__ void mmk_prefetch_after(const uint8_t* w, int ty, int row0, int rows, int K, int b) {
+    if ((b + 1) % KQ_CHUNK == 0) mmk_prefetch_chunk(w, ty, row0, rows, K, (b + 1) / KQ_CHUNK + 1);
+}
 
 // y[i] = output p = threadIdx.x + 128 i of the block (row p % 16, column p / 16 of the tile) of
-// a matrix of format ty, in the canonical order: warp w makes the trees of chunks w, w +
-// MMK_WARPS, .. of each window, the sums meet in `part` and are added to y in chunk order.
+// a matrix of format ty, in the canonical order (see MMK_WIN).
 template <int NT>
 __device__ __forceinline__ void mmk_rows(int ty, const uint8_t* w, int row0, int rows, const KAct& a, float (&y)[NT],
                                          float* part) {
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, g = lane >> 2, t = lane & 3;
-    const int nb = a.K / QK_K, nch = (nb + KQ_CHUNK - 1) / KQ_CHUNK;
-    constexpr int S = MMK_ROWS * 8 * NT; // one chunk's sums
+    const int nb = a.K / QK_K;
+    constexpr int S = MMK_ROWS * 8 * NT, W = MMK_WIN(NT); // one super-block's values; the window
 #pragma unroll
     for (int i = 0; i < NT; ++i) y[i] = 0.0f;
 #pragma unroll 1
-    for (int w0 = 0; w0 < nch; w0 += MMK_MAXCH) {
-        const int w1 = min(w0 + MMK_MAXCH, nch);
-#pragma unroll 1
-        for (int ch = w0 + warp; ch < w1; ch += MMK_WARPS) {
-            float c[NT][4], hi[NT][4];
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) c[nt][e] = hi[nt][e] = 0.0f;
-            mmk_prefetch_chunk(w, ty, row0, rows, a.K, ch + MMK_WARPS);
-            const int b0 = ch * KQ_CHUNK, b1 = min(b0 + KQ_CHUNK, nb);
-            if (ty == FMT_Q6_K) mmk_q6<NT>(w, row0, rows, a, b0, b1, c, hi);
-            else if (ty == FMT_Q5_K) mmk_q45<NT, true>(w, row0, rows, a, b0, b1, c, hi);
-            else mmk_q45<NT, false>(w, row0, rows, a, b0, b1, c, hi);
-            if (b1 - b0 > 2)
-#pragma unroll
-                for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) c[nt][e] = kq_add(c[nt][e], hi[nt][e]);
+    for (int w0 = 0; w0 < nb; w0 += W) {
+        const int n = min(W, nb - w0);
+        const int b0 = w0 + n * warp / MMK_WARPS, b1 = w0 + n * (warp + 1) / MMK_WARPS;
+        if (b0 < b1 && b0 % KQ_CHUNK != 0) mmk_prefetch_chunk(w, ty, row0, rows, a.K, b0 / KQ_CHUNK + 1);
+        const auto leaf = [&](int b, const float(&v)[NT][4]) {
+            mmk_prefetch_after(w, ty, row0, rows, a.K, b);
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
                 for (int e = 0; e < 4; ++e)
-                    part[(ch - w0) * S + (8 * nt + 2 * t + (e & 1)) * MMK_ROWS + g + (e < 2 ? 0 : 8)] = c[nt][e];
-        }
-        __syncthreads(); // the window's sums are written
+                    part[(b - w0) * S + (8 * nt + 2 * t + (e & 1)) * MMK_ROWS + g + (e < 2 ? 0 : 8)] = v[nt][e];
+        };
+        if (ty == FMT_Q6_K) mmk_q6<NT>(w, row0, rows, a, b0, b1, leaf);
+        else if (ty == FMT_Q5_K) mmk_q45<NT, true>(w, row0, rows, a, b0, b1, leaf);
+        else mmk_q45<NT, false>(w, row0, rows, a, b0, b1, leaf);
+        __syncthreads(); // the window's values are written
+        // Each chunk: lo = v0 (+ v1), hi = v2 (+ v3), chunk = lo (+ hi), as kq_leaves.
 #pragma unroll
-        for (int i = 0; i < NT; ++i)
+        for (int i = 0; i < NT; ++i) {
+            const float* pv = part + threadIdx.x + 128 * i;
 #pragma unroll 1
-            for (int ch = w0; ch < w1; ++ch) y[i] = kq_add(y[i], part[(ch - w0) * S + threadIdx.x + 128 * i]);
+            for (int c0 = 0; c0 < n; c0 += KQ_CHUNK) {
+                const int m = min(KQ_CHUNK, n - c0);
+                float c = pv[c0 * S];
+                if (m > 1) c = kq_add(c, pv[(c0 + 1) * S]);
+                if (m > 2) {
+                    float hi = pv[(c0 + 2) * S];
+                    if (m > 3) hi = kq_add(hi, pv[(c0 + 3) * S]);
+                    c = kq_add(c, hi);
+                }
+                y[i] = kq_add(y[i], c);
+            }
+        }
         __syncthreads(); // and read: part is free for the next window (or mmk_silu_kernel's up)
     }
 }
@@ -223,22 +229,27 @@ __device__ __forceinline__ void mmk_store(float* y, int rows, int row0, int c0, 
     }
 }
 
-// Each warp's first chunk asked of L2 before waiting for the previous kernel (the weights do
-// not depend on it); only the first column tile asks.
-__device__ __forceinline__ void pdl_wait_prefetch_mmk(const MatvecJobs& jobs, int K) {
+// The chunk of each warp's first super-block (in the first window, mmk_rows) asked of L2
+// before waiting for the previous kernel (the weights do not depend on it); only the first
+// column tile asks.
+__device__ __forceinline__ int mmk_first_chunk(int K, int nt) {
+    const int nb = K / QK_K, n = min(MMK_WIN(nt), nb);
+    return n * (threadIdx.x / WARP) / MMK_WARPS / KQ_CHUNK;
+}
+__device__ __forceinline__ void pdl_wait_prefetch_mmk(const MatvecJobs& jobs, int K, int nt) {
     int row0;
     const int j = kq_job(jobs, MMK_ROWS, &row0);
-    if (blockIdx.x == 0) mmk_prefetch_chunk(jobs.w[j], jobs.ty[j], row0, jobs.rows[j], K, threadIdx.x / WARP);
+    if (blockIdx.x == 0) mmk_prefetch_chunk(jobs.w[j], jobs.ty[j], row0, jobs.rows[j], K, mmk_first_chunk(K, nt));
     pdl_wait();
 }
-__device__ __forceinline__ void pdl_wait_prefetch_mmk_silu(const uint8_t* wg, int tyg, int rows, int K) {
-    if (blockIdx.x == 0) mmk_prefetch_chunk(wg, tyg, blockIdx.y * MMK_ROWS, rows, K, threadIdx.x / WARP);
+__device__ __forceinline__ void pdl_wait_prefetch_mmk_silu(const uint8_t* wg, int tyg, int rows, int K, int nt) {
+    if (blockIdx.x == 0) mmk_prefetch_chunk(wg, tyg, blockIdx.y * MMK_ROWS, rows, K, mmk_first_chunk(K, nt));
     pdl_wait();
 }
 
 template <int NT>
 __device__ __forceinline__ void mmk_kernel(const MatvecJobs& jobs, const KAct& act) {
-    __shared__ float part[MMK_MAXCH * MMK_ROWS * 8 * NT];
+    __shared__ float part[MMK_WIN(NT) * MMK_ROWS * 8 * NT];
     int row0;
     const int j = kq_job(jobs, MMK_ROWS, &row0);
     const int rows = jobs.rows[j];
@@ -254,7 +265,7 @@ __device__ __forceinline__ void mmk_kernel(const MatvecJobs& jobs, const KAct& a
 template <int NT>
 __device__ __forceinline__ void mmk_silu_kernel(const uint8_t* wg, int tyg, const uint8_t* wu, int tyu, float* y,
                                                 int rows, const KAct& act) {
-    __shared__ float part[MMK_MAXCH * MMK_ROWS * 8 * NT];
+    __shared__ float part[MMK_WIN(NT) * MMK_ROWS * 8 * NT];
     const int row0 = blockIdx.y * MMK_ROWS;
     if (row0 >= rows) return;
     const KAct a = mmk_slice(act, 8 * NT);
@@ -277,18 +288,18 @@ __device__ __forceinline__ void mmk_silu_kernel(const uint8_t* wg, int tyg, cons
 }
 
 extern "C" __global__ void __launch_bounds__(128) mmk_1(MatvecJobs jobs, KACT_ARGS) {
-    pdl_wait_prefetch_mmk(jobs, K);
+    pdl_wait_prefetch_mmk(jobs, K, 1);
     mmk_kernel<1>(jobs, KACT);
 }
 extern "C" __global__ void __launch_bounds__(128) mmk_2(MatvecJobs jobs, KACT_ARGS) {
-    pdl_wait_prefetch_mmk(jobs, K);
+    pdl_wait_prefetch_mmk(jobs, K, 2);
     mmk_kernel<2>(jobs, KACT);
 }
 extern "C" __global__ void __launch_bounds__(128) mmk_silu_1(MMK_SILU_ARGS, KACT_ARGS) {
-    pdl_wait_prefetch_mmk_silu(wg, tyg, rows, K);
+    pdl_wait_prefetch_mmk_silu(wg, tyg, rows, K, 1);
     mmk_silu_kernel<1>(wg, tyg, wu, tyu, y, rows, KACT);
 }
 extern "C" __global__ void __launch_bounds__(128) mmk_silu_2(MMK_SILU_ARGS, KACT_ARGS) {
-    pdl_wait_prefetch_mmk_silu(wg, tyg, rows, K);
+    pdl_wait_prefetch_mmk_silu(wg, tyg, rows, K, 2);
     mmk_silu_kernel<2>(wg, tyg, wu, tyu, y, rows, KACT);
 }
