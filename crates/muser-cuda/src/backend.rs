@@ -742,7 +742,7 @@ impl CudaBackend {
         pos0: usize,
         pos: u64,
     ) {
-        let n = x.rows * (x.cols / head_dim) * (rope.n_rot / 2);
+        let n = x.rows * (rope.n_rot / 2);
         let xp = self.p(&x.data);
         let (rows, cols, hd, nrot, p0) = (
             x.rows as i32,
@@ -762,7 +762,8 @@ impl CudaBackend {
             .arg(&pos)
             .arg(&rope.freq_base)
             .arg(&neox);
-        // SAFETY: one thread per pair of x ([rows][cols]); pos is null or holds rows positions.
+        // SAFETY: one thread per (row, pair), each rotating that pair of every head of its row of
+        // x ([rows][cols]); pos is null or holds rows positions.
         ck(unsafe { b.launch(cfg1(n, 256)) }, "rope");
     }
 
