@@ -3,8 +3,8 @@
 //! several matrices sharing one input for any number of columns. One column of a K-quant runs
 //! on `mvk_1` / `mvk_silu_1` (the work split into tasks of 4 rows x 4 super-blocks over one full
 //! wave of warps), of the other formats on `matvec_1`; two or more columns of a K-quant (decode
-//! groups and prefill alike) on the integer tensor cores (`mmk_*` up to 16 columns, `mmt_4`
-//! beyond), all in the canonical order of common.cuh, so a sequence's results never depend on
+//! groups and prefill alike) on the integer tensor cores (`mmk_*` up to 16 columns, `mmt_4` up
+//! to 63, `mmt_8` from 64), all in the canonical order of common.cuh, so a sequence's results never depend on
 //! its group or on how its prompt was chunked; the other formats on `matvec_cols` (groups of 8
 //! columns, the same per-column arithmetic as one column; 64 columns per launch).
 
@@ -114,10 +114,12 @@ pub const MMT_ROWS: usize = 64;
 /// Launch and kernel of `ncols` (2 or more) tensor-core columns over `rows` rows, and the row
 /// block each job's rows are padded to: up to 16 columns `mmk_1` / `mmk_2` (mmk.cu: blocks of 16
 /// rows x 8 or 16 columns, 4 warps splitting K), more `mmt_4` (mmt.cu: blocks of 64 rows x 32
-/// columns staged in shared memory, each warp 16 rows and the whole of K); the `*_silu_*` twins
-/// when `silu`. H200, llama-glimmer, same call: pp512 3080 tokens/s on mmt_4 against 1891 on
-/// v10's mmk_4, 32 streams 880 against 826; at 8 streams mmt with 8-column tiles was slower (365
-/// against 443), so groups up to 16 stay on mmk.cu.
+/// columns staged in shared memory, each warp 16 rows and the whole of K), from `mmt8_min`
+/// (64) columns `mmt_8` (64 rows x 64 columns, dynamic shared memory: MMT8_SMEM); the
+/// `*_silu_*` twins when `silu`. H200, llama-glimmer, same call: pp512 3080 tokens/s on mmt_4
+/// against 1891 on v10's mmk_4, 32 streams 880 against 826; at 8 streams mmt with 8-column tiles
+/// was slower (365 against 443), so groups up to 16 stay on mmk.cu; pp512 3495 -> 3794 on mmt_8
+/// (2026-11-30).
 pub fn mmk_launch(ncols: usize, rows: usize, silu: bool) -> (LaunchConfig, String, usize) {
     mmk_launch_upto(ncols, rows, silu, mmk_cols())
 }
