@@ -937,6 +937,45 @@ mod tests {
     }
 
     #[test]
+    fn mmt8_smem_holds_two_stages_of_every_format_and_the_parked_gate() {
+        // The stage strides as mmt.cu declares them (MmtFmt<FMT>: BS, CH, WS, XS).
+        let src = crate::KERNEL_SOURCES
+            .iter()
+            .find(|(f, _)| *f == "mmt.cu")
+            .unwrap()
+            .1;
+        let fmts: Vec<[usize; 4]> = src
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("static constexpr int BS = "))
+            .filter_map(|rest| {
+                let v: Vec<usize> = rest
+                    .trim_end_matches(';')
+                    .split(',')
+                    .map(|kv| kv.rsplit('=').next().unwrap().trim().parse().ok())
+                    .collect::<Option<_>>()?;
+                (v.len() == 4).then(|| [v[0], v[1], v[2], v[3]])
+            })
+            .collect();
+        assert_eq!(fmts.len(), 3, "Q4_K, Q5_K and Q6_K strides");
+        // mmt_stage_bytes<FMT, 8>: 64 rows of weights, then 64 activation rows, (d, sum) and
+        // split sums per column.
+        let stage = fmts
+            .iter()
+            .map(|[bs, ch, ws, xs]| {
+                assert!(
+                    ws >= bs && 16 * ch >= *bs,
+                    "a row's stage slot holds its block"
+                );
+                MMT_ROWS * ws + 64 * (xs + 8 + 16)
+            })
+            .max()
+            .unwrap();
+        assert_eq!(MMT8_SMEM, 2 * stage + 128 * 32 * 4);
+        // Two blocks per SM fit the H200's 227 KB of shared memory per SM.
+        assert!(2 * MMT8_SMEM <= 227 * 1024);
+    }
+
+    #[test]
     fn mmt_fits_matrices_below_4_gib_and_names_the_size_of_larger_ones() {
         assert!(mmt_fits(1_090_000_000).is_ok());
         assert!(mmt_fits((1 << 32) - 1).is_ok());
