@@ -972,7 +972,7 @@ mod tests {
             .unwrap();
         assert_eq!(MMT8_SMEM, 2 * stage + 128 * 32 * 4);
         // Two blocks per SM fit the H200's 227 KB of shared memory per SM.
-        assert!(2 * MMT8_SMEM <= 227 * 1024);
+        const { assert!(2 * MMT8_SMEM <= 227 * 1024) };
     }
 
     #[test]
@@ -1097,7 +1097,7 @@ mod tests {
         let f = ww - nj;
         let ts = |u: usize| starts[u] / 4 * nch;
         let ws = |u: usize| if u < nj { u + f * ts(u) / t_all } else { ww };
-        let j = (1..nj).filter(|&u| w >= ws(u)).last().unwrap_or(0);
+        let j = (1..nj).rfind(|&u| w >= ws(u)).unwrap_or(0);
         let (wa, wb, ta, tb) = (ws(j), ws(j + 1), ts(j), ts(j + 1));
         (
             j,

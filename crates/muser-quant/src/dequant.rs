@@ -48,8 +48,8 @@ pub fn dequantize_row_q4_k(x: &[BlockQ4K], y: &mut [f32]) {
         for j in 0..QK_K / 32 {
             let (sc, m) = scale_min_k4(j, &b.scales);
             let (d1, m1) = (d * sc as f32, min * m as f32);
-            for i in 32 * j..32 * j + 32 {
-                out[i] = d1 * b.quant(i) as f32 - m1;
+            for (i, o) in out.iter_mut().enumerate().skip(32 * j).take(32) {
+                *o = d1 * b.quant(i) as f32 - m1;
             }
         }
     }
@@ -63,8 +63,8 @@ pub fn dequantize_row_q5_k(x: &[BlockQ5K], y: &mut [f32]) {
         for j in 0..QK_K / 32 {
             let (sc, m) = scale_min_k4(j, &b.scales);
             let (d1, m1) = (d * sc as f32, min * m as f32);
-            for i in 32 * j..32 * j + 32 {
-                out[i] = d1 * b.quant(i) as f32 - m1;
+            for (i, o) in out.iter_mut().enumerate().skip(32 * j).take(32) {
+                *o = d1 * b.quant(i) as f32 - m1;
             }
         }
     }

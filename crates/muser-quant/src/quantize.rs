@@ -229,11 +229,11 @@ fn make_qx_quants(nmax: i32, x: &[f32], l_out: &mut [i8]) -> f32 {
         iscale = -(nmax as f32 + 0.1f32 * is as f32) / max;
         sumlx = 0.0;
         suml2 = 0.0;
-        for i in 0..n {
-            let l = nearest_int(iscale * x[i]).clamp(-nmax, nmax - 1);
-            let w = weight(x[i]);
+        for &xi in &x[..n] {
+            let l = nearest_int(iscale * xi).clamp(-nmax, nmax - 1);
+            let w = weight(xi);
             let lf = l as f32;
-            sumlx += w * x[i] * lf;
+            sumlx += w * xi * lf;
             suml2 += w * lf * lf;
         }
         if suml2 > 0.0 && sumlx * sumlx > best * suml2 {
@@ -399,8 +399,8 @@ pub fn quantize_row_q6_k_ref(x: &[f32], y: &mut [BlockQ6K]) {
         }
         let iscale = -128.0f32 / max_scale;
         b.d = fp32_to_fp16(1.0 / iscale);
-        for ib in 0..QK_K / 16 {
-            b.scales[ib] = nearest_int(iscale * scales[ib]).min(127) as i8;
+        for (bs, &s) in b.scales.iter_mut().zip(&scales) {
+            *bs = nearest_int(iscale * s).min(127) as i8;
         }
         for j in 0..QK_K / 16 {
             let d = b.d.to_f32() * b.scales[j] as f32;

@@ -84,7 +84,7 @@ pub fn activation_type(ty: GgmlType) -> Result<GgmlType, QuantError> {
 /// Checks that `n` values of `ty` fill whole blocks and that `got` is exactly their byte count.
 fn check_bytes(ty: GgmlType, n: usize, got: usize) -> Result<(), QuantError> {
     let block = ty.block_size();
-    if n % block != 0 {
+    if !n.is_multiple_of(block) {
         return Err(QuantError::RowLength { ty, n, block });
     }
     let expected = n / block * ty.type_size();
@@ -177,7 +177,7 @@ pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), Qua
 pub fn quantize_activation(ty: GgmlType, x: &[f32]) -> Result<Activation, QuantError> {
     let act_ty = activation_type(ty)?;
     let block = act_ty.block_size();
-    if x.len() % block != 0 {
+    if !x.len().is_multiple_of(block) {
         return Err(QuantError::RowLength {
             ty: act_ty,
             n: x.len(),

@@ -231,10 +231,7 @@ fn q8_k_round_trip_and_bsums() {
             let s: i32 = b.qs[16 * j..16 * j + 16].iter().map(|&v| v as i32).sum();
             assert_eq!(b.bsums[j] as i32, s);
         }
-        assert!(
-            b.qs.iter().any(|&v| v == -127),
-            "the signed max maps to -127"
-        );
+        assert!(b.qs.contains(&-127), "the signed max maps to -127");
         for (&xv, &yv) in xs.iter().zip(ys) {
             assert!(
                 (xv - yv).abs() <= 0.5001 * b.d.abs(),
