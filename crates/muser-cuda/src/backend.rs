@@ -944,6 +944,12 @@ impl Backend for CudaBackend {
                 .gpu
                 .upload_matrix(t.ty, rows, cols, bytes)
                 .map_err(err)?;
+            // The tensor-core tile kernels (prefill, wide decode groups) address a K-quant
+            // matrix with 32-bit offsets: refused here, at load, rather than at its first
+            // prefill.
+            if matches!(t.ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K) {
+                crate::matvec::mmt_fits(m.data.len()).map_err(err)?;
+            }
             CudaWeight {
                 name: t.name.clone(),
                 matrix: Some(m),

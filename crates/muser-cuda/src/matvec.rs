@@ -169,7 +169,8 @@ pub fn mmk_launch_upto(
 
 /// The tile kernels (mmt.cu's `MmtPlan`) address a matrix's bytes with 32-bit offsets: an error
 /// naming the matrix's size for one of 4 GiB or more (no Muse Glimmer matrix comes near: the
-/// largest, the LM head, is about 1.1 GB).
+/// largest, the LM head, is about 1.1 GB). Checked when a K-quant matrix is loaded
+/// (`CudaBackend::weight`) and again at each tile launch.
 pub fn mmt_fits(bytes: usize) -> Result<(), CudaError> {
     if (bytes as u64) < 1 << 32 {
         Ok(())
