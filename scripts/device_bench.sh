@@ -290,6 +290,14 @@ if [ "${JOB:-}" = ab ]; then
     step synth-muse-tiny 30 "$BIN" synth muse-tiny "$T"
     step check 240 env ${CHECK_ENV:-} "$BIN" check --backend cuda $([ "${FULL:-0}" = 1 ] || echo --quick) --bench \
         --model "$T" --invariance "$T" --invariance "$G"
+    # CHECK_BINS="PATH ...": the same parity command (without the matvec timing) on more
+    # candidate builds, each its own log (check-NAME.log) and summary line.
+    for cb in ${CHECK_BINS:-}; do
+        step "check-$(basename "$cb")" 200 env ${CHECK_ENV:-} "$cb" check --backend cuda \
+            $([ "${FULL:-0}" = 1 ] || echo --quick) --model "$T" --invariance "$T" --invariance "$G"
+        echo "check $(basename "$cb"): $(grep -hcE "^ok" "$OUT/check-$(basename "$cb").log") ok," \
+            "$(grep -hcE "^FAIL" "$OUT/check-$(basename "$cb").log") FAIL" >> "$OUT/summary.txt"
+    done
     i=0
     IFS=';' read -ra SETS <<< "${AB:--}"
     for set in "${SETS[@]}"; do
