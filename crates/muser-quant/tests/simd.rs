@@ -410,3 +410,47 @@ fn detect_picks_an_available_level() {
         assert_eq!(best.isa, *names.last().unwrap());
     }
 }
+
+/// The AVX-512 K-quant dots follow the scalar reference's order (exact integers per block, then
+/// one f32 expression per block in block order), so their bits are the reference's: the CPU's
+/// multi-column and tiled kernels, which give the one-column kernel's bits, then give them too.
+#[test]
+fn avx512_k_quant_dots_are_bit_identical_to_scalar() {
+    let Some(k) = levels().into_iter().find(|k| k.isa == "avx512") else {
+        return; // no AVX-512 VNNI here
+    };
+    let mut rng = StdRng::seed_from_u64(0x5134_0009);
+    for &n in &K_LENGTHS {
+        let nb = n / QK_K;
+        let y = random_q8_k(&mut rng, nb);
+        let (x4, x5, x6) = (
+            random_q4_k(&mut rng, nb),
+            random_q5_k(&mut rng, nb),
+            random_q6_k(&mut rng, nb),
+        );
+        let pairs = [
+            (
+                "q4_k",
+                (k.dot_q4_k_q8_k)(&x4, &y),
+                vec_dot_q4_k_q8_k(&x4, &y),
+            ),
+            (
+                "q5_k",
+                (k.dot_q5_k_q8_k)(&x5, &y),
+                vec_dot_q5_k_q8_k(&x5, &y),
+            ),
+            (
+                "q6_k",
+                (k.dot_q6_k_q8_k)(&x6, &y),
+                vec_dot_q6_k_q8_k(&x6, &y),
+            ),
+        ];
+        for (what, got, want) in pairs {
+            assert_eq!(
+                got.to_bits(),
+                want.to_bits(),
+                "{what} n={n}: {got} vs {want}"
+            );
+        }
+    }
+}

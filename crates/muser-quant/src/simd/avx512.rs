@@ -255,23 +255,156 @@ fn k4_scale_ctrls() -> [__m512i; 4] {
     [0, 1, 2, 3].map(|g| halves_epi16(c(2 * g), c(2 * g + 1)))
 }
 
-/// The float tail of a Q4_K/Q5_K block: acc += d * sumi, acc_m += dmin * mins_dot.
-macro_rules! k4_accumulate {
-    ($acc:ident, $acc_m:ident, $bx:ident, $by:ident, $sumi:expr, $mins_dot:ident) => {
-        let d = _mm512_set1_ps($by.d * f16_to_f32($bx.d));
-        let dmin = _mm256_set1_ps($by.d * f16_to_f32($bx.dmin));
-        $acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps($sumi), d, $acc);
-        $acc_m = _mm256_fmadd_ps(_mm256_cvtepi32_ps($mins_dot), dmin, $acc_m);
-    };
-}
-
-/// The final sum of the K4 accumulators: sum(acc) - sum(acc_m).
+/// [sum of x0's lanes, .. x3's] (exact: integer adds).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[inline]
-fn k4_finish(acc: __m512, acc_m: __m256) -> f32 {
-    let m = _mm512_castps256_ps512(acc_m);
-    let m = _mm512_mask_blend_ps(0x00ff, _mm512_setzero_ps(), m);
-    _mm512_reduce_add_ps(_mm512_sub_ps(acc, m))
+pub fn reduce4_512(x: &[__m512i; 4]) -> __m128i {
+    let a = _mm512_add_epi32(
+        _mm512_unpacklo_epi32(x[0], x[1]),
+        _mm512_unpackhi_epi32(x[0], x[1]),
+    );
+    let b = _mm512_add_epi32(
+        _mm512_unpacklo_epi32(x[2], x[3]),
+        _mm512_unpackhi_epi32(x[2], x[3]),
+    );
+    let c = _mm512_add_epi32(_mm512_unpacklo_epi64(a, b), _mm512_unpackhi_epi64(a, b));
+    let d = _mm512_add_epi32(c, _mm512_shuffle_i64x2::<0b01_00_11_10>(c, c));
+    let e = _mm512_add_epi32(d, _mm512_shuffle_i64x2::<0b10_11_00_01>(d, d));
+    _mm512_castsi512_si128(e)
+}
+
+/// As `reduce4_512` for 8-lane vectors.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+pub fn reduce4_256(x: &[__m256i; 4]) -> __m128i {
+    let a = _mm256_add_epi32(
+        _mm256_unpacklo_epi32(x[0], x[1]),
+        _mm256_unpackhi_epi32(x[0], x[1]),
+    );
+    let b = _mm256_add_epi32(
+        _mm256_unpacklo_epi32(x[2], x[3]),
+        _mm256_unpackhi_epi32(x[2], x[3]),
+    );
+    let c = _mm256_add_epi32(_mm256_unpacklo_epi64(a, b), _mm256_unpackhi_epi64(a, b));
+    _mm_add_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256::<1>(c))
+}
+
+/// The float tail of K-quant blocks in the scalar reference's order (`dot.rs`): per block the
+/// integers summed exactly (isc over its 16 lanes, im over 8), then
+/// `sum += d_y * d * isc - d_y * dmin * im` in f32, block by block. The blocks wait here four at
+/// a time, so that one transpose-reduce sums their lanes and one 128-bit step makes their
+/// values; they join the sum in block order. So this kernel, the multi-column ones and the tiles
+/// give every (row, column) the bits of the scalar dot.
+pub(crate) struct Pending4 {
+    isc: [__m512i; 4],
+    im: [__m256i; 4],
+    dd: [f32; 4],
+    dm: [f32; 4],
+    k: usize,
+    pub(crate) sum: f32,
+}
+
+impl Pending4 {
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    #[inline]
+    pub(crate) fn new() -> Pending4 {
+        Pending4 {
+            isc: [_mm512_setzero_si512(); 4],
+            im: [_mm256_setzero_si256(); 4],
+            dd: [0.0; 4],
+            dm: [0.0; 4],
+            k: 0,
+            sum: 0.0,
+        }
+    }
+
+    /// A block's lanes: isc (16), im (8; zero for Q6_K), d_y * d and d_y * dmin.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    #[inline]
+    pub(crate) fn push(&mut self, isc: __m512i, im: __m256i, dd: f32, dm: f32) {
+        self.isc[self.k] = isc;
+        self.im[self.k] = im;
+        self.dd[self.k] = dd;
+        self.dm[self.k] = dm;
+        self.k += 1;
+        if self.k == 4 {
+            self.flush();
+        }
+    }
+
+    /// The waiting blocks' values added to the sum, in order.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    #[inline]
+    pub(crate) fn flush(&mut self) {
+        if self.k == 0 {
+            return;
+        }
+        for i in self.k..4 {
+            self.isc[i] = _mm512_setzero_si512();
+            self.im[i] = _mm256_setzero_si256();
+        }
+        self.sum = finish4(self.sum, &self.isc, &self.im, &self.dd, &self.dm, self.k);
+        self.k = 0;
+    }
+}
+
+/// `sum` plus the first `k` of four blocks' values (see `Pending4`), in block order.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+fn finish4(
+    mut sum: f32,
+    isc: &[__m512i; 4],
+    im: &[__m256i; 4],
+    dd: &[f32; 4],
+    dm: &[f32; 4],
+    k: usize,
+) -> f32 {
+    let fi = _mm_cvtepi32_ps(reduce4_512(isc));
+    let fm = _mm_cvtepi32_ps(reduce4_256(im));
+    // SAFETY: 4 f32 each.
+    let (d, m) = unsafe { (_mm_loadu_ps(dd.as_ptr()), _mm_loadu_ps(dm.as_ptr())) };
+    let v = _mm_sub_ps(_mm_mul_ps(d, fi), _mm_mul_ps(m, fm));
+    let mut vs = [0f32; 4];
+    // SAFETY: 4 f32.
+    unsafe { _mm_storeu_ps(vs.as_mut_ptr(), v) };
+    for &x in &vs[..k] {
+        sum += x;
+    }
+    sum
+}
+
+/// The block loop of a K-quant dot: `$body` makes block ($bx, $by)'s (isc lanes, im lanes,
+/// d_y * d, d_y * dmin); whole groups of four blocks run unrolled (their lanes stay in
+/// registers), the rest through `Pending4`. Same order as the scalar reference.
+macro_rules! k_blocks {
+    ($x:ident, $y:ident, |$bx:ident, $by:ident| $body:block) => {{
+        let mut sum = 0.0f32;
+        let n4 = $x.len() / 4 * 4;
+        for c in (0..n4).step_by(4) {
+            let mut isc = [_mm512_setzero_si512(); 4];
+            let mut im = [_mm256_setzero_si256(); 4];
+            let mut dd = [0f32; 4];
+            let mut dm = [0f32; 4];
+            for k in 0..4 {
+                let ($bx, $by) = (&$x[c + k], &$y[c + k]);
+                let (a, b, e, f) = $body;
+                isc[k] = a;
+                im[k] = b;
+                dd[k] = e;
+                dm[k] = f;
+            }
+            sum = finish4(sum, &isc, &im, &dd, &dm, 4);
+        }
+        let mut p = Pending4::new();
+        p.sum = sum;
+        for i in n4..$x.len() {
+            let ($bx, $by) = (&$x[i], &$y[i]);
+            let (a, b, e, f) = $body;
+            p.push(a, b, e, f);
+        }
+        p.flush();
+        p.sum
+    }};
 }
 
 /// Q4_K: per group g of 64 values, 32 qs bytes: low nibbles are sub-block 2g, high nibbles
@@ -282,8 +415,7 @@ unsafe fn dot_q4_k_q8_k(x: &[BlockQ4K], y: &[BlockQ8K]) -> f32 {
     let m4 = _mm512_set1_epi8(0x0f);
     let shift = halves_epi16(0, 4);
     let ctrls = k4_scale_ctrls();
-    let (mut acc, mut acc_m) = (_mm512_setzero_ps(), _mm256_setzero_ps());
-    for (bx, by) in x.iter().zip(y) {
+    k_blocks!(x, y, |bx, by| {
         let (scales, mins_dot) = k4_scales_and_mins(&bx.scales, &by.bsums);
         // Two i32 partial sums so the dpwssd chains of even and odd groups overlap.
         let mut sumi = [_mm512_setzero_si512(); 2];
@@ -296,16 +428,13 @@ unsafe fn dot_q4_k_q8_k(x: &[BlockQ4K], y: &[BlockQ8K]) -> f32 {
             let sc = _mm512_shuffle_epi8(scales, ctrls[g]);
             sumi[g & 1] = _mm512_dpwssd_epi32(sumi[g & 1], p, sc);
         }
-        k4_accumulate!(
-            acc,
-            acc_m,
-            bx,
-            by,
+        (
             _mm512_add_epi32(sumi[0], sumi[1]),
-            mins_dot
-        );
-    }
-    k4_finish(acc, acc_m)
+            mins_dot,
+            by.d * f16_to_f32(bx.d),
+            by.d * f16_to_f32(bx.dmin),
+        )
+    })
 }
 
 /// Q5_K: as Q4_K; the fifth bit of group g is bit 2g of `qh` for the low half (sub-block 2g) and
@@ -319,8 +448,7 @@ unsafe fn dot_q5_k_q8_k(x: &[BlockQ5K], y: &[BlockQ8K]) -> f32 {
     let shift = halves_epi16(0, 4);
     let bit = halves_epi16(0x0101, 0x0202);
     let ctrls = k4_scale_ctrls();
-    let (mut acc, mut acc_m) = (_mm512_setzero_ps(), _mm256_setzero_ps());
-    for (bx, by) in x.iter().zip(y) {
+    k_blocks!(x, y, |bx, by| {
         let (scales, mins_dot) = k4_scales_and_mins(&bx.scales, &by.bsums);
         let mut qh = load256_twice(bx.qh.as_ptr());
         let mut sumi = [_mm512_setzero_si512(); 2];
@@ -335,16 +463,13 @@ unsafe fn dot_q5_k_q8_k(x: &[BlockQ5K], y: &[BlockQ8K]) -> f32 {
             let sc = _mm512_shuffle_epi8(scales, ctrls[g]);
             sumi[g & 1] = _mm512_dpwssd_epi32(sumi[g & 1], p, sc);
         }
-        k4_accumulate!(
-            acc,
-            acc_m,
-            bx,
-            by,
+        (
             _mm512_add_epi32(sumi[0], sumi[1]),
-            mins_dot
-        );
-    }
-    k4_finish(acc, acc_m)
+            mins_dot,
+            by.d * f16_to_f32(bx.d),
+            by.d * f16_to_f32(bx.dmin),
+        )
+    })
 }
 
 /// Q6_K: per half of 128 values, the 64 ql bytes hold values 0..64 in their low nibbles and
@@ -359,8 +484,7 @@ unsafe fn dot_q6_k_q8_k(x: &[BlockQ6K], y: &[BlockQ8K]) -> f32 {
     let (m4, m30) = (_mm512_set1_epi8(0x0f), _mm512_set1_epi8(0x30));
     let (shl_lo, shr_hi) = (halves_epi16(4, 2), halves_epi16(0, 2));
     let index = super::Q6_K_SCALE_INDEX.map(|a| load512(a.as_ptr()));
-    let mut acc = _mm256_setzero_ps();
-    for (bx, by) in x.iter().zip(y) {
+    k_blocks!(x, y, |bx, by| {
         let s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(bx.scales.as_ptr() as *const __m128i));
         let s512 = _mm512_zextsi256_si512(s16);
         let bias = _mm256_madd_epi16(s16, load256(by.bsums.as_ptr()));
@@ -390,9 +514,13 @@ unsafe fn dot_q6_k_q8_k(x: &[BlockQ6K], y: &[BlockQ8K]) -> f32 {
         let s = _mm512_add_epi32(sumi[0], sumi[1]);
         let s = _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
         let s = _mm256_sub_epi32(s, _mm256_slli_epi32(bias, 5));
-        let d = _mm256_set1_ps(by.d * f16_to_f32(bx.d));
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), d, acc);
-    }
-    let acc = _mm512_castps256_ps512(acc);
-    _mm512_reduce_add_ps(_mm512_mask_blend_ps(0x00ff, _mm512_setzero_ps(), acc))
+        // The scalar reference's order (`dot.rs`): `sum += d_y * d * isc` per block (no mins:
+        // d_y * d * isc - 0 is the same f32).
+        (
+            _mm512_zextsi256_si512(s),
+            _mm256_setzero_si256(),
+            by.d * f16_to_f32(bx.d),
+            0.0,
+        )
+    })
 }

@@ -1,7 +1,10 @@
 //! x86 SIMD dot kernels (AVX2, AVX-512) beside the scalar references, and the run-time choice
 //! among them (`Kernels::detect`). Each kernel computes the same dot as its counterpart in
 //! `crate::dot`, within 1e-4 relative: the quantized kernels form exactly the same integer sums
-//! per block as the scalar ones, only the f32 accumulation across blocks is ordered differently.
+//! per block as the scalar ones, only the f32 accumulation across blocks may be ordered
+//! differently. The AVX-512 K-quant kernels keep the scalar order too (per block the exact
+//! integers, then one f32 step, block by block), so their bits are the scalar dots' (tested), and
+//! muser-engine's multi-column and tiled kernels give those same bits.
 //!
 //! Levels:
 //! - `avx2`: AVX2 + FMA + F16C (`avx2.rs`).
@@ -50,6 +53,10 @@ fn check_len(what: &str, a: usize, b: usize) {
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+/// The exact 4-way lane sums of the AVX-512 kernels' per-block order, for the multi-column
+/// kernels that must give the same bits (muser-engine's `gemm.rs`).
+#[cfg(target_arch = "x86_64")]
+pub use avx512::{reduce4_256, reduce4_512};
 
 /// The dot kernels chosen for this CPU, once, by feature detection.
 #[derive(Clone, Copy)]

@@ -134,8 +134,7 @@ mod x86 {
         let m4 = _mm512_set1_epi8(0x0f);
         // Low half keeps the low nibbles (sub-block 2g), high half shifts in the high ones (2g+1).
         let shift = halves_i16(0, 4);
-        let mut acc = [_mm512_setzero_ps(); C];
-        let mut acc_m = [_mm256_setzero_ps(); C];
+        let mut acc = [0.0f32; C];
         for (i, bx) in x.iter().enumerate() {
             let (sc, mn) = scales_mins_k4(bx.scales());
             let d = bx.d().to_f32();
@@ -169,34 +168,33 @@ mod x86 {
                     sumi[c] = _mm512_dpwssd_epi32(sumi[c], p, s);
                 }
             }
-            for c in 0..C {
-                let by = &y[c][i];
-                let mins_dot = _mm256_madd_epi16(
-                    mins,
-                    _mm256_loadu_si256(by.bsums.as_ptr() as *const __m256i),
+            // The one-column kernel's (and the scalar reference's) order: the block's integers
+            // exactly, then one f32 expression per block, so prefill and decode logits agree to
+            // the bit.
+            // Four columns at a time: one transpose-reduce of their lanes (exact), one 128-bit
+            // step for `d_y * d * isc - d_y * dmin * im` (C is 4 or 8).
+            for c0 in (0..C).step_by(4) {
+                let isc: [__m512i; 4] = std::array::from_fn(|k| sumi[c0 + k]);
+                let im: [__m256i; 4] = std::array::from_fn(|k| {
+                    let bsums = y[c0 + k][i].bsums.as_ptr() as *const __m256i;
+                    _mm256_madd_epi16(mins, _mm256_loadu_si256(bsums))
+                });
+                let dd: [f32; 4] = std::array::from_fn(|k| y[c0 + k][i].d * d);
+                let dm: [f32; 4] = std::array::from_fn(|k| y[c0 + k][i].d * dmin);
+                let fi = _mm_cvtepi32_ps(muser_quant::simd::reduce4_512(&isc));
+                let fm = _mm_cvtepi32_ps(muser_quant::simd::reduce4_256(&im));
+                let v = _mm_sub_ps(
+                    _mm_mul_ps(_mm_loadu_ps(dd.as_ptr()), fi),
+                    _mm_mul_ps(_mm_loadu_ps(dm.as_ptr()), fm),
                 );
-                acc[c] = _mm512_fmadd_ps(
-                    _mm512_cvtepi32_ps(sumi[c]),
-                    _mm512_set1_ps(by.d * d),
-                    acc[c],
-                );
-                acc_m[c] = _mm256_fmadd_ps(
-                    _mm256_cvtepi32_ps(mins_dot),
-                    _mm256_set1_ps(by.d * dmin),
-                    acc_m[c],
-                );
+                let mut vs = [0f32; 4];
+                _mm_storeu_ps(vs.as_mut_ptr(), v);
+                for k in 0..4 {
+                    acc[c0 + k] += vs[k];
+                }
             }
         }
-        // The same lanes and the same final reduction as muser-quant's one-column kernel, so
-        // prefill and decode logits agree to the bit.
-        std::array::from_fn(|c| {
-            let m = _mm512_mask_blend_ps(
-                0x00ff,
-                _mm512_setzero_ps(),
-                _mm512_castps256_ps512(acc_m[c]),
-            );
-            _mm512_reduce_add_ps(_mm512_sub_ps(acc[c], m))
-        })
+        acc
     }
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -210,7 +208,7 @@ mod x86 {
         let shr_hi = halves_i16(0, 2);
         let index =
             muser_quant::simd::Q6_K_SCALE_INDEX.map(|a| _mm512_loadu_si512(a.as_ptr() as *const _));
-        let mut acc = [_mm256_setzero_ps(); C];
+        let mut acc = [0.0f32; C];
         for (i, bx) in x.iter().enumerate() {
             let d = bx.d.to_f32();
             let s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(bx.scales.as_ptr() as *const __m128i));
@@ -239,26 +237,32 @@ mod x86 {
                     sumi[c] = _mm512_dpwssd_epi32(sumi[c], p_hi, s_hi);
                 }
             }
-            for c in 0..C {
-                let by = &y[c][i];
-                // The quants were used unsigned (0..63): subtract 32 * sc_j * bsums_j per lane.
-                let bias =
-                    _mm256_madd_epi16(s16, _mm256_loadu_si256(by.bsums.as_ptr() as *const __m256i));
-                let s = sumi[c];
-                let s =
-                    _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
-                let s = _mm256_sub_epi32(s, _mm256_slli_epi32(bias, 5));
-                acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(by.d * d), acc[c]);
+            for c0 in (0..C).step_by(4) {
+                let lanes: [__m256i; 4] = std::array::from_fn(|k| {
+                    let by = &y[c0 + k][i];
+                    // The quants were used unsigned (0..63): subtract 32 * sc_j * bsums_j.
+                    let bias = _mm256_madd_epi16(
+                        s16,
+                        _mm256_loadu_si256(by.bsums.as_ptr() as *const __m256i),
+                    );
+                    let s = sumi[c0 + k];
+                    let s = _mm256_add_epi32(
+                        _mm512_castsi512_si256(s),
+                        _mm512_extracti64x4_epi64(s, 1),
+                    );
+                    _mm256_sub_epi32(s, _mm256_slli_epi32(bias, 5))
+                });
+                // As the one-column kernel: the block's integer exactly, then `d_y * d * isc`.
+                let dd: [f32; 4] = std::array::from_fn(|k| y[c0 + k][i].d * d);
+                let fi = _mm_cvtepi32_ps(muser_quant::simd::reduce4_256(&lanes));
+                let mut vs = [0f32; 4];
+                _mm_storeu_ps(vs.as_mut_ptr(), _mm_mul_ps(_mm_loadu_ps(dd.as_ptr()), fi));
+                for k in 0..4 {
+                    acc[c0 + k] += vs[k];
+                }
             }
         }
-        // As muser-quant's one-column kernel: same lanes, same reduction.
-        std::array::from_fn(|c| {
-            _mm512_reduce_add_ps(_mm512_mask_blend_ps(
-                0x00ff,
-                _mm512_setzero_ps(),
-                _mm512_castps256_ps512(acc[c]),
-            ))
-        })
+        acc
     }
 
     /// Blocks a and b's 32 quants in the low and high 256 bits.

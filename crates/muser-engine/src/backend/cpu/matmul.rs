@@ -29,7 +29,7 @@ pub struct QuantizedInput<'a> {
 }
 
 /// Columns from which Q4_K / Q5_K / Q6_K weights go through the register-tiled kernels.
-pub const TILE_MIN_COLUMNS: usize = 8;
+pub const TILE_MIN_COLUMNS: usize = 16;
 
 impl<'a> QuantizedInput<'a> {
     /// Quantizes the n columns of `x` for every format `types` need.
@@ -283,7 +283,11 @@ pub fn rows_per_task(w: &CpuWeight, n: usize, threads: usize) -> usize {
             && matches!(w.view.ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)
             && super::tile::available()
         {
-            r = r.min(super::tile::rows_per_task(w.cols / QK_K));
+            // Whole tiles of 16 rows.
+            r = r
+                .min(super::tile::rows_per_task(w.cols / QK_K))
+                .div_ceil(super::tile::R)
+                * super::tile::R;
         }
         r = r.div_ceil(4) * 4;
     }
