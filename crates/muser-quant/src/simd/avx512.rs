@@ -256,6 +256,9 @@ fn k4_scale_ctrls() -> [__m512i; 4] {
 }
 
 /// [sum of x0's lanes, .. x3's] (exact: integer adds).
+///
+/// # Safety
+/// The CPU must have AVX-512 F/BW/VL, AVX2, FMA and F16C (the callers' kernels check it).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[inline]
 pub fn reduce4_512(x: &[__m512i; 4]) -> __m128i {
@@ -274,6 +277,9 @@ pub fn reduce4_512(x: &[__m512i; 4]) -> __m128i {
 }
 
 /// As `reduce4_512` for 8-lane vectors.
+///
+/// # Safety
+/// As `reduce4_512`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[inline]
 pub fn reduce4_256(x: &[__m256i; 4]) -> __m128i {

@@ -299,17 +299,27 @@ unsafe fn gemm_into<B: TileBlock>(w: &[B], rows: usize, p: &Panel, out: *mut f32
     });
 }
 
-/// out[t * rows + r] = dot(w[r], column t) for the panel's columns.
-pub fn gemm_q4_k(w: &[BlockQ4K], rows: usize, p: &Panel, out: &mut [f32]) {
-    assert_eq!(
-        out.len(),
-        rows * p.n,
-        "gemm_q4_k: output of {} x {rows}",
-        p.n
-    );
-    check_shapes_into("gemm_q4_k", w, rows, p, rows);
+/// out[t * rows + r] for every column of the panel (`what` names the caller in errors).
+fn gemm_checked<B: TileBlock>(what: &str, w: &[B], rows: usize, p: &Panel, out: &mut [f32]) {
+    assert_eq!(out.len(), rows * p.n, "{what}: output of {} x {rows}", p.n);
+    check_shapes_into(what, w, rows, p, rows);
     // SAFETY: the shapes were checked; out holds n x rows values.
     unsafe { gemm_into(w, rows, p, out.as_mut_ptr(), rows) }
+}
+
+/// out[t * rows + r] = dot(w[r], column t) for the panel's columns.
+pub fn gemm_q4_k(w: &[BlockQ4K], rows: usize, p: &Panel, out: &mut [f32]) {
+    gemm_checked("gemm_q4_k", w, rows, p, out)
+}
+
+/// As `gemm_q4_k` for Q5_K.
+pub fn gemm_q5_k(w: &[BlockQ5K], rows: usize, p: &Panel, out: &mut [f32]) {
+    gemm_checked("gemm_q5_k", w, rows, p, out)
+}
+
+/// As `gemm_q4_k` for Q6_K.
+pub fn gemm_q6_k(w: &[BlockQ6K], rows: usize, p: &Panel, out: &mut [f32]) {
+    gemm_checked("gemm_q6_k", w, rows, p, out)
 }
 
 /// As `gemm_q4_k`, written to out[t * ld + r].
@@ -321,19 +331,6 @@ pub unsafe fn gemm_q4_k_into(w: &[BlockQ4K], rows: usize, p: &Panel, out: *mut f
     gemm_into(w, rows, p, out, ld)
 }
 
-/// As `gemm_q4_k` for Q5_K.
-pub fn gemm_q5_k(w: &[BlockQ5K], rows: usize, p: &Panel, out: &mut [f32]) {
-    assert_eq!(
-        out.len(),
-        rows * p.n,
-        "gemm_q5_k: output of {} x {rows}",
-        p.n
-    );
-    check_shapes_into("gemm_q5_k", w, rows, p, rows);
-    // SAFETY: as gemm_q4_k.
-    unsafe { gemm_into(w, rows, p, out.as_mut_ptr(), rows) }
-}
-
 /// As `gemm_q4_k_into` for Q5_K.
 ///
 /// # Safety
@@ -341,19 +338,6 @@ pub fn gemm_q5_k(w: &[BlockQ5K], rows: usize, p: &Panel, out: &mut [f32]) {
 pub unsafe fn gemm_q5_k_into(w: &[BlockQ5K], rows: usize, p: &Panel, out: *mut f32, ld: usize) {
     check_shapes_into("gemm_q5_k", w, rows, p, ld);
     gemm_into(w, rows, p, out, ld)
-}
-
-/// As `gemm_q4_k` for Q6_K.
-pub fn gemm_q6_k(w: &[BlockQ6K], rows: usize, p: &Panel, out: &mut [f32]) {
-    assert_eq!(
-        out.len(),
-        rows * p.n,
-        "gemm_q6_k: output of {} x {rows}",
-        p.n
-    );
-    check_shapes_into("gemm_q6_k", w, rows, p, rows);
-    // SAFETY: as gemm_q4_k.
-    unsafe { gemm_into(w, rows, p, out.as_mut_ptr(), rows) }
 }
 
 /// As `gemm_q4_k_into` for Q6_K.
