@@ -4,13 +4,15 @@
 //! (nibbles, high bits, sub-block scales) and then multiplied into C Q8_K columns, so the
 //! unpacking, which costs as much as the multiplies in a one-column dot, is paid once per C
 //! columns. Serves Q4_K, Q5_K and Q6_K weights (the bulk of Q4_K_M and Q5_K_M files) when a
-//! matmul has 4 to 7 columns (from 8 the register-tiled kernels of `tile.rs` take over).
+//! matmul has 4 to 15 columns (from 16 the tiles of `tile.rs` take over).
 //!
 //! Q8_0: register tiles of up to 8 rows x 16 columns from 4 columns on (`q8_0_matmul`).
 //!
 //! Other types and leftover columns use muser-quant's one-column kernels. Per column the
-//! arithmetic (lanes, order, final reduction) is that of muser-quant's AVX-512 one-column
-//! kernel, so results are bit-identical and prefill logits equal decode logits.
+//! arithmetic is that of muser-quant's AVX-512 one-column kernel (Q8_0: its lanes, order and
+//! final reduction; K-quants: the scalar reference's per-block order, each block's lanes
+//! reduced exactly, four columns at a time), so results are bit-identical and prefill logits
+//! equal decode logits.
 //! Tested against the scalar reference and the one-column kernel (`tests/gemm.rs`).
 
 use muser_quant::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, BlockQ8_0};

@@ -5,9 +5,9 @@
 //! the call (Q/K/V/gate, gate+up). Work is split into tasks of consecutive weight rows (a few
 //! hundred KB of weights each for one column) run on the current rayon pool; inside a task each
 //! weight row is reused across a tile of columns while it sits in L1. The dots are
-//! muser-quant's SIMD kernels (`Kernels::detect`); from 8 columns, Q4_K, Q5_K and Q6_K weights go
-//! through the register-tiled kernels of `tile.rs` instead (bit-identical), which write straight
-//! into the output.
+//! muser-quant's SIMD kernels (`Kernels::detect`); from 16 columns, Q4_K, Q5_K and Q6_K weights
+//! go through the tiles of `tile.rs` instead (bit-identical), which write straight into the
+//! output.
 
 use super::CpuWeight;
 use muser_gguf::GgmlType;
@@ -28,7 +28,9 @@ pub struct QuantizedInput<'a> {
     panel: Option<super::tile::Panel>,
 }
 
-/// Columns from which Q4_K / Q5_K / Q6_K weights go through the register-tiled kernels.
+/// Columns from which Q4_K / Q5_K / Q6_K weights go through the tiles (16 columns a tile: with
+/// fewer, the 8-column kernels of `gemm.rs` run faster; 8 streams 133 -> 149-159 tokens/s on the
+/// 2-core machine, BENCHMARKS.md).
 pub const TILE_MIN_COLUMNS: usize = 16;
 
 impl<'a> QuantizedInput<'a> {
