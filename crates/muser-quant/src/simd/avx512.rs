@@ -295,12 +295,34 @@ pub fn reduce4_256(x: &[__m256i; 4]) -> __m128i {
     _mm_add_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256::<1>(c))
 }
 
-/// `sum` plus the first `k` of four blocks' values, in block order: the float tail of K-quant
-/// blocks in the scalar reference's order (`dot.rs`). Per block the integers are summed exactly
-/// (isc over its 16 lanes, im over 8; one transpose-reduce for the four blocks), then
-/// `d_y * d * isc - d_y * dmin * im` in f32 (one 128-bit step), added to the sum block by block.
-/// So the one-column kernels, the multi-column ones and the tiles give every (row, column) the
-/// bits of the scalar dot.
+/// Four K-quant block values in the scalar reference's order (`dot.rs`): per block the
+/// integers summed exactly (isc over its 16 lanes, im over 8; one transpose-reduce for the
+/// four), then `d_y * d * isc - d_y * dmin * im` in f32 (one 128-bit step; Q6_K passes zero
+/// mins, and `x - 0` is `x`). The one-column kernels add them to their sum block by block
+/// (`finish4`), muser-engine's multi-column kernels to four columns' sums; so every kernel gives
+/// a (row, column) the bits of the scalar dot.
+///
+/// # Safety
+/// As `reduce4_512`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+pub fn k_values4(isc: &[__m512i; 4], im: &[__m256i; 4], dd: &[f32; 4], dm: &[f32; 4]) -> [f32; 4] {
+    let fi = _mm_cvtepi32_ps(reduce4_512(isc));
+    let fm = _mm_cvtepi32_ps(reduce4_256(im));
+    // SAFETY: 4 f32 each.
+    let (d, m) = unsafe { (_mm_loadu_ps(dd.as_ptr()), _mm_loadu_ps(dm.as_ptr())) };
+    let mut vs = [0f32; 4];
+    // SAFETY: 4 f32.
+    unsafe {
+        _mm_storeu_ps(
+            vs.as_mut_ptr(),
+            _mm_sub_ps(_mm_mul_ps(d, fi), _mm_mul_ps(m, fm)),
+        )
+    };
+    vs
+}
+
+/// `sum` plus the first `k` of four blocks' values (`k_values4`), in block order.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[inline]
 fn finish4(
@@ -311,15 +333,7 @@ fn finish4(
     dm: &[f32; 4],
     k: usize,
 ) -> f32 {
-    let fi = _mm_cvtepi32_ps(reduce4_512(isc));
-    let fm = _mm_cvtepi32_ps(reduce4_256(im));
-    // SAFETY: 4 f32 each.
-    let (d, m) = unsafe { (_mm_loadu_ps(dd.as_ptr()), _mm_loadu_ps(dm.as_ptr())) };
-    let v = _mm_sub_ps(_mm_mul_ps(d, fi), _mm_mul_ps(m, fm));
-    let mut vs = [0f32; 4];
-    // SAFETY: 4 f32.
-    unsafe { _mm_storeu_ps(vs.as_mut_ptr(), v) };
-    for &x in &vs[..k] {
+    for &x in &k_values4(isc, im, dd, dm)[..k] {
         sum += x;
     }
     sum

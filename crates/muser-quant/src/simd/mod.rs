@@ -56,7 +56,7 @@ mod avx512;
 /// The exact 4-way lane sums of the AVX-512 kernels' per-block order, for the multi-column
 /// kernels that must give the same bits (muser-engine's `gemm.rs`).
 #[cfg(target_arch = "x86_64")]
-pub use avx512::{reduce4_256, reduce4_512};
+pub use avx512::{k_values4, reduce4_256, reduce4_512};
 
 /// The dot kernels chosen for this CPU, once, by feature detection.
 #[derive(Clone, Copy)]

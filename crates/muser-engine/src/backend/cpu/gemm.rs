@@ -69,6 +69,9 @@ pub(super) fn has_avx512_vnni() -> bool {
                 && is_x86_feature_detected!("avx512bw")
                 && is_x86_feature_detected!("avx512vl")
                 && is_x86_feature_detected!("avx512vnni")
+                && is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c")
                 && std::env::var("MUSER_ISA").map_or(true, |v| v == "avx512")
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -131,7 +134,7 @@ mod x86 {
     use std::arch::x86_64::*;
 
     /// Q4_K or Q5_K (`K4Block`: the quants 0..15 or 0..31 as bytes, the rest alike).
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     pub unsafe fn k4_cols<B: K4Block, const C: usize>(x: &[B], y: [&[BlockQ8K]; C]) -> [f32; C] {
         let m4 = _mm512_set1_epi8(0x0f);
         // Low half keeps the low nibbles (sub-block 2g), high half shifts in the high ones (2g+1).
@@ -173,8 +176,8 @@ mod x86 {
             // The one-column kernel's (and the scalar reference's) order: the block's integers
             // exactly, then one f32 expression per block, so prefill and decode logits agree to
             // the bit.
-            // Four columns at a time: one transpose-reduce of their lanes (exact), one 128-bit
-            // step for `d_y * d * isc - d_y * dmin * im` (C is 4 or 8).
+            // Four columns at a time through muser-quant's `k_values4` (the one-column kernel's
+            // block values; C is 4 or 8).
             for c0 in (0..C).step_by(4) {
                 let isc: [__m512i; 4] = std::array::from_fn(|k| sumi[c0 + k]);
                 let im: [__m256i; 4] = std::array::from_fn(|k| {
@@ -183,14 +186,7 @@ mod x86 {
                 });
                 let dd: [f32; 4] = std::array::from_fn(|k| y[c0 + k][i].d * d);
                 let dm: [f32; 4] = std::array::from_fn(|k| y[c0 + k][i].d * dmin);
-                let fi = _mm_cvtepi32_ps(muser_quant::simd::reduce4_512(&isc));
-                let fm = _mm_cvtepi32_ps(muser_quant::simd::reduce4_256(&im));
-                let v = _mm_sub_ps(
-                    _mm_mul_ps(_mm_loadu_ps(dd.as_ptr()), fi),
-                    _mm_mul_ps(_mm_loadu_ps(dm.as_ptr()), fm),
-                );
-                let mut vs = [0f32; 4];
-                _mm_storeu_ps(vs.as_mut_ptr(), v);
+                let vs = muser_quant::simd::k_values4(&isc, &im, &dd, &dm);
                 for k in 0..4 {
                     acc[c0 + k] += vs[k];
                 }
@@ -199,7 +195,7 @@ mod x86 {
         acc
     }
 
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     pub unsafe fn q6_k_cols<const C: usize>(x: &[BlockQ6K], y: [&[BlockQ8K]; C]) -> [f32; C] {
         let m4 = _mm512_set1_epi8(0x0f);
         let m30 = _mm512_set1_epi8(0x30);
