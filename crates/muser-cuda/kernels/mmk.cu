@@ -16,6 +16,9 @@
 // together with the super-block's weights, each v_b = kq_value_*(...) put into shared memory. Each warp asks L2 for the next chunk's weights when it ends a chunk.
 
 #define MMK_ROWS 16
+#ifndef MMK_PAIR
+#define MMK_PAIR 1
+#endif
 #define MMK_WARPS 4
 
 // Address of int8 activation value v of column c (v a multiple of 4; 4 or 8 bytes read there
@@ -157,6 +160,62 @@ __device__ __forceinline__ void mmk_q6(const uint8_t* __restrict__ w, int row0, 
     }
 }
 
+// Gate and up of one Q4_K super-block row range together (mmk_silu_kernel when both are Q4_K):
+// per super-block both matrices' weights are loaded with one set of activation fragments, so a
+// warp has twice the weight bytes in flight (4.6 KB) and loads the activations once for both;
+// leaf(b, vg, vu) gets both matrices' values. The arithmetic of each is mmk_q45's.
+template <int NT, class LEAF>
+__device__ __forceinline__ void mmk_q4_pair(const uint8_t* __restrict__ wg, const uint8_t* __restrict__ wu, int row0,
+                                            int rows, const KAct& a, int b0, int b1, LEAF leaf) {
+    constexpr int BS = 144, QS = 16;
+    const int lane = threadIdx.x % WARP, t = lane & 3, g = lane >> 2;
+    const int nb = a.K / QK_K, nb32 = a.K / 32;
+    const size_t oa = kq_blk(min(row0 + g, rows - 1), nb, 0) * BS;
+    const size_t ob = kq_blk(min(row0 + g + 8, rows - 1), nb, 0) * BS;
+    const MmkCols<NT> cols(a.ncols);
+    const uint2 z = make_uint2(0, 0);
+#pragma unroll 1
+    for (int b = b0; b < b1; ++b) {
+        const size_t o = (size_t)b * 4 * BS;
+        const uint8_t *ga = wg + oa + o, *gb = wg + ob + o, *ua = wu + oa + o, *ub = wu + ob + o;
+        const uint4 gha = *(const uint4*)ga, ghb = *(const uint4*)gb;
+        const uint4 uha = *(const uint4*)ua, uhb = *(const uint4*)ub;
+        uint2 gqa[4], gqb[4], uqa[4], uqb[4];
+#pragma unroll
+        for (int gi = 0; gi < 4; ++gi) {
+            gqa[gi] = *(const uint2*)(ga + QS + 32 * gi + 8 * t);
+            gqb[gi] = *(const uint2*)(gb + QS + 32 * gi + 8 * t);
+            uqa[gi] = *(const uint2*)(ua + QS + 32 * gi + 8 * t);
+            uqb[gi] = *(const uint2*)(ub + QS + 32 * gi + 8 * t);
+        }
+        float vg[NT][4], vu[NT][4];
+        {
+            uint2 xv[NT][8];
+            int xs[NT];
+            float xd[NT][2];
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+                for (int s = 0; s < 8; ++s)
+                    xv[nt][s] = *(const uint2*)mmk_x(a, cols.b[nt], b * QK_K + 32 * s + 8 * t);
+                xs[nt] = *(const int*)(a.xbs + ((size_t)cols.b[nt] * nb + b) * 16 + 4 * t);
+                xd[nt][0] = a.xds[(size_t)cols.o[nt][0] * nb32 + 8 * b].x;
+                xd[nt][1] = a.xds[(size_t)cols.o[nt][1] * nb32 + 8 * b].x;
+            }
+            const auto xq = [&](int nt, int s) { return xv[nt][s]; };
+            const auto xbs = [&](int nt) { return xs[nt]; };
+            const auto dx = [&](int nt, int j) { return xd[nt][j]; };
+            kq45_superblock<NT, false>(
+                gha, ghb, [&](int gi, int r) { return r ? gqb[gi] : gqa[gi]; }, z, z, xq, xbs, dx,
+                [&](int nt, int e, float x) { vg[nt][e] = x; });
+            kq45_superblock<NT, false>(
+                uha, uhb, [&](int gi, int r) { return r ? uqb[gi] : uqa[gi]; }, z, z, xq, xbs, dx,
+                [&](int nt, int e, float x) { vu[nt][e] = x; });
+        }
+        leaf(b, vg, vu);
+    }
+}
+
 // Super-blocks per window (a multiple of KQ_CHUNK): the warps split a window's super-blocks
 // into 4 contiguous ranges, put every super-block's values in shared memory ([window][8 NT
 // columns x 16 rows] floats, 40 KB), meet once, and one thread per output makes the chunk trees
@@ -171,14 +230,48 @@ __device__ __forceinline__ void mmk_prefetch_after(const uint8_t* w, int ty, int
     if ((b + 1) % KQ_CHUNK == 0) mmk_prefetch_chunk(w, ty, row0, rows, K, (b + 1) / KQ_CHUNK + 1);
 }
 
+// Adds the n super-blocks' values of a window (part: [n][16 rows x 8 NT columns]) to the thread's
+// outputs y[i] (output threadIdx.x + 128 i), chunk by chunk in order: lo = v0 (+ v1), hi = v2 (+
+// v3), chunk = lo (+ hi), as kq_leaves.
+template <int NT>
+__device__ __forceinline__ void mmk_window_sum(const float* part, int n, float (&y)[NT]) {
+    constexpr int S = MMK_ROWS * 8 * NT;
+#pragma unroll
+    for (int i = 0; i < NT; ++i) {
+        const float* pv = part + threadIdx.x + 128 * i;
+#pragma unroll 1
+        for (int c0 = 0; c0 < n; c0 += KQ_CHUNK) {
+            const int m = min(KQ_CHUNK, n - c0);
+            float c = pv[c0 * S];
+            if (m > 1) c = kq_add(c, pv[(c0 + 1) * S]);
+            if (m > 2) {
+                float hi = pv[(c0 + 2) * S];
+                if (m > 3) hi = kq_add(hi, pv[(c0 + 3) * S]);
+                c = kq_add(c, hi);
+            }
+            y[i] = kq_add(y[i], c);
+        }
+    }
+}
+
+// Writes super-block values v (the lane's outputs) at window slot k of part.
+template <int NT>
+__device__ __forceinline__ void mmk_put(float* part, int k, const float (&v)[NT][4]) {
+    const int lane = threadIdx.x % WARP, g = lane >> 2, t = lane & 3;
+    constexpr int S = MMK_ROWS * 8 * NT;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) part[k * S + (8 * nt + 2 * t + (e & 1)) * MMK_ROWS + g + (e < 2 ? 0 : 8)] = v[nt][e];
+}
+
 // y[i] = output p = threadIdx.x + 128 i of the block (row p % 16, column p / 16 of the tile) of
 // a matrix of format ty, in the canonical order (see MMK_WIN).
 template <int NT>
 __device__ __forceinline__ void mmk_rows(int ty, const uint8_t* w, int row0, int rows, const KAct& a, float (&y)[NT],
                                          float* part) {
-    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, g = lane >> 2, t = lane & 3;
-    const int nb = a.K / QK_K;
-    constexpr int S = MMK_ROWS * 8 * NT, W = MMK_WIN(NT); // one super-block's values; the window
+    const int warp = threadIdx.x / WARP, nb = a.K / QK_K;
+    constexpr int W = MMK_WIN(NT);
 #pragma unroll
     for (int i = 0; i < NT; ++i) y[i] = 0.0f;
 #pragma unroll 1
@@ -188,34 +281,46 @@ __device__ __forceinline__ void mmk_rows(int ty, const uint8_t* w, int row0, int
         if (b0 < b1 && b0 % KQ_CHUNK != 0) mmk_prefetch_chunk(w, ty, row0, rows, a.K, b0 / KQ_CHUNK + 1);
         const auto leaf = [&](int b, const float(&v)[NT][4]) {
             mmk_prefetch_after(w, ty, row0, rows, a.K, b);
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    part[(b - w0) * S + (8 * nt + 2 * t + (e & 1)) * MMK_ROWS + g + (e < 2 ? 0 : 8)] = v[nt][e];
+            mmk_put<NT>(part, b - w0, v);
         };
         if (ty == FMT_Q6_K) mmk_q6<NT>(w, row0, rows, a, b0, b1, leaf);
         else if (ty == FMT_Q5_K) mmk_q45<NT, true>(w, row0, rows, a, b0, b1, leaf);
         else mmk_q45<NT, false>(w, row0, rows, a, b0, b1, leaf);
         __syncthreads(); // the window's values are written
-        // Each chunk: lo = v0 (+ v1), hi = v2 (+ v3), chunk = lo (+ hi), as kq_leaves.
-#pragma unroll
-        for (int i = 0; i < NT; ++i) {
-            const float* pv = part + threadIdx.x + 128 * i;
-#pragma unroll 1
-            for (int c0 = 0; c0 < n; c0 += KQ_CHUNK) {
-                const int m = min(KQ_CHUNK, n - c0);
-                float c = pv[c0 * S];
-                if (m > 1) c = kq_add(c, pv[(c0 + 1) * S]);
-                if (m > 2) {
-                    float hi = pv[(c0 + 2) * S];
-                    if (m > 3) hi = kq_add(hi, pv[(c0 + 3) * S]);
-                    c = kq_add(c, hi);
-                }
-                y[i] = kq_add(y[i], c);
-            }
-        }
+        mmk_window_sum<NT>(part, n, y);
         __syncthreads(); // and read: part is free for the next window (or mmk_silu_kernel's up)
+    }
+}
+
+// mmk_rows for gate and up (both Q4_K) in one pass (mmk_q4_pair): windows of MMK_WIN(NT) / 2
+// super-blocks, part holding the gate's window then the up's; the same trees and order.
+template <int NT>
+__device__ __forceinline__ void mmk_rows_pair(const uint8_t* wg, const uint8_t* wu, int row0, int rows,
+                                              const KAct& a, float (&yg)[NT], float (&yu)[NT], float* part) {
+    const int warp = threadIdx.x / WARP, nb = a.K / QK_K;
+    constexpr int W = MMK_WIN(NT) / 2, S = MMK_ROWS * 8 * NT;
+    float* pu = part + W * S;
+#pragma unroll
+    for (int i = 0; i < NT; ++i) yg[i] = yu[i] = 0.0f;
+#pragma unroll 1
+    for (int w0 = 0; w0 < nb; w0 += W) {
+        const int n = min(W, nb - w0);
+        const int b0 = w0 + n * warp / MMK_WARPS, b1 = w0 + n * (warp + 1) / MMK_WARPS;
+        if (b0 < b1 && b0 % KQ_CHUNK != 0) {
+            mmk_prefetch_chunk(wg, FMT_Q4_K, row0, rows, a.K, b0 / KQ_CHUNK + 1);
+            mmk_prefetch_chunk(wu, FMT_Q4_K, row0, rows, a.K, b0 / KQ_CHUNK + 1);
+        }
+        mmk_q4_pair<NT>(wg, wu, row0, rows, a, b0, b1,
+                        [&](int b, const float(&vg)[NT][4], const float(&vu)[NT][4]) {
+                            mmk_prefetch_after(wg, FMT_Q4_K, row0, rows, a.K, b);
+                            mmk_prefetch_after(wu, FMT_Q4_K, row0, rows, a.K, b);
+                            mmk_put<NT>(part, b - w0, vg);
+                            mmk_put<NT>(pu, b - w0, vu);
+                        });
+        __syncthreads(); // the window's values are written
+        mmk_window_sum<NT>(part, n, yg);
+        mmk_window_sum<NT>(pu, n, yu);
+        __syncthreads(); // and read: part is free for the next window
     }
 }
 
@@ -270,6 +375,9 @@ __device__ __forceinline__ void mmk_silu_kernel(const uint8_t* wg, int tyg, cons
     if (row0 >= rows) return;
     const KAct a = mmk_slice(act, 8 * NT);
     float gs[NT], us[NT];
+    if (MMK_PAIR && tyg == FMT_Q4_K && tyu == FMT_Q4_K) {
+        mmk_rows_pair<NT>(wg, wu, row0, rows, a, gs, us, part);
+    } else {
     // Gate, then up, through one copy of the code (two inlined copies overflow the instruction
     // cache).
 #pragma unroll 1
@@ -281,6 +389,7 @@ __device__ __forceinline__ void mmk_silu_kernel(const uint8_t* wg, int tyg, cons
             if (m) us[i] = y[i];
             else gs[i] = y[i];
         }
+    }
     }
 #pragma unroll
     for (int i = 0; i < NT; ++i) gs[i] = gs[i] / (1.0f + expf(-gs[i])) * us[i];
