@@ -13,7 +13,9 @@
 // trees and adds them to the output's total in chunk order, which is the canonical order.
 // Per super-block b, per n-tile of 8 columns, lane (g, t) of a warp: the MMAs of
 // kq45_superblock / kq6_superblock (kq_mma.cuh), with the activations read from global memory
-// together with the super-block's weights, each v_b = kq_value_*(...) put into shared memory. Each warp asks L2 for the next chunk's weights when it ends a chunk.
+// together with the super-block's weights, each v_b = kq_value_*(...) put into shared memory.
+// Each warp asks L2 for the first chunk of its range before the wait for the kernel before
+// (nothing further ahead: see the note before mmk_window_sum).
 
 #define MMK_ROWS 16
 #ifndef MMK_PAIR
@@ -225,10 +227,13 @@ __device__ __forceinline__ void mmk_q4_pair(const uint8_t* __restrict__ wg, cons
 // super-blocks while the others had 6 and 4; by super-blocks the ranges hold 6 or 7.)
 #define MMK_WIN(NT) ((NT) == 1 ? 80 : 40)
 
-// The chunk of super-block b's row block that follows b's, asked of L2 when b ends a chunk.
-__device__ __forceinline__ void mmk_prefetch_after(const uint8_t* w, int ty, int row0, int rows, int K, int b) {
-    if ((b + 1) % KQ_CHUNK == 0) mmk_prefetch_chunk(w, ty, row0, rows, K, (b + 1) / KQ_CHUNK + 1);
-}
+// No chunk is asked of L2 ahead inside the loop: H200, llama-glimmer, 8 streams (2026-11-30, one
+// call, Nsight Compute DRAM bytes of one launch): with each warp asking for the chunk after the
+// next whenever it ended a chunk, gate+up read 198 MB from DRAM for its 149.5 MB of weights,
+// ffn_down 104 MB for 74.8 (Q4_K) and 185 for 109.0 (Q6_K): lines asked for ~8 us ahead, while
+// ~30 MB of other rows streamed through L2, were gone again when the warp came to them. Without
+// it 180 / 81 / 116 MB, ffn_down Q6_K 61.3 -> 55.1 us, 8 streams 734.8 / 733.8 -> 777.6 / 772.8
+// tokens/s, 16 streams 1048.3 / 1052.6 -> 1058.9 / 1070.5 (asking half a chunk ahead: between).
 
 // Adds the n super-blocks' values of a window (part: [n][16 rows x 8 NT columns]) to the thread's
 // outputs y[i] (output threadIdx.x + 128 i), chunk by chunk in order: lo = v0 (+ v1), hi = v2 (+
@@ -279,10 +284,7 @@ __device__ __forceinline__ void mmk_rows(int ty, const uint8_t* w, int row0, int
         const int n = min(W, nb - w0);
         const int b0 = w0 + n * warp / MMK_WARPS, b1 = w0 + n * (warp + 1) / MMK_WARPS;
         if (b0 < b1 && b0 % KQ_CHUNK != 0) mmk_prefetch_chunk(w, ty, row0, rows, a.K, b0 / KQ_CHUNK + 1);
-        const auto leaf = [&](int b, const float(&v)[NT][4]) {
-            mmk_prefetch_after(w, ty, row0, rows, a.K, b);
-            mmk_put<NT>(part, b - w0, v);
-        };
+        const auto leaf = [&](int b, const float(&v)[NT][4]) { mmk_put<NT>(part, b - w0, v); };
         if (ty == FMT_Q6_K) mmk_q6<NT>(w, row0, rows, a, b0, b1, leaf);
         else if (ty == FMT_Q5_K) mmk_q45<NT, true>(w, row0, rows, a, b0, b1, leaf);
         else mmk_q45<NT, false>(w, row0, rows, a, b0, b1, leaf);
@@ -312,8 +314,6 @@ __device__ __forceinline__ void mmk_rows_pair(const uint8_t* wg, const uint8_t* 
         }
         mmk_q4_pair<NT>(wg, wu, row0, rows, a, b0, b1,
                         [&](int b, const float(&vg)[NT][4], const float(&vu)[NT][4]) {
-                            mmk_prefetch_after(wg, FMT_Q4_K, row0, rows, a.K, b);
-                            mmk_prefetch_after(wu, FMT_Q4_K, row0, rows, a.K, b);
                             mmk_put<NT>(part, b - w0, vg);
                             mmk_put<NT>(pu, b - w0, vu);
                         });
