@@ -126,6 +126,18 @@ __device__ __forceinline__ unsigned atom_add_release(unsigned* p, unsigned v) {
 }
 __device__ __forceinline__ void fence_acquire() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 
+// A weight load of a decode matvec (mvk in matvec.cu, mmk.cu): read once per launch, so marked
+// evict-first in L1 and L2 (ld.global.cs), which leaves L2 to what is read again (activations,
+// split chunk values) and to the next kernel's weights asked for before its wait. H200,
+// llama-glimmer (2026-11-30, one call, plain / evict-first alternately): tg64 157.51 / 158.21 ->
+// 164.08 / 164.38 tokens/s, 8 streams 772.24 / 788.19 -> 806.65 / 809.54; gate+up at 8 streams
+// read 179.8 MB from DRAM for its 149.5 MB of weights, 152.0 evict-first. The prefill tiles
+// (mmt.cu) keep plain copies: their column tiles read the same weights again from L2.
+template <class T>
+__device__ __forceinline__ T ld_once(const uint8_t* p) {
+    return __ldcs((const T*)p);
+}
+
 // Asks L2 for the 128-byte line holding p (weights a kernel will read soon).
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 

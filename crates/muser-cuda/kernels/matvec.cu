@@ -219,31 +219,17 @@ struct RawQ45 {
     uint4 hdr, qa, qb, ha, hb; // header, 32 qs bytes, (Q5_K) the 32 qh bytes
 };
 
-#ifndef MV_CS
-#define MV_CS 1
-#endif
-// A weight load: read once per launch, so marked evict-first in L1 and L2 (ld.global.cs; MV_CS
-// 0 for plain loads), which leaves L2 to what is read again (the activation, the chunk values)
-// and to the next kernel's weights asked for before its wait (pdl_wait_prefetch_*). H200,
-// llama-glimmer, one call, plain / evict-first alternately: tg64 157.51 / 158.21 -> 164.08 /
-// 164.38 tokens/s (mmk.cu's MMK_CS on in both).
-template <class T>
-__device__ __forceinline__ T mv_w(const uint8_t* p) {
-    if (MV_CS) return __ldcs((const T*)p);
-    return *(const T*)p;
-}
-
 // blk: the item's super-block (kq_blk), g: the item's quarter.
 template <bool Q5>
 __device__ __forceinline__ RawQ45 load_q45(const uint8_t* __restrict__ blk, int g) {
     const uint8_t* qs = blk + (Q5 ? 48 : 16) + 32 * g;
     RawQ45 r;
-    r.hdr = mv_w<uint4>(blk);
-    r.qa = mv_w<uint4>(qs);
-    r.qb = mv_w<uint4>(qs + 16);
+    r.hdr = ld_once<uint4>(blk);
+    r.qa = ld_once<uint4>(qs);
+    r.qb = ld_once<uint4>(qs + 16);
     if (Q5) {
-        r.ha = mv_w<uint4>(blk + 16);
-        r.hb = mv_w<uint4>(blk + 32);
+        r.ha = ld_once<uint4>(blk + 16);
+        r.hb = ld_once<uint4>(blk + 32);
     }
     return r;
 }
@@ -863,10 +849,10 @@ __device__ __forceinline__ RawQ6Q load_q6q(const uint8_t* __restrict__ w, size_t
     const int h = q >> 1, p = q & 1;
     const uint8_t* blk = w + at * 192;
     RawQ6Q r;
-    r.l0 = mv_w<uint4>(blk + 64 * h + 32 * p);
-    r.l1 = mv_w<uint4>(blk + 64 * h + 32 * p + 16);
-    r.h0 = mv_w<uint4>(blk + 128 + 32 * h);
-    r.h1 = mv_w<uint4>(blk + 128 + 32 * h + 16);
+    r.l0 = ld_once<uint4>(blk + 64 * h + 32 * p);
+    r.l1 = ld_once<uint4>(blk + 64 * h + 32 * p + 16);
+    r.h0 = ld_once<uint4>(blk + 128 + 32 * h);
+    r.h1 = ld_once<uint4>(blk + 128 + 32 * h + 16);
     r.sc = *(const uint2*)(w + n * 192 + at * 16 + 8 * h);
     r.d = __half2float(((const __half*)(w + n * 208))[at]);
     return r;

@@ -23,20 +23,6 @@
 #endif
 #define MMK_WARPS 4
 
-#ifndef MMK_CS
-#define MMK_CS 1
-#endif
-// A weight load: read once per launch, so marked evict-first (ld.global.cs) in L1 and L2 with
-// MMK_CS, leaving L2 to the activations every block reads. H200, llama-glimmer, 8 streams, one
-// launch each (Nsight Compute): gate+up read 179.8 MB from DRAM for its 149.5 MB of weights with
-// plain loads, 152.0 with these (66.9 -> 64.0 us), ffn_down 80.6 -> 75.2 MB for 74.8; decode
-// groups of 8 772.2 / 788.2 -> 809.0 / 816.1 tokens/s, 16 1060.5 / 1088.3 -> 1090.4 / 1090.7.
-template <class T>
-__device__ __forceinline__ T mmk_w(const uint8_t* p) {
-    if (MMK_CS) return __ldcs((const T*)p);
-    return *(const T*)p;
-}
-
 // Address of int8 activation value v of column c (v a multiple of 4; 4 or 8 bytes read there
 // stay inside one 16-byte chunk of the k-major layout).
 // Branch-free (a select), so that a super-block's activation loads can all be issued at once.
@@ -69,6 +55,27 @@ struct MmkCols {
     }
 };
 
+// A Q4_K/Q5_K super-block b's activation fragments for lane (g, t), all loaded at once: per
+// n-tile the 8 sub-blocks' B fragments (v), the split sums (s) and the scales of the lane's two
+// output columns (d).
+template <int NT>
+struct MmkX45 {
+    uint2 v[NT][8];
+    int s[NT];
+    float d[NT][2];
+    __device__ __forceinline__ MmkX45(const KAct& a, const MmkCols<NT>& cols, int b) {
+        const int t = threadIdx.x % 4, nb = a.K / QK_K, nb32 = a.K / 32;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+            for (int i = 0; i < 8; ++i) v[nt][i] = *(const uint2*)mmk_x(a, cols.b[nt], b * QK_K + 32 * i + 8 * t);
+            s[nt] = *(const int*)(a.xbs + ((size_t)cols.b[nt] * nb + b) * 16 + 4 * t);
+            d[nt][0] = a.xds[(size_t)cols.o[nt][0] * nb32 + 8 * b].x;
+            d[nt][1] = a.xds[(size_t)cols.o[nt][1] * nb32 + 8 * b].x;
+        }
+    }
+};
+
 template <int NT, bool Q5, class LEAF>
 __device__ __forceinline__ void mmk_q45(const uint8_t* __restrict__ w, int row0, int rows, const KAct& a, int b0,
                                         int b1, LEAF leaf) {
@@ -83,38 +90,25 @@ __device__ __forceinline__ void mmk_q45(const uint8_t* __restrict__ w, int row0,
     for (int b = b0; b < b1; ++b) {
         const uint8_t* ba = wa + (size_t)b * 4 * BS; // a row's blocks are 4 apart (kq_blk)
         const uint8_t* bb = wb + (size_t)b * 4 * BS;
-        const uint4 ha = mmk_w<uint4>(ba), hb = mmk_w<uint4>(bb);
+        const uint4 ha = ld_once<uint4>(ba), hb = ld_once<uint4>(bb);
         uint2 qa[4], qb[4];
 #pragma unroll
         for (int gi = 0; gi < 4; ++gi) {
-            qa[gi] = mmk_w<uint2>(ba + QS + 32 * gi + 8 * t);
-            qb[gi] = mmk_w<uint2>(bb + QS + 32 * gi + 8 * t);
+            qa[gi] = ld_once<uint2>(ba + QS + 32 * gi + 8 * t);
+            qb[gi] = ld_once<uint2>(bb + QS + 32 * gi + 8 * t);
         }
         float v[NT][4];
         uint2 xa = make_uint2(0, 0), xb = make_uint2(0, 0);
         if (Q5) {
-            xa = mmk_w<uint2>(ba + 16 + 8 * t);
-            xb = mmk_w<uint2>(bb + 16 + 8 * t);
+            xa = ld_once<uint2>(ba + 16 + 8 * t);
+            xb = ld_once<uint2>(bb + 16 + 8 * t);
         }
-        auto xq = [&](int nt, int s) { return *(const uint2*)mmk_x(a, cols.b[nt], b * QK_K + 32 * s + 8 * t); };
-        auto xbs = [&](int nt) { return *(const int*)(a.xbs + ((size_t)cols.b[nt] * nb + b) * 16 + 4 * t); };
-        auto dx = [&](int nt, int j) { return a.xds[(size_t)cols.o[nt][j] * nb32 + 8 * b].x; };
         {
-            uint2 xv[NT][8];
-            int xs[NT];
-            float xd[NT][2];
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-                for (int s = 0; s < 8; ++s) xv[nt][s] = xq(nt, s);
-                xs[nt] = xbs(nt);
-                xd[nt][0] = dx(nt, 0);
-                xd[nt][1] = dx(nt, 1);
-            }
+            const MmkX45<NT> x(a, cols, b);
             kq45_superblock<NT, Q5>(
                 ha, hb, [&](int gi, int r) { return r ? qb[gi] : qa[gi]; }, xa, xb,
-                [&](int nt, int s) { return xv[nt][s]; }, [&](int nt) { return xs[nt]; },
-                [&](int nt, int j) { return xd[nt][j]; }, [&](int nt, int e, float x) { v[nt][e] = x; });
+                [&](int nt, int s) { return x.v[nt][s]; }, [&](int nt) { return x.s[nt]; },
+                [&](int nt, int j) { return x.d[nt][j]; }, [&](int nt, int e, float x) { v[nt][e] = x; });
         }
         leaf(b, v);
     }
@@ -146,11 +140,11 @@ __device__ __forceinline__ void mmk_q6(const uint8_t* __restrict__ w, int row0, 
             for (int u = 0; u < 2; ++u) {
 #pragma unroll
                 for (int p = 0; p < 2; ++p) {
-                    la[h][p][u] = mmk_w<unsigned>(ba + 64 * h + 32 * p + 16 * u + 4 * t);
-                    lb[h][p][u] = mmk_w<unsigned>(bb + 64 * h + 32 * p + 16 * u + 4 * t);
+                    la[h][p][u] = ld_once<unsigned>(ba + 64 * h + 32 * p + 16 * u + 4 * t);
+                    lb[h][p][u] = ld_once<unsigned>(bb + 64 * h + 32 * p + 16 * u + 4 * t);
                 }
-                hqa[h][u] = mmk_w<unsigned>(ba + 128 + 32 * h + 16 * u + 4 * t);
-                hqb[h][u] = mmk_w<unsigned>(bb + 128 + 32 * h + 16 * u + 4 * t);
+                hqa[h][u] = ld_once<unsigned>(ba + 128 + 32 * h + 16 * u + 4 * t);
+                hqb[h][u] = ld_once<unsigned>(bb + 128 + 32 * h + 16 * u + 4 * t);
             }
         const uint4 sva = *(const uint4*)(scp + ia * 16);
         const uint4 svb = *(const uint4*)(scp + ib * 16);
@@ -194,33 +188,22 @@ __device__ __forceinline__ void mmk_q4_pair(const uint8_t* __restrict__ wg, cons
     for (int b = b0; b < b1; ++b) {
         const size_t o = (size_t)b * 4 * BS;
         const uint8_t *ga = wg + oa + o, *gb = wg + ob + o, *ua = wu + oa + o, *ub = wu + ob + o;
-        const uint4 gha = mmk_w<uint4>(ga), ghb = mmk_w<uint4>(gb);
-        const uint4 uha = mmk_w<uint4>(ua), uhb = mmk_w<uint4>(ub);
+        const uint4 gha = ld_once<uint4>(ga), ghb = ld_once<uint4>(gb);
+        const uint4 uha = ld_once<uint4>(ua), uhb = ld_once<uint4>(ub);
         uint2 gqa[4], gqb[4], uqa[4], uqb[4];
 #pragma unroll
         for (int gi = 0; gi < 4; ++gi) {
-            gqa[gi] = mmk_w<uint2>(ga + QS + 32 * gi + 8 * t);
-            gqb[gi] = mmk_w<uint2>(gb + QS + 32 * gi + 8 * t);
-            uqa[gi] = mmk_w<uint2>(ua + QS + 32 * gi + 8 * t);
-            uqb[gi] = mmk_w<uint2>(ub + QS + 32 * gi + 8 * t);
+            gqa[gi] = ld_once<uint2>(ga + QS + 32 * gi + 8 * t);
+            gqb[gi] = ld_once<uint2>(gb + QS + 32 * gi + 8 * t);
+            uqa[gi] = ld_once<uint2>(ua + QS + 32 * gi + 8 * t);
+            uqb[gi] = ld_once<uint2>(ub + QS + 32 * gi + 8 * t);
         }
         float vg[NT][4], vu[NT][4];
         {
-            uint2 xv[NT][8];
-            int xs[NT];
-            float xd[NT][2];
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-                for (int s = 0; s < 8; ++s)
-                    xv[nt][s] = *(const uint2*)mmk_x(a, cols.b[nt], b * QK_K + 32 * s + 8 * t);
-                xs[nt] = *(const int*)(a.xbs + ((size_t)cols.b[nt] * nb + b) * 16 + 4 * t);
-                xd[nt][0] = a.xds[(size_t)cols.o[nt][0] * nb32 + 8 * b].x;
-                xd[nt][1] = a.xds[(size_t)cols.o[nt][1] * nb32 + 8 * b].x;
-            }
-            const auto xq = [&](int nt, int s) { return xv[nt][s]; };
-            const auto xbs = [&](int nt) { return xs[nt]; };
-            const auto dx = [&](int nt, int j) { return xd[nt][j]; };
+            const MmkX45<NT> x(a, cols, b);
+            const auto xq = [&](int nt, int s) { return x.v[nt][s]; };
+            const auto xbs = [&](int nt) { return x.s[nt]; };
+            const auto dx = [&](int nt, int j) { return x.d[nt][j]; };
             kq45_superblock<NT, false>(
                 gha, ghb, [&](int gi, int r) { return r ? gqb[gi] : gqa[gi]; }, z, z, xq, xbs, dx,
                 [&](int nt, int e, float x) { vg[nt][e] = x; });
