@@ -284,16 +284,15 @@ unsafe fn gemm_into<B: TileBlock>(w: &[B], rows: usize, p: &Panel, out: *mut f32
                     }
                 }
                 for g in (c0 / C)..c1.div_ceil(C) {
-                    let mut y = [[0f32; C]; R];
-                    x86::tile_rows::<B>(&wt, &p.tiles[g * nb..(g + 1) * nb], &mut y);
-                    for (r, yr) in y.iter().enumerate().take(nr) {
-                        for (c, v) in yr.iter().enumerate() {
-                            let col = g * C + c;
-                            if col < p.n {
-                                *out.add(col * ld + r0 + r) = *v;
-                            }
-                        }
-                    }
+                    let cols = (p.n - g * C).min(C);
+                    x86::tile_rows::<B>(
+                        &wt,
+                        &p.tiles[g * nb..(g + 1) * nb],
+                        out.add(g * C * ld + r0),
+                        ld,
+                        nr,
+                        cols,
+                    );
                 }
             }
         }
@@ -355,21 +354,81 @@ mod x86 {
     use super::{ActTile, TileBlock, WTile, C, R};
     use std::arch::x86_64::*;
 
-    /// y[r][c] = the dot of row r and column c over the blocks (wt[b], acts[b]), in the order of
-    /// the module doc.
-    pub fn tile_rows<B: TileBlock>(wt: &[WTile], acts: &[ActTile], y: &mut [[f32; C]; R]) {
-        // SAFETY: callers run only where `available()` (AVX-512 F/BW/VL + VNNI).
-        unsafe {
-            let mut acc = [_mm512_setzero_ps(); R];
-            for (w, a) in wt.iter().zip(acts) {
-                if B::Q6 {
-                    tile_q6(w, a, &mut acc);
-                } else {
-                    tile_k4(w, a, &mut acc);
-                }
+    /// out[c * ld + r] = the dot of row r and column c over the blocks (wt[b], acts[b]), in the
+    /// order of the module doc, for r < nr and c < cols.
+    ///
+    /// # Safety
+    /// `out` valid for writes at c * ld + r for r < nr <= R, c < cols <= C; the CPU has the
+    /// features of `available()` (AVX-512 F/BW/VL + VNNI).
+    pub unsafe fn tile_rows<B: TileBlock>(
+        wt: &[WTile],
+        acts: &[ActTile],
+        out: *mut f32,
+        ld: usize,
+        nr: usize,
+        cols: usize,
+    ) {
+        let mut acc = [_mm512_setzero_ps(); R];
+        for (w, a) in wt.iter().zip(acts) {
+            if B::Q6 {
+                tile_q6(w, a, &mut acc);
+            } else {
+                tile_k4(w, a, &mut acc);
             }
-            for (r, yr) in y.iter_mut().enumerate() {
-                _mm512_storeu_ps(yr.as_mut_ptr(), acc[r]);
+        }
+        store_transposed(&acc, out, ld, nr, cols);
+    }
+
+    /// out[c * ld + r] = lane c of acc[r]: the 16 x 16 tile transposed in registers, each
+    /// column's rows written as one vector (masked to nr rows).
+    #[target_feature(enable = "avx512f")]
+    unsafe fn store_transposed(
+        acc: &[__m512; R],
+        out: *mut f32,
+        ld: usize,
+        nr: usize,
+        cols: usize,
+    ) {
+        // Pairs of rows interleaved: t[2i] lane k = (a[2i][4k], a[2i+1][4k], a[2i][4k+1],
+        // a[2i+1][4k+1]), t[2i+1] the same for 4k+2, 4k+3.
+        let t: [__m512; R] = std::array::from_fn(|i| {
+            let (a, b) = (acc[i & !1], acc[i | 1]);
+            if i & 1 == 0 {
+                _mm512_unpacklo_ps(a, b)
+            } else {
+                _mm512_unpackhi_ps(a, b)
+            }
+        });
+        // u[4i + j] lane k: column 4k + j, rows 4i .. 4i + 3.
+        let u: [__m512; R] = std::array::from_fn(|x| {
+            let (i, j) = (x / 4, x % 4);
+            let a = _mm512_castps_pd(t[4 * i + (j >> 1)]);
+            let b = _mm512_castps_pd(t[4 * i + 2 + (j >> 1)]);
+            _mm512_castpd_ps(if j & 1 == 0 {
+                _mm512_unpacklo_pd(a, b)
+            } else {
+                _mm512_unpackhi_pd(a, b)
+            })
+        });
+        let mask: __mmask16 = if nr >= R { 0xffff } else { (1u16 << nr) - 1 };
+        for j in 0..4 {
+            let v = [u[j], u[4 + j], u[8 + j], u[12 + j]];
+            let x0 = _mm512_shuffle_f32x4::<0x44>(v[0], v[1]);
+            let x1 = _mm512_shuffle_f32x4::<0xee>(v[0], v[1]);
+            let x2 = _mm512_shuffle_f32x4::<0x44>(v[2], v[3]);
+            let x3 = _mm512_shuffle_f32x4::<0xee>(v[2], v[3]);
+            // o[k]: column 4k + j, rows 0..16.
+            let o = [
+                _mm512_shuffle_f32x4::<0x88>(x0, x2),
+                _mm512_shuffle_f32x4::<0xdd>(x0, x2),
+                _mm512_shuffle_f32x4::<0x88>(x1, x3),
+                _mm512_shuffle_f32x4::<0xdd>(x1, x3),
+            ];
+            for (k, ok) in o.iter().enumerate() {
+                let c = 4 * k + j;
+                if c < cols {
+                    _mm512_mask_storeu_ps(out.add(c * ld), mask, *ok);
+                }
             }
         }
     }
