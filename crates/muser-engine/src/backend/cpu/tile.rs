@@ -12,7 +12,7 @@
 //! columns and block, the 256 values as 64 groups of 4 with the 16 columns side by side (the
 //! `vpdpbusd` operand: lane c holds column c's 4 values), the sums per 32 values paired for the
 //! mins (Q4_K/Q5_K) and per 16 values (the Q6_K offset), and the columns' `d`. A task's rows
-//! are unpacked per tile of 16 rows and block, once per chunk of 128 columns: the quants as one
+//! are unpacked per tile of 16 rows and block, once per chunk of 512 columns (a whole prefill chunk): the quants as one
 //! unsigned byte per value, the sub-block scales and mins as i32, `d` and `dmin` as f32.
 //!
 //! Microkernel (`tile_k4`, `tile_q6`): per sub-block, the 4-value groups of the 16 columns are
@@ -242,8 +242,11 @@ fn check_shapes_into<W>(what: &str, w: &[W], rows: usize, p: &Panel, ld: usize) 
     assert!(ld >= rows, "{what}: row stride {ld} < {rows} rows");
 }
 
-/// Columns per chunk: the chunk's activations stay in L2 while the task's row tiles pass.
-const CHUNK: usize = 128;
+/// Columns per chunk: a row tile's blocks are unpacked once per chunk, and the chunk's
+/// activations stream from L2/L3 past them. 512 (one prefill chunk: each weight block unpacked
+/// once) against 128 (the chunk's activations kept in L2, weights unpacked four times at 512
+/// columns): llama-1b Q4_K_M pp512 on 2 threads 499-511 -> 531-532 tokens/s (BENCHMARKS.md).
+const CHUNK: usize = 512;
 
 /// Rows of a task: four tiles, whatever the row length (`nb` blocks; kept in the signature for
 /// the callers' rule). Only one tile's unpacked blocks (about 5.5 KB per block) live at a time,
