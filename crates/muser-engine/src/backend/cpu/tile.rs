@@ -248,6 +248,10 @@ fn check_shapes_into<W>(what: &str, w: &[W], rows: usize, p: &Panel, ld: usize) 
 /// columns): llama-1b Q4_K_M pp512 on 2 threads 499-511 -> 531-532 tokens/s (BENCHMARKS.md).
 const CHUNK: usize = 512;
 
+/// Row tiles unpacked together (a task's rows): each column group's activations pass them all
+/// while they are in L2, rather than coming from L3 once per row tile.
+const TILES: usize = 4;
+
 /// Rows of a task: four tiles, whatever the row length (`nb` blocks; kept in the signature for
 /// the callers' rule). Only one tile's unpacked blocks (about 5.5 KB per block) live at a time,
 /// so the task's size does not bound the cache footprint; four tiles keep tasks small enough to
@@ -268,34 +272,42 @@ unsafe fn gemm_into<B: TileBlock>(w: &[B], rows: usize, p: &Panel, out: *mut f32
     let nb = p.nb;
     W_BUF.with(|buf| {
         let mut wt = buf.borrow_mut();
-        wt.resize(nb, ZERO_W);
+        wt.resize(TILES * nb, ZERO_W);
         for c0 in (0..p.n).step_by(CHUNK) {
             let c1 = (c0 + CHUNK).min(p.n);
-            for r0 in (0..rows).step_by(R) {
-                let nr = (rows - r0).min(R);
-                for (b, t) in wt.iter_mut().enumerate() {
-                    for r in 0..R {
-                        if r < nr {
-                            w[(r0 + r) * nb + b].unpack(t, r);
-                        } else {
-                            t.q[r * QK_K..(r + 1) * QK_K].fill(0);
-                            t.sc[r * 16..(r + 1) * 16].fill(0);
-                            t.mn[r * 4..(r + 1) * 4].fill(0);
-                            t.d[r] = 0.0;
-                            t.dmin[r] = 0.0;
+            for s0 in (0..rows).step_by(TILES * R) {
+                let tiles = (rows - s0).min(TILES * R).div_ceil(R);
+                for (i, wt) in wt.chunks_exact_mut(nb).take(tiles).enumerate() {
+                    let r0 = s0 + i * R;
+                    let nr = (rows - r0).min(R);
+                    for (b, t) in wt.iter_mut().enumerate() {
+                        for r in 0..R {
+                            if r < nr {
+                                w[(r0 + r) * nb + b].unpack(t, r);
+                            } else {
+                                t.q[r * QK_K..(r + 1) * QK_K].fill(0);
+                                t.sc[r * 16..(r + 1) * 16].fill(0);
+                                t.mn[r * 4..(r + 1) * 4].fill(0);
+                                t.d[r] = 0.0;
+                                t.dmin[r] = 0.0;
+                            }
                         }
                     }
                 }
                 for g in (c0 / C)..c1.div_ceil(C) {
                     let cols = (p.n - g * C).min(C);
-                    x86::tile_rows::<B>(
-                        &wt,
-                        &p.tiles[g * nb..(g + 1) * nb],
-                        out.add(g * C * ld + r0),
-                        ld,
-                        nr,
-                        cols,
-                    );
+                    let acts = &p.tiles[g * nb..(g + 1) * nb];
+                    for (i, wt) in wt.chunks_exact(nb).take(tiles).enumerate() {
+                        let r0 = s0 + i * R;
+                        x86::tile_rows::<B>(
+                            wt,
+                            acts,
+                            out.add(g * C * ld + r0),
+                            ld,
+                            (rows - r0).min(R),
+                            cols,
+                        );
+                    }
                 }
             }
         }
@@ -436,88 +448,98 @@ mod x86 {
         }
     }
 
+    /// Rows per pass of the microkernels: their sums interleave, so four independent
+    /// `vpdpbusd` chains are in flight, and the pass's integer sums stay in registers.
+    const RG: usize = 8;
+
     // The row index addresses the accumulators, the scales and the f32 sums together.
     #[allow(clippy::needless_range_loop)]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
     unsafe fn tile_k4(w: &WTile, a: &ActTile, acc: &mut [__m512; R]) {
-        let mut isc = [_mm512_setzero_si512(); R];
-        for s in 0..8 {
-            let ag: [__m512i; 8] = std::array::from_fn(|g| {
-                _mm512_load_si512(a.a.as_ptr().add((8 * s + g) * C * 4) as *const _)
-            });
-            for r in 0..R {
-                let base = w.q.as_ptr().add(r * 256 + 32 * s) as *const i32;
-                let mut t = _mm512_setzero_si512();
-                for (g, av) in ag.iter().enumerate() {
-                    t = _mm512_dpbusd_epi32(
-                        t,
-                        _mm512_set1_epi32(base.add(g).read_unaligned()),
-                        *av,
-                    );
-                }
-                isc[r] = _mm512_add_epi32(
-                    isc[r],
-                    _mm512_mullo_epi32(t, _mm512_set1_epi32(w.sc[r * 16 + s])),
-                );
-            }
-        }
         let sp: [__m512i; 4] =
             std::array::from_fn(|p| _mm512_load_si512(a.s32.as_ptr().add(p * C) as *const _));
         let dy = _mm512_load_ps(a.d.as_ptr());
-        for r in 0..R {
-            let mut im = _mm512_setzero_si512();
-            for (p, s) in sp.iter().enumerate() {
-                im = _mm512_dpwssd_epi32(im, _mm512_set1_epi32(w.mn[r * 4 + p]), *s);
+        for r0 in (0..R).step_by(RG) {
+            let mut isc = [_mm512_setzero_si512(); RG];
+            for s in 0..8 {
+                let ag: [__m512i; 8] = std::array::from_fn(|g| {
+                    _mm512_load_si512(a.a.as_ptr().add((8 * s + g) * C * 4) as *const _)
+                });
+                let mut t = [_mm512_setzero_si512(); RG];
+                for (g, av) in ag.iter().enumerate() {
+                    for k in 0..RG {
+                        let q = w.q.as_ptr().add((r0 + k) * 256 + 32 * s + 4 * g) as *const i32;
+                        t[k] =
+                            _mm512_dpbusd_epi32(t[k], _mm512_set1_epi32(q.read_unaligned()), *av);
+                    }
+                }
+                for k in 0..RG {
+                    isc[k] = _mm512_add_epi32(
+                        isc[k],
+                        _mm512_mullo_epi32(t[k], _mm512_set1_epi32(w.sc[(r0 + k) * 16 + s])),
+                    );
+                }
             }
-            // d_y * d * isc - d_y * dmin * im, as the scalar reference.
-            let a1 = _mm512_mul_ps(
-                _mm512_mul_ps(dy, _mm512_set1_ps(w.d[r])),
-                _mm512_cvtepi32_ps(isc[r]),
-            );
-            let a2 = _mm512_mul_ps(
-                _mm512_mul_ps(dy, _mm512_set1_ps(w.dmin[r])),
-                _mm512_cvtepi32_ps(im),
-            );
-            acc[r] = _mm512_add_ps(acc[r], _mm512_sub_ps(a1, a2));
+            for k in 0..RG {
+                let r = r0 + k;
+                let mut im = _mm512_setzero_si512();
+                for (p, s) in sp.iter().enumerate() {
+                    im = _mm512_dpwssd_epi32(im, _mm512_set1_epi32(w.mn[r * 4 + p]), *s);
+                }
+                // d_y * d * isc - d_y * dmin * im, as the scalar reference.
+                let a1 = _mm512_mul_ps(
+                    _mm512_mul_ps(dy, _mm512_set1_ps(w.d[r])),
+                    _mm512_cvtepi32_ps(isc[k]),
+                );
+                let a2 = _mm512_mul_ps(
+                    _mm512_mul_ps(dy, _mm512_set1_ps(w.dmin[r])),
+                    _mm512_cvtepi32_ps(im),
+                );
+                acc[r] = _mm512_add_ps(acc[r], _mm512_sub_ps(a1, a2));
+            }
         }
     }
 
     #[allow(clippy::needless_range_loop)]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
     unsafe fn tile_q6(w: &WTile, a: &ActTile, acc: &mut [__m512; R]) {
-        let mut isc = [_mm512_setzero_si512(); R];
-        for j in 0..16 {
-            let ag: [__m512i; 4] = std::array::from_fn(|g| {
-                _mm512_load_si512(a.a.as_ptr().add((4 * j + g) * C * 4) as *const _)
-            });
-            // 32 x the columns' sums of the sub-block: the quants are q - 32 used as 0..63.
-            let off =
-                _mm512_slli_epi32(_mm512_load_si512(a.s16.as_ptr().add(j * C) as *const _), 5);
-            for r in 0..R {
-                let base = w.q.as_ptr().add(r * 256 + 16 * j) as *const i32;
-                let mut t = _mm512_setzero_si512();
+        let dy = _mm512_load_ps(a.d.as_ptr());
+        for r0 in (0..R).step_by(RG) {
+            let mut isc = [_mm512_setzero_si512(); RG];
+            for j in 0..16 {
+                let ag: [__m512i; 4] = std::array::from_fn(|g| {
+                    _mm512_load_si512(a.a.as_ptr().add((4 * j + g) * C * 4) as *const _)
+                });
+                // 32 x the columns' sums of the sub-block: the quants are q - 32 used as 0..63.
+                let off =
+                    _mm512_slli_epi32(_mm512_load_si512(a.s16.as_ptr().add(j * C) as *const _), 5);
+                let mut t = [_mm512_setzero_si512(); RG];
                 for (g, av) in ag.iter().enumerate() {
-                    t = _mm512_dpbusd_epi32(
-                        t,
-                        _mm512_set1_epi32(base.add(g).read_unaligned()),
-                        *av,
+                    for k in 0..RG {
+                        let q = w.q.as_ptr().add((r0 + k) * 256 + 16 * j + 4 * g) as *const i32;
+                        t[k] =
+                            _mm512_dpbusd_epi32(t[k], _mm512_set1_epi32(q.read_unaligned()), *av);
+                    }
+                }
+                for k in 0..RG {
+                    isc[k] = _mm512_add_epi32(
+                        isc[k],
+                        _mm512_mullo_epi32(
+                            _mm512_sub_epi32(t[k], off),
+                            _mm512_set1_epi32(w.sc[(r0 + k) * 16 + j]),
+                        ),
                     );
                 }
-                let t = _mm512_sub_epi32(t, off);
-                isc[r] = _mm512_add_epi32(
-                    isc[r],
-                    _mm512_mullo_epi32(t, _mm512_set1_epi32(w.sc[r * 16 + j])),
-                );
             }
-        }
-        let dy = _mm512_load_ps(a.d.as_ptr());
-        for r in 0..R {
-            // d_y * d * isc, as the scalar reference.
-            let v = _mm512_mul_ps(
-                _mm512_mul_ps(dy, _mm512_set1_ps(w.d[r])),
-                _mm512_cvtepi32_ps(isc[r]),
-            );
-            acc[r] = _mm512_add_ps(acc[r], v);
+            for k in 0..RG {
+                let r = r0 + k;
+                // d_y * d * isc, as the scalar reference.
+                let v = _mm512_mul_ps(
+                    _mm512_mul_ps(dy, _mm512_set1_ps(w.d[r])),
+                    _mm512_cvtepi32_ps(isc[k]),
+                );
+                acc[r] = _mm512_add_ps(acc[r], v);
+            }
         }
     }
 }
