@@ -277,10 +277,10 @@ unsafe fn gemm_into<B: TileBlock>(w: &[B], rows: usize, p: &Panel, out: *mut f32
             let c1 = (c0 + CHUNK).min(p.n);
             for s0 in (0..rows).step_by(TILES * R) {
                 let tiles = (rows - s0).min(TILES * R).div_ceil(R);
-                for (i, wt) in wt.chunks_exact_mut(nb).take(tiles).enumerate() {
+                for i in 0..tiles {
                     let r0 = s0 + i * R;
                     let nr = (rows - r0).min(R);
-                    for (b, t) in wt.iter_mut().enumerate() {
+                    for (b, t) in wt.iter_mut().skip(i).step_by(tiles).take(nb).enumerate() {
                         for r in 0..R {
                             if r < nr {
                                 w[(r0 + r) * nb + b].unpack(t, r);
@@ -295,19 +295,15 @@ unsafe fn gemm_into<B: TileBlock>(w: &[B], rows: usize, p: &Panel, out: *mut f32
                     }
                 }
                 for g in (c0 / C)..c1.div_ceil(C) {
-                    let cols = (p.n - g * C).min(C);
-                    let acts = &p.tiles[g * nb..(g + 1) * nb];
-                    for (i, wt) in wt.chunks_exact(nb).take(tiles).enumerate() {
-                        let r0 = s0 + i * R;
-                        x86::tile_rows::<B>(
-                            wt,
-                            acts,
-                            out.add(g * C * ld + r0),
-                            ld,
-                            (rows - r0).min(R),
-                            cols,
-                        );
-                    }
+                    x86::tile_rows::<B>(
+                        &wt[..tiles * nb],
+                        tiles,
+                        &p.tiles[g * nb..(g + 1) * nb],
+                        out.add(g * C * ld + s0),
+                        ld,
+                        rows - s0,
+                        (p.n - g * C).min(C),
+                    );
                 }
             }
         }
@@ -366,32 +362,39 @@ pub unsafe fn gemm_q6_k_into(w: &[BlockQ6K], rows: usize, p: &Panel, out: *mut f
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{ActTile, TileBlock, WTile, C, R};
+    use super::{ActTile, TileBlock, WTile, C, R, TILES};
     use std::arch::x86_64::*;
 
-    /// out[c * ld + r] = the dot of row r and column c over the blocks (wt[b], acts[b]), in the
-    /// order of the module doc, for r < nr and c < cols.
+    /// out[c * ld + r] = the dot of row r and column c over the blocks (wt[b * tiles + r / R],
+    /// acts[b]), in the order of the module doc, for r < min(rows, tiles * R) and c < cols:
+    /// `tiles` row tiles, block by block, so that each block of activations serves them all
+    /// while it is in L1.
     ///
     /// # Safety
-    /// `out` valid for writes at c * ld + r for r < nr <= R, c < cols <= C; the CPU has the
-    /// features of `available()` (AVX-512 F/BW/VL + VNNI).
+    /// `out` valid for writes at c * ld + r for those r and c (cols <= C, tiles <= TILES);
+    /// the CPU has the features of `available()` (AVX-512 F/BW/VL + VNNI).
     pub unsafe fn tile_rows<B: TileBlock>(
         wt: &[WTile],
+        tiles: usize,
         acts: &[ActTile],
         out: *mut f32,
         ld: usize,
-        nr: usize,
+        rows: usize,
         cols: usize,
     ) {
-        let mut acc = [_mm512_setzero_ps(); R];
-        for (w, a) in wt.iter().zip(acts) {
-            if B::Q6 {
-                tile_q6(w, a, &mut acc);
-            } else {
-                tile_k4(w, a, &mut acc);
+        let mut acc = [[_mm512_setzero_ps(); R]; TILES];
+        for (wb, a) in wt.chunks_exact(tiles).zip(acts) {
+            for (w, acc) in wb.iter().zip(acc.iter_mut()) {
+                if B::Q6 {
+                    tile_q6(w, a, acc);
+                } else {
+                    tile_k4(w, a, acc);
+                }
             }
         }
-        store_transposed(&acc, out, ld, nr, cols);
+        for (i, acc) in acc.iter().take(tiles).enumerate() {
+            store_transposed(acc, out.add(i * R), ld, (rows - i * R).min(R), cols);
+        }
     }
 
     /// out[c * ld + r] = lane c of acc[r]: the 16 x 16 tile transposed in registers, each
