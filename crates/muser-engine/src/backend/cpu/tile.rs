@@ -12,17 +12,20 @@
 //! columns and block, the 256 values as 64 groups of 4 with the 16 columns side by side (the
 //! `vpdpbusd` operand: lane c holds column c's 4 values), the sums per 32 values paired for the
 //! mins (Q4_K/Q5_K) and per 16 values (the Q6_K offset), and the columns' `d`. A task's rows
-//! are unpacked per tile of 16 rows and block, once per chunk of 512 columns (a whole prefill chunk): the quants as one
-//! unsigned byte per value, the sub-block scales and mins as i32, `d` and `dmin` as f32.
+//! (four tiles of 16) are unpacked together, once per chunk of 512 columns (a whole prefill
+//! chunk): the quants as one unsigned byte per value, the sub-block scales and mins as i32, `d`
+//! and `dmin` as f32. Then per group of 16 columns the four row tiles advance block by block,
+//! so a block of activations serves them all while it is in L1.
 //!
 //! Microkernel (`tile_k4`, `tile_q6`): per sub-block, the 4-value groups of the 16 columns are
-//! loaded once, and each of the 16 rows runs `vpdpbusd` with its 4 quants broadcast from memory
-//! (8 per Q4_K/Q5_K sub-block of 32, 4 per Q6_K sub-block of 16), then multiplies the sum by
-//! its sub-block scale into the row's i32 accumulator (`vpmulld`; Q6_K first takes 32 x the
-//! columns' sums of the sub-block off, its quants being 0..63 for q - 32). The mins are 4
-//! `vpdpwssd` per row on pairs (m_2p, m_2p+1). Then per row one f32 value per lane.
-//! `scripts/cpu_tile_lab` measured this shape (first cut, one thread, 512 columns) at 190-241
-//! GMAC/s where the previous register tiles (4 x 4, 16 f32 lanes per pair) ran 104-158.
+//! loaded once, and 8 rows at a time run `vpdpbusd` with their 4 quants broadcast from memory
+//! (8 per Q4_K/Q5_K sub-block of 32, 4 per Q6_K sub-block of 16; the 8 rows' chains
+//! interleaved), then multiply the sum by the sub-block scale into the row's i32 accumulator
+//! (`vpmulld`; Q6_K first takes 32 x the columns' sums of the sub-block off, its quants being
+//! 0..63 for q - 32). The mins are 4 `vpdpwssd` per row on pairs (m_2p, m_2p+1). Then per row
+//! one f32 value per lane. The 16 x 16 result is transposed in registers and written one
+//! vector per column. One thread, 512 columns, llama-1b's shapes: 326-345 GMAC/s (2026-11-30,
+//! BENCHMARKS.md; `tests/gemm_speed.rs`).
 
 use muser_quant::blocks::scale_min_k4;
 use muser_quant::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K};
