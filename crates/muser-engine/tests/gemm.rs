@@ -193,7 +193,6 @@ fn check_tiled<W: bytemuck::Pod>(
     dot: fn(&[W], &[BlockQ8K]) -> f32,
     blocks: fn(usize, &mut StdRng) -> Vec<W>,
 ) {
-    let mut rng = StdRng::seed_from_u64(42);
     let shapes = [
         (1, 1, 1),
         (3, 2, 5),
@@ -206,7 +205,20 @@ fn check_tiled<W: bytemuck::Pod>(
         (9, 28, 70),
         (33, 4, 512),
     ];
-    for (rows, nb, n) in shapes {
+    check_shapes(name, gemm, dot, blocks, &shapes)
+}
+
+/// `gemm` against the one-column kernel, bit for bit, at every (row, column) of the (rows,
+/// blocks, columns) shapes.
+fn check_shapes<W: bytemuck::Pod>(
+    name: &str,
+    gemm: muser_engine::backend::cpu::tile::GemmFn<W>,
+    dot: fn(&[W], &[BlockQ8K]) -> f32,
+    blocks: fn(usize, &mut StdRng) -> Vec<W>,
+    shapes: &[(usize, usize, usize)],
+) {
+    let mut rng = StdRng::seed_from_u64(42);
+    for &(rows, nb, n) in shapes {
         let w = blocks(rows * nb, &mut rng);
         let y = q8_k_columns(n, nb, &mut rng);
         let mut out = vec![f32::NAN; rows * n];
@@ -240,4 +252,25 @@ fn tiled_kernels_equal_the_avx512_one_column_kernels_bitwise() {
     check_tiled("q4_k", g4, k.dot_q4_k_q8_k, q4_k_blocks);
     check_tiled("q5_k", g5, k.dot_q5_k_q8_k, q5_k_blocks);
     check_tiled("q6_k", g6, k.dot_q6_k_q8_k, q6_k_blocks);
+}
+
+/// The 4-column-group kernels (4 to 15 columns) equal the AVX-512 one-column kernels bit for
+/// bit, at every column count up to 16 and row counts that are and are not multiples of the
+/// row groups (4) and passes (32).
+#[test]
+fn four_column_kernels_equal_the_avx512_one_column_kernels_bitwise() {
+    use muser_engine::backend::cpu::tile4;
+    let (Some(k), Some(g4), Some(g5), Some(g6)) = (
+        Kernels::avx512(),
+        tile4::q4_k_gemm(),
+        tile4::q5_k_gemm(),
+        tile4::q6_k_gemm(),
+    ) else {
+        return eprintln!("no AVX-512 VNNI: skipped");
+    };
+    let mut shapes = vec![(1, 1, 1), (70, 3, 4), (33, 28, 8), (64, 2, 15)];
+    shapes.extend((1..=16).map(|n| (3 + 5 * n, 1 + n % 3, n)));
+    check_shapes("tile4 q4_k", g4, k.dot_q4_k_q8_k, q4_k_blocks, &shapes);
+    check_shapes("tile4 q5_k", g5, k.dot_q5_k_q8_k, q5_k_blocks, &shapes);
+    check_shapes("tile4 q6_k", g6, k.dot_q6_k_q8_k, q6_k_blocks, &shapes);
 }

@@ -108,6 +108,64 @@ fn prefill_kernel_speed() {
         );
         return;
     }
+    // MUSER_SPEED_ONLY=tile4: the 4-column-group kernels against the column kernels on
+    // llama-1b's shapes, MUSER_SPEED_N columns (4 to 15), one thread.
+    if std::env::var("MUSER_SPEED_ONLY").is_ok_and(|v| v == "tile4") {
+        use muser_engine::backend::cpu::tile4;
+        let n = n.min(15);
+        for (name, rows, cols) in [
+            ("gate/up 7168x2048", 7168usize, 2048usize),
+            ("down 2048x7168", 2048, 7168),
+            ("q/o 2048x2048", 2048, 2048),
+            ("beyond L3 65536x2048", 65536, 2048),
+        ] {
+            let nb = cols / 256;
+            let y = columns(n, nb, &mut rng);
+            let w = blocks(rows * nb, &mut rng, |b: &mut BlockQ4K| {
+                b.d = half::f16::from_f32(0.01);
+                b.dmin = half::f16::from_f32(0.01)
+            });
+            let macs = (rows * cols * n) as f64;
+            let panel = tile4::Panel4::new(&y, n, nb);
+            let chunk: usize = std::env::var("MUSER_SPEED_ROWS").map_or(64, |v| v.parse().unwrap());
+            let mut out = vec![0f32; chunk * n];
+            let t4 = best(3, || {
+                for r0 in (0..rows).step_by(chunk) {
+                    let r1 = (r0 + chunk).min(rows);
+                    tile4::gemm_q4_k(
+                        &w[r0 * nb..r1 * nb],
+                        r1 - r0,
+                        &panel,
+                        &mut out[..(r1 - r0) * n],
+                    )
+                }
+            });
+            let k4 = gemm::q4_k_cols::<4>().unwrap();
+            let mut out = vec![0f32; rows * n];
+            let tc = best(3, || {
+                for r in 0..rows {
+                    let wr = &w[r * nb..(r + 1) * nb];
+                    let mut c = 0;
+                    while c + 4 <= n {
+                        let v = k4(
+                            wr,
+                            std::array::from_fn(|k| &y[(c + k) * nb..(c + k + 1) * nb]),
+                        );
+                        for k in 0..4 {
+                            out[(c + k) * rows + r] = v[k];
+                        }
+                        c += 4;
+                    }
+                }
+            });
+            println!(
+                "{name} n={n}: tile4 {:.1} GMAC/s, 4-column dots {:.1} GMAC/s",
+                macs / t4 / 1e9,
+                macs / tc / 1e9
+            );
+        }
+        return;
+    }
     // MUSER_SPEED_ONLY=shapes: the tiled kernels on llama-1b's prefill shapes, one thread,
     // tasks of 64 rows as the backend splits them.
     if std::env::var("MUSER_SPEED_ONLY").is_ok_and(|v| v == "shapes") {

@@ -3,8 +3,11 @@
 //! K-quants: one weight row against C = 4 or 8 activation columns. A block is unpacked once
 //! (nibbles, high bits, sub-block scales) and then multiplied into C Q8_K columns, so the
 //! unpacking, which costs as much as the multiplies in a one-column dot, is paid once per C
-//! columns. Serves Q4_K, Q5_K and Q6_K weights (the bulk of Q4_K_M and Q5_K_M files) when a
-//! matmul has 4 to 15 columns (from 16 the tiles of `tile.rs` take over).
+//! columns. Served Q4_K, Q5_K and Q6_K weights (the bulk of Q4_K_M and Q5_K_M files) when a
+//! matmul had 4 to 15 columns; `matmul.rs` now sends those to `tile4.rs` (3 to 15 columns) and
+//! `tile.rs` (16 and more), which need the same CPU features, so these K-quant kernels are kept
+//! as a tested second implementation of the order (`tests/gemm.rs`) and for comparison
+//! (`tests/gemm_speed.rs`), no longer dispatched.
 //!
 //! Q8_0: register tiles of up to 8 rows x 16 columns from 4 columns on (`q8_0_matmul`).
 //!
@@ -85,7 +88,7 @@ pub(super) fn has_avx512_vnni() -> bool {
 /// high nibbles with the top 2 bits of bytes 4..8. (Per-byte masks keep the u32 shifts from
 /// mixing bytes.)
 #[inline(always)]
-fn scales_mins_k4(s: &[u8; 12]) -> ([u8; 8], [u8; 8]) {
+pub(super) fn scales_mins_k4(s: &[u8; 12]) -> ([u8; 8], [u8; 8]) {
     let word = |i: usize| u32::from_le_bytes([s[i], s[i + 1], s[i + 2], s[i + 3]]);
     let (a, b, c) = (word(0), word(4), word(8));
     let sc_lo = a & 0x3f3f_3f3f;

@@ -6,8 +6,8 @@
 //! hundred KB of weights each for one column) run on the current rayon pool; inside a task each
 //! weight row is reused across a tile of columns while it sits in L1. The dots are
 //! muser-quant's SIMD kernels (`Kernels::detect`); from 16 columns, Q4_K, Q5_K and Q6_K weights
-//! go through the tiles of `tile.rs` instead (bit-identical), which write straight into the
-//! output.
+//! go through the tiles of `tile.rs` instead (bit-identical), from 3 to 15 columns through those
+//! of `tile4.rs`; both write straight into the output.
 
 use super::CpuWeight;
 use muser_gguf::GgmlType;
@@ -26,12 +26,23 @@ pub struct QuantizedInput<'a> {
     /// The Q8_K columns in the tiled kernels' layout, when they serve this input.
     #[cfg(target_arch = "x86_64")]
     panel: Option<super::tile::Panel>,
+    /// The same for `tile4.rs` (4 to 15 columns).
+    #[cfg(target_arch = "x86_64")]
+    panel4: Option<super::tile4::Panel4>,
 }
 
 /// Columns from which Q4_K / Q5_K / Q6_K weights go through the tiles (16 columns a tile: with
 /// fewer, the 8-column kernels of `gemm.rs` run faster; 8 streams 133 -> 149-159 tokens/s on the
 /// 2-core machine, BENCHMARKS.md).
 pub const TILE_MIN_COLUMNS: usize = 16;
+
+/// Columns from which (up to `TILE_MIN_COLUMNS`) Q4_K / Q5_K / Q6_K weights go through the
+/// 4-column-group kernels of `tile4.rs` (bit-identical) instead of the column kernels of
+/// `gemm.rs` and the one-column dots. 2-core EPYC, 2 threads, llama-1b Q4_K_M tg32 total
+/// tokens/s, column kernels -> tile4: 2 streams 94.75/92.59 -> 68.33/69.50 (so not from 2),
+/// 3 streams 91.93/93.32 -> 102.86/99.90, 4: 122.63 -> 135.69, 6: 119.98 -> 161.71,
+/// 8: 175.69 -> 209.70, 12: 158.19 -> 243.19 (BENCHMARKS.md).
+pub const TILE4_MIN_COLUMNS: usize = 3;
 
 impl<'a> QuantizedInput<'a> {
     /// Quantizes the n columns of `x` for every format `types` need.
@@ -44,6 +55,8 @@ impl<'a> QuantizedInput<'a> {
             q8_k: Vec::new(),
             #[cfg(target_arch = "x86_64")]
             panel: None,
+            #[cfg(target_arch = "x86_64")]
+            panel4: None,
         };
         if types.contains(&GgmlType::Q8_0) {
             let nb = cols / QK8_0;
@@ -72,6 +85,10 @@ impl<'a> QuantizedInput<'a> {
             {
                 q.panel = Some(super::tile::Panel::new(&q.q8_k, n, nb));
             }
+            #[cfg(target_arch = "x86_64")]
+            if (TILE4_MIN_COLUMNS..TILE_MIN_COLUMNS).contains(&n) && super::tile4::available() {
+                q.panel4 = Some(super::tile4::Panel4::new(&q.q8_k, n, nb));
+            }
         }
         q
     }
@@ -99,6 +116,21 @@ pub fn rows_times_columns(
             }
             _ => kernel::<BlockQ8_0, BlockQ8_0>(wrows, &inp.q8_0, inp.n, k.dot_q8_0_q8_0, tile),
         },
+        #[cfg(target_arch = "x86_64")]
+        GgmlType::Q4_K if inp.panel4.is_some() => {
+            let p = inp.panel4.as_ref().expect("checked");
+            super::tile4::gemm_q4_k(bytemuck::cast_slice(wrows), r1 - r0, p, tile)
+        }
+        #[cfg(target_arch = "x86_64")]
+        GgmlType::Q5_K if inp.panel4.is_some() => {
+            let p = inp.panel4.as_ref().expect("checked");
+            super::tile4::gemm_q5_k(bytemuck::cast_slice(wrows), r1 - r0, p, tile)
+        }
+        #[cfg(target_arch = "x86_64")]
+        GgmlType::Q6_K if inp.panel4.is_some() => {
+            let p = inp.panel4.as_ref().expect("checked");
+            super::tile4::gemm_q6_k(bytemuck::cast_slice(wrows), r1 - r0, p, tile)
+        }
         #[cfg(target_arch = "x86_64")]
         GgmlType::Q4_K if inp.panel.is_some() => {
             let p = inp.panel.as_ref().expect("checked");
@@ -165,6 +197,25 @@ unsafe fn tiled_into(
             }
             GgmlType::Q6_K => {
                 super::tile::gemm_q6_k_into(bytemuck::cast_slice(wrows), r1 - r0, p, out, ld);
+                return true;
+            }
+            _ => {}
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    if let Some(p) = inp.panel4.as_ref() {
+        let wrows = &w.view.bytes()[r0 * w.row_bytes..r1 * w.row_bytes];
+        match w.view.ty {
+            GgmlType::Q4_K => {
+                super::tile4::gemm_q4_k_into(bytemuck::cast_slice(wrows), r1 - r0, p, out, ld);
+                return true;
+            }
+            GgmlType::Q5_K => {
+                super::tile4::gemm_q5_k_into(bytemuck::cast_slice(wrows), r1 - r0, p, out, ld);
+                return true;
+            }
+            GgmlType::Q6_K => {
+                super::tile4::gemm_q6_k_into(bytemuck::cast_slice(wrows), r1 - r0, p, out, ld);
                 return true;
             }
             _ => {}

@@ -15,6 +15,8 @@ pub mod simd;
 pub mod softmax;
 #[cfg(target_arch = "x86_64")]
 pub mod tile;
+#[cfg(target_arch = "x86_64")]
+pub mod tile4;
 
 use crate::backend::{Backend, KvLayerSpec, NormArgs};
 use crate::config::RopeParams;

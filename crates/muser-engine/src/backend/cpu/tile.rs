@@ -12,17 +12,20 @@
 //! columns and block, the 256 values as 64 groups of 4 with the 16 columns side by side (the
 //! `vpdpbusd` operand: lane c holds column c's 4 values), the sums per 32 values paired for the
 //! mins (Q4_K/Q5_K) and per 16 values (the Q6_K offset), and the columns' `d`. A task's rows
-//! are unpacked per tile of 16 rows and block, once per chunk of 128 columns: the quants as one
-//! unsigned byte per value, the sub-block scales and mins as i32, `d` and `dmin` as f32.
+//! (four tiles of 16) are unpacked together, once per chunk of 512 columns (a whole prefill
+//! chunk): the quants as one unsigned byte per value, the sub-block scales and mins as i32, `d`
+//! and `dmin` as f32. Then per group of 16 columns the four row tiles advance block by block,
+//! so a block of activations serves them all while it is in L1.
 //!
 //! Microkernel (`tile_k4`, `tile_q6`): per sub-block, the 4-value groups of the 16 columns are
-//! loaded once, and each of the 16 rows runs `vpdpbusd` with its 4 quants broadcast from memory
-//! (8 per Q4_K/Q5_K sub-block of 32, 4 per Q6_K sub-block of 16), then multiplies the sum by
-//! its sub-block scale into the row's i32 accumulator (`vpmulld`; Q6_K first takes 32 x the
-//! columns' sums of the sub-block off, its quants being 0..63 for q - 32). The mins are 4
-//! `vpdpwssd` per row on pairs (m_2p, m_2p+1). Then per row one f32 value per lane.
-//! `scripts/cpu_tile_lab` measured this shape (first cut, one thread, 512 columns) at 190-241
-//! GMAC/s where the previous register tiles (4 x 4, 16 f32 lanes per pair) ran 104-158.
+//! loaded once, and 8 rows at a time run `vpdpbusd` with their 4 quants broadcast from memory
+//! (8 per Q4_K/Q5_K sub-block of 32, 4 per Q6_K sub-block of 16; the 8 rows' chains
+//! interleaved), then multiply the sum by the sub-block scale into the row's i32 accumulator
+//! (`vpmulld`; Q6_K first takes 32 x the columns' sums of the sub-block off, its quants being
+//! 0..63 for q - 32). The mins are 4 `vpdpwssd` per row on pairs (m_2p, m_2p+1). Then per row
+//! one f32 value per lane. The 16 x 16 result is transposed in registers and written one
+//! vector per column. One thread, 512 columns, llama-1b's shapes: 326-345 GMAC/s (2026-11-30,
+//! BENCHMARKS.md; `tests/gemm_speed.rs`).
 
 use muser_quant::blocks::scale_min_k4;
 use muser_quant::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K};
@@ -242,13 +245,21 @@ fn check_shapes_into<W>(what: &str, w: &[W], rows: usize, p: &Panel, ld: usize) 
     assert!(ld >= rows, "{what}: row stride {ld} < {rows} rows");
 }
 
-/// Columns per chunk: the chunk's activations stay in L2 while the task's row tiles pass.
-const CHUNK: usize = 128;
+/// Columns per chunk: a row tile's blocks are unpacked once per chunk, and the chunk's
+/// activations stream from L2/L3 past them. 512 (one prefill chunk: each weight block unpacked
+/// once) against 128 (the chunk's activations kept in L2, weights unpacked four times at 512
+/// columns): llama-1b Q4_K_M pp512 on 2 threads 499-511 -> 531-532 tokens/s (BENCHMARKS.md).
+const CHUNK: usize = 512;
 
-/// Rows of a task: four tiles, whatever the row length (`nb` blocks; kept in the signature for
-/// the callers' rule). Only one tile's unpacked blocks (about 5.5 KB per block) live at a time,
-/// so the task's size does not bound the cache footprint; four tiles keep tasks small enough to
-/// balance two threads over the Glimmer and llama-1b shapes.
+/// Row tiles unpacked together (a task's rows): each column group's activations pass them all
+/// while they are in L2, rather than coming from L3 once per row tile.
+const TILES: usize = 4;
+
+/// Rows of a task: four tiles (`TILES`), whatever the row length (`nb` blocks; kept in the
+/// signature for the callers' rule). The four tiles' unpacked blocks live together (about 22 KB
+/// per block: 176 KB at 8 blocks, 616 KB at 28, inside a 1 MB L2); four tiles keep tasks small
+/// enough to balance two threads over the Glimmer and llama-1b shapes (eight gave no more
+/// prefill on llama-1b: pp512 584.22 / 587.25 / 584.87 against 597.82 / 589.81 / 581.40).
 pub fn rows_per_task(_nb: usize) -> usize {
     4 * R
 }
@@ -265,35 +276,38 @@ unsafe fn gemm_into<B: TileBlock>(w: &[B], rows: usize, p: &Panel, out: *mut f32
     let nb = p.nb;
     W_BUF.with(|buf| {
         let mut wt = buf.borrow_mut();
-        wt.resize(nb, ZERO_W);
+        wt.resize(TILES * nb, ZERO_W);
         for c0 in (0..p.n).step_by(CHUNK) {
             let c1 = (c0 + CHUNK).min(p.n);
-            for r0 in (0..rows).step_by(R) {
-                let nr = (rows - r0).min(R);
-                for (b, t) in wt.iter_mut().enumerate() {
-                    for r in 0..R {
-                        if r < nr {
-                            w[(r0 + r) * nb + b].unpack(t, r);
-                        } else {
-                            t.q[r * QK_K..(r + 1) * QK_K].fill(0);
-                            t.sc[r * 16..(r + 1) * 16].fill(0);
-                            t.mn[r * 4..(r + 1) * 4].fill(0);
-                            t.d[r] = 0.0;
-                            t.dmin[r] = 0.0;
+            for s0 in (0..rows).step_by(TILES * R) {
+                let tiles = (rows - s0).min(TILES * R).div_ceil(R);
+                for i in 0..tiles {
+                    let r0 = s0 + i * R;
+                    let nr = (rows - r0).min(R);
+                    for (b, t) in wt.iter_mut().skip(i).step_by(tiles).take(nb).enumerate() {
+                        for r in 0..R {
+                            if r < nr {
+                                w[(r0 + r) * nb + b].unpack(t, r);
+                            } else {
+                                t.q[r * QK_K..(r + 1) * QK_K].fill(0);
+                                t.sc[r * 16..(r + 1) * 16].fill(0);
+                                t.mn[r * 4..(r + 1) * 4].fill(0);
+                                t.d[r] = 0.0;
+                                t.dmin[r] = 0.0;
+                            }
                         }
                     }
                 }
                 for g in (c0 / C)..c1.div_ceil(C) {
-                    let mut y = [[0f32; C]; R];
-                    x86::tile_rows::<B>(&wt, &p.tiles[g * nb..(g + 1) * nb], &mut y);
-                    for (r, yr) in y.iter().enumerate().take(nr) {
-                        for (c, v) in yr.iter().enumerate() {
-                            let col = g * C + c;
-                            if col < p.n {
-                                *out.add(col * ld + r0 + r) = *v;
-                            }
-                        }
-                    }
+                    x86::tile_rows::<B>(
+                        &wt[..tiles * nb],
+                        tiles,
+                        &p.tiles[g * nb..(g + 1) * nb],
+                        out.add(g * C * ld + s0),
+                        ld,
+                        rows - s0,
+                        (p.n - g * C).min(C),
+                    );
                 }
             }
         }
@@ -352,110 +366,187 @@ pub unsafe fn gemm_q6_k_into(w: &[BlockQ6K], rows: usize, p: &Panel, out: *mut f
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{ActTile, TileBlock, WTile, C, R};
+    use super::{ActTile, TileBlock, WTile, C, R, TILES};
     use std::arch::x86_64::*;
 
-    /// y[r][c] = the dot of row r and column c over the blocks (wt[b], acts[b]), in the order of
-    /// the module doc.
-    pub fn tile_rows<B: TileBlock>(wt: &[WTile], acts: &[ActTile], y: &mut [[f32; C]; R]) {
-        // SAFETY: callers run only where `available()` (AVX-512 F/BW/VL + VNNI).
-        unsafe {
-            let mut acc = [_mm512_setzero_ps(); R];
-            for (w, a) in wt.iter().zip(acts) {
+    /// out[c * ld + r] = the dot of row r and column c over the blocks (wt[b * tiles + r / R],
+    /// acts[b]), in the order of the module doc, for r < min(rows, tiles * R) and c < cols:
+    /// `tiles` row tiles, block by block, so that each block of activations serves them all
+    /// while it is in L1.
+    ///
+    /// # Safety
+    /// `out` valid for writes at c * ld + r for those r and c (cols <= C, tiles <= TILES);
+    /// the CPU has the features of `available()` (AVX-512 F/BW/VL + VNNI).
+    pub unsafe fn tile_rows<B: TileBlock>(
+        wt: &[WTile],
+        tiles: usize,
+        acts: &[ActTile],
+        out: *mut f32,
+        ld: usize,
+        rows: usize,
+        cols: usize,
+    ) {
+        let mut acc = [[_mm512_setzero_ps(); R]; TILES];
+        for (wb, a) in wt.chunks_exact(tiles).zip(acts) {
+            for (w, acc) in wb.iter().zip(acc.iter_mut()) {
                 if B::Q6 {
-                    tile_q6(w, a, &mut acc);
+                    tile_q6(w, a, acc);
                 } else {
-                    tile_k4(w, a, &mut acc);
+                    tile_k4(w, a, acc);
                 }
             }
-            for (r, yr) in y.iter_mut().enumerate() {
-                _mm512_storeu_ps(yr.as_mut_ptr(), acc[r]);
+        }
+        for (i, acc) in acc.iter().take(tiles).enumerate() {
+            store_transposed(acc, out.add(i * R), ld, (rows - i * R).min(R), cols);
+        }
+    }
+
+    /// out[c * ld + r] = lane c of acc[r]: the 16 x 16 tile transposed in registers, each
+    /// column's rows written as one vector (masked to nr rows).
+    #[target_feature(enable = "avx512f")]
+    unsafe fn store_transposed(
+        acc: &[__m512; R],
+        out: *mut f32,
+        ld: usize,
+        nr: usize,
+        cols: usize,
+    ) {
+        // Pairs of rows interleaved: t[2i] lane k = (a[2i][4k], a[2i+1][4k], a[2i][4k+1],
+        // a[2i+1][4k+1]), t[2i+1] the same for 4k+2, 4k+3.
+        let t: [__m512; R] = std::array::from_fn(|i| {
+            let (a, b) = (acc[i & !1], acc[i | 1]);
+            if i & 1 == 0 {
+                _mm512_unpacklo_ps(a, b)
+            } else {
+                _mm512_unpackhi_ps(a, b)
+            }
+        });
+        // u[4i + j] lane k: column 4k + j, rows 4i .. 4i + 3.
+        let u: [__m512; R] = std::array::from_fn(|x| {
+            let (i, j) = (x / 4, x % 4);
+            let a = _mm512_castps_pd(t[4 * i + (j >> 1)]);
+            let b = _mm512_castps_pd(t[4 * i + 2 + (j >> 1)]);
+            _mm512_castpd_ps(if j & 1 == 0 {
+                _mm512_unpacklo_pd(a, b)
+            } else {
+                _mm512_unpackhi_pd(a, b)
+            })
+        });
+        let mask: __mmask16 = if nr >= R { 0xffff } else { (1u16 << nr) - 1 };
+        for j in 0..4 {
+            let v = [u[j], u[4 + j], u[8 + j], u[12 + j]];
+            let x0 = _mm512_shuffle_f32x4::<0x44>(v[0], v[1]);
+            let x1 = _mm512_shuffle_f32x4::<0xee>(v[0], v[1]);
+            let x2 = _mm512_shuffle_f32x4::<0x44>(v[2], v[3]);
+            let x3 = _mm512_shuffle_f32x4::<0xee>(v[2], v[3]);
+            // o[k]: column 4k + j, rows 0..16.
+            let o = [
+                _mm512_shuffle_f32x4::<0x88>(x0, x2),
+                _mm512_shuffle_f32x4::<0xdd>(x0, x2),
+                _mm512_shuffle_f32x4::<0x88>(x1, x3),
+                _mm512_shuffle_f32x4::<0xdd>(x1, x3),
+            ];
+            for (k, ok) in o.iter().enumerate() {
+                let c = 4 * k + j;
+                if c < cols {
+                    _mm512_mask_storeu_ps(out.add(c * ld), mask, *ok);
+                }
             }
         }
     }
+
+    /// Rows per pass of the microkernels: their sums interleave, so four independent
+    /// `vpdpbusd` chains are in flight, and the pass's integer sums stay in registers.
+    const RG: usize = 8;
 
     // The row index addresses the accumulators, the scales and the f32 sums together.
     #[allow(clippy::needless_range_loop)]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
     unsafe fn tile_k4(w: &WTile, a: &ActTile, acc: &mut [__m512; R]) {
-        let mut isc = [_mm512_setzero_si512(); R];
-        for s in 0..8 {
-            let ag: [__m512i; 8] = std::array::from_fn(|g| {
-                _mm512_load_si512(a.a.as_ptr().add((8 * s + g) * C * 4) as *const _)
-            });
-            for r in 0..R {
-                let base = w.q.as_ptr().add(r * 256 + 32 * s) as *const i32;
-                let mut t = _mm512_setzero_si512();
-                for (g, av) in ag.iter().enumerate() {
-                    t = _mm512_dpbusd_epi32(
-                        t,
-                        _mm512_set1_epi32(base.add(g).read_unaligned()),
-                        *av,
-                    );
-                }
-                isc[r] = _mm512_add_epi32(
-                    isc[r],
-                    _mm512_mullo_epi32(t, _mm512_set1_epi32(w.sc[r * 16 + s])),
-                );
-            }
-        }
         let sp: [__m512i; 4] =
             std::array::from_fn(|p| _mm512_load_si512(a.s32.as_ptr().add(p * C) as *const _));
         let dy = _mm512_load_ps(a.d.as_ptr());
-        for r in 0..R {
-            let mut im = _mm512_setzero_si512();
-            for (p, s) in sp.iter().enumerate() {
-                im = _mm512_dpwssd_epi32(im, _mm512_set1_epi32(w.mn[r * 4 + p]), *s);
+        for r0 in (0..R).step_by(RG) {
+            let mut isc = [_mm512_setzero_si512(); RG];
+            for s in 0..8 {
+                let ag: [__m512i; 8] = std::array::from_fn(|g| {
+                    _mm512_load_si512(a.a.as_ptr().add((8 * s + g) * C * 4) as *const _)
+                });
+                let mut t = [_mm512_setzero_si512(); RG];
+                for (g, av) in ag.iter().enumerate() {
+                    for k in 0..RG {
+                        let q = w.q.as_ptr().add((r0 + k) * 256 + 32 * s + 4 * g) as *const i32;
+                        t[k] =
+                            _mm512_dpbusd_epi32(t[k], _mm512_set1_epi32(q.read_unaligned()), *av);
+                    }
+                }
+                for k in 0..RG {
+                    isc[k] = _mm512_add_epi32(
+                        isc[k],
+                        _mm512_mullo_epi32(t[k], _mm512_set1_epi32(w.sc[(r0 + k) * 16 + s])),
+                    );
+                }
             }
-            // d_y * d * isc - d_y * dmin * im, as the scalar reference.
-            let a1 = _mm512_mul_ps(
-                _mm512_mul_ps(dy, _mm512_set1_ps(w.d[r])),
-                _mm512_cvtepi32_ps(isc[r]),
-            );
-            let a2 = _mm512_mul_ps(
-                _mm512_mul_ps(dy, _mm512_set1_ps(w.dmin[r])),
-                _mm512_cvtepi32_ps(im),
-            );
-            acc[r] = _mm512_add_ps(acc[r], _mm512_sub_ps(a1, a2));
+            for k in 0..RG {
+                let r = r0 + k;
+                let mut im = _mm512_setzero_si512();
+                for (p, s) in sp.iter().enumerate() {
+                    im = _mm512_dpwssd_epi32(im, _mm512_set1_epi32(w.mn[r * 4 + p]), *s);
+                }
+                // d_y * d * isc - d_y * dmin * im, as the scalar reference.
+                let a1 = _mm512_mul_ps(
+                    _mm512_mul_ps(dy, _mm512_set1_ps(w.d[r])),
+                    _mm512_cvtepi32_ps(isc[k]),
+                );
+                let a2 = _mm512_mul_ps(
+                    _mm512_mul_ps(dy, _mm512_set1_ps(w.dmin[r])),
+                    _mm512_cvtepi32_ps(im),
+                );
+                acc[r] = _mm512_add_ps(acc[r], _mm512_sub_ps(a1, a2));
+            }
         }
     }
 
     #[allow(clippy::needless_range_loop)]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
     unsafe fn tile_q6(w: &WTile, a: &ActTile, acc: &mut [__m512; R]) {
-        let mut isc = [_mm512_setzero_si512(); R];
-        for j in 0..16 {
-            let ag: [__m512i; 4] = std::array::from_fn(|g| {
-                _mm512_load_si512(a.a.as_ptr().add((4 * j + g) * C * 4) as *const _)
-            });
-            // 32 x the columns' sums of the sub-block: the quants are q - 32 used as 0..63.
-            let off =
-                _mm512_slli_epi32(_mm512_load_si512(a.s16.as_ptr().add(j * C) as *const _), 5);
-            for r in 0..R {
-                let base = w.q.as_ptr().add(r * 256 + 16 * j) as *const i32;
-                let mut t = _mm512_setzero_si512();
+        let dy = _mm512_load_ps(a.d.as_ptr());
+        for r0 in (0..R).step_by(RG) {
+            let mut isc = [_mm512_setzero_si512(); RG];
+            for j in 0..16 {
+                let ag: [__m512i; 4] = std::array::from_fn(|g| {
+                    _mm512_load_si512(a.a.as_ptr().add((4 * j + g) * C * 4) as *const _)
+                });
+                // 32 x the columns' sums of the sub-block: the quants are q - 32 used as 0..63.
+                let off =
+                    _mm512_slli_epi32(_mm512_load_si512(a.s16.as_ptr().add(j * C) as *const _), 5);
+                let mut t = [_mm512_setzero_si512(); RG];
                 for (g, av) in ag.iter().enumerate() {
-                    t = _mm512_dpbusd_epi32(
-                        t,
-                        _mm512_set1_epi32(base.add(g).read_unaligned()),
-                        *av,
+                    for k in 0..RG {
+                        let q = w.q.as_ptr().add((r0 + k) * 256 + 16 * j + 4 * g) as *const i32;
+                        t[k] =
+                            _mm512_dpbusd_epi32(t[k], _mm512_set1_epi32(q.read_unaligned()), *av);
+                    }
+                }
+                for k in 0..RG {
+                    isc[k] = _mm512_add_epi32(
+                        isc[k],
+                        _mm512_mullo_epi32(
+                            _mm512_sub_epi32(t[k], off),
+                            _mm512_set1_epi32(w.sc[(r0 + k) * 16 + j]),
+                        ),
                     );
                 }
-                let t = _mm512_sub_epi32(t, off);
-                isc[r] = _mm512_add_epi32(
-                    isc[r],
-                    _mm512_mullo_epi32(t, _mm512_set1_epi32(w.sc[r * 16 + j])),
-                );
             }
-        }
-        let dy = _mm512_load_ps(a.d.as_ptr());
-        for r in 0..R {
-            // d_y * d * isc, as the scalar reference.
-            let v = _mm512_mul_ps(
-                _mm512_mul_ps(dy, _mm512_set1_ps(w.d[r])),
-                _mm512_cvtepi32_ps(isc[r]),
-            );
-            acc[r] = _mm512_add_ps(acc[r], v);
+            for k in 0..RG {
+                let r = r0 + k;
+                // d_y * d * isc, as the scalar reference.
+                let v = _mm512_mul_ps(
+                    _mm512_mul_ps(dy, _mm512_set1_ps(w.d[r])),
+                    _mm512_cvtepi32_ps(isc[k]),
+                );
+                acc[r] = _mm512_add_ps(acc[r], v);
+            }
         }
     }
 }
