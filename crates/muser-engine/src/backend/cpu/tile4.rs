@@ -181,29 +181,23 @@ unsafe fn k4_meta<B: K4Block>(b: &B) -> (__m512i, f32) {
     )
 }
 
-impl Tile4Block for BlockQ4K {
-    const Q6: bool = false;
-    #[inline(always)]
-    unsafe fn group(&self, k: usize) -> __m512i {
-        self.quants(k, _mm512_set1_epi8(0x0f), halves_i16(0, 4))
-    }
-    #[inline(always)]
-    unsafe fn meta(&self) -> (__m512i, f32) {
-        k4_meta(self)
-    }
+/// Q4_K and Q5_K share their unpacking (`quants`) and metadata (`k4_meta`).
+macro_rules! tile4_q45 {
+    ($($t:ty),*) => {$(
+        impl Tile4Block for $t {
+            const Q6: bool = false;
+            #[inline(always)]
+            unsafe fn group(&self, k: usize) -> __m512i {
+                self.quants(k, _mm512_set1_epi8(0x0f), halves_i16(0, 4))
+            }
+            #[inline(always)]
+            unsafe fn meta(&self) -> (__m512i, f32) {
+                k4_meta(self)
+            }
+        }
+    )*};
 }
-
-impl Tile4Block for BlockQ5K {
-    const Q6: bool = false;
-    #[inline(always)]
-    unsafe fn group(&self, k: usize) -> __m512i {
-        self.quants(k, _mm512_set1_epi8(0x0f), halves_i16(0, 4))
-    }
-    #[inline(always)]
-    unsafe fn meta(&self) -> (__m512i, f32) {
-        k4_meta(self)
-    }
-}
+tile4_q45!(BlockQ4K, BlockQ5K);
 
 impl Tile4Block for BlockQ6K {
     const Q6: bool = true;
