@@ -26,7 +26,7 @@ pub struct QuantizedInput<'a> {
     /// The Q8_K columns in the tiled kernels' layout, when they serve this input.
     #[cfg(target_arch = "x86_64")]
     panel: Option<super::tile::Panel>,
-    /// The same for `tile4.rs` (4 to 15 columns).
+    /// The same for `tile4.rs` (3 to 15 columns).
     #[cfg(target_arch = "x86_64")]
     panel4: Option<super::tile4::Panel4>,
 }
