@@ -81,7 +81,7 @@ __device__ __forceinline__ void mmk_q45(const uint8_t* __restrict__ w, int row0,
                                         int b1, LEAF leaf) {
     constexpr int BS = Q5 ? 176 : 144, QS = Q5 ? 48 : 16;
     const int lane = threadIdx.x % WARP, g = lane >> 2, t = lane & 3;
-    const int nb = a.K / QK_K, nb32 = a.K / 32;
+    const int nb = a.K / QK_K;
     const uint8_t* wa = w + kq_blk(min(row0 + g, rows - 1), nb, 0) * BS;
     const uint8_t* wb = w + kq_blk(min(row0 + g + 8, rows - 1), nb, 0) * BS;
     const MmkCols<NT> cols(a.ncols);
@@ -179,7 +179,7 @@ __device__ __forceinline__ void mmk_q4_pair(const uint8_t* __restrict__ wg, cons
                                             int rows, const KAct& a, int b0, int b1, LEAF leaf) {
     constexpr int BS = 144, QS = 16;
     const int lane = threadIdx.x % WARP, t = lane & 3, g = lane >> 2;
-    const int nb = a.K / QK_K, nb32 = a.K / 32;
+    const int nb = a.K / QK_K;
     const size_t oa = kq_blk(min(row0 + g, rows - 1), nb, 0) * BS;
     const size_t ob = kq_blk(min(row0 + g + 8, rows - 1), nb, 0) * BS;
     const MmkCols<NT> cols(a.ncols);
