@@ -249,6 +249,13 @@ mod x86 {
         "avx2,fma"
     );
 
+    /// Lanes 8..16 of x.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn hi256(x: __m512) -> __m256 {
+        _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(x)))
+    }
+
     #[target_feature(enable = "avx512f,fma")]
     pub unsafe fn softmax_avx512(x: &mut [f32]) {
         let n = x.len();
@@ -265,11 +272,13 @@ mod x86 {
             let v = _mm512_mask_loadu_ps(_mm512_set1_ps(f32::NEG_INFINITY), tail(i), p.add(i));
             m = _mm512_max_ps(m, v);
         }
-        // The scalar fold's max (max is exact; with no NaN the order does not matter).
-        let mut lanes = [0f32; 16];
-        _mm512_storeu_ps(lanes.as_mut_ptr(), m);
-        let max = lanes.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let mv = _mm512_set1_ps(max);
+        // The scalar fold's max (max is exact; with no NaN the order does not matter), across
+        // the lanes in registers.
+        let m8 = _mm256_max_ps(_mm512_castps512_ps256(m), hi256(m));
+        let m4 = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps::<1>(m8));
+        let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        let m1 = _mm_max_ss(m2, _mm_shuffle_ps::<1>(m2, m2));
+        let mv = _mm512_broadcastss_ps(m1);
         let mut acc = _mm512_setzero_ps();
         for i in (0..n).step_by(16) {
             let k = tail(i);
@@ -278,8 +287,12 @@ mod x86 {
             _mm512_mask_storeu_ps(p.add(i), k, e);
             acc = _mm512_add_ps(acc, e);
         }
-        _mm512_storeu_ps(lanes.as_mut_ptr(), acc);
-        let sv = _mm512_set1_ps(tree16(&lanes));
+        // `tree16` in registers: l + l+8, then m + m+4, then [0+2, 1+3], then 0+1.
+        let s8 = _mm256_add_ps(_mm512_castps512_ps256(acc), hi256(acc));
+        let s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps::<1>(s8));
+        let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+        let s1 = _mm_add_ss(s2, _mm_shuffle_ps::<1>(s2, s2));
+        let sv = _mm512_broadcastss_ps(s1);
         for i in (0..n).step_by(16) {
             let k = tail(i);
             let v = _mm512_maskz_loadu_ps(k, p.add(i));
