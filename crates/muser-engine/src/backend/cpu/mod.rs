@@ -2,6 +2,74 @@
 //! `Vec`s, the KV cache is f16, work runs on the backend's own rayon pool (entered once per
 //! forward through `Backend::run`).
 
+/// The public K-quant entry points of a tile module (`tile.rs`, `tile4.rs`): `gemm_q4_k` ..
+/// (checked, into a dense output) and `gemm_q4_k_into` .. (into a strided one), each calling the
+/// module's `gemm_checked`, `check_shapes` and `gemm_into` with its panel type.
+#[cfg(target_arch = "x86_64")]
+macro_rules! tile_entry_points {
+    ($panel:ty, $prefix:literal) => {
+        /// out[t * rows + r] = dot(w[r], column t) for the panel's columns.
+        pub fn gemm_q4_k(w: &[BlockQ4K], rows: usize, p: &$panel, out: &mut [f32]) {
+            gemm_checked(concat!($prefix, "gemm_q4_k"), w, rows, p, out)
+        }
+
+        /// As `gemm_q4_k` for Q5_K.
+        pub fn gemm_q5_k(w: &[BlockQ5K], rows: usize, p: &$panel, out: &mut [f32]) {
+            gemm_checked(concat!($prefix, "gemm_q5_k"), w, rows, p, out)
+        }
+
+        /// As `gemm_q4_k` for Q6_K.
+        pub fn gemm_q6_k(w: &[BlockQ6K], rows: usize, p: &$panel, out: &mut [f32]) {
+            gemm_checked(concat!($prefix, "gemm_q6_k"), w, rows, p, out)
+        }
+
+        /// As `gemm_q4_k`, written to out[t * ld + r].
+        ///
+        /// # Safety
+        /// `out` valid for writes at t * ld + r for t < p.n(), r < rows, unaliased meanwhile.
+        pub unsafe fn gemm_q4_k_into(
+            w: &[BlockQ4K],
+            rows: usize,
+            p: &$panel,
+            out: *mut f32,
+            ld: usize,
+        ) {
+            check_shapes(concat!($prefix, "gemm_q4_k"), w, rows, p, ld);
+            gemm_into(w, rows, p, out, ld)
+        }
+
+        /// As `gemm_q4_k_into` for Q5_K.
+        ///
+        /// # Safety
+        /// As `gemm_q4_k_into`.
+        pub unsafe fn gemm_q5_k_into(
+            w: &[BlockQ5K],
+            rows: usize,
+            p: &$panel,
+            out: *mut f32,
+            ld: usize,
+        ) {
+            check_shapes(concat!($prefix, "gemm_q5_k"), w, rows, p, ld);
+            gemm_into(w, rows, p, out, ld)
+        }
+
+        /// As `gemm_q4_k_into` for Q6_K.
+        ///
+        /// # Safety
+        /// As `gemm_q4_k_into`.
+        pub unsafe fn gemm_q6_k_into(
+            w: &[BlockQ6K],
+            rows: usize,
+            p: &$panel,
+            out: *mut f32,
+            ld: usize,
+        ) {
+            check_shapes(concat!($prefix, "gemm_q6_k"), w, rows, p, ld);
+            gemm_into(w, rows, p, out, ld)
+        }
+    };
+}
+
 pub mod attn;
 #[cfg(target_arch = "x86_64")]
 pub mod gemm;

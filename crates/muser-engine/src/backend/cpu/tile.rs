@@ -240,7 +240,7 @@ impl TileBlock for BlockQ6K {
     }
 }
 
-fn check_shapes_into<W>(what: &str, w: &[W], rows: usize, p: &Panel, ld: usize) {
+fn check_shapes<W>(what: &str, w: &[W], rows: usize, p: &Panel, ld: usize) {
     assert!(available(), "{what} needs AVX-512 VNNI");
     assert_eq!(
         w.len(),
@@ -324,52 +324,12 @@ unsafe fn gemm_into<B: TileBlock>(w: &[B], rows: usize, p: &Panel, out: *mut f32
 /// out[t * rows + r] for every column of the panel (`what` names the caller in errors).
 fn gemm_checked<B: TileBlock>(what: &str, w: &[B], rows: usize, p: &Panel, out: &mut [f32]) {
     assert_eq!(out.len(), rows * p.n, "{what}: output of {} x {rows}", p.n);
-    check_shapes_into(what, w, rows, p, rows);
+    check_shapes(what, w, rows, p, rows);
     // SAFETY: the shapes were checked; out holds n x rows values.
     unsafe { gemm_into(w, rows, p, out.as_mut_ptr(), rows) }
 }
 
-/// out[t * rows + r] = dot(w[r], column t) for the panel's columns.
-pub fn gemm_q4_k(w: &[BlockQ4K], rows: usize, p: &Panel, out: &mut [f32]) {
-    gemm_checked("gemm_q4_k", w, rows, p, out)
-}
-
-/// As `gemm_q4_k` for Q5_K.
-pub fn gemm_q5_k(w: &[BlockQ5K], rows: usize, p: &Panel, out: &mut [f32]) {
-    gemm_checked("gemm_q5_k", w, rows, p, out)
-}
-
-/// As `gemm_q4_k` for Q6_K.
-pub fn gemm_q6_k(w: &[BlockQ6K], rows: usize, p: &Panel, out: &mut [f32]) {
-    gemm_checked("gemm_q6_k", w, rows, p, out)
-}
-
-/// As `gemm_q4_k`, written to out[t * ld + r].
-///
-/// # Safety
-/// `out` valid for writes at t * ld + r for t < p.n(), r < rows, unaliased meanwhile.
-pub unsafe fn gemm_q4_k_into(w: &[BlockQ4K], rows: usize, p: &Panel, out: *mut f32, ld: usize) {
-    check_shapes_into("gemm_q4_k", w, rows, p, ld);
-    gemm_into(w, rows, p, out, ld)
-}
-
-/// As `gemm_q4_k_into` for Q5_K.
-///
-/// # Safety
-/// As `gemm_q4_k_into`.
-pub unsafe fn gemm_q5_k_into(w: &[BlockQ5K], rows: usize, p: &Panel, out: *mut f32, ld: usize) {
-    check_shapes_into("gemm_q5_k", w, rows, p, ld);
-    gemm_into(w, rows, p, out, ld)
-}
-
-/// As `gemm_q4_k_into` for Q6_K.
-///
-/// # Safety
-/// As `gemm_q4_k_into`.
-pub unsafe fn gemm_q6_k_into(w: &[BlockQ6K], rows: usize, p: &Panel, out: *mut f32, ld: usize) {
-    check_shapes_into("gemm_q6_k", w, rows, p, ld);
-    gemm_into(w, rows, p, out, ld)
-}
+tile_entry_points!(Panel, "");
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {

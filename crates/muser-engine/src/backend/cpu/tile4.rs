@@ -423,21 +423,7 @@ fn check_shapes<W>(what: &str, w: &[W], rows: usize, p: &Panel4, ld: usize) {
     assert!(ld >= rows, "{what}: row stride {ld} < {rows} rows");
 }
 
-/// out[t * rows + r] = dot(w[r], column t) for the panel's columns.
-pub fn gemm_q4_k(w: &[BlockQ4K], rows: usize, p: &Panel4, out: &mut [f32]) {
-    gemm_checked("tile4::gemm_q4_k", w, rows, p, out)
-}
-
-/// As `gemm_q4_k` for Q5_K.
-pub fn gemm_q5_k(w: &[BlockQ5K], rows: usize, p: &Panel4, out: &mut [f32]) {
-    gemm_checked("tile4::gemm_q5_k", w, rows, p, out)
-}
-
-/// As `gemm_q4_k` for Q6_K.
-pub fn gemm_q6_k(w: &[BlockQ6K], rows: usize, p: &Panel4, out: &mut [f32]) {
-    gemm_checked("tile4::gemm_q6_k", w, rows, p, out)
-}
-
+/// out[t * rows + r] for every column of the panel (`what` names the caller in errors).
 fn gemm_checked<B: Tile4Block>(what: &str, w: &[B], rows: usize, p: &Panel4, out: &mut [f32]) {
     assert_eq!(out.len(), rows * p.n, "{what}: output of {} x {rows}", p.n);
     check_shapes(what, w, rows, p, rows);
@@ -445,32 +431,7 @@ fn gemm_checked<B: Tile4Block>(what: &str, w: &[B], rows: usize, p: &Panel4, out
     unsafe { gemm_into(w, rows, p, out.as_mut_ptr(), rows) }
 }
 
-/// As `gemm_q4_k`, written to out[t * ld + r].
-///
-/// # Safety
-/// `out` valid for writes at t * ld + r for t < p.n(), r < rows, unaliased meanwhile.
-pub unsafe fn gemm_q4_k_into(w: &[BlockQ4K], rows: usize, p: &Panel4, out: *mut f32, ld: usize) {
-    check_shapes("tile4::gemm_q4_k", w, rows, p, ld);
-    gemm_into(w, rows, p, out, ld)
-}
-
-/// As `gemm_q4_k_into` for Q5_K.
-///
-/// # Safety
-/// As `gemm_q4_k_into`.
-pub unsafe fn gemm_q5_k_into(w: &[BlockQ5K], rows: usize, p: &Panel4, out: *mut f32, ld: usize) {
-    check_shapes("tile4::gemm_q5_k", w, rows, p, ld);
-    gemm_into(w, rows, p, out, ld)
-}
-
-/// As `gemm_q4_k_into` for Q6_K.
-///
-/// # Safety
-/// As `gemm_q4_k_into`.
-pub unsafe fn gemm_q6_k_into(w: &[BlockQ6K], rows: usize, p: &Panel4, out: *mut f32, ld: usize) {
-    check_shapes("tile4::gemm_q6_k", w, rows, p, ld);
-    gemm_into(w, rows, p, out, ld)
-}
+tile_entry_points!(Panel4, "tile4::");
 
 /// out[t * rows + r] = dot(W[r], y[t]) (`y` is `n x nb`, n at most 16), panel built inside.
 pub type GemmFn<W> = fn(w: &[W], rows: usize, y: &[BlockQ8K], n: usize, out: &mut [f32]);
