@@ -4,10 +4,22 @@
 
 /// The public K-quant entry points of a tile module (`tile.rs`, `tile4.rs`): `gemm_q4_k` ..
 /// (checked, into a dense output) and `gemm_q4_k_into` .. (into a strided one), each calling the
-/// module's `gemm_checked`, `check_shapes` and `gemm_into` with its panel type.
+/// module's `gemm_checked` and `gemm_into` with its panel type, and their shape check.
 #[cfg(target_arch = "x86_64")]
 macro_rules! tile_entry_points {
     ($panel:ty, $prefix:literal) => {
+        fn check_shapes<W>(what: &str, w: &[W], rows: usize, p: &$panel, ld: usize) {
+            assert!(available(), "{what} needs AVX-512 VNNI");
+            assert_eq!(
+                w.len(),
+                rows * p.nb,
+                "{what}: {} blocks for {rows} rows of {}",
+                w.len(),
+                p.nb
+            );
+            assert!(ld >= rows, "{what}: row stride {ld} < {rows} rows");
+        }
+
         /// out[t * rows + r] = dot(w[r], column t) for the panel's columns.
         pub fn gemm_q4_k(w: &[BlockQ4K], rows: usize, p: &$panel, out: &mut [f32]) {
             gemm_checked(concat!($prefix, "gemm_q4_k"), w, rows, p, out)

@@ -240,18 +240,6 @@ impl TileBlock for BlockQ6K {
     }
 }
 
-fn check_shapes<W>(what: &str, w: &[W], rows: usize, p: &Panel, ld: usize) {
-    assert!(available(), "{what} needs AVX-512 VNNI");
-    assert_eq!(
-        w.len(),
-        rows * p.nb,
-        "{what}: {} blocks for {rows} rows of {}",
-        w.len(),
-        p.nb
-    );
-    assert!(ld >= rows, "{what}: row stride {ld} < {rows} rows");
-}
-
 /// Columns per chunk: a row tile's blocks are unpacked once per chunk, and the chunk's
 /// activations stream from L2/L3 past them. 512 (one prefill chunk: each weight block unpacked
 /// once) against 128 (the chunk's activations kept in L2, weights unpacked four times at 512

@@ -411,18 +411,6 @@ unsafe fn gemm_into<B: Tile4Block>(w: &[B], rows: usize, p: &Panel4, out: *mut f
     });
 }
 
-fn check_shapes<W>(what: &str, w: &[W], rows: usize, p: &Panel4, ld: usize) {
-    assert!(available(), "{what} needs AVX-512 VNNI");
-    assert_eq!(
-        w.len(),
-        rows * p.nb,
-        "{what}: {} blocks for {rows} rows of {}",
-        w.len(),
-        p.nb
-    );
-    assert!(ld >= rows, "{what}: row stride {ld} < {rows} rows");
-}
-
 /// out[t * rows + r] for every column of the panel (`what` names the caller in errors).
 fn gemm_checked<B: Tile4Block>(what: &str, w: &[B], rows: usize, p: &Panel4, out: &mut [f32]) {
     assert_eq!(out.len(), rows * p.n, "{what}: output of {} x {rows}", p.n);
