@@ -109,6 +109,11 @@ pub struct CudaBackend {
     profile: Mutex<Option<std::collections::BTreeMap<String, (u64, f64)>>>,
     /// Decode steps are recorded and replayed as graphs (see the module doc).
     graphs: std::sync::atomic::AtomicBool,
+    /// Ops left out of every step (`MUSER_CUDA_ABLATE=residual_norm,quantize,qkv_rows,attention_rows`):
+    /// a measuring tool only, whose output is wrong by design. `muser bench` with it shows what
+    /// a step would cost if those kernels (launches, waits and work) cost nothing: the most
+    /// that fusing them away could gain.
+    ablate: Vec<String>,
     /// Decode attention on the tensor cores where it fits (`mma_attention_fits`).
     attn_mma: std::sync::atomic::AtomicBool,
     /// (kernels, kernel edges, programmatic edges) of the last graph captured.
@@ -374,6 +379,9 @@ impl CudaBackend {
             graphs: std::sync::atomic::AtomicBool::new(
                 std::env::var("MUSER_CUDA_GRAPHS").map_or(true, |v| v != "0"),
             ),
+            ablate: std::env::var("MUSER_CUDA_ABLATE")
+                .map(|v| v.split(',').map(|s| s.trim().to_string()).collect())
+                .unwrap_or_default(),
         })
     }
 
@@ -449,6 +457,11 @@ impl CudaBackend {
 
     /// Runs op `f` (timed when profiling). Every op but the ones that may read a fused
     /// quantization (`timed_reader`) ends the life of one (`fused_act`).
+    /// Whether `op` is left out of the steps (`ablate`).
+    fn ablated(&self, op: &str) -> bool {
+        self.ablate.iter().any(|a| a == op)
+    }
+
     fn timed<R>(&self, op: impl FnOnce() -> String, f: impl FnOnce() -> R) -> R {
         *self.fused_act.lock().unwrap() = None;
         self.timed_reader(op, f)
@@ -482,6 +495,9 @@ impl CudaBackend {
     /// kernels of `types` read (row-major Q8_K from the op before; `fused_act`).
     fn quantize_for(&self, ws: &mut Workspace, x: u64, n: usize, k: usize, types: &[GgmlType]) {
         let fused = self.fused_act.lock().unwrap().take();
+        if self.ablated("quantize") {
+            return;
+        }
         if fused == Some((x, n, k)) && crate::matvec::reads_row_major_q8_k(n / k, k, types) {
             ws.act.kmajor = false;
             return;
@@ -1310,6 +1326,9 @@ impl Backend for CudaBackend {
         next: NormArgs<'_, CudaWeight>,
         out: &mut CudaBuf,
     ) {
+        if self.ablated("residual_norm") {
+            return;
+        }
         self.timed(
             || "residual_norm".to_string(),
             || {
@@ -1469,6 +1488,9 @@ impl Backend for CudaBackend {
         layer: usize,
         pos: &[usize],
     ) {
+        if self.ablated("qkv_rows") {
+            return;
+        }
         self.timed(
             || "qkv_rows".to_string(),
             || {
@@ -1545,6 +1567,9 @@ impl Backend for CudaBackend {
         gate: Option<&CudaBuf>,
         out: &mut CudaBuf,
     ) {
+        if self.ablated("attention_rows") {
+            return;
+        }
         self.timed(
             || "attention_rows".to_string(),
             || {
