@@ -342,6 +342,9 @@ impl CudaBackend {
     /// Opens GPU `ordinal` and compiles the kernels. No driver, no device or no NVRTC is an
     /// error, never a crash.
     pub fn new(ordinal: usize) -> std::result::Result<CudaBackend, CudaError> {
+        if let Ok(v) = std::env::var("MUSER_CUDA_ABLATE") {
+            eprintln!("warning: MUSER_CUDA_ABLATE={v}: these ops are skipped; outputs are wrong (timing only)");
+        }
         let gpu = Gpu::new(ordinal)?;
         let ws = Workspace {
             act: gpu.act_scratch(32)?,
