@@ -178,6 +178,7 @@ fn prefill_kernel_speed() {
             ("down 2048x7168", 2048, 7168),
             ("q/o 2048x2048", 2048, 2048),
             ("k/v 512x2048", 512, 2048),
+            ("2048x512 (a column group's blocks in L1)", 2048, 512),
         ] {
             let nb = cols / 32;
             let x: Vec<f32> = (0..n * cols).map(|_| rng.gen_range(-2.0f32..2.0)).collect();

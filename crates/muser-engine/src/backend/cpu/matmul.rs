@@ -7,8 +7,8 @@
 //! weight row is reused across a tile of columns while it sits in L1. The dots are
 //! muser-quant's SIMD kernels (`Kernels::detect`); from 16 columns, Q4_K, Q5_K and Q6_K weights
 //! go through the tiles of `tile.rs` instead (bit-identical), from 3 to 15 columns through those
-//! of `tile4.rs`; both write straight into the output. From 16 columns Q8_0 weights go through
-//! `tile_q8_0.rs` (bit-identical too), from 4 to 15 through `gemm::q8_0_matmul`.
+//! of `tile4.rs`; both write straight into the output. From 12 columns Q8_0 weights go through
+//! `tile_q8_0.rs` (bit-identical too), from 4 to 11 through `gemm::q8_0_matmul`.
 
 use super::CpuWeight;
 use muser_gguf::GgmlType;
@@ -48,6 +48,13 @@ pub const TILE_MIN_COLUMNS: usize = 16;
 /// 8: 175.69 -> 209.70, 12: 158.19 -> 243.19 (BENCHMARKS.md).
 pub const TILE4_MIN_COLUMNS: usize = 3;
 
+/// Columns from which Q8_0 weights go through the tiles of `tile_q8_0.rs` (bit-identical)
+/// instead of the register tiles of `gemm::q8_0_matmul`. One thread, llama-1b's shapes
+/// (gate/up, down, q/o), GMAC/s tile_q8_0 against q8_0_matmul (`tests/gemm_speed.rs`): 8 columns
+/// 64-67 against 90-100, 12: 97-103 against 84-92, 16: 95-135 against 94-110, 512: 161-167
+/// against 96-109.
+pub const TILE_Q8_0_MIN_COLUMNS: usize = 12;
+
 impl<'a> QuantizedInput<'a> {
     /// Quantizes the n columns of `x` for every format `types` need.
     pub fn new(x: &'a [f32], n: usize, cols: usize, types: &[GgmlType]) -> QuantizedInput<'a> {
@@ -72,7 +79,7 @@ impl<'a> QuantizedInput<'a> {
                 .zip(x.par_chunks(cols))
                 .for_each(|(y, x)| quantize_row_q8_0_ref(x, y));
             #[cfg(target_arch = "x86_64")]
-            if n >= TILE_MIN_COLUMNS && super::tile_q8_0::available() {
+            if n >= TILE_Q8_0_MIN_COLUMNS && super::tile_q8_0::available() {
                 q.panel_q8_0 = Some(super::tile_q8_0::PanelQ8_0::new(&q.q8_0, n, nb));
             }
         }
@@ -364,7 +371,10 @@ pub fn rows_per_task(w: &CpuWeight, n: usize, threads: usize) -> usize {
                 * super::tile::R;
         }
         #[cfg(target_arch = "x86_64")]
-        if n >= TILE_MIN_COLUMNS && w.view.ty == GgmlType::Q8_0 && super::tile_q8_0::available() {
+        if n >= TILE_Q8_0_MIN_COLUMNS
+            && w.view.ty == GgmlType::Q8_0
+            && super::tile_q8_0::available()
+        {
             // Whole tiles of 16 rows.
             r = r
                 .min(super::tile_q8_0::rows_per_task(w.cols / QK8_0))

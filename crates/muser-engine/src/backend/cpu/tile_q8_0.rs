@@ -1,7 +1,7 @@
 //! Tiled prefill matmul (AVX-512 VNNI): Q8_0 weights x Q8_0 activations, tiles of 16 weight rows
 //! x 16 activation columns with the columns across the zmm lanes. Serves every Q8_0 matmul of
-//! 16 columns or more (`matmul::TILE_MIN_COLUMNS`); from 4 to 15 columns `gemm::q8_0_matmul`
-//! runs.
+//! 12 columns or more (`matmul::TILE_Q8_0_MIN_COLUMNS`); from 4 to 11 columns
+//! `gemm::q8_0_matmul` runs.
 //!
 //! Order. The bits are those of muser-quant's AVX-512 one-column `dot_q8_0_q8_0`, which decode
 //! runs. That kernel does not sum a block in integers: per step of 4 blocks, f32 lane j of its
@@ -121,20 +121,6 @@ const ZERO_W: WBlock = WBlock {
     corr: [0; 8],
 };
 
-impl WBlock {
-    fn new(b: &BlockQ8_0) -> WBlock {
-        WBlock {
-            q: b.qs,
-            corr: std::array::from_fn(|g| {
-                -128 * b.qs[4 * g..4 * g + 4]
-                    .iter()
-                    .map(|&q| q as i32)
-                    .sum::<i32>()
-            }),
-        }
-    }
-}
-
 /// Rows of a task: whole tiles, about 384 KB of unpacked weights (68 bytes a block) so that they
 /// stay in L2 while every column group passes; 16 to 64 rows.
 pub fn rows_per_task(nb: usize) -> usize {
@@ -158,18 +144,11 @@ unsafe fn gemm_into(w: &[BlockQ8_0], rows: usize, p: &PanelQ8_0, out: *mut f32, 
     let tiles = rows.div_ceil(R);
     W_BUF.with(|buf| {
         let (wq, wd) = &mut *buf.borrow_mut();
-        wq.clear();
-        wd.clear();
-        for r in 0..tiles * R {
-            if r < rows {
-                let row = &w[r * nb..(r + 1) * nb];
-                wq.extend(row.iter().map(WBlock::new));
-                wd.extend(row.iter().map(|b| b.d.to_f32()));
-            } else {
-                wq.extend(std::iter::repeat_n(ZERO_W, nb));
-                wd.extend(std::iter::repeat_n(0.0, nb));
-            }
-        }
+        wq.resize(tiles * R * nb, ZERO_W);
+        wd.resize(tiles * R * nb, 0.0);
+        x86::unpack(w, &mut wq[..rows * nb], &mut wd[..rows * nb]);
+        wq[rows * nb..].fill(ZERO_W);
+        wd[rows * nb..].fill(0.0);
         for g in 0..p.n.div_ceil(C) {
             let acts = &p.tiles[g * nb..(g + 1) * nb];
             let cols = (p.n - g * C).min(C);
@@ -233,7 +212,26 @@ pub unsafe fn gemm_q8_0_into(
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::{ActTile, WBlock, C, R};
+    use muser_quant::BlockQ8_0;
     use std::arch::x86_64::*;
+
+    /// wq[i], wd[i] = block w[i] unpacked (`WBlock`) and its d.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F/BW/VL + VNNI and F16C.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
+    pub unsafe fn unpack(w: &[BlockQ8_0], wq: &mut [WBlock], wd: &mut [f32]) {
+        let ones = _mm256_set1_epi8(1);
+        for ((b, q), d) in w.iter().zip(wq.iter_mut()).zip(wd.iter_mut()) {
+            let v = _mm256_loadu_si256(b.qs.as_ptr() as *const __m256i);
+            _mm256_store_si256(q.q.as_mut_ptr() as *mut __m256i, v);
+            // Lane g: the sum of values 4g .. 4g + 3 (1 x q), times -128.
+            let sums = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ones, v);
+            let corr = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(sums, 7));
+            _mm256_store_si256(q.corr.as_mut_ptr() as *mut __m256i, corr);
+            *d = super::super::k4::f16_to_f32(b.d);
+        }
+    }
 
     /// Rows per pass and 4-value groups per pass: RG x J f32 sums in registers.
     const RG: usize = 4;
