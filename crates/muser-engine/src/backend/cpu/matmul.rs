@@ -12,7 +12,6 @@
 
 use super::CpuWeight;
 use muser_gguf::GgmlType;
-use muser_quant::quantize::quantize_row_q8_0_ref;
 use muser_quant::simd::Kernels;
 use muser_quant::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, BlockQ8_0, QK8_0, QK_K};
 use rayon::prelude::*;
@@ -77,7 +76,7 @@ impl<'a> QuantizedInput<'a> {
             q.q8_0
                 .par_chunks_mut(nb)
                 .zip(x.par_chunks(cols))
-                .for_each(|(y, x)| quantize_row_q8_0_ref(x, y));
+                .for_each(|(y, x)| super::quant::quantize_row_q8_0(x, y));
             #[cfg(target_arch = "x86_64")]
             if n >= TILE_Q8_0_MIN_COLUMNS && super::tile_q8_0::available() {
                 q.panel_q8_0 = Some(super::tile_q8_0::PanelQ8_0::new(&q.q8_0, n, nb));
