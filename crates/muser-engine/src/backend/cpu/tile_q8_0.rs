@@ -31,6 +31,14 @@
 //! by, so a group's `vpdpbusd` is followed by one conversion and one fma (the one-column order
 //! forbids summing more in integers). The 16 x 16 result is transposed in registers and written
 //! one vector per column (`tile::store_transposed`).
+//!
+//! Speed. One thread, 512 columns, llama-1b's shapes (7168 x 2048, 2048 x 7168, 2048 x 2048,
+//! 512 x 2048): 168-172 GMAC/s against `q8_0_matmul`'s 96-109 (2026-11-30, 2-core AMD EPYC;
+//! `tests/gemm_speed.rs`, MUSER_SPEED_ONLY=q8_0). Tried, slower: passes of 2 rows x 8 groups
+//! (144-151) or 8 x 2 (134-143); d_x * d_y computed once per pass into memory (130-133); the
+//! correction added in f32 after the conversion (exact too; 121-130). Without the correction's
+//! broadcast (wrong results, a bound) 168-172 before the unpack and memset fixes: the order's
+//! conversion and fma per group are what bound it.
 
 use muser_quant::{BlockQ8_0, QK8_0};
 
