@@ -274,3 +274,57 @@ fn four_column_kernels_equal_the_avx512_one_column_kernels_bitwise() {
     check_shapes("tile4 q5_k", g5, k.dot_q5_k_q8_k, q5_k_blocks, &shapes);
     check_shapes("tile4 q6_k", g6, k.dot_q6_k_q8_k, q6_k_blocks, &shapes);
 }
+
+/// The tiled Q8_0 kernel equals the AVX-512 one-column Q8_0 dot bit for bit at every (row,
+/// column): rows and columns that are and are not multiples of the tile (16) and of the row
+/// passes (4), block counts that do and do not fill the one-column kernel's 4-block steps
+/// (nb < 4 is all tail), weights over the whole i8 range (-128 included) and quantized ones.
+#[test]
+fn tiled_q8_0_kernel_equals_the_avx512_one_column_kernel_bitwise() {
+    use muser_engine::backend::cpu::tile_q8_0;
+    let (Some(k), Some(gemm)) = (Kernels::avx512(), tile_q8_0::q8_0_gemm()) else {
+        return eprintln!("no AVX-512 VNNI: skipped");
+    };
+    let mut rng = StdRng::seed_from_u64(80);
+    let quantized = |count: usize, rng: &mut StdRng| {
+        let v: Vec<f32> = (0..count * 32)
+            .map(|_| rng.gen_range(-1.0f32..1.0) + 0.01)
+            .collect();
+        bytemuck::cast_slice::<u8, BlockQ8_0>(&quantize(GgmlType::Q8_0, &v, 32)).to_vec()
+    };
+    let shapes = [
+        (1, 1, 1),
+        (3, 2, 5),
+        (4, 4, 16),
+        (5, 7, 17),
+        (16, 8, 16),
+        (17, 5, 33),
+        (31, 13, 40),
+        (64, 64, 64),
+        (67, 3, 127),
+        (40, 9, 512),
+    ];
+    for (i, &(rows, nb, n)) in shapes.iter().enumerate() {
+        let w = if i % 2 == 0 {
+            random_blocks(rows * nb, &mut rng, |b: &mut BlockQ8_0, rng| {
+                b.d = small_f16(rng)
+            })
+        } else {
+            quantized(rows * nb, &mut rng)
+        };
+        let y = quantized(n * nb, &mut rng);
+        let mut out = vec![f32::NAN; rows * n];
+        gemm(&w, rows, &y, n, &mut out);
+        for t in 0..n {
+            for r in 0..rows {
+                let want = (k.dot_q8_0_q8_0)(&w[r * nb..(r + 1) * nb], &y[t * nb..(t + 1) * nb]);
+                assert_eq!(
+                    out[t * rows + r].to_bits(),
+                    want.to_bits(),
+                    "rows={rows} nb={nb} n={n}: row {r} column {t}: {} vs {want}",
+                    out[t * rows + r]
+                );
+            }
+        }
+    }
+}

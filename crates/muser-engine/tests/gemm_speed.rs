@@ -166,6 +166,59 @@ fn prefill_kernel_speed() {
         }
         return;
     }
+    // MUSER_SPEED_ONLY=q8_0: the tiled Q8_0 kernel (tasks of `tile_q8_0::rows_per_task` rows)
+    // against the register tiles of `gemm::q8_0_matmul` (tasks of 64 rows) on llama-1b's
+    // shapes, MUSER_SPEED_N columns, one thread.
+    if std::env::var("MUSER_SPEED_ONLY").is_ok_and(|v| v == "q8_0") {
+        use muser_engine::backend::cpu::tile_q8_0;
+        use muser_quant::quantize::quantize_row_q8_0_ref;
+        use muser_quant::BlockQ8_0;
+        for (name, rows, cols) in [
+            ("gate/up 7168x2048", 7168usize, 2048usize),
+            ("down 2048x7168", 2048, 7168),
+            ("q/o 2048x2048", 2048, 2048),
+            ("k/v 512x2048", 512, 2048),
+            ("2048x512 (a column group's blocks in L1)", 2048, 512),
+        ] {
+            let nb = cols / 32;
+            let x: Vec<f32> = (0..n * cols).map(|_| rng.gen_range(-2.0f32..2.0)).collect();
+            let mut y: Vec<BlockQ8_0> = vec![bytemuck::Zeroable::zeroed(); n * nb];
+            quantize_row_q8_0_ref(&x, &mut y);
+            let w = blocks(rows * nb, &mut rng, |b: &mut BlockQ8_0| {
+                b.d = half::f16::from_f32(0.01)
+            });
+            let macs = (rows * cols * n) as f64;
+            let panel = tile_q8_0::PanelQ8_0::new(&y, n, nb);
+            let chunk = tile_q8_0::rows_per_task(nb);
+            let mut out = vec![0f32; chunk.max(64) * n];
+            let tt = best(3, || {
+                for r0 in (0..rows).step_by(chunk) {
+                    let r1 = (r0 + chunk).min(rows);
+                    let o = &mut out[..(r1 - r0) * n];
+                    tile_q8_0::gemm_q8_0(&w[r0 * nb..r1 * nb], r1 - r0, &panel, o)
+                }
+            });
+            let mm = gemm::q8_0_matmul().unwrap();
+            let tg = best(3, || {
+                for r0 in (0..rows).step_by(64) {
+                    let r1 = (r0 + 64).min(rows);
+                    mm(
+                        &w[r0 * nb..r1 * nb],
+                        r1 - r0,
+                        &y,
+                        n,
+                        &mut out[..(r1 - r0) * n],
+                    )
+                }
+            });
+            println!(
+                "{name} n={n}: tile_q8_0 {:.1} GMAC/s ({chunk}-row tasks), q8_0_matmul {:.1} GMAC/s",
+                macs / tt / 1e9,
+                macs / tg / 1e9
+            );
+        }
+        return;
+    }
     // MUSER_SPEED_ONLY=shapes: the tiled kernels on llama-1b's prefill shapes, one thread,
     // tasks of 64 rows as the backend splits them.
     if std::env::var("MUSER_SPEED_ONLY").is_ok_and(|v| v == "shapes") {

@@ -111,7 +111,7 @@ fn matmul_columns_equal_one_column_matmuls_bitwise() {
     let mut rng = StdRng::seed_from_u64(11);
     for ty in TYPES {
         for &(rows, cols) in &[(37usize, 256usize), (8, 1280), (5, 768)] {
-            for &n in &[2usize, 4, 5, 9, 17] {
+            for &n in &[2usize, 4, 5, 9, 12, 17, 33] {
                 let (w, _) = weight(&be, ty, rows, cols, &mut rng);
                 let x = rand_vec(n * cols, &mut rng);
                 let mut all = be.buf(n, rows);

@@ -9,7 +9,8 @@
 //! as a tested second implementation of the order (`tests/gemm.rs`) and for comparison
 //! (`tests/gemm_speed.rs`), no longer dispatched.
 //!
-//! Q8_0: register tiles of up to 8 rows x 16 columns from 4 columns on (`q8_0_matmul`).
+//! Q8_0: register tiles of up to 8 rows x 16 columns from 4 to 11 columns (`q8_0_matmul`;
+//! from 12, `tile_q8_0.rs`).
 //!
 //! Other types and leftover columns use muser-quant's one-column kernels. Per column the
 //! arithmetic is that of muser-quant's AVX-512 one-column kernel (Q8_0: its lanes, order and

@@ -7,11 +7,11 @@
 //! weight row is reused across a tile of columns while it sits in L1. The dots are
 //! muser-quant's SIMD kernels (`Kernels::detect`); from 16 columns, Q4_K, Q5_K and Q6_K weights
 //! go through the tiles of `tile.rs` instead (bit-identical), from 3 to 15 columns through those
-//! of `tile4.rs`; both write straight into the output.
+//! of `tile4.rs`; both write straight into the output. From 12 columns Q8_0 weights go through
+//! `tile_q8_0.rs` (bit-identical too), from 4 to 11 through `gemm::q8_0_matmul`.
 
 use super::CpuWeight;
 use muser_gguf::GgmlType;
-use muser_quant::quantize::quantize_row_q8_0_ref;
 use muser_quant::simd::Kernels;
 use muser_quant::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, BlockQ8_0, QK8_0, QK_K};
 use rayon::prelude::*;
@@ -29,6 +29,9 @@ pub struct QuantizedInput<'a> {
     /// The same for `tile4.rs` (3 to 15 columns).
     #[cfg(target_arch = "x86_64")]
     panel4: Option<super::tile4::Panel4>,
+    /// The Q8_0 columns in the layout of `tile_q8_0.rs`, when it serves this input.
+    #[cfg(target_arch = "x86_64")]
+    panel_q8_0: Option<super::tile_q8_0::PanelQ8_0>,
 }
 
 /// Columns from which Q4_K / Q5_K / Q6_K weights go through the tiles (16 columns a tile: with
@@ -44,6 +47,13 @@ pub const TILE_MIN_COLUMNS: usize = 16;
 /// 8: 175.69 -> 209.70, 12: 158.19 -> 243.19 (BENCHMARKS.md).
 pub const TILE4_MIN_COLUMNS: usize = 3;
 
+/// Columns from which Q8_0 weights go through the tiles of `tile_q8_0.rs` (bit-identical)
+/// instead of the register tiles of `gemm::q8_0_matmul`. One thread, llama-1b's shapes
+/// (gate/up, down, q/o), GMAC/s tile_q8_0 against q8_0_matmul (`tests/gemm_speed.rs`): 8 columns
+/// 64-67 against 90-100, 12: 97-103 against 84-92, 16: 95-135 against 94-110, 512: 161-167
+/// against 96-109.
+pub const TILE_Q8_0_MIN_COLUMNS: usize = 12;
+
 impl<'a> QuantizedInput<'a> {
     /// Quantizes the n columns of `x` for every format `types` need.
     pub fn new(x: &'a [f32], n: usize, cols: usize, types: &[GgmlType]) -> QuantizedInput<'a> {
@@ -57,6 +67,8 @@ impl<'a> QuantizedInput<'a> {
             panel: None,
             #[cfg(target_arch = "x86_64")]
             panel4: None,
+            #[cfg(target_arch = "x86_64")]
+            panel_q8_0: None,
         };
         if types.contains(&GgmlType::Q8_0) {
             let nb = cols / QK8_0;
@@ -64,7 +76,11 @@ impl<'a> QuantizedInput<'a> {
             q.q8_0
                 .par_chunks_mut(nb)
                 .zip(x.par_chunks(cols))
-                .for_each(|(y, x)| quantize_row_q8_0_ref(x, y));
+                .for_each(|(y, x)| super::quant::quantize_row_q8_0(x, y));
+            #[cfg(target_arch = "x86_64")]
+            if n >= TILE_Q8_0_MIN_COLUMNS && super::tile_q8_0::available() {
+                q.panel_q8_0 = Some(super::tile_q8_0::PanelQ8_0::new(&q.q8_0, n, nb));
+            }
         }
         if types
             .iter()
@@ -110,6 +126,11 @@ pub fn rows_times_columns(
         GgmlType::F32 => kernel::<f32, f32>(wrows, inp.x, inp.n, k.dot_f32, tile),
         GgmlType::F16 => kernel::<half::f16, f32>(wrows, inp.x, inp.n, k.dot_f16_f32, tile),
         GgmlType::BF16 => kernel::<half::bf16, f32>(wrows, inp.x, inp.n, k.dot_bf16_f32, tile),
+        #[cfg(target_arch = "x86_64")]
+        GgmlType::Q8_0 if inp.panel_q8_0.is_some() => {
+            let p = inp.panel_q8_0.as_ref().expect("checked");
+            super::tile_q8_0::gemm_q8_0(bytemuck::cast_slice(wrows), r1 - r0, p, tile)
+        }
         GgmlType::Q8_0 => match cols::q8_0_matmul() {
             Some(mm) if inp.n >= 4 => {
                 mm(bytemuck::cast_slice(wrows), r1 - r0, &inp.q8_0, inp.n, tile)
@@ -201,6 +222,12 @@ unsafe fn tiled_into(
             }
             _ => {}
         }
+    }
+    #[cfg(target_arch = "x86_64")]
+    if let (Some(p), GgmlType::Q8_0) = (inp.panel_q8_0.as_ref(), w.view.ty) {
+        let wrows = &w.view.bytes()[r0 * w.row_bytes..r1 * w.row_bytes];
+        super::tile_q8_0::gemm_q8_0_into(bytemuck::cast_slice(wrows), r1 - r0, p, out, ld);
+        return true;
     }
     #[cfg(target_arch = "x86_64")]
     if let Some(p) = inp.panel4.as_ref() {
@@ -341,6 +368,17 @@ pub fn rows_per_task(w: &CpuWeight, n: usize, threads: usize) -> usize {
                 .min(super::tile::rows_per_task(w.cols / QK_K))
                 .div_ceil(super::tile::R)
                 * super::tile::R;
+        }
+        #[cfg(target_arch = "x86_64")]
+        if n >= TILE_Q8_0_MIN_COLUMNS
+            && w.view.ty == GgmlType::Q8_0
+            && super::tile_q8_0::available()
+        {
+            // Whole tiles of 16 rows.
+            r = r
+                .min(super::tile_q8_0::rows_per_task(w.cols / QK8_0))
+                .div_ceil(super::tile_q8_0::R)
+                * super::tile_q8_0::R;
         }
         r = r.div_ceil(4) * 4;
     }

@@ -97,6 +97,8 @@ pub mod softmax;
 pub mod tile;
 #[cfg(target_arch = "x86_64")]
 pub mod tile4;
+#[cfg(target_arch = "x86_64")]
+pub mod tile_q8_0;
 
 use crate::backend::{Backend, KvLayerSpec, NormArgs};
 use crate::config::RopeParams;

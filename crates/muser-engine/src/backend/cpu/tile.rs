@@ -319,6 +319,10 @@ fn gemm_checked<B: TileBlock>(what: &str, w: &[B], rows: usize, p: &Panel, out: 
 
 tile_entry_points!(Panel, "");
 
+/// The 16 x 16 transposed store, shared with `tile_q8_0.rs`.
+#[cfg(target_arch = "x86_64")]
+pub(super) use x86::store_transposed;
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::{ActTile, TileBlock, WTile, C, R, TILES};
@@ -368,7 +372,7 @@ mod x86 {
     /// out[c * ld + r] = lane c of acc[r]: the 16 x 16 tile transposed in registers, each
     /// column's rows written as one vector (masked to nr rows).
     #[target_feature(enable = "avx512f")]
-    unsafe fn store_transposed(
+    pub(in crate::backend::cpu) unsafe fn store_transposed(
         acc: &[__m512; R],
         out: *mut f32,
         ld: usize,

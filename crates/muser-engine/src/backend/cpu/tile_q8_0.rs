@@ -1,0 +1,351 @@
+//! Tiled prefill matmul (AVX-512 VNNI): Q8_0 weights x Q8_0 activations, tiles of 16 weight rows
+//! x 16 activation columns with the columns across the zmm lanes. Serves every Q8_0 matmul of
+//! 12 columns or more (`matmul::TILE_Q8_0_MIN_COLUMNS`); from 4 to 11 columns
+//! `gemm::q8_0_matmul` runs.
+//!
+//! Order. The bits are those of muser-quant's AVX-512 one-column `dot_q8_0_q8_0`, which decode
+//! runs. That kernel does not sum a block in integers: per step of 4 blocks, f32 lane j of its
+//! accumulator acc0 takes `fma(float(dot of values 4g .. 4g + 3), d_x * d_y, lane)` for block
+//! 4i + j / 8, g = j mod 8, and acc1 the same for blocks 4i + 2, 4i + 3; at the end
+//! `reduce_add(acc0 + acc1)`, then the last nb mod 4 blocks one by one (`q8_0_blocks_add`: the
+//! block's integer dot to f32, times d_x * d_y, added). So each (row, column) holds 32 f32 sums
+//! A[m][g] (m = block mod 4, g the 4-value group), each over its own blocks in block order. Here
+//! lane c of a vector is column c: the same fma per (m, g, block) on the same values, then
+//! `(A0[g] + A2[g]) + (A1[g] + A3[g])` (the lanes of acc0 + acc1 and the first level of the
+//! reduction tree), the tree's next levels (g + g + 4, then 0 + 2 and 1 + 3, then the two) as
+//! vector adds, and the tail blocks as in `q8_0_blocks_add`. Same operations on the same
+//! values, so the same bits (`tests/gemm.rs` checks every (row, column) at ragged shapes).
+//!
+//! Signed x signed. `vpdpbusd` multiplies unsigned by signed bytes: the panel holds the
+//! activations plus 128 (0..255, a sign-bit flip), the weights' quants are the signed operand
+//! (broadcast 4 at a time), and each 4-value group's chain starts at -128 x the sum of its 4
+//! weights (kept per row, group and block by the unpack). |4 x 255 x 128| + 128 x 512 fits an
+//! i32 easily, so every group's integer is exact.
+//!
+//! Layout. The activations are laid out once per matmul in a [`PanelQ8_0`]: per group of 16
+//! columns and block, the 32 values plus 128 as 8 groups of 4 with the 16 columns side by side
+//! (lane c holds column c's 4 values), and the columns' `d` as f32. A task's rows are unpacked
+//! once per matmul: per row and block the 32 quants and the 8 group corrections in one cache
+//! line, `d` as f32 beside. Then per group of 16 columns, per tile of 16 rows, passes of 4 rows
+//! (`row_pass`): 4 rows x 4 groups of f32 sums stay in registers while the blocks of one m go
+//! by, so a group's `vpdpbusd` is followed by one conversion and one fma (the one-column order
+//! forbids summing more in integers). The 16 x 16 result is transposed in registers and written
+//! one vector per column (`tile::store_transposed`).
+//!
+//! Speed. One thread, 512 columns, llama-1b's shapes (7168 x 2048, 2048 x 7168, 2048 x 2048,
+//! 512 x 2048): 168-172 GMAC/s against `q8_0_matmul`'s 96-109 (2026-11-30, 2-core AMD EPYC;
+//! `tests/gemm_speed.rs`, MUSER_SPEED_ONLY=q8_0). Tried, slower: passes of 2 rows x 8 groups
+//! (144-151) or 8 x 2 (134-143); d_x * d_y computed once per pass into memory (130-133); the
+//! correction added in f32 after the conversion (exact too; 121-130). Without the correction's
+//! broadcast (wrong results, a bound) 168-172 before the unpack and memset fixes: the order's
+//! conversion and fma per group are what bound it.
+
+use muser_quant::{BlockQ8_0, QK8_0};
+
+/// Rows x columns of a tile.
+pub const R: usize = 16;
+pub const C: usize = 16;
+
+/// out[t * rows + r] = dot(W[r], y[t]) for a row-major `rows x nb` block matrix `w` and `n`
+/// Q8_0 activation columns of `nb` blocks each (`y` is `n x nb`).
+pub type GemmFn = fn(w: &[BlockQ8_0], rows: usize, y: &[BlockQ8_0], n: usize, out: &mut [f32]);
+
+/// Whether this CPU runs the tiled kernel.
+pub fn available() -> bool {
+    super::gemm::has_avx512_vnni()
+}
+
+/// The tiled Q8_0 kernel (panel built inside) when this CPU runs it.
+pub fn q8_0_gemm() -> Option<GemmFn> {
+    available().then_some(|w, rows, y, n, out| {
+        let p = PanelQ8_0::new(y, n, w.len() / rows.max(1));
+        gemm_q8_0(w, rows, &p, out)
+    })
+}
+
+/// One group of 16 columns, one block.
+#[derive(Clone)]
+#[repr(C, align(64))]
+struct ActTile {
+    /// a[g][c][4]: values 4g .. 4g + 3 of column c, plus 128.
+    a: [u8; 8 * C * 4],
+    d: [f32; C],
+}
+
+/// The Q8_0 activation columns of a matmul laid out for the tiles (columns padded to a multiple
+/// of 16 with zeros).
+pub struct PanelQ8_0 {
+    tiles: Vec<ActTile>,
+    n: usize,
+    nb: usize,
+}
+
+impl PanelQ8_0 {
+    /// `y`: `n` columns of `nb` Q8_0 blocks each; built on the current rayon pool, one task per
+    /// tile.
+    pub fn new(y: &[BlockQ8_0], n: usize, nb: usize) -> PanelQ8_0 {
+        use rayon::prelude::*;
+        assert_eq!(y.len(), n * nb, "PanelQ8_0: {n} columns of {nb} blocks");
+        let groups = n.div_ceil(C);
+        let tiles = (0..groups * nb)
+            .into_par_iter()
+            .map(|i| {
+                let (g, b) = (i / nb, i % nb);
+                let mut tile = ActTile {
+                    a: [0; 8 * C * 4],
+                    d: [0.0; C],
+                };
+                for c in 0..C.min(n - g * C) {
+                    let by = &y[(g * C + c) * nb + b];
+                    for gi in 0..8 {
+                        for k in 0..4 {
+                            tile.a[(gi * C + c) * 4 + k] = by.qs[4 * gi + k] as u8 ^ 0x80;
+                        }
+                    }
+                    tile.d[c] = by.d.to_f32();
+                }
+                tile
+            })
+            .collect();
+        PanelQ8_0 { tiles, n, nb }
+    }
+
+    pub fn n(&self) -> usize {
+        self.n
+    }
+}
+
+/// One row's block, unpacked: the quants and, per 4-value group g, -128 x their sum (the start
+/// of the group's `vpdpbusd`, which sees the activations plus 128).
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct WBlock {
+    q: [i8; QK8_0],
+    corr: [i32; 8],
+}
+
+const ZERO_W: WBlock = WBlock {
+    q: [0; QK8_0],
+    corr: [0; 8],
+};
+
+/// Rows of a task: whole tiles, about 384 KB of unpacked weights (68 bytes a block) so that they
+/// stay in L2 while every column group passes; 16 to 64 rows.
+pub fn rows_per_task(nb: usize) -> usize {
+    let by_bytes = 384 * 1024 / (nb.max(1) * 68);
+    (by_bytes / R).clamp(1, 4) * R
+}
+
+thread_local! {
+    /// The task's rows unpacked: blocks (rows x nb, rows padded to whole tiles) and their d.
+    static W_BUF: std::cell::RefCell<(Vec<WBlock>, Vec<f32>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// out[t * ld + r] for the task's rows (see `gemm_q8_0`).
+///
+/// # Safety
+/// `out` valid for writes at t * ld + r for t < p.n, r < rows, unaliased meanwhile; the CPU has
+/// the features of `available()`.
+unsafe fn gemm_into(w: &[BlockQ8_0], rows: usize, p: &PanelQ8_0, out: *mut f32, ld: usize) {
+    let nb = p.nb;
+    let tiles = rows.div_ceil(R);
+    W_BUF.with(|buf| {
+        let (wq, wd) = &mut *buf.borrow_mut();
+        wq.resize(tiles * R * nb, ZERO_W);
+        wd.resize(tiles * R * nb, 0.0);
+        x86::unpack(w, &mut wq[..rows * nb], &mut wd[..rows * nb]);
+        wq[rows * nb..].fill(ZERO_W);
+        wd[rows * nb..].fill(0.0);
+        for g in 0..p.n.div_ceil(C) {
+            let acts = &p.tiles[g * nb..(g + 1) * nb];
+            let cols = (p.n - g * C).min(C);
+            for t in 0..tiles {
+                let (r0, r1) = (t * R * nb, (t + 1) * R * nb);
+                x86::tile(
+                    &wq[r0..r1],
+                    &wd[r0..r1],
+                    acts,
+                    out.add(g * C * ld + t * R),
+                    ld,
+                    (rows - t * R).min(R),
+                    cols,
+                );
+            }
+        }
+    });
+}
+
+fn check_shapes(what: &str, w: &[BlockQ8_0], rows: usize, p: &PanelQ8_0, ld: usize) {
+    assert!(available(), "{what} needs AVX-512 VNNI");
+    assert_eq!(
+        w.len(),
+        rows * p.nb,
+        "{what}: {} blocks for {rows} rows of {}",
+        w.len(),
+        p.nb
+    );
+    assert!(ld >= rows, "{what}: row stride {ld} < {rows} rows");
+}
+
+/// out[t * rows + r] = dot(w[r], column t) for the panel's columns, with the bits of the AVX-512
+/// one-column dot.
+pub fn gemm_q8_0(w: &[BlockQ8_0], rows: usize, p: &PanelQ8_0, out: &mut [f32]) {
+    assert_eq!(
+        out.len(),
+        rows * p.n,
+        "gemm_q8_0: output of {} x {rows}",
+        p.n
+    );
+    check_shapes("gemm_q8_0", w, rows, p, rows);
+    // SAFETY: the shapes and the CPU were checked; out holds n x rows values.
+    unsafe { gemm_into(w, rows, p, out.as_mut_ptr(), rows) }
+}
+
+/// As `gemm_q8_0`, written to out[t * ld + r].
+///
+/// # Safety
+/// `out` valid for writes at t * ld + r for t < p.n(), r < rows, unaliased meanwhile.
+pub unsafe fn gemm_q8_0_into(
+    w: &[BlockQ8_0],
+    rows: usize,
+    p: &PanelQ8_0,
+    out: *mut f32,
+    ld: usize,
+) {
+    check_shapes("gemm_q8_0", w, rows, p, ld);
+    gemm_into(w, rows, p, out, ld)
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::{ActTile, WBlock, C, R};
+    use muser_quant::BlockQ8_0;
+    use std::arch::x86_64::*;
+
+    /// wq[i], wd[i] = block w[i] unpacked (`WBlock`) and its d.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F/BW/VL + VNNI and F16C.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
+    pub unsafe fn unpack(w: &[BlockQ8_0], wq: &mut [WBlock], wd: &mut [f32]) {
+        let ones = _mm256_set1_epi8(1);
+        for ((b, q), d) in w.iter().zip(wq.iter_mut()).zip(wd.iter_mut()) {
+            let v = _mm256_loadu_si256(b.qs.as_ptr() as *const __m256i);
+            _mm256_store_si256(q.q.as_mut_ptr() as *mut __m256i, v);
+            // Lane g: the sum of values 4g .. 4g + 3 (1 x q), times -128.
+            let sums = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ones, v);
+            let corr = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(sums, 7));
+            _mm256_store_si256(q.corr.as_mut_ptr() as *mut __m256i, corr);
+            *d = super::super::k4::f16_to_f32(b.d);
+        }
+    }
+
+    /// Rows per pass and 4-value groups per pass: RG x J f32 sums in registers.
+    const RG: usize = 4;
+    const J: usize = 4;
+
+    /// out[c * ld + r] = the dot of row r (blocks wq[r * nb ..], scales wd[r * nb ..]) and column
+    /// c of `acts` (nb blocks), for r < rows <= R and c < cols <= C.
+    ///
+    /// # Safety
+    /// `out` valid for writes at c * ld + r for those r and c; wq and wd hold R x nb entries; the
+    /// CPU has AVX-512 F/BW/VL + VNNI.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub unsafe fn tile(
+        wq: &[WBlock],
+        wd: &[f32],
+        acts: &[ActTile],
+        out: *mut f32,
+        ld: usize,
+        rows: usize,
+        cols: usize,
+    ) {
+        let nb = acts.len();
+        let mut f = [_mm512_setzero_ps(); R];
+        for r0 in (0..R).step_by(RG) {
+            let v = row_pass(&wq[r0 * nb..], &wd[r0 * nb..], acts);
+            f[r0..r0 + RG].copy_from_slice(&v);
+        }
+        super::super::tile::store_transposed(&f, out, ld, rows, cols);
+    }
+
+    /// The sums of RG rows (blocks wq[r * nb + b], scales wd[r * nb + b]) against the 16
+    /// columns, in the order of the module doc.
+    // The row index addresses the sums, the weights and the scales together.
+    #[allow(clippy::needless_range_loop)]
+    #[inline(never)]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn row_pass(wq: &[WBlock], wd: &[f32], acts: &[ActTile]) -> [__m512; RG] {
+        let nb = acts.len();
+        let nq = nb / 4 * 4;
+        assert!(wq.len() >= RG * nb && wd.len() >= RG * nb);
+        // sums[r][m][g]: A[m][g] of the module doc for row r. Every entry is written by the
+        // loops below before the tree reads it (not zeroed first: an 8 KB `memset` per pass
+        // was 4% of a Q8_0 prefill).
+        let mut sums = [[[std::mem::MaybeUninit::<__m512>::uninit(); 8]; 4]; RG];
+        for g0 in (0..8).step_by(J) {
+            for m in 0..4 {
+                let mut acc = [[_mm512_setzero_ps(); J]; RG];
+                for b in (m..nq).step_by(4) {
+                    let a = acts.get_unchecked(b);
+                    let dy = _mm512_load_ps(a.d.as_ptr());
+                    let av: [__m512i; J] = std::array::from_fn(|j| {
+                        _mm512_load_si512(a.a.as_ptr().add((g0 + j) * C * 4) as *const _)
+                    });
+                    for r in 0..RG {
+                        let wb = wq.get_unchecked(r * nb + b);
+                        // d_x * d_y: the one-column kernel's product.
+                        let s = _mm512_mul_ps(_mm512_set1_ps(*wd.get_unchecked(r * nb + b)), dy);
+                        for j in 0..J {
+                            let g = g0 + j;
+                            let q = (wb.q.as_ptr().add(4 * g) as *const i32).read_unaligned();
+                            let t = _mm512_dpbusd_epi32(
+                                _mm512_set1_epi32(wb.corr[g]),
+                                av[j],
+                                _mm512_set1_epi32(q),
+                            );
+                            acc[r][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), s, acc[r][j]);
+                        }
+                    }
+                }
+                for r in 0..RG {
+                    for j in 0..J {
+                        sums[r][m][g0 + j].write(acc[r][j]);
+                    }
+                }
+            }
+        }
+        std::array::from_fn(|r| {
+            // SAFETY: all of sums[r] was written above (every m, every group).
+            let a = sums[r].map(|m| m.map(|v| v.assume_init()));
+            // Lanes g and g + 8 of acc0 + acc1, added (the tree's first level).
+            let h: [__m512; 8] = std::array::from_fn(|g| {
+                _mm512_add_ps(
+                    _mm512_add_ps(a[0][g], a[2][g]),
+                    _mm512_add_ps(a[1][g], a[3][g]),
+                )
+            });
+            let q: [__m512; 4] = std::array::from_fn(|k| _mm512_add_ps(h[k], h[k + 4]));
+            let mut f = _mm512_add_ps(_mm512_add_ps(q[0], q[2]), _mm512_add_ps(q[1], q[3]));
+            // The tail blocks as `q8_0_blocks_add`: the block's integer dot, to f32, times
+            // d_x * d_y, added.
+            for b in nq..nb {
+                let ac = acts.get_unchecked(b);
+                let wb = wq.get_unchecked(r * nb + b);
+                let mut t = _mm512_set1_epi32(wb.corr.iter().sum());
+                for g in 0..8 {
+                    let q = (wb.q.as_ptr().add(4 * g) as *const i32).read_unaligned();
+                    let av = _mm512_load_si512(ac.a.as_ptr().add(g * C * 4) as *const _);
+                    t = _mm512_dpbusd_epi32(t, av, _mm512_set1_epi32(q));
+                }
+                let s = _mm512_mul_ps(
+                    _mm512_set1_ps(*wd.get_unchecked(r * nb + b)),
+                    _mm512_load_ps(ac.d.as_ptr()),
+                );
+                f = _mm512_add_ps(f, _mm512_mul_ps(_mm512_cvtepi32_ps(t), s));
+            }
+            f
+        })
+    }
+}
