@@ -18,6 +18,9 @@
 //! thread, best of many passes (the machine was shared with other jobs; criterion means in the
 //! crate's bench report are lower). GB/s of weights, set in L2 (512 KB) / streamed (64 MB):
 //! Q4_K 36 / 29, Q5_K 34 / 29, Q6_K 67 / 34, Q8_0 56 / 34, f32 132 / 27, f16 75 / 36.
+//! Q8_0 in the scalar order (2026-11-30, muser-engine's `tests/gemm_speed.rs`, one column,
+//! llama-1b's shapes): 39 GMAC/s (41 GB/s) against 49 before; a model's decode, bound by
+//! memory, did not change measurably (llama-1b Q8_0, 2 threads, 39-44 tokens/s both).
 
 use super::{check_len, unpack_scales_mins_k4, Kernels};
 use crate::blocks::*;
@@ -235,7 +238,10 @@ unsafe fn dot_q8_0_q8_0(x: &[BlockQ8_0], y: &[BlockQ8_0]) -> f32 {
             )
         };
         let dots: [__m512i; 4] = std::array::from_fn(|k| {
-            let (xq, yq) = (join(&bx[2 * k], &bx[2 * k + 1]), join(&by[2 * k], &by[2 * k + 1]));
+            let (xq, yq) = (
+                join(&bx[2 * k], &bx[2 * k + 1]),
+                join(&by[2 * k], &by[2 * k + 1]),
+            );
             let s = _mm512_dpbusd_epi32(zero, _mm512_xor_si512(xq, flip), yq);
             let sum_y = _mm512_dpbusd_epi32(zero, ones, yq);
             _mm512_sub_epi32(s, _mm512_slli_epi32(sum_y, 7))

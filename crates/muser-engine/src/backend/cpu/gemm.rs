@@ -276,10 +276,7 @@ mod x86 {
 
     /// `vpermt2q` indices of the last level of `reduce8x2`: 128-bit lanes (c0.0, c1.0, c0.2,
     /// c1.2) and (c0.1, c1.1, c0.3, c1.3).
-    const REDUCE_LAST: [[i64; 8]; 2] = [
-        [0, 1, 8, 9, 4, 5, 12, 13],
-        [2, 3, 10, 11, 6, 7, 14, 15],
-    ];
+    const REDUCE_LAST: [[i64; 8]; 2] = [[0, 1, 8, 9, 4, 5, 12, 13], [2, 3, 10, 11, 6, 7, 14, 15]];
 
     /// The exact integer dots of 8 (row, column) pairs for two blocks: `v[p]` holds pair p's
     /// i32 lanes, block i in the low 256 bits and block i + 1 in the high; the result is

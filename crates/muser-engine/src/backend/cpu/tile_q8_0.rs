@@ -3,42 +3,36 @@
 //! 12 columns or more (`matmul::TILE_Q8_0_MIN_COLUMNS`); from 4 to 11 columns
 //! `gemm::q8_0_matmul` runs.
 //!
-//! Order. The bits are those of muser-quant's AVX-512 one-column `dot_q8_0_q8_0`, which decode
-//! runs. That kernel does not sum a block in integers: per step of 4 blocks, f32 lane j of its
-//! accumulator acc0 takes `fma(float(dot of values 4g .. 4g + 3), d_x * d_y, lane)` for block
-//! 4i + j / 8, g = j mod 8, and acc1 the same for blocks 4i + 2, 4i + 3; at the end
-//! `reduce_add(acc0 + acc1)`, then the last nb mod 4 blocks one by one (`q8_0_blocks_add`: the
-//! block's integer dot to f32, times d_x * d_y, added). So each (row, column) holds 32 f32 sums
-//! A[m][g] (m = block mod 4, g the 4-value group), each over its own blocks in block order. Here
-//! lane c of a vector is column c: the same fma per (m, g, block) on the same values, then
-//! `(A0[g] + A2[g]) + (A1[g] + A3[g])` (the lanes of acc0 + acc1 and the first level of the
-//! reduction tree), the tree's next levels (g + g + 4, then 0 + 2 and 1 + 3, then the two) as
-//! vector adds, and the tail blocks as in `q8_0_blocks_add`. Same operations on the same
-//! values, so the same bits (`tests/gemm.rs` checks every (row, column) at ragged shapes).
+//! Order. The bits are those of muser-quant's scalar reference `q8_0_blocks_add`, which every
+//! one-column Q8_0 dot (decode) and `gemm::q8_0_matmul` keep: per (row, column) and block the
+//! exact integer dot of the 32 products, then `sum += float(dot) * (d_x * d_y)` (two f32
+//! products and a sum, no fma), blocks in order from the first. Here lane c of a vector is
+//! column c: per block and row, its `vpdpbusd` chain over the 8 groups of 4 values gives the
+//! block's integer exactly, then one conversion, d_x * d_y, the product and the sum, all lane-wise
+//! the reference's operations on the same values, so the same bits (`tests/gemm.rs` checks every
+//! (row, column) at ragged shapes against the scalar dot).
 //!
 //! Signed x signed. `vpdpbusd` multiplies unsigned by signed bytes: the panel holds the
 //! activations plus 128 (0..255, a sign-bit flip), the weights' quants are the signed operand
-//! (broadcast 4 at a time), and each 4-value group's chain starts at -128 x the sum of its 4
-//! weights (kept per row, group and block by the unpack). |4 x 255 x 128| + 128 x 512 fits an
-//! i32 easily, so every group's integer is exact.
+//! (broadcast 4 at a time), and each block's chain starts at -128 x the sum of its 32 weights
+//! (kept per row and block by the unpack). |32 x 255 x 128| + 128 x 32 x 128 fits an i32
+//! easily, so every block's integer is exact.
 //!
 //! Layout. The activations are laid out once per matmul in a [`PanelQ8_0`]: per group of 16
 //! columns and block, the 32 values plus 128 as 8 groups of 4 with the 16 columns side by side
 //! (lane c holds column c's 4 values), and the columns' `d` as f32. A task's rows are unpacked
-//! once per matmul: per row and block the 32 quants and the 8 group corrections in one cache
-//! line, `d` as f32 beside. Then per group of 16 columns, per tile of 16 rows, passes of 4 rows
-//! (`row_pass`): 4 rows x 4 groups of f32 sums stay in registers while the blocks of one m go
-//! by, so a group's `vpdpbusd` is followed by one conversion and one fma (the one-column order
-//! forbids summing more in integers). The 16 x 16 result is transposed in registers and written
-//! one vector per column (`tile::store_transposed`).
+//! once per matmul: per row and block the 32 quants, the correction and `d` as f32 (40 bytes).
+//! Then per group of 16 columns, per tile of 16 rows, passes of 8 rows (`row_pass`): the 8 rows'
+//! f32 sums stay in registers while the blocks go by, the block's 8 activation vectors loaded
+//! once for the 8 rows. The 16 x 16 result is transposed in registers and written one vector per
+//! column (`tile::store_transposed`).
 //!
 //! Speed. One thread, 512 columns, llama-1b's shapes (7168 x 2048, 2048 x 7168, 2048 x 2048,
-//! 512 x 2048): 168-172 GMAC/s against `q8_0_matmul`'s 96-109 (2026-11-30, 2-core AMD EPYC;
-//! `tests/gemm_speed.rs`, MUSER_SPEED_ONLY=q8_0). Tried, slower: passes of 2 rows x 8 groups
-//! (144-151) or 8 x 2 (134-143); d_x * d_y computed once per pass into memory (130-133); the
-//! correction added in f32 after the conversion (exact too; 121-130). Without the correction's
-//! broadcast (wrong results, a bound) 168-172 before the unpack and memset fixes: the order's
-//! conversion and fma per group are what bound it.
+//! 512 x 2048): 345-362 GMAC/s against `q8_0_matmul`'s 88-105 (2026-11-30, 2-core AMD EPYC;
+//! `tests/gemm_speed.rs`, MUSER_SPEED_ONLY=q8_0). The order before this one (that of the old
+//! AVX-512 one-column dot: 32 f32 sums per (row, column), a conversion and an fma per 4-value
+//! group, a reduction tree) bounded this kernel at 168-172. At 12 columns 162-184, at 16
+//! 232-246, at 8 78-123 against `q8_0_matmul`'s 80-102.
 
 use muser_quant::{BlockQ8_0, QK8_0};
 
@@ -279,9 +273,8 @@ mod x86 {
         for b in 0..nb {
             let a = acts.get_unchecked(b);
             let dy = _mm512_load_ps(a.d.as_ptr());
-            let av: [__m512i; 8] = std::array::from_fn(|g| {
-                _mm512_load_si512(a.a.as_ptr().add(g * C * 4) as *const _)
-            });
+            let av: [__m512i; 8] =
+                std::array::from_fn(|g| _mm512_load_si512(a.a.as_ptr().add(g * C * 4) as *const _));
             for (r, acc) in acc.iter_mut().enumerate() {
                 let wb = wq.get_unchecked(r * nb + b);
                 let q = |g: usize| (wb.q.as_ptr().add(4 * g) as *const i32).read_unaligned();
