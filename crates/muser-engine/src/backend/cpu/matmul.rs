@@ -52,9 +52,10 @@ pub const TILE4_MIN_COLUMNS: usize = 3;
 
 /// Columns from which Q8_0 weights go through the tiles of `tile_q8_0.rs` (bit-identical)
 /// instead of the register tiles of `gemm::q8_0_matmul`. One thread, llama-1b's shapes
-/// (gate/up, down, q/o), GMAC/s tile_q8_0 against q8_0_matmul (`tests/gemm_speed.rs`): 8 columns
-/// 64-67 against 90-100, 12: 97-103 against 84-92, 16: 95-135 against 94-110, 512: 161-167
-/// against 96-109.
+/// (gate/up, down, q/o, k/v), GMAC/s tile_q8_0 against q8_0_matmul (`tests/gemm_speed.rs`,
+/// 2026-11-30, both in the scalar reference's order): 8 columns 78-123 against 80-102 (the
+/// large FFN shapes lose), 12: 162-184 against 99-106, 16: 232-246 against 101-105, 512: 345-362
+/// against 88-105.
 pub const TILE_Q8_0_MIN_COLUMNS: usize = 12;
 
 impl<'a> QuantizedInput<'a> {
