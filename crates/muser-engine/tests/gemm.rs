@@ -1,12 +1,14 @@
 //! The multi-column prefill kernels (4 and 8 columns) against muser-quant's scalar reference
 //! dots, and bit for bit against its AVX-512 one-column kernels, for several block counts; the
-//! register-tiled kernels bit for bit too.
+//! register-tiled kernels bit for bit too (Q8_0: against the scalar reference dot, whose order
+//! every Q8_0 kernel keeps).
 #![cfg(target_arch = "x86_64")]
 
 mod common;
 use common::quantize;
 use muser_engine::backend::cpu::gemm;
 use muser_gguf::GgmlType;
+use muser_quant::dot::vec_dot_q8_0_q8_0;
 use muser_quant::quantize::quantize_row_q8_k_ref;
 use muser_quant::simd::Kernels;
 use muser_quant::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, BlockQ8_0};
@@ -99,12 +101,12 @@ fn multi_column_kernels_equal_the_avx512_one_column_kernels_bitwise() {
     check_k_quants(&k, true);
 }
 
-/// The tiled Q8_0 matmul against the AVX-512 one-column Q8_0 dot, bit for bit, at every (row,
-/// column) of shapes that use each tile size and its leftovers, with block counts that do and
-/// do not fill its 4-block steps.
+/// The register-tiled Q8_0 matmul against the scalar reference dot (whose bits every one-column
+/// Q8_0 dot gives), bit for bit, at every (row, column) of shapes that use each tile width and
+/// pad the last 8-row tile, with odd and even block counts (its steps take two blocks).
 #[test]
-fn q8_0_matmul_equals_the_avx512_one_column_kernel_bitwise() {
-    let (Some(k), Some(mm)) = (Kernels::avx512(), gemm::q8_0_matmul()) else {
+fn q8_0_matmul_equals_the_scalar_reference_bitwise() {
+    let Some(mm) = gemm::q8_0_matmul() else {
         return eprintln!("no AVX-512 VNNI: skipped");
     };
     let mut rng = StdRng::seed_from_u64(8);
@@ -116,6 +118,9 @@ fn q8_0_matmul_equals_the_avx512_one_column_kernel_bitwise() {
         bytemuck::cast_slice::<u8, BlockQ8_0>(&b).to_vec()
     };
     for (rows, nb, n) in [
+        (1, 1, 1),
+        (7, 2, 2),
+        (9, 3, 3),
         (1, 1, 4),
         (3, 5, 5),
         (8, 4, 16),
@@ -129,7 +134,7 @@ fn q8_0_matmul_equals_the_avx512_one_column_kernel_bitwise() {
         mm(&w, rows, &y, n, &mut out);
         for t in 0..n {
             for r in 0..rows {
-                let want = (k.dot_q8_0_q8_0)(&w[r * nb..(r + 1) * nb], &y[t * nb..(t + 1) * nb]);
+                let want = vec_dot_q8_0_q8_0(&w[r * nb..(r + 1) * nb], &y[t * nb..(t + 1) * nb]);
                 assert_eq!(
                     out[t * rows + r].to_bits(),
                     want.to_bits(),
@@ -275,14 +280,14 @@ fn four_column_kernels_equal_the_avx512_one_column_kernels_bitwise() {
     check_shapes("tile4 q6_k", g6, k.dot_q6_k_q8_k, q6_k_blocks, &shapes);
 }
 
-/// The tiled Q8_0 kernel equals the AVX-512 one-column Q8_0 dot bit for bit at every (row,
-/// column): rows and columns that are and are not multiples of the tile (16) and of the row
-/// passes (4), block counts that do and do not fill the one-column kernel's 4-block steps
-/// (nb < 4 is all tail), weights over the whole i8 range (-128 included) and quantized ones.
+/// The tiled Q8_0 kernel equals the scalar reference dot (and so every one-column Q8_0 dot) bit
+/// for bit at every (row, column): rows and columns that are and are not multiples of the tile
+/// (16) and of the row passes (8), block counts below and above the one-column kernels' 8-block
+/// steps, weights over the whole i8 range (-128 included) and quantized ones.
 #[test]
-fn tiled_q8_0_kernel_equals_the_avx512_one_column_kernel_bitwise() {
+fn tiled_q8_0_kernel_equals_the_scalar_reference_bitwise() {
     use muser_engine::backend::cpu::tile_q8_0;
-    let (Some(k), Some(gemm)) = (Kernels::avx512(), tile_q8_0::q8_0_gemm()) else {
+    let Some(gemm) = tile_q8_0::q8_0_gemm() else {
         return eprintln!("no AVX-512 VNNI: skipped");
     };
     let mut rng = StdRng::seed_from_u64(80);
@@ -317,7 +322,7 @@ fn tiled_q8_0_kernel_equals_the_avx512_one_column_kernel_bitwise() {
         gemm(&w, rows, &y, n, &mut out);
         for t in 0..n {
             for r in 0..rows {
-                let want = (k.dot_q8_0_q8_0)(&w[r * nb..(r + 1) * nb], &y[t * nb..(t + 1) * nb]);
+                let want = vec_dot_q8_0_q8_0(&w[r * nb..(r + 1) * nb], &y[t * nb..(t + 1) * nb]);
                 assert_eq!(
                     out[t * rows + r].to_bits(),
                     want.to_bits(),

@@ -167,8 +167,8 @@ fn prefill_kernel_speed() {
         return;
     }
     // MUSER_SPEED_ONLY=q8_0: the tiled Q8_0 kernel (tasks of `tile_q8_0::rows_per_task` rows)
-    // against the register tiles of `gemm::q8_0_matmul` (tasks of 64 rows) on llama-1b's
-    // shapes, MUSER_SPEED_N columns, one thread.
+    // against the register tiles of `gemm::q8_0_matmul` (tasks of 64 rows) and the one-column
+    // dots on llama-1b's shapes, MUSER_SPEED_N columns, one thread.
     if std::env::var("MUSER_SPEED_ONLY").is_ok_and(|v| v == "q8_0") {
         use muser_engine::backend::cpu::tile_q8_0;
         use muser_quant::quantize::quantize_row_q8_0_ref;
@@ -211,10 +211,21 @@ fn prefill_kernel_speed() {
                     )
                 }
             });
+            // The one-column dots (decode's kernel below 4 columns), row by row.
+            let dot = muser_quant::simd::Kernels::detect().dot_q8_0_q8_0;
+            let td = best(3, || {
+                for r in 0..rows {
+                    for t in 0..n {
+                        out[t] = dot(&w[r * nb..(r + 1) * nb], &y[t * nb..(t + 1) * nb]);
+                    }
+                }
+            });
             println!(
-                "{name} n={n}: tile_q8_0 {:.1} GMAC/s ({chunk}-row tasks), q8_0_matmul {:.1} GMAC/s",
+                "{name} n={n}: tile_q8_0 {:.1} GMAC/s ({chunk}-row tasks), q8_0_matmul {:.1} GMAC/s, \
+                 one-column dots {:.1} GMAC/s",
                 macs / tt / 1e9,
-                macs / tg / 1e9
+                macs / tg / 1e9,
+                macs / td / 1e9
             );
         }
         return;

@@ -4,7 +4,8 @@
 //! with qs in -127..=127 and consistent bsums; row lengths from 256 to 20,480 (the model's 6656
 //! and 19968 included), odd block counts and odd float lengths to reach every tail.
 //! Tolerance: |simd - reference| <= 1e-4 * sum |terms| (the integer sums are exact, only the f32
-//! accumulation order differs).
+//! accumulation order differs). The Q8_0 dots (every level) and the AVX-512 K-quant dots keep the
+//! reference's order and are checked bit for bit too.
 
 use half::{bf16, f16};
 use muser_quant::blocks::scale_min_k4;
@@ -450,6 +451,43 @@ fn avx512_k_quant_dots_are_bit_identical_to_scalar() {
                 got.to_bits(),
                 want.to_bits(),
                 "{what} n={n}: {got} vs {want}"
+            );
+        }
+    }
+}
+
+/// Every level's Q8_0 dot follows the scalar reference's order (per block the exact integer dot,
+/// then `sum += float(dot) * (d_x * d_y)`, blocks in order), so its bits are the reference's:
+/// random blocks at lengths that do and do not fill the 8-block steps, and blocks at the limits
+/// (quants only -128, -127, 127, 0, -1, 1; scales from 6e-8, the smallest f16, to 65504) where
+/// a wrong sign trick, a lost integer or an fma instead of two roundings would show.
+#[test]
+fn q8_0_dots_are_bit_identical_to_scalar_at_every_level() {
+    let mut rng = StdRng::seed_from_u64(0x5134_000a);
+    let limits = [-128i8, -127, 127, 0, -1, 1];
+    let scales = [6e-8f32, 1e-5, 0.37, 1.0, 3.3, 700.0, 65504.0];
+    for round in 0..40 {
+        let nb = [1, 7, 8, 9, 15, 16, 17, 64, 131, 209][round % 10];
+        let (mut x, mut y) = (random_q8_0(&mut rng, nb), random_q8_0(&mut rng, nb));
+        if round >= 10 {
+            for b in x.iter_mut().chain(&mut y) {
+                if round % 2 == 0 {
+                    b.qs = std::array::from_fn(|_| limits[rng.gen_range(0..limits.len())]);
+                }
+                if round >= 20 {
+                    let s = scales[rng.gen_range(0..scales.len())];
+                    b.d = f16::from_f32(if rng.gen() { s } else { -s });
+                }
+            }
+        }
+        let want = vec_dot_q8_0_q8_0(&x, &y);
+        for k in levels() {
+            let got = (k.dot_q8_0_q8_0)(&x, &y);
+            assert_eq!(
+                got.to_bits(),
+                want.to_bits(),
+                "[{}] round {round}, {nb} blocks: {got} vs {want}",
+                k.isa
             );
         }
     }

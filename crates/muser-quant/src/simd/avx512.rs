@@ -8,15 +8,19 @@
 //! activations. `vpmaddubsw` (u8 x i8, pairs summed in i16, never saturating: the largest pair is
 //! 2 * 63 * 128 = 16,128) then `vpdpwssd` (VNNI: i16 x i16 scale, pairs summed into i32 lanes)
 //! accumulate one super-block in i32, converted to f32 once. The integer sums are exactly the
-//! scalar reference's; only the f32 order across blocks differs.
+//! scalar reference's, and so is the f32 order (per block, block by block: `finish4`).
 //! Q8_0 is signed x signed: `vpdpbusd` needs one unsigned side, so x is offset by 128 (xor 0x80)
-//! and 128 * sum(y) (another `vpdpbusd` against ones) is taken back: exact for every int8.
+//! and 128 * sum(y) (another `vpdpbusd` against ones) is taken back: exact for every int8. Its
+//! f32 steps are the scalar reference's too (`dot_q8_0_q8_0`).
 //! Float tails use masked loads (no scalar tail).
 //!
 //! Measured 2026-11-29 on the 2-core AMD EPYC CPU machine (AVX-512 VNNI), rows of 4096, one
 //! thread, best of many passes (the machine was shared with other jobs; criterion means in the
 //! crate's bench report are lower). GB/s of weights, set in L2 (512 KB) / streamed (64 MB):
 //! Q4_K 36 / 29, Q5_K 34 / 29, Q6_K 67 / 34, Q8_0 56 / 34, f32 132 / 27, f16 75 / 36.
+//! Q8_0 in the scalar order (2026-11-30, muser-engine's `tests/gemm_speed.rs`, one column,
+//! llama-1b's shapes): 39 GMAC/s (41 GB/s) against 49 before; a model's decode, bound by
+//! memory, did not change measurably (llama-1b Q8_0, 2 threads, 39-44 tokens/s both).
 
 use super::{check_len, unpack_scales_mins_k4, Kernels};
 use crate::blocks::*;
@@ -160,7 +164,8 @@ float_dot!(dot_f16_f32, f16, load16_f16);
 float_dot!(dot_bf16_f32, bf16, load16_bf16);
 
 /// `vpermt2w` indices gathering the `d` of 4 consecutive Q8_0 blocks (34 bytes each) from two
-/// 64-byte loads at block offsets 0 and 68 bytes: words 0 and 17 of each, into words `at..at+4`.
+/// 64-byte loads at block offsets 0 and 68 bytes (words 0 and 17 of each) into words
+/// `at..at + 4`; every other word takes word 0.
 const fn q8_0_d_index(at: usize) -> [i16; 32] {
     let mut idx = [0i16; 32];
     idx[at + 1] = 17;
@@ -168,17 +173,50 @@ const fn q8_0_d_index(at: usize) -> [i16; 32] {
     idx[at + 3] = 32 + 17;
     idx
 }
-const Q8_0_DX_INDEX: [i16; 32] = q8_0_d_index(0);
-const Q8_0_DY_INDEX: [i16; 32] = q8_0_d_index(4);
-/// `vpermps` indices: f32 lanes 0..8 take scale `2k`, lanes 8..16 scale `2k+1`.
-const Q8_0_SCALE_INDEX: [[i32; 16]; 2] = [
-    [0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1],
-    [2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3],
-];
+const Q8_0_D_INDEX: [[i16; 32]; 2] = [q8_0_d_index(0), q8_0_d_index(4)];
 
-/// Four blocks per step, two per register (block 2k in the low 256 bits, 2k+1 in the high):
-/// sum(x * y) = sum((x + 128) * y) - 128 * sum(y), both by `vpdpbusd`. The eight f16 scales of
-/// the step are gathered from the blocks with two word permutes and converted at once.
+/// Words 0..8: the `d` of the 8 consecutive Q8_0 blocks at `p` (272 bytes: the loads at 0, 68,
+/// 136 and 204 end inside them). Words 8..32: don't care.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn q8_0_d8(p: *const BlockQ8_0, index: &[__m512i; 2]) -> __m128i {
+    let p = p as *const u8;
+    let lo = _mm512_permutex2var_epi16(load512(p), index[0], load512(p.add(68)));
+    let hi = _mm512_permutex2var_epi16(load512(p.add(136)), index[1], load512(p.add(204)));
+    _mm512_castsi512_si128(_mm512_mask_blend_epi16(0xf0, lo, hi))
+}
+
+/// The exact integer dots of 8 Q8_0 block pairs (blocks 2k and 2k + 1 in the halves of
+/// `dots[k]`, each half 8 i32 lanes): [block 0, .., block 7]. A transpose-and-add tree (integer
+/// adds: any order is exact): 32-bit then 64-bit interleaves leave, per 128-bit lane l, the lane
+/// sums of the four inputs; a block is lanes (0, 1) or (2, 3) of its register.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+fn q8_0_reduce8(dots: &[__m512i; 4]) -> __m256i {
+    let a = _mm512_add_epi32(
+        _mm512_unpacklo_epi32(dots[0], dots[1]),
+        _mm512_unpackhi_epi32(dots[0], dots[1]),
+    );
+    let b = _mm512_add_epi32(
+        _mm512_unpacklo_epi32(dots[2], dots[3]),
+        _mm512_unpackhi_epi32(dots[2], dots[3]),
+    );
+    // 128-bit lane l of c: the sums of lane l of dots[0], dots[1], dots[2], dots[3].
+    let c = _mm512_add_epi32(_mm512_unpacklo_epi64(a, b), _mm512_unpackhi_epi64(a, b));
+    // Lanes 0 and 2 of e: [blocks 0, 2, 4, 6] and [blocks 1, 3, 5, 7].
+    let e = _mm512_add_epi32(c, _mm512_shuffle_i64x2::<0b10_11_00_01>(c, c));
+    let order = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 0, 0, 0, 0, 0, 0, 0, 0);
+    _mm512_castsi512_si256(_mm512_permutexvar_epi32(order, e))
+}
+
+/// The scalar reference's order (`dot::q8_0_blocks_add`): per block the exact integer dot
+/// sum(x * y), then `sum += float(dot) * (d_x * d_y)` (a product, a product, a sum: three f32
+/// roundings, no fma), block by block from the first; so the bits are the reference's.
+/// Eight blocks per step: sum(x * y) = sum((x + 128) * y) - 128 * sum(y), both by `vpdpbusd`,
+/// two blocks per register; the eight blocks' integers gathered into one vector by
+/// `q8_0_reduce8`, their eight d_x * d_y and values computed in one vector each; then the
+/// eight additions to the sum in block order (a dependent chain; the next step's integer work
+/// overlaps it). The last nb mod 8 blocks by `q8_0_blocks_add` itself.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn dot_q8_0_q8_0(x: &[BlockQ8_0], y: &[BlockQ8_0]) -> f32 {
     check_len("dot_q8_0_q8_0", x.len(), y.len());
@@ -187,13 +225,9 @@ unsafe fn dot_q8_0_q8_0(x: &[BlockQ8_0], y: &[BlockQ8_0]) -> f32 {
         _mm512_set1_epi8(1),
         _mm512_setzero_si512(),
     );
-    let (dx_index, dy_index) = (
-        load512(Q8_0_DX_INDEX.as_ptr()),
-        load512(Q8_0_DY_INDEX.as_ptr()),
-    );
-    let scale_index = Q8_0_SCALE_INDEX.map(|a| load512(a.as_ptr()));
-    let (mut acc0, mut acc1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-    let (xs, ys) = (x.chunks_exact(4), y.chunks_exact(4));
+    let index = Q8_0_D_INDEX.map(|a| load512(a.as_ptr()));
+    let mut sum = _mm_setzero_ps();
+    let (xs, ys) = (x.chunks_exact(8), y.chunks_exact(8));
     let (x_tail, y_tail) = (xs.remainder(), ys.remainder());
     for (bx, by) in xs.zip(ys) {
         let join = |a: &BlockQ8_0, b: &BlockQ8_0| {
@@ -203,32 +237,27 @@ unsafe fn dot_q8_0_q8_0(x: &[BlockQ8_0], y: &[BlockQ8_0]) -> f32 {
                 1,
             )
         };
-        let dot = |xq: __m512i, yq: __m512i| {
-            let sum = _mm512_dpbusd_epi32(zero, _mm512_xor_si512(xq, flip), yq);
+        let dots: [__m512i; 4] = std::array::from_fn(|k| {
+            let (xq, yq) = (
+                join(&bx[2 * k], &bx[2 * k + 1]),
+                join(&by[2 * k], &by[2 * k + 1]),
+            );
+            let s = _mm512_dpbusd_epi32(zero, _mm512_xor_si512(xq, flip), yq);
             let sum_y = _mm512_dpbusd_epi32(zero, ones, yq);
-            _mm512_cvtepi32_ps(_mm512_sub_epi32(sum, _mm512_slli_epi32(sum_y, 7)))
-        };
-        let dot01 = dot(join(&bx[0], &bx[1]), join(&by[0], &by[1]));
-        let dot23 = dot(join(&bx[2], &bx[3]), join(&by[2], &by[3]));
-        // The 4 blocks are 136 bytes: loads at 0 and 68 stay inside them.
-        let (px, py) = (bx.as_ptr() as *const u8, by.as_ptr() as *const u8);
-        let dx = _mm512_permutex2var_epi16(load512(px), dx_index, load512(px.add(68)));
-        let dy = _mm512_permutex2var_epi16(load512(py), dy_index, load512(py.add(68)));
-        let d = _mm256_cvtph_ps(_mm512_castsi512_si128(_mm512_mask_blend_epi16(
-            0xf0, dx, dy,
-        )));
-        let s = _mm512_castps128_ps512(_mm_mul_ps(
-            _mm256_castps256_ps128(d),
-            _mm256_extractf128_ps(d, 1),
-        ));
-        acc0 = _mm512_fmadd_ps(dot01, _mm512_permutexvar_ps(scale_index[0], s), acc0);
-        acc1 = _mm512_fmadd_ps(dot23, _mm512_permutexvar_ps(scale_index[1], s), acc1);
+            _mm512_sub_epi32(s, _mm512_slli_epi32(sum_y, 7))
+        });
+        let dots = _mm256_cvtepi32_ps(q8_0_reduce8(&dots));
+        let dx = _mm256_cvtph_ps(q8_0_d8(bx.as_ptr(), &index));
+        let dy = _mm256_cvtph_ps(q8_0_d8(by.as_ptr(), &index));
+        let v = _mm256_mul_ps(dots, _mm256_mul_ps(dx, dy));
+        for h in [_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v)] {
+            sum = _mm_add_ss(sum, h);
+            sum = _mm_add_ss(sum, _mm_movehdup_ps(h));
+            sum = _mm_add_ss(sum, _mm_movehl_ps(h, h));
+            sum = _mm_add_ss(sum, _mm_shuffle_ps::<0b11_11_11_11>(h, h));
+        }
     }
-    crate::dot::q8_0_blocks_add(
-        _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)),
-        x_tail,
-        y_tail,
-    )
+    crate::dot::q8_0_blocks_add(_mm_cvtss_f32(sum), x_tail, y_tail)
 }
 
 /// The (scales, mins) of a Q4_K/Q5_K block: the eight scales as i16 in each 128-bit lane, and

@@ -2,9 +2,10 @@
 //! among them (`Kernels::detect`). Each kernel computes the same dot as its counterpart in
 //! `crate::dot`, within 1e-4 relative: the quantized kernels form exactly the same integer sums
 //! per block as the scalar ones, only the f32 accumulation across blocks may be ordered
-//! differently. The AVX-512 K-quant kernels keep the scalar order too (per block the exact
-//! integers, then one f32 step, block by block), so their bits are the scalar dots' (tested), and
-//! muser-engine's multi-column and tiled kernels give those same bits.
+//! differently. The Q8_0 kernels of every level and the AVX-512 K-quant kernels keep the scalar
+//! order (per block the exact integers, then the reference's f32 step, block by block), so their
+//! bits are the scalar dots' (tested), and muser-engine's multi-column and tiled kernels give
+//! those same bits.
 //!
 //! Levels:
 //! - `avx2`: AVX2 + FMA + F16C (`avx2.rs`).

@@ -13,10 +13,9 @@
 //! from 12, `tile_q8_0.rs`).
 //!
 //! Other types and leftover columns use muser-quant's one-column kernels. Per column the
-//! arithmetic is that of muser-quant's AVX-512 one-column kernel (Q8_0: its lanes, order and
-//! final reduction; K-quants: the scalar reference's per-block order, each block's lanes
-//! reduced exactly, four columns at a time), so results are bit-identical and prefill logits
-//! equal decode logits.
+//! arithmetic is the scalar reference's per-block order, which muser-quant's one-column kernels
+//! keep (each block's lanes reduced exactly: K-quants four columns at a time, Q8_0 eight rows at
+//! a time), so results are bit-identical and prefill logits equal decode logits.
 //! Tested against the scalar reference and the one-column kernel (`tests/gemm.rs`).
 
 use muser_quant::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, BlockQ8_0};
@@ -36,13 +35,11 @@ pub fn q5_k_cols<const C: usize>() -> Option<DotN<BlockQ5K, C>> {
 /// `y` is `n x nb` Q8_0 columns).
 pub type Q8_0Matmul = fn(w: &[BlockQ8_0], rows: usize, y: &[BlockQ8_0], n: usize, out: &mut [f32]);
 
-/// The register-tiled Q8_0 matmul when this CPU runs it. Tiles of 8 rows x 16, 8 or 4 columns
-/// (the rows left over in tiles of 2, the rest one by one): a row's flipped quants and scales
-/// serve a tile's columns and a column's quants, sums and scales its rows; the accumulators
-/// stay in L1. Per (row, column) it keeps the lanes, the order and the final reduction of
-/// muser-quant's AVX-512 one-column Q8_0 dot, so the bits are the same. 2-core AMD EPYC,
-/// llama-1b in Q8_0, pp512 (tiles tried, rows x columns): one-column dots 107, 2 x 4 120,
-/// 4 x 4 155, 4 x 8 173, 8 x 8 184, 8 x 16 196, 16 x 16 168.
+/// The register-tiled Q8_0 matmul when this CPU runs it. Tiles of 8 rows (the last one padded)
+/// x 4, 2 or 1 columns: a row's flipped quants and scales serve a tile's columns and a column's
+/// quants, sums and scales its rows. Per (row, column) the scalar reference's order (per block
+/// the exact integer dot, then one f32 step, block by block), which every one-column Q8_0 dot
+/// keeps, so the bits are the same.
 pub fn q8_0_matmul() -> Option<Q8_0Matmul> {
     has_avx512_vnni().then_some(q8_0_matmul_checked as Q8_0Matmul)
 }
@@ -277,83 +274,110 @@ mod x86 {
         )
     }
 
-    /// f32 lanes 0..8 = a, lanes 8..16 = b.
+    /// `vpermt2q` indices of the last level of `reduce8x2`: 128-bit lanes (c0.0, c1.0, c0.2,
+    /// c1.2) and (c0.1, c1.1, c0.3, c1.3).
+    const REDUCE_LAST: [[i64; 8]; 2] = [[0, 1, 8, 9, 4, 5, 12, 13], [2, 3, 10, 11, 6, 7, 14, 15]];
+
+    /// The exact integer dots of 8 (row, column) pairs for two blocks: `v[p]` holds pair p's
+    /// i32 lanes, block i in the low 256 bits and block i + 1 in the high; the result is
+    /// [pairs 0..8 of block i, pairs 0..8 of block i + 1]. A transpose-and-add tree (integer
+    /// adds, exact in any order): after the 32-bit and 64-bit interleaves, 128-bit lane l of
+    /// c[j] holds the lane sums of lane l of pairs 4j .. 4j + 4; a block is lanes (0, 1) or
+    /// (2, 3).
     #[inline(always)]
-    unsafe fn halves_f32(a: f32, b: f32) -> __m512 {
-        _mm512_insertf32x8(
-            _mm512_castps256_ps512(_mm256_set1_ps(a)),
-            _mm256_set1_ps(b),
-            1,
+    unsafe fn reduce8x2(v: &[__m512i; 8], last: &[__m512i; 2]) -> __m512i {
+        let a: [__m512i; 4] = std::array::from_fn(|k| {
+            _mm512_add_epi32(
+                _mm512_unpacklo_epi32(v[2 * k], v[2 * k + 1]),
+                _mm512_unpackhi_epi32(v[2 * k], v[2 * k + 1]),
+            )
+        });
+        let c: [__m512i; 2] = std::array::from_fn(|j| {
+            _mm512_add_epi32(
+                _mm512_unpacklo_epi64(a[2 * j], a[2 * j + 1]),
+                _mm512_unpackhi_epi64(a[2 * j], a[2 * j + 1]),
+            )
+        });
+        _mm512_add_epi32(
+            _mm512_permutex2var_epi64(c[0], last[0], c[1]),
+            _mm512_permutex2var_epi64(c[0], last[1], c[1]),
         )
     }
 
-    /// Per (row, column): muser-quant's `dot_q8_0_q8_0` (AVX-512). Four blocks per step, two
-    /// per register; dot = (x + 128) . y - 128 sum(y) per i32 lane, to f32, times the two
-    /// blocks' d_x d_y (one f32 product each, in 8 lanes) into acc0 (blocks 0, 1) and acc1
-    /// (2, 3); then reduce_add(acc0 + acc1) and the last nb % 4 blocks one by one.
-    // Not inlined into the driver (one function per tile shape): pp512 190-192 against 182-187
-    // tokens/s inlined, 16 streams 146-148 against 138.
+    /// Per (row, column) the scalar reference's order (`muser_quant::dot::q8_0_blocks_add`,
+    /// which every one-column Q8_0 dot follows): per block the exact integer dot, then
+    /// `sum += float(dot) * (d_x * d_y)` in f32 (two products and a sum, no fma), blocks in
+    /// order. 8 rows x C columns; two blocks per step: the rows' quants plus 128 (x xor 0x80)
+    /// serve every column, a column's `-128 sum(y)` (per 4-value lane) starts each of its
+    /// `vpdpbusd`; the 8 rows' integers of a column go through `reduce8x2` into one vector,
+    /// times the 8 rows' d_x by the column's d_y, and are added to the column's 8 sums (one
+    /// 8-lane vector: a lane is a (row, column) pair) block i, then block i + 1. An odd last
+    /// block takes the low halves only. out[c][r].
+    // Not inlined into the driver (one function per tile shape).
     #[inline(never)]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,f16c")]
-    pub unsafe fn q8_0_tile<const R: usize, const C: usize>(
-        x: [&[BlockQ8_0]; R],
+    pub unsafe fn q8_0_tile<const C: usize>(
+        x: [&[BlockQ8_0]; 8],
         y: [&[BlockQ8_0]; C],
-    ) -> [[f32; C]; R] {
+    ) -> [[f32; 8]; C] {
         let (flip, ones, zero) = (
             _mm512_set1_epi8(-128),
             _mm512_set1_epi8(1),
             _mm512_setzero_si512(),
         );
+        let last = REDUCE_LAST.map(|a| _mm512_loadu_si512(a.as_ptr() as *const _));
         let nb = y[0].len();
-        let nq = nb / 4 * 4;
-        let mut acc0 = [[_mm512_setzero_ps(); C]; R];
-        let mut acc1 = [[_mm512_setzero_ps(); C]; R];
-        for i in (0..nq).step_by(4) {
-            let xq: [[__m512i; 2]; R] = std::array::from_fn(|r| {
-                let b = &x[r][i..i + 4];
-                [
-                    _mm512_xor_si512(join_q8_0(&b[0], &b[1]), flip),
-                    _mm512_xor_si512(join_q8_0(&b[2], &b[3]), flip),
-                ]
-            });
-            // d_x of blocks (0, 1) and (2, 3) in the two 8-lane halves: lane-wise d_x d_y is the
-            // one-column kernel's product, in its lanes.
-            let dx: [[__m512; 2]; R] = std::array::from_fn(|r| {
-                let d: [f32; 4] = std::array::from_fn(|k| f16_to_f32(x[r][i + k].d));
-                [halves_f32(d[0], d[1]), halves_f32(d[2], d[3])]
-            });
+        let mut acc = [_mm256_setzero_ps(); C];
+        for i in (0..nb).step_by(2) {
+            // The second block of an odd tail is the first again; its values are not added.
+            let j = (i + 1).min(nb - 1);
+            let xq: [__m512i; 8] =
+                std::array::from_fn(|r| _mm512_xor_si512(join_q8_0(&x[r][i], &x[r][j]), flip));
+            let dx = _mm512_cvtph_ps(_mm256_setr_epi16(
+                x[0][i].d.to_bits() as i16,
+                x[1][i].d.to_bits() as i16,
+                x[2][i].d.to_bits() as i16,
+                x[3][i].d.to_bits() as i16,
+                x[4][i].d.to_bits() as i16,
+                x[5][i].d.to_bits() as i16,
+                x[6][i].d.to_bits() as i16,
+                x[7][i].d.to_bits() as i16,
+                x[0][j].d.to_bits() as i16,
+                x[1][j].d.to_bits() as i16,
+                x[2][j].d.to_bits() as i16,
+                x[3][j].d.to_bits() as i16,
+                x[4][j].d.to_bits() as i16,
+                x[5][j].d.to_bits() as i16,
+                x[6][j].d.to_bits() as i16,
+                x[7][j].d.to_bits() as i16,
+            ));
             for c in 0..C {
-                let b = &y[c][i..i + 4];
-                let yq = [join_q8_0(&b[0], &b[1]), join_q8_0(&b[2], &b[3])];
-                let corr = yq.map(|q| _mm512_slli_epi32(_mm512_dpbusd_epi32(zero, ones, q), 7));
-                let d: [f32; 4] = std::array::from_fn(|k| f16_to_f32(b[k].d));
-                let dy = [halves_f32(d[0], d[1]), halves_f32(d[2], d[3])];
-                for r in 0..R {
-                    let d01 = _mm512_cvtepi32_ps(_mm512_sub_epi32(
-                        _mm512_dpbusd_epi32(zero, xq[r][0], yq[0]),
-                        corr[0],
-                    ));
-                    let d23 = _mm512_cvtepi32_ps(_mm512_sub_epi32(
-                        _mm512_dpbusd_epi32(zero, xq[r][1], yq[1]),
-                        corr[1],
-                    ));
-                    let (s01, s23) = (
-                        _mm512_mul_ps(dx[r][0], dy[0]),
-                        _mm512_mul_ps(dx[r][1], dy[1]),
-                    );
-                    acc0[r][c] = _mm512_fmadd_ps(d01, s01, acc0[r][c]);
-                    acc1[r][c] = _mm512_fmadd_ps(d23, s23, acc1[r][c]);
+                let yq = join_q8_0(&y[c][i], &y[c][j]);
+                let corr = _mm512_sub_epi32(
+                    zero,
+                    _mm512_slli_epi32(_mm512_dpbusd_epi32(zero, ones, yq), 7),
+                );
+                let dots: [__m512i; 8] =
+                    std::array::from_fn(|r| _mm512_dpbusd_epi32(corr, xq[r], yq));
+                let dy = _mm512_insertf32x8(
+                    _mm512_castps256_ps512(_mm256_set1_ps(f16_to_f32(y[c][i].d))),
+                    _mm256_set1_ps(f16_to_f32(y[c][j].d)),
+                    1,
+                );
+                let v = _mm512_mul_ps(
+                    _mm512_cvtepi32_ps(reduce8x2(&dots, &last)),
+                    _mm512_mul_ps(dx, dy),
+                );
+                acc[c] = _mm256_add_ps(acc[c], _mm512_castps512_ps256(v));
+                if j > i {
+                    acc[c] = _mm256_add_ps(acc[c], _mm512_extractf32x8_ps::<1>(v));
                 }
             }
         }
-        std::array::from_fn(|r| {
-            std::array::from_fn(|c| {
-                muser_quant::dot::q8_0_blocks_add(
-                    _mm512_reduce_add_ps(_mm512_add_ps(acc0[r][c], acc1[r][c])),
-                    &x[r][nq..],
-                    &y[c][nq..],
-                )
-            })
+        acc.map(|a| {
+            let mut o = [0f32; 8];
+            _mm256_storeu_ps(o.as_mut_ptr(), a);
+            o
         })
     }
 
@@ -371,63 +395,46 @@ mod x86 {
         out: &mut [f32],
     ) {
         let nb = w.len() / rows.max(1);
-        // Rows r0 .. r0 + R against columns t0 .. t0 + C.
+        // Rows r0 .. r0 + 8 (past the last row: the last row again, not written) against
+        // columns t0 .. t0 + C.
         macro_rules! tile {
-            ($r:literal, $c:literal, $r0:expr, $t0:expr) => {{
+            ($c:literal, $r0:expr, $t0:expr) => {{
                 let (r0, t0): (usize, usize) = ($r0, $t0);
-                let v = q8_0_tile::<$r, $c>(
-                    std::array::from_fn(|i| &w[(r0 + i) * nb..(r0 + i + 1) * nb]),
+                let v = q8_0_tile::<$c>(
+                    std::array::from_fn(|i| {
+                        let r = (r0 + i).min(rows - 1);
+                        &w[r * nb..(r + 1) * nb]
+                    }),
                     std::array::from_fn(|j| &y[(t0 + j) * nb..(t0 + j + 1) * nb]),
                 );
-                for (i, vr) in v.iter().enumerate() {
-                    for (j, &x) in vr.iter().enumerate() {
+                for (j, vc) in v.iter().enumerate() {
+                    for (i, &x) in vc.iter().take(rows - r0).enumerate() {
                         out[(t0 + j) * rows + r0 + i] = x;
                     }
                 }
             }};
         }
-        let mut r0 = 0;
-        while r0 < rows {
-            let rr = if rows - r0 >= 8 {
-                8
-            } else if rows - r0 >= 2 {
-                2
-            } else {
-                1
-            };
+        if nb == 0 {
+            return out.fill(0.0);
+        }
+        for r0 in (0..rows).step_by(8) {
             let mut t0 = 0;
             while t0 < n {
-                t0 += match (rr, n - t0) {
-                    (8, 16..) => {
-                        tile!(8, 16, r0, t0);
-                        16
-                    }
-                    (8, 8..) => {
-                        tile!(8, 8, r0, t0);
-                        8
-                    }
-                    (8, 4..) => {
-                        tile!(8, 4, r0, t0);
+                t0 += match n - t0 {
+                    4.. => {
+                        tile!(4, r0, t0);
                         4
                     }
-                    (2, 16..) => {
-                        tile!(2, 16, r0, t0);
-                        16
+                    2.. => {
+                        tile!(2, r0, t0);
+                        2
                     }
-                    (2, 4..) => {
-                        tile!(2, 4, r0, t0);
-                        4
-                    }
-                    // The one-column arithmetic, as a 1 x 1 tile.
                     _ => {
-                        for i in 0..rr {
-                            tile!(1, 1, r0 + i, t0);
-                        }
+                        tile!(1, r0, t0);
                         1
                     }
                 };
             }
-            r0 += rr;
         }
     }
 }

@@ -8,7 +8,10 @@
 //! muser-quant's SIMD kernels (`Kernels::detect`); from 16 columns, Q4_K, Q5_K and Q6_K weights
 //! go through the tiles of `tile.rs` instead (bit-identical), from 3 to 15 columns through those
 //! of `tile4.rs`; both write straight into the output. From 12 columns Q8_0 weights go through
-//! `tile_q8_0.rs` (bit-identical too), from 4 to 11 through `gemm::q8_0_matmul`.
+//! `tile_q8_0.rs` (bit-identical too), from 4 to 11 through `gemm::q8_0_matmul`. Below 4 the
+//! one-column dots run: `q8_0_matmul`'s 8-row tiles are faster on one thread with the weights
+//! in cache (llama-1b's shapes, one column: 51-62 GMAC/s against 39), but they read 8 rows as 8
+//! streams, and decode from memory fell from 39-40 to 31 tokens/s (llama-1b Q8_0, 2 threads).
 
 use super::CpuWeight;
 use muser_gguf::GgmlType;
@@ -49,9 +52,10 @@ pub const TILE4_MIN_COLUMNS: usize = 3;
 
 /// Columns from which Q8_0 weights go through the tiles of `tile_q8_0.rs` (bit-identical)
 /// instead of the register tiles of `gemm::q8_0_matmul`. One thread, llama-1b's shapes
-/// (gate/up, down, q/o), GMAC/s tile_q8_0 against q8_0_matmul (`tests/gemm_speed.rs`): 8 columns
-/// 64-67 against 90-100, 12: 97-103 against 84-92, 16: 95-135 against 94-110, 512: 161-167
-/// against 96-109.
+/// (gate/up, down, q/o, k/v), GMAC/s tile_q8_0 against q8_0_matmul (`tests/gemm_speed.rs`,
+/// 2026-11-30, both in the scalar reference's order): 8 columns 78-123 against 80-102 (the
+/// large FFN shapes lose), 12: 162-184 against 99-106, 16: 232-246 against 101-105, 512: 345-362
+/// against 88-105.
 pub const TILE_Q8_0_MIN_COLUMNS: usize = 12;
 
 impl<'a> QuantizedInput<'a> {
@@ -381,6 +385,10 @@ pub fn rows_per_task(w: &CpuWeight, n: usize, threads: usize) -> usize {
                 * super::tile_q8_0::R;
         }
         r = r.div_ceil(4) * 4;
+        if w.view.ty == GgmlType::Q8_0 {
+            // Whole 8-row tiles of `gemm::q8_0_matmul`.
+            r = r.div_ceil(8) * 8;
+        }
     }
     r
 }

@@ -3,42 +3,36 @@
 //! 12 columns or more (`matmul::TILE_Q8_0_MIN_COLUMNS`); from 4 to 11 columns
 //! `gemm::q8_0_matmul` runs.
 //!
-//! Order. The bits are those of muser-quant's AVX-512 one-column `dot_q8_0_q8_0`, which decode
-//! runs. That kernel does not sum a block in integers: per step of 4 blocks, f32 lane j of its
-//! accumulator acc0 takes `fma(float(dot of values 4g .. 4g + 3), d_x * d_y, lane)` for block
-//! 4i + j / 8, g = j mod 8, and acc1 the same for blocks 4i + 2, 4i + 3; at the end
-//! `reduce_add(acc0 + acc1)`, then the last nb mod 4 blocks one by one (`q8_0_blocks_add`: the
-//! block's integer dot to f32, times d_x * d_y, added). So each (row, column) holds 32 f32 sums
-//! A[m][g] (m = block mod 4, g the 4-value group), each over its own blocks in block order. Here
-//! lane c of a vector is column c: the same fma per (m, g, block) on the same values, then
-//! `(A0[g] + A2[g]) + (A1[g] + A3[g])` (the lanes of acc0 + acc1 and the first level of the
-//! reduction tree), the tree's next levels (g + g + 4, then 0 + 2 and 1 + 3, then the two) as
-//! vector adds, and the tail blocks as in `q8_0_blocks_add`. Same operations on the same
-//! values, so the same bits (`tests/gemm.rs` checks every (row, column) at ragged shapes).
+//! Order. The bits are those of muser-quant's scalar reference `q8_0_blocks_add`, which every
+//! one-column Q8_0 dot (decode) and `gemm::q8_0_matmul` keep: per (row, column) and block the
+//! exact integer dot of the 32 products, then `sum += float(dot) * (d_x * d_y)` (two f32
+//! products and a sum, no fma), blocks in order from the first. Here lane c of a vector is
+//! column c: per block and row, its `vpdpbusd` chain over the 8 groups of 4 values gives the
+//! block's integer exactly, then one conversion, d_x * d_y, the product and the sum, all lane-wise
+//! the reference's operations on the same values, so the same bits (`tests/gemm.rs` checks every
+//! (row, column) at ragged shapes against the scalar dot).
 //!
 //! Signed x signed. `vpdpbusd` multiplies unsigned by signed bytes: the panel holds the
 //! activations plus 128 (0..255, a sign-bit flip), the weights' quants are the signed operand
-//! (broadcast 4 at a time), and each 4-value group's chain starts at -128 x the sum of its 4
-//! weights (kept per row, group and block by the unpack). |4 x 255 x 128| + 128 x 512 fits an
-//! i32 easily, so every group's integer is exact.
+//! (broadcast 4 at a time), and each block's chain starts at -128 x the sum of its 32 weights
+//! (kept per row and block by the unpack). |32 x 255 x 128| + 128 x 32 x 128 fits an i32
+//! easily, so every block's integer is exact.
 //!
 //! Layout. The activations are laid out once per matmul in a [`PanelQ8_0`]: per group of 16
 //! columns and block, the 32 values plus 128 as 8 groups of 4 with the 16 columns side by side
 //! (lane c holds column c's 4 values), and the columns' `d` as f32. A task's rows are unpacked
-//! once per matmul: per row and block the 32 quants and the 8 group corrections in one cache
-//! line, `d` as f32 beside. Then per group of 16 columns, per tile of 16 rows, passes of 4 rows
-//! (`row_pass`): 4 rows x 4 groups of f32 sums stay in registers while the blocks of one m go
-//! by, so a group's `vpdpbusd` is followed by one conversion and one fma (the one-column order
-//! forbids summing more in integers). The 16 x 16 result is transposed in registers and written
-//! one vector per column (`tile::store_transposed`).
+//! once per matmul: per row and block the 32 quants, the correction and `d` as f32 (40 bytes).
+//! Then per group of 16 columns, per tile of 16 rows, passes of 8 rows (`row_pass`): the 8 rows'
+//! f32 sums stay in registers while the blocks go by, the block's 8 activation vectors loaded
+//! once for the 8 rows. The 16 x 16 result is transposed in registers and written one vector per
+//! column (`tile::store_transposed`).
 //!
 //! Speed. One thread, 512 columns, llama-1b's shapes (7168 x 2048, 2048 x 7168, 2048 x 2048,
-//! 512 x 2048): 168-172 GMAC/s against `q8_0_matmul`'s 96-109 (2026-11-30, 2-core AMD EPYC;
-//! `tests/gemm_speed.rs`, MUSER_SPEED_ONLY=q8_0). Tried, slower: passes of 2 rows x 8 groups
-//! (144-151) or 8 x 2 (134-143); d_x * d_y computed once per pass into memory (130-133); the
-//! correction added in f32 after the conversion (exact too; 121-130). Without the correction's
-//! broadcast (wrong results, a bound) 168-172 before the unpack and memset fixes: the order's
-//! conversion and fma per group are what bound it.
+//! 512 x 2048): 345-362 GMAC/s against `q8_0_matmul`'s 88-105 (2026-11-30, 2-core AMD EPYC;
+//! `tests/gemm_speed.rs`, MUSER_SPEED_ONLY=q8_0). The order before this one (that of the old
+//! AVX-512 one-column dot: 32 f32 sums per (row, column), a conversion and an fma per 4-value
+//! group, a reduction tree) bounded this kernel at 168-172. At 12 columns 162-184, at 16
+//! 232-246, at 8 78-123 against `q8_0_matmul`'s 80-102.
 
 use muser_quant::{BlockQ8_0, QK8_0};
 
@@ -115,31 +109,32 @@ impl PanelQ8_0 {
     }
 }
 
-/// One row's block, unpacked: the quants and, per 4-value group g, -128 x their sum (the start
-/// of the group's `vpdpbusd`, which sees the activations plus 128).
+/// One row's block, unpacked: the quants, -128 x their sum (the start of the block's
+/// `vpdpbusd` chain, which sees the activations plus 128) and `d` as f32.
 #[derive(Clone, Copy)]
-#[repr(C, align(64))]
+#[repr(C)]
 struct WBlock {
     q: [i8; QK8_0],
-    corr: [i32; 8],
+    corr: i32,
+    d: f32,
 }
 
 const ZERO_W: WBlock = WBlock {
     q: [0; QK8_0],
-    corr: [0; 8],
+    corr: 0,
+    d: 0.0,
 };
 
-/// Rows of a task: whole tiles, about 384 KB of unpacked weights (68 bytes a block) so that they
+/// Rows of a task: whole tiles, about 384 KB of unpacked weights (40 bytes a block) so that they
 /// stay in L2 while every column group passes; 16 to 64 rows.
 pub fn rows_per_task(nb: usize) -> usize {
-    let by_bytes = 384 * 1024 / (nb.max(1) * 68);
+    let by_bytes = 384 * 1024 / (nb.max(1) * std::mem::size_of::<WBlock>());
     (by_bytes / R).clamp(1, 4) * R
 }
 
 thread_local! {
-    /// The task's rows unpacked: blocks (rows x nb, rows padded to whole tiles) and their d.
-    static W_BUF: std::cell::RefCell<(Vec<WBlock>, Vec<f32>)> =
-        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+    /// The task's rows unpacked (rows x nb, rows padded to whole tiles).
+    static W_BUF: std::cell::RefCell<Vec<WBlock>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// out[t * ld + r] for the task's rows (see `gemm_q8_0`).
@@ -151,20 +146,16 @@ unsafe fn gemm_into(w: &[BlockQ8_0], rows: usize, p: &PanelQ8_0, out: *mut f32, 
     let nb = p.nb;
     let tiles = rows.div_ceil(R);
     W_BUF.with(|buf| {
-        let (wq, wd) = &mut *buf.borrow_mut();
+        let wq = &mut *buf.borrow_mut();
         wq.resize(tiles * R * nb, ZERO_W);
-        wd.resize(tiles * R * nb, 0.0);
-        x86::unpack(w, &mut wq[..rows * nb], &mut wd[..rows * nb]);
+        x86::unpack(w, &mut wq[..rows * nb]);
         wq[rows * nb..].fill(ZERO_W);
-        wd[rows * nb..].fill(0.0);
         for g in 0..p.n.div_ceil(C) {
             let acts = &p.tiles[g * nb..(g + 1) * nb];
             let cols = (p.n - g * C).min(C);
             for t in 0..tiles {
-                let (r0, r1) = (t * R * nb, (t + 1) * R * nb);
                 x86::tile(
-                    &wq[r0..r1],
-                    &wd[r0..r1],
+                    &wq[t * R * nb..(t + 1) * R * nb],
                     acts,
                     out.add(g * C * ld + t * R),
                     ld,
@@ -188,8 +179,8 @@ fn check_shapes(what: &str, w: &[BlockQ8_0], rows: usize, p: &PanelQ8_0, ld: usi
     assert!(ld >= rows, "{what}: row stride {ld} < {rows} rows");
 }
 
-/// out[t * rows + r] = dot(w[r], column t) for the panel's columns, with the bits of the AVX-512
-/// one-column dot.
+/// out[t * rows + r] = dot(w[r], column t) for the panel's columns, with the bits of the scalar
+/// reference dot (and so of every one-column dot).
 pub fn gemm_q8_0(w: &[BlockQ8_0], rows: usize, p: &PanelQ8_0, out: &mut [f32]) {
     assert_eq!(
         out.len(),
@@ -223,38 +214,38 @@ mod x86 {
     use muser_quant::BlockQ8_0;
     use std::arch::x86_64::*;
 
-    /// wq[i], wd[i] = block w[i] unpacked (`WBlock`) and its d.
+    /// wq[i] = block w[i] unpacked (`WBlock`).
     ///
     /// # Safety
     /// The CPU has AVX-512 F/BW/VL + VNNI and F16C.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
-    pub unsafe fn unpack(w: &[BlockQ8_0], wq: &mut [WBlock], wd: &mut [f32]) {
+    pub unsafe fn unpack(w: &[BlockQ8_0], wq: &mut [WBlock]) {
         let ones = _mm256_set1_epi8(1);
-        for ((b, q), d) in w.iter().zip(wq.iter_mut()).zip(wd.iter_mut()) {
+        for (b, q) in w.iter().zip(wq.iter_mut()) {
             let v = _mm256_loadu_si256(b.qs.as_ptr() as *const __m256i);
-            _mm256_store_si256(q.q.as_mut_ptr() as *mut __m256i, v);
-            // Lane g: the sum of values 4g .. 4g + 3 (1 x q), times -128.
-            let sums = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ones, v);
-            let corr = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(sums, 7));
-            _mm256_store_si256(q.corr.as_mut_ptr() as *mut __m256i, corr);
-            *d = super::super::k4::f16_to_f32(b.d);
+            _mm256_storeu_si256(q.q.as_mut_ptr() as *mut __m256i, v);
+            // The 8 lanes' sums of 4 values (1 x q), then their sum.
+            let s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ones, v);
+            let s = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256::<1>(s));
+            let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+            let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01>(s));
+            q.corr = -128 * _mm_cvtsi128_si32(s);
+            q.d = super::super::k4::f16_to_f32(b.d);
         }
     }
 
-    /// Rows per pass and 4-value groups per pass: RG x J f32 sums in registers.
-    const RG: usize = 4;
-    const J: usize = 4;
+    /// Rows per pass: RG f32 sums (16 columns each) in registers.
+    const RG: usize = 8;
 
-    /// out[c * ld + r] = the dot of row r (blocks wq[r * nb ..], scales wd[r * nb ..]) and column
-    /// c of `acts` (nb blocks), for r < rows <= R and c < cols <= C.
+    /// out[c * ld + r] = the dot of row r (blocks wq[r * nb ..]) and column c of `acts` (nb
+    /// blocks), for r < rows <= R and c < cols <= C.
     ///
     /// # Safety
-    /// `out` valid for writes at c * ld + r for those r and c; wq and wd hold R x nb entries; the
-    /// CPU has AVX-512 F/BW/VL + VNNI.
+    /// `out` valid for writes at c * ld + r for those r and c; wq holds R x nb entries; the CPU
+    /// has AVX-512 F/BW/VL + VNNI.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
     pub unsafe fn tile(
         wq: &[WBlock],
-        wd: &[f32],
         acts: &[ActTile],
         out: *mut f32,
         ld: usize,
@@ -264,88 +255,37 @@ mod x86 {
         let nb = acts.len();
         let mut f = [_mm512_setzero_ps(); R];
         for r0 in (0..R).step_by(RG) {
-            let v = row_pass(&wq[r0 * nb..], &wd[r0 * nb..], acts);
+            let v = row_pass(&wq[r0 * nb..], acts);
             f[r0..r0 + RG].copy_from_slice(&v);
         }
         super::super::tile::store_transposed(&f, out, ld, rows, cols);
     }
 
-    /// The sums of RG rows (blocks wq[r * nb + b], scales wd[r * nb + b]) against the 16
-    /// columns, in the order of the module doc.
-    // The row index addresses the sums, the weights and the scales together.
-    #[allow(clippy::needless_range_loop)]
+    /// The sums of RG rows (blocks wq[r * nb + b]) against the 16 columns, in the order of the
+    /// module doc: per block and row, its `vpdpbusd` chain (8 groups of 4 values, exact), one
+    /// conversion, d_x * d_y, the product, the sum.
     #[inline(never)]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-    unsafe fn row_pass(wq: &[WBlock], wd: &[f32], acts: &[ActTile]) -> [__m512; RG] {
+    unsafe fn row_pass(wq: &[WBlock], acts: &[ActTile]) -> [__m512; RG] {
         let nb = acts.len();
-        let nq = nb / 4 * 4;
-        assert!(wq.len() >= RG * nb && wd.len() >= RG * nb);
-        // sums[r][m][g]: A[m][g] of the module doc for row r. Every entry is written by the
-        // loops below before the tree reads it (not zeroed first: an 8 KB `memset` per pass
-        // was 4% of a Q8_0 prefill).
-        let mut sums = [[[std::mem::MaybeUninit::<__m512>::uninit(); 8]; 4]; RG];
-        for g0 in (0..8).step_by(J) {
-            for m in 0..4 {
-                let mut acc = [[_mm512_setzero_ps(); J]; RG];
-                for b in (m..nq).step_by(4) {
-                    let a = acts.get_unchecked(b);
-                    let dy = _mm512_load_ps(a.d.as_ptr());
-                    let av: [__m512i; J] = std::array::from_fn(|j| {
-                        _mm512_load_si512(a.a.as_ptr().add((g0 + j) * C * 4) as *const _)
-                    });
-                    for r in 0..RG {
-                        let wb = wq.get_unchecked(r * nb + b);
-                        // d_x * d_y: the one-column kernel's product.
-                        let s = _mm512_mul_ps(_mm512_set1_ps(*wd.get_unchecked(r * nb + b)), dy);
-                        for j in 0..J {
-                            let g = g0 + j;
-                            let q = (wb.q.as_ptr().add(4 * g) as *const i32).read_unaligned();
-                            let t = _mm512_dpbusd_epi32(
-                                _mm512_set1_epi32(wb.corr[g]),
-                                av[j],
-                                _mm512_set1_epi32(q),
-                            );
-                            acc[r][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), s, acc[r][j]);
-                        }
-                    }
+        assert!(wq.len() >= RG * nb);
+        let mut acc = [_mm512_setzero_ps(); RG];
+        for b in 0..nb {
+            let a = acts.get_unchecked(b);
+            let dy = _mm512_load_ps(a.d.as_ptr());
+            let av: [__m512i; 8] =
+                std::array::from_fn(|g| _mm512_load_si512(a.a.as_ptr().add(g * C * 4) as *const _));
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let wb = wq.get_unchecked(r * nb + b);
+                let q = |g: usize| (wb.q.as_ptr().add(4 * g) as *const i32).read_unaligned();
+                let mut t = _mm512_set1_epi32(wb.corr);
+                for (g, &av) in av.iter().enumerate() {
+                    t = _mm512_dpbusd_epi32(t, av, _mm512_set1_epi32(q(g)));
                 }
-                for r in 0..RG {
-                    for j in 0..J {
-                        sums[r][m][g0 + j].write(acc[r][j]);
-                    }
-                }
+                let s = _mm512_mul_ps(_mm512_set1_ps(wb.d), dy);
+                *acc = _mm512_add_ps(*acc, _mm512_mul_ps(_mm512_cvtepi32_ps(t), s));
             }
         }
-        std::array::from_fn(|r| {
-            // SAFETY: all of sums[r] was written above (every m, every group).
-            let a = sums[r].map(|m| m.map(|v| v.assume_init()));
-            // Lanes g and g + 8 of acc0 + acc1, added (the tree's first level).
-            let h: [__m512; 8] = std::array::from_fn(|g| {
-                _mm512_add_ps(
-                    _mm512_add_ps(a[0][g], a[2][g]),
-                    _mm512_add_ps(a[1][g], a[3][g]),
-                )
-            });
-            let q: [__m512; 4] = std::array::from_fn(|k| _mm512_add_ps(h[k], h[k + 4]));
-            let mut f = _mm512_add_ps(_mm512_add_ps(q[0], q[2]), _mm512_add_ps(q[1], q[3]));
-            // The tail blocks as `q8_0_blocks_add`: the block's integer dot, to f32, times
-            // d_x * d_y, added.
-            for b in nq..nb {
-                let ac = acts.get_unchecked(b);
-                let wb = wq.get_unchecked(r * nb + b);
-                let mut t = _mm512_set1_epi32(wb.corr.iter().sum());
-                for g in 0..8 {
-                    let q = (wb.q.as_ptr().add(4 * g) as *const i32).read_unaligned();
-                    let av = _mm512_load_si512(ac.a.as_ptr().add(g * C * 4) as *const _);
-                    t = _mm512_dpbusd_epi32(t, av, _mm512_set1_epi32(q));
-                }
-                let s = _mm512_mul_ps(
-                    _mm512_set1_ps(*wd.get_unchecked(r * nb + b)),
-                    _mm512_load_ps(ac.d.as_ptr()),
-                );
-                f = _mm512_add_ps(f, _mm512_mul_ps(_mm512_cvtepi32_ps(t), s));
-            }
-            f
-        })
+        acc
     }
 }
