@@ -101,6 +101,14 @@ fn multi_column_kernels_equal_the_avx512_one_column_kernels_bitwise() {
     check_k_quants(&k, true);
 }
 
+/// `count` Q8_0 blocks quantized from random non-zero values.
+fn random_q8_0_blocks(count: usize, rng: &mut StdRng) -> Vec<BlockQ8_0> {
+    let v: Vec<f32> = (0..count * 32)
+        .map(|_| rng.gen_range(-1.0f32..1.0) + 0.01)
+        .collect();
+    bytemuck::cast_slice::<u8, BlockQ8_0>(&quantize(GgmlType::Q8_0, &v, 32)).to_vec()
+}
+
 /// The register-tiled Q8_0 matmul against the scalar reference dot (whose bits every one-column
 /// Q8_0 dot gives), bit for bit, at every (row, column) of shapes that use each tile width and
 /// pad the last 8-row tile, with odd and even block counts (its steps take two blocks).
@@ -110,13 +118,7 @@ fn q8_0_matmul_equals_the_scalar_reference_bitwise() {
         return eprintln!("no AVX-512 VNNI: skipped");
     };
     let mut rng = StdRng::seed_from_u64(8);
-    let q8 = |count: usize, rng: &mut StdRng| {
-        let v: Vec<f32> = (0..count * 32)
-            .map(|_| rng.gen_range(-1.0f32..1.0) + 0.01)
-            .collect();
-        let b = quantize(GgmlType::Q8_0, &v, 32);
-        bytemuck::cast_slice::<u8, BlockQ8_0>(&b).to_vec()
-    };
+    let q8 = random_q8_0_blocks;
     for (rows, nb, n) in [
         (1, 1, 1),
         (7, 2, 2),
@@ -291,12 +293,7 @@ fn tiled_q8_0_kernel_equals_the_scalar_reference_bitwise() {
         return eprintln!("no AVX-512 VNNI: skipped");
     };
     let mut rng = StdRng::seed_from_u64(80);
-    let quantized = |count: usize, rng: &mut StdRng| {
-        let v: Vec<f32> = (0..count * 32)
-            .map(|_| rng.gen_range(-1.0f32..1.0) + 0.01)
-            .collect();
-        bytemuck::cast_slice::<u8, BlockQ8_0>(&quantize(GgmlType::Q8_0, &v, 32)).to_vec()
-    };
+    let quantized = random_q8_0_blocks;
     let shapes = [
         (1, 1, 1),
         (3, 2, 5),

@@ -6,17 +6,22 @@ use muser_quant::{BlockQ8K, BlockQ8_0};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+/// Rows of 1024 random values at scales from subnormal to 1e30.
+fn scaled_rows(rng: &mut StdRng) -> Vec<Vec<f32>> {
+    [1e-39f32, 1e-30, 1e-3, 1.0, 300.0, 1e30]
+        .iter()
+        .map(|&scale| {
+            (0..1024)
+                .map(|_| rng.gen_range(-1.0f32..1.0) * scale)
+                .collect()
+        })
+        .collect()
+}
+
 #[test]
 fn q8_k_quantizer_equals_the_reference_bytewise() {
     let mut rng = StdRng::seed_from_u64(11);
-    let mut rows: Vec<Vec<f32>> = Vec::new();
-    for scale in [1e-39f32, 1e-30, 1e-3, 1.0, 300.0, 1e30] {
-        rows.push(
-            (0..1024)
-                .map(|_| rng.gen_range(-1.0f32..1.0) * scale)
-                .collect(),
-        );
-    }
+    let mut rows = scaled_rows(&mut rng);
     // Ties in magnitude of both signs (the first one sets the scale), zeros, a zero block,
     // exact halves (rounding ties), NaN and infinities.
     let mut r: Vec<f32> = (0..1024).map(|i| ((i % 7) as f32 - 3.0) * 0.5).collect();
@@ -47,14 +52,7 @@ fn q8_k_quantizer_equals_the_reference_bytewise() {
 #[test]
 fn q8_0_quantizer_equals_the_reference_bytewise() {
     let mut rng = StdRng::seed_from_u64(12);
-    let mut rows: Vec<Vec<f32>> = Vec::new();
-    for scale in [1e-39f32, 1e-30, 1e-3, 1.0, 300.0, 1e30] {
-        rows.push(
-            (0..1024)
-                .map(|_| rng.gen_range(-1.0f32..1.0) * scale)
-                .collect(),
-        );
-    }
+    let mut rows = scaled_rows(&mut rng);
     // Exact halves of both signs after scaling (amax 127: d = 1; roundf's ties go away from
     // zero), zeros, a zero block, NaN and infinities, -0.0.
     let mut r: Vec<f32> = (0..1024)

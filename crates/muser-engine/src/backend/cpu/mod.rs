@@ -2,6 +2,43 @@
 //! `Vec`s, the KV cache is f16, work runs on the backend's own rayon pool (entered once per
 //! forward through `Backend::run`).
 
+/// The shape check of every tile kernel's entry point: the CPU runs it, `blocks` weight blocks
+/// are `rows` rows of the panel's `nb`, and the output's row stride `ld` holds `rows`.
+#[cfg(target_arch = "x86_64")]
+fn check_tile_shapes(
+    what: &str,
+    available: bool,
+    blocks: usize,
+    rows: usize,
+    nb: usize,
+    ld: usize,
+) {
+    assert!(available, "{what} needs AVX-512 VNNI");
+    assert_eq!(
+        blocks,
+        rows * nb,
+        "{what}: {blocks} blocks for {rows} rows of {nb}"
+    );
+    assert!(ld >= rows, "{what}: row stride {ld} < {rows} rows");
+}
+
+/// The tiles of a panel of `n` activation columns of `nb` blocks in groups of `c` columns:
+/// `tile(group, block)` for every group and block, group-major, built on the current rayon pool
+/// (one task per tile).
+#[cfg(target_arch = "x86_64")]
+fn panel_tiles<T: Send>(
+    n: usize,
+    nb: usize,
+    c: usize,
+    tile: impl Fn(usize, usize) -> T + Sync + Send,
+) -> Vec<T> {
+    use rayon::prelude::*;
+    (0..n.div_ceil(c) * nb)
+        .into_par_iter()
+        .map(|i| tile(i / nb, i % nb))
+        .collect()
+}
+
 /// The public K-quant entry points of a tile module (`tile.rs`, `tile4.rs`): `gemm_q4_k` ..
 /// (checked, into a dense output) and `gemm_q4_k_into` .. (into a strided one), each calling the
 /// module's `gemm_checked` and `gemm_into` with its panel type, and their shape check.
@@ -9,15 +46,7 @@
 macro_rules! tile_entry_points {
     ($panel:ty, $prefix:literal) => {
         fn check_shapes<W>(what: &str, w: &[W], rows: usize, p: &$panel, ld: usize) {
-            assert!(available(), "{what} needs AVX-512 VNNI");
-            assert_eq!(
-                w.len(),
-                rows * p.nb,
-                "{what}: {} blocks for {rows} rows of {}",
-                w.len(),
-                p.nb
-            );
-            assert!(ld >= rows, "{what}: row stride {ld} < {rows} rows");
+            super::check_tile_shapes(what, available(), w.len(), rows, p.nb, ld)
         }
 
         /// out[t * rows + r] = dot(w[r], column t) for the panel's columns.

@@ -93,38 +93,32 @@ impl Panel {
     /// per tile (serial, it was 1.1-1.4% of the samples of a 2-thread prefill, with the other
     /// thread idle meanwhile).
     pub fn new(y: &[BlockQ8K], n: usize, nb: usize) -> Panel {
-        use rayon::prelude::*;
         assert_eq!(y.len(), n * nb, "Panel: {n} columns of {nb} blocks");
-        let groups = n.div_ceil(C);
-        let tiles = (0..groups * nb)
-            .into_par_iter()
-            .map(|i| {
-                let (g, b) = (i / nb, i % nb);
-                let mut tile = ActTile {
-                    a: [0; 64 * C * 4],
-                    s32: [0; 4 * C],
-                    s16: [0; 16 * C],
-                    d: [0.0; C],
-                };
-                for c in 0..C.min(n - g * C) {
-                    let by = &y[(g * C + c) * nb + b];
-                    for gi in 0..64 {
-                        tile.a[(gi * C + c) * 4..(gi * C + c) * 4 + 4]
-                            .copy_from_slice(&by.qs[4 * gi..4 * gi + 4]);
-                    }
-                    for p in 0..4 {
-                        let lo = by.bsums[4 * p] as i32 + by.bsums[4 * p + 1] as i32;
-                        let hi = by.bsums[4 * p + 2] as i32 + by.bsums[4 * p + 3] as i32;
-                        tile.s32[p * C + c] = (lo & 0xffff) | (hi << 16);
-                    }
-                    for j in 0..16 {
-                        tile.s16[j * C + c] = by.bsums[j] as i32;
-                    }
-                    tile.d[c] = by.d;
+        let tiles = super::panel_tiles(n, nb, C, |g, b| {
+            let mut tile = ActTile {
+                a: [0; 64 * C * 4],
+                s32: [0; 4 * C],
+                s16: [0; 16 * C],
+                d: [0.0; C],
+            };
+            for c in 0..C.min(n - g * C) {
+                let by = &y[(g * C + c) * nb + b];
+                for gi in 0..64 {
+                    tile.a[(gi * C + c) * 4..(gi * C + c) * 4 + 4]
+                        .copy_from_slice(&by.qs[4 * gi..4 * gi + 4]);
                 }
-                tile
-            })
-            .collect();
+                for p in 0..4 {
+                    let lo = by.bsums[4 * p] as i32 + by.bsums[4 * p + 1] as i32;
+                    let hi = by.bsums[4 * p + 2] as i32 + by.bsums[4 * p + 3] as i32;
+                    tile.s32[p * C + c] = (lo & 0xffff) | (hi << 16);
+                }
+                for j in 0..16 {
+                    tile.s16[j * C + c] = by.bsums[j] as i32;
+                }
+                tile.d[c] = by.d;
+            }
+            tile
+        });
         Panel { tiles, n, nb }
     }
 

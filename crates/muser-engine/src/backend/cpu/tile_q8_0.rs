@@ -78,29 +78,23 @@ impl PanelQ8_0 {
     /// `y`: `n` columns of `nb` Q8_0 blocks each; built on the current rayon pool, one task per
     /// tile.
     pub fn new(y: &[BlockQ8_0], n: usize, nb: usize) -> PanelQ8_0 {
-        use rayon::prelude::*;
         assert_eq!(y.len(), n * nb, "PanelQ8_0: {n} columns of {nb} blocks");
-        let groups = n.div_ceil(C);
-        let tiles = (0..groups * nb)
-            .into_par_iter()
-            .map(|i| {
-                let (g, b) = (i / nb, i % nb);
-                let mut tile = ActTile {
-                    a: [0; 8 * C * 4],
-                    d: [0.0; C],
-                };
-                for c in 0..C.min(n - g * C) {
-                    let by = &y[(g * C + c) * nb + b];
-                    for gi in 0..8 {
-                        for k in 0..4 {
-                            tile.a[(gi * C + c) * 4 + k] = by.qs[4 * gi + k] as u8 ^ 0x80;
-                        }
+        let tiles = super::panel_tiles(n, nb, C, |g, b| {
+            let mut tile = ActTile {
+                a: [0; 8 * C * 4],
+                d: [0.0; C],
+            };
+            for c in 0..C.min(n - g * C) {
+                let by = &y[(g * C + c) * nb + b];
+                for gi in 0..8 {
+                    for k in 0..4 {
+                        tile.a[(gi * C + c) * 4 + k] = by.qs[4 * gi + k] as u8 ^ 0x80;
                     }
-                    tile.d[c] = by.d.to_f32();
                 }
-                tile
-            })
-            .collect();
+                tile.d[c] = by.d.to_f32();
+            }
+            tile
+        });
         PanelQ8_0 { tiles, n, nb }
     }
 
@@ -168,15 +162,7 @@ unsafe fn gemm_into(w: &[BlockQ8_0], rows: usize, p: &PanelQ8_0, out: *mut f32, 
 }
 
 fn check_shapes(what: &str, w: &[BlockQ8_0], rows: usize, p: &PanelQ8_0, ld: usize) {
-    assert!(available(), "{what} needs AVX-512 VNNI");
-    assert_eq!(
-        w.len(),
-        rows * p.nb,
-        "{what}: {} blocks for {rows} rows of {}",
-        w.len(),
-        p.nb
-    );
-    assert!(ld >= rows, "{what}: row stride {ld} < {rows} rows");
+    super::check_tile_shapes(what, available(), w.len(), rows, p.nb, ld)
 }
 
 /// out[t * rows + r] = dot(w[r], column t) for the panel's columns, with the bits of the scalar
