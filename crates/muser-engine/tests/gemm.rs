@@ -101,6 +101,26 @@ fn multi_column_kernels_equal_the_avx512_one_column_kernels_bitwise() {
     check_k_quants(&k, true);
 }
 
+/// out[t * rows + r] has the bits of want(r, t) for every row r and column t < n.
+fn assert_bitwise(
+    out: &[f32],
+    rows: usize,
+    n: usize,
+    what: &str,
+    want: impl Fn(usize, usize) -> f32,
+) {
+    for t in 0..n {
+        for r in 0..rows {
+            let (got, want) = (out[t * rows + r], want(r, t));
+            assert_eq!(
+                got.to_bits(),
+                want.to_bits(),
+                "{what} rows={rows} n={n}: row {r} column {t}: {got} vs {want}"
+            );
+        }
+    }
+}
+
 /// `count` Q8_0 blocks quantized from random non-zero values.
 fn random_q8_0_blocks(count: usize, rng: &mut StdRng) -> Vec<BlockQ8_0> {
     let v: Vec<f32> = (0..count * 32)
@@ -134,20 +154,13 @@ fn q8_0_matmul_equals_the_scalar_reference_bitwise() {
         let y = q8(n * nb, &mut rng);
         let mut out = vec![f32::NAN; n * rows];
         mm(&w, rows, &y, n, &mut out);
-        for t in 0..n {
-            for r in 0..rows {
-                let want = vec_dot_q8_0_q8_0(&w[r * nb..(r + 1) * nb], &y[t * nb..(t + 1) * nb]);
-                assert_eq!(
-                    out[t * rows + r].to_bits(),
-                    want.to_bits(),
-                    "rows={rows} nb={nb} n={n}: row {r} column {t}"
-                );
-            }
-        }
+        assert_bitwise(&out, rows, n, "q8_0_matmul", |r, t| {
+            vec_dot_q8_0_q8_0(&w[r * nb..(r + 1) * nb], &y[t * nb..(t + 1) * nb])
+        });
     }
 }
 
-/// Random blocks with finite scales/// Random blocks with finite scales: every quant and packed scale byte random.
+/// Random blocks with finite scales: every quant and packed scale byte random.
 fn random_blocks<W: bytemuck::Pod>(
     count: usize,
     rng: &mut StdRng,
@@ -230,17 +243,9 @@ fn check_shapes<W: bytemuck::Pod>(
         let y = q8_k_columns(n, nb, &mut rng);
         let mut out = vec![f32::NAN; rows * n];
         gemm(&w, rows, &y, n, &mut out);
-        for t in 0..n {
-            for r in 0..rows {
-                let want = dot(&w[r * nb..(r + 1) * nb], &y[t * nb..(t + 1) * nb]);
-                assert_eq!(
-                    out[t * rows + r].to_bits(),
-                    want.to_bits(),
-                    "{name} rows={rows} nb={nb} n={n}: row {r} column {t}: {} vs {want}",
-                    out[t * rows + r]
-                );
-            }
-        }
+        assert_bitwise(&out, rows, n, &format!("{name} nb={nb}"), |r, t| {
+            dot(&w[r * nb..(r + 1) * nb], &y[t * nb..(t + 1) * nb])
+        });
     }
 }
 
@@ -317,16 +322,8 @@ fn tiled_q8_0_kernel_equals_the_scalar_reference_bitwise() {
         let y = quantized(n * nb, &mut rng);
         let mut out = vec![f32::NAN; rows * n];
         gemm(&w, rows, &y, n, &mut out);
-        for t in 0..n {
-            for r in 0..rows {
-                let want = vec_dot_q8_0_q8_0(&w[r * nb..(r + 1) * nb], &y[t * nb..(t + 1) * nb]);
-                assert_eq!(
-                    out[t * rows + r].to_bits(),
-                    want.to_bits(),
-                    "rows={rows} nb={nb} n={n}: row {r} column {t}: {} vs {want}",
-                    out[t * rows + r]
-                );
-            }
-        }
+        assert_bitwise(&out, rows, n, &format!("tile_q8_0 nb={nb}"), |r, t| {
+            vec_dot_q8_0_q8_0(&w[r * nb..(r + 1) * nb], &y[t * nb..(t + 1) * nb])
+        });
     }
 }

@@ -175,14 +175,23 @@ unsafe fn dot_q8_0_q8_0(x: &[BlockQ8_0], y: &[BlockQ8_0]) -> f32 {
             ))
         };
         let v = _mm256_mul_ps(_mm256_cvtepi32_ps(dots), _mm256_mul_ps(d(bx), d(by)));
-        for h in [_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v)] {
-            sum = _mm_add_ss(sum, h);
-            sum = _mm_add_ss(sum, _mm_movehdup_ps(h));
-            sum = _mm_add_ss(sum, _mm_movehl_ps(h, h));
-            sum = _mm_add_ss(sum, _mm_shuffle_ps::<0b11_11_11_11>(h, h));
-        }
+        sum = add8_in_order(sum, v);
     }
     crate::dot::q8_0_blocks_add(_mm_cvtss_f32(sum), x_tail, y_tail)
+}
+
+/// sum + v[0] + v[1] + .. + v[7], one f32 addition at a time in lane order (the Q8_0 dots'
+/// block order), in lane 0.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) fn add8_in_order(mut sum: __m128, v: __m256) -> __m128 {
+    for h in [_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v)] {
+        sum = _mm_add_ss(sum, h);
+        sum = _mm_add_ss(sum, _mm_movehdup_ps(h));
+        sum = _mm_add_ss(sum, _mm_movehl_ps(h, h));
+        sum = _mm_add_ss(sum, _mm_shuffle_ps::<0b11_11_11_11>(h, h));
+    }
+    sum
 }
 
 /// `vpshufb` controls that broadcast i16 lane j of a 128-bit lane to all 8 of its i16 lanes.

@@ -250,12 +250,7 @@ unsafe fn dot_q8_0_q8_0(x: &[BlockQ8_0], y: &[BlockQ8_0]) -> f32 {
         let dx = _mm256_cvtph_ps(q8_0_d8(bx.as_ptr(), &index));
         let dy = _mm256_cvtph_ps(q8_0_d8(by.as_ptr(), &index));
         let v = _mm256_mul_ps(dots, _mm256_mul_ps(dx, dy));
-        for h in [_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v)] {
-            sum = _mm_add_ss(sum, h);
-            sum = _mm_add_ss(sum, _mm_movehdup_ps(h));
-            sum = _mm_add_ss(sum, _mm_movehl_ps(h, h));
-            sum = _mm_add_ss(sum, _mm_shuffle_ps::<0b11_11_11_11>(h, h));
-        }
+        sum = super::avx2::add8_in_order(sum, v);
     }
     crate::dot::q8_0_blocks_add(_mm_cvtss_f32(sum), x_tail, y_tail)
 }
