@@ -137,6 +137,39 @@ pub fn attend(kv: &KvLayer, q: &[f32], n_head: usize, pos0: usize, scale: f32, o
     }
 }
 
+/// Decode: the G = n_head / n_head_kv query heads of KV head `kh` of one row at position `p`
+/// (qs: `[G, head_dim]`) over the positions it sees, straight from `kv`'s f16 rows (no f32 copy:
+/// a decode row reads its context once), written to res (`[G, head_dim]`). Bit for bit
+/// `KvLayer::attend_head` for each of the G heads: the same scores (`scores4`'s lanes are the
+/// AVX2 dot's chains), softmax and position-ordered FMAs; only the f16 -> f32 conversion moved
+/// into the loads, where it is exact. Each K and V row is read once for the G heads instead of
+/// once per head. Requires `available(head_dim)`.
+pub fn attend_kv_head(kv: &KvLayer, qs: &[f32], kh: usize, p: usize, scale: f32, res: &mut [f32]) {
+    let spec = kv.spec;
+    let hd = spec.head_dim;
+    assert!(available(hd));
+    let g = qs.len() / hd;
+    assert_eq!(res.len(), g * hd, "attend_kv_head: {g} heads of {hd}");
+    let lo = spec.window.map_or(0, |w| (p + 1).saturating_sub(w));
+    let kvw = spec.n_head_kv * hd;
+    let last = kv.slot(p) * kvw + kh * hd + hd;
+    assert!(
+        last <= kv.k.len() && last <= kv.v.len(),
+        "attend_kv_head: position {p} not stored"
+    );
+    let rows = x86::Rows16 {
+        k: kv.k.as_ptr() as *const u16,
+        v: kv.v.as_ptr() as *const u16,
+        off: kh * hd,
+        stride: kvw,
+        base: lo,
+        slots: if spec.is_ring() { spec.slots } else { 0 },
+    };
+    // SAFETY: the CPU has the features (`available`); every position lo..=p is stored (the
+    // slots of a ring, the plane up to p: checked above for p, and the cache grows in order).
+    unsafe { x86::group_f16(&rows, hd, qs, g, p + 1 - lo, scale, res) };
+}
+
 /// Other targets: `available` is false, so this is never called.
 #[cfg(not(target_arch = "x86_64"))]
 mod x86 {
@@ -147,6 +180,27 @@ mod x86 {
         _: usize,
         _: &[f32],
         _: usize,
+        _: usize,
+        _: usize,
+        _: f32,
+        _: &mut [f32],
+    ) {
+        unreachable!("batched attention needs x86_64")
+    }
+
+    pub struct Rows16 {
+        pub k: *const u16,
+        pub v: *const u16,
+        pub off: usize,
+        pub stride: usize,
+        pub base: usize,
+        pub slots: usize,
+    }
+
+    pub unsafe fn group_f16(
+        _: &Rows16,
+        _: usize,
+        _: &[f32],
         _: usize,
         _: usize,
         _: f32,
@@ -208,20 +262,41 @@ mod x86 {
         scale: f32,
         sc: [*mut f32; 4],
     ) {
+        assert!((j0 + len.next_multiple_of(4)) * hd <= kf.len());
+        let kp = kf.as_ptr().add(j0 * hd);
+        scores4_with(
+            |j, d| _mm512_loadu_ps(kp.add(j * hd + d)),
+            hd,
+            q,
+            len,
+            scale,
+            sc,
+        )
+    }
+
+    /// `scores4` over positions 0..len of a row loader: k(j, d) gives values d .. d + 15 of
+    /// position j (j < len rounded up to 4; past len any finite values).
+    #[inline(always)]
+    unsafe fn scores4_with(
+        k: impl Fn(usize, usize) -> __m512,
+        hd: usize,
+        q: [&[f32]; 4],
+        len: usize,
+        scale: f32,
+        sc: [*mut f32; 4],
+    ) {
         let steps = hd / 16;
         let sv = _mm512_set1_ps(scale);
         for j in (0..len).step_by(4) {
-            assert!((j0 + j + 4) * hd <= kf.len());
-            let kp = kf.as_ptr().add((j0 + j) * hd);
             // v[4k + h]: position j + k, head h, so that the sums come out as lanes 4h + k.
             let mut v = [_mm512_setzero_ps(); 16];
             for st in 0..steps {
                 let qv: [__m512; 4] =
                     std::array::from_fn(|h| _mm512_loadu_ps(q[h].as_ptr().add(16 * st)));
-                for k in 0..4 {
-                    let kv = _mm512_loadu_ps(kp.add(k * hd + 16 * st));
+                for kk in 0..4 {
+                    let kv = k(j + kk, 16 * st);
                     for h in 0..4 {
-                        v[4 * k + h] = _mm512_fmadd_ps(kv, qv[h], v[4 * k + h]);
+                        v[4 * kk + h] = _mm512_fmadd_ps(kv, qv[h], v[4 * kk + h]);
                     }
                 }
             }
@@ -249,10 +324,30 @@ mod x86 {
         len: usize,
         res: *mut f32,
     ) {
+        weighted_with::<GH, ND>(
+            |j, d| _mm512_loadu_ps(vf.add(j * hd + d)),
+            hd,
+            w,
+            wl,
+            len,
+            res,
+        )
+    }
+
+    /// `weighted` over a row loader: v(j, d) gives values d .. d + 15 (from the task's first
+    /// value) of position j.
+    #[inline(always)]
+    unsafe fn weighted_with<const GH: usize, const ND: usize>(
+        v: impl Fn(usize, usize) -> __m512,
+        hd: usize,
+        w: *const f32,
+        wl: usize,
+        len: usize,
+        res: *mut f32,
+    ) {
         let mut o = [[_mm512_setzero_ps(); ND]; GH];
         for j in 0..len {
-            let v = vf.add(j * hd);
-            let vv: [__m512; ND] = std::array::from_fn(|k| _mm512_loadu_ps(v.add(16 * k)));
+            let vv: [__m512; ND] = std::array::from_fn(|k| v(j, 16 * k));
             for (hh, oh) in o.iter_mut().enumerate() {
                 let wj = _mm512_set1_ps(*w.add(hh * wl + j));
                 for k in 0..ND {
@@ -319,6 +414,102 @@ mod x86 {
                     ($($gh:literal, $nd:literal);*) => {
                         match (gh, nd) {
                             $(($gh, $nd) => weighted::<$gh, $nd>(v, hd, wh, wl, len, r),)*
+                            _ => unreachable!(),
+                        }
+                    };
+                }
+                go!(4, 4; 4, 3; 4, 2; 4, 1; 3, 4; 3, 3; 3, 2; 3, 1; 2, 4; 2, 3; 2, 2; 2, 1; 1, 4; 1, 3; 1, 2; 1, 1);
+            }
+        }
+        SCRATCH.with(|b| *b.borrow_mut() = buf);
+    }
+
+    /// One KV head's f16 rows in the cache: position j's K at k + slot(j) * stride + off (V the
+    /// same), slot(j) = j, or j % slots for a ring (slots > 0); positions from `base`.
+    pub struct Rows16 {
+        pub k: *const u16,
+        pub v: *const u16,
+        pub off: usize,
+        pub stride: usize,
+        pub base: usize,
+        pub slots: usize,
+    }
+
+    impl Rows16 {
+        /// The offset of relative position j's row.
+        #[inline(always)]
+        fn at(&self, j: usize) -> usize {
+            let pos = self.base + j;
+            let slot = if self.slots > 0 {
+                pos % self.slots
+            } else {
+                pos
+            };
+            slot * self.stride + self.off
+        }
+    }
+
+    /// 16 f16 values at p as f32 (exact).
+    #[inline(always)]
+    unsafe fn load16(p: *const u16) -> __m512 {
+        _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
+    }
+
+    /// `group` for one decode row over the f16 rows of `rows`: positions 0..len (relative to
+    /// rows.base). The same scores, softmax and weighted sums, the loads converting f16.
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    pub unsafe fn group_f16(
+        rows: &Rows16,
+        hd: usize,
+        qs: &[f32],
+        g: usize,
+        len: usize,
+        scale: f32,
+        res: &mut [f32],
+    ) {
+        let wl = len.next_multiple_of(16);
+        let mut buf = SCRATCH.with(|b| std::mem::take(&mut *b.borrow_mut()));
+        if buf.len() < (g + 1) * wl {
+            buf.resize((g + 1) * wl, 0.0);
+        }
+        let (w, spare) = buf.split_at_mut(g * wl);
+        // Positions past len (scores4 runs 4 at a time) read as zeros: their scores land in
+        // slots softmax never sees.
+        let kload = |j: usize, d: usize| {
+            if j < len {
+                load16(rows.k.add(rows.at(j) + d))
+            } else {
+                _mm512_setzero_ps()
+            }
+        };
+        for h0 in (0..g).step_by(4) {
+            let q: [&[f32]; 4] = std::array::from_fn(|k| {
+                let h = (h0 + k).min(g - 1);
+                &qs[h * hd..(h + 1) * hd]
+            });
+            let sc: [*mut f32; 4] = std::array::from_fn(|k| {
+                if h0 + k < g {
+                    w.as_mut_ptr().add((h0 + k) * wl)
+                } else {
+                    spare.as_mut_ptr()
+                }
+            });
+            scores4_with(kload, hd, q, len, scale, sc);
+        }
+        for h in 0..g {
+            super::super::softmax::softmax(&mut w[h * wl..h * wl + len]);
+        }
+        let (wp, rp) = (w.as_ptr(), res.as_mut_ptr());
+        for h0 in (0..g).step_by(4) {
+            let gh = (g - h0).min(4);
+            for d0 in (0..hd).step_by(64) {
+                let nd = ((hd - d0) / 16).min(4);
+                let (wh, r) = (wp.add(h0 * wl), rp.add(h0 * hd + d0));
+                let vload = |j: usize, d: usize| load16(rows.v.add(rows.at(j) + d0 + d));
+                macro_rules! go {
+                    ($($gh:literal, $nd:literal);*) => {
+                        match (gh, nd) {
+                            $(($gh, $nd) => weighted_with::<$gh, $nd>(vload, hd, wh, wl, len, r),)*
                             _ => unreachable!(),
                         }
                     };

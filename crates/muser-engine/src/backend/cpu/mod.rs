@@ -510,11 +510,26 @@ impl Backend for CpuBackend {
     ) {
         let hd = kvs.first().map_or(1, |kv| kv.layers[layer].spec.head_dim);
         let n_head = q.cols / hd;
-        out.data.par_chunks_mut(hd).enumerate().for_each(|(i, o)| {
-            let (t, h) = (i / n_head, i % n_head);
-            let qh = &q.data[i * hd..(i + 1) * hd];
-            kvs[t].layers[layer].attend_head(qh, h, n_head, pos[t], scale, o);
-        });
+        let n_kv = kvs.first().map_or(1, |kv| kv.layers[layer].spec.n_head_kv);
+        if attn::available(hd) && n_head.is_multiple_of(n_kv) {
+            // One task per (row, KV head): its query heads together over the f16 cache, with
+            // the bits of `attend_head` per head.
+            let g = n_head / n_kv;
+            out.data
+                .par_chunks_mut(g * hd)
+                .enumerate()
+                .for_each(|(i, res)| {
+                    let (t, kh) = (i / n_kv, i % n_kv);
+                    let qs = &q.data[i * g * hd..(i + 1) * g * hd];
+                    attn::attend_kv_head(&kvs[t].layers[layer], qs, kh, pos[t], scale, res);
+                });
+        } else {
+            out.data.par_chunks_mut(hd).enumerate().for_each(|(i, o)| {
+                let (t, h) = (i / n_head, i % n_head);
+                let qh = &q.data[i * hd..(i + 1) * hd];
+                kvs[t].layers[layer].attend_head(qh, h, n_head, pos[t], scale, o);
+            });
+        }
         if let Some(g) = gate {
             self.sigmoid_gate(out, g);
         }
