@@ -26,7 +26,7 @@ pub struct Args {
     /// Generated tokens of the tg test (0: skip).
     #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
     pub n_gen: usize,
-    /// Context depth: tokens prefilled (untimed) before each tg run, as llama-bench's -d.
+    /// Context depth: tokens prefilled (untimed) before each pp and tg run, as llama-bench's -d.
     #[arg(short = 'd', long, default_value_t = 0)]
     pub depth: usize,
     /// Repetitions.
@@ -162,10 +162,14 @@ impl ModelJob for Args {
 
         if args.n_prompt > 0 {
             let toks: Vec<u32> = (0..args.n_prompt).map(|_| next_token()).collect();
-            let mut s = Session::new(&model, args.n_prompt)?;
+            let context: Vec<u32> = (0..args.depth).map(|_| next_token()).collect();
+            let mut s = Session::new(&model, args.depth + args.n_prompt)?;
             let mut rates = Vec::new();
             for rep in 0..=reps {
                 s.reset();
+                if !context.is_empty() {
+                    s.prefill(&context)?;
+                }
                 let t = Instant::now();
                 s.prefill(&toks)?;
                 if rep > 0 {
@@ -173,7 +177,12 @@ impl ModelJob for Args {
                 }
             }
             let (m, sd) = mean_sd(&rates);
-            println!("| {name} | {size} | {params} | {backend} | {threads} | pp{} | {m:.2} ± {sd:.2} | | | |", args.n_prompt);
+            let test = if args.depth > 0 {
+                format!("pp{} @ d{}", args.n_prompt, args.depth)
+            } else {
+                format!("pp{}", args.n_prompt)
+            };
+            println!("| {name} | {size} | {params} | {backend} | {threads} | {test} | {m:.2} ± {sd:.2} | | | |");
         }
         if args.n_gen > 0 && !args.streams.is_empty() {
             for &n in &args.streams {
