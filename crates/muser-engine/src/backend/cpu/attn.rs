@@ -266,6 +266,7 @@ mod x86 {
         let kp = kf.as_ptr().add(j0 * hd);
         scores4_with(
             |j, d| _mm512_loadu_ps(kp.add(j * hd + d)),
+            |_| {},
             hd,
             q,
             len,
@@ -279,6 +280,7 @@ mod x86 {
     #[inline(always)]
     unsafe fn scores4_with(
         k: impl Fn(usize, usize) -> __m512,
+        prefetch: impl Fn(usize),
         hd: usize,
         q: [&[f32]; 4],
         len: usize,
@@ -288,6 +290,9 @@ mod x86 {
         let steps = hd / 16;
         let sv = _mm512_set1_ps(scale);
         for j in (0..len).step_by(4) {
+            for kk in 0..4 {
+                prefetch(j + kk);
+            }
             // v[4k + h]: position j + k, head h, so that the sums come out as lanes 4h + k.
             let mut v = [_mm512_setzero_ps(); 16];
             for st in 0..steps {
@@ -326,6 +331,7 @@ mod x86 {
     ) {
         weighted_with::<GH, ND>(
             |j, d| _mm512_loadu_ps(vf.add(j * hd + d)),
+            |_| {},
             hd,
             w,
             wl,
@@ -339,6 +345,7 @@ mod x86 {
     #[inline(always)]
     unsafe fn weighted_with<const GH: usize, const ND: usize>(
         v: impl Fn(usize, usize) -> __m512,
+        prefetch: impl Fn(usize),
         hd: usize,
         w: *const f32,
         wl: usize,
@@ -347,6 +354,7 @@ mod x86 {
     ) {
         let mut o = [[_mm512_setzero_ps(); ND]; GH];
         for j in 0..len {
+            prefetch(j);
             let vv: [__m512; ND] = std::array::from_fn(|k| v(j, 16 * k));
             for (hh, oh) in o.iter_mut().enumerate() {
                 let wj = _mm512_set1_ps(*w.add(hh * wl + j));
@@ -449,6 +457,9 @@ mod x86 {
         }
     }
 
+    /// Positions ahead whose K or V row a decode task asks the cache for.
+    const PF: usize = 16;
+
     /// 16 f16 values at p as f32 (exact).
     #[inline(always)]
     unsafe fn load16(p: *const u16) -> __m512 {
@@ -482,6 +493,17 @@ mod x86 {
                 _mm512_setzero_ps()
             }
         };
+        // The rows are a KV head's slice of each position's row of the cache (strided): each
+        // load would wait on memory without a prefetch PF positions ahead (36% of the kernel's
+        // samples sat on the first K load of a position before this).
+        let pf = |base: *const u16, j: usize| {
+            if j + PF < len {
+                let p = base.add(rows.at(j + PF)) as *const i8;
+                for line in (0..2 * hd).step_by(64) {
+                    _mm_prefetch::<_MM_HINT_T0>(p.add(line));
+                }
+            }
+        };
         for h0 in (0..g).step_by(4) {
             let q: [&[f32]; 4] = std::array::from_fn(|k| {
                 let h = (h0 + k).min(g - 1);
@@ -494,7 +516,12 @@ mod x86 {
                     spare.as_mut_ptr()
                 }
             });
-            scores4_with(kload, hd, q, len, scale, sc);
+            let kpf = |j: usize| {
+                if h0 == 0 {
+                    pf(rows.k, j)
+                }
+            };
+            scores4_with(kload, kpf, hd, q, len, scale, sc);
         }
         for h in 0..g {
             super::super::softmax::softmax(&mut w[h * wl..h * wl + len]);
@@ -506,10 +533,15 @@ mod x86 {
                 let nd = ((hd - d0) / 16).min(4);
                 let (wh, r) = (wp.add(h0 * wl), rp.add(h0 * hd + d0));
                 let vload = |j: usize, d: usize| load16(rows.v.add(rows.at(j) + d0 + d));
+                let vpf = |j: usize| {
+                    if h0 == 0 && d0 == 0 {
+                        pf(rows.v, j)
+                    }
+                };
                 macro_rules! go {
                     ($($gh:literal, $nd:literal);*) => {
                         match (gh, nd) {
-                            $(($gh, $nd) => weighted_with::<$gh, $nd>(vload, hd, wh, wl, len, r),)*
+                            $(($gh, $nd) => weighted_with::<$gh, $nd>(vload, vpf, hd, wh, wl, len, r),)*
                             _ => unreachable!(),
                         }
                     };
