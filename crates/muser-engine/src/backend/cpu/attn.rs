@@ -458,7 +458,7 @@ mod x86 {
     }
 
     /// Positions ahead whose K or V row a decode task asks the cache for.
-    const PF: usize = 16;
+    const PF: usize = 32;
 
     /// 16 f16 values at p as f32 (exact).
     #[inline(always)]
