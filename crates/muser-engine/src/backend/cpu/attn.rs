@@ -258,39 +258,16 @@ mod x86 {
         )
     }
 
-    /// Scores of four query heads q[h] over positions j0..j0+len (rows of kf): sc[h][j] =
+    /// Scores of four query heads q[h] over positions 0..len of a row loader (k(j, d): values d
+    /// .. d + 15 of position j; past len any finite values): sc[h][j] =
     /// dot(k_j, q_h) * scale, each dot the AVX2 dot's: its two 8-lane FMA chains over 16
     /// values per step are the 16 lanes of one chain here (lane l: dims l + 16 s), reduced by
     /// the same tree (acc0 + acc1, lo4 + hi4, [0+2, 1+3], 0+1) as `_mm512_reduce_add_ps`. Four
     /// positions at a time, each K value loaded once for the four heads; each sc[h] holds len
     /// rounded up to 4.
-    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-    unsafe fn scores4(
-        kf: &[f32],
-        hd: usize,
-        q: [&[f32]; 4],
-        j0: usize,
-        len: usize,
-        scale: f32,
-        sc: [*mut f32; 4],
-    ) {
-        assert!((j0 + len.next_multiple_of(4)) * hd <= kf.len());
-        let kp = kf.as_ptr().add(j0 * hd);
-        scores4_with(
-            |j, d| _mm512_loadu_ps(kp.add(j * hd + d)),
-            |_| {},
-            hd,
-            q,
-            len,
-            scale,
-            sc,
-        )
-    }
-
-    /// `scores4` over positions 0..len of a row loader: k(j, d) gives values d .. d + 15 of
-    /// position j (j < len rounded up to 4; past len any finite values).
+    /// prefetch(j) is called once per position before its loads.
     #[inline(always)]
-    unsafe fn scores4_with(
+    unsafe fn scores4(
         k: impl Fn(usize, usize) -> __m512,
         prefetch: impl Fn(usize),
         hd: usize,
@@ -331,31 +308,10 @@ mod x86 {
     }
 
     /// o_h = sum_j w_h[j] v_j in position order (o = 0; o = fma(w_j, v_j, o)), for GH heads
-    /// and ND x 16 values from d0.
+    /// and ND x 16 values of a row loader (v(j, d): values d .. d + 15 of position j's part);
+    /// prefetch(j) once per position before its loads.
     #[inline(always)]
     unsafe fn weighted<const GH: usize, const ND: usize>(
-        vf: *const f32,
-        hd: usize,
-        w: *const f32,
-        wl: usize,
-        len: usize,
-        res: *mut f32,
-    ) {
-        weighted_with::<GH, ND>(
-            |j, d| _mm512_loadu_ps(vf.add(j * hd + d)),
-            |_| {},
-            hd,
-            w,
-            wl,
-            len,
-            res,
-        )
-    }
-
-    /// `weighted` over a row loader: v(j, d) gives values d .. d + 15 (from the task's first
-    /// value) of position j.
-    #[inline(always)]
-    unsafe fn weighted_with<const GH: usize, const ND: usize>(
         v: impl Fn(usize, usize) -> __m512,
         prefetch: impl Fn(usize),
         hd: usize,
@@ -398,50 +354,15 @@ mod x86 {
         res: &mut [f32],
     ) {
         let len = p + 1 - lo;
-        let wl = len.next_multiple_of(16);
-        let mut buf = SCRATCH.with(|b| std::mem::take(&mut *b.borrow_mut()));
-        if buf.len() < (g + 1) * wl {
-            buf.resize((g + 1) * wl, 0.0);
-        }
-        let (w, spare) = buf.split_at_mut(g * wl);
-        // Per head: the scores, then in place the weights softmax(scores), of positions lo..=p;
-        // four heads at a time (a missing head repeats one, its scores land in `spare`).
-        for h0 in (0..g).step_by(4) {
-            let q: [&[f32]; 4] = std::array::from_fn(|k| {
-                let h = (h0 + k).min(g - 1);
-                &qs[h * hd..(h + 1) * hd]
-            });
-            let sc: [*mut f32; 4] = std::array::from_fn(|k| {
-                if h0 + k < g {
-                    w.as_mut_ptr().add((h0 + k) * wl)
-                } else {
-                    spare.as_mut_ptr()
-                }
-            });
-            scores4(kt, hd, q, lo, len, scale, sc);
-        }
-        for h in 0..g {
-            super::super::softmax::softmax(&mut w[h * wl..h * wl + len]);
-        }
-        // Up to 4 heads x 64 values at a time.
-        let (vp, wp, rp) = (vf.as_ptr().add(lo * hd), w.as_ptr(), res.as_mut_ptr());
-        for h0 in (0..g).step_by(4) {
-            let gh = (g - h0).min(4);
-            for d0 in (0..hd).step_by(64) {
-                let nd = ((hd - d0) / 16).min(4);
-                let (v, wh, r) = (vp.add(d0), wp.add(h0 * wl), rp.add(h0 * hd + d0));
-                macro_rules! go {
-                    ($($gh:literal, $nd:literal);*) => {
-                        match (gh, nd) {
-                            $(($gh, $nd) => weighted::<$gh, $nd>(v, hd, wh, wl, len, r),)*
-                            _ => unreachable!(),
-                        }
-                    };
-                }
-                go!(4, 4; 4, 3; 4, 2; 4, 1; 3, 4; 3, 3; 3, 2; 3, 1; 2, 4; 2, 3; 2, 2; 2, 1; 1, 4; 1, 3; 1, 2; 1, 1);
-            }
-        }
-        SCRATCH.with(|b| *b.borrow_mut() = buf);
+        assert!((lo + len.next_multiple_of(4)) * hd <= kt.len() && (lo + len) * hd <= vf.len());
+        let (kp, vp) = (kt.as_ptr().add(lo * hd), vf.as_ptr().add(lo * hd));
+        let rows = Loaders {
+            k: |j: usize, d: usize| _mm512_loadu_ps(kp.add(j * hd + d)),
+            v: |j: usize, d: usize| _mm512_loadu_ps(vp.add(j * hd + d)),
+            kpf: |_: usize| {},
+            vpf: |_: usize| {},
+        };
+        heads(&rows, hd, qs, g, len, scale, res)
     }
 
     /// One KV head's f16 rows in the cache: position j's K at k + slot(j) * stride + off (V the
@@ -490,21 +411,6 @@ mod x86 {
         scale: f32,
         res: &mut [f32],
     ) {
-        let wl = len.next_multiple_of(16);
-        let mut buf = SCRATCH.with(|b| std::mem::take(&mut *b.borrow_mut()));
-        if buf.len() < (g + 1) * wl {
-            buf.resize((g + 1) * wl, 0.0);
-        }
-        let (w, spare) = buf.split_at_mut(g * wl);
-        // Positions past len (scores4 runs 4 at a time) read as zeros: their scores land in
-        // slots softmax never sees.
-        let kload = |j: usize, d: usize| {
-            if j < len {
-                load16(rows.k.add(rows.at(j) + d))
-            } else {
-                _mm512_setzero_ps()
-            }
-        };
         // The rows are a KV head's slice of each position's row of the cache (strided): each
         // load would wait on memory without a prefetch PF positions ahead (36% of the kernel's
         // samples sat on the first K load of a position before this).
@@ -516,6 +422,57 @@ mod x86 {
                 }
             }
         };
+        let loaders = Loaders {
+            // Positions past len (scores4 runs 4 at a time) read as zeros: their scores land
+            // in slots softmax never sees.
+            k: |j: usize, d: usize| {
+                if j < len {
+                    load16(rows.k.add(rows.at(j) + d))
+                } else {
+                    _mm512_setzero_ps()
+                }
+            },
+            v: |j: usize, d: usize| load16(rows.v.add(rows.at(j) + d)),
+            kpf: |j: usize| pf(rows.k, j),
+            vpf: |j: usize| pf(rows.v, j),
+        };
+        heads(&loaders, hd, qs, g, len, scale, res)
+    }
+
+    /// Where a task's K and V rows come from: values d .. d + 15 of relative position j, and a
+    /// prefetch of what a position needs some way ahead.
+    struct Loaders<K, V, KP, VP> {
+        k: K,
+        v: V,
+        kpf: KP,
+        vpf: VP,
+    }
+
+    /// The body shared by `group` and `group_f16`: per head the scores, then in place the weights
+    /// softmax(scores), of positions 0..len, four heads at a time (a missing head repeats one,
+    /// its scores land in `spare`); then o = sum_j w_j v_j, up to 4 heads x 64 values at a time.
+    /// The prefetches run with the first pass over the positions only.
+    #[inline(always)]
+    unsafe fn heads<K, V, KP, VP>(
+        rows: &Loaders<K, V, KP, VP>,
+        hd: usize,
+        qs: &[f32],
+        g: usize,
+        len: usize,
+        scale: f32,
+        res: &mut [f32],
+    ) where
+        K: Fn(usize, usize) -> __m512,
+        V: Fn(usize, usize) -> __m512,
+        KP: Fn(usize),
+        VP: Fn(usize),
+    {
+        let wl = len.next_multiple_of(16);
+        let mut buf = SCRATCH.with(|b| std::mem::take(&mut *b.borrow_mut()));
+        if buf.len() < (g + 1) * wl {
+            buf.resize((g + 1) * wl, 0.0);
+        }
+        let (w, spare) = buf.split_at_mut(g * wl);
         for h0 in (0..g).step_by(4) {
             let q: [&[f32]; 4] = std::array::from_fn(|k| {
                 let h = (h0 + k).min(g - 1);
@@ -530,10 +487,10 @@ mod x86 {
             });
             let kpf = |j: usize| {
                 if h0 == 0 {
-                    pf(rows.k, j)
+                    (rows.kpf)(j)
                 }
             };
-            scores4_with(kload, kpf, hd, q, len, scale, sc);
+            scores4(&rows.k, kpf, hd, q, len, scale, sc);
         }
         for h in 0..g {
             super::super::softmax::softmax(&mut w[h * wl..h * wl + len]);
@@ -544,16 +501,16 @@ mod x86 {
             for d0 in (0..hd).step_by(64) {
                 let nd = ((hd - d0) / 16).min(4);
                 let (wh, r) = (wp.add(h0 * wl), rp.add(h0 * hd + d0));
-                let vload = |j: usize, d: usize| load16(rows.v.add(rows.at(j) + d0 + d));
+                let vload = |j: usize, d: usize| (rows.v)(j, d0 + d);
                 let vpf = |j: usize| {
                     if h0 == 0 && d0 == 0 {
-                        pf(rows.v, j)
+                        (rows.vpf)(j)
                     }
                 };
                 macro_rules! go {
                     ($($gh:literal, $nd:literal);*) => {
                         match (gh, nd) {
-                            $(($gh, $nd) => weighted_with::<$gh, $nd>(vload, vpf, hd, wh, wl, len, r),)*
+                            $(($gh, $nd) => weighted::<$gh, $nd>(vload, vpf, hd, wh, wl, len, r),)*
                             _ => unreachable!(),
                         }
                     };
