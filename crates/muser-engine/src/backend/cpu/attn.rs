@@ -169,7 +169,7 @@ pub fn attend_kv_head(kv: &KvLayer, qs: &[f32], kh: usize, p: usize, scale: f32,
         last <= kv.k.len() && last <= kv.v.len(),
         "attend_kv_head: position {p} not stored"
     );
-    let rows = x86::Rows16 {
+    let rows = Rows16 {
         k: kv.k.as_ptr() as *const u16,
         v: kv.v.as_ptr() as *const u16,
         off: kh * hd,
@@ -180,6 +180,18 @@ pub fn attend_kv_head(kv: &KvLayer, qs: &[f32], kh: usize, p: usize, scale: f32,
     // SAFETY: the CPU has the features (`available`); every position lo..=p is stored (the
     // slots of a ring, the plane up to p: checked above for p, and the cache grows in order).
     unsafe { x86::group_f16(&rows, hd, qs, g, p + 1 - lo, scale, res) };
+}
+
+/// One KV head's f16 rows in the cache: position j's K at k + slot(j) * stride + off (V the
+/// same), slot(j) = j, or j % slots for a ring (slots > 0); positions from `base`.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+struct Rows16 {
+    k: *const u16,
+    v: *const u16,
+    off: usize,
+    stride: usize,
+    base: usize,
+    slots: usize,
 }
 
 /// Other targets: `available` is false, so this is never called.
@@ -200,17 +212,8 @@ mod x86 {
         unreachable!("batched attention needs x86_64")
     }
 
-    pub struct Rows16 {
-        pub k: *const u16,
-        pub v: *const u16,
-        pub off: usize,
-        pub stride: usize,
-        pub base: usize,
-        pub slots: usize,
-    }
-
     pub unsafe fn group_f16(
-        _: &Rows16,
+        _: &super::Rows16,
         _: usize,
         _: &[f32],
         _: usize,
@@ -365,16 +368,7 @@ mod x86 {
         heads(&rows, hd, qs, g, len, scale, res)
     }
 
-    /// One KV head's f16 rows in the cache: position j's K at k + slot(j) * stride + off (V the
-    /// same), slot(j) = j, or j % slots for a ring (slots > 0); positions from `base`.
-    pub struct Rows16 {
-        pub k: *const u16,
-        pub v: *const u16,
-        pub off: usize,
-        pub stride: usize,
-        pub base: usize,
-        pub slots: usize,
-    }
+    use super::Rows16;
 
     impl Rows16 {
         /// The offset of relative position j's row.
