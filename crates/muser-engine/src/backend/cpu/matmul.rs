@@ -209,47 +209,39 @@ unsafe fn tiled_into(
     ld: usize,
 ) -> bool {
     #[cfg(target_arch = "x86_64")]
-    if let Some(p) = inp.panel.as_ref() {
+    {
         let wrows = &w.view.bytes()[r0 * w.row_bytes..r1 * w.row_bytes];
-        match w.view.ty {
-            GgmlType::Q4_K => {
-                super::tile::gemm_q4_k_into(bytemuck::cast_slice(wrows), r1 - r0, p, out, ld);
-                return true;
-            }
-            GgmlType::Q5_K => {
-                super::tile::gemm_q5_k_into(bytemuck::cast_slice(wrows), r1 - r0, p, out, ld);
-                return true;
-            }
-            GgmlType::Q6_K => {
-                super::tile::gemm_q6_k_into(bytemuck::cast_slice(wrows), r1 - r0, p, out, ld);
-                return true;
-            }
-            _ => {}
+        let rows = r1 - r0;
+        // A K-quant weight through a tile module's `gemm_*_into` (tile.rs and tile4.rs have the
+        // same entry points, `tile_entry_points!`).
+        macro_rules! k_quant_into {
+            ($m:ident, $p:expr) => {
+                match w.view.ty {
+                    GgmlType::Q4_K => {
+                        super::$m::gemm_q4_k_into(bytemuck::cast_slice(wrows), rows, $p, out, ld);
+                        return true;
+                    }
+                    GgmlType::Q5_K => {
+                        super::$m::gemm_q5_k_into(bytemuck::cast_slice(wrows), rows, $p, out, ld);
+                        return true;
+                    }
+                    GgmlType::Q6_K => {
+                        super::$m::gemm_q6_k_into(bytemuck::cast_slice(wrows), rows, $p, out, ld);
+                        return true;
+                    }
+                    _ => {}
+                }
+            };
         }
-    }
-    #[cfg(target_arch = "x86_64")]
-    if let (Some(p), GgmlType::Q8_0) = (inp.panel_q8_0.as_ref(), w.view.ty) {
-        let wrows = &w.view.bytes()[r0 * w.row_bytes..r1 * w.row_bytes];
-        super::tile_q8_0::gemm_q8_0_into(bytemuck::cast_slice(wrows), r1 - r0, p, out, ld);
-        return true;
-    }
-    #[cfg(target_arch = "x86_64")]
-    if let Some(p) = inp.panel4.as_ref() {
-        let wrows = &w.view.bytes()[r0 * w.row_bytes..r1 * w.row_bytes];
-        match w.view.ty {
-            GgmlType::Q4_K => {
-                super::tile4::gemm_q4_k_into(bytemuck::cast_slice(wrows), r1 - r0, p, out, ld);
-                return true;
-            }
-            GgmlType::Q5_K => {
-                super::tile4::gemm_q5_k_into(bytemuck::cast_slice(wrows), r1 - r0, p, out, ld);
-                return true;
-            }
-            GgmlType::Q6_K => {
-                super::tile4::gemm_q6_k_into(bytemuck::cast_slice(wrows), r1 - r0, p, out, ld);
-                return true;
-            }
-            _ => {}
+        if let Some(p) = inp.panel.as_ref() {
+            k_quant_into!(tile, p);
+        }
+        if let (Some(p), GgmlType::Q8_0) = (inp.panel_q8_0.as_ref(), w.view.ty) {
+            super::tile_q8_0::gemm_q8_0_into(bytemuck::cast_slice(wrows), rows, p, out, ld);
+            return true;
+        }
+        if let Some(p) = inp.panel4.as_ref() {
+            k_quant_into!(tile4, p);
         }
     }
     let _ = (w, inp, r0, r1, out, ld);
