@@ -1,0 +1,367 @@
+// Prefill chunks on the f16 tensor cores: K-quant weights (Q4_K, Q5_K, Q6_K in the resident
+// layout of matvec.rs `repack`) dequantized in registers straight into the A fragments of
+// mma.m16n8k16 (f16 x f16 -> f32), times the activation converted once per matmul to f16 by
+// act_f16. Unlike the integer kernels (mmk.cu, mmt.cu: the canonical order of common.cuh, every
+// column the bits of mvk_1), the arithmetic is a plain GEMM: per output one f32 accumulator over
+// K in a fixed order, so a column's result still depends on that column alone (not on the other
+// columns of the chunk, nor on its place in a tile), but it is not the bits of the one-column
+// kernels. The engine runs these only on prefill chunks of MMH_MIN (matvec.rs) columns or more,
+// never on decode groups (batch.rs: decode stays bit-identical alone and in groups).
+//
+// Activation (act_f16): column c of x (f32) scaled by 2^-e_c so its largest magnitude lies in
+// [2^13, 2^14) (exact: a power of two; the output is multiplied back by xs[c] = 2^e_c), as f16,
+// each group of 4 values stored in the order 0, 2, 1, 3 (what the fragment layout below wants).
+//
+// Launch: 256 threads (8 warps) per block; a block takes MMH_BM = 128 rows (one job's: each job
+// padded to 128 rows) and MMH_BN = 128 columns (grid x: column tiles, so the blocks of one row
+// block run side by side and share its weights in L2; grid y: row blocks). Warp w takes rows
+// 32 (w % 4) .. + 31 (2 MMA row tiles) and columns 64 (w / 4) .. + 63 (8 MMA column tiles): 64
+// f32 accumulators per thread. Per super-block, the block copies the 128 rows' blocks and the 128
+// columns' 256 f16 values to shared memory with cp.async (two stages: the next super-block's
+// copy runs under this one's MMAs).
+//
+// Fragments: lane (g = lane / 4, t = lane % 4) of a warp reads 8 weight bytes per row and
+// 64-value chunk of a super-block, the bytes 8t .. 8t + 7 of the chunk's 32 quant bytes (Q4_K,
+// Q5_K: qs; Q6_K: ql), whose low nibbles are 8 values of one 32-value group and whose high
+// nibbles 8 values of another. One k16 step takes 4 of those bytes: fragment positions 2t,
+// 2t + 1, 2t + 8, 2t + 9 hold the values of bytes 0, 2, 1, 3 (one mask pulls bytes 0 and 2 into
+// the two halves of a register), and the activation's stored order 0, 2, 1, 3 puts the same
+// values' activations at the same positions of the B fragment, read with one 16-byte load per
+// column tile and two k16 steps. Each value becomes f16 as (1024 + q) - 1024 (exact) times its
+// sub-block's scale minus its min (Q4_K, Q5_K: one rounding, fma) or ((1024 + q) - 1056) times
+// its scale (Q6_K: q - 32 exact, one rounding).
+
+#define MMH_BM 128
+#define MMH_BN 128
+#define MMH_THREADS 256
+// Shared-memory row stride of the activation (bytes): 256 f16 values + 64, so the 8 columns a
+// quarter warp reads with 16-byte loads (2 columns x 4 lanes) fall in distinct banks.
+#define MMH_XS 576
+
+// Per format: bytes of a row's super-block copied (Q6_K: plane A, then plane B's 16 scales),
+// 16-byte pieces, and the shared-memory row stride (bytes mod 128 = 32 or 96: the 8-byte
+// weight loads of a quarter warp, 4 rows x 4 lanes, are free of bank conflicts).
+template <int FMT>
+struct MmhFmt;
+template <>
+struct MmhFmt<FMT_Q4_K> {
+    static constexpr int PC = 9, WS = 160, Q = 16; // Q: where the 4-bit quants start
+};
+template <>
+struct MmhFmt<FMT_Q5_K> {
+    static constexpr int PC = 11, WS = 224, Q = 48;
+};
+template <>
+struct MmhFmt<FMT_Q6_K> {
+    static constexpr int PC = 13, WS = 224, Q = 0;
+};
+
+// Bytes of one stage: the activation tile, the weights, Q6_K's 128 d values.
+#define MMH_STAGE (MMH_BN * MMH_XS + MMH_BM * 224 + MMH_BM * 2)
+
+__device__ __forceinline__ void mmh_cp16(void* dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src));
+}
+__device__ __forceinline__ void mmh_cp8(void* dst, const void* src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src));
+}
+
+// Super-block sb of the block's rows (row0 .. of a job of `rows` rows, nb super-blocks per row)
+// and columns (c0 .. of ncols, xh rows of k values) into stage st, committed. Rows and columns
+// past the matrix are not copied: their outputs are never stored, and each output reads only
+// its own row's and column's stage bytes.
+template <int FMT>
+__device__ __forceinline__ void mmh_copy(uint8_t* st, const uint8_t* __restrict__ w, int row0, int rows, int nb, int sb,
+                                         const __half* __restrict__ xh, int k, int c0, int ncols) {
+    using F = MmhFmt<FMT>;
+    const int t = threadIdx.x;
+    {
+        const int col = t >> 5, pc = t & 31;
+        const uint8_t* src = (const uint8_t*)(xh + ((size_t)(c0 + col) * k + (size_t)sb * QK_K)) + 16 * pc;
+        uint8_t* dst = st + col * MMH_XS + 16 * pc;
+#pragma unroll
+        for (int i = 0; i < MMH_BN / 8; ++i)
+            if (c0 + col + 8 * i < ncols) mmh_cp16(dst + 8 * i * MMH_XS, src + (size_t)8 * i * k * 2);
+    }
+    uint8_t* sw = st + MMH_BN * MMH_XS;
+    const size_t nblk = kq_rows(rows) * nb; // Q6_K: blocks per plane
+#pragma unroll 1
+    for (int p = t; p < MMH_BM * F::PC; p += MMH_THREADS) {
+        const int r = p / F::PC, c = p - r * F::PC;
+        if (row0 + r < rows) {
+            const size_t blk = kq_blk(row0 + r, nb, sb);
+            const uint8_t* src;
+            if (FMT == FMT_Q6_K)
+                src = c < 12 ? w + blk * 192 + 16 * c : w + nblk * 192 + blk * 16;
+            else
+                src = w + blk * (FMT == FMT_Q4_K ? 144 : 176) + 16 * c;
+            mmh_cp16(sw + r * F::WS + 16 * c, src);
+        }
+    }
+    // Q6_K's d: the 4 rows of a quad side by side in plane C (8 bytes per quad).
+    if (FMT == FMT_Q6_K && t < MMH_BM / 4 && row0 + 4 * t < rows)
+        mmh_cp8(sw + MMH_BM * 224 + 8 * t, w + nblk * 208 + kq_blk(row0 + 4 * t, nb, sb) * 2);
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+__device__ __forceinline__ void mma_f16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                        uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t h2_bits(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
+// The values v (0 .. 1023, in bits 0-9 and 16-25) as the halves 1024 + v.
+__device__ __forceinline__ __half2 h2_magic(uint32_t v) {
+    const uint32_t r = v | 0x64006400u;
+    return *reinterpret_cast<const __half2*>(&r);
+}
+
+// One row's scales for one 64-value chunk: the f16 scale and negated min of its two groups
+// (broadcast to both halves), Q6_K's mins unused.
+struct MmhScales {
+    __half2 s0, m0, s1, m1;
+};
+
+// One row's header of a super-block (what every chunk's scales come from).
+template <int FMT>
+struct MmhRow {
+    float d, dmin;
+    uint32_t a, b, c, e; // Q4_K/Q5_K: packed 6-bit scales lo, hi, mins lo, hi; Q6_K: the 16 int8 scales
+    uint2 qh;            // Q5_K: the lane's 8 bytes of qh
+    __device__ __forceinline__ void load(const uint8_t* row, int t) {
+        if (FMT == FMT_Q6_K) {
+            const uint4 s = *reinterpret_cast<const uint4*>(row + 192);
+            a = s.x, b = s.y, c = s.z, e = s.w;
+        } else {
+            const uint4 h = *reinterpret_cast<const uint4*>(row);
+            const __half2 dd = *reinterpret_cast<const __half2*>(&h.x);
+            d = __low2float(dd), dmin = __high2float(dd);
+            unpack_scales_k4(h.y, h.z, h.w, &a, &b, &c, &e);
+            if (FMT == FMT_Q5_K) qh = *reinterpret_cast<const uint2*>(row + 16 + 8 * t);
+        }
+    }
+    // Chunk ch (0..3). Q4_K/Q5_K: groups = sub-blocks 2 ch, 2 ch + 1. Q6_K: half n = ch / 2,
+    // p = ch % 2: groups q = p (low nibbles) and q = p + 2 (high), the lane's scale of each
+    // (l / 16 = t / 2): byte 8n + 2q + t / 2.
+    __device__ __forceinline__ MmhScales scales(int ch, int t) const {
+        MmhScales r;
+        if (FMT == FMT_Q6_K) {
+            const int n = ch >> 1, p = ch & 1, i0 = 8 * n + 2 * p + (t >> 1), i1 = i0 + 4;
+            const uint32_t w0 = i0 < 4 ? a : i0 < 8 ? b : i0 < 12 ? c : e;
+            const uint32_t w1 = i1 < 4 ? a : i1 < 8 ? b : i1 < 12 ? c : e;
+            r.s0 = __float2half2_rn(d * (float)(int8_t)(w0 >> (8 * (i0 & 3))));
+            r.s1 = __float2half2_rn(d * (float)(int8_t)(w1 >> (8 * (i1 & 3))));
+            r.m0 = r.m1 = __float2half2_rn(0.f);
+        } else {
+            const uint32_t sc = ch < 2 ? a : b, mn = ch < 2 ? c : e;
+            const int sh = 16 * (ch & 1);
+            r.s0 = __float2half2_rn(d * (float)((sc >> sh) & 0xFF));
+            r.s1 = __float2half2_rn(d * (float)((sc >> (sh + 8)) & 0xFF));
+            r.m0 = __float2half2_rn(-dmin * (float)((mn >> sh) & 0xFF));
+            r.m1 = __float2half2_rn(-dmin * (float)((mn >> (sh + 8)) & 0xFF));
+        }
+        return r;
+    }
+};
+
+// The f16 values of quant pair v (bits 0-5 and 16-21) with scale s and negated min m.
+template <int FMT>
+__device__ __forceinline__ uint32_t mmh_value(uint32_t v, __half2 s, __half2 m) {
+    if (FMT == FMT_Q6_K) return h2_bits(__hmul2(__hsub2(h2_magic(v), __float2half2_rn(1056.f)), s));
+    return h2_bits(__hfma2(__hsub2(h2_magic(v), __float2half2_rn(1024.f)), s, m));
+}
+
+// A fragments of one row for one k16 step: quant word u (4 bytes), high-bit word h (Q5_K: qh
+// bytes, bit hb; Q6_K: qh bytes, bits hb, hb + 1), nibble shift ns (0: low, 4: high).
+template <int FMT>
+__device__ __forceinline__ void mmh_pair(uint32_t u, uint32_t h, int ns, int hb, __half2 s, __half2 m, uint32_t& p02,
+                                         uint32_t& p13) {
+    uint32_t a = (u >> ns) & 0x000F000Fu, b = (u >> (ns + 8)) & 0x000F000Fu;
+    if (FMT == FMT_Q5_K) {
+        a |= ((h >> hb) & 0x00010001u) << 4;
+        b |= ((h >> (hb + 8)) & 0x00010001u) << 4;
+    } else if (FMT == FMT_Q6_K) {
+        a |= ((h >> hb) & 0x00030003u) << 4;
+        b |= ((h >> (hb + 8)) & 0x00030003u) << 4;
+    }
+    p02 = mmh_value<FMT>(a, s, m);
+    p13 = mmh_value<FMT>(b, s, m);
+}
+
+template <int FMT>
+__device__ __forceinline__ void mmh_kernel(const uint8_t* __restrict__ w, int rows, float* __restrict__ y, int row0,
+                                           const __half* __restrict__ xh, const float* __restrict__ xs, int k,
+                                           int ncols, const float* __restrict__ gate, uint8_t* smem) {
+    using F = MmhFmt<FMT>;
+    const int nb = k / QK_K, c0 = blockIdx.x * MMH_BN;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int wm = warp & 3, wn = warp >> 2;
+    float acc[2][8][4];
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+
+    mmh_copy<FMT>(smem, w, row0, rows, nb, 0, xh, k, c0, ncols);
+#pragma unroll 1
+    for (int sb = 0; sb < nb; ++sb) {
+        uint8_t* st = smem + (sb & 1) * MMH_STAGE;
+        if (sb + 1 < nb) {
+            mmh_copy<FMT>(smem + ((sb + 1) & 1) * MMH_STAGE, w, row0, rows, nb, sb + 1, xh, k, c0, ncols);
+            asm volatile("cp.async.wait_group 1;" ::: "memory");
+        } else {
+            asm volatile("cp.async.wait_group 0;" ::: "memory");
+        }
+        __syncthreads();
+        const uint8_t* sw = st + MMH_BN * MMH_XS;
+        // The lane's 4 rows: row tile i, half h -> 32 wm + 16 i + 8 h + g.
+        const uint8_t* wr[2][2];
+        MmhRow<FMT> hd[2][2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int r = 32 * wm + 16 * i + 8 * h + g;
+                wr[i][h] = sw + r * F::WS;
+                hd[i][h].load(wr[i][h], t);
+                if (FMT == FMT_Q6_K) {
+                    hd[i][h].d = __half2float(reinterpret_cast<const __half*>(sw + MMH_BM * 224)[r]);
+                    hd[i][h].qh = make_uint2(0, 0);
+                }
+            }
+        const uint8_t* sx = st + (64 * wn + g) * MMH_XS + 16 * t;
+#pragma unroll 1
+        for (int ch = 0; ch < 4; ++ch) {
+            // The lane's 8 quant bytes of each row, and Q6_K's 8 qh bytes (half ch / 2).
+            uint2 q[2][2], h6[2][2];
+            MmhScales s[2][2];
+            const int qoff = FMT == FMT_Q6_K ? 64 * (ch >> 1) + 32 * (ch & 1) : F::Q + 32 * ch;
+#pragma unroll
+            for (int i = 0; i < 2; ++i)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    q[i][h] = *reinterpret_cast<const uint2*>(wr[i][h] + qoff + 8 * t);
+                    h6[i][h] = FMT == FMT_Q6_K ? *reinterpret_cast<const uint2*>(wr[i][h] + 128 + 32 * (ch >> 1) + 8 * t)
+                                               : hd[i][h].qh;
+                    s[i][h] = hd[i][h].scales(ch, t);
+                }
+            // Group 0 (low nibbles) and 1 (high), their first values in the super-block.
+#pragma unroll
+            for (int grp = 0; grp < 2; ++grp) {
+                const int v0 = FMT == FMT_Q6_K ? 128 * (ch >> 1) + 32 * (ch & 1) + 64 * grp : 64 * ch + 32 * grp;
+                // Q5_K: qh bit 2 ch + grp; Q6_K: bits 2q, 2q + 1 with q = ch % 2 + 2 grp.
+                const int hb = FMT == FMT_Q6_K ? 2 * ((ch & 1) + 2 * grp) : 2 * ch + grp;
+                uint4 bx[8];
+#pragma unroll
+                for (int j = 0; j < 8; ++j) bx[j] = *reinterpret_cast<const uint4*>(sx + 8 * j * MMH_XS + 2 * v0);
+#pragma unroll
+                for (int step = 0; step < 2; ++step) {
+                    uint32_t a[2][4];
+#pragma unroll
+                    for (int i = 0; i < 2; ++i)
+#pragma unroll
+                        for (int h = 0; h < 2; ++h) {
+                            const uint32_t u = step ? q[i][h].y : q[i][h].x;
+                            const uint32_t hw = step ? h6[i][h].y : h6[i][h].x;
+                            mmh_pair<FMT>(u, hw, 4 * grp, hb, grp ? s[i][h].s1 : s[i][h].s0,
+                                          grp ? s[i][h].m1 : s[i][h].m0, a[i][h], a[i][h + 2]);
+                        }
+#pragma unroll
+                    for (int i = 0; i < 2; ++i)
+#pragma unroll
+                        for (int j = 0; j < 8; ++j)
+                            mma_f16(acc[i][j], a[i][0], a[i][1], a[i][2], a[i][3], step ? bx[j].z : bx[j].x,
+                                    step ? bx[j].w : bx[j].y);
+                }
+            }
+        }
+        __syncthreads(); // the next iteration's copy overwrites this stage
+    }
+
+    // Outputs: acc[i][j] = rows 32 wm + 16 i + g (+ 8), columns 64 wn + 8 j + 2 t (+ 1).
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const int col = c0 + 64 * wn + 8 * j + 2 * t + e;
+            if (col >= ncols) continue;
+            const float sc = xs[col];
+#pragma unroll
+            for (int i = 0; i < 2; ++i)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int r = row0 + 32 * wm + 16 * i + 8 * h + g;
+                    if (r >= rows) continue;
+                    const size_t o = (size_t)col * rows + r;
+                    float v = acc[i][j][2 * h + e] * sc;
+                    if (gate) {
+                        const float gv = gate[o];
+                        v *= gv / (1.0f + expf(-gv));
+                    }
+                    y[o] = v;
+                }
+        }
+}
+
+// y_j = W_j x for the matrices of `jobs` (rows padded to MMH_BM per job; a block's rows lie in
+// one job), x the f16 activation of act_f16 (ncols columns of K values, column scales xs).
+// gate (or null): y = silu(gate) * (W x) elementwise, gate laid out as y (the up half of
+// ffn_gate_up_silu; the gate's own launch wrote it). Dynamic shared memory: 2 * MMH_STAGE.
+extern "C" __global__ void __launch_bounds__(MMH_THREADS, 1) mmh(MatvecJobs jobs, const __half* __restrict__ xh,
+                                                                 const float* __restrict__ xs, int K, int ncols,
+                                                                 const float* __restrict__ gate) {
+    pdl_wait();
+    extern __shared__ __align__(16) uint8_t mmh_smem[];
+    const int grow = blockIdx.y * MMH_BM;
+    int j = 0;
+#pragma unroll
+    for (int u = 1; u < 4; ++u)
+        if (u < jobs.njobs && grow >= jobs.start[u]) j = u;
+    const int row0 = grow - jobs.start[j];
+    if (row0 >= jobs.rows[j]) return; // padding rows of the job
+    if (jobs.ty[j] == FMT_Q4_K)
+        mmh_kernel<FMT_Q4_K>(jobs.w[j], jobs.rows[j], jobs.y[j], row0, xh, xs, K, ncols, gate, mmh_smem);
+    else if (jobs.ty[j] == FMT_Q5_K)
+        mmh_kernel<FMT_Q5_K>(jobs.w[j], jobs.rows[j], jobs.y[j], row0, xh, xs, K, ncols, gate, mmh_smem);
+    else if (jobs.ty[j] == FMT_Q6_K)
+        mmh_kernel<FMT_Q6_K>(jobs.w[j], jobs.rows[j], jobs.y[j], row0, xh, xs, K, ncols, gate, mmh_smem);
+}
+
+// Column blockIdx.x of x (K f32 values) as f16 for mmh: scaled by 2^-e (xs = 2^e) so its
+// largest magnitude lies in [2^13, 2^14) (e = 0 for a column of zeros or with an infinity, which
+// then reaches the outputs as it would in f32; a NaN does too), each group of 4 values stored
+// in the order 0, 2, 1, 3.
+extern "C" __global__ void __launch_bounds__(256) act_f16(const float* __restrict__ x, __half* __restrict__ xh,
+                                                          float* __restrict__ xs, int K) {
+    pdl_wait();
+    __shared__ float red[8];
+    const float4* xr = reinterpret_cast<const float4*>(x + (size_t)blockIdx.x * K);
+    float m = 0.f;
+    for (int i = threadIdx.x; i < K / 4; i += 256) {
+        const float4 v = xr[i];
+        m = fmaxf(m, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+    }
+    m = warp_max(m);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = m;
+    __syncthreads();
+    m = red[0];
+#pragma unroll
+    for (int i = 1; i < 8; ++i) m = fmaxf(m, red[i]);
+    int e = 0;
+    if (m > 0.f && m <= 3.402823466e38f) {
+        frexpf(m, &e); // m = f 2^e, f in [0.5, 1)
+        e = min(max(e - 14, -126), 127);
+    }
+    const float inv = ldexpf(1.f, -e);
+    if (threadIdx.x == 0) xs[blockIdx.x] = ldexpf(1.f, e);
+    uint2* out = reinterpret_cast<uint2*>(xh + (size_t)blockIdx.x * K);
+    for (int i = threadIdx.x; i < K / 4; i += 256) {
+        const float4 v = xr[i];
+        const __half2 a = __floats2half2_rn(v.x * inv, v.z * inv), b = __floats2half2_rn(v.y * inv, v.w * inv);
+        out[i] = make_uint2(h2_bits(a), h2_bits(b));
+    }
+}
