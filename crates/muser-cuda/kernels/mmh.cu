@@ -66,43 +66,65 @@ __device__ __forceinline__ void mmh_cp8(void* dst, const void* src) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src));
 }
 
-// Super-block sb of the block's rows (row0 .. of a job of `rows` rows, nb super-blocks per row)
-// and columns (c0 .. of ncols, xh rows of k values) into stage st, committed. Rows and columns
-// past the matrix are not copied: their outputs are never stored, and each output reads only
-// its own row's and column's stage bytes.
-template <int FMT>
-__device__ __forceinline__ void mmh_copy(uint8_t* st, const uint8_t* __restrict__ w, int row0, int rows, int nb, int sb,
-                                         const __half* __restrict__ xh, int k, int c0, int ncols) {
+// The block's copies of one super-block, planned once per launch: thread t copies the 16-byte
+// pieces p = t + 256 i of the weights (row p / PC, piece p % PC), whose sources move by 4 blocks
+// per super-block (kq_blk), and piece t % 32 of columns t / 32 + 8 i of the activation. Rows and
+// columns past the matrix are not copied: their outputs are never stored, and each output reads
+// only its own row's and column's stage bytes. Offsets are 32-bit (matvec.rs: mmt_fits).
+template <int FMT, int THREADS>
+struct MmhPlan {
     using F = MmhFmt<FMT>;
-    const int t = threadIdx.x;
-    {
-        const int col = t >> 5, pc = t & 31;
-        const uint8_t* src = (const uint8_t*)(xh + ((size_t)(c0 + col) * k + (size_t)sb * QK_K)) + 16 * pc;
-        uint8_t* dst = st + col * MMH_XS + 16 * pc;
+    static constexpr int NP = (MMH_BM * F::PC + THREADS - 1) / THREADS, CP = THREADS / 32; // CP: columns per pass
+    static constexpr uint32_t BS = FMT == FMT_Q4_K ? 144 : FMT == FMT_Q5_K ? 176 : 192;
+    uint32_t src[NP]; // bytes from w at super-block 0
+    uint32_t dst[NP]; // place in the stage (bit 31: Q6_K's scales piece); 0xFFFFFFFF: no piece
+    uint32_t dsrc;    // Q6_K, threads < 32: the quad's d at super-block 0 (0xFFFFFFFF: none)
+    const uint8_t* x; // the activation piece of column t / 32 at super-block 0
+    int nx;           // activation pieces of this thread (columns t / 32 + 8 i < ncols)
+    size_t xstep;     // 8 columns further
+
+    __device__ __forceinline__ MmhPlan(int row0, int rows, int nb, const __half* xh, int k, int c0, int ncols) {
+        const int t = threadIdx.x;
+        const uint32_t nblk = (uint32_t)(kq_rows(rows) * nb);
 #pragma unroll
-        for (int i = 0; i < MMH_BN / 8; ++i)
-            if (c0 + col + 8 * i < ncols) mmh_cp16(dst + 8 * i * MMH_XS, src + (size_t)8 * i * k * 2);
-    }
-    uint8_t* sw = st + MMH_BN * MMH_XS;
-    const size_t nblk = kq_rows(rows) * nb; // Q6_K: blocks per plane
-#pragma unroll 1
-    for (int p = t; p < MMH_BM * F::PC; p += MMH_THREADS) {
-        const int r = p / F::PC, c = p - r * F::PC;
-        if (row0 + r < rows) {
-            const size_t blk = kq_blk(row0 + r, nb, sb);
-            const uint8_t* src;
-            if (FMT == FMT_Q6_K)
-                src = c < 12 ? w + blk * 192 + 16 * c : w + nblk * 192 + blk * 16;
-            else
-                src = w + blk * (FMT == FMT_Q4_K ? 144 : 176) + 16 * c;
-            mmh_cp16(sw + r * F::WS + 16 * c, src);
+        for (int i = 0; i < NP; ++i) {
+            const int p = t + THREADS * i, r = p / F::PC, c = p - r * F::PC;
+            dst[i] = 0xFFFFFFFFu;
+            src[i] = 0;
+            if (p < MMH_BM * F::PC && row0 + r < rows) {
+                const uint32_t blk = (uint32_t)kq_blk(row0 + r, nb, 0);
+                src[i] = FMT == FMT_Q6_K ? (c < 12 ? blk * 192 + 16 * c : nblk * 192 + blk * 16) : blk * BS + 16 * c;
+                dst[i] = (MMH_BN * MMH_XS + r * F::WS + 16 * c) | (FMT == FMT_Q6_K && c == 12 ? 0x80000000u : 0);
+            }
         }
+        dsrc = FMT == FMT_Q6_K && t < MMH_BM / 4 && row0 + 4 * t < rows
+                   ? nblk * 208 + (uint32_t)kq_blk(row0 + 4 * t, nb, 0) * 2
+                   : 0xFFFFFFFFu;
+        const int col = t >> 5;
+        x = (const uint8_t*)(xh + (size_t)(c0 + col) * k) + 16 * (t & 31);
+        xstep = (size_t)2 * CP * k;
+        nx = c0 + col < ncols ? (ncols - 1 - c0 - col) / CP + 1 : 0;
     }
-    // Q6_K's d: the 4 rows of a quad side by side in plane C (8 bytes per quad).
-    if (FMT == FMT_Q6_K && t < MMH_BM / 4 && row0 + 4 * t < rows)
-        mmh_cp8(sw + MMH_BM * 224 + 8 * t, w + nblk * 208 + kq_blk(row0 + 4 * t, nb, sb) * 2);
-    asm volatile("cp.async.commit_group;" ::: "memory");
-}
+
+    // Super-block sb into stage st, committed.
+    __device__ __forceinline__ void copy(uint8_t* st, const uint8_t* __restrict__ w, int sb) const {
+        const int t = threadIdx.x;
+        uint8_t* dx = st + (t >> 5) * MMH_XS + 16 * (t & 31);
+        const uint8_t* sx = x + (size_t)sb * 512;
+#pragma unroll
+        for (int i = 0; i < MMH_BN / CP; ++i)
+            if (i < nx) mmh_cp16(dx + CP * i * MMH_XS, sx + i * xstep);
+        // Q6_K: plane B's scales (piece 12) move by 4 x 16 bytes per super-block, the rest 4 blocks.
+#pragma unroll
+        for (int i = 0; i < NP; ++i)
+            if (dst[i] != 0xFFFFFFFFu) {
+                const uint32_t step = dst[i] >> 31 ? 64 : 4 * BS;
+                mmh_cp16(st + (dst[i] & 0x7FFFFFFFu), w + (src[i] + (uint32_t)sb * step));
+            }
+        if (FMT == FMT_Q6_K && dsrc != 0xFFFFFFFFu) mmh_cp8(st + MMH_BN * MMH_XS + MMH_BM * 224 + 8 * t, w + (dsrc + 8u * sb));
+        asm volatile("cp.async.commit_group;" ::: "memory");
+    }
+};
 
 __device__ __forceinline__ void mma_f16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
                                         uint32_t b1) {
@@ -190,111 +212,202 @@ __device__ __forceinline__ void mmh_pair(uint32_t u, uint32_t h, int ns, int hb,
     p13 = mmh_value<FMT>(b, s, m);
 }
 
+// The MMAs of one super-block of the stage (weights at sw, the lane's first activation at sx)
+// for the warp's MT row tiles (lane rows wrow + 16 i (+ 8)) and NT column tiles.
+template <int FMT, int MT, int NT, bool UNR>
+__device__ __forceinline__ void mmh_superblock(float (&acc)[MT][NT][4], const uint8_t* sw, const uint8_t* sx,
+                                               int wrow, int t) {
+    using F = MmhFmt<FMT>;
+    // The lane's rows: row tile i, half h -> wrow + 16 i + 8 h.
+    const uint8_t* wr[MT][2];
+    MmhRow<FMT> hd[MT][2];
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int r = wrow + 16 * i + 8 * h;
+            wr[i][h] = sw + r * F::WS;
+            hd[i][h].load(wr[i][h], t);
+            if (FMT == FMT_Q6_K) hd[i][h].d = __half2float(reinterpret_cast<const __half*>(sw + MMH_BM * 224)[r]);
+            if (FMT != FMT_Q5_K) hd[i][h].qh = make_uint2(0, 0);
+        }
+#pragma unroll(UNR ? 4 : 1)
+    for (int ch = 0; ch < 4; ++ch) {
+        // The lane's 8 quant bytes of each row, and Q6_K's 8 qh bytes (half ch / 2).
+        uint2 q[MT][2], h6[MT][2];
+        MmhScales s[MT][2];
+        const int qoff = FMT == FMT_Q6_K ? 64 * (ch >> 1) + 32 * (ch & 1) : F::Q + 32 * ch;
+#pragma unroll
+        for (int i = 0; i < MT; ++i)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                q[i][h] = *reinterpret_cast<const uint2*>(wr[i][h] + qoff + 8 * t);
+                h6[i][h] = FMT == FMT_Q6_K ? *reinterpret_cast<const uint2*>(wr[i][h] + 128 + 32 * (ch >> 1) + 8 * t)
+                                           : hd[i][h].qh;
+                s[i][h] = hd[i][h].scales(ch, t);
+            }
+        // Group 0 (low nibbles) and 1 (high), their first values in the super-block.
+#pragma unroll
+        for (int grp = 0; grp < 2; ++grp) {
+            const int v0 = FMT == FMT_Q6_K ? 128 * (ch >> 1) + 32 * (ch & 1) + 64 * grp : 64 * ch + 32 * grp;
+            // Q5_K: qh bit 2 ch + grp; Q6_K: bits 2q, 2q + 1 with q = ch % 2 + 2 grp.
+            const int hb = FMT == FMT_Q6_K ? 2 * ((ch & 1) + 2 * grp) : 2 * ch + grp;
+            // Both k16 steps' A fragments, then the column tiles 8 at a time: one 16-byte
+            // activation load per column tile serves both steps.
+            uint32_t a[2][MT][4];
+#pragma unroll
+            for (int step = 0; step < 2; ++step)
+#pragma unroll
+                for (int i = 0; i < MT; ++i)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const uint32_t u = step ? q[i][h].y : q[i][h].x;
+                        const uint32_t hw = step ? h6[i][h].y : h6[i][h].x;
+                        mmh_pair<FMT>(u, hw, 4 * grp, hb, grp ? s[i][h].s1 : s[i][h].s0, grp ? s[i][h].m1 : s[i][h].m0,
+                                      a[step][i][h], a[step][i][h + 2]);
+                    }
+#pragma unroll
+            for (int jh = 0; jh < NT / 8; ++jh) {
+                uint4 bx[8];
+#pragma unroll
+                for (int j = 0; j < 8; ++j)
+                    bx[j] = *reinterpret_cast<const uint4*>(sx + (8 * jh + j) * 8 * MMH_XS + 2 * v0);
+#pragma unroll
+                for (int step = 0; step < 2; ++step)
+#pragma unroll
+                    for (int i = 0; i < MT; ++i)
+#pragma unroll
+                        for (int j = 0; j < 8; ++j)
+                            mma_f16(acc[i][8 * jh + j], a[step][i][0], a[step][i][1], a[step][i][2], a[step][i][3],
+                                    step ? bx[j].z : bx[j].x, step ? bx[j].w : bx[j].y);
+            }
+        }
+    }
+}
+
+// mmh_superblock for one row tile and 16 column tiles (mmh_p), software-pipelined: the 32-value
+// groups' MMAs run in two halves of 8 column tiles, and each half's activation loads are issued
+// before the MMAs of the half before it, so the shared-memory latency hides under the tensor
+// pipe's work (two warps per scheduler cannot hide it otherwise).
 template <int FMT>
+__device__ __forceinline__ void mmh_superblock_p(float (&acc)[1][16][4], const uint8_t* sw, const uint8_t* sx,
+                                                 int wrow, int t) {
+    using F = MmhFmt<FMT>;
+    const uint8_t* wr[2];
+    MmhRow<FMT> hd[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int r = wrow + 8 * h;
+        wr[h] = sw + r * F::WS;
+        hd[h].load(wr[h], t);
+        if (FMT == FMT_Q6_K) hd[h].d = __half2float(reinterpret_cast<const __half*>(sw + MMH_BM * 224)[r]);
+        if (FMT != FMT_Q5_K) hd[h].qh = make_uint2(0, 0);
+    }
+    // Group p (0..7): chunk p / 2, low (p even) or high nibbles; its first value in the super-block.
+    auto v0_of = [](int p) {
+        const int ch = p >> 1, grp = p & 1;
+        return FMT == FMT_Q6_K ? 128 * (ch >> 1) + 32 * (ch & 1) + 64 * grp : 64 * ch + 32 * grp;
+    };
+    uint4 b0[8], b1[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) b0[j] = *reinterpret_cast<const uint4*>(sx + j * 8 * MMH_XS + 2 * v0_of(0));
+    uint2 q[2], h6[2];
+    MmhScales sc[2];
+#pragma unroll 1
+    for (int p = 0; p < 8; ++p) {
+        const int ch = p >> 1, grp = p & 1, v0 = v0_of(p);
+        if (grp == 0) {
+            const int qoff = FMT == FMT_Q6_K ? 64 * (ch >> 1) + 32 * (ch & 1) : F::Q + 32 * ch;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                q[h] = *reinterpret_cast<const uint2*>(wr[h] + qoff + 8 * t);
+                h6[h] = FMT == FMT_Q6_K ? *reinterpret_cast<const uint2*>(wr[h] + 128 + 32 * (ch >> 1) + 8 * t) : hd[h].qh;
+                sc[h] = hd[h].scales(ch, t);
+            }
+        }
+        const int hb = FMT == FMT_Q6_K ? 2 * ((ch & 1) + 2 * grp) : 2 * ch + grp;
+        uint32_t a[2][4];
+#pragma unroll
+        for (int step = 0; step < 2; ++step)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+                mmh_pair<FMT>(step ? q[h].y : q[h].x, step ? h6[h].y : h6[h].x, 4 * grp, hb, grp ? sc[h].s1 : sc[h].s0,
+                              grp ? sc[h].m1 : sc[h].m0, a[step][h], a[step][h + 2]);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) b1[j] = *reinterpret_cast<const uint4*>(sx + (8 + j) * 8 * MMH_XS + 2 * v0);
+#pragma unroll
+        for (int step = 0; step < 2; ++step)
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+                mma_f16(acc[0][j], a[step][0], a[step][1], a[step][2], a[step][3], step ? b0[j].z : b0[j].x,
+                        step ? b0[j].w : b0[j].y);
+        if (p + 1 < 8) {
+            const int vn = v0_of(p + 1);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) b0[j] = *reinterpret_cast<const uint4*>(sx + j * 8 * MMH_XS + 2 * vn);
+        }
+#pragma unroll
+        for (int step = 0; step < 2; ++step)
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+                mma_f16(acc[0][8 + j], a[step][0], a[step][1], a[step][2], a[step][3], step ? b1[j].z : b1[j].x,
+                        step ? b1[j].w : b1[j].y);
+    }
+}
+
+// One block's tile. MT x NT = 16 MMA tiles per warp: MT = 2 (warps 4 x 2: 32 rows x 64
+// columns each) or MT = 1 (warps 8 x 1: 16 rows x 128 columns each, no weight dequantized
+// twice); UNR: the chunk loop unrolled.
+template <int FMT, int MT, bool UNR, int WARPS, bool PIPE>
 __device__ __forceinline__ void mmh_kernel(const uint8_t* __restrict__ w, int rows, float* __restrict__ y, int row0,
                                            const __half* __restrict__ xh, const float* __restrict__ xs, int k,
                                            int ncols, const float* __restrict__ gate, uint8_t* smem) {
-    using F = MmhFmt<FMT>;
+    constexpr int NT = WARPS == 16 ? 8 : 16 / MT;
     const int nb = k / QK_K, c0 = blockIdx.x * MMH_BN;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int wm = warp & 3, wn = warp >> 2;
-    float acc[2][8][4];
+    // The lane's first row and the warp's first column.
+    const int wrow = WARPS == 16 ? 16 * (warp & 7) + g : MT == 2 ? 32 * (warp & 3) + g : 16 * warp + g;
+    const int wcol = WARPS == 16 ? 64 * (warp >> 3) : MT == 2 ? 64 * (warp >> 2) : 0;
+    float acc[MT][NT][4];
 #pragma unroll
-    for (int i = 0; i < 2; ++i)
+    for (int i = 0; i < MT; ++i)
 #pragma unroll
-        for (int j = 0; j < 8; ++j)
+        for (int j = 0; j < NT; ++j)
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
 
-    mmh_copy<FMT>(smem, w, row0, rows, nb, 0, xh, k, c0, ncols);
+    const MmhPlan<FMT, 32 * WARPS> plan(row0, rows, nb, xh, k, c0, ncols);
+    plan.copy(smem, w, 0);
 #pragma unroll 1
     for (int sb = 0; sb < nb; ++sb) {
         uint8_t* st = smem + (sb & 1) * MMH_STAGE;
         if (sb + 1 < nb) {
-            mmh_copy<FMT>(smem + ((sb + 1) & 1) * MMH_STAGE, w, row0, rows, nb, sb + 1, xh, k, c0, ncols);
+            plan.copy(smem + ((sb + 1) & 1) * MMH_STAGE, w, sb + 1);
             asm volatile("cp.async.wait_group 1;" ::: "memory");
         } else {
             asm volatile("cp.async.wait_group 0;" ::: "memory");
         }
         __syncthreads();
-        const uint8_t* sw = st + MMH_BN * MMH_XS;
-        // The lane's 4 rows: row tile i, half h -> 32 wm + 16 i + 8 h + g.
-        const uint8_t* wr[2][2];
-        MmhRow<FMT> hd[2][2];
-#pragma unroll
-        for (int i = 0; i < 2; ++i)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int r = 32 * wm + 16 * i + 8 * h + g;
-                wr[i][h] = sw + r * F::WS;
-                hd[i][h].load(wr[i][h], t);
-                if (FMT == FMT_Q6_K) {
-                    hd[i][h].d = __half2float(reinterpret_cast<const __half*>(sw + MMH_BM * 224)[r]);
-                    hd[i][h].qh = make_uint2(0, 0);
-                }
-            }
-        const uint8_t* sx = st + (64 * wn + g) * MMH_XS + 16 * t;
-#pragma unroll 1
-        for (int ch = 0; ch < 4; ++ch) {
-            // The lane's 8 quant bytes of each row, and Q6_K's 8 qh bytes (half ch / 2).
-            uint2 q[2][2], h6[2][2];
-            MmhScales s[2][2];
-            const int qoff = FMT == FMT_Q6_K ? 64 * (ch >> 1) + 32 * (ch & 1) : F::Q + 32 * ch;
-#pragma unroll
-            for (int i = 0; i < 2; ++i)
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    q[i][h] = *reinterpret_cast<const uint2*>(wr[i][h] + qoff + 8 * t);
-                    h6[i][h] = FMT == FMT_Q6_K ? *reinterpret_cast<const uint2*>(wr[i][h] + 128 + 32 * (ch >> 1) + 8 * t)
-                                               : hd[i][h].qh;
-                    s[i][h] = hd[i][h].scales(ch, t);
-                }
-            // Group 0 (low nibbles) and 1 (high), their first values in the super-block.
-#pragma unroll
-            for (int grp = 0; grp < 2; ++grp) {
-                const int v0 = FMT == FMT_Q6_K ? 128 * (ch >> 1) + 32 * (ch & 1) + 64 * grp : 64 * ch + 32 * grp;
-                // Q5_K: qh bit 2 ch + grp; Q6_K: bits 2q, 2q + 1 with q = ch % 2 + 2 grp.
-                const int hb = FMT == FMT_Q6_K ? 2 * ((ch & 1) + 2 * grp) : 2 * ch + grp;
-                uint4 bx[8];
-#pragma unroll
-                for (int j = 0; j < 8; ++j) bx[j] = *reinterpret_cast<const uint4*>(sx + 8 * j * MMH_XS + 2 * v0);
-#pragma unroll
-                for (int step = 0; step < 2; ++step) {
-                    uint32_t a[2][4];
-#pragma unroll
-                    for (int i = 0; i < 2; ++i)
-#pragma unroll
-                        for (int h = 0; h < 2; ++h) {
-                            const uint32_t u = step ? q[i][h].y : q[i][h].x;
-                            const uint32_t hw = step ? h6[i][h].y : h6[i][h].x;
-                            mmh_pair<FMT>(u, hw, 4 * grp, hb, grp ? s[i][h].s1 : s[i][h].s0,
-                                          grp ? s[i][h].m1 : s[i][h].m0, a[i][h], a[i][h + 2]);
-                        }
-#pragma unroll
-                    for (int i = 0; i < 2; ++i)
-#pragma unroll
-                        for (int j = 0; j < 8; ++j)
-                            mma_f16(acc[i][j], a[i][0], a[i][1], a[i][2], a[i][3], step ? bx[j].z : bx[j].x,
-                                    step ? bx[j].w : bx[j].y);
-                }
-            }
-        }
+        if constexpr (PIPE)
+            mmh_superblock_p<FMT>(acc, st + MMH_BN * MMH_XS, st + g * MMH_XS + 16 * t, wrow, t);
+        else
+            mmh_superblock<FMT, MT, NT, UNR>(acc, st + MMH_BN * MMH_XS, st + (wcol + g) * MMH_XS + 16 * t, wrow, t);
         __syncthreads(); // the next iteration's copy overwrites this stage
     }
 
-    // Outputs: acc[i][j] = rows 32 wm + 16 i + g (+ 8), columns 64 wn + 8 j + 2 t (+ 1).
+    // Outputs: acc[i][j] = rows wrow + 16 i (+ 8), columns wcol + 8 j + 2 t (+ 1).
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
+    for (int j = 0; j < NT; ++j)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-            const int col = c0 + 64 * wn + 8 * j + 2 * t + e;
+            const int col = c0 + wcol + 8 * j + 2 * t + e;
             if (col >= ncols) continue;
             const float sc = xs[col];
 #pragma unroll
-            for (int i = 0; i < 2; ++i)
+            for (int i = 0; i < MT; ++i)
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
-                    const int r = row0 + 32 * wm + 16 * i + 8 * h + g;
+                    const int r = row0 + wrow + 16 * i + 8 * h;
                     if (r >= rows) continue;
                     const size_t o = (size_t)col * rows + r;
                     float v = acc[i][j][2 * h + e] * sc;
@@ -307,14 +420,10 @@ __device__ __forceinline__ void mmh_kernel(const uint8_t* __restrict__ w, int ro
         }
 }
 
-// y_j = W_j x for the matrices of `jobs` (rows padded to MMH_BM per job; a block's rows lie in
-// one job), x the f16 activation of act_f16 (ncols columns of K values, column scales xs).
-// gate (or null): y = silu(gate) * (W x) elementwise, gate laid out as y (the up half of
-// ffn_gate_up_silu; the gate's own launch wrote it). Dynamic shared memory: 2 * MMH_STAGE.
-extern "C" __global__ void __launch_bounds__(MMH_THREADS, 1) mmh(MatvecJobs jobs, const __half* __restrict__ xh,
-                                                                 const float* __restrict__ xs, int K, int ncols,
-                                                                 const float* __restrict__ gate) {
-    pdl_wait();
+template <int MT, bool UNR, int WARPS = 8, bool PIPE = false>
+__device__ __forceinline__ void mmh_entry(const MatvecJobs& jobs, const __half* __restrict__ xh,
+                                          const float* __restrict__ xs, int K, int ncols,
+                                          const float* __restrict__ gate) {
     extern __shared__ __align__(16) uint8_t mmh_smem[];
     const int grow = blockIdx.y * MMH_BM;
     int j = 0;
@@ -324,11 +433,49 @@ extern "C" __global__ void __launch_bounds__(MMH_THREADS, 1) mmh(MatvecJobs jobs
     const int row0 = grow - jobs.start[j];
     if (row0 >= jobs.rows[j]) return; // padding rows of the job
     if (jobs.ty[j] == FMT_Q4_K)
-        mmh_kernel<FMT_Q4_K>(jobs.w[j], jobs.rows[j], jobs.y[j], row0, xh, xs, K, ncols, gate, mmh_smem);
+        mmh_kernel<FMT_Q4_K, MT, UNR, WARPS, PIPE>(jobs.w[j], jobs.rows[j], jobs.y[j], row0, xh, xs, K, ncols, gate, mmh_smem);
     else if (jobs.ty[j] == FMT_Q5_K)
-        mmh_kernel<FMT_Q5_K>(jobs.w[j], jobs.rows[j], jobs.y[j], row0, xh, xs, K, ncols, gate, mmh_smem);
+        mmh_kernel<FMT_Q5_K, MT, UNR, WARPS, PIPE>(jobs.w[j], jobs.rows[j], jobs.y[j], row0, xh, xs, K, ncols, gate, mmh_smem);
     else if (jobs.ty[j] == FMT_Q6_K)
-        mmh_kernel<FMT_Q6_K>(jobs.w[j], jobs.rows[j], jobs.y[j], row0, xh, xs, K, ncols, gate, mmh_smem);
+        mmh_kernel<FMT_Q6_K, MT, UNR, WARPS, PIPE>(jobs.w[j], jobs.rows[j], jobs.y[j], row0, xh, xs, K, ncols, gate, mmh_smem);
+}
+
+// y_j = W_j x for the matrices of `jobs` (rows padded to MMH_BM per job; a block's rows lie in
+// one job), x the f16 activation of act_f16 (ncols columns of K values, column scales xs).
+// gate (or null): y = silu(gate) * (W x) elementwise, gate laid out as y (the up half of
+// ffn_gate_up_silu; the gate's own launch wrote it). Dynamic shared memory: 2 * MMH_STAGE.
+#define MMH_ARGS                                                                                                   \
+    MatvecJobs jobs, const __half *__restrict__ xh, const float *__restrict__ xs, int K, int ncols,               \
+        const float *__restrict__ gate
+extern "C" __global__ void __launch_bounds__(MMH_THREADS, 1) mmh(MMH_ARGS) {
+    pdl_wait();
+    mmh_entry<2, false>(jobs, xh, xs, K, ncols, gate);
+}
+extern "C" __global__ void __launch_bounds__(MMH_THREADS, 1) mmh_u(MMH_ARGS) {
+    pdl_wait();
+    mmh_entry<2, true>(jobs, xh, xs, K, ncols, gate);
+}
+extern "C" __global__ void __launch_bounds__(MMH_THREADS, 1) mmh_w(MMH_ARGS) {
+    pdl_wait();
+    mmh_entry<1, false>(jobs, xh, xs, K, ncols, gate);
+}
+extern "C" __global__ void __launch_bounds__(MMH_THREADS, 1) mmh_wu(MMH_ARGS) {
+    pdl_wait();
+    mmh_entry<1, true>(jobs, xh, xs, K, ncols, gate);
+}
+// Warps of 16 rows x 128 columns, software-pipelined (mmh_superblock_p).
+extern "C" __global__ void __launch_bounds__(MMH_THREADS, 1) mmh_p(MMH_ARGS) {
+    pdl_wait();
+    mmh_entry<1, false, 8, true>(jobs, xh, xs, K, ncols, gate);
+}
+// 16 warps (8 x 2: 16 rows x 64 columns each) at most 128 registers.
+extern "C" __global__ void __launch_bounds__(512, 1) mmh_x(MMH_ARGS) {
+    pdl_wait();
+    mmh_entry<1, false, 16>(jobs, xh, xs, K, ncols, gate);
+}
+extern "C" __global__ void __launch_bounds__(512, 1) mmh_xu(MMH_ARGS) {
+    pdl_wait();
+    mmh_entry<1, true, 16>(jobs, xh, xs, K, ncols, gate);
 }
 
 // Column blockIdx.x of x (K f32 values) as f16 for mmh: scaled by 2^-e (xs = 2^e) so its

@@ -1114,9 +1114,7 @@ impl Backend for CudaBackend {
                 let xp = self.p(&x.data);
                 let types: Vec<GgmlType> = outs.iter().map(|(w, _)| w.mat().ty).collect();
                 // Prefill chunks of K-quants: the f16 tiles (mmh.rs), which read x as it is.
-                let half = types
-                    .iter()
-                    .all(|&t| self.gpu.mmh_route(t, x.rows, x.cols));
+                let half = types.iter().all(|&t| self.gpu.mmh_route(t, x.rows, x.cols));
                 if half {
                     self.fused_act.lock().unwrap().take();
                 } else {

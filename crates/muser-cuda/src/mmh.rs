@@ -36,6 +36,20 @@ pub fn mmh_min() -> usize {
     })
 }
 
+/// The `mmh` variant launched: `MUSER_CUDA_MMH_KERNEL` (mmh, mmh_u, mmh_w, mmh_wu; an A/B knob).
+pub fn mmh_kernel() -> &'static str {
+    static K: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
+    K.get_or_init(|| match std::env::var("MUSER_CUDA_MMH_KERNEL").as_deref() {
+        Ok("mmh_u") => "mmh_u",
+        Ok("mmh_w") => "mmh_w",
+        Ok("mmh_wu") => "mmh_wu",
+        Ok("mmh_x") => "mmh_x",
+        Ok("mmh_p") => "mmh_p",
+        Ok("mmh_xu") => "mmh_xu",
+        _ => "mmh",
+    })
+}
+
 /// Whether `ncols` columns of a `ty` matrix of width `k` can run on `mmh` (at least `min`
 /// columns of a K-quant whose rows are whole super-blocks).
 pub fn mmh_fits(ty: GgmlType, ncols: usize, k: usize, min: usize) -> bool {
@@ -45,7 +59,16 @@ pub fn mmh_fits(ty: GgmlType, ncols: usize, k: usize, min: usize) -> bool {
         && matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)
 }
 
-/// The launch of `mmh` over `ncols` columns and `rows` rows (padded): 256 threads per block.
+/// Threads per block of an `mmh` variant: 16 warps for mmh_x*, else 8.
+pub fn mmh_threads(kernel: &str) -> u32 {
+    if kernel.starts_with("mmh_x") {
+        512
+    } else {
+        256
+    }
+}
+
+/// The launch of `mmh` over `ncols` columns and `rows` rows (padded).
 pub fn mmh_launch(ncols: usize, rows: usize) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (
@@ -53,7 +76,7 @@ pub fn mmh_launch(ncols: usize, rows: usize) -> LaunchConfig {
             rows.div_ceil(MMH_BM) as u32,
             1,
         ),
-        block_dim: (256, 1, 1),
+        block_dim: (mmh_threads(mmh_kernel()), 1, 1),
         shared_mem_bytes: MMH_SMEM as u32,
     }
 }
@@ -147,7 +170,7 @@ impl Gpu {
             return Ok(());
         }
         let cfg = mmh_launch(ncols, total);
-        let f = self.kernel_smem("mmh", MMH_SMEM)?;
+        let f = self.kernel_smem(mmh_kernel(), MMH_SMEM)?;
         let (k_i, n_i) = (k as i32, ncols as i32);
         let mut b = self.stream.launch_builder(f);
         b.arg(&mj)
@@ -211,7 +234,10 @@ mod tests {
             assert!(mmh_fits(ty, 64, 6656, 64));
             assert!(mmh_fits(ty, 512, 19968, 64));
             assert!(!mmh_fits(ty, 63, 6656, 64), "{ty}: below the minimum");
-            assert!(!mmh_fits(ty, 64, 6656 + 32, 64), "{ty}: a partial super-block");
+            assert!(
+                !mmh_fits(ty, 64, 6656 + 32, 64),
+                "{ty}: a partial super-block"
+            );
         }
         for ty in [GgmlType::Q8_0, GgmlType::F16, GgmlType::F32] {
             assert!(!mmh_fits(ty, 512, 6656, 64), "{ty} has no f16 tile kernel");
@@ -222,10 +248,15 @@ mod tests {
     fn mmh_launch_covers_every_row_and_column_once() {
         for (ncols, rows) in [(64, 128), (65, 4608), (512, 19968), (129, 6656), (700, 256)] {
             let c = mmh_launch(ncols, rows);
-            assert_eq!(c.block_dim.0, 256);
             let (gx, gy) = (c.grid_dim.0 as usize, c.grid_dim.1 as usize);
-            assert!(gx * MMH_BN >= ncols && (gx - 1) * MMH_BN < ncols, "{ncols} columns");
-            assert!(gy * MMH_BM >= rows && (gy - 1) * MMH_BM < rows, "{rows} rows");
+            assert!(
+                gx * MMH_BN >= ncols && (gx - 1) * MMH_BN < ncols,
+                "{ncols} columns"
+            );
+            assert!(
+                gy * MMH_BM >= rows && (gy - 1) * MMH_BM < rows,
+                "{rows} rows"
+            );
         }
     }
 

@@ -826,19 +826,19 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
             };
             for (mmh, (what, rows, (gcw, ggw), (ucw, ugw))) in silu_modes.iter().flat_map(|&m| {
                 [
-                (format!("Q4_K {ffn}x{hidden}"), ffn, (&gc, &gg), (&uc, &ug)),
-                (
-                    format!("Q6_K 1024x{hidden}"),
-                    1024,
-                    (&g6c, &g6g),
-                    (&u6c, &u6g),
-                ),
-                (
-                    format!("Q8_0 1024x{hidden}"),
-                    1024,
-                    (&g8c, &g8g),
-                    (&u8c, &u8g),
-                ),
+                    (format!("Q4_K {ffn}x{hidden}"), ffn, (&gc, &gg), (&uc, &ug)),
+                    (
+                        format!("Q6_K 1024x{hidden}"),
+                        1024,
+                        (&g6c, &g6g),
+                        (&u6c, &u6g),
+                    ),
+                    (
+                        format!("Q8_0 1024x{hidden}"),
+                        1024,
+                        (&g8c, &g8g),
+                        (&u8c, &u8g),
+                    ),
                 ]
                 .into_iter()
                 .map(move |c| (m, c))
@@ -867,7 +867,12 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
                     let moved = moved_columns(p, &xdata, hidden, rows, |p, x, y| {
                         p.gpu.ffn_gate_up_silu(x, ggw, ugw, y)
                     });
-                    p.exact("f16 silu col == moved", format!("{what} x{n}"), &group, &moved);
+                    p.exact(
+                        "f16 silu col == moved",
+                        format!("{what} x{n}"),
+                        &group,
+                        &moved,
+                    );
                     continue;
                 }
                 let mut alone = Vec::with_capacity(group.len());
