@@ -27,7 +27,6 @@ pub const KERNEL_SOURCES: &[(&str, &str)] = &[
             include_str!("../kernels/mmt.cu")
         ),
     ),
-    ("mmh.cu", include_str!("../kernels/mmh.cu")),
     ("embed.cu", include_str!("../kernels/embed.cu")),
     ("norm.cu", include_str!("../kernels/norm.cu")),
     ("rope.cu", include_str!("../kernels/rope.cu")),
