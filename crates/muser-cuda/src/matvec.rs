@@ -128,9 +128,9 @@ pub fn mmk_launch(ncols: usize, rows: usize, silu: bool) -> (LaunchConfig, Strin
 /// The widest group that runs on `mmk_*` (more columns run on `mmt_*`): 16, or what
 /// `MUSER_CUDA_MMK_COLS` asks for (16, 32, 48 or 64; wider groups then run as several 16-column
 /// `mmk_2` tiles side by side, each reading the row block's weights, which L2 shares). An A/B
-/// switch, not yet measured above 16: since the activation loads moved before the MMAs, a
-/// 16-stream step on `mmk_2` takes 17.2 ms and a 32-stream step on `mmt_4` 25.9 ms
-/// (BENCHMARKS.md), so two `mmk_2` tiles win if they cost less than 1.5x one.
+/// switch; 16 stays: H200, llama-glimmer, same call (2026-11-30), tg64 aggregate at 32 / 24
+/// streams: 16 -> 1422.14 / 1156.20 and 1393.66 / 1180.38, 32 -> 1136.02 / 990.83 and
+/// 1162.18 / 1018.85, 64 -> 1134.62 / 977.16.
 pub fn mmk_cols() -> usize {
     static COLS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *COLS.get_or_init(|| {
