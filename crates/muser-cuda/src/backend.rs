@@ -833,6 +833,15 @@ impl Backend for CudaBackend {
         pos: &[usize],
         f: impl FnOnce(&mut [&mut CudaKv]),
     ) {
+        // Decode steps never run on the prefill-only kernels (mmh.rs), recorded or not.
+        struct Decoding<'a>(&'a crate::device::Gpu);
+        impl Drop for Decoding<'_> {
+            fn drop(&mut self) {
+                self.0.set_decoding(false);
+            }
+        }
+        self.gpu.set_decoding(true);
+        let _decoding = Decoding(&self.gpu);
         // A replayed step writes buffers and the activation scratch with no op on the host.
         *self.fused_act.lock().unwrap() = None;
         if !self.graphs() || self.profile.lock().unwrap().is_some() {
@@ -1104,7 +1113,13 @@ impl Backend for CudaBackend {
                 let mut ws = self.ws.lock().unwrap();
                 let xp = self.p(&x.data);
                 let types: Vec<GgmlType> = outs.iter().map(|(w, _)| w.mat().ty).collect();
-                self.quantize_for(&mut ws, xp, x.rows * x.cols, x.cols, &types);
+                // Prefill chunks of K-quants: the f16 tiles (mmh.rs), which read x as it is.
+                let half = types.iter().all(|&t| self.gpu.mmh_route(t, x.rows, x.cols));
+                if half {
+                    self.fused_act.lock().unwrap().take();
+                } else {
+                    self.quantize_for(&mut ws, xp, x.rows * x.cols, x.cols, &types);
+                }
                 let jobs: Vec<Job> = outs
                     .iter()
                     .map(|(w, y)| {
@@ -1120,6 +1135,10 @@ impl Backend for CudaBackend {
                         }
                     })
                     .collect();
+                if half {
+                    ck(self.gpu.mmh_jobs(&jobs, xp, x.cols, x.rows), "mmh");
+                    return;
+                }
                 ck(
                     self.gpu.matvec_jobs(&jobs, xp, x.cols, x.rows, &ws.act),
                     "matvec",
@@ -1134,6 +1153,18 @@ impl Backend for CudaBackend {
             || {
                 let mut ws = self.ws.lock().unwrap();
                 let xp = self.p(&x.data);
+                let op = self.p(&out.data);
+                if [gate, up]
+                    .iter()
+                    .all(|w| self.gpu.mmh_route(w.mat().ty, x.rows, x.cols))
+                {
+                    self.fused_act.lock().unwrap().take();
+                    ck(
+                        self.gpu.mmh_silu(gate.mat(), up.mat(), xp, x.rows, op),
+                        "mmh_silu",
+                    );
+                    return;
+                }
                 self.quantize_for(
                     &mut ws,
                     xp,
@@ -1141,7 +1172,6 @@ impl Backend for CudaBackend {
                     x.cols,
                     &[gate.mat().ty, up.mat().ty],
                 );
-                let op = self.p(&out.data);
                 ck(
                     self.gpu
                         .matvec_silu(gate.mat(), up.mat(), xp, x.rows, &mut ws.act, op),

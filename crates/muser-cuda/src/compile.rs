@@ -27,6 +27,7 @@ pub const KERNEL_SOURCES: &[(&str, &str)] = &[
             include_str!("../kernels/mmt.cu")
         ),
     ),
+    ("mmh.cu", include_str!("../kernels/mmh.cu")),
     ("embed.cu", include_str!("../kernels/embed.cu")),
     ("norm.cu", include_str!("../kernels/norm.cu")),
     ("rope.cu", include_str!("../kernels/rope.cu")),
@@ -245,7 +246,7 @@ fn nvrtc(
         .into_iter()
         .map(|p| format!("--include-path={p}"))
         .collect();
-    options.push(format!("--gpu-architecture={arch}"));
+    options.push(format!("--gpu-architecture={}", file_arch(name, arch)));
     options.extend(NVRTC_OPTIONS.iter().chain(extra).map(|o| o.to_string()));
     let prog = result::create_program(&full, Some(&cname)).map_err(|e| fail(format!("{e:?}")))?;
     // SAFETY: prog was created above and is destroyed once, at the end.
@@ -264,6 +265,16 @@ fn nvrtc(
     // SAFETY: prog is valid and not used after this.
     let _ = unsafe { result::destroy_program(prog) };
     out
+}
+
+/// The architecture a file is compiled for: mmh.cu's warpgroup MMAs (`wgmma`) need Hopper's
+/// architecture-specific target, so on sm_90 it gets sm_90a (the other files keep sm_90).
+pub fn file_arch<'a>(name: &str, arch: &'a str) -> &'a str {
+    if name == "mmh.cu" && arch == "sm_90" {
+        "sm_90a"
+    } else {
+        arch
+    }
 }
 
 /// Where NVRTC finds `cuda_fp16.h`: CUDA_HOME/include or the nvidia-cuda-runtime wheel.

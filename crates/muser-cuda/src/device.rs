@@ -41,6 +41,13 @@ pub struct Gpu {
     /// Narrow tensor-core launches split K over blocks (`matvec::mmt_splits`); on unless
     /// `MUSER_CUDA_MMT_SPLIT=0` (H200, llama-glimmer, 32 streams: 1076 against 1056 tokens/s).
     mmt_split: std::sync::atomic::AtomicBool,
+    /// Prefill chunks run on the f16 tensor-core tiles (`mmh::Gpu::mmh_route`); on unless
+    /// `MUSER_CUDA_MMH=0`.
+    pub(crate) mmh_on: std::sync::atomic::AtomicBool,
+    /// The ops being issued belong to a decode step (`CudaBackend::decode_step`).
+    pub(crate) decoding: std::sync::atomic::AtomicBool,
+    /// The f16 activation and gate scratch of `mmh` (`mmh::HalfScratch`).
+    pub(crate) half: std::sync::Mutex<crate::mmh::HalfScratch>,
     /// The host buffer matrices are reordered in before their copy (`upload_matrix`).
     pub(crate) staging: std::sync::Mutex<Vec<u8>>,
 }
@@ -89,6 +96,11 @@ impl Gpu {
             mmt_split: std::sync::atomic::AtomicBool::new(
                 std::env::var("MUSER_CUDA_MMT_SPLIT").map_or(true, |v| v != "0"),
             ),
+            mmh_on: std::sync::atomic::AtomicBool::new(
+                std::env::var("MUSER_CUDA_MMH").map_or(true, |v| v != "0"),
+            ),
+            decoding: Default::default(),
+            half: Default::default(),
             staging: Default::default(),
         };
         // Each file's machine code for this architecture: from the kernel cache (`cache_dir`),

@@ -12,6 +12,7 @@ pub mod device;
 pub mod graph;
 pub mod matvec;
 pub mod membw;
+pub mod mmh;
 pub mod parity;
 
 pub use backend::{CudaBackend, CudaBuf, CudaKv, CudaWeight};

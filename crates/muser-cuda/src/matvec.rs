@@ -430,13 +430,13 @@ pub fn dptr<T>(gpu: &Gpu, s: &CudaSlice<T>) -> u64 {
 /// Up to four matrices sharing one input; mirrors `MatvecJobs` of matvec.cu.
 #[repr(C)]
 #[derive(Clone, Copy, Default, Debug)]
-struct MatvecJobs {
-    w: [u64; MAX_JOBS],
-    y: [u64; MAX_JOBS],
-    rows: [i32; MAX_JOBS],
-    ty: [i32; MAX_JOBS],
-    start: [i32; MAX_JOBS + 1],
-    njobs: i32,
+pub(crate) struct MatvecJobs {
+    pub(crate) w: [u64; MAX_JOBS],
+    pub(crate) y: [u64; MAX_JOBS],
+    pub(crate) rows: [i32; MAX_JOBS],
+    pub(crate) ty: [i32; MAX_JOBS],
+    pub(crate) start: [i32; MAX_JOBS + 1],
+    pub(crate) njobs: i32,
 }
 // SAFETY: a plain #[repr(C)] struct of integers with the layout of the CUDA struct.
 unsafe impl DeviceRepr for MatvecJobs {}
@@ -676,7 +676,7 @@ impl Gpu {
 
     /// The `MatvecJobs` of up to MAX_JOBS matrices of width `k`, each job's rows starting at a
     /// multiple of `pad` (so a kernel's row group stays in one matrix), and the padded total.
-    fn jobs_struct(
+    pub(crate) fn jobs_struct(
         &self,
         group: &[&Job],
         k: usize,

@@ -751,19 +751,33 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
             }
             // Past 16 columns the K-quants run on mmt.cu, unsplit and with K split over blocks
             // where the launch is narrow (mmt_split_4, on by default).
+            // Prefill chunks (mmh_min columns or more) of the K-quants run on the f16 tiles
+            // (mmh.cu): against the CPU, and each column against itself moved to other places in
+            // the tiles; the integer tiles at those widths (decode groups) as before.
             let split_default = p.gpu.gpu.mmt_split();
-            let splits: &[bool] = if n > 16 { &[false, true] } else { &[false] };
-            for (split, (what, wc, wg)) in splits
+            let mmh_default = p.gpu.gpu.mmh();
+            let mut modes = vec![(false, false)];
+            if n > 16 {
+                modes.push((true, false));
+            }
+            if mmh_default && n >= muser_cuda::mmh::mmh_min() {
+                modes.push((false, true));
+            }
+            for ((split, mmh), (what, wc, wg)) in modes
                 .iter()
-                .flat_map(|&s| cases.iter().map(move |c| (s, c)))
+                .flat_map(|&m| cases.iter().map(move |c| (m, c)))
             {
                 let ty = wg.matrix.as_ref().map(|m| m.ty);
-                if split && !matches!(ty, Some(GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)) {
+                let kq = matches!(ty, Some(GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K));
+                if (split || mmh) && !kq {
                     continue;
                 }
                 p.gpu.gpu.set_mmt_split(split);
+                p.gpu.gpu.set_mmh(mmh);
                 let what = if split {
                     format!("{what} split")
+                } else if mmh {
+                    format!("{what} f16")
                 } else {
                     what.clone()
                 };
@@ -782,6 +796,13 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
                 if n == 1 {
                     continue;
                 }
+                if mmh {
+                    let moved = moved_columns(p, &xdata, hidden, wg.rows, |p, x, y| {
+                        p.gpu.matmul(x, &mut [(wg, y)])
+                    });
+                    p.exact("f16 col == moved", format!("{what} x{n}"), &group, &moved);
+                    continue;
+                }
                 let mut alone = Vec::with_capacity(group.len());
                 for c in 0..n {
                     let (_, x1) = p.bufs(1, hidden, &xdata[c * hidden..(c + 1) * hidden]);
@@ -797,21 +818,36 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
                 );
             }
             p.gpu.gpu.set_mmt_split(split_default);
-            for (what, rows, (gcw, ggw), (ucw, ugw)) in [
-                (format!("Q4_K {ffn}x{hidden}"), ffn, (&gc, &gg), (&uc, &ug)),
-                (
-                    format!("Q6_K 1024x{hidden}"),
-                    1024,
-                    (&g6c, &g6g),
-                    (&u6c, &u6g),
-                ),
-                (
-                    format!("Q8_0 1024x{hidden}"),
-                    1024,
-                    (&g8c, &g8g),
-                    (&u8c, &u8g),
-                ),
-            ] {
+            p.gpu.gpu.set_mmh(mmh_default);
+            let silu_modes: &[bool] = if mmh_default && n >= muser_cuda::mmh::mmh_min() {
+                &[false, true]
+            } else {
+                &[false]
+            };
+            for (mmh, (what, rows, (gcw, ggw), (ucw, ugw))) in silu_modes.iter().flat_map(|&m| {
+                [
+                    (format!("Q4_K {ffn}x{hidden}"), ffn, (&gc, &gg), (&uc, &ug)),
+                    (
+                        format!("Q6_K 1024x{hidden}"),
+                        1024,
+                        (&g6c, &g6g),
+                        (&u6c, &u6g),
+                    ),
+                    (
+                        format!("Q8_0 1024x{hidden}"),
+                        1024,
+                        (&g8c, &g8g),
+                        (&u8c, &u8g),
+                    ),
+                ]
+                .into_iter()
+                .map(move |c| (m, c))
+            }) {
+                if mmh && what.starts_with("Q8_0") {
+                    continue;
+                }
+                p.gpu.gpu.set_mmh(mmh);
+                let what = if mmh { format!("{what} f16") } else { what };
                 let (mut fc, mut fg) = (p.cpu.buf(n, rows), p.gpu.buf(n, rows));
                 p.cpu.ffn_gate_up_silu(&xc, gcw, ucw, &mut fc);
                 p.gpu.ffn_gate_up_silu(&xg, ggw, ugw, &mut fg);
@@ -827,6 +863,18 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
                 if n == 1 {
                     continue;
                 }
+                if mmh {
+                    let moved = moved_columns(p, &xdata, hidden, rows, |p, x, y| {
+                        p.gpu.ffn_gate_up_silu(x, ggw, ugw, y)
+                    });
+                    p.exact(
+                        "f16 silu col == moved",
+                        format!("{what} x{n}"),
+                        &group,
+                        &moved,
+                    );
+                    continue;
+                }
                 let mut alone = Vec::with_capacity(group.len());
                 for c in 0..n {
                     let (_, x1) = p.bufs(1, hidden, &xdata[c * hidden..(c + 1) * hidden]);
@@ -836,6 +884,7 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
                 }
                 p.exact("silu col == alone", format!("{what} x{n}"), &group, &alone);
             }
+            p.gpu.gpu.set_mmh(mmh_default);
         }
     }
 
@@ -1187,6 +1236,26 @@ fn check_attention_rows(
         }
     }
     p.exact("attn_rows row == alone", shape, &a, &alone);
+}
+
+/// The outputs of `op` for the columns of `xdata` (width `k`, outputs of width `rows`) run after
+/// 3 other random columns, so each column sits at another place in its tile (and the last ones
+/// in the next tile): a prefill column's result must not depend on where it is.
+fn moved_columns(
+    p: &mut Pair,
+    xdata: &[f32],
+    k: usize,
+    rows: usize,
+    op: impl Fn(&Pair, &CudaBuf, &mut CudaBuf),
+) -> Vec<f32> {
+    const PRE: usize = 3;
+    let n = xdata.len() / k;
+    let mut data = p.randn(PRE * k, 1.0);
+    data.extend_from_slice(xdata);
+    let (_, x) = p.bufs(n + PRE, k, &data);
+    let mut y = p.gpu.buf(n + PRE, rows);
+    op(p, &x, &mut y);
+    p.read_gpu(&y)[PRE * rows..].to_vec()
 }
 
 /// Batch invariance of a whole model on CUDA: 16 greedy requests (prompts of 1 to ~150 tokens)
