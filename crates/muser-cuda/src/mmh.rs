@@ -1,12 +1,14 @@
-//! Host side of `kernels/mmh.cu`: prefill chunks of K-quant matrices on the f16 tensor cores.
-//! The activation is converted once per matmul to f16 (`act_f16`: each column scaled by a power
-//! of two, exactly), the weights are dequantized to f16 in registers, and each output is one f32
+//! Host side of `kernels/mmh.cu`: prefill chunks of K-quant matrices on Hopper's warpgroup
+//! tensor cores (wgmma, sm_90 only). The activation is converted once per matmul to f16
+//! (`act_f16`: each column scaled by a power of two, exactly, laid out in the tiles the kernel's
+//! bulk copies move), the weights are dequantized to f16 in registers, and each output is one f32
 //! sum over K in a fixed order: a column's result depends on that column alone, whatever the
 //! chunk's width or the column's place in it, but it is not the bits of the one-column kernels
 //! (the integer kernels' canonical order, matvec.rs). So only prefill chunks of `mmh_min` columns
 //! or more run here, never a decode group (`Gpu::mmh_route`: decode stays bit-identical alone and
 //! in groups, batch.rs), and the parity command holds these launches to the CPU reference by NMSE
-//! and to themselves bit for bit with the columns moved within the tile.
+//! and to themselves bit for bit with the columns moved within the tile. H200, llama-glimmer,
+//! same call: pp512 5709 tokens/s against 3878 on the integer tiles (`MUSER_CUDA_MMH=0`).
 
 use crate::device::{CudaError, Gpu};
 use crate::matvec::{dptr, mmt_fits, DeviceMatrix, Job, MAX_JOBS};
@@ -18,11 +20,12 @@ use std::sync::atomic::Ordering;
 pub const MMH_BM: usize = 128;
 /// Columns one `mmh` block takes (MMH_BN).
 pub const MMH_BN: usize = 128;
-/// Bytes of one stage of the `mmh` pipeline (MMH_STAGE): 128 columns x 576 (256 f16 values and
-/// the bank padding), 128 rows x 224 (the largest row copy, Q5_K / Q6_K, padded), 128 Q6_K d.
-pub const MMH_STAGE: usize = MMH_BN * 576 + MMH_BM * 224 + MMH_BM * 2;
-/// Dynamic shared memory of an `mmh` launch: two stages.
-pub const MMH_SMEM: usize = 2 * MMH_STAGE;
+/// Bytes of one activation stage of `mmh` (MMG_XST in mmh.cu), and of one tile of `act_f16`'s
+/// layout: 128 columns x 128 f16 values.
+pub const MMH_XST: usize = MMH_BN * 128 * 2;
+/// Dynamic shared memory of an `mmh` launch: two weight stages (128 rows x 224 bytes, the largest
+/// row copy padded, and 128 Q6_K d) and four activation stages.
+pub const MMH_SMEM: usize = 2 * (MMH_BM * 224 + MMH_BM * 2) + 4 * MMH_XST;
 
 /// The fewest columns of a prefill chunk that run on `mmh`: 64, or `MUSER_CUDA_MMH_MIN` (a value
 /// past every chunk keeps prefill on the integer tiles).
@@ -36,21 +39,6 @@ pub fn mmh_min() -> usize {
     })
 }
 
-/// The `mmh` variant launched: `MUSER_CUDA_MMH_KERNEL` (mmh, mmh_u, mmh_w, mmh_wu; an A/B knob).
-pub fn mmh_kernel() -> &'static str {
-    static K: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
-    K.get_or_init(|| match std::env::var("MUSER_CUDA_MMH_KERNEL").as_deref() {
-        Ok("mmh_u") => "mmh_u",
-        Ok("mmh_w") => "mmh_w",
-        Ok("mmh_wu") => "mmh_wu",
-        Ok("mmh_x") => "mmh_x",
-        Ok("mmh_p") => "mmh_p",
-        Ok("mmh_g") => "mmh_g",
-        Ok("mmh_xu") => "mmh_xu",
-        _ => "mmh",
-    })
-}
-
 /// Whether `ncols` columns of a `ty` matrix of width `k` can run on `mmh` (at least `min`
 /// columns of a K-quant whose rows are whole super-blocks).
 pub fn mmh_fits(ty: GgmlType, ncols: usize, k: usize, min: usize) -> bool {
@@ -58,34 +46,6 @@ pub fn mmh_fits(ty: GgmlType, ncols: usize, k: usize, min: usize) -> bool {
         && k > 0
         && k.is_multiple_of(256)
         && matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)
-}
-
-/// Dynamic shared memory of `mmh_g`: two stages of 128 columns x 512 bytes (the activation in
-/// wgmma's core-matrix layout), 128 rows x 224 bytes of weights and 128 Q6_K d.
-pub const MMG_SMEM: usize = 2 * (MMH_BM * 224 + MMH_BM * 2) + 4 * MMG_XST;
-/// Bytes of one `mmh_g` activation stage (and of one tile of `act_f16`'s tiled layout): 128
-/// columns x 128 values.
-pub const MMG_XST: usize = MMH_BN * 128 * 2;
-
-/// The leading and stride byte offsets of `mmh_g`'s activation descriptors (2048 and 128;
-/// `MUSER_CUDA_MMG_LBO` / `MUSER_CUDA_MMG_SBO` override them, a layout test knob).
-pub fn mmg_offsets() -> (i32, i32) {
-    let v = |name: &str, d: i32| {
-        std::env::var(name)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(d)
-    };
-    (v("MUSER_CUDA_MMG_LBO", 2048), v("MUSER_CUDA_MMG_SBO", 128))
-}
-
-/// Threads per block of an `mmh` variant: 16 warps for mmh_x*, else 8.
-pub fn mmh_threads(kernel: &str) -> u32 {
-    if kernel.starts_with("mmh_x") {
-        512
-    } else {
-        256
-    }
 }
 
 /// The launch of `mmh` over `ncols` columns and `rows` rows (padded).
@@ -96,7 +56,7 @@ pub fn mmh_launch(ncols: usize, rows: usize) -> LaunchConfig {
             rows.div_ceil(MMH_BM) as u32,
             1,
         ),
-        block_dim: (mmh_threads(mmh_kernel()), 1, 1),
+        block_dim: (256, 1, 1),
         shared_mem_bytes: MMH_SMEM as u32,
     }
 }
@@ -136,10 +96,13 @@ impl Gpu {
         self.decoding.store(on, Ordering::Relaxed);
     }
 
-    /// Whether a matmul of `ncols` columns of a `ty` matrix of width `k` runs on `mmh` now: on,
-    /// not in a decode step, and `mmh_fits` with `mmh_min`.
+    /// Whether a matmul of `ncols` columns of a `ty` matrix of width `k` runs on `mmh` now: an
+    /// sm_90 GPU (the warpgroup MMAs), on, not in a decode step, and `mmh_fits` with `mmh_min`.
     pub fn mmh_route(&self, ty: GgmlType, ncols: usize, k: usize) -> bool {
-        self.mmh() && !self.decoding.load(Ordering::Relaxed) && mmh_fits(ty, ncols, k, mmh_min())
+        self.arch == "sm_90"
+            && self.mmh()
+            && !self.decoding.load(Ordering::Relaxed)
+            && mmh_fits(ty, ncols, k, mmh_min())
     }
 
     /// Converts `ncols` columns of `k` f32 values at address `x` to the f16 activation of `mmh`;
@@ -150,8 +113,7 @@ impl Gpu {
                 "f16 activation of width {k} (a multiple of 256 needed)"
             )));
         }
-        // mmh_g reads the tiled layout, whole tiles of 128 columns.
-        let tiled = i32::from(mmh_kernel() == "mmh_g" && self.arch == "sm_90");
+        // Whole tiles of 128 columns (the last one's columns past ncols are never written).
         let mut s = self.half.lock().unwrap();
         let xh = grow(self, &mut s.xh, ncols.div_ceil(MMH_BN) * MMH_BN * k)?;
         let xs = grow(self, &mut s.xs, ncols)?;
@@ -162,8 +124,9 @@ impl Gpu {
         };
         let k_i = k as i32;
         let mut b = self.stream.launch_builder(self.kernel("act_f16")?);
-        b.arg(&x).arg(&xh).arg(&xs).arg(&k_i).arg(&tiled);
-        // SAFETY: x holds ncols * k f32 values; xh ncols * k f16 values and xs ncols floats.
+        b.arg(&x).arg(&xh).arg(&xs).arg(&k_i);
+        // SAFETY: x holds ncols * k f32 values; xh whole tiles of 128 columns x k f16 values and
+        // xs ncols floats.
         unsafe { b.launch(cfg) }?;
         Ok((xh, xs))
     }
@@ -191,19 +154,14 @@ impl Gpu {
         if total == 0 || ncols == 0 {
             return Ok(());
         }
-        let mut cfg = mmh_launch(ncols, total);
-        // mmh_g (warpgroup MMAs) exists on sm_90 only; elsewhere mmh_w.
-        let name = match mmh_kernel() {
-            "mmh_g" if self.arch != "sm_90" => "mmh_w",
-            k => k,
-        };
-        let wg = name == "mmh_g";
-        if wg {
-            cfg.shared_mem_bytes = MMG_SMEM as u32;
-            cfg.block_dim.0 = 256;
+        if self.arch != "sm_90" {
+            return Err(CudaError::Unsupported(format!(
+                "the f16 prefill tiles need sm_90 (warpgroup MMAs), not {}",
+                self.arch
+            )));
         }
-        let f = self.kernel_smem(name, cfg.shared_mem_bytes as usize)?;
-        let (lbo, sbo) = mmg_offsets();
+        let cfg = mmh_launch(ncols, total);
+        let f = self.kernel_smem("mmh", MMH_SMEM)?;
         let (k_i, n_i) = (k as i32, ncols as i32);
         let mut b = self.stream.launch_builder(f);
         b.arg(&mj)
@@ -212,9 +170,6 @@ impl Gpu {
             .arg(&k_i)
             .arg(&n_i)
             .arg(&gate);
-        if wg {
-            b.arg(&lbo).arg(&sbo);
-        }
         // SAFETY: each job reads its rows' K-quant blocks (32-bit offsets: mmt_fits) and writes
         // ncols * rows outputs; the activation holds ncols * k f16 values and ncols scales; gate
         // (when set) ncols * rows floats laid out as the output.
@@ -300,6 +255,8 @@ mod tests {
     fn mmh_stages_fit_the_h200_shared_memory_and_keep_16_byte_alignment() {
         // 227 KB of dynamic shared memory per block on sm_90.
         assert!(MMH_SMEM <= 227 * 1024, "{MMH_SMEM} bytes");
-        assert_eq!(MMH_STAGE % 16, 0);
+        // Bulk copies and wgmma descriptors address 16-byte units: every stage starts on one.
+        assert_eq!((MMH_BM * 224 + MMH_BM * 2) % 16, 0);
+        assert_eq!(MMH_XST % 16, 0);
     }
 }

@@ -760,7 +760,7 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
             if n > 16 {
                 modes.push((true, false));
             }
-            if mmh_default && n >= muser_cuda::mmh::mmh_min() {
+            if mmh_default && p.gpu.gpu.arch == "sm_90" && n >= muser_cuda::mmh::mmh_min() {
                 modes.push((false, true));
             }
             for ((split, mmh), (what, wc, wg)) in modes
@@ -819,11 +819,12 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
             }
             p.gpu.gpu.set_mmt_split(split_default);
             p.gpu.gpu.set_mmh(mmh_default);
-            let silu_modes: &[bool] = if mmh_default && n >= muser_cuda::mmh::mmh_min() {
-                &[false, true]
-            } else {
-                &[false]
-            };
+            let silu_modes: &[bool] =
+                if mmh_default && p.gpu.gpu.arch == "sm_90" && n >= muser_cuda::mmh::mmh_min() {
+                    &[false, true]
+                } else {
+                    &[false]
+                };
             for (mmh, (what, rows, (gcw, ggw), (ucw, ugw))) in silu_modes.iter().flat_map(|&m| {
                 [
                     (format!("Q4_K {ffn}x{hidden}"), ffn, (&gc, &gg), (&uc, &ug)),
