@@ -26,6 +26,10 @@ pub const MMH_XST: usize = MMH_BN * 128 * 2;
 /// Dynamic shared memory of an `mmh` launch: two weight stages (128 rows x 224 bytes, the largest
 /// row copy padded, and 128 Q6_K d) and four activation stages.
 pub const MMH_SMEM: usize = 2 * (MMH_BM * 224 + MMH_BM * 2) + 4 * MMH_XST;
+// 227 KB of dynamic shared memory per block on sm_90; bulk copies and wgmma descriptors address
+// 16-byte units, so every stage starts on one.
+const _: () = assert!(MMH_SMEM <= 227 * 1024);
+const _: () = assert!((MMH_BM * 224 + MMH_BM * 2).is_multiple_of(16) && MMH_XST.is_multiple_of(16));
 
 /// The fewest columns of a prefill chunk that run on `mmh`: 64, or `MUSER_CUDA_MMH_MIN` (a value
 /// past every chunk keeps prefill on the integer tiles).
@@ -249,14 +253,5 @@ mod tests {
                 "{rows} rows"
             );
         }
-    }
-
-    #[test]
-    fn mmh_stages_fit_the_h200_shared_memory_and_keep_16_byte_alignment() {
-        // 227 KB of dynamic shared memory per block on sm_90.
-        assert!(MMH_SMEM <= 227 * 1024, "{MMH_SMEM} bytes");
-        // Bulk copies and wgmma descriptors address 16-byte units: every stage starts on one.
-        assert_eq!((MMH_BM * 224 + MMH_BM * 2) % 16, 0);
-        assert_eq!(MMH_XST % 16, 0);
     }
 }
