@@ -3,11 +3,11 @@
 //! several matrices sharing one input for any number of columns. One column of a K-quant runs
 //! on `mvk_1` / `mvk_silu_1` (the work split into tasks of 4 rows x 4 super-blocks over one full
 //! wave of warps), of the other formats on `matvec_1`; two or more columns of a K-quant (decode
-//! groups and prefill alike) on the integer tensor cores (`mmk_*` up to 16 columns, `mmt_4` up
-//! to 63, `mmt_8` from 64), all in the canonical order of common.cuh, so a sequence's results
-//! never depend on its group or on how its prompt was chunked; the other formats on
+//! groups, and prefill chunks that mmh.rs does not take) on the integer tensor cores (`mmk_*` up
+//! to 16 columns, `mmt_4` up to 63, `mmt_8` from 64), all in the canonical order of common.cuh,
+//! so a sequence's decode results never depend on its group; the other formats on
 //! `matvec_cols` (groups of 8 columns, the same per-column arithmetic as one column; 64 columns
-//! per launch).
+//! per launch). Prefill chunks of 64+ columns on sm_90: mmh.rs (f16 warpgroup MMAs).
 
 use crate::device::{CudaError, Gpu};
 use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
