@@ -141,7 +141,7 @@ __device__ __forceinline__ unsigned long long mmg_desc(uint32_t addr) {
            ((unsigned long long)((128 >> 4) & 0x3FFF) << 32);
 }
 
-// The block's copies, planned once per launch (as MmhPlan): weights by super-block into weight
+// The block's copies, planned once per launch: weights by super-block into weight
 // stages, the activation by half super-block into activation stages.
 template <int FMT>
 struct MmgPlan {
