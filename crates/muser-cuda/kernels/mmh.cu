@@ -142,7 +142,7 @@ __device__ __forceinline__ unsigned long long mmg_desc(uint32_t addr) {
 }
 
 // The block's copies, planned once per launch: weights by super-block into weight
-// stages, the activation by half super-block into activation stages.
+// stages (the activation goes by bulk copies, mmg_bulk_x).
 template <int FMT>
 struct MmgPlan {
     using F = MmhFmt<FMT>;
@@ -151,7 +151,7 @@ struct MmgPlan {
     uint32_t src[NP]; // bytes from w at super-block 0
     uint32_t dst[NP]; // place in the weight stage (bit 31: Q6_K's scales piece); 0xFFFFFFFF: none
     uint32_t dsrc;    // Q6_K, threads < 32: the quad's d at super-block 0 (0xFFFFFFFF: none)
-    __device__ __forceinline__ MmgPlan(int row0, int rows, int nb, const __half* xh, int k, int c0, int ncols) {
+    __device__ __forceinline__ MmgPlan(int row0, int rows, int nb) {
         const int t = threadIdx.x;
         const uint32_t nblk = (uint32_t)(kq_rows(rows) * nb);
 #pragma unroll
@@ -182,7 +182,7 @@ struct MmgPlan {
     }
 };
 
-// The activation by bulk copies (the tensor memory accelerator's 1-D form): act_f16 (tiled) laid
+// The activation by bulk copies (the tensor memory accelerator's 1-D form): act_f16 lays
 // each 128 columns x 128 values out as the stage wants them, 32 KB contiguous, so one thread
 // copies a half super-block with one instruction and the stage's mbarrier counts its bytes.
 __device__ __forceinline__ void mmg_bar_init(uint32_t bar) {
@@ -235,7 +235,7 @@ __device__ __forceinline__ void mmg_kernel(const uint8_t* __restrict__ w, int ro
     float d[64];
 #pragma unroll
     for (int i = 0; i < 64; ++i) d[i] = 0.f;
-    const MmgPlan<FMT> plan(row0, rows, nb, xh, k, c0, ncols);
+    const MmgPlan<FMT> plan(row0, rows, nb);
     uint8_t* const xst = smem + 2 * MMG_WST;
     const uint32_t xbase = (uint32_t)__cvta_generic_to_shared(xst);
     __shared__ __align__(8) unsigned long long xbar[4];
