@@ -134,9 +134,7 @@ pub fn mmk_launch(ncols: usize, rows: usize, silu: bool) -> (LaunchConfig, Strin
 pub fn mmk_cols() -> usize {
     static COLS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *COLS.get_or_init(|| {
-        std::env::var("MUSER_CUDA_MMK_COLS")
-            .ok()
-            .and_then(|v| v.parse().ok())
+        env_usize("MUSER_CUDA_MMK_COLS")
             .filter(|c| [16, 32, 48, 64].contains(c))
             .unwrap_or(16)
     })
@@ -191,12 +189,23 @@ pub const MMT8_SMEM: usize = 2 * (64 * 224 + 64 * (288 + 24)) + 128 * 32 * 4;
 /// A/B knob; a value past every launch keeps `mmt_4`).
 pub fn mmt8_min() -> usize {
     static MIN: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *MIN.get_or_init(|| {
-        std::env::var("MUSER_CUDA_MMT8_MIN")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(64)
-    })
+    *MIN.get_or_init(|| env_usize("MUSER_CUDA_MMT8_MIN").unwrap_or(64))
+}
+
+/// The (width, rows) that a gate and an up matrix share, or an error naming both shapes.
+pub fn gate_up_shape(gate: &DeviceMatrix, up: &DeviceMatrix) -> Result<(usize, usize), CudaError> {
+    if up.cols != gate.cols || up.rows != gate.rows {
+        return Err(CudaError::Unsupported(format!(
+            "gate {}x{} and up {}x{} differ in shape",
+            gate.rows, gate.cols, up.rows, up.cols
+        )));
+    }
+    Ok((gate.cols, gate.rows))
+}
+
+/// The value of the environment variable `name` as a count, if it is set and one.
+pub fn env_usize(name: &str) -> Option<usize> {
+    std::env::var(name).ok().and_then(|v| v.parse().ok())
 }
 
 /// K splits of an `mmt_4` launch of `blocks` blocks over rows of `chunks` chunks of 4
@@ -804,13 +813,7 @@ impl Gpu {
         scratch: &mut ActScratch,
         y: u64,
     ) -> Result<(), CudaError> {
-        let (k, rows) = (gate.cols, gate.rows);
-        if up.cols != k || up.rows != rows {
-            return Err(CudaError::Unsupported(format!(
-                "gate {}x{} and up {}x{} differ in shape",
-                gate.rows, gate.cols, up.rows, up.cols
-            )));
-        }
+        let (k, rows) = gate_up_shape(gate, up)?;
         let (wg, wu) = (dptr(self, &gate.data), dptr(self, &up.data));
         let (tg, tu) = (format_code(gate.ty)?, format_code(up.ty)?);
         let rows_i = rows as i32;

@@ -11,7 +11,7 @@
 //! same call: pp512 5709 tokens/s against 3878 on the integer tiles (`MUSER_CUDA_MMH=0`).
 
 use crate::device::{CudaError, Gpu};
-use crate::matvec::{dptr, mmt_fits, DeviceMatrix, Job, MAX_JOBS};
+use crate::matvec::{dptr, env_usize, gate_up_shape, mmt_fits, DeviceMatrix, Job, MAX_JOBS};
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use muser_gguf::GgmlType;
 use std::sync::atomic::Ordering;
@@ -35,12 +35,7 @@ const _: () = assert!((MMH_BM * 224 + MMH_BM * 2).is_multiple_of(16) && MMH_XST.
 /// past every chunk keeps prefill on the integer tiles).
 pub fn mmh_min() -> usize {
     static MIN: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *MIN.get_or_init(|| {
-        std::env::var("MUSER_CUDA_MMH_MIN")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(64)
-    })
+    *MIN.get_or_init(|| env_usize("MUSER_CUDA_MMH_MIN").unwrap_or(64))
 }
 
 /// Whether `ncols` columns of a `ty` matrix of width `k` can run on `mmh` (at least `min`
@@ -202,13 +197,7 @@ impl Gpu {
         ncols: usize,
         y: u64,
     ) -> Result<(), CudaError> {
-        let (k, rows) = (gate.cols, gate.rows);
-        if up.cols != k || up.rows != rows {
-            return Err(CudaError::Unsupported(format!(
-                "gate {}x{} and up {}x{} differ in shape",
-                gate.rows, gate.cols, up.rows, up.cols
-            )));
-        }
+        let (k, rows) = gate_up_shape(gate, up)?;
         let act = self.half_act(x, ncols, k)?;
         let g = {
             let mut s = self.half.lock().unwrap();
