@@ -7,7 +7,7 @@
 //! let mut s = Session::new(&model, 4096)?;
 //! let logits = s.prefill(&prompt_tokens)?;   // last position
 //! let logits = s.decode(next_token)?;        // one more position
-//! let rows = group.decode(&mut [&mut s, &mut s2], &[t, t2])?;  // one step of two sequences
+//! group.decode(&mut [&mut s, &mut s2], &[t, t2])?;  // one step of two sequences: s.logits(), s2.logits()
 //! ```
 
 pub mod backend;

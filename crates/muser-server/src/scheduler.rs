@@ -316,7 +316,7 @@ impl<'m, B: Backend> Engine<'m, B> {
                 .filter(|s| s.task.as_ref().is_some_and(|t| t.next.is_some()))
                 .map(|s| &mut s.session)
                 .collect();
-            self.group.decode(&mut sessions, &tokens).map(|_| ())
+            self.group.decode(&mut sessions, &tokens)
         };
         let m = self.metrics;
         Metrics::add(&m.decode_ns, t0.elapsed().as_nanos() as u64);

@@ -1353,7 +1353,8 @@ fn check_invariance(
                 let ids: Vec<usize> = (g * size..g * size + members.len()).collect();
                 let toks: Vec<u32> = ids.iter().map(|&i| fed[i][step]).collect();
                 let mut refs: Vec<&mut Session<CudaBackend>> = members.iter_mut().collect();
-                let logits = group.decode(&mut refs, &toks)?;
+                group.decode(&mut refs, &toks)?;
+                let logits: Vec<f32> = refs.iter().flat_map(|s| s.logits().to_vec()).collect();
                 for (row, &i) in logits.chunks_exact(nv).zip(&ids) {
                     let w = &want[i][step];
                     if row.iter().zip(w).any(|(a, &b)| a.to_bits() != b) {

@@ -80,6 +80,14 @@ pub trait Backend: Send + Sync + Sized {
     fn write(&self, buf: &mut Self::Buf, data: &[f32]);
     /// Copies `buf` to the host, `[rows * cols]`.
     fn read(&self, buf: &Self::Buf, out: &mut [f32]);
+    /// Copies `buf` to the host in consecutive parts: `outs[0]` gets its first `outs[0].len()`
+    /// values, `outs[1]` the next, and so on (the lengths add up to `rows * cols`): a decode
+    /// group's logits straight into each sequence's buffer. By default through one `read`.
+    fn read_parts(&self, buf: &Self::Buf, outs: &mut [&mut [f32]]) {
+        let mut all = vec![0.0; outs.iter().map(|o| o.len()).sum()];
+        self.read(buf, &mut all);
+        copy_parts(&all, outs);
+    }
     fn kv_cache(&self, layers: &[KvLayerSpec]) -> Self::Kv;
 
     /// out[t] = embedding row tokens[t] (dequantized).
@@ -299,4 +307,41 @@ fn join_rows<B: Backend>(be: &B, rows: &[B::Buf], width: usize, out: &mut B::Buf
         be.read(r, dst);
     }
     be.write(out, &host);
+}
+
+/// Copies `src` into `outs` in order (`read_parts`): `outs[0]` its first `outs[0].len()` values,
+/// and so on; the lengths must add up to `src.len()`.
+pub fn copy_parts(src: &[f32], outs: &mut [&mut [f32]]) {
+    assert_eq!(
+        outs.iter().map(|o| o.len()).sum::<usize>(),
+        src.len(),
+        "read_parts: the parts do not cover the buffer"
+    );
+    let mut at = 0;
+    for o in outs.iter_mut() {
+        o.copy_from_slice(&src[at..at + o.len()]);
+        at += o.len();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::copy_parts;
+
+    #[test]
+    fn copy_parts_fills_each_part_in_order() {
+        let src: Vec<f32> = (0..23).map(|i| (i as f32 * 0.37).sin() + 1.5).collect();
+        let (mut a, mut b, mut c) = (vec![0.0; 5], vec![0.0; 0], vec![0.0; 18]);
+        copy_parts(&src, &mut [&mut a, &mut b, &mut c]);
+        let joined: Vec<f32> = a.iter().chain(&b).chain(&c).copied().collect();
+        assert_eq!(joined, src);
+    }
+
+    #[test]
+    #[should_panic(expected = "do not cover")]
+    fn copy_parts_refuses_parts_that_do_not_cover_the_buffer() {
+        let src = vec![1.0f32; 10];
+        let mut a = vec![0.0; 4];
+        copy_parts(&src, &mut [&mut a]);
+    }
 }

@@ -301,6 +301,9 @@ impl Backend for CpuBackend {
     fn read(&self, buf: &CpuBuf, out: &mut [f32]) {
         out.copy_from_slice(&buf.data);
     }
+    fn read_parts(&self, buf: &CpuBuf, outs: &mut [&mut [f32]]) {
+        crate::backend::copy_parts(&buf.data, outs);
+    }
     fn kv_cache(&self, layers: &[KvLayerSpec]) -> CpuKv {
         CpuKv::new(layers)
     }
