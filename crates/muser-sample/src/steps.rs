@@ -82,19 +82,13 @@ fn exp_shifted(logit: f32, max: f32) -> f32 {
 }
 
 /// Greedy choice: the token with the largest logit, the lowest id among equals; `None` when no
-/// logit is a number.
+/// logit is a number. That is the first logit equal (`==`: -0.0 and +0.0 alike) to the maximum
+/// of those that are numbers (`f32::max` passes NaN over): two passes the compiler vectorizes,
+/// instead of one with a branch per logit (`argmax_index` over `candidates_from_logits`, the same
+/// pick).
 pub fn greedy(logits: &[f32]) -> Option<u32> {
-    let mut best: Option<(u32, f32)> = None;
-    for (i, &l) in logits.iter().enumerate() {
-        if l.is_nan() {
-            continue;
-        }
-        match best {
-            Some((_, b)) if b >= l => {}
-            _ => best = Some((i as u32, l)),
-        }
-    }
-    best.map(|(i, _)| i)
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    logits.iter().position(|&l| l == max).map(|i| i as u32)
 }
 
 /// Repetition, frequency and presence penalties (llama.cpp's `penalties` sampler) over the
@@ -108,24 +102,88 @@ pub fn apply_penalties(
     frequency: f32,
     presence: f32,
 ) {
-    if history.is_empty() || (repeat == 1.0 && frequency == 0.0 && presence == 0.0) {
+    if !penalties_apply(history, repeat, frequency, presence) {
         return;
     }
-    let mut counts: std::collections::HashMap<u32, u32> = std::collections::HashMap::new();
+    let counts = history_counts(history);
+    for c in cands.iter_mut() {
+        if let Some(&n) = counts.get(&c.id) {
+            c.logit = penalized(c.logit, n, repeat, frequency, presence);
+        }
+    }
+}
+
+/// Whether `apply_penalties` changes anything: a history and a penalty in effect.
+pub(crate) fn penalties_apply(history: &[u32], repeat: f32, frequency: f32, presence: f32) -> bool {
+    !(history.is_empty() || repeat == 1.0 && frequency == 0.0 && presence == 0.0)
+}
+
+/// How many times each token occurs in `history`.
+fn history_counts(history: &[u32]) -> std::collections::HashMap<u32, u32> {
+    let mut counts = std::collections::HashMap::new();
     for &t in history {
         *counts.entry(t).or_insert(0) += 1;
     }
-    for c in cands.iter_mut() {
-        let Some(&n) = counts.get(&c.id) else {
-            continue;
-        };
-        if c.logit <= 0.0 {
-            c.logit *= repeat;
-        } else {
-            c.logit /= repeat;
+    counts
+}
+
+/// The logit of a token seen `n` times in the history, after the penalties.
+fn penalized(logit: f32, n: u32, repeat: f32, frequency: f32, presence: f32) -> f32 {
+    let l = if logit <= 0.0 {
+        logit * repeat
+    } else {
+        logit / repeat
+    };
+    l - (n as f32 * frequency + presence)
+}
+
+/// A copy of `logits` with `apply_penalties`' changes: only the history's tokens change, each
+/// found once (not a lookup per vocabulary entry).
+pub(crate) fn penalized_logits(
+    logits: &[f32],
+    history: &[u32],
+    repeat: f32,
+    frequency: f32,
+    presence: f32,
+) -> Vec<f32> {
+    let mut out = logits.to_vec();
+    for (id, n) in history_counts(history) {
+        if let Some(l) = out.get_mut(id as usize) {
+            *l = penalized(*l, n, repeat, frequency, presence);
         }
-        c.logit -= n as f32 * frequency + presence;
     }
+    out
+}
+
+/// `top_k(candidates_from_logits(logits), k)` (k > 0) in one pass over the logits: candidates
+/// gather in a buffer of 2k, pruned to the k best whenever it fills; once pruned, a logit that
+/// does not rank above the k-th best kept cannot (every later id is larger, so it would lose the
+/// tie too) and is skipped with one comparison. The same k candidates, sorted best first.
+pub(crate) fn top_k_of_logits(logits: &[f32], k: usize) -> Vec<Candidate> {
+    let mut buf: Vec<Candidate> = Vec::with_capacity(2 * k);
+    let mut floor: Option<f32> = None;
+    for (i, &l) in logits.iter().enumerate() {
+        if l.is_nan() {
+            continue;
+        }
+        if let Some(f) = floor {
+            if l < f || l.total_cmp(&f) != Ordering::Greater {
+                continue;
+            }
+        }
+        buf.push(Candidate {
+            id: i as u32,
+            logit: l,
+            p: 0.0,
+        });
+        if buf.len() == 2 * k {
+            buf.select_nth_unstable_by(k - 1, rank);
+            buf.truncate(k);
+            floor = Some(buf[k - 1].logit);
+        }
+    }
+    top_k(&mut buf, k);
+    buf
 }
 
 /// Top-k: keeps the `k` best-ranked candidates, sorted best first. `k == 0` is off (no-op).

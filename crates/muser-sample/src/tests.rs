@@ -484,3 +484,80 @@ fn top_logprobs_are_log_softmax_sorted() {
     with_nan[want[0] as usize] = f32::NAN;
     assert_eq!(top_logprobs(&with_nan, 1)[0].0, want[1]);
 }
+
+/// The chain as every candidate goes through it (no one-pass paths): what `try_sample` must
+/// pick, with the same generator.
+fn reference_pick(p: &SamplerParams, history: &[u32], logits: &[f32], rng: &mut Mt) -> Option<u32> {
+    let mut cands = candidates_from_logits(logits);
+    apply_penalties(
+        &mut cands,
+        history,
+        p.repeat_penalty,
+        p.frequency_penalty,
+        p.presence_penalty,
+    );
+    if p.temperature <= 0.0 {
+        return steps::argmax_index(&cands).map(|i| cands[i].id);
+    }
+    top_k(&mut cands, p.top_k);
+    top_p(&mut cands, p.top_p, 1);
+    min_p(&mut cands, p.min_p, 1);
+    temperature(&mut cands, p.temperature);
+    dist(&mut cands, rng).map(|i| cands[i].id)
+}
+
+/// Logits with the cases the one-pass paths must rank as the chain does: ties (coarse values),
+/// NaN, +-0.0, infinities.
+fn awkward_logits(rng: &mut Mt, n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|_| match rng.next_u32() % 50 {
+            0 => f32::NAN,
+            1 => 0.0,
+            2 => -0.0,
+            3 => f32::NEG_INFINITY,
+            4 if rng.next_u32().is_multiple_of(20) => f32::INFINITY,
+            _ => ((rng.next_u32() % 64) as f32 - 40.0) * 0.25,
+        })
+        .collect()
+}
+
+#[test]
+fn one_pass_greedy_and_top_k_pick_what_the_whole_chain_picks() {
+    let mut rng = Mt::new(2024);
+    let mut picks = std::collections::HashSet::new();
+    for case in 0..400 {
+        let n = [1usize, 2, 7, 50, 333, 5000][case % 6];
+        let logits = if case % 5 == 0 {
+            random_logits(&mut rng, n, 3.0)
+        } else {
+            awkward_logits(&mut rng, n)
+        };
+        let k = [1usize, 2, 5, 40, n.saturating_sub(1).max(1), n, n + 3][case % 7];
+        let p = SamplerParams {
+            temperature: [0.0, 0.8, 1.5][case % 3],
+            top_k: k,
+            top_p: [1.0, 0.95, 0.5][(case / 3) % 3],
+            min_p: [0.0, 0.05][(case / 9) % 2],
+            repeat_penalty: [1.0, 1.3][(case / 2) % 2],
+            repeat_last_n: 64,
+            frequency_penalty: [0.0, 0.2][(case / 4) % 2],
+            presence_penalty: [0.0, 0.5][(case / 8) % 2],
+            seed: case as u64,
+        };
+        let mut s = Sampler::new(p.clone());
+        let mut reference = Mt::new(p.seed as u32);
+        let mut history = Vec::new();
+        for step in 0..4 {
+            let want = reference_pick(&p, &history, &logits, &mut reference);
+            let got = s.try_sample(&logits);
+            assert_eq!(got, want, "case {case} step {step}: n {n} {p:?}");
+            if let Some(t) = got {
+                s.accept(t);
+                history.push(t);
+                picks.insert(t);
+            }
+        }
+    }
+    // The cases reach many different tokens (not one answer every time).
+    assert!(picks.len() > 100, "{} distinct picks", picks.len());
+}

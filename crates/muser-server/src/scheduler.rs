@@ -328,11 +328,23 @@ impl<'m, B: Backend> Engine<'m, B> {
             }
             return;
         }
+        // Every decoded slot's next token drawn at once, one slot per core (each has its own
+        // sampler; a 202k vocabulary takes ~0.2 ms a row), then handed out in slot order.
+        let picks: Vec<Option<u32>> = {
+            use rayon::prelude::*;
+            self.slots
+                .par_iter_mut()
+                .map(|s| match &mut s.task {
+                    Some(t) if t.next.is_some() => Some(t.sampler.sample(s.session.logits())),
+                    _ => None,
+                })
+                .collect()
+        };
         for (&i, &t) in rows.iter().zip(&tokens) {
             let slot = &mut self.slots[i];
             slot.cached.push(t);
             slot.task.as_mut().unwrap().next = None;
-            self.after_logits(i);
+            self.after_logits(i, picks[i]);
         }
     }
 
@@ -382,7 +394,7 @@ impl<'m, B: Backend> Engine<'m, B> {
                 Metrics::add(&m.prompt_tokens, n as u64);
                 slot.cached.extend_from_slice(part);
                 if last {
-                    self.after_logits(i);
+                    self.after_logits(i, None);
                 }
             }
             // Prompts are checked by the handler (ids, room); this is a bug, not a hang.
@@ -395,13 +407,15 @@ impl<'m, B: Backend> Engine<'m, B> {
         n
     }
 
-    /// Samples slot i's next token from its session's logits and hands it to the client.
-    fn after_logits(&mut self, i: usize) {
+    /// Hands slot i's next token to the client: `pick` (already drawn from its session's
+    /// logits by its sampler) or, when None, drawn now.
+    fn after_logits(&mut self, i: usize, pick: Option<u32>) {
         let slot = &mut self.slots[i];
         let pos = slot.session.pos();
         let logits = slot.session.logits();
         let task = slot.task.as_mut().unwrap();
-        let outcome = emit(task, logits, self.tok, pos, self.n_ctx, self.metrics);
+        let id = pick.unwrap_or_else(|| task.sampler.sample(logits));
+        let outcome = emit(task, logits, id, self.tok, pos, self.n_ctx, self.metrics);
         match outcome {
             Outcome::Continue => {}
             Outcome::Finished => {
@@ -422,16 +436,16 @@ impl<'m, B: Backend> Engine<'m, B> {
     }
 }
 
-/// Samples a token, releases its text and decides whether the request goes on.
+/// Takes the sampled token `id`, releases its text and decides whether the request goes on.
 fn emit(
     task: &mut Task,
     logits: &[f32],
+    id: u32,
     tok: &Tokenizer,
     pos: usize,
     n_ctx: usize,
     m: &Metrics,
 ) -> Outcome {
-    let id = task.sampler.sample(logits);
     task.sampler.accept(id);
     if tok.is_eog(id) {
         return finish(task, FinishReason::Stop, true);
