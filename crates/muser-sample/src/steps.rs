@@ -331,19 +331,18 @@ pub fn dist(cands: &mut [Candidate], rng: &mut Mt) -> Option<usize> {
 /// The `n` most likely tokens under log-softmax of `logits` (NaN logits excluded), best
 /// first, as (token id, natural-log probability). For a server's `logprobs`.
 pub fn top_logprobs(logits: &[f32], n: usize) -> Vec<(u32, f32)> {
-    let mut cands = candidates_from_logits(logits);
-    if cands.is_empty() || n == 0 {
+    if n == 0 || logits.iter().all(|l| l.is_nan()) {
         return Vec::new();
     }
-    let max = cands
+    // Over the logits that are numbers, in id order, without a candidate for each.
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits
         .iter()
-        .map(|c| c.logit)
-        .fold(f32::NEG_INFINITY, f32::max);
-    let sum: f64 = cands.iter().map(|c| exp_shifted(c.logit, max) as f64).sum();
+        .filter(|l| !l.is_nan())
+        .map(|&l| exp_shifted(l, max) as f64)
+        .sum();
     let log_sum = sum.ln();
-    sort_prefix(&mut cands, n);
-    cands.truncate(n);
-    cands
+    top_k_of_logits(logits, n)
         .iter()
         .map(|c| {
             let lp = if max.is_infinite() {
