@@ -152,6 +152,7 @@ impl Sampler {
             let cands = steps::top_k_of_logits(row, p.top_k);
             return self.sample_top(cands);
         }
+        // Top-k off (or past the vocabulary): every token is a candidate.
         let mut cands = candidates_from_logits(logits);
         apply_penalties(
             &mut cands,
@@ -160,10 +161,6 @@ impl Sampler {
             p.frequency_penalty,
             p.presence_penalty,
         );
-        if p.temperature <= 0.0 {
-            // Candidates are still in id order, so the first maximum is the lowest id.
-            return steps::argmax_index(&cands).map(|i| cands[i].id);
-        }
         top_k(&mut cands, p.top_k);
         self.sample_top(cands)
     }
