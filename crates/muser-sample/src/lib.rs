@@ -54,6 +54,19 @@ pub struct SamplerParams {
     pub seed: u64,
 }
 
+impl SamplerParams {
+    /// `apply_penalties` with these parameters' penalties.
+    pub fn penalize(&self, cands: &mut [Candidate], history: &[u32]) {
+        apply_penalties(
+            cands,
+            history,
+            self.repeat_penalty,
+            self.frequency_penalty,
+            self.presence_penalty,
+        );
+    }
+}
+
 impl Default for SamplerParams {
     fn default() -> Self {
         SamplerParams {
@@ -154,13 +167,7 @@ impl Sampler {
         }
         // Top-k off (or past the vocabulary): every token is a candidate.
         let mut cands = candidates_from_logits(logits);
-        apply_penalties(
-            &mut cands,
-            history,
-            p.repeat_penalty,
-            p.frequency_penalty,
-            p.presence_penalty,
-        );
+        p.penalize(&mut cands, history);
         top_k(&mut cands, p.top_k);
         self.sample_top(cands)
     }

@@ -489,13 +489,7 @@ fn top_logprobs_are_log_softmax_sorted() {
 /// pick, with the same generator.
 fn reference_pick(p: &SamplerParams, history: &[u32], logits: &[f32], rng: &mut Mt) -> Option<u32> {
     let mut cands = candidates_from_logits(logits);
-    apply_penalties(
-        &mut cands,
-        history,
-        p.repeat_penalty,
-        p.frequency_penalty,
-        p.presence_penalty,
-    );
+    p.penalize(&mut cands, history);
     if p.temperature <= 0.0 {
         return steps::argmax_index(&cands).map(|i| cands[i].id);
     }
