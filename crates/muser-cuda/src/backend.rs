@@ -411,9 +411,10 @@ impl CudaBackend {
     fn read_staged(&self, buf: &CudaBuf, n: usize, f: impl FnOnce(&[f32])) {
         let mut st = self.staging.lock().unwrap();
         if st.as_ref().is_none_or(|p| p.len() < n) {
-            *st = None; // the old buffer freed first
-                        // SAFETY: page-locked host memory, flags 0 (not write-combined: the host reads it);
-                        // its values are read only after the copy into it has completed (below).
+            // The old buffer freed first.
+            *st = None;
+            // SAFETY: page-locked host memory, flags 0 (not write-combined: the host reads it);
+            // its values are read only after the copy into it has completed (below).
             let len = n.next_power_of_two().min(STAGED_READ_MAX / 4);
             let p = unsafe { self.gpu.ctx.alloc_pinned_with_flags::<f32>(len, 0) };
             *st = Some(ck(p, "alloc page-locked read buffer"));
