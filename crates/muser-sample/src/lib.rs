@@ -141,28 +141,17 @@ impl Sampler {
         // candidate of every token (0.8 MB of logits, 2.4 MB of candidates on a 202k
         // vocabulary), with the same picks: the penalties on a copy of the logits first.
         if p.temperature <= 0.0 || (p.top_k > 0 && p.top_k < logits.len()) {
-            let penalized;
-            let row = if steps::penalties_apply(
+            let row = steps::penalized_logits(
+                logits,
                 history,
                 p.repeat_penalty,
                 p.frequency_penalty,
                 p.presence_penalty,
-            ) {
-                penalized = steps::penalized_logits(
-                    logits,
-                    history,
-                    p.repeat_penalty,
-                    p.frequency_penalty,
-                    p.presence_penalty,
-                );
-                &penalized[..]
-            } else {
-                logits
-            };
+            );
             if p.temperature <= 0.0 {
-                return greedy(row);
+                return greedy(&row);
             }
-            let cands = steps::top_k_of_logits(row, p.top_k);
+            let cands = steps::top_k_of_logits(&row, p.top_k);
             return self.sample_top(cands);
         }
         // Top-k off (or past the vocabulary): every token is a candidate.

@@ -114,7 +114,7 @@ pub fn apply_penalties(
 }
 
 /// Whether `apply_penalties` changes anything: a history and a penalty in effect.
-pub(crate) fn penalties_apply(history: &[u32], repeat: f32, frequency: f32, presence: f32) -> bool {
+fn penalties_apply(history: &[u32], repeat: f32, frequency: f32, presence: f32) -> bool {
     !(history.is_empty() || repeat == 1.0 && frequency == 0.0 && presence == 0.0)
 }
 
@@ -137,22 +137,26 @@ fn penalized(logit: f32, n: u32, repeat: f32, frequency: f32, presence: f32) -> 
     l - (n as f32 * frequency + presence)
 }
 
-/// A copy of `logits` with `apply_penalties`' changes: only the history's tokens change, each
-/// found once (not a lookup per vocabulary entry).
-pub(crate) fn penalized_logits(
-    logits: &[f32],
+/// `logits` with `apply_penalties`' changes: the logits themselves when no penalty is in effect,
+/// else a copy in which only the history's tokens change, each found once (not a lookup per
+/// vocabulary entry).
+pub(crate) fn penalized_logits<'a>(
+    logits: &'a [f32],
     history: &[u32],
     repeat: f32,
     frequency: f32,
     presence: f32,
-) -> Vec<f32> {
+) -> std::borrow::Cow<'a, [f32]> {
+    if !penalties_apply(history, repeat, frequency, presence) {
+        return std::borrow::Cow::Borrowed(logits);
+    }
     let mut out = logits.to_vec();
     for (id, n) in history_counts(history) {
         if let Some(l) = out.get_mut(id as usize) {
             *l = penalized(*l, n, repeat, frequency, presence);
         }
     }
-    out
+    std::borrow::Cow::Owned(out)
 }
 
 /// `top_k(candidates_from_logits(logits), k)` (k > 0) in one pass over the logits: candidates
