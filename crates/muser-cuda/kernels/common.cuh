@@ -197,6 +197,56 @@ struct MatvecJobs {
     int njobs;
 };
 
+// How the one-column kernels (mvk_1 in matvec.cu) and the 8-column decode-group kernels (mmv_1 in
+// mmk.cu) divide a launch among its warps: its work is a list of tasks (a block of `unit` rows,
+// a chunk of KQ_CHUNK super-blocks), task (row block, chunk) = row block x chunks + chunk, cut
+// into one contiguous range per warp of a grid that fills the GPU once.
+
+// The warp's range of the launch's T tasks: [t0, t1), W = all warps of the grid (32-bit, as
+// mvk_span).
+__device__ __forceinline__ void mvk_range(unsigned T, int* t0, int* t1) {
+    const unsigned W = gridDim.x * (blockDim.x / WARP), w = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
+    *t0 = (int)(T * w / W);
+    *t1 = (int)(T * (w + 1) / W);
+}
+
+// The warp's job and tasks: each job gets a share of the grid's W warps in proportion to its
+// tasks, and at least one (warp w takes job j when w >= j + (W - njobs) * T_<j / T, T_<j the
+// tasks before job j), so a warp's tasks share one format (one loop serving every format would
+// need the registers of all of them at once and spill). The jobs' starts are multiples of unit.
+struct MvkSpan {
+    int j, t0, t1;
+};
+
+// In 32-bit arithmetic: the host checks that tasks x warps < 2^32 (64-bit divisions, emulated,
+// cost each warp ~1 us at the start of a ~10 us launch).
+__device__ __forceinline__ MvkSpan mvk_span(const MatvecJobs& jobs, int nch, int unit) {
+    const unsigned W = gridDim.x * (blockDim.x / WARP), T = (unsigned)(jobs.start[jobs.njobs] / unit) * nch;
+    const unsigned w = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP, F = W - jobs.njobs;
+    unsigned ws[5], ts[5];
+#pragma unroll
+    for (int u = 0; u < 5; ++u) {
+        ts[u] = u <= jobs.njobs ? (unsigned)(jobs.start[u] / unit) * nch : T;
+        ws[u] = u < jobs.njobs ? u + F * ts[u] / T : W;
+    }
+    MvkSpan sp{0, 0, 0};
+#pragma unroll
+    for (int u = 1; u < 4; ++u)
+        if (u < jobs.njobs && w >= ws[u]) sp.j = u;
+    unsigned wa = ws[0], wb = ws[1], ta = ts[0], tb = ts[1];
+#pragma unroll
+    for (int u = 1; u < 4; ++u)
+        if (sp.j == u) {
+            wa = ws[u];
+            wb = ws[u + 1];
+            ta = ts[u];
+            tb = ts[u + 1];
+        }
+    sp.t0 = (int)(ta + (tb - ta) * (w - wa) / (wb - wa));
+    sp.t1 = (int)(ta + (tb - ta) * (w + 1 - wa) / (wb - wa));
+    return sp;
+}
+
 // Q8_K quantization of 256-block blk (of rows K wide) held by one warp, lane l with values
 // 8l .. 8l + 7 in f (quantize_q8_k in matvec.cu, and residual_norm in norm.cu, which quantizes
 // its output for the matmul after it): the bits of the CPU reference's quantizer (see

@@ -1039,13 +1039,6 @@ __device__ __forceinline__ void kq_sum_chunks(const float* a, const float* b, in
 #define MVK_TRACE(point, dep)
 #endif
 
-// The warp's range of the launch's T tasks: [t0, t1), W = all warps of the grid (32-bit, as
-// mvk_span).
-__device__ __forceinline__ void mvk_range(unsigned T, int* t0, int* t1) {
-    const unsigned W = gridDim.x * (blockDim.x / WARP), w = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
-    *t0 = (int)(T * w / W);
-    *t1 = (int)(T * (w + 1) / W);
-}
 
 // The rounds of one warp over tasks [t0, t1), all of format FMT; task(gq, i) decodes task i of row
 // quad gq (task gq * per + i). A row
@@ -1147,49 +1140,13 @@ __device__ __forceinline__ void mvk_fmt(int ty, TaskFn task, int t0, int t1, int
     }
 }
 
-// The warp's job and tasks: each job gets a share of the grid's W warps in proportion to its
-// tasks, and at least one (warp w takes job j when w >= j + (W - njobs) * T_<j / T, T_<j the
-// tasks before job j), so a warp's tasks share one format (one loop serving every format would
-// need the registers of all of them at once and spill).
-struct MvkSpan {
-    int j, t0, t1;
-};
-
-// In 32-bit arithmetic: the host checks that tasks x warps < 2^32 (64-bit divisions, emulated,
-// cost each warp ~1 us at the start of a ~10 us launch).
-__device__ __forceinline__ MvkSpan mvk_span(const MatvecJobs& jobs, int nch) {
-    const unsigned W = gridDim.x * (blockDim.x / WARP), T = (unsigned)(jobs.start[jobs.njobs] / 4) * nch;
-    const unsigned w = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP, F = W - jobs.njobs;
-    unsigned ws[5], ts[5];
-#pragma unroll
-    for (int u = 0; u < 5; ++u) {
-        ts[u] = u <= jobs.njobs ? (unsigned)(jobs.start[u] / 4) * nch : T;
-        ws[u] = u < jobs.njobs ? u + F * ts[u] / T : W;
-    }
-    MvkSpan sp{0, 0, 0};
-#pragma unroll
-    for (int u = 1; u < 4; ++u)
-        if (u < jobs.njobs && w >= ws[u]) sp.j = u;
-    unsigned wa = ws[0], wb = ws[1], ta = ts[0], tb = ts[1];
-#pragma unroll
-    for (int u = 1; u < 4; ++u)
-        if (sp.j == u) {
-            wa = ws[u];
-            wb = ws[u + 1];
-            ta = ts[u];
-            tb = ts[u + 1];
-        }
-    sp.t0 = (int)(ta + (tb - ta) * (w - wa) / (wb - wa));
-    sp.t1 = (int)(ta + (tb - ta) * (w + 1 - wa) / (wb - wa));
-    return sp;
-}
 
 // The warp's span (computed once), a request to L2 for its first round, then the wait for the
 // kernel before (common.cuh).
 __device__ __forceinline__ MvkSpan pdl_wait_prefetch_mvk(const MatvecJobs& jobs, int K) {
     MVK_TRACE(0, 0.0f);
     const int nch = (K / QK_K + KQ_CHUNK - 1) / KQ_CHUNK;
-    const MvkSpan sp = mvk_span(jobs, nch);
+    const MvkSpan sp = mvk_span(jobs, nch, 4);
     const int t = sp.t0 + (threadIdx.x % WARP >= 16);
     if (t < sp.t1)
         mvk_prefetch(mvk_job_task(jobs.w[sp.j], jobs.y[sp.j], jobs.ty[sp.j], jobs.rows[sp.j], jobs.start[sp.j], nch, t),

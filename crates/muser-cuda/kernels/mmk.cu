@@ -1,6 +1,7 @@
 // K-quant matrices (Q4_K, Q5_K, Q6_K) times 2 to 16 activation columns on the integer tensor
 // cores (decode groups, one column per sequence of the group; wider groups and prefill chunks
-// run on mmt.cu, same arithmetic), in the canonical order of common.cuh (kq_value_*, kq_add), so
+// run on mmt.cu, same arithmetic; groups of 6 to 8 on mmv_1 / mmv_silu_1 at the end of this
+// file, the same tiles with the work divided as in mvk_1), in the canonical order of common.cuh (kq_value_*, kq_add), so
 // every column gets the bits matvec_1 gives it alone: a sequence's tokens do not depend on its
 // decode group, nor its prompt's KV cache on how the prompt was chunked (batch invariance).
 //
@@ -408,4 +409,222 @@ extern "C" __global__ void __launch_bounds__(128) mmk_silu_1(MMK_SILU_ARGS, KACT
 extern "C" __global__ void __launch_bounds__(128) mmk_silu_2(MMK_SILU_ARGS, KACT_ARGS) {
     pdl_wait_prefetch_mmk_silu(wg, tyg, rows, K, 2);
     mmk_silu_kernel<2>(wg, tyg, wu, tyu, y, rows, KACT);
+}
+
+// ---------------------------------------------------------------------------------------------
+// mmv_1 / mmv_silu_1: groups of 2 to 8 columns (mmk_1's tiles and arithmetic) with mvk_1's
+// division of the work. mmk_1 gives each block 16 whole rows, so at the Glimmer shapes a launch
+// runs 0.79 (attn_output, ffn_down: 416 blocks), 1.03 (q+k+v+gate: 544) or 2.36 (gate+up: 1248)
+// waves of 4 blocks per SM, and the SMs of a partial wave have fewer loads in flight or none.
+// Here the launch's work is a list of tasks (16-row block, chunk of KQ_CHUNK super-blocks), cut
+// into one contiguous range per warp of a grid that fills the GPU once (mvk_span, common.cuh).
+// A warp runs each task's super-blocks through mmk_q45 / mmk_q6 / mmk_q4_pair (one super-block
+// of the 16 rows per step, its activation loaded with it) and makes the chunk's tree in
+// registers (kq_leaves). A row block whose tasks all lie in the warp's range is summed there,
+// its chunks in order from 0; the chunk values of a row block shared with other warps (at most
+// the first and the last of the range) go to cv, and a count per row block finds the warp that
+// completes it (release atomic, acquire fence, as mvk_warp), which adds its chunks in order.
+// Every output gets the canonical order's bits (common.cuh): those of mmk_1 and mvk_1.
+// cv: [row blocks][chunks][M][128] floats, M = 1 (2: gate, up), lane l's 4 outputs at 4l;
+// cnt: one u32 per row block, zero between launches (the completing warp zeroes it).
+
+// The value of chunk ch of the lane's 4 outputs (rows g, g + 8 x columns 2t, 2t + 1 of the
+// 16-row block at row0) of a format-FMT matrix (Q4_K/Q5_K/Q6_K): the super-blocks' values
+// through the chunk's tree.
+template <int FMT>
+__device__ __forceinline__ void mmv_chunk(const uint8_t* __restrict__ w, int row0, int rows, const KAct& a, int ch,
+                                          float (&c)[4]) {
+    const int b0 = ch * KQ_CHUNK, b1 = min(b0 + KQ_CHUNK, a.K / QK_K);
+    float lo[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}}, hi[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
+    const auto leaf = [&](int b, const float(&v)[1][4]) { kq_leaves<1>(b - b0, v, lo, hi); };
+    if (FMT == FMT_Q6_K) mmk_q6<1>(w, row0, rows, a, b0, b1, leaf);
+    else mmk_q45<1, FMT == FMT_Q5_K>(w, row0, rows, a, b0, b1, leaf);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) c[e] = b1 - b0 > 2 ? kq_add(lo[0][e], hi[0][e]) : lo[0][e];
+}
+
+// mmv_chunk for gate and up, both Q4_K, in one pass (mmk_q4_pair).
+__device__ __forceinline__ void mmv_chunk_pair(const uint8_t* __restrict__ wg, const uint8_t* __restrict__ wu,
+                                               int row0, int rows, const KAct& a, int ch, float (&c)[2][4]) {
+    const int b0 = ch * KQ_CHUNK, b1 = min(b0 + KQ_CHUNK, a.K / QK_K);
+    float lg[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}}, hg[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
+    float lu[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}}, hu[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
+    mmk_q4_pair<1>(wg, wu, row0, rows, a, b0, b1, [&](int b, const float(&vg)[1][4], const float(&vu)[1][4]) {
+        kq_leaves<1>(b - b0, vg, lg, hg);
+        kq_leaves<1>(b - b0, vu, lu, hu);
+    });
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        c[0][e] = b1 - b0 > 2 ? kq_add(lg[0][e], hg[0][e]) : lg[0][e];
+        c[1][e] = b1 - b0 > 2 ? kq_add(lu[0][e], hu[0][e]) : lu[0][e];
+    }
+}
+
+// Any of the three formats (the gate+up pairs that are not both Q4_K: one matrix at a time).
+__device__ __forceinline__ void mmv_chunk_any(int ty, const uint8_t* __restrict__ w, int row0, int rows,
+                                              const KAct& a, int ch, float (&c)[4]) {
+    if (ty == FMT_Q6_K) mmv_chunk<FMT_Q6_K>(w, row0, rows, a, ch, c);
+    else if (ty == FMT_Q5_K) mmv_chunk<FMT_Q5_K>(w, row0, rows, a, ch, c);
+    else mmv_chunk<FMT_Q4_K>(w, row0, rows, a, ch, c);
+}
+
+// The lane's 4 outputs v (rows row0 + g, + 8; columns 2t, 2t + 1) into y[c][r].
+__device__ __forceinline__ void mmv_store(float* y, int rows, int row0, int ncols, const float (&v)[4]) {
+    const int lane = threadIdx.x % WARP, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        const int r = row0 + g + (e < 2 ? 0 : 8), c = 2 * t + (e & 1);
+        if (r < rows && c < ncols) y[(size_t)c * rows + r] = v[e];
+    }
+}
+
+// The rounds of one warp over tasks [t0, t1) (task = row block x nch + chunk): body(rb, ch, c)
+// makes chunk ch's values c[M][4] of row block rb, store(rb, y) writes a row block's sums.
+template <int M, class BODY, class STORE>
+__device__ __forceinline__ void mmv_warp(int t0, int t1, int nch, BODY body, STORE store, float* __restrict__ cv,
+                                         unsigned* __restrict__ cnt) {
+    const int lane = threadIdx.x % WARP;
+    float y[M][4];
+    int rb = t0 / nch, ch = t0 - rb * nch;
+#pragma unroll 1
+    for (int t = t0; t < t1; ++t) {
+        float c[M][4];
+        body(rb, ch, c);
+        const int first = rb * nch;
+        if (first >= t0 && first + nch <= t1) {
+#pragma unroll
+            for (int m = 0; m < M; ++m)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) y[m][e] = kq_add(ch == 0 ? 0.0f : y[m][e], c[m][e]);
+            if (ch == nch - 1) store(rb, y);
+        } else {
+            float* cr = cv + ((size_t)rb * nch + ch) * (M * 128) + 4 * lane;
+#pragma unroll
+            for (int m = 0; m < M; ++m) *(float4*)(cr + 128 * m) = make_float4(c[m][0], c[m][1], c[m][2], c[m][3]);
+            if (ch == nch - 1 || t == t1 - 1) { // the end of this warp's part of the row block
+                const int n = min(first + nch, t1) - max(first, t0);
+                // The lanes' chunk values ordered before lane 0's count (release, cumulative over
+                // the warp barrier); the completing warp's reads after it (acquire).
+                __syncwarp();
+                int last = 0;
+                if (lane == 0) {
+                    last = atom_add_release(&cnt[rb], (unsigned)n) == (unsigned)(nch - n);
+                    if (last) fence_acquire();
+                }
+                last = __shfl_sync(0xffffffffu, last, 0);
+                if (last) {
+                    __syncwarp();
+                    const float* cb = cv + (size_t)rb * nch * (M * 128) + 4 * lane;
+                    float s[M][4] = {};
+                    // The chunks in order, their loads 4 at a time (one L2 round trip per 4).
+#pragma unroll 1
+                    for (int k0 = 0; k0 < nch; k0 += 4) {
+                        float4 v[4][M];
+#pragma unroll
+                        for (int i = 0; i < 4; ++i)
+#pragma unroll
+                            for (int m = 0; m < M; ++m)
+                                v[i][m] = k0 + i < nch ? __ldcg((const float4*)(cb + (size_t)(k0 + i) * (M * 128) + 128 * m))
+                                                       : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+                        for (int i = 0; i < 4; ++i)
+                            if (k0 + i < nch)
+#pragma unroll
+                                for (int m = 0; m < M; ++m) {
+                                    const float f[4] = {v[i][m].x, v[i][m].y, v[i][m].z, v[i][m].w};
+#pragma unroll
+                                    for (int e = 0; e < 4; ++e) s[m][e] = kq_add(k0 + i == 0 ? 0.0f : s[m][e], f[e]);
+                                }
+                    }
+                    store(rb, s);
+                    if (lane == 0) cnt[rb] = 0u; // zero again for the next launch
+                }
+            }
+        }
+        if (++ch == nch) {
+            ch = 0;
+            ++rb;
+        }
+    }
+}
+
+// The warp's span (mvk_span over 16-row blocks), its first task's weights asked of L2, then the
+// wait for the kernel before.
+__device__ __forceinline__ int mmv_chunks(int K) { return (K / QK_K + KQ_CHUNK - 1) / KQ_CHUNK; }
+__device__ __forceinline__ MvkSpan pdl_wait_prefetch_mmv(const MatvecJobs& jobs, int K) {
+    const int nch = mmv_chunks(K);
+    const MvkSpan sp = mvk_span(jobs, nch, MMK_ROWS);
+    if (sp.t0 < sp.t1) {
+        const int rb = sp.t0 / nch;
+        mmk_prefetch_chunk(jobs.w[sp.j], jobs.ty[sp.j], MMK_ROWS * rb - jobs.start[sp.j], jobs.rows[sp.j], K,
+                           sp.t0 - rb * nch);
+    }
+    pdl_wait();
+    return sp;
+}
+
+// The warp's range of the gate+up tasks, as pdl_wait_prefetch_mmv.
+__device__ __forceinline__ int2 pdl_wait_prefetch_mmv_silu(const uint8_t* wg, int tyg, const uint8_t* wu, int tyu,
+                                                           int rows, int K) {
+    const int nch = mmv_chunks(K);
+    int t0, t1;
+    mvk_range((unsigned)((rows + MMK_ROWS - 1) / MMK_ROWS) * nch, &t0, &t1);
+    if (t0 < t1) {
+        const int rb = t0 / nch;
+        mmk_prefetch_chunk(wg, tyg, MMK_ROWS * rb, rows, K, t0 - rb * nch);
+        mmk_prefetch_chunk(wu, tyu, MMK_ROWS * rb, rows, K, t0 - rb * nch);
+    }
+    pdl_wait();
+    return make_int2(t0, t1);
+}
+
+// The grid must have at least njobs warps (matvec.rs: mmv_blocks). ncols <= 8.
+extern "C" __global__ void __launch_bounds__(128, 4) mmv_1(MatvecJobs jobs, KACT_ARGS, float* __restrict__ cv,
+                                                       unsigned* __restrict__ cnt) {
+    const MvkSpan sp = pdl_wait_prefetch_mmv(jobs, K);
+    const int nch = mmv_chunks(K);
+    const KAct a = KACT;
+    const uint8_t* w = jobs.w[sp.j];
+    float* yj = jobs.y[sp.j];
+    const int ty = jobs.ty[sp.j], rows = jobs.rows[sp.j], st = jobs.start[sp.j];
+    const auto store = [&](int rb, const float(&v)[1][4]) { mmv_store(yj, rows, MMK_ROWS * rb - st, a.ncols, v[0]); };
+    // One loop per format (the loop serving every format would need the registers of all).
+    if (ty == FMT_Q6_K)
+        mmv_warp<1>(sp.t0, sp.t1, nch,
+                    [&](int rb, int ch, float(&c)[1][4]) { mmv_chunk<FMT_Q6_K>(w, MMK_ROWS * rb - st, rows, a, ch, c[0]); },
+                    store, cv, cnt);
+    else if (ty == FMT_Q5_K)
+        mmv_warp<1>(sp.t0, sp.t1, nch,
+                    [&](int rb, int ch, float(&c)[1][4]) { mmv_chunk<FMT_Q5_K>(w, MMK_ROWS * rb - st, rows, a, ch, c[0]); },
+                    store, cv, cnt);
+    else
+        mmv_warp<1>(sp.t0, sp.t1, nch,
+                    [&](int rb, int ch, float(&c)[1][4]) { mmv_chunk<FMT_Q4_K>(w, MMK_ROWS * rb - st, rows, a, ch, c[0]); },
+                    store, cv, cnt);
+}
+
+// y[c][r] = silu(G[r] . x[c]) * (U[r] . x[c]) (mmk_silu_kernel's expression), gate and up of
+// each task together. ncols <= 8.
+extern "C" __global__ void __launch_bounds__(128, 4) mmv_silu_1(MMK_SILU_ARGS, KACT_ARGS, float* __restrict__ cv,
+                                                            unsigned* __restrict__ cnt) {
+    const int2 range = pdl_wait_prefetch_mmv_silu(wg, tyg, wu, tyu, rows, K);
+    const int nch = mmv_chunks(K), t0 = range.x, t1 = range.y;
+    const KAct a = KACT;
+    const auto store = [&](int rb, const float(&v)[2][4]) {
+        float o[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[e] = v[0][e] / (1.0f + expf(-v[0][e])) * v[1][e];
+        mmv_store(y, rows, MMK_ROWS * rb, a.ncols, o);
+    };
+    if (MMK_PAIR && tyg == FMT_Q4_K && tyu == FMT_Q4_K)
+        mmv_warp<2>(t0, t1, nch,
+                    [&](int rb, int ch, float(&c)[2][4]) { mmv_chunk_pair(wg, wu, MMK_ROWS * rb, rows, a, ch, c); },
+                    store, cv, cnt);
+    else
+        mmv_warp<2>(t0, t1, nch,
+                    [&](int rb, int ch, float(&c)[2][4]) {
+                        mmv_chunk_any(tyg, wg, MMK_ROWS * rb, rows, a, ch, c[0]);
+                        mmv_chunk_any(tyu, wu, MMK_ROWS * rb, rows, a, ch, c[1]);
+                    },
+                    store, cv, cnt);
 }

@@ -96,6 +96,31 @@ pub fn mvk_blocks(quads: usize, per: usize, sms: usize) -> u32 {
     }
 }
 
+/// Whether decode groups of 2 to 8 columns run on `mmv_1` / `mmv_silu_1` (mmk.cu: mmk_1's tiles
+/// with the work divided as in `mvk_1`, over one full wave) instead of `mmk_1` / `mmk_silu_1`
+/// (16 whole rows per block): on unless `MUSER_CUDA_MMV=0`.
+pub fn mmv_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("MUSER_CUDA_MMV").map_or(true, |v| v != "0"))
+}
+
+/// Blocks of an `mmv_*` launch of `tasks` tasks (16 rows x one chunk): one full wave of 4
+/// blocks of 4 warps per SM, fewer when there are fewer tasks than warps.
+/// H200, llama-glimmer, same call (2026-11-30): at least one task per warp against at least two
+/// (half the warps): 8 streams 878.8 / 878.5 against 864.5 / 863.4 tokens/s.
+pub fn mmv_blocks(tasks: usize, sms: usize) -> u32 {
+    tasks.div_ceil(4).clamp(1, sms.max(1) * 4) as u32
+}
+
+/// The fewest columns that run on `mmv_*` (fewer: `mmk_*`): 6, or `MUSER_CUDA_MMV_MIN`. H200,
+/// llama-glimmer, aggregate tg128 tokens/s, mmk / mmv, same call (2026-11-30): 3 streams 357.2 /
+/// 351.9, 4 streams 471.3 / 463.0, 6 streams 678.9 / 682.8, 8 streams 853.3 / 878.8 (again:
+/// 359.9 / 351.3, 470.0 / 462.7, 678.9 / 681.4, 855.9 / 878.5).
+pub fn mmv_min() -> usize {
+    static MIN: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *MIN.get_or_init(|| env_usize("MUSER_CUDA_MMV_MIN").unwrap_or(6))
+}
+
 /// The `mvk_*` kernels split the work in 32-bit arithmetic: tasks x warps must stay below 2^32
 /// (Glimmer's LM head: 353,584 x 2,112 = 7.5e8).
 pub fn mvk_fits(tasks: usize, blocks: u32) -> Result<(), CudaError> {
@@ -754,6 +779,28 @@ impl Gpu {
         let (mj, total) = self.jobs_struct(group, k, pad)?;
         let (mut cfg, mut name, _) = mmk_launch(ncols, total, false);
         let (p, i) = self.mmk_act(scratch, k, ncols);
+        if name == "mmk_1" && mmv_on() && ncols >= mmv_min() {
+            if total == 0 {
+                return Ok(());
+            }
+            let (nrb, nch) = (total / MMK_ROWS, mvk_chunks(k));
+            let (cv, cnt) = self.split_scratch(nrb * nch * 128, nrb)?;
+            let blocks = mmv_blocks(nrb * nch, self.sms);
+            mvk_fits(nrb * nch, blocks)?;
+            let cfg = LaunchConfig {
+                grid_dim: (blocks, 1, 1),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let mut b = self.stream.launch_builder(self.kernel("mmv_1")?);
+            b.arg(&mj).arg(&p[0]).arg(&p[1]).arg(&p[2]);
+            b.arg(&i[0]).arg(&i[1]).arg(&i[2]).arg(&cv).arg(&cnt);
+            // SAFETY: each job reads rows*row_bytes weight bytes and writes ncols*rows outputs
+            // (ncols <= 8); cv holds row blocks * chunks * 128 floats and cnt a count per row
+            // block, zero between launches (each launch leaves them so).
+            unsafe { b.launch(cfg) }?;
+            return Ok(());
+        }
         let tiles = (cfg.grid_dim.0 * cfg.grid_dim.1) as usize;
         let splits = if name == "mmt_4" {
             mmt_splits(self.mmt_split(), tiles, mvk_chunks(k), self.sms)
@@ -819,6 +866,29 @@ impl Gpu {
         let rows_i = rows as i32;
         if uses_mmk(gate.ty, ncols, k) && uses_mmk(up.ty, ncols, k) {
             let (cfg, name, _) = mmk_launch(ncols, rows, true);
+            if name == "mmk_silu_1" && mmv_on() && ncols >= mmv_min() {
+                if rows == 0 {
+                    return Ok(());
+                }
+                let (nrb, nch) = (rows.div_ceil(MMK_ROWS), mvk_chunks(k));
+                let (cv, cnt) = self.split_scratch(nrb * nch * 2 * 128, nrb)?;
+                let blocks = mmv_blocks(nrb * nch, self.sms);
+                mvk_fits(nrb * nch, blocks)?;
+                let cfg = LaunchConfig {
+                    grid_dim: (blocks, 1, 1),
+                    block_dim: (128, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                let (p, i) = self.mmk_act(scratch, k, ncols);
+                let mut b = self.stream.launch_builder(self.kernel("mmv_silu_1")?);
+                b.arg(&wg).arg(&tg).arg(&wu).arg(&tu).arg(&y).arg(&rows_i);
+                b.arg(&p[0]).arg(&p[1]).arg(&p[2]);
+                b.arg(&i[0]).arg(&i[1]).arg(&i[2]).arg(&cv).arg(&cnt);
+                // SAFETY: reads rows*row_bytes bytes of each matrix and the activation of
+                // ncols*k values (ncols <= 8); writes ncols*rows outputs; cv and cnt as in `mmk`.
+                unsafe { b.launch(cfg) }?;
+                return Ok(());
+            }
             if name.starts_with("mmt") {
                 mmt_fits(gate.data.len())?;
                 mmt_fits(up.data.len())?;
@@ -1095,12 +1165,19 @@ mod tests {
         }
     }
 
-    /// Host mirror of `mvk_span` in matvec.cu: (job, first task, end) of warp w of W.
-    fn mvk_span(starts: &[usize], nch: usize, ww: usize, w: usize) -> (usize, usize, usize) {
+    /// Host mirror of `mvk_span` in common.cuh: (job, first task, end) of warp w of W, for
+    /// tasks of `unit` rows (4: mvk_1, 16: mmv_1).
+    fn mvk_span(
+        starts: &[usize],
+        nch: usize,
+        unit: usize,
+        ww: usize,
+        w: usize,
+    ) -> (usize, usize, usize) {
         let nj = starts.len() - 1;
-        let t_all = starts[nj] / 4 * nch;
+        let t_all = starts[nj] / unit * nch;
         let f = ww - nj;
-        let ts = |u: usize| starts[u] / 4 * nch;
+        let ts = |u: usize| starts[u] / unit * nch;
         let ws = |u: usize| if u < nj { u + f * ts(u) / t_all } else { ww };
         let j = (1..nj).rfind(|&u| w >= ws(u)).unwrap_or(0);
         let (wa, wb, ta, tb) = (ws(j), ws(j + 1), ts(j), ts(j + 1));
@@ -1111,6 +1188,9 @@ mod tests {
         )
     }
 
+    /// The one-column kernels (`mvk_1`: tasks of a row quad) and the 8-column groups (`mmv_1`:
+    /// tasks of 16 rows) divide a launch's tasks among their warps: each task once, each warp's
+    /// tasks in one job, no warp far above the mean.
     #[test]
     fn mvk_warps_take_every_task_once_within_one_job_and_in_balance() {
         let sms = 132;
@@ -1126,61 +1206,69 @@ mod tests {
             &[6, 4096, 2, 33],
             &[5, 3, 1, 7],
         ];
-        for rows in launches {
-            for k in [256usize, 4096, 6656, 19968] {
-                let nch = mvk_chunks(k);
-                let mut starts = vec![0];
-                for r in rows {
-                    starts.push(starts.last().unwrap() + r.div_ceil(4) * 4);
-                }
-                let tasks = starts[rows.len()] / 4 * nch;
-                let ww = 4 * mvk_blocks(tasks / nch, nch, sms) as usize;
-                assert!(
-                    ww >= rows.len() && ww <= sms * 16,
-                    "{rows:?} K {k}: {ww} warps"
-                );
-                let mut seen = vec![0u8; tasks];
-                let mut most = 0;
-                for w in 0..ww {
-                    let (j, t0, t1) = mvk_span(&starts, nch, ww, w);
-                    assert!(t0 <= t1);
-                    for (t, s) in seen.iter_mut().enumerate().take(t1).skip(t0) {
-                        // Task t's row quad lies in job j.
-                        let quad = t / nch;
-                        assert!(
-                            4 * quad >= starts[j] && 4 * quad < starts[j + 1],
-                            "{rows:?} {t}"
-                        );
-                        *s += 1;
+        for unit in [4usize, MMK_ROWS] {
+            for rows in launches {
+                for k in [256usize, 4096, 6656, 19968] {
+                    let nch = mvk_chunks(k);
+                    let mut starts = vec![0];
+                    for r in rows {
+                        starts.push(starts.last().unwrap() + r.div_ceil(unit) * unit);
                     }
-                    most = most.max(t1 - t0);
-                }
-                assert!(
-                    seen.iter().all(|&s| s == 1),
-                    "{rows:?} K {k}: a task missed or repeated"
-                );
-                // One job of one row quad per warp: no row quad shared between warps.
-                let quads = rows[0].div_ceil(4);
-                if rows.len() == 1
-                    && quads <= sms * 16
-                    && 4 * quads >= 3 * sms * 16
-                    && quads % 4 == 0
-                {
-                    assert_eq!(ww, quads);
+                    let tasks = starts[rows.len()] / unit * nch;
+                    let blocks = if unit == 4 {
+                        mvk_blocks(tasks / nch, nch, sms)
+                    } else {
+                        mmv_blocks(tasks, sms)
+                    };
+                    let ww = 4 * blocks as usize;
+                    assert!(
+                        ww >= rows.len() && ww <= sms * 16,
+                        "{rows:?} K {k}: {ww} warps"
+                    );
+                    let mut seen = vec![0u8; tasks];
+                    let mut most = 0;
                     for w in 0..ww {
-                        let (_, t0, t1) = mvk_span(&starts, nch, ww, w);
-                        assert!(t0 % nch == 0 && t1 % nch == 0, "{rows:?} K {k}: warp {w}");
+                        let (j, t0, t1) = mvk_span(&starts, nch, unit, ww, w);
+                        assert!(t0 <= t1);
+                        for (t, s) in seen.iter_mut().enumerate().take(t1).skip(t0) {
+                            // Task t's row block lies in job j.
+                            let rb = t / nch;
+                            assert!(
+                                unit * rb >= starts[j] && unit * rb < starts[j + 1],
+                                "{rows:?} {t}"
+                            );
+                            *s += 1;
+                        }
+                        most = most.max(t1 - t0);
                     }
+                    assert!(
+                        seen.iter().all(|&s| s == 1),
+                        "{rows:?} K {k}: a task missed or repeated"
+                    );
+                    // One job of one row quad per warp: no row quad shared between warps.
+                    let quads = rows[0].div_ceil(4);
+                    if unit == 4
+                        && rows.len() == 1
+                        && quads <= sms * 16
+                        && 4 * quads >= 3 * sms * 16
+                        && quads % 4 == 0
+                    {
+                        assert_eq!(ww, quads);
+                        for w in 0..ww {
+                            let (_, t0, t1) = mvk_span(&starts, nch, unit, ww, w);
+                            assert!(t0 % nch == 0 && t1 % nch == 0, "{rows:?} K {k}: warp {w}");
+                        }
+                    }
+                    // No warp far above the mean (a job's share rounds to whole warps).
+                    let mean = tasks.div_ceil(ww);
+                    assert!(
+                        most <= 2 * mean + 2,
+                        "{rows:?} K {k}: {most} tasks against a mean of {mean}"
+                    );
+                    assert!(mvk_fits(tasks, blocks).is_ok());
+                    // The split scratch holds every chunk value and counter.
+                    assert_eq!(starts[rows.len()] * nch, tasks * unit);
                 }
-                // No warp far above the mean (a job's share rounds to whole warps).
-                let mean = tasks.div_ceil(ww);
-                assert!(
-                    most <= 2 * mean + 2,
-                    "{rows:?} K {k}: {most} tasks against a mean of {mean}"
-                );
-                assert!(mvk_fits(tasks, (ww / 4) as u32).is_ok());
-                // The split scratch holds every chunk value and counter.
-                assert_eq!(starts[rows.len()] * nch, tasks * 4);
             }
         }
     }
