@@ -428,79 +428,93 @@ extern "C" __global__ void __launch_bounds__(128) mmk_silu_2(MMK_SILU_ARGS, KACT
 // cv: [row blocks][chunks][M][128] floats, M = 1 (2: gate, up), lane l's 4 outputs at 4l;
 // cnt: one u32 per row block, zero between launches (the completing warp zeroes it).
 
-// The value of chunk ch of the lane's 4 outputs (rows g, g + 8 x columns 2t, 2t + 1 of the
-// 16-row block at row0) of a format-FMT matrix (Q4_K/Q5_K/Q6_K): the super-blocks' values
-// through the chunk's tree.
-template <int FMT>
-__device__ __forceinline__ void mmv_chunk(const uint8_t* __restrict__ w, int row0, int rows, const KAct& a, int ch,
-                                          float (&c)[4]) {
-    const int b0 = ch * KQ_CHUNK, b1 = min(b0 + KQ_CHUNK, a.K / QK_K);
-    float lo[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}}, hi[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
-    const auto leaf = [&](int b, const float(&v)[1][4]) { kq_leaves<1>(b - b0, v, lo, hi); };
-    if (FMT == FMT_Q6_K) mmk_q6<1>(w, row0, rows, a, b0, b1, leaf);
-    else mmk_q45<1, FMT == FMT_Q5_K>(w, row0, rows, a, b0, b1, leaf);
+// The value of chunk ch of the lane's 4 NT outputs (rows g, g + 8 x columns 8nt + 2t, + 1 of
+// the 16-row block at row0; output 4 nt + e is kq45_superblock's (nt, e)) of a format-FMT matrix
+// (Q4_K/Q5_K/Q6_K): the super-blocks' values through the chunk's tree.
+template <int NT>
+__device__ __forceinline__ void mmv_tree(int n, const float (&lo)[NT][4], const float (&hi)[NT][4],
+                                         float (&c)[4 * NT]) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) c[e] = b1 - b0 > 2 ? kq_add(lo[0][e], hi[0][e]) : lo[0][e];
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) c[4 * nt + e] = n > 2 ? kq_add(lo[nt][e], hi[nt][e]) : lo[nt][e];
+}
+
+template <int FMT, int NT>
+__device__ __forceinline__ void mmv_chunk(const uint8_t* __restrict__ w, int row0, int rows, const KAct& a, int ch,
+                                          float (&c)[4 * NT]) {
+    const int b0 = ch * KQ_CHUNK, b1 = min(b0 + KQ_CHUNK, a.K / QK_K);
+    float lo[NT][4] = {}, hi[NT][4] = {};
+    const auto leaf = [&](int b, const float(&v)[NT][4]) { kq_leaves<NT>(b - b0, v, lo, hi); };
+    if (FMT == FMT_Q6_K) mmk_q6<NT>(w, row0, rows, a, b0, b1, leaf);
+    else mmk_q45<NT, FMT == FMT_Q5_K>(w, row0, rows, a, b0, b1, leaf);
+    mmv_tree<NT>(b1 - b0, lo, hi, c);
 }
 
 // mmv_chunk for gate and up, both Q4_K, in one pass (mmk_q4_pair).
+template <int NT>
 __device__ __forceinline__ void mmv_chunk_pair(const uint8_t* __restrict__ wg, const uint8_t* __restrict__ wu,
-                                               int row0, int rows, const KAct& a, int ch, float (&c)[2][4]) {
+                                               int row0, int rows, const KAct& a, int ch, float (&c)[2][4 * NT]) {
     const int b0 = ch * KQ_CHUNK, b1 = min(b0 + KQ_CHUNK, a.K / QK_K);
-    float lg[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}}, hg[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
-    float lu[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}}, hu[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
-    mmk_q4_pair<1>(wg, wu, row0, rows, a, b0, b1, [&](int b, const float(&vg)[1][4], const float(&vu)[1][4]) {
-        kq_leaves<1>(b - b0, vg, lg, hg);
-        kq_leaves<1>(b - b0, vu, lu, hu);
+    float lg[NT][4] = {}, hg[NT][4] = {}, lu[NT][4] = {}, hu[NT][4] = {};
+    mmk_q4_pair<NT>(wg, wu, row0, rows, a, b0, b1, [&](int b, const float(&vg)[NT][4], const float(&vu)[NT][4]) {
+        kq_leaves<NT>(b - b0, vg, lg, hg);
+        kq_leaves<NT>(b - b0, vu, lu, hu);
     });
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-        c[0][e] = b1 - b0 > 2 ? kq_add(lg[0][e], hg[0][e]) : lg[0][e];
-        c[1][e] = b1 - b0 > 2 ? kq_add(lu[0][e], hu[0][e]) : lu[0][e];
-    }
+    mmv_tree<NT>(b1 - b0, lg, hg, c[0]);
+    mmv_tree<NT>(b1 - b0, lu, hu, c[1]);
 }
 
 // Any of the three formats (the gate+up pairs that are not both Q4_K: one matrix at a time).
+template <int NT>
 __device__ __forceinline__ void mmv_chunk_any(int ty, const uint8_t* __restrict__ w, int row0, int rows,
-                                              const KAct& a, int ch, float (&c)[4]) {
-    if (ty == FMT_Q6_K) mmv_chunk<FMT_Q6_K>(w, row0, rows, a, ch, c);
-    else if (ty == FMT_Q5_K) mmv_chunk<FMT_Q5_K>(w, row0, rows, a, ch, c);
-    else mmv_chunk<FMT_Q4_K>(w, row0, rows, a, ch, c);
+                                              const KAct& a, int ch, float (&c)[4 * NT]) {
+    if (ty == FMT_Q6_K) mmv_chunk<FMT_Q6_K, NT>(w, row0, rows, a, ch, c);
+    else if (ty == FMT_Q5_K) mmv_chunk<FMT_Q5_K, NT>(w, row0, rows, a, ch, c);
+    else mmv_chunk<FMT_Q4_K, NT>(w, row0, rows, a, ch, c);
 }
 
-// The lane's 4 outputs v (rows row0 + g, + 8; columns 2t, 2t + 1) into y[c][r].
-__device__ __forceinline__ void mmv_store(float* y, int rows, int row0, int ncols, const float (&v)[4]) {
+// The lane's 4 NT outputs v (rows row0 + g, + 8; columns 8nt + 2t, + 1) into y[c][r].
+template <int NT>
+__device__ __forceinline__ void mmv_store(float* y, int rows, int row0, int ncols, const float (&v)[4 * NT]) {
     const int lane = threadIdx.x % WARP, g = lane >> 2, t = lane & 3;
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-        const int r = row0 + g + (e < 2 ? 0 : 8), c = 2 * t + (e & 1);
-        if (r < rows && c < ncols) y[(size_t)c * rows + r] = v[e];
-    }
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int r = row0 + g + (e < 2 ? 0 : 8), c = 8 * nt + 2 * t + (e & 1);
+            if (r < rows && c < ncols) y[(size_t)c * rows + r] = v[4 * nt + e];
+        }
 }
 
 // The rounds of one warp over tasks [t0, t1) (task = row block x nch + chunk): body(rb, ch, c)
-// makes chunk ch's values c[M][4] of row block rb, store(rb, y) writes a row block's sums.
-template <int M, class BODY, class STORE>
+// makes chunk ch's values c[M][4 NT] of row block rb, store(rb, y) writes a row block's sums.
+template <int M, int NT, class BODY, class STORE>
 __device__ __forceinline__ void mmv_warp(int t0, int t1, int nch, BODY body, STORE store, float* __restrict__ cv,
                                          unsigned* __restrict__ cnt) {
+    constexpr int V = 4 * NT, S = 128 * M * NT; // outputs per lane; cv floats per chunk
     const int lane = threadIdx.x % WARP;
-    float y[M][4];
+    float y[M][V];
     int rb = t0 / nch, ch = t0 - rb * nch;
 #pragma unroll 1
     for (int t = t0; t < t1; ++t) {
-        float c[M][4];
+        float c[M][V];
         body(rb, ch, c);
         const int first = rb * nch;
         if (first >= t0 && first + nch <= t1) {
 #pragma unroll
             for (int m = 0; m < M; ++m)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) y[m][e] = kq_add(ch == 0 ? 0.0f : y[m][e], c[m][e]);
+                for (int e = 0; e < V; ++e) y[m][e] = kq_add(ch == 0 ? 0.0f : y[m][e], c[m][e]);
             if (ch == nch - 1) store(rb, y);
         } else {
-            float* cr = cv + ((size_t)rb * nch + ch) * (M * 128) + 4 * lane;
+            float* cr = cv + ((size_t)rb * nch + ch) * S + 4 * lane;
 #pragma unroll
-            for (int m = 0; m < M; ++m) *(float4*)(cr + 128 * m) = make_float4(c[m][0], c[m][1], c[m][2], c[m][3]);
+            for (int m = 0; m < M; ++m)
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt)
+                    *(float4*)(cr + 128 * (NT * m + nt)) =
+                        make_float4(c[m][4 * nt], c[m][4 * nt + 1], c[m][4 * nt + 2], c[m][4 * nt + 3]);
             if (ch == nch - 1 || t == t1 - 1) { // the end of this warp's part of the row block
                 const int n = min(first + nch, t1) - max(first, t0);
                 // The lanes' chunk values ordered before lane 0's count (release, cumulative over
@@ -514,26 +528,28 @@ __device__ __forceinline__ void mmv_warp(int t0, int t1, int nch, BODY body, STO
                 last = __shfl_sync(0xffffffffu, last, 0);
                 if (last) {
                     __syncwarp();
-                    const float* cb = cv + (size_t)rb * nch * (M * 128) + 4 * lane;
-                    float s[M][4] = {};
+                    const float* cb = cv + (size_t)rb * nch * S + 4 * lane;
+                    float s[M][V] = {};
                     // The chunks in order, their loads 4 at a time (one L2 round trip per 4).
 #pragma unroll 1
                     for (int k0 = 0; k0 < nch; k0 += 4) {
-                        float4 v[4][M];
+                        float4 v[4][M * NT];
 #pragma unroll
                         for (int i = 0; i < 4; ++i)
 #pragma unroll
-                            for (int m = 0; m < M; ++m)
-                                v[i][m] = k0 + i < nch ? __ldcg((const float4*)(cb + (size_t)(k0 + i) * (M * 128) + 128 * m))
+                            for (int u = 0; u < M * NT; ++u)
+                                v[i][u] = k0 + i < nch ? __ldcg((const float4*)(cb + (size_t)(k0 + i) * S + 128 * u))
                                                        : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
                         for (int i = 0; i < 4; ++i)
                             if (k0 + i < nch)
 #pragma unroll
-                                for (int m = 0; m < M; ++m) {
-                                    const float f[4] = {v[i][m].x, v[i][m].y, v[i][m].z, v[i][m].w};
+                                for (int u = 0; u < M * NT; ++u) {
+                                    const float f[4] = {v[i][u].x, v[i][u].y, v[i][u].z, v[i][u].w};
+                                    const int m = u / NT, o = 4 * (u % NT);
 #pragma unroll
-                                    for (int e = 0; e < 4; ++e) s[m][e] = kq_add(k0 + i == 0 ? 0.0f : s[m][e], f[e]);
+                                    for (int e = 0; e < 4; ++e)
+                                        s[m][o + e] = kq_add(k0 + i == 0 ? 0.0f : s[m][o + e], f[e]);
                                 }
                     }
                     store(rb, s);
@@ -548,9 +564,10 @@ __device__ __forceinline__ void mmv_warp(int t0, int t1, int nch, BODY body, STO
     }
 }
 
+__device__ __forceinline__ int mmv_chunks(int K) { return (K / QK_K + KQ_CHUNK - 1) / KQ_CHUNK; }
+
 // The warp's span (mvk_span over 16-row blocks), its first task's weights asked of L2, then the
 // wait for the kernel before.
-__device__ __forceinline__ int mmv_chunks(int K) { return (K / QK_K + KQ_CHUNK - 1) / KQ_CHUNK; }
 __device__ __forceinline__ MvkSpan pdl_wait_prefetch_mmv(const MatvecJobs& jobs, int K) {
     const int nch = mmv_chunks(K);
     const MvkSpan sp = mvk_span(jobs, nch, MMK_ROWS);
@@ -578,53 +595,74 @@ __device__ __forceinline__ int2 pdl_wait_prefetch_mmv_silu(const uint8_t* wg, in
     return make_int2(t0, t1);
 }
 
-// The grid must have at least njobs warps (matvec.rs: mmv_blocks). ncols <= 8.
-extern "C" __global__ void __launch_bounds__(128, 4) mmv_1(MatvecJobs jobs, KACT_ARGS, float* __restrict__ cv,
-                                                       unsigned* __restrict__ cnt) {
-    const MvkSpan sp = pdl_wait_prefetch_mmv(jobs, K);
-    const int nch = mmv_chunks(K);
-    const KAct a = KACT;
+// Columns 8 NT (c0 = 0) of matrices of any K-quant format (the job's: one loop per format, as
+// the loop serving every format would need the registers of all).
+template <int NT>
+__device__ __forceinline__ void mmv_kernel(const MatvecJobs& jobs, const KAct& a, const MvkSpan& sp, float* cv,
+                                           unsigned* cnt) {
+    const int nch = mmv_chunks(a.K);
     const uint8_t* w = jobs.w[sp.j];
     float* yj = jobs.y[sp.j];
     const int ty = jobs.ty[sp.j], rows = jobs.rows[sp.j], st = jobs.start[sp.j];
-    const auto store = [&](int rb, const float(&v)[1][4]) { mmv_store(yj, rows, MMK_ROWS * rb - st, a.ncols, v[0]); };
-    // One loop per format (the loop serving every format would need the registers of all).
+    const auto store = [&](int rb, const float(&v)[1][4 * NT]) {
+        mmv_store<NT>(yj, rows, MMK_ROWS * rb - st, a.ncols, v[0]);
+    };
     if (ty == FMT_Q6_K)
-        mmv_warp<1>(sp.t0, sp.t1, nch,
-                    [&](int rb, int ch, float(&c)[1][4]) { mmv_chunk<FMT_Q6_K>(w, MMK_ROWS * rb - st, rows, a, ch, c[0]); },
-                    store, cv, cnt);
+        mmv_warp<1, NT>(sp.t0, sp.t1, nch, [&](int rb, int ch, float(&c)[1][4 * NT]) {
+            mmv_chunk<FMT_Q6_K, NT>(w, MMK_ROWS * rb - st, rows, a, ch, c[0]);
+        }, store, cv, cnt);
     else if (ty == FMT_Q5_K)
-        mmv_warp<1>(sp.t0, sp.t1, nch,
-                    [&](int rb, int ch, float(&c)[1][4]) { mmv_chunk<FMT_Q5_K>(w, MMK_ROWS * rb - st, rows, a, ch, c[0]); },
-                    store, cv, cnt);
+        mmv_warp<1, NT>(sp.t0, sp.t1, nch, [&](int rb, int ch, float(&c)[1][4 * NT]) {
+            mmv_chunk<FMT_Q5_K, NT>(w, MMK_ROWS * rb - st, rows, a, ch, c[0]);
+        }, store, cv, cnt);
     else
-        mmv_warp<1>(sp.t0, sp.t1, nch,
-                    [&](int rb, int ch, float(&c)[1][4]) { mmv_chunk<FMT_Q4_K>(w, MMK_ROWS * rb - st, rows, a, ch, c[0]); },
-                    store, cv, cnt);
+        mmv_warp<1, NT>(sp.t0, sp.t1, nch, [&](int rb, int ch, float(&c)[1][4 * NT]) {
+            mmv_chunk<FMT_Q4_K, NT>(w, MMK_ROWS * rb - st, rows, a, ch, c[0]);
+        }, store, cv, cnt);
 }
 
 // y[c][r] = silu(G[r] . x[c]) * (U[r] . x[c]) (mmk_silu_kernel's expression), gate and up of
-// each task together. ncols <= 8.
-extern "C" __global__ void __launch_bounds__(128, 4) mmv_silu_1(MMK_SILU_ARGS, KACT_ARGS, float* __restrict__ cv,
-                                                            unsigned* __restrict__ cnt) {
-    const int2 range = pdl_wait_prefetch_mmv_silu(wg, tyg, wu, tyu, rows, K);
-    const int nch = mmv_chunks(K), t0 = range.x, t1 = range.y;
-    const KAct a = KACT;
-    const auto store = [&](int rb, const float(&v)[2][4]) {
-        float o[4];
+// each task together.
+template <int NT>
+__device__ __forceinline__ void mmv_silu_kernel(const uint8_t* wg, int tyg, const uint8_t* wu, int tyu, float* y,
+                                                int rows, const KAct& a, int2 range, float* cv, unsigned* cnt) {
+    const int nch = mmv_chunks(a.K);
+    const auto store = [&](int rb, const float(&v)[2][4 * NT]) {
+        float o[4 * NT];
 #pragma unroll
-        for (int e = 0; e < 4; ++e) o[e] = v[0][e] / (1.0f + expf(-v[0][e])) * v[1][e];
-        mmv_store(y, rows, MMK_ROWS * rb, a.ncols, o);
+        for (int e = 0; e < 4 * NT; ++e) o[e] = v[0][e] / (1.0f + expf(-v[0][e])) * v[1][e];
+        mmv_store<NT>(y, rows, MMK_ROWS * rb, a.ncols, o);
     };
     if (MMK_PAIR && tyg == FMT_Q4_K && tyu == FMT_Q4_K)
-        mmv_warp<2>(t0, t1, nch,
-                    [&](int rb, int ch, float(&c)[2][4]) { mmv_chunk_pair(wg, wu, MMK_ROWS * rb, rows, a, ch, c); },
-                    store, cv, cnt);
+        mmv_warp<2, NT>(range.x, range.y, nch, [&](int rb, int ch, float(&c)[2][4 * NT]) {
+            mmv_chunk_pair<NT>(wg, wu, MMK_ROWS * rb, rows, a, ch, c);
+        }, store, cv, cnt);
     else
-        mmv_warp<2>(t0, t1, nch,
-                    [&](int rb, int ch, float(&c)[2][4]) {
-                        mmv_chunk_any(tyg, wg, MMK_ROWS * rb, rows, a, ch, c[0]);
-                        mmv_chunk_any(tyu, wu, MMK_ROWS * rb, rows, a, ch, c[1]);
-                    },
-                    store, cv, cnt);
+        mmv_warp<2, NT>(range.x, range.y, nch, [&](int rb, int ch, float(&c)[2][4 * NT]) {
+            mmv_chunk_any<NT>(tyg, wg, MMK_ROWS * rb, rows, a, ch, c[0]);
+            mmv_chunk_any<NT>(tyu, wu, MMK_ROWS * rb, rows, a, ch, c[1]);
+        }, store, cv, cnt);
+}
+
+// The grid must have at least njobs warps (matvec.rs: mmv_blocks). mmv_1: up to 8 columns,
+// mmv_2: up to 16.
+extern "C" __global__ void __launch_bounds__(128, 4) mmv_1(MatvecJobs jobs, KACT_ARGS, float* __restrict__ cv,
+                                                          unsigned* __restrict__ cnt) {
+    const MvkSpan sp = pdl_wait_prefetch_mmv(jobs, K);
+    mmv_kernel<1>(jobs, KACT, sp, cv, cnt);
+}
+extern "C" __global__ void __launch_bounds__(128, 3) mmv_2(MatvecJobs jobs, KACT_ARGS, float* __restrict__ cv,
+                                                          unsigned* __restrict__ cnt) {
+    const MvkSpan sp = pdl_wait_prefetch_mmv(jobs, K);
+    mmv_kernel<2>(jobs, KACT, sp, cv, cnt);
+}
+extern "C" __global__ void __launch_bounds__(128, 4) mmv_silu_1(MMK_SILU_ARGS, KACT_ARGS, float* __restrict__ cv,
+                                                               unsigned* __restrict__ cnt) {
+    const int2 range = pdl_wait_prefetch_mmv_silu(wg, tyg, wu, tyu, rows, K);
+    mmv_silu_kernel<1>(wg, tyg, wu, tyu, y, rows, KACT, range, cv, cnt);
+}
+extern "C" __global__ void __launch_bounds__(128, 3) mmv_silu_2(MMK_SILU_ARGS, KACT_ARGS, float* __restrict__ cv,
+                                                               unsigned* __restrict__ cnt) {
+    const int2 range = pdl_wait_prefetch_mmv_silu(wg, tyg, wu, tyu, rows, K);
+    mmv_silu_kernel<2>(wg, tyg, wu, tyu, y, rows, KACT, range, cv, cnt);
 }

@@ -96,9 +96,9 @@ pub fn mvk_blocks(quads: usize, per: usize, sms: usize) -> u32 {
     }
 }
 
-/// Whether decode groups of 2 to 8 columns run on `mmv_1` / `mmv_silu_1` (mmk.cu: mmk_1's tiles
-/// with the work divided as in `mvk_1`, over one full wave) instead of `mmk_1` / `mmk_silu_1`
-/// (16 whole rows per block): on unless `MUSER_CUDA_MMV=0`.
+/// Whether decode groups of `mmv_min` to 16 columns run on `mmv_*` (mmk.cu: mmk_1's and mmk_2's
+/// tiles with the work divided as in `mvk_1`, over one full wave) instead of `mmk_*` (16 whole
+/// rows per block): on unless `MUSER_CUDA_MMV=0` (`mmv_kernel`).
 pub fn mmv_on() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("MUSER_CUDA_MMV").map_or(true, |v| v != "0"))
@@ -108,8 +108,26 @@ pub fn mmv_on() -> bool {
 /// blocks of 4 warps per SM, fewer when there are fewer tasks than warps.
 /// H200, llama-glimmer, same call (2026-11-30): at least one task per warp against at least two
 /// (half the warps): 8 streams 878.8 / 878.5 against 864.5 / 863.4 tokens/s.
-pub fn mmv_blocks(tasks: usize, sms: usize) -> u32 {
-    tasks.div_ceil(4).clamp(1, sms.max(1) * 4) as u32
+pub fn mmv_blocks(tasks: usize, sms: usize, per_sm: usize) -> u32 {
+    tasks.div_ceil(4).clamp(1, sms.max(1) * per_sm) as u32
+}
+
+/// The `mmv_*` kernel for `ncols` columns, if one takes them: (name, blocks per SM). `mmv_1` /
+/// `mmv_silu_1` (up to 8 columns, 128 registers: 4 blocks per SM) from `mmv_min` columns,
+/// `mmv_2` / `mmv_silu_2` (9 to 16, 168 registers: 3 blocks per SM) unless `MUSER_CUDA_MMV2=0`.
+pub fn mmv_kernel(ncols: usize, silu: bool) -> Option<(String, usize)> {
+    static TWO: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let two = *TWO.get_or_init(|| std::env::var("MUSER_CUDA_MMV2").map_or(true, |v| v != "0"));
+    let (nt, per_sm) = match ncols {
+        n if n < mmv_min() || !mmv_on() => return None,
+        0..=8 => (1, 4),
+        9..=16 if two => (2, 3),
+        _ => return None,
+    };
+    Some((
+        format!("mmv_{}{nt}", if silu { "silu_" } else { "" }),
+        per_sm,
+    ))
 }
 
 /// The fewest columns that run on `mmv_*` (fewer: `mmk_*`): 6, or `MUSER_CUDA_MMV_MIN`. H200,
@@ -779,25 +797,25 @@ impl Gpu {
         let (mj, total) = self.jobs_struct(group, k, pad)?;
         let (mut cfg, mut name, _) = mmk_launch(ncols, total, false);
         let (p, i) = self.mmk_act(scratch, k, ncols);
-        if name == "mmk_1" && mmv_on() && ncols >= mmv_min() {
+        if let Some((mmv, per_sm)) = mmv_kernel(ncols, false).filter(|_| name.starts_with("mmk")) {
             if total == 0 {
                 return Ok(());
             }
             let (nrb, nch) = (total / MMK_ROWS, mvk_chunks(k));
-            let (cv, cnt) = self.split_scratch(nrb * nch * 128, nrb)?;
-            let blocks = mmv_blocks(nrb * nch, self.sms);
+            let (cv, cnt) = self.split_scratch(nrb * nch * 128 * ncols.div_ceil(8), nrb)?;
+            let blocks = mmv_blocks(nrb * nch, self.sms, per_sm);
             mvk_fits(nrb * nch, blocks)?;
             let cfg = LaunchConfig {
                 grid_dim: (blocks, 1, 1),
                 block_dim: (128, 1, 1),
                 shared_mem_bytes: 0,
             };
-            let mut b = self.stream.launch_builder(self.kernel("mmv_1")?);
+            let mut b = self.stream.launch_builder(self.kernel(&mmv)?);
             b.arg(&mj).arg(&p[0]).arg(&p[1]).arg(&p[2]);
             b.arg(&i[0]).arg(&i[1]).arg(&i[2]).arg(&cv).arg(&cnt);
             // SAFETY: each job reads rows*row_bytes weight bytes and writes ncols*rows outputs
-            // (ncols <= 8); cv holds row blocks * chunks * 128 floats and cnt a count per row
-            // block, zero between launches (each launch leaves them so).
+            // (ncols <= 16); cv holds row blocks * chunks * 128 floats per 8 columns and cnt a
+            // count per row block, zero between launches (each launch leaves them so).
             unsafe { b.launch(cfg) }?;
             return Ok(());
         }
@@ -866,13 +884,14 @@ impl Gpu {
         let rows_i = rows as i32;
         if uses_mmk(gate.ty, ncols, k) && uses_mmk(up.ty, ncols, k) {
             let (cfg, name, _) = mmk_launch(ncols, rows, true);
-            if name == "mmk_silu_1" && mmv_on() && ncols >= mmv_min() {
+            if let Some((mmv, per_sm)) = mmv_kernel(ncols, true).filter(|_| name.starts_with("mmk"))
+            {
                 if rows == 0 {
                     return Ok(());
                 }
                 let (nrb, nch) = (rows.div_ceil(MMK_ROWS), mvk_chunks(k));
-                let (cv, cnt) = self.split_scratch(nrb * nch * 2 * 128, nrb)?;
-                let blocks = mmv_blocks(nrb * nch, self.sms);
+                let (cv, cnt) = self.split_scratch(nrb * nch * 2 * 128 * ncols.div_ceil(8), nrb)?;
+                let blocks = mmv_blocks(nrb * nch, self.sms, per_sm);
                 mvk_fits(nrb * nch, blocks)?;
                 let cfg = LaunchConfig {
                     grid_dim: (blocks, 1, 1),
@@ -880,12 +899,12 @@ impl Gpu {
                     shared_mem_bytes: 0,
                 };
                 let (p, i) = self.mmk_act(scratch, k, ncols);
-                let mut b = self.stream.launch_builder(self.kernel("mmv_silu_1")?);
+                let mut b = self.stream.launch_builder(self.kernel(&mmv)?);
                 b.arg(&wg).arg(&tg).arg(&wu).arg(&tu).arg(&y).arg(&rows_i);
                 b.arg(&p[0]).arg(&p[1]).arg(&p[2]);
                 b.arg(&i[0]).arg(&i[1]).arg(&i[2]).arg(&cv).arg(&cnt);
                 // SAFETY: reads rows*row_bytes bytes of each matrix and the activation of
-                // ncols*k values (ncols <= 8); writes ncols*rows outputs; cv and cnt as in `mmk`.
+                // ncols*k values (ncols <= 16); writes ncols*rows outputs; cv and cnt as in `mmk`.
                 unsafe { b.launch(cfg) }?;
                 return Ok(());
             }
@@ -1218,7 +1237,7 @@ mod tests {
                     let blocks = if unit == 4 {
                         mvk_blocks(tasks / nch, nch, sms)
                     } else {
-                        mmv_blocks(tasks, sms)
+                        mmv_blocks(tasks, sms, 4)
                     };
                     let ww = 4 * blocks as usize;
                     assert!(
