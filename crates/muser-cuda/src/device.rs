@@ -41,6 +41,9 @@ pub struct Gpu {
     /// Narrow tensor-core launches split K over blocks (`matvec::mmt_splits`); on unless
     /// `MUSER_CUDA_MMT_SPLIT=0` (H200, llama-glimmer, 32 streams: 1076 against 1056 tokens/s).
     mmt_split: std::sync::atomic::AtomicBool,
+    /// Decode groups of `mmv_min` to 16 columns run on `mmv_*` (`matvec::mmv_kernel`); on unless
+    /// `MUSER_CUDA_MMV=0`.
+    mmv: std::sync::atomic::AtomicBool,
     /// Prefill chunks run on the f16 tensor-core tiles (`mmh::Gpu::mmh_route`); on unless
     /// `MUSER_CUDA_MMH=0`.
     pub(crate) mmh_on: std::sync::atomic::AtomicBool,
@@ -93,6 +96,9 @@ impl Gpu {
             pdl_aware: Vec::new(),
             split: Default::default(),
             big_smem: Default::default(),
+            mmv: std::sync::atomic::AtomicBool::new(
+                std::env::var("MUSER_CUDA_MMV").map_or(true, |v| v != "0"),
+            ),
             mmt_split: std::sync::atomic::AtomicBool::new(
                 std::env::var("MUSER_CUDA_MMT_SPLIT").map_or(true, |v| v != "0"),
             ),
@@ -189,6 +195,14 @@ impl Gpu {
             c.fetch_add(1, Ordering::Relaxed);
         }
         Ok(f)
+    }
+
+    /// Whether decode groups of 6 to 16 columns run on `mmv_*` (else `mmk_*`).
+    pub fn mmv(&self) -> bool {
+        self.mmv.load(Ordering::Relaxed)
+    }
+    pub fn set_mmv(&self, on: bool) {
+        self.mmv.store(on, Ordering::Relaxed);
     }
 
     /// Whether narrow tensor-core launches split K over blocks (`matvec::mmt_splits`).

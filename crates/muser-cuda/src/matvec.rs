@@ -96,32 +96,25 @@ pub fn mvk_blocks(quads: usize, per: usize, sms: usize) -> u32 {
     }
 }
 
-/// Whether decode groups of `mmv_min` to 16 columns run on `mmv_*` (mmk.cu: mmk_1's and mmk_2's
-/// tiles with the work divided as in `mvk_1`, over one full wave) instead of `mmk_*` (16 whole
-/// rows per block): on unless `MUSER_CUDA_MMV=0` (`mmv_kernel`).
-pub fn mmv_on() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("MUSER_CUDA_MMV").map_or(true, |v| v != "0"))
-}
-
-/// Blocks of an `mmv_*` launch of `tasks` tasks (16 rows x one chunk): one full wave of 4
-/// blocks of 4 warps per SM, fewer when there are fewer tasks than warps.
+/// Blocks of an `mmv_*` launch of `tasks` tasks (16 rows x one chunk): one full wave of
+/// `per_sm` blocks of 4 warps per SM, fewer when there are fewer tasks than warps.
 /// H200, llama-glimmer, same call (2026-11-30): at least one task per warp against at least two
 /// (half the warps): 8 streams 878.8 / 878.5 against 864.5 / 863.4 tokens/s.
 pub fn mmv_blocks(tasks: usize, sms: usize, per_sm: usize) -> u32 {
     tasks.div_ceil(4).clamp(1, sms.max(1) * per_sm) as u32
 }
 
-/// The `mmv_*` kernel for `ncols` columns, if one takes them: (name, blocks per SM). `mmv_1` /
-/// `mmv_silu_1` (up to 8 columns, 128 registers: 4 blocks per SM) from `mmv_min` columns,
-/// `mmv_2` / `mmv_silu_2` (9 to 16, 168 registers: 3 blocks per SM) unless `MUSER_CUDA_MMV2=0`.
-pub fn mmv_kernel(ncols: usize, silu: bool) -> Option<(String, usize)> {
-    static TWO: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let two = *TWO.get_or_init(|| std::env::var("MUSER_CUDA_MMV2").map_or(true, |v| v != "0"));
+/// The `mmv_*` kernel for a decode group of `ncols` columns when they are `on` (`Gpu::mmv`):
+/// (name, blocks per SM). `mmv_1` / `mmv_silu_1` (up to 8 columns, 128 registers: 4 blocks per
+/// SM) from `mmv_min` columns, `mmv_2` / `mmv_silu_2` (9 to 16, 168 registers: 3 blocks per SM).
+/// Otherwise (and past 16) the `mmk_*` / `mmt_*` tiles. H200, llama-glimmer, aggregate tg128
+/// tokens/s, mmk_2 / mmv_2, same call (2026-11-30): 12 streams 1007.8 / 1077.9 and 1016.4 /
+/// 1070.4, 16 streams 1226.9 / 1337.7 and 1228.7 / 1334.8.
+pub fn mmv_kernel(ncols: usize, silu: bool, on: bool) -> Option<(String, usize)> {
     let (nt, per_sm) = match ncols {
-        n if n < mmv_min() || !mmv_on() => return None,
+        n if n < mmv_min() || !on => return None,
         0..=8 => (1, 4),
-        9..=16 if two => (2, 3),
+        9..=16 => (2, 3),
         _ => return None,
     };
     Some((
@@ -797,7 +790,9 @@ impl Gpu {
         let (mj, total) = self.jobs_struct(group, k, pad)?;
         let (mut cfg, mut name, _) = mmk_launch(ncols, total, false);
         let (p, i) = self.mmk_act(scratch, k, ncols);
-        if let Some((mmv, per_sm)) = mmv_kernel(ncols, false).filter(|_| name.starts_with("mmk")) {
+        if let Some((mmv, per_sm)) =
+            mmv_kernel(ncols, false, self.mmv()).filter(|_| name.starts_with("mmk"))
+        {
             if total == 0 {
                 return Ok(());
             }
@@ -884,7 +879,8 @@ impl Gpu {
         let rows_i = rows as i32;
         if uses_mmk(gate.ty, ncols, k) && uses_mmk(up.ty, ncols, k) {
             let (cfg, name, _) = mmk_launch(ncols, rows, true);
-            if let Some((mmv, per_sm)) = mmv_kernel(ncols, true).filter(|_| name.starts_with("mmk"))
+            if let Some((mmv, per_sm)) =
+                mmv_kernel(ncols, true, self.mmv()).filter(|_| name.starts_with("mmk"))
             {
                 if rows == 0 {
                     return Ok(());

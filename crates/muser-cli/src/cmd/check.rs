@@ -754,33 +754,36 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
             // Prefill chunks (mmh_min columns or more) of the K-quants run on the f16 tiles
             // (mmh.cu): against the CPU, and each column against itself moved to other places in
             // the tiles; the integer tiles at those widths (decode groups) as before.
+            // Groups of mmv_min to 16 columns run on mmv.cu's division of the work (`mmv_*`), and
+            // on the `mmk_*` blocks when it is off: both.
             let split_default = p.gpu.gpu.mmt_split();
             let mmh_default = p.gpu.gpu.mmh();
-            let mut modes = vec![(false, false)];
+            let mmv_default = p.gpu.gpu.mmv();
+            let mmh_here =
+                mmh_default && p.gpu.gpu.arch == "sm_90" && n >= muser_cuda::mmh::mmh_min();
+            let mmk_here = mmv_default && (muser_cuda::matvec::mmv_min()..=16).contains(&n);
+            let mut modes = vec![Tiles::Default];
             if n > 16 {
-                modes.push((true, false));
+                modes.push(Tiles::Split);
             }
-            if mmh_default && p.gpu.gpu.arch == "sm_90" && n >= muser_cuda::mmh::mmh_min() {
-                modes.push((false, true));
+            if mmh_here {
+                modes.push(Tiles::F16);
             }
-            for ((split, mmh), (what, wc, wg)) in modes
+            if mmk_here {
+                modes.push(Tiles::Mmk);
+            }
+            for (mode, (what, wc, wg)) in modes
                 .iter()
                 .flat_map(|&m| cases.iter().map(move |c| (m, c)))
             {
                 let ty = wg.matrix.as_ref().map(|m| m.ty);
                 let kq = matches!(ty, Some(GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K));
-                if (split || mmh) && !kq {
+                if mode != Tiles::Default && !kq {
                     continue;
                 }
-                p.gpu.gpu.set_mmt_split(split);
-                p.gpu.gpu.set_mmh(mmh);
-                let what = if split {
-                    format!("{what} split")
-                } else if mmh {
-                    format!("{what} f16")
-                } else {
-                    what.clone()
-                };
+                mode.set(p, mmv_default);
+                let what = format!("{what}{}", mode.suffix());
+                let mmh = mode == Tiles::F16;
                 let (mut yc, mut yg) = (p.cpu.buf(n, wg.rows), p.gpu.buf(n, wg.rows));
                 p.cpu.matmul(&xc, &mut [(wc, &mut yc)]);
                 p.gpu.matmul(&xg, &mut [(wg, &mut yg)]);
@@ -819,13 +822,15 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
             }
             p.gpu.gpu.set_mmt_split(split_default);
             p.gpu.gpu.set_mmh(mmh_default);
-            let silu_modes: &[bool] =
-                if mmh_default && p.gpu.gpu.arch == "sm_90" && n >= muser_cuda::mmh::mmh_min() {
-                    &[false, true]
-                } else {
-                    &[false]
-                };
-            for (mmh, (what, rows, (gcw, ggw), (ucw, ugw))) in silu_modes.iter().flat_map(|&m| {
+            p.gpu.gpu.set_mmv(mmv_default);
+            let mut silu_modes = vec![Tiles::Default];
+            if mmh_here {
+                silu_modes.push(Tiles::F16);
+            }
+            if mmk_here {
+                silu_modes.push(Tiles::Mmk);
+            }
+            for (mode, (what, rows, (gcw, ggw), (ucw, ugw))) in silu_modes.iter().flat_map(|&m| {
                 [
                     (format!("Q4_K {ffn}x{hidden}"), ffn, (&gc, &gg), (&uc, &ug)),
                     (
@@ -844,11 +849,12 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
                 .into_iter()
                 .map(move |c| (m, c))
             }) {
-                if mmh && what.starts_with("Q8_0") {
+                if mode != Tiles::Default && what.starts_with("Q8_0") {
                     continue;
                 }
-                p.gpu.gpu.set_mmh(mmh);
-                let what = if mmh { format!("{what} f16") } else { what };
+                mode.set(p, mmv_default);
+                let what = format!("{what}{}", mode.suffix());
+                let mmh = mode == Tiles::F16;
                 let (mut fc, mut fg) = (p.cpu.buf(n, rows), p.gpu.buf(n, rows));
                 p.cpu.ffn_gate_up_silu(&xc, gcw, ucw, &mut fc);
                 p.gpu.ffn_gate_up_silu(&xg, ggw, ugw, &mut fg);
@@ -886,6 +892,7 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
                 p.exact("silu col == alone", format!("{what} x{n}"), &group, &alone);
             }
             p.gpu.gpu.set_mmh(mmh_default);
+            p.gpu.gpu.set_mmv(mmv_default);
         }
     }
 
@@ -926,6 +933,33 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// Which tiles a K-quant group check runs on: the default route, K split over blocks (mmt.cu),
+/// the f16 prefill tiles (mmh.cu), or the `mmk_*` blocks instead of `mmv_*` (6-16 columns).
+#[derive(Clone, Copy, PartialEq)]
+enum Tiles {
+    Default,
+    Split,
+    F16,
+    Mmk,
+}
+
+impl Tiles {
+    fn set(self, p: &Pair, mmv_default: bool) {
+        p.gpu.gpu.set_mmt_split(self == Tiles::Split);
+        p.gpu.gpu.set_mmh(self == Tiles::F16);
+        p.gpu.gpu.set_mmv(mmv_default && self != Tiles::Mmk);
+    }
+
+    fn suffix(self) -> &'static str {
+        match self {
+            Tiles::Default => "",
+            Tiles::Split => " split",
+            Tiles::F16 => " f16",
+            Tiles::Mmk => " mmk",
+        }
+    }
 }
 
 /// `n` columns of K-quant matrices of width `k` on mmt.cu with K split over blocks against the
