@@ -412,10 +412,17 @@ extern "C" __global__ void __launch_bounds__(128) mmk_silu_2(MMK_SILU_ARGS, KACT
 }
 
 // ---------------------------------------------------------------------------------------------
-// mmv_1 / mmv_silu_1: groups of 2 to 8 columns (mmk_1's tiles and arithmetic) with mvk_1's
-// division of the work. mmk_1 gives each block 16 whole rows, so at the Glimmer shapes a launch
-// runs 0.79 (attn_output, ffn_down: 416 blocks), 1.03 (q+k+v+gate: 544) or 2.36 (gate+up: 1248)
-// waves of 4 blocks per SM, and the SMs of a partial wave have fewer loads in flight or none.
+// mmv_1 / mmv_silu_1 (6 to 8 columns) and mmv_2 / mmv_silu_2 (9 to 16): mmk_1's and mmk_2's
+// tiles and arithmetic with mvk_1's division of the work. mmk_* give each block 16 whole rows, so
+// at the Glimmer shapes a launch runs 0.79 (attn_output, ffn_down: 416 blocks), 1.03
+// (q+k+v+gate: 544) or 2.36 (gate+up: 1248) waves of 4 blocks per SM, and the SMs of a partial
+// wave have fewer loads in flight or none. H200, llama-glimmer (2026-11-30), aggregate tg128
+// tokens/s, mmk / mmv in the same calls: 8 streams 853-856 / 878-879, 12 streams 1008-1016 /
+// 1070-1078, 16 streams 1227-1229 / 1335-1338 (3-4 streams: mmv 2% slower, so they stay on mmk).
+// Tried and dropped (same calls; patches in the dev logs): each warp's next super-block loaded
+// into registers before the current one's arithmetic, gate and up as separate tasks (168
+// registers, 3 blocks per SM): 8 streams 819-824 against 881-890; mmv_1 capped at 96 registers
+// for 5 blocks per SM (spills): 819 against 872-883.
 // Here the launch's work is a list of tasks (16-row block, chunk of KQ_CHUNK super-blocks), cut
 // into one contiguous range per warp of a grid that fills the GPU once (mvk_span, common.cuh).
 // A warp runs each task's super-blocks through mmk_q45 / mmk_q6 / mmk_q4_pair (one super-block

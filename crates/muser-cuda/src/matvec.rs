@@ -4,7 +4,8 @@
 //! on `mvk_1` / `mvk_silu_1` (the work split into tasks of 4 rows x 4 super-blocks over one full
 //! wave of warps), of the other formats on `matvec_1`; two or more columns of a K-quant (decode
 //! groups, and prefill chunks that mmh.rs does not take) on the integer tensor cores (`mmk_*` up
-//! to 16 columns, `mmt_4` up to 63, `mmt_8` from 64), all in the canonical order of common.cuh,
+//! to 16 columns, as `mmv_*` from 6: the same tiles over one full wave; `mmt_4` up to 63, `mmt_8`
+//! from 64), all in the canonical order of common.cuh,
 //! so a sequence's decode results never depend on its group; the other formats on
 //! `matvec_cols` (groups of 8 columns, the same per-column arithmetic as one column; 64 columns
 //! per launch). Prefill chunks of 64+ columns on sm_90: mmh.rs (f16 warpgroup MMAs).
