@@ -797,15 +797,7 @@ impl Gpu {
             if total == 0 {
                 return Ok(());
             }
-            let (nrb, nch) = (total / MMK_ROWS, mvk_chunks(k));
-            let (cv, cnt) = self.split_scratch(nrb * nch * 128 * ncols.div_ceil(8), nrb)?;
-            let blocks = mmv_blocks(nrb * nch, self.sms, per_sm);
-            mvk_fits(nrb * nch, blocks)?;
-            let cfg = LaunchConfig {
-                grid_dim: (blocks, 1, 1),
-                block_dim: (128, 1, 1),
-                shared_mem_bytes: 0,
-            };
+            let (cfg, cv, cnt) = self.mmv_launch(total / MMK_ROWS, k, 1, ncols, per_sm)?;
             let mut b = self.stream.launch_builder(self.kernel(&mmv)?);
             b.arg(&mj).arg(&p[0]).arg(&p[1]).arg(&p[2]);
             b.arg(&i[0]).arg(&i[1]).arg(&i[2]).arg(&cv).arg(&cnt);
@@ -849,6 +841,29 @@ impl Gpu {
         Ok(())
     }
 
+    /// The grid of an `mmv_*` launch over `nrb` 16-row blocks of width `k` of `m` matrices (2:
+    /// gate and up) for `ncols` columns, and its split scratch (chunk values, counts per row
+    /// block).
+    fn mmv_launch(
+        &self,
+        nrb: usize,
+        k: usize,
+        m: usize,
+        ncols: usize,
+        per_sm: usize,
+    ) -> Result<(LaunchConfig, u64, u64), CudaError> {
+        let nch = mvk_chunks(k);
+        let (cv, cnt) = self.split_scratch(nrb * nch * m * 128 * ncols.div_ceil(8), nrb)?;
+        let blocks = mmv_blocks(nrb * nch, self.sms, per_sm);
+        mvk_fits(nrb * nch, blocks)?;
+        let cfg = LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        Ok((cfg, cv, cnt))
+    }
+
     /// The activation arguments of an `mmk_*` kernel (KACT_ARGS in mmk.cu): the addresses of the
     /// int8 values, their scales and split sums; K, the columns and the layout flag.
     fn mmk_act(&self, scratch: &ActScratch, k: usize, ncols: usize) -> ([u64; 3], [i32; 3]) {
@@ -886,15 +901,8 @@ impl Gpu {
                 if rows == 0 {
                     return Ok(());
                 }
-                let (nrb, nch) = (rows.div_ceil(MMK_ROWS), mvk_chunks(k));
-                let (cv, cnt) = self.split_scratch(nrb * nch * 2 * 128 * ncols.div_ceil(8), nrb)?;
-                let blocks = mmv_blocks(nrb * nch, self.sms, per_sm);
-                mvk_fits(nrb * nch, blocks)?;
-                let cfg = LaunchConfig {
-                    grid_dim: (blocks, 1, 1),
-                    block_dim: (128, 1, 1),
-                    shared_mem_bytes: 0,
-                };
+                let (cfg, cv, cnt) =
+                    self.mmv_launch(rows.div_ceil(MMK_ROWS), k, 2, ncols, per_sm)?;
                 let (p, i) = self.mmk_act(scratch, k, ncols);
                 let mut b = self.stream.launch_builder(self.kernel(&mmv)?);
                 b.arg(&wg).arg(&tg).arg(&wu).arg(&tu).arg(&y).arg(&rows_i);
