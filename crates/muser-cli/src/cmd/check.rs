@@ -781,7 +781,7 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
                 if mode != Tiles::Default && !kq {
                     continue;
                 }
-                mode.set(p, mmv_default);
+                mode.set(p, false, mmv_default);
                 let what = format!("{what}{}", mode.suffix());
                 let mmh = mode == Tiles::F16;
                 let (mut yc, mut yg) = (p.cpu.buf(n, wg.rows), p.gpu.buf(n, wg.rows));
@@ -852,7 +852,7 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
                 if mode != Tiles::Default && what.starts_with("Q8_0") {
                     continue;
                 }
-                mode.set(p, mmv_default);
+                mode.set(p, split_default, mmv_default);
                 let what = format!("{what}{}", mode.suffix());
                 let mmh = mode == Tiles::F16;
                 let (mut fc, mut fg) = (p.cpu.buf(n, rows), p.gpu.buf(n, rows));
@@ -946,8 +946,10 @@ enum Tiles {
 }
 
 impl Tiles {
-    fn set(self, p: &Pair, mmv_default: bool) {
-        p.gpu.gpu.set_mmt_split(self == Tiles::Split);
+    /// Sets the switches: K split when `Split`, else `split` (the group matmuls compare the
+    /// unsplit launch against the split one; gate+up keeps the default).
+    fn set(self, p: &Pair, split: bool, mmv_default: bool) {
+        p.gpu.gpu.set_mmt_split(self == Tiles::Split || split);
         p.gpu.gpu.set_mmh(self == Tiles::F16);
         p.gpu.gpu.set_mmv(mmv_default && self != Tiles::Mmk);
     }
