@@ -197,10 +197,13 @@ struct MatvecJobs {
     int njobs;
 };
 
-// How the one-column kernels (mvk_1 in matvec.cu) and the 8-column decode-group kernels (mmv_1 in
-// mmk.cu) divide a launch among its warps: its work is a list of tasks (a block of `unit` rows,
-// a chunk of KQ_CHUNK super-blocks), task (row block, chunk) = row block x chunks + chunk, cut
-// into one contiguous range per warp of a grid that fills the GPU once.
+// How the one-column kernels (mvk_1 in matvec.cu) and the 6-16-column decode-group kernels
+// (mmv_* in mmk.cu) divide a launch among its warps: its work is a list of tasks (a block of
+// `unit` rows, a chunk of KQ_CHUNK super-blocks), task (row block, chunk) = row block x chunks +
+// chunk, cut into one contiguous range per warp of a grid that fills the GPU once.
+
+// The chunks of a row K values wide (the last may hold fewer than KQ_CHUNK super-blocks).
+__device__ __forceinline__ int kq_chunks(int K) { return (K / QK_K + KQ_CHUNK - 1) / KQ_CHUNK; }
 
 // The warp's range of the launch's T tasks: [t0, t1), W = all warps of the grid (32-bit, as
 // mvk_span).

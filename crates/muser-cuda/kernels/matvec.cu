@@ -1145,7 +1145,7 @@ __device__ __forceinline__ void mvk_fmt(int ty, TaskFn task, int t0, int t1, int
 // kernel before (common.cuh).
 __device__ __forceinline__ MvkSpan pdl_wait_prefetch_mvk(const MatvecJobs& jobs, int K) {
     MVK_TRACE(0, 0.0f);
-    const int nch = (K / QK_K + KQ_CHUNK - 1) / KQ_CHUNK;
+    const int nch = kq_chunks(K);
     const MvkSpan sp = mvk_span(jobs, nch, 4);
     const int t = sp.t0 + (threadIdx.x % WARP >= 16);
     if (t < sp.t1)
@@ -1159,7 +1159,7 @@ __device__ __forceinline__ MvkSpan pdl_wait_prefetch_mvk(const MatvecJobs& jobs,
 // The grid must have at least njobs warps (matvec.rs: mvk_blocks).
 extern "C" __global__ void __launch_bounds__(128, 4) mvk_1(MatvecJobs jobs, MVK_ACT) {
     const MvkSpan sp = pdl_wait_prefetch_mvk(jobs, K);
-    const int nch = (K / QK_K + KQ_CHUNK - 1) / KQ_CHUNK;
+    const int nch = kq_chunks(K);
     const uint8_t* w = jobs.w[sp.j];
     float* yj = jobs.y[sp.j];
     const int ty = jobs.ty[sp.j], rows = jobs.rows[sp.j], st = jobs.start[sp.j];
@@ -1172,7 +1172,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) mvk_1(MatvecJobs jobs, MVK_
 __device__ __forceinline__ int2 pdl_wait_prefetch_mvk_silu(const uint8_t* wg, int tyg, const uint8_t* wu, int tyu,
                                                            int rows, int K) {
     MVK_TRACE(0, 0.0f);
-    const int nch = (K / QK_K + KQ_CHUNK - 1) / KQ_CHUNK;
+    const int nch = kq_chunks(K);
     int t0, t1;
     mvk_range((unsigned)((rows + 3) / 4) * 2 * nch, &t0, &t1);
     const int t = t0 + (threadIdx.x % WARP >= 16);
@@ -1185,7 +1185,7 @@ __device__ __forceinline__ int2 pdl_wait_prefetch_mvk_silu(const uint8_t* wg, in
 // Gate and up of one format (tyg == tyu; the host sends other pairs to matvec_silu_1).
 extern "C" __global__ void __launch_bounds__(128, 4) mvk_silu_1(SILU_ARGS, MVK_ACT) {
     const int2 range = pdl_wait_prefetch_mvk_silu(wg, tyg, wu, tyu, rows, K);
-    const int nch = (K / QK_K + KQ_CHUNK - 1) / KQ_CHUNK;
+    const int nch = kq_chunks(K);
     mvk_fmt<true>(tyg, [&](int gq, int rem) { return mvk_silu_task_at(wg, tyg, wu, tyu, rows, nch, gq, rem); }, range.x,
                   range.y, nch,
                   xq, xds, K,

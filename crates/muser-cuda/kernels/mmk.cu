@@ -571,12 +571,10 @@ __device__ __forceinline__ void mmv_warp(int t0, int t1, int nch, BODY body, STO
     }
 }
 
-__device__ __forceinline__ int mmv_chunks(int K) { return (K / QK_K + KQ_CHUNK - 1) / KQ_CHUNK; }
-
 // The warp's span (mvk_span over 16-row blocks), its first task's weights asked of L2, then the
 // wait for the kernel before.
 __device__ __forceinline__ MvkSpan pdl_wait_prefetch_mmv(const MatvecJobs& jobs, int K) {
-    const int nch = mmv_chunks(K);
+    const int nch = kq_chunks(K);
     const MvkSpan sp = mvk_span(jobs, nch, MMK_ROWS);
     if (sp.t0 < sp.t1) {
         const int rb = sp.t0 / nch;
@@ -590,7 +588,7 @@ __device__ __forceinline__ MvkSpan pdl_wait_prefetch_mmv(const MatvecJobs& jobs,
 // The warp's range of the gate+up tasks, as pdl_wait_prefetch_mmv.
 __device__ __forceinline__ int2 pdl_wait_prefetch_mmv_silu(const uint8_t* wg, int tyg, const uint8_t* wu, int tyu,
                                                            int rows, int K) {
-    const int nch = mmv_chunks(K);
+    const int nch = kq_chunks(K);
     int t0, t1;
     mvk_range((unsigned)((rows + MMK_ROWS - 1) / MMK_ROWS) * nch, &t0, &t1);
     if (t0 < t1) {
@@ -607,7 +605,7 @@ __device__ __forceinline__ int2 pdl_wait_prefetch_mmv_silu(const uint8_t* wg, in
 template <int NT>
 __device__ __forceinline__ void mmv_kernel(const MatvecJobs& jobs, const KAct& a, const MvkSpan& sp, float* cv,
                                            unsigned* cnt) {
-    const int nch = mmv_chunks(a.K);
+    const int nch = kq_chunks(a.K);
     const uint8_t* w = jobs.w[sp.j];
     float* yj = jobs.y[sp.j];
     const int ty = jobs.ty[sp.j], rows = jobs.rows[sp.j], st = jobs.start[sp.j];
@@ -633,7 +631,7 @@ __device__ __forceinline__ void mmv_kernel(const MatvecJobs& jobs, const KAct& a
 template <int NT>
 __device__ __forceinline__ void mmv_silu_kernel(const uint8_t* wg, int tyg, const uint8_t* wu, int tyu, float* y,
                                                 int rows, const KAct& a, int2 range, float* cv, unsigned* cnt) {
-    const int nch = mmv_chunks(a.K);
+    const int nch = kq_chunks(a.K);
     const auto store = [&](int rb, const float(&v)[2][4 * NT]) {
         float o[4 * NT];
 #pragma unroll

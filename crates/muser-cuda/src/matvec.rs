@@ -791,9 +791,7 @@ impl Gpu {
         let (mj, total) = self.jobs_struct(group, k, pad)?;
         let (mut cfg, mut name, _) = mmk_launch(ncols, total, false);
         let (p, i) = self.mmk_act(scratch, k, ncols);
-        if let Some((mmv, per_sm)) =
-            mmv_kernel(ncols, false, self.mmv()).filter(|_| name.starts_with("mmk"))
-        {
+        if let Some((mmv, per_sm)) = mmv_kernel(ncols, false, self.mmv()) {
             if total == 0 {
                 return Ok(());
             }
@@ -895,9 +893,7 @@ impl Gpu {
         let rows_i = rows as i32;
         if uses_mmk(gate.ty, ncols, k) && uses_mmk(up.ty, ncols, k) {
             let (cfg, name, _) = mmk_launch(ncols, rows, true);
-            if let Some((mmv, per_sm)) =
-                mmv_kernel(ncols, true, self.mmv()).filter(|_| name.starts_with("mmk"))
-            {
+            if let Some((mmv, per_sm)) = mmv_kernel(ncols, true, self.mmv()) {
                 if rows == 0 {
                     return Ok(());
                 }
