@@ -77,11 +77,51 @@ struct MmkX45 {
     }
 };
 
+// Weight loads: from global memory (evict-first, ld_once) or, SH, from a warp's shared-memory
+// stage (mmv_*'s copies).
+template <class T, bool SH>
+__device__ __forceinline__ T wld(const uint8_t* p) {
+    if constexpr (SH) return *(const T*)p;
+    else return ld_once<T>(p);
+}
+
+// A Q4_K/Q5_K super-block's weights of lane (g, t): ba, bb the blocks of rows g and g + 8.
+template <bool Q5, bool SH>
+struct W45 {
+    uint4 ha, hb;
+    uint2 qa[4], qb[4], xa, xb;
+    __device__ __forceinline__ W45(const uint8_t* ba, const uint8_t* bb) {
+        constexpr int QS = Q5 ? 48 : 16;
+        const int t = threadIdx.x & 3;
+        ha = wld<uint4, SH>(ba);
+        hb = wld<uint4, SH>(bb);
+#pragma unroll
+        for (int gi = 0; gi < 4; ++gi) {
+            qa[gi] = wld<uint2, SH>(ba + QS + 32 * gi + 8 * t);
+            qb[gi] = wld<uint2, SH>(bb + QS + 32 * gi + 8 * t);
+        }
+        xa = xb = make_uint2(0, 0);
+        if (Q5) {
+            xa = wld<uint2, SH>(ba + 16 + 8 * t);
+            xb = wld<uint2, SH>(bb + 16 + 8 * t);
+        }
+    }
+};
+
+// v[nt][e]: the super-block's values of the lane's outputs (kq45_superblock).
+template <int NT, bool Q5, bool SH>
+__device__ __forceinline__ void mmk_q45_block(const W45<Q5, SH>& w, const MmkX45<NT>& x, float (&v)[NT][4]) {
+    kq45_superblock<NT, Q5>(
+        w.ha, w.hb, [&](int gi, int r) { return r ? w.qb[gi] : w.qa[gi]; }, w.xa, w.xb,
+        [&](int nt, int s) { return x.v[nt][s]; }, [&](int nt) { return x.s[nt]; },
+        [&](int nt, int j) { return x.d[nt][j]; }, [&](int nt, int e, float f) { v[nt][e] = f; });
+}
+
 template <int NT, bool Q5, class LEAF>
 __device__ __forceinline__ void mmk_q45(const uint8_t* __restrict__ w, int row0, int rows, const KAct& a, int b0,
                                         int b1, LEAF leaf) {
-    constexpr int BS = Q5 ? 176 : 144, QS = Q5 ? 48 : 16;
-    const int lane = threadIdx.x % WARP, g = lane >> 2, t = lane & 3;
+    constexpr int BS = Q5 ? 176 : 144;
+    const int lane = threadIdx.x % WARP, g = lane >> 2;
     const int nb = a.K / QK_K;
     const uint8_t* wa = w + kq_blk(min(row0 + g, rows - 1), nb, 0) * BS;
     const uint8_t* wb = w + kq_blk(min(row0 + g + 8, rows - 1), nb, 0) * BS;
@@ -89,30 +129,70 @@ __device__ __forceinline__ void mmk_q45(const uint8_t* __restrict__ w, int row0,
     // One copy of the super-block's code, its place in the chunk tree a warp-uniform branch.
 #pragma unroll 1
     for (int b = b0; b < b1; ++b) {
-        const uint8_t* ba = wa + (size_t)b * 4 * BS; // a row's blocks are 4 apart (kq_blk)
-        const uint8_t* bb = wb + (size_t)b * 4 * BS;
-        const uint4 ha = ld_once<uint4>(ba), hb = ld_once<uint4>(bb);
-        uint2 qa[4], qb[4];
-#pragma unroll
-        for (int gi = 0; gi < 4; ++gi) {
-            qa[gi] = ld_once<uint2>(ba + QS + 32 * gi + 8 * t);
-            qb[gi] = ld_once<uint2>(bb + QS + 32 * gi + 8 * t);
-        }
+        // a row's blocks are 4 apart (kq_blk)
+        const W45<Q5, false> wt(wa + (size_t)b * 4 * BS, wb + (size_t)b * 4 * BS);
         float v[NT][4];
-        uint2 xa = make_uint2(0, 0), xb = make_uint2(0, 0);
-        if (Q5) {
-            xa = ld_once<uint2>(ba + 16 + 8 * t);
-            xb = ld_once<uint2>(bb + 16 + 8 * t);
-        }
         {
             const MmkX45<NT> x(a, cols, b);
-            kq45_superblock<NT, Q5>(
-                ha, hb, [&](int gi, int r) { return r ? qb[gi] : qa[gi]; }, xa, xb,
-                [&](int nt, int s) { return x.v[nt][s]; }, [&](int nt) { return x.s[nt]; },
-                [&](int nt, int j) { return x.d[nt][j]; }, [&](int nt, int e, float x) { v[nt][e] = x; });
+            mmk_q45_block<NT, Q5>(wt, x, v);
         }
         leaf(b, v);
     }
+}
+
+// A Q6_K super-block's weights of lane (g, t) (the planes of matvec.rs' repack): qa, qb the
+// quants (plane A) of rows g and g + 8, sa, sb their 16 scales, pa, pb their d.
+template <bool SH>
+struct W6 {
+    uint32_t la[2][2][2], lb[2][2][2], hqa[2][2], hqb[2][2];
+    uint4 sva, svb;
+    float da, db;
+    __device__ __forceinline__ W6(const uint8_t* qa, const uint8_t* qb, const int8_t* sa, const int8_t* sb,
+                                  const __half* pa, const __half* pb) {
+        const int t = threadIdx.x & 3;
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int u = 0; u < 2; ++u) {
+#pragma unroll
+                for (int p = 0; p < 2; ++p) {
+                    la[h][p][u] = wld<unsigned, SH>(qa + 64 * h + 32 * p + 16 * u + 4 * t);
+                    lb[h][p][u] = wld<unsigned, SH>(qb + 64 * h + 32 * p + 16 * u + 4 * t);
+                }
+                hqa[h][u] = wld<unsigned, SH>(qa + 128 + 32 * h + 16 * u + 4 * t);
+                hqb[h][u] = wld<unsigned, SH>(qb + 128 + 32 * h + 16 * u + 4 * t);
+            }
+        sva = *(const uint4*)sa;
+        svb = *(const uint4*)sb;
+        da = __half2float(*pa);
+        db = __half2float(*pb);
+    }
+};
+
+// A Q6_K super-block b's activation fragments for lane (g, t): per n-tile the 16 sub-blocks'
+// B fragments (values 4t .. 4t + 3 of each) and the scales of the lane's two output columns.
+template <int NT>
+struct MmkX6 {
+    int v[NT][16];
+    float d[NT][2];
+    __device__ __forceinline__ MmkX6(const KAct& a, const MmkCols<NT>& cols, int b) {
+        const int t = threadIdx.x % 4, nb32 = a.K / 32;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+            for (int s = 0; s < 16; ++s) v[nt][s] = *(const int*)mmk_x(a, cols.b[nt], b * QK_K + 16 * s + 4 * t);
+            d[nt][0] = a.xds[(size_t)cols.o[nt][0] * nb32 + 8 * b].x;
+            d[nt][1] = a.xds[(size_t)cols.o[nt][1] * nb32 + 8 * b].x;
+        }
+    }
+};
+
+template <int NT, bool SH>
+__device__ __forceinline__ void mmk_q6_block(const W6<SH>& w, const MmkX6<NT>& x, float (&v)[NT][4]) {
+    kq6_superblock<NT>([&](int h, int p, int u, int r) { return r ? w.lb[h][p][u] : w.la[h][p][u]; },
+                       [&](int h, int u, int r) { return r ? w.hqb[h][u] : w.hqa[h][u]; }, w.sva, w.svb, w.da,
+                       w.db, [&](int nt, int s) { return x.v[nt][s]; }, [&](int nt, int j) { return x.d[nt][j]; },
+                       [&](int nt, int e, float f) { v[nt][e] = f; });
 }
 
 // Q6_K, repacked (matvec.rs): plane A ql[128] qh[64], plane B int8 scales [16], plane C d (f16),
@@ -120,8 +200,8 @@ __device__ __forceinline__ void mmk_q45(const uint8_t* __restrict__ w, int row0,
 template <int NT, class LEAF>
 __device__ __forceinline__ void mmk_q6(const uint8_t* __restrict__ w, int row0, int rows, const KAct& a, int b0,
                                        int b1, LEAF leaf) {
-    const int lane = threadIdx.x % WARP, g = lane >> 2, t = lane & 3;
-    const int nb = a.K / QK_K, nb32 = a.K / 32;
+    const int lane = threadIdx.x % WARP, g = lane >> 2;
+    const int nb = a.K / QK_K;
     const int ra = min(row0 + g, rows - 1), rb = min(row0 + g + 8, rows - 1);
     const size_t n = kq_rows(rows) * nb;
     const int8_t* scp = (const int8_t*)(w + n * 192);
@@ -132,40 +212,10 @@ __device__ __forceinline__ void mmk_q6(const uint8_t* __restrict__ w, int row0, 
     for (int b = b0; b < b1; ++b) {
         float v[NT][4];
         const size_t ia = kq_blk(ra, nb, b), ib = kq_blk(rb, nb, b);
-        const uint8_t* ba = w + ia * 192;
-        const uint8_t* bb = w + ib * 192;
-        uint32_t la[2][2][2], lb[2][2][2], hqa[2][2], hqb[2][2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-            for (int u = 0; u < 2; ++u) {
-#pragma unroll
-                for (int p = 0; p < 2; ++p) {
-                    la[h][p][u] = ld_once<unsigned>(ba + 64 * h + 32 * p + 16 * u + 4 * t);
-                    lb[h][p][u] = ld_once<unsigned>(bb + 64 * h + 32 * p + 16 * u + 4 * t);
-                }
-                hqa[h][u] = ld_once<unsigned>(ba + 128 + 32 * h + 16 * u + 4 * t);
-                hqb[h][u] = ld_once<unsigned>(bb + 128 + 32 * h + 16 * u + 4 * t);
-            }
-        const uint4 sva = *(const uint4*)(scp + ia * 16);
-        const uint4 svb = *(const uint4*)(scp + ib * 16);
-        const float da = __half2float(dp[ia]), db = __half2float(dp[ib]);
-        auto xq = [&](int nt, int s) { return *(const int*)mmk_x(a, cols.b[nt], b * QK_K + 16 * s + 4 * t); };
-        auto dx = [&](int nt, int j) { return a.xds[(size_t)cols.o[nt][j] * nb32 + 8 * b].x; };
-        auto ql = [&](int h, int p, int u, int r) { return r ? lb[h][p][u] : la[h][p][u]; };
-        auto qh = [&](int h, int u, int r) { return r ? hqb[h][u] : hqa[h][u]; };
+        const W6<false> wt(w + ia * 192, w + ib * 192, scp + ia * 16, scp + ib * 16, dp + ia, dp + ib);
         {
-            int xv[NT][16];
-            float xd[NT][2];
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-                for (int s = 0; s < 16; ++s) xv[nt][s] = xq(nt, s);
-                xd[nt][0] = dx(nt, 0);
-                xd[nt][1] = dx(nt, 1);
-            }
-            kq6_superblock<NT>(ql, qh, sva, svb, da, db, [&](int nt, int s) { return xv[nt][s]; },
-                               [&](int nt, int j) { return xd[nt][j]; }, [&](int nt, int e, float x) { v[nt][e] = x; });
+            const MmkX6<NT> x(a, cols, b);
+            mmk_q6_block<NT>(wt, x, v);
         }
         leaf(b, v);
     }
@@ -178,39 +228,21 @@ __device__ __forceinline__ void mmk_q6(const uint8_t* __restrict__ w, int row0, 
 template <int NT, class LEAF>
 __device__ __forceinline__ void mmk_q4_pair(const uint8_t* __restrict__ wg, const uint8_t* __restrict__ wu, int row0,
                                             int rows, const KAct& a, int b0, int b1, LEAF leaf) {
-    constexpr int BS = 144, QS = 16;
-    const int lane = threadIdx.x % WARP, t = lane & 3, g = lane >> 2;
+    constexpr int BS = 144;
+    const int lane = threadIdx.x % WARP, g = lane >> 2;
     const int nb = a.K / QK_K;
     const size_t oa = kq_blk(min(row0 + g, rows - 1), nb, 0) * BS;
     const size_t ob = kq_blk(min(row0 + g + 8, rows - 1), nb, 0) * BS;
     const MmkCols<NT> cols(a.ncols);
-    const uint2 z = make_uint2(0, 0);
 #pragma unroll 1
     for (int b = b0; b < b1; ++b) {
         const size_t o = (size_t)b * 4 * BS;
-        const uint8_t *ga = wg + oa + o, *gb = wg + ob + o, *ua = wu + oa + o, *ub = wu + ob + o;
-        const uint4 gha = ld_once<uint4>(ga), ghb = ld_once<uint4>(gb);
-        const uint4 uha = ld_once<uint4>(ua), uhb = ld_once<uint4>(ub);
-        uint2 gqa[4], gqb[4], uqa[4], uqb[4];
-#pragma unroll
-        for (int gi = 0; gi < 4; ++gi) {
-            gqa[gi] = ld_once<uint2>(ga + QS + 32 * gi + 8 * t);
-            gqb[gi] = ld_once<uint2>(gb + QS + 32 * gi + 8 * t);
-            uqa[gi] = ld_once<uint2>(ua + QS + 32 * gi + 8 * t);
-            uqb[gi] = ld_once<uint2>(ub + QS + 32 * gi + 8 * t);
-        }
+        const W45<false, false> gt(wg + oa + o, wg + ob + o), ut(wu + oa + o, wu + ob + o);
         float vg[NT][4], vu[NT][4];
         {
             const MmkX45<NT> x(a, cols, b);
-            const auto xq = [&](int nt, int s) { return x.v[nt][s]; };
-            const auto xbs = [&](int nt) { return x.s[nt]; };
-            const auto dx = [&](int nt, int j) { return x.d[nt][j]; };
-            kq45_superblock<NT, false>(
-                gha, ghb, [&](int gi, int r) { return r ? gqb[gi] : gqa[gi]; }, z, z, xq, xbs, dx,
-                [&](int nt, int e, float x) { vg[nt][e] = x; });
-            kq45_superblock<NT, false>(
-                uha, uhb, [&](int gi, int r) { return r ? uqb[gi] : uqa[gi]; }, z, z, xq, xbs, dx,
-                [&](int nt, int e, float x) { vu[nt][e] = x; });
+            mmk_q45_block<NT, false>(gt, x, vg);
+            mmk_q45_block<NT, false>(ut, x, vu);
         }
         leaf(b, vg, vu);
     }
@@ -425,9 +457,10 @@ extern "C" __global__ void __launch_bounds__(128) mmk_silu_2(MMK_SILU_ARGS, KACT
 // for 5 blocks per SM (spills): 819 against 872-883.
 // Here the launch's work is a list of tasks (16-row block, chunk of KQ_CHUNK super-blocks), cut
 // into one contiguous range per warp of a grid that fills the GPU once (mvk_span, common.cuh).
-// A warp runs each task's super-blocks through mmk_q45 / mmk_q6 / mmk_q4_pair (one super-block
-// of the 16 rows per step, its activation loaded with it) and makes the chunk's tree in
-// registers (kq_leaves). A row block whose tasks all lie in the warp's range is summed there,
+// A warp runs each task's super-blocks through the arithmetic of mmk_q45 / mmk_q6 / mmk_q4_pair
+// (one super-block of the 16 rows per step), their weights copied ahead into the warp's ring of
+// shared-memory slots (MmvStage, below; gate+up pairs that are not both Q4_K read them from
+// global memory), and makes the chunk's tree in registers (kq_leaves). A row block whose tasks all lie in the warp's range is summed there,
 // its chunks in order from 0; the chunk values of a row block shared with other warps (at most
 // the first and the last of the range) go to cv, and a count per row block finds the warp that
 // completes it (release atomic, acquire fence, as mvk_warp), which adds its chunks in order.
@@ -458,20 +491,6 @@ __device__ __forceinline__ void mmv_chunk(const uint8_t* __restrict__ w, int row
     mmv_tree<NT>(b1 - b0, lo, hi, c);
 }
 
-// mmv_chunk for gate and up, both Q4_K, in one pass (mmk_q4_pair).
-template <int NT>
-__device__ __forceinline__ void mmv_chunk_pair(const uint8_t* __restrict__ wg, const uint8_t* __restrict__ wu,
-                                               int row0, int rows, const KAct& a, int ch, float (&c)[2][4 * NT]) {
-    const int b0 = ch * KQ_CHUNK, b1 = min(b0 + KQ_CHUNK, a.K / QK_K);
-    float lg[NT][4] = {}, hg[NT][4] = {}, lu[NT][4] = {}, hu[NT][4] = {};
-    mmk_q4_pair<NT>(wg, wu, row0, rows, a, b0, b1, [&](int b, const float(&vg)[NT][4], const float(&vu)[NT][4]) {
-        kq_leaves<NT>(b - b0, vg, lg, hg);
-        kq_leaves<NT>(b - b0, vu, lu, hu);
-    });
-    mmv_tree<NT>(b1 - b0, lg, hg, c[0]);
-    mmv_tree<NT>(b1 - b0, lu, hu, c[1]);
-}
-
 // Any of the three formats (the gate+up pairs that are not both Q4_K: one matrix at a time).
 template <int NT>
 __device__ __forceinline__ void mmv_chunk_any(int ty, const uint8_t* __restrict__ w, int row0, int rows,
@@ -479,6 +498,175 @@ __device__ __forceinline__ void mmv_chunk_any(int ty, const uint8_t* __restrict_
     if (ty == FMT_Q6_K) mmv_chunk<FMT_Q6_K, NT>(w, row0, rows, a, ch, c);
     else if (ty == FMT_Q5_K) mmv_chunk<FMT_Q5_K, NT>(w, row0, rows, a, ch, c);
     else mmv_chunk<FMT_Q4_K, NT>(w, row0, rows, a, ch, c);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Staged weights (mmv_*): each warp copies the super-blocks of its range into its own ring of
+// `stages` shared-memory slots with cp.async, in the order it reads them, `stages` - 1
+// super-blocks ahead, the first ones before the wait for the kernel before (the weights do not
+// depend on it); each super-block's activation is loaded from global memory before the wait for
+// its slot. A slot is the super-block of the 16-row block: Q4_K/Q5_K row r's block at r * BS
+// (the 4 quads' runs back to back: 8-byte fragment loads in 2 wavefronts, the fewest); Q6_K row
+// r's quants at r * MMV_Q6_ROW (16 bytes of padding: conflict-free 4-byte loads), then the rows'
+// 16-byte scales, then their d. The arithmetic and its order are mmk_*'s, so every output keeps
+// its bits. H200, llama-glimmer, aggregate tg128 tokens/s, weights read from global memory
+// (ld_once) / 2 / 3 stages, same call (2026-11-30): 8 streams 890.7 / 920.3 / 894.3, 16 streams
+// 1349.7 / 1201.5 / 1347.5 (matvec.rs: mmv_stages). Nsight Compute, gate+up at 8 streams (no
+// graph): 63.8 -> 62.9 us with 2 stages and copies of divided-out addresses (27% more
+// instructions issued, 8.2 -> 5.9 cycles between a warp's instructions, 40% of them waiting on
+// L1TEX before); the copies' addresses are now one base per quad.
+#define MMV_Q6_ROW 208
+#define MMV_Q6_SC (16 * MMV_Q6_ROW)
+#define MMV_Q6_D (MMV_Q6_SC + 16 * 16)
+#define MMV_SLOT_ONE (MMV_Q6_D + 16 * 2) // 3,616 bytes: the largest single matrix's slot (Q6_K)
+#define MMV_SLOT_PAIR (2 * 16 * 144)     // gate and up, Q4_K
+
+// The staged kernels' dynamic shared memory: 4 warps x stages slots.
+extern __shared__ __align__(16) uint8_t mmv_smem[];
+
+// Copies super-block b of the 16 rows at row0 of a format-FMT matrix into slot dst. A quad's
+// super-block is one run of 4 blocks (kq_blk); lane l copies its 16-byte pieces l and l + 32, so
+// each copy instruction reads 512 contiguous bytes (two lanes per row, 32 bytes each: 8 streams
+// 760 against 901 tokens/s, H200, 2026-11-30). Q6_K: also the quads' scales (lanes 0-15, row
+// l) and d (lanes 16-19, quad l - 16). Quads past the matrix's last copy its last (their rows'
+// outputs are never stored).
+template <int FMT>
+__device__ __forceinline__ void mmv_copy(uint8_t* dst, const uint8_t* __restrict__ w, int row0, int rows, int nb,
+                                         int b) {
+    constexpr int BS = FMT == FMT_Q6_K ? 192 : FMT == FMT_Q5_K ? 176 : 144, RUN = BS / 4; // pieces per run
+    constexpr int QD = FMT == FMT_Q6_K ? 4 * MMV_Q6_ROW : 4 * BS;                       // slot bytes per quad
+    const int lane = threadIdx.x % WARP, q0 = row0 >> 2, qmax = (int)(kq_rows(rows) >> 2) - 1;
+    // The slot offsets of pieces l and l + 32 of a run (Q6_K: rows padded to MMV_Q6_ROW).
+    const int e = lane + 32;
+    const int d0 = FMT == FMT_Q6_K ? lane / 12 * MMV_Q6_ROW + 16 * (lane % 12) : 16 * lane;
+    const int d1 = FMT == FMT_Q6_K ? e / 12 * MMV_Q6_ROW + 16 * (e % 12) : 16 * e;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+        const uint8_t* src = w + ((size_t)min(q0 + q, qmax) * nb + b) * 4 * BS;
+        cp_async16(dst + q * QD + d0, src + 16 * lane);
+        if (e < RUN) cp_async16(dst + q * QD + d1, src + 16 * e);
+    }
+    if (FMT == FMT_Q6_K) {
+        const size_t n = kq_rows(rows) * nb;
+        const size_t blk = ((size_t)min(q0 + ((lane >> 2) & 3), qmax) * nb + b) * 4; // the quad's first block
+        if (lane < 16) cp_async16(dst + MMV_Q6_SC + 16 * lane, w + n * 192 + (blk + (lane & 3)) * 16);
+        else if (lane < 20) {
+            const size_t bq = ((size_t)min(q0 + (lane & 3), qmax) * nb + b) * 4;
+            cp_async8(dst + MMV_Q6_D + 8 * (lane & 3), w + n * 208 + bq * 2);
+        }
+    }
+}
+
+// A warp's ring of `stages` slots of `slot` bytes (offsets in mmv_smem) and its two cursors:
+// the next super-block to copy (row block rb, super-block b; n left: the range's tasks cover
+// its super-blocks in this order) and the next slot to read. Every issue() commits one group,
+// empty past the range, so the wait in next() always leaves stages - 1 groups in flight.
+struct MmvStage {
+    uint32_t base, end, slot, put, take;
+    int stages, rb, b, n;
+    __device__ __forceinline__ MmvStage(int slot_, int stages_, int nb, int nch, int t0, int t1)
+        : slot(slot_), stages(stages_) {
+        base = put = take = (uint32_t)((threadIdx.x / WARP) * stages_ * slot_);
+        end = base + stages_ * slot_;
+        rb = t0 / nch;
+        b = (t0 - rb * nch) * KQ_CHUNK;
+        const int rb1 = t1 / nch;
+        n = (rb1 - rb) * nb + min((t1 - rb1 * nch) * KQ_CHUNK, nb) - b;
+    }
+    // copy(dst, row block, super-block)
+    template <class COPY>
+    __device__ __forceinline__ void issue(COPY copy, int nb) {
+        if (n > 0) {
+            copy(mmv_smem + put, rb, b);
+            --n;
+            if (++b == nb) {
+                b = 0;
+                ++rb;
+            }
+        }
+        put = put + slot == end ? base : put + slot;
+        cp_async_commit();
+    }
+    template <class COPY>
+    __device__ __forceinline__ void prologue(COPY copy, int nb) {
+#pragma unroll 1
+        for (int i = 1; i < stages; ++i) issue(copy, nb);
+    }
+    // The slot of the next super-block, once every lane's copies have landed; the copy
+    // stages - 1 ahead is issued first, into the slot read last (release()d).
+    template <class COPY>
+    __device__ __forceinline__ const uint8_t* next(COPY copy, int nb) {
+        issue(copy, nb);
+        if (stages == 2) cp_async_wait<1>();
+        else if (stages == 3) cp_async_wait<2>();
+        else cp_async_wait<3>();
+        __syncwarp();
+        const uint8_t* s = mmv_smem + take;
+        take = take + slot == end ? base : take + slot;
+        return s;
+    }
+    // The slot's reads are done (the next issue() may overwrite it).
+    __device__ __forceinline__ void release() { __syncwarp(); }
+};
+
+// mmv_chunk from the warp's stage.
+template <int FMT, int NT, class COPY>
+__device__ __forceinline__ void mmv_chunk_staged(MmvStage& st, COPY copy, const KAct& a, int ch,
+                                                 float (&c)[4 * NT]) {
+    const int nb = a.K / QK_K, g = (threadIdx.x % WARP) >> 2;
+    const int b0 = ch * KQ_CHUNK, b1 = min(b0 + KQ_CHUNK, nb);
+    const MmkCols<NT> cols(a.ncols);
+    float lo[NT][4] = {}, hi[NT][4] = {};
+#pragma unroll 1
+    for (int b = b0; b < b1; ++b) {
+        float v[NT][4];
+        if (FMT == FMT_Q6_K) {
+            const MmkX6<NT> x(a, cols, b);
+            const uint8_t* s = st.next(copy, nb);
+            const W6<true> wt(s + g * MMV_Q6_ROW, s + (g + 8) * MMV_Q6_ROW, (const int8_t*)(s + MMV_Q6_SC) + 16 * g,
+                              (const int8_t*)(s + MMV_Q6_SC) + 16 * (g + 8), (const __half*)(s + MMV_Q6_D) + g,
+                              (const __half*)(s + MMV_Q6_D) + g + 8);
+            st.release();
+            mmk_q6_block<NT>(wt, x, v);
+        } else {
+            constexpr bool Q5 = FMT == FMT_Q5_K;
+            constexpr int BS = Q5 ? 176 : 144;
+            const MmkX45<NT> x(a, cols, b);
+            const uint8_t* s = st.next(copy, nb);
+            const W45<Q5, true> wt(s + g * BS, s + (g + 8) * BS);
+            st.release();
+            mmk_q45_block<NT, Q5>(wt, x, v);
+        }
+        kq_leaves<NT>(b - b0, v, lo, hi);
+    }
+    mmv_tree<NT>(b1 - b0, lo, hi, c);
+}
+
+// mmv_chunk_pair from the warp's stage (gate's 16 rows, then up's).
+template <int NT, class COPY>
+__device__ __forceinline__ void mmv_chunk_pair_staged(MmvStage& st, COPY copy, const KAct& a, int ch,
+                                                      float (&c)[2][4 * NT]) {
+    const int nb = a.K / QK_K, g = (threadIdx.x % WARP) >> 2;
+    const int b0 = ch * KQ_CHUNK, b1 = min(b0 + KQ_CHUNK, nb);
+    const MmkCols<NT> cols(a.ncols);
+    float lg[NT][4] = {}, hg[NT][4] = {}, lu[NT][4] = {}, hu[NT][4] = {};
+#pragma unroll 1
+    for (int b = b0; b < b1; ++b) {
+        float vg[NT][4], vu[NT][4];
+        {
+            const MmkX45<NT> x(a, cols, b);
+            const uint8_t* s = st.next(copy, nb);
+            const W45<false, true> gt(s + g * 144, s + (g + 8) * 144);
+            const W45<false, true> ut(s + 16 * 144 + g * 144, s + 16 * 144 + (g + 8) * 144);
+            st.release();
+            mmk_q45_block<NT, false>(gt, x, vg);
+            mmk_q45_block<NT, false>(ut, x, vu);
+        }
+        kq_leaves<NT>(b - b0, vg, lg, hg);
+        kq_leaves<NT>(b - b0, vu, lu, hu);
+    }
+    mmv_tree<NT>(b1 - b0, lg, hg, c[0]);
+    mmv_tree<NT>(b1 - b0, lu, hu, c[1]);
 }
 
 // The lane's 4 NT outputs v (rows row0 + g, + 8; columns 8nt + 2t, + 1) into y[c][r].
@@ -571,21 +759,8 @@ __device__ __forceinline__ void mmv_warp(int t0, int t1, int nch, BODY body, STO
     }
 }
 
-// The warp's span (mvk_span over 16-row blocks), its first task's weights asked of L2, then the
-// wait for the kernel before.
-__device__ __forceinline__ MvkSpan pdl_wait_prefetch_mmv(const MatvecJobs& jobs, int K) {
-    const int nch = kq_chunks(K);
-    const MvkSpan sp = mvk_span(jobs, nch, MMK_ROWS);
-    if (sp.t0 < sp.t1) {
-        const int rb = sp.t0 / nch;
-        mmk_prefetch_chunk(jobs.w[sp.j], jobs.ty[sp.j], MMK_ROWS * rb - jobs.start[sp.j], jobs.rows[sp.j], K,
-                           sp.t0 - rb * nch);
-    }
-    pdl_wait();
-    return sp;
-}
-
-// The warp's range of the gate+up tasks, as pdl_wait_prefetch_mmv.
+// The warp's range of the gate+up tasks (mvk_range over 16-row blocks), its first task's weights
+// asked of L2, then the wait for the kernel before.
 __device__ __forceinline__ int2 pdl_wait_prefetch_mmv_silu(const uint8_t* wg, int tyg, const uint8_t* wu, int tyu,
                                                            int rows, int K) {
     const int nch = kq_chunks(K);
@@ -600,74 +775,107 @@ __device__ __forceinline__ int2 pdl_wait_prefetch_mmv_silu(const uint8_t* wg, in
     return make_int2(t0, t1);
 }
 
-// Columns 8 NT (c0 = 0) of matrices of any K-quant format (the job's: one loop per format, as
-// the loop serving every format would need the registers of all).
+// A row block's gate+up sums v[0] (gate), v[1] (up) of the lane's outputs into y[c][r] as
+// silu(G[r] . x[c]) * (U[r] . x[c]), mmk_silu_kernel's float expression.
 template <int NT>
-__device__ __forceinline__ void mmv_kernel(const MatvecJobs& jobs, const KAct& a, const MvkSpan& sp, float* cv,
-                                           unsigned* cnt) {
-    const int nch = kq_chunks(a.K);
-    const uint8_t* w = jobs.w[sp.j];
-    float* yj = jobs.y[sp.j];
-    const int ty = jobs.ty[sp.j], rows = jobs.rows[sp.j], st = jobs.start[sp.j];
-    const auto store = [&](int rb, const float(&v)[1][4 * NT]) {
-        mmv_store<NT>(yj, rows, MMK_ROWS * rb - st, a.ncols, v[0]);
-    };
-    if (ty == FMT_Q6_K)
-        mmv_warp<1, NT>(sp.t0, sp.t1, nch, [&](int rb, int ch, float(&c)[1][4 * NT]) {
-            mmv_chunk<FMT_Q6_K, NT>(w, MMK_ROWS * rb - st, rows, a, ch, c[0]);
-        }, store, cv, cnt);
-    else if (ty == FMT_Q5_K)
-        mmv_warp<1, NT>(sp.t0, sp.t1, nch, [&](int rb, int ch, float(&c)[1][4 * NT]) {
-            mmv_chunk<FMT_Q5_K, NT>(w, MMK_ROWS * rb - st, rows, a, ch, c[0]);
-        }, store, cv, cnt);
-    else
-        mmv_warp<1, NT>(sp.t0, sp.t1, nch, [&](int rb, int ch, float(&c)[1][4 * NT]) {
-            mmv_chunk<FMT_Q4_K, NT>(w, MMK_ROWS * rb - st, rows, a, ch, c[0]);
-        }, store, cv, cnt);
+__device__ __forceinline__ void mmv_silu_store(float* y, int rows, int row0, int ncols, const float (&v)[2][4 * NT]) {
+    float o[4 * NT];
+#pragma unroll
+    for (int e = 0; e < 4 * NT; ++e) o[e] = v[0][e] / (1.0f + expf(-v[0][e])) * v[1][e];
+    mmv_store<NT>(y, rows, row0, ncols, o);
 }
 
-// y[c][r] = silu(G[r] . x[c]) * (U[r] . x[c]) (mmk_silu_kernel's expression), gate and up of
-// each task together.
+// Gate+up pairs that are not both Q4_K (unstaged): gate's chunk, then up's, weights read from
+// global memory.
 template <int NT>
-__device__ __forceinline__ void mmv_silu_kernel(const uint8_t* wg, int tyg, const uint8_t* wu, int tyu, float* y,
-                                                int rows, const KAct& a, int2 range, float* cv, unsigned* cnt) {
-    const int nch = kq_chunks(a.K);
-    const auto store = [&](int rb, const float(&v)[2][4 * NT]) {
-        float o[4 * NT];
-#pragma unroll
-        for (int e = 0; e < 4 * NT; ++e) o[e] = v[0][e] / (1.0f + expf(-v[0][e])) * v[1][e];
-        mmv_store<NT>(y, rows, MMK_ROWS * rb, a.ncols, o);
+__device__ __forceinline__ void mmv_silu_any(const uint8_t* wg, int tyg, const uint8_t* wu, int tyu, float* y,
+                                             int rows, const KAct& a, int2 range, float* cv, unsigned* cnt) {
+    mmv_warp<2, NT>(range.x, range.y, kq_chunks(a.K), [&](int rb, int ch, float(&c)[2][4 * NT]) {
+        mmv_chunk_any<NT>(tyg, wg, MMK_ROWS * rb, rows, a, ch, c[0]);
+        mmv_chunk_any<NT>(tyu, wu, MMK_ROWS * rb, rows, a, ch, c[1]);
+    }, [&](int rb, const float(&v)[2][4 * NT]) { mmv_silu_store<NT>(y, rows, MMK_ROWS * rb, a.ncols, v); }, cv, cnt);
+}
+
+// The staged kernels' entry (stages 2 to 4): the warp's span, its
+// first super-blocks' copies, the wait for the kernel before, then its rounds. Dynamic shared
+// memory: 4 warps x stages x MMV_SLOT_ONE bytes.
+template <int NT>
+__device__ __forceinline__ void pdl_wait_staged_mmv(const MatvecJobs& jobs, const KAct& a, float* cv, unsigned* cnt,
+                                                    int stages) {
+    const int nch = kq_chunks(a.K), nb = a.K / QK_K;
+    const MvkSpan sp = mvk_span(jobs, nch, MMK_ROWS);
+    const uint8_t* w = jobs.w[sp.j];
+    float* yj = jobs.y[sp.j];
+    const int ty = jobs.ty[sp.j], rows = jobs.rows[sp.j], st0 = jobs.start[sp.j];
+    MmvStage st(MMV_SLOT_ONE, stages, nb, nch, sp.t0, sp.t1);
+    const auto store = [&](int rb, const float(&v)[1][4 * NT]) {
+        mmv_store<NT>(yj, rows, MMK_ROWS * rb - st0, a.ncols, v[0]);
     };
-    if (MMK_PAIR && tyg == FMT_Q4_K && tyu == FMT_Q4_K)
-        mmv_warp<2, NT>(range.x, range.y, nch, [&](int rb, int ch, float(&c)[2][4 * NT]) {
-            mmv_chunk_pair<NT>(wg, wu, MMK_ROWS * rb, rows, a, ch, c);
+    if (ty == FMT_Q6_K) {
+        const auto copy = [&](uint8_t* d, int rb, int b) { mmv_copy<FMT_Q6_K>(d, w, MMK_ROWS * rb - st0, rows, nb, b); };
+        st.prologue(copy, nb);
+        pdl_wait();
+        mmv_warp<1, NT>(sp.t0, sp.t1, nch, [&](int rb, int ch, float(&c)[1][4 * NT]) {
+            mmv_chunk_staged<FMT_Q6_K, NT>(st, copy, a, ch, c[0]);
         }, store, cv, cnt);
-    else
-        mmv_warp<2, NT>(range.x, range.y, nch, [&](int rb, int ch, float(&c)[2][4 * NT]) {
-            mmv_chunk_any<NT>(tyg, wg, MMK_ROWS * rb, rows, a, ch, c[0]);
-            mmv_chunk_any<NT>(tyu, wu, MMK_ROWS * rb, rows, a, ch, c[1]);
+    } else if (ty == FMT_Q5_K) {
+        const auto copy = [&](uint8_t* d, int rb, int b) { mmv_copy<FMT_Q5_K>(d, w, MMK_ROWS * rb - st0, rows, nb, b); };
+        st.prologue(copy, nb);
+        pdl_wait();
+        mmv_warp<1, NT>(sp.t0, sp.t1, nch, [&](int rb, int ch, float(&c)[1][4 * NT]) {
+            mmv_chunk_staged<FMT_Q5_K, NT>(st, copy, a, ch, c[0]);
         }, store, cv, cnt);
+    } else {
+        const auto copy = [&](uint8_t* d, int rb, int b) { mmv_copy<FMT_Q4_K>(d, w, MMK_ROWS * rb - st0, rows, nb, b); };
+        st.prologue(copy, nb);
+        pdl_wait();
+        mmv_warp<1, NT>(sp.t0, sp.t1, nch, [&](int rb, int ch, float(&c)[1][4 * NT]) {
+            mmv_chunk_staged<FMT_Q4_K, NT>(st, copy, a, ch, c[0]);
+        }, store, cv, cnt);
+    }
+}
+
+// As pdl_wait_staged_mmv for gate+up; staged when both are Q4_K (4 warps x stages x
+// MMV_SLOT_PAIR bytes), otherwise mmv_silu_any.
+template <int NT>
+__device__ __forceinline__ void pdl_wait_staged_mmv_silu(const uint8_t* wg, int tyg, const uint8_t* wu, int tyu,
+                                                         float* y, int rows, const KAct& a, float* cv, unsigned* cnt,
+                                                         int stages) {
+    if (!MMK_PAIR || tyg != FMT_Q4_K || tyu != FMT_Q4_K) {
+        const int2 range = pdl_wait_prefetch_mmv_silu(wg, tyg, wu, tyu, rows, a.K);
+        mmv_silu_any<NT>(wg, tyg, wu, tyu, y, rows, a, range, cv, cnt);
+        return;
+    }
+    const int nch = kq_chunks(a.K), nb = a.K / QK_K;
+    int t0, t1;
+    mvk_range((unsigned)((rows + MMK_ROWS - 1) / MMK_ROWS) * nch, &t0, &t1);
+    MmvStage st(MMV_SLOT_PAIR, stages, nb, nch, t0, t1);
+    const auto copy = [&](uint8_t* d, int rb, int b) {
+        mmv_copy<FMT_Q4_K>(d, wg, MMK_ROWS * rb, rows, nb, b);
+        mmv_copy<FMT_Q4_K>(d + 16 * 144, wu, MMK_ROWS * rb, rows, nb, b);
+    };
+    st.prologue(copy, nb);
+    pdl_wait();
+    mmv_warp<2, NT>(t0, t1, nch, [&](int rb, int ch, float(&c)[2][4 * NT]) {
+        mmv_chunk_pair_staged<NT>(st, copy, a, ch, c);
+    }, [&](int rb, const float(&v)[2][4 * NT]) { mmv_silu_store<NT>(y, rows, MMK_ROWS * rb, a.ncols, v); }, cv, cnt);
 }
 
 // The grid must have at least njobs warps (matvec.rs: mmv_blocks). mmv_1: up to 8 columns,
 // mmv_2: up to 16.
 extern "C" __global__ void __launch_bounds__(128, 4) mmv_1(MatvecJobs jobs, KACT_ARGS, float* __restrict__ cv,
-                                                          unsigned* __restrict__ cnt) {
-    const MvkSpan sp = pdl_wait_prefetch_mmv(jobs, K);
-    mmv_kernel<1>(jobs, KACT, sp, cv, cnt);
+                                                          unsigned* __restrict__ cnt, int stages) {
+    pdl_wait_staged_mmv<1>(jobs, KACT, cv, cnt, stages);
 }
 extern "C" __global__ void __launch_bounds__(128, 3) mmv_2(MatvecJobs jobs, KACT_ARGS, float* __restrict__ cv,
-                                                          unsigned* __restrict__ cnt) {
-    const MvkSpan sp = pdl_wait_prefetch_mmv(jobs, K);
-    mmv_kernel<2>(jobs, KACT, sp, cv, cnt);
+                                                          unsigned* __restrict__ cnt, int stages) {
+    pdl_wait_staged_mmv<2>(jobs, KACT, cv, cnt, stages);
 }
 extern "C" __global__ void __launch_bounds__(128, 4) mmv_silu_1(MMK_SILU_ARGS, KACT_ARGS, float* __restrict__ cv,
-                                                               unsigned* __restrict__ cnt) {
-    const int2 range = pdl_wait_prefetch_mmv_silu(wg, tyg, wu, tyu, rows, K);
-    mmv_silu_kernel<1>(wg, tyg, wu, tyu, y, rows, KACT, range, cv, cnt);
+                                                               unsigned* __restrict__ cnt, int stages) {
+    pdl_wait_staged_mmv_silu<1>(wg, tyg, wu, tyu, y, rows, KACT, cv, cnt, stages);
 }
 extern "C" __global__ void __launch_bounds__(128, 3) mmv_silu_2(MMK_SILU_ARGS, KACT_ARGS, float* __restrict__ cv,
-                                                               unsigned* __restrict__ cnt) {
-    const int2 range = pdl_wait_prefetch_mmv_silu(wg, tyg, wu, tyu, rows, K);
-    mmv_silu_kernel<2>(wg, tyg, wu, tyu, y, rows, KACT, range, cv, cnt);
+                                                               unsigned* __restrict__ cnt, int stages) {
+    pdl_wait_staged_mmv_silu<2>(wg, tyg, wu, tyu, y, rows, KACT, cv, cnt, stages);
 }

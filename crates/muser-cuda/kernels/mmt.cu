@@ -49,20 +49,6 @@ __host__ __device__ constexpr int mmt_stage_max() {
                                                                              : mmt_stage_bytes<FMT_Q6_K, NT>();
 }
 
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((unsigned)__cvta_generic_to_shared(dst)),
-                 "l"(src));
-}
-__device__ __forceinline__ void cp_async8(void* dst, const void* src) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"((unsigned)__cvta_generic_to_shared(dst)),
-                 "l"(src));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-
 // The block's copies of one super-block, planned once per launch. Weights: thread t copies
 // the 16-byte pieces c = t % 2, t % 2 + 2, .. of row t / 2 (the two threads of a row read 32
 // contiguous bytes per instruction, and a warp's 32 stores hit every bank group of the padded

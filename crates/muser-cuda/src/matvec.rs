@@ -124,6 +124,30 @@ pub fn mmv_kernel(ncols: usize, silu: bool, on: bool) -> Option<(String, usize)>
     ))
 }
 
+/// Shared-memory slots of one `mmv_*` warp's ring (mmk.cu: MmvStage): the super-blocks each warp
+/// copies ahead of its arithmetic with cp.async, `stages - 1` of them. 2 for `mmv_1` /
+/// `mmv_silu_1` (`nt` = 1 column tile), 3 for `mmv_2` / `mmv_silu_2`, or `MUSER_CUDA_MMV_STAGES`
+/// (2 to 4) for both. H200, llama-glimmer, aggregate tg128 tokens/s, weights read from global
+/// memory (before) / 2 / 3 stages, same call (2026-11-30): 8 streams 890.7 / 920.3 / 894.3 and
+/// 887.7 / 919.8 / 894.4, 16 streams 1349.7 / 1201.5 / 1347.5 and 1345.0 / 1202.8 / 1351.2.
+pub fn mmv_stages(nt: usize) -> usize {
+    static N: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    N.get_or_init(|| env_usize("MUSER_CUDA_MMV_STAGES"))
+        .unwrap_or(if nt == 1 { 2 } else { 3 })
+        .clamp(2, 4)
+}
+
+/// Bytes of one slot (mmk.cu: MMV_SLOT_ONE, MMV_SLOT_PAIR): 16 rows of one super-block, the
+/// largest format's (Q6_K, rows padded to 208 bytes, then scales and d) or gate's and up's
+/// (Q4_K).
+pub const MMV_SLOT_ONE: usize = 16 * 208 + 16 * 16 + 16 * 2;
+pub const MMV_SLOT_PAIR: usize = 2 * 16 * 144;
+
+/// Dynamic shared memory of an `mmv_*` block of 4 warps.
+pub fn mmv_smem(silu: bool, stages: usize) -> usize {
+    4 * stages * if silu { MMV_SLOT_PAIR } else { MMV_SLOT_ONE }
+}
+
 /// The fewest columns that run on `mmv_*` (fewer: `mmk_*`): 6, or `MUSER_CUDA_MMV_MIN`. H200,
 /// llama-glimmer, aggregate tg128 tokens/s, mmk / mmv, same call (2026-11-30): 3 streams 357.2 /
 /// 351.9, 4 streams 471.3 / 463.0, 6 streams 678.9 / 682.8, 8 streams 853.3 / 878.8 (again:
@@ -795,10 +819,16 @@ impl Gpu {
             if total == 0 {
                 return Ok(());
             }
-            let (cfg, cv, cnt) = self.mmv_launch(total / MMK_ROWS, k, 1, ncols, per_sm)?;
-            let mut b = self.stream.launch_builder(self.kernel(&mmv)?);
+            let (cfg, cv, cnt, stages) = self.mmv_launch(total / MMK_ROWS, k, 1, ncols, per_sm)?;
+            let f = self.kernel_smem(&mmv, cfg.shared_mem_bytes as usize)?;
+            let mut b = self.stream.launch_builder(f);
             b.arg(&mj).arg(&p[0]).arg(&p[1]).arg(&p[2]);
-            b.arg(&i[0]).arg(&i[1]).arg(&i[2]).arg(&cv).arg(&cnt);
+            b.arg(&i[0])
+                .arg(&i[1])
+                .arg(&i[2])
+                .arg(&cv)
+                .arg(&cnt)
+                .arg(&stages);
             // SAFETY: each job reads rows*row_bytes weight bytes and writes ncols*rows outputs
             // (ncols <= 16); cv holds row blocks * chunks * 128 floats per 8 columns and cnt a
             // count per row block, zero between launches (each launch leaves them so).
@@ -840,8 +870,8 @@ impl Gpu {
     }
 
     /// The grid of an `mmv_*` launch over `nrb` 16-row blocks of width `k` of `m` matrices (2:
-    /// gate and up) for `ncols` columns, and its split scratch (chunk values, counts per row
-    /// block).
+    /// gate and up) for `ncols` columns (its dynamic shared memory: the warps' rings), its split
+    /// scratch (chunk values, counts per row block) and its stage count (the kernel's argument).
     fn mmv_launch(
         &self,
         nrb: usize,
@@ -849,17 +879,18 @@ impl Gpu {
         m: usize,
         ncols: usize,
         per_sm: usize,
-    ) -> Result<(LaunchConfig, u64, u64), CudaError> {
+    ) -> Result<(LaunchConfig, u64, u64, i32), CudaError> {
         let nch = mvk_chunks(k);
+        let stages = mmv_stages(ncols.div_ceil(8));
         let (cv, cnt) = self.split_scratch(nrb * nch * m * 128 * ncols.div_ceil(8), nrb)?;
         let blocks = mmv_blocks(nrb * nch, self.sms, per_sm);
         mvk_fits(nrb * nch, blocks)?;
         let cfg = LaunchConfig {
             grid_dim: (blocks, 1, 1),
             block_dim: (128, 1, 1),
-            shared_mem_bytes: 0,
+            shared_mem_bytes: mmv_smem(m == 2, stages) as u32,
         };
-        Ok((cfg, cv, cnt))
+        Ok((cfg, cv, cnt, stages as i32))
     }
 
     /// The activation arguments of an `mmk_*` kernel (KACT_ARGS in mmk.cu): the addresses of the
@@ -897,13 +928,19 @@ impl Gpu {
                 if rows == 0 {
                     return Ok(());
                 }
-                let (cfg, cv, cnt) =
+                let (cfg, cv, cnt, stages) =
                     self.mmv_launch(rows.div_ceil(MMK_ROWS), k, 2, ncols, per_sm)?;
                 let (p, i) = self.mmk_act(scratch, k, ncols);
-                let mut b = self.stream.launch_builder(self.kernel(&mmv)?);
+                let f = self.kernel_smem(&mmv, cfg.shared_mem_bytes as usize)?;
+                let mut b = self.stream.launch_builder(f);
                 b.arg(&wg).arg(&tg).arg(&wu).arg(&tu).arg(&y).arg(&rows_i);
                 b.arg(&p[0]).arg(&p[1]).arg(&p[2]);
-                b.arg(&i[0]).arg(&i[1]).arg(&i[2]).arg(&cv).arg(&cnt);
+                b.arg(&i[0])
+                    .arg(&i[1])
+                    .arg(&i[2])
+                    .arg(&cv)
+                    .arg(&cnt)
+                    .arg(&stages);
                 // SAFETY: reads rows*row_bytes bytes of each matrix and the activation of
                 // ncols*k values (ncols <= 16); writes ncols*rows outputs; cv and cnt as in `mmk`.
                 unsafe { b.launch(cfg) }?;
@@ -1357,6 +1394,48 @@ mod tests {
         assert!(!reads_row_major_q8_k(1, 4096, &[Q8_0]));
         assert!(!reads_row_major_q8_k(1, 4096, &[F16, F32]));
         assert!(!reads_row_major_q8_k(1, 4000, &[Q4_K]));
+    }
+
+    #[test]
+    fn mmv_rings_match_the_kernel_and_fit_an_sm() {
+        // The slot sizes the host reserves are those mmk.cu reads and writes (its #defines).
+        let src = crate::KERNEL_SOURCES
+            .iter()
+            .find(|(f, _)| *f == "mmk.cu")
+            .map(|(_, s)| *s)
+            .expect("mmk.cu");
+        let def = |name: &str| {
+            let line = src
+                .lines()
+                .find(|l| l.starts_with(&format!("#define {name} ")))
+                .unwrap_or_else(|| panic!("#define {name}"));
+            line[name.len() + 9..]
+                .split("//")
+                .next()
+                .unwrap()
+                .trim()
+                .to_string()
+        };
+        assert_eq!(def("MMV_Q6_ROW"), "208");
+        assert_eq!(def("MMV_SLOT_ONE"), "(MMV_Q6_D + 16 * 2)");
+        assert_eq!(def("MMV_Q6_D"), "(MMV_Q6_SC + 16 * 16)");
+        assert_eq!(def("MMV_Q6_SC"), "(16 * MMV_Q6_ROW)");
+        assert_eq!(def("MMV_SLOT_PAIR"), "(2 * 16 * 144)");
+        assert_eq!(MMV_SLOT_ONE, 3616);
+        // Every stage count, at the blocks per SM mmv_kernel promises, fits the 227 KiB an H200
+        // block may use and the 228 KiB of an SM (1 KiB reserved per block).
+        for ncols in [6, 8, 9, 16] {
+            for silu in [false, true] {
+                let (_, per_sm) = mmv_kernel(ncols, silu, true).expect("an mmv kernel");
+                let smem = mmv_smem(silu, mmv_stages(ncols.div_ceil(8)));
+                assert!(smem <= 227 * 1024, "{ncols} {silu}: {smem}");
+                assert!(
+                    per_sm * (smem + 1024) <= 228 * 1024,
+                    "{ncols} {silu}: {per_sm} x {smem}"
+                );
+            }
+        }
+        assert!(mmv_smem(true, 2) > mmv_smem(false, 2));
     }
 
     #[test]
