@@ -137,6 +137,22 @@ pub fn mmv_stages(nt: usize) -> usize {
         .clamp(2, 4)
 }
 
+/// An `mmv_*` launch's last arguments: the split scratch (chunk values, counts) and the stages.
+type MmvTail = (u64, u64, i32);
+
+/// Pushes an `mmv_*` kernel's arguments after its weights: the activation (KACT_ARGS in mmk.cu:
+/// `mmk_act`'s addresses and integers), then `tail`.
+fn mmv_args<'a>(
+    b: &mut cudarc::driver::LaunchArgs<'a>,
+    p: &'a [u64; 3],
+    i: &'a [i32; 3],
+    tail: &'a MmvTail,
+) {
+    b.arg(&p[0]).arg(&p[1]).arg(&p[2]);
+    b.arg(&i[0]).arg(&i[1]).arg(&i[2]);
+    b.arg(&tail.0).arg(&tail.1).arg(&tail.2);
+}
+
 /// Bytes of one slot (mmk.cu: MMV_SLOT_ONE, MMV_SLOT_PAIR): 16 rows of one super-block, the
 /// largest format's (Q6_K, rows padded to 208 bytes, then scales and d) or gate's and up's
 /// (Q4_K).
@@ -819,16 +835,11 @@ impl Gpu {
             if total == 0 {
                 return Ok(());
             }
-            let (cfg, cv, cnt, stages) = self.mmv_launch(total / MMK_ROWS, k, 1, ncols, per_sm)?;
+            let (cfg, tail) = self.mmv_launch(total / MMK_ROWS, k, 1, ncols, per_sm)?;
             let f = self.kernel_smem(&mmv, cfg.shared_mem_bytes as usize)?;
             let mut b = self.stream.launch_builder(f);
-            b.arg(&mj).arg(&p[0]).arg(&p[1]).arg(&p[2]);
-            b.arg(&i[0])
-                .arg(&i[1])
-                .arg(&i[2])
-                .arg(&cv)
-                .arg(&cnt)
-                .arg(&stages);
+            b.arg(&mj);
+            mmv_args(&mut b, &p, &i, &tail);
             // SAFETY: each job reads rows*row_bytes weight bytes and writes ncols*rows outputs
             // (ncols <= 16); cv holds row blocks * chunks * 128 floats per 8 columns and cnt a
             // count per row block, zero between launches (each launch leaves them so).
@@ -879,7 +890,7 @@ impl Gpu {
         m: usize,
         ncols: usize,
         per_sm: usize,
-    ) -> Result<(LaunchConfig, u64, u64, i32), CudaError> {
+    ) -> Result<(LaunchConfig, MmvTail), CudaError> {
         let nch = mvk_chunks(k);
         let stages = mmv_stages(ncols.div_ceil(8));
         let (cv, cnt) = self.split_scratch(nrb * nch * m * 128 * ncols.div_ceil(8), nrb)?;
@@ -890,7 +901,7 @@ impl Gpu {
             block_dim: (128, 1, 1),
             shared_mem_bytes: mmv_smem(m == 2, stages) as u32,
         };
-        Ok((cfg, cv, cnt, stages as i32))
+        Ok((cfg, (cv, cnt, stages as i32)))
     }
 
     /// The activation arguments of an `mmk_*` kernel (KACT_ARGS in mmk.cu): the addresses of the
@@ -928,19 +939,12 @@ impl Gpu {
                 if rows == 0 {
                     return Ok(());
                 }
-                let (cfg, cv, cnt, stages) =
-                    self.mmv_launch(rows.div_ceil(MMK_ROWS), k, 2, ncols, per_sm)?;
+                let (cfg, tail) = self.mmv_launch(rows.div_ceil(MMK_ROWS), k, 2, ncols, per_sm)?;
                 let (p, i) = self.mmk_act(scratch, k, ncols);
                 let f = self.kernel_smem(&mmv, cfg.shared_mem_bytes as usize)?;
                 let mut b = self.stream.launch_builder(f);
                 b.arg(&wg).arg(&tg).arg(&wu).arg(&tu).arg(&y).arg(&rows_i);
-                b.arg(&p[0]).arg(&p[1]).arg(&p[2]);
-                b.arg(&i[0])
-                    .arg(&i[1])
-                    .arg(&i[2])
-                    .arg(&cv)
-                    .arg(&cnt)
-                    .arg(&stages);
+                mmv_args(&mut b, &p, &i, &tail);
                 // SAFETY: reads rows*row_bytes bytes of each matrix and the activation of
                 // ncols*k values (ncols <= 16); writes ncols*rows outputs; cv and cnt as in `mmk`.
                 unsafe { b.launch(cfg) }?;
