@@ -527,7 +527,7 @@ extern __shared__ __align__(16) uint8_t mmv_smem[];
 // Copies super-block b of the 16 rows at row0 of a format-FMT matrix into slot dst. A quad's
 // super-block is one run of 4 blocks (kq_blk); lane l copies its 16-byte pieces l and l + 32, so
 // each copy instruction reads 512 contiguous bytes. (Copies by row, two lanes a row reading 32
-// bytes each: H200, 8 streams 760.7 / 759.1 tokens/s against 889.0 / 892.1 unstaged in the same
+// bytes each: H200, 8 streams 762.7 / 759.1 tokens/s against 889.0 / 892.1 unstaged in the same
 // call, 2026-11-30.) Q6_K: also the quads' scales (lanes 0-15, row
 // l) and d (lanes 16-19, quad l - 16). Quads past the matrix's last copy its last (their rows'
 // outputs are never stored).
