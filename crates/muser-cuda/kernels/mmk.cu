@@ -806,6 +806,21 @@ __device__ __forceinline__ void mmv_silu_any(const uint8_t* wg, int tyg, const u
     }, [&](int rb, const float(&v)[2][4 * NT]) { mmv_silu_store<NT>(y, rows, MMK_ROWS * rb, a.ncols, v); }, cv, cnt);
 }
 
+// A warp's staged rounds over a format-FMT job (rows from global row st0): its first copies,
+// the wait for the kernel before, then its tasks.
+template <int FMT, int NT, class STORE>
+__device__ __forceinline__ void mmv_staged_rounds(MmvStage& st, const uint8_t* __restrict__ w, int st0, int rows,
+                                                  const KAct& a, const MvkSpan& sp, STORE store, float* cv,
+                                                  unsigned* cnt) {
+    const int nch = kq_chunks(a.K), nb = a.K / QK_K;
+    const auto copy = [&](uint8_t* d, int rb, int b) { mmv_copy<FMT>(d, w, MMK_ROWS * rb - st0, rows, nb, b); };
+    st.prologue(copy, nb);
+    pdl_wait();
+    mmv_warp<1, NT>(sp.t0, sp.t1, nch, [&](int rb, int ch, float(&c)[1][4 * NT]) {
+        mmv_chunk_staged<FMT, NT>(st, copy, a, ch, c[0]);
+    }, store, cv, cnt);
+}
+
 // The staged kernels' entry (stages 2 to 4): the warp's span, its
 // first super-blocks' copies, the wait for the kernel before, then its rounds. Dynamic shared
 // memory: 4 warps x stages x MMV_SLOT_ONE bytes.
@@ -821,28 +836,9 @@ __device__ __forceinline__ void pdl_wait_staged_mmv(const MatvecJobs& jobs, cons
     const auto store = [&](int rb, const float(&v)[1][4 * NT]) {
         mmv_store<NT>(yj, rows, MMK_ROWS * rb - st0, a.ncols, v[0]);
     };
-    if (ty == FMT_Q6_K) {
-        const auto copy = [&](uint8_t* d, int rb, int b) { mmv_copy<FMT_Q6_K>(d, w, MMK_ROWS * rb - st0, rows, nb, b); };
-        st.prologue(copy, nb);
-        pdl_wait();
-        mmv_warp<1, NT>(sp.t0, sp.t1, nch, [&](int rb, int ch, float(&c)[1][4 * NT]) {
-            mmv_chunk_staged<FMT_Q6_K, NT>(st, copy, a, ch, c[0]);
-        }, store, cv, cnt);
-    } else if (ty == FMT_Q5_K) {
-        const auto copy = [&](uint8_t* d, int rb, int b) { mmv_copy<FMT_Q5_K>(d, w, MMK_ROWS * rb - st0, rows, nb, b); };
-        st.prologue(copy, nb);
-        pdl_wait();
-        mmv_warp<1, NT>(sp.t0, sp.t1, nch, [&](int rb, int ch, float(&c)[1][4 * NT]) {
-            mmv_chunk_staged<FMT_Q5_K, NT>(st, copy, a, ch, c[0]);
-        }, store, cv, cnt);
-    } else {
-        const auto copy = [&](uint8_t* d, int rb, int b) { mmv_copy<FMT_Q4_K>(d, w, MMK_ROWS * rb - st0, rows, nb, b); };
-        st.prologue(copy, nb);
-        pdl_wait();
-        mmv_warp<1, NT>(sp.t0, sp.t1, nch, [&](int rb, int ch, float(&c)[1][4 * NT]) {
-            mmv_chunk_staged<FMT_Q4_K, NT>(st, copy, a, ch, c[0]);
-        }, store, cv, cnt);
-    }
+    if (ty == FMT_Q6_K) mmv_staged_rounds<FMT_Q6_K, NT>(st, w, st0, rows, a, sp, store, cv, cnt);
+    else if (ty == FMT_Q5_K) mmv_staged_rounds<FMT_Q5_K, NT>(st, w, st0, rows, a, sp, store, cv, cnt);
+    else mmv_staged_rounds<FMT_Q4_K, NT>(st, w, st0, rows, a, sp, store, cv, cnt);
 }
 
 // As pdl_wait_staged_mmv for gate+up; staged when both are Q4_K (4 warps x stages x
