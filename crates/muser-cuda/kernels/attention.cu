@@ -377,13 +377,22 @@ __device__ __forceinline__ uint32_t u4_word(const uint4 (&v)[4], int w) {
 }
 
 #define MMA_VP 136 // V rows in shared memory: 128 halves + 8 of padding
-extern "C" __global__ void __launch_bounds__(128) attn_rows_mma_128(const float* __restrict__ q,
-                                                                    const RowKv* __restrict__ tab,
-                                                                    const int* __restrict__ pos,
-                                                                    float* __restrict__ o_part,
-                                                                    float2* __restrict__ ml_part, int n_head,
-                                                                    int n_kv, int window, int ring, float scale,
-                                                                    int solo, int min_tiles) { pdl_wait();
+#define MMA_SP 136 // the warps' outputs in shared memory for their merge: rows of 128 floats + 8
+// W warps per block (4 or 8). The block's split is cut into steps of 16 positions over nw warps
+// (warp w takes the steps at start + 16 w, + 16 nw, ...), and the warps' states are merged by
+// halves. nw depends only on the row's own plan: 8 where it has 16 splits or more of 16 * 8
+// positions or more (and the block has 8 warps), else 4, so a row gets the bits of the 4-warp
+// kernel whenever its plan is small, whichever kernel its group launched (backend.rs:
+// rows_wide). H200, llama-glimmer, tg64 at depth 8192 (32 splits of 256 positions), 4 / 8 warps
+// in one call: 150.31 / 150.05 against 152.91 / 152.79 tokens/s; 8 warps for every row cost
+// tg128 at depth 0 1.5% (165.97 -> 163.50) and 8 streams 3% (919.31 -> 890.24) (69.6 KB of
+// shared memory and 57 K registers per block), and 8 warps from 128-position splits cost tg64 at
+// depth 2048 (9 splits) 0.8% (157.98 -> 156.67).
+template <int W>
+__device__ __forceinline__ void attn_rows_mma(const float* __restrict__ q, const RowKv* __restrict__ tab,
+                                              const int* __restrict__ pos, float* __restrict__ o_part,
+                                              float2* __restrict__ ml_part, int n_head, int n_kv, int window, int ring,
+                                              float scale, int solo, int min_tiles) {
     constexpr int D = 128;
     const int G = n_head / n_kv;
     const int kvh = blockIdx.x, h0 = kvh * G;
@@ -394,6 +403,7 @@ extern "C" __global__ void __launch_bounds__(128) attn_rows_mma_128(const float*
     if (split >= plan.x) return;
     const int start = lo + split * plan.y;
     const int end = min(p + 1, start + plan.y);
+    const int nw = W == 8 && plan.x >= 16 && plan.y >= 16 * 8 ? 8 : 4;
     const RowKv c = tab[row];
     const __half* kc = (const __half*)c.k;
     const __half* vc = (const __half*)c.v;
@@ -422,7 +432,7 @@ extern "C" __global__ void __launch_bounds__(128) attn_rows_mma_128(const float*
     for (int t = 0; t < 16; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.0f;
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 
-    // The step at j0 + 64 is asked for before the step at j0 is computed: its K into registers,
+    // The step at j0 + 16 nw is asked for before the step at j0 is computed: its K into registers,
     // its V into the warp's other shared-memory stage (cp.async; positions past the end read as
     // zeros, so 0 * P stays 0).
     const auto load_k = [&](uint4 (&kr)[2][4], int j0) {
@@ -453,17 +463,17 @@ extern "C" __global__ void __launch_bounds__(128) attn_rows_mma_128(const float*
     };
     uint4 kr[2][4];
     int stage = 0;
-    if (start + 16 * warp < end) {
+    if (warp < nw && start + 16 * warp < end) {
         load_k(kr, start + 16 * warp);
         load_v(vs0, start + 16 * warp);
     }
-    for (int j0 = start + 16 * warp; j0 < end; j0 += 64, stage ^= 1) {
+    for (int j0 = start + 16 * warp; warp < nw && j0 < end; j0 += 16 * nw, stage ^= 1) {
         __half* vs = vs0 + stage * 16 * MMA_VP;
         uint4 kn[2][4];
-        const bool more = j0 + 64 < end;
+        const bool more = j0 + 16 * nw < end;
         if (more) {
-            load_k(kn, j0 + 64);
-            load_v(vs0 + (stage ^ 1) * 16 * MMA_VP, j0 + 64);
+            load_k(kn, j0 + 16 * nw);
+            load_v(vs0 + (stage ^ 1) * 16 * MMA_VP, j0 + 16 * nw);
         }
         // S: element (row qd + 8 (e >> 1), column 2qc + (e & 1)) of n-tile t is position
         // j0 + 8t + 2qc + (e & 1).
@@ -538,16 +548,22 @@ extern "C" __global__ void __launch_bounds__(128) attn_rows_mma_128(const float*
         }
     }
 
-    // Merge the warps' states: 3 and 2 into 1 and 0, then 1 into 0, through shared memory (the V
-    // rows are free now); warp 0 writes the block's partial.
+    // Merge the warps' states by halves (nw = 4: 3 and 2 into 1 and 0, then 1 into 0) through
+    // shared memory (the V rows are free now); warp 0 writes the block's partial. A lane's two
+    // values of a row (columns 2qc, 2qc + 1 of an n-tile) go as one float2, and rows are
+    // MMA_SP floats apart, so each half-warp's 16 float2 fall in 16 different bank pairs (rows
+    // of 128 floats: 8-way bank conflicts, 65% of the kernel's shared-memory wavefronts at depth
+    // 8192, Nsight Compute).
     __syncthreads();
-    float* so = (float*)smem4;                // [2][16 heads][128]
-    float2* sml = (float2*)(so + 2 * 16 * D); // [2][16]
+    float* so = (float*)smem4;                         // [nw / 2][16 heads][MMA_SP]
+    float2* sml = (float2*)(so + W / 2 * 16 * MMA_SP); // [nw / 2][16]
     auto put = [&](int slot) {
 #pragma unroll
         for (int t = 0; t < 16; ++t)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) so[(slot * 16 + qd + 8 * (e >> 1)) * D + 8 * t + 2 * qc + (e & 1)] = o[t][e];
+            for (int rr = 0; rr < 2; ++rr)
+                *(float2*)(so + (slot * 16 + qd + 8 * rr) * MMA_SP + 8 * t + 2 * qc) =
+                    make_float2(o[t][2 * rr], o[t][2 * rr + 1]);
         if (qc == 0) {
             sml[slot * 16 + qd] = make_float2(m[0], l[0]);
             sml[slot * 16 + qd + 8] = make_float2(m[1], l[1]);
@@ -563,21 +579,20 @@ extern "C" __global__ void __launch_bounds__(128) attn_rows_mma_128(const float*
             l[rr] = l[rr] * a + ml.y * b;
             m[rr] = M;
 #pragma unroll
-            for (int t = 0; t < 16; ++t)
-#pragma unroll
-                for (int e = 0; e < 2; ++e)
-                    o[t][2 * rr + e] = o[t][2 * rr + e] * a +
-                                       so[(slot * 16 + qd + 8 * rr) * D + 8 * t + 2 * qc + e] * b;
+            for (int t = 0; t < 16; ++t) {
+                const float2 v = *(const float2*)(so + (slot * 16 + qd + 8 * rr) * MMA_SP + 8 * t + 2 * qc);
+                o[t][2 * rr] = o[t][2 * rr] * a + v.x * b;
+                o[t][2 * rr + 1] = o[t][2 * rr + 1] * a + v.y * b;
+            }
         }
     };
-    if (warp >= 2) put(warp - 2);
-    __syncthreads();
-    if (warp < 2) merge(warp);
-    __syncthreads();
-    if (warp == 1) put(0);
-    __syncthreads();
+    for (int half = nw / 2; half >= 1; half /= 2) {
+        if (warp >= half && warp < 2 * half) put(warp - half);
+        __syncthreads();
+        if (warp < half) merge(warp);
+        if (half > 1) __syncthreads();
+    }
     if (warp != 0) return;
-    merge(0);
     const size_t base = ((size_t)row * n_head + (size_t)h0) * n_splits + split;
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
@@ -585,11 +600,22 @@ extern "C" __global__ void __launch_bounds__(128) attn_rows_mma_128(const float*
         if (g >= G) continue;
 #pragma unroll
         for (int t = 0; t < 16; ++t)
-#pragma unroll
-            for (int e = 0; e < 2; ++e)
-                o_part[(base + (size_t)g * n_splits) * D + 8 * t + 2 * qc + e] = o[t][2 * rr + e];
+            *(float2*)(o_part + (base + (size_t)g * n_splits) * D + 8 * t + 2 * qc) =
+                make_float2(o[t][2 * rr], o[t][2 * rr + 1]);
         if (qc == 0) ml_part[base + (size_t)g * n_splits] = make_float2(m[rr], l[rr]);
     }
+}
+#define MMA_ROWS_ARGS const float* __restrict__ q, const RowKv* __restrict__ tab, const int* __restrict__ pos, \
+    float* __restrict__ o_part, float2* __restrict__ ml_part, int n_head, int n_kv, int window, int ring, float scale, \
+    int solo, int min_tiles
+#define MMA_ROWS_PASS q, tab, pos, o_part, ml_part, n_head, n_kv, window, ring, scale, solo, min_tiles
+extern "C" __global__ void __launch_bounds__(128) attn_rows_mma_128(MMA_ROWS_ARGS) {
+    pdl_wait();
+    attn_rows_mma<4>(MMA_ROWS_PASS);
+}
+extern "C" __global__ void __launch_bounds__(256) attn_rows_mma8_128(MMA_ROWS_ARGS) {
+    pdl_wait();
+    attn_rows_mma<8>(MMA_ROWS_PASS);
 }
 
 #define ATT_ARGS const float* __restrict__ q, const __half* __restrict__ kc, const __half* __restrict__ vc, \

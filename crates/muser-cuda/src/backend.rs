@@ -173,6 +173,8 @@ struct StepKey {
     rows: usize,
     /// Attention head chunks of each layer (`rows_chunks`).
     chunks: Vec<usize>,
+    /// Whether each layer's tensor-core attention runs 8 warps per block (`rows_wide`).
+    wide: Vec<bool>,
     /// Addresses (and sizes) of the workspace buffers the launches read and write.
     buffers: Vec<u64>,
 }
@@ -335,9 +337,31 @@ pub fn attention_kernel(head_dim: usize) -> Option<&'static str> {
     }
 }
 
-/// Shared memory of attn_rows_mma_128: 4 warps x 2 stages x 16 V rows of 136 halves (reused for
-/// the merge of the warps' states: 2 x 16 x 128 f32 and 2 x 16 (max, sum)).
-pub const ATTN_MMA_SMEM: usize = 4 * 2 * 16 * 136 * 2;
+/// Shared memory of the tensor-core decode attention with `w` warps per block: w x 2 stages x 16
+/// V rows of 136 halves (reused for the merge of the warps' states: w / 2 x 16 rows of 136 f32
+/// and w / 2 x 16 (max, sum)).
+pub const fn attn_mma_smem(w: usize) -> usize {
+    w * 2 * 16 * 136 * 2
+}
+
+/// The smallest plan (splits, positions per split) on which the 8-warp tensor-core decode
+/// attention (`attn_rows_mma8_128`) runs a row on its 8 warps (each warp at least one
+/// 16-position step); a row of a smaller plan runs on 4 of them, with the 4-warp kernel's bits.
+pub const ATTN_WIDE_PLAN: (usize, usize) = (16, 16 * 8);
+
+/// Whether a decode-group row split into `n_splits` of `split_len` positions runs on 8 warps
+/// (`ATTN_WIDE_PLAN`; the kernel's `nw`), unless `MUSER_ATTN_MMA_WARPS=4`.
+pub fn attn_wide(n_splits: usize, split_len: usize) -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    n_splits >= ATTN_WIDE_PLAN.0
+        && split_len >= ATTN_WIDE_PLAN.1
+        && *ON.get_or_init(|| std::env::var("MUSER_ATTN_MMA_WARPS").as_deref() != Ok("4"))
+}
+
+/// Positions a row at position `p` sees in a layer of geometry `spec` (its window, if any).
+fn visible(spec: &KvLayerSpec, p: usize) -> usize {
+    p + 1 - spec.window.map_or(0, |w| (p + 1).saturating_sub(w))
+}
 
 /// Whether the tensor-core decode attention serves a head width `d` with `g` query heads per
 /// KV head (one m16n8k16 row block of heads).
@@ -577,19 +601,29 @@ impl CudaBackend {
     /// a plan as a one-row batch over the longest visible range would get. Chunks change which
     /// block computes a head, never its arithmetic.
     fn rows_chunks(&self, spec: &KvLayerSpec, pos: &[usize]) -> usize {
-        let visible = |p: usize| p + 1 - spec.window.map_or(0, |w| (p + 1).saturating_sub(w));
-        let count = pos.iter().map(|&p| visible(p)).max().unwrap_or(1);
+        let count = pos.iter().map(|&p| visible(spec, p)).max().unwrap_or(1);
         let g = spec.n_head / spec.n_head_kv.max(1);
         attention_plan(count, pos.len(), spec.n_head_kv, g, self.gpu.sms).chunks
     }
 
+    /// Whether a decode group's tensor-core attention over a layer of geometry `spec` at
+    /// positions `pos` launches 8 warps per block: whether any row's plan (the one it gets
+    /// alone) is `attn_wide`.
+    fn rows_wide(&self, spec: &KvLayerSpec, pos: &[usize]) -> bool {
+        let solo = solo_splits(spec.n_head_kv, self.gpu.sms);
+        pos.iter().any(|&p| {
+            let (n, len) = row_split(visible(spec, p), solo, attn_split_tiles());
+            attn_wide(n, len)
+        })
+    }
+
     /// The shape of a decode step at positions `pos` over caches `kvs` (see `StepKey`).
     fn step_key(&self, kvs: &[&mut CudaKv], pos: &[usize]) -> StepKey {
-        let chunks = kvs.first().map_or(Vec::new(), |kv| {
+        let (chunks, wide) = kvs.first().map_or((Vec::new(), Vec::new()), |kv| {
             kv.layers
                 .iter()
-                .map(|l| self.rows_chunks(&l.spec, pos))
-                .collect()
+                .map(|l| (self.rows_chunks(&l.spec, pos), self.rows_wide(&l.spec, pos)))
+                .unzip()
         });
         let ws = self.ws.lock().unwrap();
         let t = self.rows.lock().unwrap();
@@ -610,6 +644,7 @@ impl CudaBackend {
         StepKey {
             rows: pos.len(),
             chunks,
+            wide,
             buffers,
         }
     }
@@ -709,14 +744,21 @@ impl CudaBackend {
         )
     }
 
-    /// attn_rows_mma_128 over the rows of `a` (query `qp`, [n][n_head * 128] f32): one block per
-    /// (KV head, row, split), each row split as it would be alone.
-    fn attn_rows_mma(&self, a: &RowsAttn, qp: u64, scale: f32) {
-        let f = self.kernel("attn_rows_mma_128");
+    /// The tensor-core attention over the rows of `a` (query `qp`, [n][n_head * 128] f32): one
+    /// block per (KV head, row, split), each row split as it would be alone; 8 warps per block
+    /// (`attn_rows_mma8_128`) when `wide`, else 4 (`attn_rows_mma_128`).
+    fn attn_rows_mma(&self, a: &RowsAttn, qp: u64, scale: f32, wide: bool) {
+        let (w, name) = if wide {
+            (8, "attn_rows_mma8_128")
+        } else {
+            (4, "attn_rows_mma_128")
+        };
+        let smem = attn_mma_smem(w);
+        let f = ck(self.gpu.kernel_smem(name, smem), "attention shared memory");
         let cfg = LaunchConfig {
             grid_dim: (a.n_kv as u32, a.n as u32, a.splits as u32),
-            block_dim: (128, 1, 1),
-            shared_mem_bytes: ATTN_MMA_SMEM as u32,
+            block_dim: (32 * w as u32, 1, 1),
+            shared_mem_bytes: smem as u32,
         };
         let (nh, nk, window, ring, so, mt) = (
             a.n_head as i32,
@@ -1370,7 +1412,7 @@ impl Backend for CudaBackend {
                         window: l.spec.window.unwrap_or(0),
                         ring: l.spec.is_ring(),
                     };
-                    self.attn_rows_mma(&a, self.p(&q.data), scale);
+                    self.attn_rows_mma(&a, self.p(&q.data), scale, false);
                     self.attn_rows_combine(&mut ws, &a, d, 0, self.p(&out.data));
                     return;
                 }
@@ -1723,6 +1765,7 @@ impl Backend for CudaBackend {
                 // at any position) and a row's extra splits write empty partials.
                 let solo = solo_splits(n_kv, self.gpu.sms);
                 let max_splits = solo;
+                let wide = self.rows_wide(&spec, pos);
                 let (pp, tab) = self.row_tables(kvs, layer, pos);
                 let mut ws = self.ws.lock().unwrap();
                 let parts = n * n_head * max_splits;
@@ -1744,7 +1787,7 @@ impl Backend for CudaBackend {
                 let qp = self.p(&q.data);
                 if self.attn_mma() && mma_attention_fits(d, g) {
                     // Tensor cores: all the group's heads per block (no head chunks).
-                    self.attn_rows_mma(&a, qp, scale);
+                    self.attn_rows_mma(&a, qp, scale, wide);
                 } else {
                     let chunks = self.rows_chunks(&spec, pos);
                     let g_block = g / chunks;
@@ -1801,7 +1844,29 @@ mod tests {
         assert!(mma_attention_fits(128, 4));
         assert!(!mma_attention_fits(128, 17) && !mma_attention_fits(64, 8));
         // The merge area fits in the V rows' shared memory.
-        const { assert!(2 * 16 * 128 * 4 + 2 * 16 * 8 <= ATTN_MMA_SMEM && ATTN_MMA_SMEM <= 48 * 1024) };
+        for w in [4, 8] {
+            assert!(w / 2 * 16 * 136 * 4 + w / 2 * 16 * 8 <= attn_mma_smem(w));
+            // Two blocks per SM fit the H200's 227 KB of shared memory per block.
+            assert!(2 * attn_mma_smem(w) <= 227 * 1024);
+        }
+        assert_eq!(attn_mma_smem(4), 34_816);
+    }
+
+    #[test]
+    fn long_glimmer_rows_run_the_8_warp_attention_and_short_ones_never_do() {
+        // 2 KV heads on the H200's 132 SMs, 8-tile splits: rows up to 256 positions split per
+        // 32-position tile, deeper ones into splits of at least 256, 16 of them from ~3,900.
+        let solo = solo_splits(2, 132);
+        for count in [1, 33, 256, 1100, 2049] {
+            let (n, len) = row_split(count, solo, 8);
+            assert!(!attn_wide(n, len), "{count} positions: {n} x {len}");
+        }
+        for count in [4097, 8192, 65536] {
+            let (n, len) = row_split(count, solo, 8);
+            assert!(attn_wide(n, len), "{count} positions: {n} x {len}");
+        }
+        let (n, len) = ATTN_WIDE_PLAN;
+        assert!(attn_wide(n, len) && !attn_wide(n - 1, len) && !attn_wide(n, len - 1));
     }
 
     #[test]

@@ -625,7 +625,9 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
         if n <= 65 {
             check_rope_rows(p, n, qw);
             let window = if quick { 256 } else { 4096 };
-            let deepest = if quick || n > 16 { 700 } else { 6000 };
+            // 4200: the deepest row (17 splits of 256 positions at Glimmer's 2 KV heads) runs the
+            // 8-warp tensor-core attention (`attn_wide`), its shallower neighbours 4 of its warps.
+            let deepest = if quick || n > 16 { 4200 } else { 6000 };
             // The tensor-core decode attention (Glimmer's 16 heads of 128 per KV head) and the
             // f32 one.
             for mma in [true, false] {
