@@ -12,6 +12,9 @@
 # runs the quick parity check with batch invariance on both models, `muser bench -s` (aggregate
 # decode tokens/s at each stream count) and a per-op profile of decode-group steps.
 #
+# JOB=side (the closing call of a session): the full parity command while llama.cpp builds (LLAMA=1),
+# then llama.cpp's and Muser's benchmarks on the same llama-glimmer file on a quiet machine.
+#
 # JOB=compare (issues 4 and 6, side by side with llama.cpp; needs LLAMA=1 and the carried source):
 # synthesizes llama-glimmer and muse-tiny, runs the quick parity check with batch invariance
 # (which also holds graph replay to the bits of op-by-op decode), `muser bench` on llama-glimmer
@@ -234,6 +237,38 @@ if [ "${JOB:-}" = compare ]; then
     echo "================ short table ================"
     check_counts
     grep -hE "^FAIL|^invariance|never dispatched|^all |decode_greedy|batch invariance" "$OUT/check.log" | head -16
+    grep -h "^| .*CUDA" "$OUT"/bench-*.log
+    grep -h "one decode step launches\|never dispatched by" "$OUT/bench-graphs.log"
+    [ -f "$OUT/llama-bench.log" ] && grep "^| " "$OUT/llama-bench.log"
+    [ -f "$OUT/llama-batched-bench.log" ] && grep "^|" "$OUT/llama-batched-bench.log"
+    tail -3 "$OUT/llama-build.log" 2>/dev/null
+    cat "$OUT/summary.txt"
+    exit 0
+fi
+
+if [ "${JOB:-}" = side ]; then
+    # The session's closing call (issues 5 and 6): the full parity command while llama.cpp builds
+    # on the host (LLAMA=1), then llama.cpp's benchmarks and Muser's on the same llama-glimmer
+    # file, each after the build has ended, so on a quiet machine.
+    G=$MODELS/llama-glimmer.gguf T=$MODELS/muse-tiny.gguf D=$MODELS/muse-mid.gguf
+    step synth-llama-glimmer 90 "$BIN" synth llama-glimmer "$G"
+    step synth-muse-tiny 30 "$BIN" synth muse-tiny "$T"
+    step synth-muse-mid 60 "$BIN" synth muse-mid "$D"
+    step check 300 "$BIN" check --backend cuda --bench --model "$T" --model "$D" --invariance "$T" --invariance "$G"
+    if [ -n "${LLAMA_PID:-}" ]; then
+        wait "$LLAMA_PID"
+        LB=/tmp/llama/llama.cpp/build/bin
+        step llama-bench 150 "$LB/llama-bench" -m "$G" -p 512 -n 128 -fa 1 -r "$REPS" -d 0,8192
+        step llama-batched-bench 120 "$LB/llama-batched-bench" -m "$G" -c 16384 -b 2048 -ub 512 \
+            -npp 128 -ntg 128 -npl "${STREAMS:-1,8,32}" -fa on -ngl 99
+    fi
+    step bench-graphs 120 "$BIN" bench --backend cuda -m "$G" -p 512 -n 128 -r "$REPS" --audit
+    step bench-d8192 90 "$BIN" bench --backend cuda -m "$G" -p 0 -n 128 -d 8192 -r 2
+    step bench-streams 120 "$BIN" bench --backend cuda -m "$G" -p 0 -n 128 -r 2 -s "${STREAMS:-1,8,32}"
+    echo
+    echo "================ short table ================"
+    check_counts
+    grep -hE "^FAIL|^invariance|never dispatched|^all |decode_greedy|batch invariance|^model " "$OUT/check.log" | head -20
     grep -h "^| .*CUDA" "$OUT"/bench-*.log
     grep -h "one decode step launches\|never dispatched by" "$OUT/bench-graphs.log"
     [ -f "$OUT/llama-bench.log" ] && grep "^| " "$OUT/llama-bench.log"
