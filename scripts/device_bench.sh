@@ -122,6 +122,32 @@ traffic_profile() {
     done
 }
 
+# The three models of the parity command, synthesized, then the command itself: ops at the
+# Glimmer shapes, whole-model muse-tiny and muse-mid, invariance on muse-tiny and llama-glimmer.
+full_parity() {
+    G=$MODELS/llama-glimmer.gguf T=$MODELS/muse-tiny.gguf D=$MODELS/muse-mid.gguf
+    step synth-llama-glimmer 90 "$BIN" synth llama-glimmer "$G"
+    step synth-muse-tiny 30 "$BIN" synth muse-tiny "$T"
+    step synth-muse-mid 60 "$BIN" synth muse-mid "$D"
+    step check 300 "$BIN" check --backend cuda --bench --model "$T" --model "$D" --invariance "$T" --invariance "$G"
+}
+
+# With LLAMA=1: waits for llama.cpp's build, then runs llama-bench and llama-batched-bench on $G
+# (llama_benches); llama_table prints their tables.
+llama_benches() {
+    [ -n "${LLAMA_PID:-}" ] || return 0
+    wait "$LLAMA_PID"
+    local lb=/tmp/llama/llama.cpp/build/bin
+    step llama-bench 150 "$lb/llama-bench" -m "$G" -p 512 -n 128 -fa 1 -r "$REPS" -d 0,8192
+    step llama-batched-bench 120 "$lb/llama-batched-bench" -m "$G" -c 16384 -b 2048 -ub 512 \
+        -npp 128 -ntg 128 -npl "${STREAMS:-1,8,32}" -fa on -ngl 99
+}
+llama_table() {
+    [ -f "$OUT/llama-bench.log" ] && grep "^| " "$OUT/llama-bench.log"
+    [ -f "$OUT/llama-batched-bench.log" ] && grep "^|" "$OUT/llama-batched-bench.log"
+    return 0
+}
+
 if [ "${JOB:-}" = final ]; then
     # Everything of issues 4-6 in one call: parity (ops at the Glimmer shapes, whole-model
     # muse-tiny and muse-mid, invariance with graph replay), the matvec timing, muse-glimmer and
@@ -139,13 +165,7 @@ if [ "${JOB:-}" = final ]; then
     # FINAL_AB="VAR=value ...": tg128 again with those variables, right after.
     [ -n "${FINAL_AB:-}" ] && step bench-llama-ab 60 env $FINAL_AB "$BIN" bench --backend cuda -m "$G" -p 0 -n 128 -r "$REPS"
     step bench-llama-streams 90 "$BIN" bench --backend cuda -m "$G" -p 0 -n 64 -r 2 -s "${STREAMS:-1,8,32}"
-    if [ -n "${LLAMA_PID:-}" ]; then
-        wait "$LLAMA_PID"
-        LB=/tmp/llama/llama.cpp/build/bin
-        step llama-bench 150 "$LB/llama-bench" -m "$G" -p 512 -n 128 -fa 1 -r "$REPS" -d 0,8192
-        step llama-batched-bench 120 "$LB/llama-batched-bench" -m "$G" -c 16384 -b 2048 -ub 512 \
-            -npp 128 -ntg 128 -npl "${STREAMS:-1,8,32}" -fa on -ngl 99
-    fi
+    llama_benches
     step bench-llama-d8192 90 "$BIN" bench --backend cuda -m "$G" -p 0 -n 128 -d 8192 -r 2
     step synth-muse-glimmer 150 "$BIN" synth muse-glimmer "$M"
     step bench-muse 120 "$BIN" bench --backend cuda -m "$M" -p 512 -n 128 -r "$REPS" --audit
@@ -164,8 +184,7 @@ if [ "${JOB:-}" = final ]; then
     grep -h "^decode group of" "$OUT/profile.log" 2>/dev/null
     grep "^| .*CUDA" "$OUT"/bench-*.log | sed "s|$OUT/||"
     grep -h "one decode step launches\|^decode step:\|never dispatched by" "$OUT/bench-muse.log"
-    [ -f "$OUT/llama-bench.log" ] && grep "^| " "$OUT/llama-bench.log"
-    [ -f "$OUT/llama-batched-bench.log" ] && grep "^|" "$OUT/llama-batched-bench.log"
+    llama_table
     [ -f "$OUT/timeline.txt" ] && head -14 "$OUT/timeline.txt"
     cat "$OUT/summary.txt"
     exit 0
@@ -175,11 +194,7 @@ if [ "${JOB:-}" = parity ]; then
     # The parity command at the Glimmer shapes (every op, both sides of every routing boundary),
     # whole-model parity of muse-tiny and muse-mid against the CPU backend, batch invariance with
     # graph replay on muse-tiny and llama-glimmer, the matvec timings, then tg128 on llama-glimmer.
-    G=$MODELS/llama-glimmer.gguf T=$MODELS/muse-tiny.gguf D=$MODELS/muse-mid.gguf
-    step synth-llama-glimmer 90 "$BIN" synth llama-glimmer "$G"
-    step synth-muse-tiny 30 "$BIN" synth muse-tiny "$T"
-    step synth-muse-mid 60 "$BIN" synth muse-mid "$D"
-    step check 300 "$BIN" check --backend cuda --bench --model "$T" --model "$D" --invariance "$T" --invariance "$G"
+    full_parity
     step bench-llama 90 "$BIN" bench --backend cuda -m "$G" -p 512 -n 128 -r "$REPS" --audit
     step bench-llama-streams 90 "$BIN" bench --backend cuda -m "$G" -p 0 -n 64 -r 2 -s "${STREAMS:-1,8,32}"
     step profile 60 "$BIN" check --backend cuda --no-ops --speed "$G" --group-profile 8,32
@@ -226,21 +241,14 @@ if [ "${JOB:-}" = compare ]; then
     step bench-nographs 60 env MUSER_CUDA_GRAPHS=0 "$BIN" bench --backend cuda -m "$G" -p 0 -n 128 -r "$REPS"
     step bench-d8192 90 "$BIN" bench --backend cuda -m "$G" -p 0 -n 128 -d 8192 -r 2
     step bench-streams 90 "$BIN" bench --backend cuda -m "$G" -p 0 -n 64 -r 2 -s "${STREAMS:-1,8,32}"
-    if [ -n "${LLAMA_PID:-}" ]; then
-        wait "$LLAMA_PID"
-        LB=/tmp/llama/llama.cpp/build/bin
-        step llama-bench 150 "$LB/llama-bench" -m "$G" -p 512 -n 128 -fa 1 -r "$REPS" -d 0,8192
-        step llama-batched-bench 120 "$LB/llama-batched-bench" -m "$G" -c 16384 -b 2048 -ub 512 \
-            -npp 128 -ntg 128 -npl "${STREAMS:-1,8,32}" -fa on -ngl 99
-    fi
+    llama_benches
     echo
     echo "================ short table ================"
     check_counts
     grep -hE "^FAIL|^invariance|never dispatched|^all |decode_greedy|batch invariance" "$OUT/check.log" | head -16
     grep -h "^| .*CUDA" "$OUT"/bench-*.log
     grep -h "one decode step launches\|never dispatched by" "$OUT/bench-graphs.log"
-    [ -f "$OUT/llama-bench.log" ] && grep "^| " "$OUT/llama-bench.log"
-    [ -f "$OUT/llama-batched-bench.log" ] && grep "^|" "$OUT/llama-batched-bench.log"
+    llama_table
     tail -3 "$OUT/llama-build.log" 2>/dev/null
     cat "$OUT/summary.txt"
     exit 0
@@ -250,18 +258,8 @@ if [ "${JOB:-}" = side ]; then
     # The session's closing call (issues 5 and 6): the full parity command while llama.cpp builds
     # on the host (LLAMA=1), then llama.cpp's benchmarks and Muser's on the same llama-glimmer
     # file, each after the build has ended, so on a quiet machine.
-    G=$MODELS/llama-glimmer.gguf T=$MODELS/muse-tiny.gguf D=$MODELS/muse-mid.gguf
-    step synth-llama-glimmer 90 "$BIN" synth llama-glimmer "$G"
-    step synth-muse-tiny 30 "$BIN" synth muse-tiny "$T"
-    step synth-muse-mid 60 "$BIN" synth muse-mid "$D"
-    step check 300 "$BIN" check --backend cuda --bench --model "$T" --model "$D" --invariance "$T" --invariance "$G"
-    if [ -n "${LLAMA_PID:-}" ]; then
-        wait "$LLAMA_PID"
-        LB=/tmp/llama/llama.cpp/build/bin
-        step llama-bench 150 "$LB/llama-bench" -m "$G" -p 512 -n 128 -fa 1 -r "$REPS" -d 0,8192
-        step llama-batched-bench 120 "$LB/llama-batched-bench" -m "$G" -c 16384 -b 2048 -ub 512 \
-            -npp 128 -ntg 128 -npl "${STREAMS:-1,8,32}" -fa on -ngl 99
-    fi
+    full_parity
+    llama_benches
     step bench-graphs 120 "$BIN" bench --backend cuda -m "$G" -p 512 -n 128 -r "$REPS" --audit
     step bench-d8192 90 "$BIN" bench --backend cuda -m "$G" -p 0 -n 128 -d 8192 -r 2
     step bench-streams 120 "$BIN" bench --backend cuda -m "$G" -p 0 -n 128 -r 2 -s "${STREAMS:-1,8,32}"
@@ -271,8 +269,7 @@ if [ "${JOB:-}" = side ]; then
     grep -hE "^FAIL|^invariance|never dispatched|^all |decode_greedy|batch invariance|^model " "$OUT/check.log" | head -20
     grep -h "^| .*CUDA" "$OUT"/bench-*.log
     grep -h "one decode step launches\|never dispatched by" "$OUT/bench-graphs.log"
-    [ -f "$OUT/llama-bench.log" ] && grep "^| " "$OUT/llama-bench.log"
-    [ -f "$OUT/llama-batched-bench.log" ] && grep "^|" "$OUT/llama-batched-bench.log"
+    llama_table
     tail -3 "$OUT/llama-build.log" 2>/dev/null
     cat "$OUT/summary.txt"
     exit 0
