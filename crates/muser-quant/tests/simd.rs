@@ -492,3 +492,66 @@ fn q8_0_dots_are_bit_identical_to_scalar_at_every_level() {
         }
     }
 }
+
+/// Each column of a level's multi-column K-quant dots (`Kernels::cols`: 2, 4 and 8 columns) has
+/// the bits of that level's one-column dot on the same column, whatever its place among the
+/// others (decode groups are batch-invariant on the CPU through this), and mismatched columns
+/// panic.
+#[test]
+fn multi_column_k_quant_dots_give_each_column_the_one_column_bits() {
+    let mut rng = StdRng::seed_from_u64(0x5134_000c);
+    let with_cols: Vec<Kernels> = levels().into_iter().filter(|k| k.cols.is_some()).collect();
+    if with_cols.is_empty() {
+        eprintln!("no level with multi-column dots on this CPU: nothing to check");
+        return;
+    }
+    fn check_cols<W, const C: usize>(
+        what: &str,
+        dot: fn(&[W], &[BlockQ8K]) -> f32,
+        cols: muser_quant::simd::DotCols<W, C>,
+        x: &[W],
+        ys: &[Vec<BlockQ8K>],
+    ) {
+        let got = cols(x, std::array::from_fn(|c| ys[c].as_slice()));
+        for (c, g) in got.iter().enumerate() {
+            let want = dot(x, &ys[c]);
+            assert_eq!(
+                g.to_bits(),
+                want.to_bits(),
+                "{what} x{C} column {c}: {g} vs {want}"
+            );
+        }
+    }
+    for k in with_cols {
+        let kc = k.cols.unwrap();
+        for &n in &[256usize, 768, 6656, 19968] {
+            let nb = n / QK_K;
+            let ys: Vec<Vec<BlockQ8K>> = (0..8).map(|_| random_q8_k(&mut rng, nb)).collect();
+            let (x4, x5, x6) = (
+                random_q4_k(&mut rng, nb),
+                random_q5_k(&mut rng, nb),
+                random_q6_k(&mut rng, nb),
+            );
+            // The columns in another order too (each column's bits must not depend on its place).
+            let rev: Vec<Vec<BlockQ8K>> = ys.iter().rev().cloned().collect();
+            for y in [&ys, &rev] {
+                check_cols(k.isa, k.dot_q4_k_q8_k, kc.q4_k2, &x4, y);
+                check_cols(k.isa, k.dot_q4_k_q8_k, kc.q4_k4, &x4, y);
+                check_cols(k.isa, k.dot_q4_k_q8_k, kc.q4_k8, &x4, y);
+                check_cols(k.isa, k.dot_q5_k_q8_k, kc.q5_k2, &x5, y);
+                check_cols(k.isa, k.dot_q5_k_q8_k, kc.q5_k4, &x5, y);
+                check_cols(k.isa, k.dot_q5_k_q8_k, kc.q5_k8, &x5, y);
+                check_cols(k.isa, k.dot_q6_k_q8_k, kc.q6_k2, &x6, y);
+                check_cols(k.isa, k.dot_q6_k_q8_k, kc.q6_k4, &x6, y);
+                check_cols(k.isa, k.dot_q6_k_q8_k, kc.q6_k8, &x6, y);
+            }
+        }
+        let (x, short) = (random_q4_k(&mut rng, 3), random_q8_k(&mut rng, 2));
+        let long = random_q8_k(&mut rng, 3);
+        assert!(
+            std::panic::catch_unwind(|| (kc.q4_k2)(&x, [&long, &short])).is_err(),
+            "{}: a short column must panic",
+            k.isa
+        );
+    }
+}

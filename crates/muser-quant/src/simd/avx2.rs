@@ -13,7 +13,7 @@
 //! many passes (machine shared with other jobs). GB/s of weights, in L2 (512 KB) / streamed
 //! (64 MB): Q4_K 27 / 24, Q5_K 26 / 24, Q6_K 41 / 28, Q8_0 10 / 5, f32 89 / 36, f16 53 / 32.
 
-use super::{check_len, unpack_scales_mins_k4, Kernels};
+use super::{check_len, unpack_scales_mins_k4, KCols, Kernels};
 use crate::blocks::*;
 use half::{bf16, f16};
 use std::arch::x86_64::*;
@@ -35,9 +35,20 @@ pub(super) fn kernels() -> Kernels {
         dot_f16_f32: |x, y| unsafe { dot_f16_f32(x, y) },
         dot_bf16_f32: |x, y| unsafe { dot_bf16_f32(x, y) },
         dot_q8_0_q8_0: |x, y| unsafe { dot_q8_0_q8_0(x, y) },
-        dot_q4_k_q8_k: |x, y| unsafe { dot_q4_k_q8_k(x, y) },
-        dot_q5_k_q8_k: |x, y| unsafe { dot_q5_k_q8_k(x, y) },
-        dot_q6_k_q8_k: |x, y| unsafe { dot_q6_k_q8_k(x, y) },
+        dot_q4_k_q8_k: |x, y| unsafe { q4_k_cols::<1>(x, [y])[0] },
+        dot_q5_k_q8_k: |x, y| unsafe { q5_k_cols::<1>(x, [y])[0] },
+        dot_q6_k_q8_k: |x, y| unsafe { q6_k_cols::<1>(x, [y])[0] },
+        cols: Some(KCols {
+            q4_k2: |x, y| unsafe { q4_k_cols::<2>(x, y) },
+            q4_k4: |x, y| unsafe { q4_k_cols::<4>(x, y) },
+            q4_k8: |x, y| unsafe { q4_k_cols::<8>(x, y) },
+            q5_k2: |x, y| unsafe { q5_k_cols::<2>(x, y) },
+            q5_k4: |x, y| unsafe { q5_k_cols::<4>(x, y) },
+            q5_k8: |x, y| unsafe { q5_k_cols::<8>(x, y) },
+            q6_k2: |x, y| unsafe { q6_k_cols::<2>(x, y) },
+            q6_k4: |x, y| unsafe { q6_k_cols::<4>(x, y) },
+            q6_k8: |x, y| unsafe { q6_k_cols::<8>(x, y) },
+        }),
     }
 }
 
@@ -201,62 +212,133 @@ fn bcast_i16_ctrl(j: i16) -> __m256i {
     _mm256_set1_epi16(((2 * j + 1) << 8) | (2 * j))
 }
 
-/// The (scales, mins) of a Q4_K/Q5_K block as i16 vectors: each 128-bit lane holds the eight
-/// scales; and the mins dotted with the Q8_K pair sums of `bsums` (8 i32 lanes, sub-block j in
-/// lane j: m_j * (bsums[2j] + bsums[2j+1])).
+/// The (scales, mins) of a Q4_K/Q5_K block as i16 vectors: each 128-bit lane of the first
+/// holds the eight scales; the second the eight mins, each twice (lane 2j and 2j+1: sub-block j),
+/// for `vpmaddwd` with the Q8_K sums per 16 (`mins_dot`).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn k4_scales_and_mins(scales: &[u8; 12], bsums: &[i16; 16]) -> (__m256i, __m256i) {
+unsafe fn k4_scales_mins(scales: &[u8; 12]) -> (__m256i, __m256i) {
     let (sc, m) = unpack_scales_mins_k4(scales);
     let sm = _mm_set_epi64x(m as i64, sc as i64);
     // Mins (bytes 8..16 of sm) each repeated twice, widened to 16 i16 lanes.
     let dup = _mm_set_epi8(15, 15, 14, 14, 13, 13, 12, 12, 11, 11, 10, 10, 9, 9, 8, 8);
     let mins = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(sm, dup));
-    let mins_dot = _mm256_madd_epi16(mins, load256(bsums.as_ptr()));
-    (_mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm)), mins_dot)
+    (_mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm)), mins)
 }
 
-/// Q4_K: per group of 64 values, the 32 qs bytes give sub-block 2g (low nibbles) and 2g+1 (high
-/// nibbles) against 32 activations each.
+/// The mins dotted with a column's Q8_K sums per 16: 8 i32 lanes, sub-block j in lane j:
+/// m_j * (bsums[2j] + bsums[2j+1]).
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q4_k_q8_k(x: &[BlockQ4K], y: &[BlockQ8K]) -> f32 {
-    check_len("dot_q4_k_q8_k", x.len(), y.len());
+#[inline]
+unsafe fn mins_dot(mins: __m256i, bsums: &[i16; 16]) -> __m256i {
+    _mm256_madd_epi16(mins, load256(bsums.as_ptr()))
+}
+
+/// Block b of each of the C columns.
+#[inline(always)]
+unsafe fn col_blocks<const C: usize>(y: &[*const BlockQ8K; C], b: usize) -> [&BlockQ8K; C] {
+    std::array::from_fn(|c| &*y[c].add(b))
+}
+
+/// The columns' first blocks, each checked to have `nb` blocks.
+fn col_ptrs<const C: usize>(what: &str, nb: usize, y: &[&[BlockQ8K]; C]) -> [*const BlockQ8K; C] {
+    std::array::from_fn(|c| {
+        check_len(what, nb, y[c].len());
+        y[c].as_ptr()
+    })
+}
+
+/// Per column the f32 step of a Q4_K/Q5_K block: acc += sumi * (d_y * d), acc_m += mins * (d_y *
+/// dmin), lane by lane (the one-column kernel's order).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+#[allow(clippy::too_many_arguments)]
+unsafe fn k4_step<const C: usize>(
+    d: f16,
+    dmin: f16,
+    mins: __m256i,
+    by: &[&BlockQ8K; C],
+    sumi: &[__m256i; C],
+    acc: &mut [__m256; C],
+    acc_m: &mut [__m256; C],
+) {
+    let (xd, xm) = (f16_to_f32(d), f16_to_f32(dmin));
+    for c in 0..C {
+        let md = mins_dot(mins, &by[c].bsums);
+        acc[c] = _mm256_fmadd_ps(
+            _mm256_cvtepi32_ps(sumi[c]),
+            _mm256_set1_ps(by[c].d * xd),
+            acc[c],
+        );
+        acc_m[c] = _mm256_fmadd_ps(
+            _mm256_cvtepi32_ps(md),
+            _mm256_set1_ps(by[c].d * xm),
+            acc_m[c],
+        );
+    }
+}
+
+/// Sub-blocks 2g (lo) and 2g + 1 (hi) of a Q4_K/Q5_K block against C columns: sumi[c] +=
+/// sc_2g * (lo . y_c) + sc_2g+1 * (hi . y_c), the products of u8 quants and i8 activations
+/// summed in i16 pairs (`vpmaddubsw`), then by the scales into i32 lanes (`vpmaddwd`).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn k4_group<const C: usize>(
+    g: usize,
+    lo: __m256i,
+    hi: __m256i,
+    scales: __m256i,
+    by: &[&BlockQ8K; C],
+    sumi: &mut [__m256i; C],
+) {
+    let slo = _mm256_shuffle_epi8(scales, bcast_i16_ctrl(2 * g as i16));
+    let shi = _mm256_shuffle_epi8(scales, bcast_i16_ctrl(2 * g as i16 + 1));
+    for c in 0..C {
+        let plo = _mm256_maddubs_epi16(lo, load256(by[c].qs.as_ptr().add(64 * g)));
+        let phi = _mm256_maddubs_epi16(hi, load256(by[c].qs.as_ptr().add(64 * g + 32)));
+        sumi[c] = _mm256_add_epi32(sumi[c], _mm256_madd_epi16(plo, slo));
+        sumi[c] = _mm256_add_epi32(sumi[c], _mm256_madd_epi16(phi, shi));
+    }
+}
+
+/// Q4_K against C columns: per group of 64 values, the 32 qs bytes give sub-block 2g (low
+/// nibbles) and 2g+1 (high nibbles) against 32 activations each. Each block's quants and scales
+/// are unpacked once for the C columns; per column the arithmetic is the one-column dot's
+/// (C = 1), lane for lane, so every column gets its bits whatever C.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_k_cols<const C: usize>(x: &[BlockQ4K], y: [&[BlockQ8K]; C]) -> [f32; C] {
+    let yp = col_ptrs("dot_q4_k_q8_k", x.len(), &y);
     let m4 = _mm256_set1_epi8(0x0f);
-    let (mut acc, mut acc_m) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-    for (bx, by) in x.iter().zip(y) {
-        let (scales, mins_dot) = k4_scales_and_mins(&bx.scales, &by.bsums);
-        let mut sumi = _mm256_setzero_si256();
+    let (mut acc, mut acc_m) = ([_mm256_setzero_ps(); C], [_mm256_setzero_ps(); C]);
+    for (b, bx) in x.iter().enumerate() {
+        let by = col_blocks(&yp, b);
+        let (scales, mins) = k4_scales_mins(&bx.scales);
+        let mut sumi = [_mm256_setzero_si256(); C];
         for g in 0..4 {
             let q = load256(bx.qs.as_ptr().add(32 * g));
             let lo = _mm256_and_si256(q, m4);
             let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-            let plo = _mm256_maddubs_epi16(lo, load256(by.qs.as_ptr().add(64 * g)));
-            let phi = _mm256_maddubs_epi16(hi, load256(by.qs.as_ptr().add(64 * g + 32)));
-            let slo = _mm256_shuffle_epi8(scales, bcast_i16_ctrl(2 * g as i16));
-            let shi = _mm256_shuffle_epi8(scales, bcast_i16_ctrl(2 * g as i16 + 1));
-            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(plo, slo));
-            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(phi, shi));
+            k4_group(g, lo, hi, scales, &by, &mut sumi);
         }
-        let d = _mm256_set1_ps(by.d * f16_to_f32(bx.d));
-        let dmin = _mm256_set1_ps(by.d * f16_to_f32(bx.dmin));
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), d, acc);
-        acc_m = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mins_dot), dmin, acc_m);
+        k4_step(bx.d, bx.dmin, mins, &by, &sumi, &mut acc, &mut acc_m);
     }
-    hsum_ps(_mm256_sub_ps(acc, acc_m))
+    std::array::from_fn(|c| hsum_ps(_mm256_sub_ps(acc[c], acc_m[c])))
 }
 
-/// Q5_K: as Q4_K; the fifth bit of group g's low (high) half is bit 2g (2g+1) of `qh`, moved to
-/// bit 4. `qh` is shifted right by 2 per group, so bits 0 and 1 of each byte are always the
-/// current pair (the 16-bit shift pulls neighbour bits only into bits 6-7, never read).
+/// Q5_K against C columns: as Q4_K; the fifth bit of group g's low (high) half is bit 2g (2g+1)
+/// of `qh`, moved to bit 4. `qh` is shifted right by 2 per group, so bits 0 and 1 of each byte
+/// are always the current pair (the 16-bit shift pulls neighbour bits only into bits 6-7, never
+/// read).
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q5_k_q8_k(x: &[BlockQ5K], y: &[BlockQ8K]) -> f32 {
-    check_len("dot_q5_k_q8_k", x.len(), y.len());
+unsafe fn q5_k_cols<const C: usize>(x: &[BlockQ5K], y: [&[BlockQ8K]; C]) -> [f32; C] {
+    let yp = col_ptrs("dot_q5_k_q8_k", x.len(), &y);
     let (m4, bit4) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(0x10));
-    let (mut acc, mut acc_m) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-    for (bx, by) in x.iter().zip(y) {
-        let (scales, mins_dot) = k4_scales_and_mins(&bx.scales, &by.bsums);
+    let (mut acc, mut acc_m) = ([_mm256_setzero_ps(); C], [_mm256_setzero_ps(); C]);
+    for (b, bx) in x.iter().enumerate() {
+        let by = col_blocks(&yp, b);
+        let (scales, mins) = k4_scales_mins(&bx.scales);
         let mut qh = load256(bx.qh.as_ptr());
-        let mut sumi = _mm256_setzero_si256();
+        let mut sumi = [_mm256_setzero_si256(); C];
         for g in 0..4 {
             let q = load256(bx.qs.as_ptr().add(32 * g));
             let lo = _mm256_or_si256(
@@ -268,28 +350,22 @@ unsafe fn dot_q5_k_q8_k(x: &[BlockQ5K], y: &[BlockQ8K]) -> f32 {
                 _mm256_and_si256(_mm256_slli_epi16(qh, 3), bit4),
             );
             qh = _mm256_srli_epi16(qh, 2);
-            let plo = _mm256_maddubs_epi16(lo, load256(by.qs.as_ptr().add(64 * g)));
-            let phi = _mm256_maddubs_epi16(hi, load256(by.qs.as_ptr().add(64 * g + 32)));
-            let slo = _mm256_shuffle_epi8(scales, bcast_i16_ctrl(2 * g as i16));
-            let shi = _mm256_shuffle_epi8(scales, bcast_i16_ctrl(2 * g as i16 + 1));
-            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(plo, slo));
-            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(phi, shi));
+            k4_group(g, lo, hi, scales, &by, &mut sumi);
         }
-        let d = _mm256_set1_ps(by.d * f16_to_f32(bx.d));
-        let dmin = _mm256_set1_ps(by.d * f16_to_f32(bx.dmin));
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), d, acc);
-        acc_m = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mins_dot), dmin, acc_m);
+        k4_step(bx.d, bx.dmin, mins, &by, &sumi, &mut acc, &mut acc_m);
     }
-    hsum_ps(_mm256_sub_ps(acc, acc_m))
+    std::array::from_fn(|c| hsum_ps(_mm256_sub_ps(acc[c], acc_m[c])))
 }
 
-/// Q6_K: per half of 128 values, ql[0..32] holds values 0..32 (low nibbles) and 64..96 (high),
-/// ql[32..64] values 32..64 and 96..128, qh bit pairs 0-1, 2-3, 4-5, 6-7 the top bits of values
-/// l, l+32, l+64, l+96. The quants are used unsigned (0..63): sum(sc * (q - 32) * y) =
-/// sum(sc * q * y) - 32 * sum_j sc_j * bsums_j, the Q8_K bsums being per 16, Q6_K's sub-block.
+/// Q6_K against C columns: per half of 128 values, ql[0..32] holds values 0..32 (low nibbles)
+/// and 64..96 (high), ql[32..64] values 32..64 and 96..128, qh bit pairs 0-1, 2-3, 4-5, 6-7 the
+/// top bits of values l, l+32, l+64, l+96. The quants are used unsigned (0..63): sum(sc * (q -
+/// 32) * y) = sum(sc * q * y) - 32 * sum_j sc_j * bsums_j, the Q8_K bsums being per 16, Q6_K's
+/// sub-block. Unpacked once per block for the C columns; per column the one-column dot's
+/// arithmetic (C = 1), so its bits.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q6_k_q8_k(x: &[BlockQ6K], y: &[BlockQ8K]) -> f32 {
-    check_len("dot_q6_k_q8_k", x.len(), y.len());
+unsafe fn q6_k_cols<const C: usize>(x: &[BlockQ6K], y: [&[BlockQ8K]; C]) -> [f32; C] {
+    let yp = col_ptrs("dot_q6_k_q8_k", x.len(), &y);
     let (m4, m30) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(0x30));
     // Chunk k of a half covers sub-blocks 2k (low 128-bit lane) and 2k+1 (high lane).
     let ctrl = |k: i16| {
@@ -299,11 +375,11 @@ unsafe fn dot_q6_k_q8_k(x: &[BlockQ6K], y: &[BlockQ8K]) -> f32 {
         )
     };
     let ctrls = [ctrl(0), ctrl(1), ctrl(2), ctrl(3)];
-    let mut acc = _mm256_setzero_ps();
-    for (bx, by) in x.iter().zip(y) {
+    let mut acc = [_mm256_setzero_ps(); C];
+    for (b, bx) in x.iter().enumerate() {
+        let by = col_blocks(&yp, b);
         let s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(bx.scales.as_ptr() as *const __m128i));
-        let bias = _mm256_madd_epi16(s16, load256(by.bsums.as_ptr()));
-        let mut sumi = _mm256_setzero_si256();
+        let mut sumi = [_mm256_setzero_si256(); C];
         for h in 0..2 {
             let sc = _mm256_broadcastsi128_si256(if h == 0 {
                 _mm256_castsi256_si128(s16)
@@ -332,16 +408,20 @@ unsafe fn dot_q6_k_q8_k(x: &[BlockQ6K], y: &[BlockQ8K]) -> f32 {
                 ),
             ];
             for k in 0..4 {
-                let p = _mm256_maddubs_epi16(v[k], load256(by.qs.as_ptr().add(128 * h + 32 * k)));
-                sumi = _mm256_add_epi32(
-                    sumi,
-                    _mm256_madd_epi16(p, _mm256_shuffle_epi8(sc, ctrls[k])),
-                );
+                let s = _mm256_shuffle_epi8(sc, ctrls[k]);
+                for c in 0..C {
+                    let q = by[c].qs.as_ptr().add(128 * h + 32 * k);
+                    let p = _mm256_maddubs_epi16(v[k], load256(q));
+                    sumi[c] = _mm256_add_epi32(sumi[c], _mm256_madd_epi16(p, s));
+                }
             }
         }
-        sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(bias, 5));
-        let d = _mm256_set1_ps(by.d * f16_to_f32(bx.d));
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), d, acc);
+        let xd = f16_to_f32(bx.d);
+        for c in 0..C {
+            let bias = _mm256_madd_epi16(s16, load256(by[c].bsums.as_ptr()));
+            let si = _mm256_sub_epi32(sumi[c], _mm256_slli_epi32(bias, 5));
+            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(si), _mm256_set1_ps(by[c].d * xd), acc[c]);
+        }
     }
-    hsum_ps(acc)
+    std::array::from_fn(|c| hsum_ps(acc[c]))
 }

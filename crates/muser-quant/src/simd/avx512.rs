@@ -52,6 +52,7 @@ pub(super) fn kernels() -> Kernels {
         dot_q4_k_q8_k: |x, y| unsafe { dot_q4_k_q8_k(x, y) },
         dot_q5_k_q8_k: |x, y| unsafe { dot_q5_k_q8_k(x, y) },
         dot_q6_k_q8_k: |x, y| unsafe { dot_q6_k_q8_k(x, y) },
+        cols: None,
     }
 }
 

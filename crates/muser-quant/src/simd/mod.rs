@@ -71,6 +71,28 @@ pub struct Kernels {
     pub dot_q4_k_q8_k: fn(&[BlockQ4K], &[BlockQ8K]) -> f32,
     pub dot_q5_k_q8_k: fn(&[BlockQ5K], &[BlockQ8K]) -> f32,
     pub dot_q6_k_q8_k: fn(&[BlockQ6K], &[BlockQ8K]) -> f32,
+    /// Multi-column K-quant dots whose every column has the bits of this level's one-column dot
+    /// (`None` where the level has none of its own: scalar; AVX-512's multi-column and tiled
+    /// kernels live in muser-engine and keep the scalar order).
+    pub cols: Option<KCols>,
+}
+
+/// A C-column dot: out[c] = dot(w, y[c]).
+pub type DotCols<W, const C: usize> = fn(&[W], [&[BlockQ8K]; C]) -> [f32; C];
+
+/// The multi-column K-quant dots of a level, 2, 4 and 8 columns: a weight block is unpacked once
+/// for all the columns (decode groups and prefill reuse each weight row across columns).
+#[derive(Clone, Copy)]
+pub struct KCols {
+    pub q4_k2: DotCols<BlockQ4K, 2>,
+    pub q4_k4: DotCols<BlockQ4K, 4>,
+    pub q4_k8: DotCols<BlockQ4K, 8>,
+    pub q5_k2: DotCols<BlockQ5K, 2>,
+    pub q5_k4: DotCols<BlockQ5K, 4>,
+    pub q5_k8: DotCols<BlockQ5K, 8>,
+    pub q6_k2: DotCols<BlockQ6K, 2>,
+    pub q6_k4: DotCols<BlockQ6K, 4>,
+    pub q6_k8: DotCols<BlockQ6K, 8>,
 }
 
 impl Kernels {
@@ -86,6 +108,7 @@ impl Kernels {
             dot_q4_k_q8_k: vec_dot_q4_k_q8_k,
             dot_q5_k_q8_k: vec_dot_q5_k_q8_k,
             dot_q6_k_q8_k: vec_dot_q6_k_q8_k,
+            cols: None,
         }
     }
 

@@ -12,6 +12,12 @@
 //! one-column dots run: `q8_0_matmul`'s 8-row tiles are faster on one thread with the weights
 //! in cache (llama-1b's shapes, one column: 51-62 GMAC/s against 39), but they read 8 rows as 8
 //! streams, and decode from memory fell from 39-40 to 31 tokens/s (llama-1b Q8_0, 2 threads).
+//! All of those need AVX-512 VNNI; on a CPU with AVX2 only, K-quant matmuls of 2 or more columns
+//! go through muser-quant's AVX2 multi-column dots (`Kernels::cols`: 8, 4, then 2 columns per
+//! weight row, each column with the AVX2 one-column dot's bits). One thread, Q4_K 512 x 2048 and
+//! 256 x 7168 against 16 columns (`cargo test -p muser-quant --test cols_speed`, 2-core AMD EPYC
+//! Zen 3, 2026-12-01): one-column 28.0 / 31.3 GMAC/s, 4 columns 39.2 / 43.1, 8 columns 50.4 /
+//! 48.1.
 
 use super::CpuWeight;
 use muser_gguf::GgmlType;
@@ -171,21 +177,36 @@ pub fn rows_times_columns(
             let p = inp.panel.as_ref().expect("checked");
             super::tile::gemm_q6_k(bytemuck::cast_slice(wrows), r1 - r0, p, tile)
         }
-        GgmlType::Q4_K => match (cols::q4_k::<8>(), cols::q4_k::<4>()) {
-            (Some(k8), Some(k4)) if inp.n >= 4 => {
-                kernel_cols(wrows, &inp.q8_k, inp.n, k.dot_q4_k_q8_k, k8, k4, tile)
+        GgmlType::Q4_K => match (cols::q4_k::<8>(), cols::q4_k::<4>(), k.cols) {
+            (Some(k8), Some(k4), _) if inp.n >= 4 => {
+                kernel_cols(wrows, &inp.q8_k, inp.n, k.dot_q4_k_q8_k, k8, k4, None, tile)
+            }
+            // The level's own multi-column dots (AVX2), each column with the one-column bits.
+            (_, _, Some(kc)) if inp.n >= 2 && level_cols() => {
+                let (k8, k4, k2) = (kc.q4_k8, kc.q4_k4, Some(kc.q4_k2));
+                kernel_cols(wrows, &inp.q8_k, inp.n, k.dot_q4_k_q8_k, k8, k4, k2, tile)
             }
             _ => kernel::<BlockQ4K, BlockQ8K>(wrows, &inp.q8_k, inp.n, k.dot_q4_k_q8_k, tile),
         },
-        GgmlType::Q5_K => match (cols::q5_k::<8>(), cols::q5_k::<4>()) {
-            (Some(k8), Some(k4)) if inp.n >= 4 => {
-                kernel_cols(wrows, &inp.q8_k, inp.n, k.dot_q5_k_q8_k, k8, k4, tile)
+        GgmlType::Q5_K => match (cols::q5_k::<8>(), cols::q5_k::<4>(), k.cols) {
+            (Some(k8), Some(k4), _) if inp.n >= 4 => {
+                kernel_cols(wrows, &inp.q8_k, inp.n, k.dot_q5_k_q8_k, k8, k4, None, tile)
+            }
+            // The level's own multi-column dots (AVX2), each column with the one-column bits.
+            (_, _, Some(kc)) if inp.n >= 2 && level_cols() => {
+                let (k8, k4, k2) = (kc.q5_k8, kc.q5_k4, Some(kc.q5_k2));
+                kernel_cols(wrows, &inp.q8_k, inp.n, k.dot_q5_k_q8_k, k8, k4, k2, tile)
             }
             _ => kernel::<BlockQ5K, BlockQ8K>(wrows, &inp.q8_k, inp.n, k.dot_q5_k_q8_k, tile),
         },
-        GgmlType::Q6_K => match (cols::q6_k::<8>(), cols::q6_k::<4>()) {
-            (Some(k8), Some(k4)) if inp.n >= 4 => {
-                kernel_cols(wrows, &inp.q8_k, inp.n, k.dot_q6_k_q8_k, k8, k4, tile)
+        GgmlType::Q6_K => match (cols::q6_k::<8>(), cols::q6_k::<4>(), k.cols) {
+            (Some(k8), Some(k4), _) if inp.n >= 4 => {
+                kernel_cols(wrows, &inp.q8_k, inp.n, k.dot_q6_k_q8_k, k8, k4, None, tile)
+            }
+            // The level's own multi-column dots (AVX2), each column with the one-column bits.
+            (_, _, Some(kc)) if inp.n >= 2 && level_cols() => {
+                let (k8, k4, k2) = (kc.q6_k8, kc.q6_k4, Some(kc.q6_k2));
+                kernel_cols(wrows, &inp.q8_k, inp.n, k.dot_q6_k_q8_k, k8, k4, k2, tile)
             }
             _ => kernel::<BlockQ6K, BlockQ8K>(wrows, &inp.q8_k, inp.n, k.dot_q6_k_q8_k, tile),
         },
@@ -248,6 +269,14 @@ unsafe fn tiled_into(
     false
 }
 
+/// Whether a level's own multi-column dots (`Kernels::cols`, AVX2) serve matmuls of 2 or more
+/// columns; `MUSER_CPU_COLS=0` sends those columns one by one through the one-column dot (the
+/// same bits: a measuring switch).
+fn level_cols() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("MUSER_CPU_COLS").map_or(true, |v| v != "0"))
+}
+
 /// Columns per tile: a weight row is reused for this many columns while it is in L1.
 const COL_TILE: usize = 16;
 
@@ -274,8 +303,9 @@ fn kernel<W: bytemuck::Pod, A>(
     }
 }
 
-/// As `kernel`, eight then four columns at a time through multi-column dots (the rest one by
-/// one).
+/// As `kernel`, eight, then four, then (with `dot2`) two columns at a time through multi-column
+/// dots (the rest one by one).
+#[allow(clippy::too_many_arguments)]
 fn kernel_cols<W: bytemuck::Pod>(
     wrows: &[u8],
     acts: &[BlockQ8K],
@@ -283,6 +313,7 @@ fn kernel_cols<W: bytemuck::Pod>(
     dot: fn(&[W], &[BlockQ8K]) -> f32,
     dot8: cols::DotN<W, 8>,
     dot4: cols::DotN<W, 4>,
+    dot2: Option<cols::DotN<W, 2>>,
     tile: &mut [f32],
 ) {
     let w: &[W] = bytemuck::cast_slice(wrows);
@@ -308,6 +339,13 @@ fn kernel_cols<W: bytemuck::Pod>(
                     tile[(t + k) * nr + r] = v;
                 }
                 t += 4;
+            }
+            if let Some(dot2) = dot2.filter(|_| t + 2 <= t1) {
+                let v = dot2(wr, std::array::from_fn(|k| col(t + k)));
+                for (k, v) in v.into_iter().enumerate() {
+                    tile[(t + k) * nr + r] = v;
+                }
+                t += 2;
             }
             for t in t..t1 {
                 tile[t * nr + r] = dot(wr, col(t));
