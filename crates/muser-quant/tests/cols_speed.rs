@@ -55,26 +55,10 @@ fn speed(rows: usize, kk: usize, n: usize) {
                 }
             }
         });
-        let c8 = best(20, || {
-            for r in 0..rows {
-                for t0 in (0..n).step_by(8) {
-                    sink += (kc.q4_k8)(
-                        &w4[r * nb..(r + 1) * nb],
-                        std::array::from_fn(|c| col(t0 + c)),
-                    )[0];
-                }
-            }
-        });
-        let c4 = best(20, || {
-            for r in 0..rows {
-                for t0 in (0..n).step_by(4) {
-                    sink += (kc.q4_k4)(
-                        &w4[r * nb..(r + 1) * nb],
-                        std::array::from_fn(|c| col(t0 + c)),
-                    )[0];
-                }
-            }
-        });
+        let (c8, c4) = (
+            time_cols(&w4, nb, &y, n, kc.q4_k8, &mut sink),
+            time_cols(&w4, nb, &y, n, kc.q4_k4, &mut sink),
+        );
         let macs = (rows * kk * n) as f64;
         println!(
             "{} Q4_K {rows}x{kk} x {n} columns: one-column {:.1} GMAC/s, x4 {:.1}, x8 {:.1} ({sink})",
@@ -84,4 +68,24 @@ fn speed(rows: usize, kk: usize, n: usize) {
             macs / c8 / 1e9
         );
     }
+}
+
+/// Best time of `cols` over every row of `w` (rows of nb blocks) against the n columns of `y`,
+/// C at a time.
+fn time_cols<const C: usize>(
+    w: &[BlockQ4K],
+    nb: usize,
+    y: &[BlockQ8K],
+    n: usize,
+    cols: muser_quant::simd::DotCols<BlockQ4K, C>,
+    sink: &mut f32,
+) -> f64 {
+    let col = |t: usize| &y[t * nb..(t + 1) * nb];
+    best(20, || {
+        for row in w.chunks_exact(nb) {
+            for t0 in (0..n).step_by(C) {
+                *sink += cols(row, std::array::from_fn(|c| col(t0 + c)))[0];
+            }
+        }
+    })
 }

@@ -132,6 +132,23 @@ pub fn rows_times_columns(
     let bytes = w.view.bytes();
     let rb = w.row_bytes;
     let wrows = &bytes[r0 * rb..r1 * rb];
+    // A K-quant weight without a tile panel: the AVX-512 multi-column dots from 4 columns, else
+    // the level's own (AVX2) from 2, else one column at a time; each column's bits are the
+    // one-column dot's in every case.
+    macro_rules! k_quant_cols {
+        ($blk:ty, $cols:ident, $dot:ident, $c8:ident, $c4:ident, $c2:ident) => {
+            match (cols::$cols::<8>(), cols::$cols::<4>(), k.cols) {
+                (Some(k8), Some(k4), _) if inp.n >= 4 => {
+                    kernel_cols(wrows, &inp.q8_k, inp.n, k.$dot, k8, k4, None, tile)
+                }
+                (_, _, Some(kc)) if inp.n >= 2 && level_cols() => {
+                    let (k8, k4, k2) = (kc.$c8, kc.$c4, Some(kc.$c2));
+                    kernel_cols(wrows, &inp.q8_k, inp.n, k.$dot, k8, k4, k2, tile)
+                }
+                _ => kernel::<$blk, BlockQ8K>(wrows, &inp.q8_k, inp.n, k.$dot, tile),
+            }
+        };
+    }
     match w.view.ty {
         GgmlType::F32 => kernel::<f32, f32>(wrows, inp.x, inp.n, k.dot_f32, tile),
         GgmlType::F16 => kernel::<half::f16, f32>(wrows, inp.x, inp.n, k.dot_f16_f32, tile),
@@ -177,39 +194,9 @@ pub fn rows_times_columns(
             let p = inp.panel.as_ref().expect("checked");
             super::tile::gemm_q6_k(bytemuck::cast_slice(wrows), r1 - r0, p, tile)
         }
-        GgmlType::Q4_K => match (cols::q4_k::<8>(), cols::q4_k::<4>(), k.cols) {
-            (Some(k8), Some(k4), _) if inp.n >= 4 => {
-                kernel_cols(wrows, &inp.q8_k, inp.n, k.dot_q4_k_q8_k, k8, k4, None, tile)
-            }
-            // The level's own multi-column dots (AVX2), each column with the one-column bits.
-            (_, _, Some(kc)) if inp.n >= 2 && level_cols() => {
-                let (k8, k4, k2) = (kc.q4_k8, kc.q4_k4, Some(kc.q4_k2));
-                kernel_cols(wrows, &inp.q8_k, inp.n, k.dot_q4_k_q8_k, k8, k4, k2, tile)
-            }
-            _ => kernel::<BlockQ4K, BlockQ8K>(wrows, &inp.q8_k, inp.n, k.dot_q4_k_q8_k, tile),
-        },
-        GgmlType::Q5_K => match (cols::q5_k::<8>(), cols::q5_k::<4>(), k.cols) {
-            (Some(k8), Some(k4), _) if inp.n >= 4 => {
-                kernel_cols(wrows, &inp.q8_k, inp.n, k.dot_q5_k_q8_k, k8, k4, None, tile)
-            }
-            // The level's own multi-column dots (AVX2), each column with the one-column bits.
-            (_, _, Some(kc)) if inp.n >= 2 && level_cols() => {
-                let (k8, k4, k2) = (kc.q5_k8, kc.q5_k4, Some(kc.q5_k2));
-                kernel_cols(wrows, &inp.q8_k, inp.n, k.dot_q5_k_q8_k, k8, k4, k2, tile)
-            }
-            _ => kernel::<BlockQ5K, BlockQ8K>(wrows, &inp.q8_k, inp.n, k.dot_q5_k_q8_k, tile),
-        },
-        GgmlType::Q6_K => match (cols::q6_k::<8>(), cols::q6_k::<4>(), k.cols) {
-            (Some(k8), Some(k4), _) if inp.n >= 4 => {
-                kernel_cols(wrows, &inp.q8_k, inp.n, k.dot_q6_k_q8_k, k8, k4, None, tile)
-            }
-            // The level's own multi-column dots (AVX2), each column with the one-column bits.
-            (_, _, Some(kc)) if inp.n >= 2 && level_cols() => {
-                let (k8, k4, k2) = (kc.q6_k8, kc.q6_k4, Some(kc.q6_k2));
-                kernel_cols(wrows, &inp.q8_k, inp.n, k.dot_q6_k_q8_k, k8, k4, k2, tile)
-            }
-            _ => kernel::<BlockQ6K, BlockQ8K>(wrows, &inp.q8_k, inp.n, k.dot_q6_k_q8_k, tile),
-        },
+        GgmlType::Q4_K => k_quant_cols!(BlockQ4K, q4_k, dot_q4_k_q8_k, q4_k8, q4_k4, q4_k2),
+        GgmlType::Q5_K => k_quant_cols!(BlockQ5K, q5_k, dot_q5_k_q8_k, q5_k8, q5_k4, q5_k2),
+        GgmlType::Q6_K => k_quant_cols!(BlockQ6K, q6_k, dot_q6_k_q8_k, q6_k8, q6_k4, q6_k2),
         // CpuBackend::weight refuses every other type.
         t => unreachable!("matmul over unsupported type {t}"),
     }
