@@ -150,6 +150,53 @@ fn decode_attention_equals_per_head_attention_bitwise() {
     }
 }
 
+/// `KvLayer::attend_group` (a KV head's query heads together, the path of CPUs without the
+/// batched kernels) against `attend_head` per head, bit for bit, on every CPU: the decode cases
+/// above and a batch through `KvLayer::attend`'s task split.
+#[test]
+fn grouped_attention_equals_per_head_attention_bitwise() {
+    let mut rng = StdRng::seed_from_u64(7);
+    // (n_head, n_head_kv, head_dim, window, position)
+    let cases = [
+        (8, 2, 64, None, 0),
+        (8, 2, 64, None, 298),
+        (5, 5, 128, None, 37),
+        (10, 2, 80, None, 17),
+        (6, 1, 64, None, 203),
+        (8, 2, 64, Some(16), 50),
+        (6, 3, 32, Some(33), 140),
+    ];
+    for (n_head, n_head_kv, head_dim, window, p) in cases {
+        let slots = window.map_or(p + 1, |w| w + 3);
+        let spec = KvLayerSpec {
+            n_head,
+            n_head_kv,
+            head_dim,
+            window,
+            slots,
+        };
+        let kv = layer(spec, p + 1, &mut rng);
+        let q: Vec<f32> = (0..n_head * head_dim)
+            .map(|_| rng.gen_range(-1.0f32..1.0))
+            .collect();
+        let scale = 1.0 / (head_dim as f32).sqrt();
+        let g = n_head / n_head_kv;
+        let mut got = vec![f32::NAN; q.len()];
+        for (kh, res) in got.chunks_mut(g * head_dim).enumerate() {
+            let qs = &q[kh * g * head_dim..(kh + 1) * g * head_dim];
+            kv.attend_group(qs, kh, p, scale, res);
+        }
+        let mut want = vec![f32::NAN; q.len()];
+        for (h, o) in want.chunks_mut(head_dim).enumerate() {
+            kv.attend_head(&q[h * head_dim..(h + 1) * head_dim], h, n_head, p, scale, o);
+        }
+        let what =
+            format!("heads {n_head}/{n_head_kv} x {head_dim}, window {window:?}, position {p}");
+        assert_eq!(bits(&got), bits(&want), "{what}");
+        assert!(got.iter().all(|v| v.is_finite()), "{what}");
+    }
+}
+
 /// Prefill (tiled matmuls, batched attention) against one token at a time (one-column dots,
 /// per-head attention): every logit equal to the bit.
 #[test]

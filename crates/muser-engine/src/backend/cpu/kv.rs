@@ -77,10 +77,57 @@ impl KvLayer {
             // Bit for bit the per-head path below, laid out for throughput.
             return super::attn::attend(self, q, n_head, pos0, scale, out);
         }
+        let n_kv = self.spec.n_head_kv;
+        if n_head.is_multiple_of(n_kv) {
+            // One task per (row, KV head): `attend_group`, the bits of `attend_head` per head.
+            let g = n_head / n_kv;
+            out.par_chunks_mut(g * hd).enumerate().for_each(|(i, res)| {
+                let (t, kh) = (i / n_kv, i % n_kv);
+                let qs = &q[i * g * hd..(i + 1) * g * hd];
+                self.attend_group(qs, kh, pos0 + t, scale, res);
+            });
+            return;
+        }
         out.par_chunks_mut(hd).enumerate().for_each(|(i, o)| {
             let (t, h) = (i / n_head, i % n_head);
             self.attend_head(&q[i * hd..(i + 1) * hd], h, n_head, pos0 + t, scale, o);
         });
+    }
+
+    /// The G query heads of KV head `kh` (qs: `[G, head_dim]`) at position p over the positions
+    /// they see, written to res (`[G, head_dim]`): per head exactly `attend_head`'s arithmetic
+    /// (the same dot per position, softmax, and multiply-adds in position order), so the same
+    /// bits, with each K and V row read once for the G heads instead of once per head (a long
+    /// context's rows come from memory once per token instead of G times). The path of CPUs
+    /// without the batched kernels of `attn.rs` (AVX-512).
+    pub fn attend_group(&self, qs: &[f32], kh: usize, p: usize, scale: f32, res: &mut [f32]) {
+        let hd = self.spec.head_dim;
+        let g = qs.len() / hd;
+        assert_eq!(res.len(), g * hd, "attend_group: {g} heads of {hd}");
+        let w = self.width();
+        let lo = self
+            .spec
+            .window
+            .map_or(0, |win| (p + 1).saturating_sub(win));
+        let len = p + 1 - lo;
+        let row = |j: usize| self.slot(j) * w + kh * hd;
+        let mut scores = vec![0f32; g * len];
+        for (jj, j) in (lo..=p).enumerate() {
+            let k = &self.k[row(j)..row(j) + hd];
+            for (h, q) in qs.chunks_exact(hd).enumerate() {
+                scores[h * len + jj] = dot_f16_f32(k, q) * scale;
+            }
+        }
+        for s in scores.chunks_exact_mut(len) {
+            super::softmax::softmax(s);
+        }
+        res.fill(0.0);
+        for (jj, j) in (lo..=p).enumerate() {
+            let v = &self.v[row(j)..row(j) + hd];
+            for (h, o) in res.chunks_exact_mut(hd).enumerate() {
+                axpy_f16(o, scores[h * len + jj], v);
+            }
+        }
     }
 
     /// One query head `h` (of `n_head`) at position p over the positions it sees: the whole
