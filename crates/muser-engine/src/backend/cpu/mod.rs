@@ -526,18 +526,6 @@ impl Backend for CpuBackend {
                     let qs = &q.data[i * g * hd..(i + 1) * g * hd];
                     attn::attend_kv_head(&kvs[t].layers[layer], qs, kh, pos[t], scale, res);
                 });
-        } else if n_head.is_multiple_of(n_kv) {
-            // The same tasks without the batched kernels: `attend_group`, again `attend_head`'s
-            // bits per head, each K and V row read once for the KV head's query heads.
-            let g = n_head / n_kv;
-            out.data
-                .par_chunks_mut(g * hd)
-                .enumerate()
-                .for_each(|(i, res)| {
-                    let (t, kh) = (i / n_kv, i % n_kv);
-                    let qs = &q.data[i * g * hd..(i + 1) * g * hd];
-                    kvs[t].layers[layer].attend_group(qs, kh, pos[t], scale, res);
-                });
         } else {
             out.data.par_chunks_mut(hd).enumerate().for_each(|(i, o)| {
                 let (t, h) = (i / n_head, i % n_head);
