@@ -91,82 +91,35 @@ fn batched_attention_equals_per_head_attention_bitwise() {
     }
 }
 
-/// Decode attention (`attend_kv_head`: a KV head's query heads together, K and V read as f16)
-/// against `attend_head` per head, bit for bit: GQA groups of 1 to 6 heads (4 at a time in the
-/// kernel, so 5 and 6 leave a partial group), head sizes 32 to 256, rows seeing 1 to 300
-/// positions (not multiples of the kernel's 4), full planes and rings that have wrapped.
-#[test]
-fn decode_attention_equals_per_head_attention_bitwise() {
-    let mut rng = StdRng::seed_from_u64(6);
-    // (n_head, n_head_kv, head_dim, window, position)
-    let cases = [
-        (8, 2, 64, None, 0),
-        (8, 2, 64, None, 1),
-        (8, 2, 64, None, 4),
-        (8, 2, 64, None, 298),
-        (5, 5, 128, None, 37),
-        (10, 5, 32, None, 66),
-        (12, 4, 64, None, 130),
-        (10, 2, 80, None, 17),
-        (12, 2, 256, None, 9),
-        (6, 1, 64, None, 203),
-        (8, 2, 64, Some(16), 7),
-        (8, 2, 64, Some(16), 50),
-        (6, 3, 32, Some(33), 140),
-        (4, 1, 256, Some(7), 13),
-    ];
-    for (n_head, n_head_kv, head_dim, window, p) in cases {
-        if !attn::available(head_dim) {
-            return eprintln!("no AVX-512: skipped");
-        }
-        let slots = window.map_or(p + 1, |w| w + 3);
-        let spec = KvLayerSpec {
-            n_head,
-            n_head_kv,
-            head_dim,
-            window,
-            slots,
-        };
-        let kv = layer(spec, p + 1, &mut rng);
-        let q: Vec<f32> = (0..n_head * head_dim)
-            .map(|_| rng.gen_range(-1.0f32..1.0))
-            .collect();
-        let scale = 1.0 / (head_dim as f32).sqrt();
-        let g = n_head / n_head_kv;
-        let mut got = vec![f32::NAN; q.len()];
-        for (kh, res) in got.chunks_mut(g * head_dim).enumerate() {
-            let qs = &q[kh * g * head_dim..(kh + 1) * g * head_dim];
-            attn::attend_kv_head(&kv, qs, kh, p, scale, res);
-        }
-        let mut want = vec![f32::NAN; q.len()];
-        for (h, o) in want.chunks_mut(head_dim).enumerate() {
-            kv.attend_head(&q[h * head_dim..(h + 1) * head_dim], h, n_head, p, scale, o);
-        }
-        assert_eq!(
-            bits(&got),
-            bits(&want),
-            "heads {n_head}/{n_head_kv} x {head_dim}, window {window:?}, position {p}"
-        );
-    }
-}
+/// Decode cases: (n_head, n_head_kv, head_dim, window, position): GQA groups of 1 to 6 heads
+/// (4 at a time in the AVX-512 kernel, so 5 and 6 leave a partial group), head sizes 32 to 256,
+/// rows seeing 1 to 300 positions (not multiples of the kernel's 4), full planes and rings that
+/// have wrapped.
+const DECODE_CASES: [(usize, usize, usize, Option<usize>, usize); 14] = [
+    (8, 2, 64, None, 0),
+    (8, 2, 64, None, 1),
+    (8, 2, 64, None, 4),
+    (8, 2, 64, None, 298),
+    (5, 5, 128, None, 37),
+    (10, 5, 32, None, 66),
+    (12, 4, 64, None, 130),
+    (10, 2, 80, None, 17),
+    (12, 2, 256, None, 9),
+    (6, 1, 64, None, 203),
+    (8, 2, 64, Some(16), 7),
+    (8, 2, 64, Some(16), 50),
+    (6, 3, 32, Some(33), 140),
+    (4, 1, 256, Some(7), 13),
+];
 
-/// `KvLayer::attend_group` (a KV head's query heads together, the path of CPUs without the
-/// batched kernels) against `attend_head` per head, bit for bit, on every CPU: the decode cases
-/// above and a batch through `KvLayer::attend`'s task split.
-#[test]
-fn grouped_attention_equals_per_head_attention_bitwise() {
-    let mut rng = StdRng::seed_from_u64(7);
-    // (n_head, n_head_kv, head_dim, window, position)
-    let cases = [
-        (8, 2, 64, None, 0),
-        (8, 2, 64, None, 298),
-        (5, 5, 128, None, 37),
-        (10, 2, 80, None, 17),
-        (6, 1, 64, None, 203),
-        (8, 2, 64, Some(16), 50),
-        (6, 3, 32, Some(33), 140),
-    ];
-    for (n_head, n_head_kv, head_dim, window, p) in cases {
+/// `grouped(kv, qs, kh, p, scale, res)` (a KV head's query heads together) against
+/// `attend_head` per head, bit for bit, on every decode case with random K, V and q.
+fn grouped_equals_per_head(
+    seed: u64,
+    grouped: impl Fn(&KvLayer, &[f32], usize, usize, f32, &mut [f32]),
+) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    for (n_head, n_head_kv, head_dim, window, p) in DECODE_CASES {
         let slots = window.map_or(p + 1, |w| w + 3);
         let spec = KvLayerSpec {
             n_head,
@@ -184,7 +137,7 @@ fn grouped_attention_equals_per_head_attention_bitwise() {
         let mut got = vec![f32::NAN; q.len()];
         for (kh, res) in got.chunks_mut(g * head_dim).enumerate() {
             let qs = &q[kh * g * head_dim..(kh + 1) * g * head_dim];
-            kv.attend_group(qs, kh, p, scale, res);
+            grouped(&kv, qs, kh, p, scale, res);
         }
         let mut want = vec![f32::NAN; q.len()];
         for (h, o) in want.chunks_mut(head_dim).enumerate() {
@@ -195,6 +148,25 @@ fn grouped_attention_equals_per_head_attention_bitwise() {
         assert_eq!(bits(&got), bits(&want), "{what}");
         assert!(got.iter().all(|v| v.is_finite()), "{what}");
     }
+}
+
+/// Decode attention (`attend_kv_head`: K and V read as f16 by the AVX-512 kernel) against
+/// `attend_head` per head, bit for bit.
+#[test]
+fn decode_attention_equals_per_head_attention_bitwise() {
+    if DECODE_CASES.iter().any(|c| !attn::available(c.2)) {
+        return eprintln!("no AVX-512: skipped");
+    }
+    grouped_equals_per_head(6, attn::attend_kv_head);
+}
+
+/// `KvLayer::attend_group` (the path of CPUs without the batched kernels: a prefill's
+/// attention) against `attend_head` per head, bit for bit, on every CPU.
+#[test]
+fn grouped_attention_equals_per_head_attention_bitwise() {
+    grouped_equals_per_head(7, |kv, qs, kh, p, scale, res| {
+        kv.attend_group(qs, kh, p, scale, res)
+    });
 }
 
 /// Prefill (tiled matmuls, batched attention) against one token at a time (one-column dots,
