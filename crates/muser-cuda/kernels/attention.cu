@@ -408,17 +408,12 @@ __device__ __forceinline__ void group_combine(const float* __restrict__ o_part, 
     for (int g = warp; g < G; g += nw) {
         const size_t hb = base + (size_t)g * n_splits;
         float M = -INFINITY;
+        for (int s = lane; s < ns; s += WARP) M = fmaxf(M, __ldcg(&ml_part[hb + s].x));
+        M = warp_max(M);
         for (int s = lane; s < ns; s += WARP) {
             const float2 ml = __ldcg(&ml_part[hb + s]);
-            M = fmaxf(M, ml.x);
-            sw[g * ns + s] = ml.x;
+            sw[g * ns + s] = ml.x == -INFINITY ? -1.0f : expf(ml.x - M);
             sl[g * ns + s] = ml.y;
-        }
-        M = warp_max(M);
-        // Each lane converts the maxima it stored itself: no barrier needed.
-        for (int s = lane; s < ns; s += WARP) {
-            const float m = sw[g * ns + s];
-            sw[g * ns + s] = m == -INFINITY ? -1.0f : expf(m - M);
         }
     }
     __syncthreads();
