@@ -377,82 +377,6 @@ __device__ __forceinline__ uint32_t u4_word(const uint4 (&v)[4], int w) {
 }
 
 #define MMA_VP 136 // V rows in shared memory: 128 halves + 8 of padding
-// The split combine of a decode group (attn_rows_combine) folded into the attention kernel:
-// out (and, with q non-null, its Q8_K quantization for the attn_output matmul) of one (row, KV
-// head), written by the block whose split completes the pair's count in cnt ([rows][n_kv], zero
-// between launches). gate may be null.
-struct GroupCombine {
-    float* out;
-    const float* gate;
-    int8_t* q;
-    float2* ds;
-    int8_t* bs;
-    unsigned* cnt;
-};
-
-// The G heads (of D values) at base (partials of split s at base + g * n_splits + s) merged over
-// their first ns splits with merge_splits' arithmetic, in split order, so the bits are
-// attn_rows_combine's: per head the max M over the splits and each split's weight e^(m_s - M)
-// (-1: an empty split, skipped) and sum go to shared memory once, then lane l of warp w takes
-// values 8l .. 8l + 7 of each 256-value block b = w, w + nw, ... (G * D a multiple of 256; the
-// splits' loads 8 at a time): the merge, the gate, out[o0 + v], and the block's Q8_K
-// quantization (q8k_warp, block q0 + b of rows width wide). The partials are this kernel's own
-// writes: loaded through L2 (__ldcg).
-template <int D>
-__device__ __forceinline__ void group_combine(const float* __restrict__ o_part, const float2* __restrict__ ml_part,
-                                              size_t base, int n_splits, int ns, int G, size_t o0, int q0, int width,
-                                              int nw, const GroupCombine& gc, float* sm) {
-    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
-    float* sw = sm;            // [G][ns] weights
-    float* sl = sm + G * ns;   // [G][ns] sums
-    for (int g = warp; g < G; g += nw) {
-        const size_t hb = base + (size_t)g * n_splits;
-        float M = -INFINITY;
-        for (int s = lane; s < ns; s += WARP) M = fmaxf(M, __ldcg(&ml_part[hb + s].x));
-        M = warp_max(M);
-        for (int s = lane; s < ns; s += WARP) {
-            const float2 ml = __ldcg(&ml_part[hb + s]);
-            sw[g * ns + s] = ml.x == -INFINITY ? -1.0f : expf(ml.x - M);
-            sl[g * ns + s] = ml.y;
-        }
-    }
-    __syncthreads();
-    for (int b = warp; b < G * D / QK_K; b += nw) {
-        const int v0 = QK_K * b + 8 * lane, g = v0 / D, d0 = v0 % D;
-        const float* op = o_part + (base + (size_t)g * n_splits) * D + d0;
-        float num[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f}, den = 0.0f;
-        for (int s0 = 0; s0 < ns; s0 += 8) {
-            float4 ov[8][2];
-#pragma unroll
-            for (int i = 0; i < 8; ++i)
-                if (s0 + i < ns) {
-                    ov[i][0] = __ldcg((const float4*)(op + (size_t)(s0 + i) * D));
-                    ov[i][1] = __ldcg((const float4*)(op + (size_t)(s0 + i) * D + 4));
-                }
-#pragma unroll
-            for (int i = 0; i < 8; ++i) {
-                if (s0 + i >= ns) break;
-                const float w = sw[g * ns + s0 + i];
-                if (w < 0.0f) continue;
-                const float o8[8] = {ov[i][0].x, ov[i][0].y, ov[i][0].z, ov[i][0].w,
-                                     ov[i][1].x, ov[i][1].y, ov[i][1].z, ov[i][1].w};
-#pragma unroll
-                for (int e = 0; e < 8; ++e) num[e] += w * o8[e];
-                den += w * sl[g * ns + s0 + i];
-            }
-        }
-        float f[8];
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-            f[e] = num[e] / den;
-            if (gc.gate) f[e] *= 1.0f / (1.0f + expf(-gc.gate[o0 + v0 + e]));
-        }
-        *(float4*)(gc.out + o0 + v0) = make_float4(f[0], f[1], f[2], f[3]);
-        *(float4*)(gc.out + o0 + v0 + 4) = make_float4(f[4], f[5], f[6], f[7]);
-        if (gc.q) q8k_warp(f, q0 + b, lane, gc.q, gc.ds, gc.bs, width, 0);
-    }
-}
-
 #define MMA_SP 136 // the warps' outputs in shared memory for their merge: rows of 128 floats + 8
 // W warps per block (4 or 8). The block's split is cut into steps of 16 positions over nw warps
 // (warp w takes the steps at start + 16 w, + 16 nw, ...), and the warps' states are merged by
@@ -468,7 +392,7 @@ template <int W>
 __device__ __forceinline__ void attn_rows_mma(const float* __restrict__ q, const RowKv* __restrict__ tab,
                                               const int* __restrict__ pos, float* __restrict__ o_part,
                                               float2* __restrict__ ml_part, int n_head, int n_kv, int window, int ring,
-                                              float scale, int solo, int min_tiles, const GroupCombine& gc) {
+                                              float scale, int solo, int min_tiles) {
     constexpr int D = 128;
     const int G = n_head / n_kv;
     const int kvh = blockIdx.x, h0 = kvh * G;
@@ -668,47 +592,23 @@ __device__ __forceinline__ void attn_rows_mma(const float* __restrict__ q, const
         if (warp < half) merge(warp);
         if (half > 1) __syncthreads();
     }
+    if (warp != 0) return;
     const size_t base = ((size_t)row * n_head + (size_t)h0) * n_splits + split;
-    if (warp == 0) {
 #pragma unroll
-        for (int rr = 0; rr < 2; ++rr) {
-            const int g = qd + 8 * rr;
-            if (g >= G) continue;
+    for (int rr = 0; rr < 2; ++rr) {
+        const int g = qd + 8 * rr;
+        if (g >= G) continue;
 #pragma unroll
-            for (int t = 0; t < 16; ++t)
-                *(float2*)(o_part + (base + (size_t)g * n_splits) * D + 8 * t + 2 * qc) =
-                    make_float2(o[t][2 * rr], o[t][2 * rr + 1]);
-            if (qc == 0) ml_part[base + (size_t)g * n_splits] = make_float2(m[rr], l[rr]);
-        }
+        for (int t = 0; t < 16; ++t)
+            *(float2*)(o_part + (base + (size_t)g * n_splits) * D + 8 * t + 2 * qc) =
+                make_float2(o[t][2 * rr], o[t][2 * rr + 1]);
+        if (qc == 0) ml_part[base + (size_t)g * n_splits] = make_float2(m[rr], l[rr]);
     }
-    if (!gc.cnt) return;
-    // The split that completes the (row, KV head)'s count merges its splits (group_combine).
-    __shared__ int last_split;
-    if (warp == 0) {
-        // Warp 0's partials ordered before lane 0's count (release, cumulative over the warp
-        // barrier); the completing block reads the others' after it (acquire, then the block
-        // barrier).
-        __syncwarp();
-        if (lane == 0) {
-            unsigned* c = gc.cnt + (size_t)row * n_kv + kvh;
-            const int last = atom_add_release(c, 1u) == (unsigned)(plan.x - 1);
-            if (last) {
-                fence_acquire();
-                *c = 0u; // zero again for the next launch
-            }
-            last_split = last;
-        }
-    }
-    __syncthreads();
-    if (!last_split) return;
-    group_combine<D>(o_part, ml_part, ((size_t)row * n_head + (size_t)h0) * n_splits, n_splits, plan.x, G,
-                     (size_t)row * n_head * D + (size_t)h0 * D, row * (n_head * D / QK_K) + h0 * D / QK_K, n_head * D,
-                     W, gc, (float*)smem4);
 }
 #define MMA_ROWS_ARGS const float* __restrict__ q, const RowKv* __restrict__ tab, const int* __restrict__ pos, \
     float* __restrict__ o_part, float2* __restrict__ ml_part, int n_head, int n_kv, int window, int ring, float scale, \
-    int solo, int min_tiles, GroupCombine gc
-#define MMA_ROWS_PASS q, tab, pos, o_part, ml_part, n_head, n_kv, window, ring, scale, solo, min_tiles, gc
+    int solo, int min_tiles
+#define MMA_ROWS_PASS q, tab, pos, o_part, ml_part, n_head, n_kv, window, ring, scale, solo, min_tiles
 extern "C" __global__ void __launch_bounds__(128) attn_rows_mma_128(MMA_ROWS_ARGS) {
     pdl_wait();
     attn_rows_mma<4>(MMA_ROWS_PASS);

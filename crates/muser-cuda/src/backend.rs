@@ -95,27 +95,8 @@ struct Workspace {
     tokens_host: Vec<u32>,
     o_part: CudaSlice<f32>,
     ml_part: CudaSlice<f32>,
-    /// Per (row, KV head) of the tensor-core attention: its splits done so far (zero between
-    /// launches), for the split combine folded into it (`GroupCombine`).
-    attn_cnt: CudaSlice<u32>,
     argmax: CudaSlice<u32>,
 }
-
-/// Mirrors `GroupCombine` of attention.cu: where the tensor-core attention's last split of each
-/// (row, KV head) writes the merged output (its gate, its Q8_K quantization); all zero: the
-/// partials only, merged by `attn_rows_combine`.
-#[repr(C)]
-#[derive(Clone, Copy, Default, Debug)]
-struct GroupCombine {
-    out: u64,
-    gate: u64,
-    q: u64,
-    ds: u64,
-    bs: u64,
-    cnt: u64,
-}
-// SAFETY: a plain #[repr(C)] struct of device addresses with the layout of the CUDA struct.
-unsafe impl DeviceRepr for GroupCombine {}
 
 pub struct CudaBackend {
     pub gpu: Gpu,
@@ -135,11 +116,6 @@ pub struct CudaBackend {
     ablate: Vec<String>,
     /// Decode attention on the tensor cores where it fits (`mma_attention_fits`).
     attn_mma: std::sync::atomic::AtomicBool,
-    /// The tensor-core attention merges each row's splits itself (`GroupCombine`), with
-    /// `MUSER_ATTN_FUSED_COMBINE=1`; by default the merge is its own launch (`attn_rows_combine`).
-    /// Off by default until it is timed on the H200 (written in a session without device time;
-    /// the parity command checks it against the separate launch bit for bit).
-    fused_combine: std::sync::atomic::AtomicBool,
     /// (kernels, kernel edges, programmatic edges) of the last graph captured.
     last_graph: Mutex<Option<(u64, usize, usize)>>,
     /// The f32 values (address, count, row width) whose row-major Q8_K quantization the
@@ -165,17 +141,9 @@ pub struct CudaBackend {
 const STAGED_READ_MIN: usize = 1 << 20;
 const STAGED_READ_MAX: usize = 64 << 20;
 
-/// Whether a read of `n` f32 values goes through `read_staged` (`MUSER_CUDA_STAGED_MIN` bytes
-/// sets the lower bound, for measuring).
+/// Whether a read of `n` f32 values goes through `read_staged`.
 fn staged(n: usize) -> bool {
-    static MIN: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    let min = *MIN.get_or_init(|| {
-        std::env::var("MUSER_CUDA_STAGED_MIN")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(STAGED_READ_MIN)
-    });
-    (min..=STAGED_READ_MAX).contains(&(n * 4))
+    (STAGED_READ_MIN..=STAGED_READ_MAX).contains(&(n * 4))
 }
 
 /// One launch of the per-row attention kernels (decode groups, and prefill chunks on the tensor
@@ -323,13 +291,6 @@ pub fn solo_splits(n_kv: usize, sms: usize) -> usize {
     (2 * sms).div_ceil(n_kv.max(1))
 }
 
-/// Whether the split merge of the tensor-core attention (`W` warps per block) folds into it for
-/// `g` query heads of 128 per KV head and rows of up to `splits` splits: the heads tile Q8_K
-/// blocks, and each split's weight and sum per head fit the block's shared memory.
-fn merge_folds(g: usize, splits: usize, w: usize) -> bool {
-    (g * 128).is_multiple_of(256) && 2 * g * splits * 4 <= attn_mma_smem(w)
-}
-
 /// (n_splits, split_len) of a row that sees `count` positions (`solo_split` in attention.cu,
 /// the same integer arithmetic) when at most `solo` splits are asked for: one split per tile of
 /// ATT_T positions up to T = `min_tiles` splits, past T splits at least T tiles each; splits of
@@ -432,7 +393,6 @@ impl CudaBackend {
             tokens_host: Vec::new(),
             o_part: gpu.stream.alloc_zeros(1)?,
             ml_part: gpu.stream.alloc_zeros(1)?,
-            attn_cnt: gpu.stream.alloc_zeros(1)?,
             argmax: gpu.stream.alloc_zeros(1)?,
         };
         let tables = || -> std::result::Result<RowTables, CudaError> {
@@ -459,9 +419,6 @@ impl CudaBackend {
             ),
             attn_mma: std::sync::atomic::AtomicBool::new(
                 std::env::var("MUSER_ATTN_MMA").map_or(true, |v| v != "0"),
-            ),
-            fused_combine: std::sync::atomic::AtomicBool::new(
-                std::env::var("MUSER_ATTN_FUSED_COMBINE").is_ok_and(|v| v == "1"),
             ),
             graphs: std::sync::atomic::AtomicBool::new(
                 std::env::var("MUSER_CUDA_GRAPHS").map_or(true, |v| v != "0"),
@@ -542,17 +499,6 @@ impl CudaBackend {
     }
     pub fn set_attn_mma(&self, on: bool) {
         self.attn_mma
-            .store(on, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// Whether the tensor-core attention merges each row's splits in the same launch (the
-    /// same bits either way).
-    pub fn fused_combine(&self) -> bool {
-        self.fused_combine
-            .load(std::sync::atomic::Ordering::Relaxed)
-    }
-    pub fn set_fused_combine(&self, on: bool) {
-        self.fused_combine
             .store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
@@ -692,7 +638,6 @@ impl CudaBackend {
             self.p(&ws.tokens),
             self.p(&ws.o_part),
             self.p(&ws.ml_part),
-            self.p(&ws.attn_cnt),
             self.p(&t.pos_dev),
             self.p(&t.kv_dev),
         ];
@@ -802,7 +747,7 @@ impl CudaBackend {
     /// The tensor-core attention over the rows of `a` (query `qp`, [n][n_head * 128] f32): one
     /// block per (KV head, row, split), each row split as it would be alone; 8 warps per block
     /// (`attn_rows_mma8_128`) when `wide`, else 4 (`attn_rows_mma_128`).
-    fn attn_rows_mma(&self, a: &RowsAttn, qp: u64, scale: f32, wide: bool, gc: GroupCombine) {
+    fn attn_rows_mma(&self, a: &RowsAttn, qp: u64, scale: f32, wide: bool) {
         let (w, name) = if wide {
             (8, "attn_rows_mma8_128")
         } else {
@@ -835,61 +780,10 @@ impl CudaBackend {
             .arg(&ring)
             .arg(&scale)
             .arg(&so)
-            .arg(&mt)
-            .arg(&gc);
+            .arg(&mt);
         // SAFETY: the partials hold n * n_head * splits entries; each row reads its own cache
-        // within its slots; gc's buffers (when set) are those `attn_rows_mma_combined` sized.
+        // within its slots.
         ck(unsafe { b.launch(cfg) }, "attn_rows_mma");
-    }
-
-    /// The tensor-core attention over the rows of `a` and the merge of each row's splits into
-    /// `outp` ([n][n_head * 128]), times sigmoid(gate) where `gp` is not 0: in one launch, the
-    /// last split of each (row, KV head) merging them (`GroupCombine`; the arithmetic of
-    /// `attn_rows_combine`, same bits, also its Q8_K quantization for the attn_output matmul)
-    /// when `fused_combine` is on; otherwise, or where the heads of a KV head do not tile Q8_K
-    /// blocks, the merge left to `attn_rows_combine`.
-    #[allow(clippy::too_many_arguments)]
-    fn attn_rows_mma_combined(
-        &self,
-        ws: &mut Workspace,
-        a: &RowsAttn,
-        qp: u64,
-        scale: f32,
-        wide: bool,
-        gp: u64,
-        outp: u64,
-    ) {
-        let d = 128;
-        let (width, g) = (a.n_head * d, a.n_head / a.n_kv);
-        let w = if wide { 8 } else { 4 };
-        let fused = self.fused_combine() && merge_folds(g, a.splits, w);
-        if !fused {
-            self.attn_rows_mma(a, qp, scale, wide, GroupCombine::default());
-            self.attn_rows_combine(ws, a, d, gp, outp);
-            return;
-        }
-        let quant = self.fuse_quant.load(std::sync::atomic::Ordering::Relaxed);
-        if quant && a.n * width > ws.act.cap {
-            ws.act = ck(self.gpu.act_scratch(a.n * width), "activation scratch");
-        }
-        grow(&self.gpu, &mut ws.attn_cnt, a.n * a.n_kv);
-        let (q, ds, bs) = if quant {
-            (self.p(&ws.act.q), self.p(&ws.act.ds), self.p(&ws.act.bs))
-        } else {
-            (0, 0, 0)
-        };
-        let gc = GroupCombine {
-            out: outp,
-            gate: gp,
-            q,
-            ds,
-            bs,
-            cnt: self.p(&ws.attn_cnt),
-        };
-        self.attn_rows_mma(a, qp, scale, wide, gc);
-        if quant {
-            *self.fused_act.lock().unwrap() = Some((outp, a.n * width, width));
-        }
     }
 
     /// attn_rows_combine: each row's own splits of `a`'s partials merged into `outp` ([n][n_head *
@@ -1518,8 +1412,8 @@ impl Backend for CudaBackend {
                         window: l.spec.window.unwrap_or(0),
                         ring: l.spec.is_ring(),
                     };
-                    let (qp, op) = (self.p(&q.data), self.p(&out.data));
-                    self.attn_rows_mma_combined(&mut ws, &a, qp, scale, false, 0, op);
+                    self.attn_rows_mma(&a, self.p(&q.data), scale, false);
+                    self.attn_rows_combine(&mut ws, &a, d, 0, self.p(&out.data));
                     return;
                 }
                 let plan = attention_plan(count, q.rows, n_kv, g, self.gpu.sms);
@@ -1891,15 +1785,9 @@ impl Backend for CudaBackend {
                     ring: spec.is_ring(),
                 };
                 let qp = self.p(&q.data);
-                if let Some(g) = gate {
-                    assert_eq!((g.rows, g.cols), (n, width), "attention_rows: gate shape");
-                }
-                let gp = gate.map_or(0, |g| self.p(&g.data));
                 if self.attn_mma() && mma_attention_fits(d, g) {
-                    // Tensor cores: all the group's heads per block (no head chunks), the split
-                    // merge folded in.
-                    let op = self.p(&out.data);
-                    self.attn_rows_mma_combined(&mut ws, &a, qp, scale, wide, gp, op);
+                    // Tensor cores: all the group's heads per block (no head chunks).
+                    self.attn_rows_mma(&a, qp, scale, wide);
                 } else {
                     let chunks = self.rows_chunks(&spec, pos);
                     let g_block = g / chunks;
@@ -1934,8 +1822,12 @@ impl Backend for CudaBackend {
                     // SAFETY: partials hold n * n_head * max_splits entries; each row reads its own
                     // cache within its slots.
                     ck(unsafe { b.launch(cfg) }, "attn_rows");
-                    self.attn_rows_combine(&mut ws, &a, d, gp, self.p(&out.data));
                 }
+                if let Some(g) = gate {
+                    assert_eq!((g.rows, g.cols), (n, width), "attention_rows: gate shape");
+                }
+                let gp = gate.map_or(0, |g| self.p(&g.data));
+                self.attn_rows_combine(&mut ws, &a, d, gp, self.p(&out.data));
             },
         )
     }
@@ -1958,18 +1850,6 @@ mod tests {
             assert!(2 * attn_mma_smem(w) <= 227 * 1024);
         }
         assert_eq!(attn_mma_smem(4), 34_816);
-        // The folded split merge fits for 16 heads per KV head (Glimmer's; the most the kernel
-        // takes) whatever the split count of a row on the H200, with 1 to 4 KV heads.
-        for n_kv in [1, 2, 4] {
-            let solo = solo_splits(n_kv, 132);
-            for w in [4, 8] {
-                assert!(mma_attention_fits(128, 16) && merge_folds(16, solo, w));
-            }
-        }
-        // 2 heads of 128 per KV head tile a Q8_K block of 256, 1 head does not; too many splits
-        // for the shared memory do not fold.
-        assert!(merge_folds(2, 1, 4) && !merge_folds(1, 1, 4));
-        assert!(!merge_folds(16, 10_000, 4));
     }
 
     #[test]

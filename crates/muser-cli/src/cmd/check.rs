@@ -1245,41 +1245,6 @@ fn check_attention_rows(
         "kv_store+attn_rows"
     };
     p.record(op, shape.clone(), &a, &b, MATVEC_NMSE);
-    if !mma.is_empty() {
-        // The split merge folded into the tensor-core kernel (`GroupCombine`) against its own
-        // launch (attn_rows_combine), whichever of the two the run above used: the same bits,
-        // and the folded merge's quantization is the matmul's own.
-        let was = p.gpu.fused_combine();
-        p.gpu.set_fused_combine(!was);
-        let mut other = p.gpu.buf(n, qw);
-        let rg: Vec<&mut _> = kvg.iter_mut().collect();
-        p.gpu.attention_rows(
-            &qg,
-            qw,
-            &rg,
-            0,
-            &depths,
-            scale,
-            ring.then_some(&gg),
-            &mut other,
-        );
-        fused_matmul_exact(
-            p,
-            &other,
-            &format!(
-                "attention_rows (merge folded: {}) -> attn_output {n}x{qw}",
-                !was
-            ),
-        );
-        p.gpu.set_fused_combine(was);
-        let other = p.read_gpu(&other);
-        p.exact(
-            "attn_rows merge folded == combine launch",
-            shape.clone(),
-            &a,
-            &other,
-        );
-    }
     // Each row alone (a decode group of one, as a single sequence decodes) must get its bits.
     let mut alone = Vec::with_capacity(a.len());
     for (t, &depth) in depths.iter().enumerate() {
