@@ -52,10 +52,13 @@ fn batched_attention_equals_per_head_attention_bitwise() {
         (8, 2, 64, Some(16), 50, 24),
         (4, 1, 256, Some(7), 13, 17),
     ];
-    for (n_head, n_head_kv, head_dim, window, pos0, rows) in cases {
-        if !attn::available(head_dim) {
-            return eprintln!("no AVX-512: skipped");
-        }
+    if attn::isas().is_empty() {
+        return eprintln!("no AVX2: skipped");
+    }
+    for (&isa, (n_head, n_head_kv, head_dim, window, pos0, rows)) in attn::isas()
+        .iter()
+        .flat_map(|i| cases.iter().map(move |&c| (i, c)))
+    {
         let slots = window.map_or(pos0 + rows, |w| w + rows - 1);
         let spec = KvLayerSpec {
             n_head,
@@ -70,7 +73,7 @@ fn batched_attention_equals_per_head_attention_bitwise() {
             .collect();
         let scale = 1.0 / (head_dim as f32).sqrt();
         let mut got = vec![f32::NAN; q.len()];
-        attn::attend(&kv, &q, n_head, pos0, scale, &mut got);
+        attn::attend_with(isa, &kv, &q, n_head, pos0, scale, &mut got);
         let mut want = vec![f32::NAN; q.len()];
         for (i, o) in want.chunks_mut(head_dim).enumerate() {
             let (t, h) = (i / n_head, i % n_head);
@@ -86,7 +89,7 @@ fn batched_attention_equals_per_head_attention_bitwise() {
         assert_eq!(
             bits(&got),
             bits(&want),
-            "heads {n_head}/{n_head_kv} x {head_dim}, window {window:?}, pos0 {pos0}, rows {rows}"
+            "{isa:?}: heads {n_head}/{n_head_kv} x {head_dim}, window {window:?}, pos0 {pos0}, rows {rows}"
         );
     }
 }
@@ -150,14 +153,18 @@ fn grouped_equals_per_head(
     }
 }
 
-/// Decode attention (`attend_kv_head`: K and V read as f16 by the AVX-512 kernel) against
-/// `attend_head` per head, bit for bit.
+/// Decode attention (`attend_kv_head`: K and V read as f16 by the AVX-512 and the AVX2
+/// kernels, each that the CPU has) against `attend_head` per head, bit for bit.
 #[test]
 fn decode_attention_equals_per_head_attention_bitwise() {
-    if DECODE_CASES.iter().any(|c| !attn::available(c.2)) {
-        return eprintln!("no AVX-512: skipped");
+    if attn::isas().is_empty() {
+        return eprintln!("no AVX2: skipped");
     }
-    grouped_equals_per_head(6, attn::attend_kv_head);
+    for &isa in attn::isas() {
+        grouped_equals_per_head(6, |kv, qs, kh, p, scale, res| {
+            attn::attend_kv_head_with(isa, kv, qs, kh, p, scale, res)
+        });
+    }
 }
 
 /// `KvLayer::attend_group` (the path of CPUs without the batched kernels: a prefill's

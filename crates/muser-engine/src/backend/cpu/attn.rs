@@ -39,24 +39,48 @@ use rayon::prelude::*;
 /// Rows from which a call takes the batched path.
 pub const MIN_ROWS: usize = 8;
 
-/// Whether the batched path serves a layer with this head size on this CPU.
-pub fn available(head_dim: usize) -> bool {
+/// The vector kernels of this module: AVX-512F (16-lane vectors: one FMA chain holds both of
+/// the AVX2 dot's 8-lane chains) or AVX2 (the dot's two 8-lane chains as they are). Both give
+/// `attend_head`'s bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Isa {
+    Avx512,
+    Avx2,
+}
+
+/// The kernels this CPU runs, fastest first (empty: none, the caller runs `attend_head`).
+pub fn isas() -> &'static [Isa] {
     #[cfg(target_arch = "x86_64")]
     {
-        static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        let has = *HAS.get_or_init(|| {
-            is_x86_feature_detected!("avx512f")
-                && is_x86_feature_detected!("avx2")
+        static HAS: std::sync::OnceLock<Vec<Isa>> = std::sync::OnceLock::new();
+        HAS.get_or_init(|| {
+            let avx2 = is_x86_feature_detected!("avx2")
                 && is_x86_feature_detected!("fma")
-                && is_x86_feature_detected!("f16c")
-        });
-        has && head_dim > 0 && head_dim.is_multiple_of(16)
+                && is_x86_feature_detected!("f16c");
+            let mut v = Vec::new();
+            if avx2 && is_x86_feature_detected!("avx512f") {
+                v.push(Isa::Avx512);
+            }
+            if avx2 {
+                v.push(Isa::Avx2);
+            }
+            v
+        })
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = head_dim;
-        false
+        &[]
     }
+}
+
+/// The kernel the batched paths use on this CPU.
+fn isa() -> Isa {
+    isas()[0]
+}
+
+/// Whether the batched path serves a layer with this head size on this CPU.
+pub fn available(head_dim: usize) -> bool {
+    !isas().is_empty() && head_dim > 0 && head_dim.is_multiple_of(16)
 }
 
 /// A raw pointer shared by tasks that write disjoint parts of the output.
@@ -80,6 +104,20 @@ thread_local! {
 /// Rows t of q (`[n, n_head * head_dim]`, at positions pos0 + t) over `kv`; writes out.
 /// Requires `available(head_dim)`.
 pub fn attend(kv: &KvLayer, q: &[f32], n_head: usize, pos0: usize, scale: f32, out: &mut [f32]) {
+    attend_with(isa(), kv, q, n_head, pos0, scale, out)
+}
+
+/// `attend` on the kernels of `isa` (one of `isas()`).
+pub fn attend_with(
+    isa: Isa,
+    kv: &KvLayer,
+    q: &[f32],
+    n_head: usize,
+    pos0: usize,
+    scale: f32,
+    out: &mut [f32],
+) {
+    assert!(isas().contains(&isa), "attend: {isa:?} not on this CPU");
     let spec = kv.spec;
     let hd = spec.head_dim;
     let nkv = spec.n_head_kv;
@@ -136,7 +174,7 @@ pub fn attend(kv: &KvLayer, q: &[f32], n_head: usize, pos0: usize, scale: f32, o
         };
         // SAFETY: the CPU has the features (`available`); the slices hold the positions used
         // (lo - base ..= p - base < span, K up to 3 rows past it).
-        unsafe { x86::group(kf, vf, hd, qs, group, lo - base, p - base, scale, res) };
+        unsafe { x86::group(isa, kf, vf, hd, qs, group, lo - base, p - base, scale, res) };
     });
     // Kept up to 16 MB each (a long context's would stay allocated for nothing after it).
     if kf.len() <= 1 << 22 {
@@ -152,6 +190,23 @@ pub fn attend(kv: &KvLayer, q: &[f32], n_head: usize, pos0: usize, scale: f32, o
 /// into the loads, where it is exact. Each K and V row is read once for the G heads instead of
 /// once per head. Requires `available(head_dim)`.
 pub fn attend_kv_head(kv: &KvLayer, qs: &[f32], kh: usize, p: usize, scale: f32, res: &mut [f32]) {
+    attend_kv_head_with(isa(), kv, qs, kh, p, scale, res)
+}
+
+/// `attend_kv_head` on the kernels of `isa` (one of `isas()`).
+pub fn attend_kv_head_with(
+    isa: Isa,
+    kv: &KvLayer,
+    qs: &[f32],
+    kh: usize,
+    p: usize,
+    scale: f32,
+    res: &mut [f32],
+) {
+    assert!(
+        isas().contains(&isa),
+        "attend_kv_head: {isa:?} not on this CPU"
+    );
     let spec = kv.spec;
     let hd = spec.head_dim;
     assert!(available(hd));
@@ -179,7 +234,7 @@ pub fn attend_kv_head(kv: &KvLayer, qs: &[f32], kh: usize, p: usize, scale: f32,
     };
     // SAFETY: the CPU has the features (`available`); every position lo..=p is stored (the
     // slots of a ring, the plane up to p: checked above for p, and the cache grows in order).
-    unsafe { x86::group_f16(&rows, hd, qs, g, p + 1 - lo, scale, res) };
+    unsafe { x86::group_f16(isa, &rows, hd, qs, g, p + 1 - lo, scale, res) };
 }
 
 /// One KV head's f16 rows in the cache: position j's K at k + slot(j) * stride + off (V the
@@ -197,8 +252,11 @@ struct Rows16 {
 /// Other targets: `available` is false, so this is never called.
 #[cfg(not(target_arch = "x86_64"))]
 mod x86 {
+    use super::Isa;
+
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn group(
+        _: Isa,
         _: &[f32],
         _: &[f32],
         _: usize,
@@ -212,7 +270,9 @@ mod x86 {
         unreachable!("batched attention needs x86_64")
     }
 
+    #[allow(clippy::too_many_arguments)]
     pub unsafe fn group_f16(
+        _: Isa,
         _: &super::Rows16,
         _: usize,
         _: &[f32],
@@ -225,128 +285,84 @@ mod x86 {
     }
 }
 
+thread_local! {
+    /// Per thread: scores and weights of a task.
+    static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The body shared by every kernel: per head the scores, then in place the weights
+/// softmax(scores), of positions 0..len, four heads at a time (a missing head repeats one, its
+/// scores land in `spare`); then o = sum_j w_j v_j by blocks of up to 4 heads x `dims` values
+/// (the last block of a row may be narrower).
+/// `scores(q, sc, first)` fills sc[h][0..len] (rounded up to its step) for the 4 heads q;
+/// `weighted(gh, d0, w, wl, r, first)` writes heads 0..gh of the block starting at head `w`'s
+/// weights (rows wl apart) and values d0 .. d0 + dims to r (rows hd apart). `first` is set for
+/// the first pass over the positions (the one that prefetches).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn heads(
+    hd: usize,
+    qs: &[f32],
+    g: usize,
+    len: usize,
+    res: &mut [f32],
+    dims: usize,
+    mut scores: impl FnMut([&[f32]; 4], [*mut f32; 4], bool),
+    mut weighted: impl FnMut(usize, usize, *const f32, usize, *mut f32, bool),
+) {
+    let wl = len.next_multiple_of(16);
+    let mut buf = SCRATCH.with(|b| std::mem::take(&mut *b.borrow_mut()));
+    if buf.len() < (g + 1) * wl {
+        buf.resize((g + 1) * wl, 0.0);
+    }
+    let (w, spare) = buf.split_at_mut(g * wl);
+    for h0 in (0..g).step_by(4) {
+        let q: [&[f32]; 4] = std::array::from_fn(|k| {
+            let h = (h0 + k).min(g - 1);
+            &qs[h * hd..(h + 1) * hd]
+        });
+        let sc: [*mut f32; 4] = std::array::from_fn(|k| {
+            if h0 + k < g {
+                w[(h0 + k) * wl..].as_mut_ptr()
+            } else {
+                spare.as_mut_ptr()
+            }
+        });
+        scores(q, sc, h0 == 0);
+    }
+    for h in 0..g {
+        super::softmax::softmax(&mut w[h * wl..h * wl + len]);
+    }
+    assert!(res.len() >= g * hd);
+    let (wp, rp) = (w.as_ptr(), res.as_mut_ptr());
+    for h0 in (0..g).step_by(4) {
+        let gh = (g - h0).min(4);
+        for d0 in (0..hd).step_by(dims) {
+            weighted(
+                gh,
+                d0,
+                wp.wrapping_add(h0 * wl),
+                wl,
+                rp.wrapping_add(h0 * hd + d0),
+                h0 == 0 && d0 == 0,
+            );
+        }
+    }
+    SCRATCH.with(|b| *b.borrow_mut() = buf);
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
+    use super::{Isa, Rows16};
     use std::arch::x86_64::*;
 
-    /// The 16 horizontal sums of v by `_mm512_reduce_add_ps`'s tree (lane l + l+8, then m +
-    /// m+4, then [0+2, 1+3], then 0+1), all at once: lane 4(p % 4) + p / 4 of the result is
-    /// the sum of v[p].
-    #[inline(always)]
-    unsafe fn sums16(v: &[__m512; 16]) -> __m512 {
-        let a: [__m512; 8] = std::array::from_fn(|i| {
-            let (x, y) = (v[2 * i], v[2 * i + 1]);
-            _mm512_add_ps(
-                _mm512_shuffle_f32x4::<0b01_00_01_00>(x, y),
-                _mm512_shuffle_f32x4::<0b11_10_11_10>(x, y),
-            )
-        });
-        let b: [__m512; 4] = std::array::from_fn(|i| {
-            let (x, y) = (a[2 * i], a[2 * i + 1]);
-            _mm512_add_ps(
-                _mm512_shuffle_f32x4::<0b10_00_10_00>(x, y),
-                _mm512_shuffle_f32x4::<0b11_01_11_01>(x, y),
-            )
-        });
-        let c: [__m512; 2] = std::array::from_fn(|i| {
-            let (x, y) = (b[2 * i], b[2 * i + 1]);
-            _mm512_add_ps(
-                _mm512_shuffle_ps::<0b01_00_01_00>(x, y),
-                _mm512_shuffle_ps::<0b11_10_11_10>(x, y),
-            )
-        });
-        _mm512_add_ps(
-            _mm512_shuffle_ps::<0b10_00_10_00>(c[0], c[1]),
-            _mm512_shuffle_ps::<0b11_01_11_01>(c[0], c[1]),
-        )
-    }
-
-    /// Scores of four query heads q[h] over positions 0..len of a row loader (k(j, d): values d
-    /// .. d + 15 of position j; past len any finite values): sc[h][j] =
-    /// dot(k_j, q_h) * scale, each dot the AVX2 dot's: its two 8-lane FMA chains over 16
-    /// values per step are the 16 lanes of one chain here (lane l: dims l + 16 s), reduced by
-    /// the same tree (acc0 + acc1, lo4 + hi4, [0+2, 1+3], 0+1) as `_mm512_reduce_add_ps`. Four
-    /// positions at a time, each K value loaded once for the four heads; each sc[h] holds len
-    /// rounded up to 4.
-    /// prefetch(j) is called once per position before its loads.
-    #[inline(always)]
-    unsafe fn scores4(
-        k: impl Fn(usize, usize) -> __m512,
-        prefetch: impl Fn(usize),
-        hd: usize,
-        q: [&[f32]; 4],
-        len: usize,
-        scale: f32,
-        sc: [*mut f32; 4],
-    ) {
-        let steps = hd / 16;
-        let sv = _mm512_set1_ps(scale);
-        for j in (0..len).step_by(4) {
-            for kk in 0..4 {
-                prefetch(j + kk);
-            }
-            // v[4k + h]: position j + k, head h, so that the sums come out as lanes 4h + k.
-            let mut v = [_mm512_setzero_ps(); 16];
-            for st in 0..steps {
-                let qv: [__m512; 4] =
-                    std::array::from_fn(|h| _mm512_loadu_ps(q[h].as_ptr().add(16 * st)));
-                for kk in 0..4 {
-                    let kv = k(j + kk, 16 * st);
-                    for h in 0..4 {
-                        v[4 * kk + h] = _mm512_fmadd_ps(kv, qv[h], v[4 * kk + h]);
-                    }
-                }
-            }
-            let d = _mm512_mul_ps(sums16(&v), sv);
-            _mm_storeu_ps(sc[0].add(j), _mm512_castps512_ps128(d));
-            _mm_storeu_ps(sc[1].add(j), _mm512_extractf32x4_ps::<1>(d));
-            _mm_storeu_ps(sc[2].add(j), _mm512_extractf32x4_ps::<2>(d));
-            _mm_storeu_ps(sc[3].add(j), _mm512_extractf32x4_ps::<3>(d));
-        }
-    }
-
-    thread_local! {
-        /// Per thread: scores and weights of a task.
-        static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
-    }
-
-    /// o_h = sum_j w_h[j] v_j in position order (o = 0; o = fma(w_j, v_j, o)), for GH heads
-    /// and ND x 16 values of a row loader (v(j, d): values d .. d + 15 of position j's part);
-    /// prefetch(j) once per position before its loads.
-    #[inline(always)]
-    unsafe fn weighted<const GH: usize, const ND: usize>(
-        v: impl Fn(usize, usize) -> __m512,
-        prefetch: impl Fn(usize),
-        hd: usize,
-        w: *const f32,
-        wl: usize,
-        len: usize,
-        res: *mut f32,
-    ) {
-        let mut o = [[_mm512_setzero_ps(); ND]; GH];
-        for j in 0..len {
-            prefetch(j);
-            let vv: [__m512; ND] = std::array::from_fn(|k| v(j, 16 * k));
-            for (hh, oh) in o.iter_mut().enumerate() {
-                let wj = _mm512_set1_ps(*w.add(hh * wl + j));
-                for k in 0..ND {
-                    oh[k] = _mm512_fmadd_ps(wj, vv[k], oh[k]);
-                }
-            }
-        }
-        for (hh, oh) in o.iter().enumerate() {
-            for (k, ok) in oh.iter().enumerate() {
-                _mm512_storeu_ps(res.add(hh * hd + 16 * k), *ok);
-            }
-        }
-    }
-
     /// The G query heads `qs` (`[G, hd]`) sharing one KV head, at a row that sees positions
-    /// lo..=p (relative to the buffers' base); writes res (`[G, hd]`).
+    /// lo..=p (relative to the buffers' base) of K and V as f32 rows (K with 8 rows of
+    /// padding); writes res (`[G, hd]`).
     #[allow(clippy::too_many_arguments)]
-    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
     pub unsafe fn group(
-        kt: &[f32], // K as f32 rows (8 rows of padding)
+        isa: Isa,
+        kt: &[f32],
         vf: &[f32],
         hd: usize,
         qs: &[f32],
@@ -358,17 +374,36 @@ mod x86 {
     ) {
         let len = p + 1 - lo;
         assert!((lo + len.next_multiple_of(4)) * hd <= kt.len() && (lo + len) * hd <= vf.len());
-        let (kp, vp) = (kt.as_ptr().add(lo * hd), vf.as_ptr().add(lo * hd));
-        let rows = Loaders {
-            k: |j: usize, d: usize| _mm512_loadu_ps(kp.add(j * hd + d)),
-            v: |j: usize, d: usize| _mm512_loadu_ps(vp.add(j * hd + d)),
-            kpf: |_: usize| {},
-            vpf: |_: usize| {},
+        let rows = F32Rows {
+            k: kt.as_ptr().add(lo * hd),
+            v: vf.as_ptr().add(lo * hd),
+            hd,
         };
-        heads(&rows, hd, qs, g, len, scale, res)
+        match isa {
+            Isa::Avx512 => avx512::group(&rows, hd, qs, g, len, scale, res),
+            Isa::Avx2 => avx2::group(&rows, hd, qs, g, len, scale, res),
+        }
     }
 
-    use super::Rows16;
+    /// `group` for one decode row over the f16 rows of `rows`: positions 0..len (relative to
+    /// rows.base). The same scores, softmax and weighted sums, the loads converting f16.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn group_f16(
+        isa: Isa,
+        rows: &Rows16,
+        hd: usize,
+        qs: &[f32],
+        g: usize,
+        len: usize,
+        scale: f32,
+        res: &mut [f32],
+    ) {
+        let rows = F16Rows { rows, len, hd };
+        match isa {
+            Isa::Avx512 => avx512::group(&rows, hd, qs, g, len, scale, res),
+            Isa::Avx2 => avx2::group(&rows, hd, qs, g, len, scale, res),
+        }
+    }
 
     impl Rows16 {
         /// The offset of relative position j's row.
@@ -384,134 +419,413 @@ mod x86 {
         }
     }
 
+    /// Where a task's K and V rows come from: `k(j, d)` points at value d of relative position
+    /// j's K row, or is None past the positions (scores run several positions at a time; those
+    /// read as zeros and land in slots softmax never sees); `v(j, d)` the same for V (always
+    /// there); `prefetch(j)` asks for what position j + PF needs.
+    trait Rows {
+        /// f16 (2 bytes a value) or f32.
+        const F16: bool;
+        unsafe fn k(&self, j: usize, d: usize) -> Option<*const u8>;
+        unsafe fn v(&self, j: usize, d: usize) -> *const u8;
+        unsafe fn prefetch_k(&self, j: usize);
+        unsafe fn prefetch_v(&self, j: usize);
+    }
+
+    /// K and V converted to f32 for a prefill call: K padded past the positions, nothing to
+    /// prefetch (contiguous rows).
+    struct F32Rows {
+        k: *const f32,
+        v: *const f32,
+        hd: usize,
+    }
+    impl Rows for F32Rows {
+        const F16: bool = false;
+        #[inline(always)]
+        unsafe fn k(&self, j: usize, d: usize) -> Option<*const u8> {
+            Some(self.k.add(j * self.hd + d) as *const u8)
+        }
+        #[inline(always)]
+        unsafe fn v(&self, j: usize, d: usize) -> *const u8 {
+            self.v.add(j * self.hd + d) as *const u8
+        }
+        #[inline(always)]
+        unsafe fn prefetch_k(&self, _: usize) {}
+        #[inline(always)]
+        unsafe fn prefetch_v(&self, _: usize) {}
+    }
+
     /// Positions ahead whose K or V row a decode task asks the cache for.
     const PF: usize = 32;
 
-    /// 16 f16 values at p as f32 (exact).
-    #[inline(always)]
-    unsafe fn load16(p: *const u16) -> __m512 {
-        _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
-    }
-
-    /// `group` for one decode row over the f16 rows of `rows`: positions 0..len (relative to
-    /// rows.base). The same scores, softmax and weighted sums, the loads converting f16.
-    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-    pub unsafe fn group_f16(
-        rows: &Rows16,
-        hd: usize,
-        qs: &[f32],
-        g: usize,
+    /// A decode row's f16 rows in the cache (strided: a KV head's slice of each position's row),
+    /// so each load would wait on memory without a prefetch PF positions ahead (36% of the
+    /// AVX-512 kernel's samples sat on the first K load of a position before it).
+    struct F16Rows<'a> {
+        rows: &'a Rows16,
         len: usize,
-        scale: f32,
-        res: &mut [f32],
-    ) {
-        // The rows are a KV head's slice of each position's row of the cache (strided): each
-        // load would wait on memory without a prefetch PF positions ahead (36% of the kernel's
-        // samples sat on the first K load of a position before this).
-        let pf = |base: *const u16, j: usize| {
-            if j + PF < len {
-                let p = base.add(rows.at(j + PF)) as *const i8;
-                for line in (0..2 * hd).step_by(64) {
+        hd: usize,
+    }
+    impl F16Rows<'_> {
+        #[inline(always)]
+        unsafe fn prefetch(&self, base: *const u16, j: usize) {
+            if j + PF < self.len {
+                let p = base.add(self.rows.at(j + PF)) as *const i8;
+                for line in (0..2 * self.hd).step_by(64) {
                     _mm_prefetch::<_MM_HINT_T0>(p.add(line));
                 }
             }
-        };
-        let loaders = Loaders {
-            // Positions past len (scores4 runs 4 at a time) read as zeros: their scores land
-            // in slots softmax never sees.
-            k: |j: usize, d: usize| {
-                if j < len {
-                    load16(rows.k.add(rows.at(j) + d))
-                } else {
-                    _mm512_setzero_ps()
-                }
-            },
-            v: |j: usize, d: usize| load16(rows.v.add(rows.at(j) + d)),
-            kpf: |j: usize| pf(rows.k, j),
-            vpf: |j: usize| pf(rows.v, j),
-        };
-        heads(&loaders, hd, qs, g, len, scale, res)
+        }
+    }
+    impl Rows for F16Rows<'_> {
+        const F16: bool = true;
+        #[inline(always)]
+        unsafe fn k(&self, j: usize, d: usize) -> Option<*const u8> {
+            (j < self.len).then(|| self.rows.k.add(self.rows.at(j) + d) as *const u8)
+        }
+        #[inline(always)]
+        unsafe fn v(&self, j: usize, d: usize) -> *const u8 {
+            self.rows.v.add(self.rows.at(j) + d) as *const u8
+        }
+        #[inline(always)]
+        unsafe fn prefetch_k(&self, j: usize) {
+            self.prefetch(self.rows.k, j)
+        }
+        #[inline(always)]
+        unsafe fn prefetch_v(&self, j: usize) {
+            self.prefetch(self.rows.v, j)
+        }
     }
 
-    /// Where a task's K and V rows come from: values d .. d + 15 of relative position j, and a
-    /// prefetch of what a position needs some way ahead.
-    struct Loaders<K, V, KP, VP> {
-        k: K,
-        v: V,
-        kpf: KP,
-        vpf: VP,
-    }
+    /// The 16-lane kernels.
+    mod avx512 {
+        use super::Rows;
+        use std::arch::x86_64::*;
 
-    /// The body shared by `group` and `group_f16`: per head the scores, then in place the weights
-    /// softmax(scores), of positions 0..len, four heads at a time (a missing head repeats one,
-    /// its scores land in `spare`); then o = sum_j w_j v_j, up to 4 heads x 64 values at a time.
-    /// The prefetches run with the first pass over the positions only.
-    #[inline(always)]
-    unsafe fn heads<K, V, KP, VP>(
-        rows: &Loaders<K, V, KP, VP>,
-        hd: usize,
-        qs: &[f32],
-        g: usize,
-        len: usize,
-        scale: f32,
-        res: &mut [f32],
-    ) where
-        K: Fn(usize, usize) -> __m512,
-        V: Fn(usize, usize) -> __m512,
-        KP: Fn(usize),
-        VP: Fn(usize),
-    {
-        let wl = len.next_multiple_of(16);
-        let mut buf = SCRATCH.with(|b| std::mem::take(&mut *b.borrow_mut()));
-        if buf.len() < (g + 1) * wl {
-            buf.resize((g + 1) * wl, 0.0);
-        }
-        let (w, spare) = buf.split_at_mut(g * wl);
-        for h0 in (0..g).step_by(4) {
-            let q: [&[f32]; 4] = std::array::from_fn(|k| {
-                let h = (h0 + k).min(g - 1);
-                &qs[h * hd..(h + 1) * hd]
-            });
-            let sc: [*mut f32; 4] = std::array::from_fn(|k| {
-                if h0 + k < g {
-                    w.as_mut_ptr().add((h0 + k) * wl)
-                } else {
-                    spare.as_mut_ptr()
-                }
-            });
-            let kpf = |j: usize| {
-                if h0 == 0 {
-                    (rows.kpf)(j)
-                }
-            };
-            scores4(&rows.k, kpf, hd, q, len, scale, sc);
-        }
-        for h in 0..g {
-            super::super::softmax::softmax(&mut w[h * wl..h * wl + len]);
-        }
-        let (wp, rp) = (w.as_ptr(), res.as_mut_ptr());
-        for h0 in (0..g).step_by(4) {
-            let gh = (g - h0).min(4);
-            for d0 in (0..hd).step_by(64) {
-                let nd = ((hd - d0) / 16).min(4);
-                let (wh, r) = (wp.add(h0 * wl), rp.add(h0 * hd + d0));
-                let vload = |j: usize, d: usize| (rows.v)(j, d0 + d);
-                let vpf = |j: usize| {
-                    if h0 == 0 && d0 == 0 {
-                        (rows.vpf)(j)
-                    }
-                };
-                macro_rules! go {
-                    ($($gh:literal, $nd:literal);*) => {
-                        match (gh, nd) {
-                            $(($gh, $nd) => weighted::<$gh, $nd>(vload, vpf, hd, wh, wl, len, r),)*
-                            _ => unreachable!(),
-                        }
-                    };
-                }
-                go!(4, 4; 4, 3; 4, 2; 4, 1; 3, 4; 3, 3; 3, 2; 3, 1; 2, 4; 2, 3; 2, 2; 2, 1; 1, 4; 1, 3; 1, 2; 1, 1);
+        /// 16 values of a row at p as f32 (f16: exact conversion).
+        #[inline(always)]
+        unsafe fn load16<R: Rows>(p: *const u8) -> __m512 {
+            if R::F16 {
+                _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
+            } else {
+                _mm512_loadu_ps(p as *const f32)
             }
         }
-        SCRATCH.with(|b| *b.borrow_mut() = buf);
+
+        /// The 16 horizontal sums of v by `_mm512_reduce_add_ps`'s tree (lane l + l+8, then m +
+        /// m+4, then [0+2, 1+3], then 0+1), all at once: lane 4(p % 4) + p / 4 of the result is
+        /// the sum of v[p].
+        #[inline(always)]
+        unsafe fn sums16(v: &[__m512; 16]) -> __m512 {
+            let a: [__m512; 8] = std::array::from_fn(|i| {
+                let (x, y) = (v[2 * i], v[2 * i + 1]);
+                _mm512_add_ps(
+                    _mm512_shuffle_f32x4::<0b01_00_01_00>(x, y),
+                    _mm512_shuffle_f32x4::<0b11_10_11_10>(x, y),
+                )
+            });
+            let b: [__m512; 4] = std::array::from_fn(|i| {
+                let (x, y) = (a[2 * i], a[2 * i + 1]);
+                _mm512_add_ps(
+                    _mm512_shuffle_f32x4::<0b10_00_10_00>(x, y),
+                    _mm512_shuffle_f32x4::<0b11_01_11_01>(x, y),
+                )
+            });
+            let c: [__m512; 2] = std::array::from_fn(|i| {
+                let (x, y) = (b[2 * i], b[2 * i + 1]);
+                _mm512_add_ps(
+                    _mm512_shuffle_ps::<0b01_00_01_00>(x, y),
+                    _mm512_shuffle_ps::<0b11_10_11_10>(x, y),
+                )
+            });
+            _mm512_add_ps(
+                _mm512_shuffle_ps::<0b10_00_10_00>(c[0], c[1]),
+                _mm512_shuffle_ps::<0b11_01_11_01>(c[0], c[1]),
+            )
+        }
+
+        /// Scores of four query heads q[h] over positions 0..len of a row loader (k(j, d): values d
+        /// .. d + 15 of position j; past len any finite values): sc[h][j] =
+        /// dot(k_j, q_h) * scale, each dot the AVX2 dot's: its two 8-lane FMA chains over 16
+        /// values per step are the 16 lanes of one chain here (lane l: dims l + 16 s), reduced by
+        /// the same tree (acc0 + acc1, lo4 + hi4, [0+2, 1+3], 0+1) as `_mm512_reduce_add_ps`. Four
+        /// positions at a time, each K value loaded once for the four heads; each sc[h] holds len
+        /// rounded up to 4.
+        /// prefetch(j) is called once per position before its loads.
+        #[inline(always)]
+        unsafe fn scores4(
+            k: impl Fn(usize, usize) -> __m512,
+            prefetch: impl Fn(usize),
+            hd: usize,
+            q: [&[f32]; 4],
+            len: usize,
+            scale: f32,
+            sc: [*mut f32; 4],
+        ) {
+            let steps = hd / 16;
+            let sv = _mm512_set1_ps(scale);
+            for j in (0..len).step_by(4) {
+                for kk in 0..4 {
+                    prefetch(j + kk);
+                }
+                // v[4k + h]: position j + k, head h, so that the sums come out as lanes 4h + k.
+                let mut v = [_mm512_setzero_ps(); 16];
+                for st in 0..steps {
+                    let qv: [__m512; 4] =
+                        std::array::from_fn(|h| _mm512_loadu_ps(q[h].as_ptr().add(16 * st)));
+                    for kk in 0..4 {
+                        let kv = k(j + kk, 16 * st);
+                        for h in 0..4 {
+                            v[4 * kk + h] = _mm512_fmadd_ps(kv, qv[h], v[4 * kk + h]);
+                        }
+                    }
+                }
+                let d = _mm512_mul_ps(sums16(&v), sv);
+                _mm_storeu_ps(sc[0].add(j), _mm512_castps512_ps128(d));
+                _mm_storeu_ps(sc[1].add(j), _mm512_extractf32x4_ps::<1>(d));
+                _mm_storeu_ps(sc[2].add(j), _mm512_extractf32x4_ps::<2>(d));
+                _mm_storeu_ps(sc[3].add(j), _mm512_extractf32x4_ps::<3>(d));
+            }
+        }
+
+        /// o_h = sum_j w_h[j] v_j in position order (o = 0; o = fma(w_j, v_j, o)), for GH heads
+        /// and ND x 16 values of a row loader (v(j, d): values d .. d + 15 of position j's part);
+        /// prefetch(j) once per position before its loads.
+        #[inline(always)]
+        unsafe fn weighted<const GH: usize, const ND: usize>(
+            v: impl Fn(usize, usize) -> __m512,
+            prefetch: impl Fn(usize),
+            hd: usize,
+            w: *const f32,
+            wl: usize,
+            len: usize,
+            res: *mut f32,
+        ) {
+            let mut o = [[_mm512_setzero_ps(); ND]; GH];
+            for j in 0..len {
+                prefetch(j);
+                let vv: [__m512; ND] = std::array::from_fn(|k| v(j, 16 * k));
+                for (hh, oh) in o.iter_mut().enumerate() {
+                    let wj = _mm512_set1_ps(*w.add(hh * wl + j));
+                    for k in 0..ND {
+                        oh[k] = _mm512_fmadd_ps(wj, vv[k], oh[k]);
+                    }
+                }
+            }
+            for (hh, oh) in o.iter().enumerate() {
+                for (k, ok) in oh.iter().enumerate() {
+                    _mm512_storeu_ps(res.add(hh * hd + 16 * k), *ok);
+                }
+            }
+        }
+
+        #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+        pub unsafe fn group<R: Rows>(
+            rows: &R,
+            hd: usize,
+            qs: &[f32],
+            g: usize,
+            len: usize,
+            scale: f32,
+            res: &mut [f32],
+        ) {
+            let k = |j: usize, d: usize| match rows.k(j, d) {
+                Some(p) => load16::<R>(p),
+                None => _mm512_setzero_ps(),
+            };
+            super::super::heads(
+                hd,
+                qs,
+                g,
+                len,
+                res,
+                64.min(hd),
+                |q, sc, first| {
+                    let pf = |j: usize| {
+                        if first {
+                            rows.prefetch_k(j)
+                        }
+                    };
+                    scores4(k, pf, hd, q, len, scale, sc)
+                },
+                |gh, d0, wh, wl, r, first| {
+                    let nd = ((hd - d0) / 16).min(4);
+                    let vload = |j: usize, d: usize| load16::<R>(rows.v(j, d0 + d));
+                    let vpf = |j: usize| {
+                        if first {
+                            rows.prefetch_v(j)
+                        }
+                    };
+                    macro_rules! go {
+                        ($($gh:literal, $nd:literal);*) => {
+                            match (gh, nd) {
+                                $(($gh, $nd) => weighted::<$gh, $nd>(vload, vpf, hd, wh, wl, len, r),)*
+                                _ => unreachable!(),
+                            }
+                        };
+                    }
+                    go!(4, 4; 4, 3; 4, 2; 4, 1; 3, 4; 3, 3; 3, 2; 3, 1; 2, 4; 2, 3; 2, 2; 2, 1; 1, 4; 1, 3; 1, 2; 1, 1);
+                },
+            )
+        }
+    }
+
+    /// The 8-lane kernels: the AVX2 dot's two chains (dims 16s + 0..7 and 16s + 8..15) as two
+    /// accumulators per (position, head), reduced by its tree.
+    mod avx2 {
+        use super::Rows;
+        use std::arch::x86_64::*;
+
+        /// 8 values of a row at p as f32 (f16: exact conversion).
+        #[inline(always)]
+        unsafe fn load8<R: Rows>(p: *const u8) -> __m256 {
+            if R::F16 {
+                _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+            } else {
+                _mm256_loadu_ps(p as *const f32)
+            }
+        }
+
+        /// The 8 horizontal sums of t by `dot_f16_f32`'s tree after its acc0 + acc1 (lane i +
+        /// i+4, then [0+2, 1+3], then 0+1), all at once: lane l of the result is the sum of
+        /// t[2l] for l < 4 and of t[2(l - 4) + 1] for l >= 4.
+        #[inline(always)]
+        unsafe fn sums8(t: &[__m256; 8]) -> __m256 {
+            let a: [__m256; 4] = std::array::from_fn(|i| {
+                let (x, y) = (t[2 * i], t[2 * i + 1]);
+                _mm256_add_ps(
+                    _mm256_permute2f128_ps::<0x20>(x, y),
+                    _mm256_permute2f128_ps::<0x31>(x, y),
+                )
+            });
+            let b: [__m256; 2] = std::array::from_fn(|i| {
+                let (x, y) = (a[2 * i], a[2 * i + 1]);
+                _mm256_add_ps(
+                    _mm256_shuffle_ps::<0b01_00_01_00>(x, y),
+                    _mm256_shuffle_ps::<0b11_10_11_10>(x, y),
+                )
+            });
+            _mm256_add_ps(
+                _mm256_shuffle_ps::<0b10_00_10_00>(b[0], b[1]),
+                _mm256_shuffle_ps::<0b11_01_11_01>(b[0], b[1]),
+            )
+        }
+
+        /// Scores of four query heads over positions 0..len (len rounded up to 2), each dot
+        /// `dot_f16_f32`'s: acc0 over dims 16s + 0..7, acc1 over 16s + 8..15, acc0 + acc1, then
+        /// its tree; two positions at a time, each K value loaded once for the four heads.
+        #[inline(always)]
+        unsafe fn scores4(
+            k: impl Fn(usize, usize) -> __m256,
+            prefetch: impl Fn(usize),
+            hd: usize,
+            q: [&[f32]; 4],
+            len: usize,
+            scale: f32,
+            sc: [*mut f32; 4],
+        ) {
+            let sv = _mm256_set1_ps(scale);
+            let mut out = [0f32; 8];
+            for j in (0..len).step_by(2) {
+                // t[2h + kk]: head h, position j + kk (so lanes h and 4 + h of the sums).
+                let mut t = [_mm256_setzero_ps(); 8];
+                for kk in 0..2 {
+                    prefetch(j + kk);
+                    let mut a0 = [_mm256_setzero_ps(); 4];
+                    let mut a1 = [_mm256_setzero_ps(); 4];
+                    for d in (0..hd).step_by(16) {
+                        let (k0, k1) = (k(j + kk, d), k(j + kk, d + 8));
+                        for h in 0..4 {
+                            let qp = q[h].as_ptr().add(d);
+                            a0[h] = _mm256_fmadd_ps(k0, _mm256_loadu_ps(qp), a0[h]);
+                            a1[h] = _mm256_fmadd_ps(k1, _mm256_loadu_ps(qp.add(8)), a1[h]);
+                        }
+                    }
+                    for h in 0..4 {
+                        t[2 * h + kk] = _mm256_add_ps(a0[h], a1[h]);
+                    }
+                }
+                _mm256_storeu_ps(out.as_mut_ptr(), _mm256_mul_ps(sums8(&t), sv));
+                for h in 0..4 {
+                    *sc[h].add(j) = out[h];
+                    *sc[h].add(j + 1) = out[4 + h];
+                }
+            }
+        }
+
+        /// o_h = sum_j w_h[j] v_j in position order (o = 0; o = fma(w_j, v_j, o)) for GH heads
+        /// and 16 values of a row loader (v(j, d): values d .. d + 7 of position j's part);
+        /// prefetch(j) once per position before its loads.
+        #[inline(always)]
+        unsafe fn weighted<const GH: usize>(
+            v: impl Fn(usize, usize) -> __m256,
+            prefetch: impl Fn(usize),
+            hd: usize,
+            w: *const f32,
+            wl: usize,
+            len: usize,
+            res: *mut f32,
+        ) {
+            let mut o = [[_mm256_setzero_ps(); 2]; GH];
+            for j in 0..len {
+                prefetch(j);
+                let vv = [v(j, 0), v(j, 8)];
+                for (hh, oh) in o.iter_mut().enumerate() {
+                    let wj = _mm256_set1_ps(*w.add(hh * wl + j));
+                    oh[0] = _mm256_fmadd_ps(wj, vv[0], oh[0]);
+                    oh[1] = _mm256_fmadd_ps(wj, vv[1], oh[1]);
+                }
+            }
+            for (hh, oh) in o.iter().enumerate() {
+                _mm256_storeu_ps(res.add(hh * hd), oh[0]);
+                _mm256_storeu_ps(res.add(hh * hd + 8), oh[1]);
+            }
+        }
+
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub unsafe fn group<R: Rows>(
+            rows: &R,
+            hd: usize,
+            qs: &[f32],
+            g: usize,
+            len: usize,
+            scale: f32,
+            res: &mut [f32],
+        ) {
+            let k = |j: usize, d: usize| match rows.k(j, d) {
+                Some(p) => load8::<R>(p),
+                None => _mm256_setzero_ps(),
+            };
+            super::super::heads(
+                hd,
+                qs,
+                g,
+                len,
+                res,
+                16,
+                |q, sc, first| {
+                    let pf = |j: usize| {
+                        if first {
+                            rows.prefetch_k(j)
+                        }
+                    };
+                    scores4(k, pf, hd, q, len, scale, sc)
+                },
+                |gh, d0, wh, wl, r, first| {
+                    let vload = |j: usize, d: usize| load8::<R>(rows.v(j, d0 + d));
+                    let vpf = |j: usize| {
+                        if first {
+                            rows.prefetch_v(j)
+                        }
+                    };
+                    match gh {
+                        4 => weighted::<4>(vload, vpf, hd, wh, wl, len, r),
+                        3 => weighted::<3>(vload, vpf, hd, wh, wl, len, r),
+                        2 => weighted::<2>(vload, vpf, hd, wh, wl, len, r),
+                        _ => weighted::<1>(vload, vpf, hd, wh, wl, len, r),
+                    }
+                },
+            )
+        }
     }
 }

@@ -73,11 +73,23 @@ impl KvLayer {
     /// position pos0 + t) over the positions it sees; writes out (same shape as q).
     pub fn attend(&self, q: &[f32], n_head: usize, pos0: usize, scale: f32, out: &mut [f32]) {
         let hd = self.spec.head_dim;
-        if q.len() / (n_head * hd) >= super::attn::MIN_ROWS && super::attn::available(hd) {
+        let n_kv = self.spec.n_head_kv;
+        let fast = super::attn::available(hd);
+        if q.len() / (n_head * hd) >= super::attn::MIN_ROWS && fast {
             // Bit for bit the per-head path below, laid out for throughput.
             return super::attn::attend(self, q, n_head, pos0, scale, out);
         }
-        let n_kv = self.spec.n_head_kv;
+        if fast && n_head.is_multiple_of(n_kv) {
+            // A decode step (or a short chunk): per (row, KV head) the decode groups' kernel
+            // over the f16 cache, the bits of `attend_head` per head.
+            let g = n_head / n_kv;
+            out.par_chunks_mut(g * hd).enumerate().for_each(|(i, res)| {
+                let (t, kh) = (i / n_kv, i % n_kv);
+                let qs = &q[i * g * hd..(i + 1) * g * hd];
+                super::attn::attend_kv_head(self, qs, kh, pos0 + t, scale, res);
+            });
+            return;
+        }
         if n_head.is_multiple_of(n_kv) {
             // One task per (row, KV head): `attend_group`, the bits of `attend_head` per head.
             let g = n_head / n_kv;
