@@ -146,7 +146,7 @@ int main() {
                 j.start[0] = 0;
                 j.start[1] = (int)(quads * 4);
                 j.njobs = 1;
-                mvk_1<<<blocks, 128>>>(j, xq, xds, c.K, cv, cnt, nullptr);
+                mvk_1<<<blocks, 128>>>(j, xq, xds, c.K, cv, cnt);
             }
         };
         unsigned long long* none = nullptr;

@@ -141,50 +141,6 @@ __device__ __forceinline__ T ld_once(const uint8_t* p) {
 // Asks L2 for the 128-byte line holding p (weights a kernel will read soon).
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
-// The next matvec's weights asked of L2 from the tail of the one before it (l2pf.rs). In a
-// recorded decode step a matvec launch may get a plan: up to 4 ranges (address, bytes) of the
-// weights of the matvec launched after it, when they fit L2 (the q+k+v matrices after ffn_down,
-// attn_output after q+k+v). Each warp, once its own tasks are done, asks for its share of the
-// lines, so the DRAM keeps streaming through the launch's tail and the small kernels before the
-// next matvec (norms, attention), and that matvec then reads from L2. pf_load (before the wait:
-// the plan is written before the graph's first launch) copies the plan into the warp's slot;
-// pf_share asks for the lines. A null plan (launches outside a recorded step) asks for nothing.
-// Bit 63 of a range's size: one bulk request per warp (cp.async.bulk.prefetch) instead of one
-// prefetch per 128-byte line.
-__device__ __forceinline__ unsigned long long* pf_slot() {
-    __shared__ unsigned long long s[4][8]; // blocks of 4 warps
-    return s[(threadIdx.x / WARP) & 3];
-}
-__device__ __forceinline__ void pf_load(const unsigned long long* __restrict__ pf) {
-    const int lane = threadIdx.x % WARP;
-    if (lane < 8) pf_slot()[lane] = pf != nullptr ? pf[lane] : 0ull;
-    __syncwarp();
-}
-__device__ __forceinline__ void pf_share() {
-    const unsigned long long* s = pf_slot();
-    const unsigned lane = threadIdx.x % WARP, nw = gridDim.x * (blockDim.x / WARP),
-                   gw = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
-#pragma unroll 1
-    for (int r = 0; r < 4; ++r) {
-        const unsigned long long n = s[4 + r];
-        if (n == 0) continue;
-        const uint8_t* p = (const uint8_t*)s[r];
-        if (n >> 63) { // bulk: 16-byte units (the host sends 16-byte aligned ranges below 4 GiB)
-            const unsigned u = (unsigned)(((n & ~(1ull << 63)) + 15) / 16), per = (u + nw - 1) / nw;
-            const unsigned a = min(u, gw * per), b = min(u, a + per);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-            if (lane == 0 && a < b)
-                asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + 16ull * a), "r"(16 * (b - a))
-                             : "memory");
-#endif
-        } else {
-            const unsigned lines = (unsigned)((n + 127) / 128), per = (lines + nw - 1) / nw;
-            const unsigned a = min(lines, gw * per), b = min(lines, a + per);
-            for (unsigned l = a + lane; l < b; l += WARP) prefetch_l2(p + 128ull * l);
-        }
-    }
-}
-
 // Little-endian 32-bit load from a 2-byte-aligned address.
 __device__ __forceinline__ int load_i32_a2(const uint8_t* p) {
     const uint16_t* h = (const uint16_t*)p;

@@ -1143,8 +1143,7 @@ __device__ __forceinline__ void mvk_fmt(int ty, TaskFn task, int t0, int t1, int
 
 // The warp's span (computed once), a request to L2 for its first round, then the wait for the
 // kernel before (common.cuh).
-__device__ __forceinline__ MvkSpan pdl_wait_prefetch_mvk(const MatvecJobs& jobs, int K,
-                                                         const unsigned long long* __restrict__ pf) {
+__device__ __forceinline__ MvkSpan pdl_wait_prefetch_mvk(const MatvecJobs& jobs, int K) {
     MVK_TRACE(0, 0.0f);
     const int nch = kq_chunks(K);
     const MvkSpan sp = mvk_span(jobs, nch, 4);
@@ -1152,16 +1151,14 @@ __device__ __forceinline__ MvkSpan pdl_wait_prefetch_mvk(const MatvecJobs& jobs,
     if (t < sp.t1)
         mvk_prefetch(mvk_job_task(jobs.w[sp.j], jobs.y[sp.j], jobs.ty[sp.j], jobs.rows[sp.j], jobs.start[sp.j], nch, t),
                      K);
-    pf_load(pf);
     pdl_wait();
     MVK_TRACE(1, 0.0f);
     return sp;
 }
 
-// The grid must have at least njobs warps (matvec.rs: mvk_blocks). pf: the L2 plan (pf_share).
-extern "C" __global__ void __launch_bounds__(128, 4) mvk_1(MatvecJobs jobs, MVK_ACT,
-                                                          const unsigned long long* __restrict__ pf) {
-    const MvkSpan sp = pdl_wait_prefetch_mvk(jobs, K, pf);
+// The grid must have at least njobs warps (matvec.rs: mvk_blocks).
+extern "C" __global__ void __launch_bounds__(128, 4) mvk_1(MatvecJobs jobs, MVK_ACT) {
+    const MvkSpan sp = pdl_wait_prefetch_mvk(jobs, K);
     const int nch = kq_chunks(K);
     const uint8_t* w = jobs.w[sp.j];
     float* yj = jobs.y[sp.j];
@@ -1169,7 +1166,6 @@ extern "C" __global__ void __launch_bounds__(128, 4) mvk_1(MatvecJobs jobs, MVK_
     mvk_fmt<false>(ty, [=](int gq, int ch) { return mvk_job_task_at(w, yj, ty, rows, st, gq, ch); }, sp.t0, sp.t1, nch,
                    xq, xds, K,
                    cv, cnt, nullptr);
-    pf_share();
 }
 
 // The warp's range (t0, t1) as in pdl_wait_prefetch_mvk.

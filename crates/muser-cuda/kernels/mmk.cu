@@ -811,11 +811,10 @@ __device__ __forceinline__ void mmv_silu_any(const uint8_t* wg, int tyg, const u
 template <int FMT, int NT, class STORE>
 __device__ __forceinline__ void mmv_staged_rounds(MmvStage& st, const uint8_t* __restrict__ w, int st0, int rows,
                                                   const KAct& a, const MvkSpan& sp, STORE store, float* cv,
-                                                  unsigned* cnt, const unsigned long long* __restrict__ pf) {
+                                                  unsigned* cnt) {
     const int nch = kq_chunks(a.K), nb = a.K / QK_K;
     const auto copy = [&](uint8_t* d, int rb, int b) { mmv_copy<FMT>(d, w, MMK_ROWS * rb - st0, rows, nb, b); };
     st.prologue(copy, nb);
-    pf_load(pf);
     pdl_wait();
     mmv_warp<1, NT>(sp.t0, sp.t1, nch, [&](int rb, int ch, float(&c)[1][4 * NT]) {
         mmv_chunk_staged<FMT, NT>(st, copy, a, ch, c[0]);
@@ -827,7 +826,7 @@ __device__ __forceinline__ void mmv_staged_rounds(MmvStage& st, const uint8_t* _
 // memory: 4 warps x stages x MMV_SLOT_ONE bytes.
 template <int NT>
 __device__ __forceinline__ void pdl_wait_staged_mmv(const MatvecJobs& jobs, const KAct& a, float* cv, unsigned* cnt,
-                                                    int stages, const unsigned long long* __restrict__ pf) {
+                                                    int stages) {
     const int nch = kq_chunks(a.K), nb = a.K / QK_K;
     const MvkSpan sp = mvk_span(jobs, nch, MMK_ROWS);
     const uint8_t* w = jobs.w[sp.j];
@@ -837,10 +836,9 @@ __device__ __forceinline__ void pdl_wait_staged_mmv(const MatvecJobs& jobs, cons
     const auto store = [&](int rb, const float(&v)[1][4 * NT]) {
         mmv_store<NT>(yj, rows, MMK_ROWS * rb - st0, a.ncols, v[0]);
     };
-    if (ty == FMT_Q6_K) mmv_staged_rounds<FMT_Q6_K, NT>(st, w, st0, rows, a, sp, store, cv, cnt, pf);
-    else if (ty == FMT_Q5_K) mmv_staged_rounds<FMT_Q5_K, NT>(st, w, st0, rows, a, sp, store, cv, cnt, pf);
-    else mmv_staged_rounds<FMT_Q4_K, NT>(st, w, st0, rows, a, sp, store, cv, cnt, pf);
-    pf_share();
+    if (ty == FMT_Q6_K) mmv_staged_rounds<FMT_Q6_K, NT>(st, w, st0, rows, a, sp, store, cv, cnt);
+    else if (ty == FMT_Q5_K) mmv_staged_rounds<FMT_Q5_K, NT>(st, w, st0, rows, a, sp, store, cv, cnt);
+    else mmv_staged_rounds<FMT_Q4_K, NT>(st, w, st0, rows, a, sp, store, cv, cnt);
 }
 
 // As pdl_wait_staged_mmv for gate+up; staged when both are Q4_K (4 warps x stages x
@@ -872,14 +870,12 @@ __device__ __forceinline__ void pdl_wait_staged_mmv_silu(const uint8_t* wg, int 
 // The grid must have at least njobs warps (matvec.rs: mmv_blocks). mmv_1: up to 8 columns,
 // mmv_2: up to 16.
 extern "C" __global__ void __launch_bounds__(128, 4) mmv_1(MatvecJobs jobs, KACT_ARGS, float* __restrict__ cv,
-                                                          unsigned* __restrict__ cnt, int stages,
-                                                          const unsigned long long* __restrict__ pf) {
-    pdl_wait_staged_mmv<1>(jobs, KACT, cv, cnt, stages, pf);
+                                                          unsigned* __restrict__ cnt, int stages) {
+    pdl_wait_staged_mmv<1>(jobs, KACT, cv, cnt, stages);
 }
 extern "C" __global__ void __launch_bounds__(128, 3) mmv_2(MatvecJobs jobs, KACT_ARGS, float* __restrict__ cv,
-                                                          unsigned* __restrict__ cnt, int stages,
-                                                          const unsigned long long* __restrict__ pf) {
-    pdl_wait_staged_mmv<2>(jobs, KACT, cv, cnt, stages, pf);
+                                                          unsigned* __restrict__ cnt, int stages) {
+    pdl_wait_staged_mmv<2>(jobs, KACT, cv, cnt, stages);
 }
 extern "C" __global__ void __launch_bounds__(128, 4) mmv_silu_1(MMK_SILU_ARGS, KACT_ARGS, float* __restrict__ cv,
                                                                unsigned* __restrict__ cnt, int stages) {

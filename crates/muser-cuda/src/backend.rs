@@ -23,7 +23,6 @@
 
 use crate::device::{CudaError, Gpu};
 use crate::graph::{pdl_enabled, StepGraph};
-use crate::l2pf;
 use crate::matvec::{dptr, ActScratch, DeviceMatrix, Job};
 use cudarc::driver::{sys, CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits};
 use muser_engine::backend::{Backend, Heads, KvLayerSpec, NormArgs};
@@ -187,8 +186,6 @@ pub struct CudaRecording {
     graph: Option<StepGraph>,
     /// Launches per kernel of the graph, added to the dispatch counters on each replay.
     launches: Vec<(String, u64)>,
-    /// The graph's L2 plans (l2pf.rs), alive as long as the graph.
-    plans: Option<CudaSlice<u64>>,
 }
 
 // SAFETY: a recording is used only through `&mut` (one thread at a time), which is all CUDA asks
@@ -956,16 +953,8 @@ impl Backend for CudaBackend {
                     self.gpu.add_dispatches(&r.launches);
                     return;
                 }
-                // Seen once: capture this step, then launch it. Its matvecs' L2 plans go to a
-                // table of its own (l2pf.rs), written after the capture.
+                // Seen once: capture this step, then launch it.
                 let before = self.gpu.dispatch_counts();
-                let mut table = ck(
-                    self.gpu
-                        .stream
-                        .alloc_zeros::<u64>(l2pf::PLAN_SLOTS * l2pf::PLAN_WORDS),
-                    "alloc",
-                );
-                self.gpu.plans_begin(dptr(&self.gpu, &table));
                 ck(
                     self.gpu.stream.begin_capture(
                         sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
@@ -977,15 +966,6 @@ impl Backend for CudaBackend {
                     StepGraph::end_capture(&self.gpu, pdl_enabled(&self.gpu)),
                     "end capture",
                 );
-                let plans = self.gpu.plans_end();
-                if !plans.is_empty() {
-                    ck(
-                        self.gpu
-                            .stream
-                            .memcpy_htod(&plans, &mut table.slice_mut(..plans.len())),
-                        "plan upload",
-                    );
-                }
                 assert_eq!(
                     self.step_key(kvs, pos),
                     key,
@@ -1004,7 +984,6 @@ impl Backend for CudaBackend {
                 *self.last_graph.lock().unwrap() = Some((kernels, graph.edges, graph.programmatic));
                 r.graph = Some(graph);
                 r.launches = launches;
-                r.plans = Some(table);
             }
             _ => {
                 // A new shape: run op by op (growing what it needs); capture the next time.
@@ -1013,7 +992,6 @@ impl Backend for CudaBackend {
                     key: self.step_key(kvs, pos),
                     graph: None,
                     launches: Vec::new(),
-                    plans: None,
                 });
             }
         }

@@ -36,8 +36,6 @@ pub struct Gpu {
     pdl_aware: Vec<usize>,
     /// Chunk values and counters of the split one-column kernels (`split_scratch`).
     pub(crate) split: std::sync::Mutex<crate::matvec::SplitScratch>,
-    /// The L2 plans of the decode step being captured (`l2pf.rs`).
-    pub(crate) plans: std::sync::Mutex<crate::l2pf::PlanTable>,
     /// Kernels whose dynamic shared memory limit was raised, and to how much (`kernel_smem`).
     big_smem: std::sync::Mutex<BTreeMap<String, usize>>,
     /// Narrow tensor-core launches split K over blocks (`matvec::mmt_splits`); on unless
@@ -97,7 +95,6 @@ impl Gpu {
             dispatches: BTreeMap::new(),
             pdl_aware: Vec::new(),
             split: Default::default(),
-            plans: Default::default(),
             big_smem: Default::default(),
             mmv: std::sync::atomic::AtomicBool::new(
                 std::env::var("MUSER_CUDA_MMV").map_or(true, |v| v != "0"),

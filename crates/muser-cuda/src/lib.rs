@@ -10,7 +10,6 @@ pub mod backend;
 pub mod compile;
 pub mod device;
 pub mod graph;
-pub mod l2pf;
 pub mod matvec;
 pub mod membw;
 pub mod mmh;

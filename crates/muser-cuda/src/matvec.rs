@@ -732,7 +732,6 @@ impl Gpu {
             self.mmk(group, k, ncols, scratch)?;
         }
         for group in rest.chunks(MAX_JOBS) {
-            self.plan_jobs(group, false);
             // Starts are multiples of 4: a warp's rows stay in one matrix.
             let (mut mj, total) = self.jobs_struct(group, k, MATVEC_R)?;
             let mut c0 = 0;
@@ -790,20 +789,6 @@ impl Gpu {
         Ok((mj, total))
     }
 
-    /// The device ranges (address, bytes) of the weights a launch reads, for the L2 plans.
-    fn weight_ranges(&self, ms: &[&DeviceMatrix]) -> Vec<(u64, u64)> {
-        ms.iter()
-            .map(|m| (dptr(self, &m.data), m.data.len() as u64))
-            .collect()
-    }
-
-    /// Registers a launch over `group` for the L2 plans (`l2pf.rs`): its plan's address when
-    /// it takes one (`slot`), else 0.
-    fn plan_jobs(&self, group: &[&Job], slot: bool) -> u64 {
-        let ms: Vec<&DeviceMatrix> = group.iter().map(|j| j.m).collect();
-        self.plan_launch(&self.weight_ranges(&ms), slot)
-    }
-
     /// Up to MAX_JOBS K-quant matrices times one column in one `mvk_1` launch (the Q8_K
     /// activation already in `scratch`).
     fn mvk(&self, group: &[&Job], k: usize, scratch: &ActScratch) -> Result<(), CudaError> {
@@ -823,19 +808,11 @@ impl Gpu {
         };
         let (xq, xds) = (dptr(self, &scratch.q), dptr(self, &scratch.ds));
         let k_i = k as i32;
-        let pf = self.plan_jobs(group, true);
         let mut b = self.stream.launch_builder(self.kernel("mvk_1")?);
-        b.arg(&mj)
-            .arg(&xq)
-            .arg(&xds)
-            .arg(&k_i)
-            .arg(&cv)
-            .arg(&cnt)
-            .arg(&pf);
+        b.arg(&mj).arg(&xq).arg(&xds).arg(&k_i).arg(&cv).arg(&cnt);
         // SAFETY: each job reads rows*row_bytes weight bytes and writes rows outputs; the
         // activation holds k values and k / 32 scales; cv holds total * nch floats and cnt
-        // total / 4 counters, zero between launches (each launch leaves them so); pf is 0 or a
-        // plan of the recording's table (l2pf.rs), which outlives the graph's launches.
+        // total / 4 counters, zero between launches (each launch leaves them so).
         unsafe { b.launch(cfg) }?;
         Ok(())
     }
@@ -860,11 +837,9 @@ impl Gpu {
             }
             let (cfg, tail) = self.mmv_launch(total / MMK_ROWS, k, 1, ncols, per_sm)?;
             let f = self.kernel_smem(&mmv, cfg.shared_mem_bytes as usize)?;
-            let pf = self.plan_jobs(group, true);
             let mut b = self.stream.launch_builder(f);
             b.arg(&mj);
             mmv_args(&mut b, &p, &i, &tail);
-            b.arg(&pf);
             // SAFETY: each job reads rows*row_bytes weight bytes and writes ncols*rows outputs
             // (ncols <= 16); cv holds row blocks * chunks * 128 floats per 8 columns and cnt a
             // count per row block, zero between launches (each launch leaves them so).
@@ -891,7 +866,6 @@ impl Gpu {
             }
         }
         let f = self.kernel_smem(&name, cfg.shared_mem_bytes as usize)?;
-        self.plan_jobs(group, false);
         let mut b = self.stream.launch_builder(f);
         b.arg(&mj).arg(&p[0]).arg(&p[1]).arg(&p[2]);
         b.arg(&i[0]).arg(&i[1]).arg(&i[2]);
@@ -956,7 +930,6 @@ impl Gpu {
         y: u64,
     ) -> Result<(), CudaError> {
         let (k, rows) = gate_up_shape(gate, up)?;
-        self.plan_launch(&self.weight_ranges(&[gate, up]), false);
         let (wg, wu) = (dptr(self, &gate.data), dptr(self, &up.data));
         let (tg, tu) = (format_code(gate.ty)?, format_code(up.ty)?);
         let rows_i = rows as i32;
