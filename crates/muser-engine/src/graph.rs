@@ -188,8 +188,14 @@ pub fn forward_rows<B: Backend>(
             &mut s.x,
         );
 
-        be.ffn_gate_up_silu(&s.x, &lw.ffn_gate, &lw.ffn_up, &mut s.ff);
-        be.matmul(&s.ff, &mut [(&lw.ffn_down, &mut s.o)]);
+        be.ffn(
+            &s.x,
+            &lw.ffn_gate,
+            &lw.ffn_up,
+            &lw.ffn_down,
+            &mut s.ff,
+            &mut s.o,
+        );
         let post = lw.post_ffn_norm.as_ref().map(|weight| NormArgs {
             weight,
             eps: c.post_norm_eps,
