@@ -1142,9 +1142,9 @@ __device__ __forceinline__ void mvk_fmt(int ty, TaskFn task, int t0, int t1, int
                                         const float2* __restrict__ xds, int K, float* __restrict__ cv,
                                         unsigned* __restrict__ cnt, float* __restrict__ ysilu, Done done = Done()) {
     switch (ty) {
-    case FMT_Q4_K: mvk_warp<SILU, FMT_Q4_K, TaskFn, Done>(task, t0, t1, nch, xq, xds, K, cv, cnt, ysilu, done); break;
-    case FMT_Q5_K: mvk_warp<SILU, FMT_Q5_K, TaskFn, Done>(task, t0, t1, nch, xq, xds, K, cv, cnt, ysilu, done); break;
-    default: mvk_warp<SILU, FMT_Q6_K, TaskFn, Done>(task, t0, t1, nch, xq, xds, K, cv, cnt, ysilu, done); break;
+    case FMT_Q4_K: mvk_warp<SILU, FMT_Q4_K>(task, t0, t1, nch, xq, xds, K, cv, cnt, ysilu, done); break;
+    case FMT_Q5_K: mvk_warp<SILU, FMT_Q5_K>(task, t0, t1, nch, xq, xds, K, cv, cnt, ysilu, done); break;
+    default: mvk_warp<SILU, FMT_Q6_K>(task, t0, t1, nch, xq, xds, K, cv, cnt, ysilu, done); break;
     }
 }
 
@@ -1272,9 +1272,8 @@ extern "C" __global__ void __launch_bounds__(128, 4) mvk_ffn_1(SILU_ARGS, MVK_AC
     const int2 range = pdl_wait_prefetch_mvk_silu(wg, tyg, wu, tyu, rows, K);
     const int nch = kq_chunks(K), lane = threadIdx.x % WARP;
     FfnBlocks fb{y, fq, fds, fbs, sync, rows, -1, 0};
-    const auto task = [&](int gq, int rem) { return mvk_silu_task_at(wg, tyg, wu, tyu, rows, nch, gq, rem); };
-    // fb by reference: the counts it keeps are flushed after the loop.
-    mvk_fmt<true, decltype(task), FfnBlocks&>(tyg, task, range.x, range.y, nch, xq, xds, K, cv, cnt, y, fb);
+    mvk_fmt<true>(tyg, [&](int gq, int rem) { return mvk_silu_task_at(wg, tyg, wu, tyu, rows, nch, gq, rem); }, range.x,
+                  range.y, nch, xq, xds, K, cv, cnt, y, fb);
     fb.flush();
     // ffn_down: K2 = rows (f's width), one job.
     const int K2 = rows, nch2 = kq_chunks(K2), nblk = K2 / QK_K;
@@ -1294,13 +1293,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) mvk_ffn_1(SILU_ARGS, MVK_AC
     if (t + 2 < t1) mvk_prefetch(mvk_job_task(wd, yd, tyd, rows_d, 0, nch2, t + 2), K2);
     unsigned* ready = sync + nblk;
     if (lane == 0) {
-        // A launch that could not have every warp resident would wait forever: past ~2 s of
-        // waiting it traps (a launch error on the host) instead of hanging.
-        const unsigned long long t_0 = clock64();
-        while (ld_acquire_u32(ready) < (unsigned)nblk) {
-            __nanosleep(64);
-            if (clock64() - t_0 > 4000000000ull) __trap();
-        }
+        while (ld_acquire_u32(ready) < (unsigned)nblk) __nanosleep(64);
         // The last warp past the wait zeroes ready and the count for the next launch.
         if (atomicAdd(ready + 1, 1u) == W - 1) {
             ready[0] = 0u;
