@@ -1048,14 +1048,10 @@ __device__ __forceinline__ void kq_sum_chunks(const float* a, const float* b, in
 // one fence and one atomicAdd of its task count: the warp that completes the count adds the
 // row's chunks in order and writes it. SILU: gate and up sums of the row quad, then
 // silu(gate) * up.
-// done(row0), called by the whole warp after it wrote a row quad's outputs (mvk_ffn_1 counts them).
-struct MvkNoDone {
-    __device__ __forceinline__ void operator()(int) const {}
-};
-template <bool SILU, int FMT, typename TaskFn, typename Done = MvkNoDone>
+template <bool SILU, int FMT, typename TaskFn>
 __device__ __forceinline__ void mvk_warp(TaskFn task, int t0, int t1, int nch, const int8_t* __restrict__ xq,
                                          const float2* __restrict__ xds, int K, float* __restrict__ cv,
-                                         unsigned* __restrict__ cnt, float* __restrict__ ysilu, Done done = Done()) {
+                                         unsigned* __restrict__ cnt, float* __restrict__ ysilu) {
     const int lane = threadIdx.x % WARP, j = lane >> 2, q = lane & 3, s4 = j & 3, hf = j >> 2;
     const int nb = K / QK_K, per = (SILU ? 2 : 1) * nch; // tasks per row quad
     float ya = 0.0f, yb = 0.0f;                            // row q's running sums (gate / up)
@@ -1088,12 +1084,9 @@ __device__ __forceinline__ void mvk_warp(TaskFn task, int t0, int t1, int nch, c
             if (first >= t0 && first + per <= t1) {
                 if (SILU && kt.m) yb = kq_add(kt.ch == 0 ? 0.0f : yb, c);
                 else ya = kq_add(kt.ch == 0 ? 0.0f : ya, c);
-                if (idx == per - 1) {
-                    if (wr) {
-                        if (SILU) ysilu[kt.row0 + lane] = ya / (1.0f + expf(-ya)) * yb;
-                        else kt.y[kt.row0 + lane] = ya;
-                    }
-                    done(kt.row0);
+                if (idx == per - 1 && wr) {
+                    if (SILU) ysilu[kt.row0 + lane] = ya / (1.0f + expf(-ya)) * yb;
+                    else kt.y[kt.row0 + lane] = ya;
                 }
                 continue;
             }
@@ -1120,7 +1113,6 @@ __device__ __forceinline__ void mvk_warp(TaskFn task, int t0, int t1, int nch, c
                         if (SILU) ysilu[kt.row0 + lane] = g / (1.0f + expf(-g)) * u;
                         else kt.y[kt.row0 + lane] = g;
                     }
-                    done(kt.row0);
                 }
                 if (last && lane == 0) cnt[kt.gq] = 0u; // zero again for the next launch
             }
@@ -1137,14 +1129,14 @@ __device__ __forceinline__ void mvk_warp(TaskFn task, int t0, int t1, int nch, c
 
 // The warp's tasks [t0, t1) of one format: a loop per format (one loop serving every format
 // would need the registers of all of them at once and spill).
-template <bool SILU, typename TaskFn, typename Done = MvkNoDone>
+template <bool SILU, typename TaskFn>
 __device__ __forceinline__ void mvk_fmt(int ty, TaskFn task, int t0, int t1, int nch, const int8_t* __restrict__ xq,
                                         const float2* __restrict__ xds, int K, float* __restrict__ cv,
-                                        unsigned* __restrict__ cnt, float* __restrict__ ysilu, Done done = Done()) {
+                                        unsigned* __restrict__ cnt, float* __restrict__ ysilu) {
     switch (ty) {
-    case FMT_Q4_K: mvk_warp<SILU, FMT_Q4_K>(task, t0, t1, nch, xq, xds, K, cv, cnt, ysilu, done); break;
-    case FMT_Q5_K: mvk_warp<SILU, FMT_Q5_K>(task, t0, t1, nch, xq, xds, K, cv, cnt, ysilu, done); break;
-    default: mvk_warp<SILU, FMT_Q6_K>(task, t0, t1, nch, xq, xds, K, cv, cnt, ysilu, done); break;
+    case FMT_Q4_K: mvk_warp<SILU, FMT_Q4_K>(task, t0, t1, nch, xq, xds, K, cv, cnt, ysilu); break;
+    case FMT_Q5_K: mvk_warp<SILU, FMT_Q5_K>(task, t0, t1, nch, xq, xds, K, cv, cnt, ysilu); break;
+    default: mvk_warp<SILU, FMT_Q6_K>(task, t0, t1, nch, xq, xds, K, cv, cnt, ysilu); break;
     }
 }
 
@@ -1198,109 +1190,4 @@ extern "C" __global__ void __launch_bounds__(128, 4) mvk_silu_1(SILU_ARGS, MVK_A
                   range.y, nch,
                   xq, xds, K,
                   cv, cnt, y);
-}
-
-// ---------------------------------------------------------------------------------------------
-// mvk_ffn_1: one token's feed-forward block in one launch: f = silu(G x) * (U x) (mvk_silu_1's
-// tasks and bits), f's Q8_K quantization (q8k_warp: quantize_q8_k's bits), then y = D f (mvk_1's
-// tasks and bits). Separate launches lose the gate+up launch's tail (its warps end over several
-// microseconds, and the next launch's blocks cannot start before the last one ends), the
-// quantizer's launch, and ffn_down's ramp. Here a warp done with its gate+up tasks asks L2 for
-// its first ffn_down rounds and waits for f's quantization alone: the warp that writes the last
-// row quad of a 256-row block of f (a count per block, release / acquire as for the shared row
-// quads) quantizes that block and adds one to `ready`; the ffn_down rounds start once `ready`
-// counts every block. The grid is one full wave (every warp resident, so the wait cannot
-// deadlock); `sync` holds the block counts, `ready` and the count of warps past the wait, all
-// zero between launches (the last warp past the wait zeroes the last two).
-// sync: [F / 256 block counts][ready][passed]; cv1/cnt1: gate+up's split scratch as mvk_silu_1's,
-// cv2/cnt2: ffn_down's as mvk_1's.
-__device__ __forceinline__ unsigned ld_acquire_u32(const unsigned* p) {
-    unsigned v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-
-// Counts the row quads of f a warp wrote into the 256-row blocks' counts, one release per
-// block (a warp's row quads are consecutive, in at most a few blocks); the warp that completes
-// a block quantizes it.
-struct FfnBlocks {
-    float* f;
-    int8_t* q;
-    float2* ds;
-    int8_t* bs;
-    unsigned* sync;
-    int K2, b, n;
-    __device__ __forceinline__ void flush() {
-        if (n == 0) return;
-        const int lane = threadIdx.x % WARP;
-        __syncwarp();
-        int last = 0;
-        if (lane == 0) {
-            last = atom_add_release(&sync[b], (unsigned)n) + (unsigned)n == QK_K / 4;
-            if (last) fence_acquire();
-        }
-        last = __shfl_sync(0xffffffffu, last, 0);
-        if (last) {
-            __syncwarp();
-            const float* src = f + (size_t)b * QK_K + 8 * lane;
-            const float4 a = __ldcg((const float4*)src), c = __ldcg((const float4*)(src + 4));
-            const float v[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
-            q8k_warp(v, b, lane, q, ds, bs, K2, 0);
-            __syncwarp();
-            if (lane == 0) {
-                sync[b] = 0u; // zero again for the next launch
-                atom_add_release(&sync[K2 / QK_K], 1u);
-            }
-        }
-        n = 0;
-    }
-    __device__ __forceinline__ void operator()(int row0) {
-        const int blk = row0 / QK_K;
-        if (blk != b) {
-            flush();
-            b = blk;
-        }
-        ++n;
-    }
-};
-
-extern "C" __global__ void __launch_bounds__(128, 4) mvk_ffn_1(SILU_ARGS, MVK_ACT, const uint8_t* __restrict__ wd,
-                                                              int tyd, int rows_d, float* __restrict__ yd,
-                                                              int8_t* fq, float2* fds, int8_t* fbs,
-                                                              float* __restrict__ cv2, unsigned* __restrict__ cnt2,
-                                                              unsigned* sync) {
-    const int2 range = pdl_wait_prefetch_mvk_silu(wg, tyg, wu, tyu, rows, K);
-    const int nch = kq_chunks(K), lane = threadIdx.x % WARP;
-    FfnBlocks fb{y, fq, fds, fbs, sync, rows, -1, 0};
-    mvk_fmt<true>(tyg, [&](int gq, int rem) { return mvk_silu_task_at(wg, tyg, wu, tyu, rows, nch, gq, rem); }, range.x,
-                  range.y, nch, xq, xds, K, cv, cnt, y, fb);
-    fb.flush();
-    // ffn_down: K2 = rows (f's width), one job.
-    const int K2 = rows, nch2 = kq_chunks(K2), nblk = K2 / QK_K;
-    // mvk_blocks' split: one warp per row quad when that fills at least 3/4 of the wave (no
-    // shared row quads), else the tasks cut evenly.
-    const unsigned W = gridDim.x * (blockDim.x / WARP), w = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP,
-                   quads = (unsigned)(rows_d + 3) / 4;
-    int t0, t1;
-    if (quads <= W && 4 * quads >= 3 * W) {
-        t0 = w < quads ? (int)w * nch2 : 0;
-        t1 = w < quads ? t0 + nch2 : 0;
-    } else {
-        mvk_range(quads * nch2, &t0, &t1);
-    }
-    const int t = t0 + (lane >= 16);
-    if (t < t1) mvk_prefetch(mvk_job_task(wd, yd, tyd, rows_d, 0, nch2, t), K2);
-    if (t + 2 < t1) mvk_prefetch(mvk_job_task(wd, yd, tyd, rows_d, 0, nch2, t + 2), K2);
-    unsigned* ready = sync + nblk;
-    if (lane == 0) {
-        while (ld_acquire_u32(ready) < (unsigned)nblk) __nanosleep(64);
-        // The last warp past the wait zeroes ready and the count for the next launch.
-        if (atomicAdd(ready + 1, 1u) == W - 1) {
-            ready[0] = 0u;
-            ready[1] = 0u;
-        }
-    }
-    __syncwarp();
-    mvk_fmt<false>(tyd, [=](int gq, int ch) { return mvk_job_task_at(wd, yd, tyd, rows_d, 0, gq, ch); }, t0, t1, nch2,
-                   fq, fds, K2, cv2, cnt2, nullptr);
 }

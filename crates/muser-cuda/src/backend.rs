@@ -90,8 +90,6 @@ struct RowTables {
 /// Scratch buffers, grown on demand.
 struct Workspace {
     act: ActScratch,
-    /// The Q8_K of the fused feed-forward block's gated activation (`ffn`).
-    ffn_act: Option<ActScratch>,
     tokens: CudaSlice<u32>,
     /// The tokens last uploaded to `tokens`.
     tokens_host: Vec<u32>,
@@ -214,19 +212,14 @@ fn ck<T>(r: std::result::Result<T, impl std::fmt::Display>, what: &str) -> T {
 
 fn grow<T: DeviceRepr + ValidAsZeroBits>(gpu: &Gpu, s: &mut CudaSlice<T>, n: usize) {
     if s.len() < n {
-        grow_check(gpu);
+        let capturing = gpu.stream.capture_status().ok()
+            != Some(sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE);
+        assert!(
+            !capturing,
+            "a buffer grew while a decode step was being captured (its first run should have grown it)"
+        );
         *s = ck(gpu.stream.alloc_zeros::<T>(n.next_power_of_two()), "alloc");
     }
-}
-
-/// Panics when a buffer is about to be allocated while a decode step is captured.
-fn grow_check(gpu: &Gpu) {
-    let capturing = gpu.stream.capture_status().ok()
-        != Some(sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE);
-    assert!(
-        !capturing,
-        "a buffer grew while a decode step was being captured (its first run should have grown it)"
-    );
 }
 
 fn cfg1(n: usize, threads: u32) -> LaunchConfig {
@@ -396,7 +389,6 @@ impl CudaBackend {
         let gpu = Gpu::new(ordinal)?;
         let ws = Workspace {
             act: gpu.act_scratch(32)?,
-            ffn_act: None,
             tokens: gpu.stream.alloc_zeros(1)?,
             tokens_host: Vec::new(),
             o_part: gpu.stream.alloc_zeros(1)?,
@@ -643,7 +635,6 @@ impl CudaBackend {
             self.p(&ws.act.ds),
             self.p(&ws.act.bs),
             ws.act.cap as u64,
-            ws.ffn_act.as_ref().map_or(0, |a| self.p(&a.q)),
             self.p(&ws.tokens),
             self.p(&ws.o_part),
             self.p(&ws.ml_part),
@@ -1322,53 +1313,6 @@ impl Backend for CudaBackend {
                 );
             },
         )
-    }
-
-    fn ffn(
-        &self,
-        x: &CudaBuf,
-        gate: &CudaWeight,
-        up: &CudaWeight,
-        down: &CudaWeight,
-        ff: &mut CudaBuf,
-        out: &mut CudaBuf,
-    ) {
-        // One token's block as one kernel (matvec.rs: ffn_fits, matvec_ffn); else the two ops.
-        if !crate::matvec::ffn_fits(gate.mat(), up.mat(), down.mat(), x.rows) {
-            self.ffn_gate_up_silu(x, gate, up, ff);
-            return self.matmul(ff, &mut [(down, out)]);
-        }
-        assert_eq!(
-            (ff.rows, ff.cols, out.rows, out.cols),
-            (1, gate.rows, 1, down.rows),
-            "feed-forward buffers of the wrong shape"
-        );
-        self.timed_reader(
-            || "ffn (fused)".to_string(),
-            || {
-                let mut ws = self.ws.lock().unwrap();
-                let xp = self.p(&x.data);
-                self.quantize_for(&mut ws, xp, x.cols, x.cols, &[gate.mat().ty, up.mat().ty]);
-                if ws.ffn_act.as_ref().is_none_or(|a| a.cap < ff.cols) {
-                    grow_check(&self.gpu);
-                    ws.ffn_act = Some(ck(self.gpu.act_scratch(ff.cols), "alloc"));
-                }
-                let fsc = ws.ffn_act.as_ref().unwrap();
-                ck(
-                    self.gpu.matvec_ffn(
-                        gate.mat(),
-                        up.mat(),
-                        down.mat(),
-                        &ws.act,
-                        self.p(&ff.data),
-                        fsc,
-                        self.p(&out.data),
-                    ),
-                    "fused feed-forward",
-                );
-            },
-        );
-        *self.fused_act.lock().unwrap() = None;
     }
 
     fn rope(&self, x: &mut CudaBuf, head_dim: usize, rope: &RopeParams, pos0: usize) {

@@ -82,21 +82,6 @@ pub fn mvk_chunks(k: usize) -> usize {
     (k / 256).div_ceil(4)
 }
 
-/// Whether one token's feed-forward block runs fused on `mvk_ffn_1`: one column, gate and up of
-/// one K-quant format on `mvk_*`, down a K-quant as wide as they are tall, that width a whole
-/// number of Q8_K blocks; not with `MUSER_CUDA_FFN=0`.
-pub fn ffn_fits(gate: &DeviceMatrix, up: &DeviceMatrix, down: &DeviceMatrix, ncols: usize) -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    ncols == 1
-        && *ON.get_or_init(|| std::env::var("MUSER_CUDA_FFN").map_or(true, |v| v != "0"))
-        && gate.ty == up.ty
-        && (gate.rows, gate.cols) == (up.rows, up.cols)
-        && uses_mvk(gate.ty, 1, gate.cols)
-        && uses_mvk(down.ty, 1, down.cols)
-        && down.cols == gate.rows
-        && gate.rows.is_multiple_of(256)
-}
-
 /// Blocks (of 4 warps) of an `mvk_*` launch over `quads` row quads of `per` tasks each (a round
 /// takes 2 tasks per warp): the GPU filled once (4 blocks per SM, the kernels' launch bounds).
 /// When one warp per row quad fills at least 3/4 of that (attn_output at the Glimmer shapes),
@@ -1017,61 +1002,6 @@ impl Gpu {
             unsafe { b.launch(cfg) }?;
             c0 += n;
         }
-        Ok(())
-    }
-
-    /// One token's feed-forward block in one `mvk_ffn_1` launch (matvec.cu): f = silu(G x) *
-    /// (U x) written to `f`, its Q8_K quantization to `fsc`, y = D f to `y`, the bits of
-    /// `matvec_silu`, `quantize_act` and `matvec_jobs` one after the other. The Q8_K activation
-    /// of x must already be in `scratch`. Only where `ffn_fits`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn matvec_ffn(
-        &self,
-        gate: &DeviceMatrix,
-        up: &DeviceMatrix,
-        down: &DeviceMatrix,
-        scratch: &ActScratch,
-        f: u64,
-        fsc: &ActScratch,
-        y: u64,
-    ) -> Result<(), CudaError> {
-        let (k, rows) = gate_up_shape(gate, up)?;
-        if !ffn_fits(gate, up, down, 1) || fsc.cap < rows {
-            return Err(CudaError::Unsupported(format!(
-                "fused feed-forward of {}x{k} and {}x{}",
-                rows, down.rows, down.cols
-            )));
-        }
-        let (nch, nch2) = (mvk_chunks(k), mvk_chunks(rows));
-        let (q1, q2) = (rows / 4, down.rows.div_ceil(4));
-        let (cv1, cv2) = (q1 * 4 * 2 * nch, q2 * 4 * nch2);
-        let sync = rows / 256 + 2;
-        let (cv, cnt) = self.split_scratch(cv1 + cv2, q1 + q2 + sync)?;
-        let blocks = (self.sms * 4) as u32;
-        mvk_fits(q1 * 2 * nch, blocks)?;
-        mvk_fits(q2 * nch2, blocks)?;
-        let cfg = LaunchConfig {
-            grid_dim: (blocks, 1, 1),
-            block_dim: (128, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let (wg, wu, wd) = (dptr(self, &gate.data), dptr(self, &up.data), dptr(self, &down.data));
-        let (tg, tu, td) = (format_code(gate.ty)?, format_code(up.ty)?, format_code(down.ty)?);
-        let (rows_i, k_i, rows_d) = (rows as i32, k as i32, down.rows as i32);
-        let (xq, xds) = (dptr(self, &scratch.q), dptr(self, &scratch.ds));
-        let (fq, fds, fbs) = (dptr(self, &fsc.q), dptr(self, &fsc.ds), dptr(self, &fsc.bs));
-        let (cv2p, cnt2p, syncp) = (cv + 4 * cv1 as u64, cnt + 4 * q1 as u64, cnt + 4 * (q1 + q2) as u64);
-        let mut b = self.stream.launch_builder(self.kernel("mvk_ffn_1")?);
-        b.arg(&wg).arg(&tg).arg(&wu).arg(&tu).arg(&f).arg(&rows_i);
-        b.arg(&xq).arg(&xds).arg(&k_i).arg(&cv).arg(&cnt);
-        b.arg(&wd).arg(&td).arg(&rows_d).arg(&y);
-        b.arg(&fq).arg(&fds).arg(&fbs).arg(&cv2p).arg(&cnt2p).arg(&syncp);
-        // SAFETY: reads rows*row_bytes bytes of gate and up, down.rows*down_row_bytes of down
-        // and the activation of k values; writes rows values of f, their Q8_K (fsc holds at
-        // least rows values) and down.rows outputs; the split scratch holds both phases' chunk
-        // values and counts and the sync counts, zero between launches (each launch leaves
-        // them so). The grid is one full wave, so every warp is resident while others wait.
-        unsafe { b.launch(cfg) }?;
         Ok(())
     }
 

@@ -188,14 +188,8 @@ pub fn forward_rows<B: Backend>(
             &mut s.x,
         );
 
-        be.ffn(
-            &s.x,
-            &lw.ffn_gate,
-            &lw.ffn_up,
-            &lw.ffn_down,
-            &mut s.ff,
-            &mut s.o,
-        );
+        be.ffn_gate_up_silu(&s.x, &lw.ffn_gate, &lw.ffn_up, &mut s.ff);
+        be.matmul(&s.ff, &mut [(&lw.ffn_down, &mut s.o)]);
         let post = lw.post_ffn_norm.as_ref().map(|weight| NormArgs {
             weight,
             eps: c.post_norm_eps,

@@ -107,20 +107,6 @@ pub trait Backend: Send + Sync + Sized {
         up: &Self::Weight,
         out: &mut Self::Buf,
     );
-    /// The feed-forward block: ff = silu(x Wg^T) * (x Wu^T), out = ff Wd^T. A backend may run
-    /// it as one fused kernel; ff then still holds the gated activation.
-    fn ffn(
-        &self,
-        x: &Self::Buf,
-        gate: &Self::Weight,
-        up: &Self::Weight,
-        down: &Self::Weight,
-        ff: &mut Self::Buf,
-        out: &mut Self::Buf,
-    ) {
-        self.ffn_gate_up_silu(x, gate, up, ff);
-        self.matmul(ff, &mut [(down, out)]);
-    }
     /// Rotates every `head_dim`-wide head of row t at position pos0 + t, in place.
     fn rope(&self, x: &mut Self::Buf, head_dim: usize, rope: &RopeParams, pos0: usize);
     /// Stores k and v rows (positions pos0..pos0+n) into `layer` of the cache.
