@@ -136,7 +136,7 @@ int main() {
         auto launch = [&](int i) {
             if (c.silu) {
                 mvk_silu_1<<<blocks, 128>>>(w[2 * i], FMT_Q4_K, w[2 * i + 1], FMT_Q4_K, y, c.rows, xq, xds, c.K, cv,
-                                            cnt);
+                                            cnt, 0);
             } else {
                 MatvecJobs j{};
                 j.w[0] = w[2 * i];
@@ -146,7 +146,7 @@ int main() {
                 j.start[0] = 0;
                 j.start[1] = (int)(quads * 4);
                 j.njobs = 1;
-                mvk_1<<<blocks, 128>>>(j, xq, xds, c.K, cv, cnt);
+                mvk_1<<<blocks, 128>>>(j, xq, xds, c.K, cv, cnt, 0);
             }
         };
         unsigned long long* none = nullptr;

@@ -1048,10 +1048,14 @@ __device__ __forceinline__ void kq_sum_chunks(const float* a, const float* b, in
 // one fence and one atomicAdd of its task count: the warp that completes the count adds the
 // row's chunks in order and writes it. SILU: gate and up sums of the row quad, then
 // silu(gate) * up.
+// flags & MVK_SKIP_SHARED (a measuring switch, MUSER_CUDA_ABLATE=shared_quads; the output is
+// wrong by design): the shared row quads' chunk values are written but never counted or summed,
+// so a launch costs what it would if their completion were free.
+#define MVK_SKIP_SHARED 1
 template <bool SILU, int FMT, typename TaskFn>
 __device__ __forceinline__ void mvk_warp(TaskFn task, int t0, int t1, int nch, const int8_t* __restrict__ xq,
                                          const float2* __restrict__ xds, int K, float* __restrict__ cv,
-                                         unsigned* __restrict__ cnt, float* __restrict__ ysilu) {
+                                         unsigned* __restrict__ cnt, float* __restrict__ ysilu, int flags) {
     const int lane = threadIdx.x % WARP, j = lane >> 2, q = lane & 3, s4 = j & 3, hf = j >> 2;
     const int nb = K / QK_K, per = (SILU ? 2 : 1) * nch; // tasks per row quad
     float ya = 0.0f, yb = 0.0f;                            // row q's running sums (gate / up)
@@ -1092,7 +1096,7 @@ __device__ __forceinline__ void mvk_warp(TaskFn task, int t0, int t1, int nch, c
             }
             const size_t row = (size_t)4 * kt.gq + lane;
             if (wr) cv[row * per + idx] = c;
-            if (idx == per - 1 || tt == t1 - 1) { // the end of this warp's part of the row quad
+            if ((idx == per - 1 || tt == t1 - 1) && !(flags & MVK_SKIP_SHARED)) { // the end of this warp's part
                 const int n = min(first + per, t1) - max(first, t0);
                 // The lanes' chunk values ordered before lane 0's count (release, cumulative over
                 // the warp barrier); the completing warp's reads after it (acquire, then the
@@ -1124,7 +1128,7 @@ __device__ __forceinline__ void mvk_warp(TaskFn task, int t0, int t1, int nch, c
 }
 
 #define MVK_ACT const int8_t* __restrict__ xq, const float2* __restrict__ xds, int K, float* __restrict__ cv, \
-    unsigned* __restrict__ cnt
+    unsigned* __restrict__ cnt, int flags
 
 
 // The warp's tasks [t0, t1) of one format: a loop per format (one loop serving every format
@@ -1132,11 +1136,11 @@ __device__ __forceinline__ void mvk_warp(TaskFn task, int t0, int t1, int nch, c
 template <bool SILU, typename TaskFn>
 __device__ __forceinline__ void mvk_fmt(int ty, TaskFn task, int t0, int t1, int nch, const int8_t* __restrict__ xq,
                                         const float2* __restrict__ xds, int K, float* __restrict__ cv,
-                                        unsigned* __restrict__ cnt, float* __restrict__ ysilu) {
+                                        unsigned* __restrict__ cnt, float* __restrict__ ysilu, int flags) {
     switch (ty) {
-    case FMT_Q4_K: mvk_warp<SILU, FMT_Q4_K>(task, t0, t1, nch, xq, xds, K, cv, cnt, ysilu); break;
-    case FMT_Q5_K: mvk_warp<SILU, FMT_Q5_K>(task, t0, t1, nch, xq, xds, K, cv, cnt, ysilu); break;
-    default: mvk_warp<SILU, FMT_Q6_K>(task, t0, t1, nch, xq, xds, K, cv, cnt, ysilu); break;
+    case FMT_Q4_K: mvk_warp<SILU, FMT_Q4_K>(task, t0, t1, nch, xq, xds, K, cv, cnt, ysilu, flags); break;
+    case FMT_Q5_K: mvk_warp<SILU, FMT_Q5_K>(task, t0, t1, nch, xq, xds, K, cv, cnt, ysilu, flags); break;
+    default: mvk_warp<SILU, FMT_Q6_K>(task, t0, t1, nch, xq, xds, K, cv, cnt, ysilu, flags); break;
     }
 }
 
@@ -1165,7 +1169,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) mvk_1(MatvecJobs jobs, MVK_
     const int ty = jobs.ty[sp.j], rows = jobs.rows[sp.j], st = jobs.start[sp.j];
     mvk_fmt<false>(ty, [=](int gq, int ch) { return mvk_job_task_at(w, yj, ty, rows, st, gq, ch); }, sp.t0, sp.t1, nch,
                    xq, xds, K,
-                   cv, cnt, nullptr);
+                   cv, cnt, nullptr, flags);
 }
 
 // The warp's range (t0, t1) as in pdl_wait_prefetch_mvk.
@@ -1189,5 +1193,5 @@ extern "C" __global__ void __launch_bounds__(128, 4) mvk_silu_1(SILU_ARGS, MVK_A
     mvk_fmt<true>(tyg, [&](int gq, int rem) { return mvk_silu_task_at(wg, tyg, wu, tyu, rows, nch, gq, rem); }, range.x,
                   range.y, nch,
                   xq, xds, K,
-                  cv, cnt, y);
+                  cv, cnt, y, flags);
 }

@@ -82,6 +82,16 @@ pub fn mvk_chunks(k: usize) -> usize {
     (k / 256).div_ceil(4)
 }
 
+/// The `mvk_*` kernels' flags: MVK_SKIP_SHARED (1) when `MUSER_CUDA_ABLATE` names
+/// `shared_quads`, a measuring switch whose output is wrong by design (matvec.cu).
+pub fn mvk_flags() -> i32 {
+    static F: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
+    *F.get_or_init(|| {
+        let v = std::env::var("MUSER_CUDA_ABLATE").unwrap_or_default();
+        i32::from(v.split(',').any(|s| s.trim() == "shared_quads"))
+    })
+}
+
 /// Blocks (of 4 warps) of an `mvk_*` launch over `quads` row quads of `per` tasks each (a round
 /// takes 2 tasks per warp): the GPU filled once (4 blocks per SM, the kernels' launch bounds).
 /// When one warp per row quad fills at least 3/4 of that (attn_output at the Glimmer shapes),
@@ -809,7 +819,14 @@ impl Gpu {
         let (xq, xds) = (dptr(self, &scratch.q), dptr(self, &scratch.ds));
         let k_i = k as i32;
         let mut b = self.stream.launch_builder(self.kernel("mvk_1")?);
-        b.arg(&mj).arg(&xq).arg(&xds).arg(&k_i).arg(&cv).arg(&cnt);
+        let flags = mvk_flags();
+        b.arg(&mj)
+            .arg(&xq)
+            .arg(&xds)
+            .arg(&k_i)
+            .arg(&cv)
+            .arg(&cnt)
+            .arg(&flags);
         // SAFETY: each job reads rows*row_bytes weight bytes and writes rows outputs; the
         // activation holds k values and k / 32 scales; cv holds total * nch floats and cnt
         // total / 4 counters, zero between launches (each launch leaves them so).
@@ -982,7 +999,13 @@ impl Gpu {
             let (xq, xds, k_i) = (dptr(self, &scratch.q), dptr(self, &scratch.ds), k as i32);
             let mut b = self.stream.launch_builder(self.kernel("mvk_silu_1")?);
             b.arg(&wg).arg(&tg).arg(&wu).arg(&tu).arg(&y).arg(&rows_i);
-            b.arg(&xq).arg(&xds).arg(&k_i).arg(&cv).arg(&cnt);
+            let flags = mvk_flags();
+            b.arg(&xq)
+                .arg(&xds)
+                .arg(&k_i)
+                .arg(&cv)
+                .arg(&cnt)
+                .arg(&flags);
             // SAFETY: reads rows*row_bytes bytes of each matrix and the activation of k values;
             // writes rows outputs; cv and cnt as in `mvk`.
             unsafe { b.launch(cfg) }?;
