@@ -112,7 +112,8 @@ pub struct CudaBackend {
     /// Ops left out of every step (`MUSER_CUDA_ABLATE=residual_norm,quantize,qkv_rows,attention_rows`):
     /// a measuring tool only, whose output is wrong by design. `muser bench` with it shows what
     /// a step would cost if those kernels (launches, waits and work) cost nothing: the most
-    /// that fusing them away could gain.
+    /// that fusing them away could gain. `shared_quads` (read by `matvec::mvk_flags`) leaves the
+    /// one-column matvecs' shared row quads uncompleted, for the same purpose.
     ablate: Vec<String>,
     /// Decode attention on the tensor cores where it fits (`mma_attention_fits`).
     attn_mma: std::sync::atomic::AtomicBool,
