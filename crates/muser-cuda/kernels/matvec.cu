@@ -1052,6 +1052,9 @@ __device__ __forceinline__ void kq_sum_chunks(const float* a, const float* b, in
 // wrong by design): the shared row quads' chunk values are written but never counted or summed,
 // so a launch costs what it would if their completion were free.
 #define MVK_SKIP_SHARED 1
+// flags & MVK_DEFER_SHARED (mvk_silu_1 before silu_finish_q8k): the shared row quads' chunk
+// values are written and left for silu_finish_q8k, which sums them in the same order.
+#define MVK_DEFER_SHARED 2
 template <bool SILU, int FMT, typename TaskFn>
 __device__ __forceinline__ void mvk_warp(TaskFn task, int t0, int t1, int nch, const int8_t* __restrict__ xq,
                                          const float2* __restrict__ xds, int K, float* __restrict__ cv,
@@ -1096,7 +1099,7 @@ __device__ __forceinline__ void mvk_warp(TaskFn task, int t0, int t1, int nch, c
             }
             const size_t row = (size_t)4 * kt.gq + lane;
             if (wr) cv[row * per + idx] = c;
-            if ((idx == per - 1 || tt == t1 - 1) && !(flags & MVK_SKIP_SHARED)) { // the end of this warp's part
+            if ((idx == per - 1 || tt == t1 - 1) && !(flags & (MVK_SKIP_SHARED | MVK_DEFER_SHARED))) { // its part's end
                 const int n = min(first + per, t1) - max(first, t0);
                 // The lanes' chunk values ordered before lane 0's count (release, cumulative over
                 // the warp barrier); the completing warp's reads after it (acquire, then the
@@ -1194,4 +1197,46 @@ extern "C" __global__ void __launch_bounds__(128, 4) mvk_silu_1(SILU_ARGS, MVK_A
                   range.y, nch,
                   xq, xds, K,
                   cv, cnt, y, flags);
+}
+
+// After mvk_silu_1 with MVK_DEFER_SHARED: the outputs of the row quads its warps shared (their
+// chunk values in cv, [rows][2][nch]) summed in chunk order from 0 (kq_sum_chunks' order, so
+// the bits a completing warp would give) and written to y, then y's Q8_K quantization (q8k_warp:
+// quantize_q8_k's bits, row-major) for the ffn_down matmul, which then skips its quantizer. A row
+// quad was shared when its first and last tasks fell in different warps' ranges of the gate+up
+// launch (mvk_range over T tasks and W warps: task t is warp ceil((t + 1) W / T) - 1's). One warp
+// per 256 rows (rows a multiple of 256), 8 consecutive rows per lane. Replaces the gate+up
+// warps' release atomic, acquire fence and chunk loads at the end of their ranges.
+extern "C" __global__ void __launch_bounds__(128) silu_finish_q8k(const float* __restrict__ cv, float* __restrict__ y,
+                                                                  int rows, int nch, unsigned T, unsigned W,
+                                                                  int8_t* __restrict__ q, float2* __restrict__ ds,
+                                                                  int8_t* __restrict__ bs) {
+    pdl_wait();
+    const int blk = blockIdx.x * 4 + threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    if (blk * QK_K >= rows) return;
+    const int per = 2 * nch, r0 = blk * QK_K + 8 * lane;
+    const auto warp_of = [&](unsigned t) {
+        return ((t + 1) * W + T - 1) / T - 1u; // below 2^32: the host checks tasks x warps (mvk_fits)
+    };
+    float v[8];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) { // the lane's two row quads
+        const int gq = r0 / 4 + h;
+        const unsigned first = (unsigned)gq * per;
+        const bool shared = warp_of(first) != warp_of(first + per - 1);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int row = 4 * gq + i;
+            if (shared) {
+                const float* cr = cv + (size_t)row * per;
+                float g, u;
+                kq_sum_chunks<true>(cr, cr + nch, nch, &g, &u);
+                v[4 * h + i] = g / (1.0f + expf(-g)) * u;
+                y[row] = v[4 * h + i];
+            } else {
+                v[4 * h + i] = y[row];
+            }
+        }
+    }
+    q8k_warp(v, blk, lane, q, ds, bs, rows, 0);
 }

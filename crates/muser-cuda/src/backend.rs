@@ -1307,11 +1307,23 @@ impl Backend for CudaBackend {
                     x.cols,
                     &[gate.mat().ty, up.mat().ty],
                 );
-                ck(
-                    self.gpu
-                        .matvec_silu(gate.mat(), up.mat(), xp, x.rows, &mut ws.act, op),
+                // One column may leave its output's Q8_K in the scratch for the matmul after it.
+                let quantized = ck(
+                    self.gpu.matvec_silu(
+                        gate.mat(),
+                        up.mat(),
+                        xp,
+                        x.rows,
+                        &mut ws.act,
+                        op,
+                        self.fuse_quant.load(std::sync::atomic::Ordering::Relaxed)
+                            && !self.ablated("quantize"),
+                    ),
                     "matvec_silu",
                 );
+                if quantized {
+                    *self.fused_act.lock().unwrap() = Some((op, out.rows * out.cols, out.cols));
+                }
             },
         )
     }

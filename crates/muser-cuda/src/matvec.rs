@@ -82,6 +82,16 @@ pub fn mvk_chunks(k: usize) -> usize {
     (k / 256).div_ceil(4)
 }
 
+/// mvk_silu_1's flag (matvec.cu): the shared row quads left to `silu_finish_q8k`.
+const MVK_DEFER_SHARED: i32 = 2;
+
+/// Whether one-column gate+up launches whose output is quantized next leave their shared row
+/// quads to `silu_finish_q8k` (on unless `MUSER_CUDA_SILU_FINISH=0`).
+fn silu_finish() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("MUSER_CUDA_SILU_FINISH").map_or(true, |v| v != "0"))
+}
+
 /// The `mvk_*` kernels' flags: MVK_SKIP_SHARED (1) when `MUSER_CUDA_ABLATE` names
 /// `shared_quads`, a measuring switch whose output is wrong by design (matvec.cu).
 pub fn mvk_flags() -> i32 {
@@ -937,6 +947,10 @@ impl Gpu {
     /// y[c][r] = silu(G[r] . x[c]) * (U[r] . x[c]) (the int8 activation already in `scratch`
     /// when either matrix is quantized). K-quants from 2 columns on run fused on `mmk_silu_*`,
     /// the other formats on `matvec_silu_1` / `matvec_silu_cols` (64 columns per launch).
+    /// With `quantize_out`, one column on `mvk_silu_1` may also leave y's row-major Q8_K in
+    /// `scratch` (`silu_finish_q8k`, which completes the row quads the gate+up warps shared);
+    /// the result says whether it did.
+    #[allow(clippy::too_many_arguments)]
     pub fn matvec_silu(
         &self,
         gate: &DeviceMatrix,
@@ -945,7 +959,8 @@ impl Gpu {
         ncols: usize,
         scratch: &mut ActScratch,
         y: u64,
-    ) -> Result<(), CudaError> {
+        quantize_out: bool,
+    ) -> Result<bool, CudaError> {
         let (k, rows) = gate_up_shape(gate, up)?;
         let (wg, wu) = (dptr(self, &gate.data), dptr(self, &up.data));
         let (tg, tu) = (format_code(gate.ty)?, format_code(up.ty)?);
@@ -954,7 +969,7 @@ impl Gpu {
             let (cfg, name, _) = mmk_launch(ncols, rows, true);
             if let Some((mmv, per_sm)) = mmv_kernel(ncols, true, self.mmv()) {
                 if rows == 0 {
-                    return Ok(());
+                    return Ok(false);
                 }
                 let (cfg, tail) = self.mmv_launch(rows.div_ceil(MMK_ROWS), k, 2, ncols, per_sm)?;
                 let (p, i) = self.mmk_act(scratch, k, ncols);
@@ -965,7 +980,7 @@ impl Gpu {
                 // SAFETY: reads rows*row_bytes bytes of each matrix and the activation of
                 // ncols*k values (ncols <= 16); writes ncols*rows outputs; cv and cnt as in `mmk`.
                 unsafe { b.launch(cfg) }?;
-                return Ok(());
+                return Ok(false);
             }
             if name.starts_with("mmt") {
                 mmt_fits(gate.data.len())?;
@@ -980,10 +995,10 @@ impl Gpu {
             // SAFETY: reads rows*row_bytes bytes of each matrix and the activation of ncols*k
             // values; writes ncols*rows outputs.
             unsafe { b.launch(cfg) }?;
-            return Ok(());
+            return Ok(false);
         }
         if rows == 0 || ncols == 0 {
-            return Ok(());
+            return Ok(false);
         }
         if uses_mvk(gate.ty, ncols, k) && gate.ty == up.ty {
             let nch = mvk_chunks(k);
@@ -997,19 +1012,44 @@ impl Gpu {
                 shared_mem_bytes: 0,
             };
             let (xq, xds, k_i) = (dptr(self, &scratch.q), dptr(self, &scratch.ds), k as i32);
+            let tasks = quads * 2 * nch;
+            let finish = quantize_out
+                && silu_finish()
+                && rows.is_multiple_of(256)
+                && (tasks as u64) * (blocks as u64 * 4 + 1) < 1 << 32;
             let mut b = self.stream.launch_builder(self.kernel("mvk_silu_1")?);
             b.arg(&wg).arg(&tg).arg(&wu).arg(&tu).arg(&y).arg(&rows_i);
-            let flags = mvk_flags();
-            b.arg(&xq)
-                .arg(&xds)
-                .arg(&k_i)
-                .arg(&cv)
-                .arg(&cnt)
-                .arg(&flags);
+            let flags = mvk_flags() | if finish { MVK_DEFER_SHARED } else { 0 };
+            b.arg(&xq).arg(&xds).arg(&k_i).arg(&cv).arg(&cnt).arg(&flags);
             // SAFETY: reads rows*row_bytes bytes of each matrix and the activation of k values;
             // writes rows outputs; cv and cnt as in `mvk`.
             unsafe { b.launch(cfg) }?;
-            return Ok(());
+            if !finish {
+                return Ok(false);
+            }
+            if rows > scratch.cap {
+                *scratch = self.act_scratch(rows)?;
+            }
+            scratch.kmajor = false;
+            let (nch_i, t_u, w_u) = (nch as i32, tasks as u32, blocks * 4);
+            let (q, ds, bs) = (
+                dptr(self, &scratch.q),
+                dptr(self, &scratch.ds),
+                dptr(self, &scratch.bs),
+            );
+            let fin = LaunchConfig {
+                grid_dim: ((rows / 256).div_ceil(4) as u32, 1, 1),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let mut b = self.stream.launch_builder(self.kernel("silu_finish_q8k")?);
+            b.arg(&cv).arg(&y).arg(&rows_i).arg(&nch_i).arg(&t_u).arg(&w_u);
+            b.arg(&q).arg(&ds).arg(&bs);
+            // SAFETY: reads the chunk values mvk_silu_1 left in cv (rows * 2 * nch floats) and
+            // its rows outputs at y, completes them there; writes rows int8 values, rows / 32
+            // scales and rows / 16 split sums into the scratch, which holds at least rows values.
+            unsafe { b.launch(fin) }?;
+            return Ok(true);
         }
         let mut c0 = 0;
         while c0 < ncols {
@@ -1025,7 +1065,7 @@ impl Gpu {
             unsafe { b.launch(cfg) }?;
             c0 += n;
         }
-        Ok(())
+        Ok(false)
     }
 
     /// Addresses of column c0 of the int8 activation, its scales and the f32 activation.
