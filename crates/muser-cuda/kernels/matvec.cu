@@ -1204,39 +1204,36 @@ extern "C" __global__ void __launch_bounds__(128, 4) mvk_silu_1(SILU_ARGS, MVK_A
 // the bits a completing warp would give) and written to y, then y's Q8_K quantization (q8k_warp:
 // quantize_q8_k's bits, row-major) for the ffn_down matmul, which then skips its quantizer. A row
 // quad was shared when its first and last tasks fell in different warps' ranges of the gate+up
-// launch (mvk_range over T tasks and W warps: task t is warp ceil((t + 1) W / T) - 1's). One warp
-// per 256 rows (rows a multiple of 256), 8 consecutive rows per lane. Replaces the gate+up
-// warps' release atomic, acquire fence and chunk loads at the end of their ranges.
-extern "C" __global__ void __launch_bounds__(128) silu_finish_q8k(const float* __restrict__ cv, float* __restrict__ y,
+// launch (mvk_range over T tasks and W warps: task t is warp ceil((t + 1) W / T) - 1's). One block
+// of 256 threads per 256 rows (rows a multiple of 256), a row per thread, the block's values
+// through shared memory to its first warp for the quantization. Replaces the gate+up warps'
+// release atomic, acquire fence and chunk loads at the end of their ranges.
+extern "C" __global__ void __launch_bounds__(256) silu_finish_q8k(const float* __restrict__ cv, float* __restrict__ y,
                                                                   int rows, int nch, unsigned T, unsigned W,
                                                                   int8_t* __restrict__ q, float2* __restrict__ ds,
                                                                   int8_t* __restrict__ bs) {
     pdl_wait();
-    const int blk = blockIdx.x * 4 + threadIdx.x / WARP, lane = threadIdx.x % WARP;
-    if (blk * QK_K >= rows) return;
-    const int per = 2 * nch, r0 = blk * QK_K + 8 * lane;
+    __shared__ __align__(16) float so[QK_K];
+    const int blk = blockIdx.x, row = blk * QK_K + threadIdx.x, per = 2 * nch;
     const auto warp_of = [&](unsigned t) {
-        return ((t + 1) * W + T - 1) / T - 1u; // below 2^32: the host checks tasks x warps (mvk_fits)
+        return ((t + 1) * W + T - 1) / T - 1u; // below 2^32: the host checks tasks x (warps + 1)
     };
-    float v[8];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) { // the lane's two row quads
-        const int gq = r0 / 4 + h;
-        const unsigned first = (unsigned)gq * per;
-        const bool shared = warp_of(first) != warp_of(first + per - 1);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int row = 4 * gq + i;
-            if (shared) {
-                const float* cr = cv + (size_t)row * per;
-                float g, u;
-                kq_sum_chunks<true>(cr, cr + nch, nch, &g, &u);
-                v[4 * h + i] = g / (1.0f + expf(-g)) * u;
-                y[row] = v[4 * h + i];
-            } else {
-                v[4 * h + i] = y[row];
-            }
-        }
+    const unsigned first = (unsigned)(row / 4) * per;
+    float v;
+    if (warp_of(first) != warp_of(first + per - 1)) {
+        const float* cr = cv + (size_t)row * per;
+        float g, u;
+        kq_sum_chunks<true>(cr, cr + nch, nch, &g, &u);
+        v = g / (1.0f + expf(-g)) * u;
+        y[row] = v;
+    } else {
+        v = y[row];
     }
-    q8k_warp(v, blk, lane, q, ds, bs, rows, 0);
+    so[threadIdx.x] = v;
+    __syncthreads();
+    if (threadIdx.x < WARP) {
+        const float4 a = *(const float4*)(so + 8 * threadIdx.x), b = *(const float4*)(so + 8 * threadIdx.x + 4);
+        const float f[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+        q8k_warp(f, blk, threadIdx.x, q, ds, bs, rows, 0);
+    }
 }

@@ -1020,7 +1020,12 @@ impl Gpu {
             let mut b = self.stream.launch_builder(self.kernel("mvk_silu_1")?);
             b.arg(&wg).arg(&tg).arg(&wu).arg(&tu).arg(&y).arg(&rows_i);
             let flags = mvk_flags() | if finish { MVK_DEFER_SHARED } else { 0 };
-            b.arg(&xq).arg(&xds).arg(&k_i).arg(&cv).arg(&cnt).arg(&flags);
+            b.arg(&xq)
+                .arg(&xds)
+                .arg(&k_i)
+                .arg(&cv)
+                .arg(&cnt)
+                .arg(&flags);
             // SAFETY: reads rows*row_bytes bytes of each matrix and the activation of k values;
             // writes rows outputs; cv and cnt as in `mvk`.
             unsafe { b.launch(cfg) }?;
@@ -1038,12 +1043,17 @@ impl Gpu {
                 dptr(self, &scratch.bs),
             );
             let fin = LaunchConfig {
-                grid_dim: ((rows / 256).div_ceil(4) as u32, 1, 1),
-                block_dim: (128, 1, 1),
+                grid_dim: ((rows / 256) as u32, 1, 1),
+                block_dim: (256, 1, 1),
                 shared_mem_bytes: 0,
             };
             let mut b = self.stream.launch_builder(self.kernel("silu_finish_q8k")?);
-            b.arg(&cv).arg(&y).arg(&rows_i).arg(&nch_i).arg(&t_u).arg(&w_u);
+            b.arg(&cv)
+                .arg(&y)
+                .arg(&rows_i)
+                .arg(&nch_i)
+                .arg(&t_u)
+                .arg(&w_u);
             b.arg(&q).arg(&ds).arg(&bs);
             // SAFETY: reads the chunk values mvk_silu_1 left in cv (rows * 2 * nch floats) and
             // its rows outputs at y, completes them there; writes rows int8 values, rows / 32
@@ -1310,6 +1320,31 @@ mod tests {
             ta + (tb - ta) * (w - wa) / (wb - wa),
             ta + (tb - ta) * (w + 1 - wa) / (wb - wa),
         )
+    }
+
+    /// `silu_finish_q8k` (matvec.cu) finds the warp that ran task t of a gate+up launch as
+    /// ceil((t + 1) W / T) - 1, the inverse of `mvk_range` (warp w takes tasks T w / W ..
+    /// T (w + 1) / W): checked against the ranges themselves at the Glimmer shapes and random
+    /// ones, including launches with fewer tasks than warps.
+    #[test]
+    fn silu_finish_finds_each_task_warp_as_mvk_range_splits_them() {
+        let owner = |t: u64, tt: u64, w: u64| ((t + 1) * w + tt - 1) / tt - 1;
+        let mut rng = 0x9e37_79b9u64;
+        let mut shapes = vec![(4992 * 14, 2112), (192 * 2, 2112), (1152 * 7, 2112), (7, 3)];
+        for _ in 0..200 {
+            rng = rng
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            shapes.push(((rng >> 33) % 6000 + 1, (rng >> 13) % 900 + 1));
+        }
+        for (tt, ww) in shapes {
+            for w in 0..ww {
+                let (t0, t1) = (tt * w / ww, tt * (w + 1) / ww);
+                for t in t0..t1 {
+                    assert_eq!(owner(t, tt, ww), w, "task {t} of {tt} over {ww} warps");
+                }
+            }
+        }
     }
 
     /// The one-column kernels (`mvk_1`: tasks of a row quad) and the 8-column groups (`mmv_1`:
