@@ -121,12 +121,14 @@ pub struct CudaBackend {
     last_graph: Mutex<Option<(u64, usize, usize)>>,
     /// The f32 values (address, count, row width) whose row-major Q8_K quantization the
     /// workspace's activation scratch holds, written there by the op that produced them
-    /// (`residual_norm`, the attention combine); only the next op may use it (every other op
+    /// (`residual_norm`, the attention combine, one column of gate+up through `silu_finish_q8k`);
+    /// only the next op may use it (every other op
     /// clears it, `timed`), and a matmul or gate+up over exactly those values then skips its
     /// quantizer (`quantize_for`).
     fused_act: Mutex<Option<(u64, usize, usize)>>,
-    /// residual_norm and the attention combine quantize their output (`MUSER_CUDA_FUSED_QUANT`,
-    /// default on; H200, llama-glimmer: tg128 129.6 -> 131.0 tokens/s in one call).
+    /// residual_norm, the attention combine and one-column gate+up quantize their output
+    /// (`MUSER_CUDA_FUSED_QUANT`, default on; H200, llama-glimmer: tg128 129.6 -> 131.0 tokens/s
+    /// in one call for the first two).
     fuse_quant: std::sync::atomic::AtomicBool,
     /// Page-locked host memory that reads of `STAGED_READ_MIN` to `STAGED_READ_MAX` bytes land
     /// in first (`read_staged`), grown to the largest such read.
