@@ -1328,7 +1328,8 @@ mod tests {
     /// ones, including launches with fewer tasks than warps.
     #[test]
     fn silu_finish_finds_each_task_warp_as_mvk_range_splits_them() {
-        let owner = |t: u64, tt: u64, w: u64| ((t + 1) * w + tt - 1) / tt - 1;
+        // The kernel's `((t + 1) * W + T - 1) / T - 1`.
+        let owner = |t: u64, tt: u64, w: u64| ((t + 1) * w).div_ceil(tt) - 1;
         let mut rng = 0x9e37_79b9u64;
         let mut shapes = vec![(4992 * 14, 2112), (192 * 2, 2112), (1152 * 7, 2112), (7, 3)];
         for _ in 0..200 {
