@@ -704,12 +704,5 @@ extern "C" __global__ void attn_rows_combine(const float* __restrict__ o_part, c
     out[i] = o;
     if (!q) return;
     // The block's 256 outputs quantized for the attn_output matmul (backend.rs: quantize_for).
-    __shared__ __align__(16) float so[QK_K];
-    so[threadIdx.x] = o;
-    __syncthreads();
-    if (threadIdx.x < WARP) {
-        const float4 u = *(const float4*)(so + 8 * threadIdx.x), v = *(const float4*)(so + 8 * threadIdx.x + 4);
-        const float f[8] = {u.x, u.y, u.z, u.w, v.x, v.y, v.z, v.w};
-        q8k_warp(f, row * gridDim.x + blockIdx.x, threadIdx.x, q, ds, bs, n_head * D, 0);
-    }
+    q8k_block256(o, row * gridDim.x + blockIdx.x, q, ds, bs, n_head * D);
 }

@@ -296,3 +296,18 @@ __device__ __forceinline__ void q8k_warp(const float (&f)[8], int blk, int lane,
         bs[(size_t)blk * 16 + 8 + lane / 4] = (int8_t)(sum >> 6);
     }
 }
+
+// A block of 256 threads holding one value each (thread t value t of Q8_K block blk): the values
+// through shared memory to the first warp, 8 consecutive per lane, and quantized by q8k_warp
+// (row-major). Every thread of the block calls it (a barrier inside).
+__device__ __forceinline__ void q8k_block256(float v, int blk, int8_t* __restrict__ q, float2* __restrict__ ds,
+                                             int8_t* __restrict__ bs, int K) {
+    __shared__ __align__(16) float so[QK_K];
+    so[threadIdx.x] = v;
+    __syncthreads();
+    if (threadIdx.x < WARP) {
+        const float4 a = *(const float4*)(so + 8 * threadIdx.x), b = *(const float4*)(so + 8 * threadIdx.x + 4);
+        const float f[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+        q8k_warp(f, blk, threadIdx.x, q, ds, bs, K, 0);
+    }
+}

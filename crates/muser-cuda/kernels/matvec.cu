@@ -1205,15 +1205,14 @@ extern "C" __global__ void __launch_bounds__(128, 4) mvk_silu_1(SILU_ARGS, MVK_A
 // quantize_q8_k's bits, row-major) for the ffn_down matmul, which then skips its quantizer. A row
 // quad was shared when its first and last tasks fell in different warps' ranges of the gate+up
 // launch (mvk_range over T tasks and W warps: task t is warp ceil((t + 1) W / T) - 1's). One block
-// of 256 threads per 256 rows (rows a multiple of 256), a row per thread, the block's values
-// through shared memory to its first warp for the quantization. Replaces the gate+up warps'
+// of 256 threads per 256 rows (rows a multiple of 256), a row per thread, quantized by
+// q8k_block256. Replaces the gate+up warps'
 // release atomic, acquire fence and chunk loads at the end of their ranges.
 extern "C" __global__ void __launch_bounds__(256) silu_finish_q8k(const float* __restrict__ cv, float* __restrict__ y,
                                                                   int rows, int nch, unsigned T, unsigned W,
                                                                   int8_t* __restrict__ q, float2* __restrict__ ds,
                                                                   int8_t* __restrict__ bs) {
     pdl_wait();
-    __shared__ __align__(16) float so[QK_K];
     const int blk = blockIdx.x, row = blk * QK_K + threadIdx.x, per = 2 * nch;
     const auto warp_of = [&](unsigned t) {
         return ((t + 1) * W + T - 1) / T - 1u; // below 2^32: the host checks tasks x (warps + 1)
@@ -1229,11 +1228,5 @@ extern "C" __global__ void __launch_bounds__(256) silu_finish_q8k(const float* _
     } else {
         v = y[row];
     }
-    so[threadIdx.x] = v;
-    __syncthreads();
-    if (threadIdx.x < WARP) {
-        const float4 a = *(const float4*)(so + 8 * threadIdx.x), b = *(const float4*)(so + 8 * threadIdx.x + 4);
-        const float f[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-        q8k_warp(f, blk, threadIdx.x, q, ds, bs, rows, 0);
-    }
+    q8k_block256(v, blk, q, ds, bs, rows);
 }

@@ -426,9 +426,7 @@ impl CudaBackend {
             graphs: std::sync::atomic::AtomicBool::new(
                 std::env::var("MUSER_CUDA_GRAPHS").map_or(true, |v| v != "0"),
             ),
-            ablate: std::env::var("MUSER_CUDA_ABLATE")
-                .map(|v| v.split(',').map(|s| s.trim().to_string()).collect())
-                .unwrap_or_default(),
+            ablate: crate::matvec::ablated_names().to_vec(),
             staging: Mutex::new(None),
         })
     }

@@ -92,14 +92,21 @@ fn silu_finish() -> bool {
     *ON.get_or_init(|| std::env::var("MUSER_CUDA_SILU_FINISH").map_or(true, |v| v != "0"))
 }
 
-/// The `mvk_*` kernels' flags: MVK_SKIP_SHARED (1) when `MUSER_CUDA_ABLATE` names
-/// `shared_quads`, a measuring switch whose output is wrong by design (matvec.cu).
-pub fn mvk_flags() -> i32 {
-    static F: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
-    *F.get_or_init(|| {
-        let v = std::env::var("MUSER_CUDA_ABLATE").unwrap_or_default();
-        i32::from(v.split(',').any(|s| s.trim() == "shared_quads"))
+/// The names in `MUSER_CUDA_ABLATE` (comma-separated): ops the backend leaves out of every step,
+/// and `shared_quads` (`mvk_flags`); a measuring switch whose output is wrong by design.
+pub fn ablated_names() -> &'static [String] {
+    static A: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    A.get_or_init(|| {
+        std::env::var("MUSER_CUDA_ABLATE")
+            .map(|v| v.split(',').map(|s| s.trim().to_string()).collect())
+            .unwrap_or_default()
     })
+}
+
+/// The `mvk_*` kernels' flags: MVK_SKIP_SHARED (1) when `MUSER_CUDA_ABLATE` names
+/// `shared_quads` (matvec.cu).
+pub fn mvk_flags() -> i32 {
+    i32::from(ablated_names().iter().any(|s| s == "shared_quads"))
 }
 
 /// Blocks (of 4 warps) of an `mvk_*` launch over `quads` row quads of `per` tasks each (a round
