@@ -1484,6 +1484,21 @@ fn profile_group(m: &Model<CudaBackend>, n: usize, name: &str) -> anyhow::Result
         be.read(&logits, &mut host);
     }
     let read_s = t.elapsed().as_secs_f64() / 4.0;
+    // The read a group step really does: into one buffer per sequence (`read_parts`), and the
+    // host copy of those rows alone (what the staging adds to the transfer).
+    let mut rows: Vec<Vec<f32>> = (0..n).map(|_| vec![0f32; nv as usize]).collect();
+    let mut parts: Vec<&mut [f32]> = rows.iter_mut().map(|r| r.as_mut_slice()).collect();
+    be.read_parts(&logits, &mut parts);
+    let t = Instant::now();
+    for _ in 0..4 {
+        be.read_parts(&logits, &mut parts);
+    }
+    let parts_s = t.elapsed().as_secs_f64() / 4.0;
+    let t = Instant::now();
+    for _ in 0..4 {
+        muser_engine::backend::copy_parts(&host, &mut parts);
+    }
+    let copy_s = t.elapsed().as_secs_f64() / 4.0;
     be.set_profiling(true);
     for _ in 0..steps {
         step(&mut sessions)?;
@@ -1492,11 +1507,13 @@ fn profile_group(m: &Model<CudaBackend>, n: usize, name: &str) -> anyhow::Result
     be.set_profiling(false);
     let total: f64 = prof.iter().map(|p| p.2).sum();
     println!(
-        "decode group of {n} on {name}: {:.2} ms per step = {:.0} tokens/s; logits read-back {:.2} ms ({:.1} MB)",
+        "decode group of {n} on {name}: {:.2} ms per step = {:.0} tokens/s; logits read-back {:.2} ms ({:.1} MB), into the rows {:.2} ms, a serial host copy of them {:.2} ms",
         step_s * 1e3,
         n as f64 / step_s,
         read_s * 1e3,
-        (n * nv as usize * 4) as f64 / 1e6
+        (n * nv as usize * 4) as f64 / 1e6,
+        parts_s * 1e3,
+        copy_s * 1e3
     );
     println!("| op | calls | ms per step | share |");
     for (op, calls, secs) in &prof {
