@@ -495,7 +495,7 @@ impl CudaBackend {
         } else {
             1
         };
-        let step = n.div_ceil(pieces).next_multiple_of(1 << 14);
+        let step = n.div_ceil(pieces).next_multiple_of(1 << 14).max(1 << 14);
         let mut landed = Vec::with_capacity(pieces);
         for at in (0..n).step_by(step) {
             let end = (at + step).min(n);
