@@ -348,6 +348,103 @@ __device__ void attn_rows_partial(const float* __restrict__ q, const RowKv* __re
                   ml_part, row, n_head, n_kv, G, kvh, h0, split, n_splits, start, end, (int)c.slots, ring, scale);
 }
 
+#define MMA_VP 136 // V rows in shared memory: 128 halves + 8 of padding
+#define MMA_SP 136 // the warps' outputs in shared memory for their merge: rows of 128 floats + 8
+
+// One split's term of a split merge (merge_splits, attn_cluster_finish): the splits in order,
+// empty ones (max -inf) skipped, M the largest max of the row's splits.
+__device__ __forceinline__ void merge_term(float2 ml, float ov, float M, float& num, float& den) {
+    if (ml.x == -INFINITY) return;
+    const float w = expf(ml.x - M);
+    num += w * ov;
+    den += w * ml.y;
+}
+
+// The in-cluster split merge of attn_rows_mma_fin{C}_128. A decode row at short context has a
+// few splits per KV head (solo_split: one per 32-position tile up to 8), each a block whose
+// partial went through global memory to a second launch (attn_rows_combine) that merged them.
+// Here the C blocks of one (KV head, row) form a thread-block cluster: each leaves its split's
+// (o, m, l) in its own shared memory, and after a cluster barrier block r merges query heads
+// 16 r / C .. 16 (r + 1) / C - 1 of the KV head (16 / C x 128 outputs, 8 / C Q8_K blocks) reading
+// the splits from the other blocks' shared memory (distributed shared memory), with
+// merge_splits' arithmetic in split order, so each output has attn_rows_combine's bits; then the
+// gate, the output and its Q8_K quantization for the attn_output matmul, as attn_rows_combine.
+struct FinArgs {
+    float* out;
+    const float* gate;
+    int8_t* xq;
+    float2* xds;
+    int8_t* xbs;
+};
+__device__ __forceinline__ void cluster_barrier() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+// Where `p` (in this block's shared memory) is in the shared memory of the cluster's block `rank`.
+__device__ __forceinline__ uint32_t cluster_addr(const void* p, int rank) {
+    uint32_t r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+                 : "=r"(r)
+                 : "r"((uint32_t)__cvta_generic_to_shared(p)), "r"(rank));
+    return r;
+}
+__device__ __forceinline__ float ld_cluster(uint32_t a) {
+    float v;
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(a) : "memory");
+    return v;
+}
+__device__ __forceinline__ float2 ld_cluster2(uint32_t a) {
+    float2 v;
+    asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(a) : "memory");
+    return v;
+}
+// so: [16 heads][MMA_SP] f32, the block's split (o); sml: its (m, l) per head; ns: the row's
+// splits (at most C). 128 threads, thread d value d of each head. Every thread of every block of
+// the cluster calls it.
+template <int C>
+__device__ __forceinline__ void attn_cluster_finish(const float* so, const float2* sml, int ns, int row, int n_head,
+                                                    int h0, const FinArgs& fa) {
+    constexpr int D = 128, HB = 16 / C; // heads merged per block
+    __shared__ __align__(16) float fin[HB * D];
+    const int r = blockIdx.z, d = threadIdx.x; // the cluster's rank of the block: its z (1 x 1 x C)
+    cluster_barrier(); // every split's state is in its block's shared memory
+#pragma unroll
+    for (int hh = 0; hh < HB; ++hh) {
+        const int g = HB * r + hh;
+        float2 ml[C];
+        float ov[C];
+#pragma unroll
+        for (int s = 0; s < C; ++s) {
+            ml[s] = make_float2(-INFINITY, 0.0f);
+            ov[s] = 0.0f;
+            if (s < ns) {
+                ml[s] = ld_cluster2(cluster_addr(sml + g, s));
+                ov[s] = ld_cluster(cluster_addr(so + g * MMA_SP + d, s));
+            }
+        }
+        float M = -INFINITY;
+#pragma unroll
+        for (int s = 0; s < C; ++s) M = fmaxf(M, ml[s].x);
+        float num = 0.0f, den = 0.0f;
+#pragma unroll
+        for (int s = 0; s < C; ++s) merge_term(ml[s], ov[s], M, num, den);
+        float o = num / den;
+        const size_t i = ((size_t)row * n_head + h0 + g) * D + d;
+        if (fa.gate) o *= 1.0f / (1.0f + expf(-fa.gate[i]));
+        fa.out[i] = o;
+        fin[hh * D + d] = o;
+    }
+    cluster_barrier(); // no block reads another's shared memory past here; fin is complete
+    if (!fa.xq) return;
+    const int lane = threadIdx.x % WARP;
+    // Q8_K blocks j of the block's HB / 2: warp j % 4 (C = 1: two each).
+    for (int j = threadIdx.x / WARP; j < HB / 2; j += 4) {
+        const float* src = fin + 256 * j + 8 * lane;
+        const float4 a = *(const float4*)src, b = *(const float4*)(src + 4);
+        const float f[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+        q8k_warp(f, (row * n_head + h0 + HB * r) / 2 + j, lane, fa.xq, fa.xds, fa.xbs, n_head * D, 0);
+    }
+}
+
 // Tensor-core decode attention (decode groups; head dim 128, at most 16 query heads per KV
 // head: Muse Glimmer and llama-glimmer have 16). A block takes one (KV head, row, split) as
 // attn_rows_partial does with all the group's heads (no head chunks), so the split plan and the
@@ -376,8 +473,6 @@ __device__ __forceinline__ uint32_t u4_word(const uint4 (&v)[4], int w) {
     return c == 0 ? x.x : c == 1 ? x.y : c == 2 ? x.z : x.w;
 }
 
-#define MMA_VP 136 // V rows in shared memory: 128 halves + 8 of padding
-#define MMA_SP 136 // the warps' outputs in shared memory for their merge: rows of 128 floats + 8
 // W warps per block (4 or 8). The block's split is cut into steps of 16 positions over nw warps
 // (warp w takes the steps at start + 16 w, + 16 nw, ...), and the warps' states are merged by
 // halves. nw depends only on the row's own plan: 8 where it has 16 splits or more of 16 * 8
@@ -388,11 +483,14 @@ __device__ __forceinline__ uint32_t u4_word(const uint4 (&v)[4], int w) {
 // tg128 at depth 0 1.5% (165.97 -> 163.50) and 8 streams 3% (919.31 -> 890.24) (69.6 KB of
 // shared memory and 57 K registers per block), and 8 warps from 128-position splits cost tg64 at
 // depth 2048 (9 splits) 0.8% (157.98 -> 156.67).
-template <int W>
+// C > 0 (attn_rows_mma_fin{C}_128, clusters of C blocks along z): the row's splits are merged
+// inside the cluster (attn_cluster_finish) instead of by attn_rows_combine; a block past the
+// row's splits runs an empty range and takes its share of the merge.
+template <int W, int C>
 __device__ __forceinline__ void attn_rows_mma(const float* __restrict__ q, const RowKv* __restrict__ tab,
                                               const int* __restrict__ pos, float* __restrict__ o_part,
                                               float2* __restrict__ ml_part, int n_head, int n_kv, int window, int ring,
-                                              float scale, int solo, int min_tiles) {
+                                              float scale, int solo, int min_tiles, const FinArgs& fa) {
     constexpr int D = 128;
     const int G = n_head / n_kv;
     const int kvh = blockIdx.x, h0 = kvh * G;
@@ -400,9 +498,11 @@ __device__ __forceinline__ void attn_rows_mma(const float* __restrict__ q, const
     const int p = pos[row];
     const int lo = window > 0 ? max(0, p - window + 1) : 0;
     const int2 plan = solo_split(p + 1 - lo, solo, min_tiles);
-    if (split >= plan.x) return;
-    const int start = lo + split * plan.y;
-    const int end = min(p + 1, start + plan.y);
+    const bool active = split < plan.x;
+    constexpr bool FIN = C > 0;
+    if (!FIN && !active) return;
+    const int start = active ? lo + split * plan.y : 0;
+    const int end = active ? min(p + 1, start + plan.y) : 0;
     const int nw = W == 8 && plan.x >= 16 && plan.y >= 16 * 8 ? 8 : 4;
     const RowKv c = tab[row];
     const __half* kc = (const __half*)c.k;
@@ -592,6 +692,12 @@ __device__ __forceinline__ void attn_rows_mma(const float* __restrict__ q, const
         if (warp < half) merge(warp);
         if (half > 1) __syncthreads();
     }
+    if constexpr (FIN) {
+        // Warp 0 leaves the block's split in slot 0 (its own values: each lane rewrites what it read).
+        if (warp == 0) put(0);
+        attn_cluster_finish<FIN ? C : 1>(so, sml, plan.x, row, n_head, h0, fa);
+        return;
+    }
     if (warp != 0) return;
     const size_t base = ((size_t)row * n_head + (size_t)h0) * n_splits + split;
 #pragma unroll
@@ -611,11 +717,20 @@ __device__ __forceinline__ void attn_rows_mma(const float* __restrict__ q, const
 #define MMA_ROWS_PASS q, tab, pos, o_part, ml_part, n_head, n_kv, window, ring, scale, solo, min_tiles
 extern "C" __global__ void __launch_bounds__(128) attn_rows_mma_128(MMA_ROWS_ARGS) {
     pdl_wait();
-    attn_rows_mma<4>(MMA_ROWS_PASS);
+    attn_rows_mma<4, 0>(MMA_ROWS_PASS, FinArgs{});
 }
 extern "C" __global__ void __launch_bounds__(256) attn_rows_mma8_128(MMA_ROWS_ARGS) {
     pdl_wait();
-    attn_rows_mma<8>(MMA_ROWS_PASS);
+    attn_rows_mma<8, 0>(MMA_ROWS_PASS, FinArgs{});
+}
+// Grid (n_kv, n_rows, C): every row of the launch has at most C splits (backend.rs:
+// rows_cluster), 16 query heads of 128 per KV head. o_part / ml_part are not used.
+#define FIN_ARGS float *__restrict__ out, const float *__restrict__ gate, int8_t *__restrict__ xq, \
+    float2 *__restrict__ xds, int8_t *__restrict__ xbs
+#define FIN_PASS FinArgs{out, gate, xq, xds, xbs}
+extern "C" __global__ void __cluster_dims__(1, 1, 8) __launch_bounds__(128) attn_rows_mma_fin8_128(MMA_ROWS_ARGS, FIN_ARGS) {
+    pdl_wait();
+    attn_rows_mma<4, 8>(MMA_ROWS_PASS, FIN_PASS);
 }
 
 #define ATT_ARGS const float* __restrict__ q, const __half* __restrict__ kc, const __half* __restrict__ vc, \
@@ -661,12 +776,7 @@ __device__ __forceinline__ float merge_splits(const float* __restrict__ o_part, 
             ov[i] = s0 + i < ns ? o_part[(base + s0 + i) * D + d] : 0.0f;
         }
 #pragma unroll
-        for (int i = 0; i < MERGE_B; ++i) {
-            if (ml[i].x == -INFINITY) continue;
-            const float w = expf(ml[i].x - M);
-            num += w * ov[i];
-            den += w * ml[i].y;
-        }
+        for (int i = 0; i < MERGE_B; ++i) merge_term(ml[i], ov[i], M, num, den);
     }
     return num / den;
 }

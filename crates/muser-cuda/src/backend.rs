@@ -117,6 +117,8 @@ pub struct CudaBackend {
     ablate: Vec<String>,
     /// Decode attention on the tensor cores where it fits (`mma_attention_fits`).
     attn_mma: std::sync::atomic::AtomicBool,
+    /// Short decode rows merge their splits inside the attention launch (`rows_cluster`).
+    attn_cluster: std::sync::atomic::AtomicBool,
     /// (kernels, kernel edges, programmatic edges) of the last graph captured.
     last_graph: Mutex<Option<(u64, usize, usize)>>,
     /// The f32 values (address, count, row width) whose row-major Q8_K quantization the
@@ -219,6 +221,8 @@ struct StepKey {
     chunks: Vec<usize>,
     /// Whether each layer's tensor-core attention runs 8 warps per block (`rows_wide`).
     wide: Vec<bool>,
+    /// Each layer's attention cluster size, if it merges its splits in clusters (`rows_cluster`).
+    cluster: Vec<Option<usize>>,
     /// Addresses (and sizes) of the workspace buffers the launches read and write.
     buffers: Vec<u64>,
 }
@@ -393,6 +397,33 @@ pub const fn attn_mma_smem(w: usize) -> usize {
 /// 16-position step); a row of a smaller plan runs on 4 of them, with the 4-warp kernel's bits.
 pub const ATTN_WIDE_PLAN: (usize, usize) = (16, 16 * 8);
 
+/// The most splits of a decode row merged inside its attention launch (the largest cluster,
+/// `attn_rows_mma_fin8_128`).
+pub const ATTN_CLUSTER_SPLITS: usize = 8;
+
+/// The cluster size of a decode group's in-launch split merge when its rows' plans have at most
+/// `splits` splits.
+pub fn attn_cluster_size(splits: usize) -> Option<usize> {
+    (splits <= ATTN_CLUSTER_SPLITS).then_some(ATTN_CLUSTER_SPLITS)
+}
+
+/// The most rows of a decode step whose attention merges its splits in clusters
+/// (`MUSER_ATTN_CLUSTER_ROWS`, default 1). H200, llama-glimmer, tg64 tokens/s at 1 / 2 / 8 / 16
+/// streams, clusters for every group against attn_rows_combine, alternated in one call
+/// (2026-12-01): 170.57 / 240.46 / 921.65 / 1288.44 and 169.97 / 240.57 / 923.52 / 1284.14
+/// against 168.06 / 242.34 / 932.47 / 1366.57 and 168.59 / 242.03 / 930.69 / 1278.22: one row
+/// gains 1.2%, groups lose 0.6-6% (not from the cluster scheduling: the combine over a grid of 8
+/// splits instead of 132 lost as much, 241.04 / 919.84 / 1304.10, with no gain for one row).
+pub fn attn_cluster_rows() -> usize {
+    static ROWS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *ROWS.get_or_init(|| {
+        std::env::var("MUSER_ATTN_CLUSTER_ROWS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1)
+    })
+}
+
 /// Whether a decode-group row split into `n_splits` of `split_len` positions runs on 8 warps
 /// (`ATTN_WIDE_PLAN`; the kernel's `nw`), unless `MUSER_ATTN_MMA_WARPS=4`.
 pub fn attn_wide(n_splits: usize, split_len: usize) -> bool {
@@ -463,6 +494,9 @@ impl CudaBackend {
             ),
             attn_mma: std::sync::atomic::AtomicBool::new(
                 std::env::var("MUSER_ATTN_MMA").map_or(true, |v| v != "0"),
+            ),
+            attn_cluster: std::sync::atomic::AtomicBool::new(
+                std::env::var("MUSER_ATTN_CLUSTER").map_or(true, |v| v != "0"),
             ),
             graphs: std::sync::atomic::AtomicBool::new(
                 std::env::var("MUSER_CUDA_GRAPHS").map_or(true, |v| v != "0"),
@@ -561,6 +595,17 @@ impl CudaBackend {
     }
     pub fn set_attn_mma(&self, on: bool) {
         self.attn_mma
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether short decode rows merge their attention splits inside the attention launch
+    /// (`rows_cluster`; `MUSER_ATTN_CLUSTER=0`: no, attn_rows_combine merges every row; `=8`:
+    /// only in clusters of 8, see `attn_cluster_size`).
+    pub fn attn_cluster(&self) -> bool {
+        self.attn_cluster.load(std::sync::atomic::Ordering::Relaxed)
+    }
+    pub fn set_attn_cluster(&self, on: bool) {
+        self.attn_cluster
             .store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
@@ -668,6 +713,29 @@ impl CudaBackend {
         attention_plan(count, pos.len(), spec.n_head_kv, g, self.gpu.sms).chunks
     }
 
+    /// The cluster size (`attn_cluster_size`) when a decode step's attention over a layer of
+    /// geometry `spec` at positions `pos` runs as `attn_rows_mma_fin8_128`: the tensor-core
+    /// kernel with 16 query heads of 128 per KV head on a GPU with thread-block clusters (sm_90
+    /// or newer), at most `attn_cluster_rows` rows, and every row's own plan at most
+    /// `ATTN_CLUSTER_SPLITS` splits (with 8 tiles a split from the ninth: up to 2,048
+    /// positions), so each (KV head, row) is one cluster that merges its splits itself.
+    fn rows_cluster(&self, spec: &KvLayerSpec, pos: &[usize]) -> Option<usize> {
+        let solo = solo_splits(spec.n_head_kv, self.gpu.sms);
+        let cc: u32 = self.gpu.arch.trim_start_matches("sm_").parse().unwrap_or(0);
+        let fits = self.attn_cluster()
+            && pos.len() <= attn_cluster_rows()
+            && self.attn_mma()
+            && cc >= 90
+            && spec.head_dim == 128
+            && spec.n_head == 16 * spec.n_head_kv;
+        let most = pos
+            .iter()
+            .map(|&p| row_split(visible(spec, p), solo, attn_split_tiles()).0)
+            .max()
+            .unwrap_or(1);
+        fits.then(|| attn_cluster_size(most)).flatten()
+    }
+
     /// Whether a decode group's tensor-core attention over a layer of geometry `spec` at
     /// positions `pos` launches 8 warps per block: whether any row's plan (the one it gets
     /// alone) is `attn_wide`.
@@ -686,6 +754,12 @@ impl CudaBackend {
                 .iter()
                 .map(|l| (self.rows_chunks(&l.spec, pos), self.rows_wide(&l.spec, pos)))
                 .unzip()
+        });
+        let cluster = kvs.first().map_or(Vec::new(), |kv| {
+            kv.layers
+                .iter()
+                .map(|l| self.rows_cluster(&l.spec, pos))
+                .collect()
         });
         let ws = self.ws.lock().unwrap();
         let t = self.rows.lock().unwrap();
@@ -707,6 +781,7 @@ impl CudaBackend {
             rows: pos.len(),
             chunks,
             wide,
+            cluster,
             buffers,
         }
     }
@@ -855,17 +930,7 @@ impl CudaBackend {
     /// matmul (`fused_act`, set here: call it last in its op).
     fn attn_rows_combine(&self, ws: &mut Workspace, a: &RowsAttn, d: usize, gp: u64, outp: u64) {
         let width = a.n_head * d;
-        let fuse = self.fuse_quant.load(std::sync::atomic::Ordering::Relaxed)
-            && 256 % d == 0
-            && width.is_multiple_of(256);
-        if fuse && a.n * width > ws.act.cap {
-            ws.act = ck(self.gpu.act_scratch(a.n * width), "activation scratch");
-        }
-        let (q, ds, bs) = if fuse {
-            (self.p(&ws.act.q), self.p(&ws.act.ds), self.p(&ws.act.bs))
-        } else {
-            (0, 0, 0)
-        };
+        let (fuse, (q, ds, bs)) = self.attn_fused_quant(ws, a, d);
         let threads = if fuse { 256 } else { d };
         let cfg = LaunchConfig {
             grid_dim: ((width / threads) as u32, a.n as u32, 1),
@@ -900,6 +965,89 @@ impl CudaBackend {
         // splits; out (and gate) are [n][n_head * d]; q, ds, bs (when fused) the quantization of
         // n * n_head * d values (act_scratch).
         ck(unsafe { b.launch(cfg) }, "attn_rows_combine");
+        if fuse {
+            *self.fused_act.lock().unwrap() = Some((outp, a.n * width, width));
+        }
+    }
+
+    /// Whether the attention's last launch also quantizes its output for the attn_output
+    /// matmul (the fused quantization on, heads that tile Q8_K blocks), and where (`ws`'s
+    /// activation scratch, grown to fit; zeros when not).
+    fn attn_fused_quant(&self, ws: &mut Workspace, a: &RowsAttn, d: usize) -> (bool, (u64, u64, u64)) {
+        let width = a.n_head * d;
+        let fuse = self.fuse_quant.load(std::sync::atomic::Ordering::Relaxed)
+            && 256 % d == 0
+            && width.is_multiple_of(256);
+        if fuse && a.n * width > ws.act.cap {
+            ws.act = ck(self.gpu.act_scratch(a.n * width), "activation scratch");
+        }
+        if fuse {
+            (true, (self.p(&ws.act.q), self.p(&ws.act.ds), self.p(&ws.act.bs)))
+        } else {
+            (false, (0, 0, 0))
+        }
+    }
+
+    /// attn_rows_mma_fin{c}_128 (`rows_cluster`): the tensor-core attention of every row of `a`
+    /// with its splits merged inside each (KV head, row) cluster of `c` blocks, the gate (`gp`,
+    /// when not 0) applied, written to `outp` ([n][n_head * 128]) and, with the fused
+    /// quantization, to `ws`'s activation scratch (`fused_act`, set here: call it last in its op).
+    #[allow(clippy::too_many_arguments)]
+    fn attn_rows_mma_fin(
+        &self,
+        ws: &mut Workspace,
+        a: &RowsAttn,
+        c: usize,
+        qp: u64,
+        scale: f32,
+        gp: u64,
+        outp: u64,
+    ) {
+        const D: usize = 128;
+        let width = a.n_head * D;
+        let (fuse, (q, ds, bs)) = self.attn_fused_quant(ws, a, D);
+        let smem = attn_mma_smem(4);
+        assert_eq!(c, ATTN_CLUSTER_SPLITS, "attention cluster size");
+        let name = "attn_rows_mma_fin8_128";
+        let f = ck(
+            self.gpu.kernel_smem(name, smem),
+            "attention shared memory",
+        );
+        let cfg = LaunchConfig {
+            grid_dim: (a.n_kv as u32, a.n as u32, c as u32),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: smem as u32,
+        };
+        let (nh, nk, window, ring, so, mt) = (
+            a.n_head as i32,
+            a.n_kv as i32,
+            a.window as i32,
+            i32::from(a.ring),
+            a.solo as i32,
+            a.min_tiles as i32,
+        );
+        let mut b = self.gpu.stream.launch_builder(f);
+        b.arg(&qp)
+            .arg(&a.tab)
+            .arg(&a.pos)
+            .arg(&a.parts.0)
+            .arg(&a.parts.1)
+            .arg(&nh)
+            .arg(&nk)
+            .arg(&window)
+            .arg(&ring)
+            .arg(&scale)
+            .arg(&so)
+            .arg(&mt)
+            .arg(&outp)
+            .arg(&gp)
+            .arg(&q)
+            .arg(&ds)
+            .arg(&bs);
+        // SAFETY: every row has at most c splits (rows_cluster) and reads its
+        // own cache within its slots; out (and gate) are [n][n_head * 128]; q, ds, bs (when
+        // fused) the quantization of n * n_head * 128 values (act_scratch).
+        ck(unsafe { b.launch(cfg) }, "attn_rows_mma_fin");
         if fuse {
             *self.fused_act.lock().unwrap() = Some((outp, a.n * width, width));
         }
@@ -1841,6 +1989,15 @@ impl Backend for CudaBackend {
                     ring: spec.is_ring(),
                 };
                 let qp = self.p(&q.data);
+                if let Some(g) = gate {
+                    assert_eq!((g.rows, g.cols), (n, width), "attention_rows: gate shape");
+                }
+                let gp = gate.map_or(0, |g| self.p(&g.data));
+                if let Some(c) = self.rows_cluster(&spec, pos) {
+                    // Short rows: the splits merged in each row's clusters, no combine launch.
+                    self.attn_rows_mma_fin(&mut ws, &a, c, qp, scale, gp, self.p(&out.data));
+                    return;
+                }
                 if self.attn_mma() && mma_attention_fits(d, g) {
                     // Tensor cores: all the group's heads per block (no head chunks).
                     self.attn_rows_mma(&a, qp, scale, wide);
@@ -1879,10 +2036,6 @@ impl Backend for CudaBackend {
                     // cache within its slots.
                     ck(unsafe { b.launch(cfg) }, "attn_rows");
                 }
-                if let Some(g) = gate {
-                    assert_eq!((g.rows, g.cols), (n, width), "attention_rows: gate shape");
-                }
-                let gp = gate.map_or(0, |g| self.p(&g.data));
                 self.attn_rows_combine(&mut ws, &a, d, gp, self.p(&out.data));
             },
         )

@@ -270,21 +270,23 @@ fn arch_name(major: i32, minor: i32) -> Result<&'static str, CudaError> {
     })
 }
 
-/// The `extern "C" __global__` kernel names a source defines (a `__launch_bounds__(..)` before
-/// the name is skipped).
+/// The `extern "C" __global__` kernel names a source defines (the name on the declaration's
+/// first line; attributes such as `__launch_bounds__(..)` and `__cluster_dims__(..)` before it
+/// are skipped).
 pub fn kernel_names(src: &str) -> Vec<String> {
     src.lines()
         .filter_map(|l| l.trim().strip_prefix("extern \"C\" __global__"))
-        .filter_map(|rest| {
-            let rest = match rest.find("__launch_bounds__(") {
-                Some(i) => {
-                    let after = &rest[i..];
-                    &after[after.find(')')? + 1..]
+        .filter_map(|mut rest| {
+            // Skip `__attr__(..)` groups until the first parenthesis is the parameter list's.
+            loop {
+                let open = rest.find('(')?;
+                let word = rest[..open].split_whitespace().last()?;
+                if word.starts_with("__") && word.ends_with("__") {
+                    rest = &rest[open + rest[open..].find(')')? + 1..];
+                } else {
+                    return Some(word.to_string());
                 }
-                None => rest,
-            };
-            let before_paren = rest.split('(').next()?;
-            before_paren.split_whitespace().last().map(str::to_string)
+            }
         })
         .collect()
 }
@@ -312,8 +314,9 @@ mod tests {
     #[test]
     fn kernel_names_skip_launch_bounds() {
         let src = "extern \"C\" __global__ void __launch_bounds__(128) matvec_1(MatvecJobs j) {}\n\
-                   extern \"C\" __global__ void kv_store(const float* k,\n";
-        assert_eq!(super::kernel_names(src), vec!["matvec_1", "kv_store"]);
+                   extern \"C\" __global__ void kv_store(const float* k,\n\
+                   extern \"C\" __global__ void __cluster_dims__(1, 1, N) __launch_bounds__(128) fin(int x,\n";
+        assert_eq!(super::kernel_names(src), vec!["matvec_1", "kv_store", "fin"]);
     }
 
     #[test]

@@ -645,6 +645,10 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
                 }
             }
             p.gpu.set_attn_mma(true);
+            // Every row at most 8 splits deep (2,048 positions), so each row alone merges its
+            // splits inside the attention launch (`attn_rows_mma_fin8_128`), against the
+            // group's attn_rows_combine bit for bit.
+            check_attention_rows(p, n, kvw / HEAD, HEAD, qw / HEAD, None, 1500);
             if n == 9 {
                 check_attention_rows(p, n, 2, 256, 32, None, 1500);
                 check_attention_rows(p, n, 4, 64, 8, Some(300), 1000);
@@ -1245,6 +1249,20 @@ fn check_attention_rows(
         "kv_store+attn_rows"
     };
     p.record(op, shape.clone(), &a, &b, MATVEC_NMSE);
+    if p.gpu.attn_cluster() {
+        // Short rows merge their splits inside the attention launch, or with that off in
+        // attn_rows_combine: the same bits either way.
+        p.gpu.set_attn_cluster(false);
+        let mut ao = p.gpu.buf(n, qw);
+        {
+            let rg: Vec<&mut _> = kvg.iter_mut().collect();
+            p.gpu
+                .attention_rows(&qg, qw, &rg, 0, &depths, scale, ring.then_some(&gg), &mut ao);
+        }
+        p.gpu.set_attn_cluster(true);
+        let combined = p.read_gpu(&ao);
+        p.exact("attn_rows clusters == combine", shape.clone(), &a, &combined);
+    }
     // Each row alone (a decode group of one, as a single sequence decodes) must get its bits.
     let mut alone = Vec::with_capacity(a.len());
     for (t, &depth) in depths.iter().enumerate() {
