@@ -883,17 +883,19 @@ impl CudaBackend {
 
     /// The tensor-core attention over the rows of `a` (query `qp`, [n][n_head * 128] f32): one
     /// block per (KV head, row, split), each row split as it would be alone; 8 warps per block
-    /// (`attn_rows_mma8_128`) when `wide`, else 4 (`attn_rows_mma_128`).
-    fn attn_rows_mma(&self, a: &RowsAttn, qp: u64, scale: f32, wide: bool) {
-        let (w, name) = if wide {
-            (8, "attn_rows_mma8_128")
-        } else {
-            (4, "attn_rows_mma_128")
+    /// (`attn_rows_mma8_128`) when `wide`, else 4 (`attn_rows_mma_128`). With `fin` (the output,
+    /// gate and quantization addresses of `attn_rows_mma_fin`), `attn_rows_mma_fin8_128`: the
+    /// splits merged in clusters of `ATTN_CLUSTER_SPLITS` blocks.
+    fn attn_rows_mma(&self, a: &RowsAttn, qp: u64, scale: f32, wide: bool, fin: Option<[u64; 5]>) {
+        let (w, name, splits) = match (fin, wide) {
+            (Some(_), _) => (4, "attn_rows_mma_fin8_128", ATTN_CLUSTER_SPLITS),
+            (None, true) => (8, "attn_rows_mma8_128", a.splits),
+            (None, false) => (4, "attn_rows_mma_128", a.splits),
         };
         let smem = attn_mma_smem(w);
         let f = ck(self.gpu.kernel_smem(name, smem), "attention shared memory");
         let cfg = LaunchConfig {
-            grid_dim: (a.n_kv as u32, a.n as u32, a.splits as u32),
+            grid_dim: (a.n_kv as u32, a.n as u32, splits as u32),
             block_dim: (32 * w as u32, 1, 1),
             shared_mem_bytes: smem as u32,
         };
@@ -918,8 +920,16 @@ impl CudaBackend {
             .arg(&scale)
             .arg(&so)
             .arg(&mt);
+        let out = fin.unwrap_or_default();
+        if fin.is_some() {
+            for v in &out {
+                b.arg(v);
+            }
+        }
         // SAFETY: the partials hold n * n_head * splits entries; each row reads its own cache
-        // within its slots.
+        // within its slots. With fin: every row has at most ATTN_CLUSTER_SPLITS splits
+        // (rows_cluster); out (and gate) are [n][n_head * 128]; q, ds, bs (when fused) the
+        // quantization of n * n_head * 128 values (act_scratch).
         ck(unsafe { b.launch(cfg) }, "attn_rows_mma");
     }
 
@@ -1005,49 +1015,9 @@ impl CudaBackend {
     ) {
         const D: usize = 128;
         let width = a.n_head * D;
-        let (fuse, (q, ds, bs)) = self.attn_fused_quant(ws, a, D);
-        let smem = attn_mma_smem(4);
         assert_eq!(c, ATTN_CLUSTER_SPLITS, "attention cluster size");
-        let name = "attn_rows_mma_fin8_128";
-        let f = ck(
-            self.gpu.kernel_smem(name, smem),
-            "attention shared memory",
-        );
-        let cfg = LaunchConfig {
-            grid_dim: (a.n_kv as u32, a.n as u32, c as u32),
-            block_dim: (128, 1, 1),
-            shared_mem_bytes: smem as u32,
-        };
-        let (nh, nk, window, ring, so, mt) = (
-            a.n_head as i32,
-            a.n_kv as i32,
-            a.window as i32,
-            i32::from(a.ring),
-            a.solo as i32,
-            a.min_tiles as i32,
-        );
-        let mut b = self.gpu.stream.launch_builder(f);
-        b.arg(&qp)
-            .arg(&a.tab)
-            .arg(&a.pos)
-            .arg(&a.parts.0)
-            .arg(&a.parts.1)
-            .arg(&nh)
-            .arg(&nk)
-            .arg(&window)
-            .arg(&ring)
-            .arg(&scale)
-            .arg(&so)
-            .arg(&mt)
-            .arg(&outp)
-            .arg(&gp)
-            .arg(&q)
-            .arg(&ds)
-            .arg(&bs);
-        // SAFETY: every row has at most c splits (rows_cluster) and reads its
-        // own cache within its slots; out (and gate) are [n][n_head * 128]; q, ds, bs (when
-        // fused) the quantization of n * n_head * 128 values (act_scratch).
-        ck(unsafe { b.launch(cfg) }, "attn_rows_mma_fin");
+        let (fuse, (q, ds, bs)) = self.attn_fused_quant(ws, a, D);
+        self.attn_rows_mma(a, qp, scale, false, Some([outp, gp, q, ds, bs]));
         if fuse {
             *self.fused_act.lock().unwrap() = Some((outp, a.n * width, width));
         }
@@ -1616,7 +1586,7 @@ impl Backend for CudaBackend {
                         window: l.spec.window.unwrap_or(0),
                         ring: l.spec.is_ring(),
                     };
-                    self.attn_rows_mma(&a, self.p(&q.data), scale, false);
+                    self.attn_rows_mma(&a, self.p(&q.data), scale, false, None);
                     self.attn_rows_combine(&mut ws, &a, d, 0, self.p(&out.data));
                     return;
                 }
@@ -2000,7 +1970,7 @@ impl Backend for CudaBackend {
                 }
                 if self.attn_mma() && mma_attention_fits(d, g) {
                     // Tensor cores: all the group's heads per block (no head chunks).
-                    self.attn_rows_mma(&a, qp, scale, wide);
+                    self.attn_rows_mma(&a, qp, scale, wide, None);
                 } else {
                     let chunks = self.rows_chunks(&spec, pos);
                     let g_block = g / chunks;

@@ -646,9 +646,10 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
             }
             p.gpu.set_attn_mma(true);
             // Every row at most 8 splits deep (2,048 positions), so each row alone merges its
-            // splits inside the attention launch (`attn_rows_mma_fin8_128`), against the
-            // group's attn_rows_combine bit for bit.
-            check_attention_rows(p, n, kvw / HEAD, HEAD, qw / HEAD, None, 1500);
+            // splits inside the attention launch (`attn_rows_mma_fin8_128`, which serves 16
+            // query heads of 128 per KV head, as Glimmer's), against the group's
+            // attn_rows_combine bit for bit.
+            check_attention_rows(p, n, 2, HEAD, 32, None, 1500);
             if n == 9 {
                 check_attention_rows(p, n, 2, 256, 32, None, 1500);
                 check_attention_rows(p, n, 4, 64, 8, Some(300), 1000);
