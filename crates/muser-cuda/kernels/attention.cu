@@ -376,25 +376,34 @@ struct FinArgs {
     float2* xds;
     int8_t* xbs;
 };
+// Thread-block clusters are Hopper's (sm_90): before it the cluster kernel compiles to a trap
+// (the host never launches it there: backend.rs, rows_cluster).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define CLUSTER_DIMS_8
+#define CLUSTER_ASM(...) __trap()
+#else
+#define CLUSTER_DIMS_8 __cluster_dims__(1, 1, 8)
+#define CLUSTER_ASM(...) asm volatile(__VA_ARGS__)
+#endif
 __device__ __forceinline__ void cluster_barrier() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+    CLUSTER_ASM("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 // Where `p` (in this block's shared memory) is in the shared memory of the cluster's block `rank`.
 __device__ __forceinline__ uint32_t cluster_addr(const void* p, int rank) {
-    uint32_t r;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
-                 : "=r"(r)
-                 : "r"((uint32_t)__cvta_generic_to_shared(p)), "r"(rank));
+    uint32_t r = 0;
+    CLUSTER_ASM("mapa.shared::cluster.u32 %0, %1, %2;"
+                : "=r"(r)
+                : "r"((uint32_t)__cvta_generic_to_shared(p)), "r"(rank));
     return r;
 }
 __device__ __forceinline__ float ld_cluster(uint32_t a) {
-    float v;
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(a) : "memory");
+    float v = 0.0f;
+    CLUSTER_ASM("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(a) : "memory");
     return v;
 }
 __device__ __forceinline__ float2 ld_cluster2(uint32_t a) {
-    float2 v;
-    asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(a) : "memory");
+    float2 v = make_float2(0.0f, 0.0f);
+    CLUSTER_ASM("ld.shared::cluster.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(a) : "memory");
     return v;
 }
 // so: [16 heads][MMA_SP] f32, the block's split (o); sml: its (m, l) per head; ns: the row's
@@ -728,7 +737,7 @@ extern "C" __global__ void __launch_bounds__(256) attn_rows_mma8_128(MMA_ROWS_AR
 #define FIN_ARGS float *__restrict__ out, const float *__restrict__ gate, int8_t *__restrict__ xq, \
     float2 *__restrict__ xds, int8_t *__restrict__ xbs
 #define FIN_PASS FinArgs{out, gate, xq, xds, xbs}
-extern "C" __global__ void __cluster_dims__(1, 1, 8) __launch_bounds__(128) attn_rows_mma_fin8_128(MMA_ROWS_ARGS, FIN_ARGS) {
+extern "C" __global__ void CLUSTER_DIMS_8 __launch_bounds__(128) attn_rows_mma_fin8_128(MMA_ROWS_ARGS, FIN_ARGS) {
     pdl_wait();
     attn_rows_mma<4, 8>(MMA_ROWS_PASS, FIN_PASS);
 }
