@@ -702,8 +702,12 @@ __device__ __forceinline__ void attn_rows_mma(const float* __restrict__ q, const
         if (half > 1) __syncthreads();
     }
     if constexpr (FIN) {
-        // Warp 0 leaves the block's split in slot 0 (its own values: each lane rewrites what it read).
-        if (warp == 0) put(0);
+        // Warp 0 leaves the block's split in slot 0 (each lane rewrites what it read there, after
+        // every lane of the warp has read it).
+        if (warp == 0) {
+            __syncwarp();
+            put(0);
+        }
         attn_cluster_finish<FIN ? C : 1>(so, sml, plan.x, row, n_head, h0, fa);
         return;
     }

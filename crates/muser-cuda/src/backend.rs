@@ -599,8 +599,7 @@ impl CudaBackend {
     }
 
     /// Whether short decode rows merge their attention splits inside the attention launch
-    /// (`rows_cluster`; `MUSER_ATTN_CLUSTER=0`: no, attn_rows_combine merges every row; `=8`:
-    /// only in clusters of 8, see `attn_cluster_size`).
+    /// (`rows_cluster`; `MUSER_ATTN_CLUSTER=0`: no, attn_rows_combine merges every row).
     pub fn attn_cluster(&self) -> bool {
         self.attn_cluster.load(std::sync::atomic::Ordering::Relaxed)
     }
@@ -998,8 +997,8 @@ impl CudaBackend {
         }
     }
 
-    /// attn_rows_mma_fin{c}_128 (`rows_cluster`): the tensor-core attention of every row of `a`
-    /// with its splits merged inside each (KV head, row) cluster of `c` blocks, the gate (`gp`,
+    /// attn_rows_mma_fin8_128 (`rows_cluster`): the tensor-core attention of every row of `a`
+    /// with its splits merged inside each (KV head, row) cluster of `c` (8) blocks, the gate (`gp`,
     /// when not 0) applied, written to `outp` ([n][n_head * 128]) and, with the fused
     /// quantization, to `ws`'s activation scratch (`fused_act`, set here: call it last in its op).
     #[allow(clippy::too_many_arguments)]
