@@ -982,7 +982,12 @@ impl CudaBackend {
     /// Whether the attention's last launch also quantizes its output for the attn_output
     /// matmul (the fused quantization on, heads that tile Q8_K blocks), and where (`ws`'s
     /// activation scratch, grown to fit; zeros when not).
-    fn attn_fused_quant(&self, ws: &mut Workspace, a: &RowsAttn, d: usize) -> (bool, (u64, u64, u64)) {
+    fn attn_fused_quant(
+        &self,
+        ws: &mut Workspace,
+        a: &RowsAttn,
+        d: usize,
+    ) -> (bool, (u64, u64, u64)) {
         let width = a.n_head * d;
         let fuse = self.fuse_quant.load(std::sync::atomic::Ordering::Relaxed)
             && 256 % d == 0
@@ -991,7 +996,10 @@ impl CudaBackend {
             ws.act = ck(self.gpu.act_scratch(a.n * width), "activation scratch");
         }
         if fuse {
-            (true, (self.p(&ws.act.q), self.p(&ws.act.ds), self.p(&ws.act.bs)))
+            (
+                true,
+                (self.p(&ws.act.q), self.p(&ws.act.ds), self.p(&ws.act.bs)),
+            )
         } else {
             (false, (0, 0, 0))
         }

@@ -316,7 +316,10 @@ mod tests {
         let src = "extern \"C\" __global__ void __launch_bounds__(128) matvec_1(MatvecJobs j) {}\n\
                    extern \"C\" __global__ void kv_store(const float* k,\n\
                    extern \"C\" __global__ void __cluster_dims__(1, 1, N) __launch_bounds__(128) fin(int x,\n";
-        assert_eq!(super::kernel_names(src), vec!["matvec_1", "kv_store", "fin"]);
+        assert_eq!(
+            super::kernel_names(src),
+            vec!["matvec_1", "kv_store", "fin"]
+        );
     }
 
     #[test]

@@ -1257,12 +1257,25 @@ fn check_attention_rows(
         let mut ao = p.gpu.buf(n, qw);
         {
             let rg: Vec<&mut _> = kvg.iter_mut().collect();
-            p.gpu
-                .attention_rows(&qg, qw, &rg, 0, &depths, scale, ring.then_some(&gg), &mut ao);
+            p.gpu.attention_rows(
+                &qg,
+                qw,
+                &rg,
+                0,
+                &depths,
+                scale,
+                ring.then_some(&gg),
+                &mut ao,
+            );
         }
         p.gpu.set_attn_cluster(true);
         let combined = p.read_gpu(&ao);
-        p.exact("attn_rows clusters == combine", shape.clone(), &a, &combined);
+        p.exact(
+            "attn_rows clusters == combine",
+            shape.clone(),
+            &a,
+            &combined,
+        );
     }
     // Each row alone (a decode group of one, as a single sequence decodes) must get its bits.
     let mut alone = Vec::with_capacity(a.len());
