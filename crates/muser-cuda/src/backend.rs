@@ -221,8 +221,8 @@ struct StepKey {
     chunks: Vec<usize>,
     /// Whether each layer's tensor-core attention runs 8 warps per block (`rows_wide`).
     wide: Vec<bool>,
-    /// Each layer's attention cluster size, if it merges its splits in clusters (`rows_cluster`).
-    cluster: Vec<Option<usize>>,
+    /// Whether each layer's attention merges its splits in clusters (`rows_cluster`).
+    cluster: Vec<bool>,
     /// Addresses (and sizes) of the workspace buffers the launches read and write.
     buffers: Vec<u64>,
 }
@@ -397,15 +397,9 @@ pub const fn attn_mma_smem(w: usize) -> usize {
 /// 16-position step); a row of a smaller plan runs on 4 of them, with the 4-warp kernel's bits.
 pub const ATTN_WIDE_PLAN: (usize, usize) = (16, 16 * 8);
 
-/// The most splits of a decode row merged inside its attention launch (the largest cluster,
+/// The most splits of a decode row merged inside its attention launch (the cluster size of
 /// `attn_rows_mma_fin8_128`).
 pub const ATTN_CLUSTER_SPLITS: usize = 8;
-
-/// The cluster size of a decode group's in-launch split merge when its rows' plans have at most
-/// `splits` splits.
-pub fn attn_cluster_size(splits: usize) -> Option<usize> {
-    (splits <= ATTN_CLUSTER_SPLITS).then_some(ATTN_CLUSTER_SPLITS)
-}
 
 /// The most rows of a decode step whose attention merges its splits in clusters
 /// (`MUSER_ATTN_CLUSTER_ROWS`, default 1). H200, llama-glimmer, tg64 tokens/s at 1 / 2 / 8 / 16
@@ -712,27 +706,24 @@ impl CudaBackend {
         attention_plan(count, pos.len(), spec.n_head_kv, g, self.gpu.sms).chunks
     }
 
-    /// The cluster size (`attn_cluster_size`) when a decode step's attention over a layer of
-    /// geometry `spec` at positions `pos` runs as `attn_rows_mma_fin8_128`: the tensor-core
+    /// Whether a decode step's attention over a layer of geometry `spec` at positions `pos`
+    /// runs as `attn_rows_mma_fin8_128`: the tensor-core
     /// kernel with 16 query heads of 128 per KV head on a GPU with thread-block clusters (sm_90
     /// or newer), at most `attn_cluster_rows` rows, and every row's own plan at most
     /// `ATTN_CLUSTER_SPLITS` splits (with 8 tiles a split from the ninth: up to 2,048
     /// positions), so each (KV head, row) is one cluster that merges its splits itself.
-    fn rows_cluster(&self, spec: &KvLayerSpec, pos: &[usize]) -> Option<usize> {
+    fn rows_cluster(&self, spec: &KvLayerSpec, pos: &[usize]) -> bool {
         let solo = solo_splits(spec.n_head_kv, self.gpu.sms);
         let cc: u32 = self.gpu.arch.trim_start_matches("sm_").parse().unwrap_or(0);
-        let fits = self.attn_cluster()
+        self.attn_cluster()
             && pos.len() <= attn_cluster_rows()
             && self.attn_mma()
             && cc >= 90
             && spec.head_dim == 128
-            && spec.n_head == 16 * spec.n_head_kv;
-        let most = pos
-            .iter()
-            .map(|&p| row_split(visible(spec, p), solo, attn_split_tiles()).0)
-            .max()
-            .unwrap_or(1);
-        fits.then(|| attn_cluster_size(most)).flatten()
+            && spec.n_head == 16 * spec.n_head_kv
+            && pos.iter().all(|&p| {
+                row_split(visible(spec, p), solo, attn_split_tiles()).0 <= ATTN_CLUSTER_SPLITS
+            })
     }
 
     /// Whether a decode group's tensor-core attention over a layer of geometry `spec` at
@@ -919,9 +910,8 @@ impl CudaBackend {
             .arg(&scale)
             .arg(&so)
             .arg(&mt);
-        let out = fin.unwrap_or_default();
-        if fin.is_some() {
-            for v in &out {
+        if let Some(out) = &fin {
+            for v in out {
                 b.arg(v);
             }
         }
@@ -1006,7 +996,7 @@ impl CudaBackend {
     }
 
     /// attn_rows_mma_fin8_128 (`rows_cluster`): the tensor-core attention of every row of `a`
-    /// with its splits merged inside each (KV head, row) cluster of `c` (8) blocks, the gate (`gp`,
+    /// with its splits merged inside each (KV head, row) cluster of 8 blocks, the gate (`gp`,
     /// when not 0) applied, written to `outp` ([n][n_head * 128]) and, with the fused
     /// quantization, to `ws`'s activation scratch (`fused_act`, set here: call it last in its op).
     #[allow(clippy::too_many_arguments)]
@@ -1014,7 +1004,6 @@ impl CudaBackend {
         &self,
         ws: &mut Workspace,
         a: &RowsAttn,
-        c: usize,
         qp: u64,
         scale: f32,
         gp: u64,
@@ -1022,7 +1011,6 @@ impl CudaBackend {
     ) {
         const D: usize = 128;
         let width = a.n_head * D;
-        assert_eq!(c, ATTN_CLUSTER_SPLITS, "attention cluster size");
         let (fuse, (q, ds, bs)) = self.attn_fused_quant(ws, a, D);
         self.attn_rows_mma(a, qp, scale, false, Some([outp, gp, q, ds, bs]));
         if fuse {
@@ -1970,9 +1958,9 @@ impl Backend for CudaBackend {
                     assert_eq!((g.rows, g.cols), (n, width), "attention_rows: gate shape");
                 }
                 let gp = gate.map_or(0, |g| self.p(&g.data));
-                if let Some(c) = self.rows_cluster(&spec, pos) {
+                if self.rows_cluster(&spec, pos) {
                     // Short rows: the splits merged in each row's clusters, no combine launch.
-                    self.attn_rows_mma_fin(&mut ws, &a, c, qp, scale, gp, self.p(&out.data));
+                    self.attn_rows_mma_fin(&mut ws, &a, qp, scale, gp, self.p(&out.data));
                     return;
                 }
                 if self.attn_mma() && mma_attention_fits(d, g) {
