@@ -324,19 +324,60 @@ pub fn mmt_splits(on: bool, blocks: usize, chunks: usize, sms: usize) -> usize {
     }
 }
 
-/// `mmt_splits` when on: 1 from 2 blocks per SM on, else the most splits (at least 2) whose
-/// blocks all fit in one wave of 3 per SM (`mmt_*` run 3 blocks per SM), at most one per chunk.
-/// `MUSER_CUDA_MMT_FILL=ceil`: the fewest splits that reach 3 blocks per SM, whose last blocks
-/// then run in a second, nearly empty wave (ffn_down and attn_output at 32 columns: 416 blocks
-/// for 396 places). H200, llama-glimmer, 32 streams, two calls: 1370.4 / 1422.3 tokens/s with
-/// `ceil`, 1386.0 / 1456.1 with this.
+/// `mmt_splits` when on: 1 from 2 blocks per SM on, else `split_waves` (the default,
+/// `MUSER_CUDA_MMT_FILL=waves[:F]`). `MUSER_CUDA_MMT_FILL=floor`: the most splits (at least 2)
+/// whose blocks all fit in one wave of 3 per SM (`mmt_*` run 3 blocks per SM), at most one per
+/// chunk; `ceil`: the fewest splits that reach 3 blocks per SM, whose last blocks then run in a
+/// second, nearly empty wave (ffn_down and attn_output at 32 columns: 416 blocks for 396
+/// places). H200, llama-glimmer, 32 streams, two calls: 1370.4 / 1422.3 tokens/s with `ceil`,
+/// 1386.0 / 1456.1 with `floor` (2026-11-30). `waves` against `floor`, alternated three times
+/// in one call (2026-12-01): 20 streams 1261.93 / 1266.34 / 1269.89 against 1226.04 / 1241.66 /
+/// 1247.00, 32 streams 1881.09 / 1842.40 / 1900.55 against 1809.59 / 1856.75 / 1859.39; per op at
+/// 32 streams ffn_down 5.51 / 5.41 ms a step against 5.64 / 5.73 (7 splits of 20 chunks instead
+/// of 3), q+k+v+gate unchanged (5 splits instead of 2).
 fn split_count(blocks: usize, chunks: usize, sms: usize) -> usize {
-    split_count_as(blocks, chunks, sms, !mmt_fill_ceil())
+    match mmt_fill() {
+        MmtFill::Waves(f) => split_waves(blocks, chunks, sms, f),
+        fill => split_count_as(blocks, chunks, sms, fill == MmtFill::Floor),
+    }
 }
 
-fn mmt_fill_ceil() -> bool {
-    static CEIL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *CEIL.get_or_init(|| std::env::var("MUSER_CUDA_MMT_FILL").is_ok_and(|v| v == "ceil"))
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum MmtFill {
+    Floor,
+    Ceil,
+    /// `MUSER_CUDA_MMT_FILL=waves[:F]` (`split_waves`), F the fixed cost of a block.
+    Waves(f64),
+}
+
+fn mmt_fill() -> MmtFill {
+    static FILL: std::sync::OnceLock<MmtFill> = std::sync::OnceLock::new();
+    *FILL.get_or_init(|| match std::env::var("MUSER_CUDA_MMT_FILL").as_deref() {
+        Ok("ceil") => MmtFill::Ceil,
+        Ok("floor") => MmtFill::Floor,
+        Ok(v) => MmtFill::Waves(
+            v.strip_prefix("waves:")
+                .and_then(|f| f.parse().ok())
+                .unwrap_or(0.01),
+        ),
+        Err(_) => MmtFill::Waves(0.01),
+    })
+}
+
+/// The splits that finish a launch of `blocks` full-K blocks soonest when the GPU runs 3 blocks
+/// per SM and a split of 1/S of K costs 1/S + f of a full block (f: its fixed cost: the wait,
+/// the first stage, the merge), in whole waves: ceil(blocks S / 3 SMs) (1 / S + f); the fewest
+/// splits within 1% of the best.
+fn split_waves(blocks: usize, chunks: usize, sms: usize, f: f64) -> usize {
+    if blocks == 0 || blocks >= 2 * sms {
+        return 1;
+    }
+    let slots = 3 * sms.max(1);
+    let cost = |s: usize| (blocks * s).div_ceil(slots) as f64 * (1.0 / s as f64 + f);
+    let best = (1..=chunks.max(1)).map(cost).fold(f64::INFINITY, f64::min);
+    (1..=chunks.max(1))
+        .find(|&s| cost(s) <= best * 1.01)
+        .unwrap_or(1)
 }
 
 fn split_count_as(blocks: usize, chunks: usize, sms: usize, floor: bool) -> usize {
@@ -1278,6 +1319,22 @@ mod tests {
         }
         assert_eq!(split_count_as(1, 1, sms, false), 1);
         assert_eq!(split_count_as(1, 1, sms, true), 1);
+    }
+
+    #[test]
+    fn wave_split_plans_finish_glimmer_launches_in_whole_waves() {
+        let sms = 132;
+        // 32 columns: ffn_down 104 blocks of 20 chunks, q+k+v+gate 136 of 7, attn_output 104 of 4.
+        assert_eq!(split_waves(104, 20, sms, 0.01), 7);
+        assert_eq!(split_waves(136, 7, sms, 0.01), 5);
+        assert_eq!(split_waves(104, 4, sms, 0.01), 3);
+        // Wide and empty launches are not split; a split never exceeds the chunks.
+        assert_eq!(split_waves(264, 20, sms, 0.01), 1);
+        assert_eq!(split_waves(0, 20, sms, 0.01), 1);
+        for (b, c) in [(1usize, 2usize), (50, 9), (200, 3), (7, 100)] {
+            let s = split_waves(b, c, sms, 0.02);
+            assert!((1..=c).contains(&s), "{b} blocks, {c} chunks: {s}");
+        }
     }
 
     #[test]
