@@ -340,6 +340,9 @@ __device__ __forceinline__ void mmt_silu_kernel(const uint8_t* wg, int tyg, cons
 // adds the later chunks to the running sum in order (the canonical order: the bits of mmt_4)
 // and sets the count back to 0 for the next launch. cv: [tiles][C][16][128] floats (the outputs
 // of a block, 16 per thread), cnt: [tiles].
+#ifndef MMT_MERGE
+#define MMT_MERGE 4
+#endif
 template <int NT>
 __device__ __forceinline__ void mmt_split_kernel(const MatvecJobs& jobs, const KAct& act, float* __restrict__ cv,
                                                  unsigned* __restrict__ cnt) {
@@ -376,37 +379,44 @@ __device__ __forceinline__ void mmt_split_kernel(const MatvecJobs& jobs, const K
     __syncthreads();
     if (!last) return;
     __threadfence(); // the other splits' values are read after their counts
-    // Chunk by chunk, the 4 NT outputs' loads of a chunk in flight together (output by output, the
-    // loads of one output's chunks were a chain of L2 round trips in the tile's tail: 22% of
-    // ffn_down's warp samples at 32 columns waited on these adds).
+    // Chunk by chunk in order, the 4 NT outputs' loads of MMT_MERGE chunks in flight together
+    // (output by output, the loads of one output's chunks were a chain of L2 round trips in the
+    // tile's tail: 22% of ffn_down's warp samples at 32 columns waited on these adds).
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) y[nt][e] = __ldcg(slot(0, nt, e));
+    // MMT_MERGE chunks' loads in flight at once (7 splits of ffn_down's 20 chunks leave 19 to add).
 #pragma unroll 1
-    for (int ch = first_end; ch < C; ++ch) {
-        float c[NT][4];
+    for (int ch0 = first_end; ch0 < C; ch0 += MMT_MERGE) {
+        float c[MMT_MERGE][NT][4];
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
+        for (int i = 0; i < MMT_MERGE; ++i)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) c[nt][e] = __ldcg(slot(ch, nt, e));
+            for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
+                for (int e = 0; e < 4; ++e) c[i][nt][e] = ch0 + i < C ? __ldcg(slot(ch0 + i, nt, e)) : 0.0f;
 #pragma unroll
-            for (int e = 0; e < 4; ++e) y[nt][e] = kq_add(y[nt][e], c[nt][e]);
+        for (int i = 0; i < MMT_MERGE; ++i)
+            if (ch0 + i < C)
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) y[nt][e] = kq_add(y[nt][e], c[i][nt][e]);
     }
     if (threadIdx.x == 0) cnt[tile] = 0;
     mmt_store<NT>(jobs.y[j], rows, row0, blockIdx.x * 8 * NT, a.ncols, y);
 }
 
 // Each block's first weights asked of L2 before waiting for the previous kernel (only the
-// first column tile asks).
+// first column tile asks): the first chunk of its split (grid z, mmt_split_4; 0 unsplit).
 __device__ __forceinline__ void pdl_wait_prefetch_mmt(const MatvecJobs& jobs, int K) {
     int row0;
     const int j = kq_job(jobs, MMT_ROWS, &row0);
+    const int ch = kq_chunks(K) * blockIdx.z / gridDim.z;
     if (blockIdx.x == 0 && row0 < jobs.rows[j])
         for (int wp = 0; wp < MMT_ROWS / 16; ++wp)
-            mmk_prefetch_chunk(jobs.w[j], jobs.ty[j], row0 + 16 * wp, jobs.rows[j], K, 0);
+            mmk_prefetch_chunk(jobs.w[j], jobs.ty[j], row0 + 16 * wp, jobs.rows[j], K, ch);
     pdl_wait();
 }
 __device__ __forceinline__ void pdl_wait_prefetch_mmt_silu(const uint8_t* wg, int tyg, int rows, int K) {
