@@ -442,6 +442,21 @@ extern "C" __global__ void __launch_bounds__(128, 3) mmt_silu_4(MMK_SILU_ARGS, K
     pdl_wait_prefetch_mmt_silu(wg, tyg, rows, K);
     mmt_silu_kernel<4>(wg, tyg, wu, tyu, y, rows, KACT);
 }
+// 3 column tiles (24 columns) per block: decode groups of 17-24 and 33-48 columns (matvec.rs
+// mmt_tile_nt), whose 32-column tiles would run a quarter or more of their MMAs on no column.
+extern "C" __global__ void __launch_bounds__(128, 3) mmt_3(MatvecJobs jobs, KACT_ARGS) {
+    pdl_wait_prefetch_mmt(jobs, K);
+    mmt_kernel<3>(jobs, KACT);
+}
+extern "C" __global__ void __launch_bounds__(128, 3) mmt_split_3(MatvecJobs jobs, KACT_ARGS, float* __restrict__ cv,
+                                                                  unsigned* __restrict__ cnt) {
+    pdl_wait_prefetch_mmt(jobs, K);
+    mmt_split_kernel<3>(jobs, KACT, cv, cnt);
+}
+extern "C" __global__ void __launch_bounds__(128, 3) mmt_silu_3(MMK_SILU_ARGS, KACT_ARGS) {
+    pdl_wait_prefetch_mmt_silu(wg, tyg, rows, K);
+    mmt_silu_kernel<3>(wg, tyg, wu, tyu, y, rows, KACT);
+}
 
 // 8 column tiles (64 columns) per block for prefill chunks: each warp 16 rows x 64 columns, so
 // every A fragment, weight copy and loop step serves twice the MMAs of mmt_4; the accumulators

@@ -254,7 +254,7 @@ pub fn mmk_launch_upto(
     let (family, nt, block_rows) = match ncols {
         0..=8 => ("mmk", 1, MMK_ROWS),
         n if n <= mmk_cols.max(16) => ("mmk", 2, MMK_ROWS),
-        n if n < mmt8_min() => ("mmt", 4, MMT_ROWS),
+        n if n < mmt8_min() => ("mmt", mmt_tile_nt(n), MMT_ROWS),
         _ => ("mmt", 8, MMT_ROWS),
     };
     let name = format!("{family}_{}{nt}", if silu { "silu_" } else { "" });
@@ -268,6 +268,21 @@ pub fn mmk_launch_upto(
         shared_mem_bytes: if nt == 8 { MMT8_SMEM as u32 } else { 0 },
     };
     (cfg, name, block_rows)
+}
+
+/// The 8-column MMA tiles per warp of a decode group of `n` (17..63) columns on `mmt_*`: 3
+/// (24-column blocks, `mmt_3`) where that runs fewer tiles than 4 (32-column blocks, `mmt_4`):
+/// 17-24 and 33-48 columns, whose last 32-column tile would be a quarter or more empty (its
+/// MMAs and scale multiply-adds run whether or not its columns exist). `MUSER_CUDA_MMT_NT=4`
+/// keeps 4 everywhere (an A/B knob).
+pub fn mmt_tile_nt(n: usize) -> usize {
+    static ONLY4: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let only4 = *ONLY4.get_or_init(|| env_usize("MUSER_CUDA_MMT_NT") == Some(4));
+    if !only4 && n.div_ceil(24) * 3 < n.div_ceil(32) * 4 {
+        3
+    } else {
+        4
+    }
 }
 
 /// The tile kernels (mmt.cu's `MmtPlan`) address a matrix's bytes with 32-bit offsets: an error
@@ -922,14 +937,15 @@ impl Gpu {
             return Ok(());
         }
         let tiles = (cfg.grid_dim.0 * cfg.grid_dim.1) as usize;
-        let splits = if name == "mmt_4" {
+        let splits = if name == "mmt_4" || name == "mmt_3" {
             mmt_splits(self.mmt_split(), tiles, mvk_chunks(k), self.sms)
         } else {
             1
         };
-        // The split kernel's chunk values ([tiles][chunks][16][128] floats) and tile counts.
+        // The split kernel's chunk values ([tiles][chunks][4 NT <= 16][128] floats) and tile
+        // counts.
         let split = if splits > 1 {
-            name = "mmt_split_4".to_string();
+            name = name.replace("mmt_", "mmt_split_");
             cfg.grid_dim.2 = splits as u32;
             Some(self.split_scratch(tiles * mvk_chunks(k) * 16 * 128, tiles)?)
         } else {
@@ -1241,7 +1257,7 @@ mod tests {
     }
 
     #[test]
-    fn mmk_launch_covers_every_row_and_column_with_1_2_4_or_8_column_tiles() {
+    fn mmk_launch_covers_every_row_and_column_with_1_2_3_4_or_8_column_tiles() {
         let compiled: Vec<String> = ["mmk.cu", "mmt.cu"]
             .iter()
             .flat_map(|file| {
@@ -1262,8 +1278,11 @@ mod tests {
                     assert_eq!(name.starts_with("mmt_"), n > upto, "{name} for {n} columns");
                     assert_eq!(block_rows, if n > upto { MMT_ROWS } else { MMK_ROWS });
                     let nt: usize = name.rsplit('_').next().unwrap().parse().unwrap();
-                    assert!([1, 2, 4, 8].contains(&nt));
+                    assert!([1, 2, 3, 4, 8].contains(&nt));
                     assert_eq!(nt == 8, n > upto && n >= mmt8_min());
+                    // 24-column tiles where 32-column ones would run more MMA tiles.
+                    let fewer = n.div_ceil(24) * 3 < n.div_ceil(32) * 4;
+                    assert_eq!(nt == 3, n > upto && n < mmt8_min() && fewer, "{n}: {name}");
                     // 64-column tiles: two stages of the largest format and the parked gate.
                     let smem = if nt == 8 { MMT8_SMEM } else { 0 };
                     assert_eq!(cfg.shared_mem_bytes as usize, smem);
