@@ -338,8 +338,8 @@ __device__ __forceinline__ void mmt_silu_kernel(const uint8_t* wg, int tyg, cons
 // its chunks in order as mmt_4 does and leaves that running sum in chunk slot 0 of `cv`; the
 // other splits leave each chunk's value in its slot. The block that completes a tile's count
 // adds the later chunks to the running sum in order (the canonical order: the bits of mmt_4)
-// and sets the count back to 0 for the next launch. cv: [tiles][C][16][128] floats (the outputs
-// of a block, 16 per thread), cnt: [tiles].
+// and sets the count back to 0 for the next launch. cv: [tiles][C][4 NT][128] floats (the
+// outputs of a block, 4 NT per thread; the host sizes it for NT = 4), cnt: [tiles].
 #ifndef MMT_MERGE
 #define MMT_MERGE 4
 #endif
