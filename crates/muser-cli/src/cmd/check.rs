@@ -730,9 +730,9 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
     // tensor-core tiles of mmk.cu, in the canonical order of matvec_1), gets the bits it gets
     // alone; the group's results also against the CPU.
     let groups: &[usize] = if quick {
-        &[2, 6, 9, 20, 64, 130]
+        &[2, 6, 9, 20, 32, 64, 130]
     } else {
-        &[2, 8, 9, 16, 20, 33, 64, 512]
+        &[2, 8, 9, 16, 20, 32, 33, 64, 512]
     };
     {
         for &n in groups.iter().chain([1usize].iter()) {
@@ -905,6 +905,7 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
 
     // K split over blocks (mmt_split_4) at a width of several chunks, in the quick check too.
     check_split(p, 40, 4096)?;
+    check_split(p, 32, 4096)?;
 
     // LM head (+ scale + softcap) at the full vocabulary, and GPU argmax of its logits.
     let vocab = if quick { 4096 } else { VOCAB };
