@@ -903,7 +903,8 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
         }
     }
 
-    // K split over blocks (mmt_split_4) at a width of several chunks, in the quick check too.
+    // K split over blocks at a width of several chunks, in the quick check too: 40 columns on
+    // 24-column tiles (mmt_split_3), 32 on 32-column tiles (mmt_split_4).
     check_split(p, 40, 4096)?;
     check_split(p, 32, 4096)?;
 
