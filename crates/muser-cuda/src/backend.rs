@@ -505,7 +505,25 @@ impl CudaBackend {
     /// order). Reads of at least `READ_PIPELINE_MIN` bytes copy in `read_chunks()` pieces, each
     /// handed to `f` as soon as its own copy has landed, so the host's work on one piece runs
     /// under the copy of the next.
-    fn read_staged(&self, buf: &CudaBuf, n: usize, mut f: impl FnMut(usize, &[f32])) {
+    fn read_staged(&self, buf: &CudaBuf, n: usize, f: impl FnMut(usize, &[f32])) {
+        self.read_staged_at(buf, 0, n, f)
+    }
+
+    /// `read_staged` of the `n` values of `buf` from value `first` on (`at` still counts from
+    /// `first`).
+    fn read_staged_at(
+        &self,
+        buf: &CudaBuf,
+        first: usize,
+        n: usize,
+        mut f: impl FnMut(usize, &[f32]),
+    ) {
+        assert!(
+            first + n <= buf.rows * buf.cols,
+            "read: values {first}..{} of a buffer of {}",
+            first + n,
+            buf.rows * buf.cols
+        );
         let mut st = self.staging.lock().unwrap();
         if st.as_ref().is_none_or(|p| p.len() < n) {
             // The old buffer freed first.
@@ -534,7 +552,7 @@ impl CudaBackend {
                 unsafe {
                     cudarc::driver::result::memcpy_dtoh_async(
                         &mut dst[at..end],
-                        self.p(&buf.data) + (at * 4) as u64,
+                        self.p(&buf.data) + ((first + at) * 4) as u64,
                         self.gpu.stream.cu_stream(),
                     )
                 },
@@ -1313,6 +1331,53 @@ impl Backend for CudaBackend {
             return;
         }
         self.read_staged(buf, n, |at, src| copy_into_parts(outs, at, src));
+    }
+    fn read_rows(&self, buf: &CudaBuf, n_rows: usize, rows: &[usize], outs: &mut [&mut [f32]]) {
+        let cols = buf.cols;
+        assert_eq!(
+            n_rows, buf.rows,
+            "read_rows: {n_rows} rows of a buffer of {}",
+            buf.rows
+        );
+        assert_eq!(
+            rows.len(),
+            outs.len(),
+            "read_rows: {} rows into {} outputs",
+            rows.len(),
+            outs.len()
+        );
+        assert!(
+            rows.windows(2).all(|w| w[0] < w[1]) && rows.last().is_none_or(|&r| r < n_rows),
+            "read_rows: rows {rows:?} of {n_rows}"
+        );
+        assert!(
+            outs.iter().all(|o| o.len() == cols),
+            "read_rows: outputs not {cols} wide"
+        );
+        // Each run of consecutive rows in one copy (through the page-locked buffer when large).
+        let mut k = 0;
+        while k < rows.len() {
+            let mut e = k + 1;
+            while e < rows.len() && rows[e] == rows[e - 1] + 1 {
+                e += 1;
+            }
+            let (first, n) = (rows[k] * cols, (e - k) * cols);
+            let run = &mut outs[k..e];
+            if staged(n) {
+                self.read_staged_at(buf, first, n, |at, src| copy_into_parts(run, at, src));
+            } else {
+                for (j, o) in run.iter_mut().enumerate() {
+                    let a = first + j * cols;
+                    ck(
+                        self.gpu
+                            .stream
+                            .memcpy_dtoh(&buf.data.slice(a..a + cols), &mut **o),
+                        "read buffer",
+                    );
+                }
+            }
+            k = e;
+        }
     }
     fn kv_cache(&self, layers: &[KvLayerSpec]) -> CudaKv {
         let layers = layers

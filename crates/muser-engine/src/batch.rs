@@ -36,10 +36,9 @@ impl<B: Backend> DecodeGroup<B> {
         DecodeGroup::default()
     }
 
-    /// Appends tokens[i] to sessions[i], all in one forward pass; each session's `logits()` then
-    /// holds its row of the step's logits. All sessions must be on the same model; token ids and
-    /// context room are checked first, and on an error no session has moved.
-    pub fn decode(&mut self, sessions: &mut [&mut Session<'_, B>], tokens: &[u32]) -> Result<()> {
+    /// The forward pass of `decode`: the step's logits left in the group's scratch for n rows
+    /// (returned), no session's position moved yet.
+    fn step(&mut self, sessions: &mut [&mut Session<'_, B>], tokens: &[u32]) -> Result<usize> {
         let n = sessions.len();
         if n == 0 {
             return Err(EngineError::Invalid(
@@ -85,6 +84,17 @@ impl<B: Backend> DecodeGroup<B> {
             )
         });
 
+        Ok(n)
+    }
+
+    /// Appends tokens[i] to sessions[i], all in one forward pass; each session's `logits()` then
+    /// holds its row of the step's logits. All sessions must be on the same model; token ids and
+    /// context room are checked first, and on an error no session has moved.
+    pub fn decode(&mut self, sessions: &mut [&mut Session<'_, B>], tokens: &[u32]) -> Result<()> {
+        let n = self.step(sessions, tokens)?;
+        let s = self.scratch[n - 1].as_ref().expect("scratch of the step");
+        let model = sessions[0].model;
+        let be = &model.backend;
         // Each row straight into its sequence's logits (no copy of the whole group on the host:
         // 26 MB per step at 32 sequences of a 202k vocabulary).
         let mut rows: Vec<&mut [f32]> = sessions
@@ -96,5 +106,51 @@ impl<B: Backend> DecodeGroup<B> {
             s.pos += 1;
         }
         Ok(())
+    }
+
+    /// `decode`, with the next token of each row where `greedy[i]` picked where the logits are
+    /// (the first maximum of the row, as `argmax_first`): a GPU reads back one index for those
+    /// rows instead of their vocabulary. Returns `Some(pick)` for those rows and `None` for the
+    /// others, whose sessions' `logits()` hold their row as after `decode`; the greedy rows'
+    /// `logits()` are not updated.
+    pub fn decode_picks(
+        &mut self,
+        sessions: &mut [&mut Session<'_, B>],
+        tokens: &[u32],
+        greedy: &[bool],
+    ) -> Result<Vec<Option<u32>>> {
+        if greedy.len() != sessions.len() {
+            return Err(EngineError::Invalid(format!(
+                "a decode group of {} sequences got {} greedy flags",
+                sessions.len(),
+                greedy.len()
+            )));
+        }
+        let n = self.step(sessions, tokens)?;
+        let s = self.scratch[n - 1].as_ref().expect("scratch of the step");
+        let model = sessions[0].model;
+        let be = &model.backend;
+        let mut ids = vec![0u32; n];
+        if greedy.iter().any(|&g| g) {
+            be.argmax(&s.logits, model.config.n_vocab, &mut ids);
+        }
+        let rows: Vec<usize> = (0..n).filter(|&i| !greedy[i]).collect();
+        if !rows.is_empty() {
+            let mut outs: Vec<&mut [f32]> = sessions
+                .iter_mut()
+                .zip(greedy)
+                .filter(|(_, &g)| !g)
+                .map(|(s, _)| s.logits.as_mut_slice())
+                .collect();
+            be.read_rows(&s.logits, n, &rows, &mut outs);
+        }
+        for s in sessions.iter_mut() {
+            s.pos += 1;
+        }
+        Ok(ids
+            .into_iter()
+            .zip(greedy)
+            .map(|(id, &g)| g.then_some(id))
+            .collect())
     }
 }

@@ -149,6 +149,67 @@ fn decode_greedy_picks_the_first_maximum_of_decode_logits() {
 }
 
 #[test]
+fn decode_picks_equal_decode_and_its_greedy_picks() {
+    // 6 sequences in groups whose greedy rows change every step: a greedy row's pick is the
+    // first maximum of the logits `decode` gives it, and every other row's logits are
+    // `decode`'s bit for bit.
+    let t = Tiny::new("llama");
+    let m = t.model();
+    let prompts: Vec<Vec<u32>> = (0..6)
+        .map(|i| random_tokens(3 + 2 * i, t.n_vocab, 40 + i as u64))
+        .collect();
+    let new_sessions = || -> Vec<Session> {
+        prompts
+            .iter()
+            .map(|p| {
+                let mut s = Session::new(&m, 64).unwrap();
+                s.prefill(p).unwrap();
+                s
+            })
+            .collect()
+    };
+    let (mut a, mut b) = (new_sessions(), new_sessions());
+    let mut next: Vec<u32> = a.iter().map(|s| greedy(s.logits()).unwrap()).collect();
+    let (mut ga, mut gb) = (DecodeGroup::new(), DecodeGroup::new());
+    let mut picked = 0;
+    for step in 0..10 {
+        let flags: Vec<bool> = (0..6).map(|i| (i + step) % 3 != 0).collect();
+        let mut ra: Vec<&mut Session> = a.iter_mut().collect();
+        ga.decode(&mut ra, &next).unwrap();
+        let mut rb: Vec<&mut Session> = b.iter_mut().collect();
+        let picks = gb.decode_picks(&mut rb, &next, &flags).unwrap();
+        for i in 0..6 {
+            let want = greedy(a[i].logits()).unwrap();
+            assert_eq!(a[i].pos(), b[i].pos());
+            match picks[i] {
+                Some(p) => {
+                    assert!(flags[i], "step {step} row {i}: a pick for a row not greedy");
+                    assert_eq!(p, want, "step {step} row {i}");
+                    picked += 1;
+                }
+                None => {
+                    assert!(!flags[i], "step {step} row {i}: no pick for a greedy row");
+                    assert_eq!(
+                        bits(b[i].logits()),
+                        bits(a[i].logits()),
+                        "step {step} row {i}"
+                    );
+                }
+            }
+            // Not always the greedy token, so the rows wander apart.
+            next[i] = if step % 2 == 0 {
+                want
+            } else {
+                (want + 1 + i as u32) % t.n_vocab as u32
+            };
+        }
+    }
+    assert!(picked > 20);
+    let mut rb: Vec<&mut Session> = b.iter_mut().collect();
+    assert!(gb.decode_picks(&mut rb, &next, &[true; 5]).is_err());
+}
+
+#[test]
 fn chunked_prefill_equals_one_prefill() {
     let t = Tiny::new("muse");
     let m = t.model();

@@ -308,6 +308,15 @@ impl<'m, B: Backend> Engine<'m, B> {
             .iter()
             .map(|&i| self.slots[i].task.as_ref().and_then(|t| t.next).unwrap())
             .collect();
+        // Greedy rows with no penalty and no logprobs asked for get their pick from the backend
+        // (a GPU reads back one index for them instead of the vocabulary's logits).
+        let greedy: Vec<bool> = rows
+            .iter()
+            .map(|&i| {
+                let t = self.slots[i].task.as_ref().unwrap();
+                t.sampler.is_argmax() && t.job.gen.logprobs.is_none()
+            })
+            .collect();
         let t0 = Instant::now();
         let result = {
             let mut sessions: Vec<&mut Session<'m, B>> = self
@@ -316,30 +325,43 @@ impl<'m, B: Backend> Engine<'m, B> {
                 .filter(|s| s.task.as_ref().is_some_and(|t| t.next.is_some()))
                 .map(|s| &mut s.session)
                 .collect();
-            self.group.decode(&mut sessions, &tokens)
+            self.group.decode_picks(&mut sessions, &tokens, &greedy)
         };
         let m = self.metrics;
         Metrics::add(&m.decode_ns, t0.elapsed().as_nanos() as u64);
         Metrics::add(&m.decode_steps, 1);
-        if let Err(e) = result {
-            // The group is checked before anything runs, so no session moved.
-            for &i in &rows {
-                self.fail(i, format!("decode failed: {e}"));
+        let device = match result {
+            Ok(p) => p,
+            Err(e) => {
+                // The group is checked before anything runs, so no session moved.
+                for &i in &rows {
+                    self.fail(i, format!("decode failed: {e}"));
+                }
+                return;
             }
-            return;
-        }
-        // Every decoded slot's next token drawn at once, one slot per core (each has its own
-        // sampler; a 202k vocabulary takes ~0.2 ms a row), then handed out in slot order.
-        let picks: Vec<Option<u32>> = {
+        };
+        // The other decoded slots' next tokens drawn at once, one slot per core (each has its
+        // own sampler; a 202k vocabulary takes ~0.2 ms a row), then handed out in slot order.
+        let mut picks: Vec<Option<u32>> = {
             use rayon::prelude::*;
             self.slots
                 .par_iter_mut()
-                .map(|s| match &mut s.task {
-                    Some(t) if t.next.is_some() => Some(t.sampler.sample(s.session.logits())),
+                .enumerate()
+                .map(|(i, s)| match &mut s.task {
+                    Some(t)
+                        if t.next.is_some() && !rows.binary_search(&i).is_ok_and(|k| greedy[k]) =>
+                    {
+                        Some(t.sampler.sample(s.session.logits()))
+                    }
                     _ => None,
                 })
                 .collect()
         };
+        for (k, &i) in rows.iter().enumerate() {
+            if let Some(id) = device[k] {
+                picks[i] = Some(id);
+            }
+        }
         for (&i, &t) in rows.iter().zip(&tokens) {
             let slot = &mut self.slots[i];
             slot.cached.push(t);

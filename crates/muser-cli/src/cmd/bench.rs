@@ -8,7 +8,8 @@
 //! `-s 1,8,32` replaces the tg row by one row per stream count N: N sessions (prompts of a few
 //! tokens, or of depth + a few), then n_gen decode steps, each one `DecodeGroup` of all N; the
 //! rate is the aggregate N * n_gen / time, and a step reads the weights once plus every
-//! session's K/V.
+//! session's K/V. With `--argmax` each step also picks every stream's next token on the
+//! backend (the greedy serving path) instead of reading the logits back.
 
 use super::backend::{CliBackend, ModelJob};
 use muser_engine::{DecodeGroup, Model, Session};
@@ -41,6 +42,12 @@ pub struct Args {
     /// streams advanced together one decode group per step.
     #[arg(short = 's', long, value_delimiter = ',')]
     pub streams: Vec<usize>,
+    /// Streams rows: each stream's next token picked by the backend's argmax, as `serve` does
+    /// for greedy requests without logprobs (a GPU reads back one id per stream instead of its
+    /// logits). By default every stream's logits are read back, as llama.cpp's batched bench
+    /// does.
+    #[arg(long)]
+    pub argmax: bool,
     /// Dispatch audit: each kernel's launches in the run and per decode step, and the kernels
     /// the run never dispatched.
     #[arg(long)]
@@ -189,10 +196,11 @@ impl ModelJob for Args {
                 anyhow::ensure!(n > 0, "-s: a stream count must be at least 1");
                 let (m, sd, bytes) = streams(&model, n, &args, &mut next_token)?;
                 let gbs = bytes * m / n as f64 / 1e9;
+                let pick = if args.argmax { ", argmax" } else { "" };
                 let test = if args.depth > 0 {
-                    format!("tg{} @ d{} x{n} streams", args.n_gen, args.depth)
+                    format!("tg{} @ d{} x{n} streams{pick}", args.n_gen, args.depth)
                 } else {
-                    format!("tg{} x{n} streams", args.n_gen)
+                    format!("tg{} x{n} streams{pick}", args.n_gen)
                 };
                 println!(
                     "| {name} | {size} | {params} | {backend} | {threads} | {test} | {m:.2} ± {sd:.2} | {:.1} | {gbs:.2} | {:.0}% |",
@@ -312,6 +320,7 @@ fn streams<B: CliBackend>(
         .map(|_| Session::new(model, n_ctx))
         .collect::<muser_engine::Result<Vec<_>>>()?;
     let mut group = DecodeGroup::new();
+    let greedy = vec![true; n];
     let mut rates = Vec::new();
     for rep in 0..=args.reps.max(1) {
         for (s, p) in sessions.iter_mut().zip(&prompts) {
@@ -321,7 +330,11 @@ fn streams<B: CliBackend>(
         let t = Instant::now();
         for toks in &steps {
             let mut members: Vec<&mut Session<B>> = sessions.iter_mut().collect();
-            group.decode(&mut members, toks)?;
+            if args.argmax {
+                std::hint::black_box(group.decode_picks(&mut members, toks, &greedy)?);
+            } else {
+                group.decode(&mut members, toks)?;
+            }
         }
         if rep > 0 {
             rates.push((n * args.n_gen) as f64 / t.elapsed().as_secs_f64());

@@ -88,6 +88,15 @@ pub trait Backend: Send + Sync + Sized {
         self.read(buf, &mut all);
         copy_parts(&all, outs);
     }
+    /// Copies rows `rows[k]` of `buf` (`[n_rows, cols]`; `rows` ascending, each below
+    /// `n_rows`) into `outs[k]`, each `cols` values long: the rows of a decode group whose
+    /// logits the host needs. By default through one `read` of the whole buffer.
+    fn read_rows(&self, buf: &Self::Buf, n_rows: usize, rows: &[usize], outs: &mut [&mut [f32]]) {
+        let cols = outs.first().map_or(0, |o| o.len());
+        let mut all = vec![0.0; n_rows * cols];
+        self.read(buf, &mut all);
+        copy_rows(&all, rows, outs);
+    }
     fn kv_cache(&self, layers: &[KvLayerSpec]) -> Self::Kv;
 
     /// out[t] = embedding row tokens[t] (dequantized).
@@ -280,7 +289,7 @@ pub trait Backend: Send + Sync + Sized {
 pub fn argmax_first(row: &[f32]) -> u32 {
     let mut best = 0;
     for (i, &v) in row.iter().enumerate() {
-        if v > row[best] {
+        if v > row[best] || (row[best].is_nan() && !v.is_nan()) {
             best = i;
         }
     }
@@ -324,9 +333,70 @@ pub fn copy_parts(src: &[f32], outs: &mut [&mut [f32]]) {
     }
 }
 
+/// `outs[k]` = row `rows[k]` of `src` (rows as long as `outs[k]`): `read_rows`.
+pub fn copy_rows(src: &[f32], rows: &[usize], outs: &mut [&mut [f32]]) {
+    assert_eq!(
+        rows.len(),
+        outs.len(),
+        "read_rows: {} rows into {} outputs",
+        rows.len(),
+        outs.len()
+    );
+    for (&r, o) in rows.iter().zip(outs.iter_mut()) {
+        let w = o.len();
+        assert!(
+            (r + 1) * w <= src.len(),
+            "read_rows: row {r} of {w} values past a buffer of {}",
+            src.len()
+        );
+        o.copy_from_slice(&src[r * w..(r + 1) * w]);
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::copy_parts;
+    use super::{argmax_first, copy_parts, copy_rows};
+
+    #[test]
+    fn argmax_first_takes_the_first_maximum_and_never_nan() {
+        let mut rng = 0x9e37_79b9u32;
+        let mut row: Vec<f32> = (0..300)
+            .map(|_| {
+                rng = rng.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                (rng >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+            })
+            .collect();
+        let max = row.iter().copied().fold(f32::MIN, f32::max);
+        row[17] = max + 1.0;
+        row[230] = max + 1.0;
+        assert_eq!(argmax_first(&row), 17);
+        row[0] = f32::NAN;
+        row[5] = f32::NAN;
+        assert_eq!(argmax_first(&row), 17);
+        let all_nan = vec![f32::NAN; 4];
+        assert_eq!(argmax_first(&all_nan), 0);
+        assert_eq!(
+            argmax_first(&[f32::NAN, f32::NEG_INFINITY, f32::NEG_INFINITY]),
+            1
+        );
+    }
+
+    #[test]
+    fn copy_rows_takes_the_named_rows() {
+        let src: Vec<f32> = (0..40).map(|i| (i as f32 * 0.61).cos() - 0.2).collect();
+        let (mut a, mut b) = (vec![0.0; 8], vec![0.0; 8]);
+        copy_rows(&src, &[1, 4], &mut [&mut a, &mut b]);
+        assert_eq!(a, src[8..16]);
+        assert_eq!(b, src[32..40]);
+    }
+
+    #[test]
+    #[should_panic(expected = "past a buffer")]
+    fn copy_rows_refuses_a_row_past_the_buffer() {
+        let src = vec![1.0f32; 10];
+        let mut a = vec![0.0; 4];
+        copy_rows(&src, &[2], &mut [&mut a]);
+    }
 
     #[test]
     fn copy_parts_fills_each_part_in_order() {
