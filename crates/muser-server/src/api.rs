@@ -126,6 +126,10 @@ pub struct Generation {
     pub stream: bool,
     /// Streams end with a chunk that carries the usage (`stream_options.include_usage`).
     pub include_usage: bool,
+    /// End-of-generation tokens do not end the request (llama-server's and vLLM's
+    /// `ignore_eos`): it runs to `max_tokens`, a stop string or the context's end. For
+    /// benchmarks of a fixed length.
+    pub ignore_eos: bool,
 }
 
 /// Reads the sampling and output fields shared by /v1/completions and /v1/chat/completions.
@@ -241,6 +245,7 @@ pub fn parse_generation(f: &Fields, chat: bool, seed: u64) -> Result<Generation,
     };
 
     let stream = f.boolean("stream")?.unwrap_or(false);
+    let ignore_eos = f.boolean("ignore_eos")?.unwrap_or(false);
     let include_usage = match f.get("stream_options") {
         None => false,
         Some(Value::Object(o)) => Fields(o).boolean("include_usage")?.unwrap_or(false),
@@ -258,6 +263,7 @@ pub fn parse_generation(f: &Fields, chat: bool, seed: u64) -> Result<Generation,
         stop,
         logprobs,
         stream,
+        ignore_eos,
         include_usage,
     })
 }
@@ -376,6 +382,8 @@ mod tests {
         assert_eq!((g.max_tokens, g.logprobs), (Some(9), Some(2)));
         assert_eq!(g.stop, vec!["a", "b"]);
         assert!(g.stream && g.include_usage);
+        assert!(!g.ignore_eos);
+        assert!(gen(json!({"ignore_eos": true})).unwrap().ignore_eos);
     }
 
     #[test]
@@ -395,6 +403,7 @@ mod tests {
             (json!({"stop": 3}), "stop"),
             (json!({"stop": [1]}), "stop"),
             (json!({"stream": "yes"}), "stream"),
+            (json!({"ignore_eos": 1}), "ignore_eos"),
             (json!({"logprobs": 50}), "logprobs"),
             (json!({"n": 2}), "n"),
             (json!({"repetition_penalty": 0}), "repetition_penalty"),

@@ -469,7 +469,7 @@ fn emit(
     m: &Metrics,
 ) -> Outcome {
     task.sampler.accept(id);
-    if tok.is_eog(id) {
+    if tok.is_eog(id) && !task.job.gen.ignore_eos {
         return finish(task, FinishReason::Stop, true);
     }
     task.n_gen += 1;

@@ -30,6 +30,7 @@ fn greedy(max_tokens: usize) -> Generation {
         logprobs: Some(2),
         stream: true,
         include_usage: false,
+        ignore_eos: false,
     }
 }
 
@@ -102,11 +103,24 @@ fn run_together(
     prompts: &[Vec<u32>],
     max_tokens: usize,
 ) -> Vec<Answer> {
+    let gens = prompts.iter().map(|_| greedy(max_tokens)).collect();
+    run_gens(m, tok, parallel, prompts, gens)
+}
+
+/// `run_together` with each request's own generation settings.
+fn run_gens(
+    m: &Model,
+    tok: &Tokenizer,
+    parallel: usize,
+    prompts: &[Vec<u32>],
+    gens: Vec<Generation>,
+) -> Vec<Answer> {
     let metrics = Metrics::default();
     let mut e = Engine::new(m, tok, &metrics, parallel, 512).unwrap();
     let mut rxs: Vec<_> = prompts
         .iter()
-        .map(|p| submit(&mut e, &metrics, p.clone(), greedy(max_tokens)))
+        .zip(gens)
+        .map(|(p, g)| submit(&mut e, &metrics, p.clone(), g))
         .collect();
     let mut answers: Vec<Answer> = prompts.iter().map(|_| answer()).collect();
     let mut steps = 0;
@@ -158,6 +172,63 @@ fn sixteen_concurrent_requests_match_their_solo_runs() {
     }
     // More requests than slots: the same answers again, four at a time.
     assert_eq!(run_together(&m, &tok, 4, &prompts, 24), together);
+}
+
+#[test]
+fn greedy_requests_without_logprobs_get_the_same_tokens() {
+    // Requests with no logprobs take their picks from the backend (decode_picks) while the
+    // others in the same decode groups read their logits: every text and ending is the one the
+    // request gets with logprobs on.
+    let (m, tok) = model();
+    let prompts: Vec<Vec<u32>> = TEXTS.iter().map(|t| tok.encode(t, true, true)).collect();
+    let want = run_together(&m, &tok, 16, &prompts, 24);
+    let gens = (0..prompts.len())
+        .map(|i| {
+            let mut g = greedy(24);
+            if i % 3 != 1 {
+                g.logprobs = None;
+            }
+            g
+        })
+        .collect();
+    let got = run_gens(&m, &tok, 16, &prompts, gens);
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!((&g.text, g.finish), (&w.text, w.finish), "request {i}");
+        if i % 3 == 1 {
+            assert_eq!(g.logprobs, w.logprobs, "request {i}");
+        } else {
+            assert!(g.logprobs.is_empty(), "request {i}");
+        }
+    }
+}
+
+#[test]
+fn ignore_eos_runs_to_max_tokens() {
+    // Greedy requests that end on an end-of-generation token run on to max_tokens with
+    // ignore_eos, their text up to that token unchanged.
+    let (m, tok) = model();
+    let prompts: Vec<Vec<u32>> = TEXTS.iter().map(|t| tok.encode(t, true, true)).collect();
+    let plain = run_together(&m, &tok, 16, &prompts, 96);
+    let ended: Vec<usize> = (0..prompts.len())
+        .filter(|&i| plain[i].finish.is_some_and(|f| f.0 == FinishReason::Stop))
+        .collect();
+    assert!(!ended.is_empty(), "no request ended on its own: {plain:?}");
+    let gens = (0..prompts.len())
+        .map(|_| {
+            let mut g = greedy(96);
+            g.ignore_eos = true;
+            g
+        })
+        .collect();
+    let got = run_gens(&m, &tok, 16, &prompts, gens);
+    for (i, (g, p)) in got.iter().zip(&plain).enumerate() {
+        let f = g.finish.unwrap();
+        assert_eq!((f.0, f.2), (FinishReason::Length, 96), "request {i}");
+        assert!(g.text.starts_with(&p.text), "request {i}");
+        if ended.contains(&i) {
+            assert!(p.finish.unwrap().2 < 96, "request {i}");
+        }
+    }
 }
 
 #[test]

@@ -1,0 +1,88 @@
+"""Aggregate generation rate of a running `muser serve` (or llama-server): C clients, each
+sending R completion requests of a fixed length (`ignore_eos`), all at once; prints the
+completed requests, errors, wall time, aggregate completion tokens/s and latency percentiles.
+Python's standard library only (the device machine has no `requests`).
+
+    python3 scripts/serve_rate.py --url http://127.0.0.1:8080 --clients 8 --requests 2 \\
+        --max-tokens 128 [--temperature 0] [--logprobs N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import threading
+import time
+import urllib.error
+import urllib.request
+
+WORDS = ("the of a time love you will never money life fortune day night friend luck "
+         "wise fool heart truth dream work cat dog road sea king").split()
+
+
+def post(url: str, body: dict, timeout: float) -> dict:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--url", default="http://127.0.0.1:8080")
+    ap.add_argument("--clients", type=int, default=8)
+    ap.add_argument("--requests", type=int, default=2)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--logprobs", type=int, default=None)
+    ap.add_argument("--timeout", type=float, default=600.0)
+    args = ap.parse_args()
+
+    with urllib.request.urlopen(args.url + "/v1/models", timeout=60) as r:
+        model = json.loads(r.read())["data"][0]["id"]
+    lock = threading.Lock()
+    latency: list[float] = []
+    tokens = [0]
+    errors: dict[str, int] = {}
+
+    def client(i: int):
+        rng = random.Random(i)
+        for _ in range(args.requests):
+            body = {"model": model, "max_tokens": args.max_tokens, "temperature": args.temperature,
+                    "ignore_eos": True, "seed": rng.randrange(1 << 30),
+                    "prompt": " ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 24)))}
+            if args.logprobs is not None:
+                body["logprobs"] = args.logprobs
+            t = time.perf_counter()
+            try:
+                out = post(args.url + "/v1/completions", body, args.timeout)
+                n = out["usage"]["completion_tokens"]
+                with lock:
+                    latency.append(time.perf_counter() - t)
+                    tokens[0] += n
+            except (urllib.error.URLError, OSError, KeyError, ValueError) as e:
+                key = getattr(e, "code", None) or type(e).__name__
+                with lock:
+                    errors[str(key)] = errors.get(str(key), 0) + 1
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(args.clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    lat = sorted(latency)
+    pct = (lambda p: lat[min(len(lat) - 1, int(p / 100 * len(lat)))] if lat else float("nan"))
+    mode = f"temperature {args.temperature}" + (f", logprobs {args.logprobs}" if args.logprobs is not None else "")
+    print(f"serve_rate clients={args.clients} requests={args.clients * args.requests} ({mode}): "
+          f"completed {len(lat)}, errors {errors or 0}, wall {wall:.2f} s, "
+          f"{tokens[0] / wall:.1f} completion tokens/s, latency p50 {pct(50):.2f} s "
+          f"p99 {pct(99):.2f} s, mean {statistics.mean(lat) if lat else float('nan'):.2f} s")
+    return 0 if not errors else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
