@@ -275,7 +275,7 @@ def test_disconnect_mid_stream_frees_the_slot(server):
     before = server.metrics()
     r = requests.post(server.url + "/v1/completions", stream=True, timeout=60,
                       json={"prompt": "Once upon a time", "max_tokens": N_CTX - 16,
-                            "temperature": 0, "stream": True})
+                            "temperature": 0, "stream": True, "ignore_eos": True})
     lines = r.iter_lines()
     got = 0
     for line in lines:
@@ -382,8 +382,8 @@ LONG_CTX = 20000
 
 @pytest.fixture(scope="module")
 def small_server():
-    # A context long enough that a stream outlasts the test's requests (about 10 s of tokens;
-    # the stream is cancelled when the test closes it).
+    # A context long enough that a stream (with ignore_eos) outlasts the test's requests (about
+    # 10 s of tokens; the stream is cancelled when the test closes it).
     s = ServerProcess("--parallel", "1", "--max-queue", "1", "--ctx-size", str(LONG_CTX),
                       "--api-key", "sesame", "--threads", "2")
     yield s
@@ -405,8 +405,9 @@ def test_api_key(small_server):
 def test_more_clients_than_slots_and_queue_get_503(small_server):
     s = small_server
     auth = {"Authorization": "Bearer sesame"}
+    # ignore_eos: the greedy text would end on its own after ~80 tokens, freeing the slot.
     body = {"prompt": "Once upon a time", "max_tokens": LONG_CTX - 16, "temperature": 0,
-            "stream": True}
+            "stream": True, "ignore_eos": True}
 
     def open_stream():
         r = requests.post(s.url + "/v1/completions", json=body, headers=auth, stream=True,

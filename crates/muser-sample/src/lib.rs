@@ -20,8 +20,8 @@
 mod steps;
 
 pub use steps::{
-    apply_penalties, candidates_from_logits, dist, greedy, min_p, softmax, temperature, top_k,
-    top_logprobs, top_p, uniform_f64, Candidate,
+    apply_penalties, candidates_from_logits, dist, greedy, min_p, softmax, temperature,
+    token_logprobs, top_k, top_logprobs, top_p, uniform_f64, Candidate,
 };
 
 use rand_mt::Mt;

@@ -335,8 +335,18 @@ pub fn dist(cands: &mut [Candidate], rng: &mut Mt) -> Option<usize> {
 /// The `n` most likely tokens under log-softmax of `logits` (NaN logits excluded), best
 /// first, as (token id, natural-log probability). For a server's `logprobs`.
 pub fn top_logprobs(logits: &[f32], n: usize) -> Vec<(u32, f32)> {
-    if n == 0 || logits.iter().all(|l| l.is_nan()) {
+    if n == 0 {
         return Vec::new();
+    }
+    token_logprobs(logits, None, n).1
+}
+
+/// The log-softmax of token `id` (when given; NaN for a NaN logit) and the `n` most likely
+/// tokens' (as `top_logprobs`), from one normalization, so `id`'s value is the one it has in
+/// the top list when it is there.
+pub fn token_logprobs(logits: &[f32], id: Option<u32>, n: usize) -> (f32, Vec<(u32, f32)>) {
+    if logits.iter().all(|l| l.is_nan()) {
+        return (f32::NAN, Vec::new());
     }
     // Over the logits that are numbers, in id order, without a candidate for each.
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -346,19 +356,33 @@ pub fn top_logprobs(logits: &[f32], n: usize) -> Vec<(u32, f32)> {
         .map(|&l| exp_shifted(l, max) as f64)
         .sum();
     let log_sum = sum.ln();
-    top_k_of_logits(logits, n)
-        .iter()
-        .map(|c| {
-            let lp = if max.is_infinite() {
-                if c.logit == max {
-                    -log_sum
-                } else {
-                    f64::NEG_INFINITY
-                }
+    let lp = |logit: f32| -> f32 {
+        let v = if max.is_infinite() {
+            if logit == max {
+                -log_sum
             } else {
-                (c.logit - max) as f64 - log_sum
-            };
-            (c.id, lp as f32)
-        })
-        .collect()
+                f64::NEG_INFINITY
+            }
+        } else {
+            (logit - max) as f64 - log_sum
+        };
+        v as f32
+    };
+    let own = id.map_or(f32::NAN, |i| {
+        let l = logits[i as usize];
+        if l.is_nan() {
+            f32::NAN
+        } else {
+            lp(l)
+        }
+    });
+    let top = if n == 0 {
+        Vec::new()
+    } else {
+        top_k_of_logits(logits, n)
+            .iter()
+            .map(|c| (c.id, lp(c.logit)))
+            .collect()
+    };
+    (own, top)
 }

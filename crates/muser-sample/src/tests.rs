@@ -485,6 +485,26 @@ fn top_logprobs_are_log_softmax_sorted() {
     assert_eq!(top_logprobs(&with_nan, 1)[0].0, want[1]);
 }
 
+#[test]
+fn a_tokens_logprob_is_its_entry_among_the_top() {
+    let mut rng = Mt::new(31);
+    let l = random_logits(&mut rng, 500, 2.5);
+    let probs = softmax_f64(&l);
+    let ranked = ranked_ids(&l);
+    for &id in &[ranked[0], ranked[3], ranked[7], ranked[400]] {
+        let (own, top) = token_logprobs(&l, Some(id), 8);
+        assert_eq!(top, top_logprobs(&l, 8));
+        assert!((own as f64 - probs[id as usize].ln()).abs() < 1e-4, "{id}");
+        if let Some(&(_, lp)) = top.iter().find(|&&(t, _)| t == id) {
+            assert_eq!(own.to_bits(), lp.to_bits(), "{id}");
+        }
+    }
+    let mut with_nan = l.clone();
+    with_nan[5] = f32::NAN;
+    assert!(token_logprobs(&with_nan, Some(5), 2).0.is_nan());
+    assert!(token_logprobs(&[f32::NAN; 3], Some(1), 2).1.is_empty());
+}
+
 /// The chain as every candidate goes through it (no one-pass paths): what `try_sample` must
 /// pick, with the same generator.
 fn reference_pick(p: &SamplerParams, history: &[u32], logits: &[f32], rng: &mut Mt) -> Option<u32> {
