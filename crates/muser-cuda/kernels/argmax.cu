@@ -36,3 +36,66 @@ extern "C" __global__ void __launch_bounds__(1024) argmax_rows(const float* __re
         if (lane == 0) idx[blockIdx.x] = bi == 0x7FFFFFFF ? 0 : bi;
     }
 }
+
+// Top-k candidates on the GPU, for a sampler whose pick depends only on the k best-ranked raw
+// logits (muser_sample::top_k_logits: the highest logit first, the lower id first on ties, NaN
+// never; k <= TOPK_MAX), so a sampled decode reads back k pairs per row instead of the
+// vocabulary. Each value becomes a 64-bit key whose order is that ranking: the logit's bits
+// mapped to an unsigned total order (as f32::total_cmp, -0 below +0) above ~id; NaN gets key 0,
+// below every number, and so does padding. Two launches: topk_slices sorts each slice of a row
+// (TOPK_SORT values) in shared memory and keeps its TOPK_MAX largest keys; topk_merge sorts a
+// row's slices' keys (at most TOPK_SORT) and keeps the row's TOPK_MAX largest. Every key is
+// distinct, so the result does not depend on the sort's order of work.
+#define TOPK_MAX 64
+#define TOPK_SORT 4096
+
+__device__ __forceinline__ unsigned long long topk_key(float v, unsigned id) {
+    const unsigned b = __float_as_uint(v);
+    unsigned o = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+    if (v != v) o = 0u;
+    return ((unsigned long long)o << 32) | (unsigned long long)(0xFFFFFFFFu - id);
+}
+
+// Sorts the TOPK_SORT keys of s in descending order (bitonic network; every thread of the
+// block takes part).
+__device__ __forceinline__ void topk_sort_desc(unsigned long long* s) {
+    for (int size = 2; size <= TOPK_SORT; size <<= 1)
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            __syncthreads();
+            for (int i = threadIdx.x; i < TOPK_SORT / 2; i += blockDim.x) {
+                const int lo = 2 * stride * (i / stride) + (i % stride), hi = lo + stride;
+                const unsigned long long a = s[lo], b = s[hi];
+                // Descending within blocks of `size` whose index has bit `size` clear.
+                if (((lo & size) == 0) == (a < b)) {
+                    s[lo] = b;
+                    s[hi] = a;
+                }
+            }
+        }
+    __syncthreads();
+}
+
+// Grid (slices, rows), 512 threads: slice s of row r is values s * slice .. of the row.
+extern "C" __global__ void __launch_bounds__(512) topk_slices(const float* __restrict__ x, int cols, int slice,
+                                                               unsigned long long* __restrict__ part) { pdl_wait();
+    __shared__ unsigned long long s[TOPK_SORT];
+    const float* r = x + (size_t)blockIdx.y * cols;
+    const int c0 = blockIdx.x * slice, n = min(slice, cols - c0);
+    for (int i = threadIdx.x; i < TOPK_SORT; i += blockDim.x)
+        s[i] = i < n ? topk_key(r[c0 + i], (unsigned)(c0 + i)) : 0ull;
+    topk_sort_desc(s);
+    unsigned long long* out = part + ((size_t)blockIdx.y * gridDim.x + blockIdx.x) * TOPK_MAX;
+    for (int i = threadIdx.x; i < TOPK_MAX; i += blockDim.x) out[i] = s[i];
+}
+
+// Grid (rows), 512 threads: the `nparts` * TOPK_MAX keys of a row's slices (<= TOPK_SORT) into
+// its TOPK_MAX largest, best first.
+extern "C" __global__ void __launch_bounds__(512) topk_merge(const unsigned long long* __restrict__ part, int nparts,
+                                                              unsigned long long* __restrict__ out) { pdl_wait();
+    __shared__ unsigned long long s[TOPK_SORT];
+    const int n = nparts * TOPK_MAX;
+    const unsigned long long* p = part + (size_t)blockIdx.x * n;
+    for (int i = threadIdx.x; i < TOPK_SORT; i += blockDim.x) s[i] = i < n ? p[i] : 0ull;
+    topk_sort_desc(s);
+    for (int i = threadIdx.x; i < TOPK_MAX; i += blockDim.x) out[(size_t)blockIdx.x * TOPK_MAX + i] = s[i];
+}

@@ -96,6 +96,9 @@ struct Workspace {
     o_part: CudaSlice<f32>,
     ml_part: CudaSlice<f32>,
     argmax: CudaSlice<u32>,
+    /// `top_k`: the slices' keys, then each row's TOPK_MAX keys (argmax.cu).
+    topk_part: CudaSlice<u64>,
+    topk_out: CudaSlice<u64>,
 }
 
 pub struct CudaBackend {
@@ -185,6 +188,25 @@ fn copy_into_parts(outs: &mut [&mut [f32]], at: usize, src: &[f32]) {
     pieces
         .into_par_iter()
         .for_each(|(d, s)| d.copy_from_slice(s));
+}
+
+/// The most candidates `top_k` computes on the GPU, and the keys one sort holds (argmax.cu:
+/// TOPK_MAX, TOPK_SORT).
+const TOPK_MAX: usize = 64;
+const TOPK_SORT: usize = 4096;
+
+/// A `topk_merge` key back to (id, logit); None for a NaN or padding key (below every number).
+fn topk_pair(key: u64) -> Option<(u32, f32)> {
+    let o = (key >> 32) as u32;
+    if o == 0 {
+        return None;
+    }
+    let bits = if o & 0x8000_0000 != 0 {
+        o & 0x7FFF_FFFF
+    } else {
+        !o
+    };
+    Some((u32::MAX - key as u32, f32::from_bits(bits)))
 }
 
 /// Whether a read of `n` f32 values goes through `read_staged`.
@@ -463,6 +485,8 @@ impl CudaBackend {
             o_part: gpu.stream.alloc_zeros(1)?,
             ml_part: gpu.stream.alloc_zeros(1)?,
             argmax: gpu.stream.alloc_zeros(1)?,
+            topk_part: gpu.stream.alloc_zeros(1)?,
+            topk_out: gpu.stream.alloc_zeros(1)?,
         };
         let tables = || -> std::result::Result<RowTables, CudaError> {
             Ok(RowTables {
@@ -1215,6 +1239,65 @@ impl Backend for CudaBackend {
             self.gpu.stream.memcpy_dtoh(&ws.argmax.slice(..rows), out),
             "read argmax",
         );
+    }
+
+    fn top_k(&self, x: &CudaBuf, cols: usize, k: usize, out: &mut [Vec<(u32, f32)>]) {
+        let rows = out.len();
+        let slices = cols.div_ceil(TOPK_SORT);
+        if k > TOPK_MAX || slices * TOPK_MAX > TOPK_SORT || rows == 0 || cols == 0 {
+            // Past what one merge holds (vocabularies above 262,144 entries): through the host.
+            muser_engine::backend::host_top_k(self, x, cols, k, out);
+            return;
+        }
+        assert!(
+            rows * cols <= x.rows * x.cols,
+            "top_k: {rows} rows of {cols} from a buffer of {} x {}",
+            x.rows,
+            x.cols
+        );
+        let slice = cols.div_ceil(slices);
+        let mut ws = self.ws.lock().unwrap();
+        grow(&self.gpu, &mut ws.topk_part, rows * slices * TOPK_MAX);
+        grow(&self.gpu, &mut ws.topk_out, rows * TOPK_MAX);
+        let (xp, pp, op) = (self.p(&x.data), self.p(&ws.topk_part), self.p(&ws.topk_out));
+        let (c, sl, np) = (cols as i32, slice as i32, slices as i32);
+        let cfg = LaunchConfig {
+            grid_dim: (slices as u32, rows as u32, 1),
+            block_dim: (512, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.gpu.stream.launch_builder(self.kernel("topk_slices"));
+        b.arg(&xp).arg(&c).arg(&sl).arg(&pp);
+        // SAFETY: x holds rows * cols values (checked above); part holds rows * slices *
+        // TOPK_MAX keys, each block writing its own TOPK_MAX.
+        ck(unsafe { b.launch(cfg) }, "topk_slices");
+        let cfg = LaunchConfig {
+            grid_dim: (rows as u32, 1, 1),
+            block_dim: (512, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.gpu.stream.launch_builder(self.kernel("topk_merge"));
+        b.arg(&pp).arg(&np).arg(&op);
+        // SAFETY: part holds rows * slices * TOPK_MAX keys (slices * TOPK_MAX <= TOPK_SORT, checked
+        // above); out holds rows * TOPK_MAX.
+        ck(unsafe { b.launch(cfg) }, "topk_merge");
+        let mut keys = vec![0u64; rows * TOPK_MAX];
+        ck(
+            self.gpu
+                .stream
+                .memcpy_dtoh(&ws.topk_out.slice(..rows * TOPK_MAX), &mut keys),
+            "read top-k",
+        );
+        for (o, row) in out.iter_mut().zip(keys.chunks_exact(TOPK_MAX)) {
+            *o = row
+                .iter()
+                .take(k)
+                .map_while(|&key| topk_pair(key))
+                .collect();
+        }
+    }
+    fn top_k_max(&self) -> usize {
+        TOPK_MAX
     }
 
     fn name(&self) -> &'static str {
@@ -2075,6 +2158,54 @@ impl Backend for CudaBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// argmax.cu's topk_key, on the host.
+    fn topk_key(v: f32, id: u32) -> u64 {
+        let b = v.to_bits();
+        let o = if v.is_nan() {
+            0
+        } else if b & 0x8000_0000 != 0 {
+            !b
+        } else {
+            b | 0x8000_0000
+        };
+        ((o as u64) << 32) | (u32::MAX - id) as u64
+    }
+
+    #[test]
+    fn topk_keys_rank_as_the_sampler_and_decode_back() {
+        // Sorting keys in descending order is muser_sample's top-k order (logit by total_cmp,
+        // highest first, then the lower id), NaN last; every key decodes to its (id, logit).
+        let mut vals: Vec<f32> = (0..500u32)
+            .map(|i| ((i.wrapping_mul(2_654_435_761) >> 7) as f32 / 1e6).sin() * 7.0)
+            .collect();
+        vals[3] = 0.0;
+        vals[4] = -0.0;
+        vals[5] = f32::INFINITY;
+        vals[6] = f32::NEG_INFINITY;
+        vals[7] = f32::NAN;
+        vals[8] = vals[9]; // a tie
+        vals[10] = f32::MIN_POSITIVE / 4.0; // subnormal
+        vals[11] = -vals[10];
+        let mut keys: Vec<u64> = vals
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| topk_key(v, i as u32))
+            .collect();
+        keys.sort_unstable_by(|a, b| b.cmp(a));
+        let got: Vec<(u32, u32)> = keys
+            .iter()
+            .map_while(|&k| topk_pair(k))
+            .map(|(id, l)| (id, l.to_bits()))
+            .collect();
+        let want: Vec<(u32, u32)> = muser_sample::top_k_logits(&vals, 1000)
+            .iter()
+            .map(|c| (c.id, c.logit.to_bits()))
+            .collect();
+        assert_eq!(got.len(), 499);
+        assert_eq!(got, want);
+        assert_eq!(topk_pair(0), None);
+    }
 
     /// A pipelined read hands the host its pieces one by one: whatever the parts' and the
     /// pieces' boundaries, every value lands once, in its place.

@@ -13,6 +13,27 @@ use crate::error::{EngineError, Result};
 use crate::graph::{self, Scratch};
 use crate::session::Session;
 
+/// What a row of a decode step needs from its logits (`DecodeGroup::decode_rows`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RowNeed {
+    /// The whole row, read into the session's `logits()`.
+    Logits,
+    /// The index of its first maximum.
+    Argmax,
+    /// Its k best-ranked (id, logit) pairs (k >= 1).
+    TopK(usize),
+}
+
+/// What `decode_rows` gives a row.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RowGot {
+    /// The row is in the session's `logits()`.
+    Logits,
+    Argmax(u32),
+    /// Best first.
+    TopK(Vec<(u32, f32)>),
+}
+
 /// Scratch buffers for decode groups of every size used so far. One per model; reuse it across
 /// steps.
 pub struct DecodeGroup<B: Backend> {
@@ -108,38 +129,49 @@ impl<B: Backend> DecodeGroup<B> {
         Ok(())
     }
 
-    /// `decode`, with the next token of each row where `greedy[i]` picked where the logits are
-    /// (the first maximum of the row, as `argmax_first`): a GPU reads back one index for those
-    /// rows instead of their vocabulary. Returns `Some(pick)` for those rows and `None` for the
-    /// others, whose sessions' `logits()` hold their row as after `decode`; the greedy rows'
-    /// `logits()` are not updated.
-    pub fn decode_picks(
+    /// `decode`, with each row's logits reduced where they are as `need[i]` asks: `Argmax` (the
+    /// first maximum of the row, as `argmax_first`), `TopK(k)` (its k best-ranked (id, logit),
+    /// as `muser_sample::top_k_logits`), or `Logits` (read back into the session's `logits()`,
+    /// as after `decode`). A GPU then reads back an index or k pairs for those rows instead of
+    /// their vocabulary; their sessions' `logits()` are not updated.
+    pub fn decode_rows(
         &mut self,
         sessions: &mut [&mut Session<'_, B>],
         tokens: &[u32],
-        greedy: &[bool],
-    ) -> Result<Vec<Option<u32>>> {
-        if greedy.len() != sessions.len() {
+        need: &[RowNeed],
+    ) -> Result<Vec<RowGot>> {
+        if need.len() != sessions.len() {
             return Err(EngineError::Invalid(format!(
-                "a decode group of {} sequences got {} greedy flags",
+                "a decode group of {} sequences got {} row requests",
                 sessions.len(),
-                greedy.len()
+                need.len()
             )));
         }
         let n = self.step(sessions, tokens)?;
         let s = self.scratch[n - 1].as_ref().expect("scratch of the step");
         let model = sessions[0].model;
-        let be = &model.backend;
+        let (be, nv) = (&model.backend, model.config.n_vocab);
         let mut ids = vec![0u32; n];
-        if greedy.iter().any(|&g| g) {
-            be.argmax(&s.logits, model.config.n_vocab, &mut ids);
+        if need.contains(&RowNeed::Argmax) {
+            be.argmax(&s.logits, nv, &mut ids);
         }
-        let rows: Vec<usize> = (0..n).filter(|&i| !greedy[i]).collect();
+        let mut tops: Vec<Vec<(u32, f32)>> = vec![Vec::new(); n];
+        let k_most = need
+            .iter()
+            .filter_map(|r| match r {
+                RowNeed::TopK(k) => Some(*k),
+                _ => None,
+            })
+            .max();
+        if let Some(k) = k_most {
+            be.top_k(&s.logits, nv, k, &mut tops);
+        }
+        let rows: Vec<usize> = (0..n).filter(|&i| need[i] == RowNeed::Logits).collect();
         if !rows.is_empty() {
             let mut outs: Vec<&mut [f32]> = sessions
                 .iter_mut()
-                .zip(greedy)
-                .filter(|(_, &g)| !g)
+                .zip(need)
+                .filter(|(_, &r)| r == RowNeed::Logits)
                 .map(|(s, _)| s.logits.as_mut_slice())
                 .collect();
             be.read_rows(&s.logits, n, &rows, &mut outs);
@@ -147,10 +179,19 @@ impl<B: Backend> DecodeGroup<B> {
         for s in sessions.iter_mut() {
             s.pos += 1;
         }
-        Ok(ids
-            .into_iter()
-            .zip(greedy)
-            .map(|(id, &g)| g.then_some(id))
+        Ok(need
+            .iter()
+            .zip(ids)
+            .zip(tops)
+            .map(|((&r, id), mut top)| match r {
+                RowNeed::Logits => RowGot::Logits,
+                RowNeed::Argmax => RowGot::Argmax(id),
+                RowNeed::TopK(k) => {
+                    // Sorted best first: the k best of a longer list are its first k.
+                    top.truncate(k);
+                    RowGot::TopK(top)
+                }
+            })
             .collect())
     }
 }

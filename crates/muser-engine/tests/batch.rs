@@ -4,8 +4,8 @@
 
 mod common;
 use common::*;
-use muser_engine::{CpuBackend, DecodeGroup, LoadOptions, Model, Session};
-use muser_sample::greedy;
+use muser_engine::{CpuBackend, DecodeGroup, LoadOptions, Model, RowGot, RowNeed, Session};
+use muser_sample::{greedy, top_k_logits};
 
 fn bits(x: &[f32]) -> Vec<u32> {
     x.iter().map(|v| v.to_bits()).collect()
@@ -149,10 +149,10 @@ fn decode_greedy_picks_the_first_maximum_of_decode_logits() {
 }
 
 #[test]
-fn decode_picks_equal_decode_and_its_greedy_picks() {
-    // 6 sequences in groups whose greedy rows change every step: a greedy row's pick is the
-    // first maximum of the logits `decode` gives it, and every other row's logits are
-    // `decode`'s bit for bit.
+fn decode_rows_equal_decode_and_what_its_logits_give() {
+    // 6 sequences in groups whose rows' needs change every step: an argmax row's pick is the
+    // first maximum of the logits `decode` gives it, a top-k row's candidates are
+    // `top_k_logits` of them, and every other row's logits are `decode`'s bit for bit.
     let t = Tiny::new("llama");
     let m = t.model();
     let prompts: Vec<Vec<u32>> = (0..6)
@@ -171,30 +171,47 @@ fn decode_picks_equal_decode_and_its_greedy_picks() {
     let (mut a, mut b) = (new_sessions(), new_sessions());
     let mut next: Vec<u32> = a.iter().map(|s| greedy(s.logits()).unwrap()).collect();
     let (mut ga, mut gb) = (DecodeGroup::new(), DecodeGroup::new());
-    let mut picked = 0;
+    let mut reduced = 0;
     for step in 0..10 {
-        let flags: Vec<bool> = (0..6).map(|i| (i + step) % 3 != 0).collect();
+        let need: Vec<RowNeed> = (0..6)
+            .map(|i| match (i + step) % 4 {
+                0 => RowNeed::Logits,
+                1 => RowNeed::Argmax,
+                2 => RowNeed::TopK(1 + i + step),
+                _ => RowNeed::TopK(7),
+            })
+            .collect();
         let mut ra: Vec<&mut Session> = a.iter_mut().collect();
         ga.decode(&mut ra, &next).unwrap();
         let mut rb: Vec<&mut Session> = b.iter_mut().collect();
-        let picks = gb.decode_picks(&mut rb, &next, &flags).unwrap();
+        let got = gb.decode_rows(&mut rb, &next, &need).unwrap();
         for i in 0..6 {
             let want = greedy(a[i].logits()).unwrap();
             assert_eq!(a[i].pos(), b[i].pos());
-            match picks[i] {
-                Some(p) => {
-                    assert!(flags[i], "step {step} row {i}: a pick for a row not greedy");
-                    assert_eq!(p, want, "step {step} row {i}");
-                    picked += 1;
+            match (&got[i], need[i]) {
+                (RowGot::Argmax(p), RowNeed::Argmax) => {
+                    assert_eq!(*p, want, "step {step} row {i}");
+                    reduced += 1;
                 }
-                None => {
-                    assert!(!flags[i], "step {step} row {i}: no pick for a greedy row");
+                (RowGot::TopK(top), RowNeed::TopK(k)) => {
+                    let host: Vec<(u32, u32)> = top_k_logits(a[i].logits(), k)
+                        .iter()
+                        .map(|c| (c.id, c.logit.to_bits()))
+                        .collect();
+                    let got: Vec<(u32, u32)> =
+                        top.iter().map(|&(id, l)| (id, l.to_bits())).collect();
+                    assert_eq!(got, host, "step {step} row {i}");
+                    assert_eq!(got.len(), k);
+                    reduced += 1;
+                }
+                (RowGot::Logits, RowNeed::Logits) => {
                     assert_eq!(
                         bits(b[i].logits()),
                         bits(a[i].logits()),
                         "step {step} row {i}"
                     );
                 }
+                (g, n) => panic!("step {step} row {i}: {n:?} got {g:?}"),
             }
             // Not always the greedy token, so the rows wander apart.
             next[i] = if step % 2 == 0 {
@@ -204,9 +221,11 @@ fn decode_picks_equal_decode_and_its_greedy_picks() {
             };
         }
     }
-    assert!(picked > 20);
+    assert!(reduced > 30);
     let mut rb: Vec<&mut Session> = b.iter_mut().collect();
-    assert!(gb.decode_picks(&mut rb, &next, &[true; 5]).is_err());
+    assert!(gb
+        .decode_rows(&mut rb, &next, &[RowNeed::Argmax; 5])
+        .is_err());
 }
 
 #[test]

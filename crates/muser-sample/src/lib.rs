@@ -21,7 +21,7 @@ mod steps;
 
 pub use steps::{
     apply_penalties, candidates_from_logits, dist, greedy, min_p, softmax, temperature,
-    token_logprobs, top_k, top_logprobs, top_p, uniform_f64, Candidate,
+    token_logprobs, top_k, top_k_logits, top_logprobs, top_p, uniform_f64, Candidate,
 };
 
 use rand_mt::Mt;
@@ -124,6 +124,23 @@ impl Sampler {
                 || p.repeat_penalty == 1.0
                     && p.frequency_penalty == 0.0
                     && p.presence_penalty == 0.0)
+    }
+
+    /// Some(k) when the pick depends only on the `k` best-ranked raw logits of a vocabulary of
+    /// `vocab` entries (`top_k_logits`): sampling (temperature above 0) with top-k below the
+    /// vocabulary and no penalty in effect. A backend may then hand over those candidates
+    /// instead of the row, and `sample_top_k` picks what `sample` would.
+    pub fn top_k_of(&self, vocab: usize) -> Option<usize> {
+        let p = &self.params;
+        let no_penalty = p.repeat_last_n == 0
+            || p.repeat_penalty == 1.0 && p.frequency_penalty == 0.0 && p.presence_penalty == 0.0;
+        (p.temperature > 0.0 && p.top_k > 0 && p.top_k < vocab && no_penalty).then_some(p.top_k)
+    }
+
+    /// The pick from a row's `top_k_logits(row, k)` when `top_k_of` gave k: the same token
+    /// (and generator state) as `sample(row)`.
+    pub fn sample_top_k(&mut self, cands: Vec<Candidate>) -> u32 {
+        self.sample_top(cands).unwrap_or(0)
     }
 
     /// Picks the next token from one row of logits (one per vocabulary entry). NaN logits are

@@ -159,6 +159,16 @@ pub(crate) fn penalized_logits<'a>(
     std::borrow::Cow::Owned(out)
 }
 
+/// The `k` best-ranked tokens of a row of logits (the highest logit first, the lower id first
+/// on ties, NaN never), with p = 0: what a sampler's top-k keeps when no penalty is in effect
+/// (`Sampler::top_k_of`), and what a backend computes in its place.
+pub fn top_k_logits(logits: &[f32], k: usize) -> Vec<Candidate> {
+    if k == 0 {
+        return Vec::new();
+    }
+    top_k_of_logits(logits, k)
+}
+
 /// `top_k(candidates_from_logits(logits), k)` (k > 0) in one pass over the logits: candidates
 /// gather in a buffer of 2k, pruned to the k best whenever it fills; once pruned, a logit that
 /// does not rank above the k-th best kept cannot (every later id is larger, so it would lose the

@@ -486,6 +486,64 @@ fn top_logprobs_are_log_softmax_sorted() {
 }
 
 #[test]
+fn sampling_from_the_top_k_candidates_picks_what_sample_picks() {
+    // A backend hands over top_k_logits(row, k) instead of the row when top_k_of says so: the
+    // same tokens from the same generator, step after step, for several parameter sets.
+    let mut rng = Mt::new(5);
+    for (i, &(t, k, tp, mp)) in [
+        (0.8f32, 40usize, 0.95f32, 0.05f32),
+        (1.0, 5, 1.0, 0.0),
+        (1.7, 64, 0.5, 0.2),
+        (0.3, 1, 0.9, 0.1),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let params = SamplerParams {
+            temperature: t,
+            top_k: k,
+            top_p: tp,
+            min_p: mp,
+            seed: 100 + i as u64,
+            ..Default::default()
+        };
+        let (mut a, mut b) = (Sampler::new(params.clone()), Sampler::new(params));
+        assert_eq!(b.top_k_of(1000), Some(k));
+        for step in 0..60 {
+            let mut l = random_logits(&mut rng, 1000, 2.0 + step as f32 * 0.05);
+            if step % 7 == 3 {
+                l[10] = f32::NAN;
+                l[20] = l[30]; // a tie
+            }
+            let want = a.sample(&l);
+            let got = b.sample_top_k(top_k_logits(&l, k));
+            assert_eq!(got, want, "set {i} step {step}");
+            a.accept(want);
+            b.accept(got);
+        }
+    }
+    // Not for greedy, top-k off or past the vocabulary, or with a penalty in effect.
+    let off = |f: &dyn Fn(&mut SamplerParams)| {
+        let mut p = SamplerParams::default();
+        f(&mut p);
+        Sampler::new(p).top_k_of(1000)
+    };
+    assert_eq!(off(&|_| {}), Some(40));
+    assert_eq!(off(&|p| p.temperature = 0.0), None);
+    assert_eq!(off(&|p| p.top_k = 0), None);
+    assert_eq!(off(&|p| p.top_k = 1000), None);
+    assert_eq!(off(&|p| p.repeat_penalty = 1.1), None);
+    assert_eq!(off(&|p| p.presence_penalty = 0.5), None);
+    assert_eq!(
+        off(&|p| {
+            p.repeat_penalty = 1.1;
+            p.repeat_last_n = 0
+        }),
+        Some(40)
+    );
+}
+
+#[test]
 fn a_tokens_logprob_is_its_entry_among_the_top() {
     let mut rng = Mt::new(31);
     let l = random_logits(&mut rng, 500, 2.5);

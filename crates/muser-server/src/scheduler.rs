@@ -14,8 +14,8 @@
 use crate::api::Generation;
 use crate::metrics::Metrics;
 use crate::text::StopBuffer;
-use muser_engine::{Backend, DecodeGroup, Model, Session};
-use muser_sample::Sampler;
+use muser_engine::{Backend, DecodeGroup, Model, RowGot, RowNeed, Session};
+use muser_sample::{Candidate, Sampler};
 use muser_tokenizer::{StreamDecoder, Tokenizer};
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering::Relaxed;
@@ -120,6 +120,7 @@ enum Outcome {
 }
 
 pub struct Engine<'m, B: Backend> {
+    model: &'m Model<B>,
     tok: &'m Tokenizer,
     metrics: &'m Metrics,
     slots: Vec<Slot<'m, B>>,
@@ -151,6 +152,7 @@ impl<'m, B: Backend> Engine<'m, B> {
             .kv_capacity
             .store((n_parallel * n_ctx) as u64, Relaxed);
         Ok(Engine {
+            model,
             tok,
             metrics,
             slots,
@@ -297,13 +299,20 @@ impl<'m, B: Backend> Engine<'m, B> {
             .iter()
             .map(|&i| self.slots[i].task.as_ref().and_then(|t| t.next).unwrap())
             .collect();
-        // Greedy rows with no penalty and no logprobs asked for get their pick from the backend
-        // (a GPU reads back one index for them instead of the vocabulary's logits).
-        let greedy: Vec<bool> = rows
+        // Rows with no logprobs asked for and no penalty get their pick (greedy) or their top-k
+        // candidates (sampling) from the backend: a GPU reads back an index or k pairs for them
+        // instead of the vocabulary's logits.
+        let (nv, k_max) = (self.model.config.n_vocab, self.model.backend().top_k_max());
+        let need: Vec<RowNeed> = rows
             .iter()
             .map(|&i| {
                 let t = self.slots[i].task.as_ref().unwrap();
-                t.sampler.is_argmax() && t.job.gen.logprobs.is_none()
+                match t.sampler.top_k_of(nv) {
+                    _ if t.job.gen.logprobs.is_some() => RowNeed::Logits,
+                    _ if t.sampler.is_argmax() => RowNeed::Argmax,
+                    Some(k) if k <= k_max => RowNeed::TopK(k),
+                    _ => RowNeed::Logits,
+                }
             })
             .collect();
         let t0 = Instant::now();
@@ -314,12 +323,12 @@ impl<'m, B: Backend> Engine<'m, B> {
                 .filter(|s| s.task.as_ref().is_some_and(|t| t.next.is_some()))
                 .map(|s| &mut s.session)
                 .collect();
-            self.group.decode_picks(&mut sessions, &tokens, &greedy)
+            self.group.decode_rows(&mut sessions, &tokens, &need)
         };
         let m = self.metrics;
         Metrics::add(&m.decode_ns, t0.elapsed().as_nanos() as u64);
         Metrics::add(&m.decode_steps, 1);
-        let device = match result {
+        let got = match result {
             Ok(p) => p,
             Err(e) => {
                 // The group is checked before anything runs, so no session moved.
@@ -329,19 +338,31 @@ impl<'m, B: Backend> Engine<'m, B> {
                 return;
             }
         };
-        // The other decoded slots' next tokens drawn at once, and the logprobs of those that
-        // asked for them, one slot per core (each has its own sampler; a 202k vocabulary takes
+        // The decoded slots' next tokens drawn (from their logits or top-k candidates) and the
+        // logprobs of those that asked for them, one slot per core (each has its own sampler; a 202k vocabulary takes
         // ~0.2 ms a row to sample, ~1 ms to normalize), then handed out in slot order.
+        // Each slot's share of the step (None: not decoded this step).
+        let mut slot_got: Vec<Option<RowGot>> = vec![None; self.slots.len()];
+        for (&i, g) in rows.iter().zip(got) {
+            slot_got[i] = Some(g);
+        }
         let picks: Vec<Option<(u32, Option<Logprob>)>> = {
             use rayon::prelude::*;
             self.slots
                 .par_iter_mut()
-                .enumerate()
-                .map(|(i, s)| match &mut s.task {
-                    Some(t) if t.next.is_some() => {
-                        let k = rows.binary_search(&i).expect("a decoded slot");
+                .zip(slot_got)
+                .map(|(s, g)| match (&mut s.task, g) {
+                    (Some(t), Some(g)) => {
                         let logits = s.session.logits();
-                        let id = device[k].unwrap_or_else(|| t.sampler.sample(logits));
+                        let id = match g {
+                            RowGot::Argmax(id) => id,
+                            RowGot::TopK(top) => t.sampler.sample_top_k(
+                                top.into_iter()
+                                    .map(|(id, logit)| Candidate { id, logit, p: 0.0 })
+                                    .collect(),
+                            ),
+                            RowGot::Logits => t.sampler.sample(logits),
+                        };
                         Some((id, t.job.gen.logprobs.map(|n| logprob(logits, id, n))))
                     }
                     _ => None,

@@ -203,6 +203,49 @@ fn greedy_requests_without_logprobs_get_the_same_tokens() {
 }
 
 #[test]
+fn sampled_requests_without_logprobs_get_the_same_tokens() {
+    // Sampling with top-k and no logprobs takes the backend's top-k candidates (decode_rows),
+    // with logprobs the whole row: the same seeded draws either way, alone or together.
+    let (m, tok) = model();
+    let prompts: Vec<Vec<u32>> = TEXTS.iter().map(|t| tok.encode(t, true, true)).collect();
+    let sampled = |i: usize, logprobs: bool| {
+        let mut g = greedy(24);
+        g.params = SamplerParams {
+            seed: 1000 + i as u64,
+            top_k: [40, 5, 64, 12][i % 4],
+            ..Default::default()
+        };
+        g.logprobs = logprobs.then_some(2);
+        g
+    };
+    let with = run_gens(
+        &m,
+        &tok,
+        16,
+        &prompts,
+        (0..16).map(|i| sampled(i, true)).collect(),
+    );
+    let without = run_gens(
+        &m,
+        &tok,
+        16,
+        &prompts,
+        (0..16).map(|i| sampled(i, i % 3 != 1)).collect(),
+    );
+    for (i, (a, b)) in with.iter().zip(&without).enumerate() {
+        assert_eq!((&a.text, a.finish), (&b.text, b.finish), "request {i}");
+    }
+    let alone = run_gens(&m, &tok, 1, &prompts[5..6], vec![sampled(5, false)]);
+    assert_eq!(alone[0].text, with[5].text);
+    // Sampled, not greedy: the texts are not all the greedy ones.
+    let greedy_texts = run_together(&m, &tok, 16, &prompts, 24);
+    assert!(with
+        .iter()
+        .zip(&greedy_texts)
+        .any(|(a, g)| a.text != g.text));
+}
+
+#[test]
 fn ignore_eos_runs_to_max_tokens() {
     // Greedy requests that end on an end-of-generation token run on to max_tokens with
     // ignore_eos, their text up to that token unchanged.

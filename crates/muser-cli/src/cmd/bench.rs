@@ -8,11 +8,12 @@
 //! `-s 1,8,32` replaces the tg row by one row per stream count N: N sessions (prompts of a few
 //! tokens, or of depth + a few), then n_gen decode steps, each one `DecodeGroup` of all N; the
 //! rate is the aggregate N * n_gen / time, and a step reads the weights once plus every
-//! session's K/V. With `--argmax` each step also picks every stream's next token on the
-//! backend (the greedy serving path) instead of reading the logits back.
+//! session's K/V. With `--argmax` (`--top-k K`) each step picks every stream's next token (its
+//! K best candidates) on the backend, the greedy (sampled) serving path, instead of reading the
+//! logits back.
 
 use super::backend::{CliBackend, ModelJob};
-use muser_engine::{DecodeGroup, Model, Session};
+use muser_engine::{DecodeGroup, Model, RowNeed, Session};
 use rayon::prelude::*;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -46,8 +47,13 @@ pub struct Args {
     /// for greedy requests without logprobs (a GPU reads back one id per stream instead of its
     /// logits). By default every stream's logits are read back, as llama.cpp's batched bench
     /// does.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "top_k")]
     pub argmax: bool,
+    /// Streams rows: each stream's K best candidates taken on the backend, as `serve` does for
+    /// sampled requests with top-k K (its default is 40) and no logprobs or penalties (a GPU
+    /// reads back K pairs per stream instead of its logits).
+    #[arg(long = "top-k", value_name = "K")]
+    pub top_k: Option<usize>,
     /// Dispatch audit: each kernel's launches in the run and per decode step, and the kernels
     /// the run never dispatched.
     #[arg(long)]
@@ -196,7 +202,11 @@ impl ModelJob for Args {
                 anyhow::ensure!(n > 0, "-s: a stream count must be at least 1");
                 let (m, sd, bytes) = streams(&model, n, &args, &mut next_token)?;
                 let gbs = bytes * m / n as f64 / 1e9;
-                let pick = if args.argmax { ", argmax" } else { "" };
+                let pick = match (args.argmax, args.top_k) {
+                    (true, _) => ", argmax".to_string(),
+                    (_, Some(k)) => format!(", top-{k}"),
+                    _ => String::new(),
+                };
                 let test = if args.depth > 0 {
                     format!("tg{} @ d{} x{n} streams{pick}", args.n_gen, args.depth)
                 } else {
@@ -320,7 +330,14 @@ fn streams<B: CliBackend>(
         .map(|_| Session::new(model, n_ctx))
         .collect::<muser_engine::Result<Vec<_>>>()?;
     let mut group = DecodeGroup::new();
-    let greedy = vec![true; n];
+    let need = match (args.argmax, args.top_k) {
+        (true, _) => Some(vec![RowNeed::Argmax; n]),
+        (_, Some(k)) => {
+            anyhow::ensure!(k > 0, "--top-k: K must be at least 1");
+            Some(vec![RowNeed::TopK(k); n])
+        }
+        _ => None,
+    };
     let mut rates = Vec::new();
     for rep in 0..=args.reps.max(1) {
         for (s, p) in sessions.iter_mut().zip(&prompts) {
@@ -330,8 +347,8 @@ fn streams<B: CliBackend>(
         let t = Instant::now();
         for toks in &steps {
             let mut members: Vec<&mut Session<B>> = sessions.iter_mut().collect();
-            if args.argmax {
-                std::hint::black_box(group.decode_picks(&mut members, toks, &greedy)?);
+            if let Some(need) = &need {
+                std::hint::black_box(group.decode_rows(&mut members, toks, need)?);
             } else {
                 group.decode(&mut members, toks)?;
             }

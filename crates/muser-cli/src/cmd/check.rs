@@ -20,7 +20,7 @@ use muser_cuda::{CudaBackend, CudaBuf};
 use muser_engine::backend::{Backend, Heads, KvLayerSpec, NormArgs};
 use muser_engine::config::{RopeParams, RopeStyle};
 use muser_engine::weights::TensorView;
-use muser_engine::{CpuBackend, Model, Session};
+use muser_engine::{CpuBackend, Model, RowGot, RowNeed, Session};
 use muser_gguf::{GgmlType, GgufFile};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -1426,26 +1426,41 @@ fn check_invariance(
                 let ids: Vec<usize> = (g * size..g * size + members.len()).collect();
                 let toks: Vec<u32> = ids.iter().map(|&i| fed[i][step]).collect();
                 let mut refs: Vec<&mut Session<CudaBackend>> = members.iter_mut().collect();
-                // Groups of 8 and 16 also take the serving path: a third of the rows (a different
-                // third each step) read back, the others picked on the GPU.
-                let flags: Vec<bool> = ids
+                // Groups of 8 and 16 also take the serving paths: a third of the rows (a different
+                // third each step) read back, a third picked on the GPU (argmax), a third given
+                // their 40 best candidates by the GPU (sampling with top-k).
+                let need: Vec<RowNeed> = ids
                     .iter()
-                    .map(|&i| size >= 8 && (i + step) % 3 != 0)
+                    .map(|&i| match (size >= 8, (i + step) % 3) {
+                        (true, 1) => RowNeed::Argmax,
+                        (true, 2) => RowNeed::TopK(40),
+                        _ => RowNeed::Logits,
+                    })
                     .collect();
-                let got = group.decode_picks(&mut refs, &toks, &flags)?;
-                for (k, &i) in ids.iter().enumerate() {
-                    if let Some(id) = got[k] {
-                        picks += 1;
-                        let w: Vec<f32> =
-                            want[i][step].iter().map(|&b| f32::from_bits(b)).collect();
-                        picks_differ += usize::from(id != argmax(&w) as u32);
-                    }
+                let got = group.decode_rows(&mut refs, &toks, &need)?;
+                for (g, &i) in got.iter().zip(&ids) {
+                    let w = || -> Vec<f32> {
+                        want[i][step].iter().map(|&b| f32::from_bits(b)).collect()
+                    };
+                    let same = match g {
+                        RowGot::Logits => continue,
+                        RowGot::Argmax(id) => *id == argmax(&w()) as u32,
+                        RowGot::TopK(top) => {
+                            let host: Vec<(u32, u32)> = muser_sample::top_k_logits(&w(), 40)
+                                .iter()
+                                .map(|c| (c.id, c.logit.to_bits()))
+                                .collect();
+                            top.iter().map(|&(id, l)| (id, l.to_bits())).eq(host)
+                        }
+                    };
+                    picks += 1;
+                    picks_differ += usize::from(!same);
                 }
                 let read: Vec<(usize, Vec<f32>)> = ids
                     .iter()
                     .zip(&refs)
-                    .zip(&flags)
-                    .filter(|(_, &f)| !f)
+                    .zip(&need)
+                    .filter(|(_, &r)| r == RowNeed::Logits)
                     .map(|((&i, s), _)| (i, s.logits().to_vec()))
                     .collect();
                 compared += read.len();
@@ -1466,7 +1481,7 @@ fn check_invariance(
         }
         if picks > 0 {
             let r = Row {
-                op: "decode_picks".into(),
+                op: "decode_rows".into(),
                 shape: format!("{name} groups of {size}"),
                 nmse: if picks_differ == 0 {
                     0.0
@@ -1476,7 +1491,7 @@ fn check_invariance(
                 threshold: 0.0,
             };
             println!(
-                "{:<5} {:<22} {:<34} {picks_differ} of {picks} GPU picks differ from the host's",
+                "{:<5} {:<22} {:<34} {picks_differ} of {picks} GPU argmax / top-40 rows differ from the host's",
                 if r.pass() { "ok" } else { "FAIL" },
                 r.op,
                 r.shape,

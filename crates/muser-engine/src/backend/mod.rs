@@ -183,6 +183,18 @@ pub trait Backend: Send + Sync + Sized {
         }
     }
 
+    /// out[t] = the `k` best-ranked (id, logit) of row t of `x` (`[out.len(), cols]`): the
+    /// highest logit first, the lower id first on ties, NaN never (`muser_sample::top_k_logits`),
+    /// for a sampler whose pick depends only on them (`Sampler::top_k_of`). The default reads
+    /// `x` back; a backend may compute them in place and read back k pairs per row.
+    fn top_k(&self, x: &Self::Buf, cols: usize, k: usize, out: &mut [Vec<(u32, f32)>]) {
+        host_top_k(self, x, cols, k, out)
+    }
+    /// The largest `k` that `top_k` computes in place (larger ones: read the logits).
+    fn top_k_max(&self) -> usize {
+        usize::MAX
+    }
+
     // Decode groups: row t is one token of sequence t, at position pos[t] of the cache kvs[t].
     // The defaults run the one-sequence ops row by row through host copies (correct, slow);
     // a backend overrides them to run all rows in one launch. Whatever the group, each row's
@@ -282,6 +294,24 @@ pub trait Backend: Send + Sync + Sized {
         if let Some(g) = gate {
             self.sigmoid_gate(out, g);
         }
+    }
+}
+
+/// `Backend::top_k` through the host: `x` read back, `muser_sample::top_k_logits` per row.
+pub fn host_top_k<B: Backend>(
+    be: &B,
+    x: &B::Buf,
+    cols: usize,
+    k: usize,
+    out: &mut [Vec<(u32, f32)>],
+) {
+    let mut host = vec![0f32; out.len() * cols];
+    be.read(x, &mut host);
+    for (o, row) in out.iter_mut().zip(host.chunks_exact(cols.max(1))) {
+        *o = muser_sample::top_k_logits(row, k)
+            .into_iter()
+            .map(|c| (c.id, c.logit))
+            .collect();
     }
 }
 
