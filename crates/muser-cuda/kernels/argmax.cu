@@ -59,11 +59,13 @@ __device__ __forceinline__ unsigned long long topk_key(float v, unsigned id) {
 // Sorts the TOPK_SORT keys of s in descending order (bitonic network; every thread of the
 // block takes part).
 __device__ __forceinline__ void topk_sort_desc(unsigned long long* s) {
-    for (int size = 2; size <= TOPK_SORT; size <<= 1)
-        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+    for (int ls_size = 1; (1 << ls_size) <= TOPK_SORT; ++ls_size)
+        for (int ls = ls_size - 1; ls >= 0; --ls) {
             __syncthreads();
+            const int size = 1 << ls_size, stride = 1 << ls;
             for (int i = threadIdx.x; i < TOPK_SORT / 2; i += blockDim.x) {
-                const int lo = 2 * stride * (i / stride) + (i % stride), hi = lo + stride;
+                // Pair i: lo has bit ls clear, hi = lo + stride (shifts: the strides are powers of 2).
+                const int lo = ((i >> ls) << (ls + 1)) | (i & (stride - 1)), hi = lo + stride;
                 const unsigned long long a = s[lo], b = s[hi];
                 // Descending within blocks of `size` whose index has bit `size` clear.
                 if (((lo & size) == 0) == (a < b)) {
