@@ -307,11 +307,15 @@ impl<'m, B: Backend> Engine<'m, B> {
             .iter()
             .map(|&i| {
                 let t = self.slots[i].task.as_ref().unwrap();
-                match t.sampler.top_k_of(nv) {
-                    _ if t.job.gen.logprobs.is_some() => RowNeed::Logits,
-                    _ if t.sampler.is_argmax() => RowNeed::Argmax,
-                    Some(k) if k <= k_max => RowNeed::TopK(k),
-                    _ => RowNeed::Logits,
+                if t.job.gen.logprobs.is_some() {
+                    RowNeed::Logits
+                } else if t.sampler.is_argmax() {
+                    RowNeed::Argmax
+                } else {
+                    match t.sampler.top_k_of(nv) {
+                        Some(k) if k <= k_max => RowNeed::TopK(k),
+                        _ => RowNeed::Logits,
+                    }
                 }
             })
             .collect();
@@ -338,15 +342,15 @@ impl<'m, B: Backend> Engine<'m, B> {
                 return;
             }
         };
-        // The decoded slots' next tokens drawn (from their logits or top-k candidates) and the
-        // logprobs of those that asked for them, one slot per core (each has its own sampler; a 202k vocabulary takes
-        // ~0.2 ms a row to sample, ~1 ms to normalize), then handed out in slot order.
-        // Each slot's share of the step (None: not decoded this step).
+        // Each slot's share of the step (None: not decoded this step). The decoded slots' next
+        // tokens are drawn (from their logits or top-k candidates) with the logprobs of those
+        // that asked for them, one slot per core (each has its own sampler; a 202k vocabulary
+        // takes ~0.2 ms a row to sample, ~1 ms to normalize), then handed out in slot order.
         let mut slot_got: Vec<Option<RowGot>> = vec![None; self.slots.len()];
         for (&i, g) in rows.iter().zip(got) {
             slot_got[i] = Some(g);
         }
-        let picks: Vec<Option<(u32, Option<Logprob>)>> = {
+        let mut picks: Vec<Option<(u32, Option<Logprob>)>> = {
             use rayon::prelude::*;
             self.slots
                 .par_iter_mut()
@@ -373,7 +377,7 @@ impl<'m, B: Backend> Engine<'m, B> {
             let slot = &mut self.slots[i];
             slot.cached.push(t);
             slot.task.as_mut().unwrap().next = None;
-            self.after_logits(i, picks[i].clone());
+            self.after_logits(i, picks[i].take());
         }
     }
 
