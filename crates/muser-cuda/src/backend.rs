@@ -194,6 +194,8 @@ fn copy_into_parts(outs: &mut [&mut [f32]], at: usize, src: &[f32]) {
 /// TOPK_MAX, TOPK_SORT).
 const TOPK_MAX: usize = 64;
 const TOPK_SORT: usize = 4096;
+/// Threads of a `topk_slices` / `topk_merge` block (argmax.cu: TOPK_THREADS).
+const TOPK_THREADS: u32 = 512;
 
 /// A `topk_merge` key back to (id, logit); None for a NaN or padding key (below every number).
 fn topk_pair(key: u64) -> Option<(u32, f32)> {
@@ -1263,7 +1265,7 @@ impl Backend for CudaBackend {
         let (c, sl, np) = (cols as i32, slice as i32, slices as i32);
         let cfg = LaunchConfig {
             grid_dim: (slices as u32, rows as u32, 1),
-            block_dim: (512, 1, 1),
+            block_dim: (TOPK_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
         let mut b = self.gpu.stream.launch_builder(self.kernel("topk_slices"));
@@ -1273,7 +1275,7 @@ impl Backend for CudaBackend {
         ck(unsafe { b.launch(cfg) }, "topk_slices");
         let cfg = LaunchConfig {
             grid_dim: (rows as u32, 1, 1),
-            block_dim: (512, 1, 1),
+            block_dim: (TOPK_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
         let mut b = self.gpu.stream.launch_builder(self.kernel("topk_merge"));
