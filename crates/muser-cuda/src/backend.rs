@@ -1424,17 +1424,7 @@ impl Backend for CudaBackend {
             "read_rows: {n_rows} rows of a buffer of {}",
             buf.rows
         );
-        assert_eq!(
-            rows.len(),
-            outs.len(),
-            "read_rows: {} rows into {} outputs",
-            rows.len(),
-            outs.len()
-        );
-        assert!(
-            rows.windows(2).all(|w| w[0] < w[1]) && rows.last().is_none_or(|&r| r < n_rows),
-            "read_rows: rows {rows:?} of {n_rows}"
-        );
+        muser_engine::backend::check_read_rows(n_rows, rows, outs);
         assert!(
             outs.iter().all(|o| o.len() == cols),
             "read_rows: outputs not {cols} wide"

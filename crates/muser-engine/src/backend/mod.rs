@@ -363,8 +363,9 @@ pub fn copy_parts(src: &[f32], outs: &mut [&mut [f32]]) {
     }
 }
 
-/// `outs[k]` = row `rows[k]` of `src` (rows as long as `outs[k]`): `read_rows`.
-pub fn copy_rows(src: &[f32], rows: &[usize], outs: &mut [&mut [f32]]) {
+/// Panics unless `read_rows`' arguments agree: one output per row, rows ascending and below
+/// `n_rows`.
+pub fn check_read_rows(n_rows: usize, rows: &[usize], outs: &[&mut [f32]]) {
     assert_eq!(
         rows.len(),
         outs.len(),
@@ -372,6 +373,15 @@ pub fn copy_rows(src: &[f32], rows: &[usize], outs: &mut [&mut [f32]]) {
         rows.len(),
         outs.len()
     );
+    assert!(
+        rows.windows(2).all(|w| w[0] < w[1]) && rows.last().is_none_or(|&r| r < n_rows),
+        "read_rows: rows {rows:?} of {n_rows}"
+    );
+}
+
+/// `outs[k]` = row `rows[k]` of `src` (rows as long as `outs[k]`): `read_rows`.
+pub fn copy_rows(src: &[f32], rows: &[usize], outs: &mut [&mut [f32]]) {
+    check_read_rows(usize::MAX, rows, outs);
     for (&r, o) in rows.iter().zip(outs.iter_mut()) {
         let w = o.len();
         assert!(
