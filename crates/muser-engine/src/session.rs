@@ -281,6 +281,20 @@ impl<'m, B: Backend> Session<'m, B> {
         Ok(out[0])
     }
 
+    /// Appends one token and returns the `k` best-ranked (id, logit) of its position
+    /// (`muser_sample::top_k_logits`), computed where the logits are: a GPU reads back k pairs
+    /// instead of the vocabulary (for a sampler whose `top_k_of` is k). `logits()` is not
+    /// updated.
+    pub fn decode_top_k(&mut self, token: u32, k: usize) -> Result<Vec<(u32, f32)>> {
+        self.step(token)?;
+        let mut out = [Vec::new()];
+        let m = self.model;
+        m.backend
+            .top_k(&self.one.logits, m.config.n_vocab, k, &mut out);
+        let [top] = out;
+        Ok(top)
+    }
+
     /// One decode step (a decode group of one row), logits left in `self.one`.
     fn step(&mut self, token: u32) -> Result<()> {
         self.check(&[token])?;

@@ -229,6 +229,33 @@ fn decode_rows_equal_decode_and_what_its_logits_give() {
 }
 
 #[test]
+fn decode_top_k_gives_the_top_k_of_decode_logits() {
+    let t = Tiny::new("qwen3");
+    let m = t.model();
+    let prompt = random_tokens(7, t.n_vocab, 23);
+    let mut a = Session::new(&m, 64).unwrap();
+    let mut b = Session::new(&m, 64).unwrap();
+    let mut next = greedy(a.prefill(&prompt).unwrap()).unwrap();
+    b.prefill(&prompt).unwrap();
+    for step in 0..10 {
+        let k = 1 + 5 * step;
+        let want: Vec<(u32, u32)> = top_k_logits(a.decode(next).unwrap(), k)
+            .iter()
+            .map(|c| (c.id, c.logit.to_bits()))
+            .collect();
+        let got: Vec<(u32, u32)> = b
+            .decode_top_k(next, k)
+            .unwrap()
+            .iter()
+            .map(|&(id, l)| (id, l.to_bits()))
+            .collect();
+        assert_eq!(got, want, "step {step}");
+        assert_eq!(a.pos(), b.pos());
+        next = want[want.len() - 1].0;
+    }
+}
+
+#[test]
 fn chunked_prefill_equals_one_prefill() {
     let t = Tiny::new("muse");
     let m = t.model();

@@ -125,8 +125,12 @@ impl ModelJob for Job {
         let mut next = sampler.sample(session.prefill(&prompt)?);
         let prompt_s = t1.elapsed().as_secs_f64();
 
-        // Greedy with no penalty: the backend's argmax (a GPU reads back one index per token).
+        // Greedy with no penalty: the backend's argmax (a GPU reads back one index per token);
+        // sampling from the top k with no penalty: the backend's top k (k pairs per token).
         let argmax = sampler.is_argmax();
+        let top_k = sampler
+            .top_k_of(model.config.n_vocab)
+            .filter(|&k| k <= model.backend().top_k_max());
         let t2 = Instant::now();
         let mut stream = StreamDecoder::new();
         let mut n_gen = 0;
@@ -144,6 +148,13 @@ impl ModelJob for Job {
             }
             next = if argmax {
                 session.decode_greedy(next)?
+            } else if let Some(k) = top_k {
+                let top = session.decode_top_k(next, k)?;
+                sampler.sample_top_k(
+                    top.into_iter()
+                        .map(|(id, logit)| muser_sample::Candidate { id, logit, p: 0.0 })
+                        .collect(),
+                )
             } else {
                 sampler.sample(session.decode(next)?)
             };
