@@ -190,6 +190,21 @@ fn copy_into_parts(outs: &mut [&mut [f32]], at: usize, src: &[f32]) {
         .for_each(|(d, s)| d.copy_from_slice(s));
 }
 
+/// Ops issued while it lives are routed as a decode step's (`Gpu::set_decoding`: never on the
+/// prefill-only `mmh` kernels, whose columns' bits depend on the chunk).
+struct Decoding<'a>(&'a crate::device::Gpu);
+impl<'a> Decoding<'a> {
+    fn new(gpu: &'a crate::device::Gpu) -> Self {
+        gpu.set_decoding(true);
+        Decoding(gpu)
+    }
+}
+impl Drop for Decoding<'_> {
+    fn drop(&mut self) {
+        self.0.set_decoding(false);
+    }
+}
+
 /// The most candidates `top_k` computes on the GPU, and the keys one sort holds (argmax.cu:
 /// TOPK_MAX, TOPK_SORT).
 const TOPK_MAX: usize = 64;
@@ -1145,14 +1160,7 @@ impl Backend for CudaBackend {
         f: impl FnOnce(&mut [&mut CudaKv]),
     ) {
         // Decode steps never run on the prefill-only kernels (mmh.rs), recorded or not.
-        struct Decoding<'a>(&'a crate::device::Gpu);
-        impl Drop for Decoding<'_> {
-            fn drop(&mut self) {
-                self.0.set_decoding(false);
-            }
-        }
-        self.gpu.set_decoding(true);
-        let _decoding = Decoding(&self.gpu);
+        let _decoding = Decoding::new(&self.gpu);
         // A replayed step writes buffers and the activation scratch with no op on the host.
         *self.fused_act.lock().unwrap() = None;
         if !self.graphs() || self.profile.lock().unwrap().is_some() {
@@ -1416,6 +1424,36 @@ impl Backend for CudaBackend {
             return;
         }
         self.read_staged(buf, n, |at, src| copy_into_parts(outs, at, src));
+    }
+    fn copy_rows(&self, src: &CudaBuf, src_row: usize, dst: &mut CudaBuf, dst_row: usize, n: usize) {
+        assert_eq!(src.cols, dst.cols, "copy_rows: widths {} and {}", src.cols, dst.cols);
+        assert!(
+            src_row + n <= src.rows && dst_row + n <= dst.rows,
+            "copy_rows: rows {src_row}+{n} of {} into {dst_row}+{n} of {}",
+            src.rows,
+            dst.rows
+        );
+        let w = src.cols;
+        self.timed(
+            || "copy_rows".to_string(),
+            || {
+                ck(
+                    self.gpu.stream.memcpy_dtod(
+                        &src.data.slice(src_row * w..(src_row + n) * w),
+                        &mut dst.data.slice_mut(dst_row * w..(dst_row + n) * w),
+                    ),
+                    "copy rows",
+                )
+            },
+        )
+    }
+    fn exact_prefill_rows(&self) -> usize {
+        crate::mmh::mmh_min()
+    }
+    fn exact_columns<R>(&self, f: impl FnOnce() -> R) -> R {
+        // The decode steps' routing: no matmul on `mmh` (the f16 tiles of long prefill chunks).
+        let _decoding = Decoding::new(&self.gpu);
+        f()
     }
     fn read_rows(&self, buf: &CudaBuf, n_rows: usize, rows: &[usize], outs: &mut [&mut [f32]]) {
         let cols = buf.cols;

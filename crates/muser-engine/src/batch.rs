@@ -11,7 +11,61 @@
 use crate::backend::Backend;
 use crate::error::{EngineError, Result};
 use crate::graph::{self, Scratch};
-use crate::session::Session;
+use crate::session::{Session, PREFILL_CHUNK};
+
+/// Prefills several sequences in one forward pass: `prompts[i]` appended to `sessions[i]`;
+/// each session's `logits()` then holds its prompt's last position's logits, as after its own
+/// `prefill`. The matmuls run with `Backend::exact_columns`, so each prompt gets the bits it gets
+/// alone under `exact_columns` whatever it shares the pass with (and those of its own `prefill`
+/// when it is shorter than `Backend::exact_prefill_rows`); RoPE, the KV store and attention run
+/// per prompt as in its own pass. Together the prompts hold at most `PREFILL_CHUNK` tokens. All
+/// are checked first (ids, room, one model); on an error no session has moved.
+pub fn prefill_runs<B: Backend>(sessions: &mut [&mut Session<'_, B>], prompts: &[&[u32]]) -> Result<()> {
+    let n_runs = sessions.len();
+    if n_runs == 0 || prompts.len() != n_runs {
+        return Err(EngineError::Invalid(format!(
+            "a prefill of {n_runs} sequences got {} prompts",
+            prompts.len()
+        )));
+    }
+    let total: usize = prompts.iter().map(|p| p.len()).sum();
+    if total > PREFILL_CHUNK {
+        return Err(EngineError::Invalid(format!(
+            "a prefill of several sequences takes at most {PREFILL_CHUNK} tokens, got {total}"
+        )));
+    }
+    let model = sessions[0].model;
+    for (i, (s, p)) in sessions.iter().zip(prompts).enumerate() {
+        if !std::ptr::eq(s.model, model) {
+            return Err(EngineError::Invalid(format!(
+                "sequence {i} of a prefill is on another model"
+            )));
+        }
+        s.check(p)?;
+    }
+    let be = &model.backend;
+    let tokens: Vec<u32> = prompts.iter().flat_map(|p| p.iter().copied()).collect();
+    let pos0: Vec<usize> = sessions.iter().map(|s| s.pos).collect();
+    let lens: Vec<usize> = prompts.iter().map(|p| p.len()).collect();
+    let mut s = Scratch::new(be, &model.config, total, n_runs);
+    {
+        let mut kvs: Vec<&mut B::Kv> = sessions.iter_mut().map(|s| &mut s.kv).collect();
+        let rows = graph::Rows::Runs {
+            kvs: &mut kvs,
+            pos0: &pos0,
+            lens: &lens,
+        };
+        be.run(|| {
+            be.exact_columns(|| graph::forward_rows(be, &model.config, &model.weights, &mut s, rows, &tokens))
+        });
+    }
+    let mut outs: Vec<&mut [f32]> = sessions.iter_mut().map(|s| s.logits.as_mut_slice()).collect();
+    be.read_parts(&s.logits, &mut outs);
+    for (s, n) in sessions.iter_mut().zip(lens) {
+        s.pos += n;
+    }
+    Ok(())
+}
 
 /// What a row of a decode step needs from its logits (`DecodeGroup::decode_rows`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -56,6 +56,24 @@ pub enum Rows<'a, 'k, Kv> {
         kvs: &'a mut [&'k mut Kv],
         pos: &'a [usize],
     },
+    /// Several sequences' prompts in one pass: run r is `lens[r]` consecutive rows (the runs in
+    /// order), tokens of `kvs[r]` from position `pos0[r]`. RoPE, the KV store and attention run
+    /// on a copy of each run's rows exactly as in that run's own pass (`Run`); the logits are
+    /// those of each run's last row.
+    Runs {
+        kvs: &'a mut [&'k mut Kv],
+        pos0: &'a [usize],
+        lens: &'a [usize],
+    },
+}
+
+/// One run's rows of q, k, v (and the gate) and its attention output (`Rows::Runs`).
+struct RunBufs<Buf> {
+    q: Buf,
+    k: Buf,
+    v: Buf,
+    g: Option<Buf>,
+    att: Buf,
 }
 
 /// Runs `tokens` (at positions pos0..) through the model, storing their K/V in `kv` and the
@@ -105,6 +123,19 @@ pub fn forward_rows<B: Backend>(
     debug_assert_eq!(tokens.len(), s.n);
     let scale = 1.0 / (c.head_dim as f32).sqrt();
     let eps = c.rms_eps;
+    let mut run_bufs: Vec<RunBufs<B::Buf>> = match &rows {
+        Rows::Runs { lens, .. } => lens
+            .iter()
+            .map(|&n| RunBufs {
+                q: be.buf(n, c.q_width()),
+                k: be.buf(n, c.kv_width()),
+                v: be.buf(n, c.kv_width()),
+                g: c.arch.attn_gate.then(|| be.buf(n, c.q_width())),
+                att: be.buf(n, c.q_width()),
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
 
     // Embedding (row 1), entry norm (row 2), first attention norm.
     if c.arch.entry_norm {
@@ -132,20 +163,38 @@ pub fn forward_rows<B: Backend>(
                 &mut [(&lw.wq, &mut s.q), (&lw.wk, &mut s.k), (&lw.wv, &mut s.v)],
             ),
         }
+        // One sequence's rows at positions pos0..: RoPE, the KV store and attention.
+        let run = |q: &mut B::Buf, k: &mut B::Buf, v: &B::Buf, g: Option<&B::Buf>, att: &mut B::Buf, kv: &mut B::Kv, pos0: usize| {
+            if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
+                be.rmsnorm_heads(q, qn, c.head_dim, eps);
+                be.rmsnorm_heads(k, kn, c.head_dim, eps);
+            }
+            if kind.rope {
+                be.rope(q, c.head_dim, &c.rope, pos0);
+                be.rope(k, c.head_dim, &c.rope, pos0);
+            }
+            be.kv_store(kv, il, k, v, pos0);
+            be.attention(q, kv, il, pos0, scale, att);
+            if let Some(g) = g {
+                be.sigmoid_gate(att, g);
+            }
+        };
         match &mut rows {
             Rows::Run { kv, pos0 } => {
-                if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
-                    be.rmsnorm_heads(&mut s.q, qn, c.head_dim, eps);
-                    be.rmsnorm_heads(&mut s.k, kn, c.head_dim, eps);
-                }
-                if kind.rope {
-                    be.rope(&mut s.q, c.head_dim, &c.rope, *pos0);
-                    be.rope(&mut s.k, c.head_dim, &c.rope, *pos0);
-                }
-                be.kv_store(kv, il, &s.k, &s.v, *pos0);
-                be.attention(&s.q, kv, il, *pos0, scale, &mut s.att);
-                if let Some(g) = &s.g {
-                    be.sigmoid_gate(&mut s.att, g);
+                run(&mut s.q, &mut s.k, &s.v, s.g.as_ref(), &mut s.att, kv, *pos0);
+            }
+            Rows::Runs { kvs, pos0, lens } => {
+                let mut a = 0;
+                for (((kv, &p0), &n), rb) in kvs.iter_mut().zip(pos0.iter()).zip(lens.iter()).zip(&mut run_bufs) {
+                    be.copy_rows(&s.q, a, &mut rb.q, 0, n);
+                    be.copy_rows(&s.k, a, &mut rb.k, 0, n);
+                    be.copy_rows(&s.v, a, &mut rb.v, 0, n);
+                    if let (Some(g), Some(rg)) = (&s.g, &mut rb.g) {
+                        be.copy_rows(g, a, rg, 0, n);
+                    }
+                    run(&mut rb.q, &mut rb.k, &rb.v, rb.g.as_ref(), &mut rb.att, kv, p0);
+                    be.copy_rows(&rb.att, 0, &mut s.att, a, n);
+                    a += n;
                 }
             }
             Rows::Group { kvs, pos } => {
@@ -211,6 +260,18 @@ pub fn forward_rows<B: Backend>(
         return;
     }
     let out_w = w.output.as_ref().unwrap_or(&w.token_embd);
+    if let Rows::Runs { lens, .. } = &rows {
+        // Each run's last row, gathered.
+        debug_assert_eq!(s.n_out, lens.len());
+        let mut last = be.buf(lens.len(), c.n_embd);
+        let mut a = 0;
+        for (r, &n) in lens.iter().enumerate() {
+            a += n;
+            be.copy_rows(&s.x, a - 1, &mut last, r, 1);
+        }
+        be.lm_head(&last, 0, out_w, c.logit_scale, c.softcap, &mut s.logits);
+        return;
+    }
     be.lm_head(
         &s.x,
         s.n - s.n_out,

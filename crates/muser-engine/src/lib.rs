@@ -20,7 +20,7 @@ pub mod weights;
 
 pub use backend::cpu::CpuBackend;
 pub use backend::Backend;
-pub use batch::{DecodeGroup, RowGot, RowNeed};
+pub use batch::{prefill_runs, DecodeGroup, RowGot, RowNeed};
 pub use config::{ModelConfig, RopeStyle, ARCHITECTURES};
 pub use error::{EngineError, Result};
 pub use session::{LoadOptions, Model, Session, PREFILL_CHUNK};

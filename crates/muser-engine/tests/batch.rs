@@ -4,7 +4,7 @@
 
 mod common;
 use common::*;
-use muser_engine::{CpuBackend, DecodeGroup, LoadOptions, Model, RowGot, RowNeed, Session};
+use muser_engine::{prefill_runs, CpuBackend, DecodeGroup, LoadOptions, Model, RowGot, RowNeed, Session};
 use muser_sample::{greedy, top_k_logits};
 
 fn bits(x: &[f32]) -> Vec<u32> {
@@ -256,6 +256,73 @@ fn decode_top_k_gives_the_top_k_of_decode_logits() {
 }
 
 #[test]
+fn prefill_runs_equal_each_prompts_own_prefill() {
+    // Five sequences, two of them with a cached prefix already, prefilled in one pass: each gets
+    // its own prefill's logits and cache (the decode after it matches too), on every
+    // architecture switch of the tiny presets (sliding rings, gates, QK norms).
+    for arch in ["muse", "llama", "qwen3"] {
+        let t = Tiny::new(arch);
+        let m = t.model();
+        let lens = [7usize, 1, 19, 3, 12];
+        let prompts: Vec<Vec<u32>> = lens
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| random_tokens(n, t.n_vocab, 70 + i as u64))
+            .collect();
+        let prefix = random_tokens(9, t.n_vocab, 99);
+        let start = |i: usize| -> Session {
+            let mut s = Session::new(&m, 80).unwrap();
+            if i % 2 == 1 {
+                s.prefill(&prefix).unwrap();
+            }
+            s
+        };
+        let mut alone: Vec<Session> = (0..5).map(start).collect();
+        let want: Vec<Vec<u32>> = alone
+            .iter_mut()
+            .zip(&prompts)
+            .map(|(s, p)| bits(s.prefill(p).unwrap()))
+            .collect();
+        let mut batched: Vec<Session> = (0..5).map(start).collect();
+        {
+            let mut refs: Vec<&mut Session> = batched.iter_mut().collect();
+            let ps: Vec<&[u32]> = prompts.iter().map(|p| p.as_slice()).collect();
+            prefill_runs(&mut refs, &ps).unwrap();
+        }
+        for i in 0..5 {
+            assert_eq!(bits(batched[i].logits()), want[i], "{arch} sequence {i}");
+            assert_eq!(batched[i].pos(), alone[i].pos());
+            let next = greedy(alone[i].logits()).unwrap();
+            assert_eq!(
+                bits(batched[i].decode(next).unwrap()),
+                bits(alone[i].decode(next).unwrap()),
+                "{arch} sequence {i}: the decode after it"
+            );
+        }
+    }
+}
+
+#[test]
+fn bad_prefill_runs_are_refused_and_move_nothing() {
+    let t = Tiny::new("llama");
+    let m = t.model();
+    let mut a = Session::new(&m, 16).unwrap();
+    let mut b = Session::new(&m, 16).unwrap();
+    b.prefill(&[1, 2, 3]).unwrap();
+    let long = vec![1u32; 600];
+    assert!(prefill_runs(&mut [&mut a], &[&long[..]]).is_err());
+    assert!(prefill_runs(&mut [&mut a, &mut b], &[&[1u32][..]]).is_err());
+    assert!(prefill_runs(&mut [&mut a, &mut b], &[&[1u32][..], &[]]).is_err());
+    let bad = [t.n_vocab as u32];
+    assert!(prefill_runs(&mut [&mut a, &mut b], &[&[1u32][..], &bad[..]]).is_err());
+    let e = prefill_runs(&mut [&mut a, &mut b], &[&[1u32][..], &[5u32; 14][..]]).unwrap_err();
+    assert!(e.to_string().contains("n_ctx = 16"), "{e}");
+    assert_eq!((a.pos(), b.pos()), (0, 3));
+    prefill_runs(&mut [&mut a, &mut b], &[&[1u32, 2][..], &[4u32][..]]).unwrap();
+    assert_eq!((a.pos(), b.pos()), (2, 4));
+}
+
+#[test]
 fn chunked_prefill_equals_one_prefill() {
     let t = Tiny::new("muse");
     let m = t.model();
@@ -358,6 +425,9 @@ impl muser_engine::Backend for RowByRow {
     }
     fn read(&self, buf: &Self::Buf, out: &mut [f32]) {
         self.0.read(buf, out)
+    }
+    fn copy_rows(&self, src: &Self::Buf, src_row: usize, dst: &mut Self::Buf, dst_row: usize, n: usize) {
+        self.0.copy_rows(src, src_row, dst, dst_row, n)
     }
     fn kv_cache(&self, layers: &[muser_engine::backend::KvLayerSpec]) -> Self::Kv {
         self.0.kv_cache(layers)

@@ -116,6 +116,22 @@ pub trait Backend: Send + Sync + Sized {
         up: &Self::Weight,
         out: &mut Self::Buf,
     );
+    /// Copies rows `src_row .. src_row + n` of `src` into rows `dst_row .. dst_row + n` of
+    /// `dst` (buffers of the same width).
+    fn copy_rows(&self, src: &Self::Buf, src_row: usize, dst: &mut Self::Buf, dst_row: usize, n: usize);
+    /// Prefill chunks of fewer rows than this give every row the bits it gets in a chunk of any
+    /// other such size (their matmuls compute each column as it is computed alone), so prompts
+    /// of fewer tokens may share one forward pass (`Session::prefill_runs`) and keep the bits
+    /// of their own prefill. Default: any size.
+    fn exact_prefill_rows(&self) -> usize {
+        usize::MAX
+    }
+    /// Runs `f` with its matmuls computing each column as it is computed alone, whatever the
+    /// number of columns (a pass of several prompts, each below `exact_prefill_rows`). Default:
+    /// they always do.
+    fn exact_columns<R>(&self, f: impl FnOnce() -> R) -> R {
+        f()
+    }
     /// Rotates every `head_dim`-wide head of row t at position pos0 + t, in place.
     fn rope(&self, x: &mut Self::Buf, head_dim: usize, rope: &RopeParams, pos0: usize);
     /// Stores k and v rows (positions pos0..pos0+n) into `layer` of the cache.
