@@ -1425,8 +1425,19 @@ impl Backend for CudaBackend {
         }
         self.read_staged(buf, n, |at, src| copy_into_parts(outs, at, src));
     }
-    fn copy_rows(&self, src: &CudaBuf, src_row: usize, dst: &mut CudaBuf, dst_row: usize, n: usize) {
-        assert_eq!(src.cols, dst.cols, "copy_rows: widths {} and {}", src.cols, dst.cols);
+    fn copy_rows(
+        &self,
+        src: &CudaBuf,
+        src_row: usize,
+        dst: &mut CudaBuf,
+        dst_row: usize,
+        n: usize,
+    ) {
+        assert_eq!(
+            src.cols, dst.cols,
+            "copy_rows: widths {} and {}",
+            src.cols, dst.cols
+        );
         assert!(
             src_row + n <= src.rows && dst_row + n <= dst.rows,
             "copy_rows: rows {src_row}+{n} of {} into {dst_row}+{n} of {}",

@@ -20,7 +20,10 @@ use crate::session::{Session, PREFILL_CHUNK};
 /// when it is shorter than `Backend::exact_prefill_rows`); RoPE, the KV store and attention run
 /// per prompt as in its own pass. Together the prompts hold at most `PREFILL_CHUNK` tokens. All
 /// are checked first (ids, room, one model); on an error no session has moved.
-pub fn prefill_runs<B: Backend>(sessions: &mut [&mut Session<'_, B>], prompts: &[&[u32]]) -> Result<()> {
+pub fn prefill_runs<B: Backend>(
+    sessions: &mut [&mut Session<'_, B>],
+    prompts: &[&[u32]],
+) -> Result<()> {
     let n_runs = sessions.len();
     if n_runs == 0 || prompts.len() != n_runs {
         return Err(EngineError::Invalid(format!(
@@ -56,10 +59,15 @@ pub fn prefill_runs<B: Backend>(sessions: &mut [&mut Session<'_, B>], prompts: &
             lens: &lens,
         };
         be.run(|| {
-            be.exact_columns(|| graph::forward_rows(be, &model.config, &model.weights, &mut s, rows, &tokens))
+            be.exact_columns(|| {
+                graph::forward_rows(be, &model.config, &model.weights, &mut s, rows, &tokens)
+            })
         });
     }
-    let mut outs: Vec<&mut [f32]> = sessions.iter_mut().map(|s| s.logits.as_mut_slice()).collect();
+    let mut outs: Vec<&mut [f32]> = sessions
+        .iter_mut()
+        .map(|s| s.logits.as_mut_slice())
+        .collect();
     be.read_parts(&s.logits, &mut outs);
     for (s, n) in sessions.iter_mut().zip(lens) {
         s.pos += n;

@@ -164,7 +164,13 @@ pub fn forward_rows<B: Backend>(
             ),
         }
         // One sequence's rows at positions pos0..: RoPE, the KV store and attention.
-        let run = |q: &mut B::Buf, k: &mut B::Buf, v: &B::Buf, g: Option<&B::Buf>, att: &mut B::Buf, kv: &mut B::Kv, pos0: usize| {
+        let run = |q: &mut B::Buf,
+                   k: &mut B::Buf,
+                   v: &B::Buf,
+                   g: Option<&B::Buf>,
+                   att: &mut B::Buf,
+                   kv: &mut B::Kv,
+                   pos0: usize| {
             if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
                 be.rmsnorm_heads(q, qn, c.head_dim, eps);
                 be.rmsnorm_heads(k, kn, c.head_dim, eps);
@@ -181,18 +187,39 @@ pub fn forward_rows<B: Backend>(
         };
         match &mut rows {
             Rows::Run { kv, pos0 } => {
-                run(&mut s.q, &mut s.k, &s.v, s.g.as_ref(), &mut s.att, kv, *pos0);
+                run(
+                    &mut s.q,
+                    &mut s.k,
+                    &s.v,
+                    s.g.as_ref(),
+                    &mut s.att,
+                    kv,
+                    *pos0,
+                );
             }
             Rows::Runs { kvs, pos0, lens } => {
                 let mut a = 0;
-                for (((kv, &p0), &n), rb) in kvs.iter_mut().zip(pos0.iter()).zip(lens.iter()).zip(&mut run_bufs) {
+                for (((kv, &p0), &n), rb) in kvs
+                    .iter_mut()
+                    .zip(pos0.iter())
+                    .zip(lens.iter())
+                    .zip(&mut run_bufs)
+                {
                     be.copy_rows(&s.q, a, &mut rb.q, 0, n);
                     be.copy_rows(&s.k, a, &mut rb.k, 0, n);
                     be.copy_rows(&s.v, a, &mut rb.v, 0, n);
                     if let (Some(g), Some(rg)) = (&s.g, &mut rb.g) {
                         be.copy_rows(g, a, rg, 0, n);
                     }
-                    run(&mut rb.q, &mut rb.k, &rb.v, rb.g.as_ref(), &mut rb.att, kv, p0);
+                    run(
+                        &mut rb.q,
+                        &mut rb.k,
+                        &rb.v,
+                        rb.g.as_ref(),
+                        &mut rb.att,
+                        kv,
+                        p0,
+                    );
                     be.copy_rows(&rb.att, 0, &mut s.att, a, n);
                     a += n;
                 }

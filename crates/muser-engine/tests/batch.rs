@@ -4,7 +4,9 @@
 
 mod common;
 use common::*;
-use muser_engine::{prefill_runs, CpuBackend, DecodeGroup, LoadOptions, Model, RowGot, RowNeed, Session};
+use muser_engine::{
+    prefill_runs, CpuBackend, DecodeGroup, LoadOptions, Model, RowGot, RowNeed, Session,
+};
 use muser_sample::{greedy, top_k_logits};
 
 fn bits(x: &[f32]) -> Vec<u32> {
@@ -426,7 +428,14 @@ impl muser_engine::Backend for RowByRow {
     fn read(&self, buf: &Self::Buf, out: &mut [f32]) {
         self.0.read(buf, out)
     }
-    fn copy_rows(&self, src: &Self::Buf, src_row: usize, dst: &mut Self::Buf, dst_row: usize, n: usize) {
+    fn copy_rows(
+        &self,
+        src: &Self::Buf,
+        src_row: usize,
+        dst: &mut Self::Buf,
+        dst_row: usize,
+        n: usize,
+    ) {
         self.0.copy_rows(src, src_row, dst, dst_row, n)
     }
     fn kv_cache(&self, layers: &[muser_engine::backend::KvLayerSpec]) -> Self::Kv {

@@ -14,6 +14,8 @@ pub struct Metrics {
     pub prefill_ns: AtomicU64,
     pub decode_ns: AtomicU64,
     pub decode_steps: AtomicU64,
+    /// Prefill forward passes (each runs the parts of every prompt that waits, up to the budget).
+    pub prefill_passes: AtomicU64,
     pub requests_finished: AtomicU64,
     /// Requests whose client went away before the end.
     pub requests_cancelled: AtomicU64,
@@ -43,7 +45,7 @@ impl Metrics {
             }
         };
         let kv_cap = g(&self.kv_capacity).max(1);
-        let rows: [(&str, &str, &str, String); 13] = [
+        let rows: [(&str, &str, &str, String); 14] = [
             (
                 "prompt_tokens_total",
                 "counter",
@@ -67,6 +69,12 @@ impl Metrics {
                 "counter",
                 "Time spent in prefill.",
                 format!("{:.6}", g(&self.prefill_ns) as f64 * 1e-9),
+            ),
+            (
+                "prompt_passes_total",
+                "counter",
+                "Prefill forward passes (the waiting prompts' parts share one).",
+                g(&self.prefill_passes).to_string(),
             ),
             (
                 "tokens_predicted_seconds_total",

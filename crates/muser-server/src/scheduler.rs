@@ -14,7 +14,7 @@
 use crate::api::Generation;
 use crate::metrics::Metrics;
 use crate::text::StopBuffer;
-use muser_engine::{Backend, DecodeGroup, Model, RowGot, RowNeed, Session};
+use muser_engine::{prefill_runs, Backend, DecodeGroup, Model, RowGot, RowNeed, Session};
 use muser_sample::{Candidate, Sampler};
 use muser_tokenizer::{StreamDecoder, Tokenizer};
 use std::collections::VecDeque;
@@ -383,61 +383,83 @@ impl<'m, B: Backend> Engine<'m, B> {
 
     /// Prefill within a budget of `CHUNK_IDLE` tokens, `CHUNK_BUSY` while a slot decodes: the
     /// oldest prompt first, then the next ones while budget is left (short prompts arriving
-    /// together start together). Each prompt's part runs as its own batch.
+    /// together start together), all their parts in one forward pass (`prefill_runs`). Its
+    /// matmuls compute each column as it is computed alone, so a prompt gets the same bits
+    /// however it is cut into parts and whatever it shares a pass with.
     fn prefill_step(&mut self) {
         let decoding = self
             .slots
             .iter()
             .any(|s| s.task.as_ref().is_some_and(|t| t.next.is_some()));
         let mut budget = if decoding { CHUNK_BUSY } else { CHUNK_IDLE };
-        while budget > 0 {
-            let Some(i) = (0..self.slots.len())
-                .filter(|&i| {
-                    self.slots[i]
-                        .task
-                        .as_ref()
-                        .is_some_and(|t| t.next.is_none())
-                })
-                .min_by_key(|&i| self.slots[i].task.as_ref().unwrap().seq)
-            else {
-                return;
-            };
-            budget -= self.prefill_part(i, budget);
+        let mut waiting: Vec<usize> = (0..self.slots.len())
+            .filter(|&i| {
+                self.slots[i]
+                    .task
+                    .as_ref()
+                    .is_some_and(|t| t.next.is_none())
+            })
+            .collect();
+        waiting.sort_by_key(|&i| self.slots[i].task.as_ref().unwrap().seq);
+        // (slot, tokens of this part, whether it ends the prompt)
+        let mut parts: Vec<(usize, usize, bool)> = Vec::new();
+        for i in waiting {
+            let slot = &self.slots[i];
+            let rest = slot.task.as_ref().unwrap().job.prompt.len() - slot.session.pos();
+            let n = rest.min(budget);
+            if n > 0 {
+                parts.push((i, n, n == rest));
+                budget -= n;
+            }
+            if budget == 0 {
+                break;
+            }
         }
-    }
-
-    /// Runs up to `budget` more prompt tokens of slot i; returns how many ran.
-    fn prefill_part(&mut self, i: usize, budget: usize) -> usize {
-        let slot = &mut self.slots[i];
-        let task = slot.task.as_ref().unwrap();
-        let rest = &task.job.prompt[slot.session.pos()..];
-        let part = &rest[..rest.len().min(budget)];
-        let last = part.len() == rest.len();
+        if parts.is_empty() {
+            return;
+        }
         let t0 = Instant::now();
-        let result = if last {
-            slot.session.prefill(part).map(|_| ())
-        } else {
-            slot.session.extend(part)
+        let result = {
+            let mut picked: Vec<(usize, &mut Slot<'m, B>)> = self
+                .slots
+                .iter_mut()
+                .enumerate()
+                .filter(|(i, _)| parts.iter().any(|p| p.0 == *i))
+                .collect();
+            picked.sort_by_key(|(i, _)| parts.iter().position(|p| p.0 == *i));
+            let mut sessions = Vec::with_capacity(parts.len());
+            let mut prompts = Vec::with_capacity(parts.len());
+            for ((_, slot), &(_, n, _)) in picked.iter_mut().zip(&parts) {
+                let Slot { session, task, .. } = &mut **slot;
+                let at = session.pos();
+                prompts.push(&task.as_ref().unwrap().job.prompt[at..at + n]);
+                sessions.push(session);
+            }
+            prefill_runs(&mut sessions, &prompts)
         };
         let m = self.metrics;
         Metrics::add(&m.prefill_ns, t0.elapsed().as_nanos() as u64);
-        let n = part.len();
-        match result {
-            Ok(()) => {
-                Metrics::add(&m.prompt_tokens, n as u64);
-                slot.cached.extend_from_slice(part);
-                if last {
-                    self.after_logits(i, None);
+        Metrics::add(&m.prefill_passes, 1);
+        for (i, n, last) in parts {
+            let slot = &mut self.slots[i];
+            match &result {
+                Ok(()) => {
+                    Metrics::add(&m.prompt_tokens, n as u64);
+                    let at = slot.session.pos() - n;
+                    let task = slot.task.as_ref().unwrap();
+                    slot.cached.extend_from_slice(&task.job.prompt[at..at + n]);
+                    if last {
+                        self.after_logits(i, None);
+                    }
+                }
+                // Prompts are checked by the handler (ids, room); this is a bug, not a hang.
+                Err(e) => {
+                    slot.session.reset();
+                    slot.cached.clear();
+                    self.fail(i, format!("prefill failed: {e}"));
                 }
             }
-            // Prompts are checked by the handler (ids, room); this is a bug, not a hang.
-            Err(e) => {
-                slot.session.reset();
-                slot.cached.clear();
-                self.fail(i, format!("prefill failed: {e}"));
-            }
         }
-        n
     }
 
     /// Hands slot i's next token to the client: `pick` (already drawn from its session's

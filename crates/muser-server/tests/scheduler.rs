@@ -175,6 +175,24 @@ fn sixteen_concurrent_requests_match_their_solo_runs() {
 }
 
 #[test]
+fn prompts_arriving_together_share_one_prefill_pass() {
+    let (m, tok) = model();
+    let metrics = Metrics::default();
+    let mut e = Engine::new(&m, &tok, &metrics, 16, 512).unwrap();
+    let mut rxs: Vec<_> = TEXTS
+        .iter()
+        .map(|t| submit(&mut e, &metrics, tok.encode(t, true, true), greedy(4)))
+        .collect();
+    e.step();
+    // One pass for all 16 prompts, and each request has its first token.
+    assert_eq!(metrics.prefill_passes.load(Relaxed), 1);
+    for (i, rx) in rxs.iter_mut().enumerate() {
+        let mut a = answer();
+        assert_eq!(drain(rx, &mut a), 1, "request {i}");
+    }
+}
+
+#[test]
 fn greedy_requests_without_logprobs_get_the_same_tokens() {
     // Requests with no logprobs take their picks from the backend (decode_picks) while the
     // others in the same decode groups read their logits: every text and ending is the one the

@@ -1409,6 +1409,56 @@ fn check_invariance(
         n_req * steps
     );
     rows.push(r);
+    // Prompts sharing prefill passes (`prefill_runs`, serve's prefill), each shorter than
+    // `exact_prefill_rows`: the logits of each prompt's own prefill and of the decode after it.
+    let short: Vec<Vec<u32>> = (0..n_req)
+        .map(|i| {
+            let len =
+                (1 + (i * 13) % 60).min(m.backend().exact_prefill_rows().saturating_sub(1).max(1));
+            (0..len).map(|_| rng.below(nv as u32)).collect()
+        })
+        .collect();
+    let (mut runs_differ, mut runs_checked) = (0usize, 0usize);
+    for part in short.chunks(8) {
+        let mut alone = Vec::new();
+        for p in part {
+            let mut s = Session::new(&m, n_ctx)?;
+            let l = s.prefill(p)?.to_vec();
+            let d = s.decode(argmax(&l) as u32)?.to_vec();
+            alone.push((l, d));
+        }
+        let mut sessions = part
+            .iter()
+            .map(|_| Session::new(&m, n_ctx))
+            .collect::<muser_engine::Result<Vec<_>>>()?;
+        {
+            let mut refs: Vec<&mut Session<CudaBackend>> = sessions.iter_mut().collect();
+            let ps: Vec<&[u32]> = part.iter().map(|p| p.as_slice()).collect();
+            muser_engine::prefill_runs(&mut refs, &ps)?;
+        }
+        for (s, (l, d)) in sessions.iter_mut().zip(&alone) {
+            let same =
+                |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+            let ok_l = same(s.logits(), l);
+            let next = argmax(l) as u32;
+            let ok_d = same(s.decode(next)?, d);
+            runs_checked += 1;
+            runs_differ += usize::from(!(ok_l && ok_d));
+        }
+    }
+    let r = Row {
+        op: "prefill_runs".into(),
+        shape: format!("{name} 8 prompts a pass"),
+        nmse: if runs_differ == 0 { 0.0 } else { f64::INFINITY },
+        threshold: 0.0,
+    };
+    println!(
+        "{:<5} {:<22} {:<34} {runs_differ} of {runs_checked} prompts differ from their own prefill (logits or the next decode)",
+        if r.pass() { "ok" } else { "FAIL" },
+        r.op,
+        r.shape,
+    );
+    rows.push(r);
     let mut summary = Vec::new();
     for size in [1usize, 2, 8, 16] {
         let mut sessions = prompts

@@ -118,7 +118,14 @@ pub trait Backend: Send + Sync + Sized {
     );
     /// Copies rows `src_row .. src_row + n` of `src` into rows `dst_row .. dst_row + n` of
     /// `dst` (buffers of the same width).
-    fn copy_rows(&self, src: &Self::Buf, src_row: usize, dst: &mut Self::Buf, dst_row: usize, n: usize);
+    fn copy_rows(
+        &self,
+        src: &Self::Buf,
+        src_row: usize,
+        dst: &mut Self::Buf,
+        dst_row: usize,
+        n: usize,
+    );
     /// Prefill chunks of fewer rows than this give every row the bits it gets in a chunk of any
     /// other such size (their matmuls compute each column as it is computed alone), so prompts
     /// of fewer tokens may share one forward pass (`Session::prefill_runs`) and keep the bits

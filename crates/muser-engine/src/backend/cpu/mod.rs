@@ -302,7 +302,11 @@ impl Backend for CpuBackend {
         out.copy_from_slice(&buf.data);
     }
     fn copy_rows(&self, src: &CpuBuf, src_row: usize, dst: &mut CpuBuf, dst_row: usize, n: usize) {
-        assert_eq!(src.cols, dst.cols, "copy_rows: widths {} and {}", src.cols, dst.cols);
+        assert_eq!(
+            src.cols, dst.cols,
+            "copy_rows: widths {} and {}",
+            src.cols, dst.cols
+        );
         assert!(
             src_row + n <= src.rows && dst_row + n <= dst.rows,
             "copy_rows: rows {src_row}+{n} of {} into {dst_row}+{n} of {}",
@@ -310,7 +314,8 @@ impl Backend for CpuBackend {
             dst.rows
         );
         let w = src.cols;
-        dst.data[dst_row * w..(dst_row + n) * w].copy_from_slice(&src.data[src_row * w..(src_row + n) * w]);
+        dst.data[dst_row * w..(dst_row + n) * w]
+            .copy_from_slice(&src.data[src_row * w..(src_row + n) * w]);
     }
     fn read_parts(&self, buf: &CpuBuf, outs: &mut [&mut [f32]]) {
         crate::backend::copy_parts(&buf.data, outs);
