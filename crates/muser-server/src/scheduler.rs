@@ -6,7 +6,9 @@
 //!    prefix with the prompt (those positions are not computed again: "cached tokens");
 //! 3. advances every decoding slot by one token in one decode group (one forward pass);
 //! 4. prefills waiting prompts, oldest first, up to 512 tokens when no slot is decoding and 64
-//!    when one is, so running streams keep their pace while a long prompt comes in.
+//!    when one is, so running streams keep their pace while a long prompt comes in; the parts
+//!    of one step share one forward pass (`prefill_runs`, whose matmuls compute each column as
+//!    alone, so a prompt's bits do not depend on how it was cut or what it shared a pass with).
 //!
 //! Tokens go back to the request's handler as `Event`s; text is released through the stop
 //! buffer and streaming UTF-8 decoder, so a client never sees half a character or a stop string.
