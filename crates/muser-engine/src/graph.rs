@@ -1,8 +1,8 @@
 //! The forward pass of the decoder template over any `Backend`: embedding, the layer chain of
 //! SPEC section 3 with each architecture's switches, the LM head. A batch of n tokens at
-//! consecutive positions runs the same graph as a single decode token (n = 1), and so does a
-//! decode group (one token of each of n sequences): only RoPE, the KV store and attention see
-//! which sequence and position a row belongs to.
+//! consecutive positions runs the same graph as a single decode token (n = 1), and so do a
+//! decode group (one token of each of n sequences) and several prompts in one pass: only RoPE,
+//! the KV store and attention see which sequence and position a row belongs to.
 //!
 //! This module never knows which backend runs it.
 
