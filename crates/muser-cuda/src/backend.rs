@@ -1746,7 +1746,14 @@ impl Backend for CudaBackend {
                 let p_last = pos0 + q.rows - 1;
                 let lo = l.spec.window.map_or(0, |w| (p_last + 1).saturating_sub(w));
                 let count = p_last + 1 - lo;
-                if self.attn_mma() && mma_attention_fits(d, g) && count <= PREFILL_ROWS_MAX {
+                // Exact columns (`exact_columns`: serve's prefill, cut into parts by its
+                // scheduler): every row on this path, whatever the count, so a row's bits
+                // depend on its own position only, not on the part it came in.
+                let exact = self.gpu.decoding.load(std::sync::atomic::Ordering::Relaxed);
+                if self.attn_mma()
+                    && mma_attention_fits(d, g)
+                    && (count <= PREFILL_ROWS_MAX || exact)
+                {
                     // The rows as a decode group of one sequence on the tensor cores, each row
                     // whole in one block: the rows give the grid its width. (Split as a lone
                     // decode row is, up to 16 splits of 32 positions at pp512, the partials took

@@ -305,6 +305,40 @@ fn prefill_runs_equal_each_prompts_own_prefill() {
 }
 
 #[test]
+fn prefill_runs_do_not_depend_on_the_cut() {
+    // Two prompts (one past the ring of the sliding layers) cut into parts two ways, in company
+    // or alone: the same logits and the same decode after them.
+    let t = Tiny::new("muse");
+    let m = t.model();
+    let a = random_tokens(150, t.n_vocab, 5);
+    let b = random_tokens(40, t.n_vocab, 6);
+    let cuts: [&[(usize, usize, usize, usize)]; 2] = [
+        &[(0, 100, 0, 20), (100, 150, 20, 40)],
+        &[(0, 30, 0, 0), (30, 129, 0, 0), (129, 150, 0, 40)],
+    ];
+    let mut got = Vec::new();
+    for cut in cuts {
+        let mut sa = Session::new(&m, 200).unwrap();
+        let mut sb = Session::new(&m, 200).unwrap();
+        for &(a0, a1, b0, b1) in cut {
+            if b1 > b0 {
+                prefill_runs(&mut [&mut sa, &mut sb], &[&a[a0..a1], &b[b0..b1]]).unwrap();
+            } else {
+                prefill_runs(&mut [&mut sa], &[&a[a0..a1]]).unwrap();
+            }
+        }
+        let mut v = Vec::new();
+        for s in [&mut sa, &mut sb] {
+            let l = bits(s.logits());
+            let next = greedy(s.logits()).unwrap();
+            v.push((l, bits(s.decode(next).unwrap())));
+        }
+        got.push(v);
+    }
+    assert_eq!(got[0], got[1]);
+}
+
+#[test]
 fn bad_prefill_runs_are_refused_and_move_nothing() {
     let t = Tiny::new("llama");
     let m = t.model();

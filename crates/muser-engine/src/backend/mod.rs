@@ -133,9 +133,10 @@ pub trait Backend: Send + Sync + Sized {
     fn exact_prefill_rows(&self) -> usize {
         usize::MAX
     }
-    /// Runs `f` with its matmuls computing each column as it is computed alone, whatever the
-    /// number of columns (a pass of several prompts, each below `exact_prefill_rows`). Default:
-    /// they always do.
+    /// Runs `f` with every row's results independent of the pass it is in: its matmuls compute
+    /// each column as it is computed alone whatever the number of columns, and its prefill
+    /// attention each row by a plan of its own position (a pass of several prompts, or of a
+    /// prompt cut into parts by a scheduler). Default: they always do.
     fn exact_columns<R>(&self, f: impl FnOnce() -> R) -> R {
         f()
     }
