@@ -1729,6 +1729,23 @@ impl Backend for CudaBackend {
         scale: f32,
         out: &mut CudaBuf,
     ) {
+        let exact = self.gpu.decoding.load(std::sync::atomic::Ordering::Relaxed);
+        let (d, n_kv) = (
+            kv.layers[layer].spec.head_dim,
+            kv.layers[layer].spec.n_head_kv,
+        );
+        let mma = self.attn_mma() && mma_attention_fits(d, (q.cols / d) / n_kv.max(1));
+        if exact && !mma && q.rows > 1 {
+            // Exact columns (serve's prefill) on the split kernels, whose plan depends on the
+            // chunk: one row at a time, so a row's plan depends on its own position only.
+            let (mut q1, mut o1) = (self.buf(1, q.cols), self.buf(1, out.cols));
+            for t in 0..q.rows {
+                self.copy_rows(q, t, &mut q1, 0, 1);
+                self.attention(&q1, kv, layer, pos0 + t, scale, &mut o1);
+                self.copy_rows(&o1, 0, out, t, 1);
+            }
+            return;
+        }
         self.timed(
             || "attention".to_string(),
             || {
@@ -1749,7 +1766,6 @@ impl Backend for CudaBackend {
                 // Exact columns (`exact_columns`: serve's prefill, cut into parts by its
                 // scheduler): every row on this path, whatever the count, so a row's bits
                 // depend on its own position only, not on the part it came in.
-                let exact = self.gpu.decoding.load(std::sync::atomic::Ordering::Relaxed);
                 if self.attn_mma()
                     && mma_attention_fits(d, g)
                     && (count <= PREFILL_ROWS_MAX || exact)
