@@ -332,11 +332,6 @@ pub const MAX_NORM_WIDTH: usize = 8192;
 /// Positions per attention tile (ATT_T in attention.cu).
 const ATT_T: usize = 32;
 
-/// A prefill chunk whose rows see at most this many positions runs its attention on the per-row
-/// tensor-core kernel (`attn_rows_mma_128`, one block per row and KV head); longer ones on
-/// `attn_partial_*`, which splits long rows over more blocks.
-const PREFILL_ROWS_MAX: usize = 512;
-
 /// How an attention launch splits the work: `n_splits` blocks per (row, KV head, head chunk),
 /// each over `split_len` positions, and the group's query heads in `chunks` blocks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1763,13 +1758,13 @@ impl Backend for CudaBackend {
                 let p_last = pos0 + q.rows - 1;
                 let lo = l.spec.window.map_or(0, |w| (p_last + 1).saturating_sub(w));
                 let count = p_last + 1 - lo;
-                // Exact columns (`exact_columns`: serve's prefill, cut into parts by its
-                // scheduler): every row on this path, whatever the count, so a row's bits
-                // depend on its own position only, not on the part it came in.
-                if self.attn_mma()
-                    && mma_attention_fits(d, g)
-                    && (count <= PREFILL_ROWS_MAX || exact)
-                {
+                // Every row of a prefill chunk on the per-row tensor-core kernel whatever the
+                // count, so a row's bits depend on its own position only (not on the chunk it
+                // came in). Until 2026-12-01 rows seeing more than 512 positions took the split
+                // kernels (attn_partial_*) instead; H200, llama-glimmer, same call: pp512 at
+                // depth 2048 2,076.50 -> 5,027.39 tokens/s, at depth 8192 773.53 -> 3,783.52,
+                // at depth 0 unchanged (5,684.03).
+                if self.attn_mma() && mma_attention_fits(d, g) {
                     // The rows as a decode group of one sequence on the tensor cores, each row
                     // whole in one block: the rows give the grid its width. (Split as a lone
                     // decode row is, up to 16 splits of 32 positions at pp512, the partials took
