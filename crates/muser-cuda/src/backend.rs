@@ -1428,16 +1428,12 @@ impl Backend for CudaBackend {
         dst_row: usize,
         n: usize,
     ) {
-        assert_eq!(
-            src.cols, dst.cols,
-            "copy_rows: widths {} and {}",
-            src.cols, dst.cols
-        );
-        assert!(
-            src_row + n <= src.rows && dst_row + n <= dst.rows,
-            "copy_rows: rows {src_row}+{n} of {} into {dst_row}+{n} of {}",
-            src.rows,
-            dst.rows
+        muser_engine::backend::check_copy_rows(
+            (src.rows, src.cols),
+            src_row,
+            (dst.rows, dst.cols),
+            dst_row,
+            n,
         );
         let w = src.cols;
         self.timed(

@@ -387,6 +387,24 @@ pub fn copy_parts(src: &[f32], outs: &mut [&mut [f32]]) {
     }
 }
 
+/// Panics unless a `copy_rows` of `n` rows from row `src_row` of a `src` (rows, cols) buffer to
+/// row `dst_row` of a `dst` one stays inside both and their widths agree.
+pub fn check_copy_rows(
+    src: (usize, usize),
+    src_row: usize,
+    dst: (usize, usize),
+    dst_row: usize,
+    n: usize,
+) {
+    assert_eq!(src.1, dst.1, "copy_rows: widths {} and {}", src.1, dst.1);
+    assert!(
+        src_row + n <= src.0 && dst_row + n <= dst.0,
+        "copy_rows: rows {src_row}+{n} of {} into {dst_row}+{n} of {}",
+        src.0,
+        dst.0
+    );
+}
+
 /// Panics unless `read_rows`' arguments agree: one output per row, rows ascending and below
 /// `n_rows`.
 pub fn check_read_rows(n_rows: usize, rows: &[usize], outs: &[&mut [f32]]) {

@@ -302,16 +302,12 @@ impl Backend for CpuBackend {
         out.copy_from_slice(&buf.data);
     }
     fn copy_rows(&self, src: &CpuBuf, src_row: usize, dst: &mut CpuBuf, dst_row: usize, n: usize) {
-        assert_eq!(
-            src.cols, dst.cols,
-            "copy_rows: widths {} and {}",
-            src.cols, dst.cols
-        );
-        assert!(
-            src_row + n <= src.rows && dst_row + n <= dst.rows,
-            "copy_rows: rows {src_row}+{n} of {} into {dst_row}+{n} of {}",
-            src.rows,
-            dst.rows
+        crate::backend::check_copy_rows(
+            (src.rows, src.cols),
+            src_row,
+            (dst.rows, dst.cols),
+            dst_row,
+            n,
         );
         let w = src.cols;
         dst.data[dst_row * w..(dst_row + n) * w]
