@@ -4,7 +4,10 @@ completed requests, errors, wall time, aggregate completion tokens/s and latency
 Python's standard library only (the device machine has no `requests`).
 
     python3 scripts/serve_rate.py --url http://127.0.0.1:8080 --clients 8 --requests 2 \\
-        --max-tokens 128 [--temperature 0] [--logprobs N]
+        --max-tokens 128 [--temperature 0] [--logprobs N] [--prompt-words 4-24]
+
+After the run it prints the server's prefill rate from /metrics (muser:prompt_tokens_seconds,
+over the server's life) when the server has it.
 """
 
 from __future__ import annotations
@@ -38,7 +41,11 @@ def main() -> int:
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--logprobs", type=int, default=None)
     ap.add_argument("--timeout", type=float, default=600.0)
+    ap.add_argument("--prompt-words", default="4-24",
+                    help="words per prompt, drawn uniformly from the range A-B (or exactly N)")
     args = ap.parse_args()
+    lo, _, hi = args.prompt_words.partition("-")
+    words = (int(lo), int(hi or lo))
 
     with urllib.request.urlopen(args.url + "/v1/models", timeout=60) as r:
         model = json.loads(r.read())["data"][0]["id"]
@@ -52,7 +59,7 @@ def main() -> int:
         for _ in range(args.requests):
             body = {"model": model, "max_tokens": args.max_tokens, "temperature": args.temperature,
                     "ignore_eos": True, "seed": rng.randrange(1 << 30),
-                    "prompt": " ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 24)))}
+                    "prompt": " ".join(rng.choice(WORDS) for _ in range(rng.randint(*words)))}
             if args.logprobs is not None:
                 body["logprobs"] = args.logprobs
             t = time.perf_counter()
@@ -81,6 +88,13 @@ def main() -> int:
           f"completed {len(lat)}, errors {errors or 0}, wall {wall:.2f} s, "
           f"{tokens[0] / wall:.1f} completion tokens/s, latency p50 {pct(50):.2f} s "
           f"p99 {pct(99):.2f} s, mean {statistics.mean(lat) if lat else float('nan'):.2f} s")
+    try:
+        with urllib.request.urlopen(args.url + "/metrics", timeout=60) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith("muser:prompt_tokens_seconds ") or line.startswith("muser:prompt_tokens_total "):
+                    print(f"server {line}")
+    except (urllib.error.URLError, OSError):
+        pass
     return 0 if not errors else 1
 
 

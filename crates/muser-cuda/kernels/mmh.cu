@@ -5,24 +5,25 @@
 // Unlike the integer kernels (mmk.cu, mmt.cu: the canonical order of common.cuh, every column the
 // bits of mvk_1), this is a plain GEMM: per output one f32 accumulator over K in a fixed order,
 // so a column's result depends on that column alone (not on the other columns of the chunk, nor
-// on its place in a tile) but is not the bits of the one-column kernels. The engine runs it only
-// on prefill chunks of `mmh_min` (mmh.rs) columns or more, never on decode groups (batch.rs:
-// decode stays bit-identical alone and in groups).
+// on its place in a tile, nor on the tile configuration) but is not the bits of the one-column
+// kernels. The engine runs it on every prefill chunk (of `mmh_min` columns or more, 1 by
+// default), never on decode groups (batch.rs: decode stays bit-identical alone and in groups).
 //
 // Activation (act_f16): column c of x (f32) scaled by 2^-e_c so its largest magnitude lies in
 // [2^13, 2^14) (exact: a power of two; the outputs are multiplied back by xs[c] = 2^e_c), as f16,
-// each group of 4 values stored in the order 0, 2, 1, 3, laid out in tiles of 128 columns x 128
-// values (32 KB): [16-value slice s][8-value piece p][column c][8 values], the core matrices
-// (8 columns x 16 bytes) wgmma reads without swizzling (leading byte offset 2048 between the two
-// pieces of a slice, stride byte offset 128 between groups of 8 columns). One bulk copy (the
-// tensor memory accelerator's 1-D form) moves a tile into shared memory.
+// each group of 4 values stored in the order 0, 2, 1, 3, laid out in tiles of BN columns x 128
+// values (BN x 256 bytes): [16-value slice s][8-value piece p][column c][8 values], the core
+// matrices (8 columns x 16 bytes) wgmma reads without swizzling (leading byte offset 16 BN
+// between the two pieces of a slice, stride byte offset 128 between groups of 8 columns). One
+// bulk copy (the tensor memory accelerator's 1-D form) moves a tile into shared memory.
 //
-// Launch: 256 threads (2 warpgroups) per block; a block takes MMH_BM = 128 rows (one job's: each
-// job padded to 128 rows) x MMH_BN = 128 columns (grid x: column tiles, so the blocks of one row
+// Launch (MmhCfg): NWG warpgroups (128 NWG threads) per block; a block takes BM = 64 NWG rows (one
+// job's: each job padded to BM rows) x BN columns (grid x: column tiles, so the blocks of one row
 // block run side by side and share its weights in L2; grid y: row blocks). Warpgroup q takes rows
-// 64 q .. + 63 and every column: 64 f32 accumulators per thread. Pipeline: the weights by
-// super-block (cp.async, two stages: 128 rows' blocks), the activation by half super-block (bulk
-// copies, four stages of 32 KB, two ahead, each with an mbarrier); per 64-value chunk of a row the
+// 64 q .. + 63 and every column: BN / 2 f32 accumulators per thread. Configurations: 128 x 128
+// (chunks past 64 columns), 64 x 64 and 64 x 32 (narrower chunks). Pipeline: the weights by
+// super-block (cp.async, WS stages of BM rows' blocks), the activation by half super-block (bulk
+// copies, four stages, two ahead, each with an mbarrier); per 64-value chunk of a row the
 // lanes dequantize 4 k16 slices, then issue their 4 MMAs as one group, and the next chunk's
 // dequantization runs while they compute.
 //
@@ -36,8 +37,6 @@
 // its sub-block's scale minus its min (Q4_K, Q5_K: one rounding, fma) or ((1024 + q) - 1056)
 // times its scale (Q6_K: q - 32 exact, one rounding).
 
-#define MMH_BM 128
-#define MMH_BN 128
 
 // Per format: 16-byte pieces of a row's super-block copied (Q6_K: plane A, then plane B's 16
 // scales), the shared-memory row stride (bytes) and where the quants start in it.
@@ -97,17 +96,44 @@ __device__ __forceinline__ uint32_t mmh_value(uint32_t v, __half2 s, __half2 m) 
     return h2_bits(__hfma2(__hsub2(h2_magic(v), __float2half2_rn(1024.f)), s, m));
 }
 
-// Activation stage layout (act_f16's tiled layout): slice s at s * MMG_SLICE, its piece p at
-// + p * MMG_LBO, column c at + 16 c.
-#define MMG_LBO 2048
-#define MMG_SLICE 4096
-// The pipeline's shared memory: 2 weight stages (one super-block each: 128 rows x 224 + Q6_K's
-// d) and 4 activation stages of half a super-block (8 slices), so the activation is copied two
-// half super-blocks ahead.
-#define MMG_WST (MMH_BM * 224 + MMH_BM * 2)
-#define MMG_XST (8 * MMG_SLICE)
+// A tile configuration: BN columns, NWG warpgroups (BM = 64 NWG rows, 128 NWG threads), WS weight
+// stages. Activation stage layout (act_f16's tiled layout for tiles of BN columns): slice s at
+// s * SLICE, its piece p at + p * LBO, column c at + 16 c.
+template <int BN_, int NWG_, int WS_>
+struct MmhCfg {
+    static constexpr int BN = BN_, NWG = NWG_, WS = WS_, BM = 64 * NWG, T = 128 * NWG;
+    static constexpr int LBO = 16 * BN, SLICE = 2 * LBO;
+    // One weight stage (one super-block of BM rows x 224 + Q6_K's d) and one activation stage
+    // (half a super-block: 8 slices); 4 activation stages, so the activation is copied two half
+    // super-blocks ahead.
+    static constexpr int WST = BM * 224 + BM * 2, XST = 8 * SLICE;
+};
 
-__device__ __forceinline__ void wgmma_128(float (&d)[64], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+// wgmma m64nNk16 (f16 x f16 -> f32) for the tile widths N = BN of mmg_kernel: N / 2 accumulators
+// per thread.
+__device__ __forceinline__ void wgmma_n32(float (&d)[16], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                          unsigned long long desc) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc));
+#else
+    __trap(); // routed to only on sm_90 (compiled as sm_90a: compile.rs file_arch)
+#endif
+}
+__device__ __forceinline__ void wgmma_n64(float (&d)[32], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                          unsigned long long desc) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc));
+#else
+    __trap(); // routed to only on sm_90 (compiled as sm_90a: compile.rs file_arch)
+#endif
+}
+__device__ __forceinline__ void wgmma_n128(float (&d)[64], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                           unsigned long long desc) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
@@ -118,6 +144,13 @@ __device__ __forceinline__ void wgmma_128(float (&d)[64], uint32_t a0, uint32_t 
     __trap(); // routed to only on sm_90 (compiled as sm_90a: compile.rs file_arch)
 #endif
 }
+template <int BN>
+__device__ __forceinline__ void wgmma_bn(float (&d)[BN / 2], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         unsigned long long desc) {
+    if constexpr (BN == 32) wgmma_n32(d, a0, a1, a2, a3, desc);
+    else if constexpr (BN == 64) wgmma_n64(d, a0, a1, a2, a3, desc);
+    else wgmma_n128(d, a0, a1, a2, a3, desc);
+}
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
@@ -127,45 +160,46 @@ __device__ __forceinline__ void wgmma_fence() {}
 __device__ __forceinline__ void wgmma_commit() {}
 #define WGMMA_WAIT(N)
 #endif
-template <int N>
-__device__ __forceinline__ void wgmma_wait(float (&d)[64]) {
+template <int N, int NA>
+__device__ __forceinline__ void wgmma_wait(float (&d)[NA]) {
     WGMMA_WAIT(N);
 #pragma unroll
-    for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
+    for (int i = 0; i < NA; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-// Descriptor of the k16 slice at shared address `addr`: no swizzle, leading byte offset MMG_LBO
+// Descriptor of the k16 slice at shared address `addr`: no swizzle, leading byte offset LBO
 // (the slice's second piece), stride byte offset 128 (the next 8 columns).
+template <int LBO>
 __device__ __forceinline__ unsigned long long mmg_desc(uint32_t addr) {
-    return (unsigned long long)((addr >> 4) & 0x3FFF) | ((unsigned long long)((MMG_LBO >> 4) & 0x3FFF) << 16) |
+    return (unsigned long long)((addr >> 4) & 0x3FFF) | ((unsigned long long)((LBO >> 4) & 0x3FFF) << 16) |
            ((unsigned long long)((128 >> 4) & 0x3FFF) << 32);
 }
 
 // The block's copies, planned once per launch: weights by super-block into weight
 // stages (the activation goes by bulk copies, mmg_bulk_x).
-template <int FMT>
+template <int FMT, class C>
 struct MmgPlan {
     using F = MmhFmt<FMT>;
-    static constexpr int NP = (MMH_BM * F::PC + 255) / 256;
+    static constexpr int NP = (C::BM * F::PC + C::T - 1) / C::T;
     static constexpr uint32_t BS = FMT == FMT_Q4_K ? 144 : FMT == FMT_Q5_K ? 176 : 192;
     uint32_t src[NP]; // bytes from w at super-block 0
     uint32_t dst[NP]; // place in the weight stage (bit 31: Q6_K's scales piece); 0xFFFFFFFF: none
-    uint32_t dsrc;    // Q6_K, threads < 32: the quad's d at super-block 0 (0xFFFFFFFF: none)
+    uint32_t dsrc;    // Q6_K, threads < BM / 4: the quad's d at super-block 0 (0xFFFFFFFF: none)
     __device__ __forceinline__ MmgPlan(int row0, int rows, int nb) {
         const int t = threadIdx.x;
         const uint32_t nblk = (uint32_t)(kq_rows(rows) * nb);
 #pragma unroll
         for (int i = 0; i < NP; ++i) {
-            const int p = t + 256 * i, r = p / F::PC, c = p - r * F::PC;
+            const int p = t + C::T * i, r = p / F::PC, c = p - r * F::PC;
             dst[i] = 0xFFFFFFFFu;
             src[i] = 0;
-            if (p < MMH_BM * F::PC && row0 + r < rows) {
+            if (p < C::BM * F::PC && row0 + r < rows) {
                 const uint32_t blk = (uint32_t)kq_blk(row0 + r, nb, 0);
                 src[i] = FMT == FMT_Q6_K ? (c < 12 ? blk * 192 + 16 * c : nblk * 192 + blk * 16) : blk * BS + 16 * c;
                 dst[i] = (r * F::WS + 16 * c) | (FMT == FMT_Q6_K && c == 12 ? 0x80000000u : 0);
             }
         }
-        dsrc = FMT == FMT_Q6_K && t < MMH_BM / 4 && row0 + 4 * t < rows
+        dsrc = FMT == FMT_Q6_K && t < C::BM / 4 && row0 + 4 * t < rows
                    ? nblk * 208 + (uint32_t)kq_blk(row0 + 4 * t, nb, 0) * 2
                    : 0xFFFFFFFFu;
     }
@@ -178,21 +212,22 @@ struct MmgPlan {
                 const uint32_t step = dst[i] >> 31 ? 64 : 4 * BS;
                 mmh_cp16(st + (dst[i] & 0x7FFFFFFFu), w + (src[i] + (uint32_t)sb * step));
             }
-        if (FMT == FMT_Q6_K && dsrc != 0xFFFFFFFFu) mmh_cp8(st + MMH_BM * 224 + 8 * t, w + (dsrc + 8u * sb));
+        if (FMT == FMT_Q6_K && dsrc != 0xFFFFFFFFu) mmh_cp8(st + C::BM * 224 + 8 * t, w + (dsrc + 8u * sb));
     }
 };
 
 // The activation by bulk copies (the tensor memory accelerator's 1-D form): act_f16 lays
-// each 128 columns x 128 values out as the stage wants them, 32 KB contiguous, so one thread
+// each BN columns x 128 values out as the stage wants them, contiguous, so one thread
 // copies a half super-block with one instruction and the stage's mbarrier counts its bytes.
 __device__ __forceinline__ void mmg_bar_init(uint32_t bar) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
 }
+template <int XST>
 __device__ __forceinline__ void mmg_bulk_x(uint32_t dst, const void* src, uint32_t bar) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "n"(MMG_XST) : "memory");
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "n"(XST) : "memory");
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
-                 "l"(src), "n"(MMG_XST), "r"(bar)
+                 "l"(src), "n"(XST), "r"(bar)
                  : "memory");
 #endif
 }
@@ -223,63 +258,73 @@ __device__ __forceinline__ void mmg_scale(const MmhRow<FMT>& r, int ch, int grp,
     }
 }
 
-template <int FMT>
+template <int FMT, class C>
 __device__ __forceinline__ void mmg_kernel(const uint8_t* __restrict__ w, int rows, float* __restrict__ y, int row0,
                                            const __half* __restrict__ xh, const float* __restrict__ xs, int k,
-                                           int ncols, const float* __restrict__ gate, uint8_t* smem) {
+                                           int ncols, const float* __restrict__ gate, uint8_t* smem,
+                                           float* __restrict__ part, int splits, int prow, int ptotal) {
     using F = MmhFmt<FMT>;
-    const int nb = k / QK_K, c0 = blockIdx.x * MMH_BN;
+    constexpr int NA = C::BN / 2, WS = C::WS, XST = C::XST, WST = C::WST;
+    const int nb = k / QK_K, c0 = blockIdx.x * C::BN;
+    // This block's part of K: super-blocks s0 .. s0 + n - 1 (split z of `splits`, a function of K
+    // only, so a column's sums and their order do not depend on the configuration).
+    const int z = blockIdx.z, s0 = z * nb / splits, n = (z + 1) * nb / splits - s0;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int wrow = 16 * warp + g; // warpgroup warp / 4: rows 64 (warp / 4) + 16 (warp % 4) + g
     const int o = t >> 1, bsh = 8 * (t & 1);
-    float d[64];
+    float d[NA];
 #pragma unroll
-    for (int i = 0; i < 64; ++i) d[i] = 0.f;
-    const MmgPlan<FMT> plan(row0, rows, nb);
-    uint8_t* const xst = smem + 2 * MMG_WST;
+    for (int i = 0; i < NA; ++i) d[i] = 0.f;
+    const MmgPlan<FMT, C> plan(row0, rows, nb);
+    uint8_t* const xst = smem + WS * WST;
     const uint32_t xbase = (uint32_t)__cvta_generic_to_shared(xst);
     __shared__ __align__(8) unsigned long long xbar[4];
     const uint32_t bar0 = (uint32_t)__cvta_generic_to_shared(xbar);
-    // This column tile's half super-blocks, 32 KB apart (act_f16 tiled).
-    const uint8_t* xt = (const uint8_t*)xh + (size_t)blockIdx.x * nb * 2 * MMG_XST;
+    // This column tile's half super-blocks from s0's, XST bytes apart (act_f16 tiled).
+    const uint8_t* xt = (const uint8_t*)xh + ((size_t)blockIdx.x * nb + s0) * 2 * XST;
     if (threadIdx.x == 0) {
         for (int i = 0; i < 4; ++i) mmg_bar_init(bar0 + 8 * i);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
     if (threadIdx.x == 0) {
-        mmg_bulk_x(xbase, xt, bar0);
-        mmg_bulk_x(xbase + MMG_XST, xt + MMG_XST, bar0 + 8); // nb >= 1: two halves at least
+        mmg_bulk_x<XST>(xbase, xt, bar0);
+        mmg_bulk_x<XST>(xbase + XST, xt + XST, bar0 + 8); // n >= 1: two halves at least
     }
-    plan.copy_w(smem, w, 0);
-    asm volatile("cp.async.commit_group;" ::: "memory");
+    // Super-blocks s0 .. s0 + WS - 2 into their stages, one cp.async group each (empty past n).
+#pragma unroll
+    for (int s = 0; s + 1 < WS; ++s) {
+        if (s < n) plan.copy_w(smem + s * WST, w, s0 + s);
+        asm volatile("cp.async.commit_group;" ::: "memory");
+    }
     const uint8_t* wr[2];
     MmhRow<FMT> hd[2];
     uint32_t qh5[2][4]; // Q5_K: the lane's qh words (t / 2 + 2 m)
 #pragma unroll 1
-    for (int sb = 0; sb < nb; ++sb) {
+    for (int sb = 0; sb < n; ++sb) { // super-block s0 + sb
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
         const int hh = 2 * sb + half;
-        if (threadIdx.x == 0 && hh + 2 < 2 * nb)
-            mmg_bulk_x(xbase + ((hh + 2) & 3) * MMG_XST, xt + (size_t)(hh + 2) * MMG_XST, bar0 + 8 * ((hh + 2) & 3));
+        if (threadIdx.x == 0 && hh + 2 < 2 * n)
+            mmg_bulk_x<XST>(xbase + ((hh + 2) & 3) * XST, xt + (size_t)(hh + 2) * XST, bar0 + 8 * ((hh + 2) & 3));
         if (half == 0) {
-            // The next super-block's weights (one cp.async group per super-block); this one's landed.
-            if (sb + 1 < nb) plan.copy_w(smem + ((sb + 1) & 1) * MMG_WST, w, sb + 1);
+            // Super-block sb + WS - 1's weights (one cp.async group per super-block) into the
+            // stage read last round; this one's have landed once WS - 1 groups at most are left.
+            if (sb + WS - 1 < n) plan.copy_w(smem + ((sb + WS - 1) % WS) * WST, w, s0 + sb + WS - 1);
             asm volatile("cp.async.commit_group;" ::: "memory");
-            asm volatile("cp.async.wait_group 1;" ::: "memory");
+            asm volatile("cp.async.wait_group %0;" ::"n"(WS - 1) : "memory");
             __syncthreads();
         }
         mmg_bar_wait(bar0 + 8 * (hh & 3), (hh >> 2) & 1);
-        const uint32_t xb = xbase + (hh & 3) * MMG_XST;
+        const uint32_t xb = xbase + (hh & 3) * XST;
         if (half == 0) {
-            const uint8_t* sw = smem + (sb & 1) * MMG_WST;
+            const uint8_t* sw = smem + (sb % WS) * WST;
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int r = wrow + 8 * h;
                 wr[h] = sw + r * F::WS;
                 hd[h].load(wr[h]);
-                if (FMT == FMT_Q6_K) hd[h].d = __half2float(reinterpret_cast<const __half*>(sw + MMH_BM * 224)[r]);
+                if (FMT == FMT_Q6_K) hd[h].d = __half2float(reinterpret_cast<const __half*>(sw + C::BM * 224)[r]);
 #pragma unroll
                 for (int m = 0; m < 4; ++m)
                     qh5[h][m] = FMT == FMT_Q5_K ? *reinterpret_cast<const uint32_t*>(wr[h] + 16 + 4 * (o + 2 * m)) : 0;
@@ -328,8 +373,8 @@ __device__ __forceinline__ void mmg_kernel(const uint8_t* __restrict__ w, int ro
                 const int v0 = FMT == FMT_Q6_K ? 128 * (ch >> 1) + 32 * (ch & 1) + 64 * grp : 64 * ch + 32 * grp;
 #pragma unroll
                 for (int sl = 0; sl < 2; ++sl)
-                    wgmma_128(d, a[grp][sl][0], a[grp][sl][1], a[grp][sl][2], a[grp][sl][3],
-                              mmg_desc(xb + (uint32_t)(v0 / 16 - 8 * half + sl) * MMG_SLICE));
+                    wgmma_bn<C::BN>(d, a[grp][sl][0], a[grp][sl][1], a[grp][sl][2], a[grp][sl][3],
+                                    mmg_desc<C::LBO>(xb + (uint32_t)(v0 / 16 - 8 * half + sl) * C::SLICE));
             }
             wgmma_commit();
             wgmma_wait<1>(d);
@@ -340,11 +385,15 @@ __device__ __forceinline__ void mmg_kernel(const uint8_t* __restrict__ w, int ro
     }
     // d[4j + e]: row wrow (e < 2) or wrow + 8, column 8 j + 2 t + (e & 1).
 #pragma unroll
-    for (int j = 0; j < 16; ++j)
+    for (int j = 0; j < C::BN / 8; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             const int col = c0 + 8 * j + 2 * t + (e & 1), r = row0 + wrow + 8 * (e >> 1);
             if (col >= ncols || r >= rows) continue;
+            if (part) { // K split: this split's sum, merged by mmh_merge
+                part[((size_t)z * ncols + col) * ptotal + prow + wrow + 8 * (e >> 1)] = d[4 * j + e];
+                continue;
+            }
             const size_t oo = (size_t)col * rows + r;
             float v = d[4 * j + e] * xs[col];
             if (gate) {
@@ -355,16 +404,17 @@ __device__ __forceinline__ void mmg_kernel(const uint8_t* __restrict__ w, int ro
         }
 }
 
-// y_j = W_j x for the matrices of `jobs` (rows padded to MMH_BM per job; a block's rows lie in
-// one job), x the tiled f16 activation of act_f16 (ncols columns of K values, column scales xs).
-// gate (or null): y = silu(gate) * (W x) elementwise, gate laid out as y (the up half of
-// ffn_gate_up_silu; the gate's own launch wrote it). Dynamic shared memory: mmh.rs MMH_SMEM.
-extern "C" __global__ void __launch_bounds__(256, 1) mmh(MatvecJobs jobs, const __half* __restrict__ xh,
-                                                     const float* __restrict__ xs, int K, int ncols,
-                                                     const float* __restrict__ gate) {
-    pdl_wait();
+// y_j = W_j x for the matrices of `jobs` (rows padded to C::BM per job; a block's rows lie in
+// one job), x the tiled f16 activation of act_f16 (ncols columns of K values in tiles of C::BN,
+// column scales xs). gate (or null): y = silu(gate) * (W x) elementwise, gate laid out as y (the
+// up half of ffn_gate_up_silu; the gate's own launch wrote it). Dynamic shared memory: mmh.rs
+// `MmhTile::smem`.
+template <class C>
+__device__ __forceinline__ void mmh_entry(const MatvecJobs& jobs, const __half* __restrict__ xh,
+                                          const float* __restrict__ xs, int K, int ncols, const float* __restrict__ gate,
+                                          float* __restrict__ part, int splits) {
     extern __shared__ __align__(128) uint8_t mmg_smem[];
-    const int grow = blockIdx.y * MMH_BM;
+    const int grow = blockIdx.y * C::BM;
     int j = 0;
 #pragma unroll
     for (int u = 1; u < 4; ++u)
@@ -372,21 +422,82 @@ extern "C" __global__ void __launch_bounds__(256, 1) mmh(MatvecJobs jobs, const 
     const int row0 = grow - jobs.start[j];
     if (row0 >= jobs.rows[j]) return;
     if (jobs.ty[j] == FMT_Q4_K)
-        mmg_kernel<FMT_Q4_K>(jobs.w[j], jobs.rows[j], jobs.y[j], row0, xh, xs, K, ncols, gate, mmg_smem);
+        mmg_kernel<FMT_Q4_K, C>(jobs.w[j], jobs.rows[j], jobs.y[j], row0, xh, xs, K, ncols, gate, mmg_smem, part, splits,
+                                grow, jobs.start[jobs.njobs]);
     else if (jobs.ty[j] == FMT_Q5_K)
-        mmg_kernel<FMT_Q5_K>(jobs.w[j], jobs.rows[j], jobs.y[j], row0, xh, xs, K, ncols, gate, mmg_smem);
+        mmg_kernel<FMT_Q5_K, C>(jobs.w[j], jobs.rows[j], jobs.y[j], row0, xh, xs, K, ncols, gate, mmg_smem, part, splits,
+                                grow, jobs.start[jobs.njobs]);
     else if (jobs.ty[j] == FMT_Q6_K)
-        mmg_kernel<FMT_Q6_K>(jobs.w[j], jobs.rows[j], jobs.y[j], row0, xh, xs, K, ncols, gate, mmg_smem);
+        mmg_kernel<FMT_Q6_K, C>(jobs.w[j], jobs.rows[j], jobs.y[j], row0, xh, xs, K, ncols, gate, mmg_smem, part, splits,
+                                grow, jobs.start[jobs.njobs]);
+}
+
+// The tile configurations (mmh.rs `mmh_tile` picks one by the chunk's width): 128 x 128 with two
+// weight stages for chunks past 64 columns (pp512: weights re-read by 4 column tiles at most),
+// 64 rows x 64 or 32 columns with 3 weight stages for narrower chunks, where the row blocks are
+// the only parallelism: twice as many of them, 2 (n64) or 3 (n32) blocks per SM. Every
+// configuration sums each output over K in the same order (the same k16 slices, one wgmma after
+// the other, the same K splits), so a column's bits do not depend on the configuration.
+// H200, llama-glimmer, tokens/s (2026-12-01): pp8 414 on the first narrow build (n32 with 4
+// stages, 2 blocks per SM, no K split) -> 491; pp32 1,595 -> 1,862 (the 128 x 128 tiles: 832);
+// pp64 2,748 / 2,650 (128 x 128: 1,631).
+typedef MmhCfg<128, 2, 2> MmhWide;
+typedef MmhCfg<64, 1, 3> MmhN64;
+typedef MmhCfg<32, 1, 3> MmhN32;
+// K split over splits blocks along z (mmh.rs `mmh_splits`, a function of K): each writes its
+// split's sums to part ([splits][ncols][padded rows of all jobs]) and mmh_merge adds them in
+// split order; part null: one split, outputs written directly.
+#define MMH_ARGS MatvecJobs jobs, const __half* __restrict__ xh, const float* __restrict__ xs, int K, int ncols, \
+    const float* __restrict__ gate, float* __restrict__ part, int splits
+#define MMH_PASS jobs, xh, xs, K, ncols, gate, part, splits
+extern "C" __global__ void __launch_bounds__(256, 1) mmh(MMH_ARGS) {
+    pdl_wait();
+    mmh_entry<MmhWide>(MMH_PASS);
+}
+extern "C" __global__ void __launch_bounds__(128, 2) mmh_n64(MMH_ARGS) {
+    pdl_wait();
+    mmh_entry<MmhN64>(MMH_PASS);
+}
+extern "C" __global__ void __launch_bounds__(128, 3) mmh_n32(MMH_ARGS) {
+    pdl_wait();
+    mmh_entry<MmhN32>(MMH_PASS);
+}
+
+// y_j[c][r] = (sum over the splits, in order, of part[z][c][row]) * xs[c] (times silu(gate) when
+// gate is set): one thread per (column, padded row of the jobs' concatenation).
+extern "C" __global__ void mmh_merge(MatvecJobs jobs, const float* __restrict__ part, int splits, int ncols,
+                                     const float* __restrict__ xs, const float* __restrict__ gate) {
+    pdl_wait();
+    const int total = jobs.start[jobs.njobs];
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)total * ncols) return;
+    const int col = (int)(i / total), grow = (int)(i % total);
+    int j = 0;
+#pragma unroll
+    for (int u = 1; u < 4; ++u)
+        if (u < jobs.njobs && grow >= jobs.start[u]) j = u;
+    const int r = grow - jobs.start[j], rows = jobs.rows[j];
+    if (r >= rows) return;
+    float v = part[i];
+    for (int z = 1; z < splits; ++z) v += part[(size_t)z * ncols * total + i];
+    v *= xs[col];
+    const size_t oo = (size_t)col * rows + r;
+    if (gate) {
+        const float gv = gate[oo];
+        v *= gv / (1.0f + expf(-gv));
+    }
+    jobs.y[j][oo] = v;
 }
 
 // Column blockIdx.x of x (K f32 values, K a multiple of 128) as f16 for mmh: scaled by 2^-e (xs
 // = 2^e) so its largest magnitude lies in [2^13, 2^14) (e = 0 for a column of zeros or with an
 // infinity, which then reaches the outputs as it would in f32; a NaN does too), each group of 4
 // values stored in the order 0, 2, 1, 3, in the tiled layout (see the top): tile (column tile,
-// half super-block) of 128 columns x 128 values, 32 KB, inside [slice][piece][column][8 values].
+// half super-block) of tn columns x 128 values (tn = the launch's BN), inside
+// [slice][piece][column][8 values].
 // Columns of the last tile past ncols are not written (their outputs are never stored).
 extern "C" __global__ void __launch_bounds__(256) act_f16(const float* __restrict__ x, __half* __restrict__ xh,
-                                                          float* __restrict__ xs, int K) {
+                                                          float* __restrict__ xs, int K, int tn) {
     pdl_wait();
     __shared__ float red[8];
     const float4* xr = reinterpret_cast<const float4*>(x + (size_t)blockIdx.x * K);
@@ -408,13 +519,13 @@ extern "C" __global__ void __launch_bounds__(256) act_f16(const float* __restric
     }
     const float inv = ldexpf(1.f, -e);
     if (threadIdx.x == 0) xs[blockIdx.x] = ldexpf(1.f, e);
-    const int ct = blockIdx.x >> 7, c = blockIdx.x & 127, nhh = K / 128;
+    const int ct = blockIdx.x / tn, c = blockIdx.x % tn, nhh = K / 128;
     uint2* tiles = reinterpret_cast<uint2*>(xh);
     for (int i = threadIdx.x; i < K / 4; i += 256) {
         const float4 v = xr[i];
         const __half2 a = __floats2half2_rn(v.x * inv, v.z * inv), b = __floats2half2_rn(v.y * inv, v.w * inv);
         const int val = 4 * i, hh = val >> 7, wv = val & 127;
-        const size_t off = ((((size_t)ct * nhh + hh) * 8 + (wv >> 4)) * 2 + ((wv >> 3) & 1)) * 1024 + c * 8 + (wv & 7);
+        const size_t off = ((((size_t)ct * nhh + hh) * 8 + (wv >> 4)) * 2 + ((wv >> 3) & 1)) * (8 * tn) + c * 8 + (wv & 7);
         tiles[off / 4] = make_uint2(h2_bits(a), h2_bits(b));
     }
 }

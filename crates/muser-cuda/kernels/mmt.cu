@@ -6,8 +6,8 @@
 // every column gets the bits mvk_1 gives it alone. What differs is how the work is laid out:
 //
 // Launch: 128 threads (4 warps) per block; a block takes MMT_ROWS = 64 rows (warp w rows 16w ..
-// 16w + 15) and BN = 8 * NT columns, NT = 4 (mmt_4: wide decode groups) or 8 (mmt_8: prefill
-// chunks of 64 columns or more) (grid x: column tiles, grid y: row blocks over the jobs' rows,
+// 16w + 15) and BN = 8 * NT columns, NT = 4 (mmt_4: wide decode groups) or 8 (mmt_8: groups and
+// integer-tile prefill chunks of 64 columns or more) (grid x: column tiles, grid y: row blocks over the jobs' rows,
 // each job padded to 64 rows). Every warp runs the whole of K for its 16 rows in order,
 // so each output's chunk trees are added in place (no reduction between warps), and all four
 // warps share the block's activation tile. Per super-block, the block copies the 64 rows'

@@ -190,19 +190,26 @@ fn copy_into_parts(outs: &mut [&mut [f32]], at: usize, src: &[f32]) {
         .for_each(|(d, s)| d.copy_from_slice(s));
 }
 
-/// Ops issued while it lives are routed as a decode step's (`Gpu::set_decoding`: never on the
-/// prefill-only `mmh` kernels, whose columns' bits depend on the chunk).
-struct Decoding<'a>(&'a crate::device::Gpu);
-impl<'a> Decoding<'a> {
-    fn new(gpu: &'a crate::device::Gpu) -> Self {
-        gpu.set_decoding(true);
-        Decoding(gpu)
+/// Sets one of the GPU's routing flags while it lives: `decoding_flag` (ops routed as a decode step's,
+/// `Gpu::set_decoding`: never on the prefill-only `mmh` kernels, whose bits are not the
+/// one-column kernels') or `exact_flag` (every row the bits it gets alone, `Gpu::set_exact`).
+struct Flag<'a>(&'a crate::device::Gpu, fn(&crate::device::Gpu, bool));
+impl<'a> Flag<'a> {
+    fn new(gpu: &'a crate::device::Gpu, set: fn(&crate::device::Gpu, bool)) -> Self {
+        set(gpu, true);
+        Flag(gpu, set)
     }
 }
-impl Drop for Decoding<'_> {
+impl Drop for Flag<'_> {
     fn drop(&mut self) {
-        self.0.set_decoding(false);
+        (self.1)(self.0, false);
     }
+}
+fn decoding_flag(gpu: &crate::device::Gpu) -> Flag<'_> {
+    Flag::new(gpu, crate::device::Gpu::set_decoding)
+}
+fn exact_flag(gpu: &crate::device::Gpu) -> Flag<'_> {
+    Flag::new(gpu, crate::device::Gpu::set_exact)
 }
 
 /// The most candidates `top_k` computes on the GPU, and the keys one sort holds (argmax.cu:
@@ -1155,7 +1162,7 @@ impl Backend for CudaBackend {
         f: impl FnOnce(&mut [&mut CudaKv]),
     ) {
         // Decode steps never run on the prefill-only kernels (mmh.rs), recorded or not.
-        let _decoding = Decoding::new(&self.gpu);
+        let _decoding = decoding_flag(&self.gpu);
         // A replayed step writes buffers and the activation scratch with no op on the host.
         *self.fused_act.lock().unwrap() = None;
         if !self.graphs() || self.profile.lock().unwrap().is_some() {
@@ -1450,12 +1457,25 @@ impl Backend for CudaBackend {
         )
     }
     fn exact_prefill_rows(&self) -> usize {
-        crate::mmh::mmh_min()
+        // Chunks of every width on `mmh` (the default) or none: a column's bits never depend on
+        // the width. Only with `MUSER_CUDA_MMH_MIN` past 1 do they below and from that width.
+        let min = crate::mmh::mmh_min();
+        if self.gpu.mmh_prefill() && min > 1 {
+            min
+        } else {
+            usize::MAX
+        }
     }
     fn exact_columns<R>(&self, f: impl FnOnce() -> R) -> R {
-        // The decode steps' routing: no matmul on `mmh` (the f16 tiles of long prefill chunks).
-        let _decoding = Decoding::new(&self.gpu);
+        // Matmuls on `mmh` only when every width goes there (`Gpu::mmh_route`); attention by a
+        // plan of each row's own position (`attention`).
+        let _exact = exact_flag(&self.gpu);
         f()
+    }
+    fn prefill_matches_decode(&self) -> bool {
+        // A prefill chunk on `mmh` (f16 tiles) gets other bits than the decode step's integer
+        // kernels.
+        !self.gpu.mmh_prefill()
     }
     fn read_rows(&self, buf: &CudaBuf, n_rows: usize, rows: &[usize], outs: &mut [&mut [f32]]) {
         let cols = buf.cols;
@@ -1720,7 +1740,7 @@ impl Backend for CudaBackend {
         scale: f32,
         out: &mut CudaBuf,
     ) {
-        let exact = self.gpu.decoding.load(std::sync::atomic::Ordering::Relaxed);
+        let exact = self.gpu.exact_rows();
         let (d, n_kv) = (
             kv.layers[layer].spec.head_dim,
             kv.layers[layer].spec.n_head_kv,

@@ -49,6 +49,8 @@ pub struct Gpu {
     pub(crate) mmh_on: std::sync::atomic::AtomicBool,
     /// The ops being issued belong to a decode step (`CudaBackend::decode_step`).
     pub(crate) decoding: std::sync::atomic::AtomicBool,
+    /// The ops being issued must give every row the bits it gets alone (`exact_columns`).
+    pub(crate) exact: std::sync::atomic::AtomicBool,
     /// The f16 activation and gate scratch of `mmh` (`mmh::HalfScratch`).
     pub(crate) half: std::sync::Mutex<crate::mmh::HalfScratch>,
     /// The host buffer matrices are reordered in before their copy (`upload_matrix`).
@@ -106,6 +108,7 @@ impl Gpu {
                 std::env::var("MUSER_CUDA_MMH").map_or(true, |v| v != "0"),
             ),
             decoding: Default::default(),
+            exact: Default::default(),
             half: Default::default(),
             staging: Default::default(),
         };

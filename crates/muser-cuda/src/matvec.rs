@@ -8,7 +8,7 @@
 //! from 64), all in the canonical order of common.cuh,
 //! so a sequence's decode results never depend on its group; the other formats on
 //! `matvec_cols` (groups of 8 columns, the same per-column arithmetic as one column; 64 columns
-//! per launch). Prefill chunks of 64+ columns on sm_90: mmh.rs (f16 warpgroup MMAs).
+//! per launch). Prefill chunks on sm_90: mmh.rs (f16 warpgroup MMAs).
 
 use crate::device::{CudaError, Gpu};
 use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};

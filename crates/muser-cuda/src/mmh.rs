@@ -2,13 +2,16 @@
 //! tensor cores (wgmma, sm_90 only). The activation is converted once per matmul to f16
 //! (`act_f16`: each column scaled by a power of two, exactly, laid out in the tiles the kernel's
 //! bulk copies move), the weights are dequantized to f16 in registers, and each output is one f32
-//! sum over K in a fixed order: a column's result depends on that column alone, whatever the
-//! chunk's width or the column's place in it, but it is not the bits of the one-column kernels
-//! (the integer kernels' canonical order, matvec.rs). So only prefill chunks of `mmh_min` columns
-//! or more run here, never a decode group (`Gpu::mmh_route`: decode stays bit-identical alone and
-//! in groups, batch.rs), and the parity command holds these launches to the CPU reference by NMSE
-//! and to themselves bit for bit with the columns moved within the tile. H200, llama-glimmer,
-//! same call: pp512 5709 tokens/s against 3878 on the integer tiles (`MUSER_CUDA_MMH=0`).
+//! sum over K in a fixed order (K split over blocks by a function of K only, `mmh_splits`, the
+//! splits added in order): a column's result depends on that column alone, whatever the chunk's
+//! width, the column's place in it or the tile configuration (`mmh_tile`), but it is not the bits
+//! of the one-column kernels (the integer kernels' canonical order, matvec.rs). So every prefill
+//! chunk runs here (`mmh_min`, 1 by default: a prompt's bits do not depend on how it is cut),
+//! never a decode group (`Gpu::mmh_route`: decode stays bit-identical alone and in groups,
+//! batch.rs), and the parity command holds these launches to the CPU reference by NMSE and to
+//! themselves bit for bit, each column moved within the tile and alone. H200, llama-glimmer, same
+//! call (2026-12-01): pp512 5,507 tokens/s against 3,862 on the integer tiles (`MUSER_CUDA_MMH=0`),
+//! pp64 2,650 against 2,270, pp32 1,862 against 1,939, pp8 491 against 815.
 
 use crate::device::{CudaError, Gpu};
 use crate::matvec::{dptr, env_usize, gate_up_shape, mmt_fits, DeviceMatrix, Job, MAX_JOBS};
@@ -16,26 +19,82 @@ use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use muser_gguf::GgmlType;
 use std::sync::atomic::Ordering;
 
-/// Rows one `mmh` block takes (MMH_BM in mmh.cu); every job's rows are padded to it.
-pub const MMH_BM: usize = 128;
-/// Columns one `mmh` block takes (MMH_BN).
-pub const MMH_BN: usize = 128;
-/// Bytes of one activation stage of `mmh` (MMG_XST in mmh.cu), and of one tile of `act_f16`'s
-/// layout: 128 columns x 128 f16 values.
-pub const MMH_XST: usize = MMH_BN * 128 * 2;
-/// Dynamic shared memory of an `mmh` launch: two weight stages (128 rows x 224 bytes, the largest
-/// row copy padded, and 128 Q6_K d) and four activation stages.
-pub const MMH_SMEM: usize = 2 * (MMH_BM * 224 + MMH_BM * 2) + 4 * MMH_XST;
-// 227 KB of dynamic shared memory per block on sm_90; bulk copies and wgmma descriptors address
-// 16-byte units, so every stage starts on one.
-const _: () = assert!(MMH_SMEM <= 227 * 1024);
-const _: () = assert!((MMH_BM * 224 + MMH_BM * 2).is_multiple_of(16) && MMH_XST.is_multiple_of(16));
+/// One tile configuration of `mmh` (`MmhCfg` in mmh.cu): its kernel, the rows (`bm`: every job's
+/// rows are padded to it) and columns (`bn`, also the width of `act_f16`'s tiles) a block takes,
+/// its threads and its dynamic shared memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MmhTile {
+    pub name: &'static str,
+    pub bm: usize,
+    pub bn: usize,
+    /// Weight stages (one super-block of `bm` rows each).
+    pub ws: usize,
+}
 
-/// The fewest columns of a prefill chunk that run on `mmh`: 64, or `MUSER_CUDA_MMH_MIN` (a value
-/// past every chunk keeps prefill on the integer tiles).
+impl MmhTile {
+    /// Bytes of one activation stage (half a super-block: `bn` columns x 128 f16 values).
+    pub const fn xst(&self) -> usize {
+        self.bn * 128 * 2
+    }
+    /// Dynamic shared memory: `ws` weight stages (`bm` rows x 224 bytes, the largest row copy
+    /// padded, and `bm` Q6_K d) and four activation stages.
+    pub const fn smem(&self) -> usize {
+        self.ws * (self.bm * 224 + self.bm * 2) + 4 * self.xst()
+    }
+    pub const fn threads(&self) -> usize {
+        2 * self.bm
+    }
+}
+
+/// The configurations of mmh.cu: chunks past 64 columns on 128 x 128 tiles (so pp512's weights
+/// are re-read by 4 column tiles), narrower ones on 64-row blocks of 64 or 32 columns (twice the
+/// row blocks, more weight stages, two blocks per SM).
+pub const MMH_WIDE: MmhTile = MmhTile {
+    name: "mmh",
+    bm: 128,
+    bn: 128,
+    ws: 2,
+};
+pub const MMH_N64: MmhTile = MmhTile {
+    name: "mmh_n64",
+    bm: 64,
+    bn: 64,
+    ws: 3,
+};
+pub const MMH_N32: MmhTile = MmhTile {
+    name: "mmh_n32",
+    bm: 64,
+    bn: 32,
+    ws: 3,
+};
+// 227 KB of dynamic shared memory per block on sm_90 (the narrow ones: two blocks per SM); bulk
+// copies and wgmma descriptors address 16-byte units, so every stage starts on one.
+const _: () = assert!(MMH_WIDE.smem() <= 227 * 1024);
+const _: () = assert!(2 * (MMH_N64.smem() + 1024) <= 227 * 1024);
+const _: () = assert!(3 * (MMH_N32.smem() + 1024) <= 227 * 1024);
+const _: () = assert!((MMH_WIDE.bm * 224 + MMH_WIDE.bm * 2).is_multiple_of(16));
+const _: () = assert!((MMH_N64.bm * 224 + MMH_N64.bm * 2).is_multiple_of(16));
+
+/// The tile configuration of a chunk of `ncols` columns (`MUSER_CUDA_MMH_TILE=128`, `64` or `32`
+/// forces one, for A/B runs: every configuration gives a column the same bits).
+pub fn mmh_tile(ncols: usize) -> MmhTile {
+    static FORCED: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    match FORCED.get_or_init(|| env_usize("MUSER_CUDA_MMH_TILE")) {
+        Some(128) => MMH_WIDE,
+        Some(64) => MMH_N64,
+        Some(32) => MMH_N32,
+        _ if ncols <= 32 => MMH_N32,
+        _ if ncols <= 64 => MMH_N64,
+        _ => MMH_WIDE,
+    }
+}
+
+/// The fewest columns of a prefill chunk that run on `mmh`: 1 (every prefill chunk, so a prompt's
+/// bits do not depend on how it is cut), or `MUSER_CUDA_MMH_MIN` (a value past every chunk keeps
+/// prefill on the integer tiles).
 pub fn mmh_min() -> usize {
     static MIN: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *MIN.get_or_init(|| env_usize("MUSER_CUDA_MMH_MIN").unwrap_or(64))
+    *MIN.get_or_init(|| env_usize("MUSER_CUDA_MMH_MIN").unwrap_or(1).max(1))
 }
 
 /// Whether `ncols` columns of a `ty` matrix of width `k` can run on `mmh` (at least `min`
@@ -47,16 +106,25 @@ pub fn mmh_fits(ty: GgmlType, ncols: usize, k: usize, min: usize) -> bool {
         && matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)
 }
 
-/// The launch of `mmh` over `ncols` columns and `rows` rows (padded).
-pub fn mmh_launch(ncols: usize, rows: usize) -> LaunchConfig {
+/// Blocks K is split over for a matrix of width `k` (a multiple of 256): one per 32 super-blocks,
+/// rounded up (Muse Glimmer: 1 at 4096 and 6656, 3 for ffn_down's 19968, whose 78 super-blocks
+/// per row were the long pole of a narrow chunk's launches: few row blocks, each three times as
+/// long as the other matrices'). A function of K only, so a column's sums (each split's in the
+/// same order, then the splits in order) do not depend on the tile configuration.
+pub fn mmh_splits(k: usize) -> usize {
+    (k / 256).div_ceil(32).max(1)
+}
+
+/// The launch of `tile` over `ncols` columns and `rows` rows (padded), K split over `splits`.
+pub fn mmh_launch(tile: MmhTile, ncols: usize, rows: usize, splits: usize) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (
-            ncols.div_ceil(MMH_BN) as u32,
-            rows.div_ceil(MMH_BM) as u32,
-            1,
+            ncols.div_ceil(tile.bn) as u32,
+            rows.div_ceil(tile.bm) as u32,
+            splits as u32,
         ),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: MMH_SMEM as u32,
+        block_dim: (tile.threads() as u32, 1, 1),
+        shared_mem_bytes: tile.smem() as u32,
     }
 }
 
@@ -67,6 +135,8 @@ pub struct HalfScratch {
     xh: Option<CudaSlice<u16>>,
     xs: Option<CudaSlice<f32>>,
     gate: Option<CudaSlice<f32>>,
+    /// The splits' sums of a launch with K split (`mmh_splits`).
+    part: Option<CudaSlice<f32>>,
 }
 
 fn grow<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
@@ -95,45 +165,69 @@ impl Gpu {
         self.decoding.store(on, Ordering::Relaxed);
     }
 
-    /// Whether a matmul of `ncols` columns of a `ty` matrix of width `k` runs on `mmh` now: an
-    /// sm_90 GPU (the warpgroup MMAs), on, not in a decode step, and `mmh_fits` with `mmh_min`.
+    /// Whether prefill chunks run on `mmh` at all (an sm_90 GPU, on).
+    pub fn mmh_prefill(&self) -> bool {
+        self.arch == "sm_90" && self.mmh()
+    }
+    /// Whether a matmul of `ncols` columns of a `ty` matrix of width `k` runs on `mmh` now:
+    /// `mmh_prefill`, not in a decode step, and `mmh_fits` with `mmh_min`. Under exact columns
+    /// (`set_exact`) only when every width goes there (`mmh_min` 1): a column's bits must not
+    /// depend on the chunk's width.
     pub fn mmh_route(&self, ty: GgmlType, ncols: usize, k: usize) -> bool {
-        self.arch == "sm_90"
-            && self.mmh()
+        self.mmh_prefill()
             && !self.decoding.load(Ordering::Relaxed)
+            && (mmh_min() == 1 || !self.exact.load(Ordering::Relaxed))
             && mmh_fits(ty, ncols, k, mmh_min())
     }
+    /// Marks the ops issued from now on as needing every row's bits independent of the pass
+    /// (`true`) or not (`exact_columns`).
+    pub fn set_exact(&self, on: bool) {
+        self.exact.store(on, Ordering::Relaxed);
+    }
+    /// Whether the ops issued now must give every row the bits it gets alone: a decode step or
+    /// exact columns.
+    pub fn exact_rows(&self) -> bool {
+        self.decoding.load(Ordering::Relaxed) || self.exact.load(Ordering::Relaxed)
+    }
 
-    /// Converts `ncols` columns of `k` f32 values at address `x` to the f16 activation of `mmh`;
-    /// returns the addresses of the values and of the column scales.
-    pub fn half_act(&self, x: u64, ncols: usize, k: usize) -> Result<(u64, u64), CudaError> {
+    /// Converts `ncols` columns of `k` f32 values at address `x` to the f16 activation of `mmh`
+    /// in tiles of `tn` columns; returns the addresses of the values and of the column scales.
+    pub fn half_act(
+        &self,
+        x: u64,
+        ncols: usize,
+        k: usize,
+        tn: usize,
+    ) -> Result<(u64, u64), CudaError> {
         if !k.is_multiple_of(256) {
             return Err(CudaError::Unsupported(format!(
                 "f16 activation of width {k} (a multiple of 256 needed)"
             )));
         }
-        // Whole tiles of 128 columns (the last one's columns past ncols are never written).
+        // Whole tiles of tn columns (the last one's columns past ncols are never written).
         let mut s = self.half.lock().unwrap();
-        let xh = grow(self, &mut s.xh, ncols.div_ceil(MMH_BN) * MMH_BN * k)?;
+        let xh = grow(self, &mut s.xh, ncols.div_ceil(tn) * tn * k)?;
         let xs = grow(self, &mut s.xs, ncols)?;
         let cfg = LaunchConfig {
             grid_dim: (ncols as u32, 1, 1),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        let k_i = k as i32;
+        let (k_i, tn_i) = (k as i32, tn as i32);
         let mut b = self.stream.launch_builder(self.kernel("act_f16")?);
-        b.arg(&x).arg(&xh).arg(&xs).arg(&k_i);
-        // SAFETY: x holds ncols * k f32 values; xh whole tiles of 128 columns x k f16 values and
+        b.arg(&x).arg(&xh).arg(&xs).arg(&k_i).arg(&tn_i);
+        // SAFETY: x holds ncols * k f32 values; xh whole tiles of tn columns x k f16 values and
         // xs ncols floats.
         unsafe { b.launch(cfg) }?;
         Ok((xh, xs))
     }
 
-    /// y_j = W_j x for up to MAX_JOBS K-quant matrices on `mmh`, x the f16 activation at `act`
-    /// (`half_act`) of `ncols` columns of width `k`; `gate` (or 0): y = silu(gate) * W x.
+    /// y_j = W_j x for up to MAX_JOBS K-quant matrices on `mmh`'s `tile`, x the f16 activation at
+    /// `act` (`half_act` in tiles of `tile.bn`) of `ncols` columns of width `k`; `gate` (or 0):
+    /// y = silu(gate) * W x.
     fn mmh_launch_jobs(
         &self,
+        tile: MmhTile,
         group: &[&Job],
         act: (u64, u64),
         k: usize,
@@ -149,7 +243,7 @@ impl Gpu {
                 )));
             }
         }
-        let (mj, total) = self.jobs_struct(group, k, MMH_BM)?;
+        let (mj, total) = self.jobs_struct(group, k, tile.bm)?;
         if total == 0 || ncols == 0 {
             return Ok(());
         }
@@ -159,30 +253,58 @@ impl Gpu {
                 self.arch
             )));
         }
-        let cfg = mmh_launch(ncols, total);
-        let f = self.kernel_smem("mmh", MMH_SMEM)?;
-        let (k_i, n_i) = (k as i32, ncols as i32);
+        let splits = mmh_splits(k);
+        let part = if splits > 1 {
+            let mut s = self.half.lock().unwrap();
+            grow(self, &mut s.part, splits * ncols * total)?
+        } else {
+            0
+        };
+        let cfg = mmh_launch(tile, ncols, total, splits);
+        let f = self.kernel_smem(tile.name, tile.smem())?;
+        let (k_i, n_i, s_i) = (k as i32, ncols as i32, splits as i32);
         let mut b = self.stream.launch_builder(f);
         b.arg(&mj)
             .arg(&act.0)
             .arg(&act.1)
             .arg(&k_i)
             .arg(&n_i)
-            .arg(&gate);
+            .arg(&gate)
+            .arg(&part)
+            .arg(&s_i);
         // SAFETY: each job reads its rows' K-quant blocks (32-bit offsets: mmt_fits) and writes
-        // ncols * rows outputs; the activation holds ncols * k f16 values and ncols scales; gate
-        // (when set) ncols * rows floats laid out as the output.
+        // ncols * rows outputs (or, split, part's splits * ncols * total sums); the activation
+        // holds ncols * k f16 values and ncols scales; gate (when set) ncols * rows floats laid
+        // out as the output.
         unsafe { b.launch(cfg) }?;
+        if splits > 1 {
+            let n = (ncols * total) as u32;
+            let cfg = LaunchConfig {
+                grid_dim: (n.div_ceil(256), 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let mut b = self.stream.launch_builder(self.kernel("mmh_merge")?);
+            b.arg(&mj)
+                .arg(&part)
+                .arg(&s_i)
+                .arg(&n_i)
+                .arg(&act.1)
+                .arg(&gate);
+            // SAFETY: part holds the launch's splits * ncols * total sums; the outputs as above.
+            unsafe { b.launch(cfg) }?;
+        }
         Ok(())
     }
 
     /// y_j[c][r] = W_j x[c] for every job on `mmh`: `ncols` columns of width `k` at address `x`
     /// (f32), converted to f16 once for all of them.
     pub fn mmh_jobs(&self, jobs: &[Job], x: u64, k: usize, ncols: usize) -> Result<(), CudaError> {
-        let act = self.half_act(x, ncols, k)?;
+        let tile = mmh_tile(ncols);
+        let act = self.half_act(x, ncols, k, tile.bn)?;
         let refs: Vec<&Job> = jobs.iter().collect();
         for group in refs.chunks(MAX_JOBS) {
-            self.mmh_launch_jobs(group, act, k, ncols, 0)?;
+            self.mmh_launch_jobs(tile, group, act, k, ncols, 0)?;
         }
         Ok(())
     }
@@ -198,13 +320,14 @@ impl Gpu {
         y: u64,
     ) -> Result<(), CudaError> {
         let (k, rows) = gate_up_shape(gate, up)?;
-        let act = self.half_act(x, ncols, k)?;
+        let tile = mmh_tile(ncols);
+        let act = self.half_act(x, ncols, k, tile.bn)?;
         let g = {
             let mut s = self.half.lock().unwrap();
             grow(self, &mut s.gate, ncols * rows)?
         };
-        self.mmh_launch_jobs(&[&Job { m: gate, y: g }], act, k, ncols, 0)?;
-        self.mmh_launch_jobs(&[&Job { m: up, y }], act, k, ncols, g)
+        self.mmh_launch_jobs(tile, &[&Job { m: gate, y: g }], act, k, ncols, 0)?;
+        self.mmh_launch_jobs(tile, &[&Job { m: up, y }], act, k, ncols, g)
     }
 }
 
@@ -230,17 +353,60 @@ mod tests {
 
     #[test]
     fn mmh_launch_covers_every_row_and_column_once() {
-        for (ncols, rows) in [(64, 128), (65, 4608), (512, 19968), (129, 6656), (700, 256)] {
-            let c = mmh_launch(ncols, rows);
+        for (ncols, rows) in [
+            (1, 128),
+            (5, 4608),
+            (32, 19968),
+            (33, 6656),
+            (64, 256),
+            (65, 4608),
+            (512, 19968),
+            (129, 6656),
+            (700, 256),
+        ] {
+            let tile = mmh_tile(ncols);
+            assert!(ncols <= tile.bn || tile == MMH_WIDE, "{ncols}: {tile:?}");
+            let c = mmh_launch(tile, ncols, rows, mmh_splits(4096));
             let (gx, gy) = (c.grid_dim.0 as usize, c.grid_dim.1 as usize);
             assert!(
-                gx * MMH_BN >= ncols && (gx - 1) * MMH_BN < ncols,
+                gx * tile.bn >= ncols && (gx - 1) * tile.bn < ncols,
                 "{ncols} columns"
             );
             assert!(
-                gy * MMH_BM >= rows && (gy - 1) * MMH_BM < rows,
+                gy * tile.bm >= rows && (gy - 1) * tile.bm < rows,
                 "{rows} rows"
             );
+            assert_eq!(c.block_dim.0 as usize, tile.threads());
+            assert_eq!(c.shared_mem_bytes as usize, tile.smem());
         }
+    }
+
+    #[test]
+    fn k_splits_are_whole_and_a_function_of_k() {
+        assert_eq!(mmh_splits(256), 1);
+        assert_eq!(mmh_splits(4096), 1);
+        assert_eq!(mmh_splits(6656), 1);
+        assert_eq!(mmh_splits(19968), 3);
+        for k in (256..=65536).step_by(256) {
+            let (nb, s) = (k / 256, mmh_splits(k));
+            // Every split takes at least one super-block and at most 32 (the kernel's bounds:
+            // z nb / s .. (z + 1) nb / s).
+            for z in 0..s {
+                let n = (z + 1) * nb / s - z * nb / s;
+                assert!((1..=32).contains(&n), "k {k}: split {z} of {s} takes {n}");
+            }
+        }
+    }
+
+    #[test]
+    fn narrow_chunks_take_narrow_tiles() {
+        assert_eq!(mmh_tile(1), MMH_N32);
+        assert_eq!(mmh_tile(32), MMH_N32);
+        assert_eq!(mmh_tile(33), MMH_N64);
+        assert_eq!(mmh_tile(64), MMH_N64);
+        assert_eq!(mmh_tile(65), MMH_WIDE);
+        // The wide tile keeps pp512's shared memory: two weight stages of 128 rows and four
+        // activation stages of 32 KB.
+        assert_eq!(MMH_WIDE.smem(), 2 * (128 * 226) + 4 * 32768);
     }
 }

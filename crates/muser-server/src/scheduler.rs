@@ -3,7 +3,11 @@
 //!
 //! 1. drops requests whose client went away (their receiver is gone), freeing the slot;
 //! 2. gives waiting requests idle slots, preferring the slot whose cache shares the longest
-//!    prefix with the prompt (those positions are not computed again: "cached tokens");
+//!    prefix with the prompt (those positions are not computed again: "cached tokens"). Where
+//!    the backend computes a prompt position's cache entries with other bits than a decoded
+//!    position's (`Backend::prefill_matches_decode`: CUDA's f16 prefill tiles), only the
+//!    prefilled part of a slot's cache is reused, so a request gets the bits it would get in a
+//!    fresh slot;
 //! 3. advances every decoding slot by one token in one decode group (one forward pass);
 //! 4. prefills waiting prompts, oldest first, up to 512 tokens when no slot is decoding and 64
 //!    when one is, so running streams keep their pace while a long prompt comes in; the parts
@@ -108,6 +112,8 @@ struct Slot<'m, B: Backend> {
     session: Session<'m, B>,
     /// The tokens whose K/V the session holds (len = session.pos()).
     cached: Vec<u32>,
+    /// How many of them (from the first) a prefill computed; the rest were decoded.
+    prefilled: usize,
     task: Option<Task>,
     /// When the slot last took a request (least recently used slots are taken first).
     used: u64,
@@ -145,6 +151,7 @@ impl<'m, B: Backend> Engine<'m, B> {
                 Ok(Slot {
                     session: Session::new(model, n_ctx)?,
                     cached: Vec::new(),
+                    prefilled: 0,
                     task: None,
                     used: 0,
                 })
@@ -230,6 +237,7 @@ impl<'m, B: Backend> Engine<'m, B> {
     /// Waiting requests into idle slots, each into the idle slot sharing the longest prefix
     /// with its prompt (the least recently used among equals).
     fn assign(&mut self) {
+        let same = self.model.backend().prefill_matches_decode();
         while !self.queue.is_empty() {
             let job = &self.queue[0];
             let best = self
@@ -237,15 +245,7 @@ impl<'m, B: Backend> Engine<'m, B> {
                 .iter()
                 .enumerate()
                 .filter(|(_, s)| s.task.is_none())
-                .max_by_key(|(_, s)| {
-                    let common = s
-                        .cached
-                        .iter()
-                        .zip(&job.prompt)
-                        .take_while(|(a, b)| a == b)
-                        .count();
-                    (common, std::cmp::Reverse(s.used))
-                })
+                .max_by_key(|(_, s)| (reusable(s, &job.prompt, same), std::cmp::Reverse(s.used)))
                 .map(|(i, _)| i);
             let Some(i) = best else { return };
             let job = self.queue.pop_front().expect("queue is not empty");
@@ -256,15 +256,10 @@ impl<'m, B: Backend> Engine<'m, B> {
 
             // Keep the shared prefix, less one token: the last prompt position must run to
             // give the logits of the first generated token.
-            let common = slot
-                .cached
-                .iter()
-                .zip(&job.prompt)
-                .take_while(|(a, b)| a == b)
-                .count()
-                .min(job.prompt.len() - 1);
+            let common = reusable(slot, &job.prompt, same).min(job.prompt.len() - 1);
             slot.session.rewind(common);
             slot.cached.truncate(slot.session.pos());
+            slot.prefilled = slot.prefilled.min(slot.session.pos());
             let n_cached = slot.session.pos();
             Metrics::add(&self.metrics.cached_tokens, n_cached as u64);
 
@@ -450,6 +445,7 @@ impl<'m, B: Backend> Engine<'m, B> {
                     let at = slot.session.pos() - n;
                     let task = slot.task.as_ref().unwrap();
                     slot.cached.extend_from_slice(&task.job.prompt[at..at + n]);
+                    slot.prefilled = slot.session.pos();
                     if last {
                         self.after_logits(i, None);
                     }
@@ -458,6 +454,7 @@ impl<'m, B: Backend> Engine<'m, B> {
                 Err(e) => {
                     slot.session.reset();
                     slot.cached.clear();
+                    slot.prefilled = 0;
                     self.fail(i, format!("prefill failed: {e}"));
                 }
             }
@@ -494,6 +491,27 @@ impl<'m, B: Backend> Engine<'m, B> {
         if let Some(t) = self.slots[i].task.take() {
             let _ = t.job.events.send(Event::Error(msg));
         }
+    }
+}
+
+/// How many leading positions of `slot`'s cache a request for `prompt` can reuse: the shared
+/// prefix, within the prefilled part unless prefilled and decoded positions have the same bits
+/// (`same`).
+fn reusable<B: Backend>(slot: &Slot<'_, B>, prompt: &[u32], same: bool) -> usize {
+    reusable_prefix(&slot.cached, slot.prefilled, prompt, same)
+}
+
+/// `reusable` over a cache's tokens, the first `prefilled` of them from a prefill.
+fn reusable_prefix(cached: &[u32], prefilled: usize, prompt: &[u32], same: bool) -> usize {
+    let common = cached
+        .iter()
+        .zip(prompt)
+        .take_while(|(a, b)| a == b)
+        .count();
+    if same {
+        common
+    } else {
+        common.min(prefilled)
     }
 }
 
@@ -582,4 +600,24 @@ fn finish(task: &mut Task, mut reason: FinishReason, release: bool) -> Outcome {
         return Outcome::Gone;
     }
     Outcome::Finished
+}
+
+#[cfg(test)]
+mod tests {
+    use super::reusable_prefix;
+
+    #[test]
+    fn decoded_positions_are_reused_only_when_they_have_the_prefill_bits() {
+        // A cache of a 6-token prompt and 3 generated tokens; the next prompt repeats all 9 and
+        // adds 2 (a chat's next turn), or diverges at position 4.
+        let cached = [11, 12, 13, 14, 15, 16, 90, 91, 92];
+        let next: Vec<u32> = cached.iter().copied().chain([7, 8]).collect();
+        assert_eq!(reusable_prefix(&cached, 6, &next, true), 9);
+        assert_eq!(reusable_prefix(&cached, 6, &next, false), 6);
+        let other = [11, 12, 13, 14, 50, 51];
+        assert_eq!(reusable_prefix(&cached, 6, &other, true), 4);
+        assert_eq!(reusable_prefix(&cached, 6, &other, false), 4);
+        assert_eq!(reusable_prefix(&cached, 0, &next, false), 0);
+        assert_eq!(reusable_prefix(&[], 0, &next, true), 0);
+    }
 }

@@ -444,7 +444,12 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
         other.push((ty, p.weights(&t)?));
     }
 
+    // The ops at the Glimmer shapes: chunks under 64 columns on the decode steps' integer kernels
+    // (the f16 prefill tiles' narrow configurations are checked below, with the groups), 64 and
+    // more on the prefill route (the f16 tiles on sm_90).
+    let mmh_ops = p.gpu.gpu.mmh();
     for &n in columns {
+        p.gpu.gpu.set_mmh(mmh_ops && n >= 64);
         // Norms.
         let (xc, xg, _) = p.random_bufs(n, hidden);
         let (mut oc, mut og) = (p.cpu.buf(n, hidden), p.gpu.buf(n, hidden));
@@ -725,6 +730,7 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
             }
         }
     }
+    p.gpu.gpu.set_mmh(mmh_ops);
 
     // Each column of a decode group, and of a prefill chunk (the K-quants run both on the
     // tensor-core tiles of mmk.cu, in the canonical order of matvec_1), gets the bits it gets
@@ -758,9 +764,10 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
             }
             // Past 16 columns the K-quants run on mmt.cu, unsplit and with K split over blocks
             // where the launch is narrow (mmt_split_4, on by default).
-            // Prefill chunks (mmh_min columns or more) of the K-quants run on the f16 tiles
-            // (mmh.cu): against the CPU, and each column against itself moved to other places in
-            // the tiles; the integer tiles at those widths (decode groups) as before.
+            // Prefill chunks (mmh_min columns or more: every width by default) of the K-quants
+            // run on the f16 tiles (mmh.cu): against the CPU, each column against itself moved to
+            // other places in the tiles and (every width on them) alone; the integer tiles at
+            // those widths (decode groups) as before.
             // Groups of mmv_min to 16 columns run on mmv.cu's division of the work (`mmv_*`), and
             // on the `mmk_*` blocks when it is off: both.
             let split_default = p.gpu.gpu.mmt_split();
@@ -811,7 +818,11 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
                         p.gpu.matmul(x, &mut [(wg, y)])
                     });
                     p.exact("f16 col == moved", format!("{what} x{n}"), &group, &moved);
-                    continue;
+                    if muser_cuda::mmh::mmh_min() > 1 {
+                        continue;
+                    }
+                    // Every width on the f16 tiles: each column also against itself alone (a
+                    // one-column chunk, on another tile configuration than most widths).
                 }
                 let mut alone = Vec::with_capacity(group.len());
                 for c in 0..n {
@@ -887,7 +898,9 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
                         &group,
                         &moved,
                     );
-                    continue;
+                    if muser_cuda::mmh::mmh_min() > 1 {
+                        continue;
+                    }
                 }
                 let mut alone = Vec::with_capacity(group.len());
                 for c in 0..n {
@@ -907,6 +920,9 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
     // 24-column tiles (mmt_split_3), 32 on 32-column tiles (mmt_split_4).
     check_split(p, 40, 4096)?;
     check_split(p, 32, 4096)?;
+    if p.gpu.gpu.mmh_prefill() && muser_cuda::mmh::mmh_min() == 1 {
+        check_mmh_split(p)?;
+    }
 
     // LM head (+ scale + softcap) at the full vocabulary, and GPU argmax of its logits.
     let vocab = if quick { 4096 } else { VOCAB };
@@ -979,6 +995,9 @@ impl Tiles {
 fn check_split(p: &mut Pair, n: usize, k: usize) -> anyhow::Result<()> {
     let (xc, xg, _) = p.random_bufs(n, k);
     let split_default = p.gpu.gpu.mmt_split();
+    // The integer tiles (a prefill chunk of n columns would take the f16 ones).
+    let mmh_default = p.gpu.gpu.mmh();
+    p.gpu.gpu.set_mmh(false);
     for (ty, rows) in [
         (GgmlType::Q4_K, 320usize),
         (GgmlType::Q5_K, 128),
@@ -1000,6 +1019,48 @@ fn check_split(p: &mut Pair, n: usize, k: usize) -> anyhow::Result<()> {
         let shape = format!("{ty} {rows}x{k} x{n}");
         p.record("matmul split", shape.clone(), &outs[1], &want, MATVEC_NMSE);
         p.exact("split == unsplit", shape, &outs[1], &outs[0]);
+    }
+    p.gpu.gpu.set_mmh(mmh_default);
+    Ok(())
+}
+
+/// The f16 prefill tiles with K split over blocks (`mmh_splits`: K = 8448, 33 super-blocks, two
+/// splits) in each tile configuration (5, 40 and 70 columns): against the CPU, and each column
+/// against itself alone (one column, the narrowest configuration), bit for bit.
+fn check_mmh_split(p: &mut Pair) -> anyhow::Result<()> {
+    let k = 33 * 256;
+    assert!(muser_cuda::mmh::mmh_splits(k) > 1);
+    for (ty, rows) in [
+        (GgmlType::Q4_K, 320usize),
+        (GgmlType::Q5_K, 128),
+        (GgmlType::Q6_K, 256),
+    ] {
+        let t = p.matrix("mmh split", ty, rows, k)?;
+        let (wc, wg) = p.weights(&t)?;
+        for n in [5usize, 40, 70] {
+            let (xc, xg, xdata) = p.random_bufs(n, k);
+            let mut yg = p.gpu.buf(n, rows);
+            p.gpu.matmul(&xg, &mut [(&wg, &mut yg)]);
+            let group = p.read_gpu(&yg);
+            let mut yc = p.cpu.buf(n, rows);
+            p.cpu.matmul(&xc, &mut [(&wc, &mut yc)]);
+            let shape = format!("{ty} {rows}x{k} f16 x{n}");
+            p.record(
+                "matmul f16 split",
+                shape.clone(),
+                &group,
+                &p.read_cpu(&yc),
+                MATVEC_NMSE,
+            );
+            let mut alone = Vec::with_capacity(group.len());
+            for c in 0..n {
+                let (_, x1) = p.bufs(1, k, &xdata[c * k..(c + 1) * k]);
+                let mut y1 = p.gpu.buf(1, rows);
+                p.gpu.matmul(&x1, &mut [(&wg, &mut y1)]);
+                alone.extend(p.read_gpu(&y1));
+            }
+            p.exact("f16 split col == alone", shape, &group, &alone);
+        }
     }
     Ok(())
 }

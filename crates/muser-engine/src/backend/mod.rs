@@ -133,6 +133,12 @@ pub trait Backend: Send + Sync + Sized {
     fn exact_prefill_rows(&self) -> usize {
         usize::MAX
     }
+    /// Whether a position's cache entries (and the logits after it) get the same bits whether
+    /// the position came in a prefill chunk or in a decode step, so a scheduler may reuse a
+    /// cache that decode steps extended as a later prompt's prefix. Default: they do.
+    fn prefill_matches_decode(&self) -> bool {
+        true
+    }
     /// Runs `f` with every row's results independent of the pass it is in: its matmuls compute
     /// each column as it is computed alone whatever the number of columns, and its prefill
     /// attention each row by a plan of its own position (a pass of several prompts, or of a
