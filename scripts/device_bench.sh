@@ -13,7 +13,8 @@
 # decode tokens/s at each stream count) and a per-op profile of decode-group steps.
 #
 # JOB=side (the closing call of a session): the full parity command while llama.cpp builds (LLAMA=1),
-# then llama.cpp's and Muser's benchmarks on the same llama-glimmer file on a quiet machine.
+# then llama.cpp's and Muser's benchmarks on the same llama-glimmer file on a quiet machine; with
+# SERVE=1 also `muser serve` driven by scripts/serve_rate.py (serve_benches).
 #
 # JOB=compare (issues 4 and 6, side by side with llama.cpp; needs LLAMA=1 and the carried source):
 # synthesizes llama-glimmer and muse-tiny, runs the quick parity check with batch invariance
@@ -263,10 +264,12 @@ if [ "${JOB:-}" = side ]; then
     step bench-graphs 120 "$BIN" bench --backend cuda -m "$G" -p 512 -n 128 -r "$REPS" --audit
     step bench-d8192 90 "$BIN" bench --backend cuda -m "$G" -p 0 -n 128 -d 8192 -r 2
     step bench-streams 120 "$BIN" bench --backend cuda -m "$G" -p 0 -n 128 -r 2 -s "${STREAMS:-1,8,32}"
+    [ "${SERVE:-0}" = 1 ] && serve_benches
     echo
     echo "================ short table ================"
     check_counts
     grep -hE "^FAIL|^invariance|never dispatched|^all |decode_greedy|batch invariance|^model " "$OUT/check.log" | head -20
+    [ -f "$OUT/serve.txt" ] && cat "$OUT/serve.txt"
     grep -h "^| .*CUDA" "$OUT"/bench-*.log
     grep -h "one decode step launches\|never dispatched by" "$OUT/bench-graphs.log"
     llama_table
@@ -274,6 +277,31 @@ if [ "${JOB:-}" = side ]; then
     cat "$OUT/summary.txt"
     exit 0
 fi
+
+# `muser serve` on llama-glimmer ($G) with --parallel 32, driven by scripts/serve_rate.py:
+# serve_rate TAG [VAR=value ...] -- serve_rate.py args. Prints one line per run.
+serve_rate() {
+    local tag=$1
+    shift
+    local envs=()
+    while [ "$1" != "--" ]; do envs+=("$1"); shift; done
+    shift
+    env "${envs[@]}" "$BIN" serve -m "$G" --backend cuda --parallel 32 -c 4096 --port 8090 > "$OUT/serve-$tag.log" 2>&1 &
+    local pid=$! i
+    for i in $(seq 1 150); do curl -sf http://127.0.0.1:8090/health > /dev/null 2>&1 && break; sleep 1; done
+    echo "serve $tag: $(timeout 200 python3 scripts/serve_rate.py --url http://127.0.0.1:8090 "$@" 2>&1 | tr '\n' ' ')" |
+        tee -a "$OUT/serve.txt"
+    kill "$pid"
+    wait "$pid" 2> /dev/null
+}
+# Greedy and sampled streams at 8 and 32 clients (2 x 128 tokens each), and long prompts (~1,850
+# tokens, 8 clients x 2, 16 tokens each: the prefill path).
+serve_benches() {
+    serve_rate greedy8 X=1 -- --clients 8 --requests 2 --max-tokens 128
+    serve_rate greedy32 X=1 -- --clients 32 --requests 2 --max-tokens 128
+    serve_rate temp32 X=1 -- --clients 32 --requests 2 --max-tokens 128 --temperature 0.8
+    serve_rate long8 X=1 -- --clients 8 --requests 2 --max-tokens 16 --prompt-words 900-1100
+}
 
 if [ "${JOB:-}" = timeline ]; then
     # One decode step kernel by kernel (Nsight Compute, each kernel alone, clocks and caches left

@@ -261,14 +261,10 @@ __device__ __forceinline__ void mmg_scale(const MmhRow<FMT>& r, int ch, int grp,
 template <int FMT, class C>
 __device__ __forceinline__ void mmg_kernel(const uint8_t* __restrict__ w, int rows, float* __restrict__ y, int row0,
                                            const __half* __restrict__ xh, const float* __restrict__ xs, int k,
-                                           int ncols, const float* __restrict__ gate, uint8_t* smem,
-                                           float* __restrict__ part, int splits, int prow, int ptotal) {
+                                           int ncols, const float* __restrict__ gate, uint8_t* smem) {
     using F = MmhFmt<FMT>;
     constexpr int NA = C::BN / 2, WS = C::WS, XST = C::XST, WST = C::WST;
     const int nb = k / QK_K, c0 = blockIdx.x * C::BN;
-    // This block's part of K: super-blocks s0 .. s0 + n - 1 (split z of `splits`, a function of K
-    // only, so a column's sums and their order do not depend on the configuration).
-    const int z = blockIdx.z, s0 = z * nb / splits, n = (z + 1) * nb / splits - s0;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int wrow = 16 * warp + g; // warpgroup warp / 4: rows 64 (warp / 4) + 16 (warp % 4) + g
     const int o = t >> 1, bsh = 8 * (t & 1);
@@ -280,8 +276,8 @@ __device__ __forceinline__ void mmg_kernel(const uint8_t* __restrict__ w, int ro
     const uint32_t xbase = (uint32_t)__cvta_generic_to_shared(xst);
     __shared__ __align__(8) unsigned long long xbar[4];
     const uint32_t bar0 = (uint32_t)__cvta_generic_to_shared(xbar);
-    // This column tile's half super-blocks from s0's, XST bytes apart (act_f16 tiled).
-    const uint8_t* xt = (const uint8_t*)xh + ((size_t)blockIdx.x * nb + s0) * 2 * XST;
+    // This column tile's half super-blocks, XST bytes apart (act_f16 tiled).
+    const uint8_t* xt = (const uint8_t*)xh + (size_t)blockIdx.x * nb * 2 * XST;
     if (threadIdx.x == 0) {
         for (int i = 0; i < 4; ++i) mmg_bar_init(bar0 + 8 * i);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -289,28 +285,28 @@ __device__ __forceinline__ void mmg_kernel(const uint8_t* __restrict__ w, int ro
     __syncthreads();
     if (threadIdx.x == 0) {
         mmg_bulk_x<XST>(xbase, xt, bar0);
-        mmg_bulk_x<XST>(xbase + XST, xt + XST, bar0 + 8); // n >= 1: two halves at least
+        mmg_bulk_x<XST>(xbase + XST, xt + XST, bar0 + 8); // nb >= 1: two halves at least
     }
-    // Super-blocks s0 .. s0 + WS - 2 into their stages, one cp.async group each (empty past n).
+    // Super-blocks 0 .. WS - 2 into their stages, one cp.async group each (empty past nb).
 #pragma unroll
     for (int s = 0; s + 1 < WS; ++s) {
-        if (s < n) plan.copy_w(smem + s * WST, w, s0 + s);
+        if (s < nb) plan.copy_w(smem + s * WST, w, s);
         asm volatile("cp.async.commit_group;" ::: "memory");
     }
     const uint8_t* wr[2];
     MmhRow<FMT> hd[2];
     uint32_t qh5[2][4]; // Q5_K: the lane's qh words (t / 2 + 2 m)
 #pragma unroll 1
-    for (int sb = 0; sb < n; ++sb) { // super-block s0 + sb
+    for (int sb = 0; sb < nb; ++sb) {
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
         const int hh = 2 * sb + half;
-        if (threadIdx.x == 0 && hh + 2 < 2 * n)
+        if (threadIdx.x == 0 && hh + 2 < 2 * nb)
             mmg_bulk_x<XST>(xbase + ((hh + 2) & 3) * XST, xt + (size_t)(hh + 2) * XST, bar0 + 8 * ((hh + 2) & 3));
         if (half == 0) {
             // Super-block sb + WS - 1's weights (one cp.async group per super-block) into the
             // stage read last round; this one's have landed once WS - 1 groups at most are left.
-            if (sb + WS - 1 < n) plan.copy_w(smem + ((sb + WS - 1) % WS) * WST, w, s0 + sb + WS - 1);
+            if (sb + WS - 1 < nb) plan.copy_w(smem + ((sb + WS - 1) % WS) * WST, w, sb + WS - 1);
             asm volatile("cp.async.commit_group;" ::: "memory");
             asm volatile("cp.async.wait_group %0;" ::"n"(WS - 1) : "memory");
             __syncthreads();
@@ -390,10 +386,6 @@ __device__ __forceinline__ void mmg_kernel(const uint8_t* __restrict__ w, int ro
         for (int e = 0; e < 4; ++e) {
             const int col = c0 + 8 * j + 2 * t + (e & 1), r = row0 + wrow + 8 * (e >> 1);
             if (col >= ncols || r >= rows) continue;
-            if (part) { // K split: this split's sum, merged by mmh_merge
-                part[((size_t)z * ncols + col) * ptotal + prow + wrow + 8 * (e >> 1)] = d[4 * j + e];
-                continue;
-            }
             const size_t oo = (size_t)col * rows + r;
             float v = d[4 * j + e] * xs[col];
             if (gate) {
@@ -411,8 +403,7 @@ __device__ __forceinline__ void mmg_kernel(const uint8_t* __restrict__ w, int ro
 // `MmhTile::smem`.
 template <class C>
 __device__ __forceinline__ void mmh_entry(const MatvecJobs& jobs, const __half* __restrict__ xh,
-                                          const float* __restrict__ xs, int K, int ncols, const float* __restrict__ gate,
-                                          float* __restrict__ part, int splits) {
+                                          const float* __restrict__ xs, int K, int ncols, const float* __restrict__ gate) {
     extern __shared__ __align__(128) uint8_t mmg_smem[];
     const int grow = blockIdx.y * C::BM;
     int j = 0;
@@ -422,14 +413,11 @@ __device__ __forceinline__ void mmh_entry(const MatvecJobs& jobs, const __half* 
     const int row0 = grow - jobs.start[j];
     if (row0 >= jobs.rows[j]) return;
     if (jobs.ty[j] == FMT_Q4_K)
-        mmg_kernel<FMT_Q4_K, C>(jobs.w[j], jobs.rows[j], jobs.y[j], row0, xh, xs, K, ncols, gate, mmg_smem, part, splits,
-                                grow, jobs.start[jobs.njobs]);
+        mmg_kernel<FMT_Q4_K, C>(jobs.w[j], jobs.rows[j], jobs.y[j], row0, xh, xs, K, ncols, gate, mmg_smem);
     else if (jobs.ty[j] == FMT_Q5_K)
-        mmg_kernel<FMT_Q5_K, C>(jobs.w[j], jobs.rows[j], jobs.y[j], row0, xh, xs, K, ncols, gate, mmg_smem, part, splits,
-                                grow, jobs.start[jobs.njobs]);
+        mmg_kernel<FMT_Q5_K, C>(jobs.w[j], jobs.rows[j], jobs.y[j], row0, xh, xs, K, ncols, gate, mmg_smem);
     else if (jobs.ty[j] == FMT_Q6_K)
-        mmg_kernel<FMT_Q6_K, C>(jobs.w[j], jobs.rows[j], jobs.y[j], row0, xh, xs, K, ncols, gate, mmg_smem, part, splits,
-                                grow, jobs.start[jobs.njobs]);
+        mmg_kernel<FMT_Q6_K, C>(jobs.w[j], jobs.rows[j], jobs.y[j], row0, xh, xs, K, ncols, gate, mmg_smem);
 }
 
 // The tile configurations (mmh.rs `mmh_tile` picks one by the chunk's width): 128 x 128 with two
@@ -437,19 +425,19 @@ __device__ __forceinline__ void mmh_entry(const MatvecJobs& jobs, const __half* 
 // 64 rows x 64 or 32 columns with 3 weight stages for narrower chunks, where the row blocks are
 // the only parallelism: twice as many of them, 2 (n64) or 3 (n32) blocks per SM. Every
 // configuration sums each output over K in the same order (the same k16 slices, one wgmma after
-// the other, the same K splits), so a column's bits do not depend on the configuration.
-// H200, llama-glimmer, tokens/s (2026-12-01): pp8 414 on the first narrow build (n32 with 4
-// stages, 2 blocks per SM, no K split) -> 491; pp32 1,595 -> 1,862 (the 128 x 128 tiles: 832);
-// pp64 2,748 / 2,650 (128 x 128: 1,631).
+// the other), so a column's bits do not depend on the configuration. H200, llama-glimmer,
+// tokens/s (2026-12-01): pp8 414 (n32 with 4 stages and 2 blocks per SM) -> 463 (3 and 3),
+// pp32 1,595 (the 128 x 128 tiles: 832), pp64 2,748 / 2,678 (128 x 128: 1,631). Tried and
+// dropped: K split in three for ffn_down's 19,968 (its 78 super-blocks per row are the long pole
+// of the narrow launches), the splits merged in order by a second kernel: pp8 493 / 498 against
+// 463 / 460, but pp64 2,658 / 2,649 against 2,678 / 2,671 and pp512 5,477 / 5,487 against
+// 5,584 / 5,592.
 typedef MmhCfg<128, 2, 2> MmhWide;
 typedef MmhCfg<64, 1, 3> MmhN64;
 typedef MmhCfg<32, 1, 3> MmhN32;
-// K split over splits blocks along z (mmh.rs `mmh_splits`, a function of K): each writes its
-// split's sums to part ([splits][ncols][padded rows of all jobs]) and mmh_merge adds them in
-// split order; part null: one split, outputs written directly.
 #define MMH_ARGS MatvecJobs jobs, const __half* __restrict__ xh, const float* __restrict__ xs, int K, int ncols, \
-    const float* __restrict__ gate, float* __restrict__ part, int splits
-#define MMH_PASS jobs, xh, xs, K, ncols, gate, part, splits
+    const float* __restrict__ gate
+#define MMH_PASS jobs, xh, xs, K, ncols, gate
 extern "C" __global__ void __launch_bounds__(256, 1) mmh(MMH_ARGS) {
     pdl_wait();
     mmh_entry<MmhWide>(MMH_PASS);
@@ -461,32 +449,6 @@ extern "C" __global__ void __launch_bounds__(128, 2) mmh_n64(MMH_ARGS) {
 extern "C" __global__ void __launch_bounds__(128, 3) mmh_n32(MMH_ARGS) {
     pdl_wait();
     mmh_entry<MmhN32>(MMH_PASS);
-}
-
-// y_j[c][r] = (sum over the splits, in order, of part[z][c][row]) * xs[c] (times silu(gate) when
-// gate is set): one thread per (column, padded row of the jobs' concatenation).
-extern "C" __global__ void mmh_merge(MatvecJobs jobs, const float* __restrict__ part, int splits, int ncols,
-                                     const float* __restrict__ xs, const float* __restrict__ gate) {
-    pdl_wait();
-    const int total = jobs.start[jobs.njobs];
-    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (size_t)total * ncols) return;
-    const int col = (int)(i / total), grow = (int)(i % total);
-    int j = 0;
-#pragma unroll
-    for (int u = 1; u < 4; ++u)
-        if (u < jobs.njobs && grow >= jobs.start[u]) j = u;
-    const int r = grow - jobs.start[j], rows = jobs.rows[j];
-    if (r >= rows) return;
-    float v = part[i];
-    for (int z = 1; z < splits; ++z) v += part[(size_t)z * ncols * total + i];
-    v *= xs[col];
-    const size_t oo = (size_t)col * rows + r;
-    if (gate) {
-        const float gv = gate[oo];
-        v *= gv / (1.0f + expf(-gv));
-    }
-    jobs.y[j][oo] = v;
 }
 
 // Column blockIdx.x of x (K f32 values, K a multiple of 128) as f16 for mmh: scaled by 2^-e (xs

@@ -2,16 +2,16 @@
 //! tensor cores (wgmma, sm_90 only). The activation is converted once per matmul to f16
 //! (`act_f16`: each column scaled by a power of two, exactly, laid out in the tiles the kernel's
 //! bulk copies move), the weights are dequantized to f16 in registers, and each output is one f32
-//! sum over K in a fixed order (K split over blocks by a function of K only, `mmh_splits`, the
-//! splits added in order): a column's result depends on that column alone, whatever the chunk's
+//! sum over K in a fixed order: a column's result depends on that column alone, whatever the chunk's
 //! width, the column's place in it or the tile configuration (`mmh_tile`), but it is not the bits
 //! of the one-column kernels (the integer kernels' canonical order, matvec.rs). So every prefill
 //! chunk runs here (`mmh_min`, 1 by default: a prompt's bits do not depend on how it is cut),
 //! never a decode group (`Gpu::mmh_route`: decode stays bit-identical alone and in groups,
 //! batch.rs), and the parity command holds these launches to the CPU reference by NMSE and to
 //! themselves bit for bit, each column moved within the tile and alone. H200, llama-glimmer, same
-//! call (2026-12-01): pp512 5,507 tokens/s against 3,862 on the integer tiles (`MUSER_CUDA_MMH=0`),
-//! pp64 2,650 against 2,270, pp32 1,862 against 1,939, pp8 491 against 815.
+//! day (2026-12-01): pp512 5,584-5,592 tokens/s against 3,862 on the integer tiles
+//! (`MUSER_CUDA_MMH=0`), pp64 2,671-2,678 against 2,270, pp8 460-463 against 815 (mmh.cu: the
+//! narrow configurations; BENCHMARKS.md).
 
 use crate::device::{CudaError, Gpu};
 use crate::matvec::{dptr, env_usize, gate_up_shape, mmt_fits, DeviceMatrix, Job, MAX_JOBS};
@@ -106,22 +106,13 @@ pub fn mmh_fits(ty: GgmlType, ncols: usize, k: usize, min: usize) -> bool {
         && matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)
 }
 
-/// Blocks K is split over for a matrix of width `k` (a multiple of 256): one per 32 super-blocks,
-/// rounded up (Muse Glimmer: 1 at 4096 and 6656, 3 for ffn_down's 19968, whose 78 super-blocks
-/// per row were the long pole of a narrow chunk's launches: few row blocks, each three times as
-/// long as the other matrices'). A function of K only, so a column's sums (each split's in the
-/// same order, then the splits in order) do not depend on the tile configuration.
-pub fn mmh_splits(k: usize) -> usize {
-    (k / 256).div_ceil(32).max(1)
-}
-
-/// The launch of `tile` over `ncols` columns and `rows` rows (padded), K split over `splits`.
-pub fn mmh_launch(tile: MmhTile, ncols: usize, rows: usize, splits: usize) -> LaunchConfig {
+/// The launch of `tile` over `ncols` columns and `rows` rows (padded).
+pub fn mmh_launch(tile: MmhTile, ncols: usize, rows: usize) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (
             ncols.div_ceil(tile.bn) as u32,
             rows.div_ceil(tile.bm) as u32,
-            splits as u32,
+            1,
         ),
         block_dim: (tile.threads() as u32, 1, 1),
         shared_mem_bytes: tile.smem() as u32,
@@ -135,8 +126,6 @@ pub struct HalfScratch {
     xh: Option<CudaSlice<u16>>,
     xs: Option<CudaSlice<f32>>,
     gate: Option<CudaSlice<f32>>,
-    /// The splits' sums of a launch with K split (`mmh_splits`).
-    part: Option<CudaSlice<f32>>,
 }
 
 fn grow<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
@@ -253,47 +242,20 @@ impl Gpu {
                 self.arch
             )));
         }
-        let splits = mmh_splits(k);
-        let part = if splits > 1 {
-            let mut s = self.half.lock().unwrap();
-            grow(self, &mut s.part, splits * ncols * total)?
-        } else {
-            0
-        };
-        let cfg = mmh_launch(tile, ncols, total, splits);
+        let cfg = mmh_launch(tile, ncols, total);
         let f = self.kernel_smem(tile.name, tile.smem())?;
-        let (k_i, n_i, s_i) = (k as i32, ncols as i32, splits as i32);
+        let (k_i, n_i) = (k as i32, ncols as i32);
         let mut b = self.stream.launch_builder(f);
         b.arg(&mj)
             .arg(&act.0)
             .arg(&act.1)
             .arg(&k_i)
             .arg(&n_i)
-            .arg(&gate)
-            .arg(&part)
-            .arg(&s_i);
+            .arg(&gate);
         // SAFETY: each job reads its rows' K-quant blocks (32-bit offsets: mmt_fits) and writes
-        // ncols * rows outputs (or, split, part's splits * ncols * total sums); the activation
-        // holds ncols * k f16 values and ncols scales; gate (when set) ncols * rows floats laid
-        // out as the output.
+        // ncols * rows outputs; the activation holds ncols * k f16 values and ncols scales; gate
+        // (when set) ncols * rows floats laid out as the output.
         unsafe { b.launch(cfg) }?;
-        if splits > 1 {
-            let n = (ncols * total) as u32;
-            let cfg = LaunchConfig {
-                grid_dim: (n.div_ceil(256), 1, 1),
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            let mut b = self.stream.launch_builder(self.kernel("mmh_merge")?);
-            b.arg(&mj)
-                .arg(&part)
-                .arg(&s_i)
-                .arg(&n_i)
-                .arg(&act.1)
-                .arg(&gate);
-            // SAFETY: part holds the launch's splits * ncols * total sums; the outputs as above.
-            unsafe { b.launch(cfg) }?;
-        }
         Ok(())
     }
 
@@ -366,7 +328,7 @@ mod tests {
         ] {
             let tile = mmh_tile(ncols);
             assert!(ncols <= tile.bn || tile == MMH_WIDE, "{ncols}: {tile:?}");
-            let c = mmh_launch(tile, ncols, rows, mmh_splits(4096));
+            let c = mmh_launch(tile, ncols, rows);
             let (gx, gy) = (c.grid_dim.0 as usize, c.grid_dim.1 as usize);
             assert!(
                 gx * tile.bn >= ncols && (gx - 1) * tile.bn < ncols,
@@ -378,23 +340,6 @@ mod tests {
             );
             assert_eq!(c.block_dim.0 as usize, tile.threads());
             assert_eq!(c.shared_mem_bytes as usize, tile.smem());
-        }
-    }
-
-    #[test]
-    fn k_splits_are_whole_and_a_function_of_k() {
-        assert_eq!(mmh_splits(256), 1);
-        assert_eq!(mmh_splits(4096), 1);
-        assert_eq!(mmh_splits(6656), 1);
-        assert_eq!(mmh_splits(19968), 3);
-        for k in (256..=65536).step_by(256) {
-            let (nb, s) = (k / 256, mmh_splits(k));
-            // Every split takes at least one super-block and at most 32 (the kernel's bounds:
-            // z nb / s .. (z + 1) nb / s).
-            for z in 0..s {
-                let n = (z + 1) * nb / s - z * nb / s;
-                assert!((1..=32).contains(&n), "k {k}: split {z} of {s} takes {n}");
-            }
         }
     }
 

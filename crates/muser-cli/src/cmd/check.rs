@@ -920,9 +920,6 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
     // 24-column tiles (mmt_split_3), 32 on 32-column tiles (mmt_split_4).
     check_split(p, 40, 4096)?;
     check_split(p, 32, 4096)?;
-    if p.gpu.gpu.mmh_prefill() && muser_cuda::mmh::mmh_min() == 1 {
-        check_mmh_split(p)?;
-    }
 
     // LM head (+ scale + softcap) at the full vocabulary, and GPU argmax of its logits.
     let vocab = if quick { 4096 } else { VOCAB };
@@ -1021,47 +1018,6 @@ fn check_split(p: &mut Pair, n: usize, k: usize) -> anyhow::Result<()> {
         p.exact("split == unsplit", shape, &outs[1], &outs[0]);
     }
     p.gpu.gpu.set_mmh(mmh_default);
-    Ok(())
-}
-
-/// The f16 prefill tiles with K split over blocks (`mmh_splits`: K = 8448, 33 super-blocks, two
-/// splits) in each tile configuration (5, 40 and 70 columns): against the CPU, and each column
-/// against itself alone (one column, the narrowest configuration), bit for bit.
-fn check_mmh_split(p: &mut Pair) -> anyhow::Result<()> {
-    let k = 33 * 256;
-    assert!(muser_cuda::mmh::mmh_splits(k) > 1);
-    for (ty, rows) in [
-        (GgmlType::Q4_K, 320usize),
-        (GgmlType::Q5_K, 128),
-        (GgmlType::Q6_K, 256),
-    ] {
-        let t = p.matrix("mmh split", ty, rows, k)?;
-        let (wc, wg) = p.weights(&t)?;
-        for n in [5usize, 40, 70] {
-            let (xc, xg, xdata) = p.random_bufs(n, k);
-            let mut yg = p.gpu.buf(n, rows);
-            p.gpu.matmul(&xg, &mut [(&wg, &mut yg)]);
-            let group = p.read_gpu(&yg);
-            let mut yc = p.cpu.buf(n, rows);
-            p.cpu.matmul(&xc, &mut [(&wc, &mut yc)]);
-            let shape = format!("{ty} {rows}x{k} f16 x{n}");
-            p.record(
-                "matmul f16 split",
-                shape.clone(),
-                &group,
-                &p.read_cpu(&yc),
-                MATVEC_NMSE,
-            );
-            let mut alone = Vec::with_capacity(group.len());
-            for c in 0..n {
-                let (_, x1) = p.bufs(1, k, &xdata[c * k..(c + 1) * k]);
-                let mut y1 = p.gpu.buf(1, rows);
-                p.gpu.matmul(&x1, &mut [(&wg, &mut y1)]);
-                alone.extend(p.read_gpu(&y1));
-            }
-            p.exact("f16 split col == alone", shape, &group, &alone);
-        }
-    }
     Ok(())
 }
 
