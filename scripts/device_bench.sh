@@ -283,13 +283,17 @@ fi
 serve_rate() {
     local tag=$1
     shift
+    if [ $((DEADLINE - SECONDS)) -lt 45 ]; then
+        echo "serve $tag skipped (device budget)" | tee -a "$OUT/serve.txt"
+        return
+    fi
     local envs=()
     while [ "$1" != "--" ]; do envs+=("$1"); shift; done
     shift
     env "${envs[@]}" "$BIN" serve -m "$G" --backend cuda --parallel 32 -c 4096 --port 8090 > "$OUT/serve-$tag.log" 2>&1 &
     local pid=$! i
     for i in $(seq 1 150); do curl -sf http://127.0.0.1:8090/health > /dev/null 2>&1 && break; sleep 1; done
-    echo "serve $tag: $(timeout 200 python3 scripts/serve_rate.py --url http://127.0.0.1:8090 "$@" 2>&1 | tr '\n' ' ')" |
+    echo "serve $tag: $(timeout $((DEADLINE - SECONDS - 5)) python3 scripts/serve_rate.py --url http://127.0.0.1:8090 "$@" 2>&1 | tr '\n' ' ')" |
         tee -a "$OUT/serve.txt"
     kill "$pid"
     wait "$pid" 2> /dev/null
