@@ -12,6 +12,8 @@
 # runs the quick parity check with batch invariance on both models, `muser bench -s` (aggregate
 # decode tokens/s at each stream count) and a per-op profile of decode-group steps.
 #
+# JOB=serve: serve_benches alone.
+#
 # JOB=side (the closing call of a session): the full parity command while llama.cpp builds (LLAMA=1),
 # then llama.cpp's and Muser's benchmarks on the same llama-glimmer file on a quiet machine; with
 # SERVE=1 also `muser serve` driven by scripts/serve_rate.py (serve_benches).
@@ -149,6 +151,43 @@ llama_table() {
     return 0
 }
 
+# `muser serve` on llama-glimmer ($G) with --parallel 32, driven by scripts/serve_rate.py:
+# serve_rate TAG [VAR=value ...] -- serve_rate.py args. Prints one line per run.
+serve_rate() {
+    local tag=$1
+    shift
+    if [ $((DEADLINE - SECONDS)) -lt 45 ]; then
+        echo "serve $tag skipped (device budget)" | tee -a "$OUT/serve.txt"
+        return
+    fi
+    local envs=()
+    while [ "$1" != "--" ]; do envs+=("$1"); shift; done
+    shift
+    env "${envs[@]}" "$BIN" serve -m "$G" --backend cuda --parallel 32 -c 4096 --port 8090 > "$OUT/serve-$tag.log" 2>&1 &
+    local pid=$! i
+    for i in $(seq 1 150); do curl -sf http://127.0.0.1:8090/health > /dev/null 2>&1 && break; sleep 1; done
+    echo "serve $tag: $(timeout $((DEADLINE - SECONDS - 5)) python3 scripts/serve_rate.py --url http://127.0.0.1:8090 "$@" 2>&1 | tr '\n' ' ')" |
+        tee -a "$OUT/serve.txt"
+    kill "$pid"
+    wait "$pid" 2> /dev/null
+}
+# Greedy and sampled streams at 8 and 32 clients (2 x 128 tokens each), and long prompts (~1,850
+# tokens, 8 clients x 2, 16 tokens each: the prefill path).
+serve_benches() {
+    serve_rate greedy8 X=1 -- --clients 8 --requests 2 --max-tokens 128
+    serve_rate greedy32 X=1 -- --clients 32 --requests 2 --max-tokens 128
+    serve_rate temp32 X=1 -- --clients 32 --requests 2 --max-tokens 128 --temperature 0.8
+    serve_rate long8 X=1 -- --clients 8 --requests 2 --max-tokens 16 --prompt-words 900-1100
+}
+
+if [ "${JOB:-}" = serve ]; then
+    # `muser serve` alone (serve_benches) on a synthesized llama-glimmer.
+    G=$MODELS/llama-glimmer.gguf
+    step synth-llama-glimmer 90 "$BIN" synth llama-glimmer "$G"
+    serve_benches
+    exit 0
+fi
+
 if [ "${JOB:-}" = final ]; then
     # Everything of issues 4-6 in one call: parity (ops at the Glimmer shapes, whole-model
     # muse-tiny and muse-mid, invariance with graph replay), the matvec timing, muse-glimmer and
@@ -277,35 +316,6 @@ if [ "${JOB:-}" = side ]; then
     cat "$OUT/summary.txt"
     exit 0
 fi
-
-# `muser serve` on llama-glimmer ($G) with --parallel 32, driven by scripts/serve_rate.py:
-# serve_rate TAG [VAR=value ...] -- serve_rate.py args. Prints one line per run.
-serve_rate() {
-    local tag=$1
-    shift
-    if [ $((DEADLINE - SECONDS)) -lt 45 ]; then
-        echo "serve $tag skipped (device budget)" | tee -a "$OUT/serve.txt"
-        return
-    fi
-    local envs=()
-    while [ "$1" != "--" ]; do envs+=("$1"); shift; done
-    shift
-    env "${envs[@]}" "$BIN" serve -m "$G" --backend cuda --parallel 32 -c 4096 --port 8090 > "$OUT/serve-$tag.log" 2>&1 &
-    local pid=$! i
-    for i in $(seq 1 150); do curl -sf http://127.0.0.1:8090/health > /dev/null 2>&1 && break; sleep 1; done
-    echo "serve $tag: $(timeout $((DEADLINE - SECONDS - 5)) python3 scripts/serve_rate.py --url http://127.0.0.1:8090 "$@" 2>&1 | tr '\n' ' ')" |
-        tee -a "$OUT/serve.txt"
-    kill "$pid"
-    wait "$pid" 2> /dev/null
-}
-# Greedy and sampled streams at 8 and 32 clients (2 x 128 tokens each), and long prompts (~1,850
-# tokens, 8 clients x 2, 16 tokens each: the prefill path).
-serve_benches() {
-    serve_rate greedy8 X=1 -- --clients 8 --requests 2 --max-tokens 128
-    serve_rate greedy32 X=1 -- --clients 32 --requests 2 --max-tokens 128
-    serve_rate temp32 X=1 -- --clients 32 --requests 2 --max-tokens 128 --temperature 0.8
-    serve_rate long8 X=1 -- --clients 8 --requests 2 --max-tokens 16 --prompt-words 900-1100
-}
 
 if [ "${JOB:-}" = timeline ]; then
     # One decode step kernel by kernel (Nsight Compute, each kernel alone, clocks and caches left
