@@ -48,7 +48,7 @@ impl MmhTile {
 
 /// The configurations of mmh.cu: chunks past 64 columns on 128 x 128 tiles (so pp512's weights
 /// are re-read by 4 column tiles), narrower ones on 64-row blocks of 64 or 32 columns (twice the
-/// row blocks, more weight stages, two blocks per SM).
+/// row blocks, three weight stages, two or three blocks per SM).
 pub const MMH_WIDE: MmhTile = MmhTile {
     name: "mmh",
     bm: 128,
@@ -67,7 +67,7 @@ pub const MMH_N32: MmhTile = MmhTile {
     bn: 32,
     ws: 3,
 };
-// 227 KB of dynamic shared memory per block on sm_90 (the narrow ones: two blocks per SM); bulk
+// 227 KB of dynamic shared memory per SM on sm_90 (the narrow ones: two and three blocks); bulk
 // copies and wgmma descriptors address 16-byte units, so every stage starts on one.
 const _: () = assert!(MMH_WIDE.smem() <= 227 * 1024);
 const _: () = assert!(2 * (MMH_N64.smem() + 1024) <= 227 * 1024);
