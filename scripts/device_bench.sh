@@ -388,7 +388,8 @@ if [ "${JOB:-}" = ab ]; then
         [ -n "${DEPTH:-}" ] && step "bench-$i-d$DEPTH" 90 env $set "$b" bench --backend cuda -m "$G" -p 0 -n 64 \
             -d "$DEPTH" -r 2
     done
-    step speed 90 "$BIN" check --backend cuda --no-ops --speed "$G"
+    # SPEED_ARGS: more arguments of the per-op profile (e.g. "--depth 8192": one at that depth too).
+    step speed 150 "$BIN" check --backend cuda --no-ops ${SPEED_ARGS:-} --speed "$G"
     # TRAFFIC_KERNELS set: each setting's binary's memory traffic for them (traffic_profile).
     if [ -n "${TRAFFIC_KERNELS:-}" ]; then
         i=0
@@ -406,7 +407,7 @@ if [ "${JOB:-}" = ab ]; then
     check_summary
     sed -n '/^| matrix | type/,/^$/p' "$OUT/check.log" | head -24
     for f in "$OUT"/bench-*.log; do grep -H "^| .*CUDA" "$f" | sed "s|$OUT/||"; done
-    grep -h "^| \|^speed" "$OUT/speed.log" | head -24
+    grep -h "^| \|^speed" "$OUT/speed.log" | head -64
     [ -f "$OUT/sass.txt" ] && cat "$OUT/sass.txt"
     [ -f "$OUT/traffic.txt" ] && cat "$OUT/traffic.txt"
     cat "$OUT/summary.txt"
@@ -442,7 +443,8 @@ if [ "${JOB:-}" = tiles ]; then
     # AB="VAR=value ...": $BIN's bench again with those variables (e.g. MUSER_CUDA_MMT_SPLIT=1).
     [ -n "${AB:-}" ] && step bench-ab 90 env $AB "$BIN" bench --backend cuda -m "$G" -p 512 -n 32 -r 2 \
         -s "${STREAMS:-8,32}"
-    step speed 90 "$BIN" check --backend cuda --no-ops --speed "$G" --group-profile 8,32
+    # SPEED_ARGS: more arguments of the per-op profile (e.g. "--depth 8192": one at that depth too).
+    step speed 90 "$BIN" check --backend cuda --no-ops ${SPEED_ARGS:-} --speed "$G" --group-profile 8,32
     if [ -n "${NCU_KERNEL:-}" ]; then
         # Hardware counters of one launch of NCU_KERNEL in decode groups of NCU_STREAMS.
         step ncu-kernel 150 env MUSER_CUDA_GRAPHS=0 "$NCU_BIN" --clock-control none --kernel-name "regex:^$NCU_KERNEL\$" \

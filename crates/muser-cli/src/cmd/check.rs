@@ -1955,6 +1955,27 @@ fn bench_matvec(p: &Pair) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Prints the per-op profile of the last `steps` decode steps (profiling on; turned off here).
+fn print_decode_profile(m: &Model<CudaBackend>, name: &str, pos: usize, steps: usize) {
+    let prof = m.backend().profile_report();
+    m.backend().set_profiling(false);
+    let total: f64 = prof.iter().map(|p| p.2).sum();
+    println!("decode step breakdown of {name} at depth ~{pos} (ms per token; op calls per token):");
+    println!("| op | calls | ms | share |");
+    for (op, n, secs) in &prof {
+        println!(
+            "| {op} | {} | {:.3} | {:.0}% |",
+            n / steps as u64,
+            secs * 1e3 / steps as f64,
+            100.0 * secs / total
+        );
+    }
+    println!(
+        "| total (synchronized) | | {:.3} | |",
+        total * 1e3 / steps as f64
+    );
+}
+
 /// pp512 and tg128 (and tg64 at `depth`) of one model on CUDA alone.
 fn speed(
     path: &PathBuf,
@@ -2025,30 +2046,15 @@ fn speed(
     let steps = 16;
     m.backend().set_profiling(true);
     tg(&mut s, steps)?;
-    let prof = m.backend().profile_report();
-    m.backend().set_profiling(false);
-    let total: f64 = prof.iter().map(|p| p.2).sum();
-    println!(
-        "decode step breakdown of {name} at depth ~{} (ms per token; op calls per token):",
-        s.pos()
-    );
-    println!("| op | calls | ms | share |");
-    for (op, n, secs) in &prof {
-        println!(
-            "| {op} | {} | {:.3} | {:.0}% |",
-            n / steps as u64,
-            secs * 1e3 / steps as f64,
-            100.0 * secs / total
-        );
-    }
-    println!(
-        "| total (synchronized) | | {:.3} | |",
-        total * 1e3 / steps as f64
-    );
+    print_decode_profile(&m, &name, s.pos(), steps);
     if depth > 0 {
         s.reset();
         s.prefill(&prompt[..depth])?;
         let (td, bd) = tg(&mut s, 64)?;
+        // Per-op time of a decode step at this depth (each op synchronized, as above).
+        m.backend().set_profiling(true);
+        tg(&mut s, steps)?;
+        print_decode_profile(&m, &name, s.pos(), steps);
         line += &format!(
             "; tg64 at depth {depth}: {:.1} tokens/s ({:.2} GB/token, {:.0} GB/s)",
             1.0 / td,
