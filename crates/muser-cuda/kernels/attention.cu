@@ -495,11 +495,19 @@ __device__ __forceinline__ uint32_t u4_word(const uint4 (&v)[4], int w) {
 // C > 0 (attn_rows_mma_fin{C}_128, clusters of C blocks along z): the row's splits are merged
 // inside the cluster (attn_cluster_finish) instead of by attn_rows_combine; a block past the
 // row's splits runs an empty range and takes its share of the merge.
+//
+// early (decode steps, whose only new position is each row's own p, stored by the kernel before):
+// the block's first two steps of K and V (positions before p) are asked for before pdl_wait, so
+// their DRAM latency overlaps the kernels before; position p is loaded after the wait. With early
+// 0 (prefill, whose rows also see the chunk's other new positions) everything waits first. The
+// loads are the same bytes either way, so the bits are too.
 template <int W, int C>
-__device__ __forceinline__ void attn_rows_mma(const float* __restrict__ q, const RowKv* __restrict__ tab,
-                                              const int* __restrict__ pos, float* __restrict__ o_part,
-                                              float2* __restrict__ ml_part, int n_head, int n_kv, int window, int ring,
-                                              float scale, int solo, int min_tiles, const FinArgs& fa) {
+__device__ __forceinline__ void pdl_wait_attn_rows_mma(const float* __restrict__ q, const RowKv* __restrict__ tab,
+                                                       const int* __restrict__ pos, float* __restrict__ o_part,
+                                                       float2* __restrict__ ml_part, int n_head, int n_kv, int window,
+                                                       int ring, float scale, int solo, int min_tiles, int early,
+                                                       const FinArgs& fa) {
+    if (!early) pdl_wait();
     constexpr int D = 128;
     const int G = n_head / n_kv;
     const int kvh = blockIdx.x, h0 = kvh * G;
@@ -519,6 +527,89 @@ __device__ __forceinline__ void attn_rows_mma(const float* __restrict__ q, const
     const int slots = (int)c.slots, width = n_kv * D;
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, qd = lane >> 2, qc = lane & 3;
 
+    extern __shared__ float4 smem4[];
+    // Two V stages per warp: stage b of warp w at (2 w + b) * 16 rows.
+    __half* vs0 = (__half*)smem4 + 2 * warp * 16 * MMA_VP;
+    float o[16][4];
+#pragma unroll
+    for (int t = 0; t < 16; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.0f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+
+    // The step at j0 + 16 nw is asked for before the step at j0 is computed: its K into registers,
+    // its V into the warp's other shared-memory stage (cp.async; positions past the end read as
+    // zeros, so 0 * P stays 0).
+    // Positions j < lim of a step (lim = p before the wait: position p is the kernel before's).
+    const auto load_k = [&](uint4 (&kr)[2][4], int j0, int lim) {
+#pragma unroll
+        for (int t = 0; t < 2; ++t) {
+            const int j = j0 + 8 * t + qd;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) kr[t][i] = make_uint4(0u, 0u, 0u, 0u);
+            if (j < end && j < lim) {
+                const long long sl = ring ? j % slots : j;
+                const uint4* src = (const uint4*)(kc + (size_t)sl * width + (size_t)kvh * D + 32 * qc);
+#pragma unroll
+                for (int i = 0; i < 4; ++i) kr[t][i] = src[i];
+            }
+        }
+    };
+    const auto load_v = [&](__half* vs, int j0, int lim) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const int e = lane + 32 * i, jj = e >> 4, col = (e & 15) * 8, j = j0 + jj;
+            const long long sl = j < end ? (ring ? j % slots : j) : 0;
+            const __half* src = vc + (size_t)sl * width + (size_t)kvh * D + col;
+            if (j < lim || j >= end)
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(
+                                 (unsigned)__cvta_generic_to_shared(vs + jj * MMA_VP + col)),
+                             "l"(src), "r"(j < end ? 16 : 0));
+        }
+        asm volatile("cp.async.commit_group;" ::: "memory");
+    };
+    // After the wait: position p of a step loaded before it (its K into kr, its V row copied in a
+    // group of its own); whether the step holds p.
+    const auto fix_p = [&](uint4 (&kr)[2][4], __half* vs, int j0) {
+        if (p < j0 || p >= j0 + 16 || p >= end) return false;
+        const long long sl = ring ? p % slots : p;
+#pragma unroll
+        for (int t = 0; t < 2; ++t)
+            if (j0 + 8 * t + qd == p) {
+                const uint4* src = (const uint4*)(kc + (size_t)sl * width + (size_t)kvh * D + 32 * qc);
+#pragma unroll
+                for (int i = 0; i < 4; ++i) kr[t][i] = src[i];
+            }
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const int e = lane + 32 * i, jj = e >> 4, col = (e & 15) * 8;
+            if (j0 + jj == p)
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
+                                 (unsigned)__cvta_generic_to_shared(vs + jj * MMA_VP + col)),
+                             "l"(vc + (size_t)sl * width + (size_t)kvh * D + col));
+        }
+        asm volatile("cp.async.commit_group;" ::: "memory");
+        return true;
+    };
+    const int lim0 = early ? p : 0x7fffffff;
+    uint4 kr[2][4], kn[2][4];
+    int stage = 0;
+    const int s0 = start + 16 * warp, s1 = s0 + 16 * nw;
+    if (warp < nw && s0 < end) {
+        load_k(kr, s0, lim0);
+        load_v(vs0, s0, lim0);
+        if (s1 < end) {
+            load_k(kn, s1, lim0);
+            load_v(vs0 + 16 * MMA_VP, s1, lim0);
+        }
+    }
+    bool fixed = false; // a group of position p's V rows is in flight (the first step waits for all)
+    if (early) {
+        pdl_wait();
+        if (warp < nw && s0 < end) {
+            fixed = fix_p(kr, vs0, s0);
+            if (s1 < end) fixed |= fix_p(kn, vs0 + 16 * MMA_VP, s1);
+        }
+    }
+
     // Q as A fragments, step s: a0/a2 = row qd, dims 32qc + 4s + {0,1} / {2,3}; a1/a3 = row qd + 8.
     uint32_t qa[8][4];
     const float* qrow = q + (size_t)row * n_head * D + (size_t)h0 * D;
@@ -533,56 +624,12 @@ __device__ __forceinline__ void attn_rows_mma(const float* __restrict__ q, const
             qa[s][2 + rr] = pack_half2(x.z, x.w);
         }
 
-    extern __shared__ float4 smem4[];
-    // Two V stages per warp: stage b of warp w at (2 w + b) * 16 rows.
-    __half* vs0 = (__half*)smem4 + 2 * warp * 16 * MMA_VP;
-    float o[16][4];
-#pragma unroll
-    for (int t = 0; t < 16; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.0f;
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-
-    // The step at j0 + 16 nw is asked for before the step at j0 is computed: its K into registers,
-    // its V into the warp's other shared-memory stage (cp.async; positions past the end read as
-    // zeros, so 0 * P stays 0).
-    const auto load_k = [&](uint4 (&kr)[2][4], int j0) {
-#pragma unroll
-        for (int t = 0; t < 2; ++t) {
-            const int j = j0 + 8 * t + qd;
-#pragma unroll
-            for (int i = 0; i < 4; ++i) kr[t][i] = make_uint4(0u, 0u, 0u, 0u);
-            if (j < end) {
-                const long long sl = ring ? j % slots : j;
-                const uint4* src = (const uint4*)(kc + (size_t)sl * width + (size_t)kvh * D + 32 * qc);
-#pragma unroll
-                for (int i = 0; i < 4; ++i) kr[t][i] = src[i];
-            }
-        }
-    };
-    const auto load_v = [&](__half* vs, int j0) {
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            const int e = lane + 32 * i, jj = e >> 4, col = (e & 15) * 8, j = j0 + jj;
-            const long long sl = j < end ? (ring ? j % slots : j) : 0;
-            const __half* src = vc + (size_t)sl * width + (size_t)kvh * D + col;
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(
-                             (unsigned)__cvta_generic_to_shared(vs + jj * MMA_VP + col)),
-                         "l"(src), "r"(j < end ? 16 : 0));
-        }
-        asm volatile("cp.async.commit_group;" ::: "memory");
-    };
-    uint4 kr[2][4];
-    int stage = 0;
-    if (warp < nw && start + 16 * warp < end) {
-        load_k(kr, start + 16 * warp);
-        load_v(vs0, start + 16 * warp);
-    }
-    for (int j0 = start + 16 * warp; warp < nw && j0 < end; j0 += 16 * nw, stage ^= 1) {
+    for (int j0 = s0; warp < nw && j0 < end; j0 += 16 * nw, stage ^= 1) {
         __half* vs = vs0 + stage * 16 * MMA_VP;
-        uint4 kn[2][4];
         const bool more = j0 + 16 * nw < end;
-        if (more) {
-            load_k(kn, j0 + 16 * nw);
-            load_v(vs0 + (stage ^ 1) * 16 * MMA_VP, j0 + 16 * nw);
+        if (more && j0 != s0) { // the second step's loads went out with the first's
+            load_k(kn, j0 + 16 * nw, 0x7fffffff);
+            load_v(vs0 + (stage ^ 1) * 16 * MMA_VP, j0 + 16 * nw, 0x7fffffff);
         }
         // S: element (row qd + 8 (e >> 1), column 2qc + (e & 1)) of n-tile t is position
         // j0 + 8t + 2qc + (e & 1).
@@ -631,7 +678,7 @@ __device__ __forceinline__ void attn_rows_mma(const float* __restrict__ q, const
             pa[2 + rr] = pack_half2(pv[2], pv[3]);
         }
         // This step's V (the next step's copy may still be in flight).
-        if (more) asm volatile("cp.async.wait_group 1;" ::: "memory");
+        if (more && !(fixed && j0 == s0)) asm volatile("cp.async.wait_group 1;" ::: "memory");
         else asm volatile("cp.async.wait_group 0;" ::: "memory");
         __syncwarp();
         // O += P V: ldmatrix.trans gives the B fragments of two n-tiles (8 dims each) at a time.
@@ -657,84 +704,93 @@ __device__ __forceinline__ void attn_rows_mma(const float* __restrict__ q, const
         }
     }
 
-    // Merge the warps' states by halves (nw = 4: 3 and 2 into 1 and 0, then 1 into 0) through
-    // shared memory (the V rows are free now); warp 0 writes the block's partial. A lane's two
-    // values of a row (columns 2qc, 2qc + 1 of an n-tile) go as one float2, and rows are
-    // MMA_SP floats apart, so each half-warp's 16 float2 fall in 16 different bank pairs (rows
-    // of 128 floats: 8-way bank conflicts, 65% of the kernel's shared-memory wavefronts at depth
-    // 8192, Nsight Compute).
+    // Merge the warps' states (nw = 8: ((0 4) (2 6)) ((1 5) (3 7)); nw = 4: (0 2) (1 3), each pair
+    // the online-softmax merge) in one round: every warp leaves its state in its own slot of
+    // shared memory (the V rows are free now), then each warp merges 16 / W heads of all the
+    // slots along that tree and writes them. A lane's two values of a row (columns 2qc, 2qc + 1
+    // of an n-tile) go as one float2, and rows are MMA_SP floats apart, so each half-warp's 16
+    // float2 fall in 16 different bank pairs (rows of 128 floats: 8-way bank conflicts).
     __syncthreads();
-    float* so = (float*)smem4;                         // [nw / 2][16 heads][MMA_SP]
-    float2* sml = (float2*)(so + W / 2 * 16 * MMA_SP); // [nw / 2][16]
-    auto put = [&](int slot) {
+    float* so = (float*)smem4;                     // [W][16 heads][MMA_SP]
+    float2* sml = (float2*)(so + W * 16 * MMA_SP); // [W][16]
+    if (warp < nw) {
 #pragma unroll
         for (int t = 0; t < 16; ++t)
 #pragma unroll
             for (int rr = 0; rr < 2; ++rr)
-                *(float2*)(so + (slot * 16 + qd + 8 * rr) * MMA_SP + 8 * t + 2 * qc) =
+                *(float2*)(so + (warp * 16 + qd + 8 * rr) * MMA_SP + 8 * t + 2 * qc) =
                     make_float2(o[t][2 * rr], o[t][2 * rr + 1]);
         if (qc == 0) {
-            sml[slot * 16 + qd] = make_float2(m[0], l[0]);
-            sml[slot * 16 + qd + 8] = make_float2(m[1], l[1]);
+            sml[warp * 16 + qd] = make_float2(m[0], l[0]);
+            sml[warp * 16 + qd + 8] = make_float2(m[1], l[1]);
         }
-    };
-    auto merge = [&](int slot) {
+    }
+    __syncthreads();
+    constexpr int HPW = 16 / W, LPH = 32 / HPW; // heads per warp, lanes per head
+    const int hh = warp * HPW + lane / LPH, li = lane % LPH;
+    // The tree's factors for head hh: round r (half = W / 2 >> r) merges slot w + half into w.
+    float ms[W], ls[W], ka[W - 1], kb[W - 1];
 #pragma unroll
-        for (int rr = 0; rr < 2; ++rr) {
-            const float2 ml = sml[slot * 16 + qd + 8 * rr];
-            const float M = fmaxf(m[rr], ml.x);
-            const float a = m[rr] == -INFINITY ? 0.0f : expf(m[rr] - M);
-            const float b = ml.x == -INFINITY ? 0.0f : expf(ml.x - M);
-            l[rr] = l[rr] * a + ml.y * b;
-            m[rr] = M;
+    for (int w = 0; w < W; ++w) {
+        const float2 v = w < nw ? sml[w * 16 + hh] : make_float2(-INFINITY, 0.0f);
+        ms[w] = v.x;
+        ls[w] = v.y;
+    }
+    int node = 0;
 #pragma unroll
-            for (int t = 0; t < 16; ++t) {
-                const float2 v = *(const float2*)(so + (slot * 16 + qd + 8 * rr) * MMA_SP + 8 * t + 2 * qc);
-                o[t][2 * rr] = o[t][2 * rr] * a + v.x * b;
-                o[t][2 * rr + 1] = o[t][2 * rr + 1] * a + v.y * b;
+    for (int half = W / 2; half >= 1; half /= 2)
+#pragma unroll
+        for (int w = 0; w < half; ++w, ++node) {
+            if (2 * half > nw) continue;
+            const float M = fmaxf(ms[w], ms[w + half]);
+            ka[node] = ms[w] == -INFINITY ? 0.0f : expf(ms[w] - M);
+            kb[node] = ms[w + half] == -INFINITY ? 0.0f : expf(ms[w + half] - M);
+            ls[w] = __fmaf_rn(ls[w], ka[node], __fmul_rn(ls[w + half], kb[node]));
+            ms[w] = M;
+        }
+    // The lane's values of head hh: float2 columns 2 li + 2 LPH i.
+    float2 res[D / (2 * LPH)];
+#pragma unroll
+    for (int i = 0; i < D / (2 * LPH); ++i) {
+        const int dd = 2 * li + 2 * LPH * i;
+        float2 v[W];
+#pragma unroll
+        for (int w = 0; w < W; ++w) v[w] = w < nw ? *(const float2*)(so + (w * 16 + hh) * MMA_SP + dd) : make_float2(0.0f, 0.0f);
+        int nd = 0;
+#pragma unroll
+        for (int half = W / 2; half >= 1; half /= 2)
+#pragma unroll
+            for (int w = 0; w < half; ++w, ++nd) {
+                if (2 * half > nw) continue;
+                v[w].x = __fmaf_rn(v[w].x, ka[nd], __fmul_rn(v[w + half].x, kb[nd]));
+                v[w].y = __fmaf_rn(v[w].y, ka[nd], __fmul_rn(v[w + half].y, kb[nd]));
             }
-        }
-    };
-    for (int half = nw / 2; half >= 1; half /= 2) {
-        if (warp >= half && warp < 2 * half) put(warp - half);
-        __syncthreads();
-        if (warp < half) merge(warp);
-        if (half > 1) __syncthreads();
+        res[i] = v[0];
     }
     if constexpr (FIN) {
-        // Warp 0 leaves the block's split in slot 0 (each lane rewrites what it read there, after
-        // every lane of the warp has read it).
-        if (warp == 0) {
-            __syncwarp();
-            put(0);
-        }
+        // The block's split into slot 0 (once every warp has read the slots).
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < D / (2 * LPH); ++i) *(float2*)(so + hh * MMA_SP + 2 * li + 2 * LPH * i) = res[i];
+        if (li == 0) sml[hh] = make_float2(ms[0], ls[0]);
         attn_cluster_finish<FIN ? C : 1>(so, sml, plan.x, row, n_head, h0, fa);
         return;
     }
-    if (warp != 0) return;
-    const size_t base = ((size_t)row * n_head + (size_t)h0) * n_splits + split;
+    if (hh >= G) return;
+    const size_t at = ((size_t)row * n_head + (size_t)h0 + hh) * n_splits + split;
 #pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-        const int g = qd + 8 * rr;
-        if (g >= G) continue;
-#pragma unroll
-        for (int t = 0; t < 16; ++t)
-            *(float2*)(o_part + (base + (size_t)g * n_splits) * D + 8 * t + 2 * qc) =
-                make_float2(o[t][2 * rr], o[t][2 * rr + 1]);
-        if (qc == 0) ml_part[base + (size_t)g * n_splits] = make_float2(m[rr], l[rr]);
-    }
+    for (int i = 0; i < D / (2 * LPH); ++i) *(float2*)(o_part + at * D + 2 * li + 2 * LPH * i) = res[i];
+    if (li == 0) ml_part[at] = make_float2(ms[0], ls[0]);
 }
 #define MMA_ROWS_ARGS const float* __restrict__ q, const RowKv* __restrict__ tab, const int* __restrict__ pos, \
     float* __restrict__ o_part, float2* __restrict__ ml_part, int n_head, int n_kv, int window, int ring, float scale, \
-    int solo, int min_tiles
-#define MMA_ROWS_PASS q, tab, pos, o_part, ml_part, n_head, n_kv, window, ring, scale, solo, min_tiles
+    int solo, int min_tiles, int early
+#define MMA_ROWS_PASS q, tab, pos, o_part, ml_part, n_head, n_kv, window, ring, scale, solo, min_tiles, early
 extern "C" __global__ void __launch_bounds__(128) attn_rows_mma_128(MMA_ROWS_ARGS) {
-    pdl_wait();
-    attn_rows_mma<4, 0>(MMA_ROWS_PASS, FinArgs{});
+    pdl_wait_attn_rows_mma<4, 0>(MMA_ROWS_PASS, FinArgs{});
 }
 extern "C" __global__ void __launch_bounds__(256) attn_rows_mma8_128(MMA_ROWS_ARGS) {
-    pdl_wait();
-    attn_rows_mma<8, 0>(MMA_ROWS_PASS, FinArgs{});
+    pdl_wait_attn_rows_mma<8, 0>(MMA_ROWS_PASS, FinArgs{});
 }
 // Grid (n_kv, n_rows, C): every row of the launch has at most C splits (backend.rs:
 // rows_cluster), 16 query heads of 128 per KV head. o_part / ml_part are not used.
@@ -742,8 +798,7 @@ extern "C" __global__ void __launch_bounds__(256) attn_rows_mma8_128(MMA_ROWS_AR
     float2 *__restrict__ xds, int8_t *__restrict__ xbs
 #define FIN_PASS FinArgs{out, gate, xq, xds, xbs}
 extern "C" __global__ void CLUSTER_DIMS_8 __launch_bounds__(128) attn_rows_mma_fin8_128(MMA_ROWS_ARGS, FIN_ARGS) {
-    pdl_wait();
-    attn_rows_mma<4, 8>(MMA_ROWS_PASS, FIN_PASS);
+    pdl_wait_attn_rows_mma<4, 8>(MMA_ROWS_PASS, FIN_PASS);
 }
 
 #define ATT_ARGS const float* __restrict__ q, const __half* __restrict__ kc, const __half* __restrict__ vc, \
@@ -768,9 +823,26 @@ extern "C" __global__ void __launch_bounds__(128) attn_rows_256(ROWS_ARGS) { pdl
 // so the bits are those of B = 1): one at a time, a row of 32 splits (depth 8192) was a chain of
 // 64 L2 round trips, 19.6 us per launch on the H200 (Nsight Compute). B = 8: the rows of a
 // 512-token prompt have at most 8 splits (batches of 16 cost pp512 1.3%).
+// A row of at most MERGE_B splits (every decode row up to 2,048 positions) loads them in one
+// batch: one L2 round trip instead of two, the same maximum and the terms in the same order.
 template <int MERGE_B>
 __device__ __forceinline__ float merge_splits(const float* __restrict__ o_part, const float2* __restrict__ ml_part,
                                               size_t base, int ns, int D, int d) {
+    if (MERGE_B > 1 && ns <= MERGE_B) {
+        float2 ml[MERGE_B];
+        float ov[MERGE_B];
+#pragma unroll
+        for (int i = 0; i < MERGE_B; ++i) {
+            ml[i] = i < ns ? ml_part[base + i] : make_float2(-INFINITY, 0.0f);
+            ov[i] = i < ns ? o_part[(base + i) * D + d] : 0.0f;
+        }
+        float M = -INFINITY, num = 0.0f, den = 0.0f;
+#pragma unroll
+        for (int i = 0; i < MERGE_B; ++i) M = fmaxf(M, ml[i].x);
+#pragma unroll
+        for (int i = 0; i < MERGE_B; ++i) merge_term(ml[i], ov[i], M, num, den);
+        return num / den;
+    }
     float M = -INFINITY;
     for (int s0 = 0; s0 < ns; s0 += MERGE_B) {
         float mb[MERGE_B];

@@ -257,6 +257,9 @@ struct RowsAttn {
     min_tiles: usize,
     window: usize,
     ring: bool,
+    /// Decode rows (each row's only new position its own): the tensor-core kernel asks for its
+    /// first K/V steps before waiting for the kernel before (`attn_early`).
+    early: bool,
 }
 
 /// What a recorded decode step was recorded for: it replays only while all of it is unchanged.
@@ -411,6 +414,13 @@ pub fn attn_split_tiles() -> usize {
     })
 }
 
+/// Whether decode rows' tensor-core attention asks for its first K/V steps before waiting for
+/// the kernel before (`MUSER_ATTN_EARLY=0`: after; the same loads, so the same bits).
+fn attn_early() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("MUSER_ATTN_EARLY").as_deref() != Ok("0"))
+}
+
 /// Dynamic shared memory of attn_partial for G query heads per KV head of width d.
 pub fn attention_smem(g: usize, d: usize) -> usize {
     4 * (g * d + ATT_T * (d + 4) + ATT_T * d + g * ATT_T + 3 * g)
@@ -427,10 +437,10 @@ pub fn attention_kernel(head_dim: usize) -> Option<&'static str> {
 }
 
 /// Shared memory of the tensor-core decode attention with `w` warps per block: w x 2 stages x 16
-/// V rows of 136 halves (reused for the merge of the warps' states: w / 2 x 16 rows of 136 f32
-/// and w / 2 x 16 (max, sum)).
+/// V rows of 136 halves (reused for the merge of the warps' states: w x 16 rows of 136 f32),
+/// then w x 16 (max, sum).
 pub const fn attn_mma_smem(w: usize) -> usize {
-    w * 2 * 16 * 136 * 2
+    w * 2 * 16 * 136 * 2 + w * 16 * 8
 }
 
 /// The smallest plan (splits, positions per split) on which the 8-warp tensor-core decode
@@ -958,6 +968,7 @@ impl CudaBackend {
             a.solo as i32,
             a.min_tiles as i32,
         );
+        let early = i32::from(a.early);
         let mut b = self.gpu.stream.launch_builder(f);
         b.arg(&qp)
             .arg(&a.tab)
@@ -970,7 +981,8 @@ impl CudaBackend {
             .arg(&ring)
             .arg(&scale)
             .arg(&so)
-            .arg(&mt);
+            .arg(&mt)
+            .arg(&early);
         if let Some(out) = &fin {
             for v in out {
                 b.arg(v);
@@ -1803,6 +1815,7 @@ impl Backend for CudaBackend {
                         min_tiles: 1,
                         window: l.spec.window.unwrap_or(0),
                         ring: l.spec.is_ring(),
+                        early: false,
                     };
                     self.attn_rows_mma(&a, self.p(&q.data), scale, false, None);
                     self.attn_rows_combine(&mut ws, &a, d, 0, self.p(&out.data));
@@ -2175,6 +2188,7 @@ impl Backend for CudaBackend {
                     min_tiles: attn_split_tiles(),
                     window: spec.window.unwrap_or(0),
                     ring: spec.is_ring(),
+                    early: attn_early(),
                 };
                 let qp = self.p(&q.data);
                 if let Some(g) = gate {
@@ -2314,13 +2328,13 @@ mod tests {
         assert!(mma_attention_fits(128, 16));
         assert!(mma_attention_fits(128, 4));
         assert!(!mma_attention_fits(128, 17) && !mma_attention_fits(64, 8));
-        // The merge area fits in the V rows' shared memory.
+        // The merge area (a slot of 16 rows of 136 f32 and 16 (max, sum) per warp) fits.
         for w in [4, 8] {
-            assert!(w / 2 * 16 * 136 * 4 + w / 2 * 16 * 8 <= attn_mma_smem(w));
+            assert!(w * 16 * 136 * 4 + w * 16 * 8 <= attn_mma_smem(w));
             // Two blocks per SM fit the H200's 227 KB of shared memory per block.
             assert!(2 * attn_mma_smem(w) <= 227 * 1024);
         }
-        assert_eq!(attn_mma_smem(4), 34_816);
+        assert_eq!(attn_mma_smem(4), 34_816 + 512);
     }
 
     #[test]
