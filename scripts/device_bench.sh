@@ -304,6 +304,8 @@ if [ "${JOB:-}" = side ]; then
     step bench-d8192 90 "$BIN" bench --backend cuda -m "$G" -p 0 -n 128 -d 8192 -r 2
     step bench-streams 120 "$BIN" bench --backend cuda -m "$G" -p 0 -n 128 -r 2 -s "${STREAMS:-1,8,32}"
     [ "${SERVE:-0}" = 1 ] && serve_benches
+    # TIMELINE=1: one decode step kernel by kernel last (as JOB=timeline), within the budget.
+    [ "${TIMELINE:-0}" = 1 ] && ncu_timeline ""
     echo
     echo "================ short table ================"
     check_counts
@@ -313,6 +315,7 @@ if [ "${JOB:-}" = side ]; then
     grep -h "one decode step launches\|never dispatched by" "$OUT/bench-graphs.log"
     llama_table
     tail -3 "$OUT/llama-build.log" 2>/dev/null
+    [ -f "$OUT/timeline.txt" ] && head -14 "$OUT/timeline.txt"
     cat "$OUT/summary.txt"
     exit 0
 fi
