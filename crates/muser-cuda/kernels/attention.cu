@@ -482,6 +482,11 @@ __device__ __forceinline__ uint32_t u4_word(const uint4 (&v)[4], int w) {
     return c == 0 ? x.x : c == 1 ? x.y : c == 2 ? x.z : x.w;
 }
 
+// a * ka + b * kb with one rounding order (the warps' merge in attn_rows_mma).
+__device__ __forceinline__ float merge_pair(float a, float b, float ka, float kb) {
+    return __fmaf_rn(a, ka, __fmul_rn(b, kb));
+}
+
 // W warps per block (4 or 8). The block's split is cut into steps of 16 positions over nw warps
 // (warp w takes the steps at start + 16 w, + 16 nw, ...), and the warps' states are merged by
 // halves. nw depends only on the row's own plan: 8 where it has 16 splits or more of 16 * 8
@@ -745,7 +750,7 @@ __device__ __forceinline__ void pdl_wait_attn_rows_mma(const float* __restrict__
             const float M = fmaxf(ms[w], ms[w + half]);
             ka[node] = ms[w] == -INFINITY ? 0.0f : expf(ms[w] - M);
             kb[node] = ms[w + half] == -INFINITY ? 0.0f : expf(ms[w + half] - M);
-            ls[w] = __fmaf_rn(ls[w], ka[node], __fmul_rn(ls[w + half], kb[node]));
+            ls[w] = merge_pair(ls[w], ls[w + half], ka[node], kb[node]);
             ms[w] = M;
         }
     // The lane's values of head hh: float2 columns 2 li + 2 LPH i.
@@ -762,8 +767,8 @@ __device__ __forceinline__ void pdl_wait_attn_rows_mma(const float* __restrict__
 #pragma unroll
             for (int w = 0; w < half; ++w, ++nd) {
                 if (2 * half > nw) continue;
-                v[w].x = __fmaf_rn(v[w].x, ka[nd], __fmul_rn(v[w + half].x, kb[nd]));
-                v[w].y = __fmaf_rn(v[w].y, ka[nd], __fmul_rn(v[w + half].y, kb[nd]));
+                v[w].x = merge_pair(v[w].x, v[w + half].x, ka[nd], kb[nd]);
+                v[w].y = merge_pair(v[w].y, v[w + half].y, ka[nd], kb[nd]);
             }
         res[i] = v[0];
     }

@@ -1957,10 +1957,22 @@ fn bench_matvec(p: &Pair) -> anyhow::Result<()> {
 
 /// Prints the per-op profile of the last `steps` decode steps (profiling on; turned off here).
 fn print_decode_profile(m: &Model<CudaBackend>, name: &str, pos: usize, steps: usize) {
+    print_profile(
+        m,
+        &format!(
+            "decode step breakdown of {name} at depth ~{pos} (ms per token; op calls per token):"
+        ),
+        steps,
+    );
+}
+
+/// Prints the per-op profile recorded since profiling was turned on (turned off here), per
+/// `steps` (ms and calls divided by it).
+fn print_profile(m: &Model<CudaBackend>, title: &str, steps: usize) {
     let prof = m.backend().profile_report();
     m.backend().set_profiling(false);
     let total: f64 = prof.iter().map(|p| p.2).sum();
-    println!("decode step breakdown of {name} at depth ~{pos} (ms per token; op calls per token):");
+    println!("{title}");
     println!("| op | calls | ms | share |");
     for (op, n, secs) in &prof {
         println!(
@@ -2006,19 +2018,11 @@ fn speed(
     s.reset();
     m.backend().set_profiling(true);
     s.prefill(&prompt[..512])?;
-    let prof = m.backend().profile_report();
-    m.backend().set_profiling(false);
-    let total: f64 = prof.iter().map(|p| p.2).sum();
-    println!("prefill breakdown of {name} (512 tokens; ms per chunk):");
-    println!("| op | calls | ms | share |");
-    for (op, n, secs) in &prof {
-        println!(
-            "| {op} | {n} | {:.3} | {:.0}% |",
-            secs * 1e3,
-            100.0 * secs / total
-        );
-    }
-    println!("| total (synchronized) | | {:.3} | |", total * 1e3);
+    print_profile(
+        &m,
+        &format!("prefill breakdown of {name} (512 tokens; ms per chunk):"),
+        1,
+    );
     let read_bw = m.backend().gpu.measure_read_bandwidth()?;
     let tg = |s: &mut Session<CudaBackend>, n: usize| -> anyhow::Result<(f64, u64)> {
         let mut tok = argmax(s.logits()) as u32;
