@@ -40,6 +40,11 @@ OUT=${OUT:-/tmp/muser-out}
 MODELS=${MODELS:-/tmp/muser-models}
 REPS=${REPS:-3}
 mkdir -p "$OUT" "$MODELS"
+# Everything this script prints also goes to $OUT/0-stdout.txt, whose name sorts first: the device
+# tool brings back only the first few files of $OUT, and the short table is in this one.
+exec > >(tee "$OUT/0-stdout.txt") 2>&1
+TEE_PID=$!
+trap 'exec >&- 2>&-; wait $TEE_PID' EXIT
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 
 if [ "${LLAMA:-0}" = 1 ] && [ -f .llamacpp-src.tar.xz ]; then
