@@ -505,7 +505,11 @@ __device__ __forceinline__ float merge_pair(float a, float b, float ka, float kb
 // the block's first two steps of K and V (positions before p) are asked for before pdl_wait, so
 // their DRAM latency overlaps the kernels before; position p is loaded after the wait. With early
 // 0 (prefill, whose rows also see the chunk's other new positions) everything waits first. The
-// loads are the same bytes either way, so the bits are too.
+// loads are the same bytes either way, so the bits are too. Before the wait a block reads only
+// what no kernel of the step writes (the positions, the cache table, the K/V of earlier steps:
+// a decode step starts after the host has read the step before's logits). A block past its
+// row's splits then returns without waiting; split 0 of every row waits, so the grid still ends
+// after the kernel before it (common.cuh, pdl_wait).
 template <int W, int C>
 __device__ __forceinline__ void pdl_wait_attn_rows_mma(const float* __restrict__ q, const RowKv* __restrict__ tab,
                                                        const int* __restrict__ pos, float* __restrict__ o_part,
