@@ -80,7 +80,8 @@ __device__ __forceinline__ float warp_max(float v) {
 // scheduled while the previous kernel is still running, and pdl_wait() holds them until that
 // kernel has completed and its writes are visible. A kernel that calls it does so first, in
 // every block, before reading anything and before any early return (a grid that finished
-// without waiting would let the kernel after it run before the one before it ended); the trigger
+// without waiting would let the kernel after it run before the one before it ended; the decode
+// attention, pdl_wait_attn_rows_mma, says why its reads before the wait are safe); the trigger
 // lets the next kernel's blocks be scheduled as soon as this kernel's have all started. Both
 // are no-ops when the launch is not programmatic, and compile to nothing before sm_90.
 __device__ __forceinline__ void pdl_wait() {
