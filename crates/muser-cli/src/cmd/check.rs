@@ -1692,30 +1692,19 @@ fn profile_group(m: &Model<CudaBackend>, n: usize, name: &str) -> anyhow::Result
     for _ in 0..steps {
         step(&mut sessions)?;
     }
-    let prof = be.profile_report();
-    be.set_profiling(false);
-    let total: f64 = prof.iter().map(|p| p.2).sum();
-    println!(
-        "decode group of {n} on {name}: {:.2} ms per step = {:.0} tokens/s; logits read-back {:.2} ms ({:.1} MB), into the rows {:.2} ms, a serial host copy of them {:.2} ms",
-        step_s * 1e3,
-        n as f64 / step_s,
-        read_s * 1e3,
-        (n * nv as usize * 4) as f64 / 1e6,
-        parts_s * 1e3,
-        copy_s * 1e3
-    );
-    println!("| op | calls | ms per step | share |");
-    for (op, calls, secs) in &prof {
-        println!(
-            "| {op} | {} | {:.3} | {:.0}% |",
-            calls / steps as u64,
-            secs * 1e3 / steps as f64,
-            100.0 * secs / total
-        );
-    }
-    println!(
-        "| total (synchronized) | | {:.3} | |",
-        total * 1e3 / steps as f64
+    print_profile(
+        m,
+        &format!(
+            "decode group of {n} on {name}: {:.2} ms per step = {:.0} tokens/s; logits read-back {:.2} ms ({:.1} MB), into the rows {:.2} ms, a serial host copy of them {:.2} ms",
+            step_s * 1e3,
+            n as f64 / step_s,
+            read_s * 1e3,
+            (n * nv as usize * 4) as f64 / 1e6,
+            parts_s * 1e3,
+            copy_s * 1e3
+        ),
+        steps,
+        "ms per step",
     );
     Ok(())
 }
@@ -1963,17 +1952,18 @@ fn print_decode_profile(m: &Model<CudaBackend>, name: &str, pos: usize, steps: u
             "decode step breakdown of {name} at depth ~{pos} (ms per token; op calls per token):"
         ),
         steps,
+        "ms",
     );
 }
 
-/// Prints the per-op profile recorded since profiling was turned on (turned off here), per
-/// `steps` (ms and calls divided by it).
-fn print_profile(m: &Model<CudaBackend>, title: &str, steps: usize) {
+/// Prints `title` and the per-op profile recorded since profiling was turned on (turned off
+/// here), per `steps` (ms and calls divided by it; `ms` heads that column).
+fn print_profile(m: &Model<CudaBackend>, title: &str, steps: usize, ms: &str) {
     let prof = m.backend().profile_report();
     m.backend().set_profiling(false);
     let total: f64 = prof.iter().map(|p| p.2).sum();
     println!("{title}");
-    println!("| op | calls | ms | share |");
+    println!("| op | calls | {ms} | share |");
     for (op, n, secs) in &prof {
         println!(
             "| {op} | {} | {:.3} | {:.0}% |",
@@ -2022,6 +2012,7 @@ fn speed(
         &m,
         &format!("prefill breakdown of {name} (512 tokens; ms per chunk):"),
         1,
+        "ms",
     );
     let read_bw = m.backend().gpu.measure_read_bandwidth()?;
     let tg = |s: &mut Session<CudaBackend>, n: usize| -> anyhow::Result<(f64, u64)> {
