@@ -1,0 +1,506 @@
+// Does a persistent decode step pay (issue 5)? The matvec chain of 52 Glimmer-shaped layers
+// (Q4_K: q+k+v 4608 x 6656, attn_output 6656 x 4096, gate+up+SiLU 2 x 19968 x 6656, ffn_down
+// 6656 x 19968; 257 MB a layer, 8 distinct layers cycled so that L2 serves none of it), with a
+// one-block "small op" after each matvec (an RMS norm of 6656 values, standing in for the norms,
+// qkv_rows and the attention), run two ways over the same device code (mvk_warp of
+// crates/muser-cuda/kernels/matvec.cu, the same warp ranges, so the same bits):
+//   A: as the engine does: one launch per matvec and per small op, programmatic dependent launches
+//      in one CUDA graph (the matvecs ask L2 for their first round before their wait);
+//   B: one cooperative launch for the whole chain, 4 blocks of 4 warps per SM, a grid-wide
+//      counter between ops (each warp adds 1 when its range is done; one poller per block), the
+//      small op run by block 0 while the other blocks wait on its flag; before waiting, a warp
+//      either does nothing (B0), asks L2 for its next range's first round (B1), or loads that
+//      round's weights into registers (B2).
+// Prints ms per 52 layers, GB/s and % of the read bandwidth measured in the same run, and
+// whether every variant's outputs equal A's bit for bit. Weights are random bytes (timing only).
+// Build and run on the device: bash scripts/matvec_lab/run_chain.sh
+#ifndef __CUDACC_RTC__
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+#include <algorithm>
+#include <cuda_runtime.h>
+#endif
+
+#include "../../crates/muser-cuda/kernels/common.cuh"
+#include "../../crates/muser-cuda/kernels/matvec.cu"
+
+#ifndef __CUDACC_RTC__
+#define CK(x)                                                                              \
+    do {                                                                                   \
+        cudaError_t e_ = (x);                                                              \
+        if (e_ != cudaSuccess) {                                                           \
+            printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));     \
+            exit(1);                                                                       \
+        }                                                                                  \
+    } while (0)
+#endif
+
+struct Op {
+    const uint8_t* w;  // weights (gate for SiLU)
+    const uint8_t* wu; // up (SiLU)
+    float* y;
+    float* small_out;  // the small op's output (its input is y)
+    int rows, K, silu, W; // W: the warps that share the op's tasks (the launch's in A)
+};
+
+__device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+// The small op: out = in / rms(in), one block of 128 threads (two passes over n values).
+__device__ __forceinline__ void small_body(const float* __restrict__ in, float* __restrict__ out, int n) {
+    __shared__ float red[4];
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < n; i += 128) {
+        const float v = __ldcg(in + i);
+        ss = fmaf(v, v, ss);
+    }
+    ss = warp_sum(ss);
+    if (threadIdx.x % WARP == 0) red[threadIdx.x / WARP] = ss;
+    __syncthreads();
+    const float s = rsqrtf((red[0] + red[1] + red[2] + red[3]) / n + 1e-6f);
+    for (int i = threadIdx.x; i < n; i += 128) out[i] = __ldcg(in + i) * s;
+    __syncthreads();
+}
+
+__global__ void __launch_bounds__(128) small_k(const float* in, float* out, int n) {
+    pdl_wait();
+    small_body(in, out, n);
+}
+
+__device__ __forceinline__ void op_range(const Op& op, int gw, int* t0, int* t1, int* nch) {
+    *nch = kq_chunks(op.K);
+    const unsigned T = (unsigned)((op.rows + 3) / 4) * (op.silu ? 2 : 1) * *nch;
+    if (gw >= op.W) {
+        *t0 = *t1 = 0;
+        return;
+    }
+    *t0 = (int)(T * (unsigned)gw / (unsigned)op.W);
+    *t1 = (int)(T * (unsigned)(gw + 1) / (unsigned)op.W);
+}
+
+__device__ __forceinline__ MvkTask op_task(const Op& op, int nch, int gq, int ch) {
+    return op.silu ? mvk_silu_task_at(op.w, FMT_Q4_K, op.wu, FMT_Q4_K, op.rows, nch, gq, ch)
+                   : mvk_job_task_at(op.w, op.y, FMT_Q4_K, op.rows, 0, gq, ch);
+}
+
+// One round of mvk_warp (two tasks, lanes 0-15 and 16-31) of a Q4_K range, its weights loaded
+// here or, PRE, given (pre). A copy of mvk_warp's loop body for the lab's B2 (the first round
+// loaded before the wait), the same arithmetic in the same order.
+template <bool SILU, bool PRE, typename TaskFn>
+__device__ __forceinline__ void lab_round(TaskFn task, int tb, int t0, int t1, int nch, int per, int& ga, int& ra,
+                                          float& ya, float& yb, const int8_t* __restrict__ xq,
+                                          const float2* __restrict__ xds, int K, float* __restrict__ cv,
+                                          unsigned* __restrict__ cnt, float* __restrict__ ysilu,
+                                          const RawQ45 (&pre)[4]) {
+    const int lane = threadIdx.x % WARP, j = lane >> 2, q = lane & 3, s4 = j & 3, hf = j >> 2;
+    const int nb = K / QK_K;
+    const int gb = ga + (ra + 1 == per), rb = ra + 1 == per ? 0 : ra + 1;
+    const bool tv = tb + hf < t1;
+    const MvkTask k = hf && tv ? task(gb, rb) : task(ga, ra);
+    const int sb = KQ_CHUNK * k.ch + s4;
+    const bool ok = tv && sb < nb;
+    int isc[4] = {0, 0, 0, 0}, im[4] = {0, 0, 0, 0};
+    float2 dm[4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) dm[r] = make_float2(0.0f, 0.0f);
+    float dx = 0.0f;
+    if (ok) {
+        dx = xds[(size_t)sb * 8].x;
+        const Act a{xq, xds, nullptr, K, 1, 0};
+        const int item = sb * 4 + q;
+        RawQ45 raw[4];
+        if constexpr (PRE) {
+#pragma unroll
+            for (int r = 0; r < 4; ++r) raw[r] = pre[r];
+        } else {
+            const uint8_t* blk0 = k.w + kq_blk(k.row0, nb, sb) * 144;
+#pragma unroll
+            for (int r = 0; r < 4; ++r) raw[r] = load_q45<false>(blk0 + r * 144, q);
+        }
+        const X64 x = load_x64<1>(a, 0, sb * QK_K + 64 * q);
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+            const Q45 u = unpack_q45<false>(raw[r], item);
+            q45_ints(u, x, &isc[r], &im[r]);
+            dm[r] = u.dm;
+        }
+    }
+    const int s = quad_scatter(isc, q);
+    const float2 dq = q == 0 ? dm[0] : q == 1 ? dm[1] : q == 2 ? dm[2] : dm[3];
+    float v = kq_value_q45(dq.x, dq.y, s, quad_scatter(im, q), dx);
+    const int nsb = nb - KQ_CHUNK * k.ch;
+    float o = __shfl_xor_sync(0xffffffffu, v, 4);
+    if ((s4 ^ 1) < nsb) v = kq_add(v, o);
+    o = __shfl_xor_sync(0xffffffffu, v, 8);
+    if (((s4 ^ 2) & ~1) < nsb) v = kq_add(v, o);
+    const float cva = __shfl_sync(0xffffffffu, v, q), cvb = __shfl_sync(0xffffffffu, v, 16 + q);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int tt = tb + h;
+        if (tt >= t1) break;
+        const MvkTask kt = h ? task(gb, rb) : task(ga, ra);
+        const float c = h ? cvb : cva;
+        const int first = kt.gq * per, idx = kt.m * nch + kt.ch;
+        const bool wr = lane < kt.nr;
+        if (first >= t0 && first + per <= t1) {
+            if (SILU && kt.m) yb = kq_add(kt.ch == 0 ? 0.0f : yb, c);
+            else ya = kq_add(kt.ch == 0 ? 0.0f : ya, c);
+            if (idx == per - 1 && wr) {
+                if (SILU) ysilu[kt.row0 + lane] = ya / (1.0f + expf(-ya)) * yb;
+                else kt.y[kt.row0 + lane] = ya;
+            }
+            continue;
+        }
+        const size_t row = (size_t)4 * kt.gq + lane;
+        if (wr) cv[row * per + idx] = c;
+        if (idx == per - 1 || tt == t1 - 1) {
+            const int n = min(first + per, t1) - max(first, t0);
+            __syncwarp();
+            int last = 0;
+            if (lane == 0) {
+                last = atom_add_release(&cnt[kt.gq], (unsigned)n) == (unsigned)(per - n);
+                if (last) fence_acquire();
+            }
+            last = __shfl_sync(0xffffffffu, last, 0);
+            if (last) {
+                __syncwarp();
+                if (wr) {
+                    const float* cr = cv + row * per;
+                    float g, u;
+                    kq_sum_chunks<SILU>(cr, cr + nch, nch, &g, &u);
+                    if (SILU) ysilu[kt.row0 + lane] = g / (1.0f + expf(-g)) * u;
+                    else kt.y[kt.row0 + lane] = g;
+                }
+            }
+            if (last && lane == 0) cnt[kt.gq] = 0u;
+        }
+    }
+    ga = gb + (rb + 1 == per);
+    ra = rb + 1 == per ? 0 : rb + 1;
+}
+
+// The first round's weights of the warp's range (lab_round's `pre`): the loads mvk_ints makes.
+template <typename TaskFn>
+__device__ __forceinline__ void lab_first_loads(TaskFn task, int t0, int t1, int per, int K, RawQ45 (&pre)[4]) {
+    const int lane = threadIdx.x % WARP, j = lane >> 2, q = lane & 3, s4 = j & 3, hf = j >> 2;
+    const int nb = K / QK_K;
+    const int ga = t0 / per, ra = t0 - ga * per;
+    const int gb = ga + (ra + 1 == per), rb = ra + 1 == per ? 0 : ra + 1;
+    const bool tv = t0 + hf < t1;
+    const MvkTask k = hf && tv ? task(gb, rb) : task(ga, ra);
+    const int sb = KQ_CHUNK * k.ch + s4;
+    if (tv && sb < nb) {
+        const uint8_t* blk0 = k.w + kq_blk(k.row0, nb, sb) * 144;
+#pragma unroll
+        for (int r = 0; r < 4; ++r) pre[r] = load_q45<false>(blk0 + r * 144, q);
+    }
+}
+
+// mvk_warp over [t0, t1) of a Q4_K op with the first round's weights given (lab_first_loads).
+template <bool SILU, typename TaskFn>
+__device__ __forceinline__ void lab_warp(TaskFn task, int t0, int t1, int nch, const int8_t* __restrict__ xq,
+                                         const float2* __restrict__ xds, int K, float* __restrict__ cv,
+                                         unsigned* __restrict__ cnt, float* __restrict__ ysilu, const RawQ45 (&pre)[4]) {
+    const int per = (SILU ? 2 : 1) * nch;
+    float ya = 0.0f, yb = 0.0f;
+    int ga = t0 / per, ra = t0 - ga * per;
+    lab_round<SILU, true>(task, t0, t0, t1, nch, per, ga, ra, ya, yb, xq, xds, K, cv, cnt, ysilu, pre);
+#pragma unroll 1
+    for (int tb = t0 + 2; tb < t1; tb += 2)
+        lab_round<SILU, false>(task, tb, t0, t1, nch, per, ga, ra, ya, yb, xq, xds, K, cv, cnt, ysilu, pre);
+}
+
+// Mode bits: 1 = ask L2 for the next range's first round before the wait (B1), 2 = load it into
+// registers (B2), 4 = small ops.
+__global__ void __launch_bounds__(128, 4) chain_persist(const Op* __restrict__ ops, int nops, const int8_t* xq,
+                                                        const float2* xds, float* cv, unsigned* cnt, unsigned* bar,
+                                                        int mode) {
+    const int gw = blockIdx.x * 4 + threadIdx.x / WARP, GW = gridDim.x * 4, lane = threadIdx.x % WARP;
+    unsigned arrived = 0, smalls = 0;
+    for (int o = 0; o < nops; ++o) {
+        const Op op = ops[o];
+        int t0, t1, nch;
+        op_range(op, gw, &t0, &t1, &nch);
+        const int per = (op.silu ? 2 : 1) * nch;
+        const auto task = [&](int gq, int ch) { return op_task(op, nch, gq, ch); };
+        if ((mode & 1) && t0 + (lane >= 16) < t1) mvk_prefetch(task((t0 + (lane >= 16)) / per, (t0 + (lane >= 16)) % per), op.K);
+        RawQ45 pre[4];
+        if ((mode & 2) && t0 < t1) lab_first_loads(task, t0, t1, per, op.K, pre);
+        if (o > 0) { // the previous op (and its small op) done
+            __syncthreads();
+            if (threadIdx.x == 0) {
+                while (ld_acquire(&bar[0]) < arrived) __nanosleep(20);
+                if (mode & 4)
+                    while (ld_acquire(&bar[1]) < smalls) __nanosleep(20);
+            }
+            __syncthreads();
+        }
+        if (t0 < t1) {
+            if (mode & 2) {
+                if (op.silu) lab_warp<true>(task, t0, t1, nch, xq, xds, op.K, cv, cnt, op.y, pre);
+                else lab_warp<false>(task, t0, t1, nch, xq, xds, op.K, cv, cnt, nullptr, pre);
+            } else if (op.silu) {
+                mvk_warp<true, FMT_Q4_K>(task, t0, t1, nch, xq, xds, op.K, cv, cnt, op.y, 0);
+            } else {
+                mvk_warp<false, FMT_Q4_K>(task, t0, t1, nch, xq, xds, op.K, cv, cnt, nullptr, 0);
+            }
+        }
+        __syncwarp();
+        if (lane == 0) atom_add_release(&bar[0], 1u);
+        arrived += GW;
+        if (mode & 4) {
+            if (blockIdx.x == 0) {
+                __syncthreads();
+                if (threadIdx.x == 0)
+                    while (ld_acquire(&bar[0]) < arrived) __nanosleep(20);
+                __syncthreads();
+                small_body(op.y, op.small_out, op.silu ? 6656 : min(op.rows, 6656));
+                if (threadIdx.x == 0) atom_add_release(&bar[1], 1u);
+            }
+            smalls += 1;
+        }
+    }
+}
+
+#ifndef __CUDACC_RTC__
+static int kq_chunks_host(int K) { return (K / 256 + 3) / 4; }
+
+__global__ void read_bw(const uint4* __restrict__ p, size_t n, unsigned* sink) {
+    uint4 acc = make_uint4(0, 0, 0, 0);
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const uint4 v = __ldcs(p + i);
+        acc.x ^= v.x; acc.y ^= v.y; acc.z ^= v.z; acc.w ^= v.w;
+    }
+    if ((acc.x ^ acc.y ^ acc.z ^ acc.w) == 0x12345678u) *sink = 1;
+}
+
+static void fill_q4k(std::vector<unsigned char>& b, unsigned long long seed) {
+    unsigned long long x = seed * 0x9E3779B97F4A7C15ull + 1;
+    for (size_t o = 0; o + 8 <= b.size(); o += 8) {
+        x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+        memcpy(&b[o], &x, 8);
+    }
+    for (size_t o = 0; o + 144 <= b.size(); o += 144) {
+        b[o] = 0x00; b[o + 1] = 0x20;
+        b[o + 2] = 0x00; b[o + 3] = 0x1C;
+    }
+}
+
+static int mvk_blocks(long quads, long per, int sms) {
+    const long most = sms * 4L, warps = sms * 16L;
+    if (quads <= warps && 4 * quads >= 3 * warps) return (int)((quads + 3) / 4);
+    long b = ((quads * per + 1) / 2 + 3) / 4;
+    return (int)std::max(1L, std::min(b, most));
+}
+
+template <typename... Args, typename... Real>
+static void launch_pdl(void (*k)(Args...), int grid, int block, cudaStream_t s, Real... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(grid);
+    cfg.blockDim = dim3(block);
+    cfg.stream = s;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    CK(cudaLaunchKernelEx(&cfg, k, args...));
+}
+
+int main() {
+    int sms;
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    const int NL = 8, LAYERS = 52, KD = 6656, KF = 19968, KO = 4096, RQKV = 4608;
+    const size_t bq = (size_t)RQKV * (KD / 256) * 144, bo = (size_t)KD * (KO / 256) * 144,
+                 bg = (size_t)KF * (KD / 256) * 144, bd = (size_t)KD * (KF / 256) * 144;
+    const double layer_bytes = (double)(bq + bo + 2 * bg + bd);
+    printf("%d SMs; a layer reads %.1f MB (q+k+v %.1f, attn_output %.1f, gate+up %.1f, ffn_down %.1f)\n", sms,
+           layer_bytes / 1e6, bq / 1e6, bo / 1e6, 2 * bg / 1e6, bd / 1e6);
+    struct LayerW {
+        unsigned char *q, *o, *g, *u, *d;
+    };
+    std::vector<LayerW> lw(NL);
+    {
+        std::vector<unsigned char> h(bg);
+        int seed = 1;
+        auto up = [&](unsigned char** p, size_t n) {
+            h.resize(n);
+            fill_q4k(h, seed++);
+            CK(cudaMalloc(p, n));
+            CK(cudaMemcpy(*p, h.data(), n, cudaMemcpyHostToDevice));
+        };
+        for (auto& l : lw) {
+            up(&l.q, bq);
+            up(&l.o, bo);
+            up(&l.g, bg);
+            up(&l.u, bg);
+            up(&l.d, bd);
+        }
+    }
+    int8_t* xq;
+    float2* xds;
+    CK(cudaMalloc(&xq, KF));
+    CK(cudaMalloc(&xds, KF / 32 * sizeof(float2)));
+    {
+        std::vector<int8_t> h(KF);
+        for (auto& x : h) x = (int8_t)(rand() % 255 - 127);
+        CK(cudaMemcpy(xq, h.data(), KF, cudaMemcpyHostToDevice));
+        std::vector<float2> d(KF / 32);
+        for (auto& x : d) x = make_float2(0.01f, (float)(rand() % 2000 - 1000));
+        CK(cudaMemcpy(xds, d.data(), d.size() * sizeof(float2), cudaMemcpyHostToDevice));
+    }
+    // Outputs: one set per variant (compared at the end), the small ops' outputs shared.
+    const int NV = 5;
+    float *ys[NV][4], *sout;
+    for (int v = 0; v < NV; ++v)
+        for (int i = 0; i < 4; ++i) {
+            CK(cudaMalloc(&ys[v][i], KF * sizeof(float)));
+            CK(cudaMemset(ys[v][i], 0, KF * sizeof(float)));
+        }
+    CK(cudaMalloc(&sout, KF * sizeof(float)));
+    float* cv;
+    unsigned *cnt, *bar;
+    CK(cudaMalloc(&cv, (size_t)KF * 16 * sizeof(float)));
+    CK(cudaMalloc(&cnt, KF / 4 * sizeof(unsigned)));
+    CK(cudaMemset(cnt, 0, KF / 4 * sizeof(unsigned)));
+    CK(cudaMalloc(&bar, 64));
+
+    const int gq = mvk_blocks(RQKV / 4, kq_chunks_host(KD), sms), go = mvk_blocks(KD / 4, kq_chunks_host(KO), sms),
+              gg = mvk_blocks(KF / 4, 2 * kq_chunks_host(KD), sms), gd = mvk_blocks(KD / 4, kq_chunks_host(KF), sms);
+    printf("launch grids (blocks of 4 warps): q+k+v %d, attn_output %d, gate+up %d, ffn_down %d\n", gq, go, gg, gd);
+    auto ops_for = [&](int v) {
+        std::vector<Op> ops;
+        for (int l = 0; l < LAYERS; ++l) {
+            const LayerW& w = lw[l % NL];
+            ops.push_back(Op{w.q, nullptr, ys[v][0], sout, RQKV, KD, 0, gq * 4});
+            ops.push_back(Op{w.o, nullptr, ys[v][1], sout, KD, KO, 0, go * 4});
+            ops.push_back(Op{w.g, w.u, ys[v][2], sout, KF, KD, 1, gg * 4});
+            ops.push_back(Op{w.d, nullptr, ys[v][3], sout, KD, KF, 0, gd * 4});
+        }
+        return ops;
+    };
+
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    auto time_it = [&](auto&& run, int reps) {
+        run();
+        run();
+        CK(cudaStreamSynchronize(st));
+        CK(cudaEventRecord(e0, st));
+        for (int r = 0; r < reps; ++r) run();
+        CK(cudaEventRecord(e1, st));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        return ms / reps;
+    };
+
+    // Read bandwidth: 4 GiB in one pass.
+    double bw;
+    {
+        const size_t n = (size_t)4 << 30;
+        uint4* p;
+        unsigned* sink;
+        CK(cudaMalloc(&p, n));
+        CK(cudaMemset(p, 1, n));
+        CK(cudaMalloc(&sink, 4));
+        const float ms = time_it([&] { read_bw<<<sms * 8, 512, 0, st>>>(p, n / 16, sink); }, 5);
+        bw = n / (ms * 1e-3) / 1e9;
+        CK(cudaFree(p));
+        printf("read bandwidth: %.1f GB/s; the chain's bytes at that rate: %.3f ms per %d layers\n", bw,
+               layer_bytes * LAYERS / bw / 1e6, LAYERS);
+    }
+    auto report = [&](const char* name, float ms) {
+        const double gbs = layer_bytes * LAYERS / (ms * 1e-3) / 1e9;
+        printf("%-62s %8.3f ms  %7.1f GB/s  %5.1f%%  (%.2f us a layer)\n", name, ms, gbs, 100.0 * gbs / bw,
+               ms * 1000.0 / LAYERS);
+    };
+
+    // A: launches with programmatic dependencies, in one graph; with and without the small ops.
+    for (int small = 0; small < 2; ++small) {
+        const std::vector<Op> ops = ops_for(0);
+        cudaGraph_t g;
+        cudaGraphExec_t ge;
+        CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+        for (const Op& op : ops) {
+            if (op.silu) {
+                launch_pdl(mvk_silu_1, gg, 128, st, op.w, (int)FMT_Q4_K, op.wu, (int)FMT_Q4_K, op.y, op.rows,
+                           (const int8_t*)xq, (const float2*)xds, op.K, cv, cnt, 0);
+            } else {
+                MatvecJobs j{};
+                j.w[0] = op.w;
+                j.y[0] = op.y;
+                j.rows[0] = op.rows;
+                j.ty[0] = FMT_Q4_K;
+                j.start[1] = (op.rows + 3) / 4 * 4;
+                j.njobs = 1;
+                launch_pdl(mvk_1, op.W / 4, 128, st, j, (const int8_t*)xq, (const float2*)xds, op.K, cv, cnt, 0);
+            }
+            if (small) launch_pdl(small_k, 1, 128, st, (const float*)op.y, op.small_out, op.silu ? 6656 : std::min(op.rows, 6656));
+        }
+        CK(cudaStreamEndCapture(st, &g));
+        CK(cudaGraphInstantiate(&ge, g, 0));
+        const float ms = time_it([&] { CK(cudaGraphLaunch(ge, st)); }, 10);
+        report(small ? "A  launches + PDL, graph, small ops" : "A- launches + PDL, graph, no small ops", ms);
+    }
+    // B: one cooperative launch.
+    int occ = 0;
+    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, chain_persist, 128, 0));
+    cudaFuncAttributes fa;
+    CK(cudaFuncGetAttributes(&fa, chain_persist));
+    printf("chain_persist: %d registers, %zu bytes local, %d blocks per SM\n", fa.numRegs, fa.localSizeBytes, occ);
+    if (occ < 4) {
+        printf("not 4 blocks per SM: B skipped\n");
+        return 0;
+    }
+    Op* dops;
+    CK(cudaMalloc(&dops, sizeof(Op) * 4 * LAYERS));
+    struct Var {
+        const char* name;
+        int mode;
+    } vars[] = {{"B- persistent, no small ops, nothing ahead", 0},
+                {"B0 persistent, small ops, nothing ahead", 4},
+                {"B1 persistent, small ops, next first round asked of L2", 5},
+                {"B2 persistent, small ops, next first round in registers", 6},
+                {"B2- persistent, no small ops, first round in registers", 2}};
+    int vi = 1;
+    for (const Var& v : vars) {
+        const int slot = std::min(vi, NV - 1);
+        const std::vector<Op> ops = ops_for(slot);
+        CK(cudaMemcpy(dops, ops.data(), sizeof(Op) * ops.size(), cudaMemcpyHostToDevice));
+        int nops = (int)ops.size(), mode = v.mode;
+        const int8_t* xq_ = xq;
+        const float2* xds_ = xds;
+        const float ms = time_it(
+            [&] {
+                CK(cudaMemsetAsync(bar, 0, 64, st));
+                void* args[] = {(void*)&dops, (void*)&nops, (void*)&xq_, (void*)&xds_, (void*)&cv, (void*)&cnt,
+                                (void*)&bar, (void*)&mode};
+                CK(cudaLaunchCooperativeKernel((void*)chain_persist, dim3(sms * 4), dim3(128), args, 0, st));
+            },
+            10);
+        report(v.name, ms);
+        CK(cudaStreamSynchronize(st));
+        // Bits against A's outputs (the last layer's four matvecs).
+        int same = 1;
+        for (int i = 0; i < 4; ++i) {
+            std::vector<float> a(KF), b(KF);
+            CK(cudaMemcpy(a.data(), ys[0][i], KF * 4, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(b.data(), ys[slot][i], KF * 4, cudaMemcpyDeviceToHost));
+            const int n = i == 2 ? KF : i == 0 ? RQKV : KD;
+            if (memcmp(a.data(), b.data(), n * 4) != 0) same = 0;
+        }
+        printf("   outputs %s A's\n", same ? "bit-identical to" : "DIFFER from");
+        ++vi;
+    }
+    return 0;
+}
+#endif
