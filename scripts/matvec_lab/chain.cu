@@ -51,6 +51,10 @@ __device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
     return v;
 }
 
+__device__ __forceinline__ void red_release(unsigned* p, unsigned v) {
+    asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
 // The small op: out = in / rms(in), one block of 128 threads (two passes over n values).
 __device__ __forceinline__ void small_body(const float* __restrict__ in, float* __restrict__ out, int n) {
     __shared__ float red[4];
@@ -216,11 +220,37 @@ __device__ __forceinline__ void lab_warp(TaskFn task, int t0, int t1, int nch, c
 }
 
 // Mode bits: 1 = ask L2 for the next range's first round before the wait (B1), 2 = load it into
-// registers (B2), 4 = small ops.
+// registers (B2), 4 = small ops; the grid barrier: 8 = one arrival per block (else per warp),
+// 16 = eight arrival counters (else one), 32 = pollers spin without sleeping.
+// tl (if not null): when each op's last warp arrived, as block 0 saw it (%globaltimer, ns).
+template <bool REGS>
 __global__ void __launch_bounds__(128, 4) chain_persist(const Op* __restrict__ ops, int nops, const int8_t* xq,
                                                         const float2* xds, float* cv, unsigned* cnt, unsigned* bar,
-                                                        int mode) {
-    const int gw = blockIdx.x * 4 + threadIdx.x / WARP, GW = gridDim.x * 4, lane = threadIdx.x % WARP;
+                                                        int mode, unsigned long long* tl) {
+    const int gw = blockIdx.x * 4 + threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    // The arrival counters: one (bar[0]) or, mode & 16, eight (bar[32 c], blocks c mod 8).
+    const int nctr = (mode & 16) ? 8 : 1, ctr = (mode & 16) ? 32 * (blockIdx.x & 7) : 0;
+    const unsigned inc = gridDim.x / nctr * ((mode & 8) ? 1 : 4); // arrivals per counter and op
+    const auto wait_all = [&](unsigned target, unsigned small_target) {
+        __syncthreads();
+        if (threadIdx.x < nctr)
+            while (ld_acquire(&bar[32 * threadIdx.x]) < target)
+                if (!(mode & 32)) __nanosleep(20);
+        if (threadIdx.x == 0 && small_target)
+            while (ld_acquire(&bar[256]) < small_target)
+                if (!(mode & 32)) __nanosleep(20);
+        if (tl && blockIdx.x == 0 && threadIdx.x == 0) {
+            unsigned long long t;
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
+            tl[target / inc] = t;
+        }
+        __syncthreads();
+    };
+    if (tl && blockIdx.x == 0 && threadIdx.x == 0) {
+        unsigned long long t;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
+        tl[0] = t;
+    }
     unsigned arrived = 0, smalls = 0;
     for (int o = 0; o < nops; ++o) {
         const Op op = ops[o];
@@ -230,18 +260,10 @@ __global__ void __launch_bounds__(128, 4) chain_persist(const Op* __restrict__ o
         const auto task = [&](int gq, int ch) { return op_task(op, nch, gq, ch); };
         if ((mode & 1) && t0 + (lane >= 16) < t1) mvk_prefetch(task((t0 + (lane >= 16)) / per, (t0 + (lane >= 16)) % per), op.K);
         RawQ45 pre[4];
-        if ((mode & 2) && t0 < t1) lab_first_loads(task, t0, t1, per, op.K, pre);
-        if (o > 0) { // the previous op (and its small op) done
-            __syncthreads();
-            if (threadIdx.x == 0) {
-                while (ld_acquire(&bar[0]) < arrived) __nanosleep(20);
-                if (mode & 4)
-                    while (ld_acquire(&bar[1]) < smalls) __nanosleep(20);
-            }
-            __syncthreads();
-        }
+        if (REGS && t0 < t1) lab_first_loads(task, t0, t1, per, op.K, pre);
+        if (o > 0) wait_all(arrived, (mode & 4) ? smalls : 0u); // the previous op (and its small op) done
         if (t0 < t1) {
-            if (mode & 2) {
+            if constexpr (REGS) {
                 if (op.silu) lab_warp<true>(task, t0, t1, nch, xq, xds, op.K, cv, cnt, op.y, pre);
                 else lab_warp<false>(task, t0, t1, nch, xq, xds, op.K, cv, cnt, nullptr, pre);
             } else if (op.silu) {
@@ -250,17 +272,20 @@ __global__ void __launch_bounds__(128, 4) chain_persist(const Op* __restrict__ o
                 mvk_warp<false, FMT_Q4_K>(task, t0, t1, nch, xq, xds, op.K, cv, cnt, nullptr, 0);
             }
         }
-        __syncwarp();
-        if (lane == 0) atom_add_release(&bar[0], 1u);
-        arrived += GW;
+        if (mode & 8) { // one arrival per block
+            __syncthreads();
+            if (threadIdx.x == 0) red_release(&bar[ctr], 1u);
+        } else {
+            __syncwarp();
+            if (lane == 0) red_release(&bar[ctr], 1u);
+        }
+        arrived += inc;
+        if (tl && o == nops - 1) wait_all(arrived, 0u);
         if (mode & 4) {
             if (blockIdx.x == 0) {
-                __syncthreads();
-                if (threadIdx.x == 0)
-                    while (ld_acquire(&bar[0]) < arrived) __nanosleep(20);
-                __syncthreads();
+                wait_all(arrived, 0u);
                 small_body(op.y, op.small_out, op.silu ? 6656 : min(op.rows, 6656));
-                if (threadIdx.x == 0) atom_add_release(&bar[1], 1u);
+                if (threadIdx.x == 0) red_release(&bar[256], 1u);
             }
             smalls += 1;
         }
@@ -368,7 +393,7 @@ int main() {
     CK(cudaMalloc(&cv, (size_t)KF * 16 * sizeof(float)));
     CK(cudaMalloc(&cnt, KF / 4 * sizeof(unsigned)));
     CK(cudaMemset(cnt, 0, KF / 4 * sizeof(unsigned)));
-    CK(cudaMalloc(&bar, 64));
+    CK(cudaMalloc(&bar, 4096));
 
     const int gq = mvk_blocks(RQKV / 4, kq_chunks_host(KD), sms), go = mvk_blocks(KD / 4, kq_chunks_host(KO), sms),
               gg = mvk_blocks(KF / 4, 2 * kq_chunks_host(KD), sms), gd = mvk_blocks(KD / 4, kq_chunks_host(KF), sms);
@@ -424,9 +449,10 @@ int main() {
                ms * 1000.0 / LAYERS);
     };
 
-    // A: launches with programmatic dependencies, in one graph; with and without the small ops.
-    for (int small = 0; small < 2; ++small) {
-        const std::vector<Op> ops = ops_for(0);
+    // A: launches with programmatic dependencies, in one graph; with and without the small ops;
+    // then each op type alone (52 launches of it chained).
+    const char* tyname[4] = {"q+k+v", "attn_output", "gate+up", "ffn_down"};
+    auto graph_ms = [&](const std::vector<Op>& ops, bool small) {
         cudaGraph_t g;
         cudaGraphExec_t ge;
         CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
@@ -449,28 +475,52 @@ int main() {
         CK(cudaStreamEndCapture(st, &g));
         CK(cudaGraphInstantiate(&ge, g, 0));
         const float ms = time_it([&] { CK(cudaGraphLaunch(ge, st)); }, 10);
-        report(small ? "A  launches + PDL, graph, small ops" : "A- launches + PDL, graph, no small ops", ms);
+        CK(cudaGraphExecDestroy(ge));
+        CK(cudaGraphDestroy(g));
+        return ms;
+    };
+    report("A- launches + PDL, graph, no small ops", graph_ms(ops_for(0), false));
+    report("A  launches + PDL, graph, small ops", graph_ms(ops_for(0), true));
+    {
+        const std::vector<Op> all = ops_for(0);
+        printf("A-, each op type alone (52 chained launches), us a launch:");
+        for (int t = 0; t < 4; ++t) {
+            std::vector<Op> one;
+            for (size_t i = t; i < all.size(); i += 4) one.push_back(all[i]);
+            printf(" %s %.2f", tyname[t], graph_ms(one, false) * 1000.0 / LAYERS);
+        }
+        printf("\n");
     }
     // B: one cooperative launch.
     int occ = 0;
-    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, chain_persist, 128, 0));
-    cudaFuncAttributes fa;
-    CK(cudaFuncGetAttributes(&fa, chain_persist));
-    printf("chain_persist: %d registers, %zu bytes local, %d blocks per SM\n", fa.numRegs, fa.localSizeBytes, occ);
+    for (int r = 0; r < 2; ++r) {
+        const void* f = r ? (const void*)chain_persist<true> : (const void*)chain_persist<false>;
+        int o = 0;
+        CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o, f, 128, 0));
+        cudaFuncAttributes fa;
+        CK(cudaFuncGetAttributes(&fa, f));
+        printf("chain_persist<%d>: %d registers, %zu bytes local, %d blocks per SM\n", r, fa.numRegs, fa.localSizeBytes, o);
+        occ = r ? std::min(occ, o) : o;
+    }
     if (occ < 4) {
         printf("not 4 blocks per SM: B skipped\n");
         return 0;
     }
     Op* dops;
     CK(cudaMalloc(&dops, sizeof(Op) * 4 * LAYERS));
+    unsigned long long* dtl;
+    CK(cudaMalloc(&dtl, sizeof(unsigned long long) * (4 * LAYERS + 1)));
     struct Var {
         const char* name;
         int mode;
-    } vars[] = {{"B- persistent, no small ops, nothing ahead", 0},
-                {"B0 persistent, small ops, nothing ahead", 4},
-                {"B1 persistent, small ops, next first round asked of L2", 5},
-                {"B2 persistent, small ops, next first round in registers", 6},
-                {"B2- persistent, no small ops, first round in registers", 2}};
+    } vars[] = {{"B- no small ops; barrier per warp, 1 counter, sleep", 0},
+                {"B- no small ops; per block, 1 counter, sleep", 8},
+                {"B- no small ops; per block, 8 counters, spin", 56},
+                {"B1- no small ops, first round asked of L2; per block, 1 ctr, sleep", 9},
+                {"B2- no small ops, first round in registers; per block, 1 ctr, sleep", 10},
+                {"B2- no small ops, first round in registers; per block, 8 ctr, spin", 58},
+                {"B0 small ops; per block, 1 counter, sleep", 12},
+                {"B2 small ops, first round in registers; per block, 1 ctr, sleep", 14}};
     int vi = 1;
     for (const Var& v : vars) {
         const int slot = std::min(vi, NV - 1);
@@ -479,15 +529,29 @@ int main() {
         int nops = (int)ops.size(), mode = v.mode;
         const int8_t* xq_ = xq;
         const float2* xds_ = xds;
-        const float ms = time_it(
-            [&] {
-                CK(cudaMemsetAsync(bar, 0, 64, st));
-                void* args[] = {(void*)&dops, (void*)&nops, (void*)&xq_, (void*)&xds_, (void*)&cv, (void*)&cnt,
-                                (void*)&bar, (void*)&mode};
-                CK(cudaLaunchCooperativeKernel((void*)chain_persist, dim3(sms * 4), dim3(128), args, 0, st));
-            },
-            10);
+        unsigned long long* tl = nullptr;
+        const void* f = (mode & 2) ? (const void*)chain_persist<true> : (const void*)chain_persist<false>;
+        auto run = [&] {
+            CK(cudaMemsetAsync(bar, 0, 4096, st));
+            void* args[] = {(void*)&dops, (void*)&nops, (void*)&xq_, (void*)&xds_, (void*)&cv, (void*)&cnt,
+                            (void*)&bar, (void*)&mode, (void*)&tl};
+            CK(cudaLaunchCooperativeKernel(f, dim3(sms * 4), dim3(128), args, 0, st));
+        };
+        const float ms = time_it(run, 10);
         report(v.name, ms);
+        if (!(mode & 4)) { // the timeline: each op type's mean time from the last arrival before it
+            tl = dtl;
+            run();
+            CK(cudaStreamSynchronize(st));
+            tl = nullptr;
+            std::vector<unsigned long long> h(4 * LAYERS + 1);
+            CK(cudaMemcpy(h.data(), dtl, h.size() * 8, cudaMemcpyDeviceToHost));
+            double sum[4] = {0, 0, 0, 0};
+            for (int o = 0; o < 4 * LAYERS; ++o) sum[o % 4] += (h[o + 1] - h[o]) / 1e3;
+            printf("   us per op:");
+            for (int t = 0; t < 4; ++t) printf(" %s %.2f", tyname[t], sum[t] / LAYERS);
+            printf("\n");
+        }
         CK(cudaStreamSynchronize(st));
         // Bits against A's outputs (the last layer's four matvecs).
         int same = 1;
