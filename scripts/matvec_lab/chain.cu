@@ -37,6 +37,8 @@
     } while (0)
 #endif
 
+#define KF_MAX 19968
+
 struct Op {
     const uint8_t* w;  // weights (gate for SiLU)
     const uint8_t* wu; // up (SiLU)
@@ -92,15 +94,38 @@ __device__ __forceinline__ MvkTask op_task(const Op& op, int nch, int gq, int ch
                    : mvk_job_task_at(op.w, op.y, FMT_Q4_K, op.rows, 0, gq, ch);
 }
 
+// Dataflow (mode & 128): the chunks of an op's input that are ready, as counts of the producing
+// op's row quads written (rp: one counter per 1024 rows, pq the producer's row quads), and the
+// counters this op bumps as its row quads are written (rc).
+struct Df {
+    const unsigned* rp;
+    int pq;
+    unsigned* rc;
+    unsigned known; // chunks seen complete
+};
+
+__device__ __forceinline__ void df_wait(Df& df, int ch, bool need) {
+    const int lane = threadIdx.x % WARP;
+    const unsigned bit = need && df.rp ? 1u << ch : 0u;
+    const unsigned want = __reduce_or_sync(0xffffffffu, bit) & ~df.known;
+    if (!want) return;
+    if (lane < 32 && (want >> lane) & 1u) {
+        const unsigned full = (unsigned)min(256, df.pq - 256 * lane);
+        while (ld_acquire(df.rp + lane) < full) __nanosleep(20);
+    }
+    __syncwarp();
+    df.known |= want;
+}
+
 // One round of mvk_warp (two tasks, lanes 0-15 and 16-31) of a Q4_K range, its weights loaded
 // here or, PRE, given (pre). A copy of mvk_warp's loop body for the lab's B2 (the first round
 // loaded before the wait), the same arithmetic in the same order.
-template <bool SILU, bool PRE, typename TaskFn>
+template <bool SILU, bool PRE, bool DF = false, typename TaskFn>
 __device__ __forceinline__ void lab_round(TaskFn task, int tb, int t0, int t1, int nch, int per, int& ga, int& ra,
                                           float& ya, float& yb, const int8_t* __restrict__ xq,
                                           const float2* __restrict__ xds, int K, float* __restrict__ cv,
                                           unsigned* __restrict__ cnt, float* __restrict__ ysilu,
-                                          const RawQ45 (&pre)[4]) {
+                                          const RawQ45 (&pre)[4], Df* df = nullptr) {
     const int lane = threadIdx.x % WARP, j = lane >> 2, q = lane & 3, s4 = j & 3, hf = j >> 2;
     const int nb = K / QK_K;
     const int gb = ga + (ra + 1 == per), rb = ra + 1 == per ? 0 : ra + 1;
@@ -113,6 +138,7 @@ __device__ __forceinline__ void lab_round(TaskFn task, int tb, int t0, int t1, i
 #pragma unroll
     for (int r = 0; r < 4; ++r) dm[r] = make_float2(0.0f, 0.0f);
     float dx = 0.0f;
+    if constexpr (DF) df_wait(*df, k.ch, ok);
     if (ok) {
         dx = xds[(size_t)sb * 8].x;
         const Act a{xq, xds, nullptr, K, 1, 0};
@@ -158,6 +184,10 @@ __device__ __forceinline__ void lab_round(TaskFn task, int tb, int t0, int t1, i
                 if (SILU) ysilu[kt.row0 + lane] = ya / (1.0f + expf(-ya)) * yb;
                 else kt.y[kt.row0 + lane] = ya;
             }
+            if (DF && idx == per - 1) {
+                __syncwarp();
+                if (lane == 0) red_release(df->rc + (kt.gq >> 8), 1u);
+            }
             continue;
         }
         const size_t row = (size_t)4 * kt.gq + lane;
@@ -182,6 +212,10 @@ __device__ __forceinline__ void lab_round(TaskFn task, int tb, int t0, int t1, i
                 }
             }
             if (last && lane == 0) cnt[kt.gq] = 0u;
+            if (DF && last) {
+                __syncwarp();
+                if (lane == 0) red_release(df->rc + (kt.gq >> 8), 1u);
+            }
         }
     }
     ga = gb + (rb + 1 == per);
@@ -219,15 +253,40 @@ __device__ __forceinline__ void lab_warp(TaskFn task, int t0, int t1, int nch, c
         lab_round<SILU, false>(task, tb, t0, t1, nch, per, ga, ra, ya, yb, xq, xds, K, cv, cnt, ysilu, pre);
 }
 
+// mvk_warp over [t0, t1) of a Q4_K op, each round's input chunk waited for (dataflow).
+template <bool SILU, typename TaskFn>
+__device__ __forceinline__ void lab_warp_df(TaskFn task, int t0, int t1, int nch, const int8_t* __restrict__ xq,
+                                            const float2* __restrict__ xds, int K, float* __restrict__ cv,
+                                            unsigned* __restrict__ cnt, float* __restrict__ ysilu, Df& df) {
+    const int per = (SILU ? 2 : 1) * nch;
+    float ya = 0.0f, yb = 0.0f;
+    int ga = t0 / per, ra = t0 - ga * per;
+    RawQ45 none[4];
+#pragma unroll 1
+    for (int tb = t0; tb < t1; tb += 2)
+        lab_round<SILU, false, true>(task, tb, t0, t1, nch, per, ga, ra, ya, yb, xq, xds, K, cv, cnt, ysilu, none, &df);
+}
+
 // Mode bits: 1 = ask L2 for the next range's first round before the wait (B1), 2 = load it into
 // registers (B2), 4 = small ops; the grid barrier: 8 = one arrival per block (else per warp),
-// 16 = eight arrival counters (else one), 32 = pollers spin without sleeping.
+// 16 = eight arrival counters (else one), 32 = pollers spin without sleeping; 128 = no barrier:
+// dataflow (DF kernel), each round waits for its input chunk's rows of the op before.
 // tl (if not null): when each op's last warp arrived, as block 0 saw it (%globaltimer, ns).
-template <bool REGS>
+template <bool REGS, bool DF = false>
 __global__ void __launch_bounds__(128, 4) chain_persist(const Op* __restrict__ ops, int nops, const int8_t* xq,
                                                         const float2* xds, float* cv, unsigned* cnt, unsigned* bar,
                                                         int mode, unsigned long long* tl) {
-    const int gw = blockIdx.x * 4 + threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    // mode & 64: the block's place in the ops' warp order is (its slot on its SM) x SMs + SM, so an
+    // op that uses fewer warps than the grid has spreads them over every SM (a launch of that many
+    // blocks is spread so by the block scheduler); else blockIdx.x.
+    __shared__ int vblock;
+    if (threadIdx.x == 0) {
+        unsigned sm;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+        vblock = (mode & 64) ? (int)(atomicAdd(&bar[512 + sm], 1u) * (gridDim.x / 4) + sm) : blockIdx.x;
+    }
+    __syncthreads();
+    const int gw = vblock * 4 + threadIdx.x / WARP, lane = threadIdx.x % WARP;
     // The arrival counters: one (bar[0]) or, mode & 16, eight (bar[32 c], blocks c mod 8).
     const int nctr = (mode & 16) ? 8 : 1, ctr = (mode & 16) ? 32 * (blockIdx.x & 7) : 0;
     const unsigned inc = gridDim.x / nctr * ((mode & 8) ? 1 : 4); // arrivals per counter and op
@@ -261,6 +320,17 @@ __global__ void __launch_bounds__(128, 4) chain_persist(const Op* __restrict__ o
         if ((mode & 1) && t0 + (lane >= 16) < t1) mvk_prefetch(task((t0 + (lane >= 16)) / per, (t0 + (lane >= 16)) % per), op.K);
         RawQ45 pre[4];
         if (REGS && t0 < t1) lab_first_loads(task, t0, t1, per, op.K, pre);
+        if constexpr (DF) {
+            const int pq = o > 0 ? (ops[o - 1].rows + 3) / 4 : 0;
+            Df df{o > 0 ? bar + 1024 + 32 * (o - 1) : nullptr, pq, bar + 1024 + 32 * o, 0u};
+            float* cvo = cv + (o & 1) * (size_t)KF_MAX * 16;
+            unsigned* cnto = cnt + (o & 1) * (KF_MAX / 4);
+            if (t0 < t1) {
+                if (op.silu) lab_warp_df<true>(task, t0, t1, nch, xq, xds, op.K, cvo, cnto, op.y, df);
+                else lab_warp_df<false>(task, t0, t1, nch, xq, xds, op.K, cvo, cnto, nullptr, df);
+            }
+            continue;
+        }
         if (o > 0) wait_all(arrived, (mode & 4) ? smalls : 0u); // the previous op (and its small op) done
         if (t0 < t1) {
             if constexpr (REGS) {
@@ -390,10 +460,10 @@ int main() {
     CK(cudaMalloc(&sout, KF * sizeof(float)));
     float* cv;
     unsigned *cnt, *bar;
-    CK(cudaMalloc(&cv, (size_t)KF * 16 * sizeof(float)));
-    CK(cudaMalloc(&cnt, KF / 4 * sizeof(unsigned)));
-    CK(cudaMemset(cnt, 0, KF / 4 * sizeof(unsigned)));
-    CK(cudaMalloc(&bar, 4096));
+    CK(cudaMalloc(&cv, (size_t)2 * KF * 16 * sizeof(float))); // two sets: the dataflow kernel alternates
+    CK(cudaMalloc(&cnt, 2 * KF / 4 * sizeof(unsigned)));
+    CK(cudaMemset(cnt, 0, 2 * KF / 4 * sizeof(unsigned)));
+    CK(cudaMalloc(&bar, 65536));
 
     const int gq = mvk_blocks(RQKV / 4, kq_chunks_host(KD), sms), go = mvk_blocks(KD / 4, kq_chunks_host(KO), sms),
               gg = mvk_blocks(KF / 4, 2 * kq_chunks_host(KD), sms), gd = mvk_blocks(KD / 4, kq_chunks_host(KF), sms);
@@ -493,8 +563,9 @@ int main() {
     }
     // B: one cooperative launch.
     int occ = 0;
-    for (int r = 0; r < 2; ++r) {
-        const void* f = r ? (const void*)chain_persist<true> : (const void*)chain_persist<false>;
+    for (int r = 0; r < 3; ++r) {
+        const void* f = r == 2 ? (const void*)chain_persist<false, true>
+                        : r ? (const void*)chain_persist<true> : (const void*)chain_persist<false>;
         int o = 0;
         CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o, f, 128, 0));
         cudaFuncAttributes fa;
@@ -513,14 +584,11 @@ int main() {
     struct Var {
         const char* name;
         int mode;
-    } vars[] = {{"B- no small ops; barrier per warp, 1 counter, sleep", 0},
-                {"B- no small ops; per block, 1 counter, sleep", 8},
-                {"B- no small ops; per block, 8 counters, spin", 56},
-                {"B1- no small ops, first round asked of L2; per block, 1 ctr, sleep", 9},
-                {"B2- no small ops, first round in registers; per block, 1 ctr, sleep", 10},
-                {"B2- no small ops, first round in registers; per block, 8 ctr, spin", 58},
-                {"B0 small ops; per block, 1 counter, sleep", 12},
-                {"B2 small ops, first round in registers; per block, 1 ctr, sleep", 14}};
+    } vars[] = {{"B- no small ops; per block, 1 counter, sleep", 8},
+                {"B1- first round asked of L2 before the wait", 9},
+                {"DF no barrier: each round waits for its input chunk", 128},
+                {"DF again", 128},
+                {"B1 small ops, L2 ahead", 13}};
     int vi = 1;
     for (const Var& v : vars) {
         const int slot = std::min(vi, NV - 1);
@@ -530,16 +598,17 @@ int main() {
         const int8_t* xq_ = xq;
         const float2* xds_ = xds;
         unsigned long long* tl = nullptr;
-        const void* f = (mode & 2) ? (const void*)chain_persist<true> : (const void*)chain_persist<false>;
+        const void* f = (mode & 128) ? (const void*)chain_persist<false, true>
+                        : (mode & 2) ? (const void*)chain_persist<true> : (const void*)chain_persist<false>;
         auto run = [&] {
-            CK(cudaMemsetAsync(bar, 0, 4096, st));
+            CK(cudaMemsetAsync(bar, 0, 65536, st));
             void* args[] = {(void*)&dops, (void*)&nops, (void*)&xq_, (void*)&xds_, (void*)&cv, (void*)&cnt,
                             (void*)&bar, (void*)&mode, (void*)&tl};
             CK(cudaLaunchCooperativeKernel(f, dim3(sms * 4), dim3(128), args, 0, st));
         };
         const float ms = time_it(run, 10);
         report(v.name, ms);
-        if (!(mode & 4)) { // the timeline: each op type's mean time from the last arrival before it
+        if (!(mode & (4 | 128))) { // the timeline: each op type's mean time from the last arrival before it
             tl = dtl;
             run();
             CK(cudaStreamSynchronize(st));
