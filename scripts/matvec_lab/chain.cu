@@ -97,6 +97,10 @@ __device__ __forceinline__ MvkTask op_task(const Op& op, int nch, int gq, int ch
 // Dataflow (mode & 128): the chunks of an op's input that are ready, as counts of the producing
 // op's row quads written (rp: one counter per 1024 rows, pq the producer's row quads), and the
 // counters this op bumps as its row quads are written (rc).
+#ifndef DF_SLEEP
+#define DF_SLEEP 100
+#endif
+// Counters of one op: 32 (one per 1024 rows), each on its own 128-byte line.
 struct Df {
     const unsigned* rp;
     int pq;
@@ -111,7 +115,7 @@ __device__ __forceinline__ void df_wait(Df& df, int ch, bool need) {
     if (!want) return;
     if (lane < 32 && (want >> lane) & 1u) {
         const unsigned full = (unsigned)min(256, df.pq - 256 * lane);
-        while (ld_acquire(df.rp + lane) < full) __nanosleep(20);
+        while (ld_acquire(df.rp + 32 * lane) < full) __nanosleep(DF_SLEEP);
     }
     __syncwarp();
     df.known |= want;
@@ -186,7 +190,7 @@ __device__ __forceinline__ void lab_round(TaskFn task, int tb, int t0, int t1, i
             }
             if (DF && idx == per - 1) {
                 __syncwarp();
-                if (lane == 0) red_release(df->rc + (kt.gq >> 8), 1u);
+                if (lane == 0) red_release(df->rc + 32 * (kt.gq >> 8), 1u);
             }
             continue;
         }
@@ -214,7 +218,7 @@ __device__ __forceinline__ void lab_round(TaskFn task, int tb, int t0, int t1, i
             if (last && lane == 0) cnt[kt.gq] = 0u;
             if (DF && last) {
                 __syncwarp();
-                if (lane == 0) red_release(df->rc + (kt.gq >> 8), 1u);
+                if (lane == 0) red_release(df->rc + 32 * (kt.gq >> 8), 1u);
             }
         }
     }
@@ -322,7 +326,7 @@ __global__ void __launch_bounds__(128, 4) chain_persist(const Op* __restrict__ o
         if (REGS && t0 < t1) lab_first_loads(task, t0, t1, per, op.K, pre);
         if constexpr (DF) {
             const int pq = o > 0 ? (ops[o - 1].rows + 3) / 4 : 0;
-            Df df{o > 0 ? bar + 1024 + 32 * (o - 1) : nullptr, pq, bar + 1024 + 32 * o, 0u};
+            Df df{o > 0 ? bar + 1024 + 1024 * (o - 1) : nullptr, pq, bar + 1024 + 1024 * o, 0u};
             float* cvo = cv + (o & 1) * (size_t)KF_MAX * 16;
             unsigned* cnto = cnt + (o & 1) * (KF_MAX / 4);
             if (t0 < t1) {
@@ -463,7 +467,7 @@ int main() {
     CK(cudaMalloc(&cv, (size_t)2 * KF * 16 * sizeof(float))); // two sets: the dataflow kernel alternates
     CK(cudaMalloc(&cnt, 2 * KF / 4 * sizeof(unsigned)));
     CK(cudaMemset(cnt, 0, 2 * KF / 4 * sizeof(unsigned)));
-    CK(cudaMalloc(&bar, 65536));
+    CK(cudaMalloc(&bar, 1 << 20));
 
     const int gq = mvk_blocks(RQKV / 4, kq_chunks_host(KD), sms), go = mvk_blocks(KD / 4, kq_chunks_host(KO), sms),
               gg = mvk_blocks(KF / 4, 2 * kq_chunks_host(KD), sms), gd = mvk_blocks(KD / 4, kq_chunks_host(KF), sms);
@@ -601,7 +605,7 @@ int main() {
         const void* f = (mode & 128) ? (const void*)chain_persist<false, true>
                         : (mode & 2) ? (const void*)chain_persist<true> : (const void*)chain_persist<false>;
         auto run = [&] {
-            CK(cudaMemsetAsync(bar, 0, 65536, st));
+            CK(cudaMemsetAsync(bar, 0, 1 << 20, st));
             void* args[] = {(void*)&dops, (void*)&nops, (void*)&xq_, (void*)&xds_, (void*)&cv, (void*)&cnt,
                             (void*)&bar, (void*)&mode, (void*)&tl};
             CK(cudaLaunchCooperativeKernel(f, dim3(sms * 4), dim3(128), args, 0, st));
