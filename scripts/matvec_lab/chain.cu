@@ -1,19 +1,29 @@
 // Does a persistent decode step pay (issue 5)? The matvec chain of 52 Glimmer-shaped layers
 // (Q4_K: q+k+v 4608 x 6656, attn_output 6656 x 4096, gate+up+SiLU 2 x 19968 x 6656, ffn_down
-// 6656 x 19968; 257 MB a layer, 8 distinct layers cycled so that L2 serves none of it), with a
-// one-block "small op" after each matvec (an RMS norm of 6656 values, standing in for the norms,
-// qkv_rows and the attention), run two ways over the same device code (mvk_warp of
-// crates/muser-cuda/kernels/matvec.cu, the same warp ranges, so the same bits):
+// 6656 x 19968; 257 MB a layer, 8 distinct layers cycled so that L2 serves none of it), with or
+// without a one-block "small op" after each matvec (an RMS norm of 6656 values, standing in for
+// the norms, qkv_rows and the attention), run over the same device code (mvk_warp of
+// crates/muser-cuda/kernels/matvec.cu, or a copy of its round, lab_round; the same warp ranges,
+// so the same bits, checked against A at the end of every variant):
 //   A: as the engine does: one launch per matvec and per small op, programmatic dependent launches
-//      in one CUDA graph (the matvecs ask L2 for their first round before their wait);
+//      in one CUDA graph (the matvecs ask L2 for their first round before their wait); also each
+//      op type alone, 52 chained launches of it;
 //   B: one cooperative launch for the whole chain, 4 blocks of 4 warps per SM, a grid-wide
-//      counter between ops (each warp adds 1 when its range is done; one poller per block), the
-//      small op run by block 0 while the other blocks wait on its flag; before waiting, a warp
-//      either does nothing (B0), asks L2 for its next range's first round (B1), or loads that
-//      round's weights into registers (B2).
+//      counter between ops (mode bits: arrivals per warp or per block, one or eight counters,
+//      pollers sleeping or spinning, the op's warps spread over the SMs by %smid), the small op
+//      run by block 0 while the other blocks wait on its flag; before waiting, a warp does
+//      nothing (B0), asks L2 for its next range's first round (B1), or loads that round's
+//      weights into registers (B2, chain_persist<true>); a timeline of each op's end;
+//   DF: the same launch without barriers: each round waits (per-warp bitmask, acquire polls)
+//      until the previous op's rows that make its input chunk are written (a release count per
+//      1024 rows), so an op starts while the one before it ends.
+// Results (H200, 2026-12-02, six runs; BENCHMARKS.md has the tables): us per layer, bytes at the
+// read bandwidth 56-57; A without small ops 80.2-80.9, with 117.8-118.8; B without small ops
+// 86.2-88.9 whatever the barrier (B2 96-99), with 125-128; DF 111-117. No persistent or
+// dataflow variant beat the launches.
 // Prints ms per 52 layers, GB/s and % of the read bandwidth measured in the same run, and
 // whether every variant's outputs equal A's bit for bit. Weights are random bytes (timing only).
-// Build and run on the device: bash scripts/matvec_lab/run_chain.sh
+// Build and run on the device: bash scripts/matvec_lab/run_chain.sh (~25 s)
 #ifndef __CUDACC_RTC__
 #include <cstdio>
 #include <cstdlib>
