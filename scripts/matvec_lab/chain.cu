@@ -19,7 +19,7 @@
 //      1024 rows), so an op starts while the one before it ends.
 // Results (H200, 2026-12-02, six runs; BENCHMARKS.md has the tables): us per layer, bytes at the
 // read bandwidth 56-57; A without small ops 80.2-80.9, with 117.8-118.8; B without small ops
-// 86.2-88.9 whatever the barrier (B2 96-99), with 125-128; DF 111-117. No persistent or
+// 86.2-90.8 whatever the barrier (B2 96-99), with 125-128; DF 111-117. No persistent or
 // dataflow variant beat the launches.
 // Prints ms per 52 layers, GB/s and % of the read bandwidth measured in the same run, and
 // whether every variant's outputs equal A's bit for bit. Weights are random bytes (timing only).
