@@ -376,6 +376,40 @@ __global__ void __launch_bounds__(128, 4) chain_persist(const Op* __restrict__ o
     }
 }
 
+// C: one launch per op as in A, the warps' static ranges covering the first spm / 1000 of the
+// tasks (mvk_range over them) and the rest claimed a round (2 tasks) at a time from a counter,
+// so the warps that stream faster take more of the end: a dynamic tail. A claimed round is a
+// range of its own for mvk_warp (its row quads completed through cv and the counts, as shared
+// quads are), so the bits stay the canonical ones. The warp that makes the launch's last claim
+// (one failing claim per warp) zeroes the counter for the next launch.
+template <bool SILU>
+__global__ void __launch_bounds__(128, 4) dyn_mv(Op op, const int8_t* __restrict__ xq,
+                                                 const float2* __restrict__ xds, float* __restrict__ cv,
+                                                 unsigned* __restrict__ cnt, unsigned* __restrict__ claim, int spm) {
+    const int lane = threadIdx.x % WARP;
+    const unsigned W = gridDim.x * 4, w = blockIdx.x * 4 + threadIdx.x / WARP;
+    const int nch = kq_chunks(op.K), per = (SILU ? 2 : 1) * nch;
+    const unsigned T = (unsigned)((op.rows + 3) / 4) * per;
+    const unsigned Ts = (unsigned)((unsigned long long)T * spm / 1000) & ~1u, units = (T - Ts + 1) / 2;
+    int a = (int)(Ts * w / W), b = (int)(Ts * (w + 1) / W);
+    const auto task = [&](int gq, int ch) { return op_task(op, nch, gq, ch); };
+    if (a + (lane >= 16) < b) mvk_prefetch(task((a + (lane >= 16)) / per, (a + (lane >= 16)) % per), op.K);
+    pdl_wait();
+#pragma unroll 1
+    for (;;) {
+        if (a < b) mvk_warp<SILU, FMT_Q4_K>(task, a, b, nch, xq, xds, op.K, cv, cnt, SILU ? op.y : nullptr, 0);
+        unsigned u = 0;
+        if (lane == 0) u = atomicAdd(claim, 1u);
+        u = __shfl_sync(0xffffffffu, u, 0);
+        if (u >= units) {
+            if (lane == 0 && u == units + W - 1) *claim = 0u;
+            break;
+        }
+        a = (int)(Ts + 2 * u);
+        b = min(a + 2, (int)T);
+    }
+}
+
 #ifndef __CUDACC_RTC__
 static int kq_chunks_host(int K) { return (K / 256 + 3) / 4; }
 
@@ -563,18 +597,67 @@ int main() {
         CK(cudaGraphDestroy(g));
         return ms;
     };
+    unsigned* claim;
+    CK(cudaMalloc(&claim, 4));
+    CK(cudaMemset(claim, 0, 4));
+    auto graph_dyn_ms = [&](const std::vector<Op>& ops, bool small, int spm) {
+        cudaGraph_t g;
+        cudaGraphExec_t ge;
+        CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+        for (const Op& op : ops) {
+            if (op.silu) launch_pdl(dyn_mv<true>, op.W / 4, 128, st, op, (const int8_t*)xq, (const float2*)xds, cv, cnt, claim, spm);
+            else launch_pdl(dyn_mv<false>, op.W / 4, 128, st, op, (const int8_t*)xq, (const float2*)xds, cv, cnt, claim, spm);
+            if (small) launch_pdl(small_k, 1, 128, st, (const float*)op.y, op.small_out, op.silu ? 6656 : std::min(op.rows, 6656));
+        }
+        CK(cudaStreamEndCapture(st, &g));
+        CK(cudaGraphInstantiate(&ge, g, 0));
+        const float ms = time_it([&] { CK(cudaGraphLaunch(ge, st)); }, 10);
+        CK(cudaGraphExecDestroy(ge));
+        CK(cudaGraphDestroy(g));
+        return ms;
+    };
+    auto same_as_a = [&](int slot) {
+        int same = 1;
+        for (int i = 0; i < 4; ++i) {
+            std::vector<float> a(KF), b(KF);
+            CK(cudaMemcpy(a.data(), ys[0][i], KF * 4, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(b.data(), ys[slot][i], KF * 4, cudaMemcpyDeviceToHost));
+            const int n = i == 2 ? KF : i == 0 ? RQKV : KD;
+            if (memcmp(a.data(), b.data(), n * 4) != 0) same = 0;
+        }
+        return same;
+    };
     report("A- launches + PDL, graph, no small ops", graph_ms(ops_for(0), false));
-    report("A  launches + PDL, graph, small ops", graph_ms(ops_for(0), true));
     {
         const std::vector<Op> all = ops_for(0);
-        printf("A-, each op type alone (52 chained launches), us a launch:");
-        for (int t = 0; t < 4; ++t) {
-            std::vector<Op> one;
-            for (size_t i = t; i < all.size(); i += 4) one.push_back(all[i]);
-            printf(" %s %.2f", tyname[t], graph_ms(one, false) * 1000.0 / LAYERS);
+        auto per_type = [&](int spm) {
+            printf("   each op type alone (52 chained launches), us a launch:");
+            for (int t = 0; t < 4; ++t) {
+                std::vector<Op> one;
+                for (size_t i = t; i < all.size(); i += 4) one.push_back(all[i]);
+                printf(" %s %.2f", tyname[t], (spm ? graph_dyn_ms(one, false, spm) : graph_ms(one, false)) * 1000.0 / LAYERS);
+            }
+            printf("\n");
+        };
+        per_type(0);
+        const int spms[] = {1000, 950, 900, 850, 800, 700};
+        for (int spm : spms) {
+            char name[96];
+            snprintf(name, sizeof name, "C- dynamic tail, static %d/1000, no small ops", spm);
+            report(name, graph_dyn_ms(ops_for(1), false, spm));
+            printf("   outputs %s A's\n", same_as_a(1) ? "bit-identical to" : "DIFFER from");
+            per_type(spm);
         }
-        printf("\n");
+        for (int spm : {1000, 850}) {
+            char name[96];
+            snprintf(name, sizeof name, "C  dynamic tail, static %d/1000, small ops", spm);
+            report(name, graph_dyn_ms(ops_for(1), true, spm));
+        }
+        unsigned h = 1;
+        CK(cudaMemcpy(&h, claim, 4, cudaMemcpyDeviceToHost));
+        printf("   claim counter after the runs: %u (0 expected)\n", h);
     }
+    report("A  launches + PDL, graph, small ops", graph_ms(ops_for(0), true));
     // B: one cooperative launch.
     int occ = 0;
     for (int r = 0; r < 3; ++r) {
@@ -598,11 +681,7 @@ int main() {
     struct Var {
         const char* name;
         int mode;
-    } vars[] = {{"B- no small ops; per block, 1 counter, sleep", 8},
-                {"B1- first round asked of L2 before the wait", 9},
-                {"DF no barrier: each round waits for its input chunk", 128},
-                {"DF again", 128},
-                {"B1 small ops, L2 ahead", 13}};
+    } vars[] = {{"B1- persistent, first round asked of L2 before the wait", 9}};
     int vi = 1;
     for (const Var& v : vars) {
         const int slot = std::min(vi, NV - 1);
