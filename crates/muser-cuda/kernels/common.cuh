@@ -189,6 +189,9 @@ __device__ __forceinline__ size_t kq_rows(long long rows) { return (size_t)((row
 // Up to four matrices sharing one input (Q/K/V/gate); rows of job j are global rows
 // start[j] .. start[j + 1] of the launch (each job's rows padded to the kernel's row block, so
 // a warp's or block's rows never straddle two matrices). y[j] is [ncols][rows[j]].
+// Kernels read job j's fields through the *_of accessors: they select among the constant
+// indices, where an index computed at run time into the parameter (jobs.w_of(j)) made the compiler
+// copy the whole struct to local memory first (120 bytes of stack in every kernel taking it).
 struct MatvecJobs {
     const uint8_t* w[4];
     float* y[4];
@@ -196,6 +199,20 @@ struct MatvecJobs {
     int ty[4];
     int start[5];
     int njobs;
+
+    template <typename T, int N>
+    static __device__ __forceinline__ T pick(const T (&a)[N], int j) {
+        T v = a[0];
+#pragma unroll
+        for (int u = 1; u < N; ++u)
+            if (j == u) v = a[u];
+        return v;
+    }
+    __device__ __forceinline__ const uint8_t* w_of(int j) const { return pick(w, j); }
+    __device__ __forceinline__ float* y_of(int j) const { return pick(y, j); }
+    __device__ __forceinline__ int rows_of(int j) const { return pick(rows, j); }
+    __device__ __forceinline__ int ty_of(int j) const { return pick(ty, j); }
+    __device__ __forceinline__ int start_of(int j) const { return pick(start, j); }
 };
 
 // How the one-column kernels (mvk_1 in matvec.cu) and the 6-16-column decode-group kernels
@@ -225,12 +242,12 @@ struct MvkSpan {
 // In 32-bit arithmetic: the host checks that tasks x warps < 2^32 (64-bit divisions, emulated,
 // cost each warp ~1 us at the start of a ~10 us launch).
 __device__ __forceinline__ MvkSpan mvk_span(const MatvecJobs& jobs, int nch, int unit) {
-    const unsigned W = gridDim.x * (blockDim.x / WARP), T = (unsigned)(jobs.start[jobs.njobs] / unit) * nch;
+    const unsigned W = gridDim.x * (blockDim.x / WARP), T = (unsigned)(jobs.start_of(jobs.njobs) / unit) * nch;
     const unsigned w = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP, F = W - jobs.njobs;
     unsigned ws[5], ts[5];
 #pragma unroll
     for (int u = 0; u < 5; ++u) {
-        ts[u] = u <= jobs.njobs ? (unsigned)(jobs.start[u] / unit) * nch : T;
+        ts[u] = u <= jobs.njobs ? (unsigned)(jobs.start_of(u) / unit) * nch : T;
         ws[u] = u < jobs.njobs ? u + F * ts[u] / T : W;
     }
     MvkSpan sp{0, 0, 0};

@@ -105,8 +105,8 @@ __device__ __forceinline__ int kq_job(const MatvecJobs& jobs, int block_rows, in
     int j = 0;
 #pragma unroll
     for (int u = 1; u < 4; ++u)
-        if (u < jobs.njobs && grow >= jobs.start[u]) j = u;
-    *row0 = grow - jobs.start[j];
+        if (u < jobs.njobs && grow >= jobs.start_of(u)) j = u;
+    *row0 = grow - jobs.start_of(j);
     return j;
 }
 

@@ -614,12 +614,12 @@ __device__ __forceinline__ void rows_dot(int ty, const uint8_t* __restrict__ w, 
 // one matrix) for the a.ncols columns of `a`, which start at column c0 of the call.
 template <int NC, int R>
 __device__ __forceinline__ void matvec_warp(const MatvecJobs& jobs, int grow, const Act& a, int c0) {
-    if (grow >= jobs.start[jobs.njobs]) return;
+    if (grow >= jobs.start_of(jobs.njobs)) return;
     int j = 0;
 #pragma unroll
     for (int t = 1; t < 4; ++t)
-        if (t < jobs.njobs && grow >= jobs.start[t]) j = t;
-    const int rows = jobs.rows[j], row0 = grow - jobs.start[j];
+        if (t < jobs.njobs && grow >= jobs.start_of(t)) j = t;
+    const int rows = jobs.rows_of(j), row0 = grow - jobs.start_of(j);
     const int nr = min(R, rows - row0);
     if (nr <= 0) return; // padding after the matrix's last row
     float acc[R][NC];
@@ -627,8 +627,8 @@ __device__ __forceinline__ void matvec_warp(const MatvecJobs& jobs, int grow, co
     for (int r = 0; r < R; ++r)
 #pragma unroll
         for (int c = 0; c < NC; ++c) acc[r][c] = 0.0f;
-    rows_dot<NC, R>(jobs.ty[j], jobs.w[j], row0, nr, rows, a, acc);
-    float* y = jobs.y[j];
+    rows_dot<NC, R>(jobs.ty_of(j), jobs.w_of(j), row0, nr, rows, a, acc);
+    float* y = jobs.y_of(j);
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
@@ -727,13 +727,13 @@ __device__ __forceinline__ void prefetch_rows(int ty, const uint8_t* w, int row0
 }
 
 __device__ __forceinline__ void pdl_wait_prefetch_jobs(const MatvecJobs& jobs, int grow, int K) {
-    if (grow < jobs.start[jobs.njobs]) {
+    if (grow < jobs.start_of(jobs.njobs)) {
         int j = 0;
 #pragma unroll
         for (int t = 1; t < 4; ++t)
-            if (t < jobs.njobs && grow >= jobs.start[t]) j = t;
-        const int row0 = grow - jobs.start[j], nr = min(MATVEC_R, jobs.rows[j] - row0);
-        if (nr > 0) prefetch_rows(jobs.ty[j], jobs.w[j], row0, nr, K);
+            if (t < jobs.njobs && grow >= jobs.start_of(t)) j = t;
+        const int row0 = grow - jobs.start_of(j), nr = min(MATVEC_R, jobs.rows_of(j) - row0);
+        if (nr > 0) prefetch_rows(jobs.ty_of(j), jobs.w_of(j), row0, nr, K);
     }
     pdl_wait();
 }
@@ -1156,7 +1156,7 @@ __device__ __forceinline__ MvkSpan pdl_wait_prefetch_mvk(const MatvecJobs& jobs,
     const MvkSpan sp = mvk_span(jobs, nch, 4);
     const int t = sp.t0 + (threadIdx.x % WARP >= 16);
     if (t < sp.t1)
-        mvk_prefetch(mvk_job_task(jobs.w[sp.j], jobs.y[sp.j], jobs.ty[sp.j], jobs.rows[sp.j], jobs.start[sp.j], nch, t),
+        mvk_prefetch(mvk_job_task(jobs.w_of(sp.j), jobs.y_of(sp.j), jobs.ty_of(sp.j), jobs.rows_of(sp.j), jobs.start_of(sp.j), nch, t),
                      K);
     pdl_wait();
     MVK_TRACE(1, 0.0f);
@@ -1167,9 +1167,9 @@ __device__ __forceinline__ MvkSpan pdl_wait_prefetch_mvk(const MatvecJobs& jobs,
 extern "C" __global__ void __launch_bounds__(128, 4) mvk_1(MatvecJobs jobs, MVK_ACT) {
     const MvkSpan sp = pdl_wait_prefetch_mvk(jobs, K);
     const int nch = kq_chunks(K);
-    const uint8_t* w = jobs.w[sp.j];
-    float* yj = jobs.y[sp.j];
-    const int ty = jobs.ty[sp.j], rows = jobs.rows[sp.j], st = jobs.start[sp.j];
+    const uint8_t* w = jobs.w_of(sp.j);
+    float* yj = jobs.y_of(sp.j);
+    const int ty = jobs.ty_of(sp.j), rows = jobs.rows_of(sp.j), st = jobs.start_of(sp.j);
     mvk_fmt<false>(ty, [=](int gq, int ch) { return mvk_job_task_at(w, yj, ty, rows, st, gq, ch); }, sp.t0, sp.t1, nch,
                    xq, xds, K,
                    cv, cnt, nullptr, flags);

@@ -409,15 +409,15 @@ __device__ __forceinline__ void mmh_entry(const MatvecJobs& jobs, const __half* 
     int j = 0;
 #pragma unroll
     for (int u = 1; u < 4; ++u)
-        if (u < jobs.njobs && grow >= jobs.start[u]) j = u;
-    const int row0 = grow - jobs.start[j];
-    if (row0 >= jobs.rows[j]) return;
-    if (jobs.ty[j] == FMT_Q4_K)
-        mmg_kernel<FMT_Q4_K, C>(jobs.w[j], jobs.rows[j], jobs.y[j], row0, xh, xs, K, ncols, gate, mmg_smem);
-    else if (jobs.ty[j] == FMT_Q5_K)
-        mmg_kernel<FMT_Q5_K, C>(jobs.w[j], jobs.rows[j], jobs.y[j], row0, xh, xs, K, ncols, gate, mmg_smem);
-    else if (jobs.ty[j] == FMT_Q6_K)
-        mmg_kernel<FMT_Q6_K, C>(jobs.w[j], jobs.rows[j], jobs.y[j], row0, xh, xs, K, ncols, gate, mmg_smem);
+        if (u < jobs.njobs && grow >= jobs.start_of(u)) j = u;
+    const int row0 = grow - jobs.start_of(j);
+    if (row0 >= jobs.rows_of(j)) return;
+    if (jobs.ty_of(j) == FMT_Q4_K)
+        mmg_kernel<FMT_Q4_K, C>(jobs.w_of(j), jobs.rows_of(j), jobs.y_of(j), row0, xh, xs, K, ncols, gate, mmg_smem);
+    else if (jobs.ty_of(j) == FMT_Q5_K)
+        mmg_kernel<FMT_Q5_K, C>(jobs.w_of(j), jobs.rows_of(j), jobs.y_of(j), row0, xh, xs, K, ncols, gate, mmg_smem);
+    else if (jobs.ty_of(j) == FMT_Q6_K)
+        mmg_kernel<FMT_Q6_K, C>(jobs.w_of(j), jobs.rows_of(j), jobs.y_of(j), row0, xh, xs, K, ncols, gate, mmg_smem);
 }
 
 // The tile configurations (mmh.rs `mmh_tile` picks one by the chunk's width): 128 x 128 with two

@@ -374,7 +374,7 @@ __device__ __forceinline__ int mmk_first_chunk(int K, int nt) {
 __device__ __forceinline__ void pdl_wait_prefetch_mmk(const MatvecJobs& jobs, int K, int nt) {
     int row0;
     const int j = kq_job(jobs, MMK_ROWS, &row0);
-    if (blockIdx.x == 0) mmk_prefetch_chunk(jobs.w[j], jobs.ty[j], row0, jobs.rows[j], K, mmk_first_chunk(K, nt));
+    if (blockIdx.x == 0) mmk_prefetch_chunk(jobs.w_of(j), jobs.ty_of(j), row0, jobs.rows_of(j), K, mmk_first_chunk(K, nt));
     pdl_wait();
 }
 __device__ __forceinline__ void pdl_wait_prefetch_mmk_silu(const uint8_t* wg, int tyg, int rows, int K, int nt) {
@@ -387,12 +387,12 @@ __device__ __forceinline__ void mmk_kernel(const MatvecJobs& jobs, const KAct& a
     __shared__ float part[MMK_WIN(NT) * MMK_ROWS * 8 * NT];
     int row0;
     const int j = kq_job(jobs, MMK_ROWS, &row0);
-    const int rows = jobs.rows[j];
+    const int rows = jobs.rows_of(j);
     if (row0 >= rows) return; // padding after the matrix's last row (the whole block)
     const KAct a = mmk_slice(act, 8 * NT);
     float y[NT];
-    mmk_rows<NT>(jobs.ty[j], jobs.w[j], row0, rows, a, y, part);
-    mmk_store<NT>(jobs.y[j], rows, row0, blockIdx.x * 8 * NT, a.ncols, y);
+    mmk_rows<NT>(jobs.ty_of(j), jobs.w_of(j), row0, rows, a, y, part);
+    mmk_store<NT>(jobs.y_of(j), rows, row0, blockIdx.x * 8 * NT, a.ncols, y);
 }
 
 // y[c][r] = silu(G[r] . x[c]) * (U[r] . x[c]), the two sums each in the canonical order and the
@@ -829,9 +829,9 @@ __device__ __forceinline__ void pdl_wait_staged_mmv(const MatvecJobs& jobs, cons
                                                     int stages) {
     const int nch = kq_chunks(a.K), nb = a.K / QK_K;
     const MvkSpan sp = mvk_span(jobs, nch, MMK_ROWS);
-    const uint8_t* w = jobs.w[sp.j];
-    float* yj = jobs.y[sp.j];
-    const int ty = jobs.ty[sp.j], rows = jobs.rows[sp.j], st0 = jobs.start[sp.j];
+    const uint8_t* w = jobs.w_of(sp.j);
+    float* yj = jobs.y_of(sp.j);
+    const int ty = jobs.ty_of(sp.j), rows = jobs.rows_of(sp.j), st0 = jobs.start_of(sp.j);
     MmvStage st(MMV_SLOT_ONE, stages, nb, nch, sp.t0, sp.t1);
     const auto store = [&](int rb, const float(&v)[1][4 * NT]) {
         mmv_store<NT>(yj, rows, MMK_ROWS * rb - st0, a.ncols, v[0]);

@@ -285,12 +285,12 @@ __device__ __forceinline__ void mmt_kernel(const MatvecJobs& jobs, const KAct& a
     uint8_t* smem = mmt_stages<NT>();
     int row0;
     const int j = kq_job(jobs, MMT_ROWS, &row0);
-    const int rows = jobs.rows[j];
+    const int rows = jobs.rows_of(j);
     if (row0 >= rows) return; // padding after the matrix's last row (the whole block)
     const KAct a = mmk_slice(act, 8 * NT);
     float y[NT][4];
-    mmt_sum<NT>(jobs.ty[j], jobs.w[j], row0, rows, a, y, smem);
-    mmt_store<NT>(jobs.y[j], rows, row0, blockIdx.x * 8 * NT, a.ncols, y);
+    mmt_sum<NT>(jobs.ty_of(j), jobs.w_of(j), row0, rows, a, y, smem);
+    mmt_store<NT>(jobs.y_of(j), rows, row0, blockIdx.x * 8 * NT, a.ncols, y);
 }
 
 // y[c][r] = silu(G[r] . x[c]) * (U[r] . x[c]), as mmk_silu_kernel.
@@ -350,7 +350,7 @@ __device__ __forceinline__ void mmt_split_kernel(const MatvecJobs& jobs, const K
     __shared__ bool last;
     int row0;
     const int j = kq_job(jobs, MMT_ROWS, &row0);
-    const int rows = jobs.rows[j];
+    const int rows = jobs.rows_of(j);
     if (row0 >= rows) return; // padding after the matrix's last row (every split of the tile)
     const KAct a = mmk_slice(act, 8 * NT);
     const int nb = a.K / QK_K, C = (nb + KQ_CHUNK - 1) / KQ_CHUNK, S = gridDim.z, s = blockIdx.z;
@@ -363,7 +363,7 @@ __device__ __forceinline__ void mmt_split_kernel(const MatvecJobs& jobs, const K
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) y[nt][e] = 0.0f;
-    mmt_dispatch<NT>(jobs.ty[j], jobs.w[j], row0, rows, a, smem, KQ_CHUNK * c0, min(KQ_CHUNK * c1, nb),
+    mmt_dispatch<NT>(jobs.ty_of(j), jobs.w_of(j), row0, rows, a, smem, KQ_CHUNK * c0, min(KQ_CHUNK * c1, nb),
                      [&](int nt, int e, int chunk, float c) {
                          if (s == 0) y[nt][e] = kq_add(y[nt][e], c);
                          else *slot(chunk, nt, e) = c;
@@ -405,7 +405,7 @@ __device__ __forceinline__ void mmt_split_kernel(const MatvecJobs& jobs, const K
                     for (int e = 0; e < 4; ++e) y[nt][e] = kq_add(y[nt][e], c[i][nt][e]);
     }
     if (threadIdx.x == 0) cnt[tile] = 0;
-    mmt_store<NT>(jobs.y[j], rows, row0, blockIdx.x * 8 * NT, a.ncols, y);
+    mmt_store<NT>(jobs.y_of(j), rows, row0, blockIdx.x * 8 * NT, a.ncols, y);
 }
 
 // Each block's first weights asked of L2 before waiting for the previous kernel (only the
@@ -414,9 +414,9 @@ __device__ __forceinline__ void pdl_wait_prefetch_mmt(const MatvecJobs& jobs, in
     int row0;
     const int j = kq_job(jobs, MMT_ROWS, &row0);
     const int ch = kq_chunks(K) * blockIdx.z / gridDim.z;
-    if (blockIdx.x == 0 && row0 < jobs.rows[j])
+    if (blockIdx.x == 0 && row0 < jobs.rows_of(j))
         for (int wp = 0; wp < MMT_ROWS / 16; ++wp)
-            mmk_prefetch_chunk(jobs.w[j], jobs.ty[j], row0 + 16 * wp, jobs.rows[j], K, ch);
+            mmk_prefetch_chunk(jobs.w_of(j), jobs.ty_of(j), row0 + 16 * wp, jobs.rows_of(j), K, ch);
     pdl_wait();
 }
 __device__ __forceinline__ void pdl_wait_prefetch_mmt_silu(const uint8_t* wg, int tyg, int rows, int K) {
