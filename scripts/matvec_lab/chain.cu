@@ -3,51 +3,35 @@
 // 6656 x 19968; 257 MB a layer, 8 distinct layers cycled so that L2 serves none of it), with or
 // without a one-block "small op" after each matvec (an RMS norm of 6656 values, standing in for
 // the norms, qkv_rows and the attention), run over the same device code (mvk_warp of
-// crates/muser-cuda/kernels/matvec.cu, or a copy of its round, lab_round; the same warp ranges,
-// so the same bits, checked against A at the end of every variant):
+// crates/muser-cuda/kernels/matvec.cu; the same warp ranges, so the same bits, checked against A
+// at the end of every variant):
 //   A: as the engine does: one launch per matvec and per small op, programmatic dependent launches
 //      in one CUDA graph (the matvecs ask L2 for their first round before their wait); also each
 //      op type alone, 52 chained launches of it;
+//   C: A's launches, the warps' static ranges covering part of the tasks and the rest claimed a
+//      round at a time from a counter (a dynamic tail, dyn_mv);
 //   B: one cooperative launch for the whole chain, 4 blocks of 4 warps per SM, a grid-wide
 //      counter between ops (mode bits: arrivals per warp or per block, one or eight counters,
 //      pollers sleeping or spinning, the op's warps spread over the SMs by %smid), the small op
 //      run by block 0 while the other blocks wait on its flag; before waiting, a warp does
-//      nothing (B0), asks L2 for its next range's first round (B1), or loads that round's
-//      weights into registers (B2, chain_persist<true>); a timeline of each op's end;
-//   DF: the same launch without barriers: each round waits (per-warp bitmask, acquire polls)
-//      until the previous op's rows that make its input chunk are written (a release count per
-//      1024 rows), so an op starts while the one before it ends.
-// Results (H200, 2026-12-02, six runs; BENCHMARKS.md has the tables): us per layer, bytes at the
-// read bandwidth 56-57; A without small ops 80.2-80.9, with 117.8-118.8; B without small ops
-// 86.2-90.8 whatever the barrier (B2 96-99), with 125-128; DF 111-117. No persistent or
-// dataflow variant beat the launches.
+//      nothing (B0) or asks L2 for its next range's first round (B1); a timeline of each op's end.
+// Two more variants were measured and then removed (they needed a copy of mvk_warp's round; see
+// commit 6d56ddd): the next op's first round loaded into registers before the barrier (B2), and
+// a dataflow launch without barriers, each round waiting for the rows of its input chunk (DF).
+// Results (H200, 2026-12-02, seven runs; BENCHMARKS.md has the tables): us per layer, bytes at
+// the read bandwidth 56-57; A without small ops 80.2-80.9, with 117.8-118.8; B without small ops
+// 86.2-90.8 whatever the barrier (B2 96-99), with 125-128; DF 111-117; C 84.4 (100% static) to
+// 107.3 (70%). No persistent, dataflow or dynamic variant beat the launches.
 // Prints ms per 52 layers, GB/s and % of the read bandwidth measured in the same run, and
 // whether every variant's outputs equal A's bit for bit. Weights are random bytes (timing only).
-// Build and run on the device: bash scripts/matvec_lab/run_chain.sh (~25 s)
+// Build and run on the device: bash scripts/matvec_lab/run_chain.sh (~30 s)
 #ifndef __CUDACC_RTC__
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <vector>
-#include <algorithm>
-#include <cuda_runtime.h>
+#include "lab_host.h"
 #endif
 
 #include "../../crates/muser-cuda/kernels/common.cuh"
 #include "../../crates/muser-cuda/kernels/matvec.cu"
 
-#ifndef __CUDACC_RTC__
-#define CK(x)                                                                              \
-    do {                                                                                   \
-        cudaError_t e_ = (x);                                                              \
-        if (e_ != cudaSuccess) {                                                           \
-            printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));     \
-            exit(1);                                                                       \
-        }                                                                                  \
-    } while (0)
-#endif
-
-#define KF_MAX 19968
 
 struct Op {
     const uint8_t* w;  // weights (gate for SiLU)
@@ -104,189 +88,10 @@ __device__ __forceinline__ MvkTask op_task(const Op& op, int nch, int gq, int ch
                    : mvk_job_task_at(op.w, op.y, FMT_Q4_K, op.rows, 0, gq, ch);
 }
 
-// Dataflow (mode & 128): the chunks of an op's input that are ready, as counts of the producing
-// op's row quads written (rp: one counter per 1024 rows, pq the producer's row quads), and the
-// counters this op bumps as its row quads are written (rc).
-#ifndef DF_SLEEP
-#define DF_SLEEP 100
-#endif
-// Counters of one op: 32 (one per 1024 rows), each on its own 128-byte line.
-struct Df {
-    const unsigned* rp;
-    int pq;
-    unsigned* rc;
-    unsigned known; // chunks seen complete
-};
-
-__device__ __forceinline__ void df_wait(Df& df, int ch, bool need) {
-    const int lane = threadIdx.x % WARP;
-    const unsigned bit = need && df.rp ? 1u << ch : 0u;
-    const unsigned want = __reduce_or_sync(0xffffffffu, bit) & ~df.known;
-    if (!want) return;
-    if (lane < 32 && (want >> lane) & 1u) {
-        const unsigned full = (unsigned)min(256, df.pq - 256 * lane);
-        while (ld_acquire(df.rp + 32 * lane) < full) __nanosleep(DF_SLEEP);
-    }
-    __syncwarp();
-    df.known |= want;
-}
-
-// One round of mvk_warp (two tasks, lanes 0-15 and 16-31) of a Q4_K range, its weights loaded
-// here or, PRE, given (pre). A copy of mvk_warp's loop body for the lab's B2 (the first round
-// loaded before the wait), the same arithmetic in the same order.
-template <bool SILU, bool PRE, bool DF = false, typename TaskFn>
-__device__ __forceinline__ void lab_round(TaskFn task, int tb, int t0, int t1, int nch, int per, int& ga, int& ra,
-                                          float& ya, float& yb, const int8_t* __restrict__ xq,
-                                          const float2* __restrict__ xds, int K, float* __restrict__ cv,
-                                          unsigned* __restrict__ cnt, float* __restrict__ ysilu,
-                                          const RawQ45 (&pre)[4], Df* df = nullptr) {
-    const int lane = threadIdx.x % WARP, j = lane >> 2, q = lane & 3, s4 = j & 3, hf = j >> 2;
-    const int nb = K / QK_K;
-    const int gb = ga + (ra + 1 == per), rb = ra + 1 == per ? 0 : ra + 1;
-    const bool tv = tb + hf < t1;
-    const MvkTask k = hf && tv ? task(gb, rb) : task(ga, ra);
-    const int sb = KQ_CHUNK * k.ch + s4;
-    const bool ok = tv && sb < nb;
-    int isc[4] = {0, 0, 0, 0}, im[4] = {0, 0, 0, 0};
-    float2 dm[4];
-#pragma unroll
-    for (int r = 0; r < 4; ++r) dm[r] = make_float2(0.0f, 0.0f);
-    float dx = 0.0f;
-    if constexpr (DF) df_wait(*df, k.ch, ok);
-    if (ok) {
-        dx = xds[(size_t)sb * 8].x;
-        const Act a{xq, xds, nullptr, K, 1, 0};
-        const int item = sb * 4 + q;
-        RawQ45 raw[4];
-        if constexpr (PRE) {
-#pragma unroll
-            for (int r = 0; r < 4; ++r) raw[r] = pre[r];
-        } else {
-            const uint8_t* blk0 = k.w + kq_blk(k.row0, nb, sb) * 144;
-#pragma unroll
-            for (int r = 0; r < 4; ++r) raw[r] = load_q45<false>(blk0 + r * 144, q);
-        }
-        const X64 x = load_x64<1>(a, 0, sb * QK_K + 64 * q);
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-            const Q45 u = unpack_q45<false>(raw[r], item);
-            q45_ints(u, x, &isc[r], &im[r]);
-            dm[r] = u.dm;
-        }
-    }
-    const int s = quad_scatter(isc, q);
-    const float2 dq = q == 0 ? dm[0] : q == 1 ? dm[1] : q == 2 ? dm[2] : dm[3];
-    float v = kq_value_q45(dq.x, dq.y, s, quad_scatter(im, q), dx);
-    const int nsb = nb - KQ_CHUNK * k.ch;
-    float o = __shfl_xor_sync(0xffffffffu, v, 4);
-    if ((s4 ^ 1) < nsb) v = kq_add(v, o);
-    o = __shfl_xor_sync(0xffffffffu, v, 8);
-    if (((s4 ^ 2) & ~1) < nsb) v = kq_add(v, o);
-    const float cva = __shfl_sync(0xffffffffu, v, q), cvb = __shfl_sync(0xffffffffu, v, 16 + q);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int tt = tb + h;
-        if (tt >= t1) break;
-        const MvkTask kt = h ? task(gb, rb) : task(ga, ra);
-        const float c = h ? cvb : cva;
-        const int first = kt.gq * per, idx = kt.m * nch + kt.ch;
-        const bool wr = lane < kt.nr;
-        if (first >= t0 && first + per <= t1) {
-            if (SILU && kt.m) yb = kq_add(kt.ch == 0 ? 0.0f : yb, c);
-            else ya = kq_add(kt.ch == 0 ? 0.0f : ya, c);
-            if (idx == per - 1 && wr) {
-                if (SILU) ysilu[kt.row0 + lane] = ya / (1.0f + expf(-ya)) * yb;
-                else kt.y[kt.row0 + lane] = ya;
-            }
-            if (DF && idx == per - 1) {
-                __syncwarp();
-                if (lane == 0) red_release(df->rc + 32 * (kt.gq >> 8), 1u);
-            }
-            continue;
-        }
-        const size_t row = (size_t)4 * kt.gq + lane;
-        if (wr) cv[row * per + idx] = c;
-        if (idx == per - 1 || tt == t1 - 1) {
-            const int n = min(first + per, t1) - max(first, t0);
-            __syncwarp();
-            int last = 0;
-            if (lane == 0) {
-                last = atom_add_release(&cnt[kt.gq], (unsigned)n) == (unsigned)(per - n);
-                if (last) fence_acquire();
-            }
-            last = __shfl_sync(0xffffffffu, last, 0);
-            if (last) {
-                __syncwarp();
-                if (wr) {
-                    const float* cr = cv + row * per;
-                    float g, u;
-                    kq_sum_chunks<SILU>(cr, cr + nch, nch, &g, &u);
-                    if (SILU) ysilu[kt.row0 + lane] = g / (1.0f + expf(-g)) * u;
-                    else kt.y[kt.row0 + lane] = g;
-                }
-            }
-            if (last && lane == 0) cnt[kt.gq] = 0u;
-            if (DF && last) {
-                __syncwarp();
-                if (lane == 0) red_release(df->rc + 32 * (kt.gq >> 8), 1u);
-            }
-        }
-    }
-    ga = gb + (rb + 1 == per);
-    ra = rb + 1 == per ? 0 : rb + 1;
-}
-
-// The first round's weights of the warp's range (lab_round's `pre`): the loads mvk_ints makes.
-template <typename TaskFn>
-__device__ __forceinline__ void lab_first_loads(TaskFn task, int t0, int t1, int per, int K, RawQ45 (&pre)[4]) {
-    const int lane = threadIdx.x % WARP, j = lane >> 2, q = lane & 3, s4 = j & 3, hf = j >> 2;
-    const int nb = K / QK_K;
-    const int ga = t0 / per, ra = t0 - ga * per;
-    const int gb = ga + (ra + 1 == per), rb = ra + 1 == per ? 0 : ra + 1;
-    const bool tv = t0 + hf < t1;
-    const MvkTask k = hf && tv ? task(gb, rb) : task(ga, ra);
-    const int sb = KQ_CHUNK * k.ch + s4;
-    if (tv && sb < nb) {
-        const uint8_t* blk0 = k.w + kq_blk(k.row0, nb, sb) * 144;
-#pragma unroll
-        for (int r = 0; r < 4; ++r) pre[r] = load_q45<false>(blk0 + r * 144, q);
-    }
-}
-
-// mvk_warp over [t0, t1) of a Q4_K op with the first round's weights given (lab_first_loads).
-template <bool SILU, typename TaskFn>
-__device__ __forceinline__ void lab_warp(TaskFn task, int t0, int t1, int nch, const int8_t* __restrict__ xq,
-                                         const float2* __restrict__ xds, int K, float* __restrict__ cv,
-                                         unsigned* __restrict__ cnt, float* __restrict__ ysilu, const RawQ45 (&pre)[4]) {
-    const int per = (SILU ? 2 : 1) * nch;
-    float ya = 0.0f, yb = 0.0f;
-    int ga = t0 / per, ra = t0 - ga * per;
-    lab_round<SILU, true>(task, t0, t0, t1, nch, per, ga, ra, ya, yb, xq, xds, K, cv, cnt, ysilu, pre);
-#pragma unroll 1
-    for (int tb = t0 + 2; tb < t1; tb += 2)
-        lab_round<SILU, false>(task, tb, t0, t1, nch, per, ga, ra, ya, yb, xq, xds, K, cv, cnt, ysilu, pre);
-}
-
-// mvk_warp over [t0, t1) of a Q4_K op, each round's input chunk waited for (dataflow).
-template <bool SILU, typename TaskFn>
-__device__ __forceinline__ void lab_warp_df(TaskFn task, int t0, int t1, int nch, const int8_t* __restrict__ xq,
-                                            const float2* __restrict__ xds, int K, float* __restrict__ cv,
-                                            unsigned* __restrict__ cnt, float* __restrict__ ysilu, Df& df) {
-    const int per = (SILU ? 2 : 1) * nch;
-    float ya = 0.0f, yb = 0.0f;
-    int ga = t0 / per, ra = t0 - ga * per;
-    RawQ45 none[4];
-#pragma unroll 1
-    for (int tb = t0; tb < t1; tb += 2)
-        lab_round<SILU, false, true>(task, tb, t0, t1, nch, per, ga, ra, ya, yb, xq, xds, K, cv, cnt, ysilu, none, &df);
-}
-
-// Mode bits: 1 = ask L2 for the next range's first round before the wait (B1), 2 = load it into
-// registers (B2), 4 = small ops; the grid barrier: 8 = one arrival per block (else per warp),
-// 16 = eight arrival counters (else one), 32 = pollers spin without sleeping; 128 = no barrier:
-// dataflow (DF kernel), each round waits for its input chunk's rows of the op before.
+// Mode bits: 1 = ask L2 for the next range's first round before the wait (B1), 4 = small ops;
+// the grid barrier: 8 = one arrival per block (else per warp), 16 = eight arrival counters (else
+// one), 32 = pollers spin without sleeping.
 // tl (if not null): when each op's last warp arrived, as block 0 saw it (%globaltimer, ns).
-template <bool REGS, bool DF = false>
 __global__ void __launch_bounds__(128, 4) chain_persist(const Op* __restrict__ ops, int nops, const int8_t* xq,
                                                         const float2* xds, float* cv, unsigned* cnt, unsigned* bar,
                                                         int mode, unsigned long long* tl) {
@@ -332,25 +137,9 @@ __global__ void __launch_bounds__(128, 4) chain_persist(const Op* __restrict__ o
         const int per = (op.silu ? 2 : 1) * nch;
         const auto task = [&](int gq, int ch) { return op_task(op, nch, gq, ch); };
         if ((mode & 1) && t0 + (lane >= 16) < t1) mvk_prefetch(task((t0 + (lane >= 16)) / per, (t0 + (lane >= 16)) % per), op.K);
-        RawQ45 pre[4];
-        if (REGS && t0 < t1) lab_first_loads(task, t0, t1, per, op.K, pre);
-        if constexpr (DF) {
-            const int pq = o > 0 ? (ops[o - 1].rows + 3) / 4 : 0;
-            Df df{o > 0 ? bar + 1024 + 1024 * (o - 1) : nullptr, pq, bar + 1024 + 1024 * o, 0u};
-            float* cvo = cv + (o & 1) * (size_t)KF_MAX * 16;
-            unsigned* cnto = cnt + (o & 1) * (KF_MAX / 4);
-            if (t0 < t1) {
-                if (op.silu) lab_warp_df<true>(task, t0, t1, nch, xq, xds, op.K, cvo, cnto, op.y, df);
-                else lab_warp_df<false>(task, t0, t1, nch, xq, xds, op.K, cvo, cnto, nullptr, df);
-            }
-            continue;
-        }
         if (o > 0) wait_all(arrived, (mode & 4) ? smalls : 0u); // the previous op (and its small op) done
         if (t0 < t1) {
-            if constexpr (REGS) {
-                if (op.silu) lab_warp<true>(task, t0, t1, nch, xq, xds, op.K, cv, cnt, op.y, pre);
-                else lab_warp<false>(task, t0, t1, nch, xq, xds, op.K, cv, cnt, nullptr, pre);
-            } else if (op.silu) {
+            if (op.silu) {
                 mvk_warp<true, FMT_Q4_K>(task, t0, t1, nch, xq, xds, op.K, cv, cnt, op.y, 0);
             } else {
                 mvk_warp<false, FMT_Q4_K>(task, t0, t1, nch, xq, xds, op.K, cv, cnt, nullptr, 0);
@@ -422,25 +211,6 @@ __global__ void read_bw(const uint4* __restrict__ p, size_t n, unsigned* sink) {
     if ((acc.x ^ acc.y ^ acc.z ^ acc.w) == 0x12345678u) *sink = 1;
 }
 
-static void fill_q4k(std::vector<unsigned char>& b, unsigned long long seed) {
-    unsigned long long x = seed * 0x9E3779B97F4A7C15ull + 1;
-    for (size_t o = 0; o + 8 <= b.size(); o += 8) {
-        x ^= x << 13; x ^= x >> 7; x ^= x << 17;
-        memcpy(&b[o], &x, 8);
-    }
-    for (size_t o = 0; o + 144 <= b.size(); o += 144) {
-        b[o] = 0x00; b[o + 1] = 0x20;
-        b[o + 2] = 0x00; b[o + 3] = 0x1C;
-    }
-}
-
-static int mvk_blocks(long quads, long per, int sms) {
-    const long most = sms * 4L, warps = sms * 16L;
-    if (quads <= warps && 4 * quads >= 3 * warps) return (int)((quads + 3) / 4);
-    long b = ((quads * per + 1) / 2 + 3) / 4;
-    return (int)std::max(1L, std::min(b, most));
-}
-
 template <typename... Args, typename... Real>
 static void launch_pdl(void (*k)(Args...), int grid, int block, cudaStream_t s, Real... args) {
     cudaLaunchConfig_t cfg = {};
@@ -487,16 +257,7 @@ int main() {
     }
     int8_t* xq;
     float2* xds;
-    CK(cudaMalloc(&xq, KF));
-    CK(cudaMalloc(&xds, KF / 32 * sizeof(float2)));
-    {
-        std::vector<int8_t> h(KF);
-        for (auto& x : h) x = (int8_t)(rand() % 255 - 127);
-        CK(cudaMemcpy(xq, h.data(), KF, cudaMemcpyHostToDevice));
-        std::vector<float2> d(KF / 32);
-        for (auto& x : d) x = make_float2(0.01f, (float)(rand() % 2000 - 1000));
-        CK(cudaMemcpy(xds, d.data(), d.size() * sizeof(float2), cudaMemcpyHostToDevice));
-    }
+    random_act(KF, &xq, &xds);
     // Outputs: one set per variant (compared at the end), the small ops' outputs shared.
     const int NV = 5;
     float *ys[NV][4], *sout;
@@ -570,12 +331,21 @@ int main() {
     // A: launches with programmatic dependencies, in one graph; with and without the small ops;
     // then each op type alone (52 launches of it chained).
     const char* tyname[4] = {"q+k+v", "attn_output", "gate+up", "ffn_down"};
-    auto graph_ms = [&](const std::vector<Op>& ops, bool small) {
+    unsigned* claim;
+    CK(cudaMalloc(&claim, 4));
+    CK(cudaMemset(claim, 0, 4));
+    // The ops captured into one graph of programmatic launches and timed: spm 0 the engine's
+    // kernels (A), else dyn_mv with that static share (C); small, a small op after each.
+    auto graph_dyn_ms = [&](const std::vector<Op>& ops, bool small, int spm) {
         cudaGraph_t g;
         cudaGraphExec_t ge;
         CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
         for (const Op& op : ops) {
-            if (op.silu) {
+            if (spm && op.silu) {
+                launch_pdl(dyn_mv<true>, op.W / 4, 128, st, op, (const int8_t*)xq, (const float2*)xds, cv, cnt, claim, spm);
+            } else if (spm) {
+                launch_pdl(dyn_mv<false>, op.W / 4, 128, st, op, (const int8_t*)xq, (const float2*)xds, cv, cnt, claim, spm);
+            } else if (op.silu) {
                 launch_pdl(mvk_silu_1, gg, 128, st, op.w, (int)FMT_Q4_K, op.wu, (int)FMT_Q4_K, op.y, op.rows,
                            (const int8_t*)xq, (const float2*)xds, op.K, cv, cnt, 0);
             } else {
@@ -597,25 +367,8 @@ int main() {
         CK(cudaGraphDestroy(g));
         return ms;
     };
-    unsigned* claim;
-    CK(cudaMalloc(&claim, 4));
-    CK(cudaMemset(claim, 0, 4));
-    auto graph_dyn_ms = [&](const std::vector<Op>& ops, bool small, int spm) {
-        cudaGraph_t g;
-        cudaGraphExec_t ge;
-        CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-        for (const Op& op : ops) {
-            if (op.silu) launch_pdl(dyn_mv<true>, op.W / 4, 128, st, op, (const int8_t*)xq, (const float2*)xds, cv, cnt, claim, spm);
-            else launch_pdl(dyn_mv<false>, op.W / 4, 128, st, op, (const int8_t*)xq, (const float2*)xds, cv, cnt, claim, spm);
-            if (small) launch_pdl(small_k, 1, 128, st, (const float*)op.y, op.small_out, op.silu ? 6656 : std::min(op.rows, 6656));
-        }
-        CK(cudaStreamEndCapture(st, &g));
-        CK(cudaGraphInstantiate(&ge, g, 0));
-        const float ms = time_it([&] { CK(cudaGraphLaunch(ge, st)); }, 10);
-        CK(cudaGraphExecDestroy(ge));
-        CK(cudaGraphDestroy(g));
-        return ms;
-    };
+    auto graph_ms = [&](const std::vector<Op>& ops, bool small) { return graph_dyn_ms(ops, small, 0); };
+    // Bits against A's outputs (the last layer's four matvecs).
     auto same_as_a = [&](int slot) {
         int same = 1;
         for (int i = 0; i < 4; ++i) {
@@ -660,15 +413,11 @@ int main() {
     report("A  launches + PDL, graph, small ops", graph_ms(ops_for(0), true));
     // B: one cooperative launch.
     int occ = 0;
-    for (int r = 0; r < 3; ++r) {
-        const void* f = r == 2 ? (const void*)chain_persist<false, true>
-                        : r ? (const void*)chain_persist<true> : (const void*)chain_persist<false>;
-        int o = 0;
-        CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o, f, 128, 0));
+    {
+        CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, chain_persist, 128, 0));
         cudaFuncAttributes fa;
-        CK(cudaFuncGetAttributes(&fa, f));
-        printf("chain_persist<%d>: %d registers, %zu bytes local, %d blocks per SM\n", r, fa.numRegs, fa.localSizeBytes, o);
-        occ = r ? std::min(occ, o) : o;
+        CK(cudaFuncGetAttributes(&fa, chain_persist));
+        printf("chain_persist: %d registers, %zu bytes local, %d blocks per SM\n", fa.numRegs, fa.localSizeBytes, occ);
     }
     if (occ < 4) {
         printf("not 4 blocks per SM: B skipped\n");
@@ -681,7 +430,9 @@ int main() {
     struct Var {
         const char* name;
         int mode;
-    } vars[] = {{"B1- persistent, first round asked of L2 before the wait", 9}};
+    } vars[] = {{"B- persistent, no small ops; per block, 1 counter, sleep", 8},
+                {"B1- persistent, first round asked of L2 before the wait", 9},
+                {"B1 persistent, small ops, L2 ahead", 13}};
     int vi = 1;
     for (const Var& v : vars) {
         const int slot = std::min(vi, NV - 1);
@@ -691,8 +442,7 @@ int main() {
         const int8_t* xq_ = xq;
         const float2* xds_ = xds;
         unsigned long long* tl = nullptr;
-        const void* f = (mode & 128) ? (const void*)chain_persist<false, true>
-                        : (mode & 2) ? (const void*)chain_persist<true> : (const void*)chain_persist<false>;
+        const void* f = (const void*)chain_persist;
         auto run = [&] {
             CK(cudaMemsetAsync(bar, 0, 1 << 20, st));
             void* args[] = {(void*)&dops, (void*)&nops, (void*)&xq_, (void*)&xds_, (void*)&cv, (void*)&cnt,
@@ -701,7 +451,7 @@ int main() {
         };
         const float ms = time_it(run, 10);
         report(v.name, ms);
-        if (!(mode & (4 | 128))) { // the timeline: each op type's mean time from the last arrival before it
+        if (!(mode & 4)) { // the timeline: each op type's mean time from the last arrival before it
             tl = dtl;
             run();
             CK(cudaStreamSynchronize(st));
@@ -715,16 +465,7 @@ int main() {
             printf("\n");
         }
         CK(cudaStreamSynchronize(st));
-        // Bits against A's outputs (the last layer's four matvecs).
-        int same = 1;
-        for (int i = 0; i < 4; ++i) {
-            std::vector<float> a(KF), b(KF);
-            CK(cudaMemcpy(a.data(), ys[0][i], KF * 4, cudaMemcpyDeviceToHost));
-            CK(cudaMemcpy(b.data(), ys[slot][i], KF * 4, cudaMemcpyDeviceToHost));
-            const int n = i == 2 ? KF : i == 0 ? RQKV : KD;
-            if (memcmp(a.data(), b.data(), n * 4) != 0) same = 0;
-        }
-        printf("   outputs %s A's\n", same ? "bit-identical to" : "DIFFER from");
+        printf("   outputs %s A's\n", same_as_a(slot) ? "bit-identical to" : "DIFFER from");
         ++vi;
     }
     return 0;

@@ -7,12 +7,7 @@
 // Prints, per case: the event-timed launch (GB/s), then the spread of the warps' phases and the
 // rounds' durations. Build and run on the device:
 //   nvcc -O3 -arch=sm_90 -o /tmp/trace scripts/matvec_lab/trace.cu && /tmp/trace
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <vector>
-#include <algorithm>
-#include <cuda_runtime.h>
+#include "lab_host.h"
 
 __device__ unsigned long long* g_trace; // [warp][32]: points 0 .. 31
 
@@ -36,39 +31,10 @@ __device__ unsigned long long* g_trace; // [warp][32]: points 0 .. 31
 #include "../../crates/muser-cuda/kernels/common.cuh"
 #include "../../crates/muser-cuda/kernels/matvec.cu"
 
-#define CK(x)                                                                              \
-    do {                                                                                   \
-        cudaError_t e_ = (x);                                                              \
-        if (e_ != cudaSuccess) {                                                           \
-            printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));     \
-            exit(1);                                                                       \
-        }                                                                                  \
-    } while (0)
-
 __global__ void smid_of_warps(unsigned* out) {
     unsigned s;
     asm volatile("mov.u32 %0, %%smid;" : "=r"(s));
     if ((threadIdx.x & 31) == 0) out[blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32] = s;
-}
-
-// Random bytes with every Q4_K block's d and dmin set to small halves.
-static void fill_q4k(std::vector<unsigned char>& b, unsigned long long seed) {
-    unsigned long long x = seed * 0x9E3779B97F4A7C15ull + 1;
-    for (size_t o = 0; o + 8 <= b.size(); o += 8) {
-        x ^= x << 13; x ^= x >> 7; x ^= x << 17;
-        memcpy(&b[o], &x, 8);
-    }
-    for (size_t o = 0; o + 144 <= b.size(); o += 144) {
-        b[o] = 0x00; b[o + 1] = 0x20; // d ~ 0.0078
-        b[o + 2] = 0x00; b[o + 3] = 0x1C;
-    }
-}
-
-static int mvk_blocks(long quads, long per, int sms) {
-    const long most = sms * 4L, warps = sms * 16L;
-    if (quads <= warps && 4 * quads >= 3 * warps) return (int)((quads + 3) / 4);
-    long b = ((quads * per + 1) / 2 + 3) / 4;
-    return (int)std::max(1L, std::min(b, most));
 }
 
 static void pct(const char* what, std::vector<double> v) {
@@ -86,16 +52,7 @@ int main() {
     // Activation (largest K), its scales; scratch.
     int8_t* xq;
     float2* xds;
-    CK(cudaMalloc(&xq, K2));
-    CK(cudaMalloc(&xds, K2 / 32 * sizeof(float2)));
-    {
-        std::vector<int8_t> h(K2);
-        for (auto& x : h) x = (int8_t)(rand() % 255 - 127);
-        CK(cudaMemcpy(xq, h.data(), K2, cudaMemcpyHostToDevice));
-        std::vector<float2> d(K2 / 32);
-        for (auto& x : d) x = make_float2(0.01f, (float)(rand() % 2000 - 1000));
-        CK(cudaMemcpy(xds, d.data(), d.size() * sizeof(float2), cudaMemcpyHostToDevice));
-    }
+    random_act(K2, &xq, &xds);
     float *cv, *y;
     unsigned* cnt;
     CK(cudaMalloc(&cv, (size_t)202048 * 8 * sizeof(float)));
