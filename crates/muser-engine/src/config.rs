@@ -181,6 +181,36 @@ impl Meta<'_> {
         }
         Ok(v)
     }
+    /// As `f32_or`, and the value must be >= 0 (`strict`: > 0).
+    fn f32_min_or(&self, k: &str, default: f32, strict: bool) -> Result<f32> {
+        let v = self.f32_or(k, default)?;
+        if v < 0.0 || (strict && v == 0.0) {
+            let bound = if strict { "> 0" } else { ">= 0" };
+            return Err(meta_err(
+                &self.key(k),
+                format!("must be {bound}, found {v}"),
+            ));
+        }
+        Ok(v)
+    }
+}
+
+/// The blocks the file's tensors hold: one more than the largest N of a tensor named `blk.N.*`
+/// (0 when there is none).
+fn blocks_in_file(file: &GgufFile) -> usize {
+    file.tensors
+        .iter()
+        .filter_map(|t| {
+            t.name
+                .strip_prefix("blk.")?
+                .split('.')
+                .next()?
+                .parse::<usize>()
+                .ok()
+        })
+        .map(|n| n.saturating_add(1))
+        .max()
+        .unwrap_or(0)
 }
 
 impl ModelConfig {
@@ -201,6 +231,20 @@ impl ModelConfig {
         };
 
         let n_layer = m.positive("block_count")?;
+        // Checked against the tensors before anything is sized by it: a block count past the
+        // file's blocks would be millions of missing tensors, one short of them a model run on
+        // part of its weights (wrong logits with no error).
+        let in_file = blocks_in_file(file);
+        if n_layer != in_file {
+            return Err(meta_err(
+                &m.key("block_count"),
+                format!(
+                    "{n_layer}, but the file's tensors are those of {in_file} blocks (blk.0 .. \
+                     blk.{})",
+                    in_file.saturating_sub(1)
+                ),
+            ));
+        }
         let n_embd = m.positive("embedding_length")?;
         let n_ff = m.positive("feed_forward_length")?;
         let n_head = m.positive("attention.head_count")?;
@@ -256,9 +300,10 @@ impl ModelConfig {
             }
         }
         let n_ctx_train = m.usize_or("context_length", 4096)?;
-        let rms_eps = m.f32_or("attention.layer_norm_rms_epsilon", 1e-5)?;
-        let post_norm_eps = m.f32_or("attention.post_norm_rms_epsilon", rms_eps)?;
-        let freq_base = m.f32_or("rope.freq_base", 10000.0)?;
+        // A negative epsilon can make the norm's square root NaN, a base <= 0 the RoPE angles.
+        let rms_eps = m.f32_min_or("attention.layer_norm_rms_epsilon", 1e-5, false)?;
+        let post_norm_eps = m.f32_min_or("attention.post_norm_rms_epsilon", rms_eps, false)?;
+        let freq_base = m.f32_min_or("rope.freq_base", 10000.0, true)?;
 
         let (sliding_window, layers) = match arch.sliding {
             SlidingPattern::None => (
@@ -286,7 +331,8 @@ impl ModelConfig {
                 (Some(window), layers)
             }
         };
-        let logit_scale = m.f32_or("logit_scale", 1.0)?;
+        // 0 would make every token equally likely, a negative scale the least likely the first.
+        let logit_scale = m.f32_min_or("logit_scale", 1.0, true)?;
         let softcap = if m.has("final_logit_softcapping") {
             let c = m.f32_or("final_logit_softcapping", 0.0)?;
             if c < 0.0 {

@@ -242,3 +242,56 @@ fn rope_scaling_is_refused_not_ignored() {
     });
     assert!(msg.contains("rope_freqs.weight"), "{msg}");
 }
+
+/// Sets metadata key `key` (which the preset writes) to `v`.
+fn set_meta(meta: &mut [(String, muser_gguf::MetaValue)], key: &str, v: muser_gguf::MetaValue) {
+    let slot = meta
+        .iter_mut()
+        .find(|(k, _)| k == key)
+        .unwrap_or_else(|| panic!("the preset writes {key}"));
+    slot.1 = v;
+}
+
+#[test]
+fn block_count_must_match_the_files_blocks() {
+    use muser_gguf::MetaValue;
+    let t = Tiny::new("muse");
+    let blocks = t.n_layer;
+    // Past the file's blocks (up to a count whose per-block checks would never end), and short
+    // of them (which would run part of the model with no error).
+    for v in [
+        MetaValue::U32(blocks as u32 + 1),
+        MetaValue::U32(i32::MAX as u32),
+        MetaValue::U64(u64::MAX / 2 + 7),
+        MetaValue::U32(blocks as u32 - 1),
+        MetaValue::U32(1),
+    ] {
+        let shown = format!("{v:?}");
+        let msg = load_err(&t, |_, meta| set_meta(meta, "muse.block_count", v));
+        assert!(
+            msg.contains("muse.block_count")
+                && msg.contains(&format!("{blocks} blocks (blk.0 .. blk.{})", blocks - 1)),
+            "{shown}: {msg}"
+        );
+    }
+}
+
+#[test]
+fn float_hyperparameters_out_of_range_are_named() {
+    use muser_gguf::MetaValue;
+    let t = Tiny::new("muse");
+    for (key, v, bound) in [
+        ("muse.attention.layer_norm_rms_epsilon", -1e-5, ">= 0"),
+        ("muse.attention.post_norm_rms_epsilon", -0.5, ">= 0"),
+        ("muse.rope.freq_base", 0.0, "> 0"),
+        ("muse.rope.freq_base", -10000.0, "> 0"),
+        ("muse.logit_scale", 0.0, "> 0"),
+        ("muse.logit_scale", -0.25, "> 0"),
+    ] {
+        let msg = load_err(&t, |_, meta| set_meta(meta, key, MetaValue::F32(v)));
+        assert!(
+            msg.contains(key) && msg.contains(&format!("must be {bound}, found {v}")),
+            "{key} = {v}: {msg}"
+        );
+    }
+}

@@ -52,6 +52,10 @@ pub struct SamplerParams {
     pub presence_penalty: f32,
     /// MT19937 seed; only the low 32 bits are used (llama.cpp's seed is a u32).
     pub seed: u64,
+    /// (token id, bias) pairs added to those tokens' logits before everything else (llama.cpp's
+    /// `logit_bias` sampler, first in its chain; OpenAI's `logit_bias`). Ids past the row are
+    /// ignored; empty = off.
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl SamplerParams {
@@ -79,6 +83,7 @@ impl Default for SamplerParams {
             frequency_penalty: 0.0,
             presence_penalty: 0.0,
             seed: DEFAULT_SEED,
+            logit_bias: Vec::new(),
         }
     }
 }
@@ -120,6 +125,7 @@ impl Sampler {
     pub fn is_argmax(&self) -> bool {
         let p = &self.params;
         p.temperature <= 0.0
+            && p.logit_bias.is_empty()
             && (p.repeat_last_n == 0
                 || p.repeat_penalty == 1.0
                     && p.frequency_penalty == 0.0
@@ -134,7 +140,8 @@ impl Sampler {
         let p = &self.params;
         let no_penalty = p.repeat_last_n == 0
             || p.repeat_penalty == 1.0 && p.frequency_penalty == 0.0 && p.presence_penalty == 0.0;
-        (p.temperature > 0.0 && p.top_k > 0 && p.top_k < vocab && no_penalty).then_some(p.top_k)
+        let raw = no_penalty && p.logit_bias.is_empty();
+        (p.temperature > 0.0 && p.top_k > 0 && p.top_k < vocab && raw).then_some(p.top_k)
     }
 
     /// The pick from a row's `top_k_logits(row, k)` when `top_k_of` gave k: the same token
@@ -154,6 +161,9 @@ impl Sampler {
     pub fn try_sample(&mut self, logits: &[f32]) -> Option<u32> {
         let p = &self.params;
         let history = self.history.make_contiguous();
+        // The biases first, on a copy of the row when there are any.
+        let biased = steps::biased_logits(logits, &p.logit_bias);
+        let logits = &*biased;
         // Greedy, and top-k from k below the vocabulary, look at the logits once without making a
         // candidate of every token (0.8 MB of logits, 2.4 MB of candidates on a 202k
         // vocabulary), with the same picks: the penalties on a copy of the logits first.

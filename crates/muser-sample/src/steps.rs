@@ -137,6 +137,24 @@ fn penalized(logit: f32, n: u32, repeat: f32, frequency: f32, presence: f32) -> 
     l - (n as f32 * frequency + presence)
 }
 
+/// `logits` with each (id, bias) of `bias` added to logit `id` (ids past the row skipped): the
+/// logits themselves when there is no bias, else a copy.
+pub(crate) fn biased_logits<'a>(
+    logits: &'a [f32],
+    bias: &[(u32, f32)],
+) -> std::borrow::Cow<'a, [f32]> {
+    if bias.is_empty() {
+        return std::borrow::Cow::Borrowed(logits);
+    }
+    let mut out = logits.to_vec();
+    for &(id, b) in bias {
+        if let Some(l) = out.get_mut(id as usize) {
+            *l += b;
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 /// `logits` with `apply_penalties`' changes: the logits themselves when no penalty is in effect,
 /// else a copy in which only the history's tokens change, each found once (not a lookup per
 /// vocabulary entry).

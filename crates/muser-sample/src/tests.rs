@@ -615,6 +615,7 @@ fn one_pass_greedy_and_top_k_pick_what_the_whole_chain_picks() {
             frequency_penalty: [0.0, 0.2][(case / 4) % 2],
             presence_penalty: [0.0, 0.5][(case / 8) % 2],
             seed: case as u64,
+            logit_bias: Vec::new(),
         };
         let mut s = Sampler::new(p.clone());
         let mut reference = Mt::new(p.seed as u32);
@@ -632,4 +633,58 @@ fn one_pass_greedy_and_top_k_pick_what_the_whole_chain_picks() {
     }
     // The cases reach many different tokens (not one answer every time).
     assert!(picks.len() > 100, "{} distinct picks", picks.len());
+}
+
+#[test]
+fn logit_bias_is_added_to_the_row_before_the_chain() {
+    let mut rng = Mt::new(17);
+    for (round, top_k) in [(0, 40usize), (1, 0), (2, 5), (3, 40)] {
+        let l = random_logits(&mut rng, 400, 3.0);
+        // A few biases of both signs, and one past the row (ignored).
+        let ids: Vec<u32> = (0..6).map(|_| rng.next_u32() % 400).collect();
+        let mut bias: Vec<(u32, f32)> = ids
+            .iter()
+            .enumerate()
+            .map(|(i, &id)| (id, if i % 2 == 0 { 7.5 } else { -50.0 }))
+            .collect();
+        bias.push((400 + round, 100.0));
+        let mut biased = l.clone();
+        for &(id, b) in &bias {
+            if let Some(x) = biased.get_mut(id as usize) {
+                *x += b;
+            }
+        }
+        for temperature in [0.0, 0.9] {
+            let base = SamplerParams {
+                temperature,
+                top_k,
+                seed: 5 + round as u64,
+                ..Default::default()
+            };
+            let mut with = Sampler::new(SamplerParams {
+                logit_bias: bias.clone(),
+                ..base.clone()
+            });
+            let mut plain = Sampler::new(base);
+            assert!(!with.is_argmax() && with.top_k_of(400).is_none());
+            for _ in 0..8 {
+                let (a, b) = (with.sample(&l), plain.sample(&biased));
+                assert_eq!(a, b, "top_k {top_k}, temperature {temperature}");
+                with.accept(a);
+                plain.accept(b);
+            }
+        }
+    }
+    // A greedy pick banned by -100 falls to the next best; +100 makes a token the pick.
+    let l = [0.5f32, 3.0, 2.0, -1.0];
+    let pick = |bias: Vec<(u32, f32)>| {
+        Sampler::new(SamplerParams {
+            logit_bias: bias,
+            ..SamplerParams::greedy()
+        })
+        .sample(&l)
+    };
+    assert_eq!(pick(vec![]), 1);
+    assert_eq!(pick(vec![(1, -100.0)]), 2);
+    assert_eq!(pick(vec![(3, 100.0)]), 3);
 }

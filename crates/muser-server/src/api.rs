@@ -1,7 +1,9 @@
 //! Request parsing: a body becomes a checked generation request or an OpenAI-shaped 400 that
 //! names the field, what it must be and what it was. Fields are read from a JSON object by hand
 //! (not derived) so every wrong type and out-of-range value gets such a message; unknown fields
-//! are ignored, as OpenAI's API does.
+//! are ignored, as OpenAI's API does, except OpenAI's own fields that would change the answer
+//! and that Muser does not implement (tools, function calls, a JSON response format): those are
+//! a 400 naming them, never silently dropped.
 
 use crate::error::ApiError;
 use muser_sample::SamplerParams;
@@ -132,9 +134,107 @@ pub struct Generation {
     pub ignore_eos: bool,
 }
 
+/// Most entries a request's `logit_bias` may hold (OpenAI's limit).
+pub const MAX_LOGIT_BIAS: usize = 300;
+
+/// `logit_bias`: an object from token ids (as strings) to biases from -100 to 100, added to
+/// those tokens' logits before sampling. Sorted by id.
+fn parse_logit_bias(f: &Fields, n_vocab: usize) -> Result<Vec<(u32, f32)>, ApiError> {
+    let err = |m: String| ApiError::param("logit_bias", m);
+    let o = match f.get("logit_bias") {
+        None => return Ok(Vec::new()),
+        Some(Value::Object(o)) => o,
+        Some(v) => {
+            return Err(err(format!(
+                "logit_bias must be an object from token ids to biases, got {}",
+                type_name(v)
+            )))
+        }
+    };
+    if o.len() > MAX_LOGIT_BIAS {
+        return Err(err(format!(
+            "logit_bias has {} entries; at most {MAX_LOGIT_BIAS}",
+            o.len()
+        )));
+    }
+    let mut bias = o
+        .iter()
+        .map(|(k, v)| {
+            let id = k
+                .parse::<u32>()
+                .ok()
+                .filter(|&id| (id as usize) < n_vocab)
+                .ok_or_else(|| {
+                    err(format!(
+                        "logit_bias key {} is not a token id from 0 to {}",
+                        show(&Value::String(k.clone())),
+                        n_vocab - 1
+                    ))
+                })?;
+            match v.as_f64() {
+                Some(b) if (-100.0..=100.0).contains(&b) => Ok((id, b as f32)),
+                _ => Err(err(format!(
+                    "logit_bias[\"{id}\"] must be a number from -100 to 100, got {}",
+                    show(v)
+                ))),
+            }
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    bias.sort_by_key(|&(id, _)| id);
+    Ok(bias)
+}
+
+/// Fields of OpenAI's API that would change what a request gets and that Muser does not
+/// implement: a 400 naming them, rather than an answer that silently ignores them.
+fn refuse_unsupported(f: &Fields) -> Result<(), ApiError> {
+    for key in ["tools", "functions"] {
+        if let Some(v) = f.get(key) {
+            if !matches!(v, Value::Array(a) if a.is_empty()) {
+                return Err(ApiError::param(
+                    key,
+                    format!("{key} is not supported (Muser does no tool calling)"),
+                ));
+            }
+        }
+    }
+    for key in ["tool_choice", "function_call"] {
+        match f.get(key) {
+            None => {}
+            Some(Value::String(s)) if s == "none" || s == "auto" => {}
+            Some(v) => {
+                return Err(ApiError::param(
+                    key,
+                    format!(
+                        "{key} {} is not supported (Muser does no tool calling)",
+                        show(v)
+                    ),
+                ))
+            }
+        }
+    }
+    match f.get("response_format") {
+        None => Ok(()),
+        Some(Value::Object(o)) if o.get("type").and_then(Value::as_str) == Some("text") => Ok(()),
+        Some(v) => Err(ApiError::param(
+            "response_format",
+            format!(
+                "response_format {} is not supported (no constrained decoding); only \
+                 {{\"type\": \"text\"}}",
+                show(v)
+            ),
+        )),
+    }
+}
+
 /// Reads the sampling and output fields shared by /v1/completions and /v1/chat/completions.
-/// `seed` is used when the request gives none.
-pub fn parse_generation(f: &Fields, chat: bool, seed: u64) -> Result<Generation, ApiError> {
+/// `seed` is used when the request gives none; `logit_bias` ids must be below `n_vocab`.
+pub fn parse_generation(
+    f: &Fields,
+    chat: bool,
+    seed: u64,
+    n_vocab: usize,
+) -> Result<Generation, ApiError> {
+    refuse_unsupported(f)?;
     if let Some(n) = f.integer("n", i64::MIN, i64::MAX)? {
         if n != 1 {
             return Err(ApiError::param(
@@ -186,6 +286,7 @@ pub fn parse_generation(f: &Fields, chat: bool, seed: u64) -> Result<Generation,
         None | Some(-1) => seed,
         Some(s) => s as u64,
     };
+    p.logit_bias = parse_logit_bias(f, n_vocab)?;
 
     let mut max_tokens = None;
     for key in ["max_tokens", "max_completion_tokens", "n_predict"] {
@@ -357,7 +458,7 @@ mod tests {
     use serde_json::json;
 
     fn gen(v: Value) -> Result<Generation, ApiError> {
-        parse_generation(&Fields(v.as_object().unwrap()), false, 7)
+        parse_generation(&Fields(v.as_object().unwrap()), false, 7, 1000)
     }
 
     #[test]
@@ -417,8 +518,73 @@ mod tests {
     }
 
     #[test]
+    fn logit_bias_is_parsed_sorted_and_checked() {
+        let g = gen(json!({"logit_bias": {"17": 5, "3": -100, "999": 100.0}})).unwrap();
+        assert_eq!(
+            g.params.logit_bias,
+            vec![(3, -100.0), (17, 5.0), (999, 100.0)]
+        );
+        assert!(gen(json!({"logit_bias": {}}))
+            .unwrap()
+            .params
+            .logit_bias
+            .is_empty());
+        let many: Map<String, Value> = (0..=MAX_LOGIT_BIAS)
+            .map(|i| (i.to_string(), json!(1)))
+            .collect();
+        for (body, says) in [
+            (json!({"logit_bias": [[1, 2]]}), "must be an object"),
+            (
+                json!({"logit_bias": {"1000": 1}}),
+                "not a token id from 0 to 999",
+            ),
+            (json!({"logit_bias": {"-1": 1}}), "not a token id"),
+            (json!({"logit_bias": {"hello": 1}}), "not a token id"),
+            (json!({"logit_bias": {"5": 101}}), "from -100 to 100"),
+            (json!({"logit_bias": {"5": "big"}}), "from -100 to 100"),
+            (json!({ "logit_bias": many }), "at most 300"),
+        ] {
+            let e = gen(body.clone()).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some("logit_bias"), "{body}");
+            assert!(e.message.contains(says), "{body}: {}", e.message);
+        }
+    }
+
+    #[test]
+    fn tools_and_response_formats_are_refused_not_ignored() {
+        for (body, field) in [
+            (
+                json!({"tools": [{"type": "function", "function": {"name": "f"}}]}),
+                "tools",
+            ),
+            (json!({"functions": [{"name": "f"}]}), "functions"),
+            (json!({"tool_choice": "required"}), "tool_choice"),
+            (json!({"tool_choice": {"type": "function"}}), "tool_choice"),
+            (json!({"function_call": {"name": "f"}}), "function_call"),
+            (
+                json!({"response_format": {"type": "json_object"}}),
+                "response_format",
+            ),
+            (json!({"response_format": "json"}), "response_format"),
+        ] {
+            let e = gen(body.clone()).unwrap_err();
+            assert_eq!(e.status, 400, "{body}");
+            assert_eq!(e.param.as_deref(), Some(field), "{body}: {}", e.message);
+        }
+        // What asks for nothing beyond plain text is accepted.
+        for body in [
+            json!({"tools": []}),
+            json!({"tool_choice": "none"}),
+            json!({"tool_choice": "auto"}),
+            json!({"response_format": {"type": "text"}}),
+        ] {
+            assert!(gen(body.clone()).is_ok(), "{body}");
+        }
+    }
+
+    #[test]
     fn chat_logprobs() {
-        let f = |v: Value| parse_generation(&Fields(v.as_object().unwrap()), true, 0);
+        let f = |v: Value| parse_generation(&Fields(v.as_object().unwrap()), true, 0, 1000);
         assert_eq!(
             f(json!({"logprobs": true, "top_logprobs": 3}))
                 .unwrap()

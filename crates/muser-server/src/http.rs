@@ -267,7 +267,7 @@ async fn generate(
             .with_param("model"));
         }
     }
-    let gen = parse_generation(&f, chat, sh.next_id())?;
+    let gen = parse_generation(&f, chat, sh.next_id(), m.n_vocab)?;
     let prompt = if chat {
         let messages = parse_messages(f.get("messages"))?;
         let text = m.template.render(&messages)?;
