@@ -33,11 +33,10 @@ fn dims_str(d: &[u64]) -> String {
 
 #[derive(Debug, thiserror::Error)]
 pub enum GgufError {
-    #[error("I/O error on {path}: {source}")]
-    Io {
-        path: String,
-        source: std::io::Error,
-    },
+    // `error` is not marked as the source: the message already carries it, and a source would
+    // print it twice in an error chain ("...: No such file or directory: No such file ...").
+    #[error("I/O error on {path}: {error}")]
+    Io { path: String, error: std::io::Error },
 
     // ---- header ----
     #[error("not a GGUF file: magic is {found:02x?}, expected \"GGUF\" (47 47 55 46)")]

@@ -87,12 +87,20 @@ impl GgufFile {
     /// Opens and validates a file through one read-only memory map.
     pub fn open(path: impl AsRef<Path>) -> Result<GgufFile, GgufError> {
         let path = path.as_ref();
-        let io = |source| GgufError::Io {
+        let io = |error| GgufError::Io {
             path: path.display().to_string(),
-            source,
+            error,
         };
         let file = std::fs::File::open(path).map_err(io)?;
-        let len = file.metadata().map_err(io)?.len();
+        let meta = file.metadata().map_err(io)?;
+        // A directory opens on Linux; its map would fail with "No such device".
+        if meta.is_dir() {
+            return Err(io(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "is a directory, not a GGUF file",
+            )));
+        }
+        let len = meta.len();
         // mmap of an empty file fails on some systems; an empty file is simply truncated.
         let storage = if len == 0 {
             Storage::Owned(Vec::new())

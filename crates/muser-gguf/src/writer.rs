@@ -71,9 +71,9 @@ impl GgufWriter<std::io::BufWriter<std::fs::File>> {
         let label = path.display().to_string();
         // Validate before creating the file so a bad spec leaves nothing behind.
         let plan = Plan::new(metadata, tensors)?;
-        let file = std::fs::File::create(path).map_err(|source| GgufError::Io {
+        let file = std::fs::File::create(path).map_err(|error| GgufError::Io {
             path: label.clone(),
-            source,
+            error,
         })?;
         Self::start(
             std::io::BufWriter::new(file),
@@ -222,9 +222,9 @@ impl<W: Write> GgufWriter<W> {
     }
 
     fn put(&mut self, bytes: &[u8]) -> Result<(), GgufError> {
-        self.out.write_all(bytes).map_err(|source| GgufError::Io {
+        self.out.write_all(bytes).map_err(|error| GgufError::Io {
             path: self.label.clone(),
-            source,
+            error,
         })?;
         self.pos += bytes.len() as u64;
         Ok(())
@@ -270,9 +270,9 @@ impl<W: Write> GgufWriter<W> {
                 next: spec.name.clone(),
             });
         }
-        self.out.flush().map_err(|source| GgufError::Io {
+        self.out.flush().map_err(|error| GgufError::Io {
             path: self.label.clone(),
-            source,
+            error,
         })?;
         Ok(self.out)
     }

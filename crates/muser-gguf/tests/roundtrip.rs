@@ -73,6 +73,12 @@ fn open_maps_the_file_and_views_are_zero_copy() {
     ));
     let e = GgufFile::open(dir.join("nope.gguf")).err().unwrap();
     assert!(matches!(e, muser_gguf::GgufError::Io { .. }) && e.to_string().contains("nope.gguf"));
+    // The OS error is in the message once, not again as a source (an error chain printed it
+    // twice).
+    assert!(std::error::Error::source(&e).is_none());
+    // A directory is named as one (its map failed with "No such device").
+    let e = GgufFile::open(&dir).err().unwrap();
+    assert!(e.to_string().contains("is a directory"), "{e}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
