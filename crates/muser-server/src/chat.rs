@@ -12,6 +12,12 @@ pub const FALLBACK_TEMPLATE: &str = "{%- for m in messages -%}\
 {% endfor -%}\
 {%- if add_generation_prompt %}Assistant:{% endif -%}";
 
+/// Template instructions one render may run. A chat template's work grows with the messages
+/// (a ChatML template spent 46,016 on 2,000 messages, ~23 a message); a template that runs
+/// away (nested loops in a hostile or broken GGUF) stops here with an error instead of holding
+/// the server and growing its memory without end.
+pub const TEMPLATE_FUEL: u64 = 20_000_000;
+
 pub struct ChatTemplate {
     env: Environment<'static>,
     /// The template is the file's own (false: the fallback).
@@ -35,6 +41,7 @@ impl ChatTemplate {
         });
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
+        env.set_fuel(Some(TEMPLATE_FUEL));
         let from_model = source.is_some();
         env.add_template_owned("chat", source.unwrap_or(FALLBACK_TEMPLATE).to_string())
             .map_err(|e| anyhow::anyhow!("the model's chat template does not parse: {e:#}"))?;
@@ -58,7 +65,14 @@ impl ChatTemplate {
             bos_token => &self.bos,
             eos_token => &self.eos,
         })
-        .map_err(|e| ApiError::bad_request(format!("the chat template refused the messages: {e}")))
+        .map_err(|e| match e.kind() {
+            // The model's template, not the request, is at fault.
+            ErrorKind::OutOfFuel => ApiError::internal(format!(
+                "the model's chat template ran past {TEMPLATE_FUEL} instructions without \
+                 finishing (a runaway loop?)"
+            )),
+            _ => ApiError::bad_request(format!("the chat template refused the messages: {e}")),
+        })
     }
 }
 
@@ -174,6 +188,40 @@ mod tests {
         let e = t.render(&[]).unwrap_err();
         assert_eq!(e.status, 400);
         assert!(e.message.contains("roles must alternate"), "{}", e.message);
+    }
+
+    #[test]
+    fn a_runaway_template_stops_with_an_error_and_long_chats_still_render() {
+        let t = ChatTemplate::new(
+            Some(
+                "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}",
+            ),
+            "",
+            "",
+        )
+        .unwrap();
+        let e = t.render(&[]).unwrap_err();
+        assert_eq!(e.status, 500);
+        assert!(e.message.contains("ran past"), "{}", e.message);
+        // A ChatML template (Qwen's shape) over 2,000 messages renders whole under the budget.
+        let chatml = "{% for message in messages %}{% if loop.first and messages[0]['role'] != \
+                      'system' %}{{ '<|im_start|>system\nYou are helpful.<|im_end|>\n' }}{% endif %}\
+                      {{ '<|im_start|>' + message['role'] + '\n' + message['content'] + \
+                      '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}\
+                      {{ '<|im_start|>assistant\n' }}{% endif %}";
+        let t = ChatTemplate::new(Some(chatml), "", "").unwrap();
+        let msgs: Vec<Value> = (0..2000)
+            .map(|i| {
+                let role = if i % 2 == 0 { "user" } else { "assistant" };
+                json!({"role": role, "content": format!("message {i}")})
+            })
+            .collect();
+        let out = t
+            .render(&parse_messages(Some(&Value::Array(msgs))).unwrap())
+            .unwrap();
+        assert!(out.starts_with("<|im_start|>system\nYou are helpful.<|im_end|>\n"));
+        assert!(out.ends_with("message 1999<|im_end|>\n<|im_start|>assistant\n"));
+        assert_eq!(out.matches("<|im_start|>").count(), 2002);
     }
 
     #[test]
