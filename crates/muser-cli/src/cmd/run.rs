@@ -25,26 +25,50 @@ pub struct Args {
     #[arg(short = 'c', long = "ctx-size")]
     pub ctx_size: Option<usize>,
     /// Temperature (0 = greedy).
-    #[arg(long, default_value_t = 0.8)]
+    #[arg(long, default_value_t = 0.8, allow_negative_numbers = true)]
     pub temp: f32,
     #[arg(long = "top-k", default_value_t = 40)]
     pub top_k: usize,
-    #[arg(long = "top-p", default_value_t = 0.95)]
+    #[arg(long = "top-p", default_value_t = 0.95, allow_negative_numbers = true)]
     pub top_p: f32,
-    #[arg(long = "min-p", default_value_t = 0.05)]
+    #[arg(long = "min-p", default_value_t = 0.05, allow_negative_numbers = true)]
     pub min_p: f32,
-    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
+    #[arg(
+        long = "repeat-penalty",
+        default_value_t = 1.0,
+        allow_negative_numbers = true
+    )]
     pub repeat_penalty: f32,
     #[arg(long = "repeat-last-n", default_value_t = 64)]
     pub repeat_last_n: usize,
     #[arg(long, default_value_t = DEFAULT_SEED)]
     pub seed: u64,
+    /// Adds BIAS to a token's logit, as llama.cpp's: TOKEN_ID+BIAS, TOKEN_ID-BIAS, or
+    /// TOKEN_ID-inf to ban the token (repeatable).
+    #[arg(short = 'l', long = "logit-bias", value_parser = parse_logit_bias)]
+    pub logit_bias: Vec<(u32, f32)>,
     /// CPU threads (default: one per core).
     /// Backend: auto (CUDA when a GPU is usable), cpu or cuda.
     #[arg(long, value_enum, default_value_t = super::backend::BackendKind::Auto)]
     pub backend: super::backend::BackendKind,
     #[arg(short = 't', long)]
     pub threads: Option<usize>,
+}
+
+/// One `--logit-bias` value: TOKEN_ID followed by a signed bias (`+1.5`, `-3`, `-inf`).
+fn parse_logit_bias(s: &str) -> Result<(u32, f32), String> {
+    let at = s
+        .find(['+', '-'])
+        .ok_or_else(|| format!("'{s}': expected TOKEN_ID+BIAS or TOKEN_ID-BIAS, e.g. 15043+1"))?;
+    let id = s[..at]
+        .parse::<u32>()
+        .map_err(|_| format!("'{s}': '{}' is not a token id", &s[..at]))?;
+    let bias = s[at..]
+        .parse::<f32>()
+        .ok()
+        .filter(|b| !b.is_nan() && *b != f32::INFINITY)
+        .ok_or_else(|| format!("'{s}': '{}' is not a bias (a number, or -inf)", &s[at..]))?;
+    Ok((id, bias))
 }
 
 /// The default model's path relative to the repository root or the cwd.
@@ -99,6 +123,24 @@ impl ModelJob for Job {
         if prompt.is_empty() {
             bail!("the prompt is empty after tokenization");
         }
+        let nv = model.config.n_vocab;
+        if let Some((id, _)) = args.logit_bias.iter().find(|(id, _)| *id as usize >= nv) {
+            bail!("--logit-bias: token {id} is past the vocabulary of {nv} tokens");
+        }
+        for (name, v, ok) in [
+            ("--temp", args.temp, args.temp >= 0.0),
+            ("--top-p", args.top_p, (0.0..=1.0).contains(&args.top_p)),
+            ("--min-p", args.min_p, (0.0..=1.0).contains(&args.min_p)),
+            (
+                "--repeat-penalty",
+                args.repeat_penalty,
+                args.repeat_penalty > 0.0,
+            ),
+        ] {
+            if !ok || v.is_nan() {
+                bail!("{name} {v} is out of range (--temp >= 0, --top-p and --min-p from 0 to 1, --repeat-penalty > 0)");
+            }
+        }
         let n_ctx = args.ctx_size.unwrap_or_else(|| {
             (prompt.len() + args.n_predict).min(model.config.n_ctx_train.max(prompt.len()))
         });
@@ -111,6 +153,7 @@ impl ModelJob for Job {
             repeat_penalty: args.repeat_penalty,
             repeat_last_n: args.repeat_last_n,
             seed: args.seed,
+            logit_bias: args.logit_bias.clone(),
             ..Default::default()
         });
         for &t in &prompt {
@@ -135,6 +178,7 @@ impl ModelJob for Job {
         let mut stream = StreamDecoder::new();
         let mut n_gen = 0;
         let mut n_decoded = 0;
+        let mut context_full = false;
         while n_gen < args.n_predict {
             sampler.accept(next);
             n_gen += 1;
@@ -144,6 +188,12 @@ impl ModelJob for Job {
             write!(out, "{}", stream.push(&tok, next)?)?;
             out.flush()?;
             if n_gen == args.n_predict {
+                break;
+            }
+            // The token just written has no room to be decoded: generation ends here, as
+            // llama.cpp's does when its context is full and not shifted.
+            if session.pos() >= session.n_ctx() {
+                context_full = true;
                 break;
             }
             next = if argmax {
@@ -164,6 +214,12 @@ impl ModelJob for Job {
         let decode_s = t2.elapsed().as_secs_f64();
 
         eprintln!();
+        if context_full {
+            eprintln!(
+                "stopped: the context of {} tokens is full (-c / --ctx-size sets it)",
+                session.n_ctx()
+            );
+        }
         eprintln!(
             "load:    {:.0} ms ({}, {}, {} threads)",
             load_s * 1e3,
