@@ -134,7 +134,7 @@ pub struct Generation {
     pub ignore_eos: bool,
 }
 
-/// Most entries a request's `logit_bias` may hold (OpenAI's limit).
+/// Most entries a request's `logit_bias` may hold (a bound on the per-token work of a request).
 pub const MAX_LOGIT_BIAS: usize = 300;
 
 /// `logit_bias`: an object from token ids (as strings) to biases from -100 to 100, added to

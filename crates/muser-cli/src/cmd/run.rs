@@ -47,10 +47,10 @@ pub struct Args {
     /// TOKEN_ID-inf to ban the token (repeatable).
     #[arg(short = 'l', long = "logit-bias", value_parser = parse_logit_bias)]
     pub logit_bias: Vec<(u32, f32)>,
-    /// CPU threads (default: one per core).
     /// Backend: auto (CUDA when a GPU is usable), cpu or cuda.
     #[arg(long, value_enum, default_value_t = super::backend::BackendKind::Auto)]
     pub backend: super::backend::BackendKind,
+    /// CPU threads (default: one per core).
     #[arg(short = 't', long)]
     pub threads: Option<usize>,
 }
