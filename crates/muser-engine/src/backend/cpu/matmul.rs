@@ -5,7 +5,12 @@
 //! the call (Q/K/V/gate, gate+up). Work is split into tasks of consecutive weight rows (a few
 //! hundred KB of weights each for one column) run on the current rayon pool; inside a task each
 //! weight row is reused across a tile of columns while it sits in L1. The dots are
-//! muser-quant's SIMD kernels (`Kernels::detect`); from 16 columns, Q4_K, Q5_K and Q6_K weights
+//! muser-quant's SIMD kernels (`Kernels::detect`). On AVX-512 VNNI CPUs, Q4_K matrices are
+//! repacked at load for `x16.rs` (16 rows per register, no reduction across lanes), which then
+//! serves every matmul over them whatever the column count (bit-identical: `tests/gemm.rs`).
+//! 2-core Zen 4, llama-1b Q4_K_M, 2 threads, alternated (BENCHMARKS.md, 2026-12-02): decode
+//! 1 / 2 / 4 streams 41-50 / 69 / 75-76 tokens/s against 31-44 / 43-45 / 44-53, 8 streams 102-133
+//! against 69-73, pp512 286-291 against 261-275. Otherwise, from 16 columns, Q4_K, Q5_K and Q6_K weights
 //! go through the tiles of `tile.rs` instead (bit-identical), from 3 to 15 columns through those
 //! of `tile4.rs`; both write straight into the output. From 12 columns Q8_0 weights go through
 //! `tile_q8_0.rs` (bit-identical too), from 4 to 11 through `gemm::q8_0_matmul`. Below 4 the
@@ -129,6 +134,17 @@ pub fn rows_times_columns(
     r1: usize,
     tile: &mut [f32],
 ) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(x) = w.x16() {
+        assert_eq!(
+            tile.len(),
+            (r1 - r0) * inp.n,
+            "rows_times_columns: tile size"
+        );
+        // SAFETY: tile holds n rows of r1 - r0 outputs, and is this call's alone.
+        unsafe { x.gemm_into(&inp.q8_k, inp.n, r0, r1, tile.as_mut_ptr(), r1 - r0) };
+        return;
+    }
     let bytes = w.view.bytes();
     let rb = w.row_bytes;
     let wrows = &bytes[r0 * rb..r1 * rb];
@@ -218,6 +234,10 @@ unsafe fn tiled_into(
 ) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
+        if let Some(x) = w.x16() {
+            x.gemm_into(&inp.q8_k, inp.n, r0, r1, out, ld);
+            return true;
+        }
         let wrows = &w.view.bytes()[r0 * w.row_bytes..r1 * w.row_bytes];
         let rows = r1 - r0;
         // A K-quant weight through a tile module's `gemm_*_into` (tile.rs and tile4.rs have the
@@ -407,7 +427,23 @@ pub fn rows_per_task(w: &CpuWeight, n: usize, threads: usize) -> usize {
             r = r.div_ceil(8) * 8;
         }
     }
+    #[cfg(target_arch = "x86_64")]
+    if w.x16().is_some() {
+        // Whole groups of `x16.rs`.
+        r = super::x16::task_rows(r);
+    }
     r
+}
+
+/// Whether Q4_K matrices are repacked for `x16.rs` at load: on CPUs that run it, unless
+/// `MUSER_CPU_X16=0` (for comparisons).
+pub fn x16_enabled() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        super::x16::available() && std::env::var("MUSER_CPU_X16").map_or(true, |v| v != "0")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
 }
 
 /// A raw output pointer shared by tasks that write disjoint elements.

@@ -128,6 +128,8 @@ pub mod tile;
 pub mod tile4;
 #[cfg(target_arch = "x86_64")]
 pub mod tile_q8_0;
+#[cfg(target_arch = "x86_64")]
+pub mod x16;
 
 use crate::backend::{Backend, KvLayerSpec, NormArgs};
 use crate::config::RopeParams;
@@ -161,11 +163,34 @@ pub struct CpuWeight {
     pub row_bytes: usize,
     /// 1-D tensors (norm weights), dequantized.
     pub vector: Option<Vec<f32>>,
+    /// A Q4_K matrix repacked for `x16.rs` (AVX-512 VNNI CPUs), which then serves every matmul
+    /// over it; embedding rows are read from the file's bytes. Made at load, except for
+    /// `token_embd.weight`: only if a matmul uses it (a tied LM head), so that an embedding
+    /// table is not held twice.
+    #[cfg(target_arch = "x86_64")]
+    x16: std::sync::OnceLock<Option<x16::Q4KX16>>,
 }
 
 impl CpuWeight {
     fn vec(&self) -> &[f32] {
         self.vector.as_deref().expect("norm weight is a vector")
+    }
+
+    /// The `x16.rs` repacking of a Q4_K matrix, made on first use, when this CPU runs it.
+    #[cfg(target_arch = "x86_64")]
+    pub fn x16(&self) -> Option<&x16::Q4KX16> {
+        self.x16
+            .get_or_init(|| {
+                (self.view.ty == GgmlType::Q4_K && self.vector.is_none() && matmul::x16_enabled())
+                    .then(|| {
+                        x16::Q4KX16::new(
+                            self.view.bytes(),
+                            self.rows,
+                            self.cols / muser_quant::QK_K,
+                        )
+                    })
+            })
+            .as_ref()
     }
 }
 
@@ -263,6 +288,8 @@ impl Backend for CpuBackend {
                 cols,
                 row_bytes,
                 vector: Some(v),
+                #[cfg(target_arch = "x86_64")]
+                x16: std::sync::OnceLock::new(),
             });
         }
         if !MATRIX_TYPES.contains(&t.ty) {
@@ -279,13 +306,20 @@ impl Backend for CpuBackend {
                 t.name
             )));
         }
-        Ok(CpuWeight {
+        let w = CpuWeight {
             view: t.clone(),
             rows,
             cols,
             row_bytes,
             vector: None,
-        })
+            #[cfg(target_arch = "x86_64")]
+            x16: std::sync::OnceLock::new(),
+        };
+        #[cfg(target_arch = "x86_64")]
+        if t.name != "token_embd.weight" {
+            w.x16();
+        }
+        Ok(w)
     }
 
     fn buf(&self, rows: usize, cols: usize) -> CpuBuf {
