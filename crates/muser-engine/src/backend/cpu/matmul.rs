@@ -5,8 +5,8 @@
 //! the call (Q/K/V/gate, gate+up). Work is split into tasks of consecutive weight rows (a few
 //! hundred KB of weights each for one column) run on the current rayon pool; inside a task each
 //! weight row is reused across a tile of columns while it sits in L1. The dots are
-//! muser-quant's SIMD kernels (`Kernels::detect`). On AVX-512 VNNI CPUs, Q4_K matrices are
-//! repacked at load for `x16.rs` (16 rows per register, no reduction across lanes), which then
+//! muser-quant's SIMD kernels (`Kernels::detect`). On AVX-512 VNNI CPUs, Q4_K, Q5_K and Q6_K
+//! matrices are repacked at load for `x16.rs` (16 rows per register, no reduction across lanes), which then
 //! serves every matmul over them whatever the column count (bit-identical: `tests/gemm.rs`).
 //! 2-core Zen 4, llama-1b Q4_K_M, 2 threads, alternated (BENCHMARKS.md, 2026-12-02): decode
 //! 1 / 2 / 4 streams 41-50 / 69 / 75-76 tokens/s against 31-44 / 43-45 / 44-53, 8 streams 102-133
@@ -435,15 +435,23 @@ pub fn rows_per_task(w: &CpuWeight, n: usize, threads: usize) -> usize {
     r
 }
 
-/// Whether Q4_K matrices are repacked for `x16.rs` at load: on CPUs that run it, unless
-/// `MUSER_CPU_X16=0` (for comparisons).
-pub fn x16_enabled() -> bool {
+/// Whether matrices of type `ty` are repacked for `x16.rs` at load: on CPUs that run it, for
+/// the types it knows, unless `MUSER_CPU_X16` says otherwise (for comparisons: `0` for none, or
+/// a list of types such as `q4_k,q6_k`).
+pub fn x16_enabled(ty: GgmlType) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        super::x16::available() && std::env::var("MUSER_CPU_X16").map_or(true, |v| v != "0")
+        super::x16::available()
+            && std::env::var("MUSER_CPU_X16").map_or(true, |v| {
+                v.split(',')
+                    .any(|t| t.trim().eq_ignore_ascii_case(&ty.to_string()))
+            })
     }
     #[cfg(not(target_arch = "x86_64"))]
-    false
+    {
+        let _ = ty;
+        false
+    }
 }
 
 /// A raw output pointer shared by tasks that write disjoint elements.

@@ -163,12 +163,12 @@ pub struct CpuWeight {
     pub row_bytes: usize,
     /// 1-D tensors (norm weights), dequantized.
     pub vector: Option<Vec<f32>>,
-    /// A Q4_K matrix repacked for `x16.rs` (AVX-512 VNNI CPUs), which then serves every matmul
-    /// over it; embedding rows are read from the file's bytes. Made at load, except for
+    /// A Q4_K, Q5_K or Q6_K matrix repacked for `x16.rs` (AVX-512 VNNI CPUs), which then serves
+    /// every matmul over it; embedding rows are read from the file's bytes. Made at load, except for
     /// `token_embd.weight`: only if a matmul uses it (a tied LM head), so that an embedding
     /// table is not held twice.
     #[cfg(target_arch = "x86_64")]
-    x16: std::sync::OnceLock<Option<x16::Q4KX16>>,
+    x16: std::sync::OnceLock<Option<x16::X16>>,
 }
 
 impl CpuWeight {
@@ -176,19 +176,16 @@ impl CpuWeight {
         self.vector.as_deref().expect("norm weight is a vector")
     }
 
-    /// The `x16.rs` repacking of a Q4_K matrix, made on first use, when this CPU runs it.
+    /// The `x16.rs` repacking of a K-quant matrix, made on first use, when this CPU runs it.
     #[cfg(target_arch = "x86_64")]
-    pub fn x16(&self) -> Option<&x16::Q4KX16> {
+    pub fn x16(&self) -> Option<&x16::X16> {
         self.x16
             .get_or_init(|| {
-                (self.view.ty == GgmlType::Q4_K && self.vector.is_none() && matmul::x16_enabled())
-                    .then(|| {
-                        x16::Q4KX16::new(
-                            self.view.bytes(),
-                            self.rows,
-                            self.cols / muser_quant::QK_K,
-                        )
-                    })
+                if self.vector.is_some() || !matmul::x16_enabled(self.view.ty) {
+                    return None;
+                }
+                let nb = self.cols / muser_quant::QK_K;
+                x16::X16::new(self.view.ty, self.view.bytes(), self.rows, nb)
             })
             .as_ref()
     }
