@@ -1378,6 +1378,11 @@ impl Backend for CudaBackend {
                 cols,
             }
         };
+        // The GPU holds its own copy: the file's pages may leave the process's memory (the
+        // embedding table keeps them, for lookups that read it on the host).
+        if t.name != "token_embd.weight" {
+            t.release();
+        }
         self.upload_progress(bytes.len());
         Ok(w)
     }

@@ -18,6 +18,8 @@ pub const PREFILL_CHUNK: usize = 512;
 pub struct LoadOptions {
     /// CPU worker threads (None: one per core).
     pub threads: Option<usize>,
+    /// A progress bar (on a terminal) while the weights load.
+    pub progress: bool,
 }
 
 /// A model whose every tensor was checked, resident in a backend.
@@ -32,7 +34,11 @@ impl Model<CpuBackend> {
     /// Opens `path`, reads the architecture, checks every tensor and maps the weights on the CPU.
     pub fn load(path: impl AsRef<Path>, opts: &LoadOptions) -> Result<Model<CpuBackend>> {
         let file = Arc::new(GgufFile::open(path)?);
-        Model::from_gguf(file, CpuBackend::new(opts.threads)?)
+        let mut be = CpuBackend::new(opts.threads)?;
+        if opts.progress {
+            be = be.with_load_progress(file.tensors.iter().map(|t| t.n_bytes).sum());
+        }
+        Model::from_gguf(file, be)
     }
 }
 

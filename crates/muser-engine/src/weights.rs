@@ -66,6 +66,15 @@ impl TensorView {
         })
     }
 
+    /// For a view of a memory-mapped file: its pages leave the process's resident set
+    /// (`GgufFile::release`), for a backend that has copied the bytes into a layout of its own.
+    /// The bytes stay readable.
+    pub fn release(&self) {
+        if let ByteSource::File(f) = &self.source {
+            f.release(self.start, self.len);
+        }
+    }
+
     pub fn bytes(&self) -> &[u8] {
         match &self.source {
             ByteSource::File(f) => &f.bytes()[self.start..self.start + self.len],

@@ -116,9 +116,16 @@ fn default_model() -> Option<Model<CpuBackend>> {
         env!("CARGO_MANIFEST_DIR"),
         "/../../models/muse-default.gguf"
     );
-    std::path::Path::new(path)
-        .is_file()
-        .then(|| Model::load(path, &LoadOptions { threads: Some(2) }).unwrap())
+    std::path::Path::new(path).is_file().then(|| {
+        Model::load(
+            path,
+            &LoadOptions {
+                threads: Some(2),
+                ..Default::default()
+            },
+        )
+        .unwrap()
+    })
 }
 
 #[test]

@@ -178,6 +178,32 @@ impl GgufFile {
         self.storage.bytes()
     }
 
+    /// Tells the OS that this process no longer needs bytes `start .. start + len` of a
+    /// memory-mapped file in memory (the whole pages inside that range): they leave the process's
+    /// resident set, stay in the file (and in the page cache while the OS keeps them there), and
+    /// are read again if touched. For weights a backend has copied into a layout of its own.
+    /// Does nothing for a file read into a buffer, or where the OS does not take the advice.
+    pub fn release(&self, start: usize, len: usize) {
+        #[cfg(unix)]
+        if let Storage::Mmap(m) = &self.storage {
+            let page = 4096;
+            let (a, b) = (
+                start.next_multiple_of(page),
+                (start + len).min(m.len()) / page * page,
+            );
+            if a < b {
+                // SAFETY: the map is a read-only shared map of the file (`Mmap::map`), which the
+                // loader requires to stay unchanged while mapped: after MADV_DONTNEED the pages
+                // are filled again from the file on the next access, with the same bytes, so
+                // every slice borrowed from the map still reads what it read before.
+                let _ = unsafe {
+                    m.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, a, b - a)
+                };
+            }
+        }
+        let _ = (start, len);
+    }
+
     fn require(&self, key: &str) -> Result<&MetaValue, GgufError> {
         self.get(key)
             .ok_or_else(|| GgufError::MissingKey { key: key.into() })

@@ -49,7 +49,14 @@ fn health_is_503_while_loading_then_200() {
     assert!(body.contains(r#""type":"unavailable_error""#), "{body}");
 
     std::thread::spawn(move || {
-        let model = Model::load(path, &LoadOptions { threads: Some(1) }).unwrap();
+        let model = Model::load(
+            path,
+            &LoadOptions {
+                threads: Some(1),
+                ..Default::default()
+            },
+        )
+        .unwrap();
         server.serve_model(model).unwrap();
     });
     // Bounded wait for the model to load (no timing is asserted).

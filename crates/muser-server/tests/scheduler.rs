@@ -17,7 +17,14 @@ fn model() -> (Model, Tokenizer) {
         env!("CARGO_MANIFEST_DIR"),
         "/../../models/muse-default.gguf"
     );
-    let m = Model::load(path, &LoadOptions { threads: Some(2) }).unwrap();
+    let m = Model::load(
+        path,
+        &LoadOptions {
+            threads: Some(2),
+            ..Default::default()
+        },
+    )
+    .unwrap();
     let t = Tokenizer::from_gguf(m.gguf()).unwrap();
     (m, t)
 }

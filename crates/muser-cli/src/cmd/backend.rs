@@ -79,8 +79,14 @@ pub fn with_model(
     job: impl ModelJob,
 ) -> anyhow::Result<()> {
     let load_cpu = || {
-        Model::load(path, &LoadOptions { threads })
-            .with_context(|| format!("loading {}", path.display()))
+        Model::load(
+            path,
+            &LoadOptions {
+                threads,
+                progress: true,
+            },
+        )
+        .with_context(|| format!("loading {}", path.display()))
     };
     let cuda = match kind {
         BackendKind::Cpu => return job.run(load_cpu()?),
