@@ -359,10 +359,11 @@ fn prefill_kernel_speed() {
 }
 
 /// One thread, GB/s of weights per pass over all the columns: the GGUF-layout one-column dots
-/// against the repacked kernels of `x16.rs`, for 1, 2 and 4 columns, each format over a
-/// 8192 x 8192 matrix (38-55 MB: streamed from memory past this CPU's L3) and a 512 x 2048 one
-/// (in L2). Run: `cargo test --release -p muser-engine --test gemm_speed x16 -- --ignored
-/// --nocapture`.
+/// against the repacked kernels of `x16`, for 1, 2 and 4 columns, each format over a 8192 x 8192
+/// matrix (38-55 MB: streamed from memory past this CPU's L3) and a 512 x 2048 one (in L2), at
+/// each level this CPU runs (AVX-512: 16-row groups against the AVX-512 dots; AVX2: 8-row groups
+/// against the AVX2 dots). Run: `cargo test --release -p muser-engine --test gemm_speed x16 --
+/// --ignored --nocapture`.
 #[test]
 #[ignore]
 fn x16_decode_speed() {
@@ -370,9 +371,6 @@ fn x16_decode_speed() {
     use muser_gguf::GgmlType;
     use muser_quant::simd::Kernels;
     use muser_quant::BlockQ5K;
-    let Some(k) = Kernels::avx512() else {
-        return eprintln!("no AVX-512: skipped");
-    };
     let mut rng = StdRng::seed_from_u64(3);
     fn one_col<W>(
         w: &[W],
@@ -389,54 +387,63 @@ fn x16_decode_speed() {
             }
         }
     }
-    for (rows, kk) in [(8192usize, 8192usize), (512, 2048)] {
-        let nb = kk / 256;
-        let small = |rng: &mut StdRng| half::f16::from_f32(rng.gen_range(-1.0f32..1.0) * 1e-2);
-        let w4: Vec<BlockQ4K> = blocks(rows * nb, &mut rng, |_| {});
-        let w5: Vec<BlockQ5K> = blocks(rows * nb, &mut rng, |_| {});
-        let w6: Vec<BlockQ6K> = blocks(rows * nb, &mut rng, |_| {});
-        let (mut w4, mut w5, mut w6) = (w4, w5, w6);
-        w4.iter_mut()
-            .for_each(|b| (b.d, b.dmin) = (small(&mut rng), small(&mut rng)));
-        w5.iter_mut()
-            .for_each(|b| (b.d, b.dmin) = (small(&mut rng), small(&mut rng)));
-        w6.iter_mut().for_each(|b| b.d = small(&mut rng));
-        let x4 = X16::new(GgmlType::Q4_K, bytemuck::cast_slice(&w4), rows, nb).unwrap();
-        let x5 = X16::new(GgmlType::Q5_K, bytemuck::cast_slice(&w5), rows, nb).unwrap();
-        let x6 = X16::new(GgmlType::Q6_K, bytemuck::cast_slice(&w6), rows, nb).unwrap();
-        let reps = if rows > 1000 { 5 } else { 200 };
-        for n in [1usize, 2, 4] {
-            let y = columns(n, nb, &mut rng);
-            let mut out = vec![0f32; rows * n];
-            let row = |name: &str, bytes: usize, a: f64, b: f64| {
-                println!(
-                    "{name} {rows} x {kk}, {n} col: one-column dots {:6.1} GB/s, x16 {:6.1} GB/s",
-                    bytes as f64 / a / 1e9,
-                    bytes as f64 / b / 1e9
-                );
-            };
-            // SAFETY (each gemm_into): out holds n x rows outputs.
-            let a = best(reps, || {
-                one_col(&w4, rows, &y, n, &mut out, k.dot_q4_k_q8_k)
-            });
-            let b = best(reps, || unsafe {
-                x4.gemm_into(&y, n, 0, rows, out.as_mut_ptr(), rows)
-            });
-            row("Q4_K", w4.len() * 144, a, b);
-            let a = best(reps, || {
-                one_col(&w5, rows, &y, n, &mut out, k.dot_q5_k_q8_k)
-            });
-            let b = best(reps, || unsafe {
-                x5.gemm_into(&y, n, 0, rows, out.as_mut_ptr(), rows)
-            });
-            row("Q5_K", w5.len() * 176, a, b);
-            let a = best(reps, || {
-                one_col(&w6, rows, &y, n, &mut out, k.dot_q6_k_q8_k)
-            });
-            let b = best(reps, || unsafe {
-                x6.gemm_into(&y, n, 0, rows, out.as_mut_ptr(), rows)
-            });
-            row("Q6_K", w6.len() * 210, a, b);
+    for (level, k, r) in [
+        ("avx512", Kernels::avx512(), 16),
+        ("avx2", Kernels::avx2(), 8),
+    ] {
+        let Some(k) = k else {
+            println!("{level}: not on this CPU");
+            continue;
+        };
+        for (rows, kk) in [(8192usize, 8192usize), (512, 2048)] {
+            let nb = kk / 256;
+            let small = |rng: &mut StdRng| half::f16::from_f32(rng.gen_range(-1.0f32..1.0) * 1e-2);
+            let mut w4: Vec<BlockQ4K> = blocks(rows * nb, &mut rng, |_| {});
+            let mut w5: Vec<BlockQ5K> = blocks(rows * nb, &mut rng, |_| {});
+            let mut w6: Vec<BlockQ6K> = blocks(rows * nb, &mut rng, |_| {});
+            w4.iter_mut()
+                .for_each(|b| (b.d, b.dmin) = (small(&mut rng), small(&mut rng)));
+            w5.iter_mut()
+                .for_each(|b| (b.d, b.dmin) = (small(&mut rng), small(&mut rng)));
+            w6.iter_mut().for_each(|b| b.d = small(&mut rng));
+            let x = |ty, b: &[u8]| X16::with_rows(ty, b, rows, nb, r).unwrap();
+            let x4 = x(GgmlType::Q4_K, bytemuck::cast_slice(&w4));
+            let x5 = x(GgmlType::Q5_K, bytemuck::cast_slice(&w5));
+            let x6 = x(GgmlType::Q6_K, bytemuck::cast_slice(&w6));
+            let reps = if rows > 1000 { 5 } else { 200 };
+            for n in [1usize, 2, 4] {
+                let y = columns(n, nb, &mut rng);
+                let mut out = vec![0f32; rows * n];
+                let row = |name: &str, bytes: usize, a: f64, b: f64| {
+                    println!(
+                        "{level} {name} {rows} x {kk}, {n} col: one-column dots {:6.1} GB/s, x16 ({r} rows) {:6.1} GB/s",
+                        bytes as f64 / a / 1e9,
+                        bytes as f64 / b / 1e9
+                    );
+                };
+                // SAFETY (each gemm_into): out holds n x rows outputs.
+                let a = best(reps, || {
+                    one_col(&w4, rows, &y, n, &mut out, k.dot_q4_k_q8_k)
+                });
+                let b = best(reps, || unsafe {
+                    x4.gemm_into(&y, n, 0, rows, out.as_mut_ptr(), rows)
+                });
+                row("Q4_K", w4.len() * 144, a, b);
+                let a = best(reps, || {
+                    one_col(&w5, rows, &y, n, &mut out, k.dot_q5_k_q8_k)
+                });
+                let b = best(reps, || unsafe {
+                    x5.gemm_into(&y, n, 0, rows, out.as_mut_ptr(), rows)
+                });
+                row("Q5_K", w5.len() * 176, a, b);
+                let a = best(reps, || {
+                    one_col(&w6, rows, &y, n, &mut out, k.dot_q6_k_q8_k)
+                });
+                let b = best(reps, || unsafe {
+                    x6.gemm_into(&y, n, 0, rows, out.as_mut_ptr(), rows)
+                });
+                row("Q6_K", w6.len() * 210, a, b);
+            }
         }
     }
 }

@@ -428,9 +428,9 @@ pub fn rows_per_task(w: &CpuWeight, n: usize, threads: usize) -> usize {
         }
     }
     #[cfg(target_arch = "x86_64")]
-    if w.x16().is_some() {
-        // Whole groups of `x16.rs`.
-        r = super::x16::task_rows(r);
+    if let Some(x) = w.x16() {
+        // Whole groups of `x16`.
+        r = r.div_ceil(x.group_rows()) * x.group_rows();
     }
     r
 }

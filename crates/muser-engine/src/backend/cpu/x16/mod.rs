@@ -1,0 +1,338 @@
+//! K-quant weights (Q4_K, Q5_K, Q6_K) repacked at load so that one register holds R rows: R = 16
+//! (zmm) on AVX-512 VNNI CPUs (`avx512.rs`), R = 8 (ymm) on AVX2 ones (`avx2.rs`). The repacked
+//! matrices serve every matmul over them: decode, decode groups and prefill.
+//!
+//! Layout. Rows in groups of R (the last padded with zero blocks); per group and super-block,
+//! `Lay::block(ty)` bytes: the R GGUF blocks' own plus at most 4 R (the scales unpacked). A
+//! "dword" of a row is 4 consecutive quant bytes; dword i of the R rows is one line of 4 R bytes,
+//! row r at 4 r, so one load brings R rows' 4-value groups, and one multiply-add with the
+//! column's 4 activation bytes broadcast (`vpdpbusd`, or `vpmaddubsw` then `vpmaddwd`) adds R
+//! rows' 4 products. No lane is ever reduced across: lane r is row r. Offsets, in units of R:
+//!
+//! - Q4_K (148 R bytes) and Q5_K (180 R): 0: the rows' `d` (f16), 2 R: `dmin`; 4 R: scale j of row
+//!   r at 4 R + R j + r; 12 R: min pair k of row r at 12 R + 2 R k + 2 r (m_2k, m_2k+1: one zero
+//!   extension gives the i16 pairs of `vpdpwssd` / `vpmaddwd`); 20 R: `qs` dword i at 20 R + 4 R i
+//!   (Q5_K: `qh` dword q at 20 R + 4 R q, then `qs` from 52 R). Dword i = 8 c + q of `qs` holds
+//!   values 64 c + 4 q .. + 3 (low nibbles, sub-block 2 c) and 64 c + 32 + 4 q .. + 3 (high nibbles,
+//!   sub-block 2 c + 1); bit j of `qh` byte l is the fifth bit of value 32 j + l.
+//! - Q6_K (212 R): 0: scale pair k of row r at 2 R k + 2 r (sc_2k, sc_2k+1, i8); 16 R: the rows'
+//!   `d`; 20 R: the quants, 16 triples of lines in the order the kernels read them (`Lay::q6`).
+//!
+//! Every format's lines lie in the order the kernels first read them, so a group's weights are one
+//! forward stream. (A first layout, with Q6_K's scales at the end of each block and Q5_K's fifth
+//! bits after its quants, streamed at 7.6 GB/s against 14.5-18.4 for the one-column dots from
+//! memory, one thread; Q4_K at 23.8.)
+//!
+//! Order. Per (row, column) and block the exact integers of the scalar reference (the sub-block
+//! dots times their scales; Q4_K/Q5_K the mins times the sub-block sums, Q6_K 32 times the scaled
+//! sub-block sums), then its f32 step (`d_y * d * isc - d_y * dmin * im`, Q6_K `d_y * d * isc`)
+//! added block by block from 0: the bits of `muser_quant::dot` and of every other kernel
+//! (`tests/gemm.rs`).
+//!
+//! Why. With the GGUF layout a one-column dot reduces each block's lanes to one row (the
+//! horizontal sums and the per-row scale steps are most of its instructions), and on a 2-core
+//! Zen 4 decode of 2-4 streams was bound by that arithmetic per column (BENCHMARKS.md,
+//! 2026-12-02). llama.cpp repacks Q4_K for the same reason (8 rows interleaved on AVX2).
+
+mod avx2;
+mod avx512;
+
+use muser_gguf::GgmlType;
+use muser_quant::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K};
+use rayon::prelude::*;
+
+/// Rows per group at most (AVX-512).
+pub const R_MAX: usize = 16;
+
+/// One group's outputs of one pass: `sums[t][r]`, column t of the pass, row r of the group.
+pub(super) type Sums = [[f32; R_MAX]; 4];
+
+/// Byte offsets of one group's super-block, for `r` rows per group (see the module doc).
+#[derive(Clone, Copy)]
+pub(super) struct Lay {
+    pub r: usize,
+}
+
+impl Lay {
+    pub const fn dmin(self) -> usize {
+        2 * self.r
+    }
+    pub const fn sc(self) -> usize {
+        4 * self.r
+    }
+    pub const fn mn(self) -> usize {
+        12 * self.r
+    }
+    pub const fn qh5(self) -> usize {
+        20 * self.r
+    }
+    pub const fn qs(self, five: bool) -> usize {
+        if five {
+            52 * self.r
+        } else {
+            20 * self.r
+        }
+    }
+    pub const fn d6(self) -> usize {
+        16 * self.r
+    }
+    /// Q6_K's triple of lines for half n and dword q: `ql` dwords 16 n + q and 16 n + 8 + q,
+    /// then `qh` dword 8 n + q, in the kernels' order (n, then q / 4, then q % 4).
+    pub const fn q6(self, n: usize, q: usize) -> usize {
+        20 * self.r + 12 * self.r * (4 * (2 * n + q / 4) + q % 4)
+    }
+    pub const fn block(self, ty: GgmlType) -> Option<usize> {
+        match ty {
+            GgmlType::Q4_K => Some(148 * self.r),
+            GgmlType::Q5_K => Some(180 * self.r),
+            GgmlType::Q6_K => Some(212 * self.r),
+            _ => None,
+        }
+    }
+
+    /// Row r's dword i (bytes 4 i .. 4 i + 3 of `src`) to line i from `at`.
+    fn put_dwords(self, o: &mut [u8], at: usize, r: usize, src: &[u8]) {
+        for (i, d) in src.chunks_exact(4).enumerate() {
+            let a = at + 4 * self.r * i + 4 * r;
+            o[a..a + 4].copy_from_slice(d);
+        }
+    }
+
+    /// Q4_K/Q5_K's d, dmin, scales and mins of row r.
+    fn put_k4_meta(self, o: &mut [u8], r: usize, d: half::f16, dmin: half::f16, scales: &[u8; 12]) {
+        o[2 * r..2 * r + 2].copy_from_slice(&d.to_bits().to_le_bytes());
+        let m = self.dmin() + 2 * r;
+        o[m..m + 2].copy_from_slice(&dmin.to_bits().to_le_bytes());
+        for j in 0..8 {
+            let (sc, m) = muser_quant::blocks::scale_min_k4(j, scales);
+            o[self.sc() + self.r * j + r] = sc;
+            o[self.mn() + 2 * self.r * (j / 2) + 2 * r + j % 2] = m;
+        }
+    }
+
+    /// Row r's GGUF block `src` of format `ty` into the group's block `o`.
+    fn put(self, ty: GgmlType, o: &mut [u8], r: usize, src: &[u8]) {
+        match ty {
+            GgmlType::Q4_K => {
+                let blk: &BlockQ4K = bytemuck::from_bytes(src);
+                self.put_k4_meta(o, r, blk.d, blk.dmin, &blk.scales);
+                self.put_dwords(o, self.qs(false), r, &blk.qs);
+            }
+            GgmlType::Q5_K => {
+                let blk: &BlockQ5K = bytemuck::from_bytes(src);
+                self.put_k4_meta(o, r, blk.d, blk.dmin, &blk.scales);
+                self.put_dwords(o, self.qs(true), r, &blk.qs);
+                self.put_dwords(o, self.qh5(), r, &blk.qh);
+            }
+            _ => {
+                let blk: &BlockQ6K = bytemuck::from_bytes(src);
+                let line = 4 * self.r;
+                for (i, d) in blk.ql.chunks_exact(4).enumerate() {
+                    let at = self.q6(i / 16, i % 8) + line * ((i % 16) / 8) + 4 * r;
+                    o[at..at + 4].copy_from_slice(d);
+                }
+                for (i, d) in blk.qh.chunks_exact(4).enumerate() {
+                    let at = self.q6(i / 8, i % 8) + 2 * line + 4 * r;
+                    o[at..at + 4].copy_from_slice(d);
+                }
+                for (j, &s) in blk.scales.iter().enumerate() {
+                    o[2 * self.r * (j / 2) + 2 * r + j % 2] = s as u8;
+                }
+                let d = self.d6() + 2 * r;
+                o[d..d + 2].copy_from_slice(&blk.d.to_bits().to_le_bytes());
+            }
+        }
+    }
+}
+
+/// Rows per group this CPU's kernels take (16 with AVX-512 VNNI, 8 with AVX2, FMA and F16C),
+/// or None; `MUSER_ISA` caps it as it caps the dot kernels.
+pub fn rows_per_group() -> Option<usize> {
+    static R: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    *R.get_or_init(|| {
+        if super::tile::available() {
+            return Some(16);
+        }
+        let cap = std::env::var("MUSER_ISA").ok();
+        (avx2::available() && cap.as_deref() != Some("scalar")).then_some(8)
+    })
+}
+
+/// Whether this CPU runs these kernels.
+pub fn available() -> bool {
+    rows_per_group().is_some()
+}
+
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C, align(64))]
+struct Line([u8; 64]);
+
+/// A K-quant matrix in the layout above.
+pub struct X16 {
+    data: Vec<Line>,
+    ty: GgmlType,
+    lay: Lay,
+    rows: usize,
+    nb: usize,
+    bs: usize,
+}
+
+impl X16 {
+    /// Repacks `rows` GGUF rows of `nb` blocks each of Q4_K, Q5_K or Q6_K for this CPU's kernels,
+    /// or None (another type, an empty matrix, or a CPU without them).
+    pub fn new(ty: GgmlType, bytes: &[u8], rows: usize, nb: usize) -> Option<X16> {
+        X16::with_rows(ty, bytes, rows, nb, rows_per_group()?)
+    }
+
+    /// As `new`, with `r` rows per group (16 or 8; tests and comparisons). The CPU must run that
+    /// level's kernels for `gemm_into`.
+    pub fn with_rows(ty: GgmlType, bytes: &[u8], rows: usize, nb: usize, r: usize) -> Option<X16> {
+        assert!(r == 16 || r == 8, "X16: {r} rows per group");
+        let lay = Lay { r };
+        let bs = lay.block(ty)?;
+        if rows == 0 || nb == 0 {
+            return None;
+        }
+        let src_bs = ty.type_size();
+        assert_eq!(
+            bytes.len(),
+            rows * nb * src_bs,
+            "X16: {rows} rows of {nb} {ty} blocks"
+        );
+        let (groups, gb) = (rows.div_ceil(r), nb * bs);
+        let mut data = vec![Line([0; 64]); (groups * gb).div_ceil(64)];
+        let out: &mut [u8] = bytemuck::cast_slice_mut(&mut data);
+        out[..groups * gb]
+            .par_chunks_mut(gb)
+            .enumerate()
+            .for_each(|(g, out)| {
+                for b in 0..nb {
+                    let o = &mut out[b * bs..(b + 1) * bs];
+                    for i in 0..r.min(rows - g * r) {
+                        let at = ((g * r + i) * nb + b) * src_bs;
+                        lay.put(ty, o, i, &bytes[at..at + src_bs]);
+                    }
+                }
+            });
+        Some(X16 {
+            data,
+            ty,
+            lay,
+            rows,
+            nb,
+            bs,
+        })
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Rows per group: task boundaries of a matmul must be multiples of it.
+    pub fn group_rows(&self) -> usize {
+        self.lay.r
+    }
+
+    /// out[t * ld + r - r0] = dot(row r, y[t]) for r in r0..r1 (r0 a multiple of
+    /// `group_rows()`) and the `n` columns of `y` (n x nb Q8_K blocks).
+    ///
+    /// # Safety
+    /// `out` must be valid for writes at t * ld + r - r0 for t < n, r0 <= r < r1, and not
+    /// written by anyone else meanwhile.
+    pub unsafe fn gemm_into(
+        &self,
+        y: &[BlockQ8K],
+        n: usize,
+        r0: usize,
+        r1: usize,
+        out: *mut f32,
+        ld: usize,
+    ) {
+        let r = self.lay.r;
+        let (fits, cb) = match r {
+            16 => (super::tile::available(), 4),
+            _ => (avx2::available(), 2),
+        };
+        assert!(
+            fits,
+            "X16::gemm_into: this CPU lacks the kernels of {r}-row groups"
+        );
+        assert!(
+            r0.is_multiple_of(r) && r0 <= r1 && r1 <= self.rows && y.len() == n * self.nb,
+            "X16::gemm_into: rows {r0}..{r1} of {}, {n} columns of {} blocks ({} given)",
+            self.rows,
+            self.nb,
+            y.len()
+        );
+        let bytes: &[u8] = bytemuck::cast_slice(&self.data);
+        let gb = self.nb * self.bs;
+        for g in r0 / r..r1.div_ceil(r) {
+            let w = &bytes[g * gb..(g + 1) * gb];
+            let rows = (r1 - g * r).min(r);
+            let base = g * r - r0;
+            let mut c0 = 0;
+            while c0 < n {
+                let c = (n - c0).min(cb);
+                let mut sums: Sums = [[0f32; R_MAX]; 4];
+                let ys = &y[c0 * self.nb..(c0 + c) * self.nb];
+                // SAFETY: the CPU has the level's features (asserted); the slices have the
+                // sizes the kernels read.
+                if r == 16 {
+                    avx512::group(self.ty, c, w, ys, self.nb, &mut sums);
+                } else {
+                    avx2::group(self.ty, c, w, ys, self.nb, &mut sums);
+                }
+                for (t, s) in sums.iter().enumerate().take(c) {
+                    let o = out.add((c0 + t) * ld + base);
+                    std::ptr::copy_nonoverlapping(s.as_ptr(), o, rows);
+                }
+                c0 += c;
+            }
+        }
+    }
+}
+
+/// Repacking (`r` rows per group) and `gemm_into` over all rows as a [`super::tile::GemmFn`],
+/// when this CPU runs that level (tests and comparisons).
+pub fn gemm<W: bytemuck::Pod>(ty: GgmlType, r: usize) -> Option<super::tile::GemmFn<W>> {
+    fn run<W: bytemuck::Pod, const T: u32, const R: usize>(
+        w: &[W],
+        rows: usize,
+        y: &[BlockQ8K],
+        n: usize,
+        out: &mut [f32],
+    ) {
+        let ty = match T {
+            4 => GgmlType::Q4_K,
+            5 => GgmlType::Q5_K,
+            _ => GgmlType::Q6_K,
+        };
+        let bytes: &[u8] = bytemuck::cast_slice(w);
+        let nb = bytes.len() / ty.type_size() / rows.max(1);
+        assert!(out.len() == rows * n, "x16 gemm: {rows} rows, {n} columns");
+        let x = X16::with_rows(ty, bytes, rows, nb, R).expect("a K-quant type");
+        // SAFETY: out holds n x rows outputs and is borrowed mutably here.
+        unsafe { x.gemm_into(y, n, 0, rows, out.as_mut_ptr(), rows) }
+    }
+    let runs = match r {
+        16 => super::tile::available(),
+        8 => avx2::available(),
+        _ => false,
+    };
+    let f: super::tile::GemmFn<W> = match (ty, r) {
+        (GgmlType::Q4_K, 16) => run::<W, 4, 16>,
+        (GgmlType::Q5_K, 16) => run::<W, 5, 16>,
+        (GgmlType::Q6_K, 16) => run::<W, 6, 16>,
+        (GgmlType::Q4_K, 8) => run::<W, 4, 8>,
+        (GgmlType::Q5_K, 8) => run::<W, 5, 8>,
+        (GgmlType::Q6_K, 8) => run::<W, 6, 8>,
+        _ => return None,
+    };
+    runs.then_some(f)
+}
+
+const _: () = {
+    let l = Lay { r: 16 };
+    assert!(l.qs(false) + 32 * 64 == 2368 && l.qs(true) + 32 * 64 == 2880);
+    assert!(l.q6(1, 7) + 192 == 3392 && muser_quant::QK_K == 256);
+};
