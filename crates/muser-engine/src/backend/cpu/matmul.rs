@@ -5,13 +5,16 @@
 //! the call (Q/K/V/gate, gate+up). Work is split into tasks of consecutive weight rows (a few
 //! hundred KB of weights each for one column) run on the current rayon pool; inside a task each
 //! weight row is reused across a tile of columns while it sits in L1. The dots are
-//! muser-quant's SIMD kernels (`Kernels::detect`). On AVX-512 VNNI CPUs, Q4_K, Q5_K and Q6_K
-//! matrices are repacked at load for `x16.rs` (16 rows per register, no reduction across lanes), which then
-//! serves every matmul over them whatever the column count (bit-identical: `tests/gemm.rs`).
-//! 2-core Zen 4, llama-1b Q4_K_M, 2 threads, alternated (BENCHMARKS.md, 2026-12-02): decode
-//! 1 / 2 / 4 streams 41-50 / 69 / 75-76 tokens/s against 31-44 / 43-45 / 44-53, 8 streams 102-133
-//! against 69-73, pp512 286-291 against 261-275. Otherwise, from 16 columns, Q4_K, Q5_K and Q6_K weights
-//! go through the tiles of `tile.rs` instead (bit-identical), from 3 to 15 columns through those
+//! muser-quant's SIMD kernels (`Kernels::detect`). On CPUs with AVX2 (and FMA, F16C), Q4_K,
+//! Q5_K and Q6_K matrices are repacked at load for `x16` (16 rows per register with AVX-512 VNNI,
+//! 8 with AVX2; no reduction across lanes), which then serves every matmul over them whatever the
+//! column count (bit-identical: `tests/gemm.rs`). 2-core Zen 4, llama-1b Q4_K_M, 2 threads,
+//! alternated with `MUSER_CPU_X16=0` (BENCHMARKS.md, 2026-12-02): AVX-512, decode 2 / 4 streams
+//! 75-89 / 109-134 tokens/s against 38-47 / 40-44; AVX2 (`MUSER_ISA=avx2`), 2 / 8 streams 72-88 /
+//! 100-106 against 49-56 / 76, pp512 143-152 against 91-92; one stream unchanged (bound by
+//! memory). The paths below are what runs when the repacking is off or for other types.
+//! Otherwise, from 16 columns, Q4_K, Q5_K and Q6_K weights go through the tiles of `tile.rs`
+//! instead (bit-identical), from 3 to 15 columns through those
 //! of `tile4.rs`; both write straight into the output. From 12 columns Q8_0 weights go through
 //! `tile_q8_0.rs` (bit-identical too), from 4 to 11 through `gemm::q8_0_matmul`. Below 4 the
 //! one-column dots run: `q8_0_matmul`'s 8-row tiles are faster on one thread with the weights
@@ -435,7 +438,7 @@ pub fn rows_per_task(w: &CpuWeight, n: usize, threads: usize) -> usize {
     r
 }
 
-/// Whether matrices of type `ty` are repacked for `x16.rs` at load: on CPUs that run it, for
+/// Whether matrices of type `ty` are repacked for `x16` at load: on CPUs that run it, for
 /// the types it knows, unless `MUSER_CPU_X16` says otherwise (for comparisons: `0` for none, or
 /// a list of types such as `q4_k,q6_k`).
 pub fn x16_enabled(ty: GgmlType) -> bool {

@@ -163,8 +163,8 @@ pub struct CpuWeight {
     pub row_bytes: usize,
     /// 1-D tensors (norm weights), dequantized.
     pub vector: Option<Vec<f32>>,
-    /// A Q4_K, Q5_K or Q6_K matrix repacked for `x16.rs` (AVX-512 VNNI CPUs), which then serves
-    /// every matmul over it; embedding rows are read from the file's bytes. Made at load, except for
+    /// A Q4_K, Q5_K or Q6_K matrix repacked for `x16` (CPUs with AVX2 or AVX-512 VNNI), which
+    /// then serves every matmul over it; embedding rows are read from the file's bytes. Made at load, except for
     /// `token_embd.weight`: only if a matmul uses it (a tied LM head), so that an embedding
     /// table is not held twice.
     #[cfg(target_arch = "x86_64")]
@@ -176,7 +176,7 @@ impl CpuWeight {
         self.vector.as_deref().expect("norm weight is a vector")
     }
 
-    /// The `x16.rs` repacking of a K-quant matrix, made on first use, when this CPU runs it.
+    /// The `x16` repacking of a K-quant matrix, made on first use, when this CPU runs it.
     #[cfg(target_arch = "x86_64")]
     pub fn x16(&self) -> Option<&x16::X16> {
         self.x16
@@ -221,7 +221,7 @@ impl CpuBackend {
     }
 
     /// Shows a progress bar (on a terminal) while `total_bytes` of weights load: the K-quant
-    /// matrices are repacked then (`x16.rs`), about 1 GB/s on 2 cores.
+    /// matrices are repacked then (`x16`), about 1 GB/s on 2 cores.
     pub fn with_load_progress(self, total_bytes: u64) -> CpuBackend {
         let pb = indicatif::ProgressBar::new(total_bytes);
         pb.set_style(
