@@ -26,8 +26,10 @@
 //! Order. Per (row, column) and block the exact integers of the scalar reference (the sub-block
 //! dots times their scales; Q4_K/Q5_K the mins times the sub-block sums, Q6_K 32 times the scaled
 //! sub-block sums), then its f32 step (`d_y * d * isc - d_y * dmin * im`, Q6_K `d_y * d * isc`)
-//! added block by block from 0: the bits of `muser_quant::dot` and of every other kernel
-//! (`tests/gemm.rs`).
+//! added block by block from 0: the bits of `muser_quant::dot` and of the AVX-512 kernels
+//! (`tests/gemm.rs`), at both levels. (muser-quant's AVX2 one-column dots add the blocks in
+//! another f32 order; with the repacking an AVX2 CPU's K-quant matmuls no longer use them, so its
+//! logits now have the scalar reference's bits, as an AVX-512 CPU's do.)
 //!
 //! Why. With the GGUF layout a one-column dot reduces each block's lanes to one row (the
 //! horizontal sums and the per-row scale steps are most of its instructions), and on a 2-core
