@@ -1,6 +1,7 @@
 //! K-quant weights (Q4_K, Q5_K, Q6_K) repacked at load so that one register holds R rows: R = 16
-//! (zmm) on AVX-512 VNNI CPUs (`avx512.rs`), R = 8 (ymm) on AVX2 ones (`avx2.rs`). The repacked
-//! matrices serve every matmul over them: decode, decode groups and prefill.
+//! (zmm) on AVX-512 VNNI CPUs (`avx512.rs`), R = 8 (ymm) on AVX2 ones (`avx2.rs`), the kernels
+//! written once over the level (`kernels.rs`). The repacked matrices serve every matmul over
+//! them: decode, decode groups and prefill.
 //!
 //! Layout. Rows in groups of R (the last padded with zero blocks); per group and super-block,
 //! `Lay::block(ty)` bytes: the R GGUF blocks' own plus at most 4 R (the scales unpacked). A
@@ -38,6 +39,7 @@
 
 mod avx2;
 mod avx512;
+mod kernels;
 
 use muser_gguf::GgmlType;
 use muser_quant::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K};
