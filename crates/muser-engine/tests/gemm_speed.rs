@@ -411,7 +411,7 @@ fn x16_decode_speed() {
             let x5 = x(GgmlType::Q5_K, bytemuck::cast_slice(&w5));
             let x6 = x(GgmlType::Q6_K, bytemuck::cast_slice(&w6));
             let reps = if rows > 1000 { 5 } else { 200 };
-            for n in [1usize, 2, 4] {
+            for n in [1usize, 2, 4, 16, 64] {
                 let y = columns(n, nb, &mut rng);
                 let mut out = vec![0f32; rows * n];
                 let row = |name: &str, bytes: usize, a: f64, b: f64| {
@@ -443,6 +443,14 @@ fn x16_decode_speed() {
                     x6.gemm_into(&y, n, 0, rows, out.as_mut_ptr(), rows)
                 });
                 row("Q6_K", w6.len() * 210, a, b);
+                if let (true, Some(t4)) = (n >= 16, muser_engine::backend::cpu::tile::q4_k_gemm()) {
+                    // The prefill tiles the repacking replaced (16 columns a tile).
+                    let t = best(reps, || t4(&w4, rows, &y, n, &mut out));
+                    println!(
+                        "{level} Q4_K {rows} x {kk}, {n} col: tile.rs {:6.1} GB/s",
+                        w4.len() as f64 * 144.0 / t / 1e9
+                    );
+                }
             }
         }
     }
