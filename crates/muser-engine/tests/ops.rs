@@ -132,26 +132,38 @@ fn matmul_columns_equal_one_column_matmuls_bitwise() {
     }
 }
 
+/// Gate and up of the same and of different types: a Q8_0 gate splits its rows into tasks that
+/// are not whole groups of the repacked Q4_K up (`x16`), which must still be served.
 #[test]
 fn gate_up_silu_matches_reference() {
     let be = be();
     let mut rng = StdRng::seed_from_u64(2);
-    for &n in &[1usize, 9] {
-        let (g, gd) = weight(&be, GgmlType::Q4_K, 96, 512, &mut rng);
-        let (u, ud) = weight(&be, GgmlType::Q6_K, 96, 512, &mut rng);
-        let x = rand_vec(n * 512, &mut rng);
-        let mut out = be.buf(n, 96);
-        be.ffn_gate_up_silu(&buf(n, 512, x.clone()), &g, &u, &mut out);
-        let (a, b) = (
-            ref_matmul(&gd, 96, 512, &x, n),
-            ref_matmul(&ud, 96, 512, &x, n),
-        );
-        let want: Vec<f32> = a
-            .iter()
-            .zip(&b)
-            .map(|(a, b)| a / (1.0 + (-a).exp()) * b)
-            .collect();
-        assert!(nmse(&out.data, &want) <= 5e-4);
+    let pairs = [
+        (GgmlType::Q4_K, GgmlType::Q6_K, 96),
+        (GgmlType::Q8_0, GgmlType::Q4_K, 300),
+        (GgmlType::Q4_K, GgmlType::Q8_0, 300),
+    ];
+    for (tg, tu, rows) in pairs {
+        for &n in &[1usize, 9] {
+            let (g, gd) = weight(&be, tg, rows, 512, &mut rng);
+            let (u, ud) = weight(&be, tu, rows, 512, &mut rng);
+            let x = rand_vec(n * 512, &mut rng);
+            let mut out = be.buf(n, rows);
+            be.ffn_gate_up_silu(&buf(n, 512, x.clone()), &g, &u, &mut out);
+            let (a, b) = (
+                ref_matmul(&gd, rows, 512, &x, n),
+                ref_matmul(&ud, rows, 512, &x, n),
+            );
+            let want: Vec<f32> = a
+                .iter()
+                .zip(&b)
+                .map(|(a, b)| a / (1.0 + (-a).exp()) * b)
+                .collect();
+            assert!(
+                nmse(&out.data, &want) <= 5e-4,
+                "{tg} gate, {tu} up, {n} columns"
+            );
+        }
     }
 }
 

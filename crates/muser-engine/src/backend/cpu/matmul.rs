@@ -528,7 +528,12 @@ pub fn gate_up_silu(
     let n = inp.n;
     let rows = g.rows;
     assert_eq!(out.len(), n * rows);
-    let step = rows_per_task(g, n, threads);
+    let mut step = rows_per_task(g, n, threads);
+    // Tasks start on whole groups of a repacked up matrix too (gate and up may differ in type).
+    #[cfg(target_arch = "x86_64")]
+    if let Some(x) = u.x16() {
+        step = step.div_ceil(x.group_rows()) * x.group_rows();
+    }
     let p = OutPtr(out.as_mut_ptr());
     let tasks: Vec<usize> = (0..rows).step_by(step).collect();
     tasks.par_iter().for_each(|&r0| {
