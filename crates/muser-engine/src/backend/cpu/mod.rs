@@ -164,9 +164,9 @@ pub struct CpuWeight {
     /// 1-D tensors (norm weights), dequantized.
     pub vector: Option<Vec<f32>>,
     /// A Q4_K, Q5_K or Q6_K matrix repacked for `x16` (CPUs with AVX2 or AVX-512 VNNI), which
-    /// then serves every matmul over it; embedding rows are read from the file's bytes. Made at load, except for
-    /// `token_embd.weight`: only if a matmul uses it (a tied LM head), so that an embedding
-    /// table is not held twice.
+    /// then serves every matmul over it; embedding rows are read from the file's bytes. Made at
+    /// load, except for `token_embd.weight`: only if a matmul uses it (a tied LM head), so that
+    /// an embedding table is not held twice.
     #[cfg(target_arch = "x86_64")]
     x16: std::sync::OnceLock<Option<x16::X16>>,
 }
@@ -293,9 +293,15 @@ impl Backend for CpuBackend {
                 bytes.len()
             )));
         }
+        let progress = |n: usize| {
+            if let Some(pb) = self.progress.lock().unwrap().as_ref() {
+                pb.inc(n as u64);
+            }
+        };
         if t.dims.len() == 1 {
             let mut v = vec![0f32; cols];
             muser_quant::dequantize_row(t.ty, bytes, &mut v)?;
+            progress(bytes.len());
             return Ok(CpuWeight {
                 view: t.clone(),
                 rows,
@@ -335,9 +341,7 @@ impl Backend for CpuBackend {
         if t.name != "token_embd.weight" && w.x16().is_some() {
             t.release();
         }
-        if let Some(pb) = self.progress.lock().unwrap().as_ref() {
-            pb.inc(bytes.len() as u64);
-        }
+        progress(bytes.len());
         Ok(w)
     }
 
