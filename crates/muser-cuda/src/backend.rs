@@ -625,13 +625,7 @@ impl CudaBackend {
 
     /// Shows a progress bar (on a terminal) while `total_bytes` of weights upload.
     pub fn with_upload_progress(self, total_bytes: u64) -> CudaBackend {
-        let pb = indicatif::ProgressBar::new(total_bytes);
-        pb.set_style(
-            indicatif::ProgressStyle::with_template(
-                "uploading weights {bar:40} {bytes}/{total_bytes} ({bytes_per_sec})",
-            )
-            .expect("valid template"),
-        );
+        let pb = muser_engine::backend::weights_progress("uploading weights", total_bytes);
         *self.upload.lock().unwrap() = Some(pb);
         self
     }

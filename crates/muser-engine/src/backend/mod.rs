@@ -378,6 +378,19 @@ fn join_rows<B: Backend>(be: &B, rows: &[B::Buf], width: usize, out: &mut B::Buf
     be.write(out, &host);
 }
 
+/// A progress bar over `total_bytes` of weights, labelled `what` (drawn on a terminal only),
+/// for a backend to advance while it makes weights resident.
+pub fn weights_progress(what: &str, total_bytes: u64) -> indicatif::ProgressBar {
+    let pb = indicatif::ProgressBar::new(total_bytes);
+    pb.set_style(
+        indicatif::ProgressStyle::with_template(&format!(
+            "{what} {{bar:40}} {{bytes}}/{{total_bytes}} ({{bytes_per_sec}})"
+        ))
+        .expect("valid template"),
+    );
+    pb
+}
+
 /// Copies `src` into `outs` in order (`read_parts`): `outs[0]` its first `outs[0].len()` values,
 /// and so on; the lengths must add up to `src.len()`.
 pub fn copy_parts(src: &[f32], outs: &mut [&mut [f32]]) {

@@ -223,13 +223,7 @@ impl CpuBackend {
     /// Shows a progress bar (on a terminal) while `total_bytes` of weights load: the K-quant
     /// matrices are repacked then (`x16`), about 1 GB/s on 2 cores.
     pub fn with_load_progress(self, total_bytes: u64) -> CpuBackend {
-        let pb = indicatif::ProgressBar::new(total_bytes);
-        pb.set_style(
-            indicatif::ProgressStyle::with_template(
-                "loading weights {bar:40} {bytes}/{total_bytes} ({bytes_per_sec})",
-            )
-            .expect("valid template"),
-        );
+        let pb = crate::backend::weights_progress("loading weights", total_bytes);
         *self.progress.lock().unwrap() = Some(pb);
         self
     }

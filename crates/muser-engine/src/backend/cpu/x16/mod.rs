@@ -46,7 +46,7 @@ use muser_quant::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K};
 use rayon::prelude::*;
 
 /// Rows per group at most (AVX-512).
-pub const R_MAX: usize = 16;
+const R_MAX: usize = 16;
 
 /// One group's outputs of one pass: `sums[t][r]`, column t of the pass, row r of the group.
 pub(super) type Sums = [[f32; R_MAX]; 4];
@@ -226,10 +226,6 @@ impl X16 {
             nb,
             bs,
         })
-    }
-
-    pub fn rows(&self) -> usize {
-        self.rows
     }
 
     /// Rows per group: task boundaries of a matmul must be multiples of it.
