@@ -14,6 +14,9 @@
 #
 # JOB=serve: serve_benches alone.
 #
+# JOB=steptrace: one decode step (1 and 8 streams) kernel by kernel inside its CUDA graph
+# (MUSER_CUDA_STEP_TRACE, crates/muser-cuda/src/steptrace.rs).
+#
 # JOB=side (the closing call of a session): the full parity command while llama.cpp builds (LLAMA=1),
 # then llama.cpp's and Muser's benchmarks on the same llama-glimmer file on a quiet machine; with
 # SERVE=1 also `muser serve` driven by scripts/serve_rate.py (serve_benches).
@@ -356,6 +359,27 @@ if [ "${JOB:-}" = timeline ]; then
     grep "^| .*CUDA" "$OUT"/bench*.log | sed "s|$OUT/||"
     head -12 "$OUT/timeline.txt"
     [ -n "${AB:-}" ] && echo "with $AB:" && head -12 "$OUT/timeline-ab.txt"
+    cat "$OUT/summary.txt"
+    exit 0
+fi
+
+if [ "${JOB:-}" = steptrace ]; then
+    # One decode step inside its CUDA graph, kernel by kernel (crates/muser-cuda/src/steptrace.rs:
+    # MUSER_CUDA_STEP_TRACE=1 builds the kernels with the trace, so carry them in the kernel cache:
+    # `MUSER_CUDA_STEP_TRACE=1 MUSER_KERNEL_CACHE=target/device/kernels target/device/muser
+    # kernels`): what each kernel costs the step from its release to the next kernel's, for
+    # STREAMS (default "1 8") decode streams on llama-glimmer.
+    G=$MODELS/llama-glimmer.gguf
+    step synth-llama-glimmer 60 "$BIN" synth llama-glimmer "$G"
+    for s in ${STREAMS:-1 8}; do
+        step "trace-$s" 90 env MUSER_CUDA_STEP_TRACE=1 "$BIN" bench --backend cuda -m "$G" -p 0 -n 32 -r 1 -s "$s"
+    done
+    echo
+    echo "================ short table ================"
+    for s in ${STREAMS:-1 8}; do
+        grep -h "^| .*CUDA" "$OUT/trace-$s.log"
+        sed -n '/^step trace/,$p' "$OUT/trace-$s.log"
+    done
     cat "$OUT/summary.txt"
     exit 0
 fi

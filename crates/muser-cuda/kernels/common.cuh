@@ -84,10 +84,34 @@ __device__ __forceinline__ float warp_max(float v) {
 // attention, pdl_wait_attn_rows_mma, says why its reads before the wait are safe); the trigger
 // lets the next kernel's blocks be scheduled as soon as this kernel's have all started. Both
 // are no-ops when the launch is not programmatic, and compile to nothing before sm_90.
+// MUSER_STEP_TRACE (steptrace.rs, a measuring build): block 0 of each kernel notes the global
+// timer at its start and when its wait returns, at g_step_trace (set by the host in each module):
+// [count, then (start, release) per record].
+#ifdef MUSER_STEP_TRACE
+__device__ unsigned long long* g_step_trace = nullptr;
+#define STEP_TRACE_CAP 8192
+#endif
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#ifdef MUSER_STEP_TRACE
+    unsigned long long* tr = g_step_trace;
+    const bool rec = tr != nullptr && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && threadIdx.x == 0 &&
+                     threadIdx.y == 0 && threadIdx.z == 0;
+    unsigned long long t0 = 0, t1 = 0;
+    if (rec) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+#endif
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     asm volatile("griddepcontrol.wait;" ::: "memory");
+#ifdef MUSER_STEP_TRACE
+    if (rec) {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
+        const unsigned long long i = atomicAdd(tr, 1ull);
+        if (i < STEP_TRACE_CAP) {
+            tr[1 + 2 * i] = t0;
+            tr[2 + 2 * i] = t1;
+        }
+    }
+#endif
 #endif
 }
 

@@ -140,6 +140,17 @@ pub struct CudaBackend {
     staging: Mutex<Option<cudarc::driver::PinnedHostSlice<f32>>>,
 }
 
+impl Drop for CudaBackend {
+    /// With the step trace on, its report of the last decode step replayed (stderr).
+    fn drop(&mut self) {
+        if let Some(t) = &self.gpu.trace {
+            if t.read(&self.gpu.stream).is_ok() {
+                eprintln!("{}", t.report());
+            }
+        }
+    }
+}
+
 /// Reads of at least this many bytes go through the page-locked staging buffer: a decode
 /// group's logits (0.8 MB per row of a 202k vocabulary, 26 MB at 32 rows) copy from the device
 /// by DMA into it, then from it into the caller's memory on every core (`read_staged`); a read
@@ -1184,12 +1195,18 @@ impl Backend for CudaBackend {
         match rec {
             Some(r) if r.key == key => {
                 if let Some(g) = &r.graph {
+                    if let Some(t) = &self.gpu.trace {
+                        ck(t.before_launch(&self.gpu.stream), "step trace");
+                    }
                     ck(g.launch(), "decode step graph");
                     self.gpu.add_dispatches(&r.launches);
                     return;
                 }
                 // Seen once: capture this step, then launch it.
                 let before = self.gpu.dispatch_counts();
+                if let Some(t) = &self.gpu.trace {
+                    t.begin_capture();
+                }
                 ck(
                     self.gpu.stream.begin_capture(
                         sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
@@ -1206,6 +1223,10 @@ impl Backend for CudaBackend {
                     key,
                     "a captured decode step changed its buffers"
                 );
+                if let Some(t) = &self.gpu.trace {
+                    t.end_capture();
+                    ck(t.before_launch(&self.gpu.stream), "step trace");
+                }
                 let launches: Vec<(String, u64)> = self
                     .gpu
                     .dispatch_counts()

@@ -67,6 +67,9 @@ pub fn cache_path(dir: &Path, name: &str, src: &str, arch: &str) -> PathBuf {
     use std::hash::{Hash, Hasher};
     let mut h = std::hash::DefaultHasher::new();
     (COMMON_HEADER, name, src, arch, NVRTC_OPTIONS).hash(&mut h);
+    if crate::steptrace::on() {
+        "MUSER_STEP_TRACE".hash(&mut h);
+    }
     let stem = name.trim_end_matches(".cu");
     dir.join(format!("{stem}-{arch}-{:016x}.cubin", h.finish()))
 }
@@ -248,6 +251,9 @@ fn nvrtc(
         .collect();
     options.push(format!("--gpu-architecture={}", file_arch(name, arch)));
     options.extend(NVRTC_OPTIONS.iter().chain(extra).map(|o| o.to_string()));
+    if crate::steptrace::on() {
+        options.push("-DMUSER_STEP_TRACE".into());
+    }
     let prog = result::create_program(&full, Some(&cname)).map_err(|e| fail(format!("{e:?}")))?;
     // SAFETY: prog was created above and is destroyed once, at the end.
     let out = unsafe {

@@ -55,6 +55,8 @@ pub struct Gpu {
     pub(crate) half: std::sync::Mutex<crate::mmh::HalfScratch>,
     /// The host buffer matrices are reordered in before their copy (`upload_matrix`).
     pub(crate) staging: std::sync::Mutex<Vec<u8>>,
+    /// The step trace, when on (`steptrace`, a measuring switch).
+    pub trace: Option<crate::steptrace::StepTrace>,
 }
 
 impl Gpu {
@@ -111,7 +113,11 @@ impl Gpu {
             exact: Default::default(),
             half: Default::default(),
             staging: Default::default(),
+            trace: None,
         };
+        if crate::steptrace::on() {
+            gpu.trace = Some(crate::steptrace::StepTrace::new(&gpu.stream)?);
+        }
         // Each file's machine code for this architecture: from the kernel cache (`cache_dir`),
         // else compiled by NVRTC (the files in parallel) and stored there. On a machine's first
         // run that is the slow part (H200 machine, 16 cores, files one after the other: NVRTC
@@ -163,6 +169,9 @@ impl Gpu {
                 }
             };
             let aware = pdl_kernel_names(src);
+            if let Some(t) = gpu.trace.as_mut() {
+                t.attach(&module, &gpu.stream, &aware)?;
+            }
             for name in kernel_names(src) {
                 let f = module.load_function(&name)?;
                 if aware.contains(&name) {
@@ -196,6 +205,9 @@ impl Gpu {
             .ok_or_else(|| CudaError::NoKernel(name.into()))?;
         if let Some(c) = self.dispatches.get(name) {
             c.fetch_add(1, Ordering::Relaxed);
+        }
+        if let Some(t) = &self.trace {
+            t.launched(name);
         }
         Ok(f)
     }

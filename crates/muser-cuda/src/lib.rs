@@ -14,6 +14,7 @@ pub mod matvec;
 pub mod membw;
 pub mod mmh;
 pub mod parity;
+pub mod steptrace;
 
 pub use backend::{CudaBackend, CudaBuf, CudaKv, CudaWeight};
 pub use compile::{compile_cubin, compile_source, nvrtc_available, KERNEL_SOURCES};
