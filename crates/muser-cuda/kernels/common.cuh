@@ -75,6 +75,14 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+// MUSER_STEP_TRACE (steptrace.rs, a measuring build): block 0 of each kernel notes the global
+// timer at its start and when its wait returns, at g_step_trace (set by the host in each module):
+// [count, then (start, release) per record].
+#ifdef MUSER_STEP_TRACE
+__device__ unsigned long long* g_step_trace = nullptr;
+#define STEP_TRACE_CAP 8192
+#endif
+
 // Programmatic dependent launch (Hopper and newer). In a recorded decode step a kernel may be
 // launched as the programmatic dependent of the one before it (`graph.rs`): its blocks can be
 // scheduled while the previous kernel is still running, and pdl_wait() holds them until that
@@ -84,13 +92,6 @@ __device__ __forceinline__ float warp_max(float v) {
 // attention, pdl_wait_attn_rows_mma, says why its reads before the wait are safe); the trigger
 // lets the next kernel's blocks be scheduled as soon as this kernel's have all started. Both
 // are no-ops when the launch is not programmatic, and compile to nothing before sm_90.
-// MUSER_STEP_TRACE (steptrace.rs, a measuring build): block 0 of each kernel notes the global
-// timer at its start and when its wait returns, at g_step_trace (set by the host in each module):
-// [count, then (start, release) per record].
-#ifdef MUSER_STEP_TRACE
-__device__ unsigned long long* g_step_trace = nullptr;
-#define STEP_TRACE_CAP 8192
-#endif
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #ifdef MUSER_STEP_TRACE
