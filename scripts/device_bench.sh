@@ -368,9 +368,10 @@ if [ "${JOB:-}" = steptrace ]; then
     # MUSER_CUDA_STEP_TRACE=1 builds the kernels with the trace, so carry them in the kernel cache:
     # `MUSER_CUDA_STEP_TRACE=1 MUSER_KERNEL_CACHE=target/device/kernels target/device/muser
     # kernels`): what each kernel costs the step from its release to the next kernel's, for
-    # STREAMS (default "1 8") decode streams on llama-glimmer.
-    G=$MODELS/llama-glimmer.gguf
-    step synth-llama-glimmer 60 "$BIN" synth llama-glimmer "$G"
+    # STREAMS (default "1 8") decode streams on llama-glimmer (or the preset TRACE_MODEL).
+    TM=${TRACE_MODEL:-llama-glimmer}
+    G=$MODELS/$TM.gguf
+    step "synth-$TM" 60 "$BIN" synth "$TM" "$G"
     for s in ${STREAMS:-1 8}; do
         step "trace-$s" 90 env MUSER_CUDA_STEP_TRACE=1 "$BIN" bench --backend cuda -m "$G" -p 0 -n 32 -r 1 -s "$s"
     done
