@@ -8,6 +8,7 @@
 // rounds' durations. Build and run on the device:
 //   nvcc -O3 -arch=sm_90 -o /tmp/trace scripts/matvec_lab/trace.cu && /tmp/trace
 #include "lab_host.h"
+#include <cmath>
 
 __device__ unsigned long long* g_trace; // [warp][32]: points 0 .. 31
 
@@ -20,6 +21,12 @@ __device__ unsigned long long* g_trace; // [warp][32]: points 0 .. 31
             asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_) : "f"((float)(dep)) : "memory");     \
             unsigned long long* g_ = g_trace + (size_t)(blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32) * 32; \
             const int p_ = (point);                                                                     \
+            if (p_ == 0) {                                                                              \
+                unsigned s_, w_;                                                                        \
+                asm volatile("mov.u32 %0, %%smid;" : "=r"(s_));                                         \
+                asm volatile("mov.u32 %0, %%warpid;" : "=r"(w_));                                       \
+                g_[31] = s_ | ((unsigned long long)w_ << 32);                                           \
+            }                                                                                           \
             if (p_ < 2 || p_ == 30) g_[p_] = t_;                                                        \
             else {                                                                                      \
                 if (p_ < 29) g_[p_] = t_;                                                               \
@@ -184,6 +191,107 @@ int main() {
         for (int s = 0; s < sms; ++s)
             if (smend[s] > 0) se.push_back(smend[s]);
         pct("SM's last warp done (smid rough)", se);
+        // Run 23: is the spread of the warps' ends systematic (the same warps or SMs late in every
+        // launch) or random? Five more traced launches (each after an untraced one of another
+        // copy); per warp its last round's time from the launch's first entry, and per SM (its
+        // own %smid, recorded at entry) the mean over its warps; correlations between launches.
+        {
+            const int R = 5;
+            std::vector<std::vector<double>> wend(R, std::vector<double>(nw, 0.0));
+            std::vector<std::vector<double>> send(R, std::vector<double>(sms, 0.0));
+            std::vector<std::vector<int>> scount(R, std::vector<int>(sms, 0));
+            std::vector<std::vector<int>> wslot(R, std::vector<int>(nw, -1));
+            for (int r = 0; r < R; ++r) {
+                CK(cudaMemcpyToSymbol(g_trace, &none, sizeof(none)));
+                launch(r % copies);
+                CK(cudaMemset(tr, 0, (size_t)sms * 16 * 32 * 8));
+                CK(cudaMemcpyToSymbol(g_trace, &tr, sizeof(tr)));
+                launch((r + 1) % copies);
+                CK(cudaDeviceSynchronize());
+                CK(cudaMemcpyToSymbol(g_trace, &none, sizeof(none)));
+                std::vector<unsigned long long> tt((size_t)nw * 32);
+                CK(cudaMemcpy(tt.data(), tr, tt.size() * 8, cudaMemcpyDeviceToHost));
+                unsigned long long tz = ~0ull;
+                for (int wv = 0; wv < nw; ++wv)
+                    if (tt[wv * 32] && tt[wv * 32] < tz) tz = tt[wv * 32];
+                for (int wv = 0; wv < nw; ++wv) {
+                    const unsigned long long* p = &tt[wv * 32];
+                    if (!p[0] || !p[29]) continue;
+                    const double e = (p[29] - p[1]) / 1e3; // from its own wait's end: rounds only
+                    wend[r][wv] = e;
+                    const unsigned s = (unsigned)(p[31] & 0xffffffffu) % sms;
+                    wslot[r][wv] = (int)(p[31] >> 32);
+                    send[r][s] += e;
+                    scount[r][s] += 1;
+                }
+                for (int s = 0; s < sms; ++s)
+                    if (scount[r][s]) send[r][s] /= scount[r][s];
+            }
+            auto corr = [](const std::vector<double>& a, const std::vector<double>& b) {
+                double ma = 0, mb = 0;
+                int n = 0;
+                for (size_t i = 0; i < a.size(); ++i)
+                    if (a[i] > 0 && b[i] > 0) { ma += a[i]; mb += b[i]; ++n; }
+                if (n < 2) return 0.0;
+                ma /= n;
+                mb /= n;
+                double sab = 0, saa = 0, sbb = 0;
+                for (size_t i = 0; i < a.size(); ++i)
+                    if (a[i] > 0 && b[i] > 0) {
+                        sab += (a[i] - ma) * (b[i] - mb);
+                        saa += (a[i] - ma) * (a[i] - ma);
+                        sbb += (b[i] - mb) * (b[i] - mb);
+                    }
+                return sab / sqrt(saa * sbb + 1e-30);
+            };
+            printf("  run 23: correlation of the warps' round-loop times between launches (warp by warp / SM by SM):");
+            for (int r = 1; r < R; ++r) printf(" %.2f / %.2f", corr(wend[0], wend[r]), corr(send[0], send[r]));
+            printf("\n");
+            // The per-SM mean over the launches: spread, and how much of the slowest warps' lateness
+            // their SM explains.
+            std::vector<double> sm_mean(sms, 0.0);
+            for (int s = 0; s < sms; ++s) {
+                for (int r = 0; r < R; ++r) sm_mean[s] += send[r][s];
+                sm_mean[s] /= R;
+            }
+            pct("run 23: SM's mean warp loop time", sm_mean);
+            std::vector<double> wl;
+            for (int wv = 0; wv < nw; ++wv) {
+                double m = 0;
+                for (int r = 0; r < R; ++r) m += wend[r][wv];
+                wl.push_back(m / R);
+            }
+            pct("run 23: warp's loop time, mean of 5", wl);
+            std::vector<double> w0 = wend[0];
+            pct("run 23: warp's loop time, one launch", w0);
+            // What the slow warps share: their hardware warp slot (%warpid: scheduler SMSP = slot % 4,
+            // the slot's age), their place in the block, their block's place, their range's place.
+            {
+                double by_slot[64] = {0}, n_slot[64] = {0}, by_wib[4] = {0}, n_wib[4] = {0};
+                double by_blk4[4] = {0}, n_blk4[4] = {0}, by_pos[8] = {0}, n_pos[8] = {0};
+                for (int r = 0; r < R; ++r)
+                    for (int wv = 0; wv < nw; ++wv) {
+                        const double e = wend[r][wv];
+                        if (e <= 0 || wslot[r][wv] < 0) continue;
+                        const int sl = wslot[r][wv] & 63;
+                        by_slot[sl] += e, n_slot[sl] += 1;
+                        by_wib[wv % 4] += e, n_wib[wv % 4] += 1;
+                        by_blk4[(wv / 4) % 4] += e, n_blk4[(wv / 4) % 4] += 1;
+                        const int ps = (int)((long)wv * 8 / nw);
+                        by_pos[ps] += e, n_pos[ps] += 1;
+                    }
+                printf("  run 23: mean loop time by %%warpid (slot: us, warps):");
+                for (int i = 0; i < 64; ++i)
+                    if (n_slot[i] > 0) printf(" %d:%.1f(%d)", i, by_slot[i] / n_slot[i], (int)n_slot[i]);
+                printf("\n  run 23: by warp in block:");
+                for (int i = 0; i < 4; ++i) printf(" %.2f", by_wib[i] / std::max(1.0, n_wib[i]));
+                printf("; by block %% 4:");
+                for (int i = 0; i < 4; ++i) printf(" %.2f", by_blk4[i] / std::max(1.0, n_blk4[i]));
+                printf("; by eighth of the matrix:");
+                for (int i = 0; i < 8; ++i) printf(" %.2f", by_pos[i] / std::max(1.0, n_pos[i]));
+                printf("\n");
+            }
+        }
         for (auto p : w)
             if (p) CK(cudaFree(p));
     }
