@@ -97,10 +97,11 @@ int main() {
         const int nch = (c.K / 256 + 3) / 4;
         const long quads = (c.rows + 3) / 4;
         const int blocks = mvk_blocks(quads, (c.silu ? 2 : 1) * nch, sms);
+        int flags = 0; // the skew of the warps' shares (common.cuh: mvk_range) << 8
         auto launch = [&](int i) {
             if (c.silu) {
                 mvk_silu_1<<<blocks, 128>>>(w[2 * i], FMT_Q4_K, w[2 * i + 1], FMT_Q4_K, y, c.rows, xq, xds, c.K, cv,
-                                            cnt, 0);
+                                            cnt, flags);
             } else {
                 MatvecJobs j{};
                 j.w[0] = w[2 * i];
@@ -110,7 +111,7 @@ int main() {
                 j.start[0] = 0;
                 j.start[1] = (int)(quads * 4);
                 j.njobs = 1;
-                mvk_1<<<blocks, 128>>>(j, xq, xds, c.K, cv, cnt, 0);
+                mvk_1<<<blocks, 128>>>(j, xq, xds, c.K, cv, cnt, flags);
             }
         };
         unsigned long long* none = nullptr;
@@ -126,6 +127,27 @@ int main() {
         const double us = ms * 1000.0 / reps;
         printf("%s: %d blocks, %.1f MB, %.2f us per launch back to back = %.0f GB/s\n", c.name, blocks,
                per_launch / 1e6, us, per_launch / us / 1e3);
+        // Run 24: the same launches with skewed shares (only on a grid of 4 blocks per SM), alternated;
+        // needs mvk-skew.patch (which defines MVK_SKEW_SHIFT) applied to the kernels.
+#ifdef MVK_SKEW_SHIFT
+        if (blocks == 4 * sms) {
+            printf("  run 24, us per launch by skew (per mille):");
+            for (int rep = 0; rep < 2; ++rep)
+                for (int sk : {0, 30, 45, 60, 80}) {
+                    flags = sk << 8;
+                    for (int i = 0; i < copies; ++i) launch(i);
+                    CK(cudaEventRecord(e0));
+                    for (int r = 0; r < reps; ++r) launch(r % copies);
+                    CK(cudaEventRecord(e1));
+                    CK(cudaEventSynchronize(e1));
+                    float m2;
+                    CK(cudaEventElapsedTime(&m2, e0, e1));
+                    printf(" %d: %.2f", sk, m2 * 1000.0 / reps);
+                }
+            printf("\n");
+            flags = 0;
+        }
+#endif
         // One traced launch (after one untraced launch of another copy, so L2 holds none of it).
         CK(cudaMemset(tr, 0, (size_t)sms * 16 * 32 * 8));
         CK(cudaMemcpyToSymbol(g_trace, &tr, sizeof(tr)));
