@@ -31,6 +31,7 @@
 
 #include "../../crates/muser-cuda/kernels/common.cuh"
 #include "../../crates/muser-cuda/kernels/matvec.cu"
+#include "lab_chain.cuh"
 
 
 struct Op {
@@ -51,26 +52,6 @@ __device__ __forceinline__ void red_release(unsigned* p, unsigned v) {
     asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
-// The small op: out = in / rms(in), one block of 128 threads (two passes over n values).
-__device__ __forceinline__ void small_body(const float* __restrict__ in, float* __restrict__ out, int n) {
-    __shared__ float red[4];
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < n; i += 128) {
-        const float v = __ldcg(in + i);
-        ss = fmaf(v, v, ss);
-    }
-    ss = warp_sum(ss);
-    if (threadIdx.x % WARP == 0) red[threadIdx.x / WARP] = ss;
-    __syncthreads();
-    const float s = rsqrtf((red[0] + red[1] + red[2] + red[3]) / n + 1e-6f);
-    for (int i = threadIdx.x; i < n; i += 128) out[i] = __ldcg(in + i) * s;
-    __syncthreads();
-}
-
-__global__ void __launch_bounds__(128) small_k(const float* in, float* out, int n) {
-    pdl_wait();
-    small_body(in, out, n);
-}
 
 __device__ __forceinline__ void op_range(const Op& op, int gw, int* t0, int* t1, int* nch) {
     *nch = kq_chunks(op.K);
@@ -200,8 +181,6 @@ __global__ void __launch_bounds__(128, 4) dyn_mv(Op op, const int8_t* __restrict
 }
 
 #ifndef __CUDACC_RTC__
-static int kq_chunks_host(int K) { return (K / 256 + 3) / 4; }
-
 __global__ void read_bw(const uint4* __restrict__ p, size_t n, unsigned* sink) {
     uint4 acc = make_uint4(0, 0, 0, 0);
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
@@ -211,50 +190,15 @@ __global__ void read_bw(const uint4* __restrict__ p, size_t n, unsigned* sink) {
     if ((acc.x ^ acc.y ^ acc.z ^ acc.w) == 0x12345678u) *sink = 1;
 }
 
-template <typename... Args, typename... Real>
-static void launch_pdl(void (*k)(Args...), int grid, int block, cudaStream_t s, Real... args) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(grid);
-    cfg.blockDim = dim3(block);
-    cfg.stream = s;
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = 1;
-    CK(cudaLaunchKernelEx(&cfg, k, args...));
-}
-
 int main() {
     int sms;
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-    const int NL = 8, LAYERS = 52, KD = 6656, KF = 19968, KO = 4096, RQKV = 4608;
-    const size_t bq = (size_t)RQKV * (KD / 256) * 144, bo = (size_t)KD * (KO / 256) * 144,
-                 bg = (size_t)KF * (KD / 256) * 144, bd = (size_t)KD * (KF / 256) * 144;
+    const int NL = 8, LAYERS = 52;
+    const size_t bq = BQ, bo = BO, bg = BG, bd = BD;
     const double layer_bytes = (double)(bq + bo + 2 * bg + bd);
     printf("%d SMs; a layer reads %.1f MB (q+k+v %.1f, attn_output %.1f, gate+up %.1f, ffn_down %.1f)\n", sms,
            layer_bytes / 1e6, bq / 1e6, bo / 1e6, 2 * bg / 1e6, bd / 1e6);
-    struct LayerW {
-        unsigned char *q, *o, *g, *u, *d;
-    };
-    std::vector<LayerW> lw(NL);
-    {
-        std::vector<unsigned char> h(bg);
-        int seed = 1;
-        auto up = [&](unsigned char** p, size_t n) {
-            h.resize(n);
-            fill_q4k(h, seed++);
-            CK(cudaMalloc(p, n));
-            CK(cudaMemcpy(*p, h.data(), n, cudaMemcpyHostToDevice));
-        };
-        for (auto& l : lw) {
-            up(&l.q, bq);
-            up(&l.o, bo);
-            up(&l.g, bg);
-            up(&l.u, bg);
-            up(&l.d, bd);
-        }
-    }
+    const std::vector<LayerW> lw = upload_layers(NL);
     int8_t* xq;
     float2* xds;
     random_act(KF, &xq, &xds);
@@ -291,21 +235,8 @@ int main() {
 
     cudaStream_t st;
     CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    auto time_it = [&](auto&& run, int reps) {
-        run();
-        run();
-        CK(cudaStreamSynchronize(st));
-        CK(cudaEventRecord(e0, st));
-        for (int r = 0; r < reps; ++r) run();
-        CK(cudaEventRecord(e1, st));
-        CK(cudaEventSynchronize(e1));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        return ms / reps;
-    };
+    StreamTimer timer(st);
+    auto time_it = [&](auto&& run, int reps) { return timer.ms(run, reps); };
 
     // Read bandwidth: 4 GiB in one pass.
     double bw;

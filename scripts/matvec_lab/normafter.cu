@@ -21,6 +21,7 @@
 
 #include "../../crates/muser-cuda/kernels/common.cuh"
 #include "../../crates/muser-cuda/kernels/matvec.cu"
+#include "lab_chain.cuh"
 #include "../../crates/muser-cuda/kernels/norm.cu"
 
 // The residual's state and the norm's outputs (one row of 6656).
@@ -97,67 +98,12 @@ extern "C" __global__ void __launch_bounds__(128, 4) mvk_silu_1_p(SILU_ARGS, MVK
     }
 }
 
-// The small op standing in for the attention and silu_finish (chain.cu's: out = in / rms(in),
-// one block of 128 threads).
-__global__ void __launch_bounds__(128) small_k(const float* __restrict__ in, float* __restrict__ out, int n) {
-    pdl_wait();
-    __shared__ float red[4];
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < n; i += 128) {
-        const float v = __ldcg(in + i);
-        ss = fmaf(v, v, ss);
-    }
-    ss = warp_sum(ss);
-    if (threadIdx.x % WARP == 0) red[threadIdx.x / WARP] = ss;
-    __syncthreads();
-    const float s = rsqrtf((red[0] + red[1] + red[2] + red[3]) / n + 1e-6f);
-    for (int i = threadIdx.x; i < n; i += 128) out[i] = __ldcg(in + i) * s;
-}
-
 #ifndef __CUDACC_RTC__
-static int kq_chunks_host(int K) { return (K / 256 + 3) / 4; }
-
-template <typename... Args, typename... Real>
-static void launch_pdl(void (*k)(Args...), int grid, int block, cudaStream_t s, Real... args) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(grid);
-    cfg.blockDim = dim3(block);
-    cfg.stream = s;
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = 1;
-    CK(cudaLaunchKernelEx(&cfg, k, args...));
-}
-
 int main() {
     int sms;
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-    const int NL = 8, LAYERS = 52, KD = 6656, KF = 19968, KO = 4096, RQKV = 4608;
-    const size_t bq = (size_t)RQKV * (KD / 256) * 144, bo = (size_t)KD * (KO / 256) * 144,
-                 bg = (size_t)KF * (KD / 256) * 144, bd = (size_t)KD * (KF / 256) * 144;
-    struct LayerW {
-        unsigned char *q, *o, *g, *u, *d;
-    };
-    std::vector<LayerW> lw(NL);
-    {
-        std::vector<unsigned char> h(bg);
-        int seed = 1;
-        auto up = [&](unsigned char** p, size_t n) {
-            h.resize(n);
-            fill_q4k(h, seed++);
-            CK(cudaMalloc(p, n));
-            CK(cudaMemcpy(*p, h.data(), n, cudaMemcpyHostToDevice));
-        };
-        for (auto& l : lw) {
-            up(&l.q, bq);
-            up(&l.o, bo);
-            up(&l.g, bg);
-            up(&l.u, bg);
-            up(&l.d, bd);
-        }
-    }
+    const int NL = 8, LAYERS = 52;
+    const std::vector<LayerW> lw = upload_layers(NL);
     int8_t* xq;
     float2* xds;
     random_act(KF, &xq, &xds);
@@ -204,21 +150,8 @@ int main() {
 
     cudaStream_t st;
     CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    auto time_it = [&](auto&& run, int reps) {
-        run();
-        run();
-        CK(cudaStreamSynchronize(st));
-        CK(cudaEventRecord(e0, st));
-        for (int r = 0; r < reps; ++r) run();
-        CK(cudaEventRecord(e1, st));
-        CK(cudaEventSynchronize(e1));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        return ms / reps;
-    };
+    StreamTimer timer(st);
+    auto time_it = [&](auto&& run, int reps) { return timer.ms(run, reps); };
 
     // mode 0: A (residual_norm launches), 1: E (epilogue + sums), 2: E0 (nothing).
     auto chain_us = [&](int mode) {
