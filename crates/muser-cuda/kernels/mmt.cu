@@ -343,42 +343,11 @@ __device__ __forceinline__ void mmt_silu_kernel(const uint8_t* wg, int tyg, cons
 #ifndef MMT_MERGE
 #define MMT_MERGE 4
 #endif
-template <int NT>
-__device__ __forceinline__ void mmt_split_kernel(const MatvecJobs& jobs, const KAct& act, float* __restrict__ cv,
-                                                 unsigned* __restrict__ cnt) {
-    __shared__ __align__(16) uint8_t smem[2 * mmt_stage_max<NT>()];
-    __shared__ bool last;
-    int row0;
-    const int j = kq_job(jobs, MMT_ROWS, &row0);
-    const int rows = jobs.rows_of(j);
-    if (row0 >= rows) return; // padding after the matrix's last row (every split of the tile)
-    const KAct a = mmk_slice(act, 8 * NT);
-    const int nb = a.K / QK_K, C = (nb + KQ_CHUNK - 1) / KQ_CHUNK, S = gridDim.z, s = blockIdx.z;
-    const int c0 = C * s / S, c1 = C * (s + 1) / S, first_end = C / S;
-    const int tile = blockIdx.y * gridDim.x + blockIdx.x;
-    float* tcv = cv + (size_t)tile * C * (4 * NT * 128) + threadIdx.x; // the thread's slots
-    const auto slot = [&](int chunk, int nt, int e) { return tcv + (chunk * (4 * NT) + 4 * nt + e) * 128; };
-    float y[NT][4];
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) y[nt][e] = 0.0f;
-    mmt_dispatch<NT>(jobs.ty_of(j), jobs.w_of(j), row0, rows, a, smem, KQ_CHUNK * c0, min(KQ_CHUNK * c1, nb),
-                     [&](int nt, int e, int chunk, float c) {
-                         if (s == 0) y[nt][e] = kq_add(y[nt][e], c);
-                         else *slot(chunk, nt, e) = c;
-                     });
-    if (s == 0)
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) *slot(0, nt, e) = y[nt][e];
-    __threadfence(); // this block's values are visible before its count
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(cnt + tile, 1u) == (unsigned)(S - 1);
-    __syncthreads();
-    if (!last) return;
-    __threadfence(); // the other splits' values are read after their counts
+// The merge of a K split's chunks (mmt_split_kernel, mmw_split_kernel), by the block that
+// completed the tile's count: split 0's running sum from chunk slot 0, then the later splits'
+// chunks first_end .. C - 1 added in order. slot(chunk, nt, e): the thread's slot of an output.
+template <int NT, class SLOT>
+__device__ __forceinline__ void mmt_merge(int C, int first_end, SLOT slot, float (&y)[NT][4]) {
     // Chunk by chunk in order, the 4 NT outputs' loads of MMT_MERGE chunks in flight together
     // (output by output, the loads of one output's chunks were a chain of L2 round trips in the
     // tile's tail: 22% of ffn_down's warp samples at 32 columns waited on these adds).
@@ -404,8 +373,57 @@ __device__ __forceinline__ void mmt_split_kernel(const MatvecJobs& jobs, const K
 #pragma unroll
                     for (int e = 0; e < 4; ++e) y[nt][e] = kq_add(y[nt][e], c[i][nt][e]);
     }
+}
+
+// The end of a K split's block: split 0 leaves its running sum in chunk slot 0; the block that
+// completes the tile's count merges every chunk (mmt_merge), sets the count back to 0 for the
+// next launch and returns true (its y is then the output); the others return false.
+template <int NT, class SLOT>
+__device__ __forceinline__ bool mmt_split_end(int s, int C, int first_end, unsigned* cnt, int tile, SLOT slot,
+                                              float (&y)[NT][4]) {
+    __shared__ bool last;
+    if (s == 0)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) *slot(0, nt, e) = y[nt][e];
+    __threadfence(); // this block's values are visible before its count
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(cnt + tile, 1u) == gridDim.z - 1;
+    __syncthreads();
+    if (!last) return false;
+    __threadfence(); // the other splits' values are read after their counts
+    mmt_merge<NT>(C, first_end, slot, y);
     if (threadIdx.x == 0) cnt[tile] = 0;
-    mmt_store<NT>(jobs.y_of(j), rows, row0, blockIdx.x * 8 * NT, a.ncols, y);
+    return true;
+}
+
+template <int NT>
+__device__ __forceinline__ void mmt_split_kernel(const MatvecJobs& jobs, const KAct& act, float* __restrict__ cv,
+                                                 unsigned* __restrict__ cnt) {
+    __shared__ __align__(16) uint8_t smem[2 * mmt_stage_max<NT>()];
+    int row0;
+    const int j = kq_job(jobs, MMT_ROWS, &row0);
+    const int rows = jobs.rows_of(j);
+    if (row0 >= rows) return; // padding after the matrix's last row (every split of the tile)
+    const KAct a = mmk_slice(act, 8 * NT);
+    const int nb = a.K / QK_K, C = (nb + KQ_CHUNK - 1) / KQ_CHUNK, S = gridDim.z, s = blockIdx.z;
+    const int c0 = C * s / S, c1 = C * (s + 1) / S, first_end = C / S;
+    const int tile = blockIdx.y * gridDim.x + blockIdx.x;
+    float* tcv = cv + (size_t)tile * C * (4 * NT * 128) + threadIdx.x; // the thread's slots
+    const auto slot = [&](int chunk, int nt, int e) { return tcv + (chunk * (4 * NT) + 4 * nt + e) * 128; };
+    float y[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) y[nt][e] = 0.0f;
+    mmt_dispatch<NT>(jobs.ty_of(j), jobs.w_of(j), row0, rows, a, smem, KQ_CHUNK * c0, min(KQ_CHUNK * c1, nb),
+                     [&](int nt, int e, int chunk, float c) {
+                         if (s == 0) y[nt][e] = kq_add(y[nt][e], c);
+                         else *slot(chunk, nt, e) = c;
+                     });
+    if (mmt_split_end<NT>(s, C, first_end, cnt, tile, slot, y))
+        mmt_store<NT>(jobs.y_of(j), rows, row0, blockIdx.x * 8 * NT, a.ncols, y);
 }
 
 // Each block's first weights asked of L2 before waiting for the previous kernel (only the
@@ -468,4 +486,296 @@ extern "C" __global__ void __launch_bounds__(128, 2) mmt_8(MatvecJobs jobs, KACT
 extern "C" __global__ void __launch_bounds__(128, 2) mmt_silu_8(MMK_SILU_ARGS, KACT_ARGS) {
     pdl_wait_prefetch_mmt_silu(wg, tyg, rows, K);
     mmt_silu_kernel<8>(wg, tyg, wu, tyu, y, rows, KACT);
+}
+// ---------------------------------------------------------------------------------------------
+// mmw_*: the tiles above with their stages filled by the copy engine (Hopper's bulk copies), for
+// decode groups of 17-63 columns whose matrices are all Q4_K or Q5_K (matvec.rs `mmw_route`).
+// Same blocks (64 rows, 4 warps, 8 NT columns), same arithmetic (mmt_q45's kq45_superblock and
+// chunk trees), so the same bits as mmt_* and mvk_1. What differs is the copies: mmt_*'s
+// threads each copy pieces of every stage with cp.async and meet at two barriers a super-block
+// (~100 of a warp's ~684 instructions a super-block, and the waits Nsight Compute found). Here a
+// stage is 17 bulk copies issued by one warp: the 16 row quads' 4 blocks of the super-block
+// (one contiguous run each in the resident layout, kq_blk) and the column tile's activation,
+// which `mmw_pack` lays out beforehand as the stage wants it (MMW_XB: 8 NT columns x 256 int8
+// with their 16-byte pieces swizzled so the fragment loads are free of bank conflicts, then the
+// columns' Q8_K scales and split sums). Three stages, each with an mbarrier counting its bytes
+// ("full") and one counting the 4 warps done with it ("empty"); the warps take turns refilling
+// the stage the previous super-block used as soon as every warp is done with it. H200, lab run 25
+// (scripts/matvec_lab/ws.cu, 32 columns, bit-identical): gate+up 122.4 -> 97.9 us, ffn_down in 7
+// splits 68.8 -> 53.6, attn_output in 3 splits 26.0 -> 18.2.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define MMW_ASM(...) __trap()
+#else
+#define MMW_ASM(...) asm volatile(__VA_ARGS__)
+#endif
+
+#define MMW_STAGES 3
+// One super-block's activation region of an 8 NT-column tile: values, scales, split sums.
+__host__ __device__ constexpr int mmw_xb(int nt) { return 8 * nt * (256 + 4 + 16); }
+// A stage: 64 rows' blocks (Q5_K, the larger), then the activation region.
+__host__ __device__ constexpr int mmw_stage(int nt) { return MMT_ROWS * 176 + mmw_xb(nt); }
+// The dynamic shared memory of a launch: the stages and 2 S mbarriers (matvec.rs mmw_smem).
+__host__ __device__ constexpr int mmw_smem(int nt) { return MMW_STAGES * mmw_stage(nt) + 16 * MMW_STAGES; }
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+    MMW_ASM("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    MMW_ASM("{\n.reg .pred done;\nwait_%=:\n"
+            "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+            "@!done bra wait_%=;\n}\n" ::"r"(bar),
+            "r"(parity)
+            : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+    MMW_ASM("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_expect(uint32_t bar, uint32_t bytes) {
+    MMW_ASM("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+    MMW_ASM("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+            "l"(src), "r"(bytes), "r"(bar)
+            : "memory");
+}
+
+// Super-block b of the block's quads and column tile into the stage at `st` (a shared address)
+// by the calling warp: lane 0 arms the full barrier with the byte count, lanes 0..15 copy a quad
+// each (quads past the matrix's padded rows are not copied: their outputs are never stored, and
+// integer MMAs keep stale bytes to those outputs), lane 16 the activation region.
+template <int FMT, int NT>
+__device__ __forceinline__ void mmw_issue(uint32_t st, uint32_t full, const uint8_t* __restrict__ w, int row0,
+                                          int rows, int nb, const uint8_t* __restrict__ xt, int b) {
+    constexpr int BS = MmtFmt<FMT>::BS;
+    const int lane = threadIdx.x % WARP;
+    const int quads = min(MMT_ROWS / 4, (int)(kq_rows(rows) - row0) / 4);
+    if (lane == 0) mbar_expect(full, (uint32_t)(quads * 4 * BS + mmw_xb(NT)));
+    __syncwarp();
+    if (lane < quads) bulk_copy(st + lane * 4 * BS, w + kq_blk(row0 + 4 * lane, nb, b) * BS, 4 * BS, full);
+    else if (lane == 16) bulk_copy(st + MMT_ROWS * BS, xt + (size_t)b * mmw_xb(NT), mmw_xb(NT), full);
+}
+
+// mmt_q45 on an mmw stage: row 16 w + g is block g & 3 of quad 4 w + g / 4, row + 8 two quads
+// on; column c's piece p of 16 values is at piece p ^ 2 (c & 3) of its 256 bytes (mmw_pack).
+template <int NT, bool Q5, class CHUNK>
+__device__ __forceinline__ void mmw_q45(const uint8_t* st, int k, bool last, CHUNK chunk, float (&lo)[NT][4],
+                                        float (&hi)[NT][4]) {
+    constexpr int BS = Q5 ? 176 : 144, QS = Q5 ? 48 : 16, BN = 8 * NT;
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, g = lane >> 2, t = lane & 3;
+    const uint8_t* ba = st + (4 * warp + (g >> 2)) * 4 * BS + (g & 3) * BS;
+    const uint8_t* bb = ba + 2 * 4 * BS;
+    const uint8_t* sx = st + MMT_ROWS * BS;
+    const float* sd = (const float*)(sx + BN * 256);
+    const int8_t* sbs = (const int8_t*)(sx + BN * 260);
+    const uint4 ha = *(const uint4*)ba, hb = *(const uint4*)bb;
+    float v[NT][4];
+    uint2 xa = make_uint2(0, 0), xb = make_uint2(0, 0);
+    if (Q5) {
+        xa = *(const uint2*)(ba + 16 + 8 * t);
+        xb = *(const uint2*)(bb + 16 + 8 * t);
+    }
+    const int swz = 2 * (g & 3), half = 8 * (t & 1), p0 = t >> 1;
+    kq45_superblock<NT, Q5>(
+        ha, hb, [&](int gi, int r) { return *(const uint2*)((r ? bb : ba) + QS + 32 * gi + 8 * t); }, xa, xb,
+        [&](int nt, int s) { return *(const uint2*)(sx + (8 * nt + g) * 256 + (((2 * s + p0) ^ swz) << 4) + half); },
+        [&](int nt) { return *(const int*)(sbs + (8 * nt + g) * 16 + 4 * t); },
+        [&](int nt, int j) { return sd[8 * nt + 2 * t + j]; }, [&](int nt, int e, float x) { v[nt][e] = x; });
+    mmt_leaves<NT>(k, last, v, lo, hi, chunk);
+}
+
+// The stages' barriers, initialized by thread 0: full[s] expects one arrival (with the bytes),
+// empty[s] one per warp.
+template <int NT>
+__device__ __forceinline__ uint32_t mmw_init(uint8_t* smem) {
+    const uint32_t bars = (uint32_t)__cvta_generic_to_shared(smem) + MMW_STAGES * mmw_stage(NT);
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < MMW_STAGES; ++i) {
+            mbar_init(bars + 8 * i, 1);
+            mbar_init(bars + 8 * (MMW_STAGES + i), MMT_WARPS);
+        }
+        MMW_ASM("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    return bars;
+}
+
+// mmt_rows through the mmw stages: the chunks of super-blocks sb0 .. sb1 - 1 (sb0 a multiple of
+// KQ_CHUNK) of the block's rows, chunk(nt, e, chunk index, value) in order. q0: the super-blocks
+// the block ran through its stages before (silu's up matrix follows the gate): super-block
+// sb0 + i is use (q0 + i) / S of stage (q0 + i) % S, whose full and empty barriers complete one
+// phase for it. Ends with every warp done with every stage.
+template <int FMT, int NT, class CHUNK>
+__device__ __forceinline__ void mmw_rows(const uint8_t* __restrict__ w, int row0, int rows, int K,
+                                         const uint8_t* __restrict__ xt, uint8_t* smem, uint32_t bars, int q0,
+                                         int sb0, int sb1, CHUNK chunk) {
+    constexpr int ST = mmw_stage(NT);
+    const int nb = K / QK_K, warp = threadIdx.x / WARP, n = sb1 - sb0;
+    const uint32_t s0 = (uint32_t)__cvta_generic_to_shared(smem);
+    float lo[NT][4], hi[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) lo[nt][e] = hi[nt][e] = 0.0f;
+    if (warp == 0)
+        for (int i = 0; i < MMW_STAGES && i < n; ++i) {
+            const int s = (q0 + i) % MMW_STAGES;
+            mmw_issue<FMT, NT>(s0 + s * ST, bars + 8 * s, w, row0, rows, nb, xt, sb0 + i);
+        }
+#pragma unroll 1
+    for (int i = 0; i < n; ++i) {
+        const int q = q0 + i, s = q % MMW_STAGES, b = sb0 + i;
+        // Super-block i + S - 1 into the stage super-block i - 1 used, once every warp is done with it.
+        if (i >= 1 && i + MMW_STAGES - 1 < n && warp == i % MMT_WARPS) {
+            const int sp = (q - 1) % MMW_STAGES;
+            mbar_wait(bars + 8 * (MMW_STAGES + sp), ((q - 1) / MMW_STAGES) & 1);
+            mmw_issue<FMT, NT>(s0 + sp * ST, bars + 8 * sp, w, row0, rows, nb, xt, b + MMW_STAGES - 1);
+        }
+        mbar_wait(bars + 8 * s, (q / MMW_STAGES) & 1);
+        mmw_q45<NT, FMT == FMT_Q5_K>(smem + s * ST, i % KQ_CHUNK, i == n - 1,
+                                     [&](int nt, int e, float c) { chunk(nt, e, b / KQ_CHUNK, c); }, lo, hi);
+        __syncwarp();
+        if (threadIdx.x % WARP == 0) mbar_arrive(bars + 8 * (MMW_STAGES + s));
+    }
+    __syncthreads();
+}
+
+template <int NT, class CHUNK>
+__device__ __forceinline__ void mmw_dispatch(int ty, const uint8_t* w, int row0, int rows, int K, const uint8_t* xt,
+                                             uint8_t* smem, uint32_t bars, int q0, int sb0, int sb1, CHUNK chunk) {
+    if (ty == FMT_Q5_K) mmw_rows<FMT_Q5_K, NT>(w, row0, rows, K, xt, smem, bars, q0, sb0, sb1, chunk);
+    else mmw_rows<FMT_Q4_K, NT>(w, row0, rows, K, xt, smem, bars, q0, sb0, sb1, chunk);
+}
+
+template <int NT>
+__device__ __forceinline__ void mmw_sum(int ty, const uint8_t* w, int row0, int rows, int K, const uint8_t* xt,
+                                        uint8_t* smem, uint32_t bars, int q0, float (&y)[NT][4]) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) y[nt][e] = 0.0f;
+    mmw_dispatch<NT>(ty, w, row0, rows, K, xt, smem, bars, q0, 0, K / QK_K,
+                     [&](int nt, int e, int, float c) { y[nt][e] = kq_add(y[nt][e], c); });
+}
+
+// This column tile's activation regions (mmw_pack's output for the launch's columns).
+template <int NT>
+__device__ __forceinline__ const uint8_t* mmw_tile(const uint8_t* xblob, int K) {
+    return xblob + (size_t)blockIdx.x * (K / QK_K) * mmw_xb(NT);
+}
+
+#define MMW_ACT_ARGS const uint8_t* __restrict__ xblob, int K, int ncols
+
+template <int NT>
+__device__ __forceinline__ void mmw_kernel(const MatvecJobs& jobs, const uint8_t* xblob, int K, int ncols) {
+    extern __shared__ __align__(128) uint8_t mmw_smem_buf[];
+    int row0;
+    const int j = kq_job(jobs, MMT_ROWS, &row0);
+    const int rows = jobs.rows_of(j);
+    if (row0 >= rows) return;
+    const uint32_t bars = mmw_init<NT>(mmw_smem_buf);
+    float y[NT][4];
+    mmw_sum<NT>(jobs.ty_of(j), jobs.w_of(j), row0, rows, K, mmw_tile<NT>(xblob, K), mmw_smem_buf, bars, 0, y);
+    mmt_store<NT>(jobs.y_of(j), rows, row0, blockIdx.x * 8 * NT, min(8 * NT, ncols - (int)blockIdx.x * 8 * NT), y);
+}
+
+template <int NT>
+__device__ __forceinline__ void mmw_silu_kernel(const uint8_t* wg, int tyg, const uint8_t* wu, int tyu, float* y,
+                                                int rows, const uint8_t* xblob, int K, int ncols) {
+    extern __shared__ __align__(128) uint8_t mmw_smem_buf[];
+    const int row0 = blockIdx.y * MMT_ROWS;
+    if (row0 >= rows) return;
+    const uint32_t bars = mmw_init<NT>(mmw_smem_buf);
+    const uint8_t* xt = mmw_tile<NT>(xblob, K);
+    float gs[NT][4], us[NT][4];
+    mmw_sum<NT>(tyg, wg, row0, rows, K, xt, mmw_smem_buf, bars, 0, gs);
+    mmw_sum<NT>(tyu, wu, row0, rows, K, xt, mmw_smem_buf, bars, K / QK_K, us);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) gs[nt][e] = gs[nt][e] / (1.0f + expf(-gs[nt][e])) * us[nt][e];
+    mmt_store<NT>(y, rows, row0, blockIdx.x * 8 * NT, min(8 * NT, ncols - (int)blockIdx.x * 8 * NT), gs);
+}
+
+// K split over grid z: mmt_split_kernel's slots, counts and merge, so its bits.
+template <int NT>
+__device__ __forceinline__ void mmw_split_kernel(const MatvecJobs& jobs, const uint8_t* xblob, int K, int ncols,
+                                                 float* __restrict__ cv, unsigned* __restrict__ cnt) {
+    extern __shared__ __align__(128) uint8_t mmw_smem_buf[];
+    int row0;
+    const int j = kq_job(jobs, MMT_ROWS, &row0);
+    const int rows = jobs.rows_of(j);
+    if (row0 >= rows) return;
+    const uint32_t bars = mmw_init<NT>(mmw_smem_buf);
+    const int nb = K / QK_K, C = (nb + KQ_CHUNK - 1) / KQ_CHUNK, S = gridDim.z, s = blockIdx.z;
+    const int c0 = C * s / S, c1 = C * (s + 1) / S, first_end = C / S;
+    const int tile = blockIdx.y * gridDim.x + blockIdx.x;
+    float* tcv = cv + (size_t)tile * C * (4 * NT * 128) + threadIdx.x;
+    const auto slot = [&](int chunk, int nt, int e) { return tcv + (chunk * (4 * NT) + 4 * nt + e) * 128; };
+    float y[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) y[nt][e] = 0.0f;
+    mmw_dispatch<NT>(jobs.ty_of(j), jobs.w_of(j), row0, rows, K, mmw_tile<NT>(xblob, K), mmw_smem_buf, bars, 0,
+                     KQ_CHUNK * c0, min(KQ_CHUNK * c1, nb), [&](int nt, int e, int chunk, float c) {
+                         if (s == 0) y[nt][e] = kq_add(y[nt][e], c);
+                         else *slot(chunk, nt, e) = c;
+                     });
+    if (mmt_split_end<NT>(s, C, first_end, cnt, tile, slot, y))
+        mmt_store<NT>(jobs.y_of(j), rows, row0, blockIdx.x * 8 * NT, min(8 * NT, ncols - (int)blockIdx.x * 8 * NT), y);
+}
+
+// Each block's first stages (their weights, which no kernel writes) asked of the copy engine
+// before the wait for the previous kernel would be the next step; today the wait comes first.
+extern "C" __global__ void __launch_bounds__(128, 3) mmw_4(MatvecJobs jobs, MMW_ACT_ARGS) {
+    pdl_wait();
+    mmw_kernel<4>(jobs, xblob, K, ncols);
+}
+extern "C" __global__ void __launch_bounds__(128, 3) mmw_3(MatvecJobs jobs, MMW_ACT_ARGS) {
+    pdl_wait();
+    mmw_kernel<3>(jobs, xblob, K, ncols);
+}
+extern "C" __global__ void __launch_bounds__(128, 3) mmw_split_4(MatvecJobs jobs, MMW_ACT_ARGS, float* __restrict__ cv,
+                                                                  unsigned* __restrict__ cnt) {
+    pdl_wait();
+    mmw_split_kernel<4>(jobs, xblob, K, ncols, cv, cnt);
+}
+extern "C" __global__ void __launch_bounds__(128, 3) mmw_split_3(MatvecJobs jobs, MMW_ACT_ARGS, float* __restrict__ cv,
+                                                                  unsigned* __restrict__ cnt) {
+    pdl_wait();
+    mmw_split_kernel<3>(jobs, xblob, K, ncols, cv, cnt);
+}
+extern "C" __global__ void __launch_bounds__(128, 3) mmw_silu_4(MMK_SILU_ARGS, MMW_ACT_ARGS) {
+    pdl_wait();
+    mmw_silu_kernel<4>(wg, tyg, wu, tyu, y, rows, xblob, K, ncols);
+}
+extern "C" __global__ void __launch_bounds__(128, 3) mmw_silu_3(MMK_SILU_ARGS, MMW_ACT_ARGS) {
+    pdl_wait();
+    mmw_silu_kernel<3>(wg, tyg, wu, tyu, y, rows, xblob, K, ncols);
+}
+
+// The activation regions of mmw_* from the row-major Q8_K activation of `ncols` columns: block
+// (super-block b, tile T) writes region (T, b) of 8 nt columns (nt = 3 or 4; columns past ncols
+// zero): thread i copies 16-byte pieces i, i + 128, .. of the values, then the scales and split
+// sums. 128 threads.
+extern "C" __global__ void __launch_bounds__(128) mmw_pack(const int8_t* __restrict__ xq,
+                                                           const float2* __restrict__ xds,
+                                                           const int8_t* __restrict__ xbs, int K, int ncols, int nt,
+                                                           uint8_t* __restrict__ xblob) {
+    pdl_wait();
+    const int nb = K / QK_K, b = blockIdx.x, T = blockIdx.y, bn = 8 * nt;
+    uint8_t* r = xblob + ((size_t)T * nb + b) * mmw_xb(nt);
+    for (int i = threadIdx.x; i < bn * 16; i += blockDim.x) {
+        const int cc = i >> 4, p = i & 15, c = T * bn + cc;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (c < ncols) v = __ldg((const uint4*)(xq + (size_t)c * K + b * QK_K) + p);
+        *(uint4*)(r + cc * 256 + ((p ^ (2 * (cc & 3))) << 4)) = v;
+    }
+    for (int cc = threadIdx.x; cc < bn; cc += blockDim.x) {
+        const int c = T * bn + cc;
+        const bool in = c < ncols;
+        *(float*)(r + bn * 256 + 4 * cc) = in ? xds[(size_t)c * (K / 32) + 8 * b].x : 0.0f;
+        *(uint4*)(r + bn * 260 + 16 * cc) =
+            in ? __ldg((const uint4*)(xbs + ((size_t)c * nb + b) * 16)) : make_uint4(0, 0, 0, 0);
+    }
 }

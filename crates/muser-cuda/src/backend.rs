@@ -790,7 +790,7 @@ impl CudaBackend {
     /// positions), so each (KV head, row) is one cluster that merges its splits itself.
     fn rows_cluster(&self, spec: &KvLayerSpec, pos: &[usize]) -> bool {
         let solo = solo_splits(spec.n_head_kv, self.gpu.sms);
-        let cc: u32 = self.gpu.arch.trim_start_matches("sm_").parse().unwrap_or(0);
+        let cc = self.gpu.cc();
         self.attn_cluster()
             && pos.len() <= attn_cluster_rows()
             && self.attn_mma()
@@ -829,10 +829,11 @@ impl CudaBackend {
         });
         let ws = self.ws.lock().unwrap();
         let t = self.rows.lock().unwrap();
-        let (cv, cnt) = self.gpu.split_key();
+        let [cv, cnt, blob] = self.gpu.split_key();
         let buffers = vec![
             cv,
             cnt,
+            blob,
             self.p(&ws.act.q),
             self.p(&ws.act.ds),
             self.p(&ws.act.bs),

@@ -44,6 +44,9 @@ pub struct Gpu {
     /// Decode groups of `mmv_min` to 16 columns run on `mmv_*` (`matvec::mmv_kernel`); on unless
     /// `MUSER_CUDA_MMV=0`.
     mmv: std::sync::atomic::AtomicBool,
+    /// Decode groups on 24- and 32-column tiles of Q4_K/Q5_K run on `mmw_*`, whose stages the
+    /// copy engine fills (`matvec::mmw_route`); on unless `MUSER_CUDA_MMW=0`.
+    mmw: std::sync::atomic::AtomicBool,
     /// Prefill chunks run on the f16 tensor-core tiles (`mmh::Gpu::mmh_route`); on unless
     /// `MUSER_CUDA_MMH=0`.
     pub(crate) mmh_on: std::sync::atomic::AtomicBool,
@@ -105,6 +108,9 @@ impl Gpu {
             ),
             mmt_split: std::sync::atomic::AtomicBool::new(
                 std::env::var("MUSER_CUDA_MMT_SPLIT").map_or(true, |v| v != "0"),
+            ),
+            mmw: std::sync::atomic::AtomicBool::new(
+                std::env::var("MUSER_CUDA_MMW").map_or(true, |v| v != "0"),
             ),
             mmh_on: std::sync::atomic::AtomicBool::new(
                 std::env::var("MUSER_CUDA_MMH").map_or(true, |v| v != "0"),
@@ -218,6 +224,20 @@ impl Gpu {
     }
     pub fn set_mmv(&self, on: bool) {
         self.mmv.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether decode groups of Q4_K/Q5_K on 24- and 32-column tiles run on `mmw_*` (bulk
+    /// copies: Hopper and newer).
+    pub fn mmw(&self) -> bool {
+        self.mmw.load(Ordering::Relaxed) && self.cc() >= 90
+    }
+    pub fn set_mmw(&self, on: bool) {
+        self.mmw.store(on, Ordering::Relaxed);
+    }
+
+    /// The compute capability as major * 10 + minor (sm_90: 90).
+    pub fn cc(&self) -> u32 {
+        self.arch.trim_start_matches("sm_").parse().unwrap_or(0)
     }
 
     /// Whether narrow tensor-core launches split K over blocks (`matvec::mmt_splits`).

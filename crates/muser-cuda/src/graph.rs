@@ -31,8 +31,7 @@ fn ok(r: sys::CUresult) -> Result<(), DriverError> {
 /// Whether programmatic edges are used on this GPU (compute capability 9.0 or newer, and not
 /// turned off by `MUSER_CUDA_PDL=0`).
 pub fn pdl_enabled(gpu: &Gpu) -> bool {
-    let cc: u32 = gpu.arch.trim_start_matches("sm_").parse().unwrap_or(0);
-    cc >= 90 && std::env::var("MUSER_CUDA_PDL").map_or(true, |v| v != "0")
+    gpu.cc() >= 90 && std::env::var("MUSER_CUDA_PDL").map_or(true, |v| v != "0")
 }
 
 impl StepGraph {

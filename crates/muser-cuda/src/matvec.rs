@@ -40,6 +40,8 @@ pub struct ActScratch {
 pub struct SplitScratch {
     cv: Option<CudaSlice<f32>>,
     cnt: Option<CudaSlice<u32>>,
+    /// `mmw_pack`'s activation regions (`Gpu::mmw_blob`).
+    blob: Option<CudaSlice<u8>>,
 }
 
 /// Columns one warp of `matvec_cols` handles.
@@ -303,6 +305,36 @@ pub fn mmt_fits(bytes: usize) -> Result<(), CudaError> {
 /// 64 columns' activations (Q5_K, the largest: 64 x 224 + 64 x (288 + 24) bytes each), then the
 /// gate's outputs parked while the up matrix runs (128 threads x 32 floats).
 pub const MMT8_SMEM: usize = 2 * (64 * 224 + 64 * (288 + 24)) + 128 * 32 * 4;
+
+/// The bytes of one super-block's activation region of an 8 `nt`-column tile of `mmw_*`
+/// (mmt.cu `mmw_xb`): the int8 values, the Q8_K scales and the split sums of each column.
+pub const fn mmw_xb(nt: usize) -> usize {
+    8 * nt * (256 + 4 + 16)
+}
+
+/// Dynamic shared memory of `mmw_*` with `nt` column tiles (mmt.cu `mmw_smem`): three stages of
+/// 64 rows' blocks (Q5_K, the larger format) and the tile's activation region, then the stages'
+/// six mbarriers.
+pub const fn mmw_smem(nt: usize) -> usize {
+    3 * (64 * 176 + mmw_xb(nt)) + 16 * 3
+}
+
+/// The column tiles (3 or 4) of the `mmw_*` launch that replaces the tile launch `name`
+/// (`mmt_3`, `mmt_4`, `mmt_silu_3`, `mmt_silu_4`: decode groups of 17-63 columns) over
+/// matrices of `types`, when `on` (`Gpu::mmw`) and the int8 activation is row-major: the copy
+/// engine's stages take Q4_K and Q5_K blocks (a Q6_K matrix keeps the group on `mmt_*`).
+pub fn mmw_route(on: bool, name: &str, types: &[GgmlType], kmajor: bool) -> Option<usize> {
+    let nt = match name {
+        "mmt_3" | "mmt_silu_3" => 3,
+        "mmt_4" | "mmt_silu_4" => 4,
+        _ => return None,
+    };
+    let formats = !types.is_empty()
+        && types
+            .iter()
+            .all(|t| matches!(t, GgmlType::Q4_K | GgmlType::Q5_K));
+    (on && !kmajor && formats).then_some(nt)
+}
 
 /// The fewest columns that run on 64-column tiles (`mmt_8`): 64, or `MUSER_CUDA_MMT8_MIN` (an
 /// A/B knob; a value past every launch keeps `mmt_4`).
@@ -714,10 +746,24 @@ impl Gpu {
         Ok(self.split_ptrs(&s))
     }
 
-    /// The addresses of the split scratch (0 before its first use): part of a recorded decode
-    /// step's key.
-    pub fn split_key(&self) -> (u64, u64) {
-        self.split_ptrs(&self.split.lock().unwrap())
+    /// The activation regions of `mmw_*`, at least `bytes` (grown on demand).
+    pub fn mmw_blob(&self, bytes: usize) -> Result<u64, CudaError> {
+        let mut s = self.split.lock().unwrap();
+        if s.blob.as_ref().is_none_or(|b| b.len() < bytes) {
+            s.blob = Some(
+                self.stream
+                    .alloc_zeros::<u8>(bytes.max(1).next_power_of_two())?,
+            );
+        }
+        Ok(s.blob.as_ref().map_or(0, |b| dptr(self, b)))
+    }
+
+    /// The addresses of the split scratch and of `mmw_*`'s activation regions (0 before their
+    /// first use): part of a recorded decode step's key.
+    pub fn split_key(&self) -> [u64; 3] {
+        let s = self.split.lock().unwrap();
+        let (cv, cnt) = self.split_ptrs(&s);
+        [cv, cnt, s.blob.as_ref().map_or(0, |b| dptr(self, b))]
     }
 
     fn split_ptrs(&self, s: &SplitScratch) -> (u64, u64) {
@@ -937,6 +983,8 @@ impl Gpu {
             return Ok(());
         }
         let tiles = (cfg.grid_dim.0 * cfg.grid_dim.1) as usize;
+        let types: Vec<GgmlType> = group.iter().map(|j| j.m.ty).collect();
+        let mmw = mmw_route(self.mmw(), &name, &types, scratch.kmajor);
         let splits = if name == "mmt_4" || name == "mmt_3" {
             mmt_splits(self.mmt_split(), tiles, mvk_chunks(k), self.sms)
         } else {
@@ -956,19 +1004,60 @@ impl Gpu {
                 mmt_fits(j.m.data.len())?;
             }
         }
+        let blob = match mmw {
+            Some(nt) => {
+                name = name.replace("mmt_", "mmw_");
+                cfg.shared_mem_bytes = mmw_smem(nt) as u32;
+                Some(self.mmw_pack(scratch, k, ncols, nt)?)
+            }
+            None => None,
+        };
         let f = self.kernel_smem(&name, cfg.shared_mem_bytes as usize)?;
         let mut b = self.stream.launch_builder(f);
-        b.arg(&mj).arg(&p[0]).arg(&p[1]).arg(&p[2]);
-        b.arg(&i[0]).arg(&i[1]).arg(&i[2]);
+        b.arg(&mj);
+        if let Some(blob) = &blob {
+            b.arg(blob).arg(&i[0]).arg(&i[1]);
+        } else {
+            b.arg(&p[0]).arg(&p[1]).arg(&p[2]);
+            b.arg(&i[0]).arg(&i[1]).arg(&i[2]);
+        }
         if let Some((cv, cnt)) = &split {
             b.arg(cv).arg(cnt);
         }
         // SAFETY: each job reads rows*row_bytes weight bytes and writes ncols*rows outputs; the
-        // activation holds ncols*k values, their scales and split sums; the split scratch holds
-        // tiles * chunks * 2048 values and tiles counts, zero between launches (each launch
-        // leaves them so).
+        // activation holds ncols*k values, their scales and split sums (mmw_*: the blob holds
+        // the tiles' regions, `mmw_pack`); the split scratch holds tiles * chunks * 2048 values
+        // and tiles counts, zero between launches (each launch leaves them so).
         unsafe { b.launch(cfg) }?;
         Ok(())
+    }
+
+    /// Lays the row-major Q8_K activation of `ncols` columns of width `k` in `scratch` out as
+    /// the stages of `mmw_*` with `nt` column tiles want it (`mmw_pack`: per tile and
+    /// super-block, one contiguous region of `mmw_xb(nt)` bytes); returns its address.
+    fn mmw_pack(
+        &self,
+        scratch: &ActScratch,
+        k: usize,
+        ncols: usize,
+        nt: usize,
+    ) -> Result<u64, CudaError> {
+        let (tiles, nb) = (ncols.div_ceil(8 * nt), k / 256);
+        let blob = self.mmw_blob(tiles * nb * mmw_xb(nt))?;
+        let cfg = LaunchConfig {
+            grid_dim: (nb as u32, tiles as u32, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (p, i) = self.mmk_act(scratch, k, ncols);
+        let nt_i = nt as i32;
+        let mut b = self.stream.launch_builder(self.kernel("mmw_pack")?);
+        b.arg(&p[0]).arg(&p[1]).arg(&p[2]).arg(&i[0]).arg(&i[1]);
+        b.arg(&nt_i).arg(&blob);
+        // SAFETY: reads ncols*k int8 values, their scales and split sums (row-major, the route's
+        // condition); writes tiles * nb regions of mmw_xb(nt) bytes, which the blob holds.
+        unsafe { b.launch(cfg) }?;
+        Ok(blob)
     }
 
     /// The grid of an `mmv_*` launch over `nrb` 16-row blocks of width `k` of `m` matrices (2:
@@ -1051,11 +1140,24 @@ impl Gpu {
                 mmt_fits(up.data.len())?;
             }
             let (p, i) = self.mmk_act(scratch, k, ncols);
+            let (mut cfg, mut name) = (cfg, name);
+            let blob = match mmw_route(self.mmw(), &name, &[gate.ty, up.ty], scratch.kmajor) {
+                Some(nt) => {
+                    name = name.replace("mmt_", "mmw_");
+                    cfg.shared_mem_bytes = mmw_smem(nt) as u32;
+                    Some(self.mmw_pack(scratch, k, ncols, nt)?)
+                }
+                None => None,
+            };
             let f = self.kernel_smem(&name, cfg.shared_mem_bytes as usize)?;
             let mut b = self.stream.launch_builder(f);
             b.arg(&wg).arg(&tg).arg(&wu).arg(&tu).arg(&y).arg(&rows_i);
-            b.arg(&p[0]).arg(&p[1]).arg(&p[2]);
-            b.arg(&i[0]).arg(&i[1]).arg(&i[2]);
+            if let Some(blob) = &blob {
+                b.arg(blob).arg(&i[0]).arg(&i[1]);
+            } else {
+                b.arg(&p[0]).arg(&p[1]).arg(&p[2]);
+                b.arg(&i[0]).arg(&i[1]).arg(&i[2]);
+            }
             // SAFETY: reads rows*row_bytes bytes of each matrix and the activation of ncols*k
             // values; writes ncols*rows outputs.
             unsafe { b.launch(cfg) }?;
@@ -1353,6 +1455,58 @@ mod tests {
         for (b, c) in [(1usize, 2usize), (50, 9), (200, 3), (7, 100)] {
             let s = split_waves(b, c, sms, 0.02);
             assert!((1..=c).contains(&s), "{b} blocks, {c} chunks: {s}");
+        }
+    }
+
+    #[test]
+    fn mmw_takes_the_24_and_32_column_tiles_of_q4_k_and_q5_k_groups_only() {
+        use GgmlType::*;
+        for n in 17..64 {
+            let (_, name, _) = mmk_launch(n, 4096, false);
+            let (_, silu, _) = mmk_launch(n, 4096, true);
+            let nt = mmt_tile_nt(n);
+            for types in [&[Q4_K][..], &[Q5_K], &[Q4_K, Q5_K, Q4_K, Q4_K]] {
+                assert_eq!(
+                    mmw_route(true, &name, types, false),
+                    Some(nt),
+                    "{n} columns"
+                );
+                assert_eq!(mmw_route(true, &silu, types, false), Some(nt));
+                // Off, or a k-major activation: the cp.async tiles.
+                assert_eq!(mmw_route(false, &name, types, false), None);
+                assert_eq!(mmw_route(true, &name, types, true), None);
+            }
+            // A Q6_K (or any other) matrix keeps the whole launch on mmt_*.
+            for types in [&[Q6_K][..], &[Q4_K, Q4_K, Q6_K], &[Q8_0], &[]] {
+                assert_eq!(mmw_route(true, &name, types, false), None, "{types:?}");
+            }
+        }
+        // Narrower groups (mmv_*, mmk_*) and 64-column prefill tiles stay where they were.
+        for n in [2, 8, 16, 64, 512] {
+            let (_, name, _) = mmk_launch(n, 4096, false);
+            assert_eq!(mmw_route(true, &name, &[Q4_K], false), None, "{n} columns");
+        }
+        // The split kernels' names follow the tile kernels' (mmt_split_4 -> mmw_split_4).
+        assert_eq!("mmt_split_4".replace("mmt_", "mmw_"), "mmw_split_4");
+    }
+
+    #[test]
+    fn mmw_smem_holds_three_stages_and_three_blocks_fit_an_sm() {
+        // mmt.cu: mmw_xb(nt) = 8 nt (256 + 4 + 16), a stage 64 Q5_K rows and one region.
+        let src = crate::KERNEL_SOURCES
+            .iter()
+            .find(|(f, _)| *f == "mmt.cu")
+            .unwrap()
+            .1;
+        assert!(src.contains("constexpr int mmw_xb(int nt) { return 8 * nt * (256 + 4 + 16); }"));
+        assert!(src.contains("#define MMW_STAGES 3"));
+        for nt in [3, 4] {
+            assert_eq!(mmw_smem(nt), 3 * (64 * 176 + 8 * nt * 276) + 48);
+            // Three blocks per SM (launch bounds 128, 3) in the H200's 227 KB (plus the 1 KB
+            // each block reserves and the split kernel's flag).
+            assert!(3 * (mmw_smem(nt) + 1024 + 128) <= 227 * 1024, "{nt} tiles");
+            // Every region and stage starts on 16 bytes (bulk copies).
+            assert_eq!(mmw_xb(nt) % 16, 0);
         }
     }
 

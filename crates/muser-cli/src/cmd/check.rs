@@ -1009,13 +1009,27 @@ fn check_split(p: &mut Pair, n: usize, k: usize) -> anyhow::Result<()> {
             p.gpu.matmul(&xg, &mut [(&wg, &mut yg)]);
             outs.push(p.read_gpu(&yg));
         }
+        // Q4_K and Q5_K groups run on mmw_* (bulk-copied stages) where the GPU has it: the
+        // split launch on mmt_* must give the same bits.
+        let mmw_default = p.gpu.gpu.mmw();
+        let mmt = mmw_default && ty != GgmlType::Q6_K;
+        if mmt {
+            p.gpu.gpu.set_mmw(false);
+            let mut yg = p.gpu.buf(n, rows);
+            p.gpu.matmul(&xg, &mut [(&wg, &mut yg)]);
+            outs.push(p.read_gpu(&yg));
+            p.gpu.gpu.set_mmw(true);
+        }
         p.gpu.gpu.set_mmt_split(split_default);
         let mut yc = p.cpu.buf(n, rows);
         p.cpu.matmul(&xc, &mut [(&wc, &mut yc)]);
         let want = p.read_cpu(&yc);
         let shape = format!("{ty} {rows}x{k} x{n}");
         p.record("matmul split", shape.clone(), &outs[1], &want, MATVEC_NMSE);
-        p.exact("split == unsplit", shape, &outs[1], &outs[0]);
+        p.exact("split == unsplit", shape.clone(), &outs[1], &outs[0]);
+        if mmt {
+            p.exact("mmw == mmt", shape, &outs[1], &outs[2]);
+        }
     }
     p.gpu.gpu.set_mmh(mmh_default);
     Ok(())
