@@ -1,22 +1,23 @@
-// Wide decode groups (issue 6) with the stages filled by bulk copies: lab run 25.
+// Wide decode groups (issue 6) with the stages filled by bulk copies: lab run 25, then the
+// check of the shipped kernels.
 //
 // mmt.cu's tiles (mmt_4, mmt_silu_4: 64 rows x 32 columns a block, 4 warps, two stages filled by
 // every thread's cp.async copies, two barriers a super-block) spend ~100 of a warp's ~684
 // instructions a super-block on the copies and their addresses, and Nsight Compute found the
-// warps waiting on those copies (long scoreboard, MIO throttle, barriers: ~30% of samples). Here
-// the same arithmetic (kq_mma.cuh's kq45_superblock, mmt.cu's chunk trees, so the same bits)
-// reads stages filled by the copy engine: per super-block 16 bulk copies of a row quad's 4
-// blocks (one contiguous run in the resident layout) and one of the column tile's activation,
-// laid out by the host here (by the quantizer in the engine) as the stage wants it: 32 columns
-// x 256 int8 with their 16-byte pieces swizzled so that the fragment loads are free of bank
-// conflicts, then the 32 scales and the 32 split sums. Three stages with an mbarrier each
-// counting the bytes ("full") and one counting the 4 warps done with it ("empty"); the refill of
-// a stage is issued by one warp (turn by turn) as soon as every warp is done with it.
+// warps waiting on those copies (long scoreboard, MIO throttle, barriers: ~30% of samples).
+// mmt.cu's mmw_* run the same arithmetic (kq_mma.cuh, mmt.cu's chunk trees, so the same bits)
+// on stages filled by the copy engine: per super-block 16 bulk copies of a row quad's 4 blocks
+// (one contiguous run in the resident layout; Q6_K 32, its quants and scales planes) and one of
+// the column tile's activation, which mmw_pack lays out as the stage wants it. Three stages with
+// an mbarrier each counting the bytes ("full") and one counting the 4 warps done with it
+// ("empty"); a stage's refill is issued by one warp (turn by turn) once every warp is done with
+// it. (Run 25 itself had its own copy of those kernels here: one job, 32-column tiles, Q4_K and
+// Q5_K, the activation laid out by the host; the same code otherwise.)
 //
-// Prints, per case, us per launch and GB/s of mmt_* and mmw_*, and whether every output of
-// mmw_* equals mmt_*'s bit for bit. Weights are random Q4_K/Q5_K blocks in the resident layout,
-// rotated over copies so that L2 does not serve them. Build and run on the device:
-//   nvcc -O3 -std=c++17 -arch=sm_90a -Xptxas -v -o /tmp/ws scripts/matvec_lab/ws.cu && /tmp/ws
+// Prints, per case, us per launch and GB/s of mmt_* and mmw_* (and of mmw_pack), and whether
+// every output of mmw_* equals mmt_*'s bit for bit. Weights are random K-quant blocks in the
+// resident layout, rotated over copies so that L2 does not serve them. On the device:
+//   bash scripts/matvec_lab/run_ws.sh
 #include "lab_host.h"
 #include <cstdint>
 #include <cuda_fp16.h>
@@ -25,18 +26,26 @@
 #include "../../crates/muser-cuda/kernels/kq_mma.cuh"
 #include "../../crates/muser-cuda/kernels/mmt.cu"
 
-// The kernels: mmt.cu's mmw_* (shipped since run 25; the run itself had the same code here,
-// for one job and 32-column tiles).
-
 // ------------------------------------------------------------------------------------------------
 // Host.
 
-static void fill_blocks(std::vector<unsigned char>& b, int bs, unsigned long long seed) {
+// Random blocks in the resident layout with small halves for the scales: Q4_K/Q5_K d and dmin
+// at the start of each block; Q6_K's plane C (after the 192-byte quants and 16-byte scales
+// planes of `blocks` blocks).
+static void fill_blocks(std::vector<unsigned char>& b, int ty, size_t blocks, unsigned long long seed) {
     unsigned long long x = seed * 0x9E3779B97F4A7C15ull + 1;
     for (size_t o = 0; o + 8 <= b.size(); o += 8) {
         x ^= x << 13; x ^= x >> 7; x ^= x << 17;
         memcpy(&b[o], &x, 8);
     }
+    if (ty == FMT_Q6_K) {
+        for (size_t i = 0; i < blocks; ++i) {
+            b[blocks * 208 + 2 * i] = 0x00;
+            b[blocks * 208 + 2 * i + 1] = 0x18;
+        }
+        return;
+    }
+    const int bs = ty == FMT_Q5_K ? 176 : 144;
     for (size_t o = 0; o + bs <= b.size(); o += bs) {
         b[o] = 0x00; b[o + 1] = 0x20;
         b[o + 2] = 0x00; b[o + 3] = 0x1C;
@@ -101,6 +110,10 @@ int main() {
         {"attn_q Q4_K 4096x6656 (odd rows)", FMT_Q4_K, 4100, 6656, 32, false, 1},
         {"ffn_down Q4_K 6656x19968, 7 splits", FMT_Q4_K, 6656, 19968, 32, false, 7},
         {"ffn_down Q5_K 6656x19968, 7 splits", FMT_Q5_K, 6656, 19968, 32, false, 7},
+        {"ffn_down Q6_K 6656x19968, 7 splits", FMT_Q6_K, 6656, 19968, 32, false, 7},
+        {"ffn_down Q6_K 6656x19968, 7 splits", FMT_Q6_K, 6656, 19968, 20, false, 7},
+        {"gate+up+SiLU Q6_K 2x4096x6656", FMT_Q6_K, 4096, 6656, 32, true, 1},
+        {"attn_v Q6_K 1028x6656 (odd rows)", FMT_Q6_K, 1028, 6656, 32, false, 1},
         {"q+k+v Q4_K 5120x6656, 5 splits", FMT_Q4_K, 5120, 6656, 32, false, 5},
         {"attn_output Q4_K 6656x4096, 3 splits", FMT_Q4_K, 6656, 4096, 32, false, 3},
         {"attn_output Q4_K 6656x4096, 3 splits", FMT_Q4_K, 6656, 4096, 20, false, 3},
@@ -108,7 +121,7 @@ int main() {
     printf("%-38s %5s %10s %9s %10s %9s %6s %8s %s\n", "case", "cols", "mmt us", "GB/s", "mmw us", "GB/s", "x",
            "pack us", "bits");
     for (const Case& c : cases) {
-        const int bs = c.ty == FMT_Q5_K ? 176 : 144, nb = c.K / 256;
+        const int bs = c.ty == FMT_Q6_K ? 210 : c.ty == FMT_Q5_K ? 176 : 144, nb = c.K / 256;
         const int nt = (c.n + 23) / 24 * 3 < (c.n + 31) / 32 * 4 ? 3 : 4, bn = 8 * nt;
         const size_t mbytes = (size_t)((c.rows + 3) & ~3) * nb * bs;
         const int mats = c.silu ? 2 : 1;
@@ -116,7 +129,7 @@ int main() {
         std::vector<uint8_t*> w(copies * mats);
         std::vector<unsigned char> h(mbytes);
         for (size_t i = 0; i < w.size(); ++i) {
-            fill_blocks(h, bs, 77 + i);
+            fill_blocks(h, c.ty, mbytes / bs, 77 + i);
             CK(cudaMalloc(&w[i], mbytes));
             CK(cudaMemcpy(w[i], h.data(), mbytes, cudaMemcpyHostToDevice));
         }

@@ -253,16 +253,18 @@ __device__ __forceinline__ void mmt_sum(int ty, const uint8_t* w, int row0, int 
                      [&](int nt, int e, int, float c) { y[nt][e] = kq_add(y[nt][e], c); });
 }
 
-// y[c][r] of the lane's outputs.
+// y[c][r] of the lane's outputs: rows 16 w + g and + 8 (mmw_* on Q6_K, q6: the rows of
+// mmw_q6, 16 w + 4 (g / 2) + g % 2 and + 2).
 template <int NT>
-__device__ __forceinline__ void mmt_store(float* y, int rows, int row0, int c0, int ncols, const float (&v)[NT][4]) {
+__device__ __forceinline__ void mmt_store(float* y, int rows, int row0, int c0, int ncols, const float (&v)[NT][4],
+                                          bool q6 = false) {
     const int lane = threadIdx.x % WARP, g = lane >> 2, t = lane & 3;
-    const int r0 = row0 + 16 * (threadIdx.x / WARP) + g;
+    const int r0 = row0 + 16 * (threadIdx.x / WARP) + (q6 ? 4 * (g >> 1) + (g & 1) : g);
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-            const int r = r0 + (e < 2 ? 0 : 8), c = 8 * nt + 2 * t + (e & 1);
+            const int r = r0 + (e < 2 ? 0 : q6 ? 2 : 8), c = 8 * nt + 2 * t + (e & 1);
             if (r < rows && c < ncols) y[(size_t)(c0 + c) * rows + r] = v[nt][e];
         }
 }
@@ -489,16 +491,16 @@ extern "C" __global__ void __launch_bounds__(128, 2) mmt_silu_8(MMK_SILU_ARGS, K
 }
 // ---------------------------------------------------------------------------------------------
 // mmw_*: the tiles above with their stages filled by the copy engine (Hopper's bulk copies), for
-// decode groups of 17-63 columns whose matrices are all Q4_K or Q5_K (matvec.rs `mmw_route`).
+// decode groups of 17-63 columns (matvec.rs `mmw_route`).
 // Same blocks (64 rows, 4 warps, 8 NT columns), same arithmetic (mmt_q45's kq45_superblock and
 // chunk trees), so the same bits as mmt_* and mvk_1. What differs is the copies: mmt_*'s
 // threads each copy pieces of every stage with cp.async and meet at two barriers a super-block
 // (~100 of a warp's ~684 instructions a super-block, and the waits Nsight Compute found). Here a
-// stage is 17 bulk copies issued by one warp: the 16 row quads' 4 blocks of the super-block
-// (one contiguous run each in the resident layout, kq_blk) and the column tile's activation,
-// which `mmw_pack` lays out beforehand as the stage wants it (MMW_XB: 8 NT columns x 256 int8
-// with their 16-byte pieces swizzled so the fragment loads are free of bank conflicts, then the
-// columns' Q8_K scales and split sums). Three stages, each with an mbarrier counting its bytes
+// stage is 17 (Q6_K: 33) bulk copies issued by one warp: the 16 row quads' 4 blocks of the
+// super-block (one contiguous run each in the resident layout, kq_blk; Q6_K's quants and scales
+// planes, a run each) and the column tile's activation, which `mmw_pack` lays out beforehand as
+// the stage wants it (mmw_xb: 8 NT columns x 256 int8 with their 16-byte pieces swizzled so the
+// fragment loads are free of bank conflicts, then the columns' Q8_K scales and split sums). Three stages, each with an mbarrier counting its bytes
 // ("full") and one counting the 4 warps done with it ("empty"); the warps take turns refilling
 // the stage the previous super-block used as soon as every warp is done with it. H200, lab run 25
 // (scripts/matvec_lab/ws.cu, 32 columns, bit-identical): gate+up 122.4 -> 97.9 us, ffn_down in 7
@@ -512,8 +514,15 @@ extern "C" __global__ void __launch_bounds__(128, 2) mmt_silu_8(MMK_SILU_ARGS, K
 #define MMW_STAGES 3
 // One super-block's activation region of an 8 NT-column tile: values, scales, split sums.
 __host__ __device__ constexpr int mmw_xb(int nt) { return 8 * nt * (256 + 4 + 16); }
-// A stage: 64 rows' blocks (Q5_K, the larger), then the activation region.
-__host__ __device__ constexpr int mmw_stage(int nt) { return MMT_ROWS * 176 + mmw_xb(nt); }
+// A stage's weights: 64 rows' blocks; Q6_K's 16 quads of the quants plane 784 bytes apart (16 of
+// padding, so mmw_q6's fragment loads are free of bank conflicts), then their 16 scales each.
+#define MMW_Q6_QUAD 784
+template <int FMT>
+__host__ __device__ constexpr int mmw_wbytes() {
+    return FMT == FMT_Q6_K ? 16 * MMW_Q6_QUAD + MMT_ROWS * 16 : MMT_ROWS * MmtFmt<FMT>::BS;
+}
+// A stage: the weights (Q6_K, the largest), then the activation region.
+__host__ __device__ constexpr int mmw_stage(int nt) { return mmw_wbytes<FMT_Q6_K>() + mmw_xb(nt); }
 // The dynamic shared memory of a launch: the stages and 2 S mbarriers (matvec.rs mmw_smem).
 __host__ __device__ constexpr int mmw_smem(int nt) { return MMW_STAGES * mmw_stage(nt) + 16 * MMW_STAGES; }
 
@@ -541,19 +550,34 @@ __device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_
 
 // Super-block b of the block's quads and column tile into the stage at `st` (a shared address)
 // by the calling warp: lane 0 arms the full barrier with the byte count, lanes 0..15 copy a quad
-// each (quads past the matrix's padded rows are not copied: their outputs are never stored, and
-// integer MMAs keep stale bytes to those outputs), lane 16 the activation region.
+// each (Q6_K: its quants; lanes 16..31 its scales), lane 0 the activation region. Quads past
+// the matrix's padded rows are not copied: their outputs are never stored, and integer MMAs keep
+// stale bytes to those outputs.
 template <int FMT, int NT>
 __device__ __forceinline__ void mmw_issue(uint32_t st, uint32_t full, const uint8_t* __restrict__ w, int row0,
                                           int rows, int nb, const uint8_t* __restrict__ xt, int b) {
-    constexpr int BS = MmtFmt<FMT>::BS;
-    const int lane = threadIdx.x % WARP;
+    constexpr bool Q6 = FMT == FMT_Q6_K;
+    constexpr int BS = Q6 ? 192 : MmtFmt<FMT>::BS, QB = Q6 ? MMW_Q6_QUAD : 4 * BS;
+    const int lane = threadIdx.x % WARP, q = lane & 15;
     const int quads = min(MMT_ROWS / 4, (int)(kq_rows(rows) - row0) / 4);
-    if (lane == 0) mbar_expect(full, (uint32_t)(quads * 4 * BS + mmw_xb(NT)));
+    if (lane == 0) {
+        mbar_expect(full, (uint32_t)(quads * 4 * (BS + (Q6 ? 16 : 0)) + mmw_xb(NT)));
+        bulk_copy(st + mmw_wbytes<FMT>(), xt + (size_t)b * mmw_xb(NT), mmw_xb(NT), full);
+    }
     __syncwarp();
-    if (lane < quads) bulk_copy(st + lane * 4 * BS, w + kq_blk(row0 + 4 * lane, nb, b) * BS, 4 * BS, full);
-    else if (lane == 16) bulk_copy(st + MMT_ROWS * BS, xt + (size_t)b * mmw_xb(NT), mmw_xb(NT), full);
+    if (q < quads) {
+        if (lane < 16) bulk_copy(st + q * QB, w + kq_blk(row0 + 4 * q, nb, b) * BS, 4 * BS, full);
+        else if (Q6)
+            bulk_copy(st + 16 * MMW_Q6_QUAD + q * 64, w + kq_rows(rows) * nb * 192 + kq_blk(row0 + 4 * q, nb, b) * 16,
+                      64, full);
+    }
 }
+
+// Column c's piece p (16 values) of a super-block is piece p ^ mmw_swz(c) of its 256 bytes
+// (mmw_pack): the 8 columns of an MMA tile get 8 different pieces, so the 8-byte fragment loads
+// of a half-warp (Q4_K, Q5_K: pieces 2 s and 2 s + 1 of columns 0..3 or 4..7) and the 4-byte ones
+// of a warp (Q6_K: piece s of columns 0..7) fall in different banks.
+__host__ __device__ __forceinline__ int mmw_swz(int c) { return 2 * (c & 3) + ((c >> 2) & 1); }
 
 // mmt_q45 on an mmw stage: row 16 w + g is block g & 3 of quad 4 w + g / 4, row + 8 two quads
 // on; column c's piece p of 16 values is at piece p ^ 2 (c & 3) of its 256 bytes (mmw_pack).
@@ -574,11 +598,37 @@ __device__ __forceinline__ void mmw_q45(const uint8_t* st, int k, bool last, CHU
         xa = *(const uint2*)(ba + 16 + 8 * t);
         xb = *(const uint2*)(bb + 16 + 8 * t);
     }
-    const int swz = 2 * (g & 3), half = 8 * (t & 1), p0 = t >> 1;
+    const int swz = mmw_swz(g), half = 8 * (t & 1), p0 = t >> 1;
     kq45_superblock<NT, Q5>(
         ha, hb, [&](int gi, int r) { return *(const uint2*)((r ? bb : ba) + QS + 32 * gi + 8 * t); }, xa, xb,
         [&](int nt, int s) { return *(const uint2*)(sx + (8 * nt + g) * 256 + (((2 * s + p0) ^ swz) << 4) + half); },
         [&](int nt) { return *(const int*)(sbs + (8 * nt + g) * 16 + 4 * t); },
+        [&](int nt, int j) { return sd[8 * nt + 2 * t + j]; }, [&](int nt, int e, float x) { v[nt][e] = x; });
+    mmt_leaves<NT>(k, last, v, lo, hi, chunk);
+}
+
+// mmt_q6 on an mmw stage. Rows of the warp's MMA: row g is row g % 2 of quad 4 w + g / 2, row
+// g + 8 row 2 + g % 2 of it (mmt_store's q6 rows), so the 8 rows of a fragment load lie in 4
+// quads (784 bytes apart) and 2 rows of each: 32 banks.
+template <int NT, class CHUNK>
+__device__ __forceinline__ void mmw_q6(const uint8_t* st, float da, float db, int k, bool last, CHUNK chunk,
+                                       float (&lo)[NT][4], float (&hi)[NT][4]) {
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, g = lane >> 2, t = lane & 3;
+    const int quad = 4 * warp + (g >> 1);
+    const uint8_t* ba = st + quad * MMW_Q6_QUAD + (g & 1) * 192;
+    const uint8_t* bb = ba + 2 * 192;
+    const uint8_t* sc = st + 16 * MMW_Q6_QUAD + quad * 64 + (g & 1) * 16;
+    const uint8_t* sx = st + mmw_wbytes<FMT_Q6_K>();
+    const float* sd = (const float*)(sx + 8 * NT * 256);
+    const uint4 sva = *(const uint4*)sc, svb = *(const uint4*)(sc + 32);
+    const int swz = mmw_swz(g);
+    float v[NT][4];
+    kq6_superblock<NT>(
+        [&](int h, int p, int u, int r) {
+            return *(const uint32_t*)((r ? bb : ba) + 64 * h + 32 * p + 16 * u + 4 * t);
+        },
+        [&](int h, int u, int r) { return *(const uint32_t*)((r ? bb : ba) + 128 + 32 * h + 16 * u + 4 * t); },
+        sva, svb, da, db, [&](int nt, int s) { return *(const int*)(sx + (8 * nt + g) * 256 + ((s ^ swz) << 4) + 4 * t); },
         [&](int nt, int j) { return sd[8 * nt + 2 * t + j]; }, [&](int nt, int e, float x) { v[nt][e] = x; });
     mmt_leaves<NT>(k, last, v, lo, hi, chunk);
 }
@@ -609,8 +659,18 @@ __device__ __forceinline__ void mmw_rows(const uint8_t* __restrict__ w, int row0
                                          const uint8_t* __restrict__ xt, uint8_t* smem, uint32_t bars, int q0,
                                          int sb0, int sb1, CHUNK chunk) {
     constexpr int ST = mmw_stage(NT);
-    const int nb = K / QK_K, warp = threadIdx.x / WARP, n = sb1 - sb0;
+    const int nb = K / QK_K, warp = threadIdx.x / WARP, n = sb1 - sb0, g = (threadIdx.x % WARP) >> 2;
     const uint32_t s0 = (uint32_t)__cvta_generic_to_shared(smem);
+    // Q6_K: the d of the lane's two rows (mmw_q6's) from plane C, each super-block's loaded one
+    // ahead (the waits' memory clobbers would otherwise leave the load's latency in every
+    // iteration).
+    const __half* dp = (const __half*)(w + kq_rows(rows) * nb * 208);
+    const int ra = min(row0 + 16 * warp + 4 * (g >> 1) + (g & 1), rows - 1), rb = min(ra + 2, rows - 1);
+    __half da = __float2half(0.0f), db = da;
+    if (FMT == FMT_Q6_K && n > 0) {
+        da = dp[kq_blk(ra, nb, sb0)];
+        db = dp[kq_blk(rb, nb, sb0)];
+    }
     float lo[NT][4], hi[NT][4];
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
@@ -630,9 +690,20 @@ __device__ __forceinline__ void mmw_rows(const uint8_t* __restrict__ w, int row0
             mbar_wait(bars + 8 * (MMW_STAGES + sp), ((q - 1) / MMW_STAGES) & 1);
             mmw_issue<FMT, NT>(s0 + sp * ST, bars + 8 * sp, w, row0, rows, nb, xt, b + MMW_STAGES - 1);
         }
+        __half na = da, nb_ = db;
+        if (FMT == FMT_Q6_K && i + 1 < n) {
+            na = dp[kq_blk(ra, nb, b + 1)];
+            nb_ = dp[kq_blk(rb, nb, b + 1)];
+        }
         mbar_wait(bars + 8 * s, (q / MMW_STAGES) & 1);
-        mmw_q45<NT, FMT == FMT_Q5_K>(smem + s * ST, i % KQ_CHUNK, i == n - 1,
-                                     [&](int nt, int e, float c) { chunk(nt, e, b / KQ_CHUNK, c); }, lo, hi);
+        const auto done = [&](int nt, int e, float c) { chunk(nt, e, b / KQ_CHUNK, c); };
+        if constexpr (FMT == FMT_Q6_K) {
+            mmw_q6<NT>(smem + s * ST, __half2float(da), __half2float(db), i % KQ_CHUNK, i == n - 1, done, lo, hi);
+            da = na;
+            db = nb_;
+        } else {
+            mmw_q45<NT, FMT == FMT_Q5_K>(smem + s * ST, i % KQ_CHUNK, i == n - 1, done, lo, hi);
+        }
         __syncwarp();
         if (threadIdx.x % WARP == 0) mbar_arrive(bars + 8 * (MMW_STAGES + s));
     }
@@ -642,7 +713,8 @@ __device__ __forceinline__ void mmw_rows(const uint8_t* __restrict__ w, int row0
 template <int NT, class CHUNK>
 __device__ __forceinline__ void mmw_dispatch(int ty, const uint8_t* w, int row0, int rows, int K, const uint8_t* xt,
                                              uint8_t* smem, uint32_t bars, int q0, int sb0, int sb1, CHUNK chunk) {
-    if (ty == FMT_Q5_K) mmw_rows<FMT_Q5_K, NT>(w, row0, rows, K, xt, smem, bars, q0, sb0, sb1, chunk);
+    if (ty == FMT_Q6_K) mmw_rows<FMT_Q6_K, NT>(w, row0, rows, K, xt, smem, bars, q0, sb0, sb1, chunk);
+    else if (ty == FMT_Q5_K) mmw_rows<FMT_Q5_K, NT>(w, row0, rows, K, xt, smem, bars, q0, sb0, sb1, chunk);
     else mmw_rows<FMT_Q4_K, NT>(w, row0, rows, K, xt, smem, bars, q0, sb0, sb1, chunk);
 }
 
@@ -675,9 +747,11 @@ __device__ __forceinline__ void mmw_kernel(const MatvecJobs& jobs, const uint8_t
     const uint32_t bars = mmw_init<NT>(mmw_smem_buf);
     float y[NT][4];
     mmw_sum<NT>(jobs.ty_of(j), jobs.w_of(j), row0, rows, K, mmw_tile<NT>(xblob, K), mmw_smem_buf, bars, 0, y);
-    mmt_store<NT>(jobs.y_of(j), rows, row0, blockIdx.x * 8 * NT, min(8 * NT, ncols - (int)blockIdx.x * 8 * NT), y);
+    mmt_store<NT>(jobs.y_of(j), rows, row0, blockIdx.x * 8 * NT, min(8 * NT, ncols - (int)blockIdx.x * 8 * NT), y,
+                  jobs.ty_of(j) == FMT_Q6_K);
 }
 
+// Gate and up must lay their rows out alike (both Q6_K or neither: mmt_store's rows).
 template <int NT>
 __device__ __forceinline__ void mmw_silu_kernel(const uint8_t* wg, int tyg, const uint8_t* wu, int tyu, float* y,
                                                 int rows, const uint8_t* xblob, int K, int ncols) {
@@ -693,7 +767,8 @@ __device__ __forceinline__ void mmw_silu_kernel(const uint8_t* wg, int tyg, cons
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) gs[nt][e] = gs[nt][e] / (1.0f + expf(-gs[nt][e])) * us[nt][e];
-    mmt_store<NT>(y, rows, row0, blockIdx.x * 8 * NT, min(8 * NT, ncols - (int)blockIdx.x * 8 * NT), gs);
+    mmt_store<NT>(y, rows, row0, blockIdx.x * 8 * NT, min(8 * NT, ncols - (int)blockIdx.x * 8 * NT), gs,
+                  tyg == FMT_Q6_K);
 }
 
 // K split over grid z: mmt_split_kernel's slots, counts and merge, so its bits.
@@ -722,7 +797,8 @@ __device__ __forceinline__ void mmw_split_kernel(const MatvecJobs& jobs, const u
                          else *slot(chunk, nt, e) = c;
                      });
     if (mmt_split_end<NT>(s, C, first_end, cnt, tile, slot, y))
-        mmt_store<NT>(jobs.y_of(j), rows, row0, blockIdx.x * 8 * NT, min(8 * NT, ncols - (int)blockIdx.x * 8 * NT), y);
+        mmt_store<NT>(jobs.y_of(j), rows, row0, blockIdx.x * 8 * NT, min(8 * NT, ncols - (int)blockIdx.x * 8 * NT), y,
+                      jobs.ty_of(j) == FMT_Q6_K);
 }
 
 // Each block's first stages (their weights, which no kernel writes) asked of the copy engine
@@ -769,7 +845,7 @@ extern "C" __global__ void __launch_bounds__(128) mmw_pack(const int8_t* __restr
         const int cc = i >> 4, p = i & 15, c = T * bn + cc;
         uint4 v = make_uint4(0, 0, 0, 0);
         if (c < ncols) v = __ldg((const uint4*)(xq + (size_t)c * K + b * QK_K) + p);
-        *(uint4*)(r + cc * 256 + ((p ^ (2 * (cc & 3))) << 4)) = v;
+        *(uint4*)(r + cc * 256 + ((p ^ mmw_swz(cc)) << 4)) = v;
     }
     for (int cc = threadIdx.x; cc < bn; cc += blockDim.x) {
         const int c = T * bn + cc;

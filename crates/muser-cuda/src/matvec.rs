@@ -313,16 +313,19 @@ pub const fn mmw_xb(nt: usize) -> usize {
 }
 
 /// Dynamic shared memory of `mmw_*` with `nt` column tiles (mmt.cu `mmw_smem`): three stages of
-/// 64 rows' blocks (Q5_K, the larger format) and the tile's activation region, then the stages'
-/// six mbarriers.
+/// 64 rows' weights (Q6_K's, the largest: 16 quads of quants 784 bytes apart and their scales)
+/// and the tile's activation region, then the stages' six mbarriers.
 pub const fn mmw_smem(nt: usize) -> usize {
-    3 * (64 * 176 + mmw_xb(nt)) + 16 * 3
+    3 * (16 * 784 + 64 * 16 + mmw_xb(nt)) + 16 * 3
 }
 
 /// The column tiles (3 or 4) of the `mmw_*` launch that replaces the tile launch `name`
 /// (`mmt_3`, `mmt_4`, `mmt_silu_3`, `mmt_silu_4`: decode groups of 17-63 columns) over
-/// matrices of `types`, when `on` (`Gpu::mmw`) and the int8 activation is row-major: the copy
-/// engine's stages take Q4_K and Q5_K blocks (a Q6_K matrix keeps the group on `mmt_*`).
+/// matrices of `types` (Q4_K, Q5_K, Q6_K), when `on` (`Gpu::mmw`) and the int8 activation is
+/// row-major. A fused gate+up stays on `mmt_silu_*` when either matrix is Q6_K (mmw_q6 lays a
+/// warp's rows out differently from the others, which the SiLU's pairs of gate and up outputs
+/// cannot mix, and two Q6_K ones ran slower: H200, lab run 25, 2 x 4096 x 6656 at 32 columns,
+/// 118.6 us against 83.3).
 pub fn mmw_route(on: bool, name: &str, types: &[GgmlType], kmajor: bool) -> Option<usize> {
     let nt = match name {
         "mmt_3" | "mmt_silu_3" => 3,
@@ -332,8 +335,9 @@ pub fn mmw_route(on: bool, name: &str, types: &[GgmlType], kmajor: bool) -> Opti
     let formats = !types.is_empty()
         && types
             .iter()
-            .all(|t| matches!(t, GgmlType::Q4_K | GgmlType::Q5_K));
-    (on && !kmajor && formats).then_some(nt)
+            .all(|t| matches!(t, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K));
+    let silu_q6 = name.contains("silu") && types.contains(&GgmlType::Q6_K);
+    (on && !kmajor && formats && !silu_q6).then_some(nt)
 }
 
 /// The fewest columns that run on 64-column tiles (`mmt_8`): 64, or `MUSER_CUDA_MMT8_MIN` (an
@@ -1459,25 +1463,30 @@ mod tests {
     }
 
     #[test]
-    fn mmw_takes_the_24_and_32_column_tiles_of_q4_k_and_q5_k_groups_only() {
+    fn mmw_takes_the_24_and_32_column_tiles_of_k_quant_groups_only() {
         use GgmlType::*;
         for n in 17..64 {
             let (_, name, _) = mmk_launch(n, 4096, false);
             let (_, silu, _) = mmk_launch(n, 4096, true);
             let nt = mmt_tile_nt(n);
-            for types in [&[Q4_K][..], &[Q5_K], &[Q4_K, Q5_K, Q4_K, Q4_K]] {
+            for types in [&[Q4_K][..], &[Q5_K], &[Q6_K], &[Q4_K, Q5_K, Q6_K, Q4_K]] {
                 assert_eq!(
                     mmw_route(true, &name, types, false),
                     Some(nt),
                     "{n} columns"
                 );
-                assert_eq!(mmw_route(true, &silu, types, false), Some(nt));
                 // Off, or a k-major activation: the cp.async tiles.
                 assert_eq!(mmw_route(false, &name, types, false), None);
                 assert_eq!(mmw_route(true, &name, types, true), None);
             }
-            // A Q6_K (or any other) matrix keeps the whole launch on mmt_*.
-            for types in [&[Q6_K][..], &[Q4_K, Q4_K, Q6_K], &[Q8_0], &[]] {
+            for pair in [[Q4_K, Q4_K], [Q5_K, Q4_K]] {
+                assert_eq!(mmw_route(true, &silu, &pair, false), Some(nt), "{pair:?}");
+            }
+            // A Q6_K gate or up, or another format: mmt_*.
+            for types in [&[Q4_K, Q6_K][..], &[Q6_K, Q5_K], &[Q6_K, Q6_K]] {
+                assert_eq!(mmw_route(true, &silu, types, false), None, "{types:?}");
+            }
+            for types in [&[Q8_0][..], &[Q4_K, Q8_0], &[]] {
                 assert_eq!(mmw_route(true, &name, types, false), None, "{types:?}");
             }
         }
@@ -1492,7 +1501,7 @@ mod tests {
 
     #[test]
     fn mmw_smem_holds_three_stages_and_three_blocks_fit_an_sm() {
-        // mmt.cu: mmw_xb(nt) = 8 nt (256 + 4 + 16), a stage 64 Q5_K rows and one region.
+        // mmt.cu: mmw_xb(nt) = 8 nt (256 + 4 + 16); a stage the largest weights and one region.
         let src = crate::KERNEL_SOURCES
             .iter()
             .find(|(f, _)| *f == "mmt.cu")
@@ -1500,8 +1509,13 @@ mod tests {
             .1;
         assert!(src.contains("constexpr int mmw_xb(int nt) { return 8 * nt * (256 + 4 + 16); }"));
         assert!(src.contains("#define MMW_STAGES 3"));
+        assert!(src.contains("#define MMW_Q6_QUAD 784"));
+        // The largest weights of a stage: Q6_K's 16 quads of 4 x 192 bytes (784 apart) and
+        // their scales, against Q5_K's 64 rows of 176.
+        let q6 = 16 * 784 + 64 * 16;
+        assert!(q6 > 64 * 176 && 784 >= 4 * 192);
         for nt in [3, 4] {
-            assert_eq!(mmw_smem(nt), 3 * (64 * 176 + 8 * nt * 276) + 48);
+            assert_eq!(mmw_smem(nt), 3 * (q6 + 8 * nt * 276) + 48);
             // Three blocks per SM (launch bounds 128, 3) in the H200's 227 KB (plus the 1 KB
             // each block reserves and the split kernel's flag).
             assert!(3 * (mmw_smem(nt) + 1024 + 128) <= 227 * 1024, "{nt} tiles");

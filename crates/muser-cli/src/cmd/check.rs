@@ -1009,15 +1009,17 @@ fn check_split(p: &mut Pair, n: usize, k: usize) -> anyhow::Result<()> {
             p.gpu.matmul(&xg, &mut [(&wg, &mut yg)]);
             outs.push(p.read_gpu(&yg));
         }
-        // Q4_K and Q5_K groups run on mmw_* (bulk-copied stages) where the GPU has it: the
-        // split launch on mmt_* must give the same bits.
-        let mmw_default = p.gpu.gpu.mmw();
-        let mmt = mmw_default && ty != GgmlType::Q6_K;
+        // Where the GPU has mmw_* (bulk-copied stages), groups run there: the split launch on
+        // mmt_* must give the same bits.
+        let mmt = p.gpu.gpu.mmw();
         if mmt {
             p.gpu.gpu.set_mmw(false);
-            let mut yg = p.gpu.buf(n, rows);
-            p.gpu.matmul(&xg, &mut [(&wg, &mut yg)]);
-            outs.push(p.read_gpu(&yg));
+            for split in [false, true] {
+                p.gpu.gpu.set_mmt_split(split);
+                let mut yg = p.gpu.buf(n, rows);
+                p.gpu.matmul(&xg, &mut [(&wg, &mut yg)]);
+                outs.push(p.read_gpu(&yg));
+            }
             p.gpu.gpu.set_mmw(true);
         }
         p.gpu.gpu.set_mmt_split(split_default);
@@ -1028,7 +1030,30 @@ fn check_split(p: &mut Pair, n: usize, k: usize) -> anyhow::Result<()> {
         p.record("matmul split", shape.clone(), &outs[1], &want, MATVEC_NMSE);
         p.exact("split == unsplit", shape.clone(), &outs[1], &outs[0]);
         if mmt {
-            p.exact("mmw == mmt", shape, &outs[1], &outs[2]);
+            p.exact("mmw == mmt", shape.clone(), &outs[0], &outs[2]);
+            p.exact("mmw split == mmt", shape, &outs[1], &outs[3]);
+        }
+    }
+    // The fused gate+up+SiLU on mmw_silu_* against mmt_silu_*.
+    if p.gpu.gpu.mmw() {
+        for ty in [GgmlType::Q4_K, GgmlType::Q5_K] {
+            let rows = 192;
+            let (g, u) = (p.matrix("gate", ty, rows, k)?, p.matrix("up", ty, rows, k)?);
+            let ((_, gg), (_, ug)) = (p.weights(&g)?, p.weights(&u)?);
+            let mut outs = Vec::new();
+            for on in [true, false] {
+                p.gpu.gpu.set_mmw(on);
+                let mut yg = p.gpu.buf(n, rows);
+                p.gpu.ffn_gate_up_silu(&xg, &gg, &ug, &mut yg);
+                outs.push(p.read_gpu(&yg));
+            }
+            p.gpu.gpu.set_mmw(true);
+            p.exact(
+                "mmw silu == mmt",
+                format!("{ty} {rows}x{k} x{n}"),
+                &outs[0],
+                &outs[1],
+            );
         }
     }
     p.gpu.gpu.set_mmh(mmh_default);
