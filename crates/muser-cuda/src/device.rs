@@ -44,7 +44,7 @@ pub struct Gpu {
     /// Decode groups of `mmv_min` to 16 columns run on `mmv_*` (`matvec::mmv_kernel`); on unless
     /// `MUSER_CUDA_MMV=0`.
     mmv: std::sync::atomic::AtomicBool,
-    /// Decode groups on 24- and 32-column tiles of Q4_K/Q5_K run on `mmw_*`, whose stages the
+    /// Decode groups of K-quants on 24- and 32-column tiles run on `mmw_*`, whose stages the
     /// copy engine fills (`matvec::mmw_route`); on unless `MUSER_CUDA_MMW=0`.
     mmw: std::sync::atomic::AtomicBool,
     /// Prefill chunks run on the f16 tensor-core tiles (`mmh::Gpu::mmh_route`); on unless
@@ -226,8 +226,8 @@ impl Gpu {
         self.mmv.store(on, Ordering::Relaxed);
     }
 
-    /// Whether decode groups of Q4_K/Q5_K on 24- and 32-column tiles run on `mmw_*` (bulk
-    /// copies: Hopper and newer).
+    /// Whether decode groups of K-quants on 24- and 32-column tiles run on `mmw_*` (bulk
+    /// copies: Hopper and newer; `matvec::mmw_route`).
     pub fn mmw(&self) -> bool {
         self.mmw.load(Ordering::Relaxed) && self.cc() >= 90
     }

@@ -1011,8 +1011,8 @@ fn check_split(p: &mut Pair, n: usize, k: usize) -> anyhow::Result<()> {
         }
         // Where the GPU has mmw_* (bulk-copied stages), groups run there: the split launch on
         // mmt_* must give the same bits.
-        let mmt = p.gpu.gpu.mmw();
-        if mmt {
+        let against_mmt = p.gpu.gpu.mmw();
+        if against_mmt {
             p.gpu.gpu.set_mmw(false);
             for split in [false, true] {
                 p.gpu.gpu.set_mmt_split(split);
@@ -1029,7 +1029,7 @@ fn check_split(p: &mut Pair, n: usize, k: usize) -> anyhow::Result<()> {
         let shape = format!("{ty} {rows}x{k} x{n}");
         p.record("matmul split", shape.clone(), &outs[1], &want, MATVEC_NMSE);
         p.exact("split == unsplit", shape.clone(), &outs[1], &outs[0]);
-        if mmt {
+        if against_mmt {
             p.exact("mmw == mmt", shape.clone(), &outs[0], &outs[2]);
             p.exact("mmw split == mmt", shape, &outs[1], &outs[3]);
         }
