@@ -580,7 +580,7 @@ __device__ __forceinline__ void mmw_issue(uint32_t st, uint32_t full, const uint
 __host__ __device__ __forceinline__ int mmw_swz(int c) { return 2 * (c & 3) + ((c >> 2) & 1); }
 
 // mmt_q45 on an mmw stage: row 16 w + g is block g & 3 of quad 4 w + g / 4, row + 8 two quads
-// on; column c's piece p of 16 values is at piece p ^ 2 (c & 3) of its 256 bytes (mmw_pack).
+// on; column c's piece p of 16 values is at piece p ^ mmw_swz(c) of its 256 bytes (mmw_pack).
 template <int NT, bool Q5, class CHUNK>
 __device__ __forceinline__ void mmw_q45(const uint8_t* st, int k, bool last, CHUNK chunk, float (&lo)[NT][4],
                                         float (&hi)[NT][4]) {
