@@ -15,7 +15,9 @@
 // Q5_K, the activation laid out by the host; the same code otherwise.)
 //
 // Prints, per case, us per launch and GB/s of mmt_* and mmw_* (and of mmw_pack), and whether
-// every output of mmw_* equals mmt_*'s bit for bit. Weights are random K-quant blocks in the
+// every output of mmw_* equals mmt_*'s bit for bit. Then run 26 (prepared, not yet run):
+// mmwg_silu_4, the same stages with the MMAs on the warpgroup tensor cores (below), against
+// mmt_silu_4's bits and mmw_silu_4's time. Weights are random K-quant blocks in the
 // resident layout, rotated over copies so that L2 does not serve them. On the device:
 //   bash scripts/matvec_lab/run_ws.sh
 #include "lab_host.h"
@@ -25,6 +27,235 @@
 #include "../../crates/muser-cuda/kernels/common.cuh"
 #include "../../crates/muser-cuda/kernels/kq_mma.cuh"
 #include "../../crates/muser-cuda/kernels/mmt.cu"
+
+// ------------------------------------------------------------------------------------------------
+// Run 26 (prepared 2026-12-02, not yet run): mmw's stages with the MMAs on the warpgroup tensor
+// cores (wgmma), Q4_K/Q5_K, 32-column tiles. Per super-block and sub-block s, A = the warp's
+// quants times the low and the high 3 bits of the sub-block's scale (u8, from registers: sc = lo +
+// 8 hi, q lo and q hi below 256, as kq45_superblock's folded form), B = the activation's k32 slice
+// s from the stage, in wgmma's canonical K-major layout without swizzle (column c's 16-byte piece
+// p of slice s at s * 1024 + p * 512 + 16 c; mmg_desc<512>); isc = L + 8 H after the super-block's
+// 16 wgmma m64n32k32 (two chains), exact as before. Bytes within a piece follow kq45_superblock's
+// k order (lane t's slots 4t..4t+3 and 16+4t.. hold values 8t..8t+7), so A loads as today.
+// The mins and the float step stay as kq45_superblock's (same bits).
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define WG_ASM(...) asm volatile(__VA_ARGS__)
+#else
+#define WG_ASM(...) __trap()
+#endif
+
+// d (+)= A . B: m64n32k32, A u8 from registers, B s8 from shared memory (desc); accumulate false:
+// d = A . B.
+__device__ __forceinline__ void wg_mma_u8(int (&d)[16], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                          unsigned long long desc, int accumulate) {
+    WG_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+           "wgmma.mma_async.sync.aligned.m64n32k32.s32.u8.s8 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, "
+           "%12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p;\n}\n"
+           : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]),
+             "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15])
+           : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(accumulate));
+}
+__device__ __forceinline__ void wg_fence() { WG_ASM("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wg_commit_wait1(int (&a)[16], int (&b)[16]) {
+    WG_ASM("wgmma.commit_group.sync.aligned;" ::: "memory");
+    WG_ASM("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+#pragma unroll
+    for (int i = 0; i < 16; ++i) asm volatile("" : "+r"(a[i]), "+r"(b[i])::"memory");
+}
+__device__ __forceinline__ void wg_wait0(int (&a)[16], int (&b)[16]) {
+    WG_ASM("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+#pragma unroll
+    for (int i = 0; i < 16; ++i) asm volatile("" : "+r"(a[i]), "+r"(b[i])::"memory");
+}
+// No swizzle, leading byte offset 512 (a slice's second piece), stride byte offset 128 (the next
+// 8 columns): mmh.cu's mmg_desc, checked there for f16 (both offsets are in bytes).
+__device__ __forceinline__ unsigned long long wg_desc(uint32_t addr) {
+    return (unsigned long long)((addr >> 4) & 0x3FFF) | ((unsigned long long)((512 >> 4) & 0x3FFF) << 16) |
+           ((unsigned long long)((128 >> 4) & 0x3FFF) << 32);
+}
+
+// One super-block of the warpgroup's 64 rows x 32 columns from an mmw stage (mmw_q45's rows:
+// row 16 w + g is block g & 3 of quad 4 w + g / 4).
+template <bool Q5, class CHUNK>
+__device__ __forceinline__ void mmwg_q45(const uint8_t* st, int k, bool last, CHUNK chunk, float (&lo)[4][4],
+                                         float (&hi)[4][4]) {
+    constexpr int BS = Q5 ? 176 : 144, QS = Q5 ? 48 : 16, BN = 32;
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, g = lane >> 2, t = lane & 3;
+    const uint8_t* ba = st + (4 * warp + (g >> 2)) * 4 * BS + (g & 3) * BS;
+    const uint8_t* bb = ba + 2 * 4 * BS;
+    const uint8_t* sx = st + MMT_ROWS * BS;
+    const uint32_t xs = (uint32_t)__cvta_generic_to_shared(sx);
+    const float* sd = (const float*)(sx + BN * 256);
+    const int8_t* sbs = (const int8_t*)(sx + BN * 260);
+    const uint4 ha = *(const uint4*)ba, hb = *(const uint4*)bb;
+    uint32_t sa_lo, sa_hi, ma_lo, ma_hi, sb_lo, sb_hi, mb_lo, mb_hi;
+    unpack_scales_k4(ha.y, ha.z, ha.w, &sa_lo, &sa_hi, &ma_lo, &ma_hi);
+    unpack_scales_k4(hb.y, hb.z, hb.w, &sb_lo, &sb_hi, &mb_lo, &mb_hi);
+    uint2 xa = make_uint2(0, 0), xb = make_uint2(0, 0);
+    if (Q5) {
+        xa = *(const uint2*)(ba + 16 + 8 * t);
+        xb = *(const uint2*)(bb + 16 + 8 * t);
+    }
+    int accl[16], acch[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) accl[i] = acch[i] = 0;
+    // Per pair of sub-blocks: both sub-blocks' A registers (the quants times the scales' low and
+    // high bits) made first, then the 4 MMAs issued back to back as one group (mmh.cu's pattern:
+    // registers are written only between groups, behind a fence); the next pair's A is made
+    // while this group runs (wait_group 1 before its MMAs).
+#pragma unroll
+    for (int gi = 0; gi < 4; ++gi) {
+        const uint2 qa = *(const uint2*)(ba + QS + 32 * gi + 8 * t), qb = *(const uint2*)(bb + QS + 32 * gi + 8 * t);
+        const uint32_t qw[4] = {qa.x, qb.x, qa.y, qb.y};
+        const uint32_t hw[4] = {xa.x, xb.x, xa.y, xb.y};
+        uint32_t L[2][4], H[2][4];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int s = 2 * gi + h;
+            const int sca = byte_u(sa_lo, sa_hi, s), scb = byte_u(sb_lo, sb_hi, s);
+            const uint32_t ls[4] = {(uint32_t)sca & 7, (uint32_t)scb & 7, (uint32_t)sca & 7, (uint32_t)scb & 7};
+            const uint32_t hs[4] = {(uint32_t)sca >> 3, (uint32_t)scb >> 3, (uint32_t)sca >> 3, (uint32_t)scb >> 3};
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                uint32_t a = (qw[q] >> (4 * h)) & 0x0F0F0F0F;
+                if (Q5) a |= ((hw[q] >> s) & 0x01010101) << 4;
+                L[h][q] = a * ls[q];
+                H[h][q] = a * hs[q];
+            }
+        }
+        wg_fence();
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int s = 2 * gi + h;
+            const unsigned long long desc = wg_desc(xs + s * 1024);
+            wg_mma_u8(accl, L[h][0], L[h][1], L[h][2], L[h][3], desc, s > 0);
+            wg_mma_u8(acch, H[h][0], H[h][1], H[h][2], H[h][3], desc, s > 0);
+        }
+        wg_commit_wait1(accl, acch);
+    }
+    wg_wait0(accl, acch);
+    // The mins and the float step: kq45_superblock's.
+    const int alo0 = t == 0 ? (int)ma_lo : t == 1 ? (int)ma_hi : 0;
+    const int alo1 = t == 0 ? (int)mb_lo : t == 1 ? (int)mb_hi : 0;
+    const int ahi0 = t == 2 ? (int)ma_lo : t == 3 ? (int)ma_hi : 0;
+    const int ahi1 = t == 2 ? (int)mb_lo : t == 3 ? (int)mb_hi : 0;
+    const float2 dma = __half22float2(*(const __half2*)&ha.x), dmb = __half22float2(*(const __half2*)&hb.x);
+    float v[4][4];
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) {
+        const int bs = *(const int*)(sbs + (8 * nt + g) * 16 + 4 * t);
+        int rl[4] = {0, 0, 0, 0}, rh[4] = {0, 0, 0, 0};
+        mmk_k16(rl, alo0, alo1, bs);
+        mmk_k16(rh, ahi0, ahi1, bs);
+        const float dx0 = sd[8 * nt + 2 * t], dx1 = sd[8 * nt + 2 * t + 1];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const float2 dm = e < 2 ? dma : dmb;
+            const int isc = accl[4 * nt + e] + 8 * acch[4 * nt + e];
+            v[nt][e] = kq_value_q45(dm.x, dm.y, isc, rl[e] + 64 * rh[e], (e & 1) ? dx1 : dx0);
+        }
+    }
+    mmt_leaves<4>(k, last, v, lo, hi, chunk);
+}
+
+// mmw_rows with mmwg_q45 (one job, Q4_K or Q5_K, q0 as there).
+template <int FMT, class CHUNK>
+__device__ __forceinline__ void mmwg_rows(const uint8_t* __restrict__ w, int row0, int rows, int K,
+                                          const uint8_t* __restrict__ xt, uint8_t* smem, uint32_t bars, int q0,
+                                          CHUNK chunk) {
+    constexpr int ST = mmw_stage(4);
+    const int nb = K / QK_K, warp = threadIdx.x / WARP, n = nb;
+    const uint32_t s0 = (uint32_t)__cvta_generic_to_shared(smem);
+    float lo[4][4], hi[4][4];
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) lo[nt][e] = hi[nt][e] = 0.0f;
+    if (warp == 0)
+        for (int i = 0; i < MMW_STAGES && i < n; ++i) {
+            const int s = (q0 + i) % MMW_STAGES;
+            mmw_issue<FMT, 4>(s0 + s * ST, bars + 8 * s, w, row0, rows, nb, xt, i);
+        }
+#pragma unroll 1
+    for (int i = 0; i < n; ++i) {
+        const int q = q0 + i, s = q % MMW_STAGES;
+        if (i >= 1 && i + MMW_STAGES - 1 < n && warp == i % MMT_WARPS) {
+            const int sp = (q - 1) % MMW_STAGES;
+            mbar_wait(bars + 8 * (MMW_STAGES + sp), ((q - 1) / MMW_STAGES) & 1);
+            mmw_issue<FMT, 4>(s0 + sp * ST, bars + 8 * sp, w, row0, rows, nb, xt, i + MMW_STAGES - 1);
+        }
+        mbar_wait(bars + 8 * s, (q / MMW_STAGES) & 1);
+        mmwg_q45<FMT == FMT_Q5_K>(smem + s * ST, i % KQ_CHUNK, i == n - 1,
+                                  [&](int nt, int e, float c) { chunk(nt, e, i / KQ_CHUNK, c); }, lo, hi);
+        __syncwarp();
+        if (threadIdx.x % WARP == 0) mbar_arrive(bars + 8 * (MMW_STAGES + s));
+    }
+    __syncthreads();
+}
+
+template <int FMT>
+__device__ __forceinline__ void mmwg_sum(const uint8_t* w, int row0, int rows, int K, const uint8_t* xt, uint8_t* smem,
+                                         uint32_t bars, int q0, float (&y)[4][4]) {
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) y[nt][e] = 0.0f;
+    mmwg_rows<FMT>(w, row0, rows, K, xt, smem, bars, q0,
+                   [&](int nt, int e, int, float c) { y[nt][e] = kq_add(y[nt][e], c); });
+}
+
+// Gate and up (both Q4_K or both Q5_K), then silu(gate) * up: mmw_silu_4 on the warpgroup MMAs.
+extern "C" __global__ void __launch_bounds__(128, 3)
+    mmwg_silu_4(const uint8_t* __restrict__ wg, int ty, const uint8_t* __restrict__ wu, float* y, int rows,
+                const uint8_t* __restrict__ xblob, int K, int ncols) {
+    extern __shared__ __align__(128) uint8_t wg_smem[];
+    const int row0 = blockIdx.y * MMT_ROWS;
+    if (row0 >= rows) return;
+    const uint32_t bars = mmw_init<4>(wg_smem);
+    const uint8_t* xt = xblob + (size_t)blockIdx.x * (K / QK_K) * mmw_xb(4);
+    float gs[4][4], us[4][4];
+    if (ty == FMT_Q5_K) {
+        mmwg_sum<FMT_Q5_K>(wg, row0, rows, K, xt, wg_smem, bars, 0, gs);
+        mmwg_sum<FMT_Q5_K>(wu, row0, rows, K, xt, wg_smem, bars, K / QK_K, us);
+    } else {
+        mmwg_sum<FMT_Q4_K>(wg, row0, rows, K, xt, wg_smem, bars, 0, gs);
+        mmwg_sum<FMT_Q4_K>(wu, row0, rows, K, xt, wg_smem, bars, K / QK_K, us);
+    }
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) gs[nt][e] = gs[nt][e] / (1.0f + expf(-gs[nt][e])) * us[nt][e];
+    mmt_store<4>(y, rows, row0, blockIdx.x * 32, min(32, ncols - (int)blockIdx.x * 32), gs);
+}
+
+// mmwg's activation regions (32-column tiles): slice s of column c, piece p (k slots 16 p ..
+// 16 p + 15) at s * 1024 + p * 512 + 16 c, slot 4 t + j of piece 0 holding value 8 t + j of the
+// sub-block and of piece 1 value 8 t + 4 + j (the words 0, 2, 4, 6 and 1, 3, 5, 7 of its 32
+// bytes); then the scales and split sums as mmw_pack's. Block (super-block, tile), 128 threads.
+extern "C" __global__ void __launch_bounds__(128) mmwg_pack(const int8_t* __restrict__ xq,
+                                                            const float2* __restrict__ xds,
+                                                            const int8_t* __restrict__ xbs, int K, int ncols,
+                                                            uint8_t* __restrict__ xblob) {
+    const int nb = K / QK_K, b = blockIdx.x, T = blockIdx.y;
+    uint8_t* r = xblob + ((size_t)T * nb + b) * mmw_xb(4);
+    for (int i = threadIdx.x; i < 32 * 8 * 2; i += blockDim.x) {
+        const int cc = i & 31, s = (i >> 5) & 7, p = i >> 8, c = T * 32 + cc;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (c < ncols) {
+            const uint32_t* src = (const uint32_t*)(xq + (size_t)c * K + b * QK_K + 32 * s);
+            v = make_uint4(src[p], src[2 + p], src[4 + p], src[6 + p]);
+        }
+        *(uint4*)(r + s * 1024 + p * 512 + 16 * cc) = v;
+    }
+    for (int cc = threadIdx.x; cc < 32; cc += blockDim.x) {
+        const int c = T * 32 + cc;
+        const bool in = c < ncols;
+        *(float*)(r + 32 * 256 + 4 * cc) = in ? xds[(size_t)c * (K / 32) + 8 * b].x : 0.0f;
+        *(uint4*)(r + 32 * 260 + 16 * cc) =
+            in ? *(const uint4*)(xbs + ((size_t)c * nb + b) * 16) : make_uint4(0, 0, 0, 0);
+    }
+}
 
 // ------------------------------------------------------------------------------------------------
 // Host.
@@ -213,5 +444,68 @@ int main() {
         CK(cudaFree(cvt)); CK(cudaFree(cvw)); CK(cudaFree(cntt)); CK(cudaFree(cntw));
         CK(cudaFree(a.xq)); CK(cudaFree(a.xds)); CK(cudaFree(a.xbs)); CK(cudaFree(a.blob));
     }
+    // Run 26: the warpgroup-MMA tiles (mmwg_silu_4, with mmwg_pack) against mmt_silu_4 (bits)
+    // and mmw_silu_4 (time), gate+up at the Glimmer shape.
+    CK(cudaFuncSetAttribute(mmwg_silu_4, cudaFuncAttributeMaxDynamicSharedMemorySize, mmw_smem(4)));
+    printf("\nrun 26: gate+up on the warpgroup MMAs\n%-38s %5s %10s %10s %10s %6s %8s %s\n", "case", "cols",
+           "mmt us", "mmw us", "mmwg us", "x mmw", "pack us", "bits (mmwg = mmt)");
+    for (int ty : {FMT_Q4_K, FMT_Q5_K})
+        for (int n : {32, 24, 64}) {
+            const int rows = 19968, K = 6656, nb = K / 256, bs = ty == FMT_Q5_K ? 176 : 144;
+            const size_t mbytes = (size_t)rows * nb * bs;
+            const int copies = (int)std::max<size_t>(2, (size_t)400e6 / (2 * mbytes) + 1);
+            std::vector<uint8_t*> w(2 * copies);
+            std::vector<unsigned char> h(mbytes);
+            for (size_t i = 0; i < w.size(); ++i) {
+                fill_blocks(h, ty, mbytes / bs, 177 + i);
+                CK(cudaMalloc(&w[i], mbytes));
+                CK(cudaMemcpy(w[i], h.data(), mbytes, cudaMemcpyHostToDevice));
+            }
+            const Acts a = make_acts(K, n);
+            uint8_t* blob_g;
+            const int tiles = (n + 31) / 32;
+            CK(cudaMalloc(&blob_g, (size_t)tiles * nb * mmw_xb(4)));
+            float *yt, *yw, *yg;
+            CK(cudaMalloc(&yt, (size_t)n * rows * 4));
+            CK(cudaMalloc(&yw, (size_t)n * rows * 4));
+            CK(cudaMalloc(&yg, (size_t)n * rows * 4));
+            const dim3 grid(tiles, rows / 64);
+            auto run = [&](int v, int i) {
+                if (v == 0)
+                    mmt_silu_4<<<grid, 128>>>(w[2 * i], ty, w[2 * i + 1], ty, yt, rows, a.xq, a.xds, a.xbs, K, n, 0);
+                else if (v == 1)
+                    mmw_silu_4<<<grid, 128, mmw_smem(4)>>>(w[2 * i], ty, w[2 * i + 1], ty, yw, rows, a.blob, K, n);
+                else if (v == 2)
+                    mmwg_silu_4<<<grid, 128, mmw_smem(4)>>>(w[2 * i], ty, w[2 * i + 1], yg, rows, blob_g, K, n);
+                else
+                    mmwg_pack<<<dim3(nb, tiles), 128>>>(a.xq, a.xds, a.xbs, K, n, blob_g);
+            };
+            mmw_pack<<<dim3(nb, tiles), 128>>>(a.xq, a.xds, a.xbs, K, n, 4, a.blob);
+            run(3, 0);
+            for (int v = 0; v < 3; ++v) run(v, 0);
+            CK(cudaDeviceSynchronize());
+            CK(cudaGetLastError());
+            size_t first = 0;
+            const bool ok = same_bits(yt, yg, (size_t)n * rows, &first);
+            double ms[4] = {0, 0, 0, 0};
+            for (int round = 0; round < 2; ++round)
+                for (int v = 0; v < 4; ++v) {
+                    CK(cudaEventRecord(e0));
+                    for (int r = 0; r < 30; ++r) run(v, r % copies);
+                    CK(cudaEventRecord(e1));
+                    CK(cudaEventSynchronize(e1));
+                    float t;
+                    CK(cudaEventElapsedTime(&t, e0, e1));
+                    if (round == 1) ms[v] = t / 30;
+                }
+            printf("%-38s %5d %10.2f %10.2f %10.2f %6.2f %8.2f %s", ty == FMT_Q5_K ? "gate+up+SiLU Q5_K 2x19968x6656"
+                                                                                : "gate+up+SiLU Q4_K 2x19968x6656",
+                   n, ms[0] * 1e3, ms[1] * 1e3, ms[2] * 1e3, ms[1] / ms[2], ms[3] * 1e3, ok ? "=" : "DIFFER");
+            if (!ok) printf(" (first at %zu)", first);
+            printf("\n");
+            for (auto p : w) CK(cudaFree(p));
+            CK(cudaFree(yt)); CK(cudaFree(yw)); CK(cudaFree(yg)); CK(cudaFree(blob_g));
+            CK(cudaFree(a.xq)); CK(cudaFree(a.xds)); CK(cudaFree(a.xbs)); CK(cudaFree(a.blob));
+        }
     return 0;
 }
