@@ -77,9 +77,29 @@ __device__ __forceinline__ unsigned long long wg_desc(uint32_t addr) {
 
 // One super-block of the warpgroup's 64 rows x 32 columns from an mmw stage (mmw_q45's rows:
 // row 16 w + g is block g & 3 of quad 4 w + g / 4).
-template <bool Q5, class CHUNK>
-__device__ __forceinline__ void mmwg_q45(const uint8_t* st, int k, bool last, CHUNK chunk, float (&lo)[4][4],
-                                         float (&hi)[4][4]) {
+// The chunk tree of common.cuh without branches: P is the current pair's sum (v of an even
+// position, then + v of the odd one; -0 + v = v, bit for bit), F the chunk's first pair, and y
+// takes F + P (or P) when the chunk is complete, by selects, so no carried value changes
+// registers between the loop's paths (mmt_leaves' four branches left ~32 register moves a
+// super-block in this kernel).
+__device__ __forceinline__ void wg_leaves(int k, bool last, const float (&v)[4][4], float (&P)[4][4],
+                                          float (&F)[4][4], float (&y)[4][4]) {
+    const bool odd = k & 1, first = k == 1, emit = k == KQ_CHUNK - 1 || last, two = k >= 2;
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const float p = kq_add(odd ? P[nt][e] : -0.0f, v[nt][e]);
+            F[nt][e] = first ? p : F[nt][e];
+            P[nt][e] = p;
+            const float c = two ? kq_add(F[nt][e], p) : p;
+            y[nt][e] = emit ? kq_add(y[nt][e], c) : y[nt][e];
+        }
+}
+
+template <bool Q5>
+__device__ __forceinline__ void mmwg_q45(const uint8_t* st, int k, bool last, float (&P)[4][4], float (&F)[4][4],
+                                         float (&y)[4][4]) {
     constexpr int BS = Q5 ? 176 : 144, QS = Q5 ? 48 : 16, BN = 32;
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, g = lane >> 2, t = lane & 3;
     const uint8_t* ba = st + (4 * warp + (g >> 2)) * 4 * BS + (g & 3) * BS;
@@ -156,22 +176,22 @@ __device__ __forceinline__ void mmwg_q45(const uint8_t* st, int k, bool last, CH
             v[nt][e] = kq_value_q45(dm.x, dm.y, isc, rl[e] + 64 * rh[e], (e & 1) ? dx1 : dx0);
         }
     }
-    mmt_leaves<4>(k, last, v, lo, hi, chunk);
+    wg_leaves(k, last, v, P, F, y);
 }
 
 // mmw_rows with mmwg_q45 (one job, Q4_K or Q5_K, q0 as there).
-template <int FMT, class CHUNK>
+template <int FMT>
 __device__ __forceinline__ void mmwg_rows(const uint8_t* __restrict__ w, int row0, int rows, int K,
                                           const uint8_t* __restrict__ xt, uint8_t* smem, uint32_t bars, int q0,
-                                          CHUNK chunk) {
+                                          float (&y)[4][4]) {
     constexpr int ST = mmw_stage(4);
     const int nb = K / QK_K, warp = threadIdx.x / WARP, n = nb;
     const uint32_t s0 = (uint32_t)__cvta_generic_to_shared(smem);
-    float lo[4][4], hi[4][4];
+    float P[4][4], F[4][4];
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) lo[nt][e] = hi[nt][e] = 0.0f;
+        for (int e = 0; e < 4; ++e) P[nt][e] = F[nt][e] = y[nt][e] = 0.0f;
     if (warp == 0)
         for (int i = 0; i < MMW_STAGES && i < n; ++i) {
             const int s = (q0 + i) % MMW_STAGES;
@@ -186,8 +206,7 @@ __device__ __forceinline__ void mmwg_rows(const uint8_t* __restrict__ w, int row
             mmw_issue<FMT, 4>(s0 + sp * ST, bars + 8 * sp, w, row0, rows, nb, xt, i + MMW_STAGES - 1);
         }
         mbar_wait(bars + 8 * s, (q / MMW_STAGES) & 1);
-        mmwg_q45<FMT == FMT_Q5_K>(smem + s * ST, i % KQ_CHUNK, i == n - 1,
-                                  [&](int nt, int e, float c) { chunk(nt, e, i / KQ_CHUNK, c); }, lo, hi);
+        mmwg_q45<FMT == FMT_Q5_K>(smem + s * ST, i % KQ_CHUNK, i == n - 1, P, F, y);
         __syncwarp();
         if (threadIdx.x % WARP == 0) mbar_arrive(bars + 8 * (MMW_STAGES + s));
     }
@@ -197,12 +216,7 @@ __device__ __forceinline__ void mmwg_rows(const uint8_t* __restrict__ w, int row
 template <int FMT>
 __device__ __forceinline__ void mmwg_sum(const uint8_t* w, int row0, int rows, int K, const uint8_t* xt, uint8_t* smem,
                                          uint32_t bars, int q0, float (&y)[4][4]) {
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) y[nt][e] = 0.0f;
-    mmwg_rows<FMT>(w, row0, rows, K, xt, smem, bars, q0,
-                   [&](int nt, int e, int, float c) { y[nt][e] = kq_add(y[nt][e], c); });
+    mmwg_rows<FMT>(w, row0, rows, K, xt, smem, bars, q0, y);
 }
 
 // Gate and up (both Q4_K or both Q5_K), then silu(gate) * up: mmw_silu_4 on the warpgroup MMAs.
