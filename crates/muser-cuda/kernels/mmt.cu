@@ -500,11 +500,12 @@ extern "C" __global__ void __launch_bounds__(128, 2) mmt_silu_8(MMK_SILU_ARGS, K
 // super-block (one contiguous run each in the resident layout, kq_blk; Q6_K's quants and scales
 // planes, a run each) and the column tile's activation, which `mmw_pack` lays out beforehand as
 // the stage wants it (mmw_xb: 8 NT columns x 256 int8 with their 16-byte pieces swizzled so the
-// fragment loads are free of bank conflicts, then the columns' Q8_K scales and split sums). Three stages, each with an mbarrier counting its bytes
-// ("full") and one counting the 4 warps done with it ("empty"); the warps take turns refilling
-// the stage the previous super-block used as soon as every warp is done with it. H200, lab run 25
-// (scripts/matvec_lab/ws.cu, 32 columns, bit-identical): gate+up 122.4 -> 97.9 us, ffn_down in 7
-// splits 68.8 -> 53.6, attn_output in 3 splits 26.0 -> 18.2.
+// fragment loads are free of bank conflicts, then the columns' Q8_K scales and split sums).
+// Three stages, each with an mbarrier counting its bytes ("full") and one counting the 4 warps
+// done with it ("empty"); the warps take turns refilling the stage the previous super-block used
+// as soon as every warp is done with it. H200, lab run 25 (scripts/matvec_lab/ws.cu, 32 columns,
+// bit-identical): gate+up 122.4 -> 97.9 us, ffn_down in 7 splits 68.8 -> 53.6, attn_output in 3
+// splits 26.0 -> 18.2.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
 #define MMW_ASM(...) __trap()
 #else
