@@ -458,6 +458,7 @@ int main() {
         CK(cudaFree(cvt)); CK(cudaFree(cvw)); CK(cudaFree(cntt)); CK(cudaFree(cntw));
         CK(cudaFree(a.xq)); CK(cudaFree(a.xds)); CK(cudaFree(a.xbs)); CK(cudaFree(a.blob));
     }
+    if (getenv("WS_SKIP_26")) return 0; // run 27's variants of mmw_* time run 25's cases only
     // Run 26: the warpgroup-MMA tiles (mmwg_silu_4, with mmwg_pack) against mmt_silu_4 (bits)
     // and mmw_silu_4 (time), gate+up at the Glimmer shape.
     CK(cudaFuncSetAttribute(mmwg_silu_4, cudaFuncAttributeMaxDynamicSharedMemorySize, mmw_smem(4)));

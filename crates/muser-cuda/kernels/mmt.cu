@@ -512,7 +512,13 @@ extern "C" __global__ void __launch_bounds__(128, 2) mmt_silu_8(MMK_SILU_ARGS, K
 #define MMW_ASM(...) asm volatile(__VA_ARGS__)
 #endif
 
+#ifndef MMW_STAGES
 #define MMW_STAGES 3
+#endif
+// Blocks of an SM the mmw_* kernels are built for (their register bound: 168 at 3).
+#ifndef MMW_BLOCKS
+#define MMW_BLOCKS 3
+#endif
 // One super-block's activation region of an 8 NT-column tile: values, scales, split sums.
 __host__ __device__ constexpr int mmw_xb(int nt) { return 8 * nt * (256 + 4 + 16); }
 // A stage's weights: 64 rows' blocks; Q6_K's 16 quads of the quants plane 784 bytes apart (16 of
@@ -804,29 +810,29 @@ __device__ __forceinline__ void mmw_split_kernel(const MatvecJobs& jobs, const u
 
 // Each block's first stages (their weights, which no kernel writes) asked of the copy engine
 // before the wait for the previous kernel would be the next step; today the wait comes first.
-extern "C" __global__ void __launch_bounds__(128, 3) mmw_4(MatvecJobs jobs, MMW_ACT_ARGS) {
+extern "C" __global__ void __launch_bounds__(128, MMW_BLOCKS) mmw_4(MatvecJobs jobs, MMW_ACT_ARGS) {
     pdl_wait();
     mmw_kernel<4>(jobs, xblob, K, ncols);
 }
-extern "C" __global__ void __launch_bounds__(128, 3) mmw_3(MatvecJobs jobs, MMW_ACT_ARGS) {
+extern "C" __global__ void __launch_bounds__(128, MMW_BLOCKS) mmw_3(MatvecJobs jobs, MMW_ACT_ARGS) {
     pdl_wait();
     mmw_kernel<3>(jobs, xblob, K, ncols);
 }
-extern "C" __global__ void __launch_bounds__(128, 3) mmw_split_4(MatvecJobs jobs, MMW_ACT_ARGS, float* __restrict__ cv,
+extern "C" __global__ void __launch_bounds__(128, MMW_BLOCKS) mmw_split_4(MatvecJobs jobs, MMW_ACT_ARGS, float* __restrict__ cv,
                                                                   unsigned* __restrict__ cnt) {
     pdl_wait();
     mmw_split_kernel<4>(jobs, xblob, K, ncols, cv, cnt);
 }
-extern "C" __global__ void __launch_bounds__(128, 3) mmw_split_3(MatvecJobs jobs, MMW_ACT_ARGS, float* __restrict__ cv,
+extern "C" __global__ void __launch_bounds__(128, MMW_BLOCKS) mmw_split_3(MatvecJobs jobs, MMW_ACT_ARGS, float* __restrict__ cv,
                                                                   unsigned* __restrict__ cnt) {
     pdl_wait();
     mmw_split_kernel<3>(jobs, xblob, K, ncols, cv, cnt);
 }
-extern "C" __global__ void __launch_bounds__(128, 3) mmw_silu_4(MMK_SILU_ARGS, MMW_ACT_ARGS) {
+extern "C" __global__ void __launch_bounds__(128, MMW_BLOCKS) mmw_silu_4(MMK_SILU_ARGS, MMW_ACT_ARGS) {
     pdl_wait();
     mmw_silu_kernel<4>(wg, tyg, wu, tyu, y, rows, xblob, K, ncols);
 }
-extern "C" __global__ void __launch_bounds__(128, 3) mmw_silu_3(MMK_SILU_ARGS, MMW_ACT_ARGS) {
+extern "C" __global__ void __launch_bounds__(128, MMW_BLOCKS) mmw_silu_3(MMK_SILU_ARGS, MMW_ACT_ARGS) {
     pdl_wait();
     mmw_silu_kernel<3>(wg, tyg, wu, tyu, y, rows, xblob, K, ncols);
 }

@@ -228,7 +228,28 @@ pub const MMT_ROWS: usize = 64;
 /// was slower (365 against 443), so groups up to 16 stay on mmk.cu; pp512 3495 -> 3794 on mmt_8
 /// (2026-11-30).
 pub fn mmk_launch(ncols: usize, rows: usize, silu: bool) -> (LaunchConfig, String, usize) {
-    mmk_launch_upto(ncols, rows, silu, mmk_cols())
+    mmk_launch_upto(ncols, rows, silu, mmk_cols(), mmt8_min())
+}
+
+/// `mmk_launch` for matrices of `types`, except that groups of `mmt8_min` or more columns which
+/// `mmw_*` takes (`mmw_route`, `mmw` on, a row-major activation) run on its 24- or 32-column
+/// tiles side by side rather than on `mmt_8`. H200, llama-glimmer, same call (2026-12-02): 64
+/// streams 1791.50 tokens/s on mmt_8 against 2493.62 on two mmw_4 tiles (32 streams 2221.89 /
+/// 2210.89 and pp512 5740 / 5735 unchanged: neither runs mmt_8).
+pub fn group_launch(
+    ncols: usize,
+    rows: usize,
+    silu: bool,
+    types: &[GgmlType],
+    kmajor: bool,
+    mmw: bool,
+) -> (LaunchConfig, String, usize) {
+    let tile = if silu { "mmt_silu_4" } else { "mmt_4" };
+    let wide = match mmw_route(mmw, tile, types, kmajor) {
+        Some(_) => usize::MAX,
+        None => mmt8_min(),
+    };
+    mmk_launch_upto(ncols, rows, silu, mmk_cols(), wide)
 }
 
 /// The widest group that runs on `mmk_*` (more columns run on `mmt_*`): 16, or what
@@ -246,17 +267,19 @@ pub fn mmk_cols() -> usize {
     })
 }
 
-/// `mmk_launch` with groups of up to `mmk_cols` (a multiple of 16) columns on `mmk_*`.
+/// `mmk_launch` with groups of up to `mmk_cols` (a multiple of 16) columns on `mmk_*`, and from
+/// `wide_min` columns on `mmt_8`.
 pub fn mmk_launch_upto(
     ncols: usize,
     rows: usize,
     silu: bool,
     mmk_cols: usize,
+    wide_min: usize,
 ) -> (LaunchConfig, String, usize) {
     let (family, nt, block_rows) = match ncols {
         0..=8 => ("mmk", 1, MMK_ROWS),
         n if n <= mmk_cols.max(16) => ("mmk", 2, MMK_ROWS),
-        n if n < mmt8_min() => ("mmt", mmt_tile_nt(n), MMT_ROWS),
+        n if n < wide_min => ("mmt", mmt_tile_nt(n), MMT_ROWS),
         _ => ("mmt", 8, MMT_ROWS),
     };
     let name = format!("{family}_{}{nt}", if silu { "silu_" } else { "" });
@@ -966,10 +989,12 @@ impl Gpu {
         ncols: usize,
         scratch: &ActScratch,
     ) -> Result<(), CudaError> {
-        let (_, _, pad) = mmk_launch(ncols, 0, false);
+        let types: Vec<GgmlType> = group.iter().map(|j| j.m.ty).collect();
+        let launch = |rows| group_launch(ncols, rows, false, &types, scratch.kmajor, self.mmw());
+        let (_, _, pad) = launch(0);
         // Starts are multiples of the row block: a block's rows stay in one matrix.
         let (mj, total) = self.jobs_struct(group, k, pad)?;
-        let (mut cfg, mut name, _) = mmk_launch(ncols, total, false);
+        let (mut cfg, mut name, _) = launch(total);
         let (p, i) = self.mmk_act(scratch, k, ncols);
         if let Some((mmv, per_sm)) = mmv_kernel(ncols, false, self.mmv()) {
             if total == 0 {
@@ -987,7 +1012,6 @@ impl Gpu {
             return Ok(());
         }
         let tiles = (cfg.grid_dim.0 * cfg.grid_dim.1) as usize;
-        let types: Vec<GgmlType> = group.iter().map(|j| j.m.ty).collect();
         let mmw = mmw_route(self.mmw(), &name, &types, scratch.kmajor);
         let splits = if name == "mmt_4" || name == "mmt_3" {
             mmt_splits(self.mmt_split(), tiles, mvk_chunks(k), self.sms)
@@ -1123,7 +1147,14 @@ impl Gpu {
         let (tg, tu) = (format_code(gate.ty)?, format_code(up.ty)?);
         let rows_i = rows as i32;
         if uses_mmk(gate.ty, ncols, k) && uses_mmk(up.ty, ncols, k) {
-            let (cfg, name, _) = mmk_launch(ncols, rows, true);
+            let (cfg, name, _) = group_launch(
+                ncols,
+                rows,
+                true,
+                &[gate.ty, up.ty],
+                scratch.kmajor,
+                self.mmw(),
+            );
             if let Some((mmv, per_sm)) = mmv_kernel(ncols, true, self.mmv()) {
                 if rows == 0 {
                     return Ok(false);
@@ -1377,7 +1408,7 @@ mod tests {
         {
             for n in (2..=80).chain([128, 511, 512, 513, 2048]) {
                 for rows in [1usize, 16, 17, 64, 65, 256, 6656, 19968, 202048] {
-                    let (cfg, name, block_rows) = mmk_launch_upto(n, rows, silu, upto);
+                    let (cfg, name, block_rows) = mmk_launch_upto(n, rows, silu, upto, mmt8_min());
                     assert!(compiled.contains(&name), "{name} is not compiled");
                     assert_eq!(name.contains("_silu_"), silu);
                     // Up to `upto` columns mmk.cu's 16-row blocks, more mmt.cu's 64-row blocks.
@@ -1497,6 +1528,33 @@ mod tests {
         }
         // The split kernels' names follow the tile kernels' (mmt_split_4 -> mmw_split_4).
         assert_eq!("mmt_split_4".replace("mmt_", "mmw_"), "mmw_split_4");
+        // Decode groups from 64 columns on: mmw_*'s tiles side by side where it takes the
+        // launch, mmt_8 where it does not; below 64 the same launch as mmk_launch.
+        for n in (17..=200).chain([256, 511, 512]) {
+            for silu in [false, true] {
+                for (types, kmajor, on) in [
+                    (&[Q4_K, Q5_K][..], false, true),
+                    (&[Q4_K, Q5_K], true, true),
+                    (&[Q4_K, Q5_K], false, false),
+                    (&[Q6_K, Q4_K], false, true),
+                    (&[Q8_0], false, true),
+                ] {
+                    let (cfg, name, rows) = group_launch(n, 6656, silu, types, kmajor, on);
+                    let tile = if silu { "mmt_silu_4" } else { "mmt_4" };
+                    let mmw = mmw_route(on, tile, types, kmajor).is_some();
+                    let plain = mmk_launch(n, 6656, silu);
+                    if n < mmt8_min() || !mmw {
+                        assert_eq!((&name, rows), (&plain.1, plain.2), "{n} columns");
+                        assert_eq!(cfg.grid_dim, plain.0.grid_dim);
+                        continue;
+                    }
+                    let nt = mmt_tile_nt(n);
+                    assert_eq!(mmw_route(on, &name, types, kmajor), Some(nt), "{n}: {name}");
+                    assert_eq!(cfg.grid_dim.0 as usize, n.div_ceil(8 * nt), "{n} columns");
+                    assert_eq!((cfg.grid_dim.1 as usize, rows), (6656 / MMT_ROWS, MMT_ROWS));
+                }
+            }
+        }
     }
 
     #[test]

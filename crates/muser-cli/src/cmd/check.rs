@@ -354,8 +354,45 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The read-backs a decode step ends with, bit for bit against what was written: the whole
+/// buffer (`read`), one part per row (`read_parts`: a decode group's logits into its sequences)
+/// and a subset of the rows (`read_rows`), below the page-locked staging (under 1 MB), inside one
+/// staging window (32 rows of a 202k vocabulary, 26 MB) and across windows (128 rows, 103 MB,
+/// past `STAGED_READ_MAX`).
+fn check_reads(p: &mut Pair) {
+    for (rows, cols) in [(3usize, 1000usize), (32, VOCAB), (128, VOCAB)] {
+        let host = p.randn(rows * cols, 8.0);
+        let mut buf = p.gpu.buf(rows, cols);
+        p.gpu.write(&mut buf, &host);
+        let mut all = vec![0f32; rows * cols];
+        p.gpu.read(&buf, &mut all);
+        p.exact("read", format!("{rows}x{cols}"), &all, &host);
+        let mut parts: Vec<Vec<f32>> = (0..rows).map(|_| vec![0f32; cols]).collect();
+        let mut outs: Vec<&mut [f32]> = parts.iter_mut().map(|r| r.as_mut_slice()).collect();
+        p.gpu.read_parts(&buf, &mut outs);
+        p.exact(
+            "read_parts",
+            format!("{rows}x{cols}"),
+            &parts.concat(),
+            &host,
+        );
+        // Every row but each third one: runs of two rows and, with the first, of three.
+        let pick: Vec<usize> = (0..rows).filter(|r| r % 3 != 1 || *r == 1).collect();
+        let mut got: Vec<Vec<f32>> = pick.iter().map(|_| vec![0f32; cols]).collect();
+        let mut outs: Vec<&mut [f32]> = got.iter_mut().map(|r| r.as_mut_slice()).collect();
+        p.gpu.read_rows(&buf, rows, &pick, &mut outs);
+        let want: Vec<f32> = pick
+            .iter()
+            .flat_map(|&r| host[r * cols..(r + 1) * cols].iter().copied())
+            .collect();
+        let shape = format!("{} of {rows}x{cols}", pick.len());
+        p.exact("read_rows", shape, &got.concat(), &want);
+    }
+}
+
 /// Every op of the Backend trait at the Muse Glimmer shapes and column counts.
 fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
+    check_reads(p);
     let columns: &[usize] = if quick {
         &[1, 9, 65]
     } else {
