@@ -150,8 +150,11 @@ llama_benches() {
     wait "$LLAMA_PID"
     local lb=/tmp/llama/llama.cpp/build/bin
     step llama-bench 150 "$lb/llama-bench" -m "$G" -p 512 -n 128 -fa 1 -r "$REPS" -d 0,8192
-    step llama-batched-bench 120 "$lb/llama-batched-bench" -m "$G" -c 16384 -b 2048 -ub 512 \
-        -npp 128 -ntg 128 -npl "${STREAMS:-1,8,32}" -fa on -ngl 99
+    # A context that holds every sequence's 128 + 128 tokens at the widest stream count.
+    local widest
+    widest=$(echo "${STREAMS:-1,8,32}" | tr ',' '\n' | sort -n | tail -1)
+    step llama-batched-bench 150 "$lb/llama-batched-bench" -m "$G" -c $((widest * 256 > 16384 ? widest * 256 : 16384)) \
+        -b 2048 -ub 512 -npp 128 -ntg 128 -npl "${STREAMS:-1,8,32}" -fa on -ngl 99
 }
 llama_table() {
     [ -f "$OUT/llama-bench.log" ] && grep "^| " "$OUT/llama-bench.log"
@@ -171,7 +174,7 @@ serve_rate() {
     local envs=()
     while [ "$1" != "--" ]; do envs+=("$1"); shift; done
     shift
-    env "${envs[@]}" "$BIN" serve -m "$G" --backend cuda --parallel 32 -c 4096 --port 8090 > "$OUT/serve-$tag.log" 2>&1 &
+    env "${envs[@]}" "$BIN" serve -m "$G" --backend cuda --parallel "${SERVE_PAR:-32}" -c 4096 --port 8090 > "$OUT/serve-$tag.log" 2>&1 &
     local pid=$! i
     for i in $(seq 1 150); do curl -sf http://127.0.0.1:8090/health > /dev/null 2>&1 && break; sleep 1; done
     echo "serve $tag: $(timeout $((DEADLINE - SECONDS - 5)) python3 scripts/serve_rate.py --url http://127.0.0.1:8090 "$@" 2>&1 | tr '\n' ' ')" |
@@ -184,6 +187,8 @@ serve_rate() {
 serve_benches() {
     serve_rate greedy8 X=1 -- --clients 8 --requests 2 --max-tokens 128
     serve_rate greedy32 X=1 -- --clients 32 --requests 2 --max-tokens 128
+    # SERVE64=1: 64 clients on 64 slots too.
+    [ "${SERVE64:-0}" = 1 ] && SERVE_PAR=64 serve_rate greedy64 X=1 -- --clients 64 --requests 2 --max-tokens 128
     serve_rate temp32 X=1 -- --clients 32 --requests 2 --max-tokens 128 --temperature 0.8
     serve_rate long8 X=1 -- --clients 8 --requests 2 --max-tokens 16 --prompt-words 900-1100
 }
