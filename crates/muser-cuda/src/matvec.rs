@@ -388,8 +388,9 @@ pub fn env_usize(name: &str) -> Option<usize> {
 
 /// K splits of an `mmt_4` launch of `blocks` blocks over rows of `chunks` chunks of 4
 /// super-blocks (`mmt_split_4`, each split a range of chunks, the tile's sum completed in chunk
-/// order by the last split): when `on` (`Gpu::mmt_split`), launches of fewer blocks than twice
-/// the SMs get up to three per SM in one wave (`split_count`); else 1, no split.
+/// order by the last split): when `on` (`Gpu::mmt_split`), launches of fewer blocks than
+/// `split_upto` per SM are split to finish in whole waves soonest (`split_count`); else 1, no
+/// split.
 pub fn mmt_splits(on: bool, blocks: usize, chunks: usize, sms: usize) -> usize {
     if on {
         split_count(blocks, chunks, sms)
@@ -398,7 +399,7 @@ pub fn mmt_splits(on: bool, blocks: usize, chunks: usize, sms: usize) -> usize {
     }
 }
 
-/// `mmt_splits` when on: 1 from 2 blocks per SM on, else `split_waves` (the default,
+/// `mmt_splits` when on: 1 from `split_upto` blocks per SM on, else `split_waves` (the default,
 /// `MUSER_CUDA_MMT_FILL=waves[:F]`). `MUSER_CUDA_MMT_FILL=floor`: the most splits (at least 2)
 /// whose blocks all fit in one wave of 3 per SM (`mmt_*` run 3 blocks per SM), at most one per
 /// chunk; `ceil`: the fewest splits that reach 3 blocks per SM, whose last blocks then run in a
@@ -411,7 +412,7 @@ pub fn mmt_splits(on: bool, blocks: usize, chunks: usize, sms: usize) -> usize {
 /// of 3), q+k+v+gate unchanged (5 splits instead of 2).
 fn split_count(blocks: usize, chunks: usize, sms: usize) -> usize {
     match mmt_fill() {
-        MmtFill::Waves(f) => split_waves(blocks, chunks, sms, f),
+        MmtFill::Waves(f) => split_waves(blocks, chunks, sms, f, split_upto()),
         fill => split_count_as(blocks, chunks, sms, fill == MmtFill::Floor),
     }
 }
@@ -438,12 +439,24 @@ fn mmt_fill() -> MmtFill {
     })
 }
 
+/// The blocks per SM from which `split_waves` leaves a launch unsplit: 4, or
+/// `MUSER_CUDA_MMT_SPLIT_UPTO` (an A/B knob). From 4 on, the launches of wide decode groups
+/// that run in a little over one wave split too: ffn_down and attn_output at 97-128 columns
+/// (416 blocks for 396 places: two waves, the second of 20 blocks). H200, llama-glimmer, one
+/// call alternating 2 / 4 / 8 / 4 / 2 (2026-12-02): 128 streams 2337.42 / 2723.00 / 2682.89 /
+/// 2700.44 / 2352.78 tokens/s, 96 streams 2662.68 / 2713.80 / 2701.13 / 2720.10 / 2695.97, 64
+/// streams unchanged (~2500); ffn_down at 128 streams 19.3 -> 13.3 ms a step.
+fn split_upto() -> usize {
+    static UPTO: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *UPTO.get_or_init(|| env_usize("MUSER_CUDA_MMT_SPLIT_UPTO").unwrap_or(4))
+}
+
 /// The splits that finish a launch of `blocks` full-K blocks soonest when the GPU runs 3 blocks
 /// per SM and a split of 1/S of K costs 1/S + f of a full block (f: its fixed cost: the wait,
 /// the first stage, the merge), in whole waves: ceil(blocks S / 3 SMs) (1 / S + f); the fewest
-/// splits within 1% of the best.
-fn split_waves(blocks: usize, chunks: usize, sms: usize, f: f64) -> usize {
-    if blocks == 0 || blocks >= 2 * sms {
+/// splits within 1% of the best. Launches of `upto` blocks per SM or more stay unsplit.
+fn split_waves(blocks: usize, chunks: usize, sms: usize, f: f64, upto: usize) -> usize {
+    if blocks == 0 || blocks >= upto * sms {
         return 1;
     }
     let slots = 3 * sms.max(1);
@@ -1481,14 +1494,20 @@ mod tests {
     fn wave_split_plans_finish_glimmer_launches_in_whole_waves() {
         let sms = 132;
         // 32 columns: ffn_down 104 blocks of 20 chunks, q+k+v+gate 136 of 7, attn_output 104 of 4.
-        assert_eq!(split_waves(104, 20, sms, 0.01), 7);
-        assert_eq!(split_waves(136, 7, sms, 0.01), 5);
-        assert_eq!(split_waves(104, 4, sms, 0.01), 3);
+        assert_eq!(split_waves(104, 20, sms, 0.01, 2), 7);
+        assert_eq!(split_waves(136, 7, sms, 0.01, 2), 5);
+        assert_eq!(split_waves(104, 4, sms, 0.01, 2), 3);
         // Wide and empty launches are not split; a split never exceeds the chunks.
-        assert_eq!(split_waves(264, 20, sms, 0.01), 1);
-        assert_eq!(split_waves(0, 20, sms, 0.01), 1);
+        assert_eq!(split_waves(264, 20, sms, 0.01, 2), 1);
+        assert_eq!(split_waves(0, 20, sms, 0.01, 2), 1);
+        // Below 4 blocks per SM (the default split_upto): ffn_down at 128 columns, 416 blocks
+        // (two waves, the second 20 blocks), in about 1.2 waves' time instead of 2.02.
+        assert_eq!(split_waves(416, 20, sms, 0.01, 2), 1);
+        let s = split_waves(416, 20, sms, 0.01, 4);
+        let cost = |s: usize| (416 * s).div_ceil(396) as f64 * (1.0 / s as f64 + 0.01);
+        assert!(s > 1 && cost(s) < 0.65 * cost(1), "{s}");
         for (b, c) in [(1usize, 2usize), (50, 9), (200, 3), (7, 100)] {
-            let s = split_waves(b, c, sms, 0.02);
+            let s = split_waves(b, c, sms, 0.02, 2);
             assert!((1..=c).contains(&s), "{b} blocks, {c} chunks: {s}");
         }
     }

@@ -954,9 +954,11 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
     }
 
     // K split over blocks at a width of several chunks, in the quick check too: 40 columns on
-    // 24-column tiles (mmt_split_3), 32 on 32-column tiles (mmt_split_4).
+    // 24-column tiles (mmt_split_3), 32 on 32-column tiles (mmt_split_4); 72, a decode group
+    // wider than 64, on three 24-column mmw_* tiles against two 64-column mmt_8 ones (mmw off).
     check_split(p, 40, 4096)?;
     check_split(p, 32, 4096)?;
+    check_split(p, 72, 4096)?;
 
     // LM head (+ scale + softcap) at the full vocabulary, and GPU argmax of its logits.
     let vocab = if quick { 4096 } else { VOCAB };
