@@ -376,17 +376,23 @@ fn check_reads(p: &mut Pair) {
             &parts.concat(),
             &host,
         );
-        // Every row but each third one: runs of two rows and, with the first, of three.
-        let pick: Vec<usize> = (0..rows).filter(|r| r % 3 != 1 || *r == 1).collect();
-        let mut got: Vec<Vec<f32>> = pick.iter().map(|_| vec![0f32; cols]).collect();
-        let mut outs: Vec<&mut [f32]> = got.iter_mut().map(|r| r.as_mut_slice()).collect();
-        p.gpu.read_rows(&buf, rows, &pick, &mut outs);
-        let want: Vec<f32> = pick
-            .iter()
-            .flat_map(|&r| host[r * cols..(r + 1) * cols].iter().copied())
-            .collect();
-        let shape = format!("{} of {rows}x{cols}", pick.len());
-        p.exact("read_rows", shape, &got.concat(), &want);
+        // Every row but each third one (runs of two rows and, with the first, of three), and
+        // every row but the first (one run from row 1: at 128 rows, across staging windows).
+        let picks: [Vec<usize>; 2] = [
+            (0..rows).filter(|r| r % 3 != 1 || *r == 1).collect(),
+            (1..rows).collect(),
+        ];
+        for pick in picks {
+            let mut got: Vec<Vec<f32>> = pick.iter().map(|_| vec![0f32; cols]).collect();
+            let mut outs: Vec<&mut [f32]> = got.iter_mut().map(|r| r.as_mut_slice()).collect();
+            p.gpu.read_rows(&buf, rows, &pick, &mut outs);
+            let want: Vec<f32> = pick
+                .iter()
+                .flat_map(|&r| host[r * cols..(r + 1) * cols].iter().copied())
+                .collect();
+            let shape = format!("{} of {rows}x{cols}, from {}", pick.len(), pick[0]);
+            p.exact("read_rows", shape, &got.concat(), &want);
+        }
     }
 }
 
