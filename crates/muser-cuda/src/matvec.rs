@@ -363,8 +363,9 @@ pub fn mmw_route(on: bool, name: &str, types: &[GgmlType], kmajor: bool) -> Opti
     (on && !kmajor && formats && !silu_q6).then_some(nt)
 }
 
-/// The fewest columns that run on 64-column tiles (`mmt_8`): 64, or `MUSER_CUDA_MMT8_MIN` (an
-/// A/B knob; a value past every launch keeps `mmt_4`).
+/// The fewest columns that run on 64-column tiles (`mmt_8`) where `mmw_*` does not take the
+/// launch (`group_launch`): 64, or `MUSER_CUDA_MMT8_MIN` (an A/B knob; a value past every
+/// launch keeps `mmt_4`).
 pub fn mmt8_min() -> usize {
     static MIN: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *MIN.get_or_init(|| env_usize("MUSER_CUDA_MMT8_MIN").unwrap_or(64))
