@@ -134,6 +134,38 @@ __device__ __forceinline__ void mmt_leaves(int k, bool last, const float (&v)[NT
             for (int e = 0; e < 4; ++e) chunk(nt, e, k >= 2 ? kq_add(lo[nt][e], hi[nt][e]) : lo[nt][e]);
 }
 
+// mmt_leaves without kq_leaves' four branches (lab run 28, MMW_LEAVES_SELECT=1 in the mmw_*
+// kernels): the same sums by selects. Positions 0 and 2 add the value to -0 (-0 + v = v, so
+// the same bits: lo = v, hi = v), 1 and 3 to lo or hi.
+template <int NT, class CHUNK>
+__device__ __forceinline__ void mmt_leaves_sel(int k, bool last, const float (&v)[NT][4], float (&lo)[NT][4],
+                                               float (&hi)[NT][4], CHUNK chunk) {
+    const bool odd = k & 1, two = k >= 2;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const float p = kq_add(odd ? (two ? hi[nt][e] : lo[nt][e]) : -0.0f, v[nt][e]);
+            lo[nt][e] = two ? lo[nt][e] : p;
+            hi[nt][e] = two ? p : hi[nt][e];
+        }
+    if (k == KQ_CHUNK - 1 || last)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) chunk(nt, e, two ? kq_add(lo[nt][e], hi[nt][e]) : lo[nt][e]);
+}
+
+#ifndef MMW_LEAVES_SELECT
+#define MMW_LEAVES_SELECT 0
+#endif
+template <int NT, class CHUNK>
+__device__ __forceinline__ void mmw_leaves(int k, bool last, const float (&v)[NT][4], float (&lo)[NT][4],
+                                           float (&hi)[NT][4], CHUNK chunk) {
+    if constexpr (MMW_LEAVES_SELECT) mmt_leaves_sel<NT>(k, last, v, lo, hi, chunk);
+    else mmt_leaves<NT>(k, last, v, lo, hi, chunk);
+}
+
 // Super-block b (position k of its chunk; last: the range's last) of the warp's 16 rows x BN
 // columns from the stage (kq45_superblock's arithmetic); each complete chunk's value goes to
 // chunk(nt, e, value).
@@ -611,7 +643,7 @@ __device__ __forceinline__ void mmw_q45(const uint8_t* st, int k, bool last, CHU
         [&](int nt, int s) { return *(const uint2*)(sx + (8 * nt + g) * 256 + (((2 * s + p0) ^ swz) << 4) + half); },
         [&](int nt) { return *(const int*)(sbs + (8 * nt + g) * 16 + 4 * t); },
         [&](int nt, int j) { return sd[8 * nt + 2 * t + j]; }, [&](int nt, int e, float x) { v[nt][e] = x; });
-    mmt_leaves<NT>(k, last, v, lo, hi, chunk);
+    mmw_leaves<NT>(k, last, v, lo, hi, chunk);
 }
 
 // mmt_q6 on an mmw stage. Rows of the warp's MMA: row g is row g % 2 of quad 4 w + g / 2, row
@@ -637,7 +669,7 @@ __device__ __forceinline__ void mmw_q6(const uint8_t* st, float da, float db, in
         [&](int h, int u, int r) { return *(const uint32_t*)((r ? bb : ba) + 128 + 32 * h + 16 * u + 4 * t); },
         sva, svb, da, db, [&](int nt, int s) { return *(const int*)(sx + (8 * nt + g) * 256 + ((s ^ swz) << 4) + 4 * t); },
         [&](int nt, int j) { return sd[8 * nt + 2 * t + j]; }, [&](int nt, int e, float x) { v[nt][e] = x; });
-    mmt_leaves<NT>(k, last, v, lo, hi, chunk);
+    mmw_leaves<NT>(k, last, v, lo, hi, chunk);
 }
 
 // The stages' barriers, initialized by thread 0: full[s] expects one arrival (with the bytes),
