@@ -511,22 +511,22 @@ __device__ __forceinline__ float merge_pair(float a, float b, float ka, float kb
 // row's splits then returns without waiting; split 0 of every row waits, so the grid still ends
 // after the kernel before it (common.cuh, pdl_wait).
 template <int W, int C>
-__device__ __forceinline__ void pdl_wait_attn_rows_mma(const float* __restrict__ q, const RowKv* __restrict__ tab,
+__device__ __forceinline__ bool pdl_wait_attn_rows_mma(const float* __restrict__ q, const RowKv* __restrict__ tab,
                                                        const int* __restrict__ pos, float* __restrict__ o_part,
                                                        float2* __restrict__ ml_part, int n_head, int n_kv, int window,
                                                        int ring, float scale, int solo, int min_tiles, int early,
-                                                       const FinArgs& fa) {
-    if (!early) pdl_wait();
+                                                       const FinArgs& fa, int split, int n_splits, bool waited) {
+    if (!early && !waited) pdl_wait();
     constexpr int D = 128;
     const int G = n_head / n_kv;
     const int kvh = blockIdx.x, h0 = kvh * G;
-    const int row = blockIdx.y, split = blockIdx.z, n_splits = gridDim.z;
+    const int row = blockIdx.y;
     const int p = pos[row];
     const int lo = window > 0 ? max(0, p - window + 1) : 0;
     const int2 plan = solo_split(p + 1 - lo, solo, min_tiles);
     const bool active = split < plan.x;
     constexpr bool FIN = C > 0;
-    if (!FIN && !active) return;
+    if (!FIN && !active) return false;
     const int start = active ? lo + split * plan.y : 0;
     const int end = active ? min(p + 1, start + plan.y) : 0;
     const int nw = W == 8 && plan.x >= 16 && plan.y >= 16 * 8 ? 8 : 4;
@@ -598,6 +598,7 @@ __device__ __forceinline__ void pdl_wait_attn_rows_mma(const float* __restrict__
         asm volatile("cp.async.commit_group;" ::: "memory");
         return true;
     };
+    early = early && !waited;
     const int lim0 = early ? p : 0x7fffffff;
     uint4 kr[2][4], kn[2][4];
     int stage = 0;
@@ -783,23 +784,39 @@ __device__ __forceinline__ void pdl_wait_attn_rows_mma(const float* __restrict__
         for (int i = 0; i < D / (2 * LPH); ++i) *(float2*)(so + hh * MMA_SP + 2 * li + 2 * LPH * i) = res[i];
         if (li == 0) sml[hh] = make_float2(ms[0], ls[0]);
         attn_cluster_finish<FIN ? C : 1>(so, sml, plan.x, row, n_head, h0, fa);
-        return;
+        return true;
     }
-    if (hh >= G) return;
+    if (hh >= G) return true;
     const size_t at = ((size_t)row * n_head + (size_t)h0 + hh) * n_splits + split;
 #pragma unroll
     for (int i = 0; i < D / (2 * LPH); ++i) *(float2*)(o_part + at * D + 2 * li + 2 * LPH * i) = res[i];
     if (li == 0) ml_part[at] = make_float2(ms[0], ls[0]);
+    return true;
 }
 #define MMA_ROWS_ARGS const float* __restrict__ q, const RowKv* __restrict__ tab, const int* __restrict__ pos, \
     float* __restrict__ o_part, float2* __restrict__ ml_part, int n_head, int n_kv, int window, int ring, float scale, \
     int solo, int min_tiles, int early
 #define MMA_ROWS_PASS q, tab, pos, o_part, ml_part, n_head, n_kv, window, ring, scale, solo, min_tiles, early
+// Without clusters a block takes splits z, z + Z, .. (Z = gridDim.z) of its (KV head, row) in
+// turn, `solo` splits in all (the partials' stride): the grid is sized to one wave of the GPU
+// (backend.rs: attn_loop_splits) instead of one block per split the longest row could have, most
+// of them empty at short depths. A split's arithmetic does not depend on the block that runs it,
+// so neither do the bits. The first split past the row's plan ends the block (its later ones
+// are past it too); the first active split waits for the kernel before (or loads early).
+template <int W>
+__device__ __forceinline__ void attn_rows_mma_loop(MMA_ROWS_ARGS) {
+    bool waited = false;
+    for (int s = blockIdx.z; s < solo; s += gridDim.z) {
+        if (waited) __syncthreads(); // the previous split's merge has read the shared memory
+        if (!pdl_wait_attn_rows_mma<W, 0>(MMA_ROWS_PASS, FinArgs{}, s, solo, waited)) return;
+        waited = true;
+    }
+}
 extern "C" __global__ void __launch_bounds__(128) attn_rows_mma_128(MMA_ROWS_ARGS) {
-    pdl_wait_attn_rows_mma<4, 0>(MMA_ROWS_PASS, FinArgs{});
+    attn_rows_mma_loop<4>(MMA_ROWS_PASS);
 }
 extern "C" __global__ void __launch_bounds__(256) attn_rows_mma8_128(MMA_ROWS_ARGS) {
-    pdl_wait_attn_rows_mma<8, 0>(MMA_ROWS_PASS, FinArgs{});
+    attn_rows_mma_loop<8>(MMA_ROWS_PASS);
 }
 // Grid (n_kv, n_rows, C): every row of the launch has at most C splits (backend.rs:
 // rows_cluster), 16 query heads of 128 per KV head. o_part / ml_part are not used.
@@ -807,7 +824,7 @@ extern "C" __global__ void __launch_bounds__(256) attn_rows_mma8_128(MMA_ROWS_AR
     float2 *__restrict__ xds, int8_t *__restrict__ xbs
 #define FIN_PASS FinArgs{out, gate, xq, xds, xbs}
 extern "C" __global__ void CLUSTER_DIMS_8 __launch_bounds__(128) attn_rows_mma_fin8_128(MMA_ROWS_ARGS, FIN_ARGS) {
-    pdl_wait_attn_rows_mma<4, 8>(MMA_ROWS_PASS, FIN_PASS);
+    pdl_wait_attn_rows_mma<4, 8>(MMA_ROWS_PASS, FIN_PASS, blockIdx.z, gridDim.z, false);
 }
 
 #define ATT_ARGS const float* __restrict__ q, const __half* __restrict__ kc, const __half* __restrict__ vc, \
