@@ -804,7 +804,7 @@ __device__ __forceinline__ bool pdl_wait_attn_rows_mma(const float* __restrict__
 // so neither do the bits. The first split past the row's plan ends the block (its later ones
 // are past it too); the first active split waits for the kernel before (or loads early).
 template <int W>
-__device__ __forceinline__ void attn_rows_mma_loop(MMA_ROWS_ARGS) {
+__device__ __forceinline__ void pdl_wait_attn_rows_mma_loop(MMA_ROWS_ARGS) {
     bool waited = false;
     for (int s = blockIdx.z; s < solo; s += gridDim.z) {
         if (waited) __syncthreads(); // the previous split's merge has read the shared memory
@@ -813,10 +813,10 @@ __device__ __forceinline__ void attn_rows_mma_loop(MMA_ROWS_ARGS) {
     }
 }
 extern "C" __global__ void __launch_bounds__(128) attn_rows_mma_128(MMA_ROWS_ARGS) {
-    attn_rows_mma_loop<4>(MMA_ROWS_PASS);
+    pdl_wait_attn_rows_mma_loop<4>(MMA_ROWS_PASS);
 }
 extern "C" __global__ void __launch_bounds__(256) attn_rows_mma8_128(MMA_ROWS_ARGS) {
-    attn_rows_mma_loop<8>(MMA_ROWS_PASS);
+    pdl_wait_attn_rows_mma_loop<8>(MMA_ROWS_PASS);
 }
 // Grid (n_kv, n_rows, C): every row of the launch has at most C splits (backend.rs:
 // rows_cluster), 16 query heads of 128 per KV head. o_part / ml_part are not used.

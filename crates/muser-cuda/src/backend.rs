@@ -458,7 +458,7 @@ pub const fn attn_mma_smem(w: usize) -> usize {
 }
 
 /// Blocks along z of a decode-rows attention launch without clusters (attention.cu:
-/// attn_rows_mma_loop) for `pairs` (KV head, row) pairs of `solo` splits each: as many as one
+/// pdl_wait_attn_rows_mma_loop) for `pairs` (KV head, row) pairs of `solo` splits each: as many as one
 /// `wave` of resident blocks holds, at least 1 and at most `solo` (each block then takes splits
 /// z, z + Z, ..). Before, the grid had `solo` blocks per pair, most of them empty at short
 /// depths: 8 KV heads x 32 rows x 33 splits = 8,448 blocks, 14.8 us a layer at 32 streams in the
@@ -2475,7 +2475,7 @@ mod tests {
             assert!(z == 1 || z * n_kv * rows <= wave, "{n_kv} x {rows}: {z}");
             // As many as fit: one more block per pair would pass the wave (or solo).
             assert!(z == solo || (z + 1) * n_kv * rows > wave, "{n_kv} x {rows}: {z}");
-            // attn_rows_mma_loop: block z takes splits z, z + Z, .. < solo.
+            // pdl_wait_attn_rows_mma_loop: block z takes splits z, z + Z, .. < solo.
             let mut seen = vec![0u8; solo];
             for b in 0..z {
                 for s in (b..solo).step_by(z) {
