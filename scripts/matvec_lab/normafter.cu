@@ -175,7 +175,7 @@ int main() {
         auto norm = [&](const float* yy) {
             if (mode == 0)
                 launch_pdl(residual_norm, 1, NORM_T, st, h, yy, (const float*)nullptr, 0.0f, (const float*)w, 1e-5f,
-                           xnorm, KD, nq, nds, nbs);
+                           xnorm, KD, nq, nds, nbs, (uint8_t*)nullptr, 0);
         };
         for (int l = 0; l < LAYERS; ++l) {
             const LayerW& lwl = lw[l % NL];

@@ -906,13 +906,14 @@ extern "C" __global__ void attn_combine(const float* __restrict__ o_part, const 
 // gate is given (sigmoid_gate's arithmetic). Launch: grid (n_head, n_rows), D threads; or, with
 // q non-null (256 a multiple of D, n_head * D of 256), grid (n_head * D / 256, n_rows) and 256
 // threads, and the block also writes its 256 outputs' Q8_K quantization (q8k_warp: the bits of
-// quantize_q8_k, row-major) for the attn_output matmul, which then skips its quantizer.
+// quantize_q8_k, row-major) for the attn_output matmul, which then skips its quantizer; with
+// xblob also in mmw's layout of nt-tile columns (q8k_warp).
 extern "C" __global__ void attn_rows_combine(const float* __restrict__ o_part, const float2* __restrict__ ml_part,
                                              float* __restrict__ out, const float* __restrict__ gate,
                                              const int* __restrict__ pos, int n_head, int n_splits, int D,
                                              int window, int solo, int min_tiles, int8_t* __restrict__ q,
-                                             float2* __restrict__ ds,
-                                             int8_t* __restrict__ bs) { pdl_wait();
+                                             float2* __restrict__ ds, int8_t* __restrict__ bs,
+                                             uint8_t* __restrict__ xblob, int nt) { pdl_wait();
     // blockDim.x / D heads per block (1, or with q the 256 / D heads of one Q8_K block).
     const int hpb = blockDim.x / D, h = blockIdx.x * hpb + threadIdx.x / D, row = blockIdx.y, d = threadIdx.x % D;
     const int p = pos[row];
@@ -925,5 +926,5 @@ extern "C" __global__ void attn_rows_combine(const float* __restrict__ o_part, c
     out[i] = o;
     if (!q) return;
     // The block's 256 outputs quantized for the attn_output matmul (backend.rs: quantize_for).
-    q8k_block256(o, row * gridDim.x + blockIdx.x, q, ds, bs, n_head * D);
+    q8k_block256(o, row * gridDim.x + blockIdx.x, q, ds, bs, n_head * D, xblob, nt);
 }

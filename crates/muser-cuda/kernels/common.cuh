@@ -298,8 +298,18 @@ __device__ __forceinline__ MvkSpan mvk_span(const MatvecJobs& jobs, int nch, int
 // its output for the matmul after it): the bits of the CPU reference's quantizer (see
 // quantize_q8_k). Writes q (int8; kmajor: the k-major layout of xq16), ds (d, sum) per 32
 // values and bs (the 8 sums split as lo + 64 hi).
+// The activation regions of mmt.cu's mmw_* kernels (decode groups of 17 columns or more): per
+// tile of 8 nt columns (nt = 3 or 4) and super-block, one region of mmw_xb(nt) bytes: the 8 nt
+// columns' 256 int8 values, column c's 16-byte piece p at piece p ^ mmw_swz(c) (so the
+// fragment loads are free of bank conflicts), then the columns' Q8_K scales (f32) and split
+// sums (16 int8, as bs). Regions [tile][super-block]. mmw_pack lays a row-major activation out
+// so; the Q8_K producers (q8k_warp with xblob) write it as they quantize.
+__host__ __device__ constexpr int mmw_xb(int nt) { return 8 * nt * (256 + 4 + 16); }
+__host__ __device__ __forceinline__ int mmw_swz(int c) { return 2 * (c & 3) + ((c >> 2) & 1); }
+
 __device__ __forceinline__ void q8k_warp(const float (&f)[8], int blk, int lane, int8_t* __restrict__ q,
-                                         float2* __restrict__ ds, int8_t* __restrict__ bs, int K, int kmajor) {
+                                         float2* __restrict__ ds, int8_t* __restrict__ bs, int K, int kmajor,
+                                         uint8_t* __restrict__ xblob = nullptr, int nt = 0) {
     float amax = 0.0f, max = 0.0f;
     int at = 0x7FFFFFFF;
 #pragma unroll
@@ -329,6 +339,17 @@ __device__ __forceinline__ void q8k_warp(const float (&f)[8], int blk, int lane,
         dst = (size_t)c * K + ((size_t)((v >> 4) & 3) * (K >> 6) + (v >> 6)) * 16 + (v & 15);
     }
     *(int2*)(q + dst) = packed;
+    // The same block in mmw's layout too (row-major blocks: column blk / nb, super-block blk % nb).
+    uint8_t* r = nullptr;
+    int bn = 0, cc = 0;
+    if (xblob) {
+        const int nb = K / QK_K, c = blk / nb, b = blk % nb;
+        bn = 8 * nt;
+        cc = c % bn;
+        r = xblob + ((size_t)(c / bn) * nb + b) * mmw_xb(nt);
+        *(int2*)(r + cc * 256 + (((lane >> 1) ^ mmw_swz(cc)) << 4) + 8 * (lane & 1)) = packed;
+        if (lane == 0) *(float*)(r + bn * 256 + 4 * cc) = d;
+    }
     // Lanes 4j .. 4j + 3 hold the 32-block j.
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
@@ -337,6 +358,10 @@ __device__ __forceinline__ void q8k_warp(const float (&f)[8], int blk, int lane,
         // The sum split as lo + 64 hi (lo 0..63, hi -64..63), both int8, for the mins MMA of mmk.cu.
         bs[(size_t)blk * 16 + lane / 4] = (int8_t)(sum & 63);
         bs[(size_t)blk * 16 + 8 + lane / 4] = (int8_t)(sum >> 6);
+        if (r) {
+            r[bn * 260 + 16 * cc + lane / 4] = (uint8_t)(sum & 63);
+            r[bn * 260 + 16 * cc + 8 + lane / 4] = (uint8_t)(sum >> 6);
+        }
     }
 }
 
@@ -344,13 +369,14 @@ __device__ __forceinline__ void q8k_warp(const float (&f)[8], int blk, int lane,
 // through shared memory to the first warp, 8 consecutive per lane, and quantized by q8k_warp
 // (row-major). Every thread of the block calls it (a barrier inside).
 __device__ __forceinline__ void q8k_block256(float v, int blk, int8_t* __restrict__ q, float2* __restrict__ ds,
-                                             int8_t* __restrict__ bs, int K) {
+                                             int8_t* __restrict__ bs, int K, uint8_t* __restrict__ xblob = nullptr,
+                                             int nt = 0) {
     __shared__ __align__(16) float so[QK_K];
     so[threadIdx.x] = v;
     __syncthreads();
     if (threadIdx.x < WARP) {
         const float4 a = *(const float4*)(so + 8 * threadIdx.x), b = *(const float4*)(so + 8 * threadIdx.x + 4);
         const float f[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-        q8k_warp(f, blk, threadIdx.x, q, ds, bs, K, 0);
+        q8k_warp(f, blk, threadIdx.x, q, ds, bs, K, 0, xblob, nt);
     }
 }

@@ -129,16 +129,17 @@
 
 // One warp per 256 values (lane l takes values 8l .. 8l + 7); n_blocks counts 256-blocks of
 // columns K wide. kmajor: each column's K bytes in the k-major layout of `xq16` (decode groups).
+// xblob (row-major only; null: none): the blocks in mmw's layout of nt-tile columns as well.
 extern "C" __global__ void quantize_q8_k(const float* __restrict__ x, int8_t* __restrict__ q,
                                          float2* __restrict__ ds, int8_t* __restrict__ bs, int n_blocks, int K,
-                                         int kmajor) { pdl_wait();
+                                         int kmajor, uint8_t* __restrict__ xblob, int nt) { pdl_wait();
     const int blk = blockIdx.x * 4 + threadIdx.x / WARP;
     const int lane = threadIdx.x % WARP;
     if (blk >= n_blocks) return;
     const float4* xv = (const float4*)(x + (size_t)blk * 256 + 8 * lane);
     const float4 u = xv[0], v = xv[1];
     const float f[8] = {u.x, u.y, u.z, u.w, v.x, v.y, v.z, v.w};
-    q8k_warp(f, blk, lane, q, ds, bs, K, kmajor);
+    q8k_warp(f, blk, lane, q, ds, bs, K, kmajor, xblob, nt);
 }
 
 // One warp per 32 values; n_blocks counts 32-blocks.

@@ -554,8 +554,6 @@ extern "C" __global__ void __launch_bounds__(128, 2) mmt_silu_8(MMK_SILU_ARGS, K
 #ifndef MMW_BLOCKS
 #define MMW_BLOCKS 3
 #endif
-// One super-block's activation region of an 8 NT-column tile: values, scales, split sums.
-__host__ __device__ constexpr int mmw_xb(int nt) { return 8 * nt * (256 + 4 + 16); }
 // A stage's weights: 64 rows' blocks; Q6_K's 16 quads of the quants plane 784 bytes apart (16 of
 // padding, so mmw_q6's fragment loads are free of bank conflicts), then their 16 scales each.
 #define MMW_Q6_QUAD 784
@@ -619,7 +617,6 @@ __device__ __forceinline__ void mmw_issue(uint32_t st, uint32_t full, const uint
 // (mmw_pack): the 8 columns of an MMA tile get 8 different pieces, so the 8-byte fragment loads
 // of a half-warp (Q4_K, Q5_K: pieces 2 s and 2 s + 1 of columns 0..3 or 4..7) and the 4-byte ones
 // of a warp (Q6_K: piece s of columns 0..7) fall in different banks.
-__host__ __device__ __forceinline__ int mmw_swz(int c) { return 2 * (c & 3) + ((c >> 2) & 1); }
 
 // mmt_q45 on an mmw stage: row 16 w + g is block g & 3 of quad 4 w + g / 4, row + 8 two quads
 // on; column c's piece p of 16 values is at piece p ^ mmw_swz(c) of its 256 bytes (mmw_pack).

@@ -87,12 +87,14 @@ __device__ __forceinline__ NormW pdl_wait_norm_w(const float* __restrict__ post,
 // holds values 256 w .. 256 w + 255, 8 consecutive ones per lane. H200, llama-glimmer decode:
 // 104 residual norms and 209 quantizer launches per token (v10b timeline: 4.4 and 2.2 us each).
 // The weights post and next are loaded before pdl_wait (they do not depend on the kernel before).
+// xblob (null: none): the quantization in mmw's layout of nt-tile columns as well (q8k_warp).
 extern "C" __global__ void __launch_bounds__(NORM_T) residual_norm(float* __restrict__ h, const float* __restrict__ x,
                                                                    const float* __restrict__ post, float post_eps,
                                                                    const float* __restrict__ next, float next_eps,
                                                                    float* __restrict__ out, int cols,
                                                                    int8_t* __restrict__ q, float2* __restrict__ ds,
-                                                                   int8_t* __restrict__ bs) {
+                                                                   int8_t* __restrict__ bs, uint8_t* __restrict__ xblob,
+                                                                   int nt) {
     const NormW wt = pdl_wait_norm_w(post, next, cols);
     __shared__ __align__(16) float so[NORM_V * NORM_T];
     const float(&pw)[NORM_V] = wt.p;
@@ -125,6 +127,6 @@ extern "C" __global__ void __launch_bounds__(NORM_T) residual_norm(float* __rest
     if (i0 < cols) {
         const float4 a = *(const float4*)(so + i0), b = *(const float4*)(so + i0 + 4);
         const float f[NORM_V] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-        q8k_warp(f, blockIdx.x * (cols / QK_K) + threadIdx.x / WARP, threadIdx.x % WARP, q, ds, bs, cols, 0);
+        q8k_warp(f, blockIdx.x * (cols / QK_K) + threadIdx.x / WARP, threadIdx.x % WARP, q, ds, bs, cols, 0, xblob, nt);
     }
 }

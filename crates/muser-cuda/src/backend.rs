@@ -1074,9 +1074,18 @@ impl CudaBackend {
             .arg(&q)
             .arg(&ds)
             .arg(&bs);
+        if fuse {
+            ws.act.packed = ck(self.gpu.mmw_prepack(a.n, width), "mmw activation");
+        }
+        let (xblob, nt) = ws
+            .act
+            .packed
+            .filter(|_| fuse)
+            .map_or((0, 0), |p| (p.blob, p.nt as i32));
+        b.arg(&xblob).arg(&nt);
         // SAFETY: the partials hold n * n_head * splits entries, of which row t reads its own
         // splits; out (and gate) are [n][n_head * d]; q, ds, bs (when fused) the quantization of
-        // n * n_head * d values (act_scratch).
+        // n * n_head * d values (act_scratch), xblob (when not 0) its mmw regions (mmw_prepack).
         ck(unsafe { b.launch(cfg) }, "attn_rows_combine");
         if fuse {
             *self.fused_act.lock().unwrap() = Some((outp, a.n * width, width));
@@ -1128,6 +1137,7 @@ impl CudaBackend {
         let (fuse, (q, ds, bs)) = self.attn_fused_quant(ws, a, D);
         self.attn_rows_mma(a, qp, scale, false, Some([outp, gp, q, ds, bs]));
         if fuse {
+            ws.act.packed = None;
             *self.fused_act.lock().unwrap() = Some((outp, a.n * width, width));
         }
     }
@@ -1982,6 +1992,14 @@ impl Backend for CudaBackend {
                 } else {
                     (0, 0, 0)
                 };
+                if fuse {
+                    ws.act.packed = ck(self.gpu.mmw_prepack(h.rows, h.cols), "mmw activation");
+                }
+                let (xblob, nt) = ws
+                    .act
+                    .packed
+                    .filter(|_| fuse)
+                    .map_or((0, 0), |p| (p.blob, p.nt as i32));
                 let mut b = self.gpu.stream.launch_builder(self.kernel("residual_norm"));
                 b.arg(&hp)
                     .arg(&xp)
@@ -1993,9 +2011,12 @@ impl Backend for CudaBackend {
                     .arg(&cols)
                     .arg(&q)
                     .arg(&ds)
-                    .arg(&bs);
+                    .arg(&bs)
+                    .arg(&xblob)
+                    .arg(&nt);
                 // SAFETY: h, x, out are [rows][cols]; the weights [cols]; q, ds and bs (when
-                // fused) hold the quantization of rows * cols values (act_scratch).
+                // fused) hold the quantization of rows * cols values (act_scratch), xblob (when
+                // not 0) its mmw regions (mmw_prepack).
                 ck(unsafe { b.launch(cfg) }, "residual_norm");
                 if fuse {
                     *self.fused_act.lock().unwrap() = Some((op, n, h.cols));
@@ -2474,7 +2495,10 @@ mod tests {
             // One wave at most, unless one block per pair is already more.
             assert!(z == 1 || z * n_kv * rows <= wave, "{n_kv} x {rows}: {z}");
             // As many as fit: one more block per pair would pass the wave (or solo).
-            assert!(z == solo || (z + 1) * n_kv * rows > wave, "{n_kv} x {rows}: {z}");
+            assert!(
+                z == solo || (z + 1) * n_kv * rows > wave,
+                "{n_kv} x {rows}: {z}"
+            );
             // pdl_wait_attn_rows_mma_loop: block z takes splits z, z + Z, .. < solo.
             let mut seen = vec![0u8; solo];
             for b in 0..z {

@@ -33,6 +33,20 @@ pub struct ActScratch {
     pub cap: usize,
     /// The int8 activation in `q` is in the k-major layout (`xq16` in matvec.cu).
     pub kmajor: bool,
+    /// The same activation in `mmw_*`'s layout, written with it by its producer
+    /// (`Gpu::mmw_prepack`); `None` when `q` was written without it. Every writer of `q` sets it.
+    pub packed: Option<MmwPacked>,
+}
+
+/// An activation of `ncols` columns of width `k` in `mmw_*`'s layout of `nt` column tiles at
+/// `blob` (common.cuh: mmw_xb), valid while the blob's write count is still `gen`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MmwPacked {
+    pub blob: u64,
+    pub nt: usize,
+    pub k: usize,
+    pub ncols: usize,
+    gen: u64,
 }
 
 /// The `mvk_*` kernels' scratch (`Gpu::split_scratch`).
@@ -42,6 +56,8 @@ pub struct SplitScratch {
     cnt: Option<CudaSlice<u32>>,
     /// `mmw_pack`'s activation regions (`Gpu::mmw_blob`).
     blob: Option<CudaSlice<u8>>,
+    /// How many writes of the blob have been asked for (`Gpu::mmw_blob_write`).
+    blob_gen: u64,
 }
 
 /// Columns one warp of `matvec_cols` handles.
@@ -799,6 +815,59 @@ impl Gpu {
         Ok(s.blob.as_ref().map_or(0, |b| dptr(self, b)))
     }
 
+    /// `mmw_blob` for a new activation about to be written there: its address and the write's
+    /// count, which ends the life of every earlier `MmwPacked`.
+    fn mmw_blob_write(&self, bytes: usize) -> Result<(u64, u64), CudaError> {
+        let blob = self.mmw_blob(bytes)?;
+        let mut s = self.split.lock().unwrap();
+        s.blob_gen += 1;
+        Ok((blob, s.blob_gen))
+    }
+
+    /// Where a Q8_K producer (quantize_q8_k, residual_norm, attn_rows_combine: q8k_warp's
+    /// `xblob`) also writes its activation of `ncols` columns of width `k`, in the layout the
+    /// `mmw_*` launch of that group would read (`mmt_tile_nt` column tiles), so that launch runs
+    /// without `mmw_pack` before it: groups wider than `mmk_*`'s on sm_90 with `mmw_*` on, and
+    /// `MUSER_CUDA_MMW_PREPACK` not 0. The launch still packs when its matrices leave `mmw_*`
+    /// (`mmw_route`) or the blob was written since (`MmwPacked::gen`).
+    pub fn mmw_prepack(&self, ncols: usize, k: usize) -> Result<Option<MmwPacked>, CudaError> {
+        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let on = *ON.get_or_init(|| std::env::var("MUSER_CUDA_MMW_PREPACK").as_deref() != Ok("0"));
+        if !(on && self.mmw() && k.is_multiple_of(256) && ncols > mmk_cols().max(16)) {
+            return Ok(None);
+        }
+        let nt = mmt_tile_nt(ncols);
+        let (blob, gen) = self.mmw_blob_write(ncols.div_ceil(8 * nt) * (k / 256) * mmw_xb(nt))?;
+        Ok(Some(MmwPacked {
+            blob,
+            nt,
+            k,
+            ncols,
+            gen,
+        }))
+    }
+
+    /// The address of `scratch`'s activation in `mmw_*`'s layout of `nt` column tiles: where
+    /// its producer wrote it (`packed`, if the blob has not been written since), else laid out
+    /// by `mmw_pack`.
+    fn mmw_act(
+        &self,
+        scratch: &ActScratch,
+        k: usize,
+        ncols: usize,
+        nt: usize,
+    ) -> Result<u64, CudaError> {
+        if let Some(p) = scratch.packed {
+            if (p.nt, p.k, p.ncols) == (nt, k, ncols)
+                && !scratch.kmajor
+                && self.split.lock().unwrap().blob_gen == p.gen
+            {
+                return Ok(p.blob);
+            }
+        }
+        self.mmw_pack(scratch, k, ncols, nt)
+    }
+
     /// The addresses of the split scratch and of `mmw_*`'s activation regions (0 before their
     /// first use): part of a recorded decode step's key.
     pub fn split_key(&self) -> [u64; 3] {
@@ -823,6 +892,7 @@ impl Gpu {
             bs: self.stream.alloc_zeros::<i8>((cap / 256).max(1) * 16)?,
             cap,
             kmajor: false,
+            packed: None,
         })
     }
 
@@ -864,6 +934,12 @@ impl Gpu {
             dptr(self, &scratch.bs),
         );
         let (k_i, km) = (k as i32, i32::from(scratch.kmajor));
+        scratch.packed = if kquant && !scratch.kmajor {
+            self.mmw_prepack(n / k, k)?
+        } else {
+            None
+        };
+        let (xblob, nt) = scratch.packed.map_or((0, 0), |p| (p.blob, p.nt as i32));
         let f = self.kernel(name)?;
         let mut b = self.stream.launch_builder(f);
         b.arg(&x).arg(&q).arg(&ds);
@@ -872,10 +948,10 @@ impl Gpu {
         }
         b.arg(&n_blocks);
         if kquant {
-            b.arg(&k_i).arg(&km);
+            b.arg(&k_i).arg(&km).arg(&xblob).arg(&nt);
         }
         // SAFETY: x holds n f32; q, ds and bs hold at least n values, n / 32 scales and n / 16
-        // split sums.
+        // split sums; xblob (when not 0) the n / k columns' regions (mmw_prepack).
         unsafe { b.launch(cfg) }?;
         Ok(())
     }
@@ -1050,7 +1126,7 @@ impl Gpu {
             Some(nt) => {
                 name = name.replace("mmt_", "mmw_");
                 cfg.shared_mem_bytes = mmw_smem(nt) as u32;
-                Some(self.mmw_pack(scratch, k, ncols, nt)?)
+                Some(self.mmw_act(scratch, k, ncols, nt)?)
             }
             None => None,
         };
@@ -1085,7 +1161,7 @@ impl Gpu {
         nt: usize,
     ) -> Result<u64, CudaError> {
         let (tiles, nb) = (ncols.div_ceil(8 * nt), k / 256);
-        let blob = self.mmw_blob(tiles * nb * mmw_xb(nt))?;
+        let (blob, _) = self.mmw_blob_write(tiles * nb * mmw_xb(nt))?;
         let cfg = LaunchConfig {
             grid_dim: (nb as u32, tiles as u32, 1),
             block_dim: (128, 1, 1),
@@ -1194,7 +1270,7 @@ impl Gpu {
                 Some(nt) => {
                     name = name.replace("mmt_", "mmw_");
                     cfg.shared_mem_bytes = mmw_smem(nt) as u32;
-                    Some(self.mmw_pack(scratch, k, ncols, nt)?)
+                    Some(self.mmw_act(scratch, k, ncols, nt)?)
                 }
                 None => None,
             };
@@ -1251,6 +1327,7 @@ impl Gpu {
                 *scratch = self.act_scratch(rows)?;
             }
             scratch.kmajor = false;
+            scratch.packed = None;
             let (nch_i, t_u, w_u) = (nch as i32, tasks as u32, blocks * 4);
             let (q, ds, bs) = (
                 dptr(self, &scratch.q),
@@ -1579,13 +1656,14 @@ mod tests {
 
     #[test]
     fn mmw_smem_holds_three_stages_and_three_blocks_fit_an_sm() {
-        // mmt.cu: mmw_xb(nt) = 8 nt (256 + 4 + 16); a stage the largest weights and one region.
+        // common.cuh: mmw_xb(nt) = 8 nt (256 + 4 + 16); a stage the largest weights and one region.
+        assert!(crate::compile::COMMON_HEADER
+            .contains("constexpr int mmw_xb(int nt) { return 8 * nt * (256 + 4 + 16); }"));
         let src = crate::KERNEL_SOURCES
             .iter()
             .find(|(f, _)| *f == "mmt.cu")
             .unwrap()
             .1;
-        assert!(src.contains("constexpr int mmw_xb(int nt) { return 8 * nt * (256 + 4 + 16); }"));
         assert!(src.contains("#define MMW_STAGES 3"));
         assert!(src.contains("#define MMW_Q6_QUAD 784"));
         // The largest weights of a stage: Q6_K's 16 quads of 4 x 192 bytes (784 apart) and

@@ -10,8 +10,9 @@
 //!
 //! Batch invariance, bit for bit on the GPU: each matmul column of a decode group against the
 //! same column alone, each row op's row against the one-row op, and whole models
-//! (`--invariance`, every `--model`, or a synthesized muse-tiny with `--quick`): 16 greedy
-//! requests decoded alone, then in decode groups of 2, 8 and 16, every step's logits compared.
+//! (`--invariance`, every `--model`, or a synthesized muse-tiny with `--quick`): 32 greedy
+//! requests decoded alone, then in decode groups of 2, 8, 16, 24 and 32, every step's logits
+//! compared.
 
 use anyhow::Context;
 use muser_cuda::backend::mma_attention_fits;
@@ -1432,8 +1433,9 @@ fn moved_columns(
     p.read_gpu(&y)[PRE * rows..].to_vec()
 }
 
-/// Batch invariance of a whole model on CUDA: 16 greedy requests (prompts of 1 to ~150 tokens)
-/// decoded alone op by op (no graphs), then alone again and in decode groups of 2, 8 and 16 with
+/// Batch invariance of a whole model on CUDA: 32 greedy requests (prompts of 1 to ~150 tokens)
+/// decoded alone op by op (no graphs), then alone again and in decode groups of 2, 8, 16, 24
+/// and 32 (the wide groups' `mmw_*` tiles, whose activations the producers lay out) with
 /// each step replayed from a recorded graph; every step's logits must have the bits of the
 /// request's first solo run (each request is fed its solo run's tokens), and the GPU's argmax
 /// (`decode_greedy`) must pick the token the host picks from those logits.
@@ -1452,7 +1454,7 @@ fn check_invariance(
     );
     let nv = m.config.n_vocab;
     let mut rng = Rand::new(0x1a7e);
-    let n_req = 16;
+    let n_req = 32;
     let prompts: Vec<Vec<u32>> = (0..n_req)
         .map(|i| {
             let len = 1 + (i * 37) % 150;
@@ -1595,7 +1597,7 @@ fn check_invariance(
     );
     rows.push(r);
     let mut summary = Vec::new();
-    for size in [1usize, 2, 8, 16] {
+    for size in [1usize, 2, 8, 16, 24, 32] {
         let mut sessions = prompts
             .iter()
             .map(|_| Session::new(&m, n_ctx))
