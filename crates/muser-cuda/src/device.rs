@@ -47,6 +47,9 @@ pub struct Gpu {
     /// Decode groups of K-quants on 24- and 32-column tiles run on `mmw_*`, whose stages the
     /// copy engine fills (`matvec::mmw_route`); on unless `MUSER_CUDA_MMW=0`.
     mmw: std::sync::atomic::AtomicBool,
+    /// The Q8_K producers of wide groups also write `mmw_*`'s layout (`matvec::Gpu::mmw_prepack`);
+    /// on unless `MUSER_CUDA_MMW_PREPACK=0`.
+    mmw_prepack: std::sync::atomic::AtomicBool,
     /// Prefill chunks run on the f16 tensor-core tiles (`mmh::Gpu::mmh_route`); on unless
     /// `MUSER_CUDA_MMH=0`.
     pub(crate) mmh_on: std::sync::atomic::AtomicBool,
@@ -111,6 +114,9 @@ impl Gpu {
             ),
             mmw: std::sync::atomic::AtomicBool::new(
                 std::env::var("MUSER_CUDA_MMW").map_or(true, |v| v != "0"),
+            ),
+            mmw_prepack: std::sync::atomic::AtomicBool::new(
+                std::env::var("MUSER_CUDA_MMW_PREPACK").map_or(true, |v| v != "0"),
             ),
             mmh_on: std::sync::atomic::AtomicBool::new(
                 std::env::var("MUSER_CUDA_MMH").map_or(true, |v| v != "0"),
@@ -233,6 +239,13 @@ impl Gpu {
     }
     pub fn set_mmw(&self, on: bool) {
         self.mmw.store(on, Ordering::Relaxed);
+    }
+    /// Whether the Q8_K producers of wide groups also write `mmw_*`'s activation layout.
+    pub fn mmw_prepack_on(&self) -> bool {
+        self.mmw_prepack.load(Ordering::Relaxed)
+    }
+    pub fn set_mmw_prepack(&self, on: bool) {
+        self.mmw_prepack.store(on, Ordering::Relaxed);
     }
 
     /// The compute capability as major * 10 + minor (sm_90: 90).

@@ -831,9 +831,11 @@ impl Gpu {
     /// `MUSER_CUDA_MMW_PREPACK` not 0. The launch still packs when its matrices leave `mmw_*`
     /// (`mmw_route`) or the blob was written since (`MmwPacked::gen`).
     pub fn mmw_prepack(&self, ncols: usize, k: usize) -> Result<Option<MmwPacked>, CudaError> {
-        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        let on = *ON.get_or_init(|| std::env::var("MUSER_CUDA_MMW_PREPACK").as_deref() != Ok("0"));
-        if !(on && self.mmw() && k.is_multiple_of(256) && ncols > mmk_cols().max(16)) {
+        if !(self.mmw_prepack_on()
+            && self.mmw()
+            && k.is_multiple_of(256)
+            && ncols > mmk_cols().max(16))
+        {
             return Ok(None);
         }
         let nt = mmt_tile_nt(ncols);

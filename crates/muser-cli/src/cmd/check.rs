@@ -1059,6 +1059,14 @@ fn check_split(p: &mut Pair, n: usize, k: usize) -> anyhow::Result<()> {
         // mmt_* must give the same bits.
         let against_mmt = p.gpu.gpu.mmw();
         if against_mmt {
+            // The activation laid out by mmw_pack rather than by its quantizer.
+            let prepack = p.gpu.gpu.mmw_prepack_on();
+            p.gpu.gpu.set_mmw_prepack(false);
+            p.gpu.gpu.set_mmt_split(false);
+            let mut yg = p.gpu.buf(n, rows);
+            p.gpu.matmul(&xg, &mut [(&wg, &mut yg)]);
+            outs.push(p.read_gpu(&yg));
+            p.gpu.gpu.set_mmw_prepack(prepack);
             p.gpu.gpu.set_mmw(false);
             for split in [false, true] {
                 p.gpu.gpu.set_mmt_split(split);
@@ -1076,8 +1084,9 @@ fn check_split(p: &mut Pair, n: usize, k: usize) -> anyhow::Result<()> {
         p.record("matmul split", shape.clone(), &outs[1], &want, MATVEC_NMSE);
         p.exact("split == unsplit", shape.clone(), &outs[1], &outs[0]);
         if against_mmt {
-            p.exact("mmw == mmt", shape.clone(), &outs[0], &outs[2]);
-            p.exact("mmw split == mmt", shape, &outs[1], &outs[3]);
+            p.exact("mmw packed == prepacked", shape.clone(), &outs[2], &outs[0]);
+            p.exact("mmw == mmt", shape.clone(), &outs[0], &outs[3]);
+            p.exact("mmw split == mmt", shape, &outs[1], &outs[4]);
         }
     }
     // The fused gate+up+SiLU on mmw_silu_* against mmt_silu_*.
