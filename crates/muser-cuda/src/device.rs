@@ -50,6 +50,9 @@ pub struct Gpu {
     /// The Q8_K producers of wide groups also write `mmw_*`'s layout (`matvec::Gpu::mmw_prepack`);
     /// on unless `MUSER_CUDA_MMW_PREPACK=0`.
     mmw_prepack: std::sync::atomic::AtomicBool,
+    /// A wide group's fused gate+up runs gate and up in blocks of their own
+    /// (`mmw_silu_pair_*`); on unless `MUSER_CUDA_MMW_PAIRS=0`.
+    mmw_pairs: std::sync::atomic::AtomicBool,
     /// Prefill chunks run on the f16 tensor-core tiles (`mmh::Gpu::mmh_route`); on unless
     /// `MUSER_CUDA_MMH=0`.
     pub(crate) mmh_on: std::sync::atomic::AtomicBool,
@@ -117,6 +120,9 @@ impl Gpu {
             ),
             mmw_prepack: std::sync::atomic::AtomicBool::new(
                 std::env::var("MUSER_CUDA_MMW_PREPACK").map_or(true, |v| v != "0"),
+            ),
+            mmw_pairs: std::sync::atomic::AtomicBool::new(
+                std::env::var("MUSER_CUDA_MMW_PAIRS").map_or(true, |v| v != "0"),
             ),
             mmh_on: std::sync::atomic::AtomicBool::new(
                 std::env::var("MUSER_CUDA_MMH").map_or(true, |v| v != "0"),
@@ -246,6 +252,13 @@ impl Gpu {
     }
     pub fn set_mmw_prepack(&self, on: bool) {
         self.mmw_prepack.store(on, Ordering::Relaxed);
+    }
+    /// Whether a wide group's fused gate+up on `mmw_*` runs gate and up in blocks of their own.
+    pub fn mmw_pairs(&self) -> bool {
+        self.mmw_pairs.load(Ordering::Relaxed)
+    }
+    pub fn set_mmw_pairs(&self, on: bool) {
+        self.mmw_pairs.store(on, Ordering::Relaxed);
     }
 
     /// The compute capability as major * 10 + minor (sm_90: 90).

@@ -1276,6 +1276,17 @@ impl Gpu {
                 }
                 None => None,
             };
+            // Gate and up in blocks of their own (`mmw_silu_pair_*`): each pair's slots of
+            // 2 x 4 NT x 128 values and its count.
+            let pairs = match (&blob, self.mmw_pairs()) {
+                (Some(_), true) => {
+                    let n = (cfg.grid_dim.0 * cfg.grid_dim.1) as usize;
+                    name = name.replace("mmw_silu_", "mmw_silu_pair_");
+                    cfg.grid_dim.1 *= 2;
+                    Some(self.split_scratch(n * 2 * 16 * 128, n)?)
+                }
+                _ => None,
+            };
             let f = self.kernel_smem(&name, cfg.shared_mem_bytes as usize)?;
             let mut b = self.stream.launch_builder(f);
             b.arg(&wg).arg(&tg).arg(&wu).arg(&tu).arg(&y).arg(&rows_i);
@@ -1285,8 +1296,12 @@ impl Gpu {
                 b.arg(&p[0]).arg(&p[1]).arg(&p[2]);
                 b.arg(&i[0]).arg(&i[1]).arg(&i[2]);
             }
+            if let Some((cv, cnt)) = &pairs {
+                b.arg(cv).arg(cnt);
+            }
             // SAFETY: reads rows*row_bytes bytes of each matrix and the activation of ncols*k
-            // values; writes ncols*rows outputs.
+            // values; writes ncols*rows outputs; with pairs, cv holds 2 x 2048 values and cnt
+            // one count (zero between launches: each launch leaves them so) per pair of blocks.
             unsafe { b.launch(cfg) }?;
             return Ok(false);
         }

@@ -1096,19 +1096,20 @@ fn check_split(p: &mut Pair, n: usize, k: usize) -> anyhow::Result<()> {
             let (g, u) = (p.matrix("gate", ty, rows, k)?, p.matrix("up", ty, rows, k)?);
             let ((_, gg), (_, ug)) = (p.weights(&g)?, p.weights(&u)?);
             let mut outs = Vec::new();
-            for on in [true, false] {
+            let pairs = p.gpu.gpu.mmw_pairs();
+            // mmw_silu_* with gate and up in one block and in blocks of their own, then mmt.
+            for (on, pair) in [(true, false), (true, true), (false, false)] {
                 p.gpu.gpu.set_mmw(on);
+                p.gpu.gpu.set_mmw_pairs(pair);
                 let mut yg = p.gpu.buf(n, rows);
                 p.gpu.ffn_gate_up_silu(&xg, &gg, &ug, &mut yg);
                 outs.push(p.read_gpu(&yg));
             }
             p.gpu.gpu.set_mmw(true);
-            p.exact(
-                "mmw silu == mmt",
-                format!("{ty} {rows}x{k} x{n}"),
-                &outs[0],
-                &outs[1],
-            );
+            p.gpu.gpu.set_mmw_pairs(pairs);
+            let shape = format!("{ty} {rows}x{k} x{n}");
+            p.exact("mmw silu == mmt", shape.clone(), &outs[0], &outs[2]);
+            p.exact("mmw silu pairs == mmt", shape, &outs[1], &outs[2]);
         }
     }
     p.gpu.gpu.set_mmh(mmh_default);
