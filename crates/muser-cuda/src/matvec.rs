@@ -828,11 +828,13 @@ impl Gpu {
     /// `xblob`) also writes its activation of `ncols` columns of width `k`, in the layout the
     /// `mmw_*` launch of that group would read (`mmt_tile_nt` column tiles), so that launch runs
     /// without `mmw_pack` before it: groups wider than `mmk_*`'s on sm_90 with `mmw_*` on, and
-    /// `MUSER_CUDA_MMW_PREPACK` not 0. The launch still packs when its matrices leave `mmw_*`
-    /// (`mmw_route`) or the blob was written since (`MmwPacked::gen`).
+    /// `MUSER_CUDA_MMW_PREPACK` not 0, except prefill chunks bound for `mmh` (`prefill_on_mmh`).
+    /// The launch still packs when its matrices leave `mmw_*` (`mmw_route`) or the blob was
+    /// written since (`MmwPacked::gen`).
     pub fn mmw_prepack(&self, ncols: usize, k: usize) -> Result<Option<MmwPacked>, CudaError> {
         if !(self.mmw_prepack_on()
             && self.mmw()
+            && !self.prefill_on_mmh()
             && k.is_multiple_of(256)
             && ncols > mmk_cols().max(16))
         {

@@ -168,6 +168,13 @@ impl Gpu {
             && (mmh_min() == 1 || !self.exact.load(Ordering::Relaxed))
             && mmh_fits(ty, ncols, k, mmh_min())
     }
+    /// Whether the matmuls issued now run on `mmh` wherever their matrices fit it (`mmh_route`
+    /// less `mmh_fits`): prefill chunks on sm_90.
+    pub fn prefill_on_mmh(&self) -> bool {
+        self.mmh_prefill()
+            && !self.decoding.load(Ordering::Relaxed)
+            && (mmh_min() == 1 || !self.exact.load(Ordering::Relaxed))
+    }
     /// Marks the ops issued from now on as needing every row's bits independent of the pass
     /// (`true`) or not (`exact_columns`).
     pub fn set_exact(&self, on: bool) {
