@@ -790,6 +790,18 @@ __device__ __forceinline__ void mmw_kernel(const MatvecJobs& jobs, const uint8_t
                   jobs.ty_of(j) == FMT_Q6_K);
 }
 
+// silu(gate) * up of the block's outputs, stored (mmt_store) in this column tile of y.
+template <int NT>
+__device__ __forceinline__ void mmw_silu_store(float (&gs)[NT][4], const float (&us)[NT][4], float* y, int rows,
+                                               int row0, int ncols, int tyg) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) gs[nt][e] = gs[nt][e] / (1.0f + expf(-gs[nt][e])) * us[nt][e];
+    mmt_store<NT>(y, rows, row0, blockIdx.x * 8 * NT, min(8 * NT, ncols - (int)blockIdx.x * 8 * NT), gs,
+                  tyg == FMT_Q6_K);
+}
+
 // Gate and up must lay their rows out alike (both Q6_K or neither: mmt_store's rows).
 template <int NT>
 __device__ __forceinline__ void mmw_silu_kernel(const uint8_t* wg, int tyg, const uint8_t* wu, int tyu, float* y,
@@ -802,12 +814,7 @@ __device__ __forceinline__ void mmw_silu_kernel(const uint8_t* wg, int tyg, cons
     float gs[NT][4], us[NT][4];
     mmw_sum<NT>(tyg, wg, row0, rows, K, xt, mmw_smem_buf, bars, 0, gs);
     mmw_sum<NT>(tyu, wu, row0, rows, K, xt, mmw_smem_buf, bars, K / QK_K, us);
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) gs[nt][e] = gs[nt][e] / (1.0f + expf(-gs[nt][e])) * us[nt][e];
-    mmt_store<NT>(y, rows, row0, blockIdx.x * 8 * NT, min(8 * NT, ncols - (int)blockIdx.x * 8 * NT), gs,
-                  tyg == FMT_Q6_K);
+    mmw_silu_store<NT>(gs, us, y, rows, row0, ncols, tyg);
 }
 
 // mmw_silu_kernel with gate and up in blocks of their own (grid y: 2 per 64 rows, gate then
@@ -849,12 +856,7 @@ __device__ __forceinline__ void mmw_silu_pair_kernel(const uint8_t* wg, int tyg,
             us[nt][e] = up ? v[nt][e] : o;
         }
     if (threadIdx.x == 0) cnt[pair] = 0;
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) gs[nt][e] = gs[nt][e] / (1.0f + expf(-gs[nt][e])) * us[nt][e];
-    mmt_store<NT>(y, rows, row0, blockIdx.x * 8 * NT, min(8 * NT, ncols - (int)blockIdx.x * 8 * NT), gs,
-                  tyg == FMT_Q6_K);
+    mmw_silu_store<NT>(gs, us, y, rows, row0, ncols, tyg);
 }
 
 // K split over grid z: mmt_split_kernel's slots, counts and merge, so its bits.
