@@ -991,7 +991,7 @@ impl CudaBackend {
         } else {
             // One wave of blocks, each taking its (KV head, row)'s splits in turn.
             let per_sm = ck(
-                f.occupancy_max_active_blocks_per_multiprocessor(32 * w as u32, smem, None),
+                self.gpu.blocks_per_sm(name, 32 * w as u32, smem),
                 "attention occupancy",
             );
             attn_loop_splits(splits, a.n_kv * a.n, self.gpu.sms * per_sm as usize)

@@ -38,6 +38,9 @@ pub struct Gpu {
     pub(crate) split: std::sync::Mutex<crate::matvec::SplitScratch>,
     /// Kernels whose dynamic shared memory limit was raised, and to how much (`kernel_smem`).
     big_smem: std::sync::Mutex<BTreeMap<String, usize>>,
+    /// Resident blocks per SM of (kernel, threads, dynamic shared memory), as the driver says
+    /// (`blocks_per_sm`).
+    occupancy: std::sync::Mutex<BTreeMap<(String, u32, usize), u32>>,
     /// Narrow tensor-core launches split K over blocks (`matvec::mmt_splits`); on unless
     /// `MUSER_CUDA_MMT_SPLIT=0` (H200, llama-glimmer, 32 streams: 1076 against 1056 tokens/s).
     mmt_split: std::sync::atomic::AtomicBool,
@@ -109,6 +112,7 @@ impl Gpu {
             pdl_aware: Vec::new(),
             split: Default::default(),
             big_smem: Default::default(),
+            occupancy: Default::default(),
             mmv: std::sync::atomic::AtomicBool::new(
                 std::env::var("MUSER_CUDA_MMV").map_or(true, |v| v != "0"),
             ),
@@ -289,6 +293,20 @@ impl Gpu {
             }
         }
         Ok(f)
+    }
+
+    /// How many blocks of `threads` threads and `smem` bytes of dynamic shared memory of kernel
+    /// `name` one SM holds (the driver's occupancy calculator, asked once per configuration).
+    pub fn blocks_per_sm(&self, name: &str, threads: u32, smem: usize) -> Result<u32, CudaError> {
+        let key = (name.to_string(), threads, smem);
+        if let Some(&n) = self.occupancy.lock().unwrap().get(&key) {
+            return Ok(n);
+        }
+        let n = self
+            .kernel_smem(name, smem)?
+            .occupancy_max_active_blocks_per_multiprocessor(threads, smem, None)?;
+        self.occupancy.lock().unwrap().insert(key, n);
+        Ok(n)
     }
 
     /// Counts `n` more dispatches of each kernel of `counts` (kernels a replayed graph launches).

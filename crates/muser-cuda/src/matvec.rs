@@ -804,7 +804,7 @@ impl Gpu {
     }
 
     /// The activation regions of `mmw_*`, at least `bytes` (grown on demand).
-    pub fn mmw_blob(&self, bytes: usize) -> Result<u64, CudaError> {
+    fn mmw_blob(&self, bytes: usize) -> Result<u64, CudaError> {
         let mut s = self.split.lock().unwrap();
         if s.blob.as_ref().is_none_or(|b| b.len() < bytes) {
             s.blob = Some(
