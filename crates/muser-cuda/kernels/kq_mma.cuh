@@ -87,6 +87,22 @@ __device__ __forceinline__ void kq_leaves(int k, const float (&v)[NT][4], float 
     }
 }
 
+// kq_leaves without its four branches: the same sums by selects. Positions 0 and 2 add the
+// value to -0 (-0 + v = v, so the same bits: lo = v, hi = v), 1 and 3 to lo or hi. (The branches
+// make the compiler move the values between registers; mmt.cu's mmw_* take this form.)
+template <int NT>
+__device__ __forceinline__ void kq_leaves_sel(int k, const float (&v)[NT][4], float (&lo)[NT][4], float (&hi)[NT][4]) {
+    const bool odd = k & 1, two = k >= 2;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const float p = kq_add(odd ? (two ? hi[nt][e] : lo[nt][e]) : -0.0f, v[nt][e]);
+            lo[nt][e] = two ? lo[nt][e] : p;
+            hi[nt][e] = two ? p : hi[nt][e];
+        }
+}
+
 // Asks L2 for chunk ch of the warp's 16 rows (the quants plane of Q6_K), every 128-byte line: a
 // chunk of a row quad is one contiguous run (kq_blk); lanes 8i .. 8i + 7 take quad i.
 __device__ __forceinline__ void mmk_prefetch_chunk(const uint8_t* w, int ty, int row0, int rows, int K, int ch) {

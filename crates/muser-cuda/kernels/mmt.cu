@@ -134,24 +134,16 @@ __device__ __forceinline__ void mmt_leaves(int k, bool last, const float (&v)[NT
             for (int e = 0; e < 4; ++e) chunk(nt, e, k >= 2 ? kq_add(lo[nt][e], hi[nt][e]) : lo[nt][e]);
 }
 
-// mmt_leaves without kq_leaves' four branches (the mmw_* kernels' chunk tree unless
-// MMW_LEAVES_SELECT=0): the same sums by selects. Positions 0 and 2 add the value to -0 (-0 + v
-// = v, so the same bits: lo = v, hi = v), 1 and 3 to lo or hi. H200, lab run 28 (ws.cu,
+// mmt_leaves on kq_leaves_sel (the mmw_* kernels' chunk tree unless MMW_LEAVES_SELECT=0).
+// H200, lab run 28 (ws.cu,
 // 2026-12-02, every output bit-identical to mmt_*'s): gate+up+SiLU Q4_K at 32 / 24 / 48 columns
 // 95.76 / 84.57 / 166.27 -> 91.94 / 80.72 / 159.84 us; ffn_down Q4_K in 7 splits 53.37 -> 52.62,
 // q+k+v 21.41 -> 21.33, attn_output 18.57 -> 18.23, Q6_K unchanged.
 template <int NT, class CHUNK>
 __device__ __forceinline__ void mmt_leaves_sel(int k, bool last, const float (&v)[NT][4], float (&lo)[NT][4],
                                                float (&hi)[NT][4], CHUNK chunk) {
-    const bool odd = k & 1, two = k >= 2;
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const float p = kq_add(odd ? (two ? hi[nt][e] : lo[nt][e]) : -0.0f, v[nt][e]);
-            lo[nt][e] = two ? lo[nt][e] : p;
-            hi[nt][e] = two ? p : hi[nt][e];
-        }
+    kq_leaves_sel<NT>(k, v, lo, hi);
+    const bool two = k >= 2;
     if (k == KQ_CHUNK - 1 || last)
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt)
