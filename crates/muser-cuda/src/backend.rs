@@ -1074,14 +1074,7 @@ impl CudaBackend {
             .arg(&q)
             .arg(&ds)
             .arg(&bs);
-        if fuse {
-            ws.act.packed = ck(self.gpu.mmw_prepack(a.n, width), "mmw activation");
-        }
-        let (xblob, nt) = ws
-            .act
-            .packed
-            .filter(|_| fuse)
-            .map_or((0, 0), |p| (p.blob, p.nt as i32));
+        let (xblob, nt) = self.fused_mmw(ws, fuse, a.n, width);
         b.arg(&xblob).arg(&nt);
         // SAFETY: the partials hold n * n_head * splits entries, of which row t reads its own
         // splits; out (and gate) are [n][n_head * d]; q, ds, bs (when fused) the quantization of
@@ -1090,6 +1083,18 @@ impl CudaBackend {
         if fuse {
             *self.fused_act.lock().unwrap() = Some((outp, a.n * width, width));
         }
+    }
+
+    /// With the fused quantization (`fuse`) of an activation of `ncols` columns of width `k`
+    /// into `ws`'s scratch, its `mmw_*` layout too where a wide group reads it
+    /// (`Gpu::mmw_prepack`, recorded in `ws.act.packed`): the producer kernel's `xblob, nt`
+    /// arguments ((0, 0): none).
+    fn fused_mmw(&self, ws: &mut Workspace, fuse: bool, ncols: usize, k: usize) -> (u64, i32) {
+        if !fuse {
+            return (0, 0);
+        }
+        ws.act.packed = ck(self.gpu.mmw_prepack(ncols, k), "mmw activation");
+        crate::matvec::packed_args(ws.act.packed)
     }
 
     /// Whether the attention's last launch also quantizes its output for the attn_output
@@ -1992,14 +1997,7 @@ impl Backend for CudaBackend {
                 } else {
                     (0, 0, 0)
                 };
-                if fuse {
-                    ws.act.packed = ck(self.gpu.mmw_prepack(h.rows, h.cols), "mmw activation");
-                }
-                let (xblob, nt) = ws
-                    .act
-                    .packed
-                    .filter(|_| fuse)
-                    .map_or((0, 0), |p| (p.blob, p.nt as i32));
+                let (xblob, nt) = self.fused_mmw(&mut ws, fuse, h.rows, h.cols);
                 let mut b = self.gpu.stream.launch_builder(self.kernel("residual_norm"));
                 b.arg(&hp)
                     .arg(&xp)
@@ -2440,13 +2438,18 @@ mod tests {
         assert_eq!(attention_kernel(96), None);
     }
 
+    /// One step of the tests' xorshift generator.
+    fn xorshift(s: &mut u64) {
+        *s ^= *s << 13;
+        *s ^= *s >> 7;
+        *s ^= *s << 17;
+    }
+
     #[test]
     fn decode_row_splits_cover_every_position_once_and_grow_past_min_tiles_by_whole_runs() {
         let mut rng = 0x2545_f491_4f6c_dd1du64;
         for _ in 0..2000 {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
+            xorshift(&mut rng);
             let count = 1 + (rng % 70_000) as usize;
             let min_tiles = 1 + (rng >> 20) as usize % 16;
             let solo = solo_splits(2, 132);
@@ -2483,9 +2486,7 @@ mod tests {
     fn looped_attention_splits_fill_one_wave_and_take_every_split_once() {
         let mut rng = 0x9e37_79b9_7f4a_7c15u64;
         for _ in 0..2000 {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
+            xorshift(&mut rng);
             let n_kv = 1 + (rng % 16) as usize;
             let rows = 1 + (rng >> 8) as usize % 600;
             let wave = 132 * (1 + (rng >> 20) as usize % 8);

@@ -38,6 +38,11 @@ pub struct ActScratch {
     pub packed: Option<MmwPacked>,
 }
 
+/// A Q8_K producer kernel's `xblob, nt` arguments for `packed` ((0, 0): no mmw layout).
+pub fn packed_args(packed: Option<MmwPacked>) -> (u64, i32) {
+    packed.map_or((0, 0), |p| (p.blob, p.nt as i32))
+}
+
 /// An activation of `ncols` columns of width `k` in `mmw_*`'s layout of `nt` column tiles at
 /// `blob` (common.cuh: mmw_xb), valid while the blob's write count is still `gen`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -943,7 +948,7 @@ impl Gpu {
         } else {
             None
         };
-        let (xblob, nt) = scratch.packed.map_or((0, 0), |p| (p.blob, p.nt as i32));
+        let (xblob, nt) = packed_args(scratch.packed);
         let f = self.kernel(name)?;
         let mut b = self.stream.launch_builder(f);
         b.arg(&x).arg(&q).arg(&ds);
