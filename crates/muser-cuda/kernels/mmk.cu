@@ -617,14 +617,31 @@ struct MmvStage {
     __device__ __forceinline__ void release() { __syncwarp(); }
 };
 
+// Q4_K/Q5_K groups of up to MMV_X_AHEAD column tiles (0: none) issue each super-block's
+// activation loads before the previous super-block's arithmetic (xa holds the current one's,
+// loaded when the chunk starts). Otherwise they are issued just before the wait for the
+// super-block's slot, and as the weights are in shared memory by then, the round trip to L2 is
+// what the first MMA waits for: Nsight Compute, H200, 8 streams (2026-12-02), 15% of
+// `mmv_silu_1`'s warp samples and 25% of a Q4_K ffn_down `mmv_1`'s on that one instruction
+// (long scoreboard). Loaded ahead (one binary each, alternated in one call, 2026-12-02, tg128
+// aggregate tokens/s): 8 streams 969.45 against 959.43 / 962.83, 6 streams 756.93 against
+// 750.01 / 752.59; so that wait was mostly hidden by the SM's other warps. Two column tiles
+// would spill (168 registers already). (Asking L1 for the next super-block's lines instead,
+// `prefetch.global.L1`, one line a lane: 8 streams 815, 16 streams 1,188 against 956 / 1,391.)
+#ifndef MMV_X_AHEAD
+#define MMV_X_AHEAD 1
+#endif
+
 // mmv_chunk from the warp's stage.
 template <int FMT, int NT, class COPY>
 __device__ __forceinline__ void mmv_chunk_staged(MmvStage& st, COPY copy, const KAct& a, int ch,
                                                  float (&c)[4 * NT]) {
+    constexpr bool AHEAD = NT <= MMV_X_AHEAD && FMT != FMT_Q6_K;
     const int nb = a.K / QK_K, g = (threadIdx.x % WARP) >> 2;
     const int b0 = ch * KQ_CHUNK, b1 = min(b0 + KQ_CHUNK, nb);
     const MmkCols<NT> cols(a.ncols);
     float lo[NT][4] = {}, hi[NT][4] = {};
+    MmkX45<NT> xa(a, cols, b0); // (the compiler drops its loads where AHEAD is false)
 #pragma unroll 1
     for (int b = b0; b < b1; ++b) {
         float v[NT][4];
@@ -640,11 +657,12 @@ __device__ __forceinline__ void mmv_chunk_staged(MmvStage& st, COPY copy, const 
         } else {
             constexpr bool Q5 = FMT == FMT_Q5_K;
             constexpr int BS = Q5 ? 176 : 144;
-            const MmkX45<NT> x(a, cols, b);
+            const MmkX45<NT> x(a, cols, AHEAD ? min(b + 1, b1 - 1) : b);
             const uint8_t* s = st.next(copy, nb);
             const W45<Q5, true> wt(s + g * BS, s + (g + 8) * BS);
             if constexpr (NT > 1) st.release();
-            mmk_q45_block<NT, Q5>(wt, x, v);
+            mmk_q45_block<NT, Q5>(wt, AHEAD ? xa : x, v);
+            if constexpr (AHEAD) xa = x;
             if constexpr (NT == 1) st.release();
         }
         kq_leaves<NT>(b - b0, v, lo, hi);
@@ -656,20 +674,23 @@ __device__ __forceinline__ void mmv_chunk_staged(MmvStage& st, COPY copy, const 
 template <int NT, class COPY>
 __device__ __forceinline__ void mmv_chunk_pair_staged(MmvStage& st, COPY copy, const KAct& a, int ch,
                                                       float (&c)[2][4 * NT]) {
+    constexpr bool AHEAD = NT <= MMV_X_AHEAD;
     const int nb = a.K / QK_K, g = (threadIdx.x % WARP) >> 2;
     const int b0 = ch * KQ_CHUNK, b1 = min(b0 + KQ_CHUNK, nb);
     const MmkCols<NT> cols(a.ncols);
     float lg[NT][4] = {}, hg[NT][4] = {}, lu[NT][4] = {}, hu[NT][4] = {};
+    MmkX45<NT> xa(a, cols, b0); // as in mmv_chunk_staged
 #pragma unroll 1
     for (int b = b0; b < b1; ++b) {
         float vg[NT][4], vu[NT][4];
         {
-            const MmkX45<NT> x(a, cols, b);
+            const MmkX45<NT> x(a, cols, AHEAD ? min(b + 1, b1 - 1) : b);
             const uint8_t* s = st.next(copy, nb);
             const W45<false, true> gt(s + g * 144, s + (g + 8) * 144);
             const W45<false, true> ut(s + 16 * 144 + g * 144, s + 16 * 144 + (g + 8) * 144);
-            mmk_q45_block<NT, false>(gt, x, vg);
-            mmk_q45_block<NT, false>(ut, x, vu);
+            mmk_q45_block<NT, false>(gt, AHEAD ? xa : x, vg);
+            mmk_q45_block<NT, false>(ut, AHEAD ? xa : x, vu);
+            if constexpr (AHEAD) xa = x;
             st.release();
         }
         kq_leaves<NT>(b - b0, vg, lg, hg);
