@@ -574,6 +574,12 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
 __device__ __forceinline__ void mbar_expect(uint32_t bar, uint32_t bytes) {
     MMW_ASM("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
 }
+// Adds bytes to the barrier's current phase without arriving.
+__device__ __forceinline__ void mbar_add_tx(uint32_t bar, uint32_t bytes) {
+    MMW_ASM("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+// Orders this thread's shared-memory accesses before the copy engine's (cp.async.bulk) after it.
+__device__ __forceinline__ void fence_proxy_async() { MMW_ASM("fence.proxy.async.shared::cta;" ::: "memory"); }
 __device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
     MMW_ASM("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
             "l"(src), "r"(bytes), "r"(bar)
@@ -604,6 +610,42 @@ __device__ __forceinline__ void mmw_issue(uint32_t st, uint32_t full, const uint
                       64, full);
     }
 }
+
+// MMW_OWN_REFILLS: each warp copies its own 16 rows' blocks of a super-block (quads 4 w .. 4 w +
+// 3, which no other warp reads: lanes 0..3 a quad each, Q6_K's scales lanes 4..7) into a stage
+// as soon as it is done with the stage, arriving on the full barrier with their bytes; the
+// activation region, which every warp reads, is copied by the last warp done with the stage
+// (mmw_done), which adds its bytes to the barrier before it arrives. The full barriers count 4
+// arrivals.
+template <int FMT>
+__device__ __forceinline__ void mmw_issue_own(uint32_t st, uint32_t full, const uint8_t* __restrict__ w, int row0,
+                                              int rows, int nb, int b) {
+    constexpr bool Q6 = FMT == FMT_Q6_K;
+    constexpr int BS = Q6 ? 192 : MmtFmt<FMT>::BS, QB = Q6 ? MMW_Q6_QUAD : 4 * BS;
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+    const int quads = min(MMT_ROWS / 4, (int)(kq_rows(rows) - row0) / 4);
+    const int mine = max(0, min(4, quads - 4 * warp)), q = 4 * warp + (lane & 3);
+    if (lane == 0) mbar_expect(full, (uint32_t)(mine * 4 * (BS + (Q6 ? 16 : 0))));
+    __syncwarp();
+    if ((lane & 3) < mine) {
+        if (lane < 4) bulk_copy(st + q * QB, w + kq_blk(row0 + 4 * q, nb, b) * BS, 4 * BS, full);
+        else if (Q6 && lane < 8)
+            bulk_copy(st + 16 * MMW_Q6_QUAD + q * 64, w + kq_rows(rows) * nb * 192 + kq_blk(row0 + 4 * q, nb, b) * 16,
+                      64, full);
+    }
+}
+template <int FMT, int NT>
+__device__ __forceinline__ void mmw_issue_act(uint32_t st, uint32_t full, const uint8_t* __restrict__ xt, int b) {
+    if (threadIdx.x % WARP == 0) {
+        mbar_add_tx(full, (uint32_t)mmw_xb(NT));
+        bulk_copy(st + mmw_wbytes<FMT>(), xt + (size_t)b * mmw_xb(NT), mmw_xb(NT), full);
+    }
+    __syncwarp();
+}
+#ifndef MMW_OWN_REFILLS
+#define MMW_OWN_REFILLS 1
+#endif
+__shared__ unsigned mmw_done[MMW_STAGES];
 
 // Column c's piece p (16 values) of a super-block is piece p ^ mmw_swz(c) of its 256 bytes
 // (mmw_pack): the 8 columns of an MMA tile get 8 different pieces, so the 8-byte fragment loads
@@ -671,8 +713,9 @@ __device__ __forceinline__ uint32_t mmw_init(uint8_t* smem) {
     const uint32_t bars = (uint32_t)__cvta_generic_to_shared(smem) + MMW_STAGES * mmw_stage(NT);
     if (threadIdx.x == 0) {
         for (int i = 0; i < MMW_STAGES; ++i) {
-            mbar_init(bars + 8 * i, 1);
+            mbar_init(bars + 8 * i, MMW_OWN_REFILLS ? MMT_WARPS : 1);
             mbar_init(bars + 8 * (MMW_STAGES + i), MMT_WARPS);
+            mmw_done[i] = 0u;
         }
         MMW_ASM("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
@@ -707,7 +750,13 @@ __device__ __forceinline__ void mmw_rows(const uint8_t* __restrict__ w, int row0
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) lo[nt][e] = hi[nt][e] = 0.0f;
-    if (warp == 0)
+    if (MMW_OWN_REFILLS)
+        for (int i = 0; i < MMW_STAGES && i < n; ++i) {
+            const int s = (q0 + i) % MMW_STAGES;
+            if (warp == 0) mmw_issue_act<FMT, NT>(s0 + s * ST, bars + 8 * s, xt, sb0 + i);
+            mmw_issue_own<FMT>(s0 + s * ST, bars + 8 * s, w, row0, rows, nb, sb0 + i);
+        }
+    else if (warp == 0)
         for (int i = 0; i < MMW_STAGES && i < n; ++i) {
             const int s = (q0 + i) % MMW_STAGES;
             mmw_issue<FMT, NT>(s0 + s * ST, bars + 8 * s, w, row0, rows, nb, xt, sb0 + i);
@@ -716,7 +765,7 @@ __device__ __forceinline__ void mmw_rows(const uint8_t* __restrict__ w, int row0
     for (int i = 0; i < n; ++i) {
         const int q = q0 + i, s = q % MMW_STAGES, b = sb0 + i;
         // Super-block i + S - 1 into the stage super-block i - 1 used, once every warp is done with it.
-        if (i >= 1 && i + MMW_STAGES - 1 < n && warp == i % MMT_WARPS) {
+        if (!MMW_OWN_REFILLS && i >= 1 && i + MMW_STAGES - 1 < n && warp == i % MMT_WARPS) {
             const int sp = (q - 1) % MMW_STAGES;
             mbar_wait(bars + 8 * (MMW_STAGES + sp), ((q - 1) / MMW_STAGES) & 1);
             mmw_issue<FMT, NT>(s0 + sp * ST, bars + 8 * sp, w, row0, rows, nb, xt, b + MMW_STAGES - 1);
@@ -736,7 +785,28 @@ __device__ __forceinline__ void mmw_rows(const uint8_t* __restrict__ w, int row0
             mmw_q45<NT, FMT == FMT_Q5_K>(smem + s * ST, i % KQ_CHUNK, i == n - 1, done, lo, hi);
         }
         __syncwarp();
-        if (threadIdx.x % WARP == 0) mbar_arrive(bars + 8 * (MMW_STAGES + s));
+        if (!MMW_OWN_REFILLS) {
+            if (threadIdx.x % WARP == 0) mbar_arrive(bars + 8 * (MMW_STAGES + s));
+        } else {
+            // Every use of a stage completes a phase of its empty barrier and 4 counts of
+            // mmw_done. Then super-block i + S into this stage: the warp's own rows now, the
+            // activation by the last warp done with the stage (its wait returns at once and
+            // orders the other warps' reads before the copy).
+            fence_proxy_async();
+            unsigned last = 0;
+            if (threadIdx.x % WARP == 0) {
+                mbar_arrive(bars + 8 * (MMW_STAGES + s));
+                last = (atomicAdd(&mmw_done[s], 1u) & (MMT_WARPS - 1)) == MMT_WARPS - 1;
+            }
+            if (i + MMW_STAGES < n) {
+                if (__shfl_sync(0xffffffffu, last, 0)) {
+                    mbar_wait(bars + 8 * (MMW_STAGES + s), (q / MMW_STAGES) & 1);
+                    fence_proxy_async();
+                    mmw_issue_act<FMT, NT>(s0 + s * ST, bars + 8 * s, xt, b + MMW_STAGES);
+                }
+                mmw_issue_own<FMT>(s0 + s * ST, bars + 8 * s, w, row0, rows, nb, b + MMW_STAGES);
+            }
+        }
     }
     __syncthreads();
 }
