@@ -518,7 +518,7 @@ extern "C" __global__ void __launch_bounds__(128, 2) mmt_silu_8(MMK_SILU_ARGS, K
 }
 // ---------------------------------------------------------------------------------------------
 // mmw_*: the tiles above with their stages filled by the copy engine (Hopper's bulk copies), for
-// decode groups of 17-63 columns (matvec.rs `mmw_route`).
+// decode groups of 9-63 columns (matvec.rs `mmw_route`, `mmw_narrow_min`).
 // Same blocks (64 rows, 4 warps, 8 NT columns), same arithmetic (mmt_q45's kq45_superblock and
 // chunk trees), so the same bits as mmt_* and mvk_1. What differs is the copies: mmt_*'s
 // threads each copy pieces of every stage with cp.async and meet at two barriers a super-block
@@ -953,31 +953,20 @@ __device__ __forceinline__ void mmw_split_kernel(const MatvecJobs& jobs, const u
 
 // Each block's first stages (their weights, which no kernel writes) asked of the copy engine
 // before the wait for the previous kernel would be the next step; today the wait comes first.
+// The kernels of 8 NT columns: NT = 4 and 3, and 2 and 1 for decode groups of up to 16 columns
+// where matvec.rs `mmw_narrow_min` routes them here instead of mmv_*.
 extern "C" __global__ void __launch_bounds__(128, MMW_BLOCKS) mmw_4(MatvecJobs jobs, MMW_ACT_ARGS) {
     pdl_wait();
     mmw_kernel<4>(jobs, xblob, K, ncols);
-}
-extern "C" __global__ void __launch_bounds__(128, MMW_BLOCKS) mmw_3(MatvecJobs jobs, MMW_ACT_ARGS) {
-    pdl_wait();
-    mmw_kernel<3>(jobs, xblob, K, ncols);
 }
 extern "C" __global__ void __launch_bounds__(128, MMW_BLOCKS) mmw_split_4(MatvecJobs jobs, MMW_ACT_ARGS, float* __restrict__ cv,
                                                                   unsigned* __restrict__ cnt) {
     pdl_wait();
     mmw_split_kernel<4>(jobs, xblob, K, ncols, cv, cnt);
 }
-extern "C" __global__ void __launch_bounds__(128, MMW_BLOCKS) mmw_split_3(MatvecJobs jobs, MMW_ACT_ARGS, float* __restrict__ cv,
-                                                                  unsigned* __restrict__ cnt) {
-    pdl_wait();
-    mmw_split_kernel<3>(jobs, xblob, K, ncols, cv, cnt);
-}
 extern "C" __global__ void __launch_bounds__(128, MMW_BLOCKS) mmw_silu_4(MMK_SILU_ARGS, MMW_ACT_ARGS) {
     pdl_wait();
     mmw_silu_kernel<4>(wg, tyg, wu, tyu, y, rows, xblob, K, ncols);
-}
-extern "C" __global__ void __launch_bounds__(128, MMW_BLOCKS) mmw_silu_3(MMK_SILU_ARGS, MMW_ACT_ARGS) {
-    pdl_wait();
-    mmw_silu_kernel<3>(wg, tyg, wu, tyu, y, rows, xblob, K, ncols);
 }
 extern "C" __global__ void __launch_bounds__(128, MMW_BLOCKS) mmw_silu_pair_4(MMK_SILU_ARGS, MMW_ACT_ARGS,
                                                                       float* __restrict__ cv,
@@ -985,15 +974,66 @@ extern "C" __global__ void __launch_bounds__(128, MMW_BLOCKS) mmw_silu_pair_4(MM
     pdl_wait();
     mmw_silu_pair_kernel<4>(wg, tyg, wu, tyu, y, rows, xblob, K, ncols, cv, cnt);
 }
+extern "C" __global__ void __launch_bounds__(128, MMW_BLOCKS) mmw_3(MatvecJobs jobs, MMW_ACT_ARGS) {
+    pdl_wait();
+    mmw_kernel<3>(jobs, xblob, K, ncols);
+}
+extern "C" __global__ void __launch_bounds__(128, MMW_BLOCKS) mmw_split_3(MatvecJobs jobs, MMW_ACT_ARGS, float* __restrict__ cv,
+                                                                  unsigned* __restrict__ cnt) {
+    pdl_wait();
+    mmw_split_kernel<3>(jobs, xblob, K, ncols, cv, cnt);
+}
+extern "C" __global__ void __launch_bounds__(128, MMW_BLOCKS) mmw_silu_3(MMK_SILU_ARGS, MMW_ACT_ARGS) {
+    pdl_wait();
+    mmw_silu_kernel<3>(wg, tyg, wu, tyu, y, rows, xblob, K, ncols);
+}
 extern "C" __global__ void __launch_bounds__(128, MMW_BLOCKS) mmw_silu_pair_3(MMK_SILU_ARGS, MMW_ACT_ARGS,
                                                                       float* __restrict__ cv,
                                                                       unsigned* __restrict__ cnt) {
     pdl_wait();
     mmw_silu_pair_kernel<3>(wg, tyg, wu, tyu, y, rows, xblob, K, ncols, cv, cnt);
 }
+extern "C" __global__ void __launch_bounds__(128, MMW_BLOCKS) mmw_2(MatvecJobs jobs, MMW_ACT_ARGS) {
+    pdl_wait();
+    mmw_kernel<2>(jobs, xblob, K, ncols);
+}
+extern "C" __global__ void __launch_bounds__(128, MMW_BLOCKS) mmw_split_2(MatvecJobs jobs, MMW_ACT_ARGS, float* __restrict__ cv,
+                                                                  unsigned* __restrict__ cnt) {
+    pdl_wait();
+    mmw_split_kernel<2>(jobs, xblob, K, ncols, cv, cnt);
+}
+extern "C" __global__ void __launch_bounds__(128, MMW_BLOCKS) mmw_silu_2(MMK_SILU_ARGS, MMW_ACT_ARGS) {
+    pdl_wait();
+    mmw_silu_kernel<2>(wg, tyg, wu, tyu, y, rows, xblob, K, ncols);
+}
+extern "C" __global__ void __launch_bounds__(128, MMW_BLOCKS) mmw_silu_pair_2(MMK_SILU_ARGS, MMW_ACT_ARGS,
+                                                                      float* __restrict__ cv,
+                                                                      unsigned* __restrict__ cnt) {
+    pdl_wait();
+    mmw_silu_pair_kernel<2>(wg, tyg, wu, tyu, y, rows, xblob, K, ncols, cv, cnt);
+}
+extern "C" __global__ void __launch_bounds__(128, MMW_BLOCKS) mmw_1(MatvecJobs jobs, MMW_ACT_ARGS) {
+    pdl_wait();
+    mmw_kernel<1>(jobs, xblob, K, ncols);
+}
+extern "C" __global__ void __launch_bounds__(128, MMW_BLOCKS) mmw_split_1(MatvecJobs jobs, MMW_ACT_ARGS, float* __restrict__ cv,
+                                                                  unsigned* __restrict__ cnt) {
+    pdl_wait();
+    mmw_split_kernel<1>(jobs, xblob, K, ncols, cv, cnt);
+}
+extern "C" __global__ void __launch_bounds__(128, MMW_BLOCKS) mmw_silu_1(MMK_SILU_ARGS, MMW_ACT_ARGS) {
+    pdl_wait();
+    mmw_silu_kernel<1>(wg, tyg, wu, tyu, y, rows, xblob, K, ncols);
+}
+extern "C" __global__ void __launch_bounds__(128, MMW_BLOCKS) mmw_silu_pair_1(MMK_SILU_ARGS, MMW_ACT_ARGS,
+                                                                      float* __restrict__ cv,
+                                                                      unsigned* __restrict__ cnt) {
+    pdl_wait();
+    mmw_silu_pair_kernel<1>(wg, tyg, wu, tyu, y, rows, xblob, K, ncols, cv, cnt);
+}
 
 // The activation regions of mmw_* from the row-major Q8_K activation of `ncols` columns: block
-// (super-block b, tile T) writes region (T, b) of 8 nt columns (nt = 3 or 4; columns past ncols
+// (super-block b, tile T) writes region (T, b) of 8 nt columns (nt = 1 to 4; columns past ncols
 // zero): thread i copies 16-byte pieces i, i + 128, .. of the values, then the scales and split
 // sums. 128 threads.
 extern "C" __global__ void __launch_bounds__(128) mmw_pack(const int8_t* __restrict__ xq,

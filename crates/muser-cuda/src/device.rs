@@ -44,8 +44,8 @@ pub struct Gpu {
     /// Narrow tensor-core launches split K over blocks (`matvec::mmt_splits`); on unless
     /// `MUSER_CUDA_MMT_SPLIT=0` (H200, llama-glimmer, 32 streams: 1076 against 1056 tokens/s).
     mmt_split: std::sync::atomic::AtomicBool,
-    /// Decode groups of `mmv_min` to 16 columns run on `mmv_*` (`matvec::mmv_kernel`); on unless
-    /// `MUSER_CUDA_MMV=0`.
+    /// Decode groups of `mmv_min` to 16 columns run on `mmv_*` (`matvec::mmv_kernel`), except
+    /// those `mmw_*` takes (`matvec::mmw_narrow_min`); on unless `MUSER_CUDA_MMV=0`.
     mmv: std::sync::atomic::AtomicBool,
     /// Decode groups of K-quants on 24- and 32-column tiles run on `mmw_*`, whose stages the
     /// copy engine fills (`matvec::mmw_route`); on unless `MUSER_CUDA_MMW=0`.

@@ -158,7 +158,8 @@ pub fn mmv_blocks(tasks: usize, sms: usize, per_sm: usize) -> u32 {
 /// The `mmv_*` kernel for a decode group of `ncols` columns when they are `on` (`Gpu::mmv`):
 /// (name, blocks per SM). `mmv_1` / `mmv_silu_1` (up to 8 columns, 128 registers: 4 blocks per
 /// SM) from `mmv_min` columns, `mmv_2` / `mmv_silu_2` (9 to 16, 168 registers: 3 blocks per SM).
-/// Otherwise (and past 16) the `mmk_*` / `mmt_*` tiles. H200, llama-glimmer, aggregate tg128
+/// Otherwise (and past 16) the `mmk_*` / `mmt_*` tiles. Groups that `group_launch` gives to
+/// `mmw_*` (from `mmw_narrow_min` columns) do not run here. H200, llama-glimmer, aggregate tg128
 /// tokens/s, mmk_2 / mmv_2, same call (2026-11-30): 12 streams 1007.8 / 1077.9 and 1016.4 /
 /// 1070.4, 16 streams 1226.9 / 1337.7 and 1228.7 / 1334.8.
 pub fn mmv_kernel(ncols: usize, silu: bool, on: bool) -> Option<(String, usize)> {
@@ -265,6 +266,18 @@ pub fn group_launch(
     kmajor: bool,
     mmw: bool,
 ) -> (LaunchConfig, String, usize) {
+    if (mmw_narrow_min()..=16).contains(&ncols) {
+        let nt = ncols.div_ceil(8);
+        let name = format!("mmt_{}{nt}", if silu { "silu_" } else { "" });
+        if mmw_route(mmw, &name, types, kmajor).is_some() {
+            let cfg = LaunchConfig {
+                grid_dim: (1, rows.div_ceil(MMT_ROWS) as u32, 1),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            return (cfg, name, MMT_ROWS);
+        }
+    }
     let tile = if silu { "mmt_silu_4" } else { "mmt_4" };
     let wide = match mmw_route(mmw, tile, types, kmajor) {
         Some(_) => usize::MAX,
@@ -279,6 +292,32 @@ pub fn group_launch(
 /// switch; 16 stays: H200, llama-glimmer, same call (2026-11-30), tg64 aggregate at 32 / 24
 /// streams: 16 -> 1422.14 / 1156.20 and 1393.66 / 1180.38, 32 -> 1136.02 / 990.83 and
 /// 1162.18 / 1018.85, 64 -> 1134.62 / 977.16.
+/// The fewest columns of a decode group of up to 16 that runs on `mmw_*`'s 8- or 16-column
+/// tiles (`mmw_1`, `mmw_2` and their twins; `group_launch`) where `mmw_route` takes the launch,
+/// instead of `mmv_*`: 9, or `MUSER_CUDA_MMW_NARROW` (2 or more; 17 keeps every such group on
+/// `mmv_*`). H200, llama-glimmer, aggregate tg128 tokens/s, `mmv_*` / from 2 / from 9, one call
+/// alternated (2026-12-03): 4 streams 486.33 / 447.89 and 486.06 / 447.60 / 485.29, 8 streams
+/// 961.85 / 882.64 and 971.32 / 882.94 / 965.24, 12 streams 1090.96 / 1225.31 and 1093.44 /
+/// 1229.84 / 1229.59, 16 streams 1377.83 / 1615.30 and 1385.50 / 1635.11 / 1639.84.
+pub fn mmw_narrow_min() -> usize {
+    static MIN: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *MIN.get_or_init(|| {
+        env_usize("MUSER_CUDA_MMW_NARROW")
+            .filter(|&n| n >= 2)
+            .unwrap_or(9)
+    })
+}
+
+/// The column tiles (8 columns each) of a decode group of `ncols` columns on `mmw_*`: one per
+/// 8 columns up to 16 (`mmw_narrow_min`), else `mmt_tile_nt`.
+pub fn mmw_group_nt(ncols: usize) -> usize {
+    if ncols <= 16 {
+        ncols.div_ceil(8)
+    } else {
+        mmt_tile_nt(ncols)
+    }
+}
+
 pub fn mmk_cols() -> usize {
     static COLS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *COLS.get_or_init(|| {
@@ -372,6 +411,8 @@ pub const fn mmw_smem(nt: usize) -> usize {
 /// 118.6 us against 83.3).
 pub fn mmw_route(on: bool, name: &str, types: &[GgmlType], kmajor: bool) -> Option<usize> {
     let nt = match name {
+        "mmt_1" | "mmt_silu_1" => 1,
+        "mmt_2" | "mmt_silu_2" => 2,
         "mmt_3" | "mmt_silu_3" => 3,
         "mmt_4" | "mmt_silu_4" => 4,
         _ => return None,
@@ -841,11 +882,11 @@ impl Gpu {
             && self.mmw()
             && !self.prefill_on_mmh()
             && k.is_multiple_of(256)
-            && ncols > mmk_cols().max(16))
+            && (ncols > mmk_cols().max(16) || (mmw_narrow_min()..=16).contains(&ncols)))
         {
             return Ok(None);
         }
-        let nt = mmt_tile_nt(ncols);
+        let nt = mmw_group_nt(ncols);
         let (blob, gen) = self.mmw_blob_write(ncols.div_ceil(8 * nt) * (k / 256) * mmw_xb(nt))?;
         Ok(Some(MmwPacked {
             blob,
@@ -1095,7 +1136,8 @@ impl Gpu {
         let (mj, total) = self.jobs_struct(group, k, pad)?;
         let (mut cfg, mut name, _) = launch(total);
         let (p, i) = self.mmk_act(scratch, k, ncols);
-        if let Some((mmv, per_sm)) = mmv_kernel(ncols, false, self.mmv()) {
+        let mmv = mmv_kernel(ncols, false, self.mmv()).filter(|_| !name.starts_with("mmt"));
+        if let Some((mmv, per_sm)) = mmv {
             if total == 0 {
                 return Ok(());
             }
@@ -1112,7 +1154,7 @@ impl Gpu {
         }
         let tiles = (cfg.grid_dim.0 * cfg.grid_dim.1) as usize;
         let mmw = mmw_route(self.mmw(), &name, &types, scratch.kmajor);
-        let splits = if name == "mmt_4" || name == "mmt_3" {
+        let splits = if ["mmt_4", "mmt_3", "mmt_2", "mmt_1"].contains(&name.as_str()) {
             mmt_splits(self.mmt_split(), tiles, mvk_chunks(k), self.sms)
         } else {
             1
@@ -1254,7 +1296,8 @@ impl Gpu {
                 scratch.kmajor,
                 self.mmw(),
             );
-            if let Some((mmv, per_sm)) = mmv_kernel(ncols, true, self.mmv()) {
+            let mmv = mmv_kernel(ncols, true, self.mmv()).filter(|_| !name.starts_with("mmt"));
+            if let Some((mmv, per_sm)) = mmv {
                 if rows == 0 {
                     return Ok(false);
                 }
@@ -1679,6 +1722,44 @@ mod tests {
     }
 
     #[test]
+    fn narrow_groups_take_mmw_where_it_takes_their_matrices() {
+        use GgmlType::*;
+        for n in 2..=16 {
+            for silu in [false, true] {
+                for (types, kmajor, on) in [
+                    (&[Q4_K, Q5_K][..], false, true),
+                    (&[Q6_K], false, true),
+                    (&[Q6_K, Q4_K], false, true),
+                    (&[Q4_K], true, true),
+                    (&[Q4_K], false, false),
+                    (&[Q8_0], false, true),
+                ] {
+                    let (cfg, name, rows) = group_launch(n, 6656, silu, types, kmajor, on);
+                    let mmw = mmw_route(on, &name, types, kmajor);
+                    let narrow = n >= mmw_narrow_min()
+                        && on
+                        && !kmajor
+                        && !types.contains(&Q8_0)
+                        && !(silu && types.contains(&Q6_K));
+                    if narrow {
+                        // One tile of 8 or 16 columns over 64-row blocks, on mmw_1 / mmw_2.
+                        assert_eq!(mmw, Some(n.div_ceil(8)), "{n} {types:?} {name}");
+                        assert_eq!(mmw_group_nt(n), n.div_ceil(8));
+                        assert_eq!(cfg.grid_dim, (1, 6656 / MMT_ROWS as u32, 1));
+                        assert_eq!(rows, MMT_ROWS);
+                    } else {
+                        // Otherwise mmk_launch's tiles (and mmv_* in the engine).
+                        assert_eq!(mmw, None, "{n} {types:?} {name}");
+                        let plain = mmk_launch(n, 6656, silu);
+                        assert_eq!((&name, rows), (&plain.1, plain.2));
+                        assert!(name.starts_with("mmk"), "{n}: {name}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
     fn mmw_smem_holds_three_stages_and_three_blocks_fit_an_sm() {
         // common.cuh: mmw_xb(nt) = 8 nt (256 + 4 + 16); a stage the largest weights and one region.
         assert!(crate::compile::COMMON_HEADER
@@ -1694,7 +1775,7 @@ mod tests {
         // their scales, against Q5_K's 64 rows of 176.
         let q6 = 16 * 784 + 64 * 16;
         assert!(q6 > 64 * 176 && 784 >= 4 * 192);
-        for nt in [3, 4] {
+        for nt in 1..=4 {
             assert_eq!(mmw_smem(nt), 3 * (q6 + 8 * nt * 276) + 48);
             // Three blocks per SM (launch bounds 128, 3) in the H200's 227 KB (plus the 1 KB
             // each block reserves and the split kernel's flag).
