@@ -299,7 +299,7 @@ __device__ __forceinline__ MvkSpan mvk_span(const MatvecJobs& jobs, int nch, int
 // quantize_q8_k). Writes q (int8; kmajor: the k-major layout of xq16), ds (d, sum) per 32
 // values and bs (the 8 sums split as lo + 64 hi).
 // The activation regions of mmt.cu's mmw_* kernels (decode groups of 9 columns or more): per
-// tile of 8 nt columns (nt = 1 to 4) and super-block, one region of mmw_xb(nt) bytes: the 8 nt
+// tile of 8 nt columns (nt = 2 to 4) and super-block, one region of mmw_xb(nt) bytes: the 8 nt
 // columns' 256 int8 values, column c's 16-byte piece p at piece p ^ mmw_swz(c) (so the
 // fragment loads are free of bank conflicts), then the columns' Q8_K scales (f32) and split
 // sums (16 int8, as bs). Regions [tile][super-block]. mmw_pack lays a row-major activation out

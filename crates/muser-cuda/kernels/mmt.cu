@@ -953,8 +953,9 @@ __device__ __forceinline__ void mmw_split_kernel(const MatvecJobs& jobs, const u
 
 // Each block's first stages (their weights, which no kernel writes) asked of the copy engine
 // before the wait for the previous kernel would be the next step; today the wait comes first.
-// The kernels of 8 NT columns: NT = 4 and 3, and 2 and 1 for decode groups of up to 16 columns
-// where matvec.rs `mmw_narrow_min` routes them here instead of mmv_*.
+// The kernels of 8 NT columns: NT = 4 and 3, and 2 for decode groups of 9-16 columns, which
+// matvec.rs `mmw_narrow_min` routes here instead of mmv_* (one 8-column tile was slower than
+// mmv_1: lab README run 32).
 extern "C" __global__ void __launch_bounds__(128, MMW_BLOCKS) mmw_4(MatvecJobs jobs, MMW_ACT_ARGS) {
     pdl_wait();
     mmw_kernel<4>(jobs, xblob, K, ncols);
@@ -1012,28 +1013,9 @@ extern "C" __global__ void __launch_bounds__(128, MMW_BLOCKS) mmw_silu_pair_2(MM
     pdl_wait();
     mmw_silu_pair_kernel<2>(wg, tyg, wu, tyu, y, rows, xblob, K, ncols, cv, cnt);
 }
-extern "C" __global__ void __launch_bounds__(128, MMW_BLOCKS) mmw_1(MatvecJobs jobs, MMW_ACT_ARGS) {
-    pdl_wait();
-    mmw_kernel<1>(jobs, xblob, K, ncols);
-}
-extern "C" __global__ void __launch_bounds__(128, MMW_BLOCKS) mmw_split_1(MatvecJobs jobs, MMW_ACT_ARGS, float* __restrict__ cv,
-                                                                  unsigned* __restrict__ cnt) {
-    pdl_wait();
-    mmw_split_kernel<1>(jobs, xblob, K, ncols, cv, cnt);
-}
-extern "C" __global__ void __launch_bounds__(128, MMW_BLOCKS) mmw_silu_1(MMK_SILU_ARGS, MMW_ACT_ARGS) {
-    pdl_wait();
-    mmw_silu_kernel<1>(wg, tyg, wu, tyu, y, rows, xblob, K, ncols);
-}
-extern "C" __global__ void __launch_bounds__(128, MMW_BLOCKS) mmw_silu_pair_1(MMK_SILU_ARGS, MMW_ACT_ARGS,
-                                                                      float* __restrict__ cv,
-                                                                      unsigned* __restrict__ cnt) {
-    pdl_wait();
-    mmw_silu_pair_kernel<1>(wg, tyg, wu, tyu, y, rows, xblob, K, ncols, cv, cnt);
-}
 
 // The activation regions of mmw_* from the row-major Q8_K activation of `ncols` columns: block
-// (super-block b, tile T) writes region (T, b) of 8 nt columns (nt = 1 to 4; columns past ncols
+// (super-block b, tile T) writes region (T, b) of 8 nt columns (nt = 2 to 4; columns past ncols
 // zero): thread i copies 16-byte pieces i, i + 128, .. of the values, then the scales and split
 // sums. 128 threads.
 extern "C" __global__ void __launch_bounds__(128) mmw_pack(const int8_t* __restrict__ xq,

@@ -267,8 +267,7 @@ pub fn group_launch(
     mmw: bool,
 ) -> (LaunchConfig, String, usize) {
     if (mmw_narrow_min()..=16).contains(&ncols) {
-        let nt = ncols.div_ceil(8);
-        let name = format!("mmt_{}{nt}", if silu { "silu_" } else { "" });
+        let name = format!("mmt_{}2", if silu { "silu_" } else { "" });
         if mmw_route(mmw, &name, types, kmajor).is_some() {
             let cfg = LaunchConfig {
                 grid_dim: (1, rows.div_ceil(MMT_ROWS) as u32, 1),
@@ -292,27 +291,28 @@ pub fn group_launch(
 /// switch; 16 stays: H200, llama-glimmer, same call (2026-11-30), tg64 aggregate at 32 / 24
 /// streams: 16 -> 1422.14 / 1156.20 and 1393.66 / 1180.38, 32 -> 1136.02 / 990.83 and
 /// 1162.18 / 1018.85, 64 -> 1134.62 / 977.16.
-/// The fewest columns of a decode group of up to 16 that runs on `mmw_*`'s 8- or 16-column
-/// tiles (`mmw_1`, `mmw_2` and their twins; `group_launch`) where `mmw_route` takes the launch,
-/// instead of `mmv_*`: 9, or `MUSER_CUDA_MMW_NARROW` (2 or more; 17 keeps every such group on
-/// `mmv_*`). H200, llama-glimmer, aggregate tg128 tokens/s, `mmv_*` / from 2 / from 9, one call
-/// alternated (2026-12-03): 4 streams 486.33 / 447.89 and 486.06 / 447.60 / 485.29, 8 streams
-/// 961.85 / 882.64 and 971.32 / 882.94 / 965.24, 12 streams 1090.96 / 1225.31 and 1093.44 /
-/// 1229.84 / 1229.59, 16 streams 1377.83 / 1615.30 and 1385.50 / 1635.11 / 1639.84.
+/// The fewest columns of a decode group of up to 16 that runs on one 16-column `mmw_2` tile
+/// (and its twins; `group_launch`) where `mmw_route` takes the launch, instead of `mmv_*`: 9,
+/// or `MUSER_CUDA_MMW_NARROW` (9 to 16; 17 keeps every such group on `mmv_*`). H200,
+/// llama-glimmer, aggregate tg128 tokens/s, `mmv_*` / the 8- and 16-column tiles from 2 columns
+/// (an `mmw_1` since removed) / from 9, one call alternated (2026-12-03): 4 streams 486.33 /
+/// 447.89 and 486.06 / 447.60 / 485.29, 8 streams 961.85 / 882.64 and 971.32 / 882.94 / 965.24,
+/// 12 streams 1090.96 / 1225.31 and 1093.44 / 1229.84 / 1229.59, 16 streams 1377.83 / 1615.30
+/// and 1385.50 / 1635.11 / 1639.84.
 pub fn mmw_narrow_min() -> usize {
     static MIN: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *MIN.get_or_init(|| {
         env_usize("MUSER_CUDA_MMW_NARROW")
-            .filter(|&n| n >= 2)
+            .filter(|&n| n >= 9)
             .unwrap_or(9)
     })
 }
 
-/// The column tiles (8 columns each) of a decode group of `ncols` columns on `mmw_*`: one per
-/// 8 columns up to 16 (`mmw_narrow_min`), else `mmt_tile_nt`.
+/// The column tiles (8 columns each) of a decode group of `ncols` columns on `mmw_*`: two up
+/// to 16 columns (`mmw_narrow_min`), else `mmt_tile_nt`.
 pub fn mmw_group_nt(ncols: usize) -> usize {
     if ncols <= 16 {
-        ncols.div_ceil(8)
+        2
     } else {
         mmt_tile_nt(ncols)
     }
@@ -411,7 +411,6 @@ pub const fn mmw_smem(nt: usize) -> usize {
 /// 118.6 us against 83.3).
 pub fn mmw_route(on: bool, name: &str, types: &[GgmlType], kmajor: bool) -> Option<usize> {
     let nt = match name {
-        "mmt_1" | "mmt_silu_1" => 1,
         "mmt_2" | "mmt_silu_2" => 2,
         "mmt_3" | "mmt_silu_3" => 3,
         "mmt_4" | "mmt_silu_4" => 4,
@@ -1154,7 +1153,7 @@ impl Gpu {
         }
         let tiles = (cfg.grid_dim.0 * cfg.grid_dim.1) as usize;
         let mmw = mmw_route(self.mmw(), &name, &types, scratch.kmajor);
-        let splits = if ["mmt_4", "mmt_3", "mmt_2", "mmt_1"].contains(&name.as_str()) {
+        let splits = if ["mmt_4", "mmt_3", "mmt_2"].contains(&name.as_str()) {
             mmt_splits(self.mmt_split(), tiles, mvk_chunks(k), self.sms)
         } else {
             1
@@ -1742,9 +1741,9 @@ mod tests {
                         && !types.contains(&Q8_0)
                         && !(silu && types.contains(&Q6_K));
                     if narrow {
-                        // One tile of 8 or 16 columns over 64-row blocks, on mmw_1 / mmw_2.
-                        assert_eq!(mmw, Some(n.div_ceil(8)), "{n} {types:?} {name}");
-                        assert_eq!(mmw_group_nt(n), n.div_ceil(8));
+                        // One tile of 16 columns over 64-row blocks, on mmw_2.
+                        assert_eq!(mmw, Some(2), "{n} {types:?} {name}");
+                        assert_eq!(mmw_group_nt(n), 2);
                         assert_eq!(cfg.grid_dim, (1, 6656 / MMT_ROWS as u32, 1));
                         assert_eq!(rows, MMT_ROWS);
                     } else {
@@ -1775,7 +1774,7 @@ mod tests {
         // their scales, against Q5_K's 64 rows of 176.
         let q6 = 16 * 784 + 64 * 16;
         assert!(q6 > 64 * 176 && 784 >= 4 * 192);
-        for nt in 1..=4 {
+        for nt in 2..=4 {
             assert_eq!(mmw_smem(nt), 3 * (q6 + 8 * nt * 276) + 48);
             // Three blocks per SM (launch bounds 128, 3) in the H200's 227 KB (plus the 1 KB
             // each block reserves and the split kernel's flag).

@@ -820,6 +820,13 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
             let mmh_here =
                 mmh_default && p.gpu.gpu.arch == "sm_90" && n >= muser_cuda::mmh::mmh_min();
             let mmk_here = mmv_default && (muser_cuda::matvec::mmv_min()..=16).contains(&n);
+            // Groups of mmw_narrow_min to 16 columns run on mmw_2 where it takes the matrices:
+            // mmv_* (and mmk_*) with it off too.
+            let mmw_default = p.gpu.gpu.mmw();
+            let mmv_here = mmk_here
+                && mmw_default
+                && p.gpu.gpu.arch == "sm_90"
+                && n >= muser_cuda::matvec::mmw_narrow_min();
             let mut modes = vec![Tiles::Default];
             if n > 16 {
                 modes.push(Tiles::Split);
@@ -830,6 +837,9 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
             if mmk_here {
                 modes.push(Tiles::Mmk);
             }
+            if mmv_here {
+                modes.push(Tiles::Mmv);
+            }
             for (mode, (what, wc, wg)) in modes
                 .iter()
                 .flat_map(|&m| cases.iter().map(move |c| (m, c)))
@@ -839,7 +849,7 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
                 if mode != Tiles::Default && !kq {
                     continue;
                 }
-                mode.set(p, false, mmv_default);
+                mode.set(p, false, mmv_default, mmw_default);
                 let what = format!("{what}{}", mode.suffix());
                 let mmh = mode == Tiles::F16;
                 let (mut yc, mut yg) = (p.cpu.buf(n, wg.rows), p.gpu.buf(n, wg.rows));
@@ -885,12 +895,16 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
             p.gpu.gpu.set_mmt_split(split_default);
             p.gpu.gpu.set_mmh(mmh_default);
             p.gpu.gpu.set_mmv(mmv_default);
+            p.gpu.gpu.set_mmw(mmw_default);
             let mut silu_modes = vec![Tiles::Default];
             if mmh_here {
                 silu_modes.push(Tiles::F16);
             }
             if mmk_here {
                 silu_modes.push(Tiles::Mmk);
+            }
+            if mmv_here {
+                silu_modes.push(Tiles::Mmv);
             }
             for (mode, (what, rows, (gcw, ggw), (ucw, ugw))) in silu_modes.iter().flat_map(|&m| {
                 [
@@ -914,7 +928,7 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
                 if mode != Tiles::Default && what.starts_with("Q8_0") {
                     continue;
                 }
-                mode.set(p, split_default, mmv_default);
+                mode.set(p, split_default, mmv_default, mmw_default);
                 let what = format!("{what}{}", mode.suffix());
                 let mmh = mode == Tiles::F16;
                 let (mut fc, mut fg) = (p.cpu.buf(n, rows), p.gpu.buf(n, rows));
@@ -957,6 +971,7 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
             }
             p.gpu.gpu.set_mmh(mmh_default);
             p.gpu.gpu.set_mmv(mmv_default);
+            p.gpu.gpu.set_mmw(mmw_default);
         }
     }
 
@@ -965,6 +980,8 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
     // wider than 64, on three 24-column mmw_* tiles against two 64-column mmt_8 ones (mmw off).
     check_split(p, 40, 4096)?;
     check_split(p, 32, 4096)?;
+    // 16 columns: one 16-column mmw_2 tile against mmv_2 (mmw off).
+    check_split(p, 16, 4096)?;
     check_split(p, 72, 4096)?;
 
     // LM head (+ scale + softcap) at the full vocabulary, and GPU argmax of its logits.
@@ -1004,22 +1021,27 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
 }
 
 /// Which tiles a K-quant group check runs on: the default route, K split over blocks (mmt.cu),
-/// the f16 prefill tiles (mmh.cu), or the `mmk_*` blocks instead of `mmv_*` (6-16 columns).
+/// the f16 prefill tiles (mmh.cu), the `mmk_*` blocks instead of `mmv_*` / `mmw_2` (6-16
+/// columns), or `mmv_*` instead of `mmw_2` (`mmw_narrow_min` to 16 columns).
 #[derive(Clone, Copy, PartialEq)]
 enum Tiles {
     Default,
     Split,
     F16,
     Mmk,
+    Mmv,
 }
 
 impl Tiles {
     /// Sets the switches: K split when `Split`, else `split` (the group matmuls compare the
     /// unsplit launch against the split one; gate+up keeps the default).
-    fn set(self, p: &Pair, split: bool, mmv_default: bool) {
+    fn set(self, p: &Pair, split: bool, mmv_default: bool, mmw_default: bool) {
         p.gpu.gpu.set_mmt_split(self == Tiles::Split || split);
         p.gpu.gpu.set_mmh(self == Tiles::F16);
         p.gpu.gpu.set_mmv(mmv_default && self != Tiles::Mmk);
+        p.gpu
+            .gpu
+            .set_mmw(mmw_default && !matches!(self, Tiles::Mmk | Tiles::Mmv));
     }
 
     fn suffix(self) -> &'static str {
@@ -1028,11 +1050,12 @@ impl Tiles {
             Tiles::Split => " split",
             Tiles::F16 => " f16",
             Tiles::Mmk => " mmk",
+            Tiles::Mmv => " mmv",
         }
     }
 }
 
-/// `n` columns of K-quant matrices of width `k` on mmt.cu with K split over blocks against the
+/// `n` columns of K-quant matrices of width `k` on mmt.cu (16: `mmw_2`, against `mmv_2` for mmt) with K split over blocks against the
 /// same launch unsplit (bit for bit: the split kernel adds the chunks in the same order) and
 /// against the CPU.
 fn check_split(p: &mut Pair, n: usize, k: usize) -> anyhow::Result<()> {
