@@ -257,7 +257,10 @@ pub fn mmk_launch(ncols: usize, rows: usize, silu: bool) -> (LaunchConfig, Strin
 /// `mmw_*` takes (`mmw_route`, `mmw` on, a row-major activation) run on its 24- or 32-column
 /// tiles side by side rather than on `mmt_8`. H200, llama-glimmer, same call (2026-12-02): 64
 /// streams 1791.50 tokens/s on mmt_8 against 2493.62 on two mmw_4 tiles (32 streams 2221.89 /
-/// 2210.89 and pp512 5740 / 5735 unchanged: neither runs mmt_8).
+/// 2210.89 and pp512 5740 / 5735 unchanged: neither runs mmt_8). Groups of `mmw_narrow_min`
+/// to 16 columns that `mmw_*` takes run on one 16-column tile: the name `mmt_2` /
+/// `mmt_silu_2` (which has no `mmt_*` kernel: the launch renames it `mmw_*`, as `mmw_route`
+/// says), 64-row blocks.
 pub fn group_launch(
     ncols: usize,
     rows: usize,
@@ -285,12 +288,6 @@ pub fn group_launch(
     mmk_launch_upto(ncols, rows, silu, mmk_cols(), wide)
 }
 
-/// The widest group that runs on `mmk_*` (more columns run on `mmt_*`): 16, or what
-/// `MUSER_CUDA_MMK_COLS` asks for (16, 32, 48 or 64; wider groups then run as several 16-column
-/// `mmk_2` tiles side by side, each reading the row block's weights, which L2 shares). An A/B
-/// switch; 16 stays: H200, llama-glimmer, same call (2026-11-30), tg64 aggregate at 32 / 24
-/// streams: 16 -> 1422.14 / 1156.20 and 1393.66 / 1180.38, 32 -> 1136.02 / 990.83 and
-/// 1162.18 / 1018.85, 64 -> 1134.62 / 977.16.
 /// The fewest columns of a decode group of up to 16 that runs on one 16-column `mmw_2` tile
 /// (and its twins; `group_launch`) where `mmw_route` takes the launch, instead of `mmv_*`: 9,
 /// or `MUSER_CUDA_MMW_NARROW` (9 to 16; 17 keeps every such group on `mmv_*`). H200,
@@ -318,6 +315,12 @@ pub fn mmw_group_nt(ncols: usize) -> usize {
     }
 }
 
+/// The widest group that runs on `mmk_*` (more columns run on `mmt_*`): 16, or what
+/// `MUSER_CUDA_MMK_COLS` asks for (16, 32, 48 or 64; wider groups then run as several 16-column
+/// `mmk_2` tiles side by side, each reading the row block's weights, which L2 shares). An A/B
+/// switch; 16 stays: H200, llama-glimmer, same call (2026-11-30), tg64 aggregate at 32 / 24
+/// streams: 16 -> 1422.14 / 1156.20 and 1393.66 / 1180.38, 32 -> 1136.02 / 990.83 and
+/// 1162.18 / 1018.85, 64 -> 1134.62 / 977.16.
 pub fn mmk_cols() -> usize {
     static COLS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *COLS.get_or_init(|| {
