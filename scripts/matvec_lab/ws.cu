@@ -10,8 +10,8 @@
 // (one contiguous run in the resident layout; Q6_K 32, its quants and scales planes) and one of
 // the column tile's activation, which mmw_pack lays out as the stage wants it. Three stages with
 // an mbarrier each counting the bytes ("full") and one counting the 4 warps done with it
-// ("empty"); a stage's refill is issued by one warp (turn by turn) once every warp is done with
-// it. (Run 25 itself had its own copy of those kernels here: one job, 32-column tiles, Q4_K and
+// ("empty"); since run 31 each warp refills its own rows of a stage as soon as it is done with
+// it, the last warp done the activation (mmw_prime, mmw_refill). (Run 25 itself had its own copy of those kernels here: one job, 32-column tiles, Q4_K and
 // Q5_K, the activation laid out by the host; the same code otherwise.)
 //
 // Prints, per case, us per launch and GB/s of mmt_* and mmw_* (and of mmw_pack), and whether
@@ -192,23 +192,14 @@ __device__ __forceinline__ void mmwg_rows(const uint8_t* __restrict__ w, int row
     for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) P[nt][e] = F[nt][e] = y[nt][e] = 0.0f;
-    if (warp == 0)
-        for (int i = 0; i < MMW_STAGES && i < n; ++i) {
-            const int s = (q0 + i) % MMW_STAGES;
-            mmw_issue<FMT, 4>(s0 + s * ST, bars + 8 * s, w, row0, rows, nb, xt, i);
-        }
+    mmw_prime<FMT, 4>(s0, bars, w, row0, rows, nb, xt, q0, 0, n, warp);
 #pragma unroll 1
     for (int i = 0; i < n; ++i) {
         const int q = q0 + i, s = q % MMW_STAGES;
-        if (i >= 1 && i + MMW_STAGES - 1 < n && warp == i % MMT_WARPS) {
-            const int sp = (q - 1) % MMW_STAGES;
-            mbar_wait(bars + 8 * (MMW_STAGES + sp), ((q - 1) / MMW_STAGES) & 1);
-            mmw_issue<FMT, 4>(s0 + sp * ST, bars + 8 * sp, w, row0, rows, nb, xt, i + MMW_STAGES - 1);
-        }
         mbar_wait(bars + 8 * s, (q / MMW_STAGES) & 1);
         mmwg_q45<FMT == FMT_Q5_K>(smem + s * ST, i % KQ_CHUNK, i == n - 1, P, F, y);
         __syncwarp();
-        if (threadIdx.x % WARP == 0) mbar_arrive(bars + 8 * (MMW_STAGES + s));
+        mmw_refill<FMT, 4>(s0, bars, w, row0, rows, nb, xt, q, i, n, i);
     }
     __syncthreads();
 }

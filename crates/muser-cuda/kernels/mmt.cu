@@ -523,16 +523,17 @@ extern "C" __global__ void __launch_bounds__(128, 2) mmt_silu_8(MMK_SILU_ARGS, K
 // chunk trees), so the same bits as mmt_* and mvk_1. What differs is the copies: mmt_*'s
 // threads each copy pieces of every stage with cp.async and meet at two barriers a super-block
 // (~100 of a warp's ~684 instructions a super-block, and the waits Nsight Compute found). Here a
-// stage is 17 (Q6_K: 33) bulk copies issued by one warp: the 16 row quads' 4 blocks of the
-// super-block (one contiguous run each in the resident layout, kq_blk; Q6_K's quants and scales
-// planes, a run each) and the column tile's activation, which `mmw_pack` lays out beforehand as
+// stage is 17 (Q6_K: 33) bulk copies: the 16 row quads' 4 blocks of the super-block (one
+// contiguous run each in the resident layout, kq_blk; Q6_K's quants and scales planes, a run
+// each), 4 quads (8 copies) by the warp that reads them, and the column tile's activation, which `mmw_pack` lays out beforehand as
 // the stage wants it (mmw_xb: 8 NT columns x 256 int8 with their 16-byte pieces swizzled so the
 // fragment loads are free of bank conflicts, then the columns' Q8_K scales and split sums).
-// Three stages, each with an mbarrier counting its bytes ("full") and one counting the 4 warps
-// done with it ("empty"); the warps take turns refilling the stage the previous super-block used
-// as soon as every warp is done with it. H200, lab run 25 (scripts/matvec_lab/ws.cu, 32 columns,
-// bit-identical): gate+up 122.4 -> 97.9 us, ffn_down in 7 splits 68.8 -> 53.6, attn_output in 3
-// splits 26.0 -> 18.2.
+// Three stages, each with an mbarrier counting the 4 warps' copies and their bytes ("full") and
+// one counting the 4 warps done with it ("empty"). H200, lab run 25 (scripts/matvec_lab/ws.cu,
+// 32 columns, bit-identical, one warp refilling a stage once all were done with it): gate+up
+// 122.4 -> 97.9 us, ffn_down in 7 splits 68.8 -> 53.6, attn_output in 3 splits 26.0 -> 18.2.
+// Each warp refilling its own rows (mmw_issue_own, lab run 31): 32 streams 2,407-2,418 ->
+// 2,557-2,561 tokens/s, 64 streams 2,822 -> 3,137-3,153.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
 #define MMW_ASM(...) __trap()
 #else
@@ -586,37 +587,13 @@ __device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_
             : "memory");
 }
 
-// Super-block b of the block's quads and column tile into the stage at `st` (a shared address)
-// by the calling warp: lane 0 arms the full barrier with the byte count, lanes 0..15 copy a quad
-// each (Q6_K: its quants; lanes 16..31 its scales), lane 0 the activation region. Quads past
-// the matrix's padded rows are not copied: their outputs are never stored, and integer MMAs keep
-// stale bytes to those outputs.
-template <int FMT, int NT>
-__device__ __forceinline__ void mmw_issue(uint32_t st, uint32_t full, const uint8_t* __restrict__ w, int row0,
-                                          int rows, int nb, const uint8_t* __restrict__ xt, int b) {
-    constexpr bool Q6 = FMT == FMT_Q6_K;
-    constexpr int BS = Q6 ? 192 : MmtFmt<FMT>::BS, QB = Q6 ? MMW_Q6_QUAD : 4 * BS;
-    const int lane = threadIdx.x % WARP, q = lane & 15;
-    const int quads = min(MMT_ROWS / 4, (int)(kq_rows(rows) - row0) / 4);
-    if (lane == 0) {
-        mbar_expect(full, (uint32_t)(quads * 4 * (BS + (Q6 ? 16 : 0)) + mmw_xb(NT)));
-        bulk_copy(st + mmw_wbytes<FMT>(), xt + (size_t)b * mmw_xb(NT), mmw_xb(NT), full);
-    }
-    __syncwarp();
-    if (q < quads) {
-        if (lane < 16) bulk_copy(st + q * QB, w + kq_blk(row0 + 4 * q, nb, b) * BS, 4 * BS, full);
-        else if (Q6)
-            bulk_copy(st + 16 * MMW_Q6_QUAD + q * 64, w + kq_rows(rows) * nb * 192 + kq_blk(row0 + 4 * q, nb, b) * 16,
-                      64, full);
-    }
-}
-
-// MMW_OWN_REFILLS: each warp copies its own 16 rows' blocks of a super-block (quads 4 w .. 4 w +
-// 3, which no other warp reads: lanes 0..3 a quad each, Q6_K's scales lanes 4..7) into a stage
-// as soon as it is done with the stage, arriving on the full barrier with their bytes; the
-// activation region, which every warp reads, is copied by the last warp done with the stage
-// (mmw_done), which adds its bytes to the barrier before it arrives. The full barriers count 4
-// arrivals.
+// Each warp copies its own 16 rows' blocks of a super-block (quads 4 w .. 4 w + 3, which no
+// other warp reads: lanes 0..3 a quad each, Q6_K's scales lanes 4..7) into a stage as soon as it
+// is done with the stage, arriving on the full barrier with their bytes; the activation region,
+// which every warp reads, is copied by the last warp done with the stage (mmw_done), which adds
+// its bytes to the barrier before it arrives (mmw_issue_act). Quads past the matrix's padded
+// rows are not copied: their outputs are never stored, and integer MMAs keep stale bytes to
+// those outputs.
 template <int FMT>
 __device__ __forceinline__ void mmw_issue_own(uint32_t st, uint32_t full, const uint8_t* __restrict__ w, int row0,
                                               int rows, int nb, int b) {
@@ -642,10 +619,48 @@ __device__ __forceinline__ void mmw_issue_act(uint32_t st, uint32_t full, const 
     }
     __syncwarp();
 }
-#ifndef MMW_OWN_REFILLS
-#define MMW_OWN_REFILLS 1
-#endif
+// The warps done with each stage (mod 4: the one that makes it a multiple of 4 was the last).
 __shared__ unsigned mmw_done[MMW_STAGES];
+
+// The first stages of a run of n super-blocks from sb0 (uses q0 .. q0 + S - 1 of the stages),
+// by every warp (its own rows; warp 0 the activation).
+template <int FMT, int NT>
+__device__ __forceinline__ void mmw_prime(uint32_t s0, uint32_t bars, const uint8_t* __restrict__ w, int row0,
+                                          int rows, int nb, const uint8_t* __restrict__ xt, int q0, int sb0, int n,
+                                          int warp) {
+    constexpr int ST = mmw_stage(NT);
+    for (int i = 0; i < MMW_STAGES && i < n; ++i) {
+        const int s = (q0 + i) % MMW_STAGES;
+        if (warp == 0) mmw_issue_act<FMT, NT>(s0 + s * ST, bars + 8 * s, xt, sb0 + i);
+        mmw_issue_own<FMT>(s0 + s * ST, bars + 8 * s, w, row0, rows, nb, sb0 + i);
+    }
+}
+
+// After the warp's use q of stage s (super-block b, the i-th of n): the use completes a phase of
+// the stage's empty barrier and 4 counts of mmw_done. Then super-block b + S into the stage when
+// there is one: the warp's own rows now, the activation by the last warp done with the stage
+// (its wait returns at once and orders the other warps' reads before the copy).
+template <int FMT, int NT>
+__device__ __forceinline__ void mmw_refill(uint32_t s0, uint32_t bars, const uint8_t* __restrict__ w, int row0,
+                                           int rows, int nb, const uint8_t* __restrict__ xt, int q, int i, int n,
+                                           int b) {
+    constexpr int ST = mmw_stage(NT);
+    const int s = q % MMW_STAGES;
+    fence_proxy_async();
+    unsigned last = 0;
+    if (threadIdx.x % WARP == 0) {
+        mbar_arrive(bars + 8 * (MMW_STAGES + s));
+        last = (atomicAdd(&mmw_done[s], 1u) & (MMT_WARPS - 1)) == MMT_WARPS - 1;
+    }
+    if (i + MMW_STAGES < n) {
+        if (__shfl_sync(0xffffffffu, last, 0)) {
+            mbar_wait(bars + 8 * (MMW_STAGES + s), (q / MMW_STAGES) & 1);
+            fence_proxy_async();
+            mmw_issue_act<FMT, NT>(s0 + s * ST, bars + 8 * s, xt, b + MMW_STAGES);
+        }
+        mmw_issue_own<FMT>(s0 + s * ST, bars + 8 * s, w, row0, rows, nb, b + MMW_STAGES);
+    }
+}
 
 // Column c's piece p (16 values) of a super-block is piece p ^ mmw_swz(c) of its 256 bytes
 // (mmw_pack): the 8 columns of an MMA tile get 8 different pieces, so the 8-byte fragment loads
@@ -706,14 +721,14 @@ __device__ __forceinline__ void mmw_q6(const uint8_t* st, float da, float db, in
     mmw_leaves<NT>(k, last, v, lo, hi, chunk);
 }
 
-// The stages' barriers, initialized by thread 0: full[s] expects one arrival (with the bytes),
-// empty[s] one per warp.
+// The stages' barriers, initialized by thread 0: full[s] and empty[s] expect one arrival per
+// warp (full's with the bytes of its copies).
 template <int NT>
 __device__ __forceinline__ uint32_t mmw_init(uint8_t* smem) {
     const uint32_t bars = (uint32_t)__cvta_generic_to_shared(smem) + MMW_STAGES * mmw_stage(NT);
     if (threadIdx.x == 0) {
         for (int i = 0; i < MMW_STAGES; ++i) {
-            mbar_init(bars + 8 * i, MMW_OWN_REFILLS ? MMT_WARPS : 1);
+            mbar_init(bars + 8 * i, MMT_WARPS);
             mbar_init(bars + 8 * (MMW_STAGES + i), MMT_WARPS);
             mmw_done[i] = 0u;
         }
@@ -750,26 +765,10 @@ __device__ __forceinline__ void mmw_rows(const uint8_t* __restrict__ w, int row0
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) lo[nt][e] = hi[nt][e] = 0.0f;
-    if (MMW_OWN_REFILLS)
-        for (int i = 0; i < MMW_STAGES && i < n; ++i) {
-            const int s = (q0 + i) % MMW_STAGES;
-            if (warp == 0) mmw_issue_act<FMT, NT>(s0 + s * ST, bars + 8 * s, xt, sb0 + i);
-            mmw_issue_own<FMT>(s0 + s * ST, bars + 8 * s, w, row0, rows, nb, sb0 + i);
-        }
-    else if (warp == 0)
-        for (int i = 0; i < MMW_STAGES && i < n; ++i) {
-            const int s = (q0 + i) % MMW_STAGES;
-            mmw_issue<FMT, NT>(s0 + s * ST, bars + 8 * s, w, row0, rows, nb, xt, sb0 + i);
-        }
+    mmw_prime<FMT, NT>(s0, bars, w, row0, rows, nb, xt, q0, sb0, n, warp);
 #pragma unroll 1
     for (int i = 0; i < n; ++i) {
         const int q = q0 + i, s = q % MMW_STAGES, b = sb0 + i;
-        // Super-block i + S - 1 into the stage super-block i - 1 used, once every warp is done with it.
-        if (!MMW_OWN_REFILLS && i >= 1 && i + MMW_STAGES - 1 < n && warp == i % MMT_WARPS) {
-            const int sp = (q - 1) % MMW_STAGES;
-            mbar_wait(bars + 8 * (MMW_STAGES + sp), ((q - 1) / MMW_STAGES) & 1);
-            mmw_issue<FMT, NT>(s0 + sp * ST, bars + 8 * sp, w, row0, rows, nb, xt, b + MMW_STAGES - 1);
-        }
         __half na = da, nb_ = db;
         if (FMT == FMT_Q6_K && i + 1 < n) {
             na = dp[kq_blk(ra, nb, b + 1)];
@@ -785,28 +784,7 @@ __device__ __forceinline__ void mmw_rows(const uint8_t* __restrict__ w, int row0
             mmw_q45<NT, FMT == FMT_Q5_K>(smem + s * ST, i % KQ_CHUNK, i == n - 1, done, lo, hi);
         }
         __syncwarp();
-        if (!MMW_OWN_REFILLS) {
-            if (threadIdx.x % WARP == 0) mbar_arrive(bars + 8 * (MMW_STAGES + s));
-        } else {
-            // Every use of a stage completes a phase of its empty barrier and 4 counts of
-            // mmw_done. Then super-block i + S into this stage: the warp's own rows now, the
-            // activation by the last warp done with the stage (its wait returns at once and
-            // orders the other warps' reads before the copy).
-            fence_proxy_async();
-            unsigned last = 0;
-            if (threadIdx.x % WARP == 0) {
-                mbar_arrive(bars + 8 * (MMW_STAGES + s));
-                last = (atomicAdd(&mmw_done[s], 1u) & (MMT_WARPS - 1)) == MMT_WARPS - 1;
-            }
-            if (i + MMW_STAGES < n) {
-                if (__shfl_sync(0xffffffffu, last, 0)) {
-                    mbar_wait(bars + 8 * (MMW_STAGES + s), (q / MMW_STAGES) & 1);
-                    fence_proxy_async();
-                    mmw_issue_act<FMT, NT>(s0 + s * ST, bars + 8 * s, xt, b + MMW_STAGES);
-                }
-                mmw_issue_own<FMT>(s0 + s * ST, bars + 8 * s, w, row0, rows, nb, b + MMW_STAGES);
-            }
-        }
+        mmw_refill<FMT, NT>(s0, bars, w, row0, rows, nb, xt, q, i, n, b);
     }
     __syncthreads();
 }
