@@ -269,7 +269,7 @@ pub fn group_launch(
     kmajor: bool,
     mmw: bool,
 ) -> (LaunchConfig, String, usize) {
-    if (mmw_narrow_min()..=16).contains(&ncols) {
+    if mmw_narrow(ncols) {
         let name = format!("mmt_{}2", if silu { "silu_" } else { "" });
         if mmw_route(mmw, &name, types, kmajor).is_some() {
             let cfg = LaunchConfig {
@@ -303,6 +303,12 @@ pub fn mmw_narrow_min() -> usize {
             .filter(|&n| n >= 9)
             .unwrap_or(9)
     })
+}
+
+/// Whether a decode group of `ncols` columns is one `mmw_2` takes (where `mmw_route` takes its
+/// matrices): `mmw_narrow_min` to 16 columns.
+pub fn mmw_narrow(ncols: usize) -> bool {
+    (mmw_narrow_min()..=16).contains(&ncols)
 }
 
 /// The column tiles (8 columns each) of a decode group of `ncols` columns on `mmw_*`: two up
@@ -884,7 +890,7 @@ impl Gpu {
             && self.mmw()
             && !self.prefill_on_mmh()
             && k.is_multiple_of(256)
-            && (ncols > mmk_cols().max(16) || (mmw_narrow_min()..=16).contains(&ncols)))
+            && (ncols > mmk_cols().max(16) || mmw_narrow(ncols)))
         {
             return Ok(None);
         }
