@@ -426,6 +426,13 @@ if [ "${JOB:-}" = ab ]; then
         # DEPTH=N: tg at that context depth too.
         [ -n "${DEPTH:-}" ] && step "bench-$i-d$DEPTH" 90 env $set "$b" bench --backend cuda -m "$G" -p 0 -n 64 \
             -d "$DEPTH" -r 2
+        # TRACE="i j ...": the one-stream step trace (JOB=steptrace; its kernels in the carried
+        # cache) of those settings too, appended to trace.log.
+        case " ${TRACE:-} " in *" $i "*)
+            step "trace-$i" 90 env $set MUSER_CUDA_STEP_TRACE=1 "$b" bench --backend cuda -m "$G" -p 0 -n 32 -r 1 -s 1
+            { echo "== setting $i: $set"; sed -n '/^step trace/,$p' "$OUT/trace-$i.log"; } >> "$OUT/trace.log"
+            rm -f "$OUT/trace-$i.log" ;;
+        esac
     done
     # SPEED_ARGS: more arguments of the per-op profile (e.g. "--depth 8192": one at that depth too).
     step speed 150 "$BIN" check --backend cuda --no-ops ${SPEED_ARGS:-} --speed "$G"
@@ -447,6 +454,7 @@ if [ "${JOB:-}" = ab ]; then
     sed -n '/^| matrix | type/,/^$/p' "$OUT/check.log" | head -24
     for f in "$OUT"/bench-*.log; do grep -H "^| .*CUDA" "$f" | sed "s|$OUT/||"; done
     grep -h "^| \|^speed" "$OUT/speed.log" | head -64
+    [ -f "$OUT/trace.log" ] && cat "$OUT/trace.log"
     [ -f "$OUT/sass.txt" ] && cat "$OUT/sass.txt"
     [ -f "$OUT/traffic.txt" ] && cat "$OUT/traffic.txt"
     cat "$OUT/summary.txt"
