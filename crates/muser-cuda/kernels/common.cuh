@@ -164,14 +164,6 @@ __device__ __forceinline__ T ld_once(const uint8_t* p) {
     return __ldcs((const T*)p);
 }
 
-// Weight loads: from global memory (evict-first, ld_once) or, SH, from a warp's shared-memory
-// stage (mmv_*'s copies in mmk.cu, mvs_*'s in matvec.cu).
-template <class T, bool SH>
-__device__ __forceinline__ T wld(const uint8_t* p) {
-    if constexpr (SH) return *(const T*)p;
-    else return ld_once<T>(p);
-}
-
 // Asks L2 for the 128-byte line holding p (weights a kernel will read soon).
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
@@ -388,55 +380,3 @@ __device__ __forceinline__ void q8k_block256(float v, int blk, int8_t* __restric
         q8k_warp(f, blk, threadIdx.x, q, ds, bs, K, 0, xblob, nt);
     }
 }
-
-// Bulk copies into shared memory (cp.async.bulk, the copy engine) and the mbarriers that count
-// their bytes: the stages of mmw_* (mmt.cu) and mvs_* (matvec.cu). Hopper and newer; a trap on
-// older architectures, which never launch those kernels.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-#define MMW_ASM(...) __trap()
-#else
-#define MMW_ASM(...) asm volatile(__VA_ARGS__)
-#endif
-
-__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
-    MMW_ASM("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-    MMW_ASM("{\n.reg .pred done;\nwait_%=:\n"
-            "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-            "@!done bra wait_%=;\n}\n" ::"r"(bar),
-            "r"(parity)
-            : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-    MMW_ASM("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_expect(uint32_t bar, uint32_t bytes) {
-    MMW_ASM("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-}
-// Adds bytes to the barrier's current phase without arriving.
-__device__ __forceinline__ void mbar_add_tx(uint32_t bar, uint32_t bytes) {
-    MMW_ASM("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-}
-// Orders this thread's shared-memory accesses before the copy engine's (cp.async.bulk) after it.
-__device__ __forceinline__ void fence_proxy_async() { MMW_ASM("fence.proxy.async.shared::cta;" ::: "memory"); }
-// An L2 policy for bulk copies of bytes read once (evict-first, as ld_once), or, normal, the default.
-__device__ __forceinline__ unsigned long long l2_policy(bool normal) {
-    unsigned long long p = 0;
-    if (normal) MMW_ASM("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(p));
-    else MMW_ASM("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
-    return p;
-}
-__device__ __forceinline__ void bulk_copy_hint(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar,
-                                               unsigned long long policy) {
-    MMW_ASM("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], "
-            "%4;" ::"r"(dst),
-            "l"(src), "r"(bytes), "r"(bar), "l"(policy)
-            : "memory");
-}
-__device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-    MMW_ASM("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
-            "l"(src), "r"(bytes), "r"(bar)
-            : "memory");
-}
-

@@ -221,17 +221,16 @@ struct RawQ45 {
 };
 
 // blk: the item's super-block (kq_blk), g: the item's quarter.
-// SH: blk in a shared-memory stage (mvs_*).
-template <bool Q5, bool SH = false>
+template <bool Q5>
 __device__ __forceinline__ RawQ45 load_q45(const uint8_t* __restrict__ blk, int g) {
     const uint8_t* qs = blk + (Q5 ? 48 : 16) + 32 * g;
     RawQ45 r;
-    r.hdr = wld<uint4, SH>(blk);
-    r.qa = wld<uint4, SH>(qs);
-    r.qb = wld<uint4, SH>(qs + 16);
+    r.hdr = ld_once<uint4>(blk);
+    r.qa = ld_once<uint4>(qs);
+    r.qb = ld_once<uint4>(qs + 16);
     if (Q5) {
-        r.ha = wld<uint4, SH>(blk + 16);
-        r.hb = wld<uint4, SH>(blk + 32);
+        r.ha = ld_once<uint4>(blk + 16);
+        r.hb = ld_once<uint4>(blk + 32);
     }
     return r;
 }
@@ -846,19 +845,16 @@ struct RawQ6Q {
     float d;
 };
 
-// at: the block's number (kq_blk), n: the blocks of each plane. SH (mvs_*): the quants and the
-// scales from the block's places in a shared-memory stage, qs and sc; d from its plane.
-template <bool SH = false>
-__device__ __forceinline__ RawQ6Q load_q6q(const uint8_t* __restrict__ w, size_t at, size_t n, int q,
-                                           const uint8_t* qs = nullptr, const uint8_t* sc = nullptr) {
+// at: the block's number (kq_blk), n: the blocks of each plane.
+__device__ __forceinline__ RawQ6Q load_q6q(const uint8_t* __restrict__ w, size_t at, size_t n, int q) {
     const int h = q >> 1, p = q & 1;
-    const uint8_t* blk = SH ? qs : w + at * 192;
+    const uint8_t* blk = w + at * 192;
     RawQ6Q r;
-    r.l0 = wld<uint4, SH>(blk + 64 * h + 32 * p);
-    r.l1 = wld<uint4, SH>(blk + 64 * h + 32 * p + 16);
-    r.h0 = wld<uint4, SH>(blk + 128 + 32 * h);
-    r.h1 = wld<uint4, SH>(blk + 128 + 32 * h + 16);
-    r.sc = *(const uint2*)((SH ? sc : w + n * 192 + at * 16) + 8 * h);
+    r.l0 = ld_once<uint4>(blk + 64 * h + 32 * p);
+    r.l1 = ld_once<uint4>(blk + 64 * h + 32 * p + 16);
+    r.h0 = ld_once<uint4>(blk + 128 + 32 * h);
+    r.h1 = ld_once<uint4>(blk + 128 + 32 * h + 16);
+    r.sc = *(const uint2*)(w + n * 192 + at * 16 + 8 * h);
     r.d = __half2float(((const __half*)(w + n * 208))[at]);
     return r;
 }
@@ -945,52 +941,18 @@ __device__ __forceinline__ MvkTask mvk_silu_task(const uint8_t* wg, int tyg, con
 // and (d, dmin) per row. The quad's 4 rows' block sb lie side by side (kq_blk; row0 is a
 // multiple of 4, and the padding rows of the last quad exist, as zero blocks), so the 4 loads
 // per field are one base plus constants, and no row is skipped.
-// mvs_1 / mvs_silu_1: mvk_1 / mvk_silu_1 with each warp's rounds streamed through a ring of
-// shared-memory stages by bulk copies (the copy engine, cp.async.bulk): a stage holds a round's
-// two tasks (mvs_slot bytes each, in kq_blk order: one contiguous run, Q6_K's scales a second),
-// an mbarrier per stage counts their bytes, and the warp's first stages are asked for before the
-// wait for the kernel before (the weights do not depend on it), so they land in shared memory
-// while that kernel runs. Same arithmetic, same order, same bits as mvk_*.
-// flags & MVS_PAD: each super-block's 4 blocks MVS_GAP bytes apart in the slot (one copy each),
-// which frees the quarter loads of lanes 4 apart of their 2-way bank conflict; flags &
-// MVS_L2_NORMAL: the copies with L2's normal policy instead of evict-first (measuring switches).
-#define MVS_PAD 4
-#define MVS_L2_NORMAL 8
-// flags & MVS_PRIME1: only the first round asked for before the wait, the rest after it.
-#define MVS_PRIME1 16
-#define MVS_GAP 16
-#ifndef MVS_WARP_BYTES
-#define MVS_WARP_BYTES 14208
-#endif
-#define MVS_MAX_STAGES 4
-#define MVS_Q6_SC (4 * (4 * 192 + MVS_GAP))
 template <int FMT>
-__host__ __device__ constexpr int mvs_slot() {
-    return FMT == FMT_Q6_K ? MVS_Q6_SC + 4 * KQ_CHUNK * 16 : 4 * (4 * (FMT == FMT_Q5_K ? 176 : 144) + MVS_GAP);
-}
-template <int FMT>
-__host__ __device__ constexpr int mvs_stages() {
-    return MVS_WARP_BYTES / (2 * mvs_slot<FMT>()) < MVS_MAX_STAGES ? MVS_WARP_BYTES / (2 * mvs_slot<FMT>())
-                                                                   : MVS_MAX_STAGES;
-}
-
-// SH (mvs_*): the task's blocks are read from its slot `run` of a shared-memory stage (mvs_slot:
-// the quants of its 4 x nsb blocks in kq_blk order, Q6_K's scales MVS_Q6_SC bytes on), Q6_K's d
-// from its plane in global memory.
-template <int FMT, bool SH = false>
 __device__ __forceinline__ void mvk_ints(const MvkTask& k, int sb, int q, const int8_t* __restrict__ xq,
                                          const float2* __restrict__ xds, int K, int (&isc)[4], int (&im)[4],
-                                         float2 (&dm)[4], const uint8_t* run = nullptr, int gap = 0) {
-    const int nb = K / QK_K, s4 = sb - KQ_CHUNK * k.ch;
+                                         float2 (&dm)[4]) {
+    const int nb = K / QK_K;
     const Act a{xq, xds, nullptr, K, 1, 0};
     if constexpr (FMT == FMT_Q6_K) {
         const size_t at0 = kq_blk(k.row0, nb, sb), n = kq_rows(k.rows) * nb;
         const int A = sb * QK_K + 128 * (q >> 1) + 32 * (q & 1);
         RawQ6Q raw[4];
 #pragma unroll
-        for (int r = 0; r < 4; ++r)
-            raw[r] = load_q6q<SH>(k.w, at0 + r, n, q, run + s4 * (4 * 192 + gap) + r * 192,
-                                  run + MVS_Q6_SC + (4 * s4 + r) * 16);
+        for (int r = 0; r < 4; ++r) raw[r] = load_q6q(k.w, at0 + r, n, q);
         const int4 xa0 = xq16<1>(a, 0, A), xa1 = xq16<1>(a, 0, A + 16);
         const int4 xb0 = xq16<1>(a, 0, A + 64), xb1 = xq16<1>(a, 0, A + 80);
 #pragma unroll
@@ -1001,11 +963,11 @@ __device__ __forceinline__ void mvk_ints(const MvkTask& k, int sb, int q, const 
     } else {
         constexpr bool Q5 = FMT == FMT_Q5_K;
         constexpr int BS = Q5 ? 176 : 144;
-        const uint8_t* blk0 = SH ? run + s4 * (4 * BS + gap) : k.w + kq_blk(k.row0, nb, sb) * BS;
+        const uint8_t* blk0 = k.w + kq_blk(k.row0, nb, sb) * BS;
         const int item = sb * 4 + q;
         RawQ45 raw[4];
 #pragma unroll
-        for (int r = 0; r < 4; ++r) raw[r] = load_q45<Q5, SH>(blk0 + r * BS, q);
+        for (int r = 0; r < 4; ++r) raw[r] = load_q45<Q5>(blk0 + r * BS, q);
         const X64 x = load_x64<1>(a, 0, sb * QK_K + 64 * q);
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
@@ -1019,10 +981,9 @@ __device__ __forceinline__ void mvk_ints(const MvkTask& k, int sb, int q, const 
 // The value of super-block sb for row q of the task's quad (in lane q of each quad), from this
 // lane's quarter q of the 4 rows: the integers summed over the quad (exact), then the canonical
 // f32 value. Lanes whose super-block is absent (ok false) load nothing and their value is unused.
-template <int FMT, bool SH = false>
+template <int FMT>
 __device__ __forceinline__ float mvk_value(const MvkTask& k, int sb, bool ok, int q, const int8_t* __restrict__ xq,
-                                           const float2* __restrict__ xds, int K, const uint8_t* run = nullptr,
-                                           int gap = 0) {
+                                           const float2* __restrict__ xds, int K) {
     int isc[4] = {0, 0, 0, 0}, im[4] = {0, 0, 0, 0};
     float2 dm[4];
 #pragma unroll
@@ -1030,7 +991,7 @@ __device__ __forceinline__ float mvk_value(const MvkTask& k, int sb, bool ok, in
     float dx = 0.0f;
     if (ok) {
         dx = xds[(size_t)sb * 8].x;
-        mvk_ints<FMT, SH>(k, sb, q, xq, xds, K, isc, im, dm, run, gap);
+        mvk_ints<FMT>(k, sb, q, xq, xds, K, isc, im, dm);
     }
     const int s = quad_scatter(isc, q);
     const float2 dq = q == 0 ? dm[0] : q == 1 ? dm[1] : q == 2 ? dm[2] : dm[3];
@@ -1080,63 +1041,6 @@ __device__ __forceinline__ void kq_sum_chunks(const float* a, const float* b, in
 #endif
 
 
-// A warp's ring of mvs stages: its stages (generic and shared addresses), its mbarriers, and the
-// next task to copy (lane 0's).
-struct MvsRing {
-    uint8_t* base;
-    uint32_t s0, bars;
-    int g, r, next;
-    int gap;                // 0 or MVS_GAP (flags & MVS_PAD)
-    unsigned long long pol; // the copies' L2 policy
-};
-
-// (row quad, index) one task on, for row quads of `per` tasks.
-__device__ __forceinline__ void mvk_step(int& g, int& r, int per) {
-    g += r + 1 == per;
-    r = r + 1 == per ? 0 : r + 1;
-}
-
-// A task's bytes in its stage slot, and its bulk copies into the slot at dst.
-template <int FMT>
-__device__ __forceinline__ uint32_t mvs_bytes(const MvkTask& k, int nb) {
-    return 4 * min(KQ_CHUNK, nb - KQ_CHUNK * k.ch) * (FMT == FMT_Q6_K ? 208 : FMT == FMT_Q5_K ? 176 : 144);
-}
-template <int FMT>
-__device__ __forceinline__ void mvs_copy(const MvkTask& k, int nb, uint32_t dst, uint32_t bar, const MvsRing& rg) {
-    const int nsb = min(KQ_CHUNK, nb - KQ_CHUNK * k.ch);
-    const size_t at = kq_blk(k.row0, nb, KQ_CHUNK * k.ch);
-    constexpr int BS = FMT == FMT_Q6_K ? 192 : FMT == FMT_Q5_K ? 176 : 144;
-    if (rg.gap)
-        for (int i = 0; i < nsb; ++i)
-            bulk_copy_hint(dst + i * (4 * BS + MVS_GAP), k.w + (at + 4 * i) * BS, 4 * BS, bar, rg.pol);
-    else
-        bulk_copy_hint(dst, k.w + at * BS, 4 * nsb * BS, bar, rg.pol);
-    if constexpr (FMT == FMT_Q6_K)
-        bulk_copy_hint(dst + MVS_Q6_SC, k.w + kq_rows(k.rows) * (size_t)nb * 192 + at * 16, 4 * nsb * 16, bar,
-                       rg.pol);
-}
-
-// Lane 0: the ring's next round (its next two tasks, or one at the range's end t1) into stage s.
-template <int FMT, typename TaskFn>
-__device__ __forceinline__ void mvs_round(MvsRing& rg, int s, TaskFn task, int t1, int nb, int per) {
-    constexpr int SLOT = mvs_slot<FMT>();
-    const MvkTask a = task(rg.g, rg.r);
-    mvk_step(rg.g, rg.r, per);
-    const bool two = rg.next + 1 < t1;
-    MvkTask b = a;
-    uint32_t bytes = mvs_bytes<FMT>(a, nb);
-    if (two) {
-        b = task(rg.g, rg.r);
-        mvk_step(rg.g, rg.r, per);
-        bytes += mvs_bytes<FMT>(b, nb);
-    }
-    rg.next += 2;
-    const uint32_t bar = rg.bars + 8 * s, dst = rg.s0 + s * 2 * SLOT;
-    mbar_expect(bar, bytes);
-    mvs_copy<FMT>(a, nb, dst, bar, rg);
-    if (two) mvs_copy<FMT>(b, nb, dst + SLOT, bar, rg);
-}
-
 // The rounds of one warp over tasks [t0, t1), all of format FMT; task(gq, i) decodes task i of row
 // quad gq (task gq * per + i). A row
 // quad whose tasks all lie in [t0, t1) is summed here, its chunks in order from 0 as they come
@@ -1152,19 +1056,13 @@ __device__ __forceinline__ void mvs_round(MvsRing& rg, int s, TaskFn task, int t
 // flags & MVK_DEFER_SHARED (mvk_silu_1 before silu_finish_q8k): the shared row quads' chunk
 // values are written and left for silu_finish_q8k, which sums them in the same order.
 #define MVK_DEFER_SHARED 2
-// ST (mvs_*): the rounds read from the warp's ring rg, primed by mvs_warp; each round waits for
-// its stage and, once read, has lane 0 copy the round S on into it.
-template <bool SILU, int FMT, bool ST = false, typename TaskFn>
+template <bool SILU, int FMT, typename TaskFn>
 __device__ __forceinline__ void mvk_warp(TaskFn task, int t0, int t1, int nch, const int8_t* __restrict__ xq,
                                          const float2* __restrict__ xds, int K, float* __restrict__ cv,
-                                         unsigned* __restrict__ cnt, float* __restrict__ ysilu, int flags,
-                                         MvsRing rg = MvsRing{}) {
+                                         unsigned* __restrict__ cnt, float* __restrict__ ysilu, int flags) {
     const int lane = threadIdx.x % WARP, j = lane >> 2, q = lane & 3, s4 = j & 3, hf = j >> 2;
     const int nb = K / QK_K, per = (SILU ? 2 : 1) * nch; // tasks per row quad
     float ya = 0.0f, yb = 0.0f;                            // row q's running sums (gate / up)
-    constexpr int S = mvs_stages<FMT>(), SLOT = mvs_slot<FMT>();
-    int s = 0;
-    uint32_t ph = 0;
     // The round's two tasks tb and tb + 1 as (row quad, index in it), stepped without divisions.
     int ga = t0 / per, ra = t0 - ga * per;
 #pragma unroll 1
@@ -1173,12 +1071,7 @@ __device__ __forceinline__ void mvk_warp(TaskFn task, int t0, int t1, int nch, c
         const bool tv = tb + hf < t1;
         const MvkTask k = hf && tv ? task(gb, rb) : task(ga, ra);
         const int sb = KQ_CHUNK * k.ch + s4;
-        const uint8_t* run = nullptr;
-        if constexpr (ST) {
-            mbar_wait(rg.bars + 8 * s, ph);
-            run = rg.base + (2 * s + hf) * SLOT;
-        }
-        float v = mvk_value<FMT, ST>(k, sb, tv && sb < nb, q, xq, xds, K, run, rg.gap);
+        float v = mvk_value<FMT>(k, sb, tv && sb < nb, q, xq, xds, K);
         // The chunk's tree over the 4 quads of this half (kq_round's, per chunk).
         const int nsb = nb - KQ_CHUNK * k.ch;
         float o = __shfl_xor_sync(0xffffffffu, v, 4);
@@ -1188,15 +1081,6 @@ __device__ __forceinline__ void mvk_warp(TaskFn task, int t0, int t1, int nch, c
         // Row q's chunk values of both tasks, in every lane (lanes 16 h + q hold task h's).
         const float cva = __shfl_sync(0xffffffffu, v, q), cvb = __shfl_sync(0xffffffffu, v, 16 + q);
         MVK_TRACE(2 + (tb - t0) / 2, cva + cvb);
-        if constexpr (ST) { // the stage read (its values are in every lane): the round S on into it
-            fence_proxy_async();
-            __syncwarp();
-            if (lane == 0 && rg.next < t1) mvs_round<FMT>(rg, s, task, t1, nb, per);
-            if (++s == S) {
-                s = 0;
-                ph ^= 1u;
-            }
-        }
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int tt = tb + h;
@@ -1314,77 +1198,6 @@ extern "C" __global__ void __launch_bounds__(128, 4) mvk_silu_1(SILU_ARGS, MVK_A
                   range.y, nch,
                   xq, xds, K,
                   cv, cnt, y, flags);
-}
-
-// mvs_*: the warp's ring in the dynamic shared memory (MVS_WARP_BYTES a warp, matvec.rs
-// mvs_smem), its barriers initialized and its first S rounds asked for by lane 0, then the wait
-// for the kernel before and mvk_warp's rounds on the ring.
-template <bool SILU, int FMT, typename TaskFn>
-__device__ __forceinline__ void mvs_warp(TaskFn task, int t0, int t1, int nch, const int8_t* __restrict__ xq,
-                                         const float2* __restrict__ xds, int K, float* __restrict__ cv,
-                                         unsigned* __restrict__ cnt, float* __restrict__ ysilu, int flags) {
-    extern __shared__ __align__(128) uint8_t mvs_smem[];
-    __shared__ __align__(8) unsigned long long mvs_bar[4 * MVS_MAX_STAGES];
-    constexpr int S = mvs_stages<FMT>();
-    const int warp = threadIdx.x / WARP, per = (SILU ? 2 : 1) * nch;
-    MvsRing rg;
-    rg.base = mvs_smem + warp * MVS_WARP_BYTES;
-    rg.s0 = (uint32_t)__cvta_generic_to_shared(rg.base);
-    rg.bars = (uint32_t)__cvta_generic_to_shared(mvs_bar + warp * MVS_MAX_STAGES);
-    rg.g = t0 / per;
-    rg.r = t0 - rg.g * per;
-    rg.next = t0;
-    rg.gap = flags & MVS_PAD ? MVS_GAP : 0;
-    rg.pol = l2_policy(flags & MVS_L2_NORMAL);
-    const int pre = flags & MVS_PRIME1 ? 1 : S;
-    if (threadIdx.x % WARP == 0) {
-        for (int i = 0; i < S; ++i) mbar_init(rg.bars + 8 * i, 1);
-        MMW_ASM("fence.mbarrier_init.release.cluster;" ::: "memory");
-        for (int i = 0; i < pre && rg.next < t1; ++i) mvs_round<FMT>(rg, i, task, t1, K / QK_K, per);
-    }
-    __syncwarp();
-    pdl_wait();
-    if (threadIdx.x % WARP == 0)
-        for (int i = pre; i < S && rg.next < t1; ++i) mvs_round<FMT>(rg, i, task, t1, K / QK_K, per);
-    mvk_warp<SILU, FMT, true>(task, t0, t1, nch, xq, xds, K, cv, cnt, ysilu, flags, rg);
-}
-
-template <bool SILU, typename TaskFn>
-__device__ __forceinline__ void mvs_fmt(int ty, TaskFn task, int t0, int t1, int nch, const int8_t* __restrict__ xq,
-                                        const float2* __restrict__ xds, int K, float* __restrict__ cv,
-                                        unsigned* __restrict__ cnt, float* __restrict__ ysilu, int flags) {
-    switch (ty) {
-    case FMT_Q4_K: mvs_warp<SILU, FMT_Q4_K>(task, t0, t1, nch, xq, xds, K, cv, cnt, ysilu, flags); break;
-    case FMT_Q5_K: mvs_warp<SILU, FMT_Q5_K>(task, t0, t1, nch, xq, xds, K, cv, cnt, ysilu, flags); break;
-    default: mvs_warp<SILU, FMT_Q6_K>(task, t0, t1, nch, xq, xds, K, cv, cnt, ysilu, flags); break;
-    }
-}
-
-// mvk_1 with the rounds streamed (mvs_warp, which waits for the kernel before once its first
-// copies are asked for); 4 MVS_WARP_BYTES of dynamic shared memory.
-__device__ __forceinline__ void pdl_wait_mvs(const MatvecJobs& jobs, MVK_ACT) {
-    const int nch = kq_chunks(K);
-    const MvkSpan sp = mvk_span(jobs, nch, 4);
-    const uint8_t* w = jobs.w_of(sp.j);
-    float* yj = jobs.y_of(sp.j);
-    const int ty = jobs.ty_of(sp.j), rows = jobs.rows_of(sp.j), st = jobs.start_of(sp.j);
-    mvs_fmt<false>(ty, [=](int gq, int ch) { return mvk_job_task_at(w, yj, ty, rows, st, gq, ch); }, sp.t0, sp.t1, nch,
-                   xq, xds, K, cv, cnt, nullptr, flags);
-}
-extern "C" __global__ void __launch_bounds__(128, 4) mvs_1(MatvecJobs jobs, MVK_ACT) {
-    pdl_wait_mvs(jobs, xq, xds, K, cv, cnt, flags);
-}
-
-// mvk_silu_1 with the rounds streamed (mvs_warp).
-__device__ __forceinline__ void pdl_wait_mvs_silu(SILU_ARGS, MVK_ACT) {
-    const int nch = kq_chunks(K);
-    int t0, t1;
-    mvk_range((unsigned)((rows + 3) / 4) * 2 * nch, &t0, &t1);
-    mvs_fmt<true>(tyg, [&](int gq, int rem) { return mvk_silu_task_at(wg, tyg, wu, tyu, rows, nch, gq, rem); }, t0, t1,
-                  nch, xq, xds, K, cv, cnt, y, flags);
-}
-extern "C" __global__ void __launch_bounds__(128, 4) mvs_silu_1(SILU_ARGS, MVK_ACT) {
-    pdl_wait_mvs_silu(wg, tyg, wu, tyu, y, rows, xq, xds, K, cv, cnt, flags);
 }
 
 // After mvk_silu_1 with MVK_DEFER_SHARED: the outputs of the row quads its warps shared (their

@@ -77,6 +77,14 @@ struct MmkX45 {
     }
 };
 
+// Weight loads: from global memory (evict-first, ld_once) or, SH, from a warp's shared-memory
+// stage (mmv_*'s copies).
+template <class T, bool SH>
+__device__ __forceinline__ T wld(const uint8_t* p) {
+    if constexpr (SH) return *(const T*)p;
+    else return ld_once<T>(p);
+}
+
 // A Q4_K/Q5_K super-block's weights of lane (g, t): ba, bb the blocks of rows g and g + 8.
 template <bool Q5, bool SH>
 struct W45 {

@@ -534,6 +534,12 @@ extern "C" __global__ void __launch_bounds__(128, 2) mmt_silu_8(MMK_SILU_ARGS, K
 // 122.4 -> 97.9 us, ffn_down in 7 splits 68.8 -> 53.6, attn_output in 3 splits 26.0 -> 18.2.
 // Each warp refilling its own rows (mmw_issue_own, lab run 31): 32 streams 2,407-2,418 ->
 // 2,557-2,561 tokens/s, 64 streams 2,822 -> 3,137-3,153.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define MMW_ASM(...) __trap()
+#else
+#define MMW_ASM(...) asm volatile(__VA_ARGS__)
+#endif
+
 #ifndef MMW_STAGES
 #define MMW_STAGES 3
 #endif
@@ -552,6 +558,34 @@ __host__ __device__ constexpr int mmw_wbytes() {
 __host__ __device__ constexpr int mmw_stage(int nt) { return mmw_wbytes<FMT_Q6_K>() + mmw_xb(nt); }
 // The dynamic shared memory of a launch: the stages and 2 S mbarriers (matvec.rs mmw_smem).
 __host__ __device__ constexpr int mmw_smem(int nt) { return MMW_STAGES * mmw_stage(nt) + 16 * MMW_STAGES; }
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+    MMW_ASM("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    MMW_ASM("{\n.reg .pred done;\nwait_%=:\n"
+            "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+            "@!done bra wait_%=;\n}\n" ::"r"(bar),
+            "r"(parity)
+            : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+    MMW_ASM("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_expect(uint32_t bar, uint32_t bytes) {
+    MMW_ASM("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+// Adds bytes to the barrier's current phase without arriving.
+__device__ __forceinline__ void mbar_add_tx(uint32_t bar, uint32_t bytes) {
+    MMW_ASM("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+// Orders this thread's shared-memory accesses before the copy engine's (cp.async.bulk) after it.
+__device__ __forceinline__ void fence_proxy_async() { MMW_ASM("fence.proxy.async.shared::cta;" ::: "memory"); }
+__device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+    MMW_ASM("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+            "l"(src), "r"(bytes), "r"(bar)
+            : "memory");
+}
 
 // Each warp copies its own 16 rows' blocks of a super-block (quads 4 w .. 4 w + 3, which no
 // other warp reads: lanes 0..3 a quad each, Q6_K's scales lanes 4..7) into a stage as soon as it

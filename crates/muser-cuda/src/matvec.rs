@@ -115,27 +115,6 @@ fn silu_finish() -> bool {
     *ON.get_or_init(|| std::env::var("MUSER_CUDA_SILU_FINISH").map_or(true, |v| v != "0"))
 }
 
-/// Whether one-column launches stream each warp's rounds through shared memory (`mvs_1` /
-/// `mvs_silu_1`, matvec.cu) instead of loading them into registers (`mvk_1` / `mvk_silu_1`):
-/// `MUSER_CUDA_MVS=1`. Same bits.
-pub fn mvs() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("MUSER_CUDA_MVS").is_ok_and(|v| v == "1"))
-}
-
-/// The dynamic shared memory of an `mvs_*` launch: a ring of MVS_WARP_BYTES (matvec.cu) per warp.
-pub const MVS_SMEM: usize = 4 * 14208;
-
-/// The one-column kernel of a plain (`silu` false) or gate+up launch, and its dynamic shared memory.
-pub fn one_column_kernel(silu: bool) -> (&'static str, usize) {
-    match (mvs(), silu) {
-        (true, false) => ("mvs_1", MVS_SMEM),
-        (true, true) => ("mvs_silu_1", MVS_SMEM),
-        (false, false) => ("mvk_1", 0),
-        (false, true) => ("mvk_silu_1", 0),
-    }
-}
-
 /// The names in `MUSER_CUDA_ABLATE` (comma-separated): ops the backend leaves out of every step,
 /// and `shared_quads` (`mvk_flags`); a measuring switch whose output is wrong by design.
 pub fn ablated_names() -> &'static [String] {
@@ -150,14 +129,7 @@ pub fn ablated_names() -> &'static [String] {
 /// The `mvk_*` kernels' flags: MVK_SKIP_SHARED (1) when `MUSER_CUDA_ABLATE` names
 /// `shared_quads` (matvec.cu).
 pub fn mvk_flags() -> i32 {
-    // mvs_*'s measuring switches (matvec.cu MVS_PAD 4, MVS_L2_NORMAL 8, MVS_PRIME1 16):
-    // MUSER_CUDA_MVS_FLAGS.
-    let mvs_flags = if mvs() {
-        env_usize("MUSER_CUDA_MVS_FLAGS").unwrap_or(0) as i32 & 28
-    } else {
-        0
-    };
-    i32::from(ablated_names().iter().any(|s| s == "shared_quads")) | mvs_flags
+    i32::from(ablated_names().iter().any(|s| s == "shared_quads"))
 }
 
 /// Blocks (of 4 warps) of an `mvk_*` launch over `quads` row quads of `per` tasks each (a round
@@ -1133,15 +1105,14 @@ impl Gpu {
         let (cv, cnt) = self.split_scratch(total * nch, total / 4)?;
         let blocks = mvk_blocks(total / 4, nch, self.sms);
         mvk_fits(total / 4 * nch, blocks)?;
-        let (name, smem) = one_column_kernel(false);
         let cfg = LaunchConfig {
             grid_dim: (blocks, 1, 1),
             block_dim: (128, 1, 1),
-            shared_mem_bytes: smem as u32,
+            shared_mem_bytes: 0,
         };
         let (xq, xds) = (dptr(self, &scratch.q), dptr(self, &scratch.ds));
         let k_i = k as i32;
-        let mut b = self.stream.launch_builder(self.kernel_smem(name, smem)?);
+        let mut b = self.stream.launch_builder(self.kernel("mvk_1")?);
         let flags = mvk_flags();
         b.arg(&mj)
             .arg(&xq)
@@ -1401,11 +1372,10 @@ impl Gpu {
             let (cv, cnt) = self.split_scratch(quads * 4 * 2 * nch, quads)?;
             let blocks = mvk_blocks(quads, 2 * nch, self.sms);
             mvk_fits(quads * 2 * nch, blocks)?;
-            let (name, smem) = one_column_kernel(true);
             let cfg = LaunchConfig {
                 grid_dim: (blocks, 1, 1),
                 block_dim: (128, 1, 1),
-                shared_mem_bytes: smem as u32,
+                shared_mem_bytes: 0,
             };
             let (xq, xds, k_i) = (dptr(self, &scratch.q), dptr(self, &scratch.ds), k as i32);
             let tasks = quads * 2 * nch;
@@ -1413,7 +1383,7 @@ impl Gpu {
                 && silu_finish()
                 && rows.is_multiple_of(256)
                 && (tasks as u64) * (blocks as u64 * 4 + 1) < 1 << 32;
-            let mut b = self.stream.launch_builder(self.kernel_smem(name, smem)?);
+            let mut b = self.stream.launch_builder(self.kernel("mvk_silu_1")?);
             b.arg(&wg).arg(&tg).arg(&wu).arg(&tu).arg(&y).arg(&rows_i);
             let flags = mvk_flags() | if finish { MVK_DEFER_SHARED } else { 0 };
             b.arg(&xq)
@@ -1821,34 +1791,6 @@ mod tests {
             // Every region and stage starts on 16 bytes (bulk copies).
             assert_eq!(mmw_xb(nt) % 16, 0);
         }
-    }
-
-    #[test]
-    fn mvs_rings_fill_four_blocks_of_an_sm() {
-        // matvec.cu: each of a block's 4 warps has MVS_WARP_BYTES of stages.
-        let src = crate::KERNEL_SOURCES
-            .iter()
-            .find(|(f, _)| *f == "matvec.cu")
-            .unwrap()
-            .1;
-        let warp: usize = src
-            .lines()
-            .find_map(|l| l.strip_prefix("#define MVS_WARP_BYTES "))
-            .expect("MVS_WARP_BYTES")
-            .trim()
-            .parse()
-            .unwrap();
-        assert_eq!(MVS_SMEM, 4 * warp);
-        assert_eq!(warp % 16, 0, "stages start on 16 bytes (bulk copies)");
-        // A stage holds two tasks (4 rows x 4 super-blocks, each super-block's 4 blocks 16
-        // bytes apart at most); Q4_K gets 3 stages, Q5_K and Q6_K (quants and scales) 2.
-        let slot = |bs: usize| 4 * (4 * bs + 16);
-        assert_eq!(warp / (2 * slot(144)), 3);
-        assert_eq!(warp / (2 * slot(176)), 2);
-        assert_eq!(warp / (2 * (slot(192) + 4 * 4 * 16)), 2);
-        // Four blocks per SM (launch bounds 128, 4) in the H200's 228 KB, with the 1 KB each block
-        // reserves and the 384 bytes of static shared memory ptxas reports for mvs_*.
-        assert!(4 * (MVS_SMEM + 1024 + 384) <= 228 * 1024);
     }
 
     /// Host mirror of mmt.cu's `mmw_swz`: column c's 16-byte piece p sits at p ^ mmw_swz(c).
