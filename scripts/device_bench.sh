@@ -184,10 +184,14 @@ serve_rate() {
     wait "$pid" 2> /dev/null
 }
 # Greedy and sampled streams at 8 and 32 clients (2 x 128 tokens each), and long prompts (~1,850
-# tokens, 8 clients x 2, 16 tokens each: the prefill path).
+# tokens, 8 clients x 2, 16 tokens each: the prefill path). The greedy loads run 2-3 rounds on
+# one server: the first pays for the first steps of each group size (op by op, then recorded as a
+# graph), the later ones run warm. SERVE_AB="VAR=value ..." also runs the 32-client load with
+# those variables set.
 serve_benches() {
-    serve_rate greedy8 X=1 -- --clients 8 --requests 2 --max-tokens 128
-    serve_rate greedy32 X=1 -- --clients 32 --requests 2 --max-tokens 128
+    serve_rate greedy8 X=1 -- --clients 8 --requests 2 --max-tokens 128 --rounds 2
+    serve_rate greedy32 X=1 -- --clients 32 --requests 2 --max-tokens 128 --rounds 3
+    [ -n "${SERVE_AB:-}" ] && serve_rate greedy32-ab $SERVE_AB -- --clients 32 --requests 2 --max-tokens 128 --rounds 3
     # SERVE64=1: 64 clients on 64 slots too.
     [ "${SERVE64:-0}" = 1 ] && SERVE_PAR=64 serve_rate greedy64 X=1 -- --clients 64 --requests 2 --max-tokens 128
     serve_rate temp32 X=1 -- --clients 32 --requests 2 --max-tokens 128 --temperature 0.8
@@ -199,6 +203,9 @@ if [ "${JOB:-}" = serve ]; then
     G=$MODELS/llama-glimmer.gguf
     step synth-llama-glimmer 90 "$BIN" synth llama-glimmer "$G"
     serve_benches
+    # The engine's own decode groups on the same file, for the servers' figures.
+    step bench-streams 90 "$BIN" bench --backend cuda -m "$G" -p 0 -n 128 -r 2 -s "${STREAMS:-8,32}"
+    grep "^|" "$OUT/bench-streams.log"
     exit 0
 fi
 

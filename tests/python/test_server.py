@@ -277,7 +277,7 @@ PROMPTS = [
 ]
 
 
-def test_16_concurrent_streams_match_their_solo_runs(client):
+def test_16_concurrent_streams_match_their_solo_runs(server, client):
     def run(prompt: str, stream: bool) -> str:
         kw = dict(model=MODEL_ID, prompt=prompt, max_tokens=48, temperature=0)
         if not stream:
@@ -291,10 +291,20 @@ def test_16_concurrent_streams_match_their_solo_runs(client):
         barrier.wait(timeout=30)
         return run(p, True)
 
+    before = server.metrics()
     with ThreadPoolExecutor(len(PROMPTS)) as ex:
         concurrent = list(ex.map(together, PROMPTS))
     for p, a, b in zip(PROMPTS, solo, concurrent):
         assert a == b, p
+    # The streams shared decode steps: the mean group (rows per step) is well above one.
+    after = server.metrics()
+    steps = after["decode_steps_total"] - before["decode_steps_total"]
+    rows = after["decode_rows_total"] - before["decode_rows_total"]
+    generated = after["tokens_predicted_total"] - before["tokens_predicted_total"]
+    # A request's first token comes from its prefill, each later one (or its end of text) from
+    # a decode step.
+    assert generated - len(PROMPTS) <= rows <= generated, (rows, generated)
+    assert rows / steps > 4, (rows, steps)
 
 
 def test_disconnect_mid_stream_frees_the_slot(server):

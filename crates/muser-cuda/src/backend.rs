@@ -122,6 +122,8 @@ pub struct CudaBackend {
     attn_mma: std::sync::atomic::AtomicBool,
     /// Short decode rows merge their splits inside the attention launch (`rows_cluster`).
     attn_cluster: std::sync::atomic::AtomicBool,
+    /// Decode steps replayed, recorded and issued op by op (`Backend::step_counts`).
+    step_counts: [std::sync::atomic::AtomicU64; 3],
     /// (kernels, kernel edges, programmatic edges) of the last graph captured.
     last_graph: Mutex<Option<(u64, usize, usize)>>,
     /// The f32 values (address, count, row width) whose row-major Q8_K quantization the
@@ -290,13 +292,37 @@ struct StepKey {
     buffers: Vec<u64>,
 }
 
-/// A decode step recorded as a CUDA graph (`Backend::decode_step`).
+/// The decode steps of one group size recorded as CUDA graphs (`Backend::decode_step`): one per
+/// shape (`StepKey`) seen, at most `graph_shapes()` of them, the least recently used dropped
+/// first. A server's groups of one size change shape as their positions cross the attention's
+/// split points and as wider groups grow the workspace; keeping the earlier shapes' graphs
+/// spares a step that comes back to one its op-by-op run and its capture.
 pub struct CudaRecording {
+    shapes: Vec<Shape>,
+    /// Step counter for `Shape::used`.
+    clock: u64,
+}
+
+struct Shape {
     key: StepKey,
     /// None: the shape ran once op by op; it is captured the next time it comes.
     graph: Option<StepGraph>,
     /// Launches per kernel of the graph, added to the dispatch counters on each replay.
     launches: Vec<(String, u64)>,
+    /// `CudaRecording::clock` when it last ran.
+    used: u64,
+}
+
+/// Shapes kept per group size (`MUSER_CUDA_GRAPH_SHAPES`, default 4; 1 keeps only the last).
+fn graph_shapes() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| {
+        std::env::var("MUSER_CUDA_GRAPH_SHAPES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(4)
+            .max(1)
+    })
 }
 
 // SAFETY: a recording is used only through `&mut` (one thread at a time), which is all CUDA asks
@@ -559,6 +585,7 @@ impl CudaBackend {
             upload: Mutex::new(None),
             profile: Mutex::new(None),
             last_graph: Mutex::new(None),
+            step_counts: Default::default(),
             fused_act: Mutex::new(None),
             fuse_quant: std::sync::atomic::AtomicBool::new(
                 std::env::var("MUSER_CUDA_FUSED_QUANT").map_or(true, |v| v != "0"),
@@ -1233,7 +1260,10 @@ impl Backend for CudaBackend {
         let _decoding = decoding_flag(&self.gpu);
         // A replayed step writes buffers and the activation scratch with no op on the host.
         *self.fused_act.lock().unwrap() = None;
+        use std::sync::atomic::Ordering::Relaxed;
+        let [replayed, recorded, direct] = &self.step_counts;
         if !self.graphs() || self.profile.lock().unwrap().is_some() {
+            direct.fetch_add(1, Relaxed);
             return f(kvs);
         }
         // The step's inputs go to the device tables first; the ops then find them there and
@@ -1243,64 +1273,93 @@ impl Backend for CudaBackend {
             self.row_tables(kvs, 0, pos);
         }
         let key = self.step_key(kvs, pos);
-        match rec {
-            Some(r) if r.key == key => {
-                if let Some(g) = &r.graph {
-                    if let Some(t) = &self.gpu.trace {
-                        ck(t.before_launch(&self.gpu.stream), "step trace");
-                    }
-                    ck(g.launch(), "decode step graph");
-                    self.gpu.add_dispatches(&r.launches);
-                    return;
-                }
-                // Seen once: capture this step, then launch it.
-                let before = self.gpu.dispatch_counts();
-                if let Some(t) = &self.gpu.trace {
-                    t.begin_capture();
-                }
-                ck(
-                    self.gpu.stream.begin_capture(
-                        sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
-                    ),
-                    "begin capture",
-                );
-                f(kvs);
-                let graph = ck(
-                    StepGraph::end_capture(&self.gpu, pdl_enabled(&self.gpu)),
-                    "end capture",
-                );
-                assert_eq!(
-                    self.step_key(kvs, pos),
-                    key,
-                    "a captured decode step changed its buffers"
-                );
-                if let Some(t) = &self.gpu.trace {
-                    t.end_capture();
-                    ck(t.before_launch(&self.gpu.stream), "step trace");
-                }
-                let launches: Vec<(String, u64)> = self
-                    .gpu
-                    .dispatch_counts()
-                    .into_iter()
-                    .zip(before)
-                    .filter(|((_, a), (_, b))| a > b)
-                    .map(|((k, a), (_, b))| (k, a - b))
-                    .collect();
-                ck(graph.launch(), "decode step graph");
-                let kernels = launches.iter().map(|(_, n)| n).sum();
-                *self.last_graph.lock().unwrap() = Some((kernels, graph.edges, graph.programmatic));
-                r.graph = Some(graph);
-                r.launches = launches;
+        let rec = rec.get_or_insert_with(|| CudaRecording {
+            shapes: Vec::new(),
+            clock: 0,
+        });
+        rec.clock += 1;
+        let Some(r) = rec.shapes.iter_mut().find(|r| r.key == key) else {
+            // A new shape: run op by op (growing what it needs); capture the next time.
+            direct.fetch_add(1, Relaxed);
+            f(kvs);
+            let key = self.step_key(kvs, pos);
+            if let Some(r) = rec.shapes.iter_mut().find(|r| r.key == key) {
+                // It grew the buffers into a shape already seen.
+                r.used = rec.clock;
+                return;
             }
-            _ => {
-                // A new shape: run op by op (growing what it needs); capture the next time.
-                f(kvs);
-                *rec = Some(CudaRecording {
-                    key: self.step_key(kvs, pos),
-                    graph: None,
-                    launches: Vec::new(),
-                });
+            if rec.shapes.len() >= graph_shapes() {
+                let lru = (0..rec.shapes.len())
+                    .min_by_key(|&i| rec.shapes[i].used)
+                    .expect("a shape is kept");
+                rec.shapes.swap_remove(lru);
             }
+            rec.shapes.push(Shape {
+                key,
+                graph: None,
+                launches: Vec::new(),
+                used: rec.clock,
+            });
+            return;
+        };
+        r.used = rec.clock;
+        if let Some(g) = &r.graph {
+            if let Some(t) = &self.gpu.trace {
+                ck(t.before_launch(&self.gpu.stream), "step trace");
+            }
+            ck(g.launch(), "decode step graph");
+            self.gpu.add_dispatches(&r.launches);
+            replayed.fetch_add(1, Relaxed);
+            return;
+        }
+        // Seen once: capture this step, then launch it.
+        let before = self.gpu.dispatch_counts();
+        if let Some(t) = &self.gpu.trace {
+            t.begin_capture();
+        }
+        ck(
+            self.gpu
+                .stream
+                .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+            "begin capture",
+        );
+        f(kvs);
+        let graph = ck(
+            StepGraph::end_capture(&self.gpu, pdl_enabled(&self.gpu)),
+            "end capture",
+        );
+        assert_eq!(
+            self.step_key(kvs, pos),
+            key,
+            "a captured decode step changed its buffers"
+        );
+        if let Some(t) = &self.gpu.trace {
+            t.end_capture();
+            ck(t.before_launch(&self.gpu.stream), "step trace");
+        }
+        let launches: Vec<(String, u64)> = self
+            .gpu
+            .dispatch_counts()
+            .into_iter()
+            .zip(before)
+            .filter(|((_, a), (_, b))| a > b)
+            .map(|((k, a), (_, b))| (k, a - b))
+            .collect();
+        ck(graph.launch(), "decode step graph");
+        let kernels = launches.iter().map(|(_, n)| n).sum();
+        *self.last_graph.lock().unwrap() = Some((kernels, graph.edges, graph.programmatic));
+        r.graph = Some(graph);
+        r.launches = launches;
+        recorded.fetch_add(1, Relaxed);
+    }
+
+    fn step_counts(&self) -> muser_engine::backend::StepCounts {
+        use std::sync::atomic::Ordering::Relaxed;
+        let [replayed, recorded, direct] = &self.step_counts;
+        muser_engine::backend::StepCounts {
+            replayed: replayed.load(Relaxed),
+            recorded: recorded.load(Relaxed),
+            direct: direct.load(Relaxed),
         }
     }
 

@@ -14,6 +14,13 @@ pub struct Metrics {
     pub prefill_ns: AtomicU64,
     pub decode_ns: AtomicU64,
     pub decode_steps: AtomicU64,
+    /// Rows (sequences) over all decode steps: `decode_rows / decode_steps` is the mean group.
+    pub decode_rows: AtomicU64,
+    /// Decode steps replayed from a recording of their shape (a CUDA graph), recorded, and
+    /// issued op by op (`Backend::step_counts`; all zero on the CPU).
+    pub steps_replayed: AtomicU64,
+    pub steps_recorded: AtomicU64,
+    pub steps_direct: AtomicU64,
     /// Prefill forward passes (each runs the parts of every prompt that waits, up to the budget).
     pub prefill_passes: AtomicU64,
     pub requests_finished: AtomicU64,
@@ -45,7 +52,7 @@ impl Metrics {
             }
         };
         let kv_cap = g(&self.kv_capacity).max(1);
-        let rows: [(&str, &str, &str, String); 14] = [
+        let rows: [(&str, &str, &str, String); 19] = [
             (
                 "prompt_tokens_total",
                 "counter",
@@ -81,6 +88,36 @@ impl Metrics {
                 "counter",
                 "Time spent in decode steps.",
                 format!("{:.6}", g(&self.decode_ns) as f64 * 1e-9),
+            ),
+            (
+                "decode_steps_total",
+                "counter",
+                "Decode steps (each advances every decoding sequence by one token).",
+                g(&self.decode_steps).to_string(),
+            ),
+            (
+                "decode_rows_total",
+                "counter",
+                "Sequences advanced over all decode steps (rows / steps: the mean decode group).",
+                g(&self.decode_rows).to_string(),
+            ),
+            (
+                "decode_steps_replayed_total",
+                "counter",
+                "Decode steps replayed from a recording of their shape (a CUDA graph).",
+                g(&self.steps_replayed).to_string(),
+            ),
+            (
+                "decode_steps_recorded_total",
+                "counter",
+                "Decode steps recorded for replay (the second step of a shape).",
+                g(&self.steps_recorded).to_string(),
+            ),
+            (
+                "decode_steps_direct_total",
+                "counter",
+                "Decode steps issued op by op (the first of a shape, or recording off).",
+                g(&self.steps_direct).to_string(),
             ),
             (
                 "prompt_tokens_seconds",

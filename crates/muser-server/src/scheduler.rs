@@ -329,6 +329,11 @@ impl<'m, B: Backend> Engine<'m, B> {
         let m = self.metrics;
         Metrics::add(&m.decode_ns, t0.elapsed().as_nanos() as u64);
         Metrics::add(&m.decode_steps, 1);
+        Metrics::add(&m.decode_rows, rows.len() as u64);
+        let c = self.model.backend().step_counts();
+        m.steps_replayed.store(c.replayed, Relaxed);
+        m.steps_recorded.store(c.recorded, Relaxed);
+        m.steps_direct.store(c.direct, Relaxed);
         let got = match result {
             Ok(p) => p,
             Err(e) => {

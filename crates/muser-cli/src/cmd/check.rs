@@ -2133,6 +2133,16 @@ fn speed(
         1,
         "ms",
     );
+    // And of a 64-token chunk: the part a server prefills beside running decodes.
+    s.reset();
+    m.backend().set_profiling(true);
+    s.prefill(&prompt[..64])?;
+    print_profile(
+        &m,
+        &format!("prefill breakdown of {name} (64 tokens; ms per chunk):"),
+        1,
+        "ms",
+    );
     let read_bw = m.backend().gpu.measure_read_bandwidth()?;
     let tg = |s: &mut Session<CudaBackend>, n: usize| -> anyhow::Result<(f64, u64)> {
         let mut tok = argmax(s.logits()) as u32;

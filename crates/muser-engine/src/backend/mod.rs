@@ -48,6 +48,17 @@ pub struct NormArgs<'a, W> {
     pub eps: f32,
 }
 
+/// Decode steps by how they ran (`Backend::step_counts`).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct StepCounts {
+    /// Replayed from a recording of their shape.
+    pub replayed: u64,
+    /// Recorded (and run) on their shape's second step.
+    pub recorded: u64,
+    /// Issued op by op: the first step of a shape, or every step when recording is off.
+    pub direct: u64,
+}
+
 pub trait Backend: Send + Sync + Sized {
     /// A weight (matrix `[rows, cols]` or vector `[cols]`) resident in the backend.
     type Weight: Send + Sync;
@@ -200,6 +211,12 @@ pub trait Backend: Send + Sync + Sized {
     ) {
         let _ = (rec, tokens, pos);
         f(kvs)
+    }
+
+    /// How the decode steps of `decode_step` ran so far: replayed from a recording, recorded,
+    /// or issued op by op. All zero for a backend that records nothing.
+    fn step_counts(&self) -> StepCounts {
+        StepCounts::default()
     }
 
     /// out[t] = the index of the largest value of row t of `x` (`[out.len(), cols]`), the first
