@@ -25,7 +25,12 @@
 // super-block (cp.async, WS stages of BM rows' blocks), the activation by half super-block (bulk
 // copies, four stages, two ahead, each with an mbarrier); per 64-value chunk of a row the
 // lanes dequantize 4 k16 slices, then issue their 4 MMAs as one group, and the next chunk's
-// dequantization runs while they compute.
+// dequantization runs while they compute. With one warpgroup (the narrow configurations) a block
+// meets once per super-block and never waits for all its MMAs inside the loop; with two (128 x
+// 128) both warpgroups' MMAs end and the block meets after each half super-block. H200,
+// llama-glimmer (2026-12-03, against the previous call, which met and waited after each half in
+// every configuration): pp16 903.46 -> 936.50 / 932.53 tokens/s, pp64 2,742.36 -> 2,887.05 /
+// 2,877.35, the same bits.
 //
 // A fragments: lane (g, t) of warp w of a warpgroup holds rows 16 (w % 4) + g, + 8 and, per k16
 // slice of stored values 16 s .. 16 s + 15, the stored positions 2t, 2t + 1 and 2t + 8, 2t + 9.
@@ -264,6 +269,7 @@ __device__ __forceinline__ void mmg_kernel(const uint8_t* __restrict__ w, int ro
                                            int ncols, const float* __restrict__ gate, uint8_t* smem) {
     using F = MmhFmt<FMT>;
     constexpr int NA = C::BN / 2, WS = C::WS, XST = C::XST, WST = C::WST;
+    constexpr bool LEAN = C::NWG == 1;
     const int nb = k / QK_K, c0 = blockIdx.x * C::BN;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int wrow = 16 * warp + g; // warpgroup warp / 4: rows 64 (warp / 4) + 16 (warp % 4) + g
@@ -304,12 +310,27 @@ __device__ __forceinline__ void mmg_kernel(const uint8_t* __restrict__ w, int ro
         if (threadIdx.x == 0 && hh + 2 < 2 * nb)
             mmg_bulk_x<XST>(xbase + ((hh + 2) & 3) * XST, xt + (size_t)(hh + 2) * XST, bar0 + 8 * ((hh + 2) & 3));
         if (half == 0) {
-            // Super-block sb + WS - 1's weights (one cp.async group per super-block) into the
-            // stage read last round; this one's have landed once WS - 1 groups at most are left.
-            if (sb + WS - 1 < nb) plan.copy_w(smem + ((sb + WS - 1) % WS) * WST, w, sb + WS - 1);
-            asm volatile("cp.async.commit_group;" ::: "memory");
-            asm volatile("cp.async.wait_group %0;" ::"n"(WS - 1) : "memory");
-            __syncthreads();
+            if constexpr (LEAN) {
+                // One warpgroup: one block barrier a super-block, and no wait for the MMAs in
+                // flight. Before the barrier this super-block's weights have landed (WS - 2
+                // later groups at most are left); after it, super-block sb + WS - 1's weights
+                // (one cp.async group per super-block) go into the stage every warp finished
+                // reading in the last super-block. The activation stage thread 0 copied into
+                // above was read by MMAs two half super-blocks back, which have ended: the
+                // warpgroup's wait_group 1 after each chunk leaves only its last chunk running.
+                asm volatile("cp.async.wait_group %0;" ::"n"(WS - 2) : "memory");
+                __syncthreads();
+                if (sb + WS - 1 < nb) plan.copy_w(smem + ((sb + WS - 1) % WS) * WST, w, sb + WS - 1);
+                asm volatile("cp.async.commit_group;" ::: "memory");
+            } else {
+                // Super-block sb + WS - 1's weights (one cp.async group per super-block) into
+                // the stage read last round; this one's have landed once WS - 1 groups at most
+                // are left.
+                if (sb + WS - 1 < nb) plan.copy_w(smem + ((sb + WS - 1) % WS) * WST, w, sb + WS - 1);
+                asm volatile("cp.async.commit_group;" ::: "memory");
+                asm volatile("cp.async.wait_group %0;" ::"n"(WS - 1) : "memory");
+                __syncthreads();
+            }
         }
         mmg_bar_wait(bar0 + 8 * (hh & 3), (hh >> 2) & 1);
         const uint32_t xb = xbase + (hh & 3) * XST;
@@ -375,10 +396,15 @@ __device__ __forceinline__ void mmg_kernel(const uint8_t* __restrict__ w, int ro
             wgmma_commit();
             wgmma_wait<1>(d);
         }
-        wgmma_wait<0>(d);
-        __syncthreads(); // later copies overwrite these stages
+        if constexpr (!LEAN) {
+            // Two warpgroups: the other one's MMAs may still read the stages that later copies
+            // overwrite.
+            wgmma_wait<0>(d);
+            __syncthreads();
+        }
         }
     }
+    wgmma_wait<0>(d);
     // d[4j + e]: row wrow (e < 2) or wrow + 8, column 8 j + 2 t + (e & 1).
 #pragma unroll
     for (int j = 0; j < C::BN / 8; ++j)
@@ -449,6 +475,19 @@ extern "C" __global__ void __launch_bounds__(128, 2) mmh_n64(MMH_ARGS) {
 extern "C" __global__ void __launch_bounds__(128, 3) mmh_n32(MMH_ARGS) {
     pdl_wait();
     mmh_entry<MmhN32>(MMH_PASS);
+}
+
+// y = silu(g) * y elementwise (n values), the float expression of mmh_entry's gate epilogue, for
+// gate and up run as one launch of two jobs (mmh.rs `mmh_silu`, narrow tiles): the same bits.
+extern "C" __global__ void __launch_bounds__(256) mmh_silu_mul(const float* __restrict__ g, float* __restrict__ y,
+                                                               int n) {
+    pdl_wait();
+    const int i = blockIdx.x * 256 + threadIdx.x;
+    if (i >= n) return;
+    float v = y[i];
+    const float gv = g[i];
+    v *= gv / (1.0f + expf(-gv));
+    y[i] = v;
 }
 
 // Column blockIdx.x of x (K f32 values, K a multiple of 128) as f16 for mmh: scaled by 2^-e (xs
