@@ -2123,26 +2123,19 @@ fn speed(
     let t = Instant::now();
     s.prefill(&prompt[..512])?;
     let pp = 512.0 / t.elapsed().as_secs_f64();
-    // Per-op time of one 512-token prefill chunk.
-    s.reset();
-    m.backend().set_profiling(true);
-    s.prefill(&prompt[..512])?;
-    print_profile(
-        &m,
-        &format!("prefill breakdown of {name} (512 tokens; ms per chunk):"),
-        1,
-        "ms",
-    );
-    // And of a 64-token chunk: the part a server prefills beside running decodes.
-    s.reset();
-    m.backend().set_profiling(true);
-    s.prefill(&prompt[..64])?;
-    print_profile(
-        &m,
-        &format!("prefill breakdown of {name} (64 tokens; ms per chunk):"),
-        1,
-        "ms",
-    );
+    // Per-op time of one 512-token prefill chunk, and of a 64-token one (what a server prefills
+    // beside running decodes).
+    for n in [512, 64] {
+        s.reset();
+        m.backend().set_profiling(true);
+        s.prefill(&prompt[..n])?;
+        print_profile(
+            &m,
+            &format!("prefill breakdown of {name} ({n} tokens; ms per chunk):"),
+            1,
+            "ms",
+        );
+    }
     let read_bw = m.backend().gpu.measure_read_bandwidth()?;
     let tg = |s: &mut Session<CudaBackend>, n: usize| -> anyhow::Result<(f64, u64)> {
         let mut tok = argmax(s.logits()) as u32;
