@@ -21,7 +21,7 @@
 // job's: each job padded to BM rows) x BN columns (grid x: column tiles, so the blocks of one row
 // block run side by side and share its weights in L2; grid y: row blocks). Warpgroup q takes rows
 // 64 q .. + 63 and every column: BN / 2 f32 accumulators per thread. Configurations: 128 x 128
-// (chunks past 64 columns), 64 x 64 and 64 x 32 (narrower chunks). Pipeline: the weights by
+// (chunks past 192 columns), 64 x 64 and 64 x 32 (narrower chunks). Pipeline: the weights by
 // super-block (cp.async, WS stages of BM rows' blocks), the activation by half super-block (bulk
 // copies, four stages, two ahead, each with an mbarrier); per 64-value chunk of a row the
 // lanes dequantize 4 k16 slices, then issue their 4 MMAs as one group, and the next chunk's
@@ -76,24 +76,57 @@ __device__ __forceinline__ __half2 h2_magic(uint32_t v) {
 }
 
 
-// One row's header of a super-block (what every chunk's scales come from).
+// Bytes 2p and 2p + 1 of w (unsigned; signed with S8) as the two halves of a half2, exactly:
+// moved to bits 0-7 and 16-23, put under the exponent of 1024 (plus 128 for a signed byte, whose
+// sign bit is flipped first) and that taken away again.
+template <bool S8>
+__device__ __forceinline__ __half2 mmh_byte_pair(uint32_t w, int p) {
+    uint32_t r = __byte_perm(w, 0, p ? 0x4342 : 0x4140);
+    if (S8) r ^= 0x00800080u;
+    r |= 0x64006400u;
+    return __hsub2(*reinterpret_cast<const __half2*>(&r), __float2half2_rn(S8 ? 1152.f : 1024.f));
+}
+
+// One row's scales in a super-block, as f16 pairs made once per super-block. Q4_K/Q5_K: s[p] the
+// scales of sub-blocks 2p, 2p + 1 (d times the 6-bit scale), m[p] their negated mins (-dmin times
+// the 6-bit min); Q6_K: s[p] those of its 16-value sub-blocks 2p, 2p + 1 (d times the int8
+// scale). Each is the one rounding to f16 of an exact product (an f16 times an integer of at most
+// 8 bits), as the f32 product rounded to f16 was before (2026-12-03): the same bits, without
+// integer-to-float conversions.
 template <int FMT>
 struct MmhRow {
-    float d, dmin;
-    uint32_t a, b, c, e; // Q4_K/Q5_K: packed 6-bit scales lo, hi, mins lo, hi; Q6_K: the 16 int8 scales
-    __device__ __forceinline__ void load(const uint8_t* row) {
+    static constexpr int NP = FMT == FMT_Q6_K ? 8 : 4;
+    __half2 s[NP], m[FMT == FMT_Q6_K ? 1 : 4];
+    // Q6_K: dq is the row's d (plane C).
+    __device__ __forceinline__ void load(const uint8_t* row, __half dq) {
         if (FMT == FMT_Q6_K) {
-            const uint4 s = *reinterpret_cast<const uint4*>(row + 192);
-            a = s.x, b = s.y, c = s.z, e = s.w;
+            const uint4 w = *reinterpret_cast<const uint4*>(row + 192);
+            const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
+            const __half2 d2 = __half2half2(dq);
+#pragma unroll
+            for (int p = 0; p < NP; ++p) s[p] = __hmul2(mmh_byte_pair<true>(ws[p >> 1], p & 1), d2);
         } else {
             const uint4 h = *reinterpret_cast<const uint4*>(row);
             const __half2 dd = *reinterpret_cast<const __half2*>(&h.x);
-            d = __low2float(dd), dmin = __high2float(dd);
+            const __half2 d2 = __low2half2(dd), nm2 = __hneg2(__high2half2(dd));
+            uint32_t a, b, c, e;
             unpack_scales_k4(h.y, h.z, h.w, &a, &b, &c, &e);
+#pragma unroll
+            for (int p = 0; p < NP; ++p) {
+                s[p] = __hmul2(mmh_byte_pair<false>(p < 2 ? a : b, p & 1), d2);
+                m[p] = __hmul2(mmh_byte_pair<false>(p < 2 ? c : e, p & 1), nm2);
+            }
         }
     }
 };
 
+// Q4_K: the nibbles in bits 0-3 and 16-19 of x (the rest of x ignored) made f16 values as
+// mmh_value's: the mask and the exponent of 1024 in one three-input logic op ((a & b) | c).
+__device__ __forceinline__ uint32_t mmh_value_nib(uint32_t x, __half2 s, __half2 m) {
+    uint32_t r;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(x), "r"(0x000F000Fu), "r"(0x64006400u));
+    return h2_bits(__hfma2(__hsub2(*reinterpret_cast<const __half2*>(&r), __float2half2_rn(1024.f)), s, m));
+}
 // The f16 values of quant pair v (bits 0-5 and 16-21) with scale s and negated min m.
 template <int FMT>
 __device__ __forceinline__ uint32_t mmh_value(uint32_t v, __half2 s, __half2 m) {
@@ -247,19 +280,17 @@ __device__ __forceinline__ void mmg_bar_wait(uint32_t bar, uint32_t parity) {
 }
 
 // One row's scale (s) and negated min (m) of a group of a chunk, and slice sl (Q6_K's scales
-// are per 16 values).
+// are per 16 values), each broadcast to both halves.
 template <int FMT>
 __device__ __forceinline__ void mmg_scale(const MmhRow<FMT>& r, int ch, int grp, int sl, __half2& s, __half2& m) {
     if (FMT == FMT_Q6_K) {
-        const int i = 8 * (ch >> 1) + 2 * ((ch & 1) + 2 * grp) + sl;
-        const uint32_t w = i < 4 ? r.a : i < 8 ? r.b : i < 12 ? r.c : r.e;
-        s = __float2half2_rn(r.d * (float)(int8_t)(w >> (8 * (i & 3))));
+        const int p = 4 * (ch >> 1) + (ch & 1) + 2 * grp; // sub-block 2p + sl
+        s = sl ? __high2half2(r.s[p]) : __low2half2(r.s[p]);
         m = __float2half2_rn(0.f);
     } else {
-        const int j = 2 * ch + grp; // sub-block
-        const uint32_t sc = j < 4 ? r.a : r.b, mn = j < 4 ? r.c : r.e;
-        s = __float2half2_rn(r.d * (float)((sc >> (8 * (j & 3))) & 0xFF));
-        m = __float2half2_rn(-r.dmin * (float)((mn >> (8 * (j & 3))) & 0xFF));
+        // sub-block 2 ch + grp
+        s = grp ? __high2half2(r.s[ch]) : __low2half2(r.s[ch]);
+        m = grp ? __high2half2(r.m[ch]) : __low2half2(r.m[ch]);
     }
 }
 
@@ -340,8 +371,7 @@ __device__ __forceinline__ void mmg_kernel(const uint8_t* __restrict__ w, int ro
             for (int h = 0; h < 2; ++h) {
                 const int r = wrow + 8 * h;
                 wr[h] = sw + r * F::WS;
-                hd[h].load(wr[h]);
-                if (FMT == FMT_Q6_K) hd[h].d = __half2float(reinterpret_cast<const __half*>(sw + C::BM * 224)[r]);
+                hd[h].load(wr[h], FMT == FMT_Q6_K ? reinterpret_cast<const __half*>(sw + C::BM * 224)[r] : __half());
 #pragma unroll
                 for (int m = 0; m < 4; ++m)
                     qh5[h][m] = FMT == FMT_Q5_K ? *reinterpret_cast<const uint32_t*>(wr[h] + 16 + 4 * (o + 2 * m)) : 0;
@@ -376,6 +406,10 @@ __device__ __forceinline__ void mmg_kernel(const uint8_t* __restrict__ w, int ro
 #pragma unroll
                         for (int kk = 0; kk < 2; ++kk) {
                             const int m = 2 * sl + kk;
+                            if (FMT == FMT_Q4_K) {
+                                a[grp][sl][2 * kk + h] = mmh_value_nib(qw[h][m] >> (bsh + 4 * grp), sc, mn);
+                                continue;
+                            }
                             uint32_t v = (qw[h][m] >> (bsh + 4 * grp)) & 0x000F000Fu;
                             if (FMT == FMT_Q5_K) v |= ((hw[h][m] >> (bsh + hb)) & 0x00010001u) << 4;
                             if (FMT == FMT_Q6_K) v |= ((hw[h][m] >> (bsh + hb)) & 0x00030003u) << 4;
@@ -447,9 +481,10 @@ __device__ __forceinline__ void mmh_entry(const MatvecJobs& jobs, const __half* 
 }
 
 // The tile configurations (mmh.rs `mmh_tile` picks one by the chunk's width): 128 x 128 with two
-// weight stages for chunks past 64 columns (pp512: weights re-read by 4 column tiles at most),
-// 64 rows x 64 or 32 columns with 3 weight stages for narrower chunks, where the row blocks are
-// the only parallelism: twice as many of them, 2 (n64) or 3 (n32) blocks per SM. Every
+// weight stages for chunks past 192 columns (pp512: weights re-read by 4 column tiles at most),
+// 64 rows x 64 or 32 columns with 3 weight stages for narrower chunks (64 x 64 from 33 columns,
+// up to three column tiles), where the row blocks are the main parallelism: twice as many of
+// them, 2 (n64) or 3 (n32) blocks per SM. Every
 // configuration sums each output over K in the same order (the same k16 slices, one wgmma after
 // the other), so a column's bits do not depend on the configuration. H200, llama-glimmer,
 // tokens/s (2026-12-01): pp8 414 (n32 with 4 stages and 2 blocks per SM) -> 463 (3 and 3),

@@ -46,7 +46,7 @@ impl MmhTile {
     }
 }
 
-/// The configurations of mmh.cu: chunks past 64 columns on 128 x 128 tiles (so pp512's weights
+/// The configurations of mmh.cu: chunks past 192 columns on 128 x 128 tiles (so pp512's weights
 /// are re-read by 4 column tiles), narrower ones on 64-row blocks of 64 or 32 columns (twice the
 /// row blocks, three weight stages, two or three blocks per SM).
 pub const MMH_WIDE: MmhTile = MmhTile {
@@ -84,7 +84,13 @@ pub fn mmh_tile(ncols: usize) -> MmhTile {
         Some(64) => MMH_N64,
         Some(32) => MMH_N32,
         _ if ncols <= 32 => MMH_N32,
-        _ if ncols <= 64 => MMH_N64,
+        // Up to three 64-column tiles: from 65 to 192 columns the 128 x 128 tiles' 156 row
+        // blocks of an FFN matrix (52 of ffn_down) leave SMs idle. H200, llama-glimmer,
+        // tokens/s (2026-12-03, one call, 64 x 64 forced against the default of then, which
+        // took 128 x 128 past 64): pp96 3,690 against 2,585, pp128 4,813 against 3,368, pp192
+        // 4,825 against 4,157; pp256 5,188 against 5,365 and pp512 5,530 against ~5,780 stay on
+        // 128 x 128.
+        _ if ncols <= 192 => MMH_N64,
         _ => MMH_WIDE,
     }
 }
@@ -371,7 +377,10 @@ mod tests {
             (700, 256),
         ] {
             let tile = mmh_tile(ncols);
-            assert!(ncols <= tile.bn || tile == MMH_WIDE, "{ncols}: {tile:?}");
+            assert!(
+                ncols <= 3 * tile.bn || tile == MMH_WIDE,
+                "{ncols}: {tile:?}"
+            );
             let c = mmh_launch(tile, ncols, rows);
             let (gx, gy) = (c.grid_dim.0 as usize, c.grid_dim.1 as usize);
             assert!(
@@ -393,7 +402,8 @@ mod tests {
         assert_eq!(mmh_tile(32), MMH_N32);
         assert_eq!(mmh_tile(33), MMH_N64);
         assert_eq!(mmh_tile(64), MMH_N64);
-        assert_eq!(mmh_tile(65), MMH_WIDE);
+        assert_eq!(mmh_tile(192), MMH_N64);
+        assert_eq!(mmh_tile(193), MMH_WIDE);
         // The wide tile keeps pp512's shared memory: two weight stages of 128 rows and four
         // activation stages of 32 KB.
         assert_eq!(MMH_WIDE.smem(), 2 * (128 * 226) + 4 * 32768);
