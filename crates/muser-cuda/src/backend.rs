@@ -317,9 +317,7 @@ struct Shape {
 fn graph_shapes() -> usize {
     static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *N.get_or_init(|| {
-        std::env::var("MUSER_CUDA_GRAPH_SHAPES")
-            .ok()
-            .and_then(|v| v.parse().ok())
+        crate::matvec::env_usize("MUSER_CUDA_GRAPH_SHAPES")
             .unwrap_or(4)
             .max(1)
     })

@@ -312,8 +312,8 @@ impl Gpu {
             grow(self, &mut s.gate, ncols * rows)?
         };
         if tile != MMH_WIDE && mmh_pair() {
-            // Narrow chunks: the row blocks are the launch's only parallelism, so gate and up
-            // go as one launch (twice the blocks), and `mmh_silu_mul` after it.
+            // Narrow chunks: the row blocks are most of the launch's parallelism, so gate and
+            // up go as one launch (twice the blocks), and `mmh_silu_mul` after it.
             self.mmh_launch_jobs(
                 tile,
                 &[&Job { m: gate, y: g }, &Job { m: up, y }],
