@@ -779,12 +779,12 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
     // Each column of a decode group, and of a prefill chunk (the K-quants run both on the
     // tensor-core tiles of mmk.cu, in the canonical order of matvec_1), gets the bits it gets
     // alone; the group's results also against the CPU.
-    // (Quick: 200 columns keep the 128 x 128 prefill tiles dispatched; 65 of the columns above
-    // take the 64 x 64 ones with two column tiles.)
+    // (130 columns: three column tiles of the 64 x 64 prefill tiles, each column against itself
+    // alone and moved; 200 (quick) and 512 keep the 128 x 128 tiles dispatched.)
     let groups: &[usize] = if quick {
-        &[2, 6, 9, 20, 32, 64, 200]
+        &[2, 6, 9, 20, 32, 64, 130, 200]
     } else {
-        &[2, 8, 9, 16, 20, 32, 33, 64, 512]
+        &[2, 8, 9, 16, 20, 32, 33, 64, 130, 512]
     };
     {
         for &n in groups.iter().chain([1usize].iter()) {
