@@ -147,10 +147,19 @@ __device__ __forceinline__ KAct mmk_slice(const KAct& a, int bn) {
 // every width 494.2 / 768.8 / 1270.4 / 3287; folded from 4 tiles on (mmt) 478.5 / 770.2 /
 // 1249.3 / 3274 (mmt_silu_4 126 -> 137 us: twice the MMAs, which the tiles' issue slots pay
 // for). Again for mmt_8 alone (2026-11-30, same call): pp512 3307 against 3851 (255 registers,
-// 72 bytes of spills). So only the one-tile kernels (mmk_1, mmk_silu_1: 8-column groups, bound
-// by their load latency, not by issue) fold them.
+// 72 bytes of spills). So only the one-tile kernels (mmk_1, mmk_silu_1: 8-column groups) folded
+// them, until the one-tile kernels' work went to mmv_* (staged weights, mvk_1's division of the
+// work): there the folded form's two chains of 8 dependent MMAs per super-block cost more than
+// the 4 multiply-adds after each of 8 independent MMAs (Q4_K loop of mmv_1: 18 -> 10 MMAs, ~445
+// -> ~370 instructions issued a super-block). H200, llama-glimmer, one call (2026-12-03,
+// aggregate tg64 tokens/s, two rounds, both with mmv_copy's 32-bit addresses): 8 streams 1,019.43
+// / 1,013.26 folded -> 1,070.67 / 1,066.33 not, 4 streams (mmk_1) 487.10 / 483.61 -> 502.89 /
+// 501.76, one stream (mvk_1, not affected) 178.17 / 175.79 -> 176.50 / 177.01; the even and odd
+// sub-blocks' folded MMAs in four chains of 4 instead: 998.39 / 999.71. The same integer sums
+// either way, so the same bits (quick parity 692 ok on each build, groups identical to solo).
+// KQ_SCALED_MAX_NT=1 restores the folded one-tile kernels.
 #ifndef KQ_SCALED_MAX_NT
-#define KQ_SCALED_MAX_NT 1
+#define KQ_SCALED_MAX_NT 0
 #endif
 
 // ---------------------------------------------------------------------------------------------

@@ -536,24 +536,33 @@ __device__ __forceinline__ void mmv_copy(uint8_t* dst, const uint8_t* __restrict
                                          int b) {
     constexpr int BS = FMT == FMT_Q6_K ? 192 : FMT == FMT_Q5_K ? 176 : 144, RUN = BS / 4; // pieces per run
     constexpr int QD = FMT == FMT_Q6_K ? 4 * MMV_Q6_ROW : 4 * BS;                       // slot bytes per quad
-    const int lane = threadIdx.x % WARP, q0 = row0 >> 2, qmax = (int)(kq_rows(rows) >> 2) - 1;
+    const int lane = threadIdx.x % WARP, q0 = row0 >> 2;
+    const int ql = (int)(kq_rows(rows) >> 2) - 1 - q0; // the matrix's last quad, counted from q0
+    // Block numbers in 32 bits (a matrix holds fewer than 2^30 blocks; Glimmer's LM head 5.3
+    // million): super-block b of quad q0 is block bq, that of quad q0 + q is 4 nb q blocks
+    // further (kq_blk). Computed in 64 bits for every quad, the addresses took ~100 of the ~490
+    // instructions a Q4_K super-block of mmv_1 issued (now ~450); H200, llama-glimmer, one call
+    // (2026-12-03), 8 streams 985.56 / 973.32 -> 1,019.43 / 1,013.26 tokens/s, same bits.
+    const unsigned bq = ((unsigned)q0 * (unsigned)nb + (unsigned)b) * 4u, qs = 4u * (unsigned)nb;
+    const uint8_t* src0 = w + (size_t)bq * BS + 16 * lane; // the lane's first piece of quad q0
     // The slot offsets of pieces l and l + 32 of a run (Q6_K: rows padded to MMV_Q6_ROW).
     const int e = lane + 32;
     const int d0 = FMT == FMT_Q6_K ? lane / 12 * MMV_Q6_ROW + 16 * (lane % 12) : 16 * lane;
     const int d1 = FMT == FMT_Q6_K ? e / 12 * MMV_Q6_ROW + 16 * (e % 12) : 16 * e;
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
-        const uint8_t* src = w + ((size_t)min(q0 + q, qmax) * nb + b) * 4 * BS;
-        cp_async16(dst + q * QD + d0, src + 16 * lane);
-        if (e < RUN) cp_async16(dst + q * QD + d1, src + 16 * e);
+        const uint8_t* src = q == 0 ? src0 : src0 + (unsigned)min(q, ql) * qs * BS;
+        cp_async16(dst + q * QD + d0, src);
+        if (e < RUN) cp_async16(dst + q * QD + d1, src + 16 * 32);
     }
     if (FMT == FMT_Q6_K) {
         const size_t n = kq_rows(rows) * nb;
-        const size_t blk = ((size_t)min(q0 + ((lane >> 2) & 3), qmax) * nb + b) * 4; // the quad's first block
-        if (lane < 16) cp_async16(dst + MMV_Q6_SC + 16 * lane, w + n * 192 + (blk + (lane & 3)) * 16);
+        // the first block of the lane's quad
+        const unsigned blk = bq + (unsigned)min((lane >> 2) & 3, ql) * qs;
+        if (lane < 16) cp_async16(dst + MMV_Q6_SC + 16 * lane, w + n * 192 + (size_t)(blk + (lane & 3)) * 16);
         else if (lane < 20) {
-            const size_t bq = ((size_t)min(q0 + (lane & 3), qmax) * nb + b) * 4;
-            cp_async8(dst + MMV_Q6_D + 8 * (lane & 3), w + n * 208 + bq * 2);
+            const unsigned bd = bq + (unsigned)min(lane & 3, ql) * qs;
+            cp_async8(dst + MMV_Q6_D + 8 * (lane & 3), w + n * 208 + (size_t)bd * 2);
         }
     }
 }
