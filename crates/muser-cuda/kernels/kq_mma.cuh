@@ -150,7 +150,7 @@ __device__ __forceinline__ KAct mmk_slice(const KAct& a, int bn) {
 // 72 bytes of spills). So only the one-tile kernels (mmk_1, mmk_silu_1: 8-column groups) folded
 // them, until the one-tile kernels' work went to mmv_* (staged weights, mvk_1's division of the
 // work): there the folded form's two chains of 8 dependent MMAs per super-block cost more than
-// the 4 multiply-adds after each of 8 independent MMAs (Q4_K loop of mmv_1: 18 -> 10 MMAs, ~445
+// the 4 multiply-adds after each of 8 independent MMAs (Q4_K loop of mmv_1: 18 -> 10 MMAs, ~450
 // -> ~370 instructions issued a super-block). H200, llama-glimmer, one call (2026-12-03,
 // aggregate tg64 tokens/s, two rounds, both with mmv_copy's 32-bit addresses): 8 streams 1,019.43
 // / 1,013.26 folded -> 1,070.67 / 1,066.33 not, 4 streams (mmk_1) 487.10 / 483.61 -> 502.89 /
@@ -186,12 +186,13 @@ __device__ __forceinline__ void kq45_superblock(const uint4& ha, const uint4& hb
     unpack_scales_k4(ha.y, ha.z, ha.w, &sa_lo, &sa_hi, &ma_lo, &ma_hi);
     unpack_scales_k4(hb.y, hb.z, hb.w, &sb_lo, &sb_hi, &mb_lo, &mb_hi);
     int isc[NT][4];
-    // With at most KQ_SCALED_MAX_NT column tiles, the sub-block scales go into the A operand
-    // instead of 4 multiply-adds per MMA result: sc = lo + 8 hi (lo, hi < 8), and q * lo and
-    // q * hi (< 256, as q < 32) are the bytes of an unsigned MMA operand (one 32-bit multiply per
-    // 4 bytes: no byte carries into the next), so isc = sum_s lo_s (q.x)_s + 8 sum_s hi_s (q.x)_s
-    // is two MMA chains over the 8 sub-blocks, exact as before. Per sub-block: 8 multiplies for
-    // the two rows' A, then 2 MMAs per tile (instead of 1 MMA and 4 dependent multiply-adds).
+    // With at most KQ_SCALED_MAX_NT column tiles (none by default, see there), the sub-block
+    // scales go into the A operand instead of 4 multiply-adds per MMA result: sc = lo + 8 hi
+    // (lo, hi < 8), and q * lo and q * hi (< 256, as q < 32) are the bytes of an unsigned MMA
+    // operand (one 32-bit multiply per 4 bytes: no byte carries into the next), so isc = sum_s
+    // lo_s (q.x)_s + 8 sum_s hi_s (q.x)_s is two MMA chains over the 8 sub-blocks, exact as
+    // before. Per sub-block: 8 multiplies for the two rows' A, then 2 MMAs per tile (instead of 1
+    // MMA and 4 dependent multiply-adds).
     constexpr bool SCALED = NT <= KQ_SCALED_MAX_NT;
     int acc_hi[SCALED ? NT : 1][4];
 #pragma unroll
