@@ -69,12 +69,6 @@ __device__ __forceinline__ void mmh_cp8(void* dst, const void* src) {
 }
 
 __device__ __forceinline__ uint32_t h2_bits(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
-// The values v (0 .. 1023, in bits 0-9 and 16-25) as the halves 1024 + v.
-__device__ __forceinline__ __half2 h2_magic(uint32_t v) {
-    const uint32_t r = v | 0x64006400u;
-    return *reinterpret_cast<const __half2*>(&r);
-}
-
 
 // Bytes 2p and 2p + 1 of w (unsigned; signed with S8) as the two halves of a half2, exactly:
 // moved to bits 0-7 and 16-23, put under the exponent of 1024 (plus 128 for a signed byte, whose
@@ -120,18 +114,17 @@ struct MmhRow {
     }
 };
 
-// Q4_K: the nibbles in bits 0-3 and 16-19 of x (the rest of x ignored) made f16 values as
-// mmh_value's: the mask and the exponent of 1024 in one three-input logic op ((a & b) | c).
-__device__ __forceinline__ uint32_t mmh_value_nib(uint32_t x, __half2 s, __half2 m) {
-    uint32_t r;
-    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(x), "r"(0x000F000Fu), "r"(0x64006400u));
-    return h2_bits(__hfma2(__hsub2(*reinterpret_cast<const __half2*>(&r), __float2half2_rn(1024.f)), s, m));
-}
-// The f16 values of quant pair v (bits 0-5 and 16-21) with scale s and negated min m.
+// The f16 values of quant pair (x & 0x000F000F) | hi (bits 0-5 and 16-21; hi: Q5_K's or Q6_K's
+// high bits, at bits 4-5 and 20-21, 0 for Q4_K) with scale s and negated min m: the mask, the high
+// bits and the exponent of 1024 in one three-input logic op ((a & b) | c), then 1024 (Q6_K: 1056)
+// taken away.
 template <int FMT>
-__device__ __forceinline__ uint32_t mmh_value(uint32_t v, __half2 s, __half2 m) {
-    if (FMT == FMT_Q6_K) return h2_bits(__hmul2(__hsub2(h2_magic(v), __float2half2_rn(1056.f)), s));
-    return h2_bits(__hfma2(__hsub2(h2_magic(v), __float2half2_rn(1024.f)), s, m));
+__device__ __forceinline__ uint32_t mmh_value(uint32_t x, uint32_t hi, __half2 s, __half2 m) {
+    uint32_t r;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(x), "r"(0x000F000Fu), "r"(hi | 0x64006400u));
+    const __half2 v = *reinterpret_cast<const __half2*>(&r);
+    if (FMT == FMT_Q6_K) return h2_bits(__hmul2(__hsub2(v, __float2half2_rn(1056.f)), s));
+    return h2_bits(__hfma2(__hsub2(v, __float2half2_rn(1024.f)), s, m));
 }
 
 // A tile configuration: BN columns, NWG warpgroups (BM = 64 NWG rows, 128 NWG threads), WS weight
@@ -406,14 +399,10 @@ __device__ __forceinline__ void mmg_kernel(const uint8_t* __restrict__ w, int ro
 #pragma unroll
                         for (int kk = 0; kk < 2; ++kk) {
                             const int m = 2 * sl + kk;
-                            if (FMT == FMT_Q4_K) {
-                                a[grp][sl][2 * kk + h] = mmh_value_nib(qw[h][m] >> (bsh + 4 * grp), sc, mn);
-                                continue;
-                            }
-                            uint32_t v = (qw[h][m] >> (bsh + 4 * grp)) & 0x000F000Fu;
-                            if (FMT == FMT_Q5_K) v |= ((hw[h][m] >> (bsh + hb)) & 0x00010001u) << 4;
-                            if (FMT == FMT_Q6_K) v |= ((hw[h][m] >> (bsh + hb)) & 0x00030003u) << 4;
-                            a[grp][sl][2 * kk + h] = mmh_value<FMT>(v, sc, mn);
+                            uint32_t hi = 0;
+                            if (FMT == FMT_Q5_K) hi = ((hw[h][m] >> (bsh + hb)) & 0x00010001u) << 4;
+                            if (FMT == FMT_Q6_K) hi = ((hw[h][m] >> (bsh + hb)) & 0x00030003u) << 4;
+                            a[grp][sl][2 * kk + h] = mmh_value<FMT>(qw[h][m] >> (bsh + 4 * grp), hi, sc, mn);
                         }
                     }
             }
