@@ -258,15 +258,18 @@ if [ "${JOB:-}" = parity ]; then
     full_parity
     step bench-llama 90 "$BIN" bench --backend cuda -m "$G" -p 512 -n 128 -r "$REPS" --audit
     step bench-llama-streams 90 "$BIN" bench --backend cuda -m "$G" -p 0 -n 64 -r 2 -s "${STREAMS:-1,8,32}"
-    step profile 60 "$BIN" check --backend cuda --no-ops --speed "$G" --group-profile 8,32
+    [ "${PROFILE:-1}" = 1 ] && step profile 60 "$BIN" check --backend cuda --no-ops --speed "$G" --group-profile 8,32
+    # SASS_KERNELS set: their source counters too (see sass_profile).
+    [ -n "${SASS_KERNELS:-}" ] && sass_profile > "$OUT/sass.txt" 2>&1
     echo
     echo "================ short table ================"
     check_counts
     grep -hE "^FAIL|never dispatched|^all |decode_greedy|batch invariance|^model |speed" "$OUT/check.log" | head -24
-    grep -h "^decode group of\|^speed" "$OUT/profile.log"
+    grep -h "^decode group of\|^speed" "$OUT/profile.log" 2>/dev/null
     sed -n '/^matvec timing/,/^$/p' "$OUT/check.log" | head -16
     grep -h "^| .*CUDA" "$OUT"/bench-*.log
     grep -h "one decode step launches\|never dispatched by" "$OUT/bench-llama.log"
+    [ -f "$OUT/sass.txt" ] && cat "$OUT/sass.txt"
     cat "$OUT/summary.txt"
     exit 0
 fi
@@ -523,7 +526,9 @@ if [ "${JOB:-}" = streams ]; then
     S=${STREAMS:-1,8,32}
     step check 90 "$BIN" check --backend cuda --quick --invariance "$T" --invariance "$G"
     step bench-streams 60 "$BIN" bench --backend cuda -m "$G" -p 0 -n 32 -r 1 -s "$S"
-    step profile 60 "$BIN" check --backend cuda --no-ops --speed "$G" --group-profile 8,32
+    [ "${PROFILE:-1}" = 1 ] && step profile 60 "$BIN" check --backend cuda --no-ops --speed "$G" --group-profile 8,32
+    # SASS_KERNELS set: their source counters too (see sass_profile).
+    [ -n "${SASS_KERNELS:-}" ] && sass_profile > "$OUT/sass.txt" 2>&1
     echo
     echo "================ short table ================"
     check_counts
