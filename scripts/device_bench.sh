@@ -409,10 +409,15 @@ if [ "${JOB:-}" = ab ]; then
     # pp512 and tg128 (and decode groups of STREAMS, tg at DEPTH when set), and the per-op profile
     # of the first.
     G=$MODELS/llama-glimmer.gguf T=$MODELS/muse-tiny.gguf
-    step synth-llama-glimmer 60 "$BIN" synth llama-glimmer "$G"
-    step synth-muse-tiny 30 "$BIN" synth muse-tiny "$T"
-    step check 240 env ${CHECK_ENV:-} "$BIN" check --backend cuda $([ "${FULL:-0}" = 1 ] || echo --quick) --bench \
-        --model "$T" --invariance "$T" --invariance "$G"
+    if [ "${FULL:-0}" = 1 ]; then
+        # The full parity command (full_parity: muse-mid's whole-model parity too).
+        full_parity
+    else
+        step synth-llama-glimmer 60 "$BIN" synth llama-glimmer "$G"
+        step synth-muse-tiny 30 "$BIN" synth muse-tiny "$T"
+        step check 240 env ${CHECK_ENV:-} "$BIN" check --backend cuda --quick --bench \
+            --model "$T" --invariance "$T" --invariance "$G"
+    fi
     # CHECK_BINS="PATH ...": the same parity command (without the matvec timing) on more
     # candidate builds, each its own log (check-NAME.log) and summary line.
     for cb in ${CHECK_BINS:-}; do
@@ -444,6 +449,12 @@ if [ "${JOB:-}" = ab ]; then
             rm -f "$OUT/trace-$i.log" ;;
         esac
     done
+    # FINAL=1: $BIN's figures as the parity job records them (pp512, tg128 with --audit, and
+    # decode groups of 1, 4, 8, 16 and 32 streams).
+    if [ "${FINAL:-0}" = 1 ]; then
+        step bench-final 90 "$BIN" bench --backend cuda -m "$G" -p 512 -n 128 -r 3 --audit
+        step bench-final-streams 90 "$BIN" bench --backend cuda -m "$G" -p 0 -n 64 -r 2 -s 1,4,8,16,32
+    fi
     # SPEED_ARGS: more arguments of the per-op profile (e.g. "--depth 8192": one at that depth too).
     step speed 150 "$BIN" check --backend cuda --no-ops ${SPEED_ARGS:-} --speed "$G"
     # TRAFFIC_KERNELS set: each setting's binary's memory traffic for them (traffic_profile).

@@ -218,7 +218,11 @@ pub fn mmv_smem(silu: bool, stages: usize) -> usize {
 /// The fewest columns that run on `mmv_*` (fewer: `mmk_*`): 6, or `MUSER_CUDA_MMV_MIN`. H200,
 /// llama-glimmer, aggregate tg128 tokens/s, mmk / mmv, same call (2026-11-30): 3 streams 357.2 /
 /// 351.9, 4 streams 471.3 / 463.0, 6 streams 678.9 / 682.8, 8 streams 853.3 / 878.8 (again:
-/// 359.9 / 351.3, 470.0 / 462.7, 678.9 / 681.4, 855.9 / 878.5).
+/// 359.9 / 351.3, 470.0 / 462.7, 678.9 / 681.4, 855.9 / 878.5). Since `mmv_*` issues fewer
+/// instructions (4ca8e2e), 4 streams gain on it: 503.73 / 505.15 on `mmk_1` against 572.07
+/// with `MUSER_CUDA_MMV_MIN=4` (2026-12-03, one call, a lab build whose `mmv_1` took 3 stages
+/// of Q4_K). Not the default yet: groups of 4 and 5 on `mmv_1` have not been through the
+/// parity command (its group widths now include 3 and 4: run it with the variable set first).
 pub fn mmv_min() -> usize {
     static MIN: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *MIN.get_or_init(|| env_usize("MUSER_CUDA_MMV_MIN").unwrap_or(6))
@@ -2150,6 +2154,12 @@ mod tests {
         assert_eq!(def("MMV_Q6_SC"), "(16 * MMV_Q6_ROW)");
         assert_eq!(def("MMV_SLOT_PAIR"), "(2 * 16 * 144)");
         assert_eq!(MMV_SLOT_ONE, 3616);
+        // mmv_silu_1's 4 blocks stay within the 164 KiB shared-memory carveout, which leaves L1
+        // 92 KiB for the 8 columns' activations (53 KiB at Glimmer's 6,656). H200, 8 streams
+        // (2026-12-03, lab run 38): rows padded to 160 bytes (4 x 42 KiB) lost 6%, 3 stages (4 x
+        // 56 KiB) 25%.
+        let (_, per_sm) = mmv_kernel(8, true, true).expect("mmv_silu_1");
+        assert!(per_sm * (mmv_smem(true, mmv_stages(1)) + 1024) <= 164 * 1024);
         // Every stage count, at the blocks per SM mmv_kernel promises, fits the 227 KiB an H200
         // block may use and the 228 KiB of an SM (1 KiB reserved per block).
         for ncols in [6, 8, 9, 16] {
