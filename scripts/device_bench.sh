@@ -119,18 +119,20 @@ sass_profile() {
 }
 
 # Memory traffic of one launch of each kernel in TRAFFIC_KERNELS ("name:launches-to-skip ...") for
-# binary $1 (DRAM bytes read, the sectors L1 asks of L2, L1 sector requests, L2 hit rate): how
-# many sectors the kernel asks of L2 for each byte it reads from DRAM.
+# binary $1 (DRAM bytes read, the sectors L1 asks of L2, L1 sector requests, L2 and L1 hit rates,
+# the shared-memory carveout the driver chose): how many sectors the kernel asks of L2 for each
+# byte it reads from DRAM.
 traffic_profile() {
     local b=$1 tag=$2
     for spec in ${TRAFFIC_KERNELS:-mvk_silu_1:20}; do
-        k=${spec%%:*} skip=${spec#*:}
+        # A third field is a decode group width, as in sass_profile ("mmv_1:35:8").
+        IFS=: read -r k skip streams <<< "$spec"
         step "traffic-$tag-$k" 90 env MUSER_CUDA_GRAPHS=0 "$NCU_BIN" --clock-control none --kernel-name "regex:^$k\$" \
             --launch-skip "$skip" --launch-count 1 --metrics \
-            gpu__time_duration.sum,dram__bytes_read.sum,lts__t_sectors_srcunit_tex_op_read.sum,l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum,l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum,lts__t_sector_hit_rate.pct,lts__throughput.avg.pct_of_peak_sustained_elapsed,dram__throughput.avg.pct_of_peak_sustained_elapsed \
-            "$b" bench --backend cuda -m "$G" ${SASS_BENCH:--p 0 -n 2 -r 1}
+            gpu__time_duration.sum,dram__bytes_read.sum,lts__t_sectors_srcunit_tex_op_read.sum,l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum,l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum,lts__t_sector_hit_rate.pct,lts__throughput.avg.pct_of_peak_sustained_elapsed,dram__throughput.avg.pct_of_peak_sustained_elapsed,l1tex__t_sector_hit_rate.pct,launch__shared_mem_config_size \
+            "$b" bench --backend cuda -m "$G" ${SASS_BENCH:--p 0 -n 2 -r 1} ${streams:+-s $streams}
         echo "traffic $tag $k:"
-        grep -E "duration|bytes_read|sectors|requests|hit_rate|throughput" "$OUT/traffic-$tag-$k.log" | sed 's/^ */  /'
+        grep -E "duration|bytes_read|sectors|requests|hit_rate|throughput|config_size" "$OUT/traffic-$tag-$k.log" | sed 's/^ */  /'
     done
 }
 
