@@ -193,13 +193,19 @@ serve_rate() {
 # graph), the later ones run warm. SERVE_AB="VAR=value ..." also runs the 32-client load with
 # those variables set.
 serve_benches() {
-    serve_rate greedy8 X=1 -- --clients 8 --requests 2 --max-tokens 128 --rounds 2
-    serve_rate greedy32 X=1 -- --clients 32 --requests 2 --max-tokens 128 --rounds 3
+    # SERVE_RUNS="TAG ...": only those runs (default: all but the A/B ones, which run when their
+    # variables are set).
+    want() { [ -z "${SERVE_RUNS:-}" ] || [[ " $SERVE_RUNS " == *" $1 "* ]]; }
+    want greedy8 && serve_rate greedy8 X=1 -- --clients 8 --requests 2 --max-tokens 128 --rounds 2
+    # SERVE_AB8="VAR=value ...": the 8-client load with those variables set too.
+    [ -n "${SERVE_AB8:-}" ] && serve_rate greedy8-ab $SERVE_AB8 -- --clients 8 --requests 2 --max-tokens 128 --rounds 2
+    want greedy32 && serve_rate greedy32 X=1 -- --clients 32 --requests 2 --max-tokens 128 --rounds 3
     [ -n "${SERVE_AB:-}" ] && serve_rate greedy32-ab $SERVE_AB -- --clients 32 --requests 2 --max-tokens 128 --rounds 3
     # SERVE64=1: 64 clients on 64 slots too.
     [ "${SERVE64:-0}" = 1 ] && SERVE_PAR=64 serve_rate greedy64 X=1 -- --clients 64 --requests 2 --max-tokens 128
-    serve_rate temp32 X=1 -- --clients 32 --requests 2 --max-tokens 128 --temperature 0.8
-    serve_rate long8 X=1 -- --clients 8 --requests 2 --max-tokens 16 --prompt-words 900-1100
+    want temp32 && serve_rate temp32 X=1 -- --clients 32 --requests 2 --max-tokens 128 --temperature 0.8
+    want long8 && serve_rate long8 X=1 -- --clients 8 --requests 2 --max-tokens 16 --prompt-words 900-1100
+    return 0
 }
 
 if [ "${JOB:-}" = serve ]; then
@@ -459,8 +465,9 @@ if [ "${JOB:-}" = ab ]; then
         step bench-final 90 "$BIN" bench --backend cuda -m "$G" -p 512 -n 128 -r 3 --audit
         step bench-final-streams 90 "$BIN" bench --backend cuda -m "$G" -p 0 -n 64 -r 2 -s 1,4,8,16,32
     fi
-    # SPEED_ARGS: more arguments of the per-op profile (e.g. "--depth 8192": one at that depth too).
-    step speed 150 "$BIN" check --backend cuda --no-ops ${SPEED_ARGS:-} --speed "$G"
+    # SPEED_ARGS: more arguments of the per-op profile (e.g. "--depth 8192": one at that depth too);
+    # SPEED=0: none.
+    [ "${SPEED:-1}" = 1 ] && step speed 150 "$BIN" check --backend cuda --no-ops ${SPEED_ARGS:-} --speed "$G"
     # TRAFFIC_KERNELS set: each setting's binary's memory traffic for them (traffic_profile).
     if [ -n "${TRAFFIC_KERNELS:-}" ]; then
         i=0
@@ -478,7 +485,7 @@ if [ "${JOB:-}" = ab ]; then
     check_summary
     sed -n '/^| matrix | type/,/^$/p' "$OUT/check.log" | head -24
     for f in "$OUT"/bench-*.log; do grep -H "^| .*CUDA" "$f" | sed "s|$OUT/||"; done
-    grep -h "^| \|^speed" "$OUT/speed.log" | head -64
+    [ -f "$OUT/speed.log" ] && grep -h "^| \|^speed" "$OUT/speed.log" | head -64
     [ -f "$OUT/trace.log" ] && cat "$OUT/trace.log"
     [ -f "$OUT/sass.txt" ] && cat "$OUT/sass.txt"
     [ -f "$OUT/traffic.txt" ] && cat "$OUT/traffic.txt"

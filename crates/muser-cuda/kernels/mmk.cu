@@ -1,6 +1,6 @@
 // K-quant matrices (Q4_K, Q5_K, Q6_K) times 2 to 16 activation columns on the integer tensor
 // cores (decode groups, one column per sequence of the group; wider groups and prefill chunks
-// run on mmt.cu, same arithmetic; groups of 6 to 8 on mmv_1 / mmv_silu_1 at the end of this
+// run on mmt.cu, same arithmetic; groups of 2 to 8 on mmv_1 / mmv_silu_1 at the end of this
 // file, the same tiles with the work divided as in mvk_1), in the canonical order of common.cuh (kq_value_*, kq_add), so
 // every column gets the bits matvec_1 gives it alone: a sequence's tokens do not depend on its
 // decode group, nor its prompt's KV cache on how the prompt was chunked (batch invariance).
@@ -444,7 +444,7 @@ extern "C" __global__ void __launch_bounds__(128) mmk_silu_2(MMK_SILU_ARGS, KACT
 }
 
 // ---------------------------------------------------------------------------------------------
-// mmv_1 / mmv_silu_1 (6 to 8 columns) and mmv_2 / mmv_silu_2 (9 to 16): mmk_1's and mmk_2's
+// mmv_1 / mmv_silu_1 (2 to 8 columns) and mmv_2 / mmv_silu_2 (9 to 16): mmk_1's and mmk_2's
 // tiles and arithmetic with mvk_1's division of the work. mmk_* give each block 16 whole rows, so
 // at the Glimmer shapes a launch runs 0.79 (attn_output, ffn_down: 416 blocks), 1.03
 // (q+k+v+gate: 544) or 2.36 (gate+up: 1248) waves of 4 blocks per SM, and the SMs of a partial

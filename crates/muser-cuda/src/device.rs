@@ -234,7 +234,7 @@ impl Gpu {
         Ok(f)
     }
 
-    /// Whether decode groups of 6 to 16 columns run on `mmv_*` (else `mmk_*`).
+    /// Whether decode groups of `matvec::mmv_min` (2) to 16 columns run on `mmv_*` (else `mmk_*`).
     pub fn mmv(&self) -> bool {
         self.mmv.load(Ordering::Relaxed)
     }

@@ -4,7 +4,7 @@
 //! on `mvk_1` / `mvk_silu_1` (the work split into tasks of 4 rows x 4 super-blocks over one full
 //! wave of warps), of the other formats on `matvec_1`; two or more columns of a K-quant (decode
 //! groups, and prefill chunks that mmh.rs does not take) on the integer tensor cores (`mmk_*` up
-//! to 16 columns, as `mmv_*` from 6: the same tiles over one full wave; `mmt_4` up to 63, `mmt_8`
+//! to 16 columns, as `mmv_*` from 2: the same tiles over one full wave; `mmt_4` up to 63, `mmt_8`
 //! from 64), all in the canonical order of common.cuh,
 //! so a sequence's decode results never depend on its group; the other formats on
 //! `matvec_cols` (groups of 8 columns, the same per-column arithmetic as one column; 64 columns
@@ -215,17 +215,17 @@ pub fn mmv_smem(silu: bool, stages: usize) -> usize {
     4 * stages * if silu { MMV_SLOT_PAIR } else { MMV_SLOT_ONE }
 }
 
-/// The fewest columns that run on `mmv_*` (fewer: `mmk_*`): 6, or `MUSER_CUDA_MMV_MIN`. H200,
-/// llama-glimmer, aggregate tg128 tokens/s, mmk / mmv, same call (2026-11-30): 3 streams 357.2 /
-/// 351.9, 4 streams 471.3 / 463.0, 6 streams 678.9 / 682.8, 8 streams 853.3 / 878.8 (again:
-/// 359.9 / 351.3, 470.0 / 462.7, 678.9 / 681.4, 855.9 / 878.5). Since `mmv_*` issues fewer
-/// instructions (4ca8e2e), 4 streams gain on it: 503.73 / 505.15 on `mmk_1` against 572.07
-/// with `MUSER_CUDA_MMV_MIN=4` (2026-12-03, one call, a lab build whose `mmv_1` took 3 stages
-/// of Q4_K). Not the default yet: groups of 4 and 5 on `mmv_1` have not been through the
-/// parity command (its group widths now include 3 and 4: run it with the variable set first).
+/// The fewest columns that run on `mmv_*` (fewer: `mmk_*`): 2 (every decode group up to 8
+/// columns), or `MUSER_CUDA_MMV_MIN`. On 2026-11-30 `mmk_1` still won below 6 columns (3 streams
+/// 357.2 / 351.9, 4 streams 471.3 / 463.0). Since `mmv_*` issues fewer instructions (4ca8e2e),
+/// it wins at every width. H200, llama-glimmer, aggregate tg128 tokens/s, `MUSER_CUDA_MMV_MIN` 6
+/// / 4 / 2, same call (2026-12-03 14:30): 2 streams 262.67 / 262.46 / **287.96**, 3 streams
+/// 385.73 / 388.39 / **428.66**, 4 streams 501.74 / 573.82 / **571.78**, 8 streams 1,068.44 /
+/// 1,069.13 / 1,064.67. The quick parity command passed with `MUSER_CUDA_MMV_MIN=2` (792 of 792,
+/// groups of 2 to 32 bit-identical to solo).
 pub fn mmv_min() -> usize {
     static MIN: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *MIN.get_or_init(|| env_usize("MUSER_CUDA_MMV_MIN").unwrap_or(6))
+    *MIN.get_or_init(|| env_usize("MUSER_CUDA_MMV_MIN").unwrap_or(2))
 }
 
 /// The `mvk_*` kernels split the work in 32-bit arithmetic: tasks x warps must stay below 2^32
@@ -2162,7 +2162,7 @@ mod tests {
         assert!(per_sm * (mmv_smem(true, mmv_stages(1)) + 1024) <= 164 * 1024);
         // Every stage count, at the blocks per SM mmv_kernel promises, fits the 227 KiB an H200
         // block may use and the 228 KiB of an SM (1 KiB reserved per block).
-        for ncols in [6, 8, 9, 16] {
+        for ncols in [2, 8, 9, 16] {
             for silu in [false, true] {
                 let (_, per_sm) = mmv_kernel(ncols, silu, true).expect("an mmv kernel");
                 let smem = mmv_smem(silu, mmv_stages(ncols.div_ceil(8)));

@@ -781,8 +781,8 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
     // alone; the group's results also against the CPU.
     // (130 columns: three column tiles of the 64 x 64 prefill tiles, each column against itself
     // alone and moved; 200 (quick) and 512 keep the 128 x 128 tiles dispatched.)
-    // (3 and 4: both sides of the mmk_* / mmv_* boundary when mmv_min is 4, as
-    // MUSER_CUDA_MMV_MIN=4 sets it.)
+    // (Every width from 2 to 16 runs on mmv_* and, checked against it, on mmk_*; 3 and 4 are
+    // both sides of the mmk_* / mmv_* boundary when MUSER_CUDA_MMV_MIN=4 sets it.)
     let groups: &[usize] = if quick {
         &[2, 3, 4, 6, 9, 20, 32, 64, 130, 200]
     } else {
