@@ -196,6 +196,9 @@ serve_benches() {
     # SERVE_RUNS="TAG ...": only those runs (default: all but the A/B ones, which run when their
     # variables are set).
     want() { [ -z "${SERVE_RUNS:-}" ] || [[ " $SERVE_RUNS " == *" $1 "* ]]; }
+    # greedy4 (4 clients) only when SERVE_RUNS names it; SERVE_AB4="VAR=value ...": again with those.
+    [[ " ${SERVE_RUNS:-} " == *" greedy4 "* ]] && serve_rate greedy4 X=1 -- --clients 4 --requests 2 --max-tokens 128 --rounds 2
+    [ -n "${SERVE_AB4:-}" ] && serve_rate greedy4-ab $SERVE_AB4 -- --clients 4 --requests 2 --max-tokens 128 --rounds 2
     want greedy8 && serve_rate greedy8 X=1 -- --clients 8 --requests 2 --max-tokens 128 --rounds 2
     # SERVE_AB8="VAR=value ...": the 8-client load with those variables set too.
     [ -n "${SERVE_AB8:-}" ] && serve_rate greedy8-ab $SERVE_AB8 -- --clients 8 --requests 2 --max-tokens 128 --rounds 2

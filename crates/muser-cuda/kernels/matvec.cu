@@ -937,30 +937,29 @@ __device__ __forceinline__ MvkTask mvk_silu_task(const uint8_t* wg, int tyg, con
     return mvk_silu_task_at(wg, tyg, wu, tyu, rows, nch, gq, t - gq * 2 * nch);
 }
 
-// This lane's integers of quarter q of super-block sb for the task's rows (format FMT) and each
-// of the NC activation columns of a: isc, im per column and row, and (d, dmin) per row. The
-// quad's 4 rows' block sb lie side by side (kq_blk; row0 is a multiple of 4, and the padding rows
-// of the last quad exist, as zero blocks), so the 4 loads per field are one base plus constants,
-// and no row is skipped. The weights are loaded once for the NC columns.
-template <int FMT, int NC>
-__device__ __forceinline__ void mvk_ints(const MvkTask& k, int sb, int q, const Act& a, int (&isc)[NC][4],
-                                         int (&im)[NC][4], float2 (&dm)[4]) {
-    const int nb = a.K / QK_K;
+// This lane's integers of quarter q of super-block sb for the task's rows (format FMT): isc, im
+// and (d, dmin) per row. The quad's 4 rows' block sb lie side by side (kq_blk; row0 is a
+// multiple of 4, and the padding rows of the last quad exist, as zero blocks), so the 4 loads
+// per field are one base plus constants, and no row is skipped.
+template <int FMT>
+__device__ __forceinline__ void mvk_ints(const MvkTask& k, int sb, int q, const int8_t* __restrict__ xq,
+                                         const float2* __restrict__ xds, int K, int (&isc)[4], int (&im)[4],
+                                         float2 (&dm)[4]) {
+    const int nb = K / QK_K;
+    const Act a{xq, xds, nullptr, K, 1, 0};
     if constexpr (FMT == FMT_Q6_K) {
         const size_t at0 = kq_blk(k.row0, nb, sb), n = kq_rows(k.rows) * nb;
         const int A = sb * QK_K + 128 * (q >> 1) + 32 * (q & 1);
         RawQ6Q raw[4];
 #pragma unroll
         for (int r = 0; r < 4; ++r) raw[r] = load_q6q(k.w, at0 + r, n, q);
+        const int4 xa0 = xq16<1>(a, 0, A), xa1 = xq16<1>(a, 0, A + 16);
+        const int4 xb0 = xq16<1>(a, 0, A + 64), xb1 = xq16<1>(a, 0, A + 80);
 #pragma unroll
-        for (int c = 0; c < NC; ++c) {
-            const int4 xa0 = xq16<NC>(a, c, A), xa1 = xq16<NC>(a, c, A + 16);
-            const int4 xb0 = xq16<NC>(a, c, A + 64), xb1 = xq16<NC>(a, c, A + 80);
-#pragma unroll
-            for (int r = 0; r < 4; ++r) isc[c][r] = q6q_isc(raw[r], q & 1, xa0, xa1, xb0, xb1);
+        for (int r = 0; r < 4; ++r) {
+            isc[r] = q6q_isc(raw[r], q & 1, xa0, xa1, xb0, xb1);
+            dm[r].x = raw[r].d;
         }
-#pragma unroll
-        for (int r = 0; r < 4; ++r) dm[r].x = raw[r].d;
     } else {
         constexpr bool Q5 = FMT == FMT_Q5_K;
         constexpr int BS = Q5 ? 176 : 144;
@@ -969,48 +968,35 @@ __device__ __forceinline__ void mvk_ints(const MvkTask& k, int sb, int q, const 
         RawQ45 raw[4];
 #pragma unroll
         for (int r = 0; r < 4; ++r) raw[r] = load_q45<Q5>(blk0 + r * BS, q);
+        const X64 x = load_x64<1>(a, 0, sb * QK_K + 64 * q);
 #pragma unroll
-        for (int c = 0; c < NC; ++c) {
-            const X64 x = load_x64<NC>(a, c, sb * QK_K + 64 * q);
-#pragma unroll
-            for (int r = 0; r < 4; ++r) {
-                const Q45 u = unpack_q45<Q5>(raw[r], item);
-                q45_ints(u, x, &isc[c][r], &im[c][r]);
-                if (c == 0) dm[r] = u.dm;
-            }
+        for (int r = 0; r < 4; ++r) {
+            const Q45 u = unpack_q45<Q5>(raw[r], item);
+            q45_ints(u, x, &isc[r], &im[r]);
+            dm[r] = u.dm;
         }
     }
 }
 
-// The value of super-block sb for row q of the task's quad (in lane q of each quad) and each
-// column c (v[c]), from this lane's quarter q of the 4 rows: the integers summed over the quad
-// (exact), then the canonical f32 value. Lanes whose super-block is absent (ok false) load
-// nothing and their values are unused.
-template <int FMT, int NC>
-__device__ __forceinline__ void mvk_value(const MvkTask& k, int sb, bool ok, int q, const Act& a, float (&v)[NC]) {
-    int isc[NC][4], im[NC][4];
-    float dx[NC];
-#pragma unroll
-    for (int c = 0; c < NC; ++c) {
-        dx[c] = 0.0f;
-#pragma unroll
-        for (int r = 0; r < 4; ++r) isc[c][r] = im[c][r] = 0;
-    }
+// The value of super-block sb for row q of the task's quad (in lane q of each quad), from this
+// lane's quarter q of the 4 rows: the integers summed over the quad (exact), then the canonical
+// f32 value. Lanes whose super-block is absent (ok false) load nothing and their value is unused.
+template <int FMT>
+__device__ __forceinline__ float mvk_value(const MvkTask& k, int sb, bool ok, int q, const int8_t* __restrict__ xq,
+                                           const float2* __restrict__ xds, int K) {
+    int isc[4] = {0, 0, 0, 0}, im[4] = {0, 0, 0, 0};
     float2 dm[4];
 #pragma unroll
     for (int r = 0; r < 4; ++r) dm[r] = make_float2(0.0f, 0.0f);
+    float dx = 0.0f;
     if (ok) {
-#pragma unroll
-        for (int c = 0; c < NC; ++c) dx[c] = a.xds[(size_t)c * (a.K / 32) + (size_t)sb * 8].x;
-        mvk_ints<FMT, NC>(k, sb, q, a, isc, im, dm);
+        dx = xds[(size_t)sb * 8].x;
+        mvk_ints<FMT>(k, sb, q, xq, xds, K, isc, im, dm);
     }
+    const int s = quad_scatter(isc, q);
     const float2 dq = q == 0 ? dm[0] : q == 1 ? dm[1] : q == 2 ? dm[2] : dm[3];
-#pragma unroll
-    for (int c = 0; c < NC; ++c) {
-        const int s = quad_scatter(isc[c], q);
-        if constexpr (FMT == FMT_Q6_K) v[c] = kq_value_q6(dq.x, s, dx[c]);
-        else v[c] = kq_value_q45(dq.x, dq.y, s, quad_scatter(im[c], q), dx[c]);
-    }
+    if constexpr (FMT == FMT_Q6_K) return kq_value_q6(dq.x, s, dx);
+    else return kq_value_q45(dq.x, dq.y, s, quad_scatter(im, q), dx);
 }
 
 // Asks L2 for the first round of the warp's range: each half-warp its task, one contiguous run of
@@ -1070,20 +1056,13 @@ __device__ __forceinline__ void kq_sum_chunks(const float* a, const float* b, in
 // flags & MVK_DEFER_SHARED (mvk_silu_1 before silu_finish_q8k): the shared row quads' chunk
 // values are written and left for silu_finish_q8k, which sums them in the same order.
 #define MVK_DEFER_SHARED 2
-// NC columns (mvk_2 .. mvk_4, decode groups): the same tasks and order for each column, whose
-// outputs are y + c * rows (job rows) and whose shared chunk values sit at cv + c * R * per (R:
-// the launch's padded rows), so each column gets the bits it gets alone.
-// flags & MVK_KMAJOR: the NC columns' activation in the k-major layout (xq16).
-#define MVK_KMAJOR 4
-template <bool SILU, int FMT, int NC, typename TaskFn>
-__device__ __forceinline__ void mvk_warp(TaskFn task, int t0, int t1, int nch, const Act& a, int R,
-                                         float* __restrict__ cv, unsigned* __restrict__ cnt,
-                                         float* __restrict__ ysilu, int flags) {
+template <bool SILU, int FMT, typename TaskFn>
+__device__ __forceinline__ void mvk_warp(TaskFn task, int t0, int t1, int nch, const int8_t* __restrict__ xq,
+                                         const float2* __restrict__ xds, int K, float* __restrict__ cv,
+                                         unsigned* __restrict__ cnt, float* __restrict__ ysilu, int flags) {
     const int lane = threadIdx.x % WARP, j = lane >> 2, q = lane & 3, s4 = j & 3, hf = j >> 2;
-    const int nb = a.K / QK_K, per = (SILU ? 2 : 1) * nch; // tasks per row quad
-    float ya[NC], yb[NC];                                   // row q's running sums (gate / up)
-#pragma unroll
-    for (int c = 0; c < NC; ++c) ya[c] = yb[c] = 0.0f;
+    const int nb = K / QK_K, per = (SILU ? 2 : 1) * nch; // tasks per row quad
+    float ya = 0.0f, yb = 0.0f;                            // row q's running sums (gate / up)
     // The round's two tasks tb and tb + 1 as (row quad, index in it), stepped without divisions.
     int ga = t0 / per, ra = t0 - ga * per;
 #pragma unroll 1
@@ -1092,51 +1071,35 @@ __device__ __forceinline__ void mvk_warp(TaskFn task, int t0, int t1, int nch, c
         const bool tv = tb + hf < t1;
         const MvkTask k = hf && tv ? task(gb, rb) : task(ga, ra);
         const int sb = KQ_CHUNK * k.ch + s4;
-        float v[NC];
-        mvk_value<FMT, NC>(k, sb, tv && sb < nb, q, a, v);
-        // The chunk's tree over the 4 quads of this half (kq_round's, per chunk), then row q's
-        // chunk values of both tasks, in every lane (lanes 16 h + q hold task h's).
+        float v = mvk_value<FMT>(k, sb, tv && sb < nb, q, xq, xds, K);
+        // The chunk's tree over the 4 quads of this half (kq_round's, per chunk).
         const int nsb = nb - KQ_CHUNK * k.ch;
-        float cva[NC], cvb[NC];
-#pragma unroll
-        for (int c = 0; c < NC; ++c) {
-            float o = __shfl_xor_sync(0xffffffffu, v[c], 4);
-            if ((s4 ^ 1) < nsb) v[c] = kq_add(v[c], o);
-            o = __shfl_xor_sync(0xffffffffu, v[c], 8);
-            if (((s4 ^ 2) & ~1) < nsb) v[c] = kq_add(v[c], o);
-            cva[c] = __shfl_sync(0xffffffffu, v[c], q);
-            cvb[c] = __shfl_sync(0xffffffffu, v[c], 16 + q);
-        }
-        MVK_TRACE(2 + (tb - t0) / 2, cva[0] + cvb[0]);
+        float o = __shfl_xor_sync(0xffffffffu, v, 4);
+        if ((s4 ^ 1) < nsb) v = kq_add(v, o);
+        o = __shfl_xor_sync(0xffffffffu, v, 8);
+        if (((s4 ^ 2) & ~1) < nsb) v = kq_add(v, o);
+        // Row q's chunk values of both tasks, in every lane (lanes 16 h + q hold task h's).
+        const float cva = __shfl_sync(0xffffffffu, v, q), cvb = __shfl_sync(0xffffffffu, v, 16 + q);
+        MVK_TRACE(2 + (tb - t0) / 2, cva + cvb);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int tt = tb + h;
             if (tt >= t1) break;
             const MvkTask kt = h ? task(gb, rb) : task(ga, ra);
+            const float c = h ? cvb : cva;
             const int first = kt.gq * per, idx = kt.m * nch + kt.ch;
             const bool wr = lane < kt.nr; // lanes 0 .. 3 write row `lane`
             if (first >= t0 && first + per <= t1) {
-#pragma unroll
-                for (int c = 0; c < NC; ++c) {
-                    const float cc = h ? cvb[c] : cva[c];
-                    if (SILU && kt.m) yb[c] = kq_add(kt.ch == 0 ? 0.0f : yb[c], cc);
-                    else ya[c] = kq_add(kt.ch == 0 ? 0.0f : ya[c], cc);
-                }
+                if (SILU && kt.m) yb = kq_add(kt.ch == 0 ? 0.0f : yb, c);
+                else ya = kq_add(kt.ch == 0 ? 0.0f : ya, c);
                 if (idx == per - 1 && wr) {
-#pragma unroll
-                    for (int c = 0; c < NC; ++c) {
-                        const size_t at = (size_t)c * kt.rows + kt.row0 + lane;
-                        if (SILU) ysilu[at] = ya[c] / (1.0f + expf(-ya[c])) * yb[c];
-                        else kt.y[at] = ya[c];
-                    }
+                    if (SILU) ysilu[kt.row0 + lane] = ya / (1.0f + expf(-ya)) * yb;
+                    else kt.y[kt.row0 + lane] = ya;
                 }
                 continue;
             }
             const size_t row = (size_t)4 * kt.gq + lane;
-            if (wr) {
-#pragma unroll
-                for (int c = 0; c < NC; ++c) cv[((size_t)c * R + row) * per + idx] = h ? cvb[c] : cva[c];
-            }
+            if (wr) cv[row * per + idx] = c;
             if ((idx == per - 1 || tt == t1 - 1) && !(flags & (MVK_SKIP_SHARED | MVK_DEFER_SHARED))) { // its part's end
                 const int n = min(first + per, t1) - max(first, t0);
                 // The lanes' chunk values ordered before lane 0's count (release, cumulative over
@@ -1152,15 +1115,11 @@ __device__ __forceinline__ void mvk_warp(TaskFn task, int t0, int t1, int nch, c
                 if (last) {
                     __syncwarp();
                     if (wr) {
-#pragma unroll 1
-                        for (int c = 0; c < NC; ++c) {
-                            const float* cr = cv + ((size_t)c * R + row) * per;
-                            const size_t at = (size_t)c * kt.rows + kt.row0 + lane;
-                            float g, u;
-                            kq_sum_chunks<SILU>(cr, cr + nch, nch, &g, &u);
-                            if (SILU) ysilu[at] = g / (1.0f + expf(-g)) * u;
-                            else kt.y[at] = g;
-                        }
+                        const float* cr = cv + row * per;
+                        float g, u;
+                        kq_sum_chunks<SILU>(cr, cr + nch, nch, &g, &u);
+                        if (SILU) ysilu[kt.row0 + lane] = g / (1.0f + expf(-g)) * u;
+                        else kt.y[kt.row0 + lane] = g;
                     }
                 }
                 if (last && lane == 0) cnt[kt.gq] = 0u; // zero again for the next launch
@@ -1169,24 +1128,23 @@ __device__ __forceinline__ void mvk_warp(TaskFn task, int t0, int t1, int nch, c
         ga = gb + (rb + 1 == per);
         ra = rb + 1 == per ? 0 : rb + 1;
     }
-    MVK_TRACE(30, ya[0] + yb[0]);
+    MVK_TRACE(30, ya + yb);
 }
 
 #define MVK_ACT const int8_t* __restrict__ xq, const float2* __restrict__ xds, int K, float* __restrict__ cv, \
     unsigned* __restrict__ cnt, int flags
-#define MVK_ACT_ARGS xq, xds, K, cv, cnt, flags
 
 
 // The warp's tasks [t0, t1) of one format: a loop per format (one loop serving every format
 // would need the registers of all of them at once and spill).
-template <bool SILU, int NC, typename TaskFn>
-__device__ __forceinline__ void mvk_fmt(int ty, TaskFn task, int t0, int t1, int nch, const Act& a, int R,
-                                        float* __restrict__ cv, unsigned* __restrict__ cnt,
-                                        float* __restrict__ ysilu, int flags) {
+template <bool SILU, typename TaskFn>
+__device__ __forceinline__ void mvk_fmt(int ty, TaskFn task, int t0, int t1, int nch, const int8_t* __restrict__ xq,
+                                        const float2* __restrict__ xds, int K, float* __restrict__ cv,
+                                        unsigned* __restrict__ cnt, float* __restrict__ ysilu, int flags) {
     switch (ty) {
-    case FMT_Q4_K: mvk_warp<SILU, FMT_Q4_K, NC>(task, t0, t1, nch, a, R, cv, cnt, ysilu, flags); break;
-    case FMT_Q5_K: mvk_warp<SILU, FMT_Q5_K, NC>(task, t0, t1, nch, a, R, cv, cnt, ysilu, flags); break;
-    default: mvk_warp<SILU, FMT_Q6_K, NC>(task, t0, t1, nch, a, R, cv, cnt, ysilu, flags); break;
+    case FMT_Q4_K: mvk_warp<SILU, FMT_Q4_K>(task, t0, t1, nch, xq, xds, K, cv, cnt, ysilu, flags); break;
+    case FMT_Q5_K: mvk_warp<SILU, FMT_Q5_K>(task, t0, t1, nch, xq, xds, K, cv, cnt, ysilu, flags); break;
+    default: mvk_warp<SILU, FMT_Q6_K>(task, t0, t1, nch, xq, xds, K, cv, cnt, ysilu, flags); break;
     }
 }
 
@@ -1206,29 +1164,17 @@ __device__ __forceinline__ MvkSpan pdl_wait_prefetch_mvk(const MatvecJobs& jobs,
     return sp;
 }
 
-// The activation of NC columns (MVK_KMAJOR: k-major; one column is always row-major).
-template <int NC>
-__device__ __forceinline__ Act mvk_act(const int8_t* __restrict__ xq, const float2* __restrict__ xds, int K,
-                                       int flags) {
-    return Act{xq, xds, nullptr, K, NC, NC > 1 && (flags & MVK_KMAJOR) ? 1 : 0};
-}
-
-// The grid must have at least njobs warps (matvec.rs: mvk_blocks). Waits for the kernel before
-// first (pdl_wait_prefetch_mvk), as the name says to the host (device.rs: pdl_kernel_names).
-template <int NC>
-__device__ __forceinline__ void pdl_wait_mvk(const MatvecJobs& jobs, MVK_ACT) {
+// The grid must have at least njobs warps (matvec.rs: mvk_blocks).
+extern "C" __global__ void __launch_bounds__(128, 4) mvk_1(MatvecJobs jobs, MVK_ACT) {
     const MvkSpan sp = pdl_wait_prefetch_mvk(jobs, K);
     const int nch = kq_chunks(K);
     const uint8_t* w = jobs.w_of(sp.j);
     float* yj = jobs.y_of(sp.j);
     const int ty = jobs.ty_of(sp.j), rows = jobs.rows_of(sp.j), st = jobs.start_of(sp.j);
-    mvk_fmt<false, NC>(ty, [=](int gq, int ch) { return mvk_job_task_at(w, yj, ty, rows, st, gq, ch); }, sp.t0, sp.t1,
-                       nch, mvk_act<NC>(xq, xds, K, flags), jobs.start_of(jobs.njobs), cv, cnt, nullptr, flags);
+    mvk_fmt<false>(ty, [=](int gq, int ch) { return mvk_job_task_at(w, yj, ty, rows, st, gq, ch); }, sp.t0, sp.t1, nch,
+                   xq, xds, K,
+                   cv, cnt, nullptr, flags);
 }
-extern "C" __global__ void __launch_bounds__(128, 4) mvk_1(MatvecJobs jobs, MVK_ACT) { pdl_wait_mvk<1>(jobs, MVK_ACT_ARGS); }
-extern "C" __global__ void __launch_bounds__(128, 4) mvk_2(MatvecJobs jobs, MVK_ACT) { pdl_wait_mvk<2>(jobs, MVK_ACT_ARGS); }
-extern "C" __global__ void __launch_bounds__(128, 4) mvk_3(MatvecJobs jobs, MVK_ACT) { pdl_wait_mvk<3>(jobs, MVK_ACT_ARGS); }
-extern "C" __global__ void __launch_bounds__(128, 4) mvk_4(MatvecJobs jobs, MVK_ACT) { pdl_wait_mvk<4>(jobs, MVK_ACT_ARGS); }
 
 // The warp's range (t0, t1) as in pdl_wait_prefetch_mvk.
 __device__ __forceinline__ int2 pdl_wait_prefetch_mvk_silu(const uint8_t* wg, int tyg, const uint8_t* wu, int tyu,
@@ -1244,19 +1190,15 @@ __device__ __forceinline__ int2 pdl_wait_prefetch_mvk_silu(const uint8_t* wg, in
     return make_int2(t0, t1);
 }
 
-// Gate and up of one format (tyg == tyu; the host sends other pairs to matvec_silu_1), NC columns.
-template <int NC>
-__device__ __forceinline__ void pdl_wait_mvk_silu(SILU_ARGS, MVK_ACT) {
+// Gate and up of one format (tyg == tyu; the host sends other pairs to matvec_silu_1).
+extern "C" __global__ void __launch_bounds__(128, 4) mvk_silu_1(SILU_ARGS, MVK_ACT) {
     const int2 range = pdl_wait_prefetch_mvk_silu(wg, tyg, wu, tyu, rows, K);
     const int nch = kq_chunks(K);
-    mvk_fmt<true, NC>(tyg, [&](int gq, int rem) { return mvk_silu_task_at(wg, tyg, wu, tyu, rows, nch, gq, rem); },
-                      range.x, range.y, nch, mvk_act<NC>(xq, xds, K, flags), 4 * ((rows + 3) / 4), cv, cnt, y, flags);
+    mvk_fmt<true>(tyg, [&](int gq, int rem) { return mvk_silu_task_at(wg, tyg, wu, tyu, rows, nch, gq, rem); }, range.x,
+                  range.y, nch,
+                  xq, xds, K,
+                  cv, cnt, y, flags);
 }
-#define MVK_SILU_ARGS wg, tyg, wu, tyu, y, rows, MVK_ACT_ARGS
-extern "C" __global__ void __launch_bounds__(128, 4) mvk_silu_1(SILU_ARGS, MVK_ACT) { pdl_wait_mvk_silu<1>(MVK_SILU_ARGS); }
-extern "C" __global__ void __launch_bounds__(128, 4) mvk_silu_2(SILU_ARGS, MVK_ACT) { pdl_wait_mvk_silu<2>(MVK_SILU_ARGS); }
-extern "C" __global__ void __launch_bounds__(128, 4) mvk_silu_3(SILU_ARGS, MVK_ACT) { pdl_wait_mvk_silu<3>(MVK_SILU_ARGS); }
-extern "C" __global__ void __launch_bounds__(128, 4) mvk_silu_4(SILU_ARGS, MVK_ACT) { pdl_wait_mvk_silu<4>(MVK_SILU_ARGS); }
 
 // After mvk_silu_1 with MVK_DEFER_SHARED: the outputs of the row quads its warps shared (their
 // chunk values in cv, [rows][2][nch]) summed in chunk order from 0 (kq_sum_chunks' order, so

@@ -47,10 +47,6 @@ pub struct Gpu {
     /// Decode groups of `mmv_min` to 16 columns run on `mmv_*` (`matvec::mmv_kernel`), except
     /// those `mmw_*` takes (`matvec::mmw_narrow_min`); on unless `MUSER_CUDA_MMV=0`.
     mmv: std::sync::atomic::AtomicBool,
-    /// Decode groups of 2 to `matvec::mvk_cols` columns run on `mvk_2` .. `mvk_4` (the one-column
-    /// kernels' division of the work and arithmetic, each column in turn on the weights loaded
-    /// once); on unless `MUSER_CUDA_MVK_COLS=1`.
-    mvkn: std::sync::atomic::AtomicBool,
     /// Decode groups of K-quants on 24- and 32-column tiles run on `mmw_*`, whose stages the
     /// copy engine fills (`matvec::mmw_route`); on unless `MUSER_CUDA_MMW=0`.
     mmw: std::sync::atomic::AtomicBool,
@@ -120,7 +116,6 @@ impl Gpu {
             mmv: std::sync::atomic::AtomicBool::new(
                 std::env::var("MUSER_CUDA_MMV").map_or(true, |v| v != "0"),
             ),
-            mvkn: std::sync::atomic::AtomicBool::new(true),
             mmt_split: std::sync::atomic::AtomicBool::new(
                 std::env::var("MUSER_CUDA_MMT_SPLIT").map_or(true, |v| v != "0"),
             ),
@@ -245,19 +240,6 @@ impl Gpu {
     }
     pub fn set_mmv(&self, on: bool) {
         self.mmv.store(on, Ordering::Relaxed);
-    }
-
-    /// The most columns that run on `mvk_*` (`matvec::mvk_cols` when the multi-column kernels are
-    /// on, else 1).
-    pub fn mvk_cols(&self) -> usize {
-        if self.mvkn.load(Ordering::Relaxed) {
-            crate::matvec::mvk_cols()
-        } else {
-            1
-        }
-    }
-    pub fn set_mvkn(&self, on: bool) {
-        self.mvkn.store(on, Ordering::Relaxed);
     }
 
     /// Whether decode groups of K-quants on 24- and 32-column tiles run on `mmw_*` (bulk

@@ -89,34 +89,16 @@ pub fn uses_mmk(ty: GgmlType, ncols: usize, k: usize) -> bool {
         && *ON.get_or_init(|| std::env::var("MUSER_CUDA_MMK").map_or(true, |v| v != "0"))
 }
 
-/// Whether `ncols` columns of a `ty` matrix of width `k` run on `mvk_*` (a K-quant, the work split
-/// by chunks over a grid that fills the GPU once; matvec.cu): one column on `mvk_1`, decode groups
-/// of up to `cols` (`Gpu::mvk_cols`) on `mvk_2` .. `mvk_4`. `MUSER_CUDA_MVK=0` keeps one column
-/// on `matvec_1` (same bits, for A/B runs) and groups on the tensor cores.
-pub fn uses_mvk(ty: GgmlType, ncols: usize, k: usize, cols: usize) -> bool {
+/// Whether `ncols` columns of a `ty` matrix of width `k` run on `mvk_1` (one column of a
+/// K-quant, the work split by chunks over a grid that fills the GPU once; matvec.cu).
+/// `MUSER_CUDA_MVK=0` keeps them on `matvec_1` (same bits, for A/B runs).
+pub fn uses_mvk(ty: GgmlType, ncols: usize, k: usize) -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    (1..=cols.clamp(1, MVK_MAX_COLS)).contains(&ncols)
+    ncols == 1
         && k.is_multiple_of(256)
         && matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)
         && *ON.get_or_init(|| std::env::var("MUSER_CUDA_MVK").map_or(true, |v| v != "0"))
 }
-
-/// The widest `mvk_*` kernel (`mvk_4`, `mvk_silu_4`).
-pub const MVK_MAX_COLS: usize = 4;
-
-/// The most columns of a decode group that run on `mvk_*`: 1 (groups on the tensor cores), or
-/// `MUSER_CUDA_MVK_COLS` (up to 4).
-pub fn mvk_cols() -> usize {
-    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *N.get_or_init(|| {
-        env_usize("MUSER_CUDA_MVK_COLS")
-            .unwrap_or(1)
-            .clamp(1, MVK_MAX_COLS)
-    })
-}
-
-/// `mvk_*`'s flag (matvec.cu): the columns' activation is in the k-major layout.
-const MVK_KMAJOR: i32 = 4;
 
 /// Chunks of KQ_CHUNK (4) super-blocks in a row of `k` values (the `mvk_*` tasks' unit).
 pub fn mvk_chunks(k: usize) -> usize {
@@ -1047,11 +1029,10 @@ impl Gpu {
         ncols: usize,
         scratch: &ActScratch,
     ) -> Result<(), CudaError> {
-        let cols = self.mvk_cols();
         let (mv, jobs): (Vec<&Job>, Vec<&Job>) =
-            jobs.iter().partition(|j| uses_mvk(j.m.ty, ncols, k, cols));
+            jobs.iter().partition(|j| uses_mvk(j.m.ty, ncols, k));
         for group in mv.chunks(MAX_JOBS) {
-            self.mvk(group, k, ncols, scratch)?;
+            self.mvk(group, k, scratch)?;
         }
         let (tc, rest): (Vec<&Job>, Vec<&Job>) =
             jobs.into_iter().partition(|j| uses_mmk(j.m.ty, ncols, k));
@@ -1116,22 +1097,16 @@ impl Gpu {
         Ok((mj, total))
     }
 
-    /// Up to MAX_JOBS K-quant matrices times `ncols` (1 to 4) columns in one `mvk_*` launch (the
-    /// Q8_K activation already in `scratch`).
-    fn mvk(
-        &self,
-        group: &[&Job],
-        k: usize,
-        ncols: usize,
-        scratch: &ActScratch,
-    ) -> Result<(), CudaError> {
+    /// Up to MAX_JOBS K-quant matrices times one column in one `mvk_1` launch (the Q8_K
+    /// activation already in `scratch`).
+    fn mvk(&self, group: &[&Job], k: usize, scratch: &ActScratch) -> Result<(), CudaError> {
         // Starts are multiples of 4: a task's row quad stays in one matrix.
         let (mj, total) = self.jobs_struct(group, k, MATVEC_R)?;
         if total == 0 {
             return Ok(()); // matrices without rows: nothing to compute (the split divides by the tasks)
         }
         let nch = mvk_chunks(k);
-        let (cv, cnt) = self.split_scratch(total * nch * ncols, total / 4)?;
+        let (cv, cnt) = self.split_scratch(total * nch, total / 4)?;
         let blocks = mvk_blocks(total / 4, nch, self.sms);
         mvk_fits(total / 4 * nch, blocks)?;
         let cfg = LaunchConfig {
@@ -1141,10 +1116,8 @@ impl Gpu {
         };
         let (xq, xds) = (dptr(self, &scratch.q), dptr(self, &scratch.ds));
         let k_i = k as i32;
-        let mut b = self
-            .stream
-            .launch_builder(self.kernel(&format!("mvk_{ncols}"))?);
-        let flags = mvk_flags() | if scratch.kmajor { MVK_KMAJOR } else { 0 };
+        let mut b = self.stream.launch_builder(self.kernel("mvk_1")?);
+        let flags = mvk_flags();
         b.arg(&mj)
             .arg(&xq)
             .arg(&xds)
@@ -1152,9 +1125,9 @@ impl Gpu {
             .arg(&cv)
             .arg(&cnt)
             .arg(&flags);
-        // SAFETY: each job reads rows*row_bytes weight bytes and writes ncols*rows outputs; the
-        // activation holds ncols*k values and ncols*k / 32 scales; cv holds total * nch * ncols
-        // floats and cnt total / 4 counters, zero between launches (each launch leaves them so).
+        // SAFETY: each job reads rows*row_bytes weight bytes and writes rows outputs; the
+        // activation holds k values and k / 32 scales; cv holds total * nch floats and cnt
+        // total / 4 counters, zero between launches (each launch leaves them so).
         unsafe { b.launch(cfg) }?;
         Ok(())
     }
@@ -1326,8 +1299,7 @@ impl Gpu {
         let (wg, wu) = (dptr(self, &gate.data), dptr(self, &up.data));
         let (tg, tu) = (format_code(gate.ty)?, format_code(up.ty)?);
         let rows_i = rows as i32;
-        let mvk = uses_mvk(gate.ty, ncols, k, self.mvk_cols()) && gate.ty == up.ty;
-        if !mvk && uses_mmk(gate.ty, ncols, k) && uses_mmk(up.ty, ncols, k) {
+        if uses_mmk(gate.ty, ncols, k) && uses_mmk(up.ty, ncols, k) {
             let (cfg, name, _) = group_launch(
                 ncols,
                 rows,
@@ -1398,10 +1370,10 @@ impl Gpu {
         if rows == 0 || ncols == 0 {
             return Ok(false);
         }
-        if mvk {
+        if uses_mvk(gate.ty, ncols, k) && gate.ty == up.ty {
             let nch = mvk_chunks(k);
             let quads = rows.div_ceil(4);
-            let (cv, cnt) = self.split_scratch(quads * 4 * 2 * nch * ncols, quads)?;
+            let (cv, cnt) = self.split_scratch(quads * 4 * 2 * nch, quads)?;
             let blocks = mvk_blocks(quads, 2 * nch, self.sms);
             mvk_fits(quads * 2 * nch, blocks)?;
             let cfg = LaunchConfig {
@@ -1412,26 +1384,20 @@ impl Gpu {
             let (xq, xds, k_i) = (dptr(self, &scratch.q), dptr(self, &scratch.ds), k as i32);
             let tasks = quads * 2 * nch;
             let finish = quantize_out
-                && ncols == 1
                 && silu_finish()
                 && rows.is_multiple_of(256)
                 && (tasks as u64) * (blocks as u64 * 4 + 1) < 1 << 32;
-            let mut b = self
-                .stream
-                .launch_builder(self.kernel(&format!("mvk_silu_{ncols}"))?);
+            let mut b = self.stream.launch_builder(self.kernel("mvk_silu_1")?);
             b.arg(&wg).arg(&tg).arg(&wu).arg(&tu).arg(&y).arg(&rows_i);
-            let flags = mvk_flags()
-                | if finish { MVK_DEFER_SHARED } else { 0 }
-                | if scratch.kmajor { MVK_KMAJOR } else { 0 };
+            let flags = mvk_flags() | if finish { MVK_DEFER_SHARED } else { 0 };
             b.arg(&xq)
                 .arg(&xds)
                 .arg(&k_i)
                 .arg(&cv)
                 .arg(&cnt)
                 .arg(&flags);
-            // SAFETY: reads rows*row_bytes bytes of each matrix and the activation of ncols*k
-            // values; writes ncols*rows outputs; cv (quads*4*2*nch*ncols floats) and cnt as in
-            // `mvk`.
+            // SAFETY: reads rows*row_bytes bytes of each matrix and the activation of k values;
+            // writes rows outputs; cv and cnt as in `mvk`.
             unsafe { b.launch(cfg) }?;
             if !finish {
                 return Ok(false);
@@ -1948,21 +1914,17 @@ mod tests {
             (6656, GgmlType::Q5_K),
         ] {
             assert!(!uses_mmk(ty, 1, k), "one column runs on mvk_1");
-            assert!(uses_mvk(ty, 1, k, 1), "{ty} at K = {k}, one column");
-            for n in [2, 3, 4, 8, 9, 16, 17, 32, 64, 65, 512] {
+            assert!(uses_mvk(ty, 1, k), "{ty} at K = {k}, one column");
+            for n in [2, 4, 8, 9, 16, 17, 32, 64, 65, 512] {
                 assert!(uses_mmk(ty, n, k), "{ty} at K = {k}, {n} columns");
-                assert!(!uses_mvk(ty, n, k, 1), "groups on the tensor cores");
-                // Up to `cols` (at most MVK_MAX_COLS) columns on mvk_2 .. mvk_4 instead.
-                for cols in [2, 3, 4, 16] {
-                    assert_eq!(uses_mvk(ty, n, k, cols), n <= cols.min(MVK_MAX_COLS));
-                }
+                assert!(!uses_mvk(ty, n, k));
             }
             // Row-major activation for them: k-major only serves Q8_0 groups.
             assert!(!kmajor_layout(8, k, &[ty]));
         }
         for ty in [GgmlType::Q8_0, GgmlType::F16, GgmlType::BF16, GgmlType::F32] {
             assert!(!uses_mmk(ty, 8, 6656) && !uses_mmk(ty, 512, 6656));
-            assert!(!uses_mvk(ty, 1, 6656, 1) && !uses_mvk(ty, 2, 6656, 4));
+            assert!(!uses_mvk(ty, 1, 6656));
         }
     }
 

@@ -827,14 +827,10 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
             // Groups of mmw_narrow_min to 16 columns run on mmw_2 where it takes the matrices:
             // mmv_* (and mmk_*) with it off too.
             let mmw_default = p.gpu.gpu.mmw();
-            // Groups of 2 to mvk_cols columns run on mvk_2 .. mvk_4 (the one-column kernels'
-            // work): mmv_* and mmk_* with them off too.
-            let mvk_here = (2..=p.gpu.gpu.mvk_cols()).contains(&n);
             let mmv_here = mmk_here
-                && ((mmw_default
-                    && p.gpu.gpu.arch == "sm_90"
-                    && n >= muser_cuda::matvec::mmw_narrow_min())
-                    || mvk_here);
+                && mmw_default
+                && p.gpu.gpu.arch == "sm_90"
+                && n >= muser_cuda::matvec::mmw_narrow_min();
             let mut modes = vec![Tiles::Default];
             if n > 16 {
                 modes.push(Tiles::Split);
@@ -904,7 +900,6 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
             p.gpu.gpu.set_mmh(mmh_default);
             p.gpu.gpu.set_mmv(mmv_default);
             p.gpu.gpu.set_mmw(mmw_default);
-            p.gpu.gpu.set_mvkn(true);
             let mut silu_modes = vec![Tiles::Default];
             if mmh_here {
                 silu_modes.push(Tiles::F16);
@@ -981,7 +976,6 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
             p.gpu.gpu.set_mmh(mmh_default);
             p.gpu.gpu.set_mmv(mmv_default);
             p.gpu.gpu.set_mmw(mmw_default);
-            p.gpu.gpu.set_mvkn(true);
         }
     }
 
@@ -1031,9 +1025,8 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
 }
 
 /// Which tiles a K-quant group check runs on: the default route, K split over blocks (mmt.cu),
-/// the f16 prefill tiles (mmh.cu), the `mmk_*` blocks instead of `mvk_*` / `mmv_*` / `mmw_2`
-/// (2-16 columns), or `mmv_*` instead of `mvk_*` (2 to `mvk_cols` columns) and `mmw_2`
-/// (`mmw_narrow_min` to 16 columns).
+/// the f16 prefill tiles (mmh.cu), the `mmk_*` blocks instead of `mmv_*` / `mmw_2` (6-16
+/// columns), or `mmv_*` instead of `mmw_2` (`mmw_narrow_min` to 16 columns).
 #[derive(Clone, Copy, PartialEq)]
 enum Tiles {
     Default,
@@ -1050,7 +1043,6 @@ impl Tiles {
         p.gpu.gpu.set_mmt_split(self == Tiles::Split || split);
         p.gpu.gpu.set_mmh(self == Tiles::F16);
         p.gpu.gpu.set_mmv(mmv_default && self != Tiles::Mmk);
-        p.gpu.gpu.set_mvkn(!matches!(self, Tiles::Mmk | Tiles::Mmv));
         p.gpu
             .gpu
             .set_mmw(mmw_default && !matches!(self, Tiles::Mmk | Tiles::Mmv));
