@@ -218,11 +218,12 @@ pub fn mmv_smem(silu: bool, stages: usize) -> usize {
 /// The fewest columns that run on `mmv_*` (fewer: `mmk_*`): 2 (every decode group up to 8
 /// columns), or `MUSER_CUDA_MMV_MIN`. On 2026-11-30 `mmk_1` still won below 6 columns (3 streams
 /// 357.2 / 351.9, 4 streams 471.3 / 463.0). Since `mmv_*` issues fewer instructions (4ca8e2e),
-/// it wins at every width. H200, llama-glimmer, aggregate tg128 tokens/s, `MUSER_CUDA_MMV_MIN` 6
-/// / 4 / 2, same call (2026-12-03 14:30): 2 streams 262.67 / 262.46 / **287.96**, 3 streams
-/// 385.73 / 388.39 / **428.66**, 4 streams 501.74 / 573.82 / **571.78**, 8 streams 1,068.44 /
-/// 1,069.13 / 1,064.67. The quick parity command passed with `MUSER_CUDA_MMV_MIN=2` (792 of 792,
-/// groups of 2 to 32 bit-identical to solo).
+/// it wins at every width from 2. H200, llama-glimmer, aggregate tg128 tokens/s,
+/// `MUSER_CUDA_MMV_MIN` 6 / 4 / 2, same call (2026-12-03 14:30): 2 streams 262.67 / 262.46 /
+/// **287.96**, 3 streams 385.73 / 388.39 / **428.66**, 4 streams 501.74 / 573.82 / **571.78**, 8
+/// streams 1,068.44 / 1,069.13 / 1,064.67 (the same kernels). The full parity command passed with
+/// this default (1,235 of 1,235, groups of 1 to 32 bit-identical to solo on three models), and
+/// `muser serve` with 4 clients made 531-537 completion tokens/s against 474-479 with 6.
 pub fn mmv_min() -> usize {
     static MIN: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *MIN.get_or_init(|| env_usize("MUSER_CUDA_MMV_MIN").unwrap_or(2))

@@ -781,8 +781,9 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
     // alone; the group's results also against the CPU.
     // (130 columns: three column tiles of the 64 x 64 prefill tiles, each column against itself
     // alone and moved; 200 (quick) and 512 keep the 128 x 128 tiles dispatched.)
-    // (Every width from 2 to 16 runs on mmv_* and, checked against it, on mmk_*; 3 and 4 are
-    // both sides of the mmk_* / mmv_* boundary when MUSER_CUDA_MMV_MIN=4 sets it.)
+    // (Widths 2 to 8 run on mmv_* (9 to 16 on mmv_* or mmw_2) and, checked against it, on
+    // mmk_*; 3 and 4 are both sides of the mmk_* / mmv_* boundary when MUSER_CUDA_MMV_MIN=4
+    // sets it.)
     let groups: &[usize] = if quick {
         &[2, 3, 4, 6, 9, 20, 32, 64, 130, 200]
     } else {
