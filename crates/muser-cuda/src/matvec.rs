@@ -2155,10 +2155,9 @@ mod tests {
         assert_eq!(def("MMV_Q6_SC"), "(16 * MMV_Q6_ROW)");
         assert_eq!(def("MMV_SLOT_PAIR"), "(2 * 16 * 144)");
         assert_eq!(MMV_SLOT_ONE, 3616);
-        // mmv_silu_1's 4 blocks stay within the 164 KiB shared-memory carveout, which leaves L1
-        // 92 KiB for the 8 columns' activations (53 KiB at Glimmer's 6,656). H200, 8 streams
+        // mmv_silu_1's 4 blocks stay within the 164 KiB shared-memory carveout. H200, 8 streams
         // (2026-12-03, lab run 38): slot rows padded to 160 bytes (4 x 42 KiB, the 196 KiB
-        // carveout, L1 60 KiB) lost 6%.
+        // carveout) lost 6%. (More L1 for the activations gained nothing either: lab run 40.)
         let (_, per_sm) = mmv_kernel(8, true, true).expect("mmv_silu_1");
         assert!(per_sm * (mmv_smem(true, mmv_stages(1)) + 1024) <= 164 * 1024);
         // Every stage count, at the blocks per SM mmv_kernel promises, fits the 227 KiB an H200
