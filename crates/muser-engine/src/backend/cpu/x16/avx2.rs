@@ -169,16 +169,25 @@ impl Level for Avx2 {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn k4<const C: usize, const FIVE: bool>(w: &[u8], y: &[BlockQ8K], nb: usize, s: &mut Sums) {
-    group_k4::<Avx2, C, FIVE>(w, y, nb, s)
+unsafe fn k4<const C: usize, const FIVE: bool>(
+    w: &[u8],
+    y: &[BlockQ8K],
+    nb: usize,
+    s: &mut Sums,
+    pf: bool,
+) {
+    group_k4::<Avx2, C, FIVE>(w, y, nb, s, pf)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q6<const C: usize>(w: &[u8], y: &[BlockQ8K], nb: usize, s: &mut Sums) {
-    group_q6::<Avx2, C>(w, y, nb, s)
+unsafe fn q6<const C: usize>(w: &[u8], y: &[BlockQ8K], nb: usize, s: &mut Sums, pf: bool) {
+    group_q6::<Avx2, C>(w, y, nb, s, pf)
 }
 
 /// One group's 8 rows of format `ty` against `c` (1 or 2) columns (`y`: c x nb blocks).
+///
+/// `pf`: ask for the weight lines ahead (`kernels::PF`): the first pass over the group, which
+/// reads them from memory; later passes find them in cache.
 ///
 /// # Safety
 /// The CPU must have AVX2, FMA and F16C; `w` holds the group's nb blocks.
@@ -189,13 +198,14 @@ pub(super) unsafe fn group(
     y: &[BlockQ8K],
     nb: usize,
     s: &mut Sums,
+    pf: bool,
 ) {
     match (ty, c) {
-        (GgmlType::Q4_K, 1) => k4::<1, false>(w, y, nb, s),
-        (GgmlType::Q4_K, _) => k4::<2, false>(w, y, nb, s),
-        (GgmlType::Q5_K, 1) => k4::<1, true>(w, y, nb, s),
-        (GgmlType::Q5_K, _) => k4::<2, true>(w, y, nb, s),
-        (_, 1) => q6::<1>(w, y, nb, s),
-        (_, _) => q6::<2>(w, y, nb, s),
+        (GgmlType::Q4_K, 1) => k4::<1, false>(w, y, nb, s, pf),
+        (GgmlType::Q4_K, _) => k4::<2, false>(w, y, nb, s, pf),
+        (GgmlType::Q5_K, 1) => k4::<1, true>(w, y, nb, s, pf),
+        (GgmlType::Q5_K, _) => k4::<2, true>(w, y, nb, s, pf),
+        (_, 1) => q6::<1>(w, y, nb, s, pf),
+        (_, _) => q6::<2>(w, y, nb, s, pf),
     }
 }

@@ -162,16 +162,25 @@ impl Level for Avx512 {
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn k4<const C: usize, const FIVE: bool>(w: &[u8], y: &[BlockQ8K], nb: usize, s: &mut Sums) {
-    group_k4::<Avx512, C, FIVE>(w, y, nb, s)
+unsafe fn k4<const C: usize, const FIVE: bool>(
+    w: &[u8],
+    y: &[BlockQ8K],
+    nb: usize,
+    s: &mut Sums,
+    pf: bool,
+) {
+    group_k4::<Avx512, C, FIVE>(w, y, nb, s, pf)
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn q6<const C: usize>(w: &[u8], y: &[BlockQ8K], nb: usize, s: &mut Sums) {
-    group_q6::<Avx512, C>(w, y, nb, s)
+unsafe fn q6<const C: usize>(w: &[u8], y: &[BlockQ8K], nb: usize, s: &mut Sums, pf: bool) {
+    group_q6::<Avx512, C>(w, y, nb, s, pf)
 }
 
 /// One group's 16 rows of format `ty` against `c` (1 to 4) columns (`y`: c x nb blocks).
+///
+/// `pf`: ask for the weight lines ahead (`kernels::PF`): the first pass over the group, which
+/// reads them from memory; later passes find them in cache.
 ///
 /// # Safety
 /// The CPU must have AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C; `w` holds the group's nb blocks.
@@ -182,19 +191,20 @@ pub(super) unsafe fn group(
     y: &[BlockQ8K],
     nb: usize,
     s: &mut Sums,
+    pf: bool,
 ) {
     match (ty, c) {
-        (GgmlType::Q4_K, 1) => k4::<1, false>(w, y, nb, s),
-        (GgmlType::Q4_K, 2) => k4::<2, false>(w, y, nb, s),
-        (GgmlType::Q4_K, 3) => k4::<3, false>(w, y, nb, s),
-        (GgmlType::Q4_K, _) => k4::<4, false>(w, y, nb, s),
-        (GgmlType::Q5_K, 1) => k4::<1, true>(w, y, nb, s),
-        (GgmlType::Q5_K, 2) => k4::<2, true>(w, y, nb, s),
-        (GgmlType::Q5_K, 3) => k4::<3, true>(w, y, nb, s),
-        (GgmlType::Q5_K, _) => k4::<4, true>(w, y, nb, s),
-        (_, 1) => q6::<1>(w, y, nb, s),
-        (_, 2) => q6::<2>(w, y, nb, s),
-        (_, 3) => q6::<3>(w, y, nb, s),
-        (_, _) => q6::<4>(w, y, nb, s),
+        (GgmlType::Q4_K, 1) => k4::<1, false>(w, y, nb, s, pf),
+        (GgmlType::Q4_K, 2) => k4::<2, false>(w, y, nb, s, pf),
+        (GgmlType::Q4_K, 3) => k4::<3, false>(w, y, nb, s, pf),
+        (GgmlType::Q4_K, _) => k4::<4, false>(w, y, nb, s, pf),
+        (GgmlType::Q5_K, 1) => k4::<1, true>(w, y, nb, s, pf),
+        (GgmlType::Q5_K, 2) => k4::<2, true>(w, y, nb, s, pf),
+        (GgmlType::Q5_K, 3) => k4::<3, true>(w, y, nb, s, pf),
+        (GgmlType::Q5_K, _) => k4::<4, true>(w, y, nb, s, pf),
+        (_, 1) => q6::<1>(w, y, nb, s, pf),
+        (_, 2) => q6::<2>(w, y, nb, s, pf),
+        (_, 3) => q6::<3>(w, y, nb, s, pf),
+        (_, _) => q6::<4>(w, y, nb, s, pf),
     }
 }

@@ -98,6 +98,7 @@ pub(super) unsafe fn group_k4<V: Level, const C: usize, const FIVE: bool>(
     y: &[BlockQ8K],
     nb: usize,
     sums: &mut Sums,
+    pf: bool,
 ) {
     let l = Lay { r: V::R };
     let line = 4 * V::R;
@@ -112,7 +113,9 @@ pub(super) unsafe fn group_k4<V: Level, const C: usize, const FIVE: bool>(
     let mut acc = [V::zero_f(); C];
     for b in 0..nb {
         let p = w.as_ptr().add(b * bs);
-        ahead::<V>(p, bs);
+        if pf {
+            ahead::<V>(p, bs);
+        }
         let yb: [&BlockQ8K; C] = std::array::from_fn(|t| &y[t * nb + b]);
         let mut isc = [V::zero(); C];
         for ch in 0..4 {
@@ -189,6 +192,7 @@ pub(super) unsafe fn group_q6<V: Level, const C: usize>(
     y: &[BlockQ8K],
     nb: usize,
     sums: &mut Sums,
+    pf: bool,
 ) {
     let l = Lay { r: V::R };
     let line = 4 * V::R;
@@ -197,7 +201,9 @@ pub(super) unsafe fn group_q6<V: Level, const C: usize>(
     let mut acc = [V::zero_f(); C];
     for b in 0..nb {
         let p = w.as_ptr().add(b * 212 * V::R);
-        ahead::<V>(p, 212 * V::R);
+        if pf {
+            ahead::<V>(p, 212 * V::R);
+        }
         let yb: [&BlockQ8K; C] = std::array::from_fn(|t| &y[t * nb + b]);
         let mut isc = [V::zero(); C];
         // Scale pairs as i16 (sc_2k low, sc_2k+1 high in each lane).

@@ -278,9 +278,9 @@ impl X16 {
                 // SAFETY: the CPU has the level's features (asserted); the slices have the
                 // sizes the kernels read.
                 if r == 16 {
-                    avx512::group(self.ty, c, w, ys, self.nb, &mut sums);
+                    avx512::group(self.ty, c, w, ys, self.nb, &mut sums, c0 == 0);
                 } else {
-                    avx2::group(self.ty, c, w, ys, self.nb, &mut sums);
+                    avx2::group(self.ty, c, w, ys, self.nb, &mut sums, c0 == 0);
                 }
                 for (t, s) in sums.iter().enumerate().take(c) {
                     let o = out.add((c0 + t) * ld + base);
