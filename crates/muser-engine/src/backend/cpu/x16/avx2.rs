@@ -162,10 +162,6 @@ impl Level for Avx2 {
     unsafe fn store_f(p: *mut f32, a: __m256) {
         _mm256_storeu_ps(p, a)
     }
-    #[inline(always)]
-    unsafe fn prefetch(p: *const u8) {
-        _mm_prefetch::<_MM_HINT_T0>(p as *const i8)
-    }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]

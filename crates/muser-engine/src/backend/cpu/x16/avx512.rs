@@ -155,10 +155,6 @@ impl Level for Avx512 {
     unsafe fn store_f(p: *mut f32, a: __m512) {
         _mm512_storeu_ps(p, a)
     }
-    #[inline(always)]
-    unsafe fn prefetch(p: *const u8) {
-        _mm_prefetch::<_MM_HINT_T0>(p as *const i8)
-    }
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]

@@ -66,8 +66,6 @@ pub(super) trait Level {
     unsafe fn add_f(a: Self::F, b: Self::F) -> Self::F;
     unsafe fn sub_f(a: Self::F, b: Self::F) -> Self::F;
     unsafe fn store_f(p: *mut f32, a: Self::F);
-    /// Asks for the cache line at p (never faults).
-    unsafe fn prefetch(p: *const u8);
 }
 
 /// How far ahead (bytes) the kernels ask for their weight lines: at the start of each
@@ -79,13 +77,15 @@ pub(super) trait Level {
 /// 2,048 33.6-40.8, 4,096 37.9-47.1, 8,192 38.2-42.9 (BENCHMARKS.md).
 const PF: usize = 4096;
 
-/// Asks for the lines of [p + PF, p + PF + n): prefetches never fault, so past the end of the
-/// matrix they are harmless.
+/// Asks for the lines of [p + PF, p + PF + n) (SSE, so every level has it): prefetches never
+/// fault, so past the end of the matrix they are harmless.
 #[inline(always)]
-unsafe fn ahead<V: Level>(p: *const u8, n: usize) {
+fn ahead(p: *const u8, n: usize) {
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
     let mut o = 0;
     while o < n {
-        V::prefetch(p.wrapping_add(PF + o));
+        // SAFETY: a prefetch reads nothing and never faults, whatever the address.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PF + o) as *const i8) };
         o += 64;
     }
 }
@@ -114,7 +114,7 @@ pub(super) unsafe fn group_k4<V: Level, const C: usize, const FIVE: bool>(
     for b in 0..nb {
         let p = w.as_ptr().add(b * bs);
         if pf {
-            ahead::<V>(p, bs);
+            ahead(p, bs);
         }
         let yb: [&BlockQ8K; C] = std::array::from_fn(|t| &y[t * nb + b]);
         let mut isc = [V::zero(); C];
@@ -202,7 +202,7 @@ pub(super) unsafe fn group_q6<V: Level, const C: usize>(
     for b in 0..nb {
         let p = w.as_ptr().add(b * 212 * V::R);
         if pf {
-            ahead::<V>(p, 212 * V::R);
+            ahead(p, 212 * V::R);
         }
         let yb: [&BlockQ8K; C] = std::array::from_fn(|t| &y[t * nb + b]);
         let mut isc = [V::zero(); C];
