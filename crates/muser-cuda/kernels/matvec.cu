@@ -838,6 +838,19 @@ extern "C" __global__ void __launch_bounds__(256) matvec_silu_cols(SILU_ARGS, AC
 // 14% slower: 145 against 157.5), the next Q4_K round's loads before this round's reductions
 // (150.5 against 156.2).
 
+// c + the dot product of a's 4 unsigned bytes with b's 4 signed bytes.
+__device__ __forceinline__ int dp4a_us(uint32_t a, int b, int c) {
+    int d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+// c + a's low 16-bit half (signed) x b's byte 2 + a's high half x b's byte 3 (bytes unsigned).
+__device__ __forceinline__ int dp2a_hi_su(int a, uint32_t b, int c) {
+    int d;
+    asm("dp2a.hi.s32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
 // Q6_K quarter (h, p) of super-block sb of a row (repacked planes, see RawQ6).
 struct RawQ6Q {
     uint4 l0, l1, h0, h1; // 32 ql bytes 64h + 32p .., the 32 qh bytes 32h ..
@@ -881,6 +894,33 @@ __device__ __forceinline__ int q6q_isc(const RawQ6Q& r, int p, const int4& xa0, 
         }
     }
     // Scale bytes 2p, 2p + 1 of each word (p is per lane: shifts, not a local array index).
+    const int sh = 16 * p;
+    return (int)(int8_t)(r.sc.x >> sh) * sa0 + (int)(int8_t)(r.sc.x >> (sh + 8)) * sa1 +
+           (int)(int8_t)(r.sc.y >> sh) * sb0 + (int)(int8_t)(r.sc.y >> (sh + 8)) * sb1;
+}
+
+// q6q_isc with the quants as unsigned bytes (q, not q - 32), the sub-blocks' dp4a chains started
+// at ca0 .. cb1 = -32 x their activation sums: the same integers in fewer instructions.
+__device__ __forceinline__ int q6q_isc_u(const RawQ6Q& r, int p, const int4& xa0, const int4& xa1, const int4& xb0,
+                                         const int4& xb1, int ca0, int ca1, int cb0, int cb1) {
+    const uint32_t lw[8] = {r.l0.x, r.l0.y, r.l0.z, r.l0.w, r.l1.x, r.l1.y, r.l1.z, r.l1.w};
+    const uint32_t hw[8] = {r.h0.x, r.h0.y, r.h0.z, r.h0.w, r.h1.x, r.h1.y, r.h1.z, r.h1.w};
+    const int xa[8] = {xa0.x, xa0.y, xa0.z, xa0.w, xa1.x, xa1.y, xa1.z, xa1.w};
+    const int xb[8] = {xb0.x, xb0.y, xb0.z, xb0.w, xb1.x, xb1.y, xb1.z, xb1.w};
+    int sa0 = ca0, sa1 = ca1, sb0 = cb0, sb1 = cb1;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+        // Bits 2p, 2p + 1 (a) and 4 + 2p, 5 + 2p (b) of each qh byte moved to bits 4, 5.
+        const uint32_t qa = (lw[k] & 0x0F0F0F0Fu) | ((hw[k] << (4 - 2 * p)) & 0x30303030u);
+        const uint32_t qb = ((lw[k] >> 4) & 0x0F0F0F0Fu) | ((hw[k] >> (2 * p)) & 0x30303030u);
+        if (k < 4) {
+            sa0 = dp4a_us(qa, xa[k], sa0);
+            sb0 = dp4a_us(qb, xb[k], sb0);
+        } else {
+            sa1 = dp4a_us(qa, xa[k], sa1);
+            sb1 = dp4a_us(qb, xb[k], sb1);
+        }
+    }
     const int sh = 16 * p;
     return (int)(int8_t)(r.sc.x >> sh) * sa0 + (int)(int8_t)(r.sc.x >> (sh + 8)) * sa1 +
            (int)(int8_t)(r.sc.y >> sh) * sb0 + (int)(int8_t)(r.sc.y >> (sh + 8)) * sb1;
@@ -937,6 +977,49 @@ __device__ __forceinline__ MvkTask mvk_silu_task(const uint8_t* wg, int tyg, con
     return mvk_silu_task_at(wg, tyg, wu, tyu, rows, nch, gq, t - gq * 2 * nch);
 }
 
+// The scales and mins of quarter g of a Q4_K/Q5_K super-block (scale words y, z, w as in
+// unpack_scales_k4), one per byte: sc(2g), sc(2g + 1), m(2g), m(2g + 1).
+__device__ __forceinline__ uint32_t k4_quarter_scales(uint32_t y, uint32_t z, uint32_t w, int g) {
+    const uint32_t j = 2 * (g & 1), sel = j | (j + 1) << 4 | (j + 4) << 8 | (j + 5) << 12;
+    const uint32_t h = __byte_perm(y, z, sel); // g < 2: the 6-bit values; else their top 2 bits
+    if (g < 2) return h & 0x3F3F3F3Fu;
+    return (__byte_perm(w, w >> 4, sel) & 0x0F0F0F0Fu) | ((h >> 2) & 0x30303030u);
+}
+
+// One Q4_K/Q5_K row's integers of quarter g (q45_ints' isc and im, exactly), in fewer
+// instructions than unpack_q45 + q45_ints: Q4_K's high nibbles are multiplied in place (16 x
+// their value, as unsigned bytes) and that sum divided by 16 after; the scales and mins come
+// by byte permutes (k4_quarter_scales), the mins applied by one dp2a over the activation's two
+// sub-block sums (xs: two 16-bit halves; |sum| <= 32 x 127).
+template <bool Q5>
+__device__ __forceinline__ void q45_quarter_ints(const RawQ45& r, const X64& x, int xs, int g, int* isc, int* im,
+                                                 float2* dm) {
+    const uint32_t qw[8] = {r.qa.x, r.qa.y, r.qa.z, r.qa.w, r.qb.x, r.qb.y, r.qb.z, r.qb.w};
+    const int xa[8] = {x.x0.x, x.x0.y, x.x0.z, x.x0.w, x.x1.x, x.x1.y, x.x1.z, x.x1.w};
+    const int xb[8] = {x.x2.x, x.x2.y, x.x2.z, x.x2.w, x.x3.x, x.x3.y, x.x3.z, x.x3.w};
+    int s0 = 0, s1 = 0;
+    if (Q5) {
+        const uint32_t hw[8] = {r.ha.x, r.ha.y, r.ha.z, r.ha.w, r.hb.x, r.hb.y, r.hb.z, r.hb.w};
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            const uint32_t h = hw[k] >> (2 * g);
+            s0 = dp4a_us((qw[k] & 0x0F0F0F0Fu) | ((h << 4) & 0x10101010u), xa[k], s0);
+            s1 = dp4a_us(((qw[k] >> 4) & 0x0F0F0F0Fu) | ((h << 3) & 0x10101010u), xb[k], s1);
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            s0 = dp4a_us(qw[k] & 0x0F0F0F0Fu, xa[k], s0);
+            s1 = dp4a_us(qw[k] & 0xF0F0F0F0u, xb[k], s1);
+        }
+        s1 >>= 4; // exact: a multiple of 16
+    }
+    const uint32_t sm = k4_quarter_scales(r.hdr.y, r.hdr.z, r.hdr.w, g);
+    *isc = (int)(sm & 0xFF) * s0 + (int)((sm >> 8) & 0xFF) * s1;
+    *im = dp2a_hi_su(xs, sm, 0);
+    *dm = __half22float2(*(const __half2*)&r.hdr.x);
+}
+
 // This lane's integers of quarter q of super-block sb for the task's rows (format FMT): isc, im
 // and (d, dmin) per row. The quad's 4 rows' block sb lie side by side (kq_blk; row0 is a
 // multiple of 4, and the padding rows of the last quad exist, as zero blocks), so the 4 loads
@@ -955,26 +1038,29 @@ __device__ __forceinline__ void mvk_ints(const MvkTask& k, int sb, int q, const 
         for (int r = 0; r < 4; ++r) raw[r] = load_q6q(k.w, at0 + r, n, q);
         const int4 xa0 = xq16<1>(a, 0, A), xa1 = xq16<1>(a, 0, A + 16);
         const int4 xb0 = xq16<1>(a, 0, A + 64), xb1 = xq16<1>(a, 0, A + 80);
+        // -32 x each 16-value sub-block's activation sum: the start of its dp4a chain, so the
+        // quants are dotted as unsigned bytes (0 .. 63) with no per-byte offset.
+        const int one = 0x01010101;
+        const int ca0 = -32 * __dp4a(xa0.w, one, __dp4a(xa0.z, one, __dp4a(xa0.y, one, __dp4a(xa0.x, one, 0))));
+        const int ca1 = -32 * __dp4a(xa1.w, one, __dp4a(xa1.z, one, __dp4a(xa1.y, one, __dp4a(xa1.x, one, 0))));
+        const int cb0 = -32 * __dp4a(xb0.w, one, __dp4a(xb0.z, one, __dp4a(xb0.y, one, __dp4a(xb0.x, one, 0))));
+        const int cb1 = -32 * __dp4a(xb1.w, one, __dp4a(xb1.z, one, __dp4a(xb1.y, one, __dp4a(xb1.x, one, 0))));
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
-            isc[r] = q6q_isc(raw[r], q & 1, xa0, xa1, xb0, xb1);
+            isc[r] = q6q_isc_u(raw[r], q & 1, xa0, xa1, xb0, xb1, ca0, ca1, cb0, cb1);
             dm[r].x = raw[r].d;
         }
     } else {
         constexpr bool Q5 = FMT == FMT_Q5_K;
         constexpr int BS = Q5 ? 176 : 144;
         const uint8_t* blk0 = k.w + kq_blk(k.row0, nb, sb) * BS;
-        const int item = sb * 4 + q;
         RawQ45 raw[4];
 #pragma unroll
         for (int r = 0; r < 4; ++r) raw[r] = load_q45<Q5>(blk0 + r * BS, q);
         const X64 x = load_x64<1>(a, 0, sb * QK_K + 64 * q);
+        const int xs = (int)__byte_perm(__float2int_rn(x.dd.y), __float2int_rn(x.dd.w), 0x5410);
 #pragma unroll
-        for (int r = 0; r < 4; ++r) {
-            const Q45 u = unpack_q45<Q5>(raw[r], item);
-            q45_ints(u, x, &isc[r], &im[r]);
-            dm[r] = u.dm;
-        }
+        for (int r = 0; r < 4; ++r) q45_quarter_ints<Q5>(raw[r], x, xs, q, &isc[r], &im[r], &dm[r]);
     }
 }
 
