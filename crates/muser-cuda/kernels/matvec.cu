@@ -837,6 +837,10 @@ extern "C" __global__ void __launch_bounds__(256) matvec_silu_cols(SILU_ARGS, AC
 // change), one 16-warp block per SM taking rounds from a shared counter (ends tightened, rounds
 // 14% slower: 145 against 157.5), the next Q4_K round's loads before this round's reductions
 // (150.5 against 156.2).
+// v11d (2026-12-03): fewer instructions per round (q45_quarter_ints, q6q_isc_u; same integers):
+// tg128 177.03 / 177.01 -> 180.84 / 180.39. Nsight Compute then: 58% of gate+up's warp samples
+// wait on the round's weight loads, yet loading them a round ahead (registers) loses (170.6), a
+// shared-memory stage loses (102), whole-sector Q4_K loads lose (177.4; matvec lab runs 49-53).
 
 // c + the dot product of a's 4 unsigned bytes with b's 4 signed bytes.
 __device__ __forceinline__ int dp4a_us(uint32_t a, int b, int c) {
@@ -874,33 +878,8 @@ __device__ __forceinline__ RawQ6Q load_q6q(const uint8_t* __restrict__ w, size_t
 
 // isc of a Q6_K quarter: values A + l (low nibbles, qh bits 2p) and A + 64 + l (high nibbles, qh
 // bits 4 + 2p), l < 32, A = 128h + 32p; sub-blocks 8h + 2p, + 1 (A) and 8h + 4 + 2p, + 1 (A + 64).
-__device__ __forceinline__ int q6q_isc(const RawQ6Q& r, int p, const int4& xa0, const int4& xa1, const int4& xb0,
-                                       const int4& xb1) {
-    const uint32_t lw[8] = {r.l0.x, r.l0.y, r.l0.z, r.l0.w, r.l1.x, r.l1.y, r.l1.z, r.l1.w};
-    const uint32_t hw[8] = {r.h0.x, r.h0.y, r.h0.z, r.h0.w, r.h1.x, r.h1.y, r.h1.z, r.h1.w};
-    const int xa[8] = {xa0.x, xa0.y, xa0.z, xa0.w, xa1.x, xa1.y, xa1.z, xa1.w};
-    const int xb[8] = {xb0.x, xb0.y, xb0.z, xb0.w, xb1.x, xb1.y, xb1.z, xb1.w};
-    int sa0 = 0, sa1 = 0, sb0 = 0, sb1 = 0;
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-        const int qa = __vsub4((lw[k] & 0x0F0F0F0F) | (((hw[k] >> (2 * p)) & 0x03030303) << 4), 0x20202020);
-        const int qb = __vsub4(((lw[k] >> 4) & 0x0F0F0F0F) | (((hw[k] >> (4 + 2 * p)) & 0x03030303) << 4), 0x20202020);
-        if (k < 4) {
-            sa0 = __dp4a(qa, xa[k], sa0);
-            sb0 = __dp4a(qb, xb[k], sb0);
-        } else {
-            sa1 = __dp4a(qa, xa[k], sa1);
-            sb1 = __dp4a(qb, xb[k], sb1);
-        }
-    }
-    // Scale bytes 2p, 2p + 1 of each word (p is per lane: shifts, not a local array index).
-    const int sh = 16 * p;
-    return (int)(int8_t)(r.sc.x >> sh) * sa0 + (int)(int8_t)(r.sc.x >> (sh + 8)) * sa1 +
-           (int)(int8_t)(r.sc.y >> sh) * sb0 + (int)(int8_t)(r.sc.y >> (sh + 8)) * sb1;
-}
-
-// q6q_isc with the quants as unsigned bytes (q, not q - 32), the sub-blocks' dp4a chains started
-// at ca0 .. cb1 = -32 x their activation sums: the same integers in fewer instructions.
+// The quants are dotted as unsigned bytes (q, not q - 32) and each sub-block's dp4a chain starts
+// at ca0 .. cb1 = -32 x its activation sum: the canonical integers (common.cuh).
 __device__ __forceinline__ int q6q_isc_u(const RawQ6Q& r, int p, const int4& xa0, const int4& xa1, const int4& xb0,
                                          const int4& xb1, int ca0, int ca1, int cb0, int cb1) {
     const uint32_t lw[8] = {r.l0.x, r.l0.y, r.l0.z, r.l0.w, r.l1.x, r.l1.y, r.l1.z, r.l1.w};
