@@ -848,6 +848,11 @@ __device__ __forceinline__ int dp4a_us(uint32_t a, int b, int c) {
     asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
     return d;
 }
+// The sum of the 16 int8 values of v.
+__device__ __forceinline__ int sum16_i8(const int4& v) {
+    const int one = 0x01010101;
+    return __dp4a(v.w, one, __dp4a(v.z, one, __dp4a(v.y, one, __dp4a(v.x, one, 0))));
+}
 // c + a's low 16-bit half (signed) x b's byte 2 + a's high half x b's byte 3 (bytes unsigned).
 __device__ __forceinline__ int dp2a_hi_su(int a, uint32_t b, int c) {
     int d;
@@ -1019,11 +1024,8 @@ __device__ __forceinline__ void mvk_ints(const MvkTask& k, int sb, int q, const 
         const int4 xb0 = xq16<1>(a, 0, A + 64), xb1 = xq16<1>(a, 0, A + 80);
         // -32 x each 16-value sub-block's activation sum: the start of its dp4a chain, so the
         // quants are dotted as unsigned bytes (0 .. 63) with no per-byte offset.
-        const int one = 0x01010101;
-        const int ca0 = -32 * __dp4a(xa0.w, one, __dp4a(xa0.z, one, __dp4a(xa0.y, one, __dp4a(xa0.x, one, 0))));
-        const int ca1 = -32 * __dp4a(xa1.w, one, __dp4a(xa1.z, one, __dp4a(xa1.y, one, __dp4a(xa1.x, one, 0))));
-        const int cb0 = -32 * __dp4a(xb0.w, one, __dp4a(xb0.z, one, __dp4a(xb0.y, one, __dp4a(xb0.x, one, 0))));
-        const int cb1 = -32 * __dp4a(xb1.w, one, __dp4a(xb1.z, one, __dp4a(xb1.y, one, __dp4a(xb1.x, one, 0))));
+        const int ca0 = -32 * sum16_i8(xa0), ca1 = -32 * sum16_i8(xa1);
+        const int cb0 = -32 * sum16_i8(xb0), cb1 = -32 * sum16_i8(xb1);
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
             isc[r] = q6q_isc_u(raw[r], q & 1, xa0, xa1, xb0, xb1, ca0, ca1, cb0, cb1);
