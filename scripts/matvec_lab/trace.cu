@@ -198,6 +198,30 @@ int main() {
         pct("last round done", last_round);
         pct("after the loop (shared quads)", gap_end);
         pct("warp done", done);
+        // Run 56: the launch's read rate over its time. Each round that ends (points 2 .. 28) counts
+        // a whole round's weights (2 tasks x 4 super-blocks x 4 rows x 144 bytes; a short chunk's
+        // round counts whole, so this slightly over-counts K = 6656), binned by 1 us from the first
+        // warp's entry; the steady rate is the median of the bins between the first and last 15%.
+        {
+            const double rb = 2.0 * 4 * 4 * 144;
+            const int nbin = (int)((tend - t0) / 1000) + 1;
+            std::vector<double> bins(nbin, 0.0);
+            double total = 0;
+            for (int wv = 0; wv < nw; ++wv)
+                for (int r = 2; r < 29; ++r) {
+                    const unsigned long long x = t[wv * 32 + r];
+                    if (!x) break;
+                    bins[std::min(nbin - 1, (int)((x - t0) / 1000))] += rb;
+                    total += rb;
+                }
+            printf("  run 56: read rate by microsecond (GB/s):");
+            for (int i = 0; i < nbin; ++i) printf(" %.0f", bins[i] / 1e3);
+            std::vector<double> mid(bins.begin() + nbin * 15 / 100, bins.begin() + nbin * 85 / 100);
+            std::sort(mid.begin(), mid.end());
+            const double steady = mid.empty() ? 0.0 : mid[mid.size() / 2] / 1e3;
+            printf("\n  run 56: %.1f MB in %.2f us; steady %.0f GB/s, at which they take %.2f us: %.2f us of ramp and tail\n",
+                   total / 1e6, (tend - t0) / 1e3, steady, total / steady / 1e3, (tend - t0) / 1e3 - total / steady / 1e3);
+        }
         // Per SM: when its last warp ends.
         std::vector<unsigned> sm(nw);
         CK(cudaMemcpy(sm.data(), smid, nw * sizeof(unsigned), cudaMemcpyDeviceToHost));
