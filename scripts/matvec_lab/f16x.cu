@@ -34,7 +34,8 @@
 // launch) with the weights streamed from DRAM (copies rotated past L2) and with them L2-resident
 // (every block reads the same 2 MB), which shows the arithmetic's own cost.
 //
-// On the device (~30 s): nvcc -O3 -std=c++17 -arch=sm_90 -o /tmp/f16x scripts/matvec_lab/f16x.cu && /tmp/f16x
+// On the device (~30 s): nvcc -O3 -std=c++17 -arch=sm_90 -Xcompiler -ffp-contract=off -o /tmp/f16x
+//   scripts/matvec_lab/f16x.cu && /tmp/f16x
 #include "lab_host.h"
 #include <cstdint>
 #include <cmath>
