@@ -1,0 +1,517 @@
+// Issue 5: does a decode chain whose weights never stop streaming beat the launches? (run 57)
+//
+// Runs 22-56 found every one-column launch streaming at ~95% of the read bandwidth once running
+// and losing its edges (ramp, the warps' spread of end times, shared quads) at every op boundary:
+// ~24 us a layer of chain.cu's 80 us. Every design tried kept the loads tied to the op being
+// computed (a warp loads its own rounds), so the DRAM idles whenever the warps wait for the op
+// before. Here the loads are not the warps': one persistent block per SM, warp-specialized.
+//   - A producer lane walks the SM's whole schedule (its share of op 0, op 1, ... of the 52
+//     layers) and fills a ring of shared-memory stages (NS x 18 KB, 128 Q4_K super-blocks each)
+//     by bulk copies (cp.async.bulk, evict-first). It waits only for a free stage, never for an
+//     op boundary, so the DRAM keeps streaming the next op's weights while the consumers wait.
+//   - CW consumer warps wait for op o's input (a grid-wide counter of finished blocks; with
+//     small ops, the flag of block 0's small op), load it into shared memory, then take the
+//     stages as they fill: 8 lanes per super-block, 4 super-blocks per warp at a time, the
+//     engine's integer recipe (dp4a over nibbles, 6-bit scales and mins), per-row sums in
+//     shared memory. At the op's end the block adds its rows to y and counts itself done.
+//   - Each op's super-blocks are split evenly over the SMs (gate+up by rows, since each row's
+//     gate and up sit together), so no SM streams more than 1/132 of an op plus one row.
+// Bits: not the engine's canonical order (shared-memory atomics; this is a timing lab); the
+// outputs of a one-layer run are checked against a reference kernel with a relative tolerance.
+//
+// Weights: chain.cu's (8 distinct Glimmer-shaped Q4_K layers cycled over 52 layers, random
+// bytes). Compared in the same run with chain.cu's variant A (the engine's mvk_1 / mvk_silu_1,
+// one launch per op, programmatic dependencies, one CUDA graph), with and without the one-block
+// small op after each matvec.
+//
+// Build and run on the device: bash scripts/matvec_lab/run_ring.sh (~40 s)
+#ifndef __CUDACC_RTC__
+#include "lab_host.h"
+#endif
+
+#include "../../crates/muser-cuda/kernels/common.cuh"
+#include "../../crates/muser-cuda/kernels/kq_mma.cuh"
+#include "../../crates/muser-cuda/kernels/matvec.cu"
+#include "../../crates/muser-cuda/kernels/mmt.cu"
+#include "lab_chain.cuh"
+
+constexpr int RSB = 144;                       // bytes of a Q4_K super-block
+constexpr int TILE = 32;                       // rows of a tile (one super-block column)
+constexpr int STAGE_T = 4;                     // tiles a stage
+constexpr int STAGE_BYTES = STAGE_T * TILE * RSB; // 18,432
+constexpr int XMAX = 19968;                    // the largest K
+constexpr int ACC = 224;                       // rows a block may touch per matrix (with 132 SMs)
+
+struct ROp {
+    const uint8_t* w[2]; // the matrix; gate and up for gate+up
+    float* y;            // rows outputs (gate+up: gate's then up's)
+    int rows, K, nm;     // rows a multiple of 32; nm: 1, or 2 for gate+up (the same tiles of each)
+};
+
+// Mode bits: 1 = the producer waits for op o's input before copying op o (no running ahead);
+// 2 = small ops (block 0 normalizes each op's output; op o + 1 waits for it).
+// Diagnostics: 4 = the consumers skip the arithmetic (the stream alone); 8 = copies without the
+// evict-first hint; 16 = each stage filled by 4 copies, one a tile.
+enum { R_NO_AHEAD = 1, R_SMALL = 2, R_NOCOMP = 4, R_NOHINT = 8, R_SPLIT = 16 };
+
+// The weights are tiles: tile t = (row group rg, super-block sb), t = rg x K/256 + sb, holds the
+// 32 Q4_K blocks of rows 32 rg .. 32 rg + 31 at super-block sb, one after the other (a layout made
+// at load, like the engine's 4-row interleave). Block b streams tiles [t0, t1) of each matrix.
+__device__ __forceinline__ void r_span(const ROp& op, int b, int G, int* t0, int* t1) {
+    const long long T = (long long)(op.rows / TILE) * (op.K / 256);
+    *t0 = (int)(T * b / G);
+    *t1 = (int)(T * (b + 1) / G);
+}
+
+__device__ __forceinline__ unsigned r_ld_acquire(const unsigned* p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ void r_red_release(unsigned* p, unsigned v) {
+    asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ void r_wait_at_least(const unsigned* p, unsigned v) {
+    while (r_ld_acquire(p) < v) __nanosleep(32);
+}
+__device__ __forceinline__ unsigned long long globaltimer_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+__device__ __forceinline__ void consumers_sync(int cw) { asm volatile("bar.sync 1, %0;" ::"r"(cw * 32) : "memory"); }
+
+__device__ __forceinline__ void bulk_copy_ef(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar,
+                                             unsigned long long pol) {
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
+            dst),
+        "l"(src), "r"(bytes), "r"(bar), "l"(pol)
+        : "memory");
+}
+
+// One Q4_K super-block (blk) against the activation (xp: its 256 values, s2: their 8 sums of 32,
+// xd: its scale), by one lane: d xd isc - dmin xd im. The high nibbles are dotted in place (x 16,
+// the sum then shifted back: exact).
+__device__ __forceinline__ float q4k_block(const uint8_t* blk, const int8_t* xp, const int* s2, float xd) {
+    const uint4 hd = *(const uint4*)blk; // d, dmin, scales[0..12]
+    uint32_t sc_lo, sc_hi, m_lo, m_hi;
+    unpack_scales_k4(hd.y, hd.z, hd.w, &sc_lo, &sc_hi, &m_lo, &m_hi);
+    int isc = 0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const uint4 q0 = *(const uint4*)(blk + 16 + 32 * j), q1 = *(const uint4*)(blk + 32 + 32 * j);
+        const int4 xa0 = *(const int4*)(xp + 64 * j), xa1 = *(const int4*)(xp + 64 * j + 16);
+        const int4 xb0 = *(const int4*)(xp + 64 * j + 32), xb1 = *(const int4*)(xp + 64 * j + 48);
+        int da0 = dp4a_us(q0.x & 0x0F0F0F0Fu, xa0.x, 0), da1 = dp4a_us(q1.x & 0x0F0F0F0Fu, xa1.x, 0);
+        int db0 = dp4a_us(q0.x & 0xF0F0F0F0u, xb0.x, 0), db1 = dp4a_us(q1.x & 0xF0F0F0F0u, xb1.x, 0);
+        da0 = dp4a_us(q0.y & 0x0F0F0F0Fu, xa0.y, da0), da1 = dp4a_us(q1.y & 0x0F0F0F0Fu, xa1.y, da1);
+        db0 = dp4a_us(q0.y & 0xF0F0F0F0u, xb0.y, db0), db1 = dp4a_us(q1.y & 0xF0F0F0F0u, xb1.y, db1);
+        da0 = dp4a_us(q0.z & 0x0F0F0F0Fu, xa0.z, da0), da1 = dp4a_us(q1.z & 0x0F0F0F0Fu, xa1.z, da1);
+        db0 = dp4a_us(q0.z & 0xF0F0F0F0u, xb0.z, db0), db1 = dp4a_us(q1.z & 0xF0F0F0F0u, xb1.z, db1);
+        da0 = dp4a_us(q0.w & 0x0F0F0F0Fu, xa0.w, da0), da1 = dp4a_us(q1.w & 0x0F0F0F0Fu, xa1.w, da1);
+        db0 = dp4a_us(q0.w & 0xF0F0F0F0u, xb0.w, db0), db1 = dp4a_us(q1.w & 0xF0F0F0F0u, xb1.w, db1);
+        const uint32_t scw = j < 2 ? sc_lo : sc_hi;
+        const int sh = 16 * (j & 1);
+        isc += (int)((scw >> sh) & 0xFF) * (da0 + da1) + (int)((scw >> (sh + 8)) & 0xFF) * ((db0 + db1) >> 4);
+    }
+    const int4 sa = *(const int4*)s2, sb = *(const int4*)(s2 + 4);
+    const int im = (int)(m_lo & 0xFF) * sa.x + (int)((m_lo >> 8) & 0xFF) * sa.y + (int)((m_lo >> 16) & 0xFF) * sa.z +
+                   (int)(m_lo >> 24) * sa.w + (int)(m_hi & 0xFF) * sb.x + (int)((m_hi >> 8) & 0xFF) * sb.y +
+                   (int)((m_hi >> 16) & 0xFF) * sb.z + (int)(m_hi >> 24) * sb.w;
+    const __half2 dm = *(const __half2*)blk;
+    return __low2float(dm) * xd * (float)isc - __high2float(dm) * xd * (float)im;
+}
+
+template <int CW>
+__global__ void __launch_bounds__((CW + 1) * 32, 1)
+    ring_chain(const ROp* __restrict__ ops, int nops, const int8_t* __restrict__ xq, const int* __restrict__ xs32,
+               const float* __restrict__ xd, unsigned* done, unsigned* sdone, float* sout, int ns, int mode, unsigned long long* tl,
+               unsigned long long* stalls) {
+    extern __shared__ __align__(128) uint8_t smem[];
+    uint8_t* stages = smem;
+    int8_t* xs = (int8_t*)(smem + ns * STAGE_BYTES); // XMAX
+    int* xsum = (int*)(xs + XMAX);                    // XMAX / 32 sums
+    float* xds = (float*)(xsum + XMAX / 32);          // XMAX / 256 floats
+    float* acc = xds + XMAX / 256;                    // [CW][2][ACC]: each warp's row sums
+    float* red = acc + CW * 2 * ACC;                  // CW floats
+    unsigned long long* bars = (unsigned long long*)(red + 32);   // full[ns], empty[ns]
+    const uint32_t bar0 = (uint32_t)__cvta_generic_to_shared(bars);
+    auto full = [&](int s) { return bar0 + 8u * s; };
+    auto empty = [&](int s) { return bar0 + 8u * (ns + s); };
+    const int G = gridDim.x, b = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < ns; ++s) {
+            mbar_init(full(s), 1);
+            mbar_init(empty(s), CW);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    // The input of op o is ready when every block has finished op o - 1 (and, with small ops,
+    // when block 0 has run op o - 1's small op).
+    auto input_ready = [&](int o) {
+        if (o == 0) return;
+        if (mode & R_SMALL) r_wait_at_least(sdone, (unsigned)o);
+        else r_wait_at_least(done, (unsigned)(G * o));
+    };
+
+    if (warp == CW) { // the producer
+        if (lane != 0) return;
+        unsigned long long pol;
+        asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+        unsigned long long waited = 0;
+        int k = 0;
+        for (int o = 0; o < nops; ++o) {
+            const ROp op = ops[o];
+            if (mode & R_NO_AHEAD) input_ready(o);
+            int s0, s1;
+            r_span(op, b, G, &s0, &s1);
+            for (int m = 0; m < op.nm; ++m)
+                for (int p = s0; p < s1; p += STAGE_T, ++k) {
+                    const int s = k % ns;
+                    if (k >= ns) {
+                        const unsigned long long t0 = clock64();
+                        mbar_wait(empty(s), ((k / ns) - 1) & 1);
+                        waited += clock64() - t0;
+                    }
+                    const uint32_t bytes = (uint32_t)min(STAGE_T, s1 - p) * TILE * RSB;
+                    const uint32_t dst = (uint32_t)__cvta_generic_to_shared(stages + (size_t)s * STAGE_BYTES);
+                    const uint8_t* src = (m ? op.w[1] : op.w[0]) + (size_t)p * TILE * RSB;
+                    mbar_expect(full(s), bytes);
+                    if (mode & R_SPLIT) {
+                        for (uint32_t c = 0; c < bytes; c += TILE * RSB)
+                            bulk_copy_ef(dst + c, src + c, TILE * RSB, full(s), pol);
+                    } else if (mode & R_NOHINT) {
+                        bulk_copy(dst, src, bytes, full(s));
+                    } else {
+                        bulk_copy_ef(dst, src, bytes, full(s), pol);
+                    }
+                }
+        }
+        if (stalls) atomicAdd(stalls, waited);
+        return;
+    }
+
+    // The consumers: tile i of the ring's running count goes to warp i mod CW, one row per lane;
+    // a lane keeps its row's running sum while the warp's tiles stay in one row group and adds it
+    // to the warp's own row sums in shared memory when the group changes.
+    const int ct = threadIdx.x;
+    float* accw = acc + warp * 2 * ACC;
+    unsigned long long waited = 0;
+    int k = 0, gk = 0;
+    for (int o = 0; o < nops; ++o) {
+        const ROp op = ops[o];
+        const int nb = op.K / 256;
+        if (ct == 0) {
+            input_ready(o);
+            __threadfence();
+            if (tl && b == 0) tl[o] = globaltimer_ns();
+        }
+        consumers_sync(CW);
+        for (int i = ct; i < op.K / 16; i += CW * 32) ((int4*)xs)[i] = __ldcg((const int4*)xq + i);
+        for (int i = ct; i < op.K / 32; i += CW * 32) xsum[i] = __ldcg(xs32 + i);
+        for (int i = ct; i < nb; i += CW * 32) xds[i] = __ldcg(xd + i);
+        for (int i = ct; i < CW * 2 * ACC; i += CW * 32) acc[i] = 0.0f;
+        consumers_sync(CW);
+        int t0, t1;
+        r_span(op, b, G, &t0, &t1);
+        const int rb = t0 / nb * TILE; // the first row the block touches
+        for (int m = 0; m < op.nm; ++m) {
+            int cur_rg = -1;
+            float cur = 0.0f;
+            for (int p = t0; p < t1; p += STAGE_T, ++k) {
+                const int s = k % ns, nt = min(STAGE_T, t1 - p);
+                const unsigned long long c0 = clock64();
+                mbar_wait(full(s), (k / ns) & 1);
+                waited += clock64() - c0;
+                const uint8_t* st = stages + (size_t)s * STAGE_BYTES;
+                for (int i = 0; i < nt; ++i) {
+                    if ((gk + i) % CW != warp || (mode & R_NOCOMP)) continue;
+                    const int ti = p + i, rg = ti / nb, sb = ti - rg * nb;
+                    if (rg != cur_rg) {
+                        if (cur_rg >= 0) accw[m * ACC + cur_rg * TILE - rb + lane] += cur;
+                        cur_rg = rg;
+                        cur = 0.0f;
+                    }
+                    cur += q4k_block(st + (i * TILE + lane) * RSB, xs + 256 * sb, xsum + 8 * sb, xds[sb]);
+                }
+                gk += nt;
+                __syncwarp();
+                if (lane == 0) mbar_arrive(empty(s));
+            }
+            if (cur_rg >= 0) accw[m * ACC + cur_rg * TILE - rb + lane] += cur;
+        }
+        consumers_sync(CW);
+        const int re = (t1 + nb - 1) / nb * TILE; // one past the last row touched
+        for (int m = 0; m < op.nm; ++m)
+            for (int r = rb + ct; r < re; r += CW * 32) {
+                float v = 0.0f;
+                for (int w = 0; w < CW; ++w) v += acc[w * 2 * ACC + m * ACC + r - rb];
+                atomicAdd(&op.y[m * op.rows + r], v);
+            }
+        consumers_sync(CW);
+        if (ct == 0) {
+            __threadfence();
+            r_red_release(done, 1);
+        }
+        if ((mode & R_SMALL) && b == 0) { // the small op on op o's output, after every block's
+            if (ct == 0) {
+                r_wait_at_least(done, (unsigned)(G * (o + 1)));
+                __threadfence();
+            }
+            consumers_sync(CW);
+            const int n = min(op.rows, 6656);
+            float ss = 0.0f;
+            for (int i = ct; i < n; i += CW * 32) {
+                const float v = __ldcg(op.y + i);
+                ss = fmaf(v, v, ss);
+            }
+            ss = warp_sum(ss);
+            if (lane == 0) red[warp] = ss;
+            consumers_sync(CW);
+            float t = 0.0f;
+            for (int w = 0; w < CW; ++w) t += red[w];
+            const float sc = rsqrtf(t / n + 1e-6f);
+            for (int i = ct; i < n; i += CW * 32) sout[i] = __ldcg(op.y + i) * sc;
+            consumers_sync(CW);
+            if (ct == 0) {
+                __threadfence();
+                r_red_release(sdone, 1);
+            }
+        }
+    }
+    if (tl && b == 0 && ct == 0) {
+        r_wait_at_least(done, (unsigned)(G * nops));
+        tl[nops] = globaltimer_ns();
+    }
+    if (stalls && lane == 0) atomicAdd(stalls + 1, waited);
+}
+
+// The reference: one thread per row, the same per-super-block values, summed in order.
+__global__ void ring_ref(const uint8_t* w, const int8_t* xq, const int* xs32, const float* xd, float* y, int rows,
+                         int K) {
+    const int row = blockIdx.x * blockDim.x + threadIdx.x;
+    if (row >= rows) return;
+    const int nb = K / 256;
+    float s = 0.0f;
+    for (int sb = 0; sb < nb; ++sb)
+        s += q4k_block(w + ((size_t)(row / TILE * nb + sb) * TILE + row % TILE) * RSB, xq + 256 * sb, xs32 + 8 * sb,
+                       xd[sb]);
+    y[row] = s;
+}
+
+#ifndef __CUDACC_RTC__
+__global__ void read_bw(const uint4* __restrict__ p, size_t n, unsigned* sink) {
+    uint4 acc = make_uint4(0, 0, 0, 0);
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const uint4 v = __ldcs(p + i);
+        acc.x ^= v.x; acc.y ^= v.y; acc.z ^= v.z; acc.w ^= v.w;
+    }
+    if ((acc.x ^ acc.y ^ acc.z ^ acc.w) == 0x12345678u) *sink = 1;
+}
+
+static size_t ring_smem(int ns, int cw) {
+    return (size_t)ns * STAGE_BYTES + XMAX + XMAX / 32 * 4 + XMAX / 256 * 4 + (size_t)cw * 2 * ACC * 4 + 32 * 4 +
+           16 * ns;
+}
+
+int main() {
+    int sms;
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    const int NL = 8, LAYERS = 52;
+    const double layer_bytes = (double)(BQ + BO + 2 * BG + BD);
+    printf("%d SMs; a layer reads %.1f MB\n", sms, layer_bytes / 1e6);
+    const std::vector<LayerW> lw = upload_layers(NL);
+    int8_t* xq;
+    float2* xds2;
+    random_act(KF, &xq, &xds2);
+    int* xs32; // the activation's sums of 32
+    {
+        std::vector<int8_t> h(KF);
+        CK(cudaMemcpy(h.data(), xq, KF, cudaMemcpyDeviceToHost));
+        std::vector<int> sums(KF / 32, 0);
+        for (int i = 0; i < KF; ++i) sums[i / 32] += h[i];
+        CK(cudaMalloc(&xs32, sums.size() * 4));
+        CK(cudaMemcpy(xs32, sums.data(), sums.size() * 4, cudaMemcpyHostToDevice));
+    }
+    float* xd; // one float scale per 256 values for the ring's recipe
+    {
+        std::vector<float> h(KF / 256);
+        for (auto& x : h) x = 0.001f * (1 + rand() % 100);
+        CK(cudaMalloc(&xd, h.size() * 4));
+        CK(cudaMemcpy(xd, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+    }
+    float *ys[4], *sout;
+    for (int i = 0; i < 4; ++i) {
+        CK(cudaMalloc(&ys[i], 2 * KF * sizeof(float)));
+        CK(cudaMemset(ys[i], 0, 2 * KF * sizeof(float)));
+    }
+    CK(cudaMalloc(&sout, KF * sizeof(float)));
+    float* cv;
+    unsigned *cnt, *ctr;
+    CK(cudaMalloc(&cv, (size_t)2 * KF * 16 * sizeof(float)));
+    CK(cudaMalloc(&cnt, 2 * KF / 4 * sizeof(unsigned)));
+    CK(cudaMemset(cnt, 0, 2 * KF / 4 * sizeof(unsigned)));
+    CK(cudaMalloc(&ctr, 64));
+    unsigned long long *dtl, *dstall;
+    CK(cudaMalloc(&dtl, sizeof(unsigned long long) * (4 * LAYERS + 1)));
+    CK(cudaMalloc(&dstall, 16));
+
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    StreamTimer timer(st);
+    double bw;
+    {
+        const size_t n = (size_t)4 << 30;
+        uint4* p;
+        unsigned* sink;
+        CK(cudaMalloc(&p, n));
+        CK(cudaMemset(p, 1, n));
+        CK(cudaMalloc(&sink, 4));
+        const float ms = timer.ms([&] { read_bw<<<sms * 8, 512, 0, st>>>(p, n / 16, sink); }, 5);
+        bw = n / (ms * 1e-3) / 1e9;
+        CK(cudaFree(p));
+        printf("read bandwidth: %.1f GB/s; the chain's bytes at that rate: %.2f us a layer\n", bw,
+               layer_bytes / bw / 1e3);
+    }
+    auto report = [&](const char* name, float ms) {
+        const double gbs = layer_bytes * LAYERS / (ms * 1e-3) / 1e9;
+        printf("%-58s %8.3f ms  %7.1f GB/s  %5.1f%%  %7.2f us a layer\n", name, ms, gbs, 100.0 * gbs / bw,
+               ms * 1000.0 / LAYERS);
+    };
+
+    // A: the engine's launches (chain.cu's variant A).
+    const int gq = mvk_blocks(RQKV / 4, kq_chunks_host(KD), sms), go = mvk_blocks(KD / 4, kq_chunks_host(KO), sms),
+              gg = mvk_blocks(KF / 4, 2 * kq_chunks_host(KD), sms), gd = mvk_blocks(KD / 4, kq_chunks_host(KF), sms);
+    auto graph_a_ms = [&](bool small) {
+        cudaGraph_t g;
+        cudaGraphExec_t ge;
+        CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+        for (int l = 0; l < LAYERS; ++l) {
+            const LayerW& w = lw[l % NL];
+            const unsigned char* mw[4] = {w.q, w.o, w.g, w.d};
+            const int rows[4] = {RQKV, KD, KF, KD}, ks[4] = {KD, KO, KD, KF}, grid[4] = {gq, go, gg, gd};
+            for (int t = 0; t < 4; ++t) {
+                if (t == 2) {
+                    launch_pdl(mvk_silu_1, gg, 128, st, (const uint8_t*)w.g, (int)FMT_Q4_K, (const uint8_t*)w.u,
+                               (int)FMT_Q4_K, ys[2], KF, (const int8_t*)xq, (const float2*)xds2, KD, cv, cnt, 0);
+                } else {
+                    MatvecJobs j{};
+                    j.w[0] = mw[t];
+                    j.y[0] = ys[t];
+                    j.rows[0] = rows[t];
+                    j.ty[0] = FMT_Q4_K;
+                    j.start[1] = (rows[t] + 3) / 4 * 4;
+                    j.njobs = 1;
+                    launch_pdl(mvk_1, grid[t], 128, st, j, (const int8_t*)xq, (const float2*)xds2, ks[t], cv, cnt, 0);
+                }
+                if (small) launch_pdl(small_k, 1, 128, st, (const float*)ys[t], sout, std::min(rows[t], 6656));
+            }
+        }
+        CK(cudaStreamEndCapture(st, &g));
+        CK(cudaGraphInstantiate(&ge, g, 0));
+        const float ms = timer.ms([&] { CK(cudaGraphLaunch(ge, st)); }, 10);
+        CK(cudaGraphExecDestroy(ge));
+        CK(cudaGraphDestroy(g));
+        return ms;
+    };
+
+    // The ring's ops: 4 a layer.
+    auto ring_ops = [&](int layers) {
+        std::vector<ROp> ops;
+        for (int l = 0; l < layers; ++l) {
+            const LayerW& w = lw[l % NL];
+            ops.push_back(ROp{{w.q, nullptr}, ys[0], RQKV, KD, 1});
+            ops.push_back(ROp{{w.o, nullptr}, ys[1], KD, KO, 1});
+            ops.push_back(ROp{{w.g, w.u}, ys[2], KF, KD, 2});
+            ops.push_back(ROp{{w.d, nullptr}, ys[3], KD, KF, 1});
+        }
+        return ops;
+    };
+    // The ops on the device, uploaded once: [0, 4 LAYERS) the chain, then one layer for the check.
+    ROp* dops;
+    CK(cudaMalloc(&dops, sizeof(ROp) * 5 * LAYERS));
+    {
+        std::vector<ROp> all = ring_ops(LAYERS), one = ring_ops(1);
+        all.insert(all.end(), one.begin(), one.end());
+        CK(cudaMemcpy(dops, all.data(), sizeof(ROp) * all.size(), cudaMemcpyHostToDevice));
+    }
+    for (const void* f : {(const void*)ring_chain<8>, (const void*)ring_chain<12>, (const void*)ring_chain<16>})
+        CK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, 232448));
+    auto ring_run = [&](int cw, int ns, int mode, int layers, unsigned long long* tl, unsigned long long* stalls) {
+        CK(cudaMemsetAsync(ctr, 0, 64, st));
+        const ROp* ops = layers == LAYERS ? dops : dops + 4 * LAYERS;
+        int nops = 4 * layers;
+        unsigned *done = ctr, *sdone = ctr + 8;
+        const size_t sm = ring_smem(ns, cw);
+        void* args[] = {(void*)&ops, (void*)&nops, (void*)&xq, (void*)&xs32, (void*)&xd, (void*)&done, (void*)&sdone,
+                        (void*)&sout, (void*)&ns, (void*)&mode, (void*)&tl, (void*)&stalls};
+        const void* f = cw == 8 ? (const void*)ring_chain<8> : cw == 12 ? (const void*)ring_chain<12>
+                                                                          : (const void*)ring_chain<16>;
+        CK(cudaLaunchCooperativeKernel(f, dim3(sms), dim3((cw + 1) * 32), args, sm, st));
+    };
+
+    // Check: one layer of the ring against the reference.
+    {
+        for (int i = 0; i < 4; ++i) CK(cudaMemsetAsync(ys[i], 0, 2 * KF * sizeof(float), st));
+        ring_run(8, 10, 0, 1, nullptr, nullptr);
+        CK(cudaStreamSynchronize(st));
+        CK(cudaGetLastError());
+        float* yr;
+        CK(cudaMalloc(&yr, KF * sizeof(float)));
+        const LayerW& w = lw[0];
+        const unsigned char* mats[5] = {w.q, w.o, w.g, w.u, w.d};
+        const int rows[5] = {RQKV, KD, KF, KF, KD}, ks[5] = {KD, KO, KD, KD, KF}, slot[5] = {0, 1, 2, 2, 3},
+                  off[5] = {0, 0, 0, KF, 0};
+        double worst = 0;
+        for (int t = 0; t < 5; ++t) {
+            ring_ref<<<(rows[t] + 127) / 128, 128, 0, st>>>(mats[t], xq, xs32, xd, yr, rows[t], ks[t]);
+            CK(cudaStreamSynchronize(st));
+            std::vector<float> a(rows[t]), r(rows[t]);
+            CK(cudaMemcpy(r.data(), yr, rows[t] * 4, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(a.data(), ys[slot[t]] + off[t], rows[t] * 4, cudaMemcpyDeviceToHost));
+            double mx = 0, err = 0;
+            for (int i = 0; i < rows[t]; ++i) {
+                mx = std::max(mx, (double)fabsf(r[i]));
+                err = std::max(err, (double)fabsf(a[i] - r[i]));
+            }
+            worst = std::max(worst, err / mx);
+        }
+        printf("ring outputs against the reference, one layer: worst |diff| / max|ref| = %.3g (%s)\n", worst,
+               worst < 1e-5 ? "ok" : "WRONG");
+    }
+
+    report("A  launches + PDL, graph, no small ops", graph_a_ms(false));
+    report("A  launches + PDL, graph, small ops", graph_a_ms(true));
+    struct Var {
+        int cw, ns, mode;
+    } vars[] = {{8, 10, 0}, {16, 9, 0}, {8, 10, R_NOCOMP}, {8, 10, R_NOCOMP | R_NO_AHEAD}, {8, 10, R_NOHINT},
+                {8, 10, R_SPLIT}, {8, 10, R_NOCOMP | R_SPLIT}, {16, 9, R_SMALL}, {16, 9, R_SMALL | R_NOCOMP}};
+    const char* tyname[4] = {"q+k+v", "attn_output", "gate+up", "ffn_down"};
+    for (const Var& v : vars) {
+        const float ms = timer.ms([&] { ring_run(v.cw, v.ns, v.mode, LAYERS, nullptr, nullptr); }, 10);
+        char name[96];
+        snprintf(name, sizeof name, "R  ring, %d warps, %d stages%s%s%s%s%s", v.cw, v.ns,
+                 v.mode & R_NO_AHEAD ? ", no ahead" : "", v.mode & R_SMALL ? ", small ops" : "",
+                 v.mode & R_NOCOMP ? ", NO MATH" : "", v.mode & R_NOHINT ? ", no hint" : "",
+                 v.mode & R_SPLIT ? ", copy a tile" : "");
+        report(name, ms);
+        // One more run with the timeline and the stall counters.
+        CK(cudaMemsetAsync(dstall, 0, 16, st));
+        ring_run(v.cw, v.ns, v.mode, LAYERS, dtl, dstall);
+        CK(cudaStreamSynchronize(st));
+        CK(cudaGetLastError());
+        std::vector<unsigned long long> h(4 * LAYERS + 1), s(2);
+        CK(cudaMemcpy(h.data(), dtl, h.size() * 8, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(s.data(), dstall, 16, cudaMemcpyDeviceToHost));
+        double sum[4] = {0, 0, 0, 0};
+        for (int o = 0; o < 4 * LAYERS; ++o) sum[o % 4] += (h[o + 1] - h[o]) / 1e3;
+        printf("   block 0's ops, us each:");
+        for (int t = 0; t < 4; ++t) printf(" %s %.2f", tyname[t], sum[t] / LAYERS);
+        printf("; per SM: producer waited for a free stage %.1f us, consumer warps for a full one %.1f us each\n",
+               s[0] / 1.98e3 / sms, s[1] / 1.98e3 / sms / v.cw);
+    }
+    return 0;
+}
+#endif
