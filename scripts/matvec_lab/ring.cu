@@ -40,7 +40,6 @@ constexpr int TILE = 32;                       // rows of a tile (one super-bloc
 constexpr int STAGE_T = 4;                     // tiles a stage
 constexpr int STAGE_BYTES = STAGE_T * TILE * RSB; // 18,432
 constexpr int XMAX = 19968;                    // the largest K
-constexpr int ACC = 224;                       // rows a block may touch per matrix (with 132 SMs)
 
 struct ROp {
     const uint8_t* w[2]; // the matrix; gate and up for gate+up
@@ -50,18 +49,15 @@ struct ROp {
 
 // Mode bits: 1 = the producer waits for op o's input before copying op o (no running ahead);
 // 2 = small ops (block 0 normalizes each op's output; op o + 1 waits for it).
-// Diagnostics: 4 = the consumers skip the arithmetic (the stream alone); 8 = copies without the
-// evict-first hint; 16 = each stage filled by 4 copies, one a tile.
-enum { R_NO_AHEAD = 1, R_SMALL = 2, R_NOCOMP = 4, R_NOHINT = 8, R_SPLIT = 16 };
+// Diagnostics: 4 = the consumers skip the arithmetic (the stream alone).
+// Chunks to blocks: 32 = claimed at run time, 64 = interleaved (else contiguous ranges).
+// 128 = small ops run by every block on its own at the start of the op after (as a norm would be:
+// each block reads the previous op's output and reduces it), without a grid-wide step.
+enum { R_NO_AHEAD = 1, R_SMALL = 2, R_NOCOMP = 4, R_DYN = 32, R_INTERLEAVE = 64, R_SMALL_LOCAL = 128 };
 
 // The weights are tiles: tile t = (row group rg, super-block sb), t = rg x K/256 + sb, holds the
 // 32 Q4_K blocks of rows 32 rg .. 32 rg + 31 at super-block sb, one after the other (a layout made
-// at load, like the engine's 4-row interleave). Block b streams tiles [t0, t1) of each matrix.
-__device__ __forceinline__ void r_span(const ROp& op, int b, int G, int* t0, int* t1) {
-    const long long T = (long long)(op.rows / TILE) * (op.K / 256);
-    *t0 = (int)(T * b / G);
-    *t1 = (int)(T * (b + 1) / G);
-}
+// at load, like the engine's 4-row interleave).
 
 __device__ __forceinline__ unsigned r_ld_acquire(const unsigned* p) {
     unsigned v;
@@ -78,6 +74,9 @@ __device__ __forceinline__ unsigned long long globaltimer_ns() {
     unsigned long long t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     return t;
+}
+__device__ __forceinline__ void red_add_f32(float* p, float v) {
+    asm volatile("red.relaxed.gpu.global.add.f32 [%0], %1;" ::"l"(p), "f"(v) : "memory");
 }
 __device__ __forceinline__ void consumers_sync(int cw) { asm volatile("bar.sync 1, %0;" ::"r"(cw * 32) : "memory"); }
 
@@ -123,19 +122,23 @@ __device__ __forceinline__ float q4k_block(const uint8_t* blk, const int8_t* xp,
     return __low2float(dm) * xd * (float)isc - __high2float(dm) * xd * (float)im;
 }
 
+// An op's work is chunks of one stage (4 tiles): chunk c of matrix c / nch. How a block gets
+// its chunks: static (a contiguous range of them), R_INTERLEAVE (b, b + G, ...) or R_DYN (claimed
+// two at a time from the op's counter, the next claim in flight while the current pair is
+// copied). After its last chunk of an op the producer marks an empty stage (-1) as the op's end.
 template <int CW>
 __global__ void __launch_bounds__((CW + 1) * 32, 1)
     ring_chain(const ROp* __restrict__ ops, int nops, const int8_t* __restrict__ xq, const int* __restrict__ xs32,
-               const float* __restrict__ xd, unsigned* done, unsigned* sdone, float* sout, int ns, int mode, unsigned long long* tl,
-               unsigned long long* stalls) {
+               const float* __restrict__ xd, unsigned* done, unsigned* sdone, unsigned* claim, float* sout, int ns,
+               int mode, unsigned long long* tl, unsigned long long* stalls) {
     extern __shared__ __align__(128) uint8_t smem[];
     uint8_t* stages = smem;
     int8_t* xs = (int8_t*)(smem + ns * STAGE_BYTES); // XMAX
     int* xsum = (int*)(xs + XMAX);                    // XMAX / 32 sums
     float* xds = (float*)(xsum + XMAX / 32);          // XMAX / 256 floats
-    float* acc = xds + XMAX / 256;                    // [CW][2][ACC]: each warp's row sums
-    float* red = acc + CW * 2 * ACC;                  // CW floats
-    unsigned long long* bars = (unsigned long long*)(red + 32);   // full[ns], empty[ns]
+    float* red = xds + XMAX / 256;                    // 32 floats
+    int* meta = (int*)(red + 32);                     // ns: each stage's chunk (-1: the op's end)
+    unsigned long long* bars = (unsigned long long*)(meta + 16); // full[ns], empty[ns]
     const uint32_t bar0 = (uint32_t)__cvta_generic_to_shared(bars);
     auto full = [&](int s) { return bar0 + 8u * s; };
     auto empty = [&](int s) { return bar0 + 8u * (ns + s); };
@@ -162,32 +165,44 @@ __global__ void __launch_bounds__((CW + 1) * 32, 1)
         asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
         unsigned long long waited = 0;
         int k = 0;
+        auto next_stage = [&]() {
+            const int s = k % ns;
+            if (k >= ns) {
+                const unsigned long long t0 = clock64();
+                mbar_wait(empty(s), ((k / ns) - 1) & 1);
+                waited += clock64() - t0;
+            }
+            ++k;
+            return s;
+        };
         for (int o = 0; o < nops; ++o) {
             const ROp op = ops[o];
             if (mode & R_NO_AHEAD) input_ready(o);
-            int s0, s1;
-            r_span(op, b, G, &s0, &s1);
-            for (int m = 0; m < op.nm; ++m)
-                for (int p = s0; p < s1; p += STAGE_T, ++k) {
-                    const int s = k % ns;
-                    if (k >= ns) {
-                        const unsigned long long t0 = clock64();
-                        mbar_wait(empty(s), ((k / ns) - 1) & 1);
-                        waited += clock64() - t0;
-                    }
-                    const uint32_t bytes = (uint32_t)min(STAGE_T, s1 - p) * TILE * RSB;
-                    const uint32_t dst = (uint32_t)__cvta_generic_to_shared(stages + (size_t)s * STAGE_BYTES);
-                    const uint8_t* src = (m ? op.w[1] : op.w[0]) + (size_t)p * TILE * RSB;
-                    mbar_expect(full(s), bytes);
-                    if (mode & R_SPLIT) {
-                        for (uint32_t c = 0; c < bytes; c += TILE * RSB)
-                            bulk_copy_ef(dst + c, src + c, TILE * RSB, full(s), pol);
-                    } else if (mode & R_NOHINT) {
-                        bulk_copy(dst, src, bytes, full(s));
-                    } else {
-                        bulk_copy_ef(dst, src, bytes, full(s), pol);
-                    }
+            const int T = op.rows / TILE * (op.K / 256), nch = (T + STAGE_T - 1) / STAGE_T, C = op.nm * nch;
+            auto copy = [&](int c) {
+                const int s = next_stage(), m = c / nch, t = (c - m * nch) * STAGE_T;
+                const uint32_t bytes = (uint32_t)min(STAGE_T, T - t) * TILE * RSB;
+                meta[s] = c;
+                mbar_expect(full(s), bytes);
+                bulk_copy_ef((uint32_t)__cvta_generic_to_shared(stages + (size_t)s * STAGE_BYTES),
+                             (m ? op.w[1] : op.w[0]) + (size_t)t * TILE * RSB, bytes, full(s), pol);
+            };
+            if (mode & R_DYN) {
+                unsigned next = atomicAdd(claim + o, 2u);
+                while (next < (unsigned)C) {
+                    const unsigned cur = next;
+                    next = atomicAdd(claim + o, 2u);
+                    copy((int)cur);
+                    if (cur + 1 < (unsigned)C) copy((int)cur + 1);
                 }
+            } else if (mode & R_INTERLEAVE) {
+                for (int c = b; c < C; c += G) copy(c);
+            } else {
+                for (int c = (int)((long long)C * b / G); c < (int)((long long)C * (b + 1) / G); ++c) copy(c);
+            }
+            const int s = next_stage();
+            meta[s] = -1;
+            mbar_arrive(full(s));
         }
         if (stalls) atomicAdd(stalls, waited);
         return;
@@ -195,61 +210,73 @@ __global__ void __launch_bounds__((CW + 1) * 32, 1)
 
     // The consumers: tile i of the ring's running count goes to warp i mod CW, one row per lane;
     // a lane keeps its row's running sum while the warp's tiles stay in one row group and adds it
-    // to the warp's own row sums in shared memory when the group changes.
+    // to y (a global atomic) when the group changes and at the op's end.
     const int ct = threadIdx.x;
-    float* accw = acc + warp * 2 * ACC;
     unsigned long long waited = 0;
     int k = 0, gk = 0;
     for (int o = 0; o < nops; ++o) {
         const ROp op = ops[o];
-        const int nb = op.K / 256;
+        const int nb = op.K / 256, T = op.rows / TILE * nb, nch = (T + STAGE_T - 1) / STAGE_T;
         if (ct == 0) {
             input_ready(o);
             __threadfence();
             if (tl && b == 0) tl[o] = globaltimer_ns();
         }
         consumers_sync(CW);
+        if ((mode & R_SMALL_LOCAL) && o > 0) { // the small op on op o - 1's output, by this block
+            const ROp& pr = ops[o - 1];
+            const int n = min(pr.rows, 6656);
+            float ss = 0.0f;
+            for (int i = ct; i < n; i += CW * 32) {
+                const float v = __ldcg(pr.y + i);
+                ss = fmaf(v, v, ss);
+            }
+            ss = warp_sum(ss);
+            if (lane == 0) red[warp] = ss;
+            consumers_sync(CW);
+            float t = 0.0f;
+            for (int w = 0; w < CW; ++w) t += red[w];
+            if (b == 0) {
+                const float sc = rsqrtf(t / n + 1e-6f);
+                for (int i = ct; i < n; i += CW * 32) sout[i] = __ldcg(pr.y + i) * sc;
+            }
+            consumers_sync(CW);
+        }
         for (int i = ct; i < op.K / 16; i += CW * 32) ((int4*)xs)[i] = __ldcg((const int4*)xq + i);
         for (int i = ct; i < op.K / 32; i += CW * 32) xsum[i] = __ldcg(xs32 + i);
         for (int i = ct; i < nb; i += CW * 32) xds[i] = __ldcg(xd + i);
-        for (int i = ct; i < CW * 2 * ACC; i += CW * 32) acc[i] = 0.0f;
         consumers_sync(CW);
-        int t0, t1;
-        r_span(op, b, G, &t0, &t1);
-        const int rb = t0 / nb * TILE; // the first row the block touches
-        for (int m = 0; m < op.nm; ++m) {
-            int cur_rg = -1;
-            float cur = 0.0f;
-            for (int p = t0; p < t1; p += STAGE_T, ++k) {
-                const int s = k % ns, nt = min(STAGE_T, t1 - p);
-                const unsigned long long c0 = clock64();
-                mbar_wait(full(s), (k / ns) & 1);
-                waited += clock64() - c0;
+        int cur_row = -1; // the first row of the lane's running sum's group, + m x rows
+        float cur = 0.0f;
+        for (;; ++k) {
+            const int s = k % ns;
+            const unsigned long long c0 = clock64();
+            mbar_wait(full(s), (k / ns) & 1);
+            waited += clock64() - c0;
+            const int c = meta[s];
+            if (c >= 0) {
+                const int m = c / nch, t = (c - m * nch) * STAGE_T, nt = min(STAGE_T, T - t);
                 const uint8_t* st = stages + (size_t)s * STAGE_BYTES;
                 for (int i = 0; i < nt; ++i) {
                     if ((gk + i) % CW != warp || (mode & R_NOCOMP)) continue;
-                    const int ti = p + i, rg = ti / nb, sb = ti - rg * nb;
-                    if (rg != cur_rg) {
-                        if (cur_rg >= 0) accw[m * ACC + cur_rg * TILE - rb + lane] += cur;
-                        cur_rg = rg;
+                    const int ti = t + i, rg = ti / nb, sb = ti - rg * nb, row = m * op.rows + rg * TILE;
+                    if (row != cur_row) {
+                        if (cur_row >= 0) red_add_f32(op.y + cur_row + lane, cur);
+                        cur_row = row;
                         cur = 0.0f;
                     }
                     cur += q4k_block(st + (i * TILE + lane) * RSB, xs + 256 * sb, xsum + 8 * sb, xds[sb]);
                 }
                 gk += nt;
-                __syncwarp();
-                if (lane == 0) mbar_arrive(empty(s));
             }
-            if (cur_rg >= 0) accw[m * ACC + cur_rg * TILE - rb + lane] += cur;
+            __syncwarp();
+            if (lane == 0) mbar_arrive(empty(s));
+            if (c < 0) {
+                ++k;
+                break;
+            }
         }
-        consumers_sync(CW);
-        const int re = (t1 + nb - 1) / nb * TILE; // one past the last row touched
-        for (int m = 0; m < op.nm; ++m)
-            for (int r = rb + ct; r < re; r += CW * 32) {
-                float v = 0.0f;
-                for (int w = 0; w < CW; ++w) v += acc[w * 2 * ACC + m * ACC + r - rb];
-                atomicAdd(&op.y[m * op.rows + r], v);
-            }
+        if (cur_row >= 0) red_add_f32(op.y + cur_row + lane, cur);
         consumers_sync(CW);
         if (ct == 0) {
             __threadfence();
@@ -312,8 +339,8 @@ __global__ void read_bw(const uint4* __restrict__ p, size_t n, unsigned* sink) {
 }
 
 static size_t ring_smem(int ns, int cw) {
-    return (size_t)ns * STAGE_BYTES + XMAX + XMAX / 32 * 4 + XMAX / 256 * 4 + (size_t)cw * 2 * ACC * 4 + 32 * 4 +
-           16 * ns;
+    (void)cw;
+    return (size_t)ns * STAGE_BYTES + XMAX + XMAX / 32 * 4 + XMAX / 256 * 4 + 32 * 4 + 16 * 4 + 16 * ns;
 }
 
 int main() {
@@ -432,6 +459,8 @@ int main() {
     // The ops on the device, uploaded once: [0, 4 LAYERS) the chain, then one layer for the check.
     ROp* dops;
     CK(cudaMalloc(&dops, sizeof(ROp) * 5 * LAYERS));
+    unsigned* claim; // each op's claim counter
+    CK(cudaMalloc(&claim, 4 * 4 * LAYERS));
     {
         std::vector<ROp> all = ring_ops(LAYERS), one = ring_ops(1);
         all.insert(all.end(), one.begin(), one.end());
@@ -441,21 +470,22 @@ int main() {
         CK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, 232448));
     auto ring_run = [&](int cw, int ns, int mode, int layers, unsigned long long* tl, unsigned long long* stalls) {
         CK(cudaMemsetAsync(ctr, 0, 64, st));
+        CK(cudaMemsetAsync(claim, 0, 4 * 4 * LAYERS, st));
         const ROp* ops = layers == LAYERS ? dops : dops + 4 * LAYERS;
         int nops = 4 * layers;
         unsigned *done = ctr, *sdone = ctr + 8;
         const size_t sm = ring_smem(ns, cw);
         void* args[] = {(void*)&ops, (void*)&nops, (void*)&xq, (void*)&xs32, (void*)&xd, (void*)&done, (void*)&sdone,
-                        (void*)&sout, (void*)&ns, (void*)&mode, (void*)&tl, (void*)&stalls};
+                        (void*)&claim, (void*)&sout, (void*)&ns, (void*)&mode, (void*)&tl, (void*)&stalls};
         const void* f = cw == 8 ? (const void*)ring_chain<8> : cw == 12 ? (const void*)ring_chain<12>
                                                                           : (const void*)ring_chain<16>;
         CK(cudaLaunchCooperativeKernel(f, dim3(sms), dim3((cw + 1) * 32), args, sm, st));
     };
 
-    // Check: one layer of the ring against the reference.
-    {
+    // Check: one layer of the ring against the reference, for each way of handing out chunks.
+    for (int mode : {0, (int)R_INTERLEAVE, (int)R_DYN}) {
         for (int i = 0; i < 4; ++i) CK(cudaMemsetAsync(ys[i], 0, 2 * KF * sizeof(float), st));
-        ring_run(8, 10, 0, 1, nullptr, nullptr);
+        ring_run(8, 10, mode, 1, nullptr, nullptr);
         CK(cudaStreamSynchronize(st));
         CK(cudaGetLastError());
         float* yr;
@@ -478,24 +508,37 @@ int main() {
             }
             worst = std::max(worst, err / mx);
         }
-        printf("ring outputs against the reference, one layer: worst |diff| / max|ref| = %.3g (%s)\n", worst,
-               worst < 1e-5 ? "ok" : "WRONG");
+        CK(cudaFree(yr));
+        printf("ring outputs (chunks %s) against the reference, one layer: worst |diff| / max|ref| = %.3g (%s)\n",
+               mode == R_DYN ? "claimed" : mode ? "interleaved" : "in ranges", worst, worst < 1e-5 ? "ok" : "WRONG");
     }
 
     report("A  launches + PDL, graph, no small ops", graph_a_ms(false));
     report("A  launches + PDL, graph, small ops", graph_a_ms(true));
     struct Var {
         int cw, ns, mode;
-    } vars[] = {{8, 10, 0}, {16, 9, 0}, {8, 10, R_NOCOMP}, {8, 10, R_NOCOMP | R_NO_AHEAD}, {8, 10, R_NOHINT},
-                {8, 10, R_SPLIT}, {8, 10, R_NOCOMP | R_SPLIT}, {16, 9, R_SMALL}, {16, 9, R_SMALL | R_NOCOMP}};
+    } vars[] = {{8, 10, 0},
+                {8, 10, R_DYN},
+                {16, 10, 0},
+                {16, 10, R_DYN},
+                {8, 10, R_NOCOMP},
+                {8, 10, R_DYN | R_NOCOMP},
+                {8, 10, R_NO_AHEAD},
+                {16, 10, R_SMALL},
+                {16, 10, R_DYN | R_SMALL},
+                {8, 10, R_SMALL_LOCAL},
+                {16, 10, R_SMALL_LOCAL},
+                {16, 10, R_DYN | R_SMALL_LOCAL},
+                {16, 10, R_NO_AHEAD | R_SMALL_LOCAL}};
     const char* tyname[4] = {"q+k+v", "attn_output", "gate+up", "ffn_down"};
     for (const Var& v : vars) {
         const float ms = timer.ms([&] { ring_run(v.cw, v.ns, v.mode, LAYERS, nullptr, nullptr); }, 10);
-        char name[96];
+        char name[128];
         snprintf(name, sizeof name, "R  ring, %d warps, %d stages%s%s%s%s%s", v.cw, v.ns,
-                 v.mode & R_NO_AHEAD ? ", no ahead" : "", v.mode & R_SMALL ? ", small ops" : "",
-                 v.mode & R_NOCOMP ? ", NO MATH" : "", v.mode & R_NOHINT ? ", no hint" : "",
-                 v.mode & R_SPLIT ? ", copy a tile" : "");
+                 v.mode & R_NO_AHEAD ? ", no ahead" : "",
+                 v.mode & R_SMALL ? ", small ops" : v.mode & R_SMALL_LOCAL ? ", small ops per block" : "",
+                 v.mode & R_NOCOMP ? ", NO MATH" : "", v.mode & R_DYN ? ", claimed" : "",
+                 v.mode & R_INTERLEAVE ? ", interleaved" : "");
         report(name, ms);
         // One more run with the timeline and the stall counters.
         CK(cudaMemsetAsync(dstall, 0, 16, st));
