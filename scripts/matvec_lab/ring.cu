@@ -53,7 +53,10 @@ struct ROp {
 // Chunks to blocks: 32 = claimed at run time, 64 = interleaved (else contiguous ranges).
 // 128 = small ops run by every block on its own at the start of the op after (as a norm would be:
 // each block reads the previous op's output and reduces it), without a grid-wide step.
-enum { R_NO_AHEAD = 1, R_SMALL = 2, R_NOCOMP = 4, R_DYN = 32, R_INTERLEAVE = 64, R_SMALL_LOCAL = 128 };
+// 256 = contiguous ranges whose row sums stay in shared memory (each warp its own) until the op's
+// end, when the block adds them to y (else each running sum goes to y by a global reduction).
+enum { R_NO_AHEAD = 1, R_SMALL = 2, R_NOCOMP = 4, R_DYN = 32, R_INTERLEAVE = 64, R_SMALL_LOCAL = 128, R_ACC = 256 };
+constexpr int ACCR = 448; // rows of the outputs (gate's and up's one after the other) a block may touch
 
 // The weights are tiles: tile t = (row group rg, super-block sb), t = rg x K/256 + sb, holds the
 // 32 Q4_K blocks of rows 32 rg .. 32 rg + 31 at super-block sb, one after the other (a layout made
@@ -138,7 +141,8 @@ __global__ void __launch_bounds__((CW + 1) * 32, 1)
     float* xds = (float*)(xsum + XMAX / 32);          // XMAX / 256 floats
     float* red = xds + XMAX / 256;                    // 32 floats
     int* meta = (int*)(red + 32);                     // ns: each stage's chunk (-1: the op's end)
-    unsigned long long* bars = (unsigned long long*)(meta + 16); // full[ns], empty[ns]
+    float* acc = (float*)(meta + 16);                 // [CW][ACCR] (R_ACC)
+    unsigned long long* bars = (unsigned long long*)(acc + CW * ACCR); // full[ns], empty[ns]
     const uint32_t bar0 = (uint32_t)__cvta_generic_to_shared(bars);
     auto full = [&](int s) { return bar0 + 8u * s; };
     auto empty = [&](int s) { return bar0 + 8u * (ns + s); };
@@ -245,6 +249,17 @@ __global__ void __launch_bounds__((CW + 1) * 32, 1)
         for (int i = ct; i < op.K / 16; i += CW * 32) ((int4*)xs)[i] = __ldcg((const int4*)xq + i);
         for (int i = ct; i < op.K / 32; i += CW * 32) xsum[i] = __ldcg(xs32 + i);
         for (int i = ct; i < nb; i += CW * 32) xds[i] = __ldcg(xd + i);
+        const int C = op.nm * nch, c0 = (int)((long long)C * b / G), c1 = (int)((long long)C * (b + 1) / G);
+        // R_ACC: the outputs' rows [rb, re) that the block's range touches
+        const int rb = c0 / nch * op.rows + (c0 % nch) * STAGE_T / nb * TILE;
+        const int re = c1 > c0 ? (c1 - 1) / nch * op.rows + (min((c1 - 1) % nch * STAGE_T + STAGE_T, T) - 1) / nb * TILE + TILE : rb;
+        float* accw = acc + warp * ACCR;
+        if (mode & R_ACC)
+            for (int i = ct; i < CW * ACCR; i += CW * 32) acc[i] = 0.0f;
+        auto flush = [&](int row, float v) {
+            if (mode & R_ACC) accw[row - rb + lane] += v;
+            else red_add_f32(op.y + row + lane, v);
+        };
         consumers_sync(CW);
         int cur_row = -1; // the first row of the lane's running sum's group, + m x rows
         float cur = 0.0f;
@@ -261,7 +276,7 @@ __global__ void __launch_bounds__((CW + 1) * 32, 1)
                     if ((gk + i) % CW != warp || (mode & R_NOCOMP)) continue;
                     const int ti = t + i, rg = ti / nb, sb = ti - rg * nb, row = m * op.rows + rg * TILE;
                     if (row != cur_row) {
-                        if (cur_row >= 0) red_add_f32(op.y + cur_row + lane, cur);
+                        if (cur_row >= 0) flush(cur_row, cur);
                         cur_row = row;
                         cur = 0.0f;
                     }
@@ -276,8 +291,16 @@ __global__ void __launch_bounds__((CW + 1) * 32, 1)
                 break;
             }
         }
-        if (cur_row >= 0) red_add_f32(op.y + cur_row + lane, cur);
+        if (cur_row >= 0) flush(cur_row, cur);
         consumers_sync(CW);
+        if (mode & R_ACC) {
+            for (int r = rb + ct; r < re; r += CW * 32) {
+                float v = 0.0f;
+                for (int w = 0; w < CW; ++w) v += acc[w * ACCR + r - rb];
+                red_add_f32(op.y + r, v);
+            }
+            consumers_sync(CW);
+        }
         if (ct == 0) {
             __threadfence();
             r_red_release(done, 1);
@@ -339,8 +362,8 @@ __global__ void read_bw(const uint4* __restrict__ p, size_t n, unsigned* sink) {
 }
 
 static size_t ring_smem(int ns, int cw) {
-    (void)cw;
-    return (size_t)ns * STAGE_BYTES + XMAX + XMAX / 32 * 4 + XMAX / 256 * 4 + 32 * 4 + 16 * 4 + 16 * ns;
+    return (size_t)ns * STAGE_BYTES + XMAX + XMAX / 32 * 4 + XMAX / 256 * 4 + 32 * 4 + 16 * 4 + (size_t)cw * ACCR * 4 +
+           16 * ns;
 }
 
 int main() {
@@ -483,7 +506,7 @@ int main() {
     };
 
     // Check: one layer of the ring against the reference, for each way of handing out chunks.
-    for (int mode : {0, (int)R_INTERLEAVE, (int)R_DYN}) {
+    for (int mode : {0, (int)R_INTERLEAVE, (int)R_DYN, (int)R_ACC}) {
         for (int i = 0; i < 4; ++i) CK(cudaMemsetAsync(ys[i], 0, 2 * KF * sizeof(float), st));
         ring_run(8, 10, mode, 1, nullptr, nullptr);
         CK(cudaStreamSynchronize(st));
@@ -510,31 +533,30 @@ int main() {
         }
         CK(cudaFree(yr));
         printf("ring outputs (chunks %s) against the reference, one layer: worst |diff| / max|ref| = %.3g (%s)\n",
-               mode == R_DYN ? "claimed" : mode ? "interleaved" : "in ranges", worst, worst < 1e-5 ? "ok" : "WRONG");
+               mode == R_DYN ? "claimed" : mode == R_ACC ? "in ranges, row sums in shared memory" : mode ? "interleaved" : "in ranges", worst, worst < 1e-5 ? "ok" : "WRONG");
     }
 
     report("A  launches + PDL, graph, no small ops", graph_a_ms(false));
     report("A  launches + PDL, graph, small ops", graph_a_ms(true));
     struct Var {
         int cw, ns, mode;
-    } vars[] = {{8, 10, 0},
-                {8, 10, R_DYN},
-                {16, 10, 0},
-                {16, 10, R_DYN},
+    } vars[] = {{8, 10, R_ACC},
+                {16, 9, R_ACC},
+                {8, 10, 0},
+                {8, 10, R_ACC | R_NO_AHEAD},
                 {8, 10, R_NOCOMP},
-                {8, 10, R_DYN | R_NOCOMP},
-                {8, 10, R_NO_AHEAD},
-                {16, 10, R_SMALL},
-                {16, 10, R_DYN | R_SMALL},
-                {8, 10, R_SMALL_LOCAL},
-                {16, 10, R_SMALL_LOCAL},
-                {16, 10, R_DYN | R_SMALL_LOCAL},
-                {16, 10, R_NO_AHEAD | R_SMALL_LOCAL}};
+                {8, 6, R_NOCOMP},
+                {8, 3, R_NOCOMP},
+                {16, 9, R_ACC | R_SMALL},
+                {16, 9, R_ACC | R_SMALL_LOCAL},
+                {8, 10, R_ACC | R_SMALL_LOCAL},
+                {16, 9, R_ACC | R_SMALL_LOCAL | R_NO_AHEAD},
+                {16, 9, R_DYN | R_SMALL_LOCAL}};
     const char* tyname[4] = {"q+k+v", "attn_output", "gate+up", "ffn_down"};
     for (const Var& v : vars) {
         const float ms = timer.ms([&] { ring_run(v.cw, v.ns, v.mode, LAYERS, nullptr, nullptr); }, 10);
         char name[128];
-        snprintf(name, sizeof name, "R  ring, %d warps, %d stages%s%s%s%s%s", v.cw, v.ns,
+        snprintf(name, sizeof name, "R  ring, %d warps, %d stages%s%s%s%s%s%s", v.cw, v.ns, v.mode & R_ACC ? ", sums in smem" : "",
                  v.mode & R_NO_AHEAD ? ", no ahead" : "",
                  v.mode & R_SMALL ? ", small ops" : v.mode & R_SMALL_LOCAL ? ", small ops per block" : "",
                  v.mode & R_NOCOMP ? ", NO MATH" : "", v.mode & R_DYN ? ", claimed" : "",
