@@ -55,7 +55,13 @@ struct ROp {
 // each block reads the previous op's output and reduces it), without a grid-wide step.
 // 256 = contiguous ranges whose row sums stay in shared memory (each warp its own) until the op's
 // end, when the block adds them to y (else each running sum goes to y by a global reduction).
-enum { R_NO_AHEAD = 1, R_SMALL = 2, R_NOCOMP = 4, R_DYN = 32, R_INTERLEAVE = 64, R_SMALL_LOCAL = 128, R_ACC = 256 };
+// 512 = the waits for an op's input spin without sleeping.
+enum {
+    R_NO_AHEAD = 1, R_SMALL = 2, R_NOCOMP = 4, R_DYN = 32, R_INTERLEAVE = 64, R_SMALL_LOCAL = 128, R_ACC = 256,
+    R_SPIN = 512, R_PERM = 1024
+};
+// 1024 = contiguous ranges taken in each matrix of the op (gate+up: the same range of both, as
+// 57c's tiles were), else one contiguous range of the op's chunks (half the blocks gate, half up).
 constexpr int ACCR = 448; // rows of the outputs (gate's and up's one after the other) a block may touch
 
 // The weights are tiles: tile t = (row group rg, super-block sb), t = rg x K/256 + sb, holds the
@@ -70,8 +76,9 @@ __device__ __forceinline__ unsigned r_ld_acquire(const unsigned* p) {
 __device__ __forceinline__ void r_red_release(unsigned* p, unsigned v) {
     asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
-__device__ __forceinline__ void r_wait_at_least(const unsigned* p, unsigned v) {
-    while (r_ld_acquire(p) < v) __nanosleep(32);
+__device__ __forceinline__ void r_wait_at_least(const unsigned* p, unsigned v, bool spin = false) {
+    while (r_ld_acquire(p) < v)
+        if (!spin) __nanosleep(32);
 }
 __device__ __forceinline__ unsigned long long globaltimer_ns() {
     unsigned long long t;
@@ -133,7 +140,7 @@ template <int CW>
 __global__ void __launch_bounds__((CW + 1) * 32, 1)
     ring_chain(const ROp* __restrict__ ops, int nops, const int8_t* __restrict__ xq, const int* __restrict__ xs32,
                const float* __restrict__ xd, unsigned* done, unsigned* sdone, unsigned* claim, float* sout, int ns,
-               int mode, unsigned long long* tl, unsigned long long* stalls) {
+               int mode, int ahead, unsigned long long* tl, unsigned long long* stalls) {
     extern __shared__ __align__(128) uint8_t smem[];
     uint8_t* stages = smem;
     int8_t* xs = (int8_t*)(smem + ns * STAGE_BYTES); // XMAX
@@ -159,8 +166,8 @@ __global__ void __launch_bounds__((CW + 1) * 32, 1)
     // when block 0 has run op o - 1's small op).
     auto input_ready = [&](int o) {
         if (o == 0) return;
-        if (mode & R_SMALL) r_wait_at_least(sdone, (unsigned)o);
-        else r_wait_at_least(done, (unsigned)(G * o));
+        if (mode & R_SMALL) r_wait_at_least(sdone, (unsigned)o, mode & R_SPIN);
+        else r_wait_at_least(done, (unsigned)(G * o), mode & R_SPIN);
     };
 
     if (warp == CW) { // the producer
@@ -168,6 +175,32 @@ __global__ void __launch_bounds__((CW + 1) * 32, 1)
         unsigned long long pol;
         asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
         unsigned long long waited = 0;
+        // ahead > 0 (contiguous ranges only): L2 is asked for the chunk `ahead` places past each
+        // copy in the block's schedule (crossing op boundaries), so that the DRAM keeps streaming
+        // while the ring is full and the consumers wait for an op's input.
+        int lo = 0, lc = -1;
+        auto l2_next = [&]() {
+            while (lo < nops) {
+                const ROp& q = ops[lo];
+                const int qT = q.rows / TILE * (q.K / 256), qn = (qT + STAGE_T - 1) / STAGE_T, qC = q.nm * qn;
+                const int qc0 = (int)((long long)qC * b / G), qc1 = (int)((long long)qC * (b + 1) / G);
+                lc = lc < 0 ? qc0 : lc + 1;
+                if (lc < qc1) {
+                    const int m = lc / qn, t = (lc - m * qn) * STAGE_T;
+                    const uint32_t bytes = (uint32_t)min(STAGE_T, qT - t) * TILE * RSB;
+                    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"((m ? q.w[1] : q.w[0]) +
+                                                                               (size_t)t * TILE * RSB),
+                                 "r"(bytes)
+                                 : "memory");
+                    return;
+                }
+                ++lo;
+                lc = -1;
+            }
+        };
+        const bool l2 = ahead > 0 && !(mode & (R_DYN | R_INTERLEAVE));
+        if (l2)
+            for (int i = 0; i < ahead; ++i) l2_next();
         int k = 0;
         auto next_stage = [&]() {
             const int s = k % ns;
@@ -190,6 +223,7 @@ __global__ void __launch_bounds__((CW + 1) * 32, 1)
                 mbar_expect(full(s), bytes);
                 bulk_copy_ef((uint32_t)__cvta_generic_to_shared(stages + (size_t)s * STAGE_BYTES),
                              (m ? op.w[1] : op.w[0]) + (size_t)t * TILE * RSB, bytes, full(s), pol);
+                if (l2) l2_next();
             };
             if (mode & R_DYN) {
                 unsigned next = atomicAdd(claim + o, 2u);
@@ -201,6 +235,10 @@ __global__ void __launch_bounds__((CW + 1) * 32, 1)
                 }
             } else if (mode & R_INTERLEAVE) {
                 for (int c = b; c < C; c += G) copy(c);
+            } else if (mode & R_PERM) {
+                for (int m = 0; m < op.nm; ++m)
+                    for (int c = (int)((long long)nch * b / G); c < (int)((long long)nch * (b + 1) / G); ++c)
+                        copy(m * nch + c);
             } else {
                 for (int c = (int)((long long)C * b / G); c < (int)((long long)C * (b + 1) / G); ++c) copy(c);
             }
@@ -253,11 +291,18 @@ __global__ void __launch_bounds__((CW + 1) * 32, 1)
         // R_ACC: the outputs' rows [rb, re) that the block's range touches
         const int rb = c0 / nch * op.rows + (c0 % nch) * STAGE_T / nb * TILE;
         const int re = c1 > c0 ? (c1 - 1) / nch * op.rows + (min((c1 - 1) % nch * STAGE_T + STAGE_T, T) - 1) / nb * TILE + TILE : rb;
+        // R_PERM: rows [pb, pe) of each matrix, sums at m x ACCR / 2 + row - pb
+        const int pc0 = (int)((long long)nch * b / G), pc1 = (int)((long long)nch * (b + 1) / G);
+        const int pb = pc0 * STAGE_T / nb * TILE;
+        const int pe = pc1 > pc0 ? (min(pc1 * STAGE_T, T) - 1) / nb * TILE + TILE : pb;
         float* accw = acc + warp * ACCR;
         if (mode & R_ACC)
             for (int i = ct; i < CW * ACCR; i += CW * 32) acc[i] = 0.0f;
         auto flush = [&](int row, float v) {
-            if (mode & R_ACC) accw[row - rb + lane] += v;
+            if ((mode & R_ACC) && (mode & R_PERM)) {
+                const int m = row >= op.rows ? 1 : 0;
+                accw[m * (ACCR / 2) + row - m * op.rows - pb + lane] += v;
+            } else if (mode & R_ACC) accw[row - rb + lane] += v;
             else red_add_f32(op.y + row + lane, v);
         };
         consumers_sync(CW);
@@ -293,7 +338,15 @@ __global__ void __launch_bounds__((CW + 1) * 32, 1)
         }
         if (cur_row >= 0) flush(cur_row, cur);
         consumers_sync(CW);
-        if (mode & R_ACC) {
+        if ((mode & R_ACC) && (mode & R_PERM)) {
+            for (int m = 0; m < op.nm; ++m)
+                for (int r = pb + ct; r < pe; r += CW * 32) {
+                    float v = 0.0f;
+                    for (int w = 0; w < CW; ++w) v += acc[w * ACCR + m * (ACCR / 2) + r - pb];
+                    red_add_f32(op.y + m * op.rows + r, v);
+                }
+            consumers_sync(CW);
+        } else if (mode & R_ACC) {
             for (int r = rb + ct; r < re; r += CW * 32) {
                 float v = 0.0f;
                 for (int w = 0; w < CW; ++w) v += acc[w * ACCR + r - rb];
@@ -491,7 +544,8 @@ int main() {
     }
     for (const void* f : {(const void*)ring_chain<8>, (const void*)ring_chain<12>, (const void*)ring_chain<16>})
         CK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, 232448));
-    auto ring_run = [&](int cw, int ns, int mode, int layers, unsigned long long* tl, unsigned long long* stalls) {
+    auto ring_run = [&](int cw, int ns, int mode, int layers, unsigned long long* tl, unsigned long long* stalls,
+                        int ahead = 0) {
         CK(cudaMemsetAsync(ctr, 0, 64, st));
         CK(cudaMemsetAsync(claim, 0, 4 * 4 * LAYERS, st));
         const ROp* ops = layers == LAYERS ? dops : dops + 4 * LAYERS;
@@ -499,14 +553,14 @@ int main() {
         unsigned *done = ctr, *sdone = ctr + 8;
         const size_t sm = ring_smem(ns, cw);
         void* args[] = {(void*)&ops, (void*)&nops, (void*)&xq, (void*)&xs32, (void*)&xd, (void*)&done, (void*)&sdone,
-                        (void*)&claim, (void*)&sout, (void*)&ns, (void*)&mode, (void*)&tl, (void*)&stalls};
+                        (void*)&claim, (void*)&sout, (void*)&ns, (void*)&mode, (void*)&ahead, (void*)&tl, (void*)&stalls};
         const void* f = cw == 8 ? (const void*)ring_chain<8> : cw == 12 ? (const void*)ring_chain<12>
                                                                           : (const void*)ring_chain<16>;
         CK(cudaLaunchCooperativeKernel(f, dim3(sms), dim3((cw + 1) * 32), args, sm, st));
     };
 
     // Check: one layer of the ring against the reference, for each way of handing out chunks.
-    for (int mode : {0, (int)R_INTERLEAVE, (int)R_DYN, (int)R_ACC}) {
+    for (int mode : {0, (int)R_INTERLEAVE, (int)R_DYN, (int)R_ACC, (int)(R_ACC | R_PERM)}) {
         for (int i = 0; i < 4; ++i) CK(cudaMemsetAsync(ys[i], 0, 2 * KF * sizeof(float), st));
         ring_run(8, 10, mode, 1, nullptr, nullptr);
         CK(cudaStreamSynchronize(st));
@@ -533,38 +587,37 @@ int main() {
         }
         CK(cudaFree(yr));
         printf("ring outputs (chunks %s) against the reference, one layer: worst |diff| / max|ref| = %.3g (%s)\n",
-               mode == R_DYN ? "claimed" : mode == R_ACC ? "in ranges, row sums in shared memory" : mode ? "interleaved" : "in ranges", worst, worst < 1e-5 ? "ok" : "WRONG");
+               mode == R_DYN ? "claimed" : mode == R_ACC ? "in ranges, row sums in shared memory" : mode == (R_ACC | R_PERM) ? "in ranges of each matrix, row sums in shared memory" : mode ? "interleaved" : "in ranges", worst, worst < 1e-5 ? "ok" : "WRONG");
     }
 
     report("A  launches + PDL, graph, no small ops", graph_a_ms(false));
     report("A  launches + PDL, graph, small ops", graph_a_ms(true));
     struct Var {
-        int cw, ns, mode;
-    } vars[] = {{8, 10, R_ACC},
-                {16, 9, R_ACC},
-                {8, 10, 0},
-                {8, 10, R_ACC | R_NO_AHEAD},
-                {8, 10, R_NOCOMP},
-                {8, 6, R_NOCOMP},
-                {8, 3, R_NOCOMP},
-                {16, 9, R_ACC | R_SMALL},
-                {16, 9, R_ACC | R_SMALL_LOCAL},
-                {8, 10, R_ACC | R_SMALL_LOCAL},
-                {16, 9, R_ACC | R_SMALL_LOCAL | R_NO_AHEAD},
-                {16, 9, R_DYN | R_SMALL_LOCAL}};
+        int cw, ns, mode, ahead;
+    } vars[] = {{8, 10, R_ACC, 0},
+                {8, 10, R_ACC | R_PERM, 0},
+                {16, 9, R_ACC | R_PERM, 0},
+                {8, 10, R_NOCOMP, 0},
+                {8, 10, R_NOCOMP | R_PERM, 0},
+                {16, 9, R_ACC | R_SMALL, 0},
+                {16, 9, R_ACC | R_PERM | R_SMALL, 0},
+                {16, 9, R_ACC | R_PERM | R_SMALL_LOCAL, 0},
+                {16, 9, R_ACC | R_PERM | R_SMALL_LOCAL | R_NO_AHEAD, 0}};
     const char* tyname[4] = {"q+k+v", "attn_output", "gate+up", "ffn_down"};
     for (const Var& v : vars) {
-        const float ms = timer.ms([&] { ring_run(v.cw, v.ns, v.mode, LAYERS, nullptr, nullptr); }, 10);
+        const float ms = timer.ms([&] { ring_run(v.cw, v.ns, v.mode, LAYERS, nullptr, nullptr, v.ahead); }, 10);
         char name[128];
-        snprintf(name, sizeof name, "R  ring, %d warps, %d stages%s%s%s%s%s%s", v.cw, v.ns, v.mode & R_ACC ? ", sums in smem" : "",
+        snprintf(name, sizeof name, "R  ring, %d warps, %d stages%s%s%s%s%s%s%s%s, L2 %d ahead", v.cw, v.ns,
+                 v.mode & R_PERM ? ", ranges per matrix" : "", v.mode & R_ACC ? ", sums in smem" : "",
+                 v.mode & R_SPIN ? ", spin" : "",
                  v.mode & R_NO_AHEAD ? ", no ahead" : "",
                  v.mode & R_SMALL ? ", small ops" : v.mode & R_SMALL_LOCAL ? ", small ops per block" : "",
                  v.mode & R_NOCOMP ? ", NO MATH" : "", v.mode & R_DYN ? ", claimed" : "",
-                 v.mode & R_INTERLEAVE ? ", interleaved" : "");
+                 v.mode & R_INTERLEAVE ? ", interleaved" : "", v.ahead);
         report(name, ms);
         // One more run with the timeline and the stall counters.
         CK(cudaMemsetAsync(dstall, 0, 16, st));
-        ring_run(v.cw, v.ns, v.mode, LAYERS, dtl, dstall);
+        ring_run(v.cw, v.ns, v.mode, LAYERS, dtl, dstall, v.ahead);
         CK(cudaStreamSynchronize(st));
         CK(cudaGetLastError());
         std::vector<unsigned long long> h(4 * LAYERS + 1), s(2);
