@@ -58,8 +58,10 @@ struct ROp {
 // 512 = the waits for an op's input spin without sleeping.
 enum {
     R_NO_AHEAD = 1, R_SMALL = 2, R_NOCOMP = 4, R_DYN = 32, R_INTERLEAVE = 64, R_SMALL_LOCAL = 128, R_ACC = 256,
-    R_SPIN = 512, R_PERM = 1024
+    R_SPIN = 512, R_PERM = 1024, R_LIGHT = 2048
 };
+// 2048 = the op boundary without sequentially consistent fences: the block's release and the
+// waiters' acquire alone (bar.sync orders the block's other threads around them).
 // 1024 = contiguous ranges taken in each matrix of the op (gate+up: the same range of both, as
 // 57c's tiles were), else one contiguous range of the op's chunks (half the blocks gate, half up).
 constexpr int ACCR = 448; // rows of the outputs (gate's and up's one after the other) a block may touch
@@ -261,8 +263,8 @@ __global__ void __launch_bounds__((CW + 1) * 32, 1)
         const int nb = op.K / 256, T = op.rows / TILE * nb, nch = (T + STAGE_T - 1) / STAGE_T;
         if (ct == 0) {
             input_ready(o);
-            __threadfence();
-            if (tl && b == 0) tl[o] = globaltimer_ns();
+            if (!(mode & R_LIGHT)) __threadfence();
+            if (tl) tl[(size_t)2 * o * G + b] = globaltimer_ns();
         }
         consumers_sync(CW);
         if ((mode & R_SMALL_LOCAL) && o > 0) { // the small op on op o - 1's output, by this block
@@ -355,7 +357,8 @@ __global__ void __launch_bounds__((CW + 1) * 32, 1)
             consumers_sync(CW);
         }
         if (ct == 0) {
-            __threadfence();
+            if (tl) tl[(size_t)(2 * o + 1) * G + b] = globaltimer_ns();
+            if (!(mode & R_LIGHT)) __threadfence();
             r_red_release(done, 1);
         }
         if ((mode & R_SMALL) && b == 0) { // the small op on op o's output, after every block's
@@ -383,10 +386,6 @@ __global__ void __launch_bounds__((CW + 1) * 32, 1)
                 r_red_release(sdone, 1);
             }
         }
-    }
-    if (tl && b == 0 && ct == 0) {
-        r_wait_at_least(done, (unsigned)(G * nops));
-        tl[nops] = globaltimer_ns();
     }
     if (stalls && lane == 0) atomicAdd(stalls + 1, waited);
 }
@@ -458,7 +457,7 @@ int main() {
     CK(cudaMemset(cnt, 0, 2 * KF / 4 * sizeof(unsigned)));
     CK(cudaMalloc(&ctr, 64));
     unsigned long long *dtl, *dstall;
-    CK(cudaMalloc(&dtl, sizeof(unsigned long long) * (4 * LAYERS + 1)));
+    CK(cudaMalloc(&dtl, sizeof(unsigned long long) * 2 * 4 * LAYERS * sms));
     CK(cudaMalloc(&dstall, 16));
 
     cudaStream_t st;
@@ -559,6 +558,11 @@ int main() {
         CK(cudaLaunchCooperativeKernel(f, dim3(sms), dim3((cw + 1) * 32), args, sm, st));
     };
 
+    if (getenv("RING_NCU")) { // one run of one configuration, for Nsight Compute
+        ring_run(8, 10, R_ACC | R_LIGHT | R_SPIN, LAYERS, nullptr, nullptr);
+        CK(cudaStreamSynchronize(st));
+        return 0;
+    }
     // Check: one layer of the ring against the reference, for each way of handing out chunks.
     for (int mode : {0, (int)R_INTERLEAVE, (int)R_DYN, (int)R_ACC, (int)(R_ACC | R_PERM)}) {
         for (int i = 0; i < 4; ++i) CK(cudaMemsetAsync(ys[i], 0, 2 * KF * sizeof(float), st));
@@ -594,22 +598,18 @@ int main() {
     report("A  launches + PDL, graph, small ops", graph_a_ms(true));
     struct Var {
         int cw, ns, mode, ahead;
-    } vars[] = {{8, 10, R_ACC, 0},
-                {8, 10, R_ACC | R_PERM, 0},
-                {16, 9, R_ACC | R_PERM, 0},
-                {8, 10, R_NOCOMP, 0},
-                {8, 10, R_NOCOMP | R_PERM, 0},
-                {16, 9, R_ACC | R_SMALL, 0},
-                {16, 9, R_ACC | R_PERM | R_SMALL, 0},
-                {16, 9, R_ACC | R_PERM | R_SMALL_LOCAL, 0},
-                {16, 9, R_ACC | R_PERM | R_SMALL_LOCAL | R_NO_AHEAD, 0}};
+    } vars[] = {{8, 10, R_NOCOMP | R_LIGHT | R_SPIN, 0},
+                {8, 10, R_NOCOMP | R_SMALL_LOCAL | R_LIGHT | R_SPIN, 0},
+                {16, 9, R_NOCOMP | R_SMALL_LOCAL | R_LIGHT | R_SPIN, 0},
+                {8, 10, R_NOCOMP | R_SMALL | R_LIGHT | R_SPIN, 0},
+                {8, 10, R_ACC | R_LIGHT | R_SPIN, 0}};
     const char* tyname[4] = {"q+k+v", "attn_output", "gate+up", "ffn_down"};
     for (const Var& v : vars) {
         const float ms = timer.ms([&] { ring_run(v.cw, v.ns, v.mode, LAYERS, nullptr, nullptr, v.ahead); }, 10);
         char name[128];
         snprintf(name, sizeof name, "R  ring, %d warps, %d stages%s%s%s%s%s%s%s%s, L2 %d ahead", v.cw, v.ns,
                  v.mode & R_PERM ? ", ranges per matrix" : "", v.mode & R_ACC ? ", sums in smem" : "",
-                 v.mode & R_SPIN ? ", spin" : "",
+                 v.mode & R_SPIN ? (v.mode & R_LIGHT ? ", spin, no fences" : ", spin") : v.mode & R_LIGHT ? ", no fences" : "",
                  v.mode & R_NO_AHEAD ? ", no ahead" : "",
                  v.mode & R_SMALL ? ", small ops" : v.mode & R_SMALL_LOCAL ? ", small ops per block" : "",
                  v.mode & R_NOCOMP ? ", NO MATH" : "", v.mode & R_DYN ? ", claimed" : "",
@@ -620,13 +620,48 @@ int main() {
         ring_run(v.cw, v.ns, v.mode, LAYERS, dtl, dstall, v.ahead);
         CK(cudaStreamSynchronize(st));
         CK(cudaGetLastError());
-        std::vector<unsigned long long> h(4 * LAYERS + 1), s(2);
+        // Each block's pass (input ready) and finish of every op: tl[2 o G + b], tl[(2 o + 1) G + b].
+        const int NO = 4 * LAYERS;
+        std::vector<unsigned long long> h((size_t)2 * NO * sms), s(2);
         CK(cudaMemcpy(h.data(), dtl, h.size() * 8, cudaMemcpyDeviceToHost));
         CK(cudaMemcpy(s.data(), dstall, 16, cudaMemcpyDeviceToHost));
-        double sum[4] = {0, 0, 0, 0};
-        for (int o = 0; o < 4 * LAYERS; ++o) sum[o % 4] += (h[o + 1] - h[o]) / 1e3;
-        printf("   block 0's ops, us each:");
-        for (int t = 0; t < 4; ++t) printf(" %s %.2f", tyname[t], sum[t] / LAYERS);
+        auto at = [&](int o, int fin, int blk) { return (double)h[(size_t)(2 * o + fin) * sms + blk] / 1e3; };
+        double sum[4] = {0, 0, 0, 0}, dmed[4] = {0}, dmax[4] = {0}, fsp[4] = {0}, lat[4] = {0}, psp[4] = {0};
+        std::vector<int> last(sms, 0);
+        int n[4] = {0};
+        for (int o = 1; o + 1 < NO; ++o) {
+            const int t = o % 4;
+            std::vector<double> d(sms), f(sms), pn(sms);
+            for (int blk = 0; blk < sms; ++blk) {
+                d[blk] = at(o, 1, blk) - at(o, 0, blk);
+                f[blk] = at(o, 1, blk);
+                pn[blk] = at(o + 1, 0, blk);
+            }
+            const int lb = (int)(std::max_element(f.begin(), f.end()) - f.begin());
+            ++last[lb];
+            std::sort(d.begin(), d.end());
+            std::sort(f.begin(), f.end());
+            std::sort(pn.begin(), pn.end());
+            sum[t] += at(o + 1, 0, 0) - at(o, 0, 0);
+            dmed[t] += d[sms / 2];
+            dmax[t] += d[sms - 1];
+            fsp[t] += f[sms - 1] - f[sms / 2];
+            lat[t] += pn[sms / 2] - f[sms - 1];
+            psp[t] += pn[sms - 1] - pn[0];
+            ++n[t];
+        }
+        printf("   per op, us (block 0's op / each block's op: median, slowest / finishes: median to last / last finish to the next op's median start / next starts' spread):\n");
+        for (int t = 0; t < 4; ++t)
+            printf("     %-11s %6.2f / %6.2f %6.2f / %5.2f / %5.2f / %5.2f\n", tyname[t], sum[t] / n[t], dmed[t] / n[t],
+                   dmax[t] / n[t], fsp[t] / n[t], lat[t] / n[t], psp[t] / n[t]);
+        {
+            std::vector<int> idx(sms);
+            for (int i = 0; i < sms; ++i) idx[i] = i;
+            std::sort(idx.begin(), idx.end(), [&](int x, int y) { return last[x] > last[y]; });
+            printf("   blocks finishing last most often (of %d ops):", NO - 2);
+            for (int i = 0; i < 6; ++i) printf(" %d (%d)", idx[i], last[idx[i]]);
+            printf("\n");
+        }
         printf("; per SM: producer waited for a free stage %.1f us, consumer warps for a full one %.1f us each\n",
                s[0] / 1.98e3 / sms, s[1] / 1.98e3 / sms / v.cw);
     }
