@@ -58,8 +58,13 @@ struct ROp {
 // 512 = the waits for an op's input spin without sleeping.
 enum {
     R_NO_AHEAD = 1, R_SMALL = 2, R_NOCOMP = 4, R_DYN = 32, R_INTERLEAVE = 64, R_SMALL_LOCAL = 128, R_ACC = 256,
-    R_SPIN = 512, R_PERM = 1024, R_LIGHT = 2048
+    R_SPIN = 512, R_PERM = 1024, R_LIGHT = 2048, R_OWN = 4096
 };
+// 4096 = each stage owned by one consumer warp (stage number mod CW), which takes its 4 tiles in
+// order; the other warps neither wait for it nor release it, and no end-of-op stage is needed
+// (contiguous ranges only, the block's chunk count known). ns must be a multiple of CW, so that
+// each ring slot has one owner: a warp waiting for a slot's round r + 1 while round r is still
+// pending would see round r - 1's parity completed and read a stale stage (run 57m hung so).
 // 2048 = the op boundary without sequentially consistent fences: the block's release and the
 // waiters' acquire alone (bar.sync orders the block's other threads around them).
 // 1024 = contiguous ranges taken in each matrix of the op (gate+up: the same range of both, as
@@ -159,7 +164,7 @@ __global__ void __launch_bounds__((CW + 1) * 32, 1)
     if (threadIdx.x == 0) {
         for (int s = 0; s < ns; ++s) {
             mbar_init(full(s), 1);
-            mbar_init(empty(s), CW);
+            mbar_init(empty(s), (mode & R_OWN) ? 1 : CW);
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
@@ -244,9 +249,11 @@ __global__ void __launch_bounds__((CW + 1) * 32, 1)
             } else {
                 for (int c = (int)((long long)C * b / G); c < (int)((long long)C * (b + 1) / G); ++c) copy(c);
             }
-            const int s = next_stage();
-            meta[s] = -1;
-            mbar_arrive(full(s));
+            if (!(mode & R_OWN)) {
+                const int s = next_stage();
+                meta[s] = -1;
+                mbar_arrive(full(s));
+            }
         }
         if (stalls) atomicAdd(stalls, waited);
         return;
@@ -310,6 +317,34 @@ __global__ void __launch_bounds__((CW + 1) * 32, 1)
         consumers_sync(CW);
         int cur_row = -1; // the first row of the lane's running sum's group, + m x rows
         float cur = 0.0f;
+        if (mode & R_OWN) {
+            for (int j = c0; j < c1; ++j, ++k) {
+                if (k % CW != warp) continue;
+                const int s = k % ns;
+                const unsigned long long cl = clock64();
+                mbar_wait(full(s), (k / ns) & 1);
+                waited += clock64() - cl;
+                const int m = j / nch, t = (j - m * nch) * STAGE_T, nt = min(STAGE_T, T - t);
+                const uint8_t* st = stages + (size_t)s * STAGE_BYTES;
+                int rg = t / nb, sb = t - rg * nb;
+                if (!(mode & R_NOCOMP))
+                    for (int i = 0; i < nt; ++i) {
+                        const int row = m * op.rows + rg * TILE;
+                        if (row != cur_row) {
+                            if (cur_row >= 0) flush(cur_row, cur);
+                            cur_row = row;
+                            cur = 0.0f;
+                        }
+                        cur += q4k_block(st + (i * TILE + lane) * RSB, xs + 256 * sb, xsum + 8 * sb, xds[sb]);
+                        if (++sb == nb) {
+                            sb = 0;
+                            ++rg;
+                        }
+                    }
+                __syncwarp();
+                if (lane == 0) mbar_arrive(empty(s));
+            }
+        } else
         for (;; ++k) {
             const int s = k % ns;
             const unsigned long long c0 = clock64();
@@ -419,6 +454,7 @@ static size_t ring_smem(int ns, int cw) {
 }
 
 int main() {
+    setvbuf(stdout, nullptr, _IOLBF, 0); // a hung run still leaves its lines in the log
     int sms;
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     const int NL = 8, LAYERS = 52;
@@ -541,10 +577,15 @@ int main() {
         all.insert(all.end(), one.begin(), one.end());
         CK(cudaMemcpy(dops, all.data(), sizeof(ROp) * all.size(), cudaMemcpyHostToDevice));
     }
-    for (const void* f : {(const void*)ring_chain<8>, (const void*)ring_chain<12>, (const void*)ring_chain<16>})
+    for (const void* f : {(const void*)ring_chain<4>, (const void*)ring_chain<5>, (const void*)ring_chain<8>,
+                          (const void*)ring_chain<12>, (const void*)ring_chain<16>})
         CK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, 232448));
     auto ring_run = [&](int cw, int ns, int mode, int layers, unsigned long long* tl, unsigned long long* stalls,
                         int ahead = 0) {
+        if ((mode & R_OWN) && ns % cw != 0) {
+            printf("R_OWN needs the stages (%d) a multiple of the consumer warps (%d)\n", ns, cw);
+            exit(1);
+        }
         CK(cudaMemsetAsync(ctr, 0, 64, st));
         CK(cudaMemsetAsync(claim, 0, 4 * 4 * LAYERS, st));
         const ROp* ops = layers == LAYERS ? dops : dops + 4 * LAYERS;
@@ -553,8 +594,11 @@ int main() {
         const size_t sm = ring_smem(ns, cw);
         void* args[] = {(void*)&ops, (void*)&nops, (void*)&xq, (void*)&xs32, (void*)&xd, (void*)&done, (void*)&sdone,
                         (void*)&claim, (void*)&sout, (void*)&ns, (void*)&mode, (void*)&ahead, (void*)&tl, (void*)&stalls};
-        const void* f = cw == 8 ? (const void*)ring_chain<8> : cw == 12 ? (const void*)ring_chain<12>
-                                                                          : (const void*)ring_chain<16>;
+        const void* f = cw == 4    ? (const void*)ring_chain<4>
+                        : cw == 5  ? (const void*)ring_chain<5>
+                        : cw == 8  ? (const void*)ring_chain<8>
+                        : cw == 12 ? (const void*)ring_chain<12>
+                                   : (const void*)ring_chain<16>;
         CK(cudaLaunchCooperativeKernel(f, dim3(sms), dim3((cw + 1) * 32), args, sm, st));
     };
 
@@ -564,9 +608,9 @@ int main() {
         return 0;
     }
     // Check: one layer of the ring against the reference, for each way of handing out chunks.
-    for (int mode : {0, (int)R_INTERLEAVE, (int)R_DYN, (int)R_ACC, (int)(R_ACC | R_PERM)}) {
+    for (int mode : {0, (int)R_INTERLEAVE, (int)R_DYN, (int)R_ACC, (int)(R_ACC | R_PERM), (int)(R_ACC | R_OWN)}) {
         for (int i = 0; i < 4; ++i) CK(cudaMemsetAsync(ys[i], 0, 2 * KF * sizeof(float), st));
-        ring_run(8, 10, mode, 1, nullptr, nullptr);
+        ring_run(8, (mode & R_OWN) ? 8 : 10, mode, 1, nullptr, nullptr);
         CK(cudaStreamSynchronize(st));
         CK(cudaGetLastError());
         float* yr;
@@ -591,24 +635,27 @@ int main() {
         }
         CK(cudaFree(yr));
         printf("ring outputs (chunks %s) against the reference, one layer: worst |diff| / max|ref| = %.3g (%s)\n",
-               mode == R_DYN ? "claimed" : mode == R_ACC ? "in ranges, row sums in shared memory" : mode == (R_ACC | R_PERM) ? "in ranges of each matrix, row sums in shared memory" : mode ? "interleaved" : "in ranges", worst, worst < 1e-5 ? "ok" : "WRONG");
+               mode == R_DYN ? "claimed" : mode == R_ACC ? "in ranges, row sums in shared memory" : mode == (R_ACC | R_PERM) ? "in ranges of each matrix, row sums in shared memory" : mode == (R_ACC | R_OWN) ? "in ranges, a warp a stage, row sums in shared memory" : mode ? "interleaved" : "in ranges", worst, worst < 1e-5 ? "ok" : "WRONG");
     }
 
     report("A  launches + PDL, graph, no small ops", graph_a_ms(false));
     report("A  launches + PDL, graph, small ops", graph_a_ms(true));
     struct Var {
         int cw, ns, mode, ahead;
-    } vars[] = {{8, 10, R_NOCOMP | R_LIGHT | R_SPIN, 0},
-                {8, 10, R_NOCOMP | R_SMALL_LOCAL | R_LIGHT | R_SPIN, 0},
+    } vars[] = {{8, 8, R_OWN | R_ACC | R_LIGHT | R_SPIN, 0},
+                {4, 8, R_OWN | R_ACC | R_LIGHT | R_SPIN, 0},
+                {5, 10, R_OWN | R_ACC | R_LIGHT | R_SPIN, 0},
+                {8, 10, R_ACC | R_LIGHT | R_SPIN, 0},
+                {8, 8, R_OWN | R_ACC | R_SMALL_LOCAL | R_LIGHT | R_SPIN, 0},
+                {5, 10, R_OWN | R_ACC | R_SMALL_LOCAL | R_LIGHT | R_SPIN, 0},
                 {16, 9, R_NOCOMP | R_SMALL_LOCAL | R_LIGHT | R_SPIN, 0},
-                {8, 10, R_NOCOMP | R_SMALL | R_LIGHT | R_SPIN, 0},
-                {8, 10, R_ACC | R_LIGHT | R_SPIN, 0}};
+                {8, 8, R_OWN | R_ACC | R_SMALL_LOCAL | R_LIGHT | R_SPIN | R_NO_AHEAD, 0}};
     const char* tyname[4] = {"q+k+v", "attn_output", "gate+up", "ffn_down"};
     for (const Var& v : vars) {
         const float ms = timer.ms([&] { ring_run(v.cw, v.ns, v.mode, LAYERS, nullptr, nullptr, v.ahead); }, 10);
         char name[128];
         snprintf(name, sizeof name, "R  ring, %d warps, %d stages%s%s%s%s%s%s%s%s, L2 %d ahead", v.cw, v.ns,
-                 v.mode & R_PERM ? ", ranges per matrix" : "", v.mode & R_ACC ? ", sums in smem" : "",
+                 v.mode & R_OWN ? ", a warp a stage" : v.mode & R_PERM ? ", ranges per matrix" : "", v.mode & R_ACC ? ", sums in smem" : "",
                  v.mode & R_SPIN ? (v.mode & R_LIGHT ? ", spin, no fences" : ", spin") : v.mode & R_LIGHT ? ", no fences" : "",
                  v.mode & R_NO_AHEAD ? ", no ahead" : "",
                  v.mode & R_SMALL ? ", small ops" : v.mode & R_SMALL_LOCAL ? ", small ops per block" : "",
