@@ -181,15 +181,6 @@ __global__ void __launch_bounds__(128, 4) dyn_mv(Op op, const int8_t* __restrict
 }
 
 #ifndef __CUDACC_RTC__
-__global__ void read_bw(const uint4* __restrict__ p, size_t n, unsigned* sink) {
-    uint4 acc = make_uint4(0, 0, 0, 0);
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        const uint4 v = __ldcs(p + i);
-        acc.x ^= v.x; acc.y ^= v.y; acc.z ^= v.z; acc.w ^= v.w;
-    }
-    if ((acc.x ^ acc.y ^ acc.z ^ acc.w) == 0x12345678u) *sink = 1;
-}
-
 int main() {
     int sms;
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
@@ -239,20 +230,9 @@ int main() {
     auto time_it = [&](auto&& run, int reps) { return timer.ms(run, reps); };
 
     // Read bandwidth: 4 GiB in one pass.
-    double bw;
-    {
-        const size_t n = (size_t)4 << 30;
-        uint4* p;
-        unsigned* sink;
-        CK(cudaMalloc(&p, n));
-        CK(cudaMemset(p, 1, n));
-        CK(cudaMalloc(&sink, 4));
-        const float ms = time_it([&] { read_bw<<<sms * 8, 512, 0, st>>>(p, n / 16, sink); }, 5);
-        bw = n / (ms * 1e-3) / 1e9;
-        CK(cudaFree(p));
-        printf("read bandwidth: %.1f GB/s; the chain's bytes at that rate: %.3f ms per %d layers\n", bw,
-               layer_bytes * LAYERS / bw / 1e6, LAYERS);
-    }
+    const double bw = read_bandwidth(timer, sms);
+    printf("read bandwidth: %.1f GB/s; the chain's bytes at that rate: %.3f ms per %d layers\n", bw,
+           layer_bytes * LAYERS / bw / 1e6, LAYERS);
     auto report = [&](const char* name, float ms) {
         const double gbs = layer_bytes * LAYERS / (ms * 1e-3) / 1e9;
         printf("%-62s %8.3f ms  %7.1f GB/s  %5.1f%%  (%.2f us a layer)\n", name, ms, gbs, 100.0 * gbs / bw,

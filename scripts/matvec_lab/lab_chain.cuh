@@ -92,4 +92,18 @@ struct StreamTimer {
         return t / reps;
     }
 };
+
+// GB/s of one streaming read of 4 GiB (read_bw of lab_host.h), timed on the timer's stream.
+static double read_bandwidth(StreamTimer& timer, int sms) {
+    const size_t n = (size_t)4 << 30;
+    uint4* p;
+    unsigned* sink;
+    CK(cudaMalloc(&p, n));
+    CK(cudaMemset(p, 1, n));
+    CK(cudaMalloc(&sink, 4));
+    const float ms = timer.ms([&] { read_bw<<<sms * 8, 512, 0, timer.st>>>(p, n / 16, sink); }, 5);
+    CK(cudaFree(p));
+    CK(cudaFree(sink));
+    return n / (ms * 1e-3) / 1e9;
+}
 #endif

@@ -1,6 +1,6 @@
-// Host helpers shared by the matvec lab's programs (trace.cu, chain.cu): error checks, random
-// Q4_K weights, the engine's one-column grid size (matvec.rs: mvk_blocks) and a random Q8_K
-// activation.
+// Host helpers shared by the matvec lab's programs (trace.cu, chain.cu, ring.cu, ...): error checks,
+// random Q4_K weights, the engine's one-column grid size (matvec.rs: mvk_blocks), a plain read
+// kernel for the read bandwidth and a random Q8_K activation.
 #pragma once
 #include <cstdio>
 #include <cstdlib>
@@ -36,6 +36,16 @@ static int mvk_blocks(long quads, long per, int sms) {
     if (quads <= warps && 4 * quads >= 3 * warps) return (int)((quads + 3) / 4);
     long b = ((quads * per + 1) / 2 + 3) / 4;
     return (int)std::max(1L, std::min(b, most));
+}
+
+// A plain streaming read of n 16-byte words (the read bandwidth the chain labs report against).
+__global__ void read_bw(const uint4* __restrict__ p, size_t n, unsigned* sink) {
+    uint4 acc = make_uint4(0, 0, 0, 0);
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const uint4 v = __ldcs(p + i);
+        acc.x ^= v.x; acc.y ^= v.y; acc.z ^= v.z; acc.w ^= v.w;
+    }
+    if ((acc.x ^ acc.y ^ acc.z ^ acc.w) == 0x12345678u) *sink = 1;
 }
 
 // A random int8 activation of K values and its (scale, sum) per 32 values, on the device.

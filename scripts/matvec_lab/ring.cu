@@ -139,6 +139,28 @@ __device__ __forceinline__ float q4k_block(const uint8_t* blk, const int8_t* xp,
     return __low2float(dm) * xd * (float)isc - __high2float(dm) * xd * (float)im;
 }
 
+// The small op by a block's CW consumer warps: out = in / rms(in) over n values (out written only
+// when `write`); red: CW floats of shared memory.
+template <int CW>
+__device__ __forceinline__ void ring_small(const float* in, float* out, int n, bool write, float* red) {
+    const int ct = threadIdx.x, warp = ct / 32, lane = ct % 32;
+    float ss = 0.0f;
+    for (int i = ct; i < n; i += CW * 32) {
+        const float v = __ldcg(in + i);
+        ss = fmaf(v, v, ss);
+    }
+    ss = warp_sum(ss);
+    if (lane == 0) red[warp] = ss;
+    consumers_sync(CW);
+    float t = 0.0f;
+    for (int w = 0; w < CW; ++w) t += red[w];
+    if (write) {
+        const float sc = rsqrtf(t / n + 1e-6f);
+        for (int i = ct; i < n; i += CW * 32) out[i] = __ldcg(in + i) * sc;
+    }
+    consumers_sync(CW);
+}
+
 // An op's work is chunks of one stage (4 tiles): chunk c of matrix c / nch. How a block gets
 // its chunks: static (a contiguous range of them), R_INTERLEAVE (b, b + G, ...) or R_DYN (claimed
 // two at a time from the op's counter, the next claim in flight while the current pair is
@@ -274,25 +296,8 @@ __global__ void __launch_bounds__((CW + 1) * 32, 1)
             if (tl) tl[(size_t)2 * o * G + b] = globaltimer_ns();
         }
         consumers_sync(CW);
-        if ((mode & R_SMALL_LOCAL) && o > 0) { // the small op on op o - 1's output, by this block
-            const ROp& pr = ops[o - 1];
-            const int n = min(pr.rows, 6656);
-            float ss = 0.0f;
-            for (int i = ct; i < n; i += CW * 32) {
-                const float v = __ldcg(pr.y + i);
-                ss = fmaf(v, v, ss);
-            }
-            ss = warp_sum(ss);
-            if (lane == 0) red[warp] = ss;
-            consumers_sync(CW);
-            float t = 0.0f;
-            for (int w = 0; w < CW; ++w) t += red[w];
-            if (b == 0) {
-                const float sc = rsqrtf(t / n + 1e-6f);
-                for (int i = ct; i < n; i += CW * 32) sout[i] = __ldcg(pr.y + i) * sc;
-            }
-            consumers_sync(CW);
-        }
+        if ((mode & R_SMALL_LOCAL) && o > 0) // the small op on op o - 1's output, by this block
+            ring_small<CW>(ops[o - 1].y, sout, min(ops[o - 1].rows, 6656), b == 0, red);
         for (int i = ct; i < op.K / 16; i += CW * 32) ((int4*)xs)[i] = __ldcg((const int4*)xq + i);
         for (int i = ct; i < op.K / 32; i += CW * 32) xsum[i] = __ldcg(xs32 + i);
         for (int i = ct; i < nb; i += CW * 32) xds[i] = __ldcg(xd + i);
@@ -402,20 +407,7 @@ __global__ void __launch_bounds__((CW + 1) * 32, 1)
                 __threadfence();
             }
             consumers_sync(CW);
-            const int n = min(op.rows, 6656);
-            float ss = 0.0f;
-            for (int i = ct; i < n; i += CW * 32) {
-                const float v = __ldcg(op.y + i);
-                ss = fmaf(v, v, ss);
-            }
-            ss = warp_sum(ss);
-            if (lane == 0) red[warp] = ss;
-            consumers_sync(CW);
-            float t = 0.0f;
-            for (int w = 0; w < CW; ++w) t += red[w];
-            const float sc = rsqrtf(t / n + 1e-6f);
-            for (int i = ct; i < n; i += CW * 32) sout[i] = __ldcg(op.y + i) * sc;
-            consumers_sync(CW);
+            ring_small<CW>(op.y, sout, min(op.rows, 6656), true, red);
             if (ct == 0) {
                 __threadfence();
                 r_red_release(sdone, 1);
@@ -439,15 +431,6 @@ __global__ void ring_ref(const uint8_t* w, const int8_t* xq, const int* xs32, co
 }
 
 #ifndef __CUDACC_RTC__
-__global__ void read_bw(const uint4* __restrict__ p, size_t n, unsigned* sink) {
-    uint4 acc = make_uint4(0, 0, 0, 0);
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        const uint4 v = __ldcs(p + i);
-        acc.x ^= v.x; acc.y ^= v.y; acc.z ^= v.z; acc.w ^= v.w;
-    }
-    if ((acc.x ^ acc.y ^ acc.z ^ acc.w) == 0x12345678u) *sink = 1;
-}
-
 static size_t ring_smem(int ns, int cw) {
     return (size_t)ns * STAGE_BYTES + XMAX + XMAX / 32 * 4 + XMAX / 256 * 4 + 32 * 4 + 16 * 4 + (size_t)cw * ACCR * 4 +
            16 * ns;
@@ -499,20 +482,8 @@ int main() {
     cudaStream_t st;
     CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     StreamTimer timer(st);
-    double bw;
-    {
-        const size_t n = (size_t)4 << 30;
-        uint4* p;
-        unsigned* sink;
-        CK(cudaMalloc(&p, n));
-        CK(cudaMemset(p, 1, n));
-        CK(cudaMalloc(&sink, 4));
-        const float ms = timer.ms([&] { read_bw<<<sms * 8, 512, 0, st>>>(p, n / 16, sink); }, 5);
-        bw = n / (ms * 1e-3) / 1e9;
-        CK(cudaFree(p));
-        printf("read bandwidth: %.1f GB/s; the chain's bytes at that rate: %.2f us a layer\n", bw,
-               layer_bytes / bw / 1e3);
-    }
+    const double bw = read_bandwidth(timer, sms);
+    printf("read bandwidth: %.1f GB/s; the chain's bytes at that rate: %.2f us a layer\n", bw, layer_bytes / bw / 1e3);
     auto report = [&](const char* name, float ms) {
         const double gbs = layer_bytes * LAYERS / (ms * 1e-3) / 1e9;
         printf("%-58s %8.3f ms  %7.1f GB/s  %5.1f%%  %7.2f us a layer\n", name, ms, gbs, 100.0 * gbs / bw,
