@@ -42,16 +42,6 @@ struct Op {
     int rows, K, silu, W; // W: the warps that share the op's tasks (the launch's in A)
 };
 
-__device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
-    unsigned v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-
-__device__ __forceinline__ void red_release(unsigned* p, unsigned v) {
-    asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-
 
 __device__ __forceinline__ void op_range(const Op& op, int gw, int* t0, int* t1, int* nch) {
     *nch = kq_chunks(op.K);

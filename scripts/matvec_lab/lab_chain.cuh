@@ -1,7 +1,19 @@
-// What the chain labs share (chain.cu, ahead.cu, normafter.cu), included after matvec.cu: the
-// one-block small op standing in for the norms, qkv_rows and the attention; and, on the host,
-// programmatic launches, the Glimmer-shaped Q4_K layer weights and a CUDA-event timer.
+// What the chain labs share (chain.cu, ahead.cu, normafter.cu, ring.cu), included after matvec.cu:
+// grid-wide counters, the one-block small op standing in for the norms, qkv_rows and the attention;
+// and, on the host, programmatic launches, the Glimmer-shaped Q4_K layer weights, a CUDA-event
+// timer and the read bandwidth.
 #pragma once
+
+// A counter read with acquire and added to with release (GPU scope): the grid-wide steps of the
+// persistent variants.
+__device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ void red_release(unsigned* p, unsigned v) {
+    asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
 
 // The small op: out = in / rms(in), one block of 128 threads (two passes over n values).
 __device__ __forceinline__ void small_body(const float* __restrict__ in, float* __restrict__ out, int n) {

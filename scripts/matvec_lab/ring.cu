@@ -75,16 +75,8 @@ constexpr int ACCR = 448; // rows of the outputs (gate's and up's one after the 
 // 32 Q4_K blocks of rows 32 rg .. 32 rg + 31 at super-block sb, one after the other (a layout made
 // at load, like the engine's 4-row interleave).
 
-__device__ __forceinline__ unsigned r_ld_acquire(const unsigned* p) {
-    unsigned v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-__device__ __forceinline__ void r_red_release(unsigned* p, unsigned v) {
-    asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
 __device__ __forceinline__ void r_wait_at_least(const unsigned* p, unsigned v, bool spin = false) {
-    while (r_ld_acquire(p) < v)
+    while (ld_acquire(p) < v)
         if (!spin) __nanosleep(32);
 }
 __device__ __forceinline__ unsigned long long globaltimer_ns() {
@@ -399,7 +391,7 @@ __global__ void __launch_bounds__((CW + 1) * 32, 1)
         if (ct == 0) {
             if (tl) tl[(size_t)(2 * o + 1) * G + b] = globaltimer_ns();
             if (!(mode & R_LIGHT)) __threadfence();
-            r_red_release(done, 1);
+            red_release(done, 1);
         }
         if ((mode & R_SMALL) && b == 0) { // the small op on op o's output, after every block's
             if (ct == 0) {
@@ -410,7 +402,7 @@ __global__ void __launch_bounds__((CW + 1) * 32, 1)
             ring_small<CW>(op.y, sout, min(op.rows, 6656), true, red);
             if (ct == 0) {
                 __threadfence();
-                r_red_release(sdone, 1);
+                red_release(sdone, 1);
             }
         }
     }
