@@ -6,18 +6,19 @@
 // computed (a warp loads its own rounds), so the DRAM idles whenever the warps wait for the op
 // before. Here the loads are not the warps': one persistent block per SM, warp-specialized.
 //   - A producer lane walks the SM's whole schedule (its share of op 0, op 1, ... of the 52
-//     layers) and fills a ring of shared-memory stages (NS x 18 KB, 128 Q4_K super-blocks each)
-//     by bulk copies (cp.async.bulk, evict-first). It waits only for a free stage, never for an
-//     op boundary, so the DRAM keeps streaming the next op's weights while the consumers wait.
-//   - CW consumer warps wait for op o's input (a grid-wide counter of finished blocks; with
-//     small ops, the flag of block 0's small op), load it into shared memory, then take the
-//     stages as they fill: 8 lanes per super-block, 4 super-blocks per warp at a time, the
-//     engine's integer recipe (dp4a over nibbles, 6-bit scales and mins), per-row sums in
-//     shared memory. At the op's end the block adds its rows to y and counts itself done.
-//   - Each op's super-blocks are split evenly over the SMs (gate+up by rows, since each row's
-//     gate and up sit together), so no SM streams more than 1/132 of an op plus one row.
-// Bits: not the engine's canonical order (shared-memory atomics; this is a timing lab); the
-// outputs of a one-layer run are checked against a reference kernel with a relative tolerance.
+//     layers) and fills a ring of shared-memory stages (ns x 18 KB: 4 tiles of 32 rows x one
+//     Q4_K super-block) by bulk copies (cp.async.bulk, evict-first). It waits only for a free
+//     stage, never for an op boundary, so the DRAM keeps streaming the next op's weights while
+//     the consumers wait.
+//   - CW consumer warps wait for op o's input (a grid-wide count of finished blocks; with block
+//     0's small op, its flag), load it into shared memory, then take the stages as they land:
+//     one row per lane and one super-block per tile, the engine's integer recipe (dp4a over
+//     nibbles, 6-bit scales and mins), a running sum per lane while its row stays the same.
+//     At the op's end the block adds its rows to y and counts itself done.
+//   - An op's work is chunks of one stage, handed to the blocks in contiguous ranges, claimed at
+//     run time or interleaved (mode bits below).
+// Bits: not the engine's canonical order (a timing lab); the outputs of a one-layer run are
+// checked against a reference kernel with a relative tolerance.
 //
 // Weights: chain.cu's (8 distinct Glimmer-shaped Q4_K layers cycled over 52 layers, random
 // bytes). Compared in the same run with chain.cu's variant A (the engine's mvk_1 / mvk_silu_1,
@@ -47,28 +48,33 @@ struct ROp {
     int rows, K, nm;     // rows a multiple of 32; nm: 1, or 2 for gate+up (the same tiles of each)
 };
 
-// Mode bits: 1 = the producer waits for op o's input before copying op o (no running ahead);
-// 2 = small ops (block 0 normalizes each op's output; op o + 1 waits for it).
-// Diagnostics: 4 = the consumers skip the arithmetic (the stream alone).
-// Chunks to blocks: 32 = claimed at run time, 64 = interleaved (else contiguous ranges).
-// 128 = small ops run by every block on its own at the start of the op after (as a norm would be:
-// each block reads the previous op's output and reduces it), without a grid-wide step.
-// 256 = contiguous ranges whose row sums stay in shared memory (each warp its own) until the op's
-// end, when the block adds them to y (else each running sum goes to y by a global reduction).
-// 512 = the waits for an op's input spin without sleeping.
+// Mode bits:
+//   R_NO_AHEAD     the producer waits for op o's input before copying op o (no running ahead);
+//   R_SMALL        small ops by block 0 (it normalizes each op's output; op o + 1 waits for its flag);
+//   R_NOCOMP       the consumers skip the arithmetic (the stream alone; a diagnostic);
+//   R_DYN          chunks claimed at run time, two at a time (else contiguous ranges);
+//   R_INTERLEAVE   chunks b, b + G, ... to block b;
+//   R_SMALL_LOCAL  small ops run by every block on its own at the start of the op after (as a norm
+//                  would be: each block reduces the previous op's output), without a grid step;
+//   R_ACC          contiguous ranges whose row sums stay in shared memory (each warp its own)
+//                  until the op's end, when the block adds them to y (else each running sum goes
+//                  to y by a global reduction);
+//   R_SPIN         the waits for an op's input spin without sleeping;
+//   R_PERM         contiguous ranges taken in each matrix of the op (gate+up: the same range of
+//                  both, as 57c's tiles were), else one range of the op's chunks (half the blocks
+//                  gate, half up);
+//   R_LIGHT        the op boundary without sequentially consistent fences: the block's release and
+//                  the waiters' acquire alone (bar.sync orders the block's other threads);
+//   R_OWN          each stage owned by one consumer warp (stage number mod CW), which takes its 4
+//                  tiles in order; the others neither wait for it nor release it, and no end-of-op
+//                  stage is needed (contiguous ranges only). ns must be a multiple of CW, so that
+//                  each ring slot has one owner: a warp waiting for a slot's round r + 1 while
+//                  round r is pending would see round r - 1's parity completed and read a stale
+//                  stage (run 57m hung so).
 enum {
     R_NO_AHEAD = 1, R_SMALL = 2, R_NOCOMP = 4, R_DYN = 32, R_INTERLEAVE = 64, R_SMALL_LOCAL = 128, R_ACC = 256,
     R_SPIN = 512, R_PERM = 1024, R_LIGHT = 2048, R_OWN = 4096
 };
-// 4096 = each stage owned by one consumer warp (stage number mod CW), which takes its 4 tiles in
-// order; the other warps neither wait for it nor release it, and no end-of-op stage is needed
-// (contiguous ranges only, the block's chunk count known). ns must be a multiple of CW, so that
-// each ring slot has one owner: a warp waiting for a slot's round r + 1 while round r is still
-// pending would see round r - 1's parity completed and read a stale stage (run 57m hung so).
-// 2048 = the op boundary without sequentially consistent fences: the block's release and the
-// waiters' acquire alone (bar.sync orders the block's other threads around them).
-// 1024 = contiguous ranges taken in each matrix of the op (gate+up: the same range of both, as
-// 57c's tiles were), else one contiguous range of the op's chunks (half the blocks gate, half up).
 constexpr int ACCR = 448; // rows of the outputs (gate's and up's one after the other) a block may touch
 
 // The weights are tiles: tile t = (row group rg, super-block sb), t = rg x K/256 + sb, holds the
@@ -153,10 +159,9 @@ __device__ __forceinline__ void ring_small(const float* in, float* out, int n, b
     consumers_sync(CW);
 }
 
-// An op's work is chunks of one stage (4 tiles): chunk c of matrix c / nch. How a block gets
-// its chunks: static (a contiguous range of them), R_INTERLEAVE (b, b + G, ...) or R_DYN (claimed
-// two at a time from the op's counter, the next claim in flight while the current pair is
-// copied). After its last chunk of an op the producer marks an empty stage (-1) as the op's end.
+// An op's work is chunks of one stage (4 tiles): chunk c of matrix c / nch. R_DYN claims two at
+// a time, the next claim in flight while the current pair is copied. After its last chunk of an
+// op the producer marks an empty stage (-1) as the op's end (not with R_OWN).
 template <int CW>
 __global__ void __launch_bounds__((CW + 1) * 32, 1)
     ring_chain(const ROp* __restrict__ ops, int nops, const int8_t* __restrict__ xq, const int* __restrict__ xs32,
