@@ -1,0 +1,508 @@
+// Issue 5: the streaming ring of run 57 with the engine's layout, bits and small ops (run 58).
+//
+// Run 57m found the ring's consumers keeping up with the stream once each stage has one owner
+// warp (73.9-75.1 us a layer against 77.5 for the engine's launches, no small ops). Its small op
+// was a stand-in, its layout a lab layout and its row sums not the canonical ones. Here the
+// chain is a layer of the engine itself, every value checked bit for bit against the engine's
+// kernels run the same way:
+//   [residual norm -> Q8_K] q+k+v  [Q8_K of q: the attention's stand-in] attn_output
+//   [residual norm -> Q8_K] gate+up+SiLU  [Q8_K of the SiLU product] ffn_down
+// (llama-glimmer's shapes, every matrix Q4_K, random bytes).
+//   - The weights stay in the engine's resident layout (kq_blk: row quads, each quad's chunk of 4
+//     super-blocks one contiguous run). A stage is one chunk of one 32-row group (8 quads x up to 4
+//     super-blocks, 8 bulk copies, 18 KB), owned by one consumer warp, one row per lane.
+//   - Row sums in the canonical order (common.cuh): each lane makes its row's chunk value
+//     (v0 + v1) + (v2 + v3), kept in a shared-memory table; at the op's end the block adds the
+//     chunks of the row groups it holds whole, in order from 0; a row group shared with another
+//     block goes through global memory and a completion count (mvk_warp's way).
+//   - The small ops run by every block on its own at the start of the op that reads them, into its
+//     shared-memory activation (no grid step): the residual norm (h += o, then rmsnorm with the
+//     reduction order of norm.cu's 1024-thread residual_norm, then q8k_warp); each block writes
+//     its slice of the new h (h in two buffers, alternated). The quantizations by q8k_warp.
+// Compared in the same run with the engine's launches for the same chain (residual_norm,
+// mvk_1, quantize_q8_k, mvk_silu_1 + silu_finish_q8k; programmatic dependencies, one CUDA graph).
+//
+// Build and run on the device: bash scripts/matvec_lab/run_ringx.sh (~1 min)
+#ifndef __CUDACC_RTC__
+#include "lab_host.h"
+#endif
+
+#include "../../crates/muser-cuda/kernels/common.cuh"
+#include "../../crates/muser-cuda/kernels/kq_mma.cuh"
+#include "../../crates/muser-cuda/kernels/matvec.cu"
+#include "../../crates/muser-cuda/kernels/mmt.cu"
+#include "../../crates/muser-cuda/kernels/norm.cu"
+#include "lab_chain.cuh"
+
+constexpr int XQB = 576;                    // a Q4_K quad's super-block: 4 x 144 bytes
+constexpr int XSTAGE = 8 * 4 * XQB;          // 18,432: 8 quads x 4 super-blocks
+constexpr int XMAXK = 19968;                 // the largest K
+constexpr int XNORM = 6656;                  // the norms' width (scratch)
+constexpr int XTAB = 4096;                   // floats of the chunk table
+
+enum { XS_NORM = 1, XS_QUANT = 2 };
+// One matvec and the small op that makes its input.
+struct XOp {
+    const uint8_t* w[2]; // the matrix (gate and up for gate+up)
+    float* y;            // [rows] (gate+up: silu(gate) x up)
+    int rows, K, nm;     // rows a multiple of 32
+    int small;           // XS_NORM: h' = hsrc + src, x = rmsnorm(h', nw); XS_QUANT: x = src
+    const float* src;
+    const float* hsrc;
+    float* hdst;
+    const float* nw;
+    float eps;
+};
+
+// Flags: X_LIGHT: the op's end without __threadfence before the release (the block barrier and
+// the release add alone).
+enum { X_LIGHT = 1 };
+
+__device__ __forceinline__ void x_consumers_sync(int cw) { asm volatile("bar.sync 1, %0;" ::"r"(cw * 32) : "memory"); }
+
+__device__ __forceinline__ void x_bulk_copy_ef(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar,
+                                               unsigned long long pol) {
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
+            dst),
+        "l"(src), "r"(bytes), "r"(bar), "l"(pol)
+        : "memory");
+}
+
+// The canonical value v_b of one Q4_K super-block (blk) of one row against the Q8_K activation
+// in shared memory (xs: int8 values, xds: (d, sum) per 32), by one lane: isc and im exact
+// (dp4a; the high nibbles dotted in place, x 16, and shifted back), then kq_value_q45.
+__device__ __forceinline__ float x_q4k_value(const uint8_t* blk, const int8_t* xs, const float2* xds, int sb) {
+    const uint4 hd = *(const uint4*)blk;
+    uint32_t sc_lo, sc_hi, m_lo, m_hi;
+    unpack_scales_k4(hd.y, hd.z, hd.w, &sc_lo, &sc_hi, &m_lo, &m_hi);
+    const int8_t* xp = xs + 256 * sb;
+    int isc = 0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const uint4 q0 = *(const uint4*)(blk + 16 + 32 * j), q1 = *(const uint4*)(blk + 32 + 32 * j);
+        const int4 xa0 = *(const int4*)(xp + 64 * j), xa1 = *(const int4*)(xp + 64 * j + 16);
+        const int4 xb0 = *(const int4*)(xp + 64 * j + 32), xb1 = *(const int4*)(xp + 64 * j + 48);
+        int da = dp4a_us(q0.x & 0x0F0F0F0Fu, xa0.x, 0), db = dp4a_us(q0.x & 0xF0F0F0F0u, xb0.x, 0);
+        da = dp4a_us(q0.y & 0x0F0F0F0Fu, xa0.y, da), db = dp4a_us(q0.y & 0xF0F0F0F0u, xb0.y, db);
+        da = dp4a_us(q0.z & 0x0F0F0F0Fu, xa0.z, da), db = dp4a_us(q0.z & 0xF0F0F0F0u, xb0.z, db);
+        da = dp4a_us(q0.w & 0x0F0F0F0Fu, xa0.w, da), db = dp4a_us(q0.w & 0xF0F0F0F0u, xb0.w, db);
+        da = dp4a_us(q1.x & 0x0F0F0F0Fu, xa1.x, da), db = dp4a_us(q1.x & 0xF0F0F0F0u, xb1.x, db);
+        da = dp4a_us(q1.y & 0x0F0F0F0Fu, xa1.y, da), db = dp4a_us(q1.y & 0xF0F0F0F0u, xb1.y, db);
+        da = dp4a_us(q1.z & 0x0F0F0F0Fu, xa1.z, da), db = dp4a_us(q1.z & 0xF0F0F0F0u, xb1.z, db);
+        da = dp4a_us(q1.w & 0x0F0F0F0Fu, xa1.w, da), db = dp4a_us(q1.w & 0xF0F0F0F0u, xb1.w, db);
+        const uint32_t scw = j < 2 ? sc_lo : sc_hi;
+        const int sh = 16 * (j & 1);
+        isc += (int)((scw >> sh) & 0xFF) * da + (int)((scw >> (sh + 8)) & 0xFF) * (db >> 4);
+    }
+    const float2* xd = xds + 8 * sb;
+    int im = 0;
+#pragma unroll
+    for (int s = 0; s < 8; ++s)
+        im += (int)(((s < 4 ? m_lo : m_hi) >> (8 * (s & 3))) & 0xFF) * __float2int_rn(xd[s].y);
+    const float2 dm = __half22float2(*(const __half2*)blk);
+    return kq_value_q45(dm.x, dm.y, isc, im, xd[0].x);
+}
+
+// The small op before op `op`, by the block's CW consumer warps, into the shared-memory
+// activation (xs, xds, xbs).
+template <int CW>
+__device__ __forceinline__ void x_small(const XOp& op, int8_t* xs, float2* xds, int8_t* xbs, float* hsc, float* part) {
+    constexpr int NT = CW * 32;
+    const int ct = threadIdx.x, warp = ct / 32, lane = ct % 32, K = op.K;
+    if (op.small == XS_QUANT) {
+        for (int blk = warp; blk < K / QK_K; blk += CW) {
+            const float4 a = __ldcg((const float4*)(op.src + blk * 256 + 8 * lane));
+            const float4 b = __ldcg((const float4*)(op.src + blk * 256 + 8 * lane + 4));
+            const float f[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+            q8k_warp(f, blk, lane, xs, xds, xbs, K, 0);
+        }
+        return;
+    }
+    // The residual norm: h' = h + o into the scratch; the block's slice of h' to hdst.
+    for (int i = ct; i < K; i += NT) hsc[i] = __ldcg(op.hsrc + i) + __ldcg(op.src + i);
+    const int G = gridDim.x, b = blockIdx.x;
+    x_consumers_sync(CW);
+    for (int i = K * b / G + ct; i < K * (b + 1) / G; i += NT) op.hdst[i] = hsc[i];
+    // residual_norm's sum of squares: thread t (of 1024) sums values t + 1024 k (sum_sq), then
+    // each warp of 32 threads (warp_sum), then the 32 warps' sums (warp_sum). Thread p here plays
+    // threads p + NT j, whose warps are warp + CW j.
+#pragma unroll
+    for (int j = 0; j < NORM_T / NT; ++j) {
+        const int t = ct + NT * j;
+        float hv[NORM_V];
+#pragma unroll
+        for (int k = 0; k < NORM_V; ++k) {
+            const int i = t + k * NORM_T;
+            hv[k] = i < K ? hsc[i] : 0.0f;
+        }
+        const float s = warp_sum(sum_sq(hv));
+        if (lane == 0) part[warp + CW * j] = s;
+    }
+    x_consumers_sync(CW);
+    const float inv2 = rsqrtf(warp_sum(part[lane]) / (float)K + op.eps);
+    for (int blk = warp; blk < K / QK_K; blk += CW) {
+        float f[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const int at = blk * 256 + 8 * lane + i;
+            f[i] = hsc[at] * inv2 * op.nw[at];
+        }
+        q8k_warp(f, blk, lane, xs, xds, xbs, K, 0);
+    }
+}
+
+// The chain: one block per SM, CW consumer warps and one producer warp.
+template <int CW>
+__global__ void __launch_bounds__((CW + 1) * 32, 1)
+    ringx_chain(const XOp* __restrict__ ops, int nops, float* __restrict__ cvg, unsigned* __restrict__ cnt,
+                unsigned* done, int ns, int flags) {
+    extern __shared__ __align__(128) uint8_t smem[];
+    uint8_t* stages = smem;
+    int8_t* xs = (int8_t*)(smem + ns * XSTAGE);           // XMAXK
+    float2* xds = (float2*)(xs + XMAXK);                  // XMAXK / 32
+    int8_t* xbs = (int8_t*)(xds + XMAXK / 32);            // XMAXK / 256 x 16
+    float* tab = (float*)(xbs + XMAXK / 256 * 16);        // XTAB
+    float* hsc = tab + XTAB;                              // XNORM
+    float* part = hsc + XNORM;                            // 32
+    unsigned long long* bars = (unsigned long long*)(part + 32); // full[ns], empty[ns]
+    const uint32_t bar0 = (uint32_t)__cvta_generic_to_shared(bars);
+    auto full = [&](int s) { return bar0 + 8u * s; };
+    auto empty = [&](int s) { return bar0 + 8u * (ns + s); };
+    const int G = gridDim.x, b = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < ns; ++s) {
+            mbar_init(full(s), 1);
+            mbar_init(empty(s), 1);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+
+    if (warp == CW) { // the producer: the block's chunks of every op in turn, 8 bulk copies each
+        if (lane != 0) return;
+        unsigned long long pol;
+        asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+        int k = 0;
+        for (int o = 0; o < nops; ++o) {
+            const XOp& op = ops[o];
+            const int nb = op.K / QK_K, nch = kq_chunks(op.K), per = op.nm * nch, C = op.rows / 32 * per;
+            const int c0 = (int)((long long)C * b / G), c1 = (int)((long long)C * (b + 1) / G);
+            const uint8_t* w0 = op.w[0];
+            const uint8_t* w1 = op.w[1];
+            for (int c = c0; c < c1; ++c, ++k) {
+                const int s = k % ns;
+                if (k >= ns) mbar_wait(empty(s), ((k / ns) - 1) & 1);
+                const int rg = c / per, rem = c - rg * per, m = rem / nch, ch = rem - m * nch;
+                const uint32_t bytes = (uint32_t)min(4, nb - 4 * ch) * XQB;
+                mbar_expect(full(s), 8 * bytes);
+                const uint8_t* src = (m ? w1 : w0) + ((size_t)(8 * rg) * nb + 4 * ch) * XQB;
+                const uint32_t dst = (uint32_t)__cvta_generic_to_shared(stages + (size_t)s * XSTAGE);
+#pragma unroll
+                for (int qd = 0; qd < 8; ++qd)
+                    x_bulk_copy_ef(dst + qd * bytes, src + (size_t)qd * nb * XQB, bytes, full(s), pol);
+            }
+        }
+        return;
+    }
+
+    // The consumers.
+    const int ct = threadIdx.x;
+    int k = 0;
+    for (int o = 0; o < nops; ++o) {
+        const XOp op = ops[o];
+        const int nb = op.K / QK_K, nch = kq_chunks(op.K), per = op.nm * nch, C = op.rows / 32 * per;
+        const int c0 = (int)((long long)C * b / G), c1 = (int)((long long)C * (b + 1) / G);
+        if (o > 0) {
+            if (ct == 0) {
+                while (ld_acquire(done) < (unsigned)(G * o)) {
+                }
+            }
+            x_consumers_sync(CW);
+        }
+        x_small<CW>(op, xs, xds, xbs, hsc, part);
+        x_consumers_sync(CW);
+        const int rgf = c0 / per;
+        for (int j = c0; j < c1; ++j, ++k) {
+            if (k % CW != warp) continue;
+            const int s = k % ns;
+            mbar_wait(full(s), (k / ns) & 1);
+            const int rg = j / per, rem = j - rg * per, ch = rem % nch, nsb = min(4, nb - 4 * ch);
+            const uint8_t* st = stages + (size_t)s * XSTAGE + ((lane >> 2) * nsb * 4 + (lane & 3)) * 144;
+            float v0 = x_q4k_value(st, xs, xds, 4 * ch), c = v0;
+            if (nsb > 1) c = kq_add(v0, x_q4k_value(st + 576, xs, xds, 4 * ch + 1));
+            if (nsb > 2) {
+                float v2 = x_q4k_value(st + 2 * 576, xs, xds, 4 * ch + 2);
+                if (nsb > 3) v2 = kq_add(v2, x_q4k_value(st + 3 * 576, xs, xds, 4 * ch + 3));
+                c = kq_add(c, v2);
+            }
+            tab[((rg - rgf) * per + rem) * 32 + lane] = c;
+            __syncwarp();
+            if (lane == 0) mbar_arrive(empty(s));
+        }
+        x_consumers_sync(CW);
+        // The op's end: the rows of the block's row groups, summed in chunk order from 0.
+        if (c1 > c0) {
+            const int rgl = (c1 - 1) / per;
+            for (int rg = rgf + warp; rg <= rgl; rg += CW) {
+                const int a0 = max(c0, rg * per), a1 = min(c1, (rg + 1) * per);
+                const float* tr = tab + (rg - rgf) * per * 32 + lane;
+                const float* cr = tr;
+                if (a1 - a0 < per) { // shared with another block: through global memory
+                    float* gr = cvg + (size_t)rg * per * 32 + lane;
+                    for (int i = a0 - rg * per; i < a1 - rg * per; ++i) gr[i * 32] = tr[i * 32];
+                    __syncwarp();
+                    int last = 0;
+                    if (lane == 0) {
+                        last = atom_add_release(&cnt[rg], (unsigned)(a1 - a0)) == (unsigned)(per - (a1 - a0));
+                        if (last) fence_acquire();
+                    }
+                    last = __shfl_sync(0xffffffffu, last, 0);
+                    if (!last) continue;
+                    __syncwarp();
+                    if (lane == 0) cnt[rg] = 0u;
+                    cr = gr;
+                }
+                float g = 0.0f, u = 0.0f;
+                for (int i = 0; i < nch; ++i) g = kq_add(g, cr == tr ? tr[i * 32] : __ldcg(cr + i * 32));
+                if (op.nm == 2) {
+                    for (int i = nch; i < 2 * nch; ++i) u = kq_add(u, cr == tr ? tr[i * 32] : __ldcg(cr + i * 32));
+                    op.y[rg * 32 + lane] = g / (1.0f + expf(-g)) * u;
+                } else {
+                    op.y[rg * 32 + lane] = g;
+                }
+            }
+        }
+        x_consumers_sync(CW);
+        if (ct == 0) {
+            if (!(flags & X_LIGHT)) __threadfence();
+            red_release(done, 1);
+        }
+    }
+}
+
+#ifndef __CUDACC_RTC__
+static size_t ringx_smem(int ns) {
+    return (size_t)ns * XSTAGE + XMAXK + XMAXK / 32 * 8 + XMAXK / 256 * 16 + (size_t)(XTAB + XNORM + 32) * 4 + 16 * ns;
+}
+
+// Random floats in [lo, hi) on the device.
+static float* dev_random(int n, float lo, float hi, unsigned seed) {
+    std::vector<float> h(n);
+    srand(seed);
+    for (auto& x : h) x = lo + (hi - lo) * (float)rand() / (float)RAND_MAX;
+    float* d;
+    CK(cudaMalloc(&d, n * sizeof(float)));
+    CK(cudaMemcpy(d, h.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+    return d;
+}
+
+static std::vector<float> host_copy(const float* d, int n) {
+    std::vector<float> h(n);
+    CK(cudaMemcpy(h.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost));
+    return h;
+}
+
+// Bitwise comparison: the number of differing values and the largest relative difference.
+static void compare(const char* what, const std::vector<float>& a, const std::vector<float>& r, int* bad_total) {
+    int bad = 0;
+    double mx = 0, err = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+        if (memcmp(&a[i], &r[i], 4) != 0) ++bad;
+        mx = std::max(mx, (double)fabsf(r[i]));
+        err = std::max(err, (double)fabsf(a[i] - r[i]));
+    }
+    printf("  %-28s %6d of %6zu values differ from the engine's (largest |diff| / max|ref| %.3g)\n", what, bad, a.size(),
+           mx > 0 ? err / mx : err);
+    *bad_total += bad;
+}
+
+int main() {
+    setvbuf(stdout, nullptr, _IOLBF, 0);
+    int sms;
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    const int NL = 8, LAYERS = 52;
+    const double layer_bytes = (double)(BQ + BO + 2 * BG + BD);
+    printf("%d SMs; a layer reads %.1f MB\n", sms, layer_bytes / 1e6);
+    const std::vector<LayerW> lw = upload_layers(NL);
+    const float eps = 1e-5f;
+    float* h_init = dev_random(KD, -1.0f, 1.0f, 11);
+    float* o_init = dev_random(KD, -0.5f, 0.5f, 12);
+    float* w_attn = dev_random(KD, 0.5f, 1.5f, 13);
+    float* w_ffn = dev_random(KD, 0.5f, 1.5f, 14);
+    float *hb[2], *y_qkv, *y_ao, *y_ff, *y_down, *xn;
+    for (auto** p : {&hb[0], &hb[1], &y_qkv, &y_ao, &y_ff, &y_down, &xn}) CK(cudaMalloc(p, KF * sizeof(float)));
+    int8_t *aq, *abs_;
+    float2* ads;
+    CK(cudaMalloc(&aq, KF));
+    CK(cudaMalloc(&ads, KF / 32 * sizeof(float2)));
+    CK(cudaMalloc(&abs_, KF / 256 * 16));
+    float* cv;
+    unsigned *cnt, *done;
+    CK(cudaMalloc(&cv, (size_t)2 * KF * 16 * sizeof(float)));
+    CK(cudaMalloc(&cnt, 2 * KF / 4 * sizeof(unsigned)));
+    CK(cudaMemset(cnt, 0, 2 * KF / 4 * sizeof(unsigned)));
+    CK(cudaMalloc(&done, 64));
+
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    StreamTimer timer(st);
+    const double bw = read_bandwidth(timer, sms);
+    printf("read bandwidth: %.1f GB/s; the chain's bytes at that rate: %.2f us a layer\n", bw, layer_bytes / bw / 1e3);
+    auto report = [&](const char* name, float ms) {
+        const double gbs = layer_bytes * LAYERS / (ms * 1e-3) / 1e9;
+        printf("%-62s %8.3f ms  %7.1f GB/s  %5.1f%%  %7.2f us a layer\n", name, ms, gbs, 100.0 * gbs / bw,
+               ms * 1000.0 / LAYERS);
+    };
+    auto reset_h = [&]() {
+        CK(cudaMemcpyAsync(hb[0], h_init, KD * sizeof(float), cudaMemcpyDeviceToDevice, st));
+        CK(cudaMemcpyAsync(hb[1], h_init, KD * sizeof(float), cudaMemcpyDeviceToDevice, st));
+    };
+
+    // A: the engine's launches.
+    const int gq = mvk_blocks(RQKV / 4, kq_chunks_host(KD), sms), go = mvk_blocks(KD / 4, kq_chunks_host(KO), sms),
+              gg = mvk_blocks(KF / 4, 2 * kq_chunks_host(KD), sms), gd = mvk_blocks(KD / 4, kq_chunks_host(KF), sms);
+    auto mv = [&](const unsigned char* w, float* y, int rows, int K, int grid) {
+        MatvecJobs j{};
+        j.w[0] = w;
+        j.y[0] = y;
+        j.rows[0] = rows;
+        j.ty[0] = FMT_Q4_K;
+        j.start[1] = (rows + 3) / 4 * 4;
+        j.njobs = 1;
+        launch_pdl(mvk_1, grid, 128, st, j, (const int8_t*)aq, (const float2*)ads, K, cv, cnt, 0);
+    };
+    auto chain_a = [&](int layers) {
+        for (int l = 0; l < layers; ++l) {
+            const LayerW& w = lw[l % NL];
+            launch_pdl(residual_norm, 1, NORM_T, st, hb[0], (const float*)(l == 0 ? o_init : y_down),
+                       (const float*)nullptr, 0.0f, (const float*)w_attn, eps, xn, KD, aq, ads, abs_,
+                       (uint8_t*)nullptr, 0);
+            mv(w.q, y_qkv, RQKV, KD, gq);
+            launch_pdl(quantize_q8_k, (KO / 256 + 3) / 4, 128, st, (const float*)y_qkv, aq, ads, abs_, KO / 256, KO, 0,
+                       (uint8_t*)nullptr, 0);
+            mv(w.o, y_ao, KD, KO, go);
+            launch_pdl(residual_norm, 1, NORM_T, st, hb[0], (const float*)y_ao, (const float*)nullptr, 0.0f,
+                       (const float*)w_ffn, eps, xn, KD, aq, ads, abs_, (uint8_t*)nullptr, 0);
+            launch_pdl(mvk_silu_1, gg, 128, st, (const uint8_t*)w.g, (int)FMT_Q4_K, (const uint8_t*)w.u, (int)FMT_Q4_K,
+                       y_ff, KF, (const int8_t*)aq, (const float2*)ads, KD, cv, cnt, (int)MVK_DEFER_SHARED);
+            launch_pdl(silu_finish_q8k, KF / 256, 256, st, (const float*)cv, y_ff, KF, kq_chunks_host(KD),
+                       (unsigned)(KF / 4 * 2 * kq_chunks_host(KD)), (unsigned)(gg * 4), aq, ads, abs_);
+            mv(w.d, y_down, KD, KF, gd);
+        }
+    };
+    cudaGraphExec_t ga;
+    {
+        cudaGraph_t g;
+        CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+        chain_a(LAYERS);
+        CK(cudaStreamEndCapture(st, &g));
+        CK(cudaGraphInstantiate(&ga, g, 0));
+        CK(cudaGraphDestroy(g));
+    }
+
+    // The ring's ops: 4 a layer (h alternates between the two buffers at each norm).
+    auto ring_ops = [&](int layers) {
+        std::vector<XOp> ops;
+        int norms = 0;
+        auto norm_op = [&](const unsigned char* w0, const unsigned char* w1, float* y, int rows, int K, int nm,
+                           const float* src, const float* nw) {
+            XOp op{{w0, w1}, y, rows, K, nm, XS_NORM, src, hb[norms % 2], hb[(norms + 1) % 2], nw, eps};
+            ++norms;
+            ops.push_back(op);
+        };
+        for (int l = 0; l < layers; ++l) {
+            const LayerW& w = lw[l % NL];
+            norm_op(w.q, nullptr, y_qkv, RQKV, KD, 1, l == 0 ? o_init : y_down, w_attn);
+            ops.push_back(XOp{{w.o, nullptr}, y_ao, KD, KO, 1, XS_QUANT, y_qkv, nullptr, nullptr, nullptr, 0.0f});
+            norm_op(w.g, w.u, y_ff, KF, KD, 2, y_ao, w_ffn);
+            ops.push_back(XOp{{w.d, nullptr}, y_down, KD, KF, 1, XS_QUANT, y_ff, nullptr, nullptr, nullptr, 0.0f});
+        }
+        return ops;
+    };
+    // [0, 4 LAYERS): the chain; then one layer.
+    XOp* dops;
+    CK(cudaMalloc(&dops, sizeof(XOp) * 5 * LAYERS));
+    {
+        std::vector<XOp> all = ring_ops(LAYERS), one = ring_ops(1);
+        all.insert(all.end(), one.begin(), one.end());
+        // Every block's row groups must fit the chunk table.
+        for (const XOp& op : all) {
+            const int nch = kq_chunks_host(op.K), per = op.nm * nch, C = op.rows / 32 * per;
+            for (int b = 0; b < sms; ++b) {
+                const int c0 = (int)((long long)C * b / sms), c1 = (int)((long long)C * (b + 1) / sms);
+                if (c1 > c0 && ((c1 - 1) / per - c0 / per + 1) * per * 32 > XTAB) {
+                    printf("chunk table too small for rows %d K %d\n", op.rows, op.K);
+                    return 1;
+                }
+            }
+        }
+        CK(cudaMemcpy(dops, all.data(), sizeof(XOp) * all.size(), cudaMemcpyHostToDevice));
+    }
+    for (const void* f : {(const void*)ringx_chain<4>, (const void*)ringx_chain<8>})
+        CK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, 232448));
+    auto ring_run = [&](int cw, int ns, int flags, int layers) {
+        if (ns % cw != 0) {
+            printf("the stages (%d) must be a multiple of the consumer warps (%d)\n", ns, cw);
+            exit(1);
+        }
+        CK(cudaMemsetAsync(done, 0, 64, st));
+        const XOp* ops = layers == LAYERS ? dops : dops + 4 * LAYERS;
+        int nops = 4 * layers;
+        void* args[] = {(void*)&ops, (void*)&nops, (void*)&cv, (void*)&cnt, (void*)&done, (void*)&ns, (void*)&flags};
+        const void* f = cw == 4 ? (const void*)ringx_chain<4> : (const void*)ringx_chain<8>;
+        CK(cudaLaunchCooperativeKernel(f, dim3(sms), dim3((cw + 1) * 32), args, ringx_smem(ns), st));
+    };
+
+    struct Var {
+        int cw, ns, flags;
+    } vars[] = {{8, 8, 0}, {4, 8, 0}, {4, 8, X_LIGHT}, {8, 8, X_LIGHT}};
+    // The bits: one layer, then the whole chain, against the engine's launches.
+    int bad = 0;
+    {
+        reset_h();
+        chain_a(1);
+        CK(cudaStreamSynchronize(st));
+        CK(cudaGetLastError());
+        const auto a_qkv = host_copy(y_qkv, RQKV), a_ao = host_copy(y_ao, KD), a_ff = host_copy(y_ff, KF),
+                   a_down = host_copy(y_down, KD), a_h = host_copy(hb[0], KD);
+        for (const Var& v : vars) {
+            for (float* p : {y_qkv, y_ao, y_ff, y_down}) CK(cudaMemsetAsync(p, 0, KF * sizeof(float), st));
+            reset_h();
+            ring_run(v.cw, v.ns, v.flags, 1);
+            CK(cudaStreamSynchronize(st));
+            CK(cudaGetLastError());
+            printf("one layer, ring of %d warps, %d stages%s:\n", v.cw, v.ns, v.flags & X_LIGHT ? ", no fences" : "");
+            compare("q+k+v", host_copy(y_qkv, RQKV), a_qkv, &bad);
+            compare("attn_output", host_copy(y_ao, KD), a_ao, &bad);
+            compare("silu(gate) x up", host_copy(y_ff, KF), a_ff, &bad);
+            compare("ffn_down", host_copy(y_down, KD), a_down, &bad);
+            compare("h (after the 2 norms)", host_copy(hb[0], KD), a_h, &bad);
+        }
+        reset_h();
+        CK(cudaGraphLaunch(ga, st));
+        CK(cudaStreamSynchronize(st));
+        const auto c_down = host_copy(y_down, KD), c_h = host_copy(hb[0], KD);
+        for (const Var& v : vars) {
+            reset_h();
+            ring_run(v.cw, v.ns, v.flags, LAYERS);
+            CK(cudaStreamSynchronize(st));
+            CK(cudaGetLastError());
+            printf("%d layers, ring of %d warps, %d stages%s:\n", LAYERS, v.cw, v.ns, v.flags & X_LIGHT ? ", no fences" : "");
+            compare("ffn_down of the last layer", host_copy(y_down, KD), c_down, &bad);
+            compare("h (after 104 norms)", host_copy(hb[0], KD), c_h, &bad);
+        }
+        printf("bits: %s\n", bad ? "DIFFERENT" : "every value identical to the engine's");
+    }
+
+    report("A  the engine's launches + PDL, one graph", timer.ms([&] { reset_h(); CK(cudaGraphLaunch(ga, st)); }, 10));
+    for (const Var& v : vars) {
+        char name[128];
+        snprintf(name, sizeof name, "R  ring, %d warps, %d stages%s", v.cw, v.ns, v.flags & X_LIGHT ? ", no fences" : "");
+        report(name, timer.ms([&] { reset_h(); ring_run(v.cw, v.ns, v.flags, LAYERS); }, 10));
+    }
+    report("A  the engine's launches + PDL, one graph (again)",
+           timer.ms([&] { reset_h(); CK(cudaGraphLaunch(ga, st)); }, 10));
+    return bad ? 2 : 0;
+}
+#endif
