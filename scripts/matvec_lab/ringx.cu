@@ -35,7 +35,8 @@
 #include "lab_chain.cuh"
 
 constexpr int XQB = 576;                    // a Q4_K quad's super-block: 4 x 144 bytes
-constexpr int XSTAGE = 8 * 4 * XQB;          // 18,432: 8 quads x 4 super-blocks
+constexpr int XQPAD = 64;                    // bytes after each quad's run in a stage (banks: see below)
+constexpr int XSTAGE = 8 * (4 * XQB + XQPAD); // 18,944: 8 quads x 4 super-blocks, padded
 constexpr int XMAXK = 19968;                 // the largest K
 constexpr int XNORM = 6656;                  // the norms' width (scratch)
 constexpr int XTAB = 4096;                   // floats of the chunk table
@@ -55,8 +56,9 @@ struct XOp {
 };
 
 // Flags: X_LIGHT: the op's end without __threadfence before the release (the block barrier and
-// the release add alone).
-enum { X_LIGHT = 1 };
+// the release add alone). Diagnostics (wrong outputs by design): X_NOSMALL: no small ops (each
+// op reads the activation left by the one before); X_NOMATH: the stages taken without arithmetic.
+enum { X_LIGHT = 1, X_NOSMALL = 2, X_NOMATH = 4 };
 
 __device__ __forceinline__ void x_consumers_sync(int cw) { asm volatile("bar.sync 1, %0;" ::"r"(cw * 32) : "memory"); }
 
@@ -111,16 +113,45 @@ __device__ __forceinline__ void x_small(const XOp& op, int8_t* xs, float2* xds, 
     constexpr int NT = CW * 32;
     const int ct = threadIdx.x, warp = ct / 32, lane = ct % 32, K = op.K;
     if (op.small == XS_QUANT) {
-        for (int blk = warp; blk < K / QK_K; blk += CW) {
-            const float4 a = __ldcg((const float4*)(op.src + blk * 256 + 8 * lane));
-            const float4 b = __ldcg((const float4*)(op.src + blk * 256 + 8 * lane + 4));
-            const float f[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-            q8k_warp(f, blk, lane, xs, xds, xbs, K, 0);
+        // XB blocks of 256 a warp at a time, their loads issued together.
+        constexpr int XB = 4;
+        for (int b0 = warp; b0 < K / QK_K; b0 += XB * CW) {
+            float4 a[XB], c[XB];
+#pragma unroll
+            for (int u = 0; u < XB; ++u) {
+                const int blk = b0 + u * CW;
+                if (blk < K / QK_K) {
+                    a[u] = __ldcg((const float4*)(op.src + blk * 256 + 8 * lane));
+                    c[u] = __ldcg((const float4*)(op.src + blk * 256 + 8 * lane + 4));
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < XB; ++u) {
+                const int blk = b0 + u * CW;
+                if (blk < K / QK_K) {
+                    const float f[8] = {a[u].x, a[u].y, a[u].z, a[u].w, c[u].x, c[u].y, c[u].z, c[u].w};
+                    q8k_warp(f, blk, lane, xs, xds, xbs, K, 0);
+                }
+            }
         }
         return;
     }
-    // The residual norm: h' = h + o into the scratch; the block's slice of h' to hdst.
-    for (int i = ct; i < K; i += NT) hsc[i] = __ldcg(op.hsrc + i) + __ldcg(op.src + i);
+    // The residual norm: h' = h + o into the scratch (4 float4 loads of each a thread in
+    // flight); the block's slice of h' to hdst.
+    for (int i0 = 4 * ct; i0 < K; i0 += 16 * NT) {
+        float4 hv[4], ov[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+            if (i0 + 4 * NT * u < K) {
+                hv[u] = __ldcg((const float4*)(op.hsrc + i0 + 4 * NT * u));
+                ov[u] = __ldcg((const float4*)(op.src + i0 + 4 * NT * u));
+            }
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+            if (i0 + 4 * NT * u < K)
+                *(float4*)(hsc + i0 + 4 * NT * u) =
+                    make_float4(hv[u].x + ov[u].x, hv[u].y + ov[u].y, hv[u].z + ov[u].z, hv[u].w + ov[u].w);
+    }
     const int G = gridDim.x, b = blockIdx.x;
     x_consumers_sync(CW);
     for (int i = K * b / G + ct; i < K * (b + 1) / G; i += NT) op.hdst[i] = hsc[i];
@@ -152,11 +183,34 @@ __device__ __forceinline__ void x_small(const XOp& op, int8_t* xs, float2* xds, 
     }
 }
 
+// A row's chunk values in global memory, 32 floats apart (gate's nch, then up's when two), summed
+// in order from 0 (kq_sum_chunks' order), 8 loads in flight at a time.
+__device__ __forceinline__ void x_sum_chunks(const float* cr, int nch, bool two, float* g, float* u) {
+    float sg = 0.0f, su = 0.0f;
+#pragma unroll 1
+    for (int i0 = 0; i0 < nch; i0 += 8) {
+        float ca[8], cb[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            ca[i] = i0 + i < nch ? __ldcg(cr + (i0 + i) * 32) : 0.0f;
+            cb[i] = two && i0 + i < nch ? __ldcg(cr + (nch + i0 + i) * 32) : 0.0f;
+        }
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+            if (i0 + i < nch) {
+                sg = kq_add(sg, ca[i]);
+                su = kq_add(su, cb[i]);
+            }
+    }
+    *g = sg;
+    *u = su;
+}
+
 // The chain: one block per SM, CW consumer warps and one producer warp.
 template <int CW>
 __global__ void __launch_bounds__((CW + 1) * 32, 1)
     ringx_chain(const XOp* __restrict__ ops, int nops, float* __restrict__ cvg, unsigned* __restrict__ cnt,
-                unsigned* done, int ns, int flags) {
+                unsigned* done, int ns, int flags, unsigned long long* __restrict__ tl) {
     extern __shared__ __align__(128) uint8_t smem[];
     uint8_t* stages = smem;
     int8_t* xs = (int8_t*)(smem + ns * XSTAGE);           // XMAXK
@@ -200,7 +254,7 @@ __global__ void __launch_bounds__((CW + 1) * 32, 1)
                 const uint32_t dst = (uint32_t)__cvta_generic_to_shared(stages + (size_t)s * XSTAGE);
 #pragma unroll
                 for (int qd = 0; qd < 8; ++qd)
-                    x_bulk_copy_ef(dst + qd * bytes, src + (size_t)qd * nb * XQB, bytes, full(s), pol);
+                    x_bulk_copy_ef(dst + qd * (bytes + XQPAD), src + (size_t)qd * nb * XQB, bytes, full(s), pol);
             }
         }
         return;
@@ -209,6 +263,15 @@ __global__ void __launch_bounds__((CW + 1) * 32, 1)
     // The consumers.
     const int ct = threadIdx.x;
     int k = 0;
+    // tl (null: none): block b's global timer at phase p of op o, tl[(4 o + p) G + b]: its input
+    // ready, its small op done, its stages consumed, its rows written.
+    auto mark = [&](int o, int p) {
+        if (tl && ct == 0) {
+            unsigned long long t;
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+            tl[(size_t)(4 * o + p) * G + b] = t;
+        }
+    };
     for (int o = 0; o < nops; ++o) {
         const XOp op = ops[o];
         const int nb = op.K / QK_K, nch = kq_chunks(op.K), per = op.nm * nch, C = op.rows / 32 * per;
@@ -220,15 +283,22 @@ __global__ void __launch_bounds__((CW + 1) * 32, 1)
             }
             x_consumers_sync(CW);
         }
-        x_small<CW>(op, xs, xds, xbs, hsc, part);
+        mark(o, 0);
+        if (!(flags & X_NOSMALL)) x_small<CW>(op, xs, xds, xbs, hsc, part);
         x_consumers_sync(CW);
+        mark(o, 1);
         const int rgf = c0 / per;
         for (int j = c0; j < c1; ++j, ++k) {
             if (k % CW != warp) continue;
             const int s = k % ns;
             mbar_wait(full(s), (k / ns) & 1);
             const int rg = j / per, rem = j - rg * per, ch = rem % nch, nsb = min(4, nb - 4 * ch);
-            const uint8_t* st = stages + (size_t)s * XSTAGE + ((lane >> 2) * nsb * 4 + (lane & 3)) * 144;
+            if (flags & X_NOMATH) {
+                __syncwarp();
+                if (lane == 0) mbar_arrive(empty(s));
+                continue;
+            }
+            const uint8_t* st = stages + (size_t)s * XSTAGE + (lane >> 2) * (nsb * XQB + XQPAD) + (lane & 3) * 144;
             float v0 = x_q4k_value(st, xs, xds, 4 * ch), c = v0;
             if (nsb > 1) c = kq_add(v0, x_q4k_value(st + 576, xs, xds, 4 * ch + 1));
             if (nsb > 2) {
@@ -241,6 +311,7 @@ __global__ void __launch_bounds__((CW + 1) * 32, 1)
             if (lane == 0) mbar_arrive(empty(s));
         }
         x_consumers_sync(CW);
+        mark(o, 2);
         // The op's end: the rows of the block's row groups, summed in chunk order from 0.
         if (c1 > c0) {
             const int rgl = (c1 - 1) / per;
@@ -264,16 +335,18 @@ __global__ void __launch_bounds__((CW + 1) * 32, 1)
                     cr = gr;
                 }
                 float g = 0.0f, u = 0.0f;
-                for (int i = 0; i < nch; ++i) g = kq_add(g, cr == tr ? tr[i * 32] : __ldcg(cr + i * 32));
-                if (op.nm == 2) {
-                    for (int i = nch; i < 2 * nch; ++i) u = kq_add(u, cr == tr ? tr[i * 32] : __ldcg(cr + i * 32));
-                    op.y[rg * 32 + lane] = g / (1.0f + expf(-g)) * u;
+                if (cr == tr) {
+                    for (int i = 0; i < nch; ++i) g = kq_add(g, tr[i * 32]);
+                    if (op.nm == 2)
+                        for (int i = nch; i < 2 * nch; ++i) u = kq_add(u, tr[i * 32]);
                 } else {
-                    op.y[rg * 32 + lane] = g;
+                    x_sum_chunks(cr, nch, op.nm == 2, &g, &u);
                 }
+                op.y[rg * 32 + lane] = op.nm == 2 ? g / (1.0f + expf(-g)) * u : g;
             }
         }
         x_consumers_sync(CW);
+        mark(o, 3);
         if (ct == 0) {
             if (!(flags & X_LIGHT)) __threadfence();
             red_release(done, 1);
@@ -372,9 +445,17 @@ int main() {
         j.njobs = 1;
         launch_pdl(mvk_1, grid, 128, st, j, (const int8_t*)aq, (const float2*)ads, K, cv, cnt, 0);
     };
-    auto chain_a = [&](int layers) {
+    auto chain_a = [&](int layers, bool small = true) {
         for (int l = 0; l < layers; ++l) {
             const LayerW& w = lw[l % NL];
+            if (!small) {
+                mv(w.q, y_qkv, RQKV, KD, gq);
+                mv(w.o, y_ao, KD, KO, go);
+                launch_pdl(mvk_silu_1, gg, 128, st, (const uint8_t*)w.g, (int)FMT_Q4_K, (const uint8_t*)w.u,
+                           (int)FMT_Q4_K, y_ff, KF, (const int8_t*)aq, (const float2*)ads, KD, cv, cnt, 0);
+                mv(w.d, y_down, KD, KF, gd);
+                continue;
+            }
             launch_pdl(residual_norm, 1, NORM_T, st, hb[0], (const float*)(l == 0 ? o_init : y_down),
                        (const float*)nullptr, 0.0f, (const float*)w_attn, eps, xn, KD, aq, ads, abs_,
                        (uint8_t*)nullptr, 0);
@@ -391,15 +472,17 @@ int main() {
             mv(w.d, y_down, KD, KF, gd);
         }
     };
-    cudaGraphExec_t ga;
-    {
+    auto graph_of = [&](bool small) {
+        cudaGraphExec_t ge;
         cudaGraph_t g;
         CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-        chain_a(LAYERS);
+        chain_a(LAYERS, small);
         CK(cudaStreamEndCapture(st, &g));
-        CK(cudaGraphInstantiate(&ga, g, 0));
+        CK(cudaGraphInstantiate(&ge, g, 0));
         CK(cudaGraphDestroy(g));
-    }
+        return ge;
+    };
+    cudaGraphExec_t ga = graph_of(true), ga0 = graph_of(false);
 
     // The ring's ops: 4 a layer (h alternates between the two buffers at each norm).
     auto ring_ops = [&](int layers) {
@@ -441,7 +524,9 @@ int main() {
     }
     for (const void* f : {(const void*)ringx_chain<4>, (const void*)ringx_chain<8>})
         CK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, 232448));
-    auto ring_run = [&](int cw, int ns, int flags, int layers) {
+    unsigned long long* dtl;
+    CK(cudaMalloc(&dtl, sizeof(unsigned long long) * 4 * 4 * LAYERS * sms));
+    auto ring_run = [&](int cw, int ns, int flags, int layers, unsigned long long* tl = nullptr) {
         if (ns % cw != 0) {
             printf("the stages (%d) must be a multiple of the consumer warps (%d)\n", ns, cw);
             exit(1);
@@ -449,14 +534,15 @@ int main() {
         CK(cudaMemsetAsync(done, 0, 64, st));
         const XOp* ops = layers == LAYERS ? dops : dops + 4 * LAYERS;
         int nops = 4 * layers;
-        void* args[] = {(void*)&ops, (void*)&nops, (void*)&cv, (void*)&cnt, (void*)&done, (void*)&ns, (void*)&flags};
+        void* args[] = {(void*)&ops, (void*)&nops, (void*)&cv, (void*)&cnt, (void*)&done, (void*)&ns, (void*)&flags, (void*)&tl};
         const void* f = cw == 4 ? (const void*)ringx_chain<4> : (const void*)ringx_chain<8>;
         CK(cudaLaunchCooperativeKernel(f, dim3(sms), dim3((cw + 1) * 32), args, ringx_smem(ns), st));
     };
 
     struct Var {
         int cw, ns, flags;
-    } vars[] = {{8, 8, 0}, {4, 8, 0}, {4, 8, X_LIGHT}, {8, 8, X_LIGHT}};
+    } vars[] = {{8, 8, 0}, {4, 8, 0}, {8, 8, X_LIGHT}};
+    const Var diag[] = {{8, 8, X_LIGHT | X_NOSMALL}, {8, 8, X_LIGHT | X_NOMATH}, {8, 8, X_LIGHT | X_NOSMALL | X_NOMATH}};
     // The bits: one layer, then the whole chain, against the engine's launches.
     int bad = 0;
     {
@@ -496,10 +582,51 @@ int main() {
     }
 
     report("A  the engine's launches + PDL, one graph", timer.ms([&] { reset_h(); CK(cudaGraphLaunch(ga, st)); }, 10));
-    for (const Var& v : vars) {
+    report("A  the same without the small kernels (diagnostic)",
+           timer.ms([&] { reset_h(); CK(cudaGraphLaunch(ga0, st)); }, 10));
+    std::vector<Var> all(std::begin(vars), std::end(vars));
+    all.insert(all.end(), std::begin(diag), std::end(diag));
+    for (const Var& v : all) {
         char name[128];
-        snprintf(name, sizeof name, "R  ring, %d warps, %d stages%s", v.cw, v.ns, v.flags & X_LIGHT ? ", no fences" : "");
+        snprintf(name, sizeof name, "R  ring, %d warps, %d stages%s%s%s", v.cw, v.ns, v.flags & X_LIGHT ? ", no fences" : "",
+                 v.flags & X_NOSMALL ? ", NO SMALL OPS" : "", v.flags & X_NOMATH ? ", NO MATH" : "");
         report(name, timer.ms([&] { reset_h(); ring_run(v.cw, v.ns, v.flags, LAYERS); }, 10));
+        // One more run with the timeline: per op kind, us (medians over the blocks, then means over
+        // the layers): small op, stages, rows; the last block's rows written after the median's;
+        // from the last block's release to the next op's median input-ready.
+        reset_h();
+        ring_run(v.cw, v.ns, v.flags, LAYERS, dtl);
+        CK(cudaStreamSynchronize(st));
+        CK(cudaGetLastError());
+        const int NO = 4 * LAYERS;
+        std::vector<unsigned long long> h((size_t)4 * NO * sms);
+        CK(cudaMemcpy(h.data(), dtl, h.size() * 8, cudaMemcpyDeviceToHost));
+        auto at = [&](int o, int p, int blk) { return (double)h[(size_t)(4 * o + p) * sms + blk] / 1e3; };
+        double acc[4][5] = {{0}};
+        int n[4] = {0};
+        for (int o = 1; o + 1 < NO; ++o) {
+            const int t = o % 4;
+            std::vector<double> d[5];
+            for (int blk = 0; blk < sms; ++blk) {
+                d[0].push_back(at(o, 1, blk) - at(o, 0, blk));
+                d[1].push_back(at(o, 2, blk) - at(o, 1, blk));
+                d[2].push_back(at(o, 3, blk) - at(o, 2, blk));
+                d[3].push_back(at(o, 3, blk));
+                d[4].push_back(at(o + 1, 0, blk));
+            }
+            for (auto& x : d) std::sort(x.begin(), x.end());
+            acc[t][0] += d[0][sms / 2];
+            acc[t][1] += d[1][sms / 2];
+            acc[t][2] += d[2][sms / 2];
+            acc[t][3] += d[3][sms - 1] - d[3][sms / 2];
+            acc[t][4] += d[4][sms / 2] - d[3][sms - 1];
+            ++n[t];
+        }
+        const char* tyname[4] = {"norm + q+k+v", "Q8_K + attn_output", "norm + gate+up", "Q8_K + ffn_down"};
+        printf("   us: small op / stages / rows / last block after the median / to the next op's input\n");
+        for (int t = 0; t < 4; ++t)
+            printf("     %-20s %6.2f / %6.2f / %5.2f / %5.2f / %5.2f\n", tyname[t], acc[t][0] / n[t], acc[t][1] / n[t],
+                   acc[t][2] / n[t], acc[t][3] / n[t], acc[t][4] / n[t]);
     }
     report("A  the engine's launches + PDL, one graph (again)",
            timer.ms([&] { reset_h(); CK(cudaGraphLaunch(ga, st)); }, 10));
