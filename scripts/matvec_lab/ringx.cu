@@ -40,6 +40,7 @@ constexpr int XSTAGE = 8 * (4 * XQB + XQPAD); // 18,944: 8 quads x 4 super-block
 constexpr int XMAXK = 19968;                 // the largest K
 constexpr int XNORM = 6656;                  // the norms' width (scratch)
 constexpr int XTAB = 4096;                   // floats of the chunk table
+constexpr int XPER = 20;                     // the most chunks a row group (gate+up: 2 x 7; K = 19968: 20)
 
 enum { XS_NORM = 1, XS_QUANT = 2 };
 // One matvec and the small op that makes its input.
@@ -114,7 +115,7 @@ __device__ __forceinline__ void x_small(const XOp& op, int8_t* xs, float2* xds, 
     const int ct = threadIdx.x, warp = ct / 32, lane = ct % 32, K = op.K;
     if (op.small == XS_QUANT) {
         // XB blocks of 256 a warp at a time, their loads issued together.
-        constexpr int XB = 4;
+        constexpr int XB = 5;
         for (int b0 = warp; b0 < K / QK_K; b0 += XB * CW) {
             float4 a[XB], c[XB];
 #pragma unroll
@@ -136,18 +137,19 @@ __device__ __forceinline__ void x_small(const XOp& op, int8_t* xs, float2* xds, 
         }
         return;
     }
-    // The residual norm: h' = h + o into the scratch (4 float4 loads of each a thread in
-    // flight); the block's slice of h' to hdst.
-    for (int i0 = 4 * ct; i0 < K; i0 += 16 * NT) {
-        float4 hv[4], ov[4];
+    // The residual norm: h' = h + o into the scratch (XU float4 loads of each a thread in
+    // flight: all of them at K = 6656 with 8 warps); the block's slice of h' to hdst.
+    constexpr int XU = 7;
+    for (int i0 = 4 * ct; i0 < K; i0 += 4 * XU * NT) {
+        float4 hv[XU], ov[XU];
 #pragma unroll
-        for (int u = 0; u < 4; ++u)
+        for (int u = 0; u < XU; ++u)
             if (i0 + 4 * NT * u < K) {
                 hv[u] = __ldcg((const float4*)(op.hsrc + i0 + 4 * NT * u));
                 ov[u] = __ldcg((const float4*)(op.src + i0 + 4 * NT * u));
             }
 #pragma unroll
-        for (int u = 0; u < 4; ++u)
+        for (int u = 0; u < XU; ++u)
             if (i0 + 4 * NT * u < K)
                 *(float4*)(hsc + i0 + 4 * NT * u) =
                     make_float4(hv[u].x + ov[u].x, hv[u].y + ov[u].y, hv[u].z + ov[u].z, hv[u].w + ov[u].w);
@@ -181,29 +183,6 @@ __device__ __forceinline__ void x_small(const XOp& op, int8_t* xs, float2* xds, 
         }
         q8k_warp(f, blk, lane, xs, xds, xbs, K, 0);
     }
-}
-
-// A row's chunk values in global memory, 32 floats apart (gate's nch, then up's when two), summed
-// in order from 0 (kq_sum_chunks' order), 8 loads in flight at a time.
-__device__ __forceinline__ void x_sum_chunks(const float* cr, int nch, bool two, float* g, float* u) {
-    float sg = 0.0f, su = 0.0f;
-#pragma unroll 1
-    for (int i0 = 0; i0 < nch; i0 += 8) {
-        float ca[8], cb[8];
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            ca[i] = i0 + i < nch ? __ldcg(cr + (i0 + i) * 32) : 0.0f;
-            cb[i] = two && i0 + i < nch ? __ldcg(cr + (nch + i0 + i) * 32) : 0.0f;
-        }
-#pragma unroll
-        for (int i = 0; i < 8; ++i)
-            if (i0 + i < nch) {
-                sg = kq_add(sg, ca[i]);
-                su = kq_add(su, cb[i]);
-            }
-    }
-    *g = sg;
-    *u = su;
 }
 
 // The chain: one block per SM, CW consumer warps and one producer warp.
@@ -293,54 +272,59 @@ __global__ void __launch_bounds__((CW + 1) * 32, 1)
             const int s = k % ns;
             mbar_wait(full(s), (k / ns) & 1);
             const int rg = j / per, rem = j - rg * per, ch = rem % nch, nsb = min(4, nb - 4 * ch);
-            if (flags & X_NOMATH) {
-                __syncwarp();
-                if (lane == 0) mbar_arrive(empty(s));
-                continue;
-            }
             const uint8_t* st = stages + (size_t)s * XSTAGE + (lane >> 2) * (nsb * XQB + XQPAD) + (lane & 3) * 144;
-            float v0 = x_q4k_value(st, xs, xds, 4 * ch), c = v0;
-            if (nsb > 1) c = kq_add(v0, x_q4k_value(st + 576, xs, xds, 4 * ch + 1));
-            if (nsb > 2) {
-                float v2 = x_q4k_value(st + 2 * 576, xs, xds, 4 * ch + 2);
-                if (nsb > 3) v2 = kq_add(v2, x_q4k_value(st + 3 * 576, xs, xds, 4 * ch + 3));
-                c = kq_add(c, v2);
+            // (X_NOMATH: the chunk is published as 0, so the row groups' counts still complete.)
+            float c = 0.0f;
+            if (!(flags & X_NOMATH)) {
+                const float v0 = x_q4k_value(st, xs, xds, 4 * ch);
+                c = v0;
+                if (nsb > 1) c = kq_add(v0, x_q4k_value(st + 576, xs, xds, 4 * ch + 1));
+                if (nsb > 2) {
+                    float v2 = x_q4k_value(st + 2 * 576, xs, xds, 4 * ch + 2);
+                    if (nsb > 3) v2 = kq_add(v2, x_q4k_value(st + 3 * 576, xs, xds, 4 * ch + 3));
+                    c = kq_add(c, v2);
+                }
             }
             tab[((rg - rgf) * per + rem) * 32 + lane] = c;
+            if (rg * per < c0) { // a row group begun by an earlier block: its chunk goes there now
+                cvg[((size_t)rg * per + rem) * 32 + lane] = c;
+                __syncwarp();
+                if (lane == 0) red_release(&cnt[rg], 1u);
+            }
             __syncwarp();
             if (lane == 0) mbar_arrive(empty(s));
         }
         x_consumers_sync(CW);
         mark(o, 2);
-        // The op's end: the rows of the block's row groups, summed in chunk order from 0.
+        // The op's end: the rows of the row groups the block begins, summed in chunk order from 0:
+        // the chunks from the table, and those of the blocks after it (a row group the next block
+        // continues) from global memory, where they were put as they were made (so the count is
+        // usually complete by now: no atomic round trip at the end).
         if (c1 > c0) {
             const int rgl = (c1 - 1) / per;
             for (int rg = rgf + warp; rg <= rgl; rg += CW) {
-                const int a0 = max(c0, rg * per), a1 = min(c1, (rg + 1) * per);
+                if (rg * per < c0) continue; // begun by an earlier block, which sums it
+                const int mine = min(c1, (rg + 1) * per) - rg * per; // chunks 0 .. mine - 1 here
                 const float* tr = tab + (rg - rgf) * per * 32 + lane;
-                const float* cr = tr;
-                if (a1 - a0 < per) { // shared with another block: through global memory
-                    float* gr = cvg + (size_t)rg * per * 32 + lane;
-                    for (int i = a0 - rg * per; i < a1 - rg * per; ++i) gr[i * 32] = tr[i * 32];
+                float gv[XPER];
+                if (mine < per) {
+                    if (lane == 0)
+                        while (ld_acquire(&cnt[rg]) < (unsigned)(per - mine)) {
+                        }
                     __syncwarp();
-                    int last = 0;
-                    if (lane == 0) {
-                        last = atom_add_release(&cnt[rg], (unsigned)(a1 - a0)) == (unsigned)(per - (a1 - a0));
-                        if (last) fence_acquire();
-                    }
-                    last = __shfl_sync(0xffffffffu, last, 0);
-                    if (!last) continue;
+                    const float* gr = cvg + (size_t)rg * per * 32 + lane;
+#pragma unroll
+                    for (int i = 0; i < XPER; ++i) gv[i] = i >= mine && i < per ? __ldcg(gr + i * 32) : 0.0f;
                     __syncwarp();
                     if (lane == 0) cnt[rg] = 0u;
-                    cr = gr;
                 }
                 float g = 0.0f, u = 0.0f;
-                if (cr == tr) {
-                    for (int i = 0; i < nch; ++i) g = kq_add(g, tr[i * 32]);
-                    if (op.nm == 2)
-                        for (int i = nch; i < 2 * nch; ++i) u = kq_add(u, tr[i * 32]);
-                } else {
-                    x_sum_chunks(cr, nch, op.nm == 2, &g, &u);
+#pragma unroll
+                for (int i = 0; i < XPER; ++i) {
+                    if (i >= per) break;
+                    const float v = i < mine ? tr[i * 32] : gv[i];
+                    if (i < nch) g = kq_add(g, v);
+                    else u = kq_add(u, v);
                 }
                 op.y[rg * 32 + lane] = op.nm == 2 ? g / (1.0f + expf(-g)) * u : g;
             }
@@ -512,6 +496,10 @@ int main() {
         // Every block's row groups must fit the chunk table.
         for (const XOp& op : all) {
             const int nch = kq_chunks_host(op.K), per = op.nm * nch, C = op.rows / 32 * per;
+            if (per > XPER) {
+                printf("a row group of %d chunks: more than XPER\n", per);
+                return 1;
+            }
             for (int b = 0; b < sms; ++b) {
                 const int c0 = (int)((long long)C * b / sms), c1 = (int)((long long)C * (b + 1) / sms);
                 if (c1 > c0 && ((c1 - 1) / per - c0 / per + 1) * per * 32 > XTAB) {
