@@ -119,14 +119,7 @@ int main() {
         cudaGraphExec_t ge;
         CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
         auto mv = [&](const uint8_t* w, float* y, int rows, int K, int grid, Ahead ah) {
-            MatvecJobs j{};
-            j.w[0] = w;
-            j.y[0] = y;
-            j.rows[0] = rows;
-            j.ty[0] = FMT_Q4_K;
-            j.start[1] = (rows + 3) / 4 * 4;
-            j.njobs = 1;
-            launch_pdl(mvk_1_ahead, grid, 128, st, j, (const int8_t*)xq, (const float2*)xds, K, cv, cnt, 0, ah);
+            launch_pdl(mvk_1_ahead, grid, 128, st, q4k_job(w, y, rows), (const int8_t*)xq, (const float2*)xds, K, cv, cnt, 0, ah);
         };
         auto sm = [&](const float* y, int len) {
             if (small) launch_pdl(small_k, 1, 128, st, y, sout, std::min(len, 6656));

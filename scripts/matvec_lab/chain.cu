@@ -250,14 +250,7 @@ int main() {
                 launch_pdl(mvk_silu_1, gg, 128, st, op.w, (int)FMT_Q4_K, op.wu, (int)FMT_Q4_K, op.y, op.rows,
                            (const int8_t*)xq, (const float2*)xds, op.K, cv, cnt, 0);
             } else {
-                MatvecJobs j{};
-                j.w[0] = op.w;
-                j.y[0] = op.y;
-                j.rows[0] = op.rows;
-                j.ty[0] = FMT_Q4_K;
-                j.start[1] = (op.rows + 3) / 4 * 4;
-                j.njobs = 1;
-                launch_pdl(mvk_1, op.W / 4, 128, st, j, (const int8_t*)xq, (const float2*)xds, op.K, cv, cnt, 0);
+                launch_pdl(mvk_1, op.W / 4, 128, st, q4k_job(op.w, op.y, op.rows), (const int8_t*)xq, (const float2*)xds, op.K, cv, cnt, 0);
             }
             if (small) launch_pdl(small_k, 1, 128, st, (const float*)op.y, op.small_out, op.silu ? 6656 : std::min(op.rows, 6656));
         }

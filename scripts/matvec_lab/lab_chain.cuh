@@ -31,6 +31,32 @@ __device__ __forceinline__ void small_body(const float* __restrict__ in, float* 
     __syncthreads();
 }
 
+// The exact integer sum isc = sum_s sc_s (q . x)_s of one Q4_K super-block (blk) of one row against
+// 256 int8 activation values (xp), by one lane (ring.cu, ringx.cu): dp4a over the nibbles, the
+// high ones dotted in place (x 16, the sum then shifted back: exact); sc_lo / sc_hi the unpacked
+// scales (unpack_scales_k4).
+__device__ __forceinline__ int lab_q4k_isc(const uint8_t* blk, const int8_t* xp, uint32_t sc_lo, uint32_t sc_hi) {
+    int isc = 0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const uint4 q0 = *(const uint4*)(blk + 16 + 32 * j), q1 = *(const uint4*)(blk + 32 + 32 * j);
+        const int4 xa0 = *(const int4*)(xp + 64 * j), xa1 = *(const int4*)(xp + 64 * j + 16);
+        const int4 xb0 = *(const int4*)(xp + 64 * j + 32), xb1 = *(const int4*)(xp + 64 * j + 48);
+        int da0 = dp4a_us(q0.x & 0x0F0F0F0Fu, xa0.x, 0), da1 = dp4a_us(q1.x & 0x0F0F0F0Fu, xa1.x, 0);
+        int db0 = dp4a_us(q0.x & 0xF0F0F0F0u, xb0.x, 0), db1 = dp4a_us(q1.x & 0xF0F0F0F0u, xb1.x, 0);
+        da0 = dp4a_us(q0.y & 0x0F0F0F0Fu, xa0.y, da0), da1 = dp4a_us(q1.y & 0x0F0F0F0Fu, xa1.y, da1);
+        db0 = dp4a_us(q0.y & 0xF0F0F0F0u, xb0.y, db0), db1 = dp4a_us(q1.y & 0xF0F0F0F0u, xb1.y, db1);
+        da0 = dp4a_us(q0.z & 0x0F0F0F0Fu, xa0.z, da0), da1 = dp4a_us(q1.z & 0x0F0F0F0Fu, xa1.z, da1);
+        db0 = dp4a_us(q0.z & 0xF0F0F0F0u, xb0.z, db0), db1 = dp4a_us(q1.z & 0xF0F0F0F0u, xb1.z, db1);
+        da0 = dp4a_us(q0.w & 0x0F0F0F0Fu, xa0.w, da0), da1 = dp4a_us(q1.w & 0x0F0F0F0Fu, xa1.w, da1);
+        db0 = dp4a_us(q0.w & 0xF0F0F0F0u, xb0.w, db0), db1 = dp4a_us(q1.w & 0xF0F0F0F0u, xb1.w, db1);
+        const uint32_t scw = j < 2 ? sc_lo : sc_hi;
+        const int sh = 16 * (j & 1);
+        isc += (int)((scw >> sh) & 0xFF) * (da0 + da1) + (int)((scw >> (sh + 8)) & 0xFF) * ((db0 + db1) >> 4);
+    }
+    return isc;
+}
+
 __global__ void __launch_bounds__(128) small_k(const float* in, float* out, int n) {
     pdl_wait();
     small_body(in, out, n);
@@ -52,6 +78,18 @@ static void launch_pdl(void (*k)(Args...), int grid, int block, cudaStream_t s, 
     cfg.attrs = at;
     cfg.numAttrs = 1;
     CK(cudaLaunchKernelEx(&cfg, k, args...));
+}
+
+// One Q4_K matrix as the only job of a one-column launch (mvk_1).
+static MatvecJobs q4k_job(const unsigned char* w, float* y, int rows) {
+    MatvecJobs j{};
+    j.w[0] = w;
+    j.y[0] = y;
+    j.rows[0] = rows;
+    j.ty[0] = FMT_Q4_K;
+    j.start[1] = (rows + 3) / 4 * 4;
+    j.njobs = 1;
+    return j;
 }
 
 // Glimmer's one-column matvec shapes and one layer's Q4_K weights (random bytes, timing only).

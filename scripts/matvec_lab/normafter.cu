@@ -162,14 +162,7 @@ int main() {
         const NormIo io{h, w, part, bcnt, nq, nds, nbs};
         const int np = mode == 1 ? 26 : 0;
         auto mv = [&](const uint8_t* wt, float* yy, int rows, int K, int grid, NormIo nio, int n_part) {
-            MatvecJobs j{};
-            j.w[0] = wt;
-            j.y[0] = yy;
-            j.rows[0] = rows;
-            j.ty[0] = FMT_Q4_K;
-            j.start[1] = (rows + 3) / 4 * 4;
-            j.njobs = 1;
-            launch_pdl(mvk_1_epi, grid, 128, st, j, (const int8_t*)xq, (const float2*)xds, K, cv, cnt, 0, nio,
+            launch_pdl(mvk_1_epi, grid, 128, st, q4k_job(wt, yy, rows), (const int8_t*)xq, (const float2*)xds, K, cv, cnt, 0, nio,
                        (const float*)part, n_part, sink);
         };
         auto norm = [&](const float* yy) {

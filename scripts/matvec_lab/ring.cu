@@ -111,24 +111,7 @@ __device__ __forceinline__ float q4k_block(const uint8_t* blk, const int8_t* xp,
     const uint4 hd = *(const uint4*)blk; // d, dmin, scales[0..12]
     uint32_t sc_lo, sc_hi, m_lo, m_hi;
     unpack_scales_k4(hd.y, hd.z, hd.w, &sc_lo, &sc_hi, &m_lo, &m_hi);
-    int isc = 0;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        const uint4 q0 = *(const uint4*)(blk + 16 + 32 * j), q1 = *(const uint4*)(blk + 32 + 32 * j);
-        const int4 xa0 = *(const int4*)(xp + 64 * j), xa1 = *(const int4*)(xp + 64 * j + 16);
-        const int4 xb0 = *(const int4*)(xp + 64 * j + 32), xb1 = *(const int4*)(xp + 64 * j + 48);
-        int da0 = dp4a_us(q0.x & 0x0F0F0F0Fu, xa0.x, 0), da1 = dp4a_us(q1.x & 0x0F0F0F0Fu, xa1.x, 0);
-        int db0 = dp4a_us(q0.x & 0xF0F0F0F0u, xb0.x, 0), db1 = dp4a_us(q1.x & 0xF0F0F0F0u, xb1.x, 0);
-        da0 = dp4a_us(q0.y & 0x0F0F0F0Fu, xa0.y, da0), da1 = dp4a_us(q1.y & 0x0F0F0F0Fu, xa1.y, da1);
-        db0 = dp4a_us(q0.y & 0xF0F0F0F0u, xb0.y, db0), db1 = dp4a_us(q1.y & 0xF0F0F0F0u, xb1.y, db1);
-        da0 = dp4a_us(q0.z & 0x0F0F0F0Fu, xa0.z, da0), da1 = dp4a_us(q1.z & 0x0F0F0F0Fu, xa1.z, da1);
-        db0 = dp4a_us(q0.z & 0xF0F0F0F0u, xb0.z, db0), db1 = dp4a_us(q1.z & 0xF0F0F0F0u, xb1.z, db1);
-        da0 = dp4a_us(q0.w & 0x0F0F0F0Fu, xa0.w, da0), da1 = dp4a_us(q1.w & 0x0F0F0F0Fu, xa1.w, da1);
-        db0 = dp4a_us(q0.w & 0xF0F0F0F0u, xb0.w, db0), db1 = dp4a_us(q1.w & 0xF0F0F0F0u, xb1.w, db1);
-        const uint32_t scw = j < 2 ? sc_lo : sc_hi;
-        const int sh = 16 * (j & 1);
-        isc += (int)((scw >> sh) & 0xFF) * (da0 + da1) + (int)((scw >> (sh + 8)) & 0xFF) * ((db0 + db1) >> 4);
-    }
+    const int isc = lab_q4k_isc(blk, xp, sc_lo, sc_hi);
     const int4 sa = *(const int4*)s2, sb = *(const int4*)(s2 + 4);
     const int im = (int)(m_lo & 0xFF) * sa.x + (int)((m_lo >> 8) & 0xFF) * sa.y + (int)((m_lo >> 16) & 0xFF) * sa.z +
                    (int)(m_lo >> 24) * sa.w + (int)(m_hi & 0xFF) * sb.x + (int)((m_hi >> 8) & 0xFF) * sb.y +
@@ -503,14 +486,7 @@ int main() {
                     launch_pdl(mvk_silu_1, gg, 128, st, (const uint8_t*)w.g, (int)FMT_Q4_K, (const uint8_t*)w.u,
                                (int)FMT_Q4_K, ys[2], KF, (const int8_t*)xq, (const float2*)xds2, KD, cv, cnt, 0);
                 } else {
-                    MatvecJobs j{};
-                    j.w[0] = mw[t];
-                    j.y[0] = ys[t];
-                    j.rows[0] = rows[t];
-                    j.ty[0] = FMT_Q4_K;
-                    j.start[1] = (rows[t] + 3) / 4 * 4;
-                    j.njobs = 1;
-                    launch_pdl(mvk_1, grid[t], 128, st, j, (const int8_t*)xq, (const float2*)xds2, ks[t], cv, cnt, 0);
+                    launch_pdl(mvk_1, grid[t], 128, st, q4k_job(mw[t], ys[t], rows[t]), (const int8_t*)xq, (const float2*)xds2, ks[t], cv, cnt, 0);
                 }
                 if (small) launch_pdl(small_k, 1, 128, st, (const float*)ys[t], sout, std::min(rows[t], 6656));
             }

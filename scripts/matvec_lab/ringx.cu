@@ -74,30 +74,12 @@ __device__ __forceinline__ void x_bulk_copy_ef(uint32_t dst, const void* src, ui
 
 // The canonical value v_b of one Q4_K super-block (blk) of one row against the Q8_K activation
 // in shared memory (xs: int8 values, xds: (d, sum) per 32), by one lane: isc and im exact
-// (dp4a; the high nibbles dotted in place, x 16, and shifted back), then kq_value_q45.
+// (lab_q4k_isc), then kq_value_q45.
 __device__ __forceinline__ float x_q4k_value(const uint8_t* blk, const int8_t* xs, const float2* xds, int sb) {
     const uint4 hd = *(const uint4*)blk;
     uint32_t sc_lo, sc_hi, m_lo, m_hi;
     unpack_scales_k4(hd.y, hd.z, hd.w, &sc_lo, &sc_hi, &m_lo, &m_hi);
-    const int8_t* xp = xs + 256 * sb;
-    int isc = 0;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        const uint4 q0 = *(const uint4*)(blk + 16 + 32 * j), q1 = *(const uint4*)(blk + 32 + 32 * j);
-        const int4 xa0 = *(const int4*)(xp + 64 * j), xa1 = *(const int4*)(xp + 64 * j + 16);
-        const int4 xb0 = *(const int4*)(xp + 64 * j + 32), xb1 = *(const int4*)(xp + 64 * j + 48);
-        int da = dp4a_us(q0.x & 0x0F0F0F0Fu, xa0.x, 0), db = dp4a_us(q0.x & 0xF0F0F0F0u, xb0.x, 0);
-        da = dp4a_us(q0.y & 0x0F0F0F0Fu, xa0.y, da), db = dp4a_us(q0.y & 0xF0F0F0F0u, xb0.y, db);
-        da = dp4a_us(q0.z & 0x0F0F0F0Fu, xa0.z, da), db = dp4a_us(q0.z & 0xF0F0F0F0u, xb0.z, db);
-        da = dp4a_us(q0.w & 0x0F0F0F0Fu, xa0.w, da), db = dp4a_us(q0.w & 0xF0F0F0F0u, xb0.w, db);
-        da = dp4a_us(q1.x & 0x0F0F0F0Fu, xa1.x, da), db = dp4a_us(q1.x & 0xF0F0F0F0u, xb1.x, db);
-        da = dp4a_us(q1.y & 0x0F0F0F0Fu, xa1.y, da), db = dp4a_us(q1.y & 0xF0F0F0F0u, xb1.y, db);
-        da = dp4a_us(q1.z & 0x0F0F0F0Fu, xa1.z, da), db = dp4a_us(q1.z & 0xF0F0F0F0u, xb1.z, db);
-        da = dp4a_us(q1.w & 0x0F0F0F0Fu, xa1.w, da), db = dp4a_us(q1.w & 0xF0F0F0F0u, xb1.w, db);
-        const uint32_t scw = j < 2 ? sc_lo : sc_hi;
-        const int sh = 16 * (j & 1);
-        isc += (int)((scw >> sh) & 0xFF) * da + (int)((scw >> (sh + 8)) & 0xFF) * (db >> 4);
-    }
+    const int isc = lab_q4k_isc(blk, xs + 256 * sb, sc_lo, sc_hi);
     const float2* xd = xds + 8 * sb;
     int im = 0;
 #pragma unroll
@@ -420,14 +402,7 @@ int main() {
     const int gq = mvk_blocks(RQKV / 4, kq_chunks_host(KD), sms), go = mvk_blocks(KD / 4, kq_chunks_host(KO), sms),
               gg = mvk_blocks(KF / 4, 2 * kq_chunks_host(KD), sms), gd = mvk_blocks(KD / 4, kq_chunks_host(KF), sms);
     auto mv = [&](const unsigned char* w, float* y, int rows, int K, int grid) {
-        MatvecJobs j{};
-        j.w[0] = w;
-        j.y[0] = y;
-        j.rows[0] = rows;
-        j.ty[0] = FMT_Q4_K;
-        j.start[1] = (rows + 3) / 4 * 4;
-        j.njobs = 1;
-        launch_pdl(mvk_1, grid, 128, st, j, (const int8_t*)aq, (const float2*)ads, K, cv, cnt, 0);
+        launch_pdl(mvk_1, grid, 128, st, q4k_job(w, y, rows), (const int8_t*)aq, (const float2*)ads, K, cv, cnt, 0);
     };
     auto chain_a = [&](int layers, bool small = true) {
         for (int l = 0; l < layers; ++l) {
