@@ -15,6 +15,24 @@ __device__ __forceinline__ void red_release(unsigned* p, unsigned v) {
     asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
+// The global timer in ns (the chain labs' timelines).
+__device__ __forceinline__ unsigned long long globaltimer_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+// The ring labs (ring.cu, ringx.cu): a barrier of the cw consumer warps alone (named barrier 1),
+// and a bulk copy global -> shared counted on an mbarrier, with an L2 cache policy (sm_90).
+__device__ __forceinline__ void consumers_sync(int cw) { asm volatile("bar.sync 1, %0;" ::"r"(cw * 32) : "memory"); }
+__device__ __forceinline__ void bulk_copy_ef(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar,
+                                             unsigned long long pol) {
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
+            dst),
+        "l"(src), "r"(bytes), "r"(bar), "l"(pol)
+        : "memory");
+}
+
 // The small op: out = in / rms(in), one block of 128 threads (two passes over n values).
 __device__ __forceinline__ void small_body(const float* __restrict__ in, float* __restrict__ out, int n) {
     __shared__ float red[4];

@@ -85,23 +85,8 @@ __device__ __forceinline__ void r_wait_at_least(const unsigned* p, unsigned v, b
     while (ld_acquire(p) < v)
         if (!spin) __nanosleep(32);
 }
-__device__ __forceinline__ unsigned long long globaltimer_ns() {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
 __device__ __forceinline__ void red_add_f32(float* p, float v) {
     asm volatile("red.relaxed.gpu.global.add.f32 [%0], %1;" ::"l"(p), "f"(v) : "memory");
-}
-__device__ __forceinline__ void consumers_sync(int cw) { asm volatile("bar.sync 1, %0;" ::"r"(cw * 32) : "memory"); }
-
-__device__ __forceinline__ void bulk_copy_ef(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar,
-                                             unsigned long long pol) {
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
-            dst),
-        "l"(src), "r"(bytes), "r"(bar), "l"(pol)
-        : "memory");
 }
 
 // One Q4_K super-block (blk) against the activation (xp: its 256 values, s2: their 8 sums of 32,

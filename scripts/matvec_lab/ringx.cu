@@ -27,7 +27,7 @@
 // Compared in the same run with the engine's launches for the same chain (residual_norm,
 // mvk_1, quantize_q8_k, mvk_silu_1 + silu_finish_q8k; programmatic dependencies, one CUDA graph).
 //
-// Build and run on the device: bash scripts/matvec_lab/run_ringx.sh (~1 min)
+// Build and run on the device: RING=ringx bash scripts/matvec_lab/run_ring.sh (~1 min)
 #ifndef __CUDACC_RTC__
 #include "lab_host.h"
 #endif
@@ -68,17 +68,6 @@ struct XOp {
 // the release add alone). Diagnostics (wrong outputs by design): X_NOSMALL: no small ops (each
 // op reads the activation left by the one before); X_NOMATH: the stages taken without arithmetic.
 enum { X_LIGHT = 1, X_NOSMALL = 2, X_NOMATH = 4 };
-
-__device__ __forceinline__ void x_consumers_sync(int cw) { asm volatile("bar.sync 1, %0;" ::"r"(cw * 32) : "memory"); }
-
-__device__ __forceinline__ void x_bulk_copy_ef(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar,
-                                               unsigned long long pol) {
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
-            dst),
-        "l"(src), "r"(bytes), "r"(bar), "l"(pol)
-        : "memory");
-}
 
 // The canonical value v_b of one Q4_K super-block (blk) of one row against the Q8_K activation
 // in shared memory (xs: int8 values, xds: (d, sum) per 32), by one lane: isc and im exact
@@ -145,7 +134,7 @@ __device__ __forceinline__ void x_small(const XOp& op, int8_t* xs, float2* xds, 
                     make_float4(hv[u].x + ov[u].x, hv[u].y + ov[u].y, hv[u].z + ov[u].z, hv[u].w + ov[u].w);
     }
     const int G = gridDim.x, b = blockIdx.x;
-    x_consumers_sync(CW);
+    consumers_sync(CW);
     for (int i = K * b / G + ct; i < K * (b + 1) / G; i += NT) op.hdst[i] = hsc[i];
     // residual_norm's sum of squares: thread t (of 1024) sums values t + 1024 k (sum_sq), then
     // each warp of 32 threads (warp_sum), then the 32 warps' sums (warp_sum). Thread p here plays
@@ -162,7 +151,7 @@ __device__ __forceinline__ void x_small(const XOp& op, int8_t* xs, float2* xds, 
         const float s = warp_sum(sum_sq(hv));
         if (lane == 0) part[warp + CW * j] = s;
     }
-    x_consumers_sync(CW);
+    consumers_sync(CW);
     const float inv2 = rsqrtf(warp_sum(part[lane]) / (float)K + op.eps);
     for (int blk = warp; blk < K / QK_K; blk += CW) {
         float f[8];
@@ -223,7 +212,7 @@ __global__ void __launch_bounds__((CW + 1) * 32, 1)
                 const uint32_t dst = (uint32_t)__cvta_generic_to_shared(stages + (size_t)s * XSTAGE);
 #pragma unroll
                 for (int qd = 0; qd < 8; ++qd)
-                    x_bulk_copy_ef(dst + qd * (bytes + XQPAD), src + (size_t)qd * nb * XQB, bytes, full(s), pol);
+                    bulk_copy_ef(dst + qd * (bytes + XQPAD), src + (size_t)qd * nb * XQB, bytes, full(s), pol);
             }
         }
         return;
@@ -235,11 +224,7 @@ __global__ void __launch_bounds__((CW + 1) * 32, 1)
     // tl (null: none): block b's global timer at phase p of op o, tl[(4 o + p) G + b]: its input
     // ready, its small op done, its stages consumed, its rows written.
     auto mark = [&](int o, int p) {
-        if (tl && ct == 0) {
-            unsigned long long t;
-            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-            tl[(size_t)(4 * o + p) * G + b] = t;
-        }
+        if (tl && ct == 0) tl[(size_t)(4 * o + p) * G + b] = globaltimer_ns();
     };
     for (int o = 0; o < nops; ++o) {
         const XOp op = ops[o];
@@ -250,11 +235,11 @@ __global__ void __launch_bounds__((CW + 1) * 32, 1)
                 while (ld_acquire(done) < (unsigned)(G * o)) {
                 }
             }
-            x_consumers_sync(CW);
+            consumers_sync(CW);
         }
         mark(o, 0);
         if (!(flags & X_NOSMALL)) x_small<CW>(op, xs, xds, xbs, hsc, part);
-        x_consumers_sync(CW);
+        consumers_sync(CW);
         mark(o, 1);
         const int rgf = c0 / per;
         for (int j = c0; j < c1; ++j, ++k) {
@@ -284,7 +269,7 @@ __global__ void __launch_bounds__((CW + 1) * 32, 1)
             __syncwarp();
             if (lane == 0) mbar_arrive(empty(s));
         }
-        x_consumers_sync(CW);
+        consumers_sync(CW);
         mark(o, 2);
         // The op's end: the rows of the row groups the block begins, summed in chunk order from 0:
         // the chunks from the table, and those of the blocks after it (a row group the next block
@@ -319,7 +304,7 @@ __global__ void __launch_bounds__((CW + 1) * 32, 1)
                 op.y[rg * 32 + lane] = op.nm == 2 ? g / (1.0f + expf(-g)) * u : g;
             }
         }
-        x_consumers_sync(CW);
+        consumers_sync(CW);
         mark(o, 3);
         if (ct == 0) {
             if (!(flags & X_LIGHT)) __threadfence();
