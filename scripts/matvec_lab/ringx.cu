@@ -253,10 +253,10 @@ __global__ void __launch_bounds__((CW + 1) * 32, 1)
             if (!(flags & X_NOMATH)) {
                 const float v0 = x_q4k_value(st, xs, xds, 4 * ch);
                 c = v0;
-                if (nsb > 1) c = kq_add(v0, x_q4k_value(st + 576, xs, xds, 4 * ch + 1));
+                if (nsb > 1) c = kq_add(v0, x_q4k_value(st + XQB, xs, xds, 4 * ch + 1));
                 if (nsb > 2) {
-                    float v2 = x_q4k_value(st + 2 * 576, xs, xds, 4 * ch + 2);
-                    if (nsb > 3) v2 = kq_add(v2, x_q4k_value(st + 3 * 576, xs, xds, 4 * ch + 3));
+                    float v2 = x_q4k_value(st + 2 * XQB, xs, xds, 4 * ch + 2);
+                    if (nsb > 3) v2 = kq_add(v2, x_q4k_value(st + 3 * XQB, xs, xds, 4 * ch + 3));
                     c = kq_add(c, v2);
                 }
             }
