@@ -39,6 +39,7 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route("/detokenize", post(detokenize))
         .route("/metrics", get(metrics))
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(shared.clone(), auth))
         .with_state(shared)
 }
@@ -67,6 +68,16 @@ async fn auth(State(sh): AppState, req: Request, next: Next) -> Response {
     )
     .with_code("invalid_api_key")
     .into_response()
+}
+
+/// A known path asked with the wrong method: 405 as OpenAI-shaped JSON, not an empty body.
+async fn method_not_allowed(req: Request) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "invalid_request_error",
+        format!("{} is not allowed on {}", req.method(), req.uri().path()),
+    )
+    .with_code("method_not_allowed")
 }
 
 async fn not_found(req: Request) -> ApiError {

@@ -47,6 +47,21 @@ fn health_is_503_while_loading_then_200() {
     let (status, body) = http(addr, "POST", "/v1/completions", r#"{"prompt": "hi"}"#);
     assert_eq!(status, 503, "{body}");
     assert!(body.contains(r#""type":"unavailable_error""#), "{body}");
+    // A known path with the wrong method, and an unknown path: OpenAI-shaped JSON errors.
+    for (method, path, status, code) in [
+        ("GET", "/v1/completions", 405, "method_not_allowed"),
+        ("DELETE", "/health", 405, "method_not_allowed"),
+        ("POST", "/v1/nothing", 404, "not_found"),
+    ] {
+        let (got, body) = http(addr, method, path, "");
+        assert_eq!(got, status, "{method} {path}: {body}");
+        let v: serde_json::Value = serde_json::from_str(&body).expect("a JSON error body");
+        assert_eq!(v["error"]["code"], code, "{method} {path}: {body}");
+        assert!(
+            v["error"]["message"].as_str().unwrap().contains(path),
+            "{body}"
+        );
+    }
 
     std::thread::spawn(move || {
         let model = Model::load(
