@@ -196,6 +196,10 @@ __device__ __forceinline__ int load_i32_a2(const uint8_t* p) {
 __device__ __forceinline__ float kq_value_q45(float d, float dmin, int isc, int im, float dx) {
     return __fmul_rn(dx, __fmaf_rn(d, __int2float_rn(isc), -__fmul_rn(dmin, __int2float_rn(im))));
 }
+// The same with im already a float (exact: |im| < 2^24, so it equals __int2float_rn(im)).
+__device__ __forceinline__ float kq_value_q45f(float d, float dmin, int isc, float im, float dx) {
+    return __fmul_rn(dx, __fmaf_rn(d, __int2float_rn(isc), -__fmul_rn(dmin, im)));
+}
 __device__ __forceinline__ float kq_value_q6(float d, int isc, float dx) {
     return __fmul_rn(dx, __fmul_rn(d, __int2float_rn(isc)));
 }
@@ -302,9 +306,13 @@ __device__ __forceinline__ MvkSpan mvk_span(const MatvecJobs& jobs, int nch, int
 // tile of 8 nt columns (nt = 2 to 4) and super-block, one region of mmw_xb(nt) bytes: the 8 nt
 // columns' 256 int8 values, column c's 16-byte piece p at piece p ^ mmw_swz(c) (so the
 // fragment loads are free of bank conflicts), then the columns' Q8_K scales (f32) and split
-// sums (16 int8, as bs). Regions [tile][super-block]. mmw_pack lays a row-major activation out
-// so; the Q8_K producers (q8k_warp with xblob) write it as they quantize.
-__host__ __device__ constexpr int mmw_xb(int nt) { return 8 * nt * (256 + 4 + 16); }
+// sums (bs's 16 values as halves, in the order of an f16 mma.m16n8k16 B fragment: lane t's 8
+// bytes at 8t hold lo 2t, lo 2t + 1, hi 2t, hi 2t + 1; mmw_bs_at). Regions [tile][super-block].
+// mmw_pack lays a row-major activation out so; the Q8_K producers (q8k_warp with xblob) write it
+// as they quantize.
+__host__ __device__ constexpr int mmw_xb(int nt) { return 8 * nt * (256 + 4 + 32); }
+// The half index (0..15) of split sum j (0..7) of a column's lo (hi false) or hi.
+__host__ __device__ __forceinline__ int mmw_bs_at(int j, bool hi) { return 4 * (j >> 1) + 2 * hi + (j & 1); }
 __host__ __device__ __forceinline__ int mmw_swz(int c) { return 2 * (c & 3) + ((c >> 2) & 1); }
 
 __device__ __forceinline__ void q8k_warp(const float (&f)[8], int blk, int lane, int8_t* __restrict__ q,
@@ -359,8 +367,9 @@ __device__ __forceinline__ void q8k_warp(const float (&f)[8], int blk, int lane,
         bs[(size_t)blk * 16 + lane / 4] = (int8_t)(sum & 63);
         bs[(size_t)blk * 16 + 8 + lane / 4] = (int8_t)(sum >> 6);
         if (r) {
-            r[bn * 260 + 16 * cc + lane / 4] = (uint8_t)(sum & 63);
-            r[bn * 260 + 16 * cc + 8 + lane / 4] = (uint8_t)(sum >> 6);
+            __half* hs = (__half*)(r + bn * 260 + 32 * cc);
+            hs[mmw_bs_at(lane / 4, false)] = __int2half_rn(sum & 63);
+            hs[mmw_bs_at(lane / 4, true)] = __int2half_rn(sum >> 6);
         }
     }
 }

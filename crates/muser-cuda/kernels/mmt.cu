@@ -678,7 +678,7 @@ __device__ __forceinline__ void mmw_q45(const uint8_t* st, int k, bool last, CHU
     const uint8_t* bb = ba + 2 * 4 * BS;
     const uint8_t* sx = st + MMT_ROWS * BS;
     const float* sd = (const float*)(sx + BN * 256);
-    const int8_t* sbs = (const int8_t*)(sx + BN * 260);
+    const uint8_t* sbs = sx + BN * 260;
     const uint4 ha = *(const uint4*)ba, hb = *(const uint4*)bb;
     float v[NT][4];
     uint2 xa = make_uint2(0, 0), xb = make_uint2(0, 0);
@@ -687,10 +687,10 @@ __device__ __forceinline__ void mmw_q45(const uint8_t* st, int k, bool last, CHU
         xb = *(const uint2*)(bb + 16 + 8 * t);
     }
     const int swz = mmw_swz(g), half = 8 * (t & 1), p0 = t >> 1;
-    kq45_superblock<NT, Q5>(
+    kq45_superblock<NT, Q5, true>(
         ha, hb, [&](int gi, int r) { return *(const uint2*)((r ? bb : ba) + QS + 32 * gi + 8 * t); }, xa, xb,
         [&](int nt, int s) { return *(const uint2*)(sx + (8 * nt + g) * 256 + (((2 * s + p0) ^ swz) << 4) + half); },
-        [&](int nt) { return *(const int*)(sbs + (8 * nt + g) * 16 + 4 * t); },
+        [&](int nt) { return *(const uint2*)(sbs + (8 * nt + g) * 32 + 8 * t); },
         [&](int nt, int j) { return sd[8 * nt + 2 * t + j]; }, [&](int nt, int e, float x) { v[nt][e] = x; });
     mmw_leaves<NT>(k, last, v, lo, hi, chunk);
 }
@@ -1013,7 +1013,8 @@ extern "C" __global__ void __launch_bounds__(128) mmw_pack(const int8_t* __restr
         const int c = T * bn + cc;
         const bool in = c < ncols;
         *(float*)(r + bn * 256 + 4 * cc) = in ? xds[(size_t)c * (K / 32) + 8 * b].x : 0.0f;
-        *(uint4*)(r + bn * 260 + 16 * cc) =
-            in ? __ldg((const uint4*)(xbs + ((size_t)c * nb + b) * 16)) : make_uint4(0, 0, 0, 0);
+        __half* hs = (__half*)(r + bn * 260 + 32 * cc);
+        for (int j = 0; j < 16; ++j)
+            hs[mmw_bs_at(j & 7, j >= 8)] = __int2half_rn(in ? (int)xbs[((size_t)c * nb + b) * 16 + j] : 0);
     }
 }

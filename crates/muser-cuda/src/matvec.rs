@@ -404,9 +404,10 @@ pub fn mmt_fits(bytes: usize) -> Result<(), CudaError> {
 pub const MMT8_SMEM: usize = 2 * (64 * 224 + 64 * (288 + 24)) + 128 * 32 * 4;
 
 /// The bytes of one super-block's activation region of an 8 `nt`-column tile of `mmw_*`
-/// (mmt.cu `mmw_xb`): the int8 values, the Q8_K scales and the split sums of each column.
+/// (mmt.cu `mmw_xb`): the int8 values, the Q8_K scales and the split sums (as halves) of each
+/// column.
 pub const fn mmw_xb(nt: usize) -> usize {
-    8 * nt * (256 + 4 + 16)
+    8 * nt * (256 + 4 + 32)
 }
 
 /// Dynamic shared memory of `mmw_*` with `nt` column tiles (mmt.cu `mmw_smem`): three stages of
@@ -1774,9 +1775,9 @@ mod tests {
 
     #[test]
     fn mmw_smem_holds_three_stages_and_three_blocks_fit_an_sm() {
-        // common.cuh: mmw_xb(nt) = 8 nt (256 + 4 + 16); a stage the largest weights and one region.
+        // common.cuh: mmw_xb(nt) = 8 nt (256 + 4 + 32); a stage the largest weights and one region.
         assert!(crate::compile::COMMON_HEADER
-            .contains("constexpr int mmw_xb(int nt) { return 8 * nt * (256 + 4 + 16); }"));
+            .contains("constexpr int mmw_xb(int nt) { return 8 * nt * (256 + 4 + 32); }"));
         let src = crate::KERNEL_SOURCES
             .iter()
             .find(|(f, _)| *f == "mmt.cu")
@@ -1789,7 +1790,7 @@ mod tests {
         let q6 = 16 * 784 + 64 * 16;
         assert!(q6 > 64 * 176 && 784 >= 4 * 192);
         for nt in 2..=4 {
-            assert_eq!(mmw_smem(nt), 3 * (q6 + 8 * nt * 276) + 48);
+            assert_eq!(mmw_smem(nt), 3 * (q6 + 8 * nt * 292) + 48);
             // Three blocks per SM (launch bounds 128, 3) in the H200's 227 KB (plus the 1 KB
             // each block reserves and the split kernel's flag).
             assert!(3 * (mmw_smem(nt) + 1024 + 128) <= 227 * 1024, "{nt} tiles");
