@@ -207,7 +207,7 @@ __device__ __forceinline__ KAct mmk_slice(const KAct& a, int bn) {
 // an integer below 2^22, so the f32 result is im exactly and the value's bits are the same.
 // Per super-block at 4 column tiles: 4 f16 MMAs for 8 int8 ones, 16 multiply-adds and 16
 // int-to-float conversions fewer (mmw_silu_pair_4: 4,256 -> 4,192 static instructions). H200,
-// llama-glimmer, one call alternated (2026-12-04 11:45, quick parity 792 / 792, groups of 1-32
+// llama-glimmer, one call alternated (2026-12-04 11:25, quick parity 792 / 792, groups of 1-32
 // bit-identical to solo): aggregate tg128 tokens/s at 16 / 32 streams 1,662.88 / 2,586.87 and
 // 1,611.60 / 2,543.76 before, 1,679.26 / 2,631.57 and 1,666.45 / 2,612.42 with it.
 template <int NT, bool Q5, bool HM = false, class QS, class XQ, class XBS, class DX, class EMIT>
