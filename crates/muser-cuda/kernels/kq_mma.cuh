@@ -293,25 +293,25 @@ __device__ __forceinline__ void kq45_superblock(const uint4& ha, const uint4& hb
             }
         }
     } else {
-    // im = sum_s m_s xsum_s: A_lo holds the mins at k 0..7, A_hi at k 8..15.
-    const int alo0 = t == 0 ? (int)ma_lo : t == 1 ? (int)ma_hi : 0;
-    const int alo1 = t == 0 ? (int)mb_lo : t == 1 ? (int)mb_hi : 0;
-    const int ahi0 = t == 2 ? (int)ma_lo : t == 3 ? (int)ma_hi : 0;
-    const int ahi1 = t == 2 ? (int)mb_lo : t == 3 ? (int)mb_hi : 0;
+        // im = sum_s m_s xsum_s: A_lo holds the mins at k 0..7, A_hi at k 8..15.
+        const int alo0 = t == 0 ? (int)ma_lo : t == 1 ? (int)ma_hi : 0;
+        const int alo1 = t == 0 ? (int)mb_lo : t == 1 ? (int)mb_hi : 0;
+        const int ahi0 = t == 2 ? (int)ma_lo : t == 3 ? (int)ma_hi : 0;
+        const int ahi1 = t == 2 ? (int)mb_lo : t == 3 ? (int)mb_hi : 0;
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-        const int bs = xbs(nt);
-        int rl[4] = {0, 0, 0, 0}, rh[4] = {0, 0, 0, 0};
-        mmk_k16(rl, alo0, alo1, bs);
-        mmk_k16(rh, ahi0, ahi1, bs);
-        const float dx0 = dx(nt, 0), dx1 = dx(nt, 1);
+        for (int nt = 0; nt < NT; ++nt) {
+            const int bs = xbs(nt);
+            int rl[4] = {0, 0, 0, 0}, rh[4] = {0, 0, 0, 0};
+            mmk_k16(rl, alo0, alo1, bs);
+            mmk_k16(rh, ahi0, ahi1, bs);
+            const float dx0 = dx(nt, 0), dx1 = dx(nt, 1);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const float2 dm = e < 2 ? dma : dmb;
-            const int im = rl[e] + 64 * rh[e];
-            emit(nt, e, kq_value_q45(dm.x, dm.y, isc[nt][e], im, (e & 1) ? dx1 : dx0));
+            for (int e = 0; e < 4; ++e) {
+                const float2 dm = e < 2 ? dma : dmb;
+                const int im = rl[e] + 64 * rh[e];
+                emit(nt, e, kq_value_q45(dm.x, dm.y, isc[nt][e], im, (e & 1) ? dx1 : dx0));
+            }
         }
-    }
     }
 }
 
