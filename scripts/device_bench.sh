@@ -454,10 +454,11 @@ if [ "${JOB:-}" = ab ]; then
         # DEPTH=N: tg at that context depth too.
         [ -n "${DEPTH:-}" ] && step "bench-$i-d$DEPTH" 90 env $set "$b" bench --backend cuda -m "$G" -p 0 -n 64 \
             -d "$DEPTH" -r 2
-        # TRACE="i j ...": the one-stream step trace (JOB=steptrace; its kernels in the carried
-        # cache) of those settings too, appended to trace.log.
+        # TRACE="i j ...": the step trace (JOB=steptrace; its kernels in the carried cache) of
+        # those settings too, at TRACE_STREAMS (default 1) streams, appended to trace.log.
         case " ${TRACE:-} " in *" $i "*)
-            step "trace-$i" 90 env $set MUSER_CUDA_STEP_TRACE=1 "$b" bench --backend cuda -m "$G" -p 0 -n 32 -r 1 -s 1
+            step "trace-$i" 90 env $set MUSER_CUDA_STEP_TRACE=1 "$b" bench --backend cuda -m "$G" -p 0 -n 32 -r 1 \
+                -s "${TRACE_STREAMS:-1}"
             { echo "== setting $i: $set"; sed -n '/^step trace/,$p' "$OUT/trace-$i.log"; } >> "$OUT/trace.log"
             rm -f "$OUT/trace-$i.log" ;;
         esac

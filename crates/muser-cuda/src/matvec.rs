@@ -490,6 +490,8 @@ pub fn mmt_splits(on: bool, blocks: usize, chunks: usize, sms: usize) -> usize {
 fn split_count(blocks: usize, chunks: usize, sms: usize) -> usize {
     match mmt_fill() {
         MmtFill::Waves(f) => split_waves(blocks, chunks, sms, f, split_upto()),
+        MmtFill::Splits(n) if blocks < split_upto() * sms => n.clamp(1, chunks.max(1)),
+        MmtFill::Splits(_) => 1,
         fill => split_count_as(blocks, chunks, sms, fill == MmtFill::Floor),
     }
 }
@@ -500,6 +502,9 @@ enum MmtFill {
     Ceil,
     /// `MUSER_CUDA_MMT_FILL=waves[:F]` (`split_waves`), F the fixed cost of a block.
     Waves(f64),
+    /// `MUSER_CUDA_MMT_FILL=splits:N` (an A/B knob): N splits (at most one a chunk) for every
+    /// launch that `split_waves` would consider.
+    Splits(usize),
 }
 
 fn mmt_fill() -> MmtFill {
@@ -507,6 +512,9 @@ fn mmt_fill() -> MmtFill {
     *FILL.get_or_init(|| match std::env::var("MUSER_CUDA_MMT_FILL").as_deref() {
         Ok("ceil") => MmtFill::Ceil,
         Ok("floor") => MmtFill::Floor,
+        Ok(v) if v.starts_with("splits:") => {
+            MmtFill::Splits(v["splits:".len()..].parse().unwrap_or(1))
+        }
         Ok(v) => MmtFill::Waves(
             v.strip_prefix("waves:")
                 .and_then(|f| f.parse().ok())
@@ -532,11 +540,26 @@ fn split_upto() -> usize {
 /// per SM and a split of 1/S of K costs 1/S + f of a full block (f: its fixed cost: the wait,
 /// the first stage, the merge), in whole waves: ceil(blocks S / 3 SMs) (1 / S + f); the fewest
 /// splits within 1% of the best. Launches of `upto` blocks per SM or more stay unsplit.
+///
+/// Launches whose blocks of one chunk each fill at most two waves take one chunk a split: the
+/// waves above were counted for splits of 1/S of K, but a split is a range of whole chunks, so
+/// q+k+v's 7 chunks in 5 splits were 1 or 2 chunks a block and attn_output's 4 in 3 were 1 or 2:
+/// the block of 2 chunks held the launch. H200, llama-glimmer, step trace at 32 streams
+/// (2026-12-04): q+k+v 21.29 -> 19.48 us a layer (7 splits of 504 blocks), attn_output 17.91 ->
+/// 15.54 (4 splits of 416), ffn_down (20 chunks: 7 splits either way) unchanged; aggregate tg128
+/// tokens/s at 16 / 24 / 32 streams, one call, alternated: 1,663.21 / 2,227.84 / 2,630.26 and
+/// 1,667.20 / 2,239.39 / 2,653.91 before, 1,703.36 / 2,274.18 / 2,673.42 after (+1.2-2.3%; the
+/// same in an earlier call: 32 streams 2,591.22 / 2,585.65 -> 2,643.69). Splits in pairs of
+/// super-blocks instead (5 and 3 splits of 2-3 pairs, one wave; lab README run 61) lost: 16.59 us
+/// for attn_output, 23.14 for q+k+v.
 fn split_waves(blocks: usize, chunks: usize, sms: usize, f: f64, upto: usize) -> usize {
     if blocks == 0 || blocks >= upto * sms {
         return 1;
     }
     let slots = 3 * sms.max(1);
+    if blocks * chunks <= 2 * slots {
+        return chunks.max(1);
+    }
     let cost = |s: usize| (blocks * s).div_ceil(slots) as f64 * (1.0 / s as f64 + f);
     let best = (1..=chunks.max(1)).map(cost).fold(f64::INFINITY, f64::min);
     (1..=chunks.max(1))
@@ -1652,10 +1675,16 @@ mod tests {
     #[test]
     fn wave_split_plans_finish_glimmer_launches_in_whole_waves() {
         let sms = 132;
-        // 32 columns: ffn_down 104 blocks of 20 chunks, q+k+v+gate 136 of 7, attn_output 104 of 4.
+        // 32 columns: ffn_down 104 blocks of 20 chunks, q+k+v+gate 136 of 7 (muse-glimmer).
         assert_eq!(split_waves(104, 20, sms, 0.01, 2), 7);
         assert_eq!(split_waves(136, 7, sms, 0.01, 2), 5);
-        assert_eq!(split_waves(104, 4, sms, 0.01, 2), 3);
+        // attn_output 104 blocks of 4 chunks and llama-glimmer's q+k+v 72 of 7: a chunk a block
+        // within two waves (416 and 504 blocks for 396 places).
+        assert_eq!(split_waves(104, 4, sms, 0.01, 2), 4);
+        assert_eq!(split_waves(72, 7, sms, 0.01, 2), 7);
+        // Past two waves of one-chunk blocks, the wave count decides again.
+        assert_eq!(split_waves(113, 7, sms, 0.01, 4), 7);
+        assert_eq!(split_waves(114, 7, sms, 0.01, 4), 3);
         // Wide and empty launches are not split; a split never exceeds the chunks.
         assert_eq!(split_waves(264, 20, sms, 0.01, 2), 1);
         assert_eq!(split_waves(0, 20, sms, 0.01, 2), 1);
