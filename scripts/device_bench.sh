@@ -341,6 +341,13 @@ if [ "${JOB:-}" = side ]; then
     step bench-d8192 90 "$BIN" bench --backend cuda -m "$G" -p 0 -n 128 -d 8192 -r 2
     step bench-streams 120 "$BIN" bench --backend cuda -m "$G" -p 0 -n 128 -r 2 -s "${STREAMS:-1,8,32}"
     [ "${SERVE:-0}" = 1 ] && serve_benches
+    # MUSE=1: pp512 and tg128 on muse-glimmer too (issue 5's own model), synthesized here.
+    if [ "${MUSE:-0}" = 1 ]; then
+        M=$MODELS/muse-glimmer.gguf
+        step synth-muse-glimmer 90 "$BIN" synth muse-glimmer "$M" &&
+            step bench-muse 120 "$BIN" bench --backend cuda -m "$M" -p 512 -n 128 -r "$REPS" --audit
+        rm -f "$M"
+    fi
     # TIMELINE=1: one decode step kernel by kernel last (as JOB=timeline), within the budget.
     [ "${TIMELINE:-0}" = 1 ] && ncu_timeline ""
     echo
