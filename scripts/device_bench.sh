@@ -99,14 +99,15 @@ ncu_timeline() {
 # Where a kernel's warps stall, instruction by instruction: Nsight Compute's source counters
 # (warp-state samples and executed instructions per SASS line) for one launch of each kernel in
 # SASS_KERNELS ("name:launches-to-skip ...") while `muser bench $SASS_BENCH` runs on
-# llama-glimmer ($G, already synthesized; no graphs), exported as CSV to $OUT.
+# llama-glimmer ($G, already synthesized; no graphs), exported as CSV to $OUT. SASS_SECTIONS: more
+# Nsight Compute sections (e.g. "--section ComputeWorkloadAnalysis --section InstructionStats").
 sass_profile() {
     # A spec may name a decode group width as a third field ("mmv_silu_1:20:8": `-s 8`).
     for spec in ${SASS_KERNELS:-mvk_silu_1:20 mvk_1:41}; do
         IFS=: read -r k skip streams <<< "$spec"
         step "ncu-$k-$skip" 150 env MUSER_CUDA_GRAPHS=0 "$NCU_BIN" --clock-control none --kernel-name "regex:^$k\$" \
             --launch-skip "$skip" --launch-count 1 --section SourceCounters --section WarpStateStats \
-            --section SpeedOfLight --section Occupancy --import-source no -o "$OUT/$k-$skip" -f \
+            --section SpeedOfLight --section Occupancy ${SASS_SECTIONS:-} --import-source no -o "$OUT/$k-$skip" -f \
             "$BIN" bench --backend cuda -m "$G" ${SASS_BENCH:--p 0 -n 2 -r 1} ${streams:+-s $streams}
         "$NCU_BIN" -i "$OUT/$k-$skip.ncu-rep" --page source --csv --print-source sass > "$OUT/$k-$skip-sass.csv" 2> "$OUT/$k-$skip-sass.err"
         "$NCU_BIN" -i "$OUT/$k-$skip.ncu-rep" --page details > "$OUT/$k-$skip-details.txt" 2>&1
