@@ -556,8 +556,36 @@ __host__ __device__ constexpr int mmw_wbytes() {
 }
 // A stage: the weights (Q6_K, the largest), then the activation region.
 __host__ __device__ constexpr int mmw_stage(int nt) { return mmw_wbytes<FMT_Q6_K>() + mmw_xb(nt); }
+// Q4_K runs of the plain, split and pair kernels take their super-blocks two a stage, in
+// MMW_Q4_PAIR_STAGES stages of two super-blocks' weights and activation regions: one wait, one
+// refill (the copies, their addresses, the barriers) per two super-blocks instead of one, and
+// four super-blocks in flight instead of three, in about the shared memory of three Q6_K stages.
+// MMW_Q4_PAIR=0: one a stage, as the other formats.
+#ifndef MMW_Q4_PAIR
+#define MMW_Q4_PAIR 1
+#endif
+#define MMW_Q4_PAIR_STAGES 2
+__host__ __device__ constexpr int mmw_stage_q4pair(int nt) { return 2 * (MMT_ROWS * 144 + mmw_xb(nt)); }
+__host__ __device__ constexpr int mmw_max(int a, int b) { return a > b ? a : b; }
+// Where the mbarriers start: after the larger of the two stage sets.
+__host__ __device__ constexpr int mmw_bars_at(int nt) {
+    return mmw_max(MMW_STAGES * mmw_stage(nt), MMW_Q4_PAIR ? MMW_Q4_PAIR_STAGES * mmw_stage_q4pair(nt) : 0);
+}
 // The dynamic shared memory of a launch: the stages and 2 S mbarriers (matvec.rs mmw_smem).
-__host__ __device__ constexpr int mmw_smem(int nt) { return MMW_STAGES * mmw_stage(nt) + 16 * MMW_STAGES; }
+__host__ __device__ constexpr int mmw_smem(int nt) { return mmw_bars_at(nt) + 16 * MMW_STAGES; }
+
+// A run's stage geometry: P super-blocks a stage in S stages of ST bytes; a stage holds P
+// super-blocks' weights (each row quad's P blocks runs side by side, QB bytes a quad; Q6_K's
+// planes as mmw_q6 reads them) in its first WB bytes, then their P activation regions.
+template <int FMT, int NT, bool PAIRED>
+struct MmwGeo {
+    static constexpr int P = PAIRED && MMW_Q4_PAIR && FMT == FMT_Q4_K ? 2 : 1;
+    static constexpr int S = P == 2 ? MMW_Q4_PAIR_STAGES : MMW_STAGES;
+    static constexpr int BS = FMT == FMT_Q6_K ? 192 : MmtFmt<FMT>::BS;
+    static constexpr int QB = FMT == FMT_Q6_K ? MMW_Q6_QUAD : P * 4 * BS;
+    static constexpr int WB = P * mmw_wbytes<FMT>();
+    static constexpr int ST = P == 2 ? mmw_stage_q4pair(NT) : mmw_stage(NT);
+};
 
 __device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
     MMW_ASM("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
@@ -594,71 +622,77 @@ __device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_
 // its bytes to the barrier before it arrives (mmw_issue_act). Quads past the matrix's padded
 // rows are not copied: their outputs are never stored, and integer MMAs keep stale bytes to
 // those outputs.
-template <int FMT>
+template <int FMT, int NT, bool PAIRED>
 __device__ __forceinline__ void mmw_issue_own(uint32_t st, uint32_t full, const uint8_t* __restrict__ w, int row0,
-                                              int rows, int nb, int b) {
+                                              int rows, int nb, int b, int pn) {
+    using G = MmwGeo<FMT, NT, PAIRED>;
     constexpr bool Q6 = FMT == FMT_Q6_K;
-    constexpr int BS = Q6 ? 192 : MmtFmt<FMT>::BS, QB = Q6 ? MMW_Q6_QUAD : 4 * BS;
+    constexpr int BS = G::BS, QB = G::QB;
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
     const int quads = min(MMT_ROWS / 4, (int)(kq_rows(rows) - row0) / 4);
     const int mine = max(0, min(4, quads - 4 * warp)), q = 4 * warp + (lane & 3);
-    if (lane == 0) mbar_expect(full, (uint32_t)(mine * 4 * (BS + (Q6 ? 16 : 0))));
+    if (lane == 0) mbar_expect(full, (uint32_t)(mine * 4 * (pn * BS + (Q6 ? 16 : 0))));
     __syncwarp();
     if ((lane & 3) < mine) {
-        if (lane < 4) bulk_copy(st + q * QB, w + kq_blk(row0 + 4 * q, nb, b) * BS, 4 * BS, full);
+        // A quad's pn blocks runs (super-blocks b ..) are contiguous in the resident layout.
+        if (lane < 4) bulk_copy(st + q * QB, w + kq_blk(row0 + 4 * q, nb, b) * BS, pn * 4 * BS, full);
         else if (Q6 && lane < 8)
             bulk_copy(st + 16 * MMW_Q6_QUAD + q * 64, w + kq_rows(rows) * nb * 192 + kq_blk(row0 + 4 * q, nb, b) * 16,
                       64, full);
     }
 }
-template <int FMT, int NT>
-__device__ __forceinline__ void mmw_issue_act(uint32_t st, uint32_t full, const uint8_t* __restrict__ xt, int b) {
+template <int FMT, int NT, bool PAIRED>
+__device__ __forceinline__ void mmw_issue_act(uint32_t st, uint32_t full, const uint8_t* __restrict__ xt, int b,
+                                              int pn) {
     if (threadIdx.x % WARP == 0) {
-        mbar_add_tx(full, (uint32_t)mmw_xb(NT));
-        bulk_copy(st + mmw_wbytes<FMT>(), xt + (size_t)b * mmw_xb(NT), mmw_xb(NT), full);
+        mbar_add_tx(full, (uint32_t)(pn * mmw_xb(NT)));
+        bulk_copy(st + MmwGeo<FMT, NT, PAIRED>::WB, xt + (size_t)b * mmw_xb(NT), pn * mmw_xb(NT), full);
     }
     __syncwarp();
 }
 // The warps done with each stage (mod 4: the one that makes it a multiple of 4 was the last).
 __shared__ unsigned mmw_done[MMW_STAGES];
 
-// The first stages of a run of n super-blocks from sb0 (uses q0 .. q0 + S - 1 of the stages),
-// by every warp (its own rows; warp 0 the activation).
-template <int FMT, int NT>
+// The first stages of a run of n super-blocks from sb0 (uses q0 .. q0 + S - 1 of the stages, P
+// super-blocks each), by every warp (its own rows; warp 0 the activation).
+template <int FMT, int NT, bool PAIRED>
 __device__ __forceinline__ void mmw_prime(uint32_t s0, uint32_t bars, const uint8_t* __restrict__ w, int row0,
                                           int rows, int nb, const uint8_t* __restrict__ xt, int q0, int sb0, int n,
                                           int warp) {
-    constexpr int ST = mmw_stage(NT);
-    for (int i = 0; i < MMW_STAGES && i < n; ++i) {
-        const int s = (q0 + i) % MMW_STAGES;
-        if (warp == 0) mmw_issue_act<FMT, NT>(s0 + s * ST, bars + 8 * s, xt, sb0 + i);
-        mmw_issue_own<FMT>(s0 + s * ST, bars + 8 * s, w, row0, rows, nb, sb0 + i);
+    using G = MmwGeo<FMT, NT, PAIRED>;
+    for (int i = 0; i < G::S && G::P * i < n; ++i) {
+        const int s = (q0 + i) % G::S, b = sb0 + G::P * i, pn = min(G::P, n - G::P * i);
+        if (warp == 0) mmw_issue_act<FMT, NT, PAIRED>(s0 + s * G::ST, bars + 8 * s, xt, b, pn);
+        mmw_issue_own<FMT, NT, PAIRED>(s0 + s * G::ST, bars + 8 * s, w, row0, rows, nb, b, pn);
     }
 }
 
-// After the warp's use q of stage s (super-block b, the i-th of n): the use completes a phase of
-// the stage's empty barrier and 4 counts of mmw_done. Then super-block b + S into the stage when
-// there is one: the warp's own rows now, the activation by the last warp done with the stage
-// (its wait returns at once and orders the other warps' reads before the copy).
-template <int FMT, int NT>
+// After the warp's use q of stage s (the i-th of the run, its first super-block b; n super-blocks
+// in the run): the use completes a phase of the stage's empty barrier and 4 counts of mmw_done.
+// Then the super-blocks S uses on into the stage when there are any: the warp's own rows now,
+// the activation by the last warp done with the stage (its wait returns at once and orders the
+// other warps' reads before the copy).
+template <int FMT, int NT, bool PAIRED>
 __device__ __forceinline__ void mmw_refill(uint32_t s0, uint32_t bars, const uint8_t* __restrict__ w, int row0,
                                            int rows, int nb, const uint8_t* __restrict__ xt, int q, int i, int n,
                                            int b) {
-    constexpr int ST = mmw_stage(NT);
-    const int s = q % MMW_STAGES;
+    using G = MmwGeo<FMT, NT, PAIRED>;
+    const int s = q % G::S;
     fence_proxy_async();
     unsigned last = 0;
     if (threadIdx.x % WARP == 0) {
         mbar_arrive(bars + 8 * (MMW_STAGES + s));
         last = (atomicAdd(&mmw_done[s], 1u) & (MMT_WARPS - 1)) == MMT_WARPS - 1;
     }
-    if (i + MMW_STAGES < n) {
+    const int next = G::P * (i + G::S);
+    if (next < n) {
+        const int pn = min(G::P, n - next);
         if (__shfl_sync(0xffffffffu, last, 0)) {
-            mbar_wait(bars + 8 * (MMW_STAGES + s), (q / MMW_STAGES) & 1);
+            mbar_wait(bars + 8 * (MMW_STAGES + s), (q / G::S) & 1);
             fence_proxy_async();
-            mmw_issue_act<FMT, NT>(s0 + s * ST, bars + 8 * s, xt, b + MMW_STAGES);
+            mmw_issue_act<FMT, NT, PAIRED>(s0 + s * G::ST, bars + 8 * s, xt, b + G::P * G::S, pn);
         }
-        mmw_issue_own<FMT>(s0 + s * ST, bars + 8 * s, w, row0, rows, nb, b + MMW_STAGES);
+        mmw_issue_own<FMT, NT, PAIRED>(s0 + s * G::ST, bars + 8 * s, w, row0, rows, nb, b + G::P * G::S, pn);
     }
 }
 
@@ -669,14 +703,14 @@ __device__ __forceinline__ void mmw_refill(uint32_t s0, uint32_t bars, const uin
 
 // mmt_q45 on an mmw stage: row 16 w + g is block g & 3 of quad 4 w + g / 4, row + 8 two quads
 // on; column c's piece p of 16 values is at piece p ^ mmw_swz(c) of its 256 bytes (mmw_pack).
-template <int NT, bool Q5, class CHUNK>
-__device__ __forceinline__ void mmw_q45(const uint8_t* st, int k, bool last, CHUNK chunk, float (&lo)[NT][4],
-                                        float (&hi)[NT][4]) {
+// wst: the super-block's blocks in the stage (quads QB bytes apart), sx: its activation region.
+template <int NT, bool Q5, int QB, class CHUNK>
+__device__ __forceinline__ void mmw_q45(const uint8_t* wst, const uint8_t* sx, int k, bool last, CHUNK chunk,
+                                        float (&lo)[NT][4], float (&hi)[NT][4]) {
     constexpr int BS = Q5 ? 176 : 144, QS = Q5 ? 48 : 16, BN = 8 * NT;
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, g = lane >> 2, t = lane & 3;
-    const uint8_t* ba = st + (4 * warp + (g >> 2)) * 4 * BS + (g & 3) * BS;
-    const uint8_t* bb = ba + 2 * 4 * BS;
-    const uint8_t* sx = st + MMT_ROWS * BS;
+    const uint8_t* ba = wst + (4 * warp + (g >> 2)) * QB + (g & 3) * BS;
+    const uint8_t* bb = ba + 2 * QB;
     const float* sd = (const float*)(sx + BN * 256);
     const uint8_t* sbs = sx + BN * 260;
     const uint4 ha = *(const uint4*)ba, hb = *(const uint4*)bb;
@@ -725,7 +759,7 @@ __device__ __forceinline__ void mmw_q6(const uint8_t* st, float da, float db, in
 // warp (full's with the bytes of its copies).
 template <int NT>
 __device__ __forceinline__ uint32_t mmw_init(uint8_t* smem) {
-    const uint32_t bars = (uint32_t)__cvta_generic_to_shared(smem) + MMW_STAGES * mmw_stage(NT);
+    const uint32_t bars = (uint32_t)__cvta_generic_to_shared(smem) + mmw_bars_at(NT);
     if (threadIdx.x == 0) {
         for (int i = 0; i < MMW_STAGES; ++i) {
             mbar_init(bars + 8 * i, MMT_WARPS);
@@ -743,11 +777,11 @@ __device__ __forceinline__ uint32_t mmw_init(uint8_t* smem) {
 // the block ran through its stages before (silu's up matrix follows the gate): super-block
 // sb0 + i is use (q0 + i) / S of stage (q0 + i) % S, whose full and empty barriers complete one
 // phase for it. Ends with every warp done with every stage.
-template <int FMT, int NT, class CHUNK>
+template <int FMT, int NT, bool PAIRED, class CHUNK>
 __device__ __forceinline__ void mmw_rows(const uint8_t* __restrict__ w, int row0, int rows, int K,
                                          const uint8_t* __restrict__ xt, uint8_t* smem, uint32_t bars, int q0,
                                          int sb0, int sb1, CHUNK chunk) {
-    constexpr int ST = mmw_stage(NT);
+    using G = MmwGeo<FMT, NT, PAIRED>;
     const int nb = K / QK_K, warp = threadIdx.x / WARP, n = sb1 - sb0, g = (threadIdx.x % WARP) >> 2;
     const uint32_t s0 = (uint32_t)__cvta_generic_to_shared(smem);
     // Q6_K: the d of the lane's two rows (mmw_q6's) from plane C, each super-block's loaded one
@@ -765,46 +799,57 @@ __device__ __forceinline__ void mmw_rows(const uint8_t* __restrict__ w, int row0
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) lo[nt][e] = hi[nt][e] = 0.0f;
-    mmw_prime<FMT, NT>(s0, bars, w, row0, rows, nb, xt, q0, sb0, n, warp);
+    mmw_prime<FMT, NT, PAIRED>(s0, bars, w, row0, rows, nb, xt, q0, sb0, n, warp);
+    const int uses = (n + G::P - 1) / G::P;
 #pragma unroll 1
-    for (int i = 0; i < n; ++i) {
-        const int q = q0 + i, s = q % MMW_STAGES, b = sb0 + i;
+    for (int i = 0; i < uses; ++i) {
+        const int q = q0 + i, s = q % G::S, b0 = sb0 + G::P * i;
+        const uint8_t* st = smem + s * G::ST;
         __half na = da, nb_ = db;
         if (FMT == FMT_Q6_K && i + 1 < n) {
-            na = dp[kq_blk(ra, nb, b + 1)];
-            nb_ = dp[kq_blk(rb, nb, b + 1)];
+            na = dp[kq_blk(ra, nb, b0 + 1)];
+            nb_ = dp[kq_blk(rb, nb, b0 + 1)];
         }
-        mbar_wait(bars + 8 * s, (q / MMW_STAGES) & 1);
-        const auto done = [&](int nt, int e, float c) { chunk(nt, e, b / KQ_CHUNK, c); };
+        mbar_wait(bars + 8 * s, (q / G::S) & 1);
         if constexpr (FMT == FMT_Q6_K) {
-            mmw_q6<NT>(smem + s * ST, __half2float(da), __half2float(db), i % KQ_CHUNK, i == n - 1, done, lo, hi);
+            const auto done = [&](int nt, int e, float c) { chunk(nt, e, b0 / KQ_CHUNK, c); };
+            mmw_q6<NT>(st, __half2float(da), __half2float(db), i % KQ_CHUNK, i == n - 1, done, lo, hi);
             da = na;
             db = nb_;
         } else {
-            mmw_q45<NT, FMT == FMT_Q5_K>(smem + s * ST, i % KQ_CHUNK, i == n - 1, done, lo, hi);
+            const int pn = min(G::P, n - G::P * i);
+#pragma unroll 1
+            for (int p = 0; p < pn; ++p) {
+                const int ii = G::P * i + p, b = b0 + p;
+                const auto done = [&](int nt, int e, float c) { chunk(nt, e, b / KQ_CHUNK, c); };
+                mmw_q45<NT, FMT == FMT_Q5_K, G::QB>(st + p * 4 * G::BS, st + G::WB + p * mmw_xb(NT), ii % KQ_CHUNK,
+                                                    ii == n - 1, done, lo, hi);
+            }
         }
         __syncwarp();
-        mmw_refill<FMT, NT>(s0, bars, w, row0, rows, nb, xt, q, i, n, b);
+        mmw_refill<FMT, NT, PAIRED>(s0, bars, w, row0, rows, nb, xt, q, i, n, b0);
     }
     __syncthreads();
 }
 
-template <int NT, class CHUNK>
+// PAIRED: the run starts on fresh stages (q0 = 0), so Q4_K may take its super-blocks two a stage
+// (MmwGeo); mmw_silu_kernel's up matrix continues the gate's stages, so both take one a stage.
+template <int NT, bool PAIRED, class CHUNK>
 __device__ __forceinline__ void mmw_dispatch(int ty, const uint8_t* w, int row0, int rows, int K, const uint8_t* xt,
                                              uint8_t* smem, uint32_t bars, int q0, int sb0, int sb1, CHUNK chunk) {
-    if (ty == FMT_Q6_K) mmw_rows<FMT_Q6_K, NT>(w, row0, rows, K, xt, smem, bars, q0, sb0, sb1, chunk);
-    else if (ty == FMT_Q5_K) mmw_rows<FMT_Q5_K, NT>(w, row0, rows, K, xt, smem, bars, q0, sb0, sb1, chunk);
-    else mmw_rows<FMT_Q4_K, NT>(w, row0, rows, K, xt, smem, bars, q0, sb0, sb1, chunk);
+    if (ty == FMT_Q6_K) mmw_rows<FMT_Q6_K, NT, PAIRED>(w, row0, rows, K, xt, smem, bars, q0, sb0, sb1, chunk);
+    else if (ty == FMT_Q5_K) mmw_rows<FMT_Q5_K, NT, PAIRED>(w, row0, rows, K, xt, smem, bars, q0, sb0, sb1, chunk);
+    else mmw_rows<FMT_Q4_K, NT, PAIRED>(w, row0, rows, K, xt, smem, bars, q0, sb0, sb1, chunk);
 }
 
-template <int NT>
+template <int NT, bool PAIRED>
 __device__ __forceinline__ void mmw_sum(int ty, const uint8_t* w, int row0, int rows, int K, const uint8_t* xt,
                                         uint8_t* smem, uint32_t bars, int q0, float (&y)[NT][4]) {
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) y[nt][e] = 0.0f;
-    mmw_dispatch<NT>(ty, w, row0, rows, K, xt, smem, bars, q0, 0, K / QK_K,
+    mmw_dispatch<NT, PAIRED>(ty, w, row0, rows, K, xt, smem, bars, q0, 0, K / QK_K,
                      [&](int nt, int e, int, float c) { y[nt][e] = kq_add(y[nt][e], c); });
 }
 
@@ -825,7 +870,7 @@ __device__ __forceinline__ void mmw_kernel(const MatvecJobs& jobs, const uint8_t
     if (row0 >= rows) return;
     const uint32_t bars = mmw_init<NT>(mmw_smem_buf);
     float y[NT][4];
-    mmw_sum<NT>(jobs.ty_of(j), jobs.w_of(j), row0, rows, K, mmw_tile<NT>(xblob, K), mmw_smem_buf, bars, 0, y);
+    mmw_sum<NT, true>(jobs.ty_of(j), jobs.w_of(j), row0, rows, K, mmw_tile<NT>(xblob, K), mmw_smem_buf, bars, 0, y);
     mmt_store<NT>(jobs.y_of(j), rows, row0, blockIdx.x * 8 * NT, min(8 * NT, ncols - (int)blockIdx.x * 8 * NT), y,
                   jobs.ty_of(j) == FMT_Q6_K);
 }
@@ -852,8 +897,8 @@ __device__ __forceinline__ void mmw_silu_kernel(const uint8_t* wg, int tyg, cons
     const uint32_t bars = mmw_init<NT>(mmw_smem_buf);
     const uint8_t* xt = mmw_tile<NT>(xblob, K);
     float gs[NT][4], us[NT][4];
-    mmw_sum<NT>(tyg, wg, row0, rows, K, xt, mmw_smem_buf, bars, 0, gs);
-    mmw_sum<NT>(tyu, wu, row0, rows, K, xt, mmw_smem_buf, bars, K / QK_K, us);
+    mmw_sum<NT, false>(tyg, wg, row0, rows, K, xt, mmw_smem_buf, bars, 0, gs);
+    mmw_sum<NT, false>(tyu, wu, row0, rows, K, xt, mmw_smem_buf, bars, K / QK_K, us);
     mmw_silu_store<NT>(gs, us, y, rows, row0, ncols, tyg);
 }
 
@@ -872,7 +917,7 @@ __device__ __forceinline__ void mmw_silu_pair_kernel(const uint8_t* wg, int tyg,
     if (row0 >= rows) return;
     const uint32_t bars = mmw_init<NT>(mmw_smem_buf);
     float v[NT][4];
-    mmw_sum<NT>(up ? tyu : tyg, up ? wu : wg, row0, rows, K, mmw_tile<NT>(xblob, K), mmw_smem_buf, bars, 0, v);
+    mmw_sum<NT, true>(up ? tyu : tyg, up ? wu : wg, row0, rows, K, mmw_tile<NT>(xblob, K), mmw_smem_buf, bars, 0, v);
     const int pair = rb * gridDim.x + blockIdx.x;
     float* slots = cv + (size_t)pair * 2 * (4 * NT * 128) + threadIdx.x;
 #pragma unroll
@@ -919,7 +964,7 @@ __device__ __forceinline__ void mmw_split_kernel(const MatvecJobs& jobs, const u
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) y[nt][e] = 0.0f;
-    mmw_dispatch<NT>(jobs.ty_of(j), jobs.w_of(j), row0, rows, K, mmw_tile<NT>(xblob, K), mmw_smem_buf, bars, 0,
+    mmw_dispatch<NT, true>(jobs.ty_of(j), jobs.w_of(j), row0, rows, K, mmw_tile<NT>(xblob, K), mmw_smem_buf, bars, 0,
                      KQ_CHUNK * c0, min(KQ_CHUNK * c1, nb), [&](int nt, int e, int chunk, float c) {
                          if (s == 0) y[nt][e] = kq_add(y[nt][e], c);
                          else *slot(chunk, nt, e) = c;

@@ -412,9 +412,12 @@ pub const fn mmw_xb(nt: usize) -> usize {
 
 /// Dynamic shared memory of `mmw_*` with `nt` column tiles (mmt.cu `mmw_smem`): three stages of
 /// 64 rows' weights (Q6_K's, the largest: 16 quads of quants 784 bytes apart and their scales)
-/// and the tile's activation region, then the stages' six mbarriers.
+/// and the tile's activation region, or Q4_K's two stages of two super-blocks' weights and
+/// regions (mmt.cu `MmwGeo`), whichever is larger, then the stages' six mbarriers.
 pub const fn mmw_smem(nt: usize) -> usize {
-    3 * (16 * 784 + 64 * 16 + mmw_xb(nt)) + 16 * 3
+    let three = 3 * (16 * 784 + 64 * 16 + mmw_xb(nt));
+    let pairs = 2 * 2 * (64 * 144 + mmw_xb(nt));
+    (if three > pairs { three } else { pairs }) + 16 * 3
 }
 
 /// The column tiles (3 or 4) of the `mmw_*` launch that replaces the tile launch `name`
@@ -1818,8 +1821,12 @@ mod tests {
         // their scales, against Q5_K's 64 rows of 176.
         let q6 = 16 * 784 + 64 * 16;
         assert!(q6 > 64 * 176 && 784 >= 4 * 192);
+        assert!(src.contains("#define MMW_Q4_PAIR_STAGES 2"));
         for nt in 2..=4 {
-            assert_eq!(mmw_smem(nt), 3 * (q6 + 8 * nt * 292) + 48);
+            // Three Q6_K stages, or two Q4_K stages of two super-blocks (the larger at 4 tiles).
+            let q4_pairs = 2 * 2 * (64 * 144 + 8 * nt * 292);
+            assert_eq!(mmw_smem(nt), (3 * (q6 + 8 * nt * 292)).max(q4_pairs) + 48);
+            assert_eq!(mmw_smem(4), 2 * 2 * (64 * 144 + 32 * 292) + 48);
             // Three blocks per SM (launch bounds 128, 3) in the H200's 227 KB (plus the 1 KB
             // each block reserves and the split kernel's flag).
             assert!(3 * (mmw_smem(nt) + 1024 + 128) <= 227 * 1024, "{nt} tiles");
