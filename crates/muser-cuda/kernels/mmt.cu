@@ -615,9 +615,9 @@ __device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_
             : "memory");
 }
 
-// Each warp copies its own 16 rows' blocks of a super-block (quads 4 w .. 4 w + 3, which no
-// other warp reads: lanes 0..3 a quad each, Q6_K's scales lanes 4..7) into a stage as soon as it
-// is done with the stage, arriving on the full barrier with their bytes; the activation region,
+// Each warp copies its own 16 rows' blocks of a stage's pn super-blocks (quads 4 w .. 4 w + 3,
+// which no other warp reads: lanes 0..3 a quad each, Q6_K's scales lanes 4..7) into a stage as
+// soon as it is done with the stage, arriving on the full barrier with their bytes; the activation region,
 // which every warp reads, is copied by the last warp done with the stage (mmw_done), which adds
 // its bytes to the barrier before it arrives (mmw_issue_act). Quads past the matrix's padded
 // rows are not copied: their outputs are never stored, and integer MMAs keep stale bytes to
@@ -773,10 +773,11 @@ __device__ __forceinline__ uint32_t mmw_init(uint8_t* smem) {
 }
 
 // mmt_rows through the mmw stages: the chunks of super-blocks sb0 .. sb1 - 1 (sb0 a multiple of
-// KQ_CHUNK) of the block's rows, chunk(nt, e, chunk index, value) in order. q0: the super-blocks
-// the block ran through its stages before (silu's up matrix follows the gate): super-block
-// sb0 + i is use (q0 + i) / S of stage (q0 + i) % S, whose full and empty barriers complete one
-// phase for it. Ends with every warp done with every stage.
+// KQ_CHUNK) of the block's rows, chunk(nt, e, chunk index, value) in order. The run's super-blocks
+// go P to a stage use (MmwGeo): use i (super-blocks sb0 + P i ..) is use (q0 + i) / S of stage
+// (q0 + i) % S, whose full and empty barriers complete one phase for it; q0: the uses the block
+// made of its stages before (silu's up matrix follows the gate, P = 1). Ends with every warp done
+// with every stage.
 template <int FMT, int NT, bool PAIRED, class CHUNK>
 __device__ __forceinline__ void mmw_rows(const uint8_t* __restrict__ w, int row0, int rows, int K,
                                          const uint8_t* __restrict__ xt, uint8_t* smem, uint32_t bars, int q0,

@@ -1915,6 +1915,30 @@ mod tests {
                             .collect();
                         assert!(conflict_free(&better, 8), "{what} reordered rows");
                     }
+                    // Q4_K's stages of two super-blocks (mmt.cu MmwGeo: a quad's two blocks runs
+                    // side by side, quads 2 x 4 blocks apart): a half-warp still reads one quad,
+                    // so the same 2-way conflict, no more.
+                    if bs == 144 {
+                        for p in 0..2 {
+                            for half in [lanes(0..16), lanes(16..32)] {
+                                let a: Vec<usize> = half
+                                    .iter()
+                                    .map(|&(g, t)| {
+                                        (4 * w + g / 4) * 2 * 4 * bs
+                                            + p * 4 * bs
+                                            + (g % 4) * bs
+                                            + o
+                                            + 8 * t
+                                    })
+                                    .collect();
+                                assert_eq!(
+                                    conflict_degree(&a, 8),
+                                    2,
+                                    "paired stage, warp {w}, {o}"
+                                );
+                            }
+                        }
+                    }
                 }
             }
         }
