@@ -565,7 +565,7 @@ __host__ __device__ constexpr int mmw_stage(int nt) { return mmw_wbytes<FMT_Q6_K
 #define MMW_Q4_PAIR 1
 #endif
 #define MMW_Q4_PAIR_STAGES 2
-__host__ __device__ constexpr int mmw_stage_q4pair(int nt) { return 2 * (MMT_ROWS * 144 + mmw_xb(nt)); }
+__host__ __device__ constexpr int mmw_stage_q4pair(int nt) { return 2 * (mmw_wbytes<FMT_Q4_K>() + mmw_xb(nt)); }
 __host__ __device__ constexpr int mmw_max(int a, int b) { return a > b ? a : b; }
 // Where the mbarriers start: after the larger of the two stage sets.
 __host__ __device__ constexpr int mmw_bars_at(int nt) {
