@@ -234,6 +234,16 @@ impl Gpu {
         Ok(f)
     }
 
+    /// The formats of the matrices the kernel launched last reads, in the step trace (when on).
+    pub fn trace_formats(&self, types: &[muser_gguf::GgmlType]) {
+        if let Some(t) = &self.trace {
+            let mut names: Vec<String> = types.iter().map(|t| t.to_string()).collect();
+            names.sort();
+            names.dedup();
+            t.note(&names.join("+"));
+        }
+    }
+
     /// Whether decode groups of `matvec::mmv_min` (2) to 16 columns run on `mmv_*` (else `mmk_*`).
     pub fn mmv(&self) -> bool {
         self.mmv.load(Ordering::Relaxed)

@@ -26,7 +26,7 @@ pub struct StepTrace {
     /// Kernels that call `pdl_wait` (the ones that leave a record).
     aware: HashSet<String>,
     /// Names of the kernels launched while a step is captured, in order.
-    names: Mutex<Option<Vec<String>>>,
+    names: Mutex<Captured>,
     /// The captured step's kernel names, in order.
     layout: Mutex<Vec<String>>,
     /// The records of the last step read back.
@@ -38,7 +38,7 @@ impl StepTrace {
         Ok(StepTrace {
             buf: Mutex::new(stream.alloc_zeros::<u64>(1 + 2 * CAP)?),
             aware: HashSet::new(),
-            names: Mutex::new(None),
+            names: Mutex::new(Captured::default()),
             layout: Mutex::new(Vec::new()),
             last: Mutex::new(Vec::new()),
         })
@@ -65,19 +65,24 @@ impl StepTrace {
 
     /// A launch of kernel `name` (noted while a step is captured).
     pub fn launched(&self, name: &str) {
-        if let Some(v) = self.names.lock().unwrap().as_mut() {
-            if self.aware.contains(name) {
-                v.push(name.to_string());
-            }
-        }
+        let aware = self.aware.contains(name);
+        self.names.lock().unwrap().launched(name, aware);
+    }
+
+    /// What the kernel launched last works on (its matrices' formats), added to its name.
+    pub fn note(&self, what: &str) {
+        self.names.lock().unwrap().note(what);
     }
 
     pub fn begin_capture(&self) {
-        *self.names.lock().unwrap() = Some(Vec::new());
+        *self.names.lock().unwrap() = Captured {
+            names: Some(Vec::new()),
+            pushed: false,
+        };
     }
 
     pub fn end_capture(&self) {
-        if let Some(v) = self.names.lock().unwrap().take() {
+        if let Some(v) = self.names.lock().unwrap().names.take() {
             *self.layout.lock().unwrap() = v;
         }
     }
@@ -111,6 +116,31 @@ impl StepTrace {
         let recs = self.last.lock().unwrap().clone();
         let names = self.layout.lock().unwrap().clone();
         report(&recs, &names)
+    }
+}
+
+/// The names of a captured step's kernels that leave a record (those that wait for the kernel
+/// before them), and whether the last launch was one of them.
+#[derive(Default)]
+struct Captured {
+    names: Option<Vec<String>>,
+    pushed: bool,
+}
+
+impl Captured {
+    fn launched(&mut self, name: &str, aware: bool) {
+        self.pushed = false;
+        if let (Some(v), true) = (self.names.as_mut(), aware) {
+            v.push(name.to_string());
+            self.pushed = true;
+        }
+    }
+
+    /// `what` after the last launch's name, when it left one (never on an earlier kernel's).
+    fn note(&mut self, what: &str) {
+        if let (Some(last), true) = (self.names.as_mut().and_then(|v| v.last_mut()), self.pushed) {
+            last.push_str(&format!(" [{what}]"));
+        }
     }
 }
 
@@ -236,6 +266,32 @@ mod tests {
         assert!(
             !r.contains("| c"),
             "the last kernel has no next release: {r}"
+        );
+    }
+
+    /// Notes go to the launch just made, only when it left a name, and only while a step is
+    /// captured.
+    #[test]
+    fn notes_name_the_last_recorded_launch_only() {
+        let mut c = super::Captured::default();
+        c.launched("mvk_1", true);
+        c.note("Q4_K");
+        assert!(c.names.is_none(), "nothing is recorded outside a capture");
+        c.names = Some(Vec::new());
+        c.launched("mmw_split_4", true);
+        c.note("Q6_K");
+        c.launched("mmw_pack", false); // no wait, no record
+        c.note("Q4_K");
+        c.launched("mmw_split_4", true);
+        c.note("Q4_K+Q6_K");
+        c.launched("residual_norm", true);
+        assert_eq!(
+            c.names.unwrap(),
+            [
+                "mmw_split_4 [Q6_K]",
+                "mmw_split_4 [Q4_K+Q6_K]",
+                "residual_norm"
+            ]
         );
     }
 
