@@ -235,9 +235,9 @@ impl Gpu {
     }
 
     /// The formats of the matrices the kernel launched last reads, in the step trace (when on).
-    pub fn trace_formats(&self, types: &[muser_gguf::GgmlType]) {
+    pub fn trace_formats(&self, types: impl IntoIterator<Item = muser_gguf::GgmlType>) {
         if let Some(t) = &self.trace {
-            let mut names: Vec<String> = types.iter().map(|t| t.to_string()).collect();
+            let mut names: Vec<String> = types.into_iter().map(|t| t.to_string()).collect();
             names.sort();
             names.dedup();
             t.note(&names.join("+"));

@@ -1145,7 +1145,7 @@ impl Gpu {
         let (xq, xds) = (dptr(self, &scratch.q), dptr(self, &scratch.ds));
         let k_i = k as i32;
         let mut b = self.stream.launch_builder(self.kernel("mvk_1")?);
-        self.trace_formats(&group.iter().map(|j| j.m.ty).collect::<Vec<_>>());
+        self.trace_formats(group.iter().map(|j| j.m.ty));
         let flags = mvk_flags();
         b.arg(&mj)
             .arg(&xq)
@@ -1184,7 +1184,7 @@ impl Gpu {
             }
             let (cfg, tail) = self.mmv_launch(total / MMK_ROWS, k, 1, ncols, per_sm)?;
             let f = self.kernel_smem(&mmv, cfg.shared_mem_bytes as usize)?;
-            self.trace_formats(&types);
+            self.trace_formats(types.iter().copied());
             let mut b = self.stream.launch_builder(f);
             b.arg(&mj);
             mmv_args(&mut b, &p, &i, &tail);
@@ -1224,7 +1224,7 @@ impl Gpu {
             None => None,
         };
         let f = self.kernel_smem(&name, cfg.shared_mem_bytes as usize)?;
-        self.trace_formats(&types);
+        self.trace_formats(types.iter().copied());
         let mut b = self.stream.launch_builder(f);
         b.arg(&mj);
         if let Some(blob) = &blob {
@@ -1347,7 +1347,7 @@ impl Gpu {
                 let (cfg, tail) = self.mmv_launch(rows.div_ceil(MMK_ROWS), k, 2, ncols, per_sm)?;
                 let (p, i) = self.mmk_act(scratch, k, ncols);
                 let f = self.kernel_smem(&mmv, cfg.shared_mem_bytes as usize)?;
-                self.trace_formats(&[gate.ty, up.ty]);
+                self.trace_formats([gate.ty, up.ty]);
                 let mut b = self.stream.launch_builder(f);
                 b.arg(&wg).arg(&tg).arg(&wu).arg(&tu).arg(&y).arg(&rows_i);
                 mmv_args(&mut b, &p, &i, &tail);
@@ -1382,7 +1382,7 @@ impl Gpu {
                 _ => None,
             };
             let f = self.kernel_smem(&name, cfg.shared_mem_bytes as usize)?;
-            self.trace_formats(&[gate.ty, up.ty]);
+            self.trace_formats([gate.ty, up.ty]);
             let mut b = self.stream.launch_builder(f);
             b.arg(&wg).arg(&tg).arg(&wu).arg(&tu).arg(&y).arg(&rows_i);
             if let Some(blob) = &blob {
@@ -1421,7 +1421,7 @@ impl Gpu {
                 && rows.is_multiple_of(256)
                 && (tasks as u64) * (blocks as u64 * 4 + 1) < 1 << 32;
             let mut b = self.stream.launch_builder(self.kernel("mvk_silu_1")?);
-            self.trace_formats(&[gate.ty, up.ty]);
+            self.trace_formats([gate.ty, up.ty]);
             b.arg(&wg).arg(&tg).arg(&wu).arg(&tu).arg(&y).arg(&rows_i);
             let flags = mvk_flags() | if finish { MVK_DEFER_SHARED } else { 0 };
             b.arg(&xq)
