@@ -409,14 +409,22 @@ if [ "${JOB:-}" = steptrace ]; then
     TM=${TRACE_MODEL:-llama-glimmer}
     G=$MODELS/$TM.gguf
     step "synth-$TM" 60 "$BIN" synth "$TM" "$G"
-    for s in ${STREAMS:-1 8}; do
-        step "trace-$s" 90 env MUSER_CUDA_STEP_TRACE=1 "$BIN" bench --backend cuda -m "$G" -p 0 -n 32 -r 1 -s "$s"
+    # TRACE_DEPTHS="0 8192 ...": each stream count at each of those context depths (default 0).
+    for d in ${TRACE_DEPTHS:-0}; do
+        for s in ${STREAMS:-1 8}; do
+            sfx=$s$([ "$d" = 0 ] || echo "-d$d")
+            step "trace-$sfx" 120 env MUSER_CUDA_STEP_TRACE=1 "$BIN" bench --backend cuda -m "$G" -p 0 -n 32 -r 1 \
+                -s "$s" -d "$d"
+        done
     done
     echo
     echo "================ short table ================"
-    for s in ${STREAMS:-1 8}; do
-        grep -h "^| .*CUDA" "$OUT/trace-$s.log"
-        sed -n '/^step trace/,$p' "$OUT/trace-$s.log"
+    for d in ${TRACE_DEPTHS:-0}; do
+        for s in ${STREAMS:-1 8}; do
+            sfx=$s$([ "$d" = 0 ] || echo "-d$d")
+            grep -h "^| .*CUDA" "$OUT/trace-$sfx.log"
+            sed -n '/^step trace/,$p' "$OUT/trace-$sfx.log"
+        done
     done
     cat "$OUT/summary.txt"
     exit 0
@@ -549,6 +557,50 @@ if [ "${JOB:-}" = tiles ]; then
     grep "^| .*CUDA" "$OUT"/bench-*.log | sed "s|$OUT/||"
     grep -h "^| \|^speed\|^decode group of" "$OUT/speed.log" | head -40
     [ -f "$OUT/ncu-kernel.log" ] && grep -E "Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|Registers Per|Stall|Warp Cycles Per Issued|Issue Slots Busy|L1/TEX Hit|L2 Hit|Eligible Warps" "$OUT/ncu-kernel.log" | head -30
+    cat "$OUT/summary.txt"
+    exit 0
+fi
+
+if [ "${JOB:-}" = depth ]; then
+    # Decode at long context: tg at each depth of DEPTHS (default "0 8192 16384 32768") on
+    # llama-glimmer, with LLAMA=1 llama-bench at the same depths on the same file, and with MUSE=1
+    # muse-glimmer (39 of its 52 layers slide over 4096 positions). Each depth's context is
+    # prefilled (untimed) before every repetition, so the deep runs take one warm-up and DREPS
+    # (default 1) timed runs of NGEN (default 64) tokens. CHECK=1: the quick parity command with
+    # batch invariance first. DEPTH_AB="VAR=value ...": each llama-glimmer depth again with those
+    # variables set, right after its default run.
+    G=$MODELS/llama-glimmer.gguf M=$MODELS/muse-glimmer.gguf T=$MODELS/muse-tiny.gguf
+    DEPTHS=${DEPTHS:-0 8192 16384 32768}
+    NGEN=${NGEN:-64}
+    step synth-llama-glimmer 90 "$BIN" synth llama-glimmer "$G"
+    if [ "${CHECK:-0}" = 1 ]; then
+        step synth-muse-tiny 30 "$BIN" synth muse-tiny "$T"
+        step check 240 "$BIN" check --backend cuda --quick --model "$T" --invariance "$T" --invariance "$G"
+        check_summary
+    fi
+    for d in $DEPTHS; do
+        step "bench-llama-d$d" 150 "$BIN" bench --backend cuda -m "$G" -p 0 -n "$NGEN" -d "$d" -r "${DREPS:-1}"
+        [ -n "${DEPTH_AB:-}" ] && step "bench-llama-d$d-ab" 150 env $DEPTH_AB "$BIN" bench --backend cuda -m "$G" \
+            -p 0 -n "$NGEN" -d "$d" -r "${DREPS:-1}"
+    done
+    if [ -n "${LLAMA_PID:-}" ]; then
+        wait "$LLAMA_PID"
+        step llama-bench-depth 300 /tmp/llama/llama.cpp/build/bin/llama-bench -m "$G" -p 0 -n "$NGEN" -fa 1 \
+            -r "${DREPS:-1}" -d "$(echo $DEPTHS | tr ' ' ',')"
+    fi
+    if [ "${MUSE:-0}" = 1 ]; then
+        step synth-muse-glimmer 150 "$BIN" synth muse-glimmer "$M"
+        for d in $DEPTHS; do
+            step "bench-muse-d$d" 150 "$BIN" bench --backend cuda -m "$M" -p 0 -n "$NGEN" -d "$d" -r "${DREPS:-1}"
+        done
+    fi
+    echo
+    echo "================ short table ================"
+    for f in "$OUT"/bench-llama-d*.log "$OUT"/bench-muse-d*.log; do
+        [ -f "$f" ] && echo "$(basename "$f" .log): $(grep -h "^| .*CUDA" "$f" | cut -d'|' -f7-8)"
+    done
+    [ -f "$OUT/llama-bench-depth.log" ] && grep "^| " "$OUT/llama-bench-depth.log"
+    tail -3 "$OUT/llama-build.log" 2> /dev/null
     cat "$OUT/summary.txt"
     exit 0
 fi

@@ -401,7 +401,11 @@ pub fn attention_plan(
 ) -> AttnPlan {
     let target = 2 * sms;
     let base = (n_rows * n_kv).max(1);
-    let (n_splits, split_len) = row_split(count, target.div_ceil(base), attn_split_tiles());
+    let (n_splits, split_len) = row_split(
+        count,
+        target.div_ceil(base).min(attn_max_splits()),
+        attn_split_tiles(),
+    );
     let mut chunks = 1;
     while base * n_splits * chunks < target
         && group.is_multiple_of(chunks * 2)
@@ -416,10 +420,34 @@ pub fn attention_plan(
     }
 }
 
-/// The splits a one-row batch asks for (`solo` of `row_split`).
+/// The splits a one-row batch asks for (`solo` of `row_split`): about two blocks per SM, at most
+/// `attn_max_splits`.
 pub fn solo_splits(n_kv: usize, sms: usize) -> usize {
-    (2 * sms).div_ceil(n_kv.max(1))
+    (2 * sms).div_ceil(n_kv.max(1)).min(attn_max_splits())
 }
+
+/// The most splits of one row's attention: `ATTN_MAX_SPLITS`, or `MUSER_ATTN_MAX_SPLITS` (at least 1).
+pub fn attn_max_splits() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| {
+        std::env::var("MUSER_ATTN_MAX_SPLITS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|&n| n >= 1)
+            .unwrap_or(ATTN_MAX_SPLITS)
+    })
+}
+
+/// The most splits of one row's attention (the `solo` of `row_split`): past 48 x 8 tiles
+/// (12,288 positions) a row's splits grow longer instead of more numerous. Before (2026-12-04),
+/// 2 KV heads on the H200's 132 SMs gave a row up to 132 splits: 64 at depth 16,384 and 128 at
+/// 32,768, and the partials' merge (`attn_rows_combine`) took 21.9 and 39.3 us a layer against
+/// 6.4 at 8,192's 32 splits (step trace, llama-glimmer, one row). H200, llama-glimmer, tg64
+/// tokens/s, one call: depth 16,384 142.17 uncapped, 151.61 / 156.97 / 157.23 / 155.63 at 16 /
+/// 32 / 48 / 64 splits; depth 32,768 116.46 uncapped, 135.59 / 147.14 / 149.72 / 147.85; depth
+/// 8,192 (32 splits either way from 32 on) 163.80 uncapped, 161.02 at 16. At 32 splits and
+/// depth 32,768 the attention took 20.0 us a layer and the merge 6.5.
+pub const ATTN_MAX_SPLITS: usize = 48;
 
 /// (n_splits, split_len) of a row that sees `count` positions (`solo_split` in attention.cu,
 /// the same integer arithmetic) when at most `solo` splits are asked for: one split per tile of
@@ -2536,6 +2564,29 @@ mod tests {
                 let l1 = count.div_ceil(n1).div_ceil(ATT_T) * ATT_T;
                 assert_eq!((n, len), (count.div_ceil(l1), l1));
             }
+        }
+    }
+
+    #[test]
+    fn deep_rows_take_longer_splits_past_the_split_cap() {
+        // 2 KV heads on 132 SMs: at most ATTN_MAX_SPLITS splits whatever the depth, and up to
+        // 8,192 positions the plan it had without the cap (one split per 8 tiles).
+        let solo = solo_splits(2, 132);
+        assert_eq!(solo, ATTN_MAX_SPLITS.min(132));
+        for count in [2049, 4097, 8192] {
+            let (n, len) = row_split(count, solo, 8);
+            assert_eq!((n, len), row_split(count, 132, 8), "{count} positions");
+        }
+        for count in [16384, 32768, 65536] {
+            let (n, len) = row_split(count, solo, 8);
+            assert!(
+                n <= ATTN_MAX_SPLITS && n * len >= count,
+                "{count}: {n} x {len}"
+            );
+            assert!(
+                n > ATTN_MAX_SPLITS / 2 && len > 8 * ATT_T,
+                "{count}: {n} x {len}"
+            );
         }
     }
 
