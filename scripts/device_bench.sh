@@ -15,7 +15,10 @@
 # JOB=serve: serve_benches alone.
 #
 # JOB=steptrace: one decode step (1 and 8 streams) kernel by kernel inside its CUDA graph
-# (MUSER_CUDA_STEP_TRACE, crates/muser-cuda/src/steptrace.rs).
+# (MUSER_CUDA_STEP_TRACE, crates/muser-cuda/src/steptrace.rs); TRACE_DEPTHS at context depths.
+#
+# JOB=depth: decode at long context (DEPTHS, default 0 to 32768) on llama-glimmer, with LLAMA=1
+# llama-bench at the same depths, with MUSE=1 muse-glimmer too.
 #
 # JOB=side (the closing call of a session): the full parity command while llama.cpp builds (LLAMA=1),
 # then llama.cpp's and Muser's benchmarks on the same llama-glimmer file on a quiet machine; with
