@@ -700,8 +700,8 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
             // attn_rows_combine bit for bit.
             check_attention_rows(p, n, 2, HEAD, 32, None, 1500);
             if n == 1 || (n == 9 && !quick) {
-                // Rows of up to 20,000 positions (past 8,192 the splits grow longer than 8
-                // tiles wherever `attn_max_splits` caps them).
+                // Rows of up to 20,000 positions: past 12,288 (48 splits of 8 tiles at
+                // Glimmer's 2 KV heads) a row's splits grow longer (`attn_max_splits`).
                 check_attention_rows(p, n, 2, HEAD, 32, None, 20000);
             }
             if n == 9 {
