@@ -401,11 +401,8 @@ pub fn attention_plan(
 ) -> AttnPlan {
     let target = 2 * sms;
     let base = (n_rows * n_kv).max(1);
-    let (n_splits, split_len) = row_split(
-        count,
-        target.div_ceil(base).min(attn_max_splits()),
-        attn_split_tiles(),
-    );
+    // About 2 x SMs blocks over the (row, KV head) pairs, at most `attn_max_splits` a row.
+    let (n_splits, split_len) = row_split(count, solo_splits(base, sms), attn_split_tiles());
     let mut chunks = 1;
     while base * n_splits * chunks < target
         && group.is_multiple_of(chunks * 2)
