@@ -437,12 +437,13 @@ pub fn attn_max_splits() -> usize {
 
 /// The most splits of one row's attention (the `solo` of `row_split`): past 48 x 8 tiles
 /// (12,288 positions) a row's splits grow longer instead of more numerous. Before (2026-12-04),
-/// 2 KV heads on the H200's 132 SMs gave a row up to 132 splits: 64 at depth 16,384 and 128 at
-/// 32,768, and the partials' merge (`attn_rows_combine`) took 21.9 and 39.3 us a layer against
-/// 6.4 at 8,192's 32 splits (step trace, llama-glimmer, one row). H200, llama-glimmer, tg64
+/// 2 KV heads on the H200's 132 SMs gave a row up to 132 splits: 65 at depth 16,384 and 129 at
+/// 32,768 (a row there sees 16,385 / 32,769 positions or more), and the partials' merge
+/// (`attn_rows_combine`) took 21.9 and 39.3 us a layer against 6.4 at 8,192's 33 splits (step
+/// trace, llama-glimmer, one row; with 64 splits at 16,384 it took 9.4). H200, llama-glimmer, tg64
 /// tokens/s, one call: depth 16,384 142.17 uncapped, 151.61 / 156.97 / 157.23 / 155.63 at 16 /
 /// 32 / 48 / 64 splits; depth 32,768 116.46 uncapped, 135.59 / 147.14 / 149.72 / 147.85; depth
-/// 8,192 (32 splits either way from 32 on) 163.80 uncapped, 161.02 at 16. At 32 splits and
+/// 8,192 (33 splits with any cap from 33 on) 163.80 uncapped, 161.02 at 16. At 32 splits and
 /// depth 32,768 the attention took 20.0 us a layer and the merge 6.5.
 pub const ATTN_MAX_SPLITS: usize = 48;
 
