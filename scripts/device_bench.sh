@@ -24,6 +24,8 @@
 # then llama.cpp's and Muser's benchmarks on the same llama-glimmer file on a quiet machine; with
 # SERVE=1 also `muser serve` driven by scripts/serve_rate.py (serve_benches).
 #
+# JOB=ncu: Nsight Compute on one decode launch of NCU_KERNEL (NCU_STREAMS, NCU_DEPTH), alone.
+#
 # JOB=compare (issues 4 and 6, side by side with llama.cpp; needs LLAMA=1 and the carried source):
 # synthesizes llama-glimmer and muse-tiny, runs the quick parity check with batch invariance
 # (which also holds graph replay to the bits of op-by-op decode), `muser bench` on llama-glimmer
@@ -527,6 +529,22 @@ if [ "${JOB:-}" = sass ]; then
     exit 0
 fi
 
+ncu_kernel() {
+    # Hardware counters of one launch of NCU_KERNEL in decode groups of NCU_STREAMS, at depth
+    # NCU_DEPTH (default 0). Only the timed decode steps are captured (MUSER_PROFILE_DECODE:
+    # bench opens the profiler's range around them), so the launch count skips decode
+    # launches only, not the prefill's (which runs the same attention kernels).
+    step ncu-kernel 240 env MUSER_CUDA_GRAPHS=0 MUSER_PROFILE_DECODE=1 "$NCU_BIN" --profile-from-start off \
+        --clock-control none --kernel-name "regex:^$NCU_KERNEL\$" \
+        --launch-skip "${NCU_SKIP:-60}" --launch-count 1 --section SpeedOfLight --section Occupancy --section LaunchStats \
+        --section WarpStateStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+        --section SourceCounters \
+        "$BIN" bench --backend cuda -m "$1" -p 0 -n 4 -r 1 -s "${NCU_STREAMS:-8}" ${NCU_DEPTH:+-d "$NCU_DEPTH"}
+}
+ncu_table() {
+    [ -f "$OUT/ncu-kernel.log" ] && grep -E "Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|Registers Per|Stall|Warp Cycles Per Issued|Issue Slots Busy|L1/TEX Hit|L2 Hit|Eligible Warps" "$OUT/ncu-kernel.log" | head -30
+}
+
 if [ "${JOB:-}" = tiles ]; then
     # Prefill and decode groups (the tensor-core kernels of 2 or more columns, prefill attention):
     # the quick parity command with batch invariance on both models, whole-model parity of
@@ -548,18 +566,29 @@ if [ "${JOB:-}" = tiles ]; then
     # SPEED_ARGS: more arguments of the per-op profile (e.g. "--depth 8192": one at that depth too).
     step speed 90 "$BIN" check --backend cuda --no-ops ${SPEED_ARGS:-} --speed "$G" --group-profile 8,32
     if [ -n "${NCU_KERNEL:-}" ]; then
-        # Hardware counters of one launch of NCU_KERNEL in decode groups of NCU_STREAMS.
-        step ncu-kernel 150 env MUSER_CUDA_GRAPHS=0 "$NCU_BIN" --clock-control none --kernel-name "regex:^$NCU_KERNEL\$" \
-            --launch-skip 60 --launch-count 1 --section SpeedOfLight --section Occupancy --section LaunchStats \
-            --section WarpStateStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
-            "$BIN" bench --backend cuda -m "$G" -p 0 -n 4 -r 1 -s "${NCU_STREAMS:-8}"
+        ncu_kernel "$G"
     fi
     echo
     echo "================ short table ================"
     check_summary
     grep "^| .*CUDA" "$OUT"/bench-*.log | sed "s|$OUT/||"
     grep -h "^| \|^speed\|^decode group of" "$OUT/speed.log" | head -40
-    [ -f "$OUT/ncu-kernel.log" ] && grep -E "Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|Registers Per|Stall|Warp Cycles Per Issued|Issue Slots Busy|L1/TEX Hit|L2 Hit|Eligible Warps" "$OUT/ncu-kernel.log" | head -30
+    ncu_table
+    cat "$OUT/summary.txt"
+    exit 0
+fi
+
+if [ "${JOB:-}" = ncu ]; then
+    # Nsight Compute alone: one decode launch of NCU_KERNEL (e.g. attn_rows_mma8_128) in groups of
+    # NCU_STREAMS at depth NCU_DEPTH on llama-glimmer, with its source counters (the SASS lines'
+    # warp stalls) in $OUT/ncu-kernel.log. E.g. JOB=ncu NCU_KERNEL=attn_rows_mma8_128
+    # NCU_STREAMS=32 NCU_DEPTH=4096 (the grouped attention at depth, ~29% of that step).
+    G=$MODELS/llama-glimmer.gguf
+    step synth-llama-glimmer 90 "$BIN" synth llama-glimmer "$G"
+    ncu_kernel "$G"
+    echo
+    echo "================ short table ================"
+    ncu_table
     cat "$OUT/summary.txt"
     exit 0
 fi

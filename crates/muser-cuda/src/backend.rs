@@ -754,6 +754,32 @@ impl CudaBackend {
             .store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// Opens (`on`) or closes the profiler's capture range (`cuProfilerStart` / `cuProfilerStop`)
+    /// after the work queued so far, so a profiler started with its capture off (Nsight Compute's
+    /// `--profile-from-start off`) sees only what runs in between: `muser bench` brackets its
+    /// timed decode steps when `MUSER_PROFILE_DECODE=1`, so a kernel the prefill also launches
+    /// can be profiled in decode only. Outside a profiler it does nothing.
+    pub fn profiler_range(&self, on: bool) -> Result<(), String> {
+        self.gpu
+            .stream
+            .synchronize()
+            .map_err(|e| format!("profiler range: {e}"))?;
+        self.gpu
+            .ctx
+            .bind_to_thread()
+            .map_err(|e| format!("profiler range: {e}"))?;
+        // SAFETY: the context is current on this thread and the stream is idle; both calls take
+        // no arguments and only switch the profiler's capture.
+        let r = unsafe {
+            if on {
+                cudarc::driver::sys::cuProfilerStart()
+            } else {
+                cudarc::driver::sys::cuProfilerStop()
+            }
+        };
+        r.result().map_err(|e| format!("profiler range: {e:?}"))
+    }
+
     /// Whether decode steps are recorded and replayed as graphs.
     pub fn graphs(&self) -> bool {
         self.graphs.load(std::sync::atomic::Ordering::Relaxed)

@@ -33,6 +33,11 @@ pub trait CliBackend: Backend {
     fn step_note(&self) -> Option<String> {
         None
     }
+    /// Opens or closes a profiler's capture range (`CudaBackend::profiler_range`); nothing for a
+    /// backend no profiler attaches to.
+    fn profiler_range(&self, _on: bool) -> anyhow::Result<()> {
+        Ok(())
+    }
 }
 
 impl CliBackend for CpuBackend {
@@ -63,6 +68,9 @@ impl CliBackend for CudaBackend {
         self.last_graph().map(|(k, e, p)| {
             format!("one CUDA graph of {k} kernels; {p} of its {e} kernel-to-kernel edges programmatic (PDL)")
         })
+    }
+    fn profiler_range(&self, on: bool) -> anyhow::Result<()> {
+        CudaBackend::profiler_range(self, on).map_err(anyhow::Error::msg)
     }
 }
 

@@ -228,10 +228,12 @@ impl ModelJob for Args {
                 if !context.is_empty() {
                     s.prefill(&context)?;
                 }
+                profile_decode(model.backend(), true)?;
                 let t = Instant::now();
                 for &tok in &toks {
                     s.decode(tok)?;
                 }
+                profile_decode(model.backend(), false)?;
                 if rep > 0 {
                     rates.push(args.n_gen as f64 / t.elapsed().as_secs_f64());
                 }
@@ -310,6 +312,17 @@ fn audit<B: CliBackend>(
     Ok(())
 }
 
+/// With `MUSER_PROFILE_DECODE=1`, opens (`on`) or closes the profiler's capture range around the
+/// timed decode steps (`CliBackend::profiler_range`), so Nsight Compute run with
+/// `--profile-from-start off` profiles decode launches only, not the prefill before them (which
+/// launches some of the same kernels, thousands of times at depth).
+fn profile_decode<B: CliBackend>(be: &B, on: bool) -> anyhow::Result<()> {
+    if std::env::var("MUSER_PROFILE_DECODE").is_ok_and(|v| v == "1") {
+        be.profiler_range(on)?;
+    }
+    Ok(())
+}
+
 /// `n` sessions decoding together: (mean, sd) of the aggregate tokens/s over the repetitions,
 /// and the bytes one step reads (the weights once, each session's K/V at its mean context).
 fn streams<B: CliBackend>(
@@ -344,6 +357,7 @@ fn streams<B: CliBackend>(
             s.reset();
             s.prefill(p)?;
         }
+        profile_decode(model.backend(), true)?;
         let t = Instant::now();
         for toks in &steps {
             let mut members: Vec<&mut Session<B>> = sessions.iter_mut().collect();
@@ -353,6 +367,7 @@ fn streams<B: CliBackend>(
                 group.decode(&mut members, toks)?;
             }
         }
+        profile_decode(model.backend(), false)?;
         if rep > 0 {
             rates.push((n * args.n_gen) as f64 / t.elapsed().as_secs_f64());
         }
