@@ -233,9 +233,10 @@ impl ModelJob for Args {
                 for &tok in &toks {
                     s.decode(tok)?;
                 }
+                let dt = t.elapsed();
                 profile_decode(model.backend(), false)?;
                 if rep > 0 {
-                    rates.push(args.n_gen as f64 / t.elapsed().as_secs_f64());
+                    rates.push(args.n_gen as f64 / dt.as_secs_f64());
                 }
             }
             let (m, sd) = mean_sd(&rates);
@@ -367,9 +368,10 @@ fn streams<B: CliBackend>(
                 group.decode(&mut members, toks)?;
             }
         }
+        let dt = t.elapsed();
         profile_decode(model.backend(), false)?;
         if rep > 0 {
-            rates.push((n * args.n_gen) as f64 / t.elapsed().as_secs_f64());
+            rates.push((n * args.n_gen) as f64 / dt.as_secs_f64());
         }
     }
     let (m, sd) = mean_sd(&rates);
