@@ -168,9 +168,12 @@ extern "C" __global__ void __launch_bounds__(128) qkv_rows(float* __restrict__ q
 // split_len) of `row_split(count, solo, min_tiles)` in backend.rs, in the same integer
 // arithmetic; solo = ceil(2 * SMs / n_kv), the splits a one-row batch asks for: one split per
 // tile of ATT_T positions up to T = min_tiles splits, and past T splits at least T tiles each.
+// SPLIT_FLOOR in min_tiles: past T splits, floor(tiles / T) of them instead of the ceiling.
+#define SPLIT_FLOOR 256
 __device__ __forceinline__ int2 solo_split(int count, int solo, int min_tiles) {
-    const int T = max(1, min_tiles), tiles = (count + ATT_T - 1) / ATT_T;
-    int n = max(1, min(solo, min(tiles, max(T, (tiles + T - 1) / T))));
+    const int T = max(1, min_tiles & (SPLIT_FLOOR - 1)), tiles = (count + ATT_T - 1) / ATT_T;
+    const int past = (min_tiles & SPLIT_FLOOR) ? tiles / T : (tiles + T - 1) / T;
+    int n = max(1, min(solo, min(tiles, max(T, past))));
     const int len = ((count + n - 1) / n + ATT_T - 1) / ATT_T * ATT_T;
     n = max(1, (count + len - 1) / len);
     return make_int2(n, len);
@@ -487,9 +490,10 @@ __device__ __forceinline__ float merge_pair(float a, float b, float ka, float kb
     return __fmaf_rn(a, ka, __fmul_rn(b, kb));
 }
 
-// W warps per block (4 or 8). The block's split is cut into steps of 16 positions over nw warps
-// (warp w takes the steps at start + 16 w, + 16 nw, ...), and the warps' states are merged by
-// halves. nw depends only on the row's own plan: 8 where it has 16 splits or more of 16 * 8
+// W warps per block (4 or 8). The block's split is cut into steps of 16 positions over nw parts
+// (part w takes the steps at start + 16 w, + 16 nw, ...), and the parts' states are merged by
+// halves. Part w is warp w, except in attn_rows_mma48_128 (W = 4, S = 8 slots), whose warp w
+// plays parts w and w + 4 in turn when nw = 8. nw depends only on the row's own plan: 8 where it has 16 splits or more of 16 * 8
 // positions or more (and the block has 8 warps), else 4, so a row gets the bits of the 4-warp
 // kernel whenever its plan is small, whichever kernel its group launched (backend.rs:
 // rows_wide). H200, llama-glimmer, tg64 at depth 8192 (32 splits of 256 positions), 4 / 8 warps
@@ -510,7 +514,7 @@ __device__ __forceinline__ float merge_pair(float a, float b, float ka, float kb
 // a decode step starts after the host has read the step before's logits). A block past its
 // row's splits then returns without waiting; split 0 of every row waits, so the grid still ends
 // after the kernel before it (common.cuh, pdl_wait).
-template <int W, int C>
+template <int W, int C, int S = W>
 __device__ __forceinline__ bool pdl_wait_attn_rows_mma(const float* __restrict__ q, const RowKv* __restrict__ tab,
                                                        const int* __restrict__ pos, float* __restrict__ o_part,
                                                        float2* __restrict__ ml_part, int n_head, int n_kv, int window,
@@ -529,7 +533,11 @@ __device__ __forceinline__ bool pdl_wait_attn_rows_mma(const float* __restrict__
     if (!FIN && !active) return false;
     const int start = active ? lo + split * plan.y : 0;
     const int end = active ? min(p + 1, start + plan.y) : 0;
-    const int nw = W == 8 && plan.x >= 16 && plan.y >= 16 * 8 ? 8 : 4;
+    const int nw = S == 8 && plan.x >= 16 && plan.y >= 16 * 8 ? 8 : 4;
+    // Passes: a 4-warp block that runs a row on 8 (S = 8 > W, attn_rows_mma48_128) plays two
+    // warps' parts in turn, warp w those of w and then w + 4; each part's state goes to its slot
+    // of the merge, so the row gets the 8-warp kernel's bits.
+    const int passes = nw > W ? nw / W : 1;
     const RowKv c = tab[row];
     const __half* kc = (const __half*)c.k;
     const __half* vc = (const __half*)c.v;
@@ -602,7 +610,14 @@ __device__ __forceinline__ bool pdl_wait_attn_rows_mma(const float* __restrict__
     const int lim0 = early ? p : 0x7fffffff;
     uint4 kr[2][4], kn[2][4];
     int stage = 0;
-    const int s0 = start + 16 * warp, s1 = s0 + 16 * nw;
+    // The warp's steps: those of part warp + W ps (ps < passes) at its first step, + 16 nw, ...
+    const auto first = [&](int ps) { return start + 16 * (warp + W * ps); };
+    // The step after j0 (of pass ps) in the warp's order, or end.
+    const auto next = [&](int j0, int ps) {
+        if (j0 + 16 * nw < end) return j0 + 16 * nw;
+        return ps + 1 < passes ? min(first(ps + 1), end) : end;
+    };
+    const int s0 = first(0), s1 = next(s0, 0);
     if (warp < nw && s0 < end) {
         load_k(kr, s0, lim0);
         load_v(vs0, s0, lim0);
@@ -634,83 +649,112 @@ __device__ __forceinline__ bool pdl_wait_attn_rows_mma(const float* __restrict__
             qa[s][2 + rr] = pack_half2(x.z, x.w);
         }
 
-    for (int j0 = s0; warp < nw && j0 < end; j0 += 16 * nw, stage ^= 1) {
-        __half* vs = vs0 + stage * 16 * MMA_VP;
-        const bool more = j0 + 16 * nw < end;
-        if (more && j0 != s0) { // the second step's loads went out with the first's
-            load_k(kn, j0 + 16 * nw, 0x7fffffff);
-            load_v(vs0 + (stage ^ 1) * 16 * MMA_VP, j0 + 16 * nw, 0x7fffffff);
+    float* so = (float*)smem4;                     // [S][16 heads][MMA_SP]
+    float2* sml = (float2*)(so + S * 16 * MMA_SP); // [S][16]
+    // Slot of part v: its own index, except with passes (S > W), where the first pass's parts take
+    // slots W .. S - 1 (past every warp's V stages) and the last pass's take slot v - W, the
+    // warp's own V stages (written once its last step is done).
+    const auto slot = [](int v) { return S > W ? (v + W) % S : v; };
+    // The part's state into its slot: (o, m, l) per head.
+    const auto leave = [&](int v) {
+#pragma unroll
+        for (int t = 0; t < 16; ++t)
+#pragma unroll
+            for (int rr = 0; rr < 2; ++rr)
+                *(float2*)(so + (slot(v) * 16 + qd + 8 * rr) * MMA_SP + 8 * t + 2 * qc) =
+                    make_float2(o[t][2 * rr], o[t][2 * rr + 1]);
+        if (qc == 0) {
+            sml[v * 16 + qd] = make_float2(m[0], l[0]);
+            sml[v * 16 + qd + 8] = make_float2(m[1], l[1]);
         }
-        // S: element (row qd + 8 (e >> 1), column 2qc + (e & 1)) of n-tile t is position
-        // j0 + 8t + 2qc + (e & 1).
-        float sc[2][4];
+    };
+    for (int ps = 0; ps < passes; ++ps) {
+        if (ps > 0) { // the first pass's part, then a fresh state
+            leave(warp + W * (ps - 1));
 #pragma unroll
-        for (int t = 0; t < 2; ++t) {
-            sc[t][0] = sc[t][1] = sc[t][2] = sc[t][3] = 0.0f;
-#pragma unroll
-            for (int s = 0; s < 8; ++s) mma_f16(sc[t], qa[s], u4_word(kr[t], 2 * s), u4_word(kr[t], 2 * s + 1));
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int j = j0 + 8 * t + 2 * qc + (e & 1);
-                sc[t][e] = j < end ? sc[t][e] * scale : -INFINITY;
+            for (int t = 0; t < 16; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.0f;
+            m[0] = m[1] = -INFINITY;
+            l[0] = l[1] = 0.0f;
+        }
+        for (int j0 = first(ps); warp < nw && j0 < end; j0 += 16 * nw, stage ^= 1) {
+            __half* vs = vs0 + stage * 16 * MMA_VP;
+            const int jn = next(j0, ps);
+            const bool more = jn < end;
+            if (more && j0 != s0) { // the second step's loads went out with the first's
+                load_k(kn, jn, 0x7fffffff);
+                load_v(vs0 + (stage ^ 1) * 16 * MMA_VP, jn, 0x7fffffff);
             }
-        }
-        // Online softmax per row (the quad of lanes holding a row agrees on m and l).
-        uint32_t pa[4];
+            // S: element (row qd + 8 (e >> 1), column 2qc + (e & 1)) of n-tile t is position
+            // j0 + 8t + 2qc + (e & 1).
+            float sc[2][4];
 #pragma unroll
-        for (int rr = 0; rr < 2; ++rr) {
-            float mx = fmaxf(fmaxf(sc[0][2 * rr], sc[0][2 * rr + 1]), fmaxf(sc[1][2 * rr], sc[1][2 * rr + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float m_new = fmaxf(m[rr], mx);
-            const bool none = m_new == -INFINITY;
-            const float alpha = none || m[rr] == -INFINITY ? (none ? 1.0f : 0.0f) : expf(m[rr] - m_new);
-            float pv[4];
+            for (int t = 0; t < 2; ++t) {
+                sc[t][0] = sc[t][1] = sc[t][2] = sc[t][3] = 0.0f;
 #pragma unroll
-            for (int t = 0; t < 2; ++t)
+                for (int s = 0; s < 8; ++s) mma_f16(sc[t], qa[s], u4_word(kr[t], 2 * s), u4_word(kr[t], 2 * s + 1));
 #pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const float sv = sc[t][2 * rr + e];
-                    pv[2 * t + e] = sv == -INFINITY ? 0.0f : expf(sv - m_new);
+                for (int e = 0; e < 4; ++e) {
+                    const int j = j0 + 8 * t + 2 * qc + (e & 1);
+                    sc[t][e] = j < end ? sc[t][e] * scale : -INFINITY;
                 }
-            float rs = pv[0] + pv[1] + pv[2] + pv[3];
-            rs += __shfl_xor_sync(0xffffffffu, rs, 1);
-            rs += __shfl_xor_sync(0xffffffffu, rs, 2);
-            l[rr] = l[rr] * alpha + rs;
-            m[rr] = m_new;
-#pragma unroll
-            for (int t = 0; t < 16; ++t) {
-                o[t][2 * rr] *= alpha;
-                o[t][2 * rr + 1] *= alpha;
             }
-            // A fragment of P: a0 / a1 = rows qd / qd + 8 at k = 2qc + e (n-tile 0), a2 / a3 at k + 8.
-            pa[rr] = pack_half2(pv[0], pv[1]);
-            pa[2 + rr] = pack_half2(pv[2], pv[3]);
-        }
-        // This step's V (the next step's copy may still be in flight).
-        if (more && !(fixed && j0 == s0)) asm volatile("cp.async.wait_group 1;" ::: "memory");
-        else asm volatile("cp.async.wait_group 0;" ::: "memory");
-        __syncwarp();
-        // O += P V: ldmatrix.trans gives the B fragments of two n-tiles (8 dims each) at a time.
-        const uint32_t vbase = (uint32_t)__cvta_generic_to_shared(vs);
+            // Online softmax per row (the quad of lanes holding a row agrees on m and l).
+            uint32_t pa[4];
 #pragma unroll
-        for (int t2 = 0; t2 < 16; t2 += 2) {
-            const int mtx = lane >> 3, r = lane & 7;
-            const uint32_t addr =
-                vbase + (uint32_t)((((mtx & 1) * 8 + r) * MMA_VP + 8 * (t2 + (mtx >> 1))) * 2);
-            uint32_t b0, b1, b2, b3;
-            asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-                         : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
-                         : "r"(addr));
-            mma_f16(o[t2], pa, b0, b1);
-            mma_f16(o[t2 + 1], pa, b2, b3);
-        }
-        __syncwarp();
-        if (more) {
+            for (int rr = 0; rr < 2; ++rr) {
+                float mx = fmaxf(fmaxf(sc[0][2 * rr], sc[0][2 * rr + 1]), fmaxf(sc[1][2 * rr], sc[1][2 * rr + 1]));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                const float m_new = fmaxf(m[rr], mx);
+                const bool none = m_new == -INFINITY;
+                const float alpha = none || m[rr] == -INFINITY ? (none ? 1.0f : 0.0f) : expf(m[rr] - m_new);
+                float pv[4];
 #pragma unroll
-            for (int t = 0; t < 2; ++t)
+                for (int t = 0; t < 2; ++t)
 #pragma unroll
-                for (int i = 0; i < 4; ++i) kr[t][i] = kn[t][i];
+                    for (int e = 0; e < 2; ++e) {
+                        const float sv = sc[t][2 * rr + e];
+                        pv[2 * t + e] = sv == -INFINITY ? 0.0f : expf(sv - m_new);
+                    }
+                float rs = pv[0] + pv[1] + pv[2] + pv[3];
+                rs += __shfl_xor_sync(0xffffffffu, rs, 1);
+                rs += __shfl_xor_sync(0xffffffffu, rs, 2);
+                l[rr] = l[rr] * alpha + rs;
+                m[rr] = m_new;
+#pragma unroll
+                for (int t = 0; t < 16; ++t) {
+                    o[t][2 * rr] *= alpha;
+                    o[t][2 * rr + 1] *= alpha;
+                }
+                // A fragment of P: a0 / a1 = rows qd / qd + 8 at k = 2qc + e (n-tile 0), a2 / a3 at k + 8.
+                pa[rr] = pack_half2(pv[0], pv[1]);
+                pa[2 + rr] = pack_half2(pv[2], pv[3]);
+            }
+            // This step's V (the next step's copy may still be in flight).
+            if (more && !(fixed && j0 == s0)) asm volatile("cp.async.wait_group 1;" ::: "memory");
+            else asm volatile("cp.async.wait_group 0;" ::: "memory");
+            __syncwarp();
+            // O += P V: ldmatrix.trans gives the B fragments of two n-tiles (8 dims each) at a time.
+            const uint32_t vbase = (uint32_t)__cvta_generic_to_shared(vs);
+#pragma unroll
+            for (int t2 = 0; t2 < 16; t2 += 2) {
+                const int mtx = lane >> 3, r = lane & 7;
+                const uint32_t addr =
+                    vbase + (uint32_t)((((mtx & 1) * 8 + r) * MMA_VP + 8 * (t2 + (mtx >> 1))) * 2);
+                uint32_t b0, b1, b2, b3;
+                asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                             : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
+                             : "r"(addr));
+                mma_f16(o[t2], pa, b0, b1);
+                mma_f16(o[t2 + 1], pa, b2, b3);
+            }
+            __syncwarp();
+            if (more) {
+#pragma unroll
+                for (int t = 0; t < 2; ++t)
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) kr[t][i] = kn[t][i];
+            }
         }
     }
 
@@ -721,34 +765,21 @@ __device__ __forceinline__ bool pdl_wait_attn_rows_mma(const float* __restrict__
     // of an n-tile) go as one float2, and rows are MMA_SP floats apart, so each half-warp's 16
     // float2 fall in 16 different bank pairs (rows of 128 floats: 8-way bank conflicts).
     __syncthreads();
-    float* so = (float*)smem4;                     // [W][16 heads][MMA_SP]
-    float2* sml = (float2*)(so + W * 16 * MMA_SP); // [W][16]
-    if (warp < nw) {
-#pragma unroll
-        for (int t = 0; t < 16; ++t)
-#pragma unroll
-            for (int rr = 0; rr < 2; ++rr)
-                *(float2*)(so + (warp * 16 + qd + 8 * rr) * MMA_SP + 8 * t + 2 * qc) =
-                    make_float2(o[t][2 * rr], o[t][2 * rr + 1]);
-        if (qc == 0) {
-            sml[warp * 16 + qd] = make_float2(m[0], l[0]);
-            sml[warp * 16 + qd + 8] = make_float2(m[1], l[1]);
-        }
-    }
+    if (warp < nw) leave(warp + W * (passes - 1));
     __syncthreads();
     constexpr int HPW = 16 / W, LPH = 32 / HPW; // heads per warp, lanes per head
     const int hh = warp * HPW + lane / LPH, li = lane % LPH;
-    // The tree's factors for head hh: round r (half = W / 2 >> r) merges slot w + half into w.
-    float ms[W], ls[W], ka[W - 1], kb[W - 1];
+    // The tree's factors for head hh: round r (half = S / 2 >> r) merges part w + half into w.
+    float ms[S], ls[S], ka[S - 1], kb[S - 1];
 #pragma unroll
-    for (int w = 0; w < W; ++w) {
+    for (int w = 0; w < S; ++w) {
         const float2 v = w < nw ? sml[w * 16 + hh] : make_float2(-INFINITY, 0.0f);
         ms[w] = v.x;
         ls[w] = v.y;
     }
     int node = 0;
 #pragma unroll
-    for (int half = W / 2; half >= 1; half /= 2)
+    for (int half = S / 2; half >= 1; half /= 2)
 #pragma unroll
         for (int w = 0; w < half; ++w, ++node) {
             if (2 * half > nw) continue;
@@ -763,12 +794,13 @@ __device__ __forceinline__ bool pdl_wait_attn_rows_mma(const float* __restrict__
 #pragma unroll
     for (int i = 0; i < D / (2 * LPH); ++i) {
         const int dd = 2 * li + 2 * LPH * i;
-        float2 v[W];
+        float2 v[S];
 #pragma unroll
-        for (int w = 0; w < W; ++w) v[w] = w < nw ? *(const float2*)(so + (w * 16 + hh) * MMA_SP + dd) : make_float2(0.0f, 0.0f);
+        for (int w = 0; w < S; ++w)
+            v[w] = w < nw ? *(const float2*)(so + (slot(w) * 16 + hh) * MMA_SP + dd) : make_float2(0.0f, 0.0f);
         int nd = 0;
 #pragma unroll
-        for (int half = W / 2; half >= 1; half /= 2)
+        for (int half = S / 2; half >= 1; half /= 2)
 #pragma unroll
             for (int w = 0; w < half; ++w, ++nd) {
                 if (2 * half > nw) continue;
@@ -803,12 +835,12 @@ __device__ __forceinline__ bool pdl_wait_attn_rows_mma(const float* __restrict__
 // of them empty at short depths. A split's arithmetic does not depend on the block that runs it,
 // so neither do the bits. The first split past the row's plan ends the block (its later ones
 // are past it too); the first active split waits for the kernel before (or loads early).
-template <int W>
+template <int W, int S = W>
 __device__ __forceinline__ void pdl_wait_attn_rows_mma_loop(MMA_ROWS_ARGS) {
     bool waited = false;
     for (int s = blockIdx.z; s < solo; s += gridDim.z) {
         if (waited) __syncthreads(); // the previous split's merge has read the shared memory
-        if (!pdl_wait_attn_rows_mma<W, 0>(MMA_ROWS_PASS, FinArgs{}, s, solo, waited)) return;
+        if (!pdl_wait_attn_rows_mma<W, 0, S>(MMA_ROWS_PASS, FinArgs{}, s, solo, waited)) return;
         waited = true;
     }
 }
@@ -817,6 +849,11 @@ extern "C" __global__ void __launch_bounds__(128) attn_rows_mma_128(MMA_ROWS_ARG
 }
 extern "C" __global__ void __launch_bounds__(256) attn_rows_mma8_128(MMA_ROWS_ARGS) {
     pdl_wait_attn_rows_mma_loop<8>(MMA_ROWS_PASS);
+}
+// 4 warps with the 8-warp kernel's bits for rows it would run on 8 (two passes a warp), so two
+// blocks share an SM: the decode groups' kernel for such rows (backend.rs: rows_wide4).
+extern "C" __global__ void __launch_bounds__(128) attn_rows_mma48_128(MMA_ROWS_ARGS) {
+    pdl_wait_attn_rows_mma_loop<4, 8>(MMA_ROWS_PASS);
 }
 // Grid (n_kv, n_rows, C): every row of the launch has at most C splits (backend.rs:
 // rows_cluster), 16 query heads of 128 per KV head. o_part / ml_part are not used.

@@ -452,10 +452,19 @@ pub const ATTN_MAX_SPLITS: usize = 48;
 /// ATT_T positions up to T = `min_tiles` splits, past T splits at least T tiles each; splits of
 /// whole tiles, none empty. A decode group splits each row as `attention_plan(count, 1, ..)`
 /// does (`solo` = `solo_splits`), so a row's attention has the same bits alone or in any group.
+///
+/// With `SPLIT_FLOOR` set in `min_tiles`, a row past T splits takes floor(tiles / T) of them
+/// instead of ceil(tiles / T): no split shorter than T tiles is added for the last few tiles
+/// past a multiple of T (`attn_split_tiles`).
 pub fn row_split(count: usize, solo: usize, min_tiles: usize) -> (usize, usize) {
-    let t = min_tiles.max(1);
+    let t = (min_tiles & (SPLIT_FLOOR - 1)).max(1);
     let tiles = count.div_ceil(ATT_T);
-    let n = solo.min(tiles.min(t.max(tiles.div_ceil(t)))).max(1);
+    let past = if min_tiles & SPLIT_FLOOR != 0 {
+        tiles / t
+    } else {
+        tiles.div_ceil(t)
+    };
+    let n = solo.min(tiles.min(t.max(past))).max(1);
     let len = count.div_ceil(n).div_ceil(ATT_T) * ATT_T;
     (count.div_ceil(len).max(1), len)
 }
@@ -467,16 +476,23 @@ pub fn row_split(count: usize, solo: usize, min_tiles: usize) -> (usize, usize) 
 /// llama-glimmer, tg64 at depth 8192 (same call, with every row cut to at most one split per
 /// `min_tiles` tiles): 1 tile 116.28 tokens/s, 4 127.00, 8 127.69, 16 117.89; with this rule
 /// (rows up to 8 tiles keep one split per tile) 127.51 against 115.96 for 1 (another call).
+///
+/// `MUSER_ATTN_SPLIT_ROUND=floor` sets `SPLIT_FLOOR` (row_split).
 pub fn attn_split_tiles() -> usize {
     static TILES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *TILES.get_or_init(|| {
-        std::env::var("MUSER_ATTN_SPLIT_TILES")
+        let t = std::env::var("MUSER_ATTN_SPLIT_TILES")
             .ok()
             .and_then(|v| v.parse().ok())
             .filter(|t| (1..=64).contains(t))
-            .unwrap_or(8)
+            .unwrap_or(8);
+        let floor = std::env::var("MUSER_ATTN_SPLIT_ROUND").as_deref() == Ok("floor");
+        t | if floor { SPLIT_FLOOR } else { 0 }
     })
 }
+
+/// The rounding flag of `row_split`'s `min_tiles` (attention.cu: `SPLIT_FLOOR`).
+pub const SPLIT_FLOOR: usize = 1 << 8;
 
 /// Whether decode rows' tensor-core attention asks for its first K/V steps before waiting for
 /// the kernel before (`MUSER_ATTN_EARLY=0`: after; the same loads, so the same bits).
@@ -500,9 +516,9 @@ pub fn attention_kernel(head_dim: usize) -> Option<&'static str> {
     }
 }
 
-/// Shared memory of the tensor-core decode attention with `w` warps per block: w x 2 stages x 16
-/// V rows of 136 halves (reused for the merge of the warps' states: w x 16 rows of 136 f32),
-/// then w x 16 (max, sum).
+/// Shared memory of the tensor-core decode attention with `w` merge slots (its warps, or 8 for
+/// `attn_rows_mma48_128`): w x 2 stages x 16 V rows of 136 halves (one warp's stages; reused for
+/// the merge of the parts' states: w x 16 rows of 136 f32), then w x 16 (max, sum).
 pub const fn attn_mma_smem(w: usize) -> usize {
     w * 2 * 16 * 136 * 2 + w * 16 * 8
 }
@@ -521,6 +537,29 @@ pub fn attn_loop_splits(solo: usize, pairs: usize, wave: usize) -> usize {
 /// attention (`attn_rows_mma8_128`) runs a row on its 8 warps (each warp at least one
 /// 16-position step); a row of a smaller plan runs on 4 of them, with the 4-warp kernel's bits.
 pub const ATTN_WIDE_PLAN: (usize, usize) = (16, 16 * 8);
+
+/// Whether a decode group of `rows` rows over `n_kv` KV heads, some of whose rows run on 8
+/// warps (`attn_wide`), launches `attn_rows_mma48_128` (4 warps a block, each playing two of the
+/// 8-warp kernel's warps in turn: the same bits) instead of `attn_rows_mma8_128`: from 8 (KV head,
+/// row) pairs, whose wide rows' 16 splits or more give about one 8-warp block per SM or more
+/// (two 4-warp blocks share an SM, so one's merge and partial writes overlap the other's loads).
+/// `MUSER_ATTN_WIDE4=0`: never; `=1`: for every group of 2 rows or more. H200, llama-glimmer,
+/// tg32 tokens/s, one call (2026-12-04), 8-warp blocks against these: depth 8,192, 4 / 8 streams
+/// 458.54 / 783.56 against 504.42 / 816.59; depth 4,096, 8 / 32 streams 891.75 / 2,016.00
+/// against 904.50 / 2,166.97; one stream 167.23 against 167.38 (always 8 warps).
+pub fn attn_wide4(rows: usize, n_kv: usize) -> bool {
+    static MODE: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    let mode = *MODE.get_or_init(|| match std::env::var("MUSER_ATTN_WIDE4").as_deref() {
+        Ok("0") => Some(false),
+        Ok("1") => Some(true),
+        _ => None,
+    });
+    rows >= 2 && mode.unwrap_or(rows * n_kv >= ATTN_WIDE4_PAIRS)
+}
+
+/// The fewest (KV head, row) pairs of a decode group that runs its wide rows on
+/// `attn_rows_mma48_128` (`attn_wide4`).
+pub const ATTN_WIDE4_PAIRS: usize = 8;
 
 /// The most splits of a decode row merged inside its attention launch (the cluster size of
 /// `attn_rows_mma_fin8_128`).
@@ -1052,16 +1091,19 @@ impl CudaBackend {
 
     /// The tensor-core attention over the rows of `a` (query `qp`, [n][n_head * 128] f32): one
     /// block per (KV head, row, split), each row split as it would be alone; 8 warps per block
-    /// (`attn_rows_mma8_128`) when `wide`, else 4 (`attn_rows_mma_128`). With `fin` (the output,
+    /// (`attn_rows_mma8_128`) when `wide`, else 4 (`attn_rows_mma_128`); wide groups of
+    /// `attn_wide4` rows 4 warps with the 8-warp kernel's bits (`attn_rows_mma48_128`). With `fin` (the output,
     /// gate and quantization addresses of `attn_rows_mma_fin`), `attn_rows_mma_fin8_128`: the
     /// splits merged in clusters of `ATTN_CLUSTER_SPLITS` blocks.
     fn attn_rows_mma(&self, a: &RowsAttn, qp: u64, scale: f32, wide: bool, fin: Option<[u64; 5]>) {
-        let (w, name, splits) = match (fin, wide) {
-            (Some(_), _) => (4, "attn_rows_mma_fin8_128", ATTN_CLUSTER_SPLITS),
-            (None, true) => (8, "attn_rows_mma8_128", a.splits),
-            (None, false) => (4, "attn_rows_mma_128", a.splits),
+        // (warps, kernel, splits, merge slots)
+        let (w, name, splits, slots) = match (fin, wide) {
+            (Some(_), _) => (4, "attn_rows_mma_fin8_128", ATTN_CLUSTER_SPLITS, 4),
+            (None, true) if attn_wide4(a.n, a.n_kv) => (4, "attn_rows_mma48_128", a.splits, 8),
+            (None, true) => (8, "attn_rows_mma8_128", a.splits, 8),
+            (None, false) => (4, "attn_rows_mma_128", a.splits, 4),
         };
-        let smem = attn_mma_smem(w);
+        let smem = attn_mma_smem(slots);
         let f = ck(self.gpu.kernel_smem(name, smem), "attention shared memory");
         let splits = if fin.is_some() {
             splits
@@ -2519,6 +2561,24 @@ mod tests {
             assert!(2 * attn_mma_smem(w) <= 227 * 1024);
         }
         assert_eq!(attn_mma_smem(4), 34_816 + 512);
+        // attn_rows_mma48_128: 4 warps' V stages (slots 0-3) below the first pass's 4 parts.
+        assert_eq!(
+            attn_mma_smem(8) - 8 * 16 * 8,
+            2 * (attn_mma_smem(4) - 4 * 16 * 8)
+        );
+    }
+
+    #[test]
+    fn wide_groups_take_the_4_warp_blocks_from_8_pairs() {
+        // 2 KV heads: one row and groups of 2-3 keep 8 warps, 4 rows and more take 4-warp
+        // blocks; 8 KV heads from 1 row would, but one row always keeps its 8-warp blocks.
+        for rows in 1..=3 {
+            assert!(!attn_wide4(rows, 2), "{rows} rows");
+        }
+        for rows in [4, 5, 8, 32, 64] {
+            assert!(attn_wide4(rows, 2), "{rows} rows");
+        }
+        assert!(!attn_wide4(1, 8) && attn_wide4(2, 8));
     }
 
     #[test]
@@ -2561,8 +2621,9 @@ mod tests {
             xorshift(&mut rng);
             let count = 1 + (rng % 70_000) as usize;
             let min_tiles = 1 + (rng >> 20) as usize % 16;
+            let floor = (rng >> 40) & 1 == 1;
             let solo = solo_splits(2, 132);
-            let (n, len) = row_split(count, solo, min_tiles);
+            let (n, len) = row_split(count, solo, min_tiles | if floor { SPLIT_FLOOR } else { 0 });
             assert!(
                 n >= 1 && n <= solo && len.is_multiple_of(ATT_T),
                 "{count}: {n} x {len}"
@@ -2580,6 +2641,18 @@ mod tests {
                 assert!(
                     n <= min_tiles.max(tiles.div_ceil(min_tiles)),
                     "{count}/{min_tiles}: {n}"
+                );
+            }
+            // Floor: past min_tiles splits, none shorter than min_tiles tiles but the last, and
+            // never more splits than the ceiling rule gives.
+            if floor && n > min_tiles {
+                assert!(
+                    len >= min_tiles * ATT_T && n * min_tiles <= tiles,
+                    "{count}/{min_tiles}: {n} x {len}"
+                );
+                assert!(
+                    n <= row_split(count, solo, min_tiles).0,
+                    "{count}/{min_tiles}"
                 );
             }
             // One tile: a split per tile up to `solo` (the plan before min_tiles).
