@@ -17,7 +17,7 @@
 # JOB=steptrace: one decode step (1 and 8 streams) kernel by kernel inside its CUDA graph
 # (MUSER_CUDA_STEP_TRACE, crates/muser-cuda/src/steptrace.rs); TRACE_DEPTHS at context depths.
 #
-# JOB=depth: decode at long context (DEPTHS, default 0 to 32768) on llama-glimmer, with LLAMA=1
+# JOB=depth: decode at long context (DEPTHS, default 0 to 32768; DEPTH_STREAMS: decode groups too) on llama-glimmer, with LLAMA=1
 # llama-bench at the same depths, with MUSE=1 muse-glimmer too.
 #
 # JOB=side (the closing call of a session): the full parity command while llama.cpp builds (LLAMA=1),
@@ -600,7 +600,9 @@ if [ "${JOB:-}" = depth ]; then
     # prefilled (untimed) before every repetition, so the deep runs take one warm-up and DREPS
     # (default 1) timed runs of NGEN (default 64) tokens. CHECK=1: the quick parity command with
     # batch invariance first. DEPTH_AB="VAR=value ...": each llama-glimmer depth again with those
-    # variables set, right after its default run.
+    # variables set, right after its default run. DEPTH_STREAMS="4,8,32": decode groups too, at
+    # each depth past 0 (`bench -s`, tg32, each stream prefilled to the depth), with LLAMA=1
+    # llama-batched-bench at the same depths and stream counts.
     G=$MODELS/llama-glimmer.gguf M=$MODELS/muse-glimmer.gguf T=$MODELS/muse-tiny.gguf
     DEPTHS=${DEPTHS:-0 8192 16384 32768}
     NGEN=${NGEN:-64}
@@ -614,11 +616,24 @@ if [ "${JOB:-}" = depth ]; then
         step "bench-llama-d$d" 150 "$BIN" bench --backend cuda -m "$G" -p 0 -n "$NGEN" -d "$d" -r "${DREPS:-1}"
         [ -n "${DEPTH_AB:-}" ] && step "bench-llama-d$d-ab" 150 env $DEPTH_AB "$BIN" bench --backend cuda -m "$G" \
             -p 0 -n "$NGEN" -d "$d" -r "${DREPS:-1}"
+        if [ -n "${DEPTH_STREAMS:-}" ] && [ "$d" != 0 ]; then
+            step "bench-groups-d$d" 300 "$BIN" bench --backend cuda -m "$G" -p 0 -n 32 -r 1 -d "$d" -s "$DEPTH_STREAMS"
+            [ -n "${DEPTH_AB:-}" ] && step "bench-groups-d$d-ab" 300 env $DEPTH_AB "$BIN" bench --backend cuda \
+                -m "$G" -p 0 -n 32 -r 1 -d "$d" -s "$DEPTH_STREAMS"
+        fi
     done
     if [ -n "${LLAMA_PID:-}" ]; then
         wait "$LLAMA_PID"
         step llama-bench-depth 300 /tmp/llama/llama.cpp/build/bin/llama-bench -m "$G" -p 0 -n "$NGEN" -fa 1 \
             -r "${DREPS:-1}" -d "$(echo $DEPTHS | tr ' ' ',')"
+        if [ -n "${DEPTH_STREAMS:-}" ]; then
+            most=$(echo "$DEPTH_STREAMS" | tr ',' '\n' | sort -n | tail -1)
+            for d in $DEPTHS; do
+                [ "$d" = 0 ] && continue
+                step "llama-batched-d$d" 300 /tmp/llama/llama.cpp/build/bin/llama-batched-bench -m "$G" \
+                    -c $((most * (d + 32))) -b 2048 -ub 512 -npp "$d" -ntg 32 -npl "$DEPTH_STREAMS" -fa on -ngl 99
+            done
+        fi
     fi
     if [ "${MUSE:-0}" = 1 ]; then
         step synth-muse-glimmer 150 "$BIN" synth muse-glimmer "$M"
@@ -628,10 +643,11 @@ if [ "${JOB:-}" = depth ]; then
     fi
     echo
     echo "================ short table ================"
-    for f in "$OUT"/bench-llama-d*.log "$OUT"/bench-muse-d*.log; do
-        [ -f "$f" ] && echo "$(basename "$f" .log): $(grep -h "^| .*CUDA" "$f" | cut -d'|' -f7-8)"
+    for f in "$OUT"/bench-llama-d*.log "$OUT"/bench-muse-d*.log "$OUT"/bench-groups-d*.log; do
+        [ -f "$f" ] && grep -h "^| .*CUDA" "$f" | cut -d'|' -f7-8 | sed "s|^|$(basename "$f" .log):|"
     done
     [ -f "$OUT/llama-bench-depth.log" ] && grep "^| " "$OUT/llama-bench-depth.log"
+    for f in "$OUT"/llama-batched-d*.log; do [ -f "$f" ] && grep "^|" "$f"; done
     tail -3 "$OUT/llama-build.log" 2> /dev/null
     cat "$OUT/summary.txt"
     exit 0
