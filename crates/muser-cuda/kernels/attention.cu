@@ -493,8 +493,9 @@ __device__ __forceinline__ float merge_pair(float a, float b, float ka, float kb
 // W warps per block (4 or 8). The block's split is cut into steps of 16 positions over nw parts
 // (part w takes the steps at start + 16 w, + 16 nw, ...), and the parts' states are merged by
 // halves. Part w is warp w, except in attn_rows_mma48_128 (W = 4, S = 8 slots), whose warp w
-// plays parts w and w + 4 in turn when nw = 8. nw depends only on the row's own plan: 8 where it has 16 splits or more of 16 * 8
-// positions or more (and the block has 8 warps), else 4, so a row gets the bits of the 4-warp
+// plays parts w and w + 4 in turn when nw = 8. nw depends only on the row's own plan: 8 where it
+// has 16 splits or more of 16 * 8 positions or more (and the block has 8 merge slots), else 4,
+// so a row gets the bits of the 4-warp
 // kernel whenever its plan is small, whichever kernel its group launched (backend.rs:
 // rows_wide). H200, llama-glimmer, tg64 at depth 8192 (32 splits of 256 positions), 4 / 8 warps
 // in one call: 150.31 / 150.05 against 152.91 / 152.79 tokens/s; 8 warps for every row cost
