@@ -1091,10 +1091,10 @@ impl CudaBackend {
 
     /// The tensor-core attention over the rows of `a` (query `qp`, [n][n_head * 128] f32): one
     /// block per (KV head, row, split), each row split as it would be alone; 8 warps per block
-    /// (`attn_rows_mma8_128`) when `wide`, else 4 (`attn_rows_mma_128`); wide groups of
-    /// `attn_wide4` rows 4 warps with the 8-warp kernel's bits (`attn_rows_mma48_128`). With `fin` (the output,
-    /// gate and quantization addresses of `attn_rows_mma_fin`), `attn_rows_mma_fin8_128`: the
-    /// splits merged in clusters of `ATTN_CLUSTER_SPLITS` blocks.
+    /// (`attn_rows_mma8_128`) when `wide`, else 4 (`attn_rows_mma_128`); a wide group of
+    /// `attn_wide4` rows 4 warps with the 8-warp kernel's bits (`attn_rows_mma48_128`). With
+    /// `fin` (the output, gate and quantization addresses of `attn_rows_mma_fin`),
+    /// `attn_rows_mma_fin8_128`: the splits merged in clusters of `ATTN_CLUSTER_SPLITS` blocks.
     fn attn_rows_mma(&self, a: &RowsAttn, qp: u64, scale: f32, wide: bool, fin: Option<[u64; 5]>) {
         // (warps, kernel, splits, merge slots)
         let (w, name, splits, slots) = match (fin, wide) {
