@@ -8,7 +8,8 @@
 # batch invariance on muse-tiny and llama-glimmer for all but the reference, and the NMSE lines
 # that differ from the reference's (none when the bits are the same). TESTS: `bench` arguments,
 # ';' between tests; each test runs every binary in turn, then the last one again with each
-# setting of AB (';' between settings, each "VAR=value ..."). Every step ends by BUDGET seconds.
+# setting of AB (';' between settings, each "VAR=value ..."). NCU: see below. Every step ends by
+# BUDGET seconds.
 set -uo pipefail
 OUT=${OUT:-/tmp/attn-ab}
 mkdir -p "$OUT"
@@ -46,6 +47,19 @@ for t in "${TS[@]}"; do
         step "t$i-$(basename "${B[-1]}")-ab$j" 150 env $set "${B[-1]}" bench --backend cuda -m "$G" $t
     done
 done
+# NCU="KERNEL:STREAMS:DEPTH" (e.g. attn_rows_mma_128:8:2048): Nsight Compute on one decode launch of
+# that kernel for each build (as device_bench.sh JOB=ncu), its main counters in the table.
+NCU_BIN=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+if [ -n "${NCU:-}" ] && [ -n "$NCU_BIN" ]; then
+    IFS=: read -r nk ns nd <<< "$NCU"
+    for b in "${B[@]}"; do
+        step "ncu-$(basename "$b")" 200 env MUSER_CUDA_GRAPHS=0 MUSER_PROFILE_DECODE=1 "$NCU_BIN" \
+            --profile-from-start off --clock-control none --kernel-name "regex:^$nk\$" --launch-skip 60 \
+            --launch-count 1 --section SpeedOfLight --section Occupancy --section LaunchStats \
+            --section WarpStateStats --section MemoryWorkloadAnalysis \
+            "$b" bench --backend cuda -m "$G" -p 0 -n 4 -r 1 -s "$ns" -d "$nd"
+    done
+fi
 echo
 echo "================ short table ================"
 for f in "$OUT"/check-*.log; do
@@ -57,3 +71,9 @@ for f in "$OUT"/check-*.log; do
 done
 [ -n "${AB:-}" ] && echo "ab settings: $AB"
 for f in "$OUT"/t*.log; do grep -h "^| .*CUDA" "$f" | cut -d'|' -f7-8,11 | sed "s|^|$(basename "$f" .log):|"; done
+for f in "$OUT"/ncu-*.log; do
+    [ -f "$f" ] || continue
+    echo "$(basename "$f" .log):"
+    grep -E "^\s+(Duration|DRAM Throughput|Registers Per Thread|Achieved Active Warps Per SM|Issue Slots Busy|Warp Cycles Per Issued Instruction|Dynamic Shared Memory Per Block)" "$f" | sed 's/  */ /g'
+    grep -o "total of [0-9]* excessive sectors ([0-9]*% of the" "$f" | head -1
+done
