@@ -377,21 +377,27 @@ fn repacked_k_quant_kernels_equal_the_scalar_reference_bitwise() {
         let (rows, nb, n) = (70, 5, 3);
         let w = q6_k_blocks(rows * nb, &mut rng);
         let y = q8_k_columns(n, nb, &mut rng);
-        let x = x16::X16::with_rows(GgmlType::Q6_K, bytemuck::cast_slice(&w), rows, nb, r)
+        let mut x = x16::X16::with_rows(GgmlType::Q6_K, bytemuck::cast_slice(&w), rows, nb, r)
             .expect("Q6_K");
         let (r0, r1) = (32, 67);
-        let mut out = vec![f32::NAN; (r1 - r0) * n];
-        // SAFETY: out holds n rows of r1 - r0 outputs.
-        unsafe { x.gemm_into(&y, n, r0, r1, out.as_mut_ptr(), r1 - r0) };
-        for t in 0..n {
-            for row in r0..r1 {
-                let want =
-                    dot::vec_dot_q6_k_q8_k(&w[row * nb..(row + 1) * nb], &y[t * nb..(t + 1) * nb]);
-                assert_eq!(
-                    out[t * (r1 - r0) + row - r0].to_bits(),
-                    want.to_bits(),
-                    "x16 r={r} rows {r0}..{r1}: row {row} column {t}"
-                );
+        // With and without the weight lines asked for ahead (which CPUs do is `prefetch_ahead`).
+        for ahead in [false, true] {
+            x.set_prefetch(ahead);
+            let mut out = vec![f32::NAN; (r1 - r0) * n];
+            // SAFETY: out holds n rows of r1 - r0 outputs.
+            unsafe { x.gemm_into(&y, n, r0, r1, out.as_mut_ptr(), r1 - r0) };
+            for t in 0..n {
+                for row in r0..r1 {
+                    let want = dot::vec_dot_q6_k_q8_k(
+                        &w[row * nb..(row + 1) * nb],
+                        &y[t * nb..(t + 1) * nb],
+                    );
+                    assert_eq!(
+                        out[t * (r1 - r0) + row - r0].to_bits(),
+                        want.to_bits(),
+                        "x16 r={r} rows {r0}..{r1}, prefetch {ahead}: row {row} column {t}"
+                    );
+                }
             }
         }
     }

@@ -182,8 +182,9 @@ unsafe fn q6<const C: usize>(w: &[u8], y: &[BlockQ8K], nb: usize, s: &mut Sums, 
 
 /// One group's 8 rows of format `ty` against `c` (1 or 2) columns (`y`: c x nb blocks).
 ///
-/// `pf`: ask for the weight lines ahead (`kernels::PF`): the first pass over the group, which
-/// reads them from memory; later passes find them in cache.
+/// `pf`: ask for the weight lines ahead (`kernels::PF`): on the first pass over the group, which
+/// reads them from memory (later passes find them in cache), on CPUs where that pays
+/// (`super::prefetch_ahead`).
 ///
 /// # Safety
 /// The CPU must have AVX2, FMA and F16C; `w` holds the group's nb blocks.

@@ -74,7 +74,8 @@ pub(super) trait Level {
 /// thread at 13-15 GB/s: they stop at 4 KiB page boundaries, and a group's forward stream
 /// crosses one every ~1.7 blocks. 2-core AMD EPYC Zen 5 (2026-12-03), llama-1b Q4_K_M, one
 /// thread, tg32 tokens/s in three alternated rounds: no prefetch 27.1-33.8, PF 1,024 29.9-37.7,
-/// 2,048 33.6-40.8, 4,096 37.9-47.1, 8,192 38.2-42.9 (BENCHMARKS.md).
+/// 2,048 33.6-40.8, 4,096 37.9-47.1, 8,192 38.2-42.9 (BENCHMARKS.md). On a Zen 4 any such
+/// request halved it (`super::prefetch_ahead` decides per CPU).
 const PF: usize = 4096;
 
 /// Asks for the lines of [p + PF, p + PF + n) (SSE, so every level has it): prefetches never

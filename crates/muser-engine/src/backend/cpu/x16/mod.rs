@@ -167,6 +167,43 @@ pub fn available() -> bool {
     rows_per_group().is_some()
 }
 
+/// Whether the kernels ask for their weight lines ahead (`kernels::PF`) on a group's first pass.
+/// It depends on the CPU's own prefetchers, and was measured on two (llama-1b Q4_K_M, tg32,
+/// BENCHMARKS.md): on a 2-core Zen 5 (AMD family 0x1A) it lifted one-thread decode from
+/// 27.1-33.8 to 37.9-47.1 tokens/s (2026-12-03); on a 2-core Zen 4 (family 0x19) it halved it,
+/// 39.0-40.2 without against 18.0-18.3 with (2026-12-04), and every pattern of requests tried
+/// there lost (fewer lines, only a page's first lines, T1 or NTA hints). So only Zen 5 and later
+/// ask; every other CPU streams on its hardware prefetchers alone. `MUSER_X16_PREFETCH=1|0`
+/// decides instead (comparisons).
+pub fn prefetch_ahead() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| match std::env::var("MUSER_X16_PREFETCH").as_deref() {
+        Ok("1") => true,
+        Ok("0") => false,
+        _ => amd_family().is_some_and(|f| f >= 0x1A),
+    })
+}
+
+/// The CPU family of an AMD CPU (base plus extended family, as AMD counts it), or None.
+fn amd_family() -> Option<u32> {
+    use std::arch::x86_64::__cpuid;
+    let v = __cpuid(0);
+    let vendor: Vec<u8> = [v.ebx, v.edx, v.ecx]
+        .iter()
+        .flat_map(|r| r.to_le_bytes())
+        .collect();
+    if vendor != b"AuthenticAMD" {
+        return None;
+    }
+    let eax = __cpuid(1).eax;
+    let base = (eax >> 8) & 0xF;
+    Some(if base == 0xF {
+        base + ((eax >> 20) & 0xFF)
+    } else {
+        base
+    })
+}
+
 /// A K-quant matrix in the layout above.
 pub struct X16 {
     /// Anonymous memory asked for in huge pages where the OS gives them (`new`).
@@ -176,6 +213,8 @@ pub struct X16 {
     rows: usize,
     nb: usize,
     bs: usize,
+    /// Ask for the weight lines ahead on a group's first pass ([`prefetch_ahead`] by default).
+    prefetch: bool,
 }
 
 impl X16 {
@@ -225,7 +264,14 @@ impl X16 {
             rows,
             nb,
             bs,
+            prefetch: prefetch_ahead(),
         })
+    }
+
+    /// Overrides [`prefetch_ahead`] for this matrix (tests and comparisons: the same bits either
+    /// way, only the speed differs).
+    pub fn set_prefetch(&mut self, on: bool) {
+        self.prefetch = on;
     }
 
     /// Rows per group: task boundaries of a matmul must be multiples of it.
@@ -266,6 +312,7 @@ impl X16 {
         );
         let bytes: &[u8] = &self.data;
         let gb = self.nb * self.bs;
+        let ahead = self.prefetch;
         for g in r0 / r..r1.div_ceil(r) {
             let w = &bytes[g * gb..(g + 1) * gb];
             let rows = (r1 - g * r).min(r);
@@ -278,9 +325,9 @@ impl X16 {
                 // SAFETY: the CPU has the level's features (asserted); the slices have the
                 // sizes the kernels read.
                 if r == 16 {
-                    avx512::group(self.ty, c, w, ys, self.nb, &mut sums, c0 == 0);
+                    avx512::group(self.ty, c, w, ys, self.nb, &mut sums, ahead && c0 == 0);
                 } else {
-                    avx2::group(self.ty, c, w, ys, self.nb, &mut sums, c0 == 0);
+                    avx2::group(self.ty, c, w, ys, self.nb, &mut sums, ahead && c0 == 0);
                 }
                 for (t, s) in sums.iter().enumerate().take(c) {
                     let o = out.add((c0 + t) * ld + base);
