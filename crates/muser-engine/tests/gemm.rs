@@ -334,6 +334,41 @@ fn tiled_q8_0_kernel_equals_the_scalar_reference_bitwise() {
 /// (row, column): row counts that are and are not multiples of the groups, every column count up to 9
 /// (passes of 4 or 2 and the rest) and wider ones, and row ranges that start inside the matrix
 /// (the matmul's tasks).
+/// Rows 32..67 of the 70-row matrix `w` repacked in groups of r, against the n columns of y, equal
+/// the scalar reference `dot` bitwise, for every [`x16::Ahead`] pattern.
+fn x16_row_range<W: bytemuck::Pod>(
+    ty: GgmlType,
+    w: &[W],
+    dot: fn(&[W], &[BlockQ8K]) -> f32,
+    r: usize,
+    y: &[BlockQ8K],
+    n: usize,
+) {
+    use muser_engine::backend::cpu::x16::{Ahead, AheadPlan, X16};
+    let (rows, r0, r1) = (70, 32, 67);
+    let nb = w.len() / rows;
+    let mut x = X16::with_rows(ty, bytemuck::cast_slice(w), rows, nb, r).expect("a K-quant type");
+    for ahead in [Ahead::None, Ahead::Block, Ahead::Spread] {
+        x.set_ahead(AheadPlan {
+            one: ahead,
+            many: ahead,
+        });
+        let mut out = vec![f32::NAN; (r1 - r0) * n];
+        // SAFETY: out holds n rows of r1 - r0 outputs.
+        unsafe { x.gemm_into(y, n, r0, r1, out.as_mut_ptr(), r1 - r0) };
+        for t in 0..n {
+            for row in r0..r1 {
+                let want = dot(&w[row * nb..(row + 1) * nb], &y[t * nb..(t + 1) * nb]);
+                assert_eq!(
+                    out[t * (r1 - r0) + row - r0].to_bits(),
+                    want.to_bits(),
+                    "x16 {ty} r={r} rows {r0}..{r1}, {n} columns, {ahead:?} ahead: row {row} column {t}"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn repacked_k_quant_kernels_equal_the_scalar_reference_bitwise() {
     use muser_engine::backend::cpu::x16;
@@ -373,32 +408,19 @@ fn repacked_k_quant_kernels_equal_the_scalar_reference_bitwise() {
             &shapes,
         );
 
+        // Rows 32..67 of 70 (a range that starts inside the matrix and ends inside a group), one
+        // column (the one-column pattern) and 3 and 6 (2-4 columns a pass; 6 is two passes), with
+        // every way of asking for the weight lines ahead (which CPU does which: `ahead_plan`).
         let mut rng = StdRng::seed_from_u64(16);
-        let (rows, nb, n) = (70, 5, 3);
-        let w = q6_k_blocks(rows * nb, &mut rng);
-        let y = q8_k_columns(n, nb, &mut rng);
-        let mut x = x16::X16::with_rows(GgmlType::Q6_K, bytemuck::cast_slice(&w), rows, nb, r)
-            .expect("Q6_K");
-        let (r0, r1) = (32, 67);
-        // With and without the weight lines asked for ahead (which CPUs do is `prefetch_ahead`).
-        for ahead in [false, true] {
-            x.set_prefetch(ahead);
-            let mut out = vec![f32::NAN; (r1 - r0) * n];
-            // SAFETY: out holds n rows of r1 - r0 outputs.
-            unsafe { x.gemm_into(&y, n, r0, r1, out.as_mut_ptr(), r1 - r0) };
-            for t in 0..n {
-                for row in r0..r1 {
-                    let want = dot::vec_dot_q6_k_q8_k(
-                        &w[row * nb..(row + 1) * nb],
-                        &y[t * nb..(t + 1) * nb],
-                    );
-                    assert_eq!(
-                        out[t * (r1 - r0) + row - r0].to_bits(),
-                        want.to_bits(),
-                        "x16 r={r} rows {r0}..{r1}, prefetch {ahead}: row {row} column {t}"
-                    );
-                }
-            }
+        let (rows, nb) = (70, 5);
+        let w4 = q4_k_blocks(rows * nb, &mut rng);
+        let w5 = q5_k_blocks(rows * nb, &mut rng);
+        let w6 = q6_k_blocks(rows * nb, &mut rng);
+        for n in [1, 3, 6] {
+            let y = q8_k_columns(n, nb, &mut rng);
+            x16_row_range(GgmlType::Q4_K, &w4, dot::vec_dot_q4_k_q8_k, r, &y, n);
+            x16_row_range(GgmlType::Q5_K, &w5, dot::vec_dot_q5_k_q8_k, r, &y, n);
+            x16_row_range(GgmlType::Q6_K, &w6, dot::vec_dot_q6_k_q8_k, r, &y, n);
         }
     }
     eprintln!("x16 kernels checked at {ran} levels");

@@ -2,7 +2,7 @@
 //! `vpdpwssd` for the scaled sums.
 
 use super::kernels::{group_k4, group_q6, Level};
-use super::Sums;
+use super::{Ahead, Sums};
 use muser_gguf::GgmlType;
 use muser_quant::BlockQ8K;
 use std::arch::x86_64::*;
@@ -163,21 +163,19 @@ unsafe fn k4<const C: usize, const FIVE: bool>(
     y: &[BlockQ8K],
     nb: usize,
     s: &mut Sums,
-    pf: bool,
+    pf: Ahead,
 ) {
     group_k4::<Avx512, C, FIVE>(w, y, nb, s, pf)
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn q6<const C: usize>(w: &[u8], y: &[BlockQ8K], nb: usize, s: &mut Sums, pf: bool) {
+unsafe fn q6<const C: usize>(w: &[u8], y: &[BlockQ8K], nb: usize, s: &mut Sums, pf: Ahead) {
     group_q6::<Avx512, C>(w, y, nb, s, pf)
 }
 
 /// One group's 16 rows of format `ty` against `c` (1 to 4) columns (`y`: c x nb blocks).
 ///
-/// `pf`: ask for the weight lines ahead (`kernels::PF`): on the first pass over the group, which
-/// reads them from memory (later passes find them in cache), on CPUs where that pays
-/// (`super::prefetch_ahead`).
+/// `pf`: how to ask for the weight lines ahead (`super::AheadPlan`).
 ///
 /// # Safety
 /// The CPU must have AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C; `w` holds the group's nb blocks.
@@ -188,7 +186,7 @@ pub(super) unsafe fn group(
     y: &[BlockQ8K],
     nb: usize,
     s: &mut Sums,
-    pf: bool,
+    pf: Ahead,
 ) {
     match (ty, c) {
         (GgmlType::Q4_K, 1) => k4::<1, false>(w, y, nb, s, pf),

@@ -3,7 +3,7 @@
 //! level wraps these bodies in functions compiled for its features; the bodies and the level's
 //! methods are `#[inline(always)]`, so they are compiled inside those functions.
 
-use super::{Lay, Sums};
+use super::{Ahead, Lay, Sums};
 use muser_quant::BlockQ8K;
 
 /// One register of R lanes at an instruction-set level.
@@ -68,26 +68,43 @@ pub(super) trait Level {
     unsafe fn store_f(p: *mut f32, a: Self::F);
 }
 
-/// How far ahead (bytes) the kernels ask for their weight lines: at the start of each
-/// super-block, every line of the bytes PF further on (the next ~2 blocks of the group, or the
-/// next group's first ones, which follow in memory). The hardware prefetchers alone left one
-/// thread at 13-15 GB/s: they stop at 4 KiB page boundaries, and a group's forward stream
-/// crosses one every ~1.7 blocks. 2-core AMD EPYC Zen 5 (2026-12-03), llama-1b Q4_K_M, one
-/// thread, tg32 tokens/s in three alternated rounds: no prefetch 27.1-33.8, PF 1,024 29.9-37.7,
-/// 2,048 33.6-40.8, 4,096 37.9-47.1, 8,192 38.2-42.9 (BENCHMARKS.md). On a Zen 4 any such
-/// request halved it (`super::prefetch_ahead` decides per CPU).
-const PF: usize = 4096;
+/// Block (`Ahead::Block`): at the start of each super-block, every line of the bytes PF_BLOCK
+/// further on (the next ~2 blocks of the group, or the next group's first ones, which follow in
+/// memory), into L1. The hardware prefetchers alone left one thread at 13-15 GB/s on a Zen 5:
+/// they stop at 4 KiB page boundaries, and a group's forward stream crosses one every ~1.7
+/// blocks. 2-core AMD EPYC Zen 5 (2026-12-03), llama-1b Q4_K_M, one thread, tg32 tokens/s in
+/// three alternated rounds: no prefetch 27.1-33.8, 1,024 bytes ahead 29.9-37.7, 2,048 33.6-40.8,
+/// 4,096 37.9-47.1, 8,192 38.2-42.9 (BENCHMARKS.md).
+const PF_BLOCK: usize = 4096;
 
-/// Asks for the lines of [p + PF, p + PF + n) (SSE, so every level has it): prefetches never
-/// fault, so past the end of the matrix they are harmless.
+/// Spread (`Ahead::Spread`): with each line the kernel reads, its share of the block's lines
+/// PF_SPREAD further on, into L2 (T1). On a Zen 4 (2026-12-04, one thread, 8192 x 8192 from
+/// memory) 8-64 KiB ahead gave the same speeds, 4 KiB less, and the same lines asked for at the
+/// block's start or into L1 less again (BENCHMARKS.md).
+const PF_SPREAD: usize = 16384;
+
+/// Asks for the lines of [p + PF_BLOCK, p + PF_BLOCK + n) (SSE, so every level has it):
+/// prefetches never fault, so past the end of the matrix they are harmless.
 #[inline(always)]
-fn ahead(p: *const u8, n: usize) {
+fn block_ahead(p: *const u8, n: usize) {
     use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
     let mut o = 0;
     while o < n {
         // SAFETY: a prefetch reads nothing and never faults, whatever the address.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PF + o) as *const i8) };
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PF_BLOCK + o) as *const i8) };
         o += 64;
+    }
+}
+
+/// Step k of `parts` of a block of n bytes at p: asks L2 for its share of the block's lines
+/// PF_SPREAD further on.
+#[inline(always)]
+fn spread_ahead(p: *const u8, n: usize, k: usize, parts: usize) {
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+    let lines = n / 64;
+    for j in k * lines / parts..(k + 1) * lines / parts {
+        // SAFETY: a prefetch reads nothing and never faults, whatever the address.
+        unsafe { _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(PF_SPREAD + 64 * j) as *const i8) };
     }
 }
 
@@ -99,7 +116,7 @@ pub(super) unsafe fn group_k4<V: Level, const C: usize, const FIVE: bool>(
     y: &[BlockQ8K],
     nb: usize,
     sums: &mut Sums,
-    pf: bool,
+    pf: Ahead,
 ) {
     let l = Lay { r: V::R };
     let line = 4 * V::R;
@@ -114,8 +131,8 @@ pub(super) unsafe fn group_k4<V: Level, const C: usize, const FIVE: bool>(
     let mut acc = [V::zero_f(); C];
     for b in 0..nb {
         let p = w.as_ptr().add(b * bs);
-        if pf {
-            ahead(p, bs);
+        if pf == Ahead::Block {
+            block_ahead(p, bs);
         }
         let yb: [&BlockQ8K; C] = std::array::from_fn(|t| &y[t * nb + b]);
         let mut isc = [V::zero(); C];
@@ -123,6 +140,9 @@ pub(super) unsafe fn group_k4<V: Level, const C: usize, const FIVE: bool>(
             let mut lo = [V::acc_zero(); C];
             let mut hi = [V::acc_zero(); C];
             for q in 0..8 {
+                if pf == Ahead::Spread {
+                    spread_ahead(p, bs, 8 * ch + q, 32);
+                }
                 let v = V::line(p.add(qs0 + line * (8 * ch + q)));
                 let (vl, vh) = if FIVE {
                     // Values 0..31: the nibble and the fifth bit (bit 2 ch / 2 ch + 1 of qh).
@@ -193,7 +213,7 @@ pub(super) unsafe fn group_q6<V: Level, const C: usize>(
     y: &[BlockQ8K],
     nb: usize,
     sums: &mut Sums,
-    pf: bool,
+    pf: Ahead,
 ) {
     let l = Lay { r: V::R };
     let line = 4 * V::R;
@@ -202,8 +222,8 @@ pub(super) unsafe fn group_q6<V: Level, const C: usize>(
     let mut acc = [V::zero_f(); C];
     for b in 0..nb {
         let p = w.as_ptr().add(b * 212 * V::R);
-        if pf {
-            ahead(p, 212 * V::R);
+        if pf == Ahead::Block {
+            block_ahead(p, 212 * V::R);
         }
         let yb: [&BlockQ8K; C] = std::array::from_fn(|t| &y[t * nb + b]);
         let mut isc = [V::zero(); C];
@@ -213,6 +233,9 @@ pub(super) unsafe fn group_q6<V: Level, const C: usize>(
             for h in 0..2 {
                 let mut a = [[V::acc_zero(); C]; 4];
                 for q in 4 * h..4 * h + 4 {
+                    if pf == Ahead::Spread {
+                        spread_ahead(p, 212 * V::R, 8 * n + q, 16);
+                    }
                     let at = p.add(l.q6(n, q));
                     let (va, vb, vh) = (
                         V::line(at),

@@ -167,20 +167,77 @@ pub fn available() -> bool {
     rows_per_group().is_some()
 }
 
-/// Whether the kernels ask for their weight lines ahead (`kernels::PF`) on a group's first pass.
-/// It depends on the CPU's own prefetchers, and was measured on two (llama-1b Q4_K_M, tg32,
-/// BENCHMARKS.md): on a 2-core Zen 5 (AMD family 0x1A) it lifted one-thread decode from
-/// 27.1-33.8 to 37.9-47.1 tokens/s (2026-12-03); on a 2-core Zen 4 (family 0x19) it halved it,
-/// 39.0-40.2 without against 18.0-18.3 with (2026-12-04), and every pattern of requests tried
-/// there lost (fewer lines, only a page's first lines, T1 or NTA hints). So only Zen 5 and later
-/// ask; every other CPU streams on its hardware prefetchers alone. `MUSER_X16_PREFETCH=1|0`
-/// decides instead (comparisons).
-pub fn prefetch_ahead() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| match std::env::var("MUSER_X16_PREFETCH").as_deref() {
-        Ok("1") => true,
-        Ok("0") => false,
-        _ => amd_family().is_some_and(|f| f >= 0x1A),
+/// How the kernels ask for the weight lines of a group's first pass (which reads them from
+/// memory; later passes find them in cache) before they read them (`kernels.rs`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Ahead {
+    /// Not at all: the CPU's hardware prefetchers alone.
+    None,
+    /// Every line 4 KiB ahead into L1, at the start of each super-block (`kernels::PF_BLOCK`).
+    Block,
+    /// Each line 16 KiB ahead into L2, spread over the super-block's reads (`kernels::PF_SPREAD`).
+    Spread,
+}
+
+/// The pattern for passes of one column and for passes of 2-4 columns.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct AheadPlan {
+    pub one: Ahead,
+    pub many: Ahead,
+}
+
+impl AheadPlan {
+    /// The pattern of a first pass over `c` columns.
+    pub fn pass(self, c: usize) -> Ahead {
+        if c == 1 {
+            self.one
+        } else {
+            self.many
+        }
+    }
+
+    /// `ONE,MANY` or one pattern for both, each `none`, `block` or `spread`.
+    pub fn parse(s: &str) -> Option<AheadPlan> {
+        let one = |s: &str| match s.trim() {
+            "none" => Some(Ahead::None),
+            "block" => Some(Ahead::Block),
+            "spread" => Some(Ahead::Spread),
+            _ => None,
+        };
+        let (a, b) = s.split_once(',').unwrap_or((s, s));
+        Some(AheadPlan {
+            one: one(a)?,
+            many: one(b)?,
+        })
+    }
+}
+
+/// This CPU's [`AheadPlan`]. The patterns depend on the CPU's own prefetchers, and each was
+/// measured where it is used (llama-1b Q4_K_M, BENCHMARKS.md):
+/// - AMD family 0x1A (Zen 5) and later: `Block` for every pass. One-thread tg32 27.1-33.8 ->
+///   37.9-47.1 tokens/s (2-core Zen 5, 2026-12-03).
+/// - AMD family 0x19 with AVX-512 (Zen 4): nothing for one column, `Spread` for 2-4. There
+///   `Block` halved one-stream decode (one thread 39.0-40.2 without against 18.0-18.3), and
+///   `Spread` lifted 2-16 streams by 13-60% while one column tied or lost a few percent
+///   (2-core Zen 4, 2026-12-04).
+/// - Every other CPU (not measured): the hardware prefetchers alone.
+///
+/// `MUSER_X16_PREFETCH=ONE,MANY` (see [`AheadPlan::parse`]) decides instead, for comparisons.
+pub fn ahead_plan() -> AheadPlan {
+    static PLAN: std::sync::OnceLock<AheadPlan> = std::sync::OnceLock::new();
+    *PLAN.get_or_init(|| {
+        if let Some(p) = std::env::var("MUSER_X16_PREFETCH")
+            .ok()
+            .and_then(|v| AheadPlan::parse(&v))
+        {
+            return p;
+        }
+        let (one, many) = match amd_family() {
+            Some(f) if f >= 0x1A => (Ahead::Block, Ahead::Block),
+            Some(0x19) if super::tile::available() => (Ahead::None, Ahead::Spread),
+            _ => (Ahead::None, Ahead::None),
+        };
+        AheadPlan { one, many }
     })
 }
 
@@ -213,8 +270,8 @@ pub struct X16 {
     rows: usize,
     nb: usize,
     bs: usize,
-    /// Ask for the weight lines ahead on a group's first pass ([`prefetch_ahead`] by default).
-    prefetch: bool,
+    /// How a group's first pass asks for its weight lines ([`ahead_plan`] by default).
+    ahead: AheadPlan,
 }
 
 impl X16 {
@@ -264,14 +321,14 @@ impl X16 {
             rows,
             nb,
             bs,
-            prefetch: prefetch_ahead(),
+            ahead: ahead_plan(),
         })
     }
 
-    /// Overrides [`prefetch_ahead`] for this matrix (tests and comparisons: the same bits either
-    /// way, only the speed differs).
-    pub fn set_prefetch(&mut self, on: bool) {
-        self.prefetch = on;
+    /// Overrides [`ahead_plan`] for this matrix (tests and comparisons: the same bits whatever
+    /// the plan, only the speed differs).
+    pub fn set_ahead(&mut self, plan: AheadPlan) {
+        self.ahead = plan;
     }
 
     /// Rows per group: task boundaries of a matmul must be multiples of it.
@@ -312,7 +369,6 @@ impl X16 {
         );
         let bytes: &[u8] = &self.data;
         let gb = self.nb * self.bs;
-        let ahead = self.prefetch;
         for g in r0 / r..r1.div_ceil(r) {
             let w = &bytes[g * gb..(g + 1) * gb];
             let rows = (r1 - g * r).min(r);
@@ -322,12 +378,17 @@ impl X16 {
                 let c = (n - c0).min(cb);
                 let mut sums: Sums = [[0f32; R_MAX]; 4];
                 let ys = &y[c0 * self.nb..(c0 + c) * self.nb];
+                let pf = if c0 == 0 {
+                    self.ahead.pass(c)
+                } else {
+                    Ahead::None
+                };
                 // SAFETY: the CPU has the level's features (asserted); the slices have the
                 // sizes the kernels read.
                 if r == 16 {
-                    avx512::group(self.ty, c, w, ys, self.nb, &mut sums, ahead && c0 == 0);
+                    avx512::group(self.ty, c, w, ys, self.nb, &mut sums, pf);
                 } else {
-                    avx2::group(self.ty, c, w, ys, self.nb, &mut sums, ahead && c0 == 0);
+                    avx2::group(self.ty, c, w, ys, self.nb, &mut sums, pf);
                 }
                 for (t, s) in sums.iter().enumerate().take(c) {
                     let o = out.add((c0 + t) * ld + base);
@@ -383,3 +444,24 @@ const _: () = {
     assert!(l.qs(false) + 32 * 64 == 2368 && l.qs(true) + 32 * 64 == 2880);
     assert!(l.q6(1, 7) + 192 == 3392 && muser_quant::QK_K == 256);
 };
+
+#[cfg(test)]
+mod tests {
+    use super::{Ahead, AheadPlan};
+
+    #[test]
+    fn ahead_plans_parse_and_pick_by_columns() {
+        let p = AheadPlan::parse("none,spread").unwrap();
+        assert_eq!(
+            (p.pass(1), p.pass(2), p.pass(4)),
+            (Ahead::None, Ahead::Spread, Ahead::Spread)
+        );
+        let p = AheadPlan::parse(" block ").unwrap();
+        assert_eq!((p.one, p.many), (Ahead::Block, Ahead::Block));
+        let p = AheadPlan::parse("spread,none").unwrap();
+        assert_eq!((p.pass(1), p.pass(3)), (Ahead::Spread, Ahead::None));
+        for bad in ["", "on", "1", "block,", "none,spread,block", "Block"] {
+            assert_eq!(AheadPlan::parse(bad), None, "{bad:?}");
+        }
+    }
+}
