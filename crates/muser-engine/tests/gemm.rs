@@ -349,10 +349,7 @@ fn x16_row_range<W: bytemuck::Pod>(
     let nb = w.len() / rows;
     let mut x = X16::with_rows(ty, bytemuck::cast_slice(w), rows, nb, r).expect("a K-quant type");
     for ahead in [Ahead::None, Ahead::Block, Ahead::Spread] {
-        x.set_ahead(AheadPlan {
-            one: ahead,
-            many: ahead,
-        });
+        x.set_ahead(AheadPlan::all(ahead));
         let mut out = vec![f32::NAN; (r1 - r0) * n];
         // SAFETY: out holds n rows of r1 - r0 outputs.
         unsafe { x.gemm_into(y, n, r0, r1, out.as_mut_ptr(), r1 - r0) };

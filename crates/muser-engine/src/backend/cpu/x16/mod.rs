@@ -179,24 +179,34 @@ pub enum Ahead {
     Spread,
 }
 
-/// The pattern for passes of one column and for passes of 2-4 columns.
+/// The patterns of one-column passes (per format: Q4_K, Q5_K, Q6_K) and of 2-4-column passes.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct AheadPlan {
-    pub one: Ahead,
+    pub one: [Ahead; 3],
     pub many: Ahead,
 }
 
 impl AheadPlan {
-    /// The pattern of a first pass over `c` columns.
-    pub fn pass(self, c: usize) -> Ahead {
-        if c == 1 {
-            self.one
-        } else {
-            self.many
+    /// One pattern for every pass.
+    pub const fn all(a: Ahead) -> AheadPlan {
+        AheadPlan {
+            one: [a; 3],
+            many: a,
         }
     }
 
-    /// `ONE,MANY` or one pattern for both, each `none`, `block` or `spread`.
+    /// The pattern of a first pass over `c` columns of a `ty` matrix.
+    pub fn pass(self, ty: GgmlType, c: usize) -> Ahead {
+        match (c, ty) {
+            (2.., _) => self.many,
+            (_, GgmlType::Q4_K) => self.one[0],
+            (_, GgmlType::Q5_K) => self.one[1],
+            _ => self.one[2],
+        }
+    }
+
+    /// `ONE,MANY`, or one pattern for every pass; ONE is one pattern or three, `Q4_K/Q5_K/Q6_K`;
+    /// each pattern is `none`, `block` or `spread` (`none/spread/none,spread` is Zen 4's plan).
     pub fn parse(s: &str) -> Option<AheadPlan> {
         let one = |s: &str| match s.trim() {
             "none" => Some(Ahead::None),
@@ -205,24 +215,29 @@ impl AheadPlan {
             _ => None,
         };
         let (a, b) = s.split_once(',').unwrap_or((s, s));
-        Some(AheadPlan {
-            one: one(a)?,
-            many: one(b)?,
-        })
+        let many = one(b)?;
+        let formats: Vec<&str> = a.split('/').collect();
+        let one = match formats[..] {
+            [x] => [one(x)?; 3],
+            [x, y, z] => [one(x)?, one(y)?, one(z)?],
+            _ => return None,
+        };
+        Some(AheadPlan { one, many })
     }
 }
 
 /// This CPU's [`AheadPlan`]. The patterns depend on the CPU's own prefetchers, and each was
-/// measured where it is used (llama-1b Q4_K_M, BENCHMARKS.md):
-/// - AMD family 0x1A (Zen 5) and later: `Block` for every pass. One-thread tg32 27.1-33.8 ->
-///   37.9-47.1 tokens/s (2-core Zen 5, 2026-12-03).
-/// - AMD family 0x19 with AVX-512 (Zen 4): nothing for one column, `Spread` for 2-4. There
-///   `Block` halved one-stream decode (one thread 39.0-40.2 without against 18.0-18.3), and
-///   `Spread` lifted 2-16 streams by 13-60% while one column tied or lost a few percent
+/// measured where it is used (llama-1b, BENCHMARKS.md):
+/// - AMD family 0x1A (Zen 5) and later: `Block` for every pass. One-thread tg32 on Q4_K_M
+///   27.1-33.8 -> 37.9-47.1 tokens/s (2-core Zen 5, 2026-12-03).
+/// - AMD family 0x19 with AVX-512 (Zen 4): `Spread` for 2-4 columns and for one column of Q5_K,
+///   nothing for one column of Q4_K or Q6_K. There `Block` halved one-stream decode (one thread
+///   39.0-40.2 without against 18.0-18.3 on Q4_K_M); `Spread` lifted 2-16 streams by 13-60% and
+///   one stream of Q5_K_M by 28-29%, and cost one stream of Q4_K_M 3-6% and of Q6_K 5-10%
 ///   (2-core Zen 4, 2026-12-04).
 /// - Every other CPU (not measured): the hardware prefetchers alone.
 ///
-/// `MUSER_X16_PREFETCH=ONE,MANY` (see [`AheadPlan::parse`]) decides instead, for comparisons.
+/// `MUSER_X16_PREFETCH` (see [`AheadPlan::parse`]) decides instead, for comparisons.
 pub fn ahead_plan() -> AheadPlan {
     static PLAN: std::sync::OnceLock<AheadPlan> = std::sync::OnceLock::new();
     *PLAN.get_or_init(|| {
@@ -232,12 +247,14 @@ pub fn ahead_plan() -> AheadPlan {
         {
             return p;
         }
-        let (one, many) = match amd_family() {
-            Some(f) if f >= 0x1A => (Ahead::Block, Ahead::Block),
-            Some(0x19) if super::tile::available() => (Ahead::None, Ahead::Spread),
-            _ => (Ahead::None, Ahead::None),
-        };
-        AheadPlan { one, many }
+        match amd_family() {
+            Some(f) if f >= 0x1A => AheadPlan::all(Ahead::Block),
+            Some(0x19) if super::tile::available() => AheadPlan {
+                one: [Ahead::None, Ahead::Spread, Ahead::None],
+                many: Ahead::Spread,
+            },
+            _ => AheadPlan::all(Ahead::None),
+        }
     })
 }
 
@@ -379,7 +396,7 @@ impl X16 {
                 let mut sums: Sums = [[0f32; R_MAX]; 4];
                 let ys = &y[c0 * self.nb..(c0 + c) * self.nb];
                 let pf = if c0 == 0 {
-                    self.ahead.pass(c)
+                    self.ahead.pass(self.ty, c)
                 } else {
                     Ahead::None
                 };
@@ -451,16 +468,43 @@ mod tests {
 
     #[test]
     fn ahead_plans_parse_and_pick_by_columns() {
+        use muser_gguf::GgmlType::{Q4_K, Q5_K, Q6_K};
         let p = AheadPlan::parse("none,spread").unwrap();
         assert_eq!(
-            (p.pass(1), p.pass(2), p.pass(4)),
+            p,
+            AheadPlan {
+                one: [Ahead::None; 3],
+                many: Ahead::Spread
+            }
+        );
+        assert_eq!(
+            (p.pass(Q4_K, 1), p.pass(Q6_K, 2), p.pass(Q5_K, 4)),
             (Ahead::None, Ahead::Spread, Ahead::Spread)
         );
-        let p = AheadPlan::parse(" block ").unwrap();
-        assert_eq!((p.one, p.many), (Ahead::Block, Ahead::Block));
-        let p = AheadPlan::parse("spread,none").unwrap();
-        assert_eq!((p.pass(1), p.pass(3)), (Ahead::Spread, Ahead::None));
-        for bad in ["", "on", "1", "block,", "none,spread,block", "Block"] {
+        assert_eq!(
+            AheadPlan::parse(" block "),
+            Some(AheadPlan::all(Ahead::Block))
+        );
+        let p = AheadPlan::parse("none/spread/block,none").unwrap();
+        assert_eq!(
+            [
+                p.pass(Q4_K, 1),
+                p.pass(Q5_K, 1),
+                p.pass(Q6_K, 1),
+                p.pass(Q5_K, 3)
+            ],
+            [Ahead::None, Ahead::Spread, Ahead::Block, Ahead::None]
+        );
+        for bad in [
+            "",
+            "on",
+            "1",
+            "block,",
+            "none,spread,block",
+            "Block",
+            "none/spread,none",
+            "none/spread/none",
+        ] {
             assert_eq!(AheadPlan::parse(bad), None, "{bad:?}");
         }
     }
