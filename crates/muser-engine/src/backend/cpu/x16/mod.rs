@@ -232,9 +232,9 @@ impl AheadPlan {
 ///   27.1-33.8 -> 37.9-47.1 tokens/s (2-core Zen 5, 2026-12-03).
 /// - AMD family 0x19 with AVX-512 (Zen 4): `Spread` for 2-4 columns and for one column of Q5_K,
 ///   nothing for one column of Q4_K or Q6_K. There `Block` halved one-stream decode (one thread
-///   39.0-40.2 without against 18.0-18.3 on Q4_K_M); `Spread` lifted 2-16 streams by 13-60% and
-///   one stream of Q5_K_M by 28-29%, and cost one stream of Q4_K_M 3-6% and of Q6_K 5-10%
-///   (2-core Zen 4, 2026-12-04).
+///   39.0-40.2 without against 18.0-18.3 on Q4_K_M); `Spread` lifted decode groups of 4-16
+///   streams by 14-60% and one thread's single stream of Q5_K_M by 21-29%, and cost one stream of
+///   Q4_K_M 3-6% and of Q6_K 5-11% (2-core Zen 4, 2026-12-04).
 /// - Every other CPU (not measured): the hardware prefetchers alone.
 ///
 /// `MUSER_X16_PREFETCH` (see [`AheadPlan::parse`]) decides instead, for comparisons.
