@@ -44,6 +44,7 @@ mod kernels;
 use muser_gguf::GgmlType;
 use muser_quant::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K};
 use rayon::prelude::*;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Rows per group at most (AVX-512).
 const R_MAX: usize = 16;
@@ -278,10 +279,79 @@ fn amd_family() -> Option<u32> {
     })
 }
 
+/// Bytes of repacked matrices alive in this process.
+static HELD: AtomicUsize = AtomicUsize::new(0);
+
+/// What the repacked copies may hold in all: the memory the OS reported available when the first
+/// one was made, less a reserve for the KV cache, the activations and the rest of the system (a
+/// tenth of the memory, at least 2 GiB); `MUSER_CPU_X16_BUDGET` (bytes) sets it instead. The
+/// copies are anonymous memory and the GGUF's pages are the page cache's, so a model whose copy
+/// does not fit would not fail to load but be killed when the pages are touched. Past the budget
+/// its remaining matrices stay on the GGUF-layout paths, which read the mapped file (slower, the
+/// same bits on AVX-512).
+fn budget() -> usize {
+    static B: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *B.get_or_init(|| {
+        if let Some(b) = std::env::var("MUSER_CPU_X16_BUDGET")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+        {
+            return b;
+        }
+        let info = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+        let kib = |key: &str| -> Option<usize> {
+            let line = info.lines().find(|l| l.starts_with(key))?;
+            line[key.len()..]
+                .trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<usize>()
+                .ok()
+        };
+        match (kib("MemAvailable:"), kib("MemTotal:")) {
+            (Some(avail), Some(total)) => {
+                let reserve = (total / 10).max(2 << 20);
+                avail.saturating_sub(reserve).saturating_mul(1024)
+            }
+            _ => usize::MAX,
+        }
+    })
+}
+
+/// `bytes` counted in `held` while this lives.
+struct Held {
+    bytes: usize,
+    count: &'static AtomicUsize,
+}
+
+impl Held {
+    /// Counts `bytes` against the process's budget, or None past it.
+    fn take(bytes: usize) -> Option<Held> {
+        Held::take_in(&HELD, budget(), bytes)
+    }
+
+    fn take_in(count: &'static AtomicUsize, budget: usize, bytes: usize) -> Option<Held> {
+        count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |h| {
+                h.checked_add(bytes).filter(|&n| n <= budget)
+            })
+            .ok()?;
+        Some(Held { bytes, count })
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.count.fetch_sub(self.bytes, Ordering::AcqRel);
+    }
+}
+
 /// A K-quant matrix in the layout above.
 pub struct X16 {
     /// Anonymous memory asked for in huge pages where the OS gives them (`new`).
     data: memmap2::MmapMut,
+    /// Its bytes, counted against the budget while the matrix lives.
+    _held: Held,
     ty: GgmlType,
     lay: Lay,
     rows: usize,
@@ -318,7 +388,9 @@ impl X16 {
         // pages on madvise): the kernel's zeroing happens in 2 MB faults of the parallel writes
         // below, and decode walks the matrices with 512 times fewer TLB entries. A Vec filled by
         // this thread took 40% of llama-1b's load time on 2 cores.
-        // Without the memory, the matrix stays on the GGUF-layout paths.
+        // Without the memory, the matrix stays on the GGUF-layout paths: past the budget of
+        // `Held` (the pages are only touched below, so a failed map is not the only way out).
+        let held = Held::take(groups * gb)?;
         let mut data = memmap2::MmapMut::map_anon(groups * gb).ok()?;
         #[cfg(target_os = "linux")]
         let _ = data.advise(memmap2::Advice::HugePage);
@@ -333,6 +405,7 @@ impl X16 {
         });
         Some(X16 {
             data,
+            _held: held,
             ty,
             lay,
             rows,
@@ -464,7 +537,26 @@ const _: () = {
 
 #[cfg(test)]
 mod tests {
-    use super::{Ahead, AheadPlan};
+    use super::{Ahead, AheadPlan, Held};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[test]
+    fn repacked_bytes_are_held_against_the_budget_and_given_back() {
+        static COUNT: AtomicUsize = AtomicUsize::new(0);
+        let a = Held::take_in(&COUNT, 1000, 600).expect("600 of 1000");
+        assert!(Held::take_in(&COUNT, 1000, 401).is_none(), "1001 of 1000");
+        let b = Held::take_in(&COUNT, 1000, 400).expect("1000 of 1000");
+        assert_eq!(COUNT.load(Ordering::Relaxed), 1000);
+        drop(a);
+        assert_eq!(COUNT.load(Ordering::Relaxed), 400);
+        let c = Held::take_in(&COUNT, 1000, 600).expect("600 given back");
+        assert!(
+            Held::take_in(&COUNT, usize::MAX, usize::MAX).is_none(),
+            "overflow"
+        );
+        drop((b, c));
+        assert_eq!(COUNT.load(Ordering::Relaxed), 0);
+    }
 
     #[test]
     fn ahead_plans_parse_and_pick_by_columns() {
