@@ -318,7 +318,7 @@ fn budget() -> usize {
     })
 }
 
-/// `bytes` counted in `held` while this lives.
+/// `bytes` counted in `count` (the process's repacked bytes) while this lives.
 struct Held {
     bytes: usize,
     count: &'static AtomicUsize,
