@@ -19,19 +19,7 @@ fn bits(x: &[f32]) -> Vec<u32> {
 /// A layer holding positions 0..pos0+n with random K and V (as `store` would leave them).
 fn layer(spec: KvLayerSpec, upto: usize, rng: &mut StdRng) -> KvLayer {
     let w = spec.n_head_kv * spec.head_dim;
-    let mut kv = KvLayer {
-        spec,
-        k: if spec.is_ring() {
-            vec![f16::ZERO; spec.slots * w]
-        } else {
-            Vec::new()
-        },
-        v: if spec.is_ring() {
-            vec![f16::ZERO; spec.slots * w]
-        } else {
-            Vec::new()
-        },
-    };
+    let mut kv = KvLayer::new(spec);
     let k: Vec<f32> = (0..upto * w).map(|_| rng.gen_range(-2.0f32..2.0)).collect();
     let v: Vec<f32> = (0..upto * w).map(|_| rng.gen_range(-2.0f32..2.0)).collect();
     kv.store(&k, &v, 0);
@@ -197,6 +185,65 @@ fn prefill_logits_equal_decode_logits_bitwise() {
                 bits(l),
                 bits(&all[i * nv..(i + 1) * nv]),
                 "{arch} position {i}"
+            );
+        }
+    }
+}
+
+/// The cache returns what was stored: every (KV head, position) row a layer still holds reads
+/// back as the f16 of the stored row, for full layers filled in uneven chunks and for rings
+/// that wrapped several times; positions past the stored ones are not held.
+#[test]
+fn kv_rows_read_back_as_stored() {
+    let mut rng = StdRng::seed_from_u64(11);
+    // (n_head_kv, head_dim, window, slots, positions stored)
+    let cases = [
+        (2, 64, None, 300, 257),
+        (3, 32, None, 40, 40),
+        (1, 128, Some(16), 23, 101),
+        (4, 16, Some(5), 9, 9),
+    ];
+    for (nkv, hd, window, slots, upto) in cases {
+        let spec = KvLayerSpec {
+            n_head: nkv * 2,
+            n_head_kv: nkv,
+            head_dim: hd,
+            window,
+            slots,
+        };
+        let w = nkv * hd;
+        let k: Vec<f32> = (0..upto * w).map(|_| rng.gen_range(-3.0f32..3.0)).collect();
+        let v: Vec<f32> = (0..upto * w).map(|_| rng.gen_range(-3.0f32..3.0)).collect();
+        let mut kv = KvLayer::new(spec);
+        let mut pos = 0;
+        while pos < upto {
+            let n = rng.gen_range(1..=7usize).min(upto - pos);
+            kv.store(&k[pos * w..(pos + n) * w], &v[pos * w..(pos + n) * w], pos);
+            pos += n;
+        }
+        let first = window.map_or(0, |_| upto.saturating_sub(slots));
+        for p in first..upto {
+            assert!(kv.holds(p), "{spec:?}: position {p} not held");
+            for kh in 0..nkv {
+                let (a, s) = (kv.at(kh, p), p * w + kh * hd);
+                for d in 0..hd {
+                    assert_eq!(
+                        kv.k()[a + d],
+                        f16::from_f32(k[s + d]),
+                        "{spec:?} K {kh} {p} {d}"
+                    );
+                    assert_eq!(
+                        kv.v()[a + d],
+                        f16::from_f32(v[s + d]),
+                        "{spec:?} V {kh} {p} {d}"
+                    );
+                }
+            }
+        }
+        if window.is_none() {
+            assert!(
+                !kv.holds(upto),
+                "{spec:?}: position {upto} held before it was stored"
             );
         }
     }

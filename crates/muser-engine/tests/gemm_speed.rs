@@ -82,11 +82,7 @@ fn prefill_kernel_speed() {
             window: None,
             slots: rows,
         };
-        let mut kv = KvLayer {
-            spec,
-            k: Vec::new(),
-            v: Vec::new(),
-        };
+        let mut kv = KvLayer::new(spec);
         let k: Vec<f32> = (0..rows * nkv * hd)
             .map(|_| rng.gen_range(-1.0f32..1.0))
             .collect();
@@ -453,5 +449,61 @@ fn x16_decode_speed() {
                 }
             }
         }
+    }
+}
+
+/// Decode attention at depth: one row per layer over 16 layers of llama-1b's shape (32 query
+/// heads of 64 over 8 KV heads), every layer's cache at `MUSER_SPEED_DEPTH` positions (default
+/// 4096: 134 MB in all, streamed from memory), on pools of 1 and 2 threads; ms per step (the 16
+/// layers) and GB/s of K and V read. Run: `cargo test --release -p muser-engine --test
+/// gemm_speed decode_attention -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn decode_attention_speed() {
+    use muser_engine::backend::cpu::kv::KvLayer;
+    use muser_engine::backend::KvLayerSpec;
+    let (nh, nkv, hd, layers) = (32usize, 8usize, 64usize, 16usize);
+    let depth: usize = std::env::var("MUSER_SPEED_DEPTH").map_or(4096, |v| v.parse().unwrap());
+    let mut rng = StdRng::seed_from_u64(5);
+    let kvs: Vec<KvLayer> = (0..layers)
+        .map(|_| {
+            let spec = KvLayerSpec {
+                n_head: nh,
+                n_head_kv: nkv,
+                head_dim: hd,
+                window: None,
+                slots: depth,
+            };
+            let mut kv = KvLayer::new(spec);
+            let k: Vec<f32> = (0..depth * nkv * hd)
+                .map(|_| rng.gen_range(-1.0f32..1.0))
+                .collect();
+            let v: Vec<f32> = (0..depth * nkv * hd)
+                .map(|_| rng.gen_range(-1.0f32..1.0))
+                .collect();
+            kv.store(&k, &v, 0);
+            kv
+        })
+        .collect();
+    let q: Vec<f32> = (0..nh * hd).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+    let mut out = vec![0f32; q.len()];
+    let bytes = (layers * depth * nkv * hd * 2 * 2) as f64;
+    for threads in [1, 2] {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        let t = pool.install(|| {
+            best(7, || {
+                for kv in &kvs {
+                    kv.attend(&q, nh, depth - 1, 0.125, &mut out);
+                }
+            })
+        });
+        println!(
+            "decode attention, depth {depth}, {threads} thread(s): {:.3} ms a step, {:.1} GB/s",
+            t * 1e3,
+            bytes / t / 1e9
+        );
     }
 }

@@ -27,10 +27,11 @@
 //!
 //! Decode steps (`attend_kv_head`, one task per (row, KV head) of a decode group) run the same
 //! scores, softmax and weighted sums straight over the f16 cache: no copy (a decode row reads
-//! its context once), each K and V row loaded once for the KV head's query heads, and the rows
-//! (strided through the cache, one KV head's slice of each position's row) asked for 32
-//! positions ahead. llama-1b, 2 threads, tg32 at depth 4096: 21-22 tokens/s with `attend_head`
-//! per (row, head), 43-44 now (BENCHMARKS.md).
+//! its context once), each K and V row loaded once for the KV head's query heads, the KV head's
+//! rows read in order from its plane of the cache (`kv.rs`). llama-1b, 2 threads, tg32 at depth
+//! 4096 (BENCHMARKS.md): 21-22 tokens/s with `attend_head` per (row, head) on a Zen 3, 41-43
+//! with this kernel over the interleaved cache there, 33 on a Zen 4; 44 on that Zen 4 over
+//! the per-head planes.
 
 use super::kv::KvLayer;
 use half::slice::HalfFloatSliceExt;
@@ -135,7 +136,6 @@ pub fn attend_with(
     let span = last + 1 - base;
     // Per KV head: K and V as f32 ([pos][dim]) from `base`, K with 8 rows of zeros past the
     // end (scores run 8 positions at a time).
-    let kvw = nkv * hd;
     let kspan = span + 8;
     // The buffers of the calling thread's previous call, grown as needed (fresh ones of 1-2 MB
     // per layer cost page faults); everything read is written below.
@@ -151,9 +151,9 @@ pub fn attend_with(
         .enumerate()
         .for_each(|(kh, (kf, vf))| {
             for j in 0..span {
-                let s = kv.slot(base + j) * kvw + kh * hd;
-                kv.k[s..s + hd].convert_to_f32_slice(&mut kf[j * hd..(j + 1) * hd]);
-                kv.v[s..s + hd].convert_to_f32_slice(&mut vf[j * hd..(j + 1) * hd]);
+                let s = kv.at(kh, base + j);
+                kv.k()[s..s + hd].convert_to_f32_slice(&mut kf[j * hd..(j + 1) * hd]);
+                kv.v()[s..s + hd].convert_to_f32_slice(&mut vf[j * hd..(j + 1) * hd]);
             }
             kf[span * hd..].fill(0.0);
         });
@@ -218,17 +218,12 @@ pub fn attend_kv_head_with(
         spec.n_head_kv
     );
     let lo = spec.window.map_or(0, |w| (p + 1).saturating_sub(w));
-    let kvw = spec.n_head_kv * hd;
-    let last = kv.slot(p) * kvw + kh * hd + hd;
-    assert!(
-        last <= kv.k.len() && last <= kv.v.len(),
-        "attend_kv_head: position {p} not stored"
-    );
+    assert!(kv.holds(p), "attend_kv_head: position {p} not stored");
     let rows = Rows16 {
-        k: kv.k.as_ptr() as *const u16,
-        v: kv.v.as_ptr() as *const u16,
-        off: kh * hd,
-        stride: kvw,
+        k: kv.k().as_ptr() as *const u16,
+        v: kv.v().as_ptr() as *const u16,
+        off: kv.at(kh, 0),
+        stride: hd,
         base: lo,
         slots: if spec.is_ring() { spec.slots } else { 0 },
     };
@@ -294,10 +289,9 @@ thread_local! {
 /// softmax(scores), of positions 0..len, four heads at a time (a missing head repeats one, its
 /// scores land in `spare`); then o = sum_j w_j v_j by blocks of up to 4 heads x `dims` values
 /// (the last block of a row may be narrower).
-/// `scores(q, sc, first)` fills sc[h][0..len] (rounded up to its step) for the 4 heads q;
-/// `weighted(gh, d0, w, wl, r, first)` writes heads 0..gh of the block starting at head `w`'s
-/// weights (rows wl apart) and values d0 .. d0 + dims to r (rows hd apart). `first` is set for
-/// the first pass over the positions (the one that prefetches).
+/// `scores(q, sc)` fills sc[h][0..len] (rounded up to its step) for the 4 heads q;
+/// `weighted(gh, d0, w, wl, r)` writes heads 0..gh of the block starting at head `w`'s
+/// weights (rows wl apart) and values d0 .. d0 + dims to r (rows hd apart).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn heads(
@@ -307,8 +301,8 @@ fn heads(
     len: usize,
     res: &mut [f32],
     dims: usize,
-    mut scores: impl FnMut([&[f32]; 4], [*mut f32; 4], bool),
-    mut weighted: impl FnMut(usize, usize, *const f32, usize, *mut f32, bool),
+    mut scores: impl FnMut([&[f32]; 4], [*mut f32; 4]),
+    mut weighted: impl FnMut(usize, usize, *const f32, usize, *mut f32),
 ) {
     let wl = len.next_multiple_of(16);
     let mut buf = SCRATCH.with(|b| std::mem::take(&mut *b.borrow_mut()));
@@ -328,7 +322,7 @@ fn heads(
                 spare.as_mut_ptr()
             }
         });
-        scores(q, sc, h0 == 0);
+        scores(q, sc);
     }
     for h in 0..g {
         super::softmax::softmax(&mut w[h * wl..h * wl + len]);
@@ -344,7 +338,6 @@ fn heads(
                 wp.wrapping_add(h0 * wl),
                 wl,
                 rp.wrapping_add(h0 * hd + d0),
-                h0 == 0 && d0 == 0,
             );
         }
     }
@@ -354,7 +347,6 @@ fn heads(
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::{Isa, Rows16};
-    use std::arch::x86_64::*;
 
     /// The G query heads `qs` (`[G, hd]`) sharing one KV head, at a row that sees positions
     /// lo..=p (relative to the buffers' base) of K and V as f32 rows (K with 8 rows of
@@ -398,7 +390,7 @@ mod x86 {
         scale: f32,
         res: &mut [f32],
     ) {
-        let rows = F16Rows { rows, len, hd };
+        let rows = F16Rows { rows, len };
         match isa {
             Isa::Avx512 => avx512::group(&rows, hd, qs, g, len, scale, res),
             Isa::Avx2 => avx2::group(&rows, hd, qs, g, len, scale, res),
@@ -422,18 +414,15 @@ mod x86 {
     /// Where a task's K and V rows come from: `k(j, d)` points at value d of relative position
     /// j's K row, or is None past the positions (scores run several positions at a time; those
     /// read as zeros and land in slots softmax never sees); `v(j, d)` the same for V (always
-    /// there); `prefetch(j)` asks for what position j + PF needs.
+    /// there).
     trait Rows {
         /// f16 (2 bytes a value) or f32.
         const F16: bool;
         unsafe fn k(&self, j: usize, d: usize) -> Option<*const u8>;
         unsafe fn v(&self, j: usize, d: usize) -> *const u8;
-        unsafe fn prefetch_k(&self, j: usize);
-        unsafe fn prefetch_v(&self, j: usize);
     }
 
-    /// K and V converted to f32 for a prefill call: K padded past the positions, nothing to
-    /// prefetch (contiguous rows).
+    /// K and V converted to f32 for a prefill call: K padded past the positions.
     struct F32Rows {
         k: *const f32,
         v: *const f32,
@@ -449,33 +438,14 @@ mod x86 {
         unsafe fn v(&self, j: usize, d: usize) -> *const u8 {
             self.v.add(j * self.hd + d) as *const u8
         }
-        #[inline(always)]
-        unsafe fn prefetch_k(&self, _: usize) {}
-        #[inline(always)]
-        unsafe fn prefetch_v(&self, _: usize) {}
     }
 
-    /// Positions ahead whose K or V row a decode task asks the cache for.
-    const PF: usize = 32;
-
-    /// A decode row's f16 rows in the cache (strided: a KV head's slice of each position's row),
-    /// so each load would wait on memory without a prefetch PF positions ahead (36% of the
-    /// AVX-512 kernel's samples sat on the first K load of a position before it).
+    /// A decode row's f16 rows in the cache: one KV head's plane, position after position, so
+    /// the hardware prefetchers stream it (asking for rows 8-64 positions ahead made one thread
+    /// 7-24% slower on a Zen 4; with the rows strided through the cache it had been a gain).
     struct F16Rows<'a> {
         rows: &'a Rows16,
         len: usize,
-        hd: usize,
-    }
-    impl F16Rows<'_> {
-        #[inline(always)]
-        unsafe fn prefetch(&self, base: *const u16, j: usize) {
-            if j + PF < self.len {
-                let p = base.add(self.rows.at(j + PF)) as *const i8;
-                for line in (0..2 * self.hd).step_by(64) {
-                    _mm_prefetch::<_MM_HINT_T0>(p.add(line));
-                }
-            }
-        }
     }
     impl Rows for F16Rows<'_> {
         const F16: bool = true;
@@ -486,14 +456,6 @@ mod x86 {
         #[inline(always)]
         unsafe fn v(&self, j: usize, d: usize) -> *const u8 {
             self.rows.v.add(self.rows.at(j) + d) as *const u8
-        }
-        #[inline(always)]
-        unsafe fn prefetch_k(&self, j: usize) {
-            self.prefetch(self.rows.k, j)
-        }
-        #[inline(always)]
-        unsafe fn prefetch_v(&self, j: usize) {
-            self.prefetch(self.rows.v, j)
         }
     }
 
@@ -551,11 +513,9 @@ mod x86 {
         /// the same tree (acc0 + acc1, lo4 + hi4, [0+2, 1+3], 0+1) as `_mm512_reduce_add_ps`. Four
         /// positions at a time, each K value loaded once for the four heads; each sc[h] holds len
         /// rounded up to 4.
-        /// prefetch(j) is called once per position before its loads.
         #[inline(always)]
         unsafe fn scores4(
             k: impl Fn(usize, usize) -> __m512,
-            prefetch: impl Fn(usize),
             hd: usize,
             q: [&[f32]; 4],
             len: usize,
@@ -565,9 +525,6 @@ mod x86 {
             let steps = hd / 16;
             let sv = _mm512_set1_ps(scale);
             for j in (0..len).step_by(4) {
-                for kk in 0..4 {
-                    prefetch(j + kk);
-                }
                 // v[4k + h]: position j + k, head h, so that the sums come out as lanes 4h + k.
                 let mut v = [_mm512_setzero_ps(); 16];
                 for st in 0..steps {
@@ -590,11 +547,9 @@ mod x86 {
 
         /// o_h = sum_j w_h[j] v_j in position order (o = 0; o = fma(w_j, v_j, o)), for GH heads
         /// and ND x 16 values of a row loader (v(j, d): values d .. d + 15 of position j's part);
-        /// prefetch(j) once per position before its loads.
         #[inline(always)]
         unsafe fn weighted<const GH: usize, const ND: usize>(
             v: impl Fn(usize, usize) -> __m512,
-            prefetch: impl Fn(usize),
             hd: usize,
             w: *const f32,
             wl: usize,
@@ -603,7 +558,6 @@ mod x86 {
         ) {
             let mut o = [[_mm512_setzero_ps(); ND]; GH];
             for j in 0..len {
-                prefetch(j);
                 let vv: [__m512; ND] = std::array::from_fn(|k| v(j, 16 * k));
                 for (hh, oh) in o.iter_mut().enumerate() {
                     let wj = _mm512_set1_ps(*w.add(hh * wl + j));
@@ -640,26 +594,14 @@ mod x86 {
                 len,
                 res,
                 64.min(hd),
-                |q, sc, first| {
-                    let pf = |j: usize| {
-                        if first {
-                            rows.prefetch_k(j)
-                        }
-                    };
-                    scores4(k, pf, hd, q, len, scale, sc)
-                },
-                |gh, d0, wh, wl, r, first| {
+                |q, sc| scores4(k, hd, q, len, scale, sc),
+                |gh, d0, wh, wl, r| {
                     let nd = ((hd - d0) / 16).min(4);
                     let vload = |j: usize, d: usize| load16::<R>(rows.v(j, d0 + d));
-                    let vpf = |j: usize| {
-                        if first {
-                            rows.prefetch_v(j)
-                        }
-                    };
                     macro_rules! go {
                         ($($gh:literal, $nd:literal);*) => {
                             match (gh, nd) {
-                                $(($gh, $nd) => weighted::<$gh, $nd>(vload, vpf, hd, wh, wl, len, r),)*
+                                $(($gh, $nd) => weighted::<$gh, $nd>(vload, hd, wh, wl, len, r),)*
                                 _ => unreachable!(),
                             }
                         };
@@ -717,7 +659,6 @@ mod x86 {
         #[inline(always)]
         unsafe fn scores4(
             k: impl Fn(usize, usize) -> __m256,
-            prefetch: impl Fn(usize),
             hd: usize,
             q: [&[f32]; 4],
             len: usize,
@@ -730,7 +671,6 @@ mod x86 {
                 // t[2h + kk]: head h, position j + kk (so lanes h and 4 + h of the sums).
                 let mut t = [_mm256_setzero_ps(); 8];
                 for kk in 0..2 {
-                    prefetch(j + kk);
                     let mut a0 = [_mm256_setzero_ps(); 4];
                     let mut a1 = [_mm256_setzero_ps(); 4];
                     for d in (0..hd).step_by(16) {
@@ -755,11 +695,9 @@ mod x86 {
 
         /// o_h = sum_j w_h[j] v_j in position order (o = 0; o = fma(w_j, v_j, o)) for GH heads
         /// and 16 values of a row loader (v(j, d): values d .. d + 7 of position j's part);
-        /// prefetch(j) once per position before its loads.
         #[inline(always)]
         unsafe fn weighted<const GH: usize>(
             v: impl Fn(usize, usize) -> __m256,
-            prefetch: impl Fn(usize),
             hd: usize,
             w: *const f32,
             wl: usize,
@@ -768,7 +706,6 @@ mod x86 {
         ) {
             let mut o = [[_mm256_setzero_ps(); 2]; GH];
             for j in 0..len {
-                prefetch(j);
                 let vv = [v(j, 0), v(j, 8)];
                 for (hh, oh) in o.iter_mut().enumerate() {
                     let wj = _mm256_set1_ps(*w.add(hh * wl + j));
@@ -803,26 +740,14 @@ mod x86 {
                 len,
                 res,
                 16,
-                |q, sc, first| {
-                    let pf = |j: usize| {
-                        if first {
-                            rows.prefetch_k(j)
-                        }
-                    };
-                    scores4(k, pf, hd, q, len, scale, sc)
-                },
-                |gh, d0, wh, wl, r, first| {
+                |q, sc| scores4(k, hd, q, len, scale, sc),
+                |gh, d0, wh, wl, r| {
                     let vload = |j: usize, d: usize| load8::<R>(rows.v(j, d0 + d));
-                    let vpf = |j: usize| {
-                        if first {
-                            rows.prefetch_v(j)
-                        }
-                    };
                     match gh {
-                        4 => weighted::<4>(vload, vpf, hd, wh, wl, len, r),
-                        3 => weighted::<3>(vload, vpf, hd, wh, wl, len, r),
-                        2 => weighted::<2>(vload, vpf, hd, wh, wl, len, r),
-                        _ => weighted::<1>(vload, vpf, hd, wh, wl, len, r),
+                        4 => weighted::<4>(vload, hd, wh, wl, len, r),
+                        3 => weighted::<3>(vload, hd, wh, wl, len, r),
+                        2 => weighted::<2>(vload, hd, wh, wl, len, r),
+                        _ => weighted::<1>(vload, hd, wh, wl, len, r),
                     }
                 },
             )
