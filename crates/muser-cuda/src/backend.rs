@@ -1748,19 +1748,28 @@ impl Backend for CudaBackend {
             k = e;
         }
     }
-    fn kv_cache(&self, layers: &[KvLayerSpec]) -> CudaKv {
+    fn kv_cache(&self, layers: &[KvLayerSpec]) -> Result<CudaKv> {
         let layers = layers
             .iter()
             .map(|&spec| {
                 let n = spec.slots * spec.n_head_kv * spec.head_dim;
-                CudaKvLayer {
+                let alloc = || {
+                    self.gpu.stream.alloc_zeros::<u16>(n).map_err(|e| {
+                        EngineError::Invalid(format!(
+                            "KV cache: cannot allocate {} bytes on the GPU for {} positions: {e}",
+                            2 * n,
+                            spec.slots
+                        ))
+                    })
+                };
+                Ok(CudaKvLayer {
                     spec,
-                    k: ck(self.gpu.stream.alloc_zeros::<u16>(n), "alloc KV cache"),
-                    v: ck(self.gpu.stream.alloc_zeros::<u16>(n), "alloc KV cache"),
-                }
+                    k: alloc()?,
+                    v: alloc()?,
+                })
             })
-            .collect();
-        CudaKv { layers }
+            .collect::<Result<_>>()?;
+        Ok(CudaKv { layers })
     }
 
     fn embed(&self, table: &CudaWeight, tokens: &[u32], out: &mut CudaBuf) {

@@ -147,7 +147,7 @@ impl<'m, B: Backend> Session<'m, B> {
         let be = &model.backend;
         Ok(Session {
             model,
-            kv: be.kv_cache(&specs),
+            kv: be.kv_cache(&specs)?,
             specs,
             n_ctx,
             pos: 0,

@@ -19,7 +19,7 @@ fn bits(x: &[f32]) -> Vec<u32> {
 /// A layer holding positions 0..pos0+n with random K and V (as `store` would leave them).
 fn layer(spec: KvLayerSpec, upto: usize, rng: &mut StdRng) -> KvLayer {
     let w = spec.n_head_kv * spec.head_dim;
-    let mut kv = KvLayer::new(spec);
+    let mut kv = KvLayer::new(spec).unwrap();
     let k: Vec<f32> = (0..upto * w).map(|_| rng.gen_range(-2.0f32..2.0)).collect();
     let v: Vec<f32> = (0..upto * w).map(|_| rng.gen_range(-2.0f32..2.0)).collect();
     kv.store(&k, &v, 0);
@@ -214,7 +214,7 @@ fn kv_rows_read_back_as_stored() {
         let w = nkv * hd;
         let k: Vec<f32> = (0..upto * w).map(|_| rng.gen_range(-3.0f32..3.0)).collect();
         let v: Vec<f32> = (0..upto * w).map(|_| rng.gen_range(-3.0f32..3.0)).collect();
-        let mut kv = KvLayer::new(spec);
+        let mut kv = KvLayer::new(spec).unwrap();
         let mut pos = 0;
         while pos < upto {
             let n = rng.gen_range(1..=7usize).min(upto - pos);

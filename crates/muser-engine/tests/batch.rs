@@ -479,7 +479,10 @@ impl muser_engine::Backend for RowByRow {
     ) {
         self.0.copy_rows(src, src_row, dst, dst_row, n)
     }
-    fn kv_cache(&self, layers: &[muser_engine::backend::KvLayerSpec]) -> Self::Kv {
+    fn kv_cache(
+        &self,
+        layers: &[muser_engine::backend::KvLayerSpec],
+    ) -> muser_engine::Result<Self::Kv> {
         self.0.kv_cache(layers)
     }
     fn embed(&self, table: &Self::Weight, tokens: &[u32], out: &mut Self::Buf) {

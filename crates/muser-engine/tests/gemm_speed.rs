@@ -82,7 +82,7 @@ fn prefill_kernel_speed() {
             window: None,
             slots: rows,
         };
-        let mut kv = KvLayer::new(spec);
+        let mut kv = KvLayer::new(spec).unwrap();
         let k: Vec<f32> = (0..rows * nkv * hd)
             .map(|_| rng.gen_range(-1.0f32..1.0))
             .collect();
@@ -474,7 +474,7 @@ fn decode_attention_speed() {
                 window: None,
                 slots: depth,
             };
-            let mut kv = KvLayer::new(spec);
+            let mut kv = KvLayer::new(spec).unwrap();
             let k: Vec<f32> = (0..depth * nkv * hd)
                 .map(|_| rng.gen_range(-1.0f32..1.0))
                 .collect();

@@ -83,6 +83,23 @@ fn sliding_window_hides_older_positions() {
     assert!(nmse(&la[29 * nv..], &lb[29 * nv..]) > 1e-8);
 }
 
+/// A context whose KV cache cannot be had is an error naming it, not a panic: a size past
+/// the bytes overflow, and one past any address space (2^56 positions of at least 4 bytes).
+#[test]
+fn unreservable_context_is_an_error() {
+    let m = Tiny::new("llama").model();
+    for n_ctx in [usize::MAX / 2, 1 << 56] {
+        let err = match Session::new(&m, n_ctx) {
+            Ok(_) => panic!("a context of {n_ctx} positions was reserved"),
+            Err(e) => e.to_string(),
+        };
+        assert!(
+            err.contains("KV cache") && err.contains(&n_ctx.to_string()),
+            "{err}"
+        );
+    }
+}
+
 #[test]
 fn context_overflow_is_an_error() {
     let m = Tiny::new("llama").model();

@@ -327,7 +327,7 @@ fn attention_matches_naive_reference() {
             window,
             slots: if window.is_some() { 7 } else { 64 },
         };
-        let mut kv = be.kv_cache(&[spec]);
+        let mut kv = be.kv_cache(&[spec]).unwrap();
         let (mut ks, mut vs) = (Vec::new(), Vec::new()); // f16-rounded history
         let mut pos = 0;
         for n in [3usize, 1, 3, 2, 1, 3] {

@@ -1182,8 +1182,8 @@ fn check_attention(
         window,
         slots: window.map_or(depth + n, |w| w + 511),
     };
-    let mut kvc = p.cpu.kv_cache(&[spec]);
-    let mut kvg = p.gpu.kv_cache(&[spec]);
+    let mut kvc = p.cpu.kv_cache(&[spec]).expect("CPU KV cache");
+    let mut kvg = p.gpu.kv_cache(&[spec]).expect("GPU KV cache");
     let mut pos = 0;
     while pos < depth + n {
         let m = (depth + n - pos).min(512);
@@ -1292,7 +1292,10 @@ fn check_attention_rows(
             // Slot counts differ between the sequences of a group (sessions of different n_ctx).
             slots: window.map_or(depth + 1 + t % 3, |w| w + 511 - 200 * (t % 3)),
         };
-        let (mut c, mut g) = (p.cpu.kv_cache(&[spec]), p.gpu.kv_cache(&[spec]));
+        let (mut c, mut g) = (
+            p.cpu.kv_cache(&[spec]).expect("CPU KV cache"),
+            p.gpu.kv_cache(&[spec]).expect("GPU KV cache"),
+        );
         // A ring takes at most slots - window + 1 positions per store (as a session's batches),
         // else one store would write a slot twice (in parallel on the GPU).
         let chunk = window.map_or(512, |w| (spec.slots + 1 - w).min(512));

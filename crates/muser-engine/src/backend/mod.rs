@@ -108,7 +108,8 @@ pub trait Backend: Send + Sync + Sized {
         self.read(buf, &mut all);
         copy_rows(&all, rows, outs);
     }
-    fn kv_cache(&self, layers: &[KvLayerSpec]) -> Self::Kv;
+    /// An empty KV cache of these layers, or an error naming the bytes it could not get.
+    fn kv_cache(&self, layers: &[KvLayerSpec]) -> Result<Self::Kv>;
 
     /// out[t] = embedding row tokens[t] (dequantized).
     fn embed(&self, table: &Self::Weight, tokens: &[u32], out: &mut Self::Buf);

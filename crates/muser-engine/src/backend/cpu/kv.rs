@@ -11,6 +11,7 @@
 
 use super::simd::{axpy_f16, dot_f16_f32};
 use crate::backend::KvLayerSpec;
+use crate::error::{EngineError, Result};
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
@@ -22,11 +23,26 @@ struct Plane {
 }
 
 impl Plane {
-    fn new(len: usize) -> Plane {
+    /// The values of `spec`'s positions, KV heads and head size.
+    fn new(spec: &KvLayerSpec) -> Result<Plane> {
+        let fail = |why: String| {
+            EngineError::Invalid(format!(
+                "KV cache: cannot reserve {} positions of {} KV heads of {} values: {why}",
+                spec.slots, spec.n_head_kv, spec.head_dim
+            ))
+        };
+        let len = (spec.n_head_kv.checked_mul(spec.slots))
+            .and_then(|n| n.checked_mul(spec.head_dim))
+            .filter(|n| n.checked_mul(std::mem::size_of::<f16>()).is_some())
+            .ok_or_else(|| fail("the size overflows".into()))?;
         let bytes = len * std::mem::size_of::<f16>();
         let map = memmap2::MmapMut::map_anon(bytes.max(1))
-            .unwrap_or_else(|e| panic!("KV cache: cannot reserve {bytes} bytes: {e}"));
-        Plane { map, len }
+            .map_err(|e| fail(format!("{bytes} bytes: {e}")))?;
+        // Small pages: a KV head's plane is committed as its positions are written, not in
+        // 2 MB steps per plane (where the OS gives huge pages to every large mapping).
+        #[cfg(target_os = "linux")]
+        let _ = map.advise(memmap2::Advice::NoHugePage);
+        Ok(Plane { map, len })
     }
     fn get(&self) -> &[f16] {
         &bytemuck::cast_slice(&self.map[..])[..self.len]
@@ -49,23 +65,26 @@ pub struct CpuKv {
 }
 
 impl CpuKv {
-    pub fn new(specs: &[KvLayerSpec]) -> CpuKv {
-        CpuKv {
-            layers: specs.iter().map(|&spec| KvLayer::new(spec)).collect(),
-        }
+    pub fn new(specs: &[KvLayerSpec]) -> Result<CpuKv> {
+        Ok(CpuKv {
+            layers: specs
+                .iter()
+                .map(|&spec| KvLayer::new(spec))
+                .collect::<Result<_>>()?,
+        })
     }
 }
 
 impl KvLayer {
-    /// An empty layer: `spec.slots` positions per KV head, all zero.
-    pub fn new(spec: KvLayerSpec) -> KvLayer {
-        let n = spec.n_head_kv * spec.slots * spec.head_dim;
-        KvLayer {
+    /// An empty layer: `spec.slots` positions per KV head, all zero (reserved, not yet
+    /// committed), or an error naming the bytes the OS would not reserve.
+    pub fn new(spec: KvLayerSpec) -> Result<KvLayer> {
+        Ok(KvLayer {
             spec,
-            k: Plane::new(n),
-            v: Plane::new(n),
+            k: Plane::new(&spec)?,
+            v: Plane::new(&spec)?,
             filled: if spec.is_ring() { spec.slots } else { 0 },
-        }
+        })
     }
 
     fn width(&self) -> usize {

@@ -373,7 +373,7 @@ impl Backend for CpuBackend {
     fn read_parts(&self, buf: &CpuBuf, outs: &mut [&mut [f32]]) {
         crate::backend::copy_parts(&buf.data, outs);
     }
-    fn kv_cache(&self, layers: &[KvLayerSpec]) -> CpuKv {
+    fn kv_cache(&self, layers: &[KvLayerSpec]) -> Result<CpuKv> {
         CpuKv::new(layers)
     }
 
