@@ -464,6 +464,9 @@ fn decode_attention_speed() {
     use muser_engine::backend::KvLayerSpec;
     let (nh, nkv, hd, layers) = (32usize, 8usize, 64usize, 16usize);
     let depth: usize = std::env::var("MUSER_SPEED_DEPTH").map_or(4096, |v| v.parse().unwrap());
+    let window: Option<usize> = std::env::var("MUSER_SPEED_WINDOW")
+        .ok()
+        .map(|v| v.parse().unwrap());
     let mut rng = StdRng::seed_from_u64(5);
     let kvs: Vec<KvLayer> = (0..layers)
         .map(|_| {
@@ -471,8 +474,9 @@ fn decode_attention_speed() {
                 n_head: nh,
                 n_head_kv: nkv,
                 head_dim: hd,
-                window: None,
-                slots: depth,
+                // MUSER_SPEED_WINDOW=W: sliding layers (a ring of W slots, the last W positions).
+                window: window.map(|w| w.min(depth)),
+                slots: window.map_or(depth, |w| w.min(depth)),
             };
             let mut kv = KvLayer::new(spec).unwrap();
             let k: Vec<f32> = (0..depth * nkv * hd)
@@ -487,7 +491,8 @@ fn decode_attention_speed() {
         .collect();
     let q: Vec<f32> = (0..nh * hd).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
     let mut out = vec![0f32; q.len()];
-    let bytes = (layers * depth * nkv * hd * 2 * 2) as f64;
+    let seen = window.map_or(depth, |w| w.min(depth));
+    let bytes = (layers * seen * nkv * hd * 2 * 2) as f64;
     for threads in [1, 2] {
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)

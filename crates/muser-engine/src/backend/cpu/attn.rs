@@ -224,24 +224,29 @@ pub fn attend_kv_head_with(
         v: kv.v().as_ptr() as *const u16,
         off: kv.at(kh, 0),
         stride: hd,
-        base: lo,
-        slots: if spec.is_ring() { spec.slots } else { 0 },
+        first: kv.slot(lo),
+        wrap: if spec.is_ring() {
+            spec.slots
+        } else {
+            usize::MAX
+        },
     };
     // SAFETY: the CPU has the features (`available`); every position lo..=p is stored (the
     // slots of a ring, the plane up to p: checked above for p, and the cache grows in order).
     unsafe { x86::group_f16(isa, &rows, hd, qs, g, p + 1 - lo, scale, res) };
 }
 
-/// One KV head's f16 rows in the cache: position j's K at k + slot(j) * stride + off (V the
-/// same), slot(j) = j, or j % slots for a ring (slots > 0); positions from `base`.
+/// One KV head's f16 rows in the cache: relative position j's K at k + slot(j) * stride + off
+/// (V the same), slot(j) = first + j, less `wrap` (a ring's slots; usize::MAX for a plane) when
+/// that reaches it (a task sees at most `wrap` positions).
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 struct Rows16 {
     k: *const u16,
     v: *const u16,
     off: usize,
     stride: usize,
-    base: usize,
-    slots: usize,
+    first: usize,
+    wrap: usize,
 }
 
 /// Other targets: `available` is false, so this is never called.
@@ -401,12 +406,8 @@ mod x86 {
         /// The offset of relative position j's row.
         #[inline(always)]
         fn at(&self, j: usize) -> usize {
-            let pos = self.base + j;
-            let slot = if self.slots > 0 {
-                pos % self.slots
-            } else {
-                pos
-            };
+            let s = self.first + j;
+            let slot = if s >= self.wrap { s - self.wrap } else { s };
             slot * self.stride + self.off
         }
     }
