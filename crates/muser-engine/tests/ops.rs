@@ -398,3 +398,24 @@ fn embed_returns_dequantized_rows() {
         assert_eq!(out.row(t), &wd[tok * 256..(tok + 1) * 256]);
     }
 }
+
+/// A thread count outside 1..=MAX_THREADS is an error naming the bound, before any thread
+/// starts (100,000 threads took the OS over a minute to start); counts inside it start.
+#[test]
+fn thread_counts_out_of_range_are_errors() {
+    use muser_engine::backend::cpu::MAX_THREADS;
+    for (n, bound) in [
+        (0, "at least 1"),
+        (MAX_THREADS + 1, "at most 512"),
+        (100_000, "at most 512"),
+    ] {
+        let err = CpuBackend::new(Some(n)).err().map(|e| e.to_string());
+        assert!(
+            err.as_deref().is_some_and(|e| e.contains(bound)),
+            "{n} threads: {err:?}"
+        );
+    }
+    for n in [1, 3] {
+        assert!(CpuBackend::new(Some(n)).is_ok(), "{n} threads refused");
+    }
+}

@@ -199,13 +199,22 @@ pub struct CpuBackend {
     progress: std::sync::Mutex<Option<indicatif::ProgressBar>>,
 }
 
+/// The most worker threads a backend starts (ggml's limit too): more would only take the OS
+/// seconds to start (100,000 took over a minute) and slow every step.
+pub const MAX_THREADS: usize = 512;
+
 impl CpuBackend {
-    /// A backend with `threads` workers (None: one per core).
+    /// A backend with `threads` workers (None: one per core), 1 to `MAX_THREADS`.
     pub fn new(threads: Option<usize>) -> Result<CpuBackend> {
         let threads =
             threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
         if threads == 0 {
             return Err(EngineError::Invalid("threads must be at least 1".into()));
+        }
+        if threads > MAX_THREADS {
+            return Err(EngineError::Invalid(format!(
+                "threads must be at most {MAX_THREADS} (asked for {threads})"
+            )));
         }
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
