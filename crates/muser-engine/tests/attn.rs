@@ -247,4 +247,14 @@ fn kv_rows_read_back_as_stored() {
             );
         }
     }
+    // A layer of no values (no KV head) is empty, not a bad cast of its one-byte map.
+    let spec = KvLayerSpec {
+        n_head: 0,
+        n_head_kv: 0,
+        head_dim: 64,
+        window: None,
+        slots: 16,
+    };
+    let kv = KvLayer::new(spec).unwrap();
+    assert!(kv.k().is_empty() && kv.v().is_empty());
 }

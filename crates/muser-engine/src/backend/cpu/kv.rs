@@ -44,11 +44,13 @@ impl Plane {
         let _ = map.advise(memmap2::Advice::NoHugePage);
         Ok(Plane { map, len })
     }
+    // The map holds at least one byte (an empty map is refused), so the cast takes its values'
+    // bytes only.
     fn get(&self) -> &[f16] {
-        &bytemuck::cast_slice(&self.map[..])[..self.len]
+        bytemuck::cast_slice(&self.map[..2 * self.len])
     }
     fn get_mut(&mut self) -> &mut [f16] {
-        &mut bytemuck::cast_slice_mut(&mut self.map[..])[..self.len]
+        bytemuck::cast_slice_mut(&mut self.map[..2 * self.len])
     }
 }
 
