@@ -454,14 +454,15 @@ fn x16_decode_speed() {
 
 /// Decode attention at depth: one row per layer over 16 layers of llama-1b's shape (32 query
 /// heads of 64 over 8 KV heads), every layer's cache at `MUSER_SPEED_DEPTH` positions (default
-/// 4096: 134 MB in all, streamed from memory), on pools of 1 and 2 threads; ms per step (the 16
-/// layers) and GB/s of K and V read. Run: `cargo test --release -p muser-engine --test
+/// 4096: 134 MB in all, streamed from memory), on pools of 1 and 2 threads, with each kernel
+/// level this CPU runs (AVX-512, AVX2); ms per step (the 16 layers) and GB/s of K and V read. Run: `cargo test --release -p muser-engine --test
 /// gemm_speed decode_attention -- --ignored --nocapture`.
 #[test]
 #[ignore]
 fn decode_attention_speed() {
-    use muser_engine::backend::cpu::kv::KvLayer;
+    use muser_engine::backend::cpu::{attn, kv::KvLayer};
     use muser_engine::backend::KvLayerSpec;
+    use rayon::prelude::*;
     let (nh, nkv, hd, layers) = (32usize, 8usize, 64usize, 16usize);
     let depth: usize = std::env::var("MUSER_SPEED_DEPTH").map_or(4096, |v| v.parse().unwrap());
     let window: Option<usize> = std::env::var("MUSER_SPEED_WINDOW")
@@ -498,17 +499,28 @@ fn decode_attention_speed() {
             .num_threads(threads)
             .build()
             .unwrap();
-        let t = pool.install(|| {
-            best(7, || {
-                for kv in &kvs {
-                    kv.attend(&q, nh, depth - 1, 0.125, &mut out);
-                }
-            })
-        });
-        println!(
-            "decode attention, depth {depth}, {threads} thread(s): {:.3} ms a step, {:.1} GB/s",
-            t * 1e3,
-            bytes / t / 1e9
-        );
+        // Every kernel level this CPU runs, as `KvLayer::attend` runs a decode row: one task
+        // per KV head.
+        for &isa in attn::isas() {
+            let g = nh / nkv;
+            let t = pool.install(|| {
+                best(7, || {
+                    for kv in &kvs {
+                        out.par_chunks_mut(g * hd)
+                            .enumerate()
+                            .for_each(|(kh, res)| {
+                                let qs = &q[kh * g * hd..(kh + 1) * g * hd];
+                                attn::attend_kv_head_with(isa, kv, qs, kh, depth - 1, 0.125, res);
+                            });
+                    }
+                })
+            });
+            println!(
+                "decode attention ({isa:?}), depth {depth}, {threads} thread(s): {:.3} ms a step, \
+                 {:.1} GB/s",
+                t * 1e3,
+                bytes / t / 1e9
+            );
+        }
     }
 }
