@@ -455,8 +455,9 @@ fn x16_decode_speed() {
 /// Decode attention at depth: one row per layer over 16 layers of llama-1b's shape (32 query
 /// heads of 64 over 8 KV heads), every layer's cache at `MUSER_SPEED_DEPTH` positions (default
 /// 4096: 134 MB in all, streamed from memory), on pools of 1 and 2 threads, with each kernel
-/// level this CPU runs (AVX-512, AVX2); ms per step (the 16 layers) and GB/s of K and V read. Run: `cargo test --release -p muser-engine --test
-/// gemm_speed decode_attention -- --ignored --nocapture`.
+/// level this CPU runs (AVX-512, AVX2); ms per step (the 16 layers) and GB/s of K and V read.
+/// Run: `cargo test --release -p muser-engine --test gemm_speed decode_attention -- --ignored
+/// --nocapture`.
 #[test]
 #[ignore]
 fn decode_attention_speed() {
