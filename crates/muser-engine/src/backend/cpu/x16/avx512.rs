@@ -173,7 +173,7 @@ unsafe fn q6<const C: usize>(w: &[u8], y: &[BlockQ8K], nb: usize, s: &mut Sums, 
     group_q6::<Avx512, C>(w, y, nb, s, pf)
 }
 
-/// One group's 16 rows of format `ty` against `c` (1 to 4) columns (`y`: c x nb blocks).
+/// One group's 16 rows of format `ty` against `c` (1 to 8) columns (`y`: c x nb blocks).
 ///
 /// `pf`: how to ask for the weight lines ahead (`super::AheadPlan`).
 ///
@@ -192,14 +192,26 @@ pub(super) unsafe fn group(
         (GgmlType::Q4_K, 1) => k4::<1, false>(w, y, nb, s, pf),
         (GgmlType::Q4_K, 2) => k4::<2, false>(w, y, nb, s, pf),
         (GgmlType::Q4_K, 3) => k4::<3, false>(w, y, nb, s, pf),
-        (GgmlType::Q4_K, _) => k4::<4, false>(w, y, nb, s, pf),
+        (GgmlType::Q4_K, 4) => k4::<4, false>(w, y, nb, s, pf),
+        (GgmlType::Q4_K, 5) => k4::<5, false>(w, y, nb, s, pf),
+        (GgmlType::Q4_K, 6) => k4::<6, false>(w, y, nb, s, pf),
+        (GgmlType::Q4_K, 7) => k4::<7, false>(w, y, nb, s, pf),
+        (GgmlType::Q4_K, _) => k4::<8, false>(w, y, nb, s, pf),
         (GgmlType::Q5_K, 1) => k4::<1, true>(w, y, nb, s, pf),
         (GgmlType::Q5_K, 2) => k4::<2, true>(w, y, nb, s, pf),
         (GgmlType::Q5_K, 3) => k4::<3, true>(w, y, nb, s, pf),
-        (GgmlType::Q5_K, _) => k4::<4, true>(w, y, nb, s, pf),
+        (GgmlType::Q5_K, 4) => k4::<4, true>(w, y, nb, s, pf),
+        (GgmlType::Q5_K, 5) => k4::<5, true>(w, y, nb, s, pf),
+        (GgmlType::Q5_K, 6) => k4::<6, true>(w, y, nb, s, pf),
+        (GgmlType::Q5_K, 7) => k4::<7, true>(w, y, nb, s, pf),
+        (GgmlType::Q5_K, _) => k4::<8, true>(w, y, nb, s, pf),
         (_, 1) => q6::<1>(w, y, nb, s, pf),
         (_, 2) => q6::<2>(w, y, nb, s, pf),
         (_, 3) => q6::<3>(w, y, nb, s, pf),
-        (_, _) => q6::<4>(w, y, nb, s, pf),
+        (_, 4) => q6::<4>(w, y, nb, s, pf),
+        (_, 5) => q6::<5>(w, y, nb, s, pf),
+        (_, 6) => q6::<6>(w, y, nb, s, pf),
+        (_, 7) => q6::<7>(w, y, nb, s, pf),
+        (_, _) => q6::<8>(w, y, nb, s, pf),
     }
 }

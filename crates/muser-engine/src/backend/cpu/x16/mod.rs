@@ -8,7 +8,9 @@
 //! "dword" of a row is 4 consecutive quant bytes; dword i of the R rows is one line of 4 R bytes,
 //! row r at 4 r, so one load brings R rows' 4-value groups, and one multiply-add with the
 //! column's 4 activation bytes broadcast (`vpdpbusd`, or `vpmaddubsw` then `vpmaddwd`) adds R
-//! rows' 4 products. No lane is ever reduced across: lane r is row r. Offsets, in units of R:
+//! rows' 4 products. No lane is ever reduced across: lane r is row r. A pass takes several
+//! columns at once, each line unpacked once for all of them (`pass_cols`: up to 8 with 16-row
+//! groups, 2 with 8-row ones). Offsets, in units of R:
 //!
 //! - Q4_K (148 R bytes) and Q5_K (180 R): 0: the rows' `d` (f16), 2 R: `dmin`; 4 R: scale j of row
 //!   r at 4 R + R j + r; 12 R: min pair k of row r at 12 R + 2 R k + 2 r (m_2k, m_2k+1: one zero
@@ -49,8 +51,27 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 /// Rows per group at most (AVX-512).
 const R_MAX: usize = 16;
 
+/// Columns a pass takes at most (16-row groups; 8-row groups take 2).
+const C_MAX: usize = 8;
+
 /// One group's outputs of one pass: `sums[t][r]`, column t of the pass, row r of the group.
-pub(super) type Sums = [[f32; R_MAX]; 4];
+pub(super) type Sums = [[f32; R_MAX]; C_MAX];
+
+/// Columns per pass of a 16-row group over `n` columns: 8 for decode groups of up to 16
+/// columns, 4 past that (prefill). `MUSER_X16_COLS=1..8` decides instead, for comparisons.
+/// Measured on a 2-core Zen 4 (BENCHMARKS.md, 2026-12-05), llama-1b Q4_K_M, against passes of
+/// 4: 8 streams +11-23%, 16 streams +7-14%, 32 streams within the noise (+0-10%), pp64 and
+/// pp512 4-11% slower.
+fn pass_cols(n: usize) -> usize {
+    static FORCED: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    let forced = FORCED.get_or_init(|| {
+        std::env::var("MUSER_X16_COLS")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .filter(|c| (1..=C_MAX).contains(c))
+    });
+    forced.unwrap_or(if n <= 16 { C_MAX } else { 4 })
+}
 
 /// Byte offsets of one group's super-block, for `r` rows per group (see the module doc).
 #[derive(Clone, Copy)]
@@ -231,11 +252,13 @@ impl AheadPlan {
 /// measured where it is used (llama-1b, BENCHMARKS.md):
 /// - AMD family 0x1A (Zen 5) and later: `Block` for every pass. One-thread tg32 on Q4_K_M
 ///   27.1-33.8 -> 37.9-47.1 tokens/s (2-core Zen 5, 2026-12-03).
-/// - AMD family 0x19 with AVX-512 (Zen 4): `Spread` for 2-4 columns and for one column of Q5_K,
+/// - AMD family 0x19 with AVX-512 (Zen 4): `Spread` for 2-8 columns and for one column of Q5_K,
 ///   nothing for one column of Q4_K or Q6_K. There `Block` halved one-stream decode (one thread
 ///   39.0-40.2 without against 18.0-18.3 on Q4_K_M); `Spread` lifted decode groups of 4-16
 ///   streams by 14-60% and one thread's single stream of Q5_K_M by 21-29%, and cost one stream of
-///   Q4_K_M 3-6% and of Q6_K 5-11% (2-core Zen 4, 2026-12-04).
+///   Q4_K_M 3-6% and of Q6_K 5-11% (2-core Zen 4, 2026-12-04). Passes of 8 columns need it
+///   as much: 8 / 16 streams 162-163 / 204-211 tokens/s without, 249-253 / 265-268 with
+///   (2026-12-05).
 /// - Every other CPU (not measured): the hardware prefetchers alone.
 ///
 /// `MUSER_X16_PREFETCH` (see [`AheadPlan::parse`]) decides instead, for comparisons.
@@ -443,7 +466,7 @@ impl X16 {
     ) {
         let r = self.lay.r;
         let (fits, cb) = match r {
-            16 => (super::tile::available(), 4),
+            16 => (super::tile::available(), pass_cols(n)),
             _ => (avx2::available(), 2),
         };
         assert!(
@@ -466,7 +489,7 @@ impl X16 {
             let mut c0 = 0;
             while c0 < n {
                 let c = (n - c0).min(cb);
-                let mut sums: Sums = [[0f32; R_MAX]; 4];
+                let mut sums: Sums = [[0f32; R_MAX]; C_MAX];
                 let ys = &y[c0 * self.nb..(c0 + c) * self.nb];
                 let pf = if c0 == 0 {
                     self.ahead.pass(self.ty, c)
