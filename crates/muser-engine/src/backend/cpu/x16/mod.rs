@@ -59,9 +59,10 @@ pub(super) type Sums = [[f32; R_MAX]; C_MAX];
 
 /// Columns per pass of a 16-row group over `n` columns: 8 for decode groups of up to 16
 /// columns, 4 past that (prefill). `MUSER_X16_COLS=1..8` decides instead, for comparisons.
-/// Measured on a 2-core Zen 4 (BENCHMARKS.md, 2026-12-05), llama-1b Q4_K_M, against passes of
-/// 4: 8 streams +11-23%, 16 streams +7-14%, 32 streams within the noise (+0-10%), pp64 and
-/// pp512 4-11% slower.
+/// Measured on a 2-core Zen 4 (BENCHMARKS.md, 2026-12-05), llama-1b Q4_K_M, passes of 8
+/// against passes of 4, alternated: 8 streams 206-231 -> 223-258 tokens/s (faster in 7 of 8
+/// pairs), 16 streams 230-249 -> 255-276 (every pair), 32 streams 254 -> 256 / 280 (two pairs:
+/// left at 4), pp64 319-322 -> 286-300 and pp512 300-302 -> 288-291.
 fn pass_cols(n: usize) -> usize {
     static FORCED: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
     let forced = FORCED.get_or_init(|| {
