@@ -406,16 +406,16 @@ fn repacked_k_quant_kernels_equal_the_scalar_reference_bitwise() {
         );
 
         // Rows 32..67 of 70 (a range that starts inside the matrix and ends inside a group), one
-        // column (the one-column pattern) and 3 to 20: every pass width of 16-row groups (up to
-        // 8 columns a pass for up to 16 columns, 4 past that; 8-row groups take 2), and several
-        // passes (11, 16, 20), with every way of asking for the weight lines ahead (which CPU
-        // does which: `ahead_plan`).
+        // column (the one-column pattern) and 3 to 40: every pass width of 16-row groups (up to
+        // 8 columns a pass for up to 32 columns, 4 past that; 8-row groups take 2), and several
+        // passes (11, 16, 20, 40), with every way of asking for the weight lines ahead (which
+        // CPU does which: `ahead_plan`).
         let mut rng = StdRng::seed_from_u64(16);
         let (rows, nb) = (70, 5);
         let w4 = q4_k_blocks(rows * nb, &mut rng);
         let w5 = q5_k_blocks(rows * nb, &mut rng);
         let w6 = q6_k_blocks(rows * nb, &mut rng);
-        for n in [1, 3, 5, 6, 7, 8, 11, 16, 20] {
+        for n in [1, 3, 5, 6, 7, 8, 11, 16, 20, 40] {
             let y = q8_k_columns(n, nb, &mut rng);
             x16_row_range(GgmlType::Q4_K, &w4, dot::vec_dot_q4_k_q8_k, r, &y, n);
             x16_row_range(GgmlType::Q5_K, &w5, dot::vec_dot_q5_k_q8_k, r, &y, n);

@@ -57,12 +57,14 @@ const C_MAX: usize = 8;
 /// One group's outputs of one pass: `sums[t][r]`, column t of the pass, row r of the group.
 pub(super) type Sums = [[f32; R_MAX]; C_MAX];
 
-/// Columns per pass of a 16-row group over `n` columns: 8 for decode groups of up to 16
+/// Columns per pass of a 16-row group over `n` columns: 8 for decode groups of up to 32
 /// columns, 4 past that (prefill). `MUSER_X16_COLS=1..8` decides instead, for comparisons.
 /// Measured on a 2-core Zen 4 (BENCHMARKS.md, 2026-12-05), llama-1b Q4_K_M, passes of 8
 /// against passes of 4, alternated: 8 streams 206-231 -> 223-258 tokens/s (faster in 7 of 8
-/// pairs), 16 streams 230-249 -> 255-276 (every pair), 32 streams 254 -> 256 / 280 (two pairs:
-/// left at 4), pp64 319-322 -> 286-300 and pp512 300-302 -> 288-291.
+/// pairs), 16 streams 230-249 -> 255-276 (every pair), 24 streams 241-263 -> 262-277, 32
+/// streams 254-267 -> 256-280 (every pair); prefill 2-11% slower (pp32 310-311 -> 305-306, pp64
+/// 319-322 -> 286-310, pp512 300-302 -> 288-291), so calls of 17-32 columns, decode groups or
+/// short prompts, lose ~2% on prompts to gain 3-15% on decode.
 fn pass_cols(n: usize) -> usize {
     static FORCED: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
     let forced = FORCED.get_or_init(|| {
@@ -71,7 +73,7 @@ fn pass_cols(n: usize) -> usize {
             .and_then(|v| v.trim().parse().ok())
             .filter(|c| (1..=C_MAX).contains(c))
     });
-    forced.unwrap_or(if n <= 16 { C_MAX } else { 4 })
+    forced.unwrap_or(if n <= 32 { C_MAX } else { 4 })
 }
 
 /// Byte offsets of one group's super-block, for `r` rows per group (see the module doc).
