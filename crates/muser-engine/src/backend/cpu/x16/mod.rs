@@ -485,6 +485,8 @@ impl X16 {
         );
         let bytes: &[u8] = &self.data;
         let gb = self.nb * self.bs;
+        // Each pass writes the sums of its c columns (all 16 or 8 lanes) before they are read.
+        let mut sums: Sums = [[0f32; R_MAX]; C_MAX];
         for g in r0 / r..r1.div_ceil(r) {
             let w = &bytes[g * gb..(g + 1) * gb];
             let rows = (r1 - g * r).min(r);
@@ -492,7 +494,6 @@ impl X16 {
             let mut c0 = 0;
             while c0 < n {
                 let c = (n - c0).min(cb);
-                let mut sums: Sums = [[0f32; R_MAX]; C_MAX];
                 let ys = &y[c0 * self.nb..(c0 + c) * self.nb];
                 let pf = if c0 == 0 {
                     self.ahead.pass(self.ty, c)
