@@ -1,0 +1,436 @@
+// Issue 5, run 79: the FFN as one dataflow launch on thread-block clusters (`ffnx.cu`).
+//
+// Every one-column design so far ties the FFN to two grid-wide boundaries: gate+up+SiLU must
+// end everywhere before silu_finish_q8k quantizes its output, which must end before ffn_down
+// starts (the launches' ramps and tails, ~10 us a layer in the step trace). But ffn_down's K is
+// the FFN's intermediate dimension, and a Q8_K super-block of its input (256 values of
+// silu(gate) x up) depends only on 256 gate rows and 256 up rows. So the FFN splits into 78
+// independent pieces (llama-glimmer: 19,968 / 256), piece s:
+//   - gate and up rows 256 s .. 256 s + 255 against the normed input (mvk_silu_1's warp code on
+//     the piece's row quads: the same tasks, chunk trees and chunk order);
+//   - silu(g) x up of those rows, quantized to Q8_K (q8k_warp, quantize_q8_k's bits);
+//   - super-block s of every ffn_down row against it: v_s(row), the canonical super-block value
+//     (the same integers as mvk_1's, kq_value_q45).
+// Piece s runs on a cluster of P blocks (block p: 1/P of the gate/up row quads, then 1/P of the
+// ffn_down rows); the cluster's hardware barrier is the piece's only wait, so a piece that is
+// done with gate/up starts its ffn_down rows while other pieces still stream gate/up. ffn_down's
+// blocks of super-block s lie contiguous (a layout made once, as the engine's kq_blk is), so a
+// warp's round of 8 row quads is one 4.6 KB run. A combine launch then adds each row's v_s in
+// the canonical order (chunk trees (v0 + v1) + (v2 + v3), chunks from 0): the bits of mvk_1.
+//
+// Compared in the same run with the engine's launches (mvk_silu_1 deferring its shared row quads,
+// silu_finish_q8k, mvk_1), in a chain of whole layers as ringx.cu's A (residual_norm, q+k+v,
+// quantize_q8_k, attn_output, residual_norm, FFN; programmatic dependencies, one CUDA graph),
+// every value checked bit for bit.
+//
+// Build and run on the device: RING=ffnx bash scripts/matvec_lab/run_ring.sh (~1 min)
+#ifndef __CUDACC_RTC__
+#include "lab_host.h"
+#endif
+
+#include "../../crates/muser-cuda/kernels/common.cuh"
+#include "../../crates/muser-cuda/kernels/kq_mma.cuh"
+#include "../../crates/muser-cuda/kernels/matvec.cu"
+#include "../../crates/muser-cuda/kernels/mmt.cu"
+#include "../../crates/muser-cuda/kernels/norm.cu"
+#include "lab_chain.cuh"
+
+constexpr int FNB = 19968 / 256; // the pieces (ffn_down's super-blocks)
+
+// Flags (diagnostics: wrong outputs by design). F_NOWAIT: no cluster barrier (each block
+// quantizes whatever its piece's rows hold); F_NOAHEAD: no L2 request for the first ffn_down
+// round before the barrier.
+// F_NODOWN / F_NOUP: phase 1 / phase 2 alone.
+// F_DEFER: the gate/up row quads shared by two warps are not completed by atomics at the end of
+// their ranges (mvk_warp with MVK_DEFER_SHARED) but summed from cv by the warp that quantizes
+// the piece, after the barrier (silu_finish_q8k's way, inside the cluster).
+enum { F_NOWAIT = 1, F_NOAHEAD = 2, F_NODOWN = 4, F_NOUP = 8, F_DEFER = 16 };
+
+// v_s of row q of a row quad (in lane q of each quad of lanes): this lane's quarter q of the
+// quad's 4 rows (blk0: their block s side by side), the activation's 256 values in shared memory.
+// mvk_value's arithmetic with the activation read from shared memory.
+__device__ __forceinline__ float ffn_down_value(const uint8_t* __restrict__ blk0, bool ok, int q, const int8_t* xs,
+                                                const float2* xds) {
+    int isc[4] = {0, 0, 0, 0}, im[4] = {0, 0, 0, 0};
+    float2 dm[4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) dm[r] = make_float2(0.0f, 0.0f);
+    float dx = 0.0f;
+    if (ok) {
+        RawQ45 raw[4];
+#pragma unroll
+        for (int r = 0; r < 4; ++r) raw[r] = load_q45<false>(blk0 + r * 144, q);
+        dx = xds[0].x;
+        X64 x;
+        x.x0 = *(const int4*)(xs + 64 * q);
+        x.x1 = *(const int4*)(xs + 64 * q + 16);
+        x.x2 = *(const int4*)(xs + 64 * q + 32);
+        x.x3 = *(const int4*)(xs + 64 * q + 48);
+        x.dd = *(const float4*)(xds + 2 * q);
+        const int xsum = (int)__byte_perm(__float2int_rn(x.dd.y), __float2int_rn(x.dd.w), 0x5410);
+#pragma unroll
+        for (int r = 0; r < 4; ++r) q45_quarter_ints<false>(raw[r], x, xsum, q, &isc[r], &im[r], &dm[r]);
+    }
+    const int s = quad_scatter(isc, q);
+    const float2 dq = q == 0 ? dm[0] : q == 1 ? dm[1] : q == 2 ? dm[2] : dm[3];
+    return kq_value_q45(dq.x, dq.y, s, quad_scatter(im, q), dx);
+}
+
+// The FFN of one column: grid FNB x P blocks of NW = 4 or 5 warps in clusters of P (block p of
+// cluster s). wd: ffn_down's Q4_K blocks with super-block s of every row quad together
+// ((s * quads + g) * 4 + r); V: [FNB][D] the rows' super-block values.
+__global__ void __launch_bounds__(160, 4)
+    ffn_fused(const uint8_t* __restrict__ wg, const uint8_t* __restrict__ wu, const uint8_t* __restrict__ wd,
+              const int8_t* __restrict__ xq, const float2* __restrict__ xds, int K, int F, int D, float* __restrict__ yff,
+              float* __restrict__ cv, unsigned* __restrict__ cnt, float* __restrict__ V, int flags) {
+    __shared__ __align__(16) int8_t xs[256];
+    __shared__ float2 xsd[8];
+    __shared__ int8_t xbs[16];
+    const int P = (int)(gridDim.x / FNB), s = blockIdx.x / P, p = blockIdx.x % P;
+    const int NW = blockDim.x / WARP, warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, nch = kq_chunks(K),
+              per = 2 * nch;
+    // Gate/up: the piece's 64 row quads, block p's share, warp w's share of its tasks.
+    const int qa = 64 * s + 64 * p / P, qb = 64 * s + 64 * (p + 1) / P;
+    const int T0 = qa * per, T1 = qb * per;
+    const int t0 = T0 + (T1 - T0) * warp / NW, t1 = T0 + (T1 - T0) * (warp + 1) / NW;
+    {
+        const int t = t0 + (lane >= 16);
+        if (t < t1) mvk_prefetch(mvk_silu_task(wg, FMT_Q4_K, wu, FMT_Q4_K, F, nch, t), K);
+    }
+    pdl_wait();
+    if (!(flags & F_NOUP))
+        mvk_warp<true, FMT_Q4_K>(
+            [&](int gq, int rem) { return mvk_silu_task_at(wg, FMT_Q4_K, wu, FMT_Q4_K, F, nch, gq, rem); }, t0, t1, nch,
+            xq, xds, K, cv, cnt, yff, flags & F_DEFER ? MVK_DEFER_SHARED : 0);
+    if (flags & F_NODOWN) return;
+    // ffn_down: block p's share of the D / 4 row quads, warp w's share, in rounds of 8.
+    const int nq = D / 4, da = nq * p / P, db = nq * (p + 1) / P;
+    const int d0 = da + (db - da) * warp / NW, d1 = da + (db - da) * (warp + 1) / NW;
+    const uint8_t* ws = wd + (size_t)s * nq * 576;
+    if (!(flags & F_NOAHEAD)) {
+        const int span = min(8, d1 - d0) * 576;
+        for (int o = 128 * lane; o < span; o += 128 * 32) prefetch_l2(ws + (size_t)d0 * 576 + o);
+    }
+    if (!(flags & F_NOWAIT)) {
+        asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+        asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+    }
+    if (warp == 0) {
+        const float4 a = __ldcg((const float4*)(yff + 256 * s + 8 * lane)),
+                     b = __ldcg((const float4*)(yff + 256 * s + 8 * lane + 4));
+        float f[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+        if (flags & F_DEFER) {
+#pragma unroll 1
+            for (int i = 0; i < 8; i += 4) { // the lane's two row quads
+                const int row = 256 * s + 8 * lane + i, lq = 2 * lane + i / 4;
+                int pb = 0;
+                while (pb + 1 < P && 64 * (pb + 1) / P <= lq) ++pb;
+                const int A0 = (64 * s + 64 * pb / P) * per, n = (64 * s + 64 * (pb + 1) / P) * per - A0;
+                const int r0 = (row / 4) * per - A0, r1 = r0 + per - 1;
+                if (((r0 + 1) * NW + n - 1) / n != ((r1 + 1) * NW + n - 1) / n) { // shared by two warps
+#pragma unroll
+                    for (int k = 0; k < 4; ++k) {
+                        const float* cr = cv + (size_t)(row + k) * per;
+                        float g, u;
+                        kq_sum_chunks<true>(cr, cr + nch, nch, &g, &u);
+                        f[i + k] = g / (1.0f + expf(-g)) * u;
+                        yff[row + k] = f[i + k];
+                    }
+                }
+            }
+        }
+        q8k_warp(f, 0, lane, xs, xsd, xbs, 256, 0);
+    }
+    __syncthreads();
+    const int j = lane >> 2, q = lane & 3;
+#pragma unroll 1
+    for (int g0 = d0; g0 < d1; g0 += 8) {
+        const int g = g0 + j;
+        const bool ok = g < d1;
+        const float v = ffn_down_value(ws + (size_t)g * 576, ok, q, xs, xsd);
+        if (ok) V[(size_t)s * D + 4 * g + q] = v;
+    }
+}
+
+// y[row] = the row's super-block values in the canonical order: chunks (v0 + v1) + (v2 + v3) of
+// KQ_CHUNK, added from 0 (mvk_warp's butterfly and running sum). One thread a row.
+__global__ void __launch_bounds__(128) ffn_combine(const float* __restrict__ V, float* __restrict__ y, int D, int nb) {
+    pdl_wait();
+    const int row = blockIdx.x * 128 + threadIdx.x;
+    if (row >= D) return;
+    float v[FNB];
+#pragma unroll
+    for (int b = 0; b < FNB; ++b) v[b] = __ldcg(V + (size_t)b * D + row);
+    float y0 = 0.0f;
+#pragma unroll
+    for (int c = 0; c * 4 < FNB; ++c) {
+        const int n = min(4, FNB - 4 * c);
+        float a = v[4 * c];
+        if (n > 1) a = kq_add(a, v[4 * c + 1]);
+        if (n > 2) {
+            float b2 = v[4 * c + 2];
+            if (n > 3) b2 = kq_add(b2, v[4 * c + 3]);
+            a = kq_add(a, b2);
+        }
+        y0 = kq_add(y0, a);
+    }
+    y[row] = y0;
+}
+
+// ffn_down's blocks regrouped by super-block: out block (s * nq + g) * 4 + r = in block
+// (g * nb + s) * 4 + r (144 bytes each).
+__global__ void regroup_down(const uint4* __restrict__ in, uint4* __restrict__ out, int nq, int nb) {
+    const size_t blocks = (size_t)nq * nb * 4;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < blocks * 9; i += (size_t)gridDim.x * blockDim.x) {
+        const size_t b = i / 9, w = i % 9, r = b & 3, sg = b >> 2, s = sg / nq, g = sg % nq;
+        out[i] = in[((g * nb + s) * 4 + r) * 9 + w];
+    }
+}
+
+#ifndef __CUDACC_RTC__
+static float* dev_random(int n, float lo, float hi, unsigned seed) {
+    std::vector<float> h(n);
+    srand(seed);
+    for (auto& x : h) x = lo + (hi - lo) * (float)rand() / (float)RAND_MAX;
+    float* d;
+    CK(cudaMalloc(&d, n * sizeof(float)));
+    CK(cudaMemcpy(d, h.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+    return d;
+}
+static std::vector<float> host_copy(const float* d, int n) {
+    std::vector<float> h(n);
+    CK(cudaMemcpy(h.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost));
+    return h;
+}
+static void compare(const char* what, const std::vector<float>& a, const std::vector<float>& r, int* bad_total) {
+    int bad = 0;
+    double mx = 0, err = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+        if (memcmp(&a[i], &r[i], 4) != 0) ++bad;
+        mx = std::max(mx, (double)fabsf(r[i]));
+        err = std::max(err, (double)fabsf(a[i] - r[i]));
+    }
+    printf("  %-28s %6d of %6zu values differ from the engine's (largest |diff| / max|ref| %.3g)\n", what, bad, a.size(),
+           mx > 0 ? err / mx : err);
+    *bad_total += bad;
+}
+
+int main(int argc, char** argv) {
+    setvbuf(stdout, nullptr, _IOLBF, 0);
+    int sms;
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    const int NL = 8, LAYERS = 52;
+    const double layer_bytes = (double)(BQ + BO + 2 * BG + BD);
+    printf("%d SMs; a layer reads %.1f MB\n", sms, layer_bytes / 1e6);
+    const std::vector<LayerW> lw = upload_layers(NL);
+    std::vector<unsigned char*> wdr(NL);
+    for (int l = 0; l < NL; ++l) {
+        CK(cudaMalloc(&wdr[l], BD));
+        regroup_down<<<sms * 8, 256>>>((const uint4*)lw[l].d, (uint4*)wdr[l], KD / 4, KF / 256);
+    }
+    CK(cudaDeviceSynchronize());
+    const float eps = 1e-5f;
+    float* h_init = dev_random(KD, -1.0f, 1.0f, 11);
+    float* o_init = dev_random(KD, -0.5f, 0.5f, 12);
+    float* w_attn = dev_random(KD, 0.5f, 1.5f, 13);
+    float* w_ffn = dev_random(KD, 0.5f, 1.5f, 14);
+    float *hb, *y_qkv, *y_ao, *y_ff, *y_down, *xn, *V;
+    for (auto** p : {&hb, &y_qkv, &y_ao, &y_ff, &y_down, &xn}) CK(cudaMalloc(p, KF * sizeof(float)));
+    CK(cudaMalloc(&V, (size_t)FNB * KD * sizeof(float)));
+    int8_t *aq, *abs_;
+    float2* ads;
+    CK(cudaMalloc(&aq, KF));
+    CK(cudaMalloc(&ads, KF / 32 * sizeof(float2)));
+    CK(cudaMalloc(&abs_, KF / 256 * 16));
+    float* cv;
+    unsigned* cnt;
+    CK(cudaMalloc(&cv, (size_t)2 * KF * 16 * sizeof(float)));
+    CK(cudaMalloc(&cnt, 2 * KF / 4 * sizeof(unsigned)));
+    CK(cudaMemset(cnt, 0, 2 * KF / 4 * sizeof(unsigned)));
+
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    StreamTimer timer(st);
+    const double bw = read_bandwidth(timer, sms);
+    printf("read bandwidth: %.1f GB/s; the chain's bytes at that rate: %.2f us a layer\n", bw, layer_bytes / bw / 1e3);
+    auto report = [&](const char* name, float ms) {
+        const double gbs = layer_bytes * LAYERS / (ms * 1e-3) / 1e9;
+        printf("%-58s %8.3f ms  %7.1f GB/s  %5.1f%%  %7.2f us a layer\n", name, ms, gbs, 100.0 * gbs / bw,
+               ms * 1000.0 / LAYERS);
+    };
+    auto reset_h = [&]() { CK(cudaMemcpyAsync(hb, h_init, KD * sizeof(float), cudaMemcpyDeviceToDevice, st)); };
+
+    const int gq = mvk_blocks(RQKV / 4, kq_chunks_host(KD), sms), go = mvk_blocks(KD / 4, kq_chunks_host(KO), sms),
+              gg = mvk_blocks(KF / 4, 2 * kq_chunks_host(KD), sms), gd = mvk_blocks(KD / 4, kq_chunks_host(KF), sms);
+    auto mv = [&](const unsigned char* w, float* y, int rows, int K, int grid) {
+        launch_pdl(mvk_1, grid, 128, st, q4k_job(w, y, rows), (const int8_t*)aq, (const float2*)ads, K, cv, cnt, 0);
+    };
+    // The fused FFN: a cluster launch that is also a programmatic dependent.
+    // mode: 100 NW + P (NW warps a block, clusters of P; NW 0: 4).
+    auto fused = [&](int l, int mode, int flags, bool combine) {
+        const int P = mode % 100, NW = mode / 100 ? mode / 100 : 4;
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3(FNB * P);
+        cfg.blockDim = dim3(32 * NW);
+        cfg.stream = st;
+        cudaLaunchAttribute at[2];
+        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[0].val.programmaticStreamSerializationAllowed = 1;
+        at[1].id = cudaLaunchAttributeClusterDimension;
+        at[1].val.clusterDim.x = P;
+        at[1].val.clusterDim.y = 1;
+        at[1].val.clusterDim.z = 1;
+        cfg.attrs = at;
+        cfg.numAttrs = 2;
+        const LayerW& w = lw[l % NL];
+        CK(cudaLaunchKernelEx(&cfg, ffn_fused, (const uint8_t*)w.g, (const uint8_t*)w.u, (const uint8_t*)wdr[l % NL],
+                              (const int8_t*)aq, (const float2*)ads, KD, KF, KD, y_ff, cv, cnt, V, flags));
+        if (combine) launch_pdl(ffn_combine, (KD + 127) / 128, 128, st, (const float*)V, y_down, KD, KF / 256);
+    };
+    // mode 0: the engine's FFN; else the fused FFN (fused's mode). part: 0 whole layers, 1 the
+    // FFN and its norm, 2 the FFN alone, 3 gate+up alone (A: mvk_silu_1 + silu_finish_q8k; F:
+    // F_NODOWN), 4 ffn_down alone (A: mvk_1; F: F_NOUP and the combine).
+    auto chain = [&](int layers, int mode, int flags, int part) {
+        const bool ffn_only = part > 0;
+        for (int l = 0; l < layers; ++l) {
+            const LayerW& w = lw[l % NL];
+            if (part >= 2) {
+                if (mode == 0) {
+                    if (part != 4) {
+                        launch_pdl(mvk_silu_1, gg, 128, st, (const uint8_t*)w.g, (int)FMT_Q4_K, (const uint8_t*)w.u,
+                                   (int)FMT_Q4_K, y_ff, KF, (const int8_t*)aq, (const float2*)ads, KD, cv, cnt,
+                                   (int)MVK_DEFER_SHARED);
+                        launch_pdl(silu_finish_q8k, KF / 256, 256, st, (const float*)cv, y_ff, KF, kq_chunks_host(KD),
+                                   (unsigned)(KF / 4 * 2 * kq_chunks_host(KD)), (unsigned)(gg * 4), aq, ads, abs_);
+                    }
+                    if (part != 3) mv(w.d, y_down, KD, KF, gd);
+                } else {
+                    fused(l, mode, flags | (part == 3 ? F_NODOWN : part == 4 ? F_NOUP : 0), part != 3);
+                }
+                continue;
+            }
+            if (!ffn_only) {
+                launch_pdl(residual_norm, 1, NORM_T, st, hb, (const float*)(l == 0 ? o_init : y_down),
+                           (const float*)nullptr, 0.0f, (const float*)w_attn, eps, xn, KD, aq, ads, abs_,
+                           (uint8_t*)nullptr, 0);
+                mv(w.q, y_qkv, RQKV, KD, gq);
+                launch_pdl(quantize_q8_k, (KO / 256 + 3) / 4, 128, st, (const float*)y_qkv, aq, ads, abs_, KO / 256, KO,
+                           0, (uint8_t*)nullptr, 0);
+                mv(w.o, y_ao, KD, KO, go);
+            }
+            launch_pdl(residual_norm, 1, NORM_T, st, hb, (const float*)(ffn_only ? (l == 0 ? o_init : y_down) : y_ao),
+                       (const float*)nullptr, 0.0f, (const float*)w_ffn, eps, xn, KD, aq, ads, abs_, (uint8_t*)nullptr,
+                       0);
+            if (mode == 0) {
+                launch_pdl(mvk_silu_1, gg, 128, st, (const uint8_t*)w.g, (int)FMT_Q4_K, (const uint8_t*)w.u,
+                           (int)FMT_Q4_K, y_ff, KF, (const int8_t*)aq, (const float2*)ads, KD, cv, cnt,
+                           (int)MVK_DEFER_SHARED);
+                launch_pdl(silu_finish_q8k, KF / 256, 256, st, (const float*)cv, y_ff, KF, kq_chunks_host(KD),
+                           (unsigned)(KF / 4 * 2 * kq_chunks_host(KD)), (unsigned)(gg * 4), aq, ads, abs_);
+                mv(w.d, y_down, KD, KF, gd);
+            } else {
+                fused(l, mode, flags, true);
+            }
+        }
+    };
+    auto graph_of = [&](int mode, int flags, int part) {
+        cudaGraphExec_t ge;
+        cudaGraph_t g;
+        CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+        chain(LAYERS, mode, flags, part);
+        CK(cudaStreamEndCapture(st, &g));
+        CK(cudaGraphInstantiate(&ge, g, 0));
+        CK(cudaGraphDestroy(g));
+        return ge;
+    };
+    // Which shapes fit: blocks an SM and clusters resident at once (78 clusters must fit, or
+    // some pieces wait for a second wave).
+    const int modes[] = {6, 7, 8, 506, 505};
+    const int F_D = F_DEFER;
+    for (int mode : modes) {
+        const int P = mode % 100, NW = mode / 100 ? mode / 100 : 4;
+        int ncl = 0, nb = 0;
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3(FNB * P);
+        cfg.blockDim = dim3(32 * NW);
+        cudaLaunchAttribute at[1];
+        at[0].id = cudaLaunchAttributeClusterDimension;
+        at[0].val.clusterDim.x = P;
+        at[0].val.clusterDim.y = 1;
+        at[0].val.clusterDim.z = 1;
+        cfg.attrs = at;
+        cfg.numAttrs = 1;
+        CK(cudaOccupancyMaxActiveClusters(&ncl, (void*)ffn_fused, &cfg));
+        CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, ffn_fused, 32 * NW, 0));
+        printf("ffn_fused, %d warps a block, clusters of %d: %d blocks an SM, %d clusters at once (%d needed)\n", NW, P,
+               nb, ncl, FNB);
+    }
+    int bad = 0;
+    // Bits: one layer, then the whole chain.
+    {
+        reset_h();
+        chain(1, 0, 0, 0);
+        CK(cudaStreamSynchronize(st));
+        CK(cudaGetLastError());
+        const auto a_ff = host_copy(y_ff, KF), a_down = host_copy(y_down, KD);
+        for (int mode : modes) {
+            for (float* p : {y_ff, y_down}) CK(cudaMemsetAsync(p, 0, KF * sizeof(float), st));
+            reset_h();
+            chain(1, mode, F_D, 0);
+            CK(cudaStreamSynchronize(st));
+            CK(cudaGetLastError());
+            printf("one layer, mode %d, shared quads deferred:\n", mode);
+            compare("silu(gate) x up", host_copy(y_ff, KF), a_ff, &bad);
+            compare("ffn_down", host_copy(y_down, KD), a_down, &bad);
+        }
+        cudaGraphExec_t ga = graph_of(0, 0, 0);
+        reset_h();
+        CK(cudaGraphLaunch(ga, st));
+        CK(cudaStreamSynchronize(st));
+        const auto c_down = host_copy(y_down, KD), c_h = host_copy(hb, KD);
+        for (int mode : modes) {
+            cudaGraphExec_t gf = graph_of(mode, mode == 6 ? 0 : F_D, 0);
+            reset_h();
+            CK(cudaGraphLaunch(gf, st));
+            CK(cudaStreamSynchronize(st));
+            CK(cudaGetLastError());
+            printf("%d layers, mode %d%s:\n", LAYERS, mode, mode == 6 ? "" : ", shared quads deferred");
+            compare("ffn_down of the last layer", host_copy(y_down, KD), c_down, &bad);
+            compare("h (after 104 norms)", host_copy(hb, KD), c_h, &bad);
+            CK(cudaGraphExecDestroy(gf));
+        }
+        CK(cudaGraphExecDestroy(ga));
+        printf("bits: %s\n", bad ? "DIFFERENT" : "every value identical to the engine's");
+    }
+    struct Var {
+        const char* name;
+        int mode, flags, part;
+    };
+    const Var vars[] = {
+        {"A  engine launches, whole layers", 0, 0, 0},
+        {"F  4 warps, clusters of 6, whole layers", 6, 0, 0},
+        {"F  4 warps, clusters of 6, deferred quads, whole layers", 6, F_D, 0},
+        {"F  4 warps, clusters of 7, deferred quads, whole layers", 7, F_D, 0},
+        {"F  5 warps, clusters of 6, deferred quads, whole layers", 506, F_D, 0},
+        {"F  5 warps, clusters of 5, deferred quads, whole layers", 505, F_D, 0},
+        {"A  the FFN alone (3 launches)", 0, 0, 2},
+        {"F  4 warps, clusters of 6, deferred, the FFN alone (+ combine)", 6, F_D, 2},
+        {"F  5 warps, clusters of 6, deferred, the FFN alone (+ combine)", 506, F_D, 2},
+        {"F  5 warps, clusters of 6, deferred, no barrier (diagnostic)", 506, F_D | F_NOWAIT, 2},
+        {"A  gate+up + silu_finish_q8k alone", 0, 0, 3},
+        {"F  4 warps, clusters of 6, deferred, gate+up phase alone", 6, F_D, 3},
+        {"F  5 warps, clusters of 6, deferred, gate+up phase alone", 506, F_D, 3},
+        {"A  ffn_down alone", 0, 0, 4},
+        {"F  4 warps, clusters of 6, ffn_down phase alone (+ combine)", 6, F_D, 4},
+        {"F  5 warps, clusters of 6, ffn_down phase alone (+ combine)", 506, F_D, 4},
+        {"A  engine launches, whole layers (again)", 0, 0, 0},
+        {"F  5 warps, clusters of 6, deferred quads, whole layers (again)", 506, F_D, 0},
+    };
+    for (const Var& v : vars) {
+        cudaGraphExec_t g = graph_of(v.mode, v.flags, v.part);
+        report(v.name, timer.ms([&] { reset_h(); CK(cudaGraphLaunch(g, st)); }, 10));
+        CK(cudaGraphExecDestroy(g));
+    }
+    return bad ? 2 : 0;
+}
+#endif
