@@ -44,7 +44,9 @@ constexpr int FNB = 19968 / 256; // the pieces (ffn_down's super-blocks)
 // F_DEFER: the gate/up row quads shared by two warps are not completed by atomics at the end of
 // their ranges (mvk_warp with MVK_DEFER_SHARED) but summed from cv by the warp that quantizes
 // the piece, after the barrier (silu_finish_q8k's way, inside the cluster).
-enum { F_NOWAIT = 1, F_NOAHEAD = 2, F_NODOWN = 4, F_NOUP = 8, F_DEFER = 16 };
+// F_ORIG: ffn_down read in the engine's own layout (kq_blk: a row quad's super-blocks together,
+// so a round's 8 quads are 8 pieces of 576 bytes, 45 KB apart) instead of regrouped by super-block.
+enum { F_NOWAIT = 1, F_NOAHEAD = 2, F_NODOWN = 4, F_NOUP = 8, F_DEFER = 16, F_ORIG = 32 };
 
 // v_s of row q of a row quad (in lane q of each quad of lanes): this lane's quarter q of the
 // quad's 4 rows (blk0: their block s side by side), the activation's 256 values in shared memory.
@@ -106,10 +108,18 @@ __global__ void __launch_bounds__(160, 4)
     // ffn_down: block p's share of the D / 4 row quads, warp w's share, in rounds of 8.
     const int nq = D / 4, da = nq * p / P, db = nq * (p + 1) / P;
     const int d0 = da + (db - da) * warp / NW, d1 = da + (db - da) * (warp + 1) / NW;
-    const uint8_t* ws = wd + (size_t)s * nq * 576;
+    const int nbd = F / QK_K;
+    // Row quad g's block s at ws + g * gs.
+    const uint8_t* ws = flags & F_ORIG ? wd + (size_t)s * 576 : wd + (size_t)s * nq * 576;
+    const size_t gs = flags & F_ORIG ? (size_t)nbd * 576 : 576;
     if (!(flags & F_NOAHEAD)) {
         const int span = min(8, d1 - d0) * 576;
-        for (int o = 128 * lane; o < span; o += 128 * 32) prefetch_l2(ws + (size_t)d0 * 576 + o);
+        if (flags & F_ORIG) {
+            if (lane < 8 && d0 + lane < d1)
+                for (int o = 0; o < 576; o += 128) prefetch_l2(ws + (size_t)(d0 + lane) * gs + o);
+        } else {
+            for (int o = 128 * lane; o < span; o += 128 * 32) prefetch_l2(ws + (size_t)d0 * 576 + o);
+        }
     }
     if (!(flags & F_NOWAIT)) {
         asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
@@ -147,7 +157,7 @@ __global__ void __launch_bounds__(160, 4)
     for (int g0 = d0; g0 < d1; g0 += 8) {
         const int g = g0 + j;
         const bool ok = g < d1;
-        const float v = ffn_down_value(ws + (size_t)g * 576, ok, q, xs, xsd);
+        const float v = ffn_down_value(ws + (size_t)g * gs, ok, q, xs, xsd);
         if (ok) V[(size_t)s * D + 4 * g + q] = v;
     }
 }
@@ -283,7 +293,8 @@ int main(int argc, char** argv) {
         cfg.attrs = at;
         cfg.numAttrs = 2;
         const LayerW& w = lw[l % NL];
-        CK(cudaLaunchKernelEx(&cfg, ffn_fused, (const uint8_t*)w.g, (const uint8_t*)w.u, (const uint8_t*)wdr[l % NL],
+        CK(cudaLaunchKernelEx(&cfg, ffn_fused, (const uint8_t*)w.g, (const uint8_t*)w.u,
+                              (const uint8_t*)(flags & F_ORIG ? w.d : wdr[l % NL]),
                               (const int8_t*)aq, (const float2*)ads, KD, KF, KD, y_ff, cv, cnt, V, flags));
         if (combine) launch_pdl(ffn_combine, (KD + 127) / 128, 128, st, (const float*)V, y_down, KD, KF / 256);
     };
@@ -388,13 +399,16 @@ int main(int argc, char** argv) {
         CK(cudaGraphLaunch(ga, st));
         CK(cudaStreamSynchronize(st));
         const auto c_down = host_copy(y_down, KD), c_h = host_copy(hb, KD);
-        for (int mode : modes) {
-            cudaGraphExec_t gf = graph_of(mode, mode == 6 ? 0 : F_D, 0);
+        for (int mode : {6, 7, 8, 506, 505, 506 + 1000}) {
+            const int fl = (mode == 6 ? 0 : F_D) | (mode > 1000 ? F_ORIG : 0);
+            mode %= 1000;
+            cudaGraphExec_t gf = graph_of(mode, fl, 0);
             reset_h();
             CK(cudaGraphLaunch(gf, st));
             CK(cudaStreamSynchronize(st));
             CK(cudaGetLastError());
-            printf("%d layers, mode %d%s:\n", LAYERS, mode, mode == 6 ? "" : ", shared quads deferred");
+            printf("%d layers, mode %d%s%s:\n", LAYERS, mode, fl & F_D ? ", shared quads deferred" : "",
+                   fl & F_ORIG ? ", engine's layout" : "");
             compare("ffn_down of the last layer", host_copy(y_down, KD), c_down, &bad);
             compare("h (after 104 norms)", host_copy(hb, KD), c_h, &bad);
             CK(cudaGraphExecDestroy(gf));
@@ -413,6 +427,7 @@ int main(int argc, char** argv) {
         {"F  4 warps, clusters of 7, deferred quads, whole layers", 7, F_D, 0},
         {"F  5 warps, clusters of 6, deferred quads, whole layers", 506, F_D, 0},
         {"F  5 warps, clusters of 5, deferred quads, whole layers", 505, F_D, 0},
+        {"F  5 warps, clusters of 6, deferred, engine's layout, whole layers", 506, F_D | F_ORIG, 0},
         {"A  the FFN alone (3 launches)", 0, 0, 2},
         {"F  4 warps, clusters of 6, deferred, the FFN alone (+ combine)", 6, F_D, 2},
         {"F  5 warps, clusters of 6, deferred, the FFN alone (+ combine)", 506, F_D, 2},
