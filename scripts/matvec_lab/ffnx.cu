@@ -46,7 +46,11 @@ constexpr int FNB = 19968 / 256; // the pieces (ffn_down's super-blocks)
 // the piece, after the barrier (silu_finish_q8k's way, inside the cluster).
 // F_ORIG: ffn_down read in the engine's own layout (kq_blk: a row quad's super-blocks together,
 // so a round's 8 quads are 8 pieces of 576 bytes, 45 KB apart) instead of regrouped by super-block.
-enum { F_NOWAIT = 1, F_NOAHEAD = 2, F_NODOWN = 4, F_NOUP = 8, F_DEFER = 16, F_ORIG = 32 };
+// F_GLOBAL: no clusters: a plain launch of any grid of at least FNB blocks (piece s gets
+// gridDim / FNB blocks or one more), the piece's blocks meeting at a count in global memory (a
+// release add, then an acquire poll); every block is resident at once (one wave), so none waits
+// for a block that cannot start. ffn_combine zeroes the counts for the next launch.
+enum { F_NOWAIT = 1, F_NOAHEAD = 2, F_NODOWN = 4, F_NOUP = 8, F_DEFER = 16, F_ORIG = 32, F_GLOBAL = 64 };
 
 // v_s of row q of a row quad (in lane q of each quad of lanes): this lane's quarter q of the
 // quad's 4 rows (blk0: their block s side by side), the activation's 256 values in shared memory.
@@ -84,11 +88,23 @@ __device__ __forceinline__ float ffn_down_value(const uint8_t* __restrict__ blk0
 __global__ void __launch_bounds__(160, 4)
     ffn_fused(const uint8_t* __restrict__ wg, const uint8_t* __restrict__ wu, const uint8_t* __restrict__ wd,
               const int8_t* __restrict__ xq, const float2* __restrict__ xds, int K, int F, int D, float* __restrict__ yff,
-              float* __restrict__ cv, unsigned* __restrict__ cnt, float* __restrict__ V, int flags) {
+              float* __restrict__ cv, unsigned* __restrict__ cnt, float* __restrict__ V, unsigned* __restrict__ pc,
+              int flags) {
     __shared__ __align__(16) int8_t xs[256];
     __shared__ float2 xsd[8];
     __shared__ int8_t xbs[16];
-    const int P = (int)(gridDim.x / FNB), s = blockIdx.x / P, p = blockIdx.x % P;
+    // Piece s and this block's part p of its P: the first E pieces have P0 + 1 blocks.
+    const int P0 = (int)(gridDim.x / FNB), E = (int)gridDim.x - P0 * FNB, b = blockIdx.x;
+    int s, p, P;
+    if (b < E * (P0 + 1)) {
+        P = P0 + 1;
+        s = b / P;
+        p = b % P;
+    } else {
+        P = P0;
+        s = E + (b - E * (P0 + 1)) / P;
+        p = (b - E * (P0 + 1)) % P;
+    }
     const int NW = blockDim.x / WARP, warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, nch = kq_chunks(K),
               per = 2 * nch;
     // Gate/up: the piece's 64 row quads, block p's share, warp w's share of its tasks.
@@ -121,7 +137,17 @@ __global__ void __launch_bounds__(160, 4)
             for (int o = 128 * lane; o < span; o += 128 * 32) prefetch_l2(ws + (size_t)d0 * 576 + o);
         }
     }
-    if (!(flags & F_NOWAIT)) {
+    if (flags & F_NOWAIT) {
+    } else if (flags & F_GLOBAL) {
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            __threadfence();
+            red_release(&pc[s], 1u);
+            while (ld_acquire(&pc[s]) < (unsigned)P) {
+            }
+        }
+        __syncthreads();
+    } else {
         asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
         asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
     }
@@ -163,8 +189,38 @@ __global__ void __launch_bounds__(160, 4)
 }
 
 // y[row] = the row's super-block values in the canonical order: chunks (v0 + v1) + (v2 + v3) of
-// KQ_CHUNK, added from 0 (mvk_warp's butterfly and running sum). One thread a row.
-__global__ void __launch_bounds__(128) ffn_combine(const float* __restrict__ V, float* __restrict__ y, int D, int nb) {
+// KQ_CHUNK, added from 0 (mvk_warp's butterfly and running sum). Blocks of 32 rows x 20 chunks:
+// thread (r, c) makes chunk c of row r from its 4 values (one L2 round trip for the whole block),
+// thread (r, 0) adds the 20 in order. Block 0 zeroes ffn_fused's piece counts (pc).
+__global__ void __launch_bounds__(640) ffn_combine(const float* __restrict__ V, float* __restrict__ y, int D,
+                                                   unsigned* __restrict__ pc) {
+    __shared__ float cs[20][33];
+    pdl_wait();
+    const int r = threadIdx.x % 32, c = threadIdx.x / 32, row = blockIdx.x * 32 + r;
+    if (blockIdx.x == 0 && threadIdx.x < FNB) pc[threadIdx.x] = 0u;
+    const int n = min(4, FNB - 4 * c);
+    float v[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) v[i] = i < n && row < D ? __ldcg(V + (size_t)(4 * c + i) * D + row) : 0.0f;
+    float a = v[0];
+    if (n > 1) a = kq_add(a, v[1]);
+    if (n > 2) {
+        float b2 = v[2];
+        if (n > 3) b2 = kq_add(b2, v[3]);
+        a = kq_add(a, b2);
+    }
+    cs[c][r] = a;
+    __syncthreads();
+    if (c == 0 && row < D) {
+        float y0 = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 20; ++k) y0 = kq_add(y0, cs[k][r]);
+        y[row] = y0;
+    }
+}
+// The one-thread-a-row combine of the first two calls (its 78 loads, at 32 registers, went out a
+// few at a time).
+__global__ void __launch_bounds__(128) ffn_combine_row(const float* __restrict__ V, float* __restrict__ y, int D) {
     pdl_wait();
     const int row = blockIdx.x * 128 + threadIdx.x;
     if (row >= D) return;
@@ -247,6 +303,9 @@ int main(int argc, char** argv) {
     float *hb, *y_qkv, *y_ao, *y_ff, *y_down, *xn, *V;
     for (auto** p : {&hb, &y_qkv, &y_ao, &y_ff, &y_down, &xn}) CK(cudaMalloc(p, KF * sizeof(float)));
     CK(cudaMalloc(&V, (size_t)FNB * KD * sizeof(float)));
+    unsigned* pc;
+    CK(cudaMalloc(&pc, FNB * sizeof(unsigned)));
+    CK(cudaMemset(pc, 0, FNB * sizeof(unsigned)));
     int8_t *aq, *abs_;
     float2* ads;
     CK(cudaMalloc(&aq, KF));
@@ -276,11 +335,13 @@ int main(int argc, char** argv) {
         launch_pdl(mvk_1, grid, 128, st, q4k_job(w, y, rows), (const int8_t*)aq, (const float2*)ads, K, cv, cnt, 0);
     };
     // The fused FFN: a cluster launch that is also a programmatic dependent.
-    // mode: 100 NW + P (NW warps a block, clusters of P; NW 0: 4).
+    // mode: 100 NW + P (NW warps a block, clusters of P; NW 0: 4); with F_GLOBAL, mode - 10000
+    // blocks of 4 warps and no clusters.
     auto fused = [&](int l, int mode, int flags, bool combine) {
-        const int P = mode % 100, NW = mode / 100 ? mode / 100 : 4;
+        if (mode >= 10000) flags |= F_GLOBAL;
+        const int P = mode % 100, NW = mode >= 10000 ? 4 : mode / 100 ? mode / 100 : 4;
         cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = dim3(FNB * P);
+        cfg.gridDim = dim3(mode >= 10000 ? mode - 10000 : FNB * P);
         cfg.blockDim = dim3(32 * NW);
         cfg.stream = st;
         cudaLaunchAttribute at[2];
@@ -291,12 +352,12 @@ int main(int argc, char** argv) {
         at[1].val.clusterDim.y = 1;
         at[1].val.clusterDim.z = 1;
         cfg.attrs = at;
-        cfg.numAttrs = 2;
+        cfg.numAttrs = mode >= 10000 ? 1 : 2;
         const LayerW& w = lw[l % NL];
         CK(cudaLaunchKernelEx(&cfg, ffn_fused, (const uint8_t*)w.g, (const uint8_t*)w.u,
                               (const uint8_t*)(flags & F_ORIG ? w.d : wdr[l % NL]),
-                              (const int8_t*)aq, (const float2*)ads, KD, KF, KD, y_ff, cv, cnt, V, flags));
-        if (combine) launch_pdl(ffn_combine, (KD + 127) / 128, 128, st, (const float*)V, y_down, KD, KF / 256);
+                              (const int8_t*)aq, (const float2*)ads, KD, KF, KD, y_ff, cv, cnt, V, pc, flags));
+        if (combine) launch_pdl(ffn_combine, (KD + 31) / 32, 640, st, (const float*)V, y_down, KD, pc);
     };
     // mode 0: the engine's FFN; else the fused FFN (fused's mode). part: 0 whole layers, 1 the
     // FFN and its norm, 2 the FFN alone, 3 gate+up alone (A: mvk_silu_1 + silu_finish_q8k; F:
@@ -356,9 +417,9 @@ int main(int argc, char** argv) {
     };
     // Which shapes fit: blocks an SM and clusters resident at once (78 clusters must fit, or
     // some pieces wait for a second wave).
-    const int modes[] = {6, 7, 8, 506, 505};
+    const int modes[] = {6, 10528, 10468};
     const int F_D = F_DEFER;
-    for (int mode : modes) {
+    for (int mode : {6, 7, 506}) {
         const int P = mode % 100, NW = mode / 100 ? mode / 100 : 4;
         int ncl = 0, nb = 0;
         cudaLaunchConfig_t cfg = {};
@@ -387,10 +448,10 @@ int main(int argc, char** argv) {
         for (int mode : modes) {
             for (float* p : {y_ff, y_down}) CK(cudaMemsetAsync(p, 0, KF * sizeof(float), st));
             reset_h();
-            chain(1, mode, F_D, 0);
+            chain(1, mode, 0, 0);
             CK(cudaStreamSynchronize(st));
             CK(cudaGetLastError());
-            printf("one layer, mode %d, shared quads deferred:\n", mode);
+            printf("one layer, mode %d:\n", mode);
             compare("silu(gate) x up", host_copy(y_ff, KF), a_ff, &bad);
             compare("ffn_down", host_copy(y_down, KD), a_down, &bad);
         }
@@ -399,9 +460,9 @@ int main(int argc, char** argv) {
         CK(cudaGraphLaunch(ga, st));
         CK(cudaStreamSynchronize(st));
         const auto c_down = host_copy(y_down, KD), c_h = host_copy(hb, KD);
-        for (int mode : {6, 7, 8, 506, 505, 506 + 1000}) {
-            const int fl = (mode == 6 ? 0 : F_D) | (mode > 1000 ? F_ORIG : 0);
-            mode %= 1000;
+        for (int mode : {6, 10528, 10468, 10528 + 100000}) {
+            const int fl = (mode > 100000 ? F_D : 0);
+            mode %= 100000;
             cudaGraphExec_t gf = graph_of(mode, fl, 0);
             reset_h();
             CK(cudaGraphLaunch(gf, st));
@@ -422,24 +483,20 @@ int main(int argc, char** argv) {
     };
     const Var vars[] = {
         {"A  engine launches, whole layers", 0, 0, 0},
-        {"F  4 warps, clusters of 6, whole layers", 6, 0, 0},
-        {"F  4 warps, clusters of 6, deferred quads, whole layers", 6, F_D, 0},
-        {"F  4 warps, clusters of 7, deferred quads, whole layers", 7, F_D, 0},
-        {"F  5 warps, clusters of 6, deferred quads, whole layers", 506, F_D, 0},
-        {"F  5 warps, clusters of 5, deferred quads, whole layers", 505, F_D, 0},
-        {"F  5 warps, clusters of 6, deferred, engine's layout, whole layers", 506, F_D | F_ORIG, 0},
+        {"F  clusters of 6 (4 warps), whole layers", 6, 0, 0},
+        {"G  528 blocks, piece counts, whole layers", 10528, 0, 0},
+        {"G  468 blocks, piece counts, whole layers", 10468, 0, 0},
+        {"G  528 blocks, deferred quads, whole layers", 10528, F_D, 0},
+        {"G  528 blocks, NO WAIT (diagnostic), whole layers", 10528, F_NOWAIT, 0},
         {"A  the FFN alone (3 launches)", 0, 0, 2},
-        {"F  4 warps, clusters of 6, deferred, the FFN alone (+ combine)", 6, F_D, 2},
-        {"F  5 warps, clusters of 6, deferred, the FFN alone (+ combine)", 506, F_D, 2},
-        {"F  5 warps, clusters of 6, deferred, no barrier (diagnostic)", 506, F_D | F_NOWAIT, 2},
+        {"F  clusters of 6, the FFN alone (+ combine)", 6, 0, 2},
+        {"G  528 blocks, the FFN alone (+ combine)", 10528, 0, 2},
         {"A  gate+up + silu_finish_q8k alone", 0, 0, 3},
-        {"F  4 warps, clusters of 6, deferred, gate+up phase alone", 6, F_D, 3},
-        {"F  5 warps, clusters of 6, deferred, gate+up phase alone", 506, F_D, 3},
+        {"G  528 blocks, gate+up phase alone", 10528, 0, 3},
         {"A  ffn_down alone", 0, 0, 4},
-        {"F  4 warps, clusters of 6, ffn_down phase alone (+ combine)", 6, F_D, 4},
-        {"F  5 warps, clusters of 6, ffn_down phase alone (+ combine)", 506, F_D, 4},
+        {"G  528 blocks, ffn_down phase alone (+ combine)", 10528, 0, 4},
         {"A  engine launches, whole layers (again)", 0, 0, 0},
-        {"F  5 warps, clusters of 6, deferred quads, whole layers (again)", 506, F_D, 0},
+        {"G  528 blocks, piece counts, whole layers (again)", 10528, 0, 0},
     };
     for (const Var& v : vars) {
         cudaGraphExec_t g = graph_of(v.mode, v.flags, v.part);
