@@ -101,8 +101,8 @@ int main() {
     CK(cudaMalloc(&cnt, 2 * KF / 4 * sizeof(unsigned)));
     CK(cudaMemset(cnt, 0, 2 * KF / 4 * sizeof(unsigned)));
 
-    const int gq = mvk_blocks(RQKV / 4, kq_chunks_host(KD), sms), go = mvk_blocks(KD / 4, kq_chunks_host(KO), sms),
-              gg = mvk_blocks(KF / 4, 2 * kq_chunks_host(KD), sms), gd = mvk_blocks(KD / 4, kq_chunks_host(KF), sms);
+    const ChainGrids grids = chain_grids(sms);
+    const int gq = grids.q, go = grids.o, gg = grids.g, gd = grids.d;
     const unsigned Tg = (unsigned)(KF / 4) * 2 * kq_chunks_host(KD);
     printf("grids (blocks of 4 warps): q+k+v %d, attn_output %d, gate+up %d (%.1f tasks a warp), ffn_down %d\n", gq, go,
            gg, (double)Tg / (gg * 4), gd);

@@ -199,8 +199,8 @@ int main() {
     CK(cudaMemset(cnt, 0, 2 * KF / 4 * sizeof(unsigned)));
     CK(cudaMalloc(&bar, 1 << 20));
 
-    const int gq = mvk_blocks(RQKV / 4, kq_chunks_host(KD), sms), go = mvk_blocks(KD / 4, kq_chunks_host(KO), sms),
-              gg = mvk_blocks(KF / 4, 2 * kq_chunks_host(KD), sms), gd = mvk_blocks(KD / 4, kq_chunks_host(KF), sms);
+    const ChainGrids grids = chain_grids(sms);
+    const int gq = grids.q, go = grids.o, gg = grids.g, gd = grids.d;
     printf("launch grids (blocks of 4 warps): q+k+v %d, attn_output %d, gate+up %d, ffn_down %d\n", gq, go, gg, gd);
     auto ops_for = [&](int v) {
         std::vector<Op> ops;

@@ -174,4 +174,83 @@ static double read_bandwidth(StreamTimer& timer, int sms) {
     CK(cudaFree(sink));
     return n / (ms * 1e-3) / 1e9;
 }
+// The engine's one-column grids of the Glimmer-shaped chain (matvec.rs: mvk_blocks).
+struct ChainGrids {
+    int q, o, g, d; // q+k+v, attn_output, gate+up, ffn_down
+};
+static ChainGrids chain_grids(int sms) {
+    return ChainGrids{mvk_blocks(RQKV / 4, kq_chunks_host(KD), sms), mvk_blocks(KD / 4, kq_chunks_host(KO), sms),
+                      mvk_blocks(KF / 4, 2 * kq_chunks_host(KD), sms), mvk_blocks(KD / 4, kq_chunks_host(KF), sms)};
+}
+
+// One line of a chain lab's table: ms per run of `layers` layers of `layer_bytes` each, the rate
+// and its share of the read bandwidth bw (GB/s), us a layer.
+static void report_layers(const char* name, float ms, double layer_bytes, int layers, double bw, int width = 62) {
+    const double gbs = layer_bytes * layers / (ms * 1e-3) / 1e9;
+    printf("%-*s %8.3f ms  %7.1f GB/s  %5.1f%%  %7.2f us a layer\n", width, name, ms, gbs, 100.0 * gbs / bw,
+           ms * 1000.0 / layers);
+}
+
+// Random floats in [lo, hi) on the device.
+static float* dev_random(int n, float lo, float hi, unsigned seed) {
+    std::vector<float> h(n);
+    srand(seed);
+    for (auto& x : h) x = lo + (hi - lo) * (float)rand() / (float)RAND_MAX;
+    float* d;
+    CK(cudaMalloc(&d, n * sizeof(float)));
+    CK(cudaMemcpy(d, h.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+    return d;
+}
+
+static std::vector<float> host_copy(const float* d, int n) {
+    std::vector<float> h(n);
+    CK(cudaMemcpy(h.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost));
+    return h;
+}
+
+// Bitwise comparison with the engine's values r: the number of differing values (added to
+// *bad_total) and the largest relative difference.
+static void compare(const char* what, const std::vector<float>& a, const std::vector<float>& r, int* bad_total) {
+    int bad = 0;
+    double mx = 0, err = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+        if (memcmp(&a[i], &r[i], 4) != 0) ++bad;
+        mx = std::max(mx, (double)fabsf(r[i]));
+        err = std::max(err, (double)fabsf(a[i] - r[i]));
+    }
+    printf("  %-28s %6d of %6zu values differ from the engine's (largest |diff| / max|ref| %.3g)\n", what, bad, a.size(),
+           mx > 0 ? err / mx : err);
+    *bad_total += bad;
+}
+// A chain lab's start: line-buffered output (a hung run still leaves its lines in the log), the
+// SM count, and the bytes of one layer (every chain lab's layer: q+k+v, attn_output, gate, up,
+// ffn_down) printed.
+constexpr double LAYER_BYTES = (double)(BQ + BO + 2 * BG + BD);
+static int chain_start() {
+    setvbuf(stdout, nullptr, _IOLBF, 0);
+    int sms;
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    printf("%d SMs; a layer reads %.1f MB\n", sms, LAYER_BYTES / 1e6);
+    return sms;
+}
+// The read bandwidth (GB/s), printed with one layer's bytes at that rate.
+static double chain_bandwidth(StreamTimer& timer, int sms) {
+    const double bw = read_bandwidth(timer, sms);
+    printf("read bandwidth: %.1f GB/s; the chain's bytes at that rate: %.2f us a layer\n", bw, LAYER_BYTES / bw / 1e3);
+    return bw;
+}
+
+// The one-column kernels' scratch: the shared row quads' chunk values (cv) and counts (cnt, zeroed).
+static void chain_scratch(float** cv, unsigned** cnt) {
+    CK(cudaMalloc(cv, (size_t)2 * KF * 16 * sizeof(float)));
+    CK(cudaMalloc(cnt, 2 * KF / 4 * sizeof(unsigned)));
+    CK(cudaMemset(*cnt, 0, 2 * KF / 4 * sizeof(unsigned)));
+}
+
+// A Q8_K activation of up to KF values: int8 values, (d, sum) per 32, split sums per 256.
+static void chain_act(int8_t** q, float2** ds, int8_t** bs) {
+    CK(cudaMalloc(q, KF));
+    CK(cudaMalloc(ds, KF / 32 * sizeof(float2)));
+    CK(cudaMalloc(bs, KF / 256 * 16));
+}
 #endif

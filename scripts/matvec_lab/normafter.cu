@@ -142,8 +142,8 @@ int main() {
     CK(cudaMalloc(&cnt, 2 * KF / 4 * sizeof(unsigned)));
     CK(cudaMemset(cnt, 0, 2 * KF / 4 * sizeof(unsigned)));
 
-    const int gq = mvk_blocks(RQKV / 4, kq_chunks_host(KD), sms), go = mvk_blocks(KD / 4, kq_chunks_host(KO), sms),
-              gg = mvk_blocks(KF / 4, 2 * kq_chunks_host(KD), sms), gd = mvk_blocks(KD / 4, kq_chunks_host(KF), sms);
+    const ChainGrids grids = chain_grids(sms);
+    const int gq = grids.q, go = grids.o, gg = grids.g, gd = grids.d;
     printf("grids (blocks of 4 warps): q+k+v %d, attn_output %d (%d row quads), gate+up %d, ffn_down %d\n", gq, go,
            KD / 4, gg, gd);
     if (go * 4 != KD / 4 || gd * 4 != KD / 4) printf("warning: attn_output / ffn_down not one warp per row quad\n");

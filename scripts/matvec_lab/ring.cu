@@ -402,12 +402,9 @@ static size_t ring_smem(int ns, int cw) {
 }
 
 int main() {
-    setvbuf(stdout, nullptr, _IOLBF, 0); // a hung run still leaves its lines in the log
-    int sms;
-    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    const int sms = chain_start();
+    const double layer_bytes = LAYER_BYTES;
     const int NL = 8, LAYERS = 52;
-    const double layer_bytes = (double)(BQ + BO + 2 * BG + BD);
-    printf("%d SMs; a layer reads %.1f MB\n", sms, layer_bytes / 1e6);
     const std::vector<LayerW> lw = upload_layers(NL);
     int8_t* xq;
     float2* xds2;
@@ -436,9 +433,7 @@ int main() {
     CK(cudaMalloc(&sout, KF * sizeof(float)));
     float* cv;
     unsigned *cnt, *ctr;
-    CK(cudaMalloc(&cv, (size_t)2 * KF * 16 * sizeof(float)));
-    CK(cudaMalloc(&cnt, 2 * KF / 4 * sizeof(unsigned)));
-    CK(cudaMemset(cnt, 0, 2 * KF / 4 * sizeof(unsigned)));
+    chain_scratch(&cv, &cnt);
     CK(cudaMalloc(&ctr, 64));
     unsigned long long *dtl, *dstall;
     CK(cudaMalloc(&dtl, sizeof(unsigned long long) * 2 * 4 * LAYERS * sms));
@@ -447,17 +442,12 @@ int main() {
     cudaStream_t st;
     CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     StreamTimer timer(st);
-    const double bw = read_bandwidth(timer, sms);
-    printf("read bandwidth: %.1f GB/s; the chain's bytes at that rate: %.2f us a layer\n", bw, layer_bytes / bw / 1e3);
-    auto report = [&](const char* name, float ms) {
-        const double gbs = layer_bytes * LAYERS / (ms * 1e-3) / 1e9;
-        printf("%-58s %8.3f ms  %7.1f GB/s  %5.1f%%  %7.2f us a layer\n", name, ms, gbs, 100.0 * gbs / bw,
-               ms * 1000.0 / LAYERS);
-    };
+    const double bw = chain_bandwidth(timer, sms);
+    auto report = [&](const char* name, float ms) { report_layers(name, ms, layer_bytes, LAYERS, bw, 58); };
 
     // A: the engine's launches (chain.cu's variant A).
-    const int gq = mvk_blocks(RQKV / 4, kq_chunks_host(KD), sms), go = mvk_blocks(KD / 4, kq_chunks_host(KO), sms),
-              gg = mvk_blocks(KF / 4, 2 * kq_chunks_host(KD), sms), gd = mvk_blocks(KD / 4, kq_chunks_host(KF), sms);
+    const ChainGrids grids = chain_grids(sms);
+    const int gq = grids.q, go = grids.o, gg = grids.g, gd = grids.d;
     auto graph_a_ms = [&](bool small) {
         cudaGraph_t g;
         cudaGraphExec_t ge;

@@ -318,44 +318,10 @@ static size_t ringx_smem(int ns) {
     return (size_t)ns * XSTAGE + XMAXK + XMAXK / 32 * 8 + XMAXK / 256 * 16 + (size_t)(XTAB + XNORM + 32) * 4 + 16 * ns;
 }
 
-// Random floats in [lo, hi) on the device.
-static float* dev_random(int n, float lo, float hi, unsigned seed) {
-    std::vector<float> h(n);
-    srand(seed);
-    for (auto& x : h) x = lo + (hi - lo) * (float)rand() / (float)RAND_MAX;
-    float* d;
-    CK(cudaMalloc(&d, n * sizeof(float)));
-    CK(cudaMemcpy(d, h.data(), n * sizeof(float), cudaMemcpyHostToDevice));
-    return d;
-}
-
-static std::vector<float> host_copy(const float* d, int n) {
-    std::vector<float> h(n);
-    CK(cudaMemcpy(h.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost));
-    return h;
-}
-
-// Bitwise comparison: the number of differing values and the largest relative difference.
-static void compare(const char* what, const std::vector<float>& a, const std::vector<float>& r, int* bad_total) {
-    int bad = 0;
-    double mx = 0, err = 0;
-    for (size_t i = 0; i < a.size(); ++i) {
-        if (memcmp(&a[i], &r[i], 4) != 0) ++bad;
-        mx = std::max(mx, (double)fabsf(r[i]));
-        err = std::max(err, (double)fabsf(a[i] - r[i]));
-    }
-    printf("  %-28s %6d of %6zu values differ from the engine's (largest |diff| / max|ref| %.3g)\n", what, bad, a.size(),
-           mx > 0 ? err / mx : err);
-    *bad_total += bad;
-}
-
 int main() {
-    setvbuf(stdout, nullptr, _IOLBF, 0);
-    int sms;
-    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    const int sms = chain_start();
+    const double layer_bytes = LAYER_BYTES;
     const int NL = 8, LAYERS = 52;
-    const double layer_bytes = (double)(BQ + BO + 2 * BG + BD);
-    printf("%d SMs; a layer reads %.1f MB\n", sms, layer_bytes / 1e6);
     const std::vector<LayerW> lw = upload_layers(NL);
     const float eps = 1e-5f;
     float* h_init = dev_random(KD, -1.0f, 1.0f, 11);
@@ -366,34 +332,25 @@ int main() {
     for (auto** p : {&hb[0], &hb[1], &y_qkv, &y_ao, &y_ff, &y_down, &xn}) CK(cudaMalloc(p, KF * sizeof(float)));
     int8_t *aq, *abs_;
     float2* ads;
-    CK(cudaMalloc(&aq, KF));
-    CK(cudaMalloc(&ads, KF / 32 * sizeof(float2)));
-    CK(cudaMalloc(&abs_, KF / 256 * 16));
+    chain_act(&aq, &ads, &abs_);
     float* cv;
     unsigned *cnt, *done;
-    CK(cudaMalloc(&cv, (size_t)2 * KF * 16 * sizeof(float)));
-    CK(cudaMalloc(&cnt, 2 * KF / 4 * sizeof(unsigned)));
-    CK(cudaMemset(cnt, 0, 2 * KF / 4 * sizeof(unsigned)));
+    chain_scratch(&cv, &cnt);
     CK(cudaMalloc(&done, 64));
 
     cudaStream_t st;
     CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     StreamTimer timer(st);
-    const double bw = read_bandwidth(timer, sms);
-    printf("read bandwidth: %.1f GB/s; the chain's bytes at that rate: %.2f us a layer\n", bw, layer_bytes / bw / 1e3);
-    auto report = [&](const char* name, float ms) {
-        const double gbs = layer_bytes * LAYERS / (ms * 1e-3) / 1e9;
-        printf("%-62s %8.3f ms  %7.1f GB/s  %5.1f%%  %7.2f us a layer\n", name, ms, gbs, 100.0 * gbs / bw,
-               ms * 1000.0 / LAYERS);
-    };
+    const double bw = chain_bandwidth(timer, sms);
+    auto report = [&](const char* name, float ms) { report_layers(name, ms, layer_bytes, LAYERS, bw, 62); };
     auto reset_h = [&]() {
         CK(cudaMemcpyAsync(hb[0], h_init, KD * sizeof(float), cudaMemcpyDeviceToDevice, st));
         CK(cudaMemcpyAsync(hb[1], h_init, KD * sizeof(float), cudaMemcpyDeviceToDevice, st));
     };
 
     // A: the engine's launches.
-    const int gq = mvk_blocks(RQKV / 4, kq_chunks_host(KD), sms), go = mvk_blocks(KD / 4, kq_chunks_host(KO), sms),
-              gg = mvk_blocks(KF / 4, 2 * kq_chunks_host(KD), sms), gd = mvk_blocks(KD / 4, kq_chunks_host(KF), sms);
+    const ChainGrids grids = chain_grids(sms);
+    const int gq = grids.q, go = grids.o, gg = grids.g, gd = grids.d;
     auto mv = [&](const unsigned char* w, float* y, int rows, int K, int grid) {
         launch_pdl(mvk_1, grid, 128, st, q4k_job(w, y, rows), (const int8_t*)aq, (const float2*)ads, K, cv, cnt, 0);
     };
