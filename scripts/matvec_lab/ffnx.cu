@@ -2,7 +2,7 @@
 //
 // Every one-column design so far ties the FFN to two grid-wide boundaries: gate+up+SiLU must
 // end everywhere before silu_finish_q8k quantizes its output, which must end before ffn_down
-// starts (the launches' ramps and tails, ~10 us a layer in the step trace). But ffn_down's K is
+// starts (two ramps, two tails and a small kernel between them). But ffn_down's K is
 // the FFN's intermediate dimension, and a Q8_K super-block of its input (256 values of
 // silu(gate) x up) depends only on 256 gate rows and 256 up rows. So the FFN splits into 78
 // independent pieces (llama-glimmer: 19,968 / 256), piece s:
@@ -21,7 +21,11 @@
 // Compared in the same run with the engine's launches (mvk_silu_1 deferring its shared row quads,
 // silu_finish_q8k, mvk_1), in a chain of whole layers as ringx.cu's A (residual_norm, q+k+v,
 // quantize_q8_k, attn_output, residual_norm, FFN; programmatic dependencies, one CUDA graph),
-// every value checked bit for bit.
+// every value checked bit for bit. A third form (F_GLOBAL) uses no clusters: plain blocks, 4 an
+// SM, meeting at counts in global memory.
+// Result (lab README run 79; two calls, the third form not yet run): bit-identical to the
+// engine's, but slower (91-95 against 87.7 us a layer). Chained, the engine's FFN launches lose
+// little at the boundary this removes: gate+up and ffn_down alone add up to the two chained.
 //
 // Build and run on the device: RING=ffnx bash scripts/matvec_lab/run_ring.sh (~1 min)
 #ifndef __CUDACC_RTC__
@@ -37,10 +41,9 @@
 
 constexpr int FNB = 19968 / 256; // the pieces (ffn_down's super-blocks)
 
-// Flags (diagnostics: wrong outputs by design). F_NOWAIT: no cluster barrier (each block
-// quantizes whatever its piece's rows hold); F_NOAHEAD: no L2 request for the first ffn_down
-// round before the barrier.
-// F_NODOWN / F_NOUP: phase 1 / phase 2 alone.
+// Flags. Diagnostics, with wrong outputs by design: F_NOWAIT: no barrier (each block quantizes
+// whatever its piece's rows hold); F_NODOWN / F_NOUP: the gate/up part / the ffn_down part alone.
+// F_NOAHEAD: no L2 request for the first ffn_down round before the barrier.
 // F_DEFER: the gate/up row quads shared by two warps are not completed by atomics at the end of
 // their ranges (mvk_warp with MVK_DEFER_SHARED) but summed from cv by the warp that quantizes
 // the piece, after the barrier (silu_finish_q8k's way, inside the cluster).
