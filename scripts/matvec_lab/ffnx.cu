@@ -86,7 +86,7 @@ __device__ __forceinline__ float ffn_down_value(const uint8_t* __restrict__ blk0
 }
 
 // The FFN of one column: grid FNB x P blocks of NW = 4 or 5 warps in clusters of P (block p of
-// cluster s). wd: ffn_down's Q4_K blocks with super-block s of every row quad together
+// cluster s), or with F_GLOBAL any grid of 4-warp blocks (piece s gets 6 or 7 of 528). wd: ffn_down's Q4_K blocks with super-block s of every row quad together
 // ((s * quads + g) * 4 + r); V: [FNB][D] the rows' super-block values.
 __global__ void __launch_bounds__(160, 4)
     ffn_fused(const uint8_t* __restrict__ wg, const uint8_t* __restrict__ wu, const uint8_t* __restrict__ wd,
@@ -155,9 +155,9 @@ __global__ void __launch_bounds__(160, 4)
         asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
     }
     if (warp == 0) {
-        const float4 a = __ldcg((const float4*)(yff + 256 * s + 8 * lane)),
-                     b = __ldcg((const float4*)(yff + 256 * s + 8 * lane + 4));
-        float f[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+        const float4 f0 = __ldcg((const float4*)(yff + 256 * s + 8 * lane)),
+                     f1 = __ldcg((const float4*)(yff + 256 * s + 8 * lane + 4));
+        float f[8] = {f0.x, f0.y, f0.z, f0.w, f1.x, f1.y, f1.z, f1.w};
         if (flags & F_DEFER) {
 #pragma unroll 1
             for (int i = 0; i < 8; i += 4) { // the lane's two row quads
