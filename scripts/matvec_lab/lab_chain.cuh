@@ -1,7 +1,8 @@
-// What the chain labs share (chain.cu, ahead.cu, normafter.cu, ring.cu), included after matvec.cu:
-// grid-wide counters, the one-block small op standing in for the norms, qkv_rows and the attention;
-// and, on the host, programmatic launches, the Glimmer-shaped Q4_K layer weights, a CUDA-event
-// timer and the read bandwidth.
+// What the chain labs share (chain.cu, ahead.cu, normafter.cu, ring.cu, ringx.cu, ffnx.cu), included
+// after matvec.cu: grid-wide counters, the one-block small op standing in for the norms, qkv_rows
+// and the attention; and, on the host, programmatic launches, the Glimmer-shaped Q4_K layer
+// weights, a CUDA-event timer, the read bandwidth, the engine's grids and scratch, and the tables'
+// lines and bitwise comparisons.
 #pragma once
 
 // A counter read with acquire and added to with release (GPU scope): the grid-wide steps of the
@@ -174,6 +175,7 @@ static double read_bandwidth(StreamTimer& timer, int sms) {
     CK(cudaFree(sink));
     return n / (ms * 1e-3) / 1e9;
 }
+
 // The engine's one-column grids of the Glimmer-shaped chain (matvec.rs: mvk_blocks).
 struct ChainGrids {
     int q, o, g, d; // q+k+v, attn_output, gate+up, ffn_down
@@ -222,6 +224,7 @@ static void compare(const char* what, const std::vector<float>& a, const std::ve
            mx > 0 ? err / mx : err);
     *bad_total += bad;
 }
+
 // A chain lab's start: line-buffered output (a hung run still leaves its lines in the log), the
 // SM count, and the bytes of one layer (every chain lab's layer: q+k+v, attn_output, gate, up,
 // ffn_down) printed.
@@ -233,6 +236,7 @@ static int chain_start() {
     printf("%d SMs; a layer reads %.1f MB\n", sms, LAYER_BYTES / 1e6);
     return sms;
 }
+
 // The read bandwidth (GB/s), printed with one layer's bytes at that rate.
 static double chain_bandwidth(StreamTimer& timer, int sms) {
     const double bw = read_bandwidth(timer, sms);
