@@ -129,11 +129,13 @@ sass_profile() {
 # the shared-memory carveout the driver chose): how many sectors the kernel asks of L2 for each
 # byte it reads from DRAM.
 traffic_profile() {
+    # Arguments after the binary and the tag: the setting's variables (VAR=value ...).
     local b=$1 tag=$2
+    shift 2
     for spec in ${TRAFFIC_KERNELS:-mvk_silu_1:20}; do
         # A third field is a decode group width, as in sass_profile ("mmv_1:35:8").
         IFS=: read -r k skip streams <<< "$spec"
-        step "traffic-$tag-$k" 90 env MUSER_CUDA_GRAPHS=0 "$NCU_BIN" --clock-control none --kernel-name "regex:^$k\$" \
+        step "traffic-$tag-$k" 90 env MUSER_CUDA_GRAPHS=0 "$@" "$NCU_BIN" --clock-control none --kernel-name "regex:^$k\$" \
             --launch-skip "$skip" --launch-count 1 --metrics \
             gpu__time_duration.sum,dram__bytes_read.sum,lts__t_sectors_srcunit_tex_op_read.sum,l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum,l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum,lts__t_sector_hit_rate.pct,lts__throughput.avg.pct_of_peak_sustained_elapsed,dram__throughput.avg.pct_of_peak_sustained_elapsed,l1tex__t_sector_hit_rate.pct,launch__shared_mem_config_size \
             "$b" bench --backend cuda -m "$G" ${SASS_BENCH:--p 0 -n 2 -r 1} ${streams:+-s $streams}
@@ -493,14 +495,17 @@ if [ "${JOB:-}" = ab ]; then
     # SPEED_ARGS: more arguments of the per-op profile (e.g. "--depth 8192": one at that depth too);
     # SPEED=0: none.
     [ "${SPEED:-1}" = 1 ] && step speed 150 "$BIN" check --backend cuda --no-ops ${SPEED_ARGS:-} --speed "$G"
-    # TRAFFIC_KERNELS set: each setting's binary's memory traffic for them (traffic_profile).
+    # TRAFFIC_KERNELS set: each setting's memory traffic for them (traffic_profile), its binary
+    # run with its variables.
     if [ -n "${TRAFFIC_KERNELS:-}" ]; then
         i=0
         for set in "${SETS[@]}"; do
             i=$((i + 1))
+            [ "$set" = - ] && set=""
             b=$BIN
             for w in $set; do case $w in bin=*) b=${w#bin=} ;; esac; done
-            traffic_profile "$b" "$i"
+            set=$(echo "$set" | tr ' ' '\n' | grep -v '^bin=' | tr '\n' ' ')
+            traffic_profile "$b" "$i" $set
         done > "$OUT/traffic.txt" 2>&1
     fi
     # SASS_KERNELS set: their source counters too (see sass_profile).

@@ -21,6 +21,7 @@ for part in ${PARTS:-ffnx run80}; do
         OUT=$OUT/run80 MUSER_BIN=target/device/muser-lab JOB=ab \
             AB="-;MUSER_LAB_DEFINES=-DMMW_ABLATE=1;MUSER_LAB_DEFINES=-DMMW_ABLATE=2" \
             STREAMS=1,8,32 TRACE="1 2 3" TRACE_STREAMS=32 SPEED=0 \
+            TRAFFIC_KERNELS="mmw_silu_pair_4:20:32 mmw_split_4:23:32" \
             bash scripts/device_bench.sh > "$OUT/run80-stdout.txt" 2>&1
         echo "== run 80 (short table of $OUT/run80)"
         sed -n '/short table/,$p' "$OUT/run80-stdout.txt" | grep -v "^$" | head -150 ;;
