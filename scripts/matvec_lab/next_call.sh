@@ -71,7 +71,7 @@ done
 for s in "${SETS[@]}"; do
     [ -f "$OUT/trace-${s%%:*}.log" ] || continue
     echo "== trace ${s%%:*}"
-    sed -n '/^step trace/,$p' "$OUT/trace-${s%%:*}.log" | grep -iE "step trace|gate|ffn_down|q\+k\+v|attn_output|the step|^\| op" | head -12
+    sed -n '/^step trace/,/^middle/p' "$OUT/trace-${s%%:*}.log" | grep -v "^middle" | head -14
 done
 for s in "${SETS[@]}"; do
     [ -f "$OUT/traffic-${s%%:*}.log" ] || continue
