@@ -21,6 +21,7 @@ rank 0 copying without waiting for rank 1, the activation expected after the war
 and rank 1 never arriving.
 """
 import random
+import signal
 import sys
 
 A, W = 9344, 2304  # activation region, one warp's own weights (bytes; any positive values do)
@@ -149,7 +150,6 @@ def trial(rng, S, n, mutant=None):
             next(warps[k])
         except StopIteration:
             live.remove(k)
-        # Deadlock: only warps left, none can move. Detected by a step budget below.
     for c in (0, 1):
         for s in range(S):
             assert full[c][s].tx == 0 and full[c][s].pending == 4, "full barrier left unbalanced"
@@ -163,9 +163,7 @@ def run(trials, mutant=None):
     for t in range(trials):
         S = rng.choice([2, 3])
         n = rng.randint(1, 14)
-        # A deadlock shows as warps spinning forever: bound the steps.
-        import signal
-
+        # A deadlock shows as warps spinning forever: bound the time.
         def timeout(*_):
             raise RuntimeError(f"deadlock (trial {t}, S {S}, n {n})")
 
