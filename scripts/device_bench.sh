@@ -22,7 +22,8 @@
 #
 # JOB=side (the closing call of a session): the full parity command while llama.cpp builds (LLAMA=1),
 # then llama.cpp's and Muser's benchmarks on the same llama-glimmer file on a quiet machine; with
-# SERVE=1 also `muser serve` driven by scripts/serve_rate.py (serve_benches).
+# SERVE=1 also `muser serve` driven by scripts/serve_rate.py (serve_benches), and with SERVE_LLAMA=1
+# llama.cpp's llama-server under the same loads.
 #
 # JOB=ncu: Nsight Compute on one decode launch of NCU_KERNEL (NCU_STREAMS, NCU_DEPTH), alone.
 #
@@ -59,7 +60,8 @@ if [ "${LLAMA:-0}" = 1 ] && [ -f .llamacpp-src.tar.xz ]; then
     ( mkdir -p /tmp/llama && tar xJf .llamacpp-src.tar.xz -C /tmp/llama && cd /tmp/llama/llama.cpp &&
       cmake -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
         -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_APP=OFF &&
-      cmake --build build -j 16 --target llama-bench llama-batched-bench ) > "$OUT/llama-build.log" 2>&1 &
+      cmake --build build -j 16 --target llama-bench llama-batched-bench \
+        $([ "${SERVE_LLAMA:-0}" = 1 ] && echo llama-server) ) > "$OUT/llama-build.log" 2>&1 &
     LLAMA_PID=$!
 fi
 
@@ -176,7 +178,9 @@ llama_table() {
 }
 
 # `muser serve` on llama-glimmer ($G) with --parallel 32, driven by scripts/serve_rate.py:
-# serve_rate TAG [VAR=value ...] -- serve_rate.py args. Prints one line per run.
+# serve_rate TAG [VAR=value ...] -- serve_rate.py args. Prints one line per run. SERVER=llama
+# serves the same file with llama.cpp's llama-server instead (the same slots, 4,096 tokens each,
+# flash attention, every layer on the GPU).
 serve_rate() {
     local tag=$1
     shift
@@ -187,7 +191,13 @@ serve_rate() {
     local envs=()
     while [ "$1" != "--" ]; do envs+=("$1"); shift; done
     shift
-    env "${envs[@]}" "$BIN" serve -m "$G" --backend cuda --parallel "${SERVE_PAR:-32}" -c 4096 --port 8090 > "$OUT/serve-$tag.log" 2>&1 &
+    local par=${SERVE_PAR:-32}
+    if [ "${SERVER:-muser}" = llama ]; then
+        env "${envs[@]}" /tmp/llama/llama.cpp/build/bin/llama-server -m "$G" -ngl 99 -fa on -np "$par" \
+            -c $((par * 4096)) --no-webui --port 8090 > "$OUT/serve-$tag.log" 2>&1 &
+    else
+        env "${envs[@]}" "$BIN" serve -m "$G" --backend cuda --parallel "$par" -c 4096 --port 8090 > "$OUT/serve-$tag.log" 2>&1 &
+    fi
     local pid=$! i
     for i in $(seq 1 150); do curl -sf http://127.0.0.1:8090/health > /dev/null 2>&1 && break; sleep 1; done
     echo "serve $tag: $(timeout $((DEADLINE - SECONDS - 5)) python3 scripts/serve_rate.py --url http://127.0.0.1:8090 "$@" 2>&1 | tr '\n' ' ')" |
@@ -216,6 +226,13 @@ serve_benches() {
     [ "${SERVE64:-0}" = 1 ] && SERVE_PAR=64 serve_rate greedy64 X=1 -- --clients 64 --requests 2 --max-tokens 128
     want temp32 && serve_rate temp32 X=1 -- --clients 32 --requests 2 --max-tokens 128 --temperature 0.8
     want long8 && serve_rate long8 X=1 -- --clients 8 --requests 2 --max-tokens 16 --prompt-words 900-1100
+    # SERVE_LLAMA=1 (with LLAMA=1, which then builds llama-server too): llama.cpp's llama-server on
+    # the same file under the same greedy loads (scripts/serve_compare.sh does this on the CPU).
+    if [ "${SERVE_LLAMA:-0}" = 1 ] && [ -n "${LLAMA_PID:-}" ]; then
+        wait "$LLAMA_PID" 2> /dev/null
+        want greedy8 && SERVER=llama serve_rate llama-greedy8 X=1 -- --clients 8 --requests 2 --max-tokens 128 --rounds 2
+        want greedy32 && SERVER=llama serve_rate llama-greedy32 X=1 -- --clients 32 --requests 2 --max-tokens 128 --rounds 2
+    fi
     return 0
 }
 
