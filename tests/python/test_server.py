@@ -1,8 +1,8 @@
 """`muser serve` against the real `openai` Python client (and raw HTTP where the client hides
 what is checked): completions and chat, streaming and not, logprobs, usage with cached tokens,
-stop strings, token-array prompts, tokenize/detokenize, 16 concurrent streams each identical to
-its solo run, a client disconnecting mid-stream, every kind of bad request, overload (503) and
-the API key.
+llama-server's timings, stop strings, token-array prompts, tokenize/detokenize, 16 concurrent
+streams each identical to its solo run, a client disconnecting mid-stream, every kind of bad
+request, overload (503) and the API key.
 
 The servers run models/muse-default.gguf on a free loopback port; the binary is $MUSER_BIN,
 else target/release/muser (`cargo build --release -p muser-cli`).
@@ -211,6 +211,34 @@ def test_cached_prefix_is_reported(client):
     n = first.usage.prompt_tokens
     assert again.usage.prompt_tokens_details.cached_tokens == n - 1
     assert again.choices[0].text == first.choices[0].text
+
+
+def test_llama_server_timings(client):
+    """Each answer carries llama-server's `timings`: counts that agree with the usage, times that
+    are positive, and rates that are their quotients; a stream carries them on its finish chunk."""
+    prompt = "The best things in life are"
+    client.completions.create(model=MODEL_ID, prompt=prompt, max_tokens=2, temperature=0)
+    r = client.completions.create(model=MODEL_ID, prompt=prompt, max_tokens=12, temperature=0,
+                                  extra_body={"ignore_eos": True})
+    t = r.model_extra["timings"]
+    u = r.usage
+    assert t["cache_n"] == u.prompt_tokens_details.cached_tokens == u.prompt_tokens - 1
+    assert t["prompt_n"] == 1 and t["predicted_n"] == u.completion_tokens == 12
+    assert t["prompt_ms"] > 0 and t["predicted_ms"] > 0
+    for part in ("prompt", "predicted"):
+        n, ms = t[f"{part}_n"], t[f"{part}_ms"]
+        assert t[f"{part}_per_token_ms"] == pytest.approx(ms / n)
+        assert t[f"{part}_per_second"] == pytest.approx(n * 1e3 / ms)
+
+    chunks = list(client.chat.completions.create(
+        model=MODEL_ID, messages=[{"role": "user", "content": "Tell me a fortune."}],
+        max_tokens=6, temperature=0, stream=True, stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True}))
+    timed = [ch for ch in chunks if (ch.model_extra or {}).get("timings")]
+    assert len(timed) == 1 and timed[0].choices[0].finish_reason == "length"
+    t = timed[0].model_extra["timings"]
+    assert t["predicted_n"] == chunks[-1].usage.completion_tokens == 6
+    assert t["prompt_n"] + t["cache_n"] == chunks[-1].usage.prompt_tokens
 
 
 def test_stop_strings(client):

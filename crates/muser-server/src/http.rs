@@ -343,6 +343,30 @@ fn piece(m: &ModelInfo, id: u32) -> String {
     String::from_utf8_lossy(m.tokenizer.token_to_piece_bytes(id).unwrap_or(b"")).into_owned()
 }
 
+/// llama-server's `timings` of a request: the prompt positions computed (`prompt_n`, those
+/// reused from the slot's cache are `cache_n`) and the tokens generated (`predicted_n`), each
+/// with its milliseconds, per token and per second (null where a count or a time is zero).
+fn timings(f: &Finish) -> Value {
+    let per = |n: usize, ms: f64| {
+        let ok = n > 0 && ms > 0.0;
+        (ok.then(|| ms / n as f64), ok.then(|| n as f64 * 1e3 / ms))
+    };
+    let prompt_n = f.prompt_tokens - f.cached_tokens;
+    let (ppt, pps) = per(prompt_n, f.prompt_ms);
+    let (gpt, gps) = per(f.completion_tokens, f.predicted_ms);
+    json!({
+        "cache_n": f.cached_tokens,
+        "prompt_n": prompt_n,
+        "prompt_ms": f.prompt_ms,
+        "prompt_per_token_ms": ppt,
+        "prompt_per_second": pps,
+        "predicted_n": f.completion_tokens,
+        "predicted_ms": f.predicted_ms,
+        "predicted_per_token_ms": gpt,
+        "predicted_per_second": gps,
+    })
+}
+
 fn usage(f: &Finish) -> Value {
     json!({
         "prompt_tokens": f.prompt_tokens,
@@ -462,6 +486,7 @@ impl Reply {
         }
         let mut v = self.envelope(false, json!([choice]));
         v["usage"] = usage(f);
+        v["timings"] = timings(f);
         v
     }
 }
@@ -484,8 +509,8 @@ async fn collect(reply: Reply, mut rx: UnboundedReceiver<Event>) -> Result<Value
     ))
 }
 
-/// Server-sent events: a chunk per token (text and logprobs), a chunk with the finish reason,
-/// the usage chunk if asked for, then `[DONE]`. Dropping the stream (the client went away)
+/// Server-sent events: a chunk per token (text and logprobs), a chunk with the finish reason
+/// (and llama-server's `timings`), the usage chunk if asked for, then `[DONE]`. Dropping the stream (the client went away)
 /// drops the receiver, which the engine notices at its next step.
 fn sse_stream(
     reply: Reply,
@@ -525,7 +550,9 @@ fn sse_stream(
                 st.offset += text.len();
             }
             Some(Event::Done(f)) => {
-                out.push(data(r.chunk(None, &[], 0, Some(f.reason.as_str()), false)));
+                let mut last = r.chunk(None, &[], 0, Some(f.reason.as_str()), false);
+                last["timings"] = timings(&f);
+                out.push(data(last));
                 if r.include_usage {
                     let mut u = r.envelope(true, json!([]));
                     u["usage"] = usage(&f);

@@ -83,6 +83,12 @@ pub struct Finish {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     pub cached_tokens: usize,
+    /// Milliseconds from the start of the prompt's first prefill part to the end of its last
+    /// (the prompt positions not reused from the cache; shared passes count whole).
+    pub prompt_ms: f64,
+    /// Milliseconds from the end of the prefill to the end of the request: the decode steps
+    /// after the first token (which the prefill's logits give), and their sampling.
+    pub predicted_ms: f64,
 }
 
 /// The log-probability of `id` under `logits` (natural log of the softmax) and the `n` most
@@ -106,6 +112,9 @@ struct Task {
     next: Option<u32>,
     /// Order of arrival: the oldest prefilling request gets the next chunk.
     seq: u64,
+    /// When its first prefill part started, and when its last one ended.
+    prefill_start: Option<Instant>,
+    prefill_end: Option<Instant>,
 }
 
 struct Slot<'m, B: Backend> {
@@ -276,6 +285,8 @@ impl<'m, B: Backend> Engine<'m, B> {
                 n_cached,
                 next: None,
                 seq: self.clock,
+                prefill_start: None,
+                prefill_end: None,
             });
         }
     }
@@ -421,6 +432,10 @@ impl<'m, B: Backend> Engine<'m, B> {
             return;
         }
         let t0 = Instant::now();
+        for &(i, _, _) in &parts {
+            let task = self.slots[i].task.as_mut().unwrap();
+            task.prefill_start.get_or_insert(t0);
+        }
         let result = {
             let mut picked: Vec<(usize, &mut Slot<'m, B>)> = self
                 .slots
@@ -452,6 +467,7 @@ impl<'m, B: Backend> Engine<'m, B> {
                     slot.cached.extend_from_slice(&task.job.prompt[at..at + n]);
                     slot.prefilled = slot.session.pos();
                     if last {
+                        slot.task.as_mut().unwrap().prefill_end = Some(Instant::now());
                         self.after_logits(i, None);
                     }
                 }
@@ -595,11 +611,15 @@ fn finish(task: &mut Task, mut reason: FinishReason, release: bool) -> Outcome {
     {
         return Outcome::Gone;
     }
+    let ms = |a: Option<Instant>, b: Instant| a.map_or(0.0, |a| (b - a).as_secs_f64() * 1e3);
+    let end = task.prefill_end.unwrap_or_else(Instant::now);
     let done = Finish {
         reason,
         prompt_tokens: task.job.prompt.len(),
         completion_tokens: task.n_gen,
         cached_tokens: task.n_cached,
+        prompt_ms: ms(task.prefill_start, end),
+        predicted_ms: ms(Some(end), Instant::now()),
     };
     if events.send(Event::Done(done)).is_err() {
         return Outcome::Gone;

@@ -346,6 +346,49 @@ fn prefill_is_chunked_so_decodes_keep_their_pace() {
     assert!(!c.logprobs.is_empty() || c.finish.is_some());
 }
 
+#[test]
+fn timings_cover_the_prefill_then_the_decode() {
+    // A 600-token prompt alone: step 1 prefills 512 tokens, step 2 the other 88 and samples the
+    // first token, steps 3-9 decode the other 7 (ignore_eos). The request's prompt time spans
+    // both prefill parts, its decode time the steps after them.
+    let (m, tok) = model();
+    let metrics = Metrics::default();
+    let mut e = Engine::new(&m, &tok, &metrics, 2, 1024).unwrap();
+    let mut g = greedy(8);
+    g.ignore_eos = true;
+    let mut rx = submit(&mut e, &metrics, long_prompt(&tok, 600), g);
+    let mut steps_ms = Vec::new();
+    while e.busy() {
+        let t = std::time::Instant::now();
+        e.step();
+        steps_ms.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    assert_eq!(steps_ms.len(), 9);
+    let mut f = None;
+    while let Ok(ev) = rx.try_recv() {
+        if let Event::Done(d) = ev {
+            f = Some(d);
+        }
+    }
+    let f = f.expect("the request finished");
+    assert_eq!(
+        (f.prompt_tokens, f.cached_tokens, f.completion_tokens),
+        (600, 0, 8)
+    );
+    let (first, second) = (steps_ms[0], steps_ms[1]);
+    let decode: f64 = steps_ms[2..].iter().sum();
+    assert!(
+        f.prompt_ms >= 0.5 * first && f.prompt_ms <= first + second,
+        "prompt {} ms, steps {steps_ms:?}",
+        f.prompt_ms
+    );
+    assert!(
+        f.predicted_ms >= 0.5 * (decode - steps_ms[8]) && f.predicted_ms <= second + decode,
+        "decode {} ms, steps {steps_ms:?}",
+        f.predicted_ms
+    );
+}
+
 /// `n` tokens of text.
 fn long_prompt(tok: &Tokenizer, n: usize) -> Vec<u32> {
     let text = TEXTS.join(" ").repeat(1 + n / 50);
