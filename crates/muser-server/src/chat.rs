@@ -20,8 +20,6 @@ pub const TEMPLATE_FUEL: u64 = 20_000_000;
 
 pub struct ChatTemplate {
     env: Environment<'static>,
-    /// The template is the file's own (false: the fallback).
-    pub from_model: bool,
     bos: String,
     eos: String,
 }
@@ -39,15 +37,25 @@ impl ChatTemplate {
             // Templates use it for a "today is" line; a fixed date keeps prompts reproducible.
             "01 Jan 2026".to_string()
         });
+        // Jinja2's undefined has length 0, so templates test `tools|length > 0` with no tools
+        // passed; minijinja's own filter refuses an undefined value.
+        let length = |v: &minijinja::Value| -> Result<usize, Error> {
+            if v.is_undefined() {
+                Ok(0)
+            } else {
+                minijinja::filters::length(v)
+            }
+        };
+        env.add_filter("length", length);
+        env.add_filter("count", length);
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
         env.set_fuel(Some(TEMPLATE_FUEL));
-        let from_model = source.is_some();
-        env.add_template_owned("chat", source.unwrap_or(FALLBACK_TEMPLATE).to_string())
-            .map_err(|e| anyhow::anyhow!("the model's chat template does not parse: {e:#}"))?;
+        let source = source.map_or_else(|| FALLBACK_TEMPLATE.to_string(), without_generation_tags);
+        env.add_template_owned("chat", source)
+            .map_err(|e| anyhow::anyhow!("the chat template does not parse: {e:#}"))?;
         Ok(ChatTemplate {
             env,
-            from_model,
             bos: bos.to_string(),
             eos: eos.to_string(),
         })
@@ -74,6 +82,25 @@ impl ChatTemplate {
             _ => ApiError::bad_request(format!("the chat template refused the messages: {e}")),
         })
     }
+}
+
+/// `source` with Hugging Face's `{% generation %}` / `{% endgeneration %}` tags (they mark the
+/// assistant's tokens for training masks and render nothing themselves) turned into an
+/// always-true `if` block, keeping their whitespace control, so that minijinja parses them.
+fn without_generation_tags(source: &str) -> String {
+    static TAG: std::sync::OnceLock<fancy_regex::Regex> = std::sync::OnceLock::new();
+    let tag = TAG.get_or_init(|| {
+        fancy_regex::Regex::new(r"\{%(-?)\s*(end)?generation\s*(-?)%\}").expect("a valid pattern")
+    });
+    tag.replace_all(source, |c: &fancy_regex::Captures| {
+        let body = if c.get(2).is_some() {
+            "endif"
+        } else {
+            "if true"
+        };
+        format!("{{%{} {body} {}%}}", &c[1], &c[3])
+    })
+    .into_owned()
 }
 
 /// Checks `messages` (a non-empty array of {role, content}) and returns them with content
@@ -175,6 +202,39 @@ mod tests {
         let t = ChatTemplate::new(Some(src), "<s>", "</s>").unwrap();
         let m = parse_messages(Some(&json!([{"role": "user", "content": "  hello  "}]))).unwrap();
         assert_eq!(t.render(&m).unwrap(), "<s><|user|>hello<|assistant|>");
+    }
+
+    #[test]
+    fn generation_tags_render_their_body_with_their_whitespace_control() {
+        // Hugging Face's training-mask markers, in both spellings of whitespace control.
+        let src = "{% for m in messages %}[{{ m.role }}]\n\
+                   {%- if m.role == 'assistant' %}  {%- generation -%}  {{ m.content }}  \
+                   {%- endgeneration -%}  {% else %}{{ m.content }}{% endif %}|{% endfor %}\
+                   {% generation %}{% endgeneration %}";
+        let t = ChatTemplate::new(Some(src), "", "").unwrap();
+        let m = parse_messages(Some(&json!([
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "yo"}
+        ])))
+        .unwrap();
+        assert_eq!(t.render(&m).unwrap(), "[user]hi|[assistant]yo|");
+        assert_eq!(
+            without_generation_tags("a{%- generation %}b{% endgeneration -%}c"),
+            "a{%- if true %}b{% endif -%}c"
+        );
+    }
+
+    #[test]
+    fn an_undefined_value_has_length_zero_as_in_jinja2() {
+        // `tools` is not passed: Jinja2 gives its length as 0, so templates test it this way.
+        let src = "{% if tools is not none and tools|length > 0 %}TOOLS {% endif %}\
+                   {{ messages|length }} {{ nothing|count }} {{ 'abc'|length }}";
+        let t = ChatTemplate::new(Some(src), "", "").unwrap();
+        let m = parse_messages(Some(&json!([{"role": "user", "content": "hi"}]))).unwrap();
+        assert_eq!(t.render(&m).unwrap(), "1 0 3");
+        // A value that has no length is still an error.
+        let t = ChatTemplate::new(Some("{{ 5|length }}"), "", "").unwrap();
+        assert!(t.render(&m).is_err());
     }
 
     #[test]

@@ -35,6 +35,7 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route("/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/chat/completions", post(chat_completions))
+        .route("/apply-template", post(apply_template))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .route("/metrics", get(metrics))
@@ -177,7 +178,7 @@ async fn models(State(sh): AppState) -> Result<Json<Value>, ApiError> {
                 "n_params": m.n_params,
                 "size": m.size,
                 "backend": m.backend,
-                "chat_template": if m.template.from_model { "model" } else { "fallback" },
+                "chat_template": m.template_origin,
             }
         }]
     })))
@@ -191,13 +192,27 @@ async fn metrics(State(sh): AppState) -> Response {
         .into_response()
 }
 
+impl Shared {
+    /// A request's JSON object, once the model is ready (503 before), with the model.
+    async fn request(
+        &self,
+        headers: &HeaderMap,
+        body: Body,
+    ) -> Result<(Arc<ModelInfo>, Map<String, Value>), ApiError> {
+        let m = self.ready()?;
+        Ok((
+            m,
+            parse_object(&read_body(headers, body, self.config.body_limit).await?)?,
+        ))
+    }
+}
+
 async fn tokenize(
     State(sh): AppState,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Json<Value>, ApiError> {
-    let m = sh.ready()?;
-    let obj = parse_object(&read_body(&headers, body, sh.config.body_limit).await?)?;
+    let (m, obj) = sh.request(&headers, body).await?;
     let f = Fields(&obj);
     let content = f
         .string("content")?
@@ -220,8 +235,7 @@ async fn detokenize(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Json<Value>, ApiError> {
-    let m = sh.ready()?;
-    let obj = parse_object(&read_body(&headers, body, sh.config.body_limit).await?)?;
+    let (m, obj) = sh.request(&headers, body).await?;
     let ids = match Fields(&obj).get("tokens") {
         Some(Value::Array(a)) => api::token_ids(a, m.tokenizer.n_vocab())
             .map_err(|e| ApiError::param("tokens", format!("tokens{e}")))?,
@@ -243,6 +257,18 @@ async fn detokenize(
     Ok(Json(json!({ "content": String::from_utf8_lossy(&bytes) })))
 }
 
+/// llama-server's `POST /apply-template`: the prompt text the chat template makes of a
+/// request's `messages`, without running the model.
+async fn apply_template(
+    State(sh): AppState,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Json<Value>, ApiError> {
+    let (m, obj) = sh.request(&headers, body).await?;
+    let messages = parse_messages(Fields(&obj).get("messages"))?;
+    Ok(Json(json!({ "prompt": m.template.render(&messages)? })))
+}
+
 async fn completions(State(sh): AppState, headers: HeaderMap, body: Body) -> Response {
     generate(sh, headers, body, false)
         .await
@@ -261,8 +287,7 @@ async fn generate(
     body: Body,
     chat: bool,
 ) -> Result<Response, ApiError> {
-    let m = sh.ready()?;
-    let obj = parse_object(&read_body(&headers, body, sh.config.body_limit).await?)?;
+    let (m, obj) = sh.request(&headers, body).await?;
     let f = Fields(&obj);
     if let Some(name) = f.string("model")? {
         if !name.is_empty() && !m.knows(name) {

@@ -48,6 +48,9 @@ pub struct ServerConfig {
     pub body_limit: usize,
     /// The model file, for its id.
     pub model_path: PathBuf,
+    /// A chat template to use instead of the GGUF's `tokenizer.chat_template` (its Jinja
+    /// source, as llama-server's `--chat-template-file` reads it).
+    pub chat_template: Option<String>,
 }
 
 impl Default for ServerConfig {
@@ -61,6 +64,7 @@ impl Default for ServerConfig {
             api_key: None,
             body_limit: 8 << 20,
             model_path: PathBuf::from("model.gguf"),
+            chat_template: None,
         }
     }
 }
@@ -73,6 +77,9 @@ pub struct ModelInfo {
     pub aliases: Vec<String>,
     pub tokenizer: Tokenizer,
     pub template: ChatTemplate,
+    /// Where the template came from: "file" (`--chat-template-file`), "model" (the GGUF) or
+    /// "fallback" (neither: the plain "Role: text" template).
+    pub template_origin: &'static str,
     /// Context of each slot.
     pub n_ctx: usize,
     pub n_ctx_train: usize,
@@ -199,8 +206,19 @@ fn model_info<B: Backend>(model: &Model<B>, config: &ServerConfig) -> anyhow::Re
             .unwrap_or("")
             .to_string()
     };
-    let template_src = gguf.get_str("tokenizer.chat_template").ok();
-    let template = ChatTemplate::new(template_src, &text(tokenizer.bos()), &text(tokenizer.eos()))?;
+    let (template_src, template_origin) = match (
+        &config.chat_template,
+        gguf.get_str("tokenizer.chat_template"),
+    ) {
+        (Some(src), _) => (Some(src.as_str()), "file"),
+        (None, Ok(src)) => (Some(src), "model"),
+        (None, Err(_)) => (None, "fallback"),
+    };
+    let template = ChatTemplate::new(template_src, &text(tokenizer.bos()), &text(tokenizer.eos()))
+        .with_context(|| match template_origin {
+            "file" => "the template of --chat-template-file",
+            _ => "the model's tokenizer.chat_template",
+        })?;
     let c = &model.config;
     let n_ctx = config.n_ctx.unwrap_or(c.n_ctx_train);
     if n_ctx == 0 {
@@ -223,6 +241,7 @@ fn model_info<B: Backend>(model: &Model<B>, config: &ServerConfig) -> anyhow::Re
         id,
         aliases,
         template,
+        template_origin,
         n_ctx,
         n_ctx_train: c.n_ctx_train,
         n_vocab: c.n_vocab,

@@ -3,6 +3,7 @@
 //! and the engine loop runs on this thread until the process is stopped.
 
 use super::backend::{BackendKind, CliBackend, ModelJob};
+use anyhow::Context;
 use muser_engine::Model;
 use muser_server::{Server, ServerConfig};
 use std::path::PathBuf;
@@ -38,10 +39,24 @@ pub struct Args {
     /// CPU threads (default: one per core).
     #[arg(short = 't', long)]
     pub threads: Option<usize>,
+    /// A Jinja chat template to use instead of the model's `tokenizer.chat_template`.
+    #[arg(long = "chat-template-file")]
+    pub chat_template_file: Option<PathBuf>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let path = super::run::resolve_model(args.model.as_deref())?;
+    // The template file is read and compiled before the model loads, so a bad one fails fast.
+    let chat_template = match &args.chat_template_file {
+        Some(f) => {
+            let src = std::fs::read_to_string(f)
+                .with_context(|| format!("cannot read the chat template file {}", f.display()))?;
+            muser_server::chat::ChatTemplate::new(Some(&src), "", "")
+                .with_context(|| format!("the chat template file {}", f.display()))?;
+            Some(src)
+        }
+        None => None,
+    };
     let server = Server::start(ServerConfig {
         host: args.host.clone(),
         port: args.port,
@@ -51,6 +66,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         api_key: args.api_key.clone(),
         body_limit: args.body_limit,
         model_path: path.clone(),
+        chat_template,
     })?;
     eprintln!(
         "muser serve: listening on http://{} (loading {})",
