@@ -15,7 +15,8 @@ export MUSER_CUDA_INCLUDE="$nv/include"
 export MUSER_REQUIRE_NVRTC=1
 
 # The comparator, llama.cpp, built on the side from PyPI's source (never committed): its C
-# reference quantizers and llama-quantize are byte oracles, llama-perplexity the logit oracle.
+# reference quantizers and llama-quantize are byte oracles, llama-perplexity the logit oracle,
+# llama-server the oracle of the server's answers.
 # MUSER_SKIP_LLAMACPP=1 skips it (about 15 minutes on 2 cores the first time).
 if [ "${MUSER_SKIP_LLAMACPP:-0}" != 1 ]; then
     llama_src="$(scripts/fetch_llamacpp.sh "$PWD/target/llamacpp" build)"

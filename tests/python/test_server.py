@@ -204,6 +204,25 @@ def test_logprobs(client):
         assert bytes(e.bytes).decode("utf-8", "replace") == e.token
 
 
+def test_partial_characters_keep_their_bytes(server, client):
+    """A token that holds part of a character: /tokenize gives its bytes (as llama-server does),
+    and a chat logprob's `bytes` are the token's own bytes, not a replacement character's."""
+    emoji = "\U0001F600"
+    pieces = post(server, "/tokenize", {"content": emoji, "with_pieces": True}).json()["tokens"]
+    raw = b"".join(bytes(p["piece"]) if isinstance(p["piece"], list) else p["piece"].encode()
+                   for p in pieces)
+    assert raw == emoji.encode() and isinstance(pieces[0]["piece"], list)
+    first = pieces[0]["id"]
+    r = client.chat.completions.create(model=MODEL_ID, max_tokens=1, temperature=0,
+                                       messages=[{"role": "user", "content": "Hi"}],
+                                       logprobs=True, top_logprobs=1,
+                                       logit_bias={str(first): 100})
+    e = r.choices[0].logprobs.content[0]
+    assert e.model_extra["id"] == first
+    assert bytes(e.bytes) == bytes(pieces[0]["piece"])
+    assert emoji.encode().startswith(bytes(e.bytes)) and e.token == "\ufffd"
+
+
 def test_cached_prefix_is_reported(client):
     prompt = "It is a truth universally acknowledged, that a single man in possession of"
     first = client.completions.create(model=MODEL_ID, prompt=prompt, max_tokens=4, temperature=0)

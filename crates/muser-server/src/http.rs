@@ -168,6 +168,8 @@ async fn models(State(sh): AppState) -> Result<Json<Value>, ApiError> {
         "object": "list",
         "data": [{
             "id": m.id,
+            "aliases": m.aliases,
+            "tags": [],
             "object": "model",
             "created": m.created,
             "owned_by": "muser",
@@ -175,6 +177,7 @@ async fn models(State(sh): AppState) -> Result<Json<Value>, ApiError> {
                 "n_ctx": m.n_ctx,
                 "n_ctx_train": m.n_ctx_train,
                 "n_vocab": m.n_vocab,
+                "n_embd": m.n_embd,
                 "n_params": m.n_params,
                 "size": m.size,
                 "backend": m.backend,
@@ -222,7 +225,15 @@ async fn tokenize(
     let ids = m.tokenizer.encode(content, add_special, parse_special);
     let tokens: Vec<Value> = if f.boolean("with_pieces")?.unwrap_or(false) {
         ids.iter()
-            .map(|&id| json!({"id": id, "piece": piece(&m, id)}))
+            .map(|&id| {
+                // As llama-server: the text when the bytes are whole characters, else the bytes.
+                let raw = m.tokenizer.token_to_piece_bytes(id).unwrap_or(b"");
+                let piece = match std::str::from_utf8(raw) {
+                    Ok(text) => json!(text),
+                    Err(_) => json!(raw),
+                };
+                json!({"id": id, "piece": piece})
+            })
             .collect()
     } else {
         ids.iter().map(|&id| json!(id)).collect()
@@ -409,9 +420,11 @@ impl Reply {
         }
         let m = &self.info;
         if self.chat {
+            // `bytes` are the token's own bytes (part of a character, for some), `token` their
+            // text with any incomplete character replaced.
             let entry = |id: u32, lp: f32| {
-                let p = piece(m, id);
-                json!({"token": p, "logprob": lp, "bytes": p.as_bytes()})
+                let raw = m.tokenizer.token_to_piece_bytes(id).unwrap_or(b"");
+                json!({"id": id, "token": String::from_utf8_lossy(raw), "logprob": lp, "bytes": raw})
             };
             let content: Vec<Value> = lps
                 .iter()

@@ -84,6 +84,7 @@ pub struct ModelInfo {
     pub n_ctx: usize,
     pub n_ctx_train: usize,
     pub n_vocab: usize,
+    pub n_embd: usize,
     pub n_params: u64,
     pub size: u64,
     /// Unix time the model became ready.
@@ -245,6 +246,7 @@ fn model_info<B: Backend>(model: &Model<B>, config: &ServerConfig) -> anyhow::Re
         n_ctx,
         n_ctx_train: c.n_ctx_train,
         n_vocab: c.n_vocab,
+        n_embd: c.n_embd,
         n_params: model.n_params(),
         size: model.weight_bytes(),
         created: std::time::SystemTime::now()

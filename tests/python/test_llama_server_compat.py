@@ -1,0 +1,180 @@
+"""`muser serve` beside llama.cpp's `llama-server` on one file: the same requests to both, and
+every field of llama-server's answer must be in Muser's too, with a JSON type that agrees (null
+agrees with any type), except the differences listed in DIFFERENCES, each with its reason. A
+stream is compared as the union of its chunks' fields, and both must end with `[DONE]`.
+
+The file is `muser synth llama-tiny` (a llama both engines run). Skipped unless $LLAMA_CPP_BIN
+holds llama-server (scripts/test.sh builds it on the side from the comparator's source).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from test_server import ServerProcess, muser_bin
+
+LLAMA_BIN = os.environ.get("LLAMA_CPP_BIN")
+LLAMA_SERVER = Path(LLAMA_BIN, "llama-server") if LLAMA_BIN else None
+pytestmark = pytest.mark.skipif(not (LLAMA_SERVER and LLAMA_SERVER.exists()),
+                                reason="set LLAMA_CPP_BIN to a folder with llama.cpp's llama-server")
+
+MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there"}]
+REQUESTS = {
+    "completion": ("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 5,
+                                       "temperature": 0}),
+    "completion stream": ("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 4,
+                                              "temperature": 0, "stream": True,
+                                              "stream_options": {"include_usage": True}}),
+    "chat": ("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 5, "temperature": 0}),
+    "chat stream": ("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 4,
+                                             "temperature": 0, "stream": True,
+                                             "stream_options": {"include_usage": True}}),
+    "chat logprobs": ("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 3,
+                                               "temperature": 0, "logprobs": True,
+                                               "top_logprobs": 2}),
+    "sampled chat": ("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 4,
+                                              "temperature": 0.9, "top_p": 0.9, "top_k": 20,
+                                              "min_p": 0.05, "seed": 7, "stop": ["\n\n"]}),
+    "models": ("/v1/models", None),
+    "health": ("/health", None),
+    "tokenize": ("/tokenize", {"content": "hello \U0001F600", "with_pieces": True}),
+    "detokenize": ("/detokenize", {"tokens": [5, 6, 7]}),
+    "apply-template": ("/apply-template", {"messages": MESSAGES}),
+    "bad request": ("/v1/completions", {"prompt": "x", "max_tokens": "ten"}),
+}
+
+# (request, field path, what differs, why). A path ending in "*" covers the fields below it.
+DIFFERENCES = [
+    ("models", ".models*", "missing",
+     "llama-server's second model list, in Ollama's format; Muser answers the OpenAI list"),
+    ("models", ".data[].meta.vocab_type", "missing", "llama.cpp's internal vocabulary enum"),
+    ("models", ".data[].meta.ftype", "missing", "llama.cpp's name for the file type"),
+    ("bad request", ".error.code", "type",
+     "llama-server puts the HTTP status there; OpenAI's errors (and Muser's) a string or null"),
+]
+
+
+def allowed(name: str, path: str, kind: str) -> bool:
+    for n, p, k, _ in DIFFERENCES:
+        if n == name and k == kind and (path == p or (p.endswith("*") and path.startswith(p[:-1]))):
+            return True
+    return False
+
+
+def shape(x, path: str = "", out: dict | None = None) -> dict[str, str]:
+    """Each field's path (".a.b", "[]" for list items) and JSON type."""
+    out = {} if out is None else out
+    if isinstance(x, dict):
+        for k, v in x.items():
+            shape(v, f"{path}.{k}", out)
+    elif isinstance(x, list):
+        out[path] = "array"
+        for v in x:
+            shape(v, path + "[]", out)
+    else:
+        kind = {bool: "boolean", int: "number", float: "number", str: "string"}
+        out.setdefault(path, "null" if x is None else kind[type(x)])
+    return out
+
+
+def ask(url: str, path: str, body) -> tuple[int, dict[str, str]]:
+    if body is None:
+        r = requests.get(url + path, timeout=60)
+        return r.status_code, shape(r.json())
+    if not body.get("stream"):
+        r = requests.post(url + path, json=body, timeout=60)
+        return r.status_code, shape(r.json())
+    r = requests.post(url + path, json=body, timeout=60, stream=True)
+    events = [line[6:] for line in r.iter_lines(decode_unicode=True) if line.startswith("data: ")]
+    assert events and events[-1] == "[DONE]", (path, events[-3:])
+    fields: dict[str, str] = {}
+    for e in events[:-1]:
+        for k, v in shape(json.loads(e)).items():
+            # A field that is null in one chunk and set in another has the set type.
+            if fields.get(k, "null") == "null":
+                fields[k] = v
+    return r.status_code, fields
+
+
+class LlamaServer:
+    def __init__(self, model: Path, port: int):
+        self.url = f"http://127.0.0.1:{port}"
+        self.proc = subprocess.Popen(
+            [str(LLAMA_SERVER), "-m", str(model), "-np", "2", "-c", "2048", "-t", "2",
+             "--port", str(port), "--no-webui"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if requests.get(self.url + "/health", timeout=5).status_code == 200:
+                    return
+            except requests.ConnectionError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError("llama-server did not become ready")
+            time.sleep(0.1)
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    model = tmp_path_factory.mktemp("compat") / "llama-tiny.gguf"
+    subprocess.run([str(muser_bin()), "synth", "llama-tiny", str(model)], check=True,
+                   capture_output=True)
+    muser = ServerProcess("--parallel", "2", "--ctx-size", "1024", model=model)
+    try:
+        with socket.socket() as sock:  # a free port, released for llama-server to take
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        llama = LlamaServer(model, port)
+    except Exception:
+        muser.stop()
+        raise
+    yield muser, llama
+    muser.stop()
+    llama.stop()
+
+
+@pytest.mark.parametrize("name", list(REQUESTS))
+def test_muser_answers_with_llama_servers_fields(servers, name):
+    muser, llama = servers
+    path, body = REQUESTS[name]
+    want_status, want = ask(llama.url, path, body)
+    got_status, got = ask(muser.url, path, body)
+    if name == "bad request":
+        assert got_status == want_status == 400
+    else:
+        assert got_status == want_status == 200, (got_status, want_status)
+    missing = [p for p in want if p not in got and not allowed(name, p, "missing")]
+    assert not missing, f"{name}: llama-server's fields that Muser lacks: {missing}"
+    clash = [(p, want[p], got[p]) for p in want if p in got and "null" not in (want[p], got[p])
+             and want[p] != got[p] and not allowed(name, p, "type")]
+    assert not clash, f"{name}: fields whose JSON types differ: {clash}"
+
+
+def test_every_listed_difference_is_still_one(servers):
+    """A difference that no longer shows is taken off the list, so the list stays true."""
+    muser, llama = servers
+    for name, path, kind, _ in DIFFERENCES:
+        p, body = REQUESTS[name]
+        _, want = ask(llama.url, p, body)
+        _, got = ask(muser.url, p, body)
+        prefix = path[:-1] if path.endswith("*") else None
+        hits = [q for q in want if (q.startswith(prefix) if prefix else q == path)]
+        assert hits, (name, path, "llama-server no longer has it")
+        if kind == "missing":
+            assert any(q not in got for q in hits), (name, path, "Muser has it now")
+        else:
+            assert any(q in got and got[q] != want[q] for q in hits), (name, path)
