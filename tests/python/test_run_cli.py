@@ -1,6 +1,7 @@
 """`muser run` as a user runs it on the shipped model: greedy output is reproducible, a
 `--logit-bias` forces or bans a token as llama.cpp's does, generation stops cleanly when the
-context is full, and out-of-range options are clear errors."""
+context is full, a prompt file (`-f`) reads as llama-cli reads it, and out-of-range options are
+clear errors."""
 
 from __future__ import annotations
 
@@ -71,3 +72,23 @@ def test_bad_options_are_named():
         r = run("-p", "hi", "-n", "2", *args)
         assert r.returncode != 0, args
         assert says in r.stderr, (args, r.stderr)
+
+
+def test_prompt_from_a_file(tmp_path):
+    # A prompt file as an editor saves it (ending in a newline, which is dropped, as llama-cli
+    # drops it) gives what the same text given with -p gives; inner newlines are kept.
+    text = "The sky is\nblue and the sea is"
+    f = tmp_path / "prompt.txt"
+    f.write_text(text + "\n")
+    from_file = run("-f", str(f), "-n", "6", "--temp", "0")
+    inline = run("-p", text, "-n", "6", "--temp", "0")
+    assert from_file.returncode == 0, from_file.stderr
+    assert from_file.stdout == inline.stdout and from_file.stdout.startswith(text)
+    assert f"prompt:  {len(tokens(text))} tokens" in from_file.stderr
+
+    missing = run("-f", str(tmp_path / "nope.txt"))
+    assert missing.returncode != 0 and "nope.txt" in missing.stderr
+    both = run("-f", str(f), "-p", "hi")
+    assert both.returncode != 0 and "cannot be used with" in both.stderr
+    neither = run("-n", "2")
+    assert neither.returncode != 0 and "--prompt" in neither.stderr

@@ -16,8 +16,16 @@ pub struct Args {
     #[arg(short = 'm', long)]
     pub model: Option<PathBuf>,
     /// The prompt.
-    #[arg(short = 'p', long)]
-    pub prompt: String,
+    #[arg(
+        short = 'p',
+        long,
+        required_unless_present = "file",
+        conflicts_with = "file"
+    )]
+    pub prompt: Option<String>,
+    /// A file holding the prompt (one trailing newline dropped, as llama-cli does).
+    #[arg(short = 'f', long)]
+    pub file: Option<PathBuf>,
     /// Tokens to generate at most.
     #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
     pub n_predict: usize,
@@ -94,6 +102,19 @@ pub fn resolve_model(model: Option<&Path>) -> anyhow::Result<PathBuf> {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let path = resolve_model(args.model.as_deref())?;
+    // The prompt file is read before the model loads, so a wrong path fails fast.
+    let prompt = match (&args.prompt, &args.file) {
+        (Some(p), _) => p.clone(),
+        (None, Some(f)) => {
+            let mut text = std::fs::read_to_string(f)
+                .with_context(|| format!("cannot read the prompt file {}", f.display()))?;
+            if text.ends_with('\n') {
+                text.pop();
+            }
+            text
+        }
+        (None, None) => bail!("give a prompt with -p TEXT or -f FILE"),
+    };
     let t0 = Instant::now();
     super::backend::with_model(
         &path,
@@ -101,6 +122,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         args.threads,
         Job {
             args,
+            prompt,
             path: path.clone(),
             t0,
         },
@@ -109,17 +131,23 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
 struct Job {
     args: Args,
+    prompt: String,
     path: PathBuf,
     t0: Instant,
 }
 
 impl ModelJob for Job {
     fn run<B: CliBackend>(self, model: Model<B>) -> anyhow::Result<()> {
-        let Job { args, path, t0 } = self;
+        let Job {
+            args,
+            prompt: text,
+            path,
+            t0,
+        } = self;
         let tok = Tokenizer::from_gguf(model.gguf()).context("reading the tokenizer")?;
         let load_s = t0.elapsed().as_secs_f64();
 
-        let prompt = tok.encode(&args.prompt, true, true);
+        let prompt = tok.encode(&text, true, true);
         if prompt.is_empty() {
             bail!("the prompt is empty after tokenization");
         }
@@ -161,7 +189,7 @@ impl ModelJob for Job {
         }
 
         let mut out = std::io::stdout().lock();
-        write!(out, "{}", args.prompt)?;
+        write!(out, "{text}")?;
         out.flush()?;
 
         let t1 = Instant::now();
