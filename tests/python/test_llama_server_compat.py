@@ -49,7 +49,28 @@ REQUESTS = {
     "detokenize": ("/detokenize", {"tokens": [5, 6, 7]}),
     "apply-template": ("/apply-template", {"messages": MESSAGES}),
     "bad request": ("/v1/completions", {"prompt": "x", "max_tokens": "ten"}),
+    # llama-server's own endpoint.
+    "native completion": ("/completion", {"prompt": "Once upon a time", "n_predict": 4,
+                                          "temperature": 0, "n_probs": 2,
+                                          "return_tokens": True}),
+    "native completion stream": ("/completion", {"prompt": "Once upon a time", "n_predict": 3,
+                                                 "temperature": 0, "stream": True}),
+    "native completion stop": ("/completion", {"prompt": "Once upon a time", "n_predict": 8,
+                                               "temperature": 0, "stop": ["ry"],
+                                               "logit_bias": [[5, False]]}),
 }
+
+# The settings of llama-server's samplers and features that Muser does not have (a request that
+# turns one on gets a 400 naming it): /completion's `generation_settings` does not list them.
+NOT_IMPLEMENTED = ["adaptive_decay", "adaptive_target", "backend_sampling", "chat_format",
+                   "dry_allowed_length", "dry_base", "dry_multiplier", "dry_penalty_last_n",
+                   "dry_sequence_breakers*", "dynatemp_exponent", "dynatemp_range",
+                   "generation_prompt", "grammar", "grammar_lazy", "grammar_triggers", "lora",
+                   "min_keep", "mirostat", "mirostat_eta", "mirostat_tau", "n_discard", "n_keep",
+                   "post_sampling_probs", "preserved_tokens", "reasoning_format",
+                   "reasoning_in_content", "samplers*", "speculative.types",
+                   "timings_per_token", "top_n_sigma", "typical_p", "xtc_probability",
+                   "xtc_threshold"]
 
 # (request, field path, what differs, why). A path ending in "*" covers the fields below it.
 DIFFERENCES = [
@@ -59,7 +80,9 @@ DIFFERENCES = [
     ("models", ".data[].meta.ftype", "missing", "llama.cpp's name for the file type"),
     ("bad request", ".error.code", "type",
      "llama-server puts the HTTP status there; OpenAI's errors (and Muser's) a string or null"),
-]
+] + [(name, ".generation_settings." + field, "missing", "a sampler Muser does not have")
+     for name in ["native completion", "native completion stream", "native completion stop"]
+     for field in NOT_IMPLEMENTED]
 
 
 def allowed(name: str, path: str, kind: str) -> bool:
@@ -94,6 +117,10 @@ def ask(url: str, path: str, body) -> tuple[int, dict[str, str]]:
         return r.status_code, shape(r.json())
     r = requests.post(url + path, json=body, timeout=60, stream=True)
     events = [line[6:] for line in r.iter_lines(decode_unicode=True) if line.startswith("data: ")]
+    if path == "/completion":
+        # llama-server's own stream ends with an event whose `stop` is true, no [DONE].
+        assert events and json.loads(events[-1])["stop"] is True, (path, events[-3:])
+        events.append("[DONE]")
     assert events and events[-1] == "[DONE]", (path, events[-3:])
     fields: dict[str, str] = {}
     for e in events[:-1]:

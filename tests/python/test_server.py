@@ -223,6 +223,61 @@ def test_partial_characters_keep_their_bytes(server, client):
     assert emoji.encode().startswith(bytes(e.bytes)) and e.token == "\ufffd"
 
 
+def completion_native(server, body, stream=False):
+    """llama-server's /completion: the answer, or a stream's events (the last has stop: true)."""
+    r = post(server, "/completion", dict(body, stream=stream), stream=stream)
+    assert r.status_code == 200, r.text
+    if not stream:
+        return r.json()
+    events = [json.loads(line[6:]) for line in r.iter_lines(decode_unicode=True)
+              if line.startswith("data: ")]
+    assert events[-1]["stop"] is True and all(e["stop"] is False for e in events[:-1])
+    return events
+
+
+def test_llama_server_completion_endpoint(server, client):
+    prompt = "Once upon a time"
+    body = {"prompt": prompt, "n_predict": 12, "temperature": 0, "return_tokens": True,
+            "n_probs": 3, "ignore_eos": True}
+    a = completion_native(server, body)
+    # The same generation as OpenAI's endpoint gives.
+    ref = client.completions.create(model=MODEL_ID, prompt=prompt, max_tokens=12, temperature=0,
+                                    extra_body={"ignore_eos": True})
+    assert a["content"] == ref.choices[0].text
+    assert a["tokens_predicted"] == len(a["tokens"]) == 12 and a["stop_type"] == "limit"
+    assert a["tokens_evaluated"] == len(tokenize(server, prompt))
+    assert post(server, "/detokenize", {"tokens": a["tokens"]}).json()["content"] == a["content"]
+    probs = a["completion_probabilities"]
+    assert [p["id"] for p in probs] == a["tokens"]
+    for p in probs:
+        assert len(p["top_logprobs"]) == 3 and p["top_logprobs"][0]["id"] == p["id"]
+    assert a["generation_settings"]["n_predict"] == 12 and a["timings"]["predicted_n"] == 12
+
+    # Streamed: the events' pieces make the same text; the last event carries the summary.
+    events = completion_native(server, body, stream=True)
+    assert "".join(e["content"] for e in events) == a["content"]
+    assert [t for e in events[:-1] for t in e["tokens"]] == a["tokens"]
+    assert events[-1]["tokens_predicted"] == 12 and events[-1]["stop_type"] == "limit"
+
+    # A stop string ends it, named; logit_bias pairs ban (false) or force a token.
+    word = a["content"][len(a["content"]) // 2:][:3]
+    b = completion_native(server, dict(body, stop=[word]))
+    assert (b["stop_type"], b["stopping_word"]) == ("word", word)
+    assert b["content"] == a["content"][:a["content"].index(word)]
+    first = a["tokens"][0]
+    banned = completion_native(server, dict(body, n_predict=1, logit_bias=[[first, False]]))
+    assert banned["tokens"][0] != first
+    forced = completion_native(server, dict(body, n_predict=2, logit_bias=[[first + 1, 100]]))
+    assert forced["tokens"] == [first + 1] * 2
+
+    # What Muser does not have is refused by name, never ignored.
+    for extra, field in [({"grammar": "root ::= \"a\""}, "grammar"), ({"mirostat": 2}, "mirostat"),
+                         ({"n_predict": 0}, "n_predict"), ({"logit_bias": [["hi", 1]]}, "logit_bias"),
+                         ({"n_probs": 99}, "n_probs")]:
+        r = post(server, "/completion", dict(body, **extra))
+        assert r.status_code == 400 and r.json()["error"]["param"] == field, (extra, r.text)
+
+
 def test_cached_prefix_is_reported(client):
     prompt = "It is a truth universally acknowledged, that a single man in possession of"
     first = client.completions.create(model=MODEL_ID, prompt=prompt, max_tokens=4, temperature=0)

@@ -276,6 +276,10 @@ pub fn parse_generation(
             p.repeat_penalty = r as f32;
         }
     }
+    // llama.cpp's window of the penalties; -1: the whole context.
+    if let Some(n) = f.integer("repeat_last_n", -1, i32::MAX as i64)? {
+        p.repeat_last_n = if n < 0 { usize::MAX } else { n as usize };
+    }
     if let Some(x) = f.number("frequency_penalty", -2.0, 2.0)? {
         p.frequency_penalty = x as f32;
     }
@@ -485,6 +489,13 @@ mod tests {
         assert!(g.stream && g.include_usage);
         assert!(!g.ignore_eos);
         assert!(gen(json!({"ignore_eos": true})).unwrap().ignore_eos);
+        let window = |n: i64| {
+            gen(json!({"repeat_last_n": n}))
+                .unwrap()
+                .params
+                .repeat_last_n
+        };
+        assert_eq!((window(0), window(128), window(-1)), (0, 128, usize::MAX));
     }
 
     #[test]
@@ -509,6 +520,7 @@ mod tests {
             (json!({"n": 2}), "n"),
             (json!({"repetition_penalty": 0}), "repetition_penalty"),
             (json!({"stream_options": 1}), "stream_options"),
+            (json!({"repeat_last_n": -2}), "repeat_last_n"),
         ] {
             let e = gen(body.clone()).unwrap_err();
             assert_eq!(e.status, 400, "{body}");

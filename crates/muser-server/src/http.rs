@@ -1,11 +1,13 @@
 //! The routes: request bodies are read under the size limit, parsed (`api`, `chat`), checked
 //! against the context, handed to the engine, and the engine's events are answered as one
-//! OpenAI response object or as server-sent events ending in `data: [DONE]`.
+//! OpenAI response object or as server-sent events ending in `data: [DONE]` (llama-server's own
+//! `/completion` in its own shape: native.rs).
 
 use crate::api::{self, fit_context, parse_generation, parse_object, parse_prompt, Fields};
 use crate::chat::parse_messages;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
+use crate::native::{self, NativeReply};
 use crate::scheduler::{Event, Finish, Job, Logprob};
 use crate::{ModelInfo, Shared};
 use axum::body::{Body, Bytes};
@@ -31,6 +33,7 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/health", get(health))
         .route("/v1/models", get(models))
         .route("/models", get(models))
+        .route("/completion", post(completion_native))
         .route("/v1/completions", post(completions))
         .route("/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
@@ -106,8 +109,14 @@ impl Shared {
         self.counter.fetch_add(1, Relaxed)
     }
 
-    /// Hands a job to the engine, or 503 when `max_queue` requests already wait for a slot.
-    fn submit(&self, job: Job) -> Result<(), ApiError> {
+    /// Hands a request to the engine, whose events come back on the receiver; 503 when
+    /// `max_queue` requests already wait for a slot.
+    fn run(
+        &self,
+        prompt: Vec<u32>,
+        gen: api::Generation,
+        max_tokens: usize,
+    ) -> Result<UnboundedReceiver<Event>, ApiError> {
         let m = &self.metrics;
         let waiting = m.queued.fetch_add(1, Relaxed);
         if waiting as usize >= self.max_queue {
@@ -119,10 +128,18 @@ impl Shared {
             ))
             .with_code("server_overloaded"));
         }
+        let (events, rx) = unbounded_channel();
+        let job = Job {
+            prompt,
+            gen,
+            max_tokens,
+            events,
+        };
         self.jobs.send(job).map_err(|_| {
             m.queued.fetch_sub(1, Relaxed);
             ApiError::internal("the engine has stopped")
-        })
+        })?;
+        Ok(rx)
     }
 }
 
@@ -280,6 +297,30 @@ async fn apply_template(
     Ok(Json(json!({ "prompt": m.template.render(&messages)? })))
 }
 
+/// llama-server's own `POST /completion` (native.rs).
+async fn completion_native(
+    State(sh): AppState,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let (m, obj) = sh.request(&headers, body).await?;
+    let (obj, native) = native::translate(&obj)?;
+    let f = Fields(&obj);
+    let gen = parse_generation(&f, false, sh.next_id(), m.n_vocab)?;
+    let prompt = parse_prompt(f.get("prompt"), &m.tokenizer, m.n_vocab)?;
+    let max_tokens = fit_context(prompt.len(), gen.max_tokens, m.n_ctx)?;
+    let reply = NativeReply::new(m.clone(), native, &gen, &prompt);
+    let stream = gen.stream;
+    let rx = sh.run(prompt, gen, max_tokens)?;
+    if stream {
+        Ok(Sse::new(native::sse(reply, rx)).into_response())
+    } else {
+        native::collect(reply, rx)
+            .await
+            .map(|v| Json(v).into_response())
+    }
+}
+
 async fn completions(State(sh): AppState, headers: HeaderMap, body: Body) -> Response {
     generate(sh, headers, body, false)
         .await
@@ -334,7 +375,6 @@ async fn generate(
     };
     let max_tokens = fit_context(prompt.len(), gen.max_tokens, m.n_ctx)?;
 
-    let (tx, rx) = unbounded_channel();
     let reply = Reply {
         id: format!(
             "{}-{:016x}",
@@ -351,12 +391,7 @@ async fn generate(
         info: m.clone(),
     };
     let stream = gen.stream;
-    sh.submit(Job {
-        prompt,
-        gen,
-        max_tokens,
-        events: tx,
-    })?;
+    let rx = sh.run(prompt, gen, max_tokens)?;
     if stream {
         Ok(Sse::new(sse_stream(reply, rx)).into_response())
     } else {
@@ -382,7 +417,7 @@ fn piece(m: &ModelInfo, id: u32) -> String {
 /// llama-server's `timings` of a request: the prompt positions computed (`prompt_n`, those
 /// reused from the slot's cache are `cache_n`) and the tokens generated (`predicted_n`), each
 /// with its milliseconds, per token and per second (null where a count or a time is zero).
-fn timings(f: &Finish) -> Value {
+pub(crate) fn timings(f: &Finish) -> Value {
     let per = |n: usize, ms: f64| {
         let ok = n > 0 && ms > 0.0;
         (ok.then(|| ms / n as f64), ok.then(|| n as f64 * 1e3 / ms))
@@ -420,12 +455,7 @@ impl Reply {
         }
         let m = &self.info;
         if self.chat {
-            // `bytes` are the token's own bytes (part of a character, for some), `token` their
-            // text with any incomplete character replaced.
-            let entry = |id: u32, lp: f32| {
-                let raw = m.tokenizer.token_to_piece_bytes(id).unwrap_or(b"");
-                json!({"id": id, "token": String::from_utf8_lossy(raw), "logprob": lp, "bytes": raw})
-            };
+            let entry = |id: u32, lp: f32| native::token_entry(m, id, lp);
             let content: Vec<Value> = lps
                 .iter()
                 .map(|l| {
@@ -534,7 +564,9 @@ async fn collect(reply: Reply, mut rx: UnboundedReceiver<Event>) -> Result<Value
     let mut lps = Vec::new();
     while let Some(ev) = rx.recv().await {
         match ev {
-            Event::Token { text: t, logprob } => {
+            Event::Token {
+                text: t, logprob, ..
+            } => {
                 text.push_str(&t);
                 lps.extend(logprob);
             }
@@ -580,7 +612,7 @@ fn sse_stream(
         }
         st.first = false;
         match st.rx.recv().await {
-            Some(Event::Token { text, logprob }) => {
+            Some(Event::Token { text, logprob, .. }) => {
                 let lps: Vec<Logprob> = logprob.into_iter().collect();
                 if !text.is_empty() || !lps.is_empty() {
                     out.push(data(r.chunk(Some(&text), &lps, st.offset, None, false)));

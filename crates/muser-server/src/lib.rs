@@ -17,6 +17,7 @@ pub mod chat;
 pub mod error;
 mod http;
 pub mod metrics;
+mod native;
 pub mod scheduler;
 pub mod text;
 

@@ -43,8 +43,11 @@ pub struct Job {
 
 #[derive(Debug, Clone)]
 pub enum Event {
-    /// One generated token: the text it released (maybe empty) and, when asked, its logprob.
+    /// One generated token: its id, the text it released (maybe empty) and, when asked, its
+    /// logprob. At the end, text held back (by the stop strings or an incomplete character)
+    /// comes as a Token without an id.
     Token {
+        id: Option<u32>,
         text: String,
         logprob: Option<Logprob>,
     },
@@ -77,9 +80,14 @@ impl FinishReason {
     }
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Finish {
     pub reason: FinishReason,
+    /// The stop string that ended the request (reason Stop without one: an end-of-generation
+    /// token).
+    pub stop_word: Option<String>,
+    /// The slot that ran it.
+    pub slot: usize,
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     pub cached_tokens: usize,
@@ -112,6 +120,8 @@ struct Task {
     next: Option<u32>,
     /// Order of arrival: the oldest prefilling request gets the next chunk.
     seq: u64,
+    /// Its slot's index.
+    slot: usize,
     /// When its first prefill part started, and when its last one ended.
     prefill_start: Option<Instant>,
     prefill_end: Option<Instant>,
@@ -285,6 +295,7 @@ impl<'m, B: Backend> Engine<'m, B> {
                 n_cached,
                 next: None,
                 seq: self.clock,
+                slot: i,
                 prefill_start: None,
                 prefill_end: None,
             });
@@ -548,54 +559,46 @@ fn emit(
 ) -> Outcome {
     task.sampler.accept(id);
     if tok.is_eog(id) && !task.job.gen.ignore_eos {
-        return finish(task, FinishReason::Stop, true);
+        return finish(task, FinishReason::Stop, true, None);
     }
     task.n_gen += 1;
     Metrics::add(&m.generated_tokens, 1);
     // An id past the tokenizer's vocabulary (a model whose output is wider) gives no text.
     let piece = task.decoder.push(tok, id).unwrap_or_default();
     let r = task.stop.push(&piece);
-    if r.stopped {
-        if task
-            .job
-            .events
-            .send(Event::Token {
-                text: r.text,
-                logprob,
-            })
-            .is_err()
-        {
-            return Outcome::Gone;
-        }
-        return finish(task, FinishReason::Stop, false);
-    }
-    if task
-        .job
-        .events
-        .send(Event::Token {
-            text: r.text,
-            logprob,
-        })
-        .is_err()
-    {
+    let token = Event::Token {
+        id: Some(id),
+        text: r.text,
+        logprob,
+    };
+    if task.job.events.send(token).is_err() {
         return Outcome::Gone;
     }
+    if r.stop.is_some() {
+        return finish(task, FinishReason::Stop, false, r.stop);
+    }
     if task.n_gen >= task.job.max_tokens || pos >= n_ctx {
-        return finish(task, FinishReason::Length, true);
+        return finish(task, FinishReason::Length, true, None);
     }
     task.next = Some(id);
     Outcome::Continue
 }
 
 /// Ends a request: releases what the decoder and stop buffer hold (unless a stop string ended
-/// it), then sends the usage.
-fn finish(task: &mut Task, mut reason: FinishReason, release: bool) -> Outcome {
+/// it: `stop_word`), then sends the usage.
+fn finish(
+    task: &mut Task,
+    mut reason: FinishReason,
+    release: bool,
+    mut stop_word: Option<String>,
+) -> Outcome {
     let mut text = String::new();
     if release {
         let r = task.stop.push(&task.decoder.flush());
         text = r.text;
-        if r.stopped {
+        if r.stop.is_some() {
             reason = FinishReason::Stop;
+            stop_word = r.stop;
         } else {
             text.push_str(&task.stop.flush());
         }
@@ -604,6 +607,7 @@ fn finish(task: &mut Task, mut reason: FinishReason, release: bool) -> Outcome {
     if !text.is_empty()
         && events
             .send(Event::Token {
+                id: None,
                 text,
                 logprob: None,
             })
@@ -615,6 +619,8 @@ fn finish(task: &mut Task, mut reason: FinishReason, release: bool) -> Outcome {
     let end = task.prefill_end.unwrap_or_else(Instant::now);
     let done = Finish {
         reason,
+        stop_word,
+        slot: task.slot,
         prompt_tokens: task.job.prompt.len(),
         completion_tokens: task.n_gen,
         cached_tokens: task.n_cached,

@@ -13,8 +13,8 @@ pub struct StopBuffer {
 pub struct Released {
     /// Text safe to hand to the client now.
     pub text: String,
-    /// A stop string was found (`text` ends where it began).
-    pub stopped: bool,
+    /// The stop string found, if one was (`text` ends where it began).
+    pub stop: Option<String>,
 }
 
 impl StopBuffer {
@@ -29,18 +29,17 @@ impl StopBuffer {
     /// Adds text; releases what can no longer be part of a stop string.
     pub fn push(&mut self, piece: &str) -> Released {
         self.held.push_str(piece);
+        // The earliest match; of stops found at one place, the first given.
         let first_stop = self
             .stops
             .iter()
-            .filter_map(|s| self.held.find(s.as_str()))
-            .min();
-        if let Some(at) = first_stop {
+            .filter_map(|s| self.held.find(s.as_str()).map(|at| (at, s)))
+            .min_by_key(|&(at, _)| at);
+        if let Some((at, s)) = first_stop {
+            let stop = Some(s.clone());
             let text = self.held[..at].to_string();
             self.held.clear();
-            return Released {
-                text,
-                stopped: true,
-            };
+            return Released { text, stop };
         }
         // Hold the longest suffix that is a proper prefix of some stop string.
         let keep = self
@@ -54,10 +53,7 @@ impl StopBuffer {
             .unwrap_or(self.held.len());
         let text = self.held[..keep].to_string();
         self.held.drain(..keep);
-        Released {
-            text,
-            stopped: false,
-        }
+        Released { text, stop: None }
     }
 
     /// The end of the generation without a stop string: everything held.
@@ -79,20 +75,23 @@ mod tests {
         let mut b = stops(&["\n\n", "END"]);
         assert_eq!(b.push("hello").text, "hello");
         let r = b.push(" wor\n");
-        assert_eq!((r.text.as_str(), r.stopped), (" wor", false));
+        assert_eq!((r.text.as_str(), r.stop), (" wor", None));
         let r = b.push("ld");
-        assert_eq!((r.text.as_str(), r.stopped), ("\nld", false));
+        assert_eq!((r.text.as_str(), r.stop), ("\nld", None));
         let r = b.push(" EN");
         assert_eq!(r.text, " ");
         let r = b.push("Dless");
-        assert_eq!((r.text.as_str(), r.stopped), ("", true));
+        assert_eq!((r.text.as_str(), r.stop.as_deref()), ("", Some("END")));
     }
 
     #[test]
     fn earliest_stop_wins_and_splits_inside_a_piece() {
         let mut b = stops(&["b", "a"]);
         let r = b.push("xyab");
-        assert_eq!((r.text.as_str(), r.stopped), ("xy", true));
+        assert_eq!((r.text.as_str(), r.stop.as_deref()), ("xy", Some("a")));
+        // Two stops found at one place: the first given.
+        let mut b = stops(&["ab", "a"]);
+        assert_eq!(b.push("xab").stop.as_deref(), Some("ab"));
     }
 
     #[test]

@@ -74,9 +74,10 @@ fn drain(rx: &mut UnboundedReceiver<Event>, a: &mut Answer) -> usize {
     let mut tokens = 0;
     while let Ok(ev) = rx.try_recv() {
         match ev {
-            Event::Token { text, logprob } => {
+            Event::Token { id, text, logprob } => {
                 a.text.push_str(&text);
                 if let Some(l) = logprob {
+                    assert_eq!(id, Some(l.id), "a token's event names the token it carries");
                     tokens += 1;
                     let top = l.top.iter().map(|&(i, p)| (i, p.to_bits())).collect();
                     a.logprobs.push((l.id, l.logprob.to_bits(), top));

@@ -1,0 +1,388 @@
+//! llama-server's own completion endpoint, `POST /completion` (not OpenAI's): its request fields
+//! turned into the ones `api::parse_generation` reads, and its answer (`content`, `stop_type`,
+//! `tokens_predicted`, `generation_settings`, `completion_probabilities`, ...; with `stream`, an
+//! event per token, then a last event with `"stop": true` and no `[DONE]`). Sampling features
+//! Muser does not have (grammars, mirostat, DRY, XTC, ...) are a 400 naming them when a request
+//! turns them on, never silently ignored.
+
+use crate::api::{Fields, Generation, MAX_TOP_LOGPROBS};
+use crate::error::ApiError;
+use crate::scheduler::{Event, Finish, FinishReason, Logprob};
+use crate::ModelInfo;
+use axum::response::sse::Event as SseEvent;
+use futures_util::stream::{self, Stream};
+use serde_json::{json, Map, Value};
+use std::convert::Infallible;
+use std::sync::Arc;
+use tokio::sync::mpsc::UnboundedReceiver;
+
+/// What a /completion request asks of the answer beyond the generation itself.
+pub struct Native {
+    /// `return_tokens`: the generated ids in `tokens`.
+    pub return_tokens: bool,
+    /// `n_probs`: each token's logprob and its n most likely alternatives.
+    pub n_probs: usize,
+}
+
+/// A token's logprob entry, as llama-server's `completion_probabilities` and OpenAI's chat
+/// logprobs write it: `bytes` are the token's own bytes (part of a character, for some), `token`
+/// their text with an incomplete character replaced.
+pub(crate) fn token_entry(m: &ModelInfo, id: u32, logprob: f32) -> Value {
+    let raw = m.tokenizer.token_to_piece_bytes(id).unwrap_or(b"");
+    json!({"id": id, "token": String::from_utf8_lossy(raw), "logprob": logprob, "bytes": raw})
+}
+
+/// llama-server's fields that change the answer and that Muser does not implement, with the
+/// value that leaves each off: a request that sets another value gets a 400 naming the field.
+fn refuse_unsupported(f: &Fields) -> Result<(), ApiError> {
+    let refuse = |k: &str, v: &Value| {
+        Err(ApiError::param(
+            k,
+            format!("{k} {v} is not supported by Muser's /completion"),
+        ))
+    };
+    for (k, off) in [
+        ("mirostat", 0.0),
+        ("dry_multiplier", 0.0),
+        ("xtc_probability", 0.0),
+        ("typical_p", 1.0),
+        ("dynatemp_range", 0.0),
+        ("t_max_predict_ms", 0.0),
+        ("n_indent", 0.0),
+        ("min_keep", 0.0),
+        ("n_cmpl", 1.0),
+    ] {
+        match f.get(k) {
+            Some(v) if v.as_f64() != Some(off) => return refuse(k, v),
+            _ => {}
+        }
+    }
+    for k in [
+        "post_sampling_probs",
+        "timings_per_token",
+        "return_progress",
+    ] {
+        match f.get(k) {
+            None | Some(Value::Bool(false)) => {}
+            Some(v) => return refuse(k, v),
+        }
+    }
+    for k in [
+        "grammar",
+        "json_schema",
+        "samplers",
+        "response_fields",
+        "lora",
+    ] {
+        match f.get(k) {
+            None => {}
+            Some(Value::String(s)) if s.is_empty() => {}
+            Some(Value::Array(a)) if a.is_empty() => {}
+            Some(v) => return refuse(k, v),
+        }
+    }
+    match f.get("top_n_sigma") {
+        Some(v) if v.as_f64().is_none_or(|x| x > 0.0) => refuse("top_n_sigma", v),
+        _ => Ok(()),
+    }
+}
+
+/// A /completion request as the OpenAI completion request `parse_generation` reads.
+pub fn translate(obj: &Map<String, Value>) -> Result<(Map<String, Value>, Native), ApiError> {
+    let f = Fields(obj);
+    refuse_unsupported(&f)?;
+    let mut out = obj.clone();
+    // n_predict: -1 (llama-server's default) is until the context is full.
+    match f.integer("n_predict", -1, i32::MAX as i64)? {
+        Some(-1) => {
+            out.remove("n_predict");
+        }
+        Some(0) => {
+            return Err(ApiError::param(
+                "n_predict",
+                "n_predict 0 (evaluating the prompt only) is not supported; ask for 1 token or \
+                 more",
+            ))
+        }
+        _ => {}
+    }
+    // A negative temperature is llama-server's greedy.
+    if f.get("temperature")
+        .and_then(Value::as_f64)
+        .is_some_and(|t| t < 0.0)
+    {
+        out.insert("temperature".into(), json!(0));
+    }
+    let n_probs = f
+        .integer("n_probs", 0, MAX_TOP_LOGPROBS as i64)?
+        .unwrap_or(0) as usize;
+    out.remove("logprobs");
+    if n_probs > 0 {
+        out.insert("logprobs".into(), json!(n_probs));
+    }
+    // logit_bias as pairs [token id, bias], `false` banning the token.
+    if let Some(Value::Array(pairs)) = f.get("logit_bias") {
+        let mut o = Map::new();
+        for (i, pair) in pairs.iter().enumerate() {
+            match pair.as_array().map(Vec::as_slice) {
+                Some([Value::Number(id), bias @ (Value::Number(_) | Value::Bool(false))]) => {
+                    let bias = if bias.is_boolean() {
+                        json!(-100)
+                    } else {
+                        bias.clone()
+                    };
+                    o.insert(id.to_string(), bias);
+                }
+                _ => {
+                    return Err(ApiError::param(
+                        "logit_bias",
+                        format!(
+                            "logit_bias[{i}] must be a pair [token id, bias or false], got {} \
+                             (token strings are not supported)",
+                            pair
+                        ),
+                    ))
+                }
+            }
+        }
+        out.insert("logit_bias".into(), Value::Object(o));
+    }
+    let return_tokens = f.boolean("return_tokens")?.unwrap_or(false);
+    f.boolean("cache_prompt")?;
+    Ok((
+        out,
+        Native {
+            return_tokens,
+            n_probs,
+        },
+    ))
+}
+
+/// How to write the answer to one /completion request.
+pub struct NativeReply {
+    pub info: Arc<ModelInfo>,
+    pub native: Native,
+    /// `generation_settings`: the request's settings as they were read.
+    pub settings: Value,
+    /// The prompt as text (its tokens decoded, special tokens included).
+    pub prompt: String,
+    pub n_prompt: usize,
+}
+
+impl NativeReply {
+    pub fn new(info: Arc<ModelInfo>, native: Native, gen: &Generation, prompt: &[u32]) -> Self {
+        let p = &gen.params;
+        let window = if p.repeat_last_n == usize::MAX {
+            -1
+        } else {
+            p.repeat_last_n as i64
+        };
+        let bias: Vec<Value> = p
+            .logit_bias
+            .iter()
+            .map(|&(id, b)| json!({"token": id, "bias": b}))
+            .collect();
+        let n_predict = gen.max_tokens.map_or(-1, |n| n as i64);
+        let settings = json!({
+            "seed": p.seed,
+            "temperature": p.temperature,
+            "top_k": p.top_k,
+            "top_p": p.top_p,
+            "min_p": p.min_p,
+            "repeat_last_n": window,
+            "repeat_penalty": p.repeat_penalty,
+            "presence_penalty": p.presence_penalty,
+            "frequency_penalty": p.frequency_penalty,
+            "stop": gen.stop,
+            "max_tokens": n_predict,
+            "n_predict": n_predict,
+            "ignore_eos": gen.ignore_eos,
+            "stream": gen.stream,
+            "logit_bias": bias,
+            "n_probs": native.n_probs,
+        });
+        let text = info.tokenizer.decode(prompt).unwrap_or_default();
+        NativeReply {
+            prompt: String::from_utf8_lossy(&text).into_owned(),
+            n_prompt: prompt.len(),
+            info,
+            native,
+            settings,
+        }
+    }
+
+    fn probs(&self, lps: &[Logprob]) -> Value {
+        let m = &self.info;
+        lps.iter()
+            .map(|l| {
+                let mut e = token_entry(m, l.id, l.logprob);
+                e["top_logprobs"] = l
+                    .top
+                    .iter()
+                    .map(|&(id, lp)| token_entry(m, id, lp))
+                    .collect();
+                e
+            })
+            .collect()
+    }
+
+    /// A streamed token: its text and id (none for the held-back text released at the end).
+    fn event(&self, text: &str, id: Option<u32>, lps: &[Logprob], n_predicted: usize) -> Value {
+        let mut v = json!({
+            "index": 0,
+            "content": text,
+            "tokens": id.into_iter().collect::<Vec<_>>(),
+            "stop": false,
+            "id_slot": -1,
+            "tokens_predicted": n_predicted,
+            "tokens_evaluated": self.n_prompt,
+        });
+        if self.native.n_probs > 0 && !lps.is_empty() {
+            v["completion_probabilities"] = self.probs(lps);
+        }
+        v
+    }
+
+    /// The whole answer (streamed: its last event, whose content is empty).
+    fn last(&self, content: &str, ids: &[u32], lps: &[Logprob], f: &Finish, stream: bool) -> Value {
+        let stop_type = match (f.reason, &f.stop_word) {
+            (FinishReason::Length, _) => "limit",
+            (FinishReason::Stop, Some(_)) => "word",
+            (FinishReason::Stop, None) => "eos",
+        };
+        let mut settings = self.settings.clone();
+        settings["stream"] = json!(stream);
+        let mut v = json!({
+            "index": 0,
+            "content": content,
+            "tokens": if self.native.return_tokens && !stream { ids.to_vec() } else { Vec::new() },
+            "id_slot": f.slot,
+            "stop": true,
+            "model": self.info.id,
+            "tokens_predicted": f.completion_tokens,
+            "tokens_evaluated": f.prompt_tokens,
+            "generation_settings": settings,
+            "prompt": self.prompt,
+            "has_new_line": content.contains('\n'),
+            "truncated": false,
+            "stop_type": stop_type,
+            "stopping_word": f.stop_word.as_deref().unwrap_or(""),
+            "tokens_cached": f.cached_tokens,
+            "timings": crate::http::timings(f),
+        });
+        if self.native.n_probs > 0 && !stream {
+            v["completion_probabilities"] = self.probs(lps);
+        }
+        v
+    }
+}
+
+/// The answer of a request that does not stream.
+pub async fn collect(
+    reply: NativeReply,
+    mut rx: UnboundedReceiver<Event>,
+) -> Result<Value, ApiError> {
+    let (mut text, mut ids, mut lps) = (String::new(), Vec::new(), Vec::new());
+    while let Some(ev) = rx.recv().await {
+        match ev {
+            Event::Token {
+                id,
+                text: t,
+                logprob,
+            } => {
+                text.push_str(&t);
+                ids.extend(id);
+                lps.extend(logprob);
+            }
+            Event::Done(f) => return Ok(reply.last(&text, &ids, &lps, &f, false)),
+            Event::Error(e) => return Err(ApiError::internal(e)),
+        }
+    }
+    Err(ApiError::internal(
+        "the engine stopped before the answer was complete",
+    ))
+}
+
+/// Server-sent events: one per token, then the whole answer's fields with `"stop": true` (as
+/// llama-server: no `[DONE]`). Dropping the stream (the client went away) drops the receiver,
+/// which the engine notices at its next step.
+pub fn sse(
+    reply: NativeReply,
+    rx: UnboundedReceiver<Event>,
+) -> impl Stream<Item = Result<SseEvent, Infallible>> {
+    let data = |v: Value| Ok(SseEvent::default().data(v.to_string()));
+    stream::unfold(
+        (reply, rx, 0usize, false),
+        move |(reply, mut rx, mut n, ended)| async move {
+            if ended {
+                return None;
+            }
+            let (v, end) = match rx.recv().await {
+                Some(Event::Token { id, text, logprob }) => {
+                    n += usize::from(id.is_some());
+                    let lps: Vec<Logprob> = logprob.into_iter().collect();
+                    (reply.event(&text, id, &lps, n), false)
+                }
+                Some(Event::Done(f)) => (reply.last("", &[], &[], &f, true), true),
+                Some(Event::Error(e)) => (ApiError::internal(e).body(), true),
+                None => (
+                    ApiError::internal("the engine stopped before the answer was complete").body(),
+                    true,
+                ),
+            };
+            Some((data(v), (reply, rx, n, end)))
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::parse_generation;
+
+    fn read(v: Value) -> Result<(Generation, Native), ApiError> {
+        let (obj, native) = translate(v.as_object().unwrap())?;
+        Ok((parse_generation(&Fields(&obj), false, 7, 1000)?, native))
+    }
+
+    #[test]
+    fn llama_server_fields_become_the_generation() {
+        let (g, n) = read(json!({"n_predict": -1, "temperature": -0.5, "n_probs": 4,
+                                 "logit_bias": [[5, false], [9, 2.5]], "repeat_last_n": -1,
+                                 "return_tokens": true, "cache_prompt": true, "mirostat": 0,
+                                 "grammar": "", "typical_p": 1.0, "top_n_sigma": -1}))
+        .unwrap();
+        assert_eq!(g.max_tokens, None);
+        assert_eq!(g.params.temperature, 0.0);
+        assert_eq!(g.logprobs, Some(4));
+        assert_eq!(g.params.logit_bias, vec![(5, -100.0), (9, 2.5)]);
+        assert_eq!(g.params.repeat_last_n, usize::MAX);
+        assert!(n.return_tokens && n.n_probs == 4);
+        let (g, n) = read(json!({"n_predict": 3, "logprobs": 5})).unwrap();
+        assert_eq!((g.max_tokens, g.logprobs, n.n_probs), (Some(3), None, 0));
+    }
+
+    #[test]
+    fn features_muser_lacks_are_refused_by_name() {
+        for (v, field) in [
+            (json!({"mirostat": 2}), "mirostat"),
+            (json!({"grammar": "root ::= x"}), "grammar"),
+            (json!({"json_schema": {}}), "json_schema"),
+            (json!({"samplers": ["top_k"]}), "samplers"),
+            (json!({"dry_multiplier": 0.8}), "dry_multiplier"),
+            (json!({"typical_p": 0.5}), "typical_p"),
+            (json!({"top_n_sigma": 1.0}), "top_n_sigma"),
+            (json!({"post_sampling_probs": true}), "post_sampling_probs"),
+            (json!({"n_predict": 0}), "n_predict"),
+            (json!({"n_predict": -2}), "n_predict"),
+            (json!({"logit_bias": [["hello", 1.0]]}), "logit_bias"),
+            (json!({"logit_bias": [[5]]}), "logit_bias"),
+            (json!({"logit_bias": [[5, true]]}), "logit_bias"),
+            (json!({"n_probs": 21}), "n_probs"),
+        ] {
+            let e = read(v.clone()).err().unwrap();
+            assert_eq!(e.status, 400, "{v}");
+            assert_eq!(e.param.as_deref(), Some(field), "{v}: {}", e.message);
+        }
+    }
+}
