@@ -9,6 +9,7 @@
 # DIR holds llama-server (`cmake --build build-cpu --target llama-server` in llama.cpp's source,
 # SPEC section 7). Settings (environment): CLIENTS ("1 8 16"), PARALLEL (16 slots), SLOT_CTX (1,024
 # tokens a slot), THREADS (all cores), MAX_TOKENS (64), REQUESTS (2 a client), ROUNDS (2),
+# PROMPT_WORDS (4-24 words a prompt; e.g. 300-400 for a prefill-heavy load),
 # BACKEND (cpu), MUSER_BIN (target/release/muser), OUT (a fresh temporary folder: the servers'
 # logs and every serve_rate line). Prints a table last.
 set -euo pipefail
@@ -21,6 +22,7 @@ PARALLEL=${PARALLEL:-16}
 SLOT_CTX=${SLOT_CTX:-1024}
 THREADS=${THREADS:-$(nproc)}
 MAX_TOKENS=${MAX_TOKENS:-64}
+PROMPT_WORDS=${PROMPT_WORDS:-4-24}
 REQUESTS=${REQUESTS:-2}
 ROUNDS=${ROUNDS:-2}
 BACKEND=${BACKEND:-cpu}
@@ -64,7 +66,8 @@ for r in $(seq "$ROUNDS"); do
             --max-tokens 4 > /dev/null
         for c in $CLIENTS; do
             python3 "$HERE/serve_rate.py" --url "http://127.0.0.1:$PORT" --clients "$c" \
-                --requests "$REQUESTS" --max-tokens "$MAX_TOKENS" > "$OUT/last.txt" || true
+                --requests "$REQUESTS" --max-tokens "$MAX_TOKENS" --prompt-words "$PROMPT_WORDS" \
+                > "$OUT/last.txt" || true
             cat "$OUT/last.txt" >> "$OUT/$name-rate.log"
             line=$(head -1 "$OUT/last.txt")
             echo "$r $name $c $line" | tee -a "$OUT/rates.txt"
@@ -75,7 +78,8 @@ done
 
 echo
 echo "model $MODEL, backend $BACKEND, $THREADS threads, $PARALLEL slots of $SLOT_CTX tokens," \
-    "each client $REQUESTS requests of $MAX_TOKENS tokens (greedy, ignore_eos); logs in $OUT"
+    "each client $REQUESTS requests of $MAX_TOKENS tokens after $PROMPT_WORDS words (greedy, ignore_eos);" \
+    "logs in $OUT"
 echo "| clients | muser serve tokens/s | llama-server tokens/s | muser p50 / p99 s | llama-server p50 / p99 s |"
 echo "| ---: | --- | --- | --- | --- |"
 for c in $CLIENTS; do
