@@ -81,3 +81,6 @@ for s in "${SETS[@]}"; do
     grep -E "duration|bytes_read|sectors|throughput" "$OUT/traffic-${s%%:*}.log" | sed 's/^ */  /'
 done
 cat "$OUT/summary.txt"
+# The device tool brings back at most 8 files of $OUT: every log goes into one archive.
+(cd "$OUT" && tar czf /tmp/lab-logs.tgz --exclude=lab-logs.tgz . && find . -maxdepth 1 -type f \
+    ! -name summary.txt -delete && mv /tmp/lab-logs.tgz lab-logs.tgz)
