@@ -389,6 +389,13 @@ pub fn parse_prompt(
         }
         Some(Value::Array(a)) if a.len() == 1 => return parse_prompt(a.first(), tok, n_vocab),
         Some(Value::Array(a)) if a.is_empty() => return Err(err("prompt is empty".into())),
+        Some(Value::Array(a)) if a.iter().any(Value::is_number) => {
+            return Err(err(
+                "prompt mixes token ids with other values; give a string or an array of token \
+                 ids"
+                .into(),
+            ))
+        }
         Some(Value::Array(a)) => {
             return Err(err(format!(
                 "prompt holds {} prompts; send one prompt per request (a string or an array \
