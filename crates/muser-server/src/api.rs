@@ -27,7 +27,7 @@ pub fn type_name(v: &Value) -> &'static str {
 }
 
 /// A short rendering of a value for error messages.
-fn show(v: &Value) -> String {
+pub(crate) fn show(v: &Value) -> String {
     let s = v.to_string();
     if s.len() > 40 {
         format!("{}...", &s[..s.floor_char_boundary(40)])

@@ -5,7 +5,7 @@
 //! Muser does not have (grammars, mirostat, DRY, XTC, ...) are a 400 naming them when a request
 //! turns them on, never silently ignored.
 
-use crate::api::{Fields, Generation, MAX_TOP_LOGPROBS};
+use crate::api::{show, Fields, Generation, MAX_TOP_LOGPROBS};
 use crate::error::ApiError;
 use crate::scheduler::{Event, Finish, FinishReason, Logprob};
 use crate::ModelInfo;
@@ -38,7 +38,7 @@ fn refuse_unsupported(f: &Fields) -> Result<(), ApiError> {
     let refuse = |k: &str, v: &Value| {
         Err(ApiError::param(
             k,
-            format!("{k} {v} is not supported by Muser's /completion"),
+            format!("{k} {} is not supported by Muser's /completion", show(v)),
         ))
     };
     for (k, off) in [
@@ -139,7 +139,7 @@ pub fn translate(obj: &Map<String, Value>) -> Result<(Map<String, Value>, Native
                         format!(
                             "logit_bias[{i}] must be a pair [token id, bias or false], got {} \
                              (token strings are not supported)",
-                            pair
+                            show(pair)
                         ),
                     ))
                 }
