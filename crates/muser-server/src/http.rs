@@ -141,6 +141,19 @@ impl Shared {
         })?;
         Ok(rx)
     }
+
+    /// A request's JSON object, once the model is ready (503 before), with the model.
+    async fn request(
+        &self,
+        headers: &HeaderMap,
+        body: Body,
+    ) -> Result<(Arc<ModelInfo>, Map<String, Value>), ApiError> {
+        let m = self.ready()?;
+        Ok((
+            m,
+            parse_object(&read_body(headers, body, self.config.body_limit).await?)?,
+        ))
+    }
 }
 
 /// The body, at most `limit` bytes: 413 above it (by Content-Length or while reading).
@@ -210,21 +223,6 @@ async fn metrics(State(sh): AppState) -> Response {
         sh.metrics.render(),
     )
         .into_response()
-}
-
-impl Shared {
-    /// A request's JSON object, once the model is ready (503 before), with the model.
-    async fn request(
-        &self,
-        headers: &HeaderMap,
-        body: Body,
-    ) -> Result<(Arc<ModelInfo>, Map<String, Value>), ApiError> {
-        let m = self.ready()?;
-        Ok((
-            m,
-            parse_object(&read_body(headers, body, self.config.body_limit).await?)?,
-        ))
-    }
 }
 
 async fn tokenize(
