@@ -242,7 +242,7 @@ async fn tokenize(
         ids.iter()
             .map(|&id| {
                 // As llama-server: the text when the bytes are whole characters, else the bytes.
-                let raw = m.tokenizer.token_to_piece_bytes(id).unwrap_or(b"");
+                let raw = m.piece_bytes(id);
                 let piece = match std::str::from_utf8(raw) {
                     Ok(text) => json!(text),
                     Err(_) => json!(raw),
@@ -302,7 +302,7 @@ async fn completion_native(
     body: Body,
 ) -> Result<Response, ApiError> {
     let (m, obj) = sh.request(&headers, body).await?;
-    let (obj, native) = native::translate(&obj)?;
+    let (obj, native) = native::translate(obj)?;
     let f = Fields(&obj);
     let gen = parse_generation(&f, false, sh.next_id(), m.n_vocab)?;
     let prompt = parse_prompt(f.get("prompt"), &m.tokenizer, m.n_vocab)?;
@@ -409,7 +409,7 @@ struct Reply {
 }
 
 fn piece(m: &ModelInfo, id: u32) -> String {
-    String::from_utf8_lossy(m.tokenizer.token_to_piece_bytes(id).unwrap_or(b"")).into_owned()
+    String::from_utf8_lossy(m.piece_bytes(id)).into_owned()
 }
 
 /// llama-server's `timings` of a request: the prompt positions computed (`prompt_n`, those

@@ -97,6 +97,11 @@ impl ModelInfo {
     pub fn knows(&self, name: &str) -> bool {
         name == self.id || self.aliases.iter().any(|a| a == name)
     }
+
+    /// A token's own bytes (part of a character for some; none for an id past the vocabulary).
+    pub fn piece_bytes(&self, id: u32) -> &[u8] {
+        self.tokenizer.token_to_piece_bytes(id).unwrap_or(b"")
+    }
 }
 
 /// State shared by the handlers and the engine.

@@ -28,7 +28,7 @@ pub struct Native {
 /// logprobs write it: `bytes` are the token's own bytes (part of a character, for some), `token`
 /// their text with an incomplete character replaced.
 pub(crate) fn token_entry(m: &ModelInfo, id: u32, logprob: f32) -> Value {
-    let raw = m.tokenizer.token_to_piece_bytes(id).unwrap_or(b"");
+    let raw = m.piece_bytes(id);
     json!({"id": id, "token": String::from_utf8_lossy(raw), "logprob": logprob, "bytes": raw})
 }
 
@@ -87,70 +87,80 @@ fn refuse_unsupported(f: &Fields) -> Result<(), ApiError> {
     }
 }
 
-/// A /completion request as the OpenAI completion request `parse_generation` reads.
-pub fn translate(obj: &Map<String, Value>) -> Result<(Map<String, Value>, Native), ApiError> {
-    let f = Fields(obj);
-    refuse_unsupported(&f)?;
-    let mut out = obj.clone();
-    // n_predict: -1 (llama-server's default) is until the context is full.
-    match f.integer("n_predict", -1, i32::MAX as i64)? {
-        Some(-1) => {
-            out.remove("n_predict");
+/// `logit_bias` as llama-server's pairs [token id, bias], `false` banning the token: the object
+/// from ids to biases that OpenAI's field is.
+fn bias_pairs(pairs: &[Value]) -> Result<Map<String, Value>, ApiError> {
+    let mut o = Map::new();
+    for (i, pair) in pairs.iter().enumerate() {
+        match pair.as_array().map(Vec::as_slice) {
+            Some([Value::Number(id), bias @ (Value::Number(_) | Value::Bool(false))]) => {
+                let bias = if bias.is_boolean() {
+                    json!(-100)
+                } else {
+                    bias.clone()
+                };
+                o.insert(id.to_string(), bias);
+            }
+            _ => {
+                return Err(ApiError::param(
+                    "logit_bias",
+                    format!(
+                        "logit_bias[{i}] must be a pair [token id, bias or false], got {} \
+                         (token strings are not supported)",
+                        show(pair)
+                    ),
+                ))
+            }
         }
-        Some(0) => {
-            return Err(ApiError::param(
+    }
+    Ok(o)
+}
+
+/// A /completion request as the OpenAI completion request `parse_generation` reads.
+pub fn translate(mut obj: Map<String, Value>) -> Result<(Map<String, Value>, Native), ApiError> {
+    let f = Fields(&obj);
+    refuse_unsupported(&f)?;
+    // n_predict: -1 (llama-server's default) is until the context is full.
+    let until_full =
+        match f.integer("n_predict", -1, i32::MAX as i64)? {
+            Some(-1) => true,
+            Some(0) => return Err(ApiError::param(
                 "n_predict",
                 "n_predict 0 (evaluating the prompt only) is not supported; ask for 1 token or \
                  more",
-            ))
-        }
-        _ => {}
-    }
+            )),
+            _ => false,
+        };
     // A negative temperature is llama-server's greedy.
-    if f.get("temperature")
+    let greedy = f
+        .get("temperature")
         .and_then(Value::as_f64)
-        .is_some_and(|t| t < 0.0)
-    {
-        out.insert("temperature".into(), json!(0));
-    }
+        .is_some_and(|t| t < 0.0);
     let n_probs = f
         .integer("n_probs", 0, MAX_TOP_LOGPROBS as i64)?
         .unwrap_or(0) as usize;
-    out.remove("logprobs");
-    if n_probs > 0 {
-        out.insert("logprobs".into(), json!(n_probs));
-    }
-    // logit_bias as pairs [token id, bias], `false` banning the token.
-    if let Some(Value::Array(pairs)) = f.get("logit_bias") {
-        let mut o = Map::new();
-        for (i, pair) in pairs.iter().enumerate() {
-            match pair.as_array().map(Vec::as_slice) {
-                Some([Value::Number(id), bias @ (Value::Number(_) | Value::Bool(false))]) => {
-                    let bias = if bias.is_boolean() {
-                        json!(-100)
-                    } else {
-                        bias.clone()
-                    };
-                    o.insert(id.to_string(), bias);
-                }
-                _ => {
-                    return Err(ApiError::param(
-                        "logit_bias",
-                        format!(
-                            "logit_bias[{i}] must be a pair [token id, bias or false], got {} \
-                             (token strings are not supported)",
-                            show(pair)
-                        ),
-                    ))
-                }
-            }
-        }
-        out.insert("logit_bias".into(), Value::Object(o));
-    }
+    let bias = match f.get("logit_bias") {
+        Some(Value::Array(pairs)) => Some(bias_pairs(pairs)?),
+        _ => None,
+    };
     let return_tokens = f.boolean("return_tokens")?.unwrap_or(false);
     f.boolean("cache_prompt")?;
+
+    if until_full {
+        obj.remove("n_predict");
+    }
+    if greedy {
+        obj.insert("temperature".into(), json!(0));
+    }
+    obj.remove("logprobs");
+    if n_probs > 0 {
+        obj.insert("logprobs".into(), json!(n_probs));
+    }
+    if let Some(bias) = bias {
+        obj.insert("logit_bias".into(), Value::Object(bias));
+    }
     Ok((
-        out,
+        obj,
         Native {
             return_tokens,
             n_probs,
@@ -341,7 +351,7 @@ mod tests {
     use crate::api::parse_generation;
 
     fn read(v: Value) -> Result<(Generation, Native), ApiError> {
-        let (obj, native) = translate(v.as_object().unwrap())?;
+        let (obj, native) = translate(v.as_object().unwrap().clone())?;
         Ok((parse_generation(&Fields(&obj), false, 7, 1000)?, native))
     }
 
