@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Lab run 82 (one device call, ~3 minutes): qkv_rows from registers (MUSER_CUDA_QKV_REGS=1, the
-# default) against through memory (=0), and (BIN_B, a second build) the attention's gate values
-# loaded right after its wait. Carry the stripped release binaries and their kernel cache (one
-# folder serves both: its files are named by their source's hash), built with the step trace too:
+# default) against through memory (=0), and (BIN_B, a second build with attn-gate-early.patch
+# applied) the attention's gate values loaded right after its wait. Carry the stripped release
+# binaries and their kernel cache (one folder serves both: its files are named by their source's
+# hash), built with the step trace too:
 #   objcopy --strip-debug target/release/muser target/side/muser          (and muser-b)
 #   MUSER_KERNEL_CACHE=$PWD/target/side/kernels target/side/muser kernels    (NVRTC env as usual)
 #   MUSER_CUDA_STEP_TRACE=1 MUSER_KERNEL_CACHE=$PWD/target/side/kernels target/side/muser kernels

@@ -89,6 +89,8 @@ __device__ __forceinline__ QkvPre pdl_wait_qkv(const float* __restrict__ qw, con
     r.h = wid % per;
     r.held = head_dim <= QKV_PW * WARP && n_rot <= 2 * QKV_PR * WARP;
     r.p = 0;
+#pragma unroll
+    for (int u = 0; u < QKV_PR; ++u) r.cs[u] = r.sn[u] = 0.0f; // shuffled by qkv_rows_regs
     const float* w = r.h >= n_head ? kw : qw;
     if (r.live && r.held) {
         r.p = pos[r.t];
@@ -107,14 +109,112 @@ __device__ __forceinline__ QkvPre pdl_wait_qkv(const float* __restrict__ qw, con
     return r;
 }
 
+// qkv_rows' register path (`regs`, unless MUSER_CUDA_QKV_REGS=0): the warp's head (and a k head's
+// v) loaded once, lane l holding values l + 32 u (u < QKV_PW) as the memory path's loops take
+// them, then the QK norm (the same sums in the same order), the rotation and the stores from
+// registers: one round trip to L2 where the memory path makes three (norm, rotation, KV store:
+// each reads what the step before wrote). The rotation pairs must lie in a lane or a lane pair:
+// GPT-J pairs (2i, 2i + 1) are lanes l, l ^ 1 of one slot (their factors come from the lane
+// that computed them before the wait, by shuffle); NeoX pairs (i, i + n_rot / 2) are slots u and
+// u + n_rot / 64 of one lane when n_rot is a multiple of 64. Each pair is rotated by rope_vals,
+// as rope_rot rotates it in memory: the same bits (muser check compares both paths bit for bit).
+__device__ __forceinline__ bool qkv_regs_fit(int n_rot, int neox) {
+    return n_rot == 0 || !neox || n_rot % 64 == 0; // held: n_rot <= 256
+}
+
+// The NeoX pairs of slots u and u + H (u < H) in one lane; cs, sn: the lane's factors of pairs
+// lane + 32 u.
+template <int H>
+__device__ __forceinline__ void qkv_rot_neox(float (&x)[QKV_PW], const float (&cs)[QKV_PR], const float (&sn)[QKV_PR]) {
+#pragma unroll
+    for (int u = 0; u < H; ++u) {
+        rope_vals(x[u], x[u + H], cs[u], sn[u], &x[u], &x[u + H]);
+    }
+}
+
+__device__ __forceinline__ void qkv_rows_regs(const QkvPre& pre, float* __restrict__ q, float* __restrict__ k,
+                                              const float* __restrict__ v, const float* __restrict__ qw,
+                                              const float* __restrict__ kw, float eps, int n_head, int n_kv,
+                                              int head_dim, int n_rot, int neox, const RowKv* __restrict__ tab,
+                                              int ring) {
+    const int lane = threadIdx.x % WARP, t = pre.t, h = pre.h, hk = h - n_head;
+    const bool is_k = h >= n_head;
+    const float* w = is_k ? kw : qw;
+    float* x = is_k ? k + ((size_t)t * n_kv + hk) * head_dim : q + ((size_t)t * n_head + h) * head_dim;
+    const float* vx = is_k ? v + ((size_t)t * n_kv + hk) * head_dim : v;
+    float xr[QKV_PW], vr[QKV_PW];
+#pragma unroll
+    for (int u = 0; u < QKV_PW; ++u) {
+        const int i = lane + u * WARP;
+        xr[u] = i < head_dim ? x[i] : 0.0f;
+        vr[u] = is_k && i < head_dim ? vx[i] : 0.0f;
+    }
+    if (w) {
+        float ss = 0.0f;
+#pragma unroll
+        for (int u = 0; u < QKV_PW; ++u)
+            if (lane + u * WARP < head_dim) ss += xr[u] * xr[u];
+        const float inv = rsqrtf(warp_sum(ss) / (float)head_dim + eps);
+#pragma unroll
+        for (int u = 0; u < QKV_PW; ++u)
+            if (lane + u * WARP < head_dim) xr[u] = xr[u] * inv * pre.wv[u];
+    }
+    if (n_rot > 0) {
+        if (neox) {
+            switch (n_rot / 64) {
+            case 1: qkv_rot_neox<1>(xr, pre.cs, pre.sn); break;
+            case 2: qkv_rot_neox<2>(xr, pre.cs, pre.sn); break;
+            case 3: qkv_rot_neox<3>(xr, pre.cs, pre.sn); break;
+            default: qkv_rot_neox<4>(xr, pre.cs, pre.sn); break;
+            }
+        } else {
+            // Value i = lane + 32 u is x[2 j + (lane & 1)] of pair j = lane / 2 + 16 u, whose factors
+            // lane j % 32 holds in slot j / 32.
+#pragma unroll
+            for (int u = 0; u < QKV_PW; ++u) {
+                const int src = lane / 2 + 16 * (u & 1);
+                const float cf = __shfl_sync(0xffffffffu, pre.cs[u >> 1], src);
+                const float sf = __shfl_sync(0xffffffffu, pre.sn[u >> 1], src);
+                const float other = __shfl_xor_sync(0xffffffffu, xr[u], 1);
+                if (lane + u * WARP < n_rot) {
+                    float y0, y1;
+                    rope_vals((lane & 1) ? other : xr[u], (lane & 1) ? xr[u] : other, cf, sf, &y0, &y1);
+                    xr[u] = (lane & 1) ? y1 : y0;
+                }
+            }
+        }
+    }
+    if (w || n_rot > 0)
+#pragma unroll
+        for (int u = 0; u < QKV_PW; ++u)
+            if (lane + u * WARP < head_dim) x[lane + u * WARP] = xr[u];
+    if (is_k) {
+        const int width = n_kv * head_dim, slots = (int)tab[t].slots;
+        const long long s = ring ? pre.p % slots : pre.p;
+        const size_t off = (size_t)s * width + (size_t)hk * head_dim;
+#pragma unroll
+        for (int u = 0; u < QKV_PW; ++u) {
+            const int i = lane + u * WARP;
+            if (i < head_dim) {
+                ((__half*)tab[t].k)[off + i] = __float2half_rn(xr[u]);
+                ((__half*)tab[t].v)[off + i] = __float2half_rn(vr[u]);
+            }
+        }
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(128) qkv_rows(float* __restrict__ q, float* __restrict__ k,
                                                            const float* __restrict__ v, const float* __restrict__ qw,
                                                            const float* __restrict__ kw, float eps, int n_rows,
                                                            int n_head, int n_kv, int head_dim, int n_rot,
                                                            float freq_base, int neox, const RowKv* __restrict__ tab,
-                                                           const int* __restrict__ pos, int ring) {
+                                                           const int* __restrict__ pos, int ring, int regs) {
     const QkvPre pre = pdl_wait_qkv(qw, kw, head_dim, n_rot, freq_base, pos, n_rows, n_head, n_kv);
     if (!pre.live) return;
+    if (regs && pre.held && qkv_regs_fit(n_rot, neox)) {
+        qkv_rows_regs(pre, q, k, v, qw, kw, eps, n_head, n_kv, head_dim, n_rot, neox, tab, ring);
+        return;
+    }
     const int lane = threadIdx.x % WARP, t = pre.t, h = pre.h, hk = h - n_head;
     const bool is_k = h >= n_head;
     const float* w = is_k ? kw : qw;

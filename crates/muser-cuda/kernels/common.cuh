@@ -128,11 +128,16 @@ __device__ __forceinline__ void rope_cs(int i, int n_rot, int p, float freq_base
     *cf = (float)c;
     *sf = (float)s;
 }
+// The rotation's roundings are spelled out (the multiply-adds NVRTC 13.0 chose for rope.cu): left
+// to the compiler, a caller's context could change which product it fuses, and qkv_rows' register
+// and memory paths differed in the last bit on NeoX pairs (lab run 82).
+__device__ __forceinline__ void rope_vals(float x0, float x1, float cf, float sf, float* y0, float* y1) {
+    *y0 = __fmaf_rn(x0, cf, -__fmul_rn(x1, sf));
+    *y1 = __fmaf_rn(x0, sf, __fmul_rn(x1, cf));
+}
 __device__ __forceinline__ void rope_rot(float* h, int i, int n_rot, int neox, float cf, float sf) {
     const int a = neox ? i : 2 * i, b = neox ? i + n_rot / 2 : 2 * i + 1;
-    const float x0 = h[a], x1 = h[b];
-    h[a] = x0 * cf - x1 * sf;
-    h[b] = x0 * sf + x1 * cf;
+    rope_vals(h[a], h[b], cf, sf, &h[a], &h[b]);
 }
 __device__ __forceinline__ void rope_pair(float* h, int i, int n_rot, int p, float freq_base, int neox) {
     float cf, sf;

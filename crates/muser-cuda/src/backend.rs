@@ -122,6 +122,8 @@ pub struct CudaBackend {
     attn_mma: std::sync::atomic::AtomicBool,
     /// Short decode rows merge their splits inside the attention launch (`rows_cluster`).
     attn_cluster: std::sync::atomic::AtomicBool,
+    /// qkv_rows from registers (`MUSER_CUDA_QKV_REGS=0`: through memory; the same bits).
+    qkv_regs: std::sync::atomic::AtomicBool,
     /// Decode steps replayed, recorded and issued op by op (`Backend::step_counts`).
     step_counts: [std::sync::atomic::AtomicU64; 3],
     /// (kernels, kernel edges, programmatic edges) of the last graph captured.
@@ -659,6 +661,9 @@ impl CudaBackend {
             attn_cluster: std::sync::atomic::AtomicBool::new(
                 std::env::var("MUSER_ATTN_CLUSTER").map_or(true, |v| v != "0"),
             ),
+            qkv_regs: std::sync::atomic::AtomicBool::new(
+                std::env::var("MUSER_CUDA_QKV_REGS").map_or(true, |v| v != "0"),
+            ),
             graphs: std::sync::atomic::AtomicBool::new(
                 std::env::var("MUSER_CUDA_GRAPHS").map_or(true, |v| v != "0"),
             ),
@@ -790,6 +795,17 @@ impl CudaBackend {
     }
     pub fn set_attn_cluster(&self, on: bool) {
         self.attn_cluster
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether `qkv_rows` keeps each head in registers between its QK norm, rotation and KV
+    /// store (`MUSER_CUDA_QKV_REGS=0`: no, each step reads what the one before wrote; the same
+    /// bits either way, which `muser check` compares).
+    pub fn qkv_regs(&self) -> bool {
+        self.qkv_regs.load(std::sync::atomic::Ordering::Relaxed)
+    }
+    pub fn set_qkv_regs(&self, on: bool) {
+        self.qkv_regs
             .store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
@@ -2339,6 +2355,7 @@ impl Backend for CudaBackend {
                     i32::from(spec.is_ring()),
                 );
                 let warps = n * (heads.n_head + heads.n_head_kv);
+                let regs = i32::from(self.qkv_regs());
                 let mut b = self.gpu.stream.launch_builder(self.kernel("qkv_rows"));
                 b.arg(&qp)
                     .arg(&kp)
@@ -2355,7 +2372,8 @@ impl Backend for CudaBackend {
                     .arg(&neox)
                     .arg(&tab)
                     .arg(&pp)
-                    .arg(&ring);
+                    .arg(&ring)
+                    .arg(&regs);
                 // SAFETY: one warp per head of q ([n][qw]) and k ([n][kvw]); row t writes slot
                 // pos[t] (modulo its slots for a ring; checked above for a plane) of its own cache.
                 ck(unsafe { b.launch(cfg1(warps * 32, 128)) }, "qkv_rows");

@@ -673,6 +673,18 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
         // Decode-group row ops: a position and a KV cache per row.
         if n <= 65 {
             check_rope_rows(p, n, qw);
+            // qkv_rows' register path against its memory path: Muse Glimmer's GPT-J pairs with
+            // QK norms, Llama's without, NeoX (Qwen3), a NoPE layer and partial rotations.
+            for (style, n_rot, norms) in [
+                (RopeStyle::Interleaved, HEAD, true),
+                (RopeStyle::Interleaved, HEAD, false),
+                (RopeStyle::Neox, HEAD, true),
+                (RopeStyle::Neox, 0, true),
+                (RopeStyle::Interleaved, 96, true),
+                (RopeStyle::Neox, 64, false),
+            ] {
+                check_qkv_rows_paths(p, n, kvw / HEAD, HEAD, qw / HEAD, style, n_rot, norms);
+            }
             let window = if quick { 256 } else { 4096 };
             // 4200: the deepest row (17 splits of 256 positions at Glimmer's 2 KV heads) runs the
             // 8-warp tensor-core attention (`attn_wide`), its shallower neighbours 4 of its warps.
@@ -1254,6 +1266,89 @@ fn check_rope_rows(p: &mut Pair, n: usize, qw: usize) {
             &alone,
         );
     }
+}
+
+/// qkv_rows' register path against its memory path (`set_qkv_regs(false)`), bit for bit: the q
+/// and k each leaves in place and the K and V it stores, for a decode group of n rows at random
+/// positions of caches of 300 slots (planes) on the same random inputs.
+#[allow(clippy::too_many_arguments)]
+fn check_qkv_rows_paths(
+    p: &mut Pair,
+    n: usize,
+    n_kv: usize,
+    head: usize,
+    n_head: usize,
+    style: RopeStyle,
+    n_rot: usize,
+    norms: bool,
+) {
+    let (kvw, qw) = (n_kv * head, n_head * head);
+    let pos: Vec<usize> = (0..n).map(|_| p.rng.below(300) as usize).collect();
+    let spec = KvLayerSpec {
+        n_head,
+        n_head_kv: n_kv,
+        head_dim: head,
+        window: None,
+        slots: 300,
+    };
+    let (qdata, kdata, vdata) = (
+        p.randn(n * qw, 1.0),
+        p.randn(n * kvw, 1.0),
+        p.randn(n * kvw, 1.0),
+    );
+    let (qn, kn) = (
+        p.vector("q_norm", head).unwrap(),
+        p.vector("k_norm", head).unwrap(),
+    );
+    let (qng, kng) = (p.gpu.weight(&qn).unwrap(), p.gpu.weight(&kn).unwrap());
+    let rope = RopeParams {
+        style,
+        freq_base: 500000.0,
+        n_rot,
+    };
+    let heads = Heads {
+        n_head,
+        n_head_kv: n_kv,
+        head_dim: head,
+    };
+    let mut run = |regs: bool| {
+        p.gpu.set_qkv_regs(regs);
+        let (_, mut qg) = p.bufs(n, qw, &qdata);
+        let (_, mut kg) = p.bufs(n, kvw, &kdata);
+        let (_, vg) = p.bufs(n, kvw, &vdata);
+        let mut caches: Vec<_> = (0..n)
+            .map(|_| p.gpu.kv_cache(&[spec]).expect("GPU KV cache"))
+            .collect();
+        let mut rg: Vec<&mut _> = caches.iter_mut().collect();
+        p.gpu.qkv_rows(
+            &mut qg,
+            &mut kg,
+            &vg,
+            norms.then_some((&qng, &kng, 1e-6)),
+            heads,
+            (n_rot > 0).then_some(&rope),
+            &mut rg,
+            0,
+            &pos,
+        );
+        let mut out = p.read_gpu(&qg);
+        out.extend(p.read_gpu(&kg));
+        for c in &caches {
+            for plane in [&c.layers[0].k, &c.layers[0].v] {
+                let bits = p.gpu.gpu.stream.clone_dtoh(plane).expect("KV read");
+                out.extend(bits.iter().map(|&b| f32::from(b)));
+            }
+        }
+        out
+    };
+    let (regs, mem) = (run(true), run(false));
+    p.gpu.set_qkv_regs(true);
+    p.exact(
+        "qkv_rows regs == memory",
+        format!("{style:?} rot {n_rot} norms {norms} {n_head}/{n_kv}x{head} {n} rows"),
+        &regs,
+        &mem,
+    );
 }
 
 /// A decode group of n sequences, each with its own cache (its own slot count) filled with
