@@ -1311,6 +1311,8 @@ fn check_qkv_rows_paths(
         n_head_kv: n_kv,
         head_dim: head,
     };
+    // The setting the command started with (`MUSER_CUDA_QKV_REGS`), restored after.
+    let was = p.gpu.qkv_regs();
     let mut run = |regs: bool| {
         p.gpu.set_qkv_regs(regs);
         let (_, mut qg) = p.bufs(n, qw, &qdata);
@@ -1342,7 +1344,7 @@ fn check_qkv_rows_paths(
         out
     };
     let (regs, mem) = (run(true), run(false));
-    p.gpu.set_qkv_regs(true);
+    p.gpu.set_qkv_regs(was);
     p.exact(
         "qkv_rows regs == memory",
         format!("{style:?} rot {n_rot} norms {norms} {n_head}/{n_kv}x{head} {n} rows"),
