@@ -24,6 +24,8 @@
 # then llama.cpp's and Muser's benchmarks on the same llama-glimmer file on a quiet machine; with
 # SERVE=1 also `muser serve` driven by scripts/serve_rate.py (serve_benches), and with SERVE_LLAMA=1
 # llama.cpp's llama-server under the same loads.
+# With MUSE=1 also pp512 and tg128 on muse-glimmer, and with TRACE_MUSE=1 one muse-glimmer step
+# kernel by kernel (the kernel cache carried must hold the step-trace builds too).
 #
 # JOB=ncu: Nsight Compute on one decode launch of NCU_KERNEL (NCU_STREAMS, NCU_DEPTH), alone.
 #
@@ -371,6 +373,10 @@ if [ "${JOB:-}" = side ]; then
         M=$MODELS/muse-glimmer.gguf
         step synth-muse-glimmer 90 "$BIN" synth muse-glimmer "$M" &&
             step bench-muse 120 "$BIN" bench --backend cuda -m "$M" -p 512 -n 128 -r "$REPS" --audit
+        # TRACE_MUSE=1: one muse-glimmer decode step kernel by kernel (JOB=steptrace's trace; its
+        # kernels must be in the carried cache, built with MUSER_CUDA_STEP_TRACE=1).
+        [ "${TRACE_MUSE:-0}" = 1 ] && [ -f "$M" ] &&
+            step trace-muse 60 env MUSER_CUDA_STEP_TRACE=1 "$BIN" bench --backend cuda -m "$M" -p 0 -n 32 -r 1 -s 1
         rm -f "$M"
     fi
     # TIMELINE=1: one decode step kernel by kernel last (as JOB=timeline), within the budget.
@@ -385,6 +391,7 @@ if [ "${JOB:-}" = side ]; then
     llama_table
     tail -3 "$OUT/llama-build.log" 2>/dev/null
     [ -f "$OUT/timeline.txt" ] && head -14 "$OUT/timeline.txt"
+    [ -f "$OUT/trace-muse.log" ] && sed -n '/^step trace/,/^middle/p' "$OUT/trace-muse.log" | head -24
     cat "$OUT/summary.txt"
     exit 0
 fi
