@@ -337,9 +337,9 @@ def muser_bin() -> Path:
     return b
 
 
-def muser_logits(model: Path, tokens: list[int], out: Path) -> np.ndarray:
+def muser_logits(model: Path, tokens: list[int], out: Path, decode: bool = False) -> np.ndarray:
     cmd = [str(muser_bin()), "logits", "-m", str(model),
-           "--tokens", ",".join(map(str, tokens)), "--out", str(out)]
+           "--tokens", ",".join(map(str, tokens)), "--out", str(out)] + (["--decode"] if decode else [])
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stderr}"
     return np.load(out)
@@ -360,6 +360,22 @@ def test_muser_logits_match_reference(models, tmp_path, arch, mix):
     same, n_decisive = argmax_agreement(got, ref)
     assert n_decisive >= SEQ_LEN // 2, f"only {n_decisive} decisive positions: model too flat"
     assert same >= 0.98, f"same argmax on only {same:.1%} of {n_decisive} decisive positions"
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_muser_decode_logits_match_reference_and_prefill(models, tmp_path, arch):
+    """`muser logits --decode` (one decode step per token) against the reference, and against
+    the prefill's logits of the same tokens."""
+    path = models(arch, "kquant")
+    toks = random_tokens(6)
+    ref = RefModel(str(path)).logits(toks)
+    got = muser_logits(path, toks, tmp_path / "decode.npy", decode=True).astype(np.float64)
+    pre = muser_logits(path, toks, tmp_path / "prefill.npy").astype(np.float64)
+    assert got.shape == ref.shape == pre.shape
+    assert np.all(np.isfinite(got)), "muser decode logits contain NaN or Inf"
+    assert nmse(got, ref) <= NMSE_MAX, f"decode against the reference: NMSE {nmse(got, ref):.3e}"
+    assert nmse(got, pre) <= NMSE_MAX, f"decode against prefill: NMSE {nmse(got, pre):.3e}"
+    assert np.std(got) > 0 and not np.allclose(got[0], got[1]), "decode logits do not vary"
 
 
 def argmax_agreement(got: np.ndarray, ref: np.ndarray) -> tuple[float, int]:

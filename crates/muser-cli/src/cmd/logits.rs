@@ -1,5 +1,6 @@
 //! `muser logits`: the logits of every position of a token sequence, written as a `.npy` file
-//! of f32, shape [n_tokens, n_vocab].
+//! of f32, shape [n_tokens, n_vocab]: from one prefill, or (`--decode`) from one decode step per
+//! token, the path generation takes.
 
 use super::backend::{CliBackend, ModelJob};
 use anyhow::{bail, Context};
@@ -25,6 +26,9 @@ pub struct Args {
     pub backend: super::backend::BackendKind,
     #[arg(short = 't', long)]
     pub threads: Option<usize>,
+    /// One decode step per token (the kernels generation runs) instead of one prefill.
+    #[arg(long)]
+    pub decode: bool,
 }
 
 fn parse_tokens(s: &str) -> anyhow::Result<Vec<u32>> {
@@ -57,7 +61,15 @@ impl ModelJob for Args {
             bail!("no tokens");
         }
         let mut s = Session::new(&model, tokens.len())?;
-        let logits = s.prefill_all(&tokens)?;
+        let logits = if args.decode {
+            let mut all = Vec::with_capacity(tokens.len() * model.config.n_vocab);
+            for &t in &tokens {
+                all.extend_from_slice(s.decode(t)?);
+            }
+            all
+        } else {
+            s.prefill_all(&tokens)?
+        };
         crate::npy::write_f32(&args.out, &[tokens.len(), model.config.n_vocab], &logits)?;
         eprintln!(
             "wrote {} ({} x {})",
