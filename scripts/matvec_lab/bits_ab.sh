@@ -8,10 +8,14 @@
 #   3. B's quick parity command with batch invariance (`muser check --quick`);
 #   4. ROUNDS rounds (default 2) of A then B: tg128 on muse-glimmer and llama-glimmer and one
 #      muse-glimmer step trace (MUSER_CUDA_STEP_TRACE=1) each.
+# A_ENV / B_ENV: environment settings for A's / B's runs (one build, a switch: A=B=the build,
+# B_ENV=MUSER_CUDA_GATE_SIDE=1). C_ENV (optional): a third side of the rounds, B's build with
+# those settings. TRACE=0 leaves out the step traces.
 # Full logs go to $OUT; the short table is printed last (0-stdout.txt).
 set -uo pipefail
 A=${A:-target/sideA}
 B=${B:-target/sideB}
+A_ENV=${A_ENV:-} B_ENV=${B_ENV:-} C_ENV=${C_ENV:-}
 OUT=${OUT:-/tmp/muser-out}
 M=${MODELS:-/tmp/muser-models}
 mkdir -p "$OUT" "$M"
@@ -20,11 +24,11 @@ TEE_PID=$!
 trap 'exec >&- 2>&-; wait $TEE_PID' EXIT
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 
-run() { # name build-folder limit_s muser-args...
+run() { # name build-folder limit_s muser-args... (XENV: settings for this run)
     local name=$1 dir=$2 limit=$3
     shift 3
     local t0=$SECONDS
-    MUSER_KERNEL_CACHE="$PWD/$dir/kernels" timeout "$limit" "$dir/muser" "$@" > "$OUT/$name.log" 2>&1
+    env ${XENV:-} MUSER_KERNEL_CACHE="$PWD/$dir/kernels" timeout "$limit" "$dir/muser" "$@" > "$OUT/$name.log" 2>&1
     echo "$name rc=$? ($((SECONDS - t0)) s)" >> "$OUT/summary.txt"
 }
 
@@ -43,6 +47,7 @@ for m in "muse-tiny $T 300" "llama-glimmer $G 96" "muse-glimmer $U 96"; do
         flag=$([ $mode = decode ] && echo --decode)
         for x in A B; do
             dir=$([ $x = A ] && echo "$A" || echo "$B")
+            XENV=$([ $x = A ] && echo "$A_ENV" || echo "$B_ENV") \
             run "logits-$1-$mode-$x" "$dir" 200 logits --backend cuda -m "$2" --tokens "$toks" -o "$M/$1-$mode-$x.npy" $flag
         done
         if cmp -s "$M/$1-$mode-A.npy" "$M/$1-$mode-B.npy"; then r="bit-identical"; else r="DIFFER"; fi
@@ -51,14 +56,16 @@ for m in "muse-tiny $T 300" "llama-glimmer $G 96" "muse-glimmer $U 96"; do
     done
 done
 
-run check "$B" 240 check --backend cuda --quick --model "$T" --invariance "$T" --invariance "$G"
+XENV="$B_ENV" run check "$B" 240 check --backend cuda --quick --model "$T" --invariance "$T" --invariance "$G"
 
 for round in $(seq "${ROUNDS:-2}"); do
-    for x in A B; do
+    for x in A B $([ -n "$C_ENV" ] && echo C); do
         dir=$([ $x = A ] && echo "$A" || echo "$B")
+        export XENV=$(case $x in A) echo "$A_ENV" ;; B) echo "$B_ENV" ;; *) echo "$C_ENV" ;; esac)
         run "tg-muse-$round-$x" "$dir" 90 bench --backend cuda -m "$U" -p 0 -n 128 -r 2
         run "tg-llama-$round-$x" "$dir" 90 bench --backend cuda -m "$G" -p 0 -n 128 -r 2
-        MUSER_CUDA_STEP_TRACE=1 run "trace-muse-$round-$x" "$dir" 90 bench --backend cuda -m "$U" -p 0 -n 32 -r 1
+        [ "${TRACE:-1}" = 0 ] || MUSER_CUDA_STEP_TRACE=1 run "trace-muse-$round-$x" "$dir" 90 bench --backend cuda -m "$U" -p 0 -n 32 -r 1
+        unset XENV
     done
 done
 
@@ -70,7 +77,7 @@ echo "check: $(grep -hcE "^ok" "$OUT/check.log") ok, $(grep -hcE "^FAIL" "$OUT/c
 grep -hE "^all |^FAIL|^invariance|never dispatched" "$OUT/check.log" | head -12
 grep -hE "^\| +[0-9]+ \| +[0-9]+ \|" "$OUT/check.log" | head -2
 for f in "$OUT"/tg-*.log; do echo "$(basename "$f" .log): $(grep -h "tg128" "$f" | awk -F'|' '{print $8, $11}')"; done
-for f in "$OUT"/trace-muse-*.log; do
+for f in $(ls "$OUT"/trace-muse-*.log 2>/dev/null); do
     echo "== $(basename "$f" .log): $(grep -h "^step trace" "$f")"
     grep -hE "^\| (residual_norm|attn_rows_mma_fin8_128|mvk_1 \[Q4_K\] \(after attn|mvk_silu_1|mvk_1 \[Q4_K\+Q6_K\] \(after residual)" "$f"
 done
