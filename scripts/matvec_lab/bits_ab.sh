@@ -8,9 +8,10 @@
 #   3. B's quick parity command with batch invariance (`muser check --quick`);
 #   4. ROUNDS rounds (default 2) of A then B: tg128 on muse-glimmer and llama-glimmer and one
 #      muse-glimmer step trace (MUSER_CUDA_STEP_TRACE=1) each.
-# A_ENV / B_ENV: environment settings for A's / B's runs (one build, a switch: A=B=the build,
-# B_ENV=MUSER_CUDA_GATE_SIDE=1). C_ENV (optional): a third side of the rounds, B's build with
-# those settings. TRACE=0 leaves out the step traces.
+# A_ENV / B_ENV: environment settings for A's / B's runs, so one build with a switch can be set
+# against itself (run 84: A=B=the build with gate-side.patch, B_ENV=MUSER_CUDA_GATE_SIDE=1).
+# C_ENV (optional): a third side of the rounds, B's build with those settings. TRACE=0 leaves out
+# the step traces.
 # Full logs go to $OUT; the short table is printed last (0-stdout.txt).
 set -uo pipefail
 A=${A:-target/sideA}
