@@ -275,7 +275,11 @@ struct MvkSpan {
 
 // In 32-bit arithmetic: the host checks that tasks x warps < 2^32 (64-bit divisions, emulated,
 // cost each warp ~1 us at the start of a ~10 us launch).
-__device__ __forceinline__ MvkSpan mvk_span(const MatvecJobs& jobs, int nch, int unit) {
+// The job's share of warp w: job j, its warps [wa, wb) and tasks [ta, tb) (mvk_span).
+struct MvkShare {
+    unsigned j, wa, wb, ta, tb, w;
+};
+__device__ __forceinline__ MvkShare mvk_share(const MatvecJobs& jobs, int nch, int unit) {
     const unsigned W = gridDim.x * (blockDim.x / WARP), T = (unsigned)(jobs.start_of(jobs.njobs) / unit) * nch;
     const unsigned w = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP, F = W - jobs.njobs;
     unsigned ws[5], ts[5];
@@ -284,21 +288,50 @@ __device__ __forceinline__ MvkSpan mvk_span(const MatvecJobs& jobs, int nch, int
         ts[u] = u <= jobs.njobs ? (unsigned)(jobs.start_of(u) / unit) * nch : T;
         ws[u] = u < jobs.njobs ? u + F * ts[u] / T : W;
     }
-    MvkSpan sp{0, 0, 0};
+    MvkShare s{0, ws[0], ws[1], ts[0], ts[1], w};
 #pragma unroll
     for (int u = 1; u < 4; ++u)
-        if (u < jobs.njobs && w >= ws[u]) sp.j = u;
-    unsigned wa = ws[0], wb = ws[1], ta = ts[0], tb = ts[1];
+        if (u < jobs.njobs && w >= ws[u]) s.j = u;
 #pragma unroll
     for (int u = 1; u < 4; ++u)
-        if (sp.j == u) {
-            wa = ws[u];
-            wb = ws[u + 1];
-            ta = ts[u];
-            tb = ts[u + 1];
+        if (s.j == u) {
+            s.wa = ws[u];
+            s.wb = ws[u + 1];
+            s.ta = ts[u];
+            s.tb = ts[u + 1];
         }
-    sp.t0 = (int)(ta + (tb - ta) * (w - wa) / (wb - wa));
-    sp.t1 = (int)(ta + (tb - ta) * (w + 1 - wa) / (wb - wa));
+    return s;
+}
+
+__device__ __forceinline__ MvkSpan mvk_span(const MatvecJobs& jobs, int nch, int unit) {
+    const MvkShare s = mvk_share(jobs, nch, unit);
+    MvkSpan sp;
+    sp.j = (int)s.j;
+    sp.t0 = (int)(s.ta + (s.tb - s.ta) * (s.w - s.wa) / (s.wb - s.wa));
+    sp.t1 = (int)(s.ta + (s.tb - s.ta) * (s.w + 1 - s.wa) / (s.wb - s.wa));
+    return sp;
+}
+
+// The whole-quad split of mvk_1_whole (matvec.cu), for launches whose every job has Q row quads on
+// W warps with W < Q < 2 W (matvec.rs mvk_whole_fits; Muse Glimmer's q+k+v+gate: 2,176 quads on
+// 2,112 warps): each warp takes one whole quad, which no other warp touches, after its share of
+// the L = Q - W quads left over. The L quads' tasks, the job's first, are split evenly over the W
+// warps (each share at most one quad) and taken first, so the completions of the quads shared
+// this way (matvec.cu mvk_warp) happen in the warps' first rounds instead of at the launch's end,
+// and the other quads need none. A warp's tasks: [a0, a1), then [b0, b1).
+struct MvkSpan2 {
+    int j, a0, a1, b0, b1;
+};
+__device__ __forceinline__ MvkSpan2 mvk_span_whole(const MatvecJobs& jobs, int nch) {
+    const MvkShare s = mvk_share(jobs, nch, 4);
+    const unsigned nw = s.wb - s.wa, i = s.w - s.wa, nq = (s.tb - s.ta) / (unsigned)nch;
+    const unsigned lt = (nq - nw) * (unsigned)nch;
+    MvkSpan2 sp;
+    sp.j = (int)s.j;
+    sp.a0 = (int)(s.ta + lt * i / nw);
+    sp.a1 = (int)(s.ta + lt * (i + 1) / nw);
+    sp.b0 = (int)(s.ta + lt + i * (unsigned)nch);
+    sp.b1 = sp.b0 + nch;
     return sp;
 }
 

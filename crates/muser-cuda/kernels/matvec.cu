@@ -1114,7 +1114,14 @@ __device__ __forceinline__ void kq_sum_chunks(const float* a, const float* b, in
 // (its tasks come in order), and written; the chunk values of a row quad shared with other
 // warps (at most the first and the last of the range) go to cv, and the warp's part ends with
 // one fence and one atomicAdd of its task count: the warp that completes the count adds the
-// row's chunks in order and writes it. SILU: gate and up sums of the row quad, then
+// row's chunks in order and writes it. Either way a row's chunks are added in one order, so the
+// bits do not depend on how a launch splits its tasks.
+// TWO (mvk_1's whole-quad split, mvk_span_whole): the warp's tasks are [a0, a1), then
+// [b0, t1) with b0 = t0 + a1 - a0: the loop walks [t0, t1), its first a1 - a0 places standing
+// for the tasks of [a0, a1), and a row quad counts as the warp's own when it lies in one of the
+// two ranges. Without TWO the loop is the one-range loop it was before the split (the steps TWO
+// adds to each round cost the other launches ~0.5-1% of a token when compiled into them; H100,
+// 2026-12-05). SILU: gate and up sums of the row quad, then
 // silu(gate) * up.
 // flags & MVK_SKIP_SHARED (a measuring switch, MUSER_CUDA_ABLATE=shared_quads; the output is
 // wrong by design): the shared row quads' chunk values are written but never counted or summed,
@@ -1123,18 +1130,23 @@ __device__ __forceinline__ void kq_sum_chunks(const float* a, const float* b, in
 // flags & MVK_DEFER_SHARED (mvk_silu_1 before silu_finish_q8k): the shared row quads' chunk
 // values are written and left for silu_finish_q8k, which sums them in the same order.
 #define MVK_DEFER_SHARED 2
-template <bool SILU, int FMT, typename TaskFn>
-__device__ __forceinline__ void mvk_warp(TaskFn task, int t0, int t1, int nch, const int8_t* __restrict__ xq,
+template <bool SILU, int FMT, bool TWO, typename TaskFn>
+__device__ __forceinline__ void mvk_warp(TaskFn task, int t0, int t1, int a0, int a1, int nch,
+                                         const int8_t* __restrict__ xq,
                                          const float2* __restrict__ xds, int K, float* __restrict__ cv,
                                          unsigned* __restrict__ cnt, float* __restrict__ ysilu, int flags) {
     const int lane = threadIdx.x % WARP, j = lane >> 2, q = lane & 3, s4 = j & 3, hf = j >> 2;
     const int nb = K / QK_K, per = (SILU ? 2 : 1) * nch; // tasks per row quad
     float ya = 0.0f, yb = 0.0f;                            // row q's running sums (gate / up)
     // The round's two tasks tb and tb + 1 as (row quad, index in it), stepped without divisions.
-    int ga = t0 / per, ra = t0 - ga * per;
+    // TWO: the second range's start b0, its (row quad, index), and the shift d of the first
+    // range's tasks from their places.
+    const int b0 = TWO ? t0 + a1 - a0 : t0, gB = TWO ? b0 / per : 0, rB = TWO ? b0 - gB * per : 0, d = b0 - a1;
+    int ga = (TWO && a1 > a0 ? a0 : t0) / per, ra = (TWO && a1 > a0 ? a0 : t0) - ga * per;
 #pragma unroll 1
     for (int tb = t0; tb < t1; tb += 2) {
-        const int gb = ga + (ra + 1 == per), rb = ra + 1 == per ? 0 : ra + 1;
+        int gb = ga + (ra + 1 == per), rb = ra + 1 == per ? 0 : ra + 1;
+        if (TWO && tb + 1 == b0) gb = gB, rb = rB;
         const bool tv = tb + hf < t1;
         const MvkTask k = hf && tv ? task(gb, rb) : task(ga, ra);
         const int sb = KQ_CHUNK * k.ch + s4;
@@ -1155,8 +1167,13 @@ __device__ __forceinline__ void mvk_warp(TaskFn task, int t0, int t1, int nch, c
             const MvkTask kt = h ? task(gb, rb) : task(ga, ra);
             const float c = h ? cvb : cva;
             const int first = kt.gq * per, idx = kt.m * nch + kt.ch;
+            int lo = t0, hi = t1, at = tt; // the task's range and its number in it
+            if (TWO) {
+                if (tt < b0) lo = a0, hi = a1, at = tt - d;
+                else lo = b0;
+            }
             const bool wr = lane < kt.nr; // lanes 0 .. 3 write row `lane`
-            if (first >= t0 && first + per <= t1) {
+            if (first >= lo && first + per <= hi) {
                 if (SILU && kt.m) yb = kq_add(kt.ch == 0 ? 0.0f : yb, c);
                 else ya = kq_add(kt.ch == 0 ? 0.0f : ya, c);
                 if (idx == per - 1 && wr) {
@@ -1167,8 +1184,8 @@ __device__ __forceinline__ void mvk_warp(TaskFn task, int t0, int t1, int nch, c
             }
             const size_t row = (size_t)4 * kt.gq + lane;
             if (wr) cv[row * per + idx] = c;
-            if ((idx == per - 1 || tt == t1 - 1) && !(flags & (MVK_SKIP_SHARED | MVK_DEFER_SHARED))) { // its part's end
-                const int n = min(first + per, t1) - max(first, t0);
+            if ((idx == per - 1 || at == hi - 1) && !(flags & (MVK_SKIP_SHARED | MVK_DEFER_SHARED))) { // its part's end
+                const int n = min(first + per, hi) - max(first, lo);
                 // The lanes' chunk values ordered before lane 0's count (release, cumulative over
                 // the warp barrier); the completing warp's reads after it (acquire, then the
                 // barrier for lanes 1 .. 3).
@@ -1194,6 +1211,7 @@ __device__ __forceinline__ void mvk_warp(TaskFn task, int t0, int t1, int nch, c
         }
         ga = gb + (rb + 1 == per);
         ra = rb + 1 == per ? 0 : rb + 1;
+        if (TWO && tb + 2 == b0) ga = gB, ra = rB;
     }
     MVK_TRACE(30, ya + yb);
 }
@@ -1202,45 +1220,71 @@ __device__ __forceinline__ void mvk_warp(TaskFn task, int t0, int t1, int nch, c
     unsigned* __restrict__ cnt, int flags
 
 
-// The warp's tasks [t0, t1) of one format: a loop per format (one loop serving every format
-// would need the registers of all of them at once and spill).
-template <bool SILU, typename TaskFn>
-__device__ __forceinline__ void mvk_fmt(int ty, TaskFn task, int t0, int t1, int nch, const int8_t* __restrict__ xq,
-                                        const float2* __restrict__ xds, int K, float* __restrict__ cv,
-                                        unsigned* __restrict__ cnt, float* __restrict__ ysilu, int flags) {
+// The warp's tasks [t0, t1) (TWO: as in mvk_warp) of one format: a loop per format (one loop
+// serving every format would need the registers of all of them at once and spill).
+template <bool SILU, bool TWO, typename TaskFn>
+__device__ __forceinline__ void mvk_fmt(int ty, TaskFn task, int t0, int t1, int a0, int a1, int nch,
+                                        const int8_t* __restrict__ xq, const float2* __restrict__ xds, int K,
+                                        float* __restrict__ cv, unsigned* __restrict__ cnt,
+                                        float* __restrict__ ysilu, int flags) {
     switch (ty) {
-    case FMT_Q4_K: mvk_warp<SILU, FMT_Q4_K>(task, t0, t1, nch, xq, xds, K, cv, cnt, ysilu, flags); break;
-    case FMT_Q5_K: mvk_warp<SILU, FMT_Q5_K>(task, t0, t1, nch, xq, xds, K, cv, cnt, ysilu, flags); break;
-    default: mvk_warp<SILU, FMT_Q6_K>(task, t0, t1, nch, xq, xds, K, cv, cnt, ysilu, flags); break;
+    case FMT_Q4_K: mvk_warp<SILU, FMT_Q4_K, TWO>(task, t0, t1, a0, a1, nch, xq, xds, K, cv, cnt, ysilu, flags); break;
+    case FMT_Q5_K: mvk_warp<SILU, FMT_Q5_K, TWO>(task, t0, t1, a0, a1, nch, xq, xds, K, cv, cnt, ysilu, flags); break;
+    default: mvk_warp<SILU, FMT_Q6_K, TWO>(task, t0, t1, a0, a1, nch, xq, xds, K, cv, cnt, ysilu, flags); break;
     }
 }
 
 
 // The warp's span (computed once), a request to L2 for its first round, then the wait for the
 // kernel before (common.cuh).
+__device__ __forceinline__ void mvk_prefetch_wait(const MatvecJobs& jobs, int j, int nch, int t, int end, int K) {
+    if (t < end)
+        mvk_prefetch(mvk_job_task(jobs.w_of(j), jobs.y_of(j), jobs.ty_of(j), jobs.rows_of(j), jobs.start_of(j), nch, t), K);
+    pdl_wait();
+    MVK_TRACE(1, 0.0f);
+}
 __device__ __forceinline__ MvkSpan pdl_wait_prefetch_mvk(const MatvecJobs& jobs, int K) {
     MVK_TRACE(0, 0.0f);
     const int nch = kq_chunks(K);
     const MvkSpan sp = mvk_span(jobs, nch, 4);
-    const int t = sp.t0 + (threadIdx.x % WARP >= 16);
-    if (t < sp.t1)
-        mvk_prefetch(mvk_job_task(jobs.w_of(sp.j), jobs.y_of(sp.j), jobs.ty_of(sp.j), jobs.rows_of(sp.j), jobs.start_of(sp.j), nch, t),
-                     K);
-    pdl_wait();
-    MVK_TRACE(1, 0.0f);
+    mvk_prefetch_wait(jobs, sp.j, nch, sp.t0 + (threadIdx.x % WARP >= 16), sp.t1, K);
     return sp;
+}
+
+// The warp's tasks [t0, t1) of job j (TWO: as in mvk_warp).
+template <bool TWO>
+__device__ __forceinline__ void mvk_job(const MatvecJobs& jobs, int j, int t0, int t1, int a0, int a1, MVK_ACT) {
+    const int nch = kq_chunks(K);
+    const uint8_t* w = jobs.w_of(j);
+    float* yj = jobs.y_of(j);
+    const int ty = jobs.ty_of(j), rows = jobs.rows_of(j), st = jobs.start_of(j);
+    mvk_fmt<false, TWO>(ty, [=](int gq, int ch) { return mvk_job_task_at(w, yj, ty, rows, st, gq, ch); }, t0, t1, a0,
+                        a1, nch, xq, xds, K, cv, cnt, nullptr, flags);
 }
 
 // The grid must have at least njobs warps (matvec.rs: mvk_blocks).
 extern "C" __global__ void __launch_bounds__(128, 4) mvk_1(MatvecJobs jobs, MVK_ACT) {
     const MvkSpan sp = pdl_wait_prefetch_mvk(jobs, K);
+    mvk_job<false>(jobs, sp.j, sp.t0, sp.t1, 0, 0, xq, xds, K, cv, cnt, flags);
+}
+
+// The warp's whole-quad span (mvk_span_whole), a request to L2 for its first round, then the wait
+// for the kernel before.
+__device__ __forceinline__ MvkSpan2 pdl_wait_prefetch_mvk_whole(const MatvecJobs& jobs, int K) {
+    MVK_TRACE(0, 0.0f);
     const int nch = kq_chunks(K);
-    const uint8_t* w = jobs.w_of(sp.j);
-    float* yj = jobs.y_of(sp.j);
-    const int ty = jobs.ty_of(sp.j), rows = jobs.rows_of(sp.j), st = jobs.start_of(sp.j);
-    mvk_fmt<false>(ty, [=](int gq, int ch) { return mvk_job_task_at(w, yj, ty, rows, st, gq, ch); }, sp.t0, sp.t1, nch,
-                   xq, xds, K,
-                   cv, cnt, nullptr, flags);
+    const MvkSpan2 sp = mvk_span_whole(jobs, nch);
+    const int v = threadIdx.x % WARP >= 16, n1 = sp.a1 - sp.a0;
+    mvk_prefetch_wait(jobs, sp.j, nch, v < n1 ? sp.a0 + v : sp.b0 + v - n1, sp.b1, K);
+    return sp;
+}
+
+// mvk_1 on the whole-quad split (mvk_span_whole): for launches whose every job has Q row quads on
+// W warps with W < Q < 2 W (matvec.rs mvk_whole_fits; Muse Glimmer's q+k+v+gate). The same bits
+// as mvk_1. A kernel of its own, so that mvk_1's machine code stays as it was.
+extern "C" __global__ void __launch_bounds__(128, 4) mvk_1_whole(MatvecJobs jobs, MVK_ACT) {
+    const MvkSpan2 sp = pdl_wait_prefetch_mvk_whole(jobs, K);
+    mvk_job<true>(jobs, sp.j, sp.b0 - (sp.a1 - sp.a0), sp.b1, sp.a0, sp.a1, xq, xds, K, cv, cnt, flags);
 }
 
 // The warp's range (t0, t1) as in pdl_wait_prefetch_mvk.
@@ -1261,8 +1305,8 @@ __device__ __forceinline__ int2 pdl_wait_prefetch_mvk_silu(const uint8_t* wg, in
 extern "C" __global__ void __launch_bounds__(128, 4) mvk_silu_1(SILU_ARGS, MVK_ACT) {
     const int2 range = pdl_wait_prefetch_mvk_silu(wg, tyg, wu, tyu, rows, K);
     const int nch = kq_chunks(K);
-    mvk_fmt<true>(tyg, [&](int gq, int rem) { return mvk_silu_task_at(wg, tyg, wu, tyu, rows, nch, gq, rem); }, range.x,
-                  range.y, nch,
+    mvk_fmt<true, false>(tyg, [&](int gq, int rem) { return mvk_silu_task_at(wg, tyg, wu, tyu, rows, nch, gq, rem); }, range.x,
+                  range.y, 0, 0, nch,
                   xq, xds, K,
                   cv, cnt, y, flags);
 }

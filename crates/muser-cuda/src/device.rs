@@ -59,6 +59,8 @@ pub struct Gpu {
     /// Prefill chunks run on the f16 tensor-core tiles (`mmh::Gpu::mmh_route`); on unless
     /// `MUSER_CUDA_MMH=0`.
     pub(crate) mmh_on: std::sync::atomic::AtomicBool,
+    /// One-column launches that fit it run on `mvk_1_whole` (`Gpu::set_mvk_whole`).
+    pub(crate) mvk_whole_on: std::sync::atomic::AtomicBool,
     /// The ops being issued belong to a decode step (`CudaBackend::decode_step`).
     pub(crate) decoding: std::sync::atomic::AtomicBool,
     /// The ops being issued must give every row the bits it gets alone (`exact_columns`).
@@ -130,6 +132,9 @@ impl Gpu {
             ),
             mmh_on: std::sync::atomic::AtomicBool::new(
                 std::env::var("MUSER_CUDA_MMH").map_or(true, |v| v != "0"),
+            ),
+            mvk_whole_on: std::sync::atomic::AtomicBool::new(
+                std::env::var("MUSER_CUDA_MVK_WHOLE").map_or(true, |v| v != "0"),
             ),
             decoding: Default::default(),
             exact: Default::default(),

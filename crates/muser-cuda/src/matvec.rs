@@ -132,6 +132,37 @@ pub fn mvk_flags() -> i32 {
     i32::from(ablated_names().iter().any(|s| s == "shared_quads"))
 }
 
+/// The warps [wa, wb) and tasks [ta, tb) of each job of a one-column launch over `ww` warps, jobs
+/// starting at row `starts[j]` (multiples of `unit`), as `mvk_share` in common.cuh divides them:
+/// each job a share of the warps in proportion to its tasks, and at least one.
+pub fn mvk_shares(starts: &[usize], nch: usize, unit: usize, ww: usize) -> Vec<[usize; 4]> {
+    let nj = starts.len() - 1;
+    let t_all = starts[nj] / unit * nch;
+    let ts = |u: usize| starts[u] / unit * nch;
+    let ws = |u: usize| {
+        if u < nj {
+            u + (ww - nj) * ts(u) / t_all
+        } else {
+            ww
+        }
+    };
+    (0..nj)
+        .map(|j| [ws(j), ws(j + 1), ts(j), ts(j + 1)])
+        .collect()
+}
+
+/// Whether `mvk_1_whole` takes a launch: every job has Q row quads on W warps with W < Q < 2 W
+/// (`mvk_span_whole` in common.cuh gives each warp one whole quad after its share of the Q - W
+/// left over).
+pub fn mvk_whole_fits(starts: &[usize], nch: usize, ww: usize) -> bool {
+    mvk_shares(starts, nch, 4, ww)
+        .iter()
+        .all(|&[wa, wb, ta, tb]| {
+            let (nw, nq) = (wb - wa, (tb - ta) / nch);
+            nq > nw && nq < 2 * nw
+        })
+}
+
 /// Blocks (of 4 warps) of an `mvk_*` launch over `quads` row quads of `per` tasks each (a round
 /// takes 2 tasks per warp): the GPU filled once (4 blocks per SM, the kernels' launch bounds).
 /// When one warp per row quad fills at least 3/4 of that (attn_output at the Glimmer shapes),
@@ -1125,6 +1156,17 @@ impl Gpu {
         Ok((mj, total))
     }
 
+    /// Whether one-column launches that fit `mvk_1_whole`'s split (`mvk_whole_fits`) run on it
+    /// (on unless `MUSER_CUDA_MVK_WHOLE=0`). The same bits either way: a row's chunks are added in
+    /// one order however a launch splits them (`muser check` compares the two).
+    pub fn mvk_whole(&self) -> bool {
+        self.mvk_whole_on.load(std::sync::atomic::Ordering::Relaxed)
+    }
+    pub fn set_mvk_whole(&self, on: bool) {
+        self.mvk_whole_on
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Up to MAX_JOBS K-quant matrices times one column in one `mvk_1` launch (the Q8_K
     /// activation already in `scratch`).
     fn mvk(&self, group: &[&Job], k: usize, scratch: &ActScratch) -> Result<(), CudaError> {
@@ -1144,7 +1186,16 @@ impl Gpu {
         };
         let (xq, xds) = (dptr(self, &scratch.q), dptr(self, &scratch.ds));
         let k_i = k as i32;
-        let mut b = self.stream.launch_builder(self.kernel("mvk_1")?);
+        let starts: Vec<usize> = mj.start[..=group.len()]
+            .iter()
+            .map(|&s| s as usize)
+            .collect();
+        let name = if self.mvk_whole() && mvk_whole_fits(&starts, nch, 4 * blocks as usize) {
+            "mvk_1_whole"
+        } else {
+            "mvk_1"
+        };
+        let mut b = self.stream.launch_builder(self.kernel(name)?);
         self.trace_formats(group.iter().map(|j| j.m.ty));
         let flags = mvk_flags();
         b.arg(&mj)
@@ -2017,6 +2068,85 @@ mod tests {
             ta + (tb - ta) * (w - wa) / (wb - wa),
             ta + (tb - ta) * (w + 1 - wa) / (wb - wa),
         )
+    }
+
+    /// Host mirror of `mvk_span_whole` in common.cuh: ([a0, a1), [b0, b1)) of warp w of job j.
+    fn mvk_span_whole(share: [usize; 4], nch: usize, w: usize) -> ((usize, usize), (usize, usize)) {
+        let [wa, wb, ta, tb] = share;
+        let (nw, i, nq) = (wb - wa, w - wa, (tb - ta) / nch);
+        let lt = (nq - nw) * nch;
+        let b0 = ta + lt + i * nch;
+        ((ta + lt * i / nw, ta + lt * (i + 1) / nw), (b0, b0 + nch))
+    }
+
+    /// `mvk_1_whole`'s split (`mvk_span_whole`), where `mvk_whole_fits` gives it a launch: every
+    /// task once, in the warp's job (the shares of `mvk_span`, whose host mirror the test checks
+    /// `mvk_shares` against), each warp one whole row quad after at most one quad of the leftover
+    /// ones, which alone are shared; and which launches take it.
+    #[test]
+    fn mvk_whole_split_takes_every_task_once_and_shares_only_the_leftover_quads() {
+        let sms = 132;
+        // (rows of each job, K, whether mvk_1_whole takes the launch on 132 SMs).
+        let launches: [(&[usize], usize, bool); 9] = [
+            (&[4096, 256, 256, 4096], 6656, true), // Muse Glimmer's q+k+v+gate: 2,176 quads
+            (&[8704], 6656, true),
+            (&[4096, 512, 512], 6656, false), // 1,280 quads: fewer than the 2,112 warps
+            (&[6656], 19968, false),          // ffn_down: one warp per quad already
+            (&[202048], 6656, false),         // the LM head: 24 quads a warp
+            (&[4096, 256, 256, 4096], 256, false),
+            (&[16896], 6656, false), // 2 W quads
+            (&[6, 4096, 2, 33], 6656, false),
+            (&[5, 3, 1, 7], 512, false),
+        ];
+        for (rows, k, fits) in launches {
+            let nch = mvk_chunks(k);
+            let mut starts = vec![0];
+            for r in rows {
+                starts.push(starts.last().unwrap() + r.div_ceil(4) * 4);
+            }
+            let quads = starts[rows.len()] / 4;
+            let tasks = quads * nch;
+            let ww = 4 * mvk_blocks(quads, nch, sms) as usize;
+            let shares = mvk_shares(&starts, nch, 4, ww);
+            for (w, share) in (0..ww).map(|w| (w, mvk_span(&starts, nch, 4, ww, w))) {
+                let [wa, wb, ta, tb] = shares[share.0];
+                assert!(
+                    w >= wa && w < wb && share.1 >= ta && share.2 <= tb,
+                    "{rows:?} warp {w}"
+                );
+            }
+            assert_eq!(mvk_whole_fits(&starts, nch, ww), fits, "{rows:?} K {k}");
+            if !fits {
+                continue;
+            }
+            let (mut seen, mut shared) = (vec![0u8; tasks], vec![0u8; quads]);
+            for (j, &share) in shares.iter().enumerate() {
+                for w in share[0]..share[1] {
+                    let ((a0, a1), (b0, b1)) = mvk_span_whole(share, nch, w);
+                    assert!(a1 - a0 <= nch && b1 == b0 + nch && b0 % nch == 0 && a1 <= b0);
+                    for t in (a0..a1).chain(b0..b1) {
+                        assert!(4 * (t / nch) >= starts[j] && 4 * (t / nch) < starts[j + 1]);
+                        seen[t] += 1;
+                    }
+                    for t in (a0..a1).filter(|&t| t / nch * nch < a0 || t / nch * nch + nch > a1) {
+                        shared[t / nch] = 1;
+                    }
+                }
+            }
+            assert!(
+                seen.iter().all(|&s| s == 1),
+                "{rows:?}: a task missed or repeated"
+            );
+            let n = shared.iter().filter(|&&s| s == 1).count();
+            let left: usize = shares
+                .iter()
+                .map(|s| (s[3] - s[2]) / nch - (s[1] - s[0]))
+                .sum();
+            assert!(
+                n > 0 && n <= left,
+                "{rows:?}: {n} shared quads, {left} left over"
+            );
+        }
     }
 
     /// `silu_finish_q8k` (matvec.cu) finds the warp that ran task t of a gate+up launch as

@@ -400,6 +400,7 @@ fn check_reads(p: &mut Pair) {
 /// Every op of the Backend trait at the Muse Glimmer shapes and column counts.
 fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
     check_reads(p);
+    check_mvk_whole(p)?;
     let columns: &[usize] = if quick {
         &[1, 9, 65]
     } else {
@@ -1164,6 +1165,79 @@ fn check_split(p: &mut Pair, n: usize, k: usize) -> anyhow::Result<()> {
 /// `x` was just written by an op that may hand its Q8_K quantization to the next matmul (fused):
 /// a Q4_K matmul over x right after it, then the same matmul again (which quantizes x itself),
 /// must give the same bits.
+/// A one-column q+k+v+gate launch sized for `mvk_1_whole`'s split on this GPU (its q and gate 8
+/// row quads per SM each: W < Q < 2 W for W = 16 warps per SM), K = 2048: against the CPU, and
+/// bit for bit against the same launch on `mvk_1`.
+fn check_mvk_whole(p: &mut Pair) -> anyhow::Result<()> {
+    let (k, qw) = (2048, 32 * p.gpu.gpu.sms);
+    let nch = muser_cuda::matvec::mvk_chunks(k);
+    let starts = [0, qw, qw + 256, qw + 512, 2 * qw + 512];
+    let quads = starts[4] / 4;
+    let ww = 4 * muser_cuda::matvec::mvk_blocks(quads, nch, p.gpu.gpu.sms) as usize;
+    anyhow::ensure!(
+        muser_cuda::matvec::mvk_whole_fits(&starts, nch, ww),
+        "the whole-quad check's shape does not fit mvk_1_whole on {} SMs",
+        p.gpu.gpu.sms
+    );
+    let shapes = [
+        ("attn_q", qw, GgmlType::Q4_K),
+        ("attn_k", 256, GgmlType::Q4_K),
+        ("attn_v", 256, GgmlType::Q6_K),
+        ("attn_gate", qw, GgmlType::Q4_K),
+    ];
+    let mut ws = Vec::new();
+    for (name, rows, ty) in shapes {
+        let t = p.matrix(name, ty, rows, k)?;
+        ws.push(p.weights(&t)?);
+    }
+    let (xc, xg, _) = p.random_bufs(1, k);
+    let mut cpu: Vec<_> = shapes.iter().map(|s| p.cpu.buf(1, s.1)).collect();
+    let mut gpu: [Vec<CudaBuf>; 2] =
+        [0, 1].map(|_| shapes.iter().map(|s| p.gpu.buf(1, s.1)).collect());
+    {
+        let mut jobs: Vec<_> = ws.iter().map(|w| &w.0).zip(cpu.iter_mut()).collect();
+        p.cpu.matmul(&xc, &mut jobs);
+    }
+    // On the decode steps' route (a one-column prefill piece runs on the f16 tiles), each side
+    // checked to have run on its kernel.
+    let on = p.gpu.gpu.mvk_whole();
+    let launches = |p: &Pair| {
+        let counts = p.gpu.gpu.dispatch_counts();
+        let n = |k: &str| counts.iter().find(|c| c.0 == k).map_or(0, |c| c.1);
+        [n("mvk_1_whole"), n("mvk_1")]
+    };
+    p.gpu.gpu.set_decoding(true);
+    for (whole, out) in [true, false].into_iter().zip(gpu.iter_mut()) {
+        p.gpu.gpu.set_mvk_whole(whole);
+        let before = launches(p);
+        let mut jobs: Vec<_> = ws.iter().map(|w| &w.1).zip(out.iter_mut()).collect();
+        p.gpu.matmul(&xg, &mut jobs);
+        let after = launches(p);
+        let kernel = usize::from(!whole);
+        anyhow::ensure!(
+            after[kernel] == before[kernel] + 1,
+            "the whole-quad check's launch did not run on {}",
+            ["mvk_1_whole", "mvk_1"][kernel]
+        );
+    }
+    p.gpu.gpu.set_decoding(false);
+    p.gpu.gpu.set_mvk_whole(on);
+    for (i, (name, rows, ty)) in shapes.into_iter().enumerate() {
+        let (a, b) = (p.read_gpu(&gpu[0][i]), p.read_cpu(&cpu[i]));
+        let shape = format!("{name} {ty} {rows}x{k} x1");
+        p.record(
+            "matmul qkvg (mvk_1_whole)",
+            shape.clone(),
+            &a,
+            &b,
+            MATVEC_NMSE,
+        );
+        let c = p.read_gpu(&gpu[1][i]);
+        p.exact("mvk_1_whole == mvk_1", shape, &a, &c);
+    }
+    Ok(())
+}
+
 fn fused_matmul_exact(p: &mut Pair, x: &CudaBuf, what: &str) {
     let t = p
         .matrix("fused", GgmlType::Q4_K, 256, x.cols)
