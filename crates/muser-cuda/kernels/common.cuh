@@ -312,6 +312,21 @@ __device__ __forceinline__ MvkSpan mvk_span(const MatvecJobs& jobs, int nch, int
     return sp;
 }
 
+// mvk_1_spread's span: a one-job launch of Q row quads on a full grid of W > Q warps, one quad per
+// warp (quad floor(w Q / W) goes to the last warp w that maps to it), so that the active warps
+// spread evenly over the blocks, and so over the SMs (3 or 4 a block for Q >= 3 W / 4), where
+// packing Q warps into Q / 4 blocks runs 16 on some SMs and 12 on the others.
+__device__ __forceinline__ MvkSpan mvk_span_spread(const MatvecJobs& jobs, int nch) {
+    const unsigned W = gridDim.x * (blockDim.x / WARP), w = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
+    const unsigned Q = (unsigned)(jobs.start_of(1) / 4), q = w * Q / W;
+    MvkSpan sp{0, 0, 0};
+    if ((w + 1) * Q / W != q) {
+        sp.t0 = (int)q * nch;
+        sp.t1 = sp.t0 + nch;
+    }
+    return sp;
+}
+
 // The whole-quad split of mvk_1_whole (matvec.cu), for launches whose every job has Q row quads on
 // W warps with W < Q < 2 W (matvec.rs mvk_whole_fits; Muse Glimmer's q+k+v+gate: 2,176 quads on
 // 2,112 warps): each warp takes one whole quad, which no other warp touches, after its share of

@@ -1243,10 +1243,11 @@ __device__ __forceinline__ void mvk_prefetch_wait(const MatvecJobs& jobs, int j,
     pdl_wait();
     MVK_TRACE(1, 0.0f);
 }
+template <bool SPREAD = false>
 __device__ __forceinline__ MvkSpan pdl_wait_prefetch_mvk(const MatvecJobs& jobs, int K) {
     MVK_TRACE(0, 0.0f);
     const int nch = kq_chunks(K);
-    const MvkSpan sp = mvk_span(jobs, nch, 4);
+    const MvkSpan sp = SPREAD ? mvk_span_spread(jobs, nch) : mvk_span(jobs, nch, 4);
     mvk_prefetch_wait(jobs, sp.j, nch, sp.t0 + (threadIdx.x % WARP >= 16), sp.t1, K);
     return sp;
 }
@@ -1265,6 +1266,14 @@ __device__ __forceinline__ void mvk_job(const MatvecJobs& jobs, int j, int t0, i
 // The grid must have at least njobs warps (matvec.rs: mvk_blocks).
 extern "C" __global__ void __launch_bounds__(128, 4) mvk_1(MatvecJobs jobs, MVK_ACT) {
     const MvkSpan sp = pdl_wait_prefetch_mvk(jobs, K);
+    mvk_job<false>(jobs, sp.j, sp.t0, sp.t1, 0, 0, xq, xds, K, cv, cnt, flags);
+}
+
+// mvk_1 with one row quad per warp spread over a full grid (mvk_span_spread): one-job launches of
+// 3 W / 4 to W row quads (matvec.rs mvk_spread_fits; attn_output and ffn_down at the Glimmer
+// shapes). The same bits as mvk_1.
+extern "C" __global__ void __launch_bounds__(128, 4) mvk_1_spread(MatvecJobs jobs, MVK_ACT) {
+    const MvkSpan sp = pdl_wait_prefetch_mvk<true>(jobs, K);
     mvk_job<false>(jobs, sp.j, sp.t0, sp.t1, 0, 0, xq, xds, K, cv, cnt, flags);
 }
 

@@ -61,6 +61,8 @@ pub struct Gpu {
     pub(crate) mmh_on: std::sync::atomic::AtomicBool,
     /// One-column launches that fit it run on `mvk_1_whole` (`Gpu::set_mvk_whole`).
     pub(crate) mvk_whole_on: std::sync::atomic::AtomicBool,
+    /// One-job launches that fit it run on `mvk_1_spread` (`Gpu::set_mvk_spread`).
+    pub(crate) mvk_spread_on: std::sync::atomic::AtomicBool,
     /// The ops being issued belong to a decode step (`CudaBackend::decode_step`).
     pub(crate) decoding: std::sync::atomic::AtomicBool,
     /// The ops being issued must give every row the bits it gets alone (`exact_columns`).
@@ -135,6 +137,9 @@ impl Gpu {
             ),
             mvk_whole_on: std::sync::atomic::AtomicBool::new(
                 std::env::var("MUSER_CUDA_MVK_WHOLE").map_or(true, |v| v != "0"),
+            ),
+            mvk_spread_on: std::sync::atomic::AtomicBool::new(
+                std::env::var("MUSER_CUDA_MVK_SPREAD").map_or(true, |v| v != "0"),
             ),
             decoding: Default::default(),
             exact: Default::default(),

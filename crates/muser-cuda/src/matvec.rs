@@ -151,6 +151,14 @@ pub fn mvk_shares(starts: &[usize], nch: usize, unit: usize, ww: usize) -> Vec<[
         .collect()
 }
 
+/// Whether `mvk_1_spread` takes a launch (of `quads` row quads in `njobs` jobs): one job, and
+/// `mvk_blocks` would give it one warp per row quad (3 / 4 of the grid's warps or more), which
+/// `mvk_1_spread` spreads over the full grid instead.
+pub fn mvk_spread_fits(njobs: usize, quads: usize, sms: usize) -> bool {
+    let warps = sms.max(1) * 16;
+    njobs == 1 && quads <= warps && 4 * quads >= 3 * warps
+}
+
 /// Whether `mvk_1_whole` takes a launch: every job has Q row quads on W warps with W < Q < 2 W
 /// (`mvk_span_whole` in common.cuh gives each warp one whole quad after its share of the Q - W
 /// left over).
@@ -1166,6 +1174,16 @@ impl Gpu {
         self.mvk_whole_on
             .store(on, std::sync::atomic::Ordering::Relaxed);
     }
+    /// Whether one-job launches that fit `mvk_1_spread` (`mvk_spread_fits`) run on it (on unless
+    /// `MUSER_CUDA_MVK_SPREAD=0`): the same bits either way.
+    pub fn mvk_spread(&self) -> bool {
+        self.mvk_spread_on
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+    pub fn set_mvk_spread(&self, on: bool) {
+        self.mvk_spread_on
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
 
     /// Up to MAX_JOBS K-quant matrices times one column in one `mvk_1` launch (the Q8_K
     /// activation already in `scratch`).
@@ -1177,7 +1195,12 @@ impl Gpu {
         }
         let nch = mvk_chunks(k);
         let (cv, cnt) = self.split_scratch(total * nch, total / 4)?;
-        let blocks = mvk_blocks(total / 4, nch, self.sms);
+        let spread = self.mvk_spread() && mvk_spread_fits(group.len(), total / 4, self.sms);
+        let blocks = if spread {
+            4 * self.sms as u32
+        } else {
+            mvk_blocks(total / 4, nch, self.sms)
+        };
         mvk_fits(total / 4 * nch, blocks)?;
         let cfg = LaunchConfig {
             grid_dim: (blocks, 1, 1),
@@ -1190,7 +1213,9 @@ impl Gpu {
             .iter()
             .map(|&s| s as usize)
             .collect();
-        let name = if self.mvk_whole() && mvk_whole_fits(&starts, nch, 4 * blocks as usize) {
+        let name = if spread {
+            "mvk_1_spread"
+        } else if self.mvk_whole() && mvk_whole_fits(&starts, nch, 4 * blocks as usize) {
             "mvk_1_whole"
         } else {
             "mvk_1"
@@ -2147,6 +2172,39 @@ mod tests {
                 "{rows:?}: {n} shared quads, {left} left over"
             );
         }
+    }
+
+    /// `mvk_1_spread`'s span (`mvk_span_spread` in common.cuh): on a full grid, every row quad to
+    /// exactly one warp, and every 4-warp block (so every SM) 3 or 4 of them, where the packed
+    /// grid of one warp per quad has 4 or none; `mvk_spread_fits` takes attn_output and ffn_down
+    /// (1,664 quads on 132 SMs) and not q+k+v or the LM head.
+    #[test]
+    fn mvk_spread_gives_each_quad_one_warp_and_each_block_three_or_four() {
+        for sms in [132usize, 114, 78, 1] {
+            let ww = 16 * sms;
+            for quads in [(3 * ww).div_ceil(4), 1664.min(ww), 13 * sms, ww] {
+                if !mvk_spread_fits(1, quads, sms) {
+                    assert!(4 * quads < 3 * ww, "{quads} quads on {sms} SMs");
+                    continue;
+                }
+                let mut seen = vec![0u8; quads];
+                for b in 0..ww / 4 {
+                    let mut active = 0;
+                    for w in 4 * b..4 * b + 4 {
+                        let q = w * quads / ww;
+                        if (w + 1) * quads / ww != q {
+                            seen[q] += 1;
+                            active += 1;
+                        }
+                    }
+                    assert!((3..=4).contains(&active), "block {b}: {active} quads");
+                }
+                assert!(seen.iter().all(|&n| n == 1), "{quads} quads on {sms} SMs");
+            }
+        }
+        assert!(mvk_spread_fits(1, 1664, 132));
+        assert!(!mvk_spread_fits(4, 1664, 132) && !mvk_spread_fits(1, 1152, 132));
+        assert!(!mvk_spread_fits(1, 50512, 132) && !mvk_spread_fits(1, 2176, 132));
     }
 
     /// `silu_finish_q8k` (matvec.cu) finds the warp that ran task t of a gate+up launch as

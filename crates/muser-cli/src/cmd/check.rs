@@ -400,7 +400,7 @@ fn check_reads(p: &mut Pair) {
 /// Every op of the Backend trait at the Muse Glimmer shapes and column counts.
 fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
     check_reads(p);
-    check_mvk_whole(p)?;
+    check_mvk_splits(p)?;
     let columns: &[usize] = if quick {
         &[1, 9, 65]
     } else {
@@ -1165,75 +1165,87 @@ fn check_split(p: &mut Pair, n: usize, k: usize) -> anyhow::Result<()> {
 /// `x` was just written by an op that may hand its Q8_K quantization to the next matmul (fused):
 /// a Q4_K matmul over x right after it, then the same matmul again (which quantizes x itself),
 /// must give the same bits.
-/// A one-column q+k+v+gate launch sized for `mvk_1_whole`'s split on this GPU (its q and gate 8
-/// row quads per SM each: W < Q < 2 W for W = 16 warps per SM), K = 2048: against the CPU, and
-/// bit for bit against the same launch on `mvk_1`.
-fn check_mvk_whole(p: &mut Pair) -> anyhow::Result<()> {
-    let (k, qw) = (2048, 32 * p.gpu.gpu.sms);
-    let nch = muser_cuda::matvec::mvk_chunks(k);
+/// The one-column kernels that split a launch another way than `mvk_1` (the same bits by
+/// design), each on a shape that takes it on this GPU, K = 2048: against the CPU, and bit for bit
+/// against the same launch on `mvk_1`. `mvk_1_whole`: a q+k+v+gate whose q and gate hold 8 row
+/// quads per SM each (W < Q < 2 W for W = 16 warps per SM); `mvk_1_spread`: one matrix of 13 row
+/// quads per SM (3 W / 4 <= Q <= W).
+fn check_mvk_splits(p: &mut Pair) -> anyhow::Result<()> {
+    use muser_cuda::matvec::{mvk_blocks, mvk_chunks, mvk_spread_fits, mvk_whole_fits};
+    let (k, sms) = (2048, p.gpu.gpu.sms);
+    let qw = 32 * sms;
     let starts = [0, qw, qw + 256, qw + 512, 2 * qw + 512];
-    let quads = starts[4] / 4;
-    let ww = 4 * muser_cuda::matvec::mvk_blocks(quads, nch, p.gpu.gpu.sms) as usize;
+    let ww = 4 * mvk_blocks(starts[4] / 4, mvk_chunks(k), sms) as usize;
     anyhow::ensure!(
-        muser_cuda::matvec::mvk_whole_fits(&starts, nch, ww),
-        "the whole-quad check's shape does not fit mvk_1_whole on {} SMs",
-        p.gpu.gpu.sms
+        mvk_whole_fits(&starts, mvk_chunks(k), ww) && mvk_spread_fits(1, 13 * sms, sms),
+        "the split checks' shapes do not fit their kernels on {sms} SMs"
     );
-    let shapes = [
+    let qkvg = [
         ("attn_q", qw, GgmlType::Q4_K),
         ("attn_k", 256, GgmlType::Q4_K),
         ("attn_v", 256, GgmlType::Q6_K),
         ("attn_gate", qw, GgmlType::Q4_K),
     ];
-    let mut ws = Vec::new();
-    for (name, rows, ty) in shapes {
-        let t = p.matrix(name, ty, rows, k)?;
-        ws.push(p.weights(&t)?);
-    }
-    let (xc, xg, _) = p.random_bufs(1, k);
-    let mut cpu: Vec<_> = shapes.iter().map(|s| p.cpu.buf(1, s.1)).collect();
-    let mut gpu: [Vec<CudaBuf>; 2] =
-        [0, 1].map(|_| shapes.iter().map(|s| p.gpu.buf(1, s.1)).collect());
-    {
-        let mut jobs: Vec<_> = ws.iter().map(|w| &w.0).zip(cpu.iter_mut()).collect();
-        p.cpu.matmul(&xc, &mut jobs);
-    }
-    // On the decode steps' route (a one-column prefill piece runs on the f16 tiles), each side
-    // checked to have run on its kernel.
-    let on = p.gpu.gpu.mvk_whole();
-    let launches = |p: &Pair| {
-        let counts = p.gpu.gpu.dispatch_counts();
-        let n = |k: &str| counts.iter().find(|c| c.0 == k).map_or(0, |c| c.1);
-        [n("mvk_1_whole"), n("mvk_1")]
-    };
-    p.gpu.gpu.set_decoding(true);
-    for (whole, out) in [true, false].into_iter().zip(gpu.iter_mut()) {
+    let one = [("attn_output", 52 * sms, GgmlType::Q6_K)];
+    type Shapes<'a> = &'a [(&'a str, usize, GgmlType)];
+    type Switch = fn(&muser_cuda::device::Gpu, bool);
+    let cases: [(&str, Shapes, Switch); 2] = [
+        ("mvk_1_whole", &qkvg, |g, on| g.set_mvk_whole(on)),
+        ("mvk_1_spread", &one, |g, on| g.set_mvk_spread(on)),
+    ];
+    let (whole, spread) = (p.gpu.gpu.mvk_whole(), p.gpu.gpu.mvk_spread());
+    for (kernel, shapes, switch) in cases {
+        let mut ws = Vec::new();
+        for &(name, rows, ty) in shapes {
+            let t = p.matrix(name, ty, rows, k)?;
+            ws.push(p.weights(&t)?);
+        }
+        let (xc, xg, _) = p.random_bufs(1, k);
+        let mut cpu: Vec<_> = shapes.iter().map(|s| p.cpu.buf(1, s.1)).collect();
+        let mut gpu: [Vec<CudaBuf>; 2] =
+            [0, 1].map(|_| shapes.iter().map(|s| p.gpu.buf(1, s.1)).collect());
+        {
+            let mut jobs: Vec<_> = ws.iter().map(|w| &w.0).zip(cpu.iter_mut()).collect();
+            p.cpu.matmul(&xc, &mut jobs);
+        }
+        // On the decode steps' route (a one-column prefill piece runs on the f16 tiles), each
+        // side checked to have run on its kernel.
+        let launches = |p: &Pair| {
+            let counts = p.gpu.gpu.dispatch_counts();
+            let n = |k: &str| counts.iter().find(|c| c.0 == k).map_or(0, |c| c.1);
+            [n(kernel), n("mvk_1")]
+        };
+        p.gpu.gpu.set_decoding(true);
+        for (on, out) in [true, false].into_iter().zip(gpu.iter_mut()) {
+            p.gpu.gpu.set_mvk_whole(false);
+            p.gpu.gpu.set_mvk_spread(false);
+            switch(&p.gpu.gpu, on);
+            let before = launches(p);
+            let mut jobs: Vec<_> = ws.iter().map(|w| &w.1).zip(out.iter_mut()).collect();
+            p.gpu.matmul(&xg, &mut jobs);
+            let (after, side) = (launches(p), usize::from(!on));
+            anyhow::ensure!(
+                after[side] == before[side] + 1,
+                "the split check's launch did not run on {}",
+                [kernel, "mvk_1"][side]
+            );
+        }
+        p.gpu.gpu.set_decoding(false);
         p.gpu.gpu.set_mvk_whole(whole);
-        let before = launches(p);
-        let mut jobs: Vec<_> = ws.iter().map(|w| &w.1).zip(out.iter_mut()).collect();
-        p.gpu.matmul(&xg, &mut jobs);
-        let after = launches(p);
-        let kernel = usize::from(!whole);
-        anyhow::ensure!(
-            after[kernel] == before[kernel] + 1,
-            "the whole-quad check's launch did not run on {}",
-            ["mvk_1_whole", "mvk_1"][kernel]
-        );
-    }
-    p.gpu.gpu.set_decoding(false);
-    p.gpu.gpu.set_mvk_whole(on);
-    for (i, (name, rows, ty)) in shapes.into_iter().enumerate() {
-        let (a, b) = (p.read_gpu(&gpu[0][i]), p.read_cpu(&cpu[i]));
-        let shape = format!("{name} {ty} {rows}x{k} x1");
-        p.record(
-            "matmul qkvg (mvk_1_whole)",
-            shape.clone(),
-            &a,
-            &b,
-            MATVEC_NMSE,
-        );
-        let c = p.read_gpu(&gpu[1][i]);
-        p.exact("mvk_1_whole == mvk_1", shape, &a, &c);
+        p.gpu.gpu.set_mvk_spread(spread);
+        for (i, &(name, rows, ty)) in shapes.iter().enumerate() {
+            let (a, b) = (p.read_gpu(&gpu[0][i]), p.read_cpu(&cpu[i]));
+            let shape = format!("{name} {ty} {rows}x{k} x1");
+            p.record(
+                &format!("matmul ({kernel})"),
+                shape.clone(),
+                &a,
+                &b,
+                MATVEC_NMSE,
+            );
+            let c = p.read_gpu(&gpu[1][i]);
+            p.exact(&format!("{kernel} == mvk_1"), shape, &a, &c);
+        }
     }
     Ok(())
 }
