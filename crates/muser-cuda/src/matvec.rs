@@ -176,7 +176,8 @@ pub fn mvk_whole_fits(starts: &[usize], nch: usize, ww: usize) -> bool {
 /// When one warp per row quad fills at least 3/4 of that (attn_output at the Glimmer shapes),
 /// one warp per row quad instead: no row quad is shared between warps, so no chunk values go
 /// through memory. (H200, llama-glimmer, ncu: attn_output 12.6 us against 15.1 split; the
-/// q+k+v launch, 55% full that way, 23.8 against 17.8.)
+/// q+k+v launch, 55% full that way, 23.8 against 17.8.) One-job launches of that kind run on
+/// `mvk_1_spread` over the full grid instead (`mvk_spread_fits`), their warps 3 or 4 a block.
 pub fn mvk_blocks(quads: usize, per: usize, sms: usize) -> u32 {
     let (most, warps) = (sms.max(1) * 4, sms.max(1) * 16);
     if quads <= warps && 4 * quads >= 3 * warps {
