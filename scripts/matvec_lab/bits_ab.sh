@@ -11,7 +11,7 @@
 # A_ENV / B_ENV: environment settings for A's / B's runs, so one build with a switch can be set
 # against itself (run 84: A=B=the build with gate-side.patch, B_ENV=MUSER_CUDA_GATE_SIDE=1).
 # C_ENV (optional): a third side of the rounds, B's build with those settings. TRACE=0 leaves out
-# the step traces.
+# the step traces. STREAMS (optional, e.g. "1,8"): decode groups of llama-glimmer too (`-s`).
 # Full logs go to $OUT; the short table is printed last (0-stdout.txt).
 set -uo pipefail
 A=${A:-target/sideA}
@@ -65,6 +65,7 @@ for round in $(seq "${ROUNDS:-2}"); do
         export XENV=$(case $x in A) echo "$A_ENV" ;; B) echo "$B_ENV" ;; *) echo "$C_ENV" ;; esac)
         run "tg-muse-$round-$x" "$dir" 90 bench --backend cuda -m "$U" -p 0 -n 128 -r 2
         run "tg-llama-$round-$x" "$dir" 90 bench --backend cuda -m "$G" -p 0 -n 128 -r 2
+        [ -z "${STREAMS:-}" ] || run "streams-llama-$round-$x" "$dir" 120 bench --backend cuda -m "$G" -p 0 -n 128 -r 2 -s "$STREAMS"
         [ "${TRACE:-1}" = 0 ] || MUSER_CUDA_STEP_TRACE=1 run "trace-muse-$round-$x" "$dir" 90 bench --backend cuda -m "$U" -p 0 -n 32 -r 1
         unset XENV
     done
@@ -78,6 +79,7 @@ echo "check: $(grep -hcE "^ok" "$OUT/check.log") ok, $(grep -hcE "^FAIL" "$OUT/c
 grep -hE "^all |^FAIL|^invariance|never dispatched" "$OUT/check.log" | head -12
 grep -hE "^\| +[0-9]+ \| +[0-9]+ \|" "$OUT/check.log" | head -2
 for f in "$OUT"/tg-*.log; do echo "$(basename "$f" .log): $(grep -h "tg128" "$f" | awk -F'|' '{print $8, $11}')"; done
+for f in $(ls "$OUT"/streams-*.log 2>/dev/null); do grep -h "streams" "$f" | awk -F'|' -v n="$(basename "$f" .log)" '{print n ":", $7, $8, $11}'; done
 for f in $(ls "$OUT"/trace-muse-*.log 2>/dev/null); do
     echo "== $(basename "$f" .log): $(grep -h "^step trace" "$f")"
     grep -hE "^\| (residual_norm|attn_rows_mma_fin8_128|mvk_1 \[Q4_K\] \(after attn|mvk_silu_1|mvk_1 \[Q4_K\+Q6_K\] \(after residual)" "$f"
