@@ -1235,14 +1235,16 @@ __device__ __forceinline__ void mvk_fmt(int ty, TaskFn task, int t0, int t1, int
 }
 
 
-// The warp's span (computed once), a request to L2 for its first round, then the wait for the
-// kernel before (common.cuh).
+// A request to L2 for the half-warp's first task t of job j (when below end), then the wait for
+// the kernel before (common.cuh).
 __device__ __forceinline__ void mvk_prefetch_wait(const MatvecJobs& jobs, int j, int nch, int t, int end, int K) {
     if (t < end)
         mvk_prefetch(mvk_job_task(jobs.w_of(j), jobs.y_of(j), jobs.ty_of(j), jobs.rows_of(j), jobs.start_of(j), nch, t), K);
     pdl_wait();
     MVK_TRACE(1, 0.0f);
 }
+// The warp's span (computed once: mvk_span, or SPREAD mvk_span_spread), a request to L2 for its
+// first round, then the wait.
 template <bool SPREAD = false>
 __device__ __forceinline__ MvkSpan pdl_wait_prefetch_mvk(const MatvecJobs& jobs, int K) {
     MVK_TRACE(0, 0.0f);
