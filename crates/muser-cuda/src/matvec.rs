@@ -1210,13 +1210,16 @@ impl Gpu {
         };
         let (xq, xds) = (dptr(self, &scratch.q), dptr(self, &scratch.ds));
         let k_i = k as i32;
-        let starts: Vec<usize> = mj.start[..=group.len()]
-            .iter()
-            .map(|&s| s as usize)
-            .collect();
+        let whole = || {
+            let starts: Vec<usize> = mj.start[..=group.len()]
+                .iter()
+                .map(|&s| s as usize)
+                .collect();
+            mvk_whole_fits(&starts, nch, 4 * blocks as usize)
+        };
         let name = if spread {
             "mvk_1_spread"
-        } else if self.mvk_whole() && mvk_whole_fits(&starts, nch, 4 * blocks as usize) {
+        } else if self.mvk_whole() && whole() {
             "mvk_1_whole"
         } else {
             "mvk_1"
