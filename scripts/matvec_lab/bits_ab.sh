@@ -10,7 +10,8 @@
 #      muse-glimmer step trace (MUSER_CUDA_STEP_TRACE=1) each.
 # A_ENV / B_ENV: environment settings for A's / B's runs, so one build with a switch can be set
 # against itself (run 84: A=B=the build with gate-side.patch, B_ENV=MUSER_CUDA_GATE_SIDE=1).
-# C_ENV (optional): a third side of the rounds, B's build with those settings. TRACE=0 leaves out
+# C_ENV (optional): a third side, B's build with those settings (its logits compared with A's too,
+# and its own quick parity run, C_CHECK=1). TRACE=0 leaves out
 # the step traces. STREAMS (optional, e.g. "1,8"): decode groups of llama-glimmer too (`-s`).
 # Full logs go to $OUT; the short table is printed last (0-stdout.txt).
 set -uo pipefail
@@ -46,18 +47,22 @@ for m in "muse-tiny $T 300" "llama-glimmer $G 96" "muse-glimmer $U 96"; do
     toks=$(tokens 83 "$3")
     for mode in decode prefill; do
         flag=$([ $mode = decode ] && echo --decode)
-        for x in A B; do
+        for x in A B $([ -n "$C_ENV" ] && echo C); do
             dir=$([ $x = A ] && echo "$A" || echo "$B")
-            XENV=$([ $x = A ] && echo "$A_ENV" || echo "$B_ENV") \
+            XENV=$(case $x in A) echo "$A_ENV" ;; B) echo "$B_ENV" ;; *) echo "$C_ENV" ;; esac) \
             run "logits-$1-$mode-$x" "$dir" 200 logits --backend cuda -m "$2" --tokens "$toks" -o "$M/$1-$mode-$x.npy" $flag
         done
-        if cmp -s "$M/$1-$mode-A.npy" "$M/$1-$mode-B.npy"; then r="bit-identical"; else r="DIFFER"; fi
-        echo "bits $1 $mode ($3 tokens): A and B $r ($(stat -c %s "$M/$1-$mode-B.npy" 2>/dev/null) bytes)" | tee -a "$OUT/bits.txt"
-        rm -f "$M/$1-$mode-A.npy" "$M/$1-$mode-B.npy"
+        for x in B $([ -n "$C_ENV" ] && echo C); do
+            if cmp -s "$M/$1-$mode-A.npy" "$M/$1-$mode-$x.npy"; then r="bit-identical"; else r="DIFFER"; fi
+            echo "bits $1 $mode ($3 tokens): A and $x $r ($(stat -c %s "$M/$1-$mode-$x.npy" 2>/dev/null) bytes)" | tee -a "$OUT/bits.txt"
+        done
+        rm -f "$M/$1-$mode-"[ABC].npy
     done
 done
 
 XENV="$B_ENV" run check "$B" 240 check --backend cuda --quick --model "$T" --invariance "$T" --invariance "$G"
+[ -n "$C_ENV" ] && [ "${C_CHECK:-0}" = 1 ] &&
+    XENV="$C_ENV" run check-c "$B" 240 check --backend cuda --quick --model "$T" --invariance "$T" --invariance "$G"
 
 for round in $(seq "${ROUNDS:-2}"); do
     for x in A B $([ -n "$C_ENV" ] && echo C); do
@@ -78,6 +83,10 @@ cat "$OUT/bits.txt"
 echo "check: $(grep -hcE "^ok" "$OUT/check.log") ok, $(grep -hcE "^FAIL" "$OUT/check.log") FAIL"
 grep -hE "^all |^FAIL|^invariance|never dispatched" "$OUT/check.log" | head -12
 grep -hE "^\| +[0-9]+ \| +[0-9]+ \|" "$OUT/check.log" | head -2
+if [ -f "$OUT/check-c.log" ]; then
+    echo "check (C): $(grep -hcE "^ok" "$OUT/check-c.log") ok, $(grep -hcE "^FAIL" "$OUT/check-c.log") FAIL"
+    grep -hE "^all |^FAIL|^invariance|never dispatched" "$OUT/check-c.log" | head -12
+fi
 for f in "$OUT"/tg-*.log; do echo "$(basename "$f" .log): $(grep -h "tg128" "$f" | awk -F'|' '{print $8, $11}')"; done
 for f in $(ls "$OUT"/streams-*.log 2>/dev/null); do grep -h "streams" "$f" | awk -F'|' -v n="$(basename "$f" .log)" '{print n ":", $7, $8, $11}'; done
 for f in $(ls "$OUT"/trace-muse-*.log 2>/dev/null); do

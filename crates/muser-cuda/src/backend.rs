@@ -142,6 +142,67 @@ pub struct CudaBackend {
     /// Page-locked host memory that reads of `STAGED_READ_MIN` bytes or more land in first
     /// (`read_staged`), grown to the largest such read's window (`STAGED_READ_MAX` at most).
     staging: Mutex<Option<cudarc::driver::PinnedHostSlice<f32>>>,
+    /// The host memory this backend page-locked for `host_buf`: reads into it go straight there
+    /// by DMA (`read_pinned`).
+    pinned: std::sync::Arc<PinnedRanges>,
+    /// `host_buf` hands out page-locked memory (`MUSER_CUDA_PINNED_LOGITS=1`; off by default
+    /// until timed on the device: lab run 88).
+    pinned_on: std::sync::atomic::AtomicBool,
+    /// Reads that went straight into page-locked `host_buf`s (`read_pinned`).
+    pinned_reads: std::sync::atomic::AtomicU64,
+}
+
+/// The address ranges [start, end) of the page-locked `host_buf`s alive (`PinnedValues`).
+#[derive(Default)]
+struct PinnedRanges(Mutex<Vec<(usize, usize)>>);
+
+impl PinnedRanges {
+    /// Whether `s` lies inside one of the ranges.
+    fn covers(&self, s: &[f32]) -> bool {
+        let (a, b) = (
+            s.as_ptr() as usize,
+            s.as_ptr() as usize + std::mem::size_of_val(s),
+        );
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|&(x, y)| x <= a && b <= y)
+    }
+}
+
+/// A page-locked `host_buf` (`CudaBackend::host_buf`): its range is listed in `PinnedRanges` from
+/// allocation until it drops, and taken off before the memory is freed.
+struct PinnedValues {
+    /// Held for its drop, which frees the page-locked memory.
+    _mem: cudarc::driver::PinnedHostSlice<f32>,
+    ptr: *mut f32,
+    len: usize,
+    ranges: std::sync::Arc<PinnedRanges>,
+}
+
+// SAFETY: `ptr` is `_mem`'s own allocation, which this value owns alone; it is reached only
+// through `&self` / `&mut self` (`HostMem`), so the usual borrow rules keep it race-free.
+unsafe impl Send for PinnedValues {}
+unsafe impl Sync for PinnedValues {}
+
+impl muser_engine::backend::HostMem for PinnedValues {
+    fn values(&self) -> &[f32] {
+        // SAFETY: `len` initialized f32 values at `ptr` (zeroed at allocation), alive with `_mem`.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+    fn values_mut(&mut self) -> &mut [f32] {
+        // SAFETY: as in `values`, borrowed mutably through `&mut self` alone.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl Drop for PinnedValues {
+    fn drop(&mut self) {
+        let a = self.ptr as usize;
+        self.ranges.0.lock().unwrap().retain(|&(x, _)| x != a);
+        // `_mem` then frees the page-locked memory (its own drop, after this one).
+    }
 }
 
 impl Drop for CudaBackend {
@@ -669,6 +730,11 @@ impl CudaBackend {
             ),
             ablate: crate::matvec::ablated_names().to_vec(),
             staging: Mutex::new(None),
+            pinned: Default::default(),
+            pinned_on: std::sync::atomic::AtomicBool::new(
+                std::env::var("MUSER_CUDA_PINNED_LOGITS").is_ok_and(|v| v == "1"),
+            ),
+            pinned_reads: Default::default(),
         })
     }
 
@@ -752,6 +818,55 @@ impl CudaBackend {
             ck(ev.synchronize(), "read buffer");
             f(at, &dst[at..end]);
         }
+    }
+
+    /// Copies values of `buf` straight into host memory this backend page-locked (`host_buf`):
+    /// each part (its first value's index in `buf`, the destination) by its own DMA, then one
+    /// wait for them all. Returns false, having copied nothing, unless every destination lies in
+    /// such memory.
+    fn read_pinned(&self, buf: &CudaBuf, parts: &mut [(usize, &mut [f32])]) -> bool {
+        if parts.is_empty() || !parts.iter().all(|(_, d)| self.pinned.covers(d)) {
+            return false;
+        }
+        for (first, dst) in parts.iter_mut() {
+            assert!(
+                *first + dst.len() <= buf.rows * buf.cols,
+                "read: values {first}..{} of a buffer of {}",
+                *first + dst.len(),
+                buf.rows * buf.cols
+            );
+            // SAFETY: the source values lie in buf (checked above); dst is page-locked memory
+            // borrowed mutably for this call, and the stream is synchronized before it returns,
+            // so nothing reads dst while the copy writes it.
+            ck(
+                unsafe {
+                    cudarc::driver::result::memcpy_dtoh_async(
+                        dst,
+                        self.p(&buf.data) + (*first * 4) as u64,
+                        self.gpu.stream.cu_stream(),
+                    )
+                },
+                "read buffer",
+            );
+        }
+        ck(self.gpu.stream.synchronize(), "read buffer");
+        self.pinned_reads
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        true
+    }
+
+    /// Whether `host_buf` hands out page-locked memory (`MUSER_CUDA_PINNED_LOGITS=1`).
+    pub fn pinned_logits(&self) -> bool {
+        self.pinned_on.load(std::sync::atomic::Ordering::Relaxed)
+    }
+    /// Sets `pinned_logits` for the `host_buf`s allocated from now on (`muser check`).
+    pub fn set_pinned_logits(&self, on: bool) {
+        self.pinned_on
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+    /// Reads so far that went straight into page-locked `host_buf`s.
+    pub fn pinned_reads(&self) -> u64 {
+        self.pinned_reads.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Shows a progress bar (on a terminal) while `total_bytes` of weights upload.
@@ -1645,9 +1760,35 @@ impl Backend for CudaBackend {
             "write buffer",
         );
     }
+    fn host_buf(&self, n: usize) -> muser_engine::backend::HostBuf {
+        use muser_engine::backend::HostBuf;
+        if !self.pinned_logits() || n == 0 {
+            return HostBuf::zeros(n);
+        }
+        // SAFETY: page-locked host memory, flags 0 (not write-combined: the host reads it);
+        // every value is zeroed below before anything reads it.
+        let mem = unsafe { self.gpu.ctx.alloc_pinned_with_flags::<f32>(n, 0) };
+        let Ok(mut mem) = mem else {
+            return HostBuf::zeros(n); // no page-locked memory to be had: a Vec serves
+        };
+        let ptr = ck(mem.as_mut_ptr(), "page-locked host buffer");
+        // SAFETY: n values of f32 at ptr, owned by mem; zero bits are 0.0.
+        unsafe { std::ptr::write_bytes(ptr, 0, n) };
+        let a = ptr as usize;
+        self.pinned.0.lock().unwrap().push((a, a + 4 * n));
+        HostBuf::from_mem(Box::new(PinnedValues {
+            _mem: mem,
+            ptr,
+            len: n,
+            ranges: self.pinned.clone(),
+        }))
+    }
     fn read(&self, buf: &CudaBuf, out: &mut [f32]) {
         let n = buf.rows * buf.cols;
         assert_eq!(out.len(), n, "read: size mismatch");
+        if self.read_pinned(buf, &mut [(0, &mut *out)]) {
+            return;
+        }
         if !staged(n) {
             ck(
                 self.gpu.stream.memcpy_dtoh(&buf.data.slice(..n), out),
@@ -1667,6 +1808,17 @@ impl Backend for CudaBackend {
         if let [one] = outs {
             // One part (a group of one sequence): the whole buffer straight into it.
             self.read(buf, one);
+            return;
+        }
+        let mut at = 0;
+        let mut parts: Vec<(usize, &mut [f32])> = outs
+            .iter_mut()
+            .map(|o| {
+                at += o.len();
+                (at - o.len(), &mut **o)
+            })
+            .collect();
+        if self.read_pinned(buf, &mut parts) {
             return;
         }
         if !staged(n) {
@@ -1739,6 +1891,14 @@ impl Backend for CudaBackend {
             outs.iter().all(|o| o.len() == cols),
             "read_rows: outputs not {cols} wide"
         );
+        let mut parts: Vec<(usize, &mut [f32])> = rows
+            .iter()
+            .zip(outs.iter_mut())
+            .map(|(&r, o)| (r * cols, &mut **o))
+            .collect();
+        if self.read_pinned(buf, &mut parts) {
+            return;
+        }
         // Each run of consecutive rows in one copy (through the page-locked buffer when large).
         let mut k = 0;
         while k < rows.len() {

@@ -191,8 +191,24 @@ pub fn mvk_blocks(quads: usize, per: usize, sms: usize) -> u32 {
 /// `per_sm` blocks of 4 warps per SM, fewer when there are fewer tasks than warps.
 /// H200, llama-glimmer, same call (2026-11-30): at least one task per warp against at least two
 /// (half the warps): 8 streams 878.8 / 878.5 against 864.5 / 863.4 tokens/s.
+/// Lab run 87 (prepared, not yet timed, so off by default): with `MUSER_CUDA_MMV_SPREAD=1`, from
+/// 3/4 of the full wave's warps on, the full wave, its warps taking 0 or 1 task spread evenly by
+/// `mvk_span` (as `mvk_1_spread` does for one column), where the packed grid leaves some SMs a
+/// block more than others. One task is one chunk of 16 rows either way, so the bits are the same.
 pub fn mmv_blocks(tasks: usize, sms: usize, per_sm: usize) -> u32 {
-    tasks.div_ceil(4).clamp(1, sms.max(1) * per_sm) as u32
+    static SPREAD: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let spread =
+        *SPREAD.get_or_init(|| std::env::var("MUSER_CUDA_MMV_SPREAD").is_ok_and(|v| v == "1"));
+    mmv_grid(tasks, sms, per_sm, spread)
+}
+
+/// `mmv_blocks` with the spread given (`spread`: run 87's full wave from 3/4 of its warps on).
+pub fn mmv_grid(tasks: usize, sms: usize, per_sm: usize, spread: bool) -> u32 {
+    let full = sms.max(1) * per_sm;
+    if spread && 4 * tasks >= 3 * 4 * full {
+        return full as u32;
+    }
+    tasks.div_ceil(4).clamp(1, full) as u32
 }
 
 /// The `mmv_*` kernel for a decode group of `ncols` columns when they are `on` (`Gpu::mmv`):
@@ -2255,7 +2271,7 @@ mod tests {
             &[6, 4096, 2, 33],
             &[5, 3, 1, 7],
         ];
-        for unit in [4usize, MMK_ROWS] {
+        for (unit, spread) in [(4usize, false), (MMK_ROWS, false), (MMK_ROWS, true)] {
             for rows in launches {
                 for k in [256usize, 4096, 6656, 19968] {
                     let nch = mvk_chunks(k);
@@ -2267,7 +2283,11 @@ mod tests {
                     let blocks = if unit == 4 {
                         mvk_blocks(tasks / nch, nch, sms)
                     } else {
-                        mmv_blocks(tasks, sms, 4)
+                        let g = mmv_grid(tasks, sms, 4, spread);
+                        // Spread: the full wave from 3/4 of its warps on (run 87).
+                        let full = spread && 4 * tasks >= 3 * 4 * sms * 4;
+                        assert!(!full || g as usize == 4 * sms, "{rows:?} K {k}: {g} blocks");
+                        g
                     };
                     let ww = 4 * blocks as usize;
                     assert!(

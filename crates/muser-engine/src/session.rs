@@ -117,7 +117,7 @@ pub struct Session<'m, B: Backend = CpuBackend> {
     /// The recorded decode step of `one` (see `Backend::decode_step`).
     rec: Option<B::Recording>,
     batch: Option<Scratch<B>>,
-    pub(crate) logits: Vec<f32>,
+    pub(crate) logits: crate::backend::HostBuf,
 }
 
 impl<'m, B: Backend> Session<'m, B> {
@@ -154,7 +154,7 @@ impl<'m, B: Backend> Session<'m, B> {
             one: Scratch::new(be, c, 1, 1),
             rec: None,
             batch: None,
-            logits: vec![0.0; c.n_vocab],
+            logits: be.host_buf(c.n_vocab),
         })
     }
 

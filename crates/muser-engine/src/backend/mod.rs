@@ -8,6 +8,9 @@
 //! `kvs[t]`.
 
 pub mod cpu;
+pub mod host;
+
+pub use host::{HostBuf, HostMem};
 
 use crate::config::RopeParams;
 use crate::error::Result;
@@ -89,6 +92,12 @@ pub trait Backend: Send + Sync + Sized {
     fn buf(&self, rows: usize, cols: usize) -> Self::Buf;
     /// Copies host data `[rows * cols]` into `buf`.
     fn write(&self, buf: &mut Self::Buf, data: &[f32]);
+    /// Host memory of `n` zeros for values read back from this backend at every step (a
+    /// sequence's logits). By default a `Vec`; the CUDA backend may page-lock it, so that its
+    /// reads land there by DMA with no staging copy.
+    fn host_buf(&self, n: usize) -> HostBuf {
+        HostBuf::zeros(n)
+    }
     /// Copies `buf` to the host, `[rows * cols]`.
     fn read(&self, buf: &Self::Buf, out: &mut [f32]);
     /// Copies `buf` to the host in consecutive parts: `outs[0]` gets its first `outs[0].len()`
