@@ -12,7 +12,8 @@
 # against itself (run 84: A=B=the build with gate-side.patch, B_ENV=MUSER_CUDA_GATE_SIDE=1).
 # C_ENV (optional): a third side, B's build with those settings (its logits compared with A's too,
 # and its own quick parity run, C_CHECK=1). TRACE=0 leaves out
-# the step traces. STREAMS (optional, e.g. "1,8"): decode groups of llama-glimmer too (`-s`).
+# the step traces. STREAMS (optional, e.g. "1,8"): decode groups of llama-glimmer too (`-s`);
+# with ARGMAX=1, A's groups also with the next tokens picked on the GPU (`--argmax`).
 # Full logs go to $OUT; the short table is printed last (0-stdout.txt).
 set -uo pipefail
 A=${A:-target/sideA}
@@ -71,6 +72,10 @@ for round in $(seq "${ROUNDS:-2}"); do
         run "tg-muse-$round-$x" "$dir" 90 bench --backend cuda -m "$U" -p 0 -n 128 -r 2
         run "tg-llama-$round-$x" "$dir" 90 bench --backend cuda -m "$G" -p 0 -n 128 -r 2
         [ -z "${STREAMS:-}" ] || run "streams-llama-$round-$x" "$dir" 120 bench --backend cuda -m "$G" -p 0 -n 128 -r 2 -s "$STREAMS"
+        # ARGMAX=1: A's groups once more with each next token picked on the GPU (4 bytes a row
+        # read back instead of the logits): the bound of any faster logits read.
+        [ -z "${STREAMS:-}" ] || [ "${ARGMAX:-0}" != 1 ] || [ $x != A ] ||
+            run "streams-llama-$round-A-argmax" "$dir" 120 bench --backend cuda -m "$G" -p 0 -n 128 -r 2 -s "$STREAMS" --argmax
         [ "${TRACE:-1}" = 0 ] || MUSER_CUDA_STEP_TRACE=1 run "trace-muse-$round-$x" "$dir" 90 bench --backend cuda -m "$U" -p 0 -n 32 -r 1
         unset XENV
     done

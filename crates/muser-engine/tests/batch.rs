@@ -443,8 +443,42 @@ fn bad_groups_are_refused_and_move_nothing() {
 }
 
 /// The CPU backend without its decode-group overrides: the trait's default `*_rows` ops (row by
-/// row through host copies), as a backend gets them before it overrides them.
-struct RowByRow(CpuBackend);
+/// row through host copies), as a backend gets them before it overrides them. Its `host_buf`s
+/// are memory of its own (`Lent`), as the CUDA backend's page-locked ones are.
+struct RowByRow(CpuBackend, std::sync::Arc<Lent>);
+
+/// The address ranges of the `host_buf`s a `RowByRow` has lent and that are still alive.
+#[derive(Default)]
+struct Lent(std::sync::Mutex<Vec<(usize, usize)>>);
+
+impl Lent {
+    fn covers(&self, s: &[f32]) -> bool {
+        let (a, b) = (s.as_ptr() as usize, s.as_ptr() as usize + 4 * s.len());
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|&(x, y)| x <= a && b <= y)
+    }
+}
+
+struct LentMem(Vec<f32>, std::sync::Arc<Lent>);
+
+impl muser_engine::backend::HostMem for LentMem {
+    fn values(&self) -> &[f32] {
+        &self.0
+    }
+    fn values_mut(&mut self) -> &mut [f32] {
+        &mut self.0
+    }
+}
+
+impl Drop for LentMem {
+    fn drop(&mut self) {
+        let a = self.0.as_ptr() as usize;
+        self.1 .0.lock().unwrap().retain(|&(x, _)| x != a);
+    }
+}
 
 impl muser_engine::Backend for RowByRow {
     type Weight = <CpuBackend as muser_engine::Backend>::Weight;
@@ -465,6 +499,12 @@ impl muser_engine::Backend for RowByRow {
     }
     fn write(&self, buf: &mut Self::Buf, data: &[f32]) {
         self.0.write(buf, data)
+    }
+    fn host_buf(&self, n: usize) -> muser_engine::backend::HostBuf {
+        let v = vec![0.0; n];
+        let a = v.as_ptr() as usize;
+        self.1 .0.lock().unwrap().push((a, a + 4 * n));
+        muser_engine::backend::HostBuf::from_mem(Box::new(LentMem(v, self.1.clone())))
     }
     fn read(&self, buf: &Self::Buf, out: &mut [f32]) {
         self.0.read(buf, out)
@@ -560,7 +600,12 @@ fn default_row_ops_equal_the_cpu_overrides() {
     let t = Tiny::new("muse");
     let file = std::sync::Arc::new(muser_gguf::GgufFile::from_bytes(t.bytes()).unwrap());
     let fast = Model::from_gguf(file.clone(), CpuBackend::new(Some(2)).unwrap()).unwrap();
-    let slow = Model::from_gguf(file, RowByRow(CpuBackend::new(Some(2)).unwrap())).unwrap();
+    let lent = std::sync::Arc::new(Lent::default());
+    let slow = Model::from_gguf(
+        file,
+        RowByRow(CpuBackend::new(Some(2)).unwrap(), lent.clone()),
+    )
+    .unwrap();
     let prompts: Vec<Vec<u32>> = (0..5)
         .map(|i| random_tokens(3 + 7 * i, t.n_vocab, i as u64))
         .collect();
@@ -572,10 +617,14 @@ fn default_row_ops_equal_the_cpu_overrides() {
         .iter()
         .map(|_| Session::new(&slow, 80).unwrap())
         .collect();
+    // Each session's logits live in the memory its backend lent (`Backend::host_buf`), through
+    // prefill (which takes them out and puts them back) and every group step.
+    assert_eq!(lent.0.lock().unwrap().len(), prompts.len());
     let mut next = Vec::new();
     for ((sa, sb), p) in a.iter_mut().zip(&mut b).zip(&prompts) {
         let la = sa.prefill(p).unwrap().to_vec();
         assert_eq!(bits(&la), bits(sb.prefill(p).unwrap()));
+        assert!(lent.covers(sb.logits()) && !sb.logits().is_empty());
         next.push(greedy(&la).unwrap());
     }
     let (mut ga, mut gb) = (DecodeGroup::new(), DecodeGroup::new());
@@ -587,7 +636,14 @@ fn default_row_ops_equal_the_cpu_overrides() {
         // RowByRow reads the group's logits through the trait's default read_parts.
         for (sa, sb) in a.iter().zip(&b) {
             assert_eq!(bits(sa.logits()), bits(sb.logits()));
+            assert!(lent.covers(sb.logits()));
         }
         next = a.iter().map(|s| greedy(s.logits()).unwrap()).collect();
     }
+    // One session's own decode steps too; then every lent buffer is given back once.
+    let la = a[0].decode(next[0]).unwrap().to_vec();
+    assert_eq!(bits(&la), bits(b[0].decode(next[0]).unwrap()));
+    assert!(lent.covers(b[0].logits()));
+    drop(b);
+    assert!(lent.0.lock().unwrap().is_empty());
 }
