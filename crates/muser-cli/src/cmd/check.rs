@@ -359,79 +359,88 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 /// buffer (`read`), one part per row (`read_parts`: a decode group's logits into its sequences)
 /// and a subset of the rows (`read_rows`), below the page-locked staging (under 1 MB), inside one
 /// staging window (32 rows of a 202k vocabulary, 26 MB) and across windows (128 rows, 103 MB,
-/// past `STAGED_READ_MAX`).
+/// past `STAGED_READ_MAX`); each into Vecs and into page-locked `host_buf`s (a session's logits
+/// with `MUSER_CUDA_PINNED_LOGITS=1`), which the reads fill straight by DMA.
 fn check_reads(p: &mut Pair) -> anyhow::Result<()> {
-    use muser_engine::backend::HostBuf;
-    // Into Vecs (the staging routes), then into page-locked `host_buf`s (straight by DMA).
+    // Into Vecs (the staging routes), then into page-locked `host_buf`s (straight by DMA); the
+    // switch restored either way.
     let on = p.gpu.pinned_logits();
     for pinned in [false, true] {
         p.gpu.set_pinned_logits(pinned);
-        let before = p.gpu.pinned_reads();
-        let mut reads = 0;
-        let tag = if pinned { " (page-locked)" } else { "" };
-        let alloc = |p: &Pair, n: usize| -> anyhow::Result<HostBuf> {
-            if !pinned {
-                return Ok(HostBuf::zeros(n));
-            }
-            let b = p.gpu.host_buf(n);
-            anyhow::ensure!(
-                b.is_backend_mem(),
-                "no page-locked host memory of {n} values"
-            );
-            Ok(b)
-        };
-        for (rows, cols) in [(3usize, 1000usize), (32, VOCAB), (128, VOCAB)] {
-            let host = p.randn(rows * cols, 8.0);
-            let mut buf = p.gpu.buf(rows, cols);
-            p.gpu.write(&mut buf, &host);
-            let mut all = alloc(p, rows * cols)?;
-            p.gpu.read(&buf, &mut all);
-            p.exact(&format!("read{tag}"), format!("{rows}x{cols}"), &all, &host);
-            let mut parts = (0..rows)
+        let r = check_reads_into(p, pinned);
+        p.gpu.set_pinned_logits(on);
+        r?;
+    }
+    Ok(())
+}
+
+/// `check_reads` into `HostBuf`s of one kind: Vecs, or (`pinned`) the backend's page-locked ones,
+/// each of which must go straight there (and no read into a Vec may).
+fn check_reads_into(p: &mut Pair, pinned: bool) -> anyhow::Result<()> {
+    use muser_engine::backend::HostBuf;
+    let before = p.gpu.pinned_reads();
+    let mut reads = 0;
+    let tag = if pinned { " (page-locked)" } else { "" };
+    let alloc = |p: &Pair, n: usize| -> anyhow::Result<HostBuf> {
+        if !pinned {
+            return Ok(HostBuf::zeros(n));
+        }
+        let b = p.gpu.host_buf(n);
+        anyhow::ensure!(
+            b.is_backend_mem(),
+            "no page-locked host memory of {n} values"
+        );
+        Ok(b)
+    };
+    for (rows, cols) in [(3usize, 1000usize), (32, VOCAB), (128, VOCAB)] {
+        let host = p.randn(rows * cols, 8.0);
+        let mut buf = p.gpu.buf(rows, cols);
+        p.gpu.write(&mut buf, &host);
+        let mut all = alloc(p, rows * cols)?;
+        p.gpu.read(&buf, &mut all);
+        p.exact(&format!("read{tag}"), format!("{rows}x{cols}"), &all, &host);
+        let mut parts = (0..rows)
+            .map(|_| alloc(p, cols))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let mut outs: Vec<&mut [f32]> = parts.iter_mut().map(|r| &mut r[..]).collect();
+        p.gpu.read_parts(&buf, &mut outs);
+        let got: Vec<f32> = parts.iter().flat_map(|r| r.iter().copied()).collect();
+        p.exact(
+            &format!("read_parts{tag}"),
+            format!("{rows}x{cols}"),
+            &got,
+            &host,
+        );
+        reads += 2;
+        // Every row but each third one (runs of two rows and, with the first, of three), and
+        // every row but the first (one run from row 1: at 128 rows, across staging windows).
+        let picks: [Vec<usize>; 2] = [
+            (0..rows).filter(|r| r % 3 != 1 || *r == 1).collect(),
+            (1..rows).collect(),
+        ];
+        for pick in picks {
+            let mut rows_got = pick
+                .iter()
                 .map(|_| alloc(p, cols))
                 .collect::<anyhow::Result<Vec<_>>>()?;
-            let mut outs: Vec<&mut [f32]> = parts.iter_mut().map(|r| &mut r[..]).collect();
-            p.gpu.read_parts(&buf, &mut outs);
-            let got: Vec<f32> = parts.iter().flat_map(|r| r.iter().copied()).collect();
-            p.exact(
-                &format!("read_parts{tag}"),
-                format!("{rows}x{cols}"),
-                &got,
-                &host,
-            );
-            reads += 2;
-            // Every row but each third one (runs of two rows and, with the first, of three), and
-            // every row but the first (one run from row 1: at 128 rows, across staging windows).
-            let picks: [Vec<usize>; 2] = [
-                (0..rows).filter(|r| r % 3 != 1 || *r == 1).collect(),
-                (1..rows).collect(),
-            ];
-            for pick in picks {
-                let mut rows_got = pick
-                    .iter()
-                    .map(|_| alloc(p, cols))
-                    .collect::<anyhow::Result<Vec<_>>>()?;
-                let mut outs: Vec<&mut [f32]> = rows_got.iter_mut().map(|r| &mut r[..]).collect();
-                p.gpu.read_rows(&buf, rows, &pick, &mut outs);
-                let want: Vec<f32> = pick
-                    .iter()
-                    .flat_map(|&r| host[r * cols..(r + 1) * cols].iter().copied())
-                    .collect();
-                let got: Vec<f32> = rows_got.iter().flat_map(|r| r.iter().copied()).collect();
-                let shape = format!("{} of {rows}x{cols}, from {}", pick.len(), pick[0]);
-                p.exact(&format!("read_rows{tag}"), shape, &got, &want);
-                reads += 1;
-            }
+            let mut outs: Vec<&mut [f32]> = rows_got.iter_mut().map(|r| &mut r[..]).collect();
+            p.gpu.read_rows(&buf, rows, &pick, &mut outs);
+            let want: Vec<f32> = pick
+                .iter()
+                .flat_map(|&r| host[r * cols..(r + 1) * cols].iter().copied())
+                .collect();
+            let got: Vec<f32> = rows_got.iter().flat_map(|r| r.iter().copied()).collect();
+            let shape = format!("{} of {rows}x{cols}, from {}", pick.len(), pick[0]);
+            p.exact(&format!("read_rows{tag}"), shape, &got, &want);
+            reads += 1;
         }
-        // Each read into page-locked memory went straight there, and no other read did.
-        let direct = p.gpu.pinned_reads() - before;
-        let want = if pinned { reads } else { 0 };
-        p.gpu.set_pinned_logits(on);
-        anyhow::ensure!(
-            direct == want,
-            "{direct} of {reads} reads{tag} went straight into page-locked memory, not {want}"
-        );
     }
+    let direct = p.gpu.pinned_reads() - before;
+    let want = if pinned { reads } else { 0 };
+    anyhow::ensure!(
+        direct == want,
+        "{direct} of {reads} reads{tag} went straight into page-locked memory, not {want}"
+    );
     Ok(())
 }
 
