@@ -360,7 +360,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 /// and a subset of the rows (`read_rows`), below the page-locked staging (under 1 MB), inside one
 /// staging window (32 rows of a 202k vocabulary, 26 MB) and across windows (128 rows, 103 MB,
 /// past `STAGED_READ_MAX`); each into Vecs and into page-locked `host_buf`s (a session's logits
-/// with `MUSER_CUDA_PINNED_LOGITS=1`), which the reads fill straight by DMA.
+/// by default; `MUSER_CUDA_PINNED_LOGITS=0` for Vecs), which the reads fill straight by DMA.
 fn check_reads(p: &mut Pair) -> anyhow::Result<()> {
     // Into Vecs (the staging routes), then into page-locked `host_buf`s (straight by DMA); the
     // switch restored either way.
