@@ -191,10 +191,11 @@ pub fn mvk_blocks(quads: usize, per: usize, sms: usize) -> u32 {
 /// `per_sm` blocks of 4 warps per SM, fewer when there are fewer tasks than warps.
 /// H200, llama-glimmer, same call (2026-11-30): at least one task per warp against at least two
 /// (half the warps): 8 streams 878.8 / 878.5 against 864.5 / 863.4 tokens/s.
-/// Lab run 87 (H100, 2026-12-05: no gain at 1, 8 or 32 streams, so off): with `MUSER_CUDA_MMV_SPREAD=1`, from
-/// 3/4 of the full wave's warps on, the full wave, its warps taking 0 or 1 task spread evenly by
-/// `mvk_span` (as `mvk_1_spread` does for one column), where the packed grid leaves some SMs a
-/// block more than others. One task is one chunk of 16 rows either way, so the bits are the same.
+/// Lab run 87 (H100, 2026-12-05: no gain at 1, 8 or 32 streams, so off): with
+/// `MUSER_CUDA_MMV_SPREAD=1`, from 3/4 of the full wave's warps on, the full wave, its warps
+/// taking 0 or 1 task spread evenly by `mvk_span` (as `mvk_1_spread` does for one column), where
+/// the packed grid leaves some SMs a block more than others. One task is one chunk of 16 rows
+/// either way, so the bits are the same.
 pub fn mmv_blocks(tasks: usize, sms: usize, per_sm: usize) -> u32 {
     static SPREAD: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     let spread =
