@@ -14,3 +14,15 @@ extern "C" __global__ void scale_softcap(float* __restrict__ x, int n, float sca
     if (i >= n) return;
     x[i] = softcap > 0.0f ? softcap * tanhf(x[i] * scale / softcap) : x[i] * scale;
 }
+
+// The LM head in row chunks (lab run 89): chunk [n][rows] at src, each value scaled (and capped)
+// as scale_softcap does, into column r0.. of the [n][v] logits at dst.
+extern "C" __global__ void scale_softcap_into(const float* __restrict__ src, float* __restrict__ dst,
+                                              int n, int rows, int v, int r0, float scale,
+                                              float softcap) { pdl_wait();
+    const long i = (long)blockIdx.x * 256 + threadIdx.x;
+    if (i >= (long)n * rows) return;
+    const long j = i / rows, r = i - j * rows;
+    const float x = src[i];
+    dst[j * v + r0 + r] = softcap > 0.0f ? softcap * tanhf(x * scale / softcap) : x * scale;
+}

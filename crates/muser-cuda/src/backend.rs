@@ -32,6 +32,8 @@ use muser_engine::{EngineError, Result};
 use muser_gguf::GgmlType;
 use std::sync::Mutex;
 
+mod lmhead;
+
 /// A resident weight: a matrix in its (possibly repacked) block layout, or a 1-D tensor
 /// dequantized to f32 (norm weights).
 pub struct CudaWeight {
@@ -99,6 +101,8 @@ struct Workspace {
     /// `top_k`: the slices' keys, then each row's TOPK_MAX keys (argmax.cu).
     topk_part: CudaSlice<u64>,
     topk_out: CudaSlice<u64>,
+    /// The chunked LM head's `[n][rows]` blocks, chunk after chunk (`lmhead`).
+    lm_out: CudaSlice<f32>,
 }
 
 pub struct CudaBackend {
@@ -150,6 +154,10 @@ pub struct CudaBackend {
     pinned_on: std::sync::atomic::AtomicBool,
     /// Reads that went straight into page-locked `host_buf`s (`read_pinned`).
     pinned_reads: std::sync::atomic::AtomicU64,
+    /// The LM head in row chunks, its logits read back under it (`lmhead`, lab run 89).
+    lm: lmhead::LmChunks,
+    /// Reads of a chunked LM head's logits chunk by chunk (`lmhead`).
+    lm_reads: std::sync::atomic::AtomicU64,
 }
 
 /// The address ranges [start, end) of the page-locked `host_buf`s alive (`PinnedValues`).
@@ -374,6 +382,8 @@ struct Shape {
     launches: Vec<(String, u64)>,
     /// `CudaRecording::clock` when it last ran.
     used: u64,
+    /// The chunked LM head the graph ends with, if it does (`lmhead`).
+    lm: Option<lmhead::LmRead>,
 }
 
 /// Shapes kept per group size (`MUSER_CUDA_GRAPH_SHAPES`, default 4; 1 keeps only the last).
@@ -692,6 +702,7 @@ impl CudaBackend {
             argmax: gpu.stream.alloc_zeros(1)?,
             topk_part: gpu.stream.alloc_zeros(1)?,
             topk_out: gpu.stream.alloc_zeros(1)?,
+            lm_out: gpu.stream.alloc_zeros(1)?,
         };
         let tables = || -> std::result::Result<RowTables, CudaError> {
             Ok(RowTables {
@@ -735,6 +746,8 @@ impl CudaBackend {
                 std::env::var("MUSER_CUDA_PINNED_LOGITS").map_or(true, |v| v != "0"),
             ),
             pinned_reads: Default::default(),
+            lm: lmhead::LmChunks::from_env(),
+            lm_reads: Default::default(),
         })
     }
 
@@ -828,13 +841,20 @@ impl CudaBackend {
         if parts.is_empty() || !parts.iter().all(|(_, d)| self.pinned.covers(d)) {
             return false;
         }
-        for (first, dst) in parts.iter_mut() {
+        for (first, dst) in parts.iter() {
             assert!(
                 *first + dst.len() <= buf.rows * buf.cols,
                 "read: values {first}..{} of a buffer of {}",
                 *first + dst.len(),
                 buf.rows * buf.cols
             );
+        }
+        if self.lm_read(self.p(&buf.data), buf.rows * buf.cols, parts) {
+            self.pinned_reads
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            return true;
+        }
+        for (first, dst) in parts.iter_mut() {
             // SAFETY: the source values lie in buf (checked above); dst is page-locked memory
             // borrowed mutably for this call, and the stream is synchronized before it returns,
             // so nothing reads dst while the copy writes it.
@@ -867,6 +887,10 @@ impl CudaBackend {
     /// Reads so far that went straight into page-locked `host_buf`s.
     pub fn pinned_reads(&self) -> u64 {
         self.pinned_reads.load(std::sync::atomic::Ordering::Relaxed)
+    }
+    /// Of `pinned_reads`, those of a chunked LM head's logits, chunk by chunk (`lmhead`).
+    pub fn lm_reads(&self) -> u64 {
+        self.lm_reads.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Shows a progress bar (on a terminal) while `total_bytes` of weights upload.
@@ -1115,6 +1139,8 @@ impl CudaBackend {
             self.p(&ws.ml_part),
             self.p(&t.pos_dev),
             self.p(&t.kv_dev),
+            self.p(&ws.lm_out),
+            self.lm_chunks() as u64,
         ];
         StepKey {
             rows: pos.len(),
@@ -1522,6 +1548,7 @@ impl Backend for CudaBackend {
                 graph: None,
                 launches: Vec::new(),
                 used: rec.clock,
+                lm: None,
             });
             return;
         };
@@ -1531,6 +1558,7 @@ impl Backend for CudaBackend {
                 ck(t.before_launch(&self.gpu.stream), "step trace");
             }
             ck(g.launch(), "decode step graph");
+            self.lm_replayed(r.lm.clone());
             self.gpu.add_dispatches(&r.launches);
             replayed.fetch_add(1, Relaxed);
             return;
@@ -1573,6 +1601,7 @@ impl Backend for CudaBackend {
         *self.last_graph.lock().unwrap() = Some((kernels, graph.edges, graph.programmatic));
         r.graph = Some(graph);
         r.launches = launches;
+        r.lm = self.lm_last();
         recorded.fetch_add(1, Relaxed);
     }
 
@@ -2039,10 +2068,7 @@ impl Backend for CudaBackend {
                             "matmul output of {} has the wrong shape",
                             w.name
                         );
-                        Job {
-                            m: w.mat(),
-                            y: dptr(&self.gpu, &y.data),
-                        }
+                        Job::new(w.mat(), dptr(&self.gpu, &y.data))
                     })
                     .collect();
                 if half {
@@ -2375,20 +2401,25 @@ impl Backend for CudaBackend {
                 let m = w.mat();
                 assert_eq!((out.rows, out.cols), (n, m.rows), "lm_head output shape");
                 let xp = self.p(&x.data) + (first_row * x.cols * 4) as u64;
+                let (op, cap) = (self.p(&out.data), softcap.unwrap_or(0.0));
+                let plan = self.lm_plan(n, m);
+                if !plan.is_empty() {
+                    let mut ws = self.ws.lock().unwrap();
+                    self.quantize_for(&mut ws, xp, n * x.cols, x.cols, &[m.ty]);
+                    return self.lm_head_chunks(&plan, m, xp, x.cols, n, &mut ws, op, scale, cap);
+                }
+                self.lm_forget();
                 {
                     let mut ws = self.ws.lock().unwrap();
                     self.quantize_for(&mut ws, xp, n * x.cols, x.cols, &[m.ty]);
-                    let job = Job {
-                        m,
-                        y: self.p(&out.data),
-                    };
+                    let job = Job::new(m, op);
                     ck(
                         self.gpu.matvec_jobs(&[job], xp, x.cols, n, &ws.act),
                         "lm_head matvec",
                     );
                 }
                 let total = n * m.rows;
-                let (op, ni, cap) = (self.p(&out.data), total as i32, softcap.unwrap_or(0.0));
+                let ni = total as i32;
                 let mut b = self.gpu.stream.launch_builder(self.kernel("scale_softcap"));
                 b.arg(&op).arg(&ni).arg(&scale).arg(&cap);
                 // SAFETY: out holds n * n_vocab values.

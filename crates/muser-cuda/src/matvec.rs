@@ -842,10 +842,72 @@ pub(crate) struct MatvecJobs {
 // SAFETY: a plain #[repr(C)] struct of integers with the layout of the CUDA struct.
 unsafe impl DeviceRepr for MatvecJobs {}
 
-/// One matrix of a matvec launch: the weight and the address of its output `[ncols][rows]`.
+/// One matrix of a matvec launch: the weight and the address of its output `[ncols][rows]`,
+/// over all of the weight's rows or over a window of them (`Job::window`).
 pub struct Job<'a> {
     pub m: &'a DeviceMatrix,
     pub y: u64,
+    /// Rows r0..r1 of `m` only (outputs `[ncols][r1 - r0]` at `y`); None: every row.
+    win: Option<(usize, usize)>,
+}
+
+impl<'a> Job<'a> {
+    /// All of `m`'s rows into `y`.
+    pub fn new(m: &'a DeviceMatrix, y: u64) -> Job<'a> {
+        Job { m, y, win: None }
+    }
+    /// Rows `r0..r1` of `m` into `y` (`[ncols][r1 - r0]`), read in place: only for a window
+    /// `window_offset` accepts (a contiguous run of `m`'s resident bytes).
+    pub fn window(m: &'a DeviceMatrix, y: u64, r0: usize, r1: usize) -> Result<Job<'a>, CudaError> {
+        if r0 >= r1 || r1 > m.rows || window_offset(m.ty, m.rows, m.cols, r0).is_none() {
+            return Err(CudaError::Unsupported(format!(
+                "rows {r0}..{r1} of a {:?} matrix of {} rows are not a window of its layout",
+                m.ty, m.rows
+            )));
+        }
+        Ok(Job {
+            m,
+            y,
+            win: Some((r0, r1)),
+        })
+    }
+    /// The rows this job computes.
+    pub fn rows(&self) -> usize {
+        self.win.map_or(self.m.rows, |(a, b)| b - a)
+    }
+    /// Byte offset of the job's first row in `m.data`.
+    fn offset(&self) -> usize {
+        self.win.map_or(0, |(r0, _)| {
+            window_offset(self.m.ty, self.m.rows, self.m.cols, r0).expect("checked by Job::window")
+        })
+    }
+}
+
+/// Where rows `r0..` of a resident `rows` x `cols` matrix of type `ty` begin, in bytes, when
+/// they are a contiguous tail of its bytes that reads as a matrix of their own: Q4_K / Q5_K at
+/// a row quad (`repack`: quads are contiguous runs), F32 / F16 / BF16 anywhere; None for the
+/// types kept in planes (Q6_K, Q8_0) and for rows past the matrix.
+pub fn window_offset(ty: GgmlType, rows: usize, cols: usize, r0: usize) -> Option<usize> {
+    if r0 > rows {
+        return None;
+    }
+    let row_bytes = match ty {
+        GgmlType::Q4_K | GgmlType::Q5_K if r0.is_multiple_of(4) => cols / 256 * repack_block(ty)?,
+        GgmlType::F32 => cols * 4,
+        GgmlType::F16 | GgmlType::BF16 => cols * 2,
+        _ => return None,
+    };
+    Some(r0 * row_bytes)
+}
+
+/// Row ranges of an `n_rows`-row matrix in `k` chunks of a multiple of `unit` rows each (the
+/// last takes the rest); fewer when the rows do not fill `k` units.
+pub fn row_chunks(n_rows: usize, k: usize, unit: usize) -> Vec<(usize, usize)> {
+    let per = n_rows.div_ceil(k.max(1)).div_ceil(unit) * unit;
+    (0..n_rows)
+        .step_by(per.max(1))
+        .map(|r0| (r0, (r0 + per).min(n_rows)))
+        .collect()
 }
 
 /// The kernel (matvec or, with `silu`, fused gate+up+SiLU) and launch of `n` (1..=MAX_COLS)
@@ -1131,7 +1193,7 @@ impl Gpu {
             while c0 < ncols {
                 let n = (ncols - c0).min(MAX_COLS);
                 for (i, j) in group.iter().enumerate() {
-                    mj.y[i] = j.y + (c0 * j.m.rows * 4) as u64;
+                    mj.y[i] = j.y + (c0 * j.rows() * 4) as u64;
                 }
                 let (xq, xds, xf) = self.act_ptrs(scratch, x, k, c0);
                 let (k_i, n_i, km) = (k as i32, n as i32, i32::from(scratch.kmajor));
@@ -1170,12 +1232,12 @@ impl Gpu {
                     j.m.cols
                 )));
             }
-            mj.w[i] = dptr(self, &j.m.data);
+            mj.w[i] = dptr(self, &j.m.data) + j.offset() as u64;
             mj.y[i] = j.y;
-            mj.rows[i] = j.m.rows as i32;
+            mj.rows[i] = j.rows() as i32;
             mj.ty[i] = format_code(j.m.ty)?;
             mj.start[i] = total as i32;
-            total += j.m.rows.div_ceil(pad) * pad;
+            total += j.rows().div_ceil(pad) * pad;
         }
         mj.njobs = group.len() as i32;
         mj.start[group.len()] = total as i32;
@@ -1604,16 +1666,7 @@ impl Gpu {
         );
         let xp = dptr(self, x);
         self.quantize_act(xp, ncols * m.cols, m.cols, &[m.ty], scratch)?;
-        self.matvec_jobs(
-            &[Job {
-                m,
-                y: dptr(self, y),
-            }],
-            xp,
-            m.cols,
-            ncols,
-            scratch,
-        )
+        self.matvec_jobs(&[Job::new(m, dptr(self, y))], xp, m.cols, ncols, scratch)
     }
 }
 
@@ -2518,5 +2571,37 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_window_reads_as_the_matrix_of_its_rows() {
+        // The bytes of rows r0..r1 resident on their own are the whole matrix's resident bytes
+        // from window_offset on, for every type a window serves; the planar types serve none.
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(89);
+        let cols = 512;
+        for (ty, row_bytes) in [
+            (GgmlType::Q4_K, 2 * 144),
+            (GgmlType::Q5_K, 2 * 176),
+            (GgmlType::F16, cols * 2),
+            (GgmlType::F32, cols * 4),
+        ] {
+            let rows = 4 * rng.gen_range(3..40);
+            let bytes: Vec<u8> = (0..rows * row_bytes).map(|_| rng.gen()).collect();
+            let whole = repack(ty, rows, &bytes);
+            for (r0, r1) in row_chunks(rows, rng.gen_range(2..5), 4) {
+                let own = repack(ty, r1 - r0, &bytes[r0 * row_bytes..r1 * row_bytes]);
+                let at = window_offset(ty, rows, cols, r0).expect("a window");
+                assert_eq!(
+                    &whole[at..at + own.len()],
+                    &own[..],
+                    "{ty:?} rows {r0}..{r1}"
+                );
+            }
+            assert_eq!(window_offset(ty, rows, cols, rows + 1), None);
+        }
+        assert_eq!(window_offset(GgmlType::Q4_K, 64, 256, 2), None);
+        assert_eq!(window_offset(GgmlType::Q6_K, 64, 256, 4), None);
+        assert_eq!(window_offset(GgmlType::Q8_0, 64, 256, 4), None);
     }
 }

@@ -316,7 +316,7 @@ impl Gpu {
             // up go as one launch (twice the blocks), and `mmh_silu_mul` after it.
             self.mmh_launch_jobs(
                 tile,
-                &[&Job { m: gate, y: g }, &Job { m: up, y }],
+                &[&Job::new(gate, g), &Job::new(up, y)],
                 act,
                 k,
                 ncols,
@@ -338,8 +338,8 @@ impl Gpu {
             unsafe { b.launch(cfg) }?;
             return Ok(());
         }
-        self.mmh_launch_jobs(tile, &[&Job { m: gate, y: g }], act, k, ncols, 0)?;
-        self.mmh_launch_jobs(tile, &[&Job { m: up, y }], act, k, ncols, g)
+        self.mmh_launch_jobs(tile, &[&Job::new(gate, g)], act, k, ncols, 0)?;
+        self.mmh_launch_jobs(tile, &[&Job::new(up, y)], act, k, ncols, g)
     }
 }
 

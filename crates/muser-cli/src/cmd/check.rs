@@ -1087,7 +1087,61 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
             0.0,
         );
     }
-    Ok(())
+    check_lm_chunks(p, &lg, hidden, quick)
+}
+
+/// The LM head in row chunks (lab run 89, `MUSER_CUDA_LM_CHUNKS`) bit for bit against its single
+/// launch, at 1, 8 and 32 columns in 3 and 4 chunks: the logits read back chunk by chunk into
+/// page-locked rows (each read must take that route), and the GPU argmax of the chunked logits
+/// against the host's over the single launch's.
+fn check_lm_chunks(
+    p: &mut Pair,
+    w: &muser_cuda::CudaWeight,
+    hidden: usize,
+    quick: bool,
+) -> anyhow::Result<()> {
+    use muser_engine::backend::HostBuf;
+    let (k0, min0) = (p.gpu.lm_chunks(), p.gpu.lm_chunk_min());
+    let vocab = w.rows;
+    let widths: &[usize] = if quick { &[1, 8] } else { &[1, 8, 32] };
+    let mut run = || -> anyhow::Result<()> {
+        for &n in widths {
+            let (_, xg, _) = p.random_bufs(n, hidden);
+            p.gpu.set_lm_chunks(1, 1);
+            let mut one = p.gpu.buf(n, vocab);
+            p.gpu.lm_head(&xg, 0, w, 0.196_116_14, Some(20.0), &mut one);
+            let want = p.read_gpu(&one);
+            for k in [3, 4] {
+                p.gpu.set_lm_chunks(k, 1);
+                let mut og = p.gpu.buf(n, vocab);
+                p.gpu.lm_head(&xg, 0, w, 0.196_116_14, Some(20.0), &mut og);
+                let mut rows: Vec<HostBuf> = (0..n).map(|_| p.gpu.host_buf(vocab)).collect();
+                anyhow::ensure!(
+                    rows.iter().all(|r| r.is_backend_mem()),
+                    "no page-locked host memory of {vocab} values"
+                );
+                let before = p.gpu.lm_reads();
+                let mut outs: Vec<&mut [f32]> = rows.iter_mut().map(|r| &mut r[..]).collect();
+                p.gpu.read_parts(&og, &mut outs);
+                anyhow::ensure!(
+                    p.gpu.lm_reads() == before + 1,
+                    "the chunked LM head's logits were not read chunk by chunk"
+                );
+                let got: Vec<f32> = rows.iter().flat_map(|r| r.iter().copied()).collect();
+                let shape = format!("{n} x {vocab}, {k} chunks");
+                p.exact("lm_head chunks == one", shape.clone(), &got, &want);
+                let mut idx = vec![0u32; n];
+                p.gpu.argmax(&og, vocab, &mut idx);
+                let host: Vec<u32> = want.chunks(vocab).map(|r| argmax(r) as u32).collect();
+                let miss = idx.iter().zip(&host).filter(|(x, y)| x != y).count();
+                p.record("argmax (chunks)", shape, &[1.0 + miss as f32], &[1.0], 0.0);
+            }
+        }
+        Ok(())
+    };
+    let r = run();
+    p.gpu.set_lm_chunks(k0, min0);
+    r
 }
 
 /// Which tiles a K-quant group check runs on: the default route, K split over blocks (mmt.cu),
