@@ -1018,6 +1018,9 @@ impl CudaBackend {
 
     /// `timed` for the matmuls, which may use the fused quantization of their input.
     fn timed_reader<R>(&self, op: impl FnOnce() -> String, f: impl FnOnce() -> R) -> R {
+        // Any op may write a buffer a chunked LM head left its logits in (`lmhead`); lm_head
+        // itself sets its plan again inside `f`.
+        self.lm_forget();
         if self.profile.lock().unwrap().is_none() {
             return f();
         }
@@ -1772,6 +1775,8 @@ impl Backend for CudaBackend {
     }
 
     fn buf(&self, rows: usize, cols: usize) -> CudaBuf {
+        // A new buffer may sit where a chunked LM head's logits were (`lmhead`).
+        self.lm_forget();
         CudaBuf {
             rows,
             cols,
@@ -1784,6 +1789,7 @@ impl Backend for CudaBackend {
     fn write(&self, buf: &mut CudaBuf, data: &[f32]) {
         assert_eq!(data.len(), buf.rows * buf.cols, "write: size mismatch");
         *self.fused_act.lock().unwrap() = None;
+        self.lm_forget();
         ck(
             self.gpu.stream.memcpy_htod(data, &mut buf.data),
             "write buffer",
