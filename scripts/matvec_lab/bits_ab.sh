@@ -12,7 +12,8 @@
 # against itself (run 84: A=B=the build with gate-side.patch, B_ENV=MUSER_CUDA_GATE_SIDE=1).
 # C_ENV (optional): a third side, B's build with those settings (its logits compared with A's too,
 # and its own quick parity run, C_CHECK=1). TRACE=0 leaves out
-# the step traces. STREAMS (optional, e.g. "1,8"): decode groups of llama-glimmer too (`-s`);
+# the step traces, TG=0 the tg128 runs. STREAMS (optional, e.g. "1,8"): decode groups of
+# llama-glimmer too (`-s`);
 # with ARGMAX=1, A's groups also with the next tokens picked on the GPU (`--argmax`).
 # Full logs go to $OUT; the short table is printed last (0-stdout.txt).
 set -uo pipefail
@@ -69,8 +70,8 @@ for round in $(seq "${ROUNDS:-2}"); do
     for x in A B $([ -n "$C_ENV" ] && echo C); do
         dir=$([ $x = A ] && echo "$A" || echo "$B")
         export XENV=$(case $x in A) echo "$A_ENV" ;; B) echo "$B_ENV" ;; *) echo "$C_ENV" ;; esac)
-        run "tg-muse-$round-$x" "$dir" 90 bench --backend cuda -m "$U" -p 0 -n 128 -r 2
-        run "tg-llama-$round-$x" "$dir" 90 bench --backend cuda -m "$G" -p 0 -n 128 -r 2
+        [ "${TG:-1}" = 0 ] || run "tg-muse-$round-$x" "$dir" 90 bench --backend cuda -m "$U" -p 0 -n 128 -r 2
+        [ "${TG:-1}" = 0 ] || run "tg-llama-$round-$x" "$dir" 90 bench --backend cuda -m "$G" -p 0 -n 128 -r 2
         [ -z "${STREAMS:-}" ] || run "streams-llama-$round-$x" "$dir" 120 bench --backend cuda -m "$G" -p 0 -n 128 -r 2 -s "$STREAMS"
         # ARGMAX=1: A's groups once more with each next token picked on the GPU (4 bytes a row
         # read back instead of the logits): the bound of any faster logits read.
@@ -92,7 +93,7 @@ if [ -f "$OUT/check-c.log" ]; then
     echo "check (C): $(grep -hcE "^ok" "$OUT/check-c.log") ok, $(grep -hcE "^FAIL" "$OUT/check-c.log") FAIL"
     grep -hE "^all |^FAIL|^invariance|never dispatched" "$OUT/check-c.log" | head -12
 fi
-for f in "$OUT"/tg-*.log; do echo "$(basename "$f" .log): $(grep -h "tg128" "$f" | awk -F'|' '{print $8, $11}')"; done
+for f in $(ls "$OUT"/tg-*.log 2>/dev/null); do echo "$(basename "$f" .log): $(grep -h "tg128" "$f" | awk -F'|' '{print $8, $11}')"; done
 for f in $(ls "$OUT"/streams-*.log 2>/dev/null); do grep -h "streams" "$f" | awk -F'|' -v n="$(basename "$f" .log)" '{print n ":", $7, $8, $11}'; done
 for f in $(ls "$OUT"/trace-muse-*.log 2>/dev/null); do
     echo "== $(basename "$f" .log): $(grep -h "^step trace" "$f")"
