@@ -24,6 +24,10 @@ use std::sync::{Arc, Mutex};
 /// Rows a chunk holds a multiple of: the widest row tile of any matvec route (`mmw_*`, 64).
 const CHUNK_UNIT: usize = 64;
 
+/// Most columns an LM head runs chunked at: decode groups and batched prefills' last rows, not a
+/// prompt's every position (`muser perplexity`), whose chunk scratch would double its logits.
+const CHUNK_MAX_COLS: usize = 64;
+
 /// The chunked LM head's settings and the state of its last launch.
 pub(super) struct LmChunks {
     /// Chunks (1: the single launch).
@@ -109,10 +113,11 @@ impl CudaBackend {
     }
 
     /// The row windows an LM head of `n` columns over `m` runs in, or none (one launch): chunks
-    /// off, too few columns, a type whose rows are not contiguous windows, or too few rows.
+    /// off, too few or too many columns, a type whose rows are not contiguous windows, or too few
+    /// rows.
     pub(super) fn lm_plan(&self, n: usize, m: &DeviceMatrix) -> Vec<(usize, usize)> {
         let k = self.lm_chunks();
-        if k < 2 || n < self.lm.min_cols.load(Relaxed) {
+        if k < 2 || n < self.lm.min_cols.load(Relaxed) || n > CHUNK_MAX_COLS {
             return Vec::new();
         }
         let plan = row_chunks(m.rows, k, CHUNK_UNIT);
