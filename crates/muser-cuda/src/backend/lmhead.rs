@@ -61,9 +61,6 @@ pub(super) struct LmRead {
     ranges: Vec<(usize, usize)>,
 }
 
-// SAFETY: the events and the stream are driver handles used under the mutex only.
-unsafe impl Send for LmState {}
-
 impl LmChunks {
     /// From `MUSER_CUDA_LM_CHUNKS` (default 1: off) and `MUSER_CUDA_LM_CHUNK_MIN` (default 2).
     pub(super) fn from_env() -> LmChunks {
