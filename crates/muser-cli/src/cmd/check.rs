@@ -1101,7 +1101,13 @@ fn check_lm_chunks(
     quick: bool,
 ) -> anyhow::Result<()> {
     use muser_engine::backend::HostBuf;
-    let (k0, min0) = (p.gpu.lm_chunks(), p.gpu.lm_chunk_min());
+    let (k0, min0, pinned0) = (
+        p.gpu.lm_chunks(),
+        p.gpu.lm_chunk_min(),
+        p.gpu.pinned_logits(),
+    );
+    // Page-locked rows whatever `MUSER_CUDA_PINNED_LOGITS` says: the chunked read is theirs.
+    p.gpu.set_pinned_logits(true);
     let vocab = w.rows;
     let widths: &[usize] = if quick { &[1, 8] } else { &[1, 8, 32] };
     let mut run = || -> anyhow::Result<()> {
@@ -1141,6 +1147,7 @@ fn check_lm_chunks(
     };
     let r = run();
     p.gpu.set_lm_chunks(k0, min0);
+    p.gpu.set_pinned_logits(pinned0);
     r
 }
 
