@@ -2409,18 +2409,16 @@ impl Backend for CudaBackend {
                 let xp = self.p(&x.data) + (first_row * x.cols * 4) as u64;
                 let (op, cap) = (self.p(&out.data), softcap.unwrap_or(0.0));
                 let plan = self.lm_plan(n, m);
-                if !plan.is_empty() {
-                    let mut ws = self.ws.lock().unwrap();
-                    self.quantize_for(&mut ws, xp, n * x.cols, x.cols, &[m.ty]);
-                    return self.lm_head_chunks(&plan, m, xp, x.cols, n, &mut ws, op, scale, cap);
-                }
-                self.lm_forget();
                 {
                     let mut ws = self.ws.lock().unwrap();
                     self.quantize_for(&mut ws, xp, n * x.cols, x.cols, &[m.ty]);
-                    let job = Job::new(m, op);
+                    if !plan.is_empty() {
+                        return self
+                            .lm_head_chunks(&plan, m, xp, x.cols, n, &mut ws, op, scale, cap);
+                    }
                     ck(
-                        self.gpu.matvec_jobs(&[job], xp, x.cols, n, &ws.act),
+                        self.gpu
+                            .matvec_jobs(&[Job::new(m, op)], xp, x.cols, n, &ws.act),
                         "lm_head matvec",
                     );
                 }

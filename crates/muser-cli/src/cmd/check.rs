@@ -1074,20 +1074,25 @@ fn check_ops(p: &mut Pair, quick: bool) -> anyhow::Result<()> {
             MATVEC_NMSE,
         );
         // argmax: the GPU's index against the host's over the same GPU logits.
-        let mut idx = vec![0u32; og.rows];
-        p.gpu.argmax(&og, og.cols, &mut idx);
-        let host: Vec<u32> = a.chunks(vocab).map(|r| argmax(r) as u32).collect();
-        let miss = idx.iter().zip(&host).filter(|(x, y)| x != y).count();
-        // Recorded as NMSE of (1 + mismatches) against 1: zero exactly when every index agrees.
-        p.record(
+        check_argmax(
+            p,
             "argmax",
             format!("{} rows of {vocab}", n - first),
-            &[1.0 + miss as f32],
-            &[1.0],
-            0.0,
+            &og,
+            &a,
         );
     }
     check_lm_chunks(p, &lg, hidden, quick)
+}
+
+/// The GPU argmax of each row of `logits` against the host's over `host` (the logits it should
+/// hold), recorded as NMSE of (1 + mismatches) against 1: zero exactly when every index agrees.
+fn check_argmax(p: &mut Pair, op: &str, shape: String, logits: &CudaBuf, host: &[f32]) {
+    let mut idx = vec![0u32; logits.rows];
+    p.gpu.argmax(logits, logits.cols, &mut idx);
+    let want: Vec<u32> = host.chunks(logits.cols).map(|r| argmax(r) as u32).collect();
+    let miss = idx.iter().zip(&want).filter(|(x, y)| x != y).count();
+    p.record(op, shape, &[1.0 + miss as f32], &[1.0], 0.0);
 }
 
 /// The LM head in row chunks (lab run 89, `MUSER_CUDA_LM_CHUNKS`) bit for bit against its single
@@ -1136,11 +1141,7 @@ fn check_lm_chunks(
                 let got: Vec<f32> = rows.iter().flat_map(|r| r.iter().copied()).collect();
                 let shape = format!("{n} x {vocab}, {k} chunks");
                 p.exact("lm_head chunks == one", shape.clone(), &got, &want);
-                let mut idx = vec![0u32; n];
-                p.gpu.argmax(&og, vocab, &mut idx);
-                let host: Vec<u32> = want.chunks(vocab).map(|r| argmax(r) as u32).collect();
-                let miss = idx.iter().zip(&host).filter(|(x, y)| x != y).count();
-                p.record("argmax (chunks)", shape, &[1.0 + miss as f32], &[1.0], 0.0);
+                check_argmax(p, "argmax (chunks)", shape, &og, &want);
             }
         }
         Ok(())
