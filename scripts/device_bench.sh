@@ -351,6 +351,9 @@ if [ "${JOB:-}" = compare ]; then
     check_counts
     grep -hE "^FAIL|^invariance|never dispatched|^all |decode_greedy|batch invariance" "$OUT/check.log" | head -16
     grep -h "^| .*CUDA" "$OUT"/bench-*.log
+    [ -n "${STREAMS_AB:-}" ] && for f in streams streams-b streams-a2; do
+        echo "$f: $(grep -hE 'streams' "$OUT/bench-$f.log" | tr '\n' ' ')"
+    done
     grep -h "one decode step launches\|never dispatched by" "$OUT/bench-graphs.log"
     llama_table
     tail -3 "$OUT/llama-build.log" 2>/dev/null
@@ -367,6 +370,12 @@ if [ "${JOB:-}" = side ]; then
     step bench-graphs 120 "$BIN" bench --backend cuda -m "$G" -p 512 -n 128 -r "$REPS" --audit
     step bench-d8192 90 "$BIN" bench --backend cuda -m "$G" -p 0 -n 128 -d 8192 -r 2
     step bench-streams 120 "$BIN" bench --backend cuda -m "$G" -p 0 -n 128 -r 2 -s "${STREAMS:-1,8,32}"
+    # STREAMS_AB="VAR=value ...": 8 and 32 streams with those settings, then without them again
+    # (an A/B/A of a switch in the same call, e.g. lab run 89's MUSER_CUDA_LM_CHUNKS=4).
+    if [ -n "${STREAMS_AB:-}" ]; then
+        step bench-streams-b 90 env $STREAMS_AB "$BIN" bench --backend cuda -m "$G" -p 0 -n 128 -r 2 -s 8,32
+        step bench-streams-a2 90 "$BIN" bench --backend cuda -m "$G" -p 0 -n 128 -r 2 -s 8,32
+    fi
     [ "${SERVE:-0}" = 1 ] && serve_benches
     # MUSE=1: pp512 and tg128 on muse-glimmer too (issue 5's own model), synthesized here.
     if [ "${MUSE:-0}" = 1 ]; then
