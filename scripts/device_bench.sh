@@ -351,9 +351,6 @@ if [ "${JOB:-}" = compare ]; then
     check_counts
     grep -hE "^FAIL|^invariance|never dispatched|^all |decode_greedy|batch invariance" "$OUT/check.log" | head -16
     grep -h "^| .*CUDA" "$OUT"/bench-*.log
-    [ -n "${STREAMS_AB:-}" ] && for f in streams streams-b streams-a2; do
-        echo "$f: $(grep -hE 'streams' "$OUT/bench-$f.log" | tr '\n' ' ')"
-    done
     grep -h "one decode step launches\|never dispatched by" "$OUT/bench-graphs.log"
     llama_table
     tail -3 "$OUT/llama-build.log" 2>/dev/null
@@ -396,6 +393,9 @@ if [ "${JOB:-}" = side ]; then
     grep -hE "^FAIL|^invariance|never dispatched|^all |decode_greedy|batch invariance|^model " "$OUT/check.log" | head -20
     [ -f "$OUT/serve.txt" ] && cat "$OUT/serve.txt"
     grep -h "^| .*CUDA" "$OUT"/bench-*.log
+    [ -n "${STREAMS_AB:-}" ] && for f in streams streams-b streams-a2; do
+        echo "$f: $(grep -hE 'streams' "$OUT/bench-$f.log" | tr '\n' ' ')"
+    done
     grep -h "one decode step launches\|never dispatched by" "$OUT/bench-graphs.log"
     llama_table
     tail -3 "$OUT/llama-build.log" 2>/dev/null

@@ -1143,7 +1143,7 @@ impl CudaBackend {
             self.p(&t.pos_dev),
             self.p(&t.kv_dev),
             self.p(&ws.lm_out),
-            self.lm_chunks() as u64,
+            self.lm_chunks_now() as u64,
         ];
         StepKey {
             rows: pos.len(),
@@ -1606,6 +1606,10 @@ impl Backend for CudaBackend {
         r.launches = launches;
         r.lm = self.lm_last();
         recorded.fetch_add(1, Relaxed);
+    }
+
+    fn will_read_logits(&self, read: bool) {
+        self.set_lm_read(read);
     }
 
     fn step_counts(&self) -> muser_engine::backend::StepCounts {

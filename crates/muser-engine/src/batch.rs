@@ -117,8 +117,13 @@ impl<B: Backend> DecodeGroup<B> {
     }
 
     /// The forward pass of `decode`: the step's logits left in the group's scratch for n rows
-    /// (returned), no session's position moved yet.
-    fn step(&mut self, sessions: &mut [&mut Session<'_, B>], tokens: &[u32]) -> Result<usize> {
+    /// (returned), no session's position moved yet; `read`: the host reads some of them back.
+    fn step(
+        &mut self,
+        sessions: &mut [&mut Session<'_, B>],
+        tokens: &[u32],
+        read: bool,
+    ) -> Result<usize> {
         let n = sessions.len();
         if n == 0 {
             return Err(EngineError::Invalid(
@@ -151,6 +156,7 @@ impl<B: Backend> DecodeGroup<B> {
         let mut kvs: Vec<&mut B::Kv> = sessions.iter_mut().map(|s| &mut s.kv).collect();
         let be = &model.backend;
         let rec = &mut self.recs[n - 1];
+        be.will_read_logits(read);
         be.run(|| {
             graph::decode_step(
                 be,
@@ -171,7 +177,7 @@ impl<B: Backend> DecodeGroup<B> {
     /// holds its row of the step's logits. All sessions must be on the same model; token ids and
     /// context room are checked first, and on an error no session has moved.
     pub fn decode(&mut self, sessions: &mut [&mut Session<'_, B>], tokens: &[u32]) -> Result<()> {
-        let n = self.step(sessions, tokens)?;
+        let n = self.step(sessions, tokens, true)?;
         let s = self.scratch[n - 1].as_ref().expect("scratch of the step");
         let model = sessions[0].model;
         let be = &model.backend;
@@ -203,7 +209,7 @@ impl<B: Backend> DecodeGroup<B> {
                 need.len()
             )));
         }
-        let n = self.step(sessions, tokens)?;
+        let n = self.step(sessions, tokens, need.contains(&RowNeed::Logits))?;
         let s = self.scratch[n - 1].as_ref().expect("scratch of the step");
         let model = sessions[0].model;
         let (be, nv) = (&model.backend, model.config.n_vocab);

@@ -444,8 +444,13 @@ fn bad_groups_are_refused_and_move_nothing() {
 
 /// The CPU backend without its decode-group overrides: the trait's default `*_rows` ops (row by
 /// row through host copies), as a backend gets them before it overrides them. Its `host_buf`s
-/// are memory of its own (`Lent`), as the CUDA backend's page-locked ones are.
-struct RowByRow(CpuBackend, std::sync::Arc<Lent>);
+/// are memory of its own (`Lent`), as the CUDA backend's page-locked ones are; it keeps what
+/// `will_read_logits` was told, call by call.
+struct RowByRow(
+    CpuBackend,
+    std::sync::Arc<Lent>,
+    std::sync::Mutex<Vec<bool>>,
+);
 
 /// The address ranges of the `host_buf`s a `RowByRow` has lent and that are still alive.
 #[derive(Default)]
@@ -593,6 +598,9 @@ impl muser_engine::Backend for RowByRow {
     ) {
         self.0.lm_head(x, first_row, w, scale, softcap, out)
     }
+    fn will_read_logits(&self, read: bool) {
+        self.2.lock().unwrap().push(read);
+    }
 }
 
 #[test]
@@ -603,7 +611,11 @@ fn default_row_ops_equal_the_cpu_overrides() {
     let lent = std::sync::Arc::new(Lent::default());
     let slow = Model::from_gguf(
         file,
-        RowByRow(CpuBackend::new(Some(2)).unwrap(), lent.clone()),
+        RowByRow(
+            CpuBackend::new(Some(2)).unwrap(),
+            lent.clone(),
+            Default::default(),
+        ),
     )
     .unwrap();
     let prompts: Vec<Vec<u32>> = (0..5)
@@ -646,4 +658,52 @@ fn default_row_ops_equal_the_cpu_overrides() {
     assert!(lent.covers(b[0].logits()));
     drop(b);
     assert!(lent.0.lock().unwrap().is_empty());
+}
+
+#[test]
+fn a_group_step_says_whether_its_logits_are_read() {
+    // `decode` reads every row back; `decode_rows` reads only when a row asks for its logits
+    // (a backend may overlap that read with the LM head). One announcement a step, before it.
+    let t = Tiny::new("llama");
+    let file = std::sync::Arc::new(muser_gguf::GgufFile::from_bytes(t.bytes()).unwrap());
+    let be = RowByRow(
+        CpuBackend::new(Some(2)).unwrap(),
+        Default::default(),
+        Default::default(),
+    );
+    let m = Model::from_gguf(file, be).unwrap();
+    let mut ss: Vec<Session<RowByRow>> = (0..3)
+        .map(|i| {
+            let mut s = Session::new(&m, 64).unwrap();
+            s.prefill(&random_tokens(4 + i, t.n_vocab, 70 + i as u64))
+                .unwrap();
+            s
+        })
+        .collect();
+    let mut g = DecodeGroup::new();
+    let toks = random_tokens(3, t.n_vocab, 71);
+    let steps: [(Option<[RowNeed; 3]>, bool); 5] = [
+        (None, true),
+        (Some([RowNeed::Argmax; 3]), false),
+        (
+            Some([RowNeed::Argmax, RowNeed::Logits, RowNeed::TopK(4)]),
+            true,
+        ),
+        (Some([RowNeed::TopK(2); 3]), false),
+        (
+            Some([RowNeed::TopK(3), RowNeed::Argmax, RowNeed::Logits]),
+            true,
+        ),
+    ];
+    for (i, (need, read)) in steps.iter().enumerate() {
+        m.backend().2.lock().unwrap().clear();
+        let mut rows: Vec<&mut Session<RowByRow>> = ss.iter_mut().collect();
+        match need {
+            None => g.decode(&mut rows, &toks).unwrap(),
+            Some(need) => {
+                g.decode_rows(&mut rows, &toks, need).unwrap();
+            }
+        }
+        assert_eq!(*m.backend().2.lock().unwrap(), vec![*read], "step {i}");
+    }
 }

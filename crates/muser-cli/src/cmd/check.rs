@@ -1096,9 +1096,10 @@ fn check_argmax(p: &mut Pair, op: &str, shape: String, logits: &CudaBuf, host: &
 }
 
 /// The LM head in row chunks (lab run 89, `MUSER_CUDA_LM_CHUNKS`) bit for bit against its single
-/// launch, at 1, 8 and 32 columns in 3 and 4 chunks: the logits read back chunk by chunk into
-/// page-locked rows (each read must take that route), and the GPU argmax of the chunked logits
-/// against the host's over the single launch's.
+/// launch, at 1, 8 and 32 columns in 2 (the default), 3 and 4 chunks: the logits read back chunk
+/// by chunk into page-locked rows (each read must take that route), and the GPU argmax of the
+/// chunked logits against the host's over the single launch's. With the logits announced as not
+/// read (`will_read_logits(false)`), the head must run as one launch (no chunked read).
 fn check_lm_chunks(
     p: &mut Pair,
     w: &muser_cuda::CudaWeight,
@@ -1122,8 +1123,10 @@ fn check_lm_chunks(
             let mut one = p.gpu.buf(n, vocab);
             p.gpu.lm_head(&xg, 0, w, 0.196_116_14, Some(20.0), &mut one);
             let want = p.read_gpu(&one);
-            for k in [3, 4] {
-                p.gpu.set_lm_chunks(k, 1);
+            for k in [2, 3, 4, 0] {
+                // k = 0: the default chunks, with the logits announced as reduced on the GPU.
+                p.gpu.will_read_logits(k != 0);
+                p.gpu.set_lm_chunks(k.max(2), 1);
                 let mut og = p.gpu.buf(n, vocab);
                 p.gpu.lm_head(&xg, 0, w, 0.196_116_14, Some(20.0), &mut og);
                 let mut rows: Vec<HostBuf> = (0..n).map(|_| p.gpu.host_buf(vocab)).collect();
@@ -1134,12 +1137,18 @@ fn check_lm_chunks(
                 let before = p.gpu.lm_reads();
                 let mut outs: Vec<&mut [f32]> = rows.iter_mut().map(|r| &mut r[..]).collect();
                 p.gpu.read_parts(&og, &mut outs);
+                p.gpu.will_read_logits(true);
                 anyhow::ensure!(
-                    p.gpu.lm_reads() == before + 1,
-                    "the chunked LM head's logits were not read chunk by chunk"
+                    p.gpu.lm_reads() == before + u64::from(k != 0),
+                    "with {k} chunks (0: logits not read), {} chunked reads, not {}",
+                    p.gpu.lm_reads() - before,
+                    u64::from(k != 0)
                 );
                 let got: Vec<f32> = rows.iter().flat_map(|r| r.iter().copied()).collect();
-                let shape = format!("{n} x {vocab}, {k} chunks");
+                let shape = match k {
+                    0 => format!("{n} x {vocab}, logits not read: one launch"),
+                    _ => format!("{n} x {vocab}, {k} chunks"),
+                };
                 p.exact("lm_head chunks == one", shape.clone(), &got, &want);
                 check_argmax(p, "argmax (chunks)", shape, &og, &want);
             }
@@ -1149,6 +1158,7 @@ fn check_lm_chunks(
     let r = run();
     p.gpu.set_lm_chunks(k0, min0);
     p.gpu.set_pinned_logits(pinned0);
+    p.gpu.will_read_logits(true);
     r
 }
 

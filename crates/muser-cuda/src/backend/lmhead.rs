@@ -1,5 +1,5 @@
 //! The LM head in row chunks, its logits read back while the later chunks still compute (lab
-//! run 89; `MUSER_CUDA_LM_CHUNKS=K`, off by default).
+//! run 89; `MUSER_CUDA_LM_CHUNKS=K`, default 2; 1 turns it off).
 //!
 //! A decode step ends with the LM head, and the step waits for its logits to come back over
 //! PCIe after it: at 32 streams of a 202k vocabulary that is 25.9 MB, ~0.5 ms a step. The
@@ -14,11 +14,16 @@
 //! In a captured decode step the events are recorded as external event nodes on a branch of the
 //! capture (fork from the stream after the chunk, join at the end), so the kernels' own edges
 //! stay kernel to kernel and keep their programmatic (PDL) links.
+//!
+//! Only steps whose logits the host reads back run chunked (`Backend::will_read_logits`): when
+//! they are reduced on the GPU (`argmax`, `top_k`, as `muser serve` does), the single launch is
+//! faster. H100, llama-glimmer, 2026-12-06: two chunks +0.45-0.75% at 8, 16 and 32 streams
+//! reading the logits, -0.1-0.2% with the GPU argmax (BENCHMARKS.md, lab README run 89).
 
 use super::{cfg1, ck, grow, CudaBackend};
 use crate::matvec::{row_chunks, window_offset, DeviceMatrix, Job};
 use cudarc::driver::{sys, CudaEvent, CudaStream, PushKernelArg};
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
 /// Rows a chunk holds a multiple of: the widest row tile of any matvec route (`mmw_*`, 64).
@@ -34,6 +39,8 @@ pub(super) struct LmChunks {
     k: AtomicUsize,
     /// Fewest columns (rows of the step) that run chunked.
     min_cols: AtomicUsize,
+    /// The host reads the coming steps' logits back (`Backend::will_read_logits`).
+    read: AtomicBool,
     state: Mutex<LmState>,
 }
 
@@ -62,12 +69,13 @@ pub(super) struct LmRead {
 }
 
 impl LmChunks {
-    /// From `MUSER_CUDA_LM_CHUNKS` (default 1: off) and `MUSER_CUDA_LM_CHUNK_MIN` (default 2).
+    /// From `MUSER_CUDA_LM_CHUNKS` (default 2; 1: off) and `MUSER_CUDA_LM_CHUNK_MIN` (default 2).
     pub(super) fn from_env() -> LmChunks {
         let get = |name, d| crate::matvec::env_usize(name).unwrap_or(d).max(1);
         LmChunks {
-            k: AtomicUsize::new(get("MUSER_CUDA_LM_CHUNKS", 1)),
+            k: AtomicUsize::new(get("MUSER_CUDA_LM_CHUNKS", 2)),
             min_cols: AtomicUsize::new(get("MUSER_CUDA_LM_CHUNK_MIN", 2)),
+            read: AtomicBool::new(true),
             state: Mutex::new(LmState::default()),
         }
     }
@@ -99,6 +107,19 @@ impl CudaBackend {
     pub fn lm_chunks(&self) -> usize {
         self.lm.k.load(Relaxed)
     }
+    /// The chunks the coming LM heads run in: `lm_chunks` while the host reads their logits
+    /// back, else 1.
+    pub(super) fn lm_chunks_now(&self) -> usize {
+        if self.lm.read.load(Relaxed) {
+            self.lm_chunks()
+        } else {
+            1
+        }
+    }
+    /// `Backend::will_read_logits`.
+    pub(super) fn set_lm_read(&self, read: bool) {
+        self.lm.read.store(read, Relaxed);
+    }
     /// The fewest columns an LM head runs chunked at (`MUSER_CUDA_LM_CHUNK_MIN`, default 2).
     pub fn lm_chunk_min(&self) -> usize {
         self.lm.min_cols.load(Relaxed)
@@ -110,10 +131,10 @@ impl CudaBackend {
     }
 
     /// The row windows an LM head of `n` columns over `m` runs in, or none (one launch): chunks
-    /// off, too few or too many columns, a type whose rows are not contiguous windows, or too few
-    /// rows.
+    /// off, logits not read back, too few or too many columns, a type whose rows are not
+    /// contiguous windows, or too few rows.
     pub(super) fn lm_plan(&self, n: usize, m: &DeviceMatrix) -> Vec<(usize, usize)> {
-        let k = self.lm_chunks();
+        let k = self.lm_chunks_now();
         if k < 2 || n < self.lm.min_cols.load(Relaxed) || n > CHUNK_MAX_COLS {
             return Vec::new();
         }

@@ -223,6 +223,13 @@ pub trait Backend: Send + Sync + Sized {
         f(kvs)
     }
 
+    /// Whether the host reads the logits of the decode steps that follow back (`read`, as
+    /// `DecodeGroup::decode` does) or only reduces them where they are (`argmax`, `top_k`). A
+    /// backend may then overlap the read with the LM head; no value depends on it.
+    fn will_read_logits(&self, read: bool) {
+        let _ = read;
+    }
+
     /// How the decode steps of `decode_step` ran so far: replayed from a recording, recorded,
     /// or issued op by op. All zero for a backend that records nothing.
     fn step_counts(&self) -> StepCounts {
