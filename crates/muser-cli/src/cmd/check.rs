@@ -1096,7 +1096,7 @@ fn check_argmax(p: &mut Pair, op: &str, shape: String, logits: &CudaBuf, host: &
 }
 
 /// The LM head in row chunks (lab run 89, `MUSER_CUDA_LM_CHUNKS`) bit for bit against its single
-/// launch, at 1, 8 and 32 columns in 2 (the default), 3 and 4 chunks: the logits read back chunk
+/// launch, at 1, 8 and 32 columns in 2 (the measured best), 3 and 4 chunks: the logits read back chunk
 /// by chunk into page-locked rows (each read must take that route), and the GPU argmax of the
 /// chunked logits against the host's over the single launch's. With the logits announced as not
 /// read (`will_read_logits(false)`), the head must run as one launch (no chunked read).
@@ -1124,7 +1124,7 @@ fn check_lm_chunks(
             p.gpu.lm_head(&xg, 0, w, 0.196_116_14, Some(20.0), &mut one);
             let want = p.read_gpu(&one);
             for k in [2, 3, 4, 0] {
-                // k = 0: the default chunks, with the logits announced as reduced on the GPU.
+                // k = 0: 2 chunks set, with the logits announced as reduced on the GPU.
                 p.gpu.will_read_logits(k != 0);
                 p.gpu.set_lm_chunks(k.max(2), 1);
                 let mut og = p.gpu.buf(n, vocab);
