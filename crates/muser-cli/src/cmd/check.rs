@@ -1096,10 +1096,10 @@ fn check_argmax(p: &mut Pair, op: &str, shape: String, logits: &CudaBuf, host: &
 }
 
 /// The LM head in row chunks (lab run 89, `MUSER_CUDA_LM_CHUNKS`) bit for bit against its single
-/// launch, at 1, 8 and 32 columns in 2 (the measured best), 3 and 4 chunks: the logits read back chunk
-/// by chunk into page-locked rows (each read must take that route), and the GPU argmax of the
-/// chunked logits against the host's over the single launch's. With the logits announced as not
-/// read (`will_read_logits(false)`), the head must run as one launch (no chunked read).
+/// launch, at 1, 8 and 32 columns in 2 (the measured best), 3 and 4 chunks: the logits read back
+/// chunk by chunk into page-locked rows (each read must take that route), and the GPU argmax of
+/// the chunked logits against the host's over the single launch's. With the logits announced as
+/// not read (`will_read_logits(false)`), the head must run as one launch (no chunked read).
 fn check_lm_chunks(
     p: &mut Pair,
     w: &muser_cuda::CudaWeight,
