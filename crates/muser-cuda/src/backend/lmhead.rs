@@ -1,5 +1,5 @@
 //! The LM head in row chunks, its logits read back while the later chunks still compute (lab
-//! run 89; `MUSER_CUDA_LM_CHUNKS=K`, off by default: see below).
+//! run 89; `MUSER_CUDA_LM_CHUNKS=K`, default 2; 1 turns it off).
 //!
 //! A decode step ends with the LM head, and the step waits for its logits to come back over
 //! PCIe after it: at 32 streams of a 202k vocabulary that is 25.9 MB, ~0.5 ms a step. The
@@ -19,9 +19,9 @@
 //! they are reduced on the GPU (`argmax`, `top_k`, as `muser serve` does), the single launch is
 //! faster. H100, llama-glimmer, 2026-12-06: two chunks +0.45-0.75% at 8, 16 and 32 streams
 //! reading the logits, -0.1-0.2% with the GPU argmax (BENCHMARKS.md, lab README run 89).
-//! It stays off (K = 1) until a GPU has compared a replayed step's chunked logits with the
-//! single launch's byte for byte (`scripts/matvec_lab/run89_lean.sh`): only direct launches were
-//! checked there, and the step's graph with its external event nodes was only timed.
+//! On by default (K = 2) since a GPU compared a replayed step's chunked logits with the single
+//! launch's byte for byte (`scripts/matvec_lab/run89_lean.sh`, H100, 2026-12-06 ~05:10: 96
+//! llama-glimmer decode steps from one column on, identical; 8/32 streams +0.5%/+0.9%).
 
 use super::{cfg1, ck, grow, CudaBackend};
 use crate::matvec::{row_chunks, window_offset, DeviceMatrix, Job};
@@ -72,11 +72,11 @@ pub(super) struct LmRead {
 }
 
 impl LmChunks {
-    /// From `MUSER_CUDA_LM_CHUNKS` (default 1: off) and `MUSER_CUDA_LM_CHUNK_MIN` (default 2).
+    /// From `MUSER_CUDA_LM_CHUNKS` (default 2; 1: one launch) and `MUSER_CUDA_LM_CHUNK_MIN` (default 2).
     pub(super) fn from_env() -> LmChunks {
         let get = |name, d| crate::matvec::env_usize(name).unwrap_or(d).max(1);
         LmChunks {
-            k: AtomicUsize::new(get("MUSER_CUDA_LM_CHUNKS", 1)),
+            k: AtomicUsize::new(get("MUSER_CUDA_LM_CHUNKS", 2)),
             min_cols: AtomicUsize::new(get("MUSER_CUDA_LM_CHUNK_MIN", 2)),
             read: AtomicBool::new(true),
             state: Mutex::new(LmState::default()),
