@@ -270,7 +270,7 @@ impl<'m, B: Backend> Session<'m, B> {
 
     /// Appends one token and returns the logits of its position.
     pub fn decode(&mut self, token: u32) -> Result<&[f32]> {
-        self.step(token)?;
+        self.step(token, true)?;
         self.model.backend.read(&self.one.logits, &mut self.logits);
         Ok(&self.logits)
     }
@@ -279,7 +279,7 @@ impl<'m, B: Backend> Session<'m, B> {
     /// where the logits are: a GPU reads back one index instead of the vocabulary. `logits()`
     /// is not updated.
     pub fn decode_greedy(&mut self, token: u32) -> Result<u32> {
-        self.step(token)?;
+        self.step(token, false)?;
         let mut out = [0u32];
         let m = self.model;
         m.backend
@@ -292,7 +292,7 @@ impl<'m, B: Backend> Session<'m, B> {
     /// instead of the vocabulary (for a sampler whose `top_k_of` is k). `logits()` is not
     /// updated.
     pub fn decode_top_k(&mut self, token: u32, k: usize) -> Result<Vec<(u32, f32)>> {
-        self.step(token)?;
+        self.step(token, false)?;
         let mut out = [Vec::new()];
         let m = self.model;
         m.backend
@@ -302,11 +302,14 @@ impl<'m, B: Backend> Session<'m, B> {
     }
 
     /// One decode step (a decode group of one row), logits left in `self.one`.
-    fn step(&mut self, token: u32) -> Result<()> {
+    /// One decode step; `read`: whether the host reads its logits back
+    /// (`Backend::will_read_logits`) or reduces them where they are.
+    fn step(&mut self, token: u32, read: bool) -> Result<()> {
         self.check(&[token])?;
         let m = self.model;
         let (s, rec, pos) = (&mut self.one, &mut self.rec, self.pos);
         let kv = &mut self.kv;
+        m.backend.will_read_logits(read);
         m.backend.run(|| {
             graph::decode_step(
                 &m.backend,

@@ -706,4 +706,21 @@ fn a_group_step_says_whether_its_logits_are_read() {
         }
         assert_eq!(*m.backend().2.lock().unwrap(), vec![*read], "step {i}");
     }
+    // A session's own steps say the same: `decode` reads its logits back, `decode_greedy` and
+    // `decode_top_k` reduce them on the backend.
+    let s = &mut ss[1];
+    for (i, kind) in [0, 1, 0, 2, 2, 0].into_iter().enumerate() {
+        m.backend().2.lock().unwrap().clear();
+        let tok = toks[i % toks.len()];
+        match kind {
+            0 => assert_eq!(s.decode(tok).unwrap().len(), t.n_vocab),
+            1 => assert!((s.decode_greedy(tok).unwrap() as usize) < t.n_vocab),
+            _ => assert_eq!(s.decode_top_k(tok, 3).unwrap().len(), 3),
+        }
+        assert_eq!(
+            *m.backend().2.lock().unwrap(),
+            vec![kind == 0],
+            "session step {i}"
+        );
+    }
 }
