@@ -301,9 +301,8 @@ impl<'m, B: Backend> Session<'m, B> {
         Ok(top)
     }
 
-    /// One decode step (a decode group of one row), logits left in `self.one`.
-    /// One decode step; `read`: whether the host reads its logits back
-    /// (`Backend::will_read_logits`) or reduces them where they are.
+    /// One decode step (a decode group of one row), logits left in `self.one`; `read`: whether
+    /// the host reads them back (`Backend::will_read_logits`) or reduces them where they are.
     fn step(&mut self, token: u32, read: bool) -> Result<()> {
         self.check(&[token])?;
         let m = self.model;

@@ -20,7 +20,7 @@
 //! faster. H100, llama-glimmer, 2026-12-06: two chunks +0.45-0.75% at 8, 16 and 32 streams
 //! reading the logits, -0.1-0.2% with the GPU argmax (BENCHMARKS.md, lab README run 89).
 //! On by default (K = 2) since a GPU compared a replayed step's chunked logits with the single
-//! launch's byte for byte (`scripts/matvec_lab/run89_lean.sh`, H100, 2026-12-06 ~05:10: 96
+//! launch's byte for byte (`scripts/matvec_lab/run89_lean.sh`, H100, 2026-12-06 ~05:07: 96
 //! llama-glimmer decode steps from one column on, identical; 8/32 streams +0.5%/+0.9%).
 
 use super::{cfg1, ck, grow, CudaBackend};
@@ -72,7 +72,8 @@ pub(super) struct LmRead {
 }
 
 impl LmChunks {
-    /// From `MUSER_CUDA_LM_CHUNKS` (default 2; 1: one launch) and `MUSER_CUDA_LM_CHUNK_MIN` (default 2).
+    /// From `MUSER_CUDA_LM_CHUNKS` (default 2; 1: one launch) and `MUSER_CUDA_LM_CHUNK_MIN`
+    /// (default 2; lab run 90: chunks at one column lose).
     pub(super) fn from_env() -> LmChunks {
         let get = |name, d| crate::matvec::env_usize(name).unwrap_or(d).max(1);
         LmChunks {
