@@ -1137,7 +1137,6 @@ fn check_lm_chunks(
                 let before = p.gpu.lm_reads();
                 let mut outs: Vec<&mut [f32]> = rows.iter_mut().map(|r| &mut r[..]).collect();
                 p.gpu.read_parts(&og, &mut outs);
-                p.gpu.will_read_logits(true);
                 anyhow::ensure!(
                     p.gpu.lm_reads() == before + u64::from(read),
                     "{k} chunks, logits read {read}: {} chunked reads, not {}",
