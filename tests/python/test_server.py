@@ -204,6 +204,36 @@ def test_logprobs(client):
         assert bytes(e.bytes).decode("utf-8", "replace") == e.token
 
 
+def test_text_offsets_index_the_text_streamed_or_not(server):
+    """`text_offset` counts the bytes of text decoded before each token, so a token holding
+    part of a character shares its offset with the character's start, the offsets never pass
+    the text's end, and the streamed chunks carry the same offsets as the whole answer."""
+    body = {"prompt": "\u00e9\U0001F600" * 10, "max_tokens": 12, "temperature": 0,
+            "logprobs": 1}
+    whole = post(server, "/v1/completions", body).json()["choices"][0]
+    offsets = whole["logprobs"]["text_offset"]
+    text = whole["text"].encode()
+    assert len(offsets) == 12 and offsets[0] == 0
+    assert offsets == sorted(offsets) and offsets[-1] <= len(text)
+    # Not vacuous: this answer has tokens that are parts of characters (repeated offsets).
+    assert len(set(offsets)) < len(offsets)
+    raw = post(server, "/v1/completions", dict(body, stream=True)).text
+    streamed = []
+    for line in raw.split("\n"):
+        if line.startswith("data: {"):
+            lp = json.loads(line[6:])["choices"][0]["logprobs"]
+            if lp:
+                streamed += lp["text_offset"]
+    assert streamed == offsets
+
+
+def test_model_retrieve(server, client):
+    m = client.models.retrieve(MODEL_ID)
+    assert m.id == MODEL_ID and m.object == "model"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-5")
+
+
 def test_partial_characters_keep_their_bytes(server, client):
     """A token that holds part of a character: /tokenize gives its bytes (as llama-server does),
     and a chat logprob's `bytes` are the token's own bytes, not a replacement character's."""
@@ -489,6 +519,14 @@ def test_bad_request(server, name, path, body, status, what):
     assert what in (err["code"], err["param"]), err
 
 
+def test_whole_numbers_count_as_integers(server):
+    r = post(server, "/v1/completions", {"prompt": "hi", "max_tokens": 2.0, "n": 1.0})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
+    r = post(server, "/v1/completions", {"prompt": "hi", "seed": 2.5})
+    assert r.status_code == 400
+    assert r.json()["error"]["message"] == "seed must be an integer, got 2.5"
+
+
 def test_prompt_past_the_context(server, client):
     n_prompt = len(tokenize(server, "Once upon a time"))
     r = post(server, "/v1/completions", {"prompt": "Once upon a time", "max_tokens": N_CTX})
@@ -552,6 +590,10 @@ def test_api_key(small_server):
             model=MODEL_ID, prompt="hi", max_tokens=1)
     ok = openai.OpenAI(base_url=url + "/v1", api_key="sesame", max_retries=0)
     assert ok.completions.create(model=MODEL_ID, prompt="hi", max_tokens=2).choices
+    # The scheme's name is case-insensitive.
+    r = requests.post(url + "/v1/completions", json={"prompt": "hi", "max_tokens": 1},
+                      headers={"Authorization": "bearer sesame"}, timeout=10)
+    assert r.status_code == 200, r.text
 
 
 def test_more_clients_than_slots_and_queue_get_503(small_server):
@@ -590,3 +632,35 @@ def test_more_clients_than_slots_and_queue_get_503(small_server):
     ok = requests.post(s.url + "/v1/completions", headers=auth, timeout=60,
                        json={"prompt": "hi", "max_tokens": 2})
     assert ok.status_code == 200
+
+
+def test_free_slots_take_requests_with_no_queue():
+    """`--max-queue 0`: no request waits, but every free slot takes one; only a request that
+    finds every slot busy gets 503."""
+    s = ServerProcess("--parallel", "2", "--max-queue", "0", "--ctx-size", str(LONG_CTX),
+                      "--threads", "2")
+    try:
+        body = {"prompt": "Once upon a time", "max_tokens": LONG_CTX - 16, "temperature": 0,
+                "stream": True, "ignore_eos": True}
+        streams, lines = [], []
+        for _ in range(2):
+            r = requests.post(s.url + "/v1/completions", json=body, stream=True, timeout=60)
+            assert r.status_code == 200, r.text
+            it = r.iter_lines()
+            for line in it:
+                if line.startswith(b"data: {"):
+                    break
+            streams.append(r)
+            lines.append(it)
+        s.wait_metric("requests_processing", lambda v: v == 2)
+        r = requests.post(s.url + "/v1/completions", json=body, timeout=60)
+        assert r.status_code == 503 and r.json()["error"]["code"] == "server_overloaded"
+        for r in streams:
+            r.close()
+        del lines
+        s.wait_metric("requests_processing", lambda v: v == 0)
+        ok = requests.post(s.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2},
+                           timeout=60)
+        assert ok.status_code == 200, ok.text
+    finally:
+        s.stop()

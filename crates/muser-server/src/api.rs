@@ -84,8 +84,18 @@ impl<'a> Fields<'a> {
         let Some(v) = self.get(k) else {
             return Ok(None);
         };
-        match v.as_i64() {
+        // A number with no fraction is an integer too (1.0 as 1), as JSON Schema counts it.
+        let whole = v.as_i64().or_else(|| {
+            v.as_f64()
+                .filter(|x| x.fract() == 0.0 && x.abs() < 9.0e15)
+                .map(|x| x as i64)
+        });
+        match whole {
             Some(x) if (lo..=hi).contains(&x) => Ok(Some(x)),
+            _ if lo == i64::MIN && hi == i64::MAX => Err(ApiError::param(
+                k,
+                format!("{k} must be an integer, got {}", show(v)),
+            )),
             _ => Err(ApiError::param(
                 k,
                 format!("{k} must be an integer from {lo} to {hi}, got {}", show(v)),

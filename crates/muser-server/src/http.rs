@@ -8,10 +8,10 @@ use crate::chat::parse_messages;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::native::{self, NativeReply};
-use crate::scheduler::{Event, Finish, Job, Logprob};
+use crate::scheduler::{Event, Finish, Job, Logprob, Ticket};
 use crate::{ModelInfo, Shared};
 use axum::body::{Body, Bytes};
-use axum::extract::{Request, State};
+use axum::extract::{Path, Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::sse::{Event as SseEvent, Sse};
@@ -33,6 +33,8 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/health", get(health))
         .route("/v1/models", get(models))
         .route("/models", get(models))
+        .route("/v1/models/{id}", get(model))
+        .route("/models/{id}", get(model))
         .route("/completion", post(completion_native))
         .route("/v1/completions", post(completions))
         .route("/completions", post(completions))
@@ -54,14 +56,21 @@ async fn auth(State(sh): AppState, req: Request, next: Next) -> Response {
         return next.run(req).await;
     };
     let path = req.uri().path();
-    if matches!(path, "/health" | "/v1/health" | "/v1/models" | "/models") {
+    let model_list = ["/v1/models", "/models"].iter().any(|p| {
+        path.strip_prefix(p)
+            .is_some_and(|r| r.is_empty() || r.starts_with('/'))
+    });
+    if model_list || matches!(path, "/health" | "/v1/health") {
         return next.run(req).await;
     }
+    // The scheme's name is case-insensitive (RFC 9110, 11.1).
     let given = req
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
+        .and_then(|v| v.trim().split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, token)| token.trim());
     if given == Some(key.as_str()) {
         return next.run(req).await;
     }
@@ -109,8 +118,8 @@ impl Shared {
         self.counter.fetch_add(1, Relaxed)
     }
 
-    /// Hands a request to the engine, whose events come back on the receiver; 503 when
-    /// `max_queue` requests already wait for a slot.
+    /// Hands a request to the engine, whose events come back on the receiver; 503 when every
+    /// slot is taken and `max_queue` requests already wait for one.
     fn run(
         &self,
         prompt: Vec<u32>,
@@ -118,22 +127,23 @@ impl Shared {
         max_tokens: usize,
     ) -> Result<UnboundedReceiver<Event>, ApiError> {
         let m = &self.metrics;
-        let waiting = m.queued.fetch_add(1, Relaxed);
-        if waiting as usize >= self.max_queue {
-            m.queued.fetch_sub(1, Relaxed);
+        let Some(ticket) = Ticket::admit(&self.admitted, self.config.parallel + self.max_queue)
+        else {
             Metrics::add(&m.requests_rejected, 1);
             return Err(ApiError::unavailable(format!(
-                "the server is busy: {} slots in use and {waiting} requests waiting; retry later",
-                self.config.parallel
+                "the server is busy: all {} slots are in use and {} requests are waiting; retry later",
+                self.config.parallel, self.max_queue
             ))
             .with_code("server_overloaded"));
-        }
+        };
+        m.queued.fetch_add(1, Relaxed);
         let (events, rx) = unbounded_channel();
         let job = Job {
             prompt,
             gen,
             max_tokens,
             events,
+            ticket,
         };
         self.jobs.send(job).map_err(|_| {
             m.queued.fetch_sub(1, Relaxed);
@@ -194,27 +204,51 @@ async fn health(State(sh): AppState) -> Response {
 
 async fn models(State(sh): AppState) -> Result<Json<Value>, ApiError> {
     let m = sh.ready()?;
-    Ok(Json(json!({
-        "object": "list",
-        "data": [{
-            "id": m.id,
-            "aliases": m.aliases,
-            "tags": [],
-            "object": "model",
-            "created": m.created,
-            "owned_by": "muser",
-            "meta": {
-                "n_ctx": m.n_ctx,
-                "n_ctx_train": m.n_ctx_train,
-                "n_vocab": m.n_vocab,
-                "n_embd": m.n_embd,
-                "n_params": m.n_params,
-                "size": m.size,
-                "backend": m.backend,
-                "chat_template": m.template_origin,
-            }
-        }]
-    })))
+    Ok(Json(
+        json!({ "object": "list", "data": [model_object(&m)] }),
+    ))
+}
+
+/// `GET /v1/models/{id}`: the model object (OpenAI's retrieve), 404 for another name.
+async fn model(State(sh): AppState, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+    let m = sh.ready()?;
+    if !m.knows(&id) {
+        return Err(unknown_model(&id, &m));
+    }
+    Ok(Json(model_object(&m)))
+}
+
+fn model_object(m: &ModelInfo) -> Value {
+    json!({
+        "id": m.id,
+        "aliases": m.aliases,
+        "tags": [],
+        "object": "model",
+        "created": m.created,
+        "owned_by": "muser",
+        "meta": {
+            "n_ctx": m.n_ctx,
+            "n_ctx_train": m.n_ctx_train,
+            "n_vocab": m.n_vocab,
+            "n_embd": m.n_embd,
+            "n_params": m.n_params,
+            "size": m.size,
+            "backend": m.backend,
+            "chat_template": m.template_origin,
+        }
+    })
+}
+
+fn unknown_model(name: &str, m: &ModelInfo) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        format!(
+            "the model '{name}' does not exist; this server has '{}'",
+            m.id
+        ),
+    )
+    .with_code("model_not_found")
 }
 
 async fn metrics(State(sh): AppState) -> Response {
@@ -341,16 +375,7 @@ async fn generate(
     let f = Fields(&obj);
     if let Some(name) = f.string("model")? {
         if !name.is_empty() && !m.knows(name) {
-            return Err(ApiError::new(
-                StatusCode::NOT_FOUND,
-                "invalid_request_error",
-                format!(
-                    "the model '{name}' does not exist; this server has '{}'",
-                    m.id
-                ),
-            )
-            .with_code("model_not_found")
-            .with_param("model"));
+            return Err(unknown_model(name, &m).with_param("model"));
         }
     }
     let gen = parse_generation(&f, chat, sh.next_id(), m.n_vocab)?;
@@ -446,8 +471,9 @@ fn usage(f: &Finish) -> Value {
 }
 
 impl Reply {
-    /// `logprobs` of a choice for these tokens; `offset` is the text offset of the first.
-    fn logprobs(&self, lps: &[Logprob], mut offset: usize) -> Value {
+    /// `logprobs` of a choice for these tokens; `offsets[i]` is the byte length of the text
+    /// released before token i (the same figure whether the answer streams or not).
+    fn logprobs(&self, lps: &[Logprob], offsets: &[usize]) -> Value {
         if !self.logprobs {
             return Value::Null;
         }
@@ -467,11 +493,8 @@ impl Reply {
             let mut tokens = Vec::new();
             let mut token_logprobs = Vec::new();
             let mut top = Vec::new();
-            let mut offsets = Vec::new();
             for l in lps {
                 let p = piece(m, l.id);
-                offsets.push(offset);
-                offset += p.len();
                 tokens.push(p);
                 token_logprobs.push(l.logprob);
                 let alts: Map<String, Value> = l
@@ -520,7 +543,11 @@ impl Reply {
     ) -> Value {
         let mut choice = json!({
             "index": 0,
-            "logprobs": if lps.is_empty() { Value::Null } else { self.logprobs(lps, offset) },
+            "logprobs": if lps.is_empty() {
+                Value::Null
+            } else {
+                self.logprobs(lps, &vec![offset; lps.len()])
+            },
             "finish_reason": finish,
         });
         if self.chat {
@@ -539,10 +566,10 @@ impl Reply {
     }
 
     /// The whole answer.
-    fn complete(&self, text: String, lps: &[Logprob], f: &Finish) -> Value {
+    fn complete(&self, text: String, lps: &[Logprob], offsets: &[usize], f: &Finish) -> Value {
         let mut choice = json!({
             "index": 0,
-            "logprobs": self.logprobs(lps, 0),
+            "logprobs": self.logprobs(lps, offsets),
             "finish_reason": f.reason.as_str(),
         });
         if self.chat {
@@ -560,15 +587,22 @@ impl Reply {
 async fn collect(reply: Reply, mut rx: UnboundedReceiver<Event>) -> Result<Value, ApiError> {
     let mut text = String::new();
     let mut lps = Vec::new();
+    let mut offsets = Vec::new();
     while let Some(ev) = rx.recv().await {
         match ev {
             Event::Token {
-                text: t, logprob, ..
+                text: t,
+                logprob,
+                offset,
+                ..
             } => {
+                if let Some(l) = logprob {
+                    lps.push(l);
+                    offsets.push(offset);
+                }
                 text.push_str(&t);
-                lps.extend(logprob);
             }
-            Event::Done(f) => return Ok(reply.complete(text, &lps, &f)),
+            Event::Done(f) => return Ok(reply.complete(text, &lps, &offsets, &f)),
             Event::Error(e) => return Err(ApiError::internal(e)),
         }
     }
@@ -587,7 +621,6 @@ fn sse_stream(
     struct St {
         reply: Reply,
         rx: UnboundedReceiver<Event>,
-        offset: usize,
         first: bool,
         ended: bool,
     }
@@ -595,7 +628,6 @@ fn sse_stream(
     let st = St {
         reply,
         rx,
-        offset: 0,
         first: true,
         ended: false,
     };
@@ -610,12 +642,16 @@ fn sse_stream(
         }
         st.first = false;
         match st.rx.recv().await {
-            Some(Event::Token { text, logprob, .. }) => {
+            Some(Event::Token {
+                text,
+                logprob,
+                offset,
+                ..
+            }) => {
                 let lps: Vec<Logprob> = logprob.into_iter().collect();
                 if !text.is_empty() || !lps.is_empty() {
-                    out.push(data(r.chunk(Some(&text), &lps, st.offset, None, false)));
+                    out.push(data(r.chunk(Some(&text), &lps, offset, None, false)));
                 }
-                st.offset += text.len();
             }
             Some(Event::Done(f)) => {
                 let mut last = r.chunk(None, &[], 0, Some(f.reason.as_str()), false);

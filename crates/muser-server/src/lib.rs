@@ -29,7 +29,7 @@ use muser_tokenizer::Tokenizer;
 use scheduler::{Engine, Job};
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::sync::{mpsc, Arc, OnceLock};
 
 #[derive(Debug, Clone)]
@@ -108,6 +108,9 @@ impl ModelInfo {
 pub(crate) struct Shared {
     pub config: ServerConfig,
     pub max_queue: usize,
+    /// Requests admitted and not yet ended (running or waiting): at most `parallel +
+    /// max_queue`.
+    pub admitted: Arc<AtomicUsize>,
     pub model: OnceLock<Arc<ModelInfo>>,
     pub load_error: OnceLock<String>,
     pub metrics: Metrics,
@@ -144,6 +147,7 @@ impl Server {
             .map_or(0, |d| d.as_nanos() as u64);
         let shared = Arc::new(Shared {
             max_queue: config.max_queue.unwrap_or(4 * config.parallel),
+            admitted: Arc::new(AtomicUsize::new(0)),
             config,
             model: OnceLock::new(),
             load_error: OnceLock::new(),

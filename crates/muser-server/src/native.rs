@@ -299,6 +299,7 @@ pub async fn collect(
                 id,
                 text: t,
                 logprob,
+                ..
             } => {
                 text.push_str(&t);
                 ids.extend(id);
@@ -328,7 +329,9 @@ pub fn sse(
                 return None;
             }
             let (v, end) = match rx.recv().await {
-                Some(Event::Token { id, text, logprob }) => {
+                Some(Event::Token {
+                    id, text, logprob, ..
+                }) => {
                     n += usize::from(id.is_some());
                     let lps: Vec<Logprob> = logprob.into_iter().collect();
                     (reply.event(&text, id, &lps, n), false)

@@ -24,8 +24,10 @@ use muser_engine::{prefill_runs, Backend, DecodeGroup, Model, RowGot, RowNeed, S
 use muser_sample::{Candidate, Sampler};
 use muser_tokenizer::{StreamDecoder, Tokenizer};
 use std::collections::VecDeque;
+use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -39,17 +41,45 @@ pub struct Job {
     pub gen: Generation,
     pub max_tokens: usize,
     pub events: UnboundedSender<Event>,
+    /// Its place among the requests the server has admitted, given back when the engine
+    /// drops the job (answered, failed or cancelled).
+    pub ticket: Ticket,
+}
+
+/// One admitted request, counted in a shared total from `admit` until dropped; the default
+/// ticket counts nowhere.
+#[derive(Default)]
+pub struct Ticket(Option<Arc<AtomicUsize>>);
+
+impl Ticket {
+    /// A ticket if fewer than `limit` are out, else None (the total is left as it was).
+    pub fn admit(total: &Arc<AtomicUsize>, limit: usize) -> Option<Ticket> {
+        total
+            .fetch_update(Relaxed, Relaxed, |n| (n < limit).then_some(n + 1))
+            .ok()
+            .map(|_| Ticket(Some(total.clone())))
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        if let Some(total) = &self.0 {
+            total.fetch_sub(1, Relaxed);
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
 pub enum Event {
     /// One generated token: its id, the text it released (maybe empty) and, when asked, its
     /// logprob. At the end, text held back (by the stop strings or an incomplete character)
-    /// comes as a Token without an id.
+    /// comes as a Token without an id. `offset` is the byte length of the text decoded before
+    /// this token, held-back text included (a logprob's `text_offset`).
     Token {
         id: Option<u32>,
         text: String,
         logprob: Option<Logprob>,
+        offset: usize,
     },
     Done(Finish),
     Error(String),
@@ -113,6 +143,8 @@ struct Task {
     job: Job,
     sampler: Sampler,
     decoder: StreamDecoder,
+    /// Bytes of text the decoder has given so far.
+    decoded: usize,
     stop: StopBuffer,
     n_gen: usize,
     n_cached: usize,
@@ -291,6 +323,7 @@ impl<'m, B: Backend> Engine<'m, B> {
                 job,
                 sampler,
                 decoder: StreamDecoder::new(),
+                decoded: 0,
                 n_gen: 0,
                 n_cached,
                 next: None,
@@ -565,11 +598,14 @@ fn emit(
     Metrics::add(&m.generated_tokens, 1);
     // An id past the tokenizer's vocabulary (a model whose output is wider) gives no text.
     let piece = task.decoder.push(tok, id).unwrap_or_default();
+    let offset = task.decoded;
+    task.decoded += piece.len();
     let r = task.stop.push(&piece);
     let token = Event::Token {
         id: Some(id),
         text: r.text,
         logprob,
+        offset,
     };
     if task.job.events.send(token).is_err() {
         return Outcome::Gone;
@@ -610,6 +646,7 @@ fn finish(
                 id: None,
                 text,
                 logprob: None,
+                offset: task.decoded,
             })
             .is_err()
     {

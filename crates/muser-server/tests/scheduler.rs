@@ -55,6 +55,7 @@ fn submit(
         max_tokens: gen.max_tokens.unwrap(),
         gen,
         events: tx,
+        ticket: Default::default(),
     });
     rx
 }
@@ -74,7 +75,9 @@ fn drain(rx: &mut UnboundedReceiver<Event>, a: &mut Answer) -> usize {
     let mut tokens = 0;
     while let Ok(ev) = rx.try_recv() {
         match ev {
-            Event::Token { id, text, logprob } => {
+            Event::Token {
+                id, text, logprob, ..
+            } => {
                 a.text.push_str(&text);
                 if let Some(l) = logprob {
                     assert_eq!(id, Some(l.id), "a token's event names the token it carries");
