@@ -1,13 +1,19 @@
 """`muser run` as a user runs it on the shipped model: greedy output is reproducible, a
 `--logit-bias` forces or bans a token as llama.cpp's does, generation stops cleanly when the
 context is full, a prompt file (`-f`) reads as llama-cli reads it, and out-of-range options are
-clear errors."""
+clear errors. Then the CLI's edges: bad input to `run`, `bench`, `perplexity`, `logits` and
+`quantize` is a clear error (never a panic, an abort, a hang or a wrong number), `quantize` never
+destroys its input or leaves a truncated output, and a closed stdout is an error in every
+command, not a panic."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 from pathlib import Path
+
+import numpy as np
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 MUSER = os.environ.get("MUSER_BIN", str(REPO / "target" / "release" / "muser"))
@@ -68,6 +74,11 @@ def test_bad_options_are_named():
         (["-l", "x+1"], "'x' is not a token id"),
         (["-l", "5+big"], "is not a bias"),
         (["-l", "999999+1"], "token 999999 is past the vocabulary"),
+        (["--temp", "inf"], "--temp inf is out of range"),
+        (["--temp", "nan"], "--temp NaN is out of range"),
+        (["--top-p=-inf"], "--top-p -inf is out of range"),
+        (["--min-p", "nan"], "--min-p NaN is out of range"),
+        (["--repeat-penalty", "inf"], "--repeat-penalty inf is out of range"),
     ]:
         r = run("-p", "hi", "-n", "2", *args)
         assert r.returncode != 0, args
@@ -92,3 +103,230 @@ def test_prompt_from_a_file(tmp_path):
     assert both.returncode != 0 and "cannot be used with" in both.stderr
     neither = run("-n", "2")
     assert neither.returncode != 0 and "--prompt" in neither.stderr
+
+
+def muser(*args: str, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([MUSER, *args], capture_output=True, text=True, timeout=timeout, **kw)
+
+
+def assert_clean_error(r: subprocess.CompletedProcess, says: str) -> None:
+    """Exit status 1 with `error: ...` naming the problem: no panic, abort or signal."""
+    assert r.returncode == 1, (r.returncode, r.stderr[-2000:])
+    assert "panicked" not in r.stderr and "memory allocation" not in r.stderr, r.stderr
+    assert says in r.stderr, (says, r.stderr[-2000:])
+
+
+def n_vocab() -> int:
+    r = muser("inspect", MODEL, "--max-array", "0")
+    line = next(l for l in r.stdout.splitlines() if "tokenizer.ggml.tokens =" in l)
+    return int(line.split("[String; ")[1].split("]")[0])
+
+
+def test_run_stops_when_no_token_can_be_sampled():
+    # Every token banned: no pick is possible, whatever the sampling path (greedy on the whole
+    # row, top-k, the full chain); `run` must not print token 0 (<|bos|>) or a banned token.
+    ban_all = [a for i in range(n_vocab()) for a in ("-l", f"{i}-inf")]
+    for extra in (["--temp", "0"], ["--temp", "0.8"], ["--temp", "0.8", "--top-k", "0"]):
+        r = run("-p", PROMPT, "-n", "4", *extra, *ban_all)
+        assert_clean_error(r, "no token can be sampled")
+        assert r.stdout == PROMPT, (extra, r.stdout)
+    # All but one banned: that one every time.
+    keep = tokens(" moon")[-1]
+    some = [a for i in range(n_vocab()) if i != keep for a in ("-l", f"{i}-inf")]
+    r = run("-p", PROMPT, "-n", "3", "--temp", "0.8", *some)
+    assert r.returncode == 0, r.stderr
+    assert tokens(r.stdout.rstrip("\n"))[len(tokens(PROMPT)):] == [keep] * 3
+
+
+def test_a_prompt_that_does_not_fit_prints_nothing():
+    n = len(tokens("a b c d e f g h"))
+    r = run("-p", "a b c d e f g h", "-n", "2", "-c", "3")
+    assert_clean_error(r, f"the prompt's {n} tokens do not fit the context of 3 tokens")
+    assert r.stdout == ""
+
+
+def test_a_prompt_past_the_training_context_is_warned_about(tmp_path):
+    r = muser("inspect", MODEL)
+    n_train = int(next(l for l in r.stdout.splitlines() if ".context_length =" in l).split()[-1])
+    f = tmp_path / "long.txt"
+    f.write_text("word " * (n_train + 50))
+    n = len(tokens(f.read_text().rstrip("\n")))
+    assert n > n_train
+    r = run("-f", str(f), "-n", "2", "--temp", "0")
+    assert r.returncode == 0, r.stderr
+    assert f"warning: the prompt's {n} tokens are more than the model's training context of {n_train}" in r.stderr
+    # A prompt inside the training context gets no warning.
+    r = run("-p", PROMPT, "-n", "2", "--temp", "0")
+    assert r.returncode == 0 and "warning" not in r.stderr, r.stderr
+
+
+def test_bench_refuses_what_it_cannot_hold():
+    u64_max = str(2**64 - 1)
+    for args, says in [
+        (["-d", "100000000000"], "a context of 100000000512 tokens needs"),
+        (["-p", "100000000000", "-n", "0"], "a context of 100000000000 tokens needs"),
+        (["-p", "0", "-n", "100000000000"], "a context of 100000000000 tokens needs"),
+        (["-p", "1", "-n", "0", "-d", u64_max], "the context (depth + tokens) overflows"),
+        (["-p", "0", "-n", "1", "-d", u64_max], "the context (depth + tokens) overflows"),
+        (["-p", "0", "-n", "4", "-s", "100000000"], "100000000 streams of 11 tokens of context"),
+        (["-p", "0", "-n", "4", "-s", "2,0"], "a stream count must be at least 1"),
+        (["-r", "0"], "at least 1 repetition"),
+    ]:
+        r = muser("bench", "-m", MODEL, "--backend", "cpu", "-t", "2", *args, timeout=60)
+        assert_clean_error(r, says)
+        assert "| model |" not in r.stdout, args
+
+
+def test_perplexity_and_logits_refuse_bad_counts(tmp_path):
+    f = tmp_path / "text.txt"
+    f.write_text("the sky is blue and the sea is green. " * 40)
+    r = muser("perplexity", "-m", MODEL, "-f", str(f), "-c", str(2**64 - 1))
+    assert_clean_error(r, f"you need at least {2 * (2**64 - 1)} tokens")
+    r = muser("perplexity", "-m", MODEL, "-f", str(f), "-c", "16", "--chunks", "0")
+    assert_clean_error(r, "--chunks: at least 1 chunk")
+    r = muser("perplexity", "-m", MODEL, "-f", str(f), "-c", "16", "--chunks", "2")
+    assert r.returncode == 0 and "[2]" in r.stdout and "[3]" not in r.stdout, r.stderr
+    out = str(tmp_path / "l.npy")
+    for bad, item in [("1,,2", 2), ("1,2,", 3), (",1", 1)]:
+        r = muser("logits", "-m", MODEL, "--tokens", bad, "-o", out)
+        assert_clean_error(r, f"item {item} is empty")
+    r = muser("logits", "-m", MODEL, "--tokens", "1, 2", "-o", out)
+    assert r.returncode == 0, r.stderr
+    assert np.load(out).shape[0] == 2
+
+
+def write_f32_gguf(path: Path, bad: dict[str, tuple[int, float]] | None = None) -> None:
+    """A small GGUF of F32 weights (two matrices and a norm); `bad` puts a value at a flat index
+    of a tensor."""
+    gguf = pytest.importorskip("gguf")
+    rng = np.random.default_rng(5)
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_uint32("llama.block_count", 1)
+    for name, shape in [("blk.0.attn_q.weight", (8, 256)), ("blk.0.attn_norm.weight", (256,)),
+                        ("blk.0.ffn_up.weight", (4, 512))]:
+        a = rng.standard_normal(shape).astype(np.float32)
+        if bad and name in bad:
+            i, v = bad[name]
+            a.reshape(-1)[i] = v
+        w.add_tensor(name, a)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_quantize_never_writes_over_its_input(tmp_path):
+    src = tmp_path / "in.gguf"
+    write_f32_gguf(src)
+    before = src.read_bytes()
+    (tmp_path / "link.gguf").symlink_to("in.gguf")
+    os.link(src, tmp_path / "hard.gguf")
+    for out in ["in.gguf", "./in.gguf", str(src), "link.gguf", "hard.gguf"]:
+        r = muser("quantize", "in.gguf", out, "Q8_0", cwd=tmp_path)
+        assert_clean_error(r, "is the input file")
+        assert src.read_bytes() == before, out
+    # Through the symlink as the input, too.
+    r = muser("quantize", "link.gguf", "in.gguf", "Q8_0", cwd=tmp_path)
+    assert_clean_error(r, "is the input file")
+    assert src.read_bytes() == before
+    # Another file is written (and a symlink output keeps pointing at its file).
+    (tmp_path / "out.gguf").write_bytes(b"old")
+    (tmp_path / "out_link.gguf").symlink_to("out.gguf")
+    r = muser("quantize", "in.gguf", "out_link.gguf", "Q8_0", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "out_link.gguf").is_symlink()
+    r = muser("inspect", str(tmp_path / "out.gguf"))
+    assert r.returncode == 0 and "Q8_0" in r.stdout, r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "hard.gguf", "in.gguf", "link.gguf", "out.gguf", "out_link.gguf"]
+
+
+def test_quantize_refuses_non_finite_weights_and_keeps_the_old_output(tmp_path):
+    out = tmp_path / "out.gguf"
+    for name, (i, v), shown in [("blk.0.attn_q.weight", (300, np.nan), "NaN"),
+                                ("blk.0.ffn_up.weight", (1029, np.inf), "inf"),
+                                ("blk.0.attn_norm.weight", (7, -np.inf), "-inf")]:
+        src = tmp_path / "bad.gguf"
+        write_f32_gguf(src, {name: (i, v)})
+        out.write_bytes(b"an earlier output")
+        for ty in ["Q8_0", "Q4_K"]:
+            r = muser("quantize", str(src), str(out), ty)
+            assert_clean_error(r, f"tensor {name}: value {shown} at index {i}")
+            assert out.read_bytes() == b"an earlier output"
+            assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.gguf", "out.gguf"]
+
+
+def closed_stdout_run(*args: str) -> subprocess.CompletedProcess:
+    """Runs muser with a stdout pipe whose reading end is already closed (`| head -c 0`)."""
+    r_fd, w_fd = os.pipe()
+    os.close(r_fd)
+    try:
+        return subprocess.run([MUSER, *args], stdout=w_fd, stderr=subprocess.PIPE, text=True,
+                              timeout=120)
+    finally:
+        os.close(w_fd)
+
+
+def test_a_closed_stdout_is_an_error_in_every_command(tmp_path):
+    f = tmp_path / "text.txt"
+    f.write_text("the sky is blue and the sea is green. " * 40)
+    for args in [
+        ["synth", "--list"],
+        ["tokenize", "-m", MODEL, "-p", "the sky is blue " * 50, "-v"],
+        ["tokenize", "-m", MODEL, "-p", "the sky"],
+        ["inspect", MODEL],
+        ["bench", "-m", MODEL, "--backend", "cpu", "-t", "2", "-p", "8", "-n", "4", "-r", "1"],
+        ["run", "-m", MODEL, "--backend", "cpu", "-p", PROMPT, "-n", "4"],
+        ["perplexity", "-m", MODEL, "--backend", "cpu", "-f", str(f), "-c", "16", "--chunks", "2"],
+    ]:
+        r = closed_stdout_run(*args)
+        assert_clean_error(r, "Broken pipe")
+
+
+def write_embd_gguf(path, tied: bool, scale: float = 1.0):
+    """An F32 llama with one layer and a token embedding, and an output matrix unless `tied`."""
+    gguf = pytest.importorskip("gguf")
+    rng = np.random.default_rng(9)
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_uint32("llama.block_count", 1)
+    names = [("token_embd.weight", (64, 256)), ("blk.0.attn_q.weight", (8, 256))]
+    if not tied:
+        names.append(("output.weight", (64, 256)))
+    for name, shape in names:
+        w.add_tensor(name, (scale * rng.standard_normal(shape)).astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def tensor_types(path) -> dict:
+    gguf = pytest.importorskip("gguf")
+    return {t.name: t.tensor_type.name for t in gguf.GGUFReader(str(path)).tensors}
+
+
+def test_quantize_gives_a_tied_embedding_the_output_type(tmp_path):
+    """As llama.cpp's quantizer: with no output.weight the token embedding is the output
+    matrix too, and takes the output's type (Q6_K); with one, it keeps the base type."""
+    for tied in [True, False]:
+        src, out = tmp_path / f"in{tied}.gguf", tmp_path / f"out{tied}.gguf"
+        write_embd_gguf(src, tied)
+        for ty in ["Q4_K_M", "Q4_K", "Q5_K"]:
+            r = muser("quantize", str(src), str(out), ty)
+            assert r.returncode == 0, r.stderr
+            types = tensor_types(out)
+            base = "Q5_K" if ty == "Q5_K" else "Q4_K"
+            assert types["token_embd.weight"] == ("Q6_K" if tied else base), (ty, types)
+            assert types.get("output.weight", "Q6_K") == "Q6_K", (ty, types)
+            assert types["blk.0.attn_q.weight"] == base, (ty, types)
+
+
+def test_quantize_refuses_weights_the_type_cannot_hold(tmp_path):
+    """Finite weights past what the type holds (an f16 scale overflows) are refused, and no
+    output is left."""
+    src, out = tmp_path / "big.gguf", tmp_path / "out.gguf"
+    write_embd_gguf(src, tied=False, scale=1e30)
+    for ty in ["Q8_0", "Q4_K"]:
+        r = muser("quantize", str(src), str(out), ty)
+        assert_clean_error(r, "reads back as")
+        assert not out.exists()

@@ -1,6 +1,9 @@
 //! `muser`: the command-line interface. Each subcommand lives in `cmd/<name>.rs` with its own
 //! clap `Args` struct and a `run` function.
 
+#[macro_use]
+mod out;
+
 mod cmd;
 mod npy;
 

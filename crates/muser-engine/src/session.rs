@@ -106,6 +106,42 @@ impl<B: Backend> Model<B> {
     }
 }
 
+impl<B: Backend> Model<B> {
+    /// The K/V layers of a session of `n_ctx` positions.
+    fn kv_specs(&self, n_ctx: usize) -> Vec<KvLayerSpec> {
+        let c = &self.config;
+        c.layers
+            .iter()
+            .map(|l| {
+                let window = if l.sliding { c.sliding_window } else { None };
+                // A ring must also hold the positions a batch row still sees while later rows of
+                // the same batch are stored.
+                let slots =
+                    window.map_or(n_ctx, |w| n_ctx.min(w.saturating_add(PREFILL_CHUNK - 1)));
+                KvLayerSpec {
+                    n_head: c.n_head,
+                    n_head_kv: c.n_head_kv,
+                    head_dim: c.head_dim,
+                    window,
+                    slots,
+                }
+            })
+            .collect()
+    }
+
+    /// Bytes of K/V cache (f16 K and V of every layer) a session of `n_ctx` positions
+    /// reserves, or None when the count overflows: lets a caller check a memory budget before
+    /// it makes sessions.
+    pub fn kv_cache_bytes(&self, n_ctx: usize) -> Option<u64> {
+        self.kv_specs(n_ctx).iter().try_fold(0u64, |sum, s| {
+            let values = (s.slots as u64)
+                .checked_mul(s.n_head_kv as u64)?
+                .checked_mul(s.head_dim as u64)?;
+            sum.checked_add(values.checked_mul(2 * 2)?)
+        })
+    }
+}
+
 /// One sequence on a model: KV cache, position, logits.
 pub struct Session<'m, B: Backend = CpuBackend> {
     pub(crate) model: &'m Model<B>,
@@ -127,23 +163,7 @@ impl<'m, B: Backend> Session<'m, B> {
             return Err(EngineError::Invalid("n_ctx must be at least 1".into()));
         }
         let c = &model.config;
-        let specs: Vec<KvLayerSpec> = c
-            .layers
-            .iter()
-            .map(|l| {
-                let window = if l.sliding { c.sliding_window } else { None };
-                // A ring must also hold the positions a batch row still sees while later rows of
-                // the same batch are stored.
-                let slots = window.map_or(n_ctx, |w| n_ctx.min(w + PREFILL_CHUNK - 1));
-                KvLayerSpec {
-                    n_head: c.n_head,
-                    n_head_kv: c.n_head_kv,
-                    head_dim: c.head_dim,
-                    window,
-                    slots,
-                }
-            })
-            .collect();
+        let specs = model.kv_specs(n_ctx);
         let be = &model.backend;
         Ok(Session {
             model,

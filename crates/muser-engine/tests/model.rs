@@ -312,3 +312,25 @@ fn float_hyperparameters_out_of_range_are_named() {
         );
     }
 }
+
+/// `kv_cache_bytes` is what a session of that context reserves: f16 K and V per layer and
+/// position (a sliding layer's ring stops growing), and None past what a u64 counts.
+#[test]
+fn kv_cache_bytes_counts_a_sessions_cache() {
+    let t = Tiny::new("llama");
+    let m = t.model();
+    let per_pos = (t.n_layer * t.n_head_kv * t.head_dim * 2 * 2) as u64;
+    assert_eq!(m.kv_cache_bytes(1), Some(per_pos));
+    assert_eq!(m.kv_cache_bytes(1000), Some(1000 * per_pos));
+    assert_eq!(m.kv_cache_bytes(usize::MAX), None);
+    // muse's sliding layers keep a ring: past it only the full layers grow.
+    let t = Tiny::new("muse");
+    let m = t.model();
+    let per_pos = (t.n_layer * t.n_head_kv * t.head_dim * 2 * 2) as u64;
+    let (a, b) = (
+        m.kv_cache_bytes(10_000).unwrap(),
+        m.kv_cache_bytes(20_000).unwrap(),
+    );
+    assert!(a < b && b - a < 10_000 * per_pos, "{a} {b}");
+    assert_eq!(m.kv_cache_bytes(8), Some(8 * per_pos));
+}

@@ -145,19 +145,27 @@ impl Sampler {
     }
 
     /// The pick from a row's `top_k_logits(row, k)` when `top_k_of` gave k: the same token
-    /// (and generator state) as `sample(row)`.
+    /// (and generator state) as `sample(row)`. Returns 0 when no candidate can be picked;
+    /// `try_sample_top_k` reports that case instead.
     pub fn sample_top_k(&mut self, cands: Vec<Candidate>) -> u32 {
-        self.sample_top(cands).unwrap_or(0)
+        self.try_sample_top_k(cands).unwrap_or(0)
     }
 
-    /// Picks the next token from one row of logits (one per vocabulary entry). NaN logits are
-    /// never picked. Returns 0 when no logit is a number (or the row is empty); `try_sample`
-    /// reports that case instead.
+    /// As `sample_top_k`, but `None` when no candidate can be picked (as `try_sample`).
+    pub fn try_sample_top_k(&mut self, cands: Vec<Candidate>) -> Option<u32> {
+        self.sample_top(cands)
+    }
+
+    /// Picks the next token from one row of logits (one per vocabulary entry). NaN and -inf
+    /// logits are never picked. Returns 0 when no token can be picked; `try_sample` reports
+    /// that case instead, and a caller that shows the pick to anyone should use it.
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
         self.try_sample(logits).unwrap_or(0)
     }
 
-    /// As `sample`, but `None` when no logit is a number.
+    /// As `sample`, but `None` when no token can be picked: after the biases and penalties every
+    /// logit is NaN or -inf (every token banned, or a row of NaN), or the row is empty. No draw
+    /// is made then.
     pub fn try_sample(&mut self, logits: &[f32]) -> Option<u32> {
         let p = &self.params;
         let history = self.history.make_contiguous();
@@ -188,8 +196,12 @@ impl Sampler {
         self.sample_top(cands)
     }
 
-    /// The chain after top-k: top-p, min-p, temperature, then the draw.
+    /// The chain after top-k: top-p, min-p, temperature, then the draw; `None` (no draw) when no
+    /// candidate is above -inf.
     fn sample_top(&mut self, mut cands: Vec<Candidate>) -> Option<u32> {
+        if !steps::any_pickable(&cands) {
+            return None;
+        }
         let p = &self.params;
         top_p(&mut cands, p.top_p, 1);
         min_p(&mut cands, p.min_p, 1);

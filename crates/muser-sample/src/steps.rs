@@ -82,13 +82,22 @@ fn exp_shifted(logit: f32, max: f32) -> f32 {
 }
 
 /// Greedy choice: the token with the largest logit, the lowest id among equals; `None` when no
-/// logit is a number. That is the first logit equal (`==`: -0.0 and +0.0 alike) to the maximum
-/// of those that are numbers (`f32::max` passes NaN over): two passes the compiler vectorizes,
-/// instead of one with a branch per logit (`argmax_index` over `candidates_from_logits`, the same
-/// pick).
+/// token can be picked: every logit NaN or -inf (a banned token), or the row empty. That is the
+/// first logit equal (`==`: -0.0 and +0.0 alike) to the maximum of those that are numbers
+/// (`f32::max` passes NaN over): two passes the compiler vectorizes, instead of one with a
+/// branch per logit (`argmax_index` over `candidates_from_logits`, the same pick).
 pub fn greedy(logits: &[f32]) -> Option<u32> {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    if max == f32::NEG_INFINITY {
+        return None;
+    }
     logits.iter().position(|&l| l == max).map(|i| i as u32)
+}
+
+/// Whether a list holds a candidate that can be picked: one whose logit is above -inf (NaN
+/// never enters a list). A list of none is what every token banned, or a row of NaN, leaves.
+pub(crate) fn any_pickable(cands: &[Candidate]) -> bool {
+    cands.iter().any(|c| c.logit > f32::NEG_INFINITY)
 }
 
 /// Repetition, frequency and presence penalties (llama.cpp's `penalties` sampler) over the

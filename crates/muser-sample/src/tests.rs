@@ -430,9 +430,57 @@ fn infinities_are_handled() {
     for _ in 0..50 {
         assert_eq!(s.sample(&[0.0, f32::INFINITY, 5.0]), 1);
     }
-    // all -inf: uniform over them, never a panic
-    let t = s.sample(&[f32::NEG_INFINITY; 4]);
-    assert!(t < 4);
+    // all -inf (every token banned): no token can be picked, and no draw is made
+    let mut a = Sampler::new(s.params().clone());
+    let mut b = Sampler::new(s.params().clone());
+    assert_eq!(a.try_sample(&[f32::NEG_INFINITY; 4]), None);
+    assert_eq!(a.try_sample(&[f32::NEG_INFINITY, f32::NAN]), None);
+    assert_eq!(a.sample(&[f32::NEG_INFINITY; 4]), 0);
+    let spread = [0.0, 0.3, 0.1, 0.2, 0.25];
+    let (pa, pb): (Vec<u32>, Vec<u32>) = (0..40)
+        .map(|_| (a.sample(&spread), b.sample(&spread)))
+        .unzip();
+    assert_eq!(pa, pb);
+    assert!(pa.iter().any(|&t| t != pa[0]));
+}
+
+#[test]
+fn no_pick_when_every_token_is_banned_or_nan() {
+    let row = [0.5f32, f32::NAN, 2.0, -1.0];
+    let ban_all: Vec<(u32, f32)> = (0..4).map(|i| (i, f32::NEG_INFINITY)).collect();
+    for (temperature, top_k) in [(0.0, 40), (0.8, 40), (0.8, 2), (0.8, 0), (1.0, 4)] {
+        let base = SamplerParams {
+            temperature,
+            top_k,
+            top_p: 1.0,
+            min_p: 0.0,
+            ..Default::default()
+        };
+        let mut banned = Sampler::new(SamplerParams {
+            logit_bias: ban_all.clone(),
+            ..base.clone()
+        });
+        assert_eq!(banned.try_sample(&row), None, "{base:?}");
+        // Every token banned but one: that one, whatever the temperature.
+        let mut one_left = Sampler::new(SamplerParams {
+            logit_bias: ban_all[1..].to_vec(),
+            ..base.clone()
+        });
+        for _ in 0..20 {
+            assert_eq!(one_left.try_sample(&row), Some(0), "{base:?}");
+        }
+        let mut plain = Sampler::new(base.clone());
+        assert_eq!(plain.try_sample(&[f32::NEG_INFINITY; 5]), None, "{base:?}");
+        assert_eq!(plain.try_sample(&[f32::NAN; 5]), None, "{base:?}");
+        // The backend's top-k of such a row holds only -inf candidates (NaN never).
+        let top = top_k_logits(&[f32::NEG_INFINITY, f32::NAN, f32::NEG_INFINITY], 2);
+        assert_eq!(top.len(), 2);
+        assert_eq!(plain.try_sample_top_k(top), None, "{base:?}");
+        assert_eq!(plain.try_sample_top_k(Vec::new()), None, "{base:?}");
+    }
+    assert_eq!(greedy(&[f32::NEG_INFINITY; 3]), None);
+    assert_eq!(greedy(&[f32::NEG_INFINITY, f32::NAN, -3.0e38]), Some(2));
+    assert_eq!(greedy(&[]), None);
 }
 
 #[test]
@@ -568,6 +616,10 @@ fn a_tokens_logprob_is_its_entry_among_the_top() {
 fn reference_pick(p: &SamplerParams, history: &[u32], logits: &[f32], rng: &mut Mt) -> Option<u32> {
     let mut cands = candidates_from_logits(logits);
     p.penalize(&mut cands, history);
+    // Nothing above -inf: nothing to pick (and no draw).
+    if cands.iter().all(|c| c.logit == f32::NEG_INFINITY) {
+        return None;
+    }
     if p.temperature <= 0.0 {
         return steps::argmax_index(&cands).map(|i| cands[i].id);
     }

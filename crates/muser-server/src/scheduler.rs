@@ -31,6 +31,10 @@ use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::mpsc::UnboundedSender;
 
+/// A slot's next token as drawn, with its logprob when asked for; None when no token could be
+/// picked.
+type Pick = Option<(u32, Option<Logprob>)>;
+
 /// Prefill chunk when no decode waits, and when one does.
 pub const CHUNK_IDLE: usize = 512;
 pub const CHUNK_BUSY: usize = 64;
@@ -407,7 +411,7 @@ impl<'m, B: Backend> Engine<'m, B> {
         for (&i, g) in rows.iter().zip(got) {
             slot_got[i] = Some(g);
         }
-        let mut picks: Vec<Option<(u32, Option<Logprob>)>> = {
+        let mut picks: Vec<Option<Pick>> = {
             use rayon::prelude::*;
             self.slots
                 .par_iter_mut()
@@ -416,15 +420,15 @@ impl<'m, B: Backend> Engine<'m, B> {
                     (Some(t), Some(g)) => {
                         let logits = s.session.logits();
                         let id = match g {
-                            RowGot::Argmax(id) => id,
-                            RowGot::TopK(top) => t.sampler.sample_top_k(
+                            RowGot::Argmax(id) => Some(id),
+                            RowGot::TopK(top) => t.sampler.try_sample_top_k(
                                 top.into_iter()
                                     .map(|(id, logit)| Candidate { id, logit, p: 0.0 })
                                     .collect(),
                             ),
-                            RowGot::Logits => t.sampler.sample(logits),
+                            RowGot::Logits => t.sampler.try_sample(logits),
                         };
-                        Some((id, t.job.gen.logprobs.map(|n| logprob(logits, id, n))))
+                        Some(id.map(|id| (id, t.job.gen.logprobs.map(|n| logprob(logits, id, n)))))
                     }
                     _ => None,
                 })
@@ -528,16 +532,23 @@ impl<'m, B: Backend> Engine<'m, B> {
 
     /// Hands slot i's next token to the client: `pick` (already drawn from its session's
     /// logits by its sampler, or on the backend, with its logprob when asked for) or, when
-    /// None, drawn now.
-    fn after_logits(&mut self, i: usize, pick: Option<(u32, Option<Logprob>)>) {
+    /// None, drawn now. A request whose logits leave no token to pick (every one -inf or not a
+    /// number) ends with an error instead of a token it was never given.
+    fn after_logits(&mut self, i: usize, pick: Option<Pick>) {
         let slot = &mut self.slots[i];
         let pos = slot.session.pos();
         let task = slot.task.as_mut().unwrap();
-        let (id, lp) = pick.unwrap_or_else(|| {
+        let pick = pick.unwrap_or_else(|| {
             let logits = slot.session.logits();
-            let id = task.sampler.sample(logits);
-            (id, task.job.gen.logprobs.map(|n| logprob(logits, id, n)))
+            let id = task.sampler.try_sample(logits)?;
+            Some((id, task.job.gen.logprobs.map(|n| logprob(logits, id, n))))
         });
+        let Some((id, lp)) = pick else {
+            return self.fail(
+                i,
+                "no token can be sampled: every logit of this step is -inf or not a number".into(),
+            );
+        };
         let outcome = emit(task, lp, id, self.tok, pos, self.n_ctx, self.metrics);
         match outcome {
             Outcome::Continue => {}

@@ -504,3 +504,44 @@ fn stop_strings_and_lengths_end_requests() {
     assert_eq!(a.text, full.text[..at], "stop {word:?}");
     assert_eq!(a.finish.unwrap().0, FinishReason::Stop);
 }
+
+/// A request whose every token is banned has nothing to be given: it ends with an error, not
+/// with a token it never allowed, and the request beside it gets what it gets alone.
+#[test]
+fn a_request_with_no_token_to_pick_ends_with_an_error() {
+    let (m, tok) = model();
+    let metrics = Metrics::default();
+    let mut e = Engine::new(&m, &tok, &metrics, 2, 512).unwrap();
+    let n_vocab = m.config.n_vocab as u32;
+    let mut banned = greedy(8);
+    banned.params.temperature = 0.8;
+    banned.params.logit_bias = (0..n_vocab).map(|id| (id, f32::NEG_INFINITY)).collect();
+    let p = tok.encode(TEXTS[0], true, true);
+    let mut rx_banned = submit(&mut e, &metrics, p.clone(), banned);
+    let mut rx_plain = submit(&mut e, &metrics, p.clone(), greedy(8));
+    let mut plain = answer();
+    let (mut error, mut tokens) = (None, 0);
+    let mut steps = 0;
+    while e.busy() {
+        e.step();
+        steps += 1;
+        assert!(steps < 1_000, "the engine does not finish");
+        drain(&mut rx_plain, &mut plain);
+        while let Ok(ev) = rx_banned.try_recv() {
+            match ev {
+                Event::Token { id: Some(_), .. } => tokens += 1,
+                Event::Error(msg) => error = Some(msg),
+                _ => {}
+            }
+        }
+    }
+    assert_eq!(tokens, 0, "no token is handed out");
+    assert!(
+        error
+            .as_deref()
+            .is_some_and(|m| m.contains("no token can be sampled")),
+        "{error:?}"
+    );
+    assert_eq!(plain, run_together(&m, &tok, 1, &[p], 8).remove(0));
+    assert_eq!(metrics.running.load(Relaxed), 0);
+}

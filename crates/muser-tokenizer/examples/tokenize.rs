@@ -2,6 +2,9 @@
 //! tested against HF `tokenizers`) without building the whole CLI:
 //! `cargo run -p muser-tokenizer --example tokenize -- -m model.gguf -p "text" [-v]`.
 
+#[macro_use]
+#[path = "../../muser-cli/src/out.rs"]
+mod out;
 #[path = "../../muser-cli/src/cmd/tokenize.rs"]
 mod tokenize;
 

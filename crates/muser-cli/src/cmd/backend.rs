@@ -33,6 +33,9 @@ pub trait CliBackend: Backend {
     fn step_note(&self) -> Option<String> {
         None
     }
+    /// The memory the backend's K/V caches and buffers come from, bytes, when known: what
+    /// `bench` checks a planned run against before allocating.
+    fn memory_bytes(&self) -> Option<u64>;
     /// Opens or closes a profiler's capture range (`CudaBackend::profiler_range`); nothing for a
     /// backend no profiler attaches to.
     fn profiler_range(&self, _on: bool) -> anyhow::Result<()> {
@@ -46,6 +49,21 @@ impl CliBackend for CpuBackend {
     }
     fn read_bandwidth(&self) -> anyhow::Result<f64> {
         super::bench::measure_read_bandwidth(self.threads())
+    }
+    /// The memory the OS reports available now (else its total), from /proc/meminfo.
+    fn memory_bytes(&self) -> Option<u64> {
+        let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+        let kib = |key: &str| -> Option<u64> {
+            let rest = info.lines().find_map(|l| l.strip_prefix(key))?;
+            rest.trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<u64>()
+                .ok()
+        };
+        kib("MemAvailable:")
+            .or_else(|| kib("MemTotal:"))
+            .and_then(|k| k.checked_mul(1024))
     }
 }
 
@@ -63,6 +81,10 @@ impl CliBackend for CudaBackend {
     }
     fn dispatch_counts(&self) -> Option<Vec<(String, u64)>> {
         Some(self.gpu.dispatch_counts())
+    }
+    /// The GPU's memory in all.
+    fn memory_bytes(&self) -> Option<u64> {
+        self.gpu.ctx.total_mem().ok().map(|b| b as u64)
     }
     fn step_note(&self) -> Option<String> {
         self.last_graph().map(|(k, e, p)| {

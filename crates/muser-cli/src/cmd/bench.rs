@@ -31,7 +31,7 @@ pub struct Args {
     /// Context depth: tokens prefilled (untimed) before each pp and tg run, as llama-bench's -d.
     #[arg(short = 'd', long, default_value_t = 0)]
     pub depth: usize,
-    /// Repetitions.
+    /// Repetitions (at least 1).
     #[arg(short = 'r', long, default_value_t = 5)]
     pub reps: usize,
     /// Backend: auto (CUDA when a GPU is usable), cpu or cuda.
@@ -139,15 +139,106 @@ fn model_name<B: CliBackend>(model: &Model<B>) -> String {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    anyhow::ensure!(args.reps > 0, "-r / --reps: at least 1 repetition");
+    anyhow::ensure!(
+        args.streams.iter().all(|&n| n > 0),
+        "-s: a stream count must be at least 1"
+    );
+    anyhow::ensure!(args.top_k != Some(0), "--top-k: K must be at least 1");
     let path = super::run::resolve_model(args.model.as_deref())?;
     super::backend::with_model(&path, args.backend, args.threads, args)
 }
 
+/// The sessions a run makes, checked before any is made: (the options that ask for them, how
+/// many, the context of each). A context whose sum overflows is an error naming its parts.
+fn planned_sessions(args: &Args) -> anyhow::Result<Vec<(String, usize, usize)>> {
+    let ctx = |parts: &[usize], what: &str| {
+        parts
+            .iter()
+            .try_fold(args.depth, |a, &b| a.checked_add(b))
+            .ok_or_else(|| {
+                anyhow::anyhow!(
+                    "{what} -d {}: the context (depth + tokens{}) overflows",
+                    args.depth,
+                    if parts.len() > 1 { " + 7" } else { "" }
+                )
+            })
+    };
+    let mut plan = Vec::new();
+    if args.n_prompt > 0 {
+        let what = format!("-p {}", args.n_prompt);
+        plan.push((what.clone(), 1, ctx(&[args.n_prompt], &what)?));
+    }
+    if args.n_gen > 0 {
+        let what = format!("-n {}", args.n_gen);
+        if args.streams.is_empty() {
+            plan.push((what.clone(), 1, ctx(&[args.n_gen], &what)?));
+        } else {
+            let n_ctx = ctx(&[args.n_gen, STREAM_EXTRA_CTX], &what)?;
+            for &n in &args.streams {
+                plan.push((format!("{what} -s {n}"), n, n_ctx));
+            }
+        }
+    }
+    Ok(plan)
+}
+
+/// Refuses a planned session set whose K/V cache and buffers (`planned_sessions`) exceed the
+/// backend's memory, naming it, before anything is allocated.
+fn check_memory<B: CliBackend>(model: &Model<B>, args: &Args) -> anyhow::Result<()> {
+    let c = &model.config;
+    // Each stream's host and scratch rows: its logits, and one row of each activation in its
+    // own scratch and in a decode group's.
+    let row = 3 * c.n_embd + 4 * c.q_width() + 2 * c.kv_width() + c.n_ff + c.n_vocab;
+    let per_stream_rows = (2 * row + c.n_vocab) as u64 * 4;
+    let Some(memory) = model.backend().memory_bytes() else {
+        return Ok(());
+    };
+    let gb = |b: u64| format!("{:.1} GB", b as f64 / 1e9);
+    for (what, n, n_ctx) in planned_sessions(args)? {
+        let need = model
+            .kv_cache_bytes(n_ctx)
+            .and_then(|kv| kv.checked_add(per_stream_rows))
+            .and_then(|b| b.checked_mul(n as u64));
+        if need.is_some_and(|b| b <= memory) {
+            continue;
+        }
+        let sessions = if n == 1 {
+            format!("a context of {n_ctx} tokens needs")
+        } else {
+            format!("{n} streams of {n_ctx} tokens of context need")
+        };
+        anyhow::bail!(
+            "{what} -d {}: {sessions} {} of K/V cache and buffers, more than the {} of memory \
+             the {} backend has",
+            args.depth,
+            need.map_or("more than 2^64 bytes".to_string(), gb),
+            gb(memory),
+            model.backend().name()
+        );
+    }
+    Ok(())
+}
+
+/// `n` token ids from `next`, or an error (not an abort) when the memory for them cannot be had.
+fn token_ids(n: usize, next: &mut impl FnMut() -> u32) -> anyhow::Result<Vec<u32>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n)
+        .map_err(|e| anyhow::anyhow!("cannot allocate {n} token ids: {e}"))?;
+    v.extend((0..n).map(|_| next()));
+    Ok(v)
+}
+
+/// The context a stream has beyond depth + n_gen: its prompt's 2 to 6 tokens past the depth
+/// (`streams`), and one spare.
+const STREAM_EXTRA_CTX: usize = 7;
+
 impl ModelJob for Args {
     fn run<B: CliBackend>(self, model: Model<B>) -> anyhow::Result<()> {
         let args = self;
+        check_memory(&model, &args)?;
         let threads = model.backend().threads();
-        let reps = args.reps.max(1);
+        let reps = args.reps;
         let nv = model.config.n_vocab as u32;
         // Token ids from a fixed xorshift sequence (the ids do not change the work).
         let mut state = 0x2545_F491_4F6C_DD1Du64;
@@ -170,13 +261,14 @@ impl ModelJob for Args {
         );
         let params = human_params(model.n_params());
         let backend = model.backend().label();
-        println!("| model | size | params | backend | threads | test | t/s | MB/step | GB/s | % of read BW |");
-        println!("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |");
+        outln!("| model | size | params | backend | threads | test | t/s | MB/step | GB/s | % of read BW |")?;
+        outln!("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")?;
 
         if args.n_prompt > 0 {
-            let toks: Vec<u32> = (0..args.n_prompt).map(|_| next_token()).collect();
-            let context: Vec<u32> = (0..args.depth).map(|_| next_token()).collect();
+            // Checked by `planned_sessions`, and the session made before the token ids.
             let mut s = Session::new(&model, args.depth + args.n_prompt)?;
+            let toks = token_ids(args.n_prompt, &mut next_token)?;
+            let context = token_ids(args.depth, &mut next_token)?;
             let mut rates = Vec::new();
             for rep in 0..=reps {
                 s.reset();
@@ -195,11 +287,10 @@ impl ModelJob for Args {
             } else {
                 format!("pp{}", args.n_prompt)
             };
-            println!("| {name} | {size} | {params} | {backend} | {threads} | {test} | {m:.2} ± {sd:.2} | | | |");
+            outln!("| {name} | {size} | {params} | {backend} | {threads} | {test} | {m:.2} ± {sd:.2} | | | |")?;
         }
         if args.n_gen > 0 && !args.streams.is_empty() {
             for &n in &args.streams {
-                anyhow::ensure!(n > 0, "-s: a stream count must be at least 1");
                 let (m, sd, bytes) = streams(&model, n, &args, &mut next_token)?;
                 let gbs = bytes * m / n as f64 / 1e9;
                 let pick = match (args.argmax, args.top_k) {
@@ -212,16 +303,16 @@ impl ModelJob for Args {
                 } else {
                     format!("tg{} x{n} streams{pick}", args.n_gen)
                 };
-                println!(
+                outln!(
                     "| {name} | {size} | {params} | {backend} | {threads} | {test} | {m:.2} ± {sd:.2} | {:.1} | {gbs:.2} | {:.0}% |",
                     bytes / 1e6,
                     100.0 * gbs * 1e9 / bw
-                );
+                )?;
             }
         } else if args.n_gen > 0 {
-            let toks: Vec<u32> = (0..args.n_gen).map(|_| next_token()).collect();
-            let context: Vec<u32> = (0..args.depth).map(|_| next_token()).collect();
             let mut s = Session::new(&model, args.depth + args.n_gen)?;
+            let toks = token_ids(args.n_gen, &mut next_token)?;
+            let context = token_ids(args.depth, &mut next_token)?;
             let mut rates = Vec::new();
             for rep in 0..=reps {
                 s.reset();
@@ -248,11 +339,11 @@ impl ModelJob for Args {
             } else {
                 format!("tg{}", args.n_gen)
             };
-            println!(
+            outln!(
                 "| {name} | {size} | {params} | {backend} | {threads} | {test} | {m:.2} ± {sd:.2} | {:.1} | {gbs:.2} | {:.0}% |",
                 bytes / 1e6,
                 100.0 * gbs * 1e9 / bw
-            );
+            )?;
         }
         if args.audit {
             audit(&model, counts0, &mut next_token)?;
@@ -269,10 +360,10 @@ fn audit<B: CliBackend>(
     next_token: &mut impl FnMut() -> u32,
 ) -> anyhow::Result<()> {
     let (Some(before), Some(_)) = (before, model.backend().dispatch_counts()) else {
-        println!(
+        outln!(
             "\ndispatch audit: the {} backend has no kernels of its own",
             model.backend().name()
-        );
+        )?;
         return Ok(());
     };
     let run = model.backend().dispatch_counts().unwrap_or_default();
@@ -284,9 +375,9 @@ fn audit<B: CliBackend>(
     let pre = model.backend().dispatch_counts().unwrap_or_default();
     s.decode(next_token())?;
     let post = model.backend().dispatch_counts().unwrap_or_default();
-    println!(
+    outln!(
         "\ndispatch audit (kernel | launches in the benchmark run | launches per decode step):"
-    );
+    )?;
     let (mut never, mut per_step) = (Vec::new(), 0u64);
     for (((k, b), (_, r)), ((_, p0), (_, p1))) in before.iter().zip(&run).zip(pre.iter().zip(&post))
     {
@@ -295,20 +386,20 @@ fn audit<B: CliBackend>(
         if n == 0 {
             never.push(k.as_str());
         }
-        println!("| {k} | {n} | {step} |");
+        outln!("| {k} | {n} | {step} |")?;
     }
-    println!("one decode step launches {per_step} kernels");
+    outln!("one decode step launches {per_step} kernels")?;
     if let Some(note) = model.backend().step_note() {
-        println!("decode step: {note}");
+        outln!("decode step: {note}")?;
     }
     if never.is_empty() {
-        println!("every compiled kernel was dispatched by this run");
+        outln!("every compiled kernel was dispatched by this run")?;
     } else {
-        println!(
+        outln!(
             "never dispatched by this run ({}): {}",
             never.len(),
             never.join(", ")
-        );
+        )?;
     }
     Ok(())
 }
@@ -332,28 +423,26 @@ fn streams<B: CliBackend>(
     args: &Args,
     next_token: &mut impl FnMut() -> u32,
 ) -> anyhow::Result<(f64, f64, f64)> {
-    // Prompts of different lengths, so the sequences sit at different positions.
-    let prompts: Vec<Vec<u32>> = (0..n)
-        .map(|i| (0..args.depth + 2 + i % 5).map(|_| next_token()).collect())
-        .collect();
-    let steps: Vec<Vec<u32>> = (0..args.n_gen)
-        .map(|_| (0..n).map(|_| next_token()).collect())
-        .collect();
-    let n_ctx = args.depth + 7 + args.n_gen;
+    // The contexts and their memory were checked by `check_memory`; the sessions are made first.
+    let n_ctx = args.depth + STREAM_EXTRA_CTX + args.n_gen;
     let mut sessions = (0..n)
         .map(|_| Session::new(model, n_ctx))
         .collect::<muser_engine::Result<Vec<_>>>()?;
+    // Prompts of different lengths, so the sequences sit at different positions.
+    let prompts: Vec<Vec<u32>> = (0..n)
+        .map(|i| token_ids(args.depth + 2 + i % 5, next_token))
+        .collect::<anyhow::Result<_>>()?;
+    let steps: Vec<Vec<u32>> = (0..args.n_gen)
+        .map(|_| token_ids(n, next_token))
+        .collect::<anyhow::Result<_>>()?;
     let mut group = DecodeGroup::new();
     let need = match (args.argmax, args.top_k) {
         (true, _) => Some(vec![RowNeed::Argmax; n]),
-        (_, Some(k)) => {
-            anyhow::ensure!(k > 0, "--top-k: K must be at least 1");
-            Some(vec![RowNeed::TopK(k); n])
-        }
+        (_, Some(k)) => Some(vec![RowNeed::TopK(k); n]),
         _ => None,
     };
     let mut rates = Vec::new();
-    for rep in 0..=args.reps.max(1) {
+    for rep in 0..=args.reps {
         for (s, p) in sessions.iter_mut().zip(&prompts) {
             s.reset();
             s.prefill(p)?;

@@ -90,7 +90,7 @@ impl Row {
 /// A bit-for-bit comparison: a row that passes (threshold 0, NMSE 0) when every value of `got`
 /// has the bits of `want`, and fails (NMSE infinite) otherwise; printed with the count and the
 /// largest difference.
-fn exact_row(op: &str, shape: String, got: &[f32], want: &[f32]) -> Row {
+fn exact_row(op: &str, shape: String, got: &[f32], want: &[f32]) -> (Row, String) {
     assert_eq!(got.len(), want.len(), "{op} {shape}: lengths differ");
     let miss = got
         .iter()
@@ -108,24 +108,24 @@ fn exact_row(op: &str, shape: String, got: &[f32], want: &[f32]) -> Row {
         nmse: if miss == 0 { 0.0 } else { f64::INFINITY },
         threshold: 0.0,
     };
-    if miss == 0 {
-        println!(
+    let line = if miss == 0 {
+        format!(
             "{:<5} {:<22} {:<34} bit-identical ({} values)",
             "ok",
             r.op,
             r.shape,
             got.len()
-        );
+        )
     } else {
-        println!(
+        format!(
             "{:<5} {:<22} {:<34} {miss} of {} values differ, max |diff| {max:.3e}",
             "FAIL",
             r.op,
             r.shape,
             got.len()
-        );
-    }
-    r
+        )
+    };
+    (r, line)
 }
 
 /// The two backends side by side.
@@ -134,6 +134,8 @@ struct Pair {
     gpu: CudaBackend,
     rng: Rand,
     rows: Vec<Row>,
+    /// The first error printing a row met (a closed pipe); `run` returns it after the ops.
+    out_err: Option<std::io::Error>,
 }
 
 const HIDDEN: usize = 6656;
@@ -151,7 +153,7 @@ impl Pair {
             nmse: nmse(got, want),
             threshold,
         };
-        println!(
+        let line = format!(
             "{:<5} {:<22} {:<34} nmse {:>10.3e} (<= {:.0e})",
             if r.pass() { "ok" } else { "FAIL" },
             r.op,
@@ -159,12 +161,23 @@ impl Pair {
             r.nmse,
             r.threshold
         );
+        self.say(&line);
         self.rows.push(r);
     }
 
     fn exact(&mut self, op: &str, shape: String, got: &[f32], want: &[f32]) {
-        let r = exact_row(op, shape, got, want);
+        let (r, line) = exact_row(op, shape, got, want);
+        self.say(&line);
         self.rows.push(r);
+    }
+
+    /// Prints a row's line, keeping the first error (no more lines are tried after one).
+    fn say(&mut self, line: &str) {
+        if self.out_err.is_none() {
+            if let Err(e) = outln!("{line}") {
+                self.out_err = Some(e);
+            }
+        }
     }
 
     fn randn(&mut self, n: usize, scale: f32) -> Vec<f32> {
@@ -254,6 +267,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         gpu,
         rng: Rand::new(args.seed),
         rows: Vec::new(),
+        out_err: None,
     };
     let t0 = Instant::now();
     // The read-bandwidth probe (`muser bench`'s reference for % of bandwidth) runs too, so the
@@ -264,6 +278,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     );
     if !args.no_ops {
         check_ops(&mut pair, args.quick)?;
+        if let Some(e) = pair.out_err.take() {
+            return Err(e.into());
+        }
         eprintln!("op parity: {:.1} s", t0.elapsed().as_secs_f64());
     }
     let mut audit: BTreeMap<String, u64> = pair.gpu.gpu.dispatch_counts().into_iter().collect();
@@ -298,24 +315,24 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         models.push(m);
     }
 
-    println!("\ndispatch audit (kernel: launches in this run):");
+    outln!("\ndispatch audit (kernel: launches in this run):")?;
     let mut never = 0;
     for (k, n) in &audit {
         if *n == 0 {
             never += 1;
         }
-        println!(
+        outln!(
             "  {k:<18} {n:>9}{}",
             if *n == 0 {
                 "   <- never dispatched"
             } else {
                 ""
             }
-        );
+        )?;
     }
     let failed: Vec<&Row> = pair.rows.iter().filter(|r| !r.pass()).collect();
-    println!("\nsummary");
-    println!("| checks | failed | worst op NMSE / threshold | kernels never dispatched |");
+    outln!("\nsummary")?;
+    outln!("| checks | failed | worst op NMSE / threshold | kernels never dispatched |")?;
     // Exact checks (threshold 0) count as failed or passed, not in the worst ratio.
     let worst = pair
         .rows
@@ -329,21 +346,24 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             }
         })
         .fold(0.0f64, f64::max);
-    println!(
+    outln!(
         "| {} | {} | {:.3} | {} |",
         pair.rows.len(),
         failed.len(),
         worst,
         never
-    );
+    )?;
     for m in &models {
-        println!("{m}");
+        outln!("{m}")?;
     }
     for r in &failed {
-        println!(
+        outln!(
             "FAILED: {} {} nmse {:.3e} > {:.0e}",
-            r.op, r.shape, r.nmse, r.threshold
-        );
+            r.op,
+            r.shape,
+            r.nmse,
+            r.threshold
+        )?;
     }
     anyhow::ensure!(
         failed.is_empty(),
@@ -351,7 +371,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         failed.len(),
         pair.rows.len()
     );
-    println!("all {} parity checks passed", pair.rows.len());
+    outln!("all {} parity checks passed", pair.rows.len())?;
     Ok(())
 }
 
@@ -1853,13 +1873,13 @@ fn check_invariance(
         },
         threshold: 0.0,
     };
-    println!(
+    outln!(
         "{:<5} {:<22} {:<34} {argmax_differ} of {} steps pick another token than the host",
         if r.pass() { "ok" } else { "FAIL" },
         r.op,
         r.shape,
         n_req * steps
-    );
+    )?;
     rows.push(r);
     // Prompts sharing prefill passes (`prefill_runs`, serve's prefill), each shorter than
     // `exact_prefill_rows`: the logits of each prompt's own prefill and of the decode after it.
@@ -1938,12 +1958,12 @@ fn check_invariance(
         nmse: if runs_differ == 0 { 0.0 } else { f64::INFINITY },
         threshold: 0.0,
     };
-    println!(
+    outln!(
         "{:<5} {:<22} {:<34} {runs_differ} of {runs_checked} prompts differ from their own prefill or another cut (logits or the next decode)",
         if r.pass() { "ok" } else { "FAIL" },
         r.op,
         r.shape,
-    );
+    )?;
     rows.push(r);
     let mut summary = Vec::new();
     for size in [1usize, 2, 8, 16, 24, 32] {
@@ -2026,12 +2046,12 @@ fn check_invariance(
                 },
                 threshold: 0.0,
             };
-            println!(
+            outln!(
                 "{:<5} {:<22} {:<34} {picks_differ} of {picks} GPU argmax / top-40 rows differ from the host's",
                 if r.pass() { "ok" } else { "FAIL" },
                 r.op,
                 r.shape,
-            );
+            )?;
             rows.push(r);
         }
         let r = Row {
@@ -2040,7 +2060,7 @@ fn check_invariance(
             nmse: if differ == 0 { 0.0 } else { f64::INFINITY },
             threshold: 0.0,
         };
-        println!(
+        outln!(
             "{:<5} {:<22} {:<34} {}",
             if r.pass() { "ok" } else { "FAIL" },
             r.op,
@@ -2050,7 +2070,7 @@ fn check_invariance(
             } else {
                 format!("{differ} of {compared} request-steps differ from solo, max |diff| {max_diff:.3e}")
             }
-        );
+        )?;
         summary.push(format!(
             "{size}: {}",
             if differ == 0 {
@@ -2140,7 +2160,7 @@ fn profile_group(m: &Model<CudaBackend>, n: usize, name: &str) -> anyhow::Result
         ),
         steps,
         "ms per step",
-    );
+    )?;
     Ok(())
 }
 
@@ -2194,14 +2214,14 @@ fn check_model(
         nmse: nmse(&lg, &lc),
         threshold: LOGITS_NMSE,
     };
-    println!(
+    outln!(
         "{:<5} {:<22} {:<34} nmse {:>10.3e} (<= {:.0e})",
         if r.pass() { "ok" } else { "FAIL" },
         r.op,
         r.shape,
         r.nmse,
         r.threshold
-    );
+    )?;
     rows.push(r);
 
     // Greedy continuation: the CPU picks, both are fed its token.
@@ -2254,22 +2274,22 @@ fn check_model(
         nmse: num / den.max(f64::MIN_POSITIVE),
         threshold: LOGITS_NMSE,
     };
-    println!(
+    outln!(
         "{:<5} {:<22} {:<34} nmse {:>10.3e} (<= {:.0e})",
         if r.pass() { "ok" } else { "FAIL" },
         r.op,
         r.shape,
         r.nmse,
         r.threshold
-    );
+    )?;
     rows.push(r);
-    println!(
+    outln!(
         "      greedy top-1 agreement {agree}/{}{}",
         args.tokens,
         first_div
             .as_deref()
             .map_or(String::new(), |d| format!("; first divergence {d}"))
-    );
+    )?;
 
     let mut speed = String::new();
     if args.bench {
@@ -2310,8 +2330,8 @@ fn check_model(
 
 /// Times one launch of each Glimmer matrix (1 column) and prints GB/s of weights read.
 fn bench_matvec(p: &Pair) -> anyhow::Result<()> {
-    println!("\nmatvec timing (1 column, weights streamed once per launch):");
-    println!("| matrix | type | rows x cols | MB | us | GB/s |");
+    outln!("\nmatvec timing (1 column, weights streamed once per launch):")?;
+    outln!("| matrix | type | rows x cols | MB | us | GB/s |")?;
     let cases = [
         ("attn_q+k+v+gate", 0usize, 0usize, GgmlType::Q4_K),
         ("attn_q", Q_WIDTH, HIDDEN, GgmlType::Q4_K),
@@ -2370,17 +2390,22 @@ fn bench_matvec(p: &Pair) -> anyhow::Result<()> {
         } else {
             format!("{rows} x {cols}")
         };
-        println!(
+        outln!(
             "| {name} | {ty} | {shape} | {:.1} | {us:.1} | {:.0} |",
             bytes as f64 / 1e6,
             bytes as f64 / us / 1e3
-        );
+        )?;
     }
     Ok(())
 }
 
 /// Prints the per-op profile of the last `steps` decode steps (profiling on; turned off here).
-fn print_decode_profile(m: &Model<CudaBackend>, name: &str, pos: usize, steps: usize) {
+fn print_decode_profile(
+    m: &Model<CudaBackend>,
+    name: &str,
+    pos: usize,
+    steps: usize,
+) -> std::io::Result<()> {
     print_profile(
         m,
         &format!(
@@ -2388,29 +2413,34 @@ fn print_decode_profile(m: &Model<CudaBackend>, name: &str, pos: usize, steps: u
         ),
         steps,
         "ms",
-    );
+    )
 }
 
 /// Prints `title` and the per-op profile recorded since profiling was turned on (turned off
 /// here), per `steps` (ms and calls divided by it; `ms` heads that column).
-fn print_profile(m: &Model<CudaBackend>, title: &str, steps: usize, ms: &str) {
+fn print_profile(
+    m: &Model<CudaBackend>,
+    title: &str,
+    steps: usize,
+    ms: &str,
+) -> std::io::Result<()> {
     let prof = m.backend().profile_report();
     m.backend().set_profiling(false);
     let total: f64 = prof.iter().map(|p| p.2).sum();
-    println!("{title}");
-    println!("| op | calls | {ms} | share |");
+    outln!("{title}")?;
+    outln!("| op | calls | {ms} | share |")?;
     for (op, n, secs) in &prof {
-        println!(
+        outln!(
             "| {op} | {} | {:.3} | {:.0}% |",
             n / steps as u64,
             secs * 1e3 / steps as f64,
             100.0 * secs / total
-        );
+        )?;
     }
-    println!(
+    outln!(
         "| total (synchronized) | | {:.3} | |",
         total * 1e3 / steps as f64
-    );
+    )
 }
 
 /// pp512 and tg128 (and tg64 at `depth`) of one model on CUDA alone.
@@ -2450,7 +2480,7 @@ fn speed(
             &format!("prefill breakdown of {name} ({n} tokens; ms per chunk):"),
             1,
             "ms",
-        );
+        )?;
     }
     let read_bw = m.backend().gpu.measure_read_bandwidth()?;
     let tg = |s: &mut Session<CudaBackend>, n: usize| -> anyhow::Result<(f64, u64)> {
@@ -2479,7 +2509,7 @@ fn speed(
     let steps = 16;
     m.backend().set_profiling(true);
     tg(&mut s, steps)?;
-    print_decode_profile(&m, &name, s.pos(), steps);
+    print_decode_profile(&m, &name, s.pos(), steps)?;
     if depth > 0 {
         s.reset();
         s.prefill(&prompt[..depth])?;
@@ -2487,7 +2517,7 @@ fn speed(
         // Per-op time of a decode step at this depth (each op synchronized, as above).
         m.backend().set_profiling(true);
         tg(&mut s, steps)?;
-        print_decode_profile(&m, &name, s.pos(), steps);
+        print_decode_profile(&m, &name, s.pos(), steps)?;
         line += &format!(
             "; tg64 at depth {depth}: {:.1} tokens/s ({:.2} GB/token, {:.0} GB/s)",
             1.0 / td,
@@ -2498,7 +2528,7 @@ fn speed(
     for &n in group_profile {
         profile_group(&m, n, &name)?;
     }
-    println!("{line}");
+    outln!("{line}")?;
     for (k, n) in m.backend().gpu.dispatch_counts() {
         *audit.entry(k).or_default() += n;
     }

@@ -59,11 +59,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             t.offset
         )?;
     }
-    // A closed pipe (`muser inspect F | head`) ends the output quietly.
-    match std::io::stdout().lock().write_all(o.as_bytes()) {
-        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
-        _ => Ok(()),
-    }
+    // A closed pipe (`muser inspect F | head`) is an error, as in every command (`outln!`).
+    std::io::stdout().lock().write_all(o.as_bytes())?;
+    Ok(())
 }
 
 /// One value in a line; arrays longer than `max` show their first and last elements.

@@ -34,7 +34,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "libnvrtc was not found on the loader path (install the CUDA toolkit or the \
          nvidia-cuda-nvrtc wheel and put its lib folder on LD_LIBRARY_PATH)"
     );
-    println!("kernel cache: {}", dir.display());
+    outln!("kernel cache: {}", dir.display())?;
     let t0 = Instant::now();
     let files = muser_cuda::KERNEL_SOURCES;
     let results: Vec<_> = std::thread::scope(|s| {
@@ -61,13 +61,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "{}: the cache could not be written",
             path.display()
         );
-        println!("{file:>16}  {:>9} bytes  {how}", image.len());
+        outln!("{file:>16}  {:>9} bytes  {how}", image.len())?;
     }
-    println!(
+    outln!(
         "{} files for {arch} in {:.1} s",
         files.len(),
         t0.elapsed().as_secs_f64()
-    );
+    )?;
     Ok(())
 }
 
@@ -85,7 +85,7 @@ fn resources(names: &[String], arch: &str) -> anyhow::Result<()> {
                 )
             })?;
         for line in muser_cuda::compile::kernel_resources(file, src, arch)? {
-            println!("{file}: {line}");
+            outln!("{file}: {line}")?;
         }
     }
     Ok(())

@@ -31,11 +31,18 @@ pub struct Args {
     pub decode: bool,
 }
 
+/// The ids of `--tokens`: comma-separated, spaces around an id allowed; an empty item (`1,,2`,
+/// a trailing comma) is an error, as is anything that is not an id.
 fn parse_tokens(s: &str) -> anyhow::Result<Vec<u32>> {
     s.split(',')
         .map(str::trim)
-        .filter(|t| !t.is_empty())
-        .map(|t| {
+        .enumerate()
+        .map(|(i, t)| {
+            anyhow::ensure!(
+                !t.is_empty(),
+                "--tokens {s:?}: item {} is empty (expected comma-separated token ids, e.g. 1,15043,29871)",
+                i + 1
+            );
             t.parse::<u32>()
                 .with_context(|| format!("bad token id {t:?} in --tokens"))
         })
@@ -78,5 +85,29 @@ impl ModelJob for Args {
             model.config.n_vocab
         );
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_tokens;
+
+    #[test]
+    fn token_lists_parse_and_empty_items_are_refused() {
+        assert_eq!(
+            parse_tokens("1,15043, 29871 ").unwrap(),
+            vec![1, 15043, 29871]
+        );
+        for (bad, says) in [
+            ("1,,2", "item 2 is empty"),
+            ("1,2,", "item 3 is empty"),
+            ("", "item 1 is empty"),
+            (" , 3", "item 1 is empty"),
+            ("1,x", "bad token id \"x\""),
+            ("4294967296", "bad token id"),
+        ] {
+            let e = format!("{:#}", parse_tokens(bad).unwrap_err());
+            assert!(e.contains(says), "{bad:?}: {e}");
+        }
     }
 }

@@ -40,6 +40,7 @@ fn nll(logits: &[f32], target: u32) -> f64 {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    anyhow::ensure!(args.chunks != Some(0), "--chunks: at least 1 chunk");
     let path = super::run::resolve_model(args.model.as_deref())?;
     super::backend::with_model(&path, args.backend, args.threads, args)
 }
@@ -55,16 +56,17 @@ impl ModelJob for Args {
         if n_ctx < 4 {
             bail!("context of {n_ctx} tokens is too small (at least 4)");
         }
-        if tokens.len() < 2 * n_ctx {
+        // Two chunks at least (2 * n_ctx counted in u128: it can pass usize).
+        if (tokens.len() as u128) < 2 * n_ctx as u128 {
             bail!(
-            "you need at least {} tokens to evaluate perplexity with a context of {n_ctx}; the file has {}",
-            2 * n_ctx,
-            tokens.len()
-        );
+                "you need at least {} tokens to evaluate perplexity with a context of {n_ctx}; the file has {}",
+                2 * n_ctx as u128,
+                tokens.len()
+            );
         }
         let mut n_chunk = tokens.len() / n_ctx;
         if let Some(c) = args.chunks {
-            n_chunk = n_chunk.min(c.max(1));
+            n_chunk = n_chunk.min(c);
         }
         let nv = model.config.n_vocab;
         let first = n_ctx / 2;

@@ -13,7 +13,8 @@ use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 use muser_gguf::{GgmlType, GgufFile, GgufWriter, MetaValue, TensorInfo, TensorSpec};
 use rayon::prelude::*;
-use std::path::PathBuf;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -73,8 +74,16 @@ fn layer_of(name: &str) -> Option<usize> {
     name.strip_prefix("blk.")?.split('.').next()?.parse().ok()
 }
 
-/// The type a tensor is written with.
-fn choose_type(t: &TensorInfo, target: Target, pure: bool, n_layers: usize) -> GgmlType {
+/// The type a tensor is written with. `tied`: the file has no `output.weight`, so the token
+/// embedding is the output matrix too and takes the output's type (as llama.cpp's quantizer
+/// does).
+fn choose_type(
+    t: &TensorInfo,
+    target: Target,
+    pure: bool,
+    n_layers: usize,
+    tied: bool,
+) -> GgmlType {
     let quantizable =
         t.dims.len() >= 2 && t.name.ends_with("weight") && !t.name.contains("_norm.weight");
     if !quantizable {
@@ -86,7 +95,7 @@ fn choose_type(t: &TensorInfo, target: Target, pure: bool, n_layers: usize) -> G
     };
     let wanted = if pure {
         base
-    } else if t.name == "output.weight" {
+    } else if t.name == "output.weight" || (tied && t.name == "token_embd.weight") {
         if base == GgmlType::Q8_0 {
             base
         } else {
@@ -107,8 +116,65 @@ fn choose_type(t: &TensorInfo, target: Target, pure: bool, n_layers: usize) -> G
         .unwrap_or(GgmlType::F32)
 }
 
+/// Whether `a` and `b` name the same file (device and inode, so `./x`, a symlink or a hard link
+/// to it count); false when either does not exist.
+fn same_file(a: &Path, b: &Path) -> bool {
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    }
+}
+
+/// The file being written in place of `dest` (the file a symlink `dest` names, so the link
+/// stays): a hidden temporary next to it, removed on drop unless `commit` renamed it into place.
+struct TempOut {
+    tmp: PathBuf,
+    dest: PathBuf,
+    done: bool,
+}
+
+impl TempOut {
+    fn new(dest: &Path) -> TempOut {
+        let dest = std::fs::canonicalize(dest).unwrap_or_else(|_| dest.to_path_buf());
+        let name = dest
+            .file_name()
+            .map_or_else(|| "out".into(), |n| n.to_string_lossy().into_owned());
+        let tmp = dest.with_file_name(format!(".{name}.muser-tmp-{}", std::process::id()));
+        TempOut {
+            tmp,
+            dest,
+            done: false,
+        }
+    }
+
+    /// Renames the finished temporary onto the destination.
+    fn commit(mut self) -> anyhow::Result<()> {
+        std::fs::rename(&self.tmp, &self.dest).with_context(|| {
+            format!("renaming {} to {}", self.tmp.display(), self.dest.display())
+        })?;
+        self.done = true;
+        Ok(())
+    }
+}
+
+impl Drop for TempOut {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
+}
+
 pub fn run(args: Args) -> anyhow::Result<()> {
     let target = Target::parse(&args.ty)?;
+    // The input is memory-mapped while the output is written: writing over it would truncate
+    // the mapped file under the reader (SIGBUS) and destroy the input.
+    anyhow::ensure!(
+        !same_file(&args.input, &args.output),
+        "the output {} is the input file {}: write the quantized model to another file",
+        args.output.display(),
+        args.input.display()
+    );
     let f = GgufFile::open(&args.input)?;
     for t in &f.tensors {
         anyhow::ensure!(
@@ -124,10 +190,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .filter_map(|t| layer_of(&t.name))
         .max()
         .map_or(0, |i| i + 1);
+    let tied = !f.tensors.iter().any(|t| t.name == "output.weight");
     let types: Vec<GgmlType> = f
         .tensors
         .iter()
-        .map(|t| choose_type(t, target, args.pure, n_layers))
+        .map(|t| choose_type(t, target, args.pure, n_layers, tied))
         .collect();
 
     let mut metadata: Vec<(String, MetaValue)> = f
@@ -158,7 +225,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .unwrap()
             .progress_chars("=> "),
     );
-    let mut w = GgufWriter::create(&args.output, &metadata, &specs)?;
+    // Written to a temporary next to the output and renamed into place once complete, so a
+    // quantize that fails never leaves a truncated output behind (one stopped by a signal may
+    // leave its hidden temporary, never a truncated output).
+    let out = TempOut::new(&args.output);
+    let mut w = GgufWriter::create(&out.tmp, &metadata, &specs)
+        .with_context(|| format!("cannot write the output {}", args.output.display()))?;
     let (mut bytes_in, mut bytes_out) = (0u64, 0u64);
     for (t, &ty) in f.tensors.iter().zip(&types) {
         bar.set_message(t.name.clone());
@@ -168,7 +240,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         bytes_out += data.len() as u64;
         bar.inc(t.n_elements());
     }
-    w.finish()?;
+    w.finish()?
+        .into_inner()
+        .map_err(|e| e.into_error())
+        .and_then(|file| file.sync_all())
+        .with_context(|| format!("writing {}", out.tmp.display()))?;
+    out.commit()?;
     bar.finish_and_clear();
     let mut counts = std::collections::BTreeMap::<&str, usize>::new();
     for ty in &types {
@@ -185,14 +262,41 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 }
 
 /// The tensor's bytes in type `ty`: rows dequantized to f32 and quantized again, in parallel.
+/// Every value must be finite (a NaN or an infinity would be quantized into garbage, or copied
+/// into a model that computes NaN): the error names the first one.
 fn convert(f: &GgufFile, t: &TensorInfo, ty: GgmlType) -> anyhow::Result<Vec<u8>> {
     let src = f.tensor_data(t);
-    if ty == t.ggml_type {
-        return Ok(src.to_vec());
-    }
     let cols = t.n_cols() as usize;
     let rows = t.n_rows() as usize;
     let in_row = t.ggml_type.row_bytes(cols as u64).context("row length")? as usize;
+    let row_of = |r: usize, row: &mut [f32]| {
+        muser_quant::dequantize_row(t.ggml_type, &src[r * in_row..(r + 1) * in_row], row)
+    };
+    // The first row (in order) holding a value that is not finite, with its column and value.
+    let bad = (0..rows)
+        .into_par_iter()
+        .map(|r| {
+            let mut row = vec![0f32; cols];
+            row_of(r, &mut row)?;
+            anyhow::Ok(
+                row.iter()
+                    .position(|v| !v.is_finite())
+                    .map(|c| (r, c, row[c])),
+            )
+        })
+        .find_first(|x| !matches!(x, Ok(None)));
+    match bad {
+        Some(Err(e)) => return Err(e),
+        Some(Ok(Some((r, c, v)))) => anyhow::bail!(
+            "value {v} at index {} (row {r}, column {c}) is not finite: muser quantize takes \
+             finite weights only",
+            r as u64 * cols as u64 + c as u64
+        ),
+        _ => {}
+    }
+    if ty == t.ggml_type {
+        return Ok(src.to_vec());
+    }
     let out_row = ty.row_bytes(cols as u64).context("row length")? as usize;
     let mut out = vec![0u8; rows * out_row];
     out.par_chunks_mut(out_row.max(1))
@@ -200,8 +304,19 @@ fn convert(f: &GgufFile, t: &TensorInfo, ty: GgmlType) -> anyhow::Result<Vec<u8>
         .take(rows)
         .try_for_each(|(r, dst)| {
             let mut row = vec![0f32; cols];
-            muser_quant::dequantize_row(t.ggml_type, &src[r * in_row..(r + 1) * in_row], &mut row)?;
+            row_of(r, &mut row)?;
             muser_quant::quantize_row(ty, &row, dst)?;
+            // Finite weights can still leave the new type's range (70,000 in F16, a block whose
+            // scale overflows f16): refuse a row that would read back as inf or NaN.
+            muser_quant::dequantize_row(ty, dst, &mut row)?;
+            if let Some(c) = row.iter().position(|v| !v.is_finite()) {
+                anyhow::bail!(
+                    "row {r}, column {c}: in {} this weight reads back as {} (too large for \
+                     the type's f16 values or scales)",
+                    ty.name(),
+                    row[c]
+                );
+            }
             anyhow::Ok(())
         })?;
     Ok(out)

@@ -29,7 +29,8 @@ pub struct Args {
     /// Tokens to generate at most.
     #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
     pub n_predict: usize,
-    /// Context length (default: prompt + n-predict, at most the model's training context).
+    /// Context length (default: prompt + n-predict, at most the model's training context, or
+    /// the prompt's length, with a warning, when the prompt alone is longer than that).
     #[arg(short = 'c', long = "ctx-size")]
     pub ctx_size: Option<usize>,
     /// Temperature (0 = greedy).
@@ -129,6 +130,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     )
 }
 
+/// A sampler's pick, or the error of a row no token can be picked from.
+fn pick(token: Option<u32>) -> anyhow::Result<u32> {
+    token.ok_or_else(|| {
+        anyhow::anyhow!(
+            "no token can be sampled: every candidate is banned (-inf, e.g. by --logit-bias) or \
+             not a number (the model computed NaN)"
+        )
+    })
+}
+
 struct Job {
     args: Args,
     prompt: String,
@@ -165,13 +176,36 @@ impl ModelJob for Job {
                 args.repeat_penalty > 0.0,
             ),
         ] {
-            if !ok || v.is_nan() {
-                bail!("{name} {v} is out of range (--temp >= 0, --top-p and --min-p from 0 to 1, --repeat-penalty > 0)");
+            if !ok || !v.is_finite() {
+                bail!("{name} {v} is out of range (finite numbers: --temp >= 0, --top-p and --min-p from 0 to 1, --repeat-penalty > 0)");
             }
         }
-        let n_ctx = args.ctx_size.unwrap_or_else(|| {
-            (prompt.len() + args.n_predict).min(model.config.n_ctx_train.max(prompt.len()))
-        });
+        let n_train = model.config.n_ctx_train;
+        let n_ctx = match args.ctx_size {
+            Some(c) => c,
+            None => {
+                if prompt.len() > n_train {
+                    eprintln!(
+                        "warning: the prompt's {} tokens are more than the model's training \
+                         context of {n_train}: running with a context of {} tokens, past what \
+                         the model was trained on (-c / --ctx-size sets it)",
+                        prompt.len(),
+                        prompt.len()
+                    );
+                }
+                prompt
+                    .len()
+                    .saturating_add(args.n_predict)
+                    .min(n_train.max(prompt.len()))
+            }
+        };
+        // Before the prompt is echoed: a prompt that cannot run prints nothing.
+        if prompt.len() > n_ctx {
+            bail!(
+                "the prompt's {} tokens do not fit the context of {n_ctx} tokens (-c / --ctx-size)",
+                prompt.len()
+            );
+        }
         let mut session = Session::new(&model, n_ctx)?;
         let mut sampler = Sampler::new(SamplerParams {
             temperature: args.temp,
@@ -193,7 +227,9 @@ impl ModelJob for Job {
         out.flush()?;
 
         let t1 = Instant::now();
-        let mut next = sampler.sample(session.prefill(&prompt)?);
+        // The pick after the last position (None: no token can be picked, an error once one is
+        // needed).
+        let mut next = sampler.try_sample(session.prefill(&prompt)?);
         let prompt_s = t1.elapsed().as_secs_f64();
 
         // Greedy with no penalty: the backend's argmax (a GPU reads back one index per token);
@@ -208,12 +244,13 @@ impl ModelJob for Job {
         let mut n_decoded = 0;
         let mut context_full = false;
         while n_gen < args.n_predict {
-            sampler.accept(next);
+            let token = pick(next)?;
+            sampler.accept(token);
             n_gen += 1;
-            if tok.is_eog(next) {
+            if tok.is_eog(token) {
                 break;
             }
-            write!(out, "{}", stream.push(&tok, next)?)?;
+            write!(out, "{}", stream.push(&tok, token)?)?;
             out.flush()?;
             if n_gen == args.n_predict {
                 break;
@@ -225,16 +262,16 @@ impl ModelJob for Job {
                 break;
             }
             next = if argmax {
-                session.decode_greedy(next)?
+                Some(session.decode_greedy(token)?)
             } else if let Some(k) = top_k {
-                let top = session.decode_top_k(next, k)?;
-                sampler.sample_top_k(
+                let top = session.decode_top_k(token, k)?;
+                sampler.try_sample_top_k(
                     top.into_iter()
                         .map(|(id, logit)| muser_sample::Candidate { id, logit, p: 0.0 })
                         .collect(),
                 )
             } else {
-                sampler.sample(session.decode(next)?)
+                sampler.try_sample(session.decode(token)?)
             };
             n_decoded += 1;
         }

@@ -24,19 +24,22 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     if args.list {
-        println!(
+        outln!(
             "{:<14} {:>8} {:>16} {:>16}  description",
-            "preset", "arch", "parameters", "weight bytes"
-        );
+            "preset",
+            "arch",
+            "parameters",
+            "weight bytes"
+        )?;
         for p in PRESETS {
-            println!(
+            outln!(
                 "{:<14} {:>8} {:>16} {:>16}  {}",
                 p.name,
                 p.arch.name(),
                 parameter_count(p),
                 weight_bytes(p),
                 p.description
-            );
+            )?;
         }
         return Ok(());
     }
@@ -48,7 +51,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let start = Instant::now();
     let s = synthesize(p, &out, args.seed, std::io::stderr().is_terminal())?;
     let secs = start.elapsed().as_secs_f64();
-    println!(
+    outln!(
         "wrote {} ({}, seed {}): {} tensors, {} parameters, {} bytes of weights in {:.1} s ({:.2} GB/s)",
         out.display(),
         p.name,
@@ -58,6 +61,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         s.weight_bytes,
         secs,
         s.weight_bytes as f64 / secs / 1e9
-    );
+    )?;
     Ok(())
 }

@@ -33,15 +33,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         for &id in &ids {
             let piece = String::from_utf8_lossy(tok.token_to_piece_bytes(id)?).into_owned();
             let shown = stream.push(&tok, id)?;
-            println!(
+            outln!(
                 "{id:>8}  {:<24} {piece:?} -> {shown:?}",
                 format!("{:?}", tok.token_text(id)?)
-            );
+            )?;
         }
-        println!("{} tokens", ids.len());
+        outln!("{} tokens", ids.len())?;
     } else {
         let ids: Vec<String> = ids.iter().map(u32::to_string).collect();
-        println!("{}", ids.join(" "));
+        outln!("{}", ids.join(" "))?;
     }
     Ok(())
 }
