@@ -308,6 +308,76 @@ def test_llama_server_completion_endpoint(server, client):
         assert r.status_code == 400 and r.json()["error"]["param"] == field, (extra, r.text)
 
 
+def test_llama_server_limits_new_lines_and_control_tokens(server):
+    """llama-server's n_predict is a maximum: past the context's room the answer stops when the
+    context is full (`stop_type` limit, `truncated`), as n_predict -1 does even beside an OpenAI
+    max_tokens; a streamed answer's `has_new_line` covers the whole text; a generated control
+    token gives no text."""
+    s = ServerProcess("--ctx-size", "64", "--parallel", "1", "--threads", "2")
+    try:
+        prompt = "Once upon a time"
+        n_prompt = len(tokenize(s, prompt))
+        for extra in [{"n_predict": 600}, {"n_predict": -1, "max_tokens": 2}]:
+            a = completion_native(s, dict({"prompt": prompt, "temperature": 0,
+                                           "ignore_eos": True}, **extra))
+            assert a["stop_type"] == "limit" and a["truncated"] is True, extra
+            assert a["tokens_predicted"] == 64 - n_prompt, extra
+        a = completion_native(s, {"prompt": prompt, "n_predict": 8, "temperature": 0,
+                                  "ignore_eos": True})
+        assert a["truncated"] is False and a["tokens_predicted"] == 8
+        # The OpenAI endpoint keeps its 400 for a prompt plus max_tokens past the context.
+        r = post(s, "/v1/completions", {"prompt": prompt, "max_tokens": 600})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+    finally:
+        s.stop()
+    body = {"prompt": "Once upon a time", "n_predict": 48, "temperature": 0, "ignore_eos": True}
+    whole = completion_native(server, body)
+    events = completion_native(server, body, stream=True)
+    text = "".join(e["content"] for e in events)
+    assert text == whole["content"]
+    assert events[-1]["has_new_line"] == whole["has_new_line"] == ("\n" in text)
+    bos = tokenize(server, "")[0]  # the default model's <|bos|>, a control token
+    forced = completion_native(server, {"prompt": "Hi", "n_predict": 3, "return_tokens": True,
+                                        "logit_bias": [[bos, 100]]})
+    assert forced["tokens"] == [bos] * 3 and forced["content"] == ""
+
+
+def test_stop_strings_take_their_tokens_logprobs_along(server, client):
+    """A non-streamed answer that a stop string ended has no logprobs for tokens whose text
+    starts inside the stop string (they gave the answer nothing)."""
+    prompt = "Once upon a time"
+    full = client.completions.create(model=MODEL_ID, prompt=prompt, max_tokens=24, temperature=0,
+                                     logprobs=1, extra_body={"ignore_eos": True}).choices[0]
+    text = full.text
+    stop = text[len(text) // 2:][:4]
+    cut = client.completions.create(model=MODEL_ID, prompt=prompt, max_tokens=24, temperature=0,
+                                    logprobs=1, stop=[stop],
+                                    extra_body={"ignore_eos": True}).choices[0]
+    assert cut.text == text[:text.index(stop)] and cut.finish_reason == "stop"
+    lp = cut.logprobs
+    assert lp.text_offset == full.logprobs.text_offset[:len(lp.text_offset)]
+    assert all(o < len(cut.text.encode()) for o in lp.text_offset)
+    # Every token that began before the stop string is kept.
+    kept = [o for o in full.logprobs.text_offset if o < len(cut.text.encode())]
+    assert lp.text_offset == kept and len(kept) < len(full.logprobs.text_offset)
+    assert lp.tokens == full.logprobs.tokens[:len(kept)]
+
+
+def test_usage_chunks_and_llama_samplers_on_openai_endpoints(server):
+    raw = post(server, "/v1/completions", {"prompt": "Hi", "max_tokens": 3, "stream": True,
+                                           "stream_options": {"include_usage": True}}).text
+    chunks = [json.loads(line[6:]) for line in raw.split("\n") if line.startswith("data: {")]
+    assert all("usage" in c for c in chunks)
+    assert all(c["usage"] is None for c in chunks[:-1]) and chunks[-1]["usage"]["total_tokens"]
+    for path, body in [("/v1/completions", {"prompt": "Hi"}),
+                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]})]:
+        for extra, field in [({"grammar": "root ::= \"a\""}, "grammar"),
+                             ({"json_schema": {"type": "object"}}, "json_schema"),
+                             ({"mirostat": 2}, "mirostat"), ({"typical_p": 0.5}, "typical_p")]:
+            r = post(server, path, dict(body, max_tokens=2, **extra))
+            assert r.status_code == 400 and r.json()["error"]["param"] == field, (path, r.text)
+
+
 def test_cached_prefix_is_reported(client):
     prompt = "It is a truth universally acknowledged, that a single man in possession of"
     first = client.completions.create(model=MODEL_ID, prompt=prompt, max_tokens=4, temperature=0)

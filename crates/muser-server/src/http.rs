@@ -118,6 +118,12 @@ impl Shared {
         self.counter.fetch_add(1, Relaxed)
     }
 
+    /// The seed of a request that gives none: 32 bits, as llama-server's, so that the
+    /// `generation_settings.seed` a client reads back is exact in JavaScript too.
+    fn next_seed(&self) -> u64 {
+        self.next_id() & 0xFFFF_FFFF
+    }
+
     /// Hands a request to the engine, whose events come back on the receiver; 503 when every
     /// slot is taken and `max_queue` requests already wait for one.
     fn run(
@@ -338,9 +344,12 @@ async fn completion_native(
     let (m, obj) = sh.request(&headers, body).await?;
     let (obj, native) = native::translate(obj)?;
     let f = Fields(&obj);
-    let gen = parse_generation(&f, false, sh.next_id(), m.n_vocab)?;
+    let gen = parse_generation(&f, false, sh.next_seed(), m.n_vocab)?;
     let prompt = parse_prompt(f.get("prompt"), &m.tokenizer, m.n_vocab)?;
-    let max_tokens = fit_context(prompt.len(), gen.max_tokens, m.n_ctx)?;
+    // llama-server's n_predict is a maximum: generation stops when the context is full
+    // (`stop_type` "limit", `truncated`), rather than a 400 as OpenAI's max_tokens.
+    let room = fit_context(prompt.len(), None, m.n_ctx)?;
+    let max_tokens = gen.max_tokens.map_or(room, |n| n.min(room));
     let reply = NativeReply::new(m.clone(), native, &gen, &prompt);
     let stream = gen.stream;
     let rx = sh.run(prompt, gen, max_tokens)?;
@@ -378,7 +387,10 @@ async fn generate(
             return Err(unknown_model(name, &m).with_param("model"));
         }
     }
-    let gen = parse_generation(&f, chat, sh.next_id(), m.n_vocab)?;
+    // llama-server's sampler fields are read on its OpenAI endpoints too: refused by name here
+    // as on /completion, never silently ignored.
+    native::refuse_unsupported(&f)?;
+    let gen = parse_generation(&f, chat, sh.next_seed(), m.n_vocab)?;
     let prompt = if chat {
         let messages = parse_messages(f.get("messages"))?;
         let text = m.template.render(&messages)?;
@@ -562,7 +574,12 @@ impl Reply {
         } else {
             choice["text"] = json!(text.unwrap_or(""));
         }
-        self.envelope(true, json!([choice]))
+        let mut v = self.envelope(true, json!([choice]));
+        if self.include_usage {
+            // OpenAI: with include_usage every chunk carries `usage`, null until the last.
+            v["usage"] = Value::Null;
+        }
+        v
     }
 
     /// The whole answer.
@@ -587,7 +604,6 @@ impl Reply {
 async fn collect(reply: Reply, mut rx: UnboundedReceiver<Event>) -> Result<Value, ApiError> {
     let mut text = String::new();
     let mut lps = Vec::new();
-    let mut offsets = Vec::new();
     while let Some(ev) = rx.recv().await {
         match ev {
             Event::Token {
@@ -596,13 +612,14 @@ async fn collect(reply: Reply, mut rx: UnboundedReceiver<Event>) -> Result<Value
                 offset,
                 ..
             } => {
-                if let Some(l) = logprob {
-                    lps.push(l);
-                    offsets.push(offset);
-                }
+                lps.extend(logprob.map(|l| (l, offset)));
                 text.push_str(&t);
             }
-            Event::Done(f) => return Ok(reply.complete(text, &lps, &offsets, &f)),
+            Event::Done(f) => {
+                let offsets: Vec<usize> = lps.iter().map(|&(_, o)| o).collect();
+                let lps = crate::scheduler::before_stop(lps, &text, &f);
+                return Ok(reply.complete(text, &lps, &offsets[..lps.len()], &f));
+            }
             Event::Error(e) => return Err(ApiError::internal(e)),
         }
     }

@@ -34,11 +34,12 @@ pub(crate) fn token_entry(m: &ModelInfo, id: u32, logprob: f32) -> Value {
 
 /// llama-server's fields that change the answer and that Muser does not implement, with the
 /// value that leaves each off: a request that sets another value gets a 400 naming the field.
-fn refuse_unsupported(f: &Fields) -> Result<(), ApiError> {
+/// llama-server reads them on its OpenAI endpoints too, so those refuse them as well.
+pub(crate) fn refuse_unsupported(f: &Fields) -> Result<(), ApiError> {
     let refuse = |k: &str, v: &Value| {
         Err(ApiError::param(
             k,
-            format!("{k} {} is not supported by Muser's /completion", show(v)),
+            format!("{k} {} is not supported by Muser", show(v)),
         ))
     };
     for (k, off) in [
@@ -147,7 +148,10 @@ pub fn translate(mut obj: Map<String, Value>) -> Result<(Map<String, Value>, Nat
     f.boolean("cache_prompt")?;
 
     if until_full {
+        // llama-server's n_predict wins over an OpenAI max_tokens in the same request.
         obj.remove("n_predict");
+        obj.remove("max_tokens");
+        obj.remove("max_completion_tokens");
     }
     if greedy {
         obj.insert("temperature".into(), json!(0));
@@ -253,8 +257,17 @@ impl NativeReply {
         v
     }
 
-    /// The whole answer (streamed: its last event, whose content is empty).
-    fn last(&self, content: &str, ids: &[u32], lps: &[Logprob], f: &Finish, stream: bool) -> Value {
+    /// The whole answer (streamed: its last event, whose content is empty; `new_line`: whether
+    /// the generated text holds a newline, streamed or not).
+    fn last(
+        &self,
+        content: &str,
+        new_line: bool,
+        ids: &[u32],
+        lps: &[Logprob],
+        f: &Finish,
+        stream: bool,
+    ) -> Value {
         let stop_type = match (f.reason, &f.stop_word) {
             (FinishReason::Length, _) => "limit",
             (FinishReason::Stop, Some(_)) => "word",
@@ -273,8 +286,10 @@ impl NativeReply {
             "tokens_evaluated": f.prompt_tokens,
             "generation_settings": settings,
             "prompt": self.prompt,
-            "has_new_line": content.contains('\n'),
-            "truncated": false,
+            "has_new_line": new_line,
+            // As llama-server: the generation ran until the context was full.
+            "truncated": f.reason == FinishReason::Length
+                && f.prompt_tokens + f.completion_tokens >= self.info.n_ctx,
             "stop_type": stop_type,
             "stopping_word": f.stop_word.as_deref().unwrap_or(""),
             "tokens_cached": f.cached_tokens,
@@ -299,13 +314,17 @@ pub async fn collect(
                 id,
                 text: t,
                 logprob,
-                ..
+                offset,
             } => {
                 text.push_str(&t);
                 ids.extend(id);
-                lps.extend(logprob);
+                lps.extend(logprob.map(|l| (l, offset)));
             }
-            Event::Done(f) => return Ok(reply.last(&text, &ids, &lps, &f, false)),
+            Event::Done(f) => {
+                let lps = crate::scheduler::before_stop(lps, &text, &f);
+                let new_line = text.contains('\n');
+                return Ok(reply.last(&text, new_line, &ids, &lps, &f, false));
+            }
             Event::Error(e) => return Err(ApiError::internal(e)),
         }
     }
@@ -323,8 +342,8 @@ pub fn sse(
 ) -> impl Stream<Item = Result<SseEvent, Infallible>> {
     let data = |v: Value| Ok(SseEvent::default().data(v.to_string()));
     stream::unfold(
-        (reply, rx, 0usize, false),
-        move |(reply, mut rx, mut n, ended)| async move {
+        (reply, rx, 0usize, false, false),
+        move |(reply, mut rx, mut n, mut new_line, ended)| async move {
             if ended {
                 return None;
             }
@@ -333,17 +352,18 @@ pub fn sse(
                     id, text, logprob, ..
                 }) => {
                     n += usize::from(id.is_some());
+                    new_line |= text.contains('\n');
                     let lps: Vec<Logprob> = logprob.into_iter().collect();
                     (reply.event(&text, id, &lps, n), false)
                 }
-                Some(Event::Done(f)) => (reply.last("", &[], &[], &f, true), true),
+                Some(Event::Done(f)) => (reply.last("", new_line, &[], &[], &f, true), true),
                 Some(Event::Error(e)) => (ApiError::internal(e).body(), true),
                 None => (
                     ApiError::internal("the engine stopped before the answer was complete").body(),
                     true,
                 ),
             };
-            Some((data(v), (reply, rx, n, end)))
+            Some((data(v), (reply, rx, n, new_line, end)))
         },
     )
 }

@@ -591,6 +591,17 @@ fn reusable_prefix(cached: &[u32], prefilled: usize, prompt: &[u32], same: bool)
     }
 }
 
+/// The logprobs of an answer that does not stream, each with its token's text offset, less
+/// those of the tokens a stop string ended it inside: a token whose text starts at or past the
+/// end of the returned text gave it nothing (as llama-server leaves the stop word's tokens out).
+pub fn before_stop(lps: Vec<(Logprob, usize)>, text: &str, f: &Finish) -> Vec<Logprob> {
+    let keep = |offset: usize| f.stop_word.is_none() || offset < text.len();
+    lps.into_iter()
+        .filter(|&(_, o)| keep(o))
+        .map(|(l, _)| l)
+        .collect()
+}
+
 /// Takes the sampled token `id`, releases its text and decides whether the request goes on.
 fn emit(
     task: &mut Task,

@@ -1,7 +1,9 @@
-//! Streaming detokenization: tokens arrive one at a time and may end inside a UTF-8 character;
-//! only whole characters are handed out, the partial tail waits for the next token.
+//! Streaming detokenization of generated text: tokens arrive one at a time and may end inside a
+//! UTF-8 character; only whole characters are handed out, the partial tail waits for the next
+//! token. Control and unknown tokens (`<|bos|>`, a chat template's markers) give no text, as
+//! llama.cpp's generated text leaves them out unless asked for special tokens.
 
-use crate::{Tokenizer, TokenizerError};
+use crate::{TokenType, Tokenizer, TokenizerError};
 
 #[derive(Debug, Default, Clone)]
 pub struct StreamDecoder {
@@ -16,7 +18,11 @@ impl StreamDecoder {
 
     /// Adds token `id` and returns the characters completed by it. A byte sequence that can
     /// never become valid UTF-8 comes out as U+FFFD at once rather than blocking the stream.
+    /// A control or unknown token adds nothing.
     pub fn push(&mut self, tok: &Tokenizer, id: u32) -> Result<String, TokenizerError> {
+        if matches!(tok.token_type(id)?, TokenType::Control | TokenType::Unknown) {
+            return Ok(String::new());
+        }
         self.pending
             .extend_from_slice(tok.token_to_piece_bytes(id)?);
         let mut out = String::new();

@@ -409,6 +409,49 @@ fn stream_decoder_holds_partial_characters() {
     assert_eq!(s, "\u{FFFD}ok");
 }
 
+/// Generated text leaves control and unknown tokens out (llama.cpp's pieces without special
+/// tokens); user-defined tokens are text and stay. `decode` still writes every token's text.
+#[test]
+fn stream_decoder_leaves_control_tokens_out() {
+    let mut data = byte_vocab(&["<|ctl|>", "<|user|>", "<unk>"], &[]);
+    data.token_types = vec![TokenType::Normal; 256];
+    data.token_types.extend([
+        TokenType::Control,
+        TokenType::UserDefined,
+        TokenType::Unknown,
+    ]);
+    let tok = Tokenizer::new(data).unwrap();
+    let (ctl, user, unk) = (256u32, 257u32, 258u32);
+    let mut rng = StdRng::seed_from_u64(11);
+    for _ in 0..50 {
+        // Random text with the three special tokens sprinkled in, some inside a character.
+        let text = random_text(&mut rng, 20);
+        let mut ids = Vec::new();
+        let mut want = String::new();
+        for &b in text.as_bytes() {
+            ids.extend(tok.encode_bytes(&[b], false, false));
+            match rng.gen_range(0..6) {
+                0 => ids.push(ctl),
+                1 => ids.push(unk),
+                2 => ids.push(user),
+                _ => {}
+            }
+        }
+        let mut dec = StreamDecoder::new();
+        let got: String = ids.iter().map(|&i| dec.push(&tok, i).unwrap()).collect();
+        // The user-defined token's text lands between the bytes where it came; compare with
+        // the control and unknown tokens dropped from the ids.
+        let kept: Vec<u32> = ids
+            .iter()
+            .copied()
+            .filter(|&i| i != ctl && i != unk)
+            .collect();
+        want.push_str(&String::from_utf8_lossy(&tok.decode(&kept).unwrap()));
+        assert_eq!(got + &dec.flush(), want);
+    }
+    assert_eq!(tok.decode(&[ctl, user]).unwrap(), b"<|ctl|><|user|>");
+}
+
 // ---------------------------------------------------------------- SentencePiece
 
 /// `<unk>`, `<s>`, `</s>`, the 256 byte tokens, then scored pieces.
