@@ -6,14 +6,20 @@ conversation; the same template is rendered by jinja2, set up the way transforme
 without ASCII escapes, `raise_exception`). Each prompt must be the same string, byte for byte,
 or both must refuse the conversation.
 
-The one setting that differs on purpose: `strftime_now` gives a fixed date in Muser (so a
-prompt does not change from day to day), and the reference is given the same date.
+`strftime_now` is today's date on both sides; a reference is rendered before and after each
+request, so a request that crosses midnight matches one of them.
+
+Request options are checked against the same reference: `add_generation_prompt`,
+`chat_template_kwargs`, the message fields templates read (`name`, `tool_calls`, ...), and
+llama-server's assistant prefill (a conversation ending with an assistant message is continued:
+the conversation before it with the generation prompt, then the message's text).
 """
 
 from __future__ import annotations
 
 import json
 import os
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -64,8 +70,16 @@ def reference_env() -> ImmutableSandboxedEnvironment:
                                         extensions=[Generation, jinja2.ext.loopcontrols])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = lambda fmt: "01 Jan 2026"
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     return env
+
+
+def render_around(render, request):
+    """(reference before, Muser's response, reference after): `strftime_now` may give either
+    date when a request crosses midnight."""
+    before = render()
+    got = request()
+    return before, got, render()
 
 
 def apply(server: ServerProcess, messages) -> requests.Response:
@@ -99,18 +113,20 @@ def test_every_shipped_template_renders_as_transformers_does(special_tokens):
         try:
             for messages in (WITH_SYSTEM, WITHOUT_SYSTEM):
                 try:
-                    want = template.render(messages=messages, add_generation_prompt=True,
-                                           **special_tokens)
+                    want, got, want_after = render_around(
+                        lambda: template.render(messages=messages, add_generation_prompt=True,
+                                                **special_tokens),
+                        lambda: apply(s, messages))
                 except jinja2.exceptions.TemplateError as e:
                     want, why = None, str(e)
-                got = apply(s, messages)
+                    got = apply(s, messages)
                 if want is None:
                     # Both refuse: a clear 400 naming the template's refusal.
                     assert got.status_code == 400, (path.name, got.text, why)
                     assert "chat template" in got.json()["error"]["message"], path.name
                     continue
                 assert got.status_code == 200, (path.name, got.text)
-                assert got.json()["prompt"] == want, path.name
+                assert got.json()["prompt"] in (want, want_after), path.name
                 for m in messages:
                     assert m["content"] in want, (path.name, m)
                 rendered += 1
@@ -140,5 +156,107 @@ def test_apply_template_is_the_chat_prompt(special_tokens):
             assert m["content"] in prompt
         bad = apply(s, [{"role": "wizard", "content": "x"}])
         assert bad.status_code == 400 and "role" in bad.json()["error"]["message"]
+    finally:
+        s.stop()
+
+
+# One template that uses what the review found missing: tojson with its options, strftime_now,
+# the message fields besides role and content, a template variable from the request, and
+# Windows line ends.
+PROBE = (
+    "{{ messages | tojson }}\r\n"
+    "{{ messages[-1] | tojson(indent=2) }}\r\n"
+    "{{ {'b': 1, 'a': [1.5, none, 'x<y & \\'z\\''], 'c': 1e16} | tojson }}\r\n"
+    "{{ {'b': 1, 'a': 2} | tojson(sort_keys=true, separators=(',', ':')) }}\r\n"
+    "{{ strftime_now('%Y-%m-%d %B %b %A %a %j %y %e') }}\r\n"
+    "{% for m in messages %}{{ m.role }}:{{ m.name }}:{{ m.tool_call_id }}:"
+    "{{ m.reasoning_content }}:{% for c in m.tool_calls %}{{ c.function.name }}"
+    "{{ c.function.arguments | tojson }}{% endfor %}\r\n{% endfor %}"
+    "{{ enable_thinking }}{% if add_generation_prompt %}<assistant>{% endif %}"
+)
+FIELDS = [
+    {"role": "system", "content": "Be brief. \u00e9 \U0001F600 \"q\" <b>"},
+    {"role": "user", "content": "Weather in Paris?", "name": "bob"},
+    {"role": "assistant", "content": "", "reasoning_content": "Use the tool.",
+     "tool_calls": [{"id": "c1", "type": "function",
+                     "function": {"name": "weather", "arguments": {"city": "Paris", "days": 2}}}]},
+    {"role": "tool", "content": "{\"temp\": 20}", "tool_call_id": "c1"},
+]
+
+
+def test_request_options_and_fields_render_as_transformers_does(tmp_path):
+    path = tmp_path / "probe.jinja"
+    path.write_bytes(PROBE.encode())
+    template = reference_env().from_string(PROBE)
+    s = ServerProcess("--chat-template-file", str(path))
+    try:
+        for extra, agp, kwargs in [
+            ({}, True, {}),
+            ({"add_generation_prompt": False}, False, {}),
+            ({"chat_template_kwargs": {"enable_thinking": False}}, True,
+             {"enable_thinking": False}),
+        ]:
+            want, got, want_after = render_around(
+                lambda: template.render(messages=FIELDS, add_generation_prompt=agp, **kwargs),
+                lambda: requests.post(s.url + "/apply-template", timeout=60,
+                                      json={"messages": FIELDS, **extra}))
+            assert got.status_code == 200, got.text
+            assert got.json()["prompt"] in (want, want_after), extra
+        # Text parts are joined with a newline, as llama-server joins them.
+        parts = [{"role": "user", "content": [{"type": "text", "text": "a"},
+                                              {"type": "text", "text": "b"}]}]
+        joined = [{"role": "user", "content": "a\nb"}]
+        want, got, want_after = render_around(
+            lambda: template.render(messages=joined, add_generation_prompt=True),
+            lambda: apply(s, parts))
+        assert got.json()["prompt"] in (want, want_after)
+    finally:
+        s.stop()
+
+
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_a_final_assistant_message_is_continued(tmp_path):
+    """llama-server's assistant prefill: the prompt is the conversation before the assistant
+    message with the generation prompt, then that message's text (what transformers gives with
+    continue_final_message); a chat request runs exactly that prompt."""
+    convo = [{"role": "user", "content": "Write a poem."},
+             {"role": "assistant", "content": "Roses are"}]
+    path = tmp_path / "chatml.jinja"
+    path.write_text(CHATML)
+    template = reference_env().from_string(CHATML)
+    continued = template.render(messages=convo[:1], add_generation_prompt=True) + "Roses are"
+    finished = template.render(messages=convo, add_generation_prompt=True)
+    s = ServerProcess("--chat-template-file", str(path))
+    try:
+        assert apply(s, convo).json()["prompt"] == continued
+        r = requests.post(s.url + "/apply-template", timeout=60,
+                          json={"messages": convo, "continue_final_message": True,
+                                "add_generation_prompt": False})
+        assert r.json()["prompt"] == continued
+        # Not continued when asked not to: the message is a finished turn.
+        r = requests.post(s.url + "/apply-template", timeout=60,
+                          json={"messages": convo, "continue_final_message": False})
+        assert r.json()["prompt"] == finished
+        ids = requests.post(s.url + "/tokenize", timeout=60,
+                            json={"content": continued, "add_special": True,
+                                  "parse_special": True}).json()["tokens"]
+        r = requests.post(s.url + "/v1/chat/completions", timeout=60,
+                          json={"messages": convo, "max_tokens": 1})
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["prompt_tokens"] == len(ids)
+        # Refused as llama-server refuses them.
+        for body, what in [
+            ({"messages": convo, "continue_final_message": True, "add_generation_prompt": True},
+             "Cannot set both"),
+            ({"messages": convo + [{"role": "assistant", "content": "x"}]}, "assistant messages"),
+            ({"messages": convo[:1], "continue_final_message": True}, "assistant"),
+        ]:
+            r = requests.post(s.url + "/apply-template", json=body, timeout=60)
+            assert r.status_code == 400 and what in r.json()["error"]["message"], r.text
     finally:
         s.stop()

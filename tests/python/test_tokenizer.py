@@ -4,8 +4,9 @@ A ~2000-token byte-level BPE is trained with HF `tokenizers` on the docstrings o
 modules (plus some non-ASCII text), written into a tensor-less GGUF with gguf-python's
 GGUFWriter (tokenizer.ggml.model "gpt2"), and `muser tokenize` must give HF's ids on many
 strings: ASCII, unicode, digits, whitespace runs, contractions, random mixes. Each
-`tokenizer.ggml.pre` we support (default, llama-bpe, qwen2) is checked with the matching HF
-pre-tokenizer, so our regexes are compared with HF's own regex engine.
+`tokenizer.ggml.pre` checked (default, llama-bpe, qwen2, and a name for several more of the
+pattern sets llama.cpp maps names to) is compared with the matching HF pre-tokenizer, so our
+regexes are compared with HF's own regex engine. A name llama.cpp does not know is refused.
 
 The binary is $MUSER_BIN (or target/release/muser, target/debug/muser) when it has the
 `tokenize` subcommand; otherwise the same command built as the example
@@ -40,6 +41,46 @@ PATTERN_QWEN2 = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+
+
+PATTERN_TEKKEN = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+    r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+PATTERN_GPT4O = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+PATTERN_DEEPSEEK3 = (
+    r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
+    r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+def split_then_bytes(*patterns: str) -> "pre_tokenizers.PreTokenizer":
+    """HF's pre-tokenizer for a list of patterns: each splits ("isolated"), then bytes."""
+    splits = [pre_tokenizers.Split(Regex(p), behavior="isolated", invert=False) for p in patterns]
+    return pre_tokenizers.Sequence(splits + [pre_tokenizers.ByteLevel(add_prefix_space=False,
+                                                                      use_regex=False)])
+
+
+# llama.cpp `tokenizer.ggml.pre` names beyond the three above, each with the pre-tokenizer its
+# models' tokenizer.json states and HF's ignore_merges setting.
+OTHER_PRE = {
+    "deepseek-r1-qwen": (lambda: split_then_bytes(PATTERN_QWEN2), False),
+    "smaug-bpe": (lambda: split_then_bytes(PATTERN_LLAMA3), False),
+    "tekken": (lambda: split_then_bytes(PATTERN_TEKKEN), True),
+    "gpt-4o": (lambda: split_then_bytes(PATTERN_GPT4O), False),
+    "deepseek-v3": (lambda: split_then_bytes(r"\p{N}{1,3}", "[一-龥\u3040-ゟ゠-ヿ]+",
+                                             PATTERN_DEEPSEEK3), False),
+    "smollm": (lambda: pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]), False),
+}
 
 
 def muser_command() -> list[str]:
@@ -82,6 +123,9 @@ def corpus() -> list[str]:
 
 
 def make_hf(kind: str) -> "tokenizers.Tokenizer":
+    if kind in OTHER_PRE:
+        make_pre, ignore_merges = OTHER_PRE[kind]
+        return train_hf(models.BPE(ignore_merges=ignore_merges), make_pre())
     if kind == "default":
         model = models.BPE()
         pre = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
@@ -94,6 +138,10 @@ def make_hf(kind: str) -> "tokenizers.Tokenizer":
                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
             ]
         )
+    return train_hf(model, pre)
+
+
+def train_hf(model, pre) -> "tokenizers.Tokenizer":
     tok = tokenizers.Tokenizer(model)
     tok.pre_tokenizer = pre
     tok.decoder = decoders.ByteLevel()
@@ -179,7 +227,7 @@ def muser() -> list[str]:
     return muser_command()
 
 
-@pytest.mark.parametrize("pre", ["default", "llama-bpe", "qwen2"])
+@pytest.mark.parametrize("pre", ["default", "llama-bpe", "qwen2", *OTHER_PRE])
 def test_ids_match_hf(pre: str, muser: list[str], tmp_path: Path) -> None:
     hf = make_hf(pre)
     assert hf.get_vocab_size() == VOCAB_SIZE
@@ -224,3 +272,14 @@ def test_verbose_and_bad_file(muser: list[str], tmp_path: Path) -> None:
     bad.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\x00" * 7)
     out = subprocess.run(muser + ["-m", str(bad), "-p", "x"], capture_output=True, text=True)
     assert out.returncode != 0 and "panicked" not in out.stderr
+
+
+def test_unknown_pre_tokenizer_is_refused(muser: list[str], tmp_path: Path) -> None:
+    """A `tokenizer.ggml.pre` llama.cpp does not know is refused at load, naming it, rather
+    than tokenized with GPT-2's pattern (which would give the model ids it never saw)."""
+    hf = make_hf("qwen2")
+    path = tmp_path / "tok.gguf"
+    write_gguf(hf, "totally-unknown", path)
+    out = subprocess.run(muser + ["-m", str(path), "-p", "IT'S 2024"], capture_output=True, text=True)
+    assert out.returncode != 0 and "panicked" not in out.stderr
+    assert '"totally-unknown"' in out.stderr and "tokenizer.ggml.pre" in out.stderr, out.stderr

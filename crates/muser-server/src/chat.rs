@@ -1,10 +1,17 @@
 //! Chat messages to a prompt: the GGUF's `tokenizer.chat_template` (a Hugging Face Jinja
 //! template) rendered with minijinja and Python-compatible string methods, or a plain
 //! "Role: text" template when the file has none.
+//!
+//! The template sees what transformers' `apply_chat_template` gives it: `messages` (role,
+//! content, and the name / tool-call / reasoning fields the request gave),
+//! `add_generation_prompt`, `bos_token`, `eos_token`, the request's `chat_template_kwargs`,
+//! `raise_exception`, `strftime_now`, and `tojson` as transformers defines it (Python's
+//! `json.dumps`).
 
 use crate::error::ApiError;
-use minijinja::{context, Environment, Error, ErrorKind};
-use serde_json::Value;
+use minijinja::value::{Kwargs, ValueKind};
+use minijinja::{Environment, Error, ErrorKind};
+use serde_json::{Map, Value};
 
 /// Used when the model has no `tokenizer.chat_template`.
 pub const FALLBACK_TEMPLATE: &str = "{%- for m in messages -%}\
@@ -33,10 +40,11 @@ impl ChatTemplate {
         env.add_function("raise_exception", |msg: String| -> Result<String, Error> {
             Err(Error::new(ErrorKind::InvalidOperation, msg))
         });
-        env.add_function("strftime_now", |_fmt: String| -> String {
-            // Templates use it for a "today is" line; a fixed date keeps prompts reproducible.
-            "01 Jan 2026".to_string()
+        // transformers: `datetime.now().strftime(format)`, the local date and time.
+        env.add_function("strftime_now", |fmt: String| -> Result<String, Error> {
+            strftime(&chrono::Local::now(), &fmt)
         });
+        env.add_filter("tojson", tojson);
         // Jinja2's undefined has length 0, so templates test `tools|length > 0` with no tools
         // passed; minijinja's own filter refuses an undefined value.
         let length = |v: &minijinja::Value| -> Result<usize, Error> {
@@ -51,7 +59,11 @@ impl ChatTemplate {
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
         env.set_fuel(Some(TEMPLATE_FUEL));
-        let source = source.map_or_else(|| FALLBACK_TEMPLATE.to_string(), without_generation_tags);
+        // Jinja2 reads "\r\n" and a lone "\r" as "\n" wherever they are in the source.
+        let source = source.map_or_else(
+            || FALLBACK_TEMPLATE.to_string(),
+            |s| without_generation_tags(&s.replace("\r\n", "\n").replace('\r', "\n")),
+        );
         env.add_template_owned("chat", source)
             .map_err(|e| anyhow::anyhow!("the chat template does not parse: {e:#}"))?;
         Ok(ChatTemplate {
@@ -63,24 +75,386 @@ impl ChatTemplate {
 
     /// The prompt text for `messages`, ending where the assistant's reply begins.
     pub fn render(&self, messages: &[Value]) -> Result<String, ApiError> {
+        self.render_with(messages, true, &Map::new())
+    }
+
+    /// The prompt for a chat request: its messages rendered with its options, or, when the
+    /// request continues its last (assistant) message, the conversation before that message
+    /// with the assistant's turn opened, then the message's text (llama-server's rule: the
+    /// prompt without a generation prompt, then what the generation prompt adds to it).
+    pub fn render_request(&self, req: &ChatRequest) -> Result<String, ApiError> {
+        let Some(prefill) = &req.prefill else {
+            return self.render_with(&req.messages, req.add_generation_prompt, &req.kwargs);
+        };
+        let before = &req.messages[..req.messages.len() - 1];
+        let mut prompt = self.render_with(before, false, &req.kwargs)?;
+        let opened = self.render_with(before, true, &req.kwargs)?;
+        let mut common = prompt
+            .bytes()
+            .zip(opened.bytes())
+            .take_while(|(a, b)| a == b)
+            .count();
+        while !opened.is_char_boundary(common) {
+            common -= 1;
+        }
+        prompt.push_str(&opened[common..]);
+        prompt.push_str(prefill);
+        Ok(prompt)
+    }
+
+    fn render_with(
+        &self,
+        messages: &[Value],
+        add_generation_prompt: bool,
+        kwargs: &Map<String, Value>,
+    ) -> Result<String, ApiError> {
         let tmpl = self
             .env
             .get_template("chat")
             .map_err(|e| ApiError::internal(format!("chat template: {e}")))?;
-        tmpl.render(context! {
-            messages => messages,
-            add_generation_prompt => true,
-            bos_token => &self.bos,
-            eos_token => &self.eos,
+        let mut ctx: Vec<(&str, minijinja::Value)> = vec![
+            (
+                "messages",
+                messages
+                    .iter()
+                    .map(message_value)
+                    .collect::<minijinja::Value>(),
+            ),
+            ("add_generation_prompt", add_generation_prompt.into()),
+            ("bos_token", self.bos.as_str().into()),
+            ("eos_token", self.eos.as_str().into()),
+        ];
+        // The request's own variables come last and win, as in llama-server.
+        for (k, v) in kwargs {
+            ctx.retain(|(name, _)| name != k);
+            ctx.push((k, minijinja::Value::from_serialize(v)));
+        }
+        tmpl.render(minijinja::Value::from_iter(ctx))
+            .map_err(|e| match e.kind() {
+                // The model's template, not the request, is at fault.
+                ErrorKind::OutOfFuel => ApiError::internal(format!(
+                    "the model's chat template ran past {TEMPLATE_FUEL} instructions without \
+                     finishing (a runaway loop?)"
+                )),
+                _ => ApiError::bad_request(format!("the chat template refused the messages: {e}")),
+            })
+    }
+}
+
+/// A message as the template sees it. The JSON parser keeps an object's keys sorted, not in
+/// the request's order, so the keys a template may write out with `tojson` are put in the
+/// order OpenAI clients send them (llama-server's order): role, content, reasoning_content,
+/// name, tool_call_id, tool_calls; each tool call as id, type, function {name, arguments}.
+/// Keys beyond those follow, sorted.
+fn message_value(msg: &Value) -> minijinja::Value {
+    const MESSAGE: &[&str] = &[
+        "role",
+        "content",
+        "reasoning_content",
+        "name",
+        "tool_call_id",
+        "tool_calls",
+    ];
+    const CALL: &[&str] = &["id", "type", "function"];
+    const FUNCTION: &[&str] = &["name", "arguments"];
+    fn ordered(
+        obj: &Map<String, Value>,
+        order: &[&str],
+        inner: impl Fn(&str, &Value) -> minijinja::Value,
+    ) -> minijinja::Value {
+        let first = order
+            .iter()
+            .filter_map(|k| obj.get_key_value(*k))
+            .map(|(k, v)| (k.as_str(), inner(k, v)));
+        let rest = obj
+            .iter()
+            .filter(|(k, _)| !order.contains(&k.as_str()))
+            .map(|(k, v)| (k.as_str(), minijinja::Value::from_serialize(v)));
+        first.chain(rest).collect()
+    }
+    let plain = |_: &str, v: &Value| minijinja::Value::from_serialize(v);
+    let function = |v: &Value| match v {
+        Value::Object(f) => ordered(f, FUNCTION, plain),
+        other => minijinja::Value::from_serialize(other),
+    };
+    let call = |v: &Value| match v {
+        Value::Object(c) => ordered(c, CALL, |k, v| {
+            if k == "function" {
+                function(v)
+            } else {
+                minijinja::Value::from_serialize(v)
+            }
+        }),
+        other => minijinja::Value::from_serialize(other),
+    };
+    match msg {
+        Value::Object(m) => ordered(m, MESSAGE, |k, v| match (k, v) {
+            ("tool_calls", Value::Array(calls)) => calls.iter().map(call).collect(),
+            _ => minijinja::Value::from_serialize(v),
+        }),
+        other => minijinja::Value::from_serialize(other),
+    }
+}
+
+/// `datetime.strftime` for the codes chrono shares with C's strftime (%Y %m %d %B %b %A %a %H
+/// %M %S %p %j %y %e ...). A code chrono does not know is an error, not a panic.
+fn strftime<Tz: chrono::TimeZone>(now: &chrono::DateTime<Tz>, fmt: &str) -> Result<String, Error>
+where
+    Tz::Offset: std::fmt::Display,
+{
+    use chrono::format::{Item, StrftimeItems};
+    use std::fmt::Write;
+    let items: Vec<Item> = StrftimeItems::new(fmt).collect();
+    let bad = || {
+        Error::new(
+            ErrorKind::InvalidOperation,
+            format!("strftime_now: cannot format the date with {fmt:?}"),
+        )
+    };
+    if items.iter().any(|i| matches!(i, Item::Error)) {
+        return Err(bad());
+    }
+    let mut out = String::new();
+    write!(out, "{}", now.format_with_items(items.into_iter())).map_err(|_| bad())?;
+    Ok(out)
+}
+
+/// transformers' `tojson`: `json.dumps(value, ensure_ascii=False, indent=None,
+/// separators=None, sort_keys=False)`, each option also by position in that order. Python's
+/// output exactly: `", "` and `": "` between items (`","` when indenting), no HTML escaping,
+/// keys in the map's order, floats as Python writes them (`1.0`, `1e+16`).
+fn tojson(
+    value: &minijinja::Value,
+    ensure_ascii: Option<minijinja::Value>,
+    indent: Option<minijinja::Value>,
+    separators: Option<minijinja::Value>,
+    kwargs: Kwargs,
+) -> Result<String, Error> {
+    let bad = |msg: String| Error::new(ErrorKind::InvalidOperation, format!("tojson: {msg}"));
+    let option = |name: &str, positional: Option<minijinja::Value>| {
+        let named: Option<minijinja::Value> = kwargs.get(name)?;
+        match (positional, named) {
+            (Some(_), Some(_)) => Err(bad(format!("{name} given twice"))),
+            (p, n) => Ok(p.or(n).filter(|v| !v.is_none() && !v.is_undefined())),
+        }
+    };
+    let ensure_ascii = option("ensure_ascii", ensure_ascii)?.is_some_and(|v| v.is_true());
+    let indent = option("indent", indent)?;
+    let separators = option("separators", separators)?;
+    let sort_keys = option("sort_keys", None)?.is_some_and(|v| v.is_true());
+    kwargs.assert_all_used()?;
+    let indent = match indent {
+        None => None,
+        Some(v) if v.kind() == ValueKind::String => Some(v.as_str().unwrap_or("").to_string()),
+        // Python: `' ' * indent` (a negative count gives no spaces; True is 1).
+        Some(v) => match i64::try_from(v.clone()) {
+            Ok(n) => Some(" ".repeat(n.max(0) as usize)),
+            Err(_) => {
+                return Err(bad(format!(
+                    "indent must be an integer or a string, got {v}"
+                )))
+            }
+        },
+    };
+    let (item_sep, key_sep) = match separators {
+        None if indent.is_some() => (",".to_string(), ": ".to_string()),
+        None => (", ".to_string(), ": ".to_string()),
+        Some(v) => {
+            let parts: Vec<minijinja::Value> = v.try_iter()?.collect();
+            match parts.as_slice() {
+                [a, b] if a.as_str().is_some() && b.as_str().is_some() => {
+                    (a.to_string(), b.to_string())
+                }
+                _ => return Err(bad("separators must be two strings".into())),
+            }
+        }
+    };
+    let w = JsonWriter {
+        ensure_ascii,
+        indent,
+        item_sep,
+        key_sep,
+        sort_keys,
+    };
+    let mut out = String::new();
+    w.value(value, 0, &mut out)?;
+    Ok(out)
+}
+
+struct JsonWriter {
+    ensure_ascii: bool,
+    indent: Option<String>,
+    item_sep: String,
+    key_sep: String,
+    sort_keys: bool,
+}
+
+impl JsonWriter {
+    fn value(&self, v: &minijinja::Value, depth: usize, out: &mut String) -> Result<(), Error> {
+        let not_json = || {
+            Error::new(
+                ErrorKind::InvalidOperation,
+                format!(
+                    "tojson: a value of type {} is not JSON serializable",
+                    v.kind()
+                ),
+            )
+        };
+        if depth > 512 {
+            return Err(Error::new(
+                ErrorKind::InvalidOperation,
+                "tojson: the value is nested too deeply",
+            ));
+        }
+        match v.kind() {
+            ValueKind::None => out.push_str("null"),
+            ValueKind::Bool => out.push_str(if v.is_true() { "true" } else { "false" }),
+            ValueKind::Number => out.push_str(&number(v)),
+            ValueKind::String => self.string(v.as_str().unwrap_or(""), out),
+            ValueKind::Seq | ValueKind::Iterable => {
+                let items: Vec<minijinja::Value> = v.try_iter()?.collect();
+                self.container('[', ']', items.len(), depth, out, |i, out| {
+                    self.value(&items[i], depth + 1, out)
+                })?;
+            }
+            ValueKind::Map => {
+                let mut entries = Vec::new();
+                for key in v.try_iter()? {
+                    let value = v.get_item(&key)?;
+                    entries.push((self.key(&key)?, value));
+                }
+                if self.sort_keys {
+                    entries.sort_by(|a, b| a.0.cmp(&b.0));
+                }
+                self.container('{', '}', entries.len(), depth, out, |i, out| {
+                    self.string(&entries[i].0, out);
+                    out.push_str(&self.key_sep);
+                    self.value(&entries[i].1, depth + 1, out)
+                })?;
+            }
+            _ => return Err(not_json()),
+        }
+        Ok(())
+    }
+
+    /// `[a, b]` / `{..}`, or with an indent each item on its own line.
+    fn container(
+        &self,
+        open: char,
+        close: char,
+        n: usize,
+        depth: usize,
+        out: &mut String,
+        mut item: impl FnMut(usize, &mut String) -> Result<(), Error>,
+    ) -> Result<(), Error> {
+        out.push(open);
+        if n > 0 {
+            let line = |out: &mut String, level: usize| {
+                if let Some(ind) = &self.indent {
+                    out.push('\n');
+                    for _ in 0..level {
+                        out.push_str(ind);
+                    }
+                }
+            };
+            line(out, depth + 1);
+            for i in 0..n {
+                if i > 0 {
+                    out.push_str(&self.item_sep);
+                    line(out, depth + 1);
+                }
+                item(i, out)?;
+            }
+            line(out, depth);
+        }
+        out.push(close);
+        Ok(())
+    }
+
+    /// A map key as Python's json writes it: strings as they are, numbers, booleans and None
+    /// as their JSON text.
+    fn key(&self, k: &minijinja::Value) -> Result<String, Error> {
+        Ok(match k.kind() {
+            ValueKind::String => k.as_str().unwrap_or("").to_string(),
+            ValueKind::Number => number(k),
+            ValueKind::Bool => (if k.is_true() { "true" } else { "false" }).to_string(),
+            ValueKind::None => "null".to_string(),
+            other => {
+                return Err(Error::new(
+                    ErrorKind::InvalidOperation,
+                    format!("tojson: keys must be str, int, float, bool or None, not {other}"),
+                ))
+            }
         })
-        .map_err(|e| match e.kind() {
-            // The model's template, not the request, is at fault.
-            ErrorKind::OutOfFuel => ApiError::internal(format!(
-                "the model's chat template ran past {TEMPLATE_FUEL} instructions without \
-                 finishing (a runaway loop?)"
-            )),
-            _ => ApiError::bad_request(format!("the chat template refused the messages: {e}")),
-        })
+    }
+
+    fn string(&self, s: &str, out: &mut String) {
+        out.push('"');
+        for c in s.chars() {
+            match c {
+                '"' => out.push_str("\\\""),
+                '\\' => out.push_str("\\\\"),
+                '\n' => out.push_str("\\n"),
+                '\r' => out.push_str("\\r"),
+                '\t' => out.push_str("\\t"),
+                '\u{8}' => out.push_str("\\b"),
+                '\u{c}' => out.push_str("\\f"),
+                c if (c as u32) < 0x20 || (self.ensure_ascii && !(' '..='~').contains(&c)) => {
+                    let mut units = [0u16; 2];
+                    for u in c.encode_utf16(&mut units) {
+                        out.push_str(&format!("\\u{u:04x}"));
+                    }
+                }
+                c => out.push(c),
+            }
+        }
+        out.push('"');
+    }
+}
+
+/// A number as Python's `json` writes it: integers in full, floats as `repr` (shortest
+/// round-trip digits; exponent form below 1e-4 and from 1e16: `1e-05`, `1.5e+16`).
+fn number(v: &minijinja::Value) -> String {
+    if v.is_integer() {
+        return v.to_string();
+    }
+    let x = f64::try_from(v.clone()).unwrap_or(f64::NAN);
+    if x.is_nan() {
+        return "NaN".into();
+    }
+    if x.is_infinite() {
+        return if x > 0.0 { "Infinity" } else { "-Infinity" }.into();
+    }
+    // `{:e}` gives the shortest round-trip digits: "-1.2345e-5".
+    let sci = format!("{x:e}");
+    let (mantissa, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
+    let exp: i32 = exp.parse().unwrap_or(0);
+    let (sign, mantissa) = match mantissa.strip_prefix('-') {
+        Some(m) => ("-", m),
+        None => ("", mantissa),
+    };
+    let digits: String = mantissa.chars().filter(|c| *c != '.').collect();
+    if (-4..16).contains(&exp) {
+        if exp < 0 {
+            format!("{sign}0.{}{digits}", "0".repeat((-exp - 1) as usize))
+        } else {
+            let point = exp as usize + 1;
+            let (int, frac) = if digits.len() > point {
+                (digits[..point].to_string(), digits[point..].to_string())
+            } else {
+                (format!("{digits:0<point$}"), "0".to_string())
+            };
+            format!("{sign}{int}.{frac}")
+        }
+    } else {
+        let (first, rest) = digits.split_at(1);
+        let rest = if rest.is_empty() {
+            String::new()
+        } else {
+            format!(".{rest}")
+        };
+        let esign = if exp < 0 { '-' } else { '+' };
+        format!("{sign}{first}{rest}e{esign}{:02}", exp.abs())
     }
 }
 
@@ -103,8 +477,162 @@ fn without_generation_tags(source: &str) -> String {
     .into_owned()
 }
 
-/// Checks `messages` (a non-empty array of {role, content}) and returns them with content
-/// flattened to a string (text parts joined), the form templates expect.
+/// A chat request's messages and template options.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChatRequest {
+    /// As [`parse_messages`] gives them.
+    pub messages: Vec<Value>,
+    /// `add_generation_prompt` (default true).
+    pub add_generation_prompt: bool,
+    /// The text of the final assistant message when the prompt continues it (llama-server's
+    /// assistant prefill; `continue_final_message`): the reply goes on from it.
+    pub prefill: Option<String>,
+    /// `chat_template_kwargs`: extra template variables (`enable_thinking`, ...).
+    pub kwargs: Map<String, Value>,
+}
+
+impl ChatRequest {
+    /// Reads `messages`, `add_generation_prompt`, `continue_final_message` and
+    /// `chat_template_kwargs` from a request body.
+    ///
+    /// A conversation that ends with an assistant message is continued, as llama-server
+    /// does by default: its reply goes on from that message's text. `continue_final_message:
+    /// false` renders it as a finished turn instead; `true` asks for the continuation (then
+    /// the last message must be the assistant's, and `add_generation_prompt` may not be true).
+    pub fn parse(body: &Map<String, Value>) -> Result<ChatRequest, ApiError> {
+        let get = |k: &str| body.get(k).filter(|v| !v.is_null());
+        let messages = parse_messages(get("messages"))?;
+        let flag = |k: &str| match get(k) {
+            None => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(v) => Err(ApiError::param(
+                k,
+                format!("{k} must be a boolean, got {}", crate::api::type_name(v)),
+            )),
+        };
+        let add_generation_prompt = flag("add_generation_prompt")?;
+        let continue_final = match get("continue_final_message") {
+            Some(Value::String(s)) if s == "content" => Some(true),
+            Some(Value::String(s)) if s == "reasoning_content" => {
+                return Err(ApiError::param(
+                    "continue_final_message",
+                    "continue_final_message \"reasoning_content\" is not supported by Muser \
+                     (only the message's content can be continued)",
+                ))
+            }
+            _ => flag("continue_final_message")?,
+        };
+        let kwargs = match get("chat_template_kwargs") {
+            None => Map::new(),
+            Some(Value::Object(o)) => {
+                for k in ["messages", "add_generation_prompt"] {
+                    if o.contains_key(k) {
+                        return Err(ApiError::param(
+                            "chat_template_kwargs",
+                            format!(
+                                "chat_template_kwargs may not set {k} (it is a field of the \
+                                 request)"
+                            ),
+                        ));
+                    }
+                }
+                o.clone()
+            }
+            Some(v) => {
+                return Err(ApiError::param(
+                    "chat_template_kwargs",
+                    format!(
+                        "chat_template_kwargs must be an object, got {}",
+                        crate::api::type_name(v)
+                    ),
+                ))
+            }
+        };
+        let role = |m: &Value| m.get("role").and_then(Value::as_str).map(str::to_string);
+        let last_is_assistant = messages.last().and_then(role).as_deref() == Some("assistant");
+        let continuing = match continue_final {
+            Some(true) => {
+                if add_generation_prompt == Some(true) {
+                    return Err(ApiError::bad_request(
+                        "Cannot set both add_generation_prompt and continue_final_message to \
+                         true.",
+                    ));
+                }
+                if !last_is_assistant {
+                    return Err(ApiError::param(
+                        "continue_final_message",
+                        "continue_final_message needs the last message to be the assistant's",
+                    ));
+                }
+                true
+            }
+            Some(false) => false,
+            None => last_is_assistant,
+        };
+        let mut prefill = None;
+        if continuing {
+            let n = messages.len();
+            if n >= 2 && role(&messages[n - 2]).as_deref() == Some("assistant") {
+                return Err(ApiError::param(
+                    "messages",
+                    "Cannot have 2 or more assistant messages at the end of the list.",
+                ));
+            }
+            let last = &messages[n - 1];
+            if last
+                .get("tool_calls")
+                .and_then(Value::as_array)
+                .is_some_and(|c| !c.is_empty())
+            {
+                return Err(ApiError::param(
+                    "messages",
+                    "Cannot continue an assistant message that contains tool calls.",
+                ));
+            }
+            // llama-server joins a continued message's text parts with a blank line.
+            let raw = get("messages").and_then(|m| m.get(n - 1));
+            let text = match raw.and_then(|m| m.get("content")) {
+                Some(Value::Array(parts)) => join_text_parts(parts, "\n\n"),
+                _ => last
+                    .get("content")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string(),
+            };
+            prefill = Some(text);
+        }
+        Ok(ChatRequest {
+            messages,
+            add_generation_prompt: add_generation_prompt.unwrap_or(true) && !continuing,
+            prefill,
+            kwargs,
+        })
+    }
+}
+
+/// The text parts' texts joined as llama-server joins them: `sep` between parts, none before
+/// the first non-empty text.
+fn join_text_parts(parts: &[Value], sep: &str) -> String {
+    let mut text = String::new();
+    for t in parts
+        .iter()
+        .filter_map(|p| p.get("text").and_then(Value::as_str))
+    {
+        if !text.is_empty() {
+            text.push_str(sep);
+        }
+        text.push_str(t);
+    }
+    text
+}
+
+/// Message fields passed to the template as given, besides `role` and `content`.
+const PASSED_FIELDS: &[&str] = &["name", "tool_call_id", "tool_calls", "reasoning_content"];
+
+/// Checks `messages` (a non-empty array of {role, content, ...}) and returns them as templates
+/// expect them: content flattened to a string (text parts joined with a newline, as
+/// llama-server does), `developer` as `system`, and `name`, `tool_call_id`, `tool_calls` and
+/// `reasoning_content` kept.
 pub fn parse_messages(v: Option<&Value>) -> Result<Vec<Value>, ApiError> {
     let param = |m: String| ApiError::param("messages", m);
     let arr = match v {
@@ -143,10 +671,9 @@ pub fn parse_messages(v: Option<&Value>) -> Result<Vec<Value>, ApiError> {
             Some(Value::String(s)) => s.clone(),
             None | Some(Value::Null) if role == "assistant" => String::new(),
             Some(Value::Array(parts)) => {
-                let mut text = String::new();
                 for (j, p) in parts.iter().enumerate() {
                     match (p.get("type").and_then(Value::as_str), p.get("text")) {
-                        (Some("text"), Some(Value::String(t))) => text.push_str(t),
+                        (Some("text"), Some(Value::String(_))) => {}
                         (Some("text"), _) => {
                             return Err(param(format!(
                                 "messages[{i}].content[{j}].text must be a string"
@@ -161,7 +688,7 @@ pub fn parse_messages(v: Option<&Value>) -> Result<Vec<Value>, ApiError> {
                         }
                     }
                 }
-                text
+                join_text_parts(parts, "\n")
             }
             _ => {
                 return Err(param(format!(
@@ -169,7 +696,40 @@ pub fn parse_messages(v: Option<&Value>) -> Result<Vec<Value>, ApiError> {
                 )))
             }
         };
-        out.push(serde_json::json!({ "role": role, "content": content }));
+        let mut msg = Map::new();
+        for (k, v) in obj {
+            match k.as_str() {
+                "role" => {
+                    msg.insert(k.clone(), Value::from(role));
+                }
+                "content" => {
+                    msg.insert(k.clone(), Value::from(content.as_str()));
+                }
+                k if PASSED_FIELDS.contains(&k) && !v.is_null() => {
+                    let ok = match k {
+                        "tool_calls" => v.is_array(),
+                        _ => v.is_string(),
+                    };
+                    if !ok {
+                        let want = if k == "tool_calls" {
+                            "an array"
+                        } else {
+                            "a string"
+                        };
+                        return Err(param(format!(
+                            "messages[{i}].{k} must be {want}, got {}",
+                            crate::api::type_name(v)
+                        )));
+                    }
+                    msg.insert(k.to_string(), v.clone());
+                }
+                _ => {}
+            }
+        }
+        if !msg.contains_key("content") {
+            msg.insert("content".into(), Value::from(content));
+        }
+        out.push(Value::Object(msg));
     }
     Ok(out)
 }
@@ -187,10 +747,297 @@ mod tests {
             {"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": "!"}]}
         ])))
         .unwrap();
+        // Text parts are joined with a newline, as llama-server joins them.
         assert_eq!(
             t.render(&m).unwrap(),
-            "System: Be brief.\nUser: Hi!\nAssistant:"
+            "System: Be brief.\nUser: Hi\n!\nAssistant:"
         );
+        // No newline before the first text, so an empty first part adds none.
+        let m = parse_messages(Some(&json!([{"role": "user", "content": [
+            {"type": "text", "text": ""}, {"type": "text", "text": "a"},
+            {"type": "text", "text": ""}, {"type": "text", "text": "b"}]}])))
+        .unwrap();
+        assert_eq!(m[0]["content"], "a\n\nb");
+    }
+
+    fn request(body: Value) -> Result<ChatRequest, ApiError> {
+        ChatRequest::parse(body.as_object().unwrap())
+    }
+
+    fn render(src: &str, body: Value) -> Result<String, ApiError> {
+        let t = ChatTemplate::new(Some(src), "<s>", "</s>").unwrap();
+        t.render_request(&request(body)?)
+    }
+
+    const CHATML: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}\
+                          <|im_end|>\n{% endfor %}{% if add_generation_prompt %}\
+                          <|im_start|>assistant\n{% endif %}";
+
+    #[test]
+    fn tojson_is_pythons_json_dumps() {
+        // Outputs of Python's json.dumps(x, ensure_ascii=False, ...) for the same values.
+        let msgs = json!([{"role": "user", "content": "hi <b> it's & \"q\" é\n\t\u{1}"}]);
+        for (src, want) in [
+            (
+                "{{ messages[0].content | tojson }}",
+                r#""hi <b> it's & \"q\" é\n\t\u0001""#,
+            ),
+            (
+                "{{ messages | tojson }}",
+                r#"[{"role": "user", "content": "hi <b> it's & \"q\" é\n\t\u0001"}]"#,
+            ),
+            (
+                "{{ {'b': 1, 'a': [1, 2.5, none, true], 'c': {}} | tojson }}",
+                r#"{"b": 1, "a": [1, 2.5, null, true], "c": {}}"#,
+            ),
+            (
+                "{{ {'a': 1, 'b': [1, 2], 'e': []} | tojson(indent=2) }}",
+                "{\n  \"a\": 1,\n  \"b\": [\n    1,\n    2\n  ],\n  \"e\": []\n}",
+            ),
+            (
+                "{{ {'a': 1, 'b': 2} | tojson(separators=(',', ':')) }}",
+                r#"{"a":1,"b":2}"#,
+            ),
+            (
+                "{{ {'b': 1, 'a': 2} | tojson(sort_keys=true) }}",
+                r#"{"a": 2, "b": 1}"#,
+            ),
+            (
+                "{{ 'é😀' | tojson(ensure_ascii=true) }}",
+                r#""\u00e9\ud83d\ude00""#,
+            ),
+            (
+                "{{ [1.0, 0.1, 1e16, 1.5e-05, 0.0001, -0.0, 123456789.0, 2e-7] | tojson }}",
+                "[1.0, 0.1, 1e+16, 1.5e-05, 0.0001, -0.0, 123456789.0, 2e-07]",
+            ),
+            (
+                "{{ {1: 'x', none: 'y'} | tojson }}",
+                r#"{"1": "x", "null": "y"}"#,
+            ),
+            ("{{ [1, 2] | tojson(indent='\t') }}", "[\n\t1,\n\t2\n]"),
+        ] {
+            assert_eq!(
+                render(src, json!({"messages": msgs})).unwrap(),
+                want,
+                "{src}"
+            );
+        }
+        // Message fields and tool calls in the order OpenAI clients send them.
+        let out = render(
+            "{{ messages | tojson }}",
+            json!({"continue_final_message": false, "messages": [
+                {"name": "bob", "content": "x", "role": "user"},
+                {"tool_calls": [{"function": {"arguments": "{}", "name": "f"}, "type": "function",
+                                 "id": "c1"}], "role": "assistant", "content": ""}]}),
+        )
+        .unwrap();
+        assert_eq!(
+            out,
+            r#"[{"role": "user", "content": "x", "name": "bob"}, {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]"#
+        );
+        // What Python cannot serialize is an error, not a panic.
+        for src in [
+            "{{ nothing | tojson }}",
+            "{{ 1 | tojson(bogus=1) }}",
+            "{{ 1 | tojson(separators=',') }}",
+            "{{ 1 | tojson(indent=[1]) }}",
+        ] {
+            let e = render(src, json!({"messages": msgs})).unwrap_err();
+            assert_eq!(e.status, 400, "{src}");
+        }
+    }
+
+    #[test]
+    fn strftime_formats_the_given_time() {
+        use chrono::TimeZone;
+        let t = chrono::Utc.with_ymd_and_hms(2026, 3, 5, 14, 7, 9).unwrap();
+        let f = |fmt: &str| strftime(&t, fmt).unwrap();
+        assert_eq!(f("%Y-%m-%d"), "2026-03-05");
+        assert_eq!(f("%d %b %Y"), "05 Mar 2026");
+        assert_eq!(f("%B %d, %Y"), "March 05, 2026");
+        assert_eq!(
+            f("%A %a %H:%M:%S %p %j %y [%e]"),
+            "Thursday Thu 14:07:09 PM 064 26 [ 5]"
+        );
+        assert_eq!(f("no codes %%"), "no codes %");
+        // A format chrono cannot read is an error.
+        assert!(strftime(&t, "%Q").is_err());
+        assert!(strftime(&t, "%").is_err());
+        // The template function gives today's date (checked around the call, for midnight).
+        let before = chrono::Local::now().format("%Y-%m-%d").to_string();
+        let out = render(
+            "{{ strftime_now('%Y-%m-%d') }}",
+            json!({"messages": [
+            {"role": "user", "content": "x"}]}),
+        )
+        .unwrap();
+        let after = chrono::Local::now().format("%Y-%m-%d").to_string();
+        assert!(out == before || out == after, "{out}");
+        let e = render(
+            "{{ strftime_now('%Q') }}",
+            json!({"messages": [
+            {"role": "user", "content": "x"}]}),
+        )
+        .unwrap_err();
+        assert!(e.message.contains("%Q"), "{}", e.message);
+    }
+
+    #[test]
+    fn crlf_in_a_template_is_a_newline() {
+        let src = "A\r\n{% if true %}\r\nB\r\n{% endif %}\r\nC\rD";
+        let out = render(src, json!({"messages": [{"role": "user", "content": "x"}]})).unwrap();
+        assert_eq!(out, "A\nB\nC\nD");
+    }
+
+    #[test]
+    fn generation_prompt_options_and_template_kwargs() {
+        let user = json!([{"role": "user", "content": "Hi"}]);
+        assert_eq!(
+            render(CHATML, json!({"messages": user})).unwrap(),
+            "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+        );
+        assert_eq!(
+            render(
+                CHATML,
+                json!({"messages": user, "add_generation_prompt": false})
+            )
+            .unwrap(),
+            "<|im_start|>user\nHi<|im_end|>\n"
+        );
+        let src = "{{ enable_thinking }} {{ bos_token }} {{ messages|length }}";
+        let body = json!({"messages": user,
+                          "chat_template_kwargs": {"enable_thinking": false, "bos_token": "B"}});
+        assert_eq!(render(src, body).unwrap(), "False B 1");
+        for (body, what) in [
+            (
+                json!({"messages": user, "add_generation_prompt": "yes"}),
+                "boolean",
+            ),
+            (
+                json!({"messages": user, "chat_template_kwargs": [1]}),
+                "object",
+            ),
+            (
+                json!({"messages": user, "chat_template_kwargs": {"messages": []}}),
+                "messages",
+            ),
+            (
+                json!({"messages": user, "continue_final_message": 1}),
+                "boolean",
+            ),
+            (
+                json!({"messages": user, "continue_final_message": "reasoning_content"}),
+                "not supported",
+            ),
+        ] {
+            let e = request(body.clone()).unwrap_err();
+            assert_eq!(e.status, 400);
+            assert!(e.message.contains(what), "{body}: {}", e.message);
+        }
+    }
+
+    #[test]
+    fn a_final_assistant_message_is_continued() {
+        let convo = json!([{"role": "user", "content": "Write a poem."},
+                           {"role": "assistant", "content": "Roses are"}]);
+        let continued =
+            "<|im_start|>user\nWrite a poem.<|im_end|>\n<|im_start|>assistant\nRoses are";
+        // By default (llama-server's assistant prefill) and when asked.
+        assert_eq!(
+            render(CHATML, json!({"messages": convo})).unwrap(),
+            continued
+        );
+        for body in [
+            json!({"messages": convo, "continue_final_message": true}),
+            json!({"messages": convo, "continue_final_message": true,
+                   "add_generation_prompt": false}),
+            json!({"messages": convo, "add_generation_prompt": false}),
+            json!({"messages": convo, "add_generation_prompt": true}),
+        ] {
+            assert_eq!(render(CHATML, body.clone()).unwrap(), continued, "{body}");
+        }
+        // continue_final_message false: a finished turn, then a new one.
+        assert_eq!(
+            render(
+                CHATML,
+                json!({"messages": convo, "continue_final_message": false})
+            )
+            .unwrap(),
+            "<|im_start|>user\nWrite a poem.<|im_end|>\n<|im_start|>assistant\nRoses are\
+             <|im_end|>\n<|im_start|>assistant\n"
+        );
+        // A template that writes something only when no generation prompt is asked keeps it:
+        // the prompt without one, then what the generation prompt adds.
+        let src = "{% for m in messages %}[{{ m.content }}]{% endfor %}\
+                   {% if add_generation_prompt %}<A>{% else %}.{% endif %}";
+        assert_eq!(
+            render(src, json!({"messages": convo})).unwrap(),
+            "[Write a poem.].<A>Roses are"
+        );
+        // A continued message's text parts are joined with a blank line.
+        let parts = json!([{"role": "user", "content": "Q"},
+                           {"role": "assistant", "content": [{"type": "text", "text": "a"},
+                                                             {"type": "text", "text": "b"}]}]);
+        assert_eq!(
+            render(src, json!({"messages": parts})).unwrap(),
+            "[Q].<A>a\n\nb"
+        );
+        // Refusals, as llama-server's.
+        let two = json!([{"role": "user", "content": "Q"}, {"role": "assistant", "content": "a"},
+                         {"role": "assistant", "content": "b"}]);
+        let calls = json!([{"role": "user", "content": "Q"}, {"role": "assistant", "content": "",
+            "tool_calls": [{"id": "1", "type": "function",
+                            "function": {"name": "f", "arguments": "{}"}}]}]);
+        for (body, what) in [
+            (
+                json!({"messages": convo, "continue_final_message": true,
+                    "add_generation_prompt": true}),
+                "Cannot set both",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": "Q"}],
+                    "continue_final_message": true}),
+                "assistant",
+            ),
+            (json!({"messages": two}), "2 or more assistant messages"),
+            (json!({"messages": calls}), "tool calls"),
+        ] {
+            let e = request(body.clone()).unwrap_err();
+            assert!(e.message.contains(what), "{body}: {}", e.message);
+        }
+        // A turn with tool calls is fine when not continued.
+        assert!(request(json!({"messages": calls, "continue_final_message": false})).is_ok());
+    }
+
+    #[test]
+    fn message_fields_reach_the_template() {
+        let src = "{% for m in messages %}{{ m.role }}|{{ m.name }}|{{ m.tool_call_id }}|\
+                   {{ m.reasoning_content }}|{% for c in m.tool_calls %}{{ c.function.name }}\
+                   ({{ c.function.arguments }}){% endfor %}|{{ m.refusal is defined }};\
+                   {% endfor %}";
+        let body = json!({"continue_final_message": false, "messages": [
+            {"role": "user", "content": "hi", "name": "bob", "refusal": "x"},
+            {"role": "assistant", "content": null, "reasoning_content": "think",
+             "tool_calls": [{"id": "c1", "type": "function",
+                             "function": {"name": "f", "arguments": "{\"a\": 1}"}}]},
+            {"role": "tool", "content": "42", "tool_call_id": "c1"}]});
+        assert_eq!(
+            render(src, body).unwrap(),
+            "user|bob||||False;assistant|||think|f({\"a\": 1})|False;tool||c1|||False;"
+        );
+        for (m, what) in [
+            (
+                json!({"role": "user", "content": "x", "name": 3}),
+                "name must be a string",
+            ),
+            (
+                json!({"role": "assistant", "content": "x", "tool_calls": {}}),
+                "tool_calls must be an array",
+            ),
+        ] {
+            let e = parse_messages(Some(&json!([m]))).unwrap_err();
+            assert!(e.message.contains(what), "{}", e.message);
+        }
     }
 
     #[test]

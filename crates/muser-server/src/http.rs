@@ -4,7 +4,7 @@
 //! `/completion` in its own shape: native.rs).
 
 use crate::api::{self, fit_context, parse_generation, parse_object, parse_prompt, Fields};
-use crate::chat::parse_messages;
+use crate::chat::ChatRequest;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::native::{self, NativeReply};
@@ -331,8 +331,8 @@ async fn apply_template(
     body: Body,
 ) -> Result<Json<Value>, ApiError> {
     let (m, obj) = sh.request(&headers, body).await?;
-    let messages = parse_messages(Fields(&obj).get("messages"))?;
-    Ok(Json(json!({ "prompt": m.template.render(&messages)? })))
+    let req = ChatRequest::parse(&obj)?;
+    Ok(Json(json!({ "prompt": m.template.render_request(&req)? })))
 }
 
 /// llama-server's own `POST /completion` (native.rs).
@@ -392,8 +392,7 @@ async fn generate(
     native::refuse_unsupported(&f)?;
     let gen = parse_generation(&f, chat, sh.next_seed(), m.n_vocab)?;
     let prompt = if chat {
-        let messages = parse_messages(f.get("messages"))?;
-        let text = m.template.render(&messages)?;
+        let text = m.template.render_request(&ChatRequest::parse(&obj)?)?;
         // A template that writes BOS itself gets no second one.
         let bos_written = m
             .tokenizer

@@ -49,8 +49,9 @@ pub enum TokenizerModel {
 #[derive(Debug, Clone, PartialEq)]
 pub struct TokenizerData {
     pub model: TokenizerModel,
-    /// `tokenizer.ggml.pre`: the pre-tokenizer name (gpt2 only). `None`, `"default"`, `"gpt2"`
-    /// and any name we do not know select GPT-2's own pattern.
+    /// `tokenizer.ggml.pre`: the pre-tokenizer name (gpt2 only). `None`, `""`, `"default"` and
+    /// `"gpt2"` select GPT-2's own pattern; every other name llama.cpp knows selects its
+    /// patterns, and a name it does not know is refused by `Tokenizer::new`.
     pub pre: Option<String>,
     /// (n_vocab) token texts; byte-level BPE texts are in GPT-2's byte-to-unicode alphabet.
     pub tokens: Vec<String>,
@@ -64,12 +65,25 @@ pub struct TokenizerData {
     pub bos: Option<u32>,
     /// Default: 2 for llama, none for gpt2.
     pub eos: Option<u32>,
+    /// Default: the token whose text is a known end-of-turn marker (`<|eot_id|>`, `<|im_end|>`,
+    /// `<|end|>`, ...), as llama.cpp finds it.
     pub eot: Option<u32>,
+    /// Default: the `<|eom_id|>` token.
     pub eom: Option<u32>,
+    /// Fill-in-the-middle tokens (`tokenizer.ggml.fim_*_token_id`). Default: the token with a
+    /// known text for each (`<|fim_prefix|>`, `<PRE>`, ...). Pad, repo and file-separator
+    /// tokens end generation.
+    pub fim_pre: Option<u32>,
+    pub fim_suf: Option<u32>,
+    pub fim_mid: Option<u32>,
+    pub fim_pad: Option<u32>,
+    pub fim_rep: Option<u32>,
+    pub fim_sep: Option<u32>,
     /// Default: 0 for llama, none for gpt2.
     pub unk: Option<u32>,
     pub pad: Option<u32>,
-    /// Default: true for llama and for gpt2 with pre `"llama-bpe"`, false otherwise.
+    /// Default: true for llama and for the gpt2 pre-tokenizers llama.cpp adds BOS for
+    /// (`"llama-bpe"` and its other names, `"tekken"`, `"chameleon"`), false otherwise.
     pub add_bos: Option<bool>,
     /// Default: false.
     pub add_eos: Option<bool>,
@@ -91,6 +105,12 @@ impl TokenizerData {
             eos: None,
             eot: None,
             eom: None,
+            fim_pre: None,
+            fim_suf: None,
+            fim_mid: None,
+            fim_pad: None,
+            fim_rep: None,
+            fim_sep: None,
             unk: None,
             pad: None,
             add_bos: None,
@@ -139,6 +159,15 @@ impl TokenizerData {
             eos: meta_id(file, "tokenizer.ggml.eos_token_id")?,
             eot: meta_id(file, "tokenizer.ggml.eot_token_id")?,
             eom: meta_id(file, "tokenizer.ggml.eom_token_id")?,
+            fim_pre: meta_id(file, "tokenizer.ggml.fim_pre_token_id")?
+                .or(meta_id(file, "tokenizer.ggml.prefix_token_id")?),
+            fim_suf: meta_id(file, "tokenizer.ggml.fim_suf_token_id")?
+                .or(meta_id(file, "tokenizer.ggml.suffix_token_id")?),
+            fim_mid: meta_id(file, "tokenizer.ggml.fim_mid_token_id")?
+                .or(meta_id(file, "tokenizer.ggml.middle_token_id")?),
+            fim_pad: meta_id(file, "tokenizer.ggml.fim_pad_token_id")?,
+            fim_rep: meta_id(file, "tokenizer.ggml.fim_rep_token_id")?,
+            fim_sep: meta_id(file, "tokenizer.ggml.fim_sep_token_id")?,
             unk: meta_id(file, "tokenizer.ggml.unknown_token_id")?,
             pad: meta_id(file, "tokenizer.ggml.padding_token_id")?,
             add_bos: meta_bool(file, "tokenizer.ggml.add_bos_token")?,

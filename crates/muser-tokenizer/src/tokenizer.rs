@@ -31,6 +31,8 @@ pub struct Tokenizer {
     eos: Option<u32>,
     eot: Option<u32>,
     eom: Option<u32>,
+    /// Every token that ends generation, ascending.
+    eog: Vec<u32>,
     unk: Option<u32>,
     pad: Option<u32>,
     add_bos: bool,
@@ -64,7 +66,7 @@ impl Tokenizer {
         };
         check_len("tokenizer.ggml.scores", data.scores.len())?;
         check_len("tokenizer.ggml.token_type", data.token_types.len())?;
-        let types = if data.token_types.is_empty() {
+        let mut types = if data.token_types.is_empty() {
             vec![TokenType::Normal; n_vocab]
         } else {
             data.token_types
@@ -81,6 +83,14 @@ impl Tokenizer {
         let eos = check_id("tokenizer.ggml.eos_token_id", data.eos)?;
         let eot = check_id("tokenizer.ggml.eot_token_id", data.eot)?;
         let eom = check_id("tokenizer.ggml.eom_token_id", data.eom)?;
+        let fim = [
+            check_id("tokenizer.ggml.fim_pre_token_id", data.fim_pre)?,
+            check_id("tokenizer.ggml.fim_suf_token_id", data.fim_suf)?,
+            check_id("tokenizer.ggml.fim_mid_token_id", data.fim_mid)?,
+            check_id("tokenizer.ggml.fim_pad_token_id", data.fim_pad)?,
+            check_id("tokenizer.ggml.fim_rep_token_id", data.fim_rep)?,
+            check_id("tokenizer.ggml.fim_sep_token_id", data.fim_sep)?,
+        ];
         let unk = check_id("tokenizer.ggml.unknown_token_id", data.unk)?;
         let pad = check_id("tokenizer.ggml.padding_token_id", data.pad)?;
 
@@ -93,7 +103,7 @@ impl Tokenizer {
         let in_vocab = |id: u32| ((id as usize) < n_vocab).then_some(id);
         let (encoder, bos, eos, unk, add_bos) = match data.model {
             TokenizerModel::Gpt2 => {
-                let pre = PreTokenizer::for_name(data.pre.as_deref());
+                let pre = PreTokenizer::for_name(data.pre.as_deref())?;
                 let add_bos = data.add_bos.unwrap_or(pre.default_add_bos);
                 let bpe = BpeEncoder::new(&pre, &vocab, &data.merges)?;
                 (Encoder::Bpe(Box::new(bpe)), bos, eos, unk, add_bos)
@@ -118,6 +128,9 @@ impl Tokenizer {
             }
         };
 
+        let found = find_special_tokens(&data.tokens, &vocab, &mut types, [eos, eot, eom], fim);
+        let (eot, eom) = (found.eot, found.eom);
+
         let mut pieces = Vec::new();
         let mut piece_ends = Vec::with_capacity(n_vocab);
         for (text, &ty) in data.tokens.iter().zip(&types) {
@@ -137,6 +150,7 @@ impl Tokenizer {
             eos,
             eot,
             eom,
+            eog: found.eog,
             unk,
             pad,
             add_bos,
@@ -262,10 +276,169 @@ impl Tokenizer {
         self.add_eos && self.eos.is_some()
     }
 
-    /// End of generation: EOS, EOT or EOM.
+    /// End of generation: EOS, EOT, EOM, and (as in llama.cpp) every token whose text is a
+    /// known end-of-turn marker, and the FIM pad, repo and file-separator tokens.
     pub fn is_eog(&self, id: u32) -> bool {
-        [self.eos, self.eot, self.eom].contains(&Some(id))
+        self.eog.binary_search(&id).is_ok()
     }
+
+    /// The tokens that end generation, ascending.
+    pub fn eog_ids(&self) -> &[u32] {
+        &self.eog
+    }
+}
+
+// llama.cpp finds special tokens a file does not name by their text (its `llama_vocab` load,
+// "auto-detect special tokens by text"); the lists are its lists.
+
+/// End-of-turn texts, tried in this order when the file has no `eot_token_id`.
+const EOT_TEXTS: &[&str] = &[
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<|end_of_text|>",
+    "<EOT>",
+    "_<EOT>",
+    "[EOT]",
+    "<｜end▁of▁sentence｜>",
+    "<end_of_utterance>",
+];
+const EOM_TEXTS: &[&str] = &["<|eom_id|>"];
+/// FIM prefix, suffix, middle, pad, repo and file-separator texts, for ids the file lacks.
+const FIM_TEXTS: [&[&str]; 6] = [
+    &[
+        "<|fim_prefix|>",
+        "<fim-prefix>",
+        "<fim_prefix>",
+        "<｜fim▁begin｜>",
+        "<PRE>",
+        "▁<PRE>",
+        "<|code_prefix|>",
+        "<|prefix|>",
+    ],
+    &[
+        "<|fim_suffix|>",
+        "<fim-suffix>",
+        "<fim_suffix>",
+        "<｜fim▁hole｜>",
+        "<SUF>",
+        "▁<SUF>",
+        "<|code_suffix|>",
+        "<|suffix|>",
+    ],
+    &[
+        "<|fim_middle|>",
+        "<fim-middle>",
+        "<fim_middle>",
+        "<｜fim▁end｜>",
+        "<MID>",
+        "▁<MID>",
+        "<|code_middle|>",
+        "<|middle|>",
+    ],
+    &["<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"],
+    &[
+        "<|fim_repo|>",
+        "<|repo_name|>",
+        "<fim-repo>",
+        "<REPO>",
+        "<reponame>",
+    ],
+    &["<|file_sep|>"],
+];
+/// Texts of tokens that end generation wherever they are in the vocabulary.
+const EOG_TEXTS: &[&str] = &[
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<|return|>",
+    "<|call|>",
+    "<|flush|>",
+    "<|calls|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "</s>",
+    "<|eom_id|>",
+    "<EOT>",
+    "_<EOT>",
+    "[EOT]",
+    "[EOS]",
+    "<|end_of_text|>",
+    "<end_of_utterance>",
+    "<eos>",
+    "<turn|>",
+    "<|tool_response>",
+    "<｜end▁of▁sentence｜>",
+    "[e~[",
+];
+
+struct FoundSpecials {
+    eot: Option<u32>,
+    eom: Option<u32>,
+    eog: Vec<u32>,
+}
+
+/// Fills in EOT, EOM and the FIM tokens the file does not name from their texts, builds the
+/// end-of-generation set, and makes every token found by its text a control token (as
+/// llama.cpp does: such tokens are then matched in text only with `parse_special` and give no
+/// text when generated). A text listed twice means its last id, as `vocab` keeps it.
+fn find_special_tokens(
+    tokens: &[String],
+    vocab: &HashMap<String, u32>,
+    types: &mut [TokenType],
+    [eos, eot, eom]: [Option<u32>; 3],
+    fim: [Option<u32>; 6],
+) -> FoundSpecials {
+    let by_text = |given: Option<u32>, texts: &[&str], types: &mut [TokenType]| {
+        given.or_else(|| {
+            let id = texts.iter().find_map(|t| vocab.get(*t).copied())?;
+            types[id as usize] = TokenType::Control;
+            Some(id)
+        })
+    };
+    let eot = by_text(eot, EOT_TEXTS, types);
+    let eom = by_text(eom, EOM_TEXTS, types);
+    let mut fim_found = [None; 6];
+    for (i, (given, texts)) in fim.into_iter().zip(FIM_TEXTS).enumerate() {
+        fim_found[i] = by_text(given, texts, types);
+    }
+    // Pad, repo and file separator end generation (a FIM completion stops at them).
+    let mut eog: Vec<u32> = fim_found[3..].iter().flatten().copied().collect();
+    for text in EOG_TEXTS {
+        if let Some(&id) = vocab.get(*text) {
+            types[id as usize] = TokenType::Control;
+            eog.push(id);
+        }
+    }
+    eog.extend([eos, eot, eom].into_iter().flatten());
+    eog.sort_unstable();
+    eog.dedup();
+    let with_text = |eog: &[u32], texts: &[&str]| {
+        eog.iter()
+            .copied()
+            .find(|&id| texts.contains(&tokens[id as usize].as_str()))
+    };
+    // gpt-oss (harmony) and Solar Open end a turn with `<|end|>` but the answer goes on after
+    // it (`<|return|>`, `<|call|>` end it): there `<|end|>` is an ordinary added token.
+    if let Some(end) = with_text(&eog, &["<|end|>"]) {
+        let call = with_text(&eog, &["<|call|>", "<|calls|>"]).is_some();
+        let ret = with_text(&eog, &["<|return|>"]).is_some();
+        let flush = with_text(&eog, &["<|flush|>"]).is_some();
+        if call && (ret || flush) {
+            eog.retain(|&id| id != end);
+            types[end as usize] = TokenType::UserDefined;
+        }
+    }
+    // Gemma 4 and PLaMo have an ordinary `</s>`.
+    if let Some(s) = with_text(&eog, &["</s>"]) {
+        if with_text(&eog, &["<|tool_response>", "<|plamo:eos|>"]).is_some() {
+            eog.retain(|&id| id != s);
+            types[s as usize] = TokenType::Normal;
+        }
+    }
+    FoundSpecials { eot, eom, eog }
 }
 
 /// Appends the bytes one token decodes to.

@@ -171,7 +171,7 @@ fn gpt2_round_trips_random_bytes() {
 
 #[test]
 fn gpt2_round_trips_random_text_and_merges() {
-    for pre in ["default", "llama-bpe", "qwen2", "some-future-pre"] {
+    for pre in PRE_NAMES {
         let tok = Tokenizer::new(gpt2_data(pre, 200)).unwrap();
         let mut rng = StdRng::seed_from_u64(11);
         let mut n_tokens = 0;
@@ -301,6 +301,156 @@ fn pre_tokenizer_is_chosen_by_name() {
     );
 }
 
+/// One `tokenizer.ggml.pre` name for each set of patterns llama.cpp maps names to.
+const PRE_NAMES: &[&str] = &[
+    "default",
+    "llama-bpe",
+    "qwen2",
+    "qwen35",
+    "jais-2",
+    "laguna",
+    "deepseek-llm",
+    "deepseek-coder",
+    "deepseek-v3",
+    "spark2_5",
+    "youtu",
+    "falcon",
+    "smollm",
+    "bloom",
+    "viking",
+    "tekken",
+    "chameleon",
+    "gpt-4o",
+    "granite-embed-multi-97m",
+    "tiny_aya",
+    "superbpe",
+    "bailingmoe",
+    "seed-coder",
+    "ufakzeka",
+    "exaone-moe",
+    "minicpm5",
+];
+
+/// The texts of `s`'s tokens with the pre-tokenizer `pre` over a vocabulary of bytes only: the
+/// pre-tokenizer's words show as the texts of the whole-word tokens listed in `words`.
+fn words_of(pre: &str, s: &str, words: &[&str]) -> Result<Vec<String>, TokenizerError> {
+    let bu = ByteUnicode::new();
+    let alpha = |w: &str| -> String { w.bytes().map(|b| bu.char_of(b)).collect() };
+    let extra: Vec<String> = words.iter().map(|w| alpha(w)).collect();
+    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+    let mut d = byte_vocab(&extra, &[]);
+    d.pre = Some(pre.into());
+    // Whole-word tokens are taken only by ignore_merges; build every word by merges instead.
+    let mut merges = Vec::new();
+    for w in &extra {
+        let chars: Vec<char> = w.chars().collect();
+        let mut left = chars[0].to_string();
+        for c in &chars[1..] {
+            merges.push(format!("{left} {c}"));
+            left.push(*c);
+            if !d.tokens.contains(&left) {
+                d.tokens.push(left.clone());
+            }
+        }
+    }
+    d.merges = merges;
+    let t = Tokenizer::new(d)?;
+    let ids = t.encode(s, false, false);
+    Ok(ids
+        .iter()
+        .map(|&id| String::from_utf8_lossy(t.token_to_piece_bytes(id).unwrap()).into_owned())
+        .collect())
+}
+
+#[test]
+fn pre_tokenizer_names_map_as_in_llama_cpp() {
+    // The reviewer's case: DeepSeek-R1's Qwen distills are tokenized as Qwen 2 (single digits,
+    // case-insensitive contractions), not as GPT-2.
+    let words = ["IT", "'S", "'s", " 2024", "2024", "202", "2", "0", "4"];
+    let qwen = words_of("qwen2", "IT'S 2024", &words).unwrap();
+    assert_eq!(qwen, ["IT", "'S", " ", "2", "0", "2", "4"]);
+    assert_eq!(
+        words_of("deepseek-r1-qwen", "IT'S 2024", &words).unwrap(),
+        qwen
+    );
+    assert_ne!(words_of("default", "IT'S 2024", &words).unwrap(), qwen);
+    // Llama 3's split under other names (digits in threes).
+    for pre in ["smaug-bpe", "falcon3", "pixtral", "dbrx", "glm4"] {
+        assert_eq!(
+            words_of(pre, "IT'S 2024", &words).unwrap(),
+            ["IT", "'S", " ", "202", "4"],
+            "{pre}"
+        );
+    }
+    // Several patterns in turn: StarCoder's digits first, then GPT-2's (" 2024" is no word).
+    assert_eq!(
+        words_of("smollm", "x 2024", &words).unwrap(),
+        ["x", " ", "2", "0", "2", "4"]
+    );
+    // DeepSeek V3: digits in threes, then CJK runs, then words.
+    assert_eq!(
+        words_of(
+            "deepseek-v3",
+            "1234567日本語ab",
+            &["123", "456", "日本語", "ab"]
+        )
+        .unwrap(),
+        ["123", "456", "7", "日本語", "ab"]
+    );
+    // SuperBPE and Tiny Aya: digit runs cut in threes from the right.
+    for pre in ["superbpe", "tiny_aya"] {
+        assert_eq!(
+            words_of(pre, "1234567", &["1", "234", "567", "123", "456"]).unwrap(),
+            ["1", "234", "567"],
+            "{pre}"
+        );
+    }
+    // Tekken and GPT-4o cut words at case changes.
+    for pre in ["tekken", "gpt-4o", "llama4"] {
+        assert_eq!(
+            words_of(pre, "HelloWorld", &["Hello", "World", "HelloWorld"]).unwrap(),
+            ["Hello", "World"],
+            "{pre}"
+        );
+    }
+}
+
+#[test]
+fn unknown_pre_tokenizer_is_refused_by_name() {
+    for (pre, why) in [
+        ("totally-unknown", "neither llama.cpp nor Muser knows"),
+        ("kimi-k2", "Muser does not implement"),
+        ("gemma4", "Muser does not implement"),
+    ] {
+        let err = Tokenizer::new(gpt2_data(pre, 10)).err().expect(pre);
+        assert!(
+            matches!(
+                err,
+                TokenizerError::WrongType {
+                    key: "tokenizer.ggml.pre",
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        let msg = err.to_string();
+        assert!(
+            msg.contains(&format!("{pre:?}")) && msg.contains(why),
+            "{msg}"
+        );
+    }
+    // A file without the key, or with an empty name, is GPT-2's (as llama.cpp's "default").
+    for pre in [None, Some(""), Some("gpt2")] {
+        let mut d = gpt2_data("default", 10);
+        d.pre = pre.map(str::to_string);
+        assert!(Tokenizer::new(d).is_ok());
+    }
+    // A SentencePiece vocabulary has no pre-tokenizer: the name is not looked at.
+    let mut d = spm_data(&[("▁a", 0.0)]);
+    d.pre = Some("totally-unknown".into());
+    assert!(Tokenizer::new(d).is_ok());
+}
+
 #[test]
 fn llama_bpe_ignore_merges_takes_whole_word_tokens() {
     // "abc" is a token, but no merge chain builds it.
@@ -365,6 +515,105 @@ fn bos_eos_follow_the_file_and_defaults() {
     assert_ne!(ids[0], bos);
     assert_eq!(*ids.last().unwrap(), t.eos().unwrap());
     assert!(t.is_eog(t.eos().unwrap()) && t.is_eog(t.eot().unwrap()) && !t.is_eog(ids[0]));
+}
+
+/// A byte vocabulary with `specials` appended (ids 256..), each of the given type.
+fn with_specials(specials: &[(&str, TokenType)]) -> TokenizerData {
+    let texts: Vec<&str> = specials.iter().map(|s| s.0).collect();
+    let mut d = byte_vocab(&texts, &[]);
+    d.token_types = vec![TokenType::Normal; 256];
+    d.token_types.extend(specials.iter().map(|s| s.1));
+    d
+}
+
+#[test]
+fn end_of_turn_tokens_are_found_by_text_as_llama_cpp_does() {
+    // A ChatML file that names only EOS, with <|im_end|> mistyped as a normal token.
+    let mut d = with_specials(&[
+        ("<|im_start|>", TokenType::Control),
+        ("<|im_end|>", TokenType::Normal),
+        ("<|endoftext|>", TokenType::Control),
+    ]);
+    d.pre = Some("qwen2".into());
+    d.eos = Some(258);
+    let t = Tokenizer::new(d.clone()).unwrap();
+    let (start, end, eos) = (256, 257, 258);
+    assert_eq!(t.eot(), Some(end));
+    assert!(t.is_eog(end) && t.is_eog(eos) && !t.is_eog(start));
+    assert_eq!(t.eog_ids(), [end, eos]);
+    // It is a control token now: parsed only when asked, and no text when generated.
+    assert_eq!(t.token_type(end).unwrap(), TokenType::Control);
+    let a = t.encode("a", false, false)[0];
+    assert_eq!(t.encode("a<|im_end|>", false, true), [a, end]);
+    assert!(!t.encode("a<|im_end|>", false, false).contains(&end));
+    // A file that names its EOT keeps it; the texts still end generation.
+    d.eot = Some(start);
+    let t = Tokenizer::new(d).unwrap();
+    assert_eq!(t.eot(), Some(start));
+    assert!(t.is_eog(start) && t.is_eog(end));
+
+    // Phi-3 (SentencePiece): <|end|> ends a turn, <|user|> and <|assistant|> do not.
+    let mut d = spm_data(&[("▁a", 0.0)]);
+    let n = d.tokens.len() as u32;
+    for text in ["<|endoftext|>", "<|assistant|>", "<|end|>", "<|user|>"] {
+        d.tokens.push(text.into());
+        d.token_types.push(TokenType::UserDefined);
+        d.scores.push(0.0);
+    }
+    d.eos = Some(n);
+    let t = Tokenizer::new(d).unwrap();
+    let (assistant, end, user) = (n + 1, n + 2, n + 3);
+    assert_eq!(t.eot(), Some(end));
+    assert!(t.is_eog(end) && t.is_eog(n) && !t.is_eog(user) && !t.is_eog(assistant));
+    assert!(t.is_eog(2)); // </s> too, as in llama.cpp
+    assert_eq!(t.token_type(user).unwrap(), TokenType::UserDefined);
+    // Llama 3.1's <|eom_id|> is EOM; FIM pad / repo / file separator end generation, the
+    // FIM prefix is control but does not.
+    let t = Tokenizer::new(with_specials(&[
+        ("<|eot_id|>", TokenType::Control),
+        ("<|eom_id|>", TokenType::Control),
+        ("<|fim_prefix|>", TokenType::Normal),
+        ("<|fim_pad|>", TokenType::Control),
+        ("<|repo_name|>", TokenType::Control),
+        ("<|file_sep|>", TokenType::Control),
+    ]))
+    .unwrap();
+    assert_eq!((t.eot(), t.eom()), (Some(256), Some(257)));
+    assert_eq!(t.eog_ids(), [256, 257, 259, 260, 261]);
+    assert_eq!(t.token_type(258).unwrap(), TokenType::Control);
+    // A vocabulary with none of the texts ends generation at EOS alone.
+    let mut d = with_specials(&[("<|stop|>", TokenType::Control)]);
+    d.eos = Some(256);
+    let t = Tokenizer::new(d).unwrap();
+    assert_eq!((t.eot(), t.eog_ids()), (None, &[256][..]));
+}
+
+#[test]
+fn harmony_end_and_gemma4_eos_marker_exceptions() {
+    // gpt-oss: <|return|> and <|call|> end the answer; <|end|> only ends a message.
+    let t = Tokenizer::new(with_specials(&[
+        ("<|end|>", TokenType::Control),
+        ("<|return|>", TokenType::Control),
+        ("<|call|>", TokenType::Control),
+    ]))
+    .unwrap();
+    assert_eq!(t.eog_ids(), [257, 258]);
+    assert_eq!(t.token_type(256).unwrap(), TokenType::UserDefined);
+    // Without <|call|>, <|end|> ends generation.
+    let t = Tokenizer::new(with_specials(&[
+        ("<|end|>", TokenType::Control),
+        ("<|return|>", TokenType::Control),
+    ]))
+    .unwrap();
+    assert_eq!(t.eog_ids(), [256, 257]);
+    // Gemma 4: </s> is an ordinary token where <|tool_response> ends turns.
+    let t = Tokenizer::new(with_specials(&[
+        ("</s>", TokenType::Control),
+        ("<|tool_response>", TokenType::Control),
+    ]))
+    .unwrap();
+    assert_eq!(t.eog_ids(), [257]);
+    assert_eq!(t.token_type(256).unwrap(), TokenType::Normal);
 }
 
 // ---------------------------------------------------------------- streaming
@@ -666,14 +915,18 @@ fn from_gguf_reads_metadata() {
         ),
         ("tokenizer.ggml.padding_token_id", MetaValue::I32(-1)),
         ("tokenizer.ggml.add_bos_token", MetaValue::Bool(true)),
+        ("tokenizer.ggml.fim_sep_token_id", MetaValue::U32(7)),
     ]);
     let read = TokenizerData::from_gguf(&file).unwrap();
     let mut expect = d.clone();
     expect.add_bos = Some(true);
+    expect.fim_sep = Some(7);
     assert_eq!(read, expect);
     let t = Tokenizer::from_gguf(&file).unwrap();
     assert_eq!(t.encode("x", true, false)[0], d.bos.unwrap());
     assert_eq!(t.pad(), None);
+    // The FIM file separator ends generation.
+    assert!(t.is_eog(7) && !t.is_eog(8));
 
     let missing = gguf_with(vec![(
         "tokenizer.ggml.model",
