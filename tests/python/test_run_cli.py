@@ -237,6 +237,11 @@ def test_quantize_never_writes_over_its_input(tmp_path):
     assert (tmp_path / "out_link.gguf").is_symlink()
     r = muser("inspect", str(tmp_path / "out.gguf"))
     assert r.returncode == 0 and "Q8_0" in r.stdout, r.stderr
+    # The replaced file keeps its permissions.
+    (tmp_path / "out.gguf").chmod(0o640)
+    r = muser("quantize", "in.gguf", "out.gguf", "Q4_K", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "out.gguf").stat().st_mode & 0o777 == 0o640
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "hard.gguf", "in.gguf", "link.gguf", "out.gguf", "out_link.gguf"]
 

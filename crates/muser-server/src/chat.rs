@@ -80,24 +80,18 @@ impl ChatTemplate {
 
     /// The prompt for a chat request: its messages rendered with its options, or, when the
     /// request continues its last (assistant) message, the conversation before that message
-    /// with the assistant's turn opened, then the message's text (llama-server's rule: the
-    /// prompt without a generation prompt, then what the generation prompt adds to it).
+    /// with the assistant's turn opened (the generation prompt), then the message's text.
+    /// (llama-server appends to the rendering *without* a generation prompt what the one with it
+    /// adds after their common prefix; where a template writes something else when no
+    /// generation prompt is asked, e.g. `{% else %}{{ eos_token }}`, that splices the two
+    /// inside a marker. Here the opened turn is taken whole: the same prompt wherever the
+    /// rendering without is a prefix of the one with.)
     pub fn render_request(&self, req: &ChatRequest) -> Result<String, ApiError> {
         let Some(prefill) = &req.prefill else {
             return self.render_with(&req.messages, req.add_generation_prompt, &req.kwargs);
         };
         let before = &req.messages[..req.messages.len() - 1];
-        let mut prompt = self.render_with(before, false, &req.kwargs)?;
-        let opened = self.render_with(before, true, &req.kwargs)?;
-        let mut common = prompt
-            .bytes()
-            .zip(opened.bytes())
-            .take_while(|(a, b)| a == b)
-            .count();
-        while !opened.is_char_boundary(common) {
-            common -= 1;
-        }
-        prompt.push_str(&opened[common..]);
+        let mut prompt = self.render_with(before, true, &req.kwargs)?;
         prompt.push_str(prefill);
         Ok(prompt)
     }
@@ -966,13 +960,19 @@ mod tests {
             "<|im_start|>user\nWrite a poem.<|im_end|>\n<|im_start|>assistant\nRoses are\
              <|im_end|>\n<|im_start|>assistant\n"
         );
-        // A template that writes something only when no generation prompt is asked keeps it:
-        // the prompt without one, then what the generation prompt adds.
+        // A template that writes something else when no generation prompt is asked: the turn
+        // opened by the generation prompt, whole (no end-of-text marker, no spliced marker).
         let src = "{% for m in messages %}[{{ m.content }}]{% endfor %}\
                    {% if add_generation_prompt %}<A>{% else %}.{% endif %}";
         assert_eq!(
             render(src, json!({"messages": convo})).unwrap(),
-            "[Write a poem.].<A>Roses are"
+            "[Write a poem.]<A>Roses are"
+        );
+        let phi3 = "{% for m in messages %}<|{{ m.role }}|>\n{{ m.content }}<|end|>\n{% endfor %}\
+                    {% if add_generation_prompt %}<|assistant|>\n{% else %}{{ eos_token }}{% endif %}";
+        assert_eq!(
+            render(phi3, json!({"messages": convo})).unwrap(),
+            "<|user|>\nWrite a poem.<|end|>\n<|assistant|>\nRoses are"
         );
         // A continued message's text parts are joined with a blank line.
         let parts = json!([{"role": "user", "content": "Q"},
@@ -980,7 +980,7 @@ mod tests {
                                                              {"type": "text", "text": "b"}]}]);
         assert_eq!(
             render(src, json!({"messages": parts})).unwrap(),
-            "[Q].<A>a\n\nb"
+            "[Q]<A>a\n\nb"
         );
         // Refusals, as llama-server's.
         let two = json!([{"role": "user", "content": "Q"}, {"role": "assistant", "content": "a"},

@@ -133,8 +133,8 @@ impl Shared {
         max_tokens: usize,
     ) -> Result<UnboundedReceiver<Event>, ApiError> {
         let m = &self.metrics;
-        let Some(ticket) = Ticket::admit(&self.admitted, self.config.parallel + self.max_queue)
-        else {
+        let limit = self.config.parallel.saturating_add(self.max_queue);
+        let Some(ticket) = Ticket::admit(&self.admitted, limit) else {
             Metrics::add(&m.requests_rejected, 1);
             return Err(ApiError::unavailable(format!(
                 "the server is busy: all {} slots are in use and {} requests are waiting; retry later",

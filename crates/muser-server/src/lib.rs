@@ -146,7 +146,9 @@ impl Server {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64);
         let shared = Arc::new(Shared {
-            max_queue: config.max_queue.unwrap_or(4 * config.parallel),
+            max_queue: config
+                .max_queue
+                .unwrap_or(config.parallel.saturating_mul(4)),
             admitted: Arc::new(AtomicUsize::new(0)),
             config,
             model: OnceLock::new(),

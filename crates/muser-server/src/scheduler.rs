@@ -564,7 +564,8 @@ impl<'m, B: Backend> Engine<'m, B> {
     }
 
     fn fail(&mut self, i: usize, msg: String) {
-        if let Some(t) = self.slots[i].task.take() {
+        if let Some(mut t) = self.slots[i].task.take() {
+            drop(std::mem::take(&mut t.job.ticket));
             let _ = t.job.events.send(Event::Error(msg));
         }
     }
@@ -686,7 +687,10 @@ fn finish(
         prompt_ms: ms(task.prefill_start, end),
         predicted_ms: ms(Some(end), Instant::now()),
     };
-    if events.send(Event::Done(done)).is_err() {
+    // The request's place is given back before its client hears the end, so a client that
+    // sends its next request at once is not refused for the place its last one held.
+    drop(std::mem::take(&mut task.job.ticket));
+    if task.job.events.send(Event::Done(done)).is_err() {
         return Outcome::Gone;
     }
     Outcome::Finished

@@ -113,8 +113,9 @@ const UNSUPPORTED: &[&str] = &[
 
 impl PreTokenizer {
     /// The pre-tokenizer `pre` names: every name llama.cpp maps (its `llama_vocab::load`), to
-    /// the same patterns and settings. A missing name, `""`, `"default"` and `"gpt2"` select
-    /// GPT-2's own pattern (HF's `ByteLevel`). Any other name is refused, naming it.
+    /// the same patterns and settings, but for a missing name, `""` and `"default"`: those
+    /// select GPT-2's own pattern (HF's `ByteLevel`), as `"gpt2"` does, where llama.cpp's
+    /// "default" is a list of its own. Any other name is refused, naming it.
     pub fn for_name(pre: Option<&str>) -> Result<PreTokenizer, TokenizerError> {
         let name = pre.unwrap_or("");
         let p = |patterns, ignore_merges, default_add_bos| PreTokenizer {

@@ -439,7 +439,8 @@ fn unknown_pre_tokenizer_is_refused_by_name() {
             "{msg}"
         );
     }
-    // A file without the key, or with an empty name, is GPT-2's (as llama.cpp's "default").
+    // A file without the key, or with an empty name, is GPT-2's (llama.cpp's "default" is a list
+    // of its own; Muser keeps GPT-2's pattern there, as before).
     for pre in [None, Some(""), Some("gpt2")] {
         let mut d = gpt2_data("default", 10);
         d.pre = pre.map(str::to_string);

@@ -82,9 +82,13 @@ impl CliBackend for CudaBackend {
     fn dispatch_counts(&self) -> Option<Vec<(String, u64)>> {
         Some(self.gpu.dispatch_counts())
     }
-    /// The GPU's memory in all.
+    /// The GPU's free memory now (the model's weights are already there).
     fn memory_bytes(&self) -> Option<u64> {
-        self.gpu.ctx.total_mem().ok().map(|b| b as u64)
+        self.gpu
+            .ctx
+            .mem_get_info()
+            .ok()
+            .map(|(free, _)| free as u64)
     }
     fn step_note(&self) -> Option<String> {
         self.last_graph().map(|(k, e, p)| {

@@ -147,8 +147,13 @@ impl TempOut {
         }
     }
 
-    /// Renames the finished temporary onto the destination.
+    /// Renames the finished temporary onto the destination (with the replaced file's
+    /// permissions, when there was one).
     fn commit(mut self) -> anyhow::Result<()> {
+        if let Ok(old) = std::fs::metadata(&self.dest) {
+            std::fs::set_permissions(&self.tmp, old.permissions())
+                .with_context(|| format!("setting the permissions of {}", self.tmp.display()))?;
+        }
         std::fs::rename(&self.tmp, &self.dest).with_context(|| {
             format!("renaming {} to {}", self.tmp.display(), self.dest.display())
         })?;
