@@ -160,7 +160,11 @@ fn planned_sessions(args: &Args) -> anyhow::Result<Vec<(String, usize, usize)>> 
                 anyhow::anyhow!(
                     "{what} -d {}: the context (depth + tokens{}) overflows",
                     args.depth,
-                    if parts.len() > 1 { " + 7" } else { "" }
+                    if parts.len() > 1 {
+                        format!(" + {STREAM_EXTRA_CTX}")
+                    } else {
+                        String::new()
+                    }
                 )
             })
     };

@@ -274,55 +274,57 @@ fn convert(f: &GgufFile, t: &TensorInfo, ty: GgmlType) -> anyhow::Result<Vec<u8>
     let cols = t.n_cols() as usize;
     let rows = t.n_rows() as usize;
     let in_row = t.ggml_type.row_bytes(cols as u64).context("row length")? as usize;
-    let row_of = |r: usize, row: &mut [f32]| {
-        muser_quant::dequantize_row(t.ggml_type, &src[r * in_row..(r + 1) * in_row], row)
+    let same = ty == t.ggml_type;
+    let out_row = if same {
+        0
+    } else {
+        ty.row_bytes(cols as u64).context("row length")? as usize
     };
-    // The first row (in order) holding a value that is not finite, with its column and value.
-    let bad = (0..rows)
-        .into_par_iter()
-        .map(|r| {
-            let mut row = vec![0f32; cols];
-            row_of(r, &mut row)?;
-            anyhow::Ok(
-                row.iter()
-                    .position(|v| !v.is_finite())
-                    .map(|c| (r, c, row[c])),
-            )
-        })
-        .find_first(|x| !matches!(x, Ok(None)));
-    match bad {
-        Some(Err(e)) => return Err(e),
-        Some(Ok(Some((r, c, v)))) => anyhow::bail!(
-            "value {v} at index {} (row {r}, column {c}) is not finite: muser quantize takes \
-             finite weights only",
-            r as u64 * cols as u64 + c as u64
-        ),
-        _ => {}
-    }
-    if ty == t.ggml_type {
-        return Ok(src.to_vec());
-    }
-    let out_row = ty.row_bytes(cols as u64).context("row length")? as usize;
+    // Row r checked (its values finite) and, unless the type stays, quantized into `dst`.
+    let convert_row = |r: usize, dst: &mut [u8]| -> anyhow::Result<()> {
+        let mut row = vec![0f32; cols];
+        muser_quant::dequantize_row(t.ggml_type, &src[r * in_row..(r + 1) * in_row], &mut row)?;
+        if let Some(c) = row.iter().position(|v| !v.is_finite()) {
+            anyhow::bail!(
+                "value {} at index {} (row {r}, column {c}) is not finite: muser quantize takes \
+                 finite weights only",
+                row[c],
+                r as u64 * cols as u64 + c as u64
+            );
+        }
+        if same {
+            return Ok(());
+        }
+        muser_quant::quantize_row(ty, &row, dst)?;
+        // Finite weights can still leave the new type's range (70,000 in F16, a block whose
+        // scale overflows f16): refuse a row that would read back as inf or NaN.
+        muser_quant::dequantize_row(ty, dst, &mut row)?;
+        if let Some(c) = row.iter().position(|v| !v.is_finite()) {
+            anyhow::bail!(
+                "row {r}, column {c}: in {} this weight reads back as {} (too large for \
+                 the type's f16 values or scales)",
+                ty.name(),
+                row[c]
+            );
+        }
+        Ok(())
+    };
+    // The first failing row in order names the error.
     let mut out = vec![0u8; rows * out_row];
-    out.par_chunks_mut(out_row.max(1))
-        .enumerate()
-        .take(rows)
-        .try_for_each(|(r, dst)| {
-            let mut row = vec![0f32; cols];
-            row_of(r, &mut row)?;
-            muser_quant::quantize_row(ty, &row, dst)?;
-            // Finite weights can still leave the new type's range (70,000 in F16, a block whose
-            // scale overflows f16): refuse a row that would read back as inf or NaN.
-            muser_quant::dequantize_row(ty, dst, &mut row)?;
-            if let Some(c) = row.iter().position(|v| !v.is_finite()) {
-                anyhow::bail!(
-                    "row {r}, column {c}: in {} this weight reads back as {} (too large for \
-                     the type's f16 values or scales)",
-                    ty.name(),
-                    row[c]
-                );
-            }
-            anyhow::Ok(())
-        })?;
-    Ok(out)
+    let failed = if same {
+        (0..rows)
+            .into_par_iter()
+            .map(|r| convert_row(r, &mut []))
+            .find_first(Result::is_err)
+    } else {
+        out.par_chunks_mut(out_row.max(1))
+            .enumerate()
+            .take(rows)
+            .map(|(r, dst)| convert_row(r, dst))
+            .find_first(Result::is_err)
+    };
+    if let Some(Err(e)) = failed {
+        return Err(e);
+    }
+    Ok(if same { src.to_vec() } else { out })
 }
