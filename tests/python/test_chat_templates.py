@@ -161,8 +161,8 @@ def test_apply_template_is_the_chat_prompt(special_tokens):
 
 
 # One template that uses what the review found missing: tojson with its options, strftime_now,
-# the message fields besides role and content, a template variable from the request, and
-# Windows line ends.
+# the message fields besides role and content, a template variable from the request, nested
+# objects whose keys are not in sorted order, and Windows line ends.
 PROBE = (
     "{{ messages | tojson }}\r\n"
     "{{ messages[-1] | tojson(indent=2) }}\r\n"
@@ -172,14 +172,16 @@ PROBE = (
     "{% for m in messages %}{{ m.role }}:{{ m.name }}:{{ m.tool_call_id }}:"
     "{{ m.reasoning_content }}:{% for c in m.tool_calls %}{{ c.function.name }}"
     "{{ c.function.arguments | tojson }}{% endfor %}\r\n{% endfor %}"
-    "{{ enable_thinking }}{% if add_generation_prompt %}<assistant>{% endif %}"
+    "{{ enable_thinking }}{% if hint is defined %}{{ hint | tojson }}{% endif %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}"
 )
 FIELDS = [
     {"role": "system", "content": "Be brief. \u00e9 \U0001F600 \"q\" <b>"},
     {"role": "user", "content": "Weather in Paris?", "name": "bob"},
     {"role": "assistant", "content": "", "reasoning_content": "Use the tool.",
      "tool_calls": [{"id": "c1", "type": "function",
-                     "function": {"name": "weather", "arguments": {"city": "Paris", "days": 2}}}]},
+                     "function": {"name": "weather", "arguments": {"days": 2, "city": "Paris",
+                                                               "units": {"temp": "C", "speed": "kmh"}}}}]},
     {"role": "tool", "content": "{\"temp\": 20}", "tool_call_id": "c1"},
 ]
 
@@ -195,6 +197,9 @@ def test_request_options_and_fields_render_as_transformers_does(tmp_path):
             ({"add_generation_prompt": False}, False, {}),
             ({"chat_template_kwargs": {"enable_thinking": False}}, True,
              {"enable_thinking": False}),
+            # Nested objects keep the request's key order (not sorted), as in transformers.
+            ({"chat_template_kwargs": {"hint": {"z": 1, "a": {"y": 2, "b": 3}}}}, True,
+             {"hint": {"z": 1, "a": {"y": 2, "b": 3}}}),
         ]:
             want, got, want_after = render_around(
                 lambda: template.render(messages=FIELDS, add_generation_prompt=agp, **kwargs),

@@ -308,6 +308,23 @@ def test_llama_server_completion_endpoint(server, client):
         assert r.status_code == 400 and r.json()["error"]["param"] == field, (extra, r.text)
 
 
+def test_streamed_completion_events_name_their_slot(server):
+    """As llama-server: every event of a /completion stream gives the request's slot
+    (`id_slot`), the one its last event names; two requests running together have two slots."""
+    body = {"prompt": "Once upon a time", "temperature": 0, "ignore_eos": True, "stream": True}
+    a = post(server, "/completion", dict(body, n_predict=1024), stream=True)
+    assert a.status_code == 200, a.text
+    a_lines = (line for line in a.iter_lines(decode_unicode=True) if line.startswith("data: "))
+    a_events = [json.loads(next(a_lines)[6:])]  # a is running: its first token has come
+    b_events = completion_native(server, dict(body, prompt="The cat", n_predict=8), stream=True)
+    a_events += [json.loads(line[6:]) for line in a_lines]
+    assert a_events[-1]["stop"] is True and len(a_events) > 2
+    for events in (a_events, b_events):
+        slot = events[-1]["id_slot"]
+        assert slot >= 0 and all(e["id_slot"] == slot for e in events[:-1]), events[:3]
+    assert a_events[-1]["id_slot"] != b_events[-1]["id_slot"]
+
+
 def test_llama_server_limits_new_lines_and_control_tokens(server):
     """llama-server's n_predict is a maximum: past the context's room the answer stops when the
     context is full (`stop_type` limit, `truncated`), as n_predict -1 does even beside an OpenAI

@@ -6,6 +6,7 @@ mod out;
 
 mod cmd;
 mod npy;
+mod outfile;
 
 use clap::{Parser, Subcommand};
 

@@ -135,11 +135,11 @@ impl ChatTemplate {
     }
 }
 
-/// A message as the template sees it. The JSON parser keeps an object's keys sorted, not in
-/// the request's order, so the keys a template may write out with `tojson` are put in the
-/// order OpenAI clients send them (llama-server's order): role, content, reasoning_content,
-/// name, tool_call_id, tool_calls; each tool call as id, type, function {name, arguments}.
-/// Keys beyond those follow, sorted.
+/// A message as the template sees it, its keys in llama-server's order (what a template
+/// writes with `tojson`): role, content, reasoning_content, name, tool_call_id, tool_calls;
+/// each tool call as id, type, function {name, arguments}. Keys beyond those follow, and
+/// every nested object (an `arguments` object, ...) keeps its keys, in the request's order
+/// (serde_json's `preserve_order`, as llama-server's ordered_json).
 fn message_value(msg: &Value) -> minijinja::Value {
     const MESSAGE: &[&str] = &[
         "role",
@@ -1038,6 +1038,42 @@ mod tests {
             let e = parse_messages(Some(&json!([m]))).unwrap_err();
             assert!(e.message.contains(what), "{}", e.message);
         }
+    }
+
+    #[test]
+    fn nested_objects_keep_the_requests_key_order() {
+        // As llama-server (nlohmann's ordered_json): what a template writes with `tojson` has
+        // the client's key order below the message fields, not sorted keys. Parsed from text,
+        // as a request body is.
+        let body: Value = serde_json::from_str(
+            r#"{"continue_final_message": false, "messages": [
+                {"role": "assistant", "content": "", "tool_calls": [{"function": {
+                    "arguments": {"zeta": 1, "alpha": {"y": 2, "b": 3}}, "name": "f",
+                    "strict": true}, "type": "function", "id": "c1", "index": 0}]}],
+               "chat_template_kwargs": {"tools": [{"type": "function", "function": {
+                   "name": "get", "parameters": {"type": "object",
+                   "properties": {"zeta": {"type": "string"}, "alpha": {"type": "integer"}},
+                   "required": ["zeta"]}}}]}}"#,
+        )
+        .unwrap();
+        let out = render(
+            "{{ tools | tojson }}\n{{ messages[0].tool_calls | tojson }}",
+            body,
+        )
+        .unwrap();
+        assert_eq!(
+            out,
+            concat!(
+                r#"[{"type": "function", "function": {"name": "get", "parameters": {"type": "#,
+                r#""object", "properties": {"zeta": {"type": "string"}, "alpha": {"type": "#,
+                r#""integer"}}, "required": ["zeta"]}}}]"#,
+                "\n",
+                // id, type, function {name, arguments} first (llama-server's message order),
+                // then the rest as sent.
+                r#"[{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "#,
+                r#"{"zeta": 1, "alpha": {"y": 2, "b": 3}}, "strict": true}, "index": 0}]"#
+            )
+        );
     }
 
     #[test]

@@ -15,8 +15,9 @@ pub struct ApiError {
     pub code: Option<&'static str>,
     /// The request field at fault.
     pub param: Option<String>,
-    /// More fields of the error object (n_prompt_tokens and n_ctx for a context overflow).
-    pub extra: Map<String, Value>,
+    /// More fields of the error object (n_prompt_tokens and n_ctx for a context overflow),
+    /// boxed: an order-keeping map would make every `Result<_, ApiError>` large.
+    pub extra: Box<Map<String, Value>>,
 }
 
 impl ApiError {
@@ -27,7 +28,7 @@ impl ApiError {
             kind,
             code: None,
             param: None,
-            extra: Map::new(),
+            extra: Box::default(),
         }
     }
 
@@ -79,7 +80,7 @@ impl ApiError {
             "param".into(),
             self.param.clone().map_or(Value::Null, Value::from),
         );
-        e.extend(self.extra.clone());
+        e.extend(self.extra.as_ref().clone());
         json!({ "error": e })
     }
 }

@@ -240,14 +240,22 @@ impl NativeReply {
             .collect()
     }
 
-    /// A streamed token: its text and id (none for the held-back text released at the end).
-    fn event(&self, text: &str, id: Option<u32>, lps: &[Logprob], n_predicted: usize) -> Value {
+    /// A streamed token: its text and id (none for the held-back text released at the end), and
+    /// the slot that runs the request.
+    fn event(
+        &self,
+        text: &str,
+        id: Option<u32>,
+        lps: &[Logprob],
+        n_predicted: usize,
+        slot: usize,
+    ) -> Value {
         let mut v = json!({
             "index": 0,
             "content": text,
             "tokens": id.into_iter().collect::<Vec<_>>(),
             "stop": false,
-            "id_slot": -1,
+            "id_slot": slot,
             "tokens_predicted": n_predicted,
             "tokens_evaluated": self.n_prompt,
         });
@@ -315,6 +323,7 @@ pub async fn collect(
                 text: t,
                 logprob,
                 offset,
+                ..
             } => {
                 text.push_str(&t);
                 ids.extend(id);
@@ -349,12 +358,16 @@ pub fn sse(
             }
             let (v, end) = match rx.recv().await {
                 Some(Event::Token {
-                    id, text, logprob, ..
+                    id,
+                    text,
+                    logprob,
+                    slot,
+                    ..
                 }) => {
                     n += usize::from(id.is_some());
                     new_line |= text.contains('\n');
                     let lps: Vec<Logprob> = logprob.into_iter().collect();
-                    (reply.event(&text, id, &lps, n), false)
+                    (reply.event(&text, id, &lps, n, slot), false)
                 }
                 Some(Event::Done(f)) => (reply.last("", new_line, &[], &[], &f, true), true),
                 Some(Event::Error(e)) => (ApiError::internal(e).body(), true),

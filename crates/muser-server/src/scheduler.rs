@@ -78,12 +78,14 @@ pub enum Event {
     /// One generated token: its id, the text it released (maybe empty) and, when asked, its
     /// logprob. At the end, text held back (by the stop strings or an incomplete character)
     /// comes as a Token without an id. `offset` is the byte length of the text decoded before
-    /// this token, held-back text included (a logprob's `text_offset`).
+    /// this token, held-back text included (a logprob's `text_offset`). `slot`: the slot that
+    /// runs the request (llama-server's `id_slot` in each streamed event).
     Token {
         id: Option<u32>,
         text: String,
         logprob: Option<Logprob>,
         offset: usize,
+        slot: usize,
     },
     Done(Finish),
     Error(String),
@@ -629,6 +631,7 @@ fn emit(
         text: r.text,
         logprob,
         offset,
+        slot: task.slot,
     };
     if task.job.events.send(token).is_err() {
         return Outcome::Gone;
@@ -670,6 +673,7 @@ fn finish(
                 text,
                 logprob: None,
                 offset: task.decoded,
+                slot: task.slot,
             })
             .is_err()
     {

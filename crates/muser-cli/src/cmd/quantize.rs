@@ -8,7 +8,11 @@
 //! "more bits" layers and output get Q6_K, the rest Q4_K. A row length that TYPE's block does
 //! not divide falls back to Q8_0, then F16 (llama.cpp would pick Q5_0/Q5_1 for Q4_K/Q5_K, which
 //! Muser does not implement).
+//!
+//! The output appears whole or not at all ([`OutFile`]): an error, a SIGINT (Ctrl-C), SIGTERM or
+//! SIGHUP leaves neither it nor its temporary behind.
 
+use crate::outfile::OutFile;
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 use muser_gguf::{GgmlType, GgufFile, GgufWriter, MetaValue, TensorInfo, TensorSpec};
@@ -125,51 +129,6 @@ fn same_file(a: &Path, b: &Path) -> bool {
     }
 }
 
-/// The file being written in place of `dest` (the file a symlink `dest` names, so the link
-/// stays): a hidden temporary next to it, removed on drop unless `commit` renamed it into place.
-struct TempOut {
-    tmp: PathBuf,
-    dest: PathBuf,
-    done: bool,
-}
-
-impl TempOut {
-    fn new(dest: &Path) -> TempOut {
-        let dest = std::fs::canonicalize(dest).unwrap_or_else(|_| dest.to_path_buf());
-        let name = dest
-            .file_name()
-            .map_or_else(|| "out".into(), |n| n.to_string_lossy().into_owned());
-        let tmp = dest.with_file_name(format!(".{name}.muser-tmp-{}", std::process::id()));
-        TempOut {
-            tmp,
-            dest,
-            done: false,
-        }
-    }
-
-    /// Renames the finished temporary onto the destination (with the replaced file's
-    /// permissions, when there was one).
-    fn commit(mut self) -> anyhow::Result<()> {
-        if let Ok(old) = std::fs::metadata(&self.dest) {
-            std::fs::set_permissions(&self.tmp, old.permissions())
-                .with_context(|| format!("setting the permissions of {}", self.tmp.display()))?;
-        }
-        std::fs::rename(&self.tmp, &self.dest).with_context(|| {
-            format!("renaming {} to {}", self.tmp.display(), self.dest.display())
-        })?;
-        self.done = true;
-        Ok(())
-    }
-}
-
-impl Drop for TempOut {
-    fn drop(&mut self) {
-        if !self.done {
-            let _ = std::fs::remove_file(&self.tmp);
-        }
-    }
-}
-
 pub fn run(args: Args) -> anyhow::Result<()> {
     let target = Target::parse(&args.ty)?;
     // The input is memory-mapped while the output is written: writing over it would truncate
@@ -230,27 +189,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .unwrap()
             .progress_chars("=> "),
     );
-    // Written to a temporary next to the output and renamed into place once complete, so a
-    // quantize that fails never leaves a truncated output behind (one stopped by a signal may
-    // leave its hidden temporary, never a truncated output).
-    let out = TempOut::new(&args.output);
-    let mut w = GgufWriter::create(&out.tmp, &metadata, &specs)
-        .with_context(|| format!("cannot write the output {}", args.output.display()))?;
-    let (mut bytes_in, mut bytes_out) = (0u64, 0u64);
-    for (t, &ty) in f.tensors.iter().zip(&types) {
-        bar.set_message(t.name.clone());
-        let data = convert(&f, t, ty).with_context(|| format!("tensor {}", t.name))?;
-        w.write_tensor(&data)?;
-        bytes_in += t.n_bytes;
-        bytes_out += data.len() as u64;
-        bar.inc(t.n_elements());
-    }
-    w.finish()?
-        .into_inner()
-        .map_err(|e| e.into_error())
-        .and_then(|file| file.sync_all())
-        .with_context(|| format!("writing {}", out.tmp.display()))?;
-    out.commit()?;
+    // Written to a temporary next to the output and renamed into place once complete.
+    let out = OutFile::new(&args.output, Some(&bar))?;
+    let (bytes_in, bytes_out) = write_output(&f, &metadata, &specs, out, &args.output, &bar)?;
     bar.finish_and_clear();
     let mut counts = std::collections::BTreeMap::<&str, usize>::new();
     for ty in &types {
@@ -264,6 +205,36 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         counts
     );
     Ok(())
+}
+
+/// Writes every tensor, converted to its spec's type, to `out`'s temporary and renames it into
+/// place; returns the bytes read and written.
+fn write_output(
+    f: &GgufFile,
+    metadata: &[(String, MetaValue)],
+    specs: &[TensorSpec],
+    out: OutFile,
+    output: &Path,
+    bar: &ProgressBar,
+) -> anyhow::Result<(u64, u64)> {
+    let mut w = GgufWriter::create(out.path(), metadata, specs)
+        .with_context(|| format!("cannot write the output {}", output.display()))?;
+    let (mut bytes_in, mut bytes_out) = (0u64, 0u64);
+    for (t, spec) in f.tensors.iter().zip(specs) {
+        bar.set_message(t.name.clone());
+        let data = convert(f, t, spec.ggml_type).with_context(|| format!("tensor {}", t.name))?;
+        w.write_tensor(&data)?;
+        bytes_in += t.n_bytes;
+        bytes_out += data.len() as u64;
+        bar.inc(t.n_elements());
+    }
+    w.finish()?
+        .into_inner()
+        .map_err(|e| e.into_error())
+        .and_then(|file| file.sync_all())
+        .with_context(|| format!("writing {}", out.path().display()))?;
+    out.commit()?;
+    Ok((bytes_in, bytes_out))
 }
 
 /// The tensor's bytes in type `ty`: rows dequantized to f32 and quantized again, in parallel.

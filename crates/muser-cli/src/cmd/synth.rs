@@ -1,6 +1,9 @@
 //! `muser synth PRESET OUT [--seed N]`: write a synthetic model; `muser synth --list` lists the
-//! presets with their sizes.
+//! presets with their sizes. The model appears whole or not at all (an error or a Ctrl-C leaves
+//! nothing behind).
 
+use crate::outfile::OutFile;
+use anyhow::Context;
 use muser_synth::{find_preset, parameter_count, synthesize, weight_bytes, PRESETS};
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -49,7 +52,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     );
     let p = find_preset(&name)?;
     let start = Instant::now();
-    let s = synthesize(p, &out, args.seed, std::io::stderr().is_terminal())?;
+    // Written to a temporary next to OUT and renamed into place once complete: an error or a
+    // Ctrl-C never leaves a truncated model behind.
+    let file = OutFile::new(&out, None)?;
+    let s = synthesize(p, file.path(), args.seed, std::io::stderr().is_terminal())
+        .with_context(|| format!("cannot write the model {}", out.display()))?;
+    file.commit()?;
     let secs = start.elapsed().as_secs_f64();
     outln!(
         "wrote {} ({}, seed {}): {} tensors, {} parameters, {} bytes of weights in {:.1} s ({:.2} GB/s)",
