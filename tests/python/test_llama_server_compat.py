@@ -1,7 +1,9 @@
 """`muser serve` beside llama.cpp's `llama-server` on one file: the same requests to both, and
 every field of llama-server's answer must be in Muser's too, with a JSON type that agrees (null
 agrees with any type), except the differences listed in DIFFERENCES, each with its reason. A
-stream is compared as the union of its chunks' fields, and both must end with `[DONE]`.
+stream is compared as the union of its chunks' fields, and both must end with `[DONE]`. The
+server's properties (`/props`) and slots (`/slots`) must also agree in value where both servers
+describe the same thing.
 
 The file is `muser synth llama-tiny` (a llama both engines run). Skipped unless $LLAMA_CPP_BIN
 holds llama-server (scripts/test.sh builds it on the side from the comparator's source).
@@ -49,6 +51,11 @@ REQUESTS = {
     "detokenize": ("/detokenize", {"tokens": [5, 6, 7]}),
     "apply-template": ("/apply-template", {"messages": MESSAGES}),
     "bad request": ("/v1/completions", {"prompt": "x", "max_tokens": "ten"}),
+    # The server's properties and slots (idle; each server has run a request in one slot: the
+    # fixture's, so the slot shows that request's params and next_token).
+    "props": ("/props", None),
+    "post props": ("/props", {}),
+    "slots": ("/slots", None),
     # llama-server's own endpoint.
     "native completion": ("/completion", {"prompt": "Once upon a time", "n_predict": 4,
                                           "temperature": 0, "n_probs": 2,
@@ -71,6 +78,12 @@ NOT_IMPLEMENTED = ["adaptive_decay", "adaptive_target", "backend_sampling", "cha
                    "reasoning_in_content", "samplers*", "speculative.types",
                    "timings_per_token", "top_n_sigma", "typical_p", "xtc_probability",
                    "xtc_threshold"]
+# Of those, the ones llama-server leaves out of the settings it shows in /props and /slots.
+NOT_IN_SUMMARY = ["dry_sequence_breakers*", "grammar", "grammar_lazy", "grammar_triggers",
+                  "preserved_tokens"]
+
+# The HTTP status both servers answer with, where it is not 200.
+STATUS = {"bad request": 400, "post props": 501}
 
 # (request, field path, what differs, why). A path ending in "*" covers the fields below it.
 DIFFERENCES = [
@@ -80,9 +93,21 @@ DIFFERENCES = [
     ("models", ".data[].meta.ftype", "missing", "llama.cpp's name for the file type"),
     ("bad request", ".error.code", "type",
      "llama-server puts the HTTP status there; OpenAI's errors (and Muser's) a string or null"),
+    ("post props", ".error.code", "type",
+     "llama-server puts the HTTP status there; OpenAI's errors (and Muser's) a string or null"),
+    ("props", ".model_ftype", "missing", "llama.cpp's name for the file type"),
+    ("props", ".media_marker", "missing",
+     "the placeholder of an image or audio clip in a multimodal prompt; Muser takes text only"),
+    ("props", ".chat_template_caps*", "missing",
+     "llama.cpp's probe of what the template supports (tools, system role, typed content, ...), "
+     "found by rendering test conversations with it; Muser does not probe templates"),
 ] + [(name, ".generation_settings." + field, "missing", "a sampler Muser does not have")
      for name in ["native completion", "native completion stream", "native completion stop"]
-     for field in NOT_IMPLEMENTED]
+     for field in NOT_IMPLEMENTED] + [
+    (name, prefix + field, "missing", "a sampler Muser does not have")
+    for name, prefix in [("props", ".default_generation_settings.params."),
+                         ("slots", "[].params.")]
+    for field in NOT_IMPLEMENTED if field not in NOT_IN_SUMMARY]
 
 
 def allowed(name: str, path: str, kind: str) -> bool:
@@ -169,6 +194,10 @@ def servers(tmp_path_factory):
     except Exception:
         muser.stop()
         raise
+    # One request each, so that /slots shows a slot that has run one whatever the tests' order.
+    for s in (muser, llama):
+        r = requests.post(s.url + "/completion", json={"prompt": "Hi", "n_predict": 2}, timeout=60)
+        assert r.status_code == 200, r.text
     yield muser, llama
     muser.stop()
     llama.stop()
@@ -180,10 +209,7 @@ def test_muser_answers_with_llama_servers_fields(servers, name):
     path, body = REQUESTS[name]
     want_status, want = ask(llama.url, path, body)
     got_status, got = ask(muser.url, path, body)
-    if name == "bad request":
-        assert got_status == want_status == 400
-    else:
-        assert got_status == want_status == 200, (got_status, want_status)
+    assert got_status == want_status == STATUS.get(name, 200), (got_status, want_status)
     missing = [p for p in want if p not in got and not allowed(name, p, "missing")]
     assert not missing, f"{name}: llama-server's fields that Muser lacks: {missing}"
     clash = [(p, want[p], got[p]) for p in want if p in got and "null" not in (want[p], got[p])
@@ -205,3 +231,23 @@ def test_every_listed_difference_is_still_one(servers):
             assert any(q not in got for q in hits), (name, path, "Muser has it now")
         else:
             assert any(q in got and got[q] != want[q] for q in hits), (name, path)
+
+
+def test_props_and_slots_agree_with_llama_servers_values(servers):
+    """Both servers run 2 slots of 1,024 tokens of one file with the same defaults: /props and
+    /slots say the same of them (the templates differ: the file has none, and each server has
+    its own fallback)."""
+    muser, llama = servers
+    got, want = (requests.get(s.url + "/props", timeout=60).json() for s in (muser, llama))
+    for key in ["total_slots", "model_path", "modalities", "bos_token", "eos_token",
+                "endpoint_slots", "endpoint_props", "is_sleeping"]:
+        assert got[key] == want[key], key
+    g, w = got["default_generation_settings"], want["default_generation_settings"]
+    assert g["n_ctx"] == w["n_ctx"] == 1024
+    common = [k for k in w["params"] if k in g["params"]]
+    assert len(common) >= 12, common
+    assert {k: g["params"][k] for k in common} == {k: w["params"][k] for k in common}
+    got, want = (requests.get(s.url + "/slots", timeout=60).json() for s in (muser, llama))
+    assert [(s["id"], s["n_ctx"], s["is_processing"]) for s in got] == \
+        [(s["id"], s["n_ctx"], s["is_processing"]) for s in want] == [(0, 1024, False),
+                                                                      (1, 1024, False)]

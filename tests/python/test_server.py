@@ -2,7 +2,7 @@
 what is checked): completions and chat, streaming and not, logprobs, usage with cached tokens,
 llama-server's timings, stop strings, token-array prompts, tokenize/detokenize, 16 concurrent
 streams each identical to its solo run, a client disconnecting mid-stream, every kind of bad
-request, overload (503) and the API key.
+request, overload (503) and the API key; llama-server's /props and /slots.
 
 The servers run models/muse-default.gguf on a free loopback port; the binary is $MUSER_BIN,
 else target/release/muser (`cargo build --release -p muser-cli`).
@@ -19,6 +19,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import jinja2
 import openai
 import pytest
 import requests
@@ -549,6 +550,90 @@ def test_disconnect_mid_stream_frees_the_slot(server):
     assert post(server, "/v1/completions", {"prompt": "Hi", "max_tokens": 2}).status_code == 200
 
 
+# --- llama-server's /props and /slots ---------------------------------------------------------
+
+
+def get_json(server, path: str):
+    r = requests.get(server.url + path, headers=server.headers, timeout=10)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_props_describe_the_server(server):
+    p = get_json(server, "/props")
+    assert p["total_slots"] == 16
+    d = p["default_generation_settings"]
+    assert d["n_ctx"] == N_CTX
+    # A request that sets nothing: until the context is full, llama.cpp's default sampler.
+    assert (d["params"]["n_predict"], d["params"]["top_k"]) == (-1, 40)
+    assert d["params"]["temperature"] == pytest.approx(0.8)
+    assert p["modalities"] == {"vision": False, "video": False, "audio": False}
+    assert p["model_path"] == str(MODEL)
+    # The template it renders with (the model has none: Muser's fallback), rendered by Jinja as
+    # a client would, gives /apply-template's prompt.
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
+    want = env.from_string(p["chat_template"]).render(
+        messages=msgs, add_generation_prompt=True, bos_token=p["bos_token"],
+        eos_token=p["eos_token"])
+    assert post(server, "/apply-template", {"messages": msgs}).json()["prompt"] == want
+    # BOS and EOS by their text: the tokens a prompt starts with and a request ends on.
+    assert tokenize(server, "", add_special=True) == tokenize(server, p["bos_token"], False)
+    assert len(tokenize(server, p["eos_token"], False)) == 1
+    # llama-server changes its settings only when started with --props; Muser never does.
+    r = post(server, "/props", {"n_ctx": 5})
+    assert r.status_code == 501 and r.json()["error"]["type"] == "not_supported_error"
+
+
+def test_props_follow_the_command_line(tmp_path):
+    """Another --parallel, --ctx-size and --chat-template-file: /props and /slots follow."""
+    template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}</{{ m.role }}>{% endfor %}"
+    path = tmp_path / "t.jinja"
+    path.write_text(template)
+    s = ServerProcess("--parallel", "3", "--ctx-size", "640", "--chat-template-file", str(path),
+                      "--threads", "2")
+    try:
+        p = get_json(s, "/props")
+        assert (p["total_slots"], p["default_generation_settings"]["n_ctx"]) == (3, 640)
+        assert p["chat_template"] == template
+        assert [(x["id"], x["n_ctx"]) for x in get_json(s, "/slots")] == [(0, 640), (1, 640),
+                                                                         (2, 640)]
+    finally:
+        s.stop()
+
+
+def test_slots_show_the_running_request(server):
+    idle = get_json(server, "/slots")
+    assert [s["id"] for s in idle] == list(range(16))
+    assert all(s["n_ctx"] == N_CTX and not s["is_processing"] for s in idle)
+
+    body = {"prompt": "Once upon a time", "n_predict": 512, "temperature": 0.5, "seed": 3,
+            "ignore_eos": True, "stream": True}
+    r = post(server, "/completion", body, stream=True)
+    assert r.status_code == 200, r.text
+    lines = (line for line in r.iter_lines(decode_unicode=True) if line.startswith("data: "))
+    first = json.loads(next(lines)[6:])  # the request is running: its first token has come
+    busy = [s for s in get_json(server, "/slots") if s["is_processing"]]
+    assert [s["id"] for s in busy] == [first["id_slot"]], busy
+    s = busy[0]
+    assert s["n_prompt_tokens"] == first["tokens_evaluated"]
+    assert (s["params"]["n_predict"], s["params"]["seed"], s["params"]["ignore_eos"]) == \
+        (512, 3, True)
+    assert s["params"]["temperature"] == pytest.approx(0.5)
+    t = s["next_token"][0]
+    assert t["has_next_token"] is True and t["n_decoded"] + t["n_remain"] == 512, t
+
+    events = [json.loads(line[6:]) for line in lines]
+    assert events[-1]["stop"] is True and events[-1]["tokens_predicted"] == 512
+    # Once the client has the end, no slot is processing; the slot keeps the request's counts.
+    after = get_json(server, "/slots")
+    assert not any(x["is_processing"] for x in after), after
+    mine = after[first["id_slot"]]
+    assert mine["id_task"] == s["id_task"]
+    t = mine["next_token"][0]
+    assert (t["has_next_token"], t["n_decoded"], t["n_remain"]) == (False, 512, 0)
+
+
 # --- bad requests -----------------------------------------------------------------------------
 
 BAD = [
@@ -672,6 +757,10 @@ def test_api_key(small_server):
     assert requests.get(url + "/health", timeout=10).status_code == 200
     r = requests.post(url + "/v1/completions", json={"prompt": "hi", "max_tokens": 1}, timeout=10)
     assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    # /props and /slots too (llama-server leaves only /health open).
+    for path in ["/props", "/slots"]:
+        assert requests.get(url + path, timeout=10).status_code == 401, path
+        assert get_json(small_server, path), path
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=url + "/v1", api_key="wrong", max_retries=0).completions.create(
             model=MODEL_ID, prompt="hi", max_tokens=1)
@@ -703,6 +792,10 @@ def test_more_clients_than_slots_and_queue_get_503(small_server):
     for line in a_lines:
         if line.startswith(b"data: {"):
             break
+    # The only slot is busy: llama-server's `fail_on_no_slot` check says so.
+    assert [x["is_processing"] for x in get_json(s, "/slots")] == [True]
+    r = requests.get(s.url + "/slots?fail_on_no_slot=1", headers=auth, timeout=10)
+    assert r.status_code == 503, r.text
     b = open_stream()  # waits in the queue (headers come at once; tokens later)
     s.wait_metric("requests_deferred", lambda v: v == 1)
     r = requests.post(s.url + "/v1/completions", json=body, headers=auth, timeout=60)

@@ -1,7 +1,8 @@
 //! The routes: request bodies are read under the size limit, parsed (`api`, `chat`), checked
 //! against the context, handed to the engine, and the engine's events are answered as one
 //! OpenAI response object or as server-sent events ending in `data: [DONE]` (llama-server's own
-//! `/completion` in its own shape: native.rs).
+//! `/completion` in its own shape: native.rs). llama-server's read-only `/props` and `/slots`
+//! (slots.rs) describe the server and its slots.
 
 use crate::api::{self, fit_context, parse_generation, parse_object, parse_prompt, Fields};
 use crate::chat::ChatRequest;
@@ -9,16 +10,18 @@ use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::native::{self, NativeReply};
 use crate::scheduler::{Event, Finish, Job, Logprob, Ticket};
+use crate::slots::slots_json;
 use crate::{ModelInfo, Shared};
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, Request, State};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode, Uri};
 use axum::middleware::{self, Next};
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures_util::stream::{self, Stream, StreamExt};
+use muser_sample::DEFAULT_SEED;
 use serde_json::{json, Map, Value};
 use std::convert::Infallible;
 use std::sync::atomic::Ordering::Relaxed;
@@ -44,6 +47,8 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .route("/metrics", get(metrics))
+        .route("/props", get(props).post(set_props))
+        .route("/slots", get(slots))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(shared.clone(), auth))
@@ -263,6 +268,68 @@ async fn metrics(State(sh): AppState) -> Response {
         sh.metrics.render(),
     )
         .into_response()
+}
+
+/// llama-server's `GET /props`: the server's settings. `default_generation_settings` holds
+/// the settings a request that sets none runs with (its `params` as /completion's
+/// `generation_settings` writes them; the seed is llama.cpp's marker of a fresh random seed per
+/// request, as llama-server's) and a slot's context. llama-server's fields that Muser has no
+/// value for (the file type's llama.cpp name, the media marker, llama.cpp's probe of the
+/// template's capabilities) are left out.
+async fn props(State(sh): AppState) -> Result<Json<Value>, ApiError> {
+    let m = sh.ready()?;
+    let defaults = parse_generation(&Fields(&Map::new()), false, DEFAULT_SEED, m.n_vocab)?;
+    Ok(Json(json!({
+        "default_generation_settings": {
+            "params": native::generation_settings(&defaults),
+            "n_ctx": m.n_ctx,
+        },
+        "total_slots": sh.config.parallel,
+        "model_alias": m.id,
+        "model_path": sh.config.model_path.display().to_string(),
+        "modalities": {"vision": false, "video": false, "audio": false},
+        // /slots and /metrics are always on; there is no POST /props and no web UI.
+        "endpoint_slots": true,
+        "endpoint_props": false,
+        "endpoint_metrics": true,
+        "ui": false,
+        "ui_settings": {},
+        "chat_template": m.template_source,
+        "bos_token": m.bos_token,
+        "eos_token": m.eos_token,
+        "build_info": concat!("muser ", env!("CARGO_PKG_VERSION")),
+        "is_sleeping": false,
+        "cors_proxy_enabled": false,
+    })))
+}
+
+/// `POST /props`: llama-server changes settings there only when started with `--props`. Muser
+/// has no such option, so it answers as llama-server does without it: 501, not supported.
+async fn set_props() -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_IMPLEMENTED,
+        "not_supported_error",
+        "this server does not support changing global properties (POST /props)",
+    )
+    .with_code("not_supported")
+}
+
+/// llama-server's `GET /slots`: each slot's state from the engine's board (slots.rs), read
+/// without waiting on the engine. With `?fail_on_no_slot=1` (any value), 503 when every slot is
+/// busy, as llama-server.
+async fn slots(State(sh): AppState, uri: Uri) -> Result<Json<Value>, ApiError> {
+    let m = sh.ready()?;
+    let board = sh.metrics.slots.snapshot();
+    let fail_on_no_slot = uri
+        .query()
+        .unwrap_or("")
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .any(|(k, v)| k == "fail_on_no_slot" && !v.is_empty());
+    if fail_on_no_slot && board.iter().all(|s| s.processing) {
+        return Err(ApiError::unavailable("no slot available").with_code("no_slot_available"));
+    }
+    Ok(Json(slots_json(&board, m.n_ctx)))
 }
 
 async fn tokenize(

@@ -19,6 +19,7 @@ mod http;
 pub mod metrics;
 mod native;
 pub mod scheduler;
+pub mod slots;
 pub mod text;
 
 use anyhow::Context;
@@ -81,6 +82,11 @@ pub struct ModelInfo {
     /// Where the template came from: "file" (`--chat-template-file`), "model" (the GGUF) or
     /// "fallback" (neither: the plain "Role: text" template).
     pub template_origin: &'static str,
+    /// The template's Jinja source as read (`chat::FALLBACK_TEMPLATE` for the fallback).
+    pub template_source: String,
+    /// The texts of the BOS and EOS tokens ("" where the model has none).
+    pub bos_token: String,
+    pub eos_token: String,
     /// Context of each slot.
     pub n_ctx: usize,
     pub n_ctx_train: usize,
@@ -227,11 +233,14 @@ fn model_info<B: Backend>(model: &Model<B>, config: &ServerConfig) -> anyhow::Re
         (None, Ok(src)) => (Some(src), "model"),
         (None, Err(_)) => (None, "fallback"),
     };
-    let template = ChatTemplate::new(template_src, &text(tokenizer.bos()), &text(tokenizer.eos()))
-        .with_context(|| match template_origin {
+    let (bos_token, eos_token) = (text(tokenizer.bos()), text(tokenizer.eos()));
+    let template = ChatTemplate::new(template_src, &bos_token, &eos_token).with_context(|| {
+        match template_origin {
             "file" => "the template of --chat-template-file",
             _ => "the model's tokenizer.chat_template",
-        })?;
+        }
+    })?;
+    let template_source = template_src.unwrap_or(chat::FALLBACK_TEMPLATE).to_string();
     let c = &model.config;
     let n_ctx = config.n_ctx.unwrap_or(c.n_ctx_train);
     if n_ctx == 0 {
@@ -255,6 +264,9 @@ fn model_info<B: Backend>(model: &Model<B>, config: &ServerConfig) -> anyhow::Re
         aliases,
         template,
         template_origin,
+        template_source,
+        bos_token,
+        eos_token,
         n_ctx,
         n_ctx_train: c.n_ctx_train,
         n_vocab: c.n_vocab,

@@ -1,6 +1,8 @@
 //! Counters the engine thread and the handlers update, rendered as Prometheus text at
-//! GET /metrics (names after llama-server's, prefixed `muser:`).
+//! GET /metrics (names after llama-server's, prefixed `muser:`), and the slots' board that
+//! GET /slots shows (slots.rs).
 
+use crate::slots::SlotBoard;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 #[derive(Default)]
@@ -35,6 +37,8 @@ pub struct Metrics {
     /// Positions held in all slots' KV caches, and what they can hold.
     pub kv_tokens: AtomicU64,
     pub kv_capacity: AtomicU64,
+    /// Each slot's request and progress, for GET /slots.
+    pub slots: SlotBoard,
 }
 
 impl Metrics {

@@ -183,45 +183,52 @@ pub struct NativeReply {
     pub n_prompt: usize,
 }
 
+/// llama-server's `generation_settings` of a request: its settings as they were read (the
+/// answer of /completion, the `params` of a slot in GET /slots, and, for a request that sets
+/// nothing, the defaults in GET /props).
+pub(crate) fn generation_settings(gen: &Generation) -> Value {
+    let p = &gen.params;
+    let window = if p.repeat_last_n == usize::MAX {
+        -1
+    } else {
+        p.repeat_last_n as i64
+    };
+    let bias: Vec<Value> = p
+        .logit_bias
+        .iter()
+        .map(|&(id, b)| json!({"token": id, "bias": b}))
+        .collect();
+    let n_predict = gen.max_tokens.map_or(-1, |n| n as i64);
+    json!({
+        "seed": p.seed,
+        "temperature": p.temperature,
+        "top_k": p.top_k,
+        "top_p": p.top_p,
+        "min_p": p.min_p,
+        "repeat_last_n": window,
+        "repeat_penalty": p.repeat_penalty,
+        "presence_penalty": p.presence_penalty,
+        "frequency_penalty": p.frequency_penalty,
+        "stop": gen.stop,
+        "max_tokens": n_predict,
+        "n_predict": n_predict,
+        "ignore_eos": gen.ignore_eos,
+        "stream": gen.stream,
+        "logit_bias": bias,
+        // `translate` makes /completion's n_probs the request's logprobs.
+        "n_probs": gen.logprobs.unwrap_or(0),
+    })
+}
+
 impl NativeReply {
     pub fn new(info: Arc<ModelInfo>, native: Native, gen: &Generation, prompt: &[u32]) -> Self {
-        let p = &gen.params;
-        let window = if p.repeat_last_n == usize::MAX {
-            -1
-        } else {
-            p.repeat_last_n as i64
-        };
-        let bias: Vec<Value> = p
-            .logit_bias
-            .iter()
-            .map(|&(id, b)| json!({"token": id, "bias": b}))
-            .collect();
-        let n_predict = gen.max_tokens.map_or(-1, |n| n as i64);
-        let settings = json!({
-            "seed": p.seed,
-            "temperature": p.temperature,
-            "top_k": p.top_k,
-            "top_p": p.top_p,
-            "min_p": p.min_p,
-            "repeat_last_n": window,
-            "repeat_penalty": p.repeat_penalty,
-            "presence_penalty": p.presence_penalty,
-            "frequency_penalty": p.frequency_penalty,
-            "stop": gen.stop,
-            "max_tokens": n_predict,
-            "n_predict": n_predict,
-            "ignore_eos": gen.ignore_eos,
-            "stream": gen.stream,
-            "logit_bias": bias,
-            "n_probs": native.n_probs,
-        });
         let text = info.tokenizer.decode(prompt).unwrap_or_default();
         NativeReply {
             prompt: String::from_utf8_lossy(&text).into_owned(),
             n_prompt: prompt.len(),
             info,
             native,
-            settings,
+            settings: generation_settings(gen),
         }
     }
 

@@ -16,9 +16,13 @@
 //!
 //! Tokens go back to the request's handler as `Event`s; text is released through the stop
 //! buffer and streaming UTF-8 decoder, so a client never sees half a character or a stop string.
+//! Each slot's request and progress go on the slot board (`Metrics::slots`, GET /slots): when a
+//! request takes a slot, when it ends (before its client hears the end) and, for the running
+//! ones, at the end of every step.
 
 use crate::api::Generation;
 use crate::metrics::Metrics;
+use crate::slots::{SlotBoard, SlotInfo, SlotTask};
 use crate::text::StopBuffer;
 use muser_engine::{prefill_runs, Backend, DecodeGroup, Model, RowGot, RowNeed, Session};
 use muser_sample::{Candidate, Sampler};
@@ -154,6 +158,12 @@ struct Task {
     stop: StopBuffer,
     n_gen: usize,
     n_cached: usize,
+    /// Prompt positions computed for it so far (the rest of the prompt after `n_cached`).
+    n_processed: usize,
+    /// Its released text has a newline.
+    has_new_line: bool,
+    /// `job.gen`, shared with the slot board.
+    gen: Arc<Generation>,
     /// The token sampled last, to be fed by the next decode step; None while prefilling.
     next: Option<u32>,
     /// Order of arrival: the oldest prefilling request gets the next chunk.
@@ -165,6 +175,26 @@ struct Task {
     prefill_end: Option<Instant>,
 }
 
+impl Task {
+    /// The slot board's entry for this request (`running`: it still holds its slot).
+    fn shown(&self, running: bool) -> SlotInfo {
+        SlotInfo {
+            processing: running,
+            task: Some(SlotTask {
+                id: self.seq,
+                gen: self.gen.clone(),
+                n_prompt: self.job.prompt.len(),
+                n_prompt_processed: self.n_processed,
+                n_cached: self.n_cached,
+                n_decoded: self.n_gen,
+                n_remain: self.job.max_tokens.saturating_sub(self.n_gen),
+                has_new_line: self.has_new_line,
+                has_next_token: running,
+            }),
+        }
+    }
+}
+
 struct Slot<'m, B: Backend> {
     session: Session<'m, B>,
     /// The tokens whose K/V the session holds (len = session.pos()).
@@ -174,6 +204,15 @@ struct Slot<'m, B: Backend> {
     task: Option<Task>,
     /// When the slot last took a request (least recently used slots are taken first).
     used: u64,
+}
+
+impl<B: Backend> Slot<'_, B> {
+    /// Takes the slot's request off it, leaving it on the board as ended.
+    fn end_task(&mut self, board: &SlotBoard) -> Option<Task> {
+        let t = self.task.take()?;
+        board.set(t.slot, t.shown(false));
+        Some(t)
+    }
 }
 
 /// What became of a request after a token was sampled.
@@ -217,6 +256,7 @@ impl<'m, B: Backend> Engine<'m, B> {
         metrics
             .kv_capacity
             .store((n_parallel * n_ctx) as u64, Relaxed);
+        metrics.slots.reset(n_parallel);
         Ok(Engine {
             model,
             tok,
@@ -271,13 +311,19 @@ impl<'m, B: Backend> Engine<'m, B> {
         m.running.store(running as u64, Relaxed);
         let kv: usize = self.slots.iter().map(|s| s.session.pos()).sum();
         m.kv_tokens.store(kv as u64, Relaxed);
+        m.slots.set_all(
+            self.slots
+                .iter()
+                .filter_map(|s| s.task.as_ref())
+                .map(|t| (t.slot, t.shown(true))),
+        );
     }
 
     fn drop_gone(&mut self) {
         let m = self.metrics;
         for s in &mut self.slots {
             if s.task.as_ref().is_some_and(|t| t.job.events.is_closed()) {
-                s.task = None;
+                s.end_task(&m.slots);
                 Metrics::add(&m.requests_cancelled, 1);
             }
         }
@@ -324,20 +370,25 @@ impl<'m, B: Backend> Engine<'m, B> {
             for &t in &job.prompt {
                 sampler.accept(t);
             }
-            slot.task = Some(Task {
+            let task = Task {
                 stop: StopBuffer::new(&job.gen.stop),
+                gen: Arc::new(job.gen.clone()),
                 job,
                 sampler,
                 decoder: StreamDecoder::new(),
                 decoded: 0,
                 n_gen: 0,
                 n_cached,
+                n_processed: 0,
+                has_new_line: false,
                 next: None,
                 seq: self.clock,
                 slot: i,
                 prefill_start: None,
                 prefill_end: None,
-            });
+            };
+            self.metrics.slots.set(i, task.shown(true));
+            slot.task = Some(task);
         }
     }
 
@@ -513,7 +564,8 @@ impl<'m, B: Backend> Engine<'m, B> {
                 Ok(()) => {
                     Metrics::add(&m.prompt_tokens, n as u64);
                     let at = slot.session.pos() - n;
-                    let task = slot.task.as_ref().unwrap();
+                    let task = slot.task.as_mut().unwrap();
+                    task.n_processed += n;
                     slot.cached.extend_from_slice(&task.job.prompt[at..at + n]);
                     slot.prefilled = slot.session.pos();
                     if last {
@@ -552,21 +604,22 @@ impl<'m, B: Backend> Engine<'m, B> {
             );
         };
         let outcome = emit(task, lp, id, self.tok, pos, self.n_ctx, self.metrics);
+        let m = self.metrics;
         match outcome {
             Outcome::Continue => {}
             Outcome::Finished => {
-                slot.task = None;
-                Metrics::add(&self.metrics.requests_finished, 1);
+                slot.end_task(&m.slots);
+                Metrics::add(&m.requests_finished, 1);
             }
             Outcome::Gone => {
-                slot.task = None;
-                Metrics::add(&self.metrics.requests_cancelled, 1);
+                slot.end_task(&m.slots);
+                Metrics::add(&m.requests_cancelled, 1);
             }
         }
     }
 
     fn fail(&mut self, i: usize, msg: String) {
-        if let Some(mut t) = self.slots[i].task.take() {
+        if let Some(mut t) = self.slots[i].end_task(&self.metrics.slots) {
             drop(std::mem::take(&mut t.job.ticket));
             let _ = t.job.events.send(Event::Error(msg));
         }
@@ -617,7 +670,7 @@ fn emit(
 ) -> Outcome {
     task.sampler.accept(id);
     if tok.is_eog(id) && !task.job.gen.ignore_eos {
-        return finish(task, FinishReason::Stop, true, None);
+        return finish(task, FinishReason::Stop, true, None, m);
     }
     task.n_gen += 1;
     Metrics::add(&m.generated_tokens, 1);
@@ -626,6 +679,7 @@ fn emit(
     let offset = task.decoded;
     task.decoded += piece.len();
     let r = task.stop.push(&piece);
+    task.has_new_line |= r.text.contains('\n');
     let token = Event::Token {
         id: Some(id),
         text: r.text,
@@ -637,10 +691,10 @@ fn emit(
         return Outcome::Gone;
     }
     if r.stop.is_some() {
-        return finish(task, FinishReason::Stop, false, r.stop);
+        return finish(task, FinishReason::Stop, false, r.stop, m);
     }
     if task.n_gen >= task.job.max_tokens || pos >= n_ctx {
-        return finish(task, FinishReason::Length, true, None);
+        return finish(task, FinishReason::Length, true, None, m);
     }
     task.next = Some(id);
     Outcome::Continue
@@ -653,6 +707,7 @@ fn finish(
     mut reason: FinishReason,
     release: bool,
     mut stop_word: Option<String>,
+    m: &Metrics,
 ) -> Outcome {
     let mut text = String::new();
     if release {
@@ -666,6 +721,7 @@ fn finish(
         }
     }
     let events = &task.job.events;
+    task.has_new_line |= text.contains('\n');
     if !text.is_empty()
         && events
             .send(Event::Token {
@@ -691,9 +747,11 @@ fn finish(
         prompt_ms: ms(task.prefill_start, end),
         predicted_ms: ms(Some(end), Instant::now()),
     };
-    // The request's place is given back before its client hears the end, so a client that
-    // sends its next request at once is not refused for the place its last one held.
+    // The request's place is given back, and its slot shown free, before its client hears the
+    // end, so a client that sends its next request at once is not refused for the place its
+    // last one held, nor sees the slot still busy.
     drop(std::mem::take(&mut task.job.ticket));
+    m.slots.set(task.slot, task.shown(false));
     if task.job.events.send(Event::Done(done)).is_err() {
         return Outcome::Gone;
     }
@@ -702,7 +760,83 @@ fn finish(
 
 #[cfg(test)]
 mod tests {
-    use super::reusable_prefix;
+    use super::*;
+    use muser_engine::LoadOptions;
+    use muser_sample::SamplerParams;
+    use tokio::sync::mpsc::unbounded_channel;
+
+    #[test]
+    fn the_slot_board_follows_a_request_and_keeps_it_when_it_ends() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../models/muse-default.gguf"
+        );
+        let opts = LoadOptions {
+            threads: Some(2),
+            ..Default::default()
+        };
+        let model = Model::load(path, &opts).unwrap();
+        let tok = Tokenizer::from_gguf(model.gguf()).unwrap();
+        let metrics = Metrics::default();
+        let mut e = Engine::new(&model, &tok, &metrics, 2, 1024).unwrap();
+        let shown = |i: usize| metrics.slots.snapshot()[i].clone();
+        assert!(metrics
+            .slots
+            .snapshot()
+            .iter()
+            .all(|s| !s.processing && s.task.is_none()));
+
+        // 600 prompt tokens: step 1 prefills 512 of them, step 2 the other 88 and samples the
+        // first token; 5 tokens whatever they are (ignore_eos).
+        let prompt: Vec<u32> = (0..600).map(|i| 10 + i % 200).collect();
+        let submit = |e: &mut Engine<'_, _>| {
+            let (events, rx) = unbounded_channel();
+            metrics.queued.fetch_add(1, Relaxed);
+            e.push(Job {
+                prompt: prompt.clone(),
+                gen: Generation {
+                    params: SamplerParams::greedy(),
+                    max_tokens: Some(5),
+                    stop: Vec::new(),
+                    logprobs: None,
+                    stream: true,
+                    include_usage: false,
+                    ignore_eos: true,
+                },
+                max_tokens: 5,
+                events,
+                ticket: Ticket::default(),
+            });
+            rx
+        };
+        let mut rx = submit(&mut e);
+        e.step();
+        let slot = (0..2)
+            .find(|&i| shown(i).processing)
+            .expect("a slot runs it");
+        let t = shown(slot).task.unwrap();
+        assert_eq!((t.id, t.n_prompt, t.n_prompt_processed), (1, 600, 512));
+        assert_eq!((t.n_decoded, t.n_remain, t.has_next_token), (0, 5, true));
+        assert!(t.gen.ignore_eos);
+        e.step();
+        assert_eq!(shown(slot).task.unwrap().n_decoded, 1);
+        while e.busy() {
+            e.step();
+        }
+        assert!(std::iter::from_fn(|| rx.try_recv().ok()).any(|ev| matches!(ev, Event::Done(_))));
+        let s = shown(slot);
+        let t = s.task.unwrap();
+        assert!(!s.processing && !t.has_next_token);
+        assert_eq!((t.n_decoded, t.n_remain, t.n_prompt_processed), (5, 0, 600));
+        assert!(shown(1 - slot).task.is_none(), "the other slot ran nothing");
+
+        // The same prompt again takes the same slot and its cache: all but the last position.
+        let _rx = submit(&mut e);
+        e.step();
+        let t = shown(slot).task.unwrap();
+        assert!(shown(slot).processing);
+        assert_eq!((t.id, t.n_cached, t.n_prompt_processed), (2, 599, 1));
+    }
 
     #[test]
     fn decoded_positions_are_reused_only_when_they_have_the_prefill_bits() {
