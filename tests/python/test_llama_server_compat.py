@@ -29,6 +29,12 @@ pytestmark = pytest.mark.skipif(not (LLAMA_SERVER and LLAMA_SERVER.exists()),
                                 reason="set LLAMA_CPP_BIN to a folder with llama.cpp's llama-server")
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there"}]
+# llama.cpp's samplers beyond OpenAI's, with a seed.
+TRUNCATIONS = {"temperature": 0.9, "seed": 7, "typical_p": 0.8, "top_n_sigma": 1.5,
+               "xtc_probability": 0.5, "xtc_threshold": 0.1, "min_keep": 2,
+               "dynatemp_range": 0.3, "dynatemp_exponent": 1.5}
+MIROSTAT = {"temperature": 0.9, "seed": 7, "mirostat": 2, "mirostat_tau": 4.0,
+            "mirostat_eta": 0.2}
 REQUESTS = {
     "completion": ("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 5,
                                        "temperature": 0}),
@@ -65,19 +71,21 @@ REQUESTS = {
     "native completion stop": ("/completion", {"prompt": "Once upon a time", "n_predict": 8,
                                                "temperature": 0, "stop": ["ry"],
                                                "logit_bias": [[5, False]]}),
+    # llama.cpp's other samplers, on both endpoints.
+    "native completion samplers": ("/completion", {"prompt": "Once upon a time", "n_predict": 4,
+                                                   **TRUNCATIONS}),
+    "chat mirostat": ("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 4,
+                                               **MIROSTAT}),
 }
 
 # The settings of llama-server's samplers and features that Muser does not have (a request that
 # turns one on gets a 400 naming it): /completion's `generation_settings` does not list them.
 NOT_IMPLEMENTED = ["adaptive_decay", "adaptive_target", "backend_sampling", "chat_format",
                    "dry_allowed_length", "dry_base", "dry_multiplier", "dry_penalty_last_n",
-                   "dry_sequence_breakers*", "dynatemp_exponent", "dynatemp_range",
-                   "generation_prompt", "grammar", "grammar_lazy", "grammar_triggers", "lora",
-                   "min_keep", "mirostat", "mirostat_eta", "mirostat_tau", "n_discard", "n_keep",
-                   "post_sampling_probs", "preserved_tokens", "reasoning_format",
-                   "reasoning_in_content", "samplers*", "speculative.types",
-                   "timings_per_token", "top_n_sigma", "typical_p", "xtc_probability",
-                   "xtc_threshold"]
+                   "dry_sequence_breakers*", "generation_prompt", "grammar", "grammar_lazy",
+                   "grammar_triggers", "lora", "n_discard", "n_keep", "post_sampling_probs",
+                   "preserved_tokens", "reasoning_format", "reasoning_in_content", "samplers*",
+                   "speculative.types", "timings_per_token"]
 # Of those, the ones llama-server leaves out of the settings it shows in /props and /slots.
 NOT_IN_SUMMARY = ["dry_sequence_breakers*", "grammar", "grammar_lazy", "grammar_triggers",
                   "preserved_tokens"]
@@ -102,7 +110,8 @@ DIFFERENCES = [
      "llama.cpp's probe of what the template supports (tools, system role, typed content, ...), "
      "found by rendering test conversations with it; Muser does not probe templates"),
 ] + [(name, ".generation_settings." + field, "missing", "a sampler Muser does not have")
-     for name in ["native completion", "native completion stream", "native completion stop"]
+     for name in ["native completion", "native completion stream", "native completion stop",
+                  "native completion samplers"]
      for field in NOT_IMPLEMENTED] + [
     (name, prefix + field, "missing", "a sampler Muser does not have")
     for name, prefix in [("props", ".default_generation_settings.params."),

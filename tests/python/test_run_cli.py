@@ -1,6 +1,7 @@
 """`muser run` as a user runs it on the shipped model: greedy output is reproducible, a
-`--logit-bias` forces or bans a token as llama.cpp's does, generation stops cleanly when the
-context is full, a prompt file (`-f`) reads as llama-cli reads it, and out-of-range options are
+`--logit-bias` forces or bans a token as llama.cpp's does, llama.cpp's other samplers (typical-p,
+top-n-sigma, XTC, dynamic temperature, mirostat) take llama-cli's flags and draw reproducibly by
+seed, generation stops cleanly when the context is full, a prompt file (`-f`) reads as llama-cli reads it, and out-of-range options are
 clear errors. Then the CLI's edges: bad input to `run`, `bench`, `perplexity`, `logits` and
 `quantize` is a clear error (never a panic, an abort, a hang or a wrong number), `quantize` never
 destroys its input or leaves a truncated output, and a closed stdout is an error in every
@@ -79,10 +80,47 @@ def test_bad_options_are_named():
         (["--top-p=-inf"], "--top-p -inf is out of range"),
         (["--min-p", "nan"], "--min-p NaN is out of range"),
         (["--repeat-penalty", "inf"], "--repeat-penalty inf is out of range"),
+        (["--xtc-probability", "2"], "--xtc-probability 2 is out of range"),
+        (["--xtc-threshold=-0.1"], "--xtc-threshold -0.1 is out of range"),
+        (["--mirostat", "3"], "--mirostat must be 0 (off), 1 (mirostat 1.0) or 2 (mirostat 2.0), got 3"),
+        (["--mirostat", "-1"], "'--mirostat <MIROSTAT>'"),
+        (["--typical", "nan"], "--typical must be a finite number, got NaN"),
+        (["--top-nsigma", "inf"], "--top-nsigma must be a finite number, got inf"),
+        (["--dynatemp-range", "x"], "'--dynatemp-range <DYNATEMP_RANGE>'"),
+        (["--dynatemp-exp=-inf"], "--dynatemp-exp must be a finite number, got -inf"),
+        (["--mirostat-lr", "nan"], "--mirostat-lr must be a finite number, got NaN"),
+        (["--mirostat-ent", "inf"], "--mirostat-ent must be a finite number, got inf"),
     ]:
         r = run("-p", "hi", "-n", "2", *args)
         assert r.returncode != 0, args
         assert says in r.stderr, (args, r.stderr)
+
+
+def sampled(*extra: str, seed: str = "9") -> str:
+    r = run("-p", PROMPT, "-n", "12", "--seed", seed, *extra)
+    assert r.returncode == 0, (extra, r.stderr)
+    return r.stdout[len(PROMPT):].rstrip("\n")
+
+
+@pytest.mark.parametrize("flags", [
+    ["--typical", "0.5"], ["--typical-p", "0.5"], ["--top-nsigma", "1.0"], ["--top-n-sigma", "1"],
+    ["--xtc-probability", "0.5", "--xtc-threshold", "0.05"],
+    ["--dynatemp-range", "0.5", "--dynatemp-exp", "1.5"],
+    ["--mirostat", "1", "--mirostat-lr", "0.2", "--mirostat-ent", "4"], ["--mirostat", "2"],
+], ids=lambda f: " ".join(f))
+def test_llama_cpp_sampler_flags_draw_reproducibly(flags):
+    """llama-cli's flags for its other samplers: accepted, and a seed reproduces the text."""
+    assert sampled(*flags) == sampled(*flags)
+
+
+def test_greedy_with_xtc_leaves_the_argmax():
+    # XTC at probability 1 removes every candidate at or above the threshold but the least
+    # likely of them: greedy is then no longer greedy (the model's top pick at this prompt is
+    # well above 0.05 and so is another's, at some step of 8).
+    base = greedy(n=8)
+    assert greedy("--xtc-probability", "1", "--xtc-threshold", "0.05", n=8) != base
+    # With the threshold past 0.5 XTC is off.
+    assert greedy("--xtc-probability", "1", "--xtc-threshold", "0.6", n=8) == base
 
 
 def test_prompt_from_a_file(tmp_path):

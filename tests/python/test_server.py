@@ -2,7 +2,8 @@
 what is checked): completions and chat, streaming and not, logprobs, usage with cached tokens,
 llama-server's timings, stop strings, token-array prompts, tokenize/detokenize, 16 concurrent
 streams each identical to its solo run, a client disconnecting mid-stream, every kind of bad
-request, overload (503) and the API key; llama-server's /props and /slots.
+request, overload (503) and the API key; llama-server's /props and /slots; llama.cpp's samplers
+(typical-p, top-n-sigma, XTC, dynamic temperature, mirostat, min_keep) on every endpoint.
 
 The servers run models/muse-default.gguf on a free loopback port; the binary is $MUSER_BIN,
 else target/release/muser (`cargo build --release -p muser-cli`).
@@ -11,6 +12,7 @@ else target/release/muser (`cargo build --release -p muser-cli`).
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -302,7 +304,8 @@ def test_llama_server_completion_endpoint(server, client):
     assert forced["tokens"] == [first + 1] * 2
 
     # What Muser does not have is refused by name, never ignored.
-    for extra, field in [({"grammar": "root ::= \"a\""}, "grammar"), ({"mirostat": 2}, "mirostat"),
+    for extra, field in [({"grammar": "root ::= \"a\""}, "grammar"),
+                         ({"dry_multiplier": 0.8}, "dry_multiplier"),
                          ({"n_predict": 0}, "n_predict"), ({"logit_bias": [["hi", 1]]}, "logit_bias"),
                          ({"n_probs": 99}, "n_probs")]:
         r = post(server, "/completion", dict(body, **extra))
@@ -391,9 +394,118 @@ def test_usage_chunks_and_llama_samplers_on_openai_endpoints(server):
                        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]})]:
         for extra, field in [({"grammar": "root ::= \"a\""}, "grammar"),
                              ({"json_schema": {"type": "object"}}, "json_schema"),
-                             ({"mirostat": 2}, "mirostat"), ({"typical_p": 0.5}, "typical_p")]:
+                             ({"dry_multiplier": 0.8}, "dry_multiplier")]:
             r = post(server, path, dict(body, max_tokens=2, **extra))
             assert r.status_code == 400 and r.json()["error"]["param"] == field, (path, r.text)
+
+
+# --- llama.cpp's samplers ---------------------------------------------------------------------
+
+# Each of llama.cpp's samplers beyond OpenAI's, turned on, with llama-server's field names.
+LLAMA_SAMPLERS = {
+    "typical_p": {"typical_p": 0.5},
+    "top_n_sigma": {"top_n_sigma": 1.0},
+    "xtc": {"xtc_probability": 0.5, "xtc_threshold": 0.05},
+    "dynatemp": {"dynatemp_range": 0.5, "dynatemp_exponent": 1.5},
+    "mirostat 1": {"mirostat": 1, "mirostat_tau": 4.0, "mirostat_eta": 0.2},
+    "mirostat 2": {"mirostat": 2, "mirostat_tau": 3.0, "mirostat_eta": 0.1},
+    "min_keep": {"min_keep": 5, "top_p": 0.2},
+}
+
+
+@pytest.mark.parametrize("name", list(LLAMA_SAMPLERS))
+def test_llama_cpp_samplers_run_reproducibly_on_every_endpoint(server, name):
+    """Each is accepted on /completion (and shown in its generation_settings) and on the OpenAI
+    endpoints; a seed reproduces the draw; without logprobs (the backend's argmax or top-k
+    where the sampler allows it) the tokens are those drawn from the whole logits row."""
+    extra = LLAMA_SAMPLERS[name]
+    body = {"prompt": "Once upon a time", "n_predict": 16, "temperature": 0.9, "seed": 21,
+            "ignore_eos": True, "return_tokens": True, **extra}
+    a = completion_native(server, body)
+    assert a["tokens_predicted"] == 16
+    for k, v in extra.items():
+        assert a["generation_settings"][k] == pytest.approx(v), k
+    assert completion_native(server, body)["tokens"] == a["tokens"]
+    assert completion_native(server, dict(body, n_probs=1))["tokens"] == a["tokens"]
+    streamed = completion_native(server, body, stream=True)
+    assert [t for e in streamed[:-1] for t in e["tokens"]] == a["tokens"]
+    # OpenAI's endpoints read them as /completion does: the same text for the same prompt.
+    kw = {"prompt": "Once upon a time", "max_tokens": 16, "temperature": 0.9, "seed": 21,
+          "ignore_eos": True, **extra}
+    r = post(server, "/v1/completions", kw)
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == a["content"], r.text
+    chat = {"messages": [{"role": "user", "content": "Tell me a story"}], "max_tokens": 12,
+            "temperature": 0.9, "seed": 5, **extra}
+    texts = [post(server, "/v1/chat/completions", chat).json()["choices"][0]["message"]["content"]
+             for _ in range(2)]
+    assert texts[0] == texts[1]
+
+
+def xtc_pick(alternatives: list[dict], threshold: float) -> int | None:
+    """llama.cpp's greedy pick after XTC at probability 1 among the 20 best tokens (top_k 20,
+    top-p and min-p off): drop every token at or above the threshold but the least likely of
+    them. None where a probability is too near the threshold to say from the reported ones."""
+    lp = [a["logprob"] for a in alternatives]
+    z = sum(math.exp(x - lp[0]) for x in lp)
+    p = [math.exp(x - lp[0]) / z for x in lp]
+    if any(abs(q - threshold) < 1e-3 for q in p):
+        return None
+    above = [i for i, q in enumerate(p) if q >= threshold]
+    return alternatives[above[-1] if above else 0]["id"]
+
+
+def typical_pick(alternatives: list[dict], typical: float) -> int | None:
+    """llama.cpp's greedy pick after typical-p among the 20 best tokens: the likeliest of the
+    tokens kept, those whose surprise is nearest the entropy until their mass passes p. None
+    where two surprises or the mass are too near to order from the reported probabilities."""
+    lp = [a["logprob"] for a in alternatives]
+    z = sum(math.exp(x - lp[0]) for x in lp)
+    p = [math.exp(x - lp[0]) / z for x in lp]
+    h = -sum(q * math.log(q) for q in p)
+    shift = [abs(-math.log(q) - h) for q in p]
+    order = sorted(range(len(p)), key=lambda i: shift[i])
+    if any(abs(shift[i] - shift[j]) < 1e-4 for i, j in zip(order, order[1:])):
+        return None
+    kept, mass = [], 0.0
+    for i in order:
+        kept.append(i)
+        mass += p[i]
+        if mass > typical:
+            if abs(mass - typical) < 1e-4:
+                return None
+            break
+    return alternatives[min(kept)]["id"]
+
+
+def test_greedy_with_xtc_or_typical_p_picks_what_the_sampler_says(server):
+    """At temperature 0, XTC (probability 1) and typical-p move the pick off the argmax where
+    llama.cpp's samplers do: checked step by step against the reported probabilities of the
+    20 best tokens (top_k 20, top-p and min-p off, so those 20 are the candidates)."""
+    body = {"prompt": "Once upon a time", "n_predict": 24, "temperature": 0, "top_k": 20,
+            "top_p": 1.0, "min_p": 0.0, "ignore_eos": True, "return_tokens": True}
+    plain = completion_native(server, body)["tokens"]
+    for extra, pick in [({"xtc_probability": 1.0, "xtc_threshold": 0.1},
+                         lambda alts: xtc_pick(alts, 0.1)),
+                        ({"typical_p": 0.3}, lambda alts: typical_pick(alts, 0.3))]:
+        a = completion_native(server, dict(body, n_probs=20, **extra))
+        steps = a["completion_probabilities"]
+        assert [s["id"] for s in steps] == a["tokens"]
+        checked = 0
+        for s in steps:
+            want = pick(s["top_logprobs"])
+            if want is not None:
+                assert s["id"] == want, (extra, s)
+                checked += 1
+        assert checked >= 20, (extra, checked)
+        # Off the argmax somewhere, so not plain greedy; the same without logprobs (the
+        # backend's top 20 instead of the row).
+        assert any(s["id"] != s["top_logprobs"][0]["id"] for s in steps), extra
+        assert a["tokens"] != plain, extra
+        assert completion_native(server, dict(body, **extra))["tokens"] == a["tokens"], extra
+    # min_keep 20 leaves XTC nothing to remove from 20 candidates: plain greedy.
+    kept = completion_native(server, dict(body, xtc_probability=1.0, xtc_threshold=0.1,
+                                          min_keep=20))
+    assert kept["tokens"] == plain
 
 
 def test_cached_prefix_is_reported(client):
@@ -567,6 +679,13 @@ def test_props_describe_the_server(server):
     # A request that sets nothing: until the context is full, llama.cpp's default sampler.
     assert (d["params"]["n_predict"], d["params"]["top_k"]) == (-1, 40)
     assert d["params"]["temperature"] == pytest.approx(0.8)
+    # llama.cpp's other samplers, off (llama.cpp's defaults).
+    assert {k: d["params"][k] for k in ["typical_p", "top_n_sigma", "xtc_probability",
+                                        "dynatemp_range", "mirostat", "min_keep"]} == \
+        {"typical_p": 1.0, "top_n_sigma": -1.0, "xtc_probability": 0.0, "dynatemp_range": 0.0,
+         "mirostat": 0, "min_keep": 0}
+    assert (d["params"]["mirostat_tau"], d["params"]["mirostat_eta"]) == \
+        (5.0, pytest.approx(0.1))
     assert p["modalities"] == {"vision": False, "video": False, "audio": False}
     assert p["model_path"] == str(MODEL)
     # The template it renders with (the model has none: Muser's fallback), rendered by Jinja as
@@ -678,6 +797,19 @@ BAD = [
      {"messages": [{"role": "user", "content": "hi"}],
       "response_format": {"type": "json_object"}}, 400, "response_format"),
     ("tokenize no content", "/tokenize", {"text": "hi"}, 400, "content"),
+    ("mirostat 3", "/v1/chat/completions",
+     {"messages": [{"role": "user", "content": "hi"}], "mirostat": 3}, 400, "mirostat"),
+    ("typical_p string", "/completion", {"prompt": "hi", "typical_p": "x"}, 400, "typical_p"),
+    ("typical_p string chat", "/v1/chat/completions",
+     {"messages": [{"role": "user", "content": "hi"}], "typical_p": "x"}, 400, "typical_p"),
+    ("xtc_probability past 1", "/completion", {"prompt": "hi", "xtc_probability": 2}, 400,
+     "xtc_probability"),
+    ("top_n_sigma past f32", "/v1/completions", {"prompt": "hi", "top_n_sigma": 1e300}, 400,
+     "top_n_sigma"),
+    ("negative min_keep", "/completion", {"prompt": "hi", "min_keep": -1}, 400, "min_keep"),
+    ("mirostat_eta type", "/v1/chat/completions",
+     {"messages": [{"role": "user", "content": "hi"}], "mirostat_eta": [0.1]}, 400,
+     "mirostat_eta"),
 ]
 
 

@@ -1,31 +1,51 @@
-//! Sampling: pure functions on a logits slice (greedy, temperature, top-k, top-p, min-p,
-//! repetition penalty) chained in llama.cpp's default order, with a seeded MT19937.
+//! Sampling: pure functions on a logits slice (greedy, temperature, dynamic temperature, top-k,
+//! top-p, min-p, typical-p, top-n-sigma, XTC, mirostat 1 and 2, repetition penalties) chained in
+//! llama.cpp's default order, with seeded MT19937 generators.
 //!
 //! This crate owns the choice of the next token from a row of logits, and nothing else: it
 //! never sees the model, the tokenizer or a backend.
 //!
-//! The chain follows llama.cpp's `common_params_sampling::samplers` default (common/common.h,
-//! 2025-2026): penalties -> dry -> top_n_sigma -> top_k -> typical_p -> top_p -> min_p -> xtc
-//! -> temperature, then `dist` (the seeded draw). DRY, top-n-sigma, typical-p and XTC are off
-//! at llama.cpp's defaults and are not implemented here, so the chain is
-//! penalties -> top_k -> top_p -> min_p -> temperature -> dist.
+//! The chain follows llama.cpp's common sampler (common/sampling.cpp, with the
+//! `common_params_sampling` defaults and sampler order of common/common.h, 2025-2026): the logit
+//! biases, then penalties -> dry -> top_n_sigma -> top_k -> typical_p -> top_p -> min_p -> xtc
+//! -> temperature (dynamic when `dynatemp_range > 0`), then `dist` (the seeded draw). DRY is not
+//! implemented (it matches sequences of the vocabulary's text, which this crate never sees), so
+//! the chain is biases -> penalties -> top_n_sigma -> top_k -> typical_p -> top_p -> min_p ->
+//! xtc -> temperature -> dist. Every step but the penalties, top-k and min-p is off at
+//! llama.cpp's defaults. With `mirostat` 1 or 2 llama.cpp replaces everything after the biases
+//! (the penalties included) by plain temperature and the mirostat draw, and so does this crate.
 //!
 //! Temperature 0 is greedy: the argmax of the penalised logits (lowest id on ties), the same
-//! token llama.cpp's chain picks at temperature 0, but without drawing from the generator.
+//! token llama.cpp's chain picks at temperature 0, but without drawing from the generator. With
+//! typical-p or XTC on, which can drop the argmax, it is the argmax of what they leave (XTC still
+//! draws its chance); with a dynamic range it is not greedy (llama.cpp samples at a temperature
+//! up to the range); with mirostat it is the argmax of the biased logits, the penalties not
+//! applied, as in llama.cpp.
 //!
-//! The generator is MT19937 (`std::mt19937`) seeded with the low 32 bits of `seed`, and a
-//! draw turns two outputs into a uniform double the way libstdc++ does, so a given seed,
-//! parameter set and logits row picks the same token as llama.cpp (ties aside, see `steps`).
+//! The generators are MT19937 (`std::mt19937`) seeded with the low 32 bits of `seed`, and a
+//! draw turns outputs into a uniform the way libstdc++ does, so a given seed, parameter set and
+//! logits row picks the same token as llama.cpp (ties aside, see `steps`). As in llama.cpp, XTC
+//! has a generator of its own (seeded alike) and mirostat draws from the one `dist` would use.
+//!
+//! Top-n-sigma and mirostat read the whole row (its standard deviation; mirostat's softmax over
+//! every token and its vocabulary size): with either on, a backend's top-k candidates cannot
+//! stand in for the row (`Sampler::top_k_of` says None). Typical-p, XTC and dynamic temperature
+//! come after top-k and can.
 
 mod steps;
 
 pub use steps::{
-    apply_penalties, candidates_from_logits, dist, greedy, min_p, softmax, temperature,
-    token_logprobs, top_k, top_k_logits, top_logprobs, top_p, uniform_f64, Candidate,
+    apply_penalties, candidates_from_logits, dist, greedy, min_p, mirostat, mirostat_v2, softmax,
+    temperature, temperature_ext, token_logprobs, top_k, top_k_logits, top_logprobs, top_n_sigma,
+    top_p, typical, uniform_f32, uniform_f64, xtc, Candidate,
 };
 
 use rand_mt::Mt;
 use std::collections::VecDeque;
+
+/// The m of mirostat 1.0: how many of the most likely tokens estimate the Zipf exponent
+/// (llama.cpp's common sampler passes 100).
+pub const MIROSTAT_M: usize = 100;
 
 /// llama.cpp's `LLAMA_DEFAULT_SEED`. llama.cpp replaces it with a random seed; here it is an
 /// ordinary, fixed seed, so runs are reproducible unless the caller picks a seed.
@@ -56,9 +76,103 @@ pub struct SamplerParams {
     /// `logit_bias` sampler, first in its chain; OpenAI's `logit_bias`). Ids past the row are
     /// ignored; empty = off.
     pub logit_bias: Vec<(u32, f32)>,
+    /// Typical-p (locally typical sampling): keeps the tokens whose surprise is closest to the
+    /// entropy until their mass exceeds it; >= 1 = off.
+    pub typical_p: f32,
+    /// Top-n-sigma: masks the logits below max - n * std of the row; <= 0 = off (llama.cpp's
+    /// default is -1).
+    pub top_n_sigma: f32,
+    /// XTC: the chance of removing the likelier tokens above `xtc_threshold`; <= 0 = off.
+    pub xtc_probability: f32,
+    /// XTC: the probability at or above which a token counts as a top choice; > 0.5 = off.
+    pub xtc_threshold: f32,
+    /// Dynamic temperature: the temperature ranges over temperature +- this, by the entropy;
+    /// <= 0 = off (plain temperature).
+    pub dynatemp_range: f32,
+    /// Dynamic temperature: the power of the normalised entropy that maps it to the range.
+    pub dynatemp_exponent: f32,
+    /// 0 = off, 1 = mirostat 1.0, 2 = mirostat 2.0 (then only the biases, temperature and the
+    /// mirostat draw run; other values are refused by `check` and leave the ordinary chain).
+    pub mirostat: u32,
+    /// Mirostat: the target surprise (entropy) tau, in bits; `mu` starts at 2 tau.
+    pub mirostat_tau: f32,
+    /// Mirostat: the learning rate eta of `mu`.
+    pub mirostat_eta: f32,
+    /// The fewest candidates top-p, min-p, typical-p and XTC leave (llama.cpp's common
+    /// `min_keep`); 0 = no floor (each leaves at least one anyway).
+    pub min_keep: usize,
 }
 
 impl SamplerParams {
+    /// Why the chain cannot run with these parameters: a parameter that is NaN or infinite (a
+    /// NaN logit bias too; -inf and +inf biases are bans and forced picks), or a mirostat other
+    /// than 0, 1 or 2. Each message names the field and its value.
+    pub fn check(&self) -> Result<(), String> {
+        let numbers = [
+            ("temperature", self.temperature),
+            ("top_p", self.top_p),
+            ("min_p", self.min_p),
+            ("repeat_penalty", self.repeat_penalty),
+            ("frequency_penalty", self.frequency_penalty),
+            ("presence_penalty", self.presence_penalty),
+            ("typical_p", self.typical_p),
+            ("top_n_sigma", self.top_n_sigma),
+            ("xtc_probability", self.xtc_probability),
+            ("xtc_threshold", self.xtc_threshold),
+            ("dynatemp_range", self.dynatemp_range),
+            ("dynatemp_exponent", self.dynatemp_exponent),
+            ("mirostat_tau", self.mirostat_tau),
+            ("mirostat_eta", self.mirostat_eta),
+        ];
+        for (name, v) in numbers {
+            if !v.is_finite() {
+                return Err(format!("{name} must be a finite number, got {v}"));
+            }
+        }
+        if let Some(&(id, _)) = self.logit_bias.iter().find(|(_, b)| b.is_nan()) {
+            return Err(format!("logit_bias for token {id} is NaN"));
+        }
+        if self.mirostat > 2 {
+            return Err(format!(
+                "mirostat must be 0 (off), 1 (mirostat 1.0) or 2 (mirostat 2.0), got {}",
+                self.mirostat
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether mirostat replaces the chain after the biases.
+    fn mirostat_on(&self) -> bool {
+        matches!(self.mirostat, 1 | 2)
+    }
+
+    /// Whether a penalty changes logits once the window holds tokens.
+    fn penalties_on(&self) -> bool {
+        self.repeat_last_n != 0
+            && !(self.repeat_penalty == 1.0
+                && self.frequency_penalty == 0.0
+                && self.presence_penalty == 0.0)
+    }
+
+    /// Whether a step after top-k can move the pick off the argmax at temperature 0 (typical-p
+    /// and XTC can drop it; a dynamic range samples).
+    fn moves_greedy(&self) -> bool {
+        self.typical_p < 1.0
+            || (self.xtc_probability > 0.0 && self.xtc_threshold <= 0.5)
+            || self.dynatemp_on()
+    }
+
+    /// Whether the temperature is dynamic (llama.cpp's `temp_ext` with a range).
+    fn dynatemp_on(&self) -> bool {
+        self.dynatemp_range > 0.0
+    }
+
+    /// Whether the ordinary chain's pick is the first maximum of the penalised logits:
+    /// temperature 0 with nothing after top-k that moves it.
+    fn picks_argmax(&self) -> bool {
+        self.temperature <= 0.0 && !self.moves_greedy()
+    }
+
     /// `apply_penalties` with these parameters' penalties.
     pub fn penalize(&self, cands: &mut [Candidate], history: &[u32]) {
         apply_penalties(
@@ -84,6 +198,16 @@ impl Default for SamplerParams {
             presence_penalty: 0.0,
             seed: DEFAULT_SEED,
             logit_bias: Vec::new(),
+            typical_p: 1.0,
+            top_n_sigma: -1.0,
+            xtc_probability: 0.0,
+            xtc_threshold: 0.1,
+            dynatemp_range: 0.0,
+            dynatemp_exponent: 1.0,
+            mirostat: 0,
+            mirostat_tau: 5.0,
+            mirostat_eta: 0.1,
+            min_keep: 0,
         }
     }
 }
@@ -98,20 +222,27 @@ impl SamplerParams {
     }
 }
 
-/// A sampler: the parameters, the generator state and the recent-token history.
+/// A sampler: the parameters, the generator states and the recent-token history.
 pub struct Sampler {
     params: SamplerParams,
+    /// `dist`'s generator (mirostat's when mirostat is on).
     rng: Mt,
+    /// XTC's own generator, seeded alike.
+    xtc_rng: Mt,
+    /// Mirostat's running target surprise, 2 tau at the start.
+    mu: f32,
     /// The last `repeat_last_n` accepted tokens, oldest first.
     history: VecDeque<u32>,
 }
 
 impl Sampler {
     pub fn new(params: SamplerParams) -> Self {
-        let rng = Mt::new(params.seed as u32);
+        let seed = params.seed as u32;
         Sampler {
+            rng: Mt::new(seed),
+            xtc_rng: Mt::new(seed),
+            mu: 2.0 * params.mirostat_tau,
             params,
-            rng,
             history: VecDeque::new(),
         }
     }
@@ -120,28 +251,34 @@ impl Sampler {
         &self.params
     }
 
+    /// Mirostat's current `mu` (2 tau until a mirostat pick moves it).
+    pub fn mirostat_mu(&self) -> f32 {
+        self.mu
+    }
+
     /// The pick is the first maximum of the raw logits: greedy with no penalty in effect, so
-    /// a backend's own argmax may stand in for `sample`.
+    /// a backend's own argmax may stand in for `sample`. With mirostat, temperature 0 and no
+    /// bias (its chain has no penalties); `mu` then stays as it is, which changes no pick while
+    /// the temperature is 0.
     pub fn is_argmax(&self) -> bool {
         let p = &self.params;
-        p.temperature <= 0.0
-            && p.logit_bias.is_empty()
-            && (p.repeat_last_n == 0
-                || p.repeat_penalty == 1.0
-                    && p.frequency_penalty == 0.0
-                    && p.presence_penalty == 0.0)
+        if p.mirostat_on() {
+            return p.temperature <= 0.0 && p.logit_bias.is_empty();
+        }
+        p.picks_argmax() && p.logit_bias.is_empty() && !p.penalties_on()
     }
 
     /// Some(k) when the pick depends only on the `k` best-ranked raw logits of a vocabulary of
-    /// `vocab` entries (`top_k_logits`): sampling (temperature above 0) with top-k below the
-    /// vocabulary and no penalty in effect. A backend may then hand over those candidates
-    /// instead of the row, and `sample_top_k` picks what `sample` would.
+    /// `vocab` entries (`top_k_logits`): sampling (temperature above 0, or a step after top-k that
+    /// moves a greedy pick) with top-k below the vocabulary, no penalty in effect, and neither
+    /// top-n-sigma nor mirostat (they read the whole row). A backend may then hand over those
+    /// candidates instead of the row, and `sample_top_k` picks what `sample` would.
     pub fn top_k_of(&self, vocab: usize) -> Option<usize> {
         let p = &self.params;
-        let no_penalty = p.repeat_last_n == 0
-            || p.repeat_penalty == 1.0 && p.frequency_penalty == 0.0 && p.presence_penalty == 0.0;
-        let raw = no_penalty && p.logit_bias.is_empty();
-        (p.temperature > 0.0 && p.top_k > 0 && p.top_k < vocab && raw).then_some(p.top_k)
+        let raw = !p.penalties_on() && p.logit_bias.is_empty();
+        let whole_row = p.mirostat_on() || p.top_n_sigma > 0.0;
+        let sampled = p.temperature > 0.0 || p.moves_greedy();
+        (sampled && p.top_k > 0 && p.top_k < vocab && raw && !whole_row).then_some(p.top_k)
     }
 
     /// The pick from a row's `top_k_logits(row, k)` when `top_k_of` gave k: the same token
@@ -168,14 +305,18 @@ impl Sampler {
     /// is made then.
     pub fn try_sample(&mut self, logits: &[f32]) -> Option<u32> {
         let p = &self.params;
-        let history = self.history.make_contiguous();
         // The biases first, on a copy of the row when there are any.
         let biased = steps::biased_logits(logits, &p.logit_bias);
         let logits = &*biased;
+        if p.mirostat_on() {
+            return self.sample_mirostat(logits);
+        }
+        let history = self.history.make_contiguous();
         // Greedy, and top-k from k below the vocabulary, look at the logits once without making a
         // candidate of every token (0.8 MB of logits, 2.4 MB of candidates on a 202k
-        // vocabulary), with the same picks: the penalties on a copy of the logits first.
-        if p.temperature <= 0.0 || (p.top_k > 0 && p.top_k < logits.len()) {
+        // vocabulary), with the same picks: the penalties (and top-n-sigma's mask) on a copy of
+        // the logits first. Top-n-sigma never masks the maximum, so greedy skips it.
+        if p.picks_argmax() || (p.top_k > 0 && p.top_k < logits.len()) {
             let row = steps::penalized_logits(
                 logits,
                 history,
@@ -183,30 +324,79 @@ impl Sampler {
                 p.frequency_penalty,
                 p.presence_penalty,
             );
-            if p.temperature <= 0.0 {
+            if p.picks_argmax() {
                 return greedy(&row);
             }
+            let row = steps::top_n_sigma_logits(&row, p.top_n_sigma);
             let cands = steps::top_k_of_logits(&row, p.top_k);
             return self.sample_top(cands);
         }
         // Top-k off (or past the vocabulary): every token is a candidate.
         let mut cands = candidates_from_logits(logits);
         p.penalize(&mut cands, history);
+        top_n_sigma(&mut cands, p.top_n_sigma);
         top_k(&mut cands, p.top_k);
         self.sample_top(cands)
     }
 
-    /// The chain after top-k: top-p, min-p, temperature, then the draw; `None` (no draw) when no
-    /// candidate is above -inf.
+    /// The chain after top-k: typical-p, top-p, min-p, XTC, temperature (dynamic or plain), then
+    /// the draw; `None` (no draw) when no candidate is above -inf. At temperature 0 without a
+    /// dynamic range, the first maximum of what XTC leaves, without a draw from `dist`'s
+    /// generator.
     fn sample_top(&mut self, mut cands: Vec<Candidate>) -> Option<u32> {
         if !steps::any_pickable(&cands) {
             return None;
         }
         let p = &self.params;
-        top_p(&mut cands, p.top_p, 1);
-        min_p(&mut cands, p.min_p, 1);
-        temperature(&mut cands, p.temperature);
+        // llama.cpp passes min_keep 0 to top-p and min-p, which keep one all the same.
+        let keep = p.min_keep.max(1);
+        typical(&mut cands, p.typical_p, p.min_keep);
+        top_p(&mut cands, p.top_p, keep);
+        min_p(&mut cands, p.min_p, keep);
+        xtc(
+            &mut cands,
+            p.xtc_probability,
+            p.xtc_threshold,
+            p.min_keep,
+            &mut self.xtc_rng,
+        );
+        if p.temperature <= 0.0 && !p.dynatemp_on() {
+            return steps::argmax_index(&cands).map(|i| cands[i].id);
+        }
+        temperature_ext(
+            &mut cands,
+            p.temperature,
+            p.dynatemp_range,
+            p.dynatemp_exponent,
+        );
         dist(&mut cands, &mut self.rng).map(|i| cands[i].id)
+    }
+
+    /// llama.cpp's chain with mirostat on, after the biases: temperature, then mirostat 1.0 or
+    /// 2.0 (its draw from `dist`'s generator, and `mu`'s update). `None` (no draw) when no
+    /// candidate is above -inf.
+    fn sample_mirostat(&mut self, logits: &[f32]) -> Option<u32> {
+        let mut cands = candidates_from_logits(logits);
+        if !steps::any_pickable(&cands) {
+            return None;
+        }
+        let p = &self.params;
+        temperature(&mut cands, p.temperature);
+        let (tau, eta) = (p.mirostat_tau, p.mirostat_eta);
+        let i = if p.mirostat == 1 {
+            mirostat(
+                &mut cands,
+                logits.len(),
+                tau,
+                eta,
+                MIROSTAT_M,
+                &mut self.mu,
+                &mut self.rng,
+            )
+        } else {
+            mirostat_v2(&mut cands, tau, eta, &mut self.mu, &mut self.rng)
+        };
+        i.map(|i| cands[i].id)
     }
 
     /// Records a token that was emitted (or fed as prompt) for the penalties' window.
@@ -220,10 +410,13 @@ impl Sampler {
         self.history.push_back(token);
     }
 
-    /// Forgets the history and reseeds the generator from the parameters.
+    /// Forgets the history, reseeds the generators from the parameters and sets mirostat's `mu`
+    /// back to 2 tau.
     pub fn reset(&mut self) {
         self.history.clear();
         self.rng = Mt::new(self.params.seed as u32);
+        self.xtc_rng = Mt::new(self.params.seed as u32);
+        self.mu = 2.0 * self.params.mirostat_tau;
     }
 }
 

@@ -190,6 +190,32 @@ fn top_p_keeps_smallest_prefix_reaching_p() {
 }
 
 #[test]
+fn top_p_sums_the_probabilities_in_the_order_it_finds_the_list() {
+    // llama.cpp's top-p takes its softmax before it sorts (`llama_sampler_softmax_impl(cur_p,
+    // false)`), so on a list that is not sorted (the id order of a row without top-k, or
+    // typical-p's order) the f32 sum, and every p, are those of that order; sorted first, they
+    // can differ in the last bit and move the cut.
+    let mut rng = Mt::new(41);
+    let mut differing = 0;
+    for _ in 0..50 {
+        let l = random_logits(&mut rng, 1500, 1.3);
+        let max = l.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let e: Vec<f32> = l.iter().map(|&x| (x - max).exp()).collect();
+        let sum_in_order = e.iter().fold(0.0f32, |s, &x| s + x);
+        let mut sorted = e.clone();
+        sorted.sort_by(|a, b| b.total_cmp(a));
+        let sum_sorted = sorted.iter().fold(0.0f32, |s, &x| s + x);
+        differing += usize::from(sum_in_order != sum_sorted);
+        let mut c = candidates_from_logits(&l);
+        top_p(&mut c, 0.6, 1);
+        for k in &c {
+            assert_eq!(k.p, e[k.id as usize] / sum_in_order);
+        }
+    }
+    assert!(differing > 0, "no row where the two orders' sums differ");
+}
+
+#[test]
 fn min_p_keeps_tokens_within_ratio_of_best() {
     let mut rng = Mt::new(5);
     for (n, p) in [(300usize, 0.05f32), (300, 0.3), (50, 0.9)] {
@@ -668,6 +694,7 @@ fn one_pass_greedy_and_top_k_pick_what_the_whole_chain_picks() {
             presence_penalty: [0.0, 0.5][(case / 8) % 2],
             seed: case as u64,
             logit_bias: Vec::new(),
+            ..Default::default()
         };
         let mut s = Sampler::new(p.clone());
         let mut reference = Mt::new(p.seed as u32);
@@ -739,4 +766,755 @@ fn logit_bias_is_added_to_the_row_before_the_chain() {
     assert_eq!(pick(vec![]), 1);
     assert_eq!(pick(vec![(1, -100.0)]), 2);
     assert_eq!(pick(vec![(3, 100.0)]), 3);
+}
+
+/// Shannon entropy (nats) of a probability vector.
+fn entropy_f64(probs: &[f64]) -> f64 {
+    -probs
+        .iter()
+        .filter(|&&q| q > 0.0)
+        .map(|&q| q * q.ln())
+        .sum::<f64>()
+}
+
+#[test]
+fn typical_keeps_the_tokens_closest_to_the_entropy_until_the_mass_exceeds_p() {
+    let mut rng = Mt::new(40);
+    for (n, p, min_keep) in [
+        (300usize, 0.5f32, 0usize),
+        (300, 0.9, 0),
+        (50, 0.2, 0),
+        (1000, 0.95, 0),
+        (40, 0.05, 7),
+    ] {
+        let l = random_logits(&mut rng, n, 2.0);
+        let probs = softmax_f64(&l);
+        let h = entropy_f64(&probs);
+        let distance = |i: u32| (-probs[i as usize].ln() - h).abs();
+        let mut c = candidates_from_logits(&l);
+        typical(&mut c, p, min_keep);
+        let kept = ids(&c);
+        // Closest to the entropy first...
+        for w in kept.windows(2) {
+            assert!(distance(w[0]) <= distance(w[1]) + 1e-5, "n={n} p={p}");
+        }
+        // ...and exactly the closest: no token left out is closer than the farthest kept.
+        let farthest = kept.iter().map(|&i| distance(i)).fold(0.0, f64::max);
+        for i in (0..n as u32).filter(|i| !kept.contains(i)) {
+            assert!(distance(i) >= farthest - 1e-5, "n={n} p={p}: {i} left out");
+        }
+        // The shortest such run whose mass exceeds p, unless min_keep asks for more.
+        let mass: f64 = kept.iter().map(|&i| probs[i as usize]).sum();
+        let last = probs[*kept.last().unwrap() as usize];
+        assert!(mass > p as f64 - 1e-5, "n={n} p={p}: mass {mass}");
+        assert!(kept.len() >= min_keep);
+        assert!(
+            kept.len() == min_keep || mass - last <= p as f64 + 1e-5,
+            "n={n} p={p}: not the shortest run"
+        );
+        assert!(kept.len() < n);
+    }
+    // A token of zero probability (banned, or masked by top-n-sigma) adds nothing to the entropy
+    // and ranks last, where llama.cpp's sum turns NaN (0 * ln 0) and its sort of NaN distances
+    // leaves an arbitrary order.
+    let l = random_logits(&mut rng, 30, 2.0);
+    let mut banned = l.clone();
+    banned[ranked_ids(&l)[0] as usize] = f32::NEG_INFINITY;
+    let mut with = candidates_from_logits(&banned);
+    let mut without: Vec<Candidate> = candidates_from_logits(&banned)
+        .into_iter()
+        .filter(|c| c.logit.is_finite())
+        .collect();
+    typical(&mut with, 0.999_999, 0);
+    typical(&mut without, 0.999_999, 0);
+    assert_eq!(ids(&with[..without.len()]), ids(&without));
+    assert!(with.iter().all(|c| c.p.is_finite()));
+    // p >= 1 is off: the list as it was, order included.
+    for p in [1.0, 1.5] {
+        let mut c = candidates_from_logits(&l);
+        typical(&mut c, p, 0);
+        assert_eq!(c, candidates_from_logits(&l));
+    }
+}
+
+#[test]
+fn top_n_sigma_keeps_exactly_the_logits_within_n_std_of_the_max() {
+    let mut rng = Mt::new(41);
+    for (n, sigma) in [(300usize, 1.0f32), (300, 2.0), (1000, 0.5), (50, 3.0)] {
+        let mut l = random_logits(&mut rng, n, 2.0);
+        // A banned token: masked already, and left out of the mean and the deviation.
+        l[3] = f32::NEG_INFINITY;
+        let finite: Vec<f64> = l
+            .iter()
+            .filter(|x| x.is_finite())
+            .map(|&x| x as f64)
+            .collect();
+        let mean = finite.iter().sum::<f64>() / finite.len() as f64;
+        let std =
+            (finite.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / finite.len() as f64).sqrt();
+        let max = finite.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let floor = max - sigma as f64 * std;
+        let mut c = candidates_from_logits(&l);
+        top_n_sigma(&mut c, sigma);
+        // Every candidate stays, in order; those below the floor are -inf, the rest untouched.
+        assert_eq!(ids(&c), (0..n as u32).collect::<Vec<u32>>());
+        let mut survivors = 0;
+        for (c, &x) in c.iter().zip(&l) {
+            if (x as f64 - floor).abs() < 1e-4 {
+                continue; // too close to the floor to call in f32
+            }
+            if x as f64 >= floor {
+                assert_eq!(c.logit, x, "n={n} sigma={sigma}");
+                survivors += 1;
+            } else {
+                assert_eq!(c.logit, f32::NEG_INFINITY, "n={n} sigma={sigma}");
+            }
+        }
+        assert!(survivors >= 1 && survivors < n - 1, "n={n} sigma={sigma}");
+    }
+    // n <= 0 is off, and a list of one is left alone.
+    let l = random_logits(&mut rng, 30, 2.0);
+    for sigma in [0.0, -1.0] {
+        let mut c = candidates_from_logits(&l);
+        top_n_sigma(&mut c, sigma);
+        assert_eq!(c, candidates_from_logits(&l));
+    }
+    let mut one = candidates_from_logits(&[-7.0]);
+    top_n_sigma(&mut one, 0.1);
+    assert_eq!(one[0].logit, -7.0);
+}
+
+#[test]
+fn xtc_removes_every_top_choice_but_the_least_likely() {
+    let mut rng = Mt::new(42);
+    let mut gen = Mt::new(1);
+    let (mut removed, mut kept_all) = (0, 0);
+    for case in 0..90 {
+        let n = [5usize, 20, 100][case % 3];
+        let t = [0.05f32, 0.1, 0.2, 0.3][case % 4];
+        let l = random_logits(&mut rng, n, [1.0, 2.0, 4.0][(case / 3) % 3]);
+        let probs = softmax_f64(&l);
+        if probs.iter().any(|&q| (q - t as f64).abs() < 1e-6) {
+            continue; // too close to the threshold to call in f32
+        }
+        let ranked = ranked_ids(&l);
+        let above = ranked
+            .iter()
+            .take_while(|&&i| probs[i as usize] >= t as f64)
+            .count();
+        let mut c = candidates_from_logits(&l);
+        xtc(&mut c, 1.0, t, 0, &mut gen);
+        if above >= 2 {
+            // Sorted, the likelier top choices gone, the least likely of them first.
+            assert_eq!(ids(&c), ranked[above - 1..].to_vec(), "case {case}");
+            removed += 1;
+        } else {
+            // Fewer than two above the threshold: nothing removed (the list sorted).
+            assert_eq!(ids(&c), ranked, "case {case}");
+            kept_all += 1;
+        }
+    }
+    assert!(removed > 10 && kept_all > 10, "{removed} {kept_all}");
+    // min_keep: no removal when fewer than min_keep candidates would remain.
+    let l = [5.0f32, 4.9, 4.8, 0.0, -1.0];
+    let mut c = candidates_from_logits(&l);
+    xtc(&mut c, 1.0, 0.1, 3, &mut gen);
+    assert_eq!(ids(&c), vec![2, 3, 4]);
+    let mut c = candidates_from_logits(&l);
+    xtc(&mut c, 1.0, 0.1, 4, &mut gen);
+    assert_eq!(ids(&c), vec![0, 1, 2, 3, 4]);
+    // Off (probability <= 0, threshold > 0.5) and a list of one: no change and no draw.
+    let before = gen.clone();
+    for (prob, t, row) in [
+        (0.0f32, 0.1f32, &l[..]),
+        (1.0, 0.6, &l[..]),
+        (1.0, 0.1, &l[..1]),
+    ] {
+        let mut c = candidates_from_logits(row);
+        xtc(&mut c, prob, t, 0, &mut gen);
+        assert_eq!(c, candidates_from_logits(row));
+    }
+    assert_eq!(gen.next_u32(), before.clone().next_u32());
+}
+
+#[test]
+fn xtc_draws_one_f32_from_its_own_generator_whenever_two_candidates_remain() {
+    // By hand: two generators seeded alike, as llama.cpp's xtc and dist samplers. XTC's chance is
+    // one 32-bit output / 2^32 (in f32) for every list of two or more, and the step applies when
+    // it is at most the probability; dist draws its two outputs from the other generator.
+    let mut rng = Mt::new(43);
+    let (prob, t, seed) = (0.4f32, 0.05f32, 77u64);
+    let mut s = Sampler::new(SamplerParams {
+        temperature: 1.0,
+        top_k: 0,
+        top_p: 1.0,
+        min_p: 0.0,
+        xtc_probability: prob,
+        xtc_threshold: t,
+        seed,
+        ..Default::default()
+    });
+    let (mut xtc_gen, mut dist_gen) = (Mt::new(seed as u32), Mt::new(seed as u32));
+    let (mut applied, mut removed) = (0, 0);
+    for step in 0..300 {
+        // Every tenth row has one token: no XTC draw, but still dist's.
+        let l = random_logits(&mut rng, if step % 10 == 9 { 1 } else { 30 }, 3.0);
+        let mut c = candidates_from_logits(&l);
+        if l.len() >= 2 && (xtc_gen.next_u32() as f32 / 4294967296.0) <= prob {
+            let probs = softmax_f64(&l);
+            let ranked = ranked_ids(&l);
+            let above = ranked
+                .iter()
+                .take_while(|&&i| probs[i as usize] >= t as f64)
+                .count();
+            let drop = if above >= 2 { above - 1 } else { 0 };
+            c = ranked[drop..]
+                .iter()
+                .map(|&i| Candidate {
+                    id: i,
+                    logit: l[i as usize],
+                    p: 0.0,
+                })
+                .collect();
+            applied += 1;
+            removed += (drop > 0) as usize;
+        }
+        let i = dist(&mut c, &mut dist_gen).unwrap();
+        assert_eq!(s.sample(&l), c[i].id, "step {step}");
+    }
+    assert!(
+        applied > 70 && applied < 150 && removed > 30,
+        "{applied} {removed}"
+    );
+}
+
+#[test]
+fn dynamic_temperature_follows_the_entropy_within_the_range() {
+    let mut rng = Mt::new(44);
+    for (t, r, e) in [
+        (0.8f32, 0.5f32, 1.0f32),
+        (1.0, 1.5, 2.0),
+        (0.0, 1.0, 0.5),
+        (1.2, 0.3, 1.0),
+    ] {
+        for scale in [0.1f32, 1.0, 4.0] {
+            let n = 200;
+            let l = random_logits(&mut rng, n, scale);
+            let normalized = entropy_f64(&softmax_f64(&l)) / (n as f64).ln();
+            let (lo, hi) = ((t - r).max(0.0) as f64, (t + r) as f64);
+            let want = lo + (hi - lo) * normalized.powf(e as f64);
+            let mut c = candidates_from_logits(&l);
+            let got = temperature_ext(&mut c, t, r, e).unwrap();
+            assert!(
+                (got as f64 - want).abs() < 1e-4 * (1.0 + want),
+                "t={t} r={r} e={e} scale={scale}: {got} vs {want}"
+            );
+            assert!(got >= (t - r).max(0.0) - 1e-6 && got <= t + r + 1e-6);
+            // Sorted best first, each logit divided by that temperature.
+            assert_eq!(ids(&c), ranked_ids(&l));
+            for c in &c {
+                assert_eq!(c.logit, l[c.id as usize] / got);
+            }
+        }
+    }
+    // A flat row has the largest entropy: the top of the range.
+    let mut c = candidates_from_logits(&[0.5; 64]);
+    let got = temperature_ext(&mut c, 1.0, 0.5, 1.0).unwrap();
+    assert!((got - 1.5).abs() < 1e-5, "{got}");
+    // range <= 0 is plain temperature (bit for bit, order kept); one candidate is left alone.
+    let l = random_logits(&mut rng, 50, 2.0);
+    for r in [0.0, -1.0] {
+        let (mut a, mut b) = (candidates_from_logits(&l), candidates_from_logits(&l));
+        assert_eq!(temperature_ext(&mut a, 0.7, r, 2.0), Some(0.7));
+        temperature(&mut b, 0.7);
+        assert_eq!(a, b);
+    }
+    let mut one = candidates_from_logits(&[3.0]);
+    assert_eq!(temperature_ext(&mut one, 0.7, 0.5, 1.0), None);
+    assert_eq!(one[0].logit, 3.0);
+}
+
+#[test]
+fn mirostat_v2_truncates_by_surprise_and_moves_mu_by_the_error() {
+    let mut rng = Mt::new(45);
+    let (tau, eta) = (3.0f32, 0.2f32);
+    let mut mu = 2.0 * tau;
+    let mut gen = Mt::new(5);
+    let mut surprises = Vec::new();
+    let mut sizes = std::collections::HashSet::new();
+    for step in 0..400 {
+        let l = random_logits(&mut rng, 300, 1.0 + (step % 5) as f32);
+        let probs = softmax_f64(&l);
+        let ranked = ranked_ids(&l);
+        let bits = |i: u32| -probs[i as usize].log2();
+        if ranked.iter().any(|&i| (bits(i) - mu as f64).abs() < 1e-4) {
+            continue; // too close to mu to call in f32
+        }
+        // The best-ranked tokens up to the first whose surprise exceeds mu, at least one.
+        let keep = ranked
+            .iter()
+            .take_while(|&&i| bits(i) <= mu as f64)
+            .count()
+            .max(1);
+        let before = mu;
+        let mut c = candidates_from_logits(&l);
+        let i = mirostat_v2(&mut c, tau, eta, &mut mu, &mut gen).unwrap();
+        assert_eq!(ids(&c), ranked[..keep].to_vec(), "step {step}");
+        sizes.insert(keep);
+        // mu moves by eta times the pick's surprise within the kept set, less tau.
+        let kept_mass: f64 = ranked[..keep].iter().map(|&j| probs[j as usize]).sum();
+        let surprise = -(probs[c[i].id as usize] / kept_mass).log2();
+        let want = before as f64 - eta as f64 * (surprise - tau as f64);
+        assert!(
+            (mu as f64 - want).abs() < 1e-4,
+            "step {step}: {mu} vs {want}"
+        );
+        surprises.push(surprise);
+    }
+    assert!(sizes.len() > 20, "{} kept sizes", sizes.len());
+    // The feedback holds the observed surprise near tau.
+    let tail = &surprises[surprises.len() / 2..];
+    let mean = tail.iter().sum::<f64>() / tail.len() as f64;
+    assert!((mean - tau as f64).abs() < 0.5, "mean surprise {mean}");
+}
+
+#[test]
+fn mirostat_v1_keeps_the_k_of_its_zipf_estimate() {
+    let mut rng = Mt::new(46);
+    let (tau, eta, n) = (5.0f32, 0.1f32, 2000usize);
+    let mut mu = 2.0 * tau;
+    let mut gen = Mt::new(6);
+    let mut sizes = std::collections::HashSet::new();
+    for step in 0..200 {
+        let l = random_logits(&mut rng, n, 2.0 + (step % 4) as f32);
+        let probs = softmax_f64(&l);
+        let ranked = ranked_ids(&l);
+        // s from the m = 100 most likely, then k = (e 2^mu / (1 - N^-e))^(1/s), e = s - 1.
+        let (mut tb, mut tt) = (0.0f64, 0.0f64);
+        for i in 0..MIROSTAT_M - 1 {
+            let ti = ((i + 2) as f64 / (i + 1) as f64).ln();
+            let bi = (probs[ranked[i] as usize] / probs[ranked[i + 1] as usize]).ln();
+            tb += ti * bi;
+            tt += ti * ti;
+        }
+        let s = tb / tt;
+        let e = s - 1.0;
+        let k = (e * 2f64.powf(mu as f64) / (1.0 - (n as f64).powf(-e))).powf(1.0 / s);
+        if (k - k.round()).abs() < 1e-3 * k.max(1.0) {
+            continue; // too close to an integer to call in f32
+        }
+        let keep = (k.floor() as usize).clamp(1, n);
+        let before = mu;
+        let mut c = candidates_from_logits(&l);
+        let i = mirostat(&mut c, n, tau, eta, MIROSTAT_M, &mut mu, &mut gen).unwrap();
+        assert_eq!(ids(&c), ranked[..keep].to_vec(), "step {step}: k {k}");
+        sizes.insert(keep);
+        let kept_mass: f64 = ranked[..keep].iter().map(|&j| probs[j as usize]).sum();
+        let surprise = -(probs[c[i].id as usize] / kept_mass).log2();
+        let want = before as f64 - eta as f64 * (surprise - tau as f64);
+        assert!((mu as f64 - want).abs() < 1e-4, "step {step}");
+    }
+    assert!(sizes.len() > 10, "{} kept sizes", sizes.len());
+    // A flat list has no Zipf slope (s = 0, k not a number): one candidate, and with one
+    // candidate no draw.
+    let mut c = candidates_from_logits(&[1.0; 8]);
+    let mut a = Mt::new(3);
+    let mut mu = 10.0;
+    assert_eq!(
+        mirostat(&mut c, 8, 5.0, 0.1, MIROSTAT_M, &mut mu, &mut a),
+        Some(0)
+    );
+    assert_eq!((c.len(), c[0].id), (1, 0));
+    assert_eq!(a.next_u32(), Mt::new(3).next_u32());
+}
+
+/// Mirostat's picks by hand: temperature, then the mirostat step, with `dist`'s generator.
+fn mirostat_by_hand(p: &SamplerParams, rows: &[Vec<f32>]) -> (Vec<u32>, f32) {
+    let mut gen = Mt::new(p.seed as u32);
+    let mut mu = 2.0 * p.mirostat_tau;
+    let picks = rows
+        .iter()
+        .map(|l| {
+            let mut c = candidates_from_logits(l);
+            temperature(&mut c, p.temperature);
+            let (tau, eta) = (p.mirostat_tau, p.mirostat_eta);
+            let i = match p.mirostat {
+                1 => mirostat(&mut c, l.len(), tau, eta, MIROSTAT_M, &mut mu, &mut gen),
+                _ => mirostat_v2(&mut c, tau, eta, &mut mu, &mut gen),
+            };
+            c[i.unwrap()].id
+        })
+        .collect();
+    (picks, mu)
+}
+
+#[test]
+fn mirostat_replaces_the_chain_and_its_mu_lives_in_the_sampler() {
+    let mut rng = Mt::new(47);
+    let rows: Vec<Vec<f32>> = (0..40).map(|_| random_logits(&mut rng, 500, 2.0)).collect();
+    for version in [1u32, 2] {
+        let params = SamplerParams {
+            mirostat: version,
+            mirostat_tau: 4.0,
+            mirostat_eta: 0.3,
+            temperature: 0.9,
+            // None of these run under mirostat.
+            repeat_penalty: 1.5,
+            top_k: 3,
+            top_p: 0.5,
+            typical_p: 0.5,
+            xtc_probability: 1.0,
+            seed: 9,
+            ..Default::default()
+        };
+        let mut s = Sampler::new(params.clone());
+        assert_eq!(s.mirostat_mu(), 8.0);
+        let first = draw_sequence_with(&mut s, &rows);
+        let (want, mu) = mirostat_by_hand(&params, &rows);
+        assert_eq!(first, want, "mirostat {version}");
+        assert_eq!(s.mirostat_mu().to_bits(), mu.to_bits());
+        assert_ne!(s.mirostat_mu(), 8.0);
+        // reset: mu back to 2 tau and the generator reseeded: the same picks again.
+        s.reset();
+        assert_eq!(s.mirostat_mu(), 8.0);
+        assert_eq!(draw_sequence_with(&mut s, &rows), first);
+        assert!(first.iter().collect::<std::collections::HashSet<_>>().len() > 5);
+        // Neither the whole row's argmax nor the backend's top-k stand in for it.
+        assert!(!s.is_argmax() && s.top_k_of(500).is_none());
+    }
+}
+
+fn draw_sequence_with(s: &mut Sampler, rows: &[Vec<f32>]) -> Vec<u32> {
+    rows.iter()
+        .map(|l| {
+            let t = s.sample(l);
+            s.accept(t);
+            t
+        })
+        .collect()
+}
+
+#[test]
+fn mirostat_at_temperature_zero_picks_the_argmax_of_the_biased_logits() {
+    let mut rng = Mt::new(48);
+    for version in [1u32, 2] {
+        let bias = vec![(7u32, 2.5f32), (11, -1.0)];
+        let params = SamplerParams {
+            temperature: 0.0,
+            mirostat: version,
+            repeat_penalty: 3.0,
+            logit_bias: bias.clone(),
+            ..Default::default()
+        };
+        let mut s = Sampler::new(params.clone());
+        for step in 0..30 {
+            let l = random_logits(&mut rng, 100, 1.0);
+            let mut biased = l.clone();
+            for &(id, b) in &bias {
+                biased[id as usize] += b;
+            }
+            // The penalties are not in mirostat's chain: a token picked before can win again.
+            let t = s.sample(&l);
+            assert_eq!(
+                t,
+                greedy(&biased).unwrap(),
+                "mirostat {version} step {step}"
+            );
+            s.accept(t);
+            // Each pick has probability 1: mu moves by eta * tau.
+            let want = 10.0 + (step + 1) as f32 * 0.5;
+            assert!((s.mirostat_mu() - want).abs() < 1e-3);
+        }
+        assert!(!s.is_argmax());
+        let plain = Sampler::new(SamplerParams {
+            logit_bias: Vec::new(),
+            ..params
+        });
+        assert!(plain.is_argmax());
+    }
+}
+
+#[test]
+fn a_greedy_pick_is_the_argmax_of_what_typical_and_xtc_leave() {
+    // At temperature 0 llama.cpp's temperature keeps the first maximum of the list as typical-p
+    // and XTC left it; they can drop the row's argmax. A dynamic range samples instead.
+    let mut rng = Mt::new(49);
+    let mut moved = 0;
+    for step in 0..100 {
+        let l = random_logits(&mut rng, 200, 2.0);
+        let base = SamplerParams {
+            temperature: 0.0,
+            seed: step,
+            ..Default::default()
+        };
+        for p in [
+            SamplerParams {
+                typical_p: 0.3,
+                ..base.clone()
+            },
+            SamplerParams {
+                xtc_probability: 1.0,
+                xtc_threshold: 0.05,
+                ..base.clone()
+            },
+        ] {
+            let mut c = top_k_logits(&l, p.top_k);
+            typical(&mut c, p.typical_p, 0);
+            top_p(&mut c, p.top_p, 1);
+            min_p(&mut c, p.min_p, 1);
+            xtc(
+                &mut c,
+                p.xtc_probability,
+                p.xtc_threshold,
+                0,
+                &mut Mt::new(p.seed as u32),
+            );
+            let want = c[steps::argmax_index(&c).unwrap()].id;
+            let mut s = Sampler::new(p);
+            assert!(!s.is_argmax());
+            assert_eq!(s.sample(&l), want, "step {step}");
+            moved += (want != greedy(&l).unwrap()) as usize;
+        }
+    }
+    assert!(moved > 50, "{moved}");
+    let mut s = Sampler::new(SamplerParams {
+        temperature: 0.0,
+        dynatemp_range: 1.5,
+        top_k: 0,
+        ..Default::default()
+    });
+    let l = random_logits(&mut rng, 50, 0.5);
+    let picks: std::collections::HashSet<u32> = (0..50).map(|_| s.sample(&l)).collect();
+    assert!(picks.len() > 1 && !s.is_argmax());
+}
+
+#[test]
+fn the_new_samplers_at_their_off_values_leave_the_chain_as_it_was() {
+    // `reference_pick` is the chain before these samplers: every off value picks what it picks,
+    // with the same draws, step after step.
+    let offs: [fn(&mut SamplerParams); 10] = [
+        |p| p.typical_p = 1.0,
+        |p| p.typical_p = 1.5,
+        |p| p.top_n_sigma = 0.0,
+        |p| p.top_n_sigma = -2.0,
+        |p| p.xtc_probability = 0.0,
+        |p| {
+            p.xtc_probability = 1.0;
+            p.xtc_threshold = 0.6
+        },
+        |p| p.dynatemp_range = 0.0,
+        |p| {
+            p.dynatemp_range = -1.0;
+            p.dynatemp_exponent = 3.0
+        },
+        |p| p.min_keep = 1,
+        |p| {
+            p.mirostat = 0;
+            p.mirostat_tau = 1.0;
+            p.mirostat_eta = 0.9
+        },
+    ];
+    let mut rng = Mt::new(50);
+    for case in 0..80 {
+        let n = [7usize, 50, 400][case % 3];
+        let logits = if case % 4 == 0 {
+            awkward_logits(&mut rng, n)
+        } else {
+            random_logits(&mut rng, n, 2.0)
+        };
+        let mut p = SamplerParams {
+            temperature: [0.0, 0.8, 1.5][case % 3],
+            top_k: [40, 0, 5, n][case % 4],
+            top_p: [0.95, 1.0][case % 2],
+            min_p: [0.05, 0.0, 0.2][(case / 2) % 3],
+            repeat_penalty: [1.0, 1.3][(case / 3) % 2],
+            seed: case as u64,
+            ..Default::default()
+        };
+        offs[case % offs.len()](&mut p);
+        let mut s = Sampler::new(p.clone());
+        let mut reference = Mt::new(p.seed as u32);
+        let mut history = Vec::new();
+        for step in 0..6 {
+            let want = reference_pick(&p, &history, &logits, &mut reference);
+            let got = s.try_sample(&logits);
+            assert_eq!(got, want, "case {case} step {step}: {p:?}");
+            if let Some(t) = got {
+                s.accept(t);
+                history.push(t);
+            }
+        }
+    }
+}
+
+/// The whole ordinary chain with every step, as every candidate goes through it: what
+/// `try_sample` must pick, with `dist`'s and XTC's generators.
+fn reference_pick_all(
+    p: &SamplerParams,
+    history: &[u32],
+    logits: &[f32],
+    rng: &mut Mt,
+    xtc_rng: &mut Mt,
+) -> Option<u32> {
+    let mut cands = candidates_from_logits(logits);
+    p.penalize(&mut cands, history);
+    if cands.iter().all(|c| c.logit == f32::NEG_INFINITY) {
+        return None;
+    }
+    top_n_sigma(&mut cands, p.top_n_sigma);
+    top_k(&mut cands, p.top_k);
+    let keep = p.min_keep.max(1);
+    typical(&mut cands, p.typical_p, p.min_keep);
+    top_p(&mut cands, p.top_p, keep);
+    min_p(&mut cands, p.min_p, keep);
+    xtc(
+        &mut cands,
+        p.xtc_probability,
+        p.xtc_threshold,
+        p.min_keep,
+        xtc_rng,
+    );
+    if p.temperature <= 0.0 && p.dynatemp_range <= 0.0 {
+        return steps::argmax_index(&cands).map(|i| cands[i].id);
+    }
+    temperature_ext(
+        &mut cands,
+        p.temperature,
+        p.dynatemp_range,
+        p.dynatemp_exponent,
+    );
+    dist(&mut cands, rng).map(|i| cands[i].id)
+}
+
+#[test]
+fn one_pass_paths_pick_what_the_whole_chain_picks_with_every_step_on() {
+    // The greedy shortcut (top-n-sigma never masks the maximum), top-n-sigma's mask on the row
+    // before the one-pass top-k, and the backend's top-k candidates all pick what the chain
+    // with a candidate for every token picks.
+    let mut rng = Mt::new(2025);
+    let mut picks = std::collections::HashSet::new();
+    for case in 0..300 {
+        let n = [2usize, 7, 50, 333, 3000][case % 5];
+        let logits = if case % 3 == 0 {
+            awkward_logits(&mut rng, n)
+        } else {
+            random_logits(&mut rng, n, 3.0)
+        };
+        let p = SamplerParams {
+            temperature: [0.0, 0.8, 1.5, 0.0][case % 4],
+            top_k: [40, 0, 5, n + 1, 1][case % 5],
+            top_p: [1.0, 0.9][(case / 2) % 2],
+            min_p: [0.0, 0.05][(case / 3) % 2],
+            repeat_penalty: [1.0, 1.3][(case / 5) % 2],
+            typical_p: [1.0, 0.7, 0.3][(case / 7) % 3],
+            top_n_sigma: [-1.0, 1.0, 2.5][(case / 4) % 3],
+            xtc_probability: [0.0, 0.5, 1.0][(case / 6) % 3],
+            xtc_threshold: [0.05, 0.2][(case / 11) % 2],
+            dynatemp_range: [0.0, 0.6][(case / 8) % 2],
+            dynatemp_exponent: [1.0, 2.0][(case / 13) % 2],
+            min_keep: [0, 3][(case / 9) % 2],
+            seed: case as u64,
+            ..Default::default()
+        };
+        let mut s = Sampler::new(p.clone());
+        let mut top = Sampler::new(p.clone());
+        let (mut reference, mut reference_xtc) = (Mt::new(case as u32), Mt::new(case as u32));
+        let mut history = Vec::new();
+        for step in 0..4 {
+            let want =
+                reference_pick_all(&p, &history, &logits, &mut reference, &mut reference_xtc);
+            let got = s.try_sample(&logits);
+            assert_eq!(got, want, "case {case} step {step}: n {n} {p:?}");
+            if let Some(k) = top.top_k_of(n) {
+                assert_eq!(top.try_sample_top_k(top_k_logits(&logits, k)), want);
+            } else {
+                assert_eq!(top.try_sample(&logits), want);
+            }
+            if let Some(t) = got {
+                s.accept(t);
+                top.accept(t);
+                history.push(t);
+                picks.insert(t);
+            }
+        }
+    }
+    assert!(picks.len() > 100, "{} distinct picks", picks.len());
+}
+
+#[test]
+fn the_backend_top_k_stands_in_unless_a_step_reads_the_whole_row() {
+    let of = |f: &dyn Fn(&mut SamplerParams)| {
+        let mut p = SamplerParams::default();
+        f(&mut p);
+        Sampler::new(p).top_k_of(1000)
+    };
+    // After top-k: typical-p, XTC, dynamic temperature (at temperature 0 too, where they move
+    // the pick), min_keep.
+    assert_eq!(of(&|p| p.typical_p = 0.5), Some(40));
+    assert_eq!(of(&|p| p.xtc_probability = 0.5), Some(40));
+    assert_eq!(of(&|p| p.dynatemp_range = 0.5), Some(40));
+    assert_eq!(of(&|p| p.min_keep = 5), Some(40));
+    assert_eq!(
+        of(&|p| {
+            p.temperature = 0.0;
+            p.typical_p = 0.5
+        }),
+        Some(40)
+    );
+    // Before top-k, or in place of the chain: the whole row.
+    assert_eq!(of(&|p| p.top_n_sigma = 1.0), None);
+    assert_eq!(of(&|p| p.mirostat = 1), None);
+    assert_eq!(of(&|p| p.mirostat = 2), None);
+    // Greedy with only top-n-sigma on is still the raw argmax (it never masks the maximum).
+    let s = Sampler::new(SamplerParams {
+        top_n_sigma: 1.0,
+        ..SamplerParams::greedy()
+    });
+    assert!(s.is_argmax());
+}
+
+#[test]
+fn check_names_the_field_and_its_value() {
+    assert_eq!(SamplerParams::default().check(), Ok(()));
+    assert_eq!(SamplerParams::greedy().check(), Ok(()));
+    let bad = |f: &dyn Fn(&mut SamplerParams)| {
+        let mut p = SamplerParams::default();
+        f(&mut p);
+        p.check().unwrap_err()
+    };
+    assert_eq!(
+        bad(&|p| p.typical_p = f32::NAN),
+        "typical_p must be a finite number, got NaN"
+    );
+    assert_eq!(
+        bad(&|p| p.xtc_probability = f32::INFINITY),
+        "xtc_probability must be a finite number, got inf"
+    );
+    assert_eq!(
+        bad(&|p| p.temperature = f32::NEG_INFINITY),
+        "temperature must be a finite number, got -inf"
+    );
+    assert!(bad(&|p| p.mirostat_eta = f32::NAN).starts_with("mirostat_eta"));
+    assert!(bad(&|p| p.dynatemp_exponent = f32::NAN).starts_with("dynatemp_exponent"));
+    assert!(bad(&|p| p.top_n_sigma = f32::NAN).starts_with("top_n_sigma"));
+    assert_eq!(
+        bad(&|p| p.mirostat = 3),
+        "mirostat must be 0 (off), 1 (mirostat 1.0) or 2 (mirostat 2.0), got 3"
+    );
+    assert_eq!(
+        bad(&|p| p.logit_bias = vec![(4, 1.0), (9, f32::NAN)]),
+        "logit_bias for token 9 is NaN"
+    );
+    // Bans and forced picks are values, as are llama.cpp's off values of every sampler.
+    let mut p = SamplerParams {
+        logit_bias: vec![(1, f32::NEG_INFINITY), (2, f32::INFINITY)],
+        top_n_sigma: -1.0,
+        xtc_threshold: 0.9,
+        typical_p: 1.0,
+        mirostat: 2,
+        ..Default::default()
+    };
+    assert_eq!(p.check(), Ok(()));
+    p.mirostat = 0;
+    assert_eq!(p.check(), Ok(()));
 }

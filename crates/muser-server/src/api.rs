@@ -73,10 +73,26 @@ impl<'a> Fields<'a> {
         };
         match v.as_f64() {
             Some(x) if (lo..=hi).contains(&x) => Ok(Some(x)),
+            _ if lo == f64::MIN && hi == f64::MAX => Err(ApiError::param(
+                k,
+                format!("{k} must be a number, got {}", show(v)),
+            )),
             _ => Err(ApiError::param(
                 k,
                 format!("{k} must be a number from {lo} to {hi}, got {}", show(v)),
             )),
+        }
+    }
+
+    /// A number with no range of its own (as llama-server reads its samplers' settings) but
+    /// what an f32 holds: 1e300 would be an infinite setting.
+    pub fn any_number(&self, k: &str) -> Result<Option<f64>, ApiError> {
+        match self.number(k, f64::MIN, f64::MAX)? {
+            Some(x) if x.abs() > f32::MAX as f64 => Err(ApiError::param(
+                k,
+                format!("{k} must be a number of magnitude at most 3.4e38 (an f32), got {x:e}"),
+            )),
+            x => Ok(x),
         }
     }
 
@@ -236,6 +252,40 @@ fn refuse_unsupported(f: &Fields) -> Result<(), ApiError> {
     }
 }
 
+/// llama.cpp's samplers beyond OpenAI's (llama-server reads them on its OpenAI endpoints as on
+/// /completion), with llama-server's ranges: XTC's from 0 to 1 and mirostat 0, 1 or 2 (which
+/// llama-server clamps and Muser refuses, as it refuses a top_p past 1), min_keep a count, the
+/// others any number (typical_p >= 1, top_n_sigma <= 0, dynatemp_range <= 0 are off).
+fn parse_llama_samplers(f: &Fields, p: &mut SamplerParams) -> Result<(), ApiError> {
+    for (key, field) in [
+        ("typical_p", &mut p.typical_p),
+        ("top_n_sigma", &mut p.top_n_sigma),
+        ("dynatemp_range", &mut p.dynatemp_range),
+        ("dynatemp_exponent", &mut p.dynatemp_exponent),
+        ("mirostat_tau", &mut p.mirostat_tau),
+        ("mirostat_eta", &mut p.mirostat_eta),
+    ] {
+        if let Some(x) = f.any_number(key)? {
+            *field = x as f32;
+        }
+    }
+    for (key, field) in [
+        ("xtc_probability", &mut p.xtc_probability),
+        ("xtc_threshold", &mut p.xtc_threshold),
+    ] {
+        if let Some(x) = f.number(key, 0.0, 1.0)? {
+            *field = x as f32;
+        }
+    }
+    if let Some(m) = f.integer("mirostat", 0, 2)? {
+        p.mirostat = m as u32;
+    }
+    if let Some(n) = f.integer("min_keep", 0, i32::MAX as i64)? {
+        p.min_keep = n as usize;
+    }
+    Ok(())
+}
+
 /// Reads the sampling and output fields shared by /v1/completions and /v1/chat/completions.
 /// `seed` is used when the request gives none; `logit_bias` ids must be below `n_vocab`.
 pub fn parse_generation(
@@ -301,6 +351,13 @@ pub fn parse_generation(
         Some(s) => s as u64,
     };
     p.logit_bias = parse_logit_bias(f, n_vocab)?;
+    parse_llama_samplers(f, &mut p)?;
+    // What the chain cannot run with, by the sampler's own rules (none of the ranges above lets
+    // such a value through today): check's message starts with the field's name.
+    p.check().map_err(|m| {
+        let field = m.split(' ').next().unwrap_or_default().to_string();
+        ApiError::param(&field, m)
+    })?;
 
     let mut max_tokens = None;
     for key in ["max_tokens", "max_completion_tokens", "n_predict"] {
@@ -538,6 +595,17 @@ mod tests {
             (json!({"repetition_penalty": 0}), "repetition_penalty"),
             (json!({"stream_options": 1}), "stream_options"),
             (json!({"repeat_last_n": -2}), "repeat_last_n"),
+            (json!({"typical_p": "x"}), "typical_p"),
+            (json!({"top_n_sigma": 1e300}), "top_n_sigma"),
+            (json!({"xtc_probability": 2}), "xtc_probability"),
+            (json!({"xtc_threshold": -0.1}), "xtc_threshold"),
+            (json!({"dynatemp_range": [1]}), "dynatemp_range"),
+            (json!({"dynatemp_exponent": 1e39}), "dynatemp_exponent"),
+            (json!({"mirostat": 3}), "mirostat"),
+            (json!({"mirostat": 1.5}), "mirostat"),
+            (json!({"mirostat_tau": true}), "mirostat_tau"),
+            (json!({"mirostat_eta": -1e300}), "mirostat_eta"),
+            (json!({"min_keep": -1}), "min_keep"),
         ] {
             let e = gen(body.clone()).unwrap_err();
             assert_eq!(e.status, 400, "{body}");

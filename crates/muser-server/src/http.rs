@@ -454,8 +454,9 @@ async fn generate(
             return Err(unknown_model(name, &m).with_param("model"));
         }
     }
-    // llama-server's sampler fields are read on its OpenAI endpoints too: refused by name here
-    // as on /completion, never silently ignored.
+    // llama-server reads its own fields on its OpenAI endpoints too: its samplers are read here
+    // as on /completion (`parse_generation`), and what Muser lacks is refused by name, never
+    // silently ignored.
     native::refuse_unsupported(&f)?;
     let gen = parse_generation(&f, chat, sh.next_seed(), m.n_vocab)?;
     let prompt = if chat {

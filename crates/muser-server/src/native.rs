@@ -1,9 +1,10 @@
 //! llama-server's own completion endpoint, `POST /completion` (not OpenAI's): its request fields
 //! turned into the ones `api::parse_generation` reads, and its answer (`content`, `stop_type`,
 //! `tokens_predicted`, `generation_settings`, `completion_probabilities`, ...; with `stream`, an
-//! event per token, then a last event with `"stop": true` and no `[DONE]`). Sampling features
-//! Muser does not have (grammars, mirostat, DRY, XTC, ...) are a 400 naming them when a request
-//! turns them on, never silently ignored.
+//! event per token, then a last event with `"stop": true` and no `[DONE]`). llama.cpp's samplers
+//! (typical-p, top-n-sigma, XTC, dynamic temperature, mirostat, min_keep) are read as the OpenAI
+//! endpoints read them (`api::parse_generation`); features Muser does not have (grammars, DRY,
+//! ...) are a 400 naming them when a request turns them on, never silently ignored.
 
 use crate::api::{show, Fields, Generation, MAX_TOP_LOGPROBS};
 use crate::error::ApiError;
@@ -43,20 +44,20 @@ pub(crate) fn refuse_unsupported(f: &Fields) -> Result<(), ApiError> {
         ))
     };
     for (k, off) in [
-        ("mirostat", 0.0),
         ("dry_multiplier", 0.0),
-        ("xtc_probability", 0.0),
-        ("typical_p", 1.0),
-        ("dynatemp_range", 0.0),
         ("t_max_predict_ms", 0.0),
         ("n_indent", 0.0),
-        ("min_keep", 0.0),
         ("n_cmpl", 1.0),
     ] {
         match f.get(k) {
             Some(v) if v.as_f64() != Some(off) => return refuse(k, v),
             _ => {}
         }
+    }
+    // llama.cpp's adaptive-p sampler, on at a target of 0 or more (negative is off).
+    match f.get("adaptive_target") {
+        Some(v) if v.as_f64().is_none_or(|t| t >= 0.0) => return refuse("adaptive_target", v),
+        _ => {}
     }
     for k in [
         "post_sampling_probs",
@@ -82,10 +83,7 @@ pub(crate) fn refuse_unsupported(f: &Fields) -> Result<(), ApiError> {
             Some(v) => return refuse(k, v),
         }
     }
-    match f.get("top_n_sigma") {
-        Some(v) if v.as_f64().is_none_or(|x| x > 0.0) => refuse("top_n_sigma", v),
-        _ => Ok(()),
-    }
+    Ok(())
 }
 
 /// `logit_bias` as llama-server's pairs [token id, bias], `false` banning the token: the object
@@ -199,16 +197,26 @@ pub(crate) fn generation_settings(gen: &Generation) -> Value {
         .map(|&(id, b)| json!({"token": id, "bias": b}))
         .collect();
     let n_predict = gen.max_tokens.map_or(-1, |n| n as i64);
+    // llama-server's names and order.
     json!({
         "seed": p.seed,
         "temperature": p.temperature,
+        "dynatemp_range": p.dynatemp_range,
+        "dynatemp_exponent": p.dynatemp_exponent,
         "top_k": p.top_k,
         "top_p": p.top_p,
         "min_p": p.min_p,
+        "top_n_sigma": p.top_n_sigma,
+        "xtc_probability": p.xtc_probability,
+        "xtc_threshold": p.xtc_threshold,
+        "typical_p": p.typical_p,
         "repeat_last_n": window,
         "repeat_penalty": p.repeat_penalty,
         "presence_penalty": p.presence_penalty,
         "frequency_penalty": p.frequency_penalty,
+        "mirostat": p.mirostat,
+        "mirostat_tau": p.mirostat_tau,
+        "mirostat_eta": p.mirostat_eta,
         "stop": gen.stop,
         "max_tokens": n_predict,
         "n_predict": n_predict,
@@ -217,6 +225,7 @@ pub(crate) fn generation_settings(gen: &Generation) -> Value {
         "logit_bias": bias,
         // `translate` makes /completion's n_probs the request's logprobs.
         "n_probs": gen.logprobs.unwrap_or(0),
+        "min_keep": p.min_keep,
     })
 }
 
@@ -416,15 +425,47 @@ mod tests {
     }
 
     #[test]
+    fn llama_cpp_samplers_are_read_and_shown_in_the_settings() {
+        let (g, _) = read(
+            json!({"typical_p": 0.5, "top_n_sigma": 1.5, "xtc_probability": 0.25,
+                                 "xtc_threshold": 0.2, "dynatemp_range": 0.3,
+                                 "dynatemp_exponent": 2, "mirostat": 2, "mirostat_tau": 4,
+                                 "mirostat_eta": 0.2, "min_keep": 3}),
+        )
+        .unwrap();
+        let p = &g.params;
+        assert_eq!((p.typical_p, p.top_n_sigma), (0.5, 1.5));
+        assert_eq!((p.xtc_probability, p.xtc_threshold), (0.25, 0.2));
+        assert_eq!((p.dynatemp_range, p.dynatemp_exponent), (0.3, 2.0));
+        assert_eq!((p.mirostat, p.mirostat_tau, p.mirostat_eta), (2, 4.0, 0.2));
+        assert_eq!(p.min_keep, 3);
+        let s = generation_settings(&g);
+        assert_eq!((&s["mirostat"], &s["min_keep"]), (&json!(2), &json!(3)));
+        assert_eq!(
+            (&s["typical_p"], &s["xtc_threshold"]),
+            (&json!(0.5), &json!(0.2f32))
+        );
+        // Unset, llama.cpp's defaults.
+        let s = generation_settings(&read(json!({})).unwrap().0);
+        for (k, v) in [
+            ("top_n_sigma", -1.0),
+            ("typical_p", 1.0),
+            ("mirostat_tau", 5.0),
+            ("dynatemp_exponent", 1.0),
+            ("xtc_probability", 0.0),
+        ] {
+            assert_eq!(s[k].as_f64(), Some(v), "{k}");
+        }
+        assert_eq!((&s["mirostat"], &s["min_keep"]), (&json!(0), &json!(0)));
+    }
+
+    #[test]
     fn features_muser_lacks_are_refused_by_name() {
         for (v, field) in [
-            (json!({"mirostat": 2}), "mirostat"),
             (json!({"grammar": "root ::= x"}), "grammar"),
             (json!({"json_schema": {}}), "json_schema"),
             (json!({"samplers": ["top_k"]}), "samplers"),
             (json!({"dry_multiplier": 0.8}), "dry_multiplier"),
-            (json!({"typical_p": 0.5}), "typical_p"),
-            (json!({"top_n_sigma": 1.0}), "top_n_sigma"),
             (json!({"post_sampling_probs": true}), "post_sampling_probs"),
             (json!({"n_predict": 0}), "n_predict"),
             (json!({"n_predict": -2}), "n_predict"),
@@ -432,10 +473,19 @@ mod tests {
             (json!({"logit_bias": [[5]]}), "logit_bias"),
             (json!({"logit_bias": [[5, true]]}), "logit_bias"),
             (json!({"n_probs": 21}), "n_probs"),
+            (json!({"adaptive_target": 0.5}), "adaptive_target"),
+            (json!({"adaptive_target": "x"}), "adaptive_target"),
         ] {
             let e = read(v.clone()).err().unwrap();
             assert_eq!(e.status, 400, "{v}");
             assert_eq!(e.param.as_deref(), Some(field), "{v}: {}", e.message);
+        }
+        // llama.cpp's off values pass.
+        for v in [
+            json!({"adaptive_target": -1.0}),
+            json!({"adaptive_decay": 0.9}),
+        ] {
+            assert!(read(v.clone()).is_ok(), "{v}");
         }
     }
 }

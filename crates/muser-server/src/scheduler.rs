@@ -408,24 +408,12 @@ impl<'m, B: Backend> Engine<'m, B> {
             .iter()
             .map(|&i| self.slots[i].task.as_ref().and_then(|t| t.next).unwrap())
             .collect();
-        // Rows with no logprobs asked for and no penalty get their pick (greedy) or their top-k
-        // candidates (sampling) from the backend: a GPU reads back an index or k pairs for them
-        // instead of the vocabulary's logits.
         let (nv, k_max) = (self.model.config.n_vocab, self.model.backend().top_k_max());
         let need: Vec<RowNeed> = rows
             .iter()
             .map(|&i| {
                 let t = self.slots[i].task.as_ref().unwrap();
-                if t.job.gen.logprobs.is_some() {
-                    RowNeed::Logits
-                } else if t.sampler.is_argmax() {
-                    RowNeed::Argmax
-                } else {
-                    match t.sampler.top_k_of(nv) {
-                        Some(k) if k <= k_max => RowNeed::TopK(k),
-                        _ => RowNeed::Logits,
-                    }
-                }
+                row_need(&t.sampler, t.job.gen.logprobs.is_some(), nv, k_max)
             })
             .collect();
         let t0 = Instant::now();
@@ -758,6 +746,26 @@ fn finish(
     Outcome::Finished
 }
 
+/// What a decoding row takes from the backend. Rows with no logprobs asked for whose pick the
+/// sampler says is the row's argmax (greedy, no penalty or bias: `Sampler::is_argmax`) get that
+/// index, and rows whose pick depends only on the k best logits (`Sampler::top_k_of`, k within
+/// what the backend hands over) get those k pairs: a GPU reads back an index or k pairs for them
+/// instead of the vocabulary's logits. Every other row (logprobs, penalties, biases, top-n-sigma,
+/// mirostat, top-k off) gets its logits, so each row's pick is the one `Sampler::sample` makes
+/// from the whole row.
+fn row_need(sampler: &Sampler, logprobs: bool, n_vocab: usize, k_max: usize) -> RowNeed {
+    if logprobs {
+        RowNeed::Logits
+    } else if sampler.is_argmax() {
+        RowNeed::Argmax
+    } else {
+        match sampler.top_k_of(n_vocab) {
+            Some(k) if k <= k_max => RowNeed::TopK(k),
+            _ => RowNeed::Logits,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -765,8 +773,8 @@ mod tests {
     use muser_sample::SamplerParams;
     use tokio::sync::mpsc::unbounded_channel;
 
-    #[test]
-    fn the_slot_board_follows_a_request_and_keeps_it_when_it_ends() {
+    /// The shipped default model on two CPU threads, and its tokenizer.
+    fn default_model() -> (Model<muser_engine::CpuBackend>, Tokenizer) {
         let path = concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/../../models/muse-default.gguf"
@@ -777,6 +785,12 @@ mod tests {
         };
         let model = Model::load(path, &opts).unwrap();
         let tok = Tokenizer::from_gguf(model.gguf()).unwrap();
+        (model, tok)
+    }
+
+    #[test]
+    fn the_slot_board_follows_a_request_and_keeps_it_when_it_ends() {
+        let (model, tok) = default_model();
         let metrics = Metrics::default();
         let mut e = Engine::new(&model, &tok, &metrics, 2, 1024).unwrap();
         let shown = |i: usize| metrics.slots.snapshot()[i].clone();
@@ -836,6 +850,159 @@ mod tests {
         let t = shown(slot).task.unwrap();
         assert!(shown(slot).processing);
         assert_eq!((t.id, t.n_cached, t.n_prompt_processed), (2, 599, 1));
+    }
+
+    /// llama.cpp's samplers beside the plain ones: (what, parameters).
+    fn samplers() -> Vec<(&'static str, SamplerParams)> {
+        let sampled = |p: SamplerParams| SamplerParams { seed: 11, ..p };
+        let greedy = |p: SamplerParams| SamplerParams {
+            temperature: 0.0,
+            ..sampled(p)
+        };
+        let d = SamplerParams::default;
+        vec![
+            ("greedy", greedy(d())),
+            ("top-k", sampled(d())),
+            ("top-k off", sampled(SamplerParams { top_k: 0, ..d() })),
+            (
+                "penalty",
+                sampled(SamplerParams {
+                    repeat_penalty: 1.3,
+                    ..d()
+                }),
+            ),
+            (
+                "typical-p",
+                sampled(SamplerParams {
+                    typical_p: 0.5,
+                    ..d()
+                }),
+            ),
+            (
+                "greedy typical-p",
+                greedy(SamplerParams {
+                    typical_p: 0.2,
+                    ..d()
+                }),
+            ),
+            (
+                "greedy xtc",
+                greedy(SamplerParams {
+                    xtc_probability: 1.0,
+                    xtc_threshold: 0.01,
+                    ..d()
+                }),
+            ),
+            (
+                "dynatemp",
+                sampled(SamplerParams {
+                    dynatemp_range: 0.5,
+                    ..d()
+                }),
+            ),
+            (
+                "top-n-sigma",
+                sampled(SamplerParams {
+                    top_n_sigma: 1.0,
+                    ..d()
+                }),
+            ),
+            ("mirostat 1", sampled(SamplerParams { mirostat: 1, ..d() })),
+            (
+                "mirostat 2",
+                sampled(SamplerParams {
+                    mirostat: 2,
+                    mirostat_tau: 3.0,
+                    ..d()
+                }),
+            ),
+            (
+                "greedy mirostat",
+                greedy(SamplerParams { mirostat: 2, ..d() }),
+            ),
+            (
+                "min_keep",
+                sampled(SamplerParams {
+                    min_keep: 5,
+                    top_p: 0.1,
+                    ..d()
+                }),
+            ),
+        ]
+    }
+
+    #[test]
+    fn rows_take_the_logits_where_the_sampler_reads_the_whole_row() {
+        let (nv, k_max) = (4096, 64);
+        for (what, p) in samplers() {
+            let need = |logprobs| row_need(&Sampler::new(p.clone()), logprobs, nv, k_max);
+            let want = match what {
+                "greedy" | "greedy mirostat" => RowNeed::Argmax,
+                "top-k" | "typical-p" | "greedy typical-p" | "greedy xtc" | "dynatemp"
+                | "min_keep" => RowNeed::TopK(40),
+                _ => RowNeed::Logits,
+            };
+            assert_eq!(need(false), want, "{what}");
+            assert_eq!(need(true), RowNeed::Logits, "{what}");
+        }
+        // A top-k past what the backend hands over reads the logits.
+        let p = SamplerParams {
+            top_k: 100,
+            ..Default::default()
+        };
+        assert_eq!(
+            row_need(&Sampler::new(p), false, nv, k_max),
+            RowNeed::Logits
+        );
+    }
+
+    #[test]
+    fn every_sampler_picks_from_the_backends_argmax_or_top_k_what_it_picks_from_the_logits() {
+        let (model, tok) = default_model();
+        let metrics = Metrics::default();
+        let mut e = Engine::new(&model, &tok, &metrics, 1, 256).unwrap();
+        let prompt = tok.encode("Once upon a time", true, false);
+        // The ids a request generates: with logprobs every row is read as logits, without them
+        // each row takes what `row_need` says.
+        let mut run = |params: SamplerParams, logprobs: Option<usize>| {
+            let (events, mut rx) = unbounded_channel();
+            metrics.queued.fetch_add(1, Relaxed);
+            e.push(Job {
+                prompt: prompt.clone(),
+                gen: Generation {
+                    params,
+                    max_tokens: Some(12),
+                    stop: Vec::new(),
+                    logprobs,
+                    stream: true,
+                    include_usage: false,
+                    ignore_eos: true,
+                },
+                max_tokens: 12,
+                events,
+                ticket: Ticket::default(),
+            });
+            while e.busy() {
+                e.step();
+            }
+            std::iter::from_fn(|| rx.try_recv().ok())
+                .filter_map(|ev| match ev {
+                    Event::Token { id, .. } => id,
+                    _ => None,
+                })
+                .collect::<Vec<u32>>()
+        };
+        let mut outputs = Vec::new();
+        for (what, p) in samplers() {
+            let fast = run(p.clone(), None);
+            assert_eq!(fast.len(), 12, "{what}");
+            assert_eq!(fast, run(p.clone(), Some(0)), "{what}: fast path vs logits");
+            assert_eq!(fast, run(p, None), "{what}: same seed, same tokens");
+            outputs.push((what, fast));
+        }
+        // XTC at probability 1 drops the likeliest tokens, so greedy with it is not greedy.
+        let of = |w: &str| &outputs.iter().find(|(what, _)| *what == w).unwrap().1;
+        assert_ne!(of("greedy xtc"), of("greedy"));
     }
 
     #[test]

@@ -50,6 +50,68 @@ pub struct Args {
     pub repeat_penalty: f32,
     #[arg(long = "repeat-last-n", default_value_t = 64)]
     pub repeat_last_n: usize,
+    /// Locally typical sampling, parameter p (1 = off).
+    #[arg(
+        long = "typical",
+        visible_alias = "typical-p",
+        default_value_t = 1.0,
+        allow_negative_numbers = true
+    )]
+    pub typical: f32,
+    /// Top-n-sigma: keeps the logits within N standard deviations of the best (<= 0 = off).
+    #[arg(
+        long = "top-nsigma",
+        visible_alias = "top-n-sigma",
+        default_value_t = -1.0,
+        allow_negative_numbers = true
+    )]
+    pub top_nsigma: f32,
+    /// XTC: the chance of removing the likeliest tokens (0 = off).
+    #[arg(
+        long = "xtc-probability",
+        default_value_t = 0.0,
+        allow_negative_numbers = true
+    )]
+    pub xtc_probability: f32,
+    /// XTC: the probability from which a token is one of the likeliest (> 0.5 = off).
+    #[arg(
+        long = "xtc-threshold",
+        default_value_t = 0.1,
+        allow_negative_numbers = true
+    )]
+    pub xtc_threshold: f32,
+    /// Dynamic temperature: the temperature ranges over --temp +- this, by the entropy (0 = off).
+    #[arg(
+        long = "dynatemp-range",
+        default_value_t = 0.0,
+        allow_negative_numbers = true
+    )]
+    pub dynatemp_range: f32,
+    /// Dynamic temperature: the exponent that maps the entropy to the range.
+    #[arg(
+        long = "dynatemp-exp",
+        default_value_t = 1.0,
+        allow_negative_numbers = true
+    )]
+    pub dynatemp_exp: f32,
+    /// Mirostat: 0 = off, 1 = Mirostat, 2 = Mirostat 2.0 (as in llama.cpp, only the logit
+    /// biases and --temp then come before it: the other samplers and the penalties are not used).
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+    pub mirostat: u32,
+    /// Mirostat's learning rate, eta.
+    #[arg(
+        long = "mirostat-lr",
+        default_value_t = 0.1,
+        allow_negative_numbers = true
+    )]
+    pub mirostat_lr: f32,
+    /// Mirostat's target entropy, tau.
+    #[arg(
+        long = "mirostat-ent",
+        default_value_t = 5.0,
+        allow_negative_numbers = true
+    )]
+    pub mirostat_ent: f32,
     #[arg(long, default_value_t = DEFAULT_SEED)]
     pub seed: u64,
     /// Adds BIAS to a token's logit, as llama.cpp's: TOKEN_ID+BIAS, TOKEN_ID-BIAS, or
@@ -78,6 +140,27 @@ fn parse_logit_bias(s: &str) -> Result<(u32, f32), String> {
         .filter(|b| !b.is_nan() && *b != f32::INFINITY)
         .ok_or_else(|| format!("'{s}': '{}' is not a bias (a number, or -inf)", &s[at..]))?;
     Ok((id, bias))
+}
+
+/// The flag that sets a `SamplerParams` field (llama-cli's names).
+fn flag_of(field: &str) -> &str {
+    match field {
+        "temperature" => "--temp",
+        "top_p" => "--top-p",
+        "min_p" => "--min-p",
+        "repeat_penalty" => "--repeat-penalty",
+        "typical_p" => "--typical",
+        "top_n_sigma" => "--top-nsigma",
+        "xtc_probability" => "--xtc-probability",
+        "xtc_threshold" => "--xtc-threshold",
+        "dynatemp_range" => "--dynatemp-range",
+        "dynatemp_exponent" => "--dynatemp-exp",
+        "mirostat" => "--mirostat",
+        "mirostat_tau" => "--mirostat-ent",
+        "mirostat_eta" => "--mirostat-lr",
+        "logit_bias" => "--logit-bias",
+        other => other,
+    }
 }
 
 /// The default model's path relative to the repository root or the cwd.
@@ -166,20 +249,60 @@ impl ModelJob for Job {
         if let Some((id, _)) = args.logit_bias.iter().find(|(id, _)| *id as usize >= nv) {
             bail!("--logit-bias: token {id} is past the vocabulary of {nv} tokens");
         }
+        let unit = |x: f32| (0.0..=1.0).contains(&x);
         for (name, v, ok) in [
             ("--temp", args.temp, args.temp >= 0.0),
-            ("--top-p", args.top_p, (0.0..=1.0).contains(&args.top_p)),
-            ("--min-p", args.min_p, (0.0..=1.0).contains(&args.min_p)),
+            ("--top-p", args.top_p, unit(args.top_p)),
+            ("--min-p", args.min_p, unit(args.min_p)),
             (
                 "--repeat-penalty",
                 args.repeat_penalty,
                 args.repeat_penalty > 0.0,
             ),
+            (
+                "--xtc-probability",
+                args.xtc_probability,
+                unit(args.xtc_probability),
+            ),
+            (
+                "--xtc-threshold",
+                args.xtc_threshold,
+                unit(args.xtc_threshold),
+            ),
         ] {
             if !ok || !v.is_finite() {
-                bail!("{name} {v} is out of range (finite numbers: --temp >= 0, --top-p and --min-p from 0 to 1, --repeat-penalty > 0)");
+                bail!(
+                    "{name} {v} is out of range (finite numbers: --temp >= 0, --top-p, --min-p, \
+                     --xtc-probability and --xtc-threshold from 0 to 1, --repeat-penalty > 0)"
+                );
             }
         }
+        let params = SamplerParams {
+            temperature: args.temp,
+            top_k: args.top_k,
+            top_p: args.top_p,
+            min_p: args.min_p,
+            repeat_penalty: args.repeat_penalty,
+            repeat_last_n: args.repeat_last_n,
+            seed: args.seed,
+            logit_bias: args.logit_bias.clone(),
+            typical_p: args.typical,
+            top_n_sigma: args.top_nsigma,
+            xtc_probability: args.xtc_probability,
+            xtc_threshold: args.xtc_threshold,
+            dynatemp_range: args.dynatemp_range,
+            dynatemp_exponent: args.dynatemp_exp,
+            mirostat: args.mirostat,
+            mirostat_tau: args.mirostat_ent,
+            mirostat_eta: args.mirostat_lr,
+            ..Default::default()
+        };
+        // The rest (a NaN or infinite --typical, --mirostat 3, ...): the sampler's own check,
+        // whose message starts with the field, named here by its flag.
+        params.check().map_err(|m| {
+            let (field, rest) = m.split_once(' ').unwrap_or((&m, ""));
+            anyhow::anyhow!("{} {rest}", flag_of(field))
+        })?;
         let n_train = model.config.n_ctx_train;
         let n_ctx = match args.ctx_size {
             Some(c) => c,
@@ -207,17 +330,7 @@ impl ModelJob for Job {
             );
         }
         let mut session = Session::new(&model, n_ctx)?;
-        let mut sampler = Sampler::new(SamplerParams {
-            temperature: args.temp,
-            top_k: args.top_k,
-            top_p: args.top_p,
-            min_p: args.min_p,
-            repeat_penalty: args.repeat_penalty,
-            repeat_last_n: args.repeat_last_n,
-            seed: args.seed,
-            logit_bias: args.logit_bias.clone(),
-            ..Default::default()
-        });
+        let mut sampler = Sampler::new(params);
         for &t in &prompt {
             sampler.accept(t);
         }

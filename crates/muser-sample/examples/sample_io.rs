@@ -1,0 +1,158 @@
+//! Muser's picks on seeded random rows of logits, for the llama.cpp oracle test
+//! (tests/python/test_sampler_llamacpp.py), whose other side is tests/python/llamacpp_sampler.cpp.
+//!
+//! Reads one scenario a line on stdin, `key=value` pairs separated by spaces (every key but
+//! logit_bias required), and prints one line per scenario: the token `Sampler::try_sample` picks
+//! at each step, accepted before the next, comma-separated (`-` where it picks none).
+//!
+//! The rows are llamacpp_sampler.cpp's: `row_seed` seeds an MT19937 (`std::mt19937`), each logit
+//! is (the sum of 4 `uniform_f64` draws - 2) as f32, times `scale`; with `neg_inf` > 0 one more
+//! draw per logit, which makes it -inf when below `neg_inf`. A row whose finite logits are not all
+//! distinct, or of which fewer than a quarter are finite, is drawn again.
+//!
+//!   echo "row_seed=1 n_vocab=300 scale=2 steps=20 neg_inf=0 temperature=0.8 ..." |
+//!       cargo run -p muser-sample --example sample_io
+
+use muser_sample::{uniform_f64, Sampler, SamplerParams};
+use rand_mt::Mt;
+use std::collections::HashMap;
+use std::io::{BufRead, Write};
+
+/// One line: the rows to make and the sampler's parameters.
+struct Scenario {
+    row_seed: u32,
+    n_vocab: usize,
+    scale: f32,
+    steps: usize,
+    neg_inf: f64,
+    params: SamplerParams,
+}
+
+fn parse(line: &str) -> Result<Scenario, String> {
+    let mut kv: HashMap<&str, &str> = HashMap::new();
+    for tok in line.split_whitespace() {
+        let (k, v) = tok
+            .split_once('=')
+            .ok_or_else(|| format!("not key=value: {tok}"))?;
+        kv.insert(k, v);
+    }
+    let mut take = |key: &str| kv.remove(key).ok_or_else(|| format!("missing {key}"));
+    fn num<T: std::str::FromStr>(key: &str, v: &str) -> Result<T, String> {
+        v.parse().map_err(|_| format!("{key}={v} is not a number"))
+    }
+    macro_rules! get {
+        ($key:literal) => {
+            num($key, take($key)?)?
+        };
+    }
+    let row_seed = get!("row_seed");
+    let n_vocab = get!("n_vocab");
+    let scale = get!("scale");
+    let steps = get!("steps");
+    let neg_inf = get!("neg_inf");
+    let mut params = SamplerParams {
+        temperature: get!("temperature"),
+        top_k: get!("top_k"),
+        top_p: get!("top_p"),
+        min_p: get!("min_p"),
+        typical_p: get!("typical_p"),
+        top_n_sigma: get!("top_n_sigma"),
+        xtc_probability: get!("xtc_probability"),
+        xtc_threshold: get!("xtc_threshold"),
+        dynatemp_range: get!("dynatemp_range"),
+        dynatemp_exponent: get!("dynatemp_exponent"),
+        mirostat: get!("mirostat"),
+        mirostat_tau: get!("mirostat_tau"),
+        mirostat_eta: get!("mirostat_eta"),
+        min_keep: get!("min_keep"),
+        repeat_last_n: get!("repeat_last_n"),
+        repeat_penalty: get!("repeat_penalty"),
+        frequency_penalty: get!("frequency_penalty"),
+        presence_penalty: get!("presence_penalty"),
+        seed: get!("seed"),
+        logit_bias: Vec::new(),
+    };
+    if let Ok(list) = take("logit_bias") {
+        for pair in list.split(',') {
+            let (id, bias) = pair
+                .split_once(':')
+                .ok_or_else(|| format!("logit_bias entry not id:bias: {pair}"))?;
+            params
+                .logit_bias
+                .push((num("logit_bias id", id)?, num("logit_bias", bias)?));
+        }
+    }
+    if let Some(key) = kv.keys().next() {
+        return Err(format!("unknown key {key}"));
+    }
+    params.check()?;
+    Ok(Scenario {
+        row_seed,
+        n_vocab,
+        scale,
+        steps,
+        neg_inf,
+        params,
+    })
+}
+
+/// Whether the finite values are all distinct.
+fn finite_distinct(row: &[f32]) -> bool {
+    let mut v: Vec<f32> = row.iter().copied().filter(|x| x.is_finite()).collect();
+    v.sort_by(f32::total_cmp);
+    // `==`, not the total order: -0.0 and +0.0 are a tie.
+    v.windows(2).all(|w| w[0] != w[1])
+}
+
+fn random_row(rng: &mut Mt, s: &Scenario) -> Vec<f32> {
+    loop {
+        let row: Vec<f32> = (0..s.n_vocab)
+            .map(|_| {
+                let sum: f64 = (0..4).map(|_| uniform_f64(rng)).sum();
+                let x = (sum - 2.0) as f32 * s.scale;
+                if s.neg_inf > 0.0 && uniform_f64(rng) < s.neg_inf {
+                    f32::NEG_INFINITY
+                } else {
+                    x
+                }
+            })
+            .collect();
+        let finite = row.iter().filter(|x| x.is_finite()).count();
+        if 4 * finite >= s.n_vocab && finite_distinct(&row) {
+            return row;
+        }
+    }
+}
+
+fn run(s: &Scenario) -> String {
+    let mut rows = Mt::new(s.row_seed);
+    let mut sampler = Sampler::new(s.params.clone());
+    let picks: Vec<String> = (0..s.steps)
+        .map(|_| match sampler.try_sample(&random_row(&mut rows, s)) {
+            Some(t) => {
+                sampler.accept(t);
+                t.to_string()
+            }
+            None => "-".into(),
+        })
+        .collect();
+    picks.join(",")
+}
+
+fn main() {
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    for (i, line) in std::io::stdin().lock().lines().enumerate() {
+        let line = line.unwrap_or_else(|e| {
+            eprintln!("sample_io: stdin: {e}");
+            std::process::exit(1)
+        });
+        match parse(&line) {
+            Ok(s) => writeln!(out, "{}", run(&s)).expect("stdout"),
+            Err(e) => {
+                eprintln!("sample_io: line {}: {e}", i + 1);
+                std::process::exit(1);
+            }
+        }
+    }
+}
