@@ -1,0 +1,83 @@
+#!/usr/bin/env python3
+"""Every sampler setting through `muser serve` on one backend: the tokens a request draws without
+logprobs (where the sampler allows it, from the backend's argmax or top-k candidates) equal those
+drawn from the whole logits row (with `n_probs`, which reads the row), and a seed reproduces them.
+
+    python3 scripts/sampler_paths.py MUSER_BIN MODEL [--backend cuda]
+
+Standard library only (the GPU machine has no pip). Prints one line per setting and exits 1 on
+any difference.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+
+SETTINGS = {
+    "greedy": {"temperature": 0},
+    "default chain": {"temperature": 0.8},
+    "top-k 5": {"temperature": 1.0, "top_k": 5, "top_p": 1.0, "min_p": 0.0},
+    "top-k off": {"temperature": 1.0, "top_k": 0},
+    "penalties": {"temperature": 0.7, "repeat_penalty": 1.3, "presence_penalty": 0.5},
+    "logit bias": {"temperature": 0.7, "logit_bias": [[5, -100.0], [17, 3.0]]},
+    "typical_p": {"temperature": 0.9, "typical_p": 0.5},
+    "top_n_sigma": {"temperature": 0.9, "top_n_sigma": 1.0},
+    "xtc": {"temperature": 0.9, "xtc_probability": 0.5, "xtc_threshold": 0.05},
+    "xtc greedy": {"temperature": 0, "xtc_probability": 1.0, "xtc_threshold": 0.05},
+    "dynatemp": {"temperature": 0.9, "dynatemp_range": 0.5, "dynatemp_exponent": 1.5},
+    "mirostat 1": {"temperature": 0.9, "mirostat": 1, "mirostat_tau": 4.0, "mirostat_eta": 0.2},
+    "mirostat 2": {"temperature": 0.9, "mirostat": 2, "mirostat_tau": 3.0, "mirostat_eta": 0.1},
+    "min_keep": {"temperature": 0.9, "min_keep": 5, "top_p": 0.2},
+}
+
+
+def post(url: str, body: dict) -> dict:
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return json.loads(r.read())
+
+
+def main() -> int:
+    muser, model, *rest = sys.argv[1:]
+    proc = subprocess.Popen([muser, "serve", "-m", model, "--port", "0", "--parallel", "4", *rest],
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        first = proc.stderr.readline()
+        m = re.search(r"listening on (http://[\d.:]+)", first)
+        if not m:
+            print("the server did not start:", first, proc.stderr.read()[-2000:])
+            return 1
+        url = m.group(1)
+        for _ in range(600):
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=10) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            time.sleep(0.2)
+        bad = 0
+        for name, extra in SETTINGS.items():
+            body = {"prompt": "Once upon a time", "n_predict": 24, "seed": 7, "ignore_eos": True,
+                    "return_tokens": True, **extra}
+            fast = post(url + "/completion", body)["tokens"]
+            again = post(url + "/completion", body)["tokens"]
+            row = post(url + "/completion", dict(body, n_probs=1))["tokens"]
+            ok = fast == again == row and len(fast) == 24
+            bad += not ok
+            print(f"{name:<14} {'same' if ok else 'DIFFERENT'}  {fast[:8]}"
+                  + ("" if ok else f"\n    again {again[:8]}\n    row   {row[:8]}"))
+        print(f"{len(SETTINGS) - bad} of {len(SETTINGS)} settings draw the same tokens on every path")
+        return 1 if bad else 0
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
