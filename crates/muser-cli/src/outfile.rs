@@ -1,8 +1,10 @@
 //! An output file that appears whole or not at all. It is written to a hidden temporary next to
-//! the destination and renamed into place once complete; an error drops the temporary, and so
-//! does a SIGINT (Ctrl-C), SIGTERM or SIGHUP, which then ends the process with a one-line
-//! message and status 128 + the signal's number (130 for Ctrl-C). A SIGKILL may leave the hidden
-//! temporary, never a truncated output.
+//! the destination, synced, and renamed into place once complete; an error drops the temporary,
+//! and so does a SIGINT (Ctrl-C), SIGTERM or SIGHUP, which then prints a one-line message and
+//! ends the process by that signal (so a shell script running the command stops too). A SIGKILL
+//! may leave the hidden temporary, never a truncated output. A destination that exists and is
+//! not a regular file (`/dev/null`, a FIFO, `/dev/stdout`) is written directly, as a plain
+//! create would: a rename would replace the device or pipe with a file.
 
 use anyhow::Context;
 use indicatif::ProgressBar;
@@ -11,8 +13,12 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 pub struct OutFile {
-    guard: Arc<Guard>,
-    dest: PathBuf,
+    /// What the command writes: the temporary, or the destination itself when it is not a
+    /// regular file.
+    path: PathBuf,
+    /// The signal guard and the destination the temporary is renamed onto; None when written
+    /// directly.
+    atomic: Option<(Arc<Guard>, PathBuf)>,
 }
 
 /// What the signal thread and the writer share.
@@ -25,19 +31,48 @@ struct Guard {
     bar: Option<ProgressBar>,
 }
 
+/// The regular file `dest` names, following symlinks (a dangling one to the file it would
+/// create, so the link stays); None when `dest` exists and is something else.
+fn regular_target(dest: &Path) -> Option<PathBuf> {
+    let mut path = dest.to_path_buf();
+    for _ in 0..40 {
+        match std::fs::symlink_metadata(&path) {
+            Err(_) => return Some(path),
+            Ok(m) if m.file_type().is_symlink() => {
+                let link = std::fs::read_link(&path).ok()?;
+                path = match path.parent() {
+                    Some(dir) => dir.join(link),
+                    None => link,
+                };
+            }
+            Ok(m) if m.file_type().is_file() => {
+                return Some(std::fs::canonicalize(&path).unwrap_or(path));
+            }
+            Ok(_) => return None,
+        }
+    }
+    None
+}
+
 impl OutFile {
-    /// The temporary for `dest` (for the file a symlink `dest` names, so the link stays), with
-    /// the signal handler installed before anything is written. Signals the process inherited as
-    /// ignored (a `nohup` SIGHUP, a background job's SIGINT) stay ignored.
+    /// The file to write for `dest`. For a new or regular file, the temporary next to it (next
+    /// to the file a symlink `dest` names, so the link stays), with the signal handler installed
+    /// before anything is written; signals the process inherited as ignored (a `nohup` SIGHUP,
+    /// a background job's SIGINT) stay ignored. For anything else, `dest` itself.
     pub fn new(dest: &Path, bar: Option<&ProgressBar>) -> anyhow::Result<OutFile> {
         use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
-        let dest = std::fs::canonicalize(dest).unwrap_or_else(|_| dest.to_path_buf());
+        let Some(dest) = regular_target(dest) else {
+            return Ok(OutFile {
+                path: dest.to_path_buf(),
+                atomic: None,
+            });
+        };
         let name = dest
             .file_name()
             .map_or_else(|| "out".into(), |n| n.to_string_lossy().into_owned());
         let tmp = dest.with_file_name(format!(".{name}.muser-tmp-{}", std::process::id()));
         let guard = Arc::new(Guard {
-            tmp,
+            tmp: tmp.clone(),
             committed: Mutex::new(false),
             bar: bar.cloned(),
         });
@@ -58,29 +93,34 @@ impl OutFile {
                 }
             })
             .context("starting the signal handler thread")?;
-        Ok(OutFile { guard, dest })
+        Ok(OutFile {
+            path: tmp,
+            atomic: Some((guard, dest)),
+        })
     }
 
-    /// The temporary to write.
+    /// The file to write.
     pub fn path(&self) -> &Path {
-        &self.guard.tmp
+        &self.path
     }
 
-    /// Renames the finished temporary onto the destination, with the replaced file's
-    /// permissions when there was one.
+    /// Syncs the finished temporary and renames it onto the destination, with the replaced
+    /// file's permissions when there was one (nothing to do for a destination written directly).
     pub fn commit(self) -> anyhow::Result<()> {
-        let mut committed = self
-            .guard
-            .committed
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        let tmp = &self.guard.tmp;
-        if let Ok(old) = std::fs::metadata(&self.dest) {
+        let Some((guard, dest)) = &self.atomic else {
+            return Ok(());
+        };
+        let mut committed = guard.committed.lock().unwrap_or_else(|e| e.into_inner());
+        let tmp = &guard.tmp;
+        std::fs::File::open(tmp)
+            .and_then(|f| f.sync_all())
+            .with_context(|| format!("syncing {}", tmp.display()))?;
+        if let Ok(old) = std::fs::metadata(dest) {
             std::fs::set_permissions(tmp, old.permissions())
                 .with_context(|| format!("setting the permissions of {}", tmp.display()))?;
         }
-        std::fs::rename(tmp, &self.dest)
-            .with_context(|| format!("renaming {} to {}", tmp.display(), self.dest.display()))?;
+        std::fs::rename(tmp, dest)
+            .with_context(|| format!("renaming {} to {}", tmp.display(), dest.display()))?;
         *committed = true;
         Ok(())
     }
@@ -88,21 +128,19 @@ impl OutFile {
 
 impl Drop for OutFile {
     fn drop(&mut self) {
-        let committed = self
-            .guard
-            .committed
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        if !*committed {
-            let _ = std::fs::remove_file(&self.guard.tmp);
+        if let Some((guard, _)) = &self.atomic {
+            let committed = guard.committed.lock().unwrap_or_else(|e| e.into_inner());
+            if !*committed {
+                let _ = std::fs::remove_file(&guard.tmp);
+            }
         }
     }
 }
 
 impl Guard {
     /// Ends the process for signal `sig`: removes the temporary (unless the output is already in
-    /// place, when the signal does what it would without the handler), says so and exits with
-    /// status 128 + `sig`. Threads still writing write into the removed file, harmlessly.
+    /// place), says so, and lets the signal do what it would without the handler (status 128 +
+    /// `sig` only if that fails). Threads still writing write into the removed file, harmlessly.
     fn exit(&self, sig: i32) -> ! {
         let committed = self.committed.lock().unwrap_or_else(|e| e.into_inner());
         if *committed {
@@ -135,6 +173,7 @@ impl Guard {
                 "{nl}interrupted by {name}: could not remove the partial output {tmp}: {e}"
             ),
         };
+        let _ = signal_hook::low_level::emulate_default_handler(sig);
         std::process::exit(128 + sig);
     }
 }

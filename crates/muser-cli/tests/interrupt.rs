@@ -1,8 +1,11 @@
 //! `muser quantize` and `muser synth` run as a user runs them: a SIGINT (Ctrl-C) or SIGTERM while
-//! they write stops them with a clear message and a 128 + signal status, and leaves neither a new
-//! output nor its hidden temporary behind (a file the output would have replaced is untouched).
+//! they write stops them with a clear message, by that signal, and leaves neither a new output
+//! nor its hidden temporary behind (a file the output would have replaced is untouched); a
+//! destination that is a pipe stays a pipe and gets the bytes, and a symlink stays a link.
 
 use muser_gguf::{GgmlType, GgufWriter, MetaValue, TensorSpec};
+use std::os::unix::fs::FileTypeExt;
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -112,11 +115,9 @@ fn interrupt(dir: &Path, args: &[&str], sig: libc::c_int, sig_name: &str, left: 
         "{args:?} finished before {sig_name} reached it (the input is too small to interrupt): \
          {status}, stderr {stderr:?}"
     );
-    assert_eq!(
-        status.code(),
-        Some(128 + sig),
-        "{sig_name}: stderr {stderr:?}"
-    );
+    // It dies by the signal, as a shell expects of a command the user stopped (a status of
+    // 128 + sig would let a script's loop go on).
+    assert_eq!(status.signal(), Some(sig), "{sig_name}: stderr {stderr:?}");
     // The last line says so and names the temporary (relative, or absolute when the output
     // existed before).
     let last = stderr.lines().last().unwrap_or_default();
@@ -159,5 +160,58 @@ fn a_signal_stops_synth_and_keeps_the_file_it_would_replace() {
     interrupt(&dir, &args, libc::SIGINT, "SIGINT", &["out.gguf"]);
     interrupt(&dir, &args, libc::SIGTERM, "SIGTERM", &["out.gguf"]);
     assert_eq!(std::fs::read(dir.join("out.gguf")).unwrap(), old);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_pipe_gets_the_model_and_a_symlink_stays_a_link() {
+    let dir = scratch("synth-targets");
+    let synth = |out: &str| {
+        let o = Command::new(env!("CARGO_BIN_EXE_muser"))
+            .args(["synth", "muse-tiny", out])
+            .current_dir(&dir)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    };
+    synth("plain.gguf");
+    let plain = std::fs::read(dir.join("plain.gguf")).unwrap();
+    // A FIFO: written through (a rename would replace it with a file and hang its reader).
+    let fifo = dir.join("fifo");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo with a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+    let reader = std::thread::spawn({
+        let fifo = fifo.clone();
+        move || std::fs::read(fifo).unwrap()
+    });
+    synth("fifo");
+    let got = reader.join().unwrap();
+    assert!(
+        got == plain,
+        "the pipe got {} bytes, not the model's {}",
+        got.len(),
+        plain.len()
+    );
+    assert!(std::fs::symlink_metadata(&fifo)
+        .unwrap()
+        .file_type()
+        .is_fifo());
+    // A dangling symlink: the model is written where it points, and the link stays.
+    std::fs::create_dir(dir.join("models")).unwrap();
+    std::os::unix::fs::symlink("models/m.gguf", dir.join("link.gguf")).unwrap();
+    synth("link.gguf");
+    assert!(std::fs::symlink_metadata(dir.join("link.gguf"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    assert_eq!(std::fs::read(dir.join("models/m.gguf")).unwrap(), plain);
+    // A symlink to an existing model: replaced through the link, the link stays.
+    synth("link.gguf");
+    assert!(std::fs::symlink_metadata(dir.join("link.gguf"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    assert_eq!(names(&dir.join("models")), ["m.gguf"]);
     std::fs::remove_dir_all(&dir).unwrap();
 }

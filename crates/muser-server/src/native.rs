@@ -135,8 +135,14 @@ pub fn translate(mut obj: Map<String, Value>) -> Result<(Map<String, Value>, Nat
         .get("temperature")
         .and_then(Value::as_f64)
         .is_some_and(|t| t < 0.0);
+    // `logprobs` is llama-server's alias of n_probs, read when n_probs is absent.
+    let probs_field = if f.get("n_probs").is_none() && f.get("logprobs").is_some() {
+        "logprobs"
+    } else {
+        "n_probs"
+    };
     let n_probs = f
-        .integer("n_probs", 0, MAX_TOP_LOGPROBS as i64)?
+        .integer(probs_field, 0, MAX_TOP_LOGPROBS as i64)?
         .unwrap_or(0) as usize;
     let bias = match f.get("logit_bias") {
         Some(Value::Array(pairs)) => Some(bias_pairs(pairs)?),
@@ -420,8 +426,19 @@ mod tests {
         assert_eq!(g.params.logit_bias, vec![(5, -100.0), (9, 2.5)]);
         assert_eq!(g.params.repeat_last_n, usize::MAX);
         assert!(n.return_tokens && n.n_probs == 4);
+        // `logprobs` is n_probs' alias when n_probs is absent, as in llama-server.
         let (g, n) = read(json!({"n_predict": 3, "logprobs": 5})).unwrap();
-        assert_eq!((g.max_tokens, g.logprobs, n.n_probs), (Some(3), None, 0));
+        assert_eq!((g.max_tokens, g.logprobs, n.n_probs), (Some(3), Some(5), 5));
+        let (g, n) = read(json!({"logprobs": 3, "n_probs": 2})).unwrap();
+        assert_eq!((g.logprobs, n.n_probs), (Some(2), 2));
+        assert_eq!(
+            read(json!({"logprobs": "x"}))
+                .err()
+                .unwrap()
+                .param
+                .as_deref(),
+            Some("logprobs")
+        );
     }
 
     #[test]

@@ -588,7 +588,10 @@ impl<'m, B: Backend> Engine<'m, B> {
         let Some((id, lp)) = pick else {
             return self.fail(
                 i,
-                "no token can be sampled: every logit of this step is -inf or not a number".into(),
+                "no token can be sampled: after the samplers no candidate has a finite, non-zero \
+                 probability (every logit -inf or not a number; check the sampler settings, \
+                 e.g. dynatemp_exponent or logit_bias)"
+                    .into(),
             );
         };
         let outcome = emit(task, lp, id, self.tok, pos, self.n_ctx, self.metrics);
