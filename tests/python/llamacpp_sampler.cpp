@@ -62,7 +62,42 @@ struct Scenario {
     float repeat_penalty, frequency_penalty, presence_penalty;
     uint32_t seed;
     std::vector<llama_logit_bias> logit_bias;
+    float dry_multiplier = 0.0f, dry_base = 1.75f;
+    int dry_allowed_length = 2, dry_penalty_last_n = 64;
+    std::vector<std::string> dry_breakers;
+    std::vector<llama_token> prefix;
 };
+
+// The vocabulary DRY's breakers are matched against (--vocab MODEL), null without one.
+static const llama_vocab * g_vocab = nullptr;
+
+static std::string unhex(const std::string & h) {
+    std::string out;
+    for (size_t i = 0; i + 1 < h.size(); i += 2) {
+        out += (char) strtol(h.substr(i, 2).c_str(), nullptr, 16);
+    }
+    return out;
+}
+
+static std::string hex(const std::string & s) {
+    static const char * digits = "0123456789abcdef";
+    std::string out;
+    for (unsigned char c : s) {
+        out += digits[c >> 4];
+        out += digits[c & 15];
+    }
+    return out.empty() ? "-" : out;
+}
+
+static std::vector<std::string> split(const std::string & s, char sep) {
+    std::vector<std::string> out;
+    std::istringstream in(s);
+    std::string part;
+    while (std::getline(in, part, sep)) {
+        out.push_back(part);
+    }
+    return out;
+}
 
 static Scenario parse(const std::string & line) {
     std::map<std::string, std::string> kv;
@@ -126,6 +161,22 @@ static Scenario parse(const std::string & line) {
                                      strtof(pair.substr(colon + 1).c_str(), nullptr) });
         }
     }
+    if (kv.count("dry_multiplier")) {
+        s.dry_multiplier = f("dry_multiplier");
+        s.dry_base = f("dry_base");
+        s.dry_allowed_length = i("dry_allowed_length");
+        s.dry_penalty_last_n = i("dry_penalty_last_n");
+    }
+    if (kv.count("dry_breakers")) {
+        for (const auto & h : split(get("dry_breakers"), ',')) {
+            s.dry_breakers.push_back(unhex(h));
+        }
+    }
+    if (kv.count("prefix")) {
+        for (const auto & t : split(get("prefix"), ',')) {
+            s.prefix.push_back((llama_token) strtol(t.c_str(), nullptr, 10));
+        }
+    }
     if (!kv.empty()) {
         throw std::runtime_error("unknown key " + kv.begin()->first);
     }
@@ -173,6 +224,16 @@ static llama_sampler * build_chain(const Scenario & s) {
     if (s.mirostat == 0) {
         add(llama_sampler_init_penalties(s.n_vocab, s.repeat_last_n, s.repeat_penalty, s.frequency_penalty,
                                          s.presence_penalty));
+        // DRY (an empty sampler when off, so the chain's indices stay put).
+        std::vector<const char *> breakers;
+        for (const auto & b : s.dry_breakers) {
+            breakers.push_back(b.c_str());
+        }
+        if (!breakers.empty() && g_vocab == nullptr) {
+            throw std::runtime_error("DRY's breakers need a vocabulary (--vocab MODEL)");
+        }
+        add(llama_sampler_init_dry(g_vocab, s.dry_multiplier, s.dry_base, s.dry_allowed_length,
+                                   s.dry_penalty_last_n, breakers.data(), breakers.size()));
         add(llama_sampler_init_top_n_sigma(s.top_n_sigma));
         add(llama_sampler_init_top_k(s.top_k));
         add(llama_sampler_init_typical(s.typical_p, s.min_keep));
@@ -268,15 +329,18 @@ static std::vector<char> members(const llama_token_data_array & cur, int n_vocab
 static std::pair<std::vector<llama_token>, int> run(const Scenario & s) {
     llama_sampler * chain = build_chain(s);
     const int n_smpl = llama_sampler_chain_n(chain);
-    // The sampler after which the sorting ones see the logits: the penalties (after the biases
-    // when there are any), or mirostat's temperature (the last but one). Typical-p comes after
-    // the penalties, top_n_sigma and top_k.
-    const int sorted_from = s.mirostat == 0 ? (s.logit_bias.empty() ? 0 : 1) : n_smpl - 2;
+    // The sampler after which the sorting ones see the logits: DRY, after the penalties (after
+    // the biases when there are any), or mirostat's temperature (the last but one). Typical-p
+    // comes after DRY, top_n_sigma and top_k.
+    const int sorted_from = s.mirostat == 0 ? (s.logit_bias.empty() ? 1 : 2) : n_smpl - 2;
     const int typical_at = s.mirostat == 0 && s.typical_p < 1.0f ? sorted_from + 3 : -1;
     std::mt19937 rows(s.row_seed);
     std::vector<llama_token_data> data(s.n_vocab);
     std::vector<llama_token> picks;
     int tie = -1;
+    for (llama_token t : s.prefix) {
+        llama_sampler_accept(chain, t);
+    }
     for (int step = 0; step < s.steps && tie < 0; ++step) {
         std::vector<float> row = random_row(rows, s);
         for (int i = 0; i < s.n_vocab; ++i) {
@@ -321,7 +385,58 @@ static std::pair<std::vector<llama_token>, int> run(const Scenario & s) {
     return { picks, tie };
 }
 
-int main() {
+// --vocab MODEL loads MODEL's vocabulary for DRY; --pieces then prints `piece HEX` for each
+// token (its text as DRY sees it), --tokenize reads hex texts on stdin and prints `tokenize HEX
+// IDS` for each (its tokenization as DRY's breakers get it).
+int main(int argc, char ** argv) {
+    std::string mode;
+    for (int a = 1; a < argc; ++a) {
+        std::string arg = argv[a];
+        if (arg == "--vocab" && a + 1 < argc) {
+            llama_model_params mp = llama_model_default_params();
+            mp.vocab_only = true;
+            llama_log_set([](ggml_log_level, const char *, void *) {}, nullptr);
+            llama_model * model = llama_model_load_from_file(argv[++a], mp);
+            if (model == nullptr) {
+                fprintf(stderr, "llamacpp_sampler: cannot load the vocabulary of %s\n", argv[a]);
+                return 1;
+            }
+            g_vocab = llama_model_get_vocab(model);
+        } else if (arg == "--pieces" || arg == "--tokenize") {
+            mode = arg;
+        } else {
+            fprintf(stderr, "usage: llamacpp_sampler [--vocab MODEL [--pieces | --tokenize]]\n");
+            return 2;
+        }
+    }
+    if (mode == "--pieces") {
+        for (llama_token t = 0; t < llama_vocab_n_tokens(g_vocab); ++t) {
+            std::string text(256, '\0');
+            int n = llama_detokenize(g_vocab, &t, 1, &text[0], (int32_t) text.size(), false, true);
+            if (n < 0) {
+                text.resize(-n);
+                n = llama_detokenize(g_vocab, &t, 1, &text[0], (int32_t) text.size(), false, true);
+            }
+            text.resize(n);
+            std::cout << "piece " << hex(text) << "\n";
+        }
+        return 0;
+    }
+    if (mode == "--tokenize") {
+        std::string h;
+        while (std::getline(std::cin, h)) {
+            std::string text = unhex(h);
+            std::vector<llama_token> toks(text.size() + 8);
+            int n = llama_tokenize(g_vocab, text.data(), (int32_t) text.size(), toks.data(),
+                                   (int32_t) toks.size(), false, false);
+            std::string out;
+            for (int k = 0; k < n; ++k) {
+                out += (k ? "," : "") + std::to_string(toks[k]);
+            }
+            std::cout << "tokenize " << h << " " << out << "\n";
+        }
+        return 0;
+    }
     std::string line;
     int lineno = 0;
     while (std::getline(std::cin, line)) {

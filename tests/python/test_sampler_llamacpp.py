@@ -3,8 +3,8 @@ parameters and logits (crates/muser-sample).
 
 A few hundred random scenarios, over every sampler Muser has: logit biases (bans too), the
 repetition, frequency and presence penalties, top-n-sigma, top-k, typical-p, top-p, min-p, XTC,
-temperature (0 too) and dynamic temperature, min_keep, and mirostat 1.0 and 2.0 in their own
-chain; vocabularies of 50 to 2000, some rows with -inf logits, 20 to 30 steps each, every pick
+temperature (0 too) and dynamic temperature, min_keep, DRY, and mirostat 1.0 and 2.0 in their
+own chain; vocabularies of 50 to 2000, some rows with -inf logits, 20 to 30 steps each, every pick
 accepted into the penalties' window before the next. llama.cpp's side is
 tests/python/llamacpp_sampler.cpp, compiled here against libllama (its public C API, the chain
 common_sampler_init builds); Muser's is the example crates/muser-sample/examples/sample_io.rs. Both
@@ -23,6 +23,14 @@ a tie could still have decided the pick (equal logits made by a bias, a penalty 
 temperature; typical-p's equal distances, which distinct logits can have) is reported by the
 harness, which stops the scenario there (` tie@S`): only the steps before it are compared, and
 at most a tenth of the scenarios may stop (about 1 in 400 do).
+
+DRY matches its breakers against a vocabulary's text: the shipped model's vocabulary
+(models/muse-default.gguf), copied into a vocabulary-only GGUF that llama.cpp loads (its
+architecture, muse, is unknown to llama.cpp). The harness loads it (--vocab) and writes every
+token's text as llama.cpp's DRY sees it and the tokenizations the breakers need; sample_io builds
+its `DryBreakers` from that file, so this compares DRY's breaker processing and its penalties,
+not Muser's tokenizer. DRY scenarios start from a prefix of accepted tokens that repeats a
+pattern (breaker tokens among them), so there are repeats to penalise.
 
 Needs llama.cpp built from source: MUSER_GGML_SRC (its source directory) and LLAMA_CPP_BIN (the
 directory of libllama.so), as scripts/test.sh exports them; skipped otherwise.
@@ -43,6 +51,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 HARNESS = Path(__file__).with_name("llamacpp_sampler.cpp")
+MODEL = REPO / "models" / "muse-default.gguf"
+# DRY's breakers: llama.cpp's defaults and longer ones that span tokens.
+BREAKERS = ["\n", ":", '"', "*", "\n\n", "**", "User:", " the", "ing", ':-)', '..."', "\n  "]
 
 
 @pytest.fixture(scope="session")
@@ -81,7 +92,92 @@ def sample_io() -> Path:
     raise RuntimeError("cargo did not report the sample_io executable")
 
 
-def scenario(rng: random.Random) -> dict:
+def vocab_only_gguf(src: Path, dst: Path) -> None:
+    """A GGUF of `src`'s tokenizer alone, as a llama model llama.cpp can load vocab-only."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(src))
+    w = gguf.GGUFWriter(str(dst), "llama")
+    for key, v in [("context_length", 4096), ("embedding_length", 64), ("block_count", 1),
+                   ("feed_forward_length", 128), ("attention.head_count", 1)]:
+        w.add_uint32(f"llama.{key}", v)
+    w.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
+    for name, f in reader.fields.items():
+        if not name.startswith("tokenizer."):
+            continue
+        kind = f.types[0]
+        if kind == gguf.GGUFValueType.ARRAY:
+            if f.types[-1] == gguf.GGUFValueType.STRING:
+                w.add_array(name, [bytes(f.parts[i]) for i in f.data])
+            else:
+                w.add_array(name, [f.parts[i].tolist()[0] for i in f.data])
+        elif kind == gguf.GGUFValueType.STRING:
+            w.add_string(name, bytes(f.parts[-1]).decode())
+        else:
+            w.add_key_value(name, f.parts[-1].tolist()[0], kind)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.fixture(scope="session")
+def dry_vocab(tmp_path_factory, llamacpp_sampler) -> dict:
+    """The vocabulary for DRY: the GGUF llama.cpp loads, the file sample_io reads, the token texts
+    and each breaker's tokenization."""
+    tmp = tmp_path_factory.mktemp("vocab")
+    model = tmp / "vocab.gguf"
+    vocab_only_gguf(MODEL, model)
+    run = lambda *args, stdin="": subprocess.run(  # noqa: E731
+        [str(llamacpp_sampler), "--vocab", str(model), *args], input=stdin, capture_output=True, text=True,
+        check=True).stdout.splitlines()
+    pieces_lines = run("--pieces")
+    pieces = [b"" if ln.split()[1] == "-" else bytes.fromhex(ln.split()[1]) for ln in pieces_lines]
+    # Every proper suffix of every breaker (what DRY tokenizes), and each whole breaker.
+    texts = sorted({b.encode()[i:] for b in BREAKERS for i in range(len(b.encode()))})
+    tok_lines = run("--tokenize", stdin="".join(t.hex() + "\n" for t in texts))
+    tokenized = {}
+    for ln in tok_lines:
+        parts = ln.split(" ")
+        tokenized[bytes.fromhex(parts[1])] = [int(t) for t in parts[2].split(",") if t]
+    path = tmp / "vocab.txt"
+    path.write_text("".join(ln + "\n" for ln in pieces_lines + tok_lines))
+    return {"model": model, "file": path, "pieces": pieces, "tokenized": tokenized}
+
+
+def dry_keys(rng: random.Random, n: int, typical: bool, vocab: dict) -> dict:
+    """DRY's parameters, breakers and a prefix history that repeats, for a row of n tokens."""
+    on = lambda chance: rng.random() < chance  # noqa: E731
+    breakers = rng.sample(BREAKERS, rng.randint(1, 5)) if on(0.85) else []
+    # With typical-p on, penalties small enough that the logits stay within its range.
+    d = {
+        "dry_multiplier": round(rng.uniform(0.05, 0.5 if typical else 3.0), 3),
+        "dry_base": 1.0 if on(0.1) else (round(rng.uniform(0.9, 1.1 if typical else 3.0), 3)),
+        "dry_allowed_length": rng.choice([0, 1, 2, 2, 3, 4]),
+        "dry_penalty_last_n": rng.choice([1, 4, 16] if typical else [1, 4, 16, 64, 64, 300]),
+    }
+    if breakers:
+        d["dry_breakers"] = ",".join(b.encode().hex() for b in breakers)
+    # Breaker tokens: those whose text holds or starts a breaker, and the breakers' tokenizations.
+    marks = [b.encode() for b in breakers]
+    special = [i for i, p in enumerate(vocab["pieces"][:n]) if any(m[:1] in p for m in marks)]
+    seqs = [[t for t in vocab["tokenized"][m] if t < n] for m in marks]
+    pool = rng.sample(range(n), min(n, rng.randint(2, 12))) + rng.sample(special, min(len(special), 4))
+    pattern = [rng.choice(pool) for _ in range(rng.randint(1, 8))]
+    prefix: list[int] = []
+    for _ in range(rng.randint(0, 40)):
+        r = rng.random()
+        prefix += pattern if r < 0.6 else rng.choice(seqs) if r < 0.7 and seqs else [rng.choice(pool)]
+    if prefix:
+        d["prefix"] = ",".join(map(str, prefix[-rng.randint(1, 200):]))
+    # Biases that make the picks follow the pattern (and the breakers), for DRY to break.
+    if on(0.8):
+        loop = set(pattern + [t for q in seqs for t in q])
+        d["loop_bias"] = ",".join(f"{t}:{round(rng.uniform(1.0, 3.0 if typical else 12.0), 3)}" for t in loop)
+    return d
+
+
+def scenario(rng: random.Random, vocab: dict) -> dict:
     """One random scenario: the rows to make and every parameter of the chain."""
     on = lambda chance: rng.random() < chance  # noqa: E731
     n = int(math.exp(rng.uniform(math.log(50), math.log(2000))))
@@ -126,6 +222,11 @@ def scenario(rng: random.Random) -> dict:
             b = float("-inf") if not typical and on(0.3) else round(rng.uniform(-5.0, 5.0), 3)
             bias.append(f"{rng.randrange(n + 5)}:{b}")
         s["logit_bias"] = ",".join(bias)
+    if on(0.4):
+        s.update(dry_keys(rng, n, typical, vocab))
+        loop = s.pop("loop_bias", None)
+        if loop:
+            s["logit_bias"] = s["logit_bias"] + "," + loop if "logit_bias" in s else loop
     return s
 
 
@@ -146,6 +247,8 @@ def features(s: dict) -> list[str]:
             ("xtc", s["xtc_probability"] > 0 and s["xtc_threshold"] <= 0.5),
             ("dynatemp", s["dynatemp_range"] > 0), ("greedy", s["temperature"] == 0 and s["dynatemp_range"] == 0),
             ("min_keep", s["min_keep"] > 0),
+            ("dry", s.get("dry_multiplier", 0) != 0 and s["dry_base"] >= 1 and s["dry_penalty_last_n"] > 0),
+            ("dry_breakers", "dry_breakers" in s and s["dry_multiplier"] != 0),
         ] if active]
     if "logit_bias" in s:
         on.append("ban" if "-inf" in s["logit_bias"] else "logit_bias")
@@ -154,23 +257,23 @@ def features(s: dict) -> list[str]:
     return on
 
 
-def run_lines(exe: Path, lines: list[str]) -> list[str]:
-    r = subprocess.run([str(exe)], input="\n".join(lines) + "\n", capture_output=True, text=True)
+def run_lines(exe: Path, lines: list[str], args: list[str]) -> list[str]:
+    r = subprocess.run([str(exe), *args], input="\n".join(lines) + "\n", capture_output=True, text=True)
     assert r.returncode == 0, f"{exe.name} failed: {r.stderr}"
     out = r.stdout.splitlines()
     assert len(out) == len(lines), f"{exe.name} answered {len(out)} lines to {len(lines)}"
     return out
 
 
-def test_picks_match_llama_cpp(llamacpp_sampler, sample_io):
+def test_picks_match_llama_cpp(llamacpp_sampler, sample_io, dry_vocab):
     seed = int(os.environ.get("MUSER_SAMPLER_SEED", time.time_ns() % 2**32))
     count = int(os.environ.get("MUSER_SAMPLER_SCENARIOS", 400))
     print(f"scenario seed {seed} (MUSER_SAMPLER_SEED={seed} replays this run)")
     rng = random.Random(seed)
-    scenarios = [scenario(rng) for _ in range(count)]
+    scenarios = [scenario(rng, dry_vocab) for _ in range(count)]
     lines = [line(s) for s in scenarios]
-    theirs = run_lines(llamacpp_sampler, lines)
-    ours = run_lines(sample_io, lines)
+    theirs = run_lines(llamacpp_sampler, lines, ["--vocab", str(dry_vocab["model"])])
+    ours = run_lines(sample_io, lines, ["--vocab", str(dry_vocab["file"])])
 
     compared, tied = 0, 0
     for i, (text, want_text, got_text) in enumerate(zip(lines, theirs, ours)):
@@ -195,6 +298,7 @@ def test_picks_match_llama_cpp(llamacpp_sampler, sample_io):
     # The tie check must not quietly stand in for the comparison.
     assert tied <= count // 10, f"{tied} of {count} scenarios stopped at a tie (seed {seed})"
     want_features = ["mirostat1", "mirostat2", "penalties", "top_n_sigma", "top_k", "typical_p", "top_p", "min_p",
-                     "xtc", "dynatemp", "greedy", "min_keep", "logit_bias", "ban", "-inf rows"]
+                     "xtc", "dynatemp", "greedy", "min_keep", "logit_bias", "ban", "-inf rows", "dry",
+                     "dry_breakers"]
     missing = [f for f in want_features if coverage.get(f, 0) < count // 50]
     assert not missing, f"too few scenarios with {missing}: {coverage} (seed {seed})"

@@ -10,13 +10,21 @@
 //! draw per logit, which makes it -inf when below `neg_inf`. A row whose finite logits are not all
 //! distinct, or of which fewer than a quarter are finite, is drawn again.
 //!
+//! DRY (optional keys, off without them): `dry_multiplier`, `dry_base`, `dry_allowed_length`,
+//! `dry_penalty_last_n`, `dry_breakers` (the breaker strings, each as hex bytes, comma-separated)
+//! and `prefix` (token ids accepted before the first step, comma-separated). The breakers need
+//! the vocabulary: `--vocab FILE`, a file of `piece HEX` lines (token i's text, i in order; `-`
+//! for an empty text) and `tokenize HEX IDS` lines (the tokenization of a text the breakers
+//! need, ids comma-separated), which the test writes from llama.cpp's vocabulary.
+//!
 //!   echo "row_seed=1 n_vocab=300 scale=2 steps=20 neg_inf=0 temperature=0.8 ..." |
-//!       cargo run -p muser-sample --example sample_io
+//!       cargo run -p muser-sample --example sample_io [-- --vocab FILE]
 
-use muser_sample::{uniform_f64, Sampler, SamplerParams};
+use muser_sample::{uniform_f64, DryBreakers, Sampler, SamplerParams};
 use rand_mt::Mt;
 use std::collections::HashMap;
 use std::io::{BufRead, Write};
+use std::sync::Arc;
 
 /// One line: the rows to make and the sampler's parameters.
 struct Scenario {
@@ -26,6 +34,52 @@ struct Scenario {
     steps: usize,
     neg_inf: f64,
     params: SamplerParams,
+    /// Accepted before the first step.
+    prefix: Vec<u32>,
+}
+
+/// A vocabulary's token texts and the tokenizations DRY's breakers need (`--vocab`).
+#[derive(Default)]
+struct Vocab {
+    pieces: Vec<Vec<u8>>,
+    tokenized: HashMap<Vec<u8>, Vec<u32>>,
+}
+
+fn unhex(h: &str) -> Result<Vec<u8>, String> {
+    if h == "-" {
+        return Ok(Vec::new());
+    }
+    (0..h.len())
+        .step_by(2)
+        .map(|i| {
+            h.get(i..i + 2)
+                .and_then(|b| u8::from_str_radix(b, 16).ok())
+                .ok_or_else(|| format!("not hex: {h}"))
+        })
+        .collect()
+}
+
+fn ids(list: &str) -> Result<Vec<u32>, String> {
+    list.split(',')
+        .filter(|t| !t.is_empty())
+        .map(|t| t.parse().map_err(|_| format!("not a token id: {t}")))
+        .collect()
+}
+
+fn read_vocab(path: &str) -> Result<Vocab, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
+    let mut v = Vocab::default();
+    for line in text.lines() {
+        let mut f = line.split(' ');
+        match (f.next(), f.next(), f.next()) {
+            (Some("piece"), Some(h), None) => v.pieces.push(unhex(h)?),
+            (Some("tokenize"), Some(h), Some(list)) => {
+                v.tokenized.insert(unhex(h)?, ids(list)?);
+            }
+            _ => return Err(format!("{path}: bad line {line:?}")),
+        }
+    }
+    Ok(v)
 }
 
 fn parse(line: &str) -> Result<Scenario, String> {
@@ -71,6 +125,26 @@ fn parse(line: &str) -> Result<Scenario, String> {
         presence_penalty: get!("presence_penalty"),
         seed: get!("seed"),
         logit_bias: Vec::new(),
+        dry_sequence_breakers: Vec::new(),
+        ..Default::default()
+    };
+    if let Ok(v) = take("dry_multiplier") {
+        params.dry_multiplier = num("dry_multiplier", v)?;
+        params.dry_base = get!("dry_base");
+        params.dry_allowed_length = get!("dry_allowed_length");
+        params.dry_penalty_last_n = get!("dry_penalty_last_n");
+    }
+    if let Ok(list) = take("dry_breakers") {
+        for h in list.split(',') {
+            let b = unhex(h)?;
+            params
+                .dry_sequence_breakers
+                .push(String::from_utf8(b).map_err(|_| format!("breaker {h} is not UTF-8"))?);
+        }
+    }
+    let prefix = match take("prefix") {
+        Ok(list) => ids(list)?,
+        Err(_) => Vec::new(),
     };
     if let Ok(list) = take("logit_bias") {
         for pair in list.split(',') {
@@ -93,6 +167,7 @@ fn parse(line: &str) -> Result<Scenario, String> {
         steps,
         neg_inf,
         params,
+        prefix,
     })
 }
 
@@ -124,9 +199,25 @@ fn random_row(rng: &mut Mt, s: &Scenario) -> Vec<f32> {
     }
 }
 
-fn run(s: &Scenario) -> String {
+fn run(s: &Scenario, vocab: &Vocab) -> Result<String, String> {
     let mut rows = Mt::new(s.row_seed);
     let mut sampler = Sampler::new(s.params.clone());
+    if !s.params.dry_sequence_breakers.is_empty() {
+        let mut missing = None;
+        let breakers = DryBreakers::new(&vocab.pieces, &s.params.dry_sequence_breakers, |t| {
+            vocab.tokenized.get(t).cloned().unwrap_or_else(|| {
+                missing = Some(t.to_vec());
+                Vec::new()
+            })
+        });
+        if let Some(t) = missing {
+            return Err(format!("the vocabulary file has no tokenization of {t:?}"));
+        }
+        sampler.set_dry_breakers(Arc::new(breakers));
+    }
+    for &t in &s.prefix {
+        sampler.accept(t);
+    }
     let picks: Vec<String> = (0..s.steps)
         .map(|_| match sampler.try_sample(&random_row(&mut rows, s)) {
             Some(t) => {
@@ -136,10 +227,22 @@ fn run(s: &Scenario) -> String {
             None => "-".into(),
         })
         .collect();
-    picks.join(",")
+    Ok(picks.join(","))
 }
 
 fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let vocab = match args.as_slice() {
+        [] => Vocab::default(),
+        [flag, path] if flag == "--vocab" => read_vocab(path).unwrap_or_else(|e| {
+            eprintln!("sample_io: {e}");
+            std::process::exit(1)
+        }),
+        _ => {
+            eprintln!("usage: sample_io [--vocab FILE] < scenarios");
+            std::process::exit(2)
+        }
+    };
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     for (i, line) in std::io::stdin().lock().lines().enumerate() {
@@ -147,8 +250,8 @@ fn main() {
             eprintln!("sample_io: stdin: {e}");
             std::process::exit(1)
         });
-        match parse(&line) {
-            Ok(s) => writeln!(out, "{}", run(&s)).expect("stdout"),
+        match parse(&line).and_then(|s| run(&s, &vocab)) {
+            Ok(picks) => writeln!(out, "{picks}").expect("stdout"),
             Err(e) => {
                 eprintln!("sample_io: line {}: {e}", i + 1);
                 std::process::exit(1);

@@ -8,11 +8,11 @@
 //! The chain follows llama.cpp's common sampler (common/sampling.cpp, with the
 //! `common_params_sampling` defaults and sampler order of common/common.h, 2025-2026): the logit
 //! biases, then penalties -> dry -> top_n_sigma -> top_k -> typical_p -> top_p -> min_p -> xtc
-//! -> temperature (dynamic when `dynatemp_range > 0`), then `dist` (the seeded draw). DRY is not
-//! implemented (it matches sequences of the vocabulary's text, which this crate never sees), so
-//! the chain is biases -> penalties -> top_n_sigma -> top_k -> typical_p -> top_p -> min_p ->
-//! xtc -> temperature -> dist. Every step but the penalties, top-k and min-p is off at
-//! llama.cpp's defaults. With `mirostat` 1 or 2 llama.cpp replaces everything after the biases
+//! -> temperature (dynamic when `dynatemp_range > 0`), then `dist` (the seeded draw). DRY's
+//! sequence breakers are strings matched against the vocabulary's text, which this crate never
+//! sees: the caller turns them into token sequences once (`DryBreakers::new`) and hands them to
+//! the sampler (`Sampler::set_dry_breakers`). Every step but the penalties, top-k and min-p is
+//! off at llama.cpp's defaults. With `mirostat` 1 or 2 llama.cpp replaces everything after the biases
 //! (the penalties included) by plain temperature and the mirostat draw, and so does this crate.
 //!
 //! Temperature 0 is greedy: the argmax of the penalised logits (lowest id on ties), the same
@@ -27,12 +27,18 @@
 //! logits row picks the same token as llama.cpp (ties aside, see `steps`). As in llama.cpp, XTC
 //! has a generator of its own (seeded alike) and mirostat draws from the one `dist` would use.
 //!
-//! Top-n-sigma and mirostat read the whole row (its standard deviation; mirostat's softmax over
-//! every token and its vocabulary size): with either on, a backend's top-k candidates cannot
+//! Top-n-sigma, DRY and mirostat read the whole row (its standard deviation; mirostat's softmax over
+//! every token and its vocabulary size; DRY can push a token of the top k below one outside
+//! it): with any of them on, a backend's top-k candidates cannot
 //! stand in for the row (`Sampler::top_k_of` says None). Typical-p, XTC and dynamic temperature
 //! come after top-k and can.
 
+mod dry;
 mod steps;
+
+pub use dry::{
+    dry, dry_penalties, DryBreakers, DryParams, DRY_MAX_BREAKER_BYTES, DRY_MAX_BREAKER_TAIL,
+};
 
 pub use steps::{
     apply_penalties, candidates_from_logits, dist, greedy, min_p, mirostat, mirostat_v2, softmax,
@@ -42,6 +48,7 @@ pub use steps::{
 
 use rand_mt::Mt;
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 /// The m of mirostat 1.0: how many of the most likely tokens estimate the Zipf exponent
 /// (llama.cpp's common sampler passes 100).
@@ -101,6 +108,20 @@ pub struct SamplerParams {
     /// The fewest candidates top-p, min-p, typical-p and XTC leave (llama.cpp's common
     /// `min_keep`); 0 = no floor (each leaves at least one anyway).
     pub min_keep: usize,
+    /// DRY: the penalty for extending a repeat of `dry_allowed_length` tokens; 0 = off.
+    pub dry_multiplier: f32,
+    /// DRY: the penalty grows by this factor per token of repeat past `dry_allowed_length`;
+    /// below 1 = off (llama.cpp's server puts its default, 1.75, in its place).
+    pub dry_base: f32,
+    /// DRY: the longest repeat that goes unpenalised.
+    pub dry_allowed_length: usize,
+    /// DRY: how many of the most recent accepted tokens it searches for repeats; 0 = off (a
+    /// caller that wants the whole context passes its size).
+    pub dry_penalty_last_n: usize,
+    /// DRY: the sequence breakers, strings that end a repeat. The sampler uses the token
+    /// sequences the caller makes of them (`DryBreakers::new`, `Sampler::set_dry_breakers`);
+    /// this list is what the caller makes them from.
+    pub dry_sequence_breakers: Vec<String>,
 }
 
 impl SamplerParams {
@@ -123,6 +144,8 @@ impl SamplerParams {
             ("dynatemp_exponent", self.dynatemp_exponent),
             ("mirostat_tau", self.mirostat_tau),
             ("mirostat_eta", self.mirostat_eta),
+            ("dry_multiplier", self.dry_multiplier),
+            ("dry_base", self.dry_base),
         ];
         for (name, v) in numbers {
             if !v.is_finite() {
@@ -160,6 +183,21 @@ impl SamplerParams {
         self.typical_p < 1.0
             || (self.xtc_probability > 0.0 && self.xtc_threshold <= 0.5)
             || self.dynatemp_on()
+    }
+
+    /// Whether DRY is in the chain (llama.cpp's `llama_sampler_init_dry` leaves it out
+    /// otherwise): a multiplier, a base of at least 1 and a window.
+    fn dry_on(&self) -> bool {
+        self.dry_multiplier != 0.0 && self.dry_base >= 1.0 && self.dry_penalty_last_n != 0
+    }
+
+    /// DRY's numbers.
+    fn dry_params(&self) -> DryParams {
+        DryParams {
+            multiplier: self.dry_multiplier,
+            base: self.dry_base,
+            allowed_length: self.dry_allowed_length,
+        }
     }
 
     /// Whether the temperature is dynamic (llama.cpp's `temp_ext` with a range).
@@ -208,6 +246,11 @@ impl Default for SamplerParams {
             mirostat_tau: 5.0,
             mirostat_eta: 0.1,
             min_keep: 0,
+            dry_multiplier: 0.0,
+            dry_base: 1.75,
+            dry_allowed_length: 2,
+            dry_penalty_last_n: 64,
+            dry_sequence_breakers: ["\n", ":", "\"", "*"].map(String::from).to_vec(),
         }
     }
 }
@@ -233,6 +276,11 @@ pub struct Sampler {
     mu: f32,
     /// The last `repeat_last_n` accepted tokens, oldest first.
     history: VecDeque<u32>,
+    /// DRY's window: the last `dry_penalty_last_n` accepted tokens, oldest first (empty while
+    /// DRY is off).
+    dry_history: VecDeque<u32>,
+    /// DRY's sequence breakers as token sequences (none until `set_dry_breakers`).
+    dry_breakers: Arc<DryBreakers>,
 }
 
 impl Sampler {
@@ -244,7 +292,17 @@ impl Sampler {
             mu: 2.0 * params.mirostat_tau,
             params,
             history: VecDeque::new(),
+            dry_history: VecDeque::new(),
+            dry_breakers: Arc::default(),
         }
+    }
+
+    /// DRY's sequence breakers, made by the caller from the vocabulary and
+    /// `params().dry_sequence_breakers` (`DryBreakers::new`); without them DRY runs with none,
+    /// as llama.cpp does with an empty breaker list. They can be shared by every sampler of the
+    /// same vocabulary and breaker list.
+    pub fn set_dry_breakers(&mut self, breakers: Arc<DryBreakers>) {
+        self.dry_breakers = breakers;
     }
 
     pub fn params(&self) -> &SamplerParams {
@@ -265,18 +323,19 @@ impl Sampler {
         if p.mirostat_on() {
             return p.temperature <= 0.0 && p.logit_bias.is_empty();
         }
-        p.picks_argmax() && p.logit_bias.is_empty() && !p.penalties_on()
+        p.picks_argmax() && p.logit_bias.is_empty() && !p.penalties_on() && !p.dry_on()
     }
 
     /// Some(k) when the pick depends only on the `k` best-ranked raw logits of a vocabulary of
     /// `vocab` entries (`top_k_logits`): sampling (temperature above 0, or a step after top-k that
-    /// moves a greedy pick) with top-k below the vocabulary, no penalty in effect, and neither
-    /// top-n-sigma nor mirostat (they read the whole row). A backend may then hand over those
+    /// moves a greedy pick) with top-k below the vocabulary, no penalty in effect, and none of
+    /// top-n-sigma, DRY and mirostat (they read the whole row; DRY's penalties can move a token
+    /// of the raw top k below one outside it). A backend may then hand over those
     /// candidates instead of the row, and `sample_top_k` picks what `sample` would.
     pub fn top_k_of(&self, vocab: usize) -> Option<usize> {
         let p = &self.params;
         let raw = !p.penalties_on() && p.logit_bias.is_empty();
-        let whole_row = p.mirostat_on() || p.top_n_sigma > 0.0;
+        let whole_row = p.mirostat_on() || p.top_n_sigma > 0.0 || p.dry_on();
         let sampled = p.temperature > 0.0 || p.moves_greedy();
         (sampled && p.top_k > 0 && p.top_k < vocab && raw && !whole_row).then_some(p.top_k)
     }
@@ -317,13 +376,21 @@ impl Sampler {
         // vocabulary), with the same picks: the penalties (and top-n-sigma's mask) on a copy of
         // the logits first. Top-n-sigma never masks the maximum, so greedy skips it.
         if p.picks_argmax() || (p.top_k > 0 && p.top_k < logits.len()) {
-            let row = steps::penalized_logits(
+            let mut row = steps::penalized_logits(
                 logits,
                 history,
                 p.repeat_penalty,
                 p.frequency_penalty,
                 p.presence_penalty,
             );
+            if p.dry_on() {
+                let dry_history = self.dry_history.make_contiguous();
+                if let Some(dried) =
+                    dry::dry_logits(&row, dry_history, &p.dry_params(), &self.dry_breakers)
+                {
+                    row = std::borrow::Cow::Owned(dried);
+                }
+            }
             if p.picks_argmax() {
                 return greedy(&row);
             }
@@ -334,6 +401,10 @@ impl Sampler {
         // Top-k off (or past the vocabulary): every token is a candidate.
         let mut cands = candidates_from_logits(logits);
         p.penalize(&mut cands, history);
+        if p.dry_on() {
+            let dry_history = self.dry_history.make_contiguous();
+            dry(&mut cands, dry_history, &p.dry_params(), &self.dry_breakers);
+        }
         top_n_sigma(&mut cands, p.top_n_sigma);
         top_k(&mut cands, p.top_k);
         self.sample_top(cands)
@@ -401,23 +472,32 @@ impl Sampler {
 
     /// Records a token that was emitted (or fed as prompt) for the penalties' window.
     pub fn accept(&mut self, token: u32) {
-        if self.params.repeat_last_n == 0 {
-            return;
+        push_window(&mut self.history, self.params.repeat_last_n, token);
+        if self.params.dry_on() {
+            push_window(&mut self.dry_history, self.params.dry_penalty_last_n, token);
         }
-        if self.history.len() == self.params.repeat_last_n {
-            self.history.pop_front();
-        }
-        self.history.push_back(token);
     }
 
     /// Forgets the history, reseeds the generators from the parameters and sets mirostat's `mu`
     /// back to 2 tau.
     pub fn reset(&mut self) {
         self.history.clear();
+        self.dry_history.clear();
         self.rng = Mt::new(self.params.seed as u32);
         self.xtc_rng = Mt::new(self.params.seed as u32);
         self.mu = 2.0 * self.params.mirostat_tau;
     }
+}
+
+/// Appends `token` to a window of the last `n` tokens (n = 0: keeps none).
+fn push_window(window: &mut VecDeque<u32>, n: usize, token: u32) {
+    if n == 0 {
+        return;
+    }
+    if window.len() == n {
+        window.pop_front();
+    }
+    window.push_back(token);
 }
 
 #[cfg(test)]

@@ -1518,3 +1518,299 @@ fn check_names_the_field_and_its_value() {
     p.mirostat = 0;
     assert_eq!(p.check(), Ok(()));
 }
+
+// DRY.
+
+/// DRY's penalties by brute force: for every earlier position, the longest run ending there
+/// that equals the history's end, capped at the tokens after the most recent complete breaker.
+fn dry_reference(h: &[u32], p: &DryParams, breakers: &DryBreakers) -> Vec<(u32, f32)> {
+    let n = h.len();
+    if n <= p.allowed_length {
+        return Vec::new();
+    }
+    let mut limit = n;
+    'scan: for pos in (0..n).rev() {
+        let mut best: Option<usize> = None;
+        for tail in breakers.tails(h[pos]) {
+            if pos + tail.len() < n && h[pos + 1..pos + 1 + tail.len()] == tail[..] {
+                best = best.max(Some(tail.len()));
+            }
+        }
+        if let Some(len) = best {
+            limit = n - 1 - pos - len;
+            break 'scan;
+        }
+    }
+    if limit < p.allowed_length {
+        return Vec::new();
+    }
+    let mut longest = std::collections::BTreeMap::new();
+    for end in 0..n - 1 {
+        let mut len = 0;
+        while len <= end && h[end - len] == h[n - 1 - len] {
+            len += 1;
+        }
+        let len = len.min(limit);
+        if len >= p.allowed_length {
+            let e = longest.entry(h[end + 1]).or_insert(len);
+            *e = (*e).max(len);
+        }
+    }
+    longest
+        .into_iter()
+        .filter(|&(t, _)| !breakers.is_single_token(t))
+        .map(|(t, len)| {
+            let e = (len - p.allowed_length) as f64;
+            (t, (p.multiplier as f64 * (p.base as f64).powf(e)) as f32)
+        })
+        .collect()
+}
+
+#[test]
+fn dry_counts_llama_cpp_example() {
+    // llama.cpp's comment: a b c c b c y a b c. The end (a b c) repeats before c (length 3),
+    // (b c) before y (2), (c) before b (1).
+    let h = [0, 1, 2, 2, 1, 2, 9, 0, 1, 2];
+    let p = DryParams {
+        multiplier: 0.5,
+        base: 2.0,
+        allowed_length: 2,
+    };
+    let none = DryBreakers::default();
+    assert_eq!(dry_penalties(&h, &p, &none), vec![(2, 1.0), (9, 0.5)]);
+    let p1 = DryParams {
+        allowed_length: 1,
+        ..p
+    };
+    assert_eq!(
+        dry_penalties(&h, &p1, &none),
+        vec![(1, 0.5), (2, 2.0), (9, 1.0)]
+    );
+    // y as a breaker: only the tokens after it count (a b c), and y itself is never penalised.
+    let y = DryBreakers::from_token_sequences(&[vec![9]]);
+    assert_eq!(dry_penalties(&h, &p, &y), vec![(2, 1.0)]);
+    // A breaker at the very end leaves nothing to repeat.
+    let c = DryBreakers::from_token_sequences(&[vec![2]]);
+    assert_eq!(dry_penalties(&h, &p1, &c), vec![]);
+}
+
+#[test]
+fn dry_matches_llama_cpp_test_sampling() {
+    // llama.cpp's tests/test-sampling.cpp: history 0 1 2 0 1, multiplier 1, base 1.1, allowed
+    // 2: token 2 extends (0 1) and loses exactly 1; with 3 a breaker, nothing in 0 1 3 4 0 1.
+    let p = DryParams {
+        multiplier: 1.0,
+        base: 1.1,
+        allowed_length: 2,
+    };
+    assert_eq!(
+        dry_penalties(&[0, 1, 2, 0, 1], &p, &DryBreakers::default()),
+        vec![(2, 1.0)]
+    );
+    let three = DryBreakers::from_token_sequences(&[vec![3]]);
+    assert_eq!(dry_penalties(&[0, 1, 3, 4, 0, 1], &p, &three), vec![]);
+    let four = DryParams {
+        allowed_length: 4,
+        ..p
+    };
+    assert_eq!(
+        dry_penalties(&[0, 1, 2, 3, 4, 0, 1], &four, &DryBreakers::default()),
+        vec![]
+    );
+}
+
+#[test]
+fn dry_penalises_a_repeated_ngram_by_its_length() {
+    let mut rng = Mt::new(41);
+    for _ in 0..300 {
+        // P (L distinct tokens), x, noise (distinct, unseen elsewhere), P again: x extends a
+        // repeat of exactly L tokens, and nothing else repeats.
+        let l = 1 + rng.next_u32() as usize % 12;
+        let allowed = 1 + rng.next_u32() as usize % 6;
+        let p = DryParams {
+            multiplier: 0.1 + uniform_f32(&mut rng) * 3.0,
+            base: 1.0 + uniform_f32(&mut rng) * 2.0,
+            allowed_length: allowed,
+        };
+        let pattern: Vec<u32> = (0..l as u32).collect();
+        let x = 500;
+        let noise: Vec<u32> = (1000..1000 + rng.next_u32() % 20).collect();
+        let h: Vec<u32> = [&pattern[..], &[x], &noise, &pattern].concat();
+        let want = if l >= allowed {
+            let e = (l - allowed) as i32;
+            vec![(x, (p.multiplier as f64 * (p.base as f64).powi(e)) as f32)]
+        } else {
+            vec![]
+        };
+        let got = dry_penalties(&h, &p, &DryBreakers::default());
+        assert_eq!(got.len(), want.len(), "L {l} allowed {allowed}");
+        for ((gt, gp), (wt, wp)) in got.iter().zip(&want) {
+            assert_eq!(gt, wt);
+            // powf against powi: the same up to the last bit of the f32.
+            assert!((gp - wp).abs() <= wp * 1e-6, "{gp} vs {wp}");
+        }
+        // On the chain: x's logit alone moves, by that much.
+        let logits: Vec<f32> = (0..1100).map(|i| (i % 7) as f32 * 0.25).collect();
+        let mut cands = candidates_from_logits(&logits);
+        dry(&mut cands, &h, &p, &DryBreakers::default());
+        for c in &cands {
+            let d = got.iter().find(|g| g.0 == c.id).map_or(0.0, |g| g.1);
+            assert_eq!(c.logit, logits[c.id as usize] - d);
+        }
+    }
+}
+
+#[test]
+fn dry_matches_brute_force_with_breakers() {
+    let mut rng = Mt::new(42);
+    for case in 0..3000 {
+        let alphabet = 2 + rng.next_u32() % 5;
+        let n = rng.next_u32() as usize % 40;
+        let h: Vec<u32> = (0..n).map(|_| rng.next_u32() % alphabet).collect();
+        let seqs: Vec<Vec<u32>> = (0..rng.next_u32() % 3)
+            .map(|_| {
+                let len = 1 + rng.next_u32() as usize % 3;
+                (0..len).map(|_| rng.next_u32() % (alphabet + 2)).collect()
+            })
+            .collect();
+        let breakers = DryBreakers::from_token_sequences(&seqs);
+        let p = DryParams {
+            multiplier: 0.8,
+            base: 1.75,
+            allowed_length: rng.next_u32() as usize % 5,
+        };
+        assert_eq!(
+            dry_penalties(&h, &p, &breakers),
+            dry_reference(&h, &p, &breakers),
+            "case {case}: history {h:?} breakers {seqs:?} allowed {}",
+            p.allowed_length
+        );
+    }
+}
+
+#[test]
+fn dry_exponent_is_capped_before_f32_overflow() {
+    // base 1.75: log(FLT_MAX) / log(1.75) = 158.5, so exponents stop at 158 (finite penalty).
+    let h = vec![7u32; 400];
+    let p = DryParams {
+        multiplier: 1.0,
+        base: 1.75,
+        allowed_length: 2,
+    };
+    let got = dry_penalties(&h, &p, &DryBreakers::default());
+    assert_eq!(got, vec![(7, (1.75f64.powf(158.0)) as f32)]);
+    assert!(got[0].1.is_finite());
+    assert_eq!(88.722_84_f32, "88.7228391".parse::<f32>().unwrap());
+}
+
+#[test]
+fn dry_breakers_from_token_texts() {
+    let pieces: Vec<&[u8]> = vec![b"a", b"x:", b"\n", b"ab", b"b:c", b"zz", b"<", b"<a"];
+    // A fake tokenizer: one token per byte, the token being the byte value.
+    let tokenize = |t: &[u8]| t.iter().map(|&b| b as u32).collect::<Vec<u32>>();
+    let b = DryBreakers::new(&pieces, &["\n", ":", "<ab>", ""], tokenize);
+    // Containment: x: (1), \n (2), b:c (4) hold a whole breaker.
+    for id in [1, 2, 4] {
+        assert!(b.is_single_token(id), "{id}");
+    }
+    // Overlap with <ab>: "<" then "ab>", "<a" then "b>"; "a" and "ab" are not its beginning.
+    assert_eq!(b.tails(6), &[tokenize(b"ab>")]);
+    assert_eq!(b.tails(7), &[tokenize(b"b>")]);
+    assert!(b.tails(0).is_empty() && b.tails(3).is_empty() && b.tails(5).is_empty());
+    assert_eq!(b.len(), 5);
+    // Long breakers are cut to 40 bytes, tails to 20 tokens.
+    let long = "<".to_string() + &"y".repeat(60);
+    let b = DryBreakers::new(&pieces, &[long], tokenize);
+    assert_eq!(b.tails(6), &[vec![b'y' as u32; 20]]);
+}
+
+#[test]
+fn dry_off_leaves_the_chain_bit_identical() {
+    let mut rng = Mt::new(43);
+    let rows: Vec<Vec<f32>> = (0..48).map(|_| random_logits(&mut rng, 300, 2.0)).collect();
+    for base in [
+        SamplerParams {
+            seed: 5,
+            ..Default::default()
+        },
+        SamplerParams {
+            seed: 6,
+            top_k: 0,
+            repeat_penalty: 1.3,
+            ..Default::default()
+        },
+        SamplerParams::greedy(),
+    ] {
+        let want = draw_sequence(&base, &rows);
+        for off in [
+            SamplerParams {
+                dry_multiplier: 0.0,
+                dry_allowed_length: 0,
+                ..base.clone()
+            },
+            SamplerParams {
+                dry_multiplier: 2.0,
+                dry_penalty_last_n: 0,
+                ..base.clone()
+            },
+            SamplerParams {
+                dry_multiplier: 2.0,
+                dry_base: 0.9,
+                ..base.clone()
+            },
+        ] {
+            assert_eq!(draw_sequence(&off, &rows), want);
+            let s = Sampler::new(off.clone());
+            let b = Sampler::new(base.clone());
+            assert_eq!(s.is_argmax(), b.is_argmax());
+            assert_eq!(s.top_k_of(300), b.top_k_of(300));
+        }
+    }
+}
+
+#[test]
+fn dry_on_reads_the_whole_row() {
+    let p = SamplerParams {
+        dry_multiplier: 0.8,
+        ..Default::default()
+    };
+    assert_eq!(Sampler::new(p.clone()).top_k_of(1000), None);
+    let g = SamplerParams {
+        dry_multiplier: 0.8,
+        ..SamplerParams::greedy()
+    };
+    assert!(!Sampler::new(g).is_argmax());
+    assert_eq!(p.check(), Ok(()));
+    let bad = SamplerParams {
+        dry_base: f32::NAN,
+        ..p
+    };
+    assert!(bad.check().unwrap_err().starts_with("dry_base"));
+}
+
+#[test]
+fn dry_window_is_the_last_penalty_last_n_tokens() {
+    // History 1 2 3 then 40 fillers then 1 2: token 3 extends (1 2). Its logit leads by 0.5;
+    // DRY (multiplier 1) pushes it below token 4 only when the window reaches back to 1 2 3.
+    let mut logits = vec![0.0f32; 100];
+    logits[3] = 1.5;
+    logits[4] = 1.0;
+    let mut history = vec![1, 2, 3];
+    history.extend(50..90);
+    history.extend([1, 2]);
+    for (last_n, top_k, want) in [(45, 40, 4), (44, 40, 3), (45, 0, 4), (44, 0, 3), (0, 40, 3)] {
+        let mut s = Sampler::new(SamplerParams {
+            temperature: 0.0,
+            top_k,
+            dry_multiplier: 1.0,
+            dry_penalty_last_n: last_n,
+            ..Default::default()
+        });
+        for &t in &history {
+            s.accept(t);
+        }
+        assert_eq!(s.sample(&logits), want, "last_n {last_n} top_k {top_k}");
+        s.reset();
+        assert_eq!(s.sample(&logits), 3);
+    }
+}
