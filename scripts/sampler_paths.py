@@ -33,6 +33,8 @@ SETTINGS = {
     "mirostat 1": {"temperature": 0.9, "mirostat": 1, "mirostat_tau": 4.0, "mirostat_eta": 0.2},
     "mirostat 2": {"temperature": 0.9, "mirostat": 2, "mirostat_tau": 3.0, "mirostat_eta": 0.1},
     "min_keep": {"temperature": 0.9, "min_keep": 5, "top_p": 0.2},
+    "dry": {"temperature": 0.9, "dry_multiplier": 1.5, "dry_sequence_breakers": ["\n", ":"]},
+    "dry greedy": {"temperature": 0, "dry_multiplier": 2.0},
 }
 
 

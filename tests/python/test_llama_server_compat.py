@@ -33,6 +33,8 @@ MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "conten
 TRUNCATIONS = {"temperature": 0.9, "seed": 7, "typical_p": 0.8, "top_n_sigma": 1.5,
                "xtc_probability": 0.5, "xtc_threshold": 0.1, "min_keep": 2,
                "dynatemp_range": 0.3, "dynatemp_exponent": 1.5}
+DRY = {"temperature": 0.9, "seed": 7, "dry_multiplier": 0.8, "dry_base": 1.5,
+       "dry_allowed_length": 1, "dry_penalty_last_n": 32, "dry_sequence_breakers": ["\n", "."]}
 MIROSTAT = {"temperature": 0.9, "seed": 7, "mirostat": 2, "mirostat_tau": 4.0,
             "mirostat_eta": 0.2}
 REQUESTS = {
@@ -76,22 +78,25 @@ REQUESTS = {
                                                    **TRUNCATIONS}),
     "chat mirostat": ("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 4,
                                                **MIROSTAT}),
+    "native completion dry": ("/completion", {"prompt": "Once upon a time", "n_predict": 4,
+                                              **DRY}),
+    "chat dry": ("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 4, **DRY}),
+    "bad dry": ("/completion", {"prompt": "x", "n_predict": 2,
+                                "dry_sequence_breakers": []}),
 }
 
 # The settings of llama-server's samplers and features that Muser does not have (a request that
 # turns one on gets a 400 naming it): /completion's `generation_settings` does not list them.
 NOT_IMPLEMENTED = ["adaptive_decay", "adaptive_target", "backend_sampling", "chat_format",
-                   "dry_allowed_length", "dry_base", "dry_multiplier", "dry_penalty_last_n",
-                   "dry_sequence_breakers*", "generation_prompt", "grammar", "grammar_lazy",
+                   "generation_prompt", "grammar", "grammar_lazy",
                    "grammar_triggers", "lora", "n_discard", "n_keep", "post_sampling_probs",
                    "preserved_tokens", "reasoning_format", "reasoning_in_content", "samplers*",
                    "speculative.types", "timings_per_token"]
 # Of those, the ones llama-server leaves out of the settings it shows in /props and /slots.
-NOT_IN_SUMMARY = ["dry_sequence_breakers*", "grammar", "grammar_lazy", "grammar_triggers",
-                  "preserved_tokens"]
+NOT_IN_SUMMARY = ["grammar", "grammar_lazy", "grammar_triggers", "preserved_tokens"]
 
 # The HTTP status both servers answer with, where it is not 200.
-STATUS = {"bad request": 400, "post props": 501}
+STATUS = {"bad request": 400, "post props": 501, "bad dry": 400}
 
 # (request, field path, what differs, why). A path ending in "*" covers the fields below it.
 DIFFERENCES = [
@@ -100,6 +105,8 @@ DIFFERENCES = [
     ("models", ".data[].meta.vocab_type", "missing", "llama.cpp's internal vocabulary enum"),
     ("models", ".data[].meta.ftype", "missing", "llama.cpp's name for the file type"),
     ("bad request", ".error.code", "type",
+     "llama-server puts the HTTP status there; OpenAI's errors (and Muser's) a string or null"),
+    ("bad dry", ".error.code", "type",
      "llama-server puts the HTTP status there; OpenAI's errors (and Muser's) a string or null"),
     ("post props", ".error.code", "type",
      "llama-server puts the HTTP status there; OpenAI's errors (and Muser's) a string or null"),
@@ -111,7 +118,7 @@ DIFFERENCES = [
      "found by rendering test conversations with it; Muser does not probe templates"),
 ] + [(name, ".generation_settings." + field, "missing", "a sampler Muser does not have")
      for name in ["native completion", "native completion stream", "native completion stop",
-                  "native completion samplers"]
+                  "native completion samplers", "native completion dry"]
      for field in NOT_IMPLEMENTED] + [
     (name, prefix + field, "missing", "a sampler Muser does not have")
     for name, prefix in [("props", ".default_generation_settings.params."),

@@ -90,6 +90,9 @@ def test_bad_options_are_named():
         (["--dynatemp-exp=-inf"], "--dynatemp-exp must be a finite number, got -inf"),
         (["--mirostat-lr", "nan"], "--mirostat-lr must be a finite number, got NaN"),
         (["--mirostat-ent", "inf"], "--mirostat-ent must be a finite number, got inf"),
+        (["--dry-multiplier", "nan"], "--dry-multiplier"),
+        (["--dry-penalty-last-n", "-1"], "'--dry-penalty-last-n <DRY_PENALTY_LAST_N>'"),
+        (["--dry-allowed-length", "x"], "'--dry-allowed-length <DRY_ALLOWED_LENGTH>'"),
     ]:
         r = run("-p", "hi", "-n", "2", *args)
         assert r.returncode != 0, args
@@ -107,6 +110,8 @@ def sampled(*extra: str, seed: str = "9") -> str:
     ["--xtc-probability", "0.5", "--xtc-threshold", "0.05"],
     ["--dynatemp-range", "0.5", "--dynatemp-exp", "1.5"],
     ["--mirostat", "1", "--mirostat-lr", "0.2", "--mirostat-ent", "4"], ["--mirostat", "2"],
+    ["--dry-multiplier", "0.8", "--dry-base", "1.5", "--dry-allowed-length", "1",
+     "--dry-penalty-last-n", "32", "--dry-sequence-breaker", "\\n", "--dry-sequence-breaker", "."],
 ], ids=lambda f: " ".join(f))
 def test_llama_cpp_sampler_flags_draw_reproducibly(flags):
     """llama-cli's flags for its other samplers: accepted, and a seed reproduces the text."""
@@ -121,6 +126,26 @@ def test_greedy_with_xtc_leaves_the_argmax():
     assert greedy("--xtc-probability", "1", "--xtc-threshold", "0.05", n=8) != base
     # With the threshold past 0.5 XTC is off.
     assert greedy("--xtc-probability", "1", "--xtc-threshold", "0.6", n=8) == base
+
+
+def test_dry_breaks_a_greedy_loop():
+    # The greedy continuation of this prompt loops ("year-year-year-..."); DRY steers it out,
+    # with the default breakers, with its own, or with none.
+    r = subprocess.run([MUSER, "run", "-m", MODEL, "--threads", "2", "-p", "Once upon a time",
+                        "-n", "60", "--temp", "0"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("year-") >= 4, r.stdout
+
+    def dry(*extra: str) -> str:
+        r = run("-p", "Once upon a time", "-n", "60", "--temp", "0", "--dry-multiplier", "2",
+                *extra)
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+
+    text = dry()
+    assert text != r.stdout and text.count("year-") < r.stdout.count("year-"), text
+    assert dry("--dry-base", "0.5") == text  # below 1: the default, as llama-cli ignores it
+    assert dry("--dry-sequence-breaker", "none").count("year-") < r.stdout.count("year-")
 
 
 def test_prompt_from_a_file(tmp_path):

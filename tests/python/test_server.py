@@ -305,7 +305,7 @@ def test_llama_server_completion_endpoint(server, client):
 
     # What Muser does not have is refused by name, never ignored.
     for extra, field in [({"grammar": "root ::= \"a\""}, "grammar"),
-                         ({"dry_multiplier": 0.8}, "dry_multiplier"),
+                         ({"samplers": ["top_k"]}, "samplers"),
                          ({"n_predict": 0}, "n_predict"), ({"logit_bias": [["hi", 1]]}, "logit_bias"),
                          ({"n_probs": 99}, "n_probs")]:
         r = post(server, "/completion", dict(body, **extra))
@@ -394,7 +394,7 @@ def test_usage_chunks_and_llama_samplers_on_openai_endpoints(server):
                        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]})]:
         for extra, field in [({"grammar": "root ::= \"a\""}, "grammar"),
                              ({"json_schema": {"type": "object"}}, "json_schema"),
-                             ({"dry_multiplier": 0.8}, "dry_multiplier")]:
+                             ({"samplers": ["top_k"]}, "samplers")]:
             r = post(server, path, dict(body, max_tokens=2, **extra))
             assert r.status_code == 400 and r.json()["error"]["param"] == field, (path, r.text)
 
@@ -410,6 +410,8 @@ LLAMA_SAMPLERS = {
     "mirostat 1": {"mirostat": 1, "mirostat_tau": 4.0, "mirostat_eta": 0.2},
     "mirostat 2": {"mirostat": 2, "mirostat_tau": 3.0, "mirostat_eta": 0.1},
     "min_keep": {"min_keep": 5, "top_p": 0.2},
+    "dry": {"dry_multiplier": 0.8, "dry_base": 1.5, "dry_allowed_length": 1,
+            "dry_penalty_last_n": 32, "dry_sequence_breakers": ["\n", "."]},
 }
 
 
@@ -439,6 +441,40 @@ def test_llama_cpp_samplers_run_reproducibly_on_every_endpoint(server, name):
     texts = [post(server, "/v1/chat/completions", chat).json()["choices"][0]["message"]["content"]
              for _ in range(2)]
     assert texts[0] == texts[1]
+
+
+def repeats(ids: list[int], n: int = 4) -> int:
+    """How many of the n-token windows of `ids` occurred before."""
+    seen, count = set(), 0
+    for i in range(len(ids) - n + 1):
+        w = tuple(ids[i:i + n])
+        count += w in seen
+        seen.add(w)
+    return count
+
+
+def test_dry_breaks_a_greedy_loop(server):
+    """The default model's greedy continuation of this prompt falls into a loop
+    ("year-year-year-..."); a strong DRY penalty steers it out: a different continuation with
+    fewer repeated 4-token windows, the same with or without n_probs (the whole-row path either
+    way), and shown in generation_settings with the default breakers."""
+    body = {"prompt": "Once upon a time", "n_predict": 60, "temperature": 0, "ignore_eos": True,
+            "return_tokens": True}
+    greedy = completion_native(server, body)["tokens"]
+    assert repeats(greedy) >= 4, greedy
+    dry = dict(body, dry_multiplier=2.0)
+    a = completion_native(server, dry)
+    assert a["tokens"] != greedy and repeats(a["tokens"]) < repeats(greedy), a["content"]
+    assert a["generation_settings"]["dry_sequence_breakers"] == ["\n", ":", "\"", "*"]
+    assert a["generation_settings"]["dry_penalty_last_n"] == 64
+    assert completion_native(server, dict(dry, n_probs=2))["tokens"] == a["tokens"]
+    # A dry_base below 1 is llama-server's default; the chat endpoint takes DRY too.
+    assert completion_native(server, dict(dry, dry_base=0.5))["generation_settings"][
+        "dry_base"] == 1.75
+    chat = {"messages": [{"role": "user", "content": "Tell me a story"}], "max_tokens": 40,
+            "temperature": 0, "dry_multiplier": 2.0, "dry_sequence_breakers": ["."]}
+    r = post(server, "/v1/chat/completions", chat)
+    assert r.status_code == 200, r.text
 
 
 def xtc_pick(alternatives: list[dict], threshold: float) -> int | None:
@@ -807,6 +843,18 @@ BAD = [
     ("top_n_sigma past f32", "/v1/completions", {"prompt": "hi", "top_n_sigma": 1e300}, 400,
      "top_n_sigma"),
     ("negative min_keep", "/completion", {"prompt": "hi", "min_keep": -1}, 400, "min_keep"),
+    ("dry_multiplier string", "/completion", {"prompt": "hi", "dry_multiplier": "x"}, 400,
+     "dry_multiplier"),
+    ("negative dry_allowed_length", "/v1/completions",
+     {"prompt": "hi", "dry_allowed_length": -1}, 400, "dry_allowed_length"),
+    ("dry_penalty_last_n -1", "/completion", {"prompt": "hi", "dry_penalty_last_n": -1}, 400,
+     "dry_penalty_last_n"),
+    ("empty dry_sequence_breakers", "/completion",
+     {"prompt": "hi", "dry_multiplier": 0.8, "dry_sequence_breakers": []}, 400,
+     "dry_sequence_breakers"),
+    ("dry_sequence_breakers of numbers", "/v1/chat/completions",
+     {"messages": [{"role": "user", "content": "hi"}], "dry_sequence_breakers": [1]}, 400,
+     "dry_sequence_breakers"),
     ("mirostat_eta type", "/v1/chat/completions",
      {"messages": [{"role": "user", "content": "hi"}], "mirostat_eta": [0.1]}, 400,
      "mirostat_eta"),

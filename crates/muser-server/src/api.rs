@@ -255,7 +255,8 @@ fn refuse_unsupported(f: &Fields) -> Result<(), ApiError> {
 /// llama.cpp's samplers beyond OpenAI's (llama-server reads them on its OpenAI endpoints as on
 /// /completion), with llama-server's ranges: XTC's from 0 to 1 and mirostat 0, 1 or 2 (which
 /// llama-server clamps and Muser refuses, as it refuses a top_p past 1), min_keep a count, the
-/// others any number (typical_p >= 1, top_n_sigma <= 0, dynatemp_range <= 0 are off).
+/// others any number (typical_p >= 1, top_n_sigma <= 0, dynatemp_range <= 0 are off); DRY's as
+/// `parse_dry` reads them.
 fn parse_llama_samplers(f: &Fields, p: &mut SamplerParams) -> Result<(), ApiError> {
     for (key, field) in [
         ("typical_p", &mut p.typical_p),
@@ -283,7 +284,61 @@ fn parse_llama_samplers(f: &Fields, p: &mut SamplerParams) -> Result<(), ApiErro
     if let Some(n) = f.integer("min_keep", 0, i32::MAX as i64)? {
         p.min_keep = n as usize;
     }
-    Ok(())
+    parse_dry(f, p)
+}
+
+/// Most strings a request's `dry_sequence_breakers` may hold (each one is matched against every
+/// token of the vocabulary when a request brings a list the server has not seen lately).
+pub const MAX_DRY_BREAKERS: usize = 64;
+
+/// DRY as llama-server reads it: `dry_multiplier` any number (0 = off), `dry_base` any number,
+/// one below 1 replaced by the default 1.75, `dry_allowed_length` and `dry_penalty_last_n`
+/// counts (llama-server refuses -1 for the window as for `repeat_last_n`), and
+/// `dry_sequence_breakers` a non-empty array of strings.
+fn parse_dry(f: &Fields, p: &mut SamplerParams) -> Result<(), ApiError> {
+    if let Some(x) = f.any_number("dry_multiplier")? {
+        p.dry_multiplier = x as f32;
+    }
+    if let Some(x) = f.any_number("dry_base")? {
+        p.dry_base = if x < 1.0 {
+            SamplerParams::default().dry_base
+        } else {
+            x as f32
+        };
+    }
+    if let Some(n) = f.integer("dry_allowed_length", 0, i32::MAX as i64)? {
+        p.dry_allowed_length = n as usize;
+    }
+    if let Some(n) = f.integer("dry_penalty_last_n", 0, i32::MAX as i64)? {
+        p.dry_penalty_last_n = n as usize;
+    }
+    let key = "dry_sequence_breakers";
+    let Some(v) = f.get(key) else {
+        return Ok(());
+    };
+    let breakers: Option<Vec<String>> = match v {
+        Value::Array(a) if !a.is_empty() => {
+            a.iter().map(|s| s.as_str().map(String::from)).collect()
+        }
+        _ => None,
+    };
+    match breakers {
+        Some(b) if b.len() > MAX_DRY_BREAKERS => Err(ApiError::param(
+            key,
+            format!("{key} has {} strings; at most {MAX_DRY_BREAKERS}", b.len()),
+        )),
+        Some(b) => {
+            p.dry_sequence_breakers = b;
+            Ok(())
+        }
+        None => Err(ApiError::param(
+            key,
+            format!(
+                "{key} must be a non-empty array of strings, got {}",
+                show(v)
+            ),
+        )),
+    }
 }
 
 /// Reads the sampling and output fields shared by /v1/completions and /v1/chat/completions.
@@ -606,6 +661,23 @@ mod tests {
             (json!({"mirostat_tau": true}), "mirostat_tau"),
             (json!({"mirostat_eta": -1e300}), "mirostat_eta"),
             (json!({"min_keep": -1}), "min_keep"),
+            (json!({"dry_multiplier": "x"}), "dry_multiplier"),
+            (json!({"dry_base": 1e39}), "dry_base"),
+            (json!({"dry_allowed_length": -1}), "dry_allowed_length"),
+            (json!({"dry_penalty_last_n": -1}), "dry_penalty_last_n"),
+            (json!({"dry_penalty_last_n": 1.5}), "dry_penalty_last_n"),
+            (
+                json!({"dry_sequence_breakers": []}),
+                "dry_sequence_breakers",
+            ),
+            (
+                json!({"dry_sequence_breakers": "\n"}),
+                "dry_sequence_breakers",
+            ),
+            (
+                json!({"dry_sequence_breakers": ["a", 1]}),
+                "dry_sequence_breakers",
+            ),
         ] {
             let e = gen(body.clone()).unwrap_err();
             assert_eq!(e.status, 400, "{body}");
@@ -726,5 +798,25 @@ mod tests {
             .contains("[0] = 10"));
         assert!(token_ids(&[json!(-1)], 10).is_err());
         assert!(token_ids(&[json!(1.5)], 10).is_err());
+    }
+
+    #[test]
+    fn dry_is_read_as_llama_server_reads_it() {
+        let p = gen(
+            json!({"dry_multiplier": 0.8, "dry_base": 2, "dry_allowed_length": 3,
+                           "dry_penalty_last_n": 0, "dry_sequence_breakers": ["ab", "\n"]}),
+        )
+        .unwrap()
+        .params;
+        assert_eq!((p.dry_multiplier, p.dry_base), (0.8, 2.0));
+        assert_eq!((p.dry_allowed_length, p.dry_penalty_last_n), (3, 0));
+        assert_eq!(p.dry_sequence_breakers, ["ab", "\n"]);
+        // A base below 1 is the default; unset, llama.cpp's defaults.
+        let d = SamplerParams::default();
+        let p = gen(json!({"dry_base": 0.5})).unwrap().params;
+        assert_eq!(p.dry_base, 1.75);
+        assert_eq!(p.dry_multiplier, 0.0);
+        assert_eq!(p.dry_penalty_last_n, d.dry_penalty_last_n);
+        assert_eq!(p.dry_sequence_breakers, d.dry_sequence_breakers);
     }
 }

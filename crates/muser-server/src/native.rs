@@ -2,8 +2,8 @@
 //! turned into the ones `api::parse_generation` reads, and its answer (`content`, `stop_type`,
 //! `tokens_predicted`, `generation_settings`, `completion_probabilities`, ...; with `stream`, an
 //! event per token, then a last event with `"stop": true` and no `[DONE]`). llama.cpp's samplers
-//! (typical-p, top-n-sigma, XTC, dynamic temperature, mirostat, min_keep) are read as the OpenAI
-//! endpoints read them (`api::parse_generation`); features Muser does not have (grammars, DRY,
+//! (typical-p, top-n-sigma, XTC, DRY, dynamic temperature, mirostat, min_keep) are read as the
+//! OpenAI endpoints read them (`api::parse_generation`); features Muser does not have (grammars,
 //! ...) are a 400 naming them when a request turns them on, never silently ignored.
 
 use crate::api::{show, Fields, Generation, MAX_TOP_LOGPROBS};
@@ -44,7 +44,6 @@ pub(crate) fn refuse_unsupported(f: &Fields) -> Result<(), ApiError> {
         ))
     };
     for (k, off) in [
-        ("dry_multiplier", 0.0),
         ("t_max_predict_ms", 0.0),
         ("n_indent", 0.0),
         ("n_cmpl", 1.0),
@@ -220,6 +219,11 @@ pub(crate) fn generation_settings(gen: &Generation) -> Value {
         "repeat_penalty": p.repeat_penalty,
         "presence_penalty": p.presence_penalty,
         "frequency_penalty": p.frequency_penalty,
+        "dry_multiplier": p.dry_multiplier,
+        "dry_base": p.dry_base,
+        "dry_allowed_length": p.dry_allowed_length,
+        "dry_penalty_last_n": p.dry_penalty_last_n,
+        "dry_sequence_breakers": p.dry_sequence_breakers,
         "mirostat": p.mirostat,
         "mirostat_tau": p.mirostat_tau,
         "mirostat_eta": p.mirostat_eta,
@@ -447,7 +451,8 @@ mod tests {
             json!({"typical_p": 0.5, "top_n_sigma": 1.5, "xtc_probability": 0.25,
                                  "xtc_threshold": 0.2, "dynatemp_range": 0.3,
                                  "dynatemp_exponent": 2, "mirostat": 2, "mirostat_tau": 4,
-                                 "mirostat_eta": 0.2, "min_keep": 3}),
+                                 "mirostat_eta": 0.2, "min_keep": 3, "dry_multiplier": 0.8,
+                                 "dry_sequence_breakers": ["x"]}),
         )
         .unwrap();
         let p = &g.params;
@@ -458,6 +463,8 @@ mod tests {
         assert_eq!(p.min_keep, 3);
         let s = generation_settings(&g);
         assert_eq!((&s["mirostat"], &s["min_keep"]), (&json!(2), &json!(3)));
+        assert_eq!(s["dry_multiplier"], json!(0.8f32));
+        assert_eq!(s["dry_sequence_breakers"], json!(["x"]));
         assert_eq!(
             (&s["typical_p"], &s["xtc_threshold"]),
             (&json!(0.5), &json!(0.2f32))
@@ -470,6 +477,10 @@ mod tests {
             ("mirostat_tau", 5.0),
             ("dynatemp_exponent", 1.0),
             ("xtc_probability", 0.0),
+            ("dry_multiplier", 0.0),
+            ("dry_base", 1.75),
+            ("dry_allowed_length", 2.0),
+            ("dry_penalty_last_n", 64.0),
         ] {
             assert_eq!(s[k].as_f64(), Some(v), "{k}");
         }
@@ -482,7 +493,6 @@ mod tests {
             (json!({"grammar": "root ::= x"}), "grammar"),
             (json!({"json_schema": {}}), "json_schema"),
             (json!({"samplers": ["top_k"]}), "samplers"),
-            (json!({"dry_multiplier": 0.8}), "dry_multiplier"),
             (json!({"post_sampling_probs": true}), "post_sampling_probs"),
             (json!({"n_predict": 0}), "n_predict"),
             (json!({"n_predict": -2}), "n_predict"),

@@ -14,6 +14,10 @@
 //!    of one step share one forward pass (`prefill_runs`, whose matmuls compute each column as
 //!    alone, so a prompt's bits do not depend on how it was cut or what it shared a pass with).
 //!
+//! A request with DRY on gets its sequence breakers as token sequences (`DryBreakers`): the
+//! default list's are built with the engine, a request's own list's when first seen (the last
+//! few lists kept).
+//!
 //! Tokens go back to the request's handler as `Event`s; text is released through the stop
 //! buffer and streaming UTF-8 decoder, so a client never sees half a character or a stop string.
 //! Each slot's request and progress go on the slot board (`Metrics::slots`, GET /slots): when a
@@ -25,7 +29,7 @@ use crate::metrics::Metrics;
 use crate::slots::{SlotBoard, SlotInfo, SlotTask};
 use crate::text::StopBuffer;
 use muser_engine::{prefill_runs, Backend, DecodeGroup, Model, RowGot, RowNeed, Session};
-use muser_sample::{Candidate, Sampler};
+use muser_sample::{Candidate, DryBreakers, Sampler, SamplerParams};
 use muser_tokenizer::{StreamDecoder, Tokenizer};
 use std::collections::VecDeque;
 use std::sync::atomic::AtomicUsize;
@@ -232,6 +236,43 @@ pub struct Engine<'m, B: Backend> {
     group: DecodeGroup<B>,
     n_ctx: usize,
     clock: u64,
+    /// DRY's breakers by breaker list: the default list's first, built with the engine, then
+    /// the last few lists requests brought, most recently used first (`MAX_DRY_LISTS` in all).
+    dry: Vec<(Vec<String>, Arc<DryBreakers>)>,
+}
+
+/// How many breaker lists `Engine::dry` keeps.
+const MAX_DRY_LISTS: usize = 4;
+
+/// DRY's sequence breakers as token sequences for `tok`'s vocabulary, as llama.cpp's
+/// `llama_sampler_init_dry` makes them: each token's text is its piece as llama.cpp's
+/// detokenize of it alone gives it (`Tokenizer::detokenized_piece`), and a breaker's rest is
+/// tokenized without special tokens.
+pub fn dry_breakers(tok: &Tokenizer, breakers: &[String]) -> DryBreakers {
+    let pieces: Vec<&[u8]> = (0..tok.n_vocab() as u32)
+        .map(|id| tok.detokenized_piece(id).unwrap_or(b""))
+        .collect();
+    DryBreakers::new(&pieces, breakers, |text| {
+        tok.encode_bytes(text, false, false)
+    })
+}
+
+/// The breakers of `list` from the cache (whose first entry, the default list's, stays),
+/// built when absent, the least recently used other list dropped.
+fn dry_breakers_of(
+    cache: &mut Vec<(Vec<String>, Arc<DryBreakers>)>,
+    tok: &Tokenizer,
+    list: &[String],
+) -> Arc<DryBreakers> {
+    let entry = match cache.iter().position(|(l, _)| l.as_slice() == list) {
+        Some(0) => return cache[0].1.clone(),
+        Some(i) => cache.remove(i),
+        None => (list.to_vec(), Arc::new(dry_breakers(tok, list))),
+    };
+    let breakers = entry.1.clone();
+    cache.insert(1, entry);
+    cache.truncate(MAX_DRY_LISTS);
+    breakers
 }
 
 impl<'m, B: Backend> Engine<'m, B> {
@@ -266,6 +307,11 @@ impl<'m, B: Backend> Engine<'m, B> {
             group: DecodeGroup::new(),
             n_ctx,
             clock: 0,
+            dry: vec![{
+                let list = SamplerParams::default().dry_sequence_breakers;
+                let breakers = Arc::new(dry_breakers(tok, &list));
+                (list, breakers)
+            }],
         })
     }
 
@@ -367,6 +413,10 @@ impl<'m, B: Backend> Engine<'m, B> {
             Metrics::add(&self.metrics.cached_tokens, n_cached as u64);
 
             let mut sampler = Sampler::new(job.gen.params.clone());
+            if job.gen.params.dry_multiplier != 0.0 {
+                let list = &job.gen.params.dry_sequence_breakers;
+                sampler.set_dry_breakers(dry_breakers_of(&mut self.dry, self.tok, list));
+            }
             for &t in &job.prompt {
                 sampler.accept(t);
             }
@@ -775,6 +825,63 @@ mod tests {
     use muser_engine::LoadOptions;
     use muser_sample::SamplerParams;
     use tokio::sync::mpsc::unbounded_channel;
+
+    /// DRY's token texts follow llama.cpp's `detokenize({id}, special = true)`: SentencePiece's
+    /// leading space (its `▁`) comes off, byte tokens are their byte, control tokens their text;
+    /// byte-level BPE tokens are their bytes, a leading space kept.
+    #[test]
+    fn dry_pieces_are_llama_cpp_detokenized_tokens() {
+        use muser_tokenizer::{TokenType, TokenizerData, TokenizerModel};
+        let texts = [
+            "<unk>",
+            "<s>",
+            "</s>",
+            "<0x0A>",
+            "\u{2581}a:",
+            "\u{2581}b",
+            "<0x20>",
+        ];
+        let mut d = TokenizerData::new(
+            TokenizerModel::Llama,
+            texts.iter().map(|t| t.to_string()).collect(),
+        );
+        d.token_types = vec![TokenType::Unknown, TokenType::Control, TokenType::Control]
+            .into_iter()
+            .chain([
+                TokenType::Byte,
+                TokenType::Normal,
+                TokenType::Normal,
+                TokenType::Byte,
+            ])
+            .collect();
+        let spm = Tokenizer::new(d).unwrap();
+        let pieces: Vec<&[u8]> = (0..7)
+            .map(|id| spm.detokenized_piece(id).unwrap())
+            .collect();
+        let want: [&[u8]; 7] = [b"<unk>", b"<s>", b"</s>", b"\n", b"a:", b"b", b""];
+        assert_eq!(pieces, want);
+        // Breakers: the newline byte token and "a:" hold one; "<s>" holds none of ":" or "\n".
+        let b = dry_breakers(&spm, &["\n".into(), ":".into()]);
+        assert!(b.is_single_token(3) && b.is_single_token(4));
+        assert!(!b.is_single_token(1) && !b.is_single_token(5));
+
+        // Byte-level BPE: GPT-2's alphabet decoded, the leading space ("Ġ") kept.
+        let mut tokens: Vec<String> = (0..=255u8)
+            .map(|b| muser_tokenizer::ByteUnicode::new().char_of(b).to_string())
+            .collect();
+        tokens.push("\u{120}x".into());
+        tokens.push("<|eot|>".into());
+        let mut d = TokenizerData::new(TokenizerModel::Gpt2, tokens);
+        d.token_types = vec![TokenType::Normal; 257];
+        d.token_types.push(TokenType::Control);
+        let bpe = Tokenizer::new(d).unwrap();
+        assert_eq!(bpe.detokenized_piece(b'\n' as u32).unwrap(), b"\n");
+        assert_eq!(bpe.detokenized_piece(256).unwrap(), b" x");
+        assert_eq!(bpe.detokenized_piece(257).unwrap(), b"<|eot|>");
+        // A two-byte breaker: "\n" heads it, its tail the tokenization of the rest.
+        let b = dry_breakers(&bpe, &["\n*".into()]);
+        assert_eq!(b.tails(b'\n' as u32), [vec![b'*' as u32]]);
+    }
 
     /// The shipped default model on two CPU threads, and its tokenizer.
     fn default_model() -> (Model<muser_engine::CpuBackend>, Tokenizer) {

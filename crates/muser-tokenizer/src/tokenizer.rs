@@ -37,6 +37,9 @@ pub struct Tokenizer {
     pad: Option<u32>,
     add_bos: bool,
     add_eos: bool,
+    /// Whether encoding prepends a space (`tokenizer.ggml.add_space_prefix`; SentencePiece's
+    /// default is true, byte-level BPE's false), which llama.cpp's detokenize takes back off.
+    add_space_prefix: bool,
 }
 
 impl Tokenizer {
@@ -101,6 +104,9 @@ impl Tokenizer {
 
         // llama's defaults are SentencePiece's conventional ids, used only where they exist.
         let in_vocab = |id: u32| ((id as usize) < n_vocab).then_some(id);
+        let add_space_prefix = data
+            .add_space_prefix
+            .unwrap_or(data.model == TokenizerModel::Llama);
         let (encoder, bos, eos, unk, add_bos) = match data.model {
             TokenizerModel::Gpt2 => {
                 let pre = PreTokenizer::for_name(data.pre.as_deref())?;
@@ -115,7 +121,6 @@ impl Tokenizer {
                 } else {
                     data.scores
                 };
-                let add_space_prefix = data.add_space_prefix.unwrap_or(true);
                 let spm = SpmEncoder::new(&vocab, scores, unk, add_space_prefix);
                 let (bos, eos) = (bos.or_else(|| in_vocab(1)), eos.or_else(|| in_vocab(2)));
                 (
@@ -155,6 +160,7 @@ impl Tokenizer {
             pad,
             add_bos,
             add_eos: data.add_eos.unwrap_or(false),
+            add_space_prefix,
         })
     }
 
@@ -217,6 +223,19 @@ impl Tokenizer {
             self.piece_ends[i - 1] as usize
         };
         Ok(&self.pieces[start..self.piece_ends[i] as usize])
+    }
+
+    /// Token `id` alone as llama.cpp's `detokenize({id}, special = true)` gives it (what its DRY
+    /// sampler matches sequence breakers against): the piece, control tokens' text included,
+    /// less one leading space where the vocabulary adds a space prefix (SentencePiece's `▁`).
+    /// llama.cpp's space clean-up of some BPE vocabularies (" ," to ",", " 's" to "'s") is not
+    /// applied: it changes no token's match against DRY's default breakers.
+    pub fn detokenized_piece(&self, id: u32) -> Result<&[u8], TokenizerError> {
+        let piece = self.token_to_piece_bytes(id)?;
+        Ok(match piece {
+            [b' ', rest @ ..] if self.add_space_prefix => rest,
+            _ => piece,
+        })
     }
 
     /// The token's text as stored in the file.

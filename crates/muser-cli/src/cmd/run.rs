@@ -112,6 +112,39 @@ pub struct Args {
         allow_negative_numbers = true
     )]
     pub mirostat_ent: f32,
+    /// DRY: the penalty for extending a repeat of --dry-allowed-length tokens (0 = off).
+    #[arg(
+        long = "dry-multiplier",
+        default_value_t = 0.0,
+        allow_negative_numbers = true
+    )]
+    pub dry_multiplier: f32,
+    /// DRY: the penalty grows by this factor per token of repeat (a value below 1 is ignored,
+    /// as llama-cli ignores it).
+    #[arg(
+        long = "dry-base",
+        default_value_t = 1.75,
+        allow_negative_numbers = true
+    )]
+    pub dry_base: f32,
+    /// DRY: repeats of this many tokens or fewer go unpenalised.
+    #[arg(
+        long = "dry-allowed-length",
+        default_value_t = 2,
+        allow_negative_numbers = true
+    )]
+    pub dry_allowed_length: usize,
+    /// DRY: how many recent tokens it scans for repeats (0 = off).
+    #[arg(
+        long = "dry-penalty-last-n",
+        default_value_t = 64,
+        allow_negative_numbers = true
+    )]
+    pub dry_penalty_last_n: usize,
+    /// DRY: a sequence breaker (repeatable; the first one given replaces the defaults "\n",
+    /// ":", "\"" and "*"; "none" clears the list). Escapes as llama-cli's: \n, \t, \\, ...
+    #[arg(long = "dry-sequence-breaker")]
+    pub dry_sequence_breaker: Vec<String>,
     #[arg(long, default_value_t = DEFAULT_SEED)]
     pub seed: u64,
     /// Adds BIAS to a token's logit, as llama.cpp's: TOKEN_ID+BIAS, TOKEN_ID-BIAS, or
@@ -142,6 +175,54 @@ fn parse_logit_bias(s: &str) -> Result<(u32, f32), String> {
     Ok((id, bias))
 }
 
+/// `--dry-sequence-breaker`s as llama-cli takes them: none given, the defaults; else the given
+/// ones with their escapes processed, each "none" clearing those before it.
+fn dry_breakers_of(given: &[String]) -> Vec<String> {
+    if given.is_empty() {
+        return SamplerParams::default().dry_sequence_breakers;
+    }
+    let mut out = Vec::new();
+    for b in given {
+        if b == "none" {
+            out.clear();
+        } else {
+            out.push(process_escapes(b));
+        }
+    }
+    out
+}
+
+/// llama.cpp's `string_process_escapes`: \n \r \t \' \" \\ and \xHH; other escapes kept as
+/// written.
+fn process_escapes(s: &str) -> String {
+    let mut out = Vec::with_capacity(s.len());
+    let b = s.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] != b'\\' || i + 1 == b.len() {
+            out.push(b[i]);
+            i += 1;
+            continue;
+        }
+        let hex = s
+            .get(i + 2..i + 4)
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (b[i + 1], hex) {
+            (b'n', _) => out.push(b'\n'),
+            (b'r', _) => out.push(b'\r'),
+            (b't', _) => out.push(b'\t'),
+            (c @ (b'\'' | b'"' | b'\\'), _) => out.push(c),
+            (b'x', Some(h)) => {
+                out.push(h);
+                i += 2;
+            }
+            (c, _) => out.extend([b'\\', c]),
+        }
+        i += 2;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 /// The flag that sets a `SamplerParams` field (llama-cli's names).
 fn flag_of(field: &str) -> &str {
     match field {
@@ -159,6 +240,8 @@ fn flag_of(field: &str) -> &str {
         "mirostat_tau" => "--mirostat-ent",
         "mirostat_eta" => "--mirostat-lr",
         "logit_bias" => "--logit-bias",
+        "dry_multiplier" => "--dry-multiplier",
+        "dry_base" => "--dry-base",
         other => other,
     }
 }
@@ -295,6 +378,15 @@ impl ModelJob for Job {
             mirostat: args.mirostat,
             mirostat_tau: args.mirostat_ent,
             mirostat_eta: args.mirostat_lr,
+            dry_multiplier: args.dry_multiplier,
+            dry_base: if args.dry_base >= 1.0 {
+                args.dry_base
+            } else {
+                SamplerParams::default().dry_base
+            },
+            dry_allowed_length: args.dry_allowed_length,
+            dry_penalty_last_n: args.dry_penalty_last_n,
+            dry_sequence_breakers: dry_breakers_of(&args.dry_sequence_breaker),
             ..Default::default()
         };
         // The rest (a NaN or infinite --typical, --mirostat 3, ...): the sampler's own check,
@@ -330,7 +422,12 @@ impl ModelJob for Job {
             );
         }
         let mut session = Session::new(&model, n_ctx)?;
+        let dry = (params.dry_multiplier != 0.0)
+            .then(|| muser_server::scheduler::dry_breakers(&tok, &params.dry_sequence_breakers));
         let mut sampler = Sampler::new(params);
+        if let Some(dry) = dry {
+            sampler.set_dry_breakers(std::sync::Arc::new(dry));
+        }
         for &t in &prompt {
             sampler.accept(t);
         }
