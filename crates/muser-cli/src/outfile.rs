@@ -93,6 +93,35 @@ impl OutFile {
                 }
             })
             .context("starting the signal handler thread")?;
+        // The temporary is created under the lock, so a signal either finds it or comes after
+        // this has settled what there is to clean. A directory this process may not write in
+        // (a writable model in a read-only folder) falls back to writing the file directly.
+        let mut done = guard.committed.lock().unwrap_or_else(|e| e.into_inner());
+        let created = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp);
+        if let Err(e) = created {
+            // Nothing of ours to clean from here on: a signal does its default.
+            *done = true;
+            let no_dir = matches!(
+                e.kind(),
+                std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::ReadOnlyFilesystem
+            );
+            if no_dir && dest.exists() {
+                return Ok(OutFile {
+                    path: dest,
+                    atomic: None,
+                });
+            }
+            let dir = tmp.parent().unwrap_or(Path::new("."));
+            return Err(anyhow::Error::new(e).context(format!(
+                "cannot create a file in {} to write {}",
+                dir.display(),
+                dest.display()
+            )));
+        }
+        drop(done);
         Ok(OutFile {
             path: tmp,
             atomic: Some((guard, dest)),

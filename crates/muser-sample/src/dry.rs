@@ -53,6 +53,9 @@ impl DryBreakers {
         B: AsRef<[u8]>,
     {
         let mut out = DryBreakers::default();
+        // A breaker's rest after a head: many heads share one (every token ending in the
+        // breaker's first character), so each rest is tokenized once.
+        let mut tails: HashMap<Vec<u8>, Vec<u32>> = HashMap::new();
         for breaker in breakers {
             let b = breaker.as_ref();
             let b = &b[..b.len().min(DRY_MAX_BREAKER_BYTES)];
@@ -70,9 +73,13 @@ impl DryBreakers {
                 for start in 0..word.len() {
                     let end = &word[start..];
                     if end.len() < b.len() && b.starts_with(end) {
-                        let mut tail = tokenize(&b[end.len()..]);
-                        tail.truncate(DRY_MAX_BREAKER_TAIL);
-                        out.add(id as u32, tail);
+                        let rest = &b[end.len()..];
+                        let tail = tails.entry(rest.to_vec()).or_insert_with(|| {
+                            let mut t = tokenize(rest);
+                            t.truncate(DRY_MAX_BREAKER_TAIL);
+                            t
+                        });
+                        out.add(id as u32, tail.clone());
                     }
                 }
             }

@@ -186,8 +186,9 @@ impl SamplerParams {
     }
 
     /// Whether DRY is in the chain (llama.cpp's `llama_sampler_init_dry` leaves it out
-    /// otherwise): a multiplier, a base of at least 1 and a window.
-    fn dry_on(&self) -> bool {
+    /// otherwise): a multiplier, a base of at least 1 and a window. The caller prepares its
+    /// breakers (`Sampler::set_dry_breakers`) only then.
+    pub fn dry_on(&self) -> bool {
         self.dry_multiplier != 0.0 && self.dry_base >= 1.0 && self.dry_penalty_last_n != 0
     }
 

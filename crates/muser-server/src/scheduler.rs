@@ -413,7 +413,7 @@ impl<'m, B: Backend> Engine<'m, B> {
             Metrics::add(&self.metrics.cached_tokens, n_cached as u64);
 
             let mut sampler = Sampler::new(job.gen.params.clone());
-            if job.gen.params.dry_multiplier != 0.0 {
+            if job.gen.params.dry_on() {
                 let list = &job.gen.params.dry_sequence_breakers;
                 sampler.set_dry_breakers(dry_breakers_of(&mut self.dry, self.tok, list));
             }

@@ -422,7 +422,8 @@ impl ModelJob for Job {
             );
         }
         let mut session = Session::new(&model, n_ctx)?;
-        let dry = (params.dry_multiplier != 0.0)
+        let dry = params
+            .dry_on()
             .then(|| muser_server::scheduler::dry_breakers(&tok, &params.dry_sequence_breakers));
         let mut sampler = Sampler::new(params);
         if let Some(dry) = dry {
