@@ -10,9 +10,10 @@ the text one token over and over.
 Asserted here on llama-tiny and qwen3-tiny (the presets llama.cpp loads), with seeds drawn
 afresh on every run, over the English text of scripts/llamacpp_compare (496 positions):
   - the median top-1 probability is between 0.25 and 0.85, and the 10th percentile below 0.5;
-  - fewer than 2% of positions have a top-2 gap below 0.05 nats (0-1.0% over seeds 100-114;
-    the random heads before gave 5-6%), and the median gap is above 1.5 nats (3.3-4.1 over
-    those seeds);
+  - fewer than 2% of positions have a top-2 gap below 0.05 nats, over three seeds together,
+    and under 5% on any one (0-1.0% over seeds 100-114, up to 2.0% on one seed in 25 of
+    2026-12-06; the random heads before gave 5-6%), and the median gap is above 1.5 nats
+    (3.3-4.1 over seeds 100-114);
   - at least 200 distinct tokens are top-1.
 
 The binary is $MUSER_BIN, else target/release/muser.
@@ -43,17 +44,25 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.mark.parametrize("preset", ["llama-tiny", "qwen3-tiny"])
 def test_synthetic_models_have_a_clear_but_not_certain_favourite(preset: str, tmp_path: Path) -> None:
-    seed = random.randrange(1 << 32)
-    model = tmp_path / f"{preset}.gguf"
-    subprocess.run([MUSER, "synth", preset, str(model), "--seed", str(seed)], check=True,
-                   capture_output=True)
-    lg = model_logits(MUSER, model, 512, 2)
-    assert np.isfinite(lg).all()
-    s = logit_stats(lg[16:])
-    where = f"{preset} seed {seed}: {s}"
-    p10, _, p50, _, _ = s["top1_prob_p10_25_50_75_90"]
-    assert 0.25 <= p50 <= 0.85, where
-    assert p10 < 0.5, where
-    assert s["gap_below_0p05"] < 0.02, where
-    assert s["top2_gap_nats_p10_25_50_75_90"][2] > 1.5, where
-    assert s["distinct_top1"] >= 200, where
+    # Near-ties are rare but come in clusters on some seeds (up to 10 of 480 positions in 25
+    # seeds of 2026-12-06), so their share is asserted over three seeds together.
+    near_ties, positions = 0, 0
+    for _ in range(3):
+        seed = random.randrange(1 << 32)
+        model = tmp_path / f"{preset}-{seed}.gguf"
+        subprocess.run([MUSER, "synth", preset, str(model), "--seed", str(seed)], check=True,
+                       capture_output=True)
+        lg = model_logits(MUSER, model, 512, 2)
+        assert np.isfinite(lg).all()
+        s = logit_stats(lg[16:])
+        where = f"{preset} seed {seed}: {s}"
+        p10, _, p50, _, _ = s["top1_prob_p10_25_50_75_90"]
+        assert 0.25 <= p50 <= 0.85, where
+        assert p10 < 0.5, where
+        # One seed alone stays below the random heads' 5-6%.
+        assert s["gap_below_0p05"] < 0.05, where
+        assert s["top2_gap_nats_p10_25_50_75_90"][2] > 1.5, where
+        assert s["distinct_top1"] >= 200, where
+        near_ties += round(s["gap_below_0p05"] * s["positions"])
+        positions += s["positions"]
+    assert near_ties / positions < 0.02, f"{preset}: {near_ties} of {positions} positions"
