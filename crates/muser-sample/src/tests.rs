@@ -299,14 +299,7 @@ fn penalties_see_only_the_last_n_accepted_tokens() {
 }
 
 fn draw_sequence(params: &SamplerParams, rows: &[Vec<f32>]) -> Vec<u32> {
-    let mut s = Sampler::new(params.clone());
-    rows.iter()
-        .map(|l| {
-            let t = s.sample(l);
-            s.accept(t);
-            t
-        })
-        .collect()
+    draw_sequence_with(&mut Sampler::new(params.clone()), rows)
 }
 
 #[test]

@@ -29,7 +29,7 @@ use crate::metrics::Metrics;
 use crate::slots::{SlotBoard, SlotInfo, SlotTask};
 use crate::text::StopBuffer;
 use muser_engine::{prefill_runs, Backend, DecodeGroup, Model, RowGot, RowNeed, Session};
-use muser_sample::{Candidate, DryBreakers, Sampler, SamplerParams};
+use muser_sample::{Candidate, DryBreakers, Sampler};
 use muser_tokenizer::{StreamDecoder, Tokenizer};
 use std::collections::VecDeque;
 use std::sync::atomic::AtomicUsize;
@@ -236,8 +236,8 @@ pub struct Engine<'m, B: Backend> {
     group: DecodeGroup<B>,
     n_ctx: usize,
     clock: u64,
-    /// DRY's breakers by breaker list: the default list's first, built with the engine, then
-    /// the last few lists requests brought, most recently used first (`MAX_DRY_LISTS` in all).
+    /// DRY's breakers by breaker list, built when a DRY request first brings the list, most
+    /// recently used first (`MAX_DRY_LISTS` in all).
     dry: Vec<(Vec<String>, Arc<DryBreakers>)>,
 }
 
@@ -257,20 +257,19 @@ pub fn dry_breakers(tok: &Tokenizer, breakers: &[String]) -> DryBreakers {
     })
 }
 
-/// The breakers of `list` from the cache (whose first entry, the default list's, stays),
-/// built when absent, the least recently used other list dropped.
+/// The breakers of `list` from the cache, built when absent; the least recently used list is
+/// dropped.
 fn dry_breakers_of(
     cache: &mut Vec<(Vec<String>, Arc<DryBreakers>)>,
     tok: &Tokenizer,
     list: &[String],
 ) -> Arc<DryBreakers> {
     let entry = match cache.iter().position(|(l, _)| l.as_slice() == list) {
-        Some(0) => return cache[0].1.clone(),
         Some(i) => cache.remove(i),
         None => (list.to_vec(), Arc::new(dry_breakers(tok, list))),
     };
     let breakers = entry.1.clone();
-    cache.insert(1, entry);
+    cache.insert(0, entry);
     cache.truncate(MAX_DRY_LISTS);
     breakers
 }
@@ -307,11 +306,7 @@ impl<'m, B: Backend> Engine<'m, B> {
             group: DecodeGroup::new(),
             n_ctx,
             clock: 0,
-            dry: vec![{
-                let list = SamplerParams::default().dry_sequence_breakers;
-                let breakers = Arc::new(dry_breakers(tok, &list));
-                (list, breakers)
-            }],
+            dry: Vec::new(),
         })
     }
 
