@@ -33,6 +33,7 @@
 //        llamacpp_sampler.cpp -L$BIN -lllama -Wl,-rpath,$BIN
 
 #include "llama.h"
+#include "harness_hex.h"
 
 #include <algorithm>
 #include <cmath>
@@ -71,23 +72,6 @@ struct Scenario {
 // The vocabulary DRY's breakers are matched against (--vocab MODEL), null without one.
 static const llama_vocab * g_vocab = nullptr;
 
-static std::string unhex(const std::string & h) {
-    std::string out;
-    for (size_t i = 0; i + 1 < h.size(); i += 2) {
-        out += (char) strtol(h.substr(i, 2).c_str(), nullptr, 16);
-    }
-    return out;
-}
-
-static std::string hex(const std::string & s) {
-    static const char * digits = "0123456789abcdef";
-    std::string out;
-    for (unsigned char c : s) {
-        out += digits[c >> 4];
-        out += digits[c & 15];
-    }
-    return out.empty() ? "-" : out;
-}
 
 static std::vector<std::string> split(const std::string & s, char sep) {
     std::vector<std::string> out;

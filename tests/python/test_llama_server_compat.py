@@ -83,12 +83,22 @@ REQUESTS = {
     "chat dry": ("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 4, **DRY}),
     "bad dry": ("/completion", {"prompt": "x", "n_predict": 2,
                                 "dry_sequence_breakers": []}),
+    # Constrained decoding: a GBNF grammar, a JSON schema, and a grammar that does not parse.
+    "native completion grammar": ("/completion", {"prompt": "Once upon a time", "n_predict": 8,
+                                                  "temperature": 0,
+                                                  "grammar": 'root ::= [a-z ]{1,12} "."'}),
+    "chat json_schema": ("/v1/chat/completions", {
+        "messages": MESSAGES, "max_tokens": 40, "temperature": 0,
+        "response_format": {"type": "json_schema", "json_schema": {
+            "name": "n", "schema": {"type": "object", "properties": {"n": {"type": "integer"}},
+                                   "required": ["n"], "additionalProperties": False}}}}),
+    "bad grammar": ("/completion", {"prompt": "x", "n_predict": 2, "grammar": 'root ::= "a'}),
 }
 
 # The settings of llama-server's samplers and features that Muser does not have (a request that
 # turns one on gets a 400 naming it): /completion's `generation_settings` does not list them.
 NOT_IMPLEMENTED = ["adaptive_decay", "adaptive_target", "backend_sampling", "chat_format",
-                   "generation_prompt", "grammar", "grammar_lazy",
+                   "generation_prompt", "grammar_lazy",
                    "grammar_triggers", "lora", "n_discard", "n_keep", "post_sampling_probs",
                    "preserved_tokens", "reasoning_format", "reasoning_in_content", "samplers*",
                    "speculative.types", "timings_per_token"]
@@ -96,7 +106,7 @@ NOT_IMPLEMENTED = ["adaptive_decay", "adaptive_target", "backend_sampling", "cha
 NOT_IN_SUMMARY = ["grammar", "grammar_lazy", "grammar_triggers", "preserved_tokens"]
 
 # The HTTP status both servers answer with, where it is not 200.
-STATUS = {"bad request": 400, "post props": 501, "bad dry": 400}
+STATUS = {"bad request": 400, "post props": 501, "bad dry": 400, "bad grammar": 400}
 
 # (request, field path, what differs, why). A path ending in "*" covers the fields below it.
 DIFFERENCES = [
@@ -108,6 +118,8 @@ DIFFERENCES = [
      "llama-server puts the HTTP status there; OpenAI's errors (and Muser's) a string or null"),
     ("bad dry", ".error.code", "type",
      "llama-server puts the HTTP status there; OpenAI's errors (and Muser's) a string or null"),
+    ("bad grammar", ".error.code", "type",
+     "llama-server puts the HTTP status there; OpenAI's errors (and Muser's) a string or null"),
     ("post props", ".error.code", "type",
      "llama-server puts the HTTP status there; OpenAI's errors (and Muser's) a string or null"),
     ("props", ".model_ftype", "missing", "llama.cpp's name for the file type"),
@@ -118,7 +130,8 @@ DIFFERENCES = [
      "found by rendering test conversations with it; Muser does not probe templates"),
 ] + [(name, ".generation_settings." + field, "missing", "a sampler Muser does not have")
      for name in ["native completion", "native completion stream", "native completion stop",
-                  "native completion samplers", "native completion dry"]
+                  "native completion samplers", "native completion dry",
+                  "native completion grammar"]
      for field in NOT_IMPLEMENTED] + [
     (name, prefix + field, "missing", "a sampler Muser does not have")
     for name, prefix in [("props", ".default_generation_settings.params."),

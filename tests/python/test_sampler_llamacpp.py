@@ -38,16 +38,16 @@ directory of libllama.so), as scripts/test.sh exports them; skipped otherwise.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import random
-import shutil
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
+
+from libllama_harness import cargo_example, compile_harness, vocab_only_gguf
 
 REPO = Path(__file__).resolve().parents[2]
 HARNESS = Path(__file__).with_name("llamacpp_sampler.cpp")
@@ -59,66 +59,14 @@ BREAKERS = ["\n", ":", '"', "*", "\n\n", "**", "User:", " the", "ing", ':-)', '.
 @pytest.fixture(scope="session")
 def llamacpp_sampler(tmp_path_factory) -> Path:
     """The harness, compiled against libllama."""
-    src, lib = os.environ.get("MUSER_GGML_SRC"), os.environ.get("LLAMA_CPP_BIN")
-    if not src or not lib:
-        pytest.skip("MUSER_GGML_SRC and LLAMA_CPP_BIN (llama.cpp's source and the directory of libllama.so) not set")
-    cxx = shutil.which("g++") or shutil.which("c++")
-    if cxx is None:
-        pytest.skip("no C++ compiler")
-    exe = tmp_path_factory.mktemp("llamacpp") / "llamacpp_sampler"
     # -ffp-contract=off: the harness's copy of typical-p's arithmetic rounds as libllama's does.
-    r = subprocess.run(
-        [cxx, "-O2", "-std=c++17", "-ffp-contract=off", f"-I{Path(src) / 'include'}",
-         f"-I{Path(src) / 'ggml' / 'include'}", str(HARNESS), f"-L{lib}", "-lllama", f"-Wl,-rpath,{lib}",
-         "-o", str(exe)],
-        capture_output=True, text=True,
-    )
-    assert r.returncode == 0, r.stderr
-    return exe
+    return compile_harness(tmp_path_factory, HARNESS, "-ffp-contract=off")
 
 
 @pytest.fixture(scope="session")
 def sample_io() -> Path:
     """Builds the example once and returns its path."""
-    out = subprocess.run(
-        ["cargo", "build", "-q", "-p", "muser-sample", "--example", "sample_io", "--message-format=json"],
-        cwd=REPO, check=True, capture_output=True, text=True,
-    ).stdout
-    for line in out.splitlines():
-        msg = json.loads(line)
-        if msg.get("reason") == "compiler-artifact" and msg["target"]["name"] == "sample_io":
-            if msg.get("executable"):
-                return Path(msg["executable"])
-    raise RuntimeError("cargo did not report the sample_io executable")
-
-
-def vocab_only_gguf(src: Path, dst: Path) -> None:
-    """A GGUF of `src`'s tokenizer alone, as a llama model llama.cpp can load vocab-only."""
-    import gguf
-
-    reader = gguf.GGUFReader(str(src))
-    w = gguf.GGUFWriter(str(dst), "llama")
-    for key, v in [("context_length", 4096), ("embedding_length", 64), ("block_count", 1),
-                   ("feed_forward_length", 128), ("attention.head_count", 1)]:
-        w.add_uint32(f"llama.{key}", v)
-    w.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
-    for name, f in reader.fields.items():
-        if not name.startswith("tokenizer."):
-            continue
-        kind = f.types[0]
-        if kind == gguf.GGUFValueType.ARRAY:
-            if f.types[-1] == gguf.GGUFValueType.STRING:
-                w.add_array(name, [bytes(f.parts[i]) for i in f.data])
-            else:
-                w.add_array(name, [f.parts[i].tolist()[0] for i in f.data])
-        elif kind == gguf.GGUFValueType.STRING:
-            w.add_string(name, bytes(f.parts[-1]).decode())
-        else:
-            w.add_key_value(name, f.parts[-1].tolist()[0], kind)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    return cargo_example("muser-sample", "sample_io")
 
 
 @pytest.fixture(scope="session")

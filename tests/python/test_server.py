@@ -304,7 +304,7 @@ def test_llama_server_completion_endpoint(server, client):
     assert forced["tokens"] == [first + 1] * 2
 
     # What Muser does not have is refused by name, never ignored.
-    for extra, field in [({"grammar": "root ::= \"a\""}, "grammar"),
+    for extra, field in [({"grammar": "root ::= a"}, "grammar"),
                          ({"samplers": ["top_k"]}, "samplers"),
                          ({"n_predict": 0}, "n_predict"), ({"logit_bias": [["hi", 1]]}, "logit_bias"),
                          ({"n_probs": 99}, "n_probs")]:
@@ -392,8 +392,8 @@ def test_usage_chunks_and_llama_samplers_on_openai_endpoints(server):
     assert all(c["usage"] is None for c in chunks[:-1]) and chunks[-1]["usage"]["total_tokens"]
     for path, body in [("/v1/completions", {"prompt": "Hi"}),
                        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]})]:
-        for extra, field in [({"grammar": "root ::= \"a\""}, "grammar"),
-                             ({"json_schema": {"type": "object"}}, "json_schema"),
+        for extra, field in [({"grammar": "root ::= \"a\"", "json_schema": {}}, "grammar"),
+                             ({"json_schema": {"type": "objet"}}, "json_schema"),
                              ({"samplers": ["top_k"]}, "samplers")]:
             r = post(server, path, dict(body, max_tokens=2, **extra))
             assert r.status_code == 400 and r.json()["error"]["param"] == field, (path, r.text)
@@ -810,7 +810,26 @@ BAD = [
     ("negative token id", "/v1/completions", {"prompt": [-1]}, 400, "prompt"),
     ("tokens and text mixed", "/completion", {"prompt": [1, "hi"]}, 400, "prompt"),
     ("two prompts", "/v1/completions", {"prompt": ["a", "b"]}, 400, "prompt"),
-    ("grammar", "/completion", {"prompt": "hi", "grammar": "root ::= \"a\""}, 400, "grammar"),
+    ("grammar that does not parse", "/completion", {"prompt": "hi", "grammar": "root ::= \"a"},
+     400, "grammar"),
+    ("grammar with an undefined rule", "/v1/completions",
+     {"prompt": "hi", "grammar": "root ::= item+"}, 400, "grammar"),
+    ("grammar not a string", "/completion", {"prompt": "hi", "grammar": {"root": "a"}}, 400,
+     "grammar"),
+    ("grammar and json_schema", "/completion",
+     {"prompt": "hi", "grammar": "root ::= \"a\"", "json_schema": {"type": "string"}}, 400,
+     "grammar"),
+    ("unknown response_format", "/v1/chat/completions",
+     {"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "xml"}}, 400,
+     "response_format"),
+    ("response_format not an object", "/v1/chat/completions",
+     {"messages": [{"role": "user", "content": "hi"}], "response_format": "json"}, 400,
+     "response_format"),
+    ("json_schema with a remote $ref", "/v1/chat/completions",
+     {"messages": [{"role": "user", "content": "hi"}],
+      "response_format": {"type": "json_schema", "json_schema": {
+          "name": "x", "schema": {"$ref": "https://example.com/s.json"}}}}, 400,
+     "response_format"),
     ("unknown model", "/v1/completions", {"model": "gpt-5", "prompt": "hi"}, 404,
      "model_not_found"),
     ("n > 1", "/v1/completions", {"prompt": "hi", "n": 3}, 400, "n"),
@@ -829,9 +848,6 @@ BAD = [
      {"messages": [{"role": "user", "content": "hi"}],
       "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
      400, "tools"),
-    ("json response format", "/v1/chat/completions",
-     {"messages": [{"role": "user", "content": "hi"}],
-      "response_format": {"type": "json_object"}}, 400, "response_format"),
     ("tokenize no content", "/tokenize", {"text": "hi"}, 400, "content"),
     ("mirostat 3", "/v1/chat/completions",
      {"messages": [{"role": "user", "content": "hi"}], "mirostat": 3}, 400, "mirostat"),

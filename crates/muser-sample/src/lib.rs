@@ -46,6 +46,8 @@ pub use steps::{
     top_p, typical, uniform_f32, uniform_f64, xtc, Candidate,
 };
 
+pub use muser_grammar::{Grammar, GrammarError, GrammarState, Vocab as GrammarVocab};
+
 use rand_mt::Mt;
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -282,6 +284,16 @@ pub struct Sampler {
     dry_history: VecDeque<u32>,
     /// DRY's sequence breakers as token sequences (none until `set_dry_breakers`).
     dry_breakers: Arc<DryBreakers>,
+    /// The grammar the generated tokens must follow (`set_grammar`), with the vocabulary as it
+    /// sees it.
+    grammar: Option<Constrained>,
+}
+
+/// A grammar's state in a generation, with what it starts from and the vocabulary's text.
+struct Constrained {
+    grammar: Arc<Grammar>,
+    vocab: Arc<GrammarVocab>,
+    state: GrammarState,
 }
 
 impl Sampler {
@@ -295,7 +307,33 @@ impl Sampler {
             history: VecDeque::new(),
             dry_history: VecDeque::new(),
             dry_breakers: Arc::default(),
+            grammar: None,
         }
+    }
+
+    /// Constrains the generated tokens to `grammar` (llama.cpp's grammar sampler, as its common
+    /// sampler runs it): a pick is made by the chain as usual and kept when the grammar allows
+    /// it; otherwise every token the grammar rejects is set to -inf in the row and the chain
+    /// picks again (drawing again from its generators, as llama.cpp does). `vocab` is each
+    /// token's text and whether it ends generation; an end-of-generation token is allowed only
+    /// where the grammar may end. Generated tokens advance the grammar through
+    /// `accept_generated`; prompt tokens (`accept`) do not.
+    pub fn set_grammar(&mut self, grammar: Arc<Grammar>, vocab: Arc<GrammarVocab>) {
+        self.grammar = Some(Constrained {
+            state: GrammarState::new(grammar.clone()),
+            grammar,
+            vocab,
+        });
+    }
+
+    /// Whether a grammar constrains the picks.
+    pub fn has_grammar(&self) -> bool {
+        self.grammar.is_some()
+    }
+
+    /// Whether the grammar (if any) leaves nothing to generate but an end of generation.
+    pub fn grammar_must_end(&self) -> bool {
+        self.grammar.as_ref().is_some_and(|g| g.state.must_end())
     }
 
     /// DRY's sequence breakers, made by the caller from the vocabulary and
@@ -321,6 +359,9 @@ impl Sampler {
     /// the temperature is 0.
     pub fn is_argmax(&self) -> bool {
         let p = &self.params;
+        if self.grammar.is_some() {
+            return false;
+        }
         if p.mirostat_on() {
             return p.temperature <= 0.0 && p.logit_bias.is_empty();
         }
@@ -338,6 +379,7 @@ impl Sampler {
         let raw = !p.penalties_on() && p.logit_bias.is_empty();
         let whole_row = p.mirostat_on() || p.top_n_sigma > 0.0 || p.dry_on();
         let sampled = p.temperature > 0.0 || p.moves_greedy();
+        let whole_row = whole_row || self.grammar.is_some();
         (sampled && p.top_k > 0 && p.top_k < vocab && raw && !whole_row).then_some(p.top_k)
     }
 
@@ -350,7 +392,33 @@ impl Sampler {
 
     /// As `sample_top_k`, but `None` when no candidate can be picked (as `try_sample`).
     pub fn try_sample_top_k(&mut self, cands: Vec<Candidate>) -> Option<u32> {
+        if self.grammar.is_none() {
+            return self.sample_top(cands);
+        }
+        // Not reached through `top_k_of` (None with a grammar), but kept right: the grammar's
+        // check, then its mask on the candidates and a second pick.
+        let first = self.sample_top(cands.clone());
+        if first.is_some_and(|id| self.grammar_allows(id)) {
+            return first;
+        }
+        let g = self.grammar.as_ref().unwrap();
+        let cands = cands
+            .into_iter()
+            .map(|mut c| {
+                if !g.state.allows(&g.vocab, c.id) {
+                    c.logit = f32::NEG_INFINITY;
+                }
+                c
+            })
+            .collect();
         self.sample_top(cands)
+    }
+
+    /// Whether the grammar (if any) allows `token` next.
+    fn grammar_allows(&self, token: u32) -> bool {
+        self.grammar
+            .as_ref()
+            .is_none_or(|g| g.state.allows(&g.vocab, token))
     }
 
     /// Picks the next token from one row of logits (one per vocabulary entry). NaN and -inf
@@ -364,6 +432,23 @@ impl Sampler {
     /// logit is NaN or -inf (every token banned, or a row of NaN), or the row is empty. No draw
     /// is made then.
     pub fn try_sample(&mut self, logits: &[f32]) -> Option<u32> {
+        if self.grammar.is_none() {
+            return self.try_sample_chain(logits);
+        }
+        // llama.cpp's common sampler: the chain's pick, kept if the grammar allows it; else the
+        // row with the grammar's rejects at -inf, through the chain again.
+        let first = self.try_sample_chain(logits);
+        if first.is_some_and(|id| self.grammar_allows(id)) {
+            return first;
+        }
+        let g = self.grammar.as_ref().unwrap();
+        let mut masked = logits.to_vec();
+        g.state.mask_logits(&g.vocab, &mut masked);
+        self.try_sample_chain(&masked)
+    }
+
+    /// The chain without the grammar.
+    fn try_sample_chain(&mut self, logits: &[f32]) -> Option<u32> {
         let p = &self.params;
         // The biases first, on a copy of the row when there are any.
         let biased = steps::biased_logits(logits, &p.logit_bias);
@@ -471,7 +556,18 @@ impl Sampler {
         i.map(|i| cands[i].id)
     }
 
-    /// Records a token that was emitted (or fed as prompt) for the penalties' window.
+    /// Records a generated token: the penalties' window (`accept`) and the grammar, which must
+    /// allow it (an error names the token otherwise, and nothing is recorded).
+    pub fn accept_generated(&mut self, token: u32) -> Result<(), GrammarError> {
+        if let Some(g) = &mut self.grammar {
+            g.state.accept(&g.vocab, token)?;
+        }
+        self.accept(token);
+        Ok(())
+    }
+
+    /// Records a token that was emitted (or fed as prompt) for the penalties' window; the
+    /// grammar does not see it (`accept_generated` does both).
     pub fn accept(&mut self, token: u32) {
         push_window(&mut self.history, self.params.repeat_last_n, token);
         if self.params.dry_on() {
@@ -487,6 +583,9 @@ impl Sampler {
         self.rng = Mt::new(self.params.seed as u32);
         self.xtc_rng = Mt::new(self.params.seed as u32);
         self.mu = 2.0 * self.params.mirostat_tau;
+        if let Some(g) = &mut self.grammar {
+            g.state = GrammarState::new(g.grammar.clone());
+        }
     }
 }
 

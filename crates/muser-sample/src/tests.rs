@@ -1807,3 +1807,124 @@ fn dry_window_is_the_last_penalty_last_n_tokens() {
         assert_eq!(s.sample(&logits), 3);
     }
 }
+
+/// A small vocabulary for grammar tests: letters, words, punctuation, the two bytes of "é" as
+/// tokens of their own and "é" whole, and an end-of-generation token (the last).
+fn grammar_vocab() -> (Vec<Vec<u8>>, Arc<GrammarVocab>) {
+    let mut pieces: Vec<Vec<u8>> = ["a", "b", "c", "ab", "abc", "ba", ".", " ", "x", "é", "a."]
+        .iter()
+        .map(|s| s.as_bytes().to_vec())
+        .collect();
+    pieces.push(vec![0xC3]);
+    pieces.push(vec![0xA9]);
+    pieces.push(b"</s>".to_vec());
+    let n = pieces.len();
+    let eog = (0..n).map(|i| i == n - 1).collect();
+    (pieces.clone(), Arc::new(GrammarVocab::new(pieces, eog)))
+}
+
+/// Sampler settings for the grammar tests: greedy, and sampling with and without top-k.
+fn grammar_settings(seed: u64) -> Vec<SamplerParams> {
+    vec![
+        SamplerParams {
+            seed,
+            ..SamplerParams::greedy()
+        },
+        SamplerParams {
+            seed,
+            temperature: 1.5,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            ..Default::default()
+        },
+        SamplerParams {
+            seed,
+            temperature: 0.9,
+            top_k: 5,
+            repeat_penalty: 1.3,
+            ..Default::default()
+        },
+    ]
+}
+
+#[test]
+fn a_grammar_sampler_picks_as_llama_cpp_does_and_only_allowed_tokens() {
+    // llama.cpp's common sampler: the chain's pick, kept if the grammar allows it; else a
+    // second pass of the chain (a second draw) over the row with the grammar's rejects at -inf.
+    // `plain` replays that with a sampler that has no grammar and an independent state.
+    let (pieces, vocab) = grammar_vocab();
+    let n = pieces.len();
+    let grammar =
+        Arc::new(Grammar::parse(r##"root ::= ("ab" | "c" | "é")+ ("." | " x")"##).unwrap());
+    let mut rng = Mt::new(0x5eed_0001);
+    let mut rejected = 0;
+    let mut ended = 0;
+    for round in 0..60u64 {
+        for params in grammar_settings(round) {
+            let mut constrained = Sampler::new(params.clone());
+            constrained.set_grammar(grammar.clone(), vocab.clone());
+            let mut plain = Sampler::new(params.clone());
+            let mut state = GrammarState::new(grammar.clone());
+            let mut text = Vec::new();
+            for _ in 0..20 {
+                let row = random_logits(&mut rng, n, 3.0);
+                let first = plain.try_sample(&row).unwrap();
+                let expected = if state.allows(&vocab, first) {
+                    first
+                } else {
+                    rejected += 1;
+                    let mut masked = row.clone();
+                    state.mask_logits(&vocab, &mut masked);
+                    plain.try_sample(&masked).unwrap()
+                };
+                let got = constrained.try_sample(&row).unwrap();
+                assert_eq!(got, expected, "round {round}, {params:?}");
+                assert!(state.allows(&vocab, got));
+                constrained.accept_generated(got).unwrap();
+                plain.accept(got);
+                state.accept(&vocab, got).unwrap();
+                if got as usize == n - 1 {
+                    ended += 1;
+                    let text = String::from_utf8(text.clone()).unwrap();
+                    assert!(grammar.accepts_str(&text), "{text:?}");
+                    break;
+                }
+                text.extend_from_slice(&pieces[got as usize]);
+            }
+        }
+    }
+    // The rows exercised both paths, and generations reached the end.
+    assert!(rejected > 100, "{rejected}");
+    assert!(ended > 20, "{ended}");
+}
+
+#[test]
+fn a_grammar_asks_for_the_whole_row_and_refuses_what_it_cannot_follow() {
+    let (_, vocab) = grammar_vocab();
+    let grammar = Arc::new(Grammar::parse(r##"root ::= "ab" ".""##).unwrap());
+    for params in grammar_settings(3) {
+        let mut s = Sampler::new(params.clone());
+        assert!(!s.has_grammar());
+        s.set_grammar(grammar.clone(), vocab.clone());
+        assert!(s.has_grammar());
+        assert!(!s.is_argmax(), "{params:?}");
+        assert_eq!(s.top_k_of(vocab.len()), None, "{params:?}");
+        // "b" cannot start the text: refused, and nothing recorded.
+        assert!(s.accept_generated(1).is_err());
+        s.accept_generated(3).unwrap();
+        assert!(!s.grammar_must_end());
+        s.accept_generated(6).unwrap();
+        assert!(s.grammar_must_end());
+        // Only the end can follow: the pick is it, whatever the row says.
+        let mut row = vec![5.0; vocab.len()];
+        row[vocab.len() - 1] = -3.0;
+        assert_eq!(s.try_sample(&row), Some(vocab.len() as u32 - 1));
+        // A row where the end is banned leaves nothing to pick.
+        row[vocab.len() - 1] = f32::NEG_INFINITY;
+        assert_eq!(s.try_sample(&row), None);
+        // reset starts the grammar over.
+        s.reset();
+        assert!(s.accept_generated(3).is_ok());
+    }
+}

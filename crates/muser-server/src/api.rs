@@ -2,7 +2,7 @@
 //! names the field, what it must be and what it was. Fields are read from a JSON object by hand
 //! (not derived) so every wrong type and out-of-range value gets such a message; unknown fields
 //! are ignored, as OpenAI's API does, except OpenAI's own fields that would change the answer
-//! and that Muser does not implement (tools, function calls, a JSON response format): those are
+//! and that Muser does not implement (tools, function calls): those are
 //! a 400 naming them, never silently dropped.
 
 use crate::error::ApiError;
@@ -158,6 +158,9 @@ pub struct Generation {
     /// `ignore_eos`): it runs to `max_tokens`, a stop string or the context's end. For
     /// benchmarks of a fixed length.
     pub ignore_eos: bool,
+    /// The grammar the output follows (`grammar`, `json_schema`, `response_format`), set by
+    /// `constrain::parse_constraint` after this is read.
+    pub grammar: Option<crate::constrain::Constraint>,
 }
 
 /// Most entries a request's `logit_bias` may hold (a bound on the per-token work of a request).
@@ -238,18 +241,7 @@ fn refuse_unsupported(f: &Fields) -> Result<(), ApiError> {
             }
         }
     }
-    match f.get("response_format") {
-        None => Ok(()),
-        Some(Value::Object(o)) if o.get("type").and_then(Value::as_str) == Some("text") => Ok(()),
-        Some(v) => Err(ApiError::param(
-            "response_format",
-            format!(
-                "response_format {} is not supported (no constrained decoding); only \
-                 {{\"type\": \"text\"}}",
-                show(v)
-            ),
-        )),
-    }
+    Ok(())
 }
 
 /// llama.cpp's samplers beyond OpenAI's (llama-server reads them on its OpenAI endpoints as on
@@ -491,6 +483,7 @@ pub fn parse_generation(
         logprobs,
         stream,
         ignore_eos,
+        grammar: None,
         include_usage,
     })
 }
@@ -720,7 +713,7 @@ mod tests {
     }
 
     #[test]
-    fn tools_and_response_formats_are_refused_not_ignored() {
+    fn tools_are_refused_not_ignored() {
         for (body, field) in [
             (
                 json!({"tools": [{"type": "function", "function": {"name": "f"}}]}),
@@ -730,11 +723,6 @@ mod tests {
             (json!({"tool_choice": "required"}), "tool_choice"),
             (json!({"tool_choice": {"type": "function"}}), "tool_choice"),
             (json!({"function_call": {"name": "f"}}), "function_call"),
-            (
-                json!({"response_format": {"type": "json_object"}}),
-                "response_format",
-            ),
-            (json!({"response_format": "json"}), "response_format"),
         ] {
             let e = gen(body.clone()).unwrap_err();
             assert_eq!(e.status, 400, "{body}");
@@ -745,7 +733,6 @@ mod tests {
             json!({"tools": []}),
             json!({"tool_choice": "none"}),
             json!({"tool_choice": "auto"}),
-            json!({"response_format": {"type": "text"}}),
         ] {
             assert!(gen(body.clone()).is_ok(), "{body}");
         }

@@ -6,6 +6,7 @@
 
 use crate::api::{self, fit_context, parse_generation, parse_object, parse_prompt, Fields};
 use crate::chat::ChatRequest;
+use crate::constrain;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::native::{self, NativeReply};
@@ -411,7 +412,8 @@ async fn completion_native(
     let (m, obj) = sh.request(&headers, body).await?;
     let (obj, native) = native::translate(obj)?;
     let f = Fields(&obj);
-    let gen = parse_generation(&f, false, sh.next_seed(), m.n_vocab)?;
+    let mut gen = parse_generation(&f, false, sh.next_seed(), m.n_vocab)?;
+    gen.grammar = constrain::parse_constraint(&f, &m.tokenizer, false)?;
     let prompt = parse_prompt(f.get("prompt"), &m.tokenizer, m.n_vocab)?;
     // llama-server's n_predict is a maximum: generation stops when the context is full
     // (`stop_type` "limit", `truncated`), rather than a 400 as OpenAI's max_tokens.
@@ -458,7 +460,8 @@ async fn generate(
     // as on /completion (`parse_generation`), and what Muser lacks is refused by name, never
     // silently ignored.
     native::refuse_unsupported(&f)?;
-    let gen = parse_generation(&f, chat, sh.next_seed(), m.n_vocab)?;
+    let mut gen = parse_generation(&f, chat, sh.next_seed(), m.n_vocab)?;
+    gen.grammar = constrain::parse_constraint(&f, &m.tokenizer, true)?;
     let prompt = if chat {
         let text = m.template.render_request(&ChatRequest::parse(&obj)?)?;
         // A template that writes BOS itself gets no second one.

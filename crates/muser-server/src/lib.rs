@@ -14,6 +14,7 @@
 
 pub mod api;
 pub mod chat;
+pub mod constrain;
 pub mod error;
 mod http;
 pub mod metrics;

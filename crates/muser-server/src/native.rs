@@ -3,8 +3,9 @@
 //! `tokens_predicted`, `generation_settings`, `completion_probabilities`, ...; with `stream`, an
 //! event per token, then a last event with `"stop": true` and no `[DONE]`). llama.cpp's samplers
 //! (typical-p, top-n-sigma, XTC, DRY, dynamic temperature, mirostat, min_keep) are read as the
-//! OpenAI endpoints read them (`api::parse_generation`); features Muser does not have (grammars,
-//! ...) are a 400 naming them when a request turns them on, never silently ignored.
+//! OpenAI endpoints read them (`api::parse_generation`), and so are `grammar` and `json_schema`
+//! (`constrain`); features Muser does not have (`samplers`, `lora`, ...) are a 400 naming them
+//! when a request turns them on, never silently ignored.
 
 use crate::api::{show, Fields, Generation, MAX_TOP_LOGPROBS};
 use crate::error::ApiError;
@@ -68,13 +69,7 @@ pub(crate) fn refuse_unsupported(f: &Fields) -> Result<(), ApiError> {
             Some(v) => return refuse(k, v),
         }
     }
-    for k in [
-        "grammar",
-        "json_schema",
-        "samplers",
-        "response_fields",
-        "lora",
-    ] {
+    for k in ["samplers", "response_fields", "lora"] {
         match f.get(k) {
             None => {}
             Some(Value::String(s)) if s.is_empty() => {}
@@ -236,6 +231,7 @@ pub(crate) fn generation_settings(gen: &Generation) -> Value {
         // `translate` makes /completion's n_probs the request's logprobs.
         "n_probs": gen.logprobs.unwrap_or(0),
         "min_keep": p.min_keep,
+        "grammar": gen.grammar.as_ref().map_or("", |c| c.gbnf.as_str()),
     })
 }
 
@@ -490,8 +486,6 @@ mod tests {
     #[test]
     fn features_muser_lacks_are_refused_by_name() {
         for (v, field) in [
-            (json!({"grammar": "root ::= x"}), "grammar"),
-            (json!({"json_schema": {}}), "json_schema"),
             (json!({"samplers": ["top_k"]}), "samplers"),
             (json!({"post_sampling_probs": true}), "post_sampling_probs"),
             (json!({"n_predict": 0}), "n_predict"),

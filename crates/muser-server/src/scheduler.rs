@@ -29,7 +29,7 @@ use crate::metrics::Metrics;
 use crate::slots::{SlotBoard, SlotInfo, SlotTask};
 use crate::text::StopBuffer;
 use muser_engine::{prefill_runs, Backend, DecodeGroup, Model, RowGot, RowNeed, Session};
-use muser_sample::{Candidate, DryBreakers, Sampler};
+use muser_sample::{Candidate, DryBreakers, GrammarVocab, Sampler};
 use muser_tokenizer::{StreamDecoder, Tokenizer};
 use std::collections::VecDeque;
 use std::sync::atomic::AtomicUsize;
@@ -239,6 +239,8 @@ pub struct Engine<'m, B: Backend> {
     /// DRY's breakers by breaker list, built when a DRY request first brings the list, most
     /// recently used first (`MAX_DRY_LISTS` in all).
     dry: Vec<(Vec<String>, Arc<DryBreakers>)>,
+    /// The vocabulary as grammars see it, made when a request first brings a grammar.
+    grammar_vocab: Option<Arc<GrammarVocab>>,
 }
 
 /// How many breaker lists `Engine::dry` keeps.
@@ -307,6 +309,7 @@ impl<'m, B: Backend> Engine<'m, B> {
             n_ctx,
             clock: 0,
             dry: Vec::new(),
+            grammar_vocab: None,
         })
     }
 
@@ -411,6 +414,13 @@ impl<'m, B: Backend> Engine<'m, B> {
             if job.gen.params.dry_on() {
                 let list = &job.gen.params.dry_sequence_breakers;
                 sampler.set_dry_breakers(dry_breakers_of(&mut self.dry, self.tok, list));
+            }
+            if let Some(c) = &job.gen.grammar {
+                let tok = self.tok;
+                let vocab = self
+                    .grammar_vocab
+                    .get_or_insert_with(|| Arc::new(crate::constrain::grammar_vocab(tok)));
+                sampler.set_grammar(c.grammar.clone(), vocab.clone());
             }
             for &t in &job.prompt {
                 sampler.accept(t);
@@ -631,14 +641,23 @@ impl<'m, B: Backend> Engine<'m, B> {
             Some((id, task.job.gen.logprobs.map(|n| logprob(logits, id, n))))
         });
         let Some((id, lp)) = pick else {
-            return self.fail(
-                i,
+            let msg = if task.sampler.has_grammar() {
+                "no token can be sampled: no token the grammar allows next has a finite, non-zero \
+                 probability after the samplers (check the grammar or JSON schema against the \
+                 model's vocabulary, and the sampler settings such as logit_bias)"
+            } else {
                 "no token can be sampled: after the samplers no candidate has a finite, non-zero \
                  probability (every logit -inf or not a number; check the sampler settings, \
                  e.g. dynatemp_exponent or logit_bias)"
-                    .into(),
-            );
+            };
+            return self.fail(i, msg.into());
         };
+        if let Err(e) = task.sampler.accept_generated(id) {
+            return self.fail(
+                i,
+                format!("the grammar cannot follow the sampled token: {e}"),
+            );
+        }
         let outcome = emit(task, lp, id, self.tok, pos, self.n_ctx, self.metrics);
         let m = self.metrics;
         match outcome {
@@ -694,7 +713,8 @@ pub fn before_stop(lps: Vec<(Logprob, usize)>, text: &str, f: &Finish) -> Vec<Lo
         .collect()
 }
 
-/// Takes the sampled token `id`, releases its text and decides whether the request goes on.
+/// Takes the sampled token `id` (its sampler has accepted it), releases its text and decides
+/// whether the request goes on.
 fn emit(
     task: &mut Task,
     logprob: Option<Logprob>,
@@ -704,7 +724,6 @@ fn emit(
     n_ctx: usize,
     m: &Metrics,
 ) -> Outcome {
-    task.sampler.accept(id);
     if tok.is_eog(id) && !task.job.gen.ignore_eos {
         return finish(task, FinishReason::Stop, true, None, m);
     }
@@ -921,6 +940,7 @@ mod tests {
                     stream: true,
                     include_usage: false,
                     ignore_eos: true,
+                    grammar: None,
                 },
                 max_tokens: 5,
                 events,
@@ -1082,6 +1102,7 @@ mod tests {
                     stream: true,
                     include_usage: false,
                     ignore_eos: true,
+                    grammar: None,
                 },
                 max_tokens: 12,
                 events,

@@ -125,6 +125,7 @@ mod tests {
                 stream: true,
                 include_usage: false,
                 ignore_eos: true,
+                grammar: None,
             }),
             n_prompt: 12,
             n_prompt_processed: 8,

@@ -38,6 +38,7 @@ fn greedy(max_tokens: usize) -> Generation {
         stream: true,
         include_usage: false,
         ignore_eos: false,
+        grammar: None,
     }
 }
 
@@ -272,6 +273,48 @@ fn sampled_requests_without_logprobs_get_the_same_tokens() {
         .iter()
         .zip(&greedy_texts)
         .any(|(a, g)| a.text != g.text));
+}
+
+#[test]
+fn grammar_requests_follow_their_grammar_alone_or_together() {
+    // Half the requests hold to a grammar (sampled, with and without logprobs), half do not:
+    // each constrained answer is in the grammar's language and ends where it does, and every
+    // request gets what it gets alone.
+    let (m, tok) = model();
+    let prompts: Vec<Vec<u32>> = TEXTS[..8]
+        .iter()
+        .map(|t| tok.encode(t, true, true))
+        .collect();
+    let text = r#"root ::= ("yes" | "no") (" " [a-z]{2,6}){1,3} "."
+"#;
+    let grammar = muser_server::constrain::parse_gbnf(text, &tok).unwrap();
+    let constraint = muser_server::constrain::Constraint {
+        gbnf: text.into(),
+        grammar: std::sync::Arc::new(grammar),
+    };
+    let gen = |i: usize| {
+        let mut g = greedy(48);
+        g.params = SamplerParams {
+            seed: 77 + i as u64,
+            temperature: [0.0, 0.9, 1.5][i % 3],
+            ..Default::default()
+        };
+        g.logprobs = (i % 4 == 1).then_some(2);
+        g.grammar = (i % 2 == 0).then(|| constraint.clone());
+        g
+    };
+    let together = run_gens(&m, &tok, 8, &prompts, (0..8).map(gen).collect());
+    let re = fancy_regex::Regex::new(r"^(yes|no)( [a-z]{2,6}){1,3}\.$").unwrap();
+    for (i, a) in together.iter().enumerate() {
+        let alone = run_gens(&m, &tok, 1, &prompts[i..i + 1], vec![gen(i)]);
+        assert_eq!(alone[0], *a, "request {i}");
+        if i % 2 == 0 {
+            assert!(re.is_match(&a.text).unwrap(), "request {i}: {:?}", a.text);
+            assert_eq!(a.finish.unwrap().0, FinishReason::Stop, "request {i}");
+        } else {
+            assert!(!re.is_match(&a.text).unwrap(), "request {i}: {:?}", a.text);
+        }
+    }
 }
 
 #[test]

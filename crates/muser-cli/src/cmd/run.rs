@@ -151,6 +151,23 @@ pub struct Args {
     /// TOKEN_ID-inf to ban the token (repeatable).
     #[arg(short = 'l', long = "logit-bias", value_parser = parse_logit_bias)]
     pub logit_bias: Vec<(u32, f32)>,
+    /// Constrains the output to a GBNF grammar (llama.cpp's format; start rule `root`).
+    #[arg(long, group = "constraint")]
+    pub grammar: Option<String>,
+    /// As --grammar, read from a file.
+    #[arg(long = "grammar-file", value_name = "FILE", group = "constraint")]
+    pub grammar_file: Option<PathBuf>,
+    /// Constrains the output to JSON that follows this JSON schema (`{}`: any JSON object).
+    #[arg(
+        short = 'j',
+        long = "json-schema",
+        value_name = "SCHEMA",
+        group = "constraint"
+    )]
+    pub json_schema: Option<String>,
+    /// As --json-schema, read from a file.
+    #[arg(long = "json-schema-file", value_name = "FILE", group = "constraint")]
+    pub json_schema_file: Option<PathBuf>,
     /// Backend: auto (CUDA when a GPU is usable), cpu or cuda.
     #[arg(long, value_enum, default_value_t = super::backend::BackendKind::Auto)]
     pub backend: super::backend::BackendKind,
@@ -297,8 +314,44 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 }
 
 /// A sampler's pick, or the error of a row no token can be picked from.
-fn pick(token: Option<u32>) -> anyhow::Result<u32> {
+/// The GBNF text of `--grammar`, `--grammar-file`, `--json-schema` or `--json-schema-file`
+/// (at most one: clap's group), a schema turned into GBNF as llama-cli does.
+fn constraint_gbnf(args: &Args) -> anyhow::Result<Option<String>> {
+    let read = |p: &Path, flag: &str| {
+        std::fs::read_to_string(p).with_context(|| format!("{flag}: reading {}", p.display()))
+    };
+    let schema = |text: &str, flag: &str| -> anyhow::Result<String> {
+        let v: serde_json::Value = serde_json::from_str(text)
+            .with_context(|| format!("{flag}: the schema is not valid JSON"))?;
+        muser_server::constrain::schema_gbnf(&v)
+            .map_err(|e| anyhow::anyhow!("{flag}: the JSON schema cannot be used: {e}"))
+    };
+    Ok(if let Some(g) = &args.grammar {
+        Some(g.clone())
+    } else if let Some(p) = &args.grammar_file {
+        Some(read(p, "--grammar-file")?)
+    } else if let Some(s) = &args.json_schema {
+        Some(schema(s, "--json-schema")?)
+    } else if let Some(p) = &args.json_schema_file {
+        Some(schema(
+            &read(p, "--json-schema-file")?,
+            "--json-schema-file",
+        )?)
+    } else {
+        None
+    }
+    .filter(|g| !g.is_empty()))
+}
+
+fn pick(token: Option<u32>, grammar: bool) -> anyhow::Result<u32> {
     token.ok_or_else(|| {
+        if grammar {
+            return anyhow::anyhow!(
+                "no token can be sampled: no token the grammar allows next has a finite, \
+                 non-zero probability (check the grammar or schema against the model's \
+                 vocabulary, and --logit-bias)"
+            );
+        }
         anyhow::anyhow!(
             "no token can be sampled: every candidate is banned (-inf, e.g. by --logit-bias) or \
              not a number (the model computed NaN)"
@@ -323,6 +376,13 @@ impl ModelJob for Job {
         } = self;
         let tok = Tokenizer::from_gguf(model.gguf()).context("reading the tokenizer")?;
         let load_s = t0.elapsed().as_secs_f64();
+        let grammar = match constraint_gbnf(&args)? {
+            Some(text) => Some(std::sync::Arc::new(
+                muser_server::constrain::parse_gbnf(&text, &tok)
+                    .map_err(|e| anyhow::anyhow!("the grammar does not parse: {e}"))?,
+            )),
+            None => None,
+        };
 
         let prompt = tok.encode(&text, true, true);
         if prompt.is_empty() {
@@ -429,6 +489,10 @@ impl ModelJob for Job {
         if let Some(dry) = dry {
             sampler.set_dry_breakers(std::sync::Arc::new(dry));
         }
+        if let Some(g) = grammar {
+            let vocab = muser_server::constrain::grammar_vocab(&tok);
+            sampler.set_grammar(g, std::sync::Arc::new(vocab));
+        }
         for &t in &prompt {
             sampler.accept(t);
         }
@@ -455,8 +519,10 @@ impl ModelJob for Job {
         let mut n_decoded = 0;
         let mut context_full = false;
         while n_gen < args.n_predict {
-            let token = pick(next)?;
-            sampler.accept(token);
+            let token = pick(next, sampler.has_grammar())?;
+            sampler
+                .accept_generated(token)
+                .map_err(|e| anyhow::anyhow!("the grammar cannot follow the sampled token: {e}"))?;
             n_gen += 1;
             if tok.is_eog(token) {
                 break;

@@ -1,0 +1,141 @@
+//! JSON Schema → GBNF conversion.
+//!
+//! [`schema_to_gbnf`] turns a JSON Schema (as a `serde_json::Value`) into a GBNF grammar whose
+//! start rule is `root`, the way llama-server does for its `json_schema` request field and for
+//! OpenAI-style `response_format` (`{"type":"json_object"}` corresponds to the schema
+//! `{"type":"object"}`, `{"type":"json_schema","json_schema":{"schema":S}}` to `S`).
+//!
+//! The produced language is *sound*: every string the grammar accepts is a JSON document that
+//! validates against the schema. Constraints that cannot be expressed exactly are either
+//! narrowed safely (e.g. objects without `additionalProperties` get no extra keys, as in
+//! llama.cpp) or rejected with a [`SchemaError`] naming the keyword and its JSON pointer.
+//!
+//! Layout of the generated JSON: no whitespace before the first or after the last token;
+//! between tokens (after `{`, `[`, `,`, `:` and before `}`/`]`) an optional whitespace run
+//! (`" "`, or one or two newlines followed by up to 20 spaces/tabs). Compact `serde_json`
+//! output, `serde_json::to_string_pretty` output (up to 10 levels deep) and Python's default
+//! `json.dumps` layout are all accepted.
+
+mod charset;
+mod convert;
+mod grammar;
+mod merge;
+mod numeric;
+mod pattern;
+
+#[cfg(test)]
+mod tests;
+
+use serde_json::Value;
+
+/// Maximum nesting depth of subschemas (and of `$ref`/`allOf` chains) before conversion stops
+/// with [`SchemaError::TooDeep`].
+pub const MAX_DEPTH: usize = 64;
+
+/// Why a schema could not be converted. Every variant names the keyword and the JSON pointer
+/// (`#/properties/a/items`, RFC 6901 escaping) of the schema it sits in.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SchemaError {
+    /// A keyword (or a value of a keyword) that the converter does not support.
+    #[error("unsupported `{keyword}` at {pointer}: {detail}")]
+    Unsupported {
+        keyword: String,
+        pointer: String,
+        detail: String,
+    },
+    /// A keyword whose value is malformed.
+    #[error("invalid `{keyword}` at {pointer}: {detail}")]
+    Invalid {
+        keyword: String,
+        pointer: String,
+        detail: String,
+    },
+    /// The constraints admit no JSON value (within the converter's limits).
+    #[error("`{keyword}` at {pointer} cannot be satisfied: {detail}")]
+    Unsatisfiable {
+        keyword: String,
+        pointer: String,
+        detail: String,
+    },
+    /// Subschemas nested deeper than [`MAX_DEPTH`].
+    #[error("`{keyword}` at {pointer}: schema nesting exceeds {limit} levels")]
+    TooDeep {
+        keyword: String,
+        pointer: String,
+        limit: usize,
+    },
+}
+
+impl SchemaError {
+    /// The keyword the error is about.
+    pub fn keyword(&self) -> &str {
+        match self {
+            SchemaError::Unsupported { keyword, .. }
+            | SchemaError::Invalid { keyword, .. }
+            | SchemaError::Unsatisfiable { keyword, .. }
+            | SchemaError::TooDeep { keyword, .. } => keyword,
+        }
+    }
+
+    /// JSON pointer (with a leading `#`) of the schema holding the keyword.
+    pub fn pointer(&self) -> &str {
+        match self {
+            SchemaError::Unsupported { pointer, .. }
+            | SchemaError::Invalid { pointer, .. }
+            | SchemaError::Unsatisfiable { pointer, .. }
+            | SchemaError::TooDeep { pointer, .. } => pointer,
+        }
+    }
+
+    pub(crate) fn unsupported(keyword: &str, pointer: &str, detail: impl Into<String>) -> Self {
+        SchemaError::Unsupported {
+            keyword: keyword.to_string(),
+            pointer: pointer.to_string(),
+            detail: detail.into(),
+        }
+    }
+
+    pub(crate) fn invalid(keyword: &str, pointer: &str, detail: impl Into<String>) -> Self {
+        SchemaError::Invalid {
+            keyword: keyword.to_string(),
+            pointer: pointer.to_string(),
+            detail: detail.into(),
+        }
+    }
+
+    pub(crate) fn unsat(keyword: &str, pointer: &str, detail: impl Into<String>) -> Self {
+        SchemaError::Unsatisfiable {
+            keyword: keyword.to_string(),
+            pointer: pointer.to_string(),
+            detail: detail.into(),
+        }
+    }
+
+    pub(crate) fn too_deep(keyword: &str, pointer: &str) -> Self {
+        SchemaError::TooDeep {
+            keyword: keyword.to_string(),
+            pointer: pointer.to_string(),
+            limit: MAX_DEPTH,
+        }
+    }
+}
+
+/// Converts a JSON Schema into a GBNF grammar with start rule `root`.
+pub fn schema_to_gbnf(schema: &Value) -> Result<String, SchemaError> {
+    convert::Converter::new(schema).run()
+}
+
+/// Appends one RFC 6901 reference token to a pointer.
+pub(crate) fn child_ptr(ptr: &str, token: &str) -> String {
+    let mut out = String::with_capacity(ptr.len() + token.len() + 1);
+    out.push_str(ptr);
+    out.push('/');
+    for c in token.chars() {
+        match c {
+            '~' => out.push_str("~0"),
+            '/' => out.push_str("~1"),
+            c => out.push(c),
+        }
+    }
+    out
+}

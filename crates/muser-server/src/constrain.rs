@@ -1,0 +1,195 @@
+//! Constrained decoding: llama-server's `grammar` (GBNF) and `json_schema` fields, and OpenAI's
+//! `response_format` (`json_object`, `json_schema`), become a grammar the sampler holds every
+//! generated token to (`Sampler::set_grammar`). A JSON schema becomes GBNF first
+//! (`muser_jsonschema`), as llama-server turns it into GBNF; the grammar text is what a client
+//! reads back in `generation_settings.grammar`.
+//!
+//! Everything here runs on the request's handler, before the request is queued: a grammar that
+//! does not parse, or a schema Muser cannot turn into one, is a 400 naming the field and the
+//! problem, and the engine thread never sees it.
+
+use crate::api::{show, Fields};
+use crate::error::ApiError;
+use muser_sample::{Grammar, GrammarVocab};
+use muser_tokenizer::Tokenizer;
+use serde_json::{json, Value};
+use std::fmt;
+use std::sync::Arc;
+
+/// A request's grammar: its GBNF text and the grammar parsed from it.
+#[derive(Clone)]
+pub struct Constraint {
+    /// The GBNF (a JSON schema's conversion for `json_schema` and `response_format`).
+    pub gbnf: String,
+    pub grammar: Arc<Grammar>,
+}
+
+impl fmt::Debug for Constraint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Constraint")
+            .field("gbnf", &self.gbnf)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Where a request's constraint came from, for error messages.
+#[derive(Clone, Copy)]
+enum Source {
+    Grammar,
+    JsonSchema,
+    ResponseFormat,
+}
+
+impl Source {
+    fn field(self) -> &'static str {
+        match self {
+            Source::Grammar => "grammar",
+            Source::JsonSchema => "json_schema",
+            Source::ResponseFormat => "response_format",
+        }
+    }
+}
+
+/// The vocabulary as a grammar sees it: each token's bytes as llama.cpp's `token_to_piece`
+/// (special tokens rendered as their text) gives them, and whether it ends generation.
+pub fn grammar_vocab(tok: &Tokenizer) -> GrammarVocab {
+    let n = tok.n_vocab() as u32;
+    let pieces = (0..n)
+        .map(|id| tok.token_to_piece_bytes(id).unwrap_or(b"").to_vec())
+        .collect();
+    let eog = (0..n).map(|id| tok.is_eog(id)).collect();
+    GrammarVocab::new(pieces, eog)
+}
+
+/// Parses GBNF, its `<token>` references resolved by the tokenizer (the text inside and with
+/// the angle brackets must be exactly one token, special tokens included, as llama.cpp reads
+/// them).
+pub fn parse_gbnf(text: &str, tok: &Tokenizer) -> Result<Grammar, String> {
+    let lookup = |t: &str| -> Option<u32> {
+        let text = if t.starts_with('<') {
+            t.to_string()
+        } else {
+            format!("<{t}>")
+        };
+        match tok.encode(&text, false, true).as_slice() {
+            [id] => Some(*id),
+            _ => None,
+        }
+    };
+    Grammar::parse_with_tokens(text, &lookup).map_err(|e| e.to_string())
+}
+
+/// GBNF for a JSON schema, `{}` meaning any JSON object (as llama-server reads it).
+pub fn schema_gbnf(schema: &Value) -> Result<String, String> {
+    let any_object = json!({"type": "object"});
+    let schema = match schema {
+        Value::Object(o) if o.is_empty() => &any_object,
+        s => s,
+    };
+    muser_jsonschema::schema_to_gbnf(schema).map_err(|e| e.to_string())
+}
+
+/// A request's constraint: `grammar` (GBNF) or `json_schema` (not both), and on the OpenAI
+/// endpoints (`openai`) `response_format` too, as llama-server reads them: `{"type": "text"}`
+/// is none, `{"type": "json_object"}` any JSON object (or its `schema`, when it has one),
+/// `{"type": "json_schema", "json_schema": {"schema": ...}}` that schema (OpenAI's `name` and
+/// `strict` are accepted and change nothing: the output always follows the schema).
+pub fn parse_constraint(
+    f: &Fields,
+    tok: &Tokenizer,
+    openai: bool,
+) -> Result<Option<Constraint>, ApiError> {
+    let grammar = f.string("grammar")?.filter(|g| !g.is_empty());
+    let mut schema = f
+        .get("json_schema")
+        .cloned()
+        .map(|s| (s, Source::JsonSchema));
+    if schema.is_some() && grammar.is_some() {
+        return Err(ApiError::param(
+            "grammar",
+            "grammar and json_schema cannot be used together: give one of them",
+        ));
+    }
+    if openai {
+        if let Some(rf) = f.get("response_format") {
+            let key = "response_format";
+            let Value::Object(o) = rf else {
+                return Err(ApiError::param(
+                    key,
+                    format!(
+                        "{key} must be an object such as {{\"type\": \"json_object\"}}, got {}",
+                        show(rf)
+                    ),
+                ));
+            };
+            let kind = match o.get("type") {
+                None | Some(Value::Null) => "",
+                Some(Value::String(s)) => s.as_str(),
+                Some(v) => {
+                    return Err(ApiError::param(
+                        key,
+                        format!("{key}.type must be a string, got {}", show(v)),
+                    ))
+                }
+            };
+            match kind {
+                "" | "text" => {}
+                "json_object" => {
+                    if o.contains_key("schema") || schema.is_none() {
+                        let s = o.get("schema").cloned().unwrap_or_else(|| json!({}));
+                        schema = Some((s, Source::ResponseFormat));
+                    }
+                }
+                "json_schema" => {
+                    let s = o
+                        .get("json_schema")
+                        .and_then(|w| w.get("schema"))
+                        .cloned()
+                        .unwrap_or_else(|| json!({}));
+                    schema = Some((s, Source::ResponseFormat));
+                }
+                other => {
+                    return Err(ApiError::param(
+                        key,
+                        format!(
+                            "{key}.type must be \"text\", \"json_object\" or \"json_schema\", \
+                             got {}",
+                            show(&Value::String(other.into()))
+                        ),
+                    ))
+                }
+            }
+            if schema.is_some() && grammar.is_some() {
+                return Err(ApiError::param(
+                    "grammar",
+                    "grammar and a JSON response_format cannot be used together: give one of \
+                     them",
+                ));
+            }
+        }
+    }
+    let (gbnf, source) = match (grammar, schema) {
+        (Some(g), _) => (g.to_string(), Source::Grammar),
+        (None, Some((s, source))) => {
+            let gbnf = schema_gbnf(&s).map_err(|e| {
+                ApiError::param(
+                    source.field(),
+                    format!("{}: the JSON schema cannot be used: {e}", source.field()),
+                )
+            })?;
+            (gbnf, source)
+        }
+        (None, None) => return Ok(None),
+    };
+    let grammar = parse_gbnf(&gbnf, tok).map_err(|e| {
+        let what = match source {
+            Source::Grammar => "the grammar does not parse",
+            _ => "the grammar made from the JSON schema does not parse (a bug in Muser)",
+        };
+        ApiError::param(source.field(), format!("{}: {what}: {e}", source.field()))
+    })?;
+    Ok(Some(Constraint {
+        gbnf,
+        grammar: Arc::new(grammar),
+    }))
+}
