@@ -10,18 +10,21 @@
 
 use crate::api::{show, Fields};
 use crate::error::ApiError;
+use crate::ModelInfo;
 use muser_sample::{Grammar, GrammarVocab};
 use muser_tokenizer::Tokenizer;
 use serde_json::{json, Value};
 use std::fmt;
 use std::sync::Arc;
 
-/// A request's grammar: its GBNF text and the grammar parsed from it.
+/// A request's grammar: its GBNF text, the grammar parsed from it, and the vocabulary as the
+/// grammar sees it.
 #[derive(Clone)]
 pub struct Constraint {
     /// The GBNF (a JSON schema's conversion for `json_schema` and `response_format`).
     pub gbnf: String,
     pub grammar: Arc<Grammar>,
+    pub vocab: Arc<GrammarVocab>,
 }
 
 impl fmt::Debug for Constraint {
@@ -96,9 +99,10 @@ pub fn schema_gbnf(schema: &Value) -> Result<String, String> {
 /// `strict` are accepted and change nothing: the output always follows the schema).
 pub fn parse_constraint(
     f: &Fields,
-    tok: &Tokenizer,
+    m: &ModelInfo,
     openai: bool,
 ) -> Result<Option<Constraint>, ApiError> {
+    let tok = &m.tokenizer;
     let grammar = f.string("grammar")?.filter(|g| !g.is_empty());
     let mut schema = f
         .get("json_schema")
@@ -188,8 +192,13 @@ pub fn parse_constraint(
         };
         ApiError::param(source.field(), format!("{}: {what}: {e}", source.field()))
     })?;
+    let vocab = m
+        .grammar_vocab
+        .get_or_init(|| Arc::new(grammar_vocab(tok)))
+        .clone();
     Ok(Some(Constraint {
         gbnf,
         grammar: Arc::new(grammar),
+        vocab,
     }))
 }

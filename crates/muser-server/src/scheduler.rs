@@ -29,7 +29,7 @@ use crate::metrics::Metrics;
 use crate::slots::{SlotBoard, SlotInfo, SlotTask};
 use crate::text::StopBuffer;
 use muser_engine::{prefill_runs, Backend, DecodeGroup, Model, RowGot, RowNeed, Session};
-use muser_sample::{Candidate, DryBreakers, GrammarVocab, Sampler};
+use muser_sample::{Candidate, DryBreakers, Sampler};
 use muser_tokenizer::{StreamDecoder, Tokenizer};
 use std::collections::VecDeque;
 use std::sync::atomic::AtomicUsize;
@@ -239,8 +239,6 @@ pub struct Engine<'m, B: Backend> {
     /// DRY's breakers by breaker list, built when a DRY request first brings the list, most
     /// recently used first (`MAX_DRY_LISTS` in all).
     dry: Vec<(Vec<String>, Arc<DryBreakers>)>,
-    /// The vocabulary as grammars see it, made when a request first brings a grammar.
-    grammar_vocab: Option<Arc<GrammarVocab>>,
 }
 
 /// How many breaker lists `Engine::dry` keeps.
@@ -309,7 +307,6 @@ impl<'m, B: Backend> Engine<'m, B> {
             n_ctx,
             clock: 0,
             dry: Vec::new(),
-            grammar_vocab: None,
         })
     }
 
@@ -416,11 +413,7 @@ impl<'m, B: Backend> Engine<'m, B> {
                 sampler.set_dry_breakers(dry_breakers_of(&mut self.dry, self.tok, list));
             }
             if let Some(c) = &job.gen.grammar {
-                let tok = self.tok;
-                let vocab = self
-                    .grammar_vocab
-                    .get_or_insert_with(|| Arc::new(crate::constrain::grammar_vocab(tok)));
-                sampler.set_grammar(c.grammar.clone(), vocab.clone());
+                sampler.set_grammar(c.grammar.clone(), c.vocab.clone());
             }
             for &t in &job.prompt {
                 sampler.accept(t);

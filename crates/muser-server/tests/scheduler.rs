@@ -291,6 +291,7 @@ fn grammar_requests_follow_their_grammar_alone_or_together() {
     let constraint = muser_server::constrain::Constraint {
         gbnf: text.into(),
         grammar: std::sync::Arc::new(grammar),
+        vocab: std::sync::Arc::new(muser_server::constrain::grammar_vocab(&tok)),
     };
     let gen = |i: usize| {
         let mut g = greedy(48);
@@ -300,7 +301,7 @@ fn grammar_requests_follow_their_grammar_alone_or_together() {
             ..Default::default()
         };
         g.logprobs = (i % 4 == 1).then_some(2);
-        g.grammar = (i % 2 == 0).then(|| constraint.clone());
+        g.grammar = i.is_multiple_of(2).then(|| constraint.clone());
         g
     };
     let together = run_gens(&m, &tok, 8, &prompts, (0..8).map(gen).collect());
@@ -308,7 +309,7 @@ fn grammar_requests_follow_their_grammar_alone_or_together() {
     for (i, a) in together.iter().enumerate() {
         let alone = run_gens(&m, &tok, 1, &prompts[i..i + 1], vec![gen(i)]);
         assert_eq!(alone[0], *a, "request {i}");
-        if i % 2 == 0 {
+        if i.is_multiple_of(2) {
             assert!(re.is_match(&a.text).unwrap(), "request {i}: {:?}", a.text);
             assert_eq!(a.finish.unwrap().0, FinishReason::Stop, "request {i}");
         } else {
