@@ -2,6 +2,8 @@
 """Every sampler setting through `muser serve` on one backend: the tokens a request draws without
 logprobs (where the sampler allows it, from the backend's argmax or top-k candidates) equal those
 drawn from the whole logits row (with `n_probs`, which reads the row), and a seed reproduces them.
+Requests with a grammar or a JSON schema (which always read the row) must also give text in the
+grammar's language.
 
     python3 scripts/sampler_paths.py MUSER_BIN MODEL [--backend cuda]
 
@@ -35,7 +37,26 @@ SETTINGS = {
     "min_keep": {"temperature": 0.9, "min_keep": 5, "top_p": 0.2},
     "dry": {"temperature": 0.9, "dry_multiplier": 1.5, "dry_sequence_breakers": ["\n", ":"]},
     "dry greedy": {"temperature": 0, "dry_multiplier": 2.0},
+    "grammar": {"temperature": 1.0, "grammar": 'root ::= ("yes" | "no") (" " [a-z]{2,6}){1,3} "."'},
+    "json schema": {"temperature": 0.9, "json_schema": {
+        "type": "object", "properties": {"n": {"type": "integer"}, "s": {"type": "string",
+                                                                          "maxLength": 6}},
+        "required": ["n", "s"]}},
 }
+
+
+def in_language(name: str, text: str) -> bool:
+    """Whether a constrained setting's text starts with a whole sentence of its grammar (the
+    request runs on past the grammar's end, with ignore_eos, as end-of-generation tokens)."""
+    if name == "grammar":
+        return re.match(r"(yes|no)( [a-z]{2,6}){1,3}\.", text) is not None
+    if name == "json schema":
+        try:
+            v, _ = json.JSONDecoder().raw_decode(text)
+        except ValueError:
+            return False
+        return isinstance(v.get("n"), int) and isinstance(v.get("s"), str) and len(v["s"]) <= 6
+    return True
 
 
 def post(url: str, body: dict) -> dict:
@@ -65,14 +86,19 @@ def main() -> int:
             time.sleep(0.2)
         bad = 0
         for name, extra in SETTINGS.items():
-            body = {"prompt": "Once upon a time", "n_predict": 24, "seed": 7, "ignore_eos": True,
+            # Room for a JSON answer's whitespace too.
+            n = 128 if "grammar" in extra or "json_schema" in extra else 24
+            body = {"prompt": "Once upon a time", "n_predict": n, "seed": 7, "ignore_eos": True,
                     "return_tokens": True, **extra}
-            fast = post(url + "/completion", body)["tokens"]
+            answer = post(url + "/completion", body)
+            fast = answer["tokens"]
             again = post(url + "/completion", body)["tokens"]
             row = post(url + "/completion", dict(body, n_probs=1))["tokens"]
-            ok = fast == again == row and len(fast) == 24
+            ok = fast == again == row and len(fast) == n and in_language(name, answer["content"])
             bad += not ok
             print(f"{name:<14} {'same' if ok else 'DIFFERENT'}  {fast[:8]}"
+                  + ("" if ok or in_language(name, answer["content"])
+                     else f"\n    not in the grammar: {answer['content']!r}")
                   + ("" if ok else f"\n    again {again[:8]}\n    row   {row[:8]}"))
         print(f"{len(SETTINGS) - bad} of {len(SETTINGS)} settings draw the same tokens on every path")
         return 1 if bad else 0
