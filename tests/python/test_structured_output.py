@@ -85,6 +85,11 @@ def test_a_gbnf_grammar_holds_every_answer(server):
         # Streamed, the same text.
         events = completion_native(server, body, stream=True)
         assert "".join(e["content"] for e in events) == a["content"], seed
+        # With ignore_eos, the request ends where the grammar does (nothing else can follow),
+        # with the same text and no end-of-generation tokens.
+        b = completion_native(server, dict(body, ignore_eos=True, return_tokens=True))
+        assert (b["content"], b["stop_type"]) == (a["content"], "eos"), seed
+        assert b["tokens_predicted"] == len(b["tokens"]) == a["tokens_predicted"], seed
 
 
 def test_a_grammar_on_the_openai_endpoints(client):
@@ -136,6 +141,11 @@ def test_json_object_and_llama_server_json_schema(server, client):
                                          "json_schema": SCHEMAS["choice"]})
     assert r.status_code == 200, r.text
     jsonschema.validate(json.loads(r.json()["choices"][0]["text"]), SCHEMAS["choice"])
+    # /completion reads response_format too.
+    a = completion_native(server, {"prompt": "{", "n_predict": 200, "seed": seed,
+                                   "response_format": {"type": "json_schema",
+                                                       "json_schema": {"schema": PERSON}}})
+    jsonschema.validate(json.loads(a["content"]), PERSON)
     # `{"type": "text"}` constrains nothing.
     r = post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
                                               "max_tokens": 3, "temperature": 0,

@@ -37,7 +37,7 @@ impl fmt::Debug for Constraint {
 
 /// Where a request's constraint came from, for error messages.
 #[derive(Clone, Copy)]
-enum Source {
+pub enum Source {
     Grammar,
     JsonSchema,
     ResponseFormat,
@@ -92,17 +92,20 @@ pub fn schema_gbnf(schema: &Value) -> Result<String, String> {
     muser_jsonschema::schema_to_gbnf(schema).map_err(|e| e.to_string())
 }
 
-/// A request's constraint: `grammar` (GBNF) or `json_schema` (not both), and on the OpenAI
-/// endpoints (`openai`) `response_format` too, as llama-server reads them: `{"type": "text"}`
-/// is none, `{"type": "json_object"}` any JSON object (or its `schema`, when it has one),
-/// `{"type": "json_schema", "json_schema": {"schema": ...}}` that schema (OpenAI's `name` and
-/// `strict` are accepted and change nothing: the output always follows the schema).
-pub fn parse_constraint(
-    f: &Fields,
-    m: &ModelInfo,
-    openai: bool,
-) -> Result<Option<Constraint>, ApiError> {
-    let tok = &m.tokenizer;
+/// What a request asks to be constrained by, as read from its fields (`read`), before the work
+/// of turning it into a grammar (`build`).
+pub enum Spec {
+    Grammar(String),
+    Schema(Value, Source),
+}
+
+/// A request's constraint: `grammar` (GBNF) or `json_schema` (not both), or `response_format`,
+/// as llama-server reads them on its OpenAI endpoints (and Muser on /completion too):
+/// `{"type": "text"}` is none, `{"type": "json_object"}` any JSON object (or its `schema`, when
+/// it has one), `{"type": "json_schema", "json_schema": {"schema": ...}}` that schema (OpenAI's
+/// `name` and `strict` are accepted and change nothing: the output always follows the schema).
+/// An empty `grammar` is none, as in llama-server.
+pub fn read(f: &Fields) -> Result<Option<Spec>, ApiError> {
     let grammar = f.string("grammar")?.filter(|g| !g.is_empty());
     let mut schema = f
         .get("json_schema")
@@ -114,67 +117,76 @@ pub fn parse_constraint(
             "grammar and json_schema cannot be used together: give one of them",
         ));
     }
-    if openai {
-        if let Some(rf) = f.get("response_format") {
-            let key = "response_format";
-            let Value::Object(o) = rf else {
+    if let Some(rf) = f.get("response_format") {
+        let key = "response_format";
+        let Value::Object(o) = rf else {
+            return Err(ApiError::param(
+                key,
+                format!(
+                    "{key} must be an object such as {{\"type\": \"json_object\"}}, got {}",
+                    show(rf)
+                ),
+            ));
+        };
+        let kind = match o.get("type") {
+            None | Some(Value::Null) => "",
+            Some(Value::String(s)) => s.as_str(),
+            Some(v) => {
+                return Err(ApiError::param(
+                    key,
+                    format!("{key}.type must be a string, got {}", show(v)),
+                ))
+            }
+        };
+        match kind {
+            "" | "text" => {}
+            "json_object" => {
+                if o.contains_key("schema") || schema.is_none() {
+                    let s = o.get("schema").cloned().unwrap_or_else(|| json!({}));
+                    schema = Some((s, Source::ResponseFormat));
+                }
+            }
+            "json_schema" => {
+                let s = o
+                    .get("json_schema")
+                    .and_then(|w| w.get("schema"))
+                    .cloned()
+                    .unwrap_or_else(|| json!({}));
+                schema = Some((s, Source::ResponseFormat));
+            }
+            other => {
                 return Err(ApiError::param(
                     key,
                     format!(
-                        "{key} must be an object such as {{\"type\": \"json_object\"}}, got {}",
-                        show(rf)
+                        "{key}.type must be \"text\", \"json_object\" or \"json_schema\", got {}",
+                        show(&Value::String(other.into()))
                     ),
-                ));
-            };
-            let kind = match o.get("type") {
-                None | Some(Value::Null) => "",
-                Some(Value::String(s)) => s.as_str(),
-                Some(v) => {
-                    return Err(ApiError::param(
-                        key,
-                        format!("{key}.type must be a string, got {}", show(v)),
-                    ))
-                }
-            };
-            match kind {
-                "" | "text" => {}
-                "json_object" => {
-                    if o.contains_key("schema") || schema.is_none() {
-                        let s = o.get("schema").cloned().unwrap_or_else(|| json!({}));
-                        schema = Some((s, Source::ResponseFormat));
-                    }
-                }
-                "json_schema" => {
-                    let s = o
-                        .get("json_schema")
-                        .and_then(|w| w.get("schema"))
-                        .cloned()
-                        .unwrap_or_else(|| json!({}));
-                    schema = Some((s, Source::ResponseFormat));
-                }
-                other => {
-                    return Err(ApiError::param(
-                        key,
-                        format!(
-                            "{key}.type must be \"text\", \"json_object\" or \"json_schema\", \
-                             got {}",
-                            show(&Value::String(other.into()))
-                        ),
-                    ))
-                }
-            }
-            if schema.is_some() && grammar.is_some() {
-                return Err(ApiError::param(
-                    "grammar",
-                    "grammar and a JSON response_format cannot be used together: give one of \
-                     them",
-                ));
+                ))
             }
         }
+        if schema.is_some() && grammar.is_some() {
+            return Err(ApiError::param(
+                "grammar",
+                "grammar and a JSON response_format cannot be used together: give one of them",
+            ));
+        }
     }
-    let (gbnf, source) = match (grammar, schema) {
-        (Some(g), _) => (g.to_string(), Source::Grammar),
-        (None, Some((s, source))) => {
+    Ok(match (grammar, schema) {
+        (Some(g), _) => Some(Spec::Grammar(g.to_string())),
+        (None, Some((s, source))) => Some(Spec::Schema(s, source)),
+        (None, None) => None,
+    })
+}
+
+/// The grammar of a request's `Spec`: a schema turned into GBNF, the GBNF parsed, and the
+/// model's grammar vocabulary (made by the first request that needs it). Bounded work
+/// (muser-jsonschema and muser-grammar cap what an input may cost), but up to a fraction of a
+/// second on a large vocabulary or grammar: `build` runs it off the async workers.
+pub fn compile(spec: Spec, m: &ModelInfo) -> Result<Constraint, ApiError> {
+    let tok = &m.tokenizer;
+    let (gbnf, source) = match spec {
+        Spec::Grammar(g) => (g, Source::Grammar),
+        Spec::Schema(s, source) => {
             let gbnf = schema_gbnf(&s).map_err(|e| {
                 ApiError::param(
                     source.field(),
@@ -183,12 +195,11 @@ pub fn parse_constraint(
             })?;
             (gbnf, source)
         }
-        (None, None) => return Ok(None),
     };
     let grammar = parse_gbnf(&gbnf, tok).map_err(|e| {
         let what = match source {
             Source::Grammar => "the grammar does not parse",
-            _ => "the grammar made from the JSON schema does not parse (a bug in Muser)",
+            _ => "the grammar made from the JSON schema does not parse",
         };
         ApiError::param(source.field(), format!("{}: {what}: {e}", source.field()))
     })?;
@@ -196,9 +207,22 @@ pub fn parse_constraint(
         .grammar_vocab
         .get_or_init(|| Arc::new(grammar_vocab(tok)))
         .clone();
-    Ok(Some(Constraint {
+    Ok(Constraint {
         gbnf,
         grammar: Arc::new(grammar),
         vocab,
-    }))
+    })
+}
+
+/// `compile` on tokio's blocking pool, so a large grammar never holds up the server's other
+/// requests.
+pub async fn build(spec: Option<Spec>, m: &Arc<ModelInfo>) -> Result<Option<Constraint>, ApiError> {
+    let Some(spec) = spec else {
+        return Ok(None);
+    };
+    let m = m.clone();
+    tokio::task::spawn_blocking(move || compile(spec, &m))
+        .await
+        .map_err(|e| ApiError::internal(format!("building the grammar failed: {e}")))?
+        .map(Some)
 }

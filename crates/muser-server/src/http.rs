@@ -413,7 +413,7 @@ async fn completion_native(
     let (obj, native) = native::translate(obj)?;
     let f = Fields(&obj);
     let mut gen = parse_generation(&f, false, sh.next_seed(), m.n_vocab)?;
-    gen.grammar = constrain::parse_constraint(&f, &m, false)?;
+    gen.grammar = constrain::build(constrain::read(&f)?, &m).await?;
     let prompt = parse_prompt(f.get("prompt"), &m.tokenizer, m.n_vocab)?;
     // llama-server's n_predict is a maximum: generation stops when the context is full
     // (`stop_type` "limit", `truncated`), rather than a 400 as OpenAI's max_tokens.
@@ -461,7 +461,7 @@ async fn generate(
     // silently ignored.
     native::refuse_unsupported(&f)?;
     let mut gen = parse_generation(&f, chat, sh.next_seed(), m.n_vocab)?;
-    gen.grammar = constrain::parse_constraint(&f, &m, true)?;
+    gen.grammar = constrain::build(constrain::read(&f)?, &m).await?;
     let prompt = if chat {
         let text = m.template.render_request(&ChatRequest::parse(&obj)?)?;
         // A template that writes BOS itself gets no second one.

@@ -741,6 +741,11 @@ fn emit(
     if r.stop.is_some() {
         return finish(task, FinishReason::Stop, false, r.stop, m);
     }
+    // With ignore_eos an end of generation does not end the request, but once its grammar is
+    // complete nothing else can follow: it ends here, as it would on that end.
+    if task.job.gen.ignore_eos && task.sampler.grammar_must_end() {
+        return finish(task, FinishReason::Stop, true, None, m);
+    }
     if task.n_gen >= task.job.max_tokens || pos >= n_ctx {
         return finish(task, FinishReason::Length, true, None, m);
     }
