@@ -204,3 +204,33 @@ def test_muser_run_takes_llama_cli_grammar_flags(tmp_path):
         p = run_cli("-p", prompt, "-n", "4", *args, check=False)
         assert p.returncode != 0 and what in p.stderr, (args, p.stderr)
         assert p.stdout == "", (args, p.stdout)
+
+
+def test_grammars_past_the_engines_bounds_fail_cleanly(server):
+    # An ambiguous grammar (every letter pair opens two ways to close: the parse doubles with
+    # each letter) and a schema whose pattern nests stars 20 deep: each request ends (an error
+    # naming the grammar, or an answer in the language), while a plain request beside it is
+    # served as usual.
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    alts = " | ".join(f'"{c}" x "{c}" | "{c}" x "{c.upper()}"' for c in letters)
+    palindromes = f'root ::= x\nx ::= {alts} | "."\n'
+    nested = "^" + "(?:" * 20 + "ab?" + ")*" * 20 + "$"
+    bodies = [{"prompt": "x", "n_predict": 64, "temperature": 1.5, "seed": 3,
+               "grammar": palindromes},
+              {"prompt": "x", "n_predict": 64, "temperature": 1.5, "seed": 3,
+               "json_schema": {"type": "string", "pattern": nested}}]
+
+    def send(body):
+        return post(server, "/completion", body)
+
+    with ThreadPoolExecutor(3) as ex:
+        hard = [ex.submit(send, b) for b in bodies]
+        plain = ex.submit(send, {"prompt": "Once upon a time", "n_predict": 8, "temperature": 0})
+        assert plain.result(timeout=60).status_code == 200
+        for f in hard:
+            r = f.result(timeout=60)
+            if r.status_code != 200:
+                assert "grammar" in r.json()["error"]["message"], r.text
+            else:
+                text = r.json()["content"]
+                assert re.fullmatch(r"[a-zA-Z]*\.[a-zA-Z]*", text) or text.startswith('"'), text

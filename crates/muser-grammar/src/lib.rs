@@ -62,7 +62,12 @@
 //! Limits (llama.cpp has the first; the others keep untrusted grammars bounded): a repetition
 //! count over 2000 is refused (as a maximum it means unbounded), and so are nested repetitions
 //! whose counts multiply past 2000; parentheses nest at most 256 deep; a grammar expands to at
-//! most 4M elements; one step may hold at most 65536 parse stacks. `{m,n}` with n < m is
+//! most 524288 elements (repetitions counted as their copies; parsing stays within some tens of
+//! milliseconds) and its rule names, generated ones included, to at most 16 MiB; one step may
+//! hold at most 4096 parse stacks, and one call (`allows`, `mask_logits`, `accept`, one char of
+//! `accept_str`) may do a fixed budget of work, some tens of milliseconds at most: past these a
+//! [`GrammarState`] fails cleanly and stays failed ([`GrammarState::failure`]) rather than drop
+//! stacks, which would change the language. `{m,n}` with n < m is
 //! refused (llama.cpp loops forever on it), and so is left recursion through rules that derive
 //! the empty string without having an empty alternative, when it would make llama.cpp expand
 //! stacks forever (llama.cpp only detects left recursion through rules with a literally empty
@@ -77,12 +82,12 @@ mod tests;
 
 use parse::{Compiled, Elem};
 use state::{Cache, DEAD};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 pub use vocab::Vocab;
 use vocab::{cut_at_nul, decode, Kind, Partial};
 
 /// Why a grammar was refused or a token or text was not accepted.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum GrammarError {
     /// The text is not GBNF: where (1-based line and column, in chars) and what was expected.
     #[error("grammar parse error at {line}:{col}: {msg}")]
@@ -106,7 +111,9 @@ pub enum GrammarError {
     /// No rule named `root`.
     #[error("the grammar has no 'root' rule")]
     MissingRoot,
-    /// The grammar or a step of it exceeds a size limit.
+    /// The grammar or a step of it exceeds a size limit (the grammar's size, the parse stacks
+    /// one step makes, or the work one call may do). A state that hit a limit stays failed:
+    /// see [`GrammarState::failure`].
     #[error("grammar too complex: {0}")]
     TooComplex(String),
     /// The token may not come next.
@@ -197,27 +204,33 @@ impl Grammar {
             })
             .collect();
         let mut cache = Cache::new();
+        cache.begin();
         let set = cache.closed_set(&g, &starts);
-        if cache.overflow {
-            return Err(GrammarError::TooComplex(
-                "expanding the root rule makes too many parse stacks".into(),
-            ));
+        let initial = cache.stacks_of(set);
+        if let Some(why) = cache.end() {
+            return Err(GrammarError::TooComplex(format!(
+                "expanding the root rule: {why}"
+            )));
         }
-        g.initial = cache.stacks_of(set);
+        g.initial = initial;
         Ok(g)
     }
 
-    /// Whether the whole string is in the grammar's language (test helper; char-level).
+    /// Whether the whole string is in the grammar's language (test helper; char-level; false
+    /// also when a step exceeds the work or stack limits).
     pub fn accepts_str(&self, s: &str) -> bool {
         let mut cache = Cache::new();
+        cache.begin();
         let mut set = cache.state_set(self, &self.initial);
         for c in s.chars() {
+            // Each char is a step of its own, with its own budget.
+            cache.new_budget();
             set = cache.step(self, set, c as u32);
             if set == DEAD {
                 return false;
             }
         }
-        cache.sets[set as usize].has_empty
+        set != DEAD && cache.sets[set as usize].has_empty
     }
 
     /// Number of rules, generated ones (groups, repetitions) included.
@@ -226,9 +239,11 @@ impl Grammar {
     }
 }
 
+/// The cache, trimmed, with a fresh work budget for one call.
 fn lock(cache: &Mutex<Cache>) -> MutexGuard<'_, Cache> {
     let mut c = cache.lock().unwrap_or_else(|e| e.into_inner());
     c.trim();
+    c.begin();
     c
 }
 
@@ -237,12 +252,20 @@ fn lock(cache: &Mutex<Cache>) -> MutexGuard<'_, Cache> {
 ///
 /// Each state keeps a cache of interned stacks and memoized steps, shared by its clones (behind
 /// a mutex): steps the generation takes again (inside a JSON string, say) cost a lookup.
+///
+/// Every call does bounded work (grammars come from untrusted clients): a step that would make
+/// more than 4096 parse stacks, or need more than a fixed budget of work (about 2M expansions,
+/// some tens of milliseconds), fails the state instead. A failed state stays failed: it allows
+/// no token (`mask_logits` bans them all, EOG included), `accept` and `accept_str` return
+/// [`GrammarError::TooComplex`], and [`GrammarState::failure`] says why. Below the limits the
+/// allowed tokens are exactly llama.cpp's; no stack is ever dropped.
 #[derive(Clone)]
 pub struct GrammarState {
     grammar: Arc<Grammar>,
     stacks: Vec<Vec<u32>>,
     partial: Partial,
     cache: Arc<Mutex<Cache>>,
+    failure: OnceLock<GrammarError>,
 }
 
 impl std::fmt::Debug for GrammarState {
@@ -250,6 +273,7 @@ impl std::fmt::Debug for GrammarState {
         f.debug_struct("GrammarState")
             .field("stacks", &self.stacks.len())
             .field("partial", &self.partial)
+            .field("failure", &self.failure.get())
             .finish()
     }
 }
@@ -263,7 +287,20 @@ impl GrammarState {
             stacks,
             partial: Partial::NONE,
             cache: Arc::new(Mutex::new(Cache::new())),
+            failure: OnceLock::new(),
         }
+    }
+
+    /// Why the state failed, if a call exceeded a limit (see the type's documentation); the
+    /// error is a [`GrammarError::TooComplex`]. Once failed, always failed.
+    pub fn failure(&self) -> Option<&GrammarError> {
+        self.failure.get()
+    }
+
+    /// Records a failure (the first one stays).
+    fn fail(&self, why: String) -> GrammarError {
+        let _ = self.failure.set(GrammarError::TooComplex(why));
+        self.failure.get().expect("just set").clone()
     }
 
     /// The grammar.
@@ -279,7 +316,7 @@ impl GrammarState {
     /// with empty bytes or whose first byte is 0: never).
     pub fn allows(&self, vocab: &Vocab, token: u32) -> bool {
         let id = token as usize;
-        if id >= vocab.len() {
+        if id >= vocab.len() || self.failure.get().is_some() {
             return false;
         }
         match vocab.kind[id] {
@@ -293,7 +330,13 @@ impl GrammarState {
         let g = &*self.grammar;
         let mut cache = self.lock();
         let set = cache.state_set(g, &self.stacks);
-        state::token_allowed(&mut cache, g, set, &cps, end, token)
+        let ok = state::token_allowed(&mut cache, g, set, &cps, end, token);
+        if let Some(why) = cache.end() {
+            drop(cache);
+            self.fail(why);
+            return false;
+        }
+        ok
     }
 
     /// Sets to `f32::NEG_INFINITY` every logit whose token may not come next (`logits.len()`
@@ -302,6 +345,10 @@ impl GrammarState {
     /// Cost: one walk of the vocabulary's code point trie, pruned where the grammar rejects a
     /// prefix and cut short where it loops (inside a string); steps are memoized in the state.
     pub fn mask_logits(&self, vocab: &Vocab, logits: &mut [f32]) {
+        if self.failure.get().is_some() {
+            logits.fill(f32::NEG_INFINITY);
+            return;
+        }
         let g = &*self.grammar;
         let mut cache = self.lock();
         let words = vocab.len().div_ceil(64);
@@ -322,12 +369,22 @@ impl GrammarState {
                     if state::token_allowed(&mut cache, g, set, &cps, end, t) {
                         allowed[(t >> 6) as usize] |= 1u64 << (t & 63);
                     }
+                    if cache.failed() {
+                        break;
+                    }
                 }
             } else {
                 cache.allowed = allowed;
                 state::mask_trie(&mut cache, g, vocab, set);
                 allowed = std::mem::take(&mut cache.allowed);
             }
+        }
+        if let Some(why) = cache.end() {
+            cache.allowed = allowed;
+            drop(cache);
+            self.fail(why);
+            logits.fill(f32::NEG_INFINITY);
+            return;
         }
         for (chunk, &bits) in logits.chunks_mut(64).zip(allowed.iter()) {
             match bits {
@@ -385,6 +442,9 @@ impl GrammarState {
     /// when the grammar cannot end, or bytes that leave no stack); the state is then unchanged.
     /// An allowed EOG token leaves the state as it is.
     pub fn accept(&mut self, vocab: &Vocab, token: u32) -> Result<(), GrammarError> {
+        if let Some(e) = self.failure.get() {
+            return Err(e.clone());
+        }
         let id = token as usize;
         if id >= vocab.len() {
             return Err(GrammarError::UnknownToken {
@@ -404,6 +464,9 @@ impl GrammarState {
             text: String::from_utf8_lossy(vocab.piece(token)).into_owned(),
         };
         if !self.allows(vocab, token) {
+            if let Some(e) = self.failure.get() {
+                return Err(e.clone());
+            }
             return Err(rejected());
         }
         let mut cps = Vec::new();
@@ -413,7 +476,10 @@ impl GrammarState {
         let set = cache.state_set(g, &self.stacks);
         // Stacks with a class on top take the code points (all of them, or stay as they are if
         // the token completes none); stacks with a token element on top take the token.
-        let mut ids = if cps.is_empty() {
+        let mut ids = if set == DEAD {
+            // Only when interning the state's stacks ran out of budget (failure set).
+            Vec::new()
+        } else if cps.is_empty() {
             cache.char_top_stacks(set)
         } else {
             let mut s = set;
@@ -429,25 +495,43 @@ impl GrammarState {
                 cache.sets[s as usize].stacks.to_vec()
             }
         };
-        ids.extend(cache.token_step(g, set, token));
-        if cache.overflow {
-            return Err(GrammarError::TooComplex(format!(
-                "accepting token {token} makes too many parse stacks"
-            )));
+        if set != DEAD {
+            ids.extend(cache.token_step(g, set, token));
         }
         ids.sort_unstable();
         ids.dedup();
-        if ids.is_empty() {
+        if ids.len() > parse::MAX_STACKS {
+            cache.failure.get_or_insert_with(|| {
+                format!(
+                    "accepting token {token} makes {} parse stacks, more than the limit of {}",
+                    ids.len(),
+                    parse::MAX_STACKS
+                )
+            });
+        }
+        let stacks = if ids.is_empty() || cache.failed() {
+            Vec::new()
+        } else {
+            let new_set = cache.set_of(g, &ids);
+            cache.stacks_of(new_set)
+        };
+        if let Some(why) = cache.end() {
+            drop(cache);
+            return Err(self.fail(why));
+        }
+        if stacks.is_empty() {
             return Err(rejected());
         }
-        let new_set = cache.set_of(g, &ids);
-        self.stacks = cache.stacks_of(new_set);
+        self.stacks = stacks;
         self.partial = end;
         Ok(())
     }
 
     /// Advances past text (chars); errors if rejected (the state is then unchanged).
     pub fn accept_str(&mut self, s: &str) -> Result<(), GrammarError> {
+        if let Some(e) = self.failure.get() {
+            return Err(e.clone());
+        }
         let mut cps = Vec::new();
         let end = decode(s.as_bytes(), self.partial, &mut cps);
         let rejected = |at: usize| GrammarError::TextRejected {
@@ -460,30 +544,45 @@ impl GrammarState {
         let g = &*self.grammar;
         let mut cache = lock(&self.cache);
         let mut set = cache.state_set(g, &self.stacks);
+        let mut rejected_at = None;
         for (i, &c) in cps.iter().enumerate() {
+            if set == DEAD {
+                break;
+            }
+            // Each char is a step of its own, with its own budget.
+            cache.new_budget();
             set = cache.step(g, set, c);
             if set == DEAD {
-                return Err(rejected(i));
+                rejected_at = Some(i);
             }
         }
-        if cache.overflow {
-            return Err(GrammarError::TooComplex(
-                "accepting text makes too many parse stacks".into(),
-            ));
+        let stacks = if set == DEAD {
+            Vec::new()
+        } else {
+            cache.stacks_of(set)
+        };
+        if let Some(why) = cache.end() {
+            drop(cache);
+            return Err(self.fail(why));
         }
-        self.stacks = cache.stacks_of(set);
+        if set == DEAD {
+            return Err(rejected(rejected_at.unwrap_or(0)));
+        }
+        self.stacks = stacks;
         self.partial = end;
         Ok(())
     }
 
     /// Whether the grammar may end here (an EOG token would be allowed).
     pub fn can_end(&self) -> bool {
-        self.stacks.iter().any(|s| s.is_empty())
+        self.failure.get().is_none() && self.stacks.iter().any(|s| s.is_empty())
     }
 
     /// Whether nothing but ending is possible (every stack is finished) — lets a caller stop
     /// early.
     pub fn must_end(&self) -> bool {
-        !self.stacks.is_empty() && self.stacks.iter().all(|s| s.is_empty())
+        self.failure.get().is_none()
+            && !self.stacks.is_empty()
+            && self.stacks.iter().all(|s| s.is_empty())
     }
 }

@@ -15,10 +15,15 @@ use std::collections::HashMap;
 pub(crate) const MAX_REPETITION: u64 = 2000;
 /// Nesting depth of parentheses (llama.cpp has none; ours keeps recursion bounded).
 pub(crate) const MAX_NESTING: usize = 256;
-/// Total number of grammar elements after expanding repetitions.
-pub(crate) const MAX_ELEMENTS: usize = 1 << 22;
-/// Number of parse stacks one step may produce before the grammar counts as too ambiguous.
-pub(crate) const MAX_STACKS: usize = 1 << 16;
+/// Total number of grammar elements after expanding repetitions (parsing stays within some
+/// tens of milliseconds and tens of MB).
+pub(crate) const MAX_ELEMENTS: usize = 1 << 19;
+/// Total bytes of rule names, generated ones (`<rule>_<n>`, one per group and repetition
+/// copy) included.
+pub(crate) const MAX_NAME_BYTES: usize = 1 << 24;
+/// Number of parse stacks one step may produce before the grammar counts as too ambiguous
+/// (llama.cpp's own grammars need a few dozen at most).
+pub(crate) const MAX_STACKS: usize = 1 << 12;
 
 /// One item of an alternative while parsing.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
@@ -76,7 +81,13 @@ impl Class {
         if self.any {
             return true;
         }
-        let inside = self.norm.iter().any(|&(a, b)| a <= c && c <= b);
+        let inside = if self.norm.len() <= 8 {
+            self.norm.iter().any(|&(a, b)| a <= c && c <= b)
+        } else {
+            // Sorted, disjoint ranges: the last one starting at or below c decides.
+            let k = self.norm.partition_point(|&(a, _)| a <= c);
+            k > 0 && c <= self.norm[k - 1].1
+        };
         inside != self.negated
     }
 
@@ -150,6 +161,7 @@ struct Parser<'a> {
     classes: Vec<Class>,
     class_ids: HashMap<Class, u32>,
     n_items: usize,
+    name_bytes: usize,
     depth: usize,
 }
 
@@ -216,7 +228,18 @@ impl<'a> Parser<'a> {
         self.n_items += n;
         if self.n_items > MAX_ELEMENTS {
             return Err(GrammarError::TooComplex(format!(
-                "the grammar expands to more than {MAX_ELEMENTS} elements"
+                "the grammar expands to more than {MAX_ELEMENTS} elements (repetitions counted as their copies)"
+            )));
+        }
+        Ok(())
+    }
+
+    fn charge_name(&mut self, len: usize) -> PResult<()> {
+        self.name_bytes += len;
+        if self.name_bytes > MAX_NAME_BYTES {
+            return Err(GrammarError::TooComplex(format!(
+                "rule names take more than {MAX_NAME_BYTES} bytes (each group and repetition copy \
+                 makes a rule named after its rule: shorten long rule names)"
             )));
         }
         Ok(())
@@ -237,17 +260,23 @@ impl<'a> Parser<'a> {
         }
     }
 
-    fn symbol(&mut self, name: &str) -> u32 {
+    fn symbol(&mut self, name: &str) -> PResult<u32> {
+        if let Some(&id) = self.symbols.get(name) {
+            return Ok(id);
+        }
+        self.charge_name(name.len())?;
         let next = self.symbols.len() as u32;
-        *self.symbols.entry(name.to_string()).or_insert(next)
+        self.symbols.insert(name.to_string(), next);
+        Ok(next)
     }
 
     /// A new rule id named after `base` (llama.cpp's scheme: `base_<id>`; a user's rule name
     /// cannot hold '_', so it never clashes).
-    fn generate(&mut self, base: &str) -> u32 {
+    fn generate(&mut self, base: &str) -> PResult<u32> {
+        self.charge_name(base.len() + 8)?;
         let next = self.symbols.len() as u32;
         self.symbols.insert(format!("{base}_{next}"), next);
-        next
+        Ok(next)
     }
 
     fn add_rule(&mut self, id: u32, alts: Vec<Vec<Item>>) {
@@ -453,7 +482,7 @@ impl<'a> Parser<'a> {
         };
         let mut last_rec = 0;
         for i in 0..n_opt {
-            let id = self.generate(rule_name);
+            let id = self.generate(rule_name)?;
             self.charge(prev.len() + 3)?;
             let mut alt = prev.clone();
             if max.is_none() {
@@ -547,7 +576,7 @@ impl<'a> Parser<'a> {
                 }
                 c if is_word(c) => {
                     let name = self.parse_name()?;
-                    let id = self.symbol(&name);
+                    let id = self.symbol(&name)?;
                     self.skip_space(nested);
                     last_start = items.len();
                     n_prev = 1;
@@ -564,7 +593,7 @@ impl<'a> Parser<'a> {
                         ));
                     }
                     let before = self.symbols.len();
-                    let sub = self.generate(rule_name);
+                    let sub = self.generate(rule_name)?;
                     self.depth += 1;
                     self.parse_alternates(rule_name, sub, true)?;
                     self.depth -= 1;
@@ -671,7 +700,7 @@ impl<'a> Parser<'a> {
     fn parse_rule(&mut self) -> PResult<()> {
         let name = self.parse_name()?;
         self.skip_space(false);
-        let id = self.symbol(&name);
+        let id = self.symbol(&name)?;
         if !self.src[self.pos.min(self.src.len())..].starts_with(b"::=") {
             return Err(self.error(format!("expected '::=' after rule name '{name}'")));
         }
@@ -703,6 +732,7 @@ pub(crate) fn compile(src: &str, lookup: Option<Lookup<'_>>) -> Result<Compiled,
         classes: Vec::new(),
         class_ids: HashMap::new(),
         n_items: 0,
+        name_bytes: 0,
         depth: 0,
     };
     p.skip_space(true);

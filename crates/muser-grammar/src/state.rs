@@ -61,12 +61,20 @@ pub(crate) const EMPTY: u32 = 0;
 pub(crate) const DEAD: u32 = u32::MAX;
 const UNKNOWN: u32 = u32::MAX - 1;
 
-/// Work one closure (expansion of rule references) may do before it gives up.
-const MAX_CLOSURE: usize = 1 << 18;
+/// Work one public call may do, in units of roughly 10-25 ns each (a rule expansion plus
+/// one per alternative pushed, 2 per stack node created, 2 per stack of a new set, one per 4
+/// class tests, one per 8 stacks of a memoized closure reused, one per token element tested
+/// or stack element interned or copied): a call that runs out stops after some tens of
+/// milliseconds, having grown the cache by some tens of MB at most. Ordinary grammars need far
+/// less: about 20k units for a first mask over a 202k vocabulary with a JSON grammar, at
+/// most about 500k for the random grammars of llama.cpp's comparison test (4k vocabulary).
+pub(crate) const WORK_BUDGET: u64 = 1 << 21;
 /// Sizes past which the cache is dropped between calls.
 const MAX_NODES: usize = 1 << 20;
 const MAX_SETS: usize = 1 << 15;
+const MAX_SET_ELEMS: usize = 1 << 20;
 const MAX_MEMO: usize = 1 << 20;
+const MAX_CLOSURE_ELEMS: usize = 1 << 22;
 /// Uncached ASCII steps from one set before it gets its own table.
 const ASCII_TABLE_AFTER: u32 = 8;
 
@@ -107,8 +115,19 @@ pub(crate) struct Cache {
     seen: HashSet<u32, FxBuild>,
     todo: Vec<u32>,
     out: Vec<u32>,
-    /// Set when a limit cut a computation short.
-    pub overflow: bool,
+    /// Stacks held by the interned sets, all together.
+    set_elems: usize,
+    /// Memo of closures: start stack -> its range in `closure_store`.
+    closures: HashMap<u32, (u32, u32), FxBuild>,
+    closure_store: Vec<u32>,
+    /// `marks[s] == stamp` when stack s is in `out` already.
+    marks: Vec<u32>,
+    stamp: u32,
+    /// Work done in the current call (reset by `begin`).
+    work: u64,
+    /// Why the current call gave up (budget or stack limit); the results computed since are
+    /// incomplete, and the cache must be reset (`end`) before being used again.
+    pub failure: Option<String>,
     // Scratch for masking.
     pub allowed: Vec<u64>,
     pub depth_sets: Vec<u32>,
@@ -125,7 +144,13 @@ impl Cache {
             seen: HashSet::default(),
             todo: Vec::new(),
             out: Vec::new(),
-            overflow: false,
+            set_elems: 0,
+            closures: HashMap::default(),
+            closure_store: Vec::new(),
+            marks: Vec::new(),
+            stamp: 0,
+            work: 0,
+            failure: None,
             allowed: Vec::new(),
             depth_sets: Vec::new(),
         }
@@ -134,15 +159,83 @@ impl Cache {
     /// Drops everything interned if the cache grew too large (call between operations: ids
     /// from before are invalid afterwards).
     pub fn trim(&mut self) {
-        if self.nodes.len() > MAX_NODES || self.sets.len() > MAX_SETS || self.memo.len() > MAX_MEMO
+        if self.nodes.len() > MAX_NODES
+            || self.sets.len() > MAX_SETS
+            || self.set_elems > MAX_SET_ELEMS
+            || self.memo.len() > MAX_MEMO
+            || self.closure_store.len() > MAX_CLOSURE_ELEMS
         {
-            self.nodes.truncate(1);
-            self.node_ids.clear();
-            self.sets.clear();
-            self.set_ids.clear();
-            self.memo.clear();
+            self.reset();
         }
-        self.overflow = false;
+    }
+
+    /// Drops everything interned and memoized (the scratch buffers stay).
+    fn reset(&mut self) {
+        // Fresh tables: clearing keeps their (possibly huge) capacity.
+        self.nodes = vec![(u32::MAX, u32::MAX)];
+        self.node_ids = HashMap::default();
+        self.sets = Vec::new();
+        self.set_ids = HashMap::default();
+        self.memo = HashMap::default();
+        self.seen = HashSet::default();
+        self.todo = Vec::new();
+        self.out = Vec::new();
+        self.set_elems = 0;
+        self.closures = HashMap::default();
+        self.closure_store = Vec::new();
+        self.marks = Vec::new();
+    }
+
+    /// Starts a call: a fresh work budget.
+    pub fn begin(&mut self) {
+        self.work = 0;
+        self.failure = None;
+    }
+
+    /// A fresh work budget within a call (a failure stays).
+    pub fn new_budget(&mut self) {
+        self.work = 0;
+    }
+
+    /// Ends a call: why it failed, if it did (the cache is then reset, since steps computed
+    /// after the failure may have been memoized incomplete).
+    pub fn end(&mut self) -> Option<String> {
+        let failure = self.failure.take()?;
+        self.reset();
+        Some(failure)
+    }
+
+    /// Counts `n` units of work; false (and the call failed) once past the budget.
+    #[inline]
+    pub fn charge(&mut self, n: usize) -> bool {
+        self.work += n as u64;
+        if self.work > WORK_BUDGET {
+            self.fail_budget();
+        }
+        self.failure.is_none()
+    }
+
+    #[cold]
+    fn fail_budget(&mut self) {
+        if self.failure.is_none() {
+            self.failure = Some(format!(
+                "one step needs more than {WORK_BUDGET} units of work (the grammar is too ambiguous here)"
+            ));
+        }
+    }
+
+    #[cold]
+    fn fail_stacks(&mut self, n: usize) {
+        if self.failure.is_none() {
+            self.failure = Some(format!(
+                "one step makes {n} parse stacks, more than the limit of {MAX_STACKS} (the grammar is too ambiguous here)"
+            ));
+        }
+    }
+
+    #[inline]
+    pub fn failed(&self) -> bool {
+        self.failure.is_some()
     }
 
     #[inline]
@@ -151,6 +244,8 @@ impl Cache {
         let id = *self.node_ids.entry((pos, parent)).or_insert(next);
         if id == next {
             self.nodes.push((pos, parent));
+            // A new node is memory and a table insert: it costs more than a lookup.
+            self.charge(2);
         }
         id
     }
@@ -165,7 +260,8 @@ impl Cache {
         }
     }
 
-    pub fn intern_stack(&mut self, stack: &[u32]) -> u32 {
+    fn intern_stack(&mut self, stack: &[u32]) -> u32 {
+        self.charge(1 + stack.len());
         let mut id = EMPTY;
         for &p in stack {
             id = self.node(p, id);
@@ -173,7 +269,7 @@ impl Cache {
         id
     }
 
-    pub fn stack_of(&self, mut id: u32) -> Vec<u32> {
+    fn stack_of(&self, mut id: u32) -> Vec<u32> {
         let mut out = Vec::new();
         while id != EMPTY {
             let (pos, parent) = self.nodes[id as usize];
@@ -184,9 +280,64 @@ impl Cache {
         out
     }
 
+    /// Empties `self.out` for a new result.
+    fn out_begin(&mut self) {
+        self.out.clear();
+        self.stamp = self.stamp.wrapping_add(1);
+        if self.stamp == 0 {
+            self.marks.iter_mut().for_each(|m| *m = 0);
+            self.stamp = 1;
+        }
+    }
+
+    /// Adds stack `s` to `self.out` unless it is there already.
+    #[inline]
+    fn out_push(&mut self, s: u32) {
+        let i = s as usize;
+        if i >= self.marks.len() {
+            self.marks.resize(self.nodes.len().max(i + 1), 0);
+        }
+        if self.marks[i] != self.stamp {
+            self.marks[i] = self.stamp;
+            self.out.push(s);
+        }
+    }
+
     /// Expands rule references on top of `start` until every stack has a terminal on top or is
     /// empty, adding those stacks to `self.out`.
     fn closure(&mut self, g: &Grammar, start: u32) {
+        if start == EMPTY || !matches!(g.elems[self.nodes[start as usize].0 as usize], Elem::Ref(_))
+        {
+            self.out_push(start);
+            return;
+        }
+        let (at, len) = match self.closures.get(&start) {
+            // Sets share stacks, so the same stack is closed again and again: once is enough.
+            Some(&(at, len)) => {
+                if !self.charge(1 + len as usize / 8) {
+                    return;
+                }
+                (at as usize, len as usize)
+            }
+            None => {
+                let at = self.closure_store.len();
+                if !self.closure_uncached(g, start) {
+                    self.closure_store.truncate(at);
+                    return;
+                }
+                let len = self.closure_store.len() - at;
+                self.closures.insert(start, (at as u32, len as u32));
+                (at, len)
+            }
+        };
+        for k in at..at + len {
+            let s = self.closure_store[k];
+            self.out_push(s);
+        }
+    }
+
+    /// The closure of `start`, appended to `closure_store`; false if the call failed.
+    fn closure_uncached(&mut self, g: &Grammar, start: u32) -> bool {
         if self.seen.capacity() > 1 << 12 {
             // Clearing a large table costs its capacity: start small again.
             self.seen = HashSet::default();
@@ -198,38 +349,41 @@ impl Cache {
             if !self.seen.insert(s) {
                 continue;
             }
-            if self.seen.len() > MAX_CLOSURE {
-                self.overflow = true;
-                return;
-            }
             if s == EMPTY {
-                self.out.push(s);
+                self.closure_store.push(s);
                 continue;
             }
             let (pos, parent) = self.nodes[s as usize];
             match g.elems[pos as usize] {
                 Elem::Ref(r) => {
+                    if !self.charge(1 + g.rule_alts[r as usize].len()) {
+                        self.todo.clear();
+                        return false;
+                    }
                     let cont = self.push(g, pos + 1, parent);
                     for &alt in &g.rule_alts[r as usize] {
                         let next = self.push(g, alt, cont);
                         self.todo.push(next);
                     }
                 }
-                _ => self.out.push(s),
+                _ => self.closure_store.push(s),
             }
         }
+        true
     }
 
     /// The set of the stacks in `self.out` (sorted and deduplicated), DEAD if none.
     fn take_set(&mut self, g: &Grammar) -> u32 {
         let mut out = std::mem::take(&mut self.out);
         out.sort_unstable();
-        out.dedup();
-        if out.len() > MAX_STACKS {
-            self.overflow = true;
-            out.truncate(MAX_STACKS);
-        }
-        let id = self.set_of(g, &out);
+        let id = if self.failed() {
+            DEAD
+        } else if out.len() > MAX_STACKS {
+            self.fail_stacks(out.len());
+            DEAD
+        } else {
+            self.set_of(g, &out)
+        };
         out.clear();
         self.out = out;
         id
@@ -243,6 +397,10 @@ impl Cache {
         if let Some(&id) = self.set_ids.get(stacks) {
             return id;
         }
+        if !self.charge(2 * stacks.len()) {
+            return DEAD;
+        }
+        self.set_elems += stacks.len();
         let mut char_tops = Vec::new();
         let mut tok_tops = Vec::new();
         let mut has_empty = false;
@@ -279,10 +437,13 @@ impl Cache {
 
     /// The set of the closures of explicit stacks (a state's or the initial ones).
     pub fn closed_set(&mut self, g: &Grammar, stacks: &[Vec<u32>]) -> u32 {
-        self.out.clear();
+        self.out_begin();
         for st in stacks {
             let id = self.intern_stack(st);
             self.closure(g, id);
+            if self.failed() {
+                break;
+            }
         }
         self.take_set(g)
     }
@@ -290,20 +451,29 @@ impl Cache {
     /// The set of explicit stacks that are already closed (a state's).
     pub fn state_set(&mut self, g: &Grammar, stacks: &[Vec<u32>]) -> u32 {
         let mut ids: Vec<u32> = stacks.iter().map(|s| self.intern_stack(s)).collect();
+        if self.failed() {
+            return DEAD;
+        }
         ids.sort_unstable();
         ids.dedup();
+        if ids.len() > MAX_STACKS {
+            self.fail_stacks(ids.len());
+            return DEAD;
+        }
         self.set_of(g, &ids)
     }
 
-    pub fn stacks_of(&self, set: u32) -> Vec<Vec<u32>> {
+    pub fn stacks_of(&mut self, set: u32) -> Vec<Vec<u32>> {
         if set == DEAD {
             return Vec::new();
         }
-        self.sets[set as usize]
+        let out: Vec<Vec<u32>> = self.sets[set as usize]
             .stacks
             .iter()
             .map(|&s| self.stack_of(s))
-            .collect()
+            .collect();
+        self.charge(out.iter().map(|s| 1 + s.len()).sum());
+        out
     }
 
     /// Consumes code point `c` from every stack of `set` whose top class matches it.
@@ -324,6 +494,9 @@ impl Cache {
             return v;
         }
         let v = self.step_uncached(g, set, c);
+        if self.failed() {
+            return DEAD;
+        }
         if c < 128 {
             let info = &mut self.sets[set as usize];
             if let Some(t) = &mut info.ascii {
@@ -332,6 +505,11 @@ impl Cache {
             }
             info.ascii_misses += 1;
             if info.ascii_misses >= ASCII_TABLE_AFTER {
+                // A table is 512 bytes: charge it as the memo entries it stands for.
+                if !self.charge(64) {
+                    return DEAD;
+                }
+                let info = &mut self.sets[set as usize];
                 let mut t = Box::new([UNKNOWN; 128]);
                 t[c as usize] = v;
                 info.ascii = Some(t);
@@ -344,6 +522,14 @@ impl Cache {
 
     fn step_high(&mut self, g: &Grammar, set: u32, c: u32) -> u32 {
         if self.sets[set as usize].high.is_none() {
+            let cost: usize = self.sets[set as usize]
+                .char_tops
+                .iter()
+                .map(|&(class, _)| 1 + g.classes[class as usize].norm.len())
+                .sum();
+            if !self.charge(cost) {
+                return DEAD;
+            }
             let mut starts = vec![128u32];
             for &(class, _) in self.sets[set as usize].char_tops.iter() {
                 let class = &g.classes[class as usize];
@@ -374,6 +560,9 @@ impl Cache {
             return v;
         }
         let v = self.step_uncached(g, set, c);
+        if self.failed() {
+            return DEAD;
+        }
         self.sets[set as usize]
             .high
             .as_mut()
@@ -383,14 +572,21 @@ impl Cache {
     }
 
     fn step_uncached(&mut self, g: &Grammar, set: u32, c: u32) -> u32 {
-        self.out.clear();
+        self.out_begin();
         let n = self.sets[set as usize].char_tops.len();
+        // Testing a class is a few ns: four to a unit.
+        if !self.charge(1 + n / 4) {
+            return DEAD;
+        }
         for i in 0..n {
             let (class, s) = self.sets[set as usize].char_tops[i];
             if g.classes[class as usize].matches(c) {
                 let (pos, parent) = self.nodes[s as usize];
                 let next = self.push(g, pos + 1, parent);
                 self.closure(g, next);
+                if self.failed() {
+                    break;
+                }
             }
         }
         self.take_set(g)
@@ -398,9 +594,12 @@ impl Cache {
 
     /// The stacks of `set` with a token element on top that matches `token`, advanced past it.
     pub fn token_step(&mut self, g: &Grammar, set: u32, token: u32) -> Vec<u32> {
-        self.out.clear();
+        self.out_begin();
         let stacks = self.sets[set as usize].stacks.clone();
         let mut res = Vec::new();
+        if !self.charge(stacks.len()) {
+            return res;
+        }
         for s in stacks.iter().copied() {
             if s == EMPTY {
                 continue;
@@ -414,6 +613,9 @@ impl Cache {
             if hit {
                 let next = self.push(g, pos + 1, parent);
                 self.closure(g, next);
+                if self.failed() {
+                    break;
+                }
             }
         }
         std::mem::swap(&mut res, &mut self.out);
@@ -421,20 +623,26 @@ impl Cache {
     }
 
     /// The stacks of `set` with a character class on top.
-    pub fn char_top_stacks(&self, set: u32) -> Vec<u32> {
-        self.sets[set as usize]
+    pub fn char_top_stacks(&mut self, set: u32) -> Vec<u32> {
+        let out: Vec<u32> = self.sets[set as usize]
             .char_tops
             .iter()
             .map(|&(_, s)| s)
-            .collect()
+            .collect();
+        self.charge(out.len());
+        out
     }
 
     /// Whether a stack of `set` with a class on top accepts the pending sequence `p`.
-    pub fn partial_ok(&self, g: &Grammar, set: u32, p: Partial) -> bool {
-        self.sets[set as usize]
-            .char_tops
-            .iter()
-            .any(|&(c, _)| g.classes[c as usize].matches_partial(p))
+    pub fn partial_ok(&mut self, g: &Grammar, set: u32, p: Partial) -> bool {
+        let mut cost = 0;
+        let ok = self.sets[set as usize].char_tops.iter().any(|&(c, _)| {
+            let class = &g.classes[c as usize];
+            cost += 1 + class.raw.len() / 16;
+            class.matches_partial(p)
+        });
+        // As in a step, four class tests to a unit.
+        self.charge(1 + cost / 4) && ok
     }
 
     /// Whether every char in `ascii` (and, with `non_ascii`, every char from 128 up) leads from
@@ -486,8 +694,14 @@ pub(crate) fn token_allowed(
         return false;
     }
     for &c in cps {
-        if tok_tops_allow(&cache.sets[set as usize].tok_tops, id) {
-            return true;
+        let tops = cache.sets[set as usize].tok_tops.len();
+        if tops > 0 {
+            if !cache.charge(tops) {
+                return false;
+            }
+            if tok_tops_allow(&cache.sets[set as usize].tok_tops, id) {
+                return true;
+            }
         }
         set = cache.step(g, set, c);
         if set == DEAD {
@@ -519,6 +733,9 @@ pub(crate) fn mask_trie(cache: &mut Cache, g: &Grammar, vocab: &Vocab, root: u32
     sets[0] = root;
     let mut i = 0usize;
     while i < n {
+        if cache.failed() {
+            break;
+        }
         let set = if i == 0 {
             root
         } else {
@@ -546,8 +763,12 @@ pub(crate) fn mask_trie(cache: &mut Cache, g: &Grammar, vocab: &Vocab, root: u32
             continue;
         }
         // Token elements on top: they decide for every token with code points left.
+        let n_tops = cache.sets[set as usize].tok_tops.len();
+        if n_tops > 0 && !cache.charge(n_tops) {
+            break;
+        }
         let info = &cache.sets[set as usize];
-        if !info.tok_tops.is_empty() {
+        if n_tops > 0 {
             let mut not_value: Option<u32> = None;
             let mut all = false;
             for &(neg, t) in info.tok_tops.iter() {

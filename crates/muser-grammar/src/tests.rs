@@ -1145,3 +1145,292 @@ fn llama_cpp_grammar_files() {
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Work limits: every call is bounded, and a state past a limit fails cleanly and stays failed
+
+/// Lowercase words of 1 to 12 letters (and their capitalized forms), ".", an EOG token.
+fn word_vocab(n: usize) -> Vocab {
+    let mut rng = Rng::new(5);
+    let mut pieces: Vec<Vec<u8>> = vec![b"</s>".to_vec(), b".".to_vec(), b"q".to_vec()];
+    for c in b'a'..=b'z' {
+        pieces.push(vec![c]);
+    }
+    while pieces.len() < n {
+        let len = 1 + rng.below(12);
+        let w: Vec<u8> = (0..len).map(|_| b'a' + rng.below(26) as u8).collect();
+        pieces.push(w);
+    }
+    let eog = (0..pieces.len()).map(|i| i == 0).collect();
+    Vocab::new(pieces, eog)
+}
+
+/// Checks that `st` failed with TooComplex and stays failed everywhere.
+fn assert_failed(st: &mut GrammarState, v: &Vocab, what: &str) {
+    let why = match st.failure() {
+        Some(GrammarError::TooComplex(why)) => why.clone(),
+        other => panic!("{what}: expected a TooComplex failure, got {other:?}"),
+    };
+    assert!(!why.is_empty());
+    for t in 0..v.len().min(64) as u32 {
+        assert!(!st.allows(v, t), "{what}: a failed state allows token {t}");
+    }
+    let mut logits = vec![1.0f32; v.len()];
+    st.mask_logits(v, &mut logits);
+    assert!(logits.iter().all(|l| *l == f32::NEG_INFINITY), "{what}");
+    assert!(!st.can_end() && !st.must_end(), "{what}");
+    assert!(
+        matches!(st.accept(v, 0), Err(GrammarError::TooComplex(_))),
+        "{what}"
+    );
+    assert!(
+        matches!(st.accept(v, 3), Err(GrammarError::TooComplex(_))),
+        "{what}"
+    );
+    assert!(
+        matches!(st.accept_str("a"), Err(GrammarError::TooComplex(_))),
+        "{what}"
+    );
+    // Clones made afterwards are failed too.
+    let c = st.clone();
+    assert!(c.failure().is_some() && !c.allows(v, 3), "{what}");
+}
+
+/// `x ::= "a" x "a" | "a" x "A" | ... | "."`: 2^k stacks after k letters.
+fn palindromes() -> String {
+    let mut alts = Vec::new();
+    for c in 'a'..='z' {
+        alts.push(format!("\"{c}\" x \"{c}\""));
+        alts.push(format!("\"{c}\" x \"{}\"", c.to_ascii_uppercase()));
+    }
+    alts.push("\".\"".into());
+    format!("root ::= x\nx ::= {}\n", alts.join(" | "))
+}
+
+#[test]
+fn exponential_stacks_fail_cleanly() {
+    let v = word_vocab(20_000);
+    let gr = Arc::new(g(&palindromes()));
+    // Masking a vocabulary of long words.
+    let mut st = GrammarState::new(gr.clone());
+    let mut logits = vec![0.0f32; v.len()];
+    st.mask_logits(&v, &mut logits);
+    assert!(logits.iter().all(|l| *l == f32::NEG_INFINITY));
+    assert_failed(&mut st, &v, "palindromes, mask");
+    // Accepting text, and one token at a time.
+    let mut st = GrammarState::new(gr.clone());
+    assert!(matches!(
+        st.accept_str(&"ab".repeat(20)),
+        Err(GrammarError::TooComplex(_))
+    ));
+    assert_failed(&mut st, &v, "palindromes, accept_str");
+    let mut st = GrammarState::new(gr.clone());
+    let a = 3; // "a"
+    let mut res = Ok(());
+    for _ in 0..20 {
+        res = st.accept(&v, a);
+        if res.is_err() {
+            break;
+        }
+    }
+    assert!(matches!(res, Err(GrammarError::TooComplex(_))), "{res:?}");
+    assert_failed(&mut st, &v, "palindromes, accept");
+    // Short of the limit, the same grammar works (and matches the language).
+    assert!(gr.accepts_str("ab.Ba"));
+    assert!(!gr.accepts_str("ab.BA."));
+    let mut st = GrammarState::new(gr);
+    st.accept_str("abc.").unwrap();
+    assert!(st.allows(&v, 5) && st.failure().is_none()); // "c"
+}
+
+#[test]
+fn exponential_closure_fails_cleanly() {
+    // Expanding a0 makes 2^16 stacks at once.
+    let mut src = String::from("root ::= \"q\" s\ns ::= a0 s | \"\"\n");
+    for i in 0..16 {
+        src += &format!("a{i} ::= a{} b | a{} c\n", i + 1, i + 1);
+    }
+    src += "a16 ::= \"z\"\nb ::= \"x\"?\nc ::= \"y\"?\n";
+    let gr = Arc::new(g(&src));
+    let v = word_vocab(2000);
+    let q = 2;
+    let mut st = GrammarState::new(gr.clone());
+    assert!(!st.allows(&v, q));
+    assert_failed(&mut st, &v, "closure, allows");
+    let mut st = GrammarState::new(gr.clone());
+    assert!(matches!(st.accept(&v, q), Err(GrammarError::TooComplex(_))));
+    assert_failed(&mut st, &v, "closure, accept");
+    // Fewer levels: within the stack limit, but far past the work budget.
+    let mut src = String::from("root ::= \"q\" s\ns ::= a0 s | \"\"\n");
+    for i in 0..10 {
+        src += &format!("a{i} ::= a{} b | a{} c\n", i + 1, i + 1);
+    }
+    src += "a10 ::= \"z\"\nb ::= \"x\"?\nc ::= \"y\"?\n";
+    let mut st = GrammarState::new(Arc::new(g(&src)));
+    st.accept_str("q").unwrap();
+    let v = word_vocab(20_000);
+    let _ = st.allowed_tokens(&v);
+    match st.failure() {
+        Some(GrammarError::TooComplex(why)) => assert!(why.contains("units of work"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    assert_failed(&mut st, &v, "closure, budget");
+}
+
+#[test]
+fn work_budget_fails_cleanly_in_mask() {
+    // At most 27 * 2^7 stacks (within the limit), but a new big set at nearly every node of
+    // the vocabulary's trie.
+    let mut src = String::from("root ::= x0\n");
+    for i in 0..7 {
+        let mut alts: Vec<String> = ('a'..='z')
+            .map(|c| format!("\"{c}\" x{} \"{c}\"", i + 1))
+            .collect();
+        alts.push(format!("[a-z] x{} \"!\"", i + 1));
+        src += &format!("x{i} ::= {}\n", alts.join(" | "));
+    }
+    src += "x7 ::= \".\"\n";
+    let v = word_vocab(60_000);
+    let mut st = GrammarState::new(Arc::new(g(&src)));
+    let mut logits = vec![0.0f32; v.len()];
+    st.mask_logits(&v, &mut logits);
+    match st.failure() {
+        Some(GrammarError::TooComplex(why)) => assert!(why.contains("units of work"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    assert_failed(&mut st, &v, "budget, mask");
+}
+
+#[test]
+fn nested_stars_fail_cleanly_or_work() {
+    // What a JSON schema pattern `^(?:(?:...(?:ab?)*...)*)*$` becomes: r1 ::= c+,
+    // r_k ::= r_{k-1}+, root ::= "\"" r_{d-1}* "\"".
+    let v = word_vocab(3000);
+    for depth in [6usize, 20, 40] {
+        let mut src = format!(
+            "root ::= \"\\\"\" r{}* \"\\\"\"\nc ::= \"a\" \"b\"?\nr1 ::= c+\n",
+            depth - 1
+        );
+        for k in 2..depth {
+            src += &format!("r{k} ::= r{}+\n", k - 1);
+        }
+        let gr = Arc::new(g(&src));
+        let mut st = GrammarState::new(gr.clone());
+        let mut failed = false;
+        for (i, text) in ["\"", "a", "a", "b", "a", "a", "b", "a"].iter().enumerate() {
+            let _ = st.allowed_tokens(&v);
+            match st.accept_str(text) {
+                Ok(()) => assert!(st.failure().is_none()),
+                Err(GrammarError::TooComplex(_)) => {
+                    failed = true;
+                    break;
+                }
+                Err(e) => panic!("depth {depth} step {i}: {e}"),
+            }
+        }
+        if failed {
+            assert_failed(&mut st, &v, &format!("nested stars {depth}"));
+        } else {
+            st.accept_str("\"").unwrap();
+            assert!(st.must_end(), "depth {depth}");
+        }
+        assert_eq!(failed, depth >= 20, "depth {depth}");
+    }
+}
+
+#[test]
+fn failure_is_per_state_and_the_shared_cache_stays_exact() {
+    // A clone that fails must not disturb its siblings (they share the memo).
+    let mut src = String::from("root ::= \"q\" s | [a-z]+ \".\"\ns ::= a0 s | \"\"\n");
+    for i in 0..16 {
+        src += &format!("a{i} ::= a{} b | a{} c\n", i + 1, i + 1);
+    }
+    src += "a16 ::= \"z\"\nb ::= \"x\"?\nc ::= \"y\"?\n";
+    let gr = Arc::new(g(&src));
+    let v = vocab(&[b"</s>", b"abc", b"ab", b".", b"c.", b"z"], &[0]);
+    let mut a = GrammarState::new(gr.clone());
+    let mut b = a.clone();
+    let before = allowed(&b, &v);
+    let r = a.accept_str("q");
+    assert!(matches!(r, Err(GrammarError::TooComplex(_))), "{r:?}");
+    assert!(a.failure().is_some(), "{a:?}");
+    assert!(b.failure().is_none(), "{b:?}");
+    assert_eq!(allowed(&b, &v), before);
+    b.accept_str("abc").unwrap();
+    assert!(!b.can_end());
+    b.accept_str(".").unwrap();
+    assert!(b.must_end() && b.failure().is_none());
+}
+
+#[test]
+fn parse_size_is_bounded() {
+    // 520 rules each repeating a literal up to 2000 times (4M elements): refused early.
+    let mut src = String::from("root ::= r0\n");
+    for i in 0..520 {
+        src += &format!("r{i} ::= \"x\"{{0,2000}} r{}\n", i + 1);
+    }
+    src += "r520 ::= \"z\"\n";
+    match err(&src) {
+        GrammarError::TooComplex(why) => assert!(why.contains("524288 elements"), "{why}"),
+        e => panic!("{e}"),
+    }
+    // Long rule names copied into every generated rule's name.
+    let name = "n".repeat(3000);
+    let src = format!("root ::= {name}\n{name} ::= \"x\"{{0,2000}}\n");
+    assert!(Grammar::parse(&src).is_ok());
+    let src =
+        format!("root ::= {name}\n{name} ::= \"x\"{{0,2000}} \"y\"{{0,2000}} \"z\"{{0,2000}}\n");
+    match err(&src) {
+        GrammarError::TooComplex(why) => assert!(why.contains("rule names"), "{why}"),
+        e => panic!("{e}"),
+    }
+    // Big, but within the limits.
+    let mut src = String::from("root ::= r0\n");
+    for i in 0..50 {
+        src += &format!("r{i} ::= \"x\"{{0,2000}} \"y\" r{}\n", i + 1);
+    }
+    src += "r50 ::= \"z\"\n";
+    let gr = g(&src);
+    let text = format!("{}y", "x".repeat(1500)).repeat(50) + "z";
+    assert!(gr.accepts_str(&text));
+}
+
+#[test]
+fn llama_cpp_grammar_files_stay_within_the_limits() {
+    let Some(dir) = llama_grammars_dir() else {
+        eprintln!("llama.cpp grammars not found: skipped");
+        return;
+    };
+    let mut rng = Rng::new(seed("llama_cpp_grammar_files_stay_within_the_limits", 3));
+    let v = random_vocab(&mut rng, 3000);
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "gbnf"))
+        .collect();
+    files.sort();
+    let mut steps = 0;
+    for path in files {
+        let gr = Arc::new(g(&std::fs::read_to_string(&path).unwrap()));
+        let mut st = GrammarState::new(gr);
+        for _ in 0..40 {
+            let ok = st.allowed_tokens(&v);
+            assert!(
+                st.failure().is_none(),
+                "{}: {:?}",
+                path.display(),
+                st.failure()
+            );
+            let ok: Vec<u32> = ok.into_iter().filter(|&t| !v.is_eog(t)).collect();
+            if ok.is_empty() {
+                break;
+            }
+            if st.accept(&v, *rng.pick(&ok)).is_err() {
+                break;
+            }
+            assert!(st.failure().is_none(), "{}", path.display());
+            steps += 1;
+        }
+    }
+    assert!(steps > 50, "{steps}");
+}

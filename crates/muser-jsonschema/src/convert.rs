@@ -5,9 +5,9 @@ use std::collections::HashMap;
 use serde_json::{Map, Value};
 
 use crate::grammar::{class_char, literal, repeat, Rules};
-use crate::merge::{self, disjoint, is_constraining, json_eq, kind_of, type_mask};
+use crate::merge::{self, is_constraining, json_eq, kind_of, type_mask, Analysis, FlatCx};
 use crate::numeric::{self, Bound, Decimal};
-use crate::pattern::{pattern_grammar, MAX_REPEAT};
+use crate::pattern::{pattern_grammar, PatternGrammar, MAX_REPEAT};
 use crate::{child_ptr, SchemaError, MAX_DEPTH};
 
 type Obj = Map<String, Value>;
@@ -77,7 +77,20 @@ pub(crate) struct Converter<'a> {
     ref_names: HashMap<String, (String, String)>,
     /// (rule name, target pointer)
     pending: Vec<(String, String)>,
+    /// `allOf`/`$ref` folding state, with the work budget of the whole conversion
+    flat: FlatCx,
+    /// grammar bytes already paid for out of the budget
+    charged_bytes: usize,
+    /// pattern -> its grammar (helper rules are shared by body, so the result does not
+    /// depend on where the pattern is)
+    patterns: HashMap<String, PatternGrammar>,
 }
+
+/// Pattern characters converted per unit of work.
+const PATTERN_CHARS_PER_WORK: usize = 2;
+
+/// Grammar bytes built per unit of work.
+const BYTES_PER_WORK: usize = 64;
 
 fn count(m: &Obj, kw: &str, ptr: &str) -> Res<Option<u64>> {
     let Some(v) = m.get(kw) else { return Ok(None) };
@@ -112,6 +125,9 @@ impl<'a> Converter<'a> {
             refs: HashMap::new(),
             ref_names: HashMap::new(),
             pending: Vec::new(),
+            flat: FlatCx::default(),
+            charged_bytes: 0,
+            patterns: HashMap::new(),
         }
     }
 
@@ -145,8 +161,27 @@ impl<'a> Converter<'a> {
         merge::resolve_ref(self.root, tptr, site).map(|(v, _)| v)
     }
 
+    /// Checks the work and size limits, charging the grammar text built since the last check.
+    fn check_limits(&mut self, kw: &str, ptr: &str) -> Res<()> {
+        let touched = self.rules.touched();
+        let units = (touched / BYTES_PER_WORK).saturating_sub(self.charged_bytes / BYTES_PER_WORK);
+        self.charged_bytes = touched;
+        self.flat.budget.spend(1 + units as u64, kw, ptr)?;
+        match self.rules.over_limit() {
+            Some(why) => Err(SchemaError::too_complex(kw, ptr, why)),
+            None => Ok(()),
+        }
+    }
+
     /// Converts one schema; returns the name of its rule.
     fn schema(&mut self, s: &Value, ptr: &str, hint: &str, depth: usize) -> Res<String> {
+        self.check_limits("schema", ptr)?;
+        let r = self.schema_inner(s, ptr, hint, depth)?;
+        self.check_limits("schema", ptr)?;
+        Ok(r)
+    }
+
+    fn schema_inner(&mut self, s: &Value, ptr: &str, hint: &str, depth: usize) -> Res<String> {
         if depth > MAX_DEPTH {
             return Err(SchemaError::too_deep("schema", ptr));
         }
@@ -179,7 +214,7 @@ impl<'a> Converter<'a> {
             || (has("$ref") && others(&["$ref"]))
             || ((has("anyOf") || has("oneOf")) && others(&["anyOf", "oneOf"]));
         if combined {
-            let flat = merge::flatten(self.root, s, ptr, &mut Vec::new(), depth)?;
+            let flat = merge::flatten(&mut self.flat, self.root, s, ptr, &mut Vec::new(), depth)?;
             return self.schema(&flat.into_value(), ptr, hint, depth + 1);
         }
         if let Some(r) = m.get("$ref") {
@@ -250,9 +285,22 @@ impl<'a> Converter<'a> {
             return Err(SchemaError::unsat(kw, ptr, "no alternative can match"));
         }
         if kw == "oneOf" {
+            let mut an = Analysis::new(self.root, &mut self.flat.budget);
             for i in 0..arr.len() {
                 for j in i + 1..arr.len() {
-                    if !disjoint(self.root, &arr[i], &arr[j], 0) {
+                    let d = an.disjoint(&arr[i], &arr[j], 0);
+                    if an.exhausted() {
+                        return Err(SchemaError::too_complex(
+                            "oneOf",
+                            ptr,
+                            format!(
+                                "checking that the alternatives exclude each other takes more \
+                                 than {} steps",
+                                crate::MAX_WORK
+                            ),
+                        ));
+                    }
+                    if !d {
                         return Err(SchemaError::unsupported(
                             "oneOf",
                             ptr,
@@ -572,7 +620,16 @@ impl<'a> Converter<'a> {
             let Some(p) = p.as_str() else {
                 return Err(SchemaError::invalid("pattern", ptr, "must be a string"));
             };
-            let pg = pattern_grammar(p, &mut self.rules, hint, ptr)?;
+            let pg = match self.patterns.get(p) {
+                Some(pg) => pg.clone(),
+                None => {
+                    let cost = (p.len() / PATTERN_CHARS_PER_WORK) as u64;
+                    self.flat.budget.spend(cost, "pattern", ptr)?;
+                    let pg = pattern_grammar(p, &mut self.rules, hint, ptr)?;
+                    self.patterns.insert(p.to_string(), pg.clone());
+                    pg
+                }
+            };
             let fits = pg.min_len >= min
                 && match max {
                     None => true,

@@ -3,6 +3,8 @@
 
 use std::collections::{HashMap, HashSet};
 
+use crate::{MAX_GRAMMAR_BYTES, MAX_RULES};
+
 /// Fixed rules: (name, body, rules it refers to).
 const FIXED: &[(&str, &str, &[&str])] = &[
     // Optional whitespace between tokens: a single space, or one or two line breaks followed
@@ -144,6 +146,12 @@ pub(crate) struct Rules {
     by_body: HashMap<String, String>,
     /// Rules each rule may start with without consuming input (used to detect left recursion).
     leads: HashMap<String, Vec<String>>,
+    /// base name -> next numeric suffix to try (every smaller one is taken)
+    suffixes: HashMap<String, usize>,
+    /// bytes of all rule bodies and names (the size of the rendered grammar, roughly)
+    bytes: usize,
+    /// bytes of all bodies passed to [`Rules::add`], reused or not (work spent on them)
+    touched: usize,
 }
 
 impl Rules {
@@ -164,11 +172,32 @@ impl Rules {
     }
 
     fn push(&mut self, name: String, body: String) {
+        self.bytes += name.len() + body.len() + 5;
         self.index.insert(name.clone(), self.rules.len());
         self.rules.push((name, body));
     }
 
-    fn fresh_name(&self, hint: &str) -> String {
+    /// Bytes of rule bodies built so far, including those that matched an existing rule.
+    pub fn touched(&self) -> usize {
+        self.touched
+    }
+
+    /// Why the grammar is over the size limits, if it is.
+    pub fn over_limit(&self) -> Option<String> {
+        if self.rules.len() > MAX_RULES {
+            Some(format!(
+                "the grammar would have more than {MAX_RULES} rules"
+            ))
+        } else if self.bytes > MAX_GRAMMAR_BYTES {
+            Some(format!(
+                "the grammar would be larger than {MAX_GRAMMAR_BYTES} bytes"
+            ))
+        } else {
+            None
+        }
+    }
+
+    fn fresh_name(&mut self, hint: &str) -> String {
         let mut base = String::new();
         for c in hint.chars() {
             let c = c.to_ascii_lowercase();
@@ -187,23 +216,27 @@ impl Rules {
         if base.is_empty() || base.starts_with(|c: char| c.is_ascii_digit()) {
             base.insert_str(0, "s-");
         }
-        let taken = |n: &str| self.index.contains_key(n) || is_fixed(n) || n == "root";
-        if !taken(&base) {
+        let taken = |r: &Rules, n: &str| r.index.contains_key(n) || is_fixed(n) || n == "root";
+        if !taken(self, &base) {
             return base;
         }
-        let mut i = 2usize;
-        loop {
+        // names are never released: every suffix below the stored one is still taken
+        let mut i = self.suffixes.get(&base).copied().unwrap_or(2);
+        let cand = loop {
             let cand = format!("{base}-{i}");
-            if !taken(&cand) {
-                return cand;
-            }
             i += 1;
-        }
+            if !taken(self, &cand) {
+                break cand;
+            }
+        };
+        self.suffixes.insert(base, i);
+        cand
     }
 
     /// Adds a rule with the given body, reusing an existing rule with the same body. A body
     /// that is just a rule name is returned as is.
     pub fn add(&mut self, hint: &str, body: String) -> String {
+        self.touched += body.len();
         if is_rule_name(&body) {
             return body;
         }
@@ -218,9 +251,10 @@ impl Rules {
 
     /// Adds an alternation of rules.
     pub fn add_union(&mut self, hint: &str, alts: &[String]) -> String {
+        let mut seen = HashSet::new();
         let mut uniq: Vec<String> = Vec::new();
         for a in alts {
-            if !uniq.contains(a) {
+            if seen.insert(a.as_str()) {
                 uniq.push(a.clone());
             }
         }
@@ -242,6 +276,7 @@ impl Rules {
     /// Sets the body of a reserved rule to a reference to `target`.
     pub fn define_alias(&mut self, name: &str, target: &str) {
         if let Some(&i) = self.index.get(name) {
+            self.bytes += target.len();
             self.rules[i].1 = target.to_string();
         }
         self.leads

@@ -16,6 +16,7 @@
 //! output, `serde_json::to_string_pretty` output (up to 10 levels deep) and Python's default
 //! `json.dumps` layout are all accepted.
 
+mod budget;
 mod charset;
 mod convert;
 mod grammar;
@@ -31,6 +32,25 @@ use serde_json::Value;
 /// Maximum nesting depth of subschemas (and of `$ref`/`allOf` chains) before conversion stops
 /// with [`SchemaError::TooDeep`].
 pub const MAX_DEPTH: usize = 64;
+
+/// Most alternatives that folding `allOf`/`$ref` into `anyOf`/`oneOf` may produce for one
+/// schema (`allOf: [{anyOf: [a, b]}, {anyOf: [c, d]}]` has 4) before conversion stops with
+/// [`SchemaError::TooComplex`].
+pub const MAX_ALTERNATIVES: usize = 256;
+
+/// Most units of work one conversion may do: one per subschema converted, per `allOf`/`$ref`
+/// folding step and per `oneOf` analysis step, plus the size (in JSON nodes) of every schema
+/// copied while merging. Beyond it conversion stops with [`SchemaError::TooComplex`].
+pub const MAX_WORK: u64 = 200_000;
+
+/// Most rules a generated grammar may have.
+pub const MAX_RULES: usize = 10_000;
+
+/// Most bytes a generated grammar may have.
+pub const MAX_GRAMMAR_BYTES: usize = 1 << 20;
+
+/// Most repetitions (`*`, `+`, `{n,m}`) a `pattern` may nest inside each other.
+pub const MAX_PATTERN_NESTING: usize = 5;
 
 /// Why a schema could not be converted. Every variant names the keyword and the JSON pointer
 /// (`#/properties/a/items`, RFC 6901 escaping) of the schema it sits in.
@@ -64,6 +84,14 @@ pub enum SchemaError {
         pointer: String,
         limit: usize,
     },
+    /// The conversion would exceed one of the work or size limits ([`MAX_ALTERNATIVES`],
+    /// [`MAX_WORK`], [`MAX_RULES`], [`MAX_GRAMMAR_BYTES`], [`MAX_PATTERN_NESTING`]).
+    #[error("`{keyword}` at {pointer} is too complex to convert: {detail}")]
+    TooComplex {
+        keyword: String,
+        pointer: String,
+        detail: String,
+    },
 }
 
 impl SchemaError {
@@ -73,7 +101,8 @@ impl SchemaError {
             SchemaError::Unsupported { keyword, .. }
             | SchemaError::Invalid { keyword, .. }
             | SchemaError::Unsatisfiable { keyword, .. }
-            | SchemaError::TooDeep { keyword, .. } => keyword,
+            | SchemaError::TooDeep { keyword, .. }
+            | SchemaError::TooComplex { keyword, .. } => keyword,
         }
     }
 
@@ -83,7 +112,8 @@ impl SchemaError {
             SchemaError::Unsupported { pointer, .. }
             | SchemaError::Invalid { pointer, .. }
             | SchemaError::Unsatisfiable { pointer, .. }
-            | SchemaError::TooDeep { pointer, .. } => pointer,
+            | SchemaError::TooDeep { pointer, .. }
+            | SchemaError::TooComplex { pointer, .. } => pointer,
         }
     }
 
@@ -105,6 +135,14 @@ impl SchemaError {
 
     pub(crate) fn unsat(keyword: &str, pointer: &str, detail: impl Into<String>) -> Self {
         SchemaError::Unsatisfiable {
+            keyword: keyword.to_string(),
+            pointer: pointer.to_string(),
+            detail: detail.into(),
+        }
+    }
+
+    pub(crate) fn too_complex(keyword: &str, pointer: &str, detail: impl Into<String>) -> Self {
+        SchemaError::TooComplex {
             keyword: keyword.to_string(),
             pointer: pointer.to_string(),
             detail: detail.into(),

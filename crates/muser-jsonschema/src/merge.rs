@@ -1,10 +1,13 @@
 //! `$ref` resolution, `allOf` merging (with sibling keywords distributed over
 //! `anyOf`/`oneOf`), and the semantic checks used for `oneOf`.
 
+use std::collections::{HashMap, HashSet};
+
 use serde_json::{Map, Value};
 
+use crate::budget::{map_weight, Budget};
 use crate::numeric::Decimal;
-use crate::{child_ptr, SchemaError, MAX_DEPTH};
+use crate::{child_ptr, SchemaError, MAX_ALTERNATIVES, MAX_DEPTH};
 
 type Obj = Map<String, Value>;
 type Res<T> = Result<T, SchemaError>;
@@ -185,6 +188,7 @@ pub(crate) fn json_eq(a: &Value, b: &Value) -> bool {
 }
 
 /// A schema with `$ref`/`allOf` folded in: one plain schema, or alternatives.
+#[derive(Clone)]
 pub(crate) enum Flat {
     Plain(Obj),
     Any(Vec<Obj>),
@@ -206,6 +210,13 @@ impl Flat {
             _ => Obj::new(),
         }
     }
+
+    fn weight(&self) -> u64 {
+        match self {
+            Flat::Plain(m) => map_weight(m),
+            Flat::Any(v) | Flat::One(v) => 1 + v.iter().map(map_weight).sum::<u64>(),
+        }
+    }
 }
 
 fn one_key(k: &str, v: Vec<Obj>) -> Value {
@@ -217,9 +228,46 @@ fn one_key(k: &str, v: Vec<Obj>) -> Value {
     Value::Object(m)
 }
 
+/// State shared by the `flatten` calls of one conversion.
+#[derive(Default)]
+pub(crate) struct FlatCx {
+    pub budget: Budget,
+    /// `$ref` target pointer -> its folded form (or why it matches nothing) and how many
+    /// levels below it folding went
+    memo: HashMap<String, (Res<Flat>, usize)>,
+    /// deepest level reached by the current `flatten`
+    reached: usize,
+}
+
+/// Drops repeated alternatives (`anyOf` is a union: repeats add nothing).
+fn dedup(v: Vec<Obj>) -> Vec<Obj> {
+    if v.len() < 2 {
+        return v;
+    }
+    let mut seen = HashSet::new();
+    v.into_iter()
+        .filter(|m| seen.insert(serde_json::to_string(m).unwrap_or_default()))
+        .collect()
+}
+
+fn check_alts(n: usize, kw: &str, ptr: &str) -> Res<()> {
+    if n > MAX_ALTERNATIVES {
+        return Err(SchemaError::too_complex(
+            kw,
+            ptr,
+            format!(
+                "combining allOf/$ref with anyOf/oneOf gives more than {MAX_ALTERNATIVES} \
+                 alternatives"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Folds `$ref` and `allOf` of `s` into its other keywords and distributes them over
 /// `anyOf`/`oneOf`. Only the top level is resolved; subschemas stay as they are.
 pub(crate) fn flatten(
+    cx: &mut FlatCx,
     root: &Value,
     s: &Value,
     ptr: &str,
@@ -229,6 +277,8 @@ pub(crate) fn flatten(
     if depth > MAX_DEPTH {
         return Err(SchemaError::too_deep("allOf", ptr));
     }
+    cx.reached = cx.reached.max(depth);
+    cx.budget.spend(1, "allOf", ptr)?;
     let m = match s {
         Value::Bool(true) => return Ok(Flat::Plain(Obj::new())),
         Value::Bool(false) => {
@@ -256,6 +306,7 @@ pub(crate) fn flatten(
             base.insert(k.clone(), v.clone());
         }
     }
+    cx.budget.spend(map_weight(&base), "allOf", ptr)?;
     // referenced and allOf parts first, so that their properties come first
     let mut acc = Flat::Plain(Obj::new());
     if let Some(r) = m.get("$ref") {
@@ -272,41 +323,52 @@ pub(crate) fn flatten(
                 ),
             ));
         }
-        stack.push(tptr.clone());
-        let f = flatten(root, target, &tptr, stack, depth + 1)?;
-        stack.pop();
-        acc = merge(acc, f, ptr)?;
+        let f = flatten_ref(cx, root, target, &tptr, stack, depth + 1)?;
+        acc = merge(cx, acc, f, "$ref", ptr)?;
     }
     if let Some(all) = m.get("allOf") {
         let arr = non_empty_array(all, "allOf", ptr)?;
         let aptr = child_ptr(ptr, "allOf");
         for (i, sub) in arr.iter().enumerate() {
             let f = flatten(
+                cx,
                 root,
                 sub,
                 &child_ptr(&aptr, &i.to_string()),
                 stack,
                 depth + 1,
             )?;
-            acc = merge(acc, f, ptr)?;
+            acc = merge(cx, acc, f, "allOf", ptr)?;
         }
     }
-    acc = merge(acc, Flat::Plain(base), ptr)?;
+    acc = merge(cx, acc, Flat::Plain(base), "allOf", ptr)?;
     for kw in ["anyOf", "oneOf"] {
         let Some(alts) = m.get(kw) else { continue };
         let arr = non_empty_array(alts, kw, ptr)?;
         let kptr = child_ptr(ptr, kw);
         let mut out: Vec<Obj> = Vec::new();
+        // anyOf is a union: repeated alternatives add nothing (oneOf keeps them: they clash)
+        let mut seen: HashSet<String> = HashSet::new();
+        let mut push = |out: &mut Vec<Obj>, m: Obj| {
+            if kw == "oneOf" || seen.insert(serde_json::to_string(&m).unwrap_or_default()) {
+                out.push(m);
+            }
+        };
         for (i, sub) in arr.iter().enumerate() {
             let sptr = child_ptr(&kptr, &i.to_string());
-            match flatten(root, sub, &sptr, stack, depth + 1) {
-                Ok(Flat::Plain(p)) => out.push(p),
-                Ok(Flat::Any(v)) if kw == "anyOf" => out.extend(v),
-                Ok(f) => out.push(f.into_obj()),
+            match flatten(cx, root, sub, &sptr, stack, depth + 1) {
+                Ok(Flat::Plain(p)) => push(&mut out, p),
+                Ok(Flat::Any(v)) if kw == "anyOf" => {
+                    for m in v {
+                        push(&mut out, m);
+                    }
+                }
+                Ok(f) => push(&mut out, f.into_obj()),
                 // an alternative that matches nothing is simply left out
                 Err(SchemaError::Unsatisfiable { .. }) => {}
                 Err(e) => return Err(e),
             }
+            check_alts(out.len(), kw, ptr)?;
         }
         if out.is_empty() {
             return Err(SchemaError::unsat(kw, ptr, "no alternative can match"));
@@ -316,9 +378,45 @@ pub(crate) fn flatten(
         } else {
             Flat::One(out)
         };
-        acc = merge(acc, f, ptr)?;
+        acc = merge(cx, acc, f, kw, ptr)?;
     }
     Ok(acc)
+}
+
+/// [`flatten`] of a `$ref` target (pushed on `stack` meanwhile), computed once per target.
+/// The result does not depend on where the reference is: a cycle through the target fails
+/// wherever it is entered, and the nesting depth it needs is checked on every use.
+fn flatten_ref(
+    cx: &mut FlatCx,
+    root: &Value,
+    target: &Value,
+    tptr: &str,
+    stack: &mut Vec<String>,
+    depth: usize,
+) -> Res<Flat> {
+    if let Some((res, height)) = cx.memo.get(tptr) {
+        if depth + height > MAX_DEPTH {
+            return Err(SchemaError::too_deep("allOf", tptr));
+        }
+        cx.reached = cx.reached.max(depth + height);
+        let res = res.clone();
+        if let Ok(f) = &res {
+            cx.budget.spend(f.weight(), "$ref", tptr)?;
+        }
+        return res;
+    }
+    let outer = cx.reached;
+    cx.reached = depth;
+    stack.push(tptr.to_string());
+    let res = flatten(cx, root, target, tptr, stack, depth);
+    stack.pop();
+    let height = cx.reached - depth;
+    cx.reached = cx.reached.max(outer);
+    // only results that depend on the target alone are kept
+    if matches!(res, Ok(_) | Err(SchemaError::Unsatisfiable { .. })) {
+        cx.memo.insert(tptr.to_string(), (res.clone(), height));
+    }
+    res
 }
 
 pub(crate) fn non_empty_array<'v>(v: &'v Value, kw: &str, ptr: &str) -> Res<&'v Vec<Value>> {
@@ -333,37 +431,49 @@ pub(crate) fn non_empty_array<'v>(v: &'v Value, kw: &str, ptr: &str) -> Res<&'v 
 }
 
 /// Conjunction of two folded schemas. `(A1|A2) & B` becomes `(A1&B)|(A2&B)`, which also
-/// holds for `oneOf` (exactly one `Ai&B` matches iff `B` and exactly one `Ai` match).
-fn merge(a: Flat, b: Flat, ptr: &str) -> Res<Flat> {
-    match (a, b) {
-        (Flat::Plain(x), Flat::Plain(y)) => Ok(Flat::Plain(merge_maps(&x, &y, ptr)?)),
-        (Flat::Plain(x), Flat::Any(v)) | (Flat::Any(v), Flat::Plain(x)) => Ok(Flat::Any(
-            v.iter()
-                .map(|y| merge_maps(y, &x, ptr))
-                .collect::<Res<_>>()?,
-        )),
-        (Flat::Plain(x), Flat::One(v)) | (Flat::One(v), Flat::Plain(x)) => Ok(Flat::One(
-            v.iter()
-                .map(|y| merge_maps(y, &x, ptr))
-                .collect::<Res<_>>()?,
-        )),
+/// holds for `oneOf` (exactly one `Ai&B` matches iff `B` and exactly one `Ai` match), and
+/// `(A1|A2) & (B1|B2)` becomes `(A1&B1)|(A1&B2)|(A2&B1)|(A2&B2)`.
+fn merge(cx: &mut FlatCx, a: Flat, b: Flat, kw: &str, ptr: &str) -> Res<Flat> {
+    let mut mm = |x: &Obj, y: &Obj| -> Res<Obj> {
+        cx.budget.spend(map_weight(x) + map_weight(y), kw, ptr)?;
+        merge_maps(x, y, ptr)
+    };
+    let out = match (a, b) {
+        (Flat::Plain(x), Flat::Plain(y)) => Flat::Plain(mm(&x, &y)?),
+        (Flat::Plain(x), Flat::Any(v)) | (Flat::Any(v), Flat::Plain(x)) => {
+            Flat::Any(dedup(v.iter().map(|y| mm(y, &x)).collect::<Res<_>>()?))
+        }
+        (Flat::Plain(x), Flat::One(v)) | (Flat::One(v), Flat::Plain(x)) => {
+            Flat::One(v.iter().map(|y| mm(y, &x)).collect::<Res<_>>()?)
+        }
         (Flat::One(v), other) | (other, Flat::One(v)) => {
             let o = other.into_obj();
-            Ok(Flat::One(
-                v.iter()
-                    .map(|y| merge_maps(y, &o, ptr))
-                    .collect::<Res<_>>()?,
-            ))
+            Flat::One(v.iter().map(|y| mm(y, &o)).collect::<Res<_>>()?)
         }
         (Flat::Any(v), Flat::Any(w)) => {
-            let o = Flat::Any(w).into_obj();
-            Ok(Flat::Any(
-                v.iter()
-                    .map(|y| merge_maps(y, &o, ptr))
-                    .collect::<Res<_>>()?,
-            ))
+            check_alts(v.len().saturating_mul(w.len()), kw, ptr)?;
+            let mut out = Vec::new();
+            for y in &v {
+                for z in &w {
+                    match mm(y, z) {
+                        Ok(m) => out.push(m),
+                        // a combination that matches nothing adds nothing to the union
+                        Err(SchemaError::Unsatisfiable { .. }) => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
+            if out.is_empty() {
+                return Err(SchemaError::unsat(
+                    kw,
+                    ptr,
+                    "no combination of the alternatives can match",
+                ));
+            }
+            Flat::Any(dedup(out))
         }
-    }
+    };
+    Ok(out)
 }
 
 fn is_trivial(v: &Value) -> bool {
@@ -654,7 +764,12 @@ pub(crate) fn type_mask(t: &str) -> u8 {
     }
 }
 
-const ANALYSIS_DEPTH: usize = 16;
+/// Value comparisons (or copies of references) per unit of work.
+const COMPARISONS_PER_WORK: u64 = 32;
+
+/// How deep the `oneOf` analysis follows subschemas and `$ref`s (results are remembered per
+/// node and depth, so this bounds its work linearly).
+const ANALYSIS_DEPTH: usize = 32;
 
 /// Follows a chain of `$ref`s.
 fn deref<'v>(root: &'v Value, mut s: &'v Value) -> &'v Value {
@@ -670,113 +785,175 @@ fn deref<'v>(root: &'v Value, mut s: &'v Value) -> &'v Value {
     s
 }
 
-/// Over-approximation of the kinds of values a schema accepts.
-pub(crate) fn kinds(root: &Value, s: &Value, depth: usize) -> u8 {
-    if depth > ANALYSIS_DEPTH {
-        return K_ALL;
-    }
-    let m = match s {
-        Value::Bool(false) => return 0,
-        Value::Object(m) => m,
-        _ => return K_ALL,
-    };
-    let mut k = K_ALL;
-    if let Some(r) = m.get("$ref").and_then(Value::as_str) {
-        if let Ok((t, _)) = resolve_ref(root, r, "#") {
-            k &= kinds(root, t, depth + 1);
-        }
-    }
-    match m.get("type") {
-        Some(Value::String(t)) => k &= type_mask(t),
-        Some(Value::Array(a)) => {
-            k &= a
-                .iter()
-                .filter_map(Value::as_str)
-                .fold(0, |acc, t| acc | type_mask(t))
-        }
-        _ => {}
-    }
-    if let Some(c) = m.get("const") {
-        k &= kind_of(c);
-    }
-    if let Some(Value::Array(e)) = m.get("enum") {
-        k &= e.iter().fold(0, |acc, v| acc | kind_of(v));
-    }
-    for kw in ["anyOf", "oneOf"] {
-        if let Some(Value::Array(a)) = m.get(kw) {
-            k &= a.iter().fold(0, |acc, x| acc | kinds(root, x, depth + 1));
-        }
-    }
-    if let Some(Value::Array(a)) = m.get("allOf") {
-        for x in a {
-            k &= kinds(root, x, depth + 1);
-        }
-    }
-    k
+/// The semantic checks for `oneOf`, with their results remembered per schema node (and
+/// depth), so that shared subschemas are analysed once.
+pub(crate) struct Analysis<'v, 'b> {
+    root: &'v Value,
+    budget: &'b mut Budget,
+    /// (address of a schema node, depth) -> kinds; every node lives in `root` or in the
+    /// `oneOf` being checked, both of which outlive the analysis
+    memo: HashMap<(usize, usize), u8>,
 }
 
-/// The finite set of values a schema accepts, when it is given by `const`/`enum`.
-fn finite_values(root: &Value, s: &Value) -> Option<Vec<Value>> {
-    let s = deref(root, s);
-    let m = s.as_object()?;
-    let mut vals: Option<Vec<Value>> = m.get("const").map(|c| vec![c.clone()]);
-    if let Some(Value::Array(e)) = m.get("enum") {
-        vals = Some(match vals {
-            Some(v) => v
-                .into_iter()
-                .filter(|x| e.iter().any(|y| json_eq(x, y)))
-                .collect(),
-            None => e.clone(),
-        });
+impl<'v, 'b> Analysis<'v, 'b> {
+    pub fn new(root: &'v Value, budget: &'b mut Budget) -> Self {
+        Analysis {
+            root,
+            budget,
+            memo: HashMap::new(),
+        }
     }
-    vals
-}
 
-/// True when no instance can be valid against both schemas.
-pub(crate) fn disjoint(root: &Value, a: &Value, b: &Value, depth: usize) -> bool {
-    if depth > 4 {
-        return false;
+    /// True once the work budget ran out (the answers given since are conservative).
+    pub fn exhausted(&self) -> bool {
+        self.budget.exhausted()
     }
-    let common = kinds(root, a, 0) & kinds(root, b, 0);
-    if common == 0 {
-        return true;
-    }
-    if let (Some(x), Some(y)) = (finite_values(root, a), finite_values(root, b)) {
-        if !x.iter().any(|v| y.iter().any(|w| json_eq(v, w))) {
-            return true;
+
+    /// Over-approximation of the kinds of values a schema accepts.
+    pub fn kinds(&mut self, s: &Value, depth: usize) -> u8 {
+        if depth > ANALYSIS_DEPTH {
+            return K_ALL;
         }
-    }
-    if let Some(x) = finite_values(root, a) {
-        if x.iter().all(|v| kind_of(v) & kinds(root, b, 0) == 0) {
-            return true;
+        let key = (s as *const Value as usize, depth);
+        if let Some(&k) = self.memo.get(&key) {
+            return k;
         }
-    }
-    if let Some(y) = finite_values(root, b) {
-        if y.iter().all(|v| kind_of(v) & kinds(root, a, 0) == 0) {
-            return true;
+        if !self.budget.try_spend(1) {
+            return K_ALL;
         }
+        let k = self.kinds_uncached(s, depth);
+        self.memo.insert(key, k);
+        k
     }
-    if common != K_OBJ {
-        return false;
-    }
-    // a property required on one side and declared on the other with disjoint schemas
-    let (ma, mb) = (deref(root, a), deref(root, b));
-    for (x, y) in [(ma, mb), (mb, ma)] {
-        let req = x.get("required").and_then(Value::as_array);
-        let (px, py) = (
-            x.get("properties").and_then(Value::as_object),
-            y.get("properties").and_then(Value::as_object),
-        );
-        let (Some(req), Some(px), Some(py)) = (req, px, py) else {
-            continue;
+
+    fn kinds_uncached(&mut self, s: &Value, depth: usize) -> u8 {
+        let root = self.root;
+        let m = match s {
+            Value::Bool(false) => return 0,
+            Value::Object(m) => m,
+            _ => return K_ALL,
         };
-        for name in req.iter().filter_map(Value::as_str) {
-            if let (Some(sx), Some(sy)) = (px.get(name), py.get(name)) {
-                if disjoint(root, sx, sy, depth + 1) {
-                    return true;
+        let mut k = K_ALL;
+        if let Some(r) = m.get("$ref").and_then(Value::as_str) {
+            if let Ok((t, _)) = resolve_ref(root, r, "#") {
+                k &= self.kinds(t, depth + 1);
+            }
+        }
+        match m.get("type") {
+            Some(Value::String(t)) => k &= type_mask(t),
+            Some(Value::Array(a)) => {
+                k &= a
+                    .iter()
+                    .filter_map(Value::as_str)
+                    .fold(0, |acc, t| acc | type_mask(t))
+            }
+            _ => {}
+        }
+        if let Some(c) = m.get("const") {
+            k &= kind_of(c);
+        }
+        if let Some(Value::Array(e)) = m.get("enum") {
+            self.budget.try_spend(e.len() as u64);
+            k &= e.iter().fold(0, |acc, v| acc | kind_of(v));
+        }
+        for kw in ["anyOf", "oneOf"] {
+            if let Some(Value::Array(a)) = m.get(kw) {
+                self.budget.try_spend(a.len() as u64);
+                let mut u = 0;
+                for x in a {
+                    u |= self.kinds(x, depth + 1);
+                }
+                k &= u;
+            }
+        }
+        if let Some(Value::Array(a)) = m.get("allOf") {
+            self.budget.try_spend(a.len() as u64);
+            for x in a {
+                k &= self.kinds(x, depth + 1);
+            }
+        }
+        k
+    }
+
+    /// The finite set of values a schema accepts, when it is given by `const`/`enum`.
+    fn finite_values<'x>(&mut self, s: &'x Value) -> Option<Vec<&'x Value>>
+    where
+        'v: 'x,
+    {
+        let s = deref(self.root, s);
+        let m = s.as_object()?;
+        let mut vals: Option<Vec<&'x Value>> = m.get("const").map(|c| vec![c]);
+        if let Some(Value::Array(e)) = m.get("enum") {
+            let cost = e.len() as u64 * vals.as_ref().map_or(1, |v| v.len() as u64);
+            if !self.budget.try_spend(cost / COMPARISONS_PER_WORK) {
+                return None;
+            }
+            vals = Some(match vals {
+                Some(v) => v
+                    .into_iter()
+                    .filter(|x| e.iter().any(|y| json_eq(x, y)))
+                    .collect(),
+                None => e.iter().collect(),
+            });
+        }
+        vals
+    }
+
+    /// True when no instance can be valid against both schemas.
+    pub fn disjoint(&mut self, a: &Value, b: &Value, depth: usize) -> bool {
+        if depth > 4 || !self.budget.try_spend(1) {
+            return false;
+        }
+        let root = self.root;
+        let (ka, kb) = (self.kinds(a, 0), self.kinds(b, 0));
+        let common = ka & kb;
+        if common == 0 {
+            return true;
+        }
+        let (fa, fb) = (self.finite_values(a), self.finite_values(b));
+        if let (Some(x), Some(y)) = (&fa, &fb) {
+            if !self
+                .budget
+                .try_spend(x.len() as u64 * y.len() as u64 / COMPARISONS_PER_WORK)
+            {
+                return false;
+            }
+            if !x.iter().any(|v| y.iter().any(|w| json_eq(v, w))) {
+                return true;
+            }
+        }
+        if let Some(x) = &fa {
+            if x.iter().all(|v| kind_of(v) & kb == 0) {
+                return true;
+            }
+        }
+        if let Some(y) = &fb {
+            if y.iter().all(|v| kind_of(v) & ka == 0) {
+                return true;
+            }
+        }
+        if common != K_OBJ {
+            return false;
+        }
+        // a property required on one side and declared on the other with disjoint schemas
+        let (ma, mb) = (deref(root, a), deref(root, b));
+        for (x, y) in [(ma, mb), (mb, ma)] {
+            let req = x.get("required").and_then(Value::as_array);
+            let (px, py) = (
+                x.get("properties").and_then(Value::as_object),
+                y.get("properties").and_then(Value::as_object),
+            );
+            let (Some(req), Some(px), Some(py)) = (req, px, py) else {
+                continue;
+            };
+            for name in req.iter().filter_map(Value::as_str) {
+                if let (Some(sx), Some(sy)) = (px.get(name), py.get(name)) {
+                    if self.disjoint(sx, sy, depth + 1) {
+                        return true;
+                    }
                 }
             }
         }
+        false
     }
-    false
 }

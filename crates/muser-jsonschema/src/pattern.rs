@@ -10,7 +10,7 @@
 
 use crate::charset::{self, encoded_char, CharSet};
 use crate::grammar::{repeat, Rules};
-use crate::SchemaError;
+use crate::{SchemaError, MAX_PATTERN_NESTING};
 
 /// Largest repetition count accepted in a pattern or length keyword.
 pub(crate) const MAX_REPEAT: u64 = 2_000;
@@ -492,6 +492,46 @@ fn nonempty(n: &Node) -> Option<Node> {
     }
 }
 
+/// Merges directly nested repetitions that mean one repetition: `(x*)*`, `(x+)*`, `(x*)+`,
+/// `(x?)*`, `(x*)?` and the like.
+fn simplify(n: Node) -> Node {
+    match n {
+        Node::Seq(v) => Node::Seq(v.into_iter().map(simplify).collect()),
+        Node::Alt(v) => Node::Alt(v.into_iter().map(simplify).collect()),
+        Node::Rep(x, min, max) => {
+            let mut x = simplify(*x);
+            if let Node::Seq(v) = &mut x {
+                if v.len() == 1 {
+                    x = v.remove(0);
+                }
+            }
+            match (x, min, max) {
+                // (y{a,}){min,} with a <= 1: y{0,} if a = 0, y{min,} if a = 1
+                (Node::Rep(y, a, None), min, None) if a <= 1 => {
+                    Node::Rep(y, if a == 0 { 0 } else { min }, None)
+                }
+                // (y{a,})? and (y?){min,}: y*
+                (Node::Rep(y, a, None), 0, Some(1)) if a <= 1 => Node::Rep(y, 0, None),
+                (Node::Rep(y, 0, Some(1)), _, None) => Node::Rep(y, 0, None),
+                // (y?)? = y?
+                (Node::Rep(y, 0, Some(1)), 0, Some(1)) => Node::Rep(y, 0, Some(1)),
+                (x, min, max) => Node::Rep(Box::new(x), min, max),
+            }
+        }
+        other => other,
+    }
+}
+
+/// How many repetitions (`?` aside) are nested inside each other.
+fn rep_nesting(n: &Node) -> usize {
+    match n {
+        Node::Seq(v) | Node::Alt(v) => v.iter().map(rep_nesting).max().unwrap_or(0),
+        Node::Rep(x, _, Some(1)) => rep_nesting(x),
+        Node::Rep(x, _, _) => 1 + rep_nesting(x),
+        _ => 0,
+    }
+}
+
 fn has_anchor(n: &Node) -> bool {
     match n {
         Node::Start | Node::End => true,
@@ -598,6 +638,7 @@ impl Emitter<'_> {
 }
 
 /// The grammar of a pattern-constrained string body (between the quotes).
+#[derive(Clone)]
 pub(crate) struct PatternGrammar {
     pub body: String,
     pub min_len: u64,
@@ -627,6 +668,17 @@ pub(crate) fn pattern_grammar(
     let tree = p.alt()?;
     if p.pos != p.chars.len() {
         return Err(p.invalid("unbalanced `)`"));
+    }
+    let tree = simplify(tree);
+    if rep_nesting(&tree) > MAX_PATTERN_NESTING {
+        // each level multiplies the ways a grammar engine can split the same text
+        return Err(SchemaError::too_complex(
+            "pattern",
+            ptr,
+            format!(
+                "repetitions (`*`, `+`, `{{n,m}}`) nested more than {MAX_PATTERN_NESTING} deep"
+            ),
+        ));
     }
     let alts = match tree {
         Node::Alt(v) => v,

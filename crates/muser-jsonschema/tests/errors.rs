@@ -16,6 +16,7 @@ enum Kind {
     Invalid,
     Unsat,
     Deep,
+    Complex,
 }
 
 fn kind(e: &SchemaError) -> Kind {
@@ -24,6 +25,7 @@ fn kind(e: &SchemaError) -> Kind {
         SchemaError::Invalid { .. } => Kind::Invalid,
         SchemaError::Unsatisfiable { .. } => Kind::Unsat,
         SchemaError::TooDeep { .. } => Kind::Deep,
+        SchemaError::TooComplex { .. } => Kind::Complex,
     }
 }
 

@@ -331,6 +331,15 @@ impl Sampler {
         self.grammar.is_some()
     }
 
+    /// Why the grammar can no longer be followed, when it cannot: a grammar whose parse grew
+    /// past the engine's bounds (`GrammarState::failure`). Every pick is then refused.
+    pub fn grammar_failure(&self) -> Option<String> {
+        self.grammar
+            .as_ref()
+            .and_then(|g| g.state.failure())
+            .map(|e| e.to_string())
+    }
+
     /// Whether the grammar (if any) leaves nothing to generate but an end of generation.
     pub fn grammar_must_end(&self) -> bool {
         self.grammar.as_ref().is_some_and(|g| g.state.must_end())

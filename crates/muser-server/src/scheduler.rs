@@ -634,6 +634,9 @@ impl<'m, B: Backend> Engine<'m, B> {
             Some((id, task.job.gen.logprobs.map(|n| logprob(logits, id, n))))
         });
         let Some((id, lp)) = pick else {
+            if let Some(why) = task.sampler.grammar_failure() {
+                return self.fail(i, format!("the grammar cannot be followed: {why}"));
+            }
             let msg = if task.sampler.has_grammar() {
                 "no token can be sampled: no token the grammar allows next has a finite, non-zero \
                  probability after the samplers (check the grammar or JSON schema against the \

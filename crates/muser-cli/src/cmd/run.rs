@@ -519,6 +519,9 @@ impl ModelJob for Job {
         let mut n_decoded = 0;
         let mut context_full = false;
         while n_gen < args.n_predict {
+            if let (None, Some(why)) = (next, sampler.grammar_failure()) {
+                bail!("the grammar cannot be followed: {why}");
+            }
             let token = pick(next, sampler.has_grammar())?;
             sampler
                 .accept_generated(token)
