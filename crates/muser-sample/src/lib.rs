@@ -27,6 +27,11 @@
 //! logits row picks the same token as llama.cpp (ties aside, see `steps`). As in llama.cpp, XTC
 //! has a generator of its own (seeded alike) and mirostat draws from the one `dist` would use.
 //!
+//! A grammar (`Sampler::set_grammar`: GBNF from muser-grammar, with the vocabulary's text made
+//! by the caller, as for DRY) constrains the generated tokens the way llama.cpp's common sampler
+//! applies its grammar sampler: the chain picks, the pick stands if the grammar allows it, else
+//! the grammar's rejects go to -inf and the chain picks again from the row.
+//!
 //! Top-n-sigma, DRY and mirostat read the whole row (its standard deviation; mirostat's softmax over
 //! every token and its vocabulary size; DRY can push a token of the top k below one outside
 //! it): with any of them on, a backend's top-k candidates cannot

@@ -313,7 +313,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     )
 }
 
-/// A sampler's pick, or the error of a row no token can be picked from.
 /// The GBNF text of `--grammar`, `--grammar-file`, `--json-schema` or `--json-schema-file`
 /// (at most one: clap's group), a schema turned into GBNF as llama-cli does.
 fn constraint_gbnf(args: &Args) -> anyhow::Result<Option<String>> {
@@ -343,6 +342,8 @@ fn constraint_gbnf(args: &Args) -> anyhow::Result<Option<String>> {
     .filter(|g| !g.is_empty()))
 }
 
+/// A sampler's pick, or the error of a row no token can be picked from (`grammar`: the sampler
+/// holds to one).
 fn pick(token: Option<u32>, grammar: bool) -> anyhow::Result<u32> {
     token.ok_or_else(|| {
         if grammar {
