@@ -4,9 +4,10 @@
 //! (`muser_jsonschema`), as llama-server turns it into GBNF; the grammar text is what a client
 //! reads back in `generation_settings.grammar`.
 //!
-//! Everything here runs on the request's handler, before the request is queued: a grammar that
-//! does not parse, or a schema Muser cannot turn into one, is a 400 naming the field and the
-//! problem, and the engine thread never sees it.
+//! Everything here runs before the request is queued (the fields read on its handler, the
+//! grammar built on tokio's blocking pool): a grammar that does not parse, or a schema Muser
+//! cannot turn into one, is a 400 naming the field and the problem, and the engine thread never
+//! sees it. Both conversions do bounded work (muser-jsonschema's and muser-grammar's limits).
 
 use crate::api::{show, Fields};
 use crate::error::ApiError;
