@@ -690,7 +690,7 @@ async fn collect(reply: Reply, mut rx: UnboundedReceiver<Event>) -> Result<Value
                 let lps = crate::scheduler::before_stop(lps, &text, &f);
                 return Ok(reply.complete(text, &lps, &offsets[..lps.len()], &f));
             }
-            Event::Error(e) => return Err(ApiError::internal(e)),
+            Event::Error(e) => return Err(e),
         }
     }
     Err(ApiError::internal(
@@ -753,7 +753,7 @@ fn sse_stream(
                 st.ended = true;
             }
             Some(Event::Error(e)) => {
-                out.push(data(ApiError::internal(e).body()));
+                out.push(data(e.body()));
                 st.ended = true;
             }
             None => {

@@ -356,7 +356,7 @@ pub async fn collect(
                 let new_line = text.contains('\n');
                 return Ok(reply.last(&text, new_line, &ids, &lps, &f, false));
             }
-            Event::Error(e) => return Err(ApiError::internal(e)),
+            Event::Error(e) => return Err(e),
         }
     }
     Err(ApiError::internal(
@@ -392,7 +392,7 @@ pub fn sse(
                     (reply.event(&text, id, &lps, n, slot), false)
                 }
                 Some(Event::Done(f)) => (reply.last("", new_line, &[], &[], &f, true), true),
-                Some(Event::Error(e)) => (ApiError::internal(e).body(), true),
+                Some(Event::Error(e)) => (e.body(), true),
                 None => (
                     ApiError::internal("the engine stopped before the answer was complete").body(),
                     true,

@@ -96,7 +96,9 @@ pub enum Event {
         slot: usize,
     },
     Done(Finish),
-    Error(String),
+    /// The request ended without an answer: a 500 for what went wrong in the engine, a 400 for
+    /// what the request asked that cannot be done (a grammar past the engine's bounds).
+    Error(crate::error::ApiError),
 }
 
 #[derive(Debug, Clone)]
@@ -635,21 +637,27 @@ impl<'m, B: Backend> Engine<'m, B> {
         });
         let Some((id, lp)) = pick else {
             if let Some(why) = task.sampler.grammar_failure() {
-                return self.fail(i, format!("the grammar cannot be followed: {why}"));
+                return self.fail_grammar(i, format!("the grammar cannot be followed: {why}"));
             }
-            let msg = if task.sampler.has_grammar() {
-                "no token can be sampled: no token the grammar allows next has a finite, non-zero \
-                 probability after the samplers (check the grammar or JSON schema against the \
-                 model's vocabulary, and the sampler settings such as logit_bias)"
-            } else {
+            if task.sampler.has_grammar() {
+                return self.fail_grammar(
+                    i,
+                    "no token can be sampled: no token the grammar allows next has a finite, \
+                     non-zero probability after the samplers (check the grammar or JSON schema \
+                     against the model's vocabulary, and the sampler settings such as logit_bias)"
+                        .into(),
+                );
+            }
+            return self.fail(
+                i,
                 "no token can be sampled: after the samplers no candidate has a finite, non-zero \
                  probability (every logit -inf or not a number; check the sampler settings, \
                  e.g. dynatemp_exponent or logit_bias)"
-            };
-            return self.fail(i, msg.into());
+                    .into(),
+            );
         };
         if let Err(e) = task.sampler.accept_generated(id) {
-            return self.fail(
+            return self.fail_grammar(
                 i,
                 format!("the grammar cannot follow the sampled token: {e}"),
             );
@@ -670,9 +678,18 @@ impl<'m, B: Backend> Engine<'m, B> {
     }
 
     fn fail(&mut self, i: usize, msg: String) {
+        self.fail_with(i, crate::error::ApiError::internal(msg));
+    }
+
+    /// Ends slot i's request with a 400 naming its grammar.
+    fn fail_grammar(&mut self, i: usize, msg: String) {
+        self.fail_with(i, crate::error::ApiError::param("grammar", msg));
+    }
+
+    fn fail_with(&mut self, i: usize, e: crate::error::ApiError) {
         if let Some(mut t) = self.slots[i].end_task(&self.metrics.slots) {
             drop(std::mem::take(&mut t.job.ticket));
-            let _ = t.job.events.send(Event::Error(msg));
+            let _ = t.job.events.send(Event::Error(e));
         }
     }
 }

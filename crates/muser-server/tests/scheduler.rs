@@ -574,7 +574,7 @@ fn a_request_with_no_token_to_pick_ends_with_an_error() {
         while let Ok(ev) = rx_banned.try_recv() {
             match ev {
                 Event::Token { id: Some(_), .. } => tokens += 1,
-                Event::Error(msg) => error = Some(msg),
+                Event::Error(e) => error = Some(e.message),
                 _ => {}
             }
         }
