@@ -814,6 +814,8 @@ BAD = [
      400, "grammar"),
     ("grammar with an undefined rule", "/v1/completions",
      {"prompt": "hi", "grammar": "root ::= item+"}, 400, "grammar"),
+    ("lazy grammar", "/completion",
+     {"prompt": "hi", "grammar": "root ::= \"a\"", "grammar_lazy": True}, 400, "grammar_lazy"),
     ("grammar not a string", "/completion", {"prompt": "hi", "grammar": {"root": "a"}}, 400,
      "grammar"),
     ("grammar and json_schema", "/completion",
