@@ -98,9 +98,8 @@ REQUESTS = {
 # The settings of llama-server's samplers and features that Muser does not have (a request that
 # turns one on gets a 400 naming it): /completion's `generation_settings` does not list them.
 NOT_IMPLEMENTED = ["adaptive_decay", "adaptive_target", "backend_sampling", "chat_format",
-                   "generation_prompt", "grammar_lazy",
-                   "grammar_triggers", "lora", "n_discard", "n_keep", "post_sampling_probs",
-                   "preserved_tokens", "reasoning_format", "reasoning_in_content", "samplers*",
+                   "generation_prompt", "lora", "n_discard", "n_keep", "post_sampling_probs",
+                   "reasoning_format", "reasoning_in_content", "samplers*",
                    "speculative.types", "timings_per_token"]
 # Of those, the ones llama-server leaves out of the settings it shows in /props and /slots.
 NOT_IN_SUMMARY = ["grammar", "grammar_lazy", "grammar_triggers", "preserved_tokens"]
@@ -127,7 +126,8 @@ DIFFERENCES = [
      "the placeholder of an image or audio clip in a multimodal prompt; Muser takes text only"),
     ("props", ".chat_template_caps*", "missing",
      "llama.cpp's probe of what the template supports (tools, system role, typed content, ...), "
-     "found by rendering test conversations with it; Muser does not probe templates"),
+     "found by rendering test conversations with it; Muser probes only whether a template reads "
+     "tool-call arguments as an object"),
 ] + [(name, ".generation_settings." + field, "missing", "a sampler Muser does not have")
      for name in ["native completion", "native completion stream", "native completion stop",
                   "native completion samplers", "native completion dry",

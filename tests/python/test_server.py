@@ -519,6 +519,9 @@ def test_greedy_with_xtc_or_typical_p_picks_what_the_sampler_says(server):
     20 best tokens (top_k 20, top-p and min-p off, so those 20 are the candidates)."""
     body = {"prompt": "Once upon a time", "n_predict": 24, "temperature": 0, "top_k": 20,
             "top_p": 1.0, "min_p": 0.0, "ignore_eos": True, "return_tokens": True}
+    # ignore_eos bans the end token (id 1, as llama-server does): where it is among the 20
+    # best, the candidates are the best 21 without it, one of which the report does not show.
+    eos = 1
     plain = completion_native(server, body)["tokens"]
     for extra, pick in [({"xtc_probability": 1.0, "xtc_threshold": 0.1},
                          lambda alts: xtc_pick(alts, 0.1)),
@@ -528,6 +531,9 @@ def test_greedy_with_xtc_or_typical_p_picks_what_the_sampler_says(server):
         assert [s["id"] for s in steps] == a["tokens"]
         checked = 0
         for s in steps:
+            assert s["id"] != eos, (extra, s)
+            if any(t["id"] == eos for t in s["top_logprobs"]):
+                continue
             want = pick(s["top_logprobs"])
             if want is not None:
                 assert s["id"] == want, (extra, s)
@@ -815,8 +821,9 @@ BAD = [
      400, "grammar"),
     ("grammar with an undefined rule", "/v1/completions",
      {"prompt": "hi", "grammar": "root ::= item+"}, 400, "grammar"),
-    ("lazy grammar", "/completion",
-     {"prompt": "hi", "grammar": "root ::= \"a\"", "grammar_lazy": True}, 400, "grammar_lazy"),
+    ("lazy grammar without triggers", "/completion",
+     {"prompt": "hi", "grammar": "root ::= \"a\"", "grammar_lazy": True}, 400,
+     "grammar_triggers"),
     ("grammar not a string", "/completion", {"prompt": "hi", "grammar": {"root": "a"}}, 400,
      "grammar"),
     ("grammar and json_schema", "/completion",
@@ -847,8 +854,8 @@ BAD = [
      {"prompt": "hi", "logit_bias": {"4096": 1}}, 400, "logit_bias"),
     ("logit_bias value out of range", "/v1/completions",
      {"prompt": "hi", "logit_bias": {"5": -250}}, 400, "logit_bias"),
-    ("tools", "/v1/chat/completions",
-     {"messages": [{"role": "user", "content": "hi"}],
+    ("tools on completions", "/v1/completions",
+     {"prompt": "hi",
       "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
      400, "tools"),
     ("tokenize no content", "/tokenize", {"text": "hi"}, 400, "content"),

@@ -459,18 +459,44 @@ impl GrammarState {
                 Err(GrammarError::EndNotAllowed { id: token })
             };
         }
-        let rejected = || GrammarError::TokenRejected {
-            id: token,
-            text: String::from_utf8_lossy(vocab.piece(token)).into_owned(),
-        };
         if !self.allows(vocab, token) {
             if let Some(e) = self.failure.get() {
                 return Err(e.clone());
             }
-            return Err(rejected());
+            return Err(GrammarError::TokenRejected {
+                id: token,
+                text: String::from_utf8_lossy(vocab.piece(token)).into_owned(),
+            });
         }
+        self.advance(token, vocab.piece(token))
+    }
+
+    /// Advances past token `token` read as the bytes `piece` in place of its own text:
+    /// llama.cpp's `llama_grammar_accept_token`, through which its lazy grammars replay the
+    /// tokens that completed a trigger (the token a trigger starts inside is fed its bytes from
+    /// there on). Stacks with a token element on top match `token` by id; the others take the
+    /// code points of `piece` (read up to a NUL byte) after the pending partial UTF-8 sequence,
+    /// and the state keeps the sequence `piece` leaves unfinished. Unlike
+    /// [`GrammarState::accept`] nothing is checked first, as in llama.cpp: an end-of-generation
+    /// token is read as its bytes, an empty piece leaves the character stacks as they are, invalid
+    /// UTF-8 is skipped as llama.cpp skips it, and a piece ending inside a UTF-8 sequence that no
+    /// class can complete is taken (every token is rejected after it). Errors if no stack
+    /// survives; the state is then unchanged.
+    pub fn accept_piece(&mut self, token: u32, piece: &[u8]) -> Result<(), GrammarError> {
+        if let Some(e) = self.failure.get() {
+            return Err(e.clone());
+        }
+        self.advance(token, piece)
+    }
+
+    /// `accept_piece` without the failure check.
+    fn advance(&mut self, token: u32, piece: &[u8]) -> Result<(), GrammarError> {
+        let rejected = || GrammarError::TokenRejected {
+            id: token,
+            text: String::from_utf8_lossy(piece).into_owned(),
+        };
         let mut cps = Vec::new();
-        let end = decode(cut_at_nul(vocab.piece(token)), self.partial, &mut cps);
+        let end = decode(cut_at_nul(piece), self.partial, &mut cps);
         let g = &*self.grammar;
         let mut cache = lock(&self.cache);
         let set = cache.state_set(g, &self.stacks);

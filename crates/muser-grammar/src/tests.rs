@@ -664,6 +664,35 @@ fn utf8_split_across_tokens() {
 }
 
 #[test]
+fn accept_piece_reads_the_bytes_given_and_matches_token_elements_by_id() {
+    // é = C3 A9. Token 0 is "xy": fed as "y\xc3" (what a lazy grammar's trigger leaves of a
+    // token, here ending inside é) it advances by those bytes, not by its own.
+    let v = vocab(&[b"xy", b"\xc3", b"\xa9", b"z", b"</s>"], &[4]);
+    let gr = Arc::new(g(r#"root ::= "y" "\u00e9" "z""#));
+    let mut st = GrammarState::new(gr);
+    assert!(matches!(
+        st.accept_piece(0, b"x"),
+        Err(GrammarError::TokenRejected { id: 0, .. })
+    ));
+    st.accept_piece(0, b"y\xc3").unwrap();
+    assert_eq!(allowed(&st, &v), vec![2]);
+    st.accept(&v, 2).unwrap();
+    // An empty piece leaves the character stacks as they are (llama.cpp's accept_token).
+    st.accept_piece(0, b"").unwrap();
+    assert_eq!(allowed(&st, &v), vec![3]);
+    st.accept_piece(0, b"z").unwrap();
+    assert!(st.must_end());
+
+    // A token element on top matches the id, whatever the piece.
+    let gr = Arc::new(g(r#"root ::= <[3]> "y""#));
+    let mut st = GrammarState::new(gr);
+    assert!(st.accept_piece(2, b"").is_err());
+    st.accept_piece(3, b"").unwrap();
+    st.accept_piece(1, b"y").unwrap();
+    assert!(st.must_end());
+}
+
+#[test]
 fn decoding_follows_llama_cpp() {
     let mut out = Vec::new();
     assert_eq!(

@@ -92,6 +92,44 @@ const PATTERN_CHARS_PER_WORK: usize = 2;
 /// Grammar bytes built per unit of work.
 const BYTES_PER_WORK: usize = 64;
 
+/// The value at a JSON pointer written `#/a/b` (RFC 6901 escaping, no percent-decoding).
+fn resolve_plain_pointer<'v>(root: &'v Value, pointer: &str) -> Res<&'v Value> {
+    let Some(path) = pointer.strip_prefix('#') else {
+        return Err(SchemaError::invalid(
+            "pointer",
+            "#",
+            format!("`{pointer}` is not a JSON pointer starting with `#`"),
+        ));
+    };
+    let mut cur = root;
+    if path.is_empty() {
+        return Ok(cur);
+    }
+    let Some(path) = path.strip_prefix('/') else {
+        return Err(SchemaError::invalid(
+            "pointer",
+            "#",
+            format!("`{pointer}` is not a JSON pointer starting with `#/`"),
+        ));
+    };
+    for raw in path.split('/') {
+        let tok = raw.replace("~1", "/").replace("~0", "~");
+        let next = match cur {
+            Value::Object(m) => m.get(&tok),
+            Value::Array(a) => tok.parse::<usize>().ok().and_then(|i| a.get(i)),
+            _ => None,
+        };
+        cur = next.ok_or_else(|| {
+            SchemaError::invalid(
+                "pointer",
+                "#",
+                format!("`{pointer}` does not resolve (no `{tok}`)"),
+            )
+        })?;
+    }
+    Ok(cur)
+}
+
 fn count(m: &Obj, kw: &str, ptr: &str) -> Res<Option<u64>> {
     let Some(v) = m.get(kw) else { return Ok(None) };
     let n = v.as_u64().or_else(|| {
@@ -131,8 +169,20 @@ impl<'a> Converter<'a> {
         }
     }
 
-    pub fn run(mut self) -> Res<String> {
-        let top = self.schema(self.root, "#", "root", 0)?;
+    pub fn run(self) -> Res<String> {
+        let (top, rules) = self.build("#")?;
+        Ok(rules.render(&top))
+    }
+
+    /// Converts the subschema at `pointer` (`#` for the whole document; `$ref`s resolve
+    /// against the whole document); returns the name of its rule and the rule table.
+    pub fn build(mut self, pointer: &str) -> Res<(String, Rules)> {
+        let start = resolve_plain_pointer(self.root, pointer)?;
+        let hint = match pointer.rsplit('/').next() {
+            Some(last) if pointer != "#" => last.to_string(),
+            _ => "root".to_string(),
+        };
+        let top = self.schema(start, pointer, &hint, 0)?;
         while let Some((name, tptr)) = self.pending.pop() {
             let (_, site) = self.ref_names.get(&name).cloned().unwrap_or_default();
             let target = self.resolve_pointer(&tptr, &site)?;
@@ -154,7 +204,7 @@ impl<'a> Converter<'a> {
                 ),
             ));
         }
-        Ok(self.rules.render(&top))
+        Ok((top, self.rules))
     }
 
     fn resolve_pointer(&self, tptr: &str, site: &str) -> Res<&'a Value> {

@@ -327,16 +327,61 @@ impl Rules {
     /// Renders the grammar: `root ::= <root>` first, then every rule in creation order.
     pub fn render(&self, root: &str) -> String {
         let mut out = format!("root ::= {root}\n");
+        out.push_str(&self.render_rules(""));
+        out
+    }
+
+    /// Renders every rule in creation order (no `root` rule), with `prefix` put before every
+    /// rule name, defined or referenced.
+    pub fn render_rules(&self, prefix: &str) -> String {
+        let mut out = String::new();
         let mut seen = HashSet::new();
         for (name, body) in &self.rules {
             if seen.insert(name) {
+                out.push_str(prefix);
                 out.push_str(name);
                 out.push_str(" ::= ");
-                out.push_str(body);
+                if prefix.is_empty() {
+                    out.push_str(body);
+                } else {
+                    prefix_refs(body, prefix, &mut out);
+                }
                 out.push('\n');
             }
         }
         out
+    }
+}
+
+/// Copies a rule body to `out` with `prefix` put before every rule reference: every run of
+/// name characters outside string literals, character classes and repetition braces.
+pub(crate) fn prefix_refs(body: &str, prefix: &str, out: &mut String) {
+    let mut chars = body.chars().peekable();
+    let mut in_name = false;
+    while let Some(c) = chars.next() {
+        let name_char = c.is_ascii_alphanumeric() || c == '-' || c == '_';
+        if name_char && !in_name {
+            out.push_str(prefix);
+        }
+        in_name = name_char;
+        out.push(c);
+        let close = match c {
+            '"' => '"',
+            '[' => ']',
+            '{' => '}',
+            _ => continue,
+        };
+        // copy up to and including the closing character; `\` escapes the next character
+        while let Some(d) = chars.next() {
+            out.push(d);
+            if d == '\\' && close != '}' {
+                if let Some(e) = chars.next() {
+                    out.push(e);
+                }
+            } else if d == close {
+                break;
+            }
+        }
     }
 }
 
@@ -345,7 +390,7 @@ pub(crate) fn is_rule_name(s: &str) -> bool {
 }
 
 /// A GBNF string literal matching exactly `s`.
-pub(crate) fn literal(s: &str) -> String {
+pub fn literal(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 2);
     out.push('"');
     for c in s.chars() {

@@ -20,6 +20,9 @@ mod budget;
 mod charset;
 mod convert;
 mod grammar;
+
+/// A GBNF string literal (quoted, escaped) matching exactly its argument.
+pub use grammar::literal as gbnf_literal;
 mod merge;
 mod numeric;
 mod pattern;
@@ -161,6 +164,46 @@ impl SchemaError {
 /// Converts a JSON Schema into a GBNF grammar with start rule `root`.
 pub fn schema_to_gbnf(schema: &Value) -> Result<String, SchemaError> {
     convert::Converter::new(schema).run()
+}
+
+/// Converts a JSON Schema into GBNF rules meant to be combined with other rules in one
+/// grammar: returns the name of the rule matching the schema's instances and the rules, one per
+/// line, without a `root` rule. Every rule name, defined or referenced, starts with `prefix`,
+/// so that the rules of conversions with different prefixes (none a prefix of another, for
+/// example `a-` and `b-`) never clash, nor clash with rules whose names do not start with them.
+/// The rules are those [`schema_to_gbnf`] writes for the same schema, renamed; the limits apply
+/// to each conversion.
+///
+/// # Panics
+/// If `prefix` has a character other than ASCII letters, digits and `-` (the characters of
+/// the rule names the converter writes; `_` is left to the names a GBNF parser generates), or
+/// starts with a digit.
+pub fn schema_to_gbnf_rules(schema: &Value, prefix: &str) -> Result<(String, String), SchemaError> {
+    subschema_to_gbnf_rules(schema, "#", prefix)
+}
+
+/// As [`schema_to_gbnf_rules`], for the subschema of `document` at `pointer` (`#` for the whole
+/// document, else `#/...` with RFC 6901 escaping and no percent-decoding), its `$ref`s
+/// resolving against `document` (for example a tool's parameter `#/properties/x` whose schema
+/// refers to `#/$defs/y`). Errors name pointers into `document`; a pointer that does not
+/// resolve is an [`SchemaError::Invalid`] for the keyword `pointer`.
+///
+/// # Panics
+/// As [`schema_to_gbnf_rules`].
+pub fn subschema_to_gbnf_rules(
+    document: &Value,
+    pointer: &str,
+    prefix: &str,
+) -> Result<(String, String), SchemaError> {
+    assert!(
+        prefix
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-')
+            && !prefix.starts_with(|c: char| c.is_ascii_digit()),
+        "invalid GBNF rule name prefix {prefix:?}"
+    );
+    let (top, rules) = convert::Converter::new(document).build(pointer)?;
+    Ok((format!("{prefix}{top}"), rules.render_rules(prefix)))
 }
 
 /// Appends one RFC 6901 reference token to a pointer.

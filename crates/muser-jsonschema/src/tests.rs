@@ -251,3 +251,54 @@ fn error_accessors() {
     assert_eq!((e.keyword(), e.pointer()), ("pattern", "#/properties/x"));
     assert!(e.to_string().contains("lookaround"), "{e}");
 }
+
+#[test]
+fn prefix_refs_skips_literals_classes_and_counts() {
+    let body = r#"a-1 "x\"y z" [^"\]a-z] ( b | "[" c-d{0,20} )? [\\] e "\\" f"#;
+    let mut out = String::new();
+    crate::grammar::prefix_refs(body, "p-", &mut out);
+    assert_eq!(
+        out,
+        r#"p-a-1 "x\"y z" [^"\]a-z] ( p-b | "[" p-c-d{0,20} )? [\\] p-e "\\" p-f"#
+    );
+}
+
+#[test]
+fn prefixed_rules_are_the_same_rules_renamed() {
+    let s = json!({"type": "object", "properties": {"b": {"type": "integer", "minimum": 3},
+                   "a": {"type": "string", "format": "date"}, "c": {"$ref": "#/$defs/x"}},
+                   "required": ["a"], "$defs": {"x": {"type": "array", "items": {"$ref": "#"}}}});
+    let full = schema_to_gbnf(&s).unwrap();
+    let (top0, rules0) = crate::schema_to_gbnf_rules(&s, "").unwrap();
+    assert_eq!(full, format!("root ::= {top0}\n{rules0}"));
+    let (top, rules) = crate::schema_to_gbnf_rules(&s, "q7-").unwrap();
+    assert_eq!(top, format!("q7-{top0}"));
+    for line in rules.lines() {
+        assert!(line.starts_with("q7-"), "{line}");
+    }
+    // undoing the prefix gives the unprefixed rules back
+    assert_eq!(rules.replace("q7-", ""), rules0.replace("q7-", ""));
+    assert!(rules.matches("q7-").count() > rules.lines().count());
+}
+
+#[test]
+fn subschema_refs_resolve_against_the_document() {
+    let doc = json!({"type": "object", "properties": {"a%20b/c": {"$ref": "#/$defs/n"}},
+                     "$defs": {"n": {"type": "integer", "maximum": 5}}});
+    let (top, rules) = crate::subschema_to_gbnf_rules(&doc, "#/properties/a%20b~1c", "x-").unwrap();
+    let e = engine(&format!("root ::= {top}\n{rules}"));
+    assert!(e.accepts_str("5") && e.accepts_str("-3"));
+    assert!(!e.accepts_str("6") && !e.accepts_str("\"5\""));
+    let err = crate::subschema_to_gbnf_rules(&doc, "#/properties/nope", "x-").unwrap_err();
+    assert_eq!(err.keyword(), "pointer");
+    let err = crate::subschema_to_gbnf_rules(
+        &json!({"properties": {"a": {"type": "string", "pattern": "(?=a)"}}}),
+        "#/properties/a",
+        "x-",
+    )
+    .unwrap_err();
+    assert_eq!(
+        (err.keyword(), err.pointer()),
+        ("pattern", "#/properties/a")
+    );
+}

@@ -30,7 +30,11 @@
 //! A grammar (`Sampler::set_grammar`: GBNF from muser-grammar, with the vocabulary's text made
 //! by the caller, as for DRY) constrains the generated tokens the way llama.cpp's common sampler
 //! applies its grammar sampler: the chain picks, the pick stands if the grammar allows it, else
-//! the grammar's rejects go to -inf and the chain picks again from the row.
+//! the grammar's rejects go to -inf and the chain picks again from the row. A lazy grammar
+//! (`Sampler::set_lazy_grammar`, llama.cpp's grammar triggers) constrains nothing, and leaves
+//! the sampler's fast paths on, until a trigger token is generated or a trigger pattern is
+//! found in the text generated so far; it then starts at the trigger, is fed the text from
+//! there, and constrains the rest as a grammar does.
 //!
 //! Top-n-sigma, DRY and mirostat read the whole row (its standard deviation; mirostat's softmax over
 //! every token and its vocabulary size; DRY can push a token of the top k below one outside
@@ -39,6 +43,7 @@
 //! come after top-k and can.
 
 mod dry;
+mod lazy;
 mod steps;
 
 pub use dry::{
@@ -51,6 +56,7 @@ pub use steps::{
     top_p, typical, uniform_f32, uniform_f64, xtc, Candidate,
 };
 
+pub use lazy::{TriggerKind, Triggers};
 pub use muser_grammar::{Grammar, GrammarError, GrammarState, Vocab as GrammarVocab};
 
 use rand_mt::Mt;
@@ -292,6 +298,8 @@ pub struct Sampler {
     /// The grammar the generated tokens must follow (`set_grammar`), with the vocabulary as it
     /// sees it.
     grammar: Option<Constrained>,
+    /// Tokens never picked, sorted (`set_banned`).
+    banned: Arc<[u32]>,
 }
 
 /// A grammar's state in a generation, with what it starts from and the vocabulary's text.
@@ -299,6 +307,46 @@ struct Constrained {
     grammar: Arc<Grammar>,
     vocab: Arc<GrammarVocab>,
     state: GrammarState,
+    /// A lazy grammar's triggers and buffer (`set_lazy_grammar`).
+    lazy: Option<lazy::Lazy>,
+}
+
+impl Constrained {
+    /// Whether a lazy grammar still awaits its trigger (and constrains nothing).
+    fn awaiting(&self) -> bool {
+        self.lazy.as_ref().is_some_and(|l| l.awaiting)
+    }
+
+    /// Why the grammar can no longer be followed: its state failed, or a lazy grammar's
+    /// trigger pattern failed at run time.
+    fn failure(&self) -> Option<&GrammarError> {
+        self.lazy
+            .as_ref()
+            .and_then(|l| l.failure.as_ref())
+            .or_else(|| self.state.failure())
+    }
+
+    fn allows(&self, token: u32) -> bool {
+        self.failure().is_none() && self.state.allows(&self.vocab, token)
+    }
+
+    fn mask_logits(&self, logits: &mut [f32]) {
+        if self.failure().is_some() {
+            logits.fill(f32::NEG_INFINITY);
+        } else {
+            self.state.mask_logits(&self.vocab, logits);
+        }
+    }
+
+    fn accept(&mut self, token: u32) -> Result<(), GrammarError> {
+        if let Some(e) = self.failure() {
+            return Err(e.clone());
+        }
+        match &mut self.lazy {
+            Some(l) if l.awaiting => l.accept(&mut self.state, &self.vocab, token),
+            _ => self.state.accept(&self.vocab, token),
+        }
+    }
 }
 
 impl Sampler {
@@ -313,6 +361,7 @@ impl Sampler {
             dry_history: VecDeque::new(),
             dry_breakers: Arc::default(),
             grammar: None,
+            banned: Arc::from([]),
         }
     }
 
@@ -328,26 +377,67 @@ impl Sampler {
             state: GrammarState::new(grammar.clone()),
             grammar,
             vocab,
+            lazy: None,
         });
     }
 
-    /// Whether a grammar constrains the picks.
+    /// As `set_grammar`, but lazy (llama.cpp's lazy grammar sampler, with its trigger tokens
+    /// and patterns): until `triggers` fire the grammar constrains nothing, and every pick,
+    /// `is_argmax` and `top_k_of` are what they are without a grammar. The generated tokens
+    /// (`accept_generated`) fire it: a trigger token, fed to the grammar; or a pattern found in
+    /// the text generated since the start (or `reset`), the first that matches in the order
+    /// given: the grammar is then fed that text from the pattern's first non-empty capture
+    /// group (else its whole match) on, the token the start falls inside only its bytes from
+    /// there. From then on it constrains the picks as `set_grammar`'s does. Patterns are
+    /// searched in the text's complete characters (an invalid UTF-8 sequence reads as U+FFFD);
+    /// a pattern that fails at run time (fancy-regex's backtracking limit) fails the grammar
+    /// (`grammar_failure`, and the error from `accept_generated`). While it awaits, each
+    /// generated token searches the patterns in all the text generated so far, as llama.cpp
+    /// does: O(n) per token after n bytes (a word only looks at the new bytes).
+    pub fn set_lazy_grammar(
+        &mut self,
+        grammar: Arc<Grammar>,
+        vocab: Arc<GrammarVocab>,
+        triggers: Arc<Triggers>,
+    ) {
+        self.grammar = Some(Constrained {
+            state: GrammarState::new(grammar.clone()),
+            grammar,
+            vocab,
+            lazy: Some(lazy::Lazy::new(triggers)),
+        });
+    }
+
+    /// Whether a grammar is attached (constraining, or lazy and awaiting its trigger).
     pub fn has_grammar(&self) -> bool {
         self.grammar.is_some()
     }
 
+    /// Whether a lazy grammar awaits its trigger: the picks are then unconstrained.
+    pub fn grammar_awaiting_trigger(&self) -> bool {
+        self.grammar.as_ref().is_some_and(|g| g.awaiting())
+    }
+
+    /// The grammar while it constrains the picks (not a lazy one awaiting its trigger).
+    fn constraining(&self) -> Option<&Constrained> {
+        self.grammar.as_ref().filter(|g| !g.awaiting())
+    }
+
     /// Why the grammar can no longer be followed, when it cannot: a grammar whose parse grew
-    /// past the engine's bounds (`GrammarState::failure`). Every pick is then refused.
+    /// past the engine's bounds (`GrammarState::failure`), or a lazy grammar's trigger pattern
+    /// that failed at run time. Every pick is then refused.
     pub fn grammar_failure(&self) -> Option<String> {
         self.grammar
             .as_ref()
-            .and_then(|g| g.state.failure())
+            .and_then(|g| g.failure())
             .map(|e| e.to_string())
     }
 
-    /// Whether the grammar (if any) leaves nothing to generate but an end of generation.
+    /// Whether the grammar (if any, and not awaiting its trigger) leaves nothing to generate
+    /// but an end of generation.
     pub fn grammar_must_end(&self) -> bool {
-        self.grammar.as_ref().is_some_and(|g| g.state.must_end())
+        self.constraining()
+            .is_some_and(|g| g.failure().is_none() && g.state.must_end())
     }
 
     /// DRY's sequence breakers, made by the caller from the vocabulary and
@@ -372,8 +462,23 @@ impl Sampler {
     /// bias (its chain has no penalties); `mu` then stays as it is, which changes no pick while
     /// the temperature is 0.
     pub fn is_argmax(&self) -> bool {
+        self.banned.is_empty() && self.argmax_unbanned()
+    }
+
+    /// Never picks `ids`: their logits count as -inf, as llama-server bans the end-of-generation
+    /// tokens with a -inf bias for `ignore_eos`. Unlike a bias it keeps the backend's fast
+    /// paths: `top_k_of` asks for as many more candidates as there are banned tokens (the
+    /// k best of the others are among them), and `try_sample_top_k` drops the banned ones.
+    pub fn set_banned(&mut self, mut ids: Vec<u32>) {
+        ids.sort_unstable();
+        ids.dedup();
+        self.banned = ids.into();
+    }
+
+    /// `is_argmax` without the banned tokens.
+    fn argmax_unbanned(&self) -> bool {
         let p = &self.params;
-        if self.grammar.is_some() {
+        if self.constraining().is_some() {
             return false;
         }
         if p.mirostat_on() {
@@ -393,8 +498,21 @@ impl Sampler {
         let raw = !p.penalties_on() && p.logit_bias.is_empty();
         let whole_row = p.mirostat_on() || p.top_n_sigma > 0.0 || p.dry_on();
         let sampled = p.temperature > 0.0 || p.moves_greedy();
-        let whole_row = whole_row || self.grammar.is_some();
-        (sampled && p.top_k > 0 && p.top_k < vocab && raw && !whole_row).then_some(p.top_k)
+        let whole_row = whole_row || self.constraining().is_some();
+        let k = (sampled && p.top_k > 0 && p.top_k < vocab && raw && !whole_row).then_some(p.top_k);
+        if self.banned.is_empty() {
+            return k;
+        }
+        // The best k that are not banned are among the best k + banned of the row.
+        k.or(self.banned_argmax().then_some(1))
+            .map(|k| k + self.banned.len())
+            .filter(|&k| k < vocab)
+    }
+
+    /// The pick is the first maximum of the row once the banned tokens are out (mirostat's
+    /// temperature-0 argmax aside: its `mu` update reads the row).
+    fn banned_argmax(&self) -> bool {
+        self.argmax_unbanned() && !self.params.mirostat_on()
     }
 
     /// The pick from a row's `top_k_logits(row, k)` when `top_k_of` gave k: the same token
@@ -405,8 +523,20 @@ impl Sampler {
     }
 
     /// As `sample_top_k`, but `None` when no candidate can be picked (as `try_sample`).
-    pub fn try_sample_top_k(&mut self, cands: Vec<Candidate>) -> Option<u32> {
-        if self.grammar.is_none() {
+    pub fn try_sample_top_k(&mut self, mut cands: Vec<Candidate>) -> Option<u32> {
+        if !self.banned.is_empty() {
+            // `top_k_of` asked for the banned tokens' number more: the rest, cut back.
+            cands.retain(|c| self.banned.binary_search(&c.id).is_err());
+            let keep = if self.banned_argmax() {
+                1
+            } else {
+                self.params.top_k
+            };
+            if keep > 0 {
+                cands.truncate(keep);
+            }
+        }
+        if self.constraining().is_none() {
             return self.sample_top(cands);
         }
         // Not reached through `top_k_of` (None with a grammar), but kept right: the grammar's
@@ -415,11 +545,11 @@ impl Sampler {
         if first.is_some_and(|id| self.grammar_allows(id)) {
             return first;
         }
-        let g = self.grammar.as_ref().unwrap();
+        let g = self.constraining().unwrap();
         let cands = cands
             .into_iter()
             .map(|mut c| {
-                if !g.state.allows(&g.vocab, c.id) {
+                if !g.allows(c.id) {
                     c.logit = f32::NEG_INFINITY;
                 }
                 c
@@ -428,11 +558,9 @@ impl Sampler {
         self.sample_top(cands)
     }
 
-    /// Whether the grammar (if any) allows `token` next.
+    /// Whether the grammar (if any, and not awaiting its trigger) allows `token` next.
     fn grammar_allows(&self, token: u32) -> bool {
-        self.grammar
-            .as_ref()
-            .is_none_or(|g| g.state.allows(&g.vocab, token))
+        self.constraining().is_none_or(|g| g.allows(token))
     }
 
     /// Picks the next token from one row of logits (one per vocabulary entry). NaN and -inf
@@ -446,7 +574,21 @@ impl Sampler {
     /// logit is NaN or -inf (every token banned, or a row of NaN), or the row is empty. No draw
     /// is made then.
     pub fn try_sample(&mut self, logits: &[f32]) -> Option<u32> {
-        if self.grammar.is_none() {
+        if self.banned.is_empty() {
+            return self.try_sample_unbanned(logits);
+        }
+        let mut row = logits.to_vec();
+        for &id in self.banned.iter() {
+            if let Some(l) = row.get_mut(id as usize) {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+        self.try_sample_unbanned(&row)
+    }
+
+    /// `try_sample` once the banned tokens are out of the row.
+    fn try_sample_unbanned(&mut self, logits: &[f32]) -> Option<u32> {
+        if self.constraining().is_none() {
             return self.try_sample_chain(logits);
         }
         // llama.cpp's common sampler: the chain's pick, kept if the grammar allows it; else the
@@ -455,9 +597,9 @@ impl Sampler {
         if first.is_some_and(|id| self.grammar_allows(id)) {
             return first;
         }
-        let g = self.grammar.as_ref().unwrap();
+        let g = self.constraining().unwrap();
         let mut masked = logits.to_vec();
-        g.state.mask_logits(&g.vocab, &mut masked);
+        g.mask_logits(&mut masked);
         self.try_sample_chain(&masked)
     }
 
@@ -571,10 +713,13 @@ impl Sampler {
     }
 
     /// Records a generated token: the penalties' window (`accept`) and the grammar, which must
-    /// allow it (an error names the token otherwise, and nothing is recorded).
+    /// allow it (an error names the token otherwise, and nothing is recorded). A lazy grammar
+    /// awaiting its trigger takes any token, and errs only when the token fires it and the
+    /// grammar rejects the text from the trigger on, or a trigger pattern fails at run time
+    /// (the window is then not updated either).
     pub fn accept_generated(&mut self, token: u32) -> Result<(), GrammarError> {
         if let Some(g) = &mut self.grammar {
-            g.state.accept(&g.vocab, token)?;
+            g.accept(token)?;
         }
         self.accept(token);
         Ok(())
@@ -589,8 +734,8 @@ impl Sampler {
         }
     }
 
-    /// Forgets the history, reseeds the generators from the parameters and sets mirostat's `mu`
-    /// back to 2 tau.
+    /// Forgets the history, reseeds the generators from the parameters, sets mirostat's `mu`
+    /// back to 2 tau and starts the grammar over (a lazy one awaits its trigger again).
     pub fn reset(&mut self) {
         self.history.clear();
         self.dry_history.clear();
@@ -599,6 +744,9 @@ impl Sampler {
         self.mu = 2.0 * self.params.mirostat_tau;
         if let Some(g) = &mut self.grammar {
             g.state = GrammarState::new(g.grammar.clone());
+            if let Some(l) = &mut g.lazy {
+                l.reset();
+            }
         }
     }
 }

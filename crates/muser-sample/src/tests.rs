@@ -1928,3 +1928,556 @@ fn a_grammar_asks_for_the_whole_row_and_refuses_what_it_cannot_follow() {
         assert!(s.accept_generated(3).is_ok());
     }
 }
+
+// Lazy grammars (llama.cpp's grammar triggers).
+
+/// The vocabulary of the lazy grammar tests: the pieces of `LAZY_PIECES`, the two bytes of "é"
+/// as tokens of their own, "é"'s second byte before "<to", "a<tool>" and "é"'s first byte, and
+/// an end-of-generation token (the last).
+fn lazy_vocab() -> (Vec<Vec<u8>>, Arc<GrammarVocab>) {
+    let mut pieces: Vec<Vec<u8>> = [
+        "a", "b", "c", "x", ".", " ", "ab", "<", "to", "ol", ">", "ab<to", "ol>x", "<tool>", "é",
+        "<|call|>", "ol>",
+    ]
+    .iter()
+    .map(|s| s.as_bytes().to_vec())
+    .collect();
+    pieces.push(vec![0xC3]);
+    pieces.push(vec![0xA9]);
+    pieces.push(b"\xa9<to".to_vec());
+    pieces.push(b"a<tool>\xc3".to_vec());
+    pieces.push(b"</s>".to_vec());
+    let n = pieces.len();
+    let eog = (0..n).map(|i| i == n - 1).collect();
+    (pieces.clone(), Arc::new(GrammarVocab::new(pieces, eog)))
+}
+
+/// The id of the token whose piece is `piece`.
+fn tok(pieces: &[Vec<u8>], piece: &[u8]) -> u32 {
+    pieces
+        .iter()
+        .position(|p| p == piece)
+        .expect("a piece of the vocabulary") as u32
+}
+
+/// The grammar the "<tool>" triggers start.
+fn tool_grammar() -> Arc<Grammar> {
+    Arc::new(Grammar::parse(r##"root ::= "<tool>" ("ab" | "c" | "x" | "é")+ ".""##).unwrap())
+}
+
+fn triggers(tokens: Vec<u32>, patterns: &[(TriggerKind, &str)]) -> Arc<Triggers> {
+    let patterns: Vec<(TriggerKind, String)> =
+        patterns.iter().map(|(k, p)| (*k, p.to_string())).collect();
+    Arc::new(Triggers::new(tokens, &patterns).unwrap())
+}
+
+/// A sampler with a lazy grammar.
+fn lazy_sampler(
+    grammar: &Arc<Grammar>,
+    vocab: &Arc<GrammarVocab>,
+    triggers: &Arc<Triggers>,
+) -> Sampler {
+    let mut s = Sampler::new(SamplerParams::greedy());
+    s.set_lazy_grammar(grammar.clone(), vocab.clone(), triggers.clone());
+    s
+}
+
+/// Feeds `pieces` as generated tokens.
+fn feed(s: &mut Sampler, all: &[Vec<u8>], pieces: &[&[u8]]) {
+    for p in pieces {
+        s.accept_generated(tok(all, p)).unwrap();
+    }
+}
+
+/// The tokens the sampler's (triggered) grammar allows next.
+fn lazy_allowed(s: &Sampler) -> Vec<u32> {
+    assert!(!s.grammar_awaiting_trigger());
+    let g = s.grammar.as_ref().unwrap();
+    g.state.allowed_tokens(&g.vocab)
+}
+
+/// The tokens a fresh state of `grammar` allows after `text`.
+fn allowed_after(grammar: &Arc<Grammar>, vocab: &GrammarVocab, text: &str) -> Vec<u32> {
+    let mut st = GrammarState::new(grammar.clone());
+    st.accept_str(text).unwrap();
+    st.allowed_tokens(vocab)
+}
+
+#[test]
+fn a_lazy_grammar_awaiting_its_trigger_picks_as_no_grammar_then_constrains() {
+    // Until "<tool>" appears the lazy sampler must pick exactly what a sampler without a
+    // grammar picks (same parameters, seed and rows), and offer the same fast paths; from the
+    // trigger on, only what the grammar allows, and the text from "<tool>" to the end of
+    // generation is in the grammar's language.
+    let (pieces, vocab) = lazy_vocab();
+    let n = pieces.len();
+    let eog = n as u32 - 1;
+    let grammar = tool_grammar();
+    let trig = triggers(vec![], &[(TriggerKind::Word, "<tool>")]);
+    let mut rng = Mt::new(0x1a2e_0001);
+    let (mut compared, mut fast_argmax, mut fast_top_k) = (0, 0, 0);
+    let (mut triggered, mut ended) = (0, 0);
+    for round in 0..40u64 {
+        let mut settings = grammar_settings(round);
+        settings.push(SamplerParams {
+            seed: round,
+            temperature: 0.8,
+            top_k: 6,
+            ..Default::default()
+        });
+        for params in settings {
+            let mut lazy = Sampler::new(params.clone());
+            lazy.set_lazy_grammar(grammar.clone(), vocab.clone(), trig.clone());
+            let mut plain = Sampler::new(params.clone());
+            let mut text = Vec::new();
+            let mut fired_at = None;
+            for _ in 0..80 {
+                let row = random_logits(&mut rng, n, 3.0);
+                let got = if lazy.grammar_awaiting_trigger() {
+                    assert!(lazy.has_grammar() && !lazy.grammar_must_end());
+                    assert_eq!(lazy.is_argmax(), plain.is_argmax(), "{params:?}");
+                    assert_eq!(lazy.top_k_of(n), plain.top_k_of(n), "{params:?}");
+                    fast_argmax += lazy.is_argmax() as usize;
+                    let (got, want) = match plain.top_k_of(n) {
+                        Some(k) => {
+                            fast_top_k += 1;
+                            let cands = top_k_logits(&row, k);
+                            (
+                                lazy.try_sample_top_k(cands.clone()),
+                                plain.try_sample_top_k(cands),
+                            )
+                        }
+                        None => (lazy.try_sample(&row), plain.try_sample(&row)),
+                    };
+                    assert_eq!(got, want, "round {round}, {params:?}");
+                    compared += 1;
+                    got.unwrap()
+                } else {
+                    assert!(!lazy.is_argmax());
+                    assert_eq!(lazy.top_k_of(n), None);
+                    let got = lazy.try_sample(&row).unwrap();
+                    assert!(
+                        lazy_allowed(&lazy).contains(&got),
+                        "round {round}, {params:?}"
+                    );
+                    got
+                };
+                lazy.accept_generated(got).unwrap();
+                plain.accept(got);
+                if got == eog {
+                    if let Some(at) = fired_at {
+                        ended += 1;
+                        let from: &[u8] = &text[at..];
+                        let s = std::str::from_utf8(from).unwrap();
+                        assert!(grammar.accepts_str(s), "{s:?}");
+                    }
+                    break;
+                }
+                text.extend_from_slice(&pieces[got as usize]);
+                if fired_at.is_none() && !lazy.grammar_awaiting_trigger() {
+                    triggered += 1;
+                    // The first "<tool>" of the text is where the grammar starts.
+                    fired_at = text.windows(6).position(|w| w == b"<tool>");
+                    assert!(fired_at.is_some(), "{:?}", String::from_utf8_lossy(&text));
+                }
+            }
+        }
+    }
+    assert!(compared > 1000, "{compared}");
+    assert!(
+        fast_argmax > 100 && fast_top_k > 100,
+        "{fast_argmax} {fast_top_k}"
+    );
+    assert!(triggered > 60 && ended > 30, "{triggered} {ended}");
+}
+
+#[test]
+fn a_word_trigger_inside_a_token_feeds_the_grammar_from_the_trigger() {
+    let (pieces, vocab) = lazy_vocab();
+    let grammar = tool_grammar();
+    let trig = triggers(vec![], &[(TriggerKind::Word, "<tool>")]);
+    let mut s = lazy_sampler(&grammar, &vocab, &trig);
+    assert!(s.grammar_awaiting_trigger() && s.is_argmax());
+    feed(&mut s, &pieces, &[b"ab<to"]);
+    assert!(s.grammar_awaiting_trigger() && s.is_argmax());
+    // "ab<to" + "ol>x": the grammar gets "<tool>x", not "ab<tool>x" (which it rejects).
+    feed(&mut s, &pieces, &[b"ol>x"]);
+    assert!(!s.grammar_awaiting_trigger() && !s.is_argmax() && s.has_grammar());
+    let allowed = lazy_allowed(&s);
+    assert_eq!(allowed, allowed_after(&grammar, &vocab, "<tool>x"));
+    assert!(allowed.contains(&tok(&pieces, b".")) && !allowed.contains(&tok(&pieces, b"<")));
+    // The pick is the best allowed token, whatever the row prefers.
+    let mut row = vec![0.0f32; pieces.len()];
+    row[tok(&pieces, b"<") as usize] = 9.0;
+    row[tok(&pieces, b"ab<to") as usize] = 8.0;
+    row[tok(&pieces, b"c") as usize] = 1.0;
+    assert_eq!(s.try_sample(&row), Some(tok(&pieces, b"c")));
+    // A token the grammar rejects is refused now.
+    assert!(s.accept_generated(tok(&pieces, b"<")).is_err());
+    feed(&mut s, &pieces, &[b"c", b"."]);
+    assert!(s.grammar_must_end());
+}
+
+#[test]
+fn a_trigger_token_feeds_itself_to_the_grammar() {
+    let (pieces, vocab) = lazy_vocab();
+    let call = tok(&pieces, b"<|call|>");
+    // By its text, or by its id (a token element).
+    for src in [
+        r##"root ::= "<|call|>" "x"+ ".""##,
+        &format!(r##"root ::= <[{call}]> "x"+ ".""##),
+    ] {
+        let grammar = Arc::new(Grammar::parse(src).unwrap());
+        let trig = triggers(vec![call], &[]);
+        let mut s = lazy_sampler(&grammar, &vocab, &trig);
+        feed(&mut s, &pieces, &[b"a", b"<", b"<tool>", b" "]);
+        assert!(s.grammar_awaiting_trigger());
+        s.accept_generated(call).unwrap();
+        assert!(!s.grammar_awaiting_trigger());
+        assert_eq!(lazy_allowed(&s), vec![tok(&pieces, b"x")], "{src}");
+        feed(&mut s, &pieces, &[b"x", b"x", b"."]);
+        assert!(s.grammar_must_end());
+    }
+}
+
+#[test]
+fn a_pattern_trigger_starts_the_grammar_at_its_first_non_empty_group() {
+    let (pieces, vocab) = lazy_vocab();
+    let grammar = tool_grammar();
+    let want = allowed_after(&grammar, &vocab, "<tool>");
+    // The match starts at "c" and the grammar rejects "c <tool>": it must start at the group.
+    for pattern in [r"c\s*(<tool>)", r"(z)?c ?(<tool>)", r"()c ?(<tool>)"] {
+        let trig = triggers(vec![], &[(TriggerKind::Pattern, pattern)]);
+        let mut s = lazy_sampler(&grammar, &vocab, &trig);
+        feed(&mut s, &pieces, &[b"a", b"c", b" ", b"<", b"to", b"ol"]);
+        assert!(s.grammar_awaiting_trigger(), "{pattern}");
+        feed(&mut s, &pieces, &[b">"]);
+        assert_eq!(lazy_allowed(&s), want, "{pattern}");
+    }
+    // The first pattern that matches, in order, decides; one that does not compile is refused.
+    let trig = triggers(
+        vec![],
+        &[
+            (TriggerKind::Pattern, "zz(c)"),
+            (TriggerKind::Pattern, r"a(<tool>)"),
+        ],
+    );
+    let mut s = lazy_sampler(&grammar, &vocab, &trig);
+    feed(&mut s, &pieces, &[b"a<tool>\xc3"]);
+    assert_eq!(lazy_allowed(&s), vec![tok(&pieces, &[0xA9])]);
+}
+
+#[test]
+fn a_full_pattern_must_match_the_whole_text() {
+    let (pieces, vocab) = lazy_vocab();
+    let grammar = tool_grammar();
+    let want = allowed_after(&grammar, &vocab, "<tool>");
+    for (kind, pattern) in [
+        (TriggerKind::PatternFull, "<tool>"),
+        (TriggerKind::PatternFull, "^<tool>"),
+        (TriggerKind::Pattern, "^<tool>$"),
+    ] {
+        let trig = triggers(vec![], &[(kind, pattern)]);
+        // A mere substring does not trigger it.
+        let mut s = lazy_sampler(&grammar, &vocab, &trig);
+        feed(&mut s, &pieces, &[b"a", b"<tool>", b"x"]);
+        assert!(s.grammar_awaiting_trigger(), "{pattern}");
+        // The whole text does.
+        let mut s = lazy_sampler(&grammar, &vocab, &trig);
+        feed(&mut s, &pieces, &[b"<"]);
+        assert!(s.grammar_awaiting_trigger(), "{pattern}");
+        feed(&mut s, &pieces, &[b"to", b"ol>"]);
+        assert_eq!(lazy_allowed(&s), want, "{pattern}");
+    }
+    // llama.cpp's usual form: anything, the trigger as a group, anything.
+    let trig = triggers(
+        vec![],
+        &[(TriggerKind::PatternFull, r"[\s\S]*?(<tool>)[\s\S]*")],
+    );
+    let mut s = lazy_sampler(&grammar, &vocab, &trig);
+    feed(&mut s, &pieces, &[b"ab", b" ", b"ab<to"]);
+    assert!(s.grammar_awaiting_trigger());
+    feed(&mut s, &pieces, &[b"ol>x"]);
+    assert_eq!(lazy_allowed(&s), allowed_after(&grammar, &vocab, "<tool>x"));
+    // As in llama.cpp, an anchored pattern that does not match the whole text is still searched:
+    // "^ab|<tool>$" (a full "ab|<tool>") finds "<tool>" at the end.
+    let trig = triggers(vec![], &[(TriggerKind::PatternFull, "ab|<tool>")]);
+    assert_eq!(trig.patterns(), ["^ab|<tool>$"]);
+    let mut s = lazy_sampler(&grammar, &vocab, &trig);
+    feed(&mut s, &pieces, &[b"x", b"<tool>"]);
+    assert_eq!(lazy_allowed(&s), want);
+}
+
+#[test]
+fn a_lookahead_pattern_triggers_as_in_llama_cpp() {
+    // gpt-oss's tool call trigger: a recipient after "<|start|>assistant" (or at the start),
+    // but not "self".
+    let words = [
+        "<|start|>",
+        "assistant",
+        " to=",
+        "self",
+        "functions.get",
+        "<|message|>",
+        "{}",
+        "hi",
+        "</s>",
+    ];
+    let pieces: Vec<Vec<u8>> = words.iter().map(|w| w.as_bytes().to_vec()).collect();
+    let eog = (0..pieces.len()).map(|i| i == pieces.len() - 1).collect();
+    let vocab = Arc::new(GrammarVocab::new(pieces.clone(), eog));
+    let grammar =
+        Arc::new(Grammar::parse(r##"root ::= " to=" [a-z.]+ "<|message|>" "{}""##).unwrap());
+    let pattern = r"(?:^|<\|start\|>assistant)( to=(?!self<\|message\|>)[^<]*?<\|message\|>)";
+    let trig = triggers(vec![], &[(TriggerKind::Pattern, pattern)]);
+    fn p(w: &str) -> &[u8] {
+        w.as_bytes()
+    }
+    let mut s = lazy_sampler(&grammar, &vocab, &trig);
+    feed(
+        &mut s,
+        &pieces,
+        &[
+            p("hi"),
+            p("<|start|>"),
+            p("assistant"),
+            p(" to="),
+            p("self"),
+            p("<|message|>"),
+        ],
+    );
+    assert!(s.grammar_awaiting_trigger());
+    feed(
+        &mut s,
+        &pieces,
+        &[p("hi"), p("<|start|>"), p("assistant"), p(" to=")],
+    );
+    assert!(s.grammar_awaiting_trigger());
+    feed(&mut s, &pieces, &[p("functions.get"), p("<|message|>")]);
+    assert_eq!(lazy_allowed(&s), vec![tok(&pieces, b"{}")]);
+    feed(&mut s, &pieces, &[p("{}")]);
+    assert!(s.grammar_must_end());
+    // At the start of the text.
+    let mut s = lazy_sampler(&grammar, &vocab, &trig);
+    feed(&mut s, &pieces, &[p(" to="), p("functions.get")]);
+    assert!(s.grammar_awaiting_trigger());
+    feed(&mut s, &pieces, &[p("<|message|>")]);
+    assert_eq!(lazy_allowed(&s), vec![tok(&pieces, b"{}")]);
+    // Not after other text.
+    let mut s = lazy_sampler(&grammar, &vocab, &trig);
+    feed(
+        &mut s,
+        &pieces,
+        &[p("hi"), p(" to="), p("functions.get"), p("<|message|>")],
+    );
+    assert!(s.grammar_awaiting_trigger());
+}
+
+#[test]
+fn a_trigger_split_across_three_tokens() {
+    let (pieces, vocab) = lazy_vocab();
+    let grammar = tool_grammar();
+    let trig = triggers(vec![], &[(TriggerKind::Word, "<tool>")]);
+    let want = allowed_after(&grammar, &vocab, "<tool>");
+    let splits: [&[&[u8]]; 3] = [
+        &[b"ab", b"<", b"to", b"ol>"],
+        &[b"ab<to", b"ol", b">"],
+        &[b"<", b"to", b"ol", b">"],
+    ];
+    for split in splits {
+        let (last, before) = split.split_last().unwrap();
+        let mut s = lazy_sampler(&grammar, &vocab, &trig);
+        feed(&mut s, &pieces, before);
+        assert!(s.grammar_awaiting_trigger(), "{split:?}");
+        feed(&mut s, &pieces, &[last]);
+        assert_eq!(lazy_allowed(&s), want, "{split:?}");
+    }
+}
+
+#[test]
+fn utf8_split_across_tokens_around_a_trigger() {
+    let (pieces, vocab) = lazy_vocab();
+    let grammar = tool_grammar();
+    let trig = triggers(vec![], &[(TriggerKind::Word, "<tool>")]);
+    let want = allowed_after(&grammar, &vocab, "<tool>");
+    // "é" split before the trigger, its second byte in the token the trigger starts inside.
+    let mut s = lazy_sampler(&grammar, &vocab, &trig);
+    feed(&mut s, &pieces, &[&[0xC3], b"\xa9<to"]);
+    assert!(s.grammar_awaiting_trigger());
+    feed(&mut s, &pieces, &[b"ol>"]);
+    assert_eq!(lazy_allowed(&s), want);
+    // Bytes that are not UTF-8 before the trigger (a stray continuation byte, a lead byte
+    // with none) do not hide it, nor move its start.
+    for bad in [&[0xA9u8] as &[u8], &[0xC3], &[0xC3, 0xC3]] {
+        let mut s = lazy_sampler(&grammar, &vocab, &trig);
+        for &b in bad {
+            feed(&mut s, &pieces, &[&[b]]);
+        }
+        feed(&mut s, &pieces, &[b"x", b"<", b"to", b"ol>"]);
+        assert_eq!(lazy_allowed(&s), want, "{bad:?}");
+    }
+    // The token the trigger starts inside ends inside "é": the grammar keeps that first byte
+    // pending, and only its continuation may follow.
+    let mut s = lazy_sampler(&grammar, &vocab, &trig);
+    feed(&mut s, &pieces, &[b"a<tool>\xc3"]);
+    assert_eq!(lazy_allowed(&s), vec![tok(&pieces, &[0xA9])]);
+    feed(&mut s, &pieces, &[&[0xA9]]);
+    assert_eq!(lazy_allowed(&s), allowed_after(&grammar, &vocab, "<tool>é"));
+    // A trigger ending in a character split across tokens fires once the character is whole.
+    let trig = triggers(vec![], &[(TriggerKind::Word, "xé")]);
+    let grammar = Arc::new(Grammar::parse(r##"root ::= "xé" "c"+ ".""##).unwrap());
+    let mut s = lazy_sampler(&grammar, &vocab, &trig);
+    feed(&mut s, &pieces, &[b"a", b"x", &[0xC3]]);
+    assert!(s.grammar_awaiting_trigger());
+    feed(&mut s, &pieces, &[&[0xA9]]);
+    assert_eq!(lazy_allowed(&s), allowed_after(&grammar, &vocab, "xé"));
+}
+
+#[test]
+fn triggers_refuse_bad_patterns_and_no_triggers() {
+    let err = Triggers::new(vec![], &[]).unwrap_err();
+    assert_eq!(err, "a lazy grammar needs at least one trigger");
+    for (kind, pattern, named) in [
+        (TriggerKind::Pattern, "a(b", "\"a(b\""),
+        (TriggerKind::PatternFull, "[x", "\"^[x$\""),
+        (TriggerKind::Pattern, r"(?<=a+)b", "(?<=a+)b"),
+    ] {
+        let err = Triggers::new(vec![1], &[(kind, pattern.to_string())]).unwrap_err();
+        assert!(
+            err.contains(named) && err.contains("does not compile"),
+            "{err}"
+        );
+    }
+    // A word is literal; tokens alone are enough.
+    let t = Triggers::new(vec![], &[(TriggerKind::Word, "a(b".to_string())]).unwrap();
+    assert_eq!(t.patterns(), [r"a\(b"]);
+    assert_eq!(Triggers::new(vec![3], &[]).unwrap().tokens(), [3]);
+    let t = Triggers::new(vec![], &[(TriggerKind::PatternFull, String::new())]).unwrap();
+    assert_eq!(t.patterns(), ["^$"]);
+}
+
+#[test]
+fn reset_makes_a_lazy_grammar_await_its_trigger_again() {
+    let (pieces, vocab) = lazy_vocab();
+    let grammar = tool_grammar();
+    let trig = triggers(vec![], &[(TriggerKind::Word, "<tool>")]);
+    let mut s = lazy_sampler(&grammar, &vocab, &trig);
+    feed(&mut s, &pieces, &[b"<tool>", b"x"]);
+    assert!(!s.grammar_awaiting_trigger() && !s.is_argmax());
+    s.reset();
+    assert!(s.grammar_awaiting_trigger() && s.is_argmax() && s.has_grammar());
+    // Unconstrained again, with an empty buffer: "ab<to" before the reset is forgotten.
+    feed(&mut s, &pieces, &[b"b", b"ab<to"]);
+    s.reset();
+    feed(&mut s, &pieces, &[b"ol>x"]);
+    assert!(s.grammar_awaiting_trigger());
+    feed(&mut s, &pieces, &[b"<tool>"]);
+    assert_eq!(lazy_allowed(&s), allowed_after(&grammar, &vocab, "<tool>"));
+}
+
+#[test]
+fn a_trigger_pattern_that_fails_at_run_time_fails_the_grammar() {
+    // Catastrophic backtracking past fancy-regex's limit: a grammar failure naming the pattern,
+    // no panic, no hang.
+    let (pieces, vocab) = lazy_vocab();
+    let grammar = tool_grammar();
+    let pattern = "(a|b|ab)*(?=c)";
+    let trig = triggers(vec![], &[(TriggerKind::Pattern, pattern)]);
+    let mut s = lazy_sampler(&grammar, &vocab, &trig);
+    let ab = tok(&pieces, b"ab");
+    let mut failed = None;
+    for i in 0..200 {
+        if let Err(e) = s.accept_generated(ab) {
+            failed = Some((i, e.to_string()));
+            break;
+        }
+    }
+    let (at, msg) = failed.expect("the backtracking limit is reached");
+    assert!(at > 5, "{at}");
+    assert!(msg.contains(pattern), "{msg}");
+    assert_eq!(s.grammar_failure(), Some(msg));
+    assert!(!s.grammar_awaiting_trigger() && !s.is_argmax() && !s.grammar_must_end());
+    let row = vec![1.0f32; pieces.len()];
+    assert_eq!(s.try_sample(&row), None);
+    assert!(s.accept_generated(ab).is_err());
+    s.reset();
+    assert!(s.grammar_awaiting_trigger() && s.grammar_failure().is_none());
+    assert_eq!(s.try_sample(&row), Some(0));
+}
+
+#[test]
+fn samplers_and_triggers_are_send_and_sync() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<Sampler>();
+    send_sync::<Triggers>();
+}
+
+#[test]
+fn banned_tokens_pick_as_a_minus_infinity_bias_on_every_path() {
+    // `set_banned` (ignore_eos's ban of the end tokens) picks what a -inf bias on those tokens
+    // picks (llama-server's way), from the whole row and from the backend's top candidates
+    // (`top_k_of` asks for k + banned), step after step; rows where a banned token is the
+    // maximum are made often.
+    let mut rng = Mt::new(77);
+    let n = 1000;
+    for (i, &(t, k, tp)) in [
+        (0.0f32, 40usize, 1.0f32),
+        (0.0, 0, 1.0),
+        (0.8, 40, 0.95),
+        (1.3, 5, 1.0),
+        (0.5, 1, 0.9),
+        (1.0, 0, 0.9),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let banned: Vec<u32> = vec![997, 3, 512];
+        let params = SamplerParams {
+            temperature: t,
+            top_k: k,
+            top_p: tp,
+            seed: 300 + i as u64,
+            ..Default::default()
+        };
+        let mut biased = params.clone();
+        biased.logit_bias = banned.iter().map(|&id| (id, f32::NEG_INFINITY)).collect();
+        biased.logit_bias.sort_by_key(|&(id, _)| id);
+        let mut want_s = Sampler::new(biased);
+        let mut row_s = Sampler::new(params.clone());
+        let mut top_s = Sampler::new(params.clone());
+        row_s.set_banned(banned.clone());
+        top_s.set_banned(banned.clone());
+        assert!(!row_s.is_argmax(), "set {i}");
+        // Greedy and top-k below the vocabulary keep a candidates' path.
+        let fast = t <= 0.0 || (k > 0 && k < n);
+        assert_eq!(top_s.top_k_of(n).is_some(), fast, "set {i}");
+        for step in 0..80 {
+            let mut l = random_logits(&mut rng, n, 2.0);
+            if step % 3 == 0 {
+                // A banned token on top, another second.
+                l[banned[step % 3] as usize] = 50.0;
+                l[banned[(step + 1) % 3] as usize] = 40.0;
+            }
+            let want = want_s.try_sample(&l).unwrap();
+            assert!(!banned.contains(&want));
+            assert_eq!(
+                row_s.try_sample(&l),
+                Some(want),
+                "set {i} step {step} (row)"
+            );
+            if let Some(kk) = top_s.top_k_of(n) {
+                assert_eq!(
+                    kk,
+                    k.max(1).min(if t <= 0.0 { 1 } else { k }) + banned.len()
+                );
+                let got = top_s.try_sample_top_k(top_k_logits(&l, kk));
+                assert_eq!(got, Some(want), "set {i} step {step} (top {kk})");
+            } else {
+                top_s.try_sample(&l);
+            }
+            for s in [&mut want_s, &mut row_s, &mut top_s] {
+                s.accept(want);
+            }
+        }
+    }
+}

@@ -154,13 +154,16 @@ pub struct Generation {
     pub stream: bool,
     /// Streams end with a chunk that carries the usage (`stream_options.include_usage`).
     pub include_usage: bool,
-    /// End-of-generation tokens do not end the request (llama-server's and vLLM's
-    /// `ignore_eos`): it runs to `max_tokens`, a stop string or the context's end. For
-    /// benchmarks of a fixed length.
+    /// End-of-generation tokens are never sampled (llama-server's and vLLM's `ignore_eos`, as
+    /// llama-server bans them): the request runs to `max_tokens`, a stop string, the context's
+    /// end or its grammar's end. For benchmarks of a fixed length.
     pub ignore_eos: bool,
     /// The grammar the output follows (`grammar`, `json_schema`, `response_format`), set by
     /// `constrain::parse_constraint` after this is read.
     pub grammar: Option<crate::constrain::Constraint>,
+    /// Tokens whose text is output even when they are control tokens (`preserved_tokens`, or
+    /// a chat format's markup), sorted.
+    pub preserved: Vec<u32>,
 }
 
 /// Most entries a request's `logit_bias` may hold (a bound on the per-token work of a request).
@@ -213,15 +216,19 @@ fn parse_logit_bias(f: &Fields, n_vocab: usize) -> Result<Vec<(u32, f32)>, ApiEr
     Ok(bias)
 }
 
-/// Fields of OpenAI's API that would change what a request gets and that Muser does not
-/// implement: a 400 naming them, rather than an answer that silently ignores them.
-fn refuse_unsupported(f: &Fields) -> Result<(), ApiError> {
+/// OpenAI's tool-calling fields on an endpoint that has no tools (/v1/completions): a 400
+/// naming them, rather than an answer that silently ignores them. On chat completions they are
+/// read by `tools::parse_tools`.
+fn refuse_unsupported(f: &Fields, chat: bool) -> Result<(), ApiError> {
+    if chat {
+        return Ok(());
+    }
     for key in ["tools", "functions"] {
         if let Some(v) = f.get(key) {
             if !matches!(v, Value::Array(a) if a.is_empty()) {
                 return Err(ApiError::param(
                     key,
-                    format!("{key} is not supported (Muser does no tool calling)"),
+                    format!("{key} is only read on /v1/chat/completions (tool calls are chat)"),
                 ));
             }
         }
@@ -234,7 +241,7 @@ fn refuse_unsupported(f: &Fields) -> Result<(), ApiError> {
                 return Err(ApiError::param(
                     key,
                     format!(
-                        "{key} {} is not supported (Muser does no tool calling)",
+                        "{key} {} is only read on /v1/chat/completions (tool calls are chat)",
                         show(v)
                     ),
                 ))
@@ -341,7 +348,7 @@ pub fn parse_generation(
     seed: u64,
     n_vocab: usize,
 ) -> Result<Generation, ApiError> {
-    refuse_unsupported(f)?;
+    refuse_unsupported(f, chat)?;
     if let Some(n) = f.integer("n", i64::MIN, i64::MAX)? {
         if n != 1 {
             return Err(ApiError::param(
@@ -484,6 +491,7 @@ pub fn parse_generation(
         stream,
         ignore_eos,
         grammar: None,
+        preserved: Vec::new(),
         include_usage,
     })
 }
@@ -713,7 +721,7 @@ mod tests {
     }
 
     #[test]
-    fn tools_are_refused_not_ignored() {
+    fn tools_are_refused_on_completions_not_ignored() {
         for (body, field) in [
             (
                 json!({"tools": [{"type": "function", "function": {"name": "f"}}]}),
@@ -736,6 +744,10 @@ mod tests {
         ] {
             assert!(gen(body.clone()).is_ok(), "{body}");
         }
+        // Chat completions read them (`tools::parse_tools`).
+        let chat = json!({"tools": [{"type": "function", "function": {"name": "f"}}],
+                          "tool_choice": "required"});
+        assert!(parse_generation(&Fields(chat.as_object().unwrap()), true, 7, 1000).is_ok());
     }
 
     #[test]

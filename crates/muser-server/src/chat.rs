@@ -29,7 +29,12 @@ pub struct ChatTemplate {
     env: Environment<'static>,
     bos: String,
     eos: String,
+    /// The template reads a tool call's `arguments` as an object (`object_arguments`).
+    object_arguments: bool,
 }
+
+/// A value no template writes by itself, for `object_arguments`' probe.
+const PROBE_VALUE: &str = "muser-probe-argument-value";
 
 impl ChatTemplate {
     /// Compiles `source` (None: the fallback). A template minijinja cannot parse is an error
@@ -66,16 +71,39 @@ impl ChatTemplate {
         );
         env.add_template_owned("chat", source)
             .map_err(|e| anyhow::anyhow!("the chat template does not parse: {e:#}"))?;
-        Ok(ChatTemplate {
+        let mut t = ChatTemplate {
             env,
             bos: bos.to_string(),
             eos: eos.to_string(),
-        })
+            object_arguments: false,
+        };
+        t.object_arguments = t.object_arguments();
+        Ok(t)
+    }
+
+    /// Whether the template reads a tool call's `arguments` as an object, as llama.cpp probes
+    /// it: a conversation whose call has object arguments is rendered, and the template reads
+    /// them when the argument's value is in the prompt. Such a template is then given OpenAI's
+    /// JSON-string arguments as the object they hold (as llama.cpp gives them); another gets
+    /// the string.
+    fn object_arguments(&self) -> bool {
+        let messages = [
+            serde_json::json!({"role": "user", "content": "User message"}),
+            serde_json::json!({"role": "assistant", "content": "", "tool_calls": [{
+                "id": "call00001", "type": "function",
+                "function": {"name": "tool1", "arguments": {"arg": PROBE_VALUE}}}]}),
+            serde_json::json!({"role": "tool", "content": "Tool response",
+                               "tool_call_id": "call00001"}),
+            serde_json::json!({"role": "assistant", "content": "The tool response was 'x'"}),
+            serde_json::json!({"role": "user", "content": "User message"}),
+        ];
+        self.render_with(&messages, true, None, &Map::new())
+            .is_ok_and(|p| p.contains(PROBE_VALUE))
     }
 
     /// The prompt text for `messages`, ending where the assistant's reply begins.
     pub fn render(&self, messages: &[Value]) -> Result<String, ApiError> {
-        self.render_with(messages, true, &Map::new())
+        self.render_with(messages, true, None, &Map::new())
     }
 
     /// The prompt for a chat request: its messages rendered with its options, or, when the
@@ -88,10 +116,15 @@ impl ChatTemplate {
     /// rendering without is a prefix of the one with.)
     pub fn render_request(&self, req: &ChatRequest) -> Result<String, ApiError> {
         let Some(prefill) = &req.prefill else {
-            return self.render_with(&req.messages, req.add_generation_prompt, &req.kwargs);
+            return self.render_with(
+                &req.messages,
+                req.add_generation_prompt,
+                req.tools.as_ref(),
+                &req.kwargs,
+            );
         };
         let before = &req.messages[..req.messages.len() - 1];
-        let mut prompt = self.render_with(before, true, &req.kwargs)?;
+        let mut prompt = self.render_with(before, true, req.tools.as_ref(), &req.kwargs)?;
         prompt.push_str(prefill);
         Ok(prompt)
     }
@@ -100,6 +133,7 @@ impl ChatTemplate {
         &self,
         messages: &[Value],
         add_generation_prompt: bool,
+        tools: Option<&Value>,
         kwargs: &Map<String, Value>,
     ) -> Result<String, ApiError> {
         let tmpl = self
@@ -111,13 +145,16 @@ impl ChatTemplate {
                 "messages",
                 messages
                     .iter()
-                    .map(message_value)
+                    .map(|m| message_value(m, self.object_arguments))
                     .collect::<minijinja::Value>(),
             ),
             ("add_generation_prompt", add_generation_prompt.into()),
             ("bos_token", self.bos.as_str().into()),
             ("eos_token", self.eos.as_str().into()),
         ];
+        if let Some(t) = tools {
+            ctx.push(("tools", minijinja::Value::from_serialize(t)));
+        }
         // The request's own variables come last and win, as in llama-server.
         for (k, v) in kwargs {
             ctx.retain(|(name, _)| name != k);
@@ -140,7 +177,7 @@ impl ChatTemplate {
 /// each tool call as id, type, function {name, arguments}. Keys beyond those follow, and
 /// every nested object (an `arguments` object, ...) keeps its keys, in the request's order
 /// (serde_json's `preserve_order`, as llama-server's ordered_json).
-fn message_value(msg: &Value) -> minijinja::Value {
+fn message_value(msg: &Value, object_arguments: bool) -> minijinja::Value {
     const MESSAGE: &[&str] = &[
         "role",
         "content",
@@ -166,9 +203,20 @@ fn message_value(msg: &Value) -> minijinja::Value {
             .map(|(k, v)| (k.as_str(), minijinja::Value::from_serialize(v)));
         first.chain(rest).collect()
     }
-    let plain = |_: &str, v: &Value| minijinja::Value::from_serialize(v);
+    // A call's `arguments` is a JSON string in OpenAI's API; a template that reads it as an
+    // object (`arguments.items()`, `arguments | tojson`) gets the object, as llama.cpp gives
+    // it. A string that is not a JSON object stays a string.
+    let argument = |k: &str, v: &Value| match (k, v) {
+        ("arguments", Value::String(s)) if object_arguments => {
+            match serde_json::from_str::<Value>(s) {
+                Ok(o @ Value::Object(_)) => minijinja::Value::from_serialize(&o),
+                _ => minijinja::Value::from_serialize(v),
+            }
+        }
+        _ => minijinja::Value::from_serialize(v),
+    };
     let function = |v: &Value| match v {
-        Value::Object(f) => ordered(f, FUNCTION, plain),
+        Value::Object(f) => ordered(f, FUNCTION, argument),
         other => minijinja::Value::from_serialize(other),
     };
     let call = |v: &Value| match v {
@@ -483,6 +531,10 @@ pub struct ChatRequest {
     pub prefill: Option<String>,
     /// `chat_template_kwargs`: extra template variables (`enable_thinking`, ...).
     pub kwargs: Map<String, Value>,
+    /// The request's `tools` (OpenAI's array of `{"type": "function", "function": ...}`), which
+    /// the template sees as `tools`; None when it gave none. Set by the caller once
+    /// `tools::parse_tools` has checked them.
+    pub tools: Option<Value>,
 }
 
 impl ChatRequest {
@@ -600,7 +652,27 @@ impl ChatRequest {
             add_generation_prompt: add_generation_prompt.unwrap_or(true) && !continuing,
             prefill,
             kwargs,
+            tools: None,
         })
+    }
+
+    /// Adds `text` to the system prompt: after the first message's text (and a blank line)
+    /// when that message is the system's, else as a new system message before the others.
+    pub fn add_system(&mut self, text: &str) {
+        if let Some(Value::Object(first)) = self.messages.first_mut() {
+            if first.get("role").and_then(Value::as_str) == Some("system") {
+                let old = first.get("content").and_then(Value::as_str).unwrap_or("");
+                let joined = if old.is_empty() {
+                    text.to_string()
+                } else {
+                    format!("{old}\n\n{text}")
+                };
+                first.insert("content".into(), Value::from(joined));
+                return;
+            }
+        }
+        self.messages
+            .insert(0, serde_json::json!({"role": "system", "content": text}));
     }
 }
 
@@ -827,7 +899,7 @@ mod tests {
         .unwrap();
         assert_eq!(
             out,
-            r#"[{"role": "user", "content": "x", "name": "bob"}, {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]"#
+            r#"[{"role": "user", "content": "x", "name": "bob"}, {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": {}}}]}]"#
         );
         // What Python cannot serialize is an error, not a panic.
         for src in [
@@ -839,6 +911,30 @@ mod tests {
             let e = render(src, json!({"messages": msgs})).unwrap_err();
             assert_eq!(e.status, 400, "{src}");
         }
+    }
+
+    #[test]
+    fn string_arguments_are_objects_for_templates_that_read_them() {
+        // OpenAI's arguments are a JSON string; a template that reads them as an object (here
+        // by `items()`, or `tojson` of the object) gets the object, one that does not read
+        // them (or prints the string) keeps the string, as llama.cpp probes it.
+        let body = json!({"continue_final_message": false, "messages": [
+            {"role": "user", "content": "x"},
+            {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function",
+             "function": {"name": "f", "arguments": "{\"b\": 2, \"a\": [1, \"s\"]}"}}]},
+            {"role": "assistant", "content": "", "tool_calls": [{"id": "c2", "type": "function",
+             "function": {"name": "g", "arguments": "not json"}}]}]});
+        let items = "{% for m in messages %}{% for c in m.tool_calls %}\
+            {% if c.function.arguments is mapping %}{% for k, v in c.function.arguments.items() %}\
+            {{ k }}={{ v | tojson }};{% endfor %}{% else %}{{ c.function.arguments }}{% endif %}|\
+            {% endfor %}{% endfor %}";
+        assert_eq!(
+            render(items, body.clone()).unwrap(),
+            r#"b=2;a=[1, "s"];|not json|"#
+        );
+        let names = "{% for m in messages %}{% for c in m.tool_calls %}{{ c.function.name }}:\
+            {{ c.function.arguments is string }}|{% endfor %}{% endfor %}";
+        assert_eq!(render(names, body).unwrap(), "f:True|g:True|");
     }
 
     #[test]

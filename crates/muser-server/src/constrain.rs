@@ -12,7 +12,7 @@
 use crate::api::{show, Fields};
 use crate::error::ApiError;
 use crate::ModelInfo;
-use muser_sample::{Grammar, GrammarVocab};
+use muser_sample::{Grammar, GrammarVocab, TriggerKind, Triggers};
 use muser_tokenizer::Tokenizer;
 use serde_json::{json, Value};
 use std::fmt;
@@ -26,6 +26,10 @@ pub struct Constraint {
     pub gbnf: String,
     pub grammar: Arc<Grammar>,
     pub vocab: Arc<GrammarVocab>,
+    /// A lazy grammar's triggers (None: it applies from the first generated token).
+    pub triggers: Option<Arc<Triggers>>,
+    /// The triggers as llama-server shows them in `generation_settings.grammar_triggers`.
+    pub triggers_json: Vec<Value>,
 }
 
 impl fmt::Debug for Constraint {
@@ -42,6 +46,8 @@ pub enum Source {
     Grammar,
     JsonSchema,
     ResponseFormat,
+    /// The grammar of a chat request's tool calls (`tools::Format::plan`).
+    Tools,
 }
 
 impl Source {
@@ -50,7 +56,129 @@ impl Source {
             Source::Grammar => "grammar",
             Source::JsonSchema => "json_schema",
             Source::ResponseFormat => "response_format",
+            Source::Tools => "tools",
         }
+    }
+}
+
+/// One trigger of a lazy grammar as a request gives it (llama-server's `grammar_triggers`:
+/// `{"type": 0 token | 1 word | 2 pattern | 3 full pattern, "value": text, "token": id}`).
+#[derive(Clone, Debug, PartialEq)]
+pub enum TriggerSpec {
+    Token(u32, String),
+    Word(String),
+    Pattern(String),
+    PatternFull(String),
+}
+
+impl TriggerSpec {
+    fn json(&self) -> Value {
+        match self {
+            TriggerSpec::Token(id, v) => json!({"type": 0, "value": v, "token": id}),
+            TriggerSpec::Word(v) => json!({"type": 1, "value": v}),
+            TriggerSpec::Pattern(v) => json!({"type": 2, "value": v}),
+            TriggerSpec::PatternFull(v) => json!({"type": 3, "value": v}),
+        }
+    }
+}
+
+/// The tokens a request's `preserved_tokens` name (each string that is one token, special
+/// tokens included, as llama-server reads them; others name no token and are skipped, as
+/// there). Their text is part of the output even when they are control tokens, and a word
+/// trigger that is one of them triggers on that token.
+pub fn preserved_tokens(f: &Fields, tok: &Tokenizer) -> Result<Vec<u32>, ApiError> {
+    let key = "preserved_tokens";
+    let mut ids = Vec::new();
+    match f.get(key) {
+        None | Some(Value::Null) => {}
+        Some(Value::Array(a)) => {
+            for (i, t) in a.iter().enumerate() {
+                let Value::String(t) = t else {
+                    return Err(ApiError::param(
+                        key,
+                        format!("{key}[{i}] must be a string, got {}", show(t)),
+                    ));
+                };
+                if let [id] = tok.encode(t, false, true).as_slice() {
+                    ids.push(*id);
+                }
+            }
+        }
+        Some(v) => {
+            return Err(ApiError::param(
+                key,
+                format!("{key} must be an array of strings, got {}", show(v)),
+            ))
+        }
+    }
+    ids.sort_unstable();
+    ids.dedup();
+    Ok(ids)
+}
+
+/// `grammar_lazy` and `grammar_triggers`: None when the grammar applies from the first token.
+/// A lazy grammar needs a trigger; triggers without `grammar_lazy: true` are an error rather
+/// than ignored.
+fn read_lazy(f: &Fields, n_vocab: usize) -> Result<Option<Vec<TriggerSpec>>, ApiError> {
+    let key = "grammar_triggers";
+    let lazy = f.boolean("grammar_lazy")?.unwrap_or(false);
+    let mut triggers = Vec::new();
+    match f.get(key) {
+        None | Some(Value::Null) => {}
+        Some(Value::Array(a)) => {
+            for (i, t) in a.iter().enumerate() {
+                let bad = |what: &str| {
+                    ApiError::param(key, format!("{key}[{i}] {what}, got {}", show(t)))
+                };
+                let kind = t.get("type").and_then(Value::as_i64);
+                let value = t.get("value").and_then(Value::as_str).map(str::to_string);
+                let Some(value) = value else {
+                    return Err(bad("needs a string \"value\""));
+                };
+                triggers.push(match kind {
+                    Some(0) => {
+                        let id = t
+                            .get("token")
+                            .and_then(Value::as_u64)
+                            .filter(|&id| (id as usize) < n_vocab)
+                            .ok_or_else(|| {
+                                bad(&format!(
+                                    "of type 0 (token) needs a \"token\" id from 0 to {}",
+                                    n_vocab.saturating_sub(1)
+                                ))
+                            })?;
+                        TriggerSpec::Token(id as u32, value)
+                    }
+                    Some(1) => TriggerSpec::Word(value),
+                    Some(2) => TriggerSpec::Pattern(value),
+                    Some(3) => TriggerSpec::PatternFull(value),
+                    _ => {
+                        return Err(bad(
+                            "needs a \"type\": 0 (token), 1 (word), 2 (pattern) or 3 (full \
+                             pattern)",
+                        ))
+                    }
+                });
+            }
+        }
+        Some(v) => {
+            return Err(ApiError::param(
+                key,
+                format!("{key} must be an array of triggers, got {}", show(v)),
+            ))
+        }
+    }
+    match (lazy, triggers.is_empty()) {
+        (true, true) => Err(ApiError::param(
+            key,
+            "grammar_lazy needs at least one trigger in grammar_triggers",
+        )),
+        (false, false) => Err(ApiError::param(
+            "grammar_lazy",
+            "grammar_triggers apply only to a lazy grammar: set grammar_lazy to true",
+        )),
+        (true, false) => Ok(Some(triggers)),
+        (false, true) => Ok(None),
     }
 }
 
@@ -95,9 +223,41 @@ pub fn schema_gbnf(schema: &Value) -> Result<String, String> {
 
 /// What a request asks to be constrained by, as read from its fields (`read`), before the work
 /// of turning it into a grammar (`build`).
-pub enum Spec {
+pub struct Spec {
+    pub kind: SpecKind,
+    /// A lazy grammar's triggers (None: the grammar applies from the first token).
+    pub lazy: Option<Vec<TriggerSpec>>,
+    /// `preserved_tokens`: a word trigger that is one of these tokens triggers on the token.
+    pub preserved: Vec<u32>,
+}
+
+pub enum SpecKind {
     Grammar(String),
     Schema(Value, Source),
+    /// GBNF made by the server (a tool-call plan): its errors are Muser's or the tools'.
+    Made(String, Source),
+}
+
+impl Spec {
+    /// A tool-call plan's grammar, lazy from its triggers when the plan is.
+    pub fn tools(plan: &crate::tools::Plan, preserved: Vec<u32>) -> Spec {
+        use crate::tools::Trigger;
+        let lazy = plan.lazy.then(|| {
+            plan.triggers
+                .iter()
+                .map(|t| match t {
+                    Trigger::Word(w) => TriggerSpec::Word(w.clone()),
+                    Trigger::Pattern(p) => TriggerSpec::Pattern(p.clone()),
+                    Trigger::PatternFull(p) => TriggerSpec::PatternFull(p.clone()),
+                })
+                .collect()
+        });
+        Spec {
+            kind: SpecKind::Made(plan.gbnf.clone(), Source::Tools),
+            lazy,
+            preserved,
+        }
+    }
 }
 
 /// A request's constraint: `grammar` (GBNF) or `json_schema` (not both), or `response_format`,
@@ -106,7 +266,7 @@ pub enum Spec {
 /// it has one), `{"type": "json_schema", "json_schema": {"schema": ...}}` that schema (OpenAI's
 /// `name` and `strict` are accepted and change nothing: the output always follows the schema).
 /// An empty `grammar` is none, as in llama-server.
-pub fn read(f: &Fields) -> Result<Option<Spec>, ApiError> {
+pub fn read(f: &Fields, tok: &Tokenizer) -> Result<Option<Spec>, ApiError> {
     let grammar = f.string("grammar")?.filter(|g| !g.is_empty());
     let mut schema = f
         .get("json_schema")
@@ -172,11 +332,26 @@ pub fn read(f: &Fields) -> Result<Option<Spec>, ApiError> {
             ));
         }
     }
-    Ok(match (grammar, schema) {
-        (Some(g), _) => Some(Spec::Grammar(g.to_string())),
-        (None, Some((s, source))) => Some(Spec::Schema(s, source)),
-        (None, None) => None,
-    })
+    let lazy = read_lazy(f, tok.n_vocab())?;
+    let preserved = preserved_tokens(f, tok)?;
+    let kind = match (grammar, schema) {
+        (Some(g), _) => SpecKind::Grammar(g.to_string()),
+        (None, Some((s, source))) => SpecKind::Schema(s, source),
+        (None, None) => {
+            if lazy.is_some() {
+                return Err(ApiError::param(
+                    "grammar_lazy",
+                    "grammar_lazy needs a grammar (grammar, json_schema or response_format)",
+                ));
+            }
+            return Ok(None);
+        }
+    };
+    Ok(Some(Spec {
+        kind,
+        lazy,
+        preserved,
+    }))
 }
 
 /// The grammar of a request's `Spec`: a schema turned into GBNF, the GBNF parsed, and the
@@ -185,9 +360,10 @@ pub fn read(f: &Fields) -> Result<Option<Spec>, ApiError> {
 /// second on a large vocabulary or grammar: `build` runs it off the async workers.
 pub fn compile(spec: Spec, m: &ModelInfo) -> Result<Constraint, ApiError> {
     let tok = &m.tokenizer;
-    let (gbnf, source) = match spec {
-        Spec::Grammar(g) => (g, Source::Grammar),
-        Spec::Schema(s, source) => {
+    let (gbnf, source) = match spec.kind {
+        SpecKind::Grammar(g) => (g, Source::Grammar),
+        SpecKind::Made(g, source) => (g, source),
+        SpecKind::Schema(s, source) => {
             let gbnf = schema_gbnf(&s).map_err(|e| {
                 ApiError::param(
                     source.field(),
@@ -200,6 +376,7 @@ pub fn compile(spec: Spec, m: &ModelInfo) -> Result<Constraint, ApiError> {
     let grammar = parse_gbnf(&gbnf, tok).map_err(|e| {
         let what = match source {
             Source::Grammar => "the grammar does not parse",
+            Source::Tools => "the grammar made from the tools does not parse",
             _ => "the grammar made from the JSON schema does not parse",
         };
         ApiError::param(source.field(), format!("{}: {what}: {e}", source.field()))
@@ -208,11 +385,62 @@ pub fn compile(spec: Spec, m: &ModelInfo) -> Result<Constraint, ApiError> {
         .grammar_vocab
         .get_or_init(|| Arc::new(grammar_vocab(tok)))
         .clone();
+    let (triggers, triggers_json) = match spec.lazy {
+        None => (None, Vec::new()),
+        Some(list) => {
+            let field = match source {
+                Source::Tools => "tools",
+                _ => "grammar_triggers",
+            };
+            let (t, shown) = triggers(list, &spec.preserved, tok)
+                .map_err(|e| ApiError::param(field, format!("{field}: {e}")))?;
+            (Some(Arc::new(t)), shown)
+        }
+    };
     Ok(Constraint {
         gbnf,
         grammar: Arc::new(grammar),
         vocab,
+        triggers,
+        triggers_json,
     })
+}
+
+/// A lazy grammar's triggers for the sampler, as llama-server makes them: a word that is one
+/// preserved token triggers on that token (a word that is one token and not preserved is an
+/// error, as there), other words and patterns on the text. Also the list as
+/// `generation_settings` shows it.
+fn triggers(
+    list: Vec<TriggerSpec>,
+    preserved: &[u32],
+    tok: &Tokenizer,
+) -> Result<(Triggers, Vec<Value>), String> {
+    let mut tokens = Vec::new();
+    let mut patterns = Vec::new();
+    let mut shown = Vec::new();
+    for t in list {
+        let t = match t {
+            TriggerSpec::Word(w) => match tok.encode(&w, false, true).as_slice() {
+                [id] if preserved.binary_search(id).is_ok() => TriggerSpec::Token(*id, w),
+                [_] => {
+                    return Err(format!(
+                        "the trigger word {w:?} is one token: mark it as a preserved token \
+                         (preserved_tokens)"
+                    ))
+                }
+                _ => TriggerSpec::Word(w),
+            },
+            other => other,
+        };
+        shown.push(t.json());
+        match t {
+            TriggerSpec::Token(id, _) => tokens.push(id),
+            TriggerSpec::Word(w) => patterns.push((TriggerKind::Word, w)),
+            TriggerSpec::Pattern(p) => patterns.push((TriggerKind::Pattern, p)),
+            TriggerSpec::PatternFull(p) => patterns.push((TriggerKind::PatternFull, p)),
+        }
+    }
+    Ok((Triggers::new(tokens, &patterns)?, shown))
 }
 
 /// `compile` on tokio's blocking pool, so a large grammar never holds up the server's other

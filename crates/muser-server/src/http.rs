@@ -10,8 +10,9 @@ use crate::constrain;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::native::{self, NativeReply};
-use crate::scheduler::{Event, Finish, Job, Logprob, Ticket};
+use crate::scheduler::{Event, Finish, FinishReason, Job, Logprob, Ticket};
 use crate::slots::slots_json;
+use crate::tools::{self, Format, Parsed, ToolRequest};
 use crate::{ModelInfo, Shared};
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, Request, State};
@@ -399,8 +400,54 @@ async fn apply_template(
     body: Body,
 ) -> Result<Json<Value>, ApiError> {
     let (m, obj) = sh.request(&headers, body).await?;
-    let req = ChatRequest::parse(&obj)?;
+    let (req, _, _) = chat_request(&m, &obj)?;
     Ok(Json(json!({ "prompt": m.template.render_request(&req)? })))
+}
+
+/// The request's tools as templates see them, as llama.cpp gives them: each
+/// `{"type": "function", "function": {"name", "description", "parameters"}}`, a missing
+/// description "" and missing parameters `{}` (templates write them with `tojson`).
+fn template_tools(obj: &Map<String, Value>) -> Value {
+    let tools = obj.get("tools").and_then(Value::as_array);
+    tools
+        .into_iter()
+        .flatten()
+        .map(|t| {
+            let f = &t["function"];
+            let params = match f.get("parameters") {
+                None | Some(Value::Null) => json!({}),
+                Some(p) => p.clone(),
+            };
+            json!({"type": "function", "function": {
+                "name": f["name"],
+                "description": f.get("description").cloned().unwrap_or(json!("")),
+                "parameters": params,
+            }})
+        })
+        .collect()
+}
+
+/// A chat request's messages and template inputs, with its tools (checked, shown to the
+/// template as `tools`) and their plan in the model's format (whose system text, the generic
+/// format's, is added to the system prompt).
+fn chat_request(
+    m: &ModelInfo,
+    obj: &Map<String, Value>,
+) -> Result<(ChatRequest, Option<ToolRequest>, Option<tools::Plan>), ApiError> {
+    let mut req = ChatRequest::parse(obj)?;
+    let tools = tools::parse_tools(obj)?;
+    let mut plan = None;
+    if let Some(t) = &tools {
+        req.tools = Some(template_tools(obj));
+        plan = m
+            .chat_format
+            .plan(t)
+            .map_err(|e| ApiError::param("tools", e))?;
+        if let Some(text) = plan.as_ref().and_then(|p| p.system.as_deref()) {
+            req.add_system(text);
+        }
+    }
+    Ok((req, tools, plan))
 }
 
 /// llama-server's own `POST /completion` (native.rs).
@@ -413,7 +460,8 @@ async fn completion_native(
     let (obj, native) = native::translate(obj)?;
     let f = Fields(&obj);
     let mut gen = parse_generation(&f, false, sh.next_seed(), m.n_vocab)?;
-    gen.grammar = constrain::build(constrain::read(&f)?, &m).await?;
+    gen.grammar = constrain::build(constrain::read(&f, &m.tokenizer)?, &m).await?;
+    gen.preserved = constrain::preserved_tokens(&f, &m.tokenizer)?;
     let prompt = parse_prompt(f.get("prompt"), &m.tokenizer, m.n_vocab)?;
     // llama-server's n_predict is a maximum: generation stops when the context is full
     // (`stop_type` "limit", `truncated`), rather than a 400 as OpenAI's max_tokens.
@@ -461,9 +509,35 @@ async fn generate(
     // silently ignored.
     native::refuse_unsupported(&f)?;
     let mut gen = parse_generation(&f, chat, sh.next_seed(), m.n_vocab)?;
-    gen.grammar = constrain::build(constrain::read(&f)?, &m).await?;
+    let mut spec = constrain::read(&f, &m.tokenizer)?;
+    gen.preserved = constrain::preserved_tokens(&f, &m.tokenizer)?;
+    let mut output = None;
     let prompt = if chat {
-        let text = m.template.render_request(&ChatRequest::parse(&obj)?)?;
+        let (req, tools, plan) = chat_request(&m, &obj)?;
+        let format = m.chat_format;
+        if tools.is_some() && spec.is_some() {
+            return Err(ApiError::param(
+                "tools",
+                "tools cannot be used with grammar, json_schema or a JSON response_format (the \
+                 tool calls have their own grammar): give one of them",
+            ));
+        }
+        if tools.is_some() || format == Format::Atem {
+            // The format's markup is output (and triggers on its tokens) even where the
+            // vocabulary makes it control tokens, as llama-server preserves it.
+            gen.preserved.extend(markup_tokens(format, &m));
+            gen.preserved.sort_unstable();
+            gen.preserved.dedup();
+            if let Some(plan) = &plan {
+                spec = Some(constrain::Spec::tools(plan, gen.preserved.clone()));
+            }
+            output = Some(Output {
+                format,
+                tools,
+                call_seed: sh.next_id() ^ gen.params.seed.rotate_left(32),
+            });
+        }
+        let text = m.template.render_request(&req)?;
         // A template that writes BOS itself gets no second one.
         let bos_written = m
             .tokenizer
@@ -478,6 +552,7 @@ async fn generate(
     } else {
         parse_prompt(f.get("prompt"), &m.tokenizer, m.n_vocab)?
     };
+    gen.grammar = constrain::build(spec, &m).await?;
     let max_tokens = fit_context(prompt.len(), gen.max_tokens, m.n_ctx)?;
 
     let reply = Reply {
@@ -494,6 +569,7 @@ async fn generate(
         logprobs: gen.logprobs.is_some(),
         include_usage: gen.include_usage,
         info: m.clone(),
+        output,
     };
     let stream = gen.stream;
     let rx = sh.run(prompt, gen, max_tokens)?;
@@ -513,6 +589,60 @@ struct Reply {
     logprobs: bool,
     include_usage: bool,
     info: Arc<ModelInfo>,
+    /// A chat answer read back through its format (tool calls, reasoning); None: plain text.
+    output: Option<Output>,
+}
+
+/// How a chat answer's text is read: its format, the request's tools, and the seed of the
+/// ids its tool calls get.
+struct Output {
+    format: Format,
+    tools: Option<ToolRequest>,
+    call_seed: u64,
+}
+
+impl Output {
+    fn parse(&self, text: &str) -> Parsed {
+        self.format.parse(text, self.tools.as_ref())
+    }
+
+    fn parse_partial(&self, text: &str) -> Parsed {
+        self.format.parse_partial(text, self.tools.as_ref())
+    }
+
+    /// OpenAI's `tool_calls` entries for the calls (with their index when streamed).
+    fn calls(&self, p: &Parsed, indexed: bool) -> Vec<Value> {
+        p.tool_calls
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let id =
+                    c.id.clone()
+                        .unwrap_or_else(|| tools::tool_call_id(self.call_seed, i));
+                let mut v = json!({
+                    "id": id,
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": c.arguments},
+                });
+                if indexed {
+                    v["index"] = json!(i);
+                }
+                v
+            })
+            .collect()
+    }
+}
+
+/// The tokens of a format's markup (each that is one token in the vocabulary).
+fn markup_tokens(format: Format, m: &ModelInfo) -> Vec<u32> {
+    format
+        .markup()
+        .iter()
+        .filter_map(|t| match m.tokenizer.encode(t, false, true).as_slice() {
+            [id] => Some(*id),
+            _ => None,
+        })
+        .collect()
 }
 
 fn piece(m: &ModelInfo, id: u32) -> String {
@@ -623,6 +753,22 @@ impl Reply {
         finish: Option<&str>,
         role: bool,
     ) -> Value {
+        let mut delta = Map::new();
+        if let Some(t) = text {
+            delta.insert("content".into(), json!(t));
+        }
+        self.delta_chunk(delta, lps, offset, finish, role)
+    }
+
+    /// A streamed chunk with `delta` (chat; a completion's chunk takes its `content` as text).
+    fn delta_chunk(
+        &self,
+        mut delta: Map<String, Value>,
+        lps: &[Logprob],
+        offset: usize,
+        finish: Option<&str>,
+        role: bool,
+    ) -> Value {
         let mut choice = json!({
             "index": 0,
             "logprobs": if lps.is_empty() {
@@ -633,16 +779,15 @@ impl Reply {
             "finish_reason": finish,
         });
         if self.chat {
-            let mut delta = Map::new();
             if role {
-                delta.insert("role".into(), json!("assistant"));
-            }
-            if let Some(t) = text {
-                delta.insert("content".into(), json!(t));
+                let mut d = Map::new();
+                d.insert("role".into(), json!("assistant"));
+                d.extend(delta);
+                delta = d;
             }
             choice["delta"] = Value::Object(delta);
         } else {
-            choice["text"] = json!(text.unwrap_or(""));
+            choice["text"] = delta.remove("content").unwrap_or(json!(""));
         }
         let mut v = self.envelope(true, json!([choice]));
         if self.include_usage {
@@ -659,7 +804,24 @@ impl Reply {
             "logprobs": self.logprobs(lps, offsets),
             "finish_reason": f.reason.as_str(),
         });
-        if self.chat {
+        if let (true, Some(o)) = (self.chat, &self.output) {
+            let p = o.parse(&text);
+            let mut msg = json!({"role": "assistant", "content": p.content});
+            if p.content.is_empty() && !p.tool_calls.is_empty() {
+                msg["content"] = Value::Null;
+            }
+            if let Some(r) = &p.reasoning {
+                msg["reasoning_content"] = json!(r);
+            }
+            if !p.tool_calls.is_empty() {
+                msg["tool_calls"] = json!(o.calls(&p, false));
+                // A reply cut by max_tokens or the context still says "length".
+                if f.reason == FinishReason::Stop {
+                    choice["finish_reason"] = json!("tool_calls");
+                }
+            }
+            choice["message"] = msg;
+        } else if self.chat {
             choice["message"] = json!({"role": "assistant", "content": text});
         } else {
             choice["text"] = json!(text);
@@ -698,6 +860,29 @@ async fn collect(reply: Reply, mut rx: UnboundedReceiver<Event>) -> Result<Value
     ))
 }
 
+/// What `now` adds to the content and reasoning already `sent` (as a chunk's delta), which
+/// `sent` then becomes. A format's partial reads only grow, so the new text is the tail; a
+/// read that is not an extension of what was sent (which the formats rule out) sends nothing
+/// rather than text twice.
+fn news(sent: &mut Parsed, now: Parsed) -> Map<String, Value> {
+    let mut delta = Map::new();
+    let sent_reasoning = sent.reasoning.as_deref().unwrap_or("");
+    if let Some(r) = &now.reasoning {
+        if r.len() > sent_reasoning.len() && r.starts_with(sent_reasoning) {
+            delta.insert(
+                "reasoning_content".into(),
+                json!(&r[sent_reasoning.len()..]),
+            );
+            sent.reasoning = Some(r.clone());
+        }
+    }
+    if now.content.len() > sent.content.len() && now.content.starts_with(&sent.content) {
+        delta.insert("content".into(), json!(&now.content[sent.content.len()..]));
+        sent.content = now.content;
+    }
+    delta
+}
+
 /// Server-sent events: a chunk per token (text and logprobs), a chunk with the finish reason
 /// (and llama-server's `timings`), the usage chunk if asked for, then `[DONE]`. Dropping the stream (the client went away)
 /// drops the receiver, which the engine notices at its next step.
@@ -710,6 +895,10 @@ fn sse_stream(
         rx: UnboundedReceiver<Event>,
         first: bool,
         ended: bool,
+        /// With an `output` format: the text so far, and how much of its content and
+        /// reasoning has been sent.
+        text: String,
+        sent: Parsed,
     }
     let data = |v: Value| SseEvent::default().data(v.to_string());
     let st = St {
@@ -717,6 +906,8 @@ fn sse_stream(
         rx,
         first: true,
         ended: false,
+        text: String::new(),
+        sent: Parsed::default(),
     };
     stream::unfold(st, move |mut st| async move {
         if st.ended {
@@ -736,12 +927,35 @@ fn sse_stream(
                 ..
             }) => {
                 let lps: Vec<Logprob> = logprob.into_iter().collect();
-                if !text.is_empty() || !lps.is_empty() {
+                if let Some(o) = &r.output {
+                    st.text.push_str(&text);
+                    let delta = news(&mut st.sent, o.parse_partial(&st.text));
+                    if !delta.is_empty() || !lps.is_empty() {
+                        out.push(data(r.delta_chunk(delta, &lps, offset, None, false)));
+                    }
+                } else if !text.is_empty() || !lps.is_empty() {
                     out.push(data(r.chunk(Some(&text), &lps, offset, None, false)));
                 }
             }
             Some(Event::Done(f)) => {
-                let mut last = r.chunk(None, &[], 0, Some(f.reason.as_str()), false);
+                let mut reason = f.reason.as_str();
+                if let Some(o) = &r.output {
+                    // The whole answer read at last: the rest of its text, then its calls.
+                    let p = o.parse(&st.text);
+                    let delta = news(&mut st.sent, p.clone());
+                    if !delta.is_empty() {
+                        out.push(data(r.delta_chunk(delta, &[], 0, None, false)));
+                    }
+                    if !p.tool_calls.is_empty() {
+                        let mut d = Map::new();
+                        d.insert("tool_calls".into(), json!(o.calls(&p, true)));
+                        out.push(data(r.delta_chunk(d, &[], 0, None, false)));
+                        if f.reason == FinishReason::Stop {
+                            reason = "tool_calls";
+                        }
+                    }
+                }
+                let mut last = r.chunk(None, &[], 0, Some(reason), false);
                 last["timings"] = timings(&f);
                 out.push(data(last));
                 if r.include_usage {

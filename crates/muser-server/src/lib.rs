@@ -22,6 +22,7 @@ mod native;
 pub mod scheduler;
 pub mod slots;
 pub mod text;
+pub mod tools;
 
 use anyhow::Context;
 use chat::ChatTemplate;
@@ -85,6 +86,8 @@ pub struct ModelInfo {
     pub template_origin: &'static str,
     /// The template's Jinja source as read (`chat::FALLBACK_TEMPLATE` for the fallback).
     pub template_source: String,
+    /// The tool-call (and reasoning) format the template teaches its model.
+    pub chat_format: tools::Format,
     /// The texts of the BOS and EOS tokens ("" where the model has none).
     pub bos_token: String,
     pub eos_token: String,
@@ -268,6 +271,7 @@ fn model_info<B: Backend>(model: &Model<B>, config: &ServerConfig) -> anyhow::Re
         aliases,
         template,
         template_origin,
+        chat_format: tools::Format::detect(Some(&template_source)),
         template_source,
         bos_token,
         eos_token,

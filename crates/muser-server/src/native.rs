@@ -59,26 +59,17 @@ pub(crate) fn refuse_unsupported(f: &Fields) -> Result<(), ApiError> {
         Some(v) if v.as_f64().is_none_or(|t| t >= 0.0) => return refuse("adaptive_target", v),
         _ => {}
     }
-    // Lazy grammars (applied from a trigger on) are not implemented: a grammar always applies
-    // from the first generated token.
     for k in [
         "post_sampling_probs",
         "timings_per_token",
         "return_progress",
-        "grammar_lazy",
     ] {
         match f.get(k) {
             None | Some(Value::Bool(false)) => {}
             Some(v) => return refuse(k, v),
         }
     }
-    for k in [
-        "samplers",
-        "response_fields",
-        "lora",
-        "grammar_triggers",
-        "preserved_tokens",
-    ] {
+    for k in ["samplers", "response_fields", "lora"] {
         match f.get(k) {
             None => {}
             Some(Value::String(s)) if s.is_empty() => {}
@@ -241,6 +232,9 @@ pub(crate) fn generation_settings(gen: &Generation) -> Value {
         "n_probs": gen.logprobs.unwrap_or(0),
         "min_keep": p.min_keep,
         "grammar": gen.grammar.as_ref().map_or("", |c| c.gbnf.as_str()),
+        "grammar_lazy": gen.grammar.as_ref().is_some_and(|c| c.triggers.is_some()),
+        "grammar_triggers": gen.grammar.as_ref().map_or(&[][..], |c| &c.triggers_json[..]),
+        "preserved_tokens": gen.preserved,
     })
 }
 
@@ -496,11 +490,6 @@ mod tests {
     fn features_muser_lacks_are_refused_by_name() {
         for (v, field) in [
             (json!({"samplers": ["top_k"]}), "samplers"),
-            (json!({"grammar_lazy": true}), "grammar_lazy"),
-            (
-                json!({"grammar_triggers": [{"type": 0, "value": "<tool>"}]}),
-                "grammar_triggers",
-            ),
             (json!({"post_sampling_probs": true}), "post_sampling_probs"),
             (json!({"n_predict": 0}), "n_predict"),
             (json!({"n_predict": -2}), "n_predict"),

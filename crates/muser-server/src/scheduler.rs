@@ -410,12 +410,22 @@ impl<'m, B: Backend> Engine<'m, B> {
             Metrics::add(&self.metrics.cached_tokens, n_cached as u64);
 
             let mut sampler = Sampler::new(job.gen.params.clone());
+            // ignore_eos: end tokens are never picked (llama-server bans them), so the text
+            // runs on without their markup.
+            if job.gen.ignore_eos {
+                sampler.set_banned(self.tok.eog_ids().to_vec());
+            }
             if job.gen.params.dry_on() {
                 let list = &job.gen.params.dry_sequence_breakers;
                 sampler.set_dry_breakers(dry_breakers_of(&mut self.dry, self.tok, list));
             }
             if let Some(c) = &job.gen.grammar {
-                sampler.set_grammar(c.grammar.clone(), c.vocab.clone());
+                match &c.triggers {
+                    None => sampler.set_grammar(c.grammar.clone(), c.vocab.clone()),
+                    Some(t) => {
+                        sampler.set_lazy_grammar(c.grammar.clone(), c.vocab.clone(), t.clone())
+                    }
+                }
             }
             for &t in &job.prompt {
                 sampler.accept(t);
@@ -743,7 +753,11 @@ fn emit(
     task.n_gen += 1;
     Metrics::add(&m.generated_tokens, 1);
     // An id past the tokenizer's vocabulary (a model whose output is wider) gives no text.
-    let piece = task.decoder.push(tok, id).unwrap_or_default();
+    let special = task.job.gen.preserved.binary_search(&id).is_ok();
+    let piece = task
+        .decoder
+        .push_special(tok, id, special)
+        .unwrap_or_default();
     let offset = task.decoded;
     task.decoded += piece.len();
     let r = task.stop.push(&piece);
@@ -959,6 +973,7 @@ mod tests {
                     include_usage: false,
                     ignore_eos: true,
                     grammar: None,
+                    preserved: Vec::new(),
                 },
                 max_tokens: 5,
                 events,
@@ -1121,6 +1136,7 @@ mod tests {
                     include_usage: false,
                     ignore_eos: true,
                     grammar: None,
+                    preserved: Vec::new(),
                 },
                 max_tokens: 12,
                 events,

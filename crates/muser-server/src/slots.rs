@@ -126,6 +126,7 @@ mod tests {
                 include_usage: false,
                 ignore_eos: true,
                 grammar: None,
+                preserved: Vec::new(),
             }),
             n_prompt: 12,
             n_prompt_processed: 8,

@@ -39,6 +39,7 @@ fn greedy(max_tokens: usize) -> Generation {
         include_usage: false,
         ignore_eos: false,
         grammar: None,
+        preserved: Vec::new(),
     }
 }
 
@@ -277,9 +278,9 @@ fn sampled_requests_without_logprobs_get_the_same_tokens() {
 
 #[test]
 fn grammar_requests_follow_their_grammar_alone_or_together() {
-    // Half the requests hold to a grammar (sampled, with and without logprobs), half do not:
-    // each constrained answer is in the grammar's language and ends where it does, and every
-    // request gets what it gets alone.
+    // Half the requests hold to a grammar (sampled, with and without logprobs), a quarter to a
+    // lazy one (from its trigger on), a quarter to none: each constrained answer is in its
+    // grammar's language and ends where it does, and every request gets what it gets alone.
     let (m, tok) = model();
     let prompts: Vec<Vec<u32>> = TEXTS[..8]
         .iter()
@@ -292,6 +293,21 @@ fn grammar_requests_follow_their_grammar_alone_or_together() {
         gbnf: text.into(),
         grammar: std::sync::Arc::new(grammar),
         vocab: std::sync::Arc::new(muser_server::constrain::grammar_vocab(&tok)),
+        triggers: None,
+        triggers_json: Vec::new(),
+    };
+    // A lazy grammar: free text up to the first "e", then "e", up to 30 characters that are
+    // not "!", and "!".
+    let lazy_text = r#"root ::= "e" [^!]{0,30} "!""#;
+    let lazy = muser_server::constrain::Constraint {
+        gbnf: lazy_text.into(),
+        grammar: std::sync::Arc::new(muser_server::constrain::parse_gbnf(lazy_text, &tok).unwrap()),
+        vocab: constraint.vocab.clone(),
+        triggers: Some(std::sync::Arc::new(
+            muser_sample::Triggers::new(vec![], &[(muser_sample::TriggerKind::Word, "e".into())])
+                .unwrap(),
+        )),
+        triggers_json: Vec::new(),
     };
     let gen = |i: usize| {
         let mut g = greedy(48);
@@ -301,16 +317,28 @@ fn grammar_requests_follow_their_grammar_alone_or_together() {
             ..Default::default()
         };
         g.logprobs = (i % 4 == 1).then_some(2);
-        g.grammar = i.is_multiple_of(2).then(|| constraint.clone());
+        g.grammar = match i % 4 {
+            0 | 2 => Some(constraint.clone()),
+            3 => Some(lazy.clone()),
+            _ => None,
+        };
         g
     };
     let together = run_gens(&m, &tok, 8, &prompts, (0..8).map(gen).collect());
     let re = fancy_regex::Regex::new(r"^(yes|no)( [a-z]{2,6}){1,3}\.$").unwrap();
+    let lazy_re = fancy_regex::Regex::new(r"^[^e]*e[^!]{0,30}!$").unwrap();
     for (i, a) in together.iter().enumerate() {
         let alone = run_gens(&m, &tok, 1, &prompts[i..i + 1], vec![gen(i)]);
         assert_eq!(alone[0], *a, "request {i}");
         if i.is_multiple_of(2) {
             assert!(re.is_match(&a.text).unwrap(), "request {i}: {:?}", a.text);
+            assert_eq!(a.finish.unwrap().0, FinishReason::Stop, "request {i}");
+        } else if i % 4 == 3 {
+            assert!(
+                lazy_re.is_match(&a.text).unwrap(),
+                "request {i}: {:?}",
+                a.text
+            );
             assert_eq!(a.finish.unwrap().0, FinishReason::Stop, "request {i}");
         } else {
             assert!(!re.is_match(&a.text).unwrap(), "request {i}: {:?}", a.text);
@@ -321,7 +349,8 @@ fn grammar_requests_follow_their_grammar_alone_or_together() {
 #[test]
 fn ignore_eos_runs_to_max_tokens() {
     // Greedy requests that end on an end-of-generation token run on to max_tokens with
-    // ignore_eos, their text up to that token unchanged.
+    // ignore_eos, their text up to that token unchanged, and no end token is ever picked
+    // (llama-server bans them).
     let (m, tok) = model();
     let prompts: Vec<Vec<u32>> = TEXTS.iter().map(|t| tok.encode(t, true, true)).collect();
     let plain = run_together(&m, &tok, 16, &prompts, 96);
@@ -341,6 +370,7 @@ fn ignore_eos_runs_to_max_tokens() {
         let f = g.finish.unwrap();
         assert_eq!((f.0, f.2), (FinishReason::Length, 96), "request {i}");
         assert!(g.text.starts_with(&p.text), "request {i}");
+        assert!(g.logprobs.iter().all(|l| !tok.is_eog(l.0)), "request {i}");
         if ended.contains(&i) {
             assert!(p.finish.unwrap().2 < 96, "request {i}");
         }

@@ -20,8 +20,21 @@ impl StreamDecoder {
     /// never become valid UTF-8 comes out as U+FFFD at once rather than blocking the stream.
     /// A control or unknown token adds nothing.
     pub fn push(&mut self, tok: &Tokenizer, id: u32) -> Result<String, TokenizerError> {
-        if matches!(tok.token_type(id)?, TokenType::Control | TokenType::Unknown) {
-            return Ok(String::new());
+        self.push_special(tok, id, false)
+    }
+
+    /// As `push`, but a control token gives its text when `special` is set (a chat format's
+    /// markup the server must read back, llama-server's `preserved_tokens`).
+    pub fn push_special(
+        &mut self,
+        tok: &Tokenizer,
+        id: u32,
+        special: bool,
+    ) -> Result<String, TokenizerError> {
+        match tok.token_type(id)? {
+            TokenType::Unknown => return Ok(String::new()),
+            TokenType::Control if !special => return Ok(String::new()),
+            _ => {}
         }
         self.pending
             .extend_from_slice(tok.token_to_piece_bytes(id)?);

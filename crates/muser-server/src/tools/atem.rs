@@ -1,0 +1,1786 @@
+//! Muse Glimmer's ATEM format (the `muse-glimmer.jinja` template; llama.cpp's
+//! `common/parsers/muse-glimmer.cpp` handler).
+//!
+//! The generation prompt ends with `<|start|>assistant`; the model's output is one or more
+//! messages, each a header and a body, separated by `<|eom|><|start|>assistant`:
+//!
+//! * ` to=self<|message|>` REASONING, ended by `<|eom|>` (or `<|eot|>`, or the end of output);
+//! * `<|message|>` or ` to=user<|message|>` ANSWER, ended by `<|eot|>`, `<|eom|>` or the end;
+//! * ` to=NAME<|message|>` and an ATEM block, a tool call:
+//!   `<atem:function_calls>\n<atem:invoke name="NAME">\n`
+//!   (`<atem:parameter name="K">` V `</atem:parameter>\n`)* `</atem:invoke>\n</atem:function_calls>`.
+//!   A string value V is its raw text; other values are JSON (the template's `render_atem`).
+//!
+//! # Plan (grammar)
+//!
+//! * `Auto`: lazy, from llama.cpp's trigger ([`TRIGGER`]: ` to=NAME<|message|>` at the start of
+//!   the output or after `<|start|>assistant`, NAME neither `self` nor `user`); the grammar is
+//!   one call (parallel: calls separated by `<|eom|><|start|>assistant`), each call one of the
+//!   tools with its own name after `to=` and in `invoke name`.
+//! * `Required` / `Function(N)`: the whole output: reasoning messages
+//!   (` to=self<|message|>` text without `<|eom|>`/`<|eot|>` `<|eom|><|start|>assistant`), then
+//!   the call(s) (only N's for `Function`).
+//!
+//! The parameters of a call are the schema's `properties` in their order, required ones
+//! mandatory, optional ones optional, no others (stricter than llama.cpp). A value is raw text
+//! without `</atem:parameter>` when the property's schema admits strings (a string-only `enum`
+//! or `const`: one of its values, raw), else JSON per the schema (muser-jsonschema).
+//!
+//! # Parse
+//!
+//! Messages are read left to right. Reasoning messages are joined with `"\n"`, answer messages
+//! too; tool calls are ATEM blocks (several `invoke`s in one block are read as several calls).
+//! The `<|eot|>`/`<|eom|>` ending the last message, and a trailing unfinished separator or
+//! header (`<|eom|><|start|>assist`, ` to=get_w`), are dropped. Where the text stops following
+//! the format (a random model's output from its first character; a message end followed by
+//! something other than `<|start|>assistant` and a header; a malformed or unfinished call
+//! block), the rest of the text, from that message's end token (or the output's start) on, is
+//! appended verbatim to the content: nothing read before it changes, so what was streamed stays
+//! valid. Everything after a call header is held back while streaming until its block is
+//! complete.
+
+use serde_json::{Map, Value};
+
+use super::{Parsed, Plan, Tool, ToolCall, ToolChoice, ToolRequest, Trigger};
+use muser_jsonschema::gbnf_literal as literal;
+
+const START: &str = "<|start|>assistant";
+const MESSAGE: &str = "<|message|>";
+const EOM: &str = "<|eom|>";
+const EOT: &str = "<|eot|>";
+const TO: &str = " to=";
+const CALLS_OPEN: &str = "<atem:function_calls>";
+const CALLS_CLOSE: &str = "</atem:function_calls>";
+const INVOKE_OPEN: &str = "<atem:invoke name=\"";
+const INVOKE_CLOSE: &str = "</atem:invoke>";
+const PARAM_OPEN: &str = "<atem:parameter name=\"";
+const PARAM_CLOSE: &str = "</atem:parameter>";
+const ATTR_END: &str = "\">";
+
+/// The lazy grammar's trigger (llama.cpp's): the grammar starts at the capture group,
+/// ` to=NAME<|message|>`.
+pub(super) const TRIGGER: &str = r"(?:^|<\|start\|>assistant)( to=(?!self<\|message\|>)(?!user<\|message\|>)[^<]*?<\|message\|>)";
+
+// ---------------------------------------------------------------------------------------------
+// Plan
+
+pub(super) fn plan(req: &ToolRequest) -> Result<Option<Plan>, String> {
+    let (lazy, tools): (bool, Vec<&Tool>) = match &req.choice {
+        ToolChoice::None => return Ok(None),
+        ToolChoice::Auto => (true, req.tools.iter().collect()),
+        ToolChoice::Required => (false, req.tools.iter().collect()),
+        ToolChoice::Function(name) => {
+            let named: Vec<&Tool> = req.tools.iter().filter(|t| &t.name == name).collect();
+            if named.is_empty() {
+                return Err(format!(
+                    "tool_choice names the function `{name}`, which is not among the tools"
+                ));
+            }
+            (false, named)
+        }
+    };
+    if tools.is_empty() {
+        if lazy {
+            // nothing the model could call: no grammar
+            return Ok(None);
+        }
+        return Err("tool_choice \"required\" needs at least one tool".to_string());
+    }
+    let mut rules = String::new();
+    let mut alts = Vec::new();
+    let mut raw_strings = false;
+    for (i, tool) in tools.iter().enumerate() {
+        alts.push(tool_rules(i, tool, &mut rules, &mut raw_strings)?);
+    }
+    let sep = literal(&format!("{EOM}{START}"));
+    let calls = if req.parallel {
+        format!("atem-call ( {sep} atem-call )*")
+    } else {
+        "atem-call".to_string()
+    };
+    let mut gbnf = if lazy {
+        format!("root ::= {calls}\n")
+    } else {
+        let think_open = literal(&format!("{TO}self{MESSAGE}"));
+        let mut g = format!("root ::= ( {think_open} atem-think {sep} )* {calls}\n");
+        g.push_str(&text_without("atem-think", &[EOM, EOT]));
+        g
+    };
+    gbnf.push_str(&format!("atem-call ::= {}\n", alts.join(" | ")));
+    gbnf.push_str("atem-ws ::= ( \" \" | \"\\n\" \"\\n\"? [ \\t]{0,20} )?\n");
+    if raw_strings {
+        gbnf.push_str(&text_without("atem-str", &[PARAM_CLOSE]));
+    }
+    gbnf.push_str(&rules);
+    Ok(Some(Plan {
+        gbnf,
+        lazy,
+        triggers: if lazy {
+            vec![Trigger::Pattern(TRIGGER.to_string())]
+        } else {
+            Vec::new()
+        },
+        system: None,
+    }))
+}
+
+/// Checks a tool name: it must be a recipient the parser reads back.
+fn check_name(name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err("a tool has an empty name".to_string());
+    }
+    if let Some(c) = name.chars().find(|&c| !is_name_char(c)) {
+        return Err(format!(
+            "tool `{name}`: the ATEM format cannot carry {c:?} in a tool name"
+        ));
+    }
+    if name == "self" || name == "user" {
+        return Err(format!(
+            "tool `{name}`: the name is an ATEM recipient of its own (reasoning or answer)"
+        ));
+    }
+    Ok(())
+}
+
+/// Adds tool `i`'s rules to `rules` (`raw_strings` set when they use `atem-str`); returns the
+/// name of its call rule.
+fn tool_rules(
+    i: usize,
+    tool: &Tool,
+    rules: &mut String,
+    raw_strings: &mut bool,
+) -> Result<String, String> {
+    let name = &tool.name;
+    check_name(name)?;
+    let params = &tool.parameters;
+    let Some(obj) = params.as_object() else {
+        return Err(format!(
+            "tool `{name}`: `parameters` must be a JSON schema object"
+        ));
+    };
+    let is_object_type = match obj.get("type") {
+        None => true,
+        Some(Value::String(t)) => t == "object",
+        Some(Value::Array(ts)) => ts.iter().any(|t| t == "object"),
+        Some(_) => false,
+    };
+    if !is_object_type {
+        return Err(format!(
+            "tool `{name}`: `parameters` must be an object schema (its `type` is {})",
+            obj["type"]
+        ));
+    }
+    for kw in ["$ref", "anyOf", "oneOf", "allOf", "not", "if"] {
+        if obj.contains_key(kw) {
+            return Err(format!(
+                "tool `{name}`: `{kw}` in `parameters` is not supported (give an object schema \
+                 with `properties`)"
+            ));
+        }
+    }
+    let props = match obj.get("properties") {
+        None => Map::new(),
+        Some(Value::Object(m)) => m.clone(),
+        Some(_) => {
+            return Err(format!(
+                "tool `{name}`: `parameters.properties` must be an object"
+            ))
+        }
+    };
+    let required: Vec<&str> = match obj.get("required") {
+        None => Vec::new(),
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|v| {
+                v.as_str().ok_or_else(|| {
+                    format!("tool `{name}`: `parameters.required` must list strings")
+                })
+            })
+            .collect::<Result<_, _>>()?,
+        Some(_) => {
+            return Err(format!(
+                "tool `{name}`: `parameters.required` must be an array"
+            ))
+        }
+    };
+    if let Some(r) = required.iter().find(|r| !props.contains_key(**r)) {
+        return Err(format!(
+            "tool `{name}`: required parameter `{r}` is not in `properties`"
+        ));
+    }
+    let mut seq = Vec::new();
+    for (j, (k, schema)) in props.iter().enumerate() {
+        if k.contains('"') {
+            return Err(format!(
+                "tool `{name}`: the ATEM format cannot carry `\"` in a parameter name (`{k}`)"
+            ));
+        }
+        let value = match string_choices(schema) {
+            Some(choices) => {
+                let ok: Vec<String> = choices
+                    .iter()
+                    .filter(|c| !c.contains(PARAM_CLOSE))
+                    .map(|c| literal(c))
+                    .collect();
+                if ok.is_empty() {
+                    return Err(format!(
+                        "tool `{name}`: parameter `{k}`: no allowed value can be written in \
+                         the ATEM format"
+                    ));
+                }
+                format!("( {} )", ok.join(" | "))
+            }
+            None if value_types(schema, params, 0) & T_STR != 0 => {
+                *raw_strings = true;
+                "atem-str".to_string()
+            }
+            None => {
+                let ptr = child_ptr("#/properties", k);
+                let (top, r) =
+                    muser_jsonschema::subschema_to_gbnf_rules(params, &ptr, &format!("j{i}-{j}-"))
+                        .map_err(|e| format!("tool `{name}`: parameter `{k}`: {e}"))?;
+                rules.push_str(&r);
+                top
+            }
+        };
+        let kv = format!("atem-t{i}-p{j}");
+        rules.push_str(&format!(
+            "{kv} ::= {} {value} {} atem-ws\n",
+            literal(&format!("{PARAM_OPEN}{k}{ATTR_END}")),
+            literal(PARAM_CLOSE)
+        ));
+        seq.push(if required.contains(&k.as_str()) {
+            kv
+        } else {
+            format!("{kv}?")
+        });
+    }
+    let rule = format!("atem-t{i}");
+    rules.push_str(&format!(
+        "{rule} ::= {} atem-ws {} atem-ws {} {} atem-ws {}\n",
+        literal(&format!("{TO}{name}{MESSAGE}{CALLS_OPEN}")),
+        literal(&format!("{INVOKE_OPEN}{name}{ATTR_END}")),
+        seq.join(" "),
+        literal(INVOKE_CLOSE),
+        literal(CALLS_CLOSE)
+    ));
+    Ok(rule)
+}
+
+/// The values of a string-only `enum` or `const` (the schema's only constraint on strings
+/// then), None for any other schema.
+fn string_choices(schema: &Value) -> Option<Vec<String>> {
+    let m = schema.as_object()?;
+    let values: Vec<&Value> = if let Some(c) = m.get("const") {
+        vec![c]
+    } else {
+        m.get("enum")?.as_array()?.iter().collect()
+    };
+    if values.is_empty() {
+        return None;
+    }
+    values
+        .iter()
+        .map(|v| v.as_str().map(str::to_string))
+        .collect()
+}
+
+/// Appends an RFC 6901 reference token to a pointer.
+fn child_ptr(ptr: &str, token: &str) -> String {
+    format!("{ptr}/{}", token.replace('~', "~0").replace('/', "~1"))
+}
+
+/// JSON types as bits.
+const T_NULL: u8 = 1;
+const T_BOOL: u8 = 2;
+const T_INT: u8 = 4;
+/// Numbers that are not integers.
+const T_FRAC: u8 = 8;
+const T_STR: u8 = 16;
+const T_ARR: u8 = 32;
+const T_OBJ: u8 = 64;
+const T_ALL: u8 = 127;
+
+fn type_bits(name: &str) -> u8 {
+    match name {
+        "null" => T_NULL,
+        "boolean" => T_BOOL,
+        "integer" => T_INT,
+        "number" => T_INT | T_FRAC,
+        "string" => T_STR,
+        "array" => T_ARR,
+        "object" => T_OBJ,
+        _ => T_ALL,
+    }
+}
+
+fn type_of(v: &Value) -> u8 {
+    match v {
+        Value::Null => T_NULL,
+        Value::Bool(_) => T_BOOL,
+        Value::Number(n) => {
+            if n.is_i64() || n.is_u64() || n.as_f64().is_some_and(|f| f.fract() == 0.0) {
+                T_INT
+            } else {
+                T_FRAC
+            }
+        }
+        Value::String(_) => T_STR,
+        Value::Array(_) => T_ARR,
+        Value::Object(_) => T_OBJ,
+    }
+}
+
+/// The JSON types a schema admits, as far as `type`, `const`, `enum`, local `$ref`s,
+/// `anyOf`/`oneOf` and `allOf` tell (an over-approximation; `$ref` cycles admit nothing).
+fn value_types(schema: &Value, doc: &Value, depth: usize) -> u8 {
+    if depth > 32 {
+        return 0;
+    }
+    let m = match schema {
+        Value::Bool(false) => return 0,
+        Value::Object(m) => m,
+        _ => return T_ALL,
+    };
+    let mut t = T_ALL;
+    match m.get("type") {
+        Some(Value::String(s)) => t &= type_bits(s),
+        Some(Value::Array(a)) => {
+            t &= a
+                .iter()
+                .filter_map(Value::as_str)
+                .fold(0, |acc, s| acc | type_bits(s))
+        }
+        _ => {}
+    }
+    if let Some(c) = m.get("const") {
+        t &= type_of(c);
+    } else if let Some(Value::Array(e)) = m.get("enum") {
+        t &= e.iter().fold(0, |acc, v| acc | type_of(v));
+    }
+    if let Some(target) = m
+        .get("$ref")
+        .and_then(Value::as_str)
+        .and_then(|r| resolve_local(doc, r))
+    {
+        t &= value_types(target, doc, depth + 1);
+    }
+    for kw in ["anyOf", "oneOf"] {
+        if let Some(Value::Array(a)) = m.get(kw) {
+            t &= a
+                .iter()
+                .fold(0, |acc, s| acc | value_types(s, doc, depth + 1));
+        }
+    }
+    if let Some(Value::Array(a)) = m.get("allOf") {
+        for s in a {
+            t &= value_types(s, doc, depth + 1);
+        }
+    }
+    t
+}
+
+/// The target of a `#/...` reference in `doc`.
+fn resolve_local<'v>(doc: &'v Value, r: &str) -> Option<&'v Value> {
+    let path = r.strip_prefix('#')?;
+    if path.is_empty() {
+        return Some(doc);
+    }
+    let mut cur = doc;
+    for raw in path.strip_prefix('/')?.split('/') {
+        let tok = raw.replace("~1", "/").replace("~0", "~");
+        cur = match cur {
+            Value::Object(m) => m.get(&tok)?,
+            Value::Array(a) => a.get(tok.parse::<usize>().ok()?)?,
+            _ => return None,
+        };
+    }
+    Some(cur)
+}
+
+fn escape_code(c: char) -> String {
+    let u = c as u32;
+    if u < 0x80 {
+        format!("\\x{u:02X}")
+    } else if u <= 0xffff {
+        format!("\\u{u:04X}")
+    } else {
+        format!("\\U{u:08X}")
+    }
+}
+
+/// One character inside a GBNF character class.
+fn class_char(c: char) -> String {
+    if c.is_ascii_alphanumeric() {
+        c.to_string()
+    } else {
+        escape_code(c)
+    }
+}
+
+/// GBNF rules for any text in which none of `delims` (non-empty) occurs: rule `name` and
+/// helper rules `name-K`. A right-linear grammar of the Aho-Corasick automaton of `delims`:
+/// one rule per reachable proper prefix of a delimiter (the longest one the text ends with),
+/// one alternative per next state, so the text is read deterministically.
+fn text_without(name: &str, delims: &[&str]) -> String {
+    let delims: Vec<Vec<char>> = delims.iter().map(|d| d.chars().collect()).collect();
+    let mut alphabet: Vec<char> = delims.iter().flatten().copied().collect();
+    alphabet.sort_unstable();
+    alphabet.dedup();
+    let is_prefix = |s: &[char]| delims.iter().any(|d| d.len() > s.len() && d.starts_with(s));
+    // the state after reading `c` in `s`: None when a delimiter ends there
+    let step = |s: &[char], c: char| -> Option<Vec<char>> {
+        let mut w = s.to_vec();
+        w.push(c);
+        if delims.iter().any(|d| w.ends_with(d)) {
+            return None;
+        }
+        (0..=w.len())
+            .map(|k| w[k..].to_vec())
+            .find(|suffix| is_prefix(suffix))
+    };
+    let mut states: Vec<Vec<char>> = vec![Vec::new()];
+    let mut out = String::new();
+    let mut i = 0;
+    while i < states.len() {
+        let s = states[i].clone();
+        // next state -> the characters of the alphabet leading there
+        let mut dests: Vec<(usize, Vec<char>)> = Vec::new();
+        // characters that leave the start state or end a delimiter
+        let mut special = Vec::new();
+        for &c in &alphabet {
+            let Some(next) = step(&s, c) else {
+                special.push(c);
+                continue;
+            };
+            if next.is_empty() {
+                continue;
+            }
+            special.push(c);
+            let k = match states.iter().position(|x| *x == next) {
+                Some(k) => k,
+                None => {
+                    states.push(next);
+                    states.len() - 1
+                }
+            };
+            match dests.iter_mut().find(|(d, _)| *d == k) {
+                Some((_, cs)) => cs.push(c),
+                None => dests.push((k, vec![c])),
+            }
+        }
+        let rule = |k: usize| {
+            if k == 0 {
+                name.to_string()
+            } else {
+                format!("{name}-{k}")
+            }
+        };
+        let class = |neg: bool, cs: &[char]| {
+            let body: String = cs.iter().map(|&c| class_char(c)).collect();
+            format!("[{}{body}]", if neg { "^" } else { "" })
+        };
+        let mut alts = vec![format!("{} {}", class(true, &special), rule(0))];
+        for (k, cs) in &dests {
+            alts.push(format!("{} {}", class(false, cs), rule(*k)));
+        }
+        out.push_str(&format!("{} ::= ( {} )?\n", rule(i), alts.join(" | ")));
+        i += 1;
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------------------------
+// Parse
+
+/// One call as written: the invoke name and the parameters' raw texts.
+#[derive(Debug)]
+struct RawCall {
+    name: String,
+    args: Vec<(String, String)>,
+}
+
+#[derive(Default)]
+struct Scan {
+    content: String,
+    reasoning: String,
+    n_reasoning: usize,
+    n_answers: usize,
+    calls: Vec<RawCall>,
+}
+
+/// The result of reading a piece of markup at the start of a text.
+enum Step<T> {
+    /// Read: the value and the bytes it took.
+    Done(T, usize),
+    /// The text ends before the piece does (it may still become one).
+    More,
+    /// The text cannot start with the piece, whatever follows.
+    Broken,
+}
+
+enum Recipient {
+    Reasoning,
+    Answer,
+    Tool,
+}
+
+fn is_name_char(c: char) -> bool {
+    !c.is_whitespace() && !matches!(c, '<' | '>' | '"')
+}
+
+/// A message header: `<|message|>` or ` to=NAME<|message|>`.
+fn header(s: &str) -> Step<Recipient> {
+    if s.starts_with(MESSAGE) {
+        return Step::Done(Recipient::Answer, MESSAGE.len());
+    }
+    if MESSAGE.starts_with(s) || TO.starts_with(s) {
+        return Step::More;
+    }
+    let Some(rest) = s.strip_prefix(TO) else {
+        return Step::Broken;
+    };
+    let n = rest
+        .char_indices()
+        .find(|&(_, c)| !is_name_char(c))
+        .map_or(rest.len(), |(i, _)| i);
+    let (name, after) = rest.split_at(n);
+    if after.starts_with(MESSAGE) {
+        if name.is_empty() {
+            return Step::Broken;
+        }
+        let r = match name {
+            "self" => Recipient::Reasoning,
+            "user" => Recipient::Answer,
+            _ => Recipient::Tool,
+        };
+        return Step::Done(r, TO.len() + n + MESSAGE.len());
+    }
+    if MESSAGE.starts_with(after) {
+        Step::More
+    } else {
+        Step::Broken
+    }
+}
+
+/// Reads the literal `lit` at the start of `s`.
+fn lit(s: &str, lit: &str) -> Step<()> {
+    if s.starts_with(lit) {
+        Step::Done((), lit.len())
+    } else if lit.starts_with(s) {
+        Step::More
+    } else {
+        Step::Broken
+    }
+}
+
+fn ws_len(s: &str) -> usize {
+    s.len() - s.trim_start_matches([' ', '\t', '\n', '\r']).len()
+}
+
+/// An attribute value up to `">` (no `"` inside).
+fn attr(s: &str) -> Step<String> {
+    match s.find('"') {
+        None => Step::More,
+        Some(q) => match lit(&s[q..], ATTR_END) {
+            Step::Done(..) => Step::Done(s[..q].to_string(), q + ATTR_END.len()),
+            Step::More => Step::More,
+            Step::Broken => Step::Broken,
+        },
+    }
+}
+
+/// Which of `lits` starts `s`: Done(index), More when `s` is a proper prefix of one of them.
+fn one_of(s: &str, lits: &[&str]) -> Step<usize> {
+    if let Some(i) = lits.iter().position(|l| s.starts_with(l)) {
+        return Step::Done(i, lits[i].len());
+    }
+    if lits.iter().any(|l| l.starts_with(s)) {
+        Step::More
+    } else {
+        Step::Broken
+    }
+}
+
+/// An ATEM block (and the whitespace after it): its calls.
+fn call_block(s: &str) -> Step<Vec<RawCall>> {
+    macro_rules! take {
+        ($e:expr, $p:ident) => {
+            match $e {
+                Step::Done(v, n) => {
+                    $p += n;
+                    v
+                }
+                Step::More => return Step::More,
+                Step::Broken => return Step::Broken,
+            }
+        };
+    }
+    let mut p = 0;
+    take!(lit(s, CALLS_OPEN), p);
+    p += ws_len(&s[p..]);
+    let mut calls = Vec::new();
+    loop {
+        take!(lit(&s[p..], INVOKE_OPEN), p);
+        let name = take!(attr(&s[p..]), p);
+        p += ws_len(&s[p..]);
+        let mut args = Vec::new();
+        while take!(one_of(&s[p..], &[PARAM_OPEN, INVOKE_CLOSE]), p) == 0 {
+            let k = take!(attr(&s[p..]), p);
+            let Some(n) = s[p..].find(PARAM_CLOSE) else {
+                return Step::More;
+            };
+            args.push((k, s[p..p + n].to_string()));
+            p += n + PARAM_CLOSE.len();
+            p += ws_len(&s[p..]);
+        }
+        calls.push(RawCall { name, args });
+        p += ws_len(&s[p..]);
+        if take!(one_of(&s[p..], &[CALLS_CLOSE, INVOKE_OPEN]), p) == 0 {
+            p += ws_len(&s[p..]);
+            return Step::Done(calls, p);
+        }
+        p -= INVOKE_OPEN.len();
+    }
+}
+
+/// Length of the longest suffix of `s` that is a proper prefix of `<|eom|>` or `<|eot|>`.
+fn held_back(s: &str) -> usize {
+    (1..EOM.len().min(s.len() + 1))
+        .rev()
+        .find(|&k| {
+            s.is_char_boundary(s.len() - k) && {
+                let t = &s[s.len() - k..];
+                EOM.starts_with(t) || EOT.starts_with(t)
+            }
+        })
+        .unwrap_or(0)
+}
+
+/// Reads the output. `complete`: the whole output (else only what no continuation changes).
+fn scan(text: &str, complete: bool) -> Scan {
+    let mut out = Scan::default();
+    // start of the current message's header
+    let mut pos = 0;
+    // where the verbatim rest starts if the current message breaks the format
+    let mut seg = 0;
+    loop {
+        let e = match header(&text[pos..]) {
+            // an unfinished header: trailing markup, or still to come
+            Step::More => return out,
+            Step::Broken => {
+                out.content.push_str(&text[seg..]);
+                return out;
+            }
+            Step::Done(Recipient::Tool, n) => match call_block(&text[pos + n..]) {
+                Step::Done(calls, m) => {
+                    out.calls.extend(calls);
+                    pos + n + m
+                }
+                Step::More if !complete => return out,
+                Step::More | Step::Broken => {
+                    out.content.push_str(&text[seg..]);
+                    return out;
+                }
+            },
+            Step::Done(r, n) => {
+                let body = &text[pos + n..];
+                let (dest, count) = match r {
+                    Recipient::Reasoning => (&mut out.reasoning, &mut out.n_reasoning),
+                    _ => (&mut out.content, &mut out.n_answers),
+                };
+                if *count > 0 {
+                    dest.push('\n');
+                }
+                *count += 1;
+                let end = [EOM, EOT].iter().filter_map(|t| body.find(t)).min();
+                match end {
+                    Some(j) => {
+                        dest.push_str(&body[..j]);
+                        pos + n + j
+                    }
+                    None => {
+                        let keep = if complete {
+                            body.len()
+                        } else {
+                            body.len() - held_back(body)
+                        };
+                        dest.push_str(&body[..keep]);
+                        return out;
+                    }
+                }
+            }
+        };
+        // a message ended at `e`
+        let rest = &text[e..];
+        if rest.is_empty() {
+            return out;
+        }
+        if let Some(after) = rest.strip_prefix(EOT) {
+            if !after.is_empty() {
+                out.content.push_str(rest);
+            }
+            return out;
+        }
+        if let Some(after) = rest.strip_prefix(EOM) {
+            if after.starts_with(START) {
+                seg = e;
+                pos = e + EOM.len() + START.len();
+                continue;
+            }
+            if !START.starts_with(after) {
+                out.content.push_str(rest);
+            }
+            return out;
+        }
+        if !(EOM.starts_with(rest) || EOT.starts_with(rest)) {
+            out.content.push_str(rest);
+        }
+        return out;
+    }
+}
+
+/// The argument value of parameter `key` of tool `tool` from its raw text.
+fn arg_value(raw: &str, tool: &str, key: &str, req: Option<&ToolRequest>) -> Value {
+    let types = req
+        .and_then(|r| r.tools.iter().find(|t| t.name == tool))
+        .and_then(|t| {
+            let schema = t.parameters.get("properties")?.get(key)?;
+            Some(value_types(schema, &t.parameters, 0))
+        })
+        .unwrap_or(T_ALL);
+    if types == T_STR {
+        return Value::String(raw.to_string());
+    }
+    match serde_json::from_str::<Value>(raw) {
+        // strings are written raw: a JSON string literal is text with quotes
+        Ok(v) if types & T_STR == 0 || (!v.is_string() && type_of(&v) & types != 0) => v,
+        _ => Value::String(raw.to_string()),
+    }
+}
+
+fn arguments(call: &RawCall, req: Option<&ToolRequest>) -> String {
+    let mut m = Map::new();
+    for (k, raw) in &call.args {
+        m.insert(k.clone(), arg_value(raw, &call.name, k, req));
+    }
+    Value::Object(m).to_string()
+}
+
+pub(super) fn parse(text: &str, req: Option<&ToolRequest>) -> Parsed {
+    let s = scan(text, true);
+    Parsed {
+        content: s.content,
+        reasoning: (!s.reasoning.is_empty()).then_some(s.reasoning),
+        tool_calls: s
+            .calls
+            .iter()
+            .map(|c| ToolCall {
+                id: None,
+                name: c.name.clone(),
+                arguments: arguments(c, req),
+            })
+            .collect(),
+    }
+}
+
+pub(super) fn parse_partial(text: &str, _req: Option<&ToolRequest>) -> Parsed {
+    let s = scan(text, false);
+    Parsed {
+        content: s.content,
+        reasoning: (!s.reasoning.is_empty()).then_some(s.reasoning),
+        tool_calls: Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use muser_sample::Grammar;
+    use serde_json::json;
+
+    /// SplitMix64: deterministic random inputs without a dependency.
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = self.0;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^ (z >> 31)
+        }
+        fn below(&mut self, n: usize) -> usize {
+            (self.next() % n as u64) as usize
+        }
+        fn chance(&mut self, percent: u64) -> bool {
+            self.next() % 100 < percent
+        }
+        fn pick<'a, T>(&mut self, xs: &'a [T]) -> &'a T {
+            &xs[self.below(xs.len())]
+        }
+    }
+
+    fn tool(name: &str, parameters: Value) -> Tool {
+        Tool {
+            name: name.to_string(),
+            description: None,
+            parameters,
+        }
+    }
+
+    fn request(tools: Vec<Tool>, choice: ToolChoice, parallel: bool) -> ToolRequest {
+        ToolRequest {
+            tools,
+            choice,
+            parallel,
+        }
+    }
+
+    fn grammar(plan: &Plan) -> Grammar {
+        Grammar::parse(&plan.gbnf).unwrap_or_else(|e| panic!("{e}\n{}", plan.gbnf))
+    }
+
+    // --- a renderer following the template's `render_atem` ---
+
+    /// Python's `json.dumps` layout (", ", ": "), as Jinja's `tojson` writes.
+    fn python_json(v: &Value) -> String {
+        match v {
+            Value::Array(a) => {
+                let items: Vec<String> = a.iter().map(python_json).collect();
+                format!("[{}]", items.join(", "))
+            }
+            Value::Object(m) => {
+                let items: Vec<String> = m
+                    .iter()
+                    .map(|(k, v)| format!("{}: {}", Value::String(k.clone()), python_json(v)))
+                    .collect();
+                format!("{{{}}}", items.join(", "))
+            }
+            other => other.to_string(),
+        }
+    }
+
+    fn render_value(v: &Value, python: bool) -> String {
+        match v {
+            Value::Bool(b) => b.to_string(),
+            Value::Null => "null".to_string(),
+            Value::Object(_) | Value::Array(_) if python => python_json(v),
+            Value::Object(_) | Value::Array(_) => v.to_string(),
+            Value::String(s) => s.clone(),
+            Value::Number(n) => n.to_string(),
+        }
+    }
+
+    /// `" to=NAME<|message|>"` and the block, as the template writes a call.
+    fn render_call(to: &str, name: &str, args: &[(String, Value)], python: bool) -> String {
+        let mut s =
+            format!(" to={to}<|message|><atem:function_calls>\n<atem:invoke name=\"{name}\">\n");
+        for (k, v) in args {
+            s.push_str(&format!(
+                "<atem:parameter name=\"{k}\">{}</atem:parameter>\n",
+                render_value(v, python)
+            ));
+        }
+        s.push_str("</atem:invoke>\n</atem:function_calls>");
+        s
+    }
+
+    fn render_calls(calls: &[(String, Vec<(String, Value)>)], python: bool) -> String {
+        let parts: Vec<String> = calls
+            .iter()
+            .map(|(n, a)| render_call(n, n, a, python))
+            .collect();
+        parts.join("<|eom|><|start|>assistant")
+    }
+
+    fn render_reasoning(msgs: &[String]) -> String {
+        msgs.iter()
+            .map(|m| format!(" to=self<|message|>{m}<|eom|><|start|>assistant"))
+            .collect()
+    }
+
+    // --- random tools and arguments ---
+
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    enum Kind {
+        Str,
+        Int,
+        Num,
+        Bool,
+        Enum,
+        IntArray,
+        Obj,
+        StrOrNull,
+    }
+
+    const KINDS: &[Kind] = &[
+        Kind::Str,
+        Kind::Int,
+        Kind::Num,
+        Kind::Bool,
+        Kind::Enum,
+        Kind::IntArray,
+        Kind::Obj,
+        Kind::StrOrNull,
+    ];
+
+    const ENUM: &[&str] = &["celsius", "fahr enheit", "a\"b", "x</y", ""];
+
+    fn kind_schema(k: Kind) -> Value {
+        match k {
+            Kind::Str => json!({"type": "string", "description": "text"}),
+            Kind::Int => json!({"type": "integer"}),
+            Kind::Num => json!({"type": "number"}),
+            Kind::Bool => json!({"type": "boolean"}),
+            Kind::Enum => json!({"type": "string", "enum": ENUM}),
+            Kind::IntArray => json!({"type": "array", "items": {"type": "integer"}}),
+            Kind::Obj => json!({"type": "object",
+                                "properties": {"a": {"type": "string"}, "b": {"type": "integer"}},
+                                "required": ["a"]}),
+            Kind::StrOrNull => json!({"type": ["string", "null"]}),
+        }
+    }
+
+    const STR_PIECES: &[&str] = &[
+        "a",
+        "b",
+        "Zz",
+        " ",
+        "\n",
+        "<",
+        "/",
+        "\"",
+        "é",
+        "{",
+        "}",
+        "1",
+        "true",
+        "null",
+        "<|eom|>",
+        "</atem:param",
+        "eter>",
+        "<atem:parameter name=\"x\">",
+        "\\",
+        "[1]",
+        "中",
+    ];
+
+    fn random_string(rng: &mut Rng) -> String {
+        loop {
+            let n = rng.below(6);
+            let s: String = (0..n).map(|_| *rng.pick(STR_PIECES)).collect();
+            if !s.contains(PARAM_CLOSE) {
+                return s;
+            }
+        }
+    }
+
+    /// Reasoning text (no message end in it).
+    fn random_reasoning(rng: &mut Rng) -> String {
+        random_string(rng).replace(EOM, "").replace(EOT, "")
+    }
+
+    fn random_value(rng: &mut Rng, k: Kind) -> Value {
+        match k {
+            Kind::Str => Value::String(random_string(rng)),
+            Kind::Int => json!(rng.below(2_000_001) as i64 - 1_000_000),
+            Kind::Num => json!((rng.below(4001) as f64 - 2000.0) / 8.0),
+            Kind::Bool => json!(rng.chance(50)),
+            Kind::Enum => json!(*rng.pick(ENUM)),
+            Kind::IntArray => {
+                let n = rng.below(4);
+                Value::Array((0..n).map(|_| json!(rng.below(100) as i64 - 50)).collect())
+            }
+            Kind::Obj => {
+                let mut m = Map::new();
+                m.insert("a".into(), Value::String(random_string(rng)));
+                if rng.chance(50) {
+                    m.insert("b".into(), json!(rng.below(1000)));
+                }
+                Value::Object(m)
+            }
+            Kind::StrOrNull => {
+                if rng.chance(30) {
+                    Value::Null
+                } else {
+                    // the text `null` would be read as null
+                    Value::String(random_string(rng).replace("null", "nul"))
+                }
+            }
+        }
+    }
+
+    struct Spec {
+        name: String,
+        /// (key, kind, required)
+        params: Vec<(String, Kind, bool)>,
+    }
+
+    impl Spec {
+        fn tool(&self) -> Tool {
+            let mut props = Map::new();
+            let mut required = Vec::new();
+            for (k, kind, req) in &self.params {
+                props.insert(k.clone(), kind_schema(*kind));
+                if *req {
+                    required.push(json!(k));
+                }
+            }
+            tool(
+                &self.name,
+                json!({"type": "object", "properties": props, "required": required}),
+            )
+        }
+
+        /// Arguments in schema order: every required one, some optional ones.
+        fn args(&self, rng: &mut Rng) -> Vec<(String, Value)> {
+            let mut out = Vec::new();
+            for (k, kind, req) in &self.params {
+                if *req || rng.chance(50) {
+                    out.push((k.clone(), random_value(rng, *kind)));
+                }
+            }
+            out
+        }
+    }
+
+    const WORDS: &[&str] = &[
+        "get", "weather", "search", "web", "x", "run_code", "a.b", "calc",
+    ];
+
+    fn random_specs(rng: &mut Rng) -> Vec<Spec> {
+        let n = 1 + rng.below(4);
+        (0..n)
+            .map(|i| {
+                let name = format!("{}{}_{i}", rng.pick(WORDS), rng.pick(&["", ".v2", "-x"]));
+                let np = rng.below(6);
+                let params = (0..np)
+                    .map(|j| {
+                        let key = format!("{}{j}", rng.pick(&["p", "city", "unit_", "Q"]));
+                        (key, *rng.pick(KINDS), rng.chance(50))
+                    })
+                    .collect();
+                Spec { name, params }
+            })
+            .collect()
+    }
+
+    fn args_value(args: &[(String, Value)]) -> Value {
+        Value::Object(args.iter().cloned().collect())
+    }
+
+    // --- the grammar ---
+
+    #[test]
+    fn grammar_accepts_rendered_calls_and_rejects_wrong_ones() {
+        let mut rng = Rng(11);
+        let (mut accepted, mut rejected) = (0, [0usize; 7]);
+        for round in 0..40 {
+            let specs = random_specs(&mut rng);
+            let tools: Vec<Tool> = specs.iter().map(Spec::tool).collect();
+            let parallel = round % 2 == 0;
+            let target = rng.below(specs.len());
+            for choice in [
+                ToolChoice::Auto,
+                ToolChoice::Required,
+                ToolChoice::Function(specs[target].name.clone()),
+            ] {
+                let req = request(tools.clone(), choice.clone(), parallel);
+                let plan = plan(&req).unwrap().unwrap();
+                assert_eq!(plan.lazy, choice == ToolChoice::Auto);
+                assert!(plan.system.is_none());
+                let g = grammar(&plan);
+                let allowed: Vec<usize> = match &choice {
+                    ToolChoice::Function(_) => vec![target],
+                    _ => (0..specs.len()).collect(),
+                };
+                for _ in 0..6 {
+                    let n = if parallel { 1 + rng.below(3) } else { 1 };
+                    let calls: Vec<(String, Vec<(String, Value)>)> = (0..n)
+                        .map(|_| {
+                            let s = &specs[*rng.pick(&allowed)];
+                            (s.name.clone(), s.args(&mut rng))
+                        })
+                        .collect();
+                    let python = rng.chance(50);
+                    let reasoning: Vec<String> = (0..rng.below(3))
+                        .map(|_| random_reasoning(&mut rng))
+                        .collect();
+                    let prefix = if plan.lazy {
+                        String::new()
+                    } else {
+                        render_reasoning(&reasoning)
+                    };
+                    let text = format!("{prefix}{}", render_calls(&calls, python));
+                    assert!(g.accepts_str(&text), "{text:?}\n{}", plan.gbnf);
+                    accepted += 1;
+
+                    let bad = |t: String| -> String { format!("{prefix}{t}") };
+                    let (name, args) = &calls[0];
+                    // a name that is no tool's
+                    let t = bad(render_call("nosuch", "nosuch", args, python));
+                    assert!(!g.accepts_str(&t), "{t:?}");
+                    rejected[0] += 1;
+                    // `to=` naming another tool than `invoke`
+                    if let Some(other) = specs.iter().find(|s| &s.name != name) {
+                        let t = bad(render_call(&other.name, name, args, python));
+                        assert!(!g.accepts_str(&t), "{t:?}");
+                        rejected[1] += 1;
+                    }
+                    let spec = specs.iter().find(|s| &s.name == name).unwrap();
+                    // a required parameter missing
+                    if let Some(req_key) = spec.params.iter().find(|p| p.2).map(|p| &p.0) {
+                        let fewer: Vec<_> =
+                            args.iter().filter(|(k, _)| k != req_key).cloned().collect();
+                        let t = bad(render_call(name, name, &fewer, python));
+                        assert!(!g.accepts_str(&t), "{t:?}");
+                        rejected[2] += 1;
+                    }
+                    // an unknown parameter
+                    let mut more = args.clone();
+                    more.push(("zz_unknown".into(), json!("v")));
+                    let t = bad(render_call(name, name, &more, python));
+                    assert!(!g.accepts_str(&t), "{t:?}");
+                    rejected[3] += 1;
+                    // a non-integer for an integer
+                    if let Some(pos) = args.iter().position(|(k, _)| {
+                        spec.params.iter().any(|p| &p.0 == k && p.1 == Kind::Int)
+                    }) {
+                        for v in [json!(1.5), json!("x"), json!(true)] {
+                            let mut wrong = args.clone();
+                            wrong[pos].1 = v;
+                            let t = bad(render_call(name, name, &wrong, python));
+                            assert!(!g.accepts_str(&t), "{t:?}");
+                        }
+                        rejected[4] += 1;
+                    }
+                    // a tool other than the one `Function` names
+                    if let ToolChoice::Function(_) = &choice {
+                        if let Some(other) = specs.iter().find(|s| s.name != specs[target].name) {
+                            let t = bad(render_call(
+                                &other.name,
+                                &other.name,
+                                &other.args(&mut rng),
+                                python,
+                            ));
+                            assert!(!g.accepts_str(&t), "{t:?}");
+                            rejected[5] += 1;
+                        }
+                    }
+                    // two calls where only one is allowed
+                    if !parallel {
+                        let t = bad(render_calls(&[calls[0].clone(), calls[0].clone()], python));
+                        assert!(!g.accepts_str(&t), "{t:?}");
+                        rejected[6] += 1;
+                    }
+                }
+            }
+        }
+        assert!(accepted >= 600, "{accepted}");
+        assert!(rejected.iter().all(|&n| n >= 10), "{rejected:?}");
+    }
+
+    #[test]
+    fn grammar_specifics() {
+        let weather = tool(
+            "get_weather",
+            json!({"type": "object",
+                   "properties": {"city": {"type": "string"},
+                                  "days": {"type": "integer", "minimum": 1, "maximum": 7},
+                                  "unit": {"enum": ["c", "f"]}},
+                   "required": ["city"]}),
+        );
+        let req = request(vec![weather], ToolChoice::Required, false);
+        let g = grammar(&plan(&req).unwrap().unwrap());
+        let call = |body: &str| {
+            format!(
+                " to=get_weather<|message|><atem:function_calls>\n<atem:invoke \
+                 name=\"get_weather\">\n{body}</atem:invoke>\n</atem:function_calls>"
+            )
+        };
+        let p = |k: &str, v: &str| format!("<atem:parameter name=\"{k}\">{v}</atem:parameter>\n");
+        assert!(g.accepts_str(&call(&p("city", "Paris"))));
+        assert!(g.accepts_str(&call(&(p("city", "") + &p("days", "7") + &p("unit", "f")))));
+        // schema bounds, enum values, order, repetition
+        assert!(!g.accepts_str(&call(&(p("city", "x") + &p("days", "8")))));
+        assert!(!g.accepts_str(&call(&(p("city", "x") + &p("unit", "k")))));
+        assert!(!g.accepts_str(&call(&(p("days", "2") + &p("city", "x")))));
+        assert!(!g.accepts_str(&call(&(p("city", "x") + &p("city", "y")))));
+        // reasoning first, but no answer instead of the call
+        let think = " to=self<|message|>hmm <|eo <|eom <|start|>assistant to=user<|message|>\
+                     <|eom|><|start|>assistant";
+        assert!(g.accepts_str(&format!("{think}{}", call(&p("city", "x")))));
+        assert!(!g.accepts_str(" to=user<|message|>hello"));
+        assert!(!g.accepts_str(&format!(
+            " to=self<|message|>a<|eot|>b<|eom|><|start|>assistant{}",
+            call(&p("city", "x"))
+        )));
+        // the template's layout and llama.cpp's optional spaces
+        let spaced = " to=get_weather<|message|><atem:function_calls><atem:invoke \
+                      name=\"get_weather\"> <atem:parameter name=\"city\">x</atem:parameter>\n\n  \
+                      </atem:invoke> </atem:function_calls>";
+        assert!(g.accepts_str(spaced));
+    }
+
+    #[test]
+    fn text_without_delimiters_is_exact() {
+        let mut rng = Rng(5);
+        let cases: &[(&[&str], &[&str])] = &[
+            (
+                &[PARAM_CLOSE],
+                &[
+                    "<",
+                    "/",
+                    "a",
+                    "t",
+                    "e",
+                    "m",
+                    ":",
+                    "p",
+                    "r",
+                    ">",
+                    "x",
+                    "</atem:param",
+                    "</",
+                    "eter>",
+                    "<</atem:",
+                    PARAM_CLOSE,
+                    "é",
+                ],
+            ),
+            (
+                &[EOM, EOT],
+                &[
+                    "<", "|", "e", "o", "m", "t", ">", "y", "<|eo", "m|>", "t|>", EOM, EOT, "<|",
+                ],
+            ),
+            // overlapping and nested delimiters
+            (
+                &["aab", "ab", "bab", "cabc"],
+                &["a", "b", "c", "d", "ca", "ab"],
+            ),
+            (&["abab", "xaby"], &["a", "b", "x", "y", "ab", "aba"]),
+        ];
+        for (delims, pieces) in cases {
+            let rules = text_without("t", delims);
+            let g = Grammar::parse(&format!("root ::= t\n{rules}"))
+                .unwrap_or_else(|e| panic!("{e}\n{rules}"));
+            let (mut yes, mut no) = (0, 0);
+            for _ in 0..3000 {
+                let n = rng.below(12);
+                let s: String = (0..n).map(|_| *rng.pick(pieces)).collect();
+                let free = !delims.iter().any(|d| s.contains(d));
+                assert_eq!(g.accepts_str(&s), free, "{s:?} {delims:?}\n{rules}");
+                if free {
+                    yes += 1
+                } else {
+                    no += 1
+                }
+            }
+            assert!(yes > 300 && no > 300, "{delims:?}: {yes} {no}");
+        }
+        // long texts stay cheap (right recursion, no growing stacks)
+        let rules = text_without("t", &[PARAM_CLOSE]);
+        let g =
+            Grammar::parse(&format!("root ::= t \"{}\"\n{rules}", "</atem:parameter>")).unwrap();
+        let long = "</atem:parameter <</ atem".repeat(20_000);
+        assert!(g.accepts_str(&format!("{long}</atem:parameter>")));
+        assert!(!g.accepts_str(&format!("{long}</atem:parameter></atem:parameter>")));
+    }
+
+    /// The template's own rendering (jinja2, `tojson` as json.dumps) of an assistant message
+    /// with reasoning and two calls, after the generation prompt `<|start|>assistant`.
+    const TEMPLATE_TEXT: &str = " to=self<|message|>think<|eom|><|start|>assistant \
+        to=get_weather<|message|><atem:function_calls>\n<atem:invoke name=\"get_weather\">\n\
+        <atem:parameter name=\"city\">Pa\"ris <x></atem:parameter>\n\
+        <atem:parameter name=\"days\">3</atem:parameter>\n\
+        <atem:parameter name=\"t\">1.5</atem:parameter>\n\
+        <atem:parameter name=\"ok\">true</atem:parameter>\n\
+        <atem:parameter name=\"n\">null</atem:parameter>\n\
+        <atem:parameter name=\"xs\">[1, 2]</atem:parameter>\n\
+        <atem:parameter name=\"o\">{\"a\": \"b\", \"c\": 2}</atem:parameter>\n\
+        </atem:invoke>\n</atem:function_calls><|eom|><|start|>assistant to=g<|message|>\
+        <atem:function_calls>\n<atem:invoke name=\"g\">\n</atem:invoke>\n</atem:function_calls><|eot|>";
+
+    #[test]
+    fn template_rendering_is_accepted_and_read_back() {
+        let args = json!({"city": "Pa\"ris <x>", "days": 3, "t": 1.5, "ok": true, "n": null,
+                          "xs": [1, 2], "o": {"a": "b", "c": 2}});
+        let mut props = Map::new();
+        for (k, t) in [
+            ("city", json!("string")),
+            ("days", json!("integer")),
+            ("t", json!("number")),
+            ("ok", json!("boolean")),
+            ("n", json!("null")),
+            ("xs", json!("array")),
+            ("o", json!("object")),
+        ] {
+            props.insert(k.to_string(), json!({"type": t}));
+        }
+        let tools = vec![
+            tool(
+                "get_weather",
+                json!({"type": "object", "properties": props}),
+            ),
+            tool("g", json!({"type": "object", "properties": {}})),
+        ];
+        let req = request(tools, ToolChoice::Required, true);
+        let g = grammar(&plan(&req).unwrap().unwrap());
+        let body = TEMPLATE_TEXT.strip_suffix(EOT).unwrap();
+        assert!(g.accepts_str(body));
+        // the test renderer writes the same text
+        let mut rendered = render_reasoning(&["think".to_string()]);
+        let pairs: Vec<(String, Value)> = args
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        rendered.push_str(&render_calls(
+            &[("get_weather".into(), pairs), ("g".into(), vec![])],
+            true,
+        ));
+        assert_eq!(rendered, body);
+        let p = parse(TEMPLATE_TEXT, Some(&req));
+        assert_eq!(
+            (p.content.as_str(), p.reasoning.as_deref()),
+            ("", Some("think"))
+        );
+        let names: Vec<&str> = p.tool_calls.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, ["get_weather", "g"]);
+        let got: Value = serde_json::from_str(&p.tool_calls[0].arguments).unwrap();
+        assert_eq!(got, args);
+        assert_eq!(p.tool_calls[1].arguments, "{}");
+    }
+
+    // --- plan errors and shapes ---
+
+    #[test]
+    fn plan_choices_and_errors() {
+        let ok = tool(
+            "f",
+            json!({"type": "object", "properties": {"a": {"type": "integer"}}}),
+        );
+        assert_eq!(
+            plan(&request(vec![ok.clone()], ToolChoice::None, false)).unwrap(),
+            None
+        );
+        let auto = plan(&request(vec![ok.clone()], ToolChoice::Auto, true))
+            .unwrap()
+            .unwrap();
+        assert_eq!(auto.triggers, vec![Trigger::Pattern(TRIGGER.to_string())]);
+        assert!(auto.gbnf.starts_with("root ::= atem-call"));
+        assert_eq!(
+            plan(&request(vec![], ToolChoice::Auto, false)).unwrap(),
+            None
+        );
+        assert!(plan(&request(vec![], ToolChoice::Required, false)).is_err());
+        let e = plan(&request(
+            vec![ok.clone()],
+            ToolChoice::Function("g".into()),
+            false,
+        ))
+        .unwrap_err();
+        assert!(e.contains("`g`"), "{e}");
+        // no `properties`: a call without parameters
+        let bare = plan(&request(
+            vec![tool("ping", json!({"type": "object"}))],
+            ToolChoice::Required,
+            false,
+        ))
+        .unwrap()
+        .unwrap();
+        let g = grammar(&bare);
+        assert!(g.accepts_str(&render_call("ping", "ping", &[], false)));
+        assert!(!g.accepts_str(&render_call(
+            "ping",
+            "ping",
+            &[("a".into(), json!(1))],
+            false
+        )));
+        let errs = [
+            (tool("bad name", json!({})), "bad name"),
+            (tool("self", json!({})), "self"),
+            (tool("a<b", json!({})), "a<b"),
+            (tool("f", json!({"type": "string"})), "`type`"),
+            (tool("f", json!([1])), "parameters"),
+            (tool("f", json!({"anyOf": [{}]})), "anyOf"),
+            (
+                tool("f", json!({"properties": {"a": {}}, "required": ["b"]})),
+                "`b`",
+            ),
+            (
+                tool(
+                    "f",
+                    json!({"properties": {"xs": {"type": "array",
+                                                 "items": {"type": "string", "pattern": "(?=a)"}}}}),
+                ),
+                "parameter `xs`",
+            ),
+            (
+                tool(
+                    "f",
+                    json!({"properties": {"n": {"type": "integer", "minimum": 5, "maximum": 1}}}),
+                ),
+                "parameter `n`",
+            ),
+        ];
+        for (t, needle) in errs {
+            let e = plan(&request(
+                vec![ok.clone(), t.clone()],
+                ToolChoice::Auto,
+                false,
+            ))
+            .unwrap_err();
+            // the problem and the tool
+            assert!(e.contains(needle), "{e}");
+            assert!(e.contains(&format!("`{}`", t.name)), "{e}");
+        }
+    }
+
+    #[test]
+    fn refs_into_the_parameters_schema_resolve() {
+        let t = tool(
+            "f",
+            json!({"type": "object",
+                   "properties": {"n": {"$ref": "#/$defs/small"}, "s": {"$ref": "#/$defs/name"}},
+                   "required": ["n", "s"],
+                   "$defs": {"small": {"type": "integer", "maximum": 3},
+                             "name": {"type": "string"}}}),
+        );
+        let req = request(vec![t], ToolChoice::Required, false);
+        let g = grammar(&plan(&req).unwrap().unwrap());
+        let call =
+            |n: Value, s: Value| render_call("f", "f", &[("n".into(), n), ("s".into(), s)], false);
+        assert!(g.accepts_str(&call(json!(3), json!("4"))));
+        assert!(!g.accepts_str(&call(json!(4), json!("4"))));
+        let p = parse(&call(json!(3), json!("4")), Some(&req));
+        assert_eq!(p.tool_calls[0].arguments, r#"{"n":3,"s":"4"}"#);
+    }
+
+    // --- the trigger ---
+
+    #[test]
+    fn trigger_finds_call_headers_only() {
+        let re = fancy_regex::Regex::new(TRIGGER).unwrap();
+        let first = |t: &str| -> Option<usize> {
+            re.captures(t).unwrap().map(|c| c.get(1).unwrap().start())
+        };
+        let mut rng = Rng(3);
+        let words = ["hello", " to", "=", "self", "x < y", "|", "to=user", "\n"];
+        for _ in 0..500 {
+            let reasoning: Vec<String> = (0..rng.below(3))
+                .map(|_| (0..rng.below(5)).map(|_| *rng.pick(&words)).collect())
+                .collect();
+            let answer: Option<String> = rng
+                .chance(50)
+                .then(|| (0..rng.below(5)).map(|_| *rng.pick(&words)).collect());
+            let name = *rng.pick(&["get_weather", "a.b", "selfish", "users", "x y"]);
+            let with_call = rng.chance(70) || answer.is_none();
+            let mut text = render_reasoning(&reasoning);
+            if let Some(a) = &answer {
+                text.push_str(rng.pick::<&str>(&[" to=user<|message|>", "<|message|>"]));
+                text.push_str(a);
+                if with_call {
+                    text.push_str("<|eom|><|start|>assistant");
+                }
+            }
+            let at = text.len();
+            if with_call {
+                text.push_str(&render_call(name, name, &[("q".into(), json!("z"))], false));
+            } else {
+                text.push_str("<|eot|>");
+            }
+            assert_eq!(first(&text), with_call.then_some(at), "{text:?}");
+        }
+        assert_eq!(first(" to=f<|message|>"), Some(0));
+        assert_eq!(first(" to=self<|message|>x<|eom|>"), None);
+        assert_eq!(first(" to=user<|message|>x"), None);
+        assert_eq!(first("x to=f<|message|>"), None);
+    }
+
+    // --- parse ---
+
+    #[test]
+    fn parse_gives_back_rendered_calls() {
+        let mut rng = Rng(29);
+        let mut n_calls = 0;
+        for _ in 0..150 {
+            let specs = random_specs(&mut rng);
+            let tools: Vec<Tool> = specs.iter().map(Spec::tool).collect();
+            let req = request(tools, ToolChoice::Auto, true);
+            let calls: Vec<(String, Vec<(String, Value)>)> = (0..1 + rng.below(3))
+                .map(|_| {
+                    let s = rng.pick(&specs);
+                    (s.name.clone(), s.args(&mut rng))
+                })
+                .collect();
+            let reasoning: Vec<String> = (0..rng.below(3))
+                .map(|_| random_reasoning(&mut rng))
+                .collect();
+            let reasoning: Vec<String> = reasoning
+                .into_iter()
+                .filter(|r| !r.contains(EOM) && !r.contains(EOT))
+                .collect();
+            let answer = rng
+                .chance(30)
+                .then(|| random_string(&mut rng).replace(EOM, ""));
+            let mut text = render_reasoning(&reasoning);
+            if let Some(a) = &answer {
+                text.push_str(&format!(" to=user<|message|>{a}<|eom|><|start|>assistant"));
+            }
+            text.push_str(&render_calls(&calls, rng.chance(50)));
+            text.push_str(rng.pick::<&str>(&["", "<|eot|>", "<|eom|>"]));
+
+            let p = parse(&text, Some(&req));
+            assert_eq!(p.content, answer.clone().unwrap_or_default(), "{text:?}");
+            let joined = reasoning.join("\n");
+            assert_eq!(
+                p.reasoning,
+                (!joined.is_empty()).then_some(joined),
+                "{text:?}"
+            );
+            assert_eq!(p.tool_calls.len(), calls.len(), "{text:?}");
+            for (got, (name, args)) in p.tool_calls.iter().zip(&calls) {
+                assert_eq!(&got.name, name);
+                assert_eq!(got.id, None);
+                let v: Value = serde_json::from_str(&got.arguments).unwrap();
+                assert_eq!(v, args_value(args), "{text:?}");
+                n_calls += 1;
+            }
+            // without the request: JSON where the text is a JSON non-string, else the text
+            let p = parse(&text, None);
+            for (got, (_, args)) in p.tool_calls.iter().zip(&calls) {
+                let v: Value = serde_json::from_str(&got.arguments).unwrap();
+                let expect: Map<String, Value> = args
+                    .iter()
+                    .map(|(k, v)| {
+                        let raw = render_value(v, false);
+                        let back = match serde_json::from_str::<Value>(&raw) {
+                            Ok(j) if !j.is_string() => j,
+                            _ => Value::String(raw),
+                        };
+                        (k.clone(), back)
+                    })
+                    .collect();
+                assert_eq!(v, Value::Object(expect), "{text:?}");
+            }
+        }
+        assert!(n_calls > 250, "{n_calls}");
+    }
+
+    #[test]
+    fn parse_examples() {
+        let p = |t: &str| {
+            let r = parse(t, None);
+            (r.content, r.reasoning, r.tool_calls.len())
+        };
+        let s = |x: &str| x.to_string();
+        // a random model's text
+        assert_eq!(
+            p("Hello <|eom|> world"),
+            (s("Hello <|eom|> world"), None, 0)
+        );
+        assert_eq!(p(" today"), (s(" today"), None, 0));
+        assert_eq!(p(""), (s(""), None, 0));
+        // channels
+        assert_eq!(
+            p(" to=self<|message|>think<|eom|><|start|>assistant to=user<|message|>Hi<|eot|>"),
+            (s("Hi"), Some(s("think")), 0)
+        );
+        assert_eq!(p("<|message|>Hi<|eom|>"), (s("Hi"), None, 0));
+        assert_eq!(
+            p(" to=self<|message|>a<|eom|><|start|>assistant to=self<|message|>b<|eom|><|start|>assistant<|message|>c"),
+            (s("c"), Some(s("a\nb")), 0)
+        );
+        // truncated reasoning; trailing separators and headers
+        assert_eq!(p(" to=self<|message|>thin"), (s(""), Some(s("thin")), 0));
+        assert_eq!(
+            p(" to=self<|message|>t<|eom|><|start|>assistant to=us"),
+            (s(""), Some(s("t")), 0)
+        );
+        assert_eq!(p(" to=sel"), (s(""), None, 0));
+        // the format broken after a message: the rest verbatim
+        assert_eq!(
+            p(" to=self<|message|>R<|eom|>junk"),
+            (s("<|eom|>junk"), Some(s("R")), 0)
+        );
+        assert_eq!(p("<|message|>Hi<|eot|>more"), (s("Hi<|eot|>more"), None, 0));
+        // an answer, then a call
+        let call = render_call("f", "f", &[("x".into(), json!(1))], false);
+        assert_eq!(
+            p(&format!(
+                "<|message|>Hi<|eom|><|start|>assistant{call}<|eot|>"
+            )),
+            (s("Hi"), None, 1)
+        );
+        // a malformed or unfinished call: verbatim
+        assert_eq!(
+            p(" to=f<|message|>{\"x\": 1}"),
+            (s(" to=f<|message|>{\"x\": 1}"), None, 0)
+        );
+        let cut = &call[..call.len() - 5];
+        assert_eq!(
+            p(&format!("<|message|>Hi<|eom|><|start|>assistant{cut}")),
+            (format!("Hi<|eom|><|start|>assistant{cut}"), None, 0)
+        );
+        // several invokes in one block
+        let two = " to=f<|message|><atem:function_calls><atem:invoke name=\"f\"></atem:invoke>\
+                   <atem:invoke name=\"g\"><atem:parameter name=\"k\">v</atem:parameter></atem:invoke>\
+                   </atem:function_calls>";
+        let r = parse(two, None);
+        assert_eq!(
+            r.tool_calls
+                .iter()
+                .map(|c| c.name.as_str())
+                .collect::<Vec<_>>(),
+            ["f", "g"]
+        );
+        assert_eq!(r.tool_calls[1].arguments, r#"{"k":"v"}"#);
+    }
+
+    #[test]
+    fn argument_types_follow_the_schema() {
+        let t = tool(
+            "f",
+            json!({"properties": {"s": {"type": "string"}, "n": {"type": "integer"},
+                                  "sn": {"type": ["string", "integer"]}, "any": {},
+                                  "o": {"type": "object"}}}),
+        );
+        let req = request(vec![t], ToolChoice::Auto, false);
+        let args = |pairs: &[(&str, &str)]| {
+            let mut body = String::new();
+            for (k, v) in pairs {
+                body.push_str(&format!(
+                    "<atem:parameter name=\"{k}\">{v}</atem:parameter>\n"
+                ));
+            }
+            let text = format!(
+                " to=f<|message|><atem:function_calls>\n<atem:invoke name=\"f\">\n{body}</atem:invoke>\n</atem:function_calls>"
+            );
+            let p = parse(&text, Some(&req));
+            serde_json::from_str::<Value>(&p.tool_calls[0].arguments).unwrap()
+        };
+        assert_eq!(args(&[("s", "12")]), json!({"s": "12"}));
+        assert_eq!(args(&[("s", "\"q\"")]), json!({"s": "\"q\""}));
+        assert_eq!(args(&[("n", "12")]), json!({"n": 12}));
+        assert_eq!(args(&[("n", "twelve")]), json!({"n": "twelve"}));
+        assert_eq!(args(&[("sn", "12")]), json!({"sn": 12}));
+        assert_eq!(args(&[("sn", "true")]), json!({"sn": "true"}));
+        assert_eq!(args(&[("any", "[1]")]), json!({"any": [1]}));
+        assert_eq!(args(&[("any", "\"q\"")]), json!({"any": "\"q\""}));
+        assert_eq!(args(&[("o", "{\"a\": 1}")]), json!({"o": {"a": 1}}));
+        assert_eq!(args(&[("other", "null")]), json!({"other": null}));
+        assert_eq!(args(&[("other", "a b")]), json!({"other": "a b"}));
+    }
+
+    // --- streaming ---
+
+    #[test]
+    fn partial_is_a_prefix_of_every_continuation() {
+        let call = render_call(
+            "get_weather",
+            "get_weather",
+            &[("city".into(), json!("Paris"))],
+            false,
+        );
+        let block = call.split_once("<|message|>").unwrap().1.to_string();
+        let fragments: Vec<&str> = vec![
+            " to=self",
+            " to=user",
+            " to=get_weather",
+            "<|message|>",
+            "<|eom|>",
+            "<|eot|>",
+            "<|start|>assistant",
+            "<atem:function_calls>\n",
+            &call,
+            &block,
+            "hello",
+            " world",
+            "to",
+            "=",
+            "\n",
+            "<",
+            "|",
+            "é",
+            "<|eo",
+            "</atem:function_calls>",
+        ];
+        let req = request(
+            vec![tool(
+                "get_weather",
+                json!({"properties": {"city": {"type": "string"}}}),
+            )],
+            ToolChoice::Auto,
+            true,
+        );
+        let mut rng = Rng(17);
+        let (mut prefixes, mut with_reasoning, mut with_content) = (0, 0, 0);
+        for _ in 0..4000 {
+            let n = 1 + rng.below(10);
+            let mut text = String::new();
+            // mostly texts that start the way the format does
+            if rng.chance(70) {
+                text.push_str(rng.pick::<&str>(&[
+                    " to=self<|message|>",
+                    "<|message|>",
+                    " to=user<|message|>",
+                ]));
+            }
+            for _ in 0..n {
+                text.push_str(rng.pick::<&str>(&fragments));
+            }
+            let full = parse(&text, Some(&req));
+            let content = full.content.clone();
+            let reasoning = full.reasoning.clone().unwrap_or_default();
+            with_reasoning += !reasoning.is_empty() as usize;
+            with_content += !content.is_empty() as usize;
+            for (i, _) in text.char_indices().chain([(text.len(), ' ')]) {
+                let p = parse_partial(&text[..i], Some(&req));
+                assert!(p.tool_calls.is_empty());
+                assert!(
+                    content.starts_with(&p.content),
+                    "content: {:?} of {:?} vs {:?} of {text:?}",
+                    p.content,
+                    &text[..i],
+                    content
+                );
+                let r = p.reasoning.unwrap_or_default();
+                assert!(
+                    reasoning.starts_with(&r),
+                    "reasoning: {r:?} of {:?} vs {reasoning:?} of {text:?}",
+                    &text[..i]
+                );
+                prefixes += 1;
+            }
+        }
+        assert!(
+            prefixes > 100_000 && with_reasoning > 500 && with_content > 500,
+            "{prefixes} {with_reasoning} {with_content}"
+        );
+    }
+
+    #[test]
+    fn partial_streams_text_as_it_comes() {
+        let pp = |t: &str| {
+            let p = parse_partial(t, None);
+            (p.content, p.reasoning.unwrap_or_default())
+        };
+        let s = |x: &str| x.to_string();
+        assert_eq!(pp(" to=self<|message|>abc<|e"), (s(""), s("abc")));
+        assert_eq!(
+            pp(" to=self<|message|>abc<|eom|><|start|>assistant<|message|>He"),
+            (s("He"), s("abc"))
+        );
+        assert_eq!(pp("Hello <|eo"), (s("Hello <|eo"), s("")));
+        assert_eq!(pp("<|message|>Hello <|eo"), (s("Hello "), s("")));
+        assert_eq!(
+            pp(" to=get_weather<|message|><atem:function_calls>"),
+            (s(""), s(""))
+        );
+        assert_eq!(pp(" to=us"), (s(""), s("")));
+    }
+}

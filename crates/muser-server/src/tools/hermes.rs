@@ -1,0 +1,495 @@
+//! The Hermes format (Hermes 2 Pro / 3, Qwen 2.5 / 3): calls are JSON objects in
+//! `<tool_call>` tags, `<tool_call>\n{"name": N, "arguments": {...}}\n</tool_call>`, after the
+//! reply's text if any. The chat template shows the tools itself.
+
+use std::collections::HashSet;
+
+use serde_json::{json, Value};
+
+use super::{
+    allowed_tools, call_schema, calls_wanted, check_tools_convert, fresh_rule, read_call,
+    rename_rule, rule_names, Parsed, Plan, ToolCall, ToolChoice, ToolRequest, Trigger,
+};
+
+const OPEN: &str = "<tool_call>";
+const CLOSE: &str = "</tool_call>";
+
+/// The JSON grammar's optional whitespace (muser-jsonschema's `ws`), for a grammar without it.
+const WS_BODY: &str = r#"( " " | "\n" "\n"? [ \t]{0,20} )?"#;
+
+pub(super) fn plan(req: &ToolRequest) -> Result<Option<Plan>, String> {
+    if req.choice == ToolChoice::None {
+        return Ok(None);
+    }
+    if req.tools.is_empty() {
+        return match req.choice {
+            ToolChoice::Auto => Ok(None),
+            _ => Err("tool_choice asks for a tool call but no tools are given".into()),
+        };
+    }
+    let tools = allowed_tools(req)?;
+    check_tools_convert(&tools)?;
+    let calls: Vec<Value> = tools
+        .iter()
+        .enumerate()
+        .map(|(i, t)| call_schema(t, &format!("#/anyOf/{i}")))
+        .collect();
+    let schema = json!({ "anyOf": calls });
+    let json_gbnf = muser_jsonschema::schema_to_gbnf(&schema)
+        .map_err(|e| format!("the tools cannot be made a grammar: {e}"))?;
+    let mut taken: HashSet<String> = rule_names(&json_gbnf);
+    let call = fresh_rule(&mut taken, "tool-call");
+    let block = fresh_rule(&mut taken, "tool-call-block");
+    let mut gbnf = String::new();
+    if req.parallel {
+        gbnf.push_str(&format!("root ::= {block} ( ws {block} )*\n"));
+    } else {
+        gbnf.push_str(&format!("root ::= {block}\n"));
+    }
+    gbnf.push_str(&format!(
+        "{block} ::= \"{OPEN}\" ws {call} ws \"{CLOSE}\"\n"
+    ));
+    if !taken.contains("ws") {
+        gbnf.push_str(&format!("ws ::= {WS_BODY}\n"));
+    }
+    gbnf.push_str(&rename_rule(&json_gbnf, "root", &call));
+    let lazy = req.choice == ToolChoice::Auto;
+    Ok(Some(Plan {
+        gbnf,
+        lazy,
+        triggers: if lazy {
+            vec![Trigger::Word(OPEN.to_string())]
+        } else {
+            Vec::new()
+        },
+        system: None,
+    }))
+}
+
+/// The call block whose `<tool_call>` ends right before `rest`: the call and the length of
+/// `rest` it spans (through `</tool_call>`, or to the end for an unclosed final block). None
+/// when the block is malformed.
+fn read_block(rest: &str) -> Option<(ToolCall, usize)> {
+    let mut it = serde_json::Deserializer::from_str(rest).into_iter::<Value>();
+    let v = it.next()?.ok()?;
+    let end = it.byte_offset();
+    let call = read_call(&v)?;
+    let tail = &rest[end..];
+    let after_ws = tail.trim_start();
+    let skipped = end + (tail.len() - after_ws.len());
+    if after_ws.starts_with(CLOSE) {
+        Some((call, skipped + CLOSE.len()))
+    } else if after_ws.is_empty() {
+        Some((call, rest.len()))
+    } else {
+        None
+    }
+}
+
+/// Content is the text with the well-formed call blocks taken out, its trailing whitespace
+/// trimmed; malformed blocks stay in it.
+pub(super) fn parse(text: &str, req: Option<&ToolRequest>) -> Parsed {
+    if !calls_wanted(req) {
+        return Parsed {
+            content: text.to_string(),
+            ..Parsed::default()
+        };
+    }
+    let mut content = String::new();
+    let mut tool_calls = Vec::new();
+    let mut rest = text;
+    while let Some(i) = rest.find(OPEN) {
+        content.push_str(&rest[..i]);
+        let after = &rest[i + OPEN.len()..];
+        match read_block(after) {
+            Some((call, used)) => {
+                tool_calls.push(call);
+                rest = &after[used..];
+            }
+            None => {
+                content.push_str(OPEN);
+                rest = after;
+            }
+        }
+    }
+    content.push_str(rest);
+    content.truncate(content.trim_end().len());
+    Parsed {
+        content,
+        reasoning: None,
+        tool_calls,
+    }
+}
+
+/// Content up to the first `<tool_call>`, less a tail that may be the start of one, and less
+/// trailing whitespace (which `parse` trims when a call follows it).
+pub(super) fn parse_partial(text: &str, req: Option<&ToolRequest>) -> Parsed {
+    if !calls_wanted(req) {
+        return Parsed {
+            content: text.to_string(),
+            ..Parsed::default()
+        };
+    }
+    let cut = match text.find(OPEN) {
+        Some(i) => i,
+        None => {
+            let held = (1..OPEN.len())
+                .rev()
+                .find(|&n| text.ends_with(&OPEN[..n]))
+                .unwrap_or(0);
+            text.len() - held
+        }
+    };
+    Parsed {
+        content: text[..cut].trim_end().to_string(),
+        ..Parsed::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_util::*;
+    use super::super::{Format, Tool};
+    use super::*;
+    use muser_sample::Grammar;
+
+    fn block(call_json: &str) -> String {
+        format!("<tool_call>\n{call_json}\n</tool_call>")
+    }
+
+    /// Random tools and calls: the grammar takes the rendered blocks (compact, pretty, and
+    /// Qwen 2.5's template layout `{"name": "f", "arguments": {...}}`), `parse` gives the calls
+    /// back; wrong names, missing arguments and wrong types are refused.
+    #[test]
+    fn hermes_grammar_accepts_calls_and_refuses_wrong_ones() {
+        let mut rng = Rng(0x5EED_0002);
+        for round in 0..60 {
+            let tools = random_tools(&mut rng);
+            let parallel = round % 2 == 1;
+            let choice = match round % 3 {
+                0 => ToolChoice::Auto,
+                1 => ToolChoice::Required,
+                _ => ToolChoice::Function(tools[rng.below(tools.len())].name.clone()),
+            };
+            let r = req(tools.clone(), choice.clone(), parallel);
+            let p = Format::Hermes.plan(&r).unwrap().unwrap();
+            assert_eq!(p.system, None);
+            assert_eq!(p.lazy, choice == ToolChoice::Auto);
+            if p.lazy {
+                assert_eq!(p.triggers, vec![Trigger::Word("<tool_call>".into())]);
+            } else {
+                assert!(p.triggers.is_empty());
+            }
+            let g = Grammar::parse(&p.gbnf).unwrap_or_else(|e| panic!("{e:?}\n{}", p.gbnf));
+            let allowed: Vec<&Tool> = match &choice {
+                ToolChoice::Function(n) => tools.iter().filter(|t| &t.name == n).collect(),
+                _ => tools.iter().collect(),
+            };
+            let n_calls = if parallel { 1 + rng.below(3) } else { 1 };
+            let calls: Vec<(String, Value)> = (0..n_calls)
+                .map(|_| {
+                    let t = allowed[rng.below(allowed.len())];
+                    (t.name.clone(), random_args(&mut rng, &t.parameters))
+                })
+                .collect();
+            for layout in 0..4 {
+                let blocks: Vec<String> = calls
+                    .iter()
+                    .map(|(n, a)| {
+                        let c = json!({"name": n, "arguments": a});
+                        let l = layouts(&c);
+                        block(&l[layout % l.len()])
+                    })
+                    .collect();
+                let sep = ["\n", "", " ", "\n\n"][layout];
+                let text = blocks.join(sep);
+                assert!(
+                    g.accepts_str(&text),
+                    "round {round}: refused {text}\n{}",
+                    p.gbnf
+                );
+                let parsed = Format::Hermes.parse(&text, Some(&r));
+                assert_eq!(parsed.content, "");
+                assert_eq!(parsed.reasoning, None);
+                assert_eq!(parsed.tool_calls.len(), calls.len());
+                for (c, (n, a)) in parsed.tool_calls.iter().zip(&calls) {
+                    assert_eq!(&c.name, n);
+                    assert_eq!(c.id, None);
+                    let got: Value = serde_json::from_str(&c.arguments).unwrap();
+                    assert_eq!(&got, a);
+                    assert_eq!(c.arguments, serde_json::to_string(a).unwrap());
+                }
+                // content before the calls (what the lazy grammar does not see) is kept
+                let with_text = format!("Let me check.\n\n{text}");
+                let parsed = Format::Hermes.parse(&with_text, Some(&r));
+                assert_eq!(parsed.content, "Let me check.");
+                assert_eq!(parsed.tool_calls.len(), calls.len());
+                // nothing may follow the last call
+                assert!(!g.accepts_str(&format!("{text}\nMore")));
+            }
+            // no block, or a single block when parallel is off
+            assert!(!g.accepts_str(""));
+            assert!(!g.accepts_str("Hello"));
+            let (n, a) = &calls[0];
+            let one = block(&json!({"name": n, "arguments": a}).to_string());
+            assert_eq!(g.accepts_str(&format!("{one}\n{one}")), parallel);
+            // a tool that is not allowed
+            assert!(!g.accepts_str(&block(r#"{"name": "no_such_tool", "arguments": {}}"#)));
+            if let ToolChoice::Function(f) = &choice {
+                if let Some(o) = tools.iter().find(|t| &t.name != f) {
+                    let a = random_args(&mut rng, &o.parameters);
+                    let b = block(&json!({"name": o.name, "arguments": a}).to_string());
+                    assert!(!g.accepts_str(&b), "other tool taken: {b}");
+                }
+            }
+            // missing required argument / wrong type
+            let t = allowed.iter().find(|t| t.name == *n).unwrap();
+            for bad in broken_args(&mut rng, &t.parameters, a) {
+                let b = block(&json!({"name": n, "arguments": bad}).to_string());
+                assert!(!g.accepts_str(&b), "round {round}: took {b}");
+            }
+            // unclosed or wrongly closed
+            assert!(!g.accepts_str(one.strip_suffix("</tool_call>").unwrap()));
+            assert!(!g.accepts_str(&one.replace("</tool_call>", "</tool_cal>")));
+        }
+    }
+
+    /// The exact text Qwen 2.5's template renders for a call in the history.
+    #[test]
+    fn hermes_grammar_accepts_qwen_template_rendering() {
+        let tools = vec![
+            Tool {
+                name: "get_current_weather".into(),
+                description: Some("Get the weather".into()),
+                parameters: json!({
+                    "type": "object",
+                    "properties": {
+                        "location": {"type": "string"},
+                        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+                        "days": {"type": "integer"},
+                        "detail": {"type": "object", "properties": {"hourly": {"type": "boolean"}}, "required": ["hourly"]}
+                    },
+                    "required": ["location"]
+                }),
+            },
+            tool("ping", json!({"type": "object", "properties": {}})),
+        ];
+        let text = "<tool_call>\n{\"name\": \"get_current_weather\", \"arguments\": {\"location\": \"San Francisco, CA\", \"unit\": \"celsius\", \"days\": 3, \"detail\": {\"hourly\": true}}}\n</tool_call>\n<tool_call>\n{\"name\": \"ping\", \"arguments\": {}}\n</tool_call>";
+        for choice in [ToolChoice::Auto, ToolChoice::Required] {
+            let r = req(tools.clone(), choice, true);
+            let p = Format::Hermes.plan(&r).unwrap().unwrap();
+            let g = Grammar::parse(&p.gbnf).unwrap();
+            assert!(g.accepts_str(text), "{}", p.gbnf);
+            let parsed = Format::Hermes.parse(text, Some(&r));
+            assert_eq!(parsed.content, "");
+            assert_eq!(
+                parsed.tool_calls,
+                vec![
+                    ToolCall {
+                        id: None,
+                        name: "get_current_weather".into(),
+                        arguments: r#"{"location":"San Francisco, CA","unit":"celsius","days":3,"detail":{"hourly":true}}"#.into(),
+                    },
+                    ToolCall {
+                        id: None,
+                        name: "ping".into(),
+                        arguments: "{}".into(),
+                    }
+                ]
+            );
+        }
+        // the same from the rendered template's own source layout, one call, no parallel
+        let r = req(tools, ToolChoice::Auto, false);
+        let g = Grammar::parse(&Format::Hermes.plan(&r).unwrap().unwrap().gbnf).unwrap();
+        assert!(g.accepts_str("<tool_call>\n{\"name\": \"ping\", \"arguments\": {}}\n</tool_call>"));
+        assert!(!g.accepts_str(text));
+    }
+
+    #[test]
+    fn hermes_grammar_root_rename() {
+        // a tool whose parameters recurse to their own root, and a const "root" string
+        let t = tool(
+            "tree",
+            json!({"type": "object", "properties": {"label": {"const": "root"}, "kids": {"type": "array", "items": {"$ref": "#"}}}, "required": ["label"]}),
+        );
+        let r = req(vec![t], ToolChoice::Required, false);
+        let p = Format::Hermes.plan(&r).unwrap().unwrap();
+        assert!(
+            p.gbnf.starts_with("root ::= tool-call-block\n"),
+            "{}",
+            p.gbnf
+        );
+        assert_eq!(p.gbnf.matches("\nroot ::=").count(), 0, "{}", p.gbnf);
+        let g = Grammar::parse(&p.gbnf).unwrap();
+        let ok = r#"<tool_call>{"name": "tree", "arguments": {"label": "root", "kids": [{"label": "root"}, {"label": "root", "kids": []}]}}</tool_call>"#;
+        assert!(g.accepts_str(ok), "{}", p.gbnf);
+        let bad = ok.replace(r#"{"label": "root"},"#, r#"{"label": "leaf"},"#);
+        assert_ne!(bad, ok);
+        assert!(!g.accepts_str(&bad));
+    }
+
+    #[test]
+    fn hermes_parse_cases() {
+        let r = req(
+            vec![tool("f", json!({"type": "object", "properties": {}}))],
+            ToolChoice::Auto,
+            true,
+        );
+        let call = |args: &str| ToolCall {
+            id: None,
+            name: "f".into(),
+            arguments: args.into(),
+        };
+        let cases: &[(&str, &str, Vec<ToolCall>)] = &[
+            ("Hello", "Hello", vec![]),
+            ("Hello \n", "Hello", vec![]),
+            (
+                "Hi\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>",
+                "Hi",
+                vec![call("{\"a\":1}")],
+            ),
+            // unclosed final block with valid JSON
+            (
+                "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n",
+                "",
+                vec![call("{}")],
+            ),
+            // unclosed, JSON incomplete: content
+            (
+                "<tool_call>\n{\"name\": \"f\", \"argu",
+                "<tool_call>\n{\"name\": \"f\", \"argu",
+                vec![],
+            ),
+            // malformed blocks stay; good ones after them are read
+            (
+                "<tool_call>oops</tool_call>\n<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>",
+                "<tool_call>oops</tool_call>",
+                vec![call("{}")],
+            ),
+            (
+                "<tool_call>{\"name\": \"f\", \"arguments\": \"{}\"}</tool_call>",
+                "<tool_call>{\"name\": \"f\", \"arguments\": \"{}\"}</tool_call>",
+                vec![],
+            ),
+            (
+                "<tool_call>{\"name\": 1, \"arguments\": {}}</tool_call> x",
+                "<tool_call>{\"name\": 1, \"arguments\": {}}</tool_call> x",
+                vec![],
+            ),
+            // text after the JSON but before the closing tag: malformed
+            (
+                "<tool_call>{\"name\": \"f\", \"arguments\": {}} x</tool_call>",
+                "<tool_call>{\"name\": \"f\", \"arguments\": {}} x</tool_call>",
+                vec![],
+            ),
+            // the closing tag inside a string argument
+            (
+                "<tool_call>{\"name\": \"f\", \"arguments\": {\"s\": \"</tool_call>\"}}</tool_call>",
+                "",
+                vec![call("{\"s\":\"</tool_call>\"}")],
+            ),
+            // text between and after calls
+            (
+                "A <tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call> B\n<tool_call>{\"name\": \"g\", \"arguments\": {\"x\": [true]}}</tool_call>\n",
+                "A  B",
+                vec![
+                    call("{}"),
+                    ToolCall {
+                        id: None,
+                        name: "g".into(),
+                        arguments: "{\"x\":[true]}".into(),
+                    },
+                ],
+            ),
+        ];
+        for (text, content, calls) in cases {
+            let p = Format::Hermes.parse(text, Some(&r));
+            assert_eq!(&p.content, content, "{text:?}");
+            assert_eq!(&p.tool_calls, calls, "{text:?}");
+            assert_eq!(p.reasoning, None);
+        }
+        // no tools or tool_choice none: the text as is
+        let t = "Hi <tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>\n";
+        assert_eq!(Format::Hermes.parse(t, None).content, t);
+        assert_eq!(Format::Hermes.parse_partial(t, None).content, t);
+        let none = req(r.tools.clone(), ToolChoice::None, false);
+        assert_eq!(Format::Hermes.parse(t, Some(&none)).content, t);
+        assert!(Format::Hermes.parse(t, Some(&none)).tool_calls.is_empty());
+        assert_eq!(Format::Hermes.plan(&none).unwrap(), None);
+        // partial
+        for (t, c) in [
+            ("Hi <tool", "Hi"),
+            ("Hi <", "Hi"),
+            ("Hi <tool_call", "Hi"),
+            ("Hi <tool_call>", "Hi"),
+            ("Hi <tool_call>{\"na", "Hi"),
+            ("Hi <toolbox", "Hi <toolbox"),
+            ("a < b", "a < b"),
+            ("a\n\n", "a"),
+            ("", ""),
+        ] {
+            let p = Format::Hermes.parse_partial(t, Some(&r));
+            assert_eq!(p.content, c, "{t:?}");
+            assert!(p.tool_calls.is_empty());
+            assert_eq!(p.reasoning, None);
+        }
+    }
+
+    /// For every text built from the format's pieces and every prefix of it, what streaming
+    /// sends (content and reasoning) is a prefix of what the finished text gives.
+    #[test]
+    fn hermes_partial_is_prefix_of_parse() {
+        let r = req(
+            vec![tool("f", json!({"type": "object", "properties": {}}))],
+            ToolChoice::Auto,
+            true,
+        );
+        let frags = [
+            "a",
+            "b c",
+            " ",
+            "\n",
+            "<",
+            "<tool",
+            "<tool_call>",
+            "</tool_call>",
+            "{\"name\": \"f\", \"arguments\": {}}",
+            "{\"name\": \"f\", \"arguments\": {\"s\": \"</tool_call>\"}}",
+            "{\"name\": \"f\"}",
+            "{\"name\": \"f\", \"arguments\": [1]}",
+            "{\"name\": \"f\", \"argu",
+            "{",
+            "}",
+            "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>",
+            "é",
+        ];
+        let mut rng = Rng(11);
+        let mut checked = 0usize;
+        for _ in 0..3000 {
+            let t: String = (0..rng.below(7))
+                .map(|_| frags[rng.below(frags.len())])
+                .collect();
+            for req in [Some(&r), None] {
+                let full = Format::Hermes.parse(&t, req);
+                let mut sent = String::new();
+                for p in prefixes(&t) {
+                    let part = Format::Hermes.parse_partial(p, req);
+                    // what was sent is never taken back (the stream sends differences)
+                    assert!(part.content.starts_with(&sent), "{t:?} / {p:?}");
+                    sent.clone_from(&part.content);
+                    assert!(
+                        full.content.starts_with(&part.content),
+                        "text {t:?}, prefix {p:?}: {:?} is not a prefix of {:?}",
+                        part.content,
+                        full.content
+                    );
+                    assert_eq!(part.reasoning, None);
+                    assert_eq!(full.reasoning, None);
+                    assert!(part.tool_calls.is_empty());
+                    checked += 1;
+                }
+            }
+        }
+        assert!(checked > 10_000);
+    }
+}

@@ -1,0 +1,1346 @@
+//! Tool calling: the request's `tools` and `tool_choice`, the output format the chat template
+//! teaches its model (`Format::detect`), the grammar that keeps the model's calls well formed
+//! (`Format::plan`), and the reading of the model's text back into content, reasoning and calls
+//! (`Format::parse`).
+//!
+//! Three formats: `generic` (any template: one JSON object, described in the system prompt),
+//! `hermes` (`<tool_call>` JSON blocks: Qwen 2.5 / 3, Hermes) and `atem` (Muse Glimmer's
+//! channels, whose reasoning is split from the reply with or without tools).
+
+use serde_json::{Map, Value};
+
+use crate::api::show;
+use crate::error::ApiError;
+
+mod atem;
+mod generic;
+mod hermes;
+
+/// One function the model may call (OpenAI's `tools[i].function`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tool {
+    pub name: String,
+    pub description: Option<String>,
+    /// The arguments' JSON schema (`{"type": "object", "properties": {}}` when the request gave
+    /// none).
+    pub parameters: Value,
+}
+
+/// OpenAI's `tool_choice`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ToolChoice {
+    /// The model may not call a tool (no grammar; the tools are still shown to the template).
+    None,
+    /// The model answers or calls tools, as it likes.
+    Auto,
+    /// The model must call at least one tool.
+    Required,
+    /// The model must call this function (`{"type": "function", "function": {"name": ...}}`).
+    Function(String),
+}
+
+/// What a chat request asks of tool calling.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ToolRequest {
+    pub tools: Vec<Tool>,
+    pub choice: ToolChoice,
+    /// `parallel_tool_calls`: more than one call in a reply (default false, as llama-server).
+    pub parallel: bool,
+}
+
+/// A text trigger of a lazy grammar (llama.cpp's word, pattern and full pattern triggers).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Trigger {
+    /// The grammar starts where this text first appears in the output.
+    Word(String),
+    /// The grammar starts where this regex (fancy-regex syntax) matches, at its first
+    /// non-empty capture group (the whole match when none).
+    Pattern(String),
+    /// As `Pattern`, but the regex must match the whole output so far.
+    PatternFull(String),
+}
+
+/// How one request's generation is constrained and prompted.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Plan {
+    /// GBNF (root rule `root`) for the model's output: from its start when `lazy` is false,
+    /// else from the first trigger on.
+    pub gbnf: String,
+    pub lazy: bool,
+    /// Non-empty when `lazy`.
+    pub triggers: Vec<Trigger>,
+    /// Text the format adds to the system prompt (the generic format describes its JSON
+    /// there); None when the template shows the tools itself.
+    pub system: Option<String>,
+}
+
+/// One call read from the model's output.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ToolCall {
+    /// The id the model wrote, when its format has one (the caller makes one otherwise).
+    pub id: Option<String>,
+    pub name: String,
+    /// The arguments as JSON text (an object).
+    pub arguments: String,
+}
+
+/// The model's output read back.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Parsed {
+    /// The reply's text, with the calls' markup taken out.
+    pub content: String,
+    /// The reasoning the format keeps apart from the reply, if any.
+    pub reasoning: Option<String>,
+    pub tool_calls: Vec<ToolCall>,
+}
+
+/// The tool-call formats Muser knows, told apart by markers in the chat template's source.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// Any other template: the generic format, whose JSON output is described in the system
+    /// prompt and enforced by the grammar.
+    Generic,
+    /// `<tool_call>{"name": ..., "arguments": ...}</tool_call>` (Hermes 2 Pro, Qwen 2.5, Qwen 3).
+    Hermes,
+    /// Muse Glimmer's ATEM channels and `<atem:function_calls>` blocks.
+    Atem,
+}
+
+impl Format {
+    /// The format a chat template teaches (None: the fallback template, generic).
+    pub fn detect(template: Option<&str>) -> Format {
+        let Some(t) = template else {
+            return Format::Generic;
+        };
+        if t.contains("<atem:function_calls>") && t.contains("<|eom|>") {
+            Format::Atem
+        } else if t.contains("<tool_call>") && !t.contains("<function=") {
+            // `<function=` is Qwen3-Coder's XML calls inside `<tool_call>`: not Hermes JSON.
+            Format::Hermes
+        } else {
+            Format::Generic
+        }
+    }
+
+    /// "generic", "hermes" or "atem" (llama-server's `chat_format` names where it has them).
+    pub fn name(self) -> &'static str {
+        match self {
+            Format::Generic => "generic",
+            Format::Hermes => "hermes",
+            Format::Atem => "atem",
+        }
+    }
+
+    /// The texts of the format's markup (llama-server's preserved tokens: output, and
+    /// triggering, even where the vocabulary makes them control tokens).
+    pub fn markup(self) -> &'static [&'static str] {
+        match self {
+            Format::Generic => &[],
+            Format::Hermes => &["<tool_call>", "</tool_call>"],
+            // The markup llama.cpp preserves for Muse Glimmer: its message framing and the
+            // ATEM tags.
+            Format::Atem => &[
+                "<|start|>",
+                "<|message|>",
+                "<|eom|>",
+                "<|eot|>",
+                "<atem:function_calls>",
+                "<atem:invoke",
+                "<atem:parameter",
+                "</atem:parameter>",
+                "</atem:invoke>",
+                "</atem:function_calls>",
+            ],
+        }
+    }
+
+    /// The grammar and prompt additions for `req`; None when `req.choice` is `None` (no
+    /// grammar, nothing added). An Err names what is wrong in the request (a tool's schema that
+    /// cannot be made a grammar, a `Function` choice naming no tool).
+    pub fn plan(self, req: &ToolRequest) -> Result<Option<Plan>, String> {
+        match self {
+            Format::Atem => atem::plan(req),
+            Format::Generic => generic::plan(req),
+            Format::Hermes => hermes::plan(req),
+        }
+    }
+
+    /// Reads a finished output. Never fails: what does not follow the format is content.
+    /// `req` is None when the request gave no tools (a format with reasoning still splits it).
+    pub fn parse(self, text: &str, req: Option<&ToolRequest>) -> Parsed {
+        match self {
+            Format::Atem => atem::parse(text, req),
+            Format::Generic => generic::parse(text, req),
+            Format::Hermes => hermes::parse(text, req),
+        }
+    }
+
+    /// What streaming may already send of an unfinished output: `content` and `reasoning` that
+    /// are prefixes of what `parse` gives for every continuation of `text` (tool_calls empty:
+    /// calls are sent once the output is finished).
+    pub fn parse_partial(self, text: &str, req: Option<&ToolRequest>) -> Parsed {
+        match self {
+            Format::Atem => atem::parse_partial(text, req),
+            Format::Generic => generic::parse_partial(text, req),
+            Format::Hermes => hermes::parse_partial(text, req),
+        }
+    }
+}
+
+/// Longest function name OpenAI accepts.
+const MAX_NAME_LEN: usize = 64;
+
+/// Reads OpenAI's `tools`, `tool_choice` and `parallel_tool_calls` from a chat request. None
+/// when `tools` is absent, null or empty (then `tool_choice` may only be absent, null, "none"
+/// or "auto"). The legacy `functions` and `function_call` fields are refused by name (an
+/// empty `functions` and a `function_call` of "none" or "auto", which change nothing, pass).
+pub fn parse_tools(body: &Map<String, Value>) -> Result<Option<ToolRequest>, ApiError> {
+    match body.get("functions") {
+        None | Some(Value::Null) => {}
+        Some(Value::Array(a)) if a.is_empty() => {}
+        Some(_) => {
+            return Err(ApiError::param(
+                "functions",
+                "functions (the legacy function calling API) is not supported: use tools",
+            ))
+        }
+    }
+    match body.get("function_call") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(s)) if s == "none" || s == "auto" => {}
+        Some(_) => {
+            return Err(ApiError::param(
+                "function_call",
+                "function_call (the legacy function calling API) is not supported: use \
+                 tool_choice",
+            ))
+        }
+    }
+    let parallel = match body.get("parallel_tool_calls") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(v) => {
+            return Err(ApiError::param(
+                "parallel_tool_calls",
+                format!("parallel_tool_calls must be a boolean, got {}", show(v)),
+            ))
+        }
+    };
+    let tools = match body.get("tools") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(a)) => {
+            let mut tools: Vec<Tool> = Vec::with_capacity(a.len());
+            for (i, t) in a.iter().enumerate() {
+                let tool = read_tool(i, t)?;
+                if tools.iter().any(|o| o.name == tool.name) {
+                    return Err(ApiError::param(
+                        &format!("tools[{i}].function.name"),
+                        format!(
+                            "tools[{i}].function.name: the function name `{}` is given twice",
+                            tool.name
+                        ),
+                    ));
+                }
+                tools.push(tool);
+            }
+            tools
+        }
+        Some(v) => {
+            return Err(ApiError::param(
+                "tools",
+                format!("tools must be an array of tools, got {}", show(v)),
+            ))
+        }
+    };
+    let choice = match body.get("tool_choice") {
+        None | Some(Value::Null) => ToolChoice::Auto,
+        Some(Value::String(s)) => match s.as_str() {
+            "none" => ToolChoice::None,
+            "auto" => ToolChoice::Auto,
+            "required" => ToolChoice::Required,
+            _ => {
+                return Err(ApiError::param(
+                    "tool_choice",
+                    format!(
+                        "tool_choice must be \"none\", \"auto\", \"required\" or \
+                         {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}, got {}",
+                        show(&Value::String(s.clone()))
+                    ),
+                ))
+            }
+        },
+        Some(Value::Object(o)) => {
+            match o.get("type") {
+                Some(Value::String(t)) if t == "function" => {}
+                Some(v) => {
+                    return Err(ApiError::param(
+                        "tool_choice.type",
+                        format!(
+                            "tool_choice.type must be \"function\", got {} (only functions \
+                             can be chosen)",
+                            show(v)
+                        ),
+                    ))
+                }
+                None => {
+                    return Err(ApiError::param(
+                        "tool_choice.type",
+                        "tool_choice.type is missing (it must be \"function\")",
+                    ))
+                }
+            }
+            let name = match o.get("function") {
+                Some(Value::Object(f)) => match f.get("name") {
+                    Some(Value::String(n)) => n.clone(),
+                    Some(v) => {
+                        return Err(ApiError::param(
+                            "tool_choice.function.name",
+                            format!(
+                                "tool_choice.function.name must be a string, got {}",
+                                show(v)
+                            ),
+                        ))
+                    }
+                    None => {
+                        return Err(ApiError::param(
+                            "tool_choice.function.name",
+                            "tool_choice.function.name is missing",
+                        ))
+                    }
+                },
+                Some(v) => {
+                    return Err(ApiError::param(
+                        "tool_choice.function",
+                        format!(
+                            "tool_choice.function must be an object with the function's name, \
+                             got {}",
+                            show(v)
+                        ),
+                    ))
+                }
+                None => {
+                    return Err(ApiError::param(
+                        "tool_choice.function",
+                        "tool_choice.function is missing (an object with the function's name)",
+                    ))
+                }
+            };
+            if tools.is_empty() {
+                return Err(ApiError::param(
+                    "tool_choice",
+                    format!("tool_choice names the function `{name}` but no tools are given"),
+                ));
+            }
+            if !tools.iter().any(|t| t.name == name) {
+                return Err(ApiError::param(
+                    "tool_choice.function.name",
+                    format!("tool_choice names the function `{name}`, which is not in tools"),
+                ));
+            }
+            ToolChoice::Function(name)
+        }
+        Some(v) => {
+            return Err(ApiError::param(
+                "tool_choice",
+                format!(
+                    "tool_choice must be a string or an object naming a function, got {}",
+                    show(v)
+                ),
+            ))
+        }
+    };
+    if tools.is_empty() {
+        return match choice {
+            ToolChoice::None | ToolChoice::Auto => Ok(None),
+            _ => Err(ApiError::param(
+                "tool_choice",
+                "tool_choice \"required\" needs tools, and none are given",
+            )),
+        };
+    }
+    Ok(Some(ToolRequest {
+        tools,
+        choice,
+        parallel,
+    }))
+}
+
+/// One element of `tools`.
+fn read_tool(i: usize, t: &Value) -> Result<Tool, ApiError> {
+    let Value::Object(t) = t else {
+        return Err(ApiError::param(
+            &format!("tools[{i}]"),
+            format!(
+                "tools[{i}] must be an object {{\"type\": \"function\", \"function\": {{...}}}}, \
+                 got {}",
+                show(t)
+            ),
+        ));
+    };
+    let p = |field: &str| format!("tools[{i}].{field}");
+    match t.get("type") {
+        Some(Value::String(s)) if s == "function" => {}
+        Some(v) => {
+            return Err(ApiError::param(
+                &p("type"),
+                format!(
+                    "{} must be \"function\", got {} (only function tools are supported)",
+                    p("type"),
+                    show(v)
+                ),
+            ))
+        }
+        None => {
+            return Err(ApiError::param(
+                &p("type"),
+                format!("{} is missing (it must be \"function\")", p("type")),
+            ))
+        }
+    }
+    let f = match t.get("function") {
+        Some(Value::Object(f)) => f,
+        Some(v) => {
+            return Err(ApiError::param(
+                &p("function"),
+                format!("{} must be an object, got {}", p("function"), show(v)),
+            ))
+        }
+        None => {
+            return Err(ApiError::param(
+                &p("function"),
+                format!("{} is missing", p("function")),
+            ))
+        }
+    };
+    let name = match f.get("name") {
+        Some(Value::String(n)) => n.clone(),
+        Some(v) => {
+            return Err(ApiError::param(
+                &p("function.name"),
+                format!("{} must be a string, got {}", p("function.name"), show(v)),
+            ))
+        }
+        None => {
+            return Err(ApiError::param(
+                &p("function.name"),
+                format!("{} is missing", p("function.name")),
+            ))
+        }
+    };
+    if let Err(why) = check_name(&name) {
+        return Err(ApiError::param(
+            &p("function.name"),
+            format!("{}: {why}", p("function.name")),
+        ));
+    }
+    let description = match f.get("description") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(d)) => Some(d.clone()),
+        Some(v) => {
+            return Err(ApiError::param(
+                &p("function.description"),
+                format!(
+                    "{} must be a string, got {}",
+                    p("function.description"),
+                    show(v)
+                ),
+            ))
+        }
+    };
+    let parameters = match f.get("parameters") {
+        None | Some(Value::Null) => serde_json::json!({"type": "object", "properties": {}}),
+        Some(Value::Object(o)) => {
+            match o.get("type") {
+                None => {}
+                Some(Value::String(s)) if s == "object" => {}
+                Some(v) => {
+                    return Err(ApiError::param(
+                        &p("function.parameters"),
+                        format!(
+                            "{} must be a JSON schema of type \"object\", got type {}",
+                            p("function.parameters"),
+                            show(v)
+                        ),
+                    ))
+                }
+            }
+            Value::Object(o.clone())
+        }
+        Some(v) => {
+            return Err(ApiError::param(
+                &p("function.parameters"),
+                format!(
+                    "{} must be a JSON schema (an object), got {}",
+                    p("function.parameters"),
+                    show(v)
+                ),
+            ))
+        }
+    };
+    match f.get("strict") {
+        None | Some(Value::Null) | Some(Value::Bool(_)) => {}
+        Some(v) => {
+            return Err(ApiError::param(
+                &p("function.strict"),
+                format!(
+                    "{} must be a boolean, got {}",
+                    p("function.strict"),
+                    show(v)
+                ),
+            ))
+        }
+    }
+    Ok(Tool {
+        name,
+        description,
+        parameters,
+    })
+}
+
+/// Why a function name is not one OpenAI accepts (`[A-Za-z0-9_.-]{1,64}`).
+fn check_name(name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err("the function name is empty".into());
+    }
+    if let Some(c) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-')))
+    {
+        return Err(format!(
+            "the function name {} has the character {c:?}; names may have only letters, \
+             digits, '_', '.' and '-'",
+            show(&Value::String(name.to_string()))
+        ));
+    }
+    if name.len() > MAX_NAME_LEN {
+        return Err(format!(
+            "the function name `{name}` is {} characters long; at most {MAX_NAME_LEN} are \
+             allowed",
+            name.len()
+        ));
+    }
+    Ok(())
+}
+
+/// A call id like OpenAI's: "call_" and 24 letters and digits, a function of `seed` (one per
+/// request) and the call's `index`.
+pub fn tool_call_id(seed: u64, index: usize) -> String {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    // splitmix64 steps from a state mixing both inputs
+    let mut state = seed ^ (index as u64).wrapping_mul(0xD1B5_4A32_D192_ED03);
+    let mut next = || {
+        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    };
+    let mut id = String::with_capacity(29);
+    id.push_str("call_");
+    for _ in 0..24 {
+        id.push(ALPHABET[(next() >> 32) as usize % ALPHABET.len()] as char);
+    }
+    id
+}
+
+// ---- shared by the generic and Hermes formats ----
+
+/// Whether `req` asks for calls at all (a request without tools, or with `tool_choice`
+/// "none", gets its text back verbatim: no grammar was applied and nothing is read as a call).
+fn calls_wanted(req: Option<&ToolRequest>) -> bool {
+    matches!(req, Some(r) if r.choice != ToolChoice::None && !r.tools.is_empty())
+}
+
+/// The tools the model may call under `req.choice`.
+fn allowed_tools(req: &ToolRequest) -> Result<Vec<&Tool>, String> {
+    match &req.choice {
+        ToolChoice::Function(n) => match req.tools.iter().find(|t| &t.name == n) {
+            Some(t) => Ok(vec![t]),
+            None => Err(format!(
+                "tool_choice names the function `{n}`, which is not in tools"
+            )),
+        },
+        _ => Ok(req.tools.iter().collect()),
+    }
+}
+
+/// A tool's parameters as the schema of its `arguments` (`"type": "object"` added where the
+/// schema has no type: the arguments are always an object).
+fn arguments_schema(tool: &Tool) -> Value {
+    let mut p = tool.parameters.clone();
+    if let Value::Object(o) = &mut p {
+        o.entry("type").or_insert_with(|| Value::from("object"));
+    }
+    p
+}
+
+/// Checks that every tool's arguments schema converts on its own, so that an error names the
+/// tool (a combined schema's error would name a pointer into it).
+fn check_tools_convert(tools: &[&Tool]) -> Result<(), String> {
+    for t in tools {
+        if let Err(e) = muser_jsonschema::schema_to_gbnf(&arguments_schema(t)) {
+            return Err(format!(
+                "the parameters of tool `{}` cannot be made a grammar: {e}",
+                t.name
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The schema of one call of `tool`, `{"name": <const>, "arguments": <parameters>}`, for a
+/// place `at` (a JSON pointer, "#/...") of a larger schema: the parameters' own `$ref`s
+/// (relative to the parameters' root) are rewritten to point into that place.
+fn call_schema(tool: &Tool, at: &str) -> Value {
+    let mut args = arguments_schema(tool);
+    let id = args
+        .get("$id")
+        .and_then(Value::as_str)
+        .map(|s| s.strip_suffix('#').unwrap_or(s).to_string())
+        .filter(|s| !s.is_empty());
+    let base = format!("{at}/properties/arguments");
+    rebase_refs(&mut args, &base, id.as_deref());
+    if let Value::Object(o) = &mut args {
+        // the converter only reads `$id` at the document's root
+        o.remove("$id");
+    }
+    serde_json::json!({
+        "type": "object",
+        "properties": {
+            "name": {"const": tool.name},
+            "arguments": args,
+        },
+        "required": ["name", "arguments"],
+    })
+}
+
+/// Rewrites the same-document `$ref`s in a schema (`#...`, or `<id>#...` when the schema's
+/// root has `$id`) to be relative to `base` (a JSON pointer "#/..." of the schema's new place).
+/// The values of keywords that hold data, not schemas, are left alone.
+fn rebase_refs(v: &mut Value, base: &str, id: Option<&str>) {
+    match v {
+        Value::Object(o) => {
+            for (k, x) in o.iter_mut() {
+                match k.as_str() {
+                    "const" | "enum" | "default" | "examples" => {}
+                    "$ref" => {
+                        if let Value::String(r) = x {
+                            let frag = match r.strip_prefix('#') {
+                                Some(f) => Some(f),
+                                None => id.and_then(|id| {
+                                    let rest = r.strip_prefix(id)?;
+                                    if rest.is_empty() {
+                                        Some("")
+                                    } else {
+                                        rest.strip_prefix('#')
+                                    }
+                                }),
+                            };
+                            if let Some(f) = frag {
+                                // a plain-name fragment (an anchor) is left as is (refused)
+                                if f.is_empty() || f.starts_with('/') {
+                                    *r = format!("{base}{f}");
+                                }
+                            }
+                        } else {
+                            rebase_refs(x, base, id);
+                        }
+                    }
+                    _ => rebase_refs(x, base, id),
+                }
+            }
+        }
+        Value::Array(a) => {
+            for x in a {
+                rebase_refs(x, base, id);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// A call read from a JSON value `{"name": <string>, "arguments": <object>}` (more keys are
+/// ignored); the arguments as compact JSON, their keys in the model's order.
+fn read_call(v: &Value) -> Option<ToolCall> {
+    let name = v.get("name")?.as_str()?;
+    let args = v.get("arguments")?;
+    if !args.is_object() {
+        return None;
+    }
+    Some(ToolCall {
+        id: None,
+        name: name.to_string(),
+        arguments: serde_json::to_string(args).ok()?,
+    })
+}
+
+/// Renames rule `from` of a GBNF text to `to`: its definition at the start of a line and every
+/// reference to it as a whole rule name (outside string literals, character classes and
+/// comments).
+fn rename_rule(gbnf: &str, from: &str, to: &str) -> String {
+    let mut out = String::with_capacity(gbnf.len() + 16);
+    let b = gbnf.as_bytes();
+    let word = |c: u8| c.is_ascii_alphanumeric() || c == b'-' || c == b'_';
+    let mut i = 0;
+    while i < b.len() {
+        let c = b[i];
+        match c {
+            b'"' | b'[' => {
+                let close = if c == b'"' { b'"' } else { b']' };
+                let start = i;
+                i += 1;
+                while i < b.len() && b[i] != close {
+                    i += if b[i] == b'\\' { 2 } else { 1 };
+                }
+                i = (i + 1).min(b.len());
+                out.push_str(&gbnf[start..i]);
+            }
+            b'#' => {
+                let start = i;
+                while i < b.len() && b[i] != b'\n' {
+                    i += 1;
+                }
+                out.push_str(&gbnf[start..i]);
+            }
+            c if word(c) => {
+                let start = i;
+                while i < b.len() && word(b[i]) {
+                    i += 1;
+                }
+                let w = &gbnf[start..i];
+                out.push_str(if w == from { to } else { w });
+            }
+            _ => {
+                // one whole UTF-8 character
+                let ch = gbnf[i..].chars().next().unwrap_or('\u{FFFD}');
+                out.push(ch);
+                i += ch.len_utf8();
+            }
+        }
+    }
+    out
+}
+
+/// The names of the rules a GBNF text defines.
+fn rule_names(gbnf: &str) -> std::collections::HashSet<String> {
+    gbnf.lines()
+        .filter_map(|l| {
+            let (name, _) = l.split_once("::=")?;
+            let name = name.trim();
+            (!name.is_empty()
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'))
+            .then(|| name.to_string())
+        })
+        .collect()
+}
+
+/// `base`, or `base-2`, `base-3`, ...: the first not in `taken` (which it joins).
+fn fresh_rule(taken: &mut std::collections::HashSet<String>, base: &str) -> String {
+    let mut name = base.to_string();
+    let mut i = 2;
+    while taken.contains(&name) {
+        name = format!("{base}-{i}");
+        i += 1;
+    }
+    taken.insert(name.clone());
+    name
+}
+
+/// Random tools, arguments and layouts for the formats' tests.
+#[cfg(test)]
+mod test_util {
+    use super::{Tool, ToolChoice, ToolRequest};
+    use serde_json::{json, Map, Value};
+
+    pub fn req(tools: Vec<Tool>, choice: ToolChoice, parallel: bool) -> ToolRequest {
+        ToolRequest {
+            tools,
+            choice,
+            parallel,
+        }
+    }
+
+    /// xorshift64*: deterministic randomness without a dependency.
+    pub struct Rng(pub u64);
+
+    impl Rng {
+        pub fn next(&mut self) -> u64 {
+            let mut x = self.0 | 1;
+            x ^= x >> 12;
+            x ^= x << 25;
+            x ^= x >> 27;
+            self.0 = x;
+            x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+        }
+
+        pub fn below(&mut self, n: usize) -> usize {
+            (self.next() >> 33) as usize % n.max(1)
+        }
+
+        pub fn coin(&mut self) -> bool {
+            self.next() >> 63 == 1
+        }
+
+        fn word(&mut self, alphabet: &[u8], min: usize, max: usize) -> String {
+            let n = min + self.below(max - min + 1);
+            (0..n)
+                .map(|_| alphabet[self.below(alphabet.len())] as char)
+                .collect()
+        }
+    }
+
+    pub fn tool(name: &str, parameters: Value) -> Tool {
+        Tool {
+            name: name.into(),
+            description: None,
+            parameters,
+        }
+    }
+
+    /// A property schema: string, integer, boolean, enum of strings, or (at depth 0) a nested
+    /// object.
+    fn random_prop(rng: &mut Rng, depth: usize) -> Value {
+        match rng.below(if depth == 0 { 5 } else { 4 }) {
+            0 => json!({"type": "string", "description": "some text"}),
+            1 => json!({"type": "integer"}),
+            2 => json!({"type": "boolean"}),
+            3 => {
+                let n = 1 + rng.below(3);
+                let vals: Vec<String> = (0..n)
+                    .map(|i| format!("{}{i}", rng.word(b"abcxyz_", 1, 6)))
+                    .collect();
+                json!({"type": "string", "enum": vals})
+            }
+            _ => random_object(rng, depth + 1),
+        }
+    }
+
+    fn random_object(rng: &mut Rng, depth: usize) -> Value {
+        let n = rng.below(if depth == 0 { 5 } else { 3 });
+        let mut props = Map::new();
+        let mut required = Vec::new();
+        for i in 0..n {
+            let name = format!("{}{i}", rng.word(b"abcdefghijklmnopqrstuvwxyz_", 1, 8));
+            if rng.coin() {
+                required.push(Value::from(name.clone()));
+            }
+            props.insert(name, random_prop(rng, depth));
+        }
+        let mut o = Map::new();
+        // sometimes without `"type": "object"` (the arguments are an object anyway)
+        if depth > 0 || rng.below(4) != 0 {
+            o.insert("type".into(), "object".into());
+        }
+        o.insert("properties".into(), Value::Object(props));
+        if !required.is_empty() {
+            o.insert("required".into(), Value::Array(required));
+        }
+        Value::Object(o)
+    }
+
+    /// 1 to 4 tools with distinct random names (`[A-Za-z0-9_.-]`).
+    pub fn random_tools(rng: &mut Rng) -> Vec<Tool> {
+        let n = 1 + rng.below(4);
+        (0..n)
+            .map(|i| {
+                let name = format!(
+                    "{}{i}",
+                    rng.word(
+                        b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-",
+                        1,
+                        12
+                    )
+                );
+                Tool {
+                    name,
+                    description: Some("does something".into()),
+                    parameters: random_object(rng, 0),
+                }
+            })
+            .collect()
+    }
+
+    fn random_string(rng: &mut Rng) -> String {
+        const PIECES: &[&str] = &[
+            "a", "Z", " ", "\"", "\\", "\n", "\t", "é", "€", "😀", "{", "}", "<", "/", "0", "'",
+        ];
+        (0..rng.below(8))
+            .map(|_| PIECES[rng.below(PIECES.len())])
+            .collect()
+    }
+
+    /// A value of a schema made by `random_object`: the required properties first, then
+    /// some optional ones, each group in declaration order (the grammar's order).
+    pub fn random_args(rng: &mut Rng, schema: &Value) -> Value {
+        if let Some(vals) = schema.get("enum").and_then(Value::as_array) {
+            return vals[rng.below(vals.len())].clone();
+        }
+        match schema.get("type").and_then(Value::as_str) {
+            Some("string") => Value::from(random_string(rng)),
+            Some("integer") => {
+                Value::from(rng.next() as i64 % 100_000 * if rng.coin() { 1 } else { -1 })
+            }
+            Some("boolean") => Value::from(rng.coin()),
+            _ => {
+                let props = schema["properties"].as_object().unwrap();
+                let req = |k: &str| {
+                    schema
+                        .get("required")
+                        .and_then(Value::as_array)
+                        .is_some_and(|r| r.iter().any(|x| x == k))
+                };
+                let mut o = Map::new();
+                for (k, s) in props.iter().filter(|(k, _)| req(k)) {
+                    o.insert(k.clone(), random_args(rng, s));
+                }
+                for (k, s) in props.iter().filter(|(k, _)| !req(k)) {
+                    if rng.coin() {
+                        o.insert(k.clone(), random_args(rng, s));
+                    }
+                }
+                Value::Object(o)
+            }
+        }
+    }
+
+    /// Arguments that break the schema: a required property left out, a value of the wrong
+    /// type, a property that is not declared, not an object.
+    pub fn broken_args(rng: &mut Rng, schema: &Value, good: &Value) -> Vec<Value> {
+        let mut out = vec![json!([]), json!("x"), json!(null)];
+        let good = good.as_object().unwrap();
+        let mut extra = good.clone();
+        extra.insert("zz_undeclared".into(), json!(1));
+        out.push(Value::Object(extra));
+        let required: Vec<&str> = schema
+            .get("required")
+            .and_then(Value::as_array)
+            .map(|r| r.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        if let Some(k) = required.first() {
+            let mut o = good.clone();
+            o.shift_remove(*k);
+            out.push(Value::Object(o));
+        }
+        let props = schema["properties"].as_object().unwrap();
+        for (k, v) in good {
+            let s = &props[k];
+            let wrong = if s.get("enum").is_some() {
+                vec![json!("ZZ_not_listed"), json!(1)]
+            } else {
+                match s.get("type").and_then(Value::as_str) {
+                    Some("string") => vec![json!(12345), json!(true)],
+                    Some("integer") => vec![json!("12"), json!(1.5)],
+                    Some("boolean") => vec![json!("true"), json!(0)],
+                    _ => vec![json!("x"), json!([])],
+                }
+            };
+            let mut o = good.clone();
+            o.insert(k.clone(), wrong[rng.below(wrong.len())].clone());
+            out.push(Value::Object(o));
+            // a nested object's own breakage
+            if v.is_object() && s.get("properties").is_some() {
+                for b in broken_args(rng, s, v).into_iter().skip(3) {
+                    let mut o = good.clone();
+                    o.insert(k.clone(), b);
+                    out.push(Value::Object(o));
+                }
+            }
+        }
+        out
+    }
+
+    /// Python's `json.dumps` layout (`", "` and `": "` separators), non-ASCII escaped when
+    /// `ascii` (its default `ensure_ascii`).
+    pub fn python_json(v: &Value, ascii: bool) -> String {
+        match v {
+            Value::Object(o) => {
+                let items: Vec<String> = o
+                    .iter()
+                    .map(|(k, x)| {
+                        format!(
+                            "{}: {}",
+                            python_json(&Value::from(k.clone()), ascii),
+                            python_json(x, ascii)
+                        )
+                    })
+                    .collect();
+                format!("{{{}}}", items.join(", "))
+            }
+            Value::Array(a) => {
+                let items: Vec<String> = a.iter().map(|x| python_json(x, ascii)).collect();
+                format!("[{}]", items.join(", "))
+            }
+            Value::String(s) if ascii => {
+                let mut out = String::new();
+                for c in serde_json::to_string(s).unwrap().chars() {
+                    if c.is_ascii() {
+                        out.push(c);
+                    } else {
+                        let mut buf = [0u16; 2];
+                        for u in c.encode_utf16(&mut buf) {
+                            out.push_str(&format!("\\u{u:04x}"));
+                        }
+                    }
+                }
+                out
+            }
+            v => v.to_string(),
+        }
+    }
+
+    /// The layouts a model may write JSON in: compact, Python's (both ASCII modes), pretty.
+    pub fn layouts(v: &Value) -> Vec<String> {
+        vec![
+            python_json(v, false),
+            v.to_string(),
+            python_json(v, true),
+            serde_json::to_string_pretty(v).unwrap(),
+        ]
+    }
+
+    /// Every prefix of `s` at a character boundary, "" and `s` included.
+    pub fn prefixes(s: &str) -> impl Iterator<Item = &str> {
+        (0..=s.len())
+            .filter(|&i| s.is_char_boundary(i))
+            .map(move |i| &s[..i])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const TEMPLATES: &str =
+        "../../target/llamacpp/llama_cpp_python-0.3.36/vendor/llama.cpp/models/templates";
+
+    #[test]
+    fn detect_and_name() {
+        assert_eq!(Format::detect(None), Format::Generic);
+        assert_eq!(Format::detect(Some("{{ messages }}")), Format::Generic);
+        assert_eq!(Format::detect(Some("x <tool_call> y")), Format::Hermes);
+        assert_eq!(
+            Format::detect(Some("<tool_call>\n<function=f>")),
+            Format::Generic
+        );
+        assert_eq!(
+            Format::detect(Some("<atem:function_calls> <|eom|> <tool_call>")),
+            Format::Atem
+        );
+        assert_eq!(
+            Format::detect(Some("<atem:function_calls>")),
+            Format::Generic
+        );
+        assert_eq!(Format::Generic.name(), "generic");
+        assert_eq!(Format::Hermes.name(), "hermes");
+        assert_eq!(Format::Atem.name(), "atem");
+        // real templates, where the llama.cpp sources are at hand
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(TEMPLATES);
+        if !dir.exists() {
+            return;
+        }
+        for (file, want) in [
+            ("Qwen-Qwen2.5-7B-Instruct.jinja", Format::Hermes),
+            ("Qwen-Qwen3-0.6B.jinja", Format::Hermes),
+            (
+                "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja",
+                Format::Hermes,
+            ),
+            (
+                "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja",
+                Format::Hermes,
+            ),
+            ("Qwen3-Coder.jinja", Format::Generic),
+            ("meta-llama-Llama-3.1-8B-Instruct.jinja", Format::Generic),
+            ("google-gemma-2-2b-it.jinja", Format::Generic),
+            ("muse-glimmer.jinja", Format::Atem),
+        ] {
+            let src = std::fs::read_to_string(dir.join(file)).unwrap();
+            assert_eq!(Format::detect(Some(&src)), want, "{file}");
+        }
+    }
+
+    fn body(v: Value) -> Map<String, Value> {
+        v.as_object().unwrap().clone()
+    }
+
+    fn err(v: Value) -> ApiError {
+        parse_tools(&body(v.clone())).expect_err(&v.to_string())
+    }
+
+    fn f(name: &str) -> Value {
+        json!({"type": "function", "function": {"name": name}})
+    }
+
+    #[test]
+    fn parse_tools_reads_requests() {
+        assert_eq!(parse_tools(&body(json!({}))).unwrap(), None);
+        for b in [
+            json!({"tools": null}),
+            json!({"tools": []}),
+            json!({"tools": [], "tool_choice": "none"}),
+            json!({"tools": [], "tool_choice": "auto"}),
+            json!({"tool_choice": null, "parallel_tool_calls": true}),
+            json!({"functions": [], "function_call": "none"}),
+            json!({"function_call": "auto", "functions": null}),
+        ] {
+            assert_eq!(parse_tools(&body(b.clone())).unwrap(), None, "{b}");
+        }
+        let r = parse_tools(&body(json!({"tools": [
+            {"type": "function", "function": {"name": "get_weather", "description": "Weather",
+             "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+             "strict": true}},
+            f("a.b-c_9"),
+        ]})))
+        .unwrap()
+        .unwrap();
+        assert_eq!(r.choice, ToolChoice::Auto);
+        assert!(!r.parallel);
+        assert_eq!(
+            r.tools,
+            vec![
+                Tool {
+                    name: "get_weather".into(),
+                    description: Some("Weather".into()),
+                    parameters: json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}),
+                },
+                Tool {
+                    name: "a.b-c_9".into(),
+                    description: None,
+                    parameters: json!({"type": "object", "properties": {}}),
+                }
+            ]
+        );
+        for (choice, want) in [
+            (json!("none"), ToolChoice::None),
+            (json!("auto"), ToolChoice::Auto),
+            (json!(null), ToolChoice::Auto),
+            (json!("required"), ToolChoice::Required),
+            (
+                json!({"type": "function", "function": {"name": "g"}}),
+                ToolChoice::Function("g".into()),
+            ),
+        ] {
+            let r = parse_tools(&body(json!({
+                "tools": [f("f"), f("g")], "tool_choice": choice, "parallel_tool_calls": true
+            })))
+            .unwrap()
+            .unwrap();
+            assert_eq!(r.choice, want);
+            assert!(r.parallel);
+        }
+        let long = "x".repeat(64);
+        assert!(parse_tools(&body(json!({"tools": [f(&long)]}))).is_ok());
+    }
+
+    #[test]
+    fn parse_tools_refuses_bad_requests() {
+        let long = "x".repeat(65);
+        for (b, param, says) in [
+            (json!({"tools": {}}), "tools", "array"),
+            (json!({"tools": [1]}), "tools[0]", "object"),
+            (
+                json!({"tools": [{"function": {"name": "f"}}]}),
+                "tools[0].type",
+                "missing",
+            ),
+            (
+                json!({"tools": [{"type": "code_interpreter"}]}),
+                "tools[0].type",
+                "\"function\"",
+            ),
+            (
+                json!({"tools": [{"type": "function"}]}),
+                "tools[0].function",
+                "missing",
+            ),
+            (
+                json!({"tools": [{"type": "function", "function": "f"}]}),
+                "tools[0].function",
+                "object",
+            ),
+            (
+                json!({"tools": [f("f"), {"type": "function", "function": {}}]}),
+                "tools[1].function.name",
+                "missing",
+            ),
+            (
+                json!({"tools": [{"type": "function", "function": {"name": 3}}]}),
+                "tools[0].function.name",
+                "string",
+            ),
+            (json!({"tools": [f("")]}), "tools[0].function.name", "empty"),
+            (
+                json!({"tools": [f("a b")]}),
+                "tools[0].function.name",
+                "' '",
+            ),
+            (
+                json!({"tools": [f("f(x)")]}),
+                "tools[0].function.name",
+                "'('",
+            ),
+            (json!({"tools": [f(&long)]}), "tools[0].function.name", "64"),
+            (
+                json!({"tools": [f("f"), f("g"), f("f")]}),
+                "tools[2].function.name",
+                "twice",
+            ),
+            (
+                json!({"tools": [{"type": "function", "function": {"name": "f", "description": 1}}]}),
+                "tools[0].function.description",
+                "string",
+            ),
+            (
+                json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": []}}]}),
+                "tools[0].function.parameters",
+                "object",
+            ),
+            (
+                json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}]}),
+                "tools[0].function.parameters",
+                "\"object\"",
+            ),
+            (
+                json!({"tools": [{"type": "function", "function": {"name": "f", "strict": "yes"}}]}),
+                "tools[0].function.strict",
+                "boolean",
+            ),
+            (
+                json!({"tools": [f("f")], "tool_choice": "any"}),
+                "tool_choice",
+                "\"required\"",
+            ),
+            (
+                json!({"tools": [f("f")], "tool_choice": 1}),
+                "tool_choice",
+                "string",
+            ),
+            (
+                json!({"tools": [f("f")], "tool_choice": {"function": {"name": "f"}}}),
+                "tool_choice.type",
+                "missing",
+            ),
+            (
+                json!({"tools": [f("f")], "tool_choice": {"type": "allowed_tools"}}),
+                "tool_choice.type",
+                "\"function\"",
+            ),
+            (
+                json!({"tools": [f("f")], "tool_choice": {"type": "function"}}),
+                "tool_choice.function",
+                "missing",
+            ),
+            (
+                json!({"tools": [f("f")], "tool_choice": {"type": "function", "function": {}}}),
+                "tool_choice.function.name",
+                "missing",
+            ),
+            (
+                json!({"tools": [f("f")], "tool_choice": {"type": "function", "function": {"name": "g"}}}),
+                "tool_choice.function.name",
+                "`g`",
+            ),
+            (
+                json!({"tool_choice": "required"}),
+                "tool_choice",
+                "needs tools",
+            ),
+            (
+                json!({"tools": [], "tool_choice": "required"}),
+                "tool_choice",
+                "needs tools",
+            ),
+            (
+                json!({"tool_choice": {"type": "function", "function": {"name": "g"}}}),
+                "tool_choice",
+                "no tools",
+            ),
+            (
+                json!({"tools": [f("f")], "parallel_tool_calls": "yes"}),
+                "parallel_tool_calls",
+                "boolean",
+            ),
+            (
+                json!({"functions": [{"name": "f"}]}),
+                "functions",
+                "use tools",
+            ),
+            (
+                json!({"function_call": {"name": "f"}}),
+                "function_call",
+                "use tool_choice",
+            ),
+            (
+                json!({"function_call": "required"}),
+                "function_call",
+                "use tool_choice",
+            ),
+        ] {
+            let e = err(b.clone());
+            assert_eq!(e.status, axum::http::StatusCode::BAD_REQUEST, "{b}");
+            assert_eq!(e.param.as_deref(), Some(param), "{b}: {}", e.message);
+            assert!(e.message.contains(says), "{b}: {}", e.message);
+        }
+    }
+
+    #[test]
+    fn tool_call_ids() {
+        let a = tool_call_id(42, 0);
+        assert_eq!(a.len(), 29);
+        assert!(a.starts_with("call_"));
+        assert!(a[5..].chars().all(|c| c.is_ascii_alphanumeric()));
+        assert_eq!(a, tool_call_id(42, 0));
+        let mut seen = std::collections::HashSet::new();
+        for seed in 0..50u64 {
+            for i in 0..20 {
+                assert!(seen.insert(tool_call_id(seed, i)));
+            }
+        }
+    }
+
+    #[test]
+    fn rename_rule_only_renames_the_rule() {
+        let g = "root ::= a \"root\" [root] root-ref\nroot-ref ::= root # root\nx ::= ( root )*\n";
+        assert_eq!(
+            rename_rule(g, "root", "call"),
+            "call ::= a \"root\" [root] root-ref\nroot-ref ::= call # root\nx ::= ( call )*\n"
+        );
+        assert_eq!(
+            rename_rule("r ::= \"\\\"root\\\\\" root é", "root", "c"),
+            "r ::= \"\\\"root\\\\\" c é"
+        );
+        let names = rule_names(g);
+        assert!(names.contains("root") && names.contains("root-ref") && names.contains("x"));
+        let mut names = names;
+        assert_eq!(fresh_rule(&mut names, "x"), "x-2");
+        assert_eq!(fresh_rule(&mut names, "x"), "x-3");
+        assert_eq!(fresh_rule(&mut names, "y"), "y");
+    }
+
+    #[test]
+    fn rebase_refs_rewrites_same_document_refs() {
+        let mut v = json!({
+            "$id": "https://x/s.json",
+            "properties": {
+                "a": {"$ref": "#/$defs/a"},
+                "b": {"$ref": "https://x/s.json#/$defs/b"},
+                "c": {"$ref": "#"},
+                "d": {"const": {"$ref": "#/keep"}},
+                "e": {"$ref": "other.json#/x"},
+                "f": {"$ref": "#anchor"},
+                "$ref": {"type": "string"}
+            }
+        });
+        rebase_refs(&mut v, "#/anyOf/1", Some("https://x/s.json"));
+        assert_eq!(v["properties"]["a"]["$ref"], "#/anyOf/1/$defs/a");
+        assert_eq!(v["properties"]["b"]["$ref"], "#/anyOf/1/$defs/b");
+        assert_eq!(v["properties"]["c"]["$ref"], "#/anyOf/1");
+        assert_eq!(v["properties"]["d"]["const"]["$ref"], "#/keep");
+        assert_eq!(v["properties"]["e"]["$ref"], "other.json#/x");
+        assert_eq!(v["properties"]["f"]["$ref"], "#anchor");
+        assert_eq!(v["properties"]["$ref"], json!({"type": "string"}));
+    }
+}

@@ -1,0 +1,330 @@
+"""Tool calling through `muser serve` and the real `openai` client: OpenAI's `tools`,
+`tool_choice` and `parallel_tool_calls` on /v1/chat/completions, in the three formats Muser
+knows (the format the chat template teaches its model):
+
+- generic: any other template (here the default model's plain fallback): the reply is one JSON
+  object, `tool_call(s)` or `response`, described in the system prompt and held by a grammar;
+- hermes: `<tool_call>{"name": ..., "arguments": ...}</tool_call>` (Qwen 2.5 and 3, Hermes);
+- atem: Muse Glimmer's channels and `<atem:function_calls>` blocks (llama.cpp's
+  models/templates/muse-glimmer.jinja, read from $MUSER_GGML_SRC when it is there).
+
+The model (models/muse-default.gguf) knows nothing of tools: every call it makes comes from the
+grammar's choices, so each must name a given tool and its arguments must validate against that
+tool's JSON schema (the `jsonschema` package). Streamed answers must add up to the unstreamed
+ones. Lazy grammars (`grammar_lazy`, `grammar_triggers`) are checked on /completion.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+from pathlib import Path
+
+import jsonschema
+import openai
+import pytest
+import requests
+
+from test_server import ServerProcess, completion_native, post
+
+SRC = os.environ.get("MUSER_GGML_SRC")
+TEMPLATES = Path(SRC) / "models" / "templates" if SRC else None
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 20},
+                "days": {"type": "integer", "minimum": 1, "maximum": 7},
+                "unit": {"enum": ["C", "F"]},
+            },
+            "required": ["city", "days"],
+        },
+    },
+}
+ADD = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "description": "Adds numbers.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "a": {"type": "number"},
+                "b": {"type": "number"},
+                "exact": {"type": "boolean"},
+                "tags": {"type": "array", "items": {"type": "string", "maxLength": 6},
+                         "maxItems": 3},
+            },
+            "required": ["a", "b"],
+        },
+    },
+}
+# No description and no parameters: templates get "" and {} (as llama.cpp gives them).
+PING = {"type": "function", "function": {"name": "ping"}}
+TOOLS = [WEATHER, ADD, PING]
+SCHEMAS = {t["function"]["name"]: t["function"].get("parameters", {"type": "object"})
+           for t in TOOLS}
+MESSAGES = [{"role": "user", "content": "What is the weather in Paris for 3 days?"}]
+
+# A Hermes-style template written for this test (the real Qwen 2.5 one is used too, when
+# llama.cpp's source is here).
+HERMES = """{%- if tools %}<|im_start|>system
+You may call these tools:
+<tools>
+{%- for t in tools %}
+{{ t | tojson }}
+{%- endfor %}
+</tools>
+Call one as <tool_call>{"name": ..., "arguments": ...}</tool_call>.<|im_end|>
+{% endif %}
+{%- for m in messages %}<|im_start|>{{ m.role }}
+{% if m.tool_calls %}{% for c in m.tool_calls %}<tool_call>
+{{ {"name": c.function.name, "arguments": c.function.arguments} | tojson }}
+</tool_call>{% endfor %}{% else %}{{ m.content }}{% endif %}<|im_end|>
+{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
+
+
+def template_files(tmp: Path) -> dict[str, Path | None]:
+    """The templates to run, by format: None is the model's own (the fallback: generic)."""
+    own = tmp / "hermes.jinja"
+    own.write_text(HERMES)
+    out: dict[str, Path | None] = {"generic": None, "hermes": own}
+    if TEMPLATES is not None:
+        for name, fmt in [("Qwen-Qwen2.5-7B-Instruct.jinja", "hermes-qwen"),
+                          ("muse-glimmer.jinja", "atem")]:
+            if (TEMPLATES / name).exists():
+                out[fmt] = TEMPLATES / name
+    return out
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("templates")
+    started = {}
+    try:
+        for fmt, path in template_files(tmp).items():
+            args = ["--parallel", "4", "--ctx-size", "4096", "--threads", "2"]
+            if path is not None:
+                args += ["--chat-template-file", str(path)]
+            started[fmt] = ServerProcess(*args)
+        yield started
+    finally:
+        for s in started.values():
+            s.stop()
+
+
+def client_of(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+
+
+def check_calls(calls, allowed: set[str], parallel: bool) -> None:
+    assert calls, "no tool call"
+    if not parallel:
+        assert len(calls) == 1, calls
+    ids = set()
+    for c in calls:
+        assert c.type == "function"
+        assert c.function.name in allowed, c.function.name
+        args = json.loads(c.function.arguments)
+        jsonschema.validate(args, SCHEMAS[c.function.name])
+        assert re.fullmatch(r"call_[A-Za-z0-9]{24}", c.id), c.id
+        ids.add(c.id)
+    assert len(ids) == len(calls), "tool call ids repeat"
+
+
+def streamed(client, **kw):
+    """The streamed answer added up: content, reasoning, calls by index, finish reason."""
+    content, reasoning, calls, finish = "", "", {}, None
+    for chunk in client.chat.completions.create(stream=True, **kw):
+        if not chunk.choices:
+            continue
+        ch = chunk.choices[0]
+        d = ch.delta
+        content += d.content or ""
+        reasoning += getattr(d, "reasoning_content", None) or (d.model_extra or {}).get(
+            "reasoning_content", "") or ""
+        for c in d.tool_calls or []:
+            e = calls.setdefault(c.index, {"id": None, "name": "", "arguments": ""})
+            e["id"] = c.id or e["id"]
+            if c.function is not None:
+                e["name"] += c.function.name or ""
+                e["arguments"] += c.function.arguments or ""
+        finish = ch.finish_reason or finish
+    return content, reasoning, [calls[i] for i in sorted(calls)], finish
+
+
+def reasoning_of(msg) -> str:
+    return (msg.model_extra or {}).get("reasoning_content") or ""
+
+
+@pytest.mark.parametrize("choice", ["required", "named"])
+def test_forced_calls_name_a_tool_and_validate_streamed_or_not(servers, choice):
+    rng = random.Random()
+    for fmt, server in servers.items():
+        client = client_of(server)
+        for i in range(3):
+            parallel = i == 2
+            seed = rng.randrange(1 << 30)
+            temperature = rng.choice([0.0, 0.8, 1.3])
+            if choice == "named":
+                pick = rng.choice(TOOLS)["function"]["name"]
+                tool_choice = {"type": "function", "function": {"name": pick}}
+                allowed = {pick}
+            else:
+                tool_choice, allowed = "required", set(SCHEMAS)
+            kw = dict(model="muse-default", messages=MESSAGES, tools=TOOLS,
+                      tool_choice=tool_choice, parallel_tool_calls=parallel, seed=seed,
+                      temperature=temperature, max_tokens=400)
+            r = client.chat.completions.create(**kw)
+            ch = r.choices[0]
+            where = f"{fmt} {choice} seed {seed} t {temperature} parallel {parallel}"
+            # Parallel calls may go on until max_tokens cuts one ("length"; the cut call's
+            # text is content), and so may ATEM's reasoning messages before the call (this
+            # model never stops reasoning by itself); otherwise the call ends with the grammar.
+            if ch.finish_reason == "length":
+                assert parallel or fmt == "atem", (where, ch)
+                if ch.message.tool_calls:
+                    check_calls(ch.message.tool_calls, allowed, parallel)
+            else:
+                assert ch.finish_reason == "tool_calls", (where, ch)
+                check_calls(ch.message.tool_calls, allowed, parallel)
+                assert not (ch.message.content or "").strip(), (where, ch.message.content)
+            # Streamed: the same calls (ids are per request), the same text.
+            content, reasoning, calls, finish = streamed(client, **kw)
+            assert finish == ch.finish_reason, where
+            assert content == (ch.message.content or ""), where
+            assert reasoning == reasoning_of(ch.message), where
+            assert [(c["name"], json.loads(c["arguments"])) for c in calls] == [
+                (c.function.name, json.loads(c.function.arguments))
+                for c in ch.message.tool_calls or []], where
+
+
+def test_auto_answers_or_calls(servers):
+    rng = random.Random()
+    for fmt, server in servers.items():
+        client = client_of(server)
+        for _ in range(3):
+            seed = rng.randrange(1 << 30)
+            kw = dict(model="muse-default", messages=MESSAGES, tools=TOOLS, seed=seed,
+                      temperature=rng.choice([0.0, 1.0]), max_tokens=120)
+            ch = client.chat.completions.create(**kw).choices[0]
+            where = f"{fmt} seed {seed}"
+            if ch.message.tool_calls:
+                assert ch.finish_reason == "tool_calls", where
+                check_calls(ch.message.tool_calls, set(SCHEMAS), False)
+            else:
+                assert ch.finish_reason in ("stop", "length"), where
+                assert isinstance(ch.message.content, str), where
+            content, reasoning, calls, finish = streamed(client, **kw)
+            assert content == (ch.message.content or ""), where
+            assert reasoning == reasoning_of(ch.message), where
+            assert len(calls) == len(ch.message.tool_calls or []), where
+            assert finish == ch.finish_reason, where
+
+
+def test_generic_answers_in_its_json_or_calls(servers):
+    """The generic format's reply is its JSON: `response` becomes the content."""
+    client = client_of(servers["generic"])
+    for seed in random.Random().sample(range(1 << 30), 4):
+        ch = client.chat.completions.create(
+            model="muse-default", messages=MESSAGES, tools=TOOLS, seed=seed,
+            temperature=1.0, max_tokens=300).choices[0]
+        if ch.message.tool_calls:
+            check_calls(ch.message.tool_calls, set(SCHEMAS), False)
+        elif ch.finish_reason == "stop":
+            # The grammar's JSON was read: its `response` string is the content, not the JSON.
+            assert not ch.message.content.lstrip().startswith('{"response"'), ch.message.content
+
+
+def test_a_conversation_with_calls_and_results_renders(servers):
+    """An assistant turn with tool calls (arguments as OpenAI's JSON string) and the tool's
+    result go back to the template; the ATEM template needs the arguments as a mapping."""
+    history = MESSAGES + [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function",
+             "function": {"name": "get_weather", "arguments": '{"city": "Paris", "days": 3}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": '{"temp": 21}'},
+    ]
+    for fmt, server in servers.items():
+        r = post(server, "/v1/chat/completions",
+                 {"messages": history, "tools": TOOLS, "max_tokens": 8, "seed": 1})
+        assert r.status_code == 200, (fmt, r.text)
+        prompt = post(server, "/apply-template", {"messages": history, "tools": TOOLS})
+        assert prompt.status_code == 200, (fmt, prompt.text)
+        text = prompt.json()["prompt"]
+        if fmt != "generic":
+            assert "Paris" in text and "get_weather" in text, (fmt, text)
+
+
+def test_bad_tool_requests_are_400s_naming_the_field(servers):
+    server = servers["generic"]
+    bad_schema = {"type": "function", "function": {
+        "name": "f", "parameters": {"type": "object", "properties": {"x": {"not": {}}}}}}
+    for body, field in [
+        ({"tools": [bad_schema]}, "tools"),
+        ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+         "tool_choice"),
+        ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice"),
+        ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools"),
+        ({"tools": [WEATHER, WEATHER]}, "tools"),
+        ({"tools": "get_weather"}, "tools"),
+        ({"tools": TOOLS, "grammar": 'root ::= "x"'}, "tools"),
+        ({"tools": TOOLS, "response_format": {"type": "json_object"}}, "tools"),
+        ({"tools": TOOLS, "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
+        ({"functions": [{"name": "f"}]}, "functions"),
+    ]:
+        r = post(server, "/v1/chat/completions", {"messages": MESSAGES, **body})
+        assert r.status_code == 400, (body, r.text)
+        assert r.json()["error"]["param"].startswith(field), (body, r.text)
+    r = post(server, "/v1/completions", {"prompt": "x", "tools": TOOLS})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools", r.text
+
+
+def test_lazy_grammar_applies_from_its_trigger(servers):
+    """llama-server's lazy grammar on /completion: free text until the trigger word, then the
+    grammar from the trigger's start (here: "e", up to 30 characters that are not "!", then
+    "!", then the end). A pattern trigger: a word trigger that is one token ("e" is) triggers
+    on that token alone, and must be a preserved token, as in llama-server."""
+    server = servers["generic"]
+    grammar = 'root ::= "e" [^!]{0,30} "!"'
+    pattern = re.compile(r"[^e]*e[^!]{0,30}!", re.S)
+    rng = random.Random()
+    for _ in range(6):
+        seed = rng.randrange(1 << 30)
+        body = {"prompt": "Once upon a time", "n_predict": 200, "seed": seed,
+                "temperature": rng.choice([0.0, 0.9]), "grammar": grammar,
+                "grammar_lazy": True, "grammar_triggers": [{"type": 2, "value": "e"}]}
+        a = completion_native(server, body)
+        assert pattern.fullmatch(a["content"]), (seed, a["content"])
+        assert a["generation_settings"]["grammar_lazy"] is True
+        assert a["generation_settings"]["grammar_triggers"] == [{"type": 2, "value": "e"}]
+        # A full-pattern trigger (it must match the whole output so far) that any first
+        # token matches, its capture group the whole of it: the grammar holds from the start.
+        b = completion_native(server, {**body, "grammar": 'root ::= [^!]{0,40} "!"',
+                                       "grammar_triggers": [{"type": 3,
+                                                             "value": r"([\s\S]+)"}]})
+        assert re.fullmatch(r"[^!]{0,40}!", b["content"], re.S), (seed, b["content"])
+    for body, field in [
+        ({"grammar": grammar, "grammar_lazy": True}, "grammar_triggers"),
+        ({"grammar": grammar, "grammar_triggers": [{"type": 2, "value": "e"}]}, "grammar_lazy"),
+        ({"grammar": grammar, "grammar_lazy": True,
+          "grammar_triggers": [{"type": 2, "value": "(unclosed"}]}, "grammar_triggers"),
+        ({"grammar": grammar, "grammar_lazy": True,
+          "grammar_triggers": [{"type": 0, "value": "x"}]}, "grammar_triggers"),
+        ({"grammar": grammar, "grammar_lazy": True,
+          "grammar_triggers": [{"type": 7, "value": "x"}]}, "grammar_triggers"),
+        # One token, not preserved.
+        ({"grammar": grammar, "grammar_lazy": True,
+          "grammar_triggers": [{"type": 1, "value": "e"}]}, "grammar_triggers"),
+    ]:
+        r = requests.post(server.url + "/completion", json={"prompt": "a", **body}, timeout=60)
+        assert r.status_code == 400, (body, r.text)
+        assert r.json()["error"]["param"] == field, (body, r.text)
