@@ -2,8 +2,9 @@
 """Every sampler setting through `muser serve` on one backend: the tokens a request draws without
 logprobs (where the sampler allows it, from the backend's argmax or top-k candidates) equal those
 drawn from the whole logits row (with `n_probs`, which reads the row), and a seed reproduces them.
-Requests with a grammar or a JSON schema (which always read the row) must also give text in the
-grammar's language.
+Requests with a grammar or a JSON schema (which read the row while the grammar applies) must
+also give text in the grammar's language. Every request has `ignore_eos` (end tokens banned: the
+backend's top-k hands over as many more candidates as there are end tokens).
 
     python3 scripts/sampler_paths.py MUSER_BIN MODEL [--backend cuda]
 
@@ -42,6 +43,9 @@ SETTINGS = {
         "type": "object", "properties": {"n": {"type": "integer"}, "s": {"type": "string",
                                                                           "maxLength": 6}},
         "required": ["n", "s"]}},
+    # A lazy grammar: the backend's fast paths until the trigger ("e"), the row after it.
+    "lazy grammar": {"temperature": 0.9, "grammar": 'root ::= "e" [^!]{0,30} "!"',
+                     "grammar_lazy": True, "grammar_triggers": [{"type": 2, "value": "e"}]},
 }
 
 
@@ -49,6 +53,12 @@ def in_language(name: str, text: str) -> bool:
     """Whether a constrained setting's text is a whole sentence of its grammar."""
     if name == "grammar":
         return re.fullmatch(r"(yes|no)( [a-z]{2,6}){1,3}\.", text) is not None
+    if name == "lazy grammar":
+        # At most 30 characters between "e" and "!", as the grammar counts them: bytes that
+        # are not UTF-8 come back as U+FFFD each, where the grammar (as llama.cpp's) may read
+        # several as one code point, so those are not counted.
+        m = re.fullmatch(r"[^e]*e([^!]*)!", text, re.S)
+        return m is not None and len(m.group(1).replace("\ufffd", "")) <= 30
     if name == "json schema":
         try:
             v = json.loads(text)
