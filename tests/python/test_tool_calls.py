@@ -332,3 +332,73 @@ def test_lazy_grammar_applies_from_its_trigger(servers):
         r = requests.post(server.url + "/completion", json={"prompt": "a", **body}, timeout=60)
         assert r.status_code == 400, (body, r.text)
         assert r.json()["error"]["param"] == field, (body, r.text)
+
+
+# A template whose generation prompt opens a <think> block (as DeepSeek R1's and QwQ's do), and
+# that drops the reasoning of earlier turns.
+THINK = """{%- for m in messages %}<|im_start|>{{ m.role }}
+{% if '</think>' in m.content %}{{ m.content.split('</think>')[-1] | trim }}{% else %}\
+{{ m.content }}{% endif %}<|im_end|>
+{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant
+<think>
+{% endif %}"""
+
+
+def test_reasoning_in_think_tags_is_split_out(tmp_path):
+    """With the block opened by the prompt, the whole output (this model never closes it) is
+    reasoning: `reasoning_content` is exactly what `reasoning_format: "none"` gives as content,
+    streamed or not, and the content is empty."""
+    path = tmp_path / "think.jinja"
+    path.write_text(THINK)
+    s = ServerProcess("--chat-template-file", str(path), "--ctx-size", "2048", "--threads", "2")
+    try:
+        client = client_of(s)
+        history = [{"role": "user", "content": "Hi"},
+                   {"role": "assistant", "content": "<think>secret</think>Hello"},
+                   {"role": "user", "content": "Why?"}]
+        prompt = post(s, "/apply-template", {"messages": history}).json()["prompt"]
+        assert "secret" not in prompt and prompt.endswith("<think>\n"), prompt
+        for seed in random.Random().sample(range(1 << 30), 3):
+            kw = dict(model="muse-default", messages=history, seed=seed, temperature=0.9,
+                      max_tokens=40)
+            plain = client.chat.completions.create(extra_body={"reasoning_format": "none"}, **kw)
+            text = plain.choices[0].message.content
+            assert text, seed
+            split = client.chat.completions.create(**kw).choices[0].message
+            assert reasoning_of(split) == text.removesuffix("</think>"), seed
+            assert (split.content or "") == "", seed
+            content, reasoning, calls, _ = streamed(client, **kw)
+            assert (content, reasoning, calls) == ("", reasoning_of(split), []), seed
+        r = post(s, "/v1/chat/completions", {"messages": history, "reasoning_format": "raw"})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "reasoning_format"
+    finally:
+        s.stop()
+
+
+def test_review_findings_stay_fixed(servers):
+    """What an adversarial review found: a raw-string constraint the ATEM format cannot carry is
+    refused, not dropped; an empty or excessive trigger list is a 400; a past call's arguments
+    that are not a JSON object are a 400 naming them where the template reads objects."""
+    if "atem" in servers:
+        atem = servers["atem"]
+        for params in [{"type": "string", "maxLength": 3, "pattern": "^a"},
+                       {"type": "string", "minLength": 1000000}]:
+            tool = {"type": "function", "function": {"name": "f", "parameters": {
+                "type": "object", "properties": {"s": params}, "required": ["s"]}}}
+            r = post(atem, "/v1/chat/completions", {"messages": MESSAGES, "tools": [tool],
+                                                    "tool_choice": "required"})
+            assert r.status_code == 400 and r.json()["error"]["param"] == "tools", r.text
+        bad = MESSAGES + [{"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c", "type": "function", "function": {"name": "get_weather",
+                                                         "arguments": "{bad"}}]},
+                             {"role": "tool", "tool_call_id": "c", "content": "{}"}]
+        r = post(atem, "/v1/chat/completions", {"messages": bad, "tools": TOOLS})
+        assert r.status_code == 400, r.text
+        assert "tool_calls[0].function.arguments" in r.json()["error"]["message"], r.text
+    server = servers["generic"]
+    grammar = 'root ::= "x"'
+    for triggers in [[{"type": 1, "value": ""}], [{"type": 2, "value": ""}],
+                     [{"type": 2, "value": f"z{i}"} for i in range(65)]]:
+        r = requests.post(server.url + "/completion", timeout=60, json={
+            "prompt": "a", "grammar": grammar, "grammar_lazy": True, "grammar_triggers": triggers})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "grammar_triggers", r.text

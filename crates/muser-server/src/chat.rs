@@ -101,6 +101,11 @@ impl ChatTemplate {
             .is_ok_and(|p| p.contains(PROBE_VALUE))
     }
 
+    /// Whether the template reads tool-call arguments as objects (`object_arguments`).
+    pub fn reads_object_arguments(&self) -> bool {
+        self.object_arguments
+    }
+
     /// The prompt text for `messages`, ending where the assistant's reply begins.
     pub fn render(&self, messages: &[Value]) -> Result<String, ApiError> {
         self.render_with(messages, true, None, &Map::new())

@@ -30,6 +30,8 @@ pub struct Constraint {
     pub triggers: Option<Arc<Triggers>>,
     /// The triggers as llama-server shows them in `generation_settings.grammar_triggers`.
     pub triggers_json: Vec<Value>,
+    /// The request field the grammar came from, named by an error mid-generation.
+    pub field: &'static str,
 }
 
 impl fmt::Debug for Constraint {
@@ -116,6 +118,10 @@ pub fn preserved_tokens(f: &Fields, tok: &Tokenizer) -> Result<Vec<u32>, ApiErro
     Ok(ids)
 }
 
+/// Most triggers a lazy grammar may have, and most bytes of trigger text in all.
+pub const MAX_TRIGGERS: usize = 64;
+pub const MAX_TRIGGER_BYTES: usize = 16 << 10;
+
 /// `grammar_lazy` and `grammar_triggers`: None when the grammar applies from the first token.
 /// A lazy grammar needs a trigger; triggers without `grammar_lazy: true` are an error rather
 /// than ignored.
@@ -135,6 +141,9 @@ fn read_lazy(f: &Fields, n_vocab: usize) -> Result<Option<Vec<TriggerSpec>>, Api
                 let Some(value) = value else {
                     return Err(bad("needs a string \"value\""));
                 };
+                if value.is_empty() && kind != Some(0) {
+                    return Err(bad("has an empty \"value\" (it would fire at once)"));
+                }
                 triggers.push(match kind {
                     Some(0) => {
                         let id = t
@@ -167,6 +176,30 @@ fn read_lazy(f: &Fields, n_vocab: usize) -> Result<Option<Vec<TriggerSpec>>, Api
                 format!("{key} must be an array of triggers, got {}", show(v)),
             ))
         }
+    }
+    // Each text trigger is searched over the output after every token until one fires: a bound
+    // on their number and size bounds that work.
+    if triggers.len() > MAX_TRIGGERS {
+        return Err(ApiError::param(
+            key,
+            format!(
+                "{key} has {} triggers; at most {MAX_TRIGGERS}",
+                triggers.len()
+            ),
+        ));
+    }
+    let bytes: usize = triggers
+        .iter()
+        .map(|t| match t {
+            TriggerSpec::Token(..) => 0,
+            TriggerSpec::Word(v) | TriggerSpec::Pattern(v) | TriggerSpec::PatternFull(v) => v.len(),
+        })
+        .sum();
+    if bytes > MAX_TRIGGER_BYTES {
+        return Err(ApiError::param(
+            key,
+            format!("{key}' values total {bytes} bytes; at most {MAX_TRIGGER_BYTES}"),
+        ));
     }
     match (lazy, triggers.is_empty()) {
         (true, true) => Err(ApiError::param(
@@ -403,6 +436,7 @@ pub fn compile(spec: Spec, m: &ModelInfo) -> Result<Constraint, ApiError> {
         vocab,
         triggers,
         triggers_json,
+        field: source.field(),
     })
 }
 

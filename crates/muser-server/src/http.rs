@@ -12,7 +12,7 @@ use crate::metrics::Metrics;
 use crate::native::{self, NativeReply};
 use crate::scheduler::{Event, Finish, FinishReason, Job, Logprob, Ticket};
 use crate::slots::slots_json;
-use crate::tools::{self, Format, Parsed, ToolRequest};
+use crate::tools::{self, think, Format, Parsed, ToolRequest};
 use crate::{ModelInfo, Shared};
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, Request, State};
@@ -404,6 +404,41 @@ async fn apply_template(
     Ok(Json(json!({ "prompt": m.template.render_request(&req)? })))
 }
 
+/// The `arguments` of the assistant messages' tool calls: a JSON string (OpenAI's) or an
+/// object; for a template that reads them as an object, a string must hold a JSON object (a 400
+/// naming the call otherwise, rather than the template's own refusal or a prompt with the
+/// arguments missing).
+fn check_call_arguments(messages: &[Value], objects: bool) -> Result<(), ApiError> {
+    for (i, msg) in messages.iter().enumerate() {
+        let calls = msg.get("tool_calls").and_then(Value::as_array);
+        for (j, call) in calls.into_iter().flatten().enumerate() {
+            let field = format!("messages[{i}].tool_calls[{j}].function.arguments");
+            match call.get("function").and_then(|f| f.get("arguments")) {
+                None | Some(Value::Object(_)) => {}
+                Some(Value::String(s)) => {
+                    let object = matches!(serde_json::from_str::<Value>(s), Ok(Value::Object(_)));
+                    if objects && !object {
+                        return Err(ApiError::param(
+                            "messages",
+                            format!("{field} must be a JSON object (as a string), got {s:?}"),
+                        ));
+                    }
+                }
+                Some(v) => {
+                    return Err(ApiError::param(
+                        "messages",
+                        format!(
+                            "{field} must be a JSON string or an object, got {}",
+                            crate::api::type_name(v)
+                        ),
+                    ))
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The request's tools as templates see them, as llama.cpp gives them: each
 /// `{"type": "function", "function": {"name", "description", "parameters"}}`, a missing
 /// description "" and missing parameters `{}` (templates write them with `tojson`).
@@ -435,6 +470,7 @@ fn chat_request(
     obj: &Map<String, Value>,
 ) -> Result<(ChatRequest, Option<ToolRequest>, Option<tools::Plan>), ApiError> {
     let mut req = ChatRequest::parse(obj)?;
+    check_call_arguments(&req.messages, m.template.reads_object_arguments())?;
     let tools = tools::parse_tools(obj)?;
     let mut plan = None;
     if let Some(t) = &tools {
@@ -522,7 +558,8 @@ async fn generate(
                  tool calls have their own grammar): give one of them",
             ));
         }
-        if tools.is_some() || format == Format::Atem {
+        let reasoning = reasoning_format(&f)?;
+        if tools.is_some() || (format == Format::Atem && reasoning) {
             // The format's markup is output (and triggers on its tokens) even where the
             // vocabulary makes it control tokens, as llama-server preserves it.
             gen.preserved.extend(markup_tokens(format, &m));
@@ -535,9 +572,27 @@ async fn generate(
                 format,
                 tools,
                 call_seed: sh.next_id() ^ gen.params.seed.rotate_left(32),
+                think: None,
             });
         }
         let text = m.template.render_request(&req)?;
+        // Reasoning in <think> tags is split from the reply, ahead of the tool-call format.
+        if reasoning && think::template_thinks(&m.template_source) {
+            let o = output.get_or_insert_with(|| Output {
+                format,
+                tools: None,
+                call_seed: 0,
+                think: None,
+            });
+            o.think = Some(think::prompt_opens(&text));
+            for t in [think::OPEN, think::CLOSE] {
+                if let [id] = m.tokenizer.encode(t, false, true).as_slice() {
+                    gen.preserved.push(*id);
+                }
+            }
+            gen.preserved.sort_unstable();
+            gen.preserved.dedup();
+        }
         // A template that writes BOS itself gets no second one.
         let bos_written = m
             .tokenizer
@@ -593,21 +648,37 @@ struct Reply {
     output: Option<Output>,
 }
 
-/// How a chat answer's text is read: its format, the request's tools, and the seed of the
-/// ids its tool calls get.
+/// How a chat answer's text is read: its format, the request's tools, the seed of the ids its
+/// tool calls get, and whether reasoning in `<think>` tags comes first (Some(true) when the
+/// prompt opened the block).
 struct Output {
     format: Format,
     tools: Option<ToolRequest>,
     call_seed: u64,
+    think: Option<bool>,
 }
 
 impl Output {
     fn parse(&self, text: &str) -> Parsed {
-        self.format.parse(text, self.tools.as_ref())
+        let Some(opened) = self.think else {
+            return self.format.parse(text, self.tools.as_ref());
+        };
+        let (reasoning, rest) = think::split(text, opened);
+        let mut p = self.format.parse(rest, self.tools.as_ref());
+        p.reasoning = reasoning.or(p.reasoning);
+        p
     }
 
     fn parse_partial(&self, text: &str) -> Parsed {
-        self.format.parse_partial(text, self.tools.as_ref())
+        let Some(opened) = self.think else {
+            return self.format.parse_partial(text, self.tools.as_ref());
+        };
+        let (reasoning, rest) = think::split_partial(text, opened);
+        let mut p = rest.map_or_else(Parsed::default, |r| {
+            self.format.parse_partial(r, self.tools.as_ref())
+        });
+        p.reasoning = reasoning.or(p.reasoning);
+        p
     }
 
     /// OpenAI's `tool_calls` entries for the calls (with their index when streamed).
@@ -630,6 +701,20 @@ impl Output {
                 v
             })
             .collect()
+    }
+}
+
+/// llama-server's `reasoning_format`: whether a chat answer's reasoning (`<think>` blocks,
+/// Muse Glimmer's `to=self` messages) is split into `reasoning_content` ("auto", the default,
+/// and "deepseek") or left in the content ("none").
+fn reasoning_format(f: &Fields) -> Result<bool, ApiError> {
+    match f.string("reasoning_format")? {
+        None | Some("auto") | Some("deepseek") => Ok(true),
+        Some("none") => Ok(false),
+        Some(other) => Err(ApiError::param(
+            "reasoning_format",
+            format!("reasoning_format must be \"auto\", \"deepseek\" or \"none\", got {other:?}"),
+        )),
     }
 }
 

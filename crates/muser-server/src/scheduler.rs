@@ -692,8 +692,15 @@ impl<'m, B: Backend> Engine<'m, B> {
     }
 
     /// Ends slot i's request with a 400 naming its grammar.
+    /// Ends request i with a 400 naming the field its grammar came from (`grammar`,
+    /// `json_schema`, `response_format`, or `tools` for a tool call's grammar).
     fn fail_grammar(&mut self, i: usize, msg: String) {
-        self.fail_with(i, crate::error::ApiError::param("grammar", msg));
+        let field = self.slots[i]
+            .task
+            .as_ref()
+            .and_then(|t| t.job.gen.grammar.as_ref())
+            .map_or("grammar", |c| c.field);
+        self.fail_with(i, crate::error::ApiError::param(field, msg));
     }
 
     fn fail_with(&mut self, i: usize, e: crate::error::ApiError) {

@@ -295,6 +295,7 @@ fn grammar_requests_follow_their_grammar_alone_or_together() {
         vocab: std::sync::Arc::new(muser_server::constrain::grammar_vocab(&tok)),
         triggers: None,
         triggers_json: Vec::new(),
+        field: "grammar",
     };
     // A lazy grammar: free text up to the first "e", then "e", up to 30 characters that are
     // not "!", and "!".
@@ -308,6 +309,7 @@ fn grammar_requests_follow_their_grammar_alone_or_together() {
                 .unwrap(),
         )),
         triggers_json: Vec::new(),
+        field: "grammar",
     };
     let gen = |i: usize| {
         let mut g = greedy(48);

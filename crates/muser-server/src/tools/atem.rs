@@ -13,8 +13,9 @@
 //!
 //! # Plan (grammar)
 //!
-//! * `Auto`: lazy, from llama.cpp's trigger ([`TRIGGER`]: ` to=NAME<|message|>` at the start of
-//!   the output or after `<|start|>assistant`, NAME neither `self` nor `user`); the grammar is
+//! * `Auto`: lazy, from a trigger (`trigger`: ` to=NAME<|message|>` at the start of the output or
+//!   after `<|start|>assistant`, NAME one of the tools': llama.cpp's pattern, which takes any NAME
+//!   but `self` and `user`, narrowed); the grammar is
 //!   one call (parallel: calls separated by `<|eom|><|start|>assistant`), each call one of the
 //!   tools with its own name after `to=` and in `invoke name`.
 //! * `Required` / `Function(N)`: the whole output: reasoning messages
@@ -57,9 +58,24 @@ const PARAM_OPEN: &str = "<atem:parameter name=\"";
 const PARAM_CLOSE: &str = "</atem:parameter>";
 const ATTR_END: &str = "\">";
 
-/// The lazy grammar's trigger (llama.cpp's): the grammar starts at the capture group,
-/// ` to=NAME<|message|>`.
+/// llama.cpp's trigger for this format (the grammar starts at the capture group,
+/// ` to=NAME<|message|>`), which `trigger` narrows; kept to compare with in the tests.
+#[cfg(test)]
 pub(super) const TRIGGER: &str = r"(?:^|<\|start\|>assistant)( to=(?!self<\|message\|>)(?!user<\|message\|>)[^<]*?<\|message\|>)";
+
+/// The trigger of a lazy plan: llama.cpp's pattern narrowed to the request's tool names,
+/// so that a header naming no tool (a namespaced or made-up name) leaves the text free instead
+/// of starting a grammar that cannot follow it.
+pub(super) fn trigger(names: &[&str]) -> String {
+    let names: Vec<String> = names
+        .iter()
+        .map(|n| fancy_regex::escape(n).into_owned())
+        .collect();
+    format!(
+        r"(?:^|<\|start\|>assistant)( to=(?:{})<\|message\|>)",
+        names.join("|")
+    )
+}
 
 // ---------------------------------------------------------------------------------------------
 // Plan
@@ -116,7 +132,8 @@ pub(super) fn plan(req: &ToolRequest) -> Result<Option<Plan>, String> {
         gbnf,
         lazy,
         triggers: if lazy {
-            vec![Trigger::Pattern(TRIGGER.to_string())]
+            let names: Vec<&str> = tools.iter().map(|t| t.name.as_str()).collect();
+            vec![Trigger::Pattern(trigger(&names))]
         } else {
             Vec::new()
         },
@@ -231,8 +248,15 @@ fn tool_rules(
                 format!("( {} )", ok.join(" | "))
             }
             None if value_types(schema, params, 0) & T_STR != 0 => {
-                *raw_strings = true;
-                "atem-str".to_string()
+                match raw_string_rule(schema, params)
+                    .map_err(|e| format!("tool `{name}`: parameter `{k}`: {e}"))?
+                {
+                    None => {
+                        *raw_strings = true;
+                        "atem-str".to_string()
+                    }
+                    Some(rule) => rule,
+                }
             }
             None => {
                 let ptr = child_ptr("#/properties", k);
@@ -279,10 +303,111 @@ fn string_choices(schema: &Value) -> Option<Vec<String>> {
     if values.is_empty() {
         return None;
     }
-    values
-        .iter()
-        .map(|v| v.as_str().map(str::to_string))
-        .collect()
+    // A string is written raw, another value as its JSON (the template's `render_atem`).
+    Some(
+        values
+            .iter()
+            .map(|v| match v {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            })
+            .collect(),
+    )
+}
+
+/// Annotations: keywords that constrain nothing.
+const ANNOTATIONS: &[&str] = &[
+    "description",
+    "title",
+    "examples",
+    "default",
+    "$comment",
+    "deprecated",
+    "readOnly",
+    "writeOnly",
+];
+
+/// Longest `minLength` / `maxLength` a raw string parameter may ask for (muser-jsonschema's
+/// repetition bound for JSON strings is of the same order).
+const MAX_RAW_LENGTH: u64 = 2000;
+
+/// The grammar of a parameter whose value may be a string (written raw): any text without
+/// `</atem:parameter>` when the schema constrains nothing more than its type, `[^<]{min,max}`
+/// (no `<` in the value) for a plain string with lengths; anything else (a `pattern`, a
+/// `format`, a reference or a combination that may constrain the string) is refused, since raw
+/// text cannot carry it and a value the schema rejects must never come back.
+fn raw_string_rule(schema: &Value, doc: &Value) -> Result<Option<String>, String> {
+    // A schema that is only a local reference is its target's (a few levels deep).
+    let mut schema = schema;
+    for _ in 0..8 {
+        let only_ref = schema.as_object().is_some_and(|o| {
+            o.contains_key("$ref") && o.keys().all(|k| k == "$ref" || ANNOTATIONS.contains(&&**k))
+        });
+        match schema["$ref"].as_str().and_then(|r| resolve_local(doc, r)) {
+            Some(target) if only_ref => schema = target,
+            _ => break,
+        }
+    }
+    fn keys(v: &Value) -> Vec<&str> {
+        v.as_object()
+            .map(|o| {
+                o.keys()
+                    .map(String::as_str)
+                    .filter(|k| !ANNOTATIONS.contains(k))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+    let k = keys(schema);
+    if k.iter().all(|k| *k == "type") {
+        return Ok(None);
+    }
+    let plain_string = schema.get("type").and_then(Value::as_str) == Some("string");
+    if plain_string
+        && k.iter()
+            .all(|k| matches!(*k, "type" | "minLength" | "maxLength"))
+    {
+        let bound = |key: &str| -> Result<Option<u64>, String> {
+            match schema.get(key) {
+                None => Ok(None),
+                Some(v) => match v.as_u64() {
+                    Some(n) if n <= MAX_RAW_LENGTH => Ok(Some(n)),
+                    _ => Err(format!(
+                        "`{key}` must be a count from 0 to {MAX_RAW_LENGTH} for a raw string, \
+                         got {v}"
+                    )),
+                },
+            }
+        };
+        let min = bound("minLength")?.unwrap_or(0);
+        return Ok(Some(match bound("maxLength")? {
+            Some(max) if max < min => {
+                return Err(format!("`maxLength` {max} is below `minLength` {min}"))
+            }
+            Some(max) => format!("[^<]{{{min},{max}}}"),
+            None => format!("[^<]{{{min},}}"),
+        }));
+    }
+    // anyOf / oneOf of branches that constrain only their type are raw text too.
+    let branches_plain = k.iter().all(|k| matches!(*k, "type" | "anyOf" | "oneOf"))
+        && ["anyOf", "oneOf"].iter().all(|c| {
+            schema.get(*c).is_none_or(|b| {
+                b.as_array()
+                    .is_some_and(|a| a.iter().all(|x| keys(x).iter().all(|k| *k == "type")))
+            })
+        });
+    if branches_plain {
+        return Ok(None);
+    }
+    Err(format!(
+        "a value that may be a string is written as raw text in the ATEM format, which cannot \
+         carry its {} (give `type` alone, `minLength`/`maxLength` on a string, or an `enum`)",
+        k.iter()
+            .filter(|k| **k != "type")
+            .map(|k| format!("`{k}`"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ))
 }
 
 /// Appends an RFC 6901 reference token to a pointer.
@@ -1370,7 +1495,10 @@ mod tests {
         let auto = plan(&request(vec![ok.clone()], ToolChoice::Auto, true))
             .unwrap()
             .unwrap();
-        assert_eq!(auto.triggers, vec![Trigger::Pattern(TRIGGER.to_string())]);
+        assert_eq!(
+            auto.triggers,
+            vec![Trigger::Pattern(trigger(&[ok.name.as_str()]))]
+        );
         assert!(auto.gbnf.starts_with("root ::= atem-call"));
         assert_eq!(
             plan(&request(vec![], ToolChoice::Auto, false)).unwrap(),
@@ -1441,6 +1569,73 @@ mod tests {
     }
 
     #[test]
+    fn raw_strings_keep_their_constraints_or_are_refused() {
+        // A string parameter's lengths hold in the raw text; what raw text cannot carry (a
+        // pattern, a format, a constrained branch) is refused, never dropped; a mixed enum is
+        // one of its values (strings raw, others as JSON).
+        let one = |p: Value| {
+            let t = tool(
+                "f",
+                json!({"type": "object", "properties": {"s": p}, "required": ["s"]}),
+            );
+            let req = request(vec![t], ToolChoice::Required, false);
+            plan(&req).map(|p| (grammar(&p.unwrap()), req))
+        };
+        let call = |v: Value| render_call("f", "f", &[("s".into(), v)], false);
+        let (g, req) = one(json!({"type": "string", "minLength": 1, "maxLength": 2})).unwrap();
+        for (v, ok) in [
+            ("a", true),
+            ("ab", true),
+            ("", false),
+            ("abc", false),
+            ("a<", false),
+        ] {
+            assert_eq!(g.accepts_str(&call(json!(v))), ok, "{v:?}");
+        }
+        let p = parse(&call(json!("ab")), Some(&req));
+        assert_eq!(p.tool_calls[0].arguments, r#"{"s":"ab"}"#);
+        let (g, req) = one(json!({"enum": ["a", 1, null]})).unwrap();
+        for (v, ok) in [
+            (json!("a"), true),
+            (json!(1), true),
+            (json!(null), true),
+            (json!("b"), false),
+            (json!(2), false),
+        ] {
+            assert_eq!(g.accepts_str(&call(v.clone())), ok, "{v}");
+        }
+        let p = parse(&call(json!(1)), Some(&req));
+        assert_eq!(p.tool_calls[0].arguments, r#"{"s":1}"#);
+        assert!(one(json!({"type": ["string", "null"]})).is_ok());
+        assert!(one(json!({"anyOf": [{"type": "string"}, {"type": "integer"}]})).is_ok());
+        for (schema, needle) in [
+            (json!({"type": "string", "pattern": "^a+$"}), "`pattern`"),
+            (json!({"type": "string", "format": "date"}), "`format`"),
+            (
+                json!({"type": "string", "minLength": 1000000}),
+                "`minLength`",
+            ),
+            (
+                json!({"type": "string", "minLength": 3, "maxLength": 2}),
+                "below",
+            ),
+            (
+                json!({"type": ["string", "null"], "maxLength": 2}),
+                "`maxLength`",
+            ),
+            (
+                json!({"anyOf": [{"type": "string", "maxLength": 2}, {"type": "integer"}]}),
+                "`anyOf`",
+            ),
+        ] {
+            let e = one(schema.clone())
+                .err()
+                .unwrap_or_else(|| panic!("{schema} accepted"));
+            assert!(e.contains(needle) && e.contains("`s`"), "{schema}: {e}");
+        }
+    }
+
+    #[test]
     fn refs_into_the_parameters_schema_resolve() {
         let t = tool(
             "f",
@@ -1464,10 +1659,24 @@ mod tests {
 
     #[test]
     fn trigger_finds_call_headers_only() {
+        // llama.cpp's pattern, and Muser's narrowed to the names offered, find the same headers
+        // when every call names an offered tool; the narrowed one ignores another name.
+        let names = ["get_weather", "a.b", "selfish", "users", "x y"];
+        let ours = fancy_regex::Regex::new(&trigger(&names)).unwrap();
         let re = fancy_regex::Regex::new(TRIGGER).unwrap();
         let first = |t: &str| -> Option<usize> {
-            re.captures(t).unwrap().map(|c| c.get(1).unwrap().start())
+            let a = re.captures(t).unwrap().map(|c| c.get(1).unwrap().start());
+            let b = ours.captures(t).unwrap().map(|c| c.get(1).unwrap().start());
+            assert_eq!(a, b, "{t:?}");
+            a
         };
+        let only = fancy_regex::Regex::new(&trigger(&["get_weather"])).unwrap();
+        assert!(only.is_match(" to=get_weather<|message|>").unwrap());
+        assert!(!only.is_match(" to=tools.get_weather<|message|>").unwrap());
+        assert!(!only.is_match(" to=get_weather <|message|>").unwrap());
+        assert!(!only
+            .is_match("x<|start|>assistant to=a.b<|message|>")
+            .unwrap());
         let mut rng = Rng(3);
         let words = ["hello", " to", "=", "self", "x < y", "|", "to=user", "\n"];
         for _ in 0..500 {
@@ -1495,10 +1704,10 @@ mod tests {
             }
             assert_eq!(first(&text), with_call.then_some(at), "{text:?}");
         }
-        assert_eq!(first(" to=f<|message|>"), Some(0));
+        assert_eq!(first(" to=a.b<|message|>"), Some(0));
         assert_eq!(first(" to=self<|message|>x<|eom|>"), None);
         assert_eq!(first(" to=user<|message|>x"), None);
-        assert_eq!(first("x to=f<|message|>"), None);
+        assert_eq!(first("x to=a.b<|message|>"), None);
     }
 
     // --- parse ---

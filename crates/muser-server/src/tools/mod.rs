@@ -15,6 +15,7 @@ use crate::error::ApiError;
 mod atem;
 mod generic;
 mod hermes;
+pub mod think;
 
 /// One function the model may call (OpenAI's `tools[i].function`).
 #[derive(Clone, Debug, PartialEq)]
