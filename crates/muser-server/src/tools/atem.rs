@@ -783,7 +783,13 @@ fn held_back(s: &str) -> usize {
 }
 
 /// Reads the output. `complete`: the whole output (else only what no continuation changes).
-fn scan(text: &str, complete: bool) -> Scan {
+/// `req`: the request's tools; a call message is read as calls only when it calls offered tools
+/// and `tool_choice` is not `none` (else it breaks the format, and from there the text is
+/// content, verbatim).
+fn scan(text: &str, complete: bool, req: Option<&ToolRequest>) -> Scan {
+    let offered = |name: &str| {
+        req.is_some_and(|r| r.choice != ToolChoice::None && r.tools.iter().any(|t| t.name == name))
+    };
     let mut out = Scan::default();
     // start of the current message's header
     let mut pos = 0;
@@ -798,9 +804,13 @@ fn scan(text: &str, complete: bool) -> Scan {
                 return out;
             }
             Step::Done(Recipient::Tool, n) => match call_block(&text[pos + n..]) {
-                Step::Done(calls, m) => {
+                Step::Done(calls, m) if calls.iter().all(|c| offered(&c.name)) => {
                     out.calls.extend(calls);
                     pos + n + m
+                }
+                Step::Done(..) => {
+                    out.content.push_str(&text[seg..]);
+                    return out;
                 }
                 Step::More if !complete => return out,
                 Step::More | Step::Broken => {
@@ -893,7 +903,7 @@ fn arguments(call: &RawCall, req: Option<&ToolRequest>) -> String {
 }
 
 pub(super) fn parse(text: &str, req: Option<&ToolRequest>) -> Parsed {
-    let s = scan(text, true);
+    let s = scan(text, true, req);
     Parsed {
         content: s.content,
         reasoning: (!s.reasoning.is_empty()).then_some(s.reasoning),
@@ -909,8 +919,8 @@ pub(super) fn parse(text: &str, req: Option<&ToolRequest>) -> Parsed {
     }
 }
 
-pub(super) fn parse_partial(text: &str, _req: Option<&ToolRequest>) -> Parsed {
-    let s = scan(text, false);
+pub(super) fn parse_partial(text: &str, req: Option<&ToolRequest>) -> Parsed {
+    let s = scan(text, false, req);
     Parsed {
         content: s.content,
         reasoning: (!s.reasoning.is_empty()).then_some(s.reasoning),
@@ -1782,8 +1792,13 @@ mod tests {
 
     #[test]
     fn parse_examples() {
+        let offered = request(
+            vec![tool("f", json!({})), tool("g", json!({}))],
+            ToolChoice::Auto,
+            true,
+        );
         let p = |t: &str| {
-            let r = parse(t, None);
+            let r = parse(t, Some(&offered));
             (r.content, r.reasoning, r.tool_calls.len())
         };
         let s = |x: &str| x.to_string();
@@ -1839,7 +1854,7 @@ mod tests {
         let two = " to=f<|message|><atem:function_calls><atem:invoke name=\"f\"></atem:invoke>\
                    <atem:invoke name=\"g\"><atem:parameter name=\"k\">v</atem:parameter></atem:invoke>\
                    </atem:function_calls>";
-        let r = parse(two, None);
+        let r = parse(two, Some(&offered));
         assert_eq!(
             r.tool_calls
                 .iter()
@@ -1848,6 +1863,22 @@ mod tests {
             ["f", "g"]
         );
         assert_eq!(r.tool_calls[1].arguments, r#"{"k":"v"}"#);
+        // Calls are read only of offered tools, and not under tool_choice "none": else the
+        // call message is text, verbatim from the end of the message before it.
+        let answered = format!("<|message|>Hi<|eom|><|start|>assistant{call}<|eot|>");
+        let verbatim = format!("Hi<|eom|><|start|>assistant{call}<|eot|>");
+        let none = request(offered.tools.clone(), ToolChoice::None, false);
+        let other = request(vec![tool("g", json!({}))], ToolChoice::Auto, false);
+        for req in [None, Some(&none), Some(&other)] {
+            let r = parse(&answered, req);
+            assert_eq!(
+                (r.content.as_str(), r.tool_calls.len()),
+                (verbatim.as_str(), 0)
+            );
+            assert!(verbatim.starts_with(&parse_partial(&answered, req).content));
+        }
+        let r = parse(two, Some(&other));
+        assert_eq!((r.content.as_str(), r.tool_calls.len()), (two, 0));
     }
 
     #[test]
