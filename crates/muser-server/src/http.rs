@@ -584,7 +584,18 @@ async fn generate(
                 call_seed: 0,
                 think: None,
             });
-            o.think = Some(think::prompt_opens(&text));
+            let opened = think::prompt_opens(&text);
+            o.think = Some(opened);
+            // A lazy call grammar starts only after the reasoning block, never inside it; a
+            // forced one lets the block come first.
+            if let (Some(sp), Some(word)) = (&mut spec, format.lazy_word()) {
+                if sp.lazy.is_some() {
+                    let pattern = think::after_block(&fancy_regex::escape(word), opened);
+                    sp.lazy = Some(vec![constrain::TriggerSpec::Pattern(pattern)]);
+                } else if let constrain::SpecKind::Made(g, _) = &mut sp.kind {
+                    *g = think::block_first(g, opened);
+                }
+            }
             for t in [think::OPEN, think::CLOSE] {
                 if let [id] = m.tokenizer.encode(t, false, true).as_slice() {
                     gen.preserved.push(*id);

@@ -547,7 +547,7 @@ fn class_char(c: char) -> String {
 /// helper rules `name-K`. A right-linear grammar of the Aho-Corasick automaton of `delims`:
 /// one rule per reachable proper prefix of a delimiter (the longest one the text ends with),
 /// one alternative per next state, so the text is read deterministically.
-fn text_without(name: &str, delims: &[&str]) -> String {
+pub(super) fn text_without(name: &str, delims: &[&str]) -> String {
     let delims: Vec<Vec<char>> = delims.iter().map(|d| d.chars().collect()).collect();
     let mut alphabet: Vec<char> = delims.iter().flatten().copied().collect();
     alphabet.sort_unstable();

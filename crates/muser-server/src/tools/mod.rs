@@ -132,6 +132,15 @@ impl Format {
         }
     }
 
+    /// The text a lazy call grammar of this format starts at, when its trigger is a word (so
+    /// that it can be made to wait for the end of a reasoning block).
+    pub fn lazy_word(self) -> Option<&'static str> {
+        match self {
+            Format::Hermes => Some("<tool_call>"),
+            _ => None,
+        }
+    }
+
     /// The texts of the format's markup (llama-server's preserved tokens: output, and
     /// triggering, even where the vocabulary makes them control tokens).
     pub fn markup(self) -> &'static [&'static str] {

@@ -158,3 +158,103 @@ mod tests {
         );
     }
 }
+
+/// A trigger pattern (for `Trigger::Pattern`, fancy-regex) that finds the regex `word` (its
+/// capture group) only after the reasoning block: after `</think>` when the prompt opened the
+/// block, after the block when the output starts with one, anywhere otherwise. A tool call's
+/// lazy grammar then never starts inside the reasoning.
+pub fn after_block(word: &str, opened: bool) -> String {
+    if opened {
+        format!(r"^[\s\S]*?</think>[\s\S]*?({word})")
+    } else {
+        format!(r"^(?:\s*<think>[\s\S]*?</think>|(?!\s*<think>))[\s\S]*?({word})")
+    }
+}
+
+#[cfg(test)]
+mod trigger_tests {
+    use super::*;
+
+    #[test]
+    fn a_call_trigger_waits_for_the_end_of_the_reasoning() {
+        let word = fancy_regex::escape("<tool_call>");
+        let at = |text: &str, opened: bool| -> Option<usize> {
+            let re = fancy_regex::Regex::new(&after_block(&word, opened)).unwrap();
+            re.captures(text)
+                .unwrap()
+                .map(|c| c.get(1).unwrap().start())
+        };
+        // Not opened by the prompt.
+        assert_eq!(at("<tool_call>", false), Some(0));
+        assert_eq!(at("Sure. <tool_call>", false), Some(6));
+        assert_eq!(at("<think>use <tool_call>", false), None);
+        assert_eq!(at("<think>use <tool_call></think>", false), None);
+        assert_eq!(
+            at("<think>a <tool_call> b</think>\n<tool_call>", false),
+            Some(31)
+        );
+        assert_eq!(at(" <think>x</think><tool_call>", false), Some(17));
+        assert_eq!(at("<thi", false), None);
+        // Opened by the prompt: only after </think>.
+        assert_eq!(at("<tool_call>", true), None);
+        assert_eq!(at("a <tool_call> b</think> <tool_call>", true), Some(24));
+        assert_eq!(at("</think><tool_call>", true), Some(8));
+    }
+}
+
+/// A forced call grammar (`root`, from the start of the output) with room for the reasoning
+/// block first: when the prompt opened it, its text and `</think>`; otherwise an optional
+/// `<think>` block. The calls' own rules are unchanged (`root` becomes `think-calls`).
+pub fn block_first(gbnf: &str, opened: bool) -> String {
+    let calls = gbnf
+        .lines()
+        .map(|l| match l.strip_prefix("root ::=") {
+            Some(rest) => format!("think-calls ::={rest}"),
+            None => l.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let block = if opened {
+        "think-text \"</think>\" think-ws".to_string()
+    } else {
+        "( [ \\t\\n]{0,4} \"<think>\" think-text \"</think>\" think-ws )?".to_string()
+    };
+    format!(
+        "root ::= {block} think-calls\nthink-ws ::= [ \\t\\n]{{0,4}}\n{}{calls}\n",
+        super::atem::text_without("think-text", &[CLOSE])
+    )
+}
+
+#[cfg(test)]
+mod grammar_tests {
+    use super::*;
+    use muser_sample::Grammar;
+
+    #[test]
+    fn a_forced_call_may_follow_a_reasoning_block() {
+        let calls = "root ::= \"<tool_call>\" [a-z]+ \"</tool_call>\"\n";
+        let closed = Grammar::parse(&block_first(calls, false)).unwrap();
+        for (text, ok) in [
+            ("<tool_call>f</tool_call>", true),
+            (
+                "<think>why <tool_call> not</think>\n<tool_call>f</tool_call>",
+                true,
+            ),
+            ("\n<think></think><tool_call>f</tool_call>", true),
+            ("<think>never closed <tool_call>f</tool_call>", false),
+            ("text<tool_call>f</tool_call>", false),
+            ("<think>a</think>b</think><tool_call>f</tool_call>", false),
+        ] {
+            assert_eq!(closed.accepts_str(text), ok, "{text:?}");
+        }
+        let opened = Grammar::parse(&block_first(calls, true)).unwrap();
+        for (text, ok) in [
+            ("reasons</think>\n\n<tool_call>f</tool_call>", true),
+            ("</think><tool_call>f</tool_call>", true),
+            ("<tool_call>f</tool_call>", false),
+            ("a</think>b</think><tool_call>f</tool_call>", false),
+        ] {
+            assert_eq!(opened.accepts_str(text), ok, "{text:?}");
+        }
+    }
+}
