@@ -113,12 +113,7 @@ fn resolve_plain_pointer<'v>(root: &'v Value, pointer: &str) -> Res<&'v Value> {
         ));
     };
     for raw in path.split('/') {
-        let tok = raw.replace("~1", "/").replace("~0", "~");
-        let next = match cur {
-            Value::Object(m) => m.get(&tok),
-            Value::Array(a) => tok.parse::<usize>().ok().and_then(|i| a.get(i)),
-            _ => None,
-        };
+        let (tok, next) = crate::merge::pointer_step(cur, raw);
         cur = next.ok_or_else(|| {
             SchemaError::invalid(
                 "pointer",

@@ -126,12 +126,7 @@ pub(crate) fn resolve_ref<'v>(root: &'v Value, r: &str, ptr: &str) -> Res<(&'v V
     let mut cur = root;
     let mut target = String::from("#");
     for raw in path.split('/') {
-        let tok = raw.replace("~1", "/").replace("~0", "~");
-        let next = match cur {
-            Value::Object(m) => m.get(&tok),
-            Value::Array(a) => tok.parse::<usize>().ok().and_then(|i| a.get(i)),
-            _ => None,
-        };
+        let (tok, next) = pointer_step(cur, raw);
         let Some(n) = next else {
             return Err(SchemaError::invalid(
                 "$ref",
@@ -143,6 +138,18 @@ pub(crate) fn resolve_ref<'v>(root: &'v Value, r: &str, ptr: &str) -> Res<(&'v V
         target = child_ptr(&target, &tok);
     }
     Ok((cur, target))
+}
+
+/// One step of a JSON pointer (RFC 6901): the token unescaped, and the value it names under
+/// `cur` (an object's member, an array's element), if any.
+pub(crate) fn pointer_step<'v>(cur: &'v Value, raw: &str) -> (String, Option<&'v Value>) {
+    let tok = raw.replace("~1", "/").replace("~0", "~");
+    let next = match cur {
+        Value::Object(m) => m.get(&tok),
+        Value::Array(a) => tok.parse::<usize>().ok().and_then(|i| a.get(i)),
+        _ => None,
+    };
+    (tok, next)
 }
 
 fn percent_decode(s: &str) -> String {

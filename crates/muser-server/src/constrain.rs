@@ -84,6 +84,15 @@ impl TriggerSpec {
     }
 }
 
+/// The token `text` is, when it is exactly one (special tokens' text included, as llama.cpp
+/// tokenizes a preserved token or a trigger word).
+pub fn one_token(tok: &Tokenizer, text: &str) -> Option<u32> {
+    match tok.encode(text, false, true).as_slice() {
+        [id] => Some(*id),
+        _ => None,
+    }
+}
+
 /// The tokens a request's `preserved_tokens` name (each string that is one token, special
 /// tokens included, as llama-server reads them; others name no token and are skipped, as
 /// there). Their text is part of the output even when they are control tokens, and a word
@@ -101,9 +110,7 @@ pub fn preserved_tokens(f: &Fields, tok: &Tokenizer) -> Result<Vec<u32>, ApiErro
                         format!("{key}[{i}] must be a string, got {}", show(t)),
                     ));
                 };
-                if let [id] = tok.encode(t, false, true).as_slice() {
-                    ids.push(*id);
-                }
+                ids.extend(one_token(tok, t));
             }
         }
         Some(v) => {
@@ -236,10 +243,7 @@ pub fn parse_gbnf(text: &str, tok: &Tokenizer) -> Result<Grammar, String> {
         } else {
             format!("<{t}>")
         };
-        match tok.encode(&text, false, true).as_slice() {
-            [id] => Some(*id),
-            _ => None,
-        }
+        one_token(tok, &text)
     };
     Grammar::parse_with_tokens(text, &lookup).map_err(|e| e.to_string())
 }
@@ -299,7 +303,7 @@ impl Spec {
 /// it has one), `{"type": "json_schema", "json_schema": {"schema": ...}}` that schema (OpenAI's
 /// `name` and `strict` are accepted and change nothing: the output always follows the schema).
 /// An empty `grammar` is none, as in llama-server.
-pub fn read(f: &Fields, tok: &Tokenizer) -> Result<Option<Spec>, ApiError> {
+pub fn read(f: &Fields, tok: &Tokenizer, preserved: &[u32]) -> Result<Option<Spec>, ApiError> {
     let grammar = f.string("grammar")?.filter(|g| !g.is_empty());
     let mut schema = f
         .get("json_schema")
@@ -366,7 +370,6 @@ pub fn read(f: &Fields, tok: &Tokenizer) -> Result<Option<Spec>, ApiError> {
         }
     }
     let lazy = read_lazy(f, tok.n_vocab())?;
-    let preserved = preserved_tokens(f, tok)?;
     let kind = match (grammar, schema) {
         (Some(g), _) => SpecKind::Grammar(g.to_string()),
         (None, Some((s, source))) => SpecKind::Schema(s, source),
@@ -383,7 +386,7 @@ pub fn read(f: &Fields, tok: &Tokenizer) -> Result<Option<Spec>, ApiError> {
     Ok(Some(Spec {
         kind,
         lazy,
-        preserved,
+        preserved: preserved.to_vec(),
     }))
 }
 
@@ -454,9 +457,9 @@ fn triggers(
     let mut shown = Vec::new();
     for t in list {
         let t = match t {
-            TriggerSpec::Word(w) => match tok.encode(&w, false, true).as_slice() {
-                [id] if preserved.binary_search(id).is_ok() => TriggerSpec::Token(*id, w),
-                [_] => {
+            TriggerSpec::Word(w) => match one_token(tok, &w) {
+                Some(id) if preserved.binary_search(&id).is_ok() => TriggerSpec::Token(id, w),
+                Some(_) => {
                     return Err(format!(
                         "the trigger word {w:?} is one token: mark it as a preserved token \
                          (preserved_tokens)"

@@ -496,8 +496,8 @@ async fn completion_native(
     let (obj, native) = native::translate(obj)?;
     let f = Fields(&obj);
     let mut gen = parse_generation(&f, false, sh.next_seed(), m.n_vocab)?;
-    gen.grammar = constrain::build(constrain::read(&f, &m.tokenizer)?, &m).await?;
     gen.preserved = constrain::preserved_tokens(&f, &m.tokenizer)?;
+    gen.grammar = constrain::build(constrain::read(&f, &m.tokenizer, &gen.preserved)?, &m).await?;
     let prompt = parse_prompt(f.get("prompt"), &m.tokenizer, m.n_vocab)?;
     // llama-server's n_predict is a maximum: generation stops when the context is full
     // (`stop_type` "limit", `truncated`), rather than a 400 as OpenAI's max_tokens.
@@ -545,8 +545,8 @@ async fn generate(
     // silently ignored.
     native::refuse_unsupported(&f)?;
     let mut gen = parse_generation(&f, chat, sh.next_seed(), m.n_vocab)?;
-    let mut spec = constrain::read(&f, &m.tokenizer)?;
     gen.preserved = constrain::preserved_tokens(&f, &m.tokenizer)?;
+    let mut spec = constrain::read(&f, &m.tokenizer, &gen.preserved)?;
     let mut output = None;
     let prompt = if chat {
         let (req, tools, plan) = chat_request(&m, &obj)?;
@@ -562,9 +562,7 @@ async fn generate(
         if tools.is_some() || (format == Format::Atem && reasoning) {
             // The format's markup is output (and triggers on its tokens) even where the
             // vocabulary makes it control tokens, as llama-server preserves it.
-            gen.preserved.extend(markup_tokens(format, &m));
-            gen.preserved.sort_unstable();
-            gen.preserved.dedup();
+            preserve(&mut gen.preserved, &m, format.markup());
             if let Some(plan) = &plan {
                 spec = Some(constrain::Spec::tools(plan, gen.preserved.clone()));
             }
@@ -596,13 +594,7 @@ async fn generate(
                     *g = think::block_first(g, opened);
                 }
             }
-            for t in [think::OPEN, think::CLOSE] {
-                if let [id] = m.tokenizer.encode(t, false, true).as_slice() {
-                    gen.preserved.push(*id);
-                }
-            }
-            gen.preserved.sort_unstable();
-            gen.preserved.dedup();
+            preserve(&mut gen.preserved, &m, &[think::OPEN, think::CLOSE]);
         }
         // A template that writes BOS itself gets no second one.
         let bos_written = m
@@ -729,16 +721,15 @@ fn reasoning_format(f: &Fields) -> Result<bool, ApiError> {
     }
 }
 
-/// The tokens of a format's markup (each that is one token in the vocabulary).
-fn markup_tokens(format: Format, m: &ModelInfo) -> Vec<u32> {
-    format
-        .markup()
-        .iter()
-        .filter_map(|t| match m.tokenizer.encode(t, false, true).as_slice() {
-            [id] => Some(*id),
-            _ => None,
-        })
-        .collect()
+/// Adds to the (sorted) preserved tokens each of `texts` that is one token in the vocabulary.
+fn preserve(preserved: &mut Vec<u32>, m: &ModelInfo, texts: &[&str]) {
+    preserved.extend(
+        texts
+            .iter()
+            .filter_map(|t| constrain::one_token(&m.tokenizer, t)),
+    );
+    preserved.sort_unstable();
+    preserved.dedup();
 }
 
 fn piece(m: &ModelInfo, id: u32) -> String {

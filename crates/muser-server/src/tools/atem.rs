@@ -42,7 +42,7 @@
 
 use serde_json::{Map, Value};
 
-use super::{Parsed, Plan, Tool, ToolCall, ToolChoice, ToolRequest, Trigger};
+use super::{allowed_tools, Parsed, Plan, Tool, ToolCall, ToolChoice, ToolRequest, Trigger};
 use muser_jsonschema::gbnf_literal as literal;
 
 const START: &str = "<|start|>assistant";
@@ -81,27 +81,10 @@ pub(super) fn trigger(names: &[&str]) -> String {
 // Plan
 
 pub(super) fn plan(req: &ToolRequest) -> Result<Option<Plan>, String> {
-    let (lazy, tools): (bool, Vec<&Tool>) = match &req.choice {
-        ToolChoice::None => return Ok(None),
-        ToolChoice::Auto => (true, req.tools.iter().collect()),
-        ToolChoice::Required => (false, req.tools.iter().collect()),
-        ToolChoice::Function(name) => {
-            let named: Vec<&Tool> = req.tools.iter().filter(|t| &t.name == name).collect();
-            if named.is_empty() {
-                return Err(format!(
-                    "tool_choice names the function `{name}`, which is not among the tools"
-                ));
-            }
-            (false, named)
-        }
+    let Some(tools) = allowed_tools(req)? else {
+        return Ok(None);
     };
-    if tools.is_empty() {
-        if lazy {
-            // nothing the model could call: no grammar
-            return Ok(None);
-        }
-        return Err("tool_choice \"required\" needs at least one tool".to_string());
-    }
+    let lazy = req.choice == ToolChoice::Auto;
     let mut rules = String::new();
     let mut alts = Vec::new();
     let mut raw_strings = false;
@@ -930,6 +913,7 @@ pub(super) fn parse_partial(text: &str, req: Option<&ToolRequest>) -> Parsed {
 
 #[cfg(test)]
 mod tests {
+    use super::super::test_util::{req as request, tool};
     use super::*;
     use muser_sample::Grammar;
     use serde_json::json;
@@ -953,22 +937,6 @@ mod tests {
         }
         fn pick<'a, T>(&mut self, xs: &'a [T]) -> &'a T {
             &xs[self.below(xs.len())]
-        }
-    }
-
-    fn tool(name: &str, parameters: Value) -> Tool {
-        Tool {
-            name: name.to_string(),
-            description: None,
-            parameters,
-        }
-    }
-
-    fn request(tools: Vec<Tool>, choice: ToolChoice, parallel: bool) -> ToolRequest {
-        ToolRequest {
-            tools,
-            choice,
-            parallel,
         }
     }
 

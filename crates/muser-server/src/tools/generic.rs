@@ -13,16 +13,9 @@ use super::{
 };
 
 pub(super) fn plan(req: &ToolRequest) -> Result<Option<Plan>, String> {
-    if req.choice == ToolChoice::None {
+    let Some(tools) = allowed_tools(req)? else {
         return Ok(None);
-    }
-    if req.tools.is_empty() {
-        return match req.choice {
-            ToolChoice::Auto => Ok(None),
-            _ => Err("tool_choice asks for a tool call but no tools are given".into()),
-        };
-    }
-    let tools = allowed_tools(req)?;
+    };
     check_tools_convert(&tools)?;
     let schema = schema(req, &tools);
     let gbnf = muser_jsonschema::schema_to_gbnf(&schema)

@@ -18,16 +18,9 @@ const CLOSE: &str = "</tool_call>";
 const WS_BODY: &str = r#"( " " | "\n" "\n"? [ \t]{0,20} )?"#;
 
 pub(super) fn plan(req: &ToolRequest) -> Result<Option<Plan>, String> {
-    if req.choice == ToolChoice::None {
+    let Some(tools) = allowed_tools(req)? else {
         return Ok(None);
-    }
-    if req.tools.is_empty() {
-        return match req.choice {
-            ToolChoice::Auto => Ok(None),
-            _ => Err("tool_choice asks for a tool call but no tools are given".into()),
-        };
-    }
-    let tools = allowed_tools(req)?;
+    };
     check_tools_convert(&tools)?;
     let calls: Vec<Value> = tools
         .iter()

@@ -561,16 +561,24 @@ fn calls_wanted(req: Option<&ToolRequest>) -> bool {
     matches!(req, Some(r) if r.choice != ToolChoice::None && !r.tools.is_empty())
 }
 
-/// The tools the model may call under `req.choice`.
-fn allowed_tools(req: &ToolRequest) -> Result<Vec<&Tool>, String> {
+/// The tools the model may call under `req.choice`: None where no call is to be constrained
+/// (`none`, or `auto` with no tools), an Err where a call is asked of no tool or of a tool not
+/// given. Every format's plan starts here.
+fn allowed_tools(req: &ToolRequest) -> Result<Option<Vec<&Tool>>, String> {
     match &req.choice {
+        ToolChoice::None => Ok(None),
+        // Nothing the model could call: no grammar.
+        ToolChoice::Auto if req.tools.is_empty() => Ok(None),
+        ToolChoice::Required if req.tools.is_empty() => {
+            Err("tool_choice asks for a tool call but no tools are given".into())
+        }
         ToolChoice::Function(n) => match req.tools.iter().find(|t| &t.name == n) {
-            Some(t) => Ok(vec![t]),
+            Some(t) => Ok(Some(vec![t])),
             None => Err(format!(
                 "tool_choice names the function `{n}`, which is not in tools"
             )),
         },
-        _ => Ok(req.tools.iter().collect()),
+        _ => Ok(Some(req.tools.iter().collect())),
     }
 }
 
