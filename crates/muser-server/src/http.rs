@@ -586,9 +586,9 @@ async fn generate(
             o.think = Some(opened);
             // A lazy call grammar starts only after the reasoning block, never inside it; a
             // forced one lets the block come first.
-            if let (Some(sp), Some(word)) = (&mut spec, format.lazy_word()) {
+            if let (Some(sp), Some(start)) = (&mut spec, format.lazy_start()) {
                 if sp.lazy.is_some() {
-                    let pattern = think::after_block(&fancy_regex::escape(word), opened);
+                    let pattern = think::after_block(start, opened);
                     sp.lazy = Some(vec![constrain::TriggerSpec::Pattern(pattern)]);
                 } else if let constrain::SpecKind::Made(g, _) = &mut sp.kind {
                     *g = think::block_first(g, opened);
@@ -692,7 +692,7 @@ impl Output {
             .map(|(i, c)| {
                 let id =
                     c.id.clone()
-                        .unwrap_or_else(|| tools::tool_call_id(self.call_seed, i));
+                        .unwrap_or_else(|| self.format.call_id(self.call_seed, i));
                 let mut v = json!({
                     "id": id,
                     "type": "function",

@@ -3,9 +3,14 @@
 //! (`Format::plan`), and the reading of the model's text back into content, reasoning and calls
 //! (`Format::parse`).
 //!
-//! Three formats: `generic` (any template: one JSON object, described in the system prompt),
-//! `hermes` (`<tool_call>` JSON blocks: Qwen 2.5 / 3, Hermes) and `atem` (Muse Glimmer's
-//! channels, whose reasoning is split from the reply with or without tools).
+//! The formats: `generic` (any other template: one JSON object, described in the system
+//! prompt), `hermes` (`<tool_call>` JSON blocks: Qwen 2.5 / 3, Hermes), `qwen3-coder`
+//! (`<tool_call><function=NAME><parameter=K>` XML: Qwen3-Coder, Qwen 3.5, Nemotron Nano 3),
+//! `llama3` (Llama 3.x: the reply is one `{"name": ..., "parameters": ...}` object),
+//! `mistral-nemo` (`[TOOL_CALLS][{...}]`), `mistral` (`[TOOL_CALLS]NAME[ARGS]{...}`: Mistral
+//! Small 3.2, Devstral), `deepseek-r1` and `deepseek-v3.1` (`<｜tool▁calls▁begin｜>` blocks) and
+//! `atem` (Muse Glimmer's channels, whose reasoning is split from the reply with or without
+//! tools).
 
 use serde_json::{Map, Value};
 
@@ -13,8 +18,12 @@ use crate::api::show;
 use crate::error::ApiError;
 
 mod atem;
+mod deepseek;
 mod generic;
 mod hermes;
+mod llama3;
+mod mistral;
+mod qwen_xml;
 pub mod think;
 
 /// One function the model may call (OpenAI's `tools[i].function`).
@@ -105,6 +114,43 @@ pub enum Format {
     Hermes,
     /// Muse Glimmer's ATEM channels and `<atem:function_calls>` blocks.
     Atem,
+    /// `<tool_call>\n<function=NAME>\n<parameter=K>\nV\n</parameter>\n</function>\n</tool_call>`
+    /// (Qwen3-Coder, Qwen 3.5, Nemotron Nano 3, StepFun 3.5).
+    QwenXml,
+    /// Llama 3.x: a call is the whole reply, `{"name": NAME, "parameters": {...}}`.
+    Llama3,
+    /// Mistral Nemo: `[TOOL_CALLS][{"name": ..., "arguments": {...}, "id": "<9 alphanumerics>"}]`.
+    MistralNemo,
+    /// Mistral's later tokenizers (Small 3.2, Devstral):
+    /// `[TOOL_CALLS]NAME[CALL_ID]ID[ARGS]{...}`, `[CALL_ID]` only where the template writes it.
+    Mistral { call_id: bool },
+    /// DeepSeek R1: `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\n{...}\n```<｜tool▁call▁end｜>...<｜tool▁calls▁end｜>`.
+    DeepSeekR1,
+    /// DeepSeek V3.1: `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}<｜tool▁call▁end｜>...<｜tool▁calls▁end｜>`.
+    DeepSeekV31,
+}
+
+/// Where a lazy call grammar of a format starts, so that it can be made to wait for the end of
+/// a reasoning block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LazyStart {
+    /// The first occurrence of this text anywhere in the reply.
+    Word(&'static str),
+    /// This regex (fancy-regex syntax, no capture groups) at the start of the reply, after
+    /// optional whitespace.
+    ReplyStart(&'static str),
+}
+
+impl LazyStart {
+    /// The trigger of a lazy plan when no reasoning block comes first (`think::after_block`
+    /// makes the one that waits for it): the word itself, or the regex at the reply's start
+    /// as the capture group of a pattern.
+    pub fn trigger(self) -> Trigger {
+        match self {
+            LazyStart::Word(w) => Trigger::Word(w.to_string()),
+            LazyStart::ReplyStart(re) => Trigger::Pattern(format!(r"^\s*({re})")),
+        }
+    }
 }
 
 impl Format {
@@ -115,9 +161,17 @@ impl Format {
         };
         if t.contains("<atem:function_calls>") && t.contains("<|eom|>") {
             Format::Atem
+        } else if qwen_xml::detect(t) {
+            Format::QwenXml
         } else if t.contains("<tool_call>") && !t.contains("<function=") {
-            // `<function=` is Qwen3-Coder's XML calls inside `<tool_call>`: not Hermes JSON.
+            // `<function=` is XML calls inside `<tool_call>`: not Hermes JSON.
             Format::Hermes
+        } else if let Some(f) = deepseek::detect(t) {
+            f
+        } else if let Some(f) = mistral::detect(t) {
+            f
+        } else if llama3::detect(t) {
+            Format::Llama3
         } else {
             Format::Generic
         }
@@ -129,15 +183,25 @@ impl Format {
             Format::Generic => "generic",
             Format::Hermes => "hermes",
             Format::Atem => "atem",
+            Format::QwenXml => "qwen3-coder",
+            Format::Llama3 => "llama3",
+            Format::MistralNemo => "mistral-nemo",
+            Format::Mistral { .. } => "mistral",
+            Format::DeepSeekR1 => "deepseek-r1",
+            Format::DeepSeekV31 => "deepseek-v3.1",
         }
     }
 
     /// The text a lazy call grammar of this format starts at, when its trigger is a word (so
     /// that it can be made to wait for the end of a reasoning block).
-    pub fn lazy_word(self) -> Option<&'static str> {
+    pub fn lazy_start(self) -> Option<LazyStart> {
         match self {
-            Format::Hermes => Some("<tool_call>"),
-            _ => None,
+            Format::Generic | Format::Atem => None,
+            Format::Hermes => Some(LazyStart::Word("<tool_call>")),
+            Format::QwenXml => Some(qwen_xml::LAZY_START),
+            Format::Llama3 => Some(llama3::LAZY_START),
+            Format::MistralNemo | Format::Mistral { .. } => Some(mistral::LAZY_START),
+            Format::DeepSeekR1 | Format::DeepSeekV31 => Some(deepseek::LAZY_START),
         }
     }
 
@@ -149,6 +213,11 @@ impl Format {
             Format::Hermes => &["<tool_call>", "</tool_call>"],
             // The markup llama.cpp preserves for Muse Glimmer: its message framing and the
             // ATEM tags.
+            Format::QwenXml => qwen_xml::MARKUP,
+            Format::Llama3 => llama3::MARKUP,
+            Format::MistralNemo => mistral::MARKUP_NEMO,
+            Format::Mistral { .. } => mistral::MARKUP,
+            Format::DeepSeekR1 | Format::DeepSeekV31 => deepseek::MARKUP,
             Format::Atem => &[
                 "<|start|>",
                 "<|message|>",
@@ -172,6 +241,12 @@ impl Format {
             Format::Atem => atem::plan(req),
             Format::Generic => generic::plan(req),
             Format::Hermes => hermes::plan(req),
+            Format::QwenXml => qwen_xml::plan(req),
+            Format::Llama3 => llama3::plan(req),
+            Format::MistralNemo => mistral::plan(req, mistral::Flavor::Nemo),
+            Format::Mistral { call_id } => mistral::plan(req, mistral::Flavor::Args { call_id }),
+            Format::DeepSeekR1 => deepseek::plan(req, deepseek::Flavor::R1),
+            Format::DeepSeekV31 => deepseek::plan(req, deepseek::Flavor::V31),
         }
     }
 
@@ -182,6 +257,14 @@ impl Format {
             Format::Atem => atem::parse(text, req),
             Format::Generic => generic::parse(text, req),
             Format::Hermes => hermes::parse(text, req),
+            Format::QwenXml => qwen_xml::parse(text, req),
+            Format::Llama3 => llama3::parse(text, req),
+            Format::MistralNemo => mistral::parse(text, req, mistral::Flavor::Nemo),
+            Format::Mistral { call_id } => {
+                mistral::parse(text, req, mistral::Flavor::Args { call_id })
+            }
+            Format::DeepSeekR1 => deepseek::parse(text, req, deepseek::Flavor::R1),
+            Format::DeepSeekV31 => deepseek::parse(text, req, deepseek::Flavor::V31),
         }
     }
 
@@ -193,6 +276,26 @@ impl Format {
             Format::Atem => atem::parse_partial(text, req),
             Format::Generic => generic::parse_partial(text, req),
             Format::Hermes => hermes::parse_partial(text, req),
+            Format::QwenXml => qwen_xml::parse_partial(text, req),
+            Format::Llama3 => llama3::parse_partial(text, req),
+            Format::MistralNemo => mistral::parse_partial(text, req, mistral::Flavor::Nemo),
+            Format::Mistral { call_id } => {
+                mistral::parse_partial(text, req, mistral::Flavor::Args { call_id })
+            }
+            Format::DeepSeekR1 => deepseek::parse_partial(text, req, deepseek::Flavor::R1),
+            Format::DeepSeekV31 => deepseek::parse_partial(text, req, deepseek::Flavor::V31),
+        }
+    }
+}
+
+impl Format {
+    /// The id of a call the model wrote none for: OpenAI's `call_` ids (`tool_call_id`), or the
+    /// 9 letters and digits Mistral's templates insist on when the call comes back in the
+    /// history.
+    pub fn call_id(self, seed: u64, index: usize) -> String {
+        match self {
+            Format::MistralNemo | Format::Mistral { .. } => id_chars(seed, index, 9),
+            _ => tool_call_id(seed, index),
         }
     }
 }
@@ -535,6 +638,14 @@ fn check_name(name: &str) -> Result<(), String> {
 /// A call id like OpenAI's: "call_" and 24 letters and digits, a function of `seed` (one per
 /// request) and the call's `index`.
 pub fn tool_call_id(seed: u64, index: usize) -> String {
+    let mut id = String::with_capacity(29);
+    id.push_str("call_");
+    id.push_str(&id_chars(seed, index, 24));
+    id
+}
+
+/// `n` letters and digits drawn from `seed` and `index`.
+fn id_chars(seed: u64, index: usize, n: usize) -> String {
     const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
     // splitmix64 steps from a state mixing both inputs
     let mut state = seed ^ (index as u64).wrapping_mul(0xD1B5_4A32_D192_ED03);
@@ -545,12 +656,9 @@ pub fn tool_call_id(seed: u64, index: usize) -> String {
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
         z ^ (z >> 31)
     };
-    let mut id = String::with_capacity(29);
-    id.push_str("call_");
-    for _ in 0..24 {
-        id.push(ALPHABET[(next() >> 32) as usize % ALPHABET.len()] as char);
-    }
-    id
+    (0..n)
+        .map(|_| ALPHABET[(next() >> 32) as usize % ALPHABET.len()] as char)
+        .collect()
 }
 
 // ---- shared by the generic and Hermes formats ----

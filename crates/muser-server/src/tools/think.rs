@@ -159,17 +159,25 @@ mod tests {
     }
 }
 
-/// A trigger pattern (for `Trigger::Pattern`, fancy-regex) that finds the regex `word` (its
-/// capture group) only after the reasoning block: after `</think>` when the prompt opened the
-/// block, after the block when the output starts with one, anywhere otherwise. A tool call's
-/// lazy grammar then never starts inside the reasoning.
-pub fn after_block(word: &str, opened: bool) -> String {
+/// A trigger pattern (for `Trigger::Pattern`, fancy-regex) that finds a call's opening `start`
+/// (its capture group) only after the reasoning block: after `</think>` when the prompt opened
+/// the block, after the block when the output starts with one, at the reply's start otherwise
+/// (anywhere in the reply for a `Word`, after whitespace for a `ReplyStart`). A tool call's lazy
+/// grammar then never starts inside the reasoning.
+pub fn after_block(start: LazyStart, opened: bool) -> String {
+    // What may come between the block (or the reply's start) and the call's opening.
+    let (gap, call) = match start {
+        LazyStart::Word(w) => (r"[\s\S]*?", fancy_regex::escape(w).into_owned()),
+        LazyStart::ReplyStart(re) => (r"\s*", re.to_string()),
+    };
     if opened {
-        format!(r"^[\s\S]*?</think>[\s\S]*?({word})")
+        format!(r"^[\s\S]*?</think>{gap}({call})")
     } else {
-        format!(r"^(?:\s*<think>[\s\S]*?</think>|(?!\s*<think>))[\s\S]*?({word})")
+        format!(r"^(?:\s*<think>[\s\S]*?</think>|(?!\s*<think>)){gap}({call})")
     }
 }
+
+use super::LazyStart;
 
 #[cfg(test)]
 mod trigger_tests {
@@ -177,9 +185,9 @@ mod trigger_tests {
 
     #[test]
     fn a_call_trigger_waits_for_the_end_of_the_reasoning() {
-        let word = fancy_regex::escape("<tool_call>");
+        let word = LazyStart::Word("<tool_call>");
         let at = |text: &str, opened: bool| -> Option<usize> {
-            let re = fancy_regex::Regex::new(&after_block(&word, opened)).unwrap();
+            let re = fancy_regex::Regex::new(&after_block(word, opened)).unwrap();
             re.captures(text)
                 .unwrap()
                 .map(|c| c.get(1).unwrap().start())
@@ -199,6 +207,22 @@ mod trigger_tests {
         assert_eq!(at("<tool_call>", true), None);
         assert_eq!(at("a <tool_call> b</think> <tool_call>", true), Some(24));
         assert_eq!(at("</think><tool_call>", true), Some(8));
+        // A call that must open the reply: right after the block and whitespace, or at the
+        // reply's start, never later.
+        let start = LazyStart::ReplyStart(r"\{");
+        let at = |text: &str, opened: bool| -> Option<usize> {
+            let re = fancy_regex::Regex::new(&after_block(start, opened)).unwrap();
+            re.captures(text)
+                .unwrap()
+                .map(|c| c.get(1).unwrap().start())
+        };
+        assert_eq!(at("{", false), Some(0));
+        assert_eq!(at(" \n{", false), Some(2));
+        assert_eq!(at("Sure: {", false), None);
+        assert_eq!(at("<think>{</think>{", false), Some(16));
+        assert_eq!(at("<think>{</think> ok {", false), None);
+        assert_eq!(at("{ </think>\n{", true), Some(11));
+        assert_eq!(at("{", true), None);
     }
 }
 
