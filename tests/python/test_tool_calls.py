@@ -1,12 +1,14 @@
 """Tool calling through `muser serve` and the real `openai` client: OpenAI's `tools`,
-`tool_choice` and `parallel_tool_calls` on /v1/chat/completions, in the three formats Muser
-knows (the format the chat template teaches its model):
+`tool_choice` and `parallel_tool_calls` on /v1/chat/completions, in the formats Muser knows
+(the format the chat template teaches its model):
 
 - generic: any other template (here the default model's plain fallback): the reply is one JSON
   object, `tool_call(s)` or `response`, described in the system prompt and held by a grammar;
 - hermes: `<tool_call>{"name": ..., "arguments": ...}</tool_call>` (Qwen 2.5 and 3, Hermes);
-- atem: Muse Glimmer's channels and `<atem:function_calls>` blocks (llama.cpp's
-  models/templates/muse-glimmer.jinja, read from $MUSER_GGML_SRC when it is there).
+- with llama.cpp's real templates (models/templates, read from $MUSER_GGML_SRC when it is
+  there): atem (Muse Glimmer's channels and `<atem:function_calls>` blocks), qwen3-coder
+  (`<function=...><parameter=...>` XML: Qwen3-Coder, Qwen 3.5), llama3, mistral-nemo, mistral
+  (Small 3.2), deepseek-r1 and deepseek-v3.1.
 
 The model (models/muse-default.gguf) knows nothing of tools: every call it makes comes from the
 grammar's choices, so each must name a given tool and its arguments must validate against that
@@ -100,7 +102,14 @@ def template_files(tmp: Path) -> dict[str, Path | None]:
     if TEMPLATES is not None:
         for name, fmt in [("Qwen-Qwen2.5-7B-Instruct.jinja", "hermes-qwen"),
                           ("Qwen-Qwen3-0.6B.jinja", "hermes-think"),
-                          ("muse-glimmer.jinja", "atem")]:
+                          ("muse-glimmer.jinja", "atem"),
+                          ("Qwen3-Coder.jinja", "qwen3-coder"),
+                          ("Qwen3.5-4B.jinja", "qwen3-coder-think"),
+                          ("meta-llama-Llama-3.2-3B-Instruct.jinja", "llama3"),
+                          ("mistralai-Mistral-Nemo-Instruct-2407.jinja", "mistral-nemo"),
+                          ("Mistral-Small-3.2-24B-Instruct-2506.jinja", "mistral"),
+                          ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", "deepseek-r1"),
+                          ("deepseek-ai-DeepSeek-V3.1.jinja", "deepseek-v3.1")]:
             if (TEMPLATES / name).exists():
                 out[fmt] = TEMPLATES / name
     return out
@@ -126,7 +135,18 @@ def client_of(server) -> openai.OpenAI:
     return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
 
 
-def check_calls(calls, allowed: set[str], parallel: bool) -> None:
+# Formats whose templates think in <think> tags (the model here never closes the block by
+# itself, so a forced call after it may be cut by max_tokens).
+THINKING = {"atem", "hermes-think", "qwen3-coder-think", "deepseek-r1", "deepseek-v3.1"}
+
+
+def id_pattern(fmt: str) -> str:
+    """Mistral's templates take only ids of 9 letters and digits back; the others get
+    OpenAI's."""
+    return r"[A-Za-z0-9]{9}" if fmt.startswith("mistral") else r"call_[A-Za-z0-9]{24}"
+
+
+def check_calls(calls, allowed: set[str], parallel: bool, fmt: str) -> None:
     assert calls, "no tool call"
     if not parallel:
         assert len(calls) == 1, calls
@@ -136,7 +156,7 @@ def check_calls(calls, allowed: set[str], parallel: bool) -> None:
         assert c.function.name in allowed, c.function.name
         args = json.loads(c.function.arguments)
         jsonschema.validate(args, SCHEMAS[c.function.name])
-        assert re.fullmatch(r"call_[A-Za-z0-9]{24}", c.id), c.id
+        assert re.fullmatch(id_pattern(fmt), c.id), (fmt, c.id)
         ids.add(c.id)
     assert len(ids) == len(calls), "tool call ids repeat"
 
@@ -166,6 +186,14 @@ def reasoning_of(msg) -> str:
     return (msg.model_extra or {}).get("reasoning_content") or ""
 
 
+def test_each_template_gets_its_format(servers):
+    """/props names the format detected from each template's source."""
+    for fmt, server in servers.items():
+        want = fmt.removesuffix("-think").removesuffix("-qwen")
+        got = requests.get(server.url + "/props", timeout=30).json()["chat_format"]
+        assert got == want, (fmt, got)
+
+
 @pytest.mark.parametrize("choice", ["required", "named"])
 def test_forced_calls_name_a_tool_and_validate_streamed_or_not(servers, choice):
     rng = random.Random()
@@ -192,12 +220,12 @@ def test_forced_calls_name_a_tool_and_validate_streamed_or_not(servers, choice):
             # before the call (this model never stops reasoning by itself); otherwise the call
             # ends with the grammar.
             if ch.finish_reason == "length":
-                assert parallel or fmt in ("atem", "hermes-think"), (where, ch)
+                assert parallel or fmt in THINKING, (where, ch)
                 if ch.message.tool_calls:
-                    check_calls(ch.message.tool_calls, allowed, parallel)
+                    check_calls(ch.message.tool_calls, allowed, parallel, fmt)
             else:
                 assert ch.finish_reason == "tool_calls", (where, ch)
-                check_calls(ch.message.tool_calls, allowed, parallel)
+                check_calls(ch.message.tool_calls, allowed, parallel, fmt)
                 assert not (ch.message.content or "").strip(), (where, ch.message.content)
             # Streamed: the same calls (ids are per request), the same text.
             content, reasoning, calls, finish = streamed(client, **kw)
@@ -221,7 +249,7 @@ def test_auto_answers_or_calls(servers):
             where = f"{fmt} seed {seed}"
             if ch.message.tool_calls:
                 assert ch.finish_reason == "tool_calls", where
-                check_calls(ch.message.tool_calls, set(SCHEMAS), False)
+                check_calls(ch.message.tool_calls, set(SCHEMAS), False, fmt)
             else:
                 assert ch.finish_reason in ("stop", "length"), where
                 assert isinstance(ch.message.content, str), where
@@ -240,7 +268,7 @@ def test_generic_answers_in_its_json_or_calls(servers):
             model="muse-default", messages=MESSAGES, tools=TOOLS, seed=seed,
             temperature=1.0, max_tokens=300).choices[0]
         if ch.message.tool_calls:
-            check_calls(ch.message.tool_calls, set(SCHEMAS), False)
+            check_calls(ch.message.tool_calls, set(SCHEMAS), False, "generic")
         elif ch.finish_reason == "stop":
             # The grammar's JSON was read: its `response` string is the content, not the JSON.
             assert not ch.message.content.lstrip().startswith('{"response"'), ch.message.content
@@ -248,14 +276,27 @@ def test_generic_answers_in_its_json_or_calls(servers):
 
 def test_a_conversation_with_calls_and_results_renders(servers):
     """An assistant turn with tool calls (arguments as OpenAI's JSON string) and the tool's
-    result go back to the template; the ATEM template needs the arguments as a mapping."""
+    result go back to the template; the ATEM template needs the arguments as a mapping. The
+    calls a server made go back too, as a client sends them (Mistral's templates refuse ids
+    that are not 9 letters and digits)."""
     history = MESSAGES + [
         {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_1", "type": "function",
+            {"id": "call00001", "type": "function",
              "function": {"name": "get_weather", "arguments": '{"city": "Paris", "days": 3}'}}]},
-        {"role": "tool", "tool_call_id": "call_1", "content": '{"temp": 21}'},
+        {"role": "tool", "tool_call_id": "call00001", "content": '{"temp": 21}'},
     ]
     for fmt, server in servers.items():
+        client = client_of(server)
+        made = client.chat.completions.create(
+            model="muse-default", messages=MESSAGES, tools=TOOLS, tool_choice="required",
+            seed=random.randrange(1 << 30), temperature=0.8, max_tokens=300).choices[0].message
+        if made.tool_calls:
+            again = MESSAGES + [made.model_dump(exclude_none=True)] + [
+                {"role": "tool", "tool_call_id": c.id, "content": '{"ok": true}'}
+                for c in made.tool_calls]
+            r = post(server, "/v1/chat/completions",
+                     {"messages": again, "tools": TOOLS, "max_tokens": 4, "seed": 1})
+            assert r.status_code == 200, (fmt, again, r.text)
         r = post(server, "/v1/chat/completions",
                  {"messages": history, "tools": TOOLS, "max_tokens": 8, "seed": 1})
         assert r.status_code == 200, (fmt, r.text)

@@ -297,6 +297,8 @@ async fn props(State(sh): AppState) -> Result<Json<Value>, ApiError> {
         "ui": false,
         "ui_settings": {},
         "chat_template": m.template_source,
+        // The tool-call format the template teaches (Muser's own field).
+        "chat_format": m.chat_format.name(),
         "bos_token": m.bos_token,
         "eos_token": m.eos_token,
         "build_info": concat!("muser ", env!("CARGO_PKG_VERSION")),
@@ -684,15 +686,25 @@ impl Output {
         p
     }
 
-    /// OpenAI's `tool_calls` entries for the calls (with their index when streamed).
+    /// OpenAI's `tool_calls` entries for the calls (with their index when streamed). A call
+    /// gets the id its model wrote unless an earlier call of the answer has it (a client tells
+    /// the results apart by id); otherwise one made from the request's seed.
     fn calls(&self, p: &Parsed, indexed: bool) -> Vec<Value> {
+        let mut seen = std::collections::HashSet::new();
         p.tool_calls
             .iter()
             .enumerate()
             .map(|(i, c)| {
-                let id =
-                    c.id.clone()
-                        .unwrap_or_else(|| self.format.call_id(self.call_seed, i));
+                let mut id = match &c.id {
+                    Some(id) if !seen.contains(id) => id.clone(),
+                    _ => self.format.call_id(self.call_seed, i),
+                };
+                let mut k = p.tool_calls.len();
+                while seen.contains(&id) {
+                    id = self.format.call_id(self.call_seed, k);
+                    k += 1;
+                }
+                seen.insert(id.clone());
                 let mut v = json!({
                     "id": id,
                     "type": "function",

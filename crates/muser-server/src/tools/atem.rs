@@ -25,7 +25,8 @@
 //! The parameters of a call are the schema's `properties` in their order, required ones
 //! mandatory, optional ones optional, no others (stricter than llama.cpp). A value is raw text
 //! without `</atem:parameter>` when the property's schema admits strings (a string-only `enum`
-//! or `const`: one of its values, raw), else JSON per the schema (muser-jsonschema).
+//! or `const`: one of its values, raw), else JSON per the schema (muser-jsonschema); the
+//! grammar and the reading of values are `xml_args`', shared with the Qwen XML format.
 //!
 //! # Parse
 //!
@@ -40,8 +41,7 @@
 //! valid. Everything after a call header is held back while streaming until its block is
 //! complete.
 
-use serde_json::{Map, Value};
-
+use super::xml_args::{arguments, text_without, Params, Syntax};
 use super::{allowed_tools, Parsed, Plan, Tool, ToolCall, ToolChoice, ToolRequest, Trigger};
 use muser_jsonschema::gbnf_literal as literal;
 
@@ -57,6 +57,17 @@ const INVOKE_CLOSE: &str = "</atem:invoke>";
 const PARAM_OPEN: &str = "<atem:parameter name=\"";
 const PARAM_CLOSE: &str = "</atem:parameter>";
 const ATTR_END: &str = "\">";
+
+/// `<atem:parameter name="K">V</atem:parameter>`, the whitespace rule after it.
+const SYNTAX: Syntax = Syntax {
+    format: "ATEM",
+    prefix: "atem",
+    open: |k| format!("{PARAM_OPEN}{k}{ATTR_END}"),
+    close: PARAM_CLOSE,
+    end_tag: PARAM_CLOSE,
+    name_stops: &['"'],
+    python: false,
+};
 
 /// llama.cpp's trigger for this format (the grammar starts at the capture group,
 /// ` to=NAME<|message|>`), which `trigger` narrows; kept to compare with in the tests.
@@ -85,11 +96,11 @@ pub(super) fn plan(req: &ToolRequest) -> Result<Option<Plan>, String> {
         return Ok(None);
     };
     let lazy = req.choice == ToolChoice::Auto;
+    let mut params = Params::new(&SYNTAX);
     let mut rules = String::new();
     let mut alts = Vec::new();
-    let mut raw_strings = false;
     for (i, tool) in tools.iter().enumerate() {
-        alts.push(tool_rules(i, tool, &mut rules, &mut raw_strings)?);
+        alts.push(tool_rule(i, tool, &mut params, &mut rules)?);
     }
     let sep = literal(&format!("{EOM}{START}"));
     let calls = if req.parallel {
@@ -106,10 +117,7 @@ pub(super) fn plan(req: &ToolRequest) -> Result<Option<Plan>, String> {
         g
     };
     gbnf.push_str(&format!("atem-call ::= {}\n", alts.join(" | ")));
-    gbnf.push_str("atem-ws ::= ( \" \" | \"\\n\" \"\\n\"? [ \\t]{0,20} )?\n");
-    if raw_strings {
-        gbnf.push_str(&text_without("atem-str", &[PARAM_CLOSE]));
-    }
+    gbnf.push_str(&params.finish());
     gbnf.push_str(&rules);
     Ok(Some(Plan {
         gbnf,
@@ -142,460 +150,27 @@ fn check_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Adds tool `i`'s rules to `rules` (`raw_strings` set when they use `atem-str`); returns the
-/// name of its call rule.
-fn tool_rules(
+/// Adds the rule of a call of tool `i` to `rules` (its parameters' to `params`); returns its
+/// name.
+fn tool_rule(
     i: usize,
     tool: &Tool,
+    params: &mut Params,
     rules: &mut String,
-    raw_strings: &mut bool,
 ) -> Result<String, String> {
     let name = &tool.name;
     check_name(name)?;
-    let params = &tool.parameters;
-    let Some(obj) = params.as_object() else {
-        return Err(format!(
-            "tool `{name}`: `parameters` must be a JSON schema object"
-        ));
-    };
-    let is_object_type = match obj.get("type") {
-        None => true,
-        Some(Value::String(t)) => t == "object",
-        Some(Value::Array(ts)) => ts.iter().any(|t| t == "object"),
-        Some(_) => false,
-    };
-    if !is_object_type {
-        return Err(format!(
-            "tool `{name}`: `parameters` must be an object schema (its `type` is {})",
-            obj["type"]
-        ));
-    }
-    for kw in ["$ref", "anyOf", "oneOf", "allOf", "not", "if"] {
-        if obj.contains_key(kw) {
-            return Err(format!(
-                "tool `{name}`: `{kw}` in `parameters` is not supported (give an object schema \
-                 with `properties`)"
-            ));
-        }
-    }
-    let props = match obj.get("properties") {
-        None => Map::new(),
-        Some(Value::Object(m)) => m.clone(),
-        Some(_) => {
-            return Err(format!(
-                "tool `{name}`: `parameters.properties` must be an object"
-            ))
-        }
-    };
-    let required: Vec<&str> = match obj.get("required") {
-        None => Vec::new(),
-        Some(Value::Array(a)) => a
-            .iter()
-            .map(|v| {
-                v.as_str().ok_or_else(|| {
-                    format!("tool `{name}`: `parameters.required` must list strings")
-                })
-            })
-            .collect::<Result<_, _>>()?,
-        Some(_) => {
-            return Err(format!(
-                "tool `{name}`: `parameters.required` must be an array"
-            ))
-        }
-    };
-    if let Some(r) = required.iter().find(|r| !props.contains_key(**r)) {
-        return Err(format!(
-            "tool `{name}`: required parameter `{r}` is not in `properties`"
-        ));
-    }
-    let mut seq = Vec::new();
-    for (j, (k, schema)) in props.iter().enumerate() {
-        if k.contains('"') {
-            return Err(format!(
-                "tool `{name}`: the ATEM format cannot carry `\"` in a parameter name (`{k}`)"
-            ));
-        }
-        let value = match string_choices(schema) {
-            Some(choices) => {
-                let ok: Vec<String> = choices
-                    .iter()
-                    .filter(|c| !c.contains(PARAM_CLOSE))
-                    .map(|c| literal(c))
-                    .collect();
-                if ok.is_empty() {
-                    return Err(format!(
-                        "tool `{name}`: parameter `{k}`: no allowed value can be written in \
-                         the ATEM format"
-                    ));
-                }
-                format!("( {} )", ok.join(" | "))
-            }
-            None if value_types(schema, params, 0) & T_STR != 0 => {
-                match raw_string_rule(schema, params)
-                    .map_err(|e| format!("tool `{name}`: parameter `{k}`: {e}"))?
-                {
-                    None => {
-                        *raw_strings = true;
-                        "atem-str".to_string()
-                    }
-                    Some(rule) => rule,
-                }
-            }
-            None => {
-                let ptr = child_ptr("#/properties", k);
-                let (top, r) =
-                    muser_jsonschema::subschema_to_gbnf_rules(params, &ptr, &format!("j{i}-{j}-"))
-                        .map_err(|e| format!("tool `{name}`: parameter `{k}`: {e}"))?;
-                rules.push_str(&r);
-                top
-            }
-        };
-        let kv = format!("atem-t{i}-p{j}");
-        rules.push_str(&format!(
-            "{kv} ::= {} {value} {} atem-ws\n",
-            literal(&format!("{PARAM_OPEN}{k}{ATTR_END}")),
-            literal(PARAM_CLOSE)
-        ));
-        seq.push(if required.contains(&k.as_str()) {
-            kv
-        } else {
-            format!("{kv}?")
-        });
-    }
+    let seq = params.tool(i, tool)?;
+    let ws = params.ws();
     let rule = format!("atem-t{i}");
     rules.push_str(&format!(
-        "{rule} ::= {} atem-ws {} atem-ws {} {} atem-ws {}\n",
+        "{rule} ::= {} {ws} {} {ws} {seq} {} {ws} {}\n",
         literal(&format!("{TO}{name}{MESSAGE}{CALLS_OPEN}")),
         literal(&format!("{INVOKE_OPEN}{name}{ATTR_END}")),
-        seq.join(" "),
         literal(INVOKE_CLOSE),
         literal(CALLS_CLOSE)
     ));
     Ok(rule)
-}
-
-/// The values of a string-only `enum` or `const` (the schema's only constraint on strings
-/// then), None for any other schema.
-fn string_choices(schema: &Value) -> Option<Vec<String>> {
-    let m = schema.as_object()?;
-    let values: Vec<&Value> = if let Some(c) = m.get("const") {
-        vec![c]
-    } else {
-        m.get("enum")?.as_array()?.iter().collect()
-    };
-    if values.is_empty() {
-        return None;
-    }
-    // A string is written raw, another value as its JSON (the template's `render_atem`).
-    Some(
-        values
-            .iter()
-            .map(|v| match v {
-                Value::String(s) => s.clone(),
-                other => other.to_string(),
-            })
-            .collect(),
-    )
-}
-
-/// Annotations: keywords that constrain nothing.
-const ANNOTATIONS: &[&str] = &[
-    "description",
-    "title",
-    "examples",
-    "default",
-    "$comment",
-    "deprecated",
-    "readOnly",
-    "writeOnly",
-];
-
-/// Longest `minLength` / `maxLength` a raw string parameter may ask for (muser-jsonschema's
-/// repetition bound for JSON strings is of the same order).
-const MAX_RAW_LENGTH: u64 = 2000;
-
-/// The grammar of a parameter whose value may be a string (written raw): any text without
-/// `</atem:parameter>` when the schema constrains nothing more than its type, `[^<]{min,max}`
-/// (no `<` in the value) for a plain string with lengths; anything else (a `pattern`, a
-/// `format`, a reference or a combination that may constrain the string) is refused, since raw
-/// text cannot carry it and a value the schema rejects must never come back.
-fn raw_string_rule(schema: &Value, doc: &Value) -> Result<Option<String>, String> {
-    // A schema that is only a local reference is its target's (a few levels deep).
-    let mut schema = schema;
-    for _ in 0..8 {
-        let only_ref = schema.as_object().is_some_and(|o| {
-            o.contains_key("$ref") && o.keys().all(|k| k == "$ref" || ANNOTATIONS.contains(&&**k))
-        });
-        match schema["$ref"].as_str().and_then(|r| resolve_local(doc, r)) {
-            Some(target) if only_ref => schema = target,
-            _ => break,
-        }
-    }
-    fn keys(v: &Value) -> Vec<&str> {
-        v.as_object()
-            .map(|o| {
-                o.keys()
-                    .map(String::as_str)
-                    .filter(|k| !ANNOTATIONS.contains(k))
-                    .collect()
-            })
-            .unwrap_or_default()
-    }
-    let k = keys(schema);
-    if k.iter().all(|k| *k == "type") {
-        return Ok(None);
-    }
-    let plain_string = schema.get("type").and_then(Value::as_str) == Some("string");
-    if plain_string
-        && k.iter()
-            .all(|k| matches!(*k, "type" | "minLength" | "maxLength"))
-    {
-        let bound = |key: &str| -> Result<Option<u64>, String> {
-            match schema.get(key) {
-                None => Ok(None),
-                Some(v) => match v.as_u64() {
-                    Some(n) if n <= MAX_RAW_LENGTH => Ok(Some(n)),
-                    _ => Err(format!(
-                        "`{key}` must be a count from 0 to {MAX_RAW_LENGTH} for a raw string, \
-                         got {v}"
-                    )),
-                },
-            }
-        };
-        let min = bound("minLength")?.unwrap_or(0);
-        return Ok(Some(match bound("maxLength")? {
-            Some(max) if max < min => {
-                return Err(format!("`maxLength` {max} is below `minLength` {min}"))
-            }
-            Some(max) => format!("[^<]{{{min},{max}}}"),
-            None => format!("[^<]{{{min},}}"),
-        }));
-    }
-    // anyOf / oneOf of branches that constrain only their type are raw text too.
-    let branches_plain = k.iter().all(|k| matches!(*k, "type" | "anyOf" | "oneOf"))
-        && ["anyOf", "oneOf"].iter().all(|c| {
-            schema.get(*c).is_none_or(|b| {
-                b.as_array()
-                    .is_some_and(|a| a.iter().all(|x| keys(x).iter().all(|k| *k == "type")))
-            })
-        });
-    if branches_plain {
-        return Ok(None);
-    }
-    Err(format!(
-        "a value that may be a string is written as raw text in the ATEM format, which cannot \
-         carry its {} (give `type` alone, `minLength`/`maxLength` on a string, or an `enum`)",
-        k.iter()
-            .filter(|k| **k != "type")
-            .map(|k| format!("`{k}`"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    ))
-}
-
-/// Appends an RFC 6901 reference token to a pointer.
-fn child_ptr(ptr: &str, token: &str) -> String {
-    format!("{ptr}/{}", token.replace('~', "~0").replace('/', "~1"))
-}
-
-/// JSON types as bits.
-const T_NULL: u8 = 1;
-const T_BOOL: u8 = 2;
-const T_INT: u8 = 4;
-/// Numbers that are not integers.
-const T_FRAC: u8 = 8;
-const T_STR: u8 = 16;
-const T_ARR: u8 = 32;
-const T_OBJ: u8 = 64;
-const T_ALL: u8 = 127;
-
-fn type_bits(name: &str) -> u8 {
-    match name {
-        "null" => T_NULL,
-        "boolean" => T_BOOL,
-        "integer" => T_INT,
-        "number" => T_INT | T_FRAC,
-        "string" => T_STR,
-        "array" => T_ARR,
-        "object" => T_OBJ,
-        _ => T_ALL,
-    }
-}
-
-fn type_of(v: &Value) -> u8 {
-    match v {
-        Value::Null => T_NULL,
-        Value::Bool(_) => T_BOOL,
-        Value::Number(n) => {
-            if n.is_i64() || n.is_u64() || n.as_f64().is_some_and(|f| f.fract() == 0.0) {
-                T_INT
-            } else {
-                T_FRAC
-            }
-        }
-        Value::String(_) => T_STR,
-        Value::Array(_) => T_ARR,
-        Value::Object(_) => T_OBJ,
-    }
-}
-
-/// The JSON types a schema admits, as far as `type`, `const`, `enum`, local `$ref`s,
-/// `anyOf`/`oneOf` and `allOf` tell (an over-approximation; `$ref` cycles admit nothing).
-fn value_types(schema: &Value, doc: &Value, depth: usize) -> u8 {
-    if depth > 32 {
-        return 0;
-    }
-    let m = match schema {
-        Value::Bool(false) => return 0,
-        Value::Object(m) => m,
-        _ => return T_ALL,
-    };
-    let mut t = T_ALL;
-    match m.get("type") {
-        Some(Value::String(s)) => t &= type_bits(s),
-        Some(Value::Array(a)) => {
-            t &= a
-                .iter()
-                .filter_map(Value::as_str)
-                .fold(0, |acc, s| acc | type_bits(s))
-        }
-        _ => {}
-    }
-    if let Some(c) = m.get("const") {
-        t &= type_of(c);
-    } else if let Some(Value::Array(e)) = m.get("enum") {
-        t &= e.iter().fold(0, |acc, v| acc | type_of(v));
-    }
-    if let Some(target) = m
-        .get("$ref")
-        .and_then(Value::as_str)
-        .and_then(|r| resolve_local(doc, r))
-    {
-        t &= value_types(target, doc, depth + 1);
-    }
-    for kw in ["anyOf", "oneOf"] {
-        if let Some(Value::Array(a)) = m.get(kw) {
-            t &= a
-                .iter()
-                .fold(0, |acc, s| acc | value_types(s, doc, depth + 1));
-        }
-    }
-    if let Some(Value::Array(a)) = m.get("allOf") {
-        for s in a {
-            t &= value_types(s, doc, depth + 1);
-        }
-    }
-    t
-}
-
-/// The target of a `#/...` reference in `doc`.
-fn resolve_local<'v>(doc: &'v Value, r: &str) -> Option<&'v Value> {
-    let path = r.strip_prefix('#')?;
-    if path.is_empty() {
-        return Some(doc);
-    }
-    let mut cur = doc;
-    for raw in path.strip_prefix('/')?.split('/') {
-        let tok = raw.replace("~1", "/").replace("~0", "~");
-        cur = match cur {
-            Value::Object(m) => m.get(&tok)?,
-            Value::Array(a) => a.get(tok.parse::<usize>().ok()?)?,
-            _ => return None,
-        };
-    }
-    Some(cur)
-}
-
-fn escape_code(c: char) -> String {
-    let u = c as u32;
-    if u < 0x80 {
-        format!("\\x{u:02X}")
-    } else if u <= 0xffff {
-        format!("\\u{u:04X}")
-    } else {
-        format!("\\U{u:08X}")
-    }
-}
-
-/// One character inside a GBNF character class.
-fn class_char(c: char) -> String {
-    if c.is_ascii_alphanumeric() {
-        c.to_string()
-    } else {
-        escape_code(c)
-    }
-}
-
-/// GBNF rules for any text in which none of `delims` (non-empty) occurs: rule `name` and
-/// helper rules `name-K`. A right-linear grammar of the Aho-Corasick automaton of `delims`:
-/// one rule per reachable proper prefix of a delimiter (the longest one the text ends with),
-/// one alternative per next state, so the text is read deterministically.
-pub(super) fn text_without(name: &str, delims: &[&str]) -> String {
-    let delims: Vec<Vec<char>> = delims.iter().map(|d| d.chars().collect()).collect();
-    let mut alphabet: Vec<char> = delims.iter().flatten().copied().collect();
-    alphabet.sort_unstable();
-    alphabet.dedup();
-    let is_prefix = |s: &[char]| delims.iter().any(|d| d.len() > s.len() && d.starts_with(s));
-    // the state after reading `c` in `s`: None when a delimiter ends there
-    let step = |s: &[char], c: char| -> Option<Vec<char>> {
-        let mut w = s.to_vec();
-        w.push(c);
-        if delims.iter().any(|d| w.ends_with(d)) {
-            return None;
-        }
-        (0..=w.len())
-            .map(|k| w[k..].to_vec())
-            .find(|suffix| is_prefix(suffix))
-    };
-    let mut states: Vec<Vec<char>> = vec![Vec::new()];
-    let mut out = String::new();
-    let mut i = 0;
-    while i < states.len() {
-        let s = states[i].clone();
-        // next state -> the characters of the alphabet leading there
-        let mut dests: Vec<(usize, Vec<char>)> = Vec::new();
-        // characters that leave the start state or end a delimiter
-        let mut special = Vec::new();
-        for &c in &alphabet {
-            let Some(next) = step(&s, c) else {
-                special.push(c);
-                continue;
-            };
-            if next.is_empty() {
-                continue;
-            }
-            special.push(c);
-            let k = match states.iter().position(|x| *x == next) {
-                Some(k) => k,
-                None => {
-                    states.push(next);
-                    states.len() - 1
-                }
-            };
-            match dests.iter_mut().find(|(d, _)| *d == k) {
-                Some((_, cs)) => cs.push(c),
-                None => dests.push((k, vec![c])),
-            }
-        }
-        let rule = |k: usize| {
-            if k == 0 {
-                name.to_string()
-            } else {
-                format!("{name}-{k}")
-            }
-        };
-        let class = |neg: bool, cs: &[char]| {
-            let body: String = cs.iter().map(|&c| class_char(c)).collect();
-            format!("[{}{body}]", if neg { "^" } else { "" })
-        };
-        let mut alts = vec![format!("{} {}", class(true, &special), rule(0))];
-        for (k, cs) in &dests {
-            alts.push(format!("{} {}", class(false, cs), rule(*k)));
-        }
-        out.push_str(&format!("{} ::= ( {} )?\n", rule(i), alts.join(" | ")));
-        i += 1;
-    }
-    out
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -858,33 +433,6 @@ fn scan(text: &str, complete: bool, req: Option<&ToolRequest>) -> Scan {
     }
 }
 
-/// The argument value of parameter `key` of tool `tool` from its raw text.
-fn arg_value(raw: &str, tool: &str, key: &str, req: Option<&ToolRequest>) -> Value {
-    let types = req
-        .and_then(|r| r.tools.iter().find(|t| t.name == tool))
-        .and_then(|t| {
-            let schema = t.parameters.get("properties")?.get(key)?;
-            Some(value_types(schema, &t.parameters, 0))
-        })
-        .unwrap_or(T_ALL);
-    if types == T_STR {
-        return Value::String(raw.to_string());
-    }
-    match serde_json::from_str::<Value>(raw) {
-        // strings are written raw: a JSON string literal is text with quotes
-        Ok(v) if types & T_STR == 0 || (!v.is_string() && type_of(&v) & types != 0) => v,
-        _ => Value::String(raw.to_string()),
-    }
-}
-
-fn arguments(call: &RawCall, req: Option<&ToolRequest>) -> String {
-    let mut m = Map::new();
-    for (k, raw) in &call.args {
-        m.insert(k.clone(), arg_value(raw, &call.name, k, req));
-    }
-    Value::Object(m).to_string()
-}
-
 pub(super) fn parse(text: &str, req: Option<&ToolRequest>) -> Parsed {
     let s = scan(text, true, req);
     Parsed {
@@ -896,7 +444,7 @@ pub(super) fn parse(text: &str, req: Option<&ToolRequest>) -> Parsed {
             .map(|c| ToolCall {
                 id: None,
                 name: c.name.clone(),
-                arguments: arguments(c, req),
+                arguments: arguments(&SYNTAX, &c.name, &c.args, req),
             })
             .collect(),
     }
@@ -916,7 +464,7 @@ mod tests {
     use super::super::test_util::{req as request, tool};
     use super::*;
     use muser_sample::Grammar;
-    use serde_json::json;
+    use serde_json::{json, Map, Value};
 
     /// SplitMix64: deterministic random inputs without a dependency.
     struct Rng(u64);

@@ -1,34 +1,838 @@
-//! (in progress)
+//! The DeepSeek formats: calls in a `<｜tool▁calls▁begin｜>` ... `<｜tool▁calls▁end｜>` block
+//! after the reply's text if any, one `<｜tool▁call▁begin｜>` ... `<｜tool▁call▁end｜>` each.
+//! R1 (and its Qwen and Llama distills) writes a call as
+//! `function<｜tool▁sep｜>NAME\n```json\n{...}\n```` and puts `\n` between calls; V3.1 writes
+//! `NAME<｜tool▁sep｜>{...}` with nothing between them. The chat template shows the tools
+//! itself. Reasoning in `<think>` tags is split off before `parse` sees the text.
 
-use super::{Format, LazyStart, Parsed, Plan, ToolRequest};
+use serde_json::Value;
 
+use super::{
+    allowed_tools, arguments_schema, calls_wanted, Format, LazyStart, Parsed, Plan, ToolCall,
+    ToolChoice, ToolRequest,
+};
+
+use muser_jsonschema::gbnf_literal as lit;
+
+/// Which layout of a call: R1's (`function<｜tool▁sep｜>NAME` and a fenced JSON) or V3.1's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Flavor {
     R1,
     V31,
 }
 
-pub(super) const LAZY_START: LazyStart = LazyStart::Word("\u{0}");
-pub(super) const MARKUP: &[&str] = &[];
+const CALLS_BEGIN: &str = "<｜tool▁calls▁begin｜>";
+const CALLS_END: &str = "<｜tool▁calls▁end｜>";
+const CALL_BEGIN: &str = "<｜tool▁call▁begin｜>";
+const CALL_END: &str = "<｜tool▁call▁end｜>";
+const SEP: &str = "<｜tool▁sep｜>";
 
-pub(super) fn detect(_template: &str) -> Option<Format> {
-    None
+/// The block's opening and the misspellings of it that the R1 distills are known to write
+/// (read back as the opening; the grammar writes the right one). None is a prefix of another,
+/// and each has its `<` only at its start.
+const OPENINGS: &[&str] = &[
+    CALLS_BEGIN,
+    "<｜tool_calls_begin｜>",
+    "<｜tool calls begin｜>",
+    "<｜tool\\_calls\\_begin｜>",
+    "<｜tool▁calls｜>",
+];
+
+/// The JSON grammar's optional whitespace (muser-jsonschema's `ws`).
+const WS_BODY: &str = r#"( " " | "\n" "\n"? [ \t]{0,20} )?"#;
+
+pub(super) const LAZY_START: LazyStart = LazyStart::Word(CALLS_BEGIN);
+pub(super) const MARKUP: &[&str] = &[CALLS_BEGIN, CALL_BEGIN, SEP, CALL_END, CALLS_END];
+
+/// The flavour of a template that renders a past call in the block: R1 when the call's
+/// arguments are in a ```` ```json ```` fence (after `function<｜tool▁sep｜>NAME`), V3.1 when
+/// they follow `NAME<｜tool▁sep｜>` bare. None for other templates, the DSML ones (V3.2, V4)
+/// among them.
+pub(super) fn detect(t: &str) -> Option<Format> {
+    if !t.contains(CALLS_BEGIN) || !t.contains(SEP) || t.contains("DSML") {
+        return None;
+    }
+    let mut bare = false;
+    for (i, _) in t.match_indices(CALL_BEGIN) {
+        let call = &t[i..];
+        let call = &call[..call.find(CALL_END).unwrap_or(call.len())];
+        if call.contains(SEP) {
+            if call.contains("```json") {
+                return Some(Format::DeepSeekR1);
+            }
+            bare = true;
+        }
+    }
+    bare.then_some(Format::DeepSeekV31)
 }
 
-pub(super) fn plan(_req: &ToolRequest, _flavor: Flavor) -> Result<Option<Plan>, String> {
-    Err("not yet".into())
+/// The block of one call (or, with `req.parallel`, of one or more) of the allowed tools, the
+/// arguments held by each tool's schema; whitespace allowed between the pieces.
+pub(super) fn plan(req: &ToolRequest, flavor: Flavor) -> Result<Option<Plan>, String> {
+    let Some(tools) = allowed_tools(req)? else {
+        return Ok(None);
+    };
+    let mut alts = Vec::with_capacity(tools.len());
+    let mut rules = String::new();
+    for (i, t) in tools.iter().enumerate() {
+        let (args, r) =
+            muser_jsonschema::schema_to_gbnf_rules(&arguments_schema(t), &format!("tool{i}-"))
+                .map_err(|e| {
+                    format!(
+                        "the parameters of tool `{}` cannot be made a grammar: {e}",
+                        t.name
+                    )
+                })?;
+        let body = match flavor {
+            Flavor::R1 => format!(
+                "{} {args} ws {}",
+                lit(&format!("{}\n```json\n", t.name)),
+                lit("```")
+            ),
+            Flavor::V31 => format!("{} {args}", lit(&format!("{}{SEP}", t.name))),
+        };
+        rules.push_str(&format!("call-{i} ::= {body}\n"));
+        rules.push_str(r.trim_end());
+        rules.push('\n');
+        alts.push(format!("call-{i}"));
+    }
+    let head = match flavor {
+        Flavor::R1 => format!("{CALL_BEGIN}function{SEP}"),
+        Flavor::V31 => CALL_BEGIN.to_string(),
+    };
+    let more = if req.parallel { " ( ws call )*" } else { "" };
+    let gbnf = format!(
+        "root ::= {} call{more} ws {}\n\
+         call ::= {} ( {} ) ws {}\n\
+         ws ::= {WS_BODY}\n{rules}",
+        lit(CALLS_BEGIN),
+        lit(CALLS_END),
+        lit(&head),
+        alts.join(" | "),
+        lit(CALL_END),
+    );
+    let lazy = req.choice == ToolChoice::Auto;
+    Ok(Some(Plan {
+        gbnf,
+        lazy,
+        triggers: if lazy {
+            vec![LAZY_START.trigger()]
+        } else {
+            Vec::new()
+        },
+        system: None,
+    }))
 }
 
-pub(super) fn parse(text: &str, _req: Option<&ToolRequest>, _flavor: Flavor) -> Parsed {
+/// The first block opening in `text`: its offset and its text.
+fn find_opening(text: &str) -> Option<(usize, &'static str)> {
+    OPENINGS
+        .iter()
+        .filter_map(|o| text.find(o).map(|i| (i, *o)))
+        .min_by_key(|(i, _)| *i)
+}
+
+/// A function name as written in a call: no whitespace, no markup.
+fn read_name(s: &str) -> Option<&str> {
+    let s = s.trim();
+    (!s.is_empty() && !s.contains(|c: char| c.is_whitespace() || c == '<' || c == '`')).then_some(s)
+}
+
+/// A call's arguments (a JSON object, in a ```` ```json ```` fence or not) up to the call's end
+/// (`<｜tool▁call▁end｜>`, or the end of the text): the arguments as compact JSON and the text
+/// after the call.
+fn read_args(s: &str) -> Option<(String, &str)> {
+    let s = s.trim_start();
+    let (fenced, s) = match s.strip_prefix("```json").or_else(|| s.strip_prefix("```")) {
+        Some(rest) => (true, rest),
+        None => (false, s),
+    };
+    let mut it = serde_json::Deserializer::from_str(s).into_iter::<Value>();
+    let v = it.next()?.ok()?;
+    if !v.is_object() {
+        return None;
+    }
+    let mut rest = s[it.byte_offset()..].trim_start();
+    if fenced {
+        rest = rest.strip_prefix("```")?.trim_start();
+    }
+    let rest = match rest.strip_prefix(CALL_END) {
+        Some(r) => r,
+        None if rest.is_empty() => rest,
+        None => return None,
+    };
+    Some((serde_json::to_string(&v).ok()?, rest))
+}
+
+/// One call at the start of `s` (its `<｜tool▁call▁begin｜>` may be missing): the call and
+/// the text after it.
+fn read_one(s: &str, flavor: Flavor) -> Option<(ToolCall, &str)> {
+    let s = s.strip_prefix(CALL_BEGIN).unwrap_or(s);
+    let (name, after) = match flavor {
+        Flavor::R1 => {
+            let s = s.strip_prefix("function")?.strip_prefix(SEP)?;
+            let nl = s.find('\n')?;
+            (&s[..nl], &s[nl + 1..])
+        }
+        Flavor::V31 => s.split_once(SEP)?,
+    };
+    let name = read_name(name)?;
+    let (arguments, rest) = read_args(after)?;
+    Some((
+        ToolCall {
+            id: None,
+            name: name.to_string(),
+            arguments,
+        },
+        rest,
+    ))
+}
+
+/// The calls of the block whose opening ends right before `s`, and the text after the block
+/// (after `<｜tool▁calls▁end｜>`, or at the end of the text for an unclosed block). None when
+/// the block is malformed or has no call.
+fn read_block(s: &str, flavor: Flavor) -> Option<(Vec<ToolCall>, &str)> {
+    let mut calls = Vec::new();
+    let mut rest = s;
+    loop {
+        let t = rest.trim_start();
+        if let Some(after) = t.strip_prefix(CALLS_END) {
+            return (!calls.is_empty()).then_some((calls, after));
+        }
+        if t.is_empty() {
+            return (!calls.is_empty()).then_some((calls, t));
+        }
+        let (call, after) = read_one(t, flavor)?;
+        calls.push(call);
+        rest = after;
+    }
+}
+
+/// Content is the text with the well-formed blocks taken out, its trailing whitespace
+/// trimmed; malformed blocks stay in it.
+pub(super) fn parse(text: &str, req: Option<&ToolRequest>, flavor: Flavor) -> Parsed {
+    if !calls_wanted(req) {
+        return Parsed {
+            content: text.to_string(),
+            ..Parsed::default()
+        };
+    }
+    let mut content = String::new();
+    let mut tool_calls = Vec::new();
+    let mut rest = text;
+    while let Some((i, open)) = find_opening(rest) {
+        content.push_str(&rest[..i]);
+        let after = &rest[i + open.len()..];
+        match read_block(after, flavor) {
+            Some((calls, r)) => {
+                tool_calls.extend(calls);
+                rest = r;
+            }
+            None => {
+                content.push_str(open);
+                rest = after;
+            }
+        }
+    }
+    content.push_str(rest);
+    content.truncate(content.trim_end().len());
     Parsed {
-        content: text.to_string(),
+        content,
+        reasoning: None,
+        tool_calls,
+    }
+}
+
+/// Content up to the first block opening, less a tail that may be the start of one, and less
+/// trailing whitespace (which `parse` trims when a block follows it).
+pub(super) fn parse_partial(text: &str, req: Option<&ToolRequest>, _flavor: Flavor) -> Parsed {
+    if !calls_wanted(req) {
+        return Parsed {
+            content: text.to_string(),
+            ..Parsed::default()
+        };
+    }
+    let cut = match find_opening(text) {
+        Some((i, _)) => i,
+        None => {
+            let held = OPENINGS
+                .iter()
+                .flat_map(|o| {
+                    (1..o.len()).filter(|&n| o.is_char_boundary(n) && text.ends_with(&o[..n]))
+                })
+                .max()
+                .unwrap_or(0);
+            text.len() - held
+        }
+    };
+    Parsed {
+        content: text[..cut].trim_end().to_string(),
         ..Parsed::default()
     }
 }
 
-pub(super) fn parse_partial(text: &str, _req: Option<&ToolRequest>, _flavor: Flavor) -> Parsed {
-    Parsed {
-        content: text.to_string(),
-        ..Parsed::default()
+#[cfg(test)]
+mod tests {
+    use super::super::test_util::*;
+    use super::super::{Tool, Trigger};
+    use super::*;
+    use muser_sample::Grammar;
+    use serde_json::json;
+
+    const TEMPLATES: &str =
+        "../../target/llamacpp/llama_cpp_python-0.3.36/vendor/llama.cpp/models/templates";
+
+    const FLAVORS: [(Flavor, Format); 2] = [
+        (Flavor::R1, Format::DeepSeekR1),
+        (Flavor::V31, Format::DeepSeekV31),
+    ];
+
+    /// A block as the templates render it: `sep` between the calls, the arguments as given.
+    fn render(flavor: Flavor, calls: &[(&str, String)], sep: &str) -> String {
+        let calls: Vec<String> = calls
+            .iter()
+            .map(|(n, a)| match flavor {
+                Flavor::R1 => {
+                    format!("{CALL_BEGIN}function{SEP}{n}\n```json\n{a}\n```{CALL_END}")
+                }
+                Flavor::V31 => format!("{CALL_BEGIN}{n}{SEP}{a}{CALL_END}"),
+            })
+            .collect();
+        format!("{CALLS_BEGIN}{}{CALLS_END}", calls.join(sep))
+    }
+
+    /// Random tools and calls, both flavours: the grammar takes the rendered blocks (several
+    /// argument layouts and separators), `parse` gives the calls back; wrong names, broken
+    /// arguments, extra calls and unclosed blocks are refused.
+    #[test]
+    fn deepseek_grammar_accepts_calls_and_refuses_wrong_ones() {
+        let mut rng = Rng(0xDEE5_0001);
+        for round in 0..80 {
+            let (flavor, format) = FLAVORS[round % 2];
+            let tools = random_tools(&mut rng);
+            let parallel = round % 4 >= 2;
+            let choice = match round % 3 {
+                0 => ToolChoice::Auto,
+                1 => ToolChoice::Required,
+                _ => ToolChoice::Function(tools[rng.below(tools.len())].name.clone()),
+            };
+            let r = req(tools.clone(), choice.clone(), parallel);
+            let p = format.plan(&r).unwrap().unwrap();
+            assert_eq!(p.system, None);
+            assert_eq!(p.lazy, choice == ToolChoice::Auto);
+            if p.lazy {
+                assert_eq!(p.triggers, vec![Trigger::Word(CALLS_BEGIN.into())]);
+            } else {
+                assert!(p.triggers.is_empty());
+            }
+            let g = Grammar::parse(&p.gbnf).unwrap_or_else(|e| panic!("{e:?}\n{}", p.gbnf));
+            let allowed: Vec<&Tool> = match &choice {
+                ToolChoice::Function(n) => tools.iter().filter(|t| &t.name == n).collect(),
+                _ => tools.iter().collect(),
+            };
+            let n_calls = if parallel { 1 + rng.below(3) } else { 1 };
+            let calls: Vec<(&str, Value)> = (0..n_calls)
+                .map(|_| {
+                    let t = allowed[rng.below(allowed.len())];
+                    (t.name.as_str(), random_args(&mut rng, &t.parameters))
+                })
+                .collect();
+            for layout in 0..4 {
+                let laid: Vec<(&str, String)> = calls
+                    .iter()
+                    .map(|(n, a)| (*n, layouts(a)[layout].clone()))
+                    .collect();
+                let sep = ["\n", "", "\n\n", " "][layout];
+                let text = render(flavor, &laid, sep);
+                assert!(
+                    g.accepts_str(&text),
+                    "round {round}: refused {text}\n{}",
+                    p.gbnf
+                );
+                let parsed = format.parse(&text, Some(&r));
+                assert_eq!(parsed.content, "");
+                assert_eq!(parsed.reasoning, None);
+                assert_eq!(parsed.tool_calls.len(), calls.len());
+                for (c, (n, a)) in parsed.tool_calls.iter().zip(&calls) {
+                    assert_eq!((c.name.as_str(), c.id.as_ref()), (*n, None));
+                    let got: Value = serde_json::from_str(&c.arguments).unwrap();
+                    assert_eq!(&got, a);
+                    assert_eq!(c.arguments, serde_json::to_string(a).unwrap());
+                }
+                // content before the block (what the lazy grammar does not see) is kept
+                let with_text = format!("Let me check.\n\n{text}");
+                let parsed = format.parse(&with_text, Some(&r));
+                assert_eq!(parsed.content, "Let me check.");
+                assert_eq!(parsed.tool_calls.len(), calls.len());
+                // nothing may follow the block; it must be closed
+                assert!(!g.accepts_str(&format!("{text}\nMore")));
+                assert!(!g.accepts_str(text.strip_suffix(CALLS_END).unwrap()));
+                assert!(!g.accepts_str(&format!("Hi {text}")));
+            }
+            assert!(!g.accepts_str(""));
+            assert!(!g.accepts_str("Hello"));
+            assert!(!g.accepts_str(&format!("{CALLS_BEGIN}{CALLS_END}")));
+            let (n, a) = &calls[0];
+            let one = (*n, a.to_string());
+            let single = render(flavor, std::slice::from_ref(&one), "");
+            assert!(g.accepts_str(&single));
+            let two = render(flavor, &[one.clone(), one.clone()], "\n");
+            assert_eq!(g.accepts_str(&two), parallel);
+            // the other flavour's layout
+            let other = if flavor == Flavor::R1 {
+                Flavor::V31
+            } else {
+                Flavor::R1
+            };
+            assert!(!g.accepts_str(&render(other, std::slice::from_ref(&one), "")));
+            // the call unclosed, a misspelled opening
+            assert!(!g.accepts_str(&single.replacen(CALL_END, "", 1)));
+            assert!(!g.accepts_str(&single.replacen(CALLS_BEGIN, OPENINGS[1], 1)));
+            // a tool that is not allowed
+            let unknown = render(flavor, &[("no_such_tool", "{}".into())], "");
+            assert!(!g.accepts_str(&unknown));
+            if let ToolChoice::Function(f) = &choice {
+                if let Some(o) = tools.iter().find(|t| &t.name != f) {
+                    let oa = random_args(&mut rng, &o.parameters).to_string();
+                    let b = render(flavor, &[(o.name.as_str(), oa)], "");
+                    assert!(!g.accepts_str(&b), "other tool taken: {b}");
+                }
+            }
+            // arguments that break the schema
+            let t = allowed.iter().find(|t| t.name == *n).unwrap();
+            for bad in broken_args(&mut rng, &t.parameters, a) {
+                let b = render(flavor, &[(*n, bad.to_string())], "");
+                assert!(!g.accepts_str(&b), "round {round}: took {b}");
+            }
+        }
+    }
+
+    /// What DeepSeek R1 Distill Qwen 32B's template renders for two calls in the history
+    /// (rendered with jinja2 and transformers' `tojson`; llama.cpp's `llama-cpp-deepseek-r1`
+    /// renders the same), ended by `<｜end▁of▁sentence｜>`.
+    const R1_TEMPLATE_TEXT: &str = "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{\"unit\": \"celsius\", \"city\": \"Pa\\\"ris <x> é\\n\", \"days\": 3, \"detail\": {\"hourly\": true, \"tags\": [\"a\", \"b\"]}}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>ping\n```json\n{}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜>";
+
+    /// R1 Distill Llama 8B's template for one call (its arguments given as the JSON string):
+    /// it writes no `<｜tool▁calls▁end｜>` after a single call.
+    const R1_LLAMA_TEMPLATE_TEXT: &str = "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{\"unit\": \"celsius\", \"city\": \"Pa\\\"ris <x> \\u00e9\\n\", \"days\": 3, \"detail\": {\"hourly\": true, \"tags\": [\"a\", \"b\"]}}\n```<｜tool▁call▁end｜>";
+
+    /// DeepSeek V3.1's template for the same two calls, and for one call after content.
+    const V31_TEMPLATE_TEXT: &str = "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"unit\": \"celsius\", \"city\": \"Pa\\\"ris <x> é\\n\", \"days\": 3, \"detail\": {\"hourly\": true, \"tags\": [\"a\", \"b\"]}}<｜tool▁call▁end｜><｜tool▁call▁begin｜>ping<｜tool▁sep｜>{}<｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜>";
+    const V31_CONTENT_TEMPLATE_TEXT: &str = "Let me check.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>ping<｜tool▁sep｜>{}<｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜>";
+
+    const EOS: &str = "<｜end▁of▁sentence｜>";
+
+    fn weather_tools() -> Vec<Tool> {
+        vec![
+            tool(
+                "get_weather",
+                json!({
+                    "type": "object",
+                    "properties": {
+                        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+                        "city": {"type": "string"},
+                        "days": {"type": "integer"},
+                        "detail": {
+                            "type": "object",
+                            "properties": {
+                                "hourly": {"type": "boolean"},
+                                "tags": {"type": "array", "items": {"type": "string"}}
+                            }
+                        }
+                    },
+                    "required": ["unit", "city"]
+                }),
+            ),
+            tool("ping", json!({"type": "object"})),
+        ]
+    }
+
+    const WEATHER_ARGS: &str = r#"{"unit":"celsius","city":"Pa\"ris <x> é\n","days":3,"detail":{"hourly":true,"tags":["a","b"]}}"#;
+
+    fn calls(names: &[&str]) -> Vec<ToolCall> {
+        names
+            .iter()
+            .map(|n| ToolCall {
+                id: None,
+                name: n.to_string(),
+                arguments: if *n == "ping" { "{}" } else { WEATHER_ARGS }.into(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn deepseek_template_renderings_are_accepted_and_read_back() {
+        for (flavor, format, text) in [
+            (Flavor::R1, Format::DeepSeekR1, R1_TEMPLATE_TEXT),
+            (Flavor::V31, Format::DeepSeekV31, V31_TEMPLATE_TEXT),
+        ] {
+            let body = text.strip_suffix(EOS).unwrap();
+            // the test renderer writes the same text
+            let args = serde_json::from_str::<Value>(WEATHER_ARGS).unwrap();
+            let laid = [
+                ("get_weather", python_json(&args, false)),
+                ("ping", "{}".into()),
+            ];
+            let sep = if flavor == Flavor::R1 { "\n" } else { "" };
+            assert_eq!(render(flavor, &laid, sep), body);
+            for choice in [ToolChoice::Auto, ToolChoice::Required] {
+                let r = req(weather_tools(), choice, true);
+                let g = Grammar::parse(&format.plan(&r).unwrap().unwrap().gbnf).unwrap();
+                assert!(g.accepts_str(body), "{flavor:?}");
+                let p = format.parse(body, Some(&r));
+                assert_eq!(p.content, "");
+                assert_eq!(p.tool_calls, calls(&["get_weather", "ping"]));
+            }
+            // two calls are refused when parallel calls are off
+            let r = req(weather_tools(), ToolChoice::Auto, false);
+            let g = Grammar::parse(&format.plan(&r).unwrap().unwrap().gbnf).unwrap();
+            assert!(!g.accepts_str(body));
+        }
+        // V3.1 after content: the content is kept
+        let r = req(weather_tools(), ToolChoice::Auto, false);
+        let text = V31_CONTENT_TEMPLATE_TEXT.strip_suffix(EOS).unwrap();
+        let p = Format::DeepSeekV31.parse(text, Some(&r));
+        assert_eq!(p.content, "Let me check.");
+        assert_eq!(p.tool_calls, calls(&["ping"]));
+        let g = Grammar::parse(&Format::DeepSeekV31.plan(&r).unwrap().unwrap().gbnf).unwrap();
+        assert!(g.accepts_str(&text["Let me check.".len()..]));
+        // R1 Distill Llama's unclosed block is read, though the grammar closes it
+        let p = Format::DeepSeekR1.parse(R1_LLAMA_TEMPLATE_TEXT, Some(&r));
+        assert_eq!(
+            (p.content.as_str(), p.tool_calls),
+            ("", calls(&["get_weather"]))
+        );
+        let g = Grammar::parse(&Format::DeepSeekR1.plan(&r).unwrap().unwrap().gbnf).unwrap();
+        assert!(!g.accepts_str(R1_LLAMA_TEMPLATE_TEXT));
+        assert!(g.accepts_str(&format!("{R1_LLAMA_TEMPLATE_TEXT}{CALLS_END}")));
+    }
+
+    #[test]
+    fn deepseek_parse_cases() {
+        let r = req(
+            vec![tool("f", json!({"type": "object", "properties": {}}))],
+            ToolChoice::Auto,
+            true,
+        );
+        let call = |name: &str, args: &str| ToolCall {
+            id: None,
+            name: name.into(),
+            arguments: args.into(),
+        };
+        let r1 = |name: &str, args: &str| {
+            format!("{CALL_BEGIN}function{SEP}{name}\n```json\n{args}\n```{CALL_END}")
+        };
+        let v31 = |name: &str, args: &str| format!("{CALL_BEGIN}{name}{SEP}{args}{CALL_END}");
+        let block = |calls: &[String]| format!("{CALLS_BEGIN}{}{CALLS_END}", calls.concat());
+        let s = |x: &str| x.to_string();
+        let mut cases: Vec<(Flavor, String, String, Vec<ToolCall>)> = vec![
+            (Flavor::R1, s("Hello \n"), s("Hello"), vec![]),
+            (
+                Flavor::R1,
+                format!("Hi\n{}", block(&[r1("f", r#"{"a": 1}"#)])),
+                s("Hi"),
+                vec![call("f", r#"{"a":1}"#)],
+            ),
+            // the call's opening missing, pretty arguments, a newline before the call's end
+            (
+                Flavor::R1,
+                format!(
+                    "{CALLS_BEGIN}function{SEP}f\n```json\n{{\n  \"a\": [1]\n}}\n```\n{CALL_END}{CALLS_END}"
+                ),
+                s(""),
+                vec![call("f", r#"{"a":[1]}"#)],
+            ),
+            // no fence
+            (
+                Flavor::R1,
+                format!("{CALLS_BEGIN}{CALL_BEGIN}function{SEP}f\n{{}}{CALL_END}{CALLS_END}"),
+                s(""),
+                vec![call("f", "{}")],
+            ),
+            // unclosed block at the end, unclosed call at the end
+            (
+                Flavor::R1,
+                format!("{CALLS_BEGIN}{}\n", r1("f", "{}")),
+                s(""),
+                vec![call("f", "{}")],
+            ),
+            (
+                Flavor::V31,
+                format!("{CALLS_BEGIN}{CALL_BEGIN}f{SEP}{{\"b\": 2}}"),
+                s(""),
+                vec![call("f", r#"{"b":2}"#)],
+            ),
+            // misspelled openings are read
+            (
+                Flavor::R1,
+                format!("<｜tool calls begin｜>{}{CALLS_END}", r1("g", "{}")),
+                s(""),
+                vec![call("g", "{}")],
+            ),
+            (
+                Flavor::V31,
+                format!("A <｜tool▁calls｜>{}{CALLS_END}", v31("g", "{}")),
+                s("A"),
+                vec![call("g", "{}")],
+            ),
+            // an empty block, a fence never closed, arguments not an object, no type: content
+            (
+                Flavor::R1,
+                format!("{CALLS_BEGIN}{CALLS_END}"),
+                format!("{CALLS_BEGIN}{CALLS_END}"),
+                vec![],
+            ),
+            (
+                Flavor::R1,
+                format!("{CALLS_BEGIN}{CALL_BEGIN}function{SEP}f\n```json\n{{}}{CALL_END}{CALLS_END}"),
+                format!("{CALLS_BEGIN}{CALL_BEGIN}function{SEP}f\n```json\n{{}}{CALL_END}{CALLS_END}"),
+                vec![],
+            ),
+            (
+                Flavor::V31,
+                block(&[v31("f", "[1]")]),
+                block(&[v31("f", "[1]")]),
+                vec![],
+            ),
+            (
+                Flavor::R1,
+                block(&[v31("f", "{}")]),
+                block(&[v31("f", "{}")]),
+                vec![],
+            ),
+            (
+                Flavor::V31,
+                block(&[r1("f", "{}")]),
+                block(&[r1("f", "{}")]),
+                vec![],
+            ),
+            // JSON unfinished
+            (
+                Flavor::V31,
+                format!("{CALLS_BEGIN}{CALL_BEGIN}f{SEP}{{\"a\": "),
+                format!("{CALLS_BEGIN}{CALL_BEGIN}f{SEP}{{\"a\":"),
+                vec![],
+            ),
+            // text after the arguments, inside the call
+            (
+                Flavor::V31,
+                block(&[v31("f", "{} x")]),
+                block(&[v31("f", "{} x")]),
+                vec![],
+            ),
+            // a bad block stays; a good one after it is read
+            (
+                Flavor::V31,
+                format!("{CALLS_BEGIN}oops{CALLS_END} {}", block(&[v31("f", "{}")])),
+                format!("{CALLS_BEGIN}oops{CALLS_END}"),
+                vec![call("f", "{}")],
+            ),
+            // markup inside a string argument; several calls; text after the block
+            (
+                Flavor::V31,
+                format!(
+                    "{} and more\n",
+                    block(&[
+                        v31("f", &format!("{{\"s\": \"{CALL_END}{CALLS_END}\"}}")),
+                        v31("g", "{}")
+                    ])
+                ),
+                s(" and more"),
+                vec![
+                    call("f", &format!("{{\"s\":\"{CALL_END}{CALLS_END}\"}}")),
+                    call("g", "{}"),
+                ],
+            ),
+            (
+                Flavor::R1,
+                block(&[r1("f", "{}"), s("\n"), r1("g", r#"{"x": "```"}"#)]),
+                s(""),
+                vec![call("f", "{}"), call("g", r#"{"x":"```"}"#)],
+            ),
+        ];
+        // a name with a space is no name
+        cases.push((
+            Flavor::V31,
+            block(&[v31("a b", "{}")]),
+            block(&[v31("a b", "{}")]),
+            vec![],
+        ));
+        for (flavor, text, content, calls) in &cases {
+            let p = parse(text, Some(&r), *flavor);
+            assert_eq!(&p.content, content, "{flavor:?} {text:?}");
+            assert_eq!(&p.tool_calls, calls, "{flavor:?} {text:?}");
+            assert_eq!(p.reasoning, None);
+        }
+        // no tools or tool_choice none: the text as is
+        let t = format!("Hi {}\n", block(&[v31("f", "{}")]));
+        let none = req(r.tools.clone(), ToolChoice::None, false);
+        for (flavor, format) in FLAVORS {
+            assert_eq!(format.parse(&t, None).content, t);
+            assert_eq!(format.parse_partial(&t, None).content, t);
+            let p = format.parse(&t, Some(&none));
+            assert_eq!((p.content.as_str(), p.tool_calls.len()), (t.as_str(), 0));
+            assert_eq!(format.plan(&none).unwrap(), None);
+            assert_eq!(plan(&none, flavor).unwrap(), None);
+        }
+        // partial
+        for (t, c) in [
+            ("Hi <", "Hi"),
+            ("Hi <｜", "Hi"),
+            ("Hi <｜tool", "Hi"),
+            ("Hi <｜tool▁calls", "Hi"),
+            ("Hi <｜tool calls beg", "Hi"),
+            ("Hi <｜tool\\_", "Hi"),
+            ("Hi <｜tool▁calls▁begin｜>", "Hi"),
+            ("Hi <｜tool▁calls｜>x", "Hi"),
+            ("Hi <｜tool▁call▁begin｜>", "Hi <｜tool▁call▁begin｜>"),
+            ("Hi <｜User｜>", "Hi <｜User｜>"),
+            ("a < b", "a < b"),
+            ("a\n\n", "a"),
+            ("", ""),
+        ] {
+            for (flavor, _) in FLAVORS {
+                let p = parse_partial(t, Some(&r), flavor);
+                assert_eq!(p.content, c, "{t:?}");
+                assert!(p.tool_calls.is_empty());
+                assert_eq!(p.reasoning, None);
+            }
+        }
+    }
+
+    /// For every text built from the format's pieces and every prefix of it, what streaming
+    /// sends is a prefix of what the finished text gives, and is never taken back.
+    #[test]
+    fn deepseek_partial_is_prefix_of_parse() {
+        let r = req(
+            vec![tool("f", json!({"type": "object", "properties": {}}))],
+            ToolChoice::Auto,
+            true,
+        );
+        let frags = [
+            "a",
+            " ",
+            "\n",
+            "<",
+            "<｜",
+            "<｜tool",
+            "<｜tool▁calls",
+            CALLS_BEGIN,
+            CALLS_END,
+            CALL_BEGIN,
+            CALL_END,
+            SEP,
+            "<｜tool calls begin｜>",
+            "<｜tool▁calls｜>",
+            "function",
+            "f\n",
+            "f",
+            "```json\n",
+            "\n```",
+            "{}",
+            "{\"a\": 1}",
+            "{\"s\": \"<｜tool▁calls▁end｜>\"}",
+            "{",
+            "é",
+            "<｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{}\n```<｜tool▁call▁end｜>",
+            "<｜tool▁call▁begin｜>f<｜tool▁sep｜>{\"b\": [2]}<｜tool▁call▁end｜>",
+        ];
+        let mut rng = Rng(0xDEE5_0002);
+        let (mut checked, mut calls) = (0usize, 0usize);
+        for _ in 0..3000 {
+            let mut t: String = (0..rng.below(8))
+                .map(|_| frags[rng.below(frags.len())])
+                .collect();
+            if rng.below(3) == 0 {
+                // a whole block of either flavour's calls, closed or not, after the text
+                let n = 1 + rng.below(3);
+                let calls: String = (0..n)
+                    .map(|_| frags[frags.len() - 2 + rng.below(2)])
+                    .collect();
+                let close = [CALLS_END, "", "\n"][rng.below(3)];
+                t = format!("{t}{}{calls}{close}", OPENINGS[rng.below(OPENINGS.len())]);
+            }
+            for (flavor, _) in FLAVORS {
+                for req in [Some(&r), None] {
+                    let full = parse(&t, req, flavor);
+                    calls += full.tool_calls.len();
+                    let mut sent = String::new();
+                    for p in prefixes(&t) {
+                        let part = parse_partial(p, req, flavor);
+                        assert!(part.content.starts_with(&sent), "{t:?} / {p:?}");
+                        sent.clone_from(&part.content);
+                        assert!(
+                            full.content.starts_with(&part.content),
+                            "{flavor:?} text {t:?}, prefix {p:?}: {:?} is not a prefix of {:?}",
+                            part.content,
+                            full.content
+                        );
+                        assert!(part.tool_calls.is_empty());
+                        assert_eq!(part.reasoning, None);
+                        checked += 1;
+                    }
+                }
+            }
+        }
+        assert!(checked > 20_000 && calls > 500, "{checked} {calls}");
+    }
+
+    #[test]
+    fn deepseek_plan_errors() {
+        let bad = tool(
+            "bad",
+            json!({"type": "object", "properties": {"x": {"$ref": "#/$defs/missing"}}}),
+        );
+        for (flavor, _) in FLAVORS {
+            let e = plan(&req(vec![bad.clone()], ToolChoice::Auto, false), flavor).unwrap_err();
+            assert!(e.contains("`bad`"), "{e}");
+            let f = tool("f", json!({"type": "object"}));
+            let e = plan(
+                &req(vec![f], ToolChoice::Function("g".into()), false),
+                flavor,
+            )
+            .unwrap_err();
+            assert!(e.contains("`g`"), "{e}");
+        }
+    }
+
+    /// Of llama.cpp's templates, the R1 ones (its distills and llama.cpp's own) are R1, V3.1's
+    /// is V3.1, and no other (V3.2's and V4's DSML ones included) is either.
+    #[test]
+    fn deepseek_detects_the_templates() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(TEMPLATES);
+        if !dir.exists() {
+            return;
+        }
+        let want = [
+            (
+                "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja",
+                Format::DeepSeekR1,
+            ),
+            (
+                "deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja",
+                Format::DeepSeekR1,
+            ),
+            ("llama-cpp-deepseek-r1.jinja", Format::DeepSeekR1),
+            ("deepseek-ai-DeepSeek-V3.1.jinja", Format::DeepSeekV31),
+        ];
+        let mut seen = 0;
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let path = e.unwrap().path();
+            let file = path.file_name().unwrap().to_str().unwrap().to_string();
+            if !file.ends_with(".jinja") {
+                continue;
+            }
+            let src = std::fs::read_to_string(&path).unwrap();
+            let w = want.iter().find(|(f, _)| *f == file).map(|(_, f)| *f);
+            assert_eq!(detect(&src), w, "{file}");
+            if let Some(f) = w {
+                assert_eq!(Format::detect(Some(&src)), f, "{file}");
+                seen += 1;
+            }
+            if file.starts_with("deepseek-ai-DeepSeek-V") && file != want[3].0 {
+                assert!(src.contains("DSML"), "{file}");
+            }
+        }
+        assert_eq!(seen, want.len());
     }
 }

@@ -25,6 +25,7 @@ mod llama3;
 mod mistral;
 mod qwen_xml;
 pub mod think;
+mod xml_args;
 
 /// One function the model may call (OpenAI's `tools[i].function`).
 #[derive(Clone, Debug, PartialEq)]
@@ -1178,8 +1179,34 @@ mod tests {
                 "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja",
                 Format::Hermes,
             ),
-            ("Qwen3-Coder.jinja", Format::Generic),
-            ("meta-llama-Llama-3.1-8B-Instruct.jinja", Format::Generic),
+            ("Qwen3-Coder.jinja", Format::QwenXml),
+            ("Qwen3.5-4B.jinja", Format::QwenXml),
+            ("NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.jinja", Format::QwenXml),
+            ("meta-llama-Llama-3.1-8B-Instruct.jinja", Format::Llama3),
+            ("meta-llama-Llama-3.2-3B-Instruct.jinja", Format::Llama3),
+            ("meta-llama-Llama-3.3-70B-Instruct.jinja", Format::Llama3),
+            (
+                "mistralai-Mistral-Nemo-Instruct-2407.jinja",
+                Format::MistralNemo,
+            ),
+            (
+                "Mistral-Small-3.2-24B-Instruct-2506.jinja",
+                Format::Mistral { call_id: true },
+            ),
+            (
+                "unsloth-mistral-Devstral-Small-2507.jinja",
+                Format::Mistral { call_id: false },
+            ),
+            (
+                "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja",
+                Format::DeepSeekR1,
+            ),
+            (
+                "deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja",
+                Format::DeepSeekR1,
+            ),
+            ("deepseek-ai-DeepSeek-V3.1.jinja", Format::DeepSeekV31),
+            ("deepseek-ai-DeepSeek-V3.2.jinja", Format::Generic),
             ("google-gemma-2-2b-it.jinja", Format::Generic),
             ("muse-glimmer.jinja", Format::Atem),
         ] {

@@ -1,28 +1,854 @@
-//! (in progress)
+//! The Qwen3-Coder XML format (Qwen3-Coder, Qwen 3.5, Nemotron Nano 3, StepFun 3.5; llama.cpp's
+//! `common/parsers/qwen3-coder.cpp` handler): calls are blocks
+//! `<tool_call>\n<function=NAME>\n` (`<parameter=K>\nV\n</parameter>\n`)* `</function>\n</tool_call>`
+//! after the reply's text if any, one block a call. A string value V is its raw text; the
+//! templates write mappings and sequences with `tojson`, other values with `| string`
+//! (Python's `True`, `False`, `None`). The chat template shows the tools itself.
+//!
+//! # Plan (grammar)
+//!
+//! `Auto`: lazy from `<tool_call>`; `Required` / `Function(N)`: the whole output, no text
+//! before the first block. One block, or with `parallel` one or more. The parameters follow
+//! `xml_args` (schema order, raw strings, JSON otherwise: the grammar makes the model write
+//! `true`, `false` and `null` as JSON). Whitespace: each value is framed by exactly the
+//! template's newlines (`>\n` before, `\n</parameter>` after); between the other tags, between
+//! blocks and after the last one, nothing, a space, or one or two newlines and an indentation
+//! (the templates write `\n`; StepFun writes nothing between blocks, Nemotron a newline after
+//! the last). A tool name with `>` or a line break, or a parameter name with one, cannot be
+//! written in a tag: the plan refuses it.
+//!
+//! # Parse
+//!
+//! A block is read where `<tool_call>` is followed by `<function=NAME>`, parameters and
+//! `</function>` (any whitespace between tags), then `</tool_call>` or the end of the output,
+//! and NAME is a tool of the request; else `<tool_call>` stays in the content and the text
+//! after it is read on. A value is the text up to the first `</parameter>` followed by another
+//! parameter or `</function>`, less one newline at each end; it is read by its schema's types
+//! (raw where strings are admitted, JSON otherwise, and Python's `True`/`False`/`None` where
+//! the schema admits the type and no string). The parameters are taken in any order.
+//! Streaming sends the content before the first `<tool_call>`.
 
-use super::{LazyStart, Parsed, Plan, ToolRequest};
+use super::xml_args::{arguments, Params, Syntax};
+use super::{
+    allowed_tools, calls_wanted, LazyStart, Parsed, Plan, ToolCall, ToolChoice, ToolRequest,
+};
+use muser_jsonschema::gbnf_literal as literal;
 
-pub(super) const LAZY_START: LazyStart = LazyStart::Word("\u{0}");
-pub(super) const MARKUP: &[&str] = &[];
+const OPEN: &str = "<tool_call>";
+const CLOSE: &str = "</tool_call>";
+const FUNCTION: &str = "<function=";
+const FUNCTION_CLOSE: &str = "</function>";
+const PARAM: &str = "<parameter=";
+const PARAM_CLOSE: &str = "</parameter>";
 
-pub(super) fn detect(_template: &str) -> bool {
-    false
+pub(super) const LAZY_START: LazyStart = LazyStart::Word(OPEN);
+/// llama.cpp preserves the first two; the tags are there for vocabularies that make them
+/// tokens.
+pub(super) const MARKUP: &[&str] = &[OPEN, CLOSE, FUNCTION, FUNCTION_CLOSE, PARAM, PARAM_CLOSE];
+
+/// Characters a tag cannot carry in a name.
+const NAME_STOPS: &[char] = &['>', '\n', '\r'];
+
+/// `<parameter=K>\nV\n</parameter>`, the whitespace rule after it.
+const SYNTAX: Syntax = Syntax {
+    format: "Qwen XML",
+    prefix: "qwen",
+    open: |k| format!("{PARAM}{k}>\n"),
+    close: "\n</parameter>",
+    end_tag: PARAM_CLOSE,
+    name_stops: NAME_STOPS,
+    python: true,
+};
+
+/// llama.cpp's test: the three tags, and not the variant without newlines between them.
+pub(super) fn detect(template: &str) -> bool {
+    template.contains(OPEN)
+        && template.contains(FUNCTION)
+        && template.contains(PARAM)
+        && !template.contains("'<tool_call><function=' ~ tool_call.name ~ '>'")
 }
 
-pub(super) fn plan(_req: &ToolRequest) -> Result<Option<Plan>, String> {
-    Err("not yet".into())
+pub(super) fn plan(req: &ToolRequest) -> Result<Option<Plan>, String> {
+    let Some(tools) = allowed_tools(req)? else {
+        return Ok(None);
+    };
+    let mut params = Params::new(&SYNTAX);
+    let ws = params.ws();
+    let mut rules = String::new();
+    let mut alts = Vec::new();
+    for (i, tool) in tools.iter().enumerate() {
+        let name = &tool.name;
+        if name.is_empty() {
+            return Err("a tool has an empty name".into());
+        }
+        if let Some(c) = name.chars().find(|c| NAME_STOPS.contains(c)) {
+            return Err(format!(
+                "tool `{name}`: the Qwen XML format cannot carry {c:?} in a tool name"
+            ));
+        }
+        let seq = params.tool(i, tool)?;
+        let rule = format!("qwen-t{i}");
+        rules.push_str(&format!(
+            "{rule} ::= {} {ws} {seq} {} {ws}\n",
+            literal(&format!("{FUNCTION}{name}>")),
+            literal(FUNCTION_CLOSE)
+        ));
+        alts.push(rule);
+    }
+    let mut gbnf = if req.parallel {
+        "root ::= qwen-call ( qwen-call )*\n".to_string()
+    } else {
+        "root ::= qwen-call\n".to_string()
+    };
+    gbnf.push_str(&format!(
+        "qwen-call ::= {} {ws} ( {} ) {} {ws}\n",
+        literal(OPEN),
+        alts.join(" | "),
+        literal(CLOSE)
+    ));
+    gbnf.push_str(&params.finish());
+    gbnf.push_str(&rules);
+    let lazy = req.choice == ToolChoice::Auto;
+    Ok(Some(Plan {
+        gbnf,
+        lazy,
+        triggers: if lazy {
+            vec![LAZY_START.trigger()]
+        } else {
+            Vec::new()
+        },
+        system: None,
+    }))
 }
 
-pub(super) fn parse(text: &str, _req: Option<&ToolRequest>) -> Parsed {
-    Parsed {
-        content: text.to_string(),
-        ..Parsed::default()
+fn ws_len(s: &str) -> usize {
+    s.len() - s.trim_start_matches([' ', '\t', '\n', '\r']).len()
+}
+
+/// A tag's name up to `>` (no line break in it), and the bytes through `>`.
+fn tag_name(s: &str) -> Option<(&str, usize)> {
+    let end = s.find('>')?;
+    let name = &s[..end];
+    (!name.contains(['\n', '\r'])).then_some((name, end + 1))
+}
+
+/// The length of a parameter's raw text in `s` (which follows `<parameter=K>`): up to the
+/// first `</parameter>` followed, after whitespace, by `<parameter=` or `</function>`.
+fn value_len(s: &str) -> Option<usize> {
+    let mut from = 0;
+    loop {
+        let at = from + s[from..].find(PARAM_CLOSE)?;
+        let after = &s[at + PARAM_CLOSE.len()..];
+        let next = &after[ws_len(after)..];
+        if next.starts_with(PARAM) || next.starts_with(FUNCTION_CLOSE) {
+            return Some(at);
+        }
+        from = at + PARAM_CLOSE.len();
     }
 }
 
-pub(super) fn parse_partial(text: &str, _req: Option<&ToolRequest>) -> Parsed {
+/// One call as written: its name and its parameters' names and raw texts.
+type RawCall<'t> = (&'t str, Vec<(String, String)>);
+
+/// The call block whose `<tool_call>` ends right before `rest`: the call and the length of
+/// `rest` it spans (through `</tool_call>`, or to the end for an unclosed final block). None
+/// when the block is malformed.
+fn read_block(rest: &str) -> Option<(RawCall<'_>, usize)> {
+    let mut p = ws_len(rest);
+    p += rest[p..].starts_with(FUNCTION).then_some(FUNCTION.len())?;
+    let (name, n) = tag_name(&rest[p..])?;
+    p += n;
+    let mut args = Vec::new();
+    loop {
+        p += ws_len(&rest[p..]);
+        let s = &rest[p..];
+        if let Some(after) = s.strip_prefix(PARAM) {
+            let (key, n) = tag_name(after)?;
+            let len = value_len(&after[n..])?;
+            let raw = &after[n..n + len];
+            let raw = raw.strip_prefix('\n').unwrap_or(raw);
+            let raw = raw.strip_suffix('\n').unwrap_or(raw);
+            args.push((key.to_string(), raw.to_string()));
+            p += PARAM.len() + n + len + PARAM_CLOSE.len();
+        } else if s.starts_with(FUNCTION_CLOSE) {
+            p += FUNCTION_CLOSE.len();
+            break;
+        } else {
+            return None;
+        }
+    }
+    p += ws_len(&rest[p..]);
+    if rest[p..].starts_with(CLOSE) {
+        Some(((name, args), p + CLOSE.len()))
+    } else if p == rest.len() {
+        Some(((name, args), p))
+    } else {
+        None
+    }
+}
+
+/// Content is the text with the calls' blocks taken out, its trailing whitespace trimmed;
+/// malformed blocks, and blocks calling a tool the request does not offer, stay in it.
+pub(super) fn parse(text: &str, req: Option<&ToolRequest>) -> Parsed {
+    if !calls_wanted(req) {
+        return Parsed {
+            content: text.to_string(),
+            ..Parsed::default()
+        };
+    }
+    let offered = |name: &str| req.is_some_and(|r| r.tools.iter().any(|t| t.name == name));
+    let mut content = String::new();
+    let mut tool_calls = Vec::new();
+    let mut rest = text;
+    while let Some(i) = rest.find(OPEN) {
+        content.push_str(&rest[..i]);
+        let after = &rest[i + OPEN.len()..];
+        match read_block(after) {
+            Some(((name, args), used)) if offered(name) => {
+                tool_calls.push(ToolCall {
+                    id: None,
+                    name: name.to_string(),
+                    arguments: arguments(&SYNTAX, name, &args, req),
+                });
+                rest = &after[used..];
+            }
+            _ => {
+                content.push_str(OPEN);
+                rest = after;
+            }
+        }
+    }
+    content.push_str(rest);
+    content.truncate(content.trim_end().len());
     Parsed {
-        content: text.to_string(),
-        ..Parsed::default()
+        content,
+        reasoning: None,
+        tool_calls,
+    }
+}
+
+/// As Hermes's, whose calls start with `<tool_call>` too: the content up to the first
+/// `<tool_call>`, less a tail that may start one, less trailing whitespace.
+pub(super) fn parse_partial(text: &str, req: Option<&ToolRequest>) -> Parsed {
+    super::hermes::parse_partial(text, req)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_util::*;
+    use super::super::{think, Format, Tool, Trigger};
+    use super::*;
+    use muser_sample::Grammar;
+    use serde_json::{json, Map, Value};
+
+    fn grammar(p: &Plan) -> Grammar {
+        Grammar::parse(&p.gbnf).unwrap_or_else(|e| panic!("{e:?}\n{}", p.gbnf))
+    }
+
+    /// A value as the templates write it: a string raw, a mapping or sequence as JSON in
+    /// layout `json` of `layouts`, another value as JSON (the grammar's spelling).
+    fn render_value(v: &Value, json: usize) -> String {
+        match v {
+            Value::String(s) => s.clone(),
+            Value::Object(_) | Value::Array(_) => {
+                let l = layouts(v);
+                l[json % l.len()].clone()
+            }
+            other => other.to_string(),
+        }
+    }
+
+    /// One block with `ws` between the tags (the templates write "\n").
+    fn render_call(name: &str, args: &Map<String, Value>, ws: &str, json: usize) -> String {
+        let mut s = format!("<tool_call>{ws}<function={name}>{ws}");
+        for (k, v) in args {
+            s.push_str(&format!(
+                "<parameter={k}>\n{}\n</parameter>{ws}",
+                render_value(v, json)
+            ));
+        }
+        s.push_str(&format!("</function>{ws}</tool_call>"));
+        s
+    }
+
+    /// The arguments in the order of the schema's properties (the grammar's), others after.
+    fn ordered(schema: &Value, args: &Value) -> Map<String, Value> {
+        let args = args.as_object().unwrap();
+        let props = schema["properties"].as_object().unwrap();
+        let mut m: Map<String, Value> = props
+            .keys()
+            .filter_map(|k| Some((k.clone(), args.get(k)?.clone())))
+            .collect();
+        for (k, v) in args {
+            if !props.contains_key(k) {
+                m.insert(k.clone(), v.clone());
+            }
+        }
+        m
+    }
+
+    /// (between tags, between blocks, after the last block)
+    const LAYOUTS: &[(&str, &str, &str)] = &[
+        // Qwen3-Coder, Qwen 3.5
+        ("\n", "\n", ""),
+        // StepFun 3.5
+        ("\n", "", ""),
+        // Nemotron Nano 3
+        ("\n", "\n", "\n"),
+        ("", "", ""),
+        (" ", "\n\n", "\n"),
+        ("\n  ", " ", " "),
+    ];
+
+    /// Random tools and calls: the grammar takes the rendered blocks in several layouts,
+    /// `parse` gives the calls back; unknown and other tools, broken arguments, a second
+    /// call without `parallel` and broken markup are refused.
+    #[test]
+    fn qwen_xml_grammar_accepts_calls_and_refuses_wrong_ones() {
+        let mut rng = Rng(0x5EED_0011);
+        let mut refused_args = 0;
+        for round in 0..60 {
+            let tools = random_tools(&mut rng);
+            let parallel = round % 2 == 1;
+            let choice = match round % 3 {
+                0 => ToolChoice::Auto,
+                1 => ToolChoice::Required,
+                _ => ToolChoice::Function(tools[rng.below(tools.len())].name.clone()),
+            };
+            let r = req(tools.clone(), choice.clone(), parallel);
+            let p = Format::QwenXml.plan(&r).unwrap().unwrap();
+            assert_eq!(p.system, None);
+            assert_eq!(p.lazy, choice == ToolChoice::Auto);
+            if p.lazy {
+                assert_eq!(p.triggers, vec![Trigger::Word("<tool_call>".into())]);
+            } else {
+                assert!(p.triggers.is_empty());
+            }
+            let g = grammar(&p);
+            let allowed: Vec<&Tool> = match &choice {
+                ToolChoice::Function(n) => tools.iter().filter(|t| &t.name == n).collect(),
+                _ => tools.iter().collect(),
+            };
+            let n_calls = if parallel { 1 + rng.below(3) } else { 1 };
+            let calls: Vec<(String, Map<String, Value>)> = (0..n_calls)
+                .map(|_| {
+                    let t = allowed[rng.below(allowed.len())];
+                    let a = random_args(&mut rng, &t.parameters);
+                    (t.name.clone(), ordered(&t.parameters, &a))
+                })
+                .collect();
+            for (li, (ws, between, after)) in LAYOUTS.iter().enumerate() {
+                let blocks: Vec<String> = calls
+                    .iter()
+                    .map(|(n, a)| render_call(n, a, ws, li))
+                    .collect();
+                let text = format!("{}{after}", blocks.join(between));
+                assert!(
+                    g.accepts_str(&text),
+                    "round {round}: refused {text:?}\n{}",
+                    p.gbnf
+                );
+                let parsed = Format::QwenXml.parse(&text, Some(&r));
+                assert_eq!(parsed.content, "");
+                assert_eq!(parsed.reasoning, None);
+                assert_eq!(parsed.tool_calls.len(), calls.len(), "{text:?}");
+                for (c, (n, a)) in parsed.tool_calls.iter().zip(&calls) {
+                    assert_eq!(&c.name, n);
+                    assert_eq!(c.id, None);
+                    assert_eq!(c.arguments, serde_json::to_string(a).unwrap(), "{text:?}");
+                }
+                // content before the calls (what the lazy grammar does not see) is kept
+                let with_text = format!("Let me check.\n\n{text}");
+                let parsed = Format::QwenXml.parse(&with_text, Some(&r));
+                assert_eq!(parsed.content, "Let me check.");
+                assert_eq!(parsed.tool_calls.len(), calls.len());
+                // nothing may follow the last call
+                assert!(!g.accepts_str(&format!("{text}\nMore")));
+            }
+            assert!(!g.accepts_str(""));
+            assert!(!g.accepts_str("Hello"));
+            let (n, a) = &calls[0];
+            let one = render_call(n, a, "\n", 0);
+            assert_eq!(g.accepts_str(&format!("{one}\n{one}")), parallel);
+            // a tool that is not allowed
+            assert!(!g.accepts_str(&render_call("no_such_tool", &Map::new(), "\n", 0)));
+            if let ToolChoice::Function(f) = &choice {
+                if let Some(o) = tools.iter().find(|t| &t.name != f) {
+                    let a = ordered(&o.parameters, &random_args(&mut rng, &o.parameters));
+                    let b = render_call(&o.name, &a, "\n", 0);
+                    assert!(!g.accepts_str(&b), "other tool taken: {b}");
+                }
+            }
+            // Broken arguments: those the format carries as they are (read back unchanged;
+            // a wrong-typed string may spell a right value, `"12"` for an integer) are refused.
+            let t = allowed.iter().find(|t| t.name == *n).unwrap();
+            let good = Value::Object(a.clone());
+            for bad in broken_args(&mut rng, &t.parameters, &good) {
+                if !bad.is_object() {
+                    continue;
+                }
+                let bad = ordered(&t.parameters, &bad);
+                let b = render_call(n, &bad, "\n", 0);
+                let back = Format::QwenXml.parse(&b, Some(&r)).tool_calls;
+                if back.len() == 1 && back[0].arguments == serde_json::to_string(&bad).unwrap() {
+                    assert!(!g.accepts_str(&b), "round {round}: took {b:?}");
+                    refused_args += 1;
+                }
+            }
+            // unclosed or wrongly closed
+            assert!(!g.accepts_str(one.strip_suffix("</tool_call>").unwrap()));
+            assert!(!g.accepts_str(&one.replace("</tool_call>", "</tool_cal>")));
+            assert!(!g.accepts_str(&one.replace("</function>\n", "")));
+        }
+        assert!(refused_args > 100, "{refused_args}");
+    }
+
+    /// Qwen3-Coder's template (jinja2 as transformers sets it up: `trim_blocks`,
+    /// `lstrip_blocks`, `tojson` as `json.dumps` with `ensure_ascii=False`) rendering an
+    /// assistant message with content and two calls; Qwen 3.5's writes the same.
+    const TEMPLATE_TEXT: &str = "Let me check.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nPa\"ris <x>\nline 2\n</parameter>\n<parameter=days>\n3\n</parameter>\n<parameter=t>\n1.5\n</parameter>\n<parameter=xs>\n[1, 2]\n</parameter>\n<parameter=o>\n{\"b\": \"<&'é>\", \"a\": [true, null]}\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=ping>\n</function>\n</tool_call>";
+    /// The same message by Nemotron Nano 3's template.
+    const NEMOTRON_TEXT: &str = "Let me check.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nPa\"ris <x>\nline 2\n</parameter>\n<parameter=days>\n3\n</parameter>\n<parameter=t>\n1.5\n</parameter>\n<parameter=xs>\n[1, 2]\n</parameter>\n<parameter=o>\n{\"b\": \"<&'é>\", \"a\": [true, null]}\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=ping>\n</function>\n</tool_call>\n";
+    /// The same message by StepFun 3.5's template.
+    const STEPFUN_TEXT: &str = "Let me check.<tool_call>\n<function=get_weather>\n<parameter=city>\nPa\"ris <x>\nline 2\n</parameter>\n<parameter=days>\n3\n</parameter>\n<parameter=t>\n1.5\n</parameter>\n<parameter=xs>\n[1, 2]\n</parameter>\n<parameter=o>\n{\"b\": \"<&'é>\", \"a\": [true, null]}\n</parameter>\n</function>\n</tool_call><tool_call>\n<function=ping>\n</function>\n</tool_call>";
+    /// Qwen3-Coder's template with a boolean and a null argument (`| string`: Python's
+    /// spellings).
+    const TEMPLATE_TEXT_PYTHON: &str = "Let me check.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nRome\n</parameter>\n<parameter=ok>\nTrue\n</parameter>\n<parameter=n>\nNone\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=ping>\n</function>\n</tool_call>";
+
+    fn weather_tools() -> Vec<Tool> {
+        vec![
+            tool(
+                "get_weather",
+                json!({"type": "object", "properties": {
+                    "city": {"type": "string"}, "days": {"type": "integer"},
+                    "t": {"type": "number"}, "ok": {"type": "boolean"}, "n": {"type": "null"},
+                    "xs": {"type": "array", "items": {"type": "integer"}},
+                    "o": {"type": "object"}}, "required": ["city"]}),
+            ),
+            tool("ping", json!({"type": "object", "properties": {}})),
+        ]
+    }
+
+    #[test]
+    fn qwen_xml_template_rendering_is_accepted_and_read_back() {
+        let want_args = r#"{"city":"Pa\"ris <x>\nline 2","days":3,"t":1.5,"xs":[1,2],"o":{"b":"<&'é>","a":[true,null]}}"#;
+        for text in [TEMPLATE_TEXT, NEMOTRON_TEXT, STEPFUN_TEXT] {
+            let calls = &text[text.find("<tool_call>").unwrap()..];
+            for choice in [ToolChoice::Auto, ToolChoice::Required] {
+                let r = req(weather_tools(), choice, true);
+                let g = grammar(&Format::QwenXml.plan(&r).unwrap().unwrap());
+                assert!(g.accepts_str(calls), "{calls:?}");
+                // no text before a forced call
+                assert!(!g.accepts_str(text));
+                let p = Format::QwenXml.parse(text, Some(&r));
+                assert_eq!(p.content, "Let me check.");
+                assert_eq!(
+                    p.tool_calls,
+                    vec![
+                        ToolCall {
+                            id: None,
+                            name: "get_weather".into(),
+                            arguments: want_args.into(),
+                        },
+                        ToolCall {
+                            id: None,
+                            name: "ping".into(),
+                            arguments: "{}".into(),
+                        }
+                    ]
+                );
+            }
+            // two calls where one is allowed
+            let r = req(weather_tools(), ToolChoice::Auto, false);
+            let g = grammar(&Format::QwenXml.plan(&r).unwrap().unwrap());
+            assert!(!g.accepts_str(calls));
+        }
+        // Python's True and None: read back by the schema's types, but the grammar has the
+        // model write JSON.
+        let r = req(weather_tools(), ToolChoice::Auto, true);
+        let g = grammar(&Format::QwenXml.plan(&r).unwrap().unwrap());
+        let calls = &TEMPLATE_TEXT_PYTHON[TEMPLATE_TEXT_PYTHON.find("<tool_call>").unwrap()..];
+        assert!(!g.accepts_str(calls));
+        assert!(g.accepts_str(&calls.replace("True", "true").replace("None", "null")));
+        let p = Format::QwenXml.parse(TEMPLATE_TEXT_PYTHON, Some(&r));
+        assert_eq!(p.content, "Let me check.");
+        assert_eq!(p.tool_calls.len(), 2);
+        assert_eq!(
+            p.tool_calls[0].arguments,
+            r#"{"city":"Rome","ok":true,"n":null}"#
+        );
+    }
+
+    #[test]
+    fn qwen_xml_parse_cases() {
+        let r = req(
+            vec![
+                tool(
+                    "f",
+                    json!({"type": "object", "properties": {
+                        "s": {"type": "string"}, "b": {"type": "boolean"},
+                        "sn": {"type": ["string", "null"]}, "i": {"type": "integer"},
+                        "o": {"type": "object"}}}),
+                ),
+                tool("g", json!({})),
+            ],
+            ToolChoice::Auto,
+            true,
+        );
+        let call = |name: &str, args: &str| ToolCall {
+            id: None,
+            name: name.into(),
+            arguments: args.into(),
+        };
+        let block = |name: &str, params: &str| {
+            format!("<tool_call>\n<function={name}>\n{params}</function>\n</tool_call>")
+        };
+        let param = |k: &str, v: &str| format!("<parameter={k}>\n{v}\n</parameter>\n");
+        let cases: Vec<(String, &str, Vec<ToolCall>)> = vec![
+            ("Hello".into(), "Hello", vec![]),
+            ("Hello \n".into(), "Hello", vec![]),
+            (
+                format!("Hi\n{}", block("g", "")),
+                "Hi",
+                vec![call("g", "{}")],
+            ),
+            // values by type: Python's spellings where no string is admitted
+            (
+                block(
+                    "f",
+                    &(param("b", "True") + &param("sn", "None") + &param("i", "None")),
+                ),
+                "",
+                vec![call("f", r#"{"b":true,"sn":"None","i":"None"}"#)],
+            ),
+            (
+                block(
+                    "f",
+                    &(param("s", "12") + &param("sn", "null") + &param("i", "twelve")),
+                ),
+                "",
+                vec![call("f", r#"{"s":"12","sn":null,"i":"twelve"}"#)],
+            ),
+            (
+                block("f", &(param("s", "\"q\"") + &param("b", "false"))),
+                "",
+                vec![call("f", r#"{"s":"\"q\"","b":false}"#)],
+            ),
+            // one newline taken off each end, no more
+            (
+                block("f", &param("s", "\n a \n")),
+                "",
+                vec![call("f", r#"{"s":"\n a \n"}"#)],
+            ),
+            // without the newlines, in another order, undeclared, other whitespace
+            (
+                "<tool_call><function=f> <parameter=i>5</parameter><parameter=s>x</parameter>\n\n<parameter=zz>[1]</parameter></function></tool_call>".into(),
+                "",
+                vec![call("f", r#"{"i":5,"s":"x","zz":[1]}"#)],
+            ),
+            // a closing tag inside a JSON string, and in raw text followed by no tag
+            (
+                block(
+                    "f",
+                    &(param("o", "{\"a\": \"</parameter>\"}")
+                        + &param("s", "a</parameter> b")),
+                ),
+                "",
+                vec![call("f", r#"{"o":{"a":"</parameter>"},"s":"a</parameter> b"}"#)],
+            ),
+            // an unclosed final block is read once its function is closed
+            (
+                "<tool_call>\n<function=g>\n</function>\n".into(),
+                "",
+                vec![call("g", "{}")],
+            ),
+            (
+                "<tool_call>\n<function=g>\n<parameter=x>\n1\n</param".into(),
+                "<tool_call>\n<function=g>\n<parameter=x>\n1\n</param",
+                vec![],
+            ),
+            // a tool not offered, a malformed block: content; good blocks after them are read
+            (
+                format!("{}\n{}", block("h", ""), block("g", "")),
+                "<tool_call>\n<function=h>\n</function>\n</tool_call>",
+                vec![call("g", "{}")],
+            ),
+            (
+                format!("<tool_call>oops</tool_call> {}", block("g", "")),
+                "<tool_call>oops</tool_call>",
+                vec![call("g", "{}")],
+            ),
+            (
+                "<tool_call>\n<function=g>\nx</function>\n</tool_call>".into(),
+                "<tool_call>\n<function=g>\nx</function>\n</tool_call>",
+                vec![],
+            ),
+            (
+                "<tool_call>\n<function=g\n>\n</function>\n</tool_call>".into(),
+                "<tool_call>\n<function=g\n>\n</function>\n</tool_call>",
+                vec![],
+            ),
+            (
+                format!("{} trailing", block("g", "")),
+                " trailing",
+                vec![call("g", "{}")],
+            ),
+            (
+                format!("{}x</tool_call>", block("g", "").replace("</tool_call>", "")),
+                "<tool_call>\n<function=g>\n</function>\nx</tool_call>",
+                vec![],
+            ),
+            // text between calls
+            (
+                format!("A {} B\n{}\n", block("g", ""), block("f", &param("i", "1"))),
+                "A  B",
+                vec![call("g", "{}"), call("f", r#"{"i":1}"#)],
+            ),
+        ];
+        for (text, content, calls) in &cases {
+            let p = Format::QwenXml.parse(text, Some(&r));
+            assert_eq!(&p.content, content, "{text:?}");
+            assert_eq!(&p.tool_calls, calls, "{text:?}");
+            assert_eq!(p.reasoning, None);
+        }
+        // no tools or tool_choice none: the text as is
+        let t = format!("Hi {}\n", block("g", ""));
+        assert_eq!(Format::QwenXml.parse(&t, None).content, t);
+        assert_eq!(Format::QwenXml.parse_partial(&t, None).content, t);
+        let none = req(r.tools.clone(), ToolChoice::None, false);
+        assert_eq!(Format::QwenXml.parse(&t, Some(&none)).content, t);
+        assert!(Format::QwenXml.parse(&t, Some(&none)).tool_calls.is_empty());
+        assert_eq!(Format::QwenXml.plan(&none).unwrap(), None);
+        // partial
+        for (t, c) in [
+            ("Hi <tool", "Hi"),
+            ("Hi <tool_call", "Hi"),
+            ("Hi <tool_call>\n<function=g>", "Hi"),
+            ("Hi <toolbox", "Hi <toolbox"),
+            ("a < b", "a < b"),
+            ("a\n\n", "a"),
+            ("", ""),
+        ] {
+            let p = Format::QwenXml.parse_partial(t, Some(&r));
+            assert_eq!(p.content, c, "{t:?}");
+            assert!(p.tool_calls.is_empty());
+        }
+    }
+
+    /// For every text built from the format's pieces and every prefix of it, what streaming
+    /// sends is a prefix of what the finished text gives, and is never taken back.
+    #[test]
+    fn qwen_xml_partial_is_prefix_of_parse() {
+        let r = req(
+            vec![tool(
+                "f",
+                json!({"type": "object", "properties": {"x": {"type": "integer"}}}),
+            )],
+            ToolChoice::Auto,
+            true,
+        );
+        let frags = [
+            "a",
+            "b c",
+            " ",
+            "\n",
+            "<",
+            "<tool",
+            "<tool_call>",
+            "</tool_call>",
+            "<function=f>",
+            "<function=g>",
+            "</function>",
+            "<parameter=x>",
+            "\n1\n",
+            "True",
+            "</parameter>",
+            "<tool_call>\n<function=f>\n<parameter=x>\n1\n</parameter>\n</function>\n</tool_call>",
+            "é",
+        ];
+        let mut rng = Rng(23);
+        let (mut checked, mut with_calls) = (0usize, 0usize);
+        for _ in 0..3000 {
+            let t: String = (0..rng.below(8))
+                .map(|_| frags[rng.below(frags.len())])
+                .collect();
+            for req in [Some(&r), None] {
+                let full = Format::QwenXml.parse(&t, req);
+                with_calls += !full.tool_calls.is_empty() as usize;
+                let mut sent = String::new();
+                for p in prefixes(&t) {
+                    let part = Format::QwenXml.parse_partial(p, req);
+                    assert!(part.content.starts_with(&sent), "{t:?} / {p:?}");
+                    sent.clone_from(&part.content);
+                    assert!(
+                        full.content.starts_with(&part.content),
+                        "text {t:?}, prefix {p:?}: {:?} is not a prefix of {:?}",
+                        part.content,
+                        full.content
+                    );
+                    assert_eq!(part.reasoning, None);
+                    assert!(part.tool_calls.is_empty());
+                    checked += 1;
+                }
+            }
+        }
+        assert!(
+            checked > 10_000 && with_calls > 200,
+            "{checked} {with_calls}"
+        );
+    }
+
+    const TEMPLATES: &str =
+        "../../target/llamacpp/llama_cpp_python-0.3.36/vendor/llama.cpp/models/templates";
+
+    #[test]
+    fn qwen_xml_detect() {
+        assert!(detect("<tool_call>\n<function=f>\n<parameter=k>\n"));
+        assert!(!detect("<tool_call>\n<function=f>"));
+        assert!(!detect("<function=f><parameter=k>"));
+        // the variant without newlines between the tags
+        assert!(!detect(
+            "{{- '<tool_call><function=' ~ tool_call.name ~ '>' }}<parameter="
+        ));
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(TEMPLATES);
+        if !dir.exists() {
+            return;
+        }
+        let ours = [
+            "Qwen3-Coder.jinja",
+            "Qwen3.5-4B.jinja",
+            "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.jinja",
+            "StepFun3.5-Flash.jinja",
+        ];
+        let mut found = 0;
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let path = e.unwrap().path();
+            let file = path.file_name().unwrap().to_str().unwrap().to_string();
+            if !file.ends_with(".jinja") {
+                continue;
+            }
+            let src = std::fs::read_to_string(&path).unwrap();
+            let want = ours.contains(&file.as_str());
+            assert_eq!(detect(&src), want, "{file}");
+            if want {
+                assert_eq!(Format::detect(Some(&src)), Format::QwenXml, "{file}");
+                found += 1;
+            }
+        }
+        assert_eq!(found, ours.len());
+        // Qwen 3.5 thinks too: the caller splits `<think>` off before `parse`
+        let q35 = std::fs::read_to_string(dir.join("Qwen3.5-4B.jinja")).unwrap();
+        assert!(think::template_thinks(&q35));
+    }
+
+    #[test]
+    fn qwen_xml_plan_shapes_and_errors() {
+        let ok = tool(
+            "f",
+            json!({"type": "object", "properties": {"a": {"type": "integer"}}}),
+        );
+        assert_eq!(
+            plan(&req(vec![ok.clone()], ToolChoice::None, false)).unwrap(),
+            None
+        );
+        assert_eq!(plan(&req(vec![], ToolChoice::Auto, false)).unwrap(), None);
+        assert!(plan(&req(vec![], ToolChoice::Required, false)).is_err());
+        let e = plan(&req(
+            vec![ok.clone()],
+            ToolChoice::Function("g".into()),
+            false,
+        ))
+        .unwrap_err();
+        assert!(e.contains("`g`"), "{e}");
+        let auto = plan(&req(vec![ok.clone()], ToolChoice::Auto, true))
+            .unwrap()
+            .unwrap();
+        assert!(auto.lazy);
+        assert_eq!(auto.triggers, vec![LAZY_START.trigger()]);
+        assert_eq!(Format::QwenXml.lazy_start(), Some(LAZY_START));
+        assert!(Format::QwenXml.markup().contains(&"<tool_call>"));
+        assert!(Format::QwenXml.markup().contains(&"</tool_call>"));
+        // the value's framing newlines are the template's, exactly
+        let g = grammar(&auto);
+        let one =
+            "<tool_call>\n<function=f>\n<parameter=a>\n1\n</parameter>\n</function>\n</tool_call>";
+        assert!(g.accepts_str(one));
+        assert!(!g.accepts_str(&one.replace("<parameter=a>\n", "<parameter=a>")));
+        assert!(!g.accepts_str(&one.replace("\n</parameter>", "</parameter>")));
+        assert!(!g.accepts_str(&one.replace("1\n", "1 \n")));
+        // a raw string: any text without the closing tag; a string with lengths, no `<`
+        let s = tool(
+            "s",
+            json!({"properties": {"t": {"type": "string"},
+                                  "u": {"type": "string", "maxLength": 3}},
+                   "required": ["t"]}),
+        );
+        let g = grammar(
+            &plan(&req(vec![s], ToolChoice::Required, false))
+                .unwrap()
+                .unwrap(),
+        );
+        let call = |t: &str| {
+            format!("<tool_call>\n<function=s>\n<parameter=t>\n{t}\n</parameter>\n</function>\n</tool_call>")
+        };
+        for (t, ok) in [
+            ("", true),
+            ("\n", true),
+            ("a <b> </parameter", true),
+            ("</parameter>", false),
+            ("a\n</parameter>\nb", false),
+        ] {
+            assert_eq!(g.accepts_str(&call(t)), ok, "{t:?}");
+        }
+        let u = |v: &str| {
+            call("x").replace(
+                "</function>",
+                &format!("<parameter=u>\n{v}\n</parameter>\n</function>"),
+            )
+        };
+        assert!(g.accepts_str(&u("abc")));
+        assert!(!g.accepts_str(&u("abcd")));
+        assert!(!g.accepts_str(&u("a<")));
+        // names a tag cannot carry
+        let errs = [
+            (tool("a>b", json!({})), "'>'"),
+            (tool("a\nb", json!({})), "'\\n'"),
+            (tool("", json!({})), "empty"),
+            (
+                tool("p", json!({"properties": {"k>": {"type": "string"}}})),
+                "parameter name",
+            ),
+            (
+                tool("p", json!({"properties": {"k\r": {"type": "string"}}})),
+                "'\\r'",
+            ),
+            (
+                tool(
+                    "p",
+                    json!({"properties": {"k": {"type": "string", "pattern": "a+"}}}),
+                ),
+                "Qwen XML",
+            ),
+            (tool("p", json!({"type": "string"})), "`type`"),
+        ];
+        for (t, needle) in errs {
+            let e = plan(&req(vec![ok.clone(), t.clone()], ToolChoice::Auto, false)).unwrap_err();
+            assert!(e.contains(needle), "{e}");
+            if !t.name.is_empty() {
+                assert!(e.contains(&format!("`{}`", t.name)), "{e}");
+            }
+        }
+        // names with spaces, `<` and `=` are carried
+        let odd = tool(
+            "a<b=c d",
+            json!({"properties": {"k l=<m": {"type": "integer"}}, "required": ["k l=<m"]}),
+        );
+        let r = req(vec![odd], ToolChoice::Required, false);
+        let g = grammar(&plan(&r).unwrap().unwrap());
+        let text = "<tool_call>\n<function=a<b=c d>\n<parameter=k l=<m>\n7\n</parameter>\n</function>\n</tool_call>";
+        assert!(g.accepts_str(text));
+        let p = parse(text, Some(&r));
+        assert_eq!(p.tool_calls[0].name, "a<b=c d");
+        assert_eq!(p.tool_calls[0].arguments, r#"{"k l=<m":7}"#);
     }
 }

@@ -245,7 +245,7 @@ pub fn block_first(gbnf: &str, opened: bool) -> String {
     };
     format!(
         "root ::= {block} think-calls\nthink-ws ::= [ \\t\\n]{{0,4}}\n{}{calls}\n",
-        super::atem::text_without("think-text", &[CLOSE])
+        super::xml_args::text_without("think-text", &[CLOSE])
     )
 }
 
