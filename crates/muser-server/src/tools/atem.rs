@@ -41,7 +41,7 @@
 //! valid. Everything after a call header is held back while streaming until its block is
 //! complete.
 
-use super::xml_args::{arguments, text_without, Params, Syntax};
+use super::xml_args::{arguments, text_without, ws_len, Params, Syntax};
 use super::{allowed_tools, Parsed, Plan, Tool, ToolCall, ToolChoice, ToolRequest, Trigger};
 use muser_jsonschema::gbnf_literal as literal;
 
@@ -255,10 +255,6 @@ fn lit(s: &str, lit: &str) -> Step<()> {
     } else {
         Step::Broken
     }
-}
-
-fn ws_len(s: &str) -> usize {
-    s.len() - s.trim_start_matches([' ', '\t', '\n', '\r']).len()
 }
 
 /// An attribute value up to `">` (no `"` inside).

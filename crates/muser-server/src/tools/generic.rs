@@ -8,8 +8,8 @@
 use serde_json::{json, Map, Value};
 
 use super::{
-    allowed_tools, call_schema, calls_wanted, check_tools_convert, read_call, Parsed, Plan, Tool,
-    ToolCall, ToolChoice, ToolRequest,
+    allowed_tools, call_schema, calls_wanted, check_tools_convert, read_call, verbatim, Parsed,
+    Plan, Tool, ToolCall, ToolChoice, ToolRequest,
 };
 
 pub(super) fn plan(req: &ToolRequest) -> Result<Option<Plan>, String> {
@@ -131,10 +131,7 @@ pub(super) fn parse(text: &str, req: Option<&ToolRequest>) -> Parsed {
             return p;
         }
     }
-    Parsed {
-        content: text.to_string(),
-        ..Parsed::default()
-    }
+    verbatim(text)
 }
 
 /// The reply's JSON read, if it is one of the format's objects.
@@ -173,10 +170,7 @@ pub(super) fn parse_partial(text: &str, req: Option<&ToolRequest>) -> Parsed {
     if calls_wanted(req) {
         Parsed::default()
     } else {
-        Parsed {
-            content: text.to_string(),
-            ..Parsed::default()
-        }
+        verbatim(text)
     }
 }
 
@@ -204,25 +198,13 @@ mod tests {
     fn generic_grammar_accepts_calls_and_refuses_wrong_ones() {
         let mut rng = Rng(0x5EED_0001);
         for round in 0..60 {
-            let tools = random_tools(&mut rng);
             let parallel = round % 2 == 1;
-            let choice = match round % 3 {
-                0 => ToolChoice::Auto,
-                1 => ToolChoice::Required,
-                _ => ToolChoice::Function(tools[rng.below(tools.len())].name.clone()),
-            };
-            let r = req(tools.clone(), choice.clone(), parallel);
+            let r = random_req(&mut rng, round, parallel);
+            let choice = r.choice.clone();
             let (_, g) = plan_of(&r);
-            let allowed: Vec<&Tool> = match &choice {
-                ToolChoice::Function(n) => tools.iter().filter(|t| &t.name == n).collect(),
-                _ => tools.iter().collect(),
-            };
-            let n_calls = if parallel { 1 + rng.below(3) } else { 1 };
-            let calls: Vec<(String, Value)> = (0..n_calls)
-                .map(|_| {
-                    let t = allowed[rng.below(allowed.len())];
-                    (t.name.clone(), random_args(&mut rng, &t.parameters))
-                })
+            let calls: Vec<(String, Value)> = random_calls(&mut rng, &r)
+                .into_iter()
+                .map(|(t, a)| (t.name.clone(), a))
                 .collect();
             let reply = if parallel {
                 json!({"tool_calls": calls.iter().map(|(n, a)| call_text(n, a)).collect::<Vec<_>>()})
@@ -236,12 +218,7 @@ mod tests {
                 assert_eq!(p.reasoning, None);
                 assert_eq!(p.tool_calls.len(), calls.len());
                 for (c, (n, a)) in p.tool_calls.iter().zip(&calls) {
-                    assert_eq!(&c.name, n);
-                    assert_eq!(c.id, None);
-                    let got: Value = serde_json::from_str(&c.arguments).unwrap();
-                    assert_eq!(&got, a);
-                    // compact, in the model's key order
-                    assert_eq!(c.arguments, serde_json::to_string(a).unwrap());
+                    assert_call(c, n, a, None);
                 }
             }
             // a tool that is not allowed
@@ -249,17 +226,17 @@ mod tests {
             assert!(!g.accepts_str(&wrong.to_string()));
             let wrong = json!({"tool_calls": [call_text("no_such_tool", &json!({}))]});
             assert!(!g.accepts_str(&wrong.to_string()));
-            if let ToolChoice::Function(n) = &choice {
-                if let Some(o) = tools.iter().find(|t| &t.name != n) {
-                    let a = random_args(&mut rng, &o.parameters);
-                    let c = call_text(&o.name, &a);
-                    let w = if parallel {
-                        json!({ "tool_calls": [c] })
-                    } else {
-                        json!({ "tool_call": c })
-                    };
-                    assert!(!g.accepts_str(&w.to_string()), "other tool taken: {w}");
+            let reply_of = |n: &str, a: &Value| {
+                let c = call_text(n, a);
+                if parallel {
+                    json!({ "tool_calls": [c] }).to_string()
+                } else {
+                    json!({ "tool_call": c }).to_string()
                 }
+            };
+            if let Some((o, a)) = other_tool(&mut rng, &r) {
+                let w = reply_of(&o.name, &a);
+                assert!(!g.accepts_str(&w), "other tool taken: {w}");
             }
             // the other form (single vs parallel) is refused
             let (n, a) = &calls[0];
@@ -273,16 +250,8 @@ mod tests {
                 assert!(!g.accepts_str(r#"{"tool_calls": []}"#));
             }
             // missing required argument / wrong type
-            let t = allowed.iter().find(|t| t.name == *n).unwrap();
-            for bad in broken_args(&mut rng, &t.parameters, a) {
-                let c = call_text(n, &bad);
-                let w = if parallel {
-                    json!({ "tool_calls": [c] })
-                } else {
-                    json!({ "tool_call": c })
-                };
-                assert!(!g.accepts_str(&w.to_string()), "round {round}: took {w}");
-            }
+            let t = allowed(&r).into_iter().find(|t| t.name == *n).unwrap();
+            check_broken_args(&mut rng, &g, t, a, |bad| reply_of(n, bad));
             // a response only under auto
             let resp = r#"{"response": "Hello, \"world\"\n"}"#;
             assert_eq!(g.accepts_str(resp), choice == ToolChoice::Auto);
@@ -354,11 +323,7 @@ mod tests {
 
     #[test]
     fn generic_parse_other_text_is_content() {
-        let r = req(
-            vec![tool("f", json!({"type": "object", "properties": {}}))],
-            ToolChoice::Auto,
-            false,
-        );
+        let r = f_req(false);
         for t in [
             "Hello",
             "",
@@ -424,14 +389,7 @@ mod tests {
                 .map(|_| frags[rng.below(frags.len())])
                 .collect();
             for req in [None, Some(&r)] {
-                let full = Format::Generic.parse(&t, req);
-                assert_eq!(full.reasoning, None);
-                for p in prefixes(&t) {
-                    let part = Format::Generic.parse_partial(p, req);
-                    assert!(full.content.starts_with(&part.content), "{t:?} / {p:?}");
-                    assert_eq!(part.reasoning, None);
-                    assert!(part.tool_calls.is_empty());
-                }
+                check_partial_prefixes(Format::Generic, &t, req);
             }
         }
     }

@@ -7,15 +7,15 @@ use std::collections::HashSet;
 use serde_json::{json, Value};
 
 use super::{
-    allowed_tools, call_schema, calls_wanted, check_tools_convert, fresh_rule, read_call,
-    rename_rule, rule_names, Parsed, Plan, ToolCall, ToolChoice, ToolRequest, Trigger,
+    allowed_tools, call_schema, check_tools_convert, fresh_rule, json_prefix, parse_blocks,
+    parse_blocks_partial, read_call, rename_rule, rule_names, LazyStart, Parsed, Plan, ToolCall,
+    ToolRequest, WS_BODY,
 };
 
 const OPEN: &str = "<tool_call>";
 const CLOSE: &str = "</tool_call>";
 
-/// The JSON grammar's optional whitespace (muser-jsonschema's `ws`), for a grammar without it.
-const WS_BODY: &str = r#"( " " | "\n" "\n"? [ \t]{0,20} )?"#;
+pub(super) const LAZY_START: LazyStart = LazyStart::Word(OPEN);
 
 pub(super) fn plan(req: &ToolRequest) -> Result<Option<Plan>, String> {
     let Some(tools) = allowed_tools(req)? else {
@@ -46,26 +46,14 @@ pub(super) fn plan(req: &ToolRequest) -> Result<Option<Plan>, String> {
         gbnf.push_str(&format!("ws ::= {WS_BODY}\n"));
     }
     gbnf.push_str(&rename_rule(&json_gbnf, "root", &call));
-    let lazy = req.choice == ToolChoice::Auto;
-    Ok(Some(Plan {
-        gbnf,
-        lazy,
-        triggers: if lazy {
-            vec![Trigger::Word(OPEN.to_string())]
-        } else {
-            Vec::new()
-        },
-        system: None,
-    }))
+    Ok(Some(Plan::calls(gbnf, &req.choice, LAZY_START)))
 }
 
 /// The call block whose `<tool_call>` ends right before `rest`: the call and the length of
 /// `rest` it spans (through `</tool_call>`, or to the end for an unclosed final block). None
 /// when the block is malformed.
 fn read_block(rest: &str) -> Option<(ToolCall, usize)> {
-    let mut it = serde_json::Deserializer::from_str(rest).into_iter::<Value>();
-    let v = it.next()?.ok()?;
-    let end = it.byte_offset();
+    let (v, end) = json_prefix(rest)?;
     let call = read_call(&v)?;
     let tail = &rest[end..];
     let after_ws = tail.trim_start();
@@ -82,67 +70,21 @@ fn read_block(rest: &str) -> Option<(ToolCall, usize)> {
 /// Content is the text with the well-formed call blocks taken out, its trailing whitespace
 /// trimmed; malformed blocks stay in it.
 pub(super) fn parse(text: &str, req: Option<&ToolRequest>) -> Parsed {
-    if !calls_wanted(req) {
-        return Parsed {
-            content: text.to_string(),
-            ..Parsed::default()
-        };
-    }
-    let mut content = String::new();
-    let mut tool_calls = Vec::new();
-    let mut rest = text;
-    while let Some(i) = rest.find(OPEN) {
-        content.push_str(&rest[..i]);
-        let after = &rest[i + OPEN.len()..];
-        match read_block(after) {
-            Some((call, used)) => {
-                tool_calls.push(call);
-                rest = &after[used..];
-            }
-            None => {
-                content.push_str(OPEN);
-                rest = after;
-            }
-        }
-    }
-    content.push_str(rest);
-    content.truncate(content.trim_end().len());
-    Parsed {
-        content,
-        reasoning: None,
-        tool_calls,
-    }
+    parse_blocks(text, req, &[OPEN], |after| {
+        read_block(after).map(|(call, used)| (vec![call], used))
+    })
 }
 
 /// Content up to the first `<tool_call>`, less a tail that may be the start of one, and less
 /// trailing whitespace (which `parse` trims when a call follows it).
 pub(super) fn parse_partial(text: &str, req: Option<&ToolRequest>) -> Parsed {
-    if !calls_wanted(req) {
-        return Parsed {
-            content: text.to_string(),
-            ..Parsed::default()
-        };
-    }
-    let cut = match text.find(OPEN) {
-        Some(i) => i,
-        None => {
-            let held = (1..OPEN.len())
-                .rev()
-                .find(|&n| text.ends_with(&OPEN[..n]))
-                .unwrap_or(0);
-            text.len() - held
-        }
-    };
-    Parsed {
-        content: text[..cut].trim_end().to_string(),
-        ..Parsed::default()
-    }
+    parse_blocks_partial(text, req, &[OPEN])
 }
 
 #[cfg(test)]
 mod tests {
     use super::super::test_util::*;
-    use super::super::{Format, Tool};
+    use super::super::{Format, Tool, ToolChoice, Trigger};
     use super::*;
     use muser_sample::Grammar;
 
@@ -157,39 +99,15 @@ mod tests {
     fn hermes_grammar_accepts_calls_and_refuses_wrong_ones() {
         let mut rng = Rng(0x5EED_0002);
         for round in 0..60 {
-            let tools = random_tools(&mut rng);
             let parallel = round % 2 == 1;
-            let choice = match round % 3 {
-                0 => ToolChoice::Auto,
-                1 => ToolChoice::Required,
-                _ => ToolChoice::Function(tools[rng.below(tools.len())].name.clone()),
-            };
-            let r = req(tools.clone(), choice.clone(), parallel);
-            let p = Format::Hermes.plan(&r).unwrap().unwrap();
-            assert_eq!(p.system, None);
-            assert_eq!(p.lazy, choice == ToolChoice::Auto);
-            if p.lazy {
-                assert_eq!(p.triggers, vec![Trigger::Word("<tool_call>".into())]);
-            } else {
-                assert!(p.triggers.is_empty());
-            }
-            let g = Grammar::parse(&p.gbnf).unwrap_or_else(|e| panic!("{e:?}\n{}", p.gbnf));
-            let allowed: Vec<&Tool> = match &choice {
-                ToolChoice::Function(n) => tools.iter().filter(|t| &t.name == n).collect(),
-                _ => tools.iter().collect(),
-            };
-            let n_calls = if parallel { 1 + rng.below(3) } else { 1 };
-            let calls: Vec<(String, Value)> = (0..n_calls)
-                .map(|_| {
-                    let t = allowed[rng.below(allowed.len())];
-                    (t.name.clone(), random_args(&mut rng, &t.parameters))
-                })
-                .collect();
+            let r = random_req(&mut rng, round, parallel);
+            let (p, g) = checked_plan(Format::Hermes, &r, Trigger::Word("<tool_call>".into()));
+            let calls = random_calls(&mut rng, &r);
             for layout in 0..4 {
                 let blocks: Vec<String> = calls
                     .iter()
-                    .map(|(n, a)| {
-                        let c = json!({"name": n, "arguments": a});
+                    .map(|(t, a)| {
+                        let c = json!({"name": t.name, "arguments": a});
                         let l = layouts(&c);
                         block(&l[layout % l.len()])
                     })
@@ -205,42 +123,26 @@ mod tests {
                 assert_eq!(parsed.content, "");
                 assert_eq!(parsed.reasoning, None);
                 assert_eq!(parsed.tool_calls.len(), calls.len());
-                for (c, (n, a)) in parsed.tool_calls.iter().zip(&calls) {
-                    assert_eq!(&c.name, n);
-                    assert_eq!(c.id, None);
-                    let got: Value = serde_json::from_str(&c.arguments).unwrap();
-                    assert_eq!(&got, a);
-                    assert_eq!(c.arguments, serde_json::to_string(a).unwrap());
+                for (c, (t, a)) in parsed.tool_calls.iter().zip(&calls) {
+                    assert_call(c, &t.name, a, None);
                 }
-                // content before the calls (what the lazy grammar does not see) is kept
-                let with_text = format!("Let me check.\n\n{text}");
-                let parsed = Format::Hermes.parse(&with_text, Some(&r));
-                assert_eq!(parsed.content, "Let me check.");
-                assert_eq!(parsed.tool_calls.len(), calls.len());
-                // nothing may follow the last call
-                assert!(!g.accepts_str(&format!("{text}\nMore")));
+                check_text_around(Format::Hermes, &r, &g, &text, calls.len());
             }
             // no block, or a single block when parallel is off
             assert!(!g.accepts_str(""));
             assert!(!g.accepts_str("Hello"));
-            let (n, a) = &calls[0];
-            let one = block(&json!({"name": n, "arguments": a}).to_string());
+            let (t, a) = &calls[0];
+            let render = |a: &Value| block(&json!({"name": t.name, "arguments": a}).to_string());
+            let one = render(a);
             assert_eq!(g.accepts_str(&format!("{one}\n{one}")), parallel);
             // a tool that is not allowed
             assert!(!g.accepts_str(&block(r#"{"name": "no_such_tool", "arguments": {}}"#)));
-            if let ToolChoice::Function(f) = &choice {
-                if let Some(o) = tools.iter().find(|t| &t.name != f) {
-                    let a = random_args(&mut rng, &o.parameters);
-                    let b = block(&json!({"name": o.name, "arguments": a}).to_string());
-                    assert!(!g.accepts_str(&b), "other tool taken: {b}");
-                }
+            if let Some((o, a)) = other_tool(&mut rng, &r) {
+                let b = block(&json!({"name": o.name, "arguments": a}).to_string());
+                assert!(!g.accepts_str(&b), "other tool taken: {b}");
             }
             // missing required argument / wrong type
-            let t = allowed.iter().find(|t| t.name == *n).unwrap();
-            for bad in broken_args(&mut rng, &t.parameters, a) {
-                let b = block(&json!({"name": n, "arguments": bad}).to_string());
-                assert!(!g.accepts_str(&b), "round {round}: took {b}");
-            }
+            check_broken_args(&mut rng, &g, t, a, render);
             // unclosed or wrongly closed
             assert!(!g.accepts_str(one.strip_suffix("</tool_call>").unwrap()));
             assert!(!g.accepts_str(&one.replace("</tool_call>", "</tool_cal>")));
@@ -323,11 +225,7 @@ mod tests {
 
     #[test]
     fn hermes_parse_cases() {
-        let r = req(
-            vec![tool("f", json!({"type": "object", "properties": {}}))],
-            ToolChoice::Auto,
-            true,
-        );
+        let r = f_req(true);
         let call = |args: &str| ToolCall {
             id: None,
             name: "f".into(),
@@ -396,19 +294,11 @@ mod tests {
             ),
         ];
         for (text, content, calls) in cases {
-            let p = Format::Hermes.parse(text, Some(&r));
-            assert_eq!(&p.content, content, "{text:?}");
-            assert_eq!(&p.tool_calls, calls, "{text:?}");
-            assert_eq!(p.reasoning, None);
+            check_parsed(&Format::Hermes.parse(text, Some(&r)), content, calls, text);
         }
         // no tools or tool_choice none: the text as is
         let t = "Hi <tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>\n";
-        assert_eq!(Format::Hermes.parse(t, None).content, t);
-        assert_eq!(Format::Hermes.parse_partial(t, None).content, t);
-        let none = req(r.tools.clone(), ToolChoice::None, false);
-        assert_eq!(Format::Hermes.parse(t, Some(&none)).content, t);
-        assert!(Format::Hermes.parse(t, Some(&none)).tool_calls.is_empty());
-        assert_eq!(Format::Hermes.plan(&none).unwrap(), None);
+        check_verbatim(Format::Hermes, t, &r.tools);
         // partial
         for (t, c) in [
             ("Hi <tool", "Hi"),
@@ -432,11 +322,7 @@ mod tests {
     /// sends (content and reasoning) is a prefix of what the finished text gives.
     #[test]
     fn hermes_partial_is_prefix_of_parse() {
-        let r = req(
-            vec![tool("f", json!({"type": "object", "properties": {}}))],
-            ToolChoice::Auto,
-            true,
-        );
+        let r = f_req(true);
         let frags = [
             "a",
             "b c",
@@ -463,24 +349,7 @@ mod tests {
                 .map(|_| frags[rng.below(frags.len())])
                 .collect();
             for req in [Some(&r), None] {
-                let full = Format::Hermes.parse(&t, req);
-                let mut sent = String::new();
-                for p in prefixes(&t) {
-                    let part = Format::Hermes.parse_partial(p, req);
-                    // what was sent is never taken back (the stream sends differences)
-                    assert!(part.content.starts_with(&sent), "{t:?} / {p:?}");
-                    sent.clone_from(&part.content);
-                    assert!(
-                        full.content.starts_with(&part.content),
-                        "text {t:?}, prefix {p:?}: {:?} is not a prefix of {:?}",
-                        part.content,
-                        full.content
-                    );
-                    assert_eq!(part.reasoning, None);
-                    assert_eq!(full.reasoning, None);
-                    assert!(part.tool_calls.is_empty());
-                    checked += 1;
-                }
+                checked += check_partial_prefixes(Format::Hermes, &t, req).1;
             }
         }
         assert!(checked > 10_000);

@@ -10,14 +10,11 @@
 use serde_json::Value;
 
 use super::{
-    allowed_tools, arguments_schema, calls_wanted, LazyStart, Parsed, Plan, ToolCall, ToolChoice,
-    ToolRequest,
+    allowed_tools, arguments_schema, call_of, calls_wanted, tool_rules, verbatim, LazyStart,
+    Parsed, Plan, ToolCall, ToolRequest, WS_BODY,
 };
 
 use muser_jsonschema::gbnf_literal as lit;
-
-/// The JSON grammar's optional whitespace (muser-jsonschema's `ws`).
-const WS_BODY: &str = r#"( " " | "\n" "\n"? [ \t]{0,20} )?"#;
 
 /// A call opens the reply: `{`, the grammar's optional whitespace, then its first key (`"type"`
 /// or `"name"`), so that the grammar takes the matched text from the `{` on.
@@ -49,14 +46,7 @@ pub(super) fn plan(req: &ToolRequest) -> Result<Option<Plan>, String> {
     let mut alts = Vec::with_capacity(tools.len());
     let mut rules = String::new();
     for (i, t) in tools.iter().enumerate() {
-        let (args, r) =
-            muser_jsonschema::schema_to_gbnf_rules(&arguments_schema(t), &format!("tool{i}-"))
-                .map_err(|e| {
-                    format!(
-                        "the parameters of tool `{}` cannot be made a grammar: {e}",
-                        t.name
-                    )
-                })?;
+        let (args, r) = tool_rules(t, &arguments_schema(t), &format!("tool{i}-"))?;
         let name = Value::from(t.name.clone()).to_string();
         rules.push_str(&format!(
             "call-{i} ::= {} ws \":\" ws {} ws \",\" ws {} ws \":\" ws {args}\n",
@@ -76,17 +66,7 @@ pub(super) fn plan(req: &ToolRequest) -> Result<Option<Plan>, String> {
         lit("\"type\""),
         lit("\"function\""),
     );
-    let lazy = req.choice == ToolChoice::Auto;
-    Ok(Some(Plan {
-        gbnf,
-        lazy,
-        triggers: if lazy {
-            vec![LAZY_START.trigger()]
-        } else {
-            Vec::new()
-        },
-        system: None,
-    }))
+    Ok(Some(Plan::calls(gbnf, &req.choice, LAZY_START)))
 }
 
 /// The call a whole reply is, if it is one: a JSON object with a string `name`, an object
@@ -105,25 +85,17 @@ fn read_reply(text: &str) -> Option<ToolCall> {
         return None;
     }
     let name = o.get("name")?.as_str()?;
-    let args = match (o.get("parameters"), o.get("arguments")) {
-        (Some(a), None) | (None, Some(a)) if a.is_object() => a,
-        _ => return None,
-    };
-    Some(ToolCall {
-        id: None,
-        name: name.to_string(),
-        arguments: serde_json::to_string(args).ok()?,
-    })
+    match (o.get("parameters"), o.get("arguments")) {
+        (Some(a), None) | (None, Some(a)) => call_of(name, a),
+        _ => None,
+    }
 }
 
 /// A reply that is one call object gives the call and no content; any other reply is content
 /// (its trailing whitespace trimmed).
 pub(super) fn parse(text: &str, req: Option<&ToolRequest>) -> Parsed {
     if !calls_wanted(req) {
-        return Parsed {
-            content: text.to_string(),
-            ..Parsed::default()
-        };
+        return verbatim(text);
     }
     match read_reply(text) {
         Some(call) => Parsed {
@@ -169,10 +141,7 @@ fn may_be_call(text: &str) -> bool {
 /// whitespace.
 pub(super) fn parse_partial(text: &str, req: Option<&ToolRequest>) -> Parsed {
     if !calls_wanted(req) {
-        return Parsed {
-            content: text.to_string(),
-            ..Parsed::default()
-        };
+        return verbatim(text);
     }
     let content = if may_be_call(text) {
         String::new()
@@ -188,13 +157,10 @@ pub(super) fn parse_partial(text: &str, req: Option<&ToolRequest>) -> Parsed {
 #[cfg(test)]
 mod tests {
     use super::super::test_util::*;
-    use super::super::{Format, Tool, Trigger};
+    use super::super::{Format, ToolChoice, Trigger};
     use super::*;
     use muser_sample::Grammar;
     use serde_json::json;
-
-    const TEMPLATES: &str =
-        "../../target/llamacpp/llama_cpp_python-0.3.36/vendor/llama.cpp/models/templates";
 
     fn call_text(name: &str, args: &Value, layout: usize, typed: bool) -> String {
         let c = if typed {
@@ -224,27 +190,9 @@ mod tests {
     fn llama3_grammar_accepts_calls_and_refuses_wrong_ones() {
         let mut rng = Rng(0x11A3_0001);
         for round in 0..60 {
-            let tools = random_tools(&mut rng);
-            let parallel = round % 2 == 1;
-            let choice = match round % 3 {
-                0 => ToolChoice::Auto,
-                1 => ToolChoice::Required,
-                _ => ToolChoice::Function(tools[rng.below(tools.len())].name.clone()),
-            };
-            let r = req(tools.clone(), choice.clone(), parallel);
-            let p = Format::Llama3.plan(&r).unwrap().unwrap();
-            assert_eq!(p.system, None);
-            assert_eq!(p.lazy, choice == ToolChoice::Auto);
-            if p.lazy {
-                assert_eq!(p.triggers, vec![LAZY_START.trigger()]);
-            } else {
-                assert!(p.triggers.is_empty());
-            }
-            let g = Grammar::parse(&p.gbnf).unwrap_or_else(|e| panic!("{e:?}\n{}", p.gbnf));
-            let allowed: Vec<&Tool> = match &choice {
-                ToolChoice::Function(n) => tools.iter().filter(|t| &t.name == n).collect(),
-                _ => tools.iter().collect(),
-            };
+            let r = random_req(&mut rng, round, round % 2 == 1);
+            let (p, g) = checked_plan(Format::Llama3, &r, LAZY_START.trigger());
+            let allowed = allowed(&r);
             let t = allowed[rng.below(allowed.len())];
             let a = random_args(&mut rng, &t.parameters);
             for layout in 0..4 {
@@ -260,11 +208,7 @@ mod tests {
                         assert_eq!(parsed.content, "");
                         assert_eq!(parsed.reasoning, None);
                         assert_eq!(parsed.tool_calls.len(), 1);
-                        let c = &parsed.tool_calls[0];
-                        assert_eq!((c.name.as_str(), c.id.as_ref()), (t.name.as_str(), None));
-                        let got: Value = serde_json::from_str(&c.arguments).unwrap();
-                        assert_eq!(&got, &a);
-                        assert_eq!(c.arguments, serde_json::to_string(&a).unwrap());
+                        assert_call(&parsed.tool_calls[0], &t.name, &a, None);
                     }
                     if p.lazy {
                         // the trigger fires at the reply's start, and the grammar takes the
@@ -301,18 +245,12 @@ mod tests {
             assert_eq!(Format::Llama3.parse(&swapped, Some(&r)).tool_calls.len(), 1);
             // a tool that is not allowed
             assert!(!g.accepts_str(r#"{"name": "no_such_tool", "parameters": {}}"#));
-            if let ToolChoice::Function(f) = &choice {
-                if let Some(o) = tools.iter().find(|t| &t.name != f) {
-                    let oa = random_args(&mut rng, &o.parameters);
-                    let b = call_text(&o.name, &oa, 0, false);
-                    assert!(!g.accepts_str(&b), "other tool taken: {b}");
-                }
+            if let Some((o, oa)) = other_tool(&mut rng, &r) {
+                let b = call_text(&o.name, &oa, 0, false);
+                assert!(!g.accepts_str(&b), "other tool taken: {b}");
             }
             // arguments that break the schema
-            for bad in broken_args(&mut rng, &t.parameters, &a) {
-                let b = call_text(&t.name, &bad, 1, false);
-                assert!(!g.accepts_str(&b), "round {round}: took {b}");
-            }
+            check_broken_args(&mut rng, &g, t, &a, |bad| call_text(&t.name, bad, 1, false));
         }
     }
 
@@ -322,31 +260,9 @@ mod tests {
         \"celsius\", \"city\": \"Pa\\\"ris <x> é\\n\", \"days\": 3, \"detail\": {\"hourly\": \
         true, \"tags\": [\"a\", \"b\"]}}}<|eot_id|>";
 
-    fn weather() -> Tool {
-        tool(
-            "get_weather",
-            json!({
-                "type": "object",
-                "properties": {
-                    "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-                    "city": {"type": "string"},
-                    "days": {"type": "integer"},
-                    "detail": {
-                        "type": "object",
-                        "properties": {
-                            "hourly": {"type": "boolean"},
-                            "tags": {"type": "array", "items": {"type": "string"}}
-                        }
-                    }
-                },
-                "required": ["unit", "city"]
-            }),
-        )
-    }
-
     #[test]
     fn llama3_template_rendering_is_accepted_and_read_back() {
-        let tools = vec![weather(), tool("ping", json!({"type": "object"}))];
+        let tools = weather_tools();
         let body = TEMPLATE_TEXT.strip_suffix("<|eot_id|>").unwrap();
         for choice in [
             ToolChoice::Auto,
@@ -367,7 +283,7 @@ mod tests {
                 vec![ToolCall {
                     id: None,
                     name: "get_weather".into(),
-                    arguments: r#"{"unit":"celsius","city":"Pa\"ris <x> é\n","days":3,"detail":{"hourly":true,"tags":["a","b"]}}"#.into(),
+                    arguments: WEATHER_ARGS.into(),
                 }]
             );
         }
@@ -378,18 +294,8 @@ mod tests {
 
     #[test]
     fn llama3_parse_cases() {
-        let r = req(
-            vec![tool("f", json!({"type": "object", "properties": {}}))],
-            ToolChoice::Auto,
-            false,
-        );
-        let call = |name: &str, args: &str| {
-            vec![ToolCall {
-                id: None,
-                name: name.into(),
-                arguments: args.into(),
-            }]
-        };
+        let r = f_req(false);
+        let call = |name: &str, args: &str| vec![call(name, args)];
         let cases: Vec<(&str, &str, Vec<ToolCall>)> = vec![
             ("Hello", "Hello", vec![]),
             ("Hello \n", "Hello", vec![]),
@@ -470,19 +376,11 @@ mod tests {
             ("", "", vec![]),
         ];
         for (text, content, calls) in &cases {
-            let p = Format::Llama3.parse(text, Some(&r));
-            assert_eq!(&p.content, content, "{text:?}");
-            assert_eq!(&p.tool_calls, calls, "{text:?}");
-            assert_eq!(p.reasoning, None);
+            check_parsed(&Format::Llama3.parse(text, Some(&r)), content, calls, text);
         }
         // no tools or tool_choice none: the text as is
         let t = "{\"name\": \"f\", \"parameters\": {}}\n";
-        assert_eq!(Format::Llama3.parse(t, None).content, t);
-        assert_eq!(Format::Llama3.parse_partial(t, None).content, t);
-        let none = req(r.tools.clone(), ToolChoice::None, false);
-        let p = Format::Llama3.parse(t, Some(&none));
-        assert_eq!((p.content.as_str(), p.tool_calls.len()), (t, 0));
-        assert_eq!(Format::Llama3.plan(&none).unwrap(), None);
+        check_verbatim(Format::Llama3, t, &r.tools);
         // partial: held while the reply may be a call
         for (t, c) in [
             ("", ""),
@@ -513,11 +411,7 @@ mod tests {
     /// sends is a prefix of what the finished text gives, and is never taken back.
     #[test]
     fn llama3_partial_is_prefix_of_parse() {
-        let r = req(
-            vec![tool("f", json!({"type": "object", "properties": {}}))],
-            ToolChoice::Auto,
-            false,
-        );
+        let r = f_req(false);
         let frags = [
             "a",
             " ",
@@ -559,23 +453,9 @@ mod tests {
                 );
             }
             for req in [Some(&r), None] {
-                let full = Format::Llama3.parse(&t, req);
+                let (full, n) = check_partial_prefixes(Format::Llama3, &t, req);
                 calls += full.tool_calls.len();
-                let mut sent = String::new();
-                for p in prefixes(&t) {
-                    let part = Format::Llama3.parse_partial(p, req);
-                    assert!(part.content.starts_with(&sent), "{t:?} / {p:?}");
-                    sent.clone_from(&part.content);
-                    assert!(
-                        full.content.starts_with(&part.content),
-                        "text {t:?}, prefix {p:?}: {:?} is not a prefix of {:?}",
-                        part.content,
-                        full.content
-                    );
-                    assert!(part.tool_calls.is_empty());
-                    assert_eq!(part.reasoning, None);
-                    checked += 1;
-                }
+                checked += n;
             }
         }
         assert!(checked > 10_000 && calls > 300, "{checked} {calls}");
@@ -608,30 +488,11 @@ mod tests {
             "<|start_header_id|>ipython \"parameters\" <tool_call>"
         ));
         assert!(!detect("<|start_header_id|>ipython"));
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(TEMPLATES);
-        if !dir.exists() {
-            return;
-        }
         let want = [
-            "meta-llama-Llama-3.1-8B-Instruct.jinja",
-            "meta-llama-Llama-3.2-3B-Instruct.jinja",
-            "meta-llama-Llama-3.3-70B-Instruct.jinja",
+            ("meta-llama-Llama-3.1-8B-Instruct.jinja", Format::Llama3),
+            ("meta-llama-Llama-3.2-3B-Instruct.jinja", Format::Llama3),
+            ("meta-llama-Llama-3.3-70B-Instruct.jinja", Format::Llama3),
         ];
-        let mut seen = 0;
-        for e in std::fs::read_dir(&dir).unwrap() {
-            let path = e.unwrap().path();
-            let file = path.file_name().unwrap().to_str().unwrap().to_string();
-            if !file.ends_with(".jinja") {
-                continue;
-            }
-            let src = std::fs::read_to_string(&path).unwrap();
-            let yes = want.contains(&file.as_str());
-            assert_eq!(detect(&src), yes, "{file}");
-            if yes {
-                assert_eq!(Format::detect(Some(&src)), Format::Llama3, "{file}");
-                seen += 1;
-            }
-        }
-        assert_eq!(seen, want.len());
+        check_detect_all(|t| detect(t).then_some(Format::Llama3), &want);
     }
 }

@@ -32,8 +32,9 @@
 use serde_json::{json, Value};
 
 use super::{
-    allowed_tools, arguments_schema, call_schema, calls_wanted, check_tools_convert, read_call,
-    Format, LazyStart, Parsed, Plan, Tool, ToolCall, ToolChoice, ToolRequest,
+    allowed_tools, arguments_schema, call_of, call_schema, check_tools_convert, json_prefix,
+    parse_blocks, parse_blocks_partial, read_call, tool_rules, Format, LazyStart, Parsed, Plan,
+    Tool, ToolCall, ToolRequest, WS_BODY,
 };
 use muser_jsonschema::gbnf_literal as literal;
 
@@ -50,9 +51,6 @@ const ARGS: &str = "[ARGS]";
 const CALL_ID: &str = "[CALL_ID]";
 /// The length of a call id the templates accept (letters and digits).
 const ID_LEN: usize = 9;
-
-/// Optional whitespace, as muser-jsonschema's `ws`.
-const WS_BODY: &str = r#"( " " | "\n" "\n"? [ \t]{0,20} )?"#;
 
 pub(super) const LAZY_START: LazyStart = LazyStart::Word(OPEN);
 pub(super) const MARKUP: &[&str] = &[OPEN, ARGS, CALL_ID];
@@ -93,13 +91,7 @@ pub(super) fn plan(req: &ToolRequest, flavor: Flavor) -> Result<Option<Plan>, St
             Flavor::Nemo => nemo_call_schema(t),
             Flavor::Args { .. } => arguments_schema(t),
         };
-        let (top, r) =
-            muser_jsonschema::schema_to_gbnf_rules(&schema, &format!("t{i}-")).map_err(|e| {
-                format!(
-                    "the parameters of tool `{}` cannot be made a grammar: {e}",
-                    t.name
-                )
-            })?;
+        let (top, r) = tool_rules(t, &schema, &format!("t{i}-"))?;
         rules.push_str(&r);
         alts.push(match flavor {
             Flavor::Nemo => top,
@@ -135,17 +127,7 @@ pub(super) fn plan(req: &ToolRequest, flavor: Flavor) -> Result<Option<Plan>, St
     }
     gbnf.push_str(&format!("ws ::= {WS_BODY}\n"));
     gbnf.push_str(&rules);
-    let lazy = req.choice == ToolChoice::Auto;
-    Ok(Some(Plan {
-        gbnf,
-        lazy,
-        triggers: if lazy {
-            vec![LAZY_START.trigger()]
-        } else {
-            Vec::new()
-        },
-        system: None,
-    }))
+    Ok(Some(Plan::calls(gbnf, &req.choice, LAZY_START)))
 }
 
 /// The id the model wrote, kept when the templates would take it back (9 letters and digits).
@@ -153,17 +135,10 @@ fn valid_id(id: &str) -> Option<String> {
     (id.len() == ID_LEN && id.bytes().all(|b| b.is_ascii_alphanumeric())).then(|| id.to_string())
 }
 
-/// The JSON value at the start of `rest` (after whitespace) and the length of `rest` it spans.
-fn read_json(rest: &str) -> Option<(Value, usize)> {
-    let mut it = serde_json::Deserializer::from_str(rest).into_iter::<Value>();
-    let v = it.next()?.ok()?;
-    Some((v, it.byte_offset()))
-}
-
 /// The Nemo array whose `[TOOL_CALLS]` ends right before `rest`: its calls (one or more) and
 /// the length of `rest` it spans. None when it is not an array of calls.
 fn read_nemo(rest: &str) -> Option<(Vec<ToolCall>, usize)> {
-    let (v, used) = read_json(rest)?;
+    let (v, used) = json_prefix(rest)?;
     let items = v.as_array().filter(|a| !a.is_empty())?;
     let calls = items
         .iter()
@@ -197,88 +172,33 @@ fn read_args(rest: &str) -> Option<(ToolCall, usize)> {
         tail = &t[end..];
     }
     let args = tail.strip_prefix(ARGS)?;
-    let (v, used) = read_json(args)?;
-    if !v.is_object() {
-        return None;
-    }
-    let end = rest.len() - args.len() + used;
-    Some((
-        ToolCall {
-            id,
-            name: name.to_string(),
-            arguments: serde_json::to_string(&v).ok()?,
-        },
-        end,
-    ))
+    let (v, used) = json_prefix(args)?;
+    let call = call_of(name, &v)?;
+    Some((ToolCall { id, ..call }, rest.len() - args.len() + used))
 }
 
+/// Content is the text with the well-formed calls taken out, its trailing whitespace trimmed;
+/// `[TOOL_CALLS]` followed by anything else stays in it.
 pub(super) fn parse(text: &str, req: Option<&ToolRequest>, flavor: Flavor) -> Parsed {
-    if !calls_wanted(req) {
-        return Parsed {
-            content: text.to_string(),
-            ..Parsed::default()
-        };
-    }
-    let mut content = String::new();
-    let mut tool_calls = Vec::new();
-    let mut rest = text;
-    while let Some(i) = rest.find(OPEN) {
-        content.push_str(&rest[..i]);
-        let after = &rest[i + OPEN.len()..];
-        let read = match flavor {
-            Flavor::Nemo => read_nemo(after),
-            Flavor::Args { .. } => read_args(after).map(|(c, used)| (vec![c], used)),
-        };
-        match read {
-            Some((calls, used)) => {
-                tool_calls.extend(calls);
-                rest = &after[used..];
-            }
-            None => {
-                content.push_str(OPEN);
-                rest = after;
-            }
-        }
-    }
-    content.push_str(rest);
-    content.truncate(content.trim_end().len());
-    Parsed {
-        content,
-        reasoning: None,
-        tool_calls,
-    }
+    parse_blocks(text, req, &[OPEN], |after| match flavor {
+        Flavor::Nemo => read_nemo(after),
+        Flavor::Args { .. } => read_args(after).map(|(c, used)| (vec![c], used)),
+    })
 }
 
 /// Content up to the first `[TOOL_CALLS]`, less a tail that may be the start of one, and less
 /// trailing whitespace (which `parse` trims when a call follows it).
 pub(super) fn parse_partial(text: &str, req: Option<&ToolRequest>, _flavor: Flavor) -> Parsed {
-    if !calls_wanted(req) {
-        return Parsed {
-            content: text.to_string(),
-            ..Parsed::default()
-        };
-    }
-    let cut = match text.find(OPEN) {
-        Some(i) => i,
-        None => {
-            let held = (1..OPEN.len())
-                .rev()
-                .find(|&n| text.ends_with(&OPEN[..n]))
-                .unwrap_or(0);
-            text.len() - held
-        }
-    };
-    Parsed {
-        content: text[..cut].trim_end().to_string(),
-        ..Parsed::default()
-    }
+    parse_blocks_partial(text, req, &[OPEN])
 }
 
 #[cfg(test)]
 mod tests {
     use super::super::test_util::*;
+    use super::super::{ToolChoice, Trigger};
     use super::*;
     use muser_sample::Grammar;
+    use serde_json::{json, Value};
 
     const FLAVORS: [Flavor; 3] = [
         Flavor::Nemo,
@@ -339,45 +259,15 @@ mod tests {
         for flavor in FLAVORS {
             let fmt = format(flavor);
             for round in 0..40 {
-                let tools = random_tools(&mut rng);
                 let parallel = round % 2 == 1;
-                let choice = match round % 3 {
-                    0 => ToolChoice::Auto,
-                    1 => ToolChoice::Required,
-                    _ => ToolChoice::Function(tools[rng.below(tools.len())].name.clone()),
-                };
-                let r = req(tools.clone(), choice.clone(), parallel);
-                let p = fmt.plan(&r).unwrap().unwrap();
-                assert_eq!(p.system, None);
-                assert_eq!(p.lazy, choice == ToolChoice::Auto);
-                if p.lazy {
-                    assert_eq!(
-                        p.triggers,
-                        vec![super::super::Trigger::Word("[TOOL_CALLS]".into())]
-                    );
-                } else {
-                    assert!(p.triggers.is_empty());
-                }
-                let g = Grammar::parse(&p.gbnf).unwrap_or_else(|e| panic!("{e:?}\n{}", p.gbnf));
-                let allowed: Vec<&Tool> = match &choice {
-                    ToolChoice::Function(n) => tools.iter().filter(|t| &t.name == n).collect(),
-                    _ => tools.iter().collect(),
-                };
-                let n_calls = if parallel { 1 + rng.below(3) } else { 1 };
-                let calls: Vec<Call> = (0..n_calls)
-                    .map(|_| {
-                        let t = allowed[rng.below(allowed.len())];
-                        (
-                            t.name.clone(),
-                            random_args(&mut rng, &t.parameters),
-                            random_id(&mut rng),
-                        )
-                    })
+                let r = random_req(&mut rng, round, parallel);
+                let (p, g) = checked_plan(fmt, &r, Trigger::Word("[TOOL_CALLS]".into()));
+                let calls: Vec<Call> = random_calls(&mut rng, &r)
+                    .into_iter()
+                    .map(|(t, a)| (t.name.clone(), a, random_id(&mut rng)))
                     .collect();
-                let want_id = |id: &str| match flavor {
-                    Flavor::Nemo | Flavor::Args { call_id: true } => Some(id.to_string()),
-                    Flavor::Args { call_id: false } => None,
-                };
+                // the id is read back where the format has one
+                let ids = flavor != Flavor::Args { call_id: false };
                 for layout in 0..4 {
                     let sep = ["", "\n", " ", "\n\n"][layout];
                     let text = render(flavor, &calls, layout, sep);
@@ -391,20 +281,10 @@ mod tests {
                     assert_eq!(parsed.reasoning, None);
                     assert_eq!(parsed.tool_calls.len(), calls.len(), "{text}");
                     for (c, (n, a, id)) in parsed.tool_calls.iter().zip(&calls) {
-                        assert_eq!(&c.name, n);
-                        assert_eq!(c.id, want_id(id));
-                        let got: Value = serde_json::from_str(&c.arguments).unwrap();
-                        assert_eq!(&got, a);
-                        assert_eq!(c.arguments, serde_json::to_string(a).unwrap());
+                        assert_call(c, n, a, ids.then_some(id.as_str()));
                     }
-                    // content before the calls (what the lazy grammar does not see) is kept
-                    let with_text = format!("Let me check.\n\n{text}");
-                    let parsed = fmt.parse(&with_text, Some(&r));
-                    assert_eq!(parsed.content, "Let me check.");
-                    assert_eq!(parsed.tool_calls.len(), calls.len());
-                    assert!(!g.accepts_str(&with_text));
-                    // nothing may follow the last call
-                    assert!(!g.accepts_str(&format!("{text}\nMore")));
+                    check_text_around(fmt, &r, &g, &text, calls.len());
+                    assert!(!g.accepts_str(&format!("Let me check.\n\n{text}")));
                 }
                 assert!(!g.accepts_str(""));
                 assert!(!g.accepts_str("Hello"));
@@ -417,19 +297,15 @@ mod tests {
                 // a tool that is not allowed
                 let stranger = (String::from("no_such_tool"), json!({}), id.clone());
                 assert!(!g.accepts_str(&render(flavor, &[stranger], 0, "")));
-                if let ToolChoice::Function(f) = &choice {
-                    if let Some(o) = tools.iter().find(|t| &t.name != f) {
-                        let a = random_args(&mut rng, &o.parameters);
-                        let b = render(flavor, &[(o.name.clone(), a, id.clone())], 0, "");
-                        assert!(!g.accepts_str(&b), "other tool taken: {b}");
-                    }
+                if let Some((o, a)) = other_tool(&mut rng, &r) {
+                    let b = render(flavor, &[(o.name.clone(), a, id.clone())], 0, "");
+                    assert!(!g.accepts_str(&b), "other tool taken: {b}");
                 }
                 // broken arguments
-                let t = allowed.iter().find(|t| t.name == *n).unwrap();
-                for bad in broken_args(&mut rng, &t.parameters, a) {
-                    let b = render(flavor, &[(n.clone(), bad, id.clone())], 0, "");
-                    assert!(!g.accepts_str(&b), "round {round}: took {b}");
-                }
+                let t = allowed(&r).into_iter().find(|t| t.name == *n).unwrap();
+                check_broken_args(&mut rng, &g, t, a, |bad| {
+                    render(flavor, &[(n.clone(), bad.clone(), id.clone())], 0, "")
+                });
                 // unclosed
                 assert!(!g.accepts_str(&one[..one.len() - 1]), "{one}");
                 // whitespace after the opening markup (the templates write none)
@@ -646,21 +522,17 @@ mod tests {
         }
     }
 
+    /// A call as `parse` gives it, with the id the model wrote, if any.
     fn call(name: &str, args: &str, id: Option<&str>) -> ToolCall {
         ToolCall {
             id: id.map(str::to_string),
-            name: name.into(),
-            arguments: args.into(),
+            ..super::super::test_util::call(name, args)
         }
     }
 
     #[test]
     fn mistral_nemo_parse_cases() {
-        let r = req(
-            vec![tool("f", json!({"type": "object", "properties": {}}))],
-            ToolChoice::Auto,
-            true,
-        );
+        let r = f_req(true);
         let cases: Vec<(&str, &str, Vec<ToolCall>)> = vec![
             ("Hello", "Hello", vec![]),
             ("Hello \n", "Hello", vec![]),
@@ -732,20 +604,18 @@ mod tests {
             ),
         ];
         for (text, content, calls) in &cases {
-            let p = Format::MistralNemo.parse(text, Some(&r));
-            assert_eq!(&p.content, content, "{text:?}");
-            assert_eq!(&p.tool_calls, calls, "{text:?}");
-            assert_eq!(p.reasoning, None);
+            check_parsed(
+                &Format::MistralNemo.parse(text, Some(&r)),
+                content,
+                calls,
+                text,
+            );
         }
     }
 
     #[test]
     fn mistral_args_parse_cases() {
-        let r = req(
-            vec![tool("f", json!({"type": "object", "properties": {}}))],
-            ToolChoice::Auto,
-            true,
-        );
+        let r = f_req(true);
         let cases: Vec<(&str, &str, Vec<ToolCall>)> = vec![
             ("Hello", "Hello", vec![]),
             (
@@ -834,18 +704,14 @@ mod tests {
             let fmt = Format::Mistral { call_id };
             for (text, content, calls) in &cases {
                 let p = fmt.parse(text, Some(&r));
-                assert_eq!(&p.content, content, "{call_id} {text:?}");
-                assert_eq!(&p.tool_calls, calls, "{call_id} {text:?}");
-                assert_eq!(p.reasoning, None);
+                check_parsed(&p, content, calls, &format!("{call_id} {text}"));
             }
         }
     }
 
     #[test]
     fn mistral_verbatim_and_partial_cases() {
-        let f = tool("f", json!({"type": "object", "properties": {}}));
-        let r = req(vec![f.clone()], ToolChoice::Auto, false);
-        let none = req(vec![f], ToolChoice::None, false);
+        let r = f_req(false);
         for flavor in FLAVORS {
             let fmt = format(flavor);
             // no tools or tool_choice none: the text as is
@@ -853,12 +719,7 @@ mod tests {
                 "Hi [TOOL_CALLS]f[ARGS]{}\n",
                 "Hi [TOOL_CALLS][{\"name\": \"f\", \"arguments\": {}}]\n",
             ] {
-                for q in [None, Some(&none)] {
-                    let p = fmt.parse(t, q);
-                    assert_eq!(p.content, t);
-                    assert!(p.tool_calls.is_empty());
-                    assert_eq!(fmt.parse_partial(t, q).content, t);
-                }
+                check_verbatim(fmt, t, &r.tools);
             }
             for (t, c) in [
                 ("Hi [TOOL", "Hi"),
@@ -884,11 +745,7 @@ mod tests {
     /// sends is a prefix of what the finished text gives, and is never taken back.
     #[test]
     fn mistral_partial_is_prefix_of_parse() {
-        let r = req(
-            vec![tool("f", json!({"type": "object", "properties": {}}))],
-            ToolChoice::Auto,
-            true,
-        );
+        let r = f_req(true);
         let frags = [
             "a",
             "b c",
@@ -923,30 +780,12 @@ mod tests {
                     .map(|_| frags[rng.below(frags.len())])
                     .collect();
                 for q in [Some(&r), None] {
-                    let full = fmt.parse(&t, q);
-                    let mut sent = String::new();
-                    for p in prefixes(&t) {
-                        let part = fmt.parse_partial(p, q);
-                        assert!(part.content.starts_with(&sent), "{t:?} / {p:?}");
-                        sent.clone_from(&part.content);
-                        assert!(
-                            full.content.starts_with(&part.content),
-                            "{flavor:?} text {t:?}, prefix {p:?}: {:?} is not a prefix of {:?}",
-                            part.content,
-                            full.content
-                        );
-                        assert_eq!(part.reasoning, None);
-                        assert!(part.tool_calls.is_empty());
-                        checked += 1;
-                    }
+                    checked += check_partial_prefixes(fmt, &t, q).1;
                 }
             }
         }
         assert!(checked > 20_000);
     }
-
-    const TEMPLATES: &str =
-        "../../target/llamacpp/llama_cpp_python-0.3.36/vendor/llama.cpp/models/templates";
 
     #[test]
     fn mistral_detect() {
@@ -961,11 +800,7 @@ mod tests {
             Some(Format::Mistral { call_id: true })
         );
         assert_eq!(detect("[ARGS] [CALL_ID]"), None);
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(TEMPLATES);
-        if !dir.exists() {
-            return;
-        }
-        for (file, want) in [
+        let want = [
             (
                 "mistralai-Mistral-Nemo-Instruct-2407.jinja",
                 Format::MistralNemo,
@@ -982,19 +817,12 @@ mod tests {
                 "mistralai-Ministral-3-14B-Reasoning-2512.jinja",
                 Format::Mistral { call_id: false },
             ),
-        ] {
-            let src = std::fs::read_to_string(dir.join(file)).unwrap();
-            assert_eq!(detect(&src), Some(want), "{file}");
-            assert_eq!(Format::detect(Some(&src)), want, "{file}");
-            assert_eq!(Format::detect(Some(&src)).lazy_start(), Some(LAZY_START));
-        }
-        for file in [
-            "Qwen-Qwen2.5-7B-Instruct.jinja",
-            "meta-llama-Llama-3.1-8B-Instruct.jinja",
-            "deepseek-ai-DeepSeek-V3.1.jinja",
-        ] {
-            let src = std::fs::read_to_string(dir.join(file)).unwrap();
-            assert_eq!(detect(&src), None, "{file}");
+        ];
+        // no other template (Qwen 2.5's, Llama 3.1's, DeepSeek V3.1's among them) is Mistral's
+        for (file, src) in check_detect_all(detect, &want) {
+            if want.iter().any(|(f, _)| *f == file) {
+                assert_eq!(Format::detect(Some(&src)).lazy_start(), Some(LAZY_START));
+            }
         }
         assert_eq!(Format::MistralNemo.markup(), ["[TOOL_CALLS]"]);
         assert_eq!(

@@ -198,7 +198,7 @@ impl Format {
     pub fn lazy_start(self) -> Option<LazyStart> {
         match self {
             Format::Generic | Format::Atem => None,
-            Format::Hermes => Some(LazyStart::Word("<tool_call>")),
+            Format::Hermes => Some(hermes::LAZY_START),
             Format::QwenXml => Some(qwen_xml::LAZY_START),
             Format::Llama3 => Some(llama3::LAZY_START),
             Format::MistralNemo | Format::Mistral { .. } => Some(mistral::LAZY_START),
@@ -285,6 +285,25 @@ impl Format {
             }
             Format::DeepSeekR1 => deepseek::parse_partial(text, req, deepseek::Flavor::R1),
             Format::DeepSeekV31 => deepseek::parse_partial(text, req, deepseek::Flavor::V31),
+        }
+    }
+}
+
+impl Plan {
+    /// The plan of a format whose template shows the tools itself (nothing is added to the
+    /// system prompt): under `auto` the grammar is lazy, from `start`; else it holds the whole
+    /// output.
+    fn calls(gbnf: String, choice: &ToolChoice, start: LazyStart) -> Plan {
+        let lazy = *choice == ToolChoice::Auto;
+        Plan {
+            gbnf,
+            lazy,
+            triggers: if lazy {
+                vec![start.trigger()]
+            } else {
+                Vec::new()
+            },
+            system: None,
         }
     }
 }
@@ -706,14 +725,29 @@ fn arguments_schema(tool: &Tool) -> Value {
 fn check_tools_convert(tools: &[&Tool]) -> Result<(), String> {
     for t in tools {
         if let Err(e) = muser_jsonschema::schema_to_gbnf(&arguments_schema(t)) {
-            return Err(format!(
-                "the parameters of tool `{}` cannot be made a grammar: {e}",
-                t.name
-            ));
+            return Err(unconvertible(t, e));
         }
     }
     Ok(())
 }
+
+/// The error of a tool whose parameters cannot be made a grammar.
+fn unconvertible(tool: &Tool, e: impl std::fmt::Display) -> String {
+    format!(
+        "the parameters of tool `{}` cannot be made a grammar: {e}",
+        tool.name
+    )
+}
+
+/// The GBNF of `schema` (a tool's arguments, or a whole call of it), its rules' names starting
+/// with `prefix`: the top rule's name and the rules. An Err names the tool.
+fn tool_rules(tool: &Tool, schema: &Value, prefix: &str) -> Result<(String, String), String> {
+    muser_jsonschema::schema_to_gbnf_rules(schema, prefix).map_err(|e| unconvertible(tool, e))
+}
+
+/// The GBNF body of the JSON grammar's optional whitespace (muser-jsonschema's `ws`), for
+/// grammars of their own: a space, or one or two newlines and an indentation.
+const WS_BODY: &str = r#"( " " | "\n" "\n"? [ \t]{0,20} )?"#;
 
 /// The schema of one call of `tool`, `{"name": <const>, "arguments": <parameters>}`, for a
 /// place `at` (a JSON pointer, "#/...") of a larger schema: the parameters' own `$ref`s
@@ -789,8 +823,12 @@ fn rebase_refs(v: &mut Value, base: &str, id: Option<&str>) {
 /// A call read from a JSON value `{"name": <string>, "arguments": <object>}` (more keys are
 /// ignored); the arguments as compact JSON, their keys in the model's order.
 fn read_call(v: &Value) -> Option<ToolCall> {
-    let name = v.get("name")?.as_str()?;
-    let args = v.get("arguments")?;
+    call_of(v.get("name")?.as_str()?, v.get("arguments")?)
+}
+
+/// A call of `name` (no id) with the arguments `args`, which must be an object, as compact
+/// JSON, their keys in the model's order.
+fn call_of(name: &str, args: &Value) -> Option<ToolCall> {
     if !args.is_object() {
         return None;
     }
@@ -799,6 +837,95 @@ fn read_call(v: &Value) -> Option<ToolCall> {
         name: name.to_string(),
         arguments: serde_json::to_string(args).ok()?,
     })
+}
+
+/// The JSON value at the start of `s` (after whitespace) and the length of `s` it spans.
+fn json_prefix(s: &str) -> Option<(Value, usize)> {
+    let mut it = serde_json::Deserializer::from_str(s).into_iter::<Value>();
+    let v = it.next()?.ok()?;
+    Some((v, it.byte_offset()))
+}
+
+/// The text as it came: what a request that asks for no calls gets back.
+fn verbatim(text: &str) -> Parsed {
+    Parsed {
+        content: text.to_string(),
+        ..Parsed::default()
+    }
+}
+
+/// The first of `openings` in `text`: its offset and which one.
+fn find_opening<'o>(text: &str, openings: &[&'o str]) -> Option<(usize, &'o str)> {
+    openings
+        .iter()
+        .filter_map(|o| text.find(o).map(|i| (i, *o)))
+        .min_by_key(|(i, _)| *i)
+}
+
+/// Reads the output of a format whose calls come in blocks after the reply's text, each opened
+/// by one of `openings`. `read` takes the text right after an opening and gives the block's
+/// calls and the length of that text the block spans, or None when the block is malformed:
+/// then the opening stays in the content and the text after it is read on. Content is the text
+/// with the blocks taken out, its trailing whitespace trimmed.
+fn parse_blocks(
+    text: &str,
+    req: Option<&ToolRequest>,
+    openings: &[&str],
+    mut read: impl FnMut(&str) -> Option<(Vec<ToolCall>, usize)>,
+) -> Parsed {
+    if !calls_wanted(req) {
+        return verbatim(text);
+    }
+    let mut content = String::new();
+    let mut tool_calls = Vec::new();
+    let mut rest = text;
+    while let Some((i, open)) = find_opening(rest, openings) {
+        content.push_str(&rest[..i]);
+        let after = &rest[i + open.len()..];
+        match read(after) {
+            Some((calls, used)) => {
+                tool_calls.extend(calls);
+                rest = &after[used..];
+            }
+            None => {
+                content.push_str(open);
+                rest = after;
+            }
+        }
+    }
+    content.push_str(rest);
+    content.truncate(content.trim_end().len());
+    Parsed {
+        content,
+        reasoning: None,
+        tool_calls,
+    }
+}
+
+/// What streaming may send of an output `parse_blocks` reads: the content up to the first of
+/// `openings`, less a tail that may be the start of one, and less trailing whitespace (which
+/// `parse_blocks` trims when a block follows it).
+fn parse_blocks_partial(text: &str, req: Option<&ToolRequest>, openings: &[&str]) -> Parsed {
+    if !calls_wanted(req) {
+        return verbatim(text);
+    }
+    let cut = match find_opening(text, openings) {
+        Some((i, _)) => i,
+        None => {
+            let held = openings
+                .iter()
+                .flat_map(|o| {
+                    (1..o.len()).filter(|&n| o.is_char_boundary(n) && text.ends_with(&o[..n]))
+                })
+                .max()
+                .unwrap_or(0);
+            text.len() - held
+        }
+    };
+    Parsed {
+        content: text[..cut].trim_end().to_string(),
+        ..Parsed::default()
+    }
 }
 
 /// Renames rule `from` of a GBNF text to `to`: its definition at the start of a line and every
@@ -875,11 +1002,259 @@ fn fresh_rule(taken: &mut std::collections::HashSet<String>, base: &str) -> Stri
     name
 }
 
-/// Random tools, arguments and layouts for the formats' tests.
+/// Random tools, arguments and layouts for the formats' tests, and the checks they share.
 #[cfg(test)]
 mod test_util {
-    use super::{Tool, ToolChoice, ToolRequest};
+    use super::{Format, Parsed, Plan, Tool, ToolCall, ToolChoice, ToolRequest, Trigger};
+    use muser_sample::Grammar;
     use serde_json::{json, Map, Value};
+
+    /// llama.cpp's chat templates, relative to the crate.
+    const TEMPLATES: &str =
+        "../../target/llamacpp/llama_cpp_python-0.3.36/vendor/llama.cpp/models/templates";
+
+    /// The folder of llama.cpp's chat templates; None where its sources are not at hand.
+    pub fn templates_dir() -> Option<std::path::PathBuf> {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(TEMPLATES);
+        dir.exists().then_some(dir)
+    }
+
+    /// The source of llama.cpp's template `file`; None where its sources are not at hand.
+    pub fn template(file: &str) -> Option<String> {
+        Some(std::fs::read_to_string(templates_dir()?.join(file)).unwrap())
+    }
+
+    /// Checks a format's own `detect` (`Some` of its format, or None) over every template of
+    /// llama.cpp: it finds exactly the files of `want`, each of which `Format::detect` takes
+    /// for the format named. Returns the templates read (file name and source): none where
+    /// llama.cpp's sources are not at hand.
+    pub fn check_detect_all(
+        detect: impl Fn(&str) -> Option<Format>,
+        want: &[(&str, Format)],
+    ) -> Vec<(String, String)> {
+        let Some(dir) = templates_dir() else {
+            return Vec::new();
+        };
+        let mut all = Vec::new();
+        let mut seen = 0;
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let path = e.unwrap().path();
+            let file = path.file_name().unwrap().to_str().unwrap().to_string();
+            if !file.ends_with(".jinja") {
+                continue;
+            }
+            let src = std::fs::read_to_string(&path).unwrap();
+            let w = want.iter().find(|(f, _)| *f == file).map(|(_, f)| *f);
+            assert_eq!(detect(&src), w, "{file}");
+            if let Some(f) = w {
+                assert_eq!(Format::detect(Some(&src)), f, "{file}");
+                seen += 1;
+            }
+            all.push((file, src));
+        }
+        assert_eq!(seen, want.len());
+        all
+    }
+
+    /// The request of round `round` of a format's random test: 1 to 4 random tools, and
+    /// `tool_choice` auto, required or one of the tools in turn.
+    pub fn random_req(rng: &mut Rng, round: usize, parallel: bool) -> ToolRequest {
+        let tools = random_tools(rng);
+        let choice = match round % 3 {
+            0 => ToolChoice::Auto,
+            1 => ToolChoice::Required,
+            _ => ToolChoice::Function(tools[rng.below(tools.len())].name.clone()),
+        };
+        req(tools, choice, parallel)
+    }
+
+    /// The tools `r.choice` lets the model call.
+    pub fn allowed(r: &ToolRequest) -> Vec<&Tool> {
+        match &r.choice {
+            ToolChoice::Function(n) => r.tools.iter().filter(|t| &t.name == n).collect(),
+            _ => r.tools.iter().collect(),
+        }
+    }
+
+    /// Calls of the tools `r` allows, with random arguments: one, or one to three when
+    /// `r.parallel`.
+    pub fn random_calls<'r>(rng: &mut Rng, r: &'r ToolRequest) -> Vec<(&'r Tool, Value)> {
+        let allowed = allowed(r);
+        let n = if r.parallel { 1 + rng.below(3) } else { 1 };
+        (0..n)
+            .map(|_| {
+                let t = allowed[rng.below(allowed.len())];
+                (t, random_args(rng, &t.parameters))
+            })
+            .collect()
+    }
+
+    /// Where `r.choice` names a function: another of the tools, if any, with random arguments
+    /// (a call the grammar must refuse).
+    pub fn other_tool<'r>(rng: &mut Rng, r: &'r ToolRequest) -> Option<(&'r Tool, Value)> {
+        let ToolChoice::Function(f) = &r.choice else {
+            return None;
+        };
+        let o = r.tools.iter().find(|t| &t.name != f)?;
+        Some((o, random_args(rng, &o.parameters)))
+    }
+
+    /// The grammar of a plan (a panic shows the GBNF where it does not parse).
+    pub fn grammar(p: &Plan) -> Grammar {
+        Grammar::parse(&p.gbnf).unwrap_or_else(|e| panic!("{e:?}\n{}", p.gbnf))
+    }
+
+    /// The plan of `format` for `r`, checked as every format's whose template shows the tools
+    /// (nothing for the system prompt; lazy, from `trigger`, exactly under `auto`), and its
+    /// grammar.
+    pub fn checked_plan(format: Format, r: &ToolRequest, trigger: Trigger) -> (Plan, Grammar) {
+        let p = format.plan(r).unwrap().unwrap();
+        assert_eq!(p.system, None);
+        assert_eq!(p.lazy, r.choice == ToolChoice::Auto);
+        if p.lazy {
+            assert_eq!(p.triggers, vec![trigger]);
+        } else {
+            assert!(p.triggers.is_empty());
+        }
+        let g = grammar(&p);
+        (p, g)
+    }
+
+    /// Checks a call read back against the one written: its name, its id, and its arguments
+    /// (compact JSON, their keys in the written order).
+    pub fn assert_call(c: &ToolCall, name: &str, args: &Value, id: Option<&str>) {
+        assert_eq!(c.name, name);
+        assert_eq!(c.id.as_deref(), id);
+        let got: Value = serde_json::from_str(&c.arguments).unwrap();
+        assert_eq!(&got, args);
+        assert_eq!(c.arguments, serde_json::to_string(args).unwrap());
+    }
+
+    /// Checks `text`, `n` calls the grammar `g` of `format`'s plan for `r` takes, with text
+    /// around it: the reply's text before the calls (what a lazy grammar does not see) is
+    /// kept as content, and nothing may follow the last call.
+    pub fn check_text_around(format: Format, r: &ToolRequest, g: &Grammar, text: &str, n: usize) {
+        let with_text = format!("Let me check.\n\n{text}");
+        let parsed = format.parse(&with_text, Some(r));
+        assert_eq!(parsed.content, "Let me check.");
+        assert_eq!(parsed.tool_calls.len(), n);
+        assert!(!g.accepts_str(&format!("{text}\nMore")));
+    }
+
+    /// Checks that `g` refuses a call of `t` with each of `broken_args` (those of the good
+    /// arguments `good`), as `render` writes it.
+    pub fn check_broken_args(
+        rng: &mut Rng,
+        g: &Grammar,
+        t: &Tool,
+        good: &Value,
+        render: impl Fn(&Value) -> String,
+    ) {
+        for bad in broken_args(rng, &t.parameters, good) {
+            let b = render(&bad);
+            assert!(!g.accepts_str(&b), "took {b}");
+        }
+    }
+
+    /// A call as `parse` gives it: `name`, `args` (compact JSON) and no id.
+    pub fn call(name: &str, args: &str) -> ToolCall {
+        ToolCall {
+            id: None,
+            name: name.into(),
+            arguments: args.into(),
+        }
+    }
+
+    /// A request offering one tool `f` without parameters, `tool_choice` auto.
+    pub fn f_req(parallel: bool) -> ToolRequest {
+        req(
+            vec![tool("f", json!({"type": "object", "properties": {}}))],
+            ToolChoice::Auto,
+            parallel,
+        )
+    }
+
+    /// Checks what `parse` gave for `text`: `content`, `calls`, and no reasoning.
+    pub fn check_parsed(p: &Parsed, content: &str, calls: &[ToolCall], text: &str) {
+        assert_eq!(p.content, content, "{text:?}");
+        assert_eq!(p.tool_calls, calls, "{text:?}");
+        assert_eq!(p.reasoning, None);
+    }
+
+    /// Checks that `format` leaves `text` as it is (content, no calls, also while streaming)
+    /// without tools and with `tool_choice` none for `tools`, and plans no grammar for the
+    /// latter.
+    pub fn check_verbatim(format: Format, text: &str, tools: &[Tool]) {
+        let none = req(tools.to_vec(), ToolChoice::None, false);
+        for q in [None, Some(&none)] {
+            let p = format.parse(text, q);
+            assert_eq!(p.content, text);
+            assert!(p.tool_calls.is_empty());
+            assert_eq!(format.parse_partial(text, q).content, text);
+        }
+        assert_eq!(format.plan(&none).unwrap(), None);
+    }
+
+    /// Checks streaming `text` in `format` (without reasoning): for every prefix of it, what
+    /// `parse_partial` gives is a prefix of what `parse` gives for the whole text, is never
+    /// taken back, and has no calls and no reasoning. Returns what `parse` gives and the
+    /// number of prefixes checked.
+    pub fn check_partial_prefixes(
+        format: Format,
+        text: &str,
+        req: Option<&ToolRequest>,
+    ) -> (Parsed, usize) {
+        let full = format.parse(text, req);
+        assert_eq!(full.reasoning, None);
+        let mut sent = String::new();
+        let mut checked = 0;
+        for p in prefixes(text) {
+            let part = format.parse_partial(p, req);
+            assert!(part.content.starts_with(&sent), "{text:?} / {p:?}");
+            sent.clone_from(&part.content);
+            assert!(
+                full.content.starts_with(&part.content),
+                "{format:?} text {text:?}, prefix {p:?}: {:?} is not a prefix of {:?}",
+                part.content,
+                full.content
+            );
+            assert!(part.tool_calls.is_empty());
+            assert_eq!(part.reasoning, None);
+            checked += 1;
+        }
+        (full, checked)
+    }
+
+    /// `get_weather` (an enum, a string, an integer and an object of a boolean and an array)
+    /// and `ping` (no parameters), as the Llama 3 and DeepSeek tests render them.
+    pub fn weather_tools() -> Vec<Tool> {
+        vec![
+            tool(
+                "get_weather",
+                json!({
+                    "type": "object",
+                    "properties": {
+                        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+                        "city": {"type": "string"},
+                        "days": {"type": "integer"},
+                        "detail": {
+                            "type": "object",
+                            "properties": {
+                                "hourly": {"type": "boolean"},
+                                "tags": {"type": "array", "items": {"type": "string"}}
+                            }
+                        }
+                    },
+                    "required": ["unit", "city"]
+                }),
+            ),
+            tool("ping", json!({"type": "object"})),
+        ]
+    }
+
+    /// The arguments of the `get_weather` call the template renderings hold, as `parse` gives
+    /// them.
+    pub const WEATHER_ARGS: &str = r#"{"unit":"celsius","city":"Pa\"ris <x> é\n","days":3,"detail":{"hourly":true,"tags":["a","b"]}}"#;
 
     pub fn req(tools: Vec<Tool>, choice: ToolChoice, parallel: bool) -> ToolRequest {
         ToolRequest {
@@ -1140,8 +1515,7 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    const TEMPLATES: &str =
-        "../../target/llamacpp/llama_cpp_python-0.3.36/vendor/llama.cpp/models/templates";
+    use super::test_util::template;
 
     #[test]
     fn detect_and_name() {
@@ -1164,10 +1538,6 @@ mod tests {
         assert_eq!(Format::Hermes.name(), "hermes");
         assert_eq!(Format::Atem.name(), "atem");
         // real templates, where the llama.cpp sources are at hand
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(TEMPLATES);
-        if !dir.exists() {
-            return;
-        }
         for (file, want) in [
             ("Qwen-Qwen2.5-7B-Instruct.jinja", Format::Hermes),
             ("Qwen-Qwen3-0.6B.jinja", Format::Hermes),
@@ -1210,7 +1580,8 @@ mod tests {
             ("google-gemma-2-2b-it.jinja", Format::Generic),
             ("muse-glimmer.jinja", Format::Atem),
         ] {
-            let src = std::fs::read_to_string(dir.join(file)).unwrap();
+            // (where llama.cpp's sources are at hand)
+            let Some(src) = template(file) else { return };
             assert_eq!(Format::detect(Some(&src)), want, "{file}");
         }
     }

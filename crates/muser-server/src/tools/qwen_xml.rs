@@ -28,9 +28,10 @@
 //! the schema admits the type and no string). The parameters are taken in any order.
 //! Streaming sends the content before the first `<tool_call>`.
 
-use super::xml_args::{arguments, Params, Syntax};
+use super::xml_args::{arguments, ws_len, Params, Syntax};
 use super::{
-    allowed_tools, calls_wanted, LazyStart, Parsed, Plan, ToolCall, ToolChoice, ToolRequest,
+    allowed_tools, parse_blocks, parse_blocks_partial, LazyStart, Parsed, Plan, ToolCall,
+    ToolRequest,
 };
 use muser_jsonschema::gbnf_literal as literal;
 
@@ -108,21 +109,7 @@ pub(super) fn plan(req: &ToolRequest) -> Result<Option<Plan>, String> {
     ));
     gbnf.push_str(&params.finish());
     gbnf.push_str(&rules);
-    let lazy = req.choice == ToolChoice::Auto;
-    Ok(Some(Plan {
-        gbnf,
-        lazy,
-        triggers: if lazy {
-            vec![LAZY_START.trigger()]
-        } else {
-            Vec::new()
-        },
-        system: None,
-    }))
-}
-
-fn ws_len(s: &str) -> usize {
-    s.len() - s.trim_start_matches([' ', '\t', '\n', '\r']).len()
+    Ok(Some(Plan::calls(gbnf, &req.choice, LAZY_START)))
 }
 
 /// A tag's name up to `>` (no line break in it), and the bytes through `>`.
@@ -190,60 +177,30 @@ fn read_block(rest: &str) -> Option<(RawCall<'_>, usize)> {
 /// Content is the text with the calls' blocks taken out, its trailing whitespace trimmed;
 /// malformed blocks, and blocks calling a tool the request does not offer, stay in it.
 pub(super) fn parse(text: &str, req: Option<&ToolRequest>) -> Parsed {
-    if !calls_wanted(req) {
-        return Parsed {
-            content: text.to_string(),
-            ..Parsed::default()
-        };
-    }
     let offered = |name: &str| req.is_some_and(|r| r.tools.iter().any(|t| t.name == name));
-    let mut content = String::new();
-    let mut tool_calls = Vec::new();
-    let mut rest = text;
-    while let Some(i) = rest.find(OPEN) {
-        content.push_str(&rest[..i]);
-        let after = &rest[i + OPEN.len()..];
-        match read_block(after) {
-            Some(((name, args), used)) if offered(name) => {
-                tool_calls.push(ToolCall {
-                    id: None,
-                    name: name.to_string(),
-                    arguments: arguments(&SYNTAX, name, &args, req),
-                });
-                rest = &after[used..];
-            }
-            _ => {
-                content.push_str(OPEN);
-                rest = after;
-            }
-        }
-    }
-    content.push_str(rest);
-    content.truncate(content.trim_end().len());
-    Parsed {
-        content,
-        reasoning: None,
-        tool_calls,
-    }
+    parse_blocks(text, req, &[OPEN], |after| {
+        let ((name, args), used) = read_block(after).filter(|((name, _), _)| offered(name))?;
+        let call = ToolCall {
+            id: None,
+            name: name.to_string(),
+            arguments: arguments(&SYNTAX, name, &args, req),
+        };
+        Some((vec![call], used))
+    })
 }
 
 /// As Hermes's, whose calls start with `<tool_call>` too: the content up to the first
 /// `<tool_call>`, less a tail that may start one, less trailing whitespace.
 pub(super) fn parse_partial(text: &str, req: Option<&ToolRequest>) -> Parsed {
-    super::hermes::parse_partial(text, req)
+    parse_blocks_partial(text, req, &[OPEN])
 }
 
 #[cfg(test)]
 mod tests {
     use super::super::test_util::*;
-    use super::super::{think, Format, Tool, Trigger};
+    use super::super::{think, Format, Tool, ToolChoice, Trigger};
     use super::*;
-    use muser_sample::Grammar;
     use serde_json::{json, Map, Value};
-
-    fn grammar(p: &Plan) -> Grammar {
-        Grammar::parse(&p.gbnf).unwrap_or_else(|e| panic!("{e:?}\n{}", p.gbnf))
-    }
 
     /// A value as the templates write it: a string raw, a mapping or sequence as JSON in
     /// layout `json` of `layouts`, another value as JSON (the grammar's spelling).
@@ -308,39 +265,17 @@ mod tests {
         let mut rng = Rng(0x5EED_0011);
         let mut refused_args = 0;
         for round in 0..60 {
-            let tools = random_tools(&mut rng);
             let parallel = round % 2 == 1;
-            let choice = match round % 3 {
-                0 => ToolChoice::Auto,
-                1 => ToolChoice::Required,
-                _ => ToolChoice::Function(tools[rng.below(tools.len())].name.clone()),
-            };
-            let r = req(tools.clone(), choice.clone(), parallel);
-            let p = Format::QwenXml.plan(&r).unwrap().unwrap();
-            assert_eq!(p.system, None);
-            assert_eq!(p.lazy, choice == ToolChoice::Auto);
-            if p.lazy {
-                assert_eq!(p.triggers, vec![Trigger::Word("<tool_call>".into())]);
-            } else {
-                assert!(p.triggers.is_empty());
-            }
-            let g = grammar(&p);
-            let allowed: Vec<&Tool> = match &choice {
-                ToolChoice::Function(n) => tools.iter().filter(|t| &t.name == n).collect(),
-                _ => tools.iter().collect(),
-            };
-            let n_calls = if parallel { 1 + rng.below(3) } else { 1 };
-            let calls: Vec<(String, Map<String, Value>)> = (0..n_calls)
-                .map(|_| {
-                    let t = allowed[rng.below(allowed.len())];
-                    let a = random_args(&mut rng, &t.parameters);
-                    (t.name.clone(), ordered(&t.parameters, &a))
-                })
+            let r = random_req(&mut rng, round, parallel);
+            let (p, g) = checked_plan(Format::QwenXml, &r, Trigger::Word("<tool_call>".into()));
+            let calls: Vec<(&Tool, Map<String, Value>)> = random_calls(&mut rng, &r)
+                .into_iter()
+                .map(|(t, a)| (t, ordered(&t.parameters, &a)))
                 .collect();
             for (li, (ws, between, after)) in LAYOUTS.iter().enumerate() {
                 let blocks: Vec<String> = calls
                     .iter()
-                    .map(|(n, a)| render_call(n, a, ws, li))
+                    .map(|(t, a)| render_call(&t.name, a, ws, li))
                     .collect();
                 let text = format!("{}{after}", blocks.join(between));
                 assert!(
@@ -352,36 +287,25 @@ mod tests {
                 assert_eq!(parsed.content, "");
                 assert_eq!(parsed.reasoning, None);
                 assert_eq!(parsed.tool_calls.len(), calls.len(), "{text:?}");
-                for (c, (n, a)) in parsed.tool_calls.iter().zip(&calls) {
-                    assert_eq!(&c.name, n);
-                    assert_eq!(c.id, None);
-                    assert_eq!(c.arguments, serde_json::to_string(a).unwrap(), "{text:?}");
+                for (c, (t, a)) in parsed.tool_calls.iter().zip(&calls) {
+                    assert_call(c, &t.name, &Value::Object(a.clone()), None);
                 }
-                // content before the calls (what the lazy grammar does not see) is kept
-                let with_text = format!("Let me check.\n\n{text}");
-                let parsed = Format::QwenXml.parse(&with_text, Some(&r));
-                assert_eq!(parsed.content, "Let me check.");
-                assert_eq!(parsed.tool_calls.len(), calls.len());
-                // nothing may follow the last call
-                assert!(!g.accepts_str(&format!("{text}\nMore")));
+                check_text_around(Format::QwenXml, &r, &g, &text, calls.len());
             }
             assert!(!g.accepts_str(""));
             assert!(!g.accepts_str("Hello"));
-            let (n, a) = &calls[0];
+            let (t, a) = &calls[0];
+            let n = &t.name;
             let one = render_call(n, a, "\n", 0);
             assert_eq!(g.accepts_str(&format!("{one}\n{one}")), parallel);
             // a tool that is not allowed
             assert!(!g.accepts_str(&render_call("no_such_tool", &Map::new(), "\n", 0)));
-            if let ToolChoice::Function(f) = &choice {
-                if let Some(o) = tools.iter().find(|t| &t.name != f) {
-                    let a = ordered(&o.parameters, &random_args(&mut rng, &o.parameters));
-                    let b = render_call(&o.name, &a, "\n", 0);
-                    assert!(!g.accepts_str(&b), "other tool taken: {b}");
-                }
+            if let Some((o, a)) = other_tool(&mut rng, &r) {
+                let b = render_call(&o.name, &ordered(&o.parameters, &a), "\n", 0);
+                assert!(!g.accepts_str(&b), "other tool taken: {b}");
             }
             // Broken arguments: those the format carries as they are (read back unchanged;
             // a wrong-typed string may spell a right value, `"12"` for an integer) are refused.
-            let t = allowed.iter().find(|t| t.name == *n).unwrap();
             let good = Value::Object(a.clone());
             for bad in broken_args(&mut rng, &t.parameters, &good) {
                 if !bad.is_object() {
@@ -495,11 +419,6 @@ mod tests {
             ToolChoice::Auto,
             true,
         );
-        let call = |name: &str, args: &str| ToolCall {
-            id: None,
-            name: name.into(),
-            arguments: args.into(),
-        };
         let block = |name: &str, params: &str| {
             format!("<tool_call>\n<function={name}>\n{params}</function>\n</tool_call>")
         };
@@ -606,19 +525,11 @@ mod tests {
             ),
         ];
         for (text, content, calls) in &cases {
-            let p = Format::QwenXml.parse(text, Some(&r));
-            assert_eq!(&p.content, content, "{text:?}");
-            assert_eq!(&p.tool_calls, calls, "{text:?}");
-            assert_eq!(p.reasoning, None);
+            check_parsed(&Format::QwenXml.parse(text, Some(&r)), content, calls, text);
         }
         // no tools or tool_choice none: the text as is
         let t = format!("Hi {}\n", block("g", ""));
-        assert_eq!(Format::QwenXml.parse(&t, None).content, t);
-        assert_eq!(Format::QwenXml.parse_partial(&t, None).content, t);
-        let none = req(r.tools.clone(), ToolChoice::None, false);
-        assert_eq!(Format::QwenXml.parse(&t, Some(&none)).content, t);
-        assert!(Format::QwenXml.parse(&t, Some(&none)).tool_calls.is_empty());
-        assert_eq!(Format::QwenXml.plan(&none).unwrap(), None);
+        check_verbatim(Format::QwenXml, &t, &r.tools);
         // partial
         for (t, c) in [
             ("Hi <tool", "Hi"),
@@ -673,23 +584,9 @@ mod tests {
                 .map(|_| frags[rng.below(frags.len())])
                 .collect();
             for req in [Some(&r), None] {
-                let full = Format::QwenXml.parse(&t, req);
+                let (full, n) = check_partial_prefixes(Format::QwenXml, &t, req);
                 with_calls += !full.tool_calls.is_empty() as usize;
-                let mut sent = String::new();
-                for p in prefixes(&t) {
-                    let part = Format::QwenXml.parse_partial(p, req);
-                    assert!(part.content.starts_with(&sent), "{t:?} / {p:?}");
-                    sent.clone_from(&part.content);
-                    assert!(
-                        full.content.starts_with(&part.content),
-                        "text {t:?}, prefix {p:?}: {:?} is not a prefix of {:?}",
-                        part.content,
-                        full.content
-                    );
-                    assert_eq!(part.reasoning, None);
-                    assert!(part.tool_calls.is_empty());
-                    checked += 1;
-                }
+                checked += n;
             }
         }
         assert!(
@@ -697,9 +594,6 @@ mod tests {
             "{checked} {with_calls}"
         );
     }
-
-    const TEMPLATES: &str =
-        "../../target/llamacpp/llama_cpp_python-0.3.36/vendor/llama.cpp/models/templates";
 
     #[test]
     fn qwen_xml_detect() {
@@ -710,34 +604,17 @@ mod tests {
         assert!(!detect(
             "{{- '<tool_call><function=' ~ tool_call.name ~ '>' }}<parameter="
         ));
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(TEMPLATES);
-        if !dir.exists() {
+        let ours = [
+            ("Qwen3-Coder.jinja", Format::QwenXml),
+            ("Qwen3.5-4B.jinja", Format::QwenXml),
+            ("NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.jinja", Format::QwenXml),
+            ("StepFun3.5-Flash.jinja", Format::QwenXml),
+        ];
+        if check_detect_all(|t| detect(t).then_some(Format::QwenXml), &ours).is_empty() {
             return;
         }
-        let ours = [
-            "Qwen3-Coder.jinja",
-            "Qwen3.5-4B.jinja",
-            "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.jinja",
-            "StepFun3.5-Flash.jinja",
-        ];
-        let mut found = 0;
-        for e in std::fs::read_dir(&dir).unwrap() {
-            let path = e.unwrap().path();
-            let file = path.file_name().unwrap().to_str().unwrap().to_string();
-            if !file.ends_with(".jinja") {
-                continue;
-            }
-            let src = std::fs::read_to_string(&path).unwrap();
-            let want = ours.contains(&file.as_str());
-            assert_eq!(detect(&src), want, "{file}");
-            if want {
-                assert_eq!(Format::detect(Some(&src)), Format::QwenXml, "{file}");
-                found += 1;
-            }
-        }
-        assert_eq!(found, ours.len());
         // Qwen 3.5 thinks too: the caller splits `<think>` off before `parse`
-        let q35 = std::fs::read_to_string(dir.join("Qwen3.5-4B.jinja")).unwrap();
+        let q35 = template("Qwen3.5-4B.jinja").unwrap();
         assert!(think::template_thinks(&q35));
     }
 

@@ -11,7 +11,7 @@
 
 use serde_json::{Map, Value};
 
-use super::{Tool, ToolRequest};
+use super::{Tool, ToolRequest, WS_BODY};
 use muser_jsonschema::gbnf_literal as literal;
 
 /// How a format writes a parameter.
@@ -33,9 +33,11 @@ pub(super) struct Syntax {
     pub python: bool,
 }
 
-/// The GBNF body of the optional whitespace between tags: a space, or one or two newlines
-/// and an indentation (muser-jsonschema's `ws`).
-const WS_BODY: &str = r#"( " " | "\n" "\n"? [ \t]{0,20} )?"#;
+/// The length of the whitespace (JSON's) at the start of `s`, which the XML formats' readers
+/// skip between tags.
+pub(super) fn ws_len(s: &str) -> usize {
+    s.len() - s.trim_start_matches([' ', '\t', '\n', '\r']).len()
+}
 
 /// The parameter rules of a format's tools, collected for one grammar.
 pub(super) struct Params<'s> {
