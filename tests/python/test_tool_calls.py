@@ -260,6 +260,57 @@ def test_auto_answers_or_calls(servers):
             assert finish == ch.finish_reason, where
 
 
+ANSWER = {"type": "object",
+          "properties": {"answer": {"type": "integer", "minimum": 0, "maximum": 99},
+                         "unit": {"enum": ["C", "F"]}},
+          "required": ["answer"], "additionalProperties": False}
+
+
+def test_a_response_format_holds_the_reply_that_calls_no_tool(servers):
+    """Tools with a JSON response_format, as OpenAI's API takes them: under `auto` the model
+    calls tools or answers in the schema (the grammar holds both); under `none` it answers in
+    the schema; under `required` it calls. Streamed answers add up to the unstreamed ones."""
+    rng = random.Random()
+    rf = {"type": "json_schema", "json_schema": {"name": "answer", "schema": ANSWER}}
+    for fmt, server in servers.items():
+        client = client_of(server)
+        for choice in ["auto", "auto", "auto", "none", "required"]:
+            seed = rng.randrange(1 << 30)
+            kw = dict(model="muse-default", messages=MESSAGES, tools=TOOLS, tool_choice=choice,
+                      response_format=rf, seed=seed, temperature=rng.choice([0.0, 1.0]),
+                      max_tokens=300)
+            where = f"{fmt} {choice} seed {seed}"
+            if fmt == "atem" and choice == "auto":
+                with pytest.raises(openai.BadRequestError) as e:
+                    client.chat.completions.create(**kw)
+                assert e.value.body["param"] == "tools", where
+                continue
+            ch = client.chat.completions.create(**kw).choices[0]
+            if ch.finish_reason == "length":
+                continue
+            if ch.message.tool_calls:
+                assert choice != "none", where
+                assert ch.finish_reason == "tool_calls", where
+                check_calls(ch.message.tool_calls, set(SCHEMAS), False, fmt)
+            else:
+                assert choice != "required", where
+                assert ch.finish_reason == "stop", (where, ch)
+                jsonschema.validate(json.loads(ch.message.content or "null"), ANSWER)
+            content, reasoning, calls, finish = streamed(client, **kw)
+            assert (content, finish) == (ch.message.content or "", ch.finish_reason), where
+            assert len(calls) == len(ch.message.tool_calls or []), where
+    # A raw grammar still cannot be combined with tools.
+    r = post(servers["generic"], "/v1/chat/completions",
+             {"messages": MESSAGES, "tools": TOOLS, "grammar": 'root ::= "x"'})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools", r.text
+    # A response schema that cannot be a grammar is named as such.
+    bad = {"type": "json_schema", "json_schema": {"schema": {"type": "object",
+                                                             "properties": {"x": {"not": {}}}}}}
+    r = post(servers["hermes"], "/v1/chat/completions",
+             {"messages": MESSAGES, "tools": TOOLS, "response_format": bad})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "response_format", r.text
+
+
 def test_generic_answers_in_its_json_or_calls(servers):
     """The generic format's reply is its JSON: `response` becomes the content."""
     client = client_of(servers["generic"])
@@ -320,7 +371,6 @@ def test_bad_tool_requests_are_400s_naming_the_field(servers):
         ({"tools": [WEATHER, WEATHER]}, "tools"),
         ({"tools": "get_weather"}, "tools"),
         ({"tools": TOOLS, "grammar": 'root ::= "x"'}, "tools"),
-        ({"tools": TOOLS, "response_format": {"type": "json_object"}}, "tools"),
         ({"tools": TOOLS, "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
         ({"functions": [{"name": "f"}]}, "functions"),
     ]:

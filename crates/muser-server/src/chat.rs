@@ -31,6 +31,9 @@ pub struct ChatTemplate {
     eos: String,
     /// The template reads a tool call's `arguments` as an object (`object_arguments`).
     object_arguments: bool,
+    /// The template writes an assistant message's calls only when its content is null
+    /// (`null_call_content`).
+    null_call_content: bool,
 }
 
 /// A value no template writes by itself, for `object_arguments`' probe.
@@ -76,9 +79,33 @@ impl ChatTemplate {
             bos: bos.to_string(),
             eos: eos.to_string(),
             object_arguments: false,
+            null_call_content: false,
         };
         t.object_arguments = t.object_arguments();
+        t.null_call_content = t.null_call_content();
         Ok(t)
+    }
+
+    /// Whether the template writes an assistant message's tool calls only when its content is
+    /// null (DeepSeek R1 Distill Llama's tests `content is none`). A request's null content
+    /// reaches templates as "" (as llama.cpp gives it, since many templates cannot add a null to
+    /// a string); such a template gets null back for a message with calls and no text, so that
+    /// its calls are not dropped from the prompt.
+    fn null_call_content(&self) -> bool {
+        let shows_calls = |content: Value| {
+            let messages = [
+                serde_json::json!({"role": "user", "content": "User message"}),
+                serde_json::json!({"role": "assistant", "content": content, "tool_calls": [{
+                    "id": "call00001", "type": "function",
+                    "function": {"name": PROBE_VALUE, "arguments": "{}"}}]}),
+                serde_json::json!({"role": "tool", "content": "Tool response",
+                                   "tool_call_id": "call00001"}),
+                serde_json::json!({"role": "user", "content": "User message"}),
+            ];
+            self.render_with(&messages, true, None, &Map::new())
+                .is_ok_and(|p| p.contains(PROBE_VALUE))
+        };
+        !shows_calls(Value::from("")) && shows_calls(Value::Null)
     }
 
     /// Whether the template reads a tool call's `arguments` as an object, as llama.cpp probes
@@ -150,7 +177,7 @@ impl ChatTemplate {
                 "messages",
                 messages
                     .iter()
-                    .map(|m| message_value(m, self.object_arguments))
+                    .map(|m| message_value(m, self.object_arguments, self.null_call_content))
                     .collect::<minijinja::Value>(),
             ),
             ("add_generation_prompt", add_generation_prompt.into()),
@@ -182,7 +209,7 @@ impl ChatTemplate {
 /// each tool call as id, type, function {name, arguments}. Keys beyond those follow, and
 /// every nested object (an `arguments` object, ...) keeps its keys, in the request's order
 /// (serde_json's `preserve_order`, as llama-server's ordered_json).
-fn message_value(msg: &Value, object_arguments: bool) -> minijinja::Value {
+fn message_value(msg: &Value, object_arguments: bool, null_call_content: bool) -> minijinja::Value {
     const MESSAGE: &[&str] = &[
         "role",
         "content",
@@ -234,9 +261,14 @@ fn message_value(msg: &Value, object_arguments: bool) -> minijinja::Value {
         }),
         other => minijinja::Value::from_serialize(other),
     };
+    let calls_only = null_call_content
+        && msg["role"] == "assistant"
+        && msg["content"] == ""
+        && msg["tool_calls"].as_array().is_some_and(|c| !c.is_empty());
     match msg {
         Value::Object(m) => ordered(m, MESSAGE, |k, v| match (k, v) {
             ("tool_calls", Value::Array(calls)) => calls.iter().map(call).collect(),
+            ("content", _) if calls_only => minijinja::Value::from(()),
             _ => minijinja::Value::from_serialize(v),
         }),
         other => minijinja::Value::from_serialize(other),

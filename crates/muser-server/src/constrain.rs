@@ -53,7 +53,7 @@ pub enum Source {
 }
 
 impl Source {
-    fn field(self) -> &'static str {
+    pub fn field(self) -> &'static str {
         match self {
             Source::Grammar => "grammar",
             Source::JsonSchema => "json_schema",
@@ -250,12 +250,15 @@ pub fn parse_gbnf(text: &str, tok: &Tokenizer) -> Result<Grammar, String> {
 
 /// GBNF for a JSON schema, `{}` meaning any JSON object (as llama-server reads it).
 pub fn schema_gbnf(schema: &Value) -> Result<String, String> {
-    let any_object = json!({"type": "object"});
-    let schema = match schema {
-        Value::Object(o) if o.is_empty() => &any_object,
-        s => s,
-    };
-    muser_jsonschema::schema_to_gbnf(schema).map_err(|e| e.to_string())
+    muser_jsonschema::schema_to_gbnf(&any_object_if_empty(schema)).map_err(|e| e.to_string())
+}
+
+/// The schema, `{}` read as any JSON object (as llama-server reads it).
+pub fn any_object_if_empty(schema: &Value) -> Value {
+    match schema {
+        Value::Object(o) if o.is_empty() => json!({"type": "object"}),
+        s => s.clone(),
+    }
 }
 
 /// What a request asks to be constrained by, as read from its fields (`read`), before the work

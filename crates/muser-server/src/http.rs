@@ -402,7 +402,7 @@ async fn apply_template(
     body: Body,
 ) -> Result<Json<Value>, ApiError> {
     let (m, obj) = sh.request(&headers, body).await?;
-    let (req, _, _) = chat_request(&m, &obj)?;
+    let (req, _, _) = chat_request(&m, &obj, None)?;
     Ok(Json(json!({ "prompt": m.template.render_request(&req)? })))
 }
 
@@ -470,12 +470,14 @@ fn template_tools(obj: &Map<String, Value>) -> Value {
 fn chat_request(
     m: &ModelInfo,
     obj: &Map<String, Value>,
+    response: Option<&Value>,
 ) -> Result<(ChatRequest, Option<ToolRequest>, Option<tools::Plan>), ApiError> {
     let mut req = ChatRequest::parse(obj)?;
     check_call_arguments(&req.messages, m.template.reads_object_arguments())?;
-    let tools = tools::parse_tools(obj)?;
+    let mut tools = tools::parse_tools(obj)?;
     let mut plan = None;
-    if let Some(t) = &tools {
+    if let Some(t) = &mut tools {
+        t.response = response.cloned();
         req.tools = Some(template_tools(obj));
         plan = m
             .chat_format
@@ -551,14 +553,31 @@ async fn generate(
     let mut spec = constrain::read(&f, &m.tokenizer, &gen.preserved)?;
     let mut output = None;
     let prompt = if chat {
-        let (req, tools, plan) = chat_request(&m, &obj)?;
+        // A JSON response format beside tools holds the reply that calls no tool (the calls
+        // have their own grammar); a raw or lazy grammar cannot be combined with them.
+        let response = match &spec {
+            Some(constrain::Spec {
+                kind: constrain::SpecKind::Schema(s, source),
+                lazy: None,
+                ..
+            }) if obj.get("tools").is_some_and(|t| !t.is_null()) => {
+                // Checked here, so that an error names the response format's field.
+                constrain::schema_gbnf(s).map_err(|e| ApiError::param(source.field(), e))?;
+                Some(constrain::any_object_if_empty(s))
+            }
+            _ => None,
+        };
+        let (req, tools, plan) = chat_request(&m, &obj, response.as_ref())?;
         let format = m.chat_format;
-        if tools.is_some() && spec.is_some() {
-            return Err(ApiError::param(
-                "tools",
-                "tools cannot be used with grammar, json_schema or a JSON response_format (the \
-                 tool calls have their own grammar): give one of them",
-            ));
+        if let (Some(t), Some(_)) = (&tools, &spec) {
+            if response.is_none() && t.choice != tools::ToolChoice::None {
+                return Err(ApiError::param(
+                    "tools",
+                    "tools cannot be used with grammar or a lazy grammar (the tool calls have \
+                     their own grammar): give one of them, or a JSON response_format or \
+                     json_schema for the reply that calls no tool",
+                ));
+            }
         }
         let reasoning = reasoning_format(&f)?;
         if tools.is_some() || (format == Format::Atem && reasoning) {
@@ -577,7 +596,7 @@ async fn generate(
         }
         let text = m.template.render_request(&req)?;
         // Reasoning in <think> tags is split from the reply, ahead of the tool-call format.
-        if reasoning && think::template_thinks(&m.template_source) {
+        if reasoning && think::template_thinks(&m.template_source) && !think::prompt_closes(&text) {
             let o = output.get_or_insert_with(|| Output {
                 format,
                 tools: None,
@@ -587,13 +606,25 @@ async fn generate(
             let opened = think::prompt_opens(&text);
             o.think = Some(opened);
             // A lazy call grammar starts only after the reasoning block, never inside it; a
-            // forced one lets the block come first.
-            if let (Some(sp), Some(start)) = (&mut spec, format.lazy_start()) {
-                if sp.lazy.is_some() {
-                    let pattern = think::after_block(start, opened);
-                    sp.lazy = Some(vec![constrain::TriggerSpec::Pattern(pattern)]);
-                } else if let constrain::SpecKind::Made(g, _) = &mut sp.kind {
-                    *g = think::block_first(g, opened);
+            // grammar of the whole reply made here (forced calls, a JSON response format) lets
+            // the block come first. A request's own GBNF applies as given.
+            if let Some(sp) = &mut spec {
+                use constrain::{Source, SpecKind};
+                let tools_plan = matches!(sp.kind, SpecKind::Made(_, Source::Tools));
+                match (&mut sp.kind, sp.lazy.is_some()) {
+                    (_, true) if tools_plan => {
+                        if let Some(start) = format.lazy_start() {
+                            let pattern = think::after_block(start, opened);
+                            sp.lazy = Some(vec![constrain::TriggerSpec::Pattern(pattern)]);
+                        }
+                    }
+                    (SpecKind::Made(g, _), false) => *g = think::block_first(g, opened),
+                    (SpecKind::Schema(s, source), false) => {
+                        let g = constrain::schema_gbnf(s)
+                            .map_err(|e| ApiError::param(source.field(), e))?;
+                        sp.kind = SpecKind::Made(think::block_first(&g, opened), *source);
+                    }
+                    _ => {}
                 }
             }
             preserve(&mut gen.preserved, &m, &[think::OPEN, think::CLOSE]);

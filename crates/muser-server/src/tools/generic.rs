@@ -8,8 +8,8 @@
 use serde_json::{json, Map, Value};
 
 use super::{
-    allowed_tools, call_schema, calls_wanted, check_tools_convert, read_call, verbatim, Parsed,
-    Plan, Tool, ToolCall, ToolChoice, ToolRequest,
+    allowed_tools, call_schema, calls_wanted, check_tools_convert, placed_schema, read_call,
+    verbatim, Parsed, Plan, Tool, ToolCall, ToolChoice, ToolRequest,
 };
 
 pub(super) fn plan(req: &ToolRequest) -> Result<Option<Plan>, String> {
@@ -61,9 +61,13 @@ fn schema(req: &ToolRequest, tools: &[&Tool]) -> Value {
         "required": [key],
     })];
     if req.choice == ToolChoice::Auto {
+        let response = match &req.response {
+            Some(r) => placed_schema(r.clone(), "#/anyOf/1/properties/response"),
+            None => json!({"type": "string"}),
+        };
         alts.push(json!({
             "type": "object",
-            "properties": {"response": {"type": "string"}},
+            "properties": {"response": response},
             "required": ["response"],
         }));
     }
@@ -91,8 +95,18 @@ fn system_prompt(req: &ToolRequest, tools: &[&Tool]) -> String {
             );
             s.push_str(call_form);
             s.push_str(&format!("\n{what}, or\n"));
-            s.push_str(r#"{"response": "<your answer>"}"#);
-            s.push_str("\nto answer directly.");
+            match &req.response {
+                None => {
+                    s.push_str(r#"{"response": "<your answer>"}"#);
+                    s.push_str("\nto answer directly.");
+                }
+                Some(r) => {
+                    s.push_str(r#"{"response": <your answer>}"#);
+                    s.push_str(&format!(
+                        "\nto answer directly, your answer a JSON value of this schema: {r}"
+                    ));
+                }
+            }
         }
         ToolChoice::Function(n) => {
             s.push_str(&format!(
@@ -127,15 +141,17 @@ fn system_prompt(req: &ToolRequest, tools: &[&Tool]) -> String {
 
 pub(super) fn parse(text: &str, req: Option<&ToolRequest>) -> Parsed {
     if calls_wanted(req) {
-        if let Some(p) = read_reply(text) {
+        let json_response = req.is_some_and(|r| r.response.is_some());
+        if let Some(p) = read_reply(text, json_response) {
             return p;
         }
     }
     verbatim(text)
 }
 
-/// The reply's JSON read, if it is one of the format's objects.
-fn read_reply(text: &str) -> Option<Parsed> {
+/// The reply's JSON read, if it is one of the format's objects; `response` is the content (its
+/// JSON text when `json_response`, the answer being held by a response format).
+fn read_reply(text: &str, json_response: bool) -> Option<Parsed> {
     let Ok(Value::Object(o)) = serde_json::from_str::<Value>(text.trim()) else {
         return None;
     };
@@ -145,6 +161,7 @@ fn read_reply(text: &str) -> Option<Parsed> {
     let mut out = Parsed::default();
     for (k, v) in &o {
         match k.as_str() {
+            "response" if json_response => out.content = v.to_string(),
             "response" => out.content = v.as_str()?.to_string(),
             "tool_call" => out.tool_calls.push(read_call(v)?),
             "tool_calls" => {

@@ -10,8 +10,8 @@
 use serde_json::Value;
 
 use super::{
-    allowed_tools, arguments_schema, call_of, calls_wanted, tool_rules, verbatim, LazyStart,
-    Parsed, Plan, ToolCall, ToolRequest, WS_BODY,
+    allowed_tools, arguments_schema, call_of, calls_wanted, offered, tool_rules, verbatim,
+    LazyStart, Parsed, Plan, ToolCall, ToolRequest, WS_BODY,
 };
 
 use muser_jsonschema::gbnf_literal as lit;
@@ -97,7 +97,7 @@ pub(super) fn parse(text: &str, req: Option<&ToolRequest>) -> Parsed {
     if !calls_wanted(req) {
         return verbatim(text);
     }
-    match read_reply(text) {
+    match read_reply(text).filter(|c| offered(req, &c.name)) {
         Some(call) => Parsed {
             content: String::new(),
             reasoning: None,

@@ -57,6 +57,9 @@ pub struct ToolRequest {
     pub choice: ToolChoice,
     /// `parallel_tool_calls`: more than one call in a reply (default false, as llama-server).
     pub parallel: bool,
+    /// The JSON schema of a reply that calls no tool (the request's `response_format` or
+    /// `json_schema`), under `auto`: the model answers in it or calls tools. None: free text.
+    pub response: Option<Value>,
 }
 
 /// A text trigger of a lazy grammar (llama.cpp's word, pattern and full pattern triggers).
@@ -164,8 +167,13 @@ impl Format {
             Format::Atem
         } else if qwen_xml::detect(t) {
             Format::QwenXml
-        } else if t.contains("<tool_call>") && !t.contains("<function=") {
-            // `<function=` is XML calls inside `<tool_call>`: not Hermes JSON.
+        } else if t.contains("<tool_call>")
+            && !["<function=", "<arg_key>", "<invoke name="]
+                .iter()
+                .any(|m| t.contains(m))
+        {
+            // Those are XML calls inside `<tool_call>` (Qwen3-Coder's, GLM's, MiniMax's): not
+            // Hermes JSON.
             Format::Hermes
         } else if let Some(f) = deepseek::detect(t) {
             f
@@ -237,7 +245,68 @@ impl Format {
     /// The grammar and prompt additions for `req`; None when `req.choice` is `None` (no
     /// grammar, nothing added). An Err names what is wrong in the request (a tool's schema that
     /// cannot be made a grammar, a `Function` choice naming no tool).
+    ///
+    /// With a `response` schema under `auto` the grammar holds the whole output from its first
+    /// token: either a reply in that schema or the calls (a reasoning block may come first,
+    /// `think::block_first`). Under `required` or a named function the response schema has no
+    /// reply to hold and is left out.
     pub fn plan(self, req: &ToolRequest) -> Result<Option<Plan>, String> {
+        match (&req.response, &req.choice) {
+            (Some(resp), ToolChoice::Auto) if !req.tools.is_empty() => {
+                self.plan_with_response(req, resp).map(Some)
+            }
+            _ => self.plan_calls(req),
+        }
+    }
+
+    /// A reply in the `response` schema, or the calls.
+    fn plan_with_response(self, req: &ToolRequest, response: &Value) -> Result<Plan, String> {
+        match self {
+            // The generic reply's `response` is held by the schema.
+            Format::Generic => generic::plan(req)?.ok_or_else(|| "no tools".to_string()),
+            Format::Atem => Err(
+                "a JSON response format together with tools is not supported in the ATEM chat \
+                 format (Muse Glimmer's): give tool_choice \"none\", or leave out \
+                 response_format"
+                    .to_string(),
+            ),
+            _ => {
+                let forced = ToolRequest {
+                    choice: ToolChoice::Required,
+                    response: None,
+                    ..req.clone()
+                };
+                let calls = self
+                    .plan_calls(&forced)?
+                    .ok_or_else(|| "no tools".to_string())?;
+                let mut taken = rule_names(&calls.gbnf);
+                let prefix = fresh_rule(&mut taken, "response-format");
+                let (top, rules) =
+                    muser_jsonschema::schema_to_gbnf_rules(response, &format!("{prefix}-"))
+                        .map_err(|e| {
+                            format!("the response format cannot be made a grammar: {e}")
+                        })?;
+                if let Some(clash) = rule_names(&rules).intersection(&taken).next() {
+                    return Err(format!(
+                        "the response format's grammar and the calls' share the rule `{clash}`"
+                    ));
+                }
+                let calls_root = fresh_rule(&mut taken, "tool-calls");
+                let mut gbnf = format!("root ::= {top} | {calls_root}\n");
+                gbnf.push_str(&rename_rule(&calls.gbnf, "root", &calls_root));
+                gbnf.push_str(&rules);
+                Ok(Plan {
+                    gbnf,
+                    lazy: false,
+                    triggers: Vec::new(),
+                    system: calls.system,
+                })
+            }
+        }
+    }
+
+    /// The calls' plan, `req.response` aside.
+    fn plan_calls(self, req: &ToolRequest) -> Result<Option<Plan>, String> {
         match self {
             Format::Atem => atem::plan(req),
             Format::Generic => generic::plan(req),
@@ -495,6 +564,7 @@ pub fn parse_tools(body: &Map<String, Value>) -> Result<Option<ToolRequest>, Api
         tools,
         choice,
         parallel,
+        response: None,
     }))
 }
 
@@ -753,18 +823,10 @@ const WS_BODY: &str = r#"( " " | "\n" "\n"? [ \t]{0,20} )?"#;
 /// place `at` (a JSON pointer, "#/...") of a larger schema: the parameters' own `$ref`s
 /// (relative to the parameters' root) are rewritten to point into that place.
 fn call_schema(tool: &Tool, at: &str) -> Value {
-    let mut args = arguments_schema(tool);
-    let id = args
-        .get("$id")
-        .and_then(Value::as_str)
-        .map(|s| s.strip_suffix('#').unwrap_or(s).to_string())
-        .filter(|s| !s.is_empty());
-    let base = format!("{at}/properties/arguments");
-    rebase_refs(&mut args, &base, id.as_deref());
-    if let Value::Object(o) = &mut args {
-        // the converter only reads `$id` at the document's root
-        o.remove("$id");
-    }
+    let args = placed_schema(
+        arguments_schema(tool),
+        &format!("{at}/properties/arguments"),
+    );
     serde_json::json!({
         "type": "object",
         "properties": {
@@ -773,6 +835,22 @@ fn call_schema(tool: &Tool, at: &str) -> Value {
         },
         "required": ["name", "arguments"],
     })
+}
+
+/// A schema moved into a larger document at the pointer `at`: its same-document `$ref`s
+/// rewritten to point there, its root `$id` dropped (the converter reads `$id` only at the
+/// document's root).
+fn placed_schema(mut schema: Value, at: &str) -> Value {
+    let id = schema
+        .get("$id")
+        .and_then(Value::as_str)
+        .map(|s| s.strip_suffix('#').unwrap_or(s).to_string())
+        .filter(|s| !s.is_empty());
+    rebase_refs(&mut schema, at, id.as_deref());
+    if let Value::Object(o) = &mut schema {
+        o.remove("$id");
+    }
+    schema
 }
 
 /// Rewrites the same-document `$ref`s in a schema (`#...`, or `<id>#...` when the schema's
@@ -867,6 +945,12 @@ fn find_opening<'o>(text: &str, openings: &[&'o str]) -> Option<(usize, &'o str)
 /// calls and the length of that text the block spans, or None when the block is malformed:
 /// then the opening stays in the content and the text after it is read on. Content is the text
 /// with the blocks taken out, its trailing whitespace trimmed.
+/// Whether `req` offers a tool of this name: a call of another stays in the content as text
+/// (no grammar held it, and the client could not run it).
+fn offered(req: Option<&ToolRequest>, name: &str) -> bool {
+    req.is_some_and(|r| r.tools.iter().any(|t| t.name == name))
+}
+
 fn parse_blocks(
     text: &str,
     req: Option<&ToolRequest>,
@@ -882,7 +966,7 @@ fn parse_blocks(
     while let Some((i, open)) = find_opening(rest, openings) {
         content.push_str(&rest[..i]);
         let after = &rest[i + open.len()..];
-        match read(after) {
+        match read(after).filter(|(calls, _)| calls.iter().all(|c| offered(req, &c.name))) {
             Some((calls, used)) => {
                 tool_calls.extend(calls);
                 rest = &after[used..];
@@ -1165,10 +1249,14 @@ mod test_util {
         }
     }
 
-    /// A request offering one tool `f` without parameters, `tool_choice` auto.
+    /// A request offering tools `f`, `g`, `h`, `i`, `other` and `f.x-y_2` without parameters,
+    /// `tool_choice` auto (`parse` reads calls of offered tools only).
     pub fn f_req(parallel: bool) -> ToolRequest {
         req(
-            vec![tool("f", json!({"type": "object", "properties": {}}))],
+            ["f", "g", "h", "i", "other", "f.x-y_2"]
+                .iter()
+                .map(|n| tool(n, json!({"type": "object", "properties": {}})))
+                .collect(),
             ToolChoice::Auto,
             parallel,
         )
@@ -1261,6 +1349,7 @@ mod test_util {
             tools,
             choice,
             parallel,
+            response: None,
         }
     }
 
@@ -1513,9 +1602,129 @@ mod test_util {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use muser_sample::Grammar;
     use serde_json::json;
 
     use super::test_util::template;
+
+    /// One call of tool `name` with no arguments, as each marked format writes it.
+    fn one_call(format: Format, name: &str) -> String {
+        match format {
+            Format::Hermes => format!("<tool_call>\n{{\"name\": \"{name}\", \"arguments\": {{}}}}\n</tool_call>"),
+            Format::Llama3 => format!("{{\"name\": \"{name}\", \"parameters\": {{}}}}"),
+            Format::MistralNemo => format!(
+                "[TOOL_CALLS][{{\"name\": \"{name}\", \"arguments\": {{}}, \"id\": \"abcDEF123\"}}]"
+            ),
+            Format::Mistral { .. } => format!("[TOOL_CALLS]{name}[ARGS]{{}}"),
+            Format::DeepSeekV31 => format!(
+                "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>{name}<｜tool▁sep｜>{{}}<｜tool▁call▁end｜><｜tool▁calls▁end｜>"
+            ),
+            Format::QwenXml => {
+                format!("<tool_call>\n<function={name}>\n</function>\n</tool_call>")
+            }
+            other => unreachable!("{other:?}"),
+        }
+    }
+
+    const MARKED: [Format; 6] = [
+        Format::Hermes,
+        Format::Llama3,
+        Format::MistralNemo,
+        Format::Mistral { call_id: false },
+        Format::DeepSeekV31,
+        Format::QwenXml,
+    ];
+
+    /// A call of a tool the request does not offer is text: no grammar held it, and the client
+    /// could not run it.
+    #[test]
+    fn calls_of_tools_not_offered_stay_content() {
+        let r = test_util::req(
+            vec![test_util::tool(
+                "f",
+                json!({"type": "object", "properties": {}}),
+            )],
+            ToolChoice::Auto,
+            false,
+        );
+        for f in MARKED {
+            let p = f.parse(&one_call(f, "f"), Some(&r));
+            assert_eq!(p.tool_calls.len(), 1, "{f:?}");
+            assert_eq!(
+                (p.tool_calls[0].name.as_str(), p.content.as_str()),
+                ("f", "")
+            );
+            let other = one_call(f, "nosuch");
+            let p = f.parse(&other, Some(&r));
+            assert!(p.tool_calls.is_empty(), "{f:?}");
+            assert_eq!(p.content, other.trim_end(), "{f:?}");
+        }
+    }
+
+    /// With a response schema under `auto`, the grammar takes a reply in the schema or the
+    /// calls, from the output's first token; under `required` only the calls.
+    #[test]
+    fn a_response_schema_holds_the_reply_that_calls_no_tool() {
+        let mut rng = test_util::Rng(0x5EED_00F0);
+        for round in 0..24 {
+            let tools = vec![test_util::tool(
+                "f",
+                json!({"type": "object", "properties": {}}),
+            )];
+            let response = test_util::random_tools(&mut rng)[0].parameters.clone();
+            let good = test_util::random_args(&mut rng, &response);
+            let broken = test_util::broken_args(&mut rng, &response, &good);
+            for f in MARKED.into_iter().chain([Format::Generic]) {
+                let mut r = test_util::req(tools.clone(), ToolChoice::Auto, false);
+                r.response = Some(response.clone());
+                let p = f.plan(&r).unwrap().unwrap();
+                assert!(!p.lazy && p.triggers.is_empty(), "{f:?}");
+                let g = Grammar::parse(&p.gbnf).unwrap_or_else(|e| panic!("{e:?}\n{}", p.gbnf));
+                let (reply, call) = if f == Format::Generic {
+                    (
+                        json!({"response": good}).to_string(),
+                        r#"{"tool_call": {"name": "f", "arguments": {}}}"#.to_string(),
+                    )
+                } else {
+                    (good.to_string(), one_call(f, "f"))
+                };
+                assert!(
+                    g.accepts_str(&reply),
+                    "{f:?} round {round}: {reply}\n{}",
+                    p.gbnf
+                );
+                assert!(g.accepts_str(&call), "{f:?}: {call}");
+                assert!(!g.accepts_str(&format!("Sure. {call}")), "{f:?}");
+                let parsed = f.parse(&reply, Some(&r));
+                assert!(parsed.tool_calls.is_empty(), "{f:?}");
+                let content: Value = serde_json::from_str(&parsed.content).unwrap();
+                assert_eq!(content, good, "{f:?}");
+                assert_eq!(f.parse(&call, Some(&r)).tool_calls.len(), 1, "{f:?}");
+                for b in &broken {
+                    let t = if f == Format::Generic {
+                        json!({"response": b}).to_string()
+                    } else {
+                        b.to_string()
+                    };
+                    assert!(!g.accepts_str(&t), "{f:?} took {t}");
+                }
+                // Under `required` the calls only.
+                r.choice = ToolChoice::Required;
+                let g = Grammar::parse(&f.plan(&r).unwrap().unwrap().gbnf).unwrap();
+                assert!(g.accepts_str(&call) && !g.accepts_str(&reply), "{f:?}");
+            }
+        }
+        let mut r = test_util::req(
+            vec![test_util::tool(
+                "f",
+                json!({"type": "object", "properties": {}}),
+            )],
+            ToolChoice::Auto,
+            false,
+        );
+        r.response = Some(json!({"type": "object"}));
+        assert!(Format::Atem.plan(&r).is_err());
+    }
 
     #[test]
     fn detect_and_name() {
@@ -1577,6 +1786,10 @@ mod tests {
             ),
             ("deepseek-ai-DeepSeek-V3.1.jinja", Format::DeepSeekV31),
             ("deepseek-ai-DeepSeek-V3.2.jinja", Format::Generic),
+            ("GLM-4.6.jinja", Format::Generic),
+            ("GLM-4.7-Flash.jinja", Format::Generic),
+            ("MiniMax-M3.jinja", Format::Generic),
+            ("poolside-Laguna-S-2.1.jinja", Format::Generic),
             ("google-gemma-2-2b-it.jinja", Format::Generic),
             ("muse-glimmer.jinja", Format::Atem),
         ] {

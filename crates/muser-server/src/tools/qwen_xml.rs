@@ -30,7 +30,7 @@
 
 use super::xml_args::{arguments, ws_len, Params, Syntax};
 use super::{
-    allowed_tools, parse_blocks, parse_blocks_partial, LazyStart, Parsed, Plan, ToolCall,
+    allowed_tools, offered, parse_blocks, parse_blocks_partial, LazyStart, Parsed, Plan, ToolCall,
     ToolRequest,
 };
 use muser_jsonschema::gbnf_literal as literal;
@@ -177,9 +177,8 @@ fn read_block(rest: &str) -> Option<(RawCall<'_>, usize)> {
 /// Content is the text with the calls' blocks taken out, its trailing whitespace trimmed;
 /// malformed blocks, and blocks calling a tool the request does not offer, stay in it.
 pub(super) fn parse(text: &str, req: Option<&ToolRequest>) -> Parsed {
-    let offered = |name: &str| req.is_some_and(|r| r.tools.iter().any(|t| t.name == name));
     parse_blocks(text, req, &[OPEN], |after| {
-        let ((name, args), used) = read_block(after).filter(|((name, _), _)| offered(name))?;
+        let ((name, args), used) = read_block(after).filter(|((name, _), _)| offered(req, name))?;
         let call = ToolCall {
             id: None,
             name: name.to_string(),

@@ -22,6 +22,13 @@ pub fn prompt_opens(prompt: &str) -> bool {
     p.ends_with(OPEN)
 }
 
+/// Whether the prompt ends with a closed, empty-or-not block (`<think></think>`: Qwen 3 with
+/// `enable_thinking` false, DeepSeek V3.1's non-thinking mode): the reply comes without
+/// reasoning, and none is read or allowed.
+pub fn prompt_closes(prompt: &str) -> bool {
+    prompt.trim_end().ends_with(CLOSE)
+}
+
 /// A finished output: its reasoning (None when it has no block) and the reply after it.
 pub fn split(text: &str, opened: bool) -> (Option<String>, &str) {
     let Some(body) = body_start(text, opened) else {
@@ -170,10 +177,12 @@ pub fn after_block(start: LazyStart, opened: bool) -> String {
         LazyStart::Word(w) => (r"[\s\S]*?", fancy_regex::escape(w).into_owned()),
         LazyStart::ReplyStart(re) => (r"\s*", re.to_string()),
     };
+    // The block ends at its first `</think>`, as `split` reads it.
+    let body = r"(?:(?!</think>)[\s\S])*";
     if opened {
-        format!(r"^[\s\S]*?</think>{gap}({call})")
+        format!(r"^{body}</think>{gap}({call})")
     } else {
-        format!(r"^(?:\s*<think>[\s\S]*?</think>|(?!\s*<think>)){gap}({call})")
+        format!(r"^(?:\s*<think>{body}</think>|(?!\s*<think>)){gap}({call})")
     }
 }
 
@@ -223,6 +232,11 @@ mod trigger_tests {
         assert_eq!(at("<think>{</think> ok {", false), None);
         assert_eq!(at("{ </think>\n{", true), Some(11));
         assert_eq!(at("{", true), None);
+        // The block ends at its first `</think>` (as `split` reads it): a call must follow
+        // that one.
+        assert_eq!(at("<think>a</think> b </think>{", false), None);
+        assert_eq!(at("a</think> b </think>{", true), None);
+        assert_eq!(at("a</think>\n{ </think>{", true), Some(10));
     }
 }
 
