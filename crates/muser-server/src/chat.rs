@@ -1300,6 +1300,41 @@ mod tests {
         assert_eq!(out.matches("<|im_start|>").count(), 2002);
     }
 
+    /// A template that writes calls only under a null content (DeepSeek R1 Distill Llama's
+    /// shape) gets null for a message with calls and no text; one that writes them beside any
+    /// content keeps "" (llama.cpp's null-to-empty), and text stays text.
+    #[test]
+    fn calls_reach_templates_that_test_for_null_content() {
+        let r1 = "{% for m in messages %}{% if m.role == 'assistant' and m.content is none %}\
+                  {% for c in m.tool_calls %}CALL {{ c.function.name }};{% endfor %}\
+                  {% else %}{{ m.role }}: {{ m.content }};{% endif %}{% endfor %}";
+        let any = "{% for m in messages %}{{ m.role }}: {{ m.content }}\
+                   {% for c in m.tool_calls or [] %} CALL {{ c.function.name }}{% endfor %};\
+                   {% endfor %}";
+        let conv = |content: Value| {
+            parse_messages(Some(&json!([
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": content, "tool_calls": [{"id": "c1",
+                    "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "42"},
+            ])))
+            .unwrap()
+        };
+        let t = ChatTemplate::new(Some(r1), "", "").unwrap();
+        assert!(t.null_call_content);
+        for c in [Value::Null, json!("")] {
+            let out = t.render(&conv(c)).unwrap();
+            assert_eq!(out, "user: hi;CALL f;tool: 42;");
+        }
+        // A message with text keeps it (the template writes the text, not the calls).
+        let out = t.render(&conv(json!("ok"))).unwrap();
+        assert_eq!(out, "user: hi;assistant: ok;tool: 42;");
+        let t = ChatTemplate::new(Some(any), "", "").unwrap();
+        assert!(!t.null_call_content);
+        let out = t.render(&conv(Value::Null)).unwrap();
+        assert_eq!(out, "user: hi;assistant:  CALL f;tool: 42;");
+    }
+
     #[test]
     fn bad_messages() {
         for (v, what) in [
