@@ -592,6 +592,13 @@ async fn generate(
                 tools,
                 call_seed: sh.next_id() ^ gen.params.seed.rotate_left(32),
                 think: None,
+                past_ids: req
+                    .messages
+                    .iter()
+                    .filter_map(|msg| msg["tool_calls"].as_array())
+                    .flatten()
+                    .filter_map(|c| c["id"].as_str().map(str::to_string))
+                    .collect(),
             });
         }
         let text = m.template.render_request(&req)?;
@@ -602,6 +609,7 @@ async fn generate(
                 tools: None,
                 call_seed: 0,
                 think: None,
+                past_ids: Default::default(),
             });
             let opened = think::prompt_opens(&text);
             o.think = Some(opened);
@@ -692,6 +700,9 @@ struct Output {
     tools: Option<ToolRequest>,
     call_seed: u64,
     think: Option<bool>,
+    /// The ids of the calls in the request's messages: a model that copies one (Mistral's
+    /// write their ids) gets a new one, so that a client never sees an id twice.
+    past_ids: std::collections::HashSet<String>,
 }
 
 impl Output {
@@ -718,10 +729,11 @@ impl Output {
     }
 
     /// OpenAI's `tool_calls` entries for the calls (with their index when streamed). A call
-    /// gets the id its model wrote unless an earlier call of the answer has it (a client tells
-    /// the results apart by id); otherwise one made from the request's seed.
+    /// gets the id its model wrote unless an earlier call of the answer or of the conversation
+    /// has it (a client tells the results apart by id); otherwise one made from the request's
+    /// seed.
     fn calls(&self, p: &Parsed, indexed: bool) -> Vec<Value> {
-        let mut seen = std::collections::HashSet::new();
+        let mut seen = self.past_ids.clone();
         p.tool_calls
             .iter()
             .enumerate()
@@ -1110,4 +1122,60 @@ fn sse_stream(
         Some((stream::iter(out.into_iter().map(Ok)), st))
     })
     .flatten()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tools::ToolCall;
+
+    /// Every call of an answer gets an id no other call of the answer or of the conversation
+    /// has; the model's own id is kept where it is new, and ids have the format's shape.
+    #[test]
+    fn call_ids_are_unique_in_the_conversation() {
+        for (format, shape) in [
+            (Format::MistralNemo, r"^[A-Za-z0-9]{9}$"),
+            (Format::Hermes, r"^call_[A-Za-z0-9]{24}$"),
+        ] {
+            let shape = fancy_regex::Regex::new(shape).unwrap();
+            for seed in [1u64, 0xDEAD_BEEF, u64::MAX] {
+                let o = Output {
+                    format,
+                    tools: None,
+                    call_seed: seed,
+                    think: None,
+                    past_ids: ["abcDEF123".to_string(), format.call_id(seed, 1)].into(),
+                };
+                let call = |id: Option<&str>| ToolCall {
+                    id: id.map(str::to_string),
+                    name: "f".into(),
+                    arguments: "{}".into(),
+                };
+                let p = Parsed {
+                    tool_calls: vec![
+                        call(Some("abcDEF123")),
+                        call(Some("newID4567")),
+                        call(Some("newID4567")),
+                        call(None),
+                        call(None),
+                    ],
+                    ..Parsed::default()
+                };
+                let ids: Vec<String> = o
+                    .calls(&p, false)
+                    .iter()
+                    .map(|c| c["id"].as_str().unwrap().to_string())
+                    .collect();
+                assert_eq!(ids[1], "newID4567");
+                let distinct: std::collections::HashSet<&String> = ids.iter().collect();
+                assert_eq!(distinct.len(), ids.len(), "{ids:?}");
+                for (i, id) in ids.iter().enumerate() {
+                    assert!(!o.past_ids.contains(id), "{id}");
+                    if i != 1 {
+                        assert!(shape.is_match(id).unwrap(), "{format:?} {id}");
+                    }
+                }
+            }
+        }
+    }
 }
