@@ -30,8 +30,8 @@
 
 use super::xml_args::{arguments, ws_len, Params, Syntax};
 use super::{
-    allowed_tools, offered, parse_blocks, parse_blocks_partial, LazyStart, Parsed, Plan, ToolCall,
-    ToolRequest,
+    allowed_tools, json_prefix, offered, parse_blocks, parse_blocks_partial, LazyStart, Parsed,
+    Plan, ToolCall, ToolRequest,
 };
 use muser_jsonschema::gbnf_literal as literal;
 
@@ -119,15 +119,27 @@ fn tag_name(s: &str) -> Option<(&str, usize)> {
     (!name.contains(['\n', '\r'])).then_some((name, end + 1))
 }
 
-/// The length of a parameter's raw text in `s` (which follows `<parameter=K>`): up to the
-/// first `</parameter>` followed, after whitespace, by `<parameter=` or `</function>`.
+/// The length of a parameter's raw text in `s` (which follows `<parameter=K>`): where a JSON
+/// value that opens it ends, when `</parameter>` follows (a JSON string may hold
+/// `</parameter>`; a raw one never does, the grammar keeps it out), else up to the first
+/// `</parameter>` followed, after whitespace, by `<parameter=` or `</function>`.
 fn value_len(s: &str) -> Option<usize> {
+    let closes_at = |at: usize| {
+        s[at..].strip_prefix(PARAM_CLOSE).is_some_and(|after| {
+            let next = &after[ws_len(after)..];
+            next.starts_with(PARAM) || next.starts_with(FUNCTION_CLOSE)
+        })
+    };
+    if let Some((_, n)) = json_prefix(s) {
+        let at = n + usize::from(s[n..].starts_with('\n'));
+        if closes_at(at) {
+            return Some(at);
+        }
+    }
     let mut from = 0;
     loop {
         let at = from + s[from..].find(PARAM_CLOSE)?;
-        let after = &s[at + PARAM_CLOSE.len()..];
-        let next = &after[ws_len(after)..];
-        if next.starts_with(PARAM) || next.starts_with(FUNCTION_CLOSE) {
+        if closes_at(at) {
             return Some(at);
         }
         from = at + PARAM_CLOSE.len();
@@ -411,7 +423,7 @@ mod tests {
                     json!({"type": "object", "properties": {
                         "s": {"type": "string"}, "b": {"type": "boolean"},
                         "sn": {"type": ["string", "null"]}, "i": {"type": "integer"},
-                        "o": {"type": "object"}}}),
+                        "o": {"type": "object"}, "e": {"enum": ["1", 2, null]}}}),
                 ),
                 tool("g", json!({})),
             ],
@@ -452,6 +464,22 @@ mod tests {
                 "",
                 vec![call("f", r#"{"s":"\"q\"","b":false}"#)],
             ),
+            // an enum's member as written: a string raw, another value as its JSON
+            (
+                block("f", &(param("e", "1"))),
+                "",
+                vec![call("f", r#"{"e":"1"}"#)],
+            ),
+            (
+                block("f", &(param("e", "2"))),
+                "",
+                vec![call("f", r#"{"e":2}"#)],
+            ),
+            (
+                block("f", &(param("e", "null"))),
+                "",
+                vec![call("f", r#"{"e":null}"#)],
+            ),
             // one newline taken off each end, no more
             (
                 block("f", &param("s", "\n a \n")),
@@ -473,6 +501,15 @@ mod tests {
                 ),
                 "",
                 vec![call("f", r#"{"o":{"a":"</parameter>"},"s":"a</parameter> b"}"#)],
+            ),
+            // ... even where the tag inside the string is followed by another parameter's
+            (
+                block(
+                    "f",
+                    &(param("o", "{\"a\": \"x</parameter><parameter=s>\"}") + &param("s", "y")),
+                ),
+                "",
+                vec![call("f", r#"{"o":{"a":"x</parameter><parameter=s>"},"s":"y"}"#)],
             ),
             // an unclosed final block is read once its function is closed
             (

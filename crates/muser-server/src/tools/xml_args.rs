@@ -573,13 +573,28 @@ pub(super) fn arguments(
     let tool = req.and_then(|r| r.tools.iter().find(|t| t.name == tool));
     let mut m = Map::new();
     for (k, raw) in args {
-        let types = tool
-            .and_then(|t| {
-                let schema = t.parameters.get("properties")?.get(k)?;
-                Some(value_types(schema, &t.parameters, 0))
-            })
-            .unwrap_or(T_ALL);
-        m.insert(k.clone(), read_value(raw, types, syntax.python));
+        let schema = tool.and_then(|t| Some((t.parameters.get("properties")?.get(k)?, t)));
+        // An `enum` / `const` value is the member written so (a string raw, another value as
+        // its JSON): `["1", 2]` reads "1" as the string and "2" as the number.
+        let member = schema.and_then(|(s, _)| {
+            string_choices(s)?;
+            let values: Vec<&Value> = match s.get("const") {
+                Some(c) => vec![c],
+                None => s.get("enum")?.as_array()?.iter().collect(),
+            };
+            values
+                .into_iter()
+                .find(|v| match v {
+                    Value::String(text) => text == raw,
+                    other => other.to_string() == *raw,
+                })
+                .cloned()
+        });
+        let value = member.unwrap_or_else(|| {
+            let types = schema.map_or(T_ALL, |(s, t)| value_types(s, &t.parameters, 0));
+            read_value(raw, types, syntax.python)
+        });
+        m.insert(k.clone(), value);
     }
     Value::Object(m).to_string()
 }
