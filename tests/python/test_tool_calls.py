@@ -283,7 +283,7 @@ def test_a_response_format_holds_the_reply_that_calls_no_tool(servers):
             if fmt == "atem" and choice == "auto":
                 with pytest.raises(openai.BadRequestError) as e:
                     client.chat.completions.create(**kw)
-                assert e.value.body["param"] == "tools", where
+                assert e.value.body["param"] == "response_format", where
                 continue
             ch = client.chat.completions.create(**kw).choices[0]
             if ch.finish_reason == "length":

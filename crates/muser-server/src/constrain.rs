@@ -253,6 +253,16 @@ pub fn schema_gbnf(schema: &Value) -> Result<String, String> {
     muser_jsonschema::schema_to_gbnf(&any_object_if_empty(schema)).map_err(|e| e.to_string())
 }
 
+/// `schema_gbnf`, its error naming the request field the schema came from.
+pub fn schema_grammar(schema: &Value, source: Source) -> Result<String, ApiError> {
+    schema_gbnf(schema).map_err(|e| {
+        ApiError::param(
+            source.field(),
+            format!("{}: the JSON schema cannot be used: {e}", source.field()),
+        )
+    })
+}
+
 /// The schema, `{}` read as any JSON object (as llama-server reads it).
 pub fn any_object_if_empty(schema: &Value) -> Value {
     match schema {
@@ -402,15 +412,7 @@ pub fn compile(spec: Spec, m: &ModelInfo) -> Result<Constraint, ApiError> {
     let (gbnf, source) = match spec.kind {
         SpecKind::Grammar(g) => (g, Source::Grammar),
         SpecKind::Made(g, source) => (g, source),
-        SpecKind::Schema(s, source) => {
-            let gbnf = schema_gbnf(&s).map_err(|e| {
-                ApiError::param(
-                    source.field(),
-                    format!("{}: the JSON schema cannot be used: {e}", source.field()),
-                )
-            })?;
-            (gbnf, source)
-        }
+        SpecKind::Schema(s, source) => (schema_grammar(&s, source)?, source),
     };
     let grammar = parse_gbnf(&gbnf, tok).map_err(|e| {
         let what = match source {

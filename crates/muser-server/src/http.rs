@@ -555,18 +555,31 @@ async fn generate(
     let prompt = if chat {
         // A JSON response format beside tools holds the reply that calls no tool (the calls
         // have their own grammar); a raw or lazy grammar cannot be combined with them.
-        let response = match &spec {
+        let (response, response_source) = match &spec {
             Some(constrain::Spec {
                 kind: constrain::SpecKind::Schema(s, source),
                 lazy: None,
                 ..
             }) if obj.get("tools").is_some_and(|t| !t.is_null()) => {
                 // Checked here, so that an error names the response format's field.
-                constrain::schema_gbnf(s).map_err(|e| ApiError::param(source.field(), e))?;
-                Some(constrain::any_object_if_empty(s))
+                constrain::schema_grammar(s, *source)?;
+                (Some(constrain::any_object_if_empty(s)), Some(*source))
             }
-            _ => None,
+            _ => (None, None),
         };
+        if let (Some(_), Format::Atem, Some(source)) = (&response, m.chat_format, response_source) {
+            let t = tools::parse_tools(&obj)?;
+            if t.is_some_and(|t| t.choice == tools::ToolChoice::Auto) {
+                let field = source.field();
+                return Err(ApiError::param(
+                    field,
+                    format!(
+                        "a JSON {field} together with tools is not supported in the ATEM chat \
+                         format (Muse Glimmer's): give tool_choice \"none\", or leave out {field}"
+                    ),
+                ));
+            }
+        }
         let (req, tools, plan) = chat_request(&m, &obj, response.as_ref())?;
         let format = m.chat_format;
         if let (Some(t), Some(_)) = (&tools, &spec) {
@@ -622,14 +635,18 @@ async fn generate(
                 match (&mut sp.kind, sp.lazy.is_some()) {
                     (_, true) if tools_plan => {
                         if let Some(start) = format.lazy_start() {
-                            let pattern = think::after_block(start, opened);
-                            sp.lazy = Some(vec![constrain::TriggerSpec::Pattern(pattern)]);
+                            let patterns = think::after_block(start, opened);
+                            sp.lazy = Some(
+                                patterns
+                                    .into_iter()
+                                    .map(constrain::TriggerSpec::Pattern)
+                                    .collect(),
+                            );
                         }
                     }
                     (SpecKind::Made(g, _), false) => *g = think::block_first(g, opened),
                     (SpecKind::Schema(s, source), false) => {
-                        let g = constrain::schema_gbnf(s)
-                            .map_err(|e| ApiError::param(source.field(), e))?;
+                        let g = constrain::schema_grammar(s, *source)?;
                         sp.kind = SpecKind::Made(think::block_first(&g, opened), *source);
                     }
                     _ => {}

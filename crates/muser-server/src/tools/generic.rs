@@ -8,8 +8,8 @@
 use serde_json::{json, Map, Value};
 
 use super::{
-    allowed_tools, call_schema, calls_wanted, check_tools_convert, placed_schema, read_call,
-    verbatim, Parsed, Plan, Tool, ToolCall, ToolChoice, ToolRequest,
+    allowed_tools, call_schema, calls_wanted, check_tools_convert, offered, placed_schema,
+    read_call, verbatim, Parsed, Plan, Tool, ToolCall, ToolChoice, ToolRequest,
 };
 
 pub(super) fn plan(req: &ToolRequest) -> Result<Option<Plan>, String> {
@@ -142,7 +142,9 @@ fn system_prompt(req: &ToolRequest, tools: &[&Tool]) -> String {
 pub(super) fn parse(text: &str, req: Option<&ToolRequest>) -> Parsed {
     if calls_wanted(req) {
         let json_response = req.is_some_and(|r| r.response.is_some());
-        if let Some(p) = read_reply(text, json_response) {
+        if let Some(p) = read_reply(text, json_response)
+            .filter(|p| p.tool_calls.iter().all(|c| offered(req, &c.name)))
+        {
             return p;
         }
     }

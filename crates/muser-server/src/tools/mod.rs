@@ -940,17 +940,17 @@ fn find_opening<'o>(text: &str, openings: &[&'o str]) -> Option<(usize, &'o str)
         .min_by_key(|(i, _)| *i)
 }
 
-/// Reads the output of a format whose calls come in blocks after the reply's text, each opened
-/// by one of `openings`. `read` takes the text right after an opening and gives the block's
-/// calls and the length of that text the block spans, or None when the block is malformed:
-/// then the opening stays in the content and the text after it is read on. Content is the text
-/// with the blocks taken out, its trailing whitespace trimmed.
 /// Whether `req` offers a tool of this name: a call of another stays in the content as text
 /// (no grammar held it, and the client could not run it).
 fn offered(req: Option<&ToolRequest>, name: &str) -> bool {
     req.is_some_and(|r| r.tools.iter().any(|t| t.name == name))
 }
 
+/// Reads the output of a format whose calls come in blocks after the reply's text, each opened
+/// by one of `openings`. `read` takes the text right after an opening and gives the block's
+/// calls and the length of that text the block spans, or None when the block is malformed:
+/// then the opening stays in the content and the text after it is read on. Content is the text
+/// with the blocks taken out, its trailing whitespace trimmed.
 fn parse_blocks(
     text: &str,
     req: Option<&ToolRequest>,

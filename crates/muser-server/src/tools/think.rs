@@ -166,24 +166,67 @@ mod tests {
     }
 }
 
-/// A trigger pattern (for `Trigger::Pattern`, fancy-regex) that finds a call's opening `start`
-/// (its capture group) only after the reasoning block: after `</think>` when the prompt opened
-/// the block, after the block when the output starts with one, at the reply's start otherwise
-/// (anywhere in the reply for a `Word`, after whitespace for a `ReplyStart`). A tool call's lazy
-/// grammar then never starts inside the reasoning.
-pub fn after_block(start: LazyStart, opened: bool) -> String {
-    // What may come between the block (or the reply's start) and the call's opening.
-    let (gap, call) = match start {
-        LazyStart::Word(w) => (r"[\s\S]*?", fancy_regex::escape(w).into_owned()),
-        LazyStart::ReplyStart(re) => (r"\s*", re.to_string()),
-    };
-    // The block ends at its first `</think>`, as `split` reads it.
-    let body = r"(?:(?!</think>)[\s\S])*";
-    if opened {
-        format!(r"^{body}</think>{gap}({call})")
-    } else {
-        format!(r"^(?:\s*<think>{body}</think>|(?!\s*<think>)){gap}({call})")
+/// The trigger patterns (for `Trigger::Pattern`, tried in order) that find a call's opening
+/// `start` (their capture group) only after the reasoning block: after the first `</think>`
+/// when the prompt opened the block, after the block when the output starts with one, in the
+/// reply otherwise (anywhere in it for a `Word`, at its start after whitespace for a
+/// `ReplyStart`). A tool call's lazy grammar then never starts inside the reasoning.
+///
+/// No pattern has a look-around: the regex crate's automata run them (fancy-regex hands such a
+/// pattern over whole), in time linear in the text and without a backtracking limit, which
+/// matters since a lazy trigger is searched over the whole output after every token. "Not a
+/// block" and "the block's first `</think>`" are spelled out as automata instead.
+pub fn after_block(start: LazyStart, opened: bool) -> Vec<String> {
+    let body = without_close();
+    match start {
+        LazyStart::Word(w) => {
+            let w = fancy_regex::escape(w);
+            if opened {
+                return vec![format!(r"^{body}</think>[\s\S]*?({w})")];
+            }
+            // A reply that does not start with `<think>`: the word at once, right after a
+            // start of `<think>` that stops there, or after one that turns into something
+            // else.
+            let partial = (1..OPEN.len())
+                .map(|n| fancy_regex::escape(&OPEN[..n]).into_owned())
+                .collect::<Vec<_>>()
+                .join("|");
+            let broken = (0..OPEN.len())
+                .map(|n| {
+                    let next = &OPEN[n..n + 1];
+                    let not = if n == 0 { r"\s<" } else { next };
+                    format!("{}[^{not}]", fancy_regex::escape(&OPEN[..n]))
+                })
+                .collect::<Vec<_>>()
+                .join("|");
+            vec![
+                format!(r"^\s*<think>{body}</think>[\s\S]*?({w})"),
+                format!(r"^\s*({w})"),
+                format!(r"^\s*(?:{partial})({w})"),
+                format!(r"^\s*(?:{broken})[\s\S]*?({w})"),
+            ]
+        }
+        LazyStart::ReplyStart(re) if opened => vec![format!(r"^{body}</think>\s*({re})")],
+        LazyStart::ReplyStart(re) => vec![
+            format!(r"^\s*<think>{body}</think>\s*({re})"),
+            format!(r"^\s*({re})"),
+        ],
     }
+}
+
+/// A regex (no look-around) of the texts without `</think>`: text without `<`, then runs of
+/// `<` each followed by a start of `/think>` that stops short of it, or turns into another
+/// character that is not `<` (and text without `<`).
+fn without_close() -> String {
+    let rest = &CLOSE[1..]; // "/think>"
+    let last = rest.len() - 1;
+    // What may follow `<` and `rest[..j]`, from j = last (only not `>`) down to 0.
+    let mut level = format!("(?:[^{}<][^<]*)?", &rest[last..]);
+    for j in (0..last).rev() {
+        let c = &rest[j..j + 1];
+        level = format!("(?:[^{c}<][^<]*|{c}{level})?");
+    }
+    format!("[^<]*(?:<+{level})*")
 }
 
 use super::LazyStart;
@@ -192,51 +235,127 @@ use super::LazyStart;
 mod trigger_tests {
     use super::*;
 
+    /// Where the patterns put the grammar's start: the first pattern that matches, at its
+    /// capture group.
+    fn at(patterns: &[String], text: &str) -> Option<usize> {
+        at_compiled(&compiled(patterns), text)
+    }
+
+    fn compiled(patterns: &[String]) -> Vec<fancy_regex::Regex> {
+        patterns
+            .iter()
+            .map(|p| fancy_regex::Regex::new(p).unwrap())
+            .collect()
+    }
+
+    fn at_compiled(patterns: &[fancy_regex::Regex], text: &str) -> Option<usize> {
+        patterns.iter().find_map(|re| {
+            re.captures(text)
+                .unwrap()
+                .map(|c| c.get(1).unwrap().start())
+        })
+    }
+
+    /// The same, read as `split` reads the block: the reply after the first `</think>` (or the
+    /// whole text, when it does not start with a block; undecided while it may still become
+    /// one), then the word anywhere in it or the regex at its start.
+    fn reference(start: LazyStart, opened: bool, text: &str) -> Option<usize> {
+        let lead = text.len() - text.trim_start().len();
+        let reply = if opened || text[lead..].starts_with(OPEN) {
+            text.find(CLOSE)? + CLOSE.len()
+        } else if OPEN.starts_with(&text[lead..]) {
+            return None;
+        } else {
+            0
+        };
+        match start {
+            LazyStart::Word(w) => text[reply..].find(w).map(|i| reply + i),
+            LazyStart::ReplyStart(re) => {
+                let gap = text[reply..].len() - text[reply..].trim_start().len();
+                let re = fancy_regex::Regex::new(&format!("^(?:{re})")).unwrap();
+                re.is_match(&text[reply + gap..])
+                    .unwrap()
+                    .then_some(reply + gap)
+            }
+        }
+    }
+
+    #[test]
+    fn the_text_without_a_close_is_exact() {
+        let re = fancy_regex::Regex::new(&format!("^(?:{})$", without_close())).unwrap();
+        let mut rng = super::super::test_util::Rng(0x5EED_7417);
+        let pieces = [
+            "<", "/", "t", "h", "i", "n", "k", ">", "x", "</think>", "</thin", "<<",
+        ];
+        for _ in 0..20_000 {
+            let n = rng.below(9);
+            let text: String = (0..n).map(|_| pieces[rng.below(pieces.len())]).collect();
+            assert_eq!(
+                re.is_match(&text).unwrap(),
+                !text.contains(CLOSE),
+                "{text:?}"
+            );
+        }
+    }
+
+    /// The patterns agree with `reference` on random texts of the pieces that matter, and
+    /// none has a look-around (the regex crate compiles them).
     #[test]
     fn a_call_trigger_waits_for_the_end_of_the_reasoning() {
-        let word = LazyStart::Word("<tool_call>");
-        let at = |text: &str, opened: bool| -> Option<usize> {
-            let re = fancy_regex::Regex::new(&after_block(word, opened)).unwrap();
-            re.captures(text)
-                .unwrap()
-                .map(|c| c.get(1).unwrap().start())
-        };
-        // Not opened by the prompt.
-        assert_eq!(at("<tool_call>", false), Some(0));
-        assert_eq!(at("Sure. <tool_call>", false), Some(6));
-        assert_eq!(at("<think>use <tool_call>", false), None);
-        assert_eq!(at("<think>use <tool_call></think>", false), None);
+        let mut rng = super::super::test_util::Rng(0x5EED_7418);
+        let pieces = [
+            "<think>",
+            "</think>",
+            "<tool_call>",
+            "<",
+            "<t",
+            "<thi",
+            "<think",
+            "</",
+            "x",
+            " ",
+            "\n",
+            "{",
+            "\"name\"",
+            "</think",
+        ];
+        for start in [
+            LazyStart::Word("<tool_call>"),
+            LazyStart::ReplyStart(r#"\{\s*"name""#),
+        ] {
+            for opened in [false, true] {
+                let patterns = after_block(start, opened);
+                for p in &patterns {
+                    assert!(!p.contains("(?=") && !p.contains("(?!"), "{p}");
+                }
+                let res = compiled(&patterns);
+                for _ in 0..6_000 {
+                    let n = rng.below(8);
+                    let text: String = (0..n).map(|_| pieces[rng.below(pieces.len())]).collect();
+                    assert_eq!(
+                        at_compiled(&res, &text),
+                        reference(start, opened, &text),
+                        "{start:?} opened {opened}: {text:?}"
+                    );
+                }
+            }
+        }
+        // Examples.
+        let word = after_block(LazyStart::Word("<tool_call>"), false);
+        assert_eq!(at(&word, "<tool_call>"), Some(0));
+        assert_eq!(at(&word, "Sure. <tool_call>"), Some(6));
+        assert_eq!(at(&word, "<think>use <tool_call></think>"), None);
         assert_eq!(
-            at("<think>a <tool_call> b</think>\n<tool_call>", false),
+            at(&word, "<think>a <tool_call> b</think>\n<tool_call>"),
             Some(31)
         );
-        assert_eq!(at(" <think>x</think><tool_call>", false), Some(17));
-        assert_eq!(at("<thi", false), None);
-        // Opened by the prompt: only after </think>.
-        assert_eq!(at("<tool_call>", true), None);
-        assert_eq!(at("a <tool_call> b</think> <tool_call>", true), Some(24));
-        assert_eq!(at("</think><tool_call>", true), Some(8));
-        // A call that must open the reply: right after the block and whitespace, or at the
-        // reply's start, never later.
-        let start = LazyStart::ReplyStart(r"\{");
-        let at = |text: &str, opened: bool| -> Option<usize> {
-            let re = fancy_regex::Regex::new(&after_block(start, opened)).unwrap();
-            re.captures(text)
-                .unwrap()
-                .map(|c| c.get(1).unwrap().start())
-        };
-        assert_eq!(at("{", false), Some(0));
-        assert_eq!(at(" \n{", false), Some(2));
-        assert_eq!(at("Sure: {", false), None);
-        assert_eq!(at("<think>{</think>{", false), Some(16));
-        assert_eq!(at("<think>{</think> ok {", false), None);
-        assert_eq!(at("{ </think>\n{", true), Some(11));
-        assert_eq!(at("{", true), None);
-        // The block ends at its first `</think>` (as `split` reads it): a call must follow
-        // that one.
-        assert_eq!(at("<think>a</think> b </think>{", false), None);
-        assert_eq!(at("a</think> b </think>{", true), None);
-        assert_eq!(at("a</think>\n{ </think>{", true), Some(10));
+        assert_eq!(at(&word, "<t<tool_call>"), Some(2));
+        let opened = after_block(LazyStart::Word("<tool_call>"), true);
+        assert_eq!(at(&opened, "a <tool_call> b</think> <tool_call>"), Some(24));
+        let json = after_block(LazyStart::ReplyStart(r"\{"), false);
+        assert_eq!(at(&json, " \n{"), Some(2));
+        assert_eq!(at(&json, "Sure: {"), None);
+        assert_eq!(at(&json, "<think>a</think> b </think>{"), None);
     }
 }
 
@@ -244,22 +363,35 @@ mod trigger_tests {
 /// block first: when the prompt opened it, its text and `</think>`; otherwise an optional
 /// `<think>` block. The calls' own rules are unchanged (`root` becomes `think-calls`).
 pub fn block_first(gbnf: &str, opened: bool) -> String {
+    // A prefix no rule of the grammar has (a user's schema may name its definitions anything).
+    let taken = super::rule_names(gbnf);
+    let p = (1..)
+        .map(|i| match i {
+            1 => "think".to_string(),
+            i => format!("think{i}"),
+        })
+        .find(|p| {
+            !taken
+                .iter()
+                .any(|r| r == p || r.starts_with(&format!("{p}-")))
+        })
+        .expect("a free prefix");
     let calls = gbnf
         .lines()
         .map(|l| match l.strip_prefix("root ::=") {
-            Some(rest) => format!("think-calls ::={rest}"),
+            Some(rest) => format!("{p}-calls ::={rest}"),
             None => l.to_string(),
         })
         .collect::<Vec<_>>()
         .join("\n");
     let block = if opened {
-        "think-text \"</think>\" think-ws".to_string()
+        format!("{p}-text \"</think>\" {p}-ws")
     } else {
-        "( [ \\t\\n]{0,4} \"<think>\" think-text \"</think>\" think-ws )?".to_string()
+        format!("( [ \\t\\n]{{0,4}} \"<think>\" {p}-text \"</think>\" {p}-ws )?")
     };
     format!(
-        "root ::= {block} think-calls\nthink-ws ::= [ \\t\\n]{{0,4}}\n{}{calls}\n",
-        super::xml_args::text_without("think-text", &[CLOSE])
+        "root ::= {block} {p}-calls\n{p}-ws ::= [ \\t\\n]{{0,4}}\n{}{calls}\n",
+        super::xml_args::text_without(&format!("{p}-text"), &[CLOSE])
     )
 }
 
@@ -294,5 +426,12 @@ mod grammar_tests {
         ] {
             assert_eq!(opened.accepts_str(text), ok, "{text:?}");
         }
+        // A grammar whose rules have the names the block would take keeps its own.
+        let taken = "root ::= think-calls think-ws think-text\nthink-calls ::= \"a\"\n\
+                     think-ws ::= \"b\"\nthink-text ::= \"c\"\n";
+        let g = block_first(taken, true);
+        let g = Grammar::parse(&g).unwrap_or_else(|e| panic!("{e:?}\n{g}"));
+        assert!(g.accepts_str("x y</think>\nabc"));
+        assert!(!g.accepts_str("x y</think>\na"));
     }
 }
