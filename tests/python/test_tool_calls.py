@@ -299,6 +299,12 @@ def test_a_response_format_holds_the_reply_that_calls_no_tool(servers):
             content, reasoning, calls, finish = streamed(client, **kw)
             assert (content, finish) == (ch.message.content or "", ch.finish_reason), where
             assert len(calls) == len(ch.message.tool_calls or []), where
+    # /apply-template shows the prompt the request runs on: the generic format describes the
+    # response schema in the system prompt.
+    for body, shown in [({"response_format": rf}, True), ({}, False)]:
+        p = post(servers["generic"], "/apply-template",
+                 {"messages": MESSAGES, "tools": TOOLS, **body}).json()["prompt"]
+        assert ('"maximum": 99' in p or '"maximum":99' in p) == shown, p
     # A raw grammar still cannot be combined with tools.
     r = post(servers["generic"], "/v1/chat/completions",
              {"messages": MESSAGES, "tools": TOOLS, "grammar": 'root ::= "x"'})

@@ -402,8 +402,33 @@ async fn apply_template(
     body: Body,
 ) -> Result<Json<Value>, ApiError> {
     let (m, obj) = sh.request(&headers, body).await?;
-    let (req, _, _) = chat_request(&m, &obj, None)?;
+    // The response format matters to the prompt where the generic tool format describes it.
+    let f = Fields(&obj);
+    let preserved = constrain::preserved_tokens(&f, &m.tokenizer)?;
+    let spec = constrain::read(&f, &m.tokenizer, &preserved)?;
+    let (response, _) = tools_response(spec.as_ref(), &obj)?;
+    let (req, _, _) = chat_request(&m, &obj, response.as_ref())?;
     Ok(Json(json!({ "prompt": m.template.render_request(&req)? })))
+}
+
+/// The JSON schema of the reply that calls no tool, when a request gives tools and a JSON
+/// response format (`response_format` or `json_schema`), and the field it came from.
+fn tools_response(
+    spec: Option<&constrain::Spec>,
+    obj: &Map<String, Value>,
+) -> Result<(Option<Value>, Option<constrain::Source>), ApiError> {
+    match spec {
+        Some(constrain::Spec {
+            kind: constrain::SpecKind::Schema(s, source),
+            lazy: None,
+            ..
+        }) if obj.get("tools").is_some_and(|t| !t.is_null()) => {
+            // Checked here, so that an error names the response format's field.
+            constrain::schema_grammar(s, *source)?;
+            Ok((Some(constrain::any_object_if_empty(s)), Some(*source)))
+        }
+        _ => Ok((None, None)),
+    }
 }
 
 /// The `arguments` of the assistant messages' tool calls: a JSON string (OpenAI's) or an
@@ -555,18 +580,7 @@ async fn generate(
     let prompt = if chat {
         // A JSON response format beside tools holds the reply that calls no tool (the calls
         // have their own grammar); a raw or lazy grammar cannot be combined with them.
-        let (response, response_source) = match &spec {
-            Some(constrain::Spec {
-                kind: constrain::SpecKind::Schema(s, source),
-                lazy: None,
-                ..
-            }) if obj.get("tools").is_some_and(|t| !t.is_null()) => {
-                // Checked here, so that an error names the response format's field.
-                constrain::schema_grammar(s, *source)?;
-                (Some(constrain::any_object_if_empty(s)), Some(*source))
-            }
-            _ => (None, None),
-        };
+        let (response, response_source) = tools_response(spec.as_ref(), &obj)?;
         if let (Some(_), Format::Atem, Some(source)) = (&response, m.chat_format, response_source) {
             let t = tools::parse_tools(&obj)?;
             if t.is_some_and(|t| t.choice == tools::ToolChoice::Auto) {
