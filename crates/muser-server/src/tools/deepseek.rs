@@ -519,9 +519,7 @@ mod tests {
         ] {
             for (flavor, _) in FLAVORS {
                 let p = parse_partial(t, Some(&r), flavor);
-                assert_eq!(p.content, c, "{t:?}");
-                assert!(p.tool_calls.is_empty());
-                assert_eq!(p.reasoning, None);
+                check_parsed(&p, c, &[], t);
             }
         }
     }

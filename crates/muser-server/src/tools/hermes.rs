@@ -312,9 +312,7 @@ mod tests {
             ("", ""),
         ] {
             let p = Format::Hermes.parse_partial(t, Some(&r));
-            assert_eq!(p.content, c, "{t:?}");
-            assert!(p.tool_calls.is_empty());
-            assert_eq!(p.reasoning, None);
+            check_parsed(&p, c, &[], t);
         }
     }
 

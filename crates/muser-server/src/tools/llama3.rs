@@ -401,9 +401,7 @@ mod tests {
             ("Hi\n\n", "Hi"),
         ] {
             let p = Format::Llama3.parse_partial(t, Some(&r));
-            assert_eq!(p.content, c, "{t:?}");
-            assert!(p.tool_calls.is_empty());
-            assert_eq!(p.reasoning, None);
+            check_parsed(&p, c, &[], t);
         }
     }
 

@@ -577,8 +577,7 @@ mod tests {
             ("", ""),
         ] {
             let p = Format::QwenXml.parse_partial(t, Some(&r));
-            assert_eq!(p.content, c, "{t:?}");
-            assert!(p.tool_calls.is_empty());
+            check_parsed(&p, c, &[], t);
         }
     }
 
