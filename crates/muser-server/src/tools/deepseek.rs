@@ -178,7 +178,7 @@ pub(super) fn parse(text: &str, req: Option<&ToolRequest>, flavor: Flavor) -> Pa
 /// Content up to the first block opening, less a tail that may be the start of one, and less
 /// trailing whitespace (which `parse` trims when a block follows it).
 pub(super) fn parse_partial(text: &str, req: Option<&ToolRequest>, _flavor: Flavor) -> Parsed {
-    parse_blocks_partial(text, req, OPENINGS)
+    parse_blocks_partial(text, req, OPENINGS, |_| super::BlockStep::Open(Vec::new()))
 }
 
 #[cfg(test)]

@@ -6,10 +6,11 @@ use std::collections::HashSet;
 
 use serde_json::{json, Value};
 
+use super::partial::{self, Json};
 use super::{
-    allowed_tools, call_schema, check_tools_convert, fresh_rule, json_prefix, parse_blocks,
-    parse_blocks_partial, read_call, rename_rule, rule_names, LazyStart, Parsed, Plan, ToolCall,
-    ToolRequest, WS_BODY,
+    allowed_tools, begun_call, call_schema, check_tools_convert, fresh_rule, json_prefix,
+    parse_blocks, parse_blocks_partial, read_call, rename_rule, rule_names, BlockStep, LazyStart,
+    Parsed, Plan, ToolCall, ToolRequest, WS_BODY,
 };
 
 const OPEN: &str = "<tool_call>";
@@ -75,10 +76,39 @@ pub(super) fn parse(text: &str, req: Option<&ToolRequest>) -> Parsed {
     })
 }
 
+/// How far streaming has read the call block whose `<tool_call>` ends right before `rest`.
+fn read_block_partial(rest: &str) -> BlockStep {
+    let r = partial::read(rest);
+    let Some(call) = begun_call(&r.json, "arguments") else {
+        return if r.broken {
+            BlockStep::Broken(Vec::new())
+        } else {
+            BlockStep::Open(Vec::new())
+        };
+    };
+    match r.json {
+        Json::Whole(_, end) => {
+            let after_ws = rest[end..].trim_start();
+            if after_ws.starts_with(CLOSE) {
+                match read_block(rest) {
+                    Some((call, used)) => BlockStep::Whole(vec![call], used),
+                    None => BlockStep::Broken(vec![call]),
+                }
+            } else if CLOSE.starts_with(after_ws) {
+                BlockStep::Open(vec![call])
+            } else {
+                BlockStep::Broken(vec![call])
+            }
+        }
+        Json::Open(_) if r.broken => BlockStep::Broken(vec![call]),
+        Json::Open(_) => BlockStep::Open(vec![call]),
+    }
+}
+
 /// Content up to the first `<tool_call>`, less a tail that may be the start of one, and less
-/// trailing whitespace (which `parse` trims when a call follows it).
+/// trailing whitespace (which `parse` trims when a call follows it); the calls begun.
 pub(super) fn parse_partial(text: &str, req: Option<&ToolRequest>) -> Parsed {
-    parse_blocks_partial(text, req, &[OPEN])
+    parse_blocks_partial(text, req, &[OPEN], read_block_partial)
 }
 
 #[cfg(test)]
@@ -127,6 +157,7 @@ mod tests {
                     assert_call(c, &t.name, a, None);
                 }
                 check_text_around(Format::Hermes, &r, &g, &text, calls.len());
+                check_stream_calls(Format::Hermes, &text, &r);
             }
             // no block, or a single block when parallel is off
             assert!(!g.accepts_str(""));
@@ -313,6 +344,29 @@ mod tests {
         ] {
             let p = Format::Hermes.parse_partial(t, Some(&r));
             check_parsed(&p, c, &[], t);
+        }
+        // calls streamed as they are written: the name once whole, the arguments so far
+        let open = "Hi <tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": [1, \"P\\u00e9";
+        for (t, calls) in [
+            ("Hi <tool_call>\n{\"name\": \"f", vec![]),
+            (
+                "Hi <tool_call>\n{\"name\": \"f\"",
+                vec![super::super::test_util::call("f", "")],
+            ),
+            (
+                open,
+                vec![super::super::test_util::call("f", "{\"a\":[1,\"Pé")],
+            ),
+            (
+                &format!("{open}\"]}}}}\n</tool_call>\n<tool_call>{{\"name\": \"f\""),
+                vec![
+                    super::super::test_util::call("f", "{\"a\":[1,\"Pé\"]}"),
+                    super::super::test_util::call("f", ""),
+                ],
+            ),
+        ] {
+            let p = Format::Hermes.parse_partial(t, Some(&r));
+            check_parsed(&p, "Hi", &calls, t);
         }
     }
 

@@ -189,7 +189,7 @@ pub(super) fn parse(text: &str, req: Option<&ToolRequest>, flavor: Flavor) -> Pa
 /// Content up to the first `[TOOL_CALLS]`, less a tail that may be the start of one, and less
 /// trailing whitespace (which `parse` trims when a call follows it).
 pub(super) fn parse_partial(text: &str, req: Option<&ToolRequest>, _flavor: Flavor) -> Parsed {
-    parse_blocks_partial(text, req, &[OPEN])
+    parse_blocks_partial(text, req, &[OPEN], |_| super::BlockStep::Open(Vec::new()))
 }
 
 #[cfg(test)]

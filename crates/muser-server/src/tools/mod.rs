@@ -23,6 +23,7 @@ mod generic;
 mod hermes;
 mod llama3;
 mod mistral;
+mod partial;
 mod qwen_xml;
 pub mod think;
 mod xml_args;
@@ -339,8 +340,10 @@ impl Format {
     }
 
     /// What streaming may already send of an unfinished output: `content` and `reasoning` that
-    /// are prefixes of what `parse` gives for every continuation of `text` (tool_calls empty:
-    /// calls are sent once the output is finished).
+    /// are prefixes of what `parse` gives for every continuation of `text`, and the calls begun
+    /// so far: each with the name and id `parse_final` gives it, its arguments a prefix of
+    /// `parse_final`'s. What it gives never shrinks as `text` grows (calls are never taken
+    /// back: `parse_final` keeps them where `parse` would not).
     pub fn parse_partial(self, text: &str, req: Option<&ToolRequest>) -> Parsed {
         match self {
             Format::Atem => atem::parse_partial(text, req),
@@ -355,6 +358,13 @@ impl Format {
             Format::DeepSeekR1 => deepseek::parse_partial(text, req, deepseek::Flavor::R1),
             Format::DeepSeekV31 => deepseek::parse_partial(text, req, deepseek::Flavor::V31),
         }
+    }
+}
+
+impl Format {
+    /// A finished output's reading (`Parsed::settle` of `parse` and `parse_partial`).
+    pub fn parse_final(self, text: &str, req: Option<&ToolRequest>) -> Parsed {
+        Parsed::settle(self.parse(text, req), self.parse_partial(text, req))
     }
 }
 
@@ -986,10 +996,31 @@ fn parse_blocks(
     }
 }
 
+/// How far streaming has read a call block of a format `parse_blocks` reads.
+pub(super) enum BlockStep {
+    /// The block is whole: what `parse_blocks`'s reader gives for it (its calls and the length
+    /// of the text it spans).
+    Whole(Vec<ToolCall>, usize),
+    /// The text ends inside the block: the calls begun in it, the last one's arguments as far
+    /// as they are known (`partial::Json::stable_object`).
+    Open(Vec<ToolCall>),
+    /// The block stopped being well formed: the calls begun in it before that; nothing after
+    /// it is read.
+    Broken(Vec<ToolCall>),
+}
+
 /// What streaming may send of an output `parse_blocks` reads: the content up to the first of
 /// `openings`, less a tail that may be the start of one, and less trailing whitespace (which
-/// `parse_blocks` trims when a block follows it).
-fn parse_blocks_partial(text: &str, req: Option<&ToolRequest>, openings: &[&str]) -> Parsed {
+/// `parse_blocks` trims when a block follows it); and the calls begun so far, block by block
+/// (`read` takes the text right after an opening). A block calling a tool not offered is
+/// passed over once whole, as `parse_blocks` leaves it in the content, and ends the reading
+/// while it is open.
+fn parse_blocks_partial(
+    text: &str,
+    req: Option<&ToolRequest>,
+    openings: &[&str],
+    mut read: impl FnMut(&str) -> BlockStep,
+) -> Parsed {
     if !calls_wanted(req) {
         return verbatim(text);
     }
@@ -1006,9 +1037,72 @@ fn parse_blocks_partial(text: &str, req: Option<&ToolRequest>, openings: &[&str]
             text.len() - held
         }
     };
+    let mut tool_calls = Vec::new();
+    let mut rest = text;
+    while let Some((i, open)) = find_opening(rest, openings) {
+        let after = &rest[i + open.len()..];
+        let all_offered = |calls: &[ToolCall]| calls.iter().all(|c| offered(req, &c.name));
+        match read(after) {
+            BlockStep::Whole(calls, used) => {
+                if all_offered(&calls) {
+                    tool_calls.extend(calls);
+                }
+                rest = &after[used..];
+            }
+            BlockStep::Open(calls) | BlockStep::Broken(calls) => {
+                tool_calls.extend(calls.into_iter().take_while(|c| offered(req, &c.name)));
+                break;
+            }
+        }
+    }
     Parsed {
         content: text[..cut].trim_end().to_string(),
-        ..Parsed::default()
+        reasoning: None,
+        tool_calls,
+    }
+}
+
+/// The call a JSON object begun so far makes, once its `name` is whole: its arguments (the
+/// member `args_key`) as far as they are known.
+fn begun_call(call: &partial::Json, args_key: &str) -> Option<ToolCall> {
+    let name = call.get("name")?.whole_str()?.to_string();
+    let arguments = call
+        .get(args_key)
+        .map(|a| a.stable_object())
+        .unwrap_or_default();
+    Some(ToolCall {
+        id: None,
+        name,
+        arguments,
+    })
+}
+
+impl Parsed {
+    /// Whether this reading of a finished output goes on from `begun`, what streaming read of
+    /// it: the calls `begun` has, in order, with the same names and ids, each one's arguments
+    /// starting with what was streamed.
+    pub fn continues(&self, begun: &Parsed) -> bool {
+        begun.tool_calls.len() <= self.tool_calls.len()
+            && begun.tool_calls.iter().zip(&self.tool_calls).all(|(b, f)| {
+                b.name == f.name && b.id == f.id && f.arguments.starts_with(&b.arguments)
+            })
+    }
+
+    /// The reading an answer gets, from `parse`'s (`full`) and streaming's (`part`) readings of
+    /// the whole output: `full` when it goes on from `part`; else (the output ended, or broke,
+    /// inside a call: `max_tokens`, a stop string, no grammar) the calls as streaming read
+    /// them, with streaming's content and `full`'s reasoning, so that a streamed answer and the
+    /// same answer whole always agree.
+    pub fn settle(full: Parsed, part: Parsed) -> Parsed {
+        if full.continues(&part) {
+            full
+        } else {
+            Parsed {
+                content: part.content,
+                reasoning: full.reasoning,
+                tool_calls: part.tool_calls,
+            }
+        }
     }
 }
 
@@ -1283,34 +1377,62 @@ mod test_util {
         assert_eq!(format.plan(&none).unwrap(), None);
     }
 
-    /// Checks streaming `text` in `format` (without reasoning): for every prefix of it, what
-    /// `parse_partial` gives is a prefix of what `parse` gives for the whole text, is never
-    /// taken back, and has no calls and no reasoning. Returns what `parse` gives and the
-    /// number of prefixes checked.
+    /// Checks streaming `text` in `format` (without reasoning): for every prefix of it, the
+    /// content `parse_partial` gives is a prefix of what `parse` gives for the whole text and is
+    /// never taken back, its calls never shrink (the same names and ids, the arguments only
+    /// growing) and `parse_final` goes on from them, and there is no reasoning. Returns what
+    /// `parse` gives and the number of prefixes checked.
     pub fn check_partial_prefixes(
         format: Format,
         text: &str,
         req: Option<&ToolRequest>,
     ) -> (Parsed, usize) {
         let full = format.parse(text, req);
+        let fin = format.parse_final(text, req);
         assert_eq!(full.reasoning, None);
-        let mut sent = String::new();
+        let mut sent = Parsed::default();
         let mut checked = 0;
         for p in prefixes(text) {
             let part = format.parse_partial(p, req);
-            assert!(part.content.starts_with(&sent), "{text:?} / {p:?}");
-            sent.clone_from(&part.content);
+            assert!(part.content.starts_with(&sent.content), "{text:?} / {p:?}");
             assert!(
                 full.content.starts_with(&part.content),
                 "{format:?} text {text:?}, prefix {p:?}: {:?} is not a prefix of {:?}",
                 part.content,
                 full.content
             );
-            assert!(part.tool_calls.is_empty());
+            assert!(
+                part.continues(&sent),
+                "{format:?} text {text:?}, prefix {p:?}: {:?} after {:?}",
+                part.tool_calls,
+                sent.tool_calls
+            );
+            assert!(
+                fin.continues(&part),
+                "{format:?} text {text:?}, prefix {p:?}: final {:?}, streamed {:?}",
+                fin.tool_calls,
+                part.tool_calls
+            );
             assert_eq!(part.reasoning, None);
+            sent = part;
             checked += 1;
         }
         (full, checked)
+    }
+
+    /// Checks streaming a well-formed output (one the format's grammar takes): every prefix's
+    /// calls are continued by `parse`'s own reading of the whole text (so `parse_final` is
+    /// `parse`), and the calls are all begun by the end.
+    pub fn check_stream_calls(format: Format, text: &str, req: &ToolRequest) {
+        let (full, _) = check_partial_prefixes(format, text, Some(req));
+        assert_eq!(format.parse_final(text, Some(req)), full, "{text:?}");
+        let end = format.parse_partial(text, Some(req));
+        assert_eq!(
+            end.tool_calls.len(),
+            full.tool_calls.len(),
+            "{format:?} {text:?}: {:?}",
+            end.tool_calls
+        );
     }
 
     /// `get_weather` (an enum, a string, an integer and an object of a boolean and an array)

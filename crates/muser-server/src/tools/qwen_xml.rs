@@ -203,7 +203,7 @@ pub(super) fn parse(text: &str, req: Option<&ToolRequest>) -> Parsed {
 /// As Hermes's, whose calls start with `<tool_call>` too: the content up to the first
 /// `<tool_call>`, less a tail that may start one, less trailing whitespace.
 pub(super) fn parse_partial(text: &str, req: Option<&ToolRequest>) -> Parsed {
-    parse_blocks_partial(text, req, &[OPEN])
+    parse_blocks_partial(text, req, &[OPEN], |_| super::BlockStep::Open(Vec::new()))
 }
 
 #[cfg(test)]

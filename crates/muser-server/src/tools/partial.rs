@@ -1,0 +1,480 @@
+//! JSON read as far as it has been written, for streaming a tool call's arguments while the
+//! model writes them.
+//!
+//! A call's final arguments are the compact JSON of the value the model wrote (`call_of`).
+//! `Json::stable` gives, for text that ends inside that value, the longest text that begins
+//! the final arguments whatever the model writes next: strings as far as their characters are
+//! known (an escape is held until it is whole), numbers and literals only once they end, and
+//! an object's key once it is whole and not a repeat (a repeated key replaces the earlier
+//! member in the final value, so nothing after it is promised). Every whole value is read by
+//! serde_json itself from its own text, so it is exactly the value `parse` reads.
+
+use serde_json::Value;
+
+/// Deeper nesting is not read (serde_json refuses past 128 levels too).
+const MAX_DEPTH: usize = 128;
+
+/// A JSON value read from the start of a text.
+#[derive(Clone, Debug, PartialEq)]
+pub(super) enum Json {
+    /// A whole value, and the offset in the text where it ends.
+    Whole(Value, usize),
+    /// The text ends (or stops being JSON) inside the value: what it holds so far.
+    Open(Open),
+}
+
+/// An unfinished JSON value.
+#[derive(Clone, Debug, PartialEq)]
+pub(super) enum Open {
+    /// Nothing but whitespace yet, or an unfinished number or literal.
+    Pending,
+    /// A string and its characters so far.
+    Str(String),
+    /// An object and its members so far, each with its whole key (a member whose key or colon
+    /// is unfinished is not listed); only the last member's value may be open.
+    Obj(Vec<(String, Json)>),
+    /// An array and its items so far; only the last may be open.
+    Arr(Vec<Json>),
+}
+
+/// What `read` found at the start of a text.
+#[derive(Clone, Debug, PartialEq)]
+pub(super) struct Read {
+    pub json: Json,
+    /// The text stops being JSON where the value is open (nothing more will be read of it).
+    pub broken: bool,
+}
+
+/// Reads the JSON value at the start of `s` (after whitespace). A text that is not JSON reads
+/// as far as it is: the value open where it breaks, `broken` set.
+pub(super) fn read(s: &str) -> Read {
+    let mut r = Reader {
+        s,
+        b: s.as_bytes(),
+        broken: false,
+    };
+    let json = r.value(0, 0);
+    Read {
+        json,
+        broken: r.broken,
+    }
+}
+
+struct Reader<'s> {
+    s: &'s str,
+    b: &'s [u8],
+    broken: bool,
+}
+
+impl Reader<'_> {
+    fn ws(&self, mut i: usize) -> usize {
+        while i < self.b.len() && matches!(self.b[i], b' ' | b'\t' | b'\n' | b'\r') {
+            i += 1;
+        }
+        i
+    }
+
+    /// The text stops being JSON: the value is open where it is.
+    fn bad(&mut self, open: Open) -> Json {
+        self.broken = true;
+        Json::Open(open)
+    }
+
+    /// The whole value spanning `s[start..end]`, read by serde_json.
+    fn whole(&mut self, start: usize, end: usize, open: impl FnOnce() -> Open) -> Json {
+        match serde_json::from_str::<Value>(&self.s[start..end]) {
+            Ok(v) => Json::Whole(v, end),
+            Err(_) => {
+                let o = open();
+                self.bad(o)
+            }
+        }
+    }
+
+    fn value(&mut self, at: usize, depth: usize) -> Json {
+        let i = self.ws(at);
+        if i == self.b.len() {
+            return Json::Open(Open::Pending);
+        }
+        if depth >= MAX_DEPTH {
+            return self.bad(Open::Pending);
+        }
+        match self.b[i] {
+            b'"' => self.string(i),
+            b'{' => self.object(i, depth),
+            b'[' => self.array(i, depth),
+            b'-' | b'0'..=b'9' => self.number(i),
+            b't' | b'f' | b'n' => self.literal(i),
+            _ => self.bad(Open::Pending),
+        }
+    }
+
+    /// The characters of the unfinished string `s[start..end]` (opening quote included).
+    fn chars(&self, start: usize, end: usize) -> Option<String> {
+        serde_json::from_str::<String>(&format!("{}\"", &self.s[start..end])).ok()
+    }
+
+    fn open_string(&mut self, start: usize, end: usize, broken: bool) -> Json {
+        let open = match self.chars(start, end) {
+            Some(t) => Open::Str(t),
+            None => return self.bad(Open::Pending),
+        };
+        if broken {
+            self.bad(open)
+        } else {
+            Json::Open(open)
+        }
+    }
+
+    fn string(&mut self, start: usize) -> Json {
+        let b = self.b;
+        let hex4 = |at: usize| b[at..at + 4].iter().all(u8::is_ascii_hexdigit);
+        let mut j = start + 1;
+        while j < b.len() {
+            match b[j] {
+                b'"' => {
+                    let end = j + 1;
+                    return self.whole(start, end, || Open::Pending);
+                }
+                b'\\' => {
+                    let Some(&e) = b.get(j + 1) else {
+                        return self.open_string(start, j, false);
+                    };
+                    match e {
+                        b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => j += 2,
+                        b'u' => {
+                            if j + 6 > b.len() {
+                                return self.open_string(start, j, false);
+                            }
+                            if !hex4(j + 2) {
+                                return self.open_string(start, j, true);
+                            }
+                            let unit = u16::from_str_radix(&self.s[j + 2..j + 6], 16).unwrap_or(0);
+                            if (0xD800..0xDC00).contains(&unit) {
+                                // a leading surrogate: held until its trailing half is read
+                                if j + 12 > b.len() {
+                                    // what is written of the trailing half must begin `\\uXXXX`
+                                    let written = &b[j + 6..];
+                                    let fits = written.iter().zip(b"\\u").all(|(a, b)| a == b)
+                                        && written.iter().skip(2).all(u8::is_ascii_hexdigit);
+                                    return self.open_string(start, j, !fits);
+                                }
+                                if !(b[j + 6] == b'\\' && b[j + 7] == b'u' && hex4(j + 8)) {
+                                    return self.open_string(start, j, true);
+                                }
+                                let low =
+                                    u16::from_str_radix(&self.s[j + 8..j + 12], 16).unwrap_or(0);
+                                if !(0xDC00..0xE000).contains(&low) {
+                                    return self.open_string(start, j, true);
+                                }
+                                j += 12;
+                            } else if (0xDC00..0xE000).contains(&unit) {
+                                return self.open_string(start, j, true);
+                            } else {
+                                j += 6;
+                            }
+                        }
+                        _ => return self.open_string(start, j, true),
+                    }
+                }
+                c if c < 0x20 => return self.open_string(start, j, true),
+                _ => j += 1,
+            }
+        }
+        self.open_string(start, j, false)
+    }
+
+    fn number(&mut self, start: usize) -> Json {
+        let b = self.b;
+        let mut j = start;
+        while j < b.len() && matches!(b[j], b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9') {
+            j += 1;
+        }
+        if j == b.len() {
+            return Json::Open(Open::Pending);
+        }
+        self.whole(start, j, || Open::Pending)
+    }
+
+    fn literal(&mut self, start: usize) -> Json {
+        let rest = &self.b[start..];
+        for lit in [&b"true"[..], b"false", b"null"] {
+            if rest.starts_with(lit) {
+                return self.whole(start, start + lit.len(), || Open::Pending);
+            }
+            if lit.starts_with(rest) {
+                return Json::Open(Open::Pending);
+            }
+        }
+        self.bad(Open::Pending)
+    }
+
+    fn object(&mut self, start: usize, depth: usize) -> Json {
+        let mut members: Vec<(String, Json)> = Vec::new();
+        let mut j = self.ws(start + 1);
+        if j < self.b.len() && self.b[j] == b'}' {
+            return self.whole(start, j + 1, || Open::Obj(Vec::new()));
+        }
+        loop {
+            if j == self.b.len() {
+                return Json::Open(Open::Obj(members));
+            }
+            if self.b[j] != b'"' {
+                return self.bad(Open::Obj(members));
+            }
+            let key = match self.string(j) {
+                Json::Whole(Value::String(k), e) => {
+                    j = e;
+                    k
+                }
+                _ => {
+                    // the key unfinished (or broken): the member is not listed yet
+                    return Json::Open(Open::Obj(members));
+                }
+            };
+            j = self.ws(j);
+            if j == self.b.len() {
+                return Json::Open(Open::Obj(members));
+            }
+            if self.b[j] != b':' {
+                return self.bad(Open::Obj(members));
+            }
+            match self.value(j + 1, depth + 1) {
+                Json::Whole(v, e) => {
+                    members.push((key, Json::Whole(v, e)));
+                    j = self.ws(e);
+                }
+                open => {
+                    members.push((key, open));
+                    return Json::Open(Open::Obj(members));
+                }
+            }
+            if j == self.b.len() {
+                return Json::Open(Open::Obj(members));
+            }
+            match self.b[j] {
+                b',' => j = self.ws(j + 1),
+                b'}' => return self.whole(start, j + 1, || Open::Obj(members)),
+                _ => return self.bad(Open::Obj(members)),
+            }
+        }
+    }
+
+    fn array(&mut self, start: usize, depth: usize) -> Json {
+        let mut items = Vec::new();
+        let mut j = self.ws(start + 1);
+        if j < self.b.len() && self.b[j] == b']' {
+            return self.whole(start, j + 1, || Open::Arr(Vec::new()));
+        }
+        loop {
+            match self.value(j, depth + 1) {
+                Json::Whole(v, e) => {
+                    items.push(Json::Whole(v, e));
+                    j = self.ws(e);
+                }
+                open => {
+                    items.push(open);
+                    return Json::Open(Open::Arr(items));
+                }
+            }
+            if j == self.b.len() {
+                return Json::Open(Open::Arr(items));
+            }
+            match self.b[j] {
+                b',' => j += 1,
+                b']' => return self.whole(start, j + 1, || Open::Arr(items)),
+                _ => return self.bad(Open::Arr(items)),
+            }
+        }
+    }
+}
+
+impl Json {
+    /// The compact JSON text that begins this value's final compact text whatever follows.
+    pub(super) fn stable(&self) -> String {
+        let mut out = String::new();
+        self.stable_into(&mut out);
+        out
+    }
+
+    fn stable_into(&self, out: &mut String) {
+        match self {
+            Json::Whole(v, _) => out.push_str(&v.to_string()),
+            Json::Open(Open::Pending) => {}
+            Json::Open(Open::Str(t)) => {
+                let q = Value::String(t.clone()).to_string();
+                out.push_str(&q[..q.len() - 1]);
+            }
+            Json::Open(Open::Obj(members)) => {
+                out.push('{');
+                let mut keys = std::collections::HashSet::new();
+                for (i, (k, v)) in members.iter().enumerate() {
+                    if !keys.insert(k.as_str()) {
+                        // a repeat replaces the earlier member: nothing after it is known
+                        return;
+                    }
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    out.push_str(&Value::String(k.clone()).to_string());
+                    out.push(':');
+                    v.stable_into(out);
+                }
+            }
+            Json::Open(Open::Arr(items)) => {
+                out.push('[');
+                for (i, v) in items.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    v.stable_into(out);
+                }
+            }
+        }
+    }
+
+    /// The value of `key` in an object, whole or open (the last of repeated keys, as serde_json
+    /// keeps it).
+    pub(super) fn get(&self, key: &str) -> Option<Json> {
+        match self {
+            Json::Whole(Value::Object(o), end) => o.get(key).map(|v| Json::Whole(v.clone(), *end)),
+            Json::Open(Open::Obj(members)) => members
+                .iter()
+                .rev()
+                .find(|(k, _)| k == key)
+                .map(|(_, v)| v.clone()),
+            _ => None,
+        }
+    }
+
+    /// A string's value once whole.
+    pub(super) fn whole_str(&self) -> Option<&str> {
+        match self {
+            Json::Whole(Value::String(s), _) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// What a call's arguments stream so far: the stable text of an object (whole or open),
+    /// nothing for a value not begun, and nothing for any other value (then `parse` reads no
+    /// call, and what streaming sent stands as the call's arguments).
+    pub(super) fn stable_object(&self) -> String {
+        match self {
+            Json::Whole(Value::Object(_), _) | Json::Open(Open::Obj(_)) => self.stable(),
+            _ => String::new(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_util::{layouts, prefixes, Rng};
+    use super::*;
+    use serde_json::json;
+
+    fn random_value(rng: &mut Rng, depth: usize) -> Value {
+        let strings = [
+            "",
+            "a",
+            "Paris, FR",
+            "é\"\\/\n\t\u{1}",
+            "😀 x",
+            "</tool_call>",
+            "\u{7f}",
+        ];
+        match rng.below(if depth > 3 { 5 } else { 7 }) {
+            0 => json!(strings[rng.below(strings.len())]),
+            1 => json!(rng.below(1000) as i64 - 500),
+            2 => json!((rng.below(100_000) as f64) / 64.0 - 700.5),
+            3 => [json!(true), json!(false), Value::Null][rng.below(3)].clone(),
+            4 => json!(rng.next()),
+            5 => Value::Array(
+                (0..rng.below(4))
+                    .map(|_| random_value(rng, depth + 1))
+                    .collect(),
+            ),
+            _ => {
+                let mut m = serde_json::Map::new();
+                for i in 0..rng.below(4) {
+                    m.insert(
+                        format!("k{i}{}", strings[rng.below(3)]),
+                        random_value(rng, depth + 1),
+                    );
+                }
+                Value::Object(m)
+            }
+        }
+    }
+
+    /// Every prefix of every layout of random values (compact, pretty, Python's spacing and
+    /// \u escapes) reads without breaking, gives a stable text that begins the value's compact
+    /// text and never shrinks, and the whole text reads as the value itself.
+    #[test]
+    fn stable_text_is_a_prefix_of_the_final_one() {
+        let mut rng = Rng(0x5EED_9A27);
+        let mut checked = 0;
+        for _ in 0..400 {
+            let v = random_value(&mut rng, 0);
+            let fin = v.to_string();
+            for text in layouts(&v) {
+                let mut last = String::new();
+                for p in prefixes(&text) {
+                    let r = read(p);
+                    assert!(!r.broken, "{p:?}");
+                    let s = r.json.stable();
+                    assert!(fin.starts_with(&s), "{text:?} at {p:?}: {s:?} vs {fin:?}");
+                    assert!(s.starts_with(&last), "{p:?}: {s:?} after {last:?}");
+                    last = s;
+                    checked += 1;
+                }
+                // (a number at the very end may go on: one space ends it)
+                let r = read(&format!("{text} ")).json;
+                assert_eq!(r, Json::Whole(v.clone(), text.len()), "{text:?}");
+                assert_eq!(r.stable(), fin);
+            }
+        }
+        assert!(checked > 20_000, "{checked}");
+    }
+
+    /// Text that stops being JSON breaks where it stops, keeping what it held before; a
+    /// repeated key stops the stable text; a surrogate pair is held until whole.
+    #[test]
+    fn broken_text_and_repeats() {
+        for (text, stable) in [
+            (r#"{"a": 1 x"#, r#"{"a":1"#),
+            (r#"{"a": [1, 2}"#, r#"{"a":[1,2"#),
+            (r#"{"a": "x\q"#, r#"{"a":"x"#),
+            (r#"{"a": tru "#, r#"{"a":"#),
+            (r#"{"a": 01,"#, r#"{"a":"#),
+            (r#"{"a": "\udc00"#, r#"{"a":""#),
+            ("{\"a\": \"x\u{1}", r#"{"a":"x"#),
+            (r#"{1"#, r#"{"#),
+            (r#"x"#, ""),
+        ] {
+            let r = read(text);
+            assert!(r.broken, "{text}");
+            assert_eq!(r.json.stable(), stable, "{text}");
+        }
+        for (text, stable) in [
+            (r#"{"a": 1, "b": 2, "a": 3"#, r#"{"a":1,"b":2"#),
+            (r#"{"a": "\ud83d"#, r#"{"a":""#),
+            (r#"{"a": "\ud83d\u"#, r#"{"a":""#),
+            (r#"{"a": "\ud83d\ude0"#, r#"{"a":""#),
+            (r#"{"a": "\ud83d\ude00"#, r#"{"a":"😀"#),
+            (r#"{"a": -1.5e"#, r#"{"a":"#),
+            (r#"{"a": -1.5e3,"#, r#"{"a":-1500.0"#),
+            (r#"{"a": nul"#, r#"{"a":"#),
+            (r#"{"a""#, r#"{"#),
+        ] {
+            let r = read(text);
+            assert!(!r.broken, "{text}");
+            assert_eq!(r.json.stable(), stable, "{text}");
+        }
+        let deep = "[".repeat(200);
+        assert!(read(&deep).broken);
+        let r = read(r#"{"a": 1, "b": {"c": [2,"#);
+        assert_eq!(r.json.get("a"), Some(Json::Whole(json!(1), 7)));
+        assert_eq!(r.json.get("b").unwrap().stable_object(), r#"{"c":[2,"#);
+        assert_eq!(r.json.get("x"), None);
+    }
+}
