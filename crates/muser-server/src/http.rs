@@ -12,7 +12,7 @@ use crate::metrics::Metrics;
 use crate::native::{self, NativeReply};
 use crate::scheduler::{Event, Finish, FinishReason, Job, Logprob, Ticket};
 use crate::slots::slots_json;
-use crate::tools::{self, think, Format, Parsed, ToolRequest};
+use crate::tools::{self, think, Format, Parsed, ToolCall, ToolRequest};
 use crate::{ModelInfo, Shared};
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, Request, State};
@@ -759,37 +759,64 @@ impl Output {
         p
     }
 
-    /// OpenAI's `tool_calls` entries for the calls (with their index when streamed). A call
-    /// gets the id its model wrote unless an earlier call of the answer or of the conversation
-    /// has it (a client tells the results apart by id); otherwise one made from the request's
-    /// seed.
-    fn calls(&self, p: &Parsed, indexed: bool) -> Vec<Value> {
-        let mut seen = self.past_ids.clone();
+    /// A finished answer's reading: `parse`'s, unless the output ended or broke inside a call
+    /// (then the calls as streaming read them: `Parsed::settle`), so that a streamed answer and
+    /// the same answer whole agree.
+    fn parse_final(&self, text: &str) -> Parsed {
+        Parsed::settle(self.parse(text), self.parse_partial(text))
+    }
+
+    /// OpenAI's `tool_calls` entries of a whole answer.
+    fn calls(&self, p: &Parsed) -> Vec<Value> {
+        let mut ids = Ids::new(self);
         p.tool_calls
             .iter()
             .enumerate()
             .map(|(i, c)| {
-                let mut id = match &c.id {
-                    Some(id) if !seen.contains(id) => id.clone(),
-                    _ => self.format.call_id(self.call_seed, i),
-                };
-                let mut k = p.tool_calls.len();
-                while seen.contains(&id) {
-                    id = self.format.call_id(self.call_seed, k);
-                    k += 1;
-                }
-                seen.insert(id.clone());
-                let mut v = json!({
-                    "id": id,
+                json!({
+                    "id": ids.next(i, c),
                     "type": "function",
                     "function": {"name": c.name, "arguments": c.arguments},
-                });
-                if indexed {
-                    v["index"] = json!(i);
-                }
-                v
+                })
             })
             .collect()
+    }
+}
+
+/// Hands out the ids of an answer's calls, in order. A call gets the id its model wrote unless
+/// an earlier call of the answer or of the conversation has it (a client tells the results
+/// apart by id); otherwise one made from the request's seed and the call's index, or, when
+/// that one is taken too, from indices no call has. The same calls in the same order get the
+/// same ids, streamed or whole.
+struct Ids {
+    format: Format,
+    seed: u64,
+    seen: std::collections::HashSet<String>,
+    spare: usize,
+}
+
+impl Ids {
+    fn new(o: &Output) -> Ids {
+        Ids {
+            format: o.format,
+            seed: o.call_seed,
+            seen: o.past_ids.clone(),
+            spare: 1 << 16,
+        }
+    }
+
+    /// The id of call `i`.
+    fn next(&mut self, i: usize, c: &ToolCall) -> String {
+        let mut id = match &c.id {
+            Some(id) if !self.seen.contains(id) => id.clone(),
+            _ => self.format.call_id(self.seed, i),
+        };
+        while self.seen.contains(&id) {
+            id = self.format.call_id(self.seed, self.spare);
+            self.spare += 1;
+        }
+        self.seen.insert(id.clone());
+        id
     }
 }
 
@@ -978,7 +1005,7 @@ impl Reply {
             "finish_reason": f.reason.as_str(),
         });
         if let (true, Some(o)) = (self.chat, &self.output) {
-            let p = o.parse(&text);
+            let p = o.parse_final(&text);
             let mut msg = json!({"role": "assistant", "content": p.content});
             if p.content.is_empty() && !p.tool_calls.is_empty() {
                 msg["content"] = Value::Null;
@@ -987,7 +1014,7 @@ impl Reply {
                 msg["reasoning_content"] = json!(r);
             }
             if !p.tool_calls.is_empty() {
-                msg["tool_calls"] = json!(o.calls(&p, false));
+                msg["tool_calls"] = json!(o.calls(&p));
                 // A reply cut by max_tokens or the context still says "length".
                 if f.reason == FinishReason::Stop {
                     choice["finish_reason"] = json!("tool_calls");
@@ -1037,7 +1064,7 @@ async fn collect(reply: Reply, mut rx: UnboundedReceiver<Event>) -> Result<Value
 /// `sent` then becomes. A format's partial reads only grow, so the new text is the tail; a
 /// read that is not an extension of what was sent (which the formats rule out) sends nothing
 /// rather than text twice.
-fn news(sent: &mut Parsed, now: Parsed) -> Map<String, Value> {
+fn news(sent: &mut Parsed, ids: &mut Option<Ids>, now: Parsed) -> Map<String, Value> {
     let mut delta = Map::new();
     let sent_reasoning = sent.reasoning.as_deref().unwrap_or("");
     if let Some(r) = &now.reasoning {
@@ -1053,7 +1080,47 @@ fn news(sent: &mut Parsed, now: Parsed) -> Map<String, Value> {
         delta.insert("content".into(), json!(&now.content[sent.content.len()..]));
         sent.content = now.content;
     }
+    let calls = call_news(&mut sent.tool_calls, ids, now.tool_calls);
+    if !calls.is_empty() {
+        delta.insert("tool_calls".into(), Value::Array(calls));
+    }
     delta
+}
+
+/// OpenAI's streamed `tool_calls` entries that bring the calls `sent` up to `now`: a call new
+/// in `now` with its index, id, type, name and its arguments so far; a call sent before with
+/// the text its arguments gained. A call `now` does not continue is left as it was sent
+/// (streaming's readings never take back, so this does not happen).
+fn call_news(sent: &mut Vec<ToolCall>, ids: &mut Option<Ids>, now: Vec<ToolCall>) -> Vec<Value> {
+    let mut out = Vec::new();
+    for (i, c) in now.into_iter().enumerate() {
+        match sent.get_mut(i) {
+            Some(s) => {
+                if s.name == c.name
+                    && s.id == c.id
+                    && c.arguments.len() > s.arguments.len()
+                    && c.arguments.starts_with(&s.arguments)
+                {
+                    out.push(json!({
+                        "index": i,
+                        "function": {"arguments": &c.arguments[s.arguments.len()..]},
+                    }));
+                    s.arguments = c.arguments;
+                }
+            }
+            None => {
+                let Some(ids) = ids.as_mut() else { break };
+                out.push(json!({
+                    "index": i,
+                    "id": ids.next(i, &c),
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": c.arguments},
+                }));
+                sent.push(c);
+            }
+        }
+    }
+    out
 }
 
 /// Server-sent events: a chunk per token (text and logprobs), a chunk with the finish reason
@@ -1072,15 +1139,18 @@ fn sse_stream(
         /// reasoning has been sent.
         text: String,
         sent: Parsed,
+        /// The ids of the calls sent.
+        ids: Option<Ids>,
     }
     let data = |v: Value| SseEvent::default().data(v.to_string());
     let st = St {
-        reply,
         rx,
         first: true,
         ended: false,
         text: String::new(),
         sent: Parsed::default(),
+        ids: reply.output.as_ref().map(Ids::new),
+        reply,
     };
     stream::unfold(st, move |mut st| async move {
         if st.ended {
@@ -1102,7 +1172,7 @@ fn sse_stream(
                 let lps: Vec<Logprob> = logprob.into_iter().collect();
                 if let Some(o) = &r.output {
                     st.text.push_str(&text);
-                    let delta = news(&mut st.sent, o.parse_partial(&st.text));
+                    let delta = news(&mut st.sent, &mut st.ids, o.parse_partial(&st.text));
                     if !delta.is_empty() || !lps.is_empty() {
                         out.push(data(r.delta_chunk(delta, &lps, offset, None, false)));
                     }
@@ -1113,19 +1183,16 @@ fn sse_stream(
             Some(Event::Done(f)) => {
                 let mut reason = f.reason.as_str();
                 if let Some(o) = &r.output {
-                    // The whole answer read at last: the rest of its text, then its calls.
-                    let p = o.parse(&st.text);
-                    let delta = news(&mut st.sent, p.clone());
+                    // The whole answer read at last: what its content, reasoning and calls
+                    // gained since the last token.
+                    let p = o.parse_final(&st.text);
+                    let has_calls = !p.tool_calls.is_empty();
+                    let delta = news(&mut st.sent, &mut st.ids, p);
                     if !delta.is_empty() {
                         out.push(data(r.delta_chunk(delta, &[], 0, None, false)));
                     }
-                    if !p.tool_calls.is_empty() {
-                        let mut d = Map::new();
-                        d.insert("tool_calls".into(), json!(o.calls(&p, true)));
-                        out.push(data(r.delta_chunk(d, &[], 0, None, false)));
-                        if f.reason == FinishReason::Stop {
-                            reason = "tool_calls";
-                        }
+                    if has_calls && f.reason == FinishReason::Stop {
+                        reason = "tool_calls";
                     }
                 }
                 let mut last = r.chunk(None, &[], 0, Some(reason), false);
@@ -1158,7 +1225,139 @@ fn sse_stream(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tools::ToolCall;
+    use crate::tools::test_util::{layouts, random_calls, random_req, Rng};
+
+    /// What a client rebuilds from a stream's deltas: content, reasoning, and each call's id,
+    /// name and arguments (its entries' texts joined, by index).
+    #[derive(Debug, Default, PartialEq)]
+    struct Rebuilt {
+        content: String,
+        reasoning: String,
+        calls: Vec<(String, String, String)>,
+    }
+
+    impl Rebuilt {
+        fn take(&mut self, delta: &Map<String, Value>) {
+            let text = |k: &str| {
+                delta
+                    .get(k)
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string()
+            };
+            self.content += &text("content");
+            self.reasoning += &text("reasoning_content");
+            for c in delta
+                .get("tool_calls")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
+                let i = c["index"].as_u64().unwrap() as usize;
+                let args = c["function"]["arguments"].as_str().unwrap();
+                if i == self.calls.len() {
+                    let id = c["id"].as_str().unwrap().to_string();
+                    let name = c["function"]["name"].as_str().unwrap().to_string();
+                    assert_eq!(c["type"], "function");
+                    self.calls.push((id, name, args.to_string()));
+                } else {
+                    assert!(c.get("id").is_none() && c["function"].get("name").is_none());
+                    self.calls[i].2 += args;
+                }
+            }
+        }
+
+        /// What a whole answer gives.
+        fn whole(o: &Output, text: &str) -> Rebuilt {
+            let p = o.parse_final(text);
+            let calls = o
+                .calls(&p)
+                .iter()
+                .map(|c| {
+                    let s = |v: &Value| v.as_str().unwrap().to_string();
+                    (
+                        s(&c["id"]),
+                        s(&c["function"]["name"]),
+                        s(&c["function"]["arguments"]),
+                    )
+                })
+                .collect();
+            Rebuilt {
+                content: p.content,
+                reasoning: p.reasoning.unwrap_or_default(),
+                calls,
+            }
+        }
+    }
+
+    /// Streams `text` through `o` in random pieces as `sse_stream` does (a reading after each
+    /// piece, the final reading at the end) and rebuilds what the client gets.
+    fn replay(o: &Output, text: &str, rng: &mut Rng) -> Rebuilt {
+        let mut sent = Parsed::default();
+        let mut ids = Some(Ids::new(o));
+        let mut got = Rebuilt::default();
+        let mut at = 0;
+        while at < text.len() {
+            at = (at + 1 + rng.below(6)).min(text.len());
+            while !text.is_char_boundary(at) {
+                at += 1;
+            }
+            got.take(&news(&mut sent, &mut ids, o.parse_partial(&text[..at])));
+        }
+        got.take(&news(&mut sent, &mut ids, o.parse_final(text)));
+        got
+    }
+
+    /// Random calls of random tools in the Hermes format, with reasoning before them or not,
+    /// whole and cut anywhere (`max_tokens`): the client rebuilds from the stream's deltas
+    /// exactly the answer it would get whole (content, reasoning, ids, names, arguments), and
+    /// the arguments of a whole output's calls are their JSON.
+    #[test]
+    fn streamed_calls_rebuild_the_whole_answer() {
+        let mut rng = Rng(0x5EED_57EA);
+        let mut cut_calls = 0;
+        for round in 0..120 {
+            let r = random_req(&mut rng, round, round % 2 == 0);
+            let think = [None, Some(true), Some(false)][round % 3];
+            let o = Output {
+                format: Format::Hermes,
+                tools: Some(r.clone()),
+                call_seed: rng.next(),
+                think,
+                past_ids: Default::default(),
+            };
+            let calls = random_calls(&mut rng, &r);
+            let mut text = match think {
+                None => String::new(),
+                Some(true) => "Weighing it.\n</think>\n\n".into(),
+                Some(false) => "<think>Weighing it.</think>\n\n".into(),
+            };
+            text += ["", "Let me check.\n"][rng.below(2)];
+            for (t, a) in &calls {
+                let l = layouts(&json!({"name": t.name, "arguments": a}));
+                text += &format!("<tool_call>\n{}\n</tool_call>\n", l[rng.below(l.len())]);
+            }
+            let whole = Rebuilt::whole(&o, &text);
+            assert_eq!(whole.calls.len(), calls.len(), "{text}");
+            for ((_, name, args), (t, a)) in whole.calls.iter().zip(&calls) {
+                assert_eq!(name, &t.name);
+                assert_eq!(&serde_json::from_str::<Value>(args).unwrap(), a);
+            }
+            assert_eq!(replay(&o, &text, &mut rng), whole, "{text}");
+            // cut anywhere
+            for _ in 0..8 {
+                let mut cut = rng.below(text.len() + 1);
+                while !text.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                let part = &text[..cut];
+                let whole = Rebuilt::whole(&o, part);
+                cut_calls += whole.calls.len();
+                assert_eq!(replay(&o, part, &mut rng), whole, "{part}");
+            }
+        }
+        assert!(cut_calls > 100, "{cut_calls}");
+    }
 
     /// Every call of an answer gets an id no other call of the answer or of the conversation
     /// has; the model's own id is kept where it is new, and ids have the format's shape.
@@ -1193,7 +1392,7 @@ mod tests {
                     ..Parsed::default()
                 };
                 let ids: Vec<String> = o
-                    .calls(&p, false)
+                    .calls(&p)
                     .iter()
                     .map(|c| c["id"].as_str().unwrap().to_string())
                     .collect();

@@ -1182,7 +1182,7 @@ fn fresh_rule(taken: &mut std::collections::HashSet<String>, base: &str) -> Stri
 
 /// Random tools, arguments and layouts for the formats' tests, and the checks they share.
 #[cfg(test)]
-mod test_util {
+pub(crate) mod test_util {
     use super::{Format, Parsed, Plan, Tool, ToolCall, ToolChoice, ToolRequest, Trigger};
     use muser_sample::Grammar;
     use serde_json::{json, Map, Value};
