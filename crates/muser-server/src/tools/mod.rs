@@ -1012,9 +1012,9 @@ pub(super) enum BlockStep {
 /// What streaming may send of an output `parse_blocks` reads: the content up to the first of
 /// `openings`, less a tail that may be the start of one, and less trailing whitespace (which
 /// `parse_blocks` trims when a block follows it); and the calls begun so far, block by block
-/// (`read` takes the text right after an opening). A block calling a tool not offered is
-/// passed over once whole, as `parse_blocks` leaves it in the content, and ends the reading
-/// while it is open.
+/// (`read` takes the text right after an opening). A call of a tool not offered ends the
+/// reading: its block is content to `parse_blocks`, and the calls after it are sent once the
+/// output is finished.
 fn parse_blocks_partial(
     text: &str,
     req: Option<&ToolRequest>,
@@ -1041,15 +1041,15 @@ fn parse_blocks_partial(
     let mut rest = text;
     while let Some((i, open)) = find_opening(rest, openings) {
         let after = &rest[i + open.len()..];
-        let all_offered = |calls: &[ToolCall]| calls.iter().all(|c| offered(req, &c.name));
         match read(after) {
-            BlockStep::Whole(calls, used) => {
-                if all_offered(&calls) {
-                    tool_calls.extend(calls);
-                }
+            BlockStep::Whole(calls, used) if calls.iter().all(|c| offered(req, &c.name)) => {
+                tool_calls.extend(calls);
                 rest = &after[used..];
             }
-            BlockStep::Open(calls) | BlockStep::Broken(calls) => {
+            // A block with a call of a tool not offered is content to `parse_blocks`, but the
+            // calls before it in the block may have been begun while it was open: they stay,
+            // and `parse_final` keeps them.
+            BlockStep::Whole(calls, _) | BlockStep::Open(calls) | BlockStep::Broken(calls) => {
                 tool_calls.extend(calls.into_iter().take_while(|c| offered(req, &c.name)));
                 break;
             }
