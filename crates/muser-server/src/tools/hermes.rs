@@ -386,6 +386,7 @@ mod tests {
             "</tool_call>",
             "{\"name\": \"f\", \"arguments\": {}}",
             "{\"name\": \"f\", \"arguments\": {\"s\": \"</tool_call>\"}}",
+            "{\"name\": \"f\", \"arguments\": {\"a\": 1, \"b\": {\"c\": 2, \"c\": 3}, \"a\": 3}}",
             "{\"name\": \"f\"}",
             "{\"name\": \"f\", \"arguments\": [1]}",
             "{\"name\": \"f\", \"argu",

@@ -5,8 +5,9 @@
 //! `Json::stable` gives, for text that ends inside that value, the longest text that begins
 //! the final arguments whatever the model writes next: strings as far as their characters are
 //! known (an escape is held until it is whole), numbers and literals only once they end, and
-//! an object's key once it is whole and not a repeat (a repeated key replaces the earlier
-//! member in the final value, so nothing after it is promised). Every whole value is read by
+//! an object's key once it is whole. A key repeated in an object breaks the reading there
+//! (serde_json keeps the last value in the first key's place, so the final text would not go
+//! on from what was read). Every whole value is read by
 //! serde_json itself from its own text, so it is exactly the value `parse` reads.
 
 use serde_json::Value;
@@ -232,6 +233,11 @@ impl Reader<'_> {
                     return Json::Open(Open::Obj(members));
                 }
             };
+            if members.iter().any(|(k, _)| *k == key) {
+                // serde_json keeps a repeated key's last value in the first one's place, so
+                // what was read of the object would not begin its final text: read no further
+                return self.bad(Open::Obj(members));
+            }
             j = self.ws(j);
             if j == self.b.len() {
                 return Json::Open(Open::Obj(members));
@@ -307,12 +313,7 @@ impl Json {
             }
             Json::Open(Open::Obj(members)) => {
                 out.push('{');
-                let mut keys = std::collections::HashSet::new();
                 for (i, (k, v)) in members.iter().enumerate() {
-                    if !keys.insert(k.as_str()) {
-                        // a repeat replaces the earlier member: nothing after it is known
-                        return;
-                    }
                     if i > 0 {
                         out.push(',');
                     }
@@ -437,7 +438,7 @@ mod tests {
     }
 
     /// Text that stops being JSON breaks where it stops, keeping what it held before; a
-    /// repeated key stops the stable text; a surrogate pair is held until whole.
+    /// repeated key breaks the reading; a surrogate pair is held until whole.
     #[test]
     fn broken_text_and_repeats() {
         for (text, stable) in [
@@ -457,6 +458,14 @@ mod tests {
         }
         for (text, stable) in [
             (r#"{"a": 1, "b": 2, "a": 3"#, r#"{"a":1,"b":2"#),
+            (r#"{"a": {"b": 2, "b""#, r#"{"a":{"b":2"#),
+            (r#"{"a": 1, "b": 2, "a": 3}"#, r#"{"a":1,"b":2"#),
+        ] {
+            let r = read(text);
+            assert!(r.broken, "{text}");
+            assert_eq!(r.json.stable(), stable, "{text}");
+        }
+        for (text, stable) in [
             (r#"{"a": "\ud83d"#, r#"{"a":""#),
             (r#"{"a": "\ud83d\u"#, r#"{"a":""#),
             (r#"{"a": "\ud83d\ude0"#, r#"{"a":""#),
