@@ -4,12 +4,18 @@
 //! - `{"tool_call": {"name": N, "arguments": {...}}}` calls one tool (`{"tool_calls": [...]}`,
 //!   at least one call, when parallel calls are allowed);
 //! - `{"response": "..."}` answers (only when `tool_choice` is "auto").
+//!
+//! Streaming begins each call once its name is whole, its arguments growing as they are
+//! written; the `response` is not streamed (it comes with the finished reply).
+
+use std::collections::HashSet;
 
 use serde_json::{json, Map, Value};
 
+use super::partial::{self, Json, Open};
 use super::{
-    allowed_tools, call_schema, calls_wanted, check_tools_convert, offered, placed_schema,
-    read_call, verbatim, Parsed, Plan, Tool, ToolCall, ToolChoice, ToolRequest,
+    allowed_tools, begun_call, call_schema, calls_wanted, check_tools_convert, offered,
+    placed_schema, read_call, verbatim, Parsed, Plan, Tool, ToolCall, ToolChoice, ToolRequest,
 };
 
 pub(super) fn plan(req: &ToolRequest) -> Result<Option<Plan>, String> {
@@ -183,11 +189,165 @@ fn read_reply(text: &str, json_response: bool) -> Option<Parsed> {
     Some(out)
 }
 
-/// Nothing of a reply that asks for calls is known before its JSON is complete; a reply
-/// without tools is plain text.
+/// The text `s` up to the first key that repeats an earlier key of its object, at any depth of
+/// the JSON value `s` starts with (all of `s` where none does). serde_json keeps a repeated
+/// key's last value in the first one's place, so what is read after a repeat need not continue
+/// what streaming sent before it: streaming reads the text before it only (the Llama 3 format
+/// uses this too).
+pub(super) fn before_repeat(s: &str) -> &str {
+    /// An object open at this depth (its keys so far, and whether a key comes next), or an
+    /// array.
+    enum Frame {
+        Obj(HashSet<String>, bool),
+        Arr,
+    }
+    let b = s.as_bytes();
+    let mut stack = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'"' => {
+                // the closing quote: the first one not escaped
+                let mut j = i + 1;
+                while j < b.len() && b[j] != b'"' {
+                    j += if b[j] == b'\\' { 2 } else { 1 };
+                }
+                if j >= b.len() {
+                    return s;
+                }
+                if let Some(Frame::Obj(keys, key_next @ true)) = stack.last_mut() {
+                    let Ok(key) = serde_json::from_str::<String>(&s[i..=j]) else {
+                        return s;
+                    };
+                    if !keys.insert(key) {
+                        return &s[..i];
+                    }
+                    *key_next = false;
+                }
+                i = j;
+            }
+            b'{' => stack.push(Frame::Obj(HashSet::new(), true)),
+            b'[' => stack.push(Frame::Arr),
+            b'}' | b']' => {
+                stack.pop();
+                if stack.is_empty() {
+                    return s;
+                }
+            }
+            b',' => {
+                if let Some(Frame::Obj(_, key_next)) = stack.last_mut() {
+                    *key_next = true;
+                }
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    s
+}
+
+/// The members of the JSON object a reply that starts with `text` begins, as far as they are
+/// read (before a repeated key: `before_repeat`); None when the reply is no object.
+pub(super) fn reply_members(text: &str) -> Option<Vec<(String, Json)>> {
+    let t = text.trim_start();
+    if !t.starts_with('{') {
+        return None;
+    }
+    match partial::read(before_repeat(t)).json {
+        Json::Whole(Value::Object(o), end) => Some(
+            o.into_iter()
+                .map(|(k, v)| (k, Json::Whole(v, end)))
+                .collect(),
+        ),
+        Json::Open(Open::Obj(members)) => Some(members),
+        _ => None,
+    }
+}
+
+/// Adds the call that `v`, a call object so far (`tool_call`'s value or an item of
+/// `tool_calls`), has begun to `calls`, unless its tool is not offered; whether `v` may still
+/// be a call `parse` reads (an object, its `name` a string of an offered tool, its `arguments`
+/// an object).
+fn call_step(v: &Json, req: Option<&ToolRequest>, calls: &mut Vec<ToolCall>) -> bool {
+    let fits = match v {
+        Json::Open(Open::Pending) => return true,
+        Json::Whole(o @ Value::Object(_), _) => read_call(o).is_some(),
+        Json::Open(Open::Obj(_)) => {
+            let name = v.get("name");
+            let args = v.get("arguments");
+            name.is_none_or(|n| {
+                matches!(
+                    n,
+                    Json::Open(Open::Pending | Open::Str(_)) | Json::Whole(Value::String(_), _)
+                )
+            }) && args.is_none_or(|a| {
+                matches!(
+                    a,
+                    Json::Open(Open::Pending | Open::Obj(_)) | Json::Whole(Value::Object(_), _)
+                )
+            })
+        }
+        _ => return false,
+    };
+    match begun_call(v, "arguments") {
+        Some(c) if !offered(req, &c.name) => false,
+        Some(c) => {
+            calls.push(c);
+            fits
+        }
+        None => fits,
+    }
+}
+
+/// The calls a reply that starts with `text` has begun, in order (those of `tool_call` and of
+/// `tool_calls`'s items, each once its `name` is a whole string), the last one's arguments as
+/// far as they are known. The reading stops growing where the reply stops being one of the
+/// format's objects (a key not the format's, a `response` that is not a string where it must
+/// be, an item that is not a call `parse` reads, a call of a tool not offered), where its JSON
+/// breaks or repeats a key, and after the object.
+fn begun_calls(text: &str, req: Option<&ToolRequest>) -> Vec<ToolCall> {
+    let json_response = req.is_some_and(|r| r.response.is_some());
+    let mut calls = Vec::new();
+    for (k, v) in reply_members(text).unwrap_or_default() {
+        let fits = match k.as_str() {
+            "response" => {
+                json_response
+                    || matches!(
+                        v,
+                        Json::Open(Open::Pending | Open::Str(_)) | Json::Whole(Value::String(_), _)
+                    )
+            }
+            "tool_call" => call_step(&v, req, &mut calls),
+            "tool_calls" => match v {
+                Json::Open(Open::Pending) => true,
+                Json::Open(Open::Arr(items)) => {
+                    items.iter().all(|item| call_step(item, req, &mut calls))
+                }
+                Json::Whole(Value::Array(items), end) => {
+                    !items.is_empty()
+                        && items
+                            .into_iter()
+                            .all(|item| call_step(&Json::Whole(item, end), req, &mut calls))
+                }
+                _ => false,
+            },
+            _ => false,
+        };
+        if !fits {
+            break;
+        }
+    }
+    calls
+}
+
+/// A reply that asks for calls: no content before its JSON is complete, and the calls begun
+/// (`begun_calls`); a reply without tools is plain text.
 pub(super) fn parse_partial(text: &str, req: Option<&ToolRequest>) -> Parsed {
     if calls_wanted(req) {
-        Parsed::default()
+        Parsed {
+            tool_calls: begun_calls(text, req),
+            ..Parsed::default()
+        }
     } else {
         verbatim(text)
     }
@@ -239,6 +399,7 @@ mod tests {
                 for (c, (n, a)) in p.tool_calls.iter().zip(&calls) {
                     assert_call(c, n, a, None);
                 }
+                check_stream_calls(Format::Generic, &text, &r);
             }
             // a tool that is not allowed
             let wrong = json!({"tool_call": call_text("no_such_tool", &json!({}))});
@@ -278,6 +439,7 @@ mod tests {
                 let p = Format::Generic.parse(resp, Some(&r));
                 assert_eq!(p.content, "Hello, \"world\"\n");
                 assert!(p.tool_calls.is_empty());
+                check_stream_calls(Format::Generic, resp, &r);
             }
             assert!(!g.accepts_str("Hello"));
             assert!(!g.accepts_str(""));
@@ -379,11 +541,104 @@ mod tests {
         assert_eq!(Format::Generic.parse_partial(t, Some(&none)).content, t);
         assert_eq!(
             Format::Generic.parse_partial(t, Some(&r)),
-            Parsed::default()
+            Parsed {
+                tool_calls: vec![call("f", "{}")],
+                ..Parsed::default()
+            }
         );
     }
 
-    /// Streaming sends nothing that the finished text would not start with.
+    /// The calls streamed as they are written: each once its name is whole, the arguments so
+    /// far; nothing more once the reply can no longer be one of the format's objects.
+    #[test]
+    fn generic_partial_streams_calls() {
+        let r = f_req(true);
+        let mut json_r = f_req(true);
+        json_r.response = Some(json!({"type": "object"}));
+        for (t, calls) in [
+            (r#"{"tool_calls": [{"name": "f"#, vec![]),
+            (r#"{"tool_calls": [{"name": "f""#, vec![call("f", "")]),
+            (
+                r#"{"tool_call": {"name": "f", "arguments": {"a": [1, "P\u00e9"#,
+                vec![call("f", r#"{"a":[1,"Pé"#)],
+            ),
+            (
+                r#"{"tool_calls": [{"name": "f", "arguments": {"a": 1}}, {"arguments": {"b": 2}, "name": "g""#,
+                vec![call("f", r#"{"a":1}"#), call("g", r#"{"b":2}"#)],
+            ),
+            (
+                "\n{\"tool_calls\": [{\"name\": \"f\", \"arguments\": {}},\n{\"name\": \"g\", \"arguments\": {\"b\"",
+                vec![call("f", "{}"), call("g", "{")],
+            ),
+            // a response, and keys of a call other than its name and arguments, are read over
+            (
+                r#"{"response": "hi", "tool_call": {"name": "f", "arguments": {}, "x": 1"#,
+                vec![call("f", "{}")],
+            ),
+            // what rules the reply out: no call begun after it
+            (r#"{"x": 1, "tool_call": {"name": "f""#, vec![]),
+            (r#"{"response": 1, "tool_call": {"name": "f""#, vec![]),
+            (r#"{"tool_calls": [], "tool_call": {"name": "f""#, vec![]),
+            (r#"{"tool_calls": {"name": "f""#, vec![]),
+            (r#"{"tool_call": [{"name": "f""#, vec![]),
+            (
+                r#"{"tool_calls": [{"name": "f", "arguments": {}}, 1, {"name": "g""#,
+                vec![call("f", "{}")],
+            ),
+            (
+                r#"{"tool_calls": [{"name": "no_such_tool", "arguments": {}}, {"name": "g""#,
+                vec![],
+            ),
+            (
+                r#"{"tool_calls": [{"name": "f", "arguments": []}, {"name": "g""#,
+                vec![call("f", "")],
+            ),
+            (
+                r#"{"tool_calls": [{"name": "f"}, {"name": "g""#,
+                vec![call("f", "")],
+            ),
+            (
+                r#"{"tool_calls": [{"name": 1, "arguments": {}}, {"name": "g""#,
+                vec![],
+            ),
+            (
+                r#"{"tool_call": {"name": "f", "arguments": {"a": 1}}} {"tool_call": {"name": "g""#,
+                vec![call("f", r#"{"a":1}"#)],
+            ),
+            (
+                r#"{"tool_calls": [{"name": "f", "arguments": {"a": 1, "a": 2}}, {"name": "g""#,
+                vec![call("f", r#"{"a":1"#)],
+            ),
+            (
+                r#"{"tool_call": {"name": "f", "arguments": {}}, "tool_call": {"name": "g""#,
+                vec![call("f", "{}")],
+            ),
+        ] {
+            let p = Format::Generic.parse_partial(t, Some(&r));
+            check_parsed(&p, "", &calls, t);
+        }
+        // a response format's answer may be any JSON value
+        let t = r#"{"response": {"x": [1]}, "tool_call": {"name": "f""#;
+        let p = Format::Generic.parse_partial(t, Some(&json_r));
+        check_parsed(&p, "", &[call("f", "")], t);
+        // begun, then proven no call: the finished reading is what was streamed
+        for t in [
+            r#"{"tool_calls": [{"name": "f", "arguments": {"a": 1}}, 1]}"#,
+            r#"{"tool_calls": [{"name": "f", "arguments": {"a": 1}}, {"name": "zz", "arguments": {}}]}"#,
+            r#"{"tool_call": {"name": "f", "arguments": {"a": 1}}} x"#,
+            r#"{"tool_call": {"name": "f", "arguments": {"a": 1}}, "other": 2}"#,
+            r#"{"tool_call": {"name": "f", "arguments": {"a": 1}}, "tool_call": {"name": "g", "arguments": {}}}"#,
+        ] {
+            let streamed = [call("f", r#"{"a":1}"#)];
+            let part = Format::Generic.parse_partial(t, Some(&r));
+            check_parsed(&part, "", &streamed, t);
+            assert!(!Format::Generic.parse(t, Some(&r)).continues(&part), "{t}");
+            check_parsed(&Format::Generic.parse_final(t, Some(&r)), "", &streamed, t);
+        }
+    }
+
+    /// Streaming sends nothing that the finished text would not start with, and its calls are
+    /// never taken back and go on into the finished reading.
     #[test]
     fn generic_partial_is_prefix_of_parse() {
         let r = req(
@@ -397,20 +652,107 @@ mod tests {
         let frags = [
             "{\"response\": \"hi\"}",
             "{\"tool_calls\": [{\"name\": \"f\", \"arguments\": {\"a\": 1}}]}",
+            "{\"tool_call\": ",
+            "{\"tool_calls\": [",
+            "{\"name\": \"f\", \"arguments\": {\"a\": 1}}",
+            "{\"name\": \"g\", \"arguments\": {}}",
+            "{\"a\": 1, \"a\": 2}",
+            "\"arguments\": ",
+            ", ",
+            "]",
+            "}",
             "a",
             " ",
             "{",
             "\n",
         ];
         let mut rng = Rng(7);
-        for _ in 0..300 {
-            let t: String = (0..rng.below(4))
+        let (mut checked, mut calls) = (0usize, 0usize);
+        for _ in 0..2000 {
+            let t: String = (0..rng.below(6))
                 .map(|_| frags[rng.below(frags.len())])
                 .collect();
             for req in [None, Some(&r)] {
-                check_partial_prefixes(Format::Generic, &t, req);
+                checked += check_partial_prefixes(Format::Generic, &t, req).1;
+                calls += Format::Generic.parse_final(&t, req).tool_calls.len();
             }
         }
+        assert!(checked > 20_000 && calls > 100, "{checked} {calls}");
+    }
+
+    /// Replies of random members and call items, right and wrong (keys not the format's,
+    /// items not calls, tools not offered, repeated keys), closed or not, with text after them
+    /// or not: for every prefix, the calls streamed never shrink and the finished reading goes
+    /// on from them; where no key repeats and `parse` reads calls, streaming has begun those
+    /// very calls by the end.
+    #[test]
+    fn generic_partial_calls_of_random_members() {
+        let r = f_req(true);
+        let items = [
+            r#"{"name": "f", "arguments": {"a": [1, "x\"}]"], "b": {"c": null}}}"#,
+            r#"{"arguments": {"d": -2.5e3}, "name": "g"}"#,
+            r#"{"name": "h", "arguments": {}, "id": "x"}"#,
+            r#"{"name": "no_such_tool", "arguments": {}}"#,
+            r#"{"name": "f", "arguments": "{}"}"#,
+            r#"{"name": "f"}"#,
+            r#"{"name": 1, "arguments": {}}"#,
+            r#"[]"#,
+            r#"{"name": "g", "arguments": {"a": 1, "a": 2}}"#,
+        ];
+        let mut rng = Rng(0x5EED_0003);
+        let (mut read, mut kept) = (0usize, 0usize);
+        for round in 0..4000 {
+            // mostly good items; a repeated key only in odd rounds
+            let repeats = round % 2 == 1;
+            let item = |rng: &mut Rng| {
+                let n = if repeats {
+                    items.len()
+                } else {
+                    items.len() - 1
+                };
+                items[if rng.below(2) == 0 {
+                    rng.below(3)
+                } else {
+                    rng.below(n)
+                }]
+            };
+            let mut members: Vec<String> = Vec::new();
+            for _ in 0..1 + rng.below(if repeats { 3 } else { 1 }) {
+                members.push(match rng.below(8) {
+                    0 => r#""response": "hi""#.to_string(),
+                    1 => r#""response": 1"#.to_string(),
+                    2 => r#""other": 1"#.to_string(),
+                    3 | 4 => format!(r#""tool_call": {}"#, item(&mut rng)),
+                    _ => {
+                        let calls: Vec<&str> = (0..rng.below(4)).map(|_| item(&mut rng)).collect();
+                        format!(r#""tool_calls": [{}]"#, calls.join(", "))
+                    }
+                });
+            }
+            let t = format!(
+                "{}{{{}{}",
+                ["", " ", "\n"][rng.below(3)],
+                members.join([", ", ",\n  ", ","][rng.below(3)]),
+                ["}", "}\n", "", "} x", "}}"][rng.below(5)]
+            );
+            let (full, _) = check_partial_prefixes(Format::Generic, &t, Some(&r));
+            let end = Format::Generic.parse_partial(&t, Some(&r));
+            // never a call of a tool not offered
+            assert!(
+                end.tool_calls.iter().all(|c| offered(Some(&r), &c.name)),
+                "{t}"
+            );
+            if !repeats && !full.tool_calls.is_empty() {
+                read += 1;
+                assert_eq!(end.tool_calls, full.tool_calls, "{t}");
+            } else if !full.continues(&end) {
+                // begun, then proven no (such) call: the finished reading keeps them
+                kept += 1;
+                let fin = Format::Generic.parse_final(&t, Some(&r));
+                assert_eq!(fin.tool_calls, end.tool_calls, "{t}");
+            }
+        }
+        assert!(read > 200 && kept > 200, "{read} {kept}");
     }
 
     #[test]

@@ -6,12 +6,17 @@
 //! `parallel_tool_calls` asks for more. Llama 3.1's built-in tools (`<|python_tag|>` code,
 //! `brave_search`, `wolfram_alpha`) are not supported: only the JSON calls of the request's
 //! functions are read.
+//!
+//! Streaming begins the call once the reply is an object whose `name` is whole and whose keys
+//! so far are a call's; its arguments grow as they are written.
 
 use serde_json::Value;
 
+use super::generic::reply_members;
+use super::partial::{Json, Open};
 use super::{
-    allowed_tools, arguments_schema, call_of, calls_wanted, offered, tool_rules, verbatim,
-    LazyStart, Parsed, Plan, ToolCall, ToolRequest, WS_BODY,
+    allowed_tools, arguments_schema, begun_call, call_of, calls_wanted, offered, tool_rules,
+    verbatim, LazyStart, Parsed, Plan, ToolCall, ToolRequest, WS_BODY,
 };
 
 use muser_jsonschema::gbnf_literal as lit;
@@ -137,8 +142,63 @@ fn may_be_call(text: &str) -> bool {
     }
 }
 
+/// Whether a member of a call object, its key whole and its value so far `v`, may still be one
+/// `read_reply` takes, after the members `before`: a key of a call's, not a second of
+/// `parameters` and `arguments`, `type` a string that may be "function", `name` a string, the
+/// arguments an object.
+fn member_fits(key: &str, v: &Json, before: &[(String, Json)]) -> bool {
+    let pending = matches!(v, Json::Open(Open::Pending));
+    match key {
+        "type" => match v {
+            Json::Whole(Value::String(t), _) => t == "function",
+            Json::Open(Open::Str(t)) => "function".starts_with(t.as_str()),
+            _ => pending,
+        },
+        "name" => {
+            pending
+                || matches!(
+                    v,
+                    Json::Whole(Value::String(_), _) | Json::Open(Open::Str(_))
+                )
+        }
+        "parameters" | "arguments" => {
+            !before
+                .iter()
+                .any(|(k, _)| k == "parameters" || k == "arguments")
+                && (pending
+                    || matches!(
+                        v,
+                        Json::Whole(Value::Object(_), _) | Json::Open(Open::Obj(_))
+                    ))
+        }
+        _ => false,
+    }
+}
+
+/// The call a reply that starts with `text` has begun: once it is a JSON object whose `name`
+/// is a whole string and whose members so far may all be a call's (`member_fits`), the call
+/// with its arguments as far as they are known. The reading stops growing where the reply
+/// stops being a call: at a member that does not fit, where the JSON breaks or repeats a key
+/// (`reply_members`), and after the object (`parse` takes no text after it).
+fn begun(text: &str) -> Option<ToolCall> {
+    let members = reply_members(text)?;
+    let mut fit: Vec<(String, Json)> = Vec::with_capacity(members.len());
+    for (k, v) in members {
+        if !member_fits(&k, &v, &fit) {
+            break;
+        }
+        fit.push((k, v));
+    }
+    let args_key = if fit.iter().any(|(k, _)| k == "arguments") {
+        "arguments"
+    } else {
+        "parameters"
+    };
+    begun_call(&Json::Open(Open::Obj(fit)), args_key)
+}
+
 /// Nothing while the reply may still be a call, else the reply so far less its trailing
-/// whitespace.
+/// whitespace; the call once begun (`begun`), if its tool is offered.
 pub(super) fn parse_partial(text: &str, req: Option<&ToolRequest>) -> Parsed {
     if !calls_wanted(req) {
         return verbatim(text);
@@ -150,7 +210,11 @@ pub(super) fn parse_partial(text: &str, req: Option<&ToolRequest>) -> Parsed {
     };
     Parsed {
         content,
-        ..Parsed::default()
+        reasoning: None,
+        tool_calls: begun(text)
+            .filter(|c| offered(req, &c.name))
+            .into_iter()
+            .collect(),
     }
 }
 
@@ -209,6 +273,7 @@ mod tests {
                         assert_eq!(parsed.reasoning, None);
                         assert_eq!(parsed.tool_calls.len(), 1);
                         assert_call(&parsed.tool_calls[0], &t.name, &a, None);
+                        check_stream_calls(Format::Llama3, &reply, &r);
                     }
                     if p.lazy {
                         // the trigger fires at the reply's start, and the grammar takes the
@@ -389,7 +454,6 @@ mod tests {
             ("\n{ ", ""),
             ("{\"", ""),
             ("{\"na", ""),
-            ("{\"name\": \"f\", \"par", ""),
             ("{\"\\u006e", ""),
             ("{\"type\"", ""),
             ("{\"arguments\": {}", ""),
@@ -402,6 +466,63 @@ mod tests {
         ] {
             let p = Format::Llama3.parse_partial(t, Some(&r));
             check_parsed(&p, c, &[], t);
+        }
+        // the call streamed as it is written: begun once its name is whole, the arguments so
+        // far
+        let open = r#"{"type": "function", "name": "f", "parameters": {"a": [1, "P\u00e9"#;
+        for (t, calls) in [
+            (r#"{"name": "f"#, vec![]),
+            (r#"{"name": "f""#, call("f", "")),
+            (r#"{"name": "f", "par"#, call("f", "")),
+            (
+                r#"{"name": "f", "parameters": {"a": 1"#,
+                call("f", r#"{"a":"#),
+            ),
+            (open, call("f", r#"{"a":[1,"Pé"#)),
+            (
+                "\n{\"arguments\": {\"a\": 1}, \"name\": \"f\"",
+                call("f", r#"{"a":1}"#),
+            ),
+            // what rules the call out before its name is whole: no call is begun
+            (r#"{"type": "tool", "name": "f""#, vec![]),
+            (r#"{"type": "fun", "name": "f""#, vec![]),
+            (r#"{"id": 1, "name": "f""#, vec![]),
+            (r#"{"parameters": [], "name": "f""#, vec![]),
+            (r#"{"arguments": {}, "parameters": {}, "name": "f""#, vec![]),
+            (r#"{"name": 1, "parameters": {}}"#, vec![]),
+            // a tool not offered
+            (r#"{"name": "no_such_tool", "parameters": {}}"#, vec![]),
+        ] {
+            let p = Format::Llama3.parse_partial(t, Some(&r));
+            assert_eq!(p.tool_calls, calls, "{t}");
+        }
+        // proven no call (or another) after it was begun: the call stops growing where the
+        // proof starts, and the finished reading is what was streamed (`parse` reads content,
+        // or serde_json's last `name` or arguments of repeated keys)
+        for t in [
+            r#"{"name": "f", "parameters": {"a": 1}} done"#,
+            r#"{"name": "f", "parameters": {"a": 1}}{"name": "f", "parameters": {}}"#,
+            r#"{"name": "f", "parameters": {"a": 1}, "id": {"b": 2}}"#,
+            r#"{"name": "f", "parameters": {"a": 1}, "arguments": {"b": 2}}"#,
+            r#"{"name": "f", "parameters": {"a": 1}, "type": "tool"}"#,
+            r#"{"name": "f", "parameters": {"a": 1}, "name": "g"}"#,
+            r#"{"name": "f", "parameters": {"a": 1}, "parameters": {}}"#,
+            r#"{"name": "f", "parameters": {"a": 1} x"#,
+        ] {
+            let streamed = call("f", r#"{"a":1}"#);
+            let part = Format::Llama3.parse_partial(t, Some(&r));
+            check_parsed(&part, "", &streamed, t);
+            assert!(!Format::Llama3.parse(t, Some(&r)).continues(&part), "{t}");
+            check_parsed(&Format::Llama3.parse_final(t, Some(&r)), "", &streamed, t);
+        }
+        // a repeated key in the arguments: they stop before it (serde_json keeps the last
+        // value in the first one's place, which would not go on from what was sent)
+        let t = r#"{"name": "f", "parameters": {"a": 1, "b": 2, "a": 3}}"#;
+        let full = Format::Llama3.parse(t, Some(&r));
+        assert_eq!(full.tool_calls, call("f", r#"{"a":3,"b":2}"#));
+        for p in prefixes(t).skip_while(|p| !p.ends_with("2, ")) {
+            let part = Format::Llama3.parse_partial(p, Some(&r));
+            check_parsed(&part, "", &call("f", r#"{"a":1,"b":2"#), p);
         }
     }
 
@@ -457,6 +578,73 @@ mod tests {
             }
         }
         assert!(checked > 10_000 && calls > 300, "{checked} {calls}");
+    }
+
+    /// Objects of random members, a call's and others (wrong types, keys not a call's, tools
+    /// not offered, repeated keys), closed or not, with text after them or not: for every
+    /// prefix, the call streamed never shrinks and the finished reading goes on from it; where
+    /// no key repeats and `parse` reads a call, streaming has begun that very call by the end.
+    #[test]
+    fn llama3_partial_calls_of_random_members() {
+        let r = f_req(false);
+        // the members of each key (a repeat inside the arguments last)
+        let types = [r#""type": "function""#, r#""type": "tool""#, r#""type": 1"#];
+        let names = [
+            r#""name": "f""#,
+            r#""\u006eame": "h""#,
+            r#""name": "no_such_tool""#,
+            r#""name": 1"#,
+        ];
+        let args = [
+            r#""parameters": {"a": [1, "x\"}"], "b": {"c": null}}"#,
+            r#""arguments": {"d": -2.5e3}"#,
+            r#""parameters": {}"#,
+            r#""parameters": "{}""#,
+            r#""parameters": {"a": 1, "a": 2}"#,
+        ];
+        let mut rng = Rng(0x11A3_0003);
+        let (mut read, mut kept) = (0usize, 0usize);
+        for round in 0..4000 {
+            let mut body: Vec<&str> = Vec::new();
+            let repeats = round % 2 == 1;
+            for (group, p) in [(&types[..], 2), (&names[..], 1), (&args[..], 1)] {
+                for _ in 0..if repeats { rng.below(3) } else { 1 } {
+                    if rng.below(p) == 0 {
+                        body.push(group[rng.below(group.len())]);
+                    }
+                }
+            }
+            if rng.below(8) == 0 {
+                body.push(r#""id": 1"#);
+            }
+            for i in (1..body.len()).rev() {
+                body.swap(i, rng.below(i + 1));
+            }
+            let sep = [", ", ",\n  ", ","][rng.below(3)];
+            let t = format!(
+                "{}{{{}{}",
+                ["", " ", "\n"][rng.below(3)],
+                body.join(sep),
+                ["}", "}\n", "", "} x", "}}"][rng.below(5)]
+            );
+            let (full, _) = check_partial_prefixes(Format::Llama3, &t, Some(&r));
+            let end = Format::Llama3.parse_partial(&t, Some(&r));
+            // never a call of a tool not offered
+            assert!(
+                end.tool_calls.iter().all(|c| offered(Some(&r), &c.name)),
+                "{t}"
+            );
+            if !repeats && !full.tool_calls.is_empty() && !t.contains(r#""a": 2"#) {
+                read += 1;
+                assert_eq!(end.tool_calls, full.tool_calls, "{t}");
+            } else if full.tool_calls.is_empty() && !end.tool_calls.is_empty() {
+                // begun, then proven no call: the finished reading keeps it
+                kept += 1;
+                let fin = Format::Llama3.parse_final(&t, Some(&r));
+                assert_eq!(fin.tool_calls, end.tool_calls, "{t}");
+            }
+        }
+        assert!(read > 100 && kept > 200, "{read} {kept}");
     }
 
     #[test]
