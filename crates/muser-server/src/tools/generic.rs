@@ -8,8 +8,6 @@
 //! Streaming begins each call once its name is whole, its arguments growing as they are
 //! written; the `response` is not streamed (it comes with the finished reply).
 
-use std::collections::HashSet;
-
 use serde_json::{json, Map, Value};
 
 use super::partial::{self, Json, Open};
@@ -189,71 +187,14 @@ fn read_reply(text: &str, json_response: bool) -> Option<Parsed> {
     Some(out)
 }
 
-/// The text `s` up to the first key that repeats an earlier key of its object, at any depth of
-/// the JSON value `s` starts with (all of `s` where none does). serde_json keeps a repeated
-/// key's last value in the first one's place, so what is read after a repeat need not continue
-/// what streaming sent before it: streaming reads the text before it only (the Llama 3 format
-/// uses this too).
-pub(super) fn before_repeat(s: &str) -> &str {
-    /// An object open at this depth (its keys so far, and whether a key comes next), or an
-    /// array.
-    enum Frame {
-        Obj(HashSet<String>, bool),
-        Arr,
-    }
-    let b = s.as_bytes();
-    let mut stack = Vec::new();
-    let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            b'"' => {
-                // the closing quote: the first one not escaped
-                let mut j = i + 1;
-                while j < b.len() && b[j] != b'"' {
-                    j += if b[j] == b'\\' { 2 } else { 1 };
-                }
-                if j >= b.len() {
-                    return s;
-                }
-                if let Some(Frame::Obj(keys, key_next @ true)) = stack.last_mut() {
-                    let Ok(key) = serde_json::from_str::<String>(&s[i..=j]) else {
-                        return s;
-                    };
-                    if !keys.insert(key) {
-                        return &s[..i];
-                    }
-                    *key_next = false;
-                }
-                i = j;
-            }
-            b'{' => stack.push(Frame::Obj(HashSet::new(), true)),
-            b'[' => stack.push(Frame::Arr),
-            b'}' | b']' => {
-                stack.pop();
-                if stack.is_empty() {
-                    return s;
-                }
-            }
-            b',' => {
-                if let Some(Frame::Obj(_, key_next)) = stack.last_mut() {
-                    *key_next = true;
-                }
-            }
-            _ => {}
-        }
-        i += 1;
-    }
-    s
-}
-
 /// The members of the JSON object a reply that starts with `text` begins, as far as they are
-/// read (before a repeated key: `before_repeat`); None when the reply is no object.
+/// read (up to a repeated key, where `partial::read` stops); None when the reply is no object.
 pub(super) fn reply_members(text: &str) -> Option<Vec<(String, Json)>> {
     let t = text.trim_start();
     if !t.starts_with('{') {
         return None;
     }
-    match partial::read(before_repeat(t)).json {
+    match partial::read(t).json {
         Json::Whole(Value::Object(o), end) => Some(
             o.into_iter()
                 .map(|(k, v)| (k, Json::Whole(v, end)))
