@@ -38,10 +38,12 @@
 //! something other than `<|start|>assistant` and a header; a malformed or unfinished call
 //! block), the rest of the text, from that message's end token (or the output's start) on, is
 //! appended verbatim to the content: nothing read before it changes, so what was streamed stays
-//! valid. Everything after a call header is held back while streaming until its block is
-//! complete.
+//! valid. Everything after a call header is held back from the content while streaming; its
+//! calls are streamed as they are written: each once its `invoke` name is whole (a tool
+//! offered), its arguments (`xml_args::StreamedArgs`) growing by whole parameters, a
+//! string-only parameter's characters as they come, and `}` at `</atem:invoke>`.
 
-use super::xml_args::{arguments, text_without, ws_len, Params, Syntax};
+use super::xml_args::{arguments, tail_len, text_without, ws_len, Params, StreamedArgs, Syntax};
 use super::{allowed_tools, Parsed, Plan, Tool, ToolCall, ToolChoice, ToolRequest, Trigger};
 use muser_jsonschema::gbnf_literal as literal;
 
@@ -184,12 +186,93 @@ struct RawCall {
 }
 
 #[derive(Default)]
-struct Scan {
+struct Scan<'r> {
     content: String,
     reasoning: String,
     n_reasoning: usize,
     n_answers: usize,
     calls: Vec<RawCall>,
+    /// The calls as streaming reads them.
+    begun: Begun<'r>,
+}
+
+/// Whether `req` lets the model call the tool `name` (offered, `tool_choice` not `none`).
+fn offered(req: Option<&ToolRequest>, name: &str) -> bool {
+    req.is_some_and(|r| r.choice != ToolChoice::None && r.tools.iter().any(|t| t.name == name))
+}
+
+/// The calls streaming has begun, read along with the blocks: each once its `invoke` name is
+/// whole (a tool offered), its arguments as far as they are sure (`StreamedArgs`: whole
+/// parameters, a string-only one's characters as they come, `}` at `</atem:invoke>`). An
+/// invoke of a tool not offered, or a parameter name given twice in a call (whose final value
+/// may differ from the one sent), stops them: nothing grows after it.
+#[derive(Default)]
+struct Begun<'r> {
+    req: Option<&'r ToolRequest>,
+    calls: Vec<(String, StreamedArgs<'r>)>,
+    stopped: bool,
+}
+
+impl<'r> Begun<'r> {
+    /// An invoke whose name is whole.
+    fn invoke(&mut self, name: &str) {
+        if self.stopped {
+            return;
+        }
+        if !offered(self.req, name) {
+            self.stopped = true;
+            return;
+        }
+        let args = StreamedArgs::new(&SYNTAX, name, self.req);
+        self.calls.push((name.to_string(), args));
+    }
+
+    /// The current call's arguments, unless stopped.
+    fn args(&mut self) -> Option<&mut StreamedArgs<'r>> {
+        if self.stopped {
+            return None;
+        }
+        self.calls.last_mut().map(|(_, a)| a)
+    }
+
+    /// A parameter whose name is whole: a repeated one stops the calls.
+    fn key(&mut self, key: &str) {
+        if self.args().is_some_and(|a| !a.is_new(key)) {
+            self.stopped = true;
+        }
+    }
+
+    /// The parameter `key`, its raw text final.
+    fn param(&mut self, key: &str, raw: &str) {
+        if let Some(a) = self.args() {
+            a.push(key, raw);
+        }
+    }
+
+    /// The parameter `key`, its raw text still open and starting with `known`.
+    fn open(&mut self, key: &str, known: &str) {
+        if let Some(a) = self.args() {
+            a.push_open(key, known);
+        }
+    }
+
+    /// `</atem:invoke>`.
+    fn close(&mut self) {
+        if let Some(a) = self.args() {
+            a.close();
+        }
+    }
+
+    fn into_calls(self) -> Vec<ToolCall> {
+        self.calls
+            .into_iter()
+            .map(|(name, a)| ToolCall {
+                id: None,
+                name,
+                arguments: a.into_text(),
+            })
+            .collect()
+    }
 }
 
 /// The result of reading a piece of markup at the start of a text.
@@ -281,8 +364,9 @@ fn one_of(s: &str, lits: &[&str]) -> Step<usize> {
     }
 }
 
-/// An ATEM block (and the whitespace after it): its calls.
-fn call_block(s: &str) -> Step<Vec<RawCall>> {
+/// An ATEM block (and the whitespace after it): its calls. `begun` reads them as streaming
+/// does, as far as `s` goes.
+fn call_block(s: &str, begun: &mut Begun) -> Step<Vec<RawCall>> {
     macro_rules! take {
         ($e:expr, $p:ident) => {
             match $e {
@@ -302,17 +386,23 @@ fn call_block(s: &str) -> Step<Vec<RawCall>> {
     loop {
         take!(lit(&s[p..], INVOKE_OPEN), p);
         let name = take!(attr(&s[p..]), p);
+        begun.invoke(&name);
         p += ws_len(&s[p..]);
         let mut args = Vec::new();
         while take!(one_of(&s[p..], &[PARAM_OPEN, INVOKE_CLOSE]), p) == 0 {
             let k = take!(attr(&s[p..]), p);
+            begun.key(&k);
             let Some(n) = s[p..].find(PARAM_CLOSE) else {
+                let v = &s[p..];
+                begun.open(&k, &v[..v.len() - tail_len(v, PARAM_CLOSE)]);
                 return Step::More;
             };
+            begun.param(&k, &s[p..p + n]);
             args.push((k, s[p..p + n].to_string()));
             p += n + PARAM_CLOSE.len();
             p += ws_len(&s[p..]);
         }
+        begun.close();
         calls.push(RawCall { name, args });
         p += ws_len(&s[p..]);
         if take!(one_of(&s[p..], &[CALLS_CLOSE, INVOKE_OPEN]), p) == 0 {
@@ -340,11 +430,9 @@ fn held_back(s: &str) -> usize {
 /// `req`: the request's tools; a call message is read as calls only when it calls offered tools
 /// and `tool_choice` is not `none` (else it breaks the format, and from there the text is
 /// content, verbatim).
-fn scan(text: &str, complete: bool, req: Option<&ToolRequest>) -> Scan {
-    let offered = |name: &str| {
-        req.is_some_and(|r| r.choice != ToolChoice::None && r.tools.iter().any(|t| t.name == name))
-    };
+fn scan<'r>(text: &str, complete: bool, req: Option<&'r ToolRequest>) -> Scan<'r> {
     let mut out = Scan::default();
+    out.begun.req = req;
     // start of the current message's header
     let mut pos = 0;
     // where the verbatim rest starts if the current message breaks the format
@@ -357,8 +445,8 @@ fn scan(text: &str, complete: bool, req: Option<&ToolRequest>) -> Scan {
                 out.content.push_str(&text[seg..]);
                 return out;
             }
-            Step::Done(Recipient::Tool, n) => match call_block(&text[pos + n..]) {
-                Step::Done(calls, m) if calls.iter().all(|c| offered(&c.name)) => {
+            Step::Done(Recipient::Tool, n) => match call_block(&text[pos + n..], &mut out.begun) {
+                Step::Done(calls, m) if calls.iter().all(|c| offered(req, &c.name)) => {
                     out.calls.extend(calls);
                     pos + n + m
                 }
@@ -446,18 +534,20 @@ pub(super) fn parse(text: &str, req: Option<&ToolRequest>) -> Parsed {
     }
 }
 
+/// Content and reasoning as far as no continuation changes them; the calls begun (`Begun`).
 pub(super) fn parse_partial(text: &str, req: Option<&ToolRequest>) -> Parsed {
     let s = scan(text, false, req);
     Parsed {
         content: s.content,
         reasoning: (!s.reasoning.is_empty()).then_some(s.reasoning),
-        tool_calls: Vec::new(),
+        tool_calls: s.begun.into_calls(),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::super::test_util::{req as request, tool};
+    use super::super::Format;
     use super::*;
     use muser_sample::Grammar;
     use serde_json::{json, Map, Value};
@@ -761,6 +851,7 @@ mod tests {
                     };
                     let text = format!("{prefix}{}", render_calls(&calls, python));
                     assert!(g.accepts_str(&text), "{text:?}\n{}", plan.gbnf);
+                    check_stream(&text, &req);
                     accepted += 1;
 
                     let bad = |t: String| -> String { format!("{prefix}{t}") };
@@ -1264,6 +1355,7 @@ mod tests {
             }
             text.push_str(&render_calls(&calls, rng.chance(50)));
             text.push_str(rng.pick::<&str>(&["", "<|eot|>", "<|eom|>"]));
+            check_stream(&text, &req);
 
             let p = parse(&text, Some(&req));
             assert_eq!(p.content, answer.clone().unwrap_or_default(), "{text:?}");
@@ -1460,17 +1552,25 @@ mod tests {
             "é",
             "<|eo",
             "</atem:function_calls>",
+            "<atem:invoke name=\"get_weather\">",
+            "<atem:invoke name=\"h\">",
+            "<atem:parameter name=\"city\">",
+            "<atem:parameter name=\"n\">",
+            "12",
+            "</atem:parameter>",
+            "</atem:invoke>",
         ];
         let req = request(
             vec![tool(
                 "get_weather",
-                json!({"properties": {"city": {"type": "string"}}}),
+                json!({"properties": {"city": {"type": "string"}, "n": {"type": "integer"}}}),
             )],
             ToolChoice::Auto,
             true,
         );
         let mut rng = Rng(17);
         let (mut prefixes, mut with_reasoning, mut with_content) = (0, 0, 0);
+        let (mut with_calls, mut begun_only) = (0, 0);
         for _ in 0..4000 {
             let n = 1 + rng.below(10);
             let mut text = String::new();
@@ -1482,37 +1582,107 @@ mod tests {
                     " to=user<|message|>",
                 ]));
             }
-            for _ in 0..n {
-                text.push_str(rng.pick::<&str>(&fragments));
+            let pieces: String = (0..n).map(|_| *rng.pick(&fragments)).collect();
+            if rng.chance(50) {
+                text.push_str(&pieces);
+            } else {
+                // a call, with the pieces written into it, or cut there
+                if rng.chance(50) {
+                    text = render_reasoning(&[random_reasoning(&mut rng)]);
+                }
+                let mut args = vec![("city".to_string(), json!(random_string(&mut rng)))];
+                if rng.chance(50) {
+                    args.push(("n".into(), json!(rng.below(1000))));
+                }
+                if rng.chance(50) {
+                    args.reverse();
+                }
+                let c = render_call("get_weather", "get_weather", &args, false);
+                let at = (0..=rng.below(c.len() + 1).min(c.len()))
+                    .rfind(|&i| c.is_char_boundary(i))
+                    .unwrap_or(0);
+                text.push_str(&c[..at]);
+                if rng.chance(50) {
+                    text.push_str(&pieces);
+                }
+                if rng.chance(50) {
+                    text.push_str(&c[at..]);
+                }
             }
-            let full = parse(&text, Some(&req));
-            let content = full.content.clone();
-            let reasoning = full.reasoning.clone().unwrap_or_default();
-            with_reasoning += !reasoning.is_empty() as usize;
-            with_content += !content.is_empty() as usize;
-            for (i, _) in text.char_indices().chain([(text.len(), ' ')]) {
-                let p = parse_partial(&text[..i], Some(&req));
-                assert!(p.tool_calls.is_empty());
-                assert!(
-                    content.starts_with(&p.content),
-                    "content: {:?} of {:?} vs {:?} of {text:?}",
-                    p.content,
-                    &text[..i],
-                    content
-                );
-                let r = p.reasoning.unwrap_or_default();
-                assert!(
-                    reasoning.starts_with(&r),
-                    "reasoning: {r:?} of {:?} vs {reasoning:?} of {text:?}",
-                    &text[..i]
-                );
-                prefixes += 1;
-            }
+            let (full, n) = check_prefixes(&text, Some(&req));
+            with_reasoning += full.reasoning.is_some() as usize;
+            with_content += !full.content.is_empty() as usize;
+            with_calls += !full.tool_calls.is_empty() as usize;
+            // calls begun in a block that broke or was cut: the final reading is streaming's
+            begun_only += (parse_final(&text, &req) != full) as usize;
+            prefixes += n;
+            check_prefixes(&text, None);
         }
         assert!(
-            prefixes > 100_000 && with_reasoning > 500 && with_content > 500,
-            "{prefixes} {with_reasoning} {with_content}"
+            prefixes > 100_000
+                && with_reasoning > 500
+                && with_content > 500
+                && with_calls > 300
+                && begun_only > 300,
+            "{prefixes} {with_reasoning} {with_content} {with_calls} {begun_only}"
         );
+    }
+
+    fn parse_final(text: &str, req: &ToolRequest) -> Parsed {
+        Format::Atem.parse_final(text, Some(req))
+    }
+
+    /// Checks streaming `text`: for every prefix, the content and reasoning `parse_partial`
+    /// gives are prefixes of what `parse` gives for the whole text and are never taken back,
+    /// its calls never shrink (the same names, the arguments only growing) and `parse_final`
+    /// goes on from them. Returns what `parse` gives and the number of prefixes checked.
+    fn check_prefixes(text: &str, req: Option<&ToolRequest>) -> (Parsed, usize) {
+        let full = parse(text, req);
+        let fin = Format::Atem.parse_final(text, req);
+        let (content, reasoning) = (&full.content, full.reasoning.clone().unwrap_or_default());
+        let mut sent = Parsed::default();
+        let mut checked = 0;
+        for (i, _) in text.char_indices().chain([(text.len(), ' ')]) {
+            let p = parse_partial(&text[..i], req);
+            let at = &text[..i];
+            assert!(
+                content.starts_with(&p.content) && p.content.starts_with(&sent.content),
+                "content: {:?} of {at:?} vs {content:?} of {text:?}",
+                p.content,
+            );
+            let r = p.reasoning.clone().unwrap_or_default();
+            let r_sent = sent.reasoning.clone().unwrap_or_default();
+            assert!(
+                reasoning.starts_with(&r) && r.starts_with(&r_sent),
+                "reasoning: {r:?} of {at:?} vs {reasoning:?} of {text:?}",
+            );
+            assert!(
+                p.continues(&sent),
+                "calls of {at:?}: {:?} after {:?}",
+                p.tool_calls,
+                sent.tool_calls
+            );
+            assert!(
+                fin.continues(&p),
+                "calls of {at:?}: {:?}, final {:?} of {text:?}",
+                p.tool_calls,
+                fin.tool_calls
+            );
+            assert!(p.tool_calls.iter().all(|c| offered(req, &c.name)), "{at:?}");
+            sent = p;
+            checked += 1;
+        }
+        (full, checked)
+    }
+
+    /// Checks streaming a well-formed output (one the grammar takes): `check_prefixes`, and
+    /// `parse`'s own reading goes on from every prefix's calls (`parse_final` is `parse`), and
+    /// the calls are all sent whole by the end.
+    fn check_stream(text: &str, req: &ToolRequest) {
+        let (full, _) = check_prefixes(text, Some(req));
+        assert_eq!(parse_final(text, req), full, "{text:?}");
+        let end = parse_partial(text, Some(req));
+        assert_eq!(end.tool_calls, full.tool_calls, "{text:?}");
     }
 
     #[test]
@@ -1534,5 +1704,87 @@ mod tests {
             (s(""), s(""))
         );
         assert_eq!(pp(" to=us"), (s(""), s("")));
+    }
+
+    #[test]
+    fn partial_streams_calls_as_they_come() {
+        let req = request(
+            vec![
+                tool(
+                    "get_weather",
+                    json!({"properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}),
+                ),
+                tool("g", json!({})),
+            ],
+            ToolChoice::Auto,
+            true,
+        );
+        let call = |name: &str, args: &str| ToolCall {
+            id: None,
+            name: name.into(),
+            arguments: args.into(),
+        };
+        let pp = |t: &str| parse_partial(t, Some(&req));
+        let head = " to=self<|message|>hm<|eom|><|start|>assistant to=get_weather<|message|>\
+                    <atem:function_calls>\n<atem:invoke name=\"get_wea";
+        let city = format!("{head}ther\">\n<atem:parameter name=\"city\">Pa\"ris </atem:par");
+        let days = format!("{city}ameter>\n<atem:parameter name=\"days\">1");
+        let done = format!("{days}2</atem:parameter>\n</atem:invoke>");
+        let next = format!(
+            "{done}\n</atem:function_calls><|eom|><|start|>assistant to=g<|message|>\
+             <atem:function_calls><atem:invoke name=\"g\">"
+        );
+        let weather = r#"{"city":"Pa\"ris ","days":12}"#;
+        for (t, calls) in [
+            (head.to_string(), vec![]),
+            (format!("{head}ther\">"), vec![call("get_weather", "{")]),
+            // a string's characters as they come, less a tail that may close it
+            (
+                city.clone(),
+                vec![call("get_weather", r#"{"city":"Pa\"ris "#)],
+            ),
+            // an integer once closed
+            (days, vec![call("get_weather", r#"{"city":"Pa\"ris ""#)]),
+            (done.clone(), vec![call("get_weather", weather)]),
+            (next, vec![call("get_weather", weather), call("g", "{")]),
+        ] {
+            let p = pp(&t);
+            assert_eq!(p.tool_calls, calls, "{t:?}");
+            // the reasoning and the content stream as they did
+            assert_eq!(
+                (p.content.as_str(), p.reasoning.as_deref()),
+                ("", Some("hm"))
+            );
+        }
+        // The final reading of a call cut short is streaming's; no call of a tool not offered,
+        // nor any after it, nor without tools or under tool_choice "none".
+        let fin = Format::Atem.parse_final(&city, Some(&req));
+        assert_eq!(
+            fin.tool_calls,
+            [call("get_weather", r#"{"city":"Pa\"ris "#)]
+        );
+        assert_eq!(fin.reasoning.as_deref(), Some("hm"));
+        let other = done.replace("invoke name=\"get_weather\"", "invoke name=\"h\"");
+        assert_eq!(
+            pp(&format!("{other}<atem:invoke name=\"g\">")).tool_calls,
+            []
+        );
+        let none = request(req.tools.clone(), ToolChoice::None, false);
+        assert_eq!(parse_partial(&done, Some(&none)).tool_calls, []);
+        assert_eq!(parse_partial(&done, None).tool_calls, []);
+        // A parameter given twice stops the call where it was (the final value may differ).
+        let twice = " to=g<|message|><atem:function_calls><atem:invoke name=\"g\">\
+                     <atem:parameter name=\"k\">1</atem:parameter>\
+                     <atem:parameter name=\"k\">2</atem:parameter></atem:invoke>\
+                     </atem:function_calls>";
+        assert_eq!(pp(twice).tool_calls, [call("g", r#"{"k":1"#)]);
+        assert_eq!(
+            parse(twice, Some(&req)).tool_calls,
+            [call("g", r#"{"k":2}"#)]
+        );
+        assert_eq!(
+            Format::Atem.parse_final(twice, Some(&req)).tool_calls,
+            [call("g", r#"{"k":1"#)]
+        );
     }
 }

@@ -26,12 +26,17 @@
 //! parameter or `</function>`, less one newline at each end; it is read by its schema's types
 //! (raw where strings are admitted, JSON otherwise, and Python's `True`/`False`/`None` where
 //! the schema admits the type and no string). The parameters are taken in any order.
-//! Streaming sends the content before the first `<tool_call>`.
+//!
+//! Streaming sends the content before the first `<tool_call>`, and the calls as they are
+//! written: each once its `<function=NAME>` is whole, its arguments
+//! (`xml_args::StreamedArgs`) growing by whole parameters, each once its end is sure whatever
+//! follows (`value_len_partial`), a string-only parameter's characters as they come, and `}` at
+//! `</function>`.
 
-use super::xml_args::{arguments, ws_len, Params, Syntax};
+use super::xml_args::{arguments, tail_len, ws_len, Params, StreamedArgs, Syntax};
 use super::{
-    allowed_tools, json_prefix, offered, parse_blocks, parse_blocks_partial, LazyStart, Parsed,
-    Plan, ToolCall, ToolRequest,
+    allowed_tools, json_prefix, offered, parse_blocks, parse_blocks_partial, BlockStep, LazyStart,
+    Parsed, Plan, ToolCall, ToolRequest,
 };
 use muser_jsonschema::gbnf_literal as literal;
 
@@ -200,10 +205,171 @@ pub(super) fn parse(text: &str, req: Option<&ToolRequest>) -> Parsed {
     })
 }
 
+/// How `s` starts against the literal `lit`: with it (Some(true)), with a proper prefix of it
+/// (None: what follows decides), or otherwise (Some(false)).
+fn starts(s: &str, lit: &str) -> Option<bool> {
+    if s.starts_with(lit) {
+        Some(true)
+    } else if lit.starts_with(s) {
+        None
+    } else {
+        Some(false)
+    }
+}
+
+/// Whether `</parameter>` at `at` in the text `s` after `<parameter=K>` ends the value (it is
+/// followed, after whitespace, by `<parameter=` or `</function>`, as `value_len` asks),
+/// whatever follows `s`; None while what follows decides.
+fn closes_at(s: &str, at: usize) -> Option<bool> {
+    let after = &s[at..];
+    let Some(rest) = after.strip_prefix(PARAM_CLOSE) else {
+        return starts(after, PARAM_CLOSE);
+    };
+    let next = &rest[ws_len(rest)..];
+    match (starts(next, PARAM), starts(next, FUNCTION_CLOSE)) {
+        (Some(true), _) | (_, Some(true)) => Some(true),
+        (None, _) | (_, None) => None,
+        _ => Some(false),
+    }
+}
+
+/// `value_len` of the text after `<parameter=K>` as far as `s` tells: Some where every text
+/// that starts with `s` gives that length, None while what follows may change it.
+fn value_len_partial(s: &str) -> Option<usize> {
+    // The JSON reading first, as `value_len`: it wins where its value ends, after at most a
+    // newline, at a closing `</parameter>`.
+    let mut it = serde_json::Deserializer::from_str(s).into_iter::<serde_json::Value>();
+    match it.next() {
+        None => return None,
+        // at the end a value may still come; another error is at a character of `s` and
+        // stays whatever follows (where that is the end, a number out of range, no
+        // `</parameter>` follows it yet and the raw reading below says None)
+        Some(Err(e)) if e.is_eof() => return None,
+        Some(Err(_)) => {}
+        Some(Ok(_)) => {
+            // (a number or a literal at the very end, which may go on, has no `</parameter>`
+            // after it yet: None)
+            let n = it.byte_offset();
+            let at = n + usize::from(s[n..].starts_with('\n'));
+            match closes_at(s, at) {
+                Some(true) => return Some(at),
+                None => return None,
+                Some(false) => {}
+            }
+        }
+    }
+    // then the first `</parameter>` that closes
+    let mut from = 0;
+    loop {
+        let at = from + s[from..].find(PARAM_CLOSE)?;
+        if closes_at(s, at)? {
+            return Some(at);
+        }
+        from = at + PARAM_CLOSE.len();
+    }
+}
+
+/// The start of a value's raw text that every text beginning with `v` (the text after
+/// `<parameter=K>`) gives: the value ends at a `</parameter>`, so not before the first one
+/// (or a tail that may become one), and loses one newline at each end.
+fn known_raw(v: &str) -> &str {
+    let limit = v
+        .find(PARAM_CLOSE)
+        .unwrap_or_else(|| v.len() - tail_len(v, PARAM_CLOSE));
+    let lead = usize::from(v.starts_with('\n')).min(limit);
+    let known = &v[lead..limit];
+    known.strip_suffix('\n').unwrap_or(known)
+}
+
+/// Whether text after `<function=` or `<parameter=` that `tag_name` does not read yet may
+/// still become a name and its `>`: it has neither `>` nor a line break.
+fn name_open(s: &str) -> bool {
+    !s.contains(['>', '\n', '\r'])
+}
+
+/// How far streaming has read the call block whose `<tool_call>` ends right before `rest`: the
+/// call is begun once its `<function=NAME>` is whole, and its arguments grow by whole
+/// parameters (`StreamedArgs`), a parameter whose schema admits strings only by its
+/// characters too. A repeated parameter name ends the reading (the final value may differ).
+fn read_block_partial(rest: &str, req: Option<&ToolRequest>) -> BlockStep {
+    let mut p = ws_len(rest);
+    match starts(&rest[p..], FUNCTION) {
+        Some(true) => p += FUNCTION.len(),
+        None => return BlockStep::Open(Vec::new()),
+        Some(false) => return BlockStep::Broken(Vec::new()),
+    }
+    let Some((name, n)) = tag_name(&rest[p..]) else {
+        return if name_open(&rest[p..]) {
+            BlockStep::Open(Vec::new())
+        } else {
+            BlockStep::Broken(Vec::new())
+        };
+    };
+    p += n;
+    let mut args = StreamedArgs::new(&SYNTAX, name, req);
+    let begun = |args: StreamedArgs| {
+        vec![ToolCall {
+            id: None,
+            name: name.to_string(),
+            arguments: args.into_text(),
+        }]
+    };
+    loop {
+        p += ws_len(&rest[p..]);
+        let s = &rest[p..];
+        if let Some(after) = s.strip_prefix(PARAM) {
+            let Some((key, n)) = tag_name(after) else {
+                return if name_open(after) {
+                    BlockStep::Open(begun(args))
+                } else {
+                    BlockStep::Broken(begun(args))
+                };
+            };
+            if !args.is_new(key) {
+                return BlockStep::Broken(begun(args));
+            }
+            let v = &after[n..];
+            let Some(len) = value_len_partial(v) else {
+                args.push_open(key, known_raw(v));
+                return BlockStep::Open(begun(args));
+            };
+            let raw = &v[..len];
+            let raw = raw.strip_prefix('\n').unwrap_or(raw);
+            args.push(key, raw.strip_suffix('\n').unwrap_or(raw));
+            p += PARAM.len() + n + len + PARAM_CLOSE.len();
+        } else if s.starts_with(FUNCTION_CLOSE) {
+            p += FUNCTION_CLOSE.len();
+            args.close();
+            break;
+        } else if PARAM.starts_with(s) || FUNCTION_CLOSE.starts_with(s) {
+            return BlockStep::Open(begun(args));
+        } else {
+            return BlockStep::Broken(begun(args));
+        }
+    }
+    p += ws_len(&rest[p..]);
+    match starts(&rest[p..], CLOSE) {
+        Some(true) => match read_block(rest) {
+            Some(((name, raw), used)) => BlockStep::Whole(
+                vec![ToolCall {
+                    id: None,
+                    name: name.to_string(),
+                    arguments: arguments(&SYNTAX, name, &raw, req),
+                }],
+                used,
+            ),
+            None => BlockStep::Broken(begun(args)),
+        },
+        None => BlockStep::Open(begun(args)),
+        Some(false) => BlockStep::Broken(begun(args)),
+    }
+}
+
 /// As Hermes's, whose calls start with `<tool_call>` too: the content up to the first
-/// `<tool_call>`, less a tail that may start one, less trailing whitespace.
+/// `<tool_call>`, less a tail that may start one, less trailing whitespace; the calls begun
+/// (`read_block_partial`).
 pub(super) fn parse_partial(text: &str, req: Option<&ToolRequest>) -> Parsed {
-    parse_blocks_partial(text, req, &[OPEN], |_| super::BlockStep::Open(Vec::new()))
+    parse_blocks_partial(text, req, &[OPEN], |rest| read_block_partial(rest, req))
 }
 
 #[cfg(test)]
@@ -302,6 +468,10 @@ mod tests {
                     assert_call(c, &t.name, &Value::Object(a.clone()), None);
                 }
                 check_text_around(Format::QwenXml, &r, &g, &text, calls.len());
+                check_stream_calls(Format::QwenXml, &text, &r);
+                // ... and sent whole by the end
+                let end = Format::QwenXml.parse_partial(&text, Some(&r));
+                assert_eq!(end.tool_calls, parsed.tool_calls, "{text:?}");
             }
             assert!(!g.accepts_str(""));
             assert!(!g.accepts_str("Hello"));
@@ -570,7 +740,7 @@ mod tests {
         for (t, c) in [
             ("Hi <tool", "Hi"),
             ("Hi <tool_call", "Hi"),
-            ("Hi <tool_call>\n<function=g>", "Hi"),
+            ("Hi <tool_call>\n<function=g", "Hi"),
             ("Hi <toolbox", "Hi <toolbox"),
             ("a < b", "a < b"),
             ("a\n\n", "a"),
@@ -579,6 +749,63 @@ mod tests {
             let p = Format::QwenXml.parse_partial(t, Some(&r));
             check_parsed(&p, c, &[], t);
         }
+        // calls streamed as they are written: the name once whole, then each parameter once
+        // its value is sure, a string's characters as they come
+        let f = "Hi <tool_call>\n<function=f>\n";
+        let i = format!("{f}<parameter=i>\n12");
+        let s = format!("{i}\n</parameter>\n<parameter=s>\nPa\"ris\n");
+        let o = format!("{f}<parameter=o>\n{{\"a\": \"x</parameter><parameter=s>");
+        for (t, calls) in [
+            ("Hi <tool_call>\n<function=g>".to_string(), vec![call("g", "{")]),
+            (f.to_string(), vec![call("f", "{")]),
+            // a number may go on; the closing tag may be the start of the value's text
+            (i.clone(), vec![call("f", "{")]),
+            (format!("{i}\n</parameter>\n"), vec![call("f", "{")]),
+            (format!("{i}\n</parameter>\n<"), vec![call("f", "{")]),
+            (
+                format!("{i}\n</parameter>\n<parameter=s>"),
+                vec![call("f", r#"{"i":12,"s":""#)],
+            ),
+            // the last newline may be the one before `</parameter>`
+            (s.clone(), vec![call("f", r#"{"i":12,"s":"Pa\"ris"#)]),
+            (format!("{s}x</para"), vec![call("f", r#"{"i":12,"s":"Pa\"ris\nx"#)]),
+            (
+                format!("{s}</parameter>\n</function>"),
+                vec![call("f", r#"{"i":12,"s":"Pa\"ris"}"#)],
+            ),
+            (
+                format!("{s}</parameter>\n</function>\n</tool_call>\n<tool_call><function=g>"),
+                vec![call("f", r#"{"i":12,"s":"Pa\"ris"}"#), call("g", "{")],
+            ),
+            // a JSON value holding the closing tag waits for its end
+            (o.clone(), vec![call("f", "{")]),
+            (
+                format!("{o}\"}}\n</parameter>\n</function>"),
+                vec![call("f", r#"{"o":{"a":"x</parameter><parameter=s>"}}"#)],
+            ),
+            // a parameter given twice stops the call's arguments where they were
+            (
+                format!("{f}<parameter=i>\n1\n</parameter>\n<parameter=i>\n2\n</parameter>\n</function>"),
+                vec![call("f", r#"{"i":1"#)],
+            ),
+            // a tool not offered is never begun
+            ("Hi <tool_call>\n<function=h>\n".to_string(), vec![]),
+        ] {
+            let p = Format::QwenXml.parse_partial(&t, Some(&r));
+            check_parsed(&p, "Hi", &calls, &t);
+        }
+        // ... and that call, whose final reading would change what was sent, ends as sent
+        let twice = format!(
+            "{f}<parameter=i>\n1\n</parameter>\n<parameter=i>\n2\n</parameter>\n</function>\n</tool_call>"
+        );
+        assert_eq!(
+            Format::QwenXml.parse(&twice, Some(&r)).tool_calls,
+            [call("f", r#"{"i":2}"#)]
+        );
+        assert_eq!(
+            Format::QwenXml.parse_final(&twice, Some(&r)).tool_calls,
+            [call("f", r#"{"i":1"#)]
+        );
     }
 
     /// For every text built from the format's pieces and every prefix of it, what streaming
@@ -588,7 +815,8 @@ mod tests {
         let r = req(
             vec![tool(
                 "f",
-                json!({"type": "object", "properties": {"x": {"type": "integer"}}}),
+                json!({"type": "object", "properties": {"x": {"type": "integer"},
+                                                        "s": {"type": "string"}}}),
             )],
             ToolChoice::Auto,
             true,
@@ -611,13 +839,36 @@ mod tests {
             "</parameter>",
             "<tool_call>\n<function=f>\n<parameter=x>\n1\n</parameter>\n</function>\n</tool_call>",
             "é",
+            "<parameter=s>",
+            "\"",
+            "{\"a\": \"",
+            "\"}",
+            "[1, 2",
+            "12",
+            "\nab\n",
+        ];
+        // well-formed blocks, to be cut into and mixed with the pieces
+        let blocks = [
+            "<tool_call>\n<function=f>\n<parameter=x>\n1\n</parameter>\n<parameter=s>\nab\n</parameter>\n</function>\n</tool_call>",
+            "<tool_call>\n<function=f>\n<parameter=s>\n\"q</parameter>\n</parameter>\n</function>\n</tool_call>",
+            "<tool_call>\n<function=f>\n<parameter=s>\n{\"a\": \"</parameter><parameter=x>\"}\n</parameter>\n</function>\n</tool_call>",
         ];
         let mut rng = Rng(23);
         let (mut checked, mut with_calls) = (0usize, 0usize);
-        for _ in 0..3000 {
-            let t: String = (0..rng.below(8))
+        for round in 0..3000 {
+            let mut t: String = (0..rng.below(8))
                 .map(|_| frags[rng.below(frags.len())])
                 .collect();
+            if round % 2 == 1 {
+                let b = blocks[rng.below(blocks.len())];
+                let at = (0..rng.below(b.len()))
+                    .rfind(|&i| b.is_char_boundary(i))
+                    .unwrap_or(0);
+                let at_t = (0..=rng.below(t.len() + 1).min(t.len()))
+                    .rfind(|&i| t.is_char_boundary(i))
+                    .unwrap_or(0);
+                t = format!("{}{}{}{}", &b[..at], &t[..at_t], &b[at..], &t[at_t..]);
+            }
             for req in [Some(&r), None] {
                 let (full, n) = check_partial_prefixes(Format::QwenXml, &t, req);
                 with_calls += !full.tool_calls.is_empty() as usize;

@@ -9,6 +9,8 @@
 //! the schema (muser-jsonschema). What raw text cannot carry (a `pattern`, a `format`, ...) is
 //! refused: a value the schema rejects must never come back.
 
+use std::collections::HashSet;
+
 use serde_json::{Map, Value};
 
 use super::{Tool, ToolRequest, WS_BODY};
@@ -561,40 +563,143 @@ fn read_value(raw: &str, types: u8, python: bool) -> Value {
     }
 }
 
+/// The tool named `name` in `req`, if any.
+fn find_tool<'r>(name: &str, req: Option<&'r ToolRequest>) -> Option<&'r Tool> {
+    req.and_then(|r| r.tools.iter().find(|t| t.name == name))
+}
+
+/// The schema of parameter `key` of `tool`, if it declares one.
+fn param_schema<'t>(tool: Option<&'t Tool>, key: &str) -> Option<&'t Value> {
+    tool?.parameters.get("properties")?.get(key)
+}
+
+/// The value of parameter `key` of `tool` from its raw text, read by its schema's types (any
+/// type where the tool or the parameter is unknown).
+fn arg_value(syntax: &Syntax, tool: Option<&Tool>, key: &str, raw: &str) -> Value {
+    let schema = param_schema(tool, key);
+    // An `enum` / `const` value is the member written so (a string raw, another value as
+    // its JSON): `["1", 2]` reads "1" as the string and "2" as the number.
+    let member = schema.and_then(|s| {
+        string_choices(s)?;
+        let values: Vec<&Value> = match s.get("const") {
+            Some(c) => vec![c],
+            None => s.get("enum")?.as_array()?.iter().collect(),
+        };
+        values
+            .into_iter()
+            .find(|v| match v {
+                Value::String(text) => text == raw,
+                other => other.to_string() == *raw,
+            })
+            .cloned()
+    });
+    member.unwrap_or_else(|| {
+        let types = match (schema, tool) {
+            (Some(s), Some(t)) => value_types(s, &t.parameters, 0),
+            _ => T_ALL,
+        };
+        read_value(raw, types, syntax.python)
+    })
+}
+
 /// The arguments (compact JSON of an object) of a call of `tool` from its parameters' names
 /// and raw texts, each value read by its schema's types in `req` (any type where the tool or
-/// the parameter is unknown).
+/// the parameter is unknown). A repeated name keeps its first place and takes the last value.
 pub(super) fn arguments(
     syntax: &Syntax,
     tool: &str,
     args: &[(String, String)],
     req: Option<&ToolRequest>,
 ) -> String {
-    let tool = req.and_then(|r| r.tools.iter().find(|t| t.name == tool));
+    let tool = find_tool(tool, req);
     let mut m = Map::new();
     for (k, raw) in args {
-        let schema = tool.and_then(|t| Some((t.parameters.get("properties")?.get(k)?, t)));
-        // An `enum` / `const` value is the member written so (a string raw, another value as
-        // its JSON): `["1", 2]` reads "1" as the string and "2" as the number.
-        let member = schema.and_then(|(s, _)| {
-            string_choices(s)?;
-            let values: Vec<&Value> = match s.get("const") {
-                Some(c) => vec![c],
-                None => s.get("enum")?.as_array()?.iter().collect(),
-            };
-            values
-                .into_iter()
-                .find(|v| match v {
-                    Value::String(text) => text == raw,
-                    other => other.to_string() == *raw,
-                })
-                .cloned()
-        });
-        let value = member.unwrap_or_else(|| {
-            let types = schema.map_or(T_ALL, |(s, t)| value_types(s, &t.parameters, 0));
-            read_value(raw, types, syntax.python)
-        });
-        m.insert(k.clone(), value);
+        m.insert(k.clone(), arg_value(syntax, tool, k, raw));
     }
     Value::Object(m).to_string()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Streaming
+
+/// The length of the longest suffix of `s` that is a proper prefix of `tag` (text that may
+/// still become `tag`).
+pub(super) fn tail_len(s: &str, tag: &str) -> usize {
+    (1..tag.len().min(s.len() + 1))
+        .rev()
+        .find(|&k| s.is_char_boundary(s.len() - k) && tag.starts_with(&s[s.len() - k..]))
+        .unwrap_or(0)
+}
+
+/// A call's arguments as streaming sends them, built parameter by parameter as `arguments`
+/// builds them at the end: `{`, then each parameter as `"key":value` once its raw text is
+/// final (comma-separated), then `}` once the call is closed. With no name repeated, the
+/// text is what `arguments` gives for the parameters so far; a repeated name may change a
+/// value already sent (`arguments` keeps the last), so the reader stops growing the call at
+/// one (`is_new`).
+pub(super) struct StreamedArgs<'r> {
+    syntax: &'r Syntax,
+    tool: Option<&'r Tool>,
+    text: String,
+    keys: HashSet<String>,
+}
+
+impl<'r> StreamedArgs<'r> {
+    /// The arguments of a call of tool `name` (of `req`) just begun: `{`.
+    pub fn new(syntax: &'r Syntax, name: &str, req: Option<&'r ToolRequest>) -> Self {
+        StreamedArgs {
+            syntax,
+            tool: find_tool(name, req),
+            text: "{".to_string(),
+            keys: HashSet::new(),
+        }
+    }
+
+    /// Whether no parameter named `key` came before.
+    pub fn is_new(&self, key: &str) -> bool {
+        !self.keys.contains(key)
+    }
+
+    /// Appends `"key":` and its comma; the key is taken.
+    fn push_key(&mut self, key: &str) {
+        if !self.keys.is_empty() {
+            self.text.push(',');
+        }
+        self.keys.insert(key.to_string());
+        self.text
+            .push_str(&Value::String(key.to_string()).to_string());
+        self.text.push(':');
+    }
+
+    /// A parameter (a new name) whose raw text is final.
+    pub fn push(&mut self, key: &str, raw: &str) {
+        let v = arg_value(self.syntax, self.tool, key, raw);
+        self.push_key(key);
+        self.text.push_str(&v.to_string());
+    }
+
+    /// The last parameter (a new name), still open, whose raw text starts with `known`: where
+    /// its schema admits strings only (its value is then the raw text itself), its key and
+    /// the value's start (`"` and the characters so far); else nothing yet.
+    pub fn push_open(&mut self, key: &str, known: &str) {
+        let only_strings = match (param_schema(self.tool, key), self.tool) {
+            (Some(s), Some(t)) => value_types(s, &t.parameters, 0) == T_STR,
+            _ => false,
+        };
+        if only_strings {
+            self.push_key(key);
+            let s = Value::String(known.to_string()).to_string();
+            self.text.push_str(&s[..s.len() - 1]);
+        }
+    }
+
+    /// The call is closed: `}`.
+    pub fn close(&mut self) {
+        self.text.push('}');
+    }
+
+    /// The text so far.
+    pub fn into_text(self) -> String {
+        self.text
+    }
 }
