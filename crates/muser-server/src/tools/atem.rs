@@ -546,7 +546,7 @@ pub(super) fn parse_partial(text: &str, req: Option<&ToolRequest>) -> Parsed {
 
 #[cfg(test)]
 mod tests {
-    use super::super::test_util::{req as request, tool};
+    use super::super::test_util::{check_call_step, req as request, tool};
     use super::super::Format;
     use super::*;
     use muser_sample::Grammar;
@@ -1656,18 +1656,7 @@ mod tests {
                 reasoning.starts_with(&r) && r.starts_with(&r_sent),
                 "reasoning: {r:?} of {at:?} vs {reasoning:?} of {text:?}",
             );
-            assert!(
-                p.continues(&sent),
-                "calls of {at:?}: {:?} after {:?}",
-                p.tool_calls,
-                sent.tool_calls
-            );
-            assert!(
-                fin.continues(&p),
-                "calls of {at:?}: {:?}, final {:?} of {text:?}",
-                p.tool_calls,
-                fin.tool_calls
-            );
+            check_call_step(&sent, &p, &fin, at);
             assert!(p.tool_calls.iter().all(|c| offered(req, &c.name)), "{at:?}");
             sent = p;
             checked += 1;

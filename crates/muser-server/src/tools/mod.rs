@@ -1401,23 +1401,29 @@ pub(crate) mod test_util {
                 part.content,
                 full.content
             );
-            assert!(
-                part.continues(&sent),
-                "{format:?} text {text:?}, prefix {p:?}: {:?} after {:?}",
-                part.tool_calls,
-                sent.tool_calls
-            );
-            assert!(
-                fin.continues(&part),
-                "{format:?} text {text:?}, prefix {p:?}: final {:?}, streamed {:?}",
-                fin.tool_calls,
-                part.tool_calls
-            );
+            check_call_step(&sent, &part, &fin, p);
             assert_eq!(part.reasoning, None);
             sent = part;
             checked += 1;
         }
         (full, checked)
+    }
+
+    /// The calls of one streamed prefix `at`: they go on from those `sent` for the prefix
+    /// before, and the final reading `fin` goes on from them.
+    pub fn check_call_step(sent: &Parsed, part: &Parsed, fin: &Parsed, at: &str) {
+        assert!(
+            part.continues(sent),
+            "prefix {at:?}: {:?} after {:?}",
+            part.tool_calls,
+            sent.tool_calls
+        );
+        assert!(
+            fin.continues(part),
+            "prefix {at:?}: final {:?}, streamed {:?}",
+            fin.tool_calls,
+            part.tool_calls
+        );
     }
 
     /// Checks streaming a well-formed output (one the format's grammar takes): every prefix's
