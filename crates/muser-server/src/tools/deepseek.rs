@@ -7,17 +7,14 @@
 //!
 //! Streaming begins each call once its name is whole (R1: at the newline after it, V3.1: at
 //! the separator) and streams its arguments as they are written, up to a key that repeats an
-//! earlier one of its object (`first_repeat`); the block is whole at `<｜tool▁calls▁end｜>`.
-
-use std::collections::HashSet;
+//! earlier one of its object (`partial::read` stops there); the block is whole at `<｜tool▁calls▁end｜>`.
 
 use serde_json::Value;
 
 use super::partial::{self, Json};
 use super::{
-    allowed_tools, arguments_schema, call_of, json_prefix, offered, parse_blocks,
-    parse_blocks_partial, tool_rules, BlockStep, Format, LazyStart, Parsed, Plan, ToolCall,
-    ToolRequest, WS_BODY,
+    allowed_tools, arguments_schema, call_of, json_prefix, parse_blocks, parse_blocks_partial,
+    tool_rules, BlockStep, Format, LazyStart, Parsed, Plan, ToolCall, ToolRequest, WS_BODY,
 };
 
 use muser_jsonschema::gbnf_literal as lit;
@@ -215,64 +212,9 @@ enum CallStep<'s> {
     Broken(Option<ToolCall>),
 }
 
-/// Where the JSON text at the start of `s` first repeats a key of one of its objects (at any
-/// depth): the offset of the repeated key's opening quote, as far as the text is read (private
-/// to this format; the same check would fit `partial::read`). serde_json keeps a repeated key
-/// at its first place with its last value, so what was streamed of the first value may not
-/// begin the final arguments: streaming stops before the repeat.
-fn first_repeat(s: &str) -> Option<usize> {
-    // the objects and arrays open: an object's keys so far (None for an array)
-    let mut open: Vec<Option<HashSet<String>>> = Vec::new();
-    let mut key_next = false;
-    let b = s.as_bytes();
-    let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            b'{' => {
-                open.push(Some(HashSet::new()));
-                key_next = true;
-            }
-            b'[' => {
-                open.push(None);
-                key_next = false;
-            }
-            b'}' | b']' => {
-                open.pop();
-                if open.is_empty() {
-                    return None;
-                }
-                key_next = false;
-            }
-            b',' => key_next = matches!(open.last(), Some(Some(_))),
-            b'"' => {
-                let mut j = i + 1;
-                while j < b.len() && b[j] != b'"' {
-                    j += if b[j] == b'\\' { 2 } else { 1 };
-                }
-                if j >= b.len() {
-                    return None;
-                }
-                if key_next {
-                    let key: String = serde_json::from_str(&s[i..=j]).ok()?;
-                    if let Some(Some(keys)) = open.last_mut() {
-                        if !keys.insert(key) {
-                            return Some(i);
-                        }
-                    }
-                    key_next = false;
-                }
-                i = j;
-            }
-            _ => {}
-        }
-        i += 1;
-    }
-    None
-}
-
 /// The call of `name`, begun: its arguments (a JSON object, in a ```` ```json ```` fence or
-/// not, as `read_args` reads them) as far as they are written in `s`, up to a repeated key
-/// (`first_repeat`).
+/// not, as `read_args` reads them) as far as they are written in `s` (up to a repeated key,
+/// where `partial::read` stops).
 fn read_args_partial<'s>(name: &str, s: &'s str) -> CallStep<'s> {
     let mut call = ToolCall {
         id: None,
@@ -289,11 +231,9 @@ fn read_args_partial<'s>(name: &str, s: &'s str) -> CallStep<'s> {
             None => (false, s),
         },
     };
-    let repeat = first_repeat(body);
-    let r = partial::read(&body[..repeat.unwrap_or(body.len())]);
+    let r = partial::read(body);
     call.arguments = r.json.stable_object();
     let end = match r.json {
-        _ if repeat.is_some() => return CallStep::Broken(Some(call)),
         Json::Whole(Value::Object(_), end) => end,
         Json::Whole(..) => return CallStep::Broken(Some(call)),
         Json::Open(_) if r.broken => return CallStep::Broken(Some(call)),
@@ -350,23 +290,11 @@ fn read_one_partial(t: &str, flavor: Flavor) -> CallStep<'_> {
     }
 }
 
-/// A whole block's step: its calls as `parse` reads them, unless one of them calls a tool not
-/// offered after one that is (`parse` leaves such a block in the content, but streaming began
-/// the calls before it and keeps them: the block is broken there).
-fn whole_block(calls: Vec<ToolCall>, used: usize, req: Option<&ToolRequest>) -> BlockStep {
-    let begun = calls.iter().take_while(|c| offered(req, &c.name)).count();
-    if begun > 0 && begun < calls.len() {
-        BlockStep::Broken(calls)
-    } else {
-        BlockStep::Whole(calls, used)
-    }
-}
-
 /// How far streaming has read the block whose opening ends right before `s`: its calls one by
 /// one, each begun once its name is whole and its arguments growing as they are written; the
 /// block is whole at its `<｜tool▁calls▁end｜>` (an unclosed block stays open: more calls may
 /// come).
-fn read_block_partial(s: &str, flavor: Flavor, req: Option<&ToolRequest>) -> BlockStep {
+fn read_block_partial(s: &str, flavor: Flavor) -> BlockStep {
     let mut calls = Vec::new();
     let mut rest = s;
     loop {
@@ -374,7 +302,7 @@ fn read_block_partial(s: &str, flavor: Flavor, req: Option<&ToolRequest>) -> Blo
         match markup(t, CALLS_END) {
             Markup::Past(_) => {
                 return match read_block(s, flavor) {
-                    Some((whole, after)) => whole_block(whole, s.len() - after.len(), req),
+                    Some((whole, after)) => BlockStep::Whole(whole, s.len() - after.len()),
                     None => BlockStep::Broken(calls),
                 }
             }
@@ -402,7 +330,7 @@ fn read_block_partial(s: &str, flavor: Flavor, req: Option<&ToolRequest>) -> Blo
 /// trailing whitespace (which `parse` trims when a block follows it); the calls begun.
 pub(super) fn parse_partial(text: &str, req: Option<&ToolRequest>, flavor: Flavor) -> Parsed {
     parse_blocks_partial(text, req, OPENINGS, |after| {
-        read_block_partial(after, flavor, req)
+        read_block_partial(after, flavor)
     })
 }
 
@@ -927,26 +855,6 @@ mod tests {
         check_stream_calls(fmt, &t, &r);
     }
 
-    /// A random edit of `t` at character boundaries: one of `pieces` inserted, a short span cut
-    /// out, or a span written twice (which repeats keys, calls and markup).
-    fn mutate(rng: &mut Rng, t: &mut String, pieces: &[&str]) {
-        let cuts: Vec<usize> = (0..=t.len()).filter(|&i| t.is_char_boundary(i)).collect();
-        let i = cuts[rng.below(cuts.len())];
-        let upto = |n: usize| *cuts.iter().find(|&&c| c >= (i + n).min(t.len())).unwrap();
-        match rng.below(3) {
-            0 => t.insert_str(i, pieces[rng.below(pieces.len())]),
-            1 => {
-                let end = upto(1 + rng.below(12));
-                t.replace_range(i..end, "");
-            }
-            _ => {
-                let end = upto(1 + rng.below(60));
-                let span = t[i..end].to_string();
-                t.insert_str(end, &span);
-            }
-        }
-    }
-
     /// Well-formed blocks (calls of offered tools and of one not offered, closed or not) with a
     /// few random edits, as a model without a grammar may slip: streaming never takes back what
     /// it sent, and the final reading goes on from it.
@@ -1007,7 +915,7 @@ mod tests {
                     t = t.replacen("\"d\"", "\"c\": 0, \"d\"", 1);
                 }
                 for _ in 0..rng.below(4) {
-                    mutate(&mut rng, &mut t, &pieces);
+                    mutate(&mut rng, &mut t, &pieces, 60);
                 }
                 checked += check_partial_prefixes(format, &t, Some(&r)).1;
                 begun += format.parse_partial(&t, Some(&r)).tool_calls.len();

@@ -32,20 +32,18 @@
 //! `[CALL_ID]` at the `[` that ends the id) and streams its arguments as they are written; a
 //! Nemo call once its item of the array is whole (the id comes after the arguments, and a
 //! repeated key may replace a member until the object closes). Arguments stop before a key
-//! that repeats an earlier one of its object (`first_repeat`).
+//! that repeats an earlier one of its object (`partial::read` stops there).
 //!
 //! Out of scope: Ministral 3's `[THINK]...[/THINK]` reasoning (it stays in the content, as
 //! text) and the content blocks (`thinking` / `text`) its template expects in the history.
-
-use std::collections::HashSet;
 
 use serde_json::{json, Value};
 
 use super::partial::{self, Json};
 use super::{
     allowed_tools, arguments_schema, call_of, call_schema, check_tools_convert, json_prefix,
-    offered, parse_blocks, parse_blocks_partial, read_call, tool_rules, BlockStep, Format,
-    LazyStart, Parsed, Plan, Tool, ToolCall, ToolRequest, WS_BODY,
+    parse_blocks, parse_blocks_partial, read_call, tool_rules, BlockStep, Format, LazyStart,
+    Parsed, Plan, Tool, ToolCall, ToolRequest, WS_BODY,
 };
 use muser_jsonschema::gbnf_literal as literal;
 
@@ -203,23 +201,11 @@ pub(super) fn parse(text: &str, req: Option<&ToolRequest>, flavor: Flavor) -> Pa
     })
 }
 
-/// A whole block's step: its calls as `parse` reads them, unless one of them calls a tool not
-/// offered after one that is (`parse` leaves such a block in the content, but streaming began
-/// the calls before it and keeps them: the block is broken there).
-fn whole_block(calls: Vec<ToolCall>, used: usize, req: Option<&ToolRequest>) -> BlockStep {
-    let begun = calls.iter().take_while(|c| offered(req, &c.name)).count();
-    if begun > 0 && begun < calls.len() {
-        BlockStep::Broken(calls)
-    } else {
-        BlockStep::Whole(calls, used)
-    }
-}
-
 /// How far streaming has read the Nemo array whose `[TOOL_CALLS]` ends right before `rest`. A
 /// call is begun once its item is whole: its id may come after its arguments, and a repeated
 /// key may replace any member until the object closes, so only then are its name and id
 /// final (its arguments come whole with them).
-fn read_nemo_partial(rest: &str, req: Option<&ToolRequest>) -> BlockStep {
+fn read_nemo_partial(rest: &str) -> BlockStep {
     let r = partial::read(rest);
     let items: Vec<&Value> = match &r.json {
         Json::Whole(Value::Array(a), _) => a.iter().collect(),
@@ -235,7 +221,7 @@ fn read_nemo_partial(rest: &str, req: Option<&ToolRequest>) -> BlockStep {
     let begun: Vec<ToolCall> = items.iter().map_while(|v| nemo_call(v)).collect();
     match r.json {
         Json::Whole(..) => match read_nemo(rest) {
-            Some((calls, used)) => whole_block(calls, used, req),
+            Some((calls, used)) => BlockStep::Whole(calls, used),
             None => BlockStep::Broken(begun),
         },
         // an item that is not a call: the array will not be read
@@ -244,65 +230,10 @@ fn read_nemo_partial(rest: &str, req: Option<&ToolRequest>) -> BlockStep {
     }
 }
 
-/// Where the JSON text at the start of `s` first repeats a key of one of its objects (at any
-/// depth): the offset of the repeated key's opening quote, as far as the text is read (private
-/// to this format; the same check would fit `partial::read`). serde_json keeps a repeated key
-/// at its first place with its last value, so what was streamed of the first value may not
-/// begin the final arguments: streaming stops before the repeat.
-fn first_repeat(s: &str) -> Option<usize> {
-    // the objects and arrays open: an object's keys so far (None for an array)
-    let mut open: Vec<Option<HashSet<String>>> = Vec::new();
-    let mut key_next = false;
-    let b = s.as_bytes();
-    let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            b'{' => {
-                open.push(Some(HashSet::new()));
-                key_next = true;
-            }
-            b'[' => {
-                open.push(None);
-                key_next = false;
-            }
-            b'}' | b']' => {
-                open.pop();
-                if open.is_empty() {
-                    return None;
-                }
-                key_next = false;
-            }
-            b',' => key_next = matches!(open.last(), Some(Some(_))),
-            b'"' => {
-                let mut j = i + 1;
-                while j < b.len() && b[j] != b'"' {
-                    j += if b[j] == b'\\' { 2 } else { 1 };
-                }
-                if j >= b.len() {
-                    return None;
-                }
-                if key_next {
-                    let key: String = serde_json::from_str(&s[i..=j]).ok()?;
-                    if let Some(Some(keys)) = open.last_mut() {
-                        if !keys.insert(key) {
-                            return Some(i);
-                        }
-                    }
-                    key_next = false;
-                }
-                i = j;
-            }
-            _ => {}
-        }
-        i += 1;
-    }
-    None
-}
-
 /// How far streaming has read the Args call whose `[TOOL_CALLS]` ends right before `rest`. The
 /// call is begun once its name and id are final (as `read_args` reads them): at the `[ARGS]`
 /// after its name, or with `[CALL_ID]` at the `[` that ends its id. Its arguments then grow as
-/// the JSON after `[ARGS]` is written, up to a repeated key (`first_repeat`).
+/// the JSON after `[ARGS]` is written (up to a repeated key, where `partial::read` stops).
 fn read_args_partial(rest: &str) -> BlockStep {
     let s = rest.trim_start();
     let name_len = match s.find(|c: char| !name_char(c)) {
@@ -336,11 +267,9 @@ fn read_args_partial(rest: &str) -> BlockStep {
             BlockStep::Broken(vec![call])
         };
     };
-    let repeat = first_repeat(json);
-    let r = partial::read(&json[..repeat.unwrap_or(json.len())]);
+    let r = partial::read(json);
     call.arguments = r.json.stable_object();
     match r.json {
-        _ if repeat.is_some() => BlockStep::Broken(vec![call]),
         Json::Whole(..) => match read_args(rest) {
             Some((call, used)) => BlockStep::Whole(vec![call], used),
             None => BlockStep::Broken(vec![call]),
@@ -354,7 +283,7 @@ fn read_args_partial(rest: &str) -> BlockStep {
 /// trailing whitespace (which `parse` trims when a call follows it); the calls begun.
 pub(super) fn parse_partial(text: &str, req: Option<&ToolRequest>, flavor: Flavor) -> Parsed {
     parse_blocks_partial(text, req, &[OPEN], |after| match flavor {
-        Flavor::Nemo => read_nemo_partial(after, req),
+        Flavor::Nemo => read_nemo_partial(after),
         Flavor::Args { .. } => read_args_partial(after),
     })
 }
@@ -1042,7 +971,8 @@ mod tests {
                 vec![],
             ),
             (format!("Hi [TOOL_CALLS][{item}"), vec![f_id()]),
-            // the id first: still only once whole, the last of repeated keys
+            // the id first: still only once whole; a repeated key breaks the reading (the
+            // call is read whole by `parse` at the end)
             (
                 r#"Hi [TOOL_CALLS][{"id": "abcDEF123", "name": "f", "arguments": {}"#.into(),
                 vec![],
@@ -1050,7 +980,7 @@ mod tests {
             (
                 r#"Hi [TOOL_CALLS] [{"id": "abcDEF123", "name": "f", "arguments": {}, "id": "x"}"#
                     .into(),
-                vec![call("f", "{}", None)],
+                vec![],
             ),
             (
                 format!(r#"Hi [TOOL_CALLS][{item}, {{"name": "g", "arguments": {{}}}}"#),
@@ -1072,50 +1002,6 @@ mod tests {
             format!(r#"[TOOL_CALLS][{{"name": "zz", "arguments": {{}}}}] [TOOL_CALLS][{item}]"#);
         assert_eq!(fmt.parse(&t, Some(&r)).tool_calls, vec![f_id()]);
         check_stream_calls(fmt, &t, &r);
-    }
-
-    /// The first repeated key of an object at any depth, keys compared as decoded strings, each
-    /// object its own scope; strings holding quotes and brackets are passed over.
-    #[test]
-    fn mistral_first_repeat() {
-        for (text, at) in [
-            (r#"{"a": 1, "b": 2, "a": 3}"#, Some(17)),
-            (r#"{"a": 1, "\u0061": 3}"#, Some(9)),
-            (
-                r#"{"a": {"b": 1}, "c": [{"b": 2}, {"b": 3, "b": 4}]}"#,
-                Some(41),
-            ),
-            (r#"{"a": "\"a\": {", "b": ["a", "a"], "c": {"a": 1}}"#, None),
-            (r#"{"a": [{"a": 1}, {"a": 2}], "b": {"b": {"b": 0}}}"#, None),
-            (r#"{"a": 1, "b": 2, "a"#, None),
-            (r#"{"a": 1} {"a": 1, "a": 2}"#, None),
-            ("", None),
-        ] {
-            assert_eq!(first_repeat(text), at, "{text}");
-            if let Some(i) = at {
-                assert_eq!(text.as_bytes()[i], b'"', "{text}");
-            }
-        }
-    }
-
-    /// A random edit of `t` at character boundaries: one of `pieces` inserted, a short span cut
-    /// out, or a span written twice (which repeats keys, items and markup).
-    fn mutate(rng: &mut Rng, t: &mut String, pieces: &[&str]) {
-        let cuts: Vec<usize> = (0..=t.len()).filter(|&i| t.is_char_boundary(i)).collect();
-        let i = cuts[rng.below(cuts.len())];
-        let upto = |n: usize| *cuts.iter().find(|&&c| c >= (i + n).min(t.len())).unwrap();
-        match rng.below(3) {
-            0 => t.insert_str(i, pieces[rng.below(pieces.len())]),
-            1 => {
-                let end = upto(1 + rng.below(12));
-                t.replace_range(i..end, "");
-            }
-            _ => {
-                let end = upto(1 + rng.below(40));
-                let span = t[i..end].to_string();
-                t.insert_str(end, &span);
-            }
-        }
     }
 
     /// Well-formed outputs (calls of offered tools and of one not offered) with a few random
@@ -1174,7 +1060,7 @@ mod tests {
                     t = t.replacen("\"d\"", "\"c\": 0, \"d\"", 1);
                 }
                 for _ in 0..rng.below(4) {
-                    mutate(&mut rng, &mut t, &pieces);
+                    mutate(&mut rng, &mut t, &pieces, 40);
                 }
                 checked += check_partial_prefixes(fmt, &t, Some(&r)).1;
                 begun += fmt.parse_partial(&t, Some(&r)).tool_calls.len();

@@ -1012,9 +1012,9 @@ pub(super) enum BlockStep {
 /// What streaming may send of an output `parse_blocks` reads: the content up to the first of
 /// `openings`, less a tail that may be the start of one, and less trailing whitespace (which
 /// `parse_blocks` trims when a block follows it); and the calls begun so far, block by block
-/// (`read` takes the text right after an opening). A call of a tool not offered ends the
-/// reading: its block is content to `parse_blocks`, and the calls after it are sent once the
-/// output is finished.
+/// (`read` takes the text right after an opening). A call of a tool not offered is never
+/// begun: a whole block that starts with one is passed over (it is content to
+/// `parse_blocks`), and one after a call begun ends the reading.
 fn parse_blocks_partial(
     text: &str,
     req: Option<&ToolRequest>,
@@ -1041,16 +1041,22 @@ fn parse_blocks_partial(
     let mut rest = text;
     while let Some((i, open)) = find_opening(rest, openings) {
         let after = &rest[i + open.len()..];
-        match read(after) {
-            BlockStep::Whole(calls, used) if calls.iter().all(|c| offered(req, &c.name)) => {
-                tool_calls.extend(calls);
+        let step = read(after);
+        let (BlockStep::Whole(calls, _) | BlockStep::Open(calls) | BlockStep::Broken(calls)) =
+            &step;
+        let begun = calls.iter().take_while(|c| offered(req, &c.name)).count();
+        match step {
+            // A whole block of calls of tools offered is read as `parse_blocks` reads it, and
+            // one whose first call is of a tool not offered is passed over as content.
+            BlockStep::Whole(calls, used) if begun == calls.len() || begun == 0 => {
+                tool_calls.extend(calls.into_iter().take(begun));
                 rest = &after[used..];
             }
-            // A block with a call of a tool not offered is content to `parse_blocks`, but the
-            // calls before it in the block may have been begun while it was open: they stay,
-            // and `parse_final` keeps them.
+            // A block with a call of a tool not offered after one that is offered is content
+            // to `parse_blocks`, but the calls before it were begun while the block was open:
+            // they stay, and `parse_final` keeps them.
             BlockStep::Whole(calls, _) | BlockStep::Open(calls) | BlockStep::Broken(calls) => {
-                tool_calls.extend(calls.into_iter().take_while(|c| offered(req, &c.name)));
+                tool_calls.extend(calls.into_iter().take(begun));
                 break;
             }
         }
@@ -1717,6 +1723,27 @@ pub(crate) mod test_util {
             python_json(v, true),
             serde_json::to_string_pretty(v).unwrap(),
         ]
+    }
+
+    /// A random edit of `t` at character boundaries, as a model without a grammar may slip: one
+    /// of `pieces` inserted, a short span cut out, or a span of up to `twice` bytes written
+    /// twice (which repeats keys, items, calls and markup).
+    pub fn mutate(rng: &mut Rng, t: &mut String, pieces: &[&str], twice: usize) {
+        let cuts: Vec<usize> = (0..=t.len()).filter(|&i| t.is_char_boundary(i)).collect();
+        let i = cuts[rng.below(cuts.len())];
+        let upto = |n: usize| *cuts.iter().find(|&&c| c >= (i + n).min(t.len())).unwrap();
+        match rng.below(3) {
+            0 => t.insert_str(i, pieces[rng.below(pieces.len())]),
+            1 => {
+                let end = upto(1 + rng.below(12));
+                t.replace_range(i..end, "");
+            }
+            _ => {
+                let end = upto(1 + rng.below(twice));
+                let span = t[i..end].to_string();
+                t.insert_str(end, &span);
+            }
+        }
     }
 
     /// Every prefix of `s` at a character boundary, "" and `s` included.
