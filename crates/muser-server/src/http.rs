@@ -761,9 +761,12 @@ impl Output {
 
     /// A finished answer's reading: `parse`'s, unless the output ended or broke inside a call
     /// (then the calls as streaming read them: `Parsed::settle`), so that a streamed answer and
-    /// the same answer whole agree.
-    fn parse_final(&self, text: &str) -> Parsed {
-        Parsed::settle(self.parse(text), self.parse_partial(text))
+    /// the same answer whole agree; and whether it is `parse`'s (its calls whole: only then is
+    /// the finish reason `tool_calls`).
+    fn parse_final(&self, text: &str) -> (Parsed, bool) {
+        let (full, part) = (self.parse(text), self.parse_partial(text));
+        let whole = full.continues(&part);
+        (Parsed::settle(full, part), whole)
     }
 
     /// OpenAI's `tool_calls` entries of a whole answer.
@@ -1005,7 +1008,7 @@ impl Reply {
             "finish_reason": f.reason.as_str(),
         });
         if let (true, Some(o)) = (self.chat, &self.output) {
-            let p = o.parse_final(&text);
+            let (p, whole) = o.parse_final(&text);
             let mut msg = json!({"role": "assistant", "content": p.content});
             if p.content.is_empty() && !p.tool_calls.is_empty() {
                 msg["content"] = Value::Null;
@@ -1015,8 +1018,9 @@ impl Reply {
             }
             if !p.tool_calls.is_empty() {
                 msg["tool_calls"] = json!(o.calls(&p));
-                // A reply cut by max_tokens or the context still says "length".
-                if f.reason == FinishReason::Stop {
+                // A reply cut by max_tokens or the context still says "length", and one whose
+                // last call was cut (a stop string) or broke says "stop".
+                if whole && f.reason == FinishReason::Stop {
                     choice["finish_reason"] = json!("tool_calls");
                 }
             }
@@ -1185,8 +1189,8 @@ fn sse_stream(
                 if let Some(o) = &r.output {
                     // The whole answer read at last: what its content, reasoning and calls
                     // gained since the last token.
-                    let p = o.parse_final(&st.text);
-                    let has_calls = !p.tool_calls.is_empty();
+                    let (p, whole) = o.parse_final(&st.text);
+                    let has_calls = whole && !p.tool_calls.is_empty();
                     let delta = news(&mut st.sent, &mut st.ids, p);
                     if !delta.is_empty() {
                         out.push(data(r.delta_chunk(delta, &[], 0, None, false)));
@@ -1269,7 +1273,7 @@ mod tests {
 
         /// What a whole answer gives.
         fn whole(o: &Output, text: &str) -> Rebuilt {
-            let p = o.parse_final(text);
+            let (p, _) = o.parse_final(text);
             let calls = o
                 .calls(&p)
                 .iter()
@@ -1304,7 +1308,7 @@ mod tests {
             }
             got.take(&news(&mut sent, &mut ids, o.parse_partial(&text[..at])));
         }
-        got.take(&news(&mut sent, &mut ids, o.parse_final(text)));
+        got.take(&news(&mut sent, &mut ids, o.parse_final(text).0));
         got
     }
 
@@ -1338,6 +1342,7 @@ mod tests {
                 text += &format!("<tool_call>\n{}\n</tool_call>\n", l[rng.below(l.len())]);
             }
             let whole = Rebuilt::whole(&o, &text);
+            assert!(o.parse_final(&text).1, "{text}");
             assert_eq!(whole.calls.len(), calls.len(), "{text}");
             for ((_, name, args), (t, a)) in whole.calls.iter().zip(&calls) {
                 assert_eq!(name, &t.name);
@@ -1357,6 +1362,31 @@ mod tests {
             }
         }
         assert!(cut_calls > 100, "{cut_calls}");
+    }
+
+    /// An answer cut inside a call's JSON (a stop string, max_tokens) keeps the call as far as
+    /// it was written, and is not `parse`'s own reading (its finish reason is not
+    /// "tool_calls"); the whole call is.
+    #[test]
+    fn a_call_cut_short_is_not_whole() {
+        let r = crate::tools::test_util::f_req(false);
+        let o = Output {
+            format: Format::Hermes,
+            tools: Some(r),
+            call_seed: 7,
+            think: None,
+            past_ids: Default::default(),
+        };
+        let whole =
+            "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": \"see it\"}}\n</tool_call>";
+        let (p, is_whole) = o.parse_final(whole);
+        assert!(is_whole);
+        assert_eq!(p.tool_calls[0].arguments, r#"{"a":"see it"}"#);
+        let cut = &whole[..whole.find(" it").unwrap()];
+        let (p, is_whole) = o.parse_final(cut);
+        assert!(!is_whole);
+        assert_eq!((p.content.as_str(), p.tool_calls.len()), ("", 1));
+        assert_eq!(p.tool_calls[0].arguments, r#"{"a":"see"#);
     }
 
     /// Every call of an answer gets an id no other call of the answer or of the conversation

@@ -1761,7 +1761,8 @@ mod tests {
         let none = request(req.tools.clone(), ToolChoice::None, false);
         assert_eq!(parse_partial(&done, Some(&none)).tool_calls, []);
         assert_eq!(parse_partial(&done, None).tool_calls, []);
-        // A parameter given twice stops the call where it was (the final value may differ).
+        // A parameter given twice stops the streamed call where it was; the finished reading
+        // keeps the first value and goes on from it.
         let twice = " to=g<|message|><atem:function_calls><atem:invoke name=\"g\">\
                      <atem:parameter name=\"k\">1</atem:parameter>\
                      <atem:parameter name=\"k\">2</atem:parameter></atem:invoke>\
@@ -1769,11 +1770,11 @@ mod tests {
         assert_eq!(pp(twice).tool_calls, [call("g", r#"{"k":1"#)]);
         assert_eq!(
             parse(twice, Some(&req)).tool_calls,
-            [call("g", r#"{"k":2}"#)]
+            [call("g", r#"{"k":1}"#)]
         );
         assert_eq!(
             Format::Atem.parse_final(twice, Some(&req)).tool_calls,
-            [call("g", r#"{"k":1"#)]
+            [call("g", r#"{"k":1}"#)]
         );
     }
 }

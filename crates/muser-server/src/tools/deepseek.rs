@@ -6,8 +6,8 @@
 //! itself. Reasoning in `<think>` tags is split off before `parse` sees the text.
 //!
 //! Streaming begins each call once its name is whole (R1: at the newline after it, V3.1: at
-//! the separator) and streams its arguments as they are written, up to a key that repeats an
-//! earlier one of its object (`partial::read` stops there); the block is whole at `<｜tool▁calls▁end｜>`.
+//! the separator) and streams its arguments as they are written; the block is whole at
+//! `<｜tool▁calls▁end｜>`.
 
 use serde_json::Value;
 
@@ -213,8 +213,7 @@ enum CallStep<'s> {
 }
 
 /// The call of `name`, begun: its arguments (a JSON object, in a ```` ```json ```` fence or
-/// not, as `read_args` reads them) as far as they are written in `s` (up to a repeated key,
-/// where `partial::read` stops).
+/// not, as `read_args` reads them) as far as they are written in `s`.
 fn read_args_partial<'s>(name: &str, s: &'s str) -> CallStep<'s> {
     let mut call = ToolCall {
         id: None,
@@ -820,14 +819,13 @@ mod tests {
                 vec![call("f", r#"{"a":1}"#)],
             ),
             (Flavor::V31, v31(&format!("f{SEP}[1]")), vec![call("f", "")]),
-            // a repeated key (serde_json keeps its last value at its first place): the
-            // arguments stop before it
+            // a repeated key keeps its first value (as `parse` reads it)
             (
                 Flavor::V31,
                 v31(&format!(
                     "f{SEP}{{\"a\": 1, \"b\": [{{\"c\": 2, \"c\": 3}}]}}{CALL_END}"
                 )),
-                vec![call("f", r#"{"a":1,"b":[{"c":2"#)],
+                vec![call("f", r#"{"a":1,"b":[{"c":2}]}"#)],
             ),
             (Flavor::R1, v31("f\n{}"), vec![]),
         ];

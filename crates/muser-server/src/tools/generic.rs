@@ -158,7 +158,7 @@ pub(super) fn parse(text: &str, req: Option<&ToolRequest>) -> Parsed {
 /// The reply's JSON read, if it is one of the format's objects; `response` is the content (its
 /// JSON text when `json_response`, the answer being held by a response format).
 fn read_reply(text: &str, json_response: bool) -> Option<Parsed> {
-    let Ok(Value::Object(o)) = serde_json::from_str::<Value>(text.trim()) else {
+    let Some(Value::Object(o)) = partial::whole(text) else {
         return None;
     };
     if o.is_empty() {
@@ -188,7 +188,7 @@ fn read_reply(text: &str, json_response: bool) -> Option<Parsed> {
 }
 
 /// The members of the JSON object a reply that starts with `text` begins, as far as they are
-/// read (up to a repeated key, where `partial::read` stops); None when the reply is no object.
+/// read (a repeated key keeps its first value); None when the reply is no object.
 pub(super) fn reply_members(text: &str) -> Option<Vec<(String, Json)>> {
     let t = text.trim_start();
     if !t.starts_with('{') {
@@ -245,7 +245,7 @@ fn call_step(v: &Json, req: Option<&ToolRequest>, calls: &mut Vec<ToolCall>) -> 
 /// far as they are known. The reading stops growing where the reply stops being one of the
 /// format's objects (a key not the format's, a `response` that is not a string where it must
 /// be, an item that is not a call `parse` reads, a call of a tool not offered), where its JSON
-/// breaks or repeats a key, and after the object.
+/// breaks, and after the object.
 fn begun_calls(text: &str, req: Option<&ToolRequest>) -> Vec<ToolCall> {
     let json_response = req.is_some_and(|r| r.response.is_some());
     let mut calls = Vec::new();
@@ -548,7 +548,7 @@ mod tests {
             ),
             (
                 r#"{"tool_calls": [{"name": "f", "arguments": {"a": 1, "a": 2}}, {"name": "g""#,
-                vec![call("f", r#"{"a":1"#)],
+                vec![call("f", r#"{"a":1}"#), call("g", "")],
             ),
             (
                 r#"{"tool_call": {"name": "f", "arguments": {}}, "tool_call": {"name": "g""#,
@@ -568,7 +568,6 @@ mod tests {
             r#"{"tool_calls": [{"name": "f", "arguments": {"a": 1}}, {"name": "zz", "arguments": {}}]}"#,
             r#"{"tool_call": {"name": "f", "arguments": {"a": 1}}} x"#,
             r#"{"tool_call": {"name": "f", "arguments": {"a": 1}}, "other": 2}"#,
-            r#"{"tool_call": {"name": "f", "arguments": {"a": 1}}, "tool_call": {"name": "g", "arguments": {}}}"#,
         ] {
             let streamed = [call("f", r#"{"a":1}"#)];
             let part = Format::Generic.parse_partial(t, Some(&r));
@@ -576,6 +575,16 @@ mod tests {
             assert!(!Format::Generic.parse(t, Some(&r)).continues(&part), "{t}");
             check_parsed(&Format::Generic.parse_final(t, Some(&r)), "", &streamed, t);
         }
+        // a repeated key keeps its first value, streamed and read alike
+        let t = r#"{"tool_call": {"name": "f", "arguments": {"a": 1}}, "tool_call": {"name": "g", "arguments": {}}}"#;
+        let streamed = [call("f", r#"{"a":1}"#)];
+        check_parsed(
+            &Format::Generic.parse_partial(t, Some(&r)),
+            "",
+            &streamed,
+            t,
+        );
+        check_parsed(&Format::Generic.parse(t, Some(&r)), "", &streamed, t);
     }
 
     /// Streaming sends nothing that the finished text would not start with, and its calls are

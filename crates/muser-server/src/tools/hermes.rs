@@ -80,7 +80,8 @@ pub(super) fn parse(text: &str, req: Option<&ToolRequest>) -> Parsed {
 fn read_block_partial(rest: &str) -> BlockStep {
     let r = partial::read(rest);
     let Some(call) = begun_call(&r.json, "arguments") else {
-        return if r.broken {
+        // no call yet; a whole object without a name is none (`parse` leaves it in the content)
+        return if r.broken || matches!(r.json, Json::Whole(..)) {
             BlockStep::Broken(Vec::new())
         } else {
             BlockStep::Open(Vec::new())
@@ -368,6 +369,24 @@ mod tests {
             let p = Format::Hermes.parse_partial(t, Some(&r));
             check_parsed(&p, "Hi", &calls, t);
         }
+        // cut inside a later call: the text between the calls stays content
+        let t = "Intro <tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": \"1\"}}\n</tool_call>\nBetween\n<tool_call>\n{\"name\": \"g\", \"arguments\": {\"a\": \"x";
+        let calls = [
+            super::super::test_util::call("f", r#"{"a":"1"}"#),
+            super::super::test_util::call("g", r#"{"a":"x"#),
+        ];
+        check_parsed(
+            &Format::Hermes.parse_partial(t, Some(&r)),
+            "Intro \nBetween",
+            &calls,
+            t,
+        );
+        check_parsed(
+            &Format::Hermes.parse_final(t, Some(&r)),
+            "Intro \nBetween",
+            &calls,
+            t,
+        );
     }
 
     /// For every text built from the format's pieces and every prefix of it, what streaming

@@ -13,7 +13,7 @@
 use serde_json::Value;
 
 use super::generic::reply_members;
-use super::partial::{Json, Open};
+use super::partial::{self, Json, Open};
 use super::{
     allowed_tools, arguments_schema, begun_call, call_of, calls_wanted, offered, tool_rules,
     verbatim, LazyStart, Parsed, Plan, ToolCall, ToolRequest, WS_BODY,
@@ -81,7 +81,7 @@ fn read_reply(text: &str) -> Option<ToolCall> {
     if !t.starts_with('{') {
         return None;
     }
-    let v: Value = serde_json::from_str(t).ok()?;
+    let v = partial::whole(t)?;
     let o = v.as_object()?;
     if o.keys().any(|k| !KEYS.contains(&k.as_str())) {
         return None;
@@ -178,7 +178,7 @@ fn member_fits(key: &str, v: &Json, before: &[(String, Json)]) -> bool {
 /// The call a reply that starts with `text` has begun: once it is a JSON object whose `name`
 /// is a whole string and whose members so far may all be a call's (`member_fits`), the call
 /// with its arguments as far as they are known. The reading stops growing where the reply
-/// stops being a call: at a member that does not fit, where the JSON breaks or repeats a key
+/// stops being a call: at a member that does not fit, where the JSON breaks
 /// (`reply_members`), and after the object (`parse` takes no text after it).
 fn begun(text: &str) -> Option<ToolCall> {
     let members = reply_members(text)?;
@@ -496,17 +496,23 @@ mod tests {
             let p = Format::Llama3.parse_partial(t, Some(&r));
             assert_eq!(p.tool_calls, calls, "{t}");
         }
+        // a repeated key keeps its first value, streamed and read alike
+        for t in [
+            r#"{"name": "f", "parameters": {"a": 1}, "name": "g"}"#,
+            r#"{"name": "f", "parameters": {"a": 1}, "parameters": {}}"#,
+        ] {
+            let streamed = call("f", r#"{"a":1}"#);
+            check_parsed(&Format::Llama3.parse_partial(t, Some(&r)), "", &streamed, t);
+            check_parsed(&Format::Llama3.parse(t, Some(&r)), "", &streamed, t);
+        }
         // proven no call (or another) after it was begun: the call stops growing where the
-        // proof starts, and the finished reading is what was streamed (`parse` reads content,
-        // or serde_json's last `name` or arguments of repeated keys)
+        // proof starts, and the finished reading is what was streamed (`parse` reads content)
         for t in [
             r#"{"name": "f", "parameters": {"a": 1}} done"#,
             r#"{"name": "f", "parameters": {"a": 1}}{"name": "f", "parameters": {}}"#,
             r#"{"name": "f", "parameters": {"a": 1}, "id": {"b": 2}}"#,
             r#"{"name": "f", "parameters": {"a": 1}, "arguments": {"b": 2}}"#,
             r#"{"name": "f", "parameters": {"a": 1}, "type": "tool"}"#,
-            r#"{"name": "f", "parameters": {"a": 1}, "name": "g"}"#,
-            r#"{"name": "f", "parameters": {"a": 1}, "parameters": {}}"#,
             r#"{"name": "f", "parameters": {"a": 1} x"#,
         ] {
             let streamed = call("f", r#"{"a":1}"#);
@@ -515,14 +521,19 @@ mod tests {
             assert!(!Format::Llama3.parse(t, Some(&r)).continues(&part), "{t}");
             check_parsed(&Format::Llama3.parse_final(t, Some(&r)), "", &streamed, t);
         }
-        // a repeated key in the arguments: they stop before it (serde_json keeps the last
-        // value in the first one's place, which would not go on from what was sent)
+        // a repeated key in the arguments keeps its first value: the repeat adds nothing to
+        // what is streamed, and the call ends as streamed
         let t = r#"{"name": "f", "parameters": {"a": 1, "b": 2, "a": 3}}"#;
         let full = Format::Llama3.parse(t, Some(&r));
-        assert_eq!(full.tool_calls, call("f", r#"{"a":3,"b":2}"#));
+        assert_eq!(full.tool_calls, call("f", r#"{"a":1,"b":2}"#));
         for p in prefixes(t).skip_while(|p| !p.ends_with("2, ")) {
             let part = Format::Llama3.parse_partial(p, Some(&r));
-            check_parsed(&part, "", &call("f", r#"{"a":1,"b":2"#), p);
+            let args = if p.len() < t.len() - 1 {
+                r#"{"a":1,"b":2"#
+            } else {
+                r#"{"a":1,"b":2}"#
+            };
+            check_parsed(&part, "", &call("f", args), p);
         }
     }
 

@@ -30,9 +30,7 @@
 //!
 //! `parse_partial` begins an Args call once its name and id are final (at `[ARGS]`, or with
 //! `[CALL_ID]` at the `[` that ends the id) and streams its arguments as they are written; a
-//! Nemo call once its item of the array is whole (the id comes after the arguments, and a
-//! repeated key may replace a member until the object closes). Arguments stop before a key
-//! that repeats an earlier one of its object (`partial::read` stops there).
+//! Nemo call once its item of the array is whole (the id comes after the arguments).
 //!
 //! Out of scope: Ministral 3's `[THINK]...[/THINK]` reasoning (it stays in the content, as
 //! text) and the content blocks (`thinking` / `text`) its template expects in the history.
@@ -202,9 +200,8 @@ pub(super) fn parse(text: &str, req: Option<&ToolRequest>, flavor: Flavor) -> Pa
 }
 
 /// How far streaming has read the Nemo array whose `[TOOL_CALLS]` ends right before `rest`. A
-/// call is begun once its item is whole: its id may come after its arguments, and a repeated
-/// key may replace any member until the object closes, so only then are its name and id
-/// final (its arguments come whole with them).
+/// call is begun once its item is whole: its id may come after its arguments, so only then
+/// are its name and id final (its arguments come whole with them).
 fn read_nemo_partial(rest: &str) -> BlockStep {
     let r = partial::read(rest);
     let items: Vec<&Value> = match &r.json {
@@ -233,7 +230,7 @@ fn read_nemo_partial(rest: &str) -> BlockStep {
 /// How far streaming has read the Args call whose `[TOOL_CALLS]` ends right before `rest`. The
 /// call is begun once its name and id are final (as `read_args` reads them): at the `[ARGS]`
 /// after its name, or with `[CALL_ID]` at the `[` that ends its id. Its arguments then grow as
-/// the JSON after `[ARGS]` is written (up to a repeated key, where `partial::read` stops).
+/// the JSON after `[ARGS]` is written.
 fn read_args_partial(rest: &str) -> BlockStep {
     let s = rest.trim_start();
     let name_len = match s.find(|c: char| !name_char(c)) {
@@ -894,7 +891,7 @@ mod tests {
 
     /// Calls streamed as they are written: an Args call once its name and id are final, its
     /// arguments as far as they are known; a Nemo call once its item is whole (its id may come
-    /// after its arguments, and a repeated key may replace it until the object closes).
+    /// after its arguments).
     #[test]
     fn mistral_partial_streams_calls() {
         let r = f_req(true);
@@ -944,15 +941,14 @@ mod tests {
                     "Hi [TOOL_CALLS]f[CALL_ID]abcDEF123[X",
                     vec![call("f", "", Some("abcDEF123"))],
                 ),
-                // a repeated key (serde_json keeps its last value at its first place): the
-                // arguments stop before it, the call as streamed stands
+                // a repeated key keeps its first value (as `parse` reads it)
                 (
                     r#"Hi [TOOL_CALLS]f[ARGS]{"a": 1, "b": {"c": [2]}, "a": 3}"#,
-                    vec![call("f", r#"{"a":1,"b":{"c":[2]}"#, None)],
+                    vec![call("f", r#"{"a":1,"b":{"c":[2]}}"#, None)],
                 ),
                 (
                     r#"Hi [TOOL_CALLS]f[ARGS]{"a": {"c": 1, "\u0063": 2}}"#,
-                    vec![call("f", r#"{"a":{"c":1"#, None)],
+                    vec![call("f", r#"{"a":{"c":1}}"#, None)],
                 ),
             ] {
                 check_parsed(&fmt.parse_partial(t, Some(&r)), "Hi", &calls, t);
@@ -971,8 +967,7 @@ mod tests {
                 vec![],
             ),
             (format!("Hi [TOOL_CALLS][{item}"), vec![f_id()]),
-            // the id first: still only once whole; a repeated key breaks the reading (the
-            // call is read whole by `parse` at the end)
+            // the id first: still only once whole; a repeated key keeps its first value
             (
                 r#"Hi [TOOL_CALLS][{"id": "abcDEF123", "name": "f", "arguments": {}"#.into(),
                 vec![],
@@ -980,7 +975,7 @@ mod tests {
             (
                 r#"Hi [TOOL_CALLS] [{"id": "abcDEF123", "name": "f", "arguments": {}, "id": "x"}"#
                     .into(),
-                vec![],
+                vec![call("f", "{}", Some("abcDEF123"))],
             ),
             (
                 format!(r#"Hi [TOOL_CALLS][{item}, {{"name": "g", "arguments": {{}}}}"#),

@@ -929,9 +929,7 @@ fn call_of(name: &str, args: &Value) -> Option<ToolCall> {
 
 /// The JSON value at the start of `s` (after whitespace) and the length of `s` it spans.
 fn json_prefix(s: &str) -> Option<(Value, usize)> {
-    let mut it = serde_json::Deserializer::from_str(s).into_iter::<Value>();
-    let v = it.next()?.ok()?;
-    Some((v, it.byte_offset()))
+    partial::value(s)
 }
 
 /// The text as it came: what a request that asks for no calls gets back.
@@ -1009,9 +1007,10 @@ pub(super) enum BlockStep {
     Broken(Vec<ToolCall>),
 }
 
-/// What streaming may send of an output `parse_blocks` reads: the content up to the first of
-/// `openings`, less a tail that may be the start of one, and less trailing whitespace (which
-/// `parse_blocks` trims when a block follows it); and the calls begun so far, block by block
+/// What streaming may send of an output `parse_blocks` reads: the content as `parse_blocks`
+/// builds it up to the first block not yet whole, less a tail that may be the start of an
+/// opening, and less trailing whitespace (which `parse_blocks` trims when a block follows it);
+/// and the calls begun so far, block by block
 /// (`read` takes the text right after an opening). A call of a tool not offered is never
 /// begun: a whole block that starts with one is passed over (it is content to
 /// `parse_blocks`), and one after a call begun ends the reading.
@@ -1024,32 +1023,45 @@ fn parse_blocks_partial(
     if !calls_wanted(req) {
         return verbatim(text);
     }
-    let cut = match find_opening(text, openings) {
-        Some((i, _)) => i,
-        None => {
-            let held = openings
-                .iter()
-                .flat_map(|o| {
-                    (1..o.len()).filter(|&n| o.is_char_boundary(n) && text.ends_with(&o[..n]))
-                })
-                .max()
-                .unwrap_or(0);
-            text.len() - held
-        }
+    // the length of a tail of `t` that may be the start of an opening
+    let held = |t: &str| {
+        openings
+            .iter()
+            .flat_map(|o| (1..o.len()).filter(|&n| o.is_char_boundary(n) && t.ends_with(&o[..n])))
+            .max()
+            .unwrap_or(0)
     };
+    let mut content = String::new();
     let mut tool_calls = Vec::new();
     let mut rest = text;
-    while let Some((i, open)) = find_opening(rest, openings) {
+    // The content grows as `parse_blocks` builds it while every block so far is whole and read
+    // as calls; a block passed over is content from its opening on, read differently.
+    let mut growing = true;
+    loop {
+        let Some((i, open)) = find_opening(rest, openings) else {
+            if growing {
+                content.push_str(&rest[..rest.len() - held(rest)]);
+            }
+            break;
+        };
+        if growing {
+            content.push_str(&rest[..i]);
+        }
         let after = &rest[i + open.len()..];
         let step = read(after);
         let (BlockStep::Whole(calls, _) | BlockStep::Open(calls) | BlockStep::Broken(calls)) =
             &step;
         let begun = calls.iter().take_while(|c| offered(req, &c.name)).count();
         match step {
-            // A whole block of calls of tools offered is read as `parse_blocks` reads it, and
-            // one whose first call is of a tool not offered is passed over as content.
-            BlockStep::Whole(calls, used) if begun == calls.len() || begun == 0 => {
-                tool_calls.extend(calls.into_iter().take(begun));
+            // A whole block of calls of tools offered is read as `parse_blocks` reads it.
+            BlockStep::Whole(calls, used) if begun == calls.len() => {
+                tool_calls.extend(calls);
+                rest = &after[used..];
+            }
+            // One whose first call is of a tool not offered is passed over (`parse_blocks`
+            // leaves it in the content).
+            BlockStep::Whole(_, used) if begun == 0 => {
+                growing = false;
                 rest = &after[used..];
             }
             // A block with a call of a tool not offered after one that is offered is content
@@ -1061,8 +1073,9 @@ fn parse_blocks_partial(
             }
         }
     }
+    content.truncate(content.trim_end().len());
     Parsed {
-        content: text[..cut].trim_end().to_string(),
+        content,
         reasoning: None,
         tool_calls,
     }

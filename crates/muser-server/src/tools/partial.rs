@@ -1,14 +1,15 @@
 //! JSON read as far as it has been written, for streaming a tool call's arguments while the
-//! model writes them.
+//! model writes them, and the reader of every call's JSON (`value`, `whole`), so that what is
+//! streamed and what is read at the end agree.
 //!
 //! A call's final arguments are the compact JSON of the value the model wrote (`call_of`).
 //! `Json::stable` gives, for text that ends inside that value, the longest text that begins
 //! the final arguments whatever the model writes next: strings as far as their characters are
 //! known (an escape is held until it is whole), numbers and literals only once they end, and
-//! an object's key once it is whole. A key repeated in an object breaks the reading there
-//! (serde_json keeps the last value in the first key's place, so the final text would not go
-//! on from what was read). Every whole value is read by
-//! serde_json itself from its own text, so it is exactly the value `parse` reads.
+//! an object's key once it is whole. A key repeated in an object keeps its first value (the
+//! repeat is read, checked and left out), here and in the final value alike; strings and
+//! numbers are read by serde_json from their own text, containers are built from their
+//! children, so a reading costs time linear in the text.
 
 use serde_json::Value;
 
@@ -46,28 +47,58 @@ pub(super) struct Read {
     pub broken: bool,
 }
 
-/// Reads the JSON value at the start of `s` (after whitespace). A text that is not JSON reads
-/// as far as it is: the value open where it breaks, `broken` set.
+/// Reads the JSON value at the start of `s` (after whitespace), `s` being the text so far: a
+/// number at its very end may go on. A text that is not JSON reads as far as it is: the value
+/// open where it breaks, `broken` set.
 pub(super) fn read(s: &str) -> Read {
-    let mut r = Reader {
-        s,
-        b: s.as_bytes(),
-        broken: false,
-    };
-    let json = r.value(0, 0);
-    Read {
-        json,
-        broken: r.broken,
+    Reader::new(s, false).read()
+}
+
+/// The whole JSON value at the start of `s` (after whitespace) and the offset where it ends,
+/// `s` being finished; None when it is not a whole value there.
+pub(super) fn value(s: &str) -> Option<(Value, usize)> {
+    match Reader::new(s, true).read().json {
+        Json::Whole(v, end) => Some((v, end)),
+        Json::Open(_) => None,
     }
+}
+
+/// The JSON value `s` is (whitespace around it allowed), as `serde_json::from_str` reads it
+/// but for a repeated key, which keeps its first value.
+pub(super) fn whole(s: &str) -> Option<Value> {
+    let (v, end) = value(s)?;
+    s[end..]
+        .bytes()
+        .all(|b| matches!(b, b' ' | b'\t' | b'\n' | b'\r'))
+        .then_some(v)
 }
 
 struct Reader<'s> {
     s: &'s str,
     b: &'s [u8],
+    /// The text is finished: a number at its end is whole.
+    finished: bool,
     broken: bool,
 }
 
-impl Reader<'_> {
+impl<'s> Reader<'s> {
+    fn new(s: &'s str, finished: bool) -> Reader<'s> {
+        Reader {
+            s,
+            b: s.as_bytes(),
+            finished,
+            broken: false,
+        }
+    }
+
+    fn read(mut self) -> Read {
+        let json = self.value(0, 0);
+        Read {
+            json,
+            broken: self.broken,
+        }
+    }
+
     fn ws(&self, mut i: usize) -> usize {
         while i < self.b.len() && matches!(self.b[i], b' ' | b'\t' | b'\n' | b'\r') {
             i += 1;
@@ -191,7 +222,7 @@ impl Reader<'_> {
         while j < b.len() && matches!(b[j], b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9') {
             j += 1;
         }
-        if j == b.len() {
+        if j == b.len() && !self.finished {
             return Json::Open(Open::Pending);
         }
         self.whole(start, j, || Open::Pending)
@@ -203,7 +234,7 @@ impl Reader<'_> {
             if rest.starts_with(lit) {
                 return self.whole(start, start + lit.len(), || Open::Pending);
             }
-            if lit.starts_with(rest) {
+            if lit.starts_with(rest) && !self.finished {
                 return Json::Open(Open::Pending);
             }
         }
@@ -211,85 +242,105 @@ impl Reader<'_> {
     }
 
     fn object(&mut self, start: usize, depth: usize) -> Json {
-        let mut members: Vec<(String, Json)> = Vec::new();
+        // the whole members so far, and where each one's value ends
+        let mut map = serde_json::Map::new();
+        let mut ends = Vec::new();
+        let members = |map: serde_json::Map<String, Value>, ends: Vec<usize>| {
+            map.into_iter()
+                .zip(ends)
+                .map(|((k, v), e)| (k, Json::Whole(v, e)))
+                .collect::<Vec<_>>()
+        };
         let mut j = self.ws(start + 1);
         if j < self.b.len() && self.b[j] == b'}' {
-            return self.whole(start, j + 1, || Open::Obj(Vec::new()));
+            return Json::Whole(Value::Object(map), j + 1);
         }
         loop {
             if j == self.b.len() {
-                return Json::Open(Open::Obj(members));
+                return Json::Open(Open::Obj(members(map, ends)));
             }
             if self.b[j] != b'"' {
-                return self.bad(Open::Obj(members));
+                return self.bad(Open::Obj(members(map, ends)));
             }
             let key = match self.string(j) {
                 Json::Whole(Value::String(k), e) => {
                     j = e;
                     k
                 }
-                _ => {
-                    // the key unfinished (or broken): the member is not listed yet
-                    return Json::Open(Open::Obj(members));
-                }
+                // the key unfinished (or broken): the member is not listed yet
+                _ => return Json::Open(Open::Obj(members(map, ends))),
             };
-            if members.iter().any(|(k, _)| *k == key) {
-                // serde_json keeps a repeated key's last value in the first one's place, so
-                // what was read of the object would not begin its final text: read no further
-                return self.bad(Open::Obj(members));
-            }
             j = self.ws(j);
             if j == self.b.len() {
-                return Json::Open(Open::Obj(members));
+                return Json::Open(Open::Obj(members(map, ends)));
             }
             if self.b[j] != b':' {
-                return self.bad(Open::Obj(members));
+                return self.bad(Open::Obj(members(map, ends)));
             }
+            // a repeated key keeps its first value: the repeat is read and left out
+            let repeat = map.contains_key(&key);
             match self.value(j + 1, depth + 1) {
                 Json::Whole(v, e) => {
-                    members.push((key, Json::Whole(v, e)));
+                    if !repeat {
+                        map.insert(key, v);
+                        ends.push(e);
+                    }
                     j = self.ws(e);
                 }
                 open => {
-                    members.push((key, open));
-                    return Json::Open(Open::Obj(members));
+                    let mut m = members(map, ends);
+                    if !repeat {
+                        m.push((key, open));
+                    }
+                    return Json::Open(Open::Obj(m));
                 }
             }
             if j == self.b.len() {
-                return Json::Open(Open::Obj(members));
+                return Json::Open(Open::Obj(members(map, ends)));
             }
             match self.b[j] {
                 b',' => j = self.ws(j + 1),
-                b'}' => return self.whole(start, j + 1, || Open::Obj(members)),
-                _ => return self.bad(Open::Obj(members)),
+                b'}' => return Json::Whole(Value::Object(map), j + 1),
+                _ => return self.bad(Open::Obj(members(map, ends))),
             }
         }
     }
 
     fn array(&mut self, start: usize, depth: usize) -> Json {
-        let mut items = Vec::new();
+        // the whole items so far, and where each one ends
+        let mut values = Vec::new();
+        let mut ends = Vec::new();
+        let items = |values: Vec<Value>, ends: Vec<usize>| {
+            values
+                .into_iter()
+                .zip(ends)
+                .map(|(v, e)| Json::Whole(v, e))
+                .collect::<Vec<_>>()
+        };
         let mut j = self.ws(start + 1);
         if j < self.b.len() && self.b[j] == b']' {
-            return self.whole(start, j + 1, || Open::Arr(Vec::new()));
+            return Json::Whole(Value::Array(values), j + 1);
         }
         loop {
             match self.value(j, depth + 1) {
                 Json::Whole(v, e) => {
-                    items.push(Json::Whole(v, e));
+                    values.push(v);
+                    ends.push(e);
                     j = self.ws(e);
                 }
                 open => {
-                    items.push(open);
-                    return Json::Open(Open::Arr(items));
+                    let mut all = items(values, ends);
+                    all.push(open);
+                    return Json::Open(Open::Arr(all));
                 }
             }
             if j == self.b.len() {
-                return Json::Open(Open::Arr(items));
+                return Json::Open(Open::Arr(items(values, ends)));
             }
             match self.b[j] {
                 b',' => j += 1,
-                b']' => return self.whole(start, j + 1, || Open::Arr(items)),
-                _ => return self.bad(Open::Arr(items)),
+                b']' => return Json::Whole(Value::Array(values), j + 1),
+                _ => return self.bad(Open::Arr(items(values, ends))),
             }
         }
     }
@@ -456,15 +507,29 @@ mod tests {
             assert!(r.broken, "{text}");
             assert_eq!(r.json.stable(), stable, "{text}");
         }
+        // a repeated key keeps its first value, open or whole, here as in `whole`
         for (text, stable) in [
             (r#"{"a": 1, "b": 2, "a": 3"#, r#"{"a":1,"b":2"#),
+            (r#"{"a": 1, "b": 2, "a": [3, "#, r#"{"a":1,"b":2"#),
             (r#"{"a": {"b": 2, "b""#, r#"{"a":{"b":2"#),
-            (r#"{"a": 1, "b": 2, "a": 3}"#, r#"{"a":1,"b":2"#),
+            (
+                r#"{"a": 1, "b": 2, "a": 3, "c": 4}"#,
+                r#"{"a":1,"b":2,"c":4}"#,
+            ),
+            (r#"{"a": {"b": 2, "b": 1}}"#, r#"{"a":{"b":2}}"#),
         ] {
             let r = read(text);
-            assert!(r.broken, "{text}");
+            assert!(!r.broken, "{text}");
             assert_eq!(r.json.stable(), stable, "{text}");
         }
+        assert_eq!(
+            whole(r#" {"a": 1, "\u0061": [2], "b": {"c": 3, "c": 4}} "#),
+            Some(json!({"a": 1, "b": {"c": 3}}))
+        );
+        assert_eq!(whole(r#"{"a": 1} x"#), None);
+        assert_eq!(whole("12"), Some(json!(12)));
+        assert_eq!(value("[1, 2] x"), Some((json!([1, 2]), 6)));
+        assert!(read(r#"{"a": 1, "a": x"#).broken);
         for (text, stable) in [
             (r#"{"a": "\ud83d"#, r#"{"a":""#),
             (r#"{"a": "\ud83d\u"#, r#"{"a":""#),

@@ -290,7 +290,8 @@ fn name_open(s: &str) -> bool {
 /// How far streaming has read the call block whose `<tool_call>` ends right before `rest`: the
 /// call is begun once its `<function=NAME>` is whole, and its arguments grow by whole
 /// parameters (`StreamedArgs`), a parameter whose schema admits strings only by its
-/// characters too. A repeated parameter name ends the reading (the final value may differ).
+/// characters too. A repeated parameter name ends the reading (`arguments` keeps the first
+/// value and goes on).
 fn read_block_partial(rest: &str, req: Option<&ToolRequest>) -> BlockStep {
     let mut p = ws_len(rest);
     match starts(&rest[p..], FUNCTION) {
@@ -794,17 +795,17 @@ mod tests {
             let p = Format::QwenXml.parse_partial(&t, Some(&r));
             check_parsed(&p, "Hi", &calls, &t);
         }
-        // ... and that call, whose final reading would change what was sent, ends as sent
+        // ... and that call's finished reading keeps the first value and goes on from it
         let twice = format!(
             "{f}<parameter=i>\n1\n</parameter>\n<parameter=i>\n2\n</parameter>\n</function>\n</tool_call>"
         );
         assert_eq!(
             Format::QwenXml.parse(&twice, Some(&r)).tool_calls,
-            [call("f", r#"{"i":2}"#)]
+            [call("f", r#"{"i":1}"#)]
         );
         assert_eq!(
             Format::QwenXml.parse_final(&twice, Some(&r)).tool_calls,
-            [call("f", r#"{"i":1"#)]
+            [call("f", r#"{"i":1}"#)]
         );
     }
 

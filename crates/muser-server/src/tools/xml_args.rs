@@ -604,7 +604,8 @@ fn arg_value(syntax: &Syntax, tool: Option<&Tool>, key: &str, raw: &str) -> Valu
 
 /// The arguments (compact JSON of an object) of a call of `tool` from its parameters' names
 /// and raw texts, each value read by its schema's types in `req` (any type where the tool or
-/// the parameter is unknown). A repeated name keeps its first place and takes the last value.
+/// the parameter is unknown). A repeated name keeps its first value, as a repeated key of a
+/// call's JSON does (`partial`).
 pub(super) fn arguments(
     syntax: &Syntax,
     tool: &str,
@@ -614,7 +615,9 @@ pub(super) fn arguments(
     let tool = find_tool(tool, req);
     let mut m = Map::new();
     for (k, raw) in args {
-        m.insert(k.clone(), arg_value(syntax, tool, k, raw));
+        if !m.contains_key(k) {
+            m.insert(k.clone(), arg_value(syntax, tool, k, raw));
+        }
     }
     Value::Object(m).to_string()
 }
@@ -633,10 +636,9 @@ pub(super) fn tail_len(s: &str, tag: &str) -> usize {
 
 /// A call's arguments as streaming sends them, built parameter by parameter as `arguments`
 /// builds them at the end: `{`, then each parameter as `"key":value` once its raw text is
-/// final (comma-separated), then `}` once the call is closed. With no name repeated, the
-/// text is what `arguments` gives for the parameters so far; a repeated name may change a
-/// value already sent (`arguments` keeps the last), so the reader stops growing the call at
-/// one (`is_new`).
+/// final (comma-separated), then `}` once the call is closed: what `arguments` gives for the
+/// parameters so far. The reader stops growing the call at a repeated name (`is_new`), which
+/// `arguments` passes over: the call's `}` then comes with the finished reading.
 pub(super) struct StreamedArgs<'r> {
     syntax: &'r Syntax,
     tool: Option<&'r Tool>,
