@@ -430,14 +430,21 @@ def test_lazy_grammar_applies_from_its_trigger(servers):
     # back as one U+FFFD each, where the grammar may read several as one code point).
     pattern = re.compile(r"[^e]*e([^!]*)!", re.S)
     rng = random.Random()
-    for _ in range(6):
-        seed = rng.randrange(1 << 30)
+    # (the first: a seed whose answer ends before the trigger appears)
+    cases = [(180607040, 0.9)] + [(rng.randrange(1 << 30), rng.choice([0.0, 0.9]))
+                                  for _ in range(5)]
+    for seed, temperature in cases:
         body = {"prompt": "Once upon a time", "n_predict": 200, "seed": seed,
-                "temperature": rng.choice([0.0, 0.9]), "grammar": grammar,
+                "temperature": temperature, "grammar": grammar,
                 "grammar_lazy": True, "grammar_triggers": [{"type": 2, "value": "e"}]}
         a = completion_native(server, body)
-        m = pattern.fullmatch(a["content"])
-        assert m and len(m.group(1).replace("\ufffd", "")) <= 30, (seed, a["content"])
+        if "e" not in a["content"]:
+            # The model ended before it wrote the trigger (seed 180607040 at 0.9: ", it's a
+            # lunch."): free text throughout, ended by the end token.
+            assert a["stop_type"] == "eos", (seed, a)
+        else:
+            m = pattern.fullmatch(a["content"])
+            assert m and len(m.group(1).replace("\ufffd", "")) <= 30, (seed, a["content"])
         assert a["generation_settings"]["grammar_lazy"] is True
         assert a["generation_settings"]["grammar_triggers"] == [{"type": 2, "value": "e"}]
         # A full-pattern trigger (it must match the whole output so far) that any first
