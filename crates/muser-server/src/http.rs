@@ -764,9 +764,7 @@ impl Output {
     /// the same answer whole agree; and whether it is `parse`'s (its calls whole: only then is
     /// the finish reason `tool_calls`).
     fn parse_final(&self, text: &str) -> (Parsed, bool) {
-        let (full, part) = (self.parse(text), self.parse_partial(text));
-        let whole = full.continues(&part);
-        (Parsed::settle(full, part), whole)
+        Parsed::settle(self.parse(text), self.parse_partial(text))
     }
 
     /// OpenAI's `tool_calls` entries of a whole answer.

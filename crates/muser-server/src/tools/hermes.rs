@@ -55,7 +55,12 @@ pub(super) fn plan(req: &ToolRequest) -> Result<Option<Plan>, String> {
 /// when the block is malformed.
 fn read_block(rest: &str) -> Option<(ToolCall, usize)> {
     let (v, end) = json_prefix(rest)?;
-    let call = read_call(&v)?;
+    end_block(rest, &v, end)
+}
+
+/// The call block of `read_block` whose JSON `v`, at the start of `rest`, ends at `end`.
+fn end_block(rest: &str, v: &Value, end: usize) -> Option<(ToolCall, usize)> {
+    let call = read_call(v)?;
     let tail = &rest[end..];
     let after_ws = tail.trim_start();
     let skipped = end + (tail.len() - after_ws.len());
@@ -88,10 +93,10 @@ fn read_block_partial(rest: &str) -> BlockStep {
         };
     };
     match r.json {
-        Json::Whole(_, end) => {
+        Json::Whole(v, end) => {
             let after_ws = rest[end..].trim_start();
             if after_ws.starts_with(CLOSE) {
-                match read_block(rest) {
+                match end_block(rest, &v, end) {
                     Some((call, used)) => BlockStep::Whole(vec![call], used),
                     None => BlockStep::Broken(vec![call]),
                 }

@@ -364,7 +364,7 @@ impl Format {
 impl Format {
     /// A finished output's reading (`Parsed::settle` of `parse` and `parse_partial`).
     pub fn parse_final(self, text: &str, req: Option<&ToolRequest>) -> Parsed {
-        Parsed::settle(self.parse(text, req), self.parse_partial(text, req))
+        Parsed::settle(self.parse(text, req), self.parse_partial(text, req)).0
     }
 }
 
@@ -1111,16 +1111,17 @@ impl Parsed {
     /// the whole output: `full` when it goes on from `part`; else (the output ended, or broke,
     /// inside a call: `max_tokens`, a stop string, no grammar) the calls as streaming read
     /// them, with streaming's content and `full`'s reasoning, so that a streamed answer and the
-    /// same answer whole always agree.
-    pub fn settle(full: Parsed, part: Parsed) -> Parsed {
+    /// same answer whole always agree. With it, whether `full` was kept (its calls whole).
+    pub fn settle(full: Parsed, part: Parsed) -> (Parsed, bool) {
         if full.continues(&part) {
-            full
+            (full, true)
         } else {
-            Parsed {
+            let p = Parsed {
                 content: part.content,
                 reasoning: full.reasoning,
                 tool_calls: part.tool_calls,
-            }
+            };
+            (p, false)
         }
     }
 }
