@@ -1,10 +1,12 @@
 //! Streaming a tool call: after every token the server reads the whole output so far
 //! (`Format::parse_partial`) to send the call's new argument text. One reading of a call with
 //! long arguments (a file's text, 16 KiB and 64 KiB) in the Hermes (JSON) and Qwen3-Coder (XML)
-//! formats, against the reading without calls (`tool_choice` none: the text as it is), and the
-//! whole stream of a 16 KiB call read after every 4 bytes (a token's worth).
+//! formats, against the reading without calls (`tool_choice` none: the text as it is), and
+//! whole streams read after every 4 bytes (a token's worth): a 16 KiB call, 64 calls of 256
+//! bytes of text each, and 16 KiB of text before a short call; each read all again at every
+//! token (`parse_partial`) and read on from the last whole block (`parse_partial_on`).
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
-use muser_server::tools::{Format, Tool, ToolChoice, ToolRequest};
+use muser_server::tools::{Format, Resume, Tool, ToolChoice, ToolRequest};
 use serde_json::json;
 
 fn request(choice: ToolChoice) -> ToolRequest {
@@ -35,10 +37,10 @@ fn file_text(n: usize) -> String {
     s
 }
 
-/// The call, cut a few bytes before its end (open, as while it streams).
-fn call_text(format: Format, n: usize) -> String {
+/// A whole `write_file` call of a file's text of about `n` bytes.
+fn whole_call(format: Format, n: usize) -> String {
     let text = file_text(n);
-    let whole = match format {
+    match format {
         Format::QwenXml => format!(
             "<tool_call>\n<function=write_file>\n<parameter=path>\nsrc/main.rs\n</parameter>\n\
              <parameter=text>\n{text}\n</parameter>\n</function>\n</tool_call>"
@@ -47,8 +49,37 @@ fn call_text(format: Format, n: usize) -> String {
             "<tool_call>\n{}\n</tool_call>",
             json!({"name": "write_file", "arguments": {"path": "src/main.rs", "text": text}})
         ),
-    };
+    }
+}
+
+/// The call, cut a few bytes before its end (open, as while it streams).
+fn call_text(format: Format, n: usize) -> String {
+    let whole = whole_call(format, n);
     whole[..whole.len() - 40].to_string()
+}
+
+/// Times streaming `t` read after every 4 bytes, read all again at every token and read on.
+fn bench_stream(c: &mut Criterion, format: Format, what: &str, t: &str, req: &ToolRequest) {
+    let cuts: Vec<usize> = (0..t.len())
+        .step_by(4)
+        .filter(|&i| t.is_char_boundary(i))
+        .collect();
+    let name = format.name();
+    c.bench_function(&format!("{name} whole stream, {what}"), |b| {
+        b.iter(|| {
+            for &i in &cuts {
+                black_box(format.parse_partial(&t[..i], Some(req)));
+            }
+        })
+    });
+    c.bench_function(&format!("{name} whole stream read on, {what}"), |b| {
+        b.iter(|| {
+            let mut resume = Resume::default();
+            for &i in &cuts {
+                black_box(format.parse_partial_on(&t[..i], Some(req), &mut resume));
+            }
+        })
+    });
 }
 
 fn bench(c: &mut Criterion) {
@@ -65,17 +96,11 @@ fn bench(c: &mut Criterion) {
             });
         }
         let t = call_text(format, 16 << 10);
-        let cuts: Vec<usize> = (0..t.len())
-            .step_by(4)
-            .filter(|&i| t.is_char_boundary(i))
-            .collect();
-        c.bench_function(&format!("{} whole stream, 16 KiB", format.name()), |b| {
-            b.iter(|| {
-                for &i in &cuts {
-                    black_box(format.parse_partial(&t[..i], Some(&calls)));
-                }
-            })
-        });
+        bench_stream(c, format, "16 KiB", &t, &calls);
+        let many: String = (0..64).map(|_| whole_call(format, 256) + "\n").collect();
+        bench_stream(c, format, "64 calls", &many, &calls);
+        let after_text = file_text(16 << 10) + "\n" + &whole_call(format, 64);
+        bench_stream(c, format, "16 KiB of text, a call", &after_text, &calls);
     }
 }
 

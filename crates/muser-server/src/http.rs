@@ -12,7 +12,7 @@ use crate::metrics::Metrics;
 use crate::native::{self, NativeReply};
 use crate::scheduler::{Event, Finish, FinishReason, Job, Logprob, Ticket};
 use crate::slots::slots_json;
-use crate::tools::{self, think, Format, Parsed, ToolCall, ToolRequest};
+use crate::tools::{self, think, Format, Parsed, Resume, ToolCall, ToolRequest};
 use crate::{ModelInfo, Shared};
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, Request, State};
@@ -747,13 +747,38 @@ impl Output {
         p
     }
 
+    /// What streaming may send of an unfinished answer (`Format::parse_partial` of the reply
+    /// after the reasoning).
     fn parse_partial(&self, text: &str) -> Parsed {
-        let Some(opened) = self.think else {
-            return self.format.parse_partial(text, self.tools.as_ref());
+        self.read_on(text, &mut Settled::default())
+    }
+
+    /// `parse_partial` of `text`, an answer streamed so far, read on from what the readings
+    /// before settled in `s` (`text` starts with the text they read): the reasoning block once
+    /// it is closed and its reply has begun (neither changes after that), and what the
+    /// format's reading settled of the reply (`Format::parse_partial_on`), kept while the reply
+    /// starts where it did (a reply of whitespace so far moves on as it grows).
+    fn read_on(&self, text: &str, s: &mut Settled) -> Parsed {
+        let (reasoning, reply) = match (self.think, &s.split) {
+            (None, _) => (None, Some(text)),
+            (Some(_), Some((reasoning, at))) => (reasoning.clone(), Some(&text[*at..])),
+            (Some(opened), None) => {
+                let (reasoning, reply) = think::split_partial(text, opened);
+                if let Some(r) = reply.filter(|r| !r.is_empty()) {
+                    // (a reply that has begun starts at a character that is not whitespace)
+                    s.split = Some((reasoning.clone(), text.len() - r.len()));
+                }
+                (reasoning, reply)
+            }
         };
-        let (reasoning, rest) = think::split_partial(text, opened);
-        let mut p = rest.map_or_else(Parsed::default, |r| {
-            self.format.parse_partial(r, self.tools.as_ref())
+        let mut p = reply.map_or_else(Parsed::default, |r| {
+            let at = text.len() - r.len();
+            if at != s.reply_at {
+                s.reply_at = at;
+                s.resume = Resume::default();
+            }
+            let tools = self.tools.as_ref();
+            self.format.parse_partial_on(r, tools, &mut s.resume)
         });
         p.reasoning = reasoning.or(p.reasoning);
         p
@@ -782,6 +807,17 @@ impl Output {
             })
             .collect()
     }
+}
+
+/// What `Output::read_on`'s readings of one streamed answer settled.
+#[derive(Default)]
+struct Settled {
+    /// The reasoning (None: no block) and where the reply after it starts in `text`, once both
+    /// are final (`think::split_partial` gives the same for all that follows).
+    split: Option<(Option<String>, usize)>,
+    /// Where the reply read by the format starts in `text`, and what its readings settled.
+    reply_at: usize,
+    resume: Resume,
 }
 
 /// Hands out the ids of an answer's calls, in order. A call gets the id its model wrote unless
@@ -1137,9 +1173,10 @@ fn sse_stream(
         rx: UnboundedReceiver<Event>,
         first: bool,
         ended: bool,
-        /// With an `output` format: the text so far, and how much of its content and
-        /// reasoning has been sent.
+        /// With an `output` format: the text so far (it only grows) and what its readings
+        /// settled, and how much of its content and reasoning has been sent.
         text: String,
+        settled: Settled,
         sent: Parsed,
         /// The ids of the calls sent.
         ids: Option<Ids>,
@@ -1150,6 +1187,7 @@ fn sse_stream(
         first: true,
         ended: false,
         text: String::new(),
+        settled: Settled::default(),
         sent: Parsed::default(),
         ids: reply.output.as_ref().map(Ids::new),
         reply,
@@ -1174,7 +1212,8 @@ fn sse_stream(
                 let lps: Vec<Logprob> = logprob.into_iter().collect();
                 if let Some(o) = &r.output {
                     st.text.push_str(&text);
-                    let delta = news(&mut st.sent, &mut st.ids, o.parse_partial(&st.text));
+                    let now = o.read_on(&st.text, &mut st.settled);
+                    let delta = news(&mut st.sent, &mut st.ids, now);
                     if !delta.is_empty() || !lps.is_empty() {
                         out.push(data(r.delta_chunk(delta, &lps, offset, None, false)));
                     }
@@ -1292,19 +1331,23 @@ mod tests {
         }
     }
 
-    /// Streams `text` through `o` in random pieces as `sse_stream` does (a reading after each
-    /// piece, the final reading at the end) and rebuilds what the client gets.
+    /// Streams `text` through `o` in random pieces as `sse_stream` does (a reading on after
+    /// each piece, which must be the reading of the whole text so far, and the final reading
+    /// at the end) and rebuilds what the client gets.
     fn replay(o: &Output, text: &str, rng: &mut Rng) -> Rebuilt {
         let mut sent = Parsed::default();
         let mut ids = Some(Ids::new(o));
         let mut got = Rebuilt::default();
+        let mut settled = Settled::default();
         let mut at = 0;
         while at < text.len() {
             at = (at + 1 + rng.below(6)).min(text.len());
             while !text.is_char_boundary(at) {
                 at += 1;
             }
-            got.take(&news(&mut sent, &mut ids, o.parse_partial(&text[..at])));
+            let now = o.read_on(&text[..at], &mut settled);
+            assert_eq!(now, o.parse_partial(&text[..at]), "{:?}", &text[..at]);
+            got.take(&news(&mut sent, &mut ids, now));
         }
         got.take(&news(&mut sent, &mut ids, o.parse_final(text).0));
         got
@@ -1360,6 +1403,54 @@ mod tests {
             }
         }
         assert!(cut_calls > 100, "{cut_calls}");
+    }
+
+    /// Random outputs of the formats that read on from their last whole block, after a
+    /// reasoning block or not (the reply after it starting after whitespace that grows), with
+    /// slips: reading each on, at every prefix, gives what reading it all again gives.
+    #[test]
+    fn reading_on_after_reasoning_equals_reading_all_again() {
+        let mut rng = Rng(0x7E1D_0A11);
+        let formats = [
+            Format::Hermes,
+            Format::QwenXml,
+            Format::Mistral { call_id: false },
+            Format::DeepSeekR1,
+        ];
+        let (mut readings, mut reasoned) = (0, 0);
+        for round in 0..96 {
+            let format = formats[round % formats.len()];
+            let r = random_req(&mut rng, round / formats.len(), true);
+            let think = [None, Some(true), Some(false)][round % 3];
+            let o = Output {
+                format,
+                tools: Some(r.clone()),
+                call_seed: 1,
+                think,
+                past_ids: Default::default(),
+            };
+            let ws = ["", "\n", "\n\n  "][rng.below(3)];
+            let mut text = match think {
+                None => String::new(),
+                Some(true) => format!("Weighing <it>.</think>{ws}"),
+                Some(false) => format!("{ws}<think>Weighing </thin it.</think>{ws}"),
+            };
+            text += &crate::tools::test_util::random_output(&mut rng, format, &r);
+            if round % 4 == 3 {
+                crate::tools::test_util::mutate(&mut rng, &mut text, &["</think>", " "], 12);
+            }
+            let mut settled = Settled::default();
+            for p in crate::tools::test_util::prefixes(&text) {
+                let now = o.read_on(p, &mut settled);
+                reasoned += usize::from(now.reasoning.is_some());
+                assert_eq!(now, o.parse_partial(p), "{think:?} {p:?}");
+                readings += 1;
+            }
+        }
+        assert!(
+            readings > 10_000 && reasoned > 3_000,
+            "{readings} {reasoned}"
+        );
     }
 
     /// An answer cut inside a call's JSON (a stop string, max_tokens) keeps the call as far as

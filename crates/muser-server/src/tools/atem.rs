@@ -41,7 +41,8 @@
 //! valid. Everything after a call header is held back from the content while streaming; its
 //! calls are streamed as they are written: each once its `invoke` name is whole (a tool
 //! offered), its arguments (`xml_args::StreamedArgs`) growing by whole parameters, a
-//! string-only parameter's characters as they come, and `}` at `</atem:invoke>`.
+//! string-only parameter's characters as they come, and `}` at `</atem:invoke>`; a parameter
+//! given again is read past (`parse` keeps its first value) and the ones after it stream on.
 
 use super::xml_args::{arguments, tail_len, text_without, ws_len, Params, StreamedArgs, Syntax};
 use super::{allowed_tools, Parsed, Plan, Tool, ToolCall, ToolChoice, ToolRequest, Trigger};
@@ -203,14 +204,17 @@ fn offered(req: Option<&ToolRequest>, name: &str) -> bool {
 
 /// The calls streaming has begun, read along with the blocks: each once its `invoke` name is
 /// whole (a tool offered), its arguments as far as they are sure (`StreamedArgs`: whole
-/// parameters, a string-only one's characters as they come, `}` at `</atem:invoke>`). An
-/// invoke of a tool not offered, or a parameter name given twice in a call (whose final value
-/// may differ from the one sent), stops them: nothing grows after it.
+/// parameters, a string-only one's characters as they come, `}` at `</atem:invoke>`). A
+/// parameter name given twice in a call keeps its first value (as `arguments` keeps it): the
+/// repeat is left out and the parameters after it go on. An invoke of a tool not offered stops
+/// them: nothing grows after it.
 #[derive(Default)]
 struct Begun<'r> {
     req: Option<&'r ToolRequest>,
     calls: Vec<(String, StreamedArgs<'r>)>,
     stopped: bool,
+    /// The parameter being read repeats a name of its call: its value is left out.
+    repeat: bool,
 }
 
 impl<'r> Begun<'r> {
@@ -235,23 +239,30 @@ impl<'r> Begun<'r> {
         self.calls.last_mut().map(|(_, a)| a)
     }
 
-    /// A parameter whose name is whole: a repeated one stops the calls.
+    /// A parameter whose name is whole: a repeated one's value is left out.
     fn key(&mut self, key: &str) {
-        if self.args().is_some_and(|a| !a.is_new(key)) {
-            self.stopped = true;
+        self.repeat = self.args().is_some_and(|a| !a.is_new(key));
+    }
+
+    /// The arguments a parameter's value goes to: the current call's, unless stopped or the
+    /// parameter repeats a name.
+    fn value_args(&mut self) -> Option<&mut StreamedArgs<'r>> {
+        if self.repeat {
+            return None;
         }
+        self.args()
     }
 
     /// The parameter `key`, its raw text final.
     fn param(&mut self, key: &str, raw: &str) {
-        if let Some(a) = self.args() {
+        if let Some(a) = self.value_args() {
             a.push(key, raw);
         }
     }
 
     /// The parameter `key`, its raw text still open and starting with `known`.
     fn open(&mut self, key: &str, known: &str) {
-        if let Some(a) = self.args() {
+        if let Some(a) = self.value_args() {
             a.push_open(key, known);
         }
     }
@@ -1761,13 +1772,15 @@ mod tests {
         let none = request(req.tools.clone(), ToolChoice::None, false);
         assert_eq!(parse_partial(&done, Some(&none)).tool_calls, []);
         assert_eq!(parse_partial(&done, None).tool_calls, []);
-        // A parameter given twice stops the streamed call where it was; the finished reading
-        // keeps the first value and goes on from it.
+        // A parameter given twice keeps its first value, streamed and finished; the call
+        // streams on after it.
         let twice = " to=g<|message|><atem:function_calls><atem:invoke name=\"g\">\
                      <atem:parameter name=\"k\">1</atem:parameter>\
                      <atem:parameter name=\"k\">2</atem:parameter></atem:invoke>\
                      </atem:function_calls>";
-        assert_eq!(pp(twice).tool_calls, [call("g", r#"{"k":1"#)]);
+        let cut = twice.find("2</atem").unwrap() + 1;
+        assert_eq!(pp(&twice[..cut]).tool_calls, [call("g", r#"{"k":1"#)]);
+        assert_eq!(pp(twice).tool_calls, [call("g", r#"{"k":1}"#)]);
         assert_eq!(
             parse(twice, Some(&req)).tool_calls,
             [call("g", r#"{"k":1}"#)]
@@ -1776,5 +1789,55 @@ mod tests {
             Format::Atem.parse_final(twice, Some(&req)).tool_calls,
             [call("g", r#"{"k":1}"#)]
         );
+    }
+
+    /// Random calls whose parameters are given again (a new value, after the first), after
+    /// random reasoning: `parse` keeps each name's first value, streaming agrees with it at
+    /// every prefix, and the parameters after a repeat stream on: at each call's
+    /// `</atem:invoke>` (its block not yet closed) the streamed arguments are the final ones.
+    #[test]
+    fn streams_past_a_repeated_parameter() {
+        let mut rng = Rng(0xA7E4_2026);
+        let mut repeats = 0;
+        for round in 0..80 {
+            let specs = random_specs(&mut rng);
+            let tools: Vec<Tool> = specs.iter().map(Spec::tool).collect();
+            let req = request(tools, ToolChoice::Auto, true);
+            let mut calls = Vec::new();
+            let mut want = Vec::new();
+            for _ in 0..1 + rng.below(3) {
+                let spec = rng.pick(&specs);
+                let first = spec.args(&mut rng);
+                let mut args = first.clone();
+                for _ in 0..rng.below(4) {
+                    if args.is_empty() {
+                        break;
+                    }
+                    let k = args[rng.below(args.len())].0.clone();
+                    let kind = spec.params.iter().find(|p| p.0 == k).unwrap().1;
+                    let at = args.iter().position(|(p, _)| *p == k).unwrap() + 1;
+                    let at = at + rng.below(args.len() - at + 1);
+                    args.insert(at, (k, random_value(&mut rng, kind)));
+                    repeats += 1;
+                }
+                calls.push((spec.name.clone(), args));
+                want.push((spec.name.clone(), args_value(&first)));
+            }
+            let reasoning: Vec<String> =
+                (0..round % 2).map(|_| random_reasoning(&mut rng)).collect();
+            let text = render_reasoning(&reasoning) + &render_calls(&calls, false);
+            let parsed = parse(&text, Some(&req));
+            assert_eq!(parsed.tool_calls.len(), want.len(), "{text:?}");
+            for (c, (name, a)) in parsed.tool_calls.iter().zip(&want) {
+                assert_eq!(&c.name, name);
+                assert_eq!(c.arguments, a.to_string(), "{text:?}");
+            }
+            check_stream(&text, &req);
+            for (i, (end, t)) in text.match_indices("</atem:invoke>").enumerate() {
+                let p = parse_partial(&text[..end + t.len()], Some(&req));
+                assert_eq!(p.tool_calls[i], parsed.tool_calls[i], "{text:?}");
+            }
+        }
+        assert!(repeats > 80, "{repeats}");
     }
 }

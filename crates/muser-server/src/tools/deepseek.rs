@@ -14,7 +14,7 @@ use serde_json::Value;
 use super::partial::{self, Json};
 use super::{
     allowed_tools, arguments_schema, call_of, json_prefix, parse_blocks, parse_blocks_partial,
-    tool_rules, BlockStep, Format, LazyStart, Parsed, Plan, ToolCall, ToolRequest, WS_BODY,
+    tool_rules, BlockStep, Blocks, Format, LazyStart, Parsed, Plan, ToolCall, ToolRequest, WS_BODY,
 };
 
 use muser_jsonschema::gbnf_literal as lit;
@@ -327,10 +327,14 @@ fn read_block_partial(s: &str, flavor: Flavor) -> BlockStep {
 
 /// Content up to the first block opening, less a tail that may be the start of one, and less
 /// trailing whitespace (which `parse` trims when a block follows it); the calls begun.
-pub(super) fn parse_partial(text: &str, req: Option<&ToolRequest>, flavor: Flavor) -> Parsed {
-    parse_blocks_partial(text, req, OPENINGS, |after| {
-        read_block_partial(after, flavor)
-    })
+pub(super) fn parse_partial(
+    text: &str,
+    req: Option<&ToolRequest>,
+    flavor: Flavor,
+    from: &mut Blocks,
+) -> Parsed {
+    let read = |after: &str| read_block_partial(after, flavor);
+    parse_blocks_partial(text, req, OPENINGS, read, from)
 }
 
 #[cfg(test)]
@@ -673,8 +677,8 @@ mod tests {
             ("a\n\n", "a"),
             ("", ""),
         ] {
-            for (flavor, _) in FLAVORS {
-                let p = parse_partial(t, Some(&r), flavor);
+            for (_, format) in FLAVORS {
+                let p = format.parse_partial(t, Some(&r));
                 check_parsed(&p, c, &[], t);
             }
         }
@@ -830,7 +834,7 @@ mod tests {
             (Flavor::R1, v31("f\n{}"), vec![]),
         ];
         for (flavor, t, calls) in &cases {
-            let p = parse_partial(t, Some(&r), *flavor);
+            let p = parse_partial(t, Some(&r), *flavor, &mut Blocks::default());
             check_parsed(&p, "Hi", calls, &format!("{flavor:?} {t}"));
         }
         // A whole block with a tool not offered after one that is: `parse` leaves it in the

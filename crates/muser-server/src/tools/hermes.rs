@@ -9,8 +9,8 @@ use serde_json::{json, Value};
 use super::partial::{self, Json};
 use super::{
     allowed_tools, begun_call, call_schema, check_tools_convert, fresh_rule, json_prefix,
-    parse_blocks, parse_blocks_partial, read_call, rename_rule, rule_names, BlockStep, LazyStart,
-    Parsed, Plan, ToolCall, ToolRequest, WS_BODY,
+    parse_blocks, parse_blocks_partial, read_call, rename_rule, rule_names, BlockStep, Blocks,
+    LazyStart, Parsed, Plan, ToolCall, ToolRequest, WS_BODY,
 };
 
 const OPEN: &str = "<tool_call>";
@@ -113,8 +113,8 @@ fn read_block_partial(rest: &str) -> BlockStep {
 
 /// Content up to the first `<tool_call>`, less a tail that may be the start of one, and less
 /// trailing whitespace (which `parse` trims when a call follows it); the calls begun.
-pub(super) fn parse_partial(text: &str, req: Option<&ToolRequest>) -> Parsed {
-    parse_blocks_partial(text, req, &[OPEN], read_block_partial)
+pub(super) fn parse_partial(text: &str, req: Option<&ToolRequest>, from: &mut Blocks) -> Parsed {
+    parse_blocks_partial(text, req, &[OPEN], read_block_partial, from)
 }
 
 #[cfg(test)]

@@ -40,8 +40,8 @@ use serde_json::{json, Value};
 use super::partial::{self, Json};
 use super::{
     allowed_tools, arguments_schema, call_of, call_schema, check_tools_convert, json_prefix,
-    parse_blocks, parse_blocks_partial, read_call, tool_rules, BlockStep, Format, LazyStart,
-    Parsed, Plan, Tool, ToolCall, ToolRequest, WS_BODY,
+    parse_blocks, parse_blocks_partial, read_call, tool_rules, BlockStep, Blocks, Format,
+    LazyStart, Parsed, Plan, Tool, ToolCall, ToolRequest, WS_BODY,
 };
 use muser_jsonschema::gbnf_literal as literal;
 
@@ -278,11 +278,17 @@ fn read_args_partial(rest: &str) -> BlockStep {
 
 /// Content up to the first `[TOOL_CALLS]`, less a tail that may be the start of one, and less
 /// trailing whitespace (which `parse` trims when a call follows it); the calls begun.
-pub(super) fn parse_partial(text: &str, req: Option<&ToolRequest>, flavor: Flavor) -> Parsed {
-    parse_blocks_partial(text, req, &[OPEN], |after| match flavor {
+pub(super) fn parse_partial(
+    text: &str,
+    req: Option<&ToolRequest>,
+    flavor: Flavor,
+    from: &mut Blocks,
+) -> Parsed {
+    let read = |after: &str| match flavor {
         Flavor::Nemo => read_nemo_partial(after),
         Flavor::Args { .. } => read_args_partial(after),
-    })
+    };
+    parse_blocks_partial(text, req, &[OPEN], read, from)
 }
 
 #[cfg(test)]

@@ -345,20 +345,49 @@ impl Format {
     /// `parse_final`'s. What it gives never shrinks as `text` grows (calls are never taken
     /// back: `parse_final` keeps them where `parse` would not).
     pub fn parse_partial(self, text: &str, req: Option<&ToolRequest>) -> Parsed {
+        self.parse_partial_on(text, req, &mut Resume::default())
+    }
+
+    /// `parse_partial` of `text`, read on from what the readings before it with `resume`
+    /// settled: `text` must start with the text of the last reading with `resume` (the same
+    /// output, grown; a new output takes a new `Resume`). It gives exactly what
+    /// `parse_partial` gives, in time that depends on the text after the last whole call
+    /// block rather than on all of it.
+    ///
+    /// Only the formats whose call blocks are read one after another, each on its own
+    /// (`parse_blocks_partial`: hermes, qwen3-coder, mistral, mistral-nemo, deepseek-r1 and
+    /// deepseek-v3.1), settle anything: each whole block, and the text before an opening or
+    /// one that no opening can start in. Nemo's array is one block, so its calls settle only
+    /// once it closes. The others read all of `text` again: llama3's call and generic's JSON
+    /// are the whole reply, read at its end, and atem's messages are read as one scan.
+    pub fn parse_partial_on(
+        self,
+        text: &str,
+        req: Option<&ToolRequest>,
+        resume: &mut Resume,
+    ) -> Parsed {
+        let from = &mut resume.blocks;
         match self {
             Format::Atem => atem::parse_partial(text, req),
             Format::Generic => generic::parse_partial(text, req),
-            Format::Hermes => hermes::parse_partial(text, req),
-            Format::QwenXml => qwen_xml::parse_partial(text, req),
+            Format::Hermes => hermes::parse_partial(text, req, from),
+            Format::QwenXml => qwen_xml::parse_partial(text, req, from),
             Format::Llama3 => llama3::parse_partial(text, req),
-            Format::MistralNemo => mistral::parse_partial(text, req, mistral::Flavor::Nemo),
+            Format::MistralNemo => mistral::parse_partial(text, req, mistral::Flavor::Nemo, from),
             Format::Mistral { call_id } => {
-                mistral::parse_partial(text, req, mistral::Flavor::Args { call_id })
+                mistral::parse_partial(text, req, mistral::Flavor::Args { call_id }, from)
             }
-            Format::DeepSeekR1 => deepseek::parse_partial(text, req, deepseek::Flavor::R1),
-            Format::DeepSeekV31 => deepseek::parse_partial(text, req, deepseek::Flavor::V31),
+            Format::DeepSeekR1 => deepseek::parse_partial(text, req, deepseek::Flavor::R1, from),
+            Format::DeepSeekV31 => deepseek::parse_partial(text, req, deepseek::Flavor::V31, from),
         }
     }
+}
+
+/// What streaming's readings of one output have settled, for the next reading of the same
+/// output grown (`Format::parse_partial_on`). A new output starts with `Resume::default()`.
+#[derive(Clone, Debug, Default)]
+pub struct Resume {
+    blocks: Blocks,
 }
 
 impl Format {
@@ -1007,6 +1036,48 @@ pub(super) enum BlockStep {
     Broken(Vec<ToolCall>),
 }
 
+/// Where `parse_blocks_partial` stands in a text: what `parse_blocks` builds of the text
+/// before `at`, which is the end of a whole call block or a place in the text between blocks
+/// before which no opening can start, whatever follows. The readings of a text grown go on from
+/// there: a whole block reads the same whatever follows it (its reader reads no further than
+/// its end, as `BlockStep::Whole` says), an opening found stays the first, and text that no
+/// opening can start in stays content.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Blocks {
+    /// The offset in the text where reading goes on.
+    at: usize,
+    /// The content before `at`, as `parse_blocks` builds it (not trimmed).
+    content: String,
+    /// The calls of the whole blocks before `at`.
+    tool_calls: Vec<ToolCall>,
+    /// A whole block before `at` was passed over (its first call is of a tool not offered):
+    /// `parse_blocks` reads what follows differently, and the content grows no more.
+    passed: bool,
+}
+
+impl Blocks {
+    /// The reading so far: the content settled less trailing whitespace (which `parse_blocks`
+    /// trims when a block follows it), the calls settled, and `open`'s (those begun in the
+    /// block being written).
+    fn reading(&self, open: impl IntoIterator<Item = ToolCall>) -> Parsed {
+        let mut tool_calls = self.tool_calls.clone();
+        tool_calls.extend(open);
+        Parsed {
+            content: self.content.trim_end().to_string(),
+            reasoning: None,
+            tool_calls,
+        }
+    }
+
+    /// The text `rest[..n]` (from `at`) is read: content while it grows.
+    fn take(&mut self, rest: &str, n: usize) {
+        if !self.passed {
+            self.content.push_str(&rest[..n]);
+        }
+        self.at += n;
+    }
+}
+
 /// What streaming may send of an output `parse_blocks` reads: the content as `parse_blocks`
 /// builds it up to the first block not yet whole, less a tail that may be the start of an
 /// opening, and less trailing whitespace (which `parse_blocks` trims when a block follows it);
@@ -1014,11 +1085,15 @@ pub(super) enum BlockStep {
 /// (`read` takes the text right after an opening). A call of a tool not offered is never
 /// begun: a whole block that starts with one is passed over (it is content to
 /// `parse_blocks`), and one after a call begun ends the reading.
+///
+/// The reading goes on from `from`, what the last reading of a text that `text` starts with
+/// settled, and settles in it what no continuation of `text` changes (`Blocks`).
 fn parse_blocks_partial(
     text: &str,
     req: Option<&ToolRequest>,
     openings: &[&str],
     mut read: impl FnMut(&str) -> BlockStep,
+    from: &mut Blocks,
 ) -> Parsed {
     if !calls_wanted(req) {
         return verbatim(text);
@@ -1031,22 +1106,20 @@ fn parse_blocks_partial(
             .max()
             .unwrap_or(0)
     };
-    let mut content = String::new();
-    let mut tool_calls = Vec::new();
-    let mut rest = text;
-    // The content grows as `parse_blocks` builds it while every block so far is whole and read
-    // as calls; a block passed over is content from its opening on, read differently.
-    let mut growing = true;
+    let st = from;
+    if !text.is_char_boundary(st.at) {
+        // not the text read before grown: read it all
+        *st = Blocks::default();
+    }
     loop {
+        let rest = &text[st.at..];
         let Some((i, open)) = find_opening(rest, openings) else {
-            if growing {
-                content.push_str(&rest[..rest.len() - held(rest)]);
-            }
-            break;
+            // No opening starts before the held tail, whatever follows.
+            st.take(rest, rest.len() - held(rest));
+            return st.reading([]);
         };
-        if growing {
-            content.push_str(&rest[..i]);
-        }
+        // The opening at `i` is the first, whatever follows.
+        st.take(rest, i);
         let after = &rest[i + open.len()..];
         let step = read(after);
         let (BlockStep::Whole(calls, _) | BlockStep::Open(calls) | BlockStep::Broken(calls)) =
@@ -1055,29 +1128,22 @@ fn parse_blocks_partial(
         match step {
             // A whole block of calls of tools offered is read as `parse_blocks` reads it.
             BlockStep::Whole(calls, used) if begun == calls.len() => {
-                tool_calls.extend(calls);
-                rest = &after[used..];
+                st.tool_calls.extend(calls);
+                st.at += open.len() + used;
             }
             // One whose first call is of a tool not offered is passed over (`parse_blocks`
             // leaves it in the content).
             BlockStep::Whole(_, used) if begun == 0 => {
-                growing = false;
-                rest = &after[used..];
+                st.passed = true;
+                st.at += open.len() + used;
             }
             // A block with a call of a tool not offered after one that is offered is content
             // to `parse_blocks`, but the calls before it were begun while the block was open:
             // they stay, and `parse_final` keeps them.
             BlockStep::Whole(calls, _) | BlockStep::Open(calls) | BlockStep::Broken(calls) => {
-                tool_calls.extend(calls.into_iter().take(begun));
-                break;
+                return st.reading(calls.into_iter().take(begun));
             }
         }
-    }
-    content.truncate(content.trim_end().len());
-    Parsed {
-        content,
-        reasoning: None,
-        tool_calls,
     }
 }
 
@@ -1203,7 +1269,7 @@ fn fresh_rule(taken: &mut std::collections::HashSet<String>, base: &str) -> Stri
 /// Random tools, arguments and layouts for the formats' tests, and the checks they share.
 #[cfg(test)]
 pub(crate) mod test_util {
-    use super::{Format, Parsed, Plan, Tool, ToolCall, ToolChoice, ToolRequest, Trigger};
+    use super::{Format, Parsed, Plan, Resume, Tool, ToolCall, ToolChoice, ToolRequest, Trigger};
     use muser_sample::Grammar;
     use serde_json::{json, Map, Value};
 
@@ -1760,6 +1826,171 @@ pub(crate) mod test_util {
         }
     }
 
+    /// A random output of `format` for `r`: text, then one to four rounds of random calls (a
+    /// tool not offered now and then), the block formats' calls in one or more blocks with
+    /// text between them, in random layouts. What a model writes with or without a grammar.
+    pub fn random_output(rng: &mut Rng, format: Format, r: &ToolRequest) -> String {
+        let texts = ["", "Sure.", "Let me check.\n\n", " a < b ", "x\n", "é 😀 "];
+        let mut out = texts[rng.below(texts.len())].to_string();
+        let mut calls = Vec::new();
+        for _ in 0..1 + rng.below(4) {
+            calls.extend(random_calls(rng, r));
+        }
+        let nosuch = tool("nosuch", json!({"type": "object", "properties": {}}));
+        if rng.below(6) == 0 {
+            let at = rng.below(calls.len() + 1);
+            calls.insert(at, (&nosuch, json!({"a": 1})));
+        }
+        match format {
+            Format::Llama3 => {
+                let (t, a) = &calls[0];
+                let l = layouts(&json!({"name": t.name, "parameters": a}));
+                out = l[rng.below(l.len())].clone();
+            }
+            Format::Generic => {
+                let all: Vec<Value> = calls
+                    .iter()
+                    .map(|(t, a)| json!({"name": t.name, "arguments": a}))
+                    .collect();
+                let v = match all.len() {
+                    1 => json!({"tool_call": all[0]}),
+                    _ => json!({"tool_calls": all}),
+                };
+                let l = layouts(&v);
+                out = l[rng.below(l.len())].clone();
+            }
+            Format::MistralNemo => {
+                let all: Vec<Value> = calls
+                    .iter()
+                    .map(|(t, a)| json!({"name": t.name, "arguments": a, "id": "abcDEF123"}))
+                    .collect();
+                let l = layouts(&Value::Array(all));
+                out += &format!("[TOOL_CALLS]{}", l[rng.below(l.len())]);
+            }
+            _ => {
+                let mut blocks: Vec<Vec<String>> = vec![Vec::new()];
+                for (t, a) in &calls {
+                    if !blocks.last().unwrap().is_empty() && rng.coin() {
+                        blocks.push(Vec::new());
+                    }
+                    blocks
+                        .last_mut()
+                        .unwrap()
+                        .push(render_one(rng, format, &t.name, a));
+                }
+                let between = ["", "\n", " ok ", "\n\nThen "];
+                let blocks: Vec<String> =
+                    blocks.into_iter().map(|b| wrap_block(format, b)).collect();
+                out += &blocks.join(between[rng.below(between.len())]);
+            }
+        }
+        out
+    }
+
+    /// One call of `name` with the arguments `args` as `format` writes it in a block.
+    fn render_one(rng: &mut Rng, format: Format, name: &str, args: &Value) -> String {
+        let l = layouts(args);
+        let json = l[rng.below(l.len())].clone();
+        // an XML parameter's value: a string raw, another value as JSON
+        let raw = |v: &Value| match v {
+            Value::String(s) => s.clone(),
+            v => v.to_string(),
+        };
+        let params = args.as_object().into_iter().flatten();
+        match format {
+            Format::QwenXml => {
+                let mut s = format!("<function={name}>\n");
+                for (k, v) in params {
+                    s += &format!("<parameter={k}>\n{}\n</parameter>\n", raw(v));
+                }
+                s + "</function>"
+            }
+            Format::Atem => {
+                let mut s = format!("<atem:invoke name=\"{name}\">\n");
+                for (k, v) in params {
+                    s += &format!("<atem:parameter name=\"{k}\">{}</atem:parameter>\n", raw(v));
+                }
+                s + "</atem:invoke>"
+            }
+            Format::Hermes => {
+                let l = layouts(&json!({"name": name, "arguments": args}));
+                l[rng.below(l.len())].clone()
+            }
+            Format::Mistral { call_id: true } => format!("{name}[CALL_ID]abcDEF123[ARGS]{json}"),
+            Format::Mistral { .. } => format!("{name}[ARGS]{json}"),
+            Format::DeepSeekR1 => format!(
+                "<｜tool▁call▁begin｜>function<｜tool▁sep｜>{name}\n```json\n{json}\n```<｜tool▁call▁end｜>"
+            ),
+            _ => format!("<｜tool▁call▁begin｜>{name}<｜tool▁sep｜>{json}<｜tool▁call▁end｜>"),
+        }
+    }
+
+    /// The calls `calls` (`render_one`'s) as one block of `format`.
+    fn wrap_block(format: Format, calls: Vec<String>) -> String {
+        match format {
+            Format::Hermes | Format::QwenXml => calls
+                .iter()
+                .map(|c| format!("<tool_call>\n{c}\n</tool_call>"))
+                .collect::<Vec<_>>()
+                .join("\n"),
+            Format::Mistral { .. } => calls.iter().map(|c| format!("[TOOL_CALLS]{c}")).collect(),
+            Format::Atem => {
+                let name = calls[0].split('"').nth(1).unwrap_or_default().to_string();
+                format!(
+                    " to={name}<|message|><atem:function_calls>\n{}\n</atem:function_calls>",
+                    calls.join("\n")
+                )
+            }
+            Format::DeepSeekR1 => format!(
+                "<｜tool▁calls▁begin｜>{}<｜tool▁calls▁end｜>",
+                calls.join("\n")
+            ),
+            _ => format!(
+                "<｜tool▁calls▁begin｜>{}<｜tool▁calls▁end｜>",
+                calls.concat()
+            ),
+        }
+    }
+
+    /// Checks reading `text` on (`Format::parse_partial_on`) against reading it all again
+    /// (`parse_partial`): at every prefix in turn, and at the ends of random pieces. Returns
+    /// the number of readings compared.
+    pub fn check_read_on(
+        rng: &mut Rng,
+        format: Format,
+        text: &str,
+        req: Option<&ToolRequest>,
+    ) -> usize {
+        let mut resume = Resume::default();
+        let mut n = 0;
+        for p in prefixes(text) {
+            let on = format.parse_partial_on(p, req, &mut resume);
+            assert_eq!(
+                on,
+                format.parse_partial(p, req),
+                "{format:?} {text:?} at {p:?}"
+            );
+            n += 1;
+        }
+        let mut resume = Resume::default();
+        let mut at = 0;
+        while at < text.len() {
+            at = (at + 1 + rng.below(16)).min(text.len());
+            while !text.is_char_boundary(at) {
+                at += 1;
+            }
+            let p = &text[..at];
+            let on = format.parse_partial_on(p, req, &mut resume);
+            assert_eq!(
+                on,
+                format.parse_partial(p, req),
+                "{format:?} {text:?} at {p:?}"
+            );
+            n += 1;
+        }
+        n
+    }
+
     /// Every prefix of `s` at a character boundary, "" and `s` included.
     pub fn prefixes(s: &str) -> impl Iterator<Item = &str> {
         (0..=s.len())
@@ -1793,6 +2024,65 @@ mod tests {
             }
             other => unreachable!("{other:?}"),
         }
+    }
+
+    /// Every format, random outputs (well formed, and slipped as a model without a grammar
+    /// may: `test_util::mutate` with the formats' markup), with and without tools asked for:
+    /// reading on from what the readings before settled gives exactly what reading the whole
+    /// text again gives, at every prefix and at the ends of random pieces.
+    #[test]
+    fn reading_on_equals_reading_all_again() {
+        let formats = [
+            Format::Generic,
+            Format::Hermes,
+            Format::Atem,
+            Format::QwenXml,
+            Format::Llama3,
+            Format::MistralNemo,
+            Format::Mistral { call_id: true },
+            Format::Mistral { call_id: false },
+            Format::DeepSeekR1,
+            Format::DeepSeekV31,
+        ];
+        let pieces = [
+            "<tool_call>",
+            "</tool_call>",
+            "[TOOL_CALLS]",
+            "[ARGS]",
+            "<｜tool▁calls▁begin｜>",
+            "<｜tool▁calls▁end｜>",
+            "<｜tool▁call▁end｜>",
+            "</function>",
+            "</parameter>",
+            "<|eom|><|start|>assistant",
+            "{",
+            "}",
+            "\"",
+            " ",
+            "\n",
+            "é",
+        ];
+        let mut rng = test_util::Rng(0x5EED_4E5D);
+        let (mut readings, mut settled_calls) = (0, 0);
+        for round in 0..240 {
+            let f = formats[round % formats.len()];
+            let r = test_util::random_req(&mut rng, round / formats.len(), true);
+            let mut text = test_util::random_output(&mut rng, f, &r);
+            settled_calls += f.parse(&text, Some(&r)).tool_calls.len();
+            if round % 3 == 2 {
+                for _ in 0..1 + rng.below(3) {
+                    test_util::mutate(&mut rng, &mut text, &pieces, 24);
+                }
+            }
+            readings += test_util::check_read_on(&mut rng, f, &text, Some(&r));
+            if round % 8 == 0 {
+                readings += test_util::check_read_on(&mut rng, f, &text, None);
+            }
+        }
+        assert!(
+            readings > 50_000 && settled_calls > 400,
+            "{readings} {settled_calls}"
+        );
     }
 
     const MARKED: [Format; 6] = [

@@ -31,12 +31,13 @@
 //! written: each once its `<function=NAME>` is whole, its arguments
 //! (`xml_args::StreamedArgs`) growing by whole parameters, each once its end is sure whatever
 //! follows (`value_len_partial`), a string-only parameter's characters as they come, and `}` at
-//! `</function>`.
+//! `</function>`. A parameter given again is read past (its first value is the one `parse`
+//! keeps) and the parameters after it stream on.
 
 use super::xml_args::{arguments, tail_len, ws_len, Params, StreamedArgs, Syntax};
 use super::{
-    allowed_tools, json_prefix, offered, parse_blocks, parse_blocks_partial, BlockStep, LazyStart,
-    Parsed, Plan, ToolCall, ToolRequest,
+    allowed_tools, json_prefix, offered, parse_blocks, parse_blocks_partial, BlockStep, Blocks,
+    LazyStart, Parsed, Plan, ToolCall, ToolRequest,
 };
 use muser_jsonschema::gbnf_literal as literal;
 
@@ -290,8 +291,8 @@ fn name_open(s: &str) -> bool {
 /// How far streaming has read the call block whose `<tool_call>` ends right before `rest`: the
 /// call is begun once its `<function=NAME>` is whole, and its arguments grow by whole
 /// parameters (`StreamedArgs`), a parameter whose schema admits strings only by its
-/// characters too. A repeated parameter name ends the reading (`arguments` keeps the first
-/// value and goes on).
+/// characters too. A repeated parameter name's value is read past and left out (`arguments`
+/// keeps the first value), and the parameters after it go on streaming.
 fn read_block_partial(rest: &str, req: Option<&ToolRequest>) -> BlockStep {
     let mut p = ws_len(rest);
     match starts(&rest[p..], FUNCTION) {
@@ -326,17 +327,20 @@ fn read_block_partial(rest: &str, req: Option<&ToolRequest>) -> BlockStep {
                     BlockStep::Broken(begun(args))
                 };
             };
-            if !args.is_new(key) {
-                return BlockStep::Broken(begun(args));
-            }
+            // a repeated name's value is read past and left out, as `arguments` leaves it
+            let new = args.is_new(key);
             let v = &after[n..];
             let Some(len) = value_len_partial(v) else {
-                args.push_open(key, known_raw(v));
+                if new {
+                    args.push_open(key, known_raw(v));
+                }
                 return BlockStep::Open(begun(args));
             };
-            let raw = &v[..len];
-            let raw = raw.strip_prefix('\n').unwrap_or(raw);
-            args.push(key, raw.strip_suffix('\n').unwrap_or(raw));
+            if new {
+                let raw = &v[..len];
+                let raw = raw.strip_prefix('\n').unwrap_or(raw);
+                args.push(key, raw.strip_suffix('\n').unwrap_or(raw));
+            }
             p += PARAM.len() + n + len + PARAM_CLOSE.len();
         } else if s.starts_with(FUNCTION_CLOSE) {
             p += FUNCTION_CLOSE.len();
@@ -369,8 +373,14 @@ fn read_block_partial(rest: &str, req: Option<&ToolRequest>) -> BlockStep {
 /// As Hermes's, whose calls start with `<tool_call>` too: the content up to the first
 /// `<tool_call>`, less a tail that may start one, less trailing whitespace; the calls begun
 /// (`read_block_partial`).
-pub(super) fn parse_partial(text: &str, req: Option<&ToolRequest>) -> Parsed {
-    parse_blocks_partial(text, req, &[OPEN], |rest| read_block_partial(rest, req))
+pub(super) fn parse_partial(text: &str, req: Option<&ToolRequest>, from: &mut Blocks) -> Parsed {
+    parse_blocks_partial(
+        text,
+        req,
+        &[OPEN],
+        |rest| read_block_partial(rest, req),
+        from,
+    )
 }
 
 #[cfg(test)]
@@ -784,10 +794,18 @@ mod tests {
                 format!("{o}\"}}\n</parameter>\n</function>"),
                 vec![call("f", r#"{"o":{"a":"x</parameter><parameter=s>"}}"#)],
             ),
-            // a parameter given twice stops the call's arguments where they were
+            // a parameter given twice keeps its first value; the call goes on after it
+            (
+                format!("{f}<parameter=i>\n1\n</parameter>\n<parameter=i>\n2"),
+                vec![call("f", r#"{"i":1"#)],
+            ),
+            (
+                format!("{f}<parameter=i>\n1\n</parameter>\n<parameter=i>\n2\n</parameter>\n<parameter=s>\nab"),
+                vec![call("f", r#"{"i":1,"s":"ab"#)],
+            ),
             (
                 format!("{f}<parameter=i>\n1\n</parameter>\n<parameter=i>\n2\n</parameter>\n</function>"),
-                vec![call("f", r#"{"i":1"#)],
+                vec![call("f", r#"{"i":1}"#)],
             ),
             // a tool not offered is never begun
             ("Hi <tool_call>\n<function=h>\n".to_string(), vec![]),
@@ -1014,5 +1032,55 @@ mod tests {
         let p = parse(text, Some(&r));
         assert_eq!(p.tool_calls[0].name, "a<b=c d");
         assert_eq!(p.tool_calls[0].arguments, r#"{"k l=<m":7}"#);
+    }
+
+    /// Random calls whose parameters are given again (a new value, after the first): `parse`
+    /// keeps each name's first value, streaming agrees with it at every prefix, and the
+    /// parameters after a repeat stream on: at each call's `</function>` (its block not yet
+    /// closed) the streamed arguments are the final ones.
+    #[test]
+    fn qwen_xml_streams_past_a_repeated_parameter() {
+        let mut rng = Rng(0x5EED_0C0D);
+        let mut repeats = 0;
+        for round in 0..80 {
+            let r = random_req(&mut rng, round, round % 2 == 0);
+            let calls = random_calls(&mut rng, &r);
+            let mut text = ["", "Sure.\n"][rng.below(2)].to_string();
+            let mut want = Vec::new();
+            for (t, a) in &calls {
+                let first = ordered(&t.parameters, a);
+                let mut params: Vec<(String, Value)> = first.clone().into_iter().collect();
+                for _ in 0..rng.below(4) {
+                    if params.is_empty() {
+                        break;
+                    }
+                    let (k, _) = params[rng.below(params.len())].clone();
+                    let at = params.iter().position(|(p, _)| *p == k).unwrap() + 1;
+                    let at = at + rng.below(params.len() - at + 1);
+                    let v = random_args(&mut rng, &t.parameters["properties"][&k]);
+                    params.insert(at, (k, v));
+                    repeats += 1;
+                }
+                text += &format!("<tool_call>\n<function={}>\n", t.name);
+                for (k, v) in &params {
+                    let v = render_value(v, rng.below(4));
+                    text += &format!("<parameter={k}>\n{v}\n</parameter>\n");
+                }
+                text += "</function>\n</tool_call>\n";
+                want.push((t, Value::Object(first)));
+            }
+            let parsed = Format::QwenXml.parse(&text, Some(&r));
+            assert_eq!(parsed.tool_calls.len(), want.len(), "{text:?}");
+            for (c, (t, a)) in parsed.tool_calls.iter().zip(&want) {
+                assert_call(c, &t.name, a, None);
+            }
+            check_stream_calls(Format::QwenXml, &text, &r);
+            let ends = text.match_indices("</function>").map(|(i, t)| i + t.len());
+            for (i, end) in ends.enumerate() {
+                let p = Format::QwenXml.parse_partial(&text[..end], Some(&r));
+                assert_eq!(p.tool_calls[i], parsed.tool_calls[i], "{text:?}");
+            }
+        }
+        assert!(repeats > 80, "{repeats}");
     }
 }

@@ -637,8 +637,8 @@ pub(super) fn tail_len(s: &str, tag: &str) -> usize {
 /// A call's arguments as streaming sends them, built parameter by parameter as `arguments`
 /// builds them at the end: `{`, then each parameter as `"key":value` once its raw text is
 /// final (comma-separated), then `}` once the call is closed: what `arguments` gives for the
-/// parameters so far. The reader stops growing the call at a repeated name (`is_new`), which
-/// `arguments` passes over: the call's `}` then comes with the finished reading.
+/// parameters so far. A repeated name (`is_new` false) keeps its first value, in `arguments`
+/// as here: the reader leaves the repeat out and goes on with the parameters after it.
 pub(super) struct StreamedArgs<'r> {
     syntax: &'r Syntax,
     tool: Option<&'r Tool>,
