@@ -1339,12 +1339,7 @@ mod tests {
         let mut ids = Some(Ids::new(o));
         let mut got = Rebuilt::default();
         let mut settled = Settled::default();
-        let mut at = 0;
-        while at < text.len() {
-            at = (at + 1 + rng.below(6)).min(text.len());
-            while !text.is_char_boundary(at) {
-                at += 1;
-            }
+        for at in crate::tools::test_util::piece_ends(rng, text, 6) {
             let now = o.read_on(&text[..at], &mut settled);
             assert_eq!(now, o.parse_partial(&text[..at]), "{:?}", &text[..at]);
             got.take(&news(&mut sent, &mut ids, now));

@@ -1026,7 +1026,8 @@ fn parse_blocks(
 /// How far streaming has read a call block of a format `parse_blocks` reads.
 pub(super) enum BlockStep {
     /// The block is whole: what `parse_blocks`'s reader gives for it (its calls and the length
-    /// of the text it spans).
+    /// of the text it spans), the same for every continuation of the text (the readers read
+    /// no further than the block's end), so that streaming settles it (`Blocks`).
     Whole(Vec<ToolCall>, usize),
     /// The text ends inside the block: the calls begun in it, the last one's arguments as far
     /// as they are known (`partial::Json::stable_object`).
@@ -1961,34 +1962,37 @@ pub(crate) mod test_util {
         text: &str,
         req: Option<&ToolRequest>,
     ) -> usize {
-        let mut resume = Resume::default();
+        let every: Vec<usize> = prefixes(text).map(str::len).collect();
         let mut n = 0;
-        for p in prefixes(text) {
-            let on = format.parse_partial_on(p, req, &mut resume);
-            assert_eq!(
-                on,
-                format.parse_partial(p, req),
-                "{format:?} {text:?} at {p:?}"
-            );
-            n += 1;
+        for cuts in [every, piece_ends(rng, text, 16)] {
+            let mut resume = Resume::default();
+            for at in cuts {
+                let p = &text[..at];
+                let on = format.parse_partial_on(p, req, &mut resume);
+                assert_eq!(
+                    on,
+                    format.parse_partial(p, req),
+                    "{format:?} {text:?} at {p:?}"
+                );
+                n += 1;
+            }
         }
-        let mut resume = Resume::default();
+        n
+    }
+
+    /// The ends of random pieces of `text` (1 to `most` bytes, whole characters), as tokens
+    /// bring it; the last is the text's end.
+    pub fn piece_ends(rng: &mut Rng, text: &str, most: usize) -> Vec<usize> {
+        let mut ends = Vec::new();
         let mut at = 0;
         while at < text.len() {
-            at = (at + 1 + rng.below(16)).min(text.len());
+            at = (at + 1 + rng.below(most)).min(text.len());
             while !text.is_char_boundary(at) {
                 at += 1;
             }
-            let p = &text[..at];
-            let on = format.parse_partial_on(p, req, &mut resume);
-            assert_eq!(
-                on,
-                format.parse_partial(p, req),
-                "{format:?} {text:?} at {p:?}"
-            );
-            n += 1;
+            ends.push(at);
         }
-        n
+        ends
     }
 
     /// Every prefix of `s` at a character boundary, "" and `s` included.
