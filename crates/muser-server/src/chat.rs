@@ -6,7 +6,9 @@
 //! content, and the name / tool-call / reasoning fields the request gave),
 //! `add_generation_prompt`, `bos_token`, `eos_token`, the request's `chat_template_kwargs`,
 //! `raise_exception`, `strftime_now`, and `tojson` as transformers defines it (Python's
-//! `json.dumps`).
+//! `json.dumps`). A template that reads reasoning from content blocks (Ministral 3's) gets a
+//! system or assistant message's `reasoning_content` and text as `thinking` and `text` blocks,
+//! as llama-server gives them.
 
 use crate::error::ApiError;
 use crate::tools::think::Tags;
@@ -1336,28 +1338,10 @@ mod tests {
         assert!(request(json!({"messages": calls, "continue_final_message": false})).is_ok());
     }
 
-    /// A random text of letters, spaces, newlines, markup characters and non-ASCII, that
-    /// neither starts nor ends with whitespace and holds no reasoning tag.
+    /// A random text of markup and other characters that neither starts nor ends with
+    /// whitespace.
     fn random_text(rng: &mut crate::tools::test_util::Rng) -> String {
-        let alphabet = [
-            "a",
-            "Q",
-            " ",
-            "\n",
-            "é",
-            "<",
-            "[",
-            "/",
-            "]",
-            ">",
-            "{",
-            "\u{1F600}",
-        ];
-        let n = 1 + rng.below(16);
-        let t: String = (0..n)
-            .map(|_| alphabet[rng.below(alphabet.len())])
-            .collect();
-        format!("x{t}y")
+        format!("x{}y", crate::tools::test_util::markup_text(rng, 1, 16))
     }
 
     /// llama.cpp's template `file` with BOS `<s>` and EOS `</s>`; None where its sources

@@ -1316,6 +1316,36 @@ mod tests {
         got
     }
 
+    /// Checks the answer `text` that writes `calls`: read whole, it gives back their names and
+    /// arguments; streamed, whole or cut anywhere (8 times), it adds up to what the same text
+    /// gives whole. Returns how many calls the cut answers hold.
+    fn check_calls_streamed(
+        o: &Output,
+        text: &str,
+        calls: &[(&crate::tools::Tool, Value)],
+        rng: &mut Rng,
+    ) -> usize {
+        let whole = Rebuilt::whole(o, text);
+        assert_eq!(whole.calls.len(), calls.len(), "{text}");
+        for ((_, name, args), (t, a)) in whole.calls.iter().zip(calls) {
+            assert_eq!(name, &t.name);
+            assert_eq!(&serde_json::from_str::<Value>(args).unwrap(), a);
+        }
+        assert_eq!(replay(o, text, rng), whole, "{text}");
+        let mut cut_calls = 0;
+        for _ in 0..8 {
+            let mut cut = rng.below(text.len() + 1);
+            while !text.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            let part = &text[..cut];
+            let whole = Rebuilt::whole(o, part);
+            cut_calls += whole.calls.len();
+            assert_eq!(replay(o, part, rng), whole, "{part}");
+        }
+        cut_calls
+    }
+
     /// Random calls of random tools in the Hermes format, with reasoning before them or not,
     /// whole and cut anywhere (`max_tokens`): the client rebuilds from the stream's deltas
     /// exactly the answer it would get whole (content, reasoning, ids, names, arguments), and
@@ -1347,25 +1377,8 @@ mod tests {
                 let l = layouts(&json!({"name": t.name, "arguments": a}));
                 text += &format!("<tool_call>\n{}\n</tool_call>\n", l[rng.below(l.len())]);
             }
-            let whole = Rebuilt::whole(&o, &text);
             assert!(o.parse_final(&text).1, "{text}");
-            assert_eq!(whole.calls.len(), calls.len(), "{text}");
-            for ((_, name, args), (t, a)) in whole.calls.iter().zip(&calls) {
-                assert_eq!(name, &t.name);
-                assert_eq!(&serde_json::from_str::<Value>(args).unwrap(), a);
-            }
-            assert_eq!(replay(&o, &text, &mut rng), whole, "{text}");
-            // cut anywhere
-            for _ in 0..8 {
-                let mut cut = rng.below(text.len() + 1);
-                while !text.is_char_boundary(cut) {
-                    cut -= 1;
-                }
-                let part = &text[..cut];
-                let whole = Rebuilt::whole(&o, part);
-                cut_calls += whole.calls.len();
-                assert_eq!(replay(&o, part, &mut rng), whole, "{part}");
-            }
+            cut_calls += check_calls_streamed(&o, &text, &calls, &mut rng);
         }
         assert!(cut_calls > 100, "{cut_calls}");
     }
@@ -1418,24 +1431,7 @@ mod tests {
                 (reasoning.as_str(), content),
                 "{text}"
             );
-            assert_eq!(whole.calls.len(), calls.len(), "{text}");
-            for ((_, name, args), (t, a)) in whole.calls.iter().zip(&calls) {
-                assert_eq!(name, &t.name);
-                assert_eq!(&serde_json::from_str::<Value>(args).unwrap(), a);
-            }
-            assert_eq!(replay(&o, &text, &mut rng), whole, "{text}");
-            for _ in 0..8 {
-                let mut cut = rng.below(text.len() + 1);
-                while !text.is_char_boundary(cut) {
-                    cut -= 1;
-                }
-                let part = &text[..cut];
-                assert_eq!(
-                    replay(&o, part, &mut rng),
-                    Rebuilt::whole(&o, part),
-                    "{part}"
-                );
-            }
+            check_calls_streamed(&o, &text, &calls, &mut rng);
         }
     }
 

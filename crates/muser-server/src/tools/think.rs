@@ -243,7 +243,7 @@ fn class_char(c: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::super::test_util::{prefixes, Rng};
+    use super::super::test_util::{markup_text, prefixes, Rng};
     use super::*;
 
     /// Both pairs of tags, and the word a tool call of their models opens with.
@@ -390,33 +390,10 @@ mod tests {
     #[test]
     fn random_reasoning_and_replies_come_back() {
         let mut rng = Rng(0x7417_2027);
-        let alphabet = [
-            "a",
-            "Z",
-            " ",
-            "\n",
-            "é",
-            "<",
-            "[",
-            "/",
-            "]",
-            ">",
-            "{",
-            "\u{1F600}",
-        ];
         for (t, call) in PAIRS {
             for _ in 0..2000 {
-                let word = |rng: &mut Rng, min| {
-                    let n = min + rng.below(12);
-                    (0..n)
-                        .map(|_| alphabet[rng.below(alphabet.len())])
-                        .collect::<String>()
-                };
-                let reasoning = word(&mut rng, 0);
-                if reasoning.contains(t.close) {
-                    continue;
-                }
-                let mut reply = word(&mut rng, 1).trim_start().to_string();
+                let reasoning = markup_text(&mut rng, 0, 12);
+                let mut reply = markup_text(&mut rng, 1, 12).trim_start().to_string();
                 if rng.coin() {
                     reply.push_str(call);
                 }
