@@ -13,12 +13,19 @@ Request options are checked against the same reference: `add_generation_prompt`,
 `chat_template_kwargs`, the message fields templates read (`name`, `tool_calls`, ...), and
 llama-server's assistant prefill (a conversation ending with an assistant message is continued:
 the conversation before it with the generation prompt, then the message's text).
+
+Reasoning in the history and `continue_final_message` of a message's reasoning or content are
+checked against llama-server itself (when $LLAMA_CPP_BIN holds it), on templates that write
+reasoning tags: the same prompt for the same request, and the continued reasoning's reply.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import random
+import socket
+import subprocess
 from datetime import datetime
 from pathlib import Path
 
@@ -30,7 +37,8 @@ from jinja2 import nodes  # noqa: E402
 from jinja2.ext import Extension  # noqa: E402
 from jinja2.sandbox import ImmutableSandboxedEnvironment  # noqa: E402
 
-from test_server import ServerProcess  # noqa: E402
+from test_server import ServerProcess, muser_bin  # noqa: E402
+from test_llama_server_compat import LLAMA_SERVER, LlamaServer  # noqa: E402
 
 SRC = os.environ.get("MUSER_GGML_SRC")
 TEMPLATES = sorted(Path(SRC, "models", "templates").glob("*.jinja")) if SRC else []
@@ -265,3 +273,122 @@ def test_a_final_assistant_message_is_continued(tmp_path):
             assert r.status_code == 400 and what in r.json()["error"]["message"], r.text
     finally:
         s.stop()
+
+
+# Templates that write reasoning tags, and whether a history with reasoning renders as
+# llama-server's does (R1's and QwQ's generation prompts differ where llama-server passes
+# `enable_thinking`, which Muser leaves to chat_template_kwargs).
+REASONING_TEMPLATES = [
+    ("Qwen-Qwen3-0.6B.jinja", True),
+    ("Qwen3.5-4B.jinja", True),
+    ("Qwen-QwQ-32B.jinja", False),
+    ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", False),
+    ("mistralai-Ministral-3-14B-Reasoning-2512.jinja", True),
+]
+
+
+def random_text(rng: random.Random) -> str:
+    """Letters, spaces, newlines, markup characters and non-ASCII; no whitespace at the ends."""
+    alphabet = ["a", "Q", " ", "\n", "\u00e9", "<", "[", "/", "]", ">", "{", "\U0001F600", "ok"]
+    return "x" + "".join(rng.choice(alphabet) for _ in range(rng.randrange(1, 16))) + "y"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def reply(server, body, stream=False):
+    """(content, reasoning_content, prompt tokens) of a chat answer, streamed or not."""
+    r = requests.post(server.url + "/v1/chat/completions", timeout=60, stream=stream,
+                      json={**body, "stream": stream, "max_tokens": 6, "temperature": 0,
+                            **({"stream_options": {"include_usage": True}} if stream else {})})
+    assert r.status_code == 200, r.text
+    if not stream:
+        j = r.json()
+        m = j["choices"][0]["message"]
+        return m.get("content") or "", m.get("reasoning_content") or "", \
+            j["usage"]["prompt_tokens"]
+    content = reasoning = ""
+    tokens = None
+    for line in r.iter_lines():
+        if line.startswith(b"data: ") and line != b"data: [DONE]":
+            chunk = json.loads(line[6:])
+            for ch in chunk.get("choices", []):
+                content += ch["delta"].get("content") or ""
+                reasoning += ch["delta"].get("reasoning_content") or ""
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["prompt_tokens"]
+    return content, reasoning, tokens
+
+
+@pytest.mark.skipif(not (SRC and LLAMA_SERVER and LLAMA_SERVER.exists()),
+                    reason="needs llama.cpp's source (MUSER_GGML_SRC) and llama-server "
+                           "(LLAMA_CPP_BIN)")
+def test_reasoning_is_continued_as_llama_server_continues_it(tmp_path):
+    """Random reasoning and text, on templates that write `<think>` or `[THINK]` tags: the
+    prompt of a conversation with reasoning in its history (Ministral 3 reads it from content
+    blocks), and of a final assistant message continued (its reasoning, left open, by default
+    when it has no text or with `continue_final_message: "reasoning_content"`; its text, after
+    its reasoning block, with `true` or `"content"`), is llama-server's for the same request.
+    A continued reasoning's reply is what the model goes on writing, as llama-server streams
+    it, streamed or not."""
+    model = tmp_path / "llama-tiny.gguf"
+    subprocess.run([str(muser_bin()), "synth", "llama-tiny", str(model)], check=True,
+                   capture_output=True)
+    rng = random.Random()
+    for name, history_agrees in REASONING_TEMPLATES:
+        path = Path(SRC, "models", "templates", name)
+        muser = ServerProcess("--chat-template-file", str(path), "--ctx-size", "1024",
+                              model=model)
+        try:
+            llama = LlamaServer(model, free_port(), "--chat-template-file", str(path))
+        except Exception:
+            muser.stop()
+            raise
+        try:
+            # llama-server leaves the BOS a template writes out of /apply-template's prompt.
+            bos = requests.get(muser.url + "/props", timeout=60).json()["bos_token"]
+            for _ in range(3):
+                q, q2, r, a = (random_text(rng) for _ in range(4))
+                user = [{"role": "user", "content": q}]
+                if "Ministral" in name:
+                    user.insert(0, {"role": "system", "content": random_text(rng)})
+                both = {"role": "assistant", "content": a, "reasoning_content": r}
+                only = {"role": "assistant", "content": "", "reasoning_content": r}
+                plain = {"role": "assistant", "content": a}
+                cont = {"add_generation_prompt": False}
+                bodies = [
+                    {"messages": user + [only]},
+                    {"messages": user + [only], "continue_final_message": True, **cont},
+                    {"messages": user + [only], "continue_final_message": "reasoning_content",
+                     **cont},
+                    {"messages": user + [both]},
+                    {"messages": user + [both], "continue_final_message": "content", **cont},
+                    {"messages": user + [plain]},
+                ]
+                if history_agrees:
+                    bodies.append({"messages": user + [both, {"role": "user", "content": q2}]})
+                for body in bodies:
+                    want = requests.post(llama.url + "/apply-template", json=body, timeout=60)
+                    got = requests.post(muser.url + "/apply-template", json=body, timeout=60)
+                    assert want.status_code == got.status_code == 200, (name, body, got.text)
+                    got = got.json()["prompt"]
+                    got = got[len(bos):] if bos and got.startswith(bos) else got
+                    assert got == want.json()["prompt"], (name, body)
+                body = {"messages": user + [only], "continue_final_message": "reasoning_content",
+                        **cont}
+                content, reasoning, tokens = reply(muser, body)
+                assert content == "" and reasoning, (name, reasoning)
+                assert reply(muser, body, stream=True) == (content, reasoning, tokens), name
+                raw = reply(muser, {**body, "reasoning_format": "none"})[0]
+                close = "[/THINK]" if "Ministral" in name else "</think>"
+                assert reasoning == raw.split(close)[0], name
+                # llama-server streams the continuation only (its whole message also repeats
+                # the message's reasoning); the same tokens of the same prompt.
+                want = reply(llama, body, stream=True)
+                assert (want[1], want[2]) == (reasoning, tokens), name
+        finally:
+            muser.stop()
+            llama.stop()

@@ -186,11 +186,13 @@ def ask(url: str, path: str, body) -> tuple[int, dict[str, str]]:
 
 
 class LlamaServer:
-    def __init__(self, model: Path, port: int):
+    """llama-server on `model` and `port`, with `args` after its own (a chat template, ...)."""
+
+    def __init__(self, model: Path, port: int, *args: str):
         self.url = f"http://127.0.0.1:{port}"
         self.proc = subprocess.Popen(
             [str(LLAMA_SERVER), "-m", str(model), "-np", "2", "-c", "2048", "-t", "2",
-             "--port", str(port), "--no-webui"],
+             "--port", str(port), "--no-webui", *args],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 120
         while True:

@@ -8,7 +8,8 @@
 - with llama.cpp's real templates (models/templates, read from $MUSER_GGML_SRC when it is
   there): atem (Muse Glimmer's channels and `<atem:function_calls>` blocks), qwen3-coder
   (`<function=...><parameter=...>` XML: Qwen3-Coder, Qwen 3.5), llama3, mistral-nemo, mistral
-  (Small 3.2), deepseek-r1 and deepseek-v3.1.
+  (Small 3.2; Ministral 3, its `[THINK]` reasoning before the calls), deepseek-r1 and
+  deepseek-v3.1.
 
 The model (models/muse-default.gguf) knows nothing of tools: every call it makes comes from the
 grammar's choices, so each must name a given tool and its arguments must validate against that
@@ -108,6 +109,7 @@ def template_files(tmp: Path) -> dict[str, Path | None]:
                           ("meta-llama-Llama-3.2-3B-Instruct.jinja", "llama3"),
                           ("mistralai-Mistral-Nemo-Instruct-2407.jinja", "mistral-nemo"),
                           ("Mistral-Small-3.2-24B-Instruct-2506.jinja", "mistral"),
+                          ("mistralai-Ministral-3-14B-Reasoning-2512.jinja", "mistral-think"),
                           ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", "deepseek-r1"),
                           ("deepseek-ai-DeepSeek-V3.1.jinja", "deepseek-v3.1")]:
             if (TEMPLATES / name).exists():
@@ -137,7 +139,8 @@ def client_of(server) -> openai.OpenAI:
 
 # Formats whose templates think in <think> tags (the model here never closes the block by
 # itself, so a forced call after it may be cut by max_tokens).
-THINKING = {"atem", "hermes-think", "qwen3-coder-think", "deepseek-r1", "deepseek-v3.1"}
+THINKING = {"atem", "hermes-think", "qwen3-coder-think", "mistral-think", "deepseek-r1",
+            "deepseek-v3.1"}
 
 
 def id_pattern(fmt: str) -> str:

@@ -6,9 +6,12 @@
 //! content, and the name / tool-call / reasoning fields the request gave),
 //! `add_generation_prompt`, `bos_token`, `eos_token`, the request's `chat_template_kwargs`,
 //! `raise_exception`, `strftime_now`, and `tojson` as transformers defines it (Python's
-//! `json.dumps`).
+//! `json.dumps`). A template that reads reasoning from content blocks (Ministral 3's) gets a
+//! system or assistant message's `reasoning_content` and text as `thinking` and `text` blocks,
+//! as llama-server gives them.
 
 use crate::error::ApiError;
+use crate::tools::think::Tags;
 use minijinja::value::{Kwargs, ValueKind};
 use minijinja::{Environment, Error, ErrorKind};
 use serde_json::{Map, Value};
@@ -34,6 +37,21 @@ pub struct ChatTemplate {
     /// The template writes an assistant message's calls only when its content is null
     /// (`null_call_content`).
     null_call_content: bool,
+    /// How the template writes reasoning, where it writes reasoning tags.
+    reasoning: Option<Reasoning>,
+}
+
+/// How a template writes a message's reasoning: its tags, the text before and after the
+/// reasoning as it renders a message's (`<think>\n`, `\n</think>\n\n` for Qwen 3; the bare
+/// tags where it renders none), which a continued message's block copies, as llama-server's
+/// template analysis finds them; and whether it reads the reasoning from content blocks
+/// (`{"type": "thinking"}`, Ministral 3's) rather than `reasoning_content`.
+#[derive(Debug, Clone, PartialEq)]
+struct Reasoning {
+    tags: Tags,
+    start: String,
+    end: String,
+    blocks: bool,
 }
 
 /// A value no template writes by itself, for `object_arguments`' probe.
@@ -72,7 +90,7 @@ impl ChatTemplate {
             || FALLBACK_TEMPLATE.to_string(),
             |s| without_generation_tags(&s.replace("\r\n", "\n").replace('\r', "\n")),
         );
-        env.add_template_owned("chat", source)
+        env.add_template_owned("chat", source.clone())
             .map_err(|e| anyhow::anyhow!("the chat template does not parse: {e:#}"))?;
         let mut t = ChatTemplate {
             env,
@@ -80,10 +98,84 @@ impl ChatTemplate {
             eos: eos.to_string(),
             object_arguments: false,
             null_call_content: false,
+            reasoning: None,
         };
         t.object_arguments = t.object_arguments();
         t.null_call_content = t.null_call_content();
+        t.reasoning = t.reasoning(&source);
         Ok(t)
+    }
+
+    /// How the template writes reasoning (None where its source lacks a pair of reasoning
+    /// tags): a conversation whose assistant message has a probe reasoning is rendered, with
+    /// the reasoning in `reasoning_content`, else in a `thinking` content block; where the
+    /// probe comes out between the tags (and whitespace), that is how the template writes it.
+    fn reasoning(&self, source: &str) -> Option<Reasoning> {
+        let tags = Tags::of_template(source)?;
+        let around = |assistant: Value| -> Option<(String, String)> {
+            let messages = [
+                serde_json::json!({"role": "user", "content": "User message"}),
+                assistant,
+            ];
+            let p = self.render_with(&messages, false, None, &Map::new()).ok()?;
+            let at = p.find(PROBE_VALUE)?;
+            let (before, after) = (&p[..at], &p[at + PROBE_VALUE.len()..]);
+            let start = &before[before.trim_end().strip_suffix(tags.open)?.len()..];
+            let gap = after.len() - after.trim_start().len();
+            let rest = after[gap..].strip_prefix(tags.close)?;
+            let end = &after[..after.len() - rest.trim_start().len()];
+            Some((start.to_string(), end.to_string()))
+        };
+        let field = serde_json::json!({"role": "assistant", "content": "Assistant message",
+                                       "reasoning_content": PROBE_VALUE});
+        let blocks = serde_json::json!({"role": "assistant", "content": [
+            {"type": "thinking", "thinking": PROBE_VALUE},
+            {"type": "text", "text": "Assistant message"}]});
+        let (found, blocks) = match around(field) {
+            Some(found) => (Some(found), false),
+            None => match around(blocks) {
+                Some(found) => (Some(found), true),
+                None => (None, false),
+            },
+        };
+        let (start, end) = found.unwrap_or_else(|| (tags.open.to_string(), tags.close.to_string()));
+        Some(Reasoning {
+            tags,
+            start,
+            end,
+            blocks,
+        })
+    }
+
+    /// The tags the template writes reasoning in, if any.
+    pub fn reasoning_tags(&self) -> Option<Tags> {
+        self.reasoning.as_ref().map(|r| r.tags)
+    }
+
+    /// What of its final message a request continues, settled for this template (None: it
+    /// continues none): `Auto` continues the reasoning of a message that has reasoning and no
+    /// content where the template writes reasoning tags, else the content. Continuing the
+    /// reasoning where the template has no reasoning tags is an error.
+    pub fn continued(&self, req: &ChatRequest) -> Result<Option<Continue>, ApiError> {
+        let Some(p) = &req.prefill else {
+            return Ok(None);
+        };
+        let thinks = self.reasoning.is_some();
+        Ok(Some(match p.what {
+            Continue::Reasoning if !thinks => {
+                return Err(ApiError::param(
+                    "continue_final_message",
+                    "continue_final_message \"reasoning_content\": the chat template writes no \
+                     reasoning tags (<think> and </think>, or [THINK] and [/THINK]), so there is \
+                     no reasoning to continue",
+                ))
+            }
+            Continue::Auto if thinks && !p.reasoning.is_empty() && p.content.is_empty() => {
+                Continue::Reasoning
+            }
+            Continue::Auto => Continue::Content,
+            what => what,
+        }))
     }
 
     /// Whether the template writes an assistant message's tool calls only when its content is
@@ -140,7 +232,10 @@ impl ChatTemplate {
 
     /// The prompt for a chat request: its messages rendered with its options, or, when the
     /// request continues its last (assistant) message, the conversation before that message
-    /// with the assistant's turn opened (the generation prompt), then the message's text.
+    /// with the assistant's turn opened (the generation prompt), then the message: where the
+    /// template writes reasoning tags, as llama-server writes it, the block of its reasoning
+    /// (in place of one the generation prompt opens), left open when the reasoning is
+    /// continued, else closed and followed by the message's text; otherwise the text.
     /// (llama-server appends to the rendering *without* a generation prompt what the one with it
     /// adds after their common prefix; where a template writes something else when no
     /// generation prompt is asked, e.g. `{% else %}{{ eos_token }}`, that splices the two
@@ -155,9 +250,21 @@ impl ChatTemplate {
                 &req.kwargs,
             );
         };
+        let continued = self.continued(req)?;
         let before = &req.messages[..req.messages.len() - 1];
         let mut prompt = self.render_with(before, true, req.tools.as_ref(), &req.kwargs)?;
-        prompt.push_str(prefill);
+        if let Some(r) = &self.reasoning {
+            if let Some(at) = r.tags.open_tail(&prompt) {
+                prompt.truncate(at);
+            }
+            prompt.push_str(&r.start);
+            prompt.push_str(&prefill.reasoning);
+            if continued == Some(Continue::Reasoning) {
+                return Ok(prompt);
+            }
+            prompt.push_str(&r.end);
+        }
+        prompt.push_str(&prefill.content);
         Ok(prompt)
     }
 
@@ -172,12 +279,20 @@ impl ChatTemplate {
             .env
             .get_template("chat")
             .map_err(|e| ApiError::internal(format!("chat template: {e}")))?;
+        let blocks = self.reasoning.as_ref().is_some_and(|r| r.blocks);
         let mut ctx: Vec<(&str, minijinja::Value)> = vec![
             (
                 "messages",
                 messages
                     .iter()
-                    .map(|m| message_value(m, self.object_arguments, self.null_call_content))
+                    .map(|m| {
+                        let m = if blocks {
+                            std::borrow::Cow::Owned(as_blocks(m))
+                        } else {
+                            std::borrow::Cow::Borrowed(m)
+                        };
+                        message_value(&m, self.object_arguments, self.null_call_content)
+                    })
                     .collect::<minijinja::Value>(),
             ),
             ("add_generation_prompt", add_generation_prompt.into()),
@@ -202,6 +317,32 @@ impl ChatTemplate {
                 _ => ApiError::bad_request(format!("the chat template refused the messages: {e}")),
             })
     }
+}
+
+/// A system or assistant message with its reasoning and text as content blocks, for a
+/// template that reads them so (Ministral 3's), as llama-server gives them: a `thinking` block
+/// of its `reasoning_content` where that is not empty, then a `text` block of its content.
+/// Other messages as they are.
+fn as_blocks(msg: &Value) -> Value {
+    let role = msg.get("role").and_then(Value::as_str);
+    let (Some("system" | "assistant"), Value::Object(m)) = (role, msg) else {
+        return msg.clone();
+    };
+    let mut m = m.clone();
+    let mut content = Vec::new();
+    match m.remove("reasoning_content") {
+        Some(Value::String(r)) if !r.is_empty() => {
+            content.push(serde_json::json!({"type": "thinking", "thinking": r}));
+        }
+        _ => {}
+    }
+    match m.get("content") {
+        Some(Value::String(t)) => content.push(serde_json::json!({"type": "text", "text": t})),
+        Some(Value::Array(parts)) => content.extend(parts.iter().cloned()),
+        _ => {}
+    }
+    m.insert("content".into(), Value::Array(content));
+    Value::Object(m)
 }
 
 /// A message as the template sees it, its keys in llama-server's order (what a template
@@ -556,6 +697,30 @@ fn without_generation_tags(source: &str) -> String {
     .into_owned()
 }
 
+/// What of its final assistant message a request continues (`continue_final_message`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Continue {
+    /// `true`, or llama-server's assistant prefill: the reasoning when the message has
+    /// reasoning and no content (and the template writes reasoning), else the content.
+    /// [`ChatTemplate::continued`] settles it as one of the others.
+    Auto,
+    /// `"content"`: the message's content, after its reasoning block (where the template
+    /// writes reasoning tags).
+    Content,
+    /// `"reasoning_content"`: the message's reasoning, in a block left open.
+    Reasoning,
+}
+
+/// The final assistant message a request continues.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Prefill {
+    pub what: Continue,
+    /// Its content's text (text parts joined with a blank line, as llama-server joins them).
+    pub content: String,
+    /// Its `reasoning_content`, "" when it has none.
+    pub reasoning: String,
+}
+
 /// A chat request's messages and template options.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ChatRequest {
@@ -563,9 +728,9 @@ pub struct ChatRequest {
     pub messages: Vec<Value>,
     /// `add_generation_prompt` (default true).
     pub add_generation_prompt: bool,
-    /// The text of the final assistant message when the prompt continues it (llama-server's
-    /// assistant prefill; `continue_final_message`): the reply goes on from it.
-    pub prefill: Option<String>,
+    /// The final assistant message when the prompt continues it (llama-server's assistant
+    /// prefill; `continue_final_message`): the reply goes on from it.
+    pub prefill: Option<Prefill>,
     /// `chat_template_kwargs`: extra template variables (`enable_thinking`, ...).
     pub kwargs: Map<String, Value>,
     /// The request's `tools` (OpenAI's array of `{"type": "function", "function": ...}`), which
@@ -579,9 +744,10 @@ impl ChatRequest {
     /// `chat_template_kwargs` from a request body.
     ///
     /// A conversation that ends with an assistant message is continued, as llama-server
-    /// does by default: its reply goes on from that message's text. `continue_final_message:
-    /// false` renders it as a finished turn instead; `true` asks for the continuation (then
-    /// the last message must be the assistant's, and `add_generation_prompt` may not be true).
+    /// does by default: its reply goes on from that message's reasoning or text
+    /// ([`Continue::Auto`]). `continue_final_message: false` renders it as a finished turn
+    /// instead; `true`, `"content"` or `"reasoning_content"` ask for the continuation (then the
+    /// last message must be the assistant's, and `add_generation_prompt` may not be true).
     pub fn parse(body: &Map<String, Value>) -> Result<ChatRequest, ApiError> {
         let get = |k: &str| body.get(k).filter(|v| !v.is_null());
         let messages = parse_messages(get("messages"))?;
@@ -594,16 +760,19 @@ impl ChatRequest {
             )),
         };
         let add_generation_prompt = flag("add_generation_prompt")?;
-        let continue_final = match get("continue_final_message") {
-            Some(Value::String(s)) if s == "content" => Some(true),
-            Some(Value::String(s)) if s == "reasoning_content" => {
+        let asked = match get("continue_final_message") {
+            Some(Value::String(s)) if s == "content" => Some(Some(Continue::Content)),
+            Some(Value::String(s)) if s == "reasoning_content" => Some(Some(Continue::Reasoning)),
+            Some(Value::String(s)) => {
                 return Err(ApiError::param(
                     "continue_final_message",
-                    "continue_final_message \"reasoning_content\" is not supported by Muser \
-                     (only the message's content can be continued)",
+                    format!(
+                        "continue_final_message must be a boolean, \"content\" or \
+                         \"reasoning_content\", got {s:?}"
+                    ),
                 ))
             }
-            _ => flag("continue_final_message")?,
+            _ => flag("continue_final_message")?.map(|b| b.then_some(Continue::Auto)),
         };
         let kwargs = match get("chat_template_kwargs") {
             None => Map::new(),
@@ -633,8 +802,8 @@ impl ChatRequest {
         };
         let role = |m: &Value| m.get("role").and_then(Value::as_str).map(str::to_string);
         let last_is_assistant = messages.last().and_then(role).as_deref() == Some("assistant");
-        let continuing = match continue_final {
-            Some(true) => {
+        let continuing = match asked {
+            Some(Some(what)) => {
                 if add_generation_prompt == Some(true) {
                     return Err(ApiError::bad_request(
                         "Cannot set both add_generation_prompt and continue_final_message to \
@@ -647,46 +816,18 @@ impl ChatRequest {
                         "continue_final_message needs the last message to be the assistant's",
                     ));
                 }
-                true
+                Some(what)
             }
-            Some(false) => false,
-            None => last_is_assistant,
+            Some(None) => None,
+            None => last_is_assistant.then_some(Continue::Auto),
         };
-        let mut prefill = None;
-        if continuing {
-            let n = messages.len();
-            if n >= 2 && role(&messages[n - 2]).as_deref() == Some("assistant") {
-                return Err(ApiError::param(
-                    "messages",
-                    "Cannot have 2 or more assistant messages at the end of the list.",
-                ));
-            }
-            let last = &messages[n - 1];
-            if last
-                .get("tool_calls")
-                .and_then(Value::as_array)
-                .is_some_and(|c| !c.is_empty())
-            {
-                return Err(ApiError::param(
-                    "messages",
-                    "Cannot continue an assistant message that contains tool calls.",
-                ));
-            }
-            // llama-server joins a continued message's text parts with a blank line.
-            let raw = get("messages").and_then(|m| m.get(n - 1));
-            let text = match raw.and_then(|m| m.get("content")) {
-                Some(Value::Array(parts)) => join_text_parts(parts, "\n\n"),
-                _ => last
-                    .get("content")
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .to_string(),
-            };
-            prefill = Some(text);
-        }
+        let prefill = match continuing {
+            Some(what) => Some(prefill(&messages, get("messages"), what)?),
+            None => None,
+        };
         Ok(ChatRequest {
             messages,
-            add_generation_prompt: add_generation_prompt.unwrap_or(true) && !continuing,
+            add_generation_prompt: add_generation_prompt.unwrap_or(true) && prefill.is_none(),
             prefill,
             kwargs,
             tools: None,
@@ -711,6 +852,61 @@ impl ChatRequest {
         self.messages
             .insert(0, serde_json::json!({"role": "system", "content": text}));
     }
+}
+
+/// The final assistant message of `messages` (`raw`: as the request gave them), continued as
+/// `what` asks; refused where it cannot be (another assistant message before it, tool calls,
+/// a reasoning to continue with content after it).
+fn prefill(messages: &[Value], raw: Option<&Value>, what: Continue) -> Result<Prefill, ApiError> {
+    let n = messages.len();
+    if n >= 2 && messages[n - 2].get("role").and_then(Value::as_str) == Some("assistant") {
+        return Err(ApiError::param(
+            "messages",
+            "Cannot have 2 or more assistant messages at the end of the list.",
+        ));
+    }
+    let last = &messages[n - 1];
+    if last
+        .get("tool_calls")
+        .and_then(Value::as_array)
+        .is_some_and(|c| !c.is_empty())
+    {
+        return Err(ApiError::param(
+            "messages",
+            "Cannot continue an assistant message that contains tool calls.",
+        ));
+    }
+    // llama-server joins a continued message's text parts with a blank line.
+    let content = match raw
+        .and_then(|m| m.get(n - 1))
+        .and_then(|m| m.get("content"))
+    {
+        Some(Value::Array(parts)) => join_text_parts(parts, "\n\n"),
+        _ => last
+            .get("content")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string(),
+    };
+    let reasoning = last
+        .get("reasoning_content")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    if what == Continue::Reasoning && !content.is_empty() {
+        // llama-server drops the content then; a client that sent it meant something else.
+        return Err(ApiError::param(
+            "continue_final_message",
+            "continue_final_message \"reasoning_content\" continues the reasoning of the last \
+             message, which has content after it: leave out its content, or continue the \
+             content (\"content\" or true)",
+        ));
+    }
+    Ok(Prefill {
+        what,
+        content,
+        reasoning,
+    })
 }
 
 /// The text parts' texts joined as llama-server joins them: `sep` between parts, none before
@@ -1053,8 +1249,8 @@ mod tests {
                 "boolean",
             ),
             (
-                json!({"messages": user, "continue_final_message": "reasoning_content"}),
-                "not supported",
+                json!({"messages": user, "continue_final_message": "reasoning"}),
+                "\"reasoning_content\"",
             ),
         ] {
             let e = request(body.clone()).unwrap_err();
@@ -1140,6 +1336,240 @@ mod tests {
         }
         // A turn with tool calls is fine when not continued.
         assert!(request(json!({"messages": calls, "continue_final_message": false})).is_ok());
+    }
+
+    /// A random text of markup and other characters that neither starts nor ends with
+    /// whitespace.
+    fn random_text(rng: &mut crate::tools::test_util::Rng) -> String {
+        format!("x{}y", crate::tools::test_util::markup_text(rng, 1, 16))
+    }
+
+    /// llama.cpp's template `file` with BOS `<s>` and EOS `</s>`; None where its sources
+    /// are not at hand.
+    fn real(file: &str) -> Option<ChatTemplate> {
+        let src = crate::tools::test_util::template(file)?;
+        Some(ChatTemplate::new(Some(&src), "<s>", "</s>").unwrap())
+    }
+
+    fn render_body(t: &ChatTemplate, body: Value) -> Result<String, ApiError> {
+        t.render_request(&request(body)?)
+    }
+
+    /// How each real template writes reasoning, as llama-server's analysis finds it: Qwen 3
+    /// with its whitespace, DeepSeek R1 (which renders no reasoning) with the bare tags,
+    /// Ministral 3 with `[THINK]` tags read from content blocks; templates without reasoning
+    /// tags have none.
+    #[test]
+    fn templates_tell_how_they_write_reasoning() {
+        use crate::tools::think::{BRACKETS, THINK};
+        let want = [
+            (
+                "Qwen-Qwen3-0.6B.jinja",
+                THINK,
+                "<think>\n",
+                "\n</think>\n\n",
+                false,
+            ),
+            (
+                "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja",
+                THINK,
+                "<think>",
+                "</think>",
+                false,
+            ),
+            (
+                "mistralai-Ministral-3-14B-Reasoning-2512.jinja",
+                BRACKETS,
+                "[THINK]",
+                "[/THINK]",
+                true,
+            ),
+        ];
+        for (file, tags, start, end, blocks) in want {
+            let Some(t) = real(file) else { return };
+            let r = t.reasoning.clone().unwrap();
+            assert_eq!(
+                (r.tags, r.start.as_str(), r.end.as_str(), r.blocks),
+                (tags, start, end, blocks),
+                "{file}"
+            );
+        }
+        let t = ChatTemplate::new(Some(CHATML), "", "").unwrap();
+        assert_eq!(t.reasoning, None);
+        assert_eq!(
+            real("Mistral-Small-3.2-24B-Instruct-2506.jinja")
+                .unwrap()
+                .reasoning,
+            None
+        );
+    }
+
+    /// Ministral 3's template reads an assistant's (and the system's) reasoning and text from
+    /// content blocks: a conversation with random reasoning in its history renders them in
+    /// `[THINK]` tags before the text, as llama-server gives them; plain string content (no
+    /// reasoning, or an empty one) renders as it did.
+    #[test]
+    fn ministral_reads_reasoning_and_text_as_content_blocks() {
+        let Some(t) = real("mistralai-Ministral-3-14B-Reasoning-2512.jinja") else {
+            return;
+        };
+        let mut rng = crate::tools::test_util::Rng(0x7417_0003);
+        for _ in 0..50 {
+            let [sys, q, r, a, q2] = std::array::from_fn(|_| random_text(&mut rng));
+            let body = json!({"messages": [
+                {"role": "system", "content": sys},
+                {"role": "user", "content": q},
+                {"role": "assistant", "content": a, "reasoning_content": r},
+                {"role": "user", "content": q2},
+                {"role": "assistant", "content": a, "reasoning_content": ""},
+                {"role": "user", "content": q},
+                {"role": "assistant", "content": a},
+                {"role": "user", "content": q2}]});
+            assert_eq!(
+                render_body(&t, body).unwrap(),
+                format!(
+                    "<s>[SYSTEM_PROMPT]{sys}[/SYSTEM_PROMPT][INST]{q}[/INST][THINK]{r}[/THINK]\
+                     {a}</s>[INST]{q2}[/INST]{a}</s>[INST]{q}[/INST]{a}</s>[INST]{q2}[/INST]"
+                )
+            );
+            // A call with reasoning and no text.
+            let body = json!({"messages": [
+                {"role": "user", "content": q},
+                {"role": "assistant", "content": null, "reasoning_content": r, "tool_calls": [
+                    {"id": "abcDEF123", "type": "function",
+                     "function": {"name": "f", "arguments": "{\"a\": 1}"}}]},
+                {"role": "tool", "tool_call_id": "abcDEF123", "content": a}]});
+            let p = render_body(&t, body).unwrap();
+            assert!(
+                p.ends_with(&format!(
+                    "[INST]{q}[/INST][THINK]{r}[/THINK][TOOL_CALLS]f[ARGS]{{\"a\": 1}}</s>\
+                     [TOOL_RESULTS]{a}[/TOOL_RESULTS]"
+                )),
+                "{p}"
+            );
+        }
+    }
+
+    /// `continue_final_message` with reasoning, as llama-server writes the prompt: the block of
+    /// the message's reasoning, left open to continue the reasoning, or closed and followed by
+    /// the text to continue the text (an empty block where the message has no reasoning), in
+    /// place of the block a generation prompt opens; `true` (and the assistant prefill)
+    /// continues the reasoning of a message that has no text. Random texts, three templates
+    /// (llama-server's prompts for them spell the expected ones).
+    #[test]
+    fn reasoning_is_continued_as_llama_server_writes_it() {
+        let cases = [
+            (
+                "Qwen-Qwen3-0.6B.jinja",
+                "<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n",
+                ("<think>\n", "\n</think>\n\n"),
+            ),
+            (
+                "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja",
+                "<s><｜User｜>{q}<｜Assistant｜>",
+                ("<think>", "</think>"),
+            ),
+            (
+                "mistralai-Ministral-3-14B-Reasoning-2512.jinja",
+                "<s>[SYSTEM_PROMPT]S[/SYSTEM_PROMPT][INST]{q}[/INST]",
+                ("[THINK]", "[/THINK]"),
+            ),
+        ];
+        let mut rng = crate::tools::test_util::Rng(0x7417_0004);
+        for (file, head, (open, close)) in cases {
+            let Some(t) = real(file) else { return };
+            for _ in 0..30 {
+                let [q, r, a] = std::array::from_fn(|_| random_text(&mut rng));
+                let head = head.replace("{q}", &q);
+                let convo = |content: &str, reasoning: Option<&str>| {
+                    let mut last = json!({"role": "assistant", "content": content});
+                    if let Some(r) = reasoning {
+                        last["reasoning_content"] = json!(r);
+                    }
+                    let mut m = vec![json!({"role": "user", "content": q}), last];
+                    if file.contains("Ministral") {
+                        m.insert(0, json!({"role": "system", "content": "S"}));
+                    }
+                    Value::from(m)
+                };
+                let go = |body: Value| render_body(&t, body).unwrap();
+                let reasoning = format!("{head}{open}{r}");
+                let content = format!("{head}{open}{r}{close}{a}");
+                let bare = format!("{head}{open}{close}{a}");
+                let kw = json!({"enable_thinking": false});
+                for (body, want) in [
+                    (json!({"messages": convo("", Some(&r))}), &reasoning),
+                    (
+                        json!({"messages": convo("", Some(&r)), "continue_final_message": true}),
+                        &reasoning,
+                    ),
+                    (
+                        json!({"messages": convo("", Some(&r)),
+                               "continue_final_message": "reasoning_content",
+                               "chat_template_kwargs": kw}),
+                        &reasoning,
+                    ),
+                    (json!({"messages": convo(&a, Some(&r))}), &content),
+                    (
+                        json!({"messages": convo(&a, Some(&r)),
+                               "continue_final_message": "content",
+                               "add_generation_prompt": false}),
+                        &content,
+                    ),
+                    (json!({"messages": convo(&a, None)}), &bare),
+                    (
+                        json!({"messages": convo("", None),
+                               "continue_final_message": "reasoning_content"}),
+                        &format!("{head}{open}"),
+                    ),
+                ] {
+                    assert_eq!(&go(body.clone()), want, "{file}: {body}");
+                    let req = request(body.clone()).unwrap();
+                    let within = if want == &content || want == &bare {
+                        Continue::Content
+                    } else {
+                        Continue::Reasoning
+                    };
+                    assert_eq!(t.continued(&req).unwrap(), Some(within), "{body}");
+                }
+            }
+        }
+    }
+
+    /// Continuing reasoning where it cannot be: a template without reasoning tags, a message
+    /// whose reasoning has text after it. Where the template has no tags, `true` continues the
+    /// text, and a message's reasoning stays out of the prompt.
+    #[test]
+    fn reasoning_continuations_that_cannot_be_are_refused() {
+        let t = ChatTemplate::new(Some(CHATML), "", "").unwrap();
+        let only = json!([{"role": "user", "content": "Q"},
+                          {"role": "assistant", "content": "", "reasoning_content": "hm"}]);
+        let e = render_body(
+            &t,
+            json!({"messages": only, "continue_final_message": "reasoning_content"}),
+        )
+        .unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("continue_final_message"));
+        assert!(e.message.contains("no reasoning tags"), "{}", e.message);
+        let head = "<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n";
+        assert_eq!(render_body(&t, json!({"messages": only})).unwrap(), head);
+        let both = json!([{"role": "user", "content": "Q"},
+                          {"role": "assistant", "content": "A", "reasoning_content": "hm"}]);
+        assert_eq!(
+            render_body(
+                &t,
+                json!({"messages": both, "continue_final_message": true})
+            )
+            .unwrap(),
+            format!("{head}A")
+        );
+        let e = request(json!({"messages": both, "continue_final_message": "reasoning_content"}))
+            .unwrap_err();
+        assert!(e.message.contains("has content after it"), "{}", e.message);
+        let e = request(json!({"messages": [{"role": "user", "content": "Q"}],
+                               "continue_final_message": "content"}))
+        .unwrap_err();
+        assert!(e.message.contains("assistant's"), "{}", e.message);
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //! (slots.rs) describe the server and its slots.
 
 use crate::api::{self, fit_context, parse_generation, parse_object, parse_prompt, Fields};
-use crate::chat::ChatRequest;
+use crate::chat::{ChatRequest, Continue};
 use crate::constrain;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
@@ -629,8 +629,14 @@ async fn generate(
             });
         }
         let text = m.template.render_request(&req)?;
-        // Reasoning in <think> tags is split from the reply, ahead of the tool-call format.
-        if reasoning && think::template_thinks(&m.template_source) && !think::prompt_closes(&text) {
+        // Reasoning in the template's tags (`<think>`, `[THINK]`) is split from the reply,
+        // ahead of the tool-call format; a prompt that closes the block, or that continues a
+        // message's content after it, gets none.
+        let continued = m.template.continued(&req)?;
+        let tags = m.template.reasoning_tags().filter(|t| {
+            reasoning && !t.prompt_closes(&text) && continued != Some(Continue::Content)
+        });
+        if let Some(tags) = tags {
             let o = output.get_or_insert_with(|| Output {
                 format,
                 tools: None,
@@ -638,8 +644,8 @@ async fn generate(
                 think: None,
                 past_ids: Default::default(),
             });
-            let opened = think::prompt_opens(&text);
-            o.think = Some(opened);
+            let opened = continued == Some(Continue::Reasoning) || tags.prompt_opens(&text);
+            o.think = Some((tags, opened));
             // A lazy call grammar starts only after the reasoning block, never inside it; a
             // grammar of the whole reply made here (forced calls, a JSON response format) lets
             // the block come first. A request's own GBNF applies as given.
@@ -649,7 +655,7 @@ async fn generate(
                 match (&mut sp.kind, sp.lazy.is_some()) {
                     (_, true) if tools_plan => {
                         if let Some(start) = format.lazy_start() {
-                            let patterns = think::after_block(start, opened);
+                            let patterns = tags.after_block(start, opened);
                             sp.lazy = Some(
                                 patterns
                                     .into_iter()
@@ -658,15 +664,15 @@ async fn generate(
                             );
                         }
                     }
-                    (SpecKind::Made(g, _), false) => *g = think::block_first(g, opened),
+                    (SpecKind::Made(g, _), false) => *g = tags.block_first(g, opened),
                     (SpecKind::Schema(s, source), false) => {
                         let g = constrain::schema_grammar(s, *source)?;
-                        sp.kind = SpecKind::Made(think::block_first(&g, opened), *source);
+                        sp.kind = SpecKind::Made(tags.block_first(&g, opened), *source);
                     }
                     _ => {}
                 }
             }
-            preserve(&mut gen.preserved, &m, &[think::OPEN, think::CLOSE]);
+            preserve(&mut gen.preserved, &m, &[tags.open, tags.close]);
         }
         // A template that writes BOS itself gets no second one.
         let bos_written = m
@@ -724,13 +730,13 @@ struct Reply {
 }
 
 /// How a chat answer's text is read: its format, the request's tools, the seed of the ids its
-/// tool calls get, and whether reasoning in `<think>` tags comes first (Some(true) when the
-/// prompt opened the block).
+/// tool calls get, and whether reasoning in a block of tags comes first (Some: the template's
+/// tags, and whether the prompt opened the block).
 struct Output {
     format: Format,
     tools: Option<ToolRequest>,
     call_seed: u64,
-    think: Option<bool>,
+    think: Option<(think::Tags, bool)>,
     /// The ids of the calls in the request's messages: a model that copies one (Mistral's
     /// write their ids) gets a new one, so that a client never sees an id twice.
     past_ids: std::collections::HashSet<String>,
@@ -738,10 +744,10 @@ struct Output {
 
 impl Output {
     fn parse(&self, text: &str) -> Parsed {
-        let Some(opened) = self.think else {
+        let Some((tags, opened)) = self.think else {
             return self.format.parse(text, self.tools.as_ref());
         };
-        let (reasoning, rest) = think::split(text, opened);
+        let (reasoning, rest) = tags.split(text, opened);
         let mut p = self.format.parse(rest, self.tools.as_ref());
         p.reasoning = reasoning.or(p.reasoning);
         p
@@ -762,8 +768,8 @@ impl Output {
         let (reasoning, reply) = match (self.think, &s.split) {
             (None, _) => (None, Some(text)),
             (Some(_), Some((reasoning, at))) => (reasoning.clone(), Some(&text[*at..])),
-            (Some(opened), None) => {
-                let (reasoning, reply) = think::split_partial(text, opened);
+            (Some((tags, opened)), None) => {
+                let (reasoning, reply) = tags.split_partial(text, opened);
                 if let Some(r) = reply.filter(|r| !r.is_empty()) {
                     // (a reply that has begun starts at a character that is not whitespace)
                     s.split = Some((reasoning.clone(), text.len() - r.len()));
@@ -857,9 +863,9 @@ impl Ids {
     }
 }
 
-/// llama-server's `reasoning_format`: whether a chat answer's reasoning (`<think>` blocks,
-/// Muse Glimmer's `to=self` messages) is split into `reasoning_content` ("auto", the default,
-/// and "deepseek") or left in the content ("none").
+/// llama-server's `reasoning_format`: whether a chat answer's reasoning (`<think>` or
+/// `[THINK]` blocks, Muse Glimmer's `to=self` messages) is split into `reasoning_content`
+/// ("auto", the default, and "deepseek") or left in the content ("none").
 fn reasoning_format(f: &Fields) -> Result<bool, ApiError> {
     match f.string("reasoning_format")? {
         None | Some("auto") | Some("deepseek") => Ok(true),
@@ -1348,6 +1354,36 @@ mod tests {
         got
     }
 
+    /// Checks the answer `text` that writes `calls`: read whole, it gives back their names and
+    /// arguments; streamed, whole or cut anywhere (8 times), it adds up to what the same text
+    /// gives whole. Returns how many calls the cut answers hold.
+    fn check_calls_streamed(
+        o: &Output,
+        text: &str,
+        calls: &[(&crate::tools::Tool, Value)],
+        rng: &mut Rng,
+    ) -> usize {
+        let whole = Rebuilt::whole(o, text);
+        assert_eq!(whole.calls.len(), calls.len(), "{text}");
+        for ((_, name, args), (t, a)) in whole.calls.iter().zip(calls) {
+            assert_eq!(name, &t.name);
+            assert_eq!(&serde_json::from_str::<Value>(args).unwrap(), a);
+        }
+        assert_eq!(replay(o, text, rng), whole, "{text}");
+        let mut cut_calls = 0;
+        for _ in 0..8 {
+            let mut cut = rng.below(text.len() + 1);
+            while !text.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            let part = &text[..cut];
+            let whole = Rebuilt::whole(o, part);
+            cut_calls += whole.calls.len();
+            assert_eq!(replay(o, part, rng), whole, "{part}");
+        }
+        cut_calls
+    }
+
     /// Random calls of random tools in the Hermes format, with reasoning before them or not,
     /// whole and cut anywhere (`max_tokens`): the client rebuilds from the stream's deltas
     /// exactly the answer it would get whole (content, reasoning, ids, names, arguments), and
@@ -1358,44 +1394,29 @@ mod tests {
         let mut cut_calls = 0;
         for round in 0..120 {
             let r = random_req(&mut rng, round, round % 2 == 0);
-            let think = [None, Some(true), Some(false)][round % 3];
+            // Either pair of reasoning tags, the block opened by the prompt or not, or none.
+            let tags = [think::THINK, think::BRACKETS][round / 3 % 2];
+            let block = [None, Some((tags, true)), Some((tags, false))][round % 3];
             let o = Output {
                 format: Format::Hermes,
                 tools: Some(r.clone()),
                 call_seed: rng.next(),
-                think,
+                think: block,
                 past_ids: Default::default(),
             };
             let calls = random_calls(&mut rng, &r);
-            let mut text = match think {
+            let mut text = match block {
                 None => String::new(),
-                Some(true) => "Weighing it.\n</think>\n\n".into(),
-                Some(false) => "<think>Weighing it.</think>\n\n".into(),
+                Some((t, true)) => format!("Weighing <tool_call> it.\n{}\n\n", t.close),
+                Some((t, false)) => format!("{}Weighing it.{}\n\n", t.open, t.close),
             };
             text += ["", "Let me check.\n"][rng.below(2)];
             for (t, a) in &calls {
                 let l = layouts(&json!({"name": t.name, "arguments": a}));
                 text += &format!("<tool_call>\n{}\n</tool_call>\n", l[rng.below(l.len())]);
             }
-            let whole = Rebuilt::whole(&o, &text);
             assert!(o.parse_final(&text).1, "{text}");
-            assert_eq!(whole.calls.len(), calls.len(), "{text}");
-            for ((_, name, args), (t, a)) in whole.calls.iter().zip(&calls) {
-                assert_eq!(name, &t.name);
-                assert_eq!(&serde_json::from_str::<Value>(args).unwrap(), a);
-            }
-            assert_eq!(replay(&o, &text, &mut rng), whole, "{text}");
-            // cut anywhere
-            for _ in 0..8 {
-                let mut cut = rng.below(text.len() + 1);
-                while !text.is_char_boundary(cut) {
-                    cut -= 1;
-                }
-                let part = &text[..cut];
-                let whole = Rebuilt::whole(&o, part);
-                cut_calls += whole.calls.len();
-                assert_eq!(replay(&o, part, &mut rng), whole, "{part}");
-            }
+            cut_calls += check_calls_streamed(&o, &text, &calls, &mut rng);
         }
         assert!(cut_calls > 100, "{cut_calls}");
     }
@@ -1417,11 +1438,12 @@ mod tests {
             let format = formats[round % formats.len()];
             let r = random_req(&mut rng, round / formats.len(), true);
             let think = [None, Some(true), Some(false)][round % 3];
+            let block = think.map(|opened| (think::THINK, opened));
             let o = Output {
                 format,
                 tools: Some(r.clone()),
                 call_seed: 1,
-                think,
+                think: block,
                 past_ids: Default::default(),
             };
             let ws = ["", "\n", "\n\n  "][rng.below(3)];
@@ -1446,6 +1468,58 @@ mod tests {
             readings > 10_000 && reasoned > 3_000,
             "{readings} {reasoned}"
         );
+    }
+
+    /// Ministral 3's answers: random reasoning in `[THINK]` tags (with `[TOOL_CALLS]` and a
+    /// call's markup inside it), then text and random calls in the `mistral` format. The
+    /// reasoning comes back whole and apart, the calls are only those after the block, and the
+    /// stream, whole or cut anywhere, adds up to the whole answer.
+    #[test]
+    fn ministral_reasoning_is_split_before_its_calls() {
+        let mut rng = Rng(0x5EED_3A17);
+        let format = Format::Mistral { call_id: false };
+        for round in 0..60 {
+            let r = random_req(&mut rng, round, round % 2 == 0);
+            let opened = round % 3 == 0;
+            let o = Output {
+                format,
+                tools: Some(r.clone()),
+                call_seed: rng.next(),
+                think: Some((think::BRACKETS, opened)),
+                past_ids: Default::default(),
+            };
+            let pieces = [
+                "Hmm",
+                " ",
+                "\n",
+                "[TOOL_CALLS]",
+                "f[ARGS]{}",
+                "é",
+                "[THINK]",
+                "[/THI",
+            ];
+            let reasoning: String = (0..1 + rng.below(8))
+                .map(|_| pieces[rng.below(pieces.len())])
+                .collect();
+            let calls = random_calls(&mut rng, &r);
+            let mut text = if opened {
+                format!("{reasoning}[/THINK]")
+            } else {
+                format!("[THINK]{reasoning}[/THINK]")
+            };
+            let content = ["", "Let me check."][rng.below(2)];
+            text += content;
+            for (t, a) in &calls {
+                text += &format!("[TOOL_CALLS]{}[ARGS]{a}", t.name);
+            }
+            let whole = Rebuilt::whole(&o, &text);
+            assert_eq!(
+                (whole.reasoning.as_str(), whole.content.as_str()),
+                (reasoning.as_str(), content),
+                "{text}"
+            );
+            check_calls_streamed(&o, &text, &calls, &mut rng);
+        }
     }
 
     /// An answer cut inside a call's JSON (a stop string, max_tokens) keeps the call as far as

@@ -32,8 +32,10 @@
 //! `[CALL_ID]` at the `[` that ends the id) and streams its arguments as they are written; a
 //! Nemo call once its item of the array is whole (the id comes after the arguments).
 //!
-//! Out of scope: Ministral 3's `[THINK]...[/THINK]` reasoning (it stays in the content, as
-//! text) and the content blocks (`thinking` / `text`) its template expects in the history.
+//! Ministral 3's reasoning, `[THINK]...[/THINK]` before the reply, is split off before `parse`
+//! sees the text (`think`, which also keeps a lazy call grammar from starting inside it), and
+//! a message's `reasoning_content` reaches its template as the `thinking` / `text` content
+//! blocks it reads (`chat`).
 
 use serde_json::{json, Value};
 

@@ -1995,6 +1995,28 @@ pub(crate) mod test_util {
         ends
     }
 
+    /// A random text of `min` to `max` pieces: letters, spaces, newlines, the characters of
+    /// markup (`<`, `[`, `/`, `]`, `>`, `{`) and non-ASCII ones; it holds no tag of more than
+    /// one character.
+    pub fn markup_text(rng: &mut Rng, min: usize, max: usize) -> String {
+        const PIECES: [&str; 12] = [
+            "a",
+            "Q",
+            " ",
+            "\n",
+            "é",
+            "<",
+            "[",
+            "/",
+            "]",
+            ">",
+            "{",
+            "\u{1F600}",
+        ];
+        let n = min + rng.below(max - min + 1);
+        (0..n).map(|_| PIECES[rng.below(PIECES.len())]).collect()
+    }
+
     /// Every prefix of `s` at a character boundary, "" and `s` included.
     pub fn prefixes(s: &str) -> impl Iterator<Item = &str> {
         (0..=s.len())

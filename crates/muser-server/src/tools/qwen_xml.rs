@@ -920,7 +920,7 @@ mod tests {
         }
         // Qwen 3.5 thinks too: the caller splits `<think>` off before `parse`
         let q35 = template("Qwen3.5-4B.jinja").unwrap();
-        assert!(think::template_thinks(&q35));
+        assert_eq!(think::Tags::of_template(&q35), Some(think::THINK));
     }
 
     #[test]

@@ -1,235 +1,423 @@
-//! Reasoning in `<think>` tags (DeepSeek R1, Qwen 3, QwQ and the templates that write them):
-//! split from the reply as llama-server's default `reasoning_format` splits it, into
-//! `reasoning_content`, before the reply goes to its tool-call format.
+//! Reasoning in a block of tags, split from the reply as llama-server's default
+//! `reasoning_format` splits it, into `reasoning_content`, before the reply goes to its
+//! tool-call format. The tags are the template's ([`Tags::of_template`]): `<think>` /
+//! `</think>` (DeepSeek R1, Qwen 3, QwQ and the templates that write them) or `[THINK]` /
+//! `[/THINK]` (Ministral 3, whose calls then follow in the `mistral` format).
 //!
-//! The reasoning is the text of a `<think>` block at the start of the output (after optional
+//! The reasoning is the text of a block at the start of the output (after optional
 //! whitespace), or, when the prompt itself ends inside an opened block (a template that writes
-//! `<think>` in its generation prompt), the output up to `</think>`. An output whose block never
-//! closes is all reasoning. The reply after the block starts at its first non-whitespace
-//! character.
+//! `<think>` in its generation prompt, a continued reasoning), the output up to the closing
+//! tag. An output whose block never closes is all reasoning. The reply after the block starts
+//! at its first non-whitespace character.
 
-pub const OPEN: &str = "<think>";
-pub const CLOSE: &str = "</think>";
+use super::LazyStart;
+use muser_jsonschema::gbnf_literal as literal;
 
-/// Whether a chat template writes reasoning in `<think>` tags.
-pub fn template_thinks(template: &str) -> bool {
-    template.contains(OPEN) && template.contains(CLOSE)
+/// A pair of reasoning tags. Each is ASCII, and the closing tag's first character occurs in
+/// it only there (what [`Tags::after_block`]'s automata rely on).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tags {
+    pub open: &'static str,
+    pub close: &'static str,
 }
 
-/// Whether a rendered prompt leaves its output inside an opened `<think>` block.
-pub fn prompt_opens(prompt: &str) -> bool {
-    let p = prompt.trim_end();
-    p.ends_with(OPEN)
-}
+/// DeepSeek R1's, Qwen 3's, QwQ's.
+pub const THINK: Tags = Tags {
+    open: "<think>",
+    close: "</think>",
+};
 
-/// Whether the prompt ends with a closed, empty-or-not block (`<think></think>`: Qwen 3 with
-/// `enable_thinking` false, DeepSeek V3.1's non-thinking mode): the reply comes without
-/// reasoning, and none is read or allowed.
-pub fn prompt_closes(prompt: &str) -> bool {
-    prompt.trim_end().ends_with(CLOSE)
-}
+/// Ministral 3's (and Magistral's).
+pub const BRACKETS: Tags = Tags {
+    open: "[THINK]",
+    close: "[/THINK]",
+};
 
-/// A finished output: its reasoning (None when it has no block) and the reply after it.
-pub fn split(text: &str, opened: bool) -> (Option<String>, &str) {
-    let Some(body) = body_start(text, opened) else {
-        return (None, text);
-    };
-    match body.find(CLOSE) {
-        Some(end) => (
-            Some(body[..end].to_string()),
-            body[end + CLOSE.len()..].trim_start(),
-        ),
-        None => (Some(body.to_string()), ""),
+impl Tags {
+    /// The tags a chat template writes reasoning in: `<think>` tags where it writes both,
+    /// else `[THINK]` tags where it writes both, else None.
+    pub fn of_template(template: &str) -> Option<Tags> {
+        [THINK, BRACKETS]
+            .into_iter()
+            .find(|t| template.contains(t.open) && template.contains(t.close))
     }
-}
 
-/// An unfinished output: the reasoning so far (less a tail that may be the start of `</think>`),
-/// and the reply after the block once the block is closed (None while it is open or while the
-/// text may still become a block). Both are prefixes of what `split` gives for every
-/// continuation of `text`.
-pub fn split_partial(text: &str, opened: bool) -> (Option<String>, Option<&str>) {
-    if !opened {
-        let t = text.trim_start();
-        if t.len() < OPEN.len() && OPEN.starts_with(t) {
-            // Nothing yet, or the start of a block: wait.
-            return (None, None);
+    /// Whether a rendered prompt leaves its output inside an opened block.
+    pub fn prompt_opens(self, prompt: &str) -> bool {
+        prompt.trim_end().ends_with(self.open)
+    }
+
+    /// Whether the prompt ends with a closed, empty-or-not block (`<think></think>`: Qwen 3
+    /// with `enable_thinking` false, DeepSeek V3.1's non-thinking mode): the reply comes
+    /// without reasoning, and none is read or allowed.
+    pub fn prompt_closes(self, prompt: &str) -> bool {
+        prompt.trim_end().ends_with(self.close)
+    }
+
+    /// Where a generation prompt's own block starts when the prompt ends with one that is
+    /// open or empty (`<think>\n`, `<think>\n\n</think>\n\n`): a continued message's block
+    /// takes its place, as llama-server cuts its generation prompt at the reasoning's start.
+    pub fn open_tail(self, prompt: &str) -> Option<usize> {
+        let at = prompt.rfind(self.open)?;
+        let after = prompt[at + self.open.len()..].trim();
+        (after.is_empty() || after == self.close).then_some(at)
+    }
+
+    /// A finished output: its reasoning (None when it has no block) and the reply after it.
+    pub fn split(self, text: &str, opened: bool) -> (Option<String>, &str) {
+        let Some(body) = self.body_start(text, opened) else {
+            return (None, text);
+        };
+        match body.find(self.close) {
+            Some(end) => (
+                Some(body[..end].to_string()),
+                body[end + self.close.len()..].trim_start(),
+            ),
+            None => (Some(body.to_string()), ""),
         }
     }
-    let Some(body) = body_start(text, opened) else {
-        return (None, Some(text));
-    };
-    match body.find(CLOSE) {
-        Some(end) => {
-            let rest = body[end + CLOSE.len()..].trim_start();
-            (Some(body[..end].to_string()), Some(rest))
+
+    /// An unfinished output: the reasoning so far (less a tail that may be the start of the
+    /// closing tag), and the reply after the block once the block is closed (None while it is
+    /// open or while the text may still become a block). Both are prefixes of what `split`
+    /// gives for every continuation of `text`.
+    pub fn split_partial(self, text: &str, opened: bool) -> (Option<String>, Option<&str>) {
+        if !opened {
+            let t = text.trim_start();
+            if t.len() < self.open.len() && self.open.starts_with(t) {
+                // Nothing yet, or the start of a block: wait.
+                return (None, None);
+            }
         }
-        None => {
-            let held = (1..CLOSE.len())
-                .rev()
-                .find(|&n| body.ends_with(&CLOSE[..n]))
-                .unwrap_or(0);
-            (Some(body[..body.len() - held].to_string()), None)
+        let Some(body) = self.body_start(text, opened) else {
+            return (None, Some(text));
+        };
+        match body.find(self.close) {
+            Some(end) => {
+                let rest = body[end + self.close.len()..].trim_start();
+                (Some(body[..end].to_string()), Some(rest))
+            }
+            None => {
+                let held = (1..self.close.len())
+                    .rev()
+                    .find(|&n| body.ends_with(&self.close[..n]))
+                    .unwrap_or(0);
+                (Some(body[..body.len() - held].to_string()), None)
+            }
         }
+    }
+
+    /// Where the reasoning starts: at once when the prompt opened the block, after the opening
+    /// tag when the output starts with one (after whitespace), else nowhere.
+    fn body_start(self, text: &str, opened: bool) -> Option<&str> {
+        if opened {
+            return Some(text);
+        }
+        text.trim_start().strip_prefix(self.open)
+    }
+
+    /// The trigger patterns (for `Trigger::Pattern`, tried in order) that find a call's
+    /// opening `start` (their capture group) only after the reasoning block: after the first
+    /// closing tag when the prompt opened the block, after the block when the output starts
+    /// with one, in the reply otherwise (anywhere in it for a `Word`, at its start after
+    /// whitespace for a `ReplyStart`). A tool call's lazy grammar then never starts inside the
+    /// reasoning.
+    ///
+    /// No pattern has a look-around: the regex crate's automata run them (fancy-regex hands
+    /// such a pattern over whole), in time linear in the text and without a backtracking
+    /// limit, which matters since a lazy trigger is searched over the whole output after every
+    /// token. "Not a block" and "the block's first closing tag" are spelled out as automata
+    /// instead.
+    pub fn after_block(self, start: LazyStart, opened: bool) -> Vec<String> {
+        let body = self.without_close();
+        let (open, close) = (
+            fancy_regex::escape(self.open),
+            fancy_regex::escape(self.close),
+        );
+        match start {
+            LazyStart::Word(w) => {
+                let w = fancy_regex::escape(w);
+                if opened {
+                    return vec![format!(r"^{body}{close}[\s\S]*?({w})")];
+                }
+                // A reply that does not start with the opening tag: the word at once, right
+                // after a start of the tag that stops there, or after one that turns into
+                // something else.
+                let partial = (1..self.open.len())
+                    .map(|n| fancy_regex::escape(&self.open[..n]).into_owned())
+                    .collect::<Vec<_>>()
+                    .join("|");
+                let broken = (0..self.open.len())
+                    .map(|n| {
+                        let next = class_char(&self.open[n..n + 1]);
+                        let not = if n == 0 { format!(r"\s{next}") } else { next };
+                        format!("{}[^{not}]", fancy_regex::escape(&self.open[..n]))
+                    })
+                    .collect::<Vec<_>>()
+                    .join("|");
+                vec![
+                    format!(r"^\s*{open}{body}{close}[\s\S]*?({w})"),
+                    format!(r"^\s*({w})"),
+                    format!(r"^\s*(?:{partial})({w})"),
+                    format!(r"^\s*(?:{broken})[\s\S]*?({w})"),
+                ]
+            }
+            LazyStart::ReplyStart(re) if opened => vec![format!(r"^{body}{close}\s*({re})")],
+            LazyStart::ReplyStart(re) => vec![
+                format!(r"^\s*{open}{body}{close}\s*({re})"),
+                format!(r"^\s*({re})"),
+            ],
+        }
+    }
+
+    /// A regex (no look-around) of the texts without the closing tag: text without its first
+    /// character `c`, then runs of `c` each followed by a start of the tag's rest that stops
+    /// short of it, or turns into another character that is not `c` (and text without `c`).
+    fn without_close(self) -> String {
+        let c = class_char(&self.close[..1]);
+        let c_lit = fancy_regex::escape(&self.close[..1]);
+        let rest = &self.close[1..]; // "/think>", "/THINK]"
+        let last = rest.len() - 1;
+        // What may follow `c` and `rest[..j]`, from j = last (only not its last character)
+        // down to 0.
+        let mut level = format!("(?:[^{}{c}][^{c}]*)?", class_char(&rest[last..]));
+        for j in (0..last).rev() {
+            let (not, lit) = (
+                class_char(&rest[j..j + 1]),
+                fancy_regex::escape(&rest[j..j + 1]),
+            );
+            level = format!("(?:[^{not}{c}][^{c}]*|{lit}{level})?");
+        }
+        format!("[^{c}]*(?:{c_lit}+{level})*")
+    }
+
+    /// A forced call grammar (`root`, from the start of the output) with room for the
+    /// reasoning block first: when the prompt opened it, its text and the closing tag;
+    /// otherwise an optional block. The calls' own rules are unchanged (`root` becomes
+    /// `think-calls`).
+    pub fn block_first(self, gbnf: &str, opened: bool) -> String {
+        // A prefix no rule of the grammar has (a user's schema may name its definitions
+        // anything).
+        let taken = super::rule_names(gbnf);
+        let p = (1..)
+            .map(|i| match i {
+                1 => "think".to_string(),
+                i => format!("think{i}"),
+            })
+            .find(|p| {
+                !taken
+                    .iter()
+                    .any(|r| r == p || r.starts_with(&format!("{p}-")))
+            })
+            .expect("a free prefix");
+        let calls = gbnf
+            .lines()
+            .map(|l| match l.strip_prefix("root ::=") {
+                Some(rest) => format!("{p}-calls ::={rest}"),
+                None => l.to_string(),
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        let (open, close) = (literal(self.open), literal(self.close));
+        let block = if opened {
+            format!("{p}-text {close} {p}-ws")
+        } else {
+            format!("( [ \\t\\n]{{0,4}} {open} {p}-text {close} {p}-ws )?")
+        };
+        format!(
+            "root ::= {block} {p}-calls\n{p}-ws ::= [ \\t\\n]{{0,4}}\n{}{calls}\n",
+            super::xml_args::text_without(&format!("{p}-text"), &[self.close])
+        )
     }
 }
 
-/// Where the reasoning starts: at once when the prompt opened the block, after `<think>` when
-/// the output starts with one (after whitespace), else nowhere.
-fn body_start(text: &str, opened: bool) -> Option<&str> {
-    if opened {
-        return Some(text);
+/// One ASCII character as a member of a regex character class, escaped where the class
+/// syntax would read it otherwise.
+fn class_char(c: &str) -> String {
+    if c.len() == 1 && "[]\\^-&~".contains(c) {
+        format!("\\{c}")
+    } else {
+        c.to_string()
     }
-    text.trim_start().strip_prefix(OPEN)
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::test_util::{prefixes, Rng};
+    use super::super::test_util::{markup_text, prefixes, Rng};
     use super::*;
+
+    /// Both pairs of tags, and the word a tool call of their models opens with.
+    const PAIRS: [(Tags, &str); 2] = [(THINK, "<tool_call>"), (BRACKETS, "[TOOL_CALLS]")];
+
+    /// `s` with `<think>` tags written as `t`'s.
+    fn with(t: Tags, s: &str) -> String {
+        s.replace(THINK.close, t.close).replace(THINK.open, t.open)
+    }
 
     #[test]
     fn blocks_split_from_the_reply() {
+        for (t, _) in PAIRS {
+            let w = |s: &str| with(t, s);
+            assert_eq!(
+                t.split(&w("<think>a b</think>\n\nHi"), false),
+                (Some("a b".into()), "Hi")
+            );
+            assert_eq!(
+                t.split(&w("  <think>x</think>"), false),
+                (Some("x".into()), "")
+            );
+            let inside = w("Hi <think>x</think>");
+            assert_eq!(t.split(&inside, false), (None, inside.as_str()));
+            assert_eq!(
+                t.split(&w("<think>never closed"), false),
+                (Some("never closed".into()), "")
+            );
+            assert_eq!(
+                t.split(&w("reasons</think> reply"), true),
+                (Some("reasons".into()), "reply")
+            );
+            assert_eq!(t.split("no close", true), (Some("no close".into()), ""));
+            assert_eq!(t.split("", false), (None, ""));
+            assert!(t.prompt_opens(&w("<|im_start|>assistant\n<think>\n")));
+            assert!(!t.prompt_opens(&w("<think>\n\n</think>\n\n")));
+            assert!(t.prompt_closes(&w("<think>\n\n</think>\n\n")));
+            assert_eq!(t.open_tail(&w("A: x</think>y B: <think>\n")), Some(17));
+            assert_eq!(t.open_tail(&w("B: <think>\n\n</think>\n\n")), Some(3));
+            assert_eq!(t.open_tail(&w("<think>a</think>b")), None);
+            assert_eq!(t.open_tail("B: "), None);
+        }
+        // The other pair's tags are text.
         assert_eq!(
-            split("<think>a b</think>\n\nHi", false),
-            (Some("a b".into()), "Hi")
-        );
-        assert_eq!(split("  <think>x</think>", false), (Some("x".into()), ""));
-        assert_eq!(
-            split("Hi <think>x</think>", false),
-            (None, "Hi <think>x</think>")
+            THINK.split("[THINK]x[/THINK]y", false),
+            (None, "[THINK]x[/THINK]y")
         );
         assert_eq!(
-            split("<think>never closed", false),
-            (Some("never closed".into()), "")
+            BRACKETS.split("<think>x</think>y", false),
+            (None, "<think>x</think>y")
         );
-        assert_eq!(
-            split("reasons</think> reply", true),
-            (Some("reasons".into()), "reply")
-        );
-        assert_eq!(split("no close", true), (Some("no close".into()), ""));
-        assert_eq!(split("", false), (None, ""));
-        assert!(prompt_opens("<|im_start|>assistant\n<think>\n"));
-        assert!(!prompt_opens("<think>\n\n</think>\n\n"));
-        assert!(template_thinks("{{ '<think>' }}...{{ '</think>' }}"));
-        assert!(!template_thinks("<tool_call>"));
     }
 
+    /// Each real template of llama.cpp that writes both tags of a pair gets that pair; the
+    /// `<think>` one wins where a template writes both pairs (none does).
+    #[test]
+    fn templates_get_their_tags() {
+        assert_eq!(
+            Tags::of_template("{{ '<think>' }}...{{ '</think>' }}"),
+            Some(THINK)
+        );
+        assert_eq!(
+            Tags::of_template("'[THINK]' + t + '[/THINK]'"),
+            Some(BRACKETS)
+        );
+        assert_eq!(Tags::of_template("<tool_call> <think>"), None);
+        let Some(dir) = super::super::test_util::templates_dir() else {
+            return;
+        };
+        let mut brackets = Vec::new();
+        for e in std::fs::read_dir(dir).unwrap() {
+            let path = e.unwrap().path();
+            let src = std::fs::read_to_string(&path).unwrap_or_default();
+            if Tags::of_template(&src) == Some(BRACKETS) {
+                brackets.push(path.file_name().unwrap().to_string_lossy().into_owned());
+            }
+        }
+        assert_eq!(brackets, ["mistralai-Ministral-3-14B-Reasoning-2512.jinja"]);
+        for file in [
+            "Qwen-Qwen3-0.6B.jinja",
+            "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja",
+        ] {
+            let src = super::super::test_util::template(file).unwrap();
+            assert_eq!(Tags::of_template(&src), Some(THINK), "{file}");
+        }
+    }
+
+    /// Random outputs of random reasoning and reply texts, the tags, and fragments near them:
+    /// for every prefix, the partial reasoning is a prefix of the final one, and so is the
+    /// partial reply once there is one.
     #[test]
     fn partial_splits_are_prefixes_of_the_final_split() {
-        // Random outputs from fragments near the tags; for every prefix, the partial reasoning
-        // is a prefix of the final one, and so is the partial reply once there is one.
-        let frags = [
-            "<think>",
-            "</think>",
-            "<",
-            "</",
-            "</th",
-            "<th",
-            "a",
-            " ",
-            "\n",
-            "é",
-            "think>",
-            "reply",
-            "<tool_call>",
-        ];
-        let mut rng = Rng(0x7417_2026);
-        let (mut with_reasoning, mut with_reply) = (0, 0);
-        for _ in 0..4000 {
-            let n = 1 + rng.below(9);
-            let text: String = (0..n).map(|_| frags[rng.below(frags.len())]).collect();
-            for opened in [false, true] {
-                let (r, rest) = split(&text, opened);
-                with_reasoning += r.as_ref().is_some_and(|r| !r.is_empty()) as usize;
-                with_reply += !rest.is_empty() as usize;
-                for p in prefixes(&text) {
-                    let (pr, prest) = split_partial(p, opened);
-                    if let Some(pr) = &pr {
-                        let r = r.as_deref().unwrap_or_else(|| {
-                            panic!("{text:?} (opened {opened}): prefix {p:?} has reasoning {pr:?}")
-                        });
-                        assert!(r.starts_with(pr.as_str()), "{text:?} {p:?}: {pr:?} / {r:?}");
-                    }
-                    if let Some(prest) = prest {
-                        assert!(
-                            rest.starts_with(prest),
-                            "{text:?} {p:?}: {prest:?} / {rest:?}"
-                        );
+        for (t, call) in PAIRS {
+            let frags = [
+                t.open,
+                t.close,
+                &t.open[..1],
+                &t.close[..2],
+                &t.close[..4],
+                &t.open[..3],
+                &t.open[1..],
+                "a",
+                " ",
+                "\n",
+                "é",
+                "reply",
+                call,
+            ];
+            let mut rng = Rng(0x7417_2026);
+            let (mut with_reasoning, mut with_reply) = (0, 0);
+            for _ in 0..4000 {
+                let n = 1 + rng.below(9);
+                let text: String = (0..n).map(|_| frags[rng.below(frags.len())]).collect();
+                for opened in [false, true] {
+                    let (r, rest) = t.split(&text, opened);
+                    with_reasoning += r.as_ref().is_some_and(|r| !r.is_empty()) as usize;
+                    with_reply += !rest.is_empty() as usize;
+                    for p in prefixes(&text) {
+                        let (pr, prest) = t.split_partial(p, opened);
+                        if let Some(pr) = &pr {
+                            let r = r.as_deref().unwrap_or_else(|| {
+                                panic!("{text:?} (opened {opened}): {p:?} has reasoning {pr:?}")
+                            });
+                            assert!(r.starts_with(pr.as_str()), "{text:?} {p:?}: {pr:?} / {r:?}");
+                        }
+                        if let Some(prest) = prest {
+                            assert!(
+                                rest.starts_with(prest),
+                                "{text:?} {p:?}: {prest:?} / {rest:?}"
+                            );
+                        }
                     }
                 }
             }
+            assert!(
+                with_reasoning > 500 && with_reply > 500,
+                "{t:?}: {with_reasoning} {with_reply}"
+            );
         }
-        assert!(
-            with_reasoning > 500 && with_reply > 500,
-            "{with_reasoning} {with_reply}"
-        );
     }
-}
 
-/// The trigger patterns (for `Trigger::Pattern`, tried in order) that find a call's opening
-/// `start` (their capture group) only after the reasoning block: after the first `</think>`
-/// when the prompt opened the block, after the block when the output starts with one, in the
-/// reply otherwise (anywhere in it for a `Word`, at its start after whitespace for a
-/// `ReplyStart`). A tool call's lazy grammar then never starts inside the reasoning.
-///
-/// No pattern has a look-around: the regex crate's automata run them (fancy-regex hands such a
-/// pattern over whole), in time linear in the text and without a backtracking limit, which
-/// matters since a lazy trigger is searched over the whole output after every token. "Not a
-/// block" and "the block's first `</think>`" are spelled out as automata instead.
-pub fn after_block(start: LazyStart, opened: bool) -> Vec<String> {
-    let body = without_close();
-    match start {
-        LazyStart::Word(w) => {
-            let w = fancy_regex::escape(w);
-            if opened {
-                return vec![format!(r"^{body}</think>[\s\S]*?({w})")];
+    /// A block of random reasoning then a random reply, written whole: the split gives both
+    /// back exactly, opened by the prompt or not.
+    #[test]
+    fn random_reasoning_and_replies_come_back() {
+        let mut rng = Rng(0x7417_2027);
+        for (t, call) in PAIRS {
+            for _ in 0..2000 {
+                let reasoning = markup_text(&mut rng, 0, 12);
+                let mut reply = markup_text(&mut rng, 1, 12).trim_start().to_string();
+                if rng.coin() {
+                    reply.push_str(call);
+                }
+                let gap = [" ", "\n\n", ""][rng.below(3)];
+                let opened = rng.coin();
+                let text = if opened {
+                    format!("{reasoning}{}{gap}{reply}", t.close)
+                } else {
+                    format!("{gap}{}{reasoning}{}{gap}{reply}", t.open, t.close)
+                };
+                assert_eq!(
+                    t.split(&text, opened),
+                    (Some(reasoning.clone()), reply.as_str()),
+                    "{text:?}"
+                );
+                let (last_r, last_rest) = t.split_partial(&text, opened);
+                assert_eq!(
+                    (last_r.as_deref(), last_rest),
+                    (Some(reasoning.as_str()), Some(reply.as_str()))
+                );
             }
-            // A reply that does not start with `<think>`: the word at once, right after a
-            // start of `<think>` that stops there, or after one that turns into something
-            // else.
-            let partial = (1..OPEN.len())
-                .map(|n| fancy_regex::escape(&OPEN[..n]).into_owned())
-                .collect::<Vec<_>>()
-                .join("|");
-            let broken = (0..OPEN.len())
-                .map(|n| {
-                    let next = &OPEN[n..n + 1];
-                    let not = if n == 0 { r"\s<" } else { next };
-                    format!("{}[^{not}]", fancy_regex::escape(&OPEN[..n]))
-                })
-                .collect::<Vec<_>>()
-                .join("|");
-            vec![
-                format!(r"^\s*<think>{body}</think>[\s\S]*?({w})"),
-                format!(r"^\s*({w})"),
-                format!(r"^\s*(?:{partial})({w})"),
-                format!(r"^\s*(?:{broken})[\s\S]*?({w})"),
-            ]
         }
-        LazyStart::ReplyStart(re) if opened => vec![format!(r"^{body}</think>\s*({re})")],
-        LazyStart::ReplyStart(re) => vec![
-            format!(r"^\s*<think>{body}</think>\s*({re})"),
-            format!(r"^\s*({re})"),
-        ],
     }
 }
-
-/// A regex (no look-around) of the texts without `</think>`: text without `<`, then runs of
-/// `<` each followed by a start of `/think>` that stops short of it, or turns into another
-/// character that is not `<` (and text without `<`).
-fn without_close() -> String {
-    let rest = &CLOSE[1..]; // "/think>"
-    let last = rest.len() - 1;
-    // What may follow `<` and `rest[..j]`, from j = last (only not `>`) down to 0.
-    let mut level = format!("(?:[^{}<][^<]*)?", &rest[last..]);
-    for j in (0..last).rev() {
-        let c = &rest[j..j + 1];
-        level = format!("(?:[^{c}<][^<]*|{c}{level})?");
-    }
-    format!("[^<]*(?:<+{level})*")
-}
-
-use super::LazyStart;
 
 #[cfg(test)]
 mod trigger_tests {
@@ -256,14 +444,14 @@ mod trigger_tests {
         })
     }
 
-    /// The same, read as `split` reads the block: the reply after the first `</think>` (or the
-    /// whole text, when it does not start with a block; undecided while it may still become
-    /// one), then the word anywhere in it or the regex at its start.
-    fn reference(start: LazyStart, opened: bool, text: &str) -> Option<usize> {
+    /// The same, read as `split` reads the block: the reply after the first closing tag (or
+    /// the whole text, when it does not start with a block; undecided while it may still
+    /// become one), then the word anywhere in it or the regex at its start.
+    fn reference(t: Tags, start: LazyStart, opened: bool, text: &str) -> Option<usize> {
         let lead = text.len() - text.trim_start().len();
-        let reply = if opened || text[lead..].starts_with(OPEN) {
-            text.find(CLOSE)? + CLOSE.len()
-        } else if OPEN.starts_with(&text[lead..]) {
+        let reply = if opened || text[lead..].starts_with(t.open) {
+            text.find(t.close)? + t.close.len()
+        } else if t.open.starts_with(&text[lead..]) {
             return None;
         } else {
             0
@@ -280,21 +468,30 @@ mod trigger_tests {
         }
     }
 
+    /// Single characters of `s`, and its prefixes.
+    fn pieces_of(s: &'static str) -> Vec<&'static str> {
+        (0..s.len())
+            .map(|i| &s[i..i + 1])
+            .chain((1..s.len()).map(|n| &s[..n]))
+            .collect()
+    }
+
     #[test]
     fn the_text_without_a_close_is_exact() {
-        let re = fancy_regex::Regex::new(&format!("^(?:{})$", without_close())).unwrap();
-        let mut rng = super::super::test_util::Rng(0x5EED_7417);
-        let pieces = [
-            "<", "/", "t", "h", "i", "n", "k", ">", "x", "</think>", "</thin", "<<",
-        ];
-        for _ in 0..20_000 {
-            let n = rng.below(9);
-            let text: String = (0..n).map(|_| pieces[rng.below(pieces.len())]).collect();
-            assert_eq!(
-                re.is_match(&text).unwrap(),
-                !text.contains(CLOSE),
-                "{text:?}"
-            );
+        for t in [THINK, BRACKETS] {
+            let re = fancy_regex::Regex::new(&format!("^(?:{})$", t.without_close())).unwrap();
+            let mut rng = super::super::test_util::Rng(0x5EED_7417);
+            let mut pieces = pieces_of(t.close);
+            pieces.extend(["x", t.close, &t.close[..1], t.open]);
+            for _ in 0..20_000 {
+                let n = rng.below(9);
+                let text: String = (0..n).map(|_| pieces[rng.below(pieces.len())]).collect();
+                assert_eq!(
+                    re.is_match(&text).unwrap(),
+                    !text.contains(t.close),
+                    "{text:?}"
+                );
+            }
         }
     }
 
@@ -303,45 +500,35 @@ mod trigger_tests {
     #[test]
     fn a_call_trigger_waits_for_the_end_of_the_reasoning() {
         let mut rng = super::super::test_util::Rng(0x5EED_7418);
-        let pieces = [
-            "<think>",
-            "</think>",
-            "<tool_call>",
-            "<",
-            "<t",
-            "<thi",
-            "<think",
-            "</",
-            "x",
-            " ",
-            "\n",
-            "{",
-            "\"name\"",
-            "</think",
-        ];
-        for start in [
-            LazyStart::Word("<tool_call>"),
-            LazyStart::ReplyStart(r#"\{\s*"name""#),
-        ] {
-            for opened in [false, true] {
-                let patterns = after_block(start, opened);
-                for p in &patterns {
-                    assert!(!p.contains("(?=") && !p.contains("(?!"), "{p}");
-                }
-                let res = compiled(&patterns);
-                for _ in 0..6_000 {
-                    let n = rng.below(8);
-                    let text: String = (0..n).map(|_| pieces[rng.below(pieces.len())]).collect();
-                    assert_eq!(
-                        at_compiled(&res, &text),
-                        reference(start, opened, &text),
-                        "{start:?} opened {opened}: {text:?}"
-                    );
+        for (t, call) in [(THINK, "<tool_call>"), (BRACKETS, "[TOOL_CALLS]")] {
+            let mut pieces = vec![t.open, t.close, call, "x", " ", "\n", "{", "\"name\""];
+            pieces.extend(pieces_of(t.open).into_iter().skip(t.open.len()));
+            pieces.extend(pieces_of(t.close).into_iter().skip(t.close.len()));
+            for start in [
+                LazyStart::Word(call),
+                LazyStart::ReplyStart(r#"\{\s*"name""#),
+            ] {
+                for opened in [false, true] {
+                    let patterns = t.after_block(start, opened);
+                    for p in &patterns {
+                        assert!(!p.contains("(?=") && !p.contains("(?!"), "{p}");
+                    }
+                    let res = compiled(&patterns);
+                    for _ in 0..6_000 {
+                        let n = rng.below(8);
+                        let text: String =
+                            (0..n).map(|_| pieces[rng.below(pieces.len())]).collect();
+                        assert_eq!(
+                            at_compiled(&res, &text),
+                            reference(t, start, opened, &text),
+                            "{t:?} {start:?} opened {opened}: {text:?}"
+                        );
+                    }
                 }
             }
         }
         // Examples.
-        let word = after_block(LazyStart::Word("<tool_call>"), false);
+        let word = THINK.after_block(LazyStart::Word("<tool_call>"), false);
         assert_eq!(at(&word, "<tool_call>"), Some(0));
         assert_eq!(at(&word, "Sure. <tool_call>"), Some(6));
         assert_eq!(at(&word, "<think>use <tool_call></think>"), None);
@@ -350,49 +537,20 @@ mod trigger_tests {
             Some(31)
         );
         assert_eq!(at(&word, "<t<tool_call>"), Some(2));
-        let opened = after_block(LazyStart::Word("<tool_call>"), true);
+        let opened = THINK.after_block(LazyStart::Word("<tool_call>"), true);
         assert_eq!(at(&opened, "a <tool_call> b</think> <tool_call>"), Some(24));
-        let json = after_block(LazyStart::ReplyStart(r"\{"), false);
+        let json = THINK.after_block(LazyStart::ReplyStart(r"\{"), false);
         assert_eq!(at(&json, " \n{"), Some(2));
         assert_eq!(at(&json, "Sure: {"), None);
         assert_eq!(at(&json, "<think>a</think> b </think>{"), None);
+        let mistral = BRACKETS.after_block(LazyStart::Word("[TOOL_CALLS]"), false);
+        assert_eq!(
+            at(&mistral, "[THINK]a [TOOL_CALLS] b[/THINK][TOOL_CALLS]"),
+            Some(31)
+        );
+        assert_eq!(at(&mistral, "[THINK]a [TOOL_CALLS] b"), None);
+        assert_eq!(at(&mistral, "Hi[TOOL_CALLS]"), Some(2));
     }
-}
-
-/// A forced call grammar (`root`, from the start of the output) with room for the reasoning
-/// block first: when the prompt opened it, its text and `</think>`; otherwise an optional
-/// `<think>` block. The calls' own rules are unchanged (`root` becomes `think-calls`).
-pub fn block_first(gbnf: &str, opened: bool) -> String {
-    // A prefix no rule of the grammar has (a user's schema may name its definitions anything).
-    let taken = super::rule_names(gbnf);
-    let p = (1..)
-        .map(|i| match i {
-            1 => "think".to_string(),
-            i => format!("think{i}"),
-        })
-        .find(|p| {
-            !taken
-                .iter()
-                .any(|r| r == p || r.starts_with(&format!("{p}-")))
-        })
-        .expect("a free prefix");
-    let calls = gbnf
-        .lines()
-        .map(|l| match l.strip_prefix("root ::=") {
-            Some(rest) => format!("{p}-calls ::={rest}"),
-            None => l.to_string(),
-        })
-        .collect::<Vec<_>>()
-        .join("\n");
-    let block = if opened {
-        format!("{p}-text \"</think>\" {p}-ws")
-    } else {
-        format!("( [ \\t\\n]{{0,4}} \"<think>\" {p}-text \"</think>\" {p}-ws )?")
-    };
-    format!(
-        "root ::= {block} {p}-calls\n{p}-ws ::= [ \\t\\n]{{0,4}}\n{}{calls}\n",
-        super::xml_args::text_without(&format!("{p}-text"), &[CLOSE])
-    )
 }
 
 #[cfg(test)]
@@ -402,36 +560,39 @@ mod grammar_tests {
 
     #[test]
     fn a_forced_call_may_follow_a_reasoning_block() {
-        let calls = "root ::= \"<tool_call>\" [a-z]+ \"</tool_call>\"\n";
-        let closed = Grammar::parse(&block_first(calls, false)).unwrap();
-        for (text, ok) in [
-            ("<tool_call>f</tool_call>", true),
-            (
-                "<think>why <tool_call> not</think>\n<tool_call>f</tool_call>",
-                true,
-            ),
-            ("\n<think></think><tool_call>f</tool_call>", true),
-            ("<think>never closed <tool_call>f</tool_call>", false),
-            ("text<tool_call>f</tool_call>", false),
-            ("<think>a</think>b</think><tool_call>f</tool_call>", false),
-        ] {
-            assert_eq!(closed.accepts_str(text), ok, "{text:?}");
+        for t in [THINK, BRACKETS] {
+            let w = |s: &str| s.replace("</think>", t.close).replace("<think>", t.open);
+            let calls = "root ::= \"<tool_call>\" [a-z]+ \"</tool_call>\"\n";
+            let closed = Grammar::parse(&t.block_first(calls, false)).unwrap();
+            for (text, ok) in [
+                ("<tool_call>f</tool_call>", true),
+                (
+                    "<think>why <tool_call> not</think>\n<tool_call>f</tool_call>",
+                    true,
+                ),
+                ("\n<think></think><tool_call>f</tool_call>", true),
+                ("<think>never closed <tool_call>f</tool_call>", false),
+                ("text<tool_call>f</tool_call>", false),
+                ("<think>a</think>b</think><tool_call>f</tool_call>", false),
+            ] {
+                assert_eq!(closed.accepts_str(&w(text)), ok, "{t:?} {text:?}");
+            }
+            let opened = Grammar::parse(&t.block_first(calls, true)).unwrap();
+            for (text, ok) in [
+                ("reasons</think>\n\n<tool_call>f</tool_call>", true),
+                ("</think><tool_call>f</tool_call>", true),
+                ("<tool_call>f</tool_call>", false),
+                ("a</think>b</think><tool_call>f</tool_call>", false),
+            ] {
+                assert_eq!(opened.accepts_str(&w(text)), ok, "{t:?} {text:?}");
+            }
+            // A grammar whose rules have the names the block would take keeps its own.
+            let taken = "root ::= think-calls think-ws think-text\nthink-calls ::= \"a\"\n\
+                         think-ws ::= \"b\"\nthink-text ::= \"c\"\n";
+            let g = t.block_first(taken, true);
+            let g = Grammar::parse(&g).unwrap_or_else(|e| panic!("{e:?}\n{g}"));
+            assert!(g.accepts_str(&w("x y</think>\nabc")));
+            assert!(!g.accepts_str(&w("x y</think>\na")));
         }
-        let opened = Grammar::parse(&block_first(calls, true)).unwrap();
-        for (text, ok) in [
-            ("reasons</think>\n\n<tool_call>f</tool_call>", true),
-            ("</think><tool_call>f</tool_call>", true),
-            ("<tool_call>f</tool_call>", false),
-            ("a</think>b</think><tool_call>f</tool_call>", false),
-        ] {
-            assert_eq!(opened.accepts_str(text), ok, "{text:?}");
-        }
-        // A grammar whose rules have the names the block would take keeps its own.
-        let taken = "root ::= think-calls think-ws think-text\nthink-calls ::= \"a\"\n\
-                     think-ws ::= \"b\"\nthink-text ::= \"c\"\n";
-        let g = block_first(taken, true);
-        let g = Grammar::parse(&g).unwrap_or_else(|e| panic!("{e:?}\n{g}"));
-        assert!(g.accepts_str("x y</think>\nabc"));
-        assert!(!g.accepts_str("x y</think>\na"));
     }
 }
