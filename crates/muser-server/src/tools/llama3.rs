@@ -147,7 +147,8 @@ pub(super) fn plan(req: &ToolRequest, builtin: bool) -> Result<Option<Plan>, Str
 }
 
 /// The rules of the built-in calls of `tools` (added to `rules`), and their names:
-/// `<|python_tag|>NAME.call(K=V)` for each built-in, and raw code where one is a code tool.
+/// `<|python_tag|>NAME.call(K=V)` for each built-in, and raw code where one is a code tool
+/// whose `code` may be any string (`any_string`).
 fn builtin_rules(tools: &[&Tool], rules: &mut String) -> Result<Vec<String>, String> {
     let mut names = Vec::new();
     let mut code = false;
@@ -164,7 +165,7 @@ fn builtin_rules(tools: &[&Tool], rules: &mut String) -> Result<Vec<String>, Str
         rules.push_str(r.trim_end());
         rules.push('\n');
         names.push(format!("builtin-{i}"));
-        code |= key == "code";
+        code |= key == "code" && any_string(schema);
     }
     if code {
         // any text that starts with a visible character
@@ -175,6 +176,18 @@ fn builtin_rules(tools: &[&Tool], rules: &mut String) -> Result<Vec<String>, Str
         names.push("builtin-code".to_string());
     }
     Ok(names)
+}
+
+/// Whether a schema takes every string (and only strings): `"type": "string"` and nothing
+/// else but annotations. Raw code is allowed only for a `code` of such a schema, the grammar
+/// having no hold on it.
+fn any_string(schema: &Value) -> bool {
+    const ANNOTATIONS: &[&str] = &["description", "title", "examples", "default", "$comment"];
+    schema.as_object().is_some_and(|o| {
+        o.get("type").is_some_and(|t| t == "string")
+            && o.keys()
+                .all(|k| k == "type" || ANNOTATIONS.contains(&k.as_str()))
+    })
 }
 
 /// The call a whole reply is, if it is one: a JSON object with a string `name`, an object
@@ -1244,6 +1257,41 @@ mod tests {
             json!({"type": "object", "properties": {"query": {}, "n": {}}}),
         ));
         req(tools, ToolChoice::Auto, false)
+    }
+
+    /// Raw code only where `code` may be any string: a schema the grammar could not hold raw
+    /// code to takes the call form alone.
+    #[test]
+    fn llama3_raw_code_only_for_any_string() {
+        let mut rng = Rng(0x11A3_0B04);
+        for round in 0..40 {
+            let code = random_code(&mut rng);
+            let short = json!({"type": "string", "maxLength": 3 + rng.below(5)});
+            // each schema, whether it takes any raw code, and whether it takes "a"
+            let schemas = [
+                (
+                    json!({"type": "string", "description": "Python code"}),
+                    true,
+                    true,
+                ),
+                (json!({"type": "string"}), true, true),
+                (short, false, true),
+                (json!({"type": "string", "pattern": "^x"}), false, false),
+                (json!({"enum": ["a", "b"]}), false, true),
+            ];
+            for (schema, raw, takes_a) in schemas {
+                let t = tool(
+                    ["python", "code_interpreter"][round % 2],
+                    json!({"type": "object", "properties": {"code": schema}}),
+                );
+                let r = req(vec![t.clone()], ToolChoice::Required, false);
+                let g = grammar(&L31.plan(&r).unwrap().unwrap());
+                let text = format!("{PYTHON_TAG}{code}");
+                assert_eq!(g.accepts_str(&text), raw, "{schema} {text:?}");
+                let call = format!("{PYTHON_TAG}{}.call(code=\"a\")", t.name);
+                assert_eq!(g.accepts_str(&call), takes_a, "{schema} {call}");
+            }
+        }
     }
 
     #[test]
