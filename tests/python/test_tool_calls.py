@@ -7,7 +7,8 @@
 - hermes: `<tool_call>{"name": ..., "arguments": ...}</tool_call>` (Qwen 2.5 and 3, Hermes);
 - with llama.cpp's real templates (models/templates, read from $MUSER_GGML_SRC when it is
   there): atem (Muse Glimmer's channels and `<atem:function_calls>` blocks), qwen3-coder
-  (`<function=...><parameter=...>` XML: Qwen3-Coder, Qwen 3.5), llama3, mistral-nemo, mistral
+  (`<function=...><parameter=...>` XML: Qwen3-Coder, Qwen 3.5), llama3 (and Llama 3.1's built-in
+  tools after `<|python_tag|>`), mistral-nemo, mistral
   (Small 3.2; Ministral 3, its `[THINK]` reasoning before the calls), deepseek-r1 and
   deepseek-v3.1.
 
@@ -543,3 +544,85 @@ def test_review_findings_stay_fixed(servers):
         r = requests.post(server.url + "/completion", timeout=60, json={
             "prompt": "a", "grammar": grammar, "grammar_lazy": True, "grammar_triggers": triggers})
         assert r.status_code == 400 and r.json()["error"]["param"] == "grammar_triggers", r.text
+
+
+BRAVE = {"type": "function", "function": {
+    "name": "brave_search", "description": "Searches the web.",
+    "parameters": {"type": "object", "properties": {"query": {"type": "string", "maxLength": 24}},
+                   "required": ["query"]}}}
+PYTHON = {"type": "function", "function": {
+    "name": "python", "description": "Runs Python code.",
+    "parameters": {"type": "object", "properties": {"code": {"type": "string"}},
+                   "required": ["code"]}}}
+TAG = "<|python_tag|>"
+
+
+@pytest.mark.skipif(TEMPLATES is None, reason="llama.cpp's templates are not here")
+def test_llama31_builtin_tools():
+    """Llama 3.1's template with built-in tools: the prompt says "Environment: ipython" and
+    "Tools: ...", a past built-in call renders as `<|python_tag|>NAME.call(query="...")`, and
+    forced calls of a built-in come as the grammar lets the model write them (the raw text,
+    from the logprobs' tokens, is `<|python_tag|>brave_search.call(query="...")`, raw code
+    after the tag, or the JSON call), read back as that call, streamed as unstreamed."""
+    path = TEMPLATES / "meta-llama-Llama-3.1-8B-Instruct.jinja"
+    server = ServerProcess("--chat-template-file", str(path), "--ctx-size", "4096",
+                           "--threads", "2")
+    try:
+        assert requests.get(server.url + "/props", timeout=30).json()["chat_format"] == "llama3"
+        tools = [WEATHER, BRAVE, PYTHON]
+        prompt = post(server, "/apply-template", {"messages": MESSAGES, "tools": tools}).json()
+        assert "Environment: ipython\nTools: brave_search, python\n\n" in prompt["prompt"]
+        plain = post(server, "/apply-template", {"messages": MESSAGES, "tools": [WEATHER]}).json()
+        assert "Environment: ipython\n" in plain["prompt"] and "Tools:" not in plain["prompt"]
+        rng = random.Random()
+        query = "".join(rng.choice("abcXYZ019 _-") for _ in range(rng.randrange(1, 20)))
+        history = MESSAGES + [
+            {"role": "assistant", "content": None, "tool_calls": [{
+                "id": "call_1", "type": "function",
+                "function": {"name": "brave_search", "arguments": json.dumps({"query": query})}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+        r = post(server, "/apply-template", {"messages": history, "tools": tools}).json()
+        assert f'{TAG}brave_search.call(query="{query}")<|eom_id|>' in r["prompt"], r
+        client = client_of(server)
+        tagged = 0
+        schemas = {"brave_search": BRAVE["function"]["parameters"],
+                   "python": PYTHON["function"]["parameters"]}
+        for pick in ["brave_search", "python"] * 3:
+            seed = rng.randrange(1 << 30)
+            kw = dict(model="muse-default", messages=MESSAGES, tools=tools, seed=seed,
+                      tool_choice={"type": "function", "function": {"name": pick}},
+                      temperature=rng.choice([0.0, 0.8]), max_tokens=160)
+            ch = client.chat.completions.create(logprobs=True, **kw).choices[0]
+            where = f"{pick} seed {seed}"
+            raw = "".join(t.token for t in ch.logprobs.content)
+            [call] = ch.message.tool_calls
+            assert call.function.name == pick, where
+            assert call.id.startswith("call_"), where
+            assert not (ch.message.content or "").strip(), where
+            whole = ch.finish_reason == "tool_calls"
+            assert whole or ch.finish_reason == "length", where
+            if raw.startswith(TAG):
+                tagged += 1
+                form = f"{TAG}{pick}.call({'query' if pick == 'brave_search' else 'code'}="
+                if raw.startswith(form) and whole:
+                    # the call form: its value is JSON, read as the argument
+                    key, value = form[len(TAG) + len(pick) + 6:-1], raw[len(form):].rstrip()
+                    assert value.endswith(")"), (where, raw)
+                    assert json.loads(call.function.arguments) == {key: json.loads(value[:-1])}
+                elif pick == "python" and not raw.startswith(form):
+                    # raw code, ended by the model or cut by max_tokens: all of it, trimmed
+                    assert json.loads(call.function.arguments) == {"code": raw[len(TAG):].strip()}
+            else:
+                assert raw.lstrip().startswith("{"), (where, raw)
+            if whole:
+                jsonschema.validate(json.loads(call.function.arguments), schemas[pick])
+            content, _, calls, finish = streamed(client, **kw)
+            assert finish == ch.finish_reason, where
+            assert content == (ch.message.content or ""), where
+            assert [(c["name"], c["arguments"]) for c in calls] == [
+                (call.function.name, call.function.arguments)], where
+        # the model knows nothing of tools; the grammar's `<|python_tag|>` forms are the ones
+        # it takes here
+        assert tagged, "no call after <|python_tag|>"
+    finally:
+        server.stop()

@@ -731,7 +731,8 @@ pub struct ChatRequest {
     /// The final assistant message when the prompt continues it (llama-server's assistant
     /// prefill; `continue_final_message`): the reply goes on from it.
     pub prefill: Option<Prefill>,
-    /// `chat_template_kwargs`: extra template variables (`enable_thinking`, ...).
+    /// `chat_template_kwargs`: extra template variables (`enable_thinking`, ...), and those the
+    /// tool-call format adds where the request sets none of that name (`add_variable`).
     pub kwargs: Map<String, Value>,
     /// The request's `tools` (OpenAI's array of `{"type": "function", "function": ...}`), which
     /// the template sees as `tools`; None when it gave none. Set by the caller once
@@ -832,6 +833,12 @@ impl ChatRequest {
             kwargs,
             tools: None,
         })
+    }
+
+    /// Gives the template the variable `name`, unless the request's `chat_template_kwargs`
+    /// set it (they win, as in llama-server).
+    pub fn add_variable(&mut self, name: &str, value: Value) {
+        self.kwargs.entry(name).or_insert(value);
     }
 
     /// Adds `text` to the system prompt: after the first message's text (and a blank line)

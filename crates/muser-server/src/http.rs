@@ -490,8 +490,9 @@ fn template_tools(obj: &Map<String, Value>) -> Value {
 }
 
 /// A chat request's messages and template inputs, with its tools (checked, shown to the
-/// template as `tools`) and their plan in the model's format (whose system text, the generic
-/// format's, is added to the system prompt).
+/// template as `tools`, with the format's own variables: Llama 3.1's `builtin_tools`) and their
+/// plan in the model's format (whose system text, the generic format's, is added to the system
+/// prompt).
 fn chat_request(
     m: &ModelInfo,
     obj: &Map<String, Value>,
@@ -504,6 +505,9 @@ fn chat_request(
     if let Some(t) = &mut tools {
         t.response = response.cloned();
         req.tools = Some(template_tools(obj));
+        for (name, value) in m.chat_format.template_variables(t) {
+            req.add_variable(name, value);
+        }
         plan = m
             .chat_format
             .plan(t)

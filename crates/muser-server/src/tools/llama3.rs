@@ -3,20 +3,34 @@
 //! `<|eot_id|>` (end tokens, where the engine stops). The chat template shows the tools itself.
 //!
 //! The templates take one call per assistant message, so a reply holds one call even when
-//! `parallel_tool_calls` asks for more. Llama 3.1's built-in tools (`<|python_tag|>` code,
-//! `brave_search`, `wolfram_alpha`) are not supported: only the JSON calls of the request's
-//! functions are read.
+//! `parallel_tool_calls` asks for more.
+//!
+//! Llama 3.1's (and 3.3's) built-in tools, where the template knows them (it writes
+//! `<|python_tag|>`, as llama.cpp tells them apart): a request's function named `wolfram_alpha`,
+//! `web_search` or `brave_search` whose only parameter is `query`, or `python` or
+//! `code_interpreter` whose only parameter is `code`, is a built-in. The template gets their
+//! names as `builtin_tools` (its system prompt then says "Environment: ipython" and "Tools:
+//! ..."), and renders a past call of one as `<|python_tag|>NAME.call(query="...")`. The model
+//! calls one as `<|python_tag|>NAME.call(K=V, ...)`, each V a JSON value (the call is read as
+//! `{"K": V, ...}`), or, with a code tool offered, writes `<|python_tag|>` then raw code: a
+//! call of `python` (else `code_interpreter`; the one a named `tool_choice` names) with
+//! `{"code": CODE}` (the text after the tag, trimmed). Text may come before the tag (content); nothing but whitespace after the call. The
+//! grammar takes either form, besides the JSON call, and under `auto` also starts at the tag.
 //!
 //! Streaming begins the call once the reply is an object whose `name` is whole and whose keys
-//! so far are a call's; its arguments grow as they are written.
+//! so far are a call's; its arguments grow as they are written. A built-in call begins once
+//! `NAME.call(` is whole (its arguments grow member by member, as JSON's), and raw code once
+//! the text after the tag cannot become a `NAME.call(` of an offered built-in (the code grows
+//! as written, its trailing whitespace held back). Whichever begins first is the reply's call.
 
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use super::generic::reply_members;
 use super::partial::{self, Json, Open};
 use super::{
-    allowed_tools, arguments_schema, begun_call, call_of, calls_wanted, offered, tool_rules,
-    verbatim, LazyStart, Parsed, Plan, ToolCall, ToolRequest, WS_BODY,
+    allowed_tools, arguments_schema, begun_call, call_of, calls_wanted, offered, parse_blocks,
+    parse_blocks_partial, tool_rules, verbatim, BlockStep, Blocks, LazyStart, Parsed, Plan, Tool,
+    ToolCall, ToolChoice, ToolRequest, Trigger, WS_BODY,
 };
 
 use muser_jsonschema::gbnf_literal as lit;
@@ -28,6 +42,25 @@ pub(super) const LAZY_START: LazyStart =
 
 /// No markers: a call is plain JSON (the end tokens are the engine's).
 pub(super) const MARKUP: &[&str] = &[];
+
+/// The token that opens a built-in call (output, and triggering, where the template has
+/// built-in tools).
+pub(super) const PYTHON_TAG: &str = "<|python_tag|>";
+
+/// The markup where the template has built-in tools.
+pub(super) const MARKUP_BUILTIN: &[&str] = &[PYTHON_TAG];
+
+/// Llama 3.1's built-in tools, as llama.cpp knows them, each with its one parameter.
+const BUILTINS: &[(&str, &str)] = &[
+    ("wolfram_alpha", "query"),
+    ("web_search", "query"),
+    ("brave_search", "query"),
+    ("python", "code"),
+    ("code_interpreter", "code"),
+];
+
+/// The tools raw code after the tag calls, the first offered one.
+const CODE_TOOLS: &[&str] = &["python", "code_interpreter"];
 
 /// The keys a call object may have.
 const KEYS: &[&str] = &["type", "name", "parameters", "arguments"];
@@ -42,9 +75,34 @@ pub(super) fn detect(t: &str) -> bool {
         && !t.contains("<tool_call>")
 }
 
-/// One call object: an optional `"type": "function"`, then `"name"` and `"parameters"` of an
-/// allowed tool, in that order.
-pub(super) fn plan(req: &ToolRequest) -> Result<Option<Plan>, String> {
+/// Whether a Llama 3.x template has the built-in tools: it writes `<|python_tag|>` (llama.cpp's
+/// test; Llama 3.1's and 3.3's do, 3.2's does not).
+pub(super) fn detect_builtin_tools(t: &str) -> bool {
+    t.contains(PYTHON_TAG)
+}
+
+/// The parameter of `tool` if it is a built-in: its name is one of `BUILTINS` and its
+/// parameters' only property is that built-in's.
+fn builtin_key(tool: &Tool) -> Option<&'static str> {
+    let (_, key) = BUILTINS.iter().find(|(n, _)| *n == tool.name)?;
+    let props = tool.parameters.get("properties")?.as_object()?;
+    (props.len() == 1 && props.contains_key(*key)).then_some(*key)
+}
+
+/// The names of the request's built-in tools, in its order: the template's `builtin_tools`.
+pub(super) fn builtin_names(req: &ToolRequest) -> Vec<String> {
+    req.tools
+        .iter()
+        .filter(|t| builtin_key(t).is_some())
+        .map(|t| t.name.clone())
+        .collect()
+}
+
+/// One call object (an optional `"type": "function"`, then `"name"` and `"parameters"` of an
+/// allowed tool, in that order); where the template has built-in tools (`builtin`), or a
+/// built-in call of an allowed built-in after `<|python_tag|>`: `NAME.call(K=V)`, V in the
+/// parameter's schema, or raw code for a code tool.
+pub(super) fn plan(req: &ToolRequest, builtin: bool) -> Result<Option<Plan>, String> {
     let Some(tools) = allowed_tools(req)? else {
         return Ok(None);
     };
@@ -63,15 +121,73 @@ pub(super) fn plan(req: &ToolRequest) -> Result<Option<Plan>, String> {
         rules.push('\n');
         alts.push(format!("call-{i}"));
     }
+    let builtins = if builtin {
+        builtin_rules(&tools, &mut rules)?
+    } else {
+        Vec::new()
+    };
     let gbnf = format!(
-        "root ::= \"{{\" ws call-type? ( {} ) ws \"}}\"\n\
+        "root ::= json-call{}\n\
+         json-call ::= \"{{\" ws call-type? ( {} ) ws \"}}\"\n\
          call-type ::= {} ws \":\" ws {} ws \",\" ws\n\
          ws ::= {WS_BODY}\n{rules}",
+        builtins
+            .iter()
+            .map(|b| format!(" | {b}"))
+            .collect::<String>(),
         alts.join(" | "),
         lit("\"type\""),
         lit("\"function\""),
     );
-    Ok(Some(Plan::calls(gbnf, &req.choice, LAZY_START)))
+    let mut plan = Plan::calls(gbnf, &req.choice, LAZY_START);
+    if plan.lazy && !builtins.is_empty() {
+        plan.triggers.push(Trigger::Word(PYTHON_TAG.to_string()));
+    }
+    Ok(Some(plan))
+}
+
+/// The rules of the built-in calls of `tools` (added to `rules`), and their names:
+/// `<|python_tag|>NAME.call(K=V)` for each built-in, and raw code where one is a code tool
+/// whose `code` may be any string (`any_string`).
+fn builtin_rules(tools: &[&Tool], rules: &mut String) -> Result<Vec<String>, String> {
+    let mut names = Vec::new();
+    let mut code = false;
+    for (i, t) in tools.iter().enumerate() {
+        let Some(key) = builtin_key(t) else {
+            continue;
+        };
+        let schema = &t.parameters["properties"][key];
+        let (value, r) = tool_rules(t, schema, &format!("builtin{i}-"))?;
+        rules.push_str(&format!(
+            "builtin-{i} ::= {} {value} \")\"\n",
+            lit(&format!("{PYTHON_TAG}{}.call({key}=", t.name)),
+        ));
+        rules.push_str(r.trim_end());
+        rules.push('\n');
+        names.push(format!("builtin-{i}"));
+        code |= key == "code" && any_string(schema);
+    }
+    if code {
+        // any text that starts with a visible character
+        rules.push_str(&format!(
+            "builtin-code ::= {} [^ \\t\\n\\r] .*\n",
+            lit(PYTHON_TAG)
+        ));
+        names.push("builtin-code".to_string());
+    }
+    Ok(names)
+}
+
+/// Whether a schema takes every string (and only strings): `"type": "string"` and nothing
+/// else but annotations. Raw code is allowed only for a `code` of such a schema, the grammar
+/// having no hold on it.
+fn any_string(schema: &Value) -> bool {
+    const ANNOTATIONS: &[&str] = &["description", "title", "examples", "default", "$comment"];
+    schema.as_object().is_some_and(|o| {
+        o.get("type").is_some_and(|t| t == "string")
+            && o.keys()
+                .all(|k| k == "type" || ANNOTATIONS.contains(&k.as_str()))
+    })
 }
 
 /// The call a whole reply is, if it is one: a JSON object with a string `name`, an object
@@ -96,18 +212,25 @@ fn read_reply(text: &str) -> Option<ToolCall> {
     }
 }
 
-/// A reply that is one call object gives the call and no content; any other reply is content
-/// (its trailing whitespace trimmed).
-pub(super) fn parse(text: &str, req: Option<&ToolRequest>) -> Parsed {
+/// A reply that is one call object gives the call and no content; where the template has
+/// built-in tools (`builtin`), a built-in call after `<|python_tag|>` gives the call and the
+/// text before the tag as content; any other reply is content (its trailing whitespace
+/// trimmed).
+pub(super) fn parse(text: &str, req: Option<&ToolRequest>, builtin: bool) -> Parsed {
     if !calls_wanted(req) {
         return verbatim(text);
     }
-    match read_reply(text).filter(|c| offered(req, &c.name)) {
-        Some(call) => Parsed {
+    if let Some(call) = read_reply(text).filter(|c| offered(req, &c.name)) {
+        return Parsed {
             content: String::new(),
             reasoning: None,
             tool_calls: vec![call],
-        },
+        };
+    }
+    match Builtins::offered(req, builtin) {
+        Some(b) => parse_blocks(text, req, &[PYTHON_TAG], |after| {
+            b.read(after).map(|call| (vec![call], after.len()))
+        }),
         None => Parsed {
             content: text.trim_end().to_string(),
             ..Parsed::default()
@@ -198,10 +321,29 @@ fn begun(text: &str) -> Option<ToolCall> {
 }
 
 /// Nothing while the reply may still be a call, else the reply so far less its trailing
-/// whitespace; the call once begun (`begun`), if its tool is offered.
-pub(super) fn parse_partial(text: &str, req: Option<&ToolRequest>) -> Parsed {
+/// whitespace; the call once begun (`begun`), if its tool is offered. Where the template has
+/// built-in tools and the JSON call's name was not whole before the first `<|python_tag|>`,
+/// the built-in call after the tag instead (`parse_blocks_partial`), the content before the
+/// tag (less a tail that may begin the tag) held while the reply may still be a JSON call.
+pub(super) fn parse_partial(text: &str, req: Option<&ToolRequest>, builtin: bool) -> Parsed {
     if !calls_wanted(req) {
         return verbatim(text);
+    }
+    let json_call = |t: &str| begun(t).filter(|c| offered(req, &c.name));
+    let builtins = Builtins::offered(req, builtin).filter(|_| {
+        // the JSON call is the reply's when its name was whole before the tag
+        let before_tag = text.find(PYTHON_TAG).map_or(text, |i| &text[..i]);
+        json_call(before_tag).is_none()
+    });
+    if let Some(b) = builtins {
+        // (a reply holds one call: nothing to read on from)
+        let mut fresh = Blocks::default();
+        let mut p =
+            parse_blocks_partial(text, req, &[PYTHON_TAG], |after| b.step(after), &mut fresh);
+        if may_be_call(text) {
+            p.content.clear();
+        }
+        return p;
     }
     let content = if may_be_call(text) {
         String::new()
@@ -211,10 +353,233 @@ pub(super) fn parse_partial(text: &str, req: Option<&ToolRequest>) -> Parsed {
     Parsed {
         content,
         reasoning: None,
-        tool_calls: begun(text)
-            .filter(|c| offered(req, &c.name))
-            .into_iter()
-            .collect(),
+        tool_calls: json_call(text).into_iter().collect(),
+    }
+}
+
+/// The built-in tools a request offers, for reading what follows `<|python_tag|>`.
+struct Builtins<'r> {
+    /// The names a `NAME.call(...)` may have.
+    names: Vec<&'r str>,
+    /// The tool raw code calls, if one is offered (and the choice allows it).
+    code: Option<&'static str>,
+}
+
+/// How far the text after `<|python_tag|>` is a `NAME.call(K=V, ...)`.
+#[derive(Debug, PartialEq)]
+enum Form {
+    /// It may still become one (its `NAME.call(` is unfinished).
+    Undecided,
+    /// It is none.
+    Not,
+    /// `NAME.call(` is whole: the members so far (a repeated key keeps its first value), and
+    /// where the call's `)` ends, or whether it stopped being a call before that.
+    Begun {
+        name: String,
+        members: Vec<(String, Json)>,
+        end: Option<usize>,
+        broken: bool,
+    },
+}
+
+impl<'r> Builtins<'r> {
+    /// The built-in tools `req` offers where the template has them; None when there are none.
+    fn offered(req: Option<&'r ToolRequest>, builtin: bool) -> Option<Builtins<'r>> {
+        let req = req.filter(|_| builtin)?;
+        let names: Vec<&str> = req
+            .tools
+            .iter()
+            .filter(|t| builtin_key(t).is_some())
+            .map(|t| t.name.as_str())
+            .collect();
+        if names.is_empty() {
+            return None;
+        }
+        // the first code tool offered that the choice allows (the grammar's)
+        let code = CODE_TOOLS.iter().copied().find(|c| {
+            names.contains(c)
+                && match &req.choice {
+                    ToolChoice::Function(n) => n == c,
+                    _ => true,
+                }
+        });
+        Some(Builtins { names, code })
+    }
+
+    /// The call the whole text after the tag is: `NAME.call(...)` and whitespace, else raw
+    /// code (where a code tool is offered and there is any).
+    fn read(&self, after: &str) -> Option<ToolCall> {
+        if let Form::Begun {
+            name,
+            members,
+            end: Some(end),
+            broken: false,
+        } = self.form(after)
+        {
+            if after[end..].trim().is_empty() {
+                return call_of(&name, &Value::Object(whole_members(members)));
+            }
+        }
+        let code = after.trim();
+        let tool = self.code.filter(|_| !code.is_empty())?;
+        call_of(tool, &serde_json::json!({ "code": code }))
+    }
+
+    /// What streaming reads of the text so far after the tag: nothing while it may become a
+    /// `NAME.call(`, the built-in call once that is whole (its arguments as far as they are
+    /// known), else the raw code so far (less trailing whitespace).
+    fn step(&self, after: &str) -> BlockStep {
+        match self.form(after) {
+            Form::Undecided => BlockStep::Open(Vec::new()),
+            Form::Begun {
+                name,
+                members,
+                end,
+                broken,
+            } => {
+                // a closed call's members are all whole
+                let arguments = match end {
+                    Some(_) => Value::Object(whole_members(members)).to_string(),
+                    None => Json::Open(Open::Obj(members)).stable(),
+                };
+                let call = vec![ToolCall {
+                    id: None,
+                    name,
+                    arguments,
+                }];
+                let whole = end.filter(|&e| !broken && after[e..].trim().is_empty());
+                match whole {
+                    Some(_) => BlockStep::Whole(call, after.len()),
+                    None if broken || end.is_some() => BlockStep::Broken(call),
+                    None => BlockStep::Open(call),
+                }
+            }
+            Form::Not => match self.code {
+                Some(tool) => {
+                    let code = after.trim();
+                    let open = Json::Open(Open::Obj(vec![(
+                        "code".to_string(),
+                        Json::Open(Open::Str(code.to_string())),
+                    )]));
+                    BlockStep::Open(vec![ToolCall {
+                        id: None,
+                        name: tool.to_string(),
+                        arguments: open.stable(),
+                    }])
+                }
+                // not a call: the tag stays in the content (`parse_blocks`), nothing after it
+                // is streamed
+                None => BlockStep::Broken(Vec::new()),
+            },
+        }
+    }
+
+    /// How far `t` (the text after the tag) is a call `NAME.call(K=V, ...)` of an offered
+    /// built-in: whitespace may come between its parts, each V is JSON.
+    fn form(&self, t: &str) -> Form {
+        let mut undecided = false;
+        for name in &self.names {
+            let mut at = 0;
+            for part in [*name, ".", "call", "("] {
+                match expect(t, at, part) {
+                    Ok(end) => at = end,
+                    Err(more) => {
+                        undecided |= more;
+                        at = usize::MAX;
+                        break;
+                    }
+                }
+            }
+            if at != usize::MAX {
+                return members(t, at, name);
+            }
+        }
+        if undecided {
+            Form::Undecided
+        } else {
+            Form::Not
+        }
+    }
+}
+
+/// The whole members' keys and values (an open one is left out).
+fn whole_members(members: Vec<(String, Json)>) -> Map<String, Value> {
+    members
+        .into_iter()
+        .filter_map(|(k, v)| match v {
+            Json::Whole(v, _) => Some((k, v)),
+            Json::Open(_) => None,
+        })
+        .collect()
+}
+
+/// The offset of `t` after whitespace from `at`.
+fn skip_ws(t: &str, at: usize) -> usize {
+    at + (t[at..].len() - t[at..].trim_start().len())
+}
+
+/// `lit` at `t[at..]`, after whitespace: Ok(where it ends), or Err(whether the text ends before
+/// it is whole, so that it may still come).
+fn expect(t: &str, at: usize, lit: &str) -> Result<usize, bool> {
+    let i = skip_ws(t, at);
+    let rest = &t[i..];
+    if rest.starts_with(lit) {
+        Ok(i + lit.len())
+    } else {
+        Err(lit.starts_with(rest))
+    }
+}
+
+/// The members of a built-in call whose `NAME.call(` ends at `at` of `t`.
+fn members(t: &str, mut at: usize, name: &str) -> Form {
+    let mut members: Vec<(String, Json)> = Vec::new();
+    let begun = |members, end, broken| Form::Begun {
+        name: name.to_string(),
+        members,
+        end,
+        broken,
+    };
+    let key_char = |c: char| c.is_alphanumeric() || c == '_';
+    at = skip_ws(t, at);
+    if t[at..].starts_with(')') {
+        return begun(members, Some(at + 1), false);
+    }
+    loop {
+        let rest = &t[at..];
+        let key_len = rest.len() - rest.trim_start_matches(key_char).len();
+        if key_len == rest.len() {
+            return begun(members, None, false);
+        }
+        if key_len == 0 {
+            return begun(members, None, true);
+        }
+        let key = rest[..key_len].to_string();
+        at = match expect(t, at + key_len, "=") {
+            Ok(end) => end,
+            Err(more) => return begun(members, None, !more),
+        };
+        let read = partial::read(&t[at..]);
+        let repeat = members.iter().any(|(k, _)| *k == key);
+        match read.json {
+            Json::Whole(v, end) => {
+                if !repeat {
+                    members.push((key, Json::Whole(v, end)));
+                }
+                at = skip_ws(t, at + end);
+            }
+            open => {
+                if !repeat {
+                    members.push((key, open));
+                }
+                return begun(members, None, read.broken);
+            }
+        }
+        match t[at..].chars().next() {
+            None => return begun(members, None, false),
+            Some(',') => at = skip_ws(t, at + 1),
+            Some(')') => return begun(members, Some(at + 1), false),
+            Some(_) => return begun(members, None, true),
+        }
     }
 }
 
@@ -225,6 +590,15 @@ mod tests {
     use super::*;
     use muser_sample::Grammar;
     use serde_json::json;
+
+    /// Llama 3.2's: no built-in tools.
+    const L3: Format = Format::Llama3 {
+        builtin_tools: false,
+    };
+    /// Llama 3.1's and 3.3's: built-in tools.
+    const L31: Format = Format::Llama3 {
+        builtin_tools: true,
+    };
 
     fn call_text(name: &str, args: &Value, layout: usize, typed: bool) -> String {
         let c = if typed {
@@ -255,7 +629,7 @@ mod tests {
         let mut rng = Rng(0x11A3_0001);
         for round in 0..60 {
             let r = random_req(&mut rng, round, round % 2 == 1);
-            let (p, g) = checked_plan(Format::Llama3, &r, LAZY_START.trigger());
+            let (p, g) = checked_plan(L3, &r, LAZY_START.trigger());
             let allowed = allowed(&r);
             let t = allowed[rng.below(allowed.len())];
             let a = random_args(&mut rng, &t.parameters);
@@ -268,12 +642,12 @@ mod tests {
                         p.gbnf
                     );
                     for reply in [text.clone(), format!("\n {text}\n")] {
-                        let parsed = Format::Llama3.parse(&reply, Some(&r));
+                        let parsed = L3.parse(&reply, Some(&r));
                         assert_eq!(parsed.content, "");
                         assert_eq!(parsed.reasoning, None);
                         assert_eq!(parsed.tool_calls.len(), 1);
                         assert_call(&parsed.tool_calls[0], &t.name, &a, None);
-                        check_stream_calls(Format::Llama3, &reply, &r);
+                        check_stream_calls(L3, &reply, &r);
                     }
                     if p.lazy {
                         // the trigger fires at the reply's start, and the grammar takes the
@@ -283,7 +657,7 @@ mod tests {
                         // text before the object: no trigger, and no call
                         let late = format!("Sure: {text}");
                         assert_eq!(triggered(&p, &late), None);
-                        let parsed = Format::Llama3.parse(&late, Some(&r));
+                        let parsed = L3.parse(&late, Some(&r));
                         assert_eq!(parsed.content, late);
                         assert!(parsed.tool_calls.is_empty());
                     }
@@ -307,7 +681,7 @@ mod tests {
                 Value::from(t.name.clone())
             );
             assert!(!g.accepts_str(&swapped));
-            assert_eq!(Format::Llama3.parse(&swapped, Some(&r)).tool_calls.len(), 1);
+            assert_eq!(L3.parse(&swapped, Some(&r)).tool_calls.len(), 1);
             // a tool that is not allowed
             assert!(!g.accepts_str(r#"{"name": "no_such_tool", "parameters": {}}"#));
             if let Some((o, oa)) = other_tool(&mut rng, &r) {
@@ -335,13 +709,13 @@ mod tests {
             ToolChoice::Function("get_weather".into()),
         ] {
             let r = req(tools.clone(), choice.clone(), false);
-            let p = Format::Llama3.plan(&r).unwrap().unwrap();
+            let p = L3.plan(&r).unwrap().unwrap();
             let g = Grammar::parse(&p.gbnf).unwrap();
             assert!(g.accepts_str(body), "{}", p.gbnf);
             if p.lazy {
                 assert_eq!(triggered(&p, body), Some(body));
             }
-            let parsed = Format::Llama3.parse(body, Some(&r));
+            let parsed = L3.parse(body, Some(&r));
             assert_eq!(parsed.content, "");
             assert_eq!(
                 parsed.tool_calls,
@@ -353,7 +727,7 @@ mod tests {
             );
         }
         let r = req(tools, ToolChoice::Function("ping".into()), false);
-        let g = Grammar::parse(&Format::Llama3.plan(&r).unwrap().unwrap().gbnf).unwrap();
+        let g = Grammar::parse(&L3.plan(&r).unwrap().unwrap().gbnf).unwrap();
         assert!(!g.accepts_str(body));
     }
 
@@ -441,11 +815,11 @@ mod tests {
             ("", "", vec![]),
         ];
         for (text, content, calls) in &cases {
-            check_parsed(&Format::Llama3.parse(text, Some(&r)), content, calls, text);
+            check_parsed(&L3.parse(text, Some(&r)), content, calls, text);
         }
         // no tools or tool_choice none: the text as is
         let t = "{\"name\": \"f\", \"parameters\": {}}\n";
-        check_verbatim(Format::Llama3, t, &r.tools);
+        check_verbatim(L3, t, &r.tools);
         // partial: held while the reply may be a call
         for (t, c) in [
             ("", ""),
@@ -464,7 +838,7 @@ mod tests {
             ("Hi {\"name\"", "Hi {\"name\""),
             ("Hi\n\n", "Hi"),
         ] {
-            let p = Format::Llama3.parse_partial(t, Some(&r));
+            let p = L3.parse_partial(t, Some(&r));
             check_parsed(&p, c, &[], t);
         }
         // the call streamed as it is written: begun once its name is whole, the arguments so
@@ -493,7 +867,7 @@ mod tests {
             // a tool not offered
             (r#"{"name": "no_such_tool", "parameters": {}}"#, vec![]),
         ] {
-            let p = Format::Llama3.parse_partial(t, Some(&r));
+            let p = L3.parse_partial(t, Some(&r));
             assert_eq!(p.tool_calls, calls, "{t}");
         }
         // a repeated key keeps its first value, streamed and read alike
@@ -502,8 +876,8 @@ mod tests {
             r#"{"name": "f", "parameters": {"a": 1}, "parameters": {}}"#,
         ] {
             let streamed = call("f", r#"{"a":1}"#);
-            check_parsed(&Format::Llama3.parse_partial(t, Some(&r)), "", &streamed, t);
-            check_parsed(&Format::Llama3.parse(t, Some(&r)), "", &streamed, t);
+            check_parsed(&L3.parse_partial(t, Some(&r)), "", &streamed, t);
+            check_parsed(&L3.parse(t, Some(&r)), "", &streamed, t);
         }
         // proven no call (or another) after it was begun: the call stops growing where the
         // proof starts, and the finished reading is what was streamed (`parse` reads content)
@@ -516,18 +890,18 @@ mod tests {
             r#"{"name": "f", "parameters": {"a": 1} x"#,
         ] {
             let streamed = call("f", r#"{"a":1}"#);
-            let part = Format::Llama3.parse_partial(t, Some(&r));
+            let part = L3.parse_partial(t, Some(&r));
             check_parsed(&part, "", &streamed, t);
-            assert!(!Format::Llama3.parse(t, Some(&r)).continues(&part), "{t}");
-            check_parsed(&Format::Llama3.parse_final(t, Some(&r)), "", &streamed, t);
+            assert!(!L3.parse(t, Some(&r)).continues(&part), "{t}");
+            check_parsed(&L3.parse_final(t, Some(&r)), "", &streamed, t);
         }
         // a repeated key in the arguments keeps its first value: the repeat adds nothing to
         // what is streamed, and the call ends as streamed
         let t = r#"{"name": "f", "parameters": {"a": 1, "b": 2, "a": 3}}"#;
-        let full = Format::Llama3.parse(t, Some(&r));
+        let full = L3.parse(t, Some(&r));
         assert_eq!(full.tool_calls, call("f", r#"{"a":1,"b":2}"#));
         for p in prefixes(t).skip_while(|p| !p.ends_with("2, ")) {
-            let part = Format::Llama3.parse_partial(p, Some(&r));
+            let part = L3.parse_partial(p, Some(&r));
             let args = if p.len() < t.len() - 1 {
                 r#"{"a":1,"b":2"#
             } else {
@@ -583,7 +957,7 @@ mod tests {
                 );
             }
             for req in [Some(&r), None] {
-                let (full, n) = check_partial_prefixes(Format::Llama3, &t, req);
+                let (full, n) = check_partial_prefixes(L3, &t, req);
                 calls += full.tool_calls.len();
                 checked += n;
             }
@@ -638,8 +1012,8 @@ mod tests {
                 body.join(sep),
                 ["}", "}\n", "", "} x", "}}"][rng.below(5)]
             );
-            let (full, _) = check_partial_prefixes(Format::Llama3, &t, Some(&r));
-            let end = Format::Llama3.parse_partial(&t, Some(&r));
+            let (full, _) = check_partial_prefixes(L3, &t, Some(&r));
+            let end = L3.parse_partial(&t, Some(&r));
             // never a call of a tool not offered
             assert!(
                 end.tool_calls.iter().all(|c| offered(Some(&r), &c.name)),
@@ -651,7 +1025,7 @@ mod tests {
             } else if full.tool_calls.is_empty() && !end.tool_calls.is_empty() {
                 // begun, then proven no call: the finished reading keeps it
                 kept += 1;
-                let fin = Format::Llama3.parse_final(&t, Some(&r));
+                let fin = L3.parse_final(&t, Some(&r));
                 assert_eq!(fin.tool_calls, end.tool_calls, "{t}");
             }
         }
@@ -664,12 +1038,12 @@ mod tests {
             "bad",
             json!({"type": "object", "properties": {"x": {"$ref": "#/$defs/missing"}}}),
         );
-        let e = Format::Llama3
+        let e = L3
             .plan(&req(vec![bad], ToolChoice::Required, false))
             .unwrap_err();
         assert!(e.contains("`bad`"), "{e}");
         let f = tool("f", json!({"type": "object"}));
-        let e = Format::Llama3
+        let e = L3
             .plan(&req(vec![f], ToolChoice::Function("g".into()), false))
             .unwrap_err();
         assert!(e.contains("`g`"), "{e}");
@@ -686,10 +1060,571 @@ mod tests {
         ));
         assert!(!detect("<|start_header_id|>ipython"));
         let want = [
-            ("meta-llama-Llama-3.1-8B-Instruct.jinja", Format::Llama3),
-            ("meta-llama-Llama-3.2-3B-Instruct.jinja", Format::Llama3),
-            ("meta-llama-Llama-3.3-70B-Instruct.jinja", Format::Llama3),
+            ("meta-llama-Llama-3.1-8B-Instruct.jinja", L31),
+            ("meta-llama-Llama-3.2-3B-Instruct.jinja", L3),
+            ("meta-llama-Llama-3.3-70B-Instruct.jinja", L31),
         ];
-        check_detect_all(|t| detect(t).then_some(Format::Llama3), &want);
+        check_detect_all(
+            |t| {
+                detect(t).then(|| Format::Llama3 {
+                    builtin_tools: detect_builtin_tools(t),
+                })
+            },
+            &want,
+        );
+    }
+
+    /// A built-in tool as Llama's tools are declared: its one parameter a required string.
+    fn builtin_tool(name: &str) -> Tool {
+        let key = BUILTINS.iter().find(|(n, _)| *n == name).unwrap().1;
+        tool(
+            name,
+            json!({"type": "object", "properties": {key: {"type": "string"}}, "required": [key]}),
+        )
+    }
+
+    /// Random tools with a random non-empty set of the built-ins among them, and `tool_choice`
+    /// auto, required or one of the built-ins in turn.
+    fn builtin_req(rng: &mut Rng, round: usize) -> ToolRequest {
+        let mut tools = random_tools(rng);
+        let mut names: Vec<&str> = BUILTINS.iter().map(|(n, _)| *n).collect();
+        for i in (1..names.len()).rev() {
+            names.swap(i, rng.below(i + 1));
+        }
+        let picked = &names[..1 + rng.below(names.len())];
+        for n in picked {
+            tools.insert(rng.below(tools.len() + 1), builtin_tool(n));
+        }
+        let choice = match round % 3 {
+            0 => ToolChoice::Auto,
+            1 => ToolChoice::Required,
+            _ => ToolChoice::Function(picked[rng.below(picked.len())].to_string()),
+        };
+        req(tools, choice, false)
+    }
+
+    /// Random text from pieces that JSON and a call's syntax make much of: quotes,
+    /// backslashes, brackets, commas, `=`, control characters, unicode.
+    fn random_text(rng: &mut Rng, max: usize) -> String {
+        const PIECES: &[&str] = &[
+            "a", "Z", " ", "\"", "\\", "\n", "\t", "é", "€", "😀", "(", ")", ",", "=", "'", "{",
+            "}", ".call(", "x=1", "\u{1}", "<", "|",
+        ];
+        (0..rng.below(max))
+            .map(|_| PIECES[rng.below(PIECES.len())])
+            .collect()
+    }
+
+    /// Random code: a first visible character, then random text.
+    fn random_code(rng: &mut Rng) -> String {
+        const FIRST: &[&str] = &["print(", "x", "import ", "é", "#", "(", "\"", "1"];
+        format!("{}{}", FIRST[rng.below(FIRST.len())], random_text(rng, 12))
+    }
+
+    /// Random requests with built-ins (Llama 3.1's template): the grammar takes each allowed
+    /// built-in's `<|python_tag|>NAME.call(K="...")` with random values, and raw code where a
+    /// code tool is allowed; `parse` reads them back (the text before the tag as content),
+    /// streaming never takes anything back and begins the call by the end; the lazy grammar
+    /// also starts at the tag; what no built-in allows is refused, and Llama 3.2's format
+    /// reads none of it.
+    #[test]
+    fn llama3_builtin_calls_are_planned_read_and_streamed() {
+        let mut rng = Rng(0x11A3_0B01);
+        let (mut calls, mut code_calls) = (0usize, 0usize);
+        for round in 0..150 {
+            let r = builtin_req(&mut rng, round);
+            let p = L31.plan(&r).unwrap().unwrap();
+            assert_eq!(p.system, None);
+            assert_eq!(p.lazy, r.choice == ToolChoice::Auto);
+            if p.lazy {
+                assert_eq!(
+                    p.triggers,
+                    vec![LAZY_START.trigger(), Trigger::Word(PYTHON_TAG.to_string())]
+                );
+            }
+            let g = grammar(&p);
+            let g32 = grammar(&L3.plan(&r).unwrap().unwrap());
+            let mut texts = Vec::new();
+            for t in allowed(&r) {
+                let Some(key) = builtin_key(t) else {
+                    continue;
+                };
+                let value = random_text(&mut rng, 10);
+                let text = format!(
+                    "{PYTHON_TAG}{}.call({key}={})",
+                    t.name,
+                    Value::from(value.clone())
+                );
+                texts.push((text, t.name.clone(), json!({ key: value })));
+                if key == "code" {
+                    let code = random_code(&mut rng);
+                    let name = if r.choice == ToolChoice::Function(t.name.clone()) {
+                        t.name.clone()
+                    } else {
+                        ["python", "code_interpreter"]
+                            .into_iter()
+                            .find(|n| r.tools.iter().any(|o| o.name == *n))
+                            .unwrap()
+                            .to_string()
+                    };
+                    texts.push((
+                        format!("{PYTHON_TAG}{code}"),
+                        name,
+                        json!({ "code": code.trim() }),
+                    ));
+                }
+            }
+            assert!(!texts.is_empty());
+            for (text, name, args) in &texts {
+                assert!(
+                    g.accepts_str(text),
+                    "round {round}: refused {text}\n{}",
+                    p.gbnf
+                );
+                assert!(!g32.accepts_str(text), "{text}");
+                let parsed = L31.parse(text, Some(&r));
+                assert_eq!(parsed.content, "", "{text}");
+                assert_eq!(parsed.tool_calls.len(), 1, "{text}");
+                assert_call(&parsed.tool_calls[0], name, args, None);
+                let b = Builtins::offered(Some(&r), true).unwrap();
+                let after = &text[PYTHON_TAG.len()..];
+                let (_, n) = check_partial_prefixes(L31, text, Some(&r));
+                assert!(n > 1);
+                if b.form(after) != Form::Undecided {
+                    check_stream_calls(L31, text, &r);
+                }
+                // text before the tag is content
+                let before = format!("Sure, {}\n", random_text(&mut rng, 6));
+                let with_text = format!("{before}{text}\n");
+                let parsed = L31.parse(&with_text, Some(&r));
+                assert_eq!(parsed.content, before.trim_end());
+                assert_eq!(parsed.tool_calls.len(), 1);
+                assert_call(&parsed.tool_calls[0], name, args, None);
+                check_partial_prefixes(L31, &with_text, Some(&r));
+                // Llama 3.2's format: content, and no grammar takes it
+                let l32 = L3.parse(text, Some(&r));
+                assert_eq!(
+                    (l32.content.as_str(), l32.tool_calls.len()),
+                    (text.trim_end(), 0)
+                );
+                if name == "python" || name == "code_interpreter" {
+                    code_calls += 1;
+                }
+                calls += 1;
+            }
+            // nothing after the tag, or whitespace only, is no call
+            assert!(!g.accepts_str(PYTHON_TAG));
+            assert!(!g.accepts_str(&format!("{PYTHON_TAG} ")));
+            // where raw code is not allowed: nothing after a call form, a name not offered or
+            // not allowed, a value of the wrong type
+            let raw = allowed(&r).iter().any(|t| builtin_key(t) == Some("code"));
+            if !raw {
+                let (first, name, _) = &texts[0];
+                assert!(!g.accepts_str(&format!("{first} more")), "{first}");
+                let key = r
+                    .tools
+                    .iter()
+                    .find(|t| t.name == *name)
+                    .and_then(builtin_key)
+                    .unwrap();
+                for bad in [
+                    format!("{PYTHON_TAG}no_such_tool.call({key}=\"x\")"),
+                    format!("{PYTHON_TAG}{name}.call({key}=1)"),
+                    format!("{PYTHON_TAG}{name}.call()"),
+                    format!("{PYTHON_TAG}{name}.call({key}=\"x\", zz=\"y\")"),
+                    format!("{PYTHON_TAG}print(1)"),
+                ] {
+                    assert!(!g.accepts_str(&bad), "took {bad}");
+                }
+                for o in r.tools.iter().filter(|o| !allowed(&r).contains(o)) {
+                    if let Some(key) = builtin_key(o) {
+                        let call = format!("{PYTHON_TAG}{}.call({key}=\"x\")", o.name);
+                        assert!(!g.accepts_str(&call), "took {call}");
+                    }
+                }
+            }
+        }
+        assert!(calls > 300 && code_calls > 80, "{calls} {code_calls}");
+    }
+
+    /// `brave_search`, `wolfram_alpha` and `python` as built-ins, `f` and a `web_search` whose
+    /// parameters are not the built-in's (a plain function), `tool_choice` auto.
+    fn builtin_f_req() -> ToolRequest {
+        let mut tools: Vec<Tool> = ["brave_search", "wolfram_alpha", "python"]
+            .into_iter()
+            .map(builtin_tool)
+            .collect();
+        tools.push(tool("f", json!({"type": "object", "properties": {}})));
+        tools.push(tool(
+            "web_search",
+            json!({"type": "object", "properties": {"query": {}, "n": {}}}),
+        ));
+        req(tools, ToolChoice::Auto, false)
+    }
+
+    /// Raw code only where `code` may be any string: a schema the grammar could not hold raw
+    /// code to takes the call form alone.
+    #[test]
+    fn llama3_raw_code_only_for_any_string() {
+        let mut rng = Rng(0x11A3_0B04);
+        for round in 0..40 {
+            let code = random_code(&mut rng);
+            let short = json!({"type": "string", "maxLength": 3 + rng.below(5)});
+            // each schema, whether it takes any raw code, and whether it takes "a"
+            let schemas = [
+                (
+                    json!({"type": "string", "description": "Python code"}),
+                    true,
+                    true,
+                ),
+                (json!({"type": "string"}), true, true),
+                (short, false, true),
+                (json!({"type": "string", "pattern": "^x"}), false, false),
+                (json!({"enum": ["a", "b"]}), false, true),
+            ];
+            for (schema, raw, takes_a) in schemas {
+                let t = tool(
+                    ["python", "code_interpreter"][round % 2],
+                    json!({"type": "object", "properties": {"code": schema}}),
+                );
+                let r = req(vec![t.clone()], ToolChoice::Required, false);
+                let g = grammar(&L31.plan(&r).unwrap().unwrap());
+                let text = format!("{PYTHON_TAG}{code}");
+                assert_eq!(g.accepts_str(&text), raw, "{schema} {text:?}");
+                let call = format!("{PYTHON_TAG}{}.call(code=\"a\")", t.name);
+                assert_eq!(g.accepts_str(&call), takes_a, "{schema} {call}");
+            }
+        }
+    }
+
+    #[test]
+    fn llama3_builtin_parse_cases() {
+        let r = builtin_f_req();
+        let mut no_code = r.clone();
+        no_code.tools.retain(|t| t.name != "python");
+        let call = |name: &str, args: &str| vec![call(name, args)];
+        let tag = PYTHON_TAG;
+        let cases: Vec<(String, &str, Vec<ToolCall>, Vec<ToolCall>)> = vec![
+            // text, content, calls with `python` offered, calls without
+            (
+                format!("{tag}brave_search.call(query=\"a \\\"b\\\" \\\\ é\")"),
+                "",
+                call("brave_search", r#"{"query":"a \"b\" \\ é"}"#),
+                call("brave_search", r#"{"query":"a \"b\" \\ é"}"#),
+            ),
+            (
+                format!("Let me look.\n{tag} wolfram_alpha . call ( query = \"2+2\" , n = [1, {{}}] ) \n"),
+                "Let me look.",
+                call("wolfram_alpha", r#"{"query":"2+2","n":[1,{}]}"#),
+                call("wolfram_alpha", r#"{"query":"2+2","n":[1,{}]}"#),
+            ),
+            // a repeated key keeps its first value
+            (
+                format!("{tag}brave_search.call(query=\"a\", query=\"b\")"),
+                "",
+                call("brave_search", r#"{"query":"a"}"#),
+                call("brave_search", r#"{"query":"a"}"#),
+            ),
+            (
+                format!("{tag}python.call(code=\"print(1)\")"),
+                "",
+                call("python", r#"{"code":"print(1)"}"#),
+                vec![],
+            ),
+            // raw code: a call of python, trimmed
+            (
+                format!("{tag}\nprint(\"hi\")\nx = 1\n\n"),
+                "",
+                call("python", r#"{"code":"print(\"hi\")\nx = 1"}"#),
+                vec![],
+            ),
+            // not a call form: raw code where python is offered, content otherwise
+            (
+                format!("{tag}brave_search.call(query=abc)"),
+                "",
+                call("python", r#"{"code":"brave_search.call(query=abc)"}"#),
+                vec![],
+            ),
+            (
+                format!("{tag}brave_search.call(query=\"a\") + 1"),
+                "",
+                call("python", r#"{"code":"brave_search.call(query=\"a\") + 1"}"#),
+                vec![],
+            ),
+            (
+                format!("{tag}brave_search.call(query=\"a\""),
+                "",
+                call("python", r#"{"code":"brave_search.call(query=\"a\""}"#),
+                vec![],
+            ),
+            // a function that is not a built-in, or not offered
+            (
+                format!("{tag}web_search.call(query=\"a\")"),
+                "",
+                call("python", r#"{"code":"web_search.call(query=\"a\")"}"#),
+                vec![],
+            ),
+            (
+                format!("{tag}f.call()"),
+                "",
+                call("python", r#"{"code":"f.call()"}"#),
+                vec![],
+            ),
+            // nothing after the tag
+            (format!("Hi {tag} \n"), "", vec![], vec![]),
+            // the JSON call is read as ever
+            (
+                "{\"name\": \"brave_search\", \"parameters\": {\"query\": \"q\"}}".to_string(),
+                "",
+                call("brave_search", r#"{"query":"q"}"#),
+                call("brave_search", r#"{"query":"q"}"#),
+            ),
+        ];
+        for (text, content, with_code, without) in &cases {
+            let p = L31.parse(text, Some(&r));
+            let c = if with_code.is_empty() {
+                text.trim_end()
+            } else {
+                content
+            };
+            check_parsed(&p, c, with_code, text);
+            let p = L31.parse(text, Some(&no_code));
+            let c = if without.is_empty() {
+                text.trim_end()
+            } else {
+                content
+            };
+            check_parsed(&p, c, without, text);
+            for q in [&r, &no_code] {
+                check_partial_prefixes(L31, text, Some(q));
+                // Llama 3.2's format reads no built-in call
+                let p = L3.parse(text, Some(q));
+                if !text.starts_with('{') {
+                    check_parsed(&p, text.trim_end(), &[], text);
+                }
+            }
+        }
+        // without tools, or with tool_choice none: the text as is
+        check_verbatim(L31, &cases[0].0, &r.tools);
+        // without built-ins offered: content, and no trigger on the tag
+        let plain = f_req(false);
+        let t = &cases[0].0;
+        check_parsed(&L31.parse(t, Some(&plain)), t, &[], t);
+        let p = L31.plan(&plain).unwrap().unwrap();
+        assert_eq!(p.triggers, vec![LAZY_START.trigger()]);
+        assert!(!grammar(&p).accepts_str(t));
+        // streamed: nothing while the call form may come, the call once `NAME.call(` is whole,
+        // its arguments member by member; raw code once no call form can come, as written
+        // less trailing whitespace
+        for (t, calls) in [
+            (tag.to_string(), vec![]),
+            (format!("{tag}brave_s"), vec![]),
+            (format!("{tag}brave_search . ca"), vec![]),
+            (
+                format!("{tag}brave_search.call("),
+                call("brave_search", "{"),
+            ),
+            (
+                format!("{tag}brave_search.call(query=\"a\\\"b"),
+                call("brave_search", r#"{"query":"a\"b"#),
+            ),
+            (
+                format!("{tag}brave_search.call(query=\"a\", n=12"),
+                call("brave_search", r#"{"query":"a","n":"#),
+            ),
+            (
+                format!("{tag}brave_search.call(query=\"a\") "),
+                call("brave_search", r#"{"query":"a"}"#),
+            ),
+            (format!("{tag}brx"), call("python", r#"{"code":"brx"#)),
+            (format!("{tag}pr"), call("python", r#"{"code":"pr"#)),
+            (format!("{tag}py"), vec![]),
+            (
+                format!("{tag} import os\n  "),
+                call("python", r#"{"code":"import os"#),
+            ),
+        ] {
+            let p = L31.parse_partial(&t, Some(&r));
+            assert_eq!(p.tool_calls, calls, "{t}");
+            assert_eq!(p.content, "", "{t}");
+        }
+        // the content before the tag, less what may begin it
+        for (t, c) in [
+            ("Hi <|pyth", "Hi"),
+            ("Hi <|python_tag|>brave", "Hi"),
+            ("{\"name\": \"f\" <|python_tag|>brave_search.call(", ""),
+            ("{\"a\": 1} <", "{\"a\": 1}"),
+        ] {
+            assert_eq!(L31.parse_partial(t, Some(&r)).content, c, "{t}");
+        }
+        // a JSON call whose name came first stays the reply's call
+        let t = "{\"name\": \"f\", \"parameters\": {\"a\": \"<|python_tag|>brave_search.call(";
+        assert_eq!(
+            L31.parse_partial(t, Some(&r)).tool_calls,
+            call("f", r#"{"a":"<|python_tag|>brave_search.call("#)
+        );
+        // and a call after the tag whose JSON name was not whole before it
+        let t = "{\"parameters\": {\"a\": \"<|python_tag|>brave_search.call(query=\"x\")";
+        assert_eq!(
+            L31.parse_partial(t, Some(&r)).tool_calls,
+            call("brave_search", r#"{"query":"x"}"#)
+        );
+        check_partial_prefixes(L31, &format!("{t}\"}}, \"name\": \"f\"}}"), Some(&r));
+    }
+
+    /// For every text built from the format's pieces and the built-ins', and every prefix of
+    /// it, with python offered, without, and without built-ins: what streaming sends is a
+    /// prefix of what the finished text gives, and is never taken back.
+    #[test]
+    fn llama3_builtin_partial_is_prefix_of_parse() {
+        let r = builtin_f_req();
+        let mut no_code = r.clone();
+        no_code.tools.retain(|t| t.name != "python");
+        let reqs = [r.clone(), no_code, f_req(false)];
+        let frags = [
+            "a",
+            " ",
+            "\n",
+            PYTHON_TAG,
+            "<|py",
+            "brave_search",
+            "python",
+            "f",
+            ".call(",
+            ".",
+            "call",
+            "(",
+            ")",
+            "query=",
+            "code=",
+            "n=",
+            "=",
+            ", ",
+            "\"x\\\"y\"",
+            "\"",
+            "\\",
+            "12",
+            "[1, {\"b\": null}]",
+            "{",
+            "}",
+            "\"name\": \"f\"",
+            "\"parameters\": {}",
+            "é",
+        ];
+        let whole = [
+            "<|python_tag|>brave_search.call(query=\"a)b\")",
+            "<|python_tag|>wolfram_alpha.call(query=\"x\", n=[1, 2])",
+            "<|python_tag|>print('hi')\n",
+            "<|python_tag|>python.call(code=\"1\")",
+            "{\"name\": \"f\", \"parameters\": {}}",
+        ];
+        let mut rng = Rng(0x11A3_0B02);
+        let (mut checked, mut calls) = (0usize, 0usize);
+        for _ in 0..2500 {
+            let mut t: String = (0..rng.below(9))
+                .map(|_| frags[rng.below(frags.len())])
+                .collect();
+            if rng.below(3) == 0 {
+                t = format!(
+                    "{}{}{}",
+                    ["", "Sure. ", "\n"][rng.below(3)],
+                    whole[rng.below(whole.len())],
+                    [" \n", "", "x"][rng.below(3)]
+                );
+                if rng.coin() {
+                    mutate(&mut rng, &mut t, &frags, 8);
+                }
+            }
+            for q in &reqs {
+                let (full, n) = check_partial_prefixes(L31, &t, Some(q));
+                calls += full.tool_calls.len();
+                checked += n;
+            }
+        }
+        assert!(checked > 50_000 && calls > 800, "{checked} {calls}");
+    }
+
+    /// Llama 3.1's template (llama.cpp's copy) with built-ins offered: the template gets their
+    /// names as `builtin_tools` and says "Environment: ipython" and "Tools: ..." (without
+    /// `code_interpreter`, which the template leaves out); a past built-in call renders as
+    /// `<|python_tag|>NAME.call(query="...")<|eom_id|>`, which `parse` reads back as that call.
+    /// Llama 3.2's template, and requests without built-ins, get no `builtin_tools`.
+    #[test]
+    fn llama3_builtin_tools_reach_the_template() {
+        use crate::chat::{ChatRequest, ChatTemplate};
+        let Some(src) = template("meta-llama-Llama-3.1-8B-Instruct.jinja") else {
+            return;
+        };
+        let format = Format::detect(Some(&src));
+        assert_eq!(format, L31);
+        let t = ChatTemplate::new(Some(&src), "<|begin_of_text|>", "<|eot_id|>").unwrap();
+        let mut rng = Rng(0x11A3_0B03);
+        for round in 0..20 {
+            let r = builtin_req(&mut rng, round);
+            let names = builtin_names(&r);
+            let query: String = (0..1 + rng.below(12))
+                .map(|_| ["a", "Z", " ", "é", "😀", "(", ",", "=", "'"][rng.below(9)])
+                .collect();
+            let brave = r.tools.iter().any(|t| t.name == "brave_search");
+            let mut messages = vec![json!({"role": "user", "content": "Search"})];
+            if brave {
+                messages.push(json!({"role": "assistant", "content": "", "tool_calls": [{
+                    "id": "call_1", "type": "function", "function": {
+                        "name": "brave_search",
+                        "arguments": json!({"query": query}).to_string()}}]}));
+                messages.push(json!({"role": "tool", "tool_call_id": "call_1", "content": "r"}));
+            }
+            let tools: Vec<Value> = r
+                .tools
+                .iter()
+                .map(|t| json!({"type": "function", "function": {"name": t.name, "parameters": t.parameters}}))
+                .collect();
+            let body = json!({"messages": messages});
+            let mut chat = ChatRequest::parse(body.as_object().unwrap()).unwrap();
+            chat.tools = Some(Value::from(tools));
+            let vars = format.template_variables(&r);
+            assert_eq!(vars, vec![("builtin_tools", json!(names))]);
+            for (k, v) in vars {
+                chat.add_variable(k, v);
+            }
+            let prompt = t.render_request(&chat).unwrap();
+            let listed: Vec<&str> = names
+                .iter()
+                .map(String::as_str)
+                .filter(|n| *n != "code_interpreter")
+                .collect();
+            let head = format!(
+                "<|start_header_id|>system<|end_header_id|>\n\nEnvironment: ipython\nTools: {}\n\n",
+                listed.join(", ")
+            );
+            assert!(prompt.contains(&head), "{prompt}");
+            if brave {
+                let rendered = format!("{PYTHON_TAG}brave_search.call(query=\"{query}\")");
+                let turn = format!(
+                    "<|start_header_id|>assistant<|end_header_id|>\n\n{rendered}<|eom_id|>"
+                );
+                assert!(prompt.contains(&turn), "{prompt}");
+                let back = format.parse(&rendered, Some(&r));
+                assert_call(
+                    &back.tool_calls[0],
+                    "brave_search",
+                    &json!({"query": query}),
+                    None,
+                );
+            }
+            // a request's own `builtin_tools` wins
+            let mut own = chat.clone();
+            own.kwargs
+                .insert("builtin_tools".into(), json!(["wolfram_alpha"]));
+            own.add_variable("builtin_tools", json!(names));
+            let prompt = t.render_request(&own).unwrap();
+            assert!(prompt.contains("Tools: wolfram_alpha\n\n"), "{prompt}");
+        }
+        // no built-ins offered, or Llama 3.2's template: no `builtin_tools`
+        assert!(L31.template_variables(&f_req(false)).is_empty());
+        if let Some(src) = template("meta-llama-Llama-3.2-3B-Instruct.jinja") {
+            let r = builtin_req(&mut rng, 0);
+            assert!(Format::detect(Some(&src)).template_variables(&r).is_empty());
+        }
     }
 }

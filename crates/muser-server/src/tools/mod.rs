@@ -122,8 +122,10 @@ pub enum Format {
     /// `<tool_call>\n<function=NAME>\n<parameter=K>\nV\n</parameter>\n</function>\n</tool_call>`
     /// (Qwen3-Coder, Qwen 3.5, Nemotron Nano 3, StepFun 3.5).
     QwenXml,
-    /// Llama 3.x: a call is the whole reply, `{"name": NAME, "parameters": {...}}`.
-    Llama3,
+    /// Llama 3.x: a call is the whole reply, `{"name": NAME, "parameters": {...}}`; where the
+    /// template has Llama 3.1's built-in tools (`builtin_tools`: it writes `<|python_tag|>`),
+    /// also `<|python_tag|>NAME.call(K=V)` or raw code for the request's built-ins.
+    Llama3 { builtin_tools: bool },
     /// Mistral Nemo: `[TOOL_CALLS][{"name": ..., "arguments": {...}, "id": "<9 alphanumerics>"}]`.
     MistralNemo,
     /// Mistral's later tokenizers (Small 3.2, Devstral):
@@ -181,7 +183,9 @@ impl Format {
         } else if let Some(f) = mistral::detect(t) {
             f
         } else if llama3::detect(t) {
-            Format::Llama3
+            Format::Llama3 {
+                builtin_tools: llama3::detect_builtin_tools(t),
+            }
         } else {
             Format::Generic
         }
@@ -194,7 +198,7 @@ impl Format {
             Format::Hermes => "hermes",
             Format::Atem => "atem",
             Format::QwenXml => "qwen3-coder",
-            Format::Llama3 => "llama3",
+            Format::Llama3 { .. } => "llama3",
             Format::MistralNemo => "mistral-nemo",
             Format::Mistral { .. } => "mistral",
             Format::DeepSeekR1 => "deepseek-r1",
@@ -209,7 +213,7 @@ impl Format {
             Format::Generic | Format::Atem => None,
             Format::Hermes => Some(hermes::LAZY_START),
             Format::QwenXml => Some(qwen_xml::LAZY_START),
-            Format::Llama3 => Some(llama3::LAZY_START),
+            Format::Llama3 { .. } => Some(llama3::LAZY_START),
             Format::MistralNemo | Format::Mistral { .. } => Some(mistral::LAZY_START),
             Format::DeepSeekR1 | Format::DeepSeekV31 => Some(deepseek::LAZY_START),
         }
@@ -224,7 +228,12 @@ impl Format {
             // The markup llama.cpp preserves for Muse Glimmer: its message framing and the
             // ATEM tags.
             Format::QwenXml => qwen_xml::MARKUP,
-            Format::Llama3 => llama3::MARKUP,
+            Format::Llama3 {
+                builtin_tools: false,
+            } => llama3::MARKUP,
+            Format::Llama3 {
+                builtin_tools: true,
+            } => llama3::MARKUP_BUILTIN,
             Format::MistralNemo => mistral::MARKUP_NEMO,
             Format::Mistral { .. } => mistral::MARKUP,
             Format::DeepSeekR1 | Format::DeepSeekV31 => deepseek::MARKUP,
@@ -240,6 +249,25 @@ impl Format {
                 "</atem:invoke>",
                 "</atem:function_calls>",
             ],
+        }
+    }
+
+    /// Variables the chat template gets for `req` besides `tools` (a request's own
+    /// `chat_template_kwargs` win over them): Llama 3.1's `builtin_tools`, the names of the
+    /// request's built-in tools, where the template has them and the request offers any.
+    pub fn template_variables(self, req: &ToolRequest) -> Vec<(&'static str, Value)> {
+        match self {
+            Format::Llama3 {
+                builtin_tools: true,
+            } => {
+                let names = llama3::builtin_names(req);
+                if names.is_empty() {
+                    Vec::new()
+                } else {
+                    vec![("builtin_tools", Value::from(names))]
+                }
+            }
+            _ => Vec::new(),
         }
     }
 
@@ -313,7 +341,7 @@ impl Format {
             Format::Generic => generic::plan(req),
             Format::Hermes => hermes::plan(req),
             Format::QwenXml => qwen_xml::plan(req),
-            Format::Llama3 => llama3::plan(req),
+            Format::Llama3 { builtin_tools } => llama3::plan(req, builtin_tools),
             Format::MistralNemo => mistral::plan(req, mistral::Flavor::Nemo),
             Format::Mistral { call_id } => mistral::plan(req, mistral::Flavor::Args { call_id }),
             Format::DeepSeekR1 => deepseek::plan(req, deepseek::Flavor::R1),
@@ -329,7 +357,7 @@ impl Format {
             Format::Generic => generic::parse(text, req),
             Format::Hermes => hermes::parse(text, req),
             Format::QwenXml => qwen_xml::parse(text, req),
-            Format::Llama3 => llama3::parse(text, req),
+            Format::Llama3 { builtin_tools } => llama3::parse(text, req, builtin_tools),
             Format::MistralNemo => mistral::parse(text, req, mistral::Flavor::Nemo),
             Format::Mistral { call_id } => {
                 mistral::parse(text, req, mistral::Flavor::Args { call_id })
@@ -372,7 +400,7 @@ impl Format {
             Format::Generic => generic::parse_partial(text, req),
             Format::Hermes => hermes::parse_partial(text, req, from),
             Format::QwenXml => qwen_xml::parse_partial(text, req, from),
-            Format::Llama3 => llama3::parse_partial(text, req),
+            Format::Llama3 { builtin_tools } => llama3::parse_partial(text, req, builtin_tools),
             Format::MistralNemo => mistral::parse_partial(text, req, mistral::Flavor::Nemo, from),
             Format::Mistral { call_id } => {
                 mistral::parse_partial(text, req, mistral::Flavor::Args { call_id }, from)
@@ -1843,7 +1871,7 @@ pub(crate) mod test_util {
             calls.insert(at, (&nosuch, json!({"a": 1})));
         }
         match format {
-            Format::Llama3 => {
+            Format::Llama3 { .. } => {
                 let (t, a) = &calls[0];
                 let l = layouts(&json!({"name": t.name, "parameters": a}));
                 out = l[rng.below(l.len())].clone();
@@ -2037,7 +2065,7 @@ mod tests {
     fn one_call(format: Format, name: &str) -> String {
         match format {
             Format::Hermes => format!("<tool_call>\n{{\"name\": \"{name}\", \"arguments\": {{}}}}\n</tool_call>"),
-            Format::Llama3 => format!("{{\"name\": \"{name}\", \"parameters\": {{}}}}"),
+            Format::Llama3 { .. } => format!("{{\"name\": \"{name}\", \"parameters\": {{}}}}"),
             Format::MistralNemo => format!(
                 "[TOOL_CALLS][{{\"name\": \"{name}\", \"arguments\": {{}}, \"id\": \"abcDEF123\"}}]"
             ),
@@ -2063,7 +2091,12 @@ mod tests {
             Format::Hermes,
             Format::Atem,
             Format::QwenXml,
-            Format::Llama3,
+            Format::Llama3 {
+                builtin_tools: false,
+            },
+            Format::Llama3 {
+                builtin_tools: true,
+            },
             Format::MistralNemo,
             Format::Mistral { call_id: true },
             Format::Mistral { call_id: false },
@@ -2081,6 +2114,8 @@ mod tests {
             "</function>",
             "</parameter>",
             "<|eom|><|start|>assistant",
+            "<|python_tag|>",
+            "brave_search.call(query=\"",
             "{",
             "}",
             "\"",
@@ -2111,9 +2146,14 @@ mod tests {
         );
     }
 
-    const MARKED: [Format; 6] = [
+    const MARKED: [Format; 7] = [
         Format::Hermes,
-        Format::Llama3,
+        Format::Llama3 {
+            builtin_tools: false,
+        },
+        Format::Llama3 {
+            builtin_tools: true,
+        },
         Format::MistralNemo,
         Format::Mistral { call_id: false },
         Format::DeepSeekV31,
@@ -2246,9 +2286,24 @@ mod tests {
             ("Qwen3-Coder.jinja", Format::QwenXml),
             ("Qwen3.5-4B.jinja", Format::QwenXml),
             ("NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.jinja", Format::QwenXml),
-            ("meta-llama-Llama-3.1-8B-Instruct.jinja", Format::Llama3),
-            ("meta-llama-Llama-3.2-3B-Instruct.jinja", Format::Llama3),
-            ("meta-llama-Llama-3.3-70B-Instruct.jinja", Format::Llama3),
+            (
+                "meta-llama-Llama-3.1-8B-Instruct.jinja",
+                Format::Llama3 {
+                    builtin_tools: true,
+                },
+            ),
+            (
+                "meta-llama-Llama-3.2-3B-Instruct.jinja",
+                Format::Llama3 {
+                    builtin_tools: false,
+                },
+            ),
+            (
+                "meta-llama-Llama-3.3-70B-Instruct.jinja",
+                Format::Llama3 {
+                    builtin_tools: true,
+                },
+            ),
             (
                 "mistralai-Mistral-Nemo-Instruct-2407.jinja",
                 Format::MistralNemo,
