@@ -275,15 +275,14 @@ def test_a_final_assistant_message_is_continued(tmp_path):
         s.stop()
 
 
-# Templates that write reasoning tags, and whether a history with reasoning renders as
-# llama-server's does (R1's and QwQ's generation prompts differ where llama-server passes
-# `enable_thinking`, which Muser leaves to chat_template_kwargs).
+# Templates that write reasoning tags (R1's and QwQ's close the block of a new turn unless
+# `enable_thinking` is given, which llama-server and Muser pass as true for them).
 REASONING_TEMPLATES = [
-    ("Qwen-Qwen3-0.6B.jinja", True),
-    ("Qwen3.5-4B.jinja", True),
-    ("Qwen-QwQ-32B.jinja", False),
-    ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", False),
-    ("mistralai-Ministral-3-14B-Reasoning-2512.jinja", True),
+    "Qwen-Qwen3-0.6B.jinja",
+    "Qwen3.5-4B.jinja",
+    "Qwen-QwQ-32B.jinja",
+    "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja",
+    "mistralai-Ministral-3-14B-Reasoning-2512.jinja",
 ]
 
 
@@ -328,8 +327,9 @@ def reply(server, body, stream=False):
                            "(LLAMA_CPP_BIN)")
 def test_reasoning_is_continued_as_llama_server_continues_it(tmp_path):
     """Random reasoning and text, on templates that write `<think>` or `[THINK]` tags: the
-    prompt of a conversation with reasoning in its history (Ministral 3 reads it from content
-    blocks), and of a final assistant message continued (its reasoning, left open, by default
+    prompt of a new turn (thinking on by default, off with `enable_thinking` false or
+    `reasoning_effort` "none"), of a conversation with reasoning in its history (Ministral 3
+    reads it from content blocks), and of a final assistant message continued (its reasoning, left open, by default
     when it has no text or with `continue_final_message: "reasoning_content"`; its text, after
     its reasoning block, with `true` or `"content"`), is llama-server's for the same request.
     A continued reasoning's reply is what the model goes on writing, as llama-server streams
@@ -338,7 +338,7 @@ def test_reasoning_is_continued_as_llama_server_continues_it(tmp_path):
     subprocess.run([str(muser_bin()), "synth", "llama-tiny", str(model)], check=True,
                    capture_output=True)
     rng = random.Random()
-    for name, history_agrees in REASONING_TEMPLATES:
+    for name in REASONING_TEMPLATES:
         path = Path(SRC, "models", "templates", name)
         muser = ServerProcess("--chat-template-file", str(path), "--ctx-size", "1024",
                               model=model)
@@ -367,9 +367,14 @@ def test_reasoning_is_continued_as_llama_server_continues_it(tmp_path):
                     {"messages": user + [both]},
                     {"messages": user + [both], "continue_final_message": "content", **cont},
                     {"messages": user + [plain]},
+                    {"messages": user + [both, {"role": "user", "content": q2}]},
+                    # A new turn: thinking on by default, off by kwarg or reasoning_effort.
+                    {"messages": user},
+                    {"messages": user, "chat_template_kwargs": {"enable_thinking": False}},
+                    {"messages": user, "reasoning_effort": "none"},
+                    {"messages": user, "reasoning_effort": "high",
+                     "chat_template_kwargs": {"enable_thinking": True}},
                 ]
-                if history_agrees:
-                    bodies.append({"messages": user + [both, {"role": "user", "content": q2}]})
                 for body in bodies:
                     want = requests.post(llama.url + "/apply-template", json=body, timeout=60)
                     got = requests.post(muser.url + "/apply-template", json=body, timeout=60)

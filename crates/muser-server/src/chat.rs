@@ -732,7 +732,8 @@ pub struct ChatRequest {
     /// prefill; `continue_final_message`): the reply goes on from it.
     pub prefill: Option<Prefill>,
     /// `chat_template_kwargs`: extra template variables (`enable_thinking`, ...), and those the
-    /// tool-call format adds where the request sets none of that name (`add_variable`).
+    /// server adds where the request sets none of that name (`add_variable`): reasoning's
+    /// `enable_thinking`, the tool-call format's own.
     pub kwargs: Map<String, Value>,
     /// The request's `tools` (OpenAI's array of `{"type": "function", "function": ...}`), which
     /// the template sees as `tools`; None when it gave none. Set by the caller once

@@ -499,6 +499,7 @@ fn chat_request(
     response: Option<&Value>,
 ) -> Result<(ChatRequest, Option<ToolRequest>, Option<tools::Plan>), ApiError> {
     let mut req = ChatRequest::parse(obj)?;
+    thinking_variables(&mut req, m.template.reasoning_tags().is_some(), obj)?;
     check_call_arguments(&req.messages, m.template.reads_object_arguments())?;
     let mut tools = tools::parse_tools(obj)?;
     let mut plan = None;
@@ -517,6 +518,44 @@ fn chat_request(
         }
     }
     Ok((req, tools, plan))
+}
+
+/// The template variables of reasoning, as llama-server sets them: `enable_thinking` true for a
+/// template that writes reasoning tags (where Muser splits the reasoning off) and false for the
+/// others, unless `chat_template_kwargs` sets it; OpenAI's `reasoning_effort` "none" turns it
+/// off, and another effort reaches the template as `reasoning_effort` (gpt-oss's templates read
+/// it).
+fn thinking_variables(
+    req: &mut ChatRequest,
+    reasons: bool,
+    obj: &Map<String, Value>,
+) -> Result<(), ApiError> {
+    match req.kwargs.get("enable_thinking") {
+        None | Some(Value::Bool(_)) => {}
+        Some(v) => {
+            return Err(ApiError::param(
+                "chat_template_kwargs",
+                format!(
+                    "chat_template_kwargs.enable_thinking must be a boolean, got {}",
+                    crate::api::type_name(v)
+                ),
+            ))
+        }
+    }
+    req.add_variable("enable_thinking", Value::Bool(reasons));
+    match Fields(obj).string("reasoning_effort")? {
+        None => {}
+        Some("none") => {
+            req.kwargs
+                .insert("enable_thinking".into(), Value::Bool(false));
+            req.kwargs.remove("reasoning_effort");
+        }
+        Some(effort) => {
+            req.kwargs
+                .insert("reasoning_effort".into(), Value::from(effort));
+        }
+    }
+    Ok(())
 }
 
 /// llama-server's own `POST /completion` (native.rs).
@@ -1277,6 +1316,50 @@ fn sse_stream(
 mod tests {
     use super::*;
     use crate::tools::test_util::{layouts, random_calls, random_req, Rng};
+
+    /// `enable_thinking` is the template's (true where it writes reasoning tags) unless the
+    /// request's kwargs set it; `reasoning_effort` "none" turns it off whatever they set, other
+    /// efforts reach the template; wrong types are 400s naming the field.
+    #[test]
+    fn thinking_variables_follow_the_template_and_the_request() {
+        let mut rng = Rng(0x7417_3E55);
+        for round in 0..64 {
+            let reasons = rng.coin();
+            let mut obj = Map::new();
+            obj.insert(
+                "messages".into(),
+                json!([{"role": "user", "content": "hi"}]),
+            );
+            let asked = [None, Some(true), Some(false)][rng.below(3)];
+            if let Some(b) = asked {
+                obj.insert("chat_template_kwargs".into(), json!({"enable_thinking": b}));
+            }
+            let effort = [None, Some("none"), Some("low"), Some("high")][rng.below(4)];
+            if let Some(e) = effort {
+                obj.insert("reasoning_effort".into(), json!(e));
+            }
+            let mut req = ChatRequest::parse(&obj).unwrap();
+            thinking_variables(&mut req, reasons, &obj).unwrap();
+            let want = effort != Some("none") && asked.unwrap_or(reasons);
+            assert_eq!(req.kwargs["enable_thinking"], json!(want), "round {round}");
+            let passed = effort.filter(|e| *e != "none").map(Value::from);
+            assert_eq!(req.kwargs.get("reasoning_effort").cloned(), passed);
+        }
+        for (field, bad) in [
+            ("chat_template_kwargs", json!({"enable_thinking": "true"})),
+            ("reasoning_effort", json!(3)),
+        ] {
+            let mut obj = Map::new();
+            obj.insert(
+                "messages".into(),
+                json!([{"role": "user", "content": "hi"}]),
+            );
+            obj.insert(field.into(), bad);
+            let mut req = ChatRequest::parse(&obj).unwrap();
+            let e = thinking_variables(&mut req, true, &obj).unwrap_err();
+            assert!(format!("{e:?}").contains(field), "{e:?}");
+        }
+    }
 
     /// What a client rebuilds from a stream's deltas: content, reasoning, and each call's id,
     /// name and arguments (its entries' texts joined, by index).
