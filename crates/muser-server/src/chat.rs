@@ -701,7 +701,8 @@ fn without_generation_tags(source: &str) -> String {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Continue {
     /// `true`, or llama-server's assistant prefill: the reasoning when the message has
-    /// reasoning and no content (and the template writes reasoning), else the content.
+    /// reasoning and no content (no text, no parts; and the template writes reasoning), else
+    /// the content.
     /// [`ChatTemplate::continued`] settles it as one of the others.
     Auto,
     /// `"content"`: the message's content, after its reasoning block (where the template
@@ -885,10 +886,10 @@ fn prefill(messages: &[Value], raw: Option<&Value>, what: Continue) -> Result<Pr
         ));
     }
     // llama-server joins a continued message's text parts with a blank line.
-    let content = match raw
+    let raw_content = raw
         .and_then(|m| m.get(n - 1))
-        .and_then(|m| m.get("content"))
-    {
+        .and_then(|m| m.get("content"));
+    let content = match raw_content {
         Some(Value::Array(parts)) => join_text_parts(parts, "\n\n"),
         _ => last
             .get("content")
@@ -901,6 +902,12 @@ fn prefill(messages: &[Value], raw: Option<&Value>, what: Continue) -> Result<Pr
         .and_then(Value::as_str)
         .unwrap_or("")
         .to_string();
+    // llama-server continues the content of a message whose content is an array of parts, even
+    // of empty texts: only a message without text or parts continues its reasoning by default.
+    let what = match (what, raw_content) {
+        (Continue::Auto, Some(Value::Array(parts))) if !parts.is_empty() => Continue::Content,
+        (what, _) => what,
+    };
     if what == Continue::Reasoning && !content.is_empty() {
         // llama-server drops the content then; a client that sent it meant something else.
         return Err(ApiError::param(
@@ -1539,6 +1546,50 @@ mod tests {
                         Continue::Reasoning
                     };
                     assert_eq!(t.continued(&req).unwrap(), Some(within), "{body}");
+                }
+            }
+        }
+    }
+
+    /// A message with reasoning whose content is an array of parts is continued after its
+    /// reasoning block, as llama-server continues it (its content's parts, not its text, tell),
+    /// even where the parts' texts are empty; an empty array is no content, and the reasoning
+    /// is continued. Random texts, Ministral 3's and Qwen 3's templates.
+    #[test]
+    fn content_parts_continue_the_content() {
+        let cases = [
+            (
+                "mistralai-Ministral-3-14B-Reasoning-2512.jinja",
+                ("[THINK]", "[/THINK]"),
+            ),
+            ("Qwen-Qwen3-0.6B.jinja", ("<think>\n", "\n</think>\n\n")),
+        ];
+        let mut rng = crate::tools::test_util::Rng(0x7417_0005);
+        for (file, (open, close)) in cases {
+            let Some(t) = real(file) else { return };
+            for _ in 0..30 {
+                let [q, r] = std::array::from_fn(|_| random_text(&mut rng));
+                let user = json!({"role": "user", "content": q});
+                let head = render_body(&t, json!({"messages": [user]})).unwrap();
+                let empty = json!({"type": "text", "text": ""});
+                let parts: Vec<Value> = vec![empty; 1 + rng.below(3)];
+                for (content, want, what) in [
+                    (
+                        json!(parts),
+                        format!("{head}{open}{r}{close}"),
+                        Continue::Content,
+                    ),
+                    (json!([]), format!("{head}{open}{r}"), Continue::Reasoning),
+                ] {
+                    let last = json!({"role": "assistant", "content": content,
+                                      "reasoning_content": r});
+                    for flag in [json!(null), json!(true)] {
+                        let body = json!({"messages": [user, last],
+                                          "continue_final_message": flag});
+                        assert_eq!(render_body(&t, body.clone()).unwrap(), want, "{body}");
+                        let req = request(body.clone()).unwrap();
+                        assert_eq!(t.continued(&req).unwrap(), Some(what), "{body}");
+                    }
                 }
             }
         }
