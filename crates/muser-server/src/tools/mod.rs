@@ -1995,6 +1995,20 @@ pub(crate) mod test_util {
         ends
     }
 
+    /// Every format, for the tests that go through them all.
+    pub const FORMATS: [Format; 10] = [
+        Format::Generic,
+        Format::Hermes,
+        Format::Atem,
+        Format::QwenXml,
+        Format::Llama3,
+        Format::MistralNemo,
+        Format::Mistral { call_id: true },
+        Format::Mistral { call_id: false },
+        Format::DeepSeekR1,
+        Format::DeepSeekV31,
+    ];
+
     /// Every prefix of `s` at a character boundary, "" and `s` included.
     pub fn prefixes(s: &str) -> impl Iterator<Item = &str> {
         (0..=s.len())
@@ -2036,18 +2050,6 @@ mod tests {
     /// text again gives, at every prefix and at the ends of random pieces.
     #[test]
     fn reading_on_equals_reading_all_again() {
-        let formats = [
-            Format::Generic,
-            Format::Hermes,
-            Format::Atem,
-            Format::QwenXml,
-            Format::Llama3,
-            Format::MistralNemo,
-            Format::Mistral { call_id: true },
-            Format::Mistral { call_id: false },
-            Format::DeepSeekR1,
-            Format::DeepSeekV31,
-        ];
         let pieces = [
             "<tool_call>",
             "</tool_call>",
@@ -2069,8 +2071,8 @@ mod tests {
         let mut rng = test_util::Rng(0x5EED_4E5D);
         let (mut readings, mut settled_calls) = (0, 0);
         for round in 0..240 {
-            let f = formats[round % formats.len()];
-            let r = test_util::random_req(&mut rng, round / formats.len(), true);
+            let f = test_util::FORMATS[round % test_util::FORMATS.len()];
+            let r = test_util::random_req(&mut rng, round / test_util::FORMATS.len(), true);
             let mut text = test_util::random_output(&mut rng, f, &r);
             settled_calls += f.parse(&text, Some(&r)).tool_calls.len();
             if round % 3 == 2 {
