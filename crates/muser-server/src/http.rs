@@ -1315,7 +1315,8 @@ fn sse_stream(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tools::test_util::{layouts, random_calls, random_req, Rng};
+    use crate::tools::test_util::{layouts, random_calls, random_req, req, tool, Rng, FORMATS};
+    use crate::tools::ToolChoice;
 
     /// `enable_thinking` is the template's (true where it writes reasoning tags) unless the
     /// request's kwargs set it; `reasoning_effort` "none" turns it off whatever they set, other
@@ -1607,6 +1608,129 @@ mod tests {
             );
             check_calls_streamed(&o, &text, &calls, &mut rng);
         }
+    }
+
+    /// Outputs strung together from random pieces of every format's markup (calls whole and
+    /// half-written, openings, closings, JSON and XML fragments, reasoning tags, multi-byte
+    /// characters), as a model without a grammar may write them, in every format, after a
+    /// reasoning block or not, with `tool_choice` auto, required or none: reading on gives
+    /// what reading all again gives at every prefix, and the client rebuilds from the stream's
+    /// deltas exactly the answer it would get whole.
+    #[test]
+    fn streamed_markup_soup_rebuilds_the_whole_answer() {
+        let pieces = [
+            "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>",
+            "<tool_call>\n<function=g>\n<parameter=b>\nx\n</parameter>\n</function>\n</tool_call>",
+            "[TOOL_CALLS]f[ARGS]{\"a\":1}",
+            "[TOOL_CALLS]g[CALL_ID]abcDEF123[ARGS]{\"b\":\"y\"}",
+            "[TOOL_CALLS][{\"name\":\"f\",\"arguments\":{\"a\":3},\"id\":\"abcDEF123\"}]",
+            "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{\"a\":1}\n```\
+             <｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+            "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>g<｜tool▁sep｜>{\"b\":\"z\"}<｜tool▁call▁end｜>\
+             <｜tool▁calls▁end｜>",
+            " to=g<|message|><atem:function_calls>\n<atem:invoke name=\"g\">\n\
+             <atem:parameter name=\"b\">v</atem:parameter>\n</atem:invoke>\n</atem:function_calls>",
+            "<tool_call>",
+            "</tool_call>",
+            "{\"name\":\"g\",\"arguments\":{\"b\":\"x\"}}",
+            "{\"name\":\"f\",\"parameters\":{}}",
+            "[TOOL_CALLS]",
+            "[ARGS]",
+            "[CALL_ID]abcDEF123",
+            "[{\"name\":\"f\",\"arguments\":{},\"id\":\"abcDEF123\"}]",
+            "f",
+            "g",
+            "nosuch",
+            "{}",
+            "{\"a\":2}",
+            "<｜tool▁calls▁begin｜>",
+            "<｜tool▁calls▁end｜>",
+            "<｜tool▁call▁begin｜>",
+            "<｜tool▁call▁end｜>",
+            "<｜tool▁sep｜>",
+            "function",
+            "```json",
+            "```",
+            "<function=f>",
+            "<function=g>",
+            "</function>",
+            "<parameter=a>",
+            "<parameter=b>",
+            "</parameter>",
+            " to=f<|message|><atem:function_calls>",
+            "<atem:invoke name=\"g\">",
+            "<atem:parameter name=\"b\">",
+            "</atem:parameter>",
+            "</atem:invoke>",
+            "</atem:function_calls>",
+            "<|eom|><|start|>assistant",
+            " to=self<|message|>",
+            "<think>",
+            "</think>",
+            "[THINK]",
+            "[/THINK]",
+            "<|python_tag|>",
+            "brave_search.call(query=\"a\")",
+            "python.call(code=\"1\")",
+            "\n",
+            " ",
+            "é",
+            "😀",
+            "{",
+            "}",
+            "\"",
+            "1",
+            "<",
+        ];
+        let tools = vec![
+            tool(
+                "f",
+                json!({"type": "object", "properties": {"a": {"type": "integer"}}}),
+            ),
+            tool(
+                "g",
+                json!({"type": "object", "properties": {"b": {"type": "string"}}}),
+            ),
+            // Llama 3.1's built-in tools (other formats take them as plain functions)
+            tool(
+                "brave_search",
+                json!({"type": "object", "properties": {"query": {"type": "string"}}}),
+            ),
+            tool(
+                "python",
+                json!({"type": "object", "properties": {"code": {"type": "string"}}}),
+            ),
+        ];
+        let choices = [ToolChoice::Auto, ToolChoice::Required, ToolChoice::None];
+        let mut rng = Rng(0x50_4B5E);
+        let mut calls = 0;
+        for round in 0..1500 {
+            let r = req(tools.clone(), choices[rng.below(3)].clone(), rng.coin());
+            let o = Output {
+                format: FORMATS[round % FORMATS.len()],
+                tools: Some(r),
+                call_seed: 1,
+                think: [None, Some(true), Some(false)][rng.below(3)]
+                    .map(|opened| ([think::THINK, think::BRACKETS][rng.below(2)], opened)),
+                past_ids: Default::default(),
+            };
+            let text: String = (0..1 + rng.below(24))
+                .map(|_| pieces[rng.below(pieces.len())])
+                .collect();
+            let mut settled = Settled::default();
+            for p in crate::tools::test_util::prefixes(&text) {
+                assert_eq!(o.read_on(p, &mut settled), o.parse_partial(p), "{p:?}");
+            }
+            let whole = Rebuilt::whole(&o, &text);
+            calls += whole.calls.len();
+            assert_eq!(
+                replay(&o, &text, &mut rng),
+                whole,
+                "{:?} {text:?}",
+                o.format
+            );
+        }
+        assert!(calls > 100, "{calls}");
     }
 
     /// An answer cut inside a call's JSON (a stop string, max_tokens) keeps the call as far as

@@ -379,8 +379,8 @@ impl Format {
     /// `parse_partial` of `text`, read on from what the readings before it with `resume`
     /// settled: `text` must start with the text of the last reading with `resume` (the same
     /// output, grown; a new output takes a new `Resume`). It gives exactly what
-    /// `parse_partial` gives, in time that depends on the text after the last whole call
-    /// block rather than on all of it.
+    /// `parse_partial` gives, parsing only the text after the last whole call block (what it
+    /// settled before is copied into the reading, not read again).
     ///
     /// Only the formats whose call blocks are read one after another, each on its own
     /// (`parse_blocks_partial`: hermes, qwen3-coder, mistral, mistral-nemo, deepseek-r1 and
@@ -2045,6 +2045,25 @@ pub(crate) mod test_util {
         (0..n).map(|_| PIECES[rng.below(PIECES.len())]).collect()
     }
 
+    /// Every format, for the tests that go through them all.
+    pub const FORMATS: [Format; 11] = [
+        Format::Generic,
+        Format::Hermes,
+        Format::Atem,
+        Format::QwenXml,
+        Format::Llama3 {
+            builtin_tools: false,
+        },
+        Format::Llama3 {
+            builtin_tools: true,
+        },
+        Format::MistralNemo,
+        Format::Mistral { call_id: true },
+        Format::Mistral { call_id: false },
+        Format::DeepSeekR1,
+        Format::DeepSeekV31,
+    ];
+
     /// Every prefix of `s` at a character boundary, "" and `s` included.
     pub fn prefixes(s: &str) -> impl Iterator<Item = &str> {
         (0..=s.len())
@@ -2086,23 +2105,6 @@ mod tests {
     /// text again gives, at every prefix and at the ends of random pieces.
     #[test]
     fn reading_on_equals_reading_all_again() {
-        let formats = [
-            Format::Generic,
-            Format::Hermes,
-            Format::Atem,
-            Format::QwenXml,
-            Format::Llama3 {
-                builtin_tools: false,
-            },
-            Format::Llama3 {
-                builtin_tools: true,
-            },
-            Format::MistralNemo,
-            Format::Mistral { call_id: true },
-            Format::Mistral { call_id: false },
-            Format::DeepSeekR1,
-            Format::DeepSeekV31,
-        ];
         let pieces = [
             "<tool_call>",
             "</tool_call>",
@@ -2126,8 +2128,8 @@ mod tests {
         let mut rng = test_util::Rng(0x5EED_4E5D);
         let (mut readings, mut settled_calls) = (0, 0);
         for round in 0..240 {
-            let f = formats[round % formats.len()];
-            let r = test_util::random_req(&mut rng, round / formats.len(), true);
+            let f = test_util::FORMATS[round % test_util::FORMATS.len()];
+            let r = test_util::random_req(&mut rng, round / test_util::FORMATS.len(), true);
             let mut text = test_util::random_output(&mut rng, f, &r);
             settled_calls += f.parse(&text, Some(&r)).tool_calls.len();
             if round % 3 == 2 {
