@@ -117,13 +117,16 @@ def test_every_shipped_template_renders_as_transformers_does(special_tokens):
     for path in TEMPLATES:
         source = path.read_text()
         template = env.from_string(source)
+        # llama-server's `enable_thinking`: true for a template that writes reasoning tags.
+        thinks = any(o in source and c in source
+                     for o, c in (("<think>", "</think>"), ("[THINK]", "[/THINK]")))
         s = ServerProcess("--chat-template-file", str(path))
         try:
             for messages in (WITH_SYSTEM, WITHOUT_SYSTEM):
                 try:
                     want, got, want_after = render_around(
                         lambda: template.render(messages=messages, add_generation_prompt=True,
-                                                **special_tokens),
+                                                enable_thinking=thinks, **special_tokens),
                         lambda: apply(s, messages))
                 except jinja2.exceptions.TemplateError as e:
                     want, why = None, str(e)
@@ -200,14 +203,19 @@ def test_request_options_and_fields_render_as_transformers_does(tmp_path):
     template = reference_env().from_string(PROBE)
     s = ServerProcess("--chat-template-file", str(path))
     try:
+        # `enable_thinking` is false unless the request sets it: this template writes no
+        # reasoning tags (llama-server's default).
+        off = {"enable_thinking": False}
         for extra, agp, kwargs in [
-            ({}, True, {}),
-            ({"add_generation_prompt": False}, False, {}),
-            ({"chat_template_kwargs": {"enable_thinking": False}}, True,
-             {"enable_thinking": False}),
+            ({}, True, off),
+            ({"add_generation_prompt": False}, False, off),
+            ({"chat_template_kwargs": {"enable_thinking": True}}, True,
+             {"enable_thinking": True}),
+            ({"chat_template_kwargs": {"enable_thinking": True}, "reasoning_effort": "none"},
+             True, off),
             # Nested objects keep the request's key order (not sorted), as in transformers.
             ({"chat_template_kwargs": {"hint": {"z": 1, "a": {"y": 2, "b": 3}}}}, True,
-             {"hint": {"z": 1, "a": {"y": 2, "b": 3}}}),
+             {"hint": {"z": 1, "a": {"y": 2, "b": 3}}, **off}),
         ]:
             want, got, want_after = render_around(
                 lambda: template.render(messages=FIELDS, add_generation_prompt=agp, **kwargs),
@@ -220,7 +228,7 @@ def test_request_options_and_fields_render_as_transformers_does(tmp_path):
                                               {"type": "text", "text": "b"}]}]
         joined = [{"role": "user", "content": "a\nb"}]
         want, got, want_after = render_around(
-            lambda: template.render(messages=joined, add_generation_prompt=True),
+            lambda: template.render(messages=joined, add_generation_prompt=True, **off),
             lambda: apply(s, parts))
         assert got.json()["prompt"] in (want, want_after)
     finally:
