@@ -14,14 +14,20 @@
 //! calls one as `<|python_tag|>NAME.call(K=V, ...)`, each V a JSON value (the call is read as
 //! `{"K": V, ...}`), or, with a code tool offered, writes `<|python_tag|>` then raw code: a
 //! call of `python` (else `code_interpreter`; the one a named `tool_choice` names) with
-//! `{"code": CODE}` (the text after the tag, trimmed). Text may come before the tag (content); nothing but whitespace after the call. The
-//! grammar takes either form, besides the JSON call, and under `auto` also starts at the tag.
+//! `{"code": CODE}` (the text after the tag less the spaces, tabs and line ends around it:
+//! the grammar's code starts at another character). Told "Environment: ipython", Llama 3.1
+//! also writes the tag before a JSON call (as Meta's llama-models documents), which is read as
+//! that call. Under a named `tool_choice` only that tool is read after the tag (raw code the
+//! grammar took stays its code, even where it looks like another tool's call). Text may come
+//! before the tag (content); nothing but whitespace after the call. The grammar takes each
+//! form, besides the JSON call, and under `auto` also starts at the tag.
 //!
-//! Streaming begins the call once the reply is an object whose `name` is whole and whose keys
-//! so far are a call's; its arguments grow as they are written. A built-in call begins once
-//! `NAME.call(` is whole (its arguments grow member by member, as JSON's), and raw code once
-//! the text after the tag cannot become a `NAME.call(` of an offered built-in (the code grows
-//! as written, its trailing whitespace held back). Whichever begins first is the reply's call.
+//! Streaming begins the call once the reply (or the text after the tag) is an object whose
+//! `name` is whole and whose keys so far are a call's; its arguments grow as they are written.
+//! A built-in call begins once `NAME.call(` is whole (its arguments grow member by member, as
+//! JSON's), and raw code once the text after the tag cannot become a `NAME.call(` of an
+//! offered built-in or a JSON call (the code grows as written, its trailing whitespace held
+//! back). Whichever begins first is the reply's call.
 
 use serde_json::{Map, Value};
 
@@ -99,9 +105,9 @@ pub(super) fn builtin_names(req: &ToolRequest) -> Vec<String> {
 }
 
 /// One call object (an optional `"type": "function"`, then `"name"` and `"parameters"` of an
-/// allowed tool, in that order); where the template has built-in tools (`builtin`), or a
-/// built-in call of an allowed built-in after `<|python_tag|>`: `NAME.call(K=V)`, V in the
-/// parameter's schema, or raw code for a code tool.
+/// allowed tool, in that order); where the template has built-in tools (`builtin`), or after
+/// `<|python_tag|>` that call object or a built-in call of an allowed built-in:
+/// `NAME.call(K=V)`, V in the parameter's schema, or raw code for a code tool.
 pub(super) fn plan(req: &ToolRequest, builtin: bool) -> Result<Option<Plan>, String> {
     let Some(tools) = allowed_tools(req)? else {
         return Ok(None);
@@ -121,11 +127,16 @@ pub(super) fn plan(req: &ToolRequest, builtin: bool) -> Result<Option<Plan>, Str
         rules.push('\n');
         alts.push(format!("call-{i}"));
     }
-    let builtins = if builtin {
+    let mut builtins = if builtin {
         builtin_rules(&tools, &mut rules)?
     } else {
         Vec::new()
     };
+    // the template's prompt says "Environment: ipython" wherever there are tools: the model
+    // writes the tag before a JSON call too
+    if builtin {
+        builtins.insert(0, format!("{} json-call", lit(PYTHON_TAG)));
+    }
     let gbnf = format!(
         "root ::= json-call{}\n\
          json-call ::= \"{{\" ws call-type? ( {} ) ws \"}}\"\n\
@@ -140,7 +151,7 @@ pub(super) fn plan(req: &ToolRequest, builtin: bool) -> Result<Option<Plan>, Str
         lit("\"function\""),
     );
     let mut plan = Plan::calls(gbnf, &req.choice, LAZY_START);
-    if plan.lazy && !builtins.is_empty() {
+    if plan.lazy && builtin {
         plan.triggers.push(Trigger::Word(PYTHON_TAG.to_string()));
     }
     Ok(Some(plan))
@@ -213,8 +224,8 @@ fn read_reply(text: &str) -> Option<ToolCall> {
 }
 
 /// A reply that is one call object gives the call and no content; where the template has
-/// built-in tools (`builtin`), a built-in call after `<|python_tag|>` gives the call and the
-/// text before the tag as content; any other reply is content (its trailing whitespace
+/// built-in tools (`builtin`), a call after `<|python_tag|>` (`Builtins::read`) gives the call
+/// and the text before the tag as content; any other reply is content (its trailing whitespace
 /// trimmed).
 pub(super) fn parse(text: &str, req: Option<&ToolRequest>, builtin: bool) -> Parsed {
     if !calls_wanted(req) {
@@ -357,12 +368,18 @@ pub(super) fn parse_partial(text: &str, req: Option<&ToolRequest>, builtin: bool
     }
 }
 
-/// The built-in tools a request offers, for reading what follows `<|python_tag|>`.
+/// What a request lets the model write after `<|python_tag|>`: a JSON call, a built-in call,
+/// raw code.
 struct Builtins<'r> {
     /// The names a `NAME.call(...)` may have.
     names: Vec<&'r str>,
     /// The tool raw code calls, if one is offered (and the choice allows it).
     code: Option<&'static str>,
+    /// The function a named `tool_choice` names: the one tool read after the tag (what the
+    /// grammar took as raw code stays that, even where it looks like another tool's call).
+    named: Option<&'r str>,
+    /// The request.
+    req: &'r ToolRequest,
 }
 
 /// How far the text after `<|python_tag|>` is a `NAME.call(K=V, ...)`.
@@ -383,32 +400,54 @@ enum Form {
 }
 
 impl<'r> Builtins<'r> {
-    /// The built-in tools `req` offers where the template has them; None when there are none.
+    /// What `req` lets the model write after the tag where the template has built-in tools
+    /// (None elsewhere): the built-ins it offers that the choice allows (none, where it offers
+    /// none: a JSON call may still follow the tag).
     fn offered(req: Option<&'r ToolRequest>, builtin: bool) -> Option<Builtins<'r>> {
         let req = req.filter(|_| builtin)?;
+        let named = match &req.choice {
+            ToolChoice::Function(n) => Some(n.as_str()),
+            _ => None,
+        };
         let names: Vec<&str> = req
             .tools
             .iter()
-            .filter(|t| builtin_key(t).is_some())
+            .filter(|t| builtin_key(t).is_some() && named.is_none_or(|n| n == t.name))
             .map(|t| t.name.as_str())
             .collect();
-        if names.is_empty() {
-            return None;
-        }
-        // the first code tool offered that the choice allows (the grammar's)
-        let code = CODE_TOOLS.iter().copied().find(|c| {
-            names.contains(c)
-                && match &req.choice {
-                    ToolChoice::Function(n) => n == c,
-                    _ => true,
-                }
-        });
-        Some(Builtins { names, code })
+        // the first code tool allowed (the grammar's)
+        let code = CODE_TOOLS.iter().copied().find(|c| names.contains(c));
+        Some(Builtins {
+            names,
+            code,
+            named,
+            req,
+        })
     }
 
-    /// The call the whole text after the tag is: `NAME.call(...)` and whitespace, else raw
-    /// code (where a code tool is offered and there is any).
+    /// Whether a call of `name` may be read after the tag: an offered tool the choice allows
+    /// (else the text is raw code, or content).
+    fn allows(&self, name: &str) -> bool {
+        offered(Some(self.req), name) && self.named.is_none_or(|n| n == name)
+    }
+
+    /// The JSON call the text after the tag has begun (`begun`), while it may be one: nothing
+    /// while it may still become one, None where it is none.
+    fn json_step(&self, after: &str) -> Option<Vec<ToolCall>> {
+        (after.trim_start().starts_with('{') && may_be_call(after)).then(|| {
+            begun(after)
+                .filter(|c| self.allows(&c.name))
+                .into_iter()
+                .collect()
+        })
+    }
+
+    /// The call the whole text after the tag is: a JSON call object, or `NAME.call(...)` and
+    /// whitespace, else raw code (where a code tool is offered and there is any).
     fn read(&self, after: &str) -> Option<ToolCall> {
+        if let Some(call) = read_reply(after).filter(|c| self.allows(&c.name)) {
+            return Some(call);
+        }
         if let Form::Begun {
             name,
             members,
@@ -420,15 +459,19 @@ impl<'r> Builtins<'r> {
                 return call_of(&name, &Value::Object(whole_members(members)));
             }
         }
-        let code = after.trim();
+        let code = trim_code(after);
         let tool = self.code.filter(|_| !code.is_empty())?;
         call_of(tool, &serde_json::json!({ "code": code }))
     }
 
-    /// What streaming reads of the text so far after the tag: nothing while it may become a
-    /// `NAME.call(`, the built-in call once that is whole (its arguments as far as they are
-    /// known), else the raw code so far (less trailing whitespace).
+    /// What streaming reads of the text so far after the tag: the JSON call begun while the
+    /// text may be one (`json_step`); nothing while it may become a `NAME.call(`, the
+    /// built-in call once that is whole (its arguments as far as they are known), else the raw
+    /// code so far (less trailing whitespace).
     fn step(&self, after: &str) -> BlockStep {
+        if let Some(calls) = self.json_step(after) {
+            return BlockStep::Open(calls);
+        }
         match self.form(after) {
             Form::Undecided => BlockStep::Open(Vec::new()),
             Form::Begun {
@@ -456,7 +499,7 @@ impl<'r> Builtins<'r> {
             }
             Form::Not => match self.code {
                 Some(tool) => {
-                    let code = after.trim();
+                    let code = trim_code(after);
                     let open = Json::Open(Open::Obj(vec![(
                         "code".to_string(),
                         Json::Open(Open::Str(code.to_string())),
@@ -500,6 +543,12 @@ impl<'r> Builtins<'r> {
             Form::Not
         }
     }
+}
+
+/// Raw code less the whitespace around it: the grammar's (`builtin-code` starts at a
+/// character other than these), so that what it takes is never empty.
+fn trim_code(code: &str) -> &str {
+    code.trim_matches([' ', '\t', '\n', '\r'])
 }
 
 /// The whole members' keys and values (an open one is left out).
@@ -1406,12 +1455,16 @@ mod tests {
         }
         // without tools, or with tool_choice none: the text as is
         check_verbatim(L31, &cases[0].0, &r.tools);
-        // without built-ins offered: content, and no trigger on the tag
+        // without built-ins offered: a built-in call is content, and the grammar refuses it
+        // (the tag still triggers, for a JSON call after it)
         let plain = f_req(false);
         let t = &cases[0].0;
         check_parsed(&L31.parse(t, Some(&plain)), t, &[], t);
         let p = L31.plan(&plain).unwrap().unwrap();
-        assert_eq!(p.triggers, vec![LAZY_START.trigger()]);
+        assert_eq!(
+            p.triggers,
+            vec![LAZY_START.trigger(), Trigger::Word(PYTHON_TAG.to_string())]
+        );
         assert!(!grammar(&p).accepts_str(t));
         // streamed: nothing while the call form may come, the call once `NAME.call(` is whole,
         // its arguments member by member; raw code once no call form can come, as written
@@ -1604,7 +1657,10 @@ mod tests {
                     "<|start_header_id|>assistant<|end_header_id|>\n\n{rendered}<|eom_id|>"
                 );
                 assert!(prompt.contains(&turn), "{prompt}");
-                let back = format.parse(&rendered, Some(&r));
+                // (read back where the model may call any tool: under a named choice of
+                // another, the grammar took it as that tool's raw code)
+                let any = req(r.tools.clone(), ToolChoice::Auto, false);
+                let back = format.parse(&rendered, Some(&any));
                 assert_call(
                     &back.tool_calls[0],
                     "brave_search",
@@ -1625,6 +1681,113 @@ mod tests {
         if let Some(src) = template("meta-llama-Llama-3.2-3B-Instruct.jinja") {
             let r = builtin_req(&mut rng, 0);
             assert!(Format::detect(Some(&src)).template_variables(&r).is_empty());
+        }
+    }
+
+    /// Random outputs after `<|python_tag|>` (call forms, raw code, JSON calls, whitespace of
+    /// every kind, slipped at random) for random requests with built-ins: whatever the grammar
+    /// takes, `parse` reads as one call of a tool the choice allows, with no content, and
+    /// streaming never takes back what it sent.
+    #[test]
+    fn llama3_builtin_grammar_and_parse_agree() {
+        let ws = [
+            " ", "\n", "\u{a0}", "\u{3000}", "\u{b}", "\u{c}", "\u{85}", "\u{2028}",
+        ];
+        let mut rng = Rng(0x11A3_0B05);
+        let (mut taken, mut taken_json) = (0usize, 0usize);
+        for round in 0..300 {
+            let r = builtin_req(&mut rng, round);
+            let g = grammar(&L31.plan(&r).unwrap().unwrap());
+            let names: Vec<&str> = r.tools.iter().map(|t| t.name.as_str()).collect();
+            let mut frags: Vec<String> = ws.iter().map(|w| w.to_string()).collect();
+            frags.extend(names.iter().map(|n| n.to_string()));
+            frags.extend(
+                [
+                    ".call(", "query=", "code=", ")", ", ", "=", "{", "}", "\"", "x",
+                ]
+                .map(String::from),
+            );
+            let frags: Vec<&str> = frags.iter().map(String::as_str).collect();
+            for _ in 0..30 {
+                let t = &r.tools[rng.below(r.tools.len())];
+                let value = Value::from(random_text(&mut rng, 8)).to_string();
+                let body = match rng.below(5) {
+                    0 => format!("{}.call({}={value})", t.name, builtin_key(t).unwrap_or("x")),
+                    1 => random_code(&mut rng),
+                    2 => (0..1 + rng.below(3))
+                        .map(|_| ws[rng.below(ws.len())])
+                        .collect(),
+                    3 => {
+                        let a = random_args(&mut rng, &t.parameters);
+                        call_text(&t.name, &a, rng.below(4), rng.coin())
+                    }
+                    _ => format!("{}{}", ws[rng.below(ws.len())], random_code(&mut rng)),
+                };
+                let mut text = format!("{PYTHON_TAG}{body}");
+                if rng.below(3) == 0 {
+                    mutate(&mut rng, &mut text, &frags, 4);
+                }
+                check_partial_prefixes(L31, &text, Some(&r));
+                if !g.accepts_str(&text) {
+                    continue;
+                }
+                let p = L31.parse(&text, Some(&r));
+                assert_eq!(p.content, "", "{:?} {text:?}", r.choice);
+                assert_eq!(p.tool_calls.len(), 1, "{:?} {text:?}", r.choice);
+                let name = &p.tool_calls[0].name;
+                assert!(
+                    allowed(&r).iter().any(|t| t.name == *name),
+                    "{:?} {text:?}: {name}",
+                    r.choice
+                );
+                // the answer: one call of an allowed tool (where the text began a JSON call
+                // that broke, the call streamed, as for any call begun)
+                let fin = L31.parse_final(&text, Some(&r));
+                assert_eq!(fin.content, "", "{text:?}");
+                assert_eq!(fin.tool_calls.len(), 1, "{text:?}");
+                assert!(allowed(&r).iter().any(|t| t.name == fin.tool_calls[0].name));
+                taken += 1;
+                taken_json += usize::from(text[PYTHON_TAG.len()..].starts_with('{'));
+            }
+        }
+        assert!(taken > 1000 && taken_json > 100, "{taken} {taken_json}");
+    }
+
+    /// Llama 3.1 writes `<|python_tag|>` before a JSON call where its system prompt says
+    /// "Environment: ipython" (as its template's does wherever there are tools): random calls
+    /// of random tools so written, with built-ins offered or not, are taken by the grammar
+    /// (lazily from the tag) and read as that call, the text before the tag content, and
+    /// streamed.
+    #[test]
+    fn llama3_json_call_after_python_tag() {
+        let mut rng = Rng(0x11A3_0B06);
+        for round in 0..90 {
+            let r = if round % 3 == 2 {
+                random_req(&mut rng, round, false)
+            } else {
+                builtin_req(&mut rng, round)
+            };
+            let p = L31.plan(&r).unwrap().unwrap();
+            let g = grammar(&p);
+            let allowed = allowed(&r);
+            let t = allowed[rng.below(allowed.len())];
+            let a = random_args(&mut rng, &t.parameters);
+            let json_call = call_text(&t.name, &a, rng.below(4), rng.coin());
+            let text = format!("{PYTHON_TAG}{json_call}");
+            assert!(g.accepts_str(&text), "{text}\n{}", p.gbnf);
+            if p.lazy {
+                assert!(p.triggers.contains(&Trigger::Word(PYTHON_TAG.to_string())));
+            }
+            // Llama 3.2's template (no tag) takes none of it
+            assert!(!grammar(&L3.plan(&r).unwrap().unwrap()).accepts_str(&text));
+            for before in ["", "Let me check.\n"] {
+                let reply = format!("{before}{text}\n");
+                let parsed = L31.parse(&reply, Some(&r));
+                assert_eq!(parsed.content, before.trim_end(), "{reply}");
+                assert_eq!(parsed.tool_calls.len(), 1, "{reply}");
+                assert_call(&parsed.tool_calls[0], &t.name, &a, None);
+                check_stream_calls(L31, &reply, &r);
+            }
         }
     }
 }
