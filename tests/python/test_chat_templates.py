@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import time
 import socket
 import subprocess
 from datetime import datetime
@@ -110,6 +111,11 @@ def special_tokens(tmp_path_factory) -> dict[str, str]:
     return {"bos_token": bos, "eos_token": eos}
 
 
+def dates() -> dict:
+    """The dates llama-server (and Muser) give every template, local time."""
+    return {"datetime": time.strftime("%b %d %Y"), "date_string": time.strftime("%d %b %Y")}
+
+
 @pytest.mark.skipif(not TEMPLATES, reason="llama.cpp's source (MUSER_GGML_SRC) is not here")
 def test_every_shipped_template_renders_as_transformers_does(special_tokens):
     env = reference_env()
@@ -126,7 +132,8 @@ def test_every_shipped_template_renders_as_transformers_does(special_tokens):
                 try:
                     want, got, want_after = render_around(
                         lambda: template.render(messages=messages, add_generation_prompt=True,
-                                                enable_thinking=thinks, **special_tokens),
+                                                enable_thinking=thinks, **dates(),
+                                                **special_tokens),
                         lambda: apply(s, messages))
                 except jinja2.exceptions.TemplateError as e:
                     want, why = None, str(e)
@@ -328,6 +335,51 @@ def reply(server, body, stream=False):
             if chunk.get("usage"):
                 tokens = chunk["usage"]["prompt_tokens"]
     return content, reasoning, tokens
+
+
+@pytest.mark.skipif(not (SRC and LLAMA_SERVER and LLAMA_SERVER.exists()),
+                    reason="needs llama.cpp's source (MUSER_GGML_SRC) and llama-server "
+                           "(LLAMA_CPP_BIN)")
+def test_dated_templates_get_todays_date_as_from_llama_server(tmp_path):
+    """The templates that read the date llama-server gives every template (`date_string`:
+    Llama 3.x's "Today Date") render the same prompt in both servers, for random
+    conversations, and a request's own `date_string` wins in both. (FireFunction's, which
+    reads `datetime`, adds an undefined `functions` to a string without tools: an error in
+    Muser's template engine, an empty string in llama-server's.)"""
+    model = tmp_path / "llama-tiny.gguf"
+    subprocess.run([str(muser_bin()), "synth", "llama-tiny", str(model)], check=True,
+                   capture_output=True)
+    rng = random.Random()
+    for name in ["meta-llama-Llama-3.1-8B-Instruct.jinja",
+                 "meta-llama-Llama-3.2-3B-Instruct.jinja",
+                 "meta-llama-Llama-3.3-70B-Instruct.jinja"]:
+        path = Path(SRC, "models", "templates", name)
+        muser = ServerProcess("--chat-template-file", str(path), "--ctx-size", "1024",
+                              model=model)
+        try:
+            llama = LlamaServer(model, free_port(), "--chat-template-file", str(path))
+        except Exception:
+            muser.stop()
+            raise
+        try:
+            bos = requests.get(muser.url + "/props", timeout=60).json()["bos_token"]
+            for _ in range(3):
+                user = [{"role": "user", "content": random_text(rng)}]
+                system = [{"role": "system", "content": random_text(rng)}]
+                for body in [{"messages": user}, {"messages": system + user},
+                             {"messages": user,
+                              "chat_template_kwargs": {"date_string": random_text(rng)}}]:
+                    want = requests.post(llama.url + "/apply-template", json=body, timeout=60)
+                    got = requests.post(muser.url + "/apply-template", json=body, timeout=60)
+                    assert want.status_code == got.status_code == 200, (name, body, got.text)
+                    got = got.json()["prompt"]
+                    got = got[len(bos):] if bos and got.startswith(bos) else got
+                    assert got == want.json()["prompt"], (name, body)
+                    date = body.get("chat_template_kwargs", {}).get("date_string")
+                    assert "Today Date: " + (date or time.strftime("%d %b %Y")) in got
+        finally:
+            muser.stop()
+            llama.stop()
 
 
 @pytest.mark.skipif(not (SRC and LLAMA_SERVER and LLAMA_SERVER.exists()),

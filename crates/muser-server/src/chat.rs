@@ -837,6 +837,20 @@ impl ChatRequest {
         })
     }
 
+    /// Gives the template the dates llama-server gives every template, at `now` (local time
+    /// in the server): `datetime` ("Dec 07 2026") and `date_string` ("07 Dec 2026", Llama
+    /// 3.x's "Today Date"), unless the request's `chat_template_kwargs` set them.
+    pub fn add_dates<Tz: chrono::TimeZone>(&mut self, now: &chrono::DateTime<Tz>)
+    where
+        Tz::Offset: std::fmt::Display,
+    {
+        self.add_variable("datetime", Value::from(now.format("%b %d %Y").to_string()));
+        self.add_variable(
+            "date_string",
+            Value::from(now.format("%d %b %Y").to_string()),
+        );
+    }
+
     /// Gives the template the variable `name`, unless the request's `chat_template_kwargs`
     /// set it (they win, as in llama-server).
     pub fn add_variable(&mut self, name: &str, value: Value) {
@@ -1183,6 +1197,36 @@ mod tests {
         let names = "{% for m in messages %}{% for c in m.tool_calls %}{{ c.function.name }}:\
             {{ c.function.arguments is string }}|{% endfor %}{% endfor %}";
         assert_eq!(render(names, body).unwrap(), "f:True|g:True|");
+    }
+
+    #[test]
+    fn dates_reach_the_template_unless_the_request_sets_them() {
+        use chrono::{Datelike, TimeZone};
+        let mut rng = 0x000D_A7E5_u64;
+        let src = "{{ datetime }}|{{ date_string }}";
+        let t = ChatTemplate::new(Some(src), "", "").unwrap();
+        for _ in 0..32 {
+            rng = rng
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let secs = (rng >> 33) as i64 % 4_000_000_000;
+            let now = chrono::Utc.timestamp_opt(secs, 0).unwrap();
+            let body = json!({"messages": [{"role": "user", "content": "hi"}]});
+            let mut req = ChatRequest::parse(body.as_object().unwrap()).unwrap();
+            req.add_dates(&now);
+            let (d, m, y) = (now.day(), now.month(), now.year());
+            let mon = [
+                "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+            ][m as usize - 1];
+            let want = format!("{mon} {d:02} {y}|{d:02} {mon} {y}");
+            assert_eq!(t.render_request(&req).unwrap(), want);
+            let body = json!({"messages": [{"role": "user", "content": "hi"}],
+                              "chat_template_kwargs": {"date_string": "26 Jul 2024"}});
+            let mut req = ChatRequest::parse(body.as_object().unwrap()).unwrap();
+            req.add_dates(&now);
+            let got = t.render_request(&req).unwrap();
+            assert_eq!(got, format!("{mon} {d:02} {y}|26 Jul 2024"));
+        }
     }
 
     #[test]

@@ -500,6 +500,7 @@ fn chat_request(
 ) -> Result<(ChatRequest, Option<ToolRequest>, Option<tools::Plan>), ApiError> {
     let mut req = ChatRequest::parse(obj)?;
     thinking_variables(&mut req, m.template.reasoning_tags().is_some(), obj)?;
+    req.add_dates(&chrono::Local::now());
     check_call_arguments(&req.messages, m.template.reads_object_arguments())?;
     let mut tools = tools::parse_tools(obj)?;
     let mut plan = None;
