@@ -21,6 +21,7 @@ reasoning tags: the same prompt for the same request, and the continued reasonin
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -337,6 +338,45 @@ def reply(server, body, stream=False):
     return content, reasoning, tokens
 
 
+def tiny_model(tmp_path) -> Path:
+    """A synthetic llama-tiny GGUF, for servers whose prompts (not answers) are compared."""
+    model = tmp_path / "llama-tiny.gguf"
+    subprocess.run([str(muser_bin()), "synth", "llama-tiny", str(model)], check=True,
+                   capture_output=True)
+    return model
+
+
+@contextlib.contextmanager
+def both_servers(model: Path, template: str):
+    """`muser serve` and llama-server on `model` with llama.cpp's template `template`, and
+    the BOS text Muser's /apply-template prompt starts with where the template writes it
+    (llama-server leaves it out)."""
+    path = Path(SRC, "models", "templates", template)
+    muser = ServerProcess("--chat-template-file", str(path), "--ctx-size", "1024", model=model)
+    try:
+        llama = LlamaServer(model, free_port(), "--chat-template-file", str(path))
+    except Exception:
+        muser.stop()
+        raise
+    try:
+        bos = requests.get(muser.url + "/props", timeout=60).json()["bos_token"]
+        yield muser, llama, bos
+    finally:
+        muser.stop()
+        llama.stop()
+
+
+def same_prompt(muser, llama, bos: str, body: dict, name: str) -> str:
+    """/apply-template's prompt for `body` from both servers, asserted equal."""
+    want = requests.post(llama.url + "/apply-template", json=body, timeout=60)
+    got = requests.post(muser.url + "/apply-template", json=body, timeout=60)
+    assert want.status_code == got.status_code == 200, (name, body, got.text)
+    got = got.json()["prompt"]
+    got = got[len(bos):] if bos and got.startswith(bos) else got
+    assert got == want.json()["prompt"], (name, body)
+    return got
+
+
 @pytest.mark.skipif(not (SRC and LLAMA_SERVER and LLAMA_SERVER.exists()),
                     reason="needs llama.cpp's source (MUSER_GGML_SRC) and llama-server "
                            "(LLAMA_CPP_BIN)")
@@ -346,40 +386,21 @@ def test_dated_templates_get_todays_date_as_from_llama_server(tmp_path):
     conversations, and a request's own `date_string` wins in both. (FireFunction's, which
     reads `datetime`, adds an undefined `functions` to a string without tools: an error in
     Muser's template engine, an empty string in llama-server's.)"""
-    model = tmp_path / "llama-tiny.gguf"
-    subprocess.run([str(muser_bin()), "synth", "llama-tiny", str(model)], check=True,
-                   capture_output=True)
+    model = tiny_model(tmp_path)
     rng = random.Random()
     for name in ["meta-llama-Llama-3.1-8B-Instruct.jinja",
                  "meta-llama-Llama-3.2-3B-Instruct.jinja",
                  "meta-llama-Llama-3.3-70B-Instruct.jinja"]:
-        path = Path(SRC, "models", "templates", name)
-        muser = ServerProcess("--chat-template-file", str(path), "--ctx-size", "1024",
-                              model=model)
-        try:
-            llama = LlamaServer(model, free_port(), "--chat-template-file", str(path))
-        except Exception:
-            muser.stop()
-            raise
-        try:
-            bos = requests.get(muser.url + "/props", timeout=60).json()["bos_token"]
+        with both_servers(model, name) as (muser, llama, bos):
             for _ in range(3):
                 user = [{"role": "user", "content": random_text(rng)}]
                 system = [{"role": "system", "content": random_text(rng)}]
                 for body in [{"messages": user}, {"messages": system + user},
                              {"messages": user,
                               "chat_template_kwargs": {"date_string": random_text(rng)}}]:
-                    want = requests.post(llama.url + "/apply-template", json=body, timeout=60)
-                    got = requests.post(muser.url + "/apply-template", json=body, timeout=60)
-                    assert want.status_code == got.status_code == 200, (name, body, got.text)
-                    got = got.json()["prompt"]
-                    got = got[len(bos):] if bos and got.startswith(bos) else got
-                    assert got == want.json()["prompt"], (name, body)
+                    got = same_prompt(muser, llama, bos, body, name)
                     date = body.get("chat_template_kwargs", {}).get("date_string")
                     assert "Today Date: " + (date or time.strftime("%d %b %Y")) in got
-        finally:
-            muser.stop()
-            llama.stop()
 
 
 @pytest.mark.skipif(not (SRC and LLAMA_SERVER and LLAMA_SERVER.exists()),
@@ -389,27 +410,16 @@ def test_reasoning_is_continued_as_llama_server_continues_it(tmp_path):
     """Random reasoning and text, on templates that write `<think>` or `[THINK]` tags: the
     prompt of a new turn (thinking on by default, off with `enable_thinking` false or
     `reasoning_effort` "none"), of a conversation with reasoning in its history (Ministral 3
-    reads it from content blocks), and of a final assistant message continued (its reasoning, left open, by default
-    when it has no text or with `continue_final_message: "reasoning_content"`; its text, after
-    its reasoning block, with `true` or `"content"`), is llama-server's for the same request.
+    reads it from content blocks), and of a final assistant message continued (its reasoning,
+    left open, by default when it has no text or with `continue_final_message:
+    "reasoning_content"`; its text, after its reasoning block, with `true` or `"content"`), is
+    llama-server's for the same request.
     A continued reasoning's reply is what the model goes on writing, as llama-server streams
     it, streamed or not."""
-    model = tmp_path / "llama-tiny.gguf"
-    subprocess.run([str(muser_bin()), "synth", "llama-tiny", str(model)], check=True,
-                   capture_output=True)
+    model = tiny_model(tmp_path)
     rng = random.Random()
     for name in REASONING_TEMPLATES:
-        path = Path(SRC, "models", "templates", name)
-        muser = ServerProcess("--chat-template-file", str(path), "--ctx-size", "1024",
-                              model=model)
-        try:
-            llama = LlamaServer(model, free_port(), "--chat-template-file", str(path))
-        except Exception:
-            muser.stop()
-            raise
-        try:
-            # llama-server leaves the BOS a template writes out of /apply-template's prompt.
-            bos = requests.get(muser.url + "/props", timeout=60).json()["bos_token"]
+        with both_servers(model, name) as (muser, llama, bos):
             for _ in range(3):
                 q, q2, r, a = (random_text(rng) for _ in range(4))
                 user = [{"role": "user", "content": q}]
@@ -436,12 +446,7 @@ def test_reasoning_is_continued_as_llama_server_continues_it(tmp_path):
                      "chat_template_kwargs": {"enable_thinking": True}},
                 ]
                 for body in bodies:
-                    want = requests.post(llama.url + "/apply-template", json=body, timeout=60)
-                    got = requests.post(muser.url + "/apply-template", json=body, timeout=60)
-                    assert want.status_code == got.status_code == 200, (name, body, got.text)
-                    got = got.json()["prompt"]
-                    got = got[len(bos):] if bos and got.startswith(bos) else got
-                    assert got == want.json()["prompt"], (name, body)
+                    same_prompt(muser, llama, bos, body, name)
                 body = {"messages": user + [only], "continue_final_message": "reasoning_content",
                         **cont}
                 content, reasoning, tokens = reply(muser, body)
@@ -457,6 +462,3 @@ def test_reasoning_is_continued_as_llama_server_continues_it(tmp_path):
                 assert want[2] == tokens, name
                 assert want[1] and not want[1].startswith(r), (name, want[1])
                 assert not reasoning.startswith(r), (name, reasoning)
-        finally:
-            muser.stop()
-            llama.stop()
