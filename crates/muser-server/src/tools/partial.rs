@@ -385,14 +385,13 @@ impl Json {
         }
     }
 
-    /// The value of `key` in an object, whole or open (the last of repeated keys, as serde_json
-    /// keeps it).
+    /// The value of `key` in an object, whole or open (a repeated key was left out as it was
+    /// read: its first value is the one there).
     pub(super) fn get(&self, key: &str) -> Option<Json> {
         match self {
             Json::Whole(Value::Object(o), end) => o.get(key).map(|v| Json::Whole(v.clone(), *end)),
             Json::Open(Open::Obj(members)) => members
                 .iter()
-                .rev()
                 .find(|(k, _)| k == key)
                 .map(|(_, v)| v.clone()),
             _ => None,
