@@ -330,9 +330,17 @@ def test_allowed_sets_match_llama_cpp(llamacpp_grammar, grammar_io, vocab):
     t0 = time.time()
     theirs = run_lines([str(llamacpp_grammar), "--vocab", str(vocab["model"])], lines)
     t1 = time.time()
-    ours = run_lines([str(grammar_io), "--vocab", str(vocab["pieces_file"]), "--tokens", str(vocab["tokens_file"])],
-                     lines)
+    muser = [str(grammar_io), "--vocab", str(vocab["pieces_file"]), "--tokens", str(vocab["tokens_file"])]
+    ours = run_lines(muser, lines)
     t2 = time.time()
+    # Where a step went past Muser's default limits (work budget, stack count: the state fails
+    # cleanly where llama.cpp computes on, however long), the scenario is compared again with the
+    # limits lifted: the language is compared either way, and the give-ups are counted.
+    gave_up = [i for i, got in enumerate(ours) if got.endswith(":failed") or ":failed " in got]
+    if gave_up:
+        for i, got in zip(gave_up, run_lines(muser, [lines[i] + " limits=none" for i in gave_up])):
+            lines[i] += " limits=none"
+            ours[i] = got
 
     steps = picks_partial = refused = accepted_broken = refused_good = ends = errs = 0
     for name, text, line, want, got in zip(names, texts, lines, theirs, ours):
@@ -357,8 +365,7 @@ def test_allowed_sets_match_llama_cpp(llamacpp_grammar, grammar_io, vocab):
             # Show the difference: both sides again, listing the allowed ids.
             vline = line.replace(f"steps={line.split('steps=')[1].split()[0]}", f"steps={k + 1}") + " verbose=1"
             wa = run_lines([str(llamacpp_grammar), "--vocab", str(vocab["model"])], [vline])[0].split(" ")[k]
-            ga = run_lines([str(grammar_io), "--vocab", str(vocab["pieces_file"]), "--tokens",
-                            str(vocab["tokens_file"])], [vline])[0].split(" ")[k]
+            ga = run_lines(muser, [vline])[0].split(" ")[k]
             ws = {int(t) for t in wa.split(":")[3].split(",") if t}
             gs = {int(t) for t in ga.split(":")[3].split(",") if t}
             picked = [int(r.split(":")[2]) for r in w[:k] if r.split(":")[2].isdigit()]
@@ -382,7 +389,10 @@ def test_allowed_sets_match_llama_cpp(llamacpp_grammar, grammar_io, vocab):
     print(f"{len(grammars)} grammars ({refused_good} refused by both), {steps} steps compared ({picks_partial} picks "
           f"ending inside a UTF-8 sequence, {ends} ending the generation, {errs} refused on accept); "
           f"{len(bad)} broken grammars ({refused} refused by both, {accepted_broken} accepted by both); "
+          f"{len(gave_up)} past Muser's default limits, compared without them; "
           f"llama.cpp {t1 - t0:.1f}s, Muser {t2 - t1:.1f}s")
+    # Rare by design: the default limits are far above what these grammars usually need.
+    assert len(gave_up) <= len(lines) // 50, f"{len(gave_up)} of {len(lines)} scenarios past Muser's default limits"
     assert steps > 10 * len(grammars) // 2, f"too few steps compared: {steps}"
     assert refused_good < len(grammars) // 10, f"{refused_good} of the {len(grammars)} grammars refused"
     assert refused > len(BAD) // 2, f"too few refusals compared: {refused}"

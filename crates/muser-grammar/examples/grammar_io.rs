@@ -3,10 +3,13 @@
 //!
 //! `grammar_io --vocab PIECES [--tokens TOKENS]` where PIECES is the harness's `--pieces` output
 //! (`HEX EOG` per token) and TOKENS its `--tokenize` output (`HEX ID`, the token a `<text>`
-//! reference names). Reads scenarios `seed=S steps=N grammar=HEX [verbose=1]` on stdin and
-//! prints, per line, `refused\tMESSAGE` or the step records `COUNT:HASH:PICK[:IDS]`.
+//! reference names). Reads scenarios `seed=S steps=N grammar=HEX [verbose=1] [limits=none]` on
+//! stdin and prints, per line, `refused\tMESSAGE` or the step records `COUNT:HASH:PICK[:IDS]`.
+//! PICK is a token id, `end` (an end-of-generation token picked), `none` (nothing allowed),
+//! `err:ID` (the pick not accepted) or `failed` (the state exceeded its limits: the default
+//! ones, or none with `limits=none`).
 
-use muser_grammar::{Grammar, GrammarState, Vocab};
+use muser_grammar::{Grammar, GrammarState, Limits, Vocab};
 use std::collections::HashMap;
 use std::io::{BufRead, Write};
 use std::sync::Arc;
@@ -52,12 +55,16 @@ fn run(vocab: &Vocab, tokens: &HashMap<Vec<u8>, u32>, line: &str) -> String {
     let steps: usize = kv["steps"].parse().expect("steps");
     let src = String::from_utf8_lossy(&unhex(kv["grammar"])).into_owned();
     let verbose = kv.get("verbose") == Some(&"1");
+    let limits = match kv.get("limits") {
+        Some(&"none") => Limits::UNLIMITED,
+        _ => Limits::default(),
+    };
     let lookup = |t: &str| tokens.get(t.as_bytes()).copied();
-    let grammar = match Grammar::parse_with_tokens(&src, &lookup) {
+    let grammar = match Grammar::parse_with_limits(&src, Some(&lookup), limits) {
         Ok(g) => Arc::new(g),
         Err(e) => return format!("refused\t{:?}", e.to_string()),
     };
-    let mut state = GrammarState::new(grammar);
+    let mut state = GrammarState::new(grammar).with_limits(limits);
     let mut rng = SplitMix(seed);
     let mut out = Vec::new();
     let mut logits = vec![0.0f32; vocab.len()];
@@ -75,6 +82,11 @@ fn run(vocab: &Vocab, tokens: &HashMap<Vec<u8>, u32>, line: &str) -> String {
                 .collect::<Vec<_>>()
                 .join(",")
         };
+        if state.failure().is_some() {
+            rec += if verbose { "failed:" } else { "failed" };
+            out.push(rec);
+            break;
+        }
         if allowed.is_empty() {
             rec += if verbose { "none:" } else { "none" };
             out.push(rec);
@@ -87,6 +99,9 @@ fn run(vocab: &Vocab, tokens: &HashMap<Vec<u8>, u32>, line: &str) -> String {
             stop = true;
         } else if state.accept(vocab, pick).is_ok() {
             rec += &pick.to_string();
+        } else if state.failure().is_some() {
+            rec += "failed";
+            stop = true;
         } else {
             rec += &format!("err:{pick}");
             stop = true;

@@ -67,7 +67,8 @@
 //! hold at most 4096 parse stacks, and one call (`allows`, `mask_logits`, `accept`, one char of
 //! `accept_str`) may do a fixed budget of work, some tens of milliseconds at most: past these a
 //! [`GrammarState`] fails cleanly and stays failed ([`GrammarState::failure`]) rather than drop
-//! stacks, which would change the language. `{m,n}` with n < m is
+//! stacks, which would change the language ([`Limits`] holds these two;
+//! [`GrammarState::with_limits`] sets others, or none). `{m,n}` with n < m is
 //! refused (llama.cpp loops forever on it), and so is left recursion through rules that derive
 //! the empty string without having an empty alternative, when it would make llama.cpp expand
 //! stacks forever (llama.cpp only detects left recursion through rules with a literally empty
@@ -80,6 +81,7 @@ mod vocab;
 #[cfg(test)]
 mod tests;
 
+pub use parse::Lookup;
 use parse::{Compiled, Elem};
 use state::{Cache, DEAD};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
@@ -148,6 +150,37 @@ pub enum GrammarError {
     },
 }
 
+/// How much one call may do before a [`GrammarState`] fails (see its documentation). The
+/// default bounds every call to some tens of milliseconds; a caller that trusts its grammars
+/// may lift the limits ([`Limits::UNLIMITED`]), and one that serves many clients may tighten
+/// them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Units of work one call may do (a rule expanded, a stack node made, a token element
+    /// tested: roughly 10-25 ns each).
+    pub work: u64,
+    /// Parse stacks one step may make.
+    pub stacks: usize,
+}
+
+impl Limits {
+    /// No limit to the work or the stacks of a step: as llama.cpp, which computes every step
+    /// however long it takes.
+    pub const UNLIMITED: Limits = Limits {
+        work: u64::MAX,
+        stacks: usize::MAX,
+    };
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            work: state::WORK_BUDGET,
+            stacks: parse::MAX_STACKS,
+        }
+    }
+}
+
 /// A parsed, checked grammar (immutable; `Send + Sync`).
 pub struct Grammar {
     pub(crate) elems: Vec<Elem>,
@@ -171,7 +204,7 @@ impl Grammar {
     /// GBNF text, start rule "root". Token references by text (`<think>`) are refused here;
     /// use [`Grammar::parse_with_tokens`].
     pub fn parse(src: &str) -> Result<Grammar, GrammarError> {
-        Self::build(parse::compile(src, None)?)
+        Self::parse_with_limits(src, None, Limits::default())
     }
 
     /// As parse, with `<token>` references resolved by `lookup` (text -> the single token id it
@@ -181,10 +214,20 @@ impl Grammar {
         src: &str,
         lookup: &dyn Fn(&str) -> Option<u32>,
     ) -> Result<Grammar, GrammarError> {
-        Self::build(parse::compile(src, Some(lookup))?)
+        Self::parse_with_limits(src, Some(lookup), Limits::default())
     }
 
-    fn build(c: Compiled) -> Result<Grammar, GrammarError> {
+    /// As parse (`lookup` as in [`Grammar::parse_with_tokens`]), expanding the root rule
+    /// within `limits` rather than the default ones.
+    pub fn parse_with_limits(
+        src: &str,
+        lookup: Option<Lookup<'_>>,
+        limits: Limits,
+    ) -> Result<Grammar, GrammarError> {
+        Self::build(parse::compile(src, lookup)?, limits)
+    }
+
+    fn build(c: Compiled, limits: Limits) -> Result<Grammar, GrammarError> {
         let mut g = Grammar {
             elems: c.elems,
             classes: c.classes,
@@ -203,7 +246,7 @@ impl Grammar {
                 }
             })
             .collect();
-        let mut cache = Cache::new();
+        let mut cache = Cache::new(limits);
         cache.begin();
         let set = cache.closed_set(&g, &starts);
         let initial = cache.stacks_of(set);
@@ -219,7 +262,7 @@ impl Grammar {
     /// Whether the whole string is in the grammar's language (test helper; char-level; false
     /// also when a step exceeds the work or stack limits).
     pub fn accepts_str(&self, s: &str) -> bool {
-        let mut cache = Cache::new();
+        let mut cache = Cache::new(Limits::default());
         cache.begin();
         let mut set = cache.state_set(self, &self.initial);
         for c in s.chars() {
@@ -255,7 +298,8 @@ fn lock(cache: &Mutex<Cache>) -> MutexGuard<'_, Cache> {
 ///
 /// Every call does bounded work (grammars come from untrusted clients): a step that would make
 /// more than 4096 parse stacks, or need more than a fixed budget of work (about 2M expansions,
-/// some tens of milliseconds), fails the state instead. A failed state stays failed: it allows
+/// some tens of milliseconds), fails the state instead ([`Limits`]; [`GrammarState::with_limits`]
+/// sets others). A failed state stays failed: it allows
 /// no token (`mask_logits` bans them all, EOG included), `accept` and `accept_str` return
 /// [`GrammarError::TooComplex`], and [`GrammarState::failure`] says why. Below the limits the
 /// allowed tokens are exactly llama.cpp's; no stack is ever dropped.
@@ -286,9 +330,16 @@ impl GrammarState {
             grammar,
             stacks,
             partial: Partial::NONE,
-            cache: Arc::new(Mutex::new(Cache::new())),
+            cache: Arc::new(Mutex::new(Cache::new(Limits::default()))),
             failure: OnceLock::new(),
         }
+    }
+
+    /// The state with other limits for its calls (a fresh memo: clones made before do not
+    /// share it).
+    pub fn with_limits(mut self, limits: Limits) -> GrammarState {
+        self.cache = Arc::new(Mutex::new(Cache::new(limits)));
+        self
     }
 
     /// Why the state failed, if a call exceeded a limit (see the type's documentation); the
@@ -526,12 +577,12 @@ impl GrammarState {
         }
         ids.sort_unstable();
         ids.dedup();
-        if ids.len() > parse::MAX_STACKS {
+        let max_stacks = cache.limits().stacks;
+        if ids.len() > max_stacks {
             cache.failure.get_or_insert_with(|| {
                 format!(
-                    "accepting token {token} makes {} parse stacks, more than the limit of {}",
-                    ids.len(),
-                    parse::MAX_STACKS
+                    "accepting token {token} makes {} parse stacks, more than the limit of {max_stacks}",
+                    ids.len()
                 )
             });
         }

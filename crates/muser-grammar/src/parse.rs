@@ -168,7 +168,8 @@ struct Parser<'a> {
 type PResult<T> = Result<T, GrammarError>;
 
 /// Resolves a `<text>` token reference to the one token it is.
-pub(crate) type Lookup<'a> = &'a dyn Fn(&str) -> Option<u32>;
+/// Resolves a `<text>` token reference (the text with its angle brackets) to the single token it is.
+pub type Lookup<'a> = &'a dyn Fn(&str) -> Option<u32>;
 
 fn is_word(c: u8) -> bool {
     c.is_ascii_alphanumeric() || c == b'-'

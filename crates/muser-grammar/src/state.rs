@@ -9,9 +9,10 @@
 //! subtree as soon as its set is empty: llama.cpp's recursive candidate rejection, done on sets
 //! and shared prefixes.
 
-use crate::parse::{Elem, MAX_STACKS};
+use crate::parse::Elem;
 use crate::vocab::{Partial, Vocab};
 use crate::Grammar;
+use crate::Limits;
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
 
@@ -125,6 +126,8 @@ pub(crate) struct Cache {
     stamp: u32,
     /// Work done in the current call (reset by `begin`).
     work: u64,
+    /// The work budget of one call and the most stacks one step may make.
+    limits: Limits,
     /// Why the current call gave up (budget or stack limit); the results computed since are
     /// incomplete, and the cache must be reset (`end`) before being used again.
     pub failure: Option<String>,
@@ -134,7 +137,7 @@ pub(crate) struct Cache {
 }
 
 impl Cache {
-    pub fn new() -> Cache {
+    pub fn new(limits: Limits) -> Cache {
         Cache {
             nodes: vec![(u32::MAX, u32::MAX)],
             node_ids: HashMap::default(),
@@ -150,6 +153,7 @@ impl Cache {
             marks: Vec::new(),
             stamp: 0,
             work: 0,
+            limits,
             failure: None,
             allowed: Vec::new(),
             depth_sets: Vec::new(),
@@ -209,7 +213,7 @@ impl Cache {
     #[inline]
     pub fn charge(&mut self, n: usize) -> bool {
         self.work += n as u64;
-        if self.work > WORK_BUDGET {
+        if self.work > self.limits.work {
             self.fail_budget();
         }
         self.failure.is_none()
@@ -219,7 +223,8 @@ impl Cache {
     fn fail_budget(&mut self) {
         if self.failure.is_none() {
             self.failure = Some(format!(
-                "one step needs more than {WORK_BUDGET} units of work (the grammar is too ambiguous here)"
+                "one step needs more than {} units of work (the grammar is too ambiguous here)",
+                self.limits.work
             ));
         }
     }
@@ -228,9 +233,15 @@ impl Cache {
     fn fail_stacks(&mut self, n: usize) {
         if self.failure.is_none() {
             self.failure = Some(format!(
-                "one step makes {n} parse stacks, more than the limit of {MAX_STACKS} (the grammar is too ambiguous here)"
+                "one step makes {n} parse stacks, more than the limit of {} (the grammar is too ambiguous here)",
+                self.limits.stacks
             ));
         }
+    }
+
+    /// The limits this cache enforces.
+    pub fn limits(&self) -> Limits {
+        self.limits
     }
 
     #[inline]
@@ -378,7 +389,7 @@ impl Cache {
         out.sort_unstable();
         let id = if self.failed() {
             DEAD
-        } else if out.len() > MAX_STACKS {
+        } else if out.len() > self.limits.stacks {
             self.fail_stacks(out.len());
             DEAD
         } else {
@@ -456,7 +467,7 @@ impl Cache {
         }
         ids.sort_unstable();
         ids.dedup();
-        if ids.len() > MAX_STACKS {
+        if ids.len() > self.limits.stacks {
             self.fail_stacks(ids.len());
             return DEAD;
         }

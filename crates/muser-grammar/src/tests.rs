@@ -3,7 +3,7 @@
 
 use crate::parse::Elem;
 use crate::vocab::{cut_at_nul, decode, Partial};
-use crate::{Grammar, GrammarError, GrammarState, Vocab};
+use crate::{Grammar, GrammarError, GrammarState, Limits, Vocab};
 use rand::rngs::StdRng;
 use rand::{RngCore, SeedableRng};
 use std::collections::HashSet;
@@ -1328,6 +1328,59 @@ fn work_budget_fails_cleanly_in_mask() {
         other => panic!("{other:?}"),
     }
     assert_failed(&mut st, &v, "budget, mask");
+}
+
+#[test]
+fn limits_lifted_compute_what_the_default_ones_refuse() {
+    // The grammar of work_budget_fails_cleanly_in_mask, 4 levels deep over a smaller
+    // vocabulary: past the default budget (a few times over), computed in full without limits,
+    // refused by a tight stack limit.
+    let mut src = String::from("root ::= x0\n");
+    for i in 0..4 {
+        let mut alts: Vec<String> = ('a'..='z')
+            .map(|c| format!("\"{c}\" x{} \"{c}\"", i + 1))
+            .collect();
+        alts.push(format!("[a-z] x{} \"!\"", i + 1));
+        src += &format!("x{i} ::= {}\n", alts.join(" | "));
+    }
+    src += "x4 ::= \".\"\n";
+    let gr = Arc::new(g(&src));
+    let v = word_vocab(12_000);
+    let st = GrammarState::new(gr.clone());
+    let _ = allowed(&st, &v);
+    assert!(
+        st.failure().is_some(),
+        "the default budget should refuse this mask"
+    );
+    let mut rng = Rng::new(seed("limits_lifted", 11));
+    let mut st = GrammarState::new(gr.clone()).with_limits(Limits::UNLIMITED);
+    for step in 0..2 {
+        let got = allowed(&st, &v);
+        assert!(st.failure().is_none(), "step {step}: {:?}", st.failure());
+        // The reference is slow: every 8th token, from a random offset.
+        let off = rng.below(8) as u32;
+        let sample = |t: &u32| t % 8 == off;
+        let want: Vec<u32> = (0..v.len() as u32)
+            .filter(|t| sample(t) && reference_allowed(&gr, &st.stacks, st.partial, &v, *t))
+            .collect();
+        assert!(!want.is_empty(), "step {step}");
+        let got_sampled: Vec<u32> = got.iter().copied().filter(sample).collect();
+        assert_eq!(got_sampled, want, "step {step}");
+        let t = *rng.pick(&got);
+        st.accept(&v, t).unwrap();
+    }
+    // A stack limit below what the first letter makes (27 alternatives, then 28 after one).
+    let tight = Limits {
+        stacks: 8,
+        ..Limits::default()
+    };
+    let mut st = GrammarState::new(gr).with_limits(tight);
+    let e = st.accept_str("a").unwrap_err();
+    assert!(
+        matches!(e, GrammarError::TooComplex(ref why) if why.contains("limit of 8")),
+        "{e}"
+    );
+    assert_failed(&mut st, &v, "tight stack limit");
 }
 
 #[test]
