@@ -1306,21 +1306,26 @@ fn exponential_closure_fails_cleanly() {
     assert_failed(&mut st, &v, "closure, budget");
 }
 
-#[test]
-fn work_budget_fails_cleanly_in_mask() {
-    // At most 27 * 2^7 stacks (within the limit), but a new big set at nearly every node of
-    // the vocabulary's trie.
+/// `x_i ::= "a" x_{i+1} "a" | ... | "z" x_{i+1} "z" | [a-z] x_{i+1} "!"`, `levels` deep, then
+/// ".": every letter read keeps two ways open.
+fn mirrors(levels: usize) -> String {
     let mut src = String::from("root ::= x0\n");
-    for i in 0..7 {
+    for i in 0..levels {
         let mut alts: Vec<String> = ('a'..='z')
             .map(|c| format!("\"{c}\" x{} \"{c}\"", i + 1))
             .collect();
         alts.push(format!("[a-z] x{} \"!\"", i + 1));
         src += &format!("x{i} ::= {}\n", alts.join(" | "));
     }
-    src += "x7 ::= \".\"\n";
+    src + &format!("x{levels} ::= \".\"\n")
+}
+
+#[test]
+fn work_budget_fails_cleanly_in_mask() {
+    // At most 27 * 2^7 stacks (within the limit), but a new big set at nearly every node of
+    // the vocabulary's trie.
     let v = word_vocab(60_000);
-    let mut st = GrammarState::new(Arc::new(g(&src)));
+    let mut st = GrammarState::new(Arc::new(g(&mirrors(7))));
     let mut logits = vec![0.0f32; v.len()];
     st.mask_logits(&v, &mut logits);
     match st.failure() {
@@ -1335,16 +1340,7 @@ fn limits_lifted_compute_what_the_default_ones_refuse() {
     // The grammar of work_budget_fails_cleanly_in_mask, 4 levels deep over a smaller
     // vocabulary: past the default budget (a few times over), computed in full without limits,
     // refused by a tight stack limit.
-    let mut src = String::from("root ::= x0\n");
-    for i in 0..4 {
-        let mut alts: Vec<String> = ('a'..='z')
-            .map(|c| format!("\"{c}\" x{} \"{c}\"", i + 1))
-            .collect();
-        alts.push(format!("[a-z] x{} \"!\"", i + 1));
-        src += &format!("x{i} ::= {}\n", alts.join(" | "));
-    }
-    src += "x4 ::= \".\"\n";
-    let gr = Arc::new(g(&src));
+    let gr = Arc::new(g(&mirrors(4)));
     let v = word_vocab(12_000);
     let st = GrammarState::new(gr.clone());
     let _ = allowed(&st, &v);
