@@ -2148,6 +2148,48 @@ mod tests {
         );
     }
 
+    /// Every format, random outputs whose argument strings hold lone surrogate escapes
+    /// (`\ud800`..`\udfff` not in a pair: JSON text by JSON's grammar, but no character; Muser's
+    /// call grammars refuse them, but a model writes them where no grammar holds it): each call
+    /// is read, streamed as it grows, and its arguments are valid JSON, as the same output with
+    /// `\ufffd` in their place reads (a JSON string's lone surrogate is U+FFFD; an XML
+    /// parameter's raw text keeps what the model wrote).
+    #[test]
+    fn lone_surrogate_escapes_in_arguments_read_as_the_replacement_character() {
+        let mut rng = test_util::Rng(0x5EED_D800);
+        let (mut calls, mut replaced) = (0, 0);
+        for round in 0..264 {
+            let f = test_util::FORMATS[round % test_util::FORMATS.len()];
+            let r = test_util::random_req(&mut rng, round / test_util::FORMATS.len(), true);
+            // "€" is written only in argument strings: raw, or `\u20ac` in ASCII layouts.
+            let text = test_util::random_output(&mut rng, f, &r);
+            // (not half of "😀", whose pair the ASCII layouts write)
+            let unit = if rng.coin() { 0xD800 } else { 0xDC00 } + rng.below(0x3ff);
+            let unit = if [0xD83D, 0xDE00].contains(&unit) {
+                unit + 1
+            } else {
+                unit
+            };
+            let lone = format!("\\u{unit:04x}");
+            let with = |esc: &str| text.replace("\\u20ac", esc).replace('€', esc);
+            let (got_text, want_text) = (with(&lone), with("\\ufffd"));
+            let want = f.parse_final(&want_text, Some(&r));
+            let mut got = f.parse_final(&got_text, Some(&r));
+            // the content is the text as written
+            got.content = got.content.replace(&lone, "\\ufffd");
+            for c in &mut got.tool_calls {
+                assert!(serde_json::from_str::<Value>(&c.arguments).is_ok(), "{c:?}");
+                replaced += c.arguments.matches('\u{FFFD}').count();
+                // an XML parameter's raw text, as written (a JSON string's escaped backslash)
+                c.arguments = c.arguments.replace(&format!("\\{lone}"), "\\\\ufffd");
+            }
+            assert_eq!(got, want, "{f:?} {got_text:?}");
+            test_util::check_partial_prefixes(f, &got_text, Some(&r));
+            calls += got.tool_calls.len();
+        }
+        assert!(calls > 300 && replaced > 40, "{calls} {replaced}");
+    }
+
     const MARKED: [Format; 7] = [
         Format::Hermes,
         Format::Llama3 {

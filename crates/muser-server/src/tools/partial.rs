@@ -7,9 +7,16 @@
 //! the final arguments whatever the model writes next: strings as far as their characters are
 //! known (an escape is held until it is whole), numbers and literals only once they end, and
 //! an object's key once it is whole. A key repeated in an object keeps its first value (the
-//! repeat is read, checked and left out), here and in the final value alike; strings and
-//! numbers are read by serde_json from their own text, containers are built from their
-//! children, so a reading costs time linear in the text.
+//! repeat is read, checked and left out), here and in the final value alike; numbers and
+//! literals are read by serde_json from their own text, strings by `unescape`, containers are
+//! built from their children, so a reading costs time linear in the text.
+//!
+//! A `\u` escape of a lone surrogate (`"\ud800"`: JSON text that the call grammars allow, as
+//! JSON's grammar does, but no Unicode character) reads as U+FFFD, the replacement character,
+//! as Go's and browsers' JSON readers read it: the call is kept, and its arguments stay valid
+//! JSON of valid UTF-8 for every client. (serde_json refuses such a string; llama-server passes
+//! the model's arguments text through with the escape as written.) A leading surrogate is held
+//! until what follows shows whether it is half of a pair.
 
 use serde_json::Value;
 
@@ -81,6 +88,59 @@ struct Reader<'s> {
     broken: bool,
 }
 
+/// The UTF-16 unit that the four hex digits `h` write, if they are four hex digits.
+fn hex_unit(h: &[u8]) -> Option<u32> {
+    if h.len() != 4 || !h.iter().all(u8::is_ascii_hexdigit) {
+        return None;
+    }
+    std::str::from_utf8(h)
+        .ok()
+        .and_then(|h| u32::from_str_radix(h, 16).ok())
+}
+
+const LEAD: std::ops::RangeInclusive<u32> = 0xD800..=0xDBFF;
+const TRAIL: std::ops::RangeInclusive<u32> = 0xDC00..=0xDFFF;
+
+/// The characters of a JSON string's text after its opening quote (its escapes whole and
+/// well formed, as `Reader::string` reads them): a surrogate pair's escapes as the character
+/// they make, a lone surrogate's as U+FFFD. A malformed escape (which `string` never passes)
+/// is read as U+FFFD too, never a panic.
+fn unescape(body: &str) -> String {
+    let mut out = String::with_capacity(body.len());
+    let mut rest = body;
+    while let Some(i) = rest.find('\\') {
+        out.push_str(&rest[..i]);
+        let e = &rest[i + 1..];
+        let (c, n) = match e.as_bytes().first() {
+            Some(b'"') => ('"', 1),
+            Some(b'\\') => ('\\', 1),
+            Some(b'/') => ('/', 1),
+            Some(b'b') => ('\u{8}', 1),
+            Some(b'f') => ('\u{c}', 1),
+            Some(b'n') => ('\n', 1),
+            Some(b'r') => ('\r', 1),
+            Some(b't') => ('\t', 1),
+            Some(b'u') => {
+                let b = e.as_bytes();
+                let unit = |at: usize| b.get(at..at + 4).and_then(hex_unit);
+                match (unit(1), b.get(5..7) == Some(b"\\u"), unit(7)) {
+                    (Some(hi), true, Some(lo)) if LEAD.contains(&hi) && TRAIL.contains(&lo) => {
+                        let c = 0x10000 + ((hi - 0xD800) << 10) + (lo - 0xDC00);
+                        (char::from_u32(c).unwrap_or('\u{FFFD}'), 11)
+                    }
+                    (Some(u), _, _) => (char::from_u32(u).unwrap_or('\u{FFFD}'), 5),
+                    (None, _, _) => ('\u{FFFD}', 1),
+                }
+            }
+            _ => ('\u{FFFD}', 0),
+        };
+        out.push(c);
+        rest = &e[n..];
+    }
+    out.push_str(rest);
+    out
+}
+
 impl<'s> Reader<'s> {
     fn new(s: &'s str, finished: bool) -> Reader<'s> {
         Reader {
@@ -141,16 +201,8 @@ impl<'s> Reader<'s> {
         }
     }
 
-    /// The characters of the unfinished string `s[start..end]` (opening quote included).
-    fn chars(&self, start: usize, end: usize) -> Option<String> {
-        serde_json::from_str::<String>(&format!("{}\"", &self.s[start..end])).ok()
-    }
-
     fn open_string(&mut self, start: usize, end: usize, broken: bool) -> Json {
-        let open = match self.chars(start, end) {
-            Some(t) => Open::Str(t),
-            None => return self.bad(Open::Pending),
-        };
+        let open = Open::Str(unescape(&self.s[start + 1..end]));
         if broken {
             self.bad(open)
         } else {
@@ -160,13 +212,11 @@ impl<'s> Reader<'s> {
 
     fn string(&mut self, start: usize) -> Json {
         let b = self.b;
-        let hex4 = |at: usize| b[at..at + 4].iter().all(u8::is_ascii_hexdigit);
         let mut j = start + 1;
         while j < b.len() {
             match b[j] {
                 b'"' => {
-                    let end = j + 1;
-                    return self.whole(start, end, || Open::Pending);
+                    return Json::Whole(Value::String(unescape(&self.s[start + 1..j])), j + 1);
                 }
                 b'\\' => {
                     let Some(&e) = b.get(j + 1) else {
@@ -178,33 +228,27 @@ impl<'s> Reader<'s> {
                             if j + 6 > b.len() {
                                 return self.open_string(start, j, false);
                             }
-                            if !hex4(j + 2) {
+                            let Some(unit) = hex_unit(&b[j + 2..j + 6]) else {
                                 return self.open_string(start, j, true);
-                            }
-                            let unit = u16::from_str_radix(&self.s[j + 2..j + 6], 16).unwrap_or(0);
-                            if (0xD800..0xDC00).contains(&unit) {
-                                // a leading surrogate: held until its trailing half is read
-                                if j + 12 > b.len() {
-                                    // what is written of the trailing half must begin `\\uXXXX`
-                                    let written = &b[j + 6..];
-                                    let fits = written.iter().zip(b"\\u").all(|(a, b)| a == b)
-                                        && written.iter().skip(2).all(u8::is_ascii_hexdigit);
-                                    return self.open_string(start, j, !fits);
-                                }
-                                if !(b[j + 6] == b'\\' && b[j + 7] == b'u' && hex4(j + 8)) {
-                                    return self.open_string(start, j, true);
-                                }
-                                let low =
-                                    u16::from_str_radix(&self.s[j + 8..j + 12], 16).unwrap_or(0);
-                                if !(0xDC00..0xE000).contains(&low) {
-                                    return self.open_string(start, j, true);
-                                }
-                                j += 12;
-                            } else if (0xDC00..0xE000).contains(&unit) {
-                                return self.open_string(start, j, true);
-                            } else {
+                            };
+                            if !LEAD.contains(&unit) {
                                 j += 6;
+                                continue;
                             }
+                            // a leading surrogate: held while its trailing half may follow
+                            if j + 12 > b.len() {
+                                let written = &b[j + 6..];
+                                let fits = written.iter().zip(b"\\u").all(|(a, b)| a == b)
+                                    && written.iter().skip(2).all(u8::is_ascii_hexdigit);
+                                if fits {
+                                    return self.open_string(start, j, false);
+                                }
+                            }
+                            let pair = j + 12 <= b.len()
+                                && &b[j + 6..j + 8] == b"\\u"
+                                && hex_unit(&b[j + 8..j + 12]).is_some_and(|u| TRAIL.contains(&u));
+                            // (a lone one reads as U+FFFD)
+                            j += if pair { 12 } else { 6 };
                         }
                         _ => return self.open_string(start, j, true),
                     }
@@ -457,6 +501,25 @@ mod tests {
         }
     }
 
+    /// Checks every prefix `p` of `text`, whose value's compact text is `fin`: it reads without
+    /// breaking, its stable text `s` begins `fin` and begins the next prefix's; `each(p, s)`
+    /// checks more. Returns the number of prefixes.
+    fn check_prefixes(text: &str, fin: &str, mut each: impl FnMut(&str, &str)) -> usize {
+        let mut last = String::new();
+        let mut n = 0;
+        for p in prefixes(text) {
+            let r = read(p);
+            assert!(!r.broken, "{p:?}");
+            let s = r.json.stable();
+            assert!(fin.starts_with(&s), "{text:?} at {p:?}: {s:?} vs {fin:?}");
+            assert!(s.starts_with(&last), "{p:?}: {s:?} after {last:?}");
+            each(p, &s);
+            last = s;
+            n += 1;
+        }
+        n
+    }
+
     /// Every prefix of every layout of random values (compact, pretty, Python's spacing and
     /// \u escapes) reads without breaking, gives a stable text that begins the value's compact
     /// text and never shrinks, and the whole text reads as the value itself.
@@ -468,16 +531,7 @@ mod tests {
             let v = random_value(&mut rng, 0);
             let fin = v.to_string();
             for text in layouts(&v) {
-                let mut last = String::new();
-                for p in prefixes(&text) {
-                    let r = read(p);
-                    assert!(!r.broken, "{p:?}");
-                    let s = r.json.stable();
-                    assert!(fin.starts_with(&s), "{text:?} at {p:?}: {s:?} vs {fin:?}");
-                    assert!(s.starts_with(&last), "{p:?}: {s:?} after {last:?}");
-                    last = s;
-                    checked += 1;
-                }
+                checked += check_prefixes(&text, &fin, |_, _| {});
                 // (a number at the very end may go on: one space ends it)
                 let r = read(&format!("{text} ")).json;
                 assert_eq!(r, Json::Whole(v.clone(), text.len()), "{text:?}");
@@ -485,6 +539,55 @@ mod tests {
             }
         }
         assert!(checked > 20_000, "{checked}");
+    }
+
+    /// Strings of random pieces with lone surrogate escapes (a leading or trailing half, with
+    /// other escapes and characters around, pairs among them): every prefix reads without
+    /// breaking, its stable text never shrinks and begins the final text, a leading half is
+    /// held while its trailing half may follow, and the whole reads with U+FFFD for each
+    /// lone half.
+    #[test]
+    fn lone_surrogates_read_as_the_replacement_character() {
+        const PIECES: &[(&str, &str)] = &[
+            ("a", "a"),
+            ("é", "é"),
+            ("\\n", "\n"),
+            ("\\\\", "\\"),
+            ("\\u0041", "A"),
+            ("\\ud83d\\ude00", "😀"),
+            ("\\ud800", "\u{FFFD}"),
+            ("\\uDBFF", "\u{FFFD}"),
+            ("\\udc00", "\u{FFFD}"),
+            ("\\uDFFF", "\u{FFFD}"),
+        ];
+        let mut rng = Rng(0x5EED_DC00);
+        let mut lone = 0;
+        for _ in 0..300 {
+            let (mut body, mut chars) = (String::new(), String::new());
+            let mut after_lead = false;
+            for _ in 0..rng.below(8) {
+                let (text, c) = PIECES[rng.below(PIECES.len())];
+                let trail = text.starts_with("\\udc") || text.starts_with("\\uDF");
+                if after_lead && trail {
+                    continue; // (it would make a pair)
+                }
+                after_lead = text == "\\ud800" || text == "\\uDBFF";
+                lone += usize::from(c == "\u{FFFD}");
+                body.push_str(text);
+                chars.push_str(c);
+            }
+            let text = format!(r#"{{"k": ["{body}", 1]}}"#);
+            let fin = json!({"k": [chars, 1]}).to_string();
+            check_prefixes(&text, &fin, |p, s| {
+                if p.ends_with("\\ud800") || p.ends_with("\\uDBFF") {
+                    // held until what follows shows it lone
+                    let on = read(&format!("{p}x")).json.stable();
+                    assert_eq!(on, format!("{s}\u{FFFD}x"), "{p:?}");
+                }
+            });
+            assert_eq!(whole(&text), Some(json!({"k": [chars, 1]})), "{text}");
+        }
+        assert!(lone > 200, "{lone}");
     }
 
     /// Text that stops being JSON breaks where it stops, keeping what it held before; a
@@ -497,7 +600,6 @@ mod tests {
             (r#"{"a": "x\q"#, r#"{"a":"x"#),
             (r#"{"a": tru "#, r#"{"a":"#),
             (r#"{"a": 01,"#, r#"{"a":"#),
-            (r#"{"a": "\udc00"#, r#"{"a":""#),
             ("{\"a\": \"x\u{1}", r#"{"a":"x"#),
             (r#"{1"#, r#"{"#),
             (r#"x"#, ""),

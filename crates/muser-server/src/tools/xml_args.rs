@@ -541,13 +541,14 @@ pub(super) fn text_without(name: &str, delims: &[&str]) -> String {
 /// itself where only strings are; else JSON where the text is JSON (of an admitted type other
 /// than string, where strings are admitted too: a JSON string literal is text with quotes);
 /// else, with `python`, Python's spellings of an admitted type where no string is; else the
-/// text as a string.
+/// text as a string. The JSON is read as a call's JSON is (`partial::whole`: a repeated key
+/// keeps its first value, a lone surrogate's escape is U+FFFD).
 fn read_value(raw: &str, types: u8, python: bool) -> Value {
     if types == T_STR {
         return Value::String(raw.to_string());
     }
-    match serde_json::from_str::<Value>(raw) {
-        Ok(v) if types & T_STR == 0 || (!v.is_string() && type_of(&v) & types != 0) => v,
+    match super::partial::whole(raw) {
+        Some(v) if types & T_STR == 0 || (!v.is_string() && type_of(&v) & types != 0) => v,
         _ => {
             let py = match raw.trim() {
                 "True" => Some(Value::Bool(true)),
