@@ -9,11 +9,18 @@
 //! `json.dumps`). A template that reads reasoning from content blocks (Ministral 3's) gets a
 //! system or assistant message's `reasoning_content` and text as `thinking` and `text` blocks,
 //! as llama-server gives them.
+//!
+//! Undefined values behave as in llama-server's template engine where jinja2 would refuse
+//! them: an attribute or item of an undefined value is undefined (FireFunction v2's template
+//! reads `functions`, which no request defines), and `+` takes an undefined or null operand
+//! beside a string as "" (`ADD`). Printing, iterating, testing and filtering an undefined
+//! value are as in jinja2 (empty, false, and the filter of an empty value).
 
 use crate::error::ApiError;
 use crate::tools::think::Tags;
+use minijinja::machinery::{self, CompiledTemplate, Instruction, TemplateConfig, Vm};
 use minijinja::value::{Kwargs, ValueKind};
-use minijinja::{Environment, Error, ErrorKind};
+use minijinja::{AutoEscape, Environment, Error, ErrorKind, UndefinedBehavior};
 use serde_json::{Map, Value};
 
 /// Used when the model has no `tokenizer.chat_template`.
@@ -30,6 +37,8 @@ pub const TEMPLATE_FUEL: u64 = 20_000_000;
 
 pub struct ChatTemplate {
     env: Environment<'static>,
+    /// The template's source, compiled for each rendering (`compiled`).
+    source: String,
     bos: String,
     eos: String,
     /// The template reads a tool call's `arguments` as an object (`object_arguments`).
@@ -82,28 +91,52 @@ impl ChatTemplate {
         };
         env.add_filter("length", length);
         env.add_filter("count", length);
-        env.set_trim_blocks(true);
-        env.set_lstrip_blocks(true);
+        env.add_function(ADD, add);
+        // llama-server: an attribute or item of an undefined value is undefined.
+        env.set_undefined_behavior(UndefinedBehavior::Chainable);
         env.set_fuel(Some(TEMPLATE_FUEL));
         // Jinja2 reads "\r\n" and a lone "\r" as "\n" wherever they are in the source.
         let source = source.map_or_else(
             || FALLBACK_TEMPLATE.to_string(),
             |s| without_generation_tags(&s.replace("\r\n", "\n").replace('\r', "\n")),
         );
-        env.add_template_owned("chat", source.clone())
-            .map_err(|e| anyhow::anyhow!("the chat template does not parse: {e:#}"))?;
         let mut t = ChatTemplate {
             env,
+            source,
             bos: bos.to_string(),
             eos: eos.to_string(),
             object_arguments: false,
             null_call_content: false,
             reasoning: None,
         };
+        t.compiled()
+            .map_err(|e| anyhow::anyhow!("the chat template does not parse: {e:#}"))?;
         t.object_arguments = t.object_arguments();
         t.null_call_content = t.null_call_content();
-        t.reasoning = t.reasoning(&source);
+        t.reasoning = t.reasoning(&t.source);
         Ok(t)
+    }
+
+    /// The template compiled (trimming blocks, stripping their leading space, as transformers
+    /// does), each `+` made a call of `ADD`. (minijinja has no hook for an operator: the
+    /// instruction is swapped one for one, so that every jump keeps its target.)
+    fn compiled(&self) -> Result<CompiledTemplate<'_>, Error> {
+        let config = TemplateConfig {
+            syntax_config: Default::default(),
+            ws_config: machinery::WhitespaceConfig {
+                keep_trailing_newline: false,
+                lstrip_blocks: true,
+                trim_blocks: true,
+            },
+            default_auto_escape: std::sync::Arc::new(|_: &str| AutoEscape::None),
+        };
+        let mut c = CompiledTemplate::new("chat", &self.source, &config)?;
+        for i in 0..c.instructions.len() as u32 {
+            if let Some(op @ Instruction::Add) = c.instructions.get_mut(i) {
+                *op = Instruction::CallFunction(ADD, Some(2));
+            }
+        }
+        Ok(c)
     }
 
     /// How the template writes reasoning (None where its source lacks a pair of reasoning
@@ -155,21 +188,25 @@ impl ChatTemplate {
     /// What of its final message a request continues, settled for this template (None: it
     /// continues none): `Auto` continues the reasoning of a message that has reasoning and no
     /// content where the template writes reasoning tags, else the content. Continuing the
-    /// reasoning where the template has no reasoning tags is an error.
+    /// reasoning where the template has no reasoning tags is an error. An empty message
+    /// (`Prefill::empty`) is not continued, as in llama-server.
     pub fn continued(&self, req: &ChatRequest) -> Result<Option<Continue>, ApiError> {
         let Some(p) = &req.prefill else {
             return Ok(None);
         };
         let thinks = self.reasoning.is_some();
+        if p.what == Continue::Reasoning && !thinks {
+            return Err(ApiError::param(
+                "continue_final_message",
+                "continue_final_message \"reasoning_content\": the chat template writes no \
+                 reasoning tags (<think> and </think>, or [THINK] and [/THINK]), so there is no \
+                 reasoning to continue",
+            ));
+        }
+        if p.empty {
+            return Ok(None);
+        }
         Ok(Some(match p.what {
-            Continue::Reasoning if !thinks => {
-                return Err(ApiError::param(
-                    "continue_final_message",
-                    "continue_final_message \"reasoning_content\": the chat template writes no \
-                     reasoning tags (<think> and </think>, or [THINK] and [/THINK]), so there is \
-                     no reasoning to continue",
-                ))
-            }
             Continue::Auto if thinks && !p.reasoning.is_empty() && p.content.is_empty() => {
                 Continue::Reasoning
             }
@@ -235,7 +272,9 @@ impl ChatTemplate {
     /// with the assistant's turn opened (the generation prompt), then the message: where the
     /// template writes reasoning tags, as llama-server writes it, the block of its reasoning
     /// (in place of one the generation prompt opens), left open when the reasoning is
-    /// continued, else closed and followed by the message's text; otherwise the text.
+    /// continued, else closed and followed by the message's text; otherwise the text. An empty
+    /// message (`Prefill::empty`) gets the conversation before it without a generation prompt,
+    /// as llama-server renders it (its prefill adds nothing for a message that has nothing).
     /// (llama-server appends to the rendering *without* a generation prompt what the one with it
     /// adds after their common prefix; where a template writes something else when no
     /// generation prompt is asked, e.g. `{% else %}{{ eos_token }}`, that splices the two
@@ -252,7 +291,12 @@ impl ChatTemplate {
         };
         let continued = self.continued(req)?;
         let before = &req.messages[..req.messages.len() - 1];
-        let mut prompt = self.render_with(before, true, req.tools.as_ref(), &req.kwargs)?;
+        let mut prompt =
+            self.render_with(before, continued.is_some(), req.tools.as_ref(), &req.kwargs)?;
+        if continued.is_none() {
+            // An empty message is not continued: no assistant turn is opened for it.
+            return Ok(prompt);
+        }
         if let Some(r) = &self.reasoning {
             if let Some(at) = r.tags.open_tail(&prompt) {
                 prompt.truncate(at);
@@ -275,9 +319,8 @@ impl ChatTemplate {
         tools: Option<&Value>,
         kwargs: &Map<String, Value>,
     ) -> Result<String, ApiError> {
-        let tmpl = self
-            .env
-            .get_template("chat")
+        let compiled = self
+            .compiled()
             .map_err(|e| ApiError::internal(format!("chat template: {e}")))?;
         let blocks = self.reasoning.as_ref().is_some_and(|r| r.blocks);
         let mut ctx: Vec<(&str, minijinja::Value)> = vec![
@@ -307,7 +350,16 @@ impl ChatTemplate {
             ctx.retain(|(name, _)| name != k);
             ctx.push((k, minijinja::Value::from_serialize(v)));
         }
-        tmpl.render(minijinja::Value::from_iter(ctx))
+        let mut prompt = String::new();
+        Vm::new(&self.env)
+            .eval(
+                &compiled.instructions,
+                minijinja::Value::from_iter(ctx),
+                &compiled.blocks,
+                &mut machinery::make_string_output(&mut prompt),
+                AutoEscape::None,
+            )
+            .map(|_| prompt)
             .map_err(|e| match e.kind() {
                 // The model's template, not the request, is at fault.
                 ErrorKind::OutOfFuel => ApiError::internal(format!(
@@ -414,6 +466,39 @@ fn message_value(msg: &Value, object_arguments: bool, null_call_content: bool) -
         }),
         other => minijinja::Value::from_serialize(other),
     }
+}
+
+/// The function every `+` of a template calls (`ChatTemplate::compiled`).
+const ADD: &str = "__muser_add";
+
+/// `a + b` as llama-server's template engine adds them: an undefined or null operand beside a
+/// string is "" (FireFunction v2's `system_prompt_suffix + "\n" + functions` with no
+/// `functions`), where jinja2 and minijinja refuse the sum; any other sum as minijinja's `+`
+/// (two undefined values, or one beside a number, are still an error, as in llama-server).
+fn add(a: minijinja::Value, b: minijinja::Value) -> Result<minijinja::Value, Error> {
+    let blank = |v: &minijinja::Value| v.is_undefined() || v.is_none();
+    match (a.as_str(), b.as_str()) {
+        (Some(x), Some(y)) => return Ok(minijinja::Value::from([x, y].concat())),
+        (Some(_), None) if blank(&b) => return Ok(a),
+        (None, Some(_)) if blank(&a) => return Ok(b),
+        _ => {}
+    }
+    static ENV: std::sync::OnceLock<Environment<'static>> = std::sync::OnceLock::new();
+    static SUM: std::sync::OnceLock<Option<minijinja::Expression<'static, 'static>>> =
+        std::sync::OnceLock::new();
+    let sum = SUM.get_or_init(|| {
+        let env = ENV.get_or_init(Environment::new);
+        env.compile_expression("a + b").ok()
+    });
+    let sum = sum.as_ref().ok_or_else(|| {
+        Error::new(
+            ErrorKind::InvalidOperation,
+            "minijinja cannot compile `a + b`",
+        )
+    })?;
+    sum.eval(minijinja::context! {a, b})
+        // The sum's own error, which the template's line is added to, not the expression's.
+        .map_err(|e| Error::new(e.kind(), e.detail().unwrap_or("+ failed").to_string()))
 }
 
 /// `datetime.strftime` for the codes chrono shares with C's strftime (%Y %m %d %B %b %A %a %H
@@ -702,7 +787,7 @@ fn without_generation_tags(source: &str) -> String {
 pub enum Continue {
     /// `true`, or llama-server's assistant prefill: the reasoning when the message has
     /// reasoning and no content (no text, no parts; and the template writes reasoning), else
-    /// the content.
+    /// the content; nothing for a message with neither (`Prefill::empty`).
     /// [`ChatTemplate::continued`] settles it as one of the others.
     Auto,
     /// `"content"`: the message's content, after its reasoning block (where the template
@@ -720,6 +805,10 @@ pub struct Prefill {
     pub content: String,
     /// Its `reasoning_content`, "" when it has none.
     pub reasoning: String,
+    /// It holds nothing to continue: no text, no content parts, no reasoning, no `name` and
+    /// no `tool_call_id` (llama-server's empty message). llama-server continues no such
+    /// message: the prompt is the conversation before it, without a generation prompt.
+    pub empty: bool,
 }
 
 /// A chat request's messages and template options.
@@ -931,10 +1020,21 @@ fn prefill(messages: &[Value], raw: Option<&Value>, what: Continue) -> Result<Pr
              content (\"content\" or true)",
         ));
     }
+    let has = |k: &str| {
+        last.get(k)
+            .and_then(Value::as_str)
+            .is_some_and(|s| !s.is_empty())
+    };
+    let empty = content.is_empty()
+        && !matches!(raw_content, Some(Value::Array(parts)) if !parts.is_empty())
+        && reasoning.is_empty()
+        && !has("name")
+        && !has("tool_call_id");
     Ok(Prefill {
         what,
         content,
         reasoning,
+        empty,
     })
 }
 
@@ -1576,11 +1676,6 @@ mod tests {
                         &content,
                     ),
                     (json!({"messages": convo(&a, None)}), &bare),
-                    (
-                        json!({"messages": convo("", None),
-                               "continue_final_message": "reasoning_content"}),
-                        &format!("{head}{open}"),
-                    ),
                 ] {
                     assert_eq!(&go(body.clone()), want, "{file}: {body}");
                     let req = request(body.clone()).unwrap();
@@ -1590,6 +1685,21 @@ mod tests {
                         Continue::Reasoning
                     };
                     assert_eq!(t.continued(&req).unwrap(), Some(within), "{body}");
+                }
+                // An empty message is not continued, however asked: the conversation before
+                // it, no generation prompt.
+                let all = convo("", None);
+                let earlier = &all.as_array().unwrap()[..all.as_array().unwrap().len() - 1];
+                let before = go(json!({"messages": earlier, "add_generation_prompt": false}));
+                assert!(
+                    before.contains(&q) && head.starts_with(&before),
+                    "{file}: {before}"
+                );
+                for what in [json!(true), json!("content"), json!("reasoning_content")] {
+                    let body = json!({"messages": convo("", None),
+                                      "continue_final_message": what});
+                    assert_eq!(go(body.clone()), before, "{file}: {body}");
+                    assert_eq!(t.continued(&request(body).unwrap()).unwrap(), None);
                 }
             }
         }
@@ -1784,6 +1894,92 @@ mod tests {
         // A value that has no length is still an error.
         let t = ChatTemplate::new(Some("{{ 5|length }}"), "", "").unwrap();
         assert!(t.render(&m).is_err());
+    }
+
+    /// Undefined values as llama-server's template engine takes them where jinja2 refuses:
+    /// `+` of an undefined or null value and a string is the string, an attribute or item of an
+    /// undefined value is undefined. Other sums are as before (numbers, lists, strings), and
+    /// those llama-server refuses (undefined beside a number, two undefined values) are errors.
+    /// Random strings and numbers, through `chat_template_kwargs`.
+    #[test]
+    fn undefined_values_add_and_chain_as_in_llama_server() {
+        let mut rng = crate::tools::test_util::Rng(0x7417_0ADD);
+        let go = |src: &str, kwargs: Value| {
+            let t = ChatTemplate::new(Some(src), "", "").unwrap();
+            let body = json!({"messages": [{"role": "user", "content": "hi"}],
+                              "chat_template_kwargs": kwargs});
+            t.render_request(&request(body).unwrap())
+        };
+        for _ in 0..40 {
+            let [a, b] = std::array::from_fn(|_| random_text(&mut rng));
+            let (n, m) = (rng.below(1000) as i64 - 500, rng.below(1000) as i64);
+            let kw = json!({"a": a, "b": b, "n": n, "m": m, "x": null, "l": [n], "k": [m]});
+            for (src, want) in [
+                ("{{ a + nothing + b }}", format!("{a}{b}")),
+                (
+                    "{{ nothing + a }}|{{ a + x }}|{{ x + b }}",
+                    format!("{a}|{a}|{b}"),
+                ),
+                ("{{ a + nothing.deeper.still }}", a.clone()),
+                ("{{ nothing[0].k ~ b }}", b.clone()),
+                (
+                    "{% if nothing.k %}no{% else %}{{ a }}{% endif %}",
+                    a.clone(),
+                ),
+                ("{{ nothing|trim }}{{ b|upper }}", b.to_uppercase()),
+                (
+                    "{{ n + m }} {{ (l + k)|tojson }} {{ a + b }}",
+                    format!("{} [{n}, {m}] {a}{b}", n + m),
+                ),
+                ("{{ n + 0.5 }}", format!("{}", n as f64 + 0.5)),
+            ] {
+                assert_eq!(go(src, kw.clone()).unwrap(), want, "{src} {kw}");
+            }
+            for src in [
+                "{{ nothing + n }}",
+                "{{ n + x }}",
+                "{{ nothing + nothing }}",
+                "{{ a + n }}",
+            ] {
+                let e = go(src, kw.clone()).unwrap_err();
+                assert_eq!(e.status, 400, "{src}");
+                assert!(e.message.contains("chat template"), "{src}: {}", e.message);
+            }
+        }
+        // A template's own refusal stays one, in a sum too.
+        let e = go("{{ 'x' + raise_exception('no tools here') }}", json!({})).unwrap_err();
+        assert!(e.message.contains("no tools here"), "{}", e.message);
+    }
+
+    /// FireFunction v2's template adds `functions`, which no request defines, to its system
+    /// prompt: it renders (as llama-server renders it: the undefined value as ""), with and
+    /// without tools, the date llama-server gives it, and random messages.
+    #[test]
+    fn firefunction_v2_renders_without_functions() {
+        let Some(t) = real("fireworks-ai-llama-3-firefunction-v2.jinja") else {
+            return;
+        };
+        let mut rng = crate::tools::test_util::Rng(0x7417_0F2F);
+        for round in 0..10 {
+            let [s, q] = std::array::from_fn(|_| random_text(&mut rng));
+            let mut req = request(json!({"messages": [{"role": "system", "content": s},
+                                                      {"role": "user", "content": q}]}))
+            .unwrap();
+            req.add_dates(&chrono::Utc::now());
+            if round % 2 == 1 {
+                req.tools = Some(json!([{"type": "function", "function": {"name": "f",
+                    "parameters": {"type": "object", "properties": {}}}}]));
+            }
+            let p = t.render_request(&req).unwrap();
+            let day = req.kwargs["datetime"].as_str().unwrap();
+            let want = format!("Available functions as JSON spec:\n\nToday is {day}.<|eot_id|>");
+            assert!(p.contains(&want), "{p}");
+            assert!(p.contains(&s) && p.contains(&q), "{p}");
+            assert!(
+                p.ends_with("<|start_header_id|>assistant<|end_header_id|>\n\n"),
+                "{p}"
+            );
+        }
     }
 
     #[test]
