@@ -13,8 +13,10 @@
 //! Undefined values behave as in llama-server's template engine where jinja2 would refuse
 //! them: an attribute or item of an undefined value is undefined (FireFunction v2's template
 //! reads `functions`, which no request defines), and `+` takes an undefined or null operand
-//! beside a string as "" (`ADD`). Printing, iterating, testing and filtering an undefined
-//! value are as in jinja2 (empty, false, and the filter of an empty value).
+//! beside a string as "" (`ADD`); its methods and filters that llama-server gives an
+//! undefined value (`nothing.items()`, `nothing.strip()`, `nothing|first`) give an empty value
+//! (`of_undefined`). Printing, iterating and testing an undefined value are as in jinja2
+//! (empty, false).
 
 use crate::error::ApiError;
 use crate::tools::think::Tags;
@@ -71,7 +73,13 @@ impl ChatTemplate {
     /// naming the line.
     pub fn new(source: Option<&str>, bos: &str, eos: &str) -> anyhow::Result<ChatTemplate> {
         let mut env = Environment::new();
-        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.set_unknown_method_callback(|state, value, method, args| {
+            if value.is_undefined() {
+                of_undefined(method).ok_or_else(|| Error::from(ErrorKind::UnknownMethod))
+            } else {
+                minijinja_contrib::pycompat::unknown_method_callback(state, value, method, args)
+            }
+        });
         env.add_function("raise_exception", |msg: String| -> Result<String, Error> {
             Err(Error::new(ErrorKind::InvalidOperation, msg))
         });
@@ -91,6 +99,23 @@ impl ChatTemplate {
         };
         env.add_filter("length", length);
         env.add_filter("count", length);
+        // llama-server's: the items, first and last of an undefined value (minijinja's refuse it).
+        env.add_filter("items", |v: &minijinja::Value| {
+            match of_undefined("items") {
+                Some(empty) if v.is_undefined() => Ok(empty),
+                _ => minijinja::filters::items(v),
+            }
+        });
+        env.add_filter("first", |v: &minijinja::Value| {
+            match of_undefined("first") {
+                Some(empty) if v.is_undefined() => Ok(empty),
+                _ => minijinja::filters::first(v),
+            }
+        });
+        env.add_filter("last", |v: minijinja::Value| match of_undefined("last") {
+            Some(empty) if v.is_undefined() => Ok(empty),
+            _ => minijinja::filters::last(v),
+        });
         env.add_function(ADD, add);
         // llama-server: an attribute or item of an undefined value is undefined.
         env.set_undefined_behavior(UndefinedBehavior::Chainable);
@@ -466,6 +491,23 @@ fn message_value(msg: &Value, object_arguments: bool, null_call_content: bool) -
         }),
         other => minijinja::Value::from_serialize(other),
     }
+}
+
+/// What llama-server's template engine gives for the filter or method `name` of an undefined
+/// value (`nothing.items()`, `nothing.strip()`, `nothing|first`): an empty string, list or
+/// count, or undefined; None for a name it has none for (an error there too).
+fn of_undefined(name: &str) -> Option<minijinja::Value> {
+    Some(match name {
+        "capitalize" | "join" | "lower" | "replace" | "safe" | "string" | "strip" | "title"
+        | "truncate" | "upper" => minijinja::Value::from(""),
+        "items" | "list" | "map" | "reject" | "rejectattr" | "reverse" | "select"
+        | "selectattr" | "sort" | "unique" => {
+            minijinja::Value::from(Vec::<minijinja::Value>::new())
+        }
+        "length" | "sum" | "wordcount" => minijinja::Value::from(0),
+        "first" | "last" | "max" | "min" => minijinja::Value::UNDEFINED,
+        _ => return None,
+    })
 }
 
 /// The function every `+` of a template calls (`ChatTemplate::compiled`).
@@ -1898,7 +1940,8 @@ mod tests {
 
     /// Undefined values as llama-server's template engine takes them where jinja2 refuses:
     /// `+` of an undefined or null value and a string is the string, an attribute or item of an
-    /// undefined value is undefined. Other sums are as before (numbers, lists, strings), and
+    /// undefined value is undefined, its `items()`, `strip()`, `first`... are empty, as
+    /// llama-server's undefined value has them (a method it lacks is an error). Other sums are as before (numbers, lists, strings), and
     /// those llama-server refuses (undefined beside a number, two undefined values) are errors.
     /// Random strings and numbers, through `chat_template_kwargs`.
     #[test]
@@ -1928,6 +1971,17 @@ mod tests {
                 ),
                 ("{{ nothing|trim }}{{ b|upper }}", b.to_uppercase()),
                 (
+                    "{% for k, v in nothing.items() %}x{% endfor %}{{ nothing.strip() }}\
+                     {{ nothing|first }}{{ nothing|last }}{{ nothing|items|length }}\
+                     {{ nothing.upper() ~ a.strip() }}",
+                    format!("0{a}"),
+                ),
+                (
+                    "{{ [n, m]|first }} {{ [n, m]|last }} {{ b|first }}\
+                     {% for k, v in {'z': n}|items %} {{ k }}{{ v }}{% endfor %}",
+                    format!("{n} {m} {} z{n}", &b[..1]),
+                ),
+                (
                     "{{ n + m }} {{ (l + k)|tojson }} {{ a + b }}",
                     format!("{} [{n}, {m}] {a}{b}", n + m),
                 ),
@@ -1936,6 +1990,7 @@ mod tests {
                 assert_eq!(go(src, kw.clone()).unwrap(), want, "{src} {kw}");
             }
             for src in [
+                "{{ nothing.split() }}",
                 "{{ nothing + n }}",
                 "{{ n + x }}",
                 "{{ nothing + nothing }}",
