@@ -364,12 +364,15 @@ fn xml_thinking_family(source: &str) -> bool {
 
 /// The text before and after a continued message's reasoning where llama.cpp fixes it for
 /// the template's family rather than reading it from the template's rendering: the
-/// [`xml_thinking_family`], Nemotron Nano v2 (`<think>\n`, `</think>`), and poolside's Laguna,
-/// whose rendered whitespace llama.cpp trims off the bare tags.
+/// [`xml_thinking_family`], Nemotron Nano v2 (`<think>\n`, `</think>`), poolside's Laguna,
+/// whose rendered whitespace llama.cpp trims off the bare tags, and Cohere's Command A
+/// Reasoning (Cohere2MoE), whose text follows the block in `<|START_TEXT|>`.
 fn fixed_delimiters(source: &str, tags: Tags) -> Option<(String, String)> {
-    use crate::tools::think::THINK;
+    use crate::tools::think::{COHERE, THINK};
     let fixed = |start: &str, end: &str| Some((start.to_string(), end.to_string()));
-    if tags != THINK {
+    if tags == COHERE && source.contains("<|START_TEXT|>") {
+        fixed(COHERE.open, &format!("{}<|START_TEXT|>", COHERE.close))
+    } else if tags != THINK {
         None
     } else if xml_thinking_family(source) {
         fixed("<think>\n", "\n</think>\n\n")
@@ -1504,7 +1507,7 @@ mod tests {
     /// reasoning tags have none.
     #[test]
     fn templates_tell_how_they_write_reasoning() {
-        use crate::tools::think::{BRACKETS, MINIMAX, SEED, THINK};
+        use crate::tools::think::{BRACKETS, COHERE, MINIMAX, SEED, THINK};
         use Carrier::*;
         let xml = THINK.trimming_reasoning();
         let want = [
@@ -1583,6 +1586,20 @@ mod tests {
                 THINK,
                 "<think>",
                 "</think>",
+                Field,
+            ),
+            (
+                "Cohere2MoE.jinja",
+                COHERE,
+                COHERE.open,
+                "<|END_THINKING|><|START_TEXT|>",
+                Field,
+            ),
+            (
+                "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja",
+                COHERE,
+                COHERE.open,
+                COHERE.close,
                 Field,
             ),
         ];

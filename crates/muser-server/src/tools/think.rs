@@ -3,8 +3,8 @@
 //! tool-call format. The tags are the template's ([`Tags::of_template`]): `<think>` /
 //! `</think>` (DeepSeek R1, Qwen 3, QwQ, GLM, Nemotron and the other templates that write
 //! them), `[THINK]` / `[/THINK]` (Ministral 3, whose calls then follow in the `mistral`
-//! format), `<seed:think>` / `</seed:think>` (ByteDance Seed-OSS) or `<mm:think>` /
-//! `</mm:think>` (MiniMax M3).
+//! format), `<seed:think>` / `</seed:think>` (ByteDance Seed-OSS), `<mm:think>` /
+//! `</mm:think>` (MiniMax M3) or `<|START_THINKING|>` / `<|END_THINKING|>` (Cohere).
 //!
 //! The reasoning is the text of a block at the start of the output (after optional
 //! whitespace), or, when the prompt itself ends inside an opened block (a template that writes
@@ -63,8 +63,11 @@ pub const MINIMAX: Tags = Tags {
     ..pair("<mm:think>", "</mm:think>")
 };
 
+/// Cohere's (Command R7B, Command A Reasoning).
+pub const COHERE: Tags = pair("<|START_THINKING|>", "<|END_THINKING|>");
+
 /// Every pair, in the order a template's source is searched for them.
-pub const ALL: [Tags; 4] = [THINK, BRACKETS, SEED, MINIMAX];
+pub const ALL: [Tags; 5] = [THINK, BRACKETS, SEED, MINIMAX, COHERE];
 
 impl Tags {
     /// The tags a chat template writes reasoning in: the first pair of [`ALL`] whose both
@@ -311,11 +314,12 @@ mod tests {
 
     /// Every pair of tags (and `<think>` read as the Qwen3-Coder family reads it), and the word
     /// a tool call of their models opens with.
-    const PAIRS: [(Tags, &str); 5] = [
+    const PAIRS: [(Tags, &str); 6] = [
         (THINK, "<tool_call>"),
         (BRACKETS, "[TOOL_CALLS]"),
         (SEED, "<seed:tool_call>"),
         (MINIMAX, "<tool_call>"),
+        (COHERE, "<|START_ACTION|>"),
         (THINK.trimming_reasoning(), "<tool_call>"),
     ];
 
