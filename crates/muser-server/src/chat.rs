@@ -8,7 +8,7 @@
 //! `raise_exception`, `strftime_now`, and `tojson` as transformers defines it (Python's
 //! `json.dumps`). A template that reads reasoning from content blocks (Ministral 3's) gets a
 //! system or assistant message's `reasoning_content` and text as `thinking` and `text` blocks,
-//! as llama-server gives them.
+//! and one that reads a `thinking` field (LFM2.5's) gets it there, as llama-server gives them.
 
 use crate::error::ApiError;
 use crate::tools::think::Tags;
