@@ -25,6 +25,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import time
 import socket
 import subprocess
@@ -112,6 +113,16 @@ def special_tokens(tmp_path_factory) -> dict[str, str]:
     return {"bos_token": bos, "eos_token": eos}
 
 
+# The reasoning tags Muser knows, and the variables llama-server gives every template to keep
+# past turns' reasoning (its default `preserve_reasoning`, under each name templates read).
+REASONING_TAGS = [("<think>", "</think>"), ("[THINK]", "[/THINK]"),
+                  ("<seed:think>", "</seed:think>"), ("<mm:think>", "</mm:think>"),
+                  ("<|START_THINKING|>", "<|END_THINKING|>")]
+PRESERVED_REASONING = {"preserve_reasoning": True, "preserve_thinking": True,
+                       "clear_thinking": False, "truncate_history_thinking": False,
+                       "drop_thinking": False}
+
+
 def dates() -> dict:
     """The dates llama-server (and Muser) give every template, local time."""
     return {"datetime": time.strftime("%b %d %Y"), "date_string": time.strftime("%d %b %Y")}
@@ -129,8 +140,7 @@ def test_every_shipped_template_renders_as_transformers_does(special_tokens, tmp
         source = path.read_text()
         template = env.from_string(source)
         # llama-server's `enable_thinking`: true for a template that writes reasoning tags.
-        thinks = any(o in source and c in source
-                     for o, c in (("<think>", "</think>"), ("[THINK]", "[/THINK]")))
+        thinks = any(o in source and c in source for o, c in REASONING_TAGS)
         s = ServerProcess("--chat-template-file", str(path))
         try:
             for messages in (WITH_SYSTEM, WITHOUT_SYSTEM):
@@ -138,7 +148,7 @@ def test_every_shipped_template_renders_as_transformers_does(special_tokens, tmp
                     want, got, want_after = render_around(
                         lambda: template.render(messages=messages, add_generation_prompt=True,
                                                 enable_thinking=thinks, **dates(),
-                                                **special_tokens),
+                                                **PRESERVED_REASONING, **special_tokens),
                         lambda: apply(s, messages))
                 except jinja2.exceptions.TemplateError as e:
                     want, why = None, str(e)
@@ -343,7 +353,7 @@ def free_port() -> int:
 def reply(server, body, stream=False):
     """(content, reasoning_content, prompt tokens) of a chat answer, streamed or not."""
     r = requests.post(server.url + "/v1/chat/completions", timeout=60, stream=stream,
-                      json={**body, "stream": stream, "max_tokens": 6, "temperature": 0,
+                      json={"max_tokens": 6, "temperature": 0, **body, "stream": stream,
                             **({"stream_options": {"include_usage": True}} if stream else {})})
     assert r.status_code == 200, r.text
     if not stream:
@@ -373,14 +383,16 @@ def tiny_model(tmp_path) -> Path:
 
 
 @contextlib.contextmanager
-def both_servers(model: Path, template: str):
-    """`muser serve` and llama-server on `model` with llama.cpp's template `template`, and
-    the BOS text Muser's /apply-template prompt starts with where the template writes it
-    (llama-server leaves it out)."""
+def both_servers(model: Path, template: str, ctx: int = 1024):
+    """`muser serve` and llama-server on `model` with llama.cpp's template `template` and `ctx`
+    tokens of context a request, and the BOS text Muser's /apply-template prompt starts with
+    where the template writes it (llama-server leaves it out)."""
     path = Path(SRC, "models", "templates", template)
-    muser = ServerProcess("--chat-template-file", str(path), "--ctx-size", "1024", model=model)
+    muser = ServerProcess("--chat-template-file", str(path), "--ctx-size", str(ctx), model=model)
     try:
-        llama = LlamaServer(model, free_port(), "--chat-template-file", str(path))
+        # Two slots share llama-server's context.
+        llama = LlamaServer(model, free_port(), "--chat-template-file", str(path),
+                            "-c", str(2 * ctx))
     except Exception:
         muser.stop()
         raise
@@ -566,3 +578,201 @@ def test_reasoning_is_continued_as_llama_server_continues_it(tmp_path):
                 assert want[2] == tokens, name
                 assert want[1] and not want[1].startswith(r), (name, want[1])
                 assert not reasoning.startswith(r), (name, reasoning)
+
+
+def reasoning_family_templates() -> list[str]:
+    """llama.cpp's templates that write a pair of reasoning tags of any kind (`<think>`,
+    `<seed:think>`, `<mm:think>`, `[THINK]`, `<|think|>`, `<thinking>`...)."""
+    pairs = re.compile(r"<(\|?)([a-z_]+:)?think(ing)?(\|?)>|\[THINK\]|<\|START_THINKING\|>")
+    return [p.name for p in TEMPLATES if pairs.search(p.read_text())]
+
+
+def family_bodies(rng: random.Random) -> dict[str, dict]:
+    """The conversations each reasoning template is compared on, by name: a new turn, thinking
+    off, reasoning in the history, and a final assistant message continued (its text; its
+    reasoning)."""
+    q, q2, r, a = (random_text(rng) for _ in range(4))
+    user = [{"role": "system", "content": random_text(rng)}, {"role": "user", "content": q}]
+    both = {"role": "assistant", "content": a, "reasoning_content": r}
+    return {
+        "plain": {"messages": user},
+        "thinking off": {"messages": user, "chat_template_kwargs": {"enable_thinking": False}},
+        "history": {"messages": user + [both, {"role": "user", "content": q2}]},
+        "history, thinking off": {"messages": user + [both, {"role": "user", "content": q2}],
+                                  "chat_template_kwargs": {"enable_thinking": False}},
+        "continued text": {"messages": user + [both]},
+        "continued reasoning": {"messages": user + [{**both, "content": ""}]},
+    }
+
+
+def prompt_differences(muser, llama, bos: str, bodies: dict[str, dict]) -> dict[str, tuple]:
+    """The conversations whose /apply-template prompts differ (or that one server refuses):
+    name -> (llama-server's, Muser's)."""
+    out = {}
+    for case, body in bodies.items():
+        want = requests.post(llama.url + "/apply-template", json=body, timeout=60)
+        got = requests.post(muser.url + "/apply-template", json=body, timeout=60)
+        if want.status_code != 200 or got.status_code != 200:
+            if want.status_code != got.status_code:
+                out[case] = (want.text, got.text)
+            continue
+        got = got.json()["prompt"]
+        got = got[len(bos):] if bos and got.startswith(bos) else got
+        if got != want.json()["prompt"]:
+            out[case] = (want.json()["prompt"], got)
+    return out
+
+
+# The templates whose prompts differ from llama-server's (for some of `family_bodies`), with why.
+KNOWN_PROMPT_DIFFERENCES: dict[str, str] = {
+    "Apriel-1.6-15b-Thinker-fixed.jinja":
+        "its reasoning ends at a delimiter ([BEGIN FINAL RESPONSE]) with no opening tag, which "
+        "llama-server continues and Muser does not know",
+    "google-gemma-4-31B-it.jinja":
+        "Gemma 4 thinks in a channel (<|channel>thought ... <channel|>) that Muser does not know: "
+        "it passes enable_thinking false where llama-server passes true",
+    "google-gemma-4-31B-it-interleaved.jinja": "as google-gemma-4-31B-it.jinja",
+    "llama-cpp-rwkv-world.jinja":
+        "llama-server writes the opening tag twice when continuing, once from the generation "
+        "prompt and once as the block's (its own test template; its analysis takes "
+        "'\\n</think>' for the closing tag)",
+    "Kimi-K3.jinja": "reasoning in <|open|>think<|sep|> blocks, which Muser does not know",
+    "tencent-Hy3.jinja":
+        "its tags are built when rendering ('<think{}>'.format(...)), not written in its source, "
+        "so Muser finds none",
+    "openai-gpt-oss-120b.jinja": "reasoning in an analysis channel, which Muser does not split",
+    "muse-glimmer.jinja": "reasoning in a message to=self, which Muser does not split",
+    "Kimi-K2-Instruct.jinja":
+        "llama-server's Kimi K2 handler writes a <think> block when continuing templates that "
+        "write none",
+    "moonshotai-Kimi-K2.jinja": "as Kimi-K2-Instruct.jinja",
+    "LFM2-8B-A1B.jinja":
+        "llama-server's LFM2 handler writes a <think> block when continuing templates that "
+        "write none",
+    "LFM2.5-Instruct.jinja": "as LFM2-8B-A1B.jinja",
+    "unsloth-mistral-Devstral-Small-2507.jinja":
+        "llama-server takes it for Ministral 3 (the same markers): it hands the messages' text "
+        "as content blocks, which this template drops, and writes [THINK] when continuing",
+    "meetkai-functionary-medium-v3.2.jinja":
+        "llama-server's handler continues a message after '>>>all\\n'",
+    "microsoft-Phi-3.5-mini-instruct.jinja":
+        "llama-server appends the generation prompt's tail to the rendering without it, which "
+        "ends in the EOS text here (<|end_of_text|>assistant|>); Muser takes the opened turn "
+        "whole",
+    "google-gemma-2-2b-it.jinja":
+        "refuses a system message; llama-server merges it into the first user message, Muser "
+        "passes on the template's refusal",
+}
+
+
+@pytest.mark.skipif(not (SRC and LLAMA_SERVER and LLAMA_SERVER.exists()),
+                    reason="needs llama.cpp's source (MUSER_GGML_SRC) and llama-server "
+                           "(LLAMA_CPP_BIN)")
+def test_every_template_prompts_as_llama_server_does(tmp_path):
+    """Every template of llama.cpp, on random conversations (`family_bodies`: a new turn,
+    thinking off, reasoning in the history, a final message continued): Muser's prompt is
+    llama-server's, byte for byte, except in the named KNOWN_PROMPT_DIFFERENCES (each of which
+    still differs)."""
+    model = tiny_model(tmp_path)
+    rng = random.Random()
+    found = {}
+    for path in TEMPLATES:
+        with both_servers(model, path.name) as (muser, llama, bos):
+            for _ in range(2):
+                for case, (want, got) in prompt_differences(muser, llama, bos,
+                                                            family_bodies(rng)).items():
+                    found.setdefault(path.name, (case, want, got))
+    report = "\n".join(f"{n} / {c}:\n  llama: {w!r}\n  muser: {g!r}"
+                       for n, (c, w, g) in sorted(found.items()))
+    assert set(found) == set(KNOWN_PROMPT_DIFFERENCES), report
+
+
+def gbnf_literal(text: str) -> str:
+    """`text` as a GBNF string literal."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+def forced_reply(server, messages, text: str, stream: bool = False):
+    """(content, reasoning_content) of a chat answer whose output is `text`, forced by a
+    grammar of that text alone."""
+    body = {"messages": messages, "grammar": "root ::= " + gbnf_literal(text),
+            "max_tokens": 4 * len(text.encode()) + 16, "temperature": 0}
+    content, reasoning, _ = reply(server, body, stream=stream)
+    return content, reasoning
+
+
+def family_outputs(rng: random.Random, tags: tuple[str, str]) -> dict[str, str]:
+    """Outputs a reasoning model may write, by name: a block then a reply (with whitespace
+    around both), the rest of a block the prompt opened, a reply alone, and a reply after a
+    bare closing tag."""
+    open_, close = tags
+    r, a = random_text(rng), random_text(rng)
+    ws = lambda: rng.choice(["", " ", "\n", "\n\n", " \n "])  # noqa: E731
+    return {
+        "block": f"{open_}{ws()}{r}{ws()}{close}{ws()}{a}{ws()}",
+        "opened": f"{ws()}{r}{ws()}{close}{ws()}{a}",
+        "reply": f"{a}{ws()}",
+        "bare close": f"{close}{ws()}{a}",
+    }
+
+
+# The templates whose reasoning llama-server's handler reads from its first non-whitespace
+# character, as Muser does for them (the Qwen3-Coder XML family, MiniCPM5, MiniMax M3); in the
+# others llama-server keeps the whitespace that starts it (with the generation prompt's own
+# after an opening tag), and Muser the output's.
+TRIMMED_REASONING = {"Qwen3.5-4B.jinja", "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.jinja",
+                     "StepFun3.5-Flash.jinja", "openbmb-MiniCPM5-1B.jinja", "MiniMax-M3.jinja"}
+
+# Replies of reasoning templates read otherwise than llama-server reads them, with why.
+KNOWN_READING_DIFFERENCES: dict[str, str] = {
+    "Apriel-1.6-15b-Thinker-fixed.jinja":
+        "llama-server reads the output as reasoning up to [BEGIN FINAL RESPONSE]; Muser does not "
+        "know that delimiter and reads <think> blocks",
+    "llama-cpp-rwkv-world.jinja":
+        "llama-server's analysis takes '\\n</think>' for the closing tag of llama.cpp's own test "
+        "template, and reads a reply after a prompt that opened a block as content",
+    "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja":
+        "llama-server reads Cohere's replies only inside their <|START_RESPONSE|> wrapper (a "
+        "500 for these outputs); Muser splits the reasoning and leaves the reply as written",
+    "Cohere2MoE.jinja": "as Command R7B's, with the <|START_TEXT|> wrapper",
+}
+
+
+def reasoning_tags_of(source: str) -> tuple[str, str]:
+    """The pair of reasoning tags a template writes (`<think>` where it writes none)."""
+    return next((p for p in REASONING_TAGS if all(t in source for t in p)), REASONING_TAGS[0])
+
+
+@pytest.mark.skipif(not (SRC and LLAMA_SERVER and LLAMA_SERVER.exists()),
+                    reason="needs llama.cpp's source (MUSER_GGML_SRC) and llama-server "
+                           "(LLAMA_CPP_BIN)")
+def test_every_reasoning_template_reads_replies_as_llama_server_does(tmp_path):
+    """Every template of llama.cpp that writes reasoning tags: random outputs of a reasoning
+    model (`family_outputs`, in the template's tags), forced by a grammar in both servers, are
+    split into the same reasoning and reply, streamed or not, up to the whitespace that starts
+    them (llama-server keeps whitespace after the closing tag beyond its own, and in most
+    templates the whitespace that starts the reasoning; Muser's reply starts at its first
+    non-whitespace character), except the named KNOWN_READING_DIFFERENCES."""
+    model = tiny_model(tmp_path)
+    rng = random.Random()
+    found = {}
+    user = [{"role": "user", "content": random_text(rng)}]
+    for name in reasoning_family_templates():
+        tags = reasoning_tags_of(Path(SRC, "models", "templates", name).read_text())
+        # Command R7B's own system prompt takes 1,182 of the tiny model's tokens.
+        with both_servers(model, name, ctx=4096) as (muser, llama, _):
+            for case, text in family_outputs(rng, tags).items():
+                try:
+                    want = forced_reply(llama, user, text)
+                except AssertionError as e:  # llama-server refused to read it
+                    want = ("refused", str(e))
+                got = forced_reply(muser, user, text)
+                if case == "block":
+                    assert forced_reply(muser, user, text, stream=True) == got, (name, text)
+                exact = name in TRIMMED_REASONING
+                norm = lambda c, r: (c.lstrip(), r if exact else r.lstrip())  # noqa: E731
+                if norm(*got) != norm(*want):
+                    found.setdefault(name, (case, text, want, got))
+    report = "\n".join(f"{n} / {c}: {t!r}\n  llama: {w!r}\n  muser: {g!r}"
+                       for n, (c, t, w, g) in sorted(found.items()))
+    assert set(found) == set(KNOWN_READING_DIFFERENCES), report

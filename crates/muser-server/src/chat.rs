@@ -8,7 +8,7 @@
 //! `raise_exception`, `strftime_now`, and `tojson` as transformers defines it (Python's
 //! `json.dumps`). A template that reads reasoning from content blocks (Ministral 3's) gets a
 //! system or assistant message's `reasoning_content` and text as `thinking` and `text` blocks,
-//! as llama-server gives them.
+//! and one that reads a `thinking` field (LFM2.5's) gets it there, as llama-server gives them.
 //!
 //! Undefined values behave as in llama-server's template engine where jinja2 would refuse
 //! them: an attribute or item of an undefined value is undefined (FireFunction v2's template
@@ -55,14 +55,25 @@ pub struct ChatTemplate {
 /// How a template writes a message's reasoning: its tags, the text before and after the
 /// reasoning as it renders a message's (`<think>\n`, `\n</think>\n\n` for Qwen 3; the bare
 /// tags where it renders none), which a continued message's block copies, as llama-server's
-/// template analysis finds them; and whether it reads the reasoning from content blocks
-/// (`{"type": "thinking"}`, Ministral 3's) rather than `reasoning_content`.
+/// template analysis finds them; and where it reads a message's reasoning from.
 #[derive(Debug, Clone, PartialEq)]
 struct Reasoning {
     tags: Tags,
     start: String,
     end: String,
-    blocks: bool,
+    carrier: Carrier,
+}
+
+/// Where a template reads a message's reasoning from; the request's `reasoning_content` is
+/// handed to it there, as llama-server hands it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Carrier {
+    /// `reasoning_content`, as the request gives it.
+    Field,
+    /// Content blocks (`{"type": "thinking"}` then `{"type": "text"}`: Ministral 3's).
+    Blocks,
+    /// A `thinking` field (LFM2's).
+    Thinking,
 }
 
 /// A value no template writes by itself, for `object_arguments`' probe.
@@ -165,17 +176,25 @@ impl ChatTemplate {
     }
 
     /// How the template writes reasoning (None where its source lacks a pair of reasoning
-    /// tags): a conversation whose assistant message has a probe reasoning is rendered, with
-    /// the reasoning in `reasoning_content`, else in a `thinking` content block; where the
-    /// probe comes out between the tags (and whitespace), that is how the template writes it.
+    /// tags): a conversation whose assistant message has a probe reasoning is rendered with
+    /// thinking on, with the reasoning in `reasoning_content`, else in a `thinking` content
+    /// block; where the probe comes out between the tags (and whitespace), that is how the
+    /// template writes it, unless llama.cpp fixes the text around the reasoning for the
+    /// template's family ([`fixed_delimiters`]).
     fn reasoning(&self, source: &str) -> Option<Reasoning> {
         let tags = Tags::of_template(source)?;
+        let (fixed, tags) = match fixed_delimiters(source, tags) {
+            Some(f) if xml_thinking_family(source) => (Some(f), tags.trimming_reasoning()),
+            f => (f, tags),
+        };
+        let mut thinking = Map::new();
+        thinking.insert("enable_thinking".into(), Value::Bool(true));
         let around = |assistant: Value| -> Option<(String, String)> {
             let messages = [
                 serde_json::json!({"role": "user", "content": "User message"}),
                 assistant,
             ];
-            let p = self.render_with(&messages, false, None, &Map::new()).ok()?;
+            let p = self.render_with(&messages, false, None, &thinking).ok()?;
             let at = p.find(PROBE_VALUE)?;
             let (before, after) = (&p[..at], &p[at + PROBE_VALUE.len()..]);
             let start = &before[before.trim_end().strip_suffix(tags.open)?.len()..];
@@ -189,19 +208,25 @@ impl ChatTemplate {
         let blocks = serde_json::json!({"role": "assistant", "content": [
             {"type": "thinking", "thinking": PROBE_VALUE},
             {"type": "text", "text": "Assistant message"}]});
-        let (found, blocks) = match around(field) {
-            Some(found) => (Some(found), false),
-            None => match around(blocks) {
-                Some(found) => (Some(found), true),
-                None => (None, false),
-            },
-        };
-        let (start, end) = found.unwrap_or_else(|| (tags.open.to_string(), tags.close.to_string()));
+        let thinking_field = serde_json::json!({"role": "assistant",
+                                                "content": "Assistant message",
+                                                "thinking": PROBE_VALUE});
+        let (found, carrier) = [
+            (field, Carrier::Field),
+            (blocks, Carrier::Blocks),
+            (thinking_field, Carrier::Thinking),
+        ]
+        .into_iter()
+        .find_map(|(message, carrier)| Some((Some(around(message)?), carrier)))
+        .unwrap_or((None, Carrier::Field));
+        let (start, end) = fixed
+            .or(found)
+            .unwrap_or_else(|| (tags.open.to_string(), tags.close.to_string()));
         Some(Reasoning {
             tags,
             start,
             end,
-            blocks,
+            carrier,
         })
     }
 
@@ -224,8 +249,8 @@ impl ChatTemplate {
             return Err(ApiError::param(
                 "continue_final_message",
                 "continue_final_message \"reasoning_content\": the chat template writes no \
-                 reasoning tags (<think> and </think>, or [THINK] and [/THINK]), so there is no \
-                 reasoning to continue",
+                 reasoning tags (<think> and </think>, [THINK] and [/THINK], or its family's \
+                 own), so there is no reasoning to continue",
             ));
         }
         if p.empty {
@@ -347,17 +372,20 @@ impl ChatTemplate {
         let compiled = self
             .compiled()
             .map_err(|e| ApiError::internal(format!("chat template: {e}")))?;
-        let blocks = self.reasoning.as_ref().is_some_and(|r| r.blocks);
+        let carrier = self
+            .reasoning
+            .as_ref()
+            .map_or(Carrier::Field, |r| r.carrier);
         let mut ctx: Vec<(&str, minijinja::Value)> = vec![
             (
                 "messages",
                 messages
                     .iter()
                     .map(|m| {
-                        let m = if blocks {
-                            std::borrow::Cow::Owned(as_blocks(m))
-                        } else {
-                            std::borrow::Cow::Borrowed(m)
+                        let m = match carrier {
+                            Carrier::Field => std::borrow::Cow::Borrowed(m),
+                            Carrier::Blocks => std::borrow::Cow::Owned(as_blocks(m)),
+                            Carrier::Thinking => std::borrow::Cow::Owned(with_thinking(m)),
                         };
                         message_value(&m, self.object_arguments, self.null_call_content)
                     })
@@ -396,6 +424,52 @@ impl ChatTemplate {
     }
 }
 
+/// Whether llama.cpp reads the template's replies with the handler of the Qwen3-Coder XML
+/// family (Qwen 3.5, Nemotron 3 Nano, StepFun 3.5) or MiniCPM5's, which write a continued
+/// message's block as `<think>\n`...`\n</think>\n\n` and skip the whitespace that starts the
+/// reasoning.
+fn xml_thinking_family(source: &str) -> bool {
+    crate::tools::Format::detect(Some(source)) == crate::tools::Format::QwenXml
+        || [
+            "Tool usage guidelines:",
+            "<function name=\"",
+            "<param name=\"",
+        ]
+        .iter()
+        .all(|m| source.contains(m))
+}
+
+/// The text before and after a continued message's reasoning where llama.cpp fixes it for
+/// the template's family rather than reading it from the template's rendering: the
+/// [`xml_thinking_family`], Nemotron Nano v2 (`<think>\n`, `</think>`), poolside's Laguna,
+/// whose rendered whitespace llama.cpp trims off the bare tags, and Cohere's Command A
+/// Reasoning (Cohere2MoE), whose text follows the block in `<|START_TEXT|>`.
+fn fixed_delimiters(source: &str, tags: Tags) -> Option<(String, String)> {
+    use crate::tools::think::{COHERE, THINK};
+    let fixed = |start: &str, end: &str| Some((start.to_string(), end.to_string()));
+    if tags == COHERE && source.contains("<|START_TEXT|>") {
+        fixed(COHERE.open, &format!("{}<|START_TEXT|>", COHERE.close))
+    } else if tags != THINK {
+        None
+    } else if xml_thinking_family(source) {
+        fixed("<think>\n", "\n</think>\n\n")
+    } else if [
+        "<SPECIAL_10>",
+        "<SPECIAL_11>",
+        "<SPECIAL_12>",
+        "<TOOL_RESPONSE>",
+    ]
+    .iter()
+    .all(|m| source.contains(m))
+    {
+        fixed("<think>\n", "</think>")
+    } else if source.contains("laguna_glm_thinking") {
+        fixed(THINK.open, THINK.close)
+    } else {
+        None
+    }
+}
+
 /// A system or assistant message with its reasoning and text as content blocks, for a
 /// template that reads them so (Ministral 3's), as llama-server gives them: a `thinking` block
 /// of its `reasoning_content` where that is not empty, then a `text` block of its content.
@@ -420,6 +494,16 @@ fn as_blocks(msg: &Value) -> Value {
     }
     m.insert("content".into(), Value::Array(content));
     Value::Object(m)
+}
+
+/// A message with its `reasoning_content` (a string) also as `thinking`, for a template that
+/// reads it there (LFM2's), as llama-server gives it.
+fn with_thinking(msg: &Value) -> Value {
+    let mut m = msg.clone();
+    if let Some(r @ Value::String(_)) = msg.get("reasoning_content") {
+        m["thinking"] = r.clone();
+    }
+    m
 }
 
 /// A message as the template sees it, its keys in llama-server's order (what a template
@@ -1556,42 +1640,117 @@ mod tests {
         t.render_request(&request(body)?)
     }
 
-    /// How each real template writes reasoning, as llama-server's analysis finds it: Qwen 3
-    /// with its whitespace, DeepSeek R1 (which renders no reasoning) with the bare tags,
-    /// Ministral 3 with `[THINK]` tags read from content blocks; templates without reasoning
-    /// tags have none.
+    /// How each real template writes reasoning, as llama-server's analysis finds it (or its
+    /// family's handler fixes it): Qwen 3 with its whitespace, DeepSeek R1 (which renders no
+    /// reasoning) with the bare tags, Ministral 3 with `[THINK]` tags read from content blocks,
+    /// LFM2.5 from a `thinking` field, Seed-OSS and MiniMax M3 with their own tags, the
+    /// Qwen3-Coder family (Nemotron 3 Nano) with `<think>\n` and `\n</think>\n\n`, Nemotron
+    /// Nano v2 with `<think>\n` and `</think>`, Laguna with the bare tags; templates without
+    /// reasoning tags have none.
     #[test]
     fn templates_tell_how_they_write_reasoning() {
-        use crate::tools::think::{BRACKETS, THINK};
+        use crate::tools::think::{BRACKETS, COHERE, MINIMAX, SEED, THINK};
+        use Carrier::*;
+        let xml = THINK.trimming_reasoning();
         let want = [
             (
                 "Qwen-Qwen3-0.6B.jinja",
                 THINK,
                 "<think>\n",
                 "\n</think>\n\n",
-                false,
+                Field,
             ),
             (
                 "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja",
                 THINK,
                 "<think>",
                 "</think>",
-                false,
+                Field,
             ),
             (
                 "mistralai-Ministral-3-14B-Reasoning-2512.jinja",
                 BRACKETS,
                 "[THINK]",
                 "[/THINK]",
-                true,
+                Blocks,
+            ),
+            (
+                "LFM2.5-8B-A1B.jinja",
+                THINK,
+                "<think>",
+                "</think>",
+                Thinking,
+            ),
+            (
+                "ByteDance-Seed-OSS.jinja",
+                SEED,
+                "<seed:think>",
+                "</seed:think>\n",
+                Field,
+            ),
+            (
+                "MiniMax-M3.jinja",
+                MINIMAX,
+                "<mm:think>",
+                "</mm:think>",
+                Field,
+            ),
+            (
+                "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.jinja",
+                xml,
+                "<think>\n",
+                "\n</think>\n\n",
+                Field,
+            ),
+            (
+                "Qwen3.5-4B.jinja",
+                xml,
+                "<think>\n",
+                "\n</think>\n\n",
+                Field,
+            ),
+            (
+                "openbmb-MiniCPM5-1B.jinja",
+                xml,
+                "<think>\n",
+                "\n</think>\n\n",
+                Field,
+            ),
+            (
+                "NVIDIA-Nemotron-Nano-v2.jinja",
+                THINK,
+                "<think>\n",
+                "</think>",
+                Field,
+            ),
+            (
+                "poolside-Laguna-XS.2.jinja",
+                THINK,
+                "<think>",
+                "</think>",
+                Field,
+            ),
+            (
+                "Cohere2MoE.jinja",
+                COHERE,
+                COHERE.open,
+                "<|END_THINKING|><|START_TEXT|>",
+                Field,
+            ),
+            (
+                "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja",
+                COHERE,
+                COHERE.open,
+                COHERE.close,
+                Field,
             ),
         ];
-        for (file, tags, start, end, blocks) in want {
+        for (file, tags, start, end, carrier) in want {
             let Some(t) = real(file) else { return };
             let r = t.reasoning.clone().unwrap();
             assert_eq!(
-                (r.tags, r.start.as_str(), r.end.as_str(), r.blocks),
-                (tags, start, end, blocks),
+                (r.tags, r.start.as_str(), r.end.as_str(), r.carrier),
+                (tags, start, end, carrier),
                 "{file}"
             );
         }

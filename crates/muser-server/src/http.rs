@@ -524,8 +524,12 @@ fn chat_request(
 /// The template variables of reasoning, as llama-server sets them: `enable_thinking` true for a
 /// template that writes reasoning tags (where Muser splits the reasoning off) and false for the
 /// others, unless `chat_template_kwargs` sets it; OpenAI's `reasoning_effort` "none" turns it
-/// off, and another effort reaches the template as `reasoning_effort` (gpt-oss's templates read
-/// it).
+/// off, and another effort reaches the template as `reasoning_effort` and `reasoning_strength`
+/// (gpt-oss's and Muse Glimmer's templates read them). `preserve_reasoning` (true unless the
+/// request sets it) keeps the reasoning of past turns in the prompt, as llama-server keeps it
+/// by default, through the variables templates name it by (`preserve_thinking`, and the
+/// negated `clear_thinking` of GLM 4.7, `truncate_history_thinking` of Nemotron 3,
+/// `drop_thinking` of DeepSeek V4), each unless the request sets it.
 fn thinking_variables(
     req: &mut ChatRequest,
     reasons: bool,
@@ -554,6 +558,21 @@ fn thinking_variables(
         Some(effort) => {
             req.kwargs
                 .insert("reasoning_effort".into(), Value::from(effort));
+        }
+    }
+    let effort = req.kwargs.get("reasoning_effort").and_then(Value::as_str);
+    if let Some(effort) = effort.filter(|e| !e.is_empty()).map(str::to_string) {
+        req.add_variable("reasoning_strength", Value::from(effort));
+    }
+    req.add_variable("preserve_reasoning", Value::Bool(true));
+    if let Some(&Value::Bool(keep)) = req.kwargs.get("preserve_reasoning") {
+        req.add_variable("preserve_thinking", Value::Bool(keep));
+        for name in [
+            "clear_thinking",
+            "truncate_history_thinking",
+            "drop_thinking",
+        ] {
+            req.add_variable(name, Value::Bool(!keep));
         }
     }
     Ok(())
@@ -679,6 +698,17 @@ async fn generate(
         let continued = m.template.continued(&req)?;
         let tags = m.template.reasoning_tags().filter(|t| {
             reasoning && !t.prompt_closes(&text) && continued != Some(Continue::Content)
+        });
+        // A message's reasoning goes on as written: whitespace that starts its continuation
+        // is the reasoning's, even where a family skips it at a block's start.
+        let goes_on = continued == Some(Continue::Reasoning)
+            && req
+                .prefill
+                .as_ref()
+                .is_some_and(|p| !p.reasoning.is_empty());
+        let tags = tags.map(|t| think::Tags {
+            trim_reasoning: t.trim_reasoning && !goes_on,
+            ..t
         });
         if let Some(tags) = tags {
             let o = output.get_or_insert_with(|| Output {
@@ -1346,6 +1376,37 @@ mod tests {
             assert_eq!(req.kwargs["enable_thinking"], json!(want), "round {round}");
             let passed = effort.filter(|e| *e != "none").map(Value::from);
             assert_eq!(req.kwargs.get("reasoning_effort").cloned(), passed);
+            assert_eq!(req.kwargs.get("reasoning_strength").cloned(), passed);
+        }
+        // Past reasoning is kept unless the request says otherwise, under each name templates
+        // give it; a name the request sets keeps the request's value.
+        for round in 0..64 {
+            let mut kwargs = Map::new();
+            let keep = [None, Some(true), Some(false)][rng.below(3)];
+            if let Some(k) = keep {
+                kwargs.insert("preserve_reasoning".into(), json!(k));
+            }
+            let own = rng.coin().then(|| rng.coin());
+            if let Some(o) = own {
+                kwargs.insert("clear_thinking".into(), json!(o));
+            }
+            let obj = json!({"messages": [{"role": "user", "content": "hi"}],
+                             "chat_template_kwargs": kwargs});
+            let obj = obj.as_object().unwrap();
+            let mut req = ChatRequest::parse(obj).unwrap();
+            thinking_variables(&mut req, rng.coin(), obj).unwrap();
+            let keep = keep.unwrap_or(true);
+            let k = &req.kwargs;
+            assert_eq!(k["preserve_reasoning"], json!(keep), "round {round}");
+            assert_eq!(k["preserve_thinking"], json!(keep), "round {round}");
+            assert_eq!(
+                k["clear_thinking"],
+                json!(own.unwrap_or(!keep)),
+                "round {round}"
+            );
+            for name in ["truncate_history_thinking", "drop_thinking"] {
+                assert_eq!(k[name], json!(!keep), "round {round}: {name}");
+            }
         }
         for (field, bad) in [
             ("chat_template_kwargs", json!({"enable_thinking": "true"})),

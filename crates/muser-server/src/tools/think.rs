@@ -1,44 +1,79 @@
 //! Reasoning in a block of tags, split from the reply as llama-server's default
 //! `reasoning_format` splits it, into `reasoning_content`, before the reply goes to its
 //! tool-call format. The tags are the template's ([`Tags::of_template`]): `<think>` /
-//! `</think>` (DeepSeek R1, Qwen 3, QwQ and the templates that write them) or `[THINK]` /
-//! `[/THINK]` (Ministral 3, whose calls then follow in the `mistral` format).
+//! `</think>` (DeepSeek R1, Qwen 3, QwQ, GLM, Nemotron and the other templates that write
+//! them), `[THINK]` / `[/THINK]` (Ministral 3, whose calls then follow in the `mistral`
+//! format), `<seed:think>` / `</seed:think>` (ByteDance Seed-OSS), `<mm:think>` /
+//! `</mm:think>` (MiniMax M3) or `<|START_THINKING|>` / `<|END_THINKING|>` (Cohere).
 //!
 //! The reasoning is the text of a block at the start of the output (after optional
 //! whitespace), or, when the prompt itself ends inside an opened block (a template that writes
 //! `<think>` in its generation prompt, a continued reasoning), the output up to the closing
-//! tag. An output whose block never closes is all reasoning. The reply after the block starts
-//! at its first non-whitespace character.
+//! tag; where llama.cpp's handler for the family skips the whitespace that starts it (the
+//! Qwen3-Coder family, MiniCPM5, MiniMax M3: [`Tags::trim_reasoning`]), from its first
+//! non-whitespace character. An output whose block never closes is all reasoning. The reply
+//! after the block starts at its first non-whitespace character; MiniMax M3's reply without
+//! reasoning follows a bare closing tag ([`Tags::bare_close`]), which is not part of it.
+//! (llama-server keeps whitespace after a closing tag beyond what its analysis of the template
+//! puts in the tag, and, where a template's generation prompt has whitespace after an opening
+//! tag, that whitespace in the reasoning; Muser's reply and reasoning start as above.)
 
 use super::LazyStart;
 use muser_jsonschema::gbnf_literal as literal;
 
-/// A pair of reasoning tags. Each is ASCII, and the closing tag's first character occurs in
-/// it only there (what [`Tags::after_block`]'s automata rely on).
+/// A pair of reasoning tags, and how a family reads what is around them. Each tag is ASCII,
+/// and the closing tag's first character occurs in it only there (what [`Tags::after_block`]'s
+/// automata rely on).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Tags {
     pub open: &'static str,
     pub close: &'static str,
+    /// The reasoning starts at its first non-whitespace character (the Qwen3-Coder family's
+    /// handler in llama.cpp skips the whitespace after `<think>`; its other templates keep it).
+    pub trim_reasoning: bool,
+    /// An output that starts with a bare closing tag has no reasoning, and its reply follows
+    /// the tag (MiniMax M3 writes `</mm:think>` before a reply it did not think about).
+    pub bare_close: bool,
+}
+
+/// A pair of tags read as most templates' are.
+const fn pair(open: &'static str, close: &'static str) -> Tags {
+    Tags {
+        open,
+        close,
+        trim_reasoning: false,
+        bare_close: false,
+    }
 }
 
 /// DeepSeek R1's, Qwen 3's, QwQ's.
-pub const THINK: Tags = Tags {
-    open: "<think>",
-    close: "</think>",
-};
+pub const THINK: Tags = pair("<think>", "</think>");
 
 /// Ministral 3's (and Magistral's).
-pub const BRACKETS: Tags = Tags {
-    open: "[THINK]",
-    close: "[/THINK]",
+pub const BRACKETS: Tags = pair("[THINK]", "[/THINK]");
+
+/// ByteDance Seed-OSS's.
+pub const SEED: Tags = pair("<seed:think>", "</seed:think>");
+
+/// MiniMax M3's, whose replies without reasoning start with a bare closing tag (and whose
+/// handler in llama.cpp skips the whitespace that starts the reasoning).
+pub const MINIMAX: Tags = Tags {
+    bare_close: true,
+    trim_reasoning: true,
+    ..pair("<mm:think>", "</mm:think>")
 };
 
+/// Cohere's (Command R7B, Command A Reasoning).
+pub const COHERE: Tags = pair("<|START_THINKING|>", "<|END_THINKING|>");
+
+/// Every pair, in the order a template's source is searched for them.
+pub const ALL: [Tags; 5] = [THINK, BRACKETS, SEED, MINIMAX, COHERE];
+
 impl Tags {
-    /// The tags a chat template writes reasoning in: `<think>` tags where it writes both,
-    /// else `[THINK]` tags where it writes both, else None.
+    /// The tags a chat template writes reasoning in: the first pair of [`ALL`] whose both
+    /// tags its source writes, else None.
     pub fn of_template(template: &str) -> Option<Tags> {
-        [THINK, BRACKETS]
-            .into_iter()
+        ALL.into_iter()
             .find(|t| template.contains(t.open) && template.contains(t.close))
     }
 
@@ -63,8 +98,19 @@ impl Tags {
         (after.is_empty() || after == self.close).then_some(at)
     }
 
+    /// These tags read as the Qwen3-Coder family's handler reads them (`trim_reasoning`).
+    pub const fn trimming_reasoning(self) -> Tags {
+        Tags {
+            trim_reasoning: true,
+            ..self
+        }
+    }
+
     /// A finished output: its reasoning (None when it has no block) and the reply after it.
     pub fn split(self, text: &str, opened: bool) -> (Option<String>, &str) {
+        if let Some(reply) = self.after_bare_close(text, opened) {
+            return (None, reply);
+        }
         let Some(body) = self.body_start(text, opened) else {
             return (None, text);
         };
@@ -84,10 +130,14 @@ impl Tags {
     pub fn split_partial(self, text: &str, opened: bool) -> (Option<String>, Option<&str>) {
         if !opened {
             let t = text.trim_start();
-            if t.len() < self.open.len() && self.open.starts_with(t) {
-                // Nothing yet, or the start of a block: wait.
+            let starts = |tag: &str| t.len() < tag.len() && tag.starts_with(t);
+            if starts(self.open) || self.bare_close && starts(self.close) {
+                // Nothing yet, or the start of a block (or of a bare closing tag): wait.
                 return (None, None);
             }
+        }
+        if let Some(reply) = self.after_bare_close(text, opened) {
+            return (None, Some(reply));
         }
         let Some(body) = self.body_start(text, opened) else {
             return (None, Some(text));
@@ -110,10 +160,26 @@ impl Tags {
     /// Where the reasoning starts: at once when the prompt opened the block, after the opening
     /// tag when the output starts with one (after whitespace), else nowhere.
     fn body_start(self, text: &str, opened: bool) -> Option<&str> {
-        if opened {
-            return Some(text);
+        let body = if opened {
+            text
+        } else {
+            text.trim_start().strip_prefix(self.open)?
+        };
+        Some(if self.trim_reasoning {
+            body.trim_start()
+        } else {
+            body
+        })
+    }
+
+    /// The reply after a bare closing tag that starts an output (after whitespace), where the
+    /// family writes one (`bare_close`) and the prompt did not open a block.
+    fn after_bare_close(self, text: &str, opened: bool) -> Option<&str> {
+        if !self.bare_close || opened {
+            return None;
         }
-        text.trim_start().strip_prefix(self.open)
+        let rest = text.trim_start().strip_prefix(self.close)?;
+        Some(rest.trim_start())
     }
 
     /// The trigger patterns (for `Trigger::Pattern`, tried in order) that find a call's
@@ -246,8 +312,16 @@ mod tests {
     use super::super::test_util::{markup_text, prefixes, Rng};
     use super::*;
 
-    /// Both pairs of tags, and the word a tool call of their models opens with.
-    const PAIRS: [(Tags, &str); 2] = [(THINK, "<tool_call>"), (BRACKETS, "[TOOL_CALLS]")];
+    /// Every pair of tags (and `<think>` read as the Qwen3-Coder family reads it), and the word
+    /// a tool call of their models opens with.
+    const PAIRS: [(Tags, &str); 6] = [
+        (THINK, "<tool_call>"),
+        (BRACKETS, "[TOOL_CALLS]"),
+        (SEED, "<seed:tool_call>"),
+        (MINIMAX, "<tool_call>"),
+        (COHERE, "<|START_ACTION|>"),
+        (THINK.trimming_reasoning(), "<tool_call>"),
+    ];
 
     /// `s` with `<think>` tags written as `t`'s.
     fn with(t: Tags, s: &str) -> String {
@@ -281,7 +355,8 @@ mod tests {
             assert!(t.prompt_opens(&w("<|im_start|>assistant\n<think>\n")));
             assert!(!t.prompt_opens(&w("<think>\n\n</think>\n\n")));
             assert!(t.prompt_closes(&w("<think>\n\n</think>\n\n")));
-            assert_eq!(t.open_tail(&w("A: x</think>y B: <think>\n")), Some(17));
+            let tail = w("A: x</think>y B: ").len();
+            assert_eq!(t.open_tail(&w("A: x</think>y B: <think>\n")), Some(tail));
             assert_eq!(t.open_tail(&w("B: <think>\n\n</think>\n\n")), Some(3));
             assert_eq!(t.open_tail(&w("<think>a</think>b")), None);
             assert_eq!(t.open_tail("B: "), None);
@@ -297,8 +372,9 @@ mod tests {
         );
     }
 
-    /// Each real template of llama.cpp that writes both tags of a pair gets that pair; the
-    /// `<think>` one wins where a template writes both pairs (none does).
+    /// Each real template of llama.cpp that writes both tags of a pair gets that pair (Seed-OSS
+    /// and MiniMax M3 their own); the `<think>` one wins where a template writes two pairs
+    /// (none does).
     #[test]
     fn templates_get_their_tags() {
         assert_eq!(
@@ -322,12 +398,14 @@ mod tests {
             }
         }
         assert_eq!(brackets, ["mistralai-Ministral-3-14B-Reasoning-2512.jinja"]);
-        for file in [
-            "Qwen-Qwen3-0.6B.jinja",
-            "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja",
+        for (file, tags) in [
+            ("Qwen-Qwen3-0.6B.jinja", THINK),
+            ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", THINK),
+            ("ByteDance-Seed-OSS.jinja", SEED),
+            ("MiniMax-M3.jinja", MINIMAX),
         ] {
             let src = super::super::test_util::template(file).unwrap();
-            assert_eq!(Tags::of_template(&src), Some(THINK), "{file}");
+            assert_eq!(Tags::of_template(&src), Some(tags), "{file}");
         }
     }
 
@@ -404,16 +482,29 @@ mod tests {
                 } else {
                     format!("{gap}{}{reasoning}{}{gap}{reply}", t.open, t.close)
                 };
+                let reasoning = match t.trim_reasoning {
+                    true => reasoning.trim_start(),
+                    false => &reasoning,
+                };
                 assert_eq!(
                     t.split(&text, opened),
-                    (Some(reasoning.clone()), reply.as_str()),
+                    (Some(reasoning.to_string()), reply.as_str()),
                     "{text:?}"
                 );
                 let (last_r, last_rest) = t.split_partial(&text, opened);
                 assert_eq!(
                     (last_r.as_deref(), last_rest),
-                    (Some(reasoning.as_str()), Some(reply.as_str()))
+                    (Some(reasoning), Some(reply.as_str()))
                 );
+                // A reply after a bare closing tag: no reasoning where the family writes one
+                // so, else all of it is the reply.
+                let bare = format!("{gap}{}{gap}{reply}", t.close);
+                let want = match t.bare_close {
+                    true => (None, reply.as_str()),
+                    false => (None, bare.as_str()),
+                };
+                assert_eq!(t.split(&bare, false), want, "{t:?} {bare:?}");
+                assert_eq!(t.split_partial(&bare, false), (want.0, Some(want.1)));
             }
         }
     }
@@ -478,7 +569,7 @@ mod trigger_tests {
 
     #[test]
     fn the_text_without_a_close_is_exact() {
-        for t in [THINK, BRACKETS] {
+        for t in ALL {
             let re = fancy_regex::Regex::new(&format!("^(?:{})$", t.without_close())).unwrap();
             let mut rng = super::super::test_util::Rng(0x5EED_7417);
             let mut pieces = pieces_of(t.close);
@@ -500,7 +591,10 @@ mod trigger_tests {
     #[test]
     fn a_call_trigger_waits_for_the_end_of_the_reasoning() {
         let mut rng = super::super::test_util::Rng(0x5EED_7418);
-        for (t, call) in [(THINK, "<tool_call>"), (BRACKETS, "[TOOL_CALLS]")] {
+        for (t, call) in ALL
+            .into_iter()
+            .zip(["<tool_call>", "[TOOL_CALLS]", "<x>", "<tool_call>"])
+        {
             let mut pieces = vec![t.open, t.close, call, "x", " ", "\n", "{", "\"name\""];
             pieces.extend(pieces_of(t.open).into_iter().skip(t.open.len()));
             pieces.extend(pieces_of(t.close).into_iter().skip(t.close.len()));
@@ -560,7 +654,7 @@ mod grammar_tests {
 
     #[test]
     fn a_forced_call_may_follow_a_reasoning_block() {
-        for t in [THINK, BRACKETS] {
+        for t in ALL {
             let w = |s: &str| s.replace("</think>", t.close).replace("<think>", t.open);
             let calls = "root ::= \"<tool_call>\" [a-z]+ \"</tool_call>\"\n";
             let closed = Grammar::parse(&t.block_first(calls, false)).unwrap();
