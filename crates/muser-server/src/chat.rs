@@ -20,7 +20,7 @@
 
 use crate::error::ApiError;
 use crate::tools::think::Tags;
-use minijinja::machinery::{self, CompiledTemplate, Instruction, TemplateConfig, Vm};
+use minijinja::machinery::{self, ast, CompiledTemplate, Instruction, Span, TemplateConfig, Vm};
 use minijinja::value::{Kwargs, ValueKind};
 use minijinja::{AutoEscape, Environment, Error, ErrorKind, UndefinedBehavior};
 use serde_json::{Map, Value};
@@ -167,9 +167,12 @@ impl ChatTemplate {
             default_auto_escape: std::sync::Arc::new(|_: &str| AutoEscape::None),
         };
         let mut c = CompiledTemplate::new("chat", &self.source, &config)?;
-        for i in 0..c.instructions.len() as u32 {
-            if let Some(op @ Instruction::Add) = c.instructions.get_mut(i) {
-                *op = Instruction::CallFunction(ADD, Some(2));
+        // (each `{% block %}`'s instructions are kept apart from the template's)
+        for code in std::iter::once(&mut c.instructions).chain(c.blocks.values_mut()) {
+            for i in 0..code.len() as u32 {
+                if let Some(op @ Instruction::Add) = code.get_mut(i) {
+                    *op = Instruction::CallFunction(ADD, Some(2));
+                }
             }
         }
         Ok(c)
@@ -398,8 +401,9 @@ impl ChatTemplate {
         if let Some(t) = tools {
             ctx.push(("tools", minijinja::Value::from_serialize(t)));
         }
-        // The request's own variables come last and win, as in llama-server.
-        for (k, v) in kwargs {
+        // The request's own variables come last and win, as in llama-server. (One named `ADD`,
+        // which no template can name, would replace `+`.)
+        for (k, v) in kwargs.iter().filter(|(k, _)| *k != ADD) {
             ctx.retain(|(name, _)| name != k);
             ctx.push((k, minijinja::Value::from_serialize(v)));
         }
@@ -594,8 +598,9 @@ fn of_undefined(name: &str) -> Option<minijinja::Value> {
     })
 }
 
-/// The function every `+` of a template calls (`ChatTemplate::compiled`).
-const ADD: &str = "__muser_add";
+/// The function every `+` of a template calls (`ChatTemplate::compiled`): a name that no
+/// template can write, so that none reads or replaces it.
+const ADD: &str = "+";
 
 /// `a + b` as llama-server's template engine adds them: an undefined or null operand beside a
 /// string is "" (FireFunction v2's `system_prompt_suffix + "\n" + functions` with no
@@ -609,6 +614,22 @@ fn add(a: minijinja::Value, b: minijinja::Value) -> Result<minijinja::Value, Err
         (None, Some(_)) if blank(&a) => return Ok(b),
         _ => {}
     }
+    // minijinja's own sum, as its compiler folds `a + b` of constants (an error gives none):
+    // `+` costs about what `-` does, and the template's fuel bounds its time as before.
+    let constant =
+        |value| ast::Expr::Const(ast::Spanned::new(ast::Const { value }, Span::default()));
+    let folded = ast::Expr::BinOp(ast::Spanned::new(
+        ast::BinOp {
+            op: ast::BinOpKind::Add,
+            left: constant(a.clone()),
+            right: constant(b.clone()),
+        },
+        Span::default(),
+    ));
+    if let Some(sum) = folded.as_const() {
+        return Ok(sum);
+    }
+    // The error, with minijinja's words for it.
     static ENV: std::sync::OnceLock<Environment<'static>> = std::sync::OnceLock::new();
     static SUM: std::sync::OnceLock<Option<minijinja::Expression<'static, 'static>>> =
         std::sync::OnceLock::new();
@@ -2163,6 +2184,126 @@ mod tests {
         // A template's own refusal stays one, in a sum too.
         let e = go("{{ 'x' + raise_exception('no tools here') }}", json!({})).unwrap_err();
         assert!(e.message.contains("no tools here"), "{}", e.message);
+    }
+
+    /// A `+` in a `{% block %}` (whose instructions minijinja keeps apart from the template's)
+    /// adds as one outside it does: an undefined or null operand beside a string is "", in
+    /// nested blocks, in a block in a loop, in a macro called from a block. Random strings.
+    #[test]
+    fn plus_in_a_block_adds_as_outside_it() {
+        let mut rng = crate::tools::test_util::Rng(0xB10C_0ADD);
+        let go = |src: &str, kwargs: Value| {
+            let t = ChatTemplate::new(Some(src), "", "").unwrap();
+            let body = json!({"messages": [{"role": "user", "content": "hi"}],
+                              "chat_template_kwargs": kwargs});
+            t.render_request(&request(body).unwrap())
+        };
+        for _ in 0..20 {
+            let [a, b] = std::array::from_fn(|_| random_text(&mut rng));
+            let n = rng.below(1000) as i64 + 1;
+            let kw = json!({"a": a, "b": b, "x": null, "n": n});
+            for (src, want) in [
+                ("{{ a + nothing + b }}", format!("{a}{b}")),
+                (
+                    "{% block m %}{{ a + nothing + b }}{% endblock %}",
+                    format!("{a}{b}"),
+                ),
+                (
+                    "{% block o %}[{% block i %}{{ x + a }}{% endblock %}]{% endblock %}",
+                    format!("[{a}]"),
+                ),
+                (
+                    "{% for k in [1, 2] %}{% block l %}{{ b + nothing.k }}{% endblock %}\
+                     {% endfor %}",
+                    format!("{b}{b}"),
+                ),
+                (
+                    "{% macro m(v) %}{{ v + x }}{% endmacro %}\
+                     {% block c %}{{ m(a) }}{{ n + 1 }}{% endblock %}",
+                    format!("{a}{}", n + 1),
+                ),
+            ] {
+                assert_eq!(go(src, kw.clone()).unwrap(), want, "{src} {kw}");
+            }
+        }
+    }
+
+    /// A request's `chat_template_kwargs` are the template's variables, whatever their names,
+    /// and none replaces `+`: `__muser_add` is a variable like any other, and one named as the
+    /// function `+` calls (`ADD`, a name no template can write, so none can read it) is not
+    /// given to the template (random values).
+    #[test]
+    fn a_request_variable_does_not_replace_plus() {
+        let mut rng = crate::tools::test_util::Rng(0x0ADD_C0DE);
+        let t = ChatTemplate::new(
+            Some("{{ a + b }}|{{ n + m }}|{{ a + nothing }}|{{ __muser_add }}"),
+            "",
+            "",
+        )
+        .unwrap();
+        for _ in 0..20 {
+            let [a, b] = std::array::from_fn(|_| random_text(&mut rng));
+            let (n, m, v) = (
+                rng.below(1000) as i64,
+                rng.below(1000) as i64,
+                rng.below(99),
+            );
+            for name in ["__muser_add", ADD] {
+                let kw = json!({"a": a, "b": b, "n": n, "m": m, name: v});
+                let body = json!({"messages": [{"role": "user", "content": "hi"}],
+                                  "chat_template_kwargs": kw});
+                let got = t.render_request(&request(body).unwrap()).unwrap();
+                let shown = if name == "__muser_add" {
+                    v.to_string()
+                } else {
+                    String::new()
+                };
+                assert_eq!(got, format!("{a}{b}|{}|{a}|{shown}", n + m), "{kw}");
+            }
+        }
+    }
+
+    /// The fuel that bounds a template's run bounds its time as before `+` became a call: a
+    /// runaway loop of sums (numbers, lists, strings, a loop's `if`, whose count is a `+`)
+    /// runs out of fuel in about the time that minijinja's own `+` takes, not several times it.
+    #[test]
+    fn plus_costs_about_what_minijinjas_plus_costs() {
+        const FUEL: u64 = 200_000;
+        let fastest = |run: &dyn Fn() -> String| {
+            (0..5)
+                .map(|_| {
+                    let t0 = std::time::Instant::now();
+                    let e = run();
+                    assert!(e.contains("fuel") || e.contains("instructions"), "{e}");
+                    t0.elapsed()
+                })
+                .min()
+                .unwrap()
+        };
+        for body in [
+            "{% set x = i + j %}",
+            "{% set x = [i] + [j] %}",
+            "{% set x = 'a' ~ i + 'b' %}",
+            "{% for k in [i, j] if k %}{% endfor %}",
+        ] {
+            let src = format!(
+                "{{% for i in range(1000) %}}{{% for j in range(1000) %}}{body}\
+                 {{% endfor %}}{{% endfor %}}"
+            );
+            // (the probes of `new` would run the loop to the end of the usual fuel)
+            let mut t = ChatTemplate::new(Some("x"), "", "").unwrap();
+            t.source = src.clone();
+            t.env.set_fuel(Some(FUEL));
+            let ours = fastest(&|| {
+                let e = t.render(&[json!({"role": "user", "content": "hi"})]);
+                e.unwrap_err().message
+            });
+            let mut env = Environment::new();
+            env.set_fuel(Some(FUEL));
+            let tmpl = env.template_from_str(&src).unwrap();
+            let theirs = fastest(&|| tmpl.render(()).unwrap_err().to_string());
+            assert!(ours < theirs * 3, "{body}: {ours:?} against {theirs:?}");
+        }
     }
 
     /// FireFunction v2's template adds `functions`, which no request defines, to its system
