@@ -221,18 +221,29 @@ impl Tags {
                     })
                     .collect::<Vec<_>>()
                     .join("|");
-                vec![
+                let mut patterns = vec![
                     format!(r"^\s*{open}{body}{close}[\s\S]*?({w})"),
                     format!(r"^\s*({w})"),
                     format!(r"^\s*(?:{partial})({w})"),
-                    format!(r"^\s*(?:{broken})[\s\S]*?({w})"),
-                ]
+                ];
+                if self.bare_close {
+                    patterns.push(format!(r"^\s*{close}[\s\S]*?({w})"));
+                }
+                patterns.push(format!(r"^\s*(?:{broken})[\s\S]*?({w})"));
+                patterns
             }
             LazyStart::ReplyStart(re) if opened => vec![format!(r"^{body}{close}\s*({re})")],
-            LazyStart::ReplyStart(re) => vec![
-                format!(r"^\s*{open}{body}{close}\s*({re})"),
-                format!(r"^\s*({re})"),
-            ],
+            LazyStart::ReplyStart(re) => {
+                let mut patterns = vec![
+                    format!(r"^\s*{open}{body}{close}\s*({re})"),
+                    format!(r"^\s*({re})"),
+                ];
+                if self.bare_close {
+                    // (a reply without reasoning after a bare closing tag)
+                    patterns.push(format!(r"^\s*{close}\s*({re})"));
+                }
+                patterns
+            }
         }
     }
 
@@ -287,6 +298,9 @@ impl Tags {
         let (open, close) = (literal(self.open), literal(self.close));
         let block = if opened {
             format!("{p}-text {close} {p}-ws")
+        } else if self.bare_close {
+            // (or a bare closing tag, before a reply without reasoning)
+            format!("( [ \\t\\n]{{0,4}} ( {open} {p}-text {close} | {close} ) {p}-ws )?")
         } else {
             format!("( [ \\t\\n]{{0,4}} {open} {p}-text {close} {p}-ws )?")
         };
@@ -544,6 +558,9 @@ mod trigger_tests {
             text.find(t.close)? + t.close.len()
         } else if t.open.starts_with(&text[lead..]) {
             return None;
+        } else if t.bare_close && text[lead..].starts_with(t.close) {
+            // (a bare closing tag before a reply without reasoning)
+            lead + t.close.len()
         } else {
             0
         };
@@ -591,9 +608,9 @@ mod trigger_tests {
     #[test]
     fn a_call_trigger_waits_for_the_end_of_the_reasoning() {
         let mut rng = super::super::test_util::Rng(0x5EED_7418);
-        for (t, call) in ALL
-            .into_iter()
-            .zip(["<tool_call>", "[TOOL_CALLS]", "<x>", "<tool_call>"])
+        for (t, call) in
+            ALL.into_iter()
+                .zip(["<tool_call>", "[TOOL_CALLS]", "<x>", "<tool_call>", "<|x|>"])
         {
             let mut pieces = vec![t.open, t.close, call, "x", " ", "\n", "{", "\"name\""];
             pieces.extend(pieces_of(t.open).into_iter().skip(t.open.len()));
@@ -644,6 +661,14 @@ mod trigger_tests {
         );
         assert_eq!(at(&mistral, "[THINK]a [TOOL_CALLS] b"), None);
         assert_eq!(at(&mistral, "Hi[TOOL_CALLS]"), Some(2));
+        // MiniMax M3's reply without reasoning, after a bare closing tag.
+        let json = MINIMAX.after_block(LazyStart::ReplyStart(r"\{"), false);
+        assert_eq!(at(&json, "</mm:think>\n{"), Some(12));
+        assert_eq!(at(&json, " </mm:think>{"), Some(12));
+        assert_eq!(at(&json, "</mm:think>a{"), None);
+        assert_eq!(at(&json, "</mm:think></mm:think>{"), None);
+        let json = THINK.after_block(LazyStart::ReplyStart(r"\{"), false);
+        assert_eq!(at(&json, "</think>{"), None);
     }
 }
 
@@ -687,6 +712,15 @@ mod grammar_tests {
             let g = Grammar::parse(&g).unwrap_or_else(|e| panic!("{e:?}\n{g}"));
             assert!(g.accepts_str(&w("x y</think>\nabc")));
             assert!(!g.accepts_str(&w("x y</think>\na")));
+            // A bare closing tag before the calls, where the family writes one (MiniMax M3
+            // without reasoning, as llama.cpp's grammar for it takes), and only there.
+            for text in [
+                "</think><tool_call>f</tool_call>",
+                " </think>\n<tool_call>f</tool_call>",
+            ] {
+                assert_eq!(closed.accepts_str(&w(text)), t.bare_close, "{t:?} {text:?}");
+            }
+            assert!(!closed.accepts_str(&w("</think></think><tool_call>f</tool_call>")));
         }
     }
 }
