@@ -555,14 +555,17 @@ fn thinking_variables(
                 .insert("enable_thinking".into(), Value::Bool(false));
             req.kwargs.remove("reasoning_effort");
         }
+        // (an empty effort sets nothing, as in llama-server)
+        Some("") => {}
         Some(effort) => {
             req.kwargs
                 .insert("reasoning_effort".into(), Value::from(effort));
         }
     }
-    let effort = req.kwargs.get("reasoning_effort").and_then(Value::as_str);
-    if let Some(effort) = effort.filter(|e| !e.is_empty()).map(str::to_string) {
-        req.add_variable("reasoning_strength", Value::from(effort));
+    // Any string effort, even an empty one the template's variables give (llama.cpp's
+    // test of it, `json::empty`, is false for every string).
+    if let Some(effort @ Value::String(_)) = req.kwargs.get("reasoning_effort") {
+        req.add_variable("reasoning_strength", effort.clone());
     }
     req.add_variable("preserve_reasoning", Value::Bool(true));
     if let Some(&Value::Bool(keep)) = req.kwargs.get("preserve_reasoning") {
@@ -1377,6 +1380,35 @@ mod tests {
             let passed = effort.filter(|e| *e != "none").map(Value::from);
             assert_eq!(req.kwargs.get("reasoning_effort").cloned(), passed);
             assert_eq!(req.kwargs.get("reasoning_strength").cloned(), passed);
+        }
+        // An empty effort: OpenAI's field leaves the template's (a chat_template_kwargs one)
+        // as it is, as llama-server does; the template's own, empty, is passed on as
+        // `reasoning_strength` too, as llama-server passes any string effort.
+        for round in 0..64 {
+            let own = [None, Some(""), Some("medium")][rng.below(3)];
+            let top = [None, Some(""), Some("low")][rng.below(3)];
+            let mut obj = json!({"messages": [{"role": "user", "content": "hi"}]});
+            if let Some(o) = own {
+                obj["chat_template_kwargs"] = json!({"reasoning_effort": o});
+            }
+            if let Some(t) = top {
+                obj["reasoning_effort"] = json!(t);
+            }
+            let obj = obj.as_object().unwrap();
+            let mut req = ChatRequest::parse(obj).unwrap();
+            thinking_variables(&mut req, rng.coin(), obj).unwrap();
+            let want = top.filter(|t| !t.is_empty()).or(own).map(Value::from);
+            let k = &req.kwargs;
+            assert_eq!(
+                k.get("reasoning_effort"),
+                want.as_ref(),
+                "round {round} {obj:?}"
+            );
+            assert_eq!(
+                k.get("reasoning_strength"),
+                want.as_ref(),
+                "round {round} {obj:?}"
+            );
         }
         // Past reasoning is kept unless the request says otherwise, under each name templates
         // give it; a name the request sets keeps the request's value.
