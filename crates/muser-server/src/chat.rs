@@ -2118,21 +2118,25 @@ mod tests {
         assert!(t.render(&m).is_err());
     }
 
+    /// `src` rendered for a one-message request with `kwargs` as its `chat_template_kwargs`.
+    fn render_with_kwargs(src: &str, kwargs: Value) -> Result<String, ApiError> {
+        let t = ChatTemplate::new(Some(src), "", "").unwrap();
+        let body = json!({"messages": [{"role": "user", "content": "hi"}],
+                          "chat_template_kwargs": kwargs});
+        t.render_request(&request(body).unwrap())
+    }
+
     /// Undefined values as llama-server's template engine takes them where jinja2 refuses:
     /// `+` of an undefined or null value and a string is the string, an attribute or item of an
     /// undefined value is undefined, its `items()`, `strip()`, `first`... are empty, as
-    /// llama-server's undefined value has them (a method it lacks is an error). Other sums are as before (numbers, lists, strings), and
-    /// those llama-server refuses (undefined beside a number, two undefined values) are errors.
+    /// llama-server's undefined value has them (a method it lacks is an error). Other sums are
+    /// as before (numbers, lists, strings), and those llama-server refuses (undefined beside a
+    /// number, two undefined values) are errors.
     /// Random strings and numbers, through `chat_template_kwargs`.
     #[test]
     fn undefined_values_add_and_chain_as_in_llama_server() {
         let mut rng = crate::tools::test_util::Rng(0x7417_0ADD);
-        let go = |src: &str, kwargs: Value| {
-            let t = ChatTemplate::new(Some(src), "", "").unwrap();
-            let body = json!({"messages": [{"role": "user", "content": "hi"}],
-                              "chat_template_kwargs": kwargs});
-            t.render_request(&request(body).unwrap())
-        };
+        let go = render_with_kwargs;
         for _ in 0..40 {
             let [a, b] = std::array::from_fn(|_| random_text(&mut rng));
             let (n, m) = (rng.below(1000) as i64 - 500, rng.below(1000) as i64);
@@ -2192,12 +2196,7 @@ mod tests {
     #[test]
     fn plus_in_a_block_adds_as_outside_it() {
         let mut rng = crate::tools::test_util::Rng(0xB10C_0ADD);
-        let go = |src: &str, kwargs: Value| {
-            let t = ChatTemplate::new(Some(src), "", "").unwrap();
-            let body = json!({"messages": [{"role": "user", "content": "hi"}],
-                              "chat_template_kwargs": kwargs});
-            t.render_request(&request(body).unwrap())
-        };
+        let go = render_with_kwargs;
         for _ in 0..20 {
             let [a, b] = std::array::from_fn(|_| random_text(&mut rng));
             let n = rng.below(1000) as i64 + 1;
