@@ -39,8 +39,8 @@ pub const TEMPLATE_FUEL: u64 = 20_000_000;
 
 pub struct ChatTemplate {
     env: Environment<'static>,
-    /// The template's source, compiled for each rendering (`compiled`).
-    source: String,
+    /// The template's source and its compiled form (`compile`), made once at load.
+    compiled: Compiled,
     bos: String,
     eos: String,
     /// The template reads a tool call's `arguments` as an object (`object_arguments`).
@@ -138,44 +138,18 @@ impl ChatTemplate {
         );
         let mut t = ChatTemplate {
             env,
-            source,
+            compiled: Compiled::try_new(source, |src| compile(src))
+                .map_err(|e| anyhow::anyhow!("the chat template does not parse: {e:#}"))?,
             bos: bos.to_string(),
             eos: eos.to_string(),
             object_arguments: false,
             null_call_content: false,
             reasoning: None,
         };
-        t.compiled()
-            .map_err(|e| anyhow::anyhow!("the chat template does not parse: {e:#}"))?;
         t.object_arguments = t.object_arguments();
         t.null_call_content = t.null_call_content();
-        t.reasoning = t.reasoning(&t.source);
+        t.reasoning = t.reasoning(t.compiled.borrow_owner());
         Ok(t)
-    }
-
-    /// The template compiled (trimming blocks, stripping their leading space, as transformers
-    /// does), each `+` made a call of `ADD`. (minijinja has no hook for an operator: the
-    /// instruction is swapped one for one, so that every jump keeps its target.)
-    fn compiled(&self) -> Result<CompiledTemplate<'_>, Error> {
-        let config = TemplateConfig {
-            syntax_config: Default::default(),
-            ws_config: machinery::WhitespaceConfig {
-                keep_trailing_newline: false,
-                lstrip_blocks: true,
-                trim_blocks: true,
-            },
-            default_auto_escape: std::sync::Arc::new(|_: &str| AutoEscape::None),
-        };
-        let mut c = CompiledTemplate::new("chat", &self.source, &config)?;
-        // (each `{% block %}`'s instructions are kept apart from the template's)
-        for code in std::iter::once(&mut c.instructions).chain(c.blocks.values_mut()) {
-            for i in 0..code.len() as u32 {
-                if let Some(op @ Instruction::Add) = code.get_mut(i) {
-                    *op = Instruction::CallFunction(ADD, Some(2));
-                }
-            }
-        }
-        Ok(c)
     }
 
     /// How the template writes reasoning (None where its source lacks a pair of reasoning
@@ -372,9 +346,7 @@ impl ChatTemplate {
         tools: Option<&Value>,
         kwargs: &Map<String, Value>,
     ) -> Result<String, ApiError> {
-        let compiled = self
-            .compiled()
-            .map_err(|e| ApiError::internal(format!("chat template: {e}")))?;
+        let compiled = self.compiled.borrow_dependent();
         let carrier = self
             .reasoning
             .as_ref()
@@ -598,7 +570,41 @@ fn of_undefined(name: &str) -> Option<minijinja::Value> {
     })
 }
 
-/// The function every `+` of a template calls (`ChatTemplate::compiled`): a name that no
+self_cell::self_cell!(
+    /// A template's source and its compiled instructions, which borrow from it.
+    struct Compiled {
+        owner: String,
+        #[covariant]
+        dependent: CompiledTemplate,
+    }
+);
+
+/// The template compiled (trimming blocks, stripping their leading space, as transformers
+/// does), each `+` made a call of `ADD`. (minijinja has no hook for an operator: the
+/// instruction is swapped one for one, so that every jump keeps its target.)
+fn compile(source: &str) -> Result<CompiledTemplate<'_>, Error> {
+    let config = TemplateConfig {
+        syntax_config: Default::default(),
+        ws_config: machinery::WhitespaceConfig {
+            keep_trailing_newline: false,
+            lstrip_blocks: true,
+            trim_blocks: true,
+        },
+        default_auto_escape: std::sync::Arc::new(|_: &str| AutoEscape::None),
+    };
+    let mut c = CompiledTemplate::new("chat", source, &config)?;
+    // (each `{% block %}`'s instructions are kept apart from the template's)
+    for code in std::iter::once(&mut c.instructions).chain(c.blocks.values_mut()) {
+        for i in 0..code.len() as u32 {
+            if let Some(op @ Instruction::Add) = code.get_mut(i) {
+                *op = Instruction::CallFunction(ADD, Some(2));
+            }
+        }
+    }
+    Ok(c)
+}
+
+/// The function every `+` of a template calls (`compile`): a name that no
 /// template can write, so that none reads or replaces it.
 const ADD: &str = "+";
 
