@@ -768,6 +768,13 @@ async fn generate(
     gen.grammar = constrain::build(spec, &m).await?;
     let max_tokens = fit_context(prompt.len(), gen.max_tokens, m.n_ctx)?;
 
+    // llama-server's `verbose`: the answer also carries `__verbose`, what its own /completion
+    // answers for the same generation (the raw generated text in `content`, the prompt, the
+    // settings ...).
+    let verbose = f
+        .boolean("verbose")?
+        .unwrap_or(false)
+        .then(|| NativeReply::new(m.clone(), native::Native::default(), &gen, &prompt));
     let reply = Reply {
         id: format!(
             "{}-{:016x}",
@@ -783,6 +790,7 @@ async fn generate(
         include_usage: gen.include_usage,
         info: m.clone(),
         output,
+        verbose,
     };
     let stream = gen.stream;
     let rx = sh.run(prompt, gen, max_tokens)?;
@@ -804,6 +812,8 @@ struct Reply {
     info: Arc<ModelInfo>,
     /// A chat answer read back through its format (tool calls, reasoning); None: plain text.
     output: Option<Output>,
+    /// `verbose`: how to write the `__verbose` object of an answer that does not stream.
+    verbose: Option<NativeReply>,
 }
 
 /// How a chat answer's text is read: its format, the request's tools, the seed of the ids its
@@ -1117,8 +1127,15 @@ impl Reply {
         v
     }
 
-    /// The whole answer.
-    fn complete(&self, text: String, lps: &[Logprob], offsets: &[usize], f: &Finish) -> Value {
+    /// The whole answer (`ids`: the generated tokens).
+    fn complete(
+        &self,
+        text: String,
+        ids: &[u32],
+        lps: &[Logprob],
+        offsets: &[usize],
+        f: &Finish,
+    ) -> Value {
         let mut choice = json!({
             "index": 0,
             "logprobs": self.logprobs(lps, offsets),
@@ -1150,28 +1167,33 @@ impl Reply {
         let mut v = self.envelope(false, json!([choice]));
         v["usage"] = usage(f);
         v["timings"] = timings(f);
+        if let Some(n) = &self.verbose {
+            v["__verbose"] = n.last(&text, text.contains('\n'), ids, lps, f, false);
+        }
         v
     }
 }
 
 async fn collect(reply: Reply, mut rx: UnboundedReceiver<Event>) -> Result<Value, ApiError> {
     let mut text = String::new();
-    let mut lps = Vec::new();
+    let (mut ids, mut lps) = (Vec::new(), Vec::new());
     while let Some(ev) = rx.recv().await {
         match ev {
             Event::Token {
+                id,
                 text: t,
                 logprob,
                 offset,
                 ..
             } => {
+                ids.extend(id);
                 lps.extend(logprob.map(|l| (l, offset)));
                 text.push_str(&t);
             }
             Event::Done(f) => {
                 let offsets: Vec<usize> = lps.iter().map(|&(_, o)| o).collect();
                 let lps = crate::scheduler::before_stop(lps, &text, &f);
-                return Ok(reply.complete(text, &lps, &offsets[..lps.len()], &f));
+                return Ok(reply.complete(text, &ids, &lps, &offsets[..lps.len()], &f));
             }
             Event::Error(e) => return Err(e),
         }

@@ -19,6 +19,7 @@ use std::sync::Arc;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 /// What a /completion request asks of the answer beyond the generation itself.
+#[derive(Default)]
 pub struct Native {
     /// `return_tokens`: the generated ids in `tokens`.
     pub return_tokens: bool,
@@ -292,7 +293,7 @@ impl NativeReply {
 
     /// The whole answer (streamed: its last event, whose content is empty; `new_line`: whether
     /// the generated text holds a newline, streamed or not).
-    fn last(
+    pub(crate) fn last(
         &self,
         content: &str,
         new_line: bool,

@@ -40,8 +40,10 @@ pub(super) fn plan(req: &ToolRequest) -> Result<Option<Plan>, String> {
     } else {
         gbnf.push_str(&format!("root ::= {block}\n"));
     }
+    // The block as the templates write it: a line break after the opening tag and before the
+    // closing one (llama.cpp reads no call from `<tool_call>{`).
     gbnf.push_str(&format!(
-        "{block} ::= \"{OPEN}\" ws {call} ws \"{CLOSE}\"\n"
+        "{block} ::= \"{OPEN}\\n\" {call} \"\\n{CLOSE}\"\n"
     ));
     if !taken.contains("ws") {
         gbnf.push_str(&format!("ws ::= {WS_BODY}\n"));
@@ -253,7 +255,7 @@ mod tests {
         );
         assert_eq!(p.gbnf.matches("\nroot ::=").count(), 0, "{}", p.gbnf);
         let g = Grammar::parse(&p.gbnf).unwrap();
-        let ok = r#"<tool_call>{"name": "tree", "arguments": {"label": "root", "kids": [{"label": "root"}, {"label": "root", "kids": []}]}}</tool_call>"#;
+        let ok = "<tool_call>\n{\"name\": \"tree\", \"arguments\": {\"label\": \"root\", \"kids\": [{\"label\": \"root\"}, {\"label\": \"root\", \"kids\": []}]}}\n</tool_call>";
         assert!(g.accepts_str(ok), "{}", p.gbnf);
         let bad = ok.replace(r#"{"label": "root"},"#, r#"{"label": "leaf"},"#);
         assert_ne!(bad, ok);

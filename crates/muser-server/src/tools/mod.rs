@@ -2103,6 +2103,40 @@ mod tests {
     /// may: `test_util::mutate` with the formats' markup), with and without tools asked for:
     /// reading on from what the readings before settled gives exactly what reading the whole
     /// text again gives, at every prefix and at the ends of random pieces.
+    /// A number in a call's arguments keeps the value the model wrote: the double nearest to
+    /// its decimal text (what a client's JSON reader makes of the same text), whatever its
+    /// digits and exponent.
+    #[test]
+    fn argument_numbers_are_read_correctly_rounded() {
+        let mut rng = test_util::Rng(0x5eed_f10a7);
+        for _ in 0..2000 {
+            let digits = |rng: &mut test_util::Rng, n: usize| -> String {
+                (0..n)
+                    .map(|_| char::from(b'0' + rng.below(10) as u8))
+                    .collect()
+            };
+            let (lead, n) = (1 + rng.below(9), rng.below(24));
+            let mut num = format!("{lead}{}", digits(&mut rng, n));
+            if rng.coin() {
+                let n = 1 + rng.below(20);
+                num = format!("{num}.{}", digits(&mut rng, n));
+            }
+            if rng.coin() {
+                let e = rng.below(560) as i64 - 280;
+                num = format!("{num}e{e}");
+            }
+            let text = format!(
+                "<tool_call>\n{{\"name\": \"f\", \"arguments\": {{\"a\": {num}}}}}\n</tool_call>"
+            );
+            let p = Format::Hermes.parse(&text, Some(&test_util::f_req(false)));
+            assert_eq!(p.tool_calls.len(), 1, "{text}");
+            let args: Value = serde_json::from_str(&p.tool_calls[0].arguments).unwrap();
+            let want: f64 = num.parse().unwrap();
+            let got = args["a"].as_f64().unwrap();
+            assert_eq!(got.to_bits(), want.to_bits(), "{num}: {got} != {want}");
+        }
+    }
+
     #[test]
     fn reading_on_equals_reading_all_again() {
         let pieces = [

@@ -1,0 +1,134 @@
+"""Muser's answers read as llama.cpp reads them. For every chat template llama.cpp ships
+(models/templates under $MUSER_GGML_SRC) whose tool-call format Muser knows (all but `generic`,
+whose JSON reply is Muser's own), `muser serve` answers chat requests with tools on a tiny random
+model: `tool_choice` required, a named function or auto, parallel calls or not, random seeds. Its
+grammar makes the model write calls in the template's format, and `verbose` gives the raw text
+(`__verbose.content`, as llama-server gives it). llama.cpp's own chat parser
+(tests/python/llamacpp_chat.cpp, compiled against libllama-common) then reads that text for the
+same request, and both readings must agree: the same calls in the same order (names, and
+arguments as JSON values), the same content and the same reasoning, up to whitespace at their
+ends (llama.cpp's handlers differ among themselves in what they trim).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+from pathlib import Path
+
+import pytest
+import requests
+
+from libllama_harness import REPO
+from test_chat_templates import SRC, TEMPLATES, tiny_model
+from test_server import ServerProcess
+from test_tool_calls import ADD, PING, WEATHER
+
+HARNESS = Path(__file__).with_name("llamacpp_chat.cpp")
+
+# Templates whose readings may differ from llama.cpp's, with why (answers are random: a
+# template named here need not differ in every run).
+KNOWN_DIFFERENCES: dict[str, str] = {
+    "meta-llama-Llama-3.1-8B-Instruct.jinja":
+        "llama.cpp reads the call after <|python_tag|> and leaves the tag itself in the content",
+    "meta-llama-Llama-3.3-70B-Instruct.jinja": "as meta-llama-Llama-3.1-8B-Instruct.jinja",
+    "unsloth-Apriel-1.5.jinja":
+        "its calls are a JSON list in <tool_calls> tags; Muser takes it for Hermes (it also "
+        "writes <tool_call>), and llama.cpp reads no Hermes block",
+}
+
+
+@pytest.fixture(scope="module")
+def llamacpp_chat(tmp_path_factory) -> Path:
+    """The oracle, compiled against llama.cpp's common library."""
+    lib = os.environ.get("LLAMA_CPP_BIN")
+    if not (SRC and lib):
+        pytest.skip("needs llama.cpp's source (MUSER_GGML_SRC) and its libraries (LLAMA_CPP_BIN)")
+    exe = tmp_path_factory.mktemp("llamacpp") / "llamacpp_chat"
+    src = Path(SRC)
+    r = subprocess.run(
+        ["g++", "-O1", "-std=c++17", f"-I{src / 'common'}", f"-I{src / 'include'}",
+         f"-I{src / 'ggml' / 'include'}", f"-I{src / 'vendor'}", str(HARNESS), f"-L{lib}",
+         "-lllama-common", "-lllama", "-lggml", "-lggml-base", f"-Wl,-rpath,{lib}", "-o",
+         str(exe)],
+        capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 0, r.stderr
+    return exe
+
+
+def read_by_llamacpp(exe: Path, requests_: list[dict]) -> list[dict]:
+    """llama.cpp's readings of the requests' texts, one per request."""
+    lines = "".join(json.dumps(r) + "\n" for r in requests_)
+    out = subprocess.run([str(exe)], input=lines, capture_output=True, text=True, check=True,
+                         timeout=600).stdout.splitlines()
+    assert len(out) == len(requests_)
+    return [json.loads(line) for line in out]
+
+
+def random_request(rng: random.Random) -> dict:
+    """Chat body with 1-3 of the test tools, a tool_choice, parallel calls or not."""
+    tools = rng.sample([WEATHER, ADD, PING], rng.randrange(1, 4))
+    choice = rng.choice(["required", "auto", "function"])
+    if choice == "function":
+        choice = {"type": "function", "function": {"name": rng.choice(tools)["function"]["name"]}}
+    return {"messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+            "tools": tools, "tool_choice": choice,
+            "parallel_tool_calls": rng.random() < 0.5}
+
+
+def reading(msg: dict) -> tuple:
+    """A reading compared: content and reasoning without whitespace at their ends, and the
+    calls' names and arguments (as JSON values)."""
+    calls = [(c["name"], json.loads(c["arguments"]) if c["arguments"] else None)
+             for c in msg.get("tool_calls") or []]
+    return ((msg.get("content") or "").strip(), (msg.get("reasoning_content") or "").strip(),
+            calls)
+
+
+def muser_reading(message: dict) -> tuple:
+    calls = [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
+             for c in message.get("tool_calls") or []]
+    return reading({**message, "tool_calls": calls})
+
+
+@pytest.mark.skipif(not TEMPLATES, reason="llama.cpp's source (MUSER_GGML_SRC) is not here")
+def test_muser_answers_read_as_llama_cpp_reads_them(llamacpp_chat, tmp_path):
+    model = tiny_model(tmp_path)
+    rng = random.Random()
+    rounds = int(os.environ.get("MUSER_READING_ROUNDS", "8"))
+    found: dict[str, tuple] = {}
+    compared = 0
+    for path in TEMPLATES:
+        server = ServerProcess("--chat-template-file", str(path), "--ctx-size", "4096",
+                               model=model)
+        try:
+            fmt = requests.get(server.url + "/props", timeout=60).json()["chat_format"]
+            if fmt == "generic":
+                continue
+            asked = []
+            for _ in range(rounds):
+                body = random_request(rng)
+                r = requests.post(server.url + "/v1/chat/completions", timeout=120, json={
+                    **body, "max_tokens": 160, "temperature": 1.0,
+                    "seed": rng.randrange(1 << 30), "verbose": True})
+                assert r.status_code == 200, (path.name, r.text)
+                j = r.json()
+                if j["choices"][0]["finish_reason"] == "length":
+                    continue  # cut short: not a whole answer
+                asked.append((body, j["__verbose"]["content"], j["choices"][0]["message"]))
+        finally:
+            server.stop()
+        theirs = read_by_llamacpp(llamacpp_chat, [
+            {"template": str(path), **body, "text": text} for body, text, _ in asked])
+        for (body, text, message), want in zip(asked, theirs):
+            compared += 1
+            got = muser_reading(message)
+            if "error" in want or reading(want) != got:
+                found.setdefault(path.name, (fmt, text, want, got))
+    report = "\n".join(f"{n} ({f}): {t!r}\n  llama.cpp: {w}\n  muser: {g}"
+                       for n, (f, t, w, g) in sorted(found.items()))
+    print(f"{compared} answers compared")
+    assert compared > 0
+    assert not set(found) - set(KNOWN_DIFFERENCES), report
