@@ -123,7 +123,9 @@ pub(super) fn plan(req: &ToolRequest, flavor: Flavor) -> Result<Option<Plan>, St
             format!("root ::= {open} \"[\" ws call ( ws \",\" ws call )* ws \"]\"\n")
         }
         (Flavor::Args { .. }, false) => "root ::= call\n".to_string(),
-        (Flavor::Args { .. }, true) => "root ::= call ( ws call )*\n".to_string(),
+        // Calls back to back, as the templates write them (llama.cpp reads no call after
+        // whitespace in Devstral's and Ministral 3's formats).
+        (Flavor::Args { .. }, true) => "root ::= call ( call )*\n".to_string(),
     };
     match flavor {
         Flavor::Nemo => gbnf.push_str(&format!("call ::= {}\n", alts.join(" | "))),
@@ -372,9 +374,13 @@ mod tests {
                 for layout in 0..4 {
                     let sep = ["", "\n", " ", "\n\n"][layout];
                     let text = render(flavor, &calls, layout, sep);
-                    assert!(
+                    // The grammar writes [TOOL_CALLS] calls back to back; the reading takes
+                    // them with whitespace between too.
+                    let spaced = flavor != Flavor::Nemo && !sep.is_empty() && calls.len() > 1;
+                    assert_eq!(
                         g.accepts_str(&text),
-                        "{flavor:?} round {round}: refused {text}\n{}",
+                        !spaced,
+                        "{flavor:?} round {round}: {text}\n{}",
                         p.gbnf
                     );
                     let parsed = fmt.parse(&text, Some(&r));
@@ -384,7 +390,9 @@ mod tests {
                     for (c, (n, a, id)) in parsed.tool_calls.iter().zip(&calls) {
                         assert_call(c, n, a, ids.then_some(id.as_str()));
                     }
-                    check_text_around(fmt, &r, &g, &text, calls.len());
+                    if !spaced {
+                        check_text_around(fmt, &r, &g, &text, calls.len());
+                    }
                     check_stream_calls(fmt, &text, &r);
                     assert!(!g.accepts_str(&format!("Let me check.\n\n{text}")));
                 }
