@@ -586,7 +586,8 @@ GEMMA4_TEMPLATES = ["google-gemma-4-31B-it.jinja", "google-gemma-4-31B-it-interl
 
 def gemma4_bodies(rng: random.Random) -> list[dict]:
     """Random conversations with tool calls in Gemma 4's history: calls with random arguments
-    (strings, numbers, lists, objects), their results (JSON objects, JSON values, plain text),
+    (strings, integers, lists, objects; not null nor fractions, which llama-server's Jinja
+    writes otherwise than Muser's: nothing for `None`, 6 digits of a float), their results (JSON objects, JSON values, plain text),
     reasoning beside the calls, the turn's answer, thinking on and off, a final message
     continued."""
     tools = [{"type": "function", "function": {
@@ -599,7 +600,7 @@ def gemma4_bodies(rng: random.Random) -> list[dict]:
     def args():
         return json.dumps({"city": random_text(rng), "days": rng.randrange(-9, 99),
                            "tags": [random_text(rng) for _ in range(rng.randrange(3))],
-                           "nested": {"b": rng.random() < 0.5, "z": None}})
+                           "nested": {"b": rng.random() < 0.5, "z": rng.randrange(-99, 99)}})
     def result():
         return rng.choice([json.dumps({"temp": rng.randrange(40), "sky": random_text(rng)}),
                            json.dumps(rng.randrange(100)), random_text(rng)])
