@@ -1142,6 +1142,46 @@ mod tests {
         &text[text.len() - held(text, &[CALL_OPEN, CHANNEL_OPEN, CHANNEL_CLOSE])..]
     }
 
+    /// The older template's messages: an assistant turn's calls take the results after them
+    /// (named by the call at the same place, else by the result's id; JSON read as JSON) and
+    /// the turn's answer; other messages stay as they are.
+    #[test]
+    fn tool_results_merge_into_their_turn() {
+        let call = |id: &str, name: &str| json!({"id": id, "type": "function", "function": {"name": name, "arguments": "{}"}});
+        let user = json!({"role": "user", "content": "q"});
+        let messages = [
+            user.clone(),
+            json!({"role": "assistant", "content": "", "reasoning_content": "r",
+                   "tool_calls": [call("c1", "f"), call("c2", "")]}),
+            json!({"role": "tool", "tool_call_id": "c1", "content": "{\"t\": 1}"}),
+            json!({"role": "tool", "tool_call_id": "c2", "content": "plain"}),
+            json!({"role": "assistant", "content": "answer"}),
+            user.clone(),
+            json!({"role": "assistant", "content": "x", "tool_calls": [call("c3", "g")]}),
+            json!({"role": "assistant", "content": "y", "tool_calls": [call("c4", "g")]}),
+        ];
+        let merged = merge_tool_responses(&messages);
+        assert_eq!(
+            merged,
+            [
+                user.clone(),
+                json!({"role": "assistant", "tool_calls": [call("c1", "f"), call("c2", "")],
+                       "content": "answer", "reasoning_content": "r", "tool_responses": [
+                           {"name": "f", "response": {"t": 1}},
+                           {"name": "c2", "response": "plain"}]}),
+                user,
+                json!({"role": "assistant", "tool_calls": [call("c3", "g")]}),
+                json!({"role": "assistant", "tool_calls": [call("c4", "g")]}),
+            ]
+        );
+        let src = template("google-gemma-4-31B-it-interleaved.jinja");
+        if let Some(src) = src {
+            assert!(reads_tool_responses(&src));
+            let new = template("google-gemma-4-31B-it.jinja").unwrap();
+            assert!(detect(&new) && !reads_tool_responses(&new));
+        }
+    }
+
     #[test]
     fn llama_cpp_templates_are_detected() {
         check_detect_all(
