@@ -800,6 +800,11 @@ KNOWN_READING_DIFFERENCES: dict[str, str] = {
         "llama-server reads Cohere's replies only inside their <|START_RESPONSE|> wrapper (a "
         "500 for these outputs); Muser splits the reasoning and leaves the reply as written",
     "Cohere2MoE.jinja": "as Command R7B's, with the <|START_TEXT|> wrapper",
+    "google-gemma-4-31B-it.jinja":
+        "llama-server refuses (a 500) an output that starts with a stray <channel|>; Muser reads "
+        "it as llama.cpp's parser reads a stray channel marker later in a reply: the reply's "
+        "text ends there (here: nothing)",
+    "google-gemma-4-31B-it-interleaved.jinja": "as google-gemma-4-31B-it.jinja",
 }
 
 
