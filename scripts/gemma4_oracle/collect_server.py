@@ -1,3 +1,7 @@
+"""Raw outputs llama-server's own grammar forces for Gemma 4 (tool_choice required or auto,
+random seeds, temperatures and logit biases towards the notation's characters, so that some calls
+close) from the model it serves, with its reading of each: `collect_server.py PORT N OUT`, for a
+llama-server started with --jinja and a Gemma 4 template on a tiny model."""
 import json, sys, requests, random
 URL = "http://127.0.0.1:%s" % sys.argv[1]
 N = int(sys.argv[2]); out = sys.argv[3]

@@ -1,4 +1,10 @@
-// Oracle: llama.cpp's own chat parsing of raw outputs (reads JSON lines, writes JSON lines).
+// llama.cpp's own reading of Gemma 4 outputs, for Muser's tests (gen_fixture.py feeds it): for
+// each JSON line on stdin ({"text", "tools", "tool_choice", "parallel", "enable_thinking"}) the
+// chat parameters llama-server makes for the template (argv[1]) and common_chat_parse's reading
+// of the text, as a JSON line. Build against llama.cpp's source and libraries:
+//   S=$MUSER_GGML_SRC; g++ -O1 -std=c++17 -I$S/common -I$S/include -I$S/ggml/include -I$S/vendor \
+//     oracle.cpp -L$LLAMA_CPP_BIN -lllama-common -lllama -lggml -lggml-base \
+//     -Wl,-rpath,$LLAMA_CPP_BIN -o gemma4_oracle
 #include "chat.h"
 #include <nlohmann/json.hpp>
 #include <fstream>
