@@ -117,7 +117,8 @@ def special_tokens(tmp_path_factory) -> dict[str, str]:
 # past turns' reasoning (its default `preserve_reasoning`, under each name templates read).
 REASONING_TAGS = [("<think>", "</think>"), ("[THINK]", "[/THINK]"),
                   ("<seed:think>", "</seed:think>"), ("<mm:think>", "</mm:think>"),
-                  ("<|START_THINKING|>", "<|END_THINKING|>")]
+                  ("<|START_THINKING|>", "<|END_THINKING|>"),
+                  ("<|channel>thought", "<channel|>")]
 PRESERVED_REASONING = {"preserve_reasoning": True, "preserve_thinking": True,
                        "clear_thinking": False, "truncate_history_thinking": False,
                        "drop_thinking": False}
@@ -580,6 +581,73 @@ def test_reasoning_is_continued_as_llama_server_continues_it(tmp_path):
                 assert not reasoning.startswith(r), (name, reasoning)
 
 
+GEMMA4_TEMPLATES = ["google-gemma-4-31B-it.jinja", "google-gemma-4-31B-it-interleaved.jinja"]
+
+
+def gemma4_bodies(rng: random.Random) -> list[dict]:
+    """Random conversations with tool calls in Gemma 4's history: calls with random arguments
+    (strings, integers, lists, objects; not null nor fractions, which llama-server's Jinja
+    writes otherwise than Muser's: nothing for `None`, 6 digits of a float), their results (JSON objects, JSON values, plain text),
+    reasoning beside the calls, the turn's answer, thinking on and off, a final message
+    continued."""
+    tools = [{"type": "function", "function": {
+        "name": "get_weather", "description": random_text(rng),
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string", "description": random_text(rng)},
+            "days": {"type": "integer"}, "tags": {"type": "array", "items": {"type": "string"}},
+            "unit": {"type": "string", "enum": ["C", "F"]}},
+            "required": ["city"]}}}]
+    def args():
+        return json.dumps({"city": random_text(rng), "days": rng.randrange(-9, 99),
+                           "tags": [random_text(rng) for _ in range(rng.randrange(3))],
+                           "nested": {"b": rng.random() < 0.5, "z": rng.randrange(-99, 99)}})
+    def result():
+        return rng.choice([json.dumps({"temp": rng.randrange(40), "sky": random_text(rng)}),
+                           json.dumps(rng.randrange(100)), random_text(rng)])
+    n = rng.randrange(1, 3)
+    calls = [{"id": f"call_{i}{rng.randrange(1000)}", "type": "function",
+              "function": {"name": "get_weather", "arguments": args()}} for i in range(n)]
+    user = [{"role": "system", "content": random_text(rng)},
+            {"role": "user", "content": random_text(rng)}]
+    asked = {"role": "assistant", "content": rng.choice(["", random_text(rng)]),
+             "reasoning_content": random_text(rng), "tool_calls": calls}
+    results = [{"role": "tool", "tool_call_id": c["id"], "content": result()} for c in calls]
+    answer = {"role": "assistant", "content": random_text(rng)}
+    off = {"chat_template_kwargs": {"enable_thinking": False}}
+    cont = {"add_generation_prompt": False}
+    return [
+        {"messages": user + [asked] + results, "tools": tools},
+        {"messages": user + [asked] + results, "tools": tools, **off},
+        {"messages": user + [asked] + results + [answer], "tools": tools},
+        {"messages": user + [asked] + results + [answer, {"role": "user",
+                                                         "content": random_text(rng)}],
+         "tools": tools, **off},
+        {"messages": user + [asked] + results + [{**answer, "reasoning_content": "r"}],
+         "tools": tools, "continue_final_message": "content", **cont},
+        {"messages": user + [asked] + results + [{"role": "assistant", "content": "",
+                                                  "reasoning_content": random_text(rng)}],
+         "tools": tools, "continue_final_message": True, **cont},
+        {"messages": user, "tools": tools},
+    ]
+
+
+@pytest.mark.skipif(not (SRC and LLAMA_SERVER and LLAMA_SERVER.exists()),
+                    reason="needs llama.cpp's source (MUSER_GGML_SRC) and llama-server "
+                           "(LLAMA_CPP_BIN)")
+def test_gemma4_tool_histories_prompt_as_llama_server_does(tmp_path):
+    """Gemma 4's two templates, on random conversations with calls, results, reasoning and
+    answers (`gemma4_bodies`): Muser's prompt is llama-server's, byte for byte (the older
+    template's results merged into their assistant message, a model turn opened after a
+    finished one, as llama-server does both)."""
+    model = tiny_model(tmp_path)
+    rng = random.Random()
+    for name in GEMMA4_TEMPLATES:
+        with both_servers(model, name, ctx=4096) as (muser, llama, bos):
+            for _ in range(3):
+                for body in gemma4_bodies(rng):
+                    same_prompt(muser, llama, bos, body, name)
+
+
 def reasoning_family_templates() -> list[str]:
     """llama.cpp's templates that write a pair of reasoning tags of any kind (`<think>`,
     `<seed:think>`, `<mm:think>`, `[THINK]`, `<|think|>`, `<thinking>`...)."""
@@ -628,10 +696,6 @@ KNOWN_PROMPT_DIFFERENCES: dict[str, str] = {
     "Apriel-1.6-15b-Thinker-fixed.jinja":
         "its reasoning ends at a delimiter ([BEGIN FINAL RESPONSE]) with no opening tag, which "
         "llama-server continues and Muser does not know",
-    "google-gemma-4-31B-it.jinja":
-        "Gemma 4 thinks in a channel (<|channel>thought ... <channel|>) that Muser does not know: "
-        "it passes enable_thinking false where llama-server passes true",
-    "google-gemma-4-31B-it-interleaved.jinja": "as google-gemma-4-31B-it.jinja",
     "llama-cpp-rwkv-world.jinja":
         "llama-server writes the opening tag twice when continuing, once from the generation "
         "prompt and once as the block's (its own test template; its analysis takes "
@@ -717,11 +781,12 @@ def family_outputs(rng: random.Random, tags: tuple[str, str]) -> dict[str, str]:
 
 
 # The templates whose reasoning llama-server's handler reads from its first non-whitespace
-# character, as Muser does for them (the Qwen3-Coder XML family, MiniCPM5, MiniMax M3); in the
-# others llama-server keeps the whitespace that starts it (with the generation prompt's own
+# character, as Muser does for them (the Qwen3-Coder XML family, MiniCPM5, MiniMax M3, Gemma 4);
+# in the others llama-server keeps the whitespace that starts it (with the generation prompt's own
 # after an opening tag), and Muser the output's.
 TRIMMED_REASONING = {"Qwen3.5-4B.jinja", "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.jinja",
-                     "StepFun3.5-Flash.jinja", "openbmb-MiniCPM5-1B.jinja", "MiniMax-M3.jinja"}
+                     "StepFun3.5-Flash.jinja", "openbmb-MiniCPM5-1B.jinja", "MiniMax-M3.jinja",
+                     "google-gemma-4-31B-it.jinja", "google-gemma-4-31B-it-interleaved.jinja"}
 
 # Replies of reasoning templates read otherwise than llama-server reads them, with why.
 KNOWN_READING_DIFFERENCES: dict[str, str] = {
@@ -735,6 +800,11 @@ KNOWN_READING_DIFFERENCES: dict[str, str] = {
         "llama-server reads Cohere's replies only inside their <|START_RESPONSE|> wrapper (a "
         "500 for these outputs); Muser splits the reasoning and leaves the reply as written",
     "Cohere2MoE.jinja": "as Command R7B's, with the <|START_TEXT|> wrapper",
+    "google-gemma-4-31B-it.jinja":
+        "llama-server refuses (a 500) an output that starts with a stray <channel|>; Muser reads "
+        "it as llama.cpp's parser reads a stray channel marker later in a reply: the reply's "
+        "text ends there (here: nothing)",
+    "google-gemma-4-31B-it-interleaved.jinja": "as google-gemma-4-31B-it.jinja",
 }
 
 

@@ -9,8 +9,9 @@
   there): atem (Muse Glimmer's channels and `<atem:function_calls>` blocks), qwen3-coder
   (`<function=...><parameter=...>` XML: Qwen3-Coder, Qwen 3.5), llama3 (and Llama 3.1's built-in
   tools after `<|python_tag|>`), mistral-nemo, mistral
-  (Small 3.2; Ministral 3, its `[THINK]` reasoning before the calls), deepseek-r1 and
-  deepseek-v3.1.
+  (Small 3.2; Ministral 3, its `[THINK]` reasoning before the calls), deepseek-r1,
+  deepseek-v3.1 and gemma4 (Gemma 4's `<|tool_call>call:NAME{...}<tool_call|>`, its thought
+  channel before the calls; both of its templates).
 
 The model (models/muse-default.gguf) knows nothing of tools: every call it makes comes from the
 grammar's choices, so each must name a given tool and its arguments must validate against that
@@ -112,7 +113,9 @@ def template_files(tmp: Path) -> dict[str, Path | None]:
                           ("Mistral-Small-3.2-24B-Instruct-2506.jinja", "mistral"),
                           ("mistralai-Ministral-3-14B-Reasoning-2512.jinja", "mistral-think"),
                           ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", "deepseek-r1"),
-                          ("deepseek-ai-DeepSeek-V3.1.jinja", "deepseek-v3.1")]:
+                          ("deepseek-ai-DeepSeek-V3.1.jinja", "deepseek-v3.1"),
+                          ("google-gemma-4-31B-it.jinja", "gemma4-think"),
+                          ("google-gemma-4-31B-it-interleaved.jinja", "gemma4-interleaved")]:
             if (TEMPLATES / name).exists():
                 out[fmt] = TEMPLATES / name
     return out
@@ -141,7 +144,7 @@ def client_of(server) -> openai.OpenAI:
 # Formats whose templates think in <think> tags (the model here never closes the block by
 # itself, so a forced call after it may be cut by max_tokens).
 THINKING = {"atem", "hermes-think", "qwen3-coder-think", "mistral-think", "deepseek-r1",
-            "deepseek-v3.1"}
+            "deepseek-v3.1", "gemma4-think", "gemma4-interleaved"}
 
 
 def id_pattern(fmt: str) -> str:
@@ -203,7 +206,7 @@ def reasoning_of(msg) -> str:
 def test_each_template_gets_its_format(servers):
     """/props names the format detected from each template's source."""
     for fmt, server in servers.items():
-        want = fmt.removesuffix("-think").removesuffix("-qwen")
+        want = fmt.removesuffix("-think").removesuffix("-qwen").removesuffix("-interleaved")
         got = requests.get(server.url + "/props", timeout=30).json()["chat_format"]
         assert got == want, (fmt, got)
 

@@ -19,6 +19,7 @@
 //! (empty, false).
 
 use crate::error::ApiError;
+use crate::tools::gemma4;
 use crate::tools::think::Tags;
 use minijinja::machinery::{self, ast, CompiledTemplate, Instruction, Span, TemplateConfig, Vm};
 use minijinja::value::{Kwargs, ValueKind};
@@ -50,6 +51,12 @@ pub struct ChatTemplate {
     null_call_content: bool,
     /// How the template writes reasoning, where it writes reasoning tags.
     reasoning: Option<Reasoning>,
+    /// Gemma 4's template: a prompt that ends with a finished model turn gets a new one
+    /// opened (`gemma4::REOPENED_TURN`), as llama.cpp opens it.
+    gemma4: bool,
+    /// Gemma 4's older template, which reads tool results merged into the assistant message
+    /// (`gemma4::merge_tool_responses`).
+    merge_tool_responses: bool,
 }
 
 /// How a template writes a message's reasoning: its tags, the text before and after the
@@ -145,7 +152,12 @@ impl ChatTemplate {
             object_arguments: false,
             null_call_content: false,
             reasoning: None,
+            gemma4: false,
+            merge_tool_responses: false,
         };
+        let src = t.compiled.borrow_owner();
+        t.gemma4 = gemma4::detect(src);
+        t.merge_tool_responses = gemma4::reads_tool_responses(src);
         t.object_arguments = t.object_arguments();
         t.null_call_content = t.null_call_content();
         t.reasoning = t.reasoning(t.compiled.borrow_owner());
@@ -309,17 +321,24 @@ impl ChatTemplate {
     /// rendering without is a prefix of the one with.)
     pub fn render_request(&self, req: &ChatRequest) -> Result<String, ApiError> {
         let Some(prefill) = &req.prefill else {
-            return self.render_with(
+            let mut prompt = self.render_with(
                 &req.messages,
                 req.add_generation_prompt,
                 req.tools.as_ref(),
                 &req.kwargs,
-            );
+            )?;
+            if req.add_generation_prompt {
+                self.reopen_turn(&mut prompt);
+            }
+            return Ok(prompt);
         };
         let continued = self.continued(req)?;
         let before = &req.messages[..req.messages.len() - 1];
         let mut prompt =
             self.render_with(before, continued.is_some(), req.tools.as_ref(), &req.kwargs)?;
+        if continued.is_some() {
+            self.reopen_turn(&mut prompt);
+        }
         if continued.is_none() {
             // An empty message is not continued: no assistant turn is opened for it.
             return Ok(prompt);
@@ -339,6 +358,15 @@ impl ChatTemplate {
         Ok(prompt)
     }
 
+    /// Opens a model turn after a prompt that ends with a finished one, where the template is
+    /// Gemma 4's (which opens none after a turn's tool results and answer).
+    fn reopen_turn(&self, prompt: &mut String) {
+        let (finished, opened) = gemma4::REOPENED_TURN;
+        if self.gemma4 && prompt.ends_with(finished) {
+            prompt.push_str(opened);
+        }
+    }
+
     fn render_with(
         &self,
         messages: &[Value],
@@ -347,6 +375,13 @@ impl ChatTemplate {
         kwargs: &Map<String, Value>,
     ) -> Result<String, ApiError> {
         let compiled = self.compiled.borrow_dependent();
+        let merged;
+        let messages = if self.merge_tool_responses {
+            merged = gemma4::merge_tool_responses(messages);
+            &merged[..]
+        } else {
+            messages
+        };
         let carrier = self
             .reasoning
             .as_ref()
@@ -419,11 +454,15 @@ fn xml_thinking_family(source: &str) -> bool {
 /// the template's family rather than reading it from the template's rendering: the
 /// [`xml_thinking_family`], Nemotron Nano v2 (`<think>\n`, `</think>`), poolside's Laguna,
 /// whose rendered whitespace llama.cpp trims off the bare tags, and Cohere's Command A
-/// Reasoning (Cohere2MoE), whose text follows the block in `<|START_TEXT|>`.
+/// Reasoning (Cohere2MoE), whose text follows the block in `<|START_TEXT|>`, and Gemma 4, whose
+/// template writes a message's thought channel only beside its calls (`<|channel>thought\n`,
+/// `<channel|>`).
 fn fixed_delimiters(source: &str, tags: Tags) -> Option<(String, String)> {
-    use crate::tools::think::{COHERE, THINK};
+    use crate::tools::think::{COHERE, GEMMA, THINK};
     let fixed = |start: &str, end: &str| Some((start.to_string(), end.to_string()));
-    if tags == COHERE && source.contains("<|START_TEXT|>") {
+    if tags == GEMMA {
+        fixed("<|channel>thought\n", GEMMA.close)
+    } else if tags == COHERE && source.contains("<|START_TEXT|>") {
         fixed(COHERE.open, &format!("{}<|START_TEXT|>", COHERE.close))
     } else if tags != THINK {
         None

@@ -673,7 +673,8 @@ async fn generate(
             }
         }
         let reasoning = reasoning_format(&f)?;
-        if tools.is_some() || (format == Format::Atem && reasoning) {
+        // (ATEM's and Gemma 4's readings split their reasoning with or without tools)
+        if tools.is_some() || (matches!(format, Format::Atem | Format::Gemma4) && reasoning) {
             // The format's markup is output (and triggers on its tokens) even where the
             // vocabulary makes it control tokens, as llama-server preserves it.
             preserve(&mut gen.preserved, &m, format.markup());
@@ -836,7 +837,7 @@ impl Output {
         };
         let (reasoning, rest) = tags.split(text, opened);
         let mut p = self.format.parse(rest, self.tools.as_ref());
-        p.reasoning = reasoning.or(p.reasoning);
+        p.reasoning = joined(reasoning, p.reasoning);
         p
     }
 
@@ -873,7 +874,7 @@ impl Output {
             let tools = self.tools.as_ref();
             self.format.parse_partial_on(r, tools, &mut s.resume)
         });
-        p.reasoning = reasoning.or(p.reasoning);
+        p.reasoning = joined(reasoning, p.reasoning);
         p
     }
 
@@ -899,6 +900,15 @@ impl Output {
                 })
             })
             .collect()
+    }
+}
+
+/// The reasoning of the block that starts an answer, then the reasoning its format reads in the
+/// reply (Gemma 4's later thought channels).
+fn joined(first: Option<String>, then: Option<String>) -> Option<String> {
+    match (first, then) {
+        (Some(a), Some(b)) => Some(a + &b),
+        (a, b) => a.or(b),
     }
 }
 

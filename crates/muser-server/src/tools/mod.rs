@@ -19,6 +19,7 @@ use crate::error::ApiError;
 
 mod atem;
 mod deepseek;
+pub(crate) mod gemma4;
 mod generic;
 mod hermes;
 mod llama3;
@@ -135,6 +136,9 @@ pub enum Format {
     DeepSeekR1,
     /// DeepSeek V3.1: `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}<｜tool▁call▁end｜>...<｜tool▁calls▁end｜>`.
     DeepSeekV31,
+    /// Gemma 4: `<|tool_call>call:NAME{key:<|"|>text<|"|>,...}<tool_call|>`, and thought
+    /// channels in the reply.
+    Gemma4,
 }
 
 /// Where a lazy call grammar of a format starts, so that it can be made to wait for the end of
@@ -168,6 +172,8 @@ impl Format {
         };
         if t.contains("<atem:function_calls>") && t.contains("<|eom|>") {
             Format::Atem
+        } else if gemma4::detect(t) {
+            Format::Gemma4
         } else if qwen_xml::detect(t) {
             Format::QwenXml
         } else if t.contains("<tool_call>")
@@ -203,6 +209,7 @@ impl Format {
             Format::Mistral { .. } => "mistral",
             Format::DeepSeekR1 => "deepseek-r1",
             Format::DeepSeekV31 => "deepseek-v3.1",
+            Format::Gemma4 => "gemma4",
         }
     }
 
@@ -216,6 +223,7 @@ impl Format {
             Format::Llama3 { .. } => Some(llama3::LAZY_START),
             Format::MistralNemo | Format::Mistral { .. } => Some(mistral::LAZY_START),
             Format::DeepSeekR1 | Format::DeepSeekV31 => Some(deepseek::LAZY_START),
+            Format::Gemma4 => Some(gemma4::LAZY_START),
         }
     }
 
@@ -237,6 +245,7 @@ impl Format {
             Format::MistralNemo => mistral::MARKUP_NEMO,
             Format::Mistral { .. } => mistral::MARKUP,
             Format::DeepSeekR1 | Format::DeepSeekV31 => deepseek::MARKUP,
+            Format::Gemma4 => gemma4::MARKUP,
             Format::Atem => &[
                 "<|start|>",
                 "<|message|>",
@@ -346,6 +355,7 @@ impl Format {
             Format::Mistral { call_id } => mistral::plan(req, mistral::Flavor::Args { call_id }),
             Format::DeepSeekR1 => deepseek::plan(req, deepseek::Flavor::R1),
             Format::DeepSeekV31 => deepseek::plan(req, deepseek::Flavor::V31),
+            Format::Gemma4 => gemma4::plan(req),
         }
     }
 
@@ -364,6 +374,7 @@ impl Format {
             }
             Format::DeepSeekR1 => deepseek::parse(text, req, deepseek::Flavor::R1),
             Format::DeepSeekV31 => deepseek::parse(text, req, deepseek::Flavor::V31),
+            Format::Gemma4 => gemma4::parse(text, req),
         }
     }
 
@@ -407,6 +418,7 @@ impl Format {
             }
             Format::DeepSeekR1 => deepseek::parse_partial(text, req, deepseek::Flavor::R1, from),
             Format::DeepSeekV31 => deepseek::parse_partial(text, req, deepseek::Flavor::V31, from),
+            Format::Gemma4 => gemma4::parse_partial(text, req),
         }
     }
 }

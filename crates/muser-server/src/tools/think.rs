@@ -4,13 +4,15 @@
 //! `</think>` (DeepSeek R1, Qwen 3, QwQ, GLM, Nemotron and the other templates that write
 //! them), `[THINK]` / `[/THINK]` (Ministral 3, whose calls then follow in the `mistral`
 //! format), `<seed:think>` / `</seed:think>` (ByteDance Seed-OSS), `<mm:think>` /
-//! `</mm:think>` (MiniMax M3) or `<|START_THINKING|>` / `<|END_THINKING|>` (Cohere).
+//! `</mm:think>` (MiniMax M3), `<|START_THINKING|>` / `<|END_THINKING|>` (Cohere) or Gemma 4's
+//! thought channel, `<|channel>thought` / `<channel|>` (whose calls then follow in the `gemma4`
+//! format, which also reads the thought channels later in the reply).
 //!
 //! The reasoning is the text of a block at the start of the output (after optional
 //! whitespace), or, when the prompt itself ends inside an opened block (a template that writes
 //! `<think>` in its generation prompt, a continued reasoning), the output up to the closing
 //! tag; where llama.cpp's handler for the family skips the whitespace that starts it (the
-//! Qwen3-Coder family, MiniCPM5, MiniMax M3: [`Tags::trim_reasoning`]), from its first
+//! Qwen3-Coder family, MiniCPM5, MiniMax M3, Gemma 4: [`Tags::trim_reasoning`]), from its first
 //! non-whitespace character. An output whose block never closes is all reasoning. The reply
 //! after the block starts at its first non-whitespace character; MiniMax M3's reply without
 //! reasoning follows a bare closing tag ([`Tags::bare_close`]), which is not part of it.
@@ -66,8 +68,15 @@ pub const MINIMAX: Tags = Tags {
 /// Cohere's (Command R7B, Command A Reasoning).
 pub const COHERE: Tags = pair("<|START_THINKING|>", "<|END_THINKING|>");
 
+/// Gemma 4's thought channel (whose reasoning llama.cpp's handler reads from its first
+/// non-whitespace character).
+pub const GEMMA: Tags = Tags {
+    trim_reasoning: true,
+    ..pair("<|channel>thought", "<channel|>")
+};
+
 /// Every pair, in the order a template's source is searched for them.
-pub const ALL: [Tags; 5] = [THINK, BRACKETS, SEED, MINIMAX, COHERE];
+pub const ALL: [Tags; 6] = [THINK, BRACKETS, SEED, MINIMAX, COHERE, GEMMA];
 
 impl Tags {
     /// The tags a chat template writes reasoning in: the first pair of [`ALL`] whose both
@@ -328,13 +337,14 @@ mod tests {
 
     /// Every pair of tags (and `<think>` read as the Qwen3-Coder family reads it), and the word
     /// a tool call of their models opens with.
-    const PAIRS: [(Tags, &str); 6] = [
+    const PAIRS: [(Tags, &str); 7] = [
         (THINK, "<tool_call>"),
         (BRACKETS, "[TOOL_CALLS]"),
         (SEED, "<seed:tool_call>"),
         (MINIMAX, "<tool_call>"),
         (COHERE, "<|START_ACTION|>"),
         (THINK.trimming_reasoning(), "<tool_call>"),
+        (GEMMA, "<|tool_call>"),
     ];
 
     /// `s` with `<think>` tags written as `t`'s.
@@ -417,6 +427,8 @@ mod tests {
             ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", THINK),
             ("ByteDance-Seed-OSS.jinja", SEED),
             ("MiniMax-M3.jinja", MINIMAX),
+            ("google-gemma-4-31B-it.jinja", GEMMA),
+            ("google-gemma-4-31B-it-interleaved.jinja", GEMMA),
         ] {
             let src = super::super::test_util::template(file).unwrap();
             assert_eq!(Tags::of_template(&src), Some(tags), "{file}");
@@ -608,10 +620,14 @@ mod trigger_tests {
     #[test]
     fn a_call_trigger_waits_for_the_end_of_the_reasoning() {
         let mut rng = super::super::test_util::Rng(0x5EED_7418);
-        for (t, call) in
-            ALL.into_iter()
-                .zip(["<tool_call>", "[TOOL_CALLS]", "<x>", "<tool_call>", "<|x|>"])
-        {
+        for (t, call) in ALL.into_iter().zip([
+            "<tool_call>",
+            "[TOOL_CALLS]",
+            "<x>",
+            "<tool_call>",
+            "<|x|>",
+            "<|tool_call>",
+        ]) {
             let mut pieces = vec![t.open, t.close, call, "x", " ", "\n", "{", "\"name\""];
             pieces.extend(pieces_of(t.open).into_iter().skip(t.open.len()));
             pieces.extend(pieces_of(t.close).into_iter().skip(t.close.len()));
