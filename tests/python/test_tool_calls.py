@@ -112,7 +112,14 @@ def template_files(tmp: Path) -> dict[str, Path | None]:
                           ("Mistral-Small-3.2-24B-Instruct-2506.jinja", "mistral"),
                           ("mistralai-Ministral-3-14B-Reasoning-2512.jinja", "mistral-think"),
                           ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", "deepseek-r1"),
-                          ("deepseek-ai-DeepSeek-V3.1.jinja", "deepseek-v3.1")]:
+                          ("deepseek-ai-DeepSeek-V3.1.jinja", "deepseek-v3.1"),
+                          ("Kimi-K2-Instruct.jinja", "kimi-k2"),
+                          ("moonshotai-Kimi-K2.jinja", "kimi-k2-moonshot"),
+                          ("Kimi-K2-Thinking.jinja", "kimi-k2-think"),
+                          ("NVIDIA-Nemotron-Nano-v2.jinja", "nemotron-v2-think"),
+                          ("CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja", "command-r7b"),
+                          ("Cohere2MoE.jinja", "cohere2moe"),
+                          ("ibm-granite-granite-3.3-2B-Instruct.jinja", "granite")]:
             if (TEMPLATES / name).exists():
                 out[fmt] = TEMPLATES / name
     return out
@@ -141,13 +148,17 @@ def client_of(server) -> openai.OpenAI:
 # Formats whose templates think in <think> tags (the model here never closes the block by
 # itself, so a forced call after it may be cut by max_tokens).
 THINKING = {"atem", "hermes-think", "qwen3-coder-think", "mistral-think", "deepseek-r1",
-            "deepseek-v3.1"}
+            "deepseek-v3.1", "kimi-k2-think", "nemotron-v2-think"}
 
 
 def id_pattern(fmt: str) -> str:
-    """Mistral's templates take only ids of 9 letters and digits back; the others get
-    OpenAI's."""
-    return r"[A-Za-z0-9]{9}" if fmt.startswith("mistral") else r"call_[A-Za-z0-9]{24}"
+    """Mistral's templates take only ids of 9 letters and digits back; Kimi K2 writes its
+    own, `functions.NAME:IDX` (OpenAI's where it repeats one); the others get OpenAI's."""
+    if fmt.startswith("mistral"):
+        return r"[A-Za-z0-9]{9}"
+    if fmt.startswith("kimi"):
+        return r"functions\.[A-Za-z0-9_.-]+:[0-9]+|call_[A-Za-z0-9]{24}"
+    return r"call_[A-Za-z0-9]{24}"
 
 
 def check_calls(calls, allowed: set[str], parallel: bool, fmt: str, cut: bool = False) -> None:
@@ -203,7 +214,7 @@ def reasoning_of(msg) -> str:
 def test_each_template_gets_its_format(servers):
     """/props names the format detected from each template's source."""
     for fmt, server in servers.items():
-        want = fmt.removesuffix("-think").removesuffix("-qwen")
+        want = re.sub(r"-(think|qwen|moonshot)$", "", fmt)
         got = requests.get(server.url + "/props", timeout=30).json()["chat_format"]
         assert got == want, (fmt, got)
 
