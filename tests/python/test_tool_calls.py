@@ -115,7 +115,14 @@ def template_files(tmp: Path) -> dict[str, Path | None]:
                           ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", "deepseek-r1"),
                           ("deepseek-ai-DeepSeek-V3.1.jinja", "deepseek-v3.1"),
                           ("google-gemma-4-31B-it.jinja", "gemma4-think"),
-                          ("google-gemma-4-31B-it-interleaved.jinja", "gemma4-interleaved")]:
+                          ("google-gemma-4-31B-it-interleaved.jinja", "gemma4-interleaved"),
+                          ("Kimi-K2-Instruct.jinja", "kimi-k2"),
+                          ("moonshotai-Kimi-K2.jinja", "kimi-k2-moonshot"),
+                          ("Kimi-K2-Thinking.jinja", "kimi-k2-think"),
+                          ("NVIDIA-Nemotron-Nano-v2.jinja", "nemotron-v2-think"),
+                          ("CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja", "command-r7b"),
+                          ("Cohere2MoE.jinja", "cohere2moe"),
+                          ("ibm-granite-granite-3.3-2B-Instruct.jinja", "granite")]:
             if (TEMPLATES / name).exists():
                 out[fmt] = TEMPLATES / name
     return out
@@ -141,16 +148,22 @@ def client_of(server) -> openai.OpenAI:
     return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
 
 
-# Formats whose templates think in <think> tags (the model here never closes the block by
-# itself, so a forced call after it may be cut by max_tokens).
+# Formats whose templates think in <think> tags or Cohere's (the model here never closes the
+# block by itself, so a forced call after it may be cut by max_tokens). Granite 3.3's template
+# names <think> in its system prompt.
 THINKING = {"atem", "hermes-think", "qwen3-coder-think", "mistral-think", "deepseek-r1",
-            "deepseek-v3.1", "gemma4-think", "gemma4-interleaved"}
+            "deepseek-v3.1", "gemma4-think", "gemma4-interleaved", "kimi-k2-think",
+            "nemotron-v2-think", "command-r7b", "cohere2moe", "granite"}
 
 
 def id_pattern(fmt: str) -> str:
-    """Mistral's templates take only ids of 9 letters and digits back; the others get
-    OpenAI's."""
-    return r"[A-Za-z0-9]{9}" if fmt.startswith("mistral") else r"call_[A-Za-z0-9]{24}"
+    """Mistral's templates take only ids of 9 letters and digits back; Kimi K2 writes its
+    own, `functions.NAME:IDX` (OpenAI's where it repeats one); the others get OpenAI's."""
+    if fmt.startswith("mistral"):
+        return r"[A-Za-z0-9]{9}"
+    if fmt.startswith("kimi"):
+        return r"functions\.[A-Za-z0-9_.-]+:[0-9]+|call_[A-Za-z0-9]{24}"
+    return r"call_[A-Za-z0-9]{24}"
 
 
 def check_calls(calls, allowed: set[str], parallel: bool, fmt: str, cut: bool = False) -> None:
@@ -206,7 +219,7 @@ def reasoning_of(msg) -> str:
 def test_each_template_gets_its_format(servers):
     """/props names the format detected from each template's source."""
     for fmt, server in servers.items():
-        want = fmt.removesuffix("-think").removesuffix("-qwen").removesuffix("-interleaved")
+        want = re.sub(r"-(think|qwen|moonshot|interleaved)$", "", fmt)
         got = requests.get(server.url + "/props", timeout=30).json()["chat_format"]
         assert got == want, (fmt, got)
 

@@ -1798,6 +1798,18 @@ mod tests {
             "<|python_tag|>",
             "brave_search.call(query=\"a\")",
             "python.call(code=\"1\")",
+            "<|tool_calls_section_begin|>",
+            "<|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>",
+            "<|tool_call_end|>",
+            "<|tool_calls_section_end|>",
+            "<TOOLCALL>[{\"name\": \"g\", \"arguments\": ",
+            "<|START_ACTION|>[{\"tool_name\": \"f\", \"parameters\": ",
+            "<|tool_call|>[{\"name\": \"f\", \"arguments\": ",
+            "}]",
+            "</TOOLCALL>",
+            "<|END_ACTION|>",
+            "<|START_TEXT|>",
+            "<|END_RESPONSE|>",
             "\n",
             " ",
             "é",
@@ -1932,5 +1944,79 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// llama-server's readings of outputs of llama.cpp's templates
+    /// (`scripts/llama_call_readings.py` writes them to the file MUSER_LLAMA_CASES names; run
+    /// with `--ignored`): Muser reads each output as llama-server does, the same calls (names,
+    /// arguments as JSON values), content and reasoning (up to whitespace at their ends).
+    #[test]
+    #[ignore]
+    fn llama_server_call_readings() {
+        let Ok(path) = std::env::var("MUSER_LLAMA_CASES") else {
+            return;
+        };
+        let cases: Vec<Value> =
+            serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let mut differ = Vec::new();
+        let calls_of = |calls: Vec<(String, String)>| -> Vec<(String, Value)> {
+            calls
+                .into_iter()
+                .map(|(n, a)| (n, serde_json::from_str(&a).unwrap_or(Value::String(a))))
+                .collect()
+        };
+        for c in &cases {
+            let s = |k: &str| c[k].as_str().unwrap_or_default().to_string();
+            let src = crate::tools::test_util::template(&s("template")).unwrap();
+            let t = crate::chat::ChatTemplate::new(Some(&src), "", "").unwrap();
+            let body = json!({"tools": c["tools"], "parallel_tool_calls": true});
+            let o = Output {
+                format: Format::detect(Some(&src)),
+                tools: tools::parse_tools(body.as_object().unwrap()).unwrap(),
+                call_seed: 1,
+                think: t.reasoning_tags().map(|g| (g, false)),
+                past_ids: Default::default(),
+            };
+            let (p, _) = o.parse_final(&s("raw"));
+            let got = (
+                p.content.trim().to_string(),
+                p.reasoning.unwrap_or_default().trim().to_string(),
+                calls_of(
+                    p.tool_calls
+                        .into_iter()
+                        .map(|c| (c.name, c.arguments))
+                        .collect(),
+                ),
+            );
+            let want_calls = c["calls"].as_array().cloned().unwrap_or_default();
+            let want = (
+                s("content").trim().to_string(),
+                s("reasoning").trim().to_string(),
+                calls_of(
+                    want_calls
+                        .iter()
+                        .map(|w| {
+                            (
+                                w["name"].as_str().unwrap().into(),
+                                w["arguments"].as_str().unwrap().into(),
+                            )
+                        })
+                        .collect(),
+                ),
+            );
+            if got != want {
+                differ.push(format!(
+                    "{} {:?}\n  llama: {want:?}\n  muser: {got:?}",
+                    s("template"),
+                    s("raw")
+                ));
+            }
+        }
+        eprintln!(
+            "{} of {} read as llama-server reads them",
+            cases.len() - differ.len(),
+            cases.len()
+        );
+        assert!(differ.is_empty(), "{}", differ.join("\n"));
     }
 }

@@ -1,13 +1,22 @@
-//! The DeepSeek formats: calls in a `<｜tool▁calls▁begin｜>` ... `<｜tool▁calls▁end｜>` block
-//! after the reply's text if any, one `<｜tool▁call▁begin｜>` ... `<｜tool▁call▁end｜>` each.
-//! R1 (and its Qwen and Llama distills) writes a call as
-//! `function<｜tool▁sep｜>NAME\n```json\n{...}\n```` and puts `\n` between calls; V3.1 writes
-//! `NAME<｜tool▁sep｜>{...}` with nothing between them. The chat template shows the tools
-//! itself. Reasoning in `<think>` tags is split off before `parse` sees the text.
+//! The DeepSeek formats, and Kimi K2's of the same shape: calls in a block
+//! (`<｜tool▁calls▁begin｜>` ... `<｜tool▁calls▁end｜>`) after the reply's text if any, one
+//! `<｜tool▁call▁begin｜>` ... `<｜tool▁call▁end｜>` each. R1 (and its Qwen and Llama distills)
+//! writes a call as `function<｜tool▁sep｜>NAME\n```json\n{...}\n```` and puts `\n` between
+//! calls; V3.1 writes `NAME<｜tool▁sep｜>{...}` with nothing between them. Kimi K2 writes V3.1's
+//! shape in its own markup, its call's name as the call's id `functions.NAME:IDX` (IDX counts
+//! the conversation's calls; the templates write it back as the id of the call and of its
+//! result):
+//! `<|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:IDX<|tool_call_argument_begin|>{...}<|tool_call_end|><|tool_calls_section_end|>`.
+//! The chat template shows the tools itself. Reasoning in `<think>` tags is split off before
+//! `parse` sees the text.
 //!
-//! Streaming begins each call once its name is whole (R1: at the newline after it, V3.1: at
-//! the separator) and streams its arguments as they are written; the block is whole at
-//! `<｜tool▁calls▁end｜>`.
+//! Streaming begins each call once its name is whole (R1: at the newline after it, V3.1 and
+//! Kimi: at the separator) and streams its arguments as they are written; the block is whole at
+//! its closing markup.
+//!
+//! Kimi's reading is as lenient as llama.cpp's handler for it: a call may come without the
+//! section's opening (at a bare `<|tool_call_begin|>`), and without its `<|tool_call_end|>`
+//! where the next call or the section's end follows.
 
 use serde_json::Value;
 
@@ -19,11 +28,13 @@ use super::{
 
 use muser_jsonschema::gbnf_literal as lit;
 
-/// Which layout of a call: R1's (`function<｜tool▁sep｜>NAME` and a fenced JSON) or V3.1's.
+/// Which layout of a call: R1's (`function<｜tool▁sep｜>NAME` and a fenced JSON), V3.1's or
+/// Kimi K2's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Flavor {
     R1,
     V31,
+    Kimi,
 }
 
 const CALLS_BEGIN: &str = "<｜tool▁calls▁begin｜>";
@@ -43,14 +54,75 @@ const OPENINGS: &[&str] = &[
     "<｜tool▁calls｜>",
 ];
 
+const KIMI_CALLS_BEGIN: &str = "<|tool_calls_section_begin|>";
+const KIMI_CALLS_END: &str = "<|tool_calls_section_end|>";
+const KIMI_CALL_BEGIN: &str = "<|tool_call_begin|>";
+const KIMI_CALL_END: &str = "<|tool_call_end|>";
+const KIMI_SEP: &str = "<|tool_call_argument_begin|>";
+/// What starts a Kimi call's name (and id).
+const KIMI_PREFIX: &str = "functions.";
+
+/// The markup of a flavour.
+pub(super) struct Marks {
+    calls_begin: &'static str,
+    calls_end: &'static str,
+    call_begin: &'static str,
+    call_end: &'static str,
+    sep: &'static str,
+    /// What opens a block (`parse_blocks`'s openings).
+    openings: &'static [&'static str],
+    /// A call may end without its `call_end` where the next call or the block's end follows.
+    call_end_optional: bool,
+}
+
+const DEEPSEEK: Marks = Marks {
+    calls_begin: CALLS_BEGIN,
+    calls_end: CALLS_END,
+    call_begin: CALL_BEGIN,
+    call_end: CALL_END,
+    sep: SEP,
+    openings: OPENINGS,
+    call_end_optional: false,
+};
+
+const KIMI: Marks = Marks {
+    calls_begin: KIMI_CALLS_BEGIN,
+    calls_end: KIMI_CALLS_END,
+    call_begin: KIMI_CALL_BEGIN,
+    call_end: KIMI_CALL_END,
+    sep: KIMI_SEP,
+    openings: &[KIMI_CALLS_BEGIN, KIMI_CALL_BEGIN],
+    call_end_optional: true,
+};
+
+impl Flavor {
+    fn marks(self) -> &'static Marks {
+        match self {
+            Flavor::R1 | Flavor::V31 => &DEEPSEEK,
+            Flavor::Kimi => &KIMI,
+        }
+    }
+}
+
 pub(super) const LAZY_START: LazyStart = LazyStart::Word(CALLS_BEGIN);
 pub(super) const MARKUP: &[&str] = &[CALLS_BEGIN, CALL_BEGIN, SEP, CALL_END, CALLS_END];
+pub(super) const KIMI_LAZY_START: LazyStart = LazyStart::Word(KIMI_CALLS_BEGIN);
+pub(super) const KIMI_MARKUP: &[&str] = &[
+    KIMI_CALLS_BEGIN,
+    KIMI_CALL_BEGIN,
+    KIMI_SEP,
+    KIMI_CALL_END,
+    KIMI_CALLS_END,
+];
 
 /// The flavour of a template that renders a past call in the block: R1 when the call's
 /// arguments are in a ```` ```json ```` fence (after `function<｜tool▁sep｜>NAME`), V3.1 when
-/// they follow `NAME<｜tool▁sep｜>` bare. None for other templates, the DSML ones (V3.2, V4)
-/// among them.
+/// they follow `NAME<｜tool▁sep｜>` bare, Kimi K2 for its markup. None for other templates, the
+/// DSML ones (V3.2, V4) among them.
 pub(super) fn detect(t: &str) -> Option<Format> {
+    if t.contains(KIMI_CALLS_BEGIN) && t.contains(KIMI_CALL_BEGIN) {
+        return Some(Format::KimiK2);
+    }
     if !t.contains(CALLS_BEGIN) || !t.contains(SEP) || t.contains("DSML") {
         return None;
     }
@@ -69,11 +141,13 @@ pub(super) fn detect(t: &str) -> Option<Format> {
 }
 
 /// The block of one call (or, with `req.parallel`, of one or more) of the allowed tools, the
-/// arguments held by each tool's schema; whitespace allowed between the pieces.
+/// arguments held by each tool's schema; whitespace allowed between the pieces. Kimi's call
+/// index is any number (the model counts the conversation's calls).
 pub(super) fn plan(req: &ToolRequest, flavor: Flavor) -> Result<Option<Plan>, String> {
     let Some(tools) = allowed_tools(req)? else {
         return Ok(None);
     };
+    let m = flavor.marks();
     let mut alts = Vec::with_capacity(tools.len());
     let mut rules = String::new();
     for (i, t) in tools.iter().enumerate() {
@@ -85,6 +159,11 @@ pub(super) fn plan(req: &ToolRequest, flavor: Flavor) -> Result<Option<Plan>, St
                 lit("```")
             ),
             Flavor::V31 => format!("{} {args}", lit(&format!("{}{SEP}", t.name))),
+            Flavor::Kimi => format!(
+                "{} [0-9]{{1,6}} {} {args}",
+                lit(&format!("{KIMI_PREFIX}{}:", t.name)),
+                lit(KIMI_SEP)
+            ),
         };
         rules.push_str(&format!("call-{i} ::= {body}\n"));
         rules.push_str(r.trim_end());
@@ -93,20 +172,24 @@ pub(super) fn plan(req: &ToolRequest, flavor: Flavor) -> Result<Option<Plan>, St
     }
     let head = match flavor {
         Flavor::R1 => format!("{CALL_BEGIN}function{SEP}"),
-        Flavor::V31 => CALL_BEGIN.to_string(),
+        Flavor::V31 | Flavor::Kimi => m.call_begin.to_string(),
     };
     let more = if req.parallel { " ( ws call )*" } else { "" };
     let gbnf = format!(
         "root ::= {} call{more} ws {}\n\
          call ::= {} ( {} ) ws {}\n\
          ws ::= {WS_BODY}\n{rules}",
-        lit(CALLS_BEGIN),
-        lit(CALLS_END),
+        lit(m.calls_begin),
+        lit(m.calls_end),
         lit(&head),
         alts.join(" | "),
-        lit(CALL_END),
+        lit(m.call_end),
     );
-    Ok(Some(Plan::calls(gbnf, &req.choice, LAZY_START)))
+    let start = match flavor {
+        Flavor::Kimi => KIMI_LAZY_START,
+        _ => LAZY_START,
+    };
+    Ok(Some(Plan::calls(gbnf, &req.choice, start)))
 }
 
 /// A function name as written in a call: no whitespace, no markup.
@@ -115,10 +198,33 @@ fn read_name(s: &str) -> Option<&str> {
     (!s.is_empty() && !s.contains(|c: char| c.is_whitespace() || c == '<' || c == '`')).then_some(s)
 }
 
+/// The name of a call as its `head` (the text before the separator) gives it, and the id the
+/// model wrote: Kimi's `functions.NAME:IDX` is both (NAME alone where the model left out the
+/// prefix or the index; then no id).
+fn call_name(head: &str, flavor: Flavor) -> Option<(&str, Option<String>)> {
+    if flavor != Flavor::Kimi {
+        return Some((read_name(head)?, None));
+    }
+    let h = head.trim();
+    let body = h.strip_prefix(KIMI_PREFIX);
+    let (name, index) = match body.unwrap_or(h).rsplit_once(':') {
+        Some((n, i)) if !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()) => (n, true),
+        _ => (body.unwrap_or(h), false),
+    };
+    let id = (body.is_some() && index).then(|| h.to_string());
+    Some((read_name(name)?, id))
+}
+
+/// Whether a call of flavour `m` may end at the start of `rest` without its closing markup
+/// (the next call or the block's end follows).
+fn ends_unclosed(rest: &str, m: &Marks) -> bool {
+    m.call_end_optional && (rest.starts_with(m.call_begin) || rest.starts_with(m.calls_end))
+}
+
 /// A call of `name` with its arguments (a JSON object, in a ```` ```json ```` fence or not) up
-/// to the call's end (`<｜tool▁call▁end｜>`, or the end of the text), and the text after the
+/// to the call's end (its closing markup, or the end of the text), and the text after the
 /// call.
-fn read_args<'t>(name: &str, s: &'t str) -> Option<(ToolCall, &'t str)> {
+fn read_args<'t>(name: &str, s: &'t str, m: &Marks) -> Option<(ToolCall, &'t str)> {
     let s = s.trim_start();
     let (fenced, s) = match s.strip_prefix("```json").or_else(|| s.strip_prefix("```")) {
         Some(rest) => (true, rest),
@@ -130,38 +236,41 @@ fn read_args<'t>(name: &str, s: &'t str) -> Option<(ToolCall, &'t str)> {
     if fenced {
         rest = rest.strip_prefix("```")?.trim_start();
     }
-    let rest = match rest.strip_prefix(CALL_END) {
+    let rest = match rest.strip_prefix(m.call_end) {
         Some(r) => r,
-        None if rest.is_empty() => rest,
+        None if rest.is_empty() || ends_unclosed(rest, m) => rest,
         None => return None,
     };
     Some((call, rest))
 }
 
-/// One call at the start of `s` (its `<｜tool▁call▁begin｜>` may be missing): the call and
-/// the text after it.
+/// One call at the start of `s` (its opening markup may be missing): the call and the text
+/// after it.
 fn read_one(s: &str, flavor: Flavor) -> Option<(ToolCall, &str)> {
-    let s = s.strip_prefix(CALL_BEGIN).unwrap_or(s);
-    let (name, after) = match flavor {
+    let m = flavor.marks();
+    let s = s.strip_prefix(m.call_begin).unwrap_or(s);
+    let (head, after) = match flavor {
         Flavor::R1 => {
             let s = s.strip_prefix("function")?.strip_prefix(SEP)?;
             let nl = s.find('\n')?;
             (&s[..nl], &s[nl + 1..])
         }
-        Flavor::V31 => s.split_once(SEP)?,
+        Flavor::V31 | Flavor::Kimi => s.split_once(m.sep)?,
     };
-    read_args(read_name(name)?, after)
+    let (name, id) = call_name(head, flavor)?;
+    let (call, rest) = read_args(name, after, m)?;
+    Some((ToolCall { id, ..call }, rest))
 }
 
 /// The calls of the block whose opening ends right before `s`, and the text after the block
-/// (after `<｜tool▁calls▁end｜>`, or at the end of the text for an unclosed block). None when
-/// the block is malformed or has no call.
+/// (after its closing markup, or at the end of the text for an unclosed block). None when the
+/// block is malformed or has no call.
 fn read_block(s: &str, flavor: Flavor) -> Option<(Vec<ToolCall>, &str)> {
     let mut calls = Vec::new();
     let mut rest = s;
     loop {
         let t = rest.trim_start();
-        if let Some(after) = t.strip_prefix(CALLS_END) {
+        if let Some(after) = t.strip_prefix(flavor.marks().calls_end) {
             return (!calls.is_empty()).then_some((calls, after));
         }
         if t.is_empty() {
@@ -176,7 +285,7 @@ fn read_block(s: &str, flavor: Flavor) -> Option<(Vec<ToolCall>, &str)> {
 /// Content is the text with the well-formed blocks taken out, its trailing whitespace
 /// trimmed; malformed blocks stay in it.
 pub(super) fn parse(text: &str, req: Option<&ToolRequest>, flavor: Flavor) -> Parsed {
-    parse_blocks(text, req, OPENINGS, |after| {
+    parse_blocks(text, req, flavor.marks().openings, |after| {
         let (calls, rest) = read_block(after, flavor)?;
         Some((calls, after.len() - rest.len()))
     })
@@ -203,8 +312,7 @@ fn markup<'s>(s: &'s str, m: &str) -> Markup<'s> {
 
 /// How far streaming has read one call of a block.
 enum CallStep<'s> {
-    /// Read through its `<｜tool▁call▁end｜>`: the call (as `read_one` reads it), and the text
-    /// after it.
+    /// Read through its end: the call (as `read_one` reads it), and the text after it.
     Done(ToolCall, &'s str),
     /// The text ends inside the call: the call, once begun.
     Open(Option<ToolCall>),
@@ -212,11 +320,12 @@ enum CallStep<'s> {
     Broken(Option<ToolCall>),
 }
 
-/// The call of `name`, begun: its arguments (a JSON object, in a ```` ```json ```` fence or
-/// not, as `read_args` reads them) as far as they are written in `s`.
-fn read_args_partial<'s>(name: &str, s: &'s str) -> CallStep<'s> {
+/// The call of `name` (with the id the model wrote), begun: its arguments (a JSON object, in a
+/// ```` ```json ```` fence or not, as `read_args` reads them) as far as they are written in
+/// `s`.
+fn read_args_partial<'s>(name: &str, id: Option<String>, s: &'s str, m: &Marks) -> CallStep<'s> {
     let mut call = ToolCall {
-        id: None,
+        id,
         name: name.to_string(),
         arguments: String::new(),
     };
@@ -246,24 +355,34 @@ fn read_args_partial<'s>(name: &str, s: &'s str) -> CallStep<'s> {
             Markup::Not => return CallStep::Broken(Some(call)),
         };
     }
-    match markup(rest, CALL_END) {
+    match markup(rest, m.call_end) {
         Markup::Past(after) => CallStep::Done(call, after),
         // the call's end may be coming (a call unclosed at the end of the text is read too)
         Markup::Inside => CallStep::Open(Some(call)),
+        Markup::Not if ends_unclosed(rest, m) => CallStep::Done(call, rest),
+        Markup::Not
+            if m.call_end_optional
+                && [m.call_begin, m.calls_end]
+                    .iter()
+                    .any(|k| k.starts_with(rest)) =>
+        {
+            CallStep::Open(Some(call))
+        }
         Markup::Not => CallStep::Broken(Some(call)),
     }
 }
 
-/// How far streaming has read the call at the start of `t` (not empty; its
-/// `<｜tool▁call▁begin｜>` may be missing, as `read_one` reads it). The call is begun once its
-/// name is whole: R1's at the newline after it, V3.1's at the separator after it.
+/// How far streaming has read the call at the start of `t` (not empty; its opening markup may
+/// be missing, as `read_one` reads it). The call is begun once its name is whole: R1's at the
+/// newline after it, V3.1's and Kimi's at the separator after it.
 fn read_one_partial(t: &str, flavor: Flavor) -> CallStep<'_> {
-    let s = match markup(t, CALL_BEGIN) {
+    let m = flavor.marks();
+    let s = match markup(t, m.call_begin) {
         Markup::Past(rest) => rest,
         Markup::Inside => return CallStep::Open(None),
         Markup::Not => t,
     };
-    let (name, after) = match flavor {
+    let (head, after) = match flavor {
         Flavor::R1 => {
             let mut s = s;
             for m in ["function", SEP] {
@@ -278,27 +397,26 @@ fn read_one_partial(t: &str, flavor: Flavor) -> CallStep<'_> {
                 None => return CallStep::Open(None),
             }
         }
-        Flavor::V31 => match s.split_once(SEP) {
+        Flavor::V31 | Flavor::Kimi => match s.split_once(m.sep) {
             Some(split) => split,
             None => return CallStep::Open(None),
         },
     };
-    match read_name(name) {
-        Some(name) => read_args_partial(name, after),
+    match call_name(head, flavor) {
+        Some((name, id)) => read_args_partial(name, id, after, m),
         None => CallStep::Broken(None),
     }
 }
 
 /// How far streaming has read the block whose opening ends right before `s`: its calls one by
 /// one, each begun once its name is whole and its arguments growing as they are written; the
-/// block is whole at its `<｜tool▁calls▁end｜>` (an unclosed block stays open: more calls may
-/// come).
+/// block is whole at its closing markup (an unclosed block stays open: more calls may come).
 fn read_block_partial(s: &str, flavor: Flavor) -> BlockStep {
     let mut calls = Vec::new();
     let mut rest = s;
     loop {
         let t = rest.trim_start();
-        match markup(t, CALLS_END) {
+        match markup(t, flavor.marks().calls_end) {
             Markup::Past(_) => {
                 return match read_block(s, flavor) {
                     Some((whole, after)) => BlockStep::Whole(whole, s.len() - after.len()),
@@ -334,7 +452,7 @@ pub(super) fn parse_partial(
     from: &mut Blocks,
 ) -> Parsed {
     let read = |after: &str| read_block_partial(after, flavor);
-    parse_blocks_partial(text, req, OPENINGS, read, from)
+    parse_blocks_partial(text, req, flavor.marks().openings, read, from)
 }
 
 #[cfg(test)]
@@ -359,9 +477,11 @@ mod tests {
                     format!("{CALL_BEGIN}function{SEP}{n}\n```json\n{a}\n```{CALL_END}")
                 }
                 Flavor::V31 => format!("{CALL_BEGIN}{n}{SEP}{a}{CALL_END}"),
+                Flavor::Kimi => format!("{KC}functions.{n}:0{KS}{a}{KX}"),
             })
             .collect();
-        format!("{CALLS_BEGIN}{}{CALLS_END}", calls.join(sep))
+        let m = flavor.marks();
+        format!("{}{}{}", m.calls_begin, calls.join(sep), m.calls_end)
     }
 
     /// Random tools and calls, both flavours: the grammar takes the rendered blocks (several
@@ -946,7 +1066,8 @@ mod tests {
     }
 
     /// Of llama.cpp's templates, the R1 ones (its distills and llama.cpp's own) are R1, V3.1's
-    /// is V3.1, and no other (V3.2's and V4's DSML ones included) is either.
+    /// is V3.1, Kimi K2's are Kimi K2 (not K3's), and no other (V3.2's and V4's DSML ones
+    /// included) is any of them.
     #[test]
     fn deepseek_detects_the_templates() {
         let want = [
@@ -960,11 +1081,198 @@ mod tests {
             ),
             ("llama-cpp-deepseek-r1.jinja", Format::DeepSeekR1),
             ("deepseek-ai-DeepSeek-V3.1.jinja", Format::DeepSeekV31),
+            ("Kimi-K2-Instruct.jinja", Format::KimiK2),
+            ("moonshotai-Kimi-K2.jinja", Format::KimiK2),
+            ("Kimi-K2-Thinking.jinja", Format::KimiK2),
         ];
         for (file, src) in check_detect_all(detect, &want) {
             if file.starts_with("deepseek-ai-DeepSeek-V") && file != want[3].0 {
                 assert!(src.contains("DSML"), "{file}");
             }
         }
+    }
+
+    const KB: &str = KIMI_CALLS_BEGIN;
+    const KE: &str = KIMI_CALLS_END;
+    const KC: &str = KIMI_CALL_BEGIN;
+    const KX: &str = KIMI_CALL_END;
+    const KS: &str = KIMI_SEP;
+
+    /// A Kimi block of `calls` (name, index, arguments), as its templates render it.
+    fn kimi(calls: &[(&str, usize, String)]) -> String {
+        let calls: String = calls
+            .iter()
+            .map(|(n, i, a)| format!("{KC}functions.{n}:{i}{KS}{a}{KX}"))
+            .collect();
+        format!("{KB}{calls}{KE}")
+    }
+
+    /// A call as Kimi's `parse` gives it: the id the model wrote.
+    fn kcall(name: &str, index: usize, args: &str) -> ToolCall {
+        ToolCall {
+            id: Some(format!("functions.{name}:{index}")),
+            name: name.into(),
+            arguments: args.into(),
+        }
+    }
+
+    /// Random tools and calls: the grammar takes Kimi's blocks (several argument layouts and
+    /// call numbers), `parse` gives the calls back with their ids; wrong names, broken
+    /// arguments, a missing index, extra calls and unclosed blocks are refused.
+    #[test]
+    fn kimi_grammar_accepts_calls_and_refuses_wrong_ones() {
+        let mut rng = Rng(0x4B1A_0001);
+        for round in 0..60 {
+            let r = random_req(&mut rng, round, round % 2 == 1);
+            let (p, g) = checked_plan(Format::KimiK2, &r, Trigger::Word(KB.into()));
+            let calls = random_calls(&mut rng, &r);
+            for layout in 0..4 {
+                let laid: Vec<(&str, usize, String)> = calls
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (t, a))| {
+                        (t.name.as_str(), i + layout * 7, layouts(a)[layout].clone())
+                    })
+                    .collect();
+                let text = kimi(&laid);
+                assert!(
+                    g.accepts_str(&text),
+                    "round {round}: refused {text}\n{}",
+                    p.gbnf
+                );
+                let parsed = Format::KimiK2.parse(&text, Some(&r));
+                assert_eq!(parsed.content, "");
+                assert_eq!(parsed.tool_calls.len(), calls.len());
+                for ((c, (n, i, _)), (t, a)) in parsed.tool_calls.iter().zip(&laid).zip(&calls) {
+                    assert_call(c, &t.name, a, Some(&format!("functions.{n}:{i}")));
+                }
+                check_text_around(Format::KimiK2, &r, &g, &text, calls.len());
+                check_stream_calls(Format::KimiK2, &text, &r);
+                assert!(!g.accepts_str(text.strip_suffix(KE).unwrap()));
+            }
+            let (t, a) = &calls[0];
+            let one = kimi(&[(t.name.as_str(), 0, a.to_string())]);
+            assert!(g.accepts_str(&one));
+            assert_eq!(
+                g.accepts_str(&kimi(&[
+                    (t.name.as_str(), 0, a.to_string()),
+                    (t.name.as_str(), 1, a.to_string())
+                ])),
+                r.parallel
+            );
+            // no index, DeepSeek's markup, a tool not offered
+            assert!(!g.accepts_str(&one.replace(":0", "")));
+            assert!(!g.accepts_str(&one.replace("functions.", "")));
+            assert!(!g.accepts_str(&kimi(&[("no_such_tool", 0, "{}".into())])));
+            check_broken_args(&mut rng, &g, t, a, |bad| {
+                kimi(&[(t.name.as_str(), 0, bad.to_string())])
+            });
+        }
+    }
+
+    /// Kimi's lenient reading, as llama.cpp's handler reads it: calls without the section's
+    /// opening, calls without their end before the next call or the section's end, the ids as
+    /// written, and text that is none of it left as content.
+    #[test]
+    fn kimi_parse_cases() {
+        let r = f_req(true);
+        let cases: Vec<(String, &str, Vec<ToolCall>)> = vec![
+            (
+                format!("Hi {}", kimi(&[("f", 0, "{\"a\": 1}".into()), ("g", 1, "{}".into())])),
+                "Hi",
+                vec![kcall("f", 0, r#"{"a":1}"#), kcall("g", 1, "{}")],
+            ),
+            // no section opening; no call end; no section end
+            (
+                format!("Hi {KC}functions.f:3{KS}{{}}{KX}"),
+                "Hi",
+                vec![kcall("f", 3, "{}")],
+            ),
+            (
+                format!("{KB}{KC}functions.f:0{KS}{{}}{KC}functions.g:1{KS}{{\"b\": [2]}}{KE}"),
+                "",
+                vec![kcall("f", 0, "{}"), kcall("g", 1, r#"{"b":[2]}"#)],
+            ),
+            (
+                format!("{KB}{KC}functions.f:0{KS}{{}}"),
+                "",
+                vec![kcall("f", 0, "{}")],
+            ),
+            // a name without the prefix or the index: no id
+            (
+                format!("{KB}{KC}f{KS}{{}}{KX}{KE}"),
+                "",
+                vec![call("f", "{}")],
+            ),
+            // text after a call's JSON: malformed, content
+            (
+                format!("{KB}{KC}functions.f:0{KS}{{}} x{KX}{KE}"),
+                "<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{} x<|tool_call_end|><|tool_calls_section_end|>",
+                vec![],
+            ),
+            (
+                format!("{KB}{KC}functions.nosuch:0{KS}{{}}{KX}{KE}"),
+                "<|tool_calls_section_begin|><|tool_call_begin|>functions.nosuch:0<|tool_call_argument_begin|>{}<|tool_call_end|><|tool_calls_section_end|>",
+                vec![],
+            ),
+        ];
+        for (text, content, calls) in &cases {
+            check_parsed(&Format::KimiK2.parse(text, Some(&r)), content, calls, text);
+            check_partial_prefixes(Format::KimiK2, text, Some(&r));
+        }
+        // streamed: begun at the separator, with its id
+        let t = format!("Hi {KB}{KC}functions.f:2{KS}{{\"a\": \"x");
+        check_parsed(
+            &Format::KimiK2.parse_partial(&t, Some(&r)),
+            "Hi",
+            &[kcall("f", 2, r#"{"a":"x"#)],
+            &t,
+        );
+        let t = format!("Hi {KB}{KC}functions.f:2");
+        check_parsed(&Format::KimiK2.parse_partial(&t, Some(&r)), "Hi", &[], &t);
+    }
+
+    /// Kimi's pieces in random texts: what streaming sends is a prefix of what the finished
+    /// text gives, and is never taken back.
+    #[test]
+    fn kimi_partial_is_prefix_of_parse() {
+        let r = f_req(true);
+        let frags = [
+            "a",
+            " ",
+            "\n",
+            "<",
+            "<|tool",
+            "<|tool_call",
+            KB,
+            KE,
+            KC,
+            KX,
+            KS,
+            "functions.",
+            "f",
+            ":1",
+            "{}",
+            "{\"a\": 1}",
+            "{\"s\": \"<|tool_call_end|>\"}",
+            "{",
+            "é",
+            "<|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{}<|tool_call_end|>",
+            "<|tool_call_begin|>functions.g:1<|tool_call_argument_begin|>{\"c\": [1]}",
+            "<|tool_call_begin|>functions.zz:2<|tool_call_argument_begin|>{}<|tool_call_end|>",
+        ];
+        let mut rng = Rng(0x4B1A_0002);
+        let (mut checked, mut calls) = (0usize, 0usize);
+        for _ in 0..3000 {
+            let t: String = (0..rng.below(9))
+                .map(|_| frags[rng.below(frags.len())])
+                .collect();
+            for req in [Some(&r), None] {
+                let (full, n) = check_partial_prefixes(Format::KimiK2, &t, req);
+                calls += full.tool_calls.len();
+                checked += n;
+            }
+        }
+        assert!(checked > 20_000 && calls > 300, "{checked} {calls}");
     }
 }

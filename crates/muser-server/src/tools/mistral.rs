@@ -41,9 +41,9 @@ use serde_json::{json, Value};
 
 use super::partial::{self, Json};
 use super::{
-    allowed_tools, arguments_schema, call_of, call_schema, check_tools_convert, json_prefix,
-    parse_blocks, parse_blocks_partial, read_call, tool_rules, BlockStep, Blocks, Format,
-    LazyStart, Parsed, Plan, Tool, ToolCall, ToolRequest, WS_BODY,
+    allowed_tools, arguments_schema, call_of, call_schema, check_tools_convert, json_list,
+    json_prefix, parse_blocks, parse_blocks_partial, read_call, tool_rules, BlockStep, Blocks,
+    Format, LazyStart, Parsed, Plan, Tool, ToolCall, ToolRequest, WS_BODY,
 };
 use muser_jsonschema::gbnf_literal as literal;
 
@@ -157,10 +157,7 @@ fn nemo_call(item: &Value) -> Option<ToolCall> {
 /// The Nemo array whose `[TOOL_CALLS]` ends right before `rest`: its calls (one or more) and
 /// the length of `rest` it spans. None when it is not an array of calls.
 fn read_nemo(rest: &str) -> Option<(Vec<ToolCall>, usize)> {
-    let (v, used) = json_prefix(rest)?;
-    let items = v.as_array().filter(|a| !a.is_empty())?;
-    let calls = items.iter().map(nemo_call).collect::<Option<Vec<_>>>()?;
-    Some((calls, used))
+    json_list::read_array(rest, nemo_call)
 }
 
 /// Whether `c` may be part of an Args call's name (letters, digits, `_`, `.`, `-`).
@@ -207,28 +204,7 @@ pub(super) fn parse(text: &str, req: Option<&ToolRequest>, flavor: Flavor) -> Pa
 /// call is begun once its item is whole: its id may come after its arguments, so only then
 /// are its name and id final (its arguments come whole with them).
 fn read_nemo_partial(rest: &str) -> BlockStep {
-    let r = partial::read(rest);
-    let items: Vec<&Value> = match &r.json {
-        Json::Whole(Value::Array(a), _) => a.iter().collect(),
-        Json::Open(partial::Open::Arr(items)) => items
-            .iter()
-            .map_while(|i| match i {
-                Json::Whole(v, _) => Some(v),
-                _ => None,
-            })
-            .collect(),
-        _ => Vec::new(),
-    };
-    let begun: Vec<ToolCall> = items.iter().map_while(|v| nemo_call(v)).collect();
-    match r.json {
-        Json::Whole(..) => match read_nemo(rest) {
-            Some((calls, used)) => BlockStep::Whole(calls, used),
-            None => BlockStep::Broken(begun),
-        },
-        // an item that is not a call: the array will not be read
-        _ if r.broken || begun.len() < items.len() => BlockStep::Broken(begun),
-        Json::Open(_) => BlockStep::Open(begun),
-    }
+    json_list::read_array_partial(rest, nemo_call, |_| None)
 }
 
 /// How far streaming has read the Args call whose `[TOOL_CALLS]` ends right before `rest`. The

@@ -22,6 +22,7 @@ mod deepseek;
 pub(crate) mod gemma4;
 mod generic;
 mod hermes;
+mod json_list;
 mod llama3;
 mod mistral;
 mod partial;
@@ -139,6 +140,10 @@ pub enum Format {
     /// Gemma 4: `<|tool_call>call:NAME{key:<|"|>text<|"|>,...}<tool_call|>`, and thought
     /// channels in the reply.
     Gemma4,
+    /// Kimi K2: `<|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:IDX<|tool_call_argument_begin|>{...}<|tool_call_end|>...<|tool_calls_section_end|>`.
+    KimiK2,
+    /// A JSON array of calls in tags (Nemotron Nano v2, Command R7B, Cohere2MoE, Granite 3.3).
+    JsonList(&'static json_list::Shape),
 }
 
 /// Where a lazy call grammar of a format starts, so that it can be made to wait for the end of
@@ -188,6 +193,8 @@ impl Format {
             f
         } else if let Some(f) = mistral::detect(t) {
             f
+        } else if let Some(shape) = json_list::detect(t) {
+            Format::JsonList(shape)
         } else if llama3::detect(t) {
             Format::Llama3 {
                 builtin_tools: llama3::detect_builtin_tools(t),
@@ -210,6 +217,8 @@ impl Format {
             Format::DeepSeekR1 => "deepseek-r1",
             Format::DeepSeekV31 => "deepseek-v3.1",
             Format::Gemma4 => "gemma4",
+            Format::KimiK2 => "kimi-k2",
+            Format::JsonList(shape) => shape.name,
         }
     }
 
@@ -224,6 +233,8 @@ impl Format {
             Format::MistralNemo | Format::Mistral { .. } => Some(mistral::LAZY_START),
             Format::DeepSeekR1 | Format::DeepSeekV31 => Some(deepseek::LAZY_START),
             Format::Gemma4 => Some(gemma4::LAZY_START),
+            Format::KimiK2 => Some(deepseek::KIMI_LAZY_START),
+            Format::JsonList(shape) => Some(shape.lazy_start()),
         }
     }
 
@@ -246,6 +257,8 @@ impl Format {
             Format::Mistral { .. } => mistral::MARKUP,
             Format::DeepSeekR1 | Format::DeepSeekV31 => deepseek::MARKUP,
             Format::Gemma4 => gemma4::MARKUP,
+            Format::KimiK2 => deepseek::KIMI_MARKUP,
+            Format::JsonList(shape) => shape.markup,
             Format::Atem => &[
                 "<|start|>",
                 "<|message|>",
@@ -356,6 +369,8 @@ impl Format {
             Format::DeepSeekR1 => deepseek::plan(req, deepseek::Flavor::R1),
             Format::DeepSeekV31 => deepseek::plan(req, deepseek::Flavor::V31),
             Format::Gemma4 => gemma4::plan(req),
+            Format::KimiK2 => deepseek::plan(req, deepseek::Flavor::Kimi),
+            Format::JsonList(shape) => json_list::plan(req, shape),
         }
     }
 
@@ -375,6 +390,8 @@ impl Format {
             Format::DeepSeekR1 => deepseek::parse(text, req, deepseek::Flavor::R1),
             Format::DeepSeekV31 => deepseek::parse(text, req, deepseek::Flavor::V31),
             Format::Gemma4 => gemma4::parse(text, req),
+            Format::KimiK2 => deepseek::parse(text, req, deepseek::Flavor::Kimi),
+            Format::JsonList(shape) => json_list::parse(text, req, shape),
         }
     }
 
@@ -419,6 +436,8 @@ impl Format {
             Format::DeepSeekR1 => deepseek::parse_partial(text, req, deepseek::Flavor::R1, from),
             Format::DeepSeekV31 => deepseek::parse_partial(text, req, deepseek::Flavor::V31, from),
             Format::Gemma4 => gemma4::parse_partial(text, req),
+            Format::KimiK2 => deepseek::parse_partial(text, req, deepseek::Flavor::Kimi, from),
+            Format::JsonList(shape) => json_list::parse_partial(text, req, shape, from),
         }
     }
 }
@@ -902,17 +921,25 @@ const WS_BODY: &str = r#"( " " | "\n" "\n"? [ \t]{0,20} )?"#;
 /// place `at` (a JSON pointer, "#/...") of a larger schema: the parameters' own `$ref`s
 /// (relative to the parameters' root) are rewritten to point into that place.
 fn call_schema(tool: &Tool, at: &str) -> Value {
+    call_schema_keyed(tool, at, "name", "arguments")
+}
+
+/// `call_schema` with the name and the arguments under the keys `name_key` and `args_key`.
+fn call_schema_keyed(tool: &Tool, at: &str, name_key: &str, args_key: &str) -> Value {
     let args = placed_schema(
         arguments_schema(tool),
-        &format!("{at}/properties/arguments"),
+        &format!("{at}/properties/{args_key}"),
     );
+    let mut props = Map::new();
+    props.insert(
+        name_key.to_string(),
+        serde_json::json!({"const": tool.name}),
+    );
+    props.insert(args_key.to_string(), args);
     serde_json::json!({
         "type": "object",
-        "properties": {
-            "name": {"const": tool.name},
-            "arguments": args,
-        },
-        "required": ["name", "arguments"],
+        "properties": props,
+        "required": [name_key, args_key],
     })
 }
 
@@ -1191,7 +1218,12 @@ fn parse_blocks_partial(
 /// The call a JSON object begun so far makes, once its `name` is whole: its arguments (the
 /// member `args_key`) as far as they are known.
 fn begun_call(call: &partial::Json, args_key: &str) -> Option<ToolCall> {
-    let name = call.get("name")?.whole_str()?.to_string();
+    begun_call_keyed(call, "name", args_key)
+}
+
+/// `begun_call` of a call whose name is the member `name_key`.
+fn begun_call_keyed(call: &partial::Json, name_key: &str, args_key: &str) -> Option<ToolCall> {
+    let name = call.get(name_key)?.whole_str()?.to_string();
     let arguments = call
         .get(args_key)
         .map(|a| a.stable_object())
@@ -1962,6 +1994,20 @@ pub(crate) mod test_util {
             Format::DeepSeekR1 => format!(
                 "<｜tool▁call▁begin｜>function<｜tool▁sep｜>{name}\n```json\n{json}\n```<｜tool▁call▁end｜>"
             ),
+            Format::KimiK2 => format!(
+                "<|tool_call_begin|>functions.{name}:{}<|tool_call_argument_begin|>{json}<|tool_call_end|>",
+                rng.below(12)
+            ),
+            Format::JsonList(shape) => {
+                let mut o = Map::new();
+                if let Some(k) = shape.number_key {
+                    o.insert(k.into(), Value::from(rng.below(5).to_string()));
+                }
+                o.insert(shape.name_key.into(), Value::from(name));
+                o.insert(shape.args_key.into(), args.clone());
+                let l = layouts(&Value::Object(o));
+                l[rng.below(l.len())].clone()
+            }
             _ => format!("<｜tool▁call▁begin｜>{name}<｜tool▁sep｜>{json}<｜tool▁call▁end｜>"),
         }
     }
@@ -1985,6 +2031,16 @@ pub(crate) mod test_util {
             Format::DeepSeekR1 => format!(
                 "<｜tool▁calls▁begin｜>{}<｜tool▁calls▁end｜>",
                 calls.join("\n")
+            ),
+            Format::KimiK2 => format!(
+                "<|tool_calls_section_begin|>{}<|tool_calls_section_end|>",
+                calls.concat()
+            ),
+            Format::JsonList(shape) => format!(
+                "{}[{}]{}",
+                shape.open,
+                calls.join(", "),
+                shape.close.unwrap_or("")
             ),
             _ => format!(
                 "<｜tool▁calls▁begin｜>{}<｜tool▁calls▁end｜>",
@@ -2058,7 +2114,7 @@ pub(crate) mod test_util {
     }
 
     /// Every format, for the tests that go through them all.
-    pub const FORMATS: [Format; 11] = [
+    pub const FORMATS: [Format; 16] = [
         Format::Generic,
         Format::Hermes,
         Format::Atem,
@@ -2074,6 +2130,11 @@ pub(crate) mod test_util {
         Format::Mistral { call_id: false },
         Format::DeepSeekR1,
         Format::DeepSeekV31,
+        Format::KimiK2,
+        Format::JsonList(&super::json_list::NEMOTRON_V2),
+        Format::JsonList(&super::json_list::COMMAND_R7B),
+        Format::JsonList(&super::json_list::COHERE2MOE),
+        Format::JsonList(&super::json_list::GRANITE),
     ];
 
     /// Every prefix of `s` at a character boundary, "" and `s` included.
@@ -2107,6 +2168,17 @@ mod tests {
             Format::QwenXml => {
                 format!("<tool_call>\n<function={name}>\n</function>\n</tool_call>")
             }
+            Format::KimiK2 => format!(
+                "<|tool_calls_section_begin|><|tool_call_begin|>functions.{name}:0<|tool_call_argument_begin|>{{}}<|tool_call_end|><|tool_calls_section_end|>"
+            ),
+            Format::JsonList(s) => format!(
+                "{}[{{{}\"{}\": \"{name}\", \"{}\": {{}}}}]{}",
+                s.open,
+                s.number_key.map(|k| format!("\"{k}\": \"0\", ")).unwrap_or_default(),
+                s.name_key,
+                s.args_key,
+                s.close.unwrap_or("")
+            ),
             other => unreachable!("{other:?}"),
         }
     }
@@ -2236,7 +2308,7 @@ mod tests {
         assert!(calls > 300 && replaced > 40, "{calls} {replaced}");
     }
 
-    const MARKED: [Format; 7] = [
+    const MARKED: [Format; 12] = [
         Format::Hermes,
         Format::Llama3 {
             builtin_tools: false,
@@ -2248,6 +2320,11 @@ mod tests {
         Format::Mistral { call_id: false },
         Format::DeepSeekV31,
         Format::QwenXml,
+        Format::KimiK2,
+        Format::JsonList(&json_list::NEMOTRON_V2),
+        Format::JsonList(&json_list::COMMAND_R7B),
+        Format::JsonList(&json_list::COHERE2MOE),
+        Format::JsonList(&json_list::GRANITE),
     ];
 
     /// A call of a tool the request does not offer is text: no grammar held it, and the client
@@ -2422,6 +2499,25 @@ mod tests {
             ("poolside-Laguna-S-2.1.jinja", Format::Generic),
             ("google-gemma-2-2b-it.jinja", Format::Generic),
             ("muse-glimmer.jinja", Format::Atem),
+            ("Kimi-K2-Instruct.jinja", Format::KimiK2),
+            ("Kimi-K2-Thinking.jinja", Format::KimiK2),
+            ("moonshotai-Kimi-K2.jinja", Format::KimiK2),
+            ("Kimi-K3.jinja", Format::Generic),
+            (
+                "NVIDIA-Nemotron-Nano-v2.jinja",
+                Format::JsonList(&json_list::NEMOTRON_V2),
+            ),
+            (
+                "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja",
+                Format::JsonList(&json_list::COMMAND_R7B),
+            ),
+            ("Cohere2MoE.jinja", Format::JsonList(&json_list::COHERE2MOE)),
+            (
+                "ibm-granite-granite-3.3-2B-Instruct.jinja",
+                Format::JsonList(&json_list::GRANITE),
+            ),
+            ("ibm-granite-granite-4.0.jinja", Format::Hermes),
+            ("ibm-granite-granite-4.1.jinja", Format::Hermes),
         ] {
             // (where llama.cpp's sources are at hand)
             let Some(src) = template(file) else { return };
