@@ -640,7 +640,6 @@ KNOWN_PROMPT_DIFFERENCES: dict[str, str] = {
     "tencent-Hy3.jinja":
         "its tags are built when rendering ('<think{}>'.format(...)), not written in its source, "
         "so Muser finds none",
-    "openai-gpt-oss-120b.jinja": "reasoning in an analysis channel, which Muser does not split",
     "muse-glimmer.jinja": "reasoning in a message to=self, which Muser does not split",
     "Kimi-K2-Instruct.jinja":
         "llama-server's Kimi K2 handler writes a <think> block when continuing templates that "

@@ -50,6 +50,9 @@ pub struct ChatTemplate {
     null_call_content: bool,
     /// How the template writes reasoning, where it writes reasoning tags.
     reasoning: Option<Reasoning>,
+    /// The template writes gpt-oss's harmony channels (`tools::Format::Harmony`): a message's
+    /// reasoning is its `thinking`, and a continued message is written in channels.
+    harmony: bool,
 }
 
 /// How a template writes a message's reasoning: its tags, the text before and after the
@@ -74,6 +77,9 @@ enum Carrier {
     Blocks,
     /// A `thinking` field (LFM2's).
     Thinking,
+    /// A `thinking` field, the content of a message with calls dropped (gpt-oss's template
+    /// refuses both: `harmony_thinking`).
+    Harmony,
 }
 
 /// A value no template writes by itself, for `object_arguments`' probe.
@@ -145,7 +151,10 @@ impl ChatTemplate {
             object_arguments: false,
             null_call_content: false,
             reasoning: None,
+            harmony: false,
         };
+        t.harmony = crate::tools::Format::detect(Some(t.compiled.borrow_owner()))
+            == crate::tools::Format::Harmony;
         t.object_arguments = t.object_arguments();
         t.null_call_content = t.null_call_content();
         t.reasoning = t.reasoning(t.compiled.borrow_owner());
@@ -221,7 +230,7 @@ impl ChatTemplate {
         let Some(p) = &req.prefill else {
             return Ok(None);
         };
-        let thinks = self.reasoning.is_some();
+        let thinks = self.reasoning.is_some() || self.harmony;
         if p.what == Continue::Reasoning && !thinks {
             return Err(ApiError::param(
                 "continue_final_message",
@@ -309,15 +318,19 @@ impl ChatTemplate {
     /// rendering without is a prefix of the one with.)
     pub fn render_request(&self, req: &ChatRequest) -> Result<String, ApiError> {
         let Some(prefill) = &req.prefill else {
-            return self.render_with(
+            let prompt = self.render_with(
                 &req.messages,
                 req.add_generation_prompt,
                 req.tools.as_ref(),
                 &req.kwargs,
-            );
+            )?;
+            return Ok(self.harmony_unreturned(prompt, req.add_generation_prompt));
         };
         let continued = self.continued(req)?;
         let before = &req.messages[..req.messages.len() - 1];
+        if self.harmony {
+            return self.harmony_continued(req, before, prefill, continued);
+        }
         let mut prompt =
             self.render_with(before, continued.is_some(), req.tools.as_ref(), &req.kwargs)?;
         if continued.is_none() {
@@ -339,6 +352,43 @@ impl ChatTemplate {
         Ok(prompt)
     }
 
+    /// A harmony prompt rendered without a generation prompt, its last `<|return|>` (which
+    /// the template writes after a final assistant message, for training) made `<|end|>`, as
+    /// llama-server makes it, so that the model does not read the conversation as finished.
+    fn harmony_unreturned(&self, mut prompt: String, add_generation_prompt: bool) -> String {
+        if self.harmony && !add_generation_prompt {
+            if let Some(at) = prompt.rfind("<|return|>") {
+                prompt.replace_range(at..at + "<|return|>".len(), "<|end|>");
+            }
+        }
+        prompt
+    }
+
+    /// A harmony prompt that continues its final message, as llama-server writes it: the
+    /// conversation before it (without a generation prompt), then the message's reasoning in an
+    /// analysis message, left open when the reasoning is continued, else ended and followed by
+    /// a final message of its text, left open.
+    fn harmony_continued(
+        &self,
+        req: &ChatRequest,
+        before: &[Value],
+        prefill: &Prefill,
+        continued: Option<Continue>,
+    ) -> Result<String, ApiError> {
+        let prompt = self.render_with(before, false, req.tools.as_ref(), &req.kwargs)?;
+        let mut prompt = self.harmony_unreturned(prompt, false);
+        let Some(what) = continued else {
+            return Ok(prompt);
+        };
+        prompt.push_str("<|start|>assistant<|channel|>analysis<|message|>");
+        prompt.push_str(&prefill.reasoning);
+        if what != Continue::Reasoning {
+            prompt.push_str("<|end|><|start|>assistant<|channel|>final<|message|>");
+            prompt.push_str(&prefill.content);
+        }
+        Ok(prompt)
+    }
+
     fn render_with(
         &self,
         messages: &[Value],
@@ -347,10 +397,11 @@ impl ChatTemplate {
         kwargs: &Map<String, Value>,
     ) -> Result<String, ApiError> {
         let compiled = self.compiled.borrow_dependent();
-        let carrier = self
-            .reasoning
-            .as_ref()
-            .map_or(Carrier::Field, |r| r.carrier);
+        let carrier = match &self.reasoning {
+            _ if self.harmony => Carrier::Harmony,
+            Some(r) => r.carrier,
+            None => Carrier::Field,
+        };
         let mut ctx: Vec<(&str, minijinja::Value)> = vec![
             (
                 "messages",
@@ -361,6 +412,7 @@ impl ChatTemplate {
                             Carrier::Field => std::borrow::Cow::Borrowed(m),
                             Carrier::Blocks => std::borrow::Cow::Owned(as_blocks(m)),
                             Carrier::Thinking => std::borrow::Cow::Owned(with_thinking(m)),
+                            Carrier::Harmony => std::borrow::Cow::Owned(harmony_thinking(m)),
                         };
                         message_value(&m, self.object_arguments, self.null_call_content)
                     })
@@ -478,6 +530,25 @@ fn with_thinking(msg: &Value) -> Value {
     let mut m = msg.clone();
     if let Some(r @ Value::String(_)) = msg.get("reasoning_content") {
         m["thinking"] = r.clone();
+    }
+    m
+}
+
+/// A message with a `reasoning_content` (a non-empty string) also as `thinking`, and without
+/// its `content` where it has tool calls, for gpt-oss's template, as llama-server gives it (the
+/// template writes the analysis of a message with calls from one or the other).
+fn harmony_thinking(msg: &Value) -> Value {
+    let mut m = msg.clone();
+    if let Some(r @ Value::String(s)) = msg.get("reasoning_content") {
+        if !s.is_empty() {
+            m["thinking"] = r.clone();
+            let calls = msg.get("tool_calls").and_then(Value::as_array);
+            if let (Some(c), Value::Object(o)) = (calls, &mut m) {
+                if !c.is_empty() {
+                    o.remove("content");
+                }
+            }
+        }
     }
     m
 }

@@ -673,7 +673,7 @@ async fn generate(
             }
         }
         let reasoning = reasoning_format(&f)?;
-        if tools.is_some() || (format == Format::Atem && reasoning) {
+        if tools.is_some() || (matches!(format, Format::Atem | Format::Harmony) && reasoning) {
             // The format's markup is output (and triggers on its tokens) even where the
             // vocabulary makes it control tokens, as llama-server preserves it.
             preserve(&mut gen.preserved, &m, format.markup());
@@ -685,6 +685,7 @@ async fn generate(
                 tools,
                 call_seed: sh.next_id() ^ gen.params.seed.rotate_left(32),
                 think: None,
+                lead: "",
                 past_ids: req
                     .messages
                     .iter()
@@ -695,6 +696,9 @@ async fn generate(
             });
         }
         let text = m.template.render_request(&req)?;
+        if let Some(o) = &mut output {
+            o.lead = format.continued_header(m.template.continued(&req)?);
+        }
         // Reasoning in the template's tags (`<think>`, `[THINK]`) is split from the reply,
         // ahead of the tool-call format; a prompt that closes the block, or that continues a
         // message's content after it, gets none.
@@ -719,6 +723,7 @@ async fn generate(
                 tools: None,
                 call_seed: 0,
                 think: None,
+                lead: "",
                 past_ids: Default::default(),
             });
             let opened = continued == Some(Continue::Reasoning) || tags.prompt_opens(&text);
@@ -750,6 +755,13 @@ async fn generate(
                 }
             }
             preserve(&mut gen.preserved, &m, &[tags.open, tags.close]);
+        }
+        // gpt-oss writes a reply in a response format as a final message, after its analysis.
+        if let (Some(sp), Some(_), Format::Harmony) = (&mut spec, &output, format) {
+            if let (constrain::SpecKind::Schema(s, source), None) = (&sp.kind, &sp.lazy) {
+                let g = format.reply_grammar(&constrain::schema_grammar(s, *source)?);
+                sp.kind = constrain::SpecKind::Made(g, *source);
+            }
         }
         // A template that writes BOS itself gets no second one.
         let bos_written = m
@@ -814,6 +826,10 @@ struct Output {
     tools: Option<ToolRequest>,
     call_seed: u64,
     think: Option<(think::Tags, bool)>,
+    /// Text the format reads before the output: the header of a message the prompt opened
+    /// (gpt-oss's continued analysis or final message, `Format::continued_header`), so that
+    /// the output is read as that message's body; "" for others.
+    lead: &'static str,
     /// The ids of the calls in the request's messages: a model that copies one (Mistral's
     /// write their ids) gets a new one, so that a client never sees an id twice.
     past_ids: std::collections::HashSet<String>,
@@ -821,6 +837,13 @@ struct Output {
 
 impl Output {
     fn parse(&self, text: &str) -> Parsed {
+        let led;
+        let text = if self.lead.is_empty() {
+            text
+        } else {
+            led = format!("{}{text}", self.lead);
+            &led
+        };
         let Some((tags, opened)) = self.think else {
             return self.format.parse(text, self.tools.as_ref());
         };
@@ -842,6 +865,13 @@ impl Output {
     /// format's reading settled of the reply (`Format::parse_partial_on`), kept while the reply
     /// starts where it did (a reply of whitespace so far moves on as it grows).
     fn read_on(&self, text: &str, s: &mut Settled) -> Parsed {
+        let led;
+        let text = if self.lead.is_empty() {
+            text
+        } else {
+            led = format!("{}{text}", self.lead);
+            &led
+        };
         let (reasoning, reply) = match (self.think, &s.split) {
             (None, _) => (None, Some(text)),
             (Some(_), Some((reasoning, at))) => (reasoning.clone(), Some(&text[*at..])),
@@ -1584,6 +1614,7 @@ mod tests {
                 tools: Some(r.clone()),
                 call_seed: rng.next(),
                 think: block,
+                lead: "",
                 past_ids: Default::default(),
             };
             let calls = random_calls(&mut rng, &r);
@@ -1626,6 +1657,7 @@ mod tests {
                 tools: Some(r.clone()),
                 call_seed: 1,
                 think: block,
+                lead: "",
                 past_ids: Default::default(),
             };
             let ws = ["", "\n", "\n\n  "][rng.below(3)];
@@ -1668,6 +1700,7 @@ mod tests {
                 tools: Some(r.clone()),
                 call_seed: rng.next(),
                 think: Some((think::BRACKETS, opened)),
+                lead: "",
                 past_ids: Default::default(),
             };
             let pieces = [
@@ -1806,6 +1839,7 @@ mod tests {
                 call_seed: 1,
                 think: [None, Some(true), Some(false)][rng.below(3)]
                     .map(|opened| ([think::THINK, think::BRACKETS][rng.below(2)], opened)),
+                lead: "",
                 past_ids: Default::default(),
             };
             let text: String = (0..1 + rng.below(24))
@@ -1838,6 +1872,7 @@ mod tests {
             tools: Some(r),
             call_seed: 7,
             think: None,
+            lead: "",
             past_ids: Default::default(),
         };
         let whole =
@@ -1867,6 +1902,7 @@ mod tests {
                     tools: None,
                     call_seed: seed,
                     think: None,
+                    lead: "",
                     past_ids: ["abcDEF123".to_string(), format.call_id(seed, 1)].into(),
                 };
                 let call = |id: Option<&str>| ToolCall {

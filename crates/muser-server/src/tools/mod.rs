@@ -10,7 +10,7 @@
 //! `mistral-nemo` (`[TOOL_CALLS][{...}]`), `mistral` (`[TOOL_CALLS]NAME[ARGS]{...}`: Mistral
 //! Small 3.2, Devstral), `deepseek-r1` and `deepseek-v3.1` (`<｜tool▁calls▁begin｜>` blocks) and
 //! `atem` (Muse Glimmer's channels, whose reasoning is split from the reply with or without
-//! tools).
+//! tools) and `harmony` (gpt-oss's channels, likewise).
 
 use serde_json::{Map, Value};
 
@@ -20,6 +20,7 @@ use crate::error::ApiError;
 mod atem;
 mod deepseek;
 mod generic;
+mod harmony;
 mod hermes;
 mod llama3;
 mod mistral;
@@ -135,6 +136,9 @@ pub enum Format {
     DeepSeekR1,
     /// DeepSeek V3.1: `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}<｜tool▁call▁end｜>...<｜tool▁calls▁end｜>`.
     DeepSeekV31,
+    /// OpenAI's harmony (gpt-oss): `<|channel|>analysis<|message|>...<|end|>` messages, calls
+    /// ` to=functions.NAME<|channel|>commentary json<|message|>{...}`.
+    Harmony,
 }
 
 /// Where a lazy call grammar of a format starts, so that it can be made to wait for the end of
@@ -168,6 +172,8 @@ impl Format {
         };
         if t.contains("<atem:function_calls>") && t.contains("<|eom|>") {
             Format::Atem
+        } else if harmony::detect(t) {
+            Format::Harmony
         } else if qwen_xml::detect(t) {
             Format::QwenXml
         } else if t.contains("<tool_call>")
@@ -203,6 +209,7 @@ impl Format {
             Format::Mistral { .. } => "mistral",
             Format::DeepSeekR1 => "deepseek-r1",
             Format::DeepSeekV31 => "deepseek-v3.1",
+            Format::Harmony => "harmony",
         }
     }
 
@@ -210,7 +217,7 @@ impl Format {
     /// that it can be made to wait for the end of a reasoning block).
     pub fn lazy_start(self) -> Option<LazyStart> {
         match self {
-            Format::Generic | Format::Atem => None,
+            Format::Generic | Format::Atem | Format::Harmony => None,
             Format::Hermes => Some(hermes::LAZY_START),
             Format::QwenXml => Some(qwen_xml::LAZY_START),
             Format::Llama3 { .. } => Some(llama3::LAZY_START),
@@ -237,6 +244,7 @@ impl Format {
             Format::MistralNemo => mistral::MARKUP_NEMO,
             Format::Mistral { .. } => mistral::MARKUP,
             Format::DeepSeekR1 | Format::DeepSeekV31 => deepseek::MARKUP,
+            Format::Harmony => harmony::MARKUP,
             Format::Atem => &[
                 "<|start|>",
                 "<|message|>",
@@ -299,6 +307,7 @@ impl Format {
                  response_format"
                     .to_string(),
             ),
+            Format::Harmony => harmony::plan_with_response(req, response),
             _ => {
                 let forced = ToolRequest {
                     choice: ToolChoice::Required,
@@ -346,6 +355,7 @@ impl Format {
             Format::Mistral { call_id } => mistral::plan(req, mistral::Flavor::Args { call_id }),
             Format::DeepSeekR1 => deepseek::plan(req, deepseek::Flavor::R1),
             Format::DeepSeekV31 => deepseek::plan(req, deepseek::Flavor::V31),
+            Format::Harmony => harmony::plan(req),
         }
     }
 
@@ -364,6 +374,7 @@ impl Format {
             }
             Format::DeepSeekR1 => deepseek::parse(text, req, deepseek::Flavor::R1),
             Format::DeepSeekV31 => deepseek::parse(text, req, deepseek::Flavor::V31),
+            Format::Harmony => harmony::parse(text, req),
         }
     }
 
@@ -387,7 +398,8 @@ impl Format {
     /// deepseek-v3.1), settle anything: each whole block, and the text before an opening or
     /// one that no opening can start in. Nemo's array is one block, so its calls settle only
     /// once it closes. The others read all of `text` again: llama3's call and generic's JSON
-    /// are the whole reply, read at its end, and atem's messages are read as one scan.
+    /// are the whole reply, read at its end, and atem's and harmony's messages are read as one
+    /// scan.
     pub fn parse_partial_on(
         self,
         text: &str,
@@ -407,6 +419,7 @@ impl Format {
             }
             Format::DeepSeekR1 => deepseek::parse_partial(text, req, deepseek::Flavor::R1, from),
             Format::DeepSeekV31 => deepseek::parse_partial(text, req, deepseek::Flavor::V31, from),
+            Format::Harmony => harmony::parse_partial(text, req),
         }
     }
 }
@@ -1888,6 +1901,9 @@ pub(crate) mod test_util {
                 let l = layouts(&v);
                 out = l[rng.below(l.len())].clone();
             }
+            Format::Harmony => {
+                out = super::harmony::test_output(rng, &out, &calls);
+            }
             Format::MistralNemo => {
                 let all: Vec<Value> = calls
                     .iter()
@@ -2046,7 +2062,7 @@ pub(crate) mod test_util {
     }
 
     /// Every format, for the tests that go through them all.
-    pub const FORMATS: [Format; 11] = [
+    pub const FORMATS: [Format; 12] = [
         Format::Generic,
         Format::Hermes,
         Format::Atem,
@@ -2062,6 +2078,7 @@ pub(crate) mod test_util {
         Format::Mistral { call_id: false },
         Format::DeepSeekR1,
         Format::DeepSeekV31,
+        Format::Harmony,
     ];
 
     /// Every prefix of `s` at a character boundary, "" and `s` included.
