@@ -672,8 +672,15 @@ mod tests {
         for round in 0..300 {
             let (mut reasoning, mut content) = (None::<String>, String::new());
             let mut msgs = Vec::new();
-            for _ in 0..1 + rng.below(4) {
-                let b = body(&mut rng);
+            let end = ["", "<|end|>", "<|return|>", "<|end|><|start|>assistant"][rng.below(4)];
+            let n = 1 + rng.below(4);
+            for i in 0..n {
+                let mut b = body(&mut rng);
+                let written = b.clone();
+                if i == n - 1 && end.is_empty() {
+                    // a piece of an end token that ends the output is dropped
+                    b.truncate(b.len() - held_back(&b));
+                }
                 match rng.below(4) {
                     0 | 1 => {
                         let stray = [
@@ -681,20 +688,19 @@ mod tests {
                             "<|channel|>commentary",
                             "<|channel|>commentary to=assistant",
                         ][rng.below(3)];
-                        msgs.push(format!("{stray}<|channel|>analysis<|message|>{b}"));
+                        msgs.push(format!("{stray}<|channel|>analysis<|message|>{written}"));
                         reasoning.get_or_insert_with(String::new).push_str(&b);
                     }
                     2 => {
-                        msgs.push(format!("<|channel|>commentary<|message|>{b}"));
+                        msgs.push(format!("<|channel|>commentary<|message|>{written}"));
                         content.push_str(&b);
                     }
                     _ => {
-                        msgs.push(format!("<|channel|>final<|message|>{b}"));
+                        msgs.push(format!("<|channel|>final<|message|>{written}"));
                         content.push_str(&b);
                     }
                 }
             }
-            let end = ["", "<|end|>", "<|return|>", "<|end|><|start|>assistant"][rng.below(4)];
             let text = msgs.join("<|end|><|start|>assistant") + end;
             let req = (round % 2 == 0).then_some(&tools);
             let p = check_prefixes(&text, req);
