@@ -836,14 +836,18 @@ struct Output {
 }
 
 impl Output {
-    fn parse(&self, text: &str) -> Parsed {
-        let led;
-        let text = if self.lead.is_empty() {
-            text
+    /// The text the format reads: `lead`, then the output.
+    fn led<'t>(&self, text: &'t str) -> std::borrow::Cow<'t, str> {
+        if self.lead.is_empty() {
+            text.into()
         } else {
-            led = format!("{}{text}", self.lead);
-            &led
-        };
+            format!("{}{text}", self.lead).into()
+        }
+    }
+
+    fn parse(&self, text: &str) -> Parsed {
+        let led = self.led(text);
+        let text: &str = &led;
         let Some((tags, opened)) = self.think else {
             return self.format.parse(text, self.tools.as_ref());
         };
@@ -865,13 +869,8 @@ impl Output {
     /// format's reading settled of the reply (`Format::parse_partial_on`), kept while the reply
     /// starts where it did (a reply of whitespace so far moves on as it grows).
     fn read_on(&self, text: &str, s: &mut Settled) -> Parsed {
-        let led;
-        let text = if self.lead.is_empty() {
-            text
-        } else {
-            led = format!("{}{text}", self.lead);
-            &led
-        };
+        let led = self.led(text);
+        let text: &str = &led;
         let (reasoning, reply) = match (self.think, &s.split) {
             (None, _) => (None, Some(text)),
             (Some(_), Some((reasoning, at))) => (reasoning.clone(), Some(&text[*at..])),

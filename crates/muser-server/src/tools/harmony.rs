@@ -42,13 +42,14 @@
 //! an unfinished header or end token, and sends a call once its header is whole, its arguments
 //! as far as they are sure (`partial::Json::stable_object`).
 
+use super::atem::{lit, take, Step};
 use super::partial::{self, Json};
 use super::xml_args::text_without;
 use super::{
     allowed_tools, arguments_schema, call_of, fresh_rule, json_prefix, rename_rule, rule_names,
     tool_rules, Parsed, Plan, ToolCall, ToolChoice, ToolRequest, Trigger,
 };
-use muser_jsonschema::gbnf_literal as lit;
+use muser_jsonschema::gbnf_literal;
 use serde_json::Value;
 
 const START: &str = "<|start|>assistant";
@@ -96,17 +97,17 @@ pub(super) fn detect(template: &str) -> bool {
 /// after a call's recipient, and the messages that may come before the calls (analysis, with
 /// gpt-oss's stray commentary header before it, and commentary preambles).
 fn shared_rules() -> String {
-    let before_end = lit(&format!("{END}{START}"));
+    let before_end = gbnf_literal(&format!("{END}{START}"));
     let mut g = format!(
         "harmony-channel ::= {} ( \"commentary\" | \"analysis\" )\n\
          harmony-constraint ::= [ \\t\\n]* {} [A-Za-z0-9_-]+ | [ \\t\\n]+ [A-Za-z0-9_-]+\n\
          harmony-before ::= ( ( {} ( {} )? )? {} | {} ) harmony-text {before_end}\n",
-        lit(CHANNEL),
-        lit(CONSTRAIN),
-        lit(&format!("{CHANNEL}commentary")),
-        lit(" to=assistant"),
-        lit(&format!("{CHANNEL}analysis{MESSAGE}")),
-        lit(&format!("{CHANNEL}commentary{MESSAGE}")),
+        gbnf_literal(CHANNEL),
+        gbnf_literal(CONSTRAIN),
+        gbnf_literal(&format!("{CHANNEL}commentary")),
+        gbnf_literal(" to=assistant"),
+        gbnf_literal(&format!("{CHANNEL}analysis{MESSAGE}")),
+        gbnf_literal(&format!("{CHANNEL}commentary{MESSAGE}")),
     );
     g.push_str(&text_without("harmony-text", &[END]));
     g
@@ -121,18 +122,21 @@ fn call_rules(req: &ToolRequest) -> Result<Option<String>, String> {
     let mut rules = String::new();
     for (i, t) in tools.iter().enumerate() {
         let (args, r) = tool_rules(t, &arguments_schema(t), &format!("harmony-tool{i}-"))?;
-        let to = lit(&format!("{TO}{FUNCTIONS}{}", t.name));
+        let to = gbnf_literal(&format!("{TO}{FUNCTIONS}{}", t.name));
         rules.push_str(&format!(
             "harmony-call-{i} ::= ( {to} harmony-channel | harmony-channel {to} ) \
              harmony-constraint? {} {args}\n",
-            lit(MESSAGE)
+            gbnf_literal(MESSAGE)
         ));
         rules.push_str(r.trim_end());
         rules.push('\n');
         alts.push(format!("harmony-call-{i}"));
     }
     let more = if req.parallel {
-        format!(" ( {} harmony-call )*", lit(&format!("{CALL}{START}")))
+        format!(
+            " ( {} harmony-call )*",
+            gbnf_literal(&format!("{CALL}{START}"))
+        )
     } else {
         String::new()
     };
@@ -192,8 +196,8 @@ pub(super) fn plan_with_response(req: &ToolRequest, response: &Value) -> Result<
     let gbnf = format!(
         "root ::= harmony-before* ( harmony-calls | {} harmony-constraint? {} {top} )\n\
          {calls}{shared}{}",
-        lit(&format!("{CHANNEL}final")),
-        lit(MESSAGE),
+        gbnf_literal(&format!("{CHANNEL}final")),
+        gbnf_literal(MESSAGE),
         rename_rule(&rules, "root", &prefix),
     );
     Ok(Plan {
@@ -218,8 +222,8 @@ impl super::Format {
         let reply = fresh_rule(&mut taken, "harmony-reply");
         format!(
             "root ::= harmony-before* {} harmony-constraint? {} {reply}\n{shared}{}",
-            lit(&format!("{CHANNEL}final")),
-            lit(MESSAGE),
+            gbnf_literal(&format!("{CHANNEL}final")),
+            gbnf_literal(MESSAGE),
             rename_rule(gbnf, "root", &reply)
         )
     }
@@ -243,16 +247,6 @@ impl super::Format {
 // ---------------------------------------------------------------------------------------------
 // Parse
 
-/// The result of reading a piece of markup at the start of a text.
-enum Step<T> {
-    /// Read: the value and the bytes it took.
-    Done(T, usize),
-    /// The text ends before the piece does (it may still become one).
-    More,
-    /// The text cannot start with the piece, whatever follows.
-    Broken,
-}
-
 /// What a message's header makes of its body.
 #[derive(Debug, PartialEq)]
 enum Kind {
@@ -260,17 +254,6 @@ enum Kind {
     Content,
     /// A call of the function named.
     Call(String),
-}
-
-/// Reads the literal `l` at the start of `s`.
-fn lit_step(s: &str, l: &str) -> Step<()> {
-    if s.starts_with(l) {
-        Step::Done((), l.len())
-    } else if l.starts_with(s) {
-        Step::More
-    } else {
-        Step::Broken
-    }
 }
 
 /// The length of the run of characters at the start of `s` that `keep` takes.
@@ -289,7 +272,7 @@ fn is_name_char(c: char) -> bool {
 /// as llama.cpp's grammar knows the names (a content type may follow a name without a space);
 /// another recipient is the run of name characters.
 fn recipient<'s>(s: &'s str, names: &[&str]) -> Option<Step<&'s str>> {
-    match lit_step(s, TO) {
+    match lit(s, TO) {
         Step::Done(..) => {}
         Step::More => return Some(Step::More),
         Step::Broken => return None,
@@ -324,7 +307,7 @@ fn recipient<'s>(s: &'s str, names: &[&str]) -> Option<Step<&'s str>> {
 fn constraint(s: &str) -> Step<()> {
     let ws = run_len(s, char::is_whitespace);
     let mut p = ws;
-    match lit_step(&s[p..], CONSTRAIN) {
+    match lit(&s[p..], CONSTRAIN) {
         Step::Done(..) => p += CONSTRAIN.len(),
         Step::More if p < s.len() => return Step::More,
         _ => {}
@@ -348,18 +331,6 @@ const CHANNELS: [&str; 3] = ["analysis", "commentary", "final"];
 /// A message header, through `<|message|>`: what its body is, and the header's length.
 /// `names`: the tools that may be called.
 fn header(s: &str, names: &[&str]) -> Step<Kind> {
-    macro_rules! take {
-        ($e:expr, $p:ident) => {
-            match $e {
-                Step::Done(v, n) => {
-                    $p += n;
-                    v
-                }
-                Step::More => return Step::More,
-                Step::Broken => return Step::Broken,
-            }
-        };
-    }
     let mut p = 0;
     // gpt-oss's stray commentary header before the one it means
     let stray = format!("{CHANNEL}commentary");
@@ -379,7 +350,7 @@ fn header(s: &str, names: &[&str]) -> Step<Kind> {
     if let Some(r) = recipient(&s[p..], names) {
         to = Some(take!(r, p));
     }
-    take!(lit_step(&s[p..], CHANNEL), p);
+    take!(lit(&s[p..], CHANNEL), p);
     let rest = &s[p..];
     let Some(channel) = CHANNELS.iter().find(|c| rest.starts_with(**c)) else {
         return if CHANNELS.iter().any(|c| c.starts_with(rest)) {
@@ -407,7 +378,7 @@ fn header(s: &str, names: &[&str]) -> Step<Kind> {
     if matches!(kind, Kind::Call(_)) || *channel == "final" {
         take!(constraint(&s[p..]), p);
     }
-    take!(lit_step(&s[p..], MESSAGE), p);
+    take!(lit(&s[p..], MESSAGE), p);
     Step::Done(kind, p)
 }
 
@@ -550,23 +521,24 @@ fn scan(text: &str, complete: bool, req: Option<&ToolRequest>) -> Scan {
     }
 }
 
-pub(super) fn parse(text: &str, req: Option<&ToolRequest>) -> Parsed {
-    let s = scan(text, true, req);
-    Parsed {
-        content: s.content,
-        reasoning: (!s.reasoning.is_empty()).then_some(s.reasoning),
-        tool_calls: s.calls,
+impl Scan {
+    /// The reading: the whole calls, or those begun (`streamed`).
+    fn parsed(self, streamed: bool) -> Parsed {
+        Parsed {
+            content: self.content,
+            reasoning: (!self.reasoning.is_empty()).then_some(self.reasoning),
+            tool_calls: if streamed { self.begun } else { self.calls },
+        }
     }
+}
+
+pub(super) fn parse(text: &str, req: Option<&ToolRequest>) -> Parsed {
+    scan(text, true, req).parsed(false)
 }
 
 /// Content and reasoning as far as no continuation changes them; the calls begun.
 pub(super) fn parse_partial(text: &str, req: Option<&ToolRequest>) -> Parsed {
-    let s = scan(text, false, req);
-    Parsed {
-        content: s.content,
-        reasoning: (!s.reasoning.is_empty()).then_some(s.reasoning),
-        tool_calls: s.begun,
-    }
+    scan(text, false, req).parsed(true)
 }
 
 /// A well-formed output of calls (`test_util::random_output`'s): `text`, if any, as a
