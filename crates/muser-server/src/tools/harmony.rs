@@ -28,7 +28,12 @@
 //! * A response format beside tools under `auto` (`plan_with_response`): the messages before,
 //!   then the calls or a final message whose body is the response's JSON.
 //!
-//! A call's arguments are held by the tool's schema (muser-jsonschema).
+//! * A response format without tools (or with `tool_choice` none): the same, with the final
+//!   message only (`Format::reply_grammar`).
+//!
+//! A call's arguments are held by the tool's schema (muser-jsonschema). A content type after a
+//! call's recipient or channel must follow whitespace or `<|constrain|>` (llama.cpp's grammar
+//! lets a random model run a type on from the name, `analysisjsonjson...`, without end).
 //!
 //! # Parse
 //!
@@ -38,9 +43,13 @@
 //! offered or with `tool_choice` none, arguments that are not a JSON object, a message end
 //! followed by something other than `<|start|>assistant`), the rest of the text, from that
 //! message's start (the end token of the message before) on, is appended verbatim to the
-//! content: nothing read before changes, so what was streamed stays valid. Streaming holds back
-//! an unfinished header or end token, and sends a call once its header is whole, its arguments
-//! as far as they are sure (`partial::Json::stable_object`).
+//! content: nothing read before changes, so what was streamed stays valid. A function's name is
+//! the longest offered name the recipient starts with (a content type may follow it without a
+//! space, as llama.cpp reads it). A piece of an end token, or of a header after a message, that
+//! ends the output is dropped, as llama.cpp drops it. Streaming holds those back, and sends a call once its header
+//! is whole and its arguments' object has begun, the arguments as far as they are sure
+//! (`partial::Json::stable_object`). A prompt that continues a message leaves its header open:
+//! the output is read after it (`Format::continued_header`).
 
 use super::atem::{lit, take, Step};
 use super::partial::{self, Json};
