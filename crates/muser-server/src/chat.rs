@@ -1866,6 +1866,60 @@ mod tests {
     /// content blocks: a conversation with random reasoning in its history renders them in
     /// `[THINK]` tags before the text, as llama-server gives them; plain string content (no
     /// reasoning, or an empty one) renders as it did.
+    /// gpt-oss's template gets a message's reasoning as `thinking` (and no content beside it
+    /// where the message has calls, which the template refuses); a continued message is written
+    /// in channels, its analysis left open when its reasoning goes on, else ended and followed
+    /// by its final message; a finished final turn ends in `<|end|>`, not `<|return|>`.
+    #[test]
+    fn gpt_oss_reads_thinking_and_continues_in_channels() {
+        let Some(t) = real("openai-gpt-oss-120b.jinja") else {
+            return;
+        };
+        let mut rng = crate::tools::test_util::Rng(0x5EED_6055);
+        for _ in 0..20 {
+            let (q, r, a) = (
+                random_text(&mut rng),
+                random_text(&mut rng),
+                random_text(&mut rng),
+            );
+            let user = json!({"role": "user", "content": q});
+            let call = json!({"role": "assistant", "content": a, "reasoning_content": r,
+                "tool_calls": [{"id": "c1", "type": "function",
+                                "function": {"name": "f", "arguments": "{\"x\": 1}"}}]});
+            let result = json!({"role": "tool", "tool_call_id": "c1", "content": "ok"});
+            let p = render_body(&t, json!({"messages": [user, call, result]})).unwrap();
+            let analysis = format!("<|start|>assistant<|channel|>analysis<|message|>{r}<|end|>");
+            assert!(
+                p.contains(&format!("{analysis}<|start|>assistant to=functions.f")),
+                "{p}"
+            );
+            let head = render_body(
+                &t,
+                json!({"messages": [user], "add_generation_prompt": false}),
+            )
+            .unwrap();
+            let both = json!({"role": "assistant", "content": a, "reasoning_content": r});
+            let p = render_body(&t, json!({"messages": [user, both]})).unwrap();
+            assert_eq!(
+                p,
+                format!("{head}{analysis}<|start|>assistant<|channel|>final<|message|>{a}")
+            );
+            let only = json!({"role": "assistant", "content": "", "reasoning_content": r});
+            let p = render_body(&t, json!({"messages": [user, only]})).unwrap();
+            assert_eq!(
+                p,
+                format!("{head}{}", analysis.strip_suffix("<|end|>").unwrap())
+            );
+            let p = render_body(
+                &t,
+                json!({"messages": [user, both], "continue_final_message": false,
+                       "add_generation_prompt": false}),
+            )
+            .unwrap();
+            assert!(p.ends_with(&format!("final<|message|>{a}<|end|>")), "{p}");
+        }
+    }
+
     #[test]
     fn ministral_reads_reasoning_and_text_as_content_blocks() {
         let Some(t) = real("mistralai-Ministral-3-14B-Reasoning-2512.jinja") else {
