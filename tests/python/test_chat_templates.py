@@ -704,7 +704,6 @@ KNOWN_PROMPT_DIFFERENCES: dict[str, str] = {
     "tencent-Hy3.jinja":
         "its tags are built when rendering ('<think{}>'.format(...)), not written in its source, "
         "so Muser finds none",
-    "openai-gpt-oss-120b.jinja": "reasoning in an analysis channel, which Muser does not split",
     "muse-glimmer.jinja": "reasoning in a message to=self, which Muser does not split",
     "Kimi-K2-Instruct.jinja":
         "llama-server's Kimi K2 handler writes a <think> block when continuing templates that "
@@ -856,3 +855,52 @@ def test_every_reasoning_template_reads_replies_as_llama_server_does(tmp_path):
     report = "\n".join(f"{n} / {c}: {t!r}\n  llama: {w!r}\n  muser: {g!r}"
                        for n, (c, t, w, g) in sorted(found.items()))
     assert set(found) == set(KNOWN_READING_DIFFERENCES), report
+
+
+def harmony_outputs(rng: random.Random) -> dict[str, str]:
+    """Outputs gpt-oss may write after its generation prompt (`<|start|>assistant`), by name:
+    analysis messages (now and then after a stray commentary header) and commentary preambles,
+    then a final message, ended or not."""
+    def message() -> str:
+        channel = rng.choice(["analysis", "analysis", "commentary"])
+        stray = rng.choice(["", "", "<|channel|>commentary",
+                            "<|channel|>commentary to=assistant"]) if channel == "analysis" else ""
+        return f"{stray}<|channel|>{channel}<|message|>{random_text(rng)}<|end|><|start|>assistant"
+    final = f"<|channel|>final<|message|>{random_text(rng)}"
+    before = "".join(message() for _ in range(rng.randrange(1, 4)))
+    return {"final": final, "messages": before + final,
+            "ended": before + final + "<|end|>",
+            "reasoning only": before + "<|channel|>analysis<|message|>" + random_text(rng)}
+
+
+@pytest.mark.skipif(not (SRC and LLAMA_SERVER and LLAMA_SERVER.exists()),
+                    reason="needs llama.cpp's source (MUSER_GGML_SRC) and llama-server "
+                           "(LLAMA_CPP_BIN)")
+def test_gpt_oss_channels_read_as_llama_server_does(tmp_path):
+    """gpt-oss's harmony outputs (`harmony_outputs`), forced by a grammar in both servers, are
+    split into the same reasoning (its analysis messages) and content (preambles and the final
+    message), Muser's streamed as unstreamed; and a continued message's output is read as the
+    rest of that message (llama-server's answer repeats the message's own text before it)."""
+    model = tiny_model(tmp_path)
+    rng = random.Random()
+    user = [{"role": "user", "content": random_text(rng)}]
+    with both_servers(model, "openai-gpt-oss-120b.jinja", ctx=2048) as (muser, llama, _):
+        for _ in range(4):
+            for case, text in harmony_outputs(rng).items():
+                want = forced_reply(llama, user, text)
+                got = forced_reply(muser, user, text)
+                assert got == want, (case, text)
+                assert forced_reply(muser, user, text, stream=True) == got, (case, text)
+        r, a, more = random_text(rng), random_text(rng), random_text(rng)
+        for last, text, want in [
+            ({"role": "assistant", "content": "", "reasoning_content": r},
+             f"{more}<|end|><|start|>assistant<|channel|>final<|message|>{a}", (a, more)),
+            ({"role": "assistant", "content": a, "reasoning_content": r}, more, (more, "")),
+            ({"role": "assistant", "content": a}, more, (more, "")),
+        ]:
+            got = forced_reply(muser, user + [last], text)
+            assert got == want, (last, text)
+            assert forced_reply(muser, user + [last], text, stream=True) == got, (last, text)
+            full = forced_reply(llama, user + [last], text)
+            prefix = (last["content"], last.get("reasoning_content", ""))
+            assert full == (prefix[0] + got[0], prefix[1] + got[1]), (last, text, full)

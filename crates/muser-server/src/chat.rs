@@ -57,6 +57,9 @@ pub struct ChatTemplate {
     /// Gemma 4's older template, which reads tool results merged into the assistant message
     /// (`gemma4::merge_tool_responses`).
     merge_tool_responses: bool,
+    /// The template writes gpt-oss's harmony channels (`tools::Format::Harmony`): a message's
+    /// reasoning is its `thinking`, and a continued message is written in channels.
+    harmony: bool,
 }
 
 /// How a template writes a message's reasoning: its tags, the text before and after the
@@ -81,6 +84,9 @@ enum Carrier {
     Blocks,
     /// A `thinking` field (LFM2's).
     Thinking,
+    /// A `thinking` field, the content of a message with calls dropped (gpt-oss's template
+    /// refuses both: `harmony_thinking`).
+    Harmony,
 }
 
 /// A value no template writes by itself, for `object_arguments`' probe.
@@ -154,10 +160,12 @@ impl ChatTemplate {
             reasoning: None,
             gemma4: false,
             merge_tool_responses: false,
+            harmony: false,
         };
         let src = t.compiled.borrow_owner();
         t.gemma4 = gemma4::detect(src);
         t.merge_tool_responses = gemma4::reads_tool_responses(src);
+        t.harmony = crate::tools::Format::detect(Some(src)) == crate::tools::Format::Harmony;
         t.object_arguments = t.object_arguments();
         t.null_call_content = t.null_call_content();
         t.reasoning = t.reasoning(t.compiled.borrow_owner());
@@ -233,7 +241,7 @@ impl ChatTemplate {
         let Some(p) = &req.prefill else {
             return Ok(None);
         };
-        let thinks = self.reasoning.is_some();
+        let thinks = self.reasoning.is_some() || self.harmony;
         if p.what == Continue::Reasoning && !thinks {
             return Err(ApiError::param(
                 "continue_final_message",
@@ -330,10 +338,13 @@ impl ChatTemplate {
             if req.add_generation_prompt {
                 self.reopen_turn(&mut prompt);
             }
-            return Ok(prompt);
+            return Ok(self.harmony_unreturned(prompt, req.add_generation_prompt));
         };
         let continued = self.continued(req)?;
         let before = &req.messages[..req.messages.len() - 1];
+        if self.harmony {
+            return self.harmony_continued(req, before, prefill, continued);
+        }
         let mut prompt =
             self.render_with(before, continued.is_some(), req.tools.as_ref(), &req.kwargs)?;
         if continued.is_some() {
@@ -367,6 +378,43 @@ impl ChatTemplate {
         }
     }
 
+    /// A harmony prompt rendered without a generation prompt, its last `<|return|>` (which
+    /// the template writes after a final assistant message, for training) made `<|end|>`, as
+    /// llama-server makes it, so that the model does not read the conversation as finished.
+    fn harmony_unreturned(&self, mut prompt: String, add_generation_prompt: bool) -> String {
+        if self.harmony && !add_generation_prompt {
+            if let Some(at) = prompt.rfind("<|return|>") {
+                prompt.replace_range(at..at + "<|return|>".len(), "<|end|>");
+            }
+        }
+        prompt
+    }
+
+    /// A harmony prompt that continues its final message, as llama-server writes it: the
+    /// conversation before it (without a generation prompt), then the message's reasoning in an
+    /// analysis message, left open when the reasoning is continued, else ended and followed by
+    /// a final message of its text, left open.
+    fn harmony_continued(
+        &self,
+        req: &ChatRequest,
+        before: &[Value],
+        prefill: &Prefill,
+        continued: Option<Continue>,
+    ) -> Result<String, ApiError> {
+        let prompt = self.render_with(before, false, req.tools.as_ref(), &req.kwargs)?;
+        let mut prompt = self.harmony_unreturned(prompt, false);
+        let Some(what) = continued else {
+            return Ok(prompt);
+        };
+        prompt.push_str("<|start|>assistant<|channel|>analysis<|message|>");
+        prompt.push_str(&prefill.reasoning);
+        if what != Continue::Reasoning {
+            prompt.push_str("<|end|><|start|>assistant<|channel|>final<|message|>");
+            prompt.push_str(&prefill.content);
+        }
+        Ok(prompt)
+    }
+
     fn render_with(
         &self,
         messages: &[Value],
@@ -382,10 +430,11 @@ impl ChatTemplate {
         } else {
             messages
         };
-        let carrier = self
-            .reasoning
-            .as_ref()
-            .map_or(Carrier::Field, |r| r.carrier);
+        let carrier = match &self.reasoning {
+            _ if self.harmony => Carrier::Harmony,
+            Some(r) => r.carrier,
+            None => Carrier::Field,
+        };
         let mut ctx: Vec<(&str, minijinja::Value)> = vec![
             (
                 "messages",
@@ -396,6 +445,7 @@ impl ChatTemplate {
                             Carrier::Field => std::borrow::Cow::Borrowed(m),
                             Carrier::Blocks => std::borrow::Cow::Owned(as_blocks(m)),
                             Carrier::Thinking => std::borrow::Cow::Owned(with_thinking(m)),
+                            Carrier::Harmony => std::borrow::Cow::Owned(harmony_thinking(m)),
                         };
                         message_value(&m, self.object_arguments, self.null_call_content)
                     })
@@ -517,6 +567,25 @@ fn with_thinking(msg: &Value) -> Value {
     let mut m = msg.clone();
     if let Some(r @ Value::String(_)) = msg.get("reasoning_content") {
         m["thinking"] = r.clone();
+    }
+    m
+}
+
+/// A message with a `reasoning_content` (a non-empty string) also as `thinking`, and without
+/// its `content` where it has tool calls, for gpt-oss's template, as llama-server gives it (the
+/// template writes the analysis of a message with calls from one or the other).
+fn harmony_thinking(msg: &Value) -> Value {
+    let mut m = msg.clone();
+    if let Some(r @ Value::String(s)) = msg.get("reasoning_content") {
+        if !s.is_empty() {
+            m["thinking"] = r.clone();
+            let calls = msg.get("tool_calls").and_then(Value::as_array);
+            if let (Some(c), Value::Object(o)) = (calls, &mut m) {
+                if !c.is_empty() {
+                    o.remove("content");
+                }
+            }
+        }
     }
     m
 }
@@ -1834,6 +1903,60 @@ mod tests {
     /// content blocks: a conversation with random reasoning in its history renders them in
     /// `[THINK]` tags before the text, as llama-server gives them; plain string content (no
     /// reasoning, or an empty one) renders as it did.
+    /// gpt-oss's template gets a message's reasoning as `thinking` (and no content beside it
+    /// where the message has calls, which the template refuses); a continued message is written
+    /// in channels, its analysis left open when its reasoning goes on, else ended and followed
+    /// by its final message; a finished final turn ends in `<|end|>`, not `<|return|>`.
+    #[test]
+    fn gpt_oss_reads_thinking_and_continues_in_channels() {
+        let Some(t) = real("openai-gpt-oss-120b.jinja") else {
+            return;
+        };
+        let mut rng = crate::tools::test_util::Rng(0x5EED_6055);
+        for _ in 0..20 {
+            let (q, r, a) = (
+                random_text(&mut rng),
+                random_text(&mut rng),
+                random_text(&mut rng),
+            );
+            let user = json!({"role": "user", "content": q});
+            let call = json!({"role": "assistant", "content": a, "reasoning_content": r,
+                "tool_calls": [{"id": "c1", "type": "function",
+                                "function": {"name": "f", "arguments": "{\"x\": 1}"}}]});
+            let result = json!({"role": "tool", "tool_call_id": "c1", "content": "ok"});
+            let p = render_body(&t, json!({"messages": [user, call, result]})).unwrap();
+            let analysis = format!("<|start|>assistant<|channel|>analysis<|message|>{r}<|end|>");
+            assert!(
+                p.contains(&format!("{analysis}<|start|>assistant to=functions.f")),
+                "{p}"
+            );
+            let head = render_body(
+                &t,
+                json!({"messages": [user], "add_generation_prompt": false}),
+            )
+            .unwrap();
+            let both = json!({"role": "assistant", "content": a, "reasoning_content": r});
+            let p = render_body(&t, json!({"messages": [user, both]})).unwrap();
+            assert_eq!(
+                p,
+                format!("{head}{analysis}<|start|>assistant<|channel|>final<|message|>{a}")
+            );
+            let only = json!({"role": "assistant", "content": "", "reasoning_content": r});
+            let p = render_body(&t, json!({"messages": [user, only]})).unwrap();
+            assert_eq!(
+                p,
+                format!("{head}{}", analysis.strip_suffix("<|end|>").unwrap())
+            );
+            let p = render_body(
+                &t,
+                json!({"messages": [user, both], "continue_final_message": false,
+                       "add_generation_prompt": false}),
+            )
+            .unwrap();
+            assert!(p.ends_with(&format!("final<|message|>{a}<|end|>")), "{p}");
+        }
+    }
+
     #[test]
     fn ministral_reads_reasoning_and_text_as_content_blocks() {
         let Some(t) = real("mistralai-Ministral-3-14B-Reasoning-2512.jinja") else {

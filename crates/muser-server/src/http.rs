@@ -673,8 +673,10 @@ async fn generate(
             }
         }
         let reasoning = reasoning_format(&f)?;
-        // (ATEM's and Gemma 4's readings split their reasoning with or without tools)
-        if tools.is_some() || (matches!(format, Format::Atem | Format::Gemma4) && reasoning) {
+        // (ATEM's, harmony's and Gemma 4's readings split their reasoning with or without tools)
+        if tools.is_some()
+            || (matches!(format, Format::Atem | Format::Harmony | Format::Gemma4) && reasoning)
+        {
             // The format's markup is output (and triggers on its tokens) even where the
             // vocabulary makes it control tokens, as llama-server preserves it.
             preserve(&mut gen.preserved, &m, format.markup());
@@ -686,6 +688,7 @@ async fn generate(
                 tools,
                 call_seed: sh.next_id() ^ gen.params.seed.rotate_left(32),
                 think: None,
+                lead: "",
                 past_ids: req
                     .messages
                     .iter()
@@ -696,6 +699,9 @@ async fn generate(
             });
         }
         let text = m.template.render_request(&req)?;
+        if let Some(o) = &mut output {
+            o.lead = format.continued_header(m.template.continued(&req)?);
+        }
         // Reasoning in the template's tags (`<think>`, `[THINK]`) is split from the reply,
         // ahead of the tool-call format; a prompt that closes the block, or that continues a
         // message's content after it, gets none.
@@ -720,6 +726,7 @@ async fn generate(
                 tools: None,
                 call_seed: 0,
                 think: None,
+                lead: "",
                 past_ids: Default::default(),
             });
             let opened = continued == Some(Continue::Reasoning) || tags.prompt_opens(&text);
@@ -751,6 +758,13 @@ async fn generate(
                 }
             }
             preserve(&mut gen.preserved, &m, &[tags.open, tags.close]);
+        }
+        // gpt-oss writes a reply in a response format as a final message, after its analysis.
+        if let (Some(sp), Some(_), Format::Harmony) = (&mut spec, &output, format) {
+            if let (constrain::SpecKind::Schema(s, source), None) = (&sp.kind, &sp.lazy) {
+                let g = format.reply_grammar(&constrain::schema_grammar(s, *source)?);
+                sp.kind = constrain::SpecKind::Made(g, *source);
+            }
         }
         // A template that writes BOS itself gets no second one.
         let bos_written = m
@@ -825,13 +839,28 @@ struct Output {
     tools: Option<ToolRequest>,
     call_seed: u64,
     think: Option<(think::Tags, bool)>,
+    /// Text the format reads before the output: the header of a message the prompt opened
+    /// (gpt-oss's continued analysis or final message, `Format::continued_header`), so that
+    /// the output is read as that message's body; "" for others.
+    lead: &'static str,
     /// The ids of the calls in the request's messages: a model that copies one (Mistral's
     /// write their ids) gets a new one, so that a client never sees an id twice.
     past_ids: std::collections::HashSet<String>,
 }
 
 impl Output {
+    /// The text the format reads: `lead`, then the output.
+    fn led<'t>(&self, text: &'t str) -> std::borrow::Cow<'t, str> {
+        if self.lead.is_empty() {
+            text.into()
+        } else {
+            format!("{}{text}", self.lead).into()
+        }
+    }
+
     fn parse(&self, text: &str) -> Parsed {
+        let led = self.led(text);
+        let text: &str = &led;
         let Some((tags, opened)) = self.think else {
             return self.format.parse(text, self.tools.as_ref());
         };
@@ -853,6 +882,8 @@ impl Output {
     /// format's reading settled of the reply (`Format::parse_partial_on`), kept while the reply
     /// starts where it did (a reply of whitespace so far moves on as it grows).
     fn read_on(&self, text: &str, s: &mut Settled) -> Parsed {
+        let led = self.led(text);
+        let text: &str = &led;
         let (reasoning, reply) = match (self.think, &s.split) {
             (None, _) => (None, Some(text)),
             (Some(_), Some((reasoning, at))) => (reasoning.clone(), Some(&text[*at..])),
@@ -1616,6 +1647,7 @@ mod tests {
                 tools: Some(r.clone()),
                 call_seed: rng.next(),
                 think: block,
+                lead: "",
                 past_ids: Default::default(),
             };
             let calls = random_calls(&mut rng, &r);
@@ -1658,6 +1690,7 @@ mod tests {
                 tools: Some(r.clone()),
                 call_seed: 1,
                 think: block,
+                lead: "",
                 past_ids: Default::default(),
             };
             let ws = ["", "\n", "\n\n  "][rng.below(3)];
@@ -1700,6 +1733,7 @@ mod tests {
                 tools: Some(r.clone()),
                 call_seed: rng.next(),
                 think: Some((think::BRACKETS, opened)),
+                lead: "",
                 past_ids: Default::default(),
             };
             let pieces = [
@@ -1850,6 +1884,7 @@ mod tests {
                 call_seed: 1,
                 think: [None, Some(true), Some(false)][rng.below(3)]
                     .map(|opened| ([think::THINK, think::BRACKETS][rng.below(2)], opened)),
+                lead: "",
                 past_ids: Default::default(),
             };
             let text: String = (0..1 + rng.below(24))
@@ -1882,6 +1917,7 @@ mod tests {
             tools: Some(r),
             call_seed: 7,
             think: None,
+            lead: "",
             past_ids: Default::default(),
         };
         let whole =
@@ -1911,6 +1947,7 @@ mod tests {
                     tools: None,
                     call_seed: seed,
                     think: None,
+                    lead: "",
                     past_ids: ["abcDEF123".to_string(), format.call_id(seed, 1)].into(),
                 };
                 let call = |id: Option<&str>| ToolCall {
@@ -1976,6 +2013,7 @@ mod tests {
                 call_seed: 1,
                 think: t.reasoning_tags().map(|g| (g, false)),
                 past_ids: Default::default(),
+                lead: "",
             };
             let (p, _) = o.parse_final(&s("raw"));
             let got = (

@@ -286,8 +286,25 @@ impl<'r> Begun<'r> {
     }
 }
 
+/// Reads a piece of markup with a reader that gives a `Step`: its value, the bytes it took
+/// added to `$p`; returns `Step::More` or `Step::Broken` from the calling function where the
+/// piece is not whole.
+macro_rules! take {
+    ($e:expr, $p:ident) => {
+        match $e {
+            Step::Done(v, n) => {
+                $p += n;
+                v
+            }
+            Step::More => return Step::More,
+            Step::Broken => return Step::Broken,
+        }
+    };
+}
+pub(super) use take;
+
 /// The result of reading a piece of markup at the start of a text.
-enum Step<T> {
+pub(super) enum Step<T> {
     /// Read: the value and the bytes it took.
     Done(T, usize),
     /// The text ends before the piece does (it may still become one).
@@ -341,7 +358,7 @@ fn header(s: &str) -> Step<Recipient> {
 }
 
 /// Reads the literal `lit` at the start of `s`.
-fn lit(s: &str, lit: &str) -> Step<()> {
+pub(super) fn lit(s: &str, lit: &str) -> Step<()> {
     if s.starts_with(lit) {
         Step::Done((), lit.len())
     } else if lit.starts_with(s) {
@@ -378,18 +395,6 @@ fn one_of(s: &str, lits: &[&str]) -> Step<usize> {
 /// An ATEM block (and the whitespace after it): its calls. `begun` reads them as streaming
 /// does, as far as `s` goes.
 fn call_block(s: &str, begun: &mut Begun) -> Step<Vec<RawCall>> {
-    macro_rules! take {
-        ($e:expr, $p:ident) => {
-            match $e {
-                Step::Done(v, n) => {
-                    $p += n;
-                    v
-                }
-                Step::More => return Step::More,
-                Step::Broken => return Step::Broken,
-            }
-        };
-    }
     let mut p = 0;
     take!(lit(s, CALLS_OPEN), p);
     p += ws_len(&s[p..]);

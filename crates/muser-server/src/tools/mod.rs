@@ -10,7 +10,7 @@
 //! `mistral-nemo` (`[TOOL_CALLS][{...}]`), `mistral` (`[TOOL_CALLS]NAME[ARGS]{...}`: Mistral
 //! Small 3.2, Devstral), `deepseek-r1` and `deepseek-v3.1` (`<｜tool▁calls▁begin｜>` blocks) and
 //! `atem` (Muse Glimmer's channels, whose reasoning is split from the reply with or without
-//! tools).
+//! tools) and `harmony` (gpt-oss's channels, likewise).
 
 use serde_json::{Map, Value};
 
@@ -21,6 +21,7 @@ mod atem;
 mod deepseek;
 pub(crate) mod gemma4;
 mod generic;
+mod harmony;
 mod hermes;
 mod json_list;
 mod llama3;
@@ -144,6 +145,9 @@ pub enum Format {
     KimiK2,
     /// A JSON array of calls in tags (Nemotron Nano v2, Command R7B, Cohere2MoE, Granite 3.3).
     JsonList(&'static json_list::Shape),
+    /// OpenAI's harmony (gpt-oss): `<|channel|>analysis<|message|>...<|end|>` messages, calls
+    /// ` to=functions.NAME<|channel|>commentary json<|message|>{...}`.
+    Harmony,
 }
 
 /// Where a lazy call grammar of a format starts, so that it can be made to wait for the end of
@@ -177,6 +181,8 @@ impl Format {
         };
         if t.contains("<atem:function_calls>") && t.contains("<|eom|>") {
             Format::Atem
+        } else if harmony::detect(t) {
+            Format::Harmony
         } else if gemma4::detect(t) {
             Format::Gemma4
         } else if qwen_xml::detect(t) {
@@ -219,6 +225,7 @@ impl Format {
             Format::Gemma4 => "gemma4",
             Format::KimiK2 => "kimi-k2",
             Format::JsonList(shape) => shape.name,
+            Format::Harmony => "harmony",
         }
     }
 
@@ -226,7 +233,7 @@ impl Format {
     /// that it can be made to wait for the end of a reasoning block).
     pub fn lazy_start(self) -> Option<LazyStart> {
         match self {
-            Format::Generic | Format::Atem => None,
+            Format::Generic | Format::Atem | Format::Harmony => None,
             Format::Hermes => Some(hermes::LAZY_START),
             Format::QwenXml => Some(qwen_xml::LAZY_START),
             Format::Llama3 { .. } => Some(llama3::LAZY_START),
@@ -259,6 +266,7 @@ impl Format {
             Format::Gemma4 => gemma4::MARKUP,
             Format::KimiK2 => deepseek::KIMI_MARKUP,
             Format::JsonList(shape) => shape.markup,
+            Format::Harmony => harmony::MARKUP,
             Format::Atem => &[
                 "<|start|>",
                 "<|message|>",
@@ -321,6 +329,7 @@ impl Format {
                  response_format"
                     .to_string(),
             ),
+            Format::Harmony => harmony::plan_with_response(req, response),
             _ => {
                 let forced = ToolRequest {
                     choice: ToolChoice::Required,
@@ -371,6 +380,7 @@ impl Format {
             Format::Gemma4 => gemma4::plan(req),
             Format::KimiK2 => deepseek::plan(req, deepseek::Flavor::Kimi),
             Format::JsonList(shape) => json_list::plan(req, shape),
+            Format::Harmony => harmony::plan(req),
         }
     }
 
@@ -392,6 +402,7 @@ impl Format {
             Format::Gemma4 => gemma4::parse(text, req),
             Format::KimiK2 => deepseek::parse(text, req, deepseek::Flavor::Kimi),
             Format::JsonList(shape) => json_list::parse(text, req, shape),
+            Format::Harmony => harmony::parse(text, req),
         }
     }
 
@@ -415,7 +426,8 @@ impl Format {
     /// deepseek-v3.1), settle anything: each whole block, and the text before an opening or
     /// one that no opening can start in. Nemo's array is one block, so its calls settle only
     /// once it closes. The others read all of `text` again: llama3's call and generic's JSON
-    /// are the whole reply, read at its end, and atem's messages are read as one scan.
+    /// are the whole reply, read at its end, and atem's and harmony's messages are read as one
+    /// scan.
     pub fn parse_partial_on(
         self,
         text: &str,
@@ -438,6 +450,7 @@ impl Format {
             Format::Gemma4 => gemma4::parse_partial(text, req),
             Format::KimiK2 => deepseek::parse_partial(text, req, deepseek::Flavor::Kimi, from),
             Format::JsonList(shape) => json_list::parse_partial(text, req, shape, from),
+            Format::Harmony => harmony::parse_partial(text, req),
         }
     }
 }
@@ -1932,6 +1945,9 @@ pub(crate) mod test_util {
                 let l = layouts(&v);
                 out = l[rng.below(l.len())].clone();
             }
+            Format::Harmony => {
+                out = super::harmony::test_output(rng, &out, &calls);
+            }
             Format::MistralNemo => {
                 let all: Vec<Value> = calls
                     .iter()
@@ -2114,7 +2130,7 @@ pub(crate) mod test_util {
     }
 
     /// Every format, for the tests that go through them all.
-    pub const FORMATS: [Format; 16] = [
+    pub const FORMATS: [Format; 17] = [
         Format::Generic,
         Format::Hermes,
         Format::Atem,
@@ -2135,6 +2151,7 @@ pub(crate) mod test_util {
         Format::JsonList(&super::json_list::COMMAND_R7B),
         Format::JsonList(&super::json_list::COHERE2MOE),
         Format::JsonList(&super::json_list::GRANITE),
+        Format::Harmony,
     ];
 
     /// Every prefix of `s` at a character boundary, "" and `s` included.
