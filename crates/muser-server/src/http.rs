@@ -1790,6 +1790,8 @@ mod tests {
              <｜tool▁calls▁end｜>",
             " to=g<|message|><atem:function_calls>\n<atem:invoke name=\"g\">\n\
              <atem:parameter name=\"b\">v</atem:parameter>\n</atem:invoke>\n</atem:function_calls>",
+            "<|tool_call>call:f{a:1}<tool_call|>",
+            "<|channel|>commentary to=functions.g <|constrain|>json<|message|>{\"b\":\"x\"}",
             "<tool_call>",
             "</tool_call>",
             "{\"name\":\"g\",\"arguments\":{\"b\":\"x\"}}",
@@ -1876,7 +1878,7 @@ mod tests {
         let choices = [ToolChoice::Auto, ToolChoice::Required, ToolChoice::None];
         let mut rng = Rng(0x50_4B5E);
         let mut calls = 0;
-        for round in 0..1500 {
+        for round in 0..1800 {
             let r = req(tools.clone(), choices[rng.below(3)].clone(), rng.coin());
             let o = Output {
                 format: FORMATS[round % FORMATS.len()],
