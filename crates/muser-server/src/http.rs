@@ -1614,6 +1614,9 @@ mod tests {
             Format::QwenXml,
             Format::Mistral { call_id: false },
             Format::DeepSeekR1,
+            Format::SeedOss,
+            Format::MiniMaxM2,
+            Format::Glm { newlines: false },
         ];
         let (mut readings, mut reasoned) = (0, 0);
         for round in 0..96 {
