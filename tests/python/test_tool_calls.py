@@ -9,8 +9,10 @@
   there): atem (Muse Glimmer's channels and `<atem:function_calls>` blocks), qwen3-coder
   (`<function=...><parameter=...>` XML: Qwen3-Coder, Qwen 3.5), llama3 (and Llama 3.1's built-in
   tools after `<|python_tag|>`), mistral-nemo, mistral
-  (Small 3.2; Ministral 3, its `[THINK]` reasoning before the calls), deepseek-r1 and
-  deepseek-v3.1.
+  (Small 3.2; Ministral 3, its `[THINK]` reasoning before the calls), deepseek-r1,
+  deepseek-v3.1, and the XML formats seed-oss (`<seed:tool_call>`), minimax-m2
+  (`<minimax:tool_call><invoke name=...>`) and glm-4.5 (`<tool_call>NAME<arg_key>...`: GLM 4.6,
+  and 4.7 whose prompt opens a `<think>` block).
 
 The model (models/muse-default.gguf) knows nothing of tools: every call it makes comes from the
 grammar's choices, so each must name a given tool and its arguments must validate against that
@@ -112,7 +114,11 @@ def template_files(tmp: Path) -> dict[str, Path | None]:
                           ("Mistral-Small-3.2-24B-Instruct-2506.jinja", "mistral"),
                           ("mistralai-Ministral-3-14B-Reasoning-2512.jinja", "mistral-think"),
                           ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", "deepseek-r1"),
-                          ("deepseek-ai-DeepSeek-V3.1.jinja", "deepseek-v3.1")]:
+                          ("deepseek-ai-DeepSeek-V3.1.jinja", "deepseek-v3.1"),
+                          ("ByteDance-Seed-OSS.jinja", "seed-oss"),
+                          ("MiniMax-M2.jinja", "minimax-m2-think"),
+                          ("GLM-4.6.jinja", "glm-4.5"),
+                          ("GLM-4.7-Flash.jinja", "glm-4.5-think")]:
             if (TEMPLATES / name).exists():
                 out[fmt] = TEMPLATES / name
     return out

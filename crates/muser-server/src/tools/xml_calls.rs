@@ -1682,7 +1682,8 @@ mod tests {
     }
 
     /// Not a check: with `MUSER_XML_DUMP` set to a path, writes random outputs of Seed-OSS,
-    /// MiniMax M2 and GLM with their requests' tools and Muser's final reading, one JSON object
+    /// MiniMax M2 and GLM (text, then calls as the templates write them) with their requests'
+    /// tools and Muser's final reading, one JSON object
     /// a line, for the comparison with llama-server (`tests/python/xml_calls_oracle.py`).
     #[test]
     fn dump_outputs_for_the_llama_server_comparison() {
@@ -1698,15 +1699,34 @@ mod tests {
             (Format::Glm { newlines: true }, "GLM-4.6.jinja"),
             (Format::Glm { newlines: false }, "GLM-4.7-Flash.jinja"),
         ] {
+            // (llama-server's grammar takes calls in the schema's order, no text between
+            // blocks, and MiniMax's calls separated by ", ": one call there)
+            let ws = if format == (Format::Glm { newlines: false }) {
+                ""
+            } else {
+                "\n"
+            };
             for round in 0..n {
-                let r = random_req(&mut rng, 1 + 3 * round, true);
-                let text = random_output(&mut rng, format, &r);
+                let r = random_req(&mut rng, 1 + 3 * round, format != Format::MiniMaxM2);
+                // (the required parameters first, as llama-server's grammar has them)
+                let calls: Vec<(&str, Map<String, Value>)> = random_calls(&mut rng, &r)
+                    .into_iter()
+                    .map(|(t, a)| (t.name.as_str(), a.as_object().unwrap().clone()))
+                    .collect();
+                let before = ["", "Sure.", "Let me check.\n\n", " a < b ", "é 😀 "];
+                let text = format!(
+                    "{}{}",
+                    before[rng.below(before.len())],
+                    render_calls(format, &calls, ws, rng.below(4))
+                );
                 let p = format.parse_final(&text, Some(&r));
                 let tools: Vec<Value> = r
                     .tools
                     .iter()
-                    .map(|t| json!({"type": "function", "function": {"name": t.name,
-                        "description": t.description, "parameters": t.parameters}}))
+                    .map(|t| {
+                        json!({"type": "function", "function": {"name": t.name,
+                        "description": t.description, "parameters": t.parameters}})
+                    })
                     .collect();
                 let calls: Vec<Value> = p
                     .tool_calls
