@@ -1754,6 +1754,17 @@ mod tests {
             "<parameter=a>",
             "<parameter=b>",
             "</parameter>",
+            "<seed:tool_call>",
+            "</seed:tool_call>",
+            "<minimax:tool_call>",
+            "</minimax:tool_call>",
+            "<invoke name=\"f\">",
+            "<parameter name=\"a\">",
+            "</invoke>",
+            "<tool_call>g",
+            "<arg_key>b</arg_key>",
+            "<arg_value>",
+            "</arg_value>",
             " to=f<|message|><atem:function_calls>",
             "<atem:invoke name=\"g\">",
             "<atem:parameter name=\"b\">",
@@ -1801,7 +1812,7 @@ mod tests {
         let choices = [ToolChoice::Auto, ToolChoice::Required, ToolChoice::None];
         let mut rng = Rng(0x50_4B5E);
         let mut calls = 0;
-        for round in 0..1500 {
+        for round in 0..1800 {
             let r = req(tools.clone(), choices[rng.below(3)].clone(), rng.coin());
             let o = Output {
                 format: FORMATS[round % FORMATS.len()],

@@ -2464,7 +2464,10 @@ mod tests {
             ("MiniMax-M2.jinja", Format::MiniMaxM2),
             ("ByteDance-Seed-OSS.jinja", Format::SeedOss),
             ("MiniMax-M3.jinja", Format::Generic),
-            ("poolside-Laguna-S-2.1.jinja", Format::Generic),
+            (
+                "poolside-Laguna-S-2.1.jinja",
+                Format::Glm { newlines: false },
+            ),
             ("google-gemma-2-2b-it.jinja", Format::Generic),
             ("muse-glimmer.jinja", Format::Atem),
         ] {
