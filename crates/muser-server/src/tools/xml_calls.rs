@@ -150,21 +150,11 @@ pub(super) const SEED: Shape = Shape {
         prefix: "seed",
         open: |k| format!("<parameter={k}>"),
         close: "</parameter>",
-        end_tag: "</parameter>",
-        name_stops: ANGLE_STOPS,
-        python: true,
+        ..QWEN.syntax
     },
     open: "<seed:tool_call>",
     close: "</seed:tool_call>",
-    function: "<function=",
-    name_end: ">",
-    function_close: "</function>",
-    param: "<parameter=",
-    param_name_end: ">",
-    value_open: "",
-    param_close: "</parameter>",
     framed: false,
-    many: false,
     markup: &[
         "<seed:tool_call>",
         "</seed:tool_call>",
@@ -173,6 +163,7 @@ pub(super) const SEED: Shape = Shape {
         "<parameter=",
         "</parameter>",
     ],
+    ..QWEN
 };
 
 /// MiniMax M2's `<invoke name="NAME">` calls and `<parameter name="K">V</parameter>`.
@@ -1196,11 +1187,9 @@ mod tests {
                     .unwrap_or(0);
                 t = format!("{}{}{}{}", &b[..at], &t[..at_t], &b[at..], &t[at_t..]);
             }
-            for req in [Some(&r), None] {
-                let (full, n) = check_partial_prefixes(Format::QwenXml, &t, req);
-                with_calls += !full.tool_calls.is_empty() as usize;
-                checked += n;
-            }
+            let (n, calls) = check_with_and_without_tools(Format::QwenXml, &t, &r);
+            checked += n;
+            with_calls += calls;
         }
         assert!(
             checked > 10_000 && with_calls > 200,
@@ -1398,6 +1387,18 @@ mod tests {
         assert!(repeats > 80, "{repeats}");
     }
 
+    /// `check_partial_prefixes` of `text` with the tools of `r` and without tools: the
+    /// prefixes checked, and how many of the two readings had calls.
+    fn check_with_and_without_tools(format: Format, text: &str, r: &ToolRequest) -> (usize, usize) {
+        let mut out = (0, 0);
+        for q in [Some(r), None] {
+            let (full, n) = check_partial_prefixes(format, text, q);
+            out.0 += n;
+            out.1 += usize::from(!full.tool_calls.is_empty());
+        }
+        out
+    }
+
     /// The formats of the family other than Qwen's.
     const OTHERS: [Format; 4] = [
         Format::SeedOss,
@@ -1563,11 +1564,9 @@ mod tests {
                     mutate(&mut rng, &mut text, &pieces, 24);
                 }
             }
-            for q in [Some(&r), None] {
-                let (full, n) = check_partial_prefixes(format, &text, q);
-                with_calls += !full.tool_calls.is_empty() as usize;
-                checked += n;
-            }
+            let (n, calls) = check_with_and_without_tools(format, &text, &r);
+            checked += n;
+            with_calls += calls;
         }
         assert!(
             checked > 20_000 && with_calls > 150,
