@@ -147,7 +147,7 @@ def client_of(server) -> openai.OpenAI:
 # Formats whose templates think in <think> tags (the model here never closes the block by
 # itself, so a forced call after it may be cut by max_tokens).
 THINKING = {"atem", "hermes-think", "qwen3-coder-think", "mistral-think", "deepseek-r1",
-            "deepseek-v3.1"}
+            "deepseek-v3.1", "minimax-m2-think", "glm-4.5", "glm-4.5-think"}
 
 
 def id_pattern(fmt: str) -> str:
