@@ -10,8 +10,12 @@
   (`<function=...><parameter=...>` XML: Qwen3-Coder, Qwen 3.5), llama3 (and Llama 3.1's built-in
   tools after `<|python_tag|>`), mistral-nemo, mistral
   (Small 3.2; Ministral 3, its `[THINK]` reasoning before the calls), deepseek-r1,
-  deepseek-v3.1 and gemma4 (Gemma 4's `<|tool_call>call:NAME{...}<tool_call|>`, its thought
-  channel before the calls; both of its templates).
+  deepseek-v3.1, gemma4 (Gemma 4's `<|tool_call>call:NAME{...}<tool_call|>`, its thought
+  channel before the calls; both of its templates), the XML formats seed-oss
+  (`<seed:tool_call>`), minimax-m2 (`<minimax:tool_call><invoke name=...>`) and glm-4.5
+  (`<tool_call>NAME<arg_key>...`: GLM 4.6, and 4.7 whose prompt opens a `<think>` block),
+  kimi-k2, the JSON lists of nemotron-v2, command-r7b, cohere2moe and granite, and harmony
+  (gpt-oss).
 
 The model (models/muse-default.gguf) knows nothing of tools: every call it makes comes from the
 grammar's choices, so each must name a given tool and its arguments must validate against that
@@ -123,7 +127,11 @@ def template_files(tmp: Path) -> dict[str, Path | None]:
                           ("CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja", "command-r7b"),
                           ("Cohere2MoE.jinja", "cohere2moe"),
                           ("ibm-granite-granite-3.3-2B-Instruct.jinja", "granite"),
-                          ("openai-gpt-oss-120b.jinja", "harmony")]:
+                          ("openai-gpt-oss-120b.jinja", "harmony"),
+                          ("ByteDance-Seed-OSS.jinja", "seed-oss"),
+                          ("MiniMax-M2.jinja", "minimax-m2-think"),
+                          ("GLM-4.6.jinja", "glm-4.5"),
+                          ("GLM-4.7-Flash.jinja", "glm-4.5-think")]:
             if (TEMPLATES / name).exists():
                 out[fmt] = TEMPLATES / name
     return out
@@ -154,7 +162,8 @@ def client_of(server) -> openai.OpenAI:
 # names <think> in its system prompt.
 THINKING = {"atem", "hermes-think", "qwen3-coder-think", "mistral-think", "deepseek-r1",
             "deepseek-v3.1", "gemma4-think", "gemma4-interleaved", "kimi-k2-think",
-            "nemotron-v2-think", "command-r7b", "cohere2moe", "granite", "harmony"}
+            "nemotron-v2-think", "command-r7b", "cohere2moe", "granite", "harmony",
+            "minimax-m2-think", "glm-4.5", "glm-4.5-think"}
 
 # Formats whose forced calls may come after content: gpt-oss's commentary preambles.
 PREAMBLES = {"harmony"}

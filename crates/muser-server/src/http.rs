@@ -1678,6 +1678,9 @@ mod tests {
             Format::QwenXml,
             Format::Mistral { call_id: false },
             Format::DeepSeekR1,
+            Format::SeedOss,
+            Format::MiniMaxM2,
+            Format::Glm { newlines: false },
         ];
         let (mut readings, mut reasoned) = (0, 0);
         for round in 0..96 {
@@ -1819,6 +1822,17 @@ mod tests {
             "<parameter=a>",
             "<parameter=b>",
             "</parameter>",
+            "<seed:tool_call>",
+            "</seed:tool_call>",
+            "<minimax:tool_call>",
+            "</minimax:tool_call>",
+            "<invoke name=\"f\">",
+            "<parameter name=\"a\">",
+            "</invoke>",
+            "<tool_call>g",
+            "<arg_key>b</arg_key>",
+            "<arg_value>",
+            "</arg_value>",
             " to=f<|message|><atem:function_calls>",
             "<atem:invoke name=\"g\">",
             "<atem:parameter name=\"b\">",

@@ -27,9 +27,9 @@ mod json_list;
 mod llama3;
 mod mistral;
 mod partial;
-mod qwen_xml;
 pub mod think;
 mod xml_args;
+mod xml_calls;
 
 /// One function the model may call (OpenAI's `tools[i].function`).
 #[derive(Clone, Debug, PartialEq)]
@@ -148,6 +148,13 @@ pub enum Format {
     /// OpenAI's harmony (gpt-oss): `<|channel|>analysis<|message|>...<|end|>` messages, calls
     /// ` to=functions.NAME<|channel|>commentary json<|message|>{...}`.
     Harmony,
+    /// Seed-OSS: `<seed:tool_call>\n<function=NAME>\n<parameter=K>V</parameter>\n</function>\n</seed:tool_call>`.
+    SeedOss,
+    /// MiniMax M2: `<minimax:tool_call>\n<invoke name="NAME">\n<parameter name="K">V</parameter>\n</invoke>\n</minimax:tool_call>`.
+    MiniMaxM2,
+    /// GLM 4.5 to 4.7: `<tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value></tool_call>`,
+    /// with a newline after the name and after each tag pair where the template writes them.
+    Glm { newlines: bool },
 }
 
 /// Where a lazy call grammar of a format starts, so that it can be made to wait for the end of
@@ -185,8 +192,10 @@ impl Format {
             Format::Harmony
         } else if gemma4::detect(t) {
             Format::Gemma4
-        } else if qwen_xml::detect(t) {
+        } else if xml_calls::detect_qwen(t) {
             Format::QwenXml
+        } else if let Some(f) = xml_calls::detect(t) {
+            f
         } else if t.contains("<tool_call>")
             && !["<function=", "<arg_key>", "<invoke name="]
                 .iter()
@@ -226,6 +235,9 @@ impl Format {
             Format::KimiK2 => "kimi-k2",
             Format::JsonList(shape) => shape.name,
             Format::Harmony => "harmony",
+            Format::SeedOss => "seed-oss",
+            Format::MiniMaxM2 => "minimax-m2",
+            Format::Glm { .. } => "glm-4.5",
         }
     }
 
@@ -235,7 +247,9 @@ impl Format {
         match self {
             Format::Generic | Format::Atem | Format::Harmony => None,
             Format::Hermes => Some(hermes::LAZY_START),
-            Format::QwenXml => Some(qwen_xml::LAZY_START),
+            Format::QwenXml | Format::SeedOss | Format::MiniMaxM2 | Format::Glm { .. } => {
+                Some(self.xml_shape().lazy_start())
+            }
             Format::Llama3 { .. } => Some(llama3::LAZY_START),
             Format::MistralNemo | Format::Mistral { .. } => Some(mistral::LAZY_START),
             Format::DeepSeekR1 | Format::DeepSeekV31 => Some(deepseek::LAZY_START),
@@ -253,7 +267,9 @@ impl Format {
             Format::Hermes => &["<tool_call>", "</tool_call>"],
             // The markup llama.cpp preserves for Muse Glimmer: its message framing and the
             // ATEM tags.
-            Format::QwenXml => qwen_xml::MARKUP,
+            Format::QwenXml | Format::SeedOss | Format::MiniMaxM2 | Format::Glm { .. } => {
+                self.xml_shape().markup
+            }
             Format::Llama3 {
                 builtin_tools: false,
             } => llama3::MARKUP,
@@ -371,7 +387,9 @@ impl Format {
             Format::Atem => atem::plan(req),
             Format::Generic => generic::plan(req),
             Format::Hermes => hermes::plan(req),
-            Format::QwenXml => qwen_xml::plan(req),
+            Format::QwenXml | Format::SeedOss | Format::MiniMaxM2 | Format::Glm { .. } => {
+                xml_calls::plan(self.xml_shape(), req)
+            }
             Format::Llama3 { builtin_tools } => llama3::plan(req, builtin_tools),
             Format::MistralNemo => mistral::plan(req, mistral::Flavor::Nemo),
             Format::Mistral { call_id } => mistral::plan(req, mistral::Flavor::Args { call_id }),
@@ -391,7 +409,9 @@ impl Format {
             Format::Atem => atem::parse(text, req),
             Format::Generic => generic::parse(text, req),
             Format::Hermes => hermes::parse(text, req),
-            Format::QwenXml => qwen_xml::parse(text, req),
+            Format::QwenXml | Format::SeedOss | Format::MiniMaxM2 | Format::Glm { .. } => {
+                xml_calls::parse(self.xml_shape(), text, req)
+            }
             Format::Llama3 { builtin_tools } => llama3::parse(text, req, builtin_tools),
             Format::MistralNemo => mistral::parse(text, req, mistral::Flavor::Nemo),
             Format::Mistral { call_id } => {
@@ -439,7 +459,9 @@ impl Format {
             Format::Atem => atem::parse_partial(text, req),
             Format::Generic => generic::parse_partial(text, req),
             Format::Hermes => hermes::parse_partial(text, req, from),
-            Format::QwenXml => qwen_xml::parse_partial(text, req, from),
+            Format::QwenXml | Format::SeedOss | Format::MiniMaxM2 | Format::Glm { .. } => {
+                xml_calls::parse_partial(self.xml_shape(), text, req, from)
+            }
             Format::Llama3 { builtin_tools } => llama3::parse_partial(text, req, builtin_tools),
             Format::MistralNemo => mistral::parse_partial(text, req, mistral::Flavor::Nemo, from),
             Format::Mistral { call_id } => {
@@ -451,6 +473,18 @@ impl Format {
             Format::KimiK2 => deepseek::parse_partial(text, req, deepseek::Flavor::Kimi, from),
             Format::JsonList(shape) => json_list::parse_partial(text, req, shape, from),
             Format::Harmony => harmony::parse_partial(text, req),
+        }
+    }
+}
+
+impl Format {
+    /// The tags of an XML call format (`xml_calls`); Qwen's for the others, which never ask.
+    fn xml_shape(self) -> &'static xml_calls::Shape {
+        match self {
+            Format::SeedOss => &xml_calls::SEED,
+            Format::MiniMaxM2 => &xml_calls::MINIMAX_M2,
+            Format::Glm { newlines } => xml_calls::glm(newlines),
+            _ => &xml_calls::QWEN,
         }
     }
 }
@@ -1994,6 +2028,28 @@ pub(crate) mod test_util {
                 }
                 s + "</function>"
             }
+            Format::SeedOss => {
+                let mut s = format!("<function={name}>\n");
+                for (k, v) in params {
+                    s += &format!("<parameter={k}>{}</parameter>\n", raw(v));
+                }
+                s + "</function>"
+            }
+            Format::MiniMaxM2 => {
+                let mut s = format!("<invoke name=\"{name}\">\n");
+                for (k, v) in params {
+                    s += &format!("<parameter name=\"{k}\">{}</parameter>\n", raw(v));
+                }
+                s + "</invoke>"
+            }
+            Format::Glm { newlines } => {
+                let nl = if newlines { "\n" } else { "" };
+                let mut s = format!("{name}{nl}");
+                for (k, v) in params {
+                    s += &format!("<arg_key>{k}</arg_key>{nl}<arg_value>{}</arg_value>{nl}", raw(v));
+                }
+                s
+            }
             Format::Atem => {
                 let mut s = format!("<atem:invoke name=\"{name}\">\n");
                 for (k, v) in params {
@@ -2036,6 +2092,19 @@ pub(crate) mod test_util {
                 .map(|c| format!("<tool_call>\n{c}\n</tool_call>"))
                 .collect::<Vec<_>>()
                 .join("\n"),
+            Format::SeedOss => calls
+                .iter()
+                .map(|c| format!("<seed:tool_call>\n{c}\n</seed:tool_call>"))
+                .collect::<Vec<_>>()
+                .join("\n"),
+            Format::MiniMaxM2 => format!(
+                "<minimax:tool_call>\n{}\n</minimax:tool_call>",
+                calls.join("\n")
+            ),
+            Format::Glm { .. } => calls
+                .iter()
+                .map(|c| format!("<tool_call>{c}</tool_call>"))
+                .collect(),
             Format::Mistral { .. } => calls.iter().map(|c| format!("[TOOL_CALLS]{c}")).collect(),
             Format::Atem => {
                 let name = calls[0].split('"').nth(1).unwrap_or_default().to_string();
@@ -2130,7 +2199,7 @@ pub(crate) mod test_util {
     }
 
     /// Every format, for the tests that go through them all.
-    pub const FORMATS: [Format; 17] = [
+    pub const FORMATS: [Format; 21] = [
         Format::Generic,
         Format::Hermes,
         Format::Atem,
@@ -2152,6 +2221,10 @@ pub(crate) mod test_util {
         Format::JsonList(&super::json_list::COHERE2MOE),
         Format::JsonList(&super::json_list::GRANITE),
         Format::Harmony,
+        Format::SeedOss,
+        Format::MiniMaxM2,
+        Format::Glm { newlines: true },
+        Format::Glm { newlines: false },
     ];
 
     /// Every prefix of `s` at a character boundary, "" and `s` included.
@@ -2196,6 +2269,13 @@ mod tests {
                 s.args_key,
                 s.close.unwrap_or("")
             ),
+            Format::SeedOss => {
+                format!("<seed:tool_call>\n<function={name}>\n</function>\n</seed:tool_call>")
+            }
+            Format::MiniMaxM2 => format!(
+                "<minimax:tool_call>\n<invoke name=\"{name}\">\n</invoke>\n</minimax:tool_call>"
+            ),
+            Format::Glm { .. } => format!("<tool_call>{name}</tool_call>"),
             other => unreachable!("{other:?}"),
         }
     }
@@ -2250,6 +2330,11 @@ mod tests {
             "<｜tool▁call▁end｜>",
             "</function>",
             "</parameter>",
+            "</seed:tool_call>",
+            "</invoke>",
+            "</minimax:tool_call>",
+            "<arg_key>",
+            "</arg_value>",
             "<|eom|><|start|>assistant",
             "<|python_tag|>",
             "brave_search.call(query=\"",
@@ -2262,7 +2347,7 @@ mod tests {
         ];
         let mut rng = test_util::Rng(0x5EED_4E5D);
         let (mut readings, mut settled_calls) = (0, 0);
-        for round in 0..240 {
+        for round in 0..300 {
             let f = test_util::FORMATS[round % test_util::FORMATS.len()];
             let r = test_util::random_req(&mut rng, round / test_util::FORMATS.len(), true);
             let mut text = test_util::random_output(&mut rng, f, &r);
@@ -2325,7 +2410,7 @@ mod tests {
         assert!(calls > 300 && replaced > 40, "{calls} {replaced}");
     }
 
-    const MARKED: [Format; 12] = [
+    const MARKED: [Format; 16] = [
         Format::Hermes,
         Format::Llama3 {
             builtin_tools: false,
@@ -2342,6 +2427,10 @@ mod tests {
         Format::JsonList(&json_list::COMMAND_R7B),
         Format::JsonList(&json_list::COHERE2MOE),
         Format::JsonList(&json_list::GRANITE),
+        Format::SeedOss,
+        Format::MiniMaxM2,
+        Format::Glm { newlines: true },
+        Format::Glm { newlines: false },
     ];
 
     /// A call of a tool the request does not offer is text: no grammar held it, and the client
@@ -2510,10 +2599,15 @@ mod tests {
             ),
             ("deepseek-ai-DeepSeek-V3.1.jinja", Format::DeepSeekV31),
             ("deepseek-ai-DeepSeek-V3.2.jinja", Format::Generic),
-            ("GLM-4.6.jinja", Format::Generic),
-            ("GLM-4.7-Flash.jinja", Format::Generic),
+            ("GLM-4.6.jinja", Format::Glm { newlines: true }),
+            ("GLM-4.7-Flash.jinja", Format::Glm { newlines: false }),
+            ("MiniMax-M2.jinja", Format::MiniMaxM2),
+            ("ByteDance-Seed-OSS.jinja", Format::SeedOss),
             ("MiniMax-M3.jinja", Format::Generic),
-            ("poolside-Laguna-S-2.1.jinja", Format::Generic),
+            (
+                "poolside-Laguna-S-2.1.jinja",
+                Format::Glm { newlines: false },
+            ),
             ("google-gemma-2-2b-it.jinja", Format::Generic),
             ("muse-glimmer.jinja", Format::Atem),
             ("Kimi-K2-Instruct.jinja", Format::KimiK2),
