@@ -212,7 +212,11 @@ pub(super) fn read_array_partial(
     };
     let mut begun: Vec<ToolCall> = whole.iter().map_while(|v| item(v)).collect();
     if begun.len() < whole.len() {
-        // an item that is not a call: the array will not be read
+        // an item that is not a call: the array will not be read. The call streaming began
+        // for it while it was open (its name whole, its arguments not an object or not the
+        // tool's) stays, so that nothing sent is taken back.
+        let bad = whole[begun.len()];
+        begun.extend(open_item(&partial::read(&bad.to_string()).json));
         return BlockStep::Broken(begun);
     }
     if let Json::Whole(..) = r.json {
