@@ -70,6 +70,7 @@ const SYNTAX: Syntax = Syntax {
     end_tag: PARAM_CLOSE,
     name_stops: &['"'],
     python: false,
+    sep: None,
 };
 
 /// llama.cpp's trigger for this format (the grammar starts at the capture group,

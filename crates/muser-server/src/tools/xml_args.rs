@@ -33,6 +33,11 @@ pub(super) struct Syntax {
     /// Python's `True`, `False` and `None` (jinja2's `| string`) are read as `true`, `false`
     /// and `null` where the schema admits that type and no string.
     pub python: bool,
+    /// What the grammar writes between tags (after each parameter, and between the call's own
+    /// tags where the format says so): exactly this text where the template's layout is all
+    /// its model's reader takes (llama.cpp reads no Qwen3-Coder call with a blank line between
+    /// its tags), else (None) any JSON whitespace.
+    pub sep: Option<&'static str>,
 }
 
 /// The length of the whitespace (JSON's) at the start of `s`, which the XML formats' readers
@@ -63,8 +68,13 @@ impl<'s> Params<'s> {
         format!("{}-ws", self.syntax.prefix)
     }
 
+    /// What follows a tag: the syntax's separator as a literal, or the whitespace rule.
+    pub fn sep(&self) -> String {
+        self.syntax.sep.map_or_else(|| self.ws(), literal)
+    }
+
     /// Adds the rules of the parameters of tool `i`; returns their sequence (rule names, `?`
-    /// after the optional ones), each parameter followed by the whitespace rule.
+    /// after the optional ones), each parameter followed by the separator (`sep`).
     pub fn tool(&mut self, i: usize, tool: &Tool) -> Result<String, String> {
         let name = &tool.name;
         let (props, required) = object_schema(tool)?;
@@ -123,7 +133,7 @@ impl<'s> Params<'s> {
                 "{kv} ::= {} {value} {} {}\n",
                 literal(&(sx.open)(k)),
                 literal(sx.close),
-                self.ws()
+                self.sep()
             ));
             seq.push(if required.contains(&k.as_str()) {
                 kv
