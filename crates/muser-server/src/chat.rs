@@ -18,6 +18,8 @@
 //! (`of_undefined`). Printing, iterating and testing an undefined value are as in jinja2
 //! (empty, false).
 
+mod list;
+
 use crate::error::ApiError;
 use crate::tools::gemma4;
 use crate::tools::think::Tags;
@@ -143,10 +145,16 @@ impl ChatTemplate {
             || FALLBACK_TEMPLATE.to_string(),
             |s| without_generation_tags(&s.replace("\r\n", "\n").replace('\r', "\n")),
         );
+        let mut constants = Vec::new();
+        let compiled = Compiled::try_new(source, |src| compile(src, &mut constants))
+            .map_err(|e| anyhow::anyhow!("the chat template does not parse: {e:#}"))?;
+        env.add_function(list::BUILD, list::build);
+        for (k, items) in constants.into_iter().enumerate() {
+            env.add_function(list::constant(k), move || list::List::value(items.clone()));
+        }
         let mut t = ChatTemplate {
             env,
-            compiled: Compiled::try_new(source, |src| compile(src))
-                .map_err(|e| anyhow::anyhow!("the chat template does not parse: {e:#}"))?,
+            compiled,
             bos: bos.to_string(),
             eos: eos.to_string(),
             object_arguments: false,
@@ -408,9 +416,12 @@ impl ChatTemplate {
         if let Some(t) = tools {
             ctx.push(("tools", minijinja::Value::from_serialize(t)));
         }
-        // The request's own variables come last and win, as in llama-server. (One named `ADD`,
-        // which no template can name, would replace `+`.)
-        for (k, v) in kwargs.iter().filter(|(k, _)| *k != ADD) {
+        // The request's own variables come last and win, as in llama-server. (One named `ADD`
+        // or as a list's function, which no template can name, would replace `+` or a list.)
+        for (k, v) in kwargs
+            .iter()
+            .filter(|(k, _)| *k != ADD && !list::is_internal(k))
+        {
             ctx.retain(|(name, _)| name != k);
             ctx.push((k, minijinja::Value::from_serialize(v)));
         }
@@ -619,9 +630,15 @@ self_cell::self_cell!(
 );
 
 /// The template compiled (trimming blocks, stripping their leading space, as transformers
-/// does), each `+` made a call of `ADD`. (minijinja has no hook for an operator: the
-/// instruction is swapped one for one, so that every jump keeps its target.)
-fn compile(source: &str) -> Result<CompiledTemplate<'_>, Error> {
+/// does), each `+` made a call of `ADD`, and each list it writes a new changeable list
+/// ([`list`]): a constant one (`[]`, `[1, 2]`) a call of a function of its own that makes
+/// it afresh, its items pushed to `constants`, any other a call of `list::BUILD` with its
+/// items. (minijinja has no hook for an operator or a literal: the instruction is swapped
+/// one for one, so that every jump keeps its target.)
+fn compile<'s>(
+    source: &'s str,
+    constants: &mut Vec<Vec<minijinja::Value>>,
+) -> Result<CompiledTemplate<'s>, Error> {
     let config = TemplateConfig {
         syntax_config: Default::default(),
         ws_config: machinery::WhitespaceConfig {
@@ -635,8 +652,21 @@ fn compile(source: &str) -> Result<CompiledTemplate<'_>, Error> {
     // (each `{% block %}`'s instructions are kept apart from the template's)
     for code in std::iter::once(&mut c.instructions).chain(c.blocks.values_mut()) {
         for i in 0..code.len() as u32 {
-            if let Some(op @ Instruction::Add) = code.get_mut(i) {
-                *op = Instruction::CallFunction(ADD, Some(2));
+            // (a macro's argument names are a constant list too, read by `BuildMacro`)
+            let macro_arguments = matches!(code.get(i + 1), Some(Instruction::BuildMacro(..)));
+            let Some(op) = code.get_mut(i) else { break };
+            match op {
+                Instruction::Add => *op = Instruction::CallFunction(ADD, Some(2)),
+                Instruction::BuildList(Some(n)) => {
+                    if let Ok(n) = u16::try_from(*n) {
+                        *op = Instruction::CallFunction(list::BUILD, Some(n));
+                    }
+                }
+                Instruction::LoadConst(v) if v.kind() == ValueKind::Seq && !macro_arguments => {
+                    constants.push(v.try_iter()?.collect());
+                    *op = Instruction::CallFunction(list::constant(constants.len() - 1), Some(0));
+                }
+                _ => {}
             }
         }
     }
@@ -652,6 +682,9 @@ const ADD: &str = "+";
 /// `functions`), where jinja2 and minijinja refuse the sum; any other sum as minijinja's `+`
 /// (two undefined values, or one beside a number, are still an error, as in llama-server).
 fn add(a: minijinja::Value, b: minijinja::Value) -> Result<minijinja::Value, Error> {
+    if a.kind() == ValueKind::Seq && b.kind() == ValueKind::Seq {
+        return list::concat(&a, &b);
+    }
     let blank = |v: &minijinja::Value| v.is_undefined() || v.is_none();
     match (a.as_str(), b.as_str()) {
         (Some(x), Some(y)) => return Ok(minijinja::Value::from([x, y].concat())),
