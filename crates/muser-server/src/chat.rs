@@ -17,6 +17,9 @@
 //! undefined value (`nothing.items()`, `nothing.strip()`, `nothing|first`) give an empty value
 //! (`of_undefined`). Printing, iterating and testing an undefined value are as in jinja2
 //! (empty, false).
+//!
+//! Lists the template writes (`[]`, `x|list`) can change, as in jinja2 and llama-server:
+//! `append`, `pop`, `extend`... (`list`).
 
 mod list;
 
@@ -137,6 +140,7 @@ impl ChatTemplate {
             _ => minijinja::filters::last(v),
         });
         env.add_function(ADD, add);
+        env.add_filter("list", list::filter);
         // llama-server: an attribute or item of an undefined value is undefined.
         env.set_undefined_behavior(UndefinedBehavior::Chainable);
         env.set_fuel(Some(TEMPLATE_FUEL));
@@ -680,7 +684,8 @@ const ADD: &str = "+";
 /// `a + b` as llama-server's template engine adds them: an undefined or null operand beside a
 /// string is "" (FireFunction v2's `system_prompt_suffix + "\n" + functions` with no
 /// `functions`), where jinja2 and minijinja refuse the sum; any other sum as minijinja's `+`
-/// (two undefined values, or one beside a number, are still an error, as in llama-server).
+/// (two undefined values, or one beside a number, are still an error, as in llama-server),
+/// but two lists make a new list (`list::concat`).
 fn add(a: minijinja::Value, b: minijinja::Value) -> Result<minijinja::Value, Error> {
     if a.kind() == ValueKind::Seq && b.kind() == ValueKind::Seq {
         return list::concat(&a, &b);

@@ -216,6 +216,13 @@ pub fn build(items: minijinja::value::Rest<Value>) -> Value {
     List::value(items.0)
 }
 
+/// jinja2's `list` filter: a list the template can change, of the items of `value` (as
+/// minijinja's filter reads them).
+pub fn filter(state: &State<'_, '_>, value: Value) -> Result<Value, Error> {
+    let items = minijinja::filters::list(state, value)?;
+    Ok(List::value(items.try_iter()?.collect()))
+}
+
 /// `a + b` of two lists as Python adds them: a new list (minijinja's sum would go on reading
 /// its operands, and show what is later appended to them).
 pub fn concat(a: &Value, b: &Value) -> Result<Value, Error> {
@@ -332,8 +339,8 @@ mod tests {
 
     /// A list literal is a new list each time it runs, as in Python: a `[]` (or `[x]`) in a
     /// loop starts afresh on each turn, and a list once built is not changed by another's
-    /// methods. A changed list reads as a list (`is sequence`, `in`, slices, equality, items
-    /// by negative index, printing).
+    /// methods. A list made by `|list` can change too. A changed list reads as a list (`is
+    /// sequence`, `in`, slices, equality, items by negative index, printing).
     #[test]
     fn each_list_literal_is_a_new_list() {
         let mut rng = Rng(0xF8E5_4115);
@@ -356,6 +363,9 @@ mod tests {
                 render(reads, kw.clone()).unwrap(),
                 format!("True True True True True {a}|{b} {printed} True")
             );
+            // A list made by the `list` filter changes too.
+            let listed = "{%- set l = a|list -%}{%- set _ = l.append(b) -%}{{ l|join }}";
+            assert_eq!(render(listed, kw.clone()).unwrap(), format!("{a}{b}"));
             // (the constant list `[1, 2]` too: each run of it is new)
             let constant = "{%- for i in range(n) -%}{%- set c = [1, 2] -%}\
                             {%- set _ = c.append(i) -%}{{ c|length }}{%- endfor -%}";
