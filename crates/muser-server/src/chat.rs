@@ -17,6 +17,11 @@
 //! undefined value (`nothing.items()`, `nothing.strip()`, `nothing|first`) give an empty value
 //! (`of_undefined`). Printing, iterating and testing an undefined value are as in jinja2
 //! (empty, false).
+//!
+//! Lists the template writes (`[]`, `x|list`) can change, as in jinja2 and llama-server:
+//! `append`, `pop`, `extend`... (`list`).
+
+mod list;
 
 use crate::error::ApiError;
 use crate::tools::gemma4;
@@ -141,6 +146,7 @@ impl ChatTemplate {
             _ => minijinja::filters::last(v),
         });
         env.add_function(ADD, add);
+        env.add_filter("list", list::filter);
         // llama-server: an attribute or item of an undefined value is undefined.
         env.set_undefined_behavior(UndefinedBehavior::Chainable);
         env.set_fuel(Some(TEMPLATE_FUEL));
@@ -149,10 +155,16 @@ impl ChatTemplate {
             || FALLBACK_TEMPLATE.to_string(),
             |s| without_generation_tags(&s.replace("\r\n", "\n").replace('\r', "\n")),
         );
+        let mut constants = Vec::new();
+        let compiled = Compiled::try_new(source, |src| compile(src, &mut constants))
+            .map_err(|e| anyhow::anyhow!("the chat template does not parse: {e:#}"))?;
+        env.add_function(list::BUILD, list::build);
+        for (k, items) in constants.into_iter().enumerate() {
+            env.add_function(list::constant(k), move || list::List::value(items.clone()));
+        }
         let mut t = ChatTemplate {
             env,
-            compiled: Compiled::try_new(source, |src| compile(src))
-                .map_err(|e| anyhow::anyhow!("the chat template does not parse: {e:#}"))?,
+            compiled,
             bos: bos.to_string(),
             eos: eos.to_string(),
             object_arguments: false,
@@ -458,9 +470,12 @@ impl ChatTemplate {
         if let Some(t) = tools {
             ctx.push(("tools", minijinja::Value::from_serialize(t)));
         }
-        // The request's own variables come last and win, as in llama-server. (One named `ADD`,
-        // which no template can name, would replace `+`.)
-        for (k, v) in kwargs.iter().filter(|(k, _)| *k != ADD) {
+        // The request's own variables come last and win, as in llama-server. (One named `ADD`
+        // or as a list's function, which no template can name, would replace `+` or a list.)
+        for (k, v) in kwargs
+            .iter()
+            .filter(|(k, _)| *k != ADD && !list::is_internal(k))
+        {
             ctx.retain(|(name, _)| name != k);
             ctx.push((k, minijinja::Value::from_serialize(v)));
         }
@@ -688,9 +703,15 @@ self_cell::self_cell!(
 );
 
 /// The template compiled (trimming blocks, stripping their leading space, as transformers
-/// does), each `+` made a call of `ADD`. (minijinja has no hook for an operator: the
-/// instruction is swapped one for one, so that every jump keeps its target.)
-fn compile(source: &str) -> Result<CompiledTemplate<'_>, Error> {
+/// does), each `+` made a call of `ADD`, and each list it writes a new changeable list
+/// ([`list`]): a constant one (`[]`, `[1, 2]`) a call of a function of its own that makes
+/// it afresh, its items pushed to `constants`, any other a call of `list::BUILD` with its
+/// items. (minijinja has no hook for an operator or a literal: the instruction is swapped
+/// one for one, so that every jump keeps its target.)
+fn compile<'s>(
+    source: &'s str,
+    constants: &mut Vec<Vec<minijinja::Value>>,
+) -> Result<CompiledTemplate<'s>, Error> {
     let config = TemplateConfig {
         syntax_config: Default::default(),
         ws_config: machinery::WhitespaceConfig {
@@ -704,8 +725,21 @@ fn compile(source: &str) -> Result<CompiledTemplate<'_>, Error> {
     // (each `{% block %}`'s instructions are kept apart from the template's)
     for code in std::iter::once(&mut c.instructions).chain(c.blocks.values_mut()) {
         for i in 0..code.len() as u32 {
-            if let Some(op @ Instruction::Add) = code.get_mut(i) {
-                *op = Instruction::CallFunction(ADD, Some(2));
+            // (a macro's argument names are a constant list too, read by `BuildMacro`)
+            let macro_arguments = matches!(code.get(i + 1), Some(Instruction::BuildMacro(..)));
+            let Some(op) = code.get_mut(i) else { break };
+            match op {
+                Instruction::Add => *op = Instruction::CallFunction(ADD, Some(2)),
+                Instruction::BuildList(Some(n)) => {
+                    if let Ok(n) = u16::try_from(*n) {
+                        *op = Instruction::CallFunction(list::BUILD, Some(n));
+                    }
+                }
+                Instruction::LoadConst(v) if v.kind() == ValueKind::Seq && !macro_arguments => {
+                    constants.push(v.try_iter()?.collect());
+                    *op = Instruction::CallFunction(list::constant(constants.len() - 1), Some(0));
+                }
+                _ => {}
             }
         }
     }
@@ -719,8 +753,12 @@ const ADD: &str = "+";
 /// `a + b` as llama-server's template engine adds them: an undefined or null operand beside a
 /// string is "" (FireFunction v2's `system_prompt_suffix + "\n" + functions` with no
 /// `functions`), where jinja2 and minijinja refuse the sum; any other sum as minijinja's `+`
-/// (two undefined values, or one beside a number, are still an error, as in llama-server).
+/// (two undefined values, or one beside a number, are still an error, as in llama-server),
+/// but two lists make a new list (`list::concat`).
 fn add(a: minijinja::Value, b: minijinja::Value) -> Result<minijinja::Value, Error> {
+    if a.kind() == ValueKind::Seq && b.kind() == ValueKind::Seq {
+        return list::concat(&a, &b);
+    }
     let blank = |v: &minijinja::Value| v.is_undefined() || v.is_none();
     match (a.as_str(), b.as_str()) {
         (Some(x), Some(y)) => return Ok(minijinja::Value::from([x, y].concat())),
