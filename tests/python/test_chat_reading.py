@@ -39,15 +39,10 @@ KNOWN_DIFFERENCES: dict[str, str] = {
         "writes <tool_call>), and llama.cpp reads no Hermes block",
     # Muser's grammar lets the model write whitespace between the markup that llama.cpp's
     # reader refuses (Muser reads those calls; the grammar should write the template's layout
-    # exactly, as it now does for Hermes, Mistral and Qwen XML):
+    # exactly, as it does for Hermes, Mistral, Qwen XML, Kimi K2 and the JSON lists):
     "GLM-4.6.jinja": "a space where the template writes a line break after the call's name",
-    "Kimi-K2-Instruct.jinja":
-        "whitespace between <|tool_call_end|> and <|tool_calls_section_end|> and after the "
-        "arguments",
-    "moonshotai-Kimi-K2.jinja": "as Kimi-K2-Instruct.jinja",
-    "Kimi-K2-Thinking.jinja": "as Kimi-K2-Instruct.jinja",
     "ibm-granite-granite-3.3-2B-Instruct.jinja":
-        "whitespace between <|tool_call|> and its JSON list",
+        "whitespace inside the list, around its call objects' keys",
 }
 
 

@@ -174,10 +174,17 @@ pub(super) fn plan(req: &ToolRequest, flavor: Flavor) -> Result<Option<Plan>, St
         Flavor::R1 => format!("{CALL_BEGIN}function{SEP}"),
         Flavor::V31 | Flavor::Kimi => m.call_begin.to_string(),
     };
-    let more = if req.parallel { " ( ws call )*" } else { "" };
+    // Kimi K2's markup back to back, as its templates write it (llama.cpp reads no Kimi call
+    // with whitespace between its tags).
+    let ws = if flavor == Flavor::Kimi { "" } else { " ws" };
+    let more = if req.parallel {
+        format!(" ({ws} call )*")
+    } else {
+        String::new()
+    };
     let gbnf = format!(
-        "root ::= {} call{more} ws {}\n\
-         call ::= {} ( {} ) ws {}\n\
+        "root ::= {} call{more}{ws} {}\n\
+         call ::= {} ( {} ){ws} {}\n\
          ws ::= {WS_BODY}\n{rules}",
         lit(m.calls_begin),
         lit(m.calls_end),

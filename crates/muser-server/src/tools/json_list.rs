@@ -164,8 +164,10 @@ pub(super) fn plan(req: &ToolRequest, shape: &'static Shape) -> Result<Option<Pl
         .close
         .map(|c| format!(" ws {}", lit(c)))
         .unwrap_or_default();
+    // The list right after its tag, as the templates write it (llama.cpp reads no Granite
+    // call with whitespace between them).
     let gbnf = format!(
-        "root ::= {} ws \"[\" ws call{more} ws \"]\"{close}\n\
+        "root ::= {} \"[\" ws call{more} ws \"]\"{close}\n\
          call ::= {}\n\
          ws ::= {WS_BODY}\n{rules}",
         lit(shape.open),
