@@ -157,13 +157,13 @@ def client_of(server) -> openai.OpenAI:
     return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
 
 
-# Formats whose templates think in <think> tags or Cohere's (the model here never closes the
-# block by itself, so a forced call after it may be cut by max_tokens). Granite 3.3's template
-# names <think> in its system prompt.
+# Formats whose templates think in <think> tags, Seed-OSS's <seed:think> or Cohere's (the
+# model here never closes the block by itself, so a forced call after it may be cut by
+# max_tokens). Granite 3.3's template names <think> in its system prompt.
 THINKING = {"atem", "hermes-think", "qwen3-coder-think", "mistral-think", "deepseek-r1",
             "deepseek-v3.1", "gemma4-think", "gemma4-interleaved", "kimi-k2-think",
             "nemotron-v2-think", "command-r7b", "cohere2moe", "granite", "harmony",
-            "minimax-m2-think", "glm-4.5", "glm-4.5-think"}
+            "minimax-m2-think", "glm-4.5", "glm-4.5-think", "seed-oss"}
 
 # Formats whose forced calls may come after content: gpt-oss's commentary preambles.
 PREAMBLES = {"harmony"}
