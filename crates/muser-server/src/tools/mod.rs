@@ -27,6 +27,7 @@ mod json_list;
 mod llama3;
 mod mistral;
 mod partial;
+mod pythonic;
 pub mod think;
 mod xml_args;
 mod xml_calls;
@@ -155,6 +156,9 @@ pub enum Format {
     /// GLM 4.5 to 4.7: `<tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value></tool_call>`,
     /// with a newline after the name and after each tag pair where the template writes them.
     Glm { newlines: bool },
+    /// Liquid's LFM2 and LFM2.5: a Python list of calls with keyword arguments,
+    /// `<|tool_call_start|>[NAME(K=V, ...), ...]<|tool_call_end|>`.
+    Lfm2,
 }
 
 /// Where a lazy call grammar of a format starts, so that it can be made to wait for the end of
@@ -208,6 +212,8 @@ impl Format {
             f
         } else if let Some(f) = mistral::detect(t) {
             f
+        } else if pythonic::detect(t) {
+            Format::Lfm2
         } else if let Some(shape) = json_list::detect(t) {
             Format::JsonList(shape)
         } else if llama3::detect(t) {
@@ -238,6 +244,7 @@ impl Format {
             Format::SeedOss => "seed-oss",
             Format::MiniMaxM2 => "minimax-m2",
             Format::Glm { .. } => "glm-4.5",
+            Format::Lfm2 => "lfm2",
         }
     }
 
@@ -256,6 +263,7 @@ impl Format {
             Format::Gemma4 => Some(gemma4::LAZY_START),
             Format::KimiK2 => Some(deepseek::KIMI_LAZY_START),
             Format::JsonList(shape) => Some(shape.lazy_start()),
+            Format::Lfm2 => Some(pythonic::LAZY_START),
         }
     }
 
@@ -283,6 +291,7 @@ impl Format {
             Format::KimiK2 => deepseek::KIMI_MARKUP,
             Format::JsonList(shape) => shape.markup,
             Format::Harmony => harmony::MARKUP,
+            Format::Lfm2 => pythonic::MARKUP,
             Format::Atem => &[
                 "<|start|>",
                 "<|message|>",
@@ -399,6 +408,7 @@ impl Format {
             Format::KimiK2 => deepseek::plan(req, deepseek::Flavor::Kimi),
             Format::JsonList(shape) => json_list::plan(req, shape),
             Format::Harmony => harmony::plan(req),
+            Format::Lfm2 => pythonic::plan(req),
         }
     }
 
@@ -423,6 +433,7 @@ impl Format {
             Format::KimiK2 => deepseek::parse(text, req, deepseek::Flavor::Kimi),
             Format::JsonList(shape) => json_list::parse(text, req, shape),
             Format::Harmony => harmony::parse(text, req),
+            Format::Lfm2 => pythonic::parse(text, req),
         }
     }
 
@@ -473,6 +484,7 @@ impl Format {
             Format::KimiK2 => deepseek::parse_partial(text, req, deepseek::Flavor::Kimi, from),
             Format::JsonList(shape) => json_list::parse_partial(text, req, shape, from),
             Format::Harmony => harmony::parse_partial(text, req),
+            Format::Lfm2 => pythonic::parse_partial(text, req, from),
         }
     }
 }
@@ -2070,6 +2082,10 @@ pub(crate) mod test_util {
                 "<|tool_call_begin|>functions.{name}:{}<|tool_call_argument_begin|>{json}<|tool_call_end|>",
                 rng.below(12)
             ),
+            Format::Lfm2 => match args.as_object() {
+                Some(o) => super::pythonic::python_call(name, o, rng.coin()),
+                None => format!("{name}({json})"),
+            },
             Format::JsonList(shape) => {
                 let mut o = Map::new();
                 if let Some(k) = shape.number_key {
@@ -2126,6 +2142,12 @@ pub(crate) mod test_util {
                 shape.open,
                 calls.join(", "),
                 shape.close.unwrap_or("")
+            ),
+            Format::Lfm2 => format!(
+                "{}[{}]{}",
+                super::pythonic::OPEN,
+                calls.join(", "),
+                super::pythonic::CLOSE
             ),
             _ => format!(
                 "<｜tool▁calls▁begin｜>{}<｜tool▁calls▁end｜>",
@@ -2199,7 +2221,7 @@ pub(crate) mod test_util {
     }
 
     /// Every format, for the tests that go through them all.
-    pub const FORMATS: [Format; 21] = [
+    pub const FORMATS: [Format; 22] = [
         Format::Generic,
         Format::Hermes,
         Format::Atem,
@@ -2225,6 +2247,7 @@ pub(crate) mod test_util {
         Format::MiniMaxM2,
         Format::Glm { newlines: true },
         Format::Glm { newlines: false },
+        Format::Lfm2,
     ];
 
     /// Every prefix of `s` at a character boundary, "" and `s` included.
@@ -2276,6 +2299,7 @@ mod tests {
                 "<minimax:tool_call>\n<invoke name=\"{name}\">\n</invoke>\n</minimax:tool_call>"
             ),
             Format::Glm { .. } => format!("<tool_call>{name}</tool_call>"),
+            Format::Lfm2 => format!("<|tool_call_start|>[{name}()]<|tool_call_end|>"),
             other => unreachable!("{other:?}"),
         }
     }
@@ -2410,7 +2434,7 @@ mod tests {
         assert!(calls > 300 && replaced > 40, "{calls} {replaced}");
     }
 
-    const MARKED: [Format; 16] = [
+    const MARKED: [Format; 17] = [
         Format::Hermes,
         Format::Llama3 {
             builtin_tools: false,
@@ -2431,6 +2455,7 @@ mod tests {
         Format::MiniMaxM2,
         Format::Glm { newlines: true },
         Format::Glm { newlines: false },
+        Format::Lfm2,
     ];
 
     /// A call of a tool the request does not offer is text: no grammar held it, and the client
@@ -2628,6 +2653,9 @@ mod tests {
                 Format::JsonList(&json_list::GRANITE),
             ),
             ("ibm-granite-granite-4.0.jinja", Format::Hermes),
+            ("LFM2-8B-A1B.jinja", Format::Lfm2),
+            ("LFM2.5-8B-A1B.jinja", Format::Lfm2),
+            ("LFM2.5-Instruct.jinja", Format::Lfm2),
             ("ibm-granite-granite-4.1.jinja", Format::Hermes),
         ] {
             // (where llama.cpp's sources are at hand)

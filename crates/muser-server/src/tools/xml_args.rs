@@ -159,7 +159,7 @@ impl<'s> Params<'s> {
 }
 
 /// A tool's `parameters` as an object schema: its `properties` and its `required` names.
-fn object_schema(tool: &Tool) -> Result<(Map<String, Value>, Vec<&str>), String> {
+pub(super) fn object_schema(tool: &Tool) -> Result<(Map<String, Value>, Vec<&str>), String> {
     let name = &tool.name;
     let Some(obj) = tool.parameters.as_object() else {
         return Err(format!(
@@ -340,7 +340,7 @@ fn raw_string_rule(schema: &Value, doc: &Value, format: &str) -> Result<Option<S
 }
 
 /// Appends an RFC 6901 reference token to a pointer.
-fn child_ptr(ptr: &str, token: &str) -> String {
+pub(super) fn child_ptr(ptr: &str, token: &str) -> String {
     format!("{ptr}/{}", token.replace('~', "~0").replace('/', "~1"))
 }
 
