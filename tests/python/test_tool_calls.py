@@ -131,7 +131,10 @@ def template_files(tmp: Path) -> dict[str, Path | None]:
                           ("ByteDance-Seed-OSS.jinja", "seed-oss"),
                           ("MiniMax-M2.jinja", "minimax-m2-think"),
                           ("GLM-4.6.jinja", "glm-4.5"),
-                          ("GLM-4.7-Flash.jinja", "glm-4.5-think")]:
+                          ("GLM-4.7-Flash.jinja", "glm-4.5-think"),
+                          ("LFM2-8B-A1B.jinja", "lfm2"),
+                          ("LFM2.5-8B-A1B.jinja", "lfm2-think"),
+                          ("LFM2.5-Instruct.jinja", "lfm2.5")]:
             if (TEMPLATES / name).exists():
                 out[fmt] = TEMPLATES / name
     return out
@@ -163,7 +166,7 @@ def client_of(server) -> openai.OpenAI:
 THINKING = {"atem", "hermes-think", "qwen3-coder-think", "mistral-think", "deepseek-r1",
             "deepseek-v3.1", "gemma4-think", "gemma4-interleaved", "kimi-k2-think",
             "nemotron-v2-think", "command-r7b", "cohere2moe", "granite", "harmony",
-            "minimax-m2-think", "glm-4.5", "glm-4.5-think", "seed-oss"}
+            "minimax-m2-think", "glm-4.5", "glm-4.5-think", "seed-oss", "lfm2-think"}
 
 # Formats whose forced calls may come after content: gpt-oss's commentary preambles.
 PREAMBLES = {"harmony"}

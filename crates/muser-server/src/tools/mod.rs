@@ -1891,24 +1891,7 @@ pub(crate) mod test_util {
     /// Python's `json.dumps` layout (`", "` and `": "` separators), non-ASCII escaped when
     /// `ascii` (its default `ensure_ascii`).
     pub fn python_json(v: &Value, ascii: bool) -> String {
-        match v {
-            Value::Object(o) => {
-                let items: Vec<String> = o
-                    .iter()
-                    .map(|(k, x)| {
-                        format!(
-                            "{}: {}",
-                            python_json(&Value::from(k.clone()), ascii),
-                            python_json(x, ascii)
-                        )
-                    })
-                    .collect();
-                format!("{{{}}}", items.join(", "))
-            }
-            Value::Array(a) => {
-                let items: Vec<String> = a.iter().map(|x| python_json(x, ascii)).collect();
-                format!("[{}]", items.join(", "))
-            }
+        python_layout(v, &|x| match x {
             Value::String(s) if ascii => {
                 let mut out = String::new();
                 for c in serde_json::to_string(s).unwrap().chars() {
@@ -1923,7 +1906,32 @@ pub(crate) mod test_util {
                 }
                 out
             }
-            v => v.to_string(),
+            x => x.to_string(),
+        })
+    }
+
+    /// `v` in Python's layout (`", "` and `": "` separators), its scalars (and keys, as
+    /// strings) written by `leaf`.
+    pub fn python_layout(v: &Value, leaf: &dyn Fn(&Value) -> String) -> String {
+        match v {
+            Value::Object(o) => {
+                let items: Vec<String> = o
+                    .iter()
+                    .map(|(k, x)| {
+                        format!(
+                            "{}: {}",
+                            leaf(&Value::from(k.clone())),
+                            python_layout(x, leaf)
+                        )
+                    })
+                    .collect();
+                format!("{{{}}}", items.join(", "))
+            }
+            Value::Array(a) => {
+                let items: Vec<String> = a.iter().map(|x| python_layout(x, leaf)).collect();
+                format!("[{}]", items.join(", "))
+            }
+            v => leaf(v),
         }
     }
 

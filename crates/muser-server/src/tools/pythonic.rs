@@ -541,7 +541,7 @@ pub(super) fn parse_partial(text: &str, req: Option<&ToolRequest>, from: &mut Bl
 /// writes them; `True`, `False`, `None`): how a model writes the arguments of a call.
 #[cfg(test)]
 pub(super) fn python_literal(v: &Value, single: bool) -> String {
-    match v {
+    super::test_util::python_layout(v, &|x| match x {
         Value::Null => "None".into(),
         Value::Bool(true) => "True".into(),
         Value::Bool(false) => "False".into(),
@@ -560,25 +560,8 @@ pub(super) fn python_literal(v: &Value, single: bool) -> String {
             out.push('\'');
             out
         }
-        Value::Array(a) => {
-            let items: Vec<String> = a.iter().map(|x| python_literal(x, single)).collect();
-            format!("[{}]", items.join(", "))
-        }
-        Value::Object(o) => {
-            let items: Vec<String> = o
-                .iter()
-                .map(|(k, x)| {
-                    format!(
-                        "{}: {}",
-                        python_literal(&Value::from(k.clone()), single),
-                        python_literal(x, single)
-                    )
-                })
-                .collect();
-            format!("{{{}}}", items.join(", "))
-        }
-        v => v.to_string(),
-    }
+        x => x.to_string(),
+    })
 }
 
 /// One call as a model writes it: `name(k=v, ...)`.
