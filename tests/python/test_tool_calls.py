@@ -134,7 +134,7 @@ def template_files(tmp: Path) -> dict[str, Path | None]:
                           ("GLM-4.7-Flash.jinja", "glm-4.5-think"),
                           ("LFM2-8B-A1B.jinja", "lfm2"),
                           ("LFM2.5-8B-A1B.jinja", "lfm2-think"),
-                          ("LFM2.5-Instruct.jinja", "lfm2.5")]:
+                          ("LFM2.5-Instruct.jinja", "lfm2-instruct")]:
             if (TEMPLATES / name).exists():
                 out[fmt] = TEMPLATES / name
     return out
@@ -235,7 +235,7 @@ def reasoning_of(msg) -> str:
 def test_each_template_gets_its_format(servers):
     """/props names the format detected from each template's source."""
     for fmt, server in servers.items():
-        want = re.sub(r"-(think|qwen|moonshot|interleaved)$", "", fmt)
+        want = re.sub(r"-(think|qwen|moonshot|interleaved|instruct)$", "", fmt)
         got = requests.get(server.url + "/props", timeout=30).json()["chat_format"]
         assert got == want, (fmt, got)
 
