@@ -721,6 +721,14 @@ mod tests {
             check_parsed(&F.parse(&text, Some(&r)), &text, &[], &text);
             check_partial_prefixes(F, &text, Some(&r));
         }
+        // LFM2.5's own rendering of two calls in its history
+        let text = format!("Sure.{OPEN}[f(city='Paris', days=3), g(a=1, b=[2, 'x'])]{CLOSE}");
+        let want = [
+            super::super::test_util::call("f", r#"{"city":"Paris","days":3}"#),
+            super::super::test_util::call("g", r#"{"a":1,"b":[2,"x"]}"#),
+        ];
+        check_parsed(&F.parse(&text, Some(&r)), "Sure.", &want, &text);
+        check_stream_calls(F, &text, &r);
         // the closing tag missing at the end of the text
         let text = format!("{OPEN}[f(a=1), g()]\n");
         let p = F.parse(&text, Some(&r));
