@@ -17,6 +17,15 @@
 //!   (`<arg_key>K</arg_key><arg_value>V</arg_value>`)* and `</tool_call>`, no closing tag of
 //!   the call's own; GLM 4.6 writes a newline after the name and after each tag pair (`newlines`),
 //!   GLM 4.7 none. Non-strings as JSON.
+//! - DeepSeek V3.2 and V4's DSML (llama.cpp's `common/parsers/deepseek.cpp`): all the calls in
+//!   one block, `<｜DSML｜function_calls>\n` (V4: `tool_calls`) then per call
+//!   `<｜DSML｜invoke name="NAME">\n` (`<｜DSML｜parameter name="K" string="B">V</｜DSML｜parameter>\n`)*
+//!   `</｜DSML｜invoke>\n`, then the closing tag, nothing after it; `B` is `true` where the
+//!   schema admits strings (the value raw), else `false` (JSON).
+//! - MiniCPM5 (`common/parsers/minicpm5.cpp`): one call a block, no whitespace in it,
+//!   `<function name="NAME">` (`<param name="K">V</param>`)* `</function>`; non-strings
+//!   written with jinja's `{{ }}` (Python's spellings), strings holding `<`, `&` or a line
+//!   break in `<![CDATA[...]]>`, which the reading takes off.
 //!
 //! The chat templates show the tools themselves.
 //!
@@ -29,7 +38,8 @@
 //! Whitespace: a value is framed by exactly the template's text (Qwen's newlines, GLM 4.6's
 //! newline between its tags); between the other tags, between blocks and after the last one,
 //! nothing, a space, or one or two newlines and an indentation (GLM's name follows its opening
-//! tag right away). A tool or parameter name with a character its tag cannot carry is refused
+//! tag right away), except where the template's layout is all its model's reader takes (Qwen,
+//! DSML, MiniCPM5: exactly the template's text between the tags; nothing after DSML's block). A tool or parameter name with a character its tag cannot carry is refused
 //! by the plan.
 //!
 //! # Parse
@@ -86,6 +96,9 @@ pub(super) struct Shape {
     pub cdata: bool,
     /// All the calls of a reply in one block (MiniMax), not one block a call.
     pub many: bool,
+    /// The grammar ends the output at the block's closing tag, no whitespace after it (DSML:
+    /// llama.cpp's reader takes none).
+    pub ends_at_close: bool,
     /// The markup llama.cpp preserves and the vocabularies may make tokens.
     pub markup: &'static [&'static str],
 }
@@ -137,6 +150,7 @@ pub(super) const QWEN: Shape = Shape {
     framed: true,
     cdata: false,
     many: false,
+    ends_at_close: false,
     // llama.cpp preserves the first two; the tags are there for vocabularies that make them
     // tokens.
     markup: &[
@@ -197,6 +211,7 @@ pub(super) const MINIMAX_M2: Shape = Shape {
     framed: false,
     cdata: false,
     many: true,
+    ends_at_close: false,
     markup: &[
         "<minimax:tool_call>",
         "</minimax:tool_call>",
@@ -249,6 +264,7 @@ const GLM_TIGHT: Shape = Shape {
     framed: false,
     cdata: false,
     many: false,
+    ends_at_close: false,
     markup: GLM_MARKUP,
 };
 
@@ -286,6 +302,7 @@ pub(super) const DSML_V32: Shape = Shape {
     framed: false,
     cdata: false,
     many: true,
+    ends_at_close: true,
     markup: &[
         "<｜DSML｜function_calls>",
         "</｜DSML｜function_calls>",
@@ -346,6 +363,7 @@ pub(super) const MINICPM5: Shape = Shape {
     framed: false,
     cdata: true,
     many: false,
+    ends_at_close: false,
     markup: &["<function", "<param", "</function>", "</param>"],
 };
 
@@ -449,8 +467,9 @@ pub(super) fn plan(sh: &Shape, req: &ToolRequest) -> Result<Option<Plan>, String
     } else {
         format!("root ::= {pre}-call\n")
     };
+    let after = if sh.ends_at_close { "" } else { &ws };
     gbnf.push_str(&format!(
-        "{pre}-call ::= {} {after_open} {calls} {} {ws}\n",
+        "{pre}-call ::= {} {after_open} {calls} {} {after}\n",
         literal(sh.open),
         literal(sh.close)
     ));
