@@ -136,7 +136,7 @@ def template_files(tmp: Path) -> dict[str, Path | None]:
                           ("GLM-4.7-Flash.jinja", "glm-4.5-think"),
                           ("deepseek-ai-DeepSeek-V3.2.jinja", "deepseek-v3.2-think"),
                           ("deepseek-ai-DeepSeek-V4.jinja", "deepseek-v4-think"),
-                          ("openbmb-MiniCPM5-1B.jinja", "minicpm5")]:
+                          ("openbmb-MiniCPM5-1B.jinja", "minicpm5-think")]:
             if (TEMPLATES / name).exists():
                 out[fmt] = TEMPLATES / name
     return out
@@ -169,7 +169,7 @@ THINKING = {"atem", "hermes-think", "qwen3-coder-think", "mistral-think", "deeps
             "deepseek-v3.1", "gemma4-think", "gemma4-interleaved", "kimi-k2-think",
             "nemotron-v2-think", "command-r7b", "cohere2moe", "granite", "harmony",
             "minimax-m2-think", "glm-4.5", "glm-4.5-think", "seed-oss", "deepseek-v3.2-think",
-            "deepseek-v4-think"}
+            "deepseek-v4-think", "minicpm5-think"}
 
 # Formats whose forced calls may come after content: gpt-oss's commentary preambles.
 PREAMBLES = {"harmony"}
