@@ -71,6 +71,7 @@ const SYNTAX: Syntax = Syntax {
     name_stops: &['"'],
     python: false,
     sep: None,
+    required_first: false,
 };
 
 /// llama.cpp's trigger for this format (the grammar starts at the capture group,

@@ -39,6 +39,9 @@ pub(super) struct Syntax {
     /// its model's reader takes (llama.cpp reads no Qwen3-Coder call with a blank line between
     /// its tags), else (None) any JSON whitespace.
     pub sep: Option<&'static str>,
+    /// The required parameters first (in the schema's order), then the optional ones: the
+    /// order DSML's reader in llama.cpp insists on; else the schema's order.
+    pub required_first: bool,
 }
 
 /// The length of the whitespace (JSON's) at the start of `s`, which the XML formats' readers
@@ -142,6 +145,10 @@ impl<'s> Params<'s> {
             } else {
                 format!("{kv}?")
             });
+        }
+        if sx.required_first {
+            // (a stable sort: each kind keeps the schema's order)
+            seq.sort_by_key(|kv| kv.ends_with('?'));
         }
         Ok(seq.join(" "))
     }

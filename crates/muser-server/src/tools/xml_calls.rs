@@ -137,6 +137,7 @@ pub(super) const QWEN: Shape = Shape {
         name_stops: ANGLE_STOPS,
         python: true,
         sep: Some("\n"),
+        required_first: false,
     },
     open: "<tool_call>",
     close: "</tool_call>",
@@ -171,6 +172,7 @@ pub(super) const SEED: Shape = Shape {
         open: |k, _| format!("<parameter={k}>"),
         close: "</parameter>",
         sep: None,
+        required_first: false,
         ..QWEN.syntax
     },
     open: "<seed:tool_call>",
@@ -198,6 +200,7 @@ pub(super) const MINIMAX_M2: Shape = Shape {
         name_stops: QUOTE_STOPS,
         python: false,
         sep: None,
+        required_first: false,
     },
     open: "<minimax:tool_call>",
     close: "</minimax:tool_call>",
@@ -251,6 +254,7 @@ const GLM_TIGHT: Shape = Shape {
         name_stops: TAG_STOPS,
         python: false,
         sep: None,
+        required_first: false,
     },
     open: "<tool_call>",
     close: "</tool_call>",
@@ -289,6 +293,7 @@ pub(super) const DSML_V32: Shape = Shape {
         name_stops: QUOTE_STOPS,
         python: false,
         sep: Some("\n"),
+        required_first: true,
     },
     open: "<｜DSML｜function_calls>",
     close: "</｜DSML｜function_calls>",
@@ -350,6 +355,7 @@ pub(super) const MINICPM5: Shape = Shape {
         name_stops: QUOTE_STOPS,
         python: true,
         sep: Some(""),
+        required_first: false,
     },
     open: "<function name=\"",
     close: "</function>",
@@ -877,6 +883,24 @@ mod tests {
             }
         }
         m
+    }
+
+    /// The arguments in the order `format`'s grammar writes them: `ordered`'s, the required
+    /// ones first where the format asks (DSML).
+    fn ordered_for(format: Format, schema: &Value, args: &Value) -> Map<String, Value> {
+        let m = ordered(schema, args);
+        if !format.xml_shape().syntax.required_first {
+            return m;
+        }
+        let req = |k: &String| {
+            schema["required"]
+                .as_array()
+                .is_some_and(|r| r.contains(&Value::from(k.as_str())))
+        };
+        let (mut first, rest): (Map<String, Value>, Map<String, Value>) =
+            m.into_iter().partition(|(k, _)| req(k));
+        first.extend(rest);
+        first
     }
 
     /// (between tags, between blocks, after the last block)
@@ -1662,7 +1686,7 @@ mod tests {
             let (p, g) = checked_plan(format, &r, Trigger::Word(sh.open.into()));
             let calls: Vec<(&str, Map<String, Value>)> = random_calls(&mut rng, &r)
                 .into_iter()
-                .map(|(t, a)| (t.name.as_str(), ordered(&t.parameters, &a)))
+                .map(|(t, a)| (t.name.as_str(), ordered_for(format, &t.parameters, &a)))
                 .collect();
             // (DSML's and MiniCPM5's grammars write their templates' layout only)
             let tw = template_ws(format).unwrap_or("\n");
@@ -1702,7 +1726,13 @@ mod tests {
                 0
             )));
             if let Some((o, a)) = other_tool(&mut rng, &r) {
-                let b = render_calls(format, &r, &[(&o.name, ordered(&o.parameters, &a))], tw, 0);
+                let b = render_calls(
+                    format,
+                    &r,
+                    &[(&o.name, ordered_for(format, &o.parameters, &a))],
+                    tw,
+                    0,
+                );
                 assert!(!g.accepts_str(&b), "other tool taken: {b}");
             }
             let t = r.tools.iter().find(|t| t.name == *n).unwrap();
@@ -1710,7 +1740,7 @@ mod tests {
                 if !bad.is_object() {
                     continue;
                 }
-                let bad = ordered(&t.parameters, &bad);
+                let bad = ordered_for(format, &t.parameters, &bad);
                 let b = render_calls(format, &r, &[(n, bad.clone())], tw, 0);
                 let back = format.parse(&b, Some(&r)).tool_calls;
                 if back.len() == 1 && back[0].arguments == serde_json::to_string(&bad).unwrap() {
@@ -1866,6 +1896,36 @@ mod tests {
         assert!(glm47.accepts_str(tight) && !glm47.accepts_str(nl));
         assert!(glm46.accepts_str(nl) && !glm46.accepts_str(tight));
         assert!(!glm46.accepts_str(&nl.replace("<tool_call>f", "<tool_call>\nf")));
+        // DSML: the required parameters first, as llama.cpp's reader takes them
+        let dsml = |v4| {
+            let t = tool(
+                "f",
+                json!({"properties": {"a": {"type": "integer"}, "b": {"type": "string"}},
+                       "required": ["b"]}),
+            );
+            let r = req(vec![t], ToolChoice::Required, false);
+            grammar(&Format::DeepSeekDsml { v4 }.plan(&r).unwrap().unwrap())
+        };
+        let (a, b) = (
+            "<｜DSML｜parameter name=\"a\" string=\"false\">1</｜DSML｜parameter>\n",
+            "<｜DSML｜parameter name=\"b\" string=\"true\">x</｜DSML｜parameter>\n",
+        );
+        for v4 in [false, true] {
+            let sh = super::dsml(v4);
+            let call = |ps: &str| {
+                format!(
+                    "{}\n<｜DSML｜invoke name=\"f\">\n{ps}</｜DSML｜invoke>\n{}",
+                    sh.open, sh.close
+                )
+            };
+            let g = dsml(v4);
+            assert!(g.accepts_str(&call(&format!("{b}{a}"))));
+            assert!(g.accepts_str(&call(b)));
+            assert!(!g.accepts_str(&call(&format!("{a}{b}"))));
+            // the string attribute follows the schema, nothing follows the block
+            assert!(!g.accepts_str(&call(&b.replace("true", "false"))));
+            assert!(!g.accepts_str(&format!("{}\n", call(b))));
+        }
         let seed = g(Format::SeedOss);
         let s = "<seed:tool_call>\n<function=f>\n<parameter=a>1</parameter>\n</function>\n</seed:tool_call>";
         assert!(seed.accepts_str(s));
