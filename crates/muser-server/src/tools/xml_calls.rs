@@ -373,9 +373,10 @@ pub(super) const MINICPM5: Shape = Shape {
     markup: &["<function", "<param", "</function>", "</param>"],
 };
 
-/// The XML call format a template teaches, other than Qwen's (`detect_qwen`): Seed-OSS's,
-/// MiniMax M2's, GLM's (llama.cpp reads Ling 3's `<arg_key>` calls with a handler of its own,
-/// and MiniMax M3's nested values are not these).
+/// The XML call format a template teaches, other than Qwen's (`detect_qwen`): DeepSeek's DSML,
+/// MiniCPM5's (by llama.cpp's tests for them), Seed-OSS's, MiniMax M2's, GLM's (llama.cpp reads
+/// Ling 3's `<arg_key>` calls with a handler of its own, and MiniMax M3's nested values are
+/// not these).
 pub(super) fn detect(t: &str) -> Option<Format> {
     let has = |ms: &[&str]| ms.iter().all(|m| t.contains(m));
     // (the templates spell DSML's tags with a variable, `dsml_token`; V3.2's blocks are
