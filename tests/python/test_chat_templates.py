@@ -750,10 +750,12 @@ def test_every_template_prompts_as_llama_server_does(tmp_path):
     assert set(found) == set(KNOWN_PROMPT_DIFFERENCES), report
 
 
-# The templates of the XML call formats (seed-oss, minimax-m2, glm-4.5) whose calls and results in
+# The templates of the XML call formats (seed-oss, minimax-m2, glm-4.5, DSML, minicpm5) whose calls and results in
 # the history are compared.
 XML_CALL_TEMPLATES = ["ByteDance-Seed-OSS.jinja", "MiniMax-M2.jinja", "GLM-4.6.jinja",
-                      "GLM-4.7-Flash.jinja"]
+                      "GLM-4.7-Flash.jinja", "deepseek-ai-DeepSeek-V3.2.jinja",
+                      "deepseek-ai-DeepSeek-V4.jinja", "deepseek-ai-DeepSeek-V4-Flash-0731.jinja",
+                      "openbmb-MiniCPM5-1B.jinja"]
 
 
 def call_bodies(rng: random.Random) -> dict[str, dict]:
@@ -825,6 +827,10 @@ KNOWN_CALL_PROMPT_DIFFERENCES = {
     "ByteDance-Seed-OSS.jinja":
         "it writes non-string arguments with `| string`: a list is Python's repr in "
         "llama-server (['x']), JSON in Muser's minijinja ([\"x\"])",
+    "openbmb-MiniCPM5-1B.jinja":
+        "it writes non-string arguments with `{{ }}`: llama-server's engine writes a mapping as "
+        "nothing and a list's items run together (`2x` for [2, \"x\"]), Muser's minijinja "
+        "writes them as JSON",
 }
 
 

@@ -14,6 +14,8 @@
   channel before the calls; both of its templates), the XML formats seed-oss
   (`<seed:tool_call>`), minimax-m2 (`<minimax:tool_call><invoke name=...>`) and glm-4.5
   (`<tool_call>NAME<arg_key>...`: GLM 4.6, and 4.7 whose prompt opens a `<think>` block),
+  DeepSeek V3.2's and V4's DSML (`<｜DSML｜invoke name=...><｜DSML｜parameter name=... string=...>`),
+  minicpm5 (`<function name=...><param name=...>`),
   kimi-k2, the JSON lists of nemotron-v2, command-r7b, cohere2moe and granite, and harmony
   (gpt-oss).
 
@@ -134,7 +136,10 @@ def template_files(tmp: Path) -> dict[str, Path | None]:
                           ("GLM-4.7-Flash.jinja", "glm-4.5-think"),
                           ("LFM2-8B-A1B.jinja", "lfm2"),
                           ("LFM2.5-8B-A1B.jinja", "lfm2-think"),
-                          ("LFM2.5-Instruct.jinja", "lfm2-instruct")]:
+                          ("LFM2.5-Instruct.jinja", "lfm2-instruct"),
+                          ("deepseek-ai-DeepSeek-V3.2.jinja", "deepseek-v3.2-think"),
+                          ("deepseek-ai-DeepSeek-V4.jinja", "deepseek-v4-think"),
+                          ("openbmb-MiniCPM5-1B.jinja", "minicpm5-think")]:
             if (TEMPLATES / name).exists():
                 out[fmt] = TEMPLATES / name
     return out
@@ -166,7 +171,8 @@ def client_of(server) -> openai.OpenAI:
 THINKING = {"atem", "hermes-think", "qwen3-coder-think", "mistral-think", "deepseek-r1",
             "deepseek-v3.1", "gemma4-think", "gemma4-interleaved", "kimi-k2-think",
             "nemotron-v2-think", "command-r7b", "cohere2moe", "granite", "harmony",
-            "minimax-m2-think", "glm-4.5", "glm-4.5-think", "seed-oss", "lfm2-think"}
+            "minimax-m2-think", "glm-4.5", "glm-4.5-think", "seed-oss", "lfm2-think",
+            "deepseek-v3.2-think", "deepseek-v4-think", "minicpm5-think"}
 
 # Formats whose forced calls may come after content: gpt-oss's commentary preambles.
 PREAMBLES = {"harmony"}

@@ -1681,6 +1681,8 @@ mod tests {
             Format::SeedOss,
             Format::MiniMaxM2,
             Format::Glm { newlines: false },
+            Format::DeepSeekDsml { v4: true },
+            Format::MiniCpm5,
         ];
         let (mut readings, mut reasoned) = (0, 0);
         for round in 0..96 {
@@ -1864,6 +1866,18 @@ mod tests {
             "<|tool_call_start|>[g(b='x",
             "'), f(a=1",
             ")]<|tool_call_end|>",
+            "<｜DSML｜function_calls>\n",
+            "<｜DSML｜tool_calls>\n",
+            "<｜DSML｜invoke name=\"g\">\n",
+            "<｜DSML｜parameter name=\"b\" string=\"true\">",
+            "</｜DSML｜parameter>\n",
+            "</｜DSML｜invoke>\n",
+            "</｜DSML｜function_calls>",
+            "</｜DSML｜tool_calls>",
+            "<function name=\"g\">",
+            "<param name=\"b\">",
+            "</param>",
+            "</function>",
             "\n",
             " ",
             "é",
@@ -1896,7 +1910,7 @@ mod tests {
         let choices = [ToolChoice::Auto, ToolChoice::Required, ToolChoice::None];
         let mut rng = Rng(0x50_4B5E);
         let mut calls = 0;
-        for round in 0..1800 {
+        for round in 0..2400 {
             let r = req(tools.clone(), choices[rng.below(3)].clone(), rng.coin());
             let o = Output {
                 format: FORMATS[round % FORMATS.len()],

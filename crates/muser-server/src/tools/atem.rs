@@ -65,12 +65,13 @@ const ATTR_END: &str = "\">";
 const SYNTAX: Syntax = Syntax {
     format: "ATEM",
     prefix: "atem",
-    open: |k| format!("{PARAM_OPEN}{k}{ATTR_END}"),
+    open: |k, _| format!("{PARAM_OPEN}{k}{ATTR_END}"),
     close: PARAM_CLOSE,
     end_tag: PARAM_CLOSE,
     name_stops: &['"'],
     python: false,
     sep: None,
+    required_first: false,
 };
 
 /// llama.cpp's trigger for this format (the grammar starts at the capture group,

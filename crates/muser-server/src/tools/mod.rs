@@ -159,6 +159,11 @@ pub enum Format {
     /// Liquid's LFM2 and LFM2.5: a Python list of calls with keyword arguments,
     /// `<|tool_call_start|>[NAME(K=V, ...), ...]<|tool_call_end|>`.
     Lfm2,
+    /// DeepSeek V3.2 and V4's DSML: `<｜DSML｜function_calls>` (V4: `tool_calls`) blocks of
+    /// `<｜DSML｜invoke name="NAME">` calls, `<｜DSML｜parameter name="K" string="true|false">V</｜DSML｜parameter>`.
+    DeepSeekDsml { v4: bool },
+    /// MiniCPM5: `<function name="NAME"><param name="K">V</param></function>`.
+    MiniCpm5,
 }
 
 /// Where a lazy call grammar of a format starts, so that it can be made to wait for the end of
@@ -245,6 +250,8 @@ impl Format {
             Format::MiniMaxM2 => "minimax-m2",
             Format::Glm { .. } => "glm-4.5",
             Format::Lfm2 => "lfm2",
+            Format::DeepSeekDsml { v4 } => ["deepseek-v3.2", "deepseek-v4"][usize::from(v4)],
+            Format::MiniCpm5 => "minicpm5",
         }
     }
 
@@ -254,9 +261,12 @@ impl Format {
         match self {
             Format::Generic | Format::Atem | Format::Harmony => None,
             Format::Hermes => Some(hermes::LAZY_START),
-            Format::QwenXml | Format::SeedOss | Format::MiniMaxM2 | Format::Glm { .. } => {
-                Some(self.xml_shape().lazy_start())
-            }
+            Format::QwenXml
+            | Format::SeedOss
+            | Format::MiniMaxM2
+            | Format::Glm { .. }
+            | Format::DeepSeekDsml { .. }
+            | Format::MiniCpm5 => Some(self.xml_shape().lazy_start()),
             Format::Llama3 { .. } => Some(llama3::LAZY_START),
             Format::MistralNemo | Format::Mistral { .. } => Some(mistral::LAZY_START),
             Format::DeepSeekR1 | Format::DeepSeekV31 => Some(deepseek::LAZY_START),
@@ -275,9 +285,12 @@ impl Format {
             Format::Hermes => &["<tool_call>", "</tool_call>"],
             // The markup llama.cpp preserves for Muse Glimmer: its message framing and the
             // ATEM tags.
-            Format::QwenXml | Format::SeedOss | Format::MiniMaxM2 | Format::Glm { .. } => {
-                self.xml_shape().markup
-            }
+            Format::QwenXml
+            | Format::SeedOss
+            | Format::MiniMaxM2
+            | Format::Glm { .. }
+            | Format::DeepSeekDsml { .. }
+            | Format::MiniCpm5 => self.xml_shape().markup,
             Format::Llama3 {
                 builtin_tools: false,
             } => llama3::MARKUP,
@@ -396,9 +409,12 @@ impl Format {
             Format::Atem => atem::plan(req),
             Format::Generic => generic::plan(req),
             Format::Hermes => hermes::plan(req),
-            Format::QwenXml | Format::SeedOss | Format::MiniMaxM2 | Format::Glm { .. } => {
-                xml_calls::plan(self.xml_shape(), req)
-            }
+            Format::QwenXml
+            | Format::SeedOss
+            | Format::MiniMaxM2
+            | Format::Glm { .. }
+            | Format::DeepSeekDsml { .. }
+            | Format::MiniCpm5 => xml_calls::plan(self.xml_shape(), req),
             Format::Llama3 { builtin_tools } => llama3::plan(req, builtin_tools),
             Format::MistralNemo => mistral::plan(req, mistral::Flavor::Nemo),
             Format::Mistral { call_id } => mistral::plan(req, mistral::Flavor::Args { call_id }),
@@ -419,9 +435,12 @@ impl Format {
             Format::Atem => atem::parse(text, req),
             Format::Generic => generic::parse(text, req),
             Format::Hermes => hermes::parse(text, req),
-            Format::QwenXml | Format::SeedOss | Format::MiniMaxM2 | Format::Glm { .. } => {
-                xml_calls::parse(self.xml_shape(), text, req)
-            }
+            Format::QwenXml
+            | Format::SeedOss
+            | Format::MiniMaxM2
+            | Format::Glm { .. }
+            | Format::DeepSeekDsml { .. }
+            | Format::MiniCpm5 => xml_calls::parse(self.xml_shape(), text, req),
             Format::Llama3 { builtin_tools } => llama3::parse(text, req, builtin_tools),
             Format::MistralNemo => mistral::parse(text, req, mistral::Flavor::Nemo),
             Format::Mistral { call_id } => {
@@ -470,9 +489,12 @@ impl Format {
             Format::Atem => atem::parse_partial(text, req),
             Format::Generic => generic::parse_partial(text, req),
             Format::Hermes => hermes::parse_partial(text, req, from),
-            Format::QwenXml | Format::SeedOss | Format::MiniMaxM2 | Format::Glm { .. } => {
-                xml_calls::parse_partial(self.xml_shape(), text, req, from)
-            }
+            Format::QwenXml
+            | Format::SeedOss
+            | Format::MiniMaxM2
+            | Format::Glm { .. }
+            | Format::DeepSeekDsml { .. }
+            | Format::MiniCpm5 => xml_calls::parse_partial(self.xml_shape(), text, req, from),
             Format::Llama3 { builtin_tools } => llama3::parse_partial(text, req, builtin_tools),
             Format::MistralNemo => mistral::parse_partial(text, req, mistral::Flavor::Nemo, from),
             Format::Mistral { call_id } => {
@@ -496,6 +518,8 @@ impl Format {
             Format::SeedOss => &xml_calls::SEED,
             Format::MiniMaxM2 => &xml_calls::MINIMAX_M2,
             Format::Glm { newlines } => xml_calls::glm(newlines),
+            Format::DeepSeekDsml { v4 } => xml_calls::dsml(v4),
+            Format::MiniCpm5 => &xml_calls::MINICPM5,
             _ => &xml_calls::QWEN,
         }
     }
@@ -2062,6 +2086,24 @@ pub(crate) mod test_util {
                 }
                 s + "</invoke>"
             }
+            Format::DeepSeekDsml { .. } => {
+                let mut s = format!("<｜DSML｜invoke name=\"{name}\">\n");
+                for (k, v) in params {
+                    s += &format!(
+                        "<｜DSML｜parameter name=\"{k}\" string=\"{}\">{}</｜DSML｜parameter>\n",
+                        v.is_string(),
+                        raw(v)
+                    );
+                }
+                s + "</｜DSML｜invoke>"
+            }
+            Format::MiniCpm5 => {
+                let mut s = format!("<function name=\"{name}\">");
+                for (k, v) in params {
+                    s += &format!("<param name=\"{k}\">{}</param>", raw(v));
+                }
+                s + "</function>"
+            }
             Format::Glm { newlines } => {
                 let nl = if newlines { "\n" } else { "" };
                 let mut s = format!("{name}{nl}");
@@ -2125,6 +2167,11 @@ pub(crate) mod test_util {
                 "<minimax:tool_call>\n{}\n</minimax:tool_call>",
                 calls.join("\n")
             ),
+            Format::DeepSeekDsml { v4 } => {
+                let sh = super::xml_calls::dsml(v4);
+                format!("{}\n{}\n{}", sh.open, calls.join("\n"), sh.close)
+            }
+            Format::MiniCpm5 => calls.join("\n"),
             Format::Glm { .. } => calls
                 .iter()
                 .map(|c| format!("<tool_call>{c}</tool_call>"))
@@ -2229,7 +2276,7 @@ pub(crate) mod test_util {
     }
 
     /// Every format, for the tests that go through them all.
-    pub const FORMATS: [Format; 22] = [
+    pub const FORMATS: &[Format] = &[
         Format::Generic,
         Format::Hermes,
         Format::Atem,
@@ -2256,6 +2303,9 @@ pub(crate) mod test_util {
         Format::Glm { newlines: true },
         Format::Glm { newlines: false },
         Format::Lfm2,
+        Format::DeepSeekDsml { v4: false },
+        Format::DeepSeekDsml { v4: true },
+        Format::MiniCpm5,
     ];
 
     /// Every prefix of `s` at a character boundary, "" and `s` included.
@@ -2308,6 +2358,14 @@ mod tests {
             ),
             Format::Glm { .. } => format!("<tool_call>{name}</tool_call>"),
             Format::Lfm2 => format!("<|tool_call_start|>[{name}()]<|tool_call_end|>"),
+            Format::DeepSeekDsml { v4 } => {
+                let sh = xml_calls::dsml(v4);
+                format!(
+                    "{}\n<｜DSML｜invoke name=\"{name}\">\n</｜DSML｜invoke>\n{}",
+                    sh.open, sh.close
+                )
+            }
+            Format::MiniCpm5 => format!("<function name=\"{name}\"></function>"),
             other => unreachable!("{other:?}"),
         }
     }
@@ -2442,7 +2500,7 @@ mod tests {
         assert!(calls > 300 && replaced > 40, "{calls} {replaced}");
     }
 
-    const MARKED: [Format; 17] = [
+    const MARKED: &[Format] = &[
         Format::Hermes,
         Format::Llama3 {
             builtin_tools: false,
@@ -2464,6 +2522,9 @@ mod tests {
         Format::Glm { newlines: true },
         Format::Glm { newlines: false },
         Format::Lfm2,
+        Format::DeepSeekDsml { v4: false },
+        Format::DeepSeekDsml { v4: true },
+        Format::MiniCpm5,
     ];
 
     /// A call of a tool the request does not offer is text: no grammar held it, and the client
@@ -2479,13 +2540,13 @@ mod tests {
             false,
         );
         for f in MARKED {
-            let p = f.parse(&one_call(f, "f"), Some(&r));
+            let p = f.parse(&one_call(*f, "f"), Some(&r));
             assert_eq!(p.tool_calls.len(), 1, "{f:?}");
             assert_eq!(
                 (p.tool_calls[0].name.as_str(), p.content.as_str()),
                 ("f", "")
             );
-            let other = one_call(f, "nosuch");
+            let other = one_call(*f, "nosuch");
             let p = f.parse(&other, Some(&r));
             assert!(p.tool_calls.is_empty(), "{f:?}");
             assert_eq!(p.content, other.trim_end(), "{f:?}");
@@ -2505,7 +2566,7 @@ mod tests {
             let response = test_util::random_tools(&mut rng)[0].parameters.clone();
             let good = test_util::random_args(&mut rng, &response);
             let broken = test_util::broken_args(&mut rng, &response, &good);
-            for f in MARKED.into_iter().chain([Format::Generic]) {
+            for f in MARKED.iter().copied().chain([Format::Generic]) {
                 let mut r = test_util::req(tools.clone(), ToolChoice::Auto, false);
                 r.response = Some(response.clone());
                 let p = f.plan(&r).unwrap().unwrap();
@@ -2631,7 +2692,15 @@ mod tests {
                 Format::DeepSeekR1,
             ),
             ("deepseek-ai-DeepSeek-V3.1.jinja", Format::DeepSeekV31),
-            ("deepseek-ai-DeepSeek-V3.2.jinja", Format::Generic),
+            (
+                "deepseek-ai-DeepSeek-V3.2.jinja",
+                Format::DeepSeekDsml { v4: false },
+            ),
+            (
+                "deepseek-ai-DeepSeek-V4.jinja",
+                Format::DeepSeekDsml { v4: true },
+            ),
+            ("openbmb-MiniCPM5-1B.jinja", Format::MiniCpm5),
             ("GLM-4.6.jinja", Format::Glm { newlines: true }),
             ("GLM-4.7-Flash.jinja", Format::Glm { newlines: false }),
             ("MiniMax-M2.jinja", Format::MiniMaxM2),

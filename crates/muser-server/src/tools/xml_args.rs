@@ -22,8 +22,9 @@ pub(super) struct Syntax {
     pub format: &'static str,
     /// The start of the shared rules' names (`{prefix}-ws`, `{prefix}-str`, `{prefix}-t0-p0`).
     pub prefix: &'static str,
-    /// The text before the value of parameter `key`.
-    pub open: fn(&str) -> String,
+    /// The text before the value of parameter `key`, given whether its schema admits strings
+    /// (DeepSeek's DSML says so in the tag).
+    pub open: fn(&str, bool) -> String,
     /// The text after a value.
     pub close: &'static str,
     /// The closing tag, which a raw value cannot contain.
@@ -38,6 +39,9 @@ pub(super) struct Syntax {
     /// its model's reader takes (llama.cpp reads no Qwen3-Coder call with a blank line between
     /// its tags), else (None) any JSON whitespace.
     pub sep: Option<&'static str>,
+    /// The required parameters first (in the schema's order), then the optional ones: the
+    /// order DSML's reader in llama.cpp insists on; else the schema's order.
+    pub required_first: bool,
 }
 
 /// The length of the whitespace (JSON's) at the start of `s`, which the XML formats' readers
@@ -89,6 +93,7 @@ impl<'s> Params<'s> {
                     sx.format
                 ));
             }
+            let may_str = admits_string(schema, params);
             let value = match string_choices(schema) {
                 Some(choices) => {
                     let ok: Vec<String> = choices
@@ -105,7 +110,7 @@ impl<'s> Params<'s> {
                     }
                     format!("( {} )", ok.join(" | "))
                 }
-                None if value_types(schema, params, 0) & T_STR != 0 => {
+                None if may_str => {
                     match raw_string_rule(schema, params, sx.format)
                         .map_err(|e| format!("tool `{name}`: parameter `{k}`: {e}"))?
                     {
@@ -131,7 +136,7 @@ impl<'s> Params<'s> {
             let kv = format!("{}-t{i}-p{j}", sx.prefix);
             self.rules.push_str(&format!(
                 "{kv} ::= {} {value} {} {}\n",
-                literal(&(sx.open)(k)),
+                literal(&(sx.open)(k, may_str)),
                 literal(sx.close),
                 self.sep()
             ));
@@ -140,6 +145,10 @@ impl<'s> Params<'s> {
             } else {
                 format!("{kv}?")
             });
+        }
+        if sx.required_first {
+            // (a stable sort: each kind keeps the schema's order)
+            seq.sort_by_key(|kv| kv.ends_with('?'));
         }
         Ok(seq.join(" "))
     }
@@ -337,6 +346,12 @@ fn raw_string_rule(schema: &Value, doc: &Value, format: &str) -> Result<Option<S
             .collect::<Vec<_>>()
             .join(", ")
     ))
+}
+
+/// Whether a property's `schema` (in the tool's parameters `doc`) admits strings, so that its
+/// value is written raw.
+pub(super) fn admits_string(schema: &Value, doc: &Value) -> bool {
+    value_types(schema, doc, 0) & T_STR != 0
 }
 
 /// Appends an RFC 6901 reference token to a pointer.

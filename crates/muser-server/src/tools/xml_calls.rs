@@ -17,6 +17,15 @@
 //!   (`<arg_key>K</arg_key><arg_value>V</arg_value>`)* and `</tool_call>`, no closing tag of
 //!   the call's own; GLM 4.6 writes a newline after the name and after each tag pair (`newlines`),
 //!   GLM 4.7 none. Non-strings as JSON.
+//! - DeepSeek V3.2 and V4's DSML (llama.cpp's `common/parsers/deepseek.cpp`): all the calls in
+//!   one block, `<｜DSML｜function_calls>\n` (V4: `tool_calls`) then per call
+//!   `<｜DSML｜invoke name="NAME">\n` (`<｜DSML｜parameter name="K" string="B">V</｜DSML｜parameter>\n`)*
+//!   `</｜DSML｜invoke>\n`, then the closing tag, nothing after it; `B` is `true` where the
+//!   schema admits strings (the value raw), else `false` (JSON).
+//! - MiniCPM5 (`common/parsers/minicpm5.cpp`): one call a block, no whitespace in it,
+//!   `<function name="NAME">` (`<param name="K">V</param>`)* `</function>`; non-strings
+//!   written with jinja's `{{ }}` (Python's spellings), strings holding `<`, `&` or a line
+//!   break in `<![CDATA[...]]>`, which the reading takes off.
 //!
 //! The chat templates show the tools themselves.
 //!
@@ -29,7 +38,8 @@
 //! Whitespace: a value is framed by exactly the template's text (Qwen's newlines, GLM 4.6's
 //! newline between its tags); between the other tags, between blocks and after the last one,
 //! nothing, a space, or one or two newlines and an indentation (GLM's name follows its opening
-//! tag right away). A tool or parameter name with a character its tag cannot carry is refused
+//! tag right away), except where the template's layout is all its model's reader takes (Qwen,
+//! DSML, MiniCPM5: exactly the template's text between the tags; nothing after DSML's block). A tool or parameter name with a character its tag cannot carry is refused
 //! by the plan.
 //!
 //! # Parse
@@ -73,15 +83,22 @@ pub(super) struct Shape {
     /// The text before a parameter's name, and after it.
     pub param: &'static str,
     pub param_name_end: &'static str,
-    /// The tag that opens a value after its name's end and optional whitespace (GLM's
-    /// `<arg_value>`), or empty.
-    pub value_open: &'static str,
+    /// The tags, one of which opens a value after its name's end and optional whitespace
+    /// (GLM's `<arg_value>`, DSML's `string="true">` or `string="false">`); none where the
+    /// value follows the name's end right away.
+    pub value_open: &'static [&'static str],
     /// A value's closing tag.
     pub param_close: &'static str,
     /// One newline at each end of a value is the template's framing, not the value's (Qwen).
     pub framed: bool,
+    /// A value wholly in `<![CDATA[` and `]]>` is the text between them (MiniCPM5's template
+    /// writes a string with `<`, `&` or a line break so).
+    pub cdata: bool,
     /// All the calls of a reply in one block (MiniMax), not one block a call.
     pub many: bool,
+    /// The grammar ends the output at the block's closing tag, no whitespace after it (DSML:
+    /// llama.cpp's reader takes none).
+    pub ends_at_close: bool,
     /// The markup llama.cpp preserves and the vocabularies may make tokens.
     pub markup: &'static [&'static str],
 }
@@ -114,12 +131,13 @@ pub(super) const QWEN: Shape = Shape {
     syntax: Syntax {
         format: "Qwen XML",
         prefix: "qwen",
-        open: |k| format!("<parameter={k}>\n"),
+        open: |k, _| format!("<parameter={k}>\n"),
         close: "\n</parameter>",
         end_tag: "</parameter>",
         name_stops: ANGLE_STOPS,
         python: true,
         sep: Some("\n"),
+        required_first: false,
     },
     open: "<tool_call>",
     close: "</tool_call>",
@@ -128,10 +146,12 @@ pub(super) const QWEN: Shape = Shape {
     function_close: "</function>",
     param: "<parameter=",
     param_name_end: ">",
-    value_open: "",
+    value_open: &[],
     param_close: "</parameter>",
     framed: true,
+    cdata: false,
     many: false,
+    ends_at_close: false,
     // llama.cpp preserves the first two; the tags are there for vocabularies that make them
     // tokens.
     markup: &[
@@ -149,9 +169,10 @@ pub(super) const SEED: Shape = Shape {
     syntax: Syntax {
         format: "Seed-OSS",
         prefix: "seed",
-        open: |k| format!("<parameter={k}>"),
+        open: |k, _| format!("<parameter={k}>"),
         close: "</parameter>",
         sep: None,
+        required_first: false,
         ..QWEN.syntax
     },
     open: "<seed:tool_call>",
@@ -173,12 +194,13 @@ pub(super) const MINIMAX_M2: Shape = Shape {
     syntax: Syntax {
         format: "MiniMax M2",
         prefix: "minimax",
-        open: |k| format!("<parameter name=\"{k}\">"),
+        open: |k, _| format!("<parameter name=\"{k}\">"),
         close: "</parameter>",
         end_tag: "</parameter>",
         name_stops: QUOTE_STOPS,
         python: false,
         sep: None,
+        required_first: false,
     },
     open: "<minimax:tool_call>",
     close: "</minimax:tool_call>",
@@ -187,10 +209,12 @@ pub(super) const MINIMAX_M2: Shape = Shape {
     function_close: "</invoke>",
     param: "<parameter name=\"",
     param_name_end: "\">",
-    value_open: "",
+    value_open: &[],
     param_close: "</parameter>",
     framed: false,
+    cdata: false,
     many: true,
+    ends_at_close: false,
     markup: &[
         "<minimax:tool_call>",
         "</minimax:tool_call>",
@@ -224,12 +248,13 @@ const GLM_TIGHT: Shape = Shape {
     syntax: Syntax {
         format: "GLM",
         prefix: "glm",
-        open: |k| format!("<arg_key>{k}</arg_key><arg_value>"),
+        open: |k, _| format!("<arg_key>{k}</arg_key><arg_value>"),
         close: "</arg_value>",
         end_tag: "</arg_value>",
         name_stops: TAG_STOPS,
         python: false,
         sep: None,
+        required_first: false,
     },
     open: "<tool_call>",
     close: "</tool_call>",
@@ -238,27 +263,135 @@ const GLM_TIGHT: Shape = Shape {
     function_close: "",
     param: "<arg_key>",
     param_name_end: "</arg_key>",
-    value_open: "<arg_value>",
+    value_open: &["<arg_value>"],
     param_close: "</arg_value>",
     framed: false,
+    cdata: false,
     many: false,
+    ends_at_close: false,
     markup: GLM_MARKUP,
 };
 
 const GLM_NEWLINES: Shape = Shape {
     syntax: Syntax {
-        open: |k| format!("<arg_key>{k}</arg_key>\n<arg_value>"),
+        open: |k, _| format!("<arg_key>{k}</arg_key>\n<arg_value>"),
         ..GLM_TIGHT.syntax
     },
     ..GLM_TIGHT
 };
 
-/// The XML call format a template teaches, other than Qwen's (`detect_qwen`): Seed-OSS's,
-/// MiniMax M2's, GLM's (llama.cpp reads Ling 3's `<arg_key>` calls with a handler of its own,
-/// and MiniMax M3's nested values are not these).
+/// DeepSeek V3.2's DSML: `<｜DSML｜function_calls>` blocks of `<｜DSML｜invoke name="NAME">`
+/// calls, `<｜DSML｜parameter name="K" string="true|false">V</｜DSML｜parameter>` (`true` where
+/// the schema admits strings: the value raw, else JSON), each tag on its own line.
+pub(super) const DSML_V32: Shape = Shape {
+    syntax: Syntax {
+        format: "DeepSeek DSML",
+        prefix: "dsml",
+        open: |k, s| format!("<｜DSML｜parameter name=\"{k}\" string=\"{s}\">"),
+        close: "</｜DSML｜parameter>",
+        end_tag: "</｜DSML｜parameter>",
+        name_stops: QUOTE_STOPS,
+        python: false,
+        sep: Some("\n"),
+        required_first: true,
+    },
+    open: "<｜DSML｜function_calls>",
+    close: "</｜DSML｜function_calls>",
+    function: "<｜DSML｜invoke name=\"",
+    name_end: "\">",
+    function_close: "</｜DSML｜invoke>",
+    param: "<｜DSML｜parameter name=\"",
+    param_name_end: "\"",
+    value_open: &["string=\"true\">", "string=\"false\">"],
+    param_close: "</｜DSML｜parameter>",
+    framed: false,
+    cdata: false,
+    many: true,
+    ends_at_close: true,
+    markup: &[
+        "<｜DSML｜function_calls>",
+        "</｜DSML｜function_calls>",
+        "<｜DSML｜invoke",
+        "</｜DSML｜invoke>",
+        "<｜DSML｜parameter",
+        "</｜DSML｜parameter>",
+    ],
+};
+
+/// DeepSeek V4's DSML: V3.2's, its blocks `<｜DSML｜tool_calls>`.
+pub(super) const DSML_V4: Shape = Shape {
+    open: "<｜DSML｜tool_calls>",
+    close: "</｜DSML｜tool_calls>",
+    markup: &[
+        "<｜DSML｜tool_calls>",
+        "</｜DSML｜tool_calls>",
+        "<｜DSML｜invoke",
+        "</｜DSML｜invoke>",
+        "<｜DSML｜parameter",
+        "</｜DSML｜parameter>",
+    ],
+    ..DSML_V32
+};
+
+/// DeepSeek V3.2's DSML shape, or V4's (`v4`).
+pub(super) const fn dsml(v4: bool) -> &'static Shape {
+    if v4 {
+        &DSML_V4
+    } else {
+        &DSML_V32
+    }
+}
+
+/// MiniCPM5's `<function name="NAME"><param name="K">V</param></function>`, one call a block,
+/// no whitespace between its tags; non-strings written with jinja's `{{ }}` (Python's
+/// spellings), strings with `<`, `&` or a line break in CDATA.
+pub(super) const MINICPM5: Shape = Shape {
+    syntax: Syntax {
+        format: "MiniCPM5",
+        prefix: "minicpm",
+        open: |k, _| format!("<param name=\"{k}\">"),
+        close: "</param>",
+        end_tag: "</param>",
+        name_stops: QUOTE_STOPS,
+        python: true,
+        sep: Some(""),
+        required_first: false,
+    },
+    open: "<function name=\"",
+    close: "</function>",
+    function: "",
+    name_end: "\">",
+    function_close: "",
+    param: "<param name=\"",
+    param_name_end: "\">",
+    value_open: &[],
+    param_close: "</param>",
+    framed: false,
+    cdata: true,
+    many: false,
+    ends_at_close: false,
+    markup: &["<function", "<param", "</function>", "</param>"],
+};
+
+/// The XML call format a template teaches, other than Qwen's (`detect_qwen`): DeepSeek's DSML,
+/// MiniCPM5's (by llama.cpp's tests for them), Seed-OSS's, MiniMax M2's, GLM's (llama.cpp reads
+/// Ling 3's `<arg_key>` calls with a handler of its own, and MiniMax M3's nested values are
+/// not these).
 pub(super) fn detect(t: &str) -> Option<Format> {
     let has = |ms: &[&str]| ms.iter().all(|m| t.contains(m));
-    if has(&["<seed:tool_call>", "<function=", "<parameter="]) {
+    // (the templates spell DSML's tags with a variable, `dsml_token`; V3.2's blocks are
+    // `function_calls`, V4's `tool_calls`)
+    if has(&["dsml_token", "DSML"]) && (t.contains("function_calls") || t.contains("tool_calls")) {
+        Some(Format::DeepSeekDsml {
+            v4: !t.contains("function_calls"),
+        })
+    } else if has(&[
+        "Tool usage guidelines:",
+        "<function name=\"",
+        "<param name=\"",
+    ]) {
+        Some(Format::MiniCpm5)
+    } else if has(&["<seed:tool_call>", "<function=", "<parameter="]) {
         Some(Format::SeedOss)
     } else if has(&["<minimax:tool_call>", "<invoke name=", "<parameter name="]) {
         Some(Format::MiniMaxM2)
@@ -341,8 +474,9 @@ pub(super) fn plan(sh: &Shape, req: &ToolRequest) -> Result<Option<Plan>, String
     } else {
         format!("root ::= {pre}-call\n")
     };
+    let after = if sh.ends_at_close { "" } else { &ws };
     gbnf.push_str(&format!(
-        "{pre}-call ::= {} {after_open} {calls} {} {ws}\n",
+        "{pre}-call ::= {} {after_open} {calls} {} {after}\n",
         literal(sh.open),
         literal(sh.close)
     ));
@@ -381,13 +515,23 @@ fn value_start(sh: &Shape, s: &str) -> Option<usize> {
         return Some(0);
     }
     let w = ws_len(s);
-    s[w..]
-        .starts_with(sh.value_open)
-        .then_some(w + sh.value_open.len())
+    let tag = sh.value_open.iter().find(|t| s[w..].starts_with(**t))?;
+    Some(w + tag.len())
 }
 
-/// A value's raw text less the template's framing.
+const CDATA_OPEN: &str = "<![CDATA[";
+const CDATA_CLOSE: &str = "]]>";
+
+/// A value's raw text less the template's framing (Qwen's newlines, MiniCPM5's CDATA).
 fn unframed<'v>(sh: &Shape, raw: &'v str) -> &'v str {
+    if sh.cdata {
+        if let Some(inner) = raw
+            .strip_prefix(CDATA_OPEN)
+            .and_then(|r| r.strip_suffix(CDATA_CLOSE))
+        {
+            return inner;
+        }
+    }
     if !sh.framed {
         return raw;
     }
@@ -565,6 +709,10 @@ fn value_len_partial(sh: &Shape, s: &str) -> Option<usize> {
 /// far) gives: the value ends at a closing tag, so not before the first one (or a tail that
 /// may become one), and loses its framing.
 fn known_raw<'v>(sh: &Shape, v: &'v str) -> &'v str {
+    // (a value that opens as CDATA may or may not be wrapped whole: known at its end only)
+    if sh.cdata && (v.starts_with(CDATA_OPEN) || CDATA_OPEN.starts_with(v)) {
+        return "";
+    }
     let limit = v
         .find(sh.param_close)
         .unwrap_or_else(|| v.len() - tail_len(v, sh.param_close));
@@ -624,7 +772,7 @@ fn read_block_partial(sh: &Shape, rest: &str, req: Option<&ToolRequest>) -> Bloc
                 let Some(v) = value_start(sh, &after[n..]) else {
                     let t = &after[n..];
                     let t = &t[ws_len(t)..];
-                    return if sh.value_open.starts_with(t) {
+                    return if sh.value_open.iter().any(|o| o.starts_with(t)) {
                         BlockStep::Open(begun(done, args))
                     } else {
                         BlockStep::Broken(begun(done, args))
@@ -736,6 +884,24 @@ mod tests {
             }
         }
         m
+    }
+
+    /// The arguments in the order `format`'s grammar writes them: `ordered`'s, the required
+    /// ones first where the format asks (DSML).
+    fn ordered_for(format: Format, schema: &Value, args: &Value) -> Map<String, Value> {
+        let m = ordered(schema, args);
+        if !format.xml_shape().syntax.required_first {
+            return m;
+        }
+        let req = |k: &String| {
+            schema["required"]
+                .as_array()
+                .is_some_and(|r| r.contains(&Value::from(k.as_str())))
+        };
+        let (mut first, rest): (Map<String, Value>, Map<String, Value>) =
+            m.into_iter().partition(|(k, _)| req(k));
+        first.extend(rest);
+        first
     }
 
     /// (between tags, between blocks, after the last block)
@@ -1413,18 +1579,36 @@ mod tests {
     }
 
     /// The formats of the family other than Qwen's.
-    const OTHERS: [Format; 4] = [
+    const OTHERS: [Format; 7] = [
         Format::SeedOss,
         Format::MiniMaxM2,
         Format::Glm { newlines: true },
         Format::Glm { newlines: false },
+        Format::DeepSeekDsml { v4: false },
+        Format::DeepSeekDsml { v4: true },
+        Format::MiniCpm5,
     ];
+
+    /// Whether parameter `k` of tool `name` in `r` admits strings (DSML's `string="true"`).
+    fn string_param(r: &ToolRequest, name: &str, k: &str) -> bool {
+        let t = r.tools.iter().find(|t| t.name == name);
+        t.is_some_and(|t| {
+            let schema = &t.parameters["properties"][k];
+            super::super::xml_args::admits_string(schema, &t.parameters)
+        })
+    }
+
+    /// The layout between tags that `format`'s grammar writes, where it writes one only.
+    fn template_ws(format: Format) -> Option<&'static str> {
+        format.xml_shape().syntax.sep
+    }
 
     /// Calls as `format`'s template writes them, `ws` between the tags where the template
     /// writes a newline (GLM 4.6's framing newline excepted, which is its own), values as
     /// `render_value` writes them; one block a call, or MiniMax's one block.
     fn render_calls(
         format: Format,
+        r: &ToolRequest,
         calls: &[(&str, Map<String, Value>)],
         ws: &str,
         json: usize,
@@ -1432,6 +1616,24 @@ mod tests {
         let one = |name: &str, args: &Map<String, Value>| -> String {
             let v = |x: &Value| render_value(x, json);
             match format {
+                Format::DeepSeekDsml { .. } => {
+                    let mut s = format!("<｜DSML｜invoke name=\"{name}\">{ws}");
+                    for (k, x) in args {
+                        s += &format!(
+                            "<｜DSML｜parameter name=\"{k}\" string=\"{}\">{}</｜DSML｜parameter>{ws}",
+                            string_param(r, name, k),
+                            v(x)
+                        );
+                    }
+                    s + &format!("</｜DSML｜invoke>{ws}")
+                }
+                Format::MiniCpm5 => {
+                    let mut s = format!("<function name=\"{name}\">{ws}");
+                    for (k, x) in args {
+                        s += &format!("<param name=\"{k}\">{}</param>{ws}", v(x));
+                    }
+                    s + "</function>"
+                }
                 Format::SeedOss => {
                     let mut s = format!("<seed:tool_call>{ws}<function={name}>{ws}");
                     for (k, x) in args {
@@ -1461,24 +1663,23 @@ mod tests {
             }
         };
         let all: Vec<String> = calls.iter().map(|(n, a)| one(n, a)).collect();
-        if format == Format::MiniMaxM2 {
-            format!(
-                "<minimax:tool_call>{ws}{}</minimax:tool_call>",
-                all.concat()
-            )
+        let sh = format.xml_shape();
+        if sh.many {
+            format!("{}{ws}{}{}", sh.open, all.concat(), sh.close)
         } else {
             all.join(ws)
         }
     }
 
-    /// Seed-OSS, MiniMax M2 and GLM: random tools and calls in several layouts are taken by
+    /// Seed-OSS, MiniMax M2, GLM, DeepSeek's DSML and MiniCPM5: random tools and calls in
+    /// several layouts are taken by
     /// the grammar, read back by `parse` and streamed; other tools, broken arguments, a second
     /// call without `parallel` and broken markup are refused.
     #[test]
     fn other_xml_formats_grammar_accepts_calls_and_refuses_wrong_ones() {
         let mut rng = Rng(0x5EED_0A7E);
         let mut refused_args = 0;
-        for round in 0..160 {
+        for round in 0..224 {
             let format = OTHERS[round % OTHERS.len()];
             let sh = format.xml_shape();
             let parallel = round % 2 == 1;
@@ -1486,13 +1687,17 @@ mod tests {
             let (p, g) = checked_plan(format, &r, Trigger::Word(sh.open.into()));
             let calls: Vec<(&str, Map<String, Value>)> = random_calls(&mut rng, &r)
                 .into_iter()
-                .map(|(t, a)| (t.name.as_str(), ordered(&t.parameters, &a)))
+                .map(|(t, a)| (t.name.as_str(), ordered_for(format, &t.parameters, &a)))
                 .collect();
+            // (DSML's and MiniCPM5's grammars write their templates' layout only)
+            let tw = template_ws(format).unwrap_or("\n");
             for (li, ws) in ["\n", "", " ", "\n\n  "].iter().enumerate() {
-                let text = render_calls(format, &calls, ws, li);
-                assert!(
+                let text = render_calls(format, &r, &calls, ws, li);
+                let templated = template_ws(format).is_none_or(|t| t == *ws);
+                assert_eq!(
                     g.accepts_str(&text),
-                    "{format:?} round {round}: refused {text:?}\n{}",
+                    templated,
+                    "{format:?} round {round}: {text:?}\n{}",
                     p.gbnf
                 );
                 let parsed = format.parse(&text, Some(&r));
@@ -1501,7 +1706,9 @@ mod tests {
                 for (c, (n, a)) in parsed.tool_calls.iter().zip(&calls) {
                     assert_call(c, n, &Value::Object(a.clone()), None);
                 }
-                check_text_around(format, &r, &g, &text, calls.len());
+                if templated {
+                    check_text_around(format, &r, &g, &text, calls.len());
+                }
                 check_stream_calls(format, &text, &r);
                 let end = format.parse_partial(&text, Some(&r));
                 assert_eq!(end.tool_calls, parsed.tool_calls, "{text:?}");
@@ -1509,17 +1716,24 @@ mod tests {
             assert!(!g.accepts_str(""));
             assert!(!g.accepts_str("Hello"));
             let (n, a) = &calls[0];
-            let one = render_calls(format, &calls[..1], "\n", 0);
-            let two = render_calls(format, &[calls[0].clone(), calls[0].clone()], "\n", 0);
+            let one = render_calls(format, &r, &calls[..1], tw, 0);
+            let two = render_calls(format, &r, &[calls[0].clone(), calls[0].clone()], tw, 0);
             assert_eq!(g.accepts_str(&two), parallel, "{two:?}");
             assert!(!g.accepts_str(&render_calls(
                 format,
+                &r,
                 &[("no_such_tool", Map::new())],
-                "\n",
+                tw,
                 0
             )));
             if let Some((o, a)) = other_tool(&mut rng, &r) {
-                let b = render_calls(format, &[(&o.name, ordered(&o.parameters, &a))], "\n", 0);
+                let b = render_calls(
+                    format,
+                    &r,
+                    &[(&o.name, ordered_for(format, &o.parameters, &a))],
+                    tw,
+                    0,
+                );
                 assert!(!g.accepts_str(&b), "other tool taken: {b}");
             }
             let t = r.tools.iter().find(|t| t.name == *n).unwrap();
@@ -1527,8 +1741,8 @@ mod tests {
                 if !bad.is_object() {
                     continue;
                 }
-                let bad = ordered(&t.parameters, &bad);
-                let b = render_calls(format, &[(n, bad.clone())], "\n", 0);
+                let bad = ordered_for(format, &t.parameters, &bad);
+                let b = render_calls(format, &r, &[(n, bad.clone())], tw, 0);
                 let back = format.parse(&b, Some(&r)).tool_calls;
                 if back.len() == 1 && back[0].arguments == serde_json::to_string(&bad).unwrap() {
                     assert!(!g.accepts_str(&b), "round {round}: took {b:?}");
@@ -1559,6 +1773,14 @@ mod tests {
             "<arg_value>",
             "</arg_value>",
             "</parameter>",
+            "<｜DSML｜invoke name=\"",
+            "</｜DSML｜parameter>",
+            " string=\"true\">",
+            "</｜DSML｜function_calls>",
+            "<function name=\"",
+            "</param>",
+            "<![CDATA[",
+            "]]>",
             "\">",
             "{\"a\": \"",
             "1",
@@ -1568,7 +1790,7 @@ mod tests {
         ];
         let mut rng = Rng(0x5EED_0A7F);
         let (mut checked, mut with_calls) = (0usize, 0usize);
-        for round in 0..240 {
+        for round in 0..336 {
             let format = OTHERS[round % OTHERS.len()];
             let r = random_req(&mut rng, round / OTHERS.len(), true);
             let mut text = random_output(&mut rng, format, &r);
@@ -1630,6 +1852,19 @@ mod tests {
                 Format::Glm { newlines: false },
             ),
             ("Spark2.5.jinja", Format::Glm { newlines: false }),
+            (
+                "deepseek-ai-DeepSeek-V3.2.jinja",
+                Format::DeepSeekDsml { v4: false },
+            ),
+            (
+                "deepseek-ai-DeepSeek-V4.jinja",
+                Format::DeepSeekDsml { v4: true },
+            ),
+            (
+                "deepseek-ai-DeepSeek-V4-Flash-0731.jinja",
+                Format::DeepSeekDsml { v4: true },
+            ),
+            ("openbmb-MiniCPM5-1B.jinja", Format::MiniCpm5),
         ];
         check_detect_all(detect, &ours);
         // the shapes' names in errors, the value framing, GLM's name right after its tag
@@ -1662,6 +1897,36 @@ mod tests {
         assert!(glm47.accepts_str(tight) && !glm47.accepts_str(nl));
         assert!(glm46.accepts_str(nl) && !glm46.accepts_str(tight));
         assert!(!glm46.accepts_str(&nl.replace("<tool_call>f", "<tool_call>\nf")));
+        // DSML: the required parameters first, as llama.cpp's reader takes them
+        let dsml = |v4| {
+            let t = tool(
+                "f",
+                json!({"properties": {"a": {"type": "integer"}, "b": {"type": "string"}},
+                       "required": ["b"]}),
+            );
+            let r = req(vec![t], ToolChoice::Required, false);
+            grammar(&Format::DeepSeekDsml { v4 }.plan(&r).unwrap().unwrap())
+        };
+        let (a, b) = (
+            "<｜DSML｜parameter name=\"a\" string=\"false\">1</｜DSML｜parameter>\n",
+            "<｜DSML｜parameter name=\"b\" string=\"true\">x</｜DSML｜parameter>\n",
+        );
+        for v4 in [false, true] {
+            let sh = super::dsml(v4);
+            let call = |ps: &str| {
+                format!(
+                    "{}\n<｜DSML｜invoke name=\"f\">\n{ps}</｜DSML｜invoke>\n{}",
+                    sh.open, sh.close
+                )
+            };
+            let g = dsml(v4);
+            assert!(g.accepts_str(&call(&format!("{b}{a}"))));
+            assert!(g.accepts_str(&call(b)));
+            assert!(!g.accepts_str(&call(&format!("{a}{b}"))));
+            // the string attribute follows the schema, nothing follows the block
+            assert!(!g.accepts_str(&call(&b.replace("true", "false"))));
+            assert!(!g.accepts_str(&format!("{}\n", call(b))));
+        }
         let seed = g(Format::SeedOss);
         let s = "<seed:tool_call>\n<function=f>\n<parameter=a>1</parameter>\n</function>\n</seed:tool_call>";
         assert!(seed.accepts_str(s));
@@ -1669,8 +1934,9 @@ mod tests {
     }
 
     /// The templates' own renderings of an assistant message with calls (GLM 4.6 writes a
-    /// newline after the name and the tags; Seed-OSS's non-strings are Python's; MiniMax M2
-    /// puts both calls in one block) read back as the calls.
+    /// newline after the name and the tags; Seed-OSS's and MiniCPM5's non-strings are
+    /// Python's, MiniCPM5's string with a `<` in CDATA; MiniMax M2 and DSML put both calls in
+    /// one block) read back as the calls.
     #[test]
     fn other_xml_formats_read_their_templates_renderings() {
         let want = r#"{"city":"Pa\"ris <x>\nline 2","days":3,"o":{"b":"<&'é>","a":[true,null]}}"#;
@@ -1678,6 +1944,9 @@ mod tests {
             (Format::Glm { newlines: true }, "\n<think></think>\nLet me check.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Pa\"ris <x>\nline 2</arg_value>\n<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n<arg_key>o</arg_key>\n<arg_value>{\"b\": \"<&'é>\", \"a\": [true, null]}</arg_value>\n</tool_call>\n<tool_call>ping\n</tool_call>", want),
             (Format::Glm { newlines: false }, "Let me check.<tool_call>get_weather<arg_key>city</arg_key><arg_value>Pa\"ris <x>\nline 2</arg_value><arg_key>days</arg_key><arg_value>3</arg_value><arg_key>o</arg_key><arg_value>{\"b\": \"<&'é>\", \"a\": [true, null]}</arg_value></tool_call><tool_call>ping</tool_call>", want),
             (Format::MiniMaxM2, "Let me check.\n<minimax:tool_call>\n<invoke name=\"get_weather\">\n<parameter name=\"city\">Pa\"ris <x>\nline 2</parameter>\n<parameter name=\"days\">3</parameter>\n<parameter name=\"o\">{\"b\": \"<&'é>\", \"a\": [true, null]}</parameter>\n</invoke>\n<invoke name=\"ping\">\n</invoke>\n</minimax:tool_call>", want),
+            (Format::DeepSeekDsml { v4: false }, "Let me check.\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"get_weather\">\n<｜DSML｜parameter name=\"city\" string=\"true\">Pa\"ris <x>\nline 2</｜DSML｜parameter>\n<｜DSML｜parameter name=\"days\" string=\"false\">3</｜DSML｜parameter>\n<｜DSML｜parameter name=\"o\" string=\"false\">{\"b\": \"<&'é>\", \"a\": [true, null]}</｜DSML｜parameter>\n</｜DSML｜invoke>\n<｜DSML｜invoke name=\"ping\">\n</｜DSML｜invoke>\n</｜DSML｜function_calls>", want),
+            (Format::DeepSeekDsml { v4: true }, "Let me check.\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_weather\">\n<｜DSML｜parameter name=\"city\" string=\"true\">Pa\"ris <x>\nline 2</｜DSML｜parameter>\n<｜DSML｜parameter name=\"days\" string=\"false\">3</｜DSML｜parameter>\n<｜DSML｜parameter name=\"o\" string=\"false\">{\"b\": \"<&'é>\", \"a\": [true, null]}</｜DSML｜parameter>\n</｜DSML｜invoke>\n<｜DSML｜invoke name=\"ping\">\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>", want),
+            (Format::MiniCpm5, "Let me check.\n<function name=\"get_weather\"><param name=\"city\"><![CDATA[Pa\"ris <x>\nline 2]]></param><param name=\"days\">3</param><param name=\"ok\">True</param></function>\n<function name=\"ping\"></function>", r#"{"city":"Pa\"ris <x>\nline 2","days":3,"ok":true}"#),
             (Format::SeedOss, "Let me check.\n\n<seed:tool_call>\n<function=get_weather>\n<parameter=city>Pa\"ris <x>\nline 2</parameter>\n<parameter=days>3</parameter>\n<parameter=ok>True</parameter>\n</function>\n</seed:tool_call>\n<seed:tool_call>\n<function=ping>\n</function>\n</seed:tool_call>", r#"{"city":"Pa\"ris <x>\nline 2","days":3,"ok":true}"#),
         ];
         for (format, text, args) in cases {
@@ -1729,7 +1998,7 @@ mod tests {
                 let text = format!(
                     "{}{}",
                     before[rng.below(before.len())],
-                    render_calls(format, &calls, ws, rng.below(4))
+                    render_calls(format, &r, &calls, ws, rng.below(4))
                 );
                 let p = format.parse_final(&text, Some(&r));
                 let tools: Vec<Value> = r
