@@ -19,6 +19,7 @@ use crate::error::ApiError;
 
 mod atem;
 mod deepseek;
+mod functionary;
 pub(crate) mod gemma4;
 mod generic;
 mod harmony;
@@ -155,6 +156,11 @@ pub enum Format {
     /// GLM 4.5 to 4.7: `<tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value></tool_call>`,
     /// with a newline after the name and after each tag pair where the template writes them.
     Glm { newlines: bool },
+    /// Solar Open: `<|tool_calls|><|tool_call:begin|>ID<|tool_call:name|>NAME<|tool_call:args|>{...}<|tool_call:end|>...<|calls|>`.
+    SolarOpen,
+    /// Functionary v3.1 (`<function=NAME>{...}</function>`) and v3.2 (`>>>NAME\n{...}`
+    /// messages, `>>>all\n` for the reply).
+    Functionary(functionary::Flavor),
 }
 
 /// Where a lazy call grammar of a format starts, so that it can be made to wait for the end of
@@ -206,6 +212,8 @@ impl Format {
             Format::Hermes
         } else if let Some(f) = deepseek::detect(t) {
             f
+        } else if let Some(flavor) = functionary::detect(t) {
+            Format::Functionary(flavor)
         } else if let Some(f) = mistral::detect(t) {
             f
         } else if let Some(shape) = json_list::detect(t) {
@@ -238,6 +246,9 @@ impl Format {
             Format::SeedOss => "seed-oss",
             Format::MiniMaxM2 => "minimax-m2",
             Format::Glm { .. } => "glm-4.5",
+            Format::SolarOpen => "solar-open",
+            Format::Functionary(functionary::Flavor::V31) => "functionary-v3.1",
+            Format::Functionary(functionary::Flavor::V32) => "functionary-v3.2",
         }
     }
 
@@ -246,6 +257,7 @@ impl Format {
     pub fn lazy_start(self) -> Option<LazyStart> {
         match self {
             Format::Generic | Format::Atem | Format::Harmony => None,
+            Format::Functionary(functionary::Flavor::V32) => None,
             Format::Hermes => Some(hermes::LAZY_START),
             Format::QwenXml | Format::SeedOss | Format::MiniMaxM2 | Format::Glm { .. } => {
                 Some(self.xml_shape().lazy_start())
@@ -255,6 +267,8 @@ impl Format {
             Format::DeepSeekR1 | Format::DeepSeekV31 => Some(deepseek::LAZY_START),
             Format::Gemma4 => Some(gemma4::LAZY_START),
             Format::KimiK2 => Some(deepseek::KIMI_LAZY_START),
+            Format::SolarOpen => Some(deepseek::SOLAR_LAZY_START),
+            Format::Functionary(functionary::Flavor::V31) => Some(functionary::V31_LAZY_START),
             Format::JsonList(shape) => Some(shape.lazy_start()),
         }
     }
@@ -281,6 +295,9 @@ impl Format {
             Format::DeepSeekR1 | Format::DeepSeekV31 => deepseek::MARKUP,
             Format::Gemma4 => gemma4::MARKUP,
             Format::KimiK2 => deepseek::KIMI_MARKUP,
+            Format::SolarOpen => deepseek::SOLAR_MARKUP,
+            Format::Functionary(functionary::Flavor::V31) => functionary::V31_MARKUP,
+            Format::Functionary(functionary::Flavor::V32) => functionary::V32_MARKUP,
             Format::JsonList(shape) => shape.markup,
             Format::Harmony => harmony::MARKUP,
             Format::Atem => &[
@@ -397,6 +414,8 @@ impl Format {
             Format::DeepSeekV31 => deepseek::plan(req, deepseek::Flavor::V31),
             Format::Gemma4 => gemma4::plan(req),
             Format::KimiK2 => deepseek::plan(req, deepseek::Flavor::Kimi),
+            Format::SolarOpen => deepseek::plan(req, deepseek::Flavor::Solar),
+            Format::Functionary(flavor) => functionary::plan(req, flavor),
             Format::JsonList(shape) => json_list::plan(req, shape),
             Format::Harmony => harmony::plan(req),
         }
@@ -421,6 +440,8 @@ impl Format {
             Format::DeepSeekV31 => deepseek::parse(text, req, deepseek::Flavor::V31),
             Format::Gemma4 => gemma4::parse(text, req),
             Format::KimiK2 => deepseek::parse(text, req, deepseek::Flavor::Kimi),
+            Format::SolarOpen => deepseek::parse(text, req, deepseek::Flavor::Solar),
+            Format::Functionary(flavor) => functionary::parse(text, req, flavor),
             Format::JsonList(shape) => json_list::parse(text, req, shape),
             Format::Harmony => harmony::parse(text, req),
         }
@@ -471,6 +492,8 @@ impl Format {
             Format::DeepSeekV31 => deepseek::parse_partial(text, req, deepseek::Flavor::V31, from),
             Format::Gemma4 => gemma4::parse_partial(text, req),
             Format::KimiK2 => deepseek::parse_partial(text, req, deepseek::Flavor::Kimi, from),
+            Format::SolarOpen => deepseek::parse_partial(text, req, deepseek::Flavor::Solar, from),
+            Format::Functionary(flavor) => functionary::parse_partial(text, req, flavor, from),
             Format::JsonList(shape) => json_list::parse_partial(text, req, shape, from),
             Format::Harmony => harmony::parse_partial(text, req),
         }
@@ -1982,6 +2005,18 @@ pub(crate) mod test_util {
             Format::Harmony => {
                 out = super::harmony::test_output(rng, &out, &calls);
             }
+            Format::Functionary(super::functionary::Flavor::V32) => {
+                // the reply's text to `all` (now and then without it), the calls after it
+                if !out.is_empty() && rng.below(4) > 0 {
+                    out = format!("all\n{out}>>>");
+                }
+                let calls: Vec<String> = calls
+                    .iter()
+                    .map(|(t, a)| render_one(rng, format, &t.name, a))
+                    .collect();
+                let between = [">>>", ">>>", "\n>>>", ""];
+                out += &calls.join(between[rng.below(between.len())]);
+            }
             Format::MistralNemo => {
                 let all: Vec<Value> = calls
                     .iter()
@@ -2070,6 +2105,14 @@ pub(crate) mod test_util {
                 "<|tool_call_begin|>functions.{name}:{}<|tool_call_argument_begin|>{json}<|tool_call_end|>",
                 rng.below(12)
             ),
+            Format::SolarOpen => format!(
+                "<|tool_call:begin|>{}<|tool_call:name|>{name}<|tool_call:args|>{json}<|tool_call:end|>",
+                ["a1b2c3d4e5", "", "x"][rng.below(3)]
+            ),
+            Format::Functionary(super::functionary::Flavor::V31) => {
+                format!("<function={name}>{json}</function>")
+            }
+            Format::Functionary(_) => format!("{name}\n{json}"),
             Format::JsonList(shape) => {
                 let mut o = Map::new();
                 if let Some(k) = shape.number_key {
@@ -2121,6 +2164,8 @@ pub(crate) mod test_util {
                 "<|tool_calls_section_begin|>{}<|tool_calls_section_end|>",
                 calls.concat()
             ),
+            Format::SolarOpen => format!("<|tool_calls|>{}<|calls|>", calls.concat()),
+            Format::Functionary(_) => calls.concat(),
             Format::JsonList(shape) => format!(
                 "{}[{}]{}",
                 shape.open,
@@ -2199,7 +2244,7 @@ pub(crate) mod test_util {
     }
 
     /// Every format, for the tests that go through them all.
-    pub const FORMATS: [Format; 21] = [
+    pub const FORMATS: [Format; 24] = [
         Format::Generic,
         Format::Hermes,
         Format::Atem,
@@ -2225,6 +2270,9 @@ pub(crate) mod test_util {
         Format::MiniMaxM2,
         Format::Glm { newlines: true },
         Format::Glm { newlines: false },
+        Format::SolarOpen,
+        Format::Functionary(super::functionary::Flavor::V31),
+        Format::Functionary(super::functionary::Flavor::V32),
     ];
 
     /// Every prefix of `s` at a character boundary, "" and `s` included.
@@ -2276,6 +2324,13 @@ mod tests {
                 "<minimax:tool_call>\n<invoke name=\"{name}\">\n</invoke>\n</minimax:tool_call>"
             ),
             Format::Glm { .. } => format!("<tool_call>{name}</tool_call>"),
+            Format::SolarOpen => format!(
+                "<|tool_calls|><|tool_call:begin|>a1b2c3d4e5<|tool_call:name|>{name}<|tool_call:args|>{{}}<|tool_call:end|><|calls|>"
+            ),
+            Format::Functionary(functionary::Flavor::V31) => {
+                format!("<function={name}>{{}}</function>")
+            }
+            Format::Functionary(_) => format!("{name}\n{{}}"),
             other => unreachable!("{other:?}"),
         }
     }
@@ -2410,7 +2465,7 @@ mod tests {
         assert!(calls > 300 && replaced > 40, "{calls} {replaced}");
     }
 
-    const MARKED: [Format; 16] = [
+    const MARKED: [Format; 19] = [
         Format::Hermes,
         Format::Llama3 {
             builtin_tools: false,
@@ -2431,6 +2486,9 @@ mod tests {
         Format::MiniMaxM2,
         Format::Glm { newlines: true },
         Format::Glm { newlines: false },
+        Format::SolarOpen,
+        Format::Functionary(functionary::Flavor::V31),
+        Format::Functionary(functionary::Flavor::V32),
     ];
 
     /// A call of a tool the request does not offer is text: no grammar held it, and the client
@@ -2629,6 +2687,15 @@ mod tests {
             ),
             ("ibm-granite-granite-4.0.jinja", Format::Hermes),
             ("ibm-granite-granite-4.1.jinja", Format::Hermes),
+            ("upstage-Solar-Open-100B.jinja", Format::SolarOpen),
+            (
+                "meetkai-functionary-medium-v3.1.jinja",
+                Format::Functionary(functionary::Flavor::V31),
+            ),
+            (
+                "meetkai-functionary-medium-v3.2.jinja",
+                Format::Functionary(functionary::Flavor::V32),
+            ),
         ] {
             // (where llama.cpp's sources are at hand)
             let Some(src) = template(file) else { return };
