@@ -131,7 +131,10 @@ def template_files(tmp: Path) -> dict[str, Path | None]:
                           ("ByteDance-Seed-OSS.jinja", "seed-oss"),
                           ("MiniMax-M2.jinja", "minimax-m2-think"),
                           ("GLM-4.6.jinja", "glm-4.5"),
-                          ("GLM-4.7-Flash.jinja", "glm-4.5-think")]:
+                          ("GLM-4.7-Flash.jinja", "glm-4.5-think"),
+                          ("upstage-Solar-Open-100B.jinja", "solar-open"),
+                          ("meetkai-functionary-medium-v3.1.jinja", "functionary-v3.1"),
+                          ("meetkai-functionary-medium-v3.2.jinja", "functionary-v3.2")]:
             if (TEMPLATES / name).exists():
                 out[fmt] = TEMPLATES / name
     return out
@@ -171,11 +174,14 @@ PREAMBLES = {"harmony"}
 
 def id_pattern(fmt: str) -> str:
     """Mistral's templates take only ids of 9 letters and digits back; Kimi K2 writes its
-    own, `functions.NAME:IDX` (OpenAI's where it repeats one); the others get OpenAI's."""
+    own, `functions.NAME:IDX`, and Solar Open 10 lowercase letters and digits (OpenAI's where
+    it repeats one); the others get OpenAI's."""
     if fmt.startswith("mistral"):
         return r"[A-Za-z0-9]{9}"
     if fmt.startswith("kimi"):
         return r"functions\.[A-Za-z0-9_.-]+:[0-9]+|call_[A-Za-z0-9]{24}"
+    if fmt.startswith("solar"):
+        return r"[a-z0-9]{10}|call_[A-Za-z0-9]{24}"
     return r"call_[A-Za-z0-9]{24}"
 
 
