@@ -27,7 +27,8 @@ use serde_json::Value;
 use super::partial::{self, Json};
 use super::{
     allowed_tools, arguments_schema, call_of, json_prefix, parse_blocks, parse_blocks_partial,
-    tool_rules, BlockStep, Blocks, Format, LazyStart, Parsed, Plan, ToolCall, ToolRequest, WS_BODY,
+    tool_rules, BlockStep, Blocks, Format, LazyStart, Parsed, Plan, Tool, ToolCall, ToolRequest,
+    WS_BODY,
 };
 
 use muser_jsonschema::gbnf_literal as lit;
@@ -181,36 +182,27 @@ pub(super) fn detect(t: &str) -> Option<Format> {
 /// index is any number (the model counts the conversation's calls); Solar's id is 10 lowercase
 /// letters and digits, as its system prompt asks.
 pub(super) fn plan(req: &ToolRequest, flavor: Flavor) -> Result<Option<Plan>, String> {
-    let Some(tools) = allowed_tools(req)? else {
+    let m = flavor.marks();
+    let Some((alts, rules)) = call_rules(req, |t, args| match flavor {
+        Flavor::R1 => format!(
+            "{} {args} ws {}",
+            lit(&format!("{}\n```json\n", t.name)),
+            lit("```")
+        ),
+        Flavor::V31 => format!("{} {args}", lit(&format!("{}{SEP}", t.name))),
+        Flavor::Kimi => format!(
+            "{} [0-9]{{1,6}} {} {args}",
+            lit(&format!("{KIMI_PREFIX}{}:", t.name)),
+            lit(KIMI_SEP)
+        ),
+        Flavor::Solar => format!(
+            "[a-z0-9]{{10}} {} {args}",
+            lit(&format!("{SOLAR_NAME}{}{SOLAR_SEP}", t.name))
+        ),
+    })?
+    else {
         return Ok(None);
     };
-    let m = flavor.marks();
-    let mut alts = Vec::with_capacity(tools.len());
-    let mut rules = String::new();
-    for (i, t) in tools.iter().enumerate() {
-        let (args, r) = tool_rules(t, &arguments_schema(t), &format!("tool{i}-"))?;
-        let body = match flavor {
-            Flavor::R1 => format!(
-                "{} {args} ws {}",
-                lit(&format!("{}\n```json\n", t.name)),
-                lit("```")
-            ),
-            Flavor::V31 => format!("{} {args}", lit(&format!("{}{SEP}", t.name))),
-            Flavor::Kimi => format!(
-                "{} [0-9]{{1,6}} {} {args}",
-                lit(&format!("{KIMI_PREFIX}{}:", t.name)),
-                lit(KIMI_SEP)
-            ),
-            Flavor::Solar => format!(
-                "[a-z0-9]{{10}} {} {args}",
-                lit(&format!("{SOLAR_NAME}{}{SOLAR_SEP}", t.name))
-            ),
-        };
-        rules.push_str(&format!("call-{i} ::= {body}\n"));
-        rules.push_str(r.trim_end());
-        rules.push('\n');
-        alts.push(format!("call-{i}"));
-    }
     let head = match flavor {
         Flavor::R1 => format!("{CALL_BEGIN}function{SEP}"),
         Flavor::V31 | Flavor::Kimi | Flavor::Solar => m.call_begin.to_string(),
@@ -234,7 +226,7 @@ pub(super) fn plan(req: &ToolRequest, flavor: Flavor) -> Result<Option<Plan>, St
         lit(m.calls_begin),
         lit(m.calls_end),
         lit(&head),
-        alts.join(" | "),
+        alts,
         lit(m.call_end),
     );
     let start = match flavor {
@@ -243,6 +235,31 @@ pub(super) fn plan(req: &ToolRequest, flavor: Flavor) -> Result<Option<Plan>, St
         _ => LAZY_START,
     };
     Ok(Some(Plan::calls(gbnf, &req.choice, start)))
+}
+
+/// The GBNF rules of one call of each tool `req` allows, `call-I ::= BODY`, `body` laying out
+/// the call of a tool around `args` (the rule of its arguments, held by its schema), with the
+/// rules of the arguments; and the alternatives, `call-0 | call-1 | ...`. None where `req` asks
+/// for no call.
+pub(super) fn call_rules(
+    req: &ToolRequest,
+    body: impl Fn(&Tool, &str) -> String,
+) -> Result<Option<(String, String)>, String> {
+    let Some(tools) = allowed_tools(req)? else {
+        return Ok(None);
+    };
+    let mut alts = Vec::with_capacity(tools.len());
+    let mut rules = String::new();
+    for (i, t) in tools.iter().enumerate() {
+        let (args, r) = tool_rules(t, &arguments_schema(t), &format!("tool{i}-"))?;
+        rules.push_str(&format!(
+            "call-{i} ::= {}\n{}\n",
+            body(t, &args),
+            r.trim_end()
+        ));
+        alts.push(format!("call-{i}"));
+    }
+    Ok(Some((alts.join(" | "), rules)))
 }
 
 /// A function name as written in a call: no whitespace, no markup.

@@ -18,12 +18,11 @@
 
 use serde_json::Value;
 
-use super::deepseek::read_name;
+use super::deepseek::{call_rules, read_name};
 use super::partial::{self, Json};
 use super::{
-    allowed_tools, arguments_schema, call_of, calls_wanted, json_prefix, offered, parse_blocks,
-    parse_blocks_partial, tool_rules, BlockStep, Blocks, LazyStart, Parsed, Plan, ToolCall,
-    ToolChoice, ToolRequest, Trigger,
+    allowed_tools, call_of, calls_wanted, json_prefix, offered, parse_blocks, parse_blocks_partial,
+    BlockStep, Blocks, LazyStart, Parsed, Plan, ToolCall, ToolChoice, ToolRequest, Trigger,
 };
 
 use muser_jsonschema::gbnf_literal as lit;
@@ -70,24 +69,17 @@ pub(super) fn detect(t: &str) -> Option<Flavor> {
 /// at `<function=`, v3.2's at the recipient line of a call, at the output's start or after a
 /// `>>>` (the reply's text, in its `all` message, comes first).
 pub(super) fn plan(req: &ToolRequest, flavor: Flavor) -> Result<Option<Plan>, String> {
-    let Some(tools) = allowed_tools(req)? else {
+    let Some((alts, rules)) = call_rules(req, |t, args| match flavor {
+        Flavor::V31 => format!(
+            "{} {args} {}",
+            lit(&format!("{OPEN}{}>", t.name)),
+            lit(CLOSE)
+        ),
+        Flavor::V32 => format!("{} {args}", lit(&format!("{}\n", t.name))),
+    })?
+    else {
         return Ok(None);
     };
-    let mut alts = Vec::with_capacity(tools.len());
-    let mut rules = String::new();
-    for (i, t) in tools.iter().enumerate() {
-        let (args, r) = tool_rules(t, &arguments_schema(t), &format!("tool{i}-"))?;
-        let body = match flavor {
-            Flavor::V31 => format!(
-                "{} {args} {}",
-                lit(&format!("{OPEN}{}>", t.name)),
-                lit(CLOSE)
-            ),
-            Flavor::V32 => format!("{} {args}", lit(&format!("{}\n", t.name))),
-        };
-        rules.push_str(&format!("call-{i} ::= {body}\n{}\n", r.trim_end()));
-        alts.push(format!("call-{i}"));
-    }
     let sep = match flavor {
         Flavor::V31 => String::new(),
         Flavor::V32 => format!("{} ", lit(TO)),
@@ -97,16 +89,14 @@ pub(super) fn plan(req: &ToolRequest, flavor: Flavor) -> Result<Option<Plan>, St
     } else {
         String::new()
     };
-    let gbnf = format!(
-        "root ::= call{more}\ncall ::= {}\n{rules}",
-        alts.join(" | ")
-    );
+    let gbnf = format!("root ::= call{more}\ncall ::= {alts}\n{rules}");
     Ok(Some(match flavor {
         Flavor::V31 => Plan::calls(gbnf, &req.choice, V31_LAZY_START),
         Flavor::V32 => {
             let lazy = req.choice == ToolChoice::Auto;
-            let names: Vec<String> = tools
-                .iter()
+            let names: Vec<String> = allowed_tools(req)?
+                .into_iter()
+                .flatten()
                 .map(|t| fancy_regex::escape(&t.name).into_owned())
                 .collect();
             let trigger = format!(r"(?:^|{TO})((?:{})\n)", names.join("|"));
