@@ -756,6 +756,10 @@ XML_CALL_TEMPLATES = ["ByteDance-Seed-OSS.jinja", "MiniMax-M2.jinja", "GLM-4.6.j
                       "GLM-4.7-Flash.jinja", "deepseek-ai-DeepSeek-V3.2.jinja",
                       "deepseek-ai-DeepSeek-V4.jinja", "deepseek-ai-DeepSeek-V4-Flash-0731.jinja",
                       "openbmb-MiniCPM5-1B.jinja"]
+# Templates of formats that write a call's name in markup and its arguments as JSON, compared
+# the same way (Solar Open writes the calls' ids, Functionary v3.2 its recipients).
+JSON_CALL_TEMPLATES = ["upstage-Solar-Open-100B.jinja", "meetkai-functionary-medium-v3.1.jinja",
+                       "meetkai-functionary-medium-v3.2.jinja"]
 
 
 def call_bodies(rng: random.Random) -> dict[str, dict]:
@@ -806,12 +810,13 @@ def call_bodies(rng: random.Random) -> dict[str, dict]:
                     reason="needs llama.cpp's source (MUSER_GGML_SRC) and llama-server "
                            "(LLAMA_CPP_BIN)")
 def test_xml_call_templates_render_calls_and_results_as_llama_server(tmp_path):
-    """The templates of the XML call formats render conversations with tool calls (their
-    arguments of every JSON type) and results as llama-server renders them, byte for byte."""
+    """The templates of the XML call formats (and of the JSON ones named) render conversations
+    with tool calls (their arguments of every JSON type) and results as llama-server renders
+    them, byte for byte."""
     model = tiny_model(tmp_path)
     rng = random.Random()
     found = {}
-    for name in XML_CALL_TEMPLATES:
+    for name in XML_CALL_TEMPLATES + JSON_CALL_TEMPLATES:
         with both_servers(model, name, ctx=4096) as (muser, llama, bos):
             for _ in range(3):
                 for case, (want, got) in prompt_differences(muser, llama, bos,

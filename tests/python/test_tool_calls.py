@@ -139,7 +139,10 @@ def template_files(tmp: Path) -> dict[str, Path | None]:
                           ("LFM2.5-Instruct.jinja", "lfm2-instruct"),
                           ("deepseek-ai-DeepSeek-V3.2.jinja", "deepseek-v3.2-think"),
                           ("deepseek-ai-DeepSeek-V4.jinja", "deepseek-v4-think"),
-                          ("openbmb-MiniCPM5-1B.jinja", "minicpm5-think")]:
+                          ("openbmb-MiniCPM5-1B.jinja", "minicpm5-think"),
+                          ("upstage-Solar-Open-100B.jinja", "solar-open"),
+                          ("meetkai-functionary-medium-v3.1.jinja", "functionary-v3.1"),
+                          ("meetkai-functionary-medium-v3.2.jinja", "functionary-v3.2")]:
             if (TEMPLATES / name).exists():
                 out[fmt] = TEMPLATES / name
     return out
@@ -180,11 +183,14 @@ PREAMBLES = {"harmony"}
 
 def id_pattern(fmt: str) -> str:
     """Mistral's templates take only ids of 9 letters and digits back; Kimi K2 writes its
-    own, `functions.NAME:IDX` (OpenAI's where it repeats one); the others get OpenAI's."""
+    own, `functions.NAME:IDX`, and Solar Open 10 lowercase letters and digits (OpenAI's where
+    it repeats one); the others get OpenAI's."""
     if fmt.startswith("mistral"):
         return r"[A-Za-z0-9]{9}"
     if fmt.startswith("kimi"):
         return r"functions\.[A-Za-z0-9_.-]+:[0-9]+|call_[A-Za-z0-9]{24}"
+    if fmt.startswith("solar"):
+        return r"[a-z0-9]{10}|call_[A-Za-z0-9]{24}"
     return r"call_[A-Za-z0-9]{24}"
 
 

@@ -1878,6 +1878,12 @@ mod tests {
             "<param name=\"b\">",
             "</param>",
             "</function>",
+            "<|tool_calls|><|tool_call:begin|>a1b2c3d4e5<|tool_call:name|>f<|tool_call:args|>",
+            "<|tool_call:end|><|calls|>",
+            "<function=g>{\"b\":\"y\"}</function>",
+            ">>>",
+            "all\n",
+            "f\n{\"a\":3}",
             "\n",
             " ",
             "é",
@@ -1910,7 +1916,7 @@ mod tests {
         let choices = [ToolChoice::Auto, ToolChoice::Required, ToolChoice::None];
         let mut rng = Rng(0x50_4B5E);
         let mut calls = 0;
-        for round in 0..2400 {
+        for round in 0..100 * FORMATS.len() {
             let r = req(tools.clone(), choices[rng.below(3)].clone(), rng.coin());
             let o = Output {
                 format: FORMATS[round % FORMATS.len()],

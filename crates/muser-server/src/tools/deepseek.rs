@@ -7,6 +7,10 @@
 //! the conversation's calls; the templates write it back as the id of the call and of its
 //! result):
 //! `<|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:IDX<|tool_call_argument_begin|>{...}<|tool_call_end|><|tool_calls_section_end|>`.
+//! Solar Open writes Kimi's shape with the id the model makes up before the name:
+//! `<|tool_calls|><|tool_call:begin|>ID<|tool_call:name|>NAME<|tool_call:args|>{...}<|tool_call:end|><|calls|>`
+//! (ID: 10 lowercase letters and digits, as its system prompt asks; the template writes it back
+//! as the id of the call and of its result).
 //! The chat template shows the tools itself. Reasoning in `<think>` tags is split off before
 //! `parse` sees the text.
 //!
@@ -23,18 +27,20 @@ use serde_json::Value;
 use super::partial::{self, Json};
 use super::{
     allowed_tools, arguments_schema, call_of, json_prefix, parse_blocks, parse_blocks_partial,
-    tool_rules, BlockStep, Blocks, Format, LazyStart, Parsed, Plan, ToolCall, ToolRequest, WS_BODY,
+    tool_rules, BlockStep, Blocks, Format, LazyStart, Parsed, Plan, Tool, ToolCall, ToolRequest,
+    WS_BODY,
 };
 
 use muser_jsonschema::gbnf_literal as lit;
 
-/// Which layout of a call: R1's (`function<｜tool▁sep｜>NAME` and a fenced JSON), V3.1's or
-/// Kimi K2's.
+/// Which layout of a call: R1's (`function<｜tool▁sep｜>NAME` and a fenced JSON), V3.1's,
+/// Kimi K2's or Solar Open's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Flavor {
     R1,
     V31,
     Kimi,
+    Solar,
 }
 
 const CALLS_BEGIN: &str = "<｜tool▁calls▁begin｜>";
@@ -61,6 +67,14 @@ const KIMI_CALL_END: &str = "<|tool_call_end|>";
 const KIMI_SEP: &str = "<|tool_call_argument_begin|>";
 /// What starts a Kimi call's name (and id).
 const KIMI_PREFIX: &str = "functions.";
+
+const SOLAR_CALLS_BEGIN: &str = "<|tool_calls|>";
+const SOLAR_CALLS_END: &str = "<|calls|>";
+const SOLAR_CALL_BEGIN: &str = "<|tool_call:begin|>";
+const SOLAR_CALL_END: &str = "<|tool_call:end|>";
+const SOLAR_SEP: &str = "<|tool_call:args|>";
+/// What ends a Solar call's id and starts its name.
+const SOLAR_NAME: &str = "<|tool_call:name|>";
 
 /// The markup of a flavour.
 pub(super) struct Marks {
@@ -95,11 +109,22 @@ const KIMI: Marks = Marks {
     call_end_optional: true,
 };
 
+const SOLAR: Marks = Marks {
+    calls_begin: SOLAR_CALLS_BEGIN,
+    calls_end: SOLAR_CALLS_END,
+    call_begin: SOLAR_CALL_BEGIN,
+    call_end: SOLAR_CALL_END,
+    sep: SOLAR_SEP,
+    openings: &[SOLAR_CALLS_BEGIN],
+    call_end_optional: false,
+};
+
 impl Flavor {
     fn marks(self) -> &'static Marks {
         match self {
             Flavor::R1 | Flavor::V31 => &DEEPSEEK,
             Flavor::Kimi => &KIMI,
+            Flavor::Solar => &SOLAR,
         }
     }
 }
@@ -114,6 +139,15 @@ pub(super) const KIMI_MARKUP: &[&str] = &[
     KIMI_CALL_END,
     KIMI_CALLS_END,
 ];
+pub(super) const SOLAR_LAZY_START: LazyStart = LazyStart::Word(SOLAR_CALLS_BEGIN);
+pub(super) const SOLAR_MARKUP: &[&str] = &[
+    SOLAR_CALLS_BEGIN,
+    SOLAR_CALL_BEGIN,
+    SOLAR_NAME,
+    SOLAR_SEP,
+    SOLAR_CALL_END,
+    SOLAR_CALLS_END,
+];
 
 /// The flavour of a template that renders a past call in the block: R1 when the call's
 /// arguments are in a ```` ```json ```` fence (after `function<｜tool▁sep｜>NAME`), V3.1 when
@@ -122,6 +156,9 @@ pub(super) const KIMI_MARKUP: &[&str] = &[
 pub(super) fn detect(t: &str) -> Option<Format> {
     if t.contains(KIMI_CALLS_BEGIN) && t.contains(KIMI_CALL_BEGIN) {
         return Some(Format::KimiK2);
+    }
+    if t.contains(SOLAR_CALL_BEGIN) && t.contains(SOLAR_NAME) && t.contains(SOLAR_SEP) {
+        return Some(Format::SolarOpen);
     }
     if !t.contains(CALLS_BEGIN) || !t.contains(SEP) || t.contains("DSML") {
         return None;
@@ -142,41 +179,41 @@ pub(super) fn detect(t: &str) -> Option<Format> {
 
 /// The block of one call (or, with `req.parallel`, of one or more) of the allowed tools, the
 /// arguments held by each tool's schema; whitespace allowed between the pieces. Kimi's call
-/// index is any number (the model counts the conversation's calls).
+/// index is any number (the model counts the conversation's calls); Solar's id is 10 lowercase
+/// letters and digits, as its system prompt asks.
 pub(super) fn plan(req: &ToolRequest, flavor: Flavor) -> Result<Option<Plan>, String> {
-    let Some(tools) = allowed_tools(req)? else {
+    let m = flavor.marks();
+    let Some((alts, rules)) = call_rules(req, |t, args| match flavor {
+        Flavor::R1 => format!(
+            "{} {args} ws {}",
+            lit(&format!("{}\n```json\n", t.name)),
+            lit("```")
+        ),
+        Flavor::V31 => format!("{} {args}", lit(&format!("{}{SEP}", t.name))),
+        Flavor::Kimi => format!(
+            "{} [0-9]{{1,6}} {} {args}",
+            lit(&format!("{KIMI_PREFIX}{}:", t.name)),
+            lit(KIMI_SEP)
+        ),
+        Flavor::Solar => format!(
+            "[a-z0-9]{{10}} {} {args}",
+            lit(&format!("{SOLAR_NAME}{}{SOLAR_SEP}", t.name))
+        ),
+    })?
+    else {
         return Ok(None);
     };
-    let m = flavor.marks();
-    let mut alts = Vec::with_capacity(tools.len());
-    let mut rules = String::new();
-    for (i, t) in tools.iter().enumerate() {
-        let (args, r) = tool_rules(t, &arguments_schema(t), &format!("tool{i}-"))?;
-        let body = match flavor {
-            Flavor::R1 => format!(
-                "{} {args} ws {}",
-                lit(&format!("{}\n```json\n", t.name)),
-                lit("```")
-            ),
-            Flavor::V31 => format!("{} {args}", lit(&format!("{}{SEP}", t.name))),
-            Flavor::Kimi => format!(
-                "{} [0-9]{{1,6}} {} {args}",
-                lit(&format!("{KIMI_PREFIX}{}:", t.name)),
-                lit(KIMI_SEP)
-            ),
-        };
-        rules.push_str(&format!("call-{i} ::= {body}\n"));
-        rules.push_str(r.trim_end());
-        rules.push('\n');
-        alts.push(format!("call-{i}"));
-    }
     let head = match flavor {
         Flavor::R1 => format!("{CALL_BEGIN}function{SEP}"),
-        Flavor::V31 | Flavor::Kimi => m.call_begin.to_string(),
+        Flavor::V31 | Flavor::Kimi | Flavor::Solar => m.call_begin.to_string(),
     };
-    // Kimi K2's markup back to back, as its templates write it (llama.cpp reads no Kimi call
-    // with whitespace between its tags).
-    let ws = if flavor == Flavor::Kimi { "" } else { " ws" };
+    // Kimi K2's and Solar's markup back to back, as their templates write it (llama.cpp reads
+    // no Kimi call with whitespace between its tags).
+    let ws = if matches!(flavor, Flavor::Kimi | Flavor::Solar) {
+        ""
+    } else {
+        " ws"
+    };
     let more = if req.parallel {
         format!(" ({ws} call )*")
     } else {
@@ -189,26 +226,59 @@ pub(super) fn plan(req: &ToolRequest, flavor: Flavor) -> Result<Option<Plan>, St
         lit(m.calls_begin),
         lit(m.calls_end),
         lit(&head),
-        alts.join(" | "),
+        alts,
         lit(m.call_end),
     );
     let start = match flavor {
         Flavor::Kimi => KIMI_LAZY_START,
+        Flavor::Solar => SOLAR_LAZY_START,
         _ => LAZY_START,
     };
     Ok(Some(Plan::calls(gbnf, &req.choice, start)))
 }
 
+/// The GBNF rules of one call of each tool `req` allows, `call-I ::= BODY`, `body` laying out
+/// the call of a tool around `args` (the rule of its arguments, held by its schema), with the
+/// rules of the arguments; and the alternatives, `call-0 | call-1 | ...`. None where `req` asks
+/// for no call.
+pub(super) fn call_rules(
+    req: &ToolRequest,
+    body: impl Fn(&Tool, &str) -> String,
+) -> Result<Option<(String, String)>, String> {
+    let Some(tools) = allowed_tools(req)? else {
+        return Ok(None);
+    };
+    let mut alts = Vec::with_capacity(tools.len());
+    let mut rules = String::new();
+    for (i, t) in tools.iter().enumerate() {
+        let (args, r) = tool_rules(t, &arguments_schema(t), &format!("tool{i}-"))?;
+        rules.push_str(&format!(
+            "call-{i} ::= {}\n{}\n",
+            body(t, &args),
+            r.trim_end()
+        ));
+        alts.push(format!("call-{i}"));
+    }
+    Ok(Some((alts.join(" | "), rules)))
+}
+
 /// A function name as written in a call: no whitespace, no markup.
-fn read_name(s: &str) -> Option<&str> {
+pub(super) fn read_name(s: &str) -> Option<&str> {
     let s = s.trim();
     (!s.is_empty() && !s.contains(|c: char| c.is_whitespace() || c == '<' || c == '`')).then_some(s)
 }
 
 /// The name of a call as its `head` (the text before the separator) gives it, and the id the
 /// model wrote: Kimi's `functions.NAME:IDX` is both (NAME alone where the model left out the
-/// prefix or the index; then no id).
+/// prefix or the index; then no id). Solar's `ID<|tool_call:name|>NAME` gives the id before
+/// the name (none where it is empty).
 fn call_name(head: &str, flavor: Flavor) -> Option<(&str, Option<String>)> {
+    if flavor == Flavor::Solar {
+        let (id, name) = head.split_once(SOLAR_NAME)?;
+        let id = id.trim();
+        let id = (!id.is_empty()).then(|| id.to_string());
+        return Some((read_name(name)?, id));
+    }
     if flavor != Flavor::Kimi {
         return Some((read_name(head)?, None));
     }
@@ -262,7 +332,7 @@ fn read_one(s: &str, flavor: Flavor) -> Option<(ToolCall, &str)> {
             let nl = s.find('\n')?;
             (&s[..nl], &s[nl + 1..])
         }
-        Flavor::V31 | Flavor::Kimi => s.split_once(m.sep)?,
+        Flavor::V31 | Flavor::Kimi | Flavor::Solar => s.split_once(m.sep)?,
     };
     let (name, id) = call_name(head, flavor)?;
     let (call, rest) = read_args(name, after, m)?;
@@ -404,7 +474,7 @@ fn read_one_partial(t: &str, flavor: Flavor) -> CallStep<'_> {
                 None => return CallStep::Open(None),
             }
         }
-        Flavor::V31 | Flavor::Kimi => match s.split_once(m.sep) {
+        Flavor::V31 | Flavor::Kimi | Flavor::Solar => match s.split_once(m.sep) {
             Some(split) => split,
             None => return CallStep::Open(None),
         },
@@ -485,6 +555,9 @@ mod tests {
                 }
                 Flavor::V31 => format!("{CALL_BEGIN}{n}{SEP}{a}{CALL_END}"),
                 Flavor::Kimi => format!("{KC}functions.{n}:0{KS}{a}{KX}"),
+                Flavor::Solar => format!(
+                    "{SOLAR_CALL_BEGIN}abc0123456{SOLAR_NAME}{n}{SOLAR_SEP}{a}{SOLAR_CALL_END}"
+                ),
             })
             .collect();
         let m = flavor.marks();
@@ -1091,12 +1164,167 @@ mod tests {
             ("Kimi-K2-Instruct.jinja", Format::KimiK2),
             ("moonshotai-Kimi-K2.jinja", Format::KimiK2),
             ("Kimi-K2-Thinking.jinja", Format::KimiK2),
+            ("upstage-Solar-Open-100B.jinja", Format::SolarOpen),
         ];
         for (file, src) in check_detect_all(detect, &want) {
             if file.starts_with("deepseek-ai-DeepSeek-V") && file != want[3].0 {
                 assert!(src.contains("DSML"), "{file}");
             }
         }
+    }
+
+    const SB: &str = SOLAR_CALLS_BEGIN;
+    const SE: &str = SOLAR_CALLS_END;
+
+    /// A Solar block of `calls` (id, name, arguments), as its template renders it.
+    fn solar(calls: &[(&str, &str, String)]) -> String {
+        let calls: String = calls
+            .iter()
+            .map(|(id, n, a)| {
+                format!("{SOLAR_CALL_BEGIN}{id}{SOLAR_NAME}{n}{SOLAR_SEP}{a}{SOLAR_CALL_END}")
+            })
+            .collect();
+        format!("{SB}{calls}{SE}")
+    }
+
+    /// A call as Solar's `parse` gives it: the id the model wrote.
+    fn scall(id: &str, name: &str, args: &str) -> ToolCall {
+        ToolCall {
+            id: Some(id.into()),
+            ..call(name, args)
+        }
+    }
+
+    /// A random Solar call id: 10 lowercase letters and digits.
+    fn solar_id(rng: &mut Rng) -> String {
+        let chars = b"abcdefghijklmnopqrstuvwxyz0123456789";
+        (0..10)
+            .map(|_| char::from(chars[rng.below(chars.len())]))
+            .collect()
+    }
+
+    /// Random tools and calls: the grammar takes Solar's blocks (several argument layouts,
+    /// random ids), `parse` gives the calls back with their ids; wrong names, broken arguments,
+    /// ids not of 10 lowercase letters and digits, whitespace between the tags, extra calls and
+    /// unclosed blocks are refused.
+    #[test]
+    fn solar_grammar_accepts_calls_and_refuses_wrong_ones() {
+        let mut rng = Rng(0x501A_0001);
+        for round in 0..60 {
+            let r = random_req(&mut rng, round, round % 2 == 1);
+            let (p, g) = checked_plan(Format::SolarOpen, &r, Trigger::Word(SB.into()));
+            let calls = random_calls(&mut rng, &r);
+            for layout in 0..4 {
+                let laid: Vec<(String, &str, String)> = calls
+                    .iter()
+                    .map(|(t, a)| {
+                        (
+                            solar_id(&mut rng),
+                            t.name.as_str(),
+                            layouts(a)[layout].clone(),
+                        )
+                    })
+                    .collect();
+                let refs: Vec<(&str, &str, String)> = laid
+                    .iter()
+                    .map(|(i, n, a)| (i.as_str(), *n, a.clone()))
+                    .collect();
+                let text = solar(&refs);
+                assert!(
+                    g.accepts_str(&text),
+                    "round {round}: refused {text}\n{}",
+                    p.gbnf
+                );
+                let parsed = Format::SolarOpen.parse(&text, Some(&r));
+                assert_eq!(parsed.content, "");
+                assert_eq!(parsed.tool_calls.len(), calls.len());
+                for ((c, (id, _, _)), (t, a)) in parsed.tool_calls.iter().zip(&laid).zip(&calls) {
+                    assert_call(c, &t.name, a, Some(id));
+                }
+                check_text_around(Format::SolarOpen, &r, &g, &text, calls.len());
+                check_stream_calls(Format::SolarOpen, &text, &r);
+                assert!(!g.accepts_str(text.strip_suffix(SE).unwrap()));
+            }
+            let (t, a) = &calls[0];
+            let one = solar(&[("a1b2c3d4e5", t.name.as_str(), a.to_string())]);
+            assert!(g.accepts_str(&one));
+            let two = solar(&[
+                ("a1b2c3d4e5", t.name.as_str(), a.to_string()),
+                ("0000000000", t.name.as_str(), a.to_string()),
+            ]);
+            assert_eq!(g.accepts_str(&two), r.parallel);
+            // ids too short, too long, in capitals; whitespace between the tags
+            for bad_id in ["a1b2", "a1b2c3d4e5f", "A1B2C3D4E5"] {
+                assert!(!g.accepts_str(&one.replace("a1b2c3d4e5", bad_id)));
+            }
+            assert!(
+                !g.accepts_str(&one.replace(SOLAR_CALL_BEGIN, &format!("\n{SOLAR_CALL_BEGIN}")))
+            );
+            assert!(!g.accepts_str(&solar(&[("a1b2c3d4e5", "no_such_tool", "{}".into())])));
+            check_broken_args(&mut rng, &g, t, a, |bad| {
+                solar(&[("a1b2c3d4e5", t.name.as_str(), bad.to_string())])
+            });
+        }
+    }
+
+    /// Solar's reading: the ids as written (none where empty), text around the block kept,
+    /// malformed blocks left as content; streaming begins a call at its arguments' tag.
+    #[test]
+    fn solar_parse_cases() {
+        let r = f_req(true);
+        let cases: Vec<(String, &str, Vec<ToolCall>)> = vec![
+            (
+                format!("Hi {}", solar(&[("abc", "f", "{\"a\": 1}".into()), ("def", "g", "{}".into())])),
+                "Hi",
+                vec![scall("abc", "f", r#"{"a":1}"#), scall("def", "g", "{}")],
+            ),
+            (solar(&[("", "f", "{}".into())]), "", vec![call("f", "{}")]),
+            // unclosed block at the end
+            (
+                format!("{SB}{SOLAR_CALL_BEGIN}x1{SOLAR_NAME}f{SOLAR_SEP}{{}}{SOLAR_CALL_END}"),
+                "",
+                vec![scall("x1", "f", "{}")],
+            ),
+            // no name tag, text after the JSON, a tool not offered: content
+            (
+                format!("{SB}{SOLAR_CALL_BEGIN}f{SOLAR_SEP}{{}}{SOLAR_CALL_END}{SE}"),
+                "<|tool_calls|><|tool_call:begin|>f<|tool_call:args|>{}<|tool_call:end|><|calls|>",
+                vec![],
+            ),
+            (
+                solar(&[("x", "f", "{} x".into())]),
+                "<|tool_calls|><|tool_call:begin|>x<|tool_call:name|>f<|tool_call:args|>{} x<|tool_call:end|><|calls|>",
+                vec![],
+            ),
+            (
+                solar(&[("x", "nosuch", "{}".into())]),
+                "<|tool_calls|><|tool_call:begin|>x<|tool_call:name|>nosuch<|tool_call:args|>{}<|tool_call:end|><|calls|>",
+                vec![],
+            ),
+        ];
+        for (text, content, calls) in &cases {
+            check_parsed(
+                &Format::SolarOpen.parse(text, Some(&r)),
+                content,
+                calls,
+                text,
+            );
+            check_partial_prefixes(Format::SolarOpen, text, Some(&r));
+        }
+        let t = format!("Hi {SB}{SOLAR_CALL_BEGIN}id{SOLAR_NAME}f{SOLAR_SEP}{{\"a\": \"x");
+        check_parsed(
+            &Format::SolarOpen.parse_partial(&t, Some(&r)),
+            "Hi",
+            &[scall("id", "f", r#"{"a":"x"#)],
+            &t,
+        );
+        let t = format!("Hi {SB}{SOLAR_CALL_BEGIN}id{SOLAR_NAME}f");
+        check_parsed(
+            &Format::SolarOpen.parse_partial(&t, Some(&r)),
+            "Hi",
+            &[],
+            &t,
+        );
     }
 
     const KB: &str = KIMI_CALLS_BEGIN;

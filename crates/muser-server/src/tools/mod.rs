@@ -19,6 +19,7 @@ use crate::error::ApiError;
 
 mod atem;
 mod deepseek;
+mod functionary;
 pub(crate) mod gemma4;
 mod generic;
 mod harmony;
@@ -164,6 +165,11 @@ pub enum Format {
     DeepSeekDsml { v4: bool },
     /// MiniCPM5: `<function name="NAME"><param name="K">V</param></function>`.
     MiniCpm5,
+    /// Solar Open: `<|tool_calls|><|tool_call:begin|>ID<|tool_call:name|>NAME<|tool_call:args|>{...}<|tool_call:end|>...<|calls|>`.
+    SolarOpen,
+    /// Functionary v3.1 (`<function=NAME>{...}</function>`) and v3.2 (`>>>NAME\n{...}`
+    /// messages, `>>>all\n` for the reply).
+    Functionary(functionary::Flavor),
 }
 
 /// Where a lazy call grammar of a format starts, so that it can be made to wait for the end of
@@ -215,6 +221,8 @@ impl Format {
             Format::Hermes
         } else if let Some(f) = deepseek::detect(t) {
             f
+        } else if let Some(flavor) = functionary::detect(t) {
+            Format::Functionary(flavor)
         } else if let Some(f) = mistral::detect(t) {
             f
         } else if pythonic::detect(t) {
@@ -252,6 +260,9 @@ impl Format {
             Format::Lfm2 => "lfm2",
             Format::DeepSeekDsml { v4 } => ["deepseek-v3.2", "deepseek-v4"][usize::from(v4)],
             Format::MiniCpm5 => "minicpm5",
+            Format::SolarOpen => "solar-open",
+            Format::Functionary(functionary::Flavor::V31) => "functionary-v3.1",
+            Format::Functionary(functionary::Flavor::V32) => "functionary-v3.2",
         }
     }
 
@@ -260,6 +271,7 @@ impl Format {
     pub fn lazy_start(self) -> Option<LazyStart> {
         match self {
             Format::Generic | Format::Atem | Format::Harmony => None,
+            Format::Functionary(functionary::Flavor::V32) => None,
             Format::Hermes => Some(hermes::LAZY_START),
             Format::QwenXml
             | Format::SeedOss
@@ -272,6 +284,8 @@ impl Format {
             Format::DeepSeekR1 | Format::DeepSeekV31 => Some(deepseek::LAZY_START),
             Format::Gemma4 => Some(gemma4::LAZY_START),
             Format::KimiK2 => Some(deepseek::KIMI_LAZY_START),
+            Format::SolarOpen => Some(deepseek::SOLAR_LAZY_START),
+            Format::Functionary(functionary::Flavor::V31) => Some(functionary::V31_LAZY_START),
             Format::JsonList(shape) => Some(shape.lazy_start()),
             Format::Lfm2 => Some(pythonic::LAZY_START),
         }
@@ -302,6 +316,9 @@ impl Format {
             Format::DeepSeekR1 | Format::DeepSeekV31 => deepseek::MARKUP,
             Format::Gemma4 => gemma4::MARKUP,
             Format::KimiK2 => deepseek::KIMI_MARKUP,
+            Format::SolarOpen => deepseek::SOLAR_MARKUP,
+            Format::Functionary(functionary::Flavor::V31) => functionary::V31_MARKUP,
+            Format::Functionary(functionary::Flavor::V32) => functionary::V32_MARKUP,
             Format::JsonList(shape) => shape.markup,
             Format::Harmony => harmony::MARKUP,
             Format::Lfm2 => pythonic::MARKUP,
@@ -422,6 +439,8 @@ impl Format {
             Format::DeepSeekV31 => deepseek::plan(req, deepseek::Flavor::V31),
             Format::Gemma4 => gemma4::plan(req),
             Format::KimiK2 => deepseek::plan(req, deepseek::Flavor::Kimi),
+            Format::SolarOpen => deepseek::plan(req, deepseek::Flavor::Solar),
+            Format::Functionary(flavor) => functionary::plan(req, flavor),
             Format::JsonList(shape) => json_list::plan(req, shape),
             Format::Harmony => harmony::plan(req),
             Format::Lfm2 => pythonic::plan(req),
@@ -450,6 +469,8 @@ impl Format {
             Format::DeepSeekV31 => deepseek::parse(text, req, deepseek::Flavor::V31),
             Format::Gemma4 => gemma4::parse(text, req),
             Format::KimiK2 => deepseek::parse(text, req, deepseek::Flavor::Kimi),
+            Format::SolarOpen => deepseek::parse(text, req, deepseek::Flavor::Solar),
+            Format::Functionary(flavor) => functionary::parse(text, req, flavor),
             Format::JsonList(shape) => json_list::parse(text, req, shape),
             Format::Harmony => harmony::parse(text, req),
             Format::Lfm2 => pythonic::parse(text, req),
@@ -504,6 +525,8 @@ impl Format {
             Format::DeepSeekV31 => deepseek::parse_partial(text, req, deepseek::Flavor::V31, from),
             Format::Gemma4 => gemma4::parse_partial(text, req),
             Format::KimiK2 => deepseek::parse_partial(text, req, deepseek::Flavor::Kimi, from),
+            Format::SolarOpen => deepseek::parse_partial(text, req, deepseek::Flavor::Solar, from),
+            Format::Functionary(flavor) => functionary::parse_partial(text, req, flavor, from),
             Format::JsonList(shape) => json_list::parse_partial(text, req, shape, from),
             Format::Harmony => harmony::parse_partial(text, req),
             Format::Lfm2 => pythonic::parse_partial(text, req, from),
@@ -2026,6 +2049,18 @@ pub(crate) mod test_util {
             Format::Harmony => {
                 out = super::harmony::test_output(rng, &out, &calls);
             }
+            Format::Functionary(super::functionary::Flavor::V32) => {
+                // the reply's text to `all` (now and then without it), the calls after it
+                if !out.is_empty() && rng.below(4) > 0 {
+                    out = format!("all\n{out}>>>");
+                }
+                let calls: Vec<String> = calls
+                    .iter()
+                    .map(|(t, a)| render_one(rng, format, &t.name, a))
+                    .collect();
+                let between = [">>>", ">>>", "\n>>>", ""];
+                out += &calls.join(between[rng.below(between.len())]);
+            }
             Format::MistralNemo => {
                 let all: Vec<Value> = calls
                     .iter()
@@ -2136,6 +2171,14 @@ pub(crate) mod test_util {
                 Some(o) => super::pythonic::python_call(name, o, rng.coin()),
                 None => format!("{name}({json})"),
             },
+            Format::SolarOpen => format!(
+                "<|tool_call:begin|>{}<|tool_call:name|>{name}<|tool_call:args|>{json}<|tool_call:end|>",
+                ["a1b2c3d4e5", "", "x"][rng.below(3)]
+            ),
+            Format::Functionary(super::functionary::Flavor::V31) => {
+                format!("<function={name}>{json}</function>")
+            }
+            Format::Functionary(_) => format!("{name}\n{json}"),
             Format::JsonList(shape) => {
                 let mut o = Map::new();
                 if let Some(k) = shape.number_key {
@@ -2192,6 +2235,8 @@ pub(crate) mod test_util {
                 "<|tool_calls_section_begin|>{}<|tool_calls_section_end|>",
                 calls.concat()
             ),
+            Format::SolarOpen => format!("<|tool_calls|>{}<|calls|>", calls.concat()),
+            Format::Functionary(_) => calls.concat(),
             Format::JsonList(shape) => format!(
                 "{}[{}]{}",
                 shape.open,
@@ -2306,6 +2351,9 @@ pub(crate) mod test_util {
         Format::DeepSeekDsml { v4: false },
         Format::DeepSeekDsml { v4: true },
         Format::MiniCpm5,
+        Format::SolarOpen,
+        Format::Functionary(super::functionary::Flavor::V31),
+        Format::Functionary(super::functionary::Flavor::V32),
     ];
 
     /// Every prefix of `s` at a character boundary, "" and `s` included.
@@ -2366,6 +2414,13 @@ mod tests {
                 )
             }
             Format::MiniCpm5 => format!("<function name=\"{name}\"></function>"),
+            Format::SolarOpen => format!(
+                "<|tool_calls|><|tool_call:begin|>a1b2c3d4e5<|tool_call:name|>{name}<|tool_call:args|>{{}}<|tool_call:end|><|calls|>"
+            ),
+            Format::Functionary(functionary::Flavor::V31) => {
+                format!("<function={name}>{{}}</function>")
+            }
+            Format::Functionary(_) => format!("{name}\n{{}}"),
             other => unreachable!("{other:?}"),
         }
     }
@@ -2525,6 +2580,9 @@ mod tests {
         Format::DeepSeekDsml { v4: false },
         Format::DeepSeekDsml { v4: true },
         Format::MiniCpm5,
+        Format::SolarOpen,
+        Format::Functionary(functionary::Flavor::V31),
+        Format::Functionary(functionary::Flavor::V32),
     ];
 
     /// A call of a tool the request does not offer is text: no grammar held it, and the client
@@ -2734,6 +2792,15 @@ mod tests {
             ("LFM2.5-8B-A1B.jinja", Format::Lfm2),
             ("LFM2.5-Instruct.jinja", Format::Lfm2),
             ("ibm-granite-granite-4.1.jinja", Format::Hermes),
+            ("upstage-Solar-Open-100B.jinja", Format::SolarOpen),
+            (
+                "meetkai-functionary-medium-v3.1.jinja",
+                Format::Functionary(functionary::Flavor::V31),
+            ),
+            (
+                "meetkai-functionary-medium-v3.2.jinja",
+                Format::Functionary(functionary::Flavor::V32),
+            ),
         ] {
             // (where llama.cpp's sources are at hand)
             let Some(src) = template(file) else { return };
