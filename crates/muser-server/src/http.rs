@@ -1833,6 +1833,13 @@ mod tests {
             "<arg_key>b</arg_key>",
             "<arg_value>",
             "</arg_value>",
+            "<tool_calls:opensource>",
+            "<tool_call:opensource>g<tool_sep:opensource>",
+            "<arg_key:opensource>b</arg_key:opensource>",
+            "<arg_value:opensource>",
+            "</arg_value:opensource>",
+            "</tool_call:opensource>",
+            "</tool_calls:opensource>",
             " to=f<|message|><atem:function_calls>",
             "<atem:invoke name=\"g\">",
             "<atem:parameter name=\"b\">",
@@ -1892,7 +1899,7 @@ mod tests {
         let choices = [ToolChoice::Auto, ToolChoice::Required, ToolChoice::None];
         let mut rng = Rng(0x50_4B5E);
         let mut calls = 0;
-        for round in 0..1800 {
+        for round in 0..2600 {
             let r = req(tools.clone(), choices[rng.below(3)].clone(), rng.coin());
             let o = Output {
                 format: FORMATS[round % FORMATS.len()],

@@ -155,6 +155,11 @@ pub enum Format {
     /// GLM 4.5 to 4.7: `<tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value></tool_call>`,
     /// with a newline after the name and after each tag pair where the template writes them.
     Glm { newlines: bool },
+    /// Ling 3 (Bailing V3): GLM's `<tool_call>NAME\n<arg_key>K</arg_key>\n<arg_value>V</arg_value>...\n</tool_call>`
+    /// in `<role>` sections.
+    Ling3,
+    /// Tencent Hy3: `<tool_calls:opensource>\n<tool_call:opensource>NAME<tool_sep:opensource>\n<arg_key:opensource>K</arg_key:opensource>\n<arg_value:opensource>V</arg_value:opensource>\n</tool_call:opensource>\n</tool_calls:opensource>`.
+    Hy3,
 }
 
 /// Where a lazy call grammar of a format starts, so that it can be made to wait for the end of
@@ -238,6 +243,8 @@ impl Format {
             Format::SeedOss => "seed-oss",
             Format::MiniMaxM2 => "minimax-m2",
             Format::Glm { .. } => "glm-4.5",
+            Format::Ling3 => "ling-3",
+            Format::Hy3 => "hy3",
         }
     }
 
@@ -247,9 +254,12 @@ impl Format {
         match self {
             Format::Generic | Format::Atem | Format::Harmony => None,
             Format::Hermes => Some(hermes::LAZY_START),
-            Format::QwenXml | Format::SeedOss | Format::MiniMaxM2 | Format::Glm { .. } => {
-                Some(self.xml_shape().lazy_start())
-            }
+            Format::QwenXml
+            | Format::SeedOss
+            | Format::MiniMaxM2
+            | Format::Glm { .. }
+            | Format::Ling3
+            | Format::Hy3 => Some(self.xml_shape().lazy_start()),
             Format::Llama3 { .. } => Some(llama3::LAZY_START),
             Format::MistralNemo | Format::Mistral { .. } => Some(mistral::LAZY_START),
             Format::DeepSeekR1 | Format::DeepSeekV31 => Some(deepseek::LAZY_START),
@@ -267,9 +277,12 @@ impl Format {
             Format::Hermes => &["<tool_call>", "</tool_call>"],
             // The markup llama.cpp preserves for Muse Glimmer: its message framing and the
             // ATEM tags.
-            Format::QwenXml | Format::SeedOss | Format::MiniMaxM2 | Format::Glm { .. } => {
-                self.xml_shape().markup
-            }
+            Format::QwenXml
+            | Format::SeedOss
+            | Format::MiniMaxM2
+            | Format::Glm { .. }
+            | Format::Ling3
+            | Format::Hy3 => self.xml_shape().markup,
             Format::Llama3 {
                 builtin_tools: false,
             } => llama3::MARKUP,
@@ -387,9 +400,12 @@ impl Format {
             Format::Atem => atem::plan(req),
             Format::Generic => generic::plan(req),
             Format::Hermes => hermes::plan(req),
-            Format::QwenXml | Format::SeedOss | Format::MiniMaxM2 | Format::Glm { .. } => {
-                xml_calls::plan(self.xml_shape(), req)
-            }
+            Format::QwenXml
+            | Format::SeedOss
+            | Format::MiniMaxM2
+            | Format::Glm { .. }
+            | Format::Ling3
+            | Format::Hy3 => xml_calls::plan(self.xml_shape(), req),
             Format::Llama3 { builtin_tools } => llama3::plan(req, builtin_tools),
             Format::MistralNemo => mistral::plan(req, mistral::Flavor::Nemo),
             Format::Mistral { call_id } => mistral::plan(req, mistral::Flavor::Args { call_id }),
@@ -409,9 +425,12 @@ impl Format {
             Format::Atem => atem::parse(text, req),
             Format::Generic => generic::parse(text, req),
             Format::Hermes => hermes::parse(text, req),
-            Format::QwenXml | Format::SeedOss | Format::MiniMaxM2 | Format::Glm { .. } => {
-                xml_calls::parse(self.xml_shape(), text, req)
-            }
+            Format::QwenXml
+            | Format::SeedOss
+            | Format::MiniMaxM2
+            | Format::Glm { .. }
+            | Format::Ling3
+            | Format::Hy3 => xml_calls::parse(self.xml_shape(), text, req),
             Format::Llama3 { builtin_tools } => llama3::parse(text, req, builtin_tools),
             Format::MistralNemo => mistral::parse(text, req, mistral::Flavor::Nemo),
             Format::Mistral { call_id } => {
@@ -459,9 +478,12 @@ impl Format {
             Format::Atem => atem::parse_partial(text, req),
             Format::Generic => generic::parse_partial(text, req),
             Format::Hermes => hermes::parse_partial(text, req, from),
-            Format::QwenXml | Format::SeedOss | Format::MiniMaxM2 | Format::Glm { .. } => {
-                xml_calls::parse_partial(self.xml_shape(), text, req, from)
-            }
+            Format::QwenXml
+            | Format::SeedOss
+            | Format::MiniMaxM2
+            | Format::Glm { .. }
+            | Format::Ling3
+            | Format::Hy3 => xml_calls::parse_partial(self.xml_shape(), text, req, from),
             Format::Llama3 { builtin_tools } => llama3::parse_partial(text, req, builtin_tools),
             Format::MistralNemo => mistral::parse_partial(text, req, mistral::Flavor::Nemo, from),
             Format::Mistral { call_id } => {
@@ -484,6 +506,8 @@ impl Format {
             Format::SeedOss => &xml_calls::SEED,
             Format::MiniMaxM2 => &xml_calls::MINIMAX_M2,
             Format::Glm { newlines } => xml_calls::glm(newlines),
+            Format::Ling3 => &xml_calls::LING3,
+            Format::Hy3 => &xml_calls::HY3,
             _ => &xml_calls::QWEN,
         }
     }
@@ -2050,6 +2074,23 @@ pub(crate) mod test_util {
                 }
                 s
             }
+            Format::Ling3 => {
+                let mut s = format!("{name}\n");
+                for (k, v) in params {
+                    s += &format!("<arg_key>{k}</arg_key>\n<arg_value>{}</arg_value>", raw(v));
+                }
+                s + "\n"
+            }
+            Format::Hy3 => {
+                let mut s = format!("<tool_call:opensource>{name}<tool_sep:opensource>\n");
+                for (k, v) in params {
+                    s += &format!(
+                        "<arg_key:opensource>{k}</arg_key:opensource>\n<arg_value:opensource>{}</arg_value:opensource>\n",
+                        raw(v)
+                    );
+                }
+                s + "</tool_call:opensource>"
+            }
             Format::Atem => {
                 let mut s = format!("<atem:invoke name=\"{name}\">\n");
                 for (k, v) in params {
@@ -2105,6 +2146,15 @@ pub(crate) mod test_util {
                 .iter()
                 .map(|c| format!("<tool_call>{c}</tool_call>"))
                 .collect(),
+            Format::Ling3 => calls
+                .iter()
+                .map(|c| format!("<tool_call>{c}</tool_call>"))
+                .collect::<Vec<_>>()
+                .join("\n"),
+            Format::Hy3 => format!(
+                "<tool_calls:opensource>\n{}\n</tool_calls:opensource>",
+                calls.join("\n")
+            ),
             Format::Mistral { .. } => calls.iter().map(|c| format!("[TOOL_CALLS]{c}")).collect(),
             Format::Atem => {
                 let name = calls[0].split('"').nth(1).unwrap_or_default().to_string();
@@ -2199,7 +2249,7 @@ pub(crate) mod test_util {
     }
 
     /// Every format, for the tests that go through them all.
-    pub const FORMATS: [Format; 21] = [
+    pub const FORMATS: [Format; 23] = [
         Format::Generic,
         Format::Hermes,
         Format::Atem,
@@ -2225,6 +2275,8 @@ pub(crate) mod test_util {
         Format::MiniMaxM2,
         Format::Glm { newlines: true },
         Format::Glm { newlines: false },
+        Format::Ling3,
+        Format::Hy3,
     ];
 
     /// Every prefix of `s` at a character boundary, "" and `s` included.
@@ -2275,7 +2327,14 @@ mod tests {
             Format::MiniMaxM2 => format!(
                 "<minimax:tool_call>\n<invoke name=\"{name}\">\n</invoke>\n</minimax:tool_call>"
             ),
-            Format::Glm { .. } => format!("<tool_call>{name}</tool_call>"),
+            Format::Glm { newlines } => {
+                let nl = if newlines { "\n" } else { "" };
+                format!("<tool_call>{name}{nl}</tool_call>")
+            }
+            Format::Ling3 => format!("<tool_call>{name}\n\n</tool_call>"),
+            Format::Hy3 => format!(
+                "<tool_calls:opensource>\n<tool_call:opensource>{name}<tool_sep:opensource>\n</tool_call:opensource>\n</tool_calls:opensource>"
+            ),
             other => unreachable!("{other:?}"),
         }
     }
@@ -2410,7 +2469,7 @@ mod tests {
         assert!(calls > 300 && replaced > 40, "{calls} {replaced}");
     }
 
-    const MARKED: [Format; 16] = [
+    const MARKED: [Format; 18] = [
         Format::Hermes,
         Format::Llama3 {
             builtin_tools: false,
@@ -2431,6 +2490,8 @@ mod tests {
         Format::MiniMaxM2,
         Format::Glm { newlines: true },
         Format::Glm { newlines: false },
+        Format::Ling3,
+        Format::Hy3,
     ];
 
     /// A call of a tool the request does not offer is text: no grammar held it, and the client
@@ -2603,6 +2664,8 @@ mod tests {
             ("GLM-4.7-Flash.jinja", Format::Glm { newlines: false }),
             ("MiniMax-M2.jinja", Format::MiniMaxM2),
             ("ByteDance-Seed-OSS.jinja", Format::SeedOss),
+            ("inclusionai-ling-3.0-flash.jinja", Format::Ling3),
+            ("tencent-Hy3.jinja", Format::Hy3),
             ("MiniMax-M3.jinja", Format::Generic),
             (
                 "poolside-Laguna-S-2.1.jinja",

@@ -68,6 +68,13 @@ pub(super) struct Shape {
     pub function: &'static str,
     /// The text after a call's name; empty where the name ends at whitespace or `<` (GLM).
     pub name_end: &'static str,
+    /// What the grammar writes after the call's name (and `name_end`) where it is not the
+    /// separator written after each parameter (Ling 3 writes a newline there and none between
+    /// its parameters); None: that separator.
+    pub after_name: Option<&'static str>,
+    /// What the grammar writes after the last parameter, before the call's end (Ling 3's
+    /// newline before `</tool_call>`).
+    pub before_end: &'static str,
     /// A call's closing tag; empty where the block's closing tag ends the call (GLM).
     pub function_close: &'static str,
     /// The text before a parameter's name, and after it.
@@ -125,6 +132,8 @@ pub(super) const QWEN: Shape = Shape {
     close: "</tool_call>",
     function: "<function=",
     name_end: ">",
+    after_name: None,
+    before_end: "",
     function_close: "</function>",
     param: "<parameter=",
     param_name_end: ">",
@@ -184,6 +193,8 @@ pub(super) const MINIMAX_M2: Shape = Shape {
     close: "</minimax:tool_call>",
     function: "<invoke name=\"",
     name_end: "\">",
+    after_name: None,
+    before_end: "",
     function_close: "</invoke>",
     param: "<parameter name=\"",
     param_name_end: "\">",
@@ -235,6 +246,8 @@ const GLM_TIGHT: Shape = Shape {
     close: "</tool_call>",
     function: "",
     name_end: "",
+    after_name: None,
+    before_end: "",
     function_close: "",
     param: "<arg_key>",
     param_name_end: "</arg_key>",
@@ -245,12 +258,82 @@ const GLM_TIGHT: Shape = Shape {
     markup: GLM_MARKUP,
 };
 
+/// GLM 4.6's: a newline after the name and after each parameter, exactly (llama.cpp reads no
+/// call with a space there).
 const GLM_NEWLINES: Shape = Shape {
     syntax: Syntax {
         open: |k| format!("<arg_key>{k}</arg_key>\n<arg_value>"),
+        sep: Some("\n"),
         ..GLM_TIGHT.syntax
     },
     ..GLM_TIGHT
+};
+
+/// Ling 3's (Bailing V3): GLM's tags, a newline after the name, none between the parameters,
+/// a newline before `</tool_call>`.
+pub(super) const LING3: Shape = Shape {
+    syntax: Syntax {
+        format: "Ling 3",
+        prefix: "ling",
+        sep: Some(""),
+        ..GLM_NEWLINES.syntax
+    },
+    after_name: Some("\n"),
+    before_end: "\n",
+    markup: &[
+        "<think>",
+        "</think>",
+        "<tool_call>",
+        "</tool_call>",
+        "<arg_key>",
+        "</arg_key>",
+        "<arg_value>",
+        "</arg_value>",
+        "<|role_end|>",
+    ],
+    ..GLM_TIGHT
+};
+
+/// Tencent Hy3's: all the calls in one block, `<tool_calls:opensource>\n`, then per call
+/// `<tool_call:opensource>NAME<tool_sep:opensource>\n` (`<arg_key:opensource>K</arg_key:opensource>\n<arg_value:opensource>V</arg_value:opensource>\n`)*
+/// `</tool_call:opensource>\n`, then `</tool_calls:opensource>`.
+pub(super) const HY3: Shape = Shape {
+    syntax: Syntax {
+        format: "Hy3",
+        prefix: "hy",
+        open: |k| format!("<arg_key:opensource>{k}</arg_key:opensource>\n<arg_value:opensource>"),
+        close: "</arg_value:opensource>",
+        end_tag: "</arg_value:opensource>",
+        name_stops: TAG_STOPS,
+        python: false,
+        sep: Some("\n"),
+    },
+    open: "<tool_calls:opensource>",
+    close: "</tool_calls:opensource>",
+    function: "<tool_call:opensource>",
+    name_end: "<tool_sep:opensource>",
+    after_name: None,
+    before_end: "",
+    function_close: "</tool_call:opensource>",
+    param: "<arg_key:opensource>",
+    param_name_end: "</arg_key:opensource>",
+    value_open: "<arg_value:opensource>",
+    param_close: "</arg_value:opensource>",
+    framed: false,
+    many: true,
+    markup: &[
+        "<think:opensource>",
+        "</think:opensource>",
+        "<tool_calls:opensource>",
+        "</tool_calls:opensource>",
+        "<tool_call:opensource>",
+        "</tool_call:opensource>",
+        "<tool_sep:opensource>",
+        "<arg_key:opensource>",
+        "</arg_key:opensource>",
+        "<arg_value:opensource>",
+        "</arg_value:opensource>",
+    ],
 };
 
 /// The XML call format a template teaches, other than Qwen's (`detect_qwen`): Seed-OSS's,
@@ -262,9 +345,22 @@ pub(super) fn detect(t: &str) -> Option<Format> {
         Some(Format::SeedOss)
     } else if has(&["<minimax:tool_call>", "<invoke name=", "<parameter name="]) {
         Some(Format::MiniMaxM2)
-    } else if has(&["<tool_call>", "<arg_key>", "<arg_value>"])
-        && !t.contains("<role>ASSISTANT</role>")
-    {
+    } else if has(&[
+        "<tool_call>",
+        "<arg_key>",
+        "<arg_value>",
+        "<role>ASSISTANT</role>",
+    ]) {
+        Some(Format::Ling3)
+    } else if has(&[
+        "<tool_calls{}>",
+        "<tool_sep{}>",
+        "<arg_key{}>",
+        "':opensource'",
+    ]) {
+        // (Hy3 builds its tags when rendering: `'<tool_sep{}>'.format(HYTK)`)
+        Some(Format::Hy3)
+    } else if has(&["<tool_call>", "<arg_key>", "<arg_value>"]) {
         // a newline after `</arg_key>`, as the template writes it or in a string literal
         Some(Format::Glm {
             newlines: t.contains("</arg_key>\n") || t.contains("</arg_key>\\n"),
@@ -322,9 +418,11 @@ pub(super) fn plan(sh: &Shape, req: &ToolRequest) -> Result<Option<Plan>, String
         } else {
             format!("{} {sep}", literal(sh.function_close))
         };
+        let after_name = sh.after_name.map_or_else(|| sep.clone(), literal);
         rules.push_str(&format!(
-            "{rule} ::= {} {sep} {seq} {end}\n",
+            "{rule} ::= {} {after_name} {seq} {} {end}\n",
             literal(&format!("{}{}{}", sh.function, tool.name, sh.name_end)),
+            literal(sh.before_end),
         ));
         alts.push(rule);
     }
@@ -1413,11 +1511,13 @@ mod tests {
     }
 
     /// The formats of the family other than Qwen's.
-    const OTHERS: [Format; 4] = [
+    const OTHERS: [Format; 6] = [
         Format::SeedOss,
         Format::MiniMaxM2,
         Format::Glm { newlines: true },
         Format::Glm { newlines: false },
+        Format::Ling3,
+        Format::Hy3,
     ];
 
     /// Calls as `format`'s template writes them, `ws` between the tags where the template
@@ -1457,17 +1557,38 @@ mod tests {
                     }
                     s + "</tool_call>"
                 }
+                // (no newline between the parameters)
+                Format::Ling3 => {
+                    let mut s = format!("<tool_call>{name}{ws}");
+                    for (k, x) in args {
+                        s += &format!("<arg_key>{k}</arg_key>\n<arg_value>{}</arg_value>", v(x));
+                    }
+                    s + &format!("{ws}</tool_call>")
+                }
+                Format::Hy3 => {
+                    let mut s = format!("<tool_call:opensource>{name}<tool_sep:opensource>{ws}");
+                    for (k, x) in args {
+                        s += &format!(
+                            "<arg_key:opensource>{k}</arg_key:opensource>\n<arg_value:opensource>{}</arg_value:opensource>{ws}",
+                            v(x)
+                        );
+                    }
+                    s + &format!("</tool_call:opensource>{ws}")
+                }
                 other => unreachable!("{other:?}"),
             }
         };
         let all: Vec<String> = calls.iter().map(|(n, a)| one(n, a)).collect();
-        if format == Format::MiniMaxM2 {
-            format!(
+        match format {
+            Format::MiniMaxM2 => format!(
                 "<minimax:tool_call>{ws}{}</minimax:tool_call>",
                 all.concat()
-            )
-        } else {
-            all.join(ws)
+            ),
+            Format::Hy3 => format!(
+                "<tool_calls:opensource>{ws}{}</tool_calls:opensource>",
+                all.concat()
+            ),
+            _ => all.join(ws),
         }
     }
 
@@ -1490,9 +1611,14 @@ mod tests {
                 .collect();
             for (li, ws) in ["\n", "", " ", "\n\n  "].iter().enumerate() {
                 let text = render_calls(format, &calls, ws, li);
-                assert!(
+                // Where the format's separator is exact (llama.cpp's reader takes only the
+                // template's layout), the grammar writes the template's newlines and no other
+                // whitespace; the reading takes the other layouts too.
+                let templated = sh.syntax.sep.is_none() || *ws == "\n";
+                assert_eq!(
                     g.accepts_str(&text),
-                    "{format:?} round {round}: refused {text:?}\n{}",
+                    templated,
+                    "{format:?} round {round}: {text:?}\n{}",
                     p.gbnf
                 );
                 let parsed = format.parse(&text, Some(&r));
@@ -1501,10 +1627,23 @@ mod tests {
                 for (c, (n, a)) in parsed.tool_calls.iter().zip(&calls) {
                     assert_call(c, n, &Value::Object(a.clone()), None);
                 }
-                check_text_around(format, &r, &g, &text, calls.len());
+                if templated {
+                    check_text_around(format, &r, &g, &text, calls.len());
+                }
                 check_stream_calls(format, &text, &r);
+                // Streaming has sent the calls by the end, whole but where a raw value opens
+                // a JSON string it does not close (more text could close it, and the JSON
+                // reading would then win): there a prefix, which the final reading completes.
                 let end = format.parse_partial(&text, Some(&r));
-                assert_eq!(end.tool_calls, parsed.tool_calls, "{text:?}");
+                assert_eq!(end.tool_calls.len(), parsed.tool_calls.len(), "{text:?}");
+                for (e, c) in end.tool_calls.iter().zip(&parsed.tool_calls) {
+                    assert_eq!(e.name, c.name);
+                    assert!(c.arguments.starts_with(&e.arguments), "{text:?}");
+                }
+                assert_eq!(
+                    format.parse_final(&text, Some(&r)).tool_calls,
+                    parsed.tool_calls
+                );
             }
             assert!(!g.accepts_str(""));
             assert!(!g.accepts_str("Hello"));
@@ -1559,6 +1698,15 @@ mod tests {
             "<arg_value>",
             "</arg_value>",
             "</parameter>",
+            "<tool_calls:opensource>",
+            "</tool_calls:opensource>",
+            "<tool_call:opensource>",
+            "<tool_sep:opensource>",
+            "</tool_call:opensource>",
+            "<arg_key:opensource>",
+            "</arg_key:opensource>",
+            "<arg_value:opensource>",
+            "</arg_value:opensource>",
             "\">",
             "{\"a\": \"",
             "1",
@@ -1568,7 +1716,7 @@ mod tests {
         ];
         let mut rng = Rng(0x5EED_0A7F);
         let (mut checked, mut with_calls) = (0usize, 0usize);
-        for round in 0..240 {
+        for round in 0..360 {
             let format = OTHERS[round % OTHERS.len()];
             let r = random_req(&mut rng, round / OTHERS.len(), true);
             let mut text = random_output(&mut rng, format, &r);
@@ -1609,9 +1757,18 @@ mod tests {
             detect("'<tool_call>' ~ name ~ '<arg_key>' ~ k ~ '</arg_key>\\n<arg_value>'"),
             Some(Format::Glm { newlines: true })
         );
-        // Ling 3's, which llama.cpp reads with its own handler
+        // Ling 3's: GLM's tags in `<role>` sections
         assert_eq!(
             detect("<role>ASSISTANT</role><tool_call><arg_key><arg_value>"),
+            Some(Format::Ling3)
+        );
+        // Hy3's, built when rendering
+        assert_eq!(
+            detect("HYTK = ':opensource' '<tool_calls{}>' '<tool_sep{}>' '<arg_key{}>'"),
+            Some(Format::Hy3)
+        );
+        assert_eq!(
+            detect("'<tool_calls{}>' '<tool_sep{}>' '<arg_key{}>'"),
             None
         );
         assert_eq!(detect("<tool_call><function=f><parameter=k>"), None);
@@ -1630,6 +1787,8 @@ mod tests {
                 Format::Glm { newlines: false },
             ),
             ("Spark2.5.jinja", Format::Glm { newlines: false }),
+            ("inclusionai-ling-3.0-flash.jinja", Format::Ling3),
+            ("tencent-Hy3.jinja", Format::Hy3),
         ];
         check_detect_all(detect, &ours);
         // the shapes' names in errors, the value framing, GLM's name right after its tag
@@ -1642,6 +1801,8 @@ mod tests {
             (Format::MiniMaxM2, "a\"b", "MiniMax M2"),
             (Format::Glm { newlines: true }, "a b", "GLM"),
             (Format::Glm { newlines: false }, "a<b", "GLM"),
+            (Format::Ling3, "a b", "Ling 3"),
+            (Format::Hy3, "a<b", "Hy3"),
         ] {
             let e = format
                 .plan(&req(
@@ -1662,6 +1823,28 @@ mod tests {
         assert!(glm47.accepts_str(tight) && !glm47.accepts_str(nl));
         assert!(glm46.accepts_str(nl) && !glm46.accepts_str(tight));
         assert!(!glm46.accepts_str(&nl.replace("<tool_call>f", "<tool_call>\nf")));
+        // (the space llama.cpp reads no call with)
+        assert!(!glm46.accepts_str(&nl.replace("f\n", "f ")));
+        // Ling 3: no newline between two parameters, one before the call's end
+        let two = req(
+            vec![tool(
+                "f",
+                json!({"properties": {"a": {"type": "integer"}, "b": {"type": "string"}},
+                       "required": ["a", "b"]}),
+            )],
+            ToolChoice::Required,
+            false,
+        );
+        let ling = grammar(&Format::Ling3.plan(&two).unwrap().unwrap());
+        let l = "<tool_call>f\n<arg_key>a</arg_key>\n<arg_value>1</arg_value><arg_key>b</arg_key>\n<arg_value>x y</arg_value>\n</tool_call>";
+        assert!(ling.accepts_str(l));
+        assert!(!ling.accepts_str(&l.replace("</arg_value><", "</arg_value>\n<")));
+        assert!(!ling.accepts_str(&l.replace("\n</tool_call>", "</tool_call>")));
+        let hy = grammar(&Format::Hy3.plan(&two).unwrap().unwrap());
+        let h = "<tool_calls:opensource>\n<tool_call:opensource>f<tool_sep:opensource>\n<arg_key:opensource>a</arg_key:opensource>\n<arg_value:opensource>1</arg_value:opensource>\n<arg_key:opensource>b</arg_key:opensource>\n<arg_value:opensource>x y</arg_value:opensource>\n</tool_call:opensource>\n</tool_calls:opensource>";
+        assert!(hy.accepts_str(h));
+        assert!(!hy.accepts_str(&h.replace(">\n<arg_key", "><arg_key")));
+        assert!(!hy.accepts_str(&h.replace("<tool_sep:opensource>\n", "<tool_sep:opensource>")));
         let seed = g(Format::SeedOss);
         let s = "<seed:tool_call>\n<function=f>\n<parameter=a>1</parameter>\n</function>\n</seed:tool_call>";
         assert!(seed.accepts_str(s));
@@ -1677,6 +1860,8 @@ mod tests {
         let cases = [
             (Format::Glm { newlines: true }, "\n<think></think>\nLet me check.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Pa\"ris <x>\nline 2</arg_value>\n<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n<arg_key>o</arg_key>\n<arg_value>{\"b\": \"<&'é>\", \"a\": [true, null]}</arg_value>\n</tool_call>\n<tool_call>ping\n</tool_call>", want),
             (Format::Glm { newlines: false }, "Let me check.<tool_call>get_weather<arg_key>city</arg_key><arg_value>Pa\"ris <x>\nline 2</arg_value><arg_key>days</arg_key><arg_value>3</arg_value><arg_key>o</arg_key><arg_value>{\"b\": \"<&'é>\", \"a\": [true, null]}</arg_value></tool_call><tool_call>ping</tool_call>", want),
+            (Format::Ling3, "Let me check.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Pa\"ris <x>\nline 2</arg_value><arg_key>days</arg_key>\n<arg_value>3</arg_value><arg_key>o</arg_key>\n<arg_value>{\"b\": \"<&'é>\", \"a\": [true, null]}</arg_value>\n</tool_call>\n<tool_call>ping\n\n</tool_call>", want),
+            (Format::Hy3, "Let me check.<tool_calls:opensource>\n<tool_call:opensource>get_weather<tool_sep:opensource>\n<arg_key:opensource>city</arg_key:opensource>\n<arg_value:opensource>Pa\"ris <x>\nline 2</arg_value:opensource>\n<arg_key:opensource>days</arg_key:opensource>\n<arg_value:opensource>3</arg_value:opensource>\n<arg_key:opensource>o</arg_key:opensource>\n<arg_value:opensource>{\"b\": \"<&'é>\", \"a\": [true, null]}</arg_value:opensource>\n</tool_call:opensource>\n<tool_call:opensource>ping<tool_sep:opensource>\n</tool_call:opensource>\n</tool_calls:opensource>", want),
             (Format::MiniMaxM2, "Let me check.\n<minimax:tool_call>\n<invoke name=\"get_weather\">\n<parameter name=\"city\">Pa\"ris <x>\nline 2</parameter>\n<parameter name=\"days\">3</parameter>\n<parameter name=\"o\">{\"b\": \"<&'é>\", \"a\": [true, null]}</parameter>\n</invoke>\n<invoke name=\"ping\">\n</invoke>\n</minimax:tool_call>", want),
             (Format::SeedOss, "Let me check.\n\n<seed:tool_call>\n<function=get_weather>\n<parameter=city>Pa\"ris <x>\nline 2</parameter>\n<parameter=days>3</parameter>\n<parameter=ok>True</parameter>\n</function>\n</seed:tool_call>\n<seed:tool_call>\n<function=ping>\n</function>\n</seed:tool_call>", r#"{"city":"Pa\"ris <x>\nline 2","days":3,"ok":true}"#),
         ];
