@@ -701,9 +701,6 @@ KNOWN_PROMPT_DIFFERENCES: dict[str, str] = {
         "prompt and once as the block's (its own test template; its analysis takes "
         "'\\n</think>' for the closing tag)",
     "Kimi-K3.jinja": "reasoning in <|open|>think<|sep|> blocks, which Muser does not know",
-    "tencent-Hy3.jinja":
-        "its tags are built when rendering ('<think{}>'.format(...)), not written in its source, "
-        "so Muser finds none",
     "muse-glimmer.jinja": "reasoning in a message to=self, which Muser does not split",
     "Kimi-K2-Instruct.jinja":
         "llama-server's Kimi K2 handler writes a <think> block when continuing templates that "
@@ -750,10 +747,11 @@ def test_every_template_prompts_as_llama_server_does(tmp_path):
     assert set(found) == set(KNOWN_PROMPT_DIFFERENCES), report
 
 
-# The templates of the XML call formats (seed-oss, minimax-m2, glm-4.5) whose calls and results in
-# the history are compared.
+# The templates of the XML call formats (seed-oss, minimax-m2, glm-4.5, ling-3, hy3) whose calls
+# and results in the history are compared.
 XML_CALL_TEMPLATES = ["ByteDance-Seed-OSS.jinja", "MiniMax-M2.jinja", "GLM-4.6.jinja",
-                      "GLM-4.7-Flash.jinja"]
+                      "GLM-4.7-Flash.jinja", "inclusionai-ling-3.0-flash.jinja",
+                      "tencent-Hy3.jinja"]
 
 
 def call_bodies(rng: random.Random) -> dict[str, dict]:
