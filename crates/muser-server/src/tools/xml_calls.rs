@@ -17,6 +17,12 @@
 //!   (`<arg_key>K</arg_key><arg_value>V</arg_value>`)* and `</tool_call>`, no closing tag of
 //!   the call's own; GLM 4.6 writes a newline after the name and after each tag pair (`newlines`),
 //!   GLM 4.7 none. Non-strings as JSON.
+//! - Ling 3 (Bailing V3): GLM's tags, `<tool_call>NAME\n` (`<arg_key>K</arg_key>\n<arg_value>V</arg_value>`)*
+//!   `\n</tool_call>`: a newline after the name and before the end, none between parameters.
+//! - Tencent Hy3: all the calls in one block, `<tool_calls:opensource>\n`, then per call
+//!   `<tool_call:opensource>NAME<tool_sep:opensource>\n` and GLM 4.6's parameters in
+//!   `:opensource` tags, each followed by a newline, `</tool_call:opensource>\n`, then
+//!   `</tool_calls:opensource>`. Non-strings as JSON.
 //!
 //! The chat templates show the tools themselves.
 //!
@@ -27,9 +33,10 @@
 //! calls in MiniMax's one block). The parameters follow `xml_args` (schema order, raw strings,
 //! JSON otherwise: the grammar makes the model write `true`, `false` and `null` as JSON).
 //! Whitespace: a value is framed by exactly the template's text (Qwen's newlines, GLM 4.6's
-//! newline between its tags); between the other tags, between blocks and after the last one,
-//! nothing, a space, or one or two newlines and an indentation (GLM's name follows its opening
-//! tag right away). A tool or parameter name with a character its tag cannot carry is refused
+//! newline between its tags); between the other tags, exactly the template's newlines where
+//! llama.cpp's reader takes only those (`Syntax::sep`: Qwen, GLM 4.6, Ling 3, Hy3), else
+//! nothing, a space, or one or two newlines and an indentation; between blocks and after the
+//! last one, any of those (GLM's name follows its opening tag right away). A tool or parameter name with a character its tag cannot carry is refused
 //! by the plan.
 //!
 //! # Parse
@@ -296,7 +303,8 @@ pub(super) const LING3: Shape = Shape {
 
 /// Tencent Hy3's: all the calls in one block, `<tool_calls:opensource>\n`, then per call
 /// `<tool_call:opensource>NAME<tool_sep:opensource>\n` (`<arg_key:opensource>K</arg_key:opensource>\n<arg_value:opensource>V</arg_value:opensource>\n`)*
-/// `</tool_call:opensource>\n`, then `</tool_calls:opensource>`.
+/// `</tool_call:opensource>\n`, then `</tool_calls:opensource>` (MiniMax M2's one block, GLM's
+/// tags).
 pub(super) const HY3: Shape = Shape {
     syntax: Syntax {
         format: "Hy3",
@@ -305,22 +313,18 @@ pub(super) const HY3: Shape = Shape {
         close: "</arg_value:opensource>",
         end_tag: "</arg_value:opensource>",
         name_stops: TAG_STOPS,
-        python: false,
         sep: Some("\n"),
+        ..MINIMAX_M2.syntax
     },
     open: "<tool_calls:opensource>",
     close: "</tool_calls:opensource>",
     function: "<tool_call:opensource>",
     name_end: "<tool_sep:opensource>",
-    after_name: None,
-    before_end: "",
     function_close: "</tool_call:opensource>",
     param: "<arg_key:opensource>",
     param_name_end: "</arg_key:opensource>",
     value_open: "<arg_value:opensource>",
     param_close: "</arg_value:opensource>",
-    framed: false,
-    many: true,
     markup: &[
         "<think:opensource>",
         "</think:opensource>",
@@ -334,11 +338,12 @@ pub(super) const HY3: Shape = Shape {
         "<arg_value:opensource>",
         "</arg_value:opensource>",
     ],
+    ..MINIMAX_M2
 };
 
 /// The XML call format a template teaches, other than Qwen's (`detect_qwen`): Seed-OSS's,
-/// MiniMax M2's, GLM's (llama.cpp reads Ling 3's `<arg_key>` calls with a handler of its own,
-/// and MiniMax M3's nested values are not these).
+/// MiniMax M2's, Ling 3's (GLM's tags in `<role>` sections), Hy3's, GLM's (MiniMax M3's nested
+/// values are not these).
 pub(super) fn detect(t: &str) -> Option<Format> {
     let has = |ms: &[&str]| ms.iter().all(|m| t.contains(m));
     if has(&["<seed:tool_call>", "<function=", "<parameter="]) {
