@@ -1,6 +1,6 @@
 // llama.cpp's reading of a chat answer, the oracle of test_chat_reading.py: one JSON request per
 // line on stdin, {"template": PATH, "messages": [...], "tools": [...], "tool_choice": ...,
-// "parallel_tool_calls": BOOL, "text": RAW OUTPUT}; one JSON line per request on stdout, the
+// "parallel_tool_calls": BOOL, "text": RAW OUTPUT, optionally "enable_thinking": BOOL}; one JSON line per request on stdout, the
 // message llama-server would answer ({"content", "reasoning_content", "tool_calls": [{"name",
 // "arguments"}]}) or {"error": WHAT}. The chat parameters are made as llama-server makes them for
 // a chat request (its default reasoning format, thinking on), from the template file alone.
@@ -44,7 +44,8 @@ static json answer(const json & req, std::map<std::string, common_chat_templates
     in.use_jinja = true;
     in.add_generation_prompt = true;
     in.reasoning_format = COMMON_REASONING_FORMAT_DEEPSEEK;
-    in.enable_thinking = true;
+    // (llama-server's chat_template_kwargs {"enable_thinking": false}, where the request says so)
+    in.enable_thinking = req.value("enable_thinking", true);
     const common_chat_params params = common_chat_templates_apply(it->second.get(), in);
 
     common_chat_parser_params pp(params);
