@@ -650,8 +650,10 @@ def test_gemma4_tool_histories_prompt_as_llama_server_does(tmp_path):
 
 def reasoning_family_templates() -> list[str]:
     """llama.cpp's templates that write a pair of reasoning tags of any kind (`<think>`,
-    `<seed:think>`, `<mm:think>`, `[THINK]`, `<|think|>`, `<thinking>`...)."""
-    pairs = re.compile(r"<(\|?)([a-z_]+:)?think(ing)?(\|?)>|\[THINK\]|<\|START_THINKING\|>")
+    `<seed:think>`, `<mm:think>`, `[THINK]`, `<|think|>`, `<thinking>`..., Hy3's built
+    `'<think{}>'.format(HYTK)`)."""
+    pairs = re.compile(r"<(\|?)([a-z_]+:)?think(ing)?(\|?)>|\[THINK\]|<\|START_THINKING\|>"
+                       r"|<think\{\}>")
     return [p.name for p in TEMPLATES if pairs.search(p.read_text())]
 
 
@@ -892,7 +894,10 @@ KNOWN_READING_DIFFERENCES: dict[str, str] = {
 
 
 def reasoning_tags_of(source: str) -> tuple[str, str]:
-    """The pair of reasoning tags a template writes (`<think>` where it writes none)."""
+    """The pair of reasoning tags a template writes (`<think>` where it writes none; Hy3's
+    `<think:opensource>`, which it builds when rendering)."""
+    if all(m in source for m in ["<think{}>", "</think{}>", "':opensource'"]):
+        return ("<think:opensource>", "</think:opensource>")
     return next((p for p in REASONING_TAGS if all(t in source for t in p)), REASONING_TAGS[0])
 
 
