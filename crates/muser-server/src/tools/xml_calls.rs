@@ -34,7 +34,7 @@
 //! JSON otherwise: the grammar makes the model write `true`, `false` and `null` as JSON).
 //! Whitespace: a value is framed by exactly the template's text (Qwen's newlines, GLM 4.6's
 //! newline between its tags); between the other tags, exactly the template's newlines where
-//! llama.cpp's reader takes only those (`Syntax::sep`: Qwen, GLM 4.6, Ling 3, Hy3), else
+//! llama.cpp's reader takes only those (`Syntax::sep`: Qwen, GLM, Ling 3, Hy3), else
 //! nothing, a space, or one or two newlines and an indentation; between blocks and after the
 //! last one, any of those (GLM's name follows its opening tag right away). A tool or parameter name with a character its tag cannot carry is refused
 //! by the plan.
@@ -247,7 +247,8 @@ const GLM_TIGHT: Shape = Shape {
         end_tag: "</arg_value>",
         name_stops: TAG_STOPS,
         python: false,
-        sep: None,
+        // (no whitespace between the tags: llama.cpp reads no call with a line break there)
+        sep: Some(""),
     },
     open: "<tool_call>",
     close: "</tool_call>",
@@ -1614,12 +1615,18 @@ mod tests {
                 .into_iter()
                 .map(|(t, a)| (t.name.as_str(), ordered(&t.parameters, &a)))
                 .collect();
+            // (the whitespace the template writes between the tags)
+            let tws = if format == (Format::Glm { newlines: false }) {
+                ""
+            } else {
+                "\n"
+            };
             for (li, ws) in ["\n", "", " ", "\n\n  "].iter().enumerate() {
                 let text = render_calls(format, &calls, ws, li);
                 // Where the format's separator is exact (llama.cpp's reader takes only the
-                // template's layout), the grammar writes the template's newlines and no other
+                // template's layout), the grammar writes the template's layout and no other
                 // whitespace; the reading takes the other layouts too.
-                let templated = sh.syntax.sep.is_none() || *ws == "\n";
+                let templated = sh.syntax.sep.is_none() || *ws == tws;
                 assert_eq!(
                     g.accepts_str(&text),
                     templated,
@@ -1653,8 +1660,8 @@ mod tests {
             assert!(!g.accepts_str(""));
             assert!(!g.accepts_str("Hello"));
             let (n, a) = &calls[0];
-            let one = render_calls(format, &calls[..1], "\n", 0);
-            let two = render_calls(format, &[calls[0].clone(), calls[0].clone()], "\n", 0);
+            let one = render_calls(format, &calls[..1], tws, 0);
+            let two = render_calls(format, &[calls[0].clone(), calls[0].clone()], tws, 0);
             assert_eq!(g.accepts_str(&two), parallel, "{two:?}");
             assert!(!g.accepts_str(&render_calls(
                 format,
@@ -1663,7 +1670,7 @@ mod tests {
                 0
             )));
             if let Some((o, a)) = other_tool(&mut rng, &r) {
-                let b = render_calls(format, &[(&o.name, ordered(&o.parameters, &a))], "\n", 0);
+                let b = render_calls(format, &[(&o.name, ordered(&o.parameters, &a))], tws, 0);
                 assert!(!g.accepts_str(&b), "other tool taken: {b}");
             }
             let t = r.tools.iter().find(|t| t.name == *n).unwrap();
@@ -1672,7 +1679,7 @@ mod tests {
                     continue;
                 }
                 let bad = ordered(&t.parameters, &bad);
-                let b = render_calls(format, &[(n, bad.clone())], "\n", 0);
+                let b = render_calls(format, &[(n, bad.clone())], tws, 0);
                 let back = format.parse(&b, Some(&r)).tool_calls;
                 if back.len() == 1 && back[0].arguments == serde_json::to_string(&bad).unwrap() {
                     assert!(!g.accepts_str(&b), "round {round}: took {b:?}");
@@ -1830,6 +1837,7 @@ mod tests {
         assert!(!glm46.accepts_str(&nl.replace("<tool_call>f", "<tool_call>\nf")));
         // (the space llama.cpp reads no call with)
         assert!(!glm46.accepts_str(&nl.replace("f\n", "f ")));
+        assert!(!glm47.accepts_str(&tight.replace("f<", "f\n<")));
         // Ling 3: no newline between two parameters, one before the call's end
         let two = req(
             vec![tool(
