@@ -40,7 +40,6 @@ KNOWN_DIFFERENCES: dict[str, str] = {
     # Muser's grammar lets the model write whitespace between the markup that llama.cpp's
     # reader refuses (Muser reads those calls; the grammar should write the template's layout
     # exactly, as it does for Hermes, Mistral, Qwen XML, Kimi K2 and the JSON lists):
-    "GLM-4.6.jinja": "a space where the template writes a line break after the call's name",
     "ibm-granite-granite-3.3-2B-Instruct.jinja":
         "whitespace inside the list, around its call objects' keys",
     # llama.cpp's readers of these two refuse the template's own layout (Muser's grammar

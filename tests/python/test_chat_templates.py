@@ -650,8 +650,10 @@ def test_gemma4_tool_histories_prompt_as_llama_server_does(tmp_path):
 
 def reasoning_family_templates() -> list[str]:
     """llama.cpp's templates that write a pair of reasoning tags of any kind (`<think>`,
-    `<seed:think>`, `<mm:think>`, `[THINK]`, `<|think|>`, `<thinking>`...)."""
-    pairs = re.compile(r"<(\|?)([a-z_]+:)?think(ing)?(\|?)>|\[THINK\]|<\|START_THINKING\|>")
+    `<seed:think>`, `<mm:think>`, `[THINK]`, `<|think|>`, `<thinking>`..., Hy3's built
+    `'<think{}>'.format(HYTK)`)."""
+    pairs = re.compile(r"<(\|?)([a-z_]+:)?think(ing)?(\|?)>|\[THINK\]|<\|START_THINKING\|>"
+                       r"|<think\{\}>")
     return [p.name for p in TEMPLATES if pairs.search(p.read_text())]
 
 
@@ -701,9 +703,6 @@ KNOWN_PROMPT_DIFFERENCES: dict[str, str] = {
         "prompt and once as the block's (its own test template; its analysis takes "
         "'\\n</think>' for the closing tag)",
     "Kimi-K3.jinja": "reasoning in <|open|>think<|sep|> blocks, which Muser does not know",
-    "tencent-Hy3.jinja":
-        "its tags are built when rendering ('<think{}>'.format(...)), not written in its source, "
-        "so Muser finds none",
     "muse-glimmer.jinja": "reasoning in a message to=self, which Muser does not split",
     "Kimi-K2-Instruct.jinja":
         "llama-server's Kimi K2 handler writes a <think> block when continuing templates that "
@@ -750,10 +749,11 @@ def test_every_template_prompts_as_llama_server_does(tmp_path):
     assert set(found) == set(KNOWN_PROMPT_DIFFERENCES), report
 
 
-# The templates of the XML call formats (seed-oss, minimax-m2, glm-4.5, DSML, minicpm5) whose calls and results in
-# the history are compared.
+# The templates of the XML call formats (seed-oss, minimax-m2, glm-4.5, ling-3, hy3, DSML,
+# minicpm5) whose calls and results in the history are compared.
 XML_CALL_TEMPLATES = ["ByteDance-Seed-OSS.jinja", "MiniMax-M2.jinja", "GLM-4.6.jinja",
-                      "GLM-4.7-Flash.jinja", "deepseek-ai-DeepSeek-V3.2.jinja",
+                      "GLM-4.7-Flash.jinja", "inclusionai-ling-3.0-flash.jinja",
+                      "tencent-Hy3.jinja", "deepseek-ai-DeepSeek-V3.2.jinja",
                       "deepseek-ai-DeepSeek-V4.jinja", "deepseek-ai-DeepSeek-V4-Flash-0731.jinja",
                       "openbmb-MiniCPM5-1B.jinja"]
 # Templates of formats that write a call's name in markup and its arguments as JSON, compared
@@ -905,7 +905,10 @@ KNOWN_READING_DIFFERENCES: dict[str, str] = {
 
 
 def reasoning_tags_of(source: str) -> tuple[str, str]:
-    """The pair of reasoning tags a template writes (`<think>` where it writes none)."""
+    """The pair of reasoning tags a template writes (`<think>` where it writes none; Hy3's
+    `<think:opensource>`, which it builds when rendering)."""
+    if all(m in source for m in ["<think{}>", "</think{}>", "':opensource'"]):
+        return ("<think:opensource>", "</think:opensource>")
     return next((p for p in REASONING_TAGS if all(t in source for t in p)), REASONING_TAGS[0])
 
 

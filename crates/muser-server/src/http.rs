@@ -1683,13 +1683,20 @@ mod tests {
             Format::Glm { newlines: false },
             Format::DeepSeekDsml { v4: true },
             Format::MiniCpm5,
+            Format::Ling3,
+            Format::Hy3,
         ];
         let (mut readings, mut reasoned) = (0, 0);
         for round in 0..96 {
             let format = formats[round % formats.len()];
             let r = random_req(&mut rng, round / formats.len(), true);
             let think = [None, Some(true), Some(false)][round % 3];
-            let block = think.map(|opened| (think::THINK, opened));
+            let tags = if format == Format::Hy3 {
+                think::HY3
+            } else {
+                think::THINK
+            };
+            let block = think.map(|opened| (tags, opened));
             let o = Output {
                 format,
                 tools: Some(r.clone()),
@@ -1701,12 +1708,17 @@ mod tests {
             let ws = ["", "\n", "\n\n  "][rng.below(3)];
             let mut text = match think {
                 None => String::new(),
-                Some(true) => format!("Weighing <it>.</think>{ws}"),
-                Some(false) => format!("{ws}<think>Weighing </thin it.</think>{ws}"),
+                Some(true) => format!("Weighing <it>.{}{ws}", tags.close),
+                Some(false) => format!(
+                    "{ws}{}Weighing {} it.{}{ws}",
+                    tags.open,
+                    &tags.close[..tags.close.len() - 2],
+                    tags.close
+                ),
             };
             text += &crate::tools::test_util::random_output(&mut rng, format, &r);
             if round % 4 == 3 {
-                crate::tools::test_util::mutate(&mut rng, &mut text, &["</think>", " "], 12);
+                crate::tools::test_util::mutate(&mut rng, &mut text, &[tags.close, " "], 12);
             }
             let mut settled = Settled::default();
             for p in crate::tools::test_util::prefixes(&text) {
@@ -1835,6 +1847,13 @@ mod tests {
             "<arg_key>b</arg_key>",
             "<arg_value>",
             "</arg_value>",
+            "<tool_calls:opensource>",
+            "<tool_call:opensource>g<tool_sep:opensource>",
+            "<arg_key:opensource>b</arg_key:opensource>",
+            "<arg_value:opensource>",
+            "</arg_value:opensource>",
+            "</tool_call:opensource>",
+            "</tool_calls:opensource>",
             " to=f<|message|><atem:function_calls>",
             "<atem:invoke name=\"g\">",
             "<atem:parameter name=\"b\">",

@@ -170,6 +170,11 @@ pub enum Format {
     /// Functionary v3.1 (`<function=NAME>{...}</function>`) and v3.2 (`>>>NAME\n{...}`
     /// messages, `>>>all\n` for the reply).
     Functionary(functionary::Flavor),
+    /// Ling 3 (Bailing V3): GLM's `<tool_call>NAME\n<arg_key>K</arg_key>\n<arg_value>V</arg_value>...\n</tool_call>`
+    /// in `<role>` sections.
+    Ling3,
+    /// Tencent Hy3: `<tool_calls:opensource>\n<tool_call:opensource>NAME<tool_sep:opensource>\n<arg_key:opensource>K</arg_key:opensource>\n<arg_value:opensource>V</arg_value:opensource>\n</tool_call:opensource>\n</tool_calls:opensource>`.
+    Hy3,
 }
 
 /// Where a lazy call grammar of a format starts, so that it can be made to wait for the end of
@@ -263,6 +268,8 @@ impl Format {
             Format::SolarOpen => "solar-open",
             Format::Functionary(functionary::Flavor::V31) => "functionary-v3.1",
             Format::Functionary(functionary::Flavor::V32) => "functionary-v3.2",
+            Format::Ling3 => "ling-3",
+            Format::Hy3 => "hy3",
         }
     }
 
@@ -278,7 +285,9 @@ impl Format {
             | Format::MiniMaxM2
             | Format::Glm { .. }
             | Format::DeepSeekDsml { .. }
-            | Format::MiniCpm5 => Some(self.xml_shape().lazy_start()),
+            | Format::MiniCpm5
+            | Format::Ling3
+            | Format::Hy3 => Some(self.xml_shape().lazy_start()),
             Format::Llama3 { .. } => Some(llama3::LAZY_START),
             Format::MistralNemo | Format::Mistral { .. } => Some(mistral::LAZY_START),
             Format::DeepSeekR1 | Format::DeepSeekV31 => Some(deepseek::LAZY_START),
@@ -304,7 +313,9 @@ impl Format {
             | Format::MiniMaxM2
             | Format::Glm { .. }
             | Format::DeepSeekDsml { .. }
-            | Format::MiniCpm5 => self.xml_shape().markup,
+            | Format::MiniCpm5
+            | Format::Ling3
+            | Format::Hy3 => self.xml_shape().markup,
             Format::Llama3 {
                 builtin_tools: false,
             } => llama3::MARKUP,
@@ -431,7 +442,9 @@ impl Format {
             | Format::MiniMaxM2
             | Format::Glm { .. }
             | Format::DeepSeekDsml { .. }
-            | Format::MiniCpm5 => xml_calls::plan(self.xml_shape(), req),
+            | Format::MiniCpm5
+            | Format::Ling3
+            | Format::Hy3 => xml_calls::plan(self.xml_shape(), req),
             Format::Llama3 { builtin_tools } => llama3::plan(req, builtin_tools),
             Format::MistralNemo => mistral::plan(req, mistral::Flavor::Nemo),
             Format::Mistral { call_id } => mistral::plan(req, mistral::Flavor::Args { call_id }),
@@ -459,7 +472,9 @@ impl Format {
             | Format::MiniMaxM2
             | Format::Glm { .. }
             | Format::DeepSeekDsml { .. }
-            | Format::MiniCpm5 => xml_calls::parse(self.xml_shape(), text, req),
+            | Format::MiniCpm5
+            | Format::Ling3
+            | Format::Hy3 => xml_calls::parse(self.xml_shape(), text, req),
             Format::Llama3 { builtin_tools } => llama3::parse(text, req, builtin_tools),
             Format::MistralNemo => mistral::parse(text, req, mistral::Flavor::Nemo),
             Format::Mistral { call_id } => {
@@ -515,7 +530,9 @@ impl Format {
             | Format::MiniMaxM2
             | Format::Glm { .. }
             | Format::DeepSeekDsml { .. }
-            | Format::MiniCpm5 => xml_calls::parse_partial(self.xml_shape(), text, req, from),
+            | Format::MiniCpm5
+            | Format::Ling3
+            | Format::Hy3 => xml_calls::parse_partial(self.xml_shape(), text, req, from),
             Format::Llama3 { builtin_tools } => llama3::parse_partial(text, req, builtin_tools),
             Format::MistralNemo => mistral::parse_partial(text, req, mistral::Flavor::Nemo, from),
             Format::Mistral { call_id } => {
@@ -543,6 +560,8 @@ impl Format {
             Format::Glm { newlines } => xml_calls::glm(newlines),
             Format::DeepSeekDsml { v4 } => xml_calls::dsml(v4),
             Format::MiniCpm5 => &xml_calls::MINICPM5,
+            Format::Ling3 => &xml_calls::LING3,
+            Format::Hy3 => &xml_calls::HY3,
             _ => &xml_calls::QWEN,
         }
     }
@@ -2147,6 +2166,23 @@ pub(crate) mod test_util {
                 }
                 s
             }
+            Format::Ling3 => {
+                let mut s = format!("{name}\n");
+                for (k, v) in params {
+                    s += &format!("<arg_key>{k}</arg_key>\n<arg_value>{}</arg_value>", raw(v));
+                }
+                s + "\n"
+            }
+            Format::Hy3 => {
+                let mut s = format!("<tool_call:opensource>{name}<tool_sep:opensource>\n");
+                for (k, v) in params {
+                    s += &format!(
+                        "<arg_key:opensource>{k}</arg_key:opensource>\n<arg_value:opensource>{}</arg_value:opensource>\n",
+                        raw(v)
+                    );
+                }
+                s + "</tool_call:opensource>"
+            }
             Format::Atem => {
                 let mut s = format!("<atem:invoke name=\"{name}\">\n");
                 for (k, v) in params {
@@ -2219,6 +2255,15 @@ pub(crate) mod test_util {
                 .iter()
                 .map(|c| format!("<tool_call>{c}</tool_call>"))
                 .collect(),
+            Format::Ling3 => calls
+                .iter()
+                .map(|c| format!("<tool_call>{c}</tool_call>"))
+                .collect::<Vec<_>>()
+                .join("\n"),
+            Format::Hy3 => format!(
+                "<tool_calls:opensource>\n{}\n</tool_calls:opensource>",
+                calls.join("\n")
+            ),
             Format::Mistral { .. } => calls.iter().map(|c| format!("[TOOL_CALLS]{c}")).collect(),
             Format::Atem => {
                 let name = calls[0].split('"').nth(1).unwrap_or_default().to_string();
@@ -2354,6 +2399,8 @@ pub(crate) mod test_util {
         Format::SolarOpen,
         Format::Functionary(super::functionary::Flavor::V31),
         Format::Functionary(super::functionary::Flavor::V32),
+        Format::Ling3,
+        Format::Hy3,
     ];
 
     /// Every prefix of `s` at a character boundary, "" and `s` included.
@@ -2404,7 +2451,14 @@ mod tests {
             Format::MiniMaxM2 => format!(
                 "<minimax:tool_call>\n<invoke name=\"{name}\">\n</invoke>\n</minimax:tool_call>"
             ),
-            Format::Glm { .. } => format!("<tool_call>{name}</tool_call>"),
+            Format::Glm { newlines } => {
+                let nl = if newlines { "\n" } else { "" };
+                format!("<tool_call>{name}{nl}</tool_call>")
+            }
+            Format::Ling3 => format!("<tool_call>{name}\n\n</tool_call>"),
+            Format::Hy3 => format!(
+                "<tool_calls:opensource>\n<tool_call:opensource>{name}<tool_sep:opensource>\n</tool_call:opensource>\n</tool_calls:opensource>"
+            ),
             Format::Lfm2 => format!("<|tool_call_start|>[{name}()]<|tool_call_end|>"),
             Format::DeepSeekDsml { v4 } => {
                 let sh = xml_calls::dsml(v4);
@@ -2583,6 +2637,8 @@ mod tests {
         Format::SolarOpen,
         Format::Functionary(functionary::Flavor::V31),
         Format::Functionary(functionary::Flavor::V32),
+        Format::Ling3,
+        Format::Hy3,
     ];
 
     /// A call of a tool the request does not offer is text: no grammar held it, and the client
@@ -2763,6 +2819,8 @@ mod tests {
             ("GLM-4.7-Flash.jinja", Format::Glm { newlines: false }),
             ("MiniMax-M2.jinja", Format::MiniMaxM2),
             ("ByteDance-Seed-OSS.jinja", Format::SeedOss),
+            ("inclusionai-ling-3.0-flash.jinja", Format::Ling3),
+            ("tencent-Hy3.jinja", Format::Hy3),
             ("MiniMax-M3.jinja", Format::Generic),
             (
                 "poolside-Laguna-S-2.1.jinja",

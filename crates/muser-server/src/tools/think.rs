@@ -4,7 +4,8 @@
 //! `</think>` (DeepSeek R1, Qwen 3, QwQ, GLM, Nemotron and the other templates that write
 //! them), `[THINK]` / `[/THINK]` (Ministral 3, whose calls then follow in the `mistral`
 //! format), `<seed:think>` / `</seed:think>` (ByteDance Seed-OSS), `<mm:think>` /
-//! `</mm:think>` (MiniMax M3), `<|START_THINKING|>` / `<|END_THINKING|>` (Cohere) or Gemma 4's
+//! `</mm:think>` (MiniMax M3), `<think:opensource>` / `</think:opensource>` (Tencent Hy3),
+//! `<|START_THINKING|>` / `<|END_THINKING|>` (Cohere) or Gemma 4's
 //! thought channel, `<|channel>thought` / `<channel|>` (whose calls then follow in the `gemma4`
 //! format, which also reads the thought channels later in the reply).
 //!
@@ -75,15 +76,23 @@ pub const GEMMA: Tags = Tags {
     ..pair("<|channel>thought", "<channel|>")
 };
 
+/// Tencent Hy3's.
+pub const HY3: Tags = pair("<think:opensource>", "</think:opensource>");
+
 /// Every pair, in the order a template's source is searched for them.
-pub const ALL: [Tags; 6] = [THINK, BRACKETS, SEED, MINIMAX, COHERE, GEMMA];
+pub const ALL: [Tags; 7] = [THINK, BRACKETS, SEED, MINIMAX, COHERE, GEMMA, HY3];
 
 impl Tags {
     /// The tags a chat template writes reasoning in: the first pair of [`ALL`] whose both
     /// tags its source writes, else None.
     pub fn of_template(template: &str) -> Option<Tags> {
+        // Hy3 builds its tags when rendering (`'<think{}>'.format(HYTK)`, HYTK ':opensource').
+        let hy3 = ["<think{}>", "</think{}>", "':opensource'"]
+            .iter()
+            .all(|m| template.contains(m));
         ALL.into_iter()
             .find(|t| template.contains(t.open) && template.contains(t.close))
+            .or(hy3.then_some(HY3))
     }
 
     /// Whether a rendered prompt leaves its output inside an opened block.
@@ -429,6 +438,7 @@ mod tests {
             ("MiniMax-M3.jinja", MINIMAX),
             ("google-gemma-4-31B-it.jinja", GEMMA),
             ("google-gemma-4-31B-it-interleaved.jinja", GEMMA),
+            ("tencent-Hy3.jinja", HY3),
         ] {
             let src = super::super::test_util::template(file).unwrap();
             assert_eq!(Tags::of_template(&src), Some(tags), "{file}");
@@ -627,6 +637,7 @@ mod trigger_tests {
             "<tool_call>",
             "<|x|>",
             "<|tool_call>",
+            "<tool_calls:opensource>",
         ]) {
             let mut pieces = vec![t.open, t.close, call, "x", " ", "\n", "{", "\"name\""];
             pieces.extend(pieces_of(t.open).into_iter().skip(t.open.len()));

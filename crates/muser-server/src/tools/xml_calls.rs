@@ -26,6 +26,12 @@
 //!   `<function name="NAME">` (`<param name="K">V</param>`)* `</function>`; non-strings
 //!   written with jinja's `{{ }}` (Python's spellings), strings holding `<`, `&` or a line
 //!   break in `<![CDATA[...]]>`, which the reading takes off.
+//! - Ling 3 (Bailing V3): GLM's tags, `<tool_call>NAME\n` (`<arg_key>K</arg_key>\n<arg_value>V</arg_value>`)*
+//!   `\n</tool_call>`: a newline after the name and before the end, none between parameters.
+//! - Tencent Hy3: all the calls in one block, `<tool_calls:opensource>\n`, then per call
+//!   `<tool_call:opensource>NAME<tool_sep:opensource>\n` and GLM 4.6's parameters in
+//!   `:opensource` tags, each followed by a newline, `</tool_call:opensource>\n`, then
+//!   `</tool_calls:opensource>`. Non-strings as JSON.
 //!
 //! The chat templates show the tools themselves.
 //!
@@ -36,10 +42,11 @@
 //! calls in MiniMax's one block). The parameters follow `xml_args` (schema order, raw strings,
 //! JSON otherwise: the grammar makes the model write `true`, `false` and `null` as JSON).
 //! Whitespace: a value is framed by exactly the template's text (Qwen's newlines, GLM 4.6's
-//! newline between its tags); between the other tags, between blocks and after the last one,
-//! nothing, a space, or one or two newlines and an indentation (GLM's name follows its opening
-//! tag right away), except where the template's layout is all its model's reader takes (Qwen,
-//! DSML, MiniCPM5: exactly the template's text between the tags; nothing after DSML's block). A tool or parameter name with a character its tag cannot carry is refused
+//! newline between its tags); between the other tags, exactly the template's text where
+//! llama.cpp's reader takes only that (`Syntax::sep`: Qwen, GLM, Ling 3, Hy3, DSML, MiniCPM5;
+//! nothing after DSML's block), else nothing, a space, or one or two newlines and an
+//! indentation; between blocks and after the last one, any of those (GLM's name follows its
+//! opening tag right away). A tool or parameter name with a character its tag cannot carry is refused
 //! by the plan.
 //!
 //! # Parse
@@ -78,6 +85,13 @@ pub(super) struct Shape {
     pub function: &'static str,
     /// The text after a call's name; empty where the name ends at whitespace or `<` (GLM).
     pub name_end: &'static str,
+    /// What the grammar writes after the call's name (and `name_end`) where it is not the
+    /// separator written after each parameter (Ling 3 writes a newline there and none between
+    /// its parameters); None: that separator.
+    pub after_name: Option<&'static str>,
+    /// What the grammar writes after the last parameter, before the call's end (Ling 3's
+    /// newline before `</tool_call>`).
+    pub before_end: &'static str,
     /// A call's closing tag; empty where the block's closing tag ends the call (GLM).
     pub function_close: &'static str,
     /// The text before a parameter's name, and after it.
@@ -143,6 +157,8 @@ pub(super) const QWEN: Shape = Shape {
     close: "</tool_call>",
     function: "<function=",
     name_end: ">",
+    after_name: None,
+    before_end: "",
     function_close: "</function>",
     param: "<parameter=",
     param_name_end: ">",
@@ -206,6 +222,8 @@ pub(super) const MINIMAX_M2: Shape = Shape {
     close: "</minimax:tool_call>",
     function: "<invoke name=\"",
     name_end: "\">",
+    after_name: None,
+    before_end: "",
     function_close: "</invoke>",
     param: "<parameter name=\"",
     param_name_end: "\">",
@@ -253,13 +271,16 @@ const GLM_TIGHT: Shape = Shape {
         end_tag: "</arg_value>",
         name_stops: TAG_STOPS,
         python: false,
-        sep: None,
+        // (no whitespace between the tags: llama.cpp reads no call with a line break there)
+        sep: Some(""),
         required_first: false,
     },
     open: "<tool_call>",
     close: "</tool_call>",
     function: "",
     name_end: "",
+    after_name: None,
+    before_end: "",
     function_close: "",
     param: "<arg_key>",
     param_name_end: "</arg_key>",
@@ -272,9 +293,12 @@ const GLM_TIGHT: Shape = Shape {
     markup: GLM_MARKUP,
 };
 
+/// GLM 4.6's: a newline after the name and after each parameter, exactly (llama.cpp reads no
+/// call with a space there).
 const GLM_NEWLINES: Shape = Shape {
     syntax: Syntax {
         open: |k, _| format!("<arg_key>{k}</arg_key>\n<arg_value>"),
+        sep: Some("\n"),
         ..GLM_TIGHT.syntax
     },
     ..GLM_TIGHT
@@ -299,6 +323,8 @@ pub(super) const DSML_V32: Shape = Shape {
     close: "</｜DSML｜function_calls>",
     function: "<｜DSML｜invoke name=\"",
     name_end: "\">",
+    after_name: None,
+    before_end: "",
     function_close: "</｜DSML｜invoke>",
     param: "<｜DSML｜parameter name=\"",
     param_name_end: "\"",
@@ -361,6 +387,8 @@ pub(super) const MINICPM5: Shape = Shape {
     close: "</function>",
     function: "",
     name_end: "\">",
+    after_name: None,
+    before_end: "",
     function_close: "",
     param: "<param name=\"",
     param_name_end: "\">",
@@ -373,10 +401,76 @@ pub(super) const MINICPM5: Shape = Shape {
     markup: &["<function", "<param", "</function>", "</param>"],
 };
 
+/// Ling 3's (Bailing V3): GLM's tags, a newline after the name, none between the parameters,
+/// a newline before `</tool_call>`.
+pub(super) const LING3: Shape = Shape {
+    syntax: Syntax {
+        format: "Ling 3",
+        prefix: "ling",
+        sep: Some(""),
+        ..GLM_NEWLINES.syntax
+    },
+    after_name: Some("\n"),
+    before_end: "\n",
+    markup: &[
+        "<think>",
+        "</think>",
+        "<tool_call>",
+        "</tool_call>",
+        "<arg_key>",
+        "</arg_key>",
+        "<arg_value>",
+        "</arg_value>",
+        "<|role_end|>",
+    ],
+    ..GLM_TIGHT
+};
+
+/// Tencent Hy3's: all the calls in one block, `<tool_calls:opensource>\n`, then per call
+/// `<tool_call:opensource>NAME<tool_sep:opensource>\n` (`<arg_key:opensource>K</arg_key:opensource>\n<arg_value:opensource>V</arg_value:opensource>\n`)*
+/// `</tool_call:opensource>\n`, then `</tool_calls:opensource>` (MiniMax M2's one block, GLM's
+/// tags).
+pub(super) const HY3: Shape = Shape {
+    syntax: Syntax {
+        format: "Hy3",
+        prefix: "hy",
+        open: |k, _| {
+            format!("<arg_key:opensource>{k}</arg_key:opensource>\n<arg_value:opensource>")
+        },
+        close: "</arg_value:opensource>",
+        end_tag: "</arg_value:opensource>",
+        name_stops: TAG_STOPS,
+        sep: Some("\n"),
+        ..MINIMAX_M2.syntax
+    },
+    open: "<tool_calls:opensource>",
+    close: "</tool_calls:opensource>",
+    function: "<tool_call:opensource>",
+    name_end: "<tool_sep:opensource>",
+    function_close: "</tool_call:opensource>",
+    param: "<arg_key:opensource>",
+    param_name_end: "</arg_key:opensource>",
+    value_open: &["<arg_value:opensource>"],
+    param_close: "</arg_value:opensource>",
+    markup: &[
+        "<think:opensource>",
+        "</think:opensource>",
+        "<tool_calls:opensource>",
+        "</tool_calls:opensource>",
+        "<tool_call:opensource>",
+        "</tool_call:opensource>",
+        "<tool_sep:opensource>",
+        "<arg_key:opensource>",
+        "</arg_key:opensource>",
+        "<arg_value:opensource>",
+        "</arg_value:opensource>",
+    ],
+    ..MINIMAX_M2
+};
+
 /// The XML call format a template teaches, other than Qwen's (`detect_qwen`): DeepSeek's DSML,
-/// MiniCPM5's (by llama.cpp's tests for them), Seed-OSS's, MiniMax M2's, GLM's (llama.cpp reads
-/// Ling 3's `<arg_key>` calls with a handler of its own, and MiniMax M3's nested values are
-/// not these).
+/// MiniCPM5's (by llama.cpp's tests for them), Seed-OSS's, MiniMax M2's, Ling 3's (GLM's tags in
+/// `<role>` sections), Hy3's, GLM's (MiniMax M3's nested values are not these).
 pub(super) fn detect(t: &str) -> Option<Format> {
     let has = |ms: &[&str]| ms.iter().all(|m| t.contains(m));
     // (the templates spell DSML's tags with a variable, `dsml_token`; V3.2's blocks are
@@ -395,9 +489,22 @@ pub(super) fn detect(t: &str) -> Option<Format> {
         Some(Format::SeedOss)
     } else if has(&["<minimax:tool_call>", "<invoke name=", "<parameter name="]) {
         Some(Format::MiniMaxM2)
-    } else if has(&["<tool_call>", "<arg_key>", "<arg_value>"])
-        && !t.contains("<role>ASSISTANT</role>")
-    {
+    } else if has(&[
+        "<tool_call>",
+        "<arg_key>",
+        "<arg_value>",
+        "<role>ASSISTANT</role>",
+    ]) {
+        Some(Format::Ling3)
+    } else if has(&[
+        "<tool_calls{}>",
+        "<tool_sep{}>",
+        "<arg_key{}>",
+        "':opensource'",
+    ]) {
+        // (Hy3 builds its tags when rendering: `'<tool_sep{}>'.format(HYTK)`)
+        Some(Format::Hy3)
+    } else if has(&["<tool_call>", "<arg_key>", "<arg_value>"]) {
         // a newline after `</arg_key>`, as the template writes it or in a string literal
         Some(Format::Glm {
             newlines: t.contains("</arg_key>\n") || t.contains("</arg_key>\\n"),
@@ -455,9 +562,11 @@ pub(super) fn plan(sh: &Shape, req: &ToolRequest) -> Result<Option<Plan>, String
         } else {
             format!("{} {sep}", literal(sh.function_close))
         };
+        let after_name = sh.after_name.map_or_else(|| sep.clone(), literal);
         rules.push_str(&format!(
-            "{rule} ::= {} {sep} {seq} {end}\n",
+            "{rule} ::= {} {after_name} {seq} {} {end}\n",
             literal(&format!("{}{}{}", sh.function, tool.name, sh.name_end)),
+            literal(sh.before_end),
         ));
         alts.push(rule);
     }
@@ -1579,7 +1688,7 @@ mod tests {
     }
 
     /// The formats of the family other than Qwen's.
-    const OTHERS: [Format; 7] = [
+    const OTHERS: &[Format] = &[
         Format::SeedOss,
         Format::MiniMaxM2,
         Format::Glm { newlines: true },
@@ -1587,6 +1696,8 @@ mod tests {
         Format::DeepSeekDsml { v4: false },
         Format::DeepSeekDsml { v4: true },
         Format::MiniCpm5,
+        Format::Ling3,
+        Format::Hy3,
     ];
 
     /// Whether parameter `k` of tool `name` in `r` admits strings (DSML's `string="true"`).
@@ -1600,7 +1711,11 @@ mod tests {
 
     /// The layout between tags that `format`'s grammar writes, where it writes one only.
     fn template_ws(format: Format) -> Option<&'static str> {
-        format.xml_shape().syntax.sep
+        match format {
+            // (`render_calls` writes Ling's newlines after the name and before the end as `ws`)
+            Format::Ling3 => Some("\n"),
+            _ => format.xml_shape().syntax.sep,
+        }
     }
 
     /// Calls as `format`'s template writes them, `ws` between the tags where the template
@@ -1659,6 +1774,24 @@ mod tests {
                     }
                     s + "</tool_call>"
                 }
+                // (no newline between the parameters)
+                Format::Ling3 => {
+                    let mut s = format!("<tool_call>{name}{ws}");
+                    for (k, x) in args {
+                        s += &format!("<arg_key>{k}</arg_key>\n<arg_value>{}</arg_value>", v(x));
+                    }
+                    s + &format!("{ws}</tool_call>")
+                }
+                Format::Hy3 => {
+                    let mut s = format!("<tool_call:opensource>{name}<tool_sep:opensource>{ws}");
+                    for (k, x) in args {
+                        s += &format!(
+                            "<arg_key:opensource>{k}</arg_key:opensource>\n<arg_value:opensource>{}</arg_value:opensource>{ws}",
+                            v(x)
+                        );
+                    }
+                    s + &format!("</tool_call:opensource>{ws}")
+                }
                 other => unreachable!("{other:?}"),
             }
         };
@@ -1679,7 +1812,7 @@ mod tests {
     fn other_xml_formats_grammar_accepts_calls_and_refuses_wrong_ones() {
         let mut rng = Rng(0x5EED_0A7E);
         let mut refused_args = 0;
-        for round in 0..224 {
+        for round in 0..32 * OTHERS.len() {
             let format = OTHERS[round % OTHERS.len()];
             let sh = format.xml_shape();
             let parallel = round % 2 == 1;
@@ -1710,8 +1843,19 @@ mod tests {
                     check_text_around(format, &r, &g, &text, calls.len());
                 }
                 check_stream_calls(format, &text, &r);
+                // Streaming has sent the calls by the end, whole but where a raw value opens
+                // a JSON string it does not close (more text could close it, and the JSON
+                // reading would then win): there a prefix, which the final reading completes.
                 let end = format.parse_partial(&text, Some(&r));
-                assert_eq!(end.tool_calls, parsed.tool_calls, "{text:?}");
+                assert_eq!(end.tool_calls.len(), parsed.tool_calls.len(), "{text:?}");
+                for (e, c) in end.tool_calls.iter().zip(&parsed.tool_calls) {
+                    assert_eq!(e.name, c.name);
+                    assert!(c.arguments.starts_with(&e.arguments), "{text:?}");
+                }
+                assert_eq!(
+                    format.parse_final(&text, Some(&r)).tool_calls,
+                    parsed.tool_calls
+                );
             }
             assert!(!g.accepts_str(""));
             assert!(!g.accepts_str("Hello"));
@@ -1781,6 +1925,15 @@ mod tests {
             "</param>",
             "<![CDATA[",
             "]]>",
+            "<tool_calls:opensource>",
+            "</tool_calls:opensource>",
+            "<tool_call:opensource>",
+            "<tool_sep:opensource>",
+            "</tool_call:opensource>",
+            "<arg_key:opensource>",
+            "</arg_key:opensource>",
+            "<arg_value:opensource>",
+            "</arg_value:opensource>",
             "\">",
             "{\"a\": \"",
             "1",
@@ -1790,7 +1943,7 @@ mod tests {
         ];
         let mut rng = Rng(0x5EED_0A7F);
         let (mut checked, mut with_calls) = (0usize, 0usize);
-        for round in 0..336 {
+        for round in 0..48 * OTHERS.len() {
             let format = OTHERS[round % OTHERS.len()];
             let r = random_req(&mut rng, round / OTHERS.len(), true);
             let mut text = random_output(&mut rng, format, &r);
@@ -1831,9 +1984,18 @@ mod tests {
             detect("'<tool_call>' ~ name ~ '<arg_key>' ~ k ~ '</arg_key>\\n<arg_value>'"),
             Some(Format::Glm { newlines: true })
         );
-        // Ling 3's, which llama.cpp reads with its own handler
+        // Ling 3's: GLM's tags in `<role>` sections
         assert_eq!(
             detect("<role>ASSISTANT</role><tool_call><arg_key><arg_value>"),
+            Some(Format::Ling3)
+        );
+        // Hy3's, built when rendering
+        assert_eq!(
+            detect("HYTK = ':opensource' '<tool_calls{}>' '<tool_sep{}>' '<arg_key{}>'"),
+            Some(Format::Hy3)
+        );
+        assert_eq!(
+            detect("'<tool_calls{}>' '<tool_sep{}>' '<arg_key{}>'"),
             None
         );
         assert_eq!(detect("<tool_call><function=f><parameter=k>"), None);
@@ -1865,6 +2027,8 @@ mod tests {
                 Format::DeepSeekDsml { v4: true },
             ),
             ("openbmb-MiniCPM5-1B.jinja", Format::MiniCpm5),
+            ("inclusionai-ling-3.0-flash.jinja", Format::Ling3),
+            ("tencent-Hy3.jinja", Format::Hy3),
         ];
         check_detect_all(detect, &ours);
         // the shapes' names in errors, the value framing, GLM's name right after its tag
@@ -1877,6 +2041,8 @@ mod tests {
             (Format::MiniMaxM2, "a\"b", "MiniMax M2"),
             (Format::Glm { newlines: true }, "a b", "GLM"),
             (Format::Glm { newlines: false }, "a<b", "GLM"),
+            (Format::Ling3, "a b", "Ling 3"),
+            (Format::Hy3, "a<b", "Hy3"),
         ] {
             let e = format
                 .plan(&req(
@@ -1927,6 +2093,29 @@ mod tests {
             assert!(!g.accepts_str(&call(&b.replace("true", "false"))));
             assert!(!g.accepts_str(&format!("{}\n", call(b))));
         }
+        // (the space llama.cpp reads no call with)
+        assert!(!glm46.accepts_str(&nl.replace("f\n", "f ")));
+        assert!(!glm47.accepts_str(&tight.replace("f<", "f\n<")));
+        // Ling 3: no newline between two parameters, one before the call's end
+        let two = req(
+            vec![tool(
+                "f",
+                json!({"properties": {"a": {"type": "integer"}, "b": {"type": "string"}},
+                       "required": ["a", "b"]}),
+            )],
+            ToolChoice::Required,
+            false,
+        );
+        let ling = grammar(&Format::Ling3.plan(&two).unwrap().unwrap());
+        let l = "<tool_call>f\n<arg_key>a</arg_key>\n<arg_value>1</arg_value><arg_key>b</arg_key>\n<arg_value>x y</arg_value>\n</tool_call>";
+        assert!(ling.accepts_str(l));
+        assert!(!ling.accepts_str(&l.replace("</arg_value><", "</arg_value>\n<")));
+        assert!(!ling.accepts_str(&l.replace("\n</tool_call>", "</tool_call>")));
+        let hy = grammar(&Format::Hy3.plan(&two).unwrap().unwrap());
+        let h = "<tool_calls:opensource>\n<tool_call:opensource>f<tool_sep:opensource>\n<arg_key:opensource>a</arg_key:opensource>\n<arg_value:opensource>1</arg_value:opensource>\n<arg_key:opensource>b</arg_key:opensource>\n<arg_value:opensource>x y</arg_value:opensource>\n</tool_call:opensource>\n</tool_calls:opensource>";
+        assert!(hy.accepts_str(h));
+        assert!(!hy.accepts_str(&h.replace(">\n<arg_key", "><arg_key")));
+        assert!(!hy.accepts_str(&h.replace("<tool_sep:opensource>\n", "<tool_sep:opensource>")));
         let seed = g(Format::SeedOss);
         let s = "<seed:tool_call>\n<function=f>\n<parameter=a>1</parameter>\n</function>\n</seed:tool_call>";
         assert!(seed.accepts_str(s));
@@ -1943,6 +2132,8 @@ mod tests {
         let cases = [
             (Format::Glm { newlines: true }, "\n<think></think>\nLet me check.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Pa\"ris <x>\nline 2</arg_value>\n<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n<arg_key>o</arg_key>\n<arg_value>{\"b\": \"<&'é>\", \"a\": [true, null]}</arg_value>\n</tool_call>\n<tool_call>ping\n</tool_call>", want),
             (Format::Glm { newlines: false }, "Let me check.<tool_call>get_weather<arg_key>city</arg_key><arg_value>Pa\"ris <x>\nline 2</arg_value><arg_key>days</arg_key><arg_value>3</arg_value><arg_key>o</arg_key><arg_value>{\"b\": \"<&'é>\", \"a\": [true, null]}</arg_value></tool_call><tool_call>ping</tool_call>", want),
+            (Format::Ling3, "Let me check.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Pa\"ris <x>\nline 2</arg_value><arg_key>days</arg_key>\n<arg_value>3</arg_value><arg_key>o</arg_key>\n<arg_value>{\"b\": \"<&'é>\", \"a\": [true, null]}</arg_value>\n</tool_call>\n<tool_call>ping\n\n</tool_call>", want),
+            (Format::Hy3, "Let me check.<tool_calls:opensource>\n<tool_call:opensource>get_weather<tool_sep:opensource>\n<arg_key:opensource>city</arg_key:opensource>\n<arg_value:opensource>Pa\"ris <x>\nline 2</arg_value:opensource>\n<arg_key:opensource>days</arg_key:opensource>\n<arg_value:opensource>3</arg_value:opensource>\n<arg_key:opensource>o</arg_key:opensource>\n<arg_value:opensource>{\"b\": \"<&'é>\", \"a\": [true, null]}</arg_value:opensource>\n</tool_call:opensource>\n<tool_call:opensource>ping<tool_sep:opensource>\n</tool_call:opensource>\n</tool_calls:opensource>", want),
             (Format::MiniMaxM2, "Let me check.\n<minimax:tool_call>\n<invoke name=\"get_weather\">\n<parameter name=\"city\">Pa\"ris <x>\nline 2</parameter>\n<parameter name=\"days\">3</parameter>\n<parameter name=\"o\">{\"b\": \"<&'é>\", \"a\": [true, null]}</parameter>\n</invoke>\n<invoke name=\"ping\">\n</invoke>\n</minimax:tool_call>", want),
             (Format::DeepSeekDsml { v4: false }, "Let me check.\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"get_weather\">\n<｜DSML｜parameter name=\"city\" string=\"true\">Pa\"ris <x>\nline 2</｜DSML｜parameter>\n<｜DSML｜parameter name=\"days\" string=\"false\">3</｜DSML｜parameter>\n<｜DSML｜parameter name=\"o\" string=\"false\">{\"b\": \"<&'é>\", \"a\": [true, null]}</｜DSML｜parameter>\n</｜DSML｜invoke>\n<｜DSML｜invoke name=\"ping\">\n</｜DSML｜invoke>\n</｜DSML｜function_calls>", want),
             (Format::DeepSeekDsml { v4: true }, "Let me check.\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_weather\">\n<｜DSML｜parameter name=\"city\" string=\"true\">Pa\"ris <x>\nline 2</｜DSML｜parameter>\n<｜DSML｜parameter name=\"days\" string=\"false\">3</｜DSML｜parameter>\n<｜DSML｜parameter name=\"o\" string=\"false\">{\"b\": \"<&'é>\", \"a\": [true, null]}</｜DSML｜parameter>\n</｜DSML｜invoke>\n<｜DSML｜invoke name=\"ping\">\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>", want),
