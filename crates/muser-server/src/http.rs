@@ -1855,6 +1855,13 @@ mod tests {
             "<TOOLCALL>[{\"name\": \"g\", \"arguments\": ",
             "<|START_ACTION|>[{\"tool_name\": \"f\", \"parameters\": ",
             "<|tool_call|>[{\"name\": \"f\", \"arguments\": ",
+            "<tool_calls>[{\"name\": \"g\", \"arguments\": ",
+            " functools[{\"name\": \"f\", \"arguments\": ",
+            "<tool_calls>\n{\"name\": \"f\", \"arguments\": ",
+            "<|message_sep|>\n\nfunction call<|role_sep|>\n{\"name\": \"g\", \"arguments\": ",
+            "<|function_call|>{\"name\": \"f\", \"arguments\": ",
+            "}}",
+            "</tool_calls>",
             "}]",
             "</TOOLCALL>",
             "<|END_ACTION|>",
@@ -1892,7 +1899,7 @@ mod tests {
         let choices = [ToolChoice::Auto, ToolChoice::Required, ToolChoice::None];
         let mut rng = Rng(0x50_4B5E);
         let mut calls = 0;
-        for round in 0..1800 {
+        for round in 0..3000 {
             let r = req(tools.clone(), choices[rng.below(3)].clone(), rng.coin());
             let o = Output {
                 format: FORMATS[round % FORMATS.len()],
