@@ -131,7 +131,13 @@ def template_files(tmp: Path) -> dict[str, Path | None]:
                           ("ByteDance-Seed-OSS.jinja", "seed-oss"),
                           ("MiniMax-M2.jinja", "minimax-m2-think"),
                           ("GLM-4.6.jinja", "glm-4.5"),
-                          ("GLM-4.7-Flash.jinja", "glm-4.5-think")]:
+                          ("GLM-4.7-Flash.jinja", "glm-4.5-think"),
+                          ("unsloth-Apriel-1.5.jinja", "apriel"),
+                          ("Apriel-1.6-15b-Thinker-fixed.jinja", "apriel-think"),
+                          ("fireworks-ai-llama-3-firefunction-v2.jinja", "firefunction-v2"),
+                          ("MiniMax-M1.jinja", "minimax-m1"),
+                          ("GigaChat3-10B-A1.8B.jinja", "gigachat-v3"),
+                          ("GigaChat3.1-10B-A1.8B.jinja", "gigachat-v3.1")]:
             if (TEMPLATES / name).exists():
                 out[fmt] = TEMPLATES / name
     return out
@@ -159,11 +165,12 @@ def client_of(server) -> openai.OpenAI:
 
 # Formats whose templates think in <think> tags, Seed-OSS's <seed:think> or Cohere's (the
 # model here never closes the block by itself, so a forced call after it may be cut by
-# max_tokens). Granite 3.3's template names <think> in its system prompt.
+# max_tokens). Granite 3.3's template names <think> in its system prompt; Apriel 1.6 reasons
+# up to [BEGIN FINAL RESPONSE].
 THINKING = {"atem", "hermes-think", "qwen3-coder-think", "mistral-think", "deepseek-r1",
             "deepseek-v3.1", "gemma4-think", "gemma4-interleaved", "kimi-k2-think",
             "nemotron-v2-think", "command-r7b", "cohere2moe", "granite", "harmony",
-            "minimax-m2-think", "glm-4.5", "glm-4.5-think", "seed-oss"}
+            "minimax-m2-think", "glm-4.5", "glm-4.5-think", "seed-oss", "apriel-think"}
 
 # Formats whose forced calls may come after content: gpt-oss's commentary preambles.
 PREAMBLES = {"harmony"}
