@@ -874,9 +874,6 @@ TRIMMED_REASONING = {"Qwen3.5-4B.jinja", "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.ji
 
 # Replies of reasoning templates read otherwise than llama-server reads them, with why.
 KNOWN_READING_DIFFERENCES: dict[str, str] = {
-    "Apriel-1.6-15b-Thinker-fixed.jinja":
-        "llama-server reads the output as reasoning up to [BEGIN FINAL RESPONSE]; Muser does not "
-        "know that delimiter and reads <think> blocks",
     "llama-cpp-rwkv-world.jinja":
         "llama-server's analysis takes '\\n</think>' for the closing tag of llama.cpp's own test "
         "template, and reads a reply after a prompt that opened a block as content",

@@ -691,6 +691,64 @@ mod tests {
             (c, "Hello <|START_RESPONSE|>", "Hello <|START_RESPONSE|>", vec![]),
             (&COHERE2MOE, "<|START_TEXT|>Hi<|END_TEXT|>", "Hi", vec![]),
             (&GRANITE, "<|tool_call|>[{\"name\": \"f\", \"arguments\": {}}] then", " then", vec![call("f", "{}")]),
+            (
+                &APRIEL,
+                "Sure.\n<tool_calls>[{\"name\": \"f\", \"arguments\": {\"a\": 1}, \"id\": \"call_1\"}]</tool_calls>",
+                "Sure.",
+                vec![call("f", r#"{"a":1}"#)],
+            ),
+            (
+                &FIREFUNCTION_V2,
+                "Sure. functools[{\"name\": \"f\", \"arguments\": {}}, {\"name\": \"g\", \"arguments\": {\"b\": \"x\"}}]",
+                "Sure.",
+                vec![call("f", "{}"), call("g", r#"{"b":"x"}"#)],
+            ),
+            (&FIREFUNCTION_V2, "import functools", "import functools", vec![]),
+            // MiniMax M1: the template's objects a line, or with commas as the grammar writes
+            // them; a comma with no object after it, or no line break after the tag: text
+            (
+                &MINIMAX_M1,
+                "Hi<tool_calls>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n{\"name\": \"g\", \"arguments\": {}}\n</tool_calls>",
+                "Hi",
+                vec![call("f", r#"{"a":1}"#), call("g", "{}")],
+            ),
+            (
+                &MINIMAX_M1,
+                "<tool_calls>\n{\"name\": \"f\", \"arguments\": {}},\n{\"name\": \"f\", \"arguments\": {}}\n</tool_calls> ok",
+                " ok",
+                vec![call("f", "{}"), call("f", "{}")],
+            ),
+            (
+                &MINIMAX_M1,
+                "<tool_calls>\n{\"name\": \"f\", \"arguments\": {}},\n</tool_calls>",
+                "<tool_calls>\n{\"name\": \"f\", \"arguments\": {}},\n</tool_calls>",
+                vec![],
+            ),
+            (
+                &MINIMAX_M1,
+                "<tool_calls>{\"name\": \"f\", \"arguments\": {}}</tool_calls>",
+                "<tool_calls>{\"name\": \"f\", \"arguments\": {}}</tool_calls>",
+                vec![],
+            ),
+            // GigaChat: one object, then text; an array is no call
+            (
+                &GIGACHAT_V3,
+                "Sure.<|message_sep|>\n\nfunction call<|role_sep|>\n{\"name\": \"f\", \"arguments\": {\"a\": [1]}}",
+                "Sure.",
+                vec![call("f", r#"{"a":[1]}"#)],
+            ),
+            (
+                &GIGACHAT_V31,
+                "<|function_call|>{\"name\": \"f\", \"arguments\": {}} {\"name\": \"g\", \"arguments\": {}}",
+                " {\"name\": \"g\", \"arguments\": {}}",
+                vec![call("f", "{}")],
+            ),
+            (
+                &GIGACHAT_V31,
+                "<|function_call|>[{\"name\": \"f\", \"arguments\": {}}]",
+                "<|function_call|>[{\"name\": \"f\", \"arguments\": {}}]",
+                vec![],
+            ),
         ];
         for (shape, text, content, calls) in &cases {
             let f = Format::JsonList(shape);
