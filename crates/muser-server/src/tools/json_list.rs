@@ -1,6 +1,6 @@
-//! The formats whose calls are a JSON array of call objects after an opening tag, closed by a
-//! tag or not, after the reply's text if any; the tags and the call objects' keys are data (a
-//! [`Shape`]):
+//! The formats whose calls are JSON call objects after an opening tag (a JSON array of them,
+//! or bare objects: [`Items`]), closed by a tag or not, after the reply's text if any; the
+//! tags and the call objects' keys are data (a [`Shape`]):
 //!
 //! * Nemotron Nano v2: `<TOOLCALL>[{"name": ..., "arguments": {...}}, ...]</TOOLCALL>`.
 //! * Command R7B: `<|START_ACTION|>[{"tool_call_id": "0", "tool_name": ..., "parameters":
@@ -9,6 +9,13 @@
 //!   The templates number the calls themselves (`tool_call_id`), so the number the model
 //!   writes is not the call's id.
 //! * Granite 3.3: `<|tool_call|>[{"name": ..., "arguments": {...}}, ...]`, no closing tag.
+//! * Apriel 1.5 and 1.6: `<tool_calls>[{"name": ..., "arguments": {...}}, ...]</tool_calls>`
+//!   (the template adds an `id` to past calls; llama.cpp reads no call the model writes one
+//!   in, so the grammar writes none).
+//! * FireFunction v2: ` functools[{"name": ..., "arguments": {...}}, ...]`, no closing tag.
+//! * MiniMax M1: `<tool_calls>\n{...}\n{...}\n</tool_calls>`, an object a line.
+//! * GigaChat 3: one object in a `function call` message,
+//!   `<|message_sep|>\n\nfunction call<|role_sep|>\n{...}`; GigaChat 3.1: `<|function_call|>{...}`.
 //!
 //! Mistral Nemo's `[TOOL_CALLS][...]` array is read here too (`read_array`, `read_array_partial`),
 //! its items' ids by `mistral`.
@@ -836,6 +843,35 @@ mod tests {
             }
         }
         assert!(checked > 20_000 && calls > 300, "{checked} {calls}");
+    }
+
+    /// The bare objects' grammars write the layout llama.cpp reads: MiniMax M1's objects a line
+    /// with a comma between them (not the template's bare line breaks, which llama.cpp
+    /// refuses), the tag's line break and the one before the closing tag; GigaChat's one
+    /// object right after its tag.
+    #[test]
+    fn json_list_bare_objects_are_written_as_llama_cpp_reads_them() {
+        let r = f_req(true);
+        let f = r#"{"name": "f", "arguments": {}}"#;
+        let g = r#"{"name": "g", "arguments": {}}"#;
+        let m1 = grammar(&plan(&r, &MINIMAX_M1).unwrap().unwrap());
+        let gc = grammar(&plan(&r, &GIGACHAT_V31).unwrap().unwrap());
+        let sep = "<|message_sep|>\n\nfunction call<|role_sep|>\n";
+        let g3 = grammar(&plan(&r, &GIGACHAT_V3).unwrap().unwrap());
+        for (gr, text, ok) in [
+            (&m1, format!("<tool_calls>\n{f},\n{g}\n</tool_calls>"), true),
+            (&m1, format!("<tool_calls>\n{f}\n</tool_calls>"), true),
+            (&m1, format!("<tool_calls>\n{f}\n{g}\n</tool_calls>"), false),
+            (&m1, format!("<tool_calls>{f}\n</tool_calls>"), false),
+            (&m1, format!("<tool_calls>\n{f}</tool_calls>"), false),
+            (&gc, format!("<|function_call|>{f}"), true),
+            (&gc, format!("<|function_call|> {f}"), false),
+            (&gc, format!("<|function_call|>{f}, {g}"), false),
+            (&g3, format!("{sep}{g}"), true),
+            (&g3, format!("{sep}{f}{sep}{g}"), false),
+        ] {
+            assert_eq!(gr.accepts_str(&text), ok, "{text:?}");
+        }
     }
 
     #[test]
