@@ -449,9 +449,9 @@ def test_firefunction_v2_renders_as_llama_server_renders_it(tmp_path):
     """FireFunction v2's template adds `functions`, which no request defines, to a string
     (jinja2 refuses it; llama-server's engine takes the undefined value as ""), and reads
     `datetime`: random conversations, with and without a system message and tools, render
-    the same prompt in both servers. (With tools to call, Muser's generic tool-call format
-    describes them in the system prompt, which the template cannot show: the prompt is
-    llama-server's for the system message Muser writes.)"""
+    the same prompt in both servers. (With tools to call, Muser gives the template their
+    specs as `functions`, which its system prompt shows: the prompt is llama-server's with
+    them there.)"""
     model = tiny_model(tmp_path)
     rng = random.Random()
     name = "fireworks-ai-llama-3-firefunction-v2.jinja"
@@ -474,15 +474,11 @@ def test_firefunction_v2_renders_as_llama_server_renders_it(tmp_path):
                 body = {"messages": messages, "tools": tools}
                 got = requests.post(muser.url + "/apply-template", json=body, timeout=60)
                 assert got.status_code == 200, got.text
-                head = "<|start_header_id|>system<|end_header_id|>\n\n"
-                written = got.json()["prompt"].split(head, 1)[1].split("\nIn addition to", 1)[0]
-                own = messages[0]["role"] == "system"
-                assert "get_weather" in written and (not own or messages[0]["content"] in written)
-                rest = messages[1:] if own else messages
-                written = [{"role": "system", "content": written}] + rest
-                want = requests.post(llama.url + "/apply-template", timeout=60,
-                                     json={"messages": written, "tools": tools})
-                assert got.json()["prompt"].removeprefix(bos) == want.json()["prompt"]
+                prompt = got.json()["prompt"]
+                spec = json.dumps([tools[0]["function"]], indent=2, ensure_ascii=False)
+                assert "Available functions as JSON spec:\n" + spec + "\nToday is " in prompt
+                want = requests.post(llama.url + "/apply-template", timeout=60, json=body)
+                assert prompt.replace(spec, "", 1).removeprefix(bos) == want.json()["prompt"]
 
 
 @pytest.mark.skipif(not (SRC and LLAMA_SERVER and LLAMA_SERVER.exists()),

@@ -33,7 +33,7 @@ use super::partial::{self, Json, Open};
 use super::{
     allowed_tools, begun_call_keyed, call_of, call_schema_keyed, check_tools_convert, json_prefix,
     parse_blocks, parse_blocks_partial, tool_rules, BlockStep, Blocks, LazyStart, Parsed, Plan,
-    ToolCall, ToolRequest, WS_BODY,
+    ToolCall, ToolChoice, ToolRequest, WS_BODY,
 };
 use muser_jsonschema::gbnf_literal as lit;
 
@@ -229,6 +229,32 @@ impl Shape {
     fn call(&self, item: &Value) -> Option<ToolCall> {
         call_of(item.get(self.name_key)?.as_str()?, item.get(self.args_key)?)
     }
+}
+
+/// The variables a shape's template reads beside `tools`: FireFunction v2's `functions`,
+/// the JSON text of the tools' specs (name, description, parameters; indented) that its
+/// system prompt shows after "Available functions as JSON spec:" (where
+/// the request lets the model call one: llama.cpp gives the template none, so its model
+/// sees no tool).
+pub(super) fn template_variables(req: &ToolRequest, shape: &Shape) -> Vec<(&'static str, Value)> {
+    if shape != &FIREFUNCTION_V2 || req.choice == ToolChoice::None || req.tools.is_empty() {
+        return Vec::new();
+    }
+    let specs: Vec<Value> = req
+        .tools
+        .iter()
+        .map(|t| {
+            let mut o = serde_json::Map::new();
+            o.insert("name".into(), Value::from(t.name.as_str()));
+            if let Some(d) = &t.description {
+                o.insert("description".into(), Value::from(d.as_str()));
+            }
+            o.insert("parameters".into(), t.parameters.clone());
+            Value::Object(o)
+        })
+        .collect();
+    let text = serde_json::to_string_pretty(&specs).unwrap_or_default();
+    vec![("functions", Value::String(text))]
 }
 
 /// The array of one call (or, with `req.parallel`, of one or more) of the allowed tools, each
@@ -871,6 +897,35 @@ mod tests {
             (&g3, format!("{sep}{f}{sep}{g}"), false),
         ] {
             assert_eq!(gr.accepts_str(&text), ok, "{text:?}");
+        }
+    }
+
+    /// FireFunction's template shows the offered tools' specs (its `functions`) where a call
+    /// may be made; no other shape's reads a variable.
+    #[test]
+    fn json_list_firefunction_shows_its_functions() {
+        let mut rng = Rng(0x1157_0003);
+        for round in 0..24 {
+            let r = random_req(&mut rng, round, round % 2 == 0);
+            let vars = template_variables(&r, &FIREFUNCTION_V2);
+            let [("functions", Value::String(text))] = vars.as_slice() else {
+                panic!("{vars:?}");
+            };
+            let specs: Value = serde_json::from_str(text).unwrap();
+            let specs = specs.as_array().unwrap();
+            assert_eq!(specs.len(), r.tools.len());
+            for (s, t) in specs.iter().zip(&r.tools) {
+                assert_eq!(s["name"], t.name.as_str());
+                assert_eq!(s["parameters"], t.parameters);
+            }
+            for shape in SHAPES.iter().filter(|s| **s != &FIREFUNCTION_V2) {
+                assert!(template_variables(&r, shape).is_empty());
+            }
+            let none = ToolRequest {
+                choice: ToolChoice::None,
+                ..r
+            };
+            assert!(template_variables(&none, &FIREFUNCTION_V2).is_empty());
         }
     }
 

@@ -314,6 +314,7 @@ impl Format {
                     vec![("builtin_tools", Value::from(names))]
                 }
             }
+            Format::JsonList(shape) => json_list::template_variables(req, shape),
             _ => Vec::new(),
         }
     }
