@@ -34,14 +34,11 @@ KNOWN_DIFFERENCES: dict[str, str] = {
     "meta-llama-Llama-3.1-8B-Instruct.jinja":
         "llama.cpp reads the call after <|python_tag|> and leaves the tag itself in the content",
     "meta-llama-Llama-3.3-70B-Instruct.jinja": "as meta-llama-Llama-3.1-8B-Instruct.jinja",
-    "unsloth-Apriel-1.5.jinja":
-        "its calls are a JSON list in <tool_calls> tags; Muser takes it for Hermes (it also "
-        "writes <tool_call>), and llama.cpp reads no Hermes block",
-    # Muser's grammar lets the model write whitespace between the markup that llama.cpp's
-    # reader refuses (Muser reads those calls; the grammar should write the template's layout
-    # exactly, as it does for Hermes, Mistral, Qwen XML, Kimi K2 and the JSON lists):
+    # llama.cpp reads no call of this template, whatever the layout:
     "ibm-granite-granite-3.3-2B-Instruct.jinja":
-        "whitespace inside the list, around its call objects' keys",
+        "the template never renders a message's calls, so llama.cpp's analysis finds no call "
+        "format and reads <|tool_call|>[...] as content; Muser reads the calls its system "
+        "prompt teaches",
     # llama.cpp's readers of these two refuse the template's own layout (Muser's grammar
     # writes the template's layout, and reads llama.cpp's too where it differs):
     "upstage-Solar-Open-100B.jinja":

@@ -115,7 +115,8 @@ def special_tokens(tmp_path_factory) -> dict[str, str]:
 
 # The reasoning tags Muser knows, and the variables llama-server gives every template to keep
 # past turns' reasoning (its default `preserve_reasoning`, under each name templates read).
-REASONING_TAGS = [("<think>", "</think>"), ("[THINK]", "[/THINK]"),
+REASONING_TAGS = [("Here are my reasoning steps:", "[BEGIN FINAL RESPONSE]"),  # Apriel 1.6's
+                  ("<think>", "</think>"), ("[THINK]", "[/THINK]"),
                   ("<seed:think>", "</seed:think>"), ("<mm:think>", "</mm:think>"),
                   ("<|START_THINKING|>", "<|END_THINKING|>"),
                   ("<|channel>thought", "<channel|>")]
@@ -448,9 +449,9 @@ def test_firefunction_v2_renders_as_llama_server_renders_it(tmp_path):
     """FireFunction v2's template adds `functions`, which no request defines, to a string
     (jinja2 refuses it; llama-server's engine takes the undefined value as ""), and reads
     `datetime`: random conversations, with and without a system message and tools, render
-    the same prompt in both servers. (With tools to call, Muser's generic tool-call format
-    describes them in the system prompt, which the template cannot show: the prompt is
-    llama-server's for the system message Muser writes.)"""
+    the same prompt in both servers. (With tools to call, Muser gives the template their
+    specs as `functions`, which its system prompt shows: the prompt is llama-server's with
+    them there.)"""
     model = tiny_model(tmp_path)
     rng = random.Random()
     name = "fireworks-ai-llama-3-firefunction-v2.jinja"
@@ -473,15 +474,11 @@ def test_firefunction_v2_renders_as_llama_server_renders_it(tmp_path):
                 body = {"messages": messages, "tools": tools}
                 got = requests.post(muser.url + "/apply-template", json=body, timeout=60)
                 assert got.status_code == 200, got.text
-                head = "<|start_header_id|>system<|end_header_id|>\n\n"
-                written = got.json()["prompt"].split(head, 1)[1].split("\nIn addition to", 1)[0]
-                own = messages[0]["role"] == "system"
-                assert "get_weather" in written and (not own or messages[0]["content"] in written)
-                rest = messages[1:] if own else messages
-                written = [{"role": "system", "content": written}] + rest
-                want = requests.post(llama.url + "/apply-template", timeout=60,
-                                     json={"messages": written, "tools": tools})
-                assert got.json()["prompt"].removeprefix(bos) == want.json()["prompt"]
+                prompt = got.json()["prompt"]
+                spec = json.dumps([tools[0]["function"]], indent=2, ensure_ascii=False)
+                assert "Available functions as JSON spec:\n" + spec + "\nToday is " in prompt
+                want = requests.post(llama.url + "/apply-template", timeout=60, json=body)
+                assert prompt.replace(spec, "", 1).removeprefix(bos) == want.json()["prompt"]
 
 
 @pytest.mark.skipif(not (SRC and LLAMA_SERVER and LLAMA_SERVER.exists()),
@@ -695,9 +692,6 @@ def prompt_differences(muser, llama, bos: str, bodies: dict[str, dict]) -> dict[
 
 # The templates whose prompts differ from llama-server's (for some of `family_bodies`), with why.
 KNOWN_PROMPT_DIFFERENCES: dict[str, str] = {
-    "Apriel-1.6-15b-Thinker-fixed.jinja":
-        "its reasoning ends at a delimiter ([BEGIN FINAL RESPONSE]) with no opening tag, which "
-        "llama-server continues and Muser does not know",
     "llama-cpp-rwkv-world.jinja":
         "llama-server writes the opening tag twice when continuing, once from the generation "
         "prompt and once as the block's (its own test template; its analysis takes "
@@ -885,9 +879,6 @@ TRIMMED_REASONING = {"Qwen3.5-4B.jinja", "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.ji
 
 # Replies of reasoning templates read otherwise than llama-server reads them, with why.
 KNOWN_READING_DIFFERENCES: dict[str, str] = {
-    "Apriel-1.6-15b-Thinker-fixed.jinja":
-        "llama-server reads the output as reasoning up to [BEGIN FINAL RESPONSE]; Muser does not "
-        "know that delimiter and reads <think> blocks",
     "llama-cpp-rwkv-world.jinja":
         "llama-server's analysis takes '\\n</think>' for the closing tag of llama.cpp's own test "
         "template, and reads a reply after a prompt that opened a block as content",
@@ -906,10 +897,11 @@ KNOWN_READING_DIFFERENCES: dict[str, str] = {
 
 def reasoning_tags_of(source: str) -> tuple[str, str]:
     """The pair of reasoning tags a template writes (`<think>` where it writes none; Hy3's
-    `<think:opensource>`, which it builds when rendering)."""
+    `<think:opensource>`, which it builds when rendering; Apriel 1.6's generation prompt line and
+    delimiter before the `<think>` its template mentions)."""
     if all(m in source for m in ["<think{}>", "</think{}>", "':opensource'"]):
         return ("<think:opensource>", "</think:opensource>")
-    return next((p for p in REASONING_TAGS if all(t in source for t in p)), REASONING_TAGS[0])
+    return next((p for p in REASONING_TAGS if all(t in source for t in p)), REASONING_TAGS[1])
 
 
 @pytest.mark.skipif(not (SRC and LLAMA_SERVER and LLAMA_SERVER.exists()),

@@ -144,7 +144,13 @@ def template_files(tmp: Path) -> dict[str, Path | None]:
                           ("meetkai-functionary-medium-v3.1.jinja", "functionary-v3.1"),
                           ("meetkai-functionary-medium-v3.2.jinja", "functionary-v3.2"),
                           ("inclusionai-ling-3.0-flash.jinja", "ling-3"),
-                          ("tencent-Hy3.jinja", "hy3")]:
+                          ("tencent-Hy3.jinja", "hy3"),
+                          ("unsloth-Apriel-1.5.jinja", "apriel"),
+                          ("Apriel-1.6-15b-Thinker-fixed.jinja", "apriel-think"),
+                          ("fireworks-ai-llama-3-firefunction-v2.jinja", "firefunction-v2"),
+                          ("MiniMax-M1.jinja", "minimax-m1"),
+                          ("GigaChat3-10B-A1.8B.jinja", "gigachat-v3"),
+                          ("GigaChat3.1-10B-A1.8B.jinja", "gigachat-v3.1")]:
             if (TEMPLATES / name).exists():
                 out[fmt] = TEMPLATES / name
     return out
@@ -172,13 +178,15 @@ def client_of(server) -> openai.OpenAI:
 
 # Formats whose templates think in <think> tags, Seed-OSS's <seed:think> or Cohere's (the
 # model here never closes the block by itself, so a forced call after it may be cut by
-# max_tokens). Granite 3.3's template names <think> in its system prompt. Hy3 thinks only when
-# asked, but its long tags, spelt out in this model's tokens, may run a call past max_tokens.
+# max_tokens). Granite 3.3's template names <think> in its system prompt; Apriel 1.6 reasons
+# up to [BEGIN FINAL RESPONSE]. Hy3 thinks only when asked, but its long tags, spelt out in this
+# model's tokens, may run a call past max_tokens.
 THINKING = {"atem", "hermes-think", "qwen3-coder-think", "mistral-think", "deepseek-r1",
             "deepseek-v3.1", "gemma4-think", "gemma4-interleaved", "kimi-k2-think",
             "nemotron-v2-think", "command-r7b", "cohere2moe", "granite", "harmony",
             "minimax-m2-think", "glm-4.5", "glm-4.5-think", "seed-oss", "lfm2-think",
-            "deepseek-v3.2-think", "deepseek-v4-think", "minicpm5-think", "ling-3", "hy3"}
+            "deepseek-v3.2-think", "deepseek-v4-think", "minicpm5-think", "ling-3", "hy3",
+            "apriel-think"}
 
 # Formats whose forced calls may come after content: gpt-oss's commentary preambles.
 PREAMBLES = {"harmony"}

@@ -521,11 +521,15 @@ fn xml_thinking_family(source: &str) -> bool {
 /// whose rendered whitespace llama.cpp trims off the bare tags, and Cohere's Command A
 /// Reasoning (Cohere2MoE), whose text follows the block in `<|START_TEXT|>`, and Gemma 4, whose
 /// template writes a message's thought channel only beside its calls (`<|channel>thought\n`,
-/// `<channel|>`).
+/// `<channel|>`), and Apriel 1.6, whose template writes a message's reasoning bare, then
+/// `\n[BEGIN FINAL RESPONSE]\n` (its generation prompt's `Here are my reasoning steps:` line
+/// is not written before it).
 fn fixed_delimiters(source: &str, tags: Tags) -> Option<(String, String)> {
-    use crate::tools::think::{COHERE, GEMMA, THINK};
+    use crate::tools::think::{APRIEL, COHERE, GEMMA, THINK};
     let fixed = |start: &str, end: &str| Some((start.to_string(), end.to_string()));
-    if tags == GEMMA {
+    if tags == APRIEL {
+        fixed("", "\n[BEGIN FINAL RESPONSE]\n")
+    } else if tags == GEMMA {
         fixed("<|channel>thought\n", GEMMA.close)
     } else if tags == COHERE && source.contains("<|START_TEXT|>") {
         fixed(COHERE.open, &format!("{}<|START_TEXT|>", COHERE.close))

@@ -1,6 +1,6 @@
-//! The formats whose calls are a JSON array of call objects after an opening tag, closed by a
-//! tag or not, after the reply's text if any; the tags and the call objects' keys are data (a
-//! [`Shape`]):
+//! The formats whose calls are JSON call objects after an opening tag (a JSON array of them,
+//! or bare objects: [`Items`]), closed by a tag or not, after the reply's text if any; the
+//! tags and the call objects' keys are data (a [`Shape`]):
 //!
 //! * Nemotron Nano v2: `<TOOLCALL>[{"name": ..., "arguments": {...}}, ...]</TOOLCALL>`.
 //! * Command R7B: `<|START_ACTION|>[{"tool_call_id": "0", "tool_name": ..., "parameters":
@@ -9,6 +9,13 @@
 //!   The templates number the calls themselves (`tool_call_id`), so the number the model
 //!   writes is not the call's id.
 //! * Granite 3.3: `<|tool_call|>[{"name": ..., "arguments": {...}}, ...]`, no closing tag.
+//! * Apriel 1.5 and 1.6: `<tool_calls>[{"name": ..., "arguments": {...}}, ...]</tool_calls>`
+//!   (the template adds an `id` to past calls; llama.cpp reads no call the model writes one
+//!   in, so the grammar writes none).
+//! * FireFunction v2: ` functools[{"name": ..., "arguments": {...}}, ...]`, no closing tag.
+//! * MiniMax M1: `<tool_calls>\n{...}\n{...}\n</tool_calls>`, an object a line.
+//! * GigaChat 3: one object in a `function call` message,
+//!   `<|message_sep|>\n\nfunction call<|role_sep|>\n{...}`; GigaChat 3.1: `<|function_call|>{...}`.
 //!
 //! Mistral Nemo's `[TOOL_CALLS][...]` array is read here too (`read_array`, `read_array_partial`),
 //! its items' ids by `mistral`.
@@ -26,7 +33,7 @@ use super::partial::{self, Json, Open};
 use super::{
     allowed_tools, begun_call_keyed, call_of, call_schema_keyed, check_tools_convert, json_prefix,
     parse_blocks, parse_blocks_partial, tool_rules, BlockStep, Blocks, LazyStart, Parsed, Plan,
-    ToolCall, ToolRequest, WS_BODY,
+    ToolCall, ToolChoice, ToolRequest, WS_BODY,
 };
 use muser_jsonschema::gbnf_literal as lit;
 
@@ -48,8 +55,24 @@ pub struct Shape {
     pub number_key: Option<&'static str>,
     /// The tags a reply is wrapped in (Cohere's).
     pub reply: Option<(&'static str, &'static str)>,
+    /// How the calls follow the opening tag.
+    pub items: Items,
     /// The markup llama-server preserves for the format.
     pub markup: &'static [&'static str],
+}
+
+/// How a shape's call objects follow its opening tag.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Items {
+    /// A JSON array of one or more calls.
+    Array,
+    /// Bare call objects, each on its own line (MiniMax M1). The template writes them one
+    /// after the other; llama.cpp reads no more than one without a comma between them, so
+    /// the grammar writes `,` at the end of each line but the last, and the reader takes
+    /// both.
+    Lines,
+    /// One bare call object (GigaChat's function call message).
+    One,
 }
 
 pub(super) const NEMOTRON_V2: Shape = Shape {
@@ -60,6 +83,7 @@ pub(super) const NEMOTRON_V2: Shape = Shape {
     args_key: "arguments",
     number_key: None,
     reply: None,
+    items: Items::Array,
     markup: &["<TOOLCALL>", "</TOOLCALL>"],
 };
 
@@ -74,6 +98,7 @@ pub(super) const COMMAND_R7B: Shape = Shape {
     args_key: "parameters",
     number_key: Some("tool_call_id"),
     reply: Some(("<|START_RESPONSE|>", "<|END_RESPONSE|>")),
+    items: Items::Array,
     markup: &[ACTION, ACTION_END, "<|START_RESPONSE|>", "<|END_RESPONSE|>"],
 };
 
@@ -92,14 +117,81 @@ pub(super) const GRANITE: Shape = Shape {
     args_key: "arguments",
     number_key: None,
     reply: None,
+    items: Items::Array,
     markup: &["<|tool_call|>"],
+};
+
+const TOOL_CALLS: &str = "<tool_calls>";
+const TOOL_CALLS_END: &str = "</tool_calls>";
+
+/// Apriel 1.5 and 1.6 (ServiceNow): `<tool_calls>[{...}, ...]</tool_calls>`.
+pub(super) const APRIEL: Shape = Shape {
+    name: "apriel",
+    open: TOOL_CALLS,
+    close: Some(TOOL_CALLS_END),
+    name_key: "name",
+    args_key: "arguments",
+    number_key: None,
+    reply: None,
+    items: Items::Array,
+    markup: &[TOOL_CALLS, TOOL_CALLS_END],
+};
+
+/// FireFunction v2: ` functools[{...}, ...]`, no closing tag.
+pub(super) const FIREFUNCTION_V2: Shape = Shape {
+    name: "firefunction-v2",
+    open: "functools",
+    close: None,
+    markup: &["functools"],
+    ..APRIEL
+};
+
+/// MiniMax M1: `<tool_calls>\n{...}\n{...}\n</tool_calls>`, a call object a line.
+pub(super) const MINIMAX_M1: Shape = Shape {
+    name: "minimax-m1",
+    open: "<tool_calls>\n",
+    items: Items::Lines,
+    ..APRIEL
+};
+
+/// GigaChat 3: one call, in a message of the `function call` role after the reply's:
+/// `<|message_sep|>\n\nfunction call<|role_sep|>\n{...}`.
+pub(super) const GIGACHAT_V3: Shape = Shape {
+    name: "gigachat-v3",
+    open: "<|message_sep|>\n\nfunction call<|role_sep|>\n",
+    close: None,
+    items: Items::One,
+    markup: &["<|message_sep|>", "<|role_sep|>"],
+    ..APRIEL
+};
+
+/// GigaChat 3.1: one call after the reply, `<|function_call|>{...}`.
+pub(super) const GIGACHAT_V31: Shape = Shape {
+    name: "gigachat-v3.1",
+    open: "<|function_call|>",
+    markup: &["<|function_call|>"],
+    ..GIGACHAT_V3
 };
 
 /// The shape a template teaches, if any: Cohere's action tags (Cohere2MoE's where it writes
 /// `<|START_TEXT|>`, Command R7B's where it writes `<|START_RESPONSE|>`), Nemotron Nano v2's
-/// `<TOOLCALL>`, Granite 3.3's `<|tool_call|>`.
+/// `<TOOLCALL>`, Granite 3.3's `<|tool_call|>`, Apriel's `<tool_calls>[` (MiniMax M1's
+/// `<tool_calls>` without the bracket), FireFunction's `functools[`, GigaChat's
+/// `<|role_sep|>` messages (3.1's where it writes `<|function_call|>`).
 pub(super) fn detect(t: &str) -> Option<&'static Shape> {
-    if t.contains(ACTION) && t.contains(ACTION_END) {
+    if t.contains("<tool_calls>[") {
+        Some(&APRIEL)
+    } else if t.contains(TOOL_CALLS) && t.contains(TOOL_CALLS_END) {
+        Some(&MINIMAX_M1)
+    } else if t.contains("functools[") {
+        Some(&FIREFUNCTION_V2)
+    } else if t.contains("<|role_sep|>") && t.contains("<|message_sep|>") {
+        if t.contains("<|function_call|>") {
+            Some(&GIGACHAT_V31)
+        } else {
+            t.contains("function call").then_some(&GIGACHAT_V3)
+        }
+    } else if t.contains(ACTION) && t.contains(ACTION_END) {
         if t.contains("<|START_TEXT|>") {
             Some(&COHERE2MOE)
         } else {
@@ -119,10 +211,50 @@ impl Shape {
         LazyStart::Word(self.open)
     }
 
+    /// A block of call objects `items` (as written) in this shape's layout: the template's
+    /// (the objects back to back for `Items::One`, which the grammar refuses for more than
+    /// one), but for MiniMax M1's comma at the end of each line
+    /// but the last (as the grammar writes them).
+    #[cfg(test)]
+    pub(super) fn block(&self, items: &[String]) -> String {
+        let close = self.close.unwrap_or("");
+        match self.items {
+            Items::Array => format!("{}[{}]{close}", self.open, items.join(", ")),
+            Items::Lines => format!("{}{}\n{close}", self.open, items.join(",\n")),
+            Items::One => format!("{}{}{close}", self.open, items.concat()),
+        }
+    }
+
     /// The call a whole item of the array makes: its name and arguments (an object).
     fn call(&self, item: &Value) -> Option<ToolCall> {
         call_of(item.get(self.name_key)?.as_str()?, item.get(self.args_key)?)
     }
+}
+
+/// The variables a shape's template reads beside `tools`: FireFunction v2's `functions`,
+/// the JSON text of the tools' specs (name, description, parameters; indented) that its
+/// system prompt shows after "Available functions as JSON spec:" (where
+/// the request lets the model call one: llama.cpp gives the template none, so its model
+/// sees no tool).
+pub(super) fn template_variables(req: &ToolRequest, shape: &Shape) -> Vec<(&'static str, Value)> {
+    if shape != &FIREFUNCTION_V2 || req.choice == ToolChoice::None || req.tools.is_empty() {
+        return Vec::new();
+    }
+    let specs: Vec<Value> = req
+        .tools
+        .iter()
+        .map(|t| {
+            let mut o = serde_json::Map::new();
+            o.insert("name".into(), Value::from(t.name.as_str()));
+            if let Some(d) = &t.description {
+                o.insert("description".into(), Value::from(d.as_str()));
+            }
+            o.insert("parameters".into(), t.parameters.clone());
+            Value::Object(o)
+        })
+        .collect();
+    let text = serde_json::to_string_pretty(&specs).unwrap_or_default();
+    vec![("functions", Value::String(text))]
 }
 
 /// The array of one call (or, with `req.parallel`, of one or more) of the allowed tools, each
@@ -155,19 +287,28 @@ pub(super) fn plan(req: &ToolRequest, shape: &'static Shape) -> Result<Option<Pl
         rules.push_str(&r);
         alts.push(top);
     }
-    let more = if req.parallel {
-        " ( ws \",\" ws call )*"
+    let (sep, last) = match shape.items {
+        Items::Array => (" ws \",\" ws ", " ws "),
+        Items::Lines => (" \",\\n\" ", " \"\\n\" "),
+        Items::One => ("", " "),
+    };
+    let more = if req.parallel && shape.items != Items::One {
+        format!(" ({sep}call )*")
     } else {
-        ""
+        String::new()
     };
     let close = shape
         .close
-        .map(|c| format!(" ws {}", lit(c)))
+        .map(|c| format!("{last}{}", lit(c)))
         .unwrap_or_default();
     // The list right after its tag, as the templates write it (llama.cpp reads no Granite
     // call with whitespace between them).
+    let body = match shape.items {
+        Items::Array => format!("\"[\" ws call{more} ws \"]\"{close}"),
+        Items::Lines | Items::One => format!("call{more}{close}"),
+    };
     let gbnf = format!(
-        "root ::= {} \"[\" ws call{more} ws \"]\"{close}\n\
+        "root ::= {} {body}\n\
          call ::= {}\n\
          ws ::= {WS_BODY}\n{rules}",
         lit(shape.open),
@@ -237,21 +378,95 @@ pub(super) fn read_array_partial(
     }
 }
 
-/// The block whose opening ends right before `rest`: the array's calls and the length of
-/// `rest` through the closing tag (or to the end of the text, where it is missing).
+/// The block whose opening ends right before `rest`: its calls and the length of `rest`
+/// through the closing tag (or to the end of the text, where it is missing).
 fn read_block(rest: &str, shape: &Shape) -> Option<(Vec<ToolCall>, usize)> {
-    let (calls, used) = read_array(rest, |v| shape.call(v))?;
+    let (calls, used) = match shape.items {
+        Items::Array => read_array(rest, |v| shape.call(v))?,
+        Items::Lines | Items::One => read_objects(rest, shape)?,
+    };
     let Some(close) = shape.close else {
         return Some((calls, used));
     };
-    let tail = &rest[used..];
-    let after_ws = tail.trim_start();
+    let after_ws = rest[used..].trim_start();
     if let Some(after) = after_ws.strip_prefix(close) {
         Some((calls, rest.len() - after.len()))
     } else if after_ws.is_empty() {
         Some((calls, rest.len()))
     } else {
         None
+    }
+}
+
+/// Where the call object after `tail` (the text after one) starts in it, for a shape whose
+/// calls are bare objects: after whitespace and a comma or not (`Ok(None)`: no object comes
+/// next; `Err`: a comma that no object follows).
+fn next_object(tail: &str, shape: &Shape) -> Result<Option<usize>, ()> {
+    if shape.items != Items::Lines {
+        return Ok(None);
+    }
+    let a = tail.trim_start();
+    let comma = a.strip_prefix(',').map(str::trim_start);
+    let next = comma.unwrap_or(a);
+    if next.starts_with('{') {
+        Ok(Some(tail.len() - next.len()))
+    } else if comma.is_some() {
+        Err(())
+    } else {
+        Ok(None)
+    }
+}
+
+/// The bare call objects at the start of `rest` (one, or for `Items::Lines` one or more) and
+/// the length of `rest` they span. None when they are not calls.
+fn read_objects(rest: &str, shape: &Shape) -> Option<(Vec<ToolCall>, usize)> {
+    let mut calls = Vec::new();
+    let mut at = 0;
+    loop {
+        let (v, used) = json_prefix(&rest[at..])?;
+        calls.push(shape.call(&v)?);
+        at += used;
+        match next_object(&rest[at..], shape).ok()? {
+            Some(skip) => at += skip,
+            None => return Some((calls, at)),
+        }
+    }
+}
+
+/// How far streaming has read the bare call objects at the start of `rest` (`read_objects`'s
+/// reading once whole); the closing tag after them is `closed`'s to read.
+fn read_objects_partial(rest: &str, shape: &Shape) -> BlockStep {
+    let begun = |j: &Json| begun_call_keyed(j, shape.name_key, shape.args_key);
+    let mut calls = Vec::new();
+    let mut at = 0;
+    loop {
+        let r = partial::read(&rest[at..]);
+        let Json::Whole(v, used) = &r.json else {
+            calls.extend(begun(&r.json));
+            return if r.broken {
+                BlockStep::Broken(calls)
+            } else {
+                BlockStep::Open(calls)
+            };
+        };
+        let Some(call) = shape.call(v) else {
+            // not a call: the call streaming began for it while it was open stays
+            calls.extend(begun(&partial::read(&v.to_string()).json));
+            return BlockStep::Broken(calls);
+        };
+        calls.push(call);
+        at += used;
+        let tail = &rest[at..];
+        let a = tail.trim_start();
+        if shape.items == Items::Lines && a.strip_prefix(',').unwrap_or(a).trim_start().is_empty() {
+            // a comma or an object may come yet
+            return BlockStep::Open(calls);
+        }
+        match next_object(tail, shape) {
+            Ok(Some(skip)) => at += skip,
+            Err(()) => return BlockStep::Broken(calls),
+            Ok(None) => return BlockStep::Whole(calls, at),
+        }
     }
 }
 
@@ -267,11 +482,14 @@ pub(super) fn parse(text: &str, req: Option<&ToolRequest>, shape: &Shape) -> Par
 
 /// How far streaming has read the block whose opening ends right before `rest`.
 fn read_block_partial(rest: &str, shape: &Shape) -> BlockStep {
-    let step = read_array_partial(
-        rest,
-        |v| shape.call(v),
-        |open| begun_call_keyed(open, shape.name_key, shape.args_key),
-    );
+    let step = match shape.items {
+        Items::Array => read_array_partial(
+            rest,
+            |v| shape.call(v),
+            |open| begun_call_keyed(open, shape.name_key, shape.args_key),
+        ),
+        Items::Lines | Items::One => read_objects_partial(rest, shape),
+    };
     match (step, shape.close) {
         (BlockStep::Whole(calls, used), Some(close)) => {
             let after_ws = rest[used..].trim_start();
@@ -341,7 +559,17 @@ mod tests {
     use super::*;
     use serde_json::Map;
 
-    const SHAPES: [&Shape; 4] = [&NEMOTRON_V2, &COMMAND_R7B, &COHERE2MOE, &GRANITE];
+    const SHAPES: [&Shape; 9] = [
+        &NEMOTRON_V2,
+        &COMMAND_R7B,
+        &COHERE2MOE,
+        &GRANITE,
+        &APRIEL,
+        &FIREFUNCTION_V2,
+        &MINIMAX_M1,
+        &GIGACHAT_V3,
+        &GIGACHAT_V31,
+    ];
 
     /// One call object as a model of `shape` writes it (its number first, where it has one).
     fn object(shape: &Shape, number: usize, name: &str, args: &Value) -> Value {
@@ -354,10 +582,14 @@ mod tests {
         Value::Object(o)
     }
 
-    /// A block of the calls' objects, each in the layout `layout` of `layouts`, `sep` after
-    /// the opening, between the items and before the closing bracket.
+    /// A block of the calls' objects, each in the layout `layout` of `layouts`; in an array,
+    /// `sep` after the opening, between the items and before the closing bracket (the bare
+    /// objects' layout is fixed: `Shape::block`'s).
     fn block(shape: &Shape, items: &[Value], layout: usize, sep: &str) -> String {
         let items: Vec<String> = items.iter().map(|v| layouts(v)[layout].clone()).collect();
+        if shape.items != Items::Array {
+            return shape.block(&items);
+        }
         format!(
             "{}[{sep}{}{sep}]{}",
             shape.open,
@@ -377,7 +609,10 @@ mod tests {
             let format = Format::JsonList(shape);
             let r = random_req(&mut rng, round / SHAPES.len(), round % 8 >= 4);
             let (p, g) = checked_plan(format, &r, Trigger::Word(shape.open.into()));
-            let calls = random_calls(&mut rng, &r);
+            let mut calls = random_calls(&mut rng, &r);
+            if shape.items == Items::One {
+                calls.truncate(1);
+            }
             let items: Vec<Value> = calls
                 .iter()
                 .enumerate()
@@ -409,10 +644,15 @@ mod tests {
             let one = object(shape, 0, &t.name, a);
             assert!(g.accepts_str(&block(shape, std::slice::from_ref(&one), 1, "")));
             let two = block(shape, &[one.clone(), one.clone()], 1, "");
-            assert_eq!(g.accepts_str(&two), r.parallel);
-            // a call object alone, not in an array
-            let bare = format!("{}{}{}", shape.open, one, shape.close.unwrap_or(""));
-            assert!(!g.accepts_str(&bare));
+            assert_eq!(g.accepts_str(&two), r.parallel && shape.items != Items::One);
+            // a call object alone, not in an array; an array where the objects are bare
+            let close = shape.close.unwrap_or("");
+            if shape.items == Items::Array {
+                assert!(!g.accepts_str(&format!("{}{one}{close}", shape.open)));
+            } else {
+                let listed = Value::Array(vec![one.clone()]).to_string();
+                assert!(!g.accepts_str(&shape.block(&[listed])));
+            }
             if shape.number_key.is_some() {
                 let mut o = one.as_object().unwrap().clone();
                 o.shift_remove("tool_call_id");
@@ -484,6 +724,64 @@ mod tests {
             (c, "Hello <|START_RESPONSE|>", "Hello <|START_RESPONSE|>", vec![]),
             (&COHERE2MOE, "<|START_TEXT|>Hi<|END_TEXT|>", "Hi", vec![]),
             (&GRANITE, "<|tool_call|>[{\"name\": \"f\", \"arguments\": {}}] then", " then", vec![call("f", "{}")]),
+            (
+                &APRIEL,
+                "Sure.\n<tool_calls>[{\"name\": \"f\", \"arguments\": {\"a\": 1}, \"id\": \"call_1\"}]</tool_calls>",
+                "Sure.",
+                vec![call("f", r#"{"a":1}"#)],
+            ),
+            (
+                &FIREFUNCTION_V2,
+                "Sure. functools[{\"name\": \"f\", \"arguments\": {}}, {\"name\": \"g\", \"arguments\": {\"b\": \"x\"}}]",
+                "Sure.",
+                vec![call("f", "{}"), call("g", r#"{"b":"x"}"#)],
+            ),
+            (&FIREFUNCTION_V2, "import functools", "import functools", vec![]),
+            // MiniMax M1: the template's objects a line, or with commas as the grammar writes
+            // them; a comma with no object after it, or no line break after the tag: text
+            (
+                &MINIMAX_M1,
+                "Hi<tool_calls>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n{\"name\": \"g\", \"arguments\": {}}\n</tool_calls>",
+                "Hi",
+                vec![call("f", r#"{"a":1}"#), call("g", "{}")],
+            ),
+            (
+                &MINIMAX_M1,
+                "<tool_calls>\n{\"name\": \"f\", \"arguments\": {}},\n{\"name\": \"f\", \"arguments\": {}}\n</tool_calls> ok",
+                " ok",
+                vec![call("f", "{}"), call("f", "{}")],
+            ),
+            (
+                &MINIMAX_M1,
+                "<tool_calls>\n{\"name\": \"f\", \"arguments\": {}},\n</tool_calls>",
+                "<tool_calls>\n{\"name\": \"f\", \"arguments\": {}},\n</tool_calls>",
+                vec![],
+            ),
+            (
+                &MINIMAX_M1,
+                "<tool_calls>{\"name\": \"f\", \"arguments\": {}}</tool_calls>",
+                "<tool_calls>{\"name\": \"f\", \"arguments\": {}}</tool_calls>",
+                vec![],
+            ),
+            // GigaChat: one object, then text; an array is no call
+            (
+                &GIGACHAT_V3,
+                "Sure.<|message_sep|>\n\nfunction call<|role_sep|>\n{\"name\": \"f\", \"arguments\": {\"a\": [1]}}",
+                "Sure.",
+                vec![call("f", r#"{"a":[1]}"#)],
+            ),
+            (
+                &GIGACHAT_V31,
+                "<|function_call|>{\"name\": \"f\", \"arguments\": {}} {\"name\": \"g\", \"arguments\": {}}",
+                " {\"name\": \"g\", \"arguments\": {}}",
+                vec![call("f", "{}")],
+            ),
+            (
+                &GIGACHAT_V31,
+                "<|function_call|>[{\"name\": \"f\", \"arguments\": {}}]",
+                "<|function_call|>[{\"name\": \"f\", \"arguments\": {}}]",
+                vec![],
+            ),
         ];
         for (shape, text, content, calls) in &cases {
             let f = Format::JsonList(shape);
@@ -573,6 +871,64 @@ mod tests {
         assert!(checked > 20_000 && calls > 300, "{checked} {calls}");
     }
 
+    /// The bare objects' grammars write the layout llama.cpp reads: MiniMax M1's objects a line
+    /// with a comma between them (not the template's bare line breaks, which llama.cpp
+    /// refuses), the tag's line break and the one before the closing tag; GigaChat's one
+    /// object right after its tag.
+    #[test]
+    fn json_list_bare_objects_are_written_as_llama_cpp_reads_them() {
+        let r = f_req(true);
+        let f = r#"{"name": "f", "arguments": {}}"#;
+        let g = r#"{"name": "g", "arguments": {}}"#;
+        let m1 = grammar(&plan(&r, &MINIMAX_M1).unwrap().unwrap());
+        let gc = grammar(&plan(&r, &GIGACHAT_V31).unwrap().unwrap());
+        let sep = "<|message_sep|>\n\nfunction call<|role_sep|>\n";
+        let g3 = grammar(&plan(&r, &GIGACHAT_V3).unwrap().unwrap());
+        for (gr, text, ok) in [
+            (&m1, format!("<tool_calls>\n{f},\n{g}\n</tool_calls>"), true),
+            (&m1, format!("<tool_calls>\n{f}\n</tool_calls>"), true),
+            (&m1, format!("<tool_calls>\n{f}\n{g}\n</tool_calls>"), false),
+            (&m1, format!("<tool_calls>{f}\n</tool_calls>"), false),
+            (&m1, format!("<tool_calls>\n{f}</tool_calls>"), false),
+            (&gc, format!("<|function_call|>{f}"), true),
+            (&gc, format!("<|function_call|> {f}"), false),
+            (&gc, format!("<|function_call|>{f}, {g}"), false),
+            (&g3, format!("{sep}{g}"), true),
+            (&g3, format!("{sep}{f}{sep}{g}"), false),
+        ] {
+            assert_eq!(gr.accepts_str(&text), ok, "{text:?}");
+        }
+    }
+
+    /// FireFunction's template shows the offered tools' specs (its `functions`) where a call
+    /// may be made; no other shape's reads a variable.
+    #[test]
+    fn json_list_firefunction_shows_its_functions() {
+        let mut rng = Rng(0x1157_0003);
+        for round in 0..24 {
+            let r = random_req(&mut rng, round, round % 2 == 0);
+            let vars = template_variables(&r, &FIREFUNCTION_V2);
+            let [("functions", Value::String(text))] = vars.as_slice() else {
+                panic!("{vars:?}");
+            };
+            let specs: Value = serde_json::from_str(text).unwrap();
+            let specs = specs.as_array().unwrap();
+            assert_eq!(specs.len(), r.tools.len());
+            for (s, t) in specs.iter().zip(&r.tools) {
+                assert_eq!(s["name"], t.name.as_str());
+                assert_eq!(s["parameters"], t.parameters);
+            }
+            for shape in SHAPES.iter().filter(|s| **s != &FIREFUNCTION_V2) {
+                assert!(template_variables(&r, shape).is_empty());
+            }
+            let none = ToolRequest {
+                choice: ToolChoice::None,
+                ..r
+            };
+            assert!(template_variables(&none, &FIREFUNCTION_V2).is_empty());
+        }
+    }
+
     #[test]
     fn json_list_plan_none_and_errors() {
         let f = tool("f", json!({"type": "object"}));
@@ -604,6 +960,21 @@ mod tests {
             (
                 "ibm-granite-granite-3.3-2B-Instruct.jinja",
                 Format::JsonList(&GRANITE),
+            ),
+            ("unsloth-Apriel-1.5.jinja", Format::JsonList(&APRIEL)),
+            (
+                "Apriel-1.6-15b-Thinker-fixed.jinja",
+                Format::JsonList(&APRIEL),
+            ),
+            (
+                "fireworks-ai-llama-3-firefunction-v2.jinja",
+                Format::JsonList(&FIREFUNCTION_V2),
+            ),
+            ("MiniMax-M1.jinja", Format::JsonList(&MINIMAX_M1)),
+            ("GigaChat3-10B-A1.8B.jinja", Format::JsonList(&GIGACHAT_V3)),
+            (
+                "GigaChat3.1-10B-A1.8B.jinja",
+                Format::JsonList(&GIGACHAT_V31),
             ),
         ];
         check_detect_all(|t| detect(t).map(Format::JsonList), &want);

@@ -145,7 +145,8 @@ pub enum Format {
     Gemma4,
     /// Kimi K2: `<|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:IDX<|tool_call_argument_begin|>{...}<|tool_call_end|>...<|tool_calls_section_end|>`.
     KimiK2,
-    /// A JSON array of calls in tags (Nemotron Nano v2, Command R7B, Cohere2MoE, Granite 3.3).
+    /// JSON call objects after a tag (Nemotron Nano v2, Command R7B, Cohere2MoE, Granite 3.3,
+    /// Apriel, FireFunction v2, MiniMax M1, GigaChat 3 and 3.1).
     JsonList(&'static json_list::Shape),
     /// OpenAI's harmony (gpt-oss): `<|channel|>analysis<|message|>...<|end|>` messages, calls
     /// ` to=functions.NAME<|channel|>commentary json<|message|>{...}`.
@@ -217,12 +218,12 @@ impl Format {
         } else if let Some(f) = xml_calls::detect(t) {
             f
         } else if t.contains("<tool_call>")
-            && !["<function=", "<arg_key>", "<invoke name="]
+            && !["<function=", "<arg_key>", "<invoke name=", "<tool_calls>["]
                 .iter()
                 .any(|m| t.contains(m))
         {
-            // Those are XML calls inside `<tool_call>` (Qwen3-Coder's, GLM's, MiniMax's): not
-            // Hermes JSON.
+            // Those are XML calls inside `<tool_call>` (Qwen3-Coder's, GLM's, MiniMax's), or
+            // Apriel's JSON list in `<tool_calls>`: not Hermes JSON.
             Format::Hermes
         } else if let Some(f) = deepseek::detect(t) {
             f
@@ -363,6 +364,7 @@ impl Format {
                     vec![("builtin_tools", Value::from(names))]
                 }
             }
+            Format::JsonList(shape) => json_list::template_variables(req, shape),
             _ => Vec::new(),
         }
     }
@@ -2282,12 +2284,7 @@ pub(crate) mod test_util {
             ),
             Format::SolarOpen => format!("<|tool_calls|>{}<|calls|>", calls.concat()),
             Format::Functionary(_) => calls.concat(),
-            Format::JsonList(shape) => format!(
-                "{}[{}]{}",
-                shape.open,
-                calls.join(", "),
-                shape.close.unwrap_or("")
-            ),
+            Format::JsonList(shape) => shape.block(&calls),
             Format::Lfm2 => format!(
                 "{}[{}]{}",
                 super::pythonic::OPEN,
@@ -2387,6 +2384,11 @@ pub(crate) mod test_util {
         Format::JsonList(&super::json_list::COMMAND_R7B),
         Format::JsonList(&super::json_list::COHERE2MOE),
         Format::JsonList(&super::json_list::GRANITE),
+        Format::JsonList(&super::json_list::APRIEL),
+        Format::JsonList(&super::json_list::FIREFUNCTION_V2),
+        Format::JsonList(&super::json_list::MINIMAX_M1),
+        Format::JsonList(&super::json_list::GIGACHAT_V3),
+        Format::JsonList(&super::json_list::GIGACHAT_V31),
         Format::Harmony,
         Format::SeedOss,
         Format::MiniMaxM2,
@@ -2437,14 +2439,12 @@ mod tests {
             Format::KimiK2 => format!(
                 "<|tool_calls_section_begin|><|tool_call_begin|>functions.{name}:0<|tool_call_argument_begin|>{{}}<|tool_call_end|><|tool_calls_section_end|>"
             ),
-            Format::JsonList(s) => format!(
-                "{}[{{{}\"{}\": \"{name}\", \"{}\": {{}}}}]{}",
-                s.open,
+            Format::JsonList(s) => s.block(&[format!(
+                "{{{}\"{}\": \"{name}\", \"{}\": {{}}}}",
                 s.number_key.map(|k| format!("\"{k}\": \"0\", ")).unwrap_or_default(),
                 s.name_key,
                 s.args_key,
-                s.close.unwrap_or("")
-            ),
+            )]),
             Format::SeedOss => {
                 format!("<seed:tool_call>\n<function={name}>\n</function>\n</seed:tool_call>")
             }
@@ -2626,6 +2626,11 @@ mod tests {
         Format::JsonList(&json_list::COMMAND_R7B),
         Format::JsonList(&json_list::COHERE2MOE),
         Format::JsonList(&json_list::GRANITE),
+        Format::JsonList(&json_list::APRIEL),
+        Format::JsonList(&json_list::FIREFUNCTION_V2),
+        Format::JsonList(&json_list::MINIMAX_M1),
+        Format::JsonList(&json_list::GIGACHAT_V3),
+        Format::JsonList(&json_list::GIGACHAT_V31),
         Format::SeedOss,
         Format::MiniMaxM2,
         Format::Glm { newlines: true },
@@ -2844,6 +2849,27 @@ mod tests {
             (
                 "ibm-granite-granite-3.3-2B-Instruct.jinja",
                 Format::JsonList(&json_list::GRANITE),
+            ),
+            (
+                "unsloth-Apriel-1.5.jinja",
+                Format::JsonList(&json_list::APRIEL),
+            ),
+            (
+                "Apriel-1.6-15b-Thinker-fixed.jinja",
+                Format::JsonList(&json_list::APRIEL),
+            ),
+            (
+                "fireworks-ai-llama-3-firefunction-v2.jinja",
+                Format::JsonList(&json_list::FIREFUNCTION_V2),
+            ),
+            ("MiniMax-M1.jinja", Format::JsonList(&json_list::MINIMAX_M1)),
+            (
+                "GigaChat3-10B-A1.8B.jinja",
+                Format::JsonList(&json_list::GIGACHAT_V3),
+            ),
+            (
+                "GigaChat3.1-10B-A1.8B.jinja",
+                Format::JsonList(&json_list::GIGACHAT_V31),
             ),
             ("ibm-granite-granite-4.0.jinja", Format::Hermes),
             ("LFM2-8B-A1B.jinja", Format::Lfm2),

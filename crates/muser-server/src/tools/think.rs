@@ -37,6 +37,10 @@ pub struct Tags {
     /// An output that starts with a bare closing tag has no reasoning, and its reply follows
     /// the tag (MiniMax M3 writes `</mm:think>` before a reply it did not think about).
     pub bare_close: bool,
+    /// The reasoning of a block the prompt opened starts with the opening itself and a line
+    /// break (llama.cpp reads Apriel 1.6's so: its analysis of the template takes the
+    /// generation prompt's `Here are my reasoning steps:` line for the reasoning's first).
+    pub lead_in_reasoning: bool,
 }
 
 /// A pair of tags read as most templates' are.
@@ -46,6 +50,7 @@ const fn pair(open: &'static str, close: &'static str) -> Tags {
         close,
         trim_reasoning: false,
         bare_close: false,
+        lead_in_reasoning: false,
     }
 }
 
@@ -76,11 +81,20 @@ pub const GEMMA: Tags = Tags {
     ..pair("<|channel>thought", "<channel|>")
 };
 
+/// Apriel 1.6's: no tags, but a generation prompt that ends with `Here are my reasoning
+/// steps:\n`, and the reply after `[BEGIN FINAL RESPONSE]` (the reasoning starting with the
+/// prompt's line, as llama.cpp reads it).
+pub const APRIEL: Tags = Tags {
+    lead_in_reasoning: true,
+    ..pair("Here are my reasoning steps:", "[BEGIN FINAL RESPONSE]")
+};
+
 /// Tencent Hy3's.
 pub const HY3: Tags = pair("<think:opensource>", "</think:opensource>");
 
-/// Every pair, in the order a template's source is searched for them.
-pub const ALL: [Tags; 7] = [THINK, BRACKETS, SEED, MINIMAX, COHERE, GEMMA, HY3];
+/// Every pair, in the order a template's source is searched for them (Apriel 1.6's before
+/// `<think>`, which its template mentions).
+pub const ALL: [Tags; 8] = [APRIEL, THINK, BRACKETS, SEED, MINIMAX, COHERE, GEMMA, HY3];
 
 impl Tags {
     /// The tags a chat template writes reasoning in: the first pair of [`ALL`] whose both
@@ -134,10 +148,20 @@ impl Tags {
         };
         match body.find(self.close) {
             Some(end) => (
-                Some(body[..end].to_string()),
+                Some(self.reasoning(&body[..end], opened)),
                 body[end + self.close.len()..].trim_start(),
             ),
-            None => (Some(body.to_string()), ""),
+            None => (Some(self.reasoning(body, opened)), ""),
+        }
+    }
+
+    /// The reasoning read as `body`: with the opening line before it where the family reads
+    /// it so (`lead_in_reasoning`).
+    fn reasoning(self, body: &str, opened: bool) -> String {
+        if self.lead_in_reasoning && opened {
+            format!("{}\n{body}", self.open)
+        } else {
+            body.to_string()
         }
     }
 
@@ -163,14 +187,15 @@ impl Tags {
         match body.find(self.close) {
             Some(end) => {
                 let rest = body[end + self.close.len()..].trim_start();
-                (Some(body[..end].to_string()), Some(rest))
+                (Some(self.reasoning(&body[..end], opened)), Some(rest))
             }
             None => {
                 let held = (1..self.close.len())
                     .rev()
                     .find(|&n| body.ends_with(&self.close[..n]))
                     .unwrap_or(0);
-                (Some(body[..body.len() - held].to_string()), None)
+                let so_far = &body[..body.len() - held];
+                (Some(self.reasoning(so_far, opened)), None)
             }
         }
     }
@@ -346,8 +371,9 @@ mod tests {
 
     /// Every pair of tags (and `<think>` read as the Qwen3-Coder family reads it), and the word
     /// a tool call of their models opens with.
-    const PAIRS: [(Tags, &str); 7] = [
+    const PAIRS: [(Tags, &str); 8] = [
         (THINK, "<tool_call>"),
+        (APRIEL, "<tool_calls>"),
         (BRACKETS, "[TOOL_CALLS]"),
         (SEED, "<seed:tool_call>"),
         (MINIMAX, "<tool_call>"),
@@ -379,11 +405,20 @@ mod tests {
                 t.split(&w("<think>never closed"), false),
                 (Some("never closed".into()), "")
             );
+            // (Apriel's reasoning in a block its prompt opened starts with the prompt's line)
+            let lead = if t.lead_in_reasoning {
+                format!("{}\n", t.open)
+            } else {
+                String::new()
+            };
             assert_eq!(
                 t.split(&w("reasons</think> reply"), true),
-                (Some("reasons".into()), "reply")
+                (Some(format!("{lead}reasons")), "reply")
             );
-            assert_eq!(t.split("no close", true), (Some("no close".into()), ""));
+            assert_eq!(
+                t.split("no close", true),
+                (Some(format!("{lead}no close")), "")
+            );
             assert_eq!(t.split("", false), (None, ""));
             assert!(t.prompt_opens(&w("<|im_start|>assistant\n<think>\n")));
             assert!(!t.prompt_opens(&w("<think>\n\n</think>\n\n")));
@@ -522,15 +557,19 @@ mod tests {
                     true => reasoning.trim_start(),
                     false => &reasoning,
                 };
+                let reasoning = match t.lead_in_reasoning && opened {
+                    true => format!("{}\n{reasoning}", t.open),
+                    false => reasoning.to_string(),
+                };
                 assert_eq!(
                     t.split(&text, opened),
-                    (Some(reasoning.to_string()), reply.as_str()),
+                    (Some(reasoning.clone()), reply.as_str()),
                     "{text:?}"
                 );
                 let (last_r, last_rest) = t.split_partial(&text, opened);
                 assert_eq!(
                     (last_r.as_deref(), last_rest),
-                    (Some(reasoning), Some(reply.as_str()))
+                    (Some(reasoning.as_str()), Some(reply.as_str()))
                 );
                 // A reply after a bare closing tag: no reasoning where the family writes one
                 // so, else all of it is the reply.
@@ -631,6 +670,7 @@ mod trigger_tests {
     fn a_call_trigger_waits_for_the_end_of_the_reasoning() {
         let mut rng = super::super::test_util::Rng(0x5EED_7418);
         for (t, call) in ALL.into_iter().zip([
+            "<tool_calls>",
             "<tool_call>",
             "[TOOL_CALLS]",
             "<x>",
