@@ -28,7 +28,6 @@ use super::partial::{self, Json};
 use super::{
     allowed_tools, arguments_schema, call_of, json_prefix, parse_blocks, parse_blocks_partial,
     tool_rules, BlockStep, Blocks, Format, LazyStart, Parsed, Plan, Tool, ToolCall, ToolRequest,
-    WS_BODY,
 };
 
 use muser_jsonschema::gbnf_literal as lit;
@@ -178,16 +177,16 @@ pub(super) fn detect(t: &str) -> Option<Format> {
 }
 
 /// The block of one call (or, with `req.parallel`, of one or more) of the allowed tools, the
-/// arguments held by each tool's schema; whitespace allowed between the pieces. Kimi's call
+/// arguments held by each tool's schema, in the template's layout. Kimi's call
 /// index is any number (the model counts the conversation's calls); Solar's id is 10 lowercase
 /// letters and digits, as its system prompt asks.
 pub(super) fn plan(req: &ToolRequest, flavor: Flavor) -> Result<Option<Plan>, String> {
     let m = flavor.marks();
     let Some((alts, rules)) = call_rules(req, |t, args| match flavor {
         Flavor::R1 => format!(
-            "{} {args} ws {}",
+            "{} {args} {}",
             lit(&format!("{}\n```json\n", t.name)),
-            lit("```")
+            lit("\n```")
         ),
         Flavor::V31 => format!("{} {args}", lit(&format!("{}{SEP}", t.name))),
         Flavor::Kimi => format!(
@@ -207,22 +206,16 @@ pub(super) fn plan(req: &ToolRequest, flavor: Flavor) -> Result<Option<Plan>, St
         Flavor::R1 => format!("{CALL_BEGIN}function{SEP}"),
         Flavor::V31 | Flavor::Kimi | Flavor::Solar => m.call_begin.to_string(),
     };
-    // Kimi K2's and Solar's markup back to back, as their templates write it (llama.cpp reads
-    // no Kimi call with whitespace between its tags).
-    let ws = if matches!(flavor, Flavor::Kimi | Flavor::Solar) {
-        ""
-    } else {
-        " ws"
-    };
-    let more = if req.parallel {
-        format!(" ({ws} call )*")
-    } else {
-        String::new()
+    // The markup as the templates write it: back to back, R1's calls one a line (llama.cpp
+    // reads no call with other whitespace between the tags).
+    let more = match (req.parallel, flavor) {
+        (false, _) => "",
+        (true, Flavor::R1) => " ( \"\\n\" call )*",
+        (true, _) => " ( call )*",
     };
     let gbnf = format!(
-        "root ::= {} call{more}{ws} {}\n\
-         call ::= {} ( {} ){ws} {}\n\
-         ws ::= {WS_BODY}\n{rules}",
+        "root ::= {} call{more} {}\n\
+         call ::= {} ( {} ) {}\n{rules}",
         lit(m.calls_begin),
         lit(m.calls_end),
         lit(&head),
@@ -545,6 +538,15 @@ mod tests {
         (Flavor::V31, Format::DeepSeekV31),
     ];
 
+    /// What the template writes between two calls: R1's a newline, V3.1's nothing.
+    fn template_sep(flavor: Flavor) -> &'static str {
+        if flavor == Flavor::R1 {
+            "\n"
+        } else {
+            ""
+        }
+    }
+
     /// A block as the templates render it: `sep` between the calls, the arguments as given.
     fn render(flavor: Flavor, calls: &[(&str, String)], sep: &str) -> String {
         let calls: Vec<String> = calls
@@ -580,11 +582,14 @@ mod tests {
                     .iter()
                     .map(|(t, a)| (t.name.as_str(), layouts(a)[layout].clone()))
                     .collect();
+                // (the grammar writes the template's separator only; the reading takes any)
                 let sep = ["\n", "", "\n\n", " "][layout];
                 let text = render(flavor, &laid, sep);
-                assert!(
+                let templated = calls.len() < 2 || sep == template_sep(flavor);
+                assert_eq!(
                     g.accepts_str(&text),
-                    "round {round}: refused {text}\n{}",
+                    templated,
+                    "round {round}: {text}\n{}",
                     p.gbnf
                 );
                 let parsed = format.parse(&text, Some(&r));
@@ -594,9 +599,12 @@ mod tests {
                 for (c, (t, a)) in parsed.tool_calls.iter().zip(&calls) {
                     assert_call(c, &t.name, a, None);
                 }
+                check_stream_calls(format, &text, &r);
+                if !templated {
+                    continue;
+                }
                 // text before the block is kept, nothing may follow it; it must be closed
                 check_text_around(format, &r, &g, &text, calls.len());
-                check_stream_calls(format, &text, &r);
                 assert!(!g.accepts_str(text.strip_suffix(CALLS_END).unwrap()));
                 assert!(!g.accepts_str(&format!("Hi {text}")));
             }
@@ -607,8 +615,12 @@ mod tests {
             let one = (t.name.as_str(), a.to_string());
             let single = render(flavor, std::slice::from_ref(&one), "");
             assert!(g.accepts_str(&single));
-            let two = render(flavor, &[one.clone(), one.clone()], "\n");
+            let two = render(flavor, &[one.clone(), one.clone()], template_sep(flavor));
             assert_eq!(g.accepts_str(&two), r.parallel);
+            // whitespace where the template writes none
+            let spaced =
+                render(flavor, &[one.clone()], "").replace(CALL_END, &format!(" {CALL_END}"));
+            assert!(!g.accepts_str(&spaced), "{spaced}");
             // the other flavour's layout
             let other = if flavor == Flavor::R1 {
                 Flavor::V31
