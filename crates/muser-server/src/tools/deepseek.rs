@@ -618,8 +618,8 @@ mod tests {
             let two = render(flavor, &[one.clone(), one.clone()], template_sep(flavor));
             assert_eq!(g.accepts_str(&two), r.parallel);
             // whitespace where the template writes none
-            let spaced =
-                render(flavor, &[one.clone()], "").replace(CALL_END, &format!(" {CALL_END}"));
+            let spaced = render(flavor, std::slice::from_ref(&one), "")
+                .replace(CALL_END, &format!(" {CALL_END}"));
             assert!(!g.accepts_str(&spaced), "{spaced}");
             // the other flavour's layout
             let other = if flavor == Flavor::R1 {
