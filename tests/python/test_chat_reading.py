@@ -150,7 +150,7 @@ def test_muser_answers_read_as_llama_cpp_reads_them(llamacpp_chat, tmp_path):
                 kwargs = {} if thinking else {
                     "chat_template_kwargs": {"enable_thinking": False}}
                 r = requests.post(server.url + "/v1/chat/completions", timeout=120, json={
-                    **body, **kwargs, "max_tokens": 160, "temperature": 1.0,
+                    **body, **kwargs, "max_tokens": 320, "temperature": 1.0,
                     "seed": rng.randrange(1 << 30), "verbose": True})
                 assert r.status_code == 200, (path.name, r.text)
                 j = r.json()
