@@ -21,8 +21,9 @@ from pathlib import Path
 import pytest
 import requests
 
-from libllama_harness import REPO
-from test_chat_templates import SRC, TEMPLATES, tiny_model
+from libllama_harness import REPO, cargo_example
+from test_chat_templates import (SRC, TEMPLATES, random_text, reasoning_family_templates,
+                                 reasoning_tags_of, tiny_model)
 from test_server import ServerProcess
 from test_tool_calls import ADD, PING, WEATHER
 
@@ -180,3 +181,108 @@ def test_muser_answers_read_as_llama_cpp_reads_them(llamacpp_chat, tmp_path):
           ", ".join(f"{n} {c}" for n, c in counts.items()))
     assert compared > 0
     assert not set(found) - set(KNOWN_DIFFERENCES), report
+
+
+# Reasoning templates whose crafted outputs (test_calls_in_reasoning_read_as_llama_cpp_reads_them)
+# Muser reads otherwise than llama.cpp, with why.
+KNOWN_THINKING_DIFFERENCES: dict[str, str] = {}
+
+
+@pytest.fixture(scope="module")
+def muser_chat_read() -> Path:
+    """Muser's side: examples/chat_read.rs, the same requests on stdin, Muser's readings."""
+    return cargo_example("muser-server", "chat_read")
+
+
+def crafted_outputs(rng: random.Random, tags: tuple[str, str], call: str) -> list[str]:
+    """Outputs of a reasoning model around a call `call` in the template's layout: the call
+    written inside a reasoning block left open (with and without the opening tag, which the
+    prompt may have written), the block closed before it, whitespace before the opening tag,
+    and a block left open without a call."""
+    open_, close = tags
+    r, a = random_text(rng), random_text(rng)
+    ws = lambda: rng.choice(["", " ", "\n", "\n\n"])  # noqa: E731
+    lead = rng.choice([" ", "\n", " \n "])
+    return [f"{open_}{ws()}{r}{ws()}{call}", f"{r}{ws()}{call}",
+            f"{lead}{open_}{r}{close}{ws()}{call}", f"{lead}{open_}{r}{close}{ws()}{a}",
+            f"{open_}{r}{close}{ws()}{a}{ws()}{call}", f"{lead}{open_}{r}{ws()}{call}",
+            f"{ws()}{open_}{r}"]
+
+
+@pytest.mark.skipif(not TEMPLATES, reason="llama.cpp's source (MUSER_GGML_SRC) is not here")
+def test_calls_in_reasoning_read_as_llama_cpp_reads_them(llamacpp_chat, muser_chat_read,
+                                                         tmp_path):
+    """Every reasoning template whose format Muser knows: outputs crafted around calls that
+    `muser serve` writes in the template's layout (`crafted_outputs`: a call inside a block
+    left open, whitespace before the block ...), asked with thinking on and with tools, are read
+    by llama.cpp's parser and by Muser's (examples/chat_read.rs, as `muser serve` reads an
+    answer, whole and streamed a character at a time) the same way: calls, content and
+    reasoning; and Muser's streaming never takes back what it sent. llama.cpp ends a block
+    left open at a call's opening for some formats (the Qwen3-Coder family, DeepSeek's DSML,
+    Ling 3, Kimi K2, Cohere2MoE) and keeps the call as reasoning in the others."""
+    model = tiny_model(tmp_path)
+    seed = int(os.environ.get("MUSER_READING_SEED", "2026"))
+    rng = random.Random(seed)
+    rounds = int(os.environ.get("MUSER_READING_ROUNDS", "16"))
+    only = [w for w in os.environ.get("MUSER_READING_TEMPLATES", "").split(",") if w]
+    family = set(reasoning_family_templates())
+    found: dict[str, tuple] = {}
+    counts: dict[str, int] = {}
+    compared = unread = 0
+    for path in TEMPLATES:
+        if path.name not in family or (only and not any(w in path.name for w in only)):
+            continue
+        tags = reasoning_tags_of(path.read_text())
+        server = ServerProcess("--chat-template-file", str(path), "--ctx-size", "4096",
+                               model=model)
+        calls = []
+        try:
+            if requests.get(server.url + "/props", timeout=60).json()["chat_format"] == "generic":
+                continue
+            for _ in range(rounds):
+                body = random_request(rng)
+                body["tool_choice"] = rng.choice(["required", "auto"])
+                # A call as the template writes it (no reasoning: the grammar forces the calls
+                # from the output's start).
+                r = requests.post(server.url + "/v1/chat/completions", timeout=120, json={
+                    **body, "chat_template_kwargs": {"enable_thinking": False},
+                    "reasoning_format": "none", "max_tokens": 320, "temperature": 1.0,
+                    "seed": rng.randrange(1 << 30), "verbose": True})
+                assert r.status_code == 200, (path.name, r.text)
+                j = r.json()
+                if j["choices"][0]["finish_reason"] == "length" or \
+                        not j["choices"][0]["message"].get("tool_calls"):
+                    continue
+                call = j["__verbose"]["content"].strip()
+                calls.append((body, call, crafted_outputs(rng, tags, call)))
+        finally:
+            server.stop()
+        # Only calls both read alike after a closed block (llama.cpp's readers of some formats
+        # are strict about the calls' layout, which is not what this test is about).
+        probes = [{"template": str(path), **body, "enable_thinking": True,
+                   "text": f"{tags[0]}x{tags[1]}{call}"} for body, call, _ in calls]
+        alike = [w.get("tool_calls") and reading(w) == reading(g) for w, g in zip(
+            read_by_llamacpp(llamacpp_chat, probes), read_by_llamacpp(muser_chat_read, probes))]
+        asked = [{"template": str(path), **body, "enable_thinking": True, "text": t}
+                 for (body, _, texts), ok in zip(calls, alike) if ok for t in texts]
+        unread += alike.count(False) + alike.count([])
+        theirs = read_by_llamacpp(llamacpp_chat, asked)
+        ours = read_by_llamacpp(muser_chat_read, asked)
+        counts[path.name] = 0
+        for req, want, got in zip(asked, theirs, ours):
+            assert "error" not in got, (path.name, req["text"], got)
+            assert "stream_error" not in got, (path.name, req["text"], got["stream_error"])
+            if "error" in want:
+                continue  # llama.cpp refuses to read it
+            compared += 1
+            counts[path.name] += 1
+            if reading(want) != reading(got):
+                found.setdefault(path.name, (req["text"], want, got))
+    report = "\n".join(f"{n}: {t!r}\n  llama.cpp: {w}\n  muser: {g}"
+                       for n, (t, w, g) in sorted(found.items()))
+    print(f"{compared} crafted answers compared ({unread} calls not read alike even after a "
+          "closed block left out):", ", ".join(f"{n} {c}" for n, c in counts.items()))
+    if found:
+        print(report)
+    assert compared > 0
+    assert not set(found) - set(KNOWN_THINKING_DIFFERENCES), report

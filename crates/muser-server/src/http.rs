@@ -5,7 +5,7 @@
 //! (slots.rs) describe the server and its slots.
 
 use crate::api::{self, fit_context, parse_generation, parse_object, parse_prompt, Fields};
-use crate::chat::{ChatRequest, Continue};
+use crate::chat::{ChatRequest, ChatTemplate, Continue};
 use crate::constrain;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
@@ -407,7 +407,7 @@ async fn apply_template(
     let preserved = constrain::preserved_tokens(&f, &m.tokenizer)?;
     let spec = constrain::read(&f, &m.tokenizer, &preserved)?;
     let (response, _) = tools_response(spec.as_ref(), &obj)?;
-    let (req, _, _) = chat_request(&m, &obj, response.as_ref())?;
+    let (req, _, _) = chat_request(&m.template, m.chat_format, &obj, response.as_ref())?;
     Ok(Json(json!({ "prompt": m.template.render_request(&req)? })))
 }
 
@@ -494,31 +494,107 @@ fn template_tools(obj: &Map<String, Value>) -> Value {
 /// plan in the model's format (whose system text, the generic format's, is added to the system
 /// prompt).
 fn chat_request(
-    m: &ModelInfo,
+    template: &ChatTemplate,
+    format: Format,
     obj: &Map<String, Value>,
     response: Option<&Value>,
 ) -> Result<(ChatRequest, Option<ToolRequest>, Option<tools::Plan>), ApiError> {
     let mut req = ChatRequest::parse(obj)?;
-    thinking_variables(&mut req, m.template.reasoning_tags().is_some(), obj)?;
+    thinking_variables(&mut req, template.reasoning_tags().is_some(), obj)?;
     req.add_dates(&chrono::Local::now());
-    check_call_arguments(&req.messages, m.template.reads_object_arguments())?;
+    check_call_arguments(&req.messages, template.reads_object_arguments())?;
     let mut tools = tools::parse_tools(obj)?;
     let mut plan = None;
     if let Some(t) = &mut tools {
         t.response = response.cloned();
         req.tools = Some(template_tools(obj));
-        for (name, value) in m.chat_format.template_variables(t) {
+        for (name, value) in format.template_variables(t) {
             req.add_variable(name, value);
         }
-        plan = m
-            .chat_format
-            .plan(t)
-            .map_err(|e| ApiError::param("tools", e))?;
+        plan = format.plan(t).map_err(|e| ApiError::param("tools", e))?;
         if let Some(text) = plan.as_ref().and_then(|p| p.system.as_deref()) {
             req.add_system(text);
         }
     }
     Ok((req, tools, plan))
+}
+
+/// Whether an answer's calls are read: the request gives tools, and `tool_choice` is not none.
+fn reads_calls(tools: Option<&ToolRequest>) -> bool {
+    tools.is_some_and(|t| t.choice != tools::ToolChoice::None)
+}
+
+/// The reasoning block an answer's output starts with, where it is split from the reply: the
+/// template's tags as its format reads them (`Format::reasoning_tags`: with the markers that
+/// end an unclosed block when calls are read), and whether the prompt opened the block. None
+/// where the request turns the split off (`reasoning_format` none), the prompt closes the
+/// block or continues a message's content after it.
+fn reasoning_block(
+    template: &ChatTemplate,
+    format: Format,
+    req: &ChatRequest,
+    prompt: &str,
+    reasoning: bool,
+    calls: bool,
+) -> Result<Option<(think::Tags, bool)>, ApiError> {
+    let continued = template.continued(req)?;
+    let Some(tags) = template
+        .reasoning_tags()
+        .filter(|t| reasoning && !t.prompt_closes(prompt) && continued != Some(Continue::Content))
+    else {
+        return Ok(None);
+    };
+    // A message's reasoning goes on as written: whitespace that starts its continuation is
+    // the reasoning's, even where a family skips it at a block's start.
+    let goes_on = continued == Some(Continue::Reasoning)
+        && req
+            .prefill
+            .as_ref()
+            .is_some_and(|p| !p.reasoning.is_empty());
+    let tags = think::Tags {
+        trim_reasoning: tags.trim_reasoning && !goes_on,
+        ..format.reasoning_tags(tags, calls)
+    };
+    let opened = continued == Some(Continue::Reasoning) || tags.prompt_opens(prompt);
+    Ok(Some((tags, opened)))
+}
+
+/// Muser's reading of `text` as the output of the chat request `body` (its messages, tools,
+/// `tool_choice`, `reasoning_format`, `chat_template_kwargs` ...) under the chat template
+/// `source`, as `muser serve` reads an answer: `{"content", "reasoning_content", "tool_calls":
+/// [{"name", "arguments"}]}`, the final reading of the answer (streamed or not), or `{"error"}`
+/// where the request is refused. Every prefix of the text is also read as streaming reads it,
+/// and `"stream_error"` says where that took back what it had sent or ended elsewhere. (For
+/// tests that compare readings with llama.cpp's: `examples/chat_read.rs`.)
+pub fn read_chat_output(source: &str, body: &Map<String, Value>, text: &str) -> Value {
+    let read = || -> Result<Value, ApiError> {
+        let template = ChatTemplate::new(Some(source), "", "")
+            .map_err(|e| ApiError::param("template", e.to_string()))?;
+        let format = Format::detect(Some(source));
+        let (req, tools, _) = chat_request(&template, format, body, None)?;
+        let calls = reads_calls(tools.as_ref());
+        let prompt = template.render_request(&req)?;
+        let reasoning = reasoning_format(&Fields(body))?;
+        let o = Output {
+            format,
+            lead: format.continued_header(template.continued(&req)?),
+            think: reasoning_block(&template, format, &req, &prompt, reasoning, calls)?,
+            tools,
+            call_seed: 0,
+            past_ids: Default::default(),
+        };
+        let (p, _) = o.parse_final(text);
+        let mut out = json!({
+            "content": p.content,
+            "reasoning_content": p.reasoning.clone().unwrap_or_default(),
+            "tool_calls": p.tool_calls.iter().map(|c| json!({"name": c.name, "arguments": c.arguments})).collect::<Vec<_>>(),
+        });
+        if let Err(e) = o.check_stream(text, &p) {
+            out["stream_error"] = e.into();
+        }
+        Ok(out)
+    };
+    read().unwrap_or_else(|e| json!({"error": e.to_string()}))
 }
 
 /// The template variables of reasoning, as llama-server sets them: `enable_thinking` true for a
@@ -660,8 +736,9 @@ async fn generate(
                 ));
             }
         }
-        let (req, tools, plan) = chat_request(&m, &obj, response.as_ref())?;
+        let (req, tools, plan) = chat_request(&m.template, m.chat_format, &obj, response.as_ref())?;
         let format = m.chat_format;
+        let calls = reads_calls(tools.as_ref());
         if let (Some(t), Some(_)) = (&tools, &spec) {
             if response.is_none() && t.choice != tools::ToolChoice::None {
                 return Err(ApiError::param(
@@ -702,25 +779,8 @@ async fn generate(
         if let Some(o) = &mut output {
             o.lead = format.continued_header(m.template.continued(&req)?);
         }
-        // Reasoning in the template's tags (`<think>`, `[THINK]`) is split from the reply,
-        // ahead of the tool-call format; a prompt that closes the block, or that continues a
-        // message's content after it, gets none.
-        let continued = m.template.continued(&req)?;
-        let tags = m.template.reasoning_tags().filter(|t| {
-            reasoning && !t.prompt_closes(&text) && continued != Some(Continue::Content)
-        });
-        // A message's reasoning goes on as written: whitespace that starts its continuation
-        // is the reasoning's, even where a family skips it at a block's start.
-        let goes_on = continued == Some(Continue::Reasoning)
-            && req
-                .prefill
-                .as_ref()
-                .is_some_and(|p| !p.reasoning.is_empty());
-        let tags = tags.map(|t| think::Tags {
-            trim_reasoning: t.trim_reasoning && !goes_on,
-            ..t
-        });
-        if let Some(tags) = tags {
+        let block = reasoning_block(&m.template, format, &req, &text, reasoning, calls)?;
+        if let Some((tags, opened)) = block {
             let o = output.get_or_insert_with(|| Output {
                 format,
                 tools: None,
@@ -729,7 +789,6 @@ async fn generate(
                 lead: "",
                 past_ids: Default::default(),
             });
-            let opened = continued == Some(Continue::Reasoning) || tags.prompt_opens(&text);
             o.think = Some((tags, opened));
             // A lazy call grammar starts only after the reasoning block, never inside it; a
             // grammar of the whole reply made here (forced calls, a JSON response format) lets
@@ -915,6 +974,37 @@ impl Output {
     /// the finish reason `tool_calls`).
     fn parse_final(&self, text: &str) -> (Parsed, bool) {
         Parsed::settle(self.parse(text), self.parse_partial(text))
+    }
+
+    /// Checks streaming `text` as `sse_stream` reads it, a prefix a character longer each
+    /// time: the content and the reasoning only grow, the calls only go on, and the final
+    /// reading `fin` goes on from the last prefix's. Says where that fails.
+    fn check_stream(&self, text: &str, fin: &Parsed) -> Result<(), String> {
+        let mut settled = Settled::default();
+        let mut sent = Parsed::default();
+        let ends = text.char_indices().map(|(i, _)| i).skip(1);
+        for at in ends.chain([text.len()]) {
+            let part = self.read_on(&text[..at], &mut settled);
+            let reasoning = |p: &Parsed| p.reasoning.clone().unwrap_or_default();
+            let grows = part.content.starts_with(&sent.content)
+                && reasoning(&part).starts_with(&reasoning(&sent))
+                && part.continues(&sent);
+            if !grows {
+                return Err(format!("at {:?}: {part:?} after {sent:?}", &text[..at]));
+            }
+            sent = part;
+        }
+        let ends = fin.content.starts_with(&sent.content)
+            && fin
+                .reasoning
+                .clone()
+                .unwrap_or_default()
+                .starts_with(sent.reasoning.as_deref().unwrap_or(""))
+            && fin.continues(&sent);
+        match ends {
+            true => Ok(()),
+            false => Err(format!("final {fin:?} after streaming {sent:?}")),
+        }
     }
 
     /// OpenAI's `tool_calls` entries of a whole answer.

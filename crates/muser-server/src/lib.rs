@@ -17,6 +17,7 @@ pub mod chat;
 pub mod constrain;
 pub mod error;
 mod http;
+pub use http::read_chat_output;
 pub mod metrics;
 mod native;
 pub mod scheduler;

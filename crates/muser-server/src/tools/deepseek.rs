@@ -131,6 +131,9 @@ impl Flavor {
 pub(super) const LAZY_START: LazyStart = LazyStart::Word(CALLS_BEGIN);
 pub(super) const MARKUP: &[&str] = &[CALLS_BEGIN, CALL_BEGIN, SEP, CALL_END, CALLS_END];
 pub(super) const KIMI_LAZY_START: LazyStart = LazyStart::Word(KIMI_CALLS_BEGIN);
+/// What ends Kimi K2's reasoning block left open, as llama.cpp's handler reads it: the calls'
+/// section, or a call without one.
+pub(super) const KIMI_REASONING_ENDS: &[&str] = &[KIMI_CALLS_BEGIN, KIMI_CALL_BEGIN];
 pub(super) const KIMI_MARKUP: &[&str] = &[
     KIMI_CALLS_BEGIN,
     KIMI_CALL_BEGIN,

@@ -109,6 +109,10 @@ pub(super) const COHERE2MOE: Shape = Shape {
     ..COMMAND_R7B
 };
 
+/// What ends Cohere2MoE's reasoning block left open, as llama.cpp's handler reads it: the
+/// calls' opening, or the reply's.
+pub(super) const COHERE2MOE_REASONING_ENDS: &[&str] = &[ACTION, "<|START_TEXT|>"];
+
 pub(super) const GRANITE: Shape = Shape {
     name: "granite",
     open: "<|tool_call|>",

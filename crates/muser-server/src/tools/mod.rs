@@ -301,6 +301,33 @@ impl Format {
         }
     }
 
+    /// The template's reasoning tags as this format's reading takes them. Where llama.cpp's
+    /// handler for the format ends a block left open at a call's opening (or Cohere2MoE's at
+    /// its reply's) and reads the call, so does Muser (`Tags::ends`): the Qwen3-Coder family,
+    /// Ling 3, Kimi K2 and Cohere2MoE with or without calls to read (`calls`), DeepSeek's DSML
+    /// when it reads calls. The handlers of LFM2, Kimi K2 and Ministral 3 open a block only
+    /// as the output's first text (`Tags::open_first`). Other formats keep a call written before the closing tag as
+    /// reasoning, as llama.cpp does.
+    pub fn reasoning_tags(self, tags: think::Tags, calls: bool) -> think::Tags {
+        let ends: &'static [&'static str] = match self {
+            Format::QwenXml | Format::Ling3 => std::slice::from_ref(&self.xml_shape().open),
+            Format::DeepSeekDsml { .. } if calls => std::slice::from_ref(&self.xml_shape().open),
+            Format::KimiK2 => deepseek::KIMI_REASONING_ENDS,
+            Format::JsonList(s) if *s == json_list::COHERE2MOE => {
+                json_list::COHERE2MOE_REASONING_ENDS
+            }
+            _ => &[],
+        };
+        think::Tags {
+            ends,
+            open_first: matches!(
+                self,
+                Format::Lfm2 | Format::KimiK2 | Format::Mistral { .. } | Format::MistralNemo
+            ),
+            ..tags
+        }
+    }
+
     /// The texts of the format's markup (llama-server's preserved tokens: output, and
     /// triggering, even where the vocabulary makes them control tokens).
     pub fn markup(self) -> &'static [&'static str] {

@@ -41,6 +41,15 @@ pub struct Tags {
     /// break (llama.cpp reads Apriel 1.6's so: its analysis of the template takes the
     /// generation prompt's `Here are my reasoning steps:` line for the reasoning's first).
     pub lead_in_reasoning: bool,
+    /// Markers that also end the reasoning, the reply starting at the first of them (with it):
+    /// a tool call's opening written before the closing tag, where llama.cpp's handler for
+    /// the template's format ends the reasoning there and reads the call
+    /// (`Format::reasoning_tags` sets them). None by default: the call is reasoning.
+    pub ends: &'static [&'static str],
+    /// The opening tag starts a block only as the output's very first text: after whitespace
+    /// it is the reply's (as llama.cpp's LFM2 handler reads it). Otherwise whitespace may come
+    /// before the block.
+    pub open_first: bool,
 }
 
 /// A pair of tags read as most templates' are.
@@ -51,6 +60,8 @@ const fn pair(open: &'static str, close: &'static str) -> Tags {
         trim_reasoning: false,
         bare_close: false,
         lead_in_reasoning: false,
+        ends: &[],
+        open_first: false,
     }
 }
 
@@ -146,13 +157,41 @@ impl Tags {
         let Some(body) = self.body_start(text, opened) else {
             return (None, text);
         };
-        match body.find(self.close) {
-            Some(end) => (
+        match self.block_end(body) {
+            Some((end, reply)) => (
                 Some(self.reasoning(&body[..end], opened)),
-                body[end + self.close.len()..].trim_start(),
+                body[reply..].trim_start(),
             ),
             None => (Some(self.reasoning(body, opened)), ""),
         }
+    }
+
+    /// Where the reasoning `body` ends, and where its reply starts: at the first closing tag
+    /// (the reply after it) or marker of `ends` (the reply with it), whichever comes first;
+    /// None while the block is open.
+    fn block_end(self, body: &str) -> Option<(usize, usize)> {
+        let close = body.find(self.close).map(|at| (at, at + self.close.len()));
+        let ends = self
+            .ends
+            .iter()
+            .filter_map(|e| body.find(e).map(|at| (at, at)));
+        close.into_iter().chain(ends).min()
+    }
+
+    /// The longest end of `body` that may be the start of the closing tag or of a marker of
+    /// `ends` (0 when none).
+    fn held(self, body: &str) -> usize {
+        std::iter::once(self.close)
+            .chain(self.ends.iter().copied())
+            .flat_map(|tag| {
+                (1..tag.len())
+                    .filter(|&n| tag.is_char_boundary(n))
+                    .map(move |n| &tag[..n])
+            })
+            .filter(|start| body.ends_with(start))
+            .map(str::len)
+            .max()
+            .unwrap_or(0)
     }
 
     /// The reasoning read as `body`: with the opening line before it where the family reads
@@ -171,7 +210,11 @@ impl Tags {
     /// gives for every continuation of `text`.
     pub fn split_partial(self, text: &str, opened: bool) -> (Option<String>, Option<&str>) {
         if !opened {
-            let t = text.trim_start();
+            let t = if self.open_first {
+                text
+            } else {
+                text.trim_start()
+            };
             let starts = |tag: &str| t.len() < tag.len() && tag.starts_with(t);
             if starts(self.open) || self.bare_close && starts(self.close) {
                 // Nothing yet, or the start of a block (or of a bare closing tag): wait.
@@ -184,17 +227,13 @@ impl Tags {
         let Some(body) = self.body_start(text, opened) else {
             return (None, Some(text));
         };
-        match body.find(self.close) {
-            Some(end) => {
-                let rest = body[end + self.close.len()..].trim_start();
+        match self.block_end(body) {
+            Some((end, reply)) => {
+                let rest = body[reply..].trim_start();
                 (Some(self.reasoning(&body[..end], opened)), Some(rest))
             }
             None => {
-                let held = (1..self.close.len())
-                    .rev()
-                    .find(|&n| body.ends_with(&self.close[..n]))
-                    .unwrap_or(0);
-                let so_far = &body[..body.len() - held];
+                let so_far = &body[..body.len() - self.held(body)];
                 (Some(self.reasoning(so_far, opened)), None)
             }
         }
@@ -205,6 +244,8 @@ impl Tags {
     fn body_start(self, text: &str, opened: bool) -> Option<&str> {
         let body = if opened {
             text
+        } else if self.open_first {
+            text.strip_prefix(self.open)?
         } else {
             text.trim_start().strip_prefix(self.open)?
         };
@@ -243,6 +284,8 @@ impl Tags {
             fancy_regex::escape(self.open),
             fancy_regex::escape(self.close),
         );
+        // (whitespace before the opening tag, where the family reads a block after it)
+        let lead = if self.open_first { "" } else { r"\s*" };
         match start {
             LazyStart::Word(w) => {
                 let w = fancy_regex::escape(w);
@@ -259,26 +302,29 @@ impl Tags {
                 let broken = (0..self.open.len())
                     .map(|n| {
                         let next = class_char(&self.open[n..n + 1]);
-                        let not = if n == 0 { format!(r"\s{next}") } else { next };
+                        let not = match n == 0 && !self.open_first {
+                            true => format!(r"\s{next}"),
+                            false => next,
+                        };
                         format!("{}[^{not}]", fancy_regex::escape(&self.open[..n]))
                     })
                     .collect::<Vec<_>>()
                     .join("|");
                 let mut patterns = vec![
-                    format!(r"^\s*{open}{body}{close}[\s\S]*?({w})"),
-                    format!(r"^\s*({w})"),
-                    format!(r"^\s*(?:{partial})({w})"),
+                    format!(r"^{lead}{open}{body}{close}[\s\S]*?({w})"),
+                    format!(r"^{lead}({w})"),
+                    format!(r"^{lead}(?:{partial})({w})"),
                 ];
                 if self.bare_close {
                     patterns.push(format!(r"^\s*{close}[\s\S]*?({w})"));
                 }
-                patterns.push(format!(r"^\s*(?:{broken})[\s\S]*?({w})"));
+                patterns.push(format!(r"^{lead}(?:{broken})[\s\S]*?({w})"));
                 patterns
             }
             LazyStart::ReplyStart(re) if opened => vec![format!(r"^{body}{close}\s*({re})")],
             LazyStart::ReplyStart(re) => {
                 let mut patterns = vec![
-                    format!(r"^\s*{open}{body}{close}\s*({re})"),
+                    format!(r"^{lead}{open}{body}{close}\s*({re})"),
                     format!(r"^\s*({re})"),
                 ];
                 if self.bare_close {
@@ -339,17 +385,26 @@ impl Tags {
             .collect::<Vec<_>>()
             .join("\n");
         let (open, close) = (literal(self.open), literal(self.close));
+        // (whitespace before the opening tag, where the family reads a block after it)
+        let lead = if self.open_first {
+            ""
+        } else {
+            "[ \\t\\n]{0,4}"
+        };
         let block = if opened {
             format!("{p}-text {close} {p}-ws")
         } else if self.bare_close {
             // (or a bare closing tag, before a reply without reasoning)
-            format!("( [ \\t\\n]{{0,4}} ( {open} {p}-text {close} | {close} ) {p}-ws )?")
+            format!("( {lead} ( {open} {p}-text {close} | {close} ) {p}-ws )?")
         } else {
-            format!("( [ \\t\\n]{{0,4}} {open} {p}-text {close} {p}-ws )?")
+            format!("( {lead} {open} {p}-text {close} {p}-ws )?")
         };
+        // The reasoning's text has none of the markers that would end it.
+        let mut delims = vec![self.close];
+        delims.extend(self.ends);
         format!(
             "root ::= {block} {p}-calls\n{p}-ws ::= [ \\t\\n]{{0,4}}\n{}{calls}\n",
-            super::xml_args::text_without(&format!("{p}-text"), &[self.close])
+            super::xml_args::text_without(&format!("{p}-text"), &delims)
         )
     }
 }
