@@ -1757,6 +1757,100 @@ mod tests {
         assert!(cut_calls > 100, "{cut_calls}");
     }
 
+    /// Every format's random outputs (text, then random calls of random tools) written inside
+    /// a reasoning block left open, after random reasoning, the prompt opening the block or
+    /// not. Where llama.cpp's handler for the format ends such a block at a call's opening
+    /// (`Tags::ends`: the Qwen3-Coder family, DSML, Ling 3, Kimi K2, Cohere2MoE), the reading,
+    /// whole and streamed, is that of the same output with the block closed right before the
+    /// first such marker; elsewhere all of it is reasoning, without calls. Where the family
+    /// opens a block only at the output's start (LFM2, Kimi K2, Ministral 3), a block after
+    /// whitespace is read as the reply's text.
+    #[test]
+    fn a_call_in_a_block_left_open_reads_as_llama_cpp_reads_it() {
+        use crate::tools::test_util::{markup_text, random_output};
+        let mut rng = Rng(0x5EED_7417);
+        let (mut ended, mut with_calls, mut first) = (0, 0, 0);
+        let mut ending = Vec::new();
+        for &format in FORMATS {
+            let tags = match format {
+                Format::Harmony | Format::Atem => continue,
+                Format::Gemma4 => think::GEMMA,
+                Format::Mistral { .. } | Format::MistralNemo => think::BRACKETS,
+                Format::JsonList(s) if s.name.starts_with("co") => think::COHERE,
+                _ => think::THINK,
+            };
+            let t = format.reasoning_tags(tags, true);
+            if !t.ends.is_empty() {
+                ending.push(format.name());
+            }
+            for round in 0..24 {
+                let r = random_req(&mut rng, round, round % 2 == 0);
+                let opened = rng.coin();
+                let o = Output {
+                    format,
+                    tools: Some(r.clone()),
+                    call_seed: 1,
+                    think: Some((t, opened)),
+                    lead: "",
+                    past_ids: Default::default(),
+                };
+                let out = random_output(&mut rng, format, &r);
+                let reasoning = markup_text(&mut rng, 0, 12);
+                let open = if opened { "" } else { t.open };
+                let text = format!("{open}{reasoning}{out}");
+                let (fin, _) = o.parse_final(&text);
+                o.check_stream(&text, &fin)
+                    .unwrap_or_else(|e| panic!("{format:?} {text:?}: {e}"));
+                assert_eq!(replay(&o, &text, &mut rng), Rebuilt::whole(&o, &text));
+                match t.ends.iter().filter_map(|e| out.find(e)).min() {
+                    Some(m) => {
+                        let closed =
+                            format!("{open}{reasoning}{}{}{}", &out[..m], t.close, &out[m..]);
+                        assert_eq!(o.parse(&text), o.parse(&closed), "{format:?} {text:?}");
+                        assert_eq!(fin, o.parse_final(&closed).0, "{format:?} {text:?}");
+                        ended += 1;
+                        with_calls += !fin.tool_calls.is_empty() as usize;
+                    }
+                    None => {
+                        let p = o.parse(&text);
+                        assert_eq!((p.content.as_str(), &p.tool_calls[..]), ("", &[][..]));
+                        assert!(p.reasoning.is_some_and(|r| r.ends_with(out.trim_end())));
+                    }
+                }
+                // A block after whitespace, closed.
+                let spaced = format!(" \n{}{reasoning}{}{out}", t.open, t.close);
+                let got = o.parse(&spaced);
+                let plain = Output { think: None, ..o };
+                if t.open_first && !opened {
+                    assert_eq!(got, plain.parse(&spaced), "{format:?} {spaced:?}");
+                    first += 1;
+                } else {
+                    assert!(got.reasoning.is_some(), "{format:?} {spaced:?}");
+                }
+            }
+        }
+        assert_eq!(
+            ending,
+            [
+                "qwen3-coder",
+                "kimi-k2",
+                "cohere2moe",
+                "deepseek-v3.2",
+                "deepseek-v4",
+                "ling-3"
+            ]
+        );
+        assert!(
+            ended > 100 && with_calls > 100 && first > 20,
+            "{ended} {with_calls} {first}"
+        );
+        // DSML's calls end a block only where they are read.
+        assert!(Format::DeepSeekDsml { v4: true }
+            .reasoning_tags(think::THINK, false)
+            .ends
+            .is_empty());
+    }
+
     /// Random outputs of the formats that read on from their last whole block, after a
     /// reasoning block or not (the reply after it starting after whitespace that grows), with
     /// slips: reading each on, at every prefix, gives what reading it all again gives.
@@ -2163,11 +2257,14 @@ mod tests {
             let src = crate::tools::test_util::template(&s("template")).unwrap();
             let t = crate::chat::ChatTemplate::new(Some(&src), "", "").unwrap();
             let body = json!({"tools": c["tools"], "parallel_tool_calls": true});
+            let format = Format::detect(Some(&src));
             let o = Output {
-                format: Format::detect(Some(&src)),
+                format,
                 tools: tools::parse_tools(body.as_object().unwrap()).unwrap(),
                 call_seed: 1,
-                think: t.reasoning_tags().map(|g| (g, false)),
+                think: t
+                    .reasoning_tags()
+                    .map(|g| (format.reasoning_tags(g, true), false)),
                 past_ids: Default::default(),
                 lead: "",
             };

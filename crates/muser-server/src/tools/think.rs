@@ -14,8 +14,13 @@
 //! `<think>` in its generation prompt, a continued reasoning), the output up to the closing
 //! tag; where llama.cpp's handler for the family skips the whitespace that starts it (the
 //! Qwen3-Coder family, MiniCPM5, MiniMax M3, Gemma 4: [`Tags::trim_reasoning`]), from its first
-//! non-whitespace character. An output whose block never closes is all reasoning. The reply
-//! after the block starts at its first non-whitespace character; MiniMax M3's reply without
+//! non-whitespace character. An output whose block never closes is all reasoning, unless the
+//! template's format writes a call there that llama.cpp's handler for it reads: a marker of
+//! [`Tags::ends`] (the call's opening, set by `Format::reasoning_tags`) then ends the reasoning
+//! and starts the reply, as a closing tag would. Whitespace may come before a block, except in
+//! the families whose handler reads a block only at the output's start ([`Tags::open_first`]:
+//! LFM2, Kimi K2, Ministral 3). The reply after the block starts at its first non-whitespace
+//! character; MiniMax M3's reply without
 //! reasoning follows a bare closing tag ([`Tags::bare_close`]), which is not part of it.
 //! (llama-server keeps whitespace after a closing tag beyond what its analysis of the template
 //! puts in the tag, and, where a template's generation prompt has whitespace after an opening
@@ -26,7 +31,7 @@ use muser_jsonschema::gbnf_literal as literal;
 
 /// A pair of reasoning tags, and how a family reads what is around them. Each tag is ASCII,
 /// and the closing tag's first character occurs in it only there (what [`Tags::after_block`]'s
-/// automata rely on).
+/// automata rely on; the markers of `ends` may be anything).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Tags {
     pub open: &'static str,
@@ -271,7 +276,9 @@ impl Tags {
     /// closing tag when the prompt opened the block, after the block when the output starts
     /// with one, in the reply otherwise (anywhere in it for a `Word`, at its start after
     /// whitespace for a `ReplyStart`). A tool call's lazy grammar then never starts inside the
-    /// reasoning.
+    /// reasoning; but where the word is a marker of `ends`, its first occurrence in a block
+    /// left open also starts it, as the reading ends the block there. (`ends` are for calls
+    /// that start with a word: a `ReplyStart` does not look for them.)
     ///
     /// No pattern has a look-around: the regex crate's automata run them (fancy-regex hands
     /// such a pattern over whole), in time linear in the text and without a backtracking
@@ -288,9 +295,15 @@ impl Tags {
         let lead = if self.open_first { "" } else { r"\s*" };
         match start {
             LazyStart::Word(w) => {
+                // Where the word also ends a block left open (`ends`), its first occurrence in
+                // the block (before any closing tag) comes first: the lazy body stops at it.
+                let in_block = self.ends.contains(&w).then(|| lazy(&body));
                 let w = fancy_regex::escape(w);
                 if opened {
-                    return vec![format!(r"^{body}{close}[\s\S]*?({w})")];
+                    let mut patterns: Vec<String> =
+                        in_block.iter().map(|b| format!(r"^{b}({w})")).collect();
+                    patterns.push(format!(r"^{body}{close}[\s\S]*?({w})"));
+                    return patterns;
                 }
                 // A reply that does not start with the opening tag: the word at once, right
                 // after a start of the tag that stops there, or after one that turns into
@@ -310,11 +323,15 @@ impl Tags {
                     })
                     .collect::<Vec<_>>()
                     .join("|");
-                let mut patterns = vec![
+                let mut patterns: Vec<String> = in_block
+                    .iter()
+                    .map(|b| format!(r"^{lead}{open}{b}({w})"))
+                    .collect();
+                patterns.extend([
                     format!(r"^{lead}{open}{body}{close}[\s\S]*?({w})"),
                     format!(r"^{lead}({w})"),
                     format!(r"^{lead}(?:{partial})({w})"),
-                ];
+                ]);
                 if self.bare_close {
                     patterns.push(format!(r"^\s*{close}[\s\S]*?({w})"));
                 }
@@ -409,6 +426,28 @@ impl Tags {
     }
 }
 
+/// `re` with every quantifier lazy (`*?`, `+?`, `??`): of the texts it matches, a pattern
+/// takes the shortest one that lets the rest match. For regexes of `Tags::without_close`'s,
+/// whose `*`, `+` and `?` are all quantifiers.
+fn lazy(re: &str) -> String {
+    let mut out = String::new();
+    let mut chars = re.chars();
+    let mut in_class = false;
+    while let Some(c) = chars.next() {
+        let after_group = out.ends_with('(');
+        out.push(c);
+        match c {
+            // (an escaped character is a literal)
+            '\\' => out.extend(chars.next()),
+            '[' if !in_class => in_class = true,
+            ']' if in_class => in_class = false,
+            '*' | '+' | '?' if !in_class && !after_group => out.push('?'),
+            _ => {}
+        }
+    }
+    out
+}
+
 /// One ASCII character as a member of a regex character class, escaped where the class
 /// syntax would read it otherwise.
 fn class_char(c: &str) -> String {
@@ -426,7 +465,7 @@ mod tests {
 
     /// Every pair of tags (and `<think>` read as the Qwen3-Coder family reads it), and the word
     /// a tool call of their models opens with.
-    const PAIRS: [(Tags, &str); 8] = [
+    const PAIRS: [(Tags, &str); 12] = [
         (THINK, "<tool_call>"),
         (APRIEL, "<tool_calls>"),
         (BRACKETS, "[TOOL_CALLS]"),
@@ -435,7 +474,32 @@ mod tests {
         (COHERE, "<|START_ACTION|>"),
         (THINK.trimming_reasoning(), "<tool_call>"),
         (GEMMA, "<|tool_call>"),
+        // Blocks that a call's opening also ends (the Qwen3-Coder family's, DSML's, with a
+        // marker that is not ASCII, Cohere2MoE's of two markers), and LFM2's.
+        (QWEN_XML, "<tool_call>"),
+        (DSML, "<｜DSML｜function_calls>"),
+        (COHERE2MOE, "<|START_ACTION|>"),
+        (FIRST, "<|tool_call_start|>"),
     ];
+
+    /// `<think>` read as the Qwen3-Coder family's handler reads it, a call's opening ending it.
+    const QWEN_XML: Tags = Tags {
+        ends: &["<tool_call>"],
+        ..THINK.trimming_reasoning()
+    };
+    const DSML: Tags = Tags {
+        ends: &["<｜DSML｜function_calls>"],
+        ..THINK
+    };
+    const COHERE2MOE: Tags = Tags {
+        ends: &["<|START_ACTION|>", "<|START_TEXT|>"],
+        ..COHERE
+    };
+    /// `<think>` opening a block only at the output's start (LFM2's).
+    const FIRST: Tags = Tags {
+        open_first: true,
+        ..THINK
+    };
 
     /// `s` with `<think>` tags written as `t`'s.
     fn with(t: Tags, s: &str) -> String {
@@ -450,10 +514,13 @@ mod tests {
                 t.split(&w("<think>a b</think>\n\nHi"), false),
                 (Some("a b".into()), "Hi")
             );
-            assert_eq!(
-                t.split(&w("  <think>x</think>"), false),
-                (Some("x".into()), "")
-            );
+            // (after whitespace, a block only where the family reads one there)
+            let spaced = w("  <think>x</think>");
+            let want = match t.open_first {
+                true => (None, spaced.as_str()),
+                false => (Some("x".into()), ""),
+            };
+            assert_eq!(t.split(&spaced, false), want);
             let inside = w("Hi <think>x</think>");
             assert_eq!(t.split(&inside, false), (None, inside.as_str()));
             assert_eq!(
@@ -603,10 +670,11 @@ mod tests {
                 }
                 let gap = [" ", "\n\n", ""][rng.below(3)];
                 let opened = rng.coin();
+                let before = if t.open_first { "" } else { gap };
                 let text = if opened {
                     format!("{reasoning}{}{gap}{reply}", t.close)
                 } else {
-                    format!("{gap}{}{reasoning}{}{gap}{reply}", t.open, t.close)
+                    format!("{before}{}{reasoning}{}{gap}{reply}", t.open, t.close)
                 };
                 let reasoning = match t.trim_reasoning {
                     true => reasoning.trim_start(),
@@ -637,6 +705,107 @@ mod tests {
                 assert_eq!(t.split_partial(&bare, false), (want.0, Some(want.1)));
             }
         }
+    }
+
+    /// A block left open up to a marker of `ends`: the reasoning stops there and the reply
+    /// starts with the marker, whole and while streaming (the reasoning held back while the
+    /// text may be the start of a marker); the first of the closing tag and the markers ends
+    /// it. Without `ends` the marker is reasoning.
+    #[test]
+    fn a_block_left_open_ends_at_a_marker() {
+        let mut rng = Rng(0x7417_2028);
+        for (t, call) in [(QWEN_XML, "<tool_call>"), (DSML, DSML.ends[0])]
+            .into_iter()
+            .chain(COHERE2MOE.ends.iter().map(|&e| (COHERE2MOE, e)))
+        {
+            for _ in 0..500 {
+                let reasoning = markup_text(&mut rng, 0, 12);
+                let rest = format!("{call}{}", markup_text(&mut rng, 0, 12));
+                let opened = rng.coin();
+                let open = if opened { "" } else { t.open };
+                let text = format!("{open}{reasoning}{rest}");
+                let want = match t.trim_reasoning {
+                    true => reasoning.trim_start(),
+                    false => &reasoning,
+                };
+                assert_eq!(
+                    t.split(&text, opened),
+                    (Some(want.to_string()), rest.as_str()),
+                    "{text:?}"
+                );
+                // Without the markers, all of it is reasoning.
+                let plain = Tags { ends: &[], ..t };
+                assert_eq!(plain.split(&text, opened).1, "", "{text:?}");
+                // Streaming: the reasoning so far is the final one's start; once the marker is
+                // whole, the reasoning is final and the reply starts with it.
+                for p in prefixes(&text) {
+                    let (r, reply) = t.split_partial(p, opened);
+                    let r = r.unwrap_or_default();
+                    assert!(want.starts_with(&r), "{p:?}: {r:?} / {want:?}");
+                    if p.len() >= open.len() + reasoning.len() + call.len() {
+                        assert_eq!(
+                            (r.as_str(), reply),
+                            (want, Some(&rest[..p.len() + rest.len() - text.len()]))
+                        );
+                    } else {
+                        assert_eq!(reply, None, "{p:?}");
+                    }
+                }
+                // A closing tag before the marker ends the block there.
+                let closed = format!("{open}{reasoning}{}{rest}", t.close);
+                assert_eq!(
+                    t.split(&closed, opened),
+                    (Some(want.to_string()), rest.as_str())
+                );
+            }
+        }
+        assert_eq!(
+            QWEN_XML.split("<think>\nLet me look.\n<tool_call>\n<function=f>", false),
+            (Some("Let me look.\n".into()), "<tool_call>\n<function=f>")
+        );
+        assert_eq!(
+            QWEN_XML.split("a <tool_call> b</think>c", true),
+            (Some("a ".into()), "<tool_call> b</think>c")
+        );
+        assert_eq!(
+            QWEN_XML.split_partial("a <tool_", true),
+            (Some("a ".into()), None)
+        );
+        assert_eq!(
+            DSML.split_partial("a <｜DSML", true),
+            (Some("a ".into()), None)
+        );
+    }
+
+    /// Where the opening tag counts only as the output's first text (LFM2's), whitespace
+    /// before it makes the whole output the reply; at the start it opens a block as usual.
+    #[test]
+    fn an_opening_after_whitespace_is_the_reply_where_the_family_reads_it_so() {
+        let mut rng = Rng(0x7417_2029);
+        for _ in 0..500 {
+            let reasoning = markup_text(&mut rng, 0, 12);
+            let reply = markup_text(&mut rng, 1, 12).trim_start().to_string();
+            let gap = [" ", "\n", " \n "][rng.below(3)];
+            let text = format!("{gap}<think>{reasoning}</think>{reply}");
+            assert_eq!(FIRST.split(&text, false), (None, text.as_str()));
+            assert_eq!(
+                FIRST.split_partial(&text, false),
+                (None, Some(text.as_str()))
+            );
+            assert_eq!(
+                THINK.split(&text, false),
+                (Some(reasoning.clone()), reply.as_str())
+            );
+            assert_eq!(
+                FIRST.split(&text[gap.len()..], false),
+                (Some(reasoning.clone()), reply.as_str())
+            );
+            for p in prefixes(&text).filter(|p| !p.is_empty()) {
+                assert_eq!(FIRST.split_partial(p, false), (None, Some(p)));
+            }
+        }
+        // (the start of an opening tag waits, as for other families)
+        assert_eq!(FIRST.split_partial("<thi", false), (None, None));
     }
 }
 
@@ -669,9 +838,13 @@ mod trigger_tests {
     /// the whole text, when it does not start with a block; undecided while it may still
     /// become one), then the word anywhere in it or the regex at its start.
     fn reference(t: Tags, start: LazyStart, opened: bool, text: &str) -> Option<usize> {
-        let lead = text.len() - text.trim_start().len();
+        let lead = match t.open_first {
+            true => 0,
+            false => text.len() - text.trim_start().len(),
+        };
         let reply = if opened || text[lead..].starts_with(t.open) {
-            text.find(t.close)? + t.close.len()
+            let body = if opened { 0 } else { lead + t.open.len() };
+            body + t.block_end(&text[body..])?.1
         } else if t.open.starts_with(&text[lead..]) {
             return None;
         } else if t.bare_close && text[lead..].starts_with(t.close) {
@@ -724,7 +897,11 @@ mod trigger_tests {
     #[test]
     fn a_call_trigger_waits_for_the_end_of_the_reasoning() {
         let mut rng = super::super::test_util::Rng(0x5EED_7418);
-        for (t, call) in ALL.into_iter().zip([
+        let first = Tags {
+            open_first: true,
+            ..THINK
+        };
+        let calls = [
             "<tool_calls>",
             "<tool_call>",
             "[TOOL_CALLS]",
@@ -733,14 +910,34 @@ mod trigger_tests {
             "<|x|>",
             "<|tool_call>",
             "<tool_calls:opensource>",
-        ]) {
+        ];
+        // (and `<think>` opening a block only at the output's start, LFM2's; blocks that a
+        // call's opening also ends, where the call starts with it or not)
+        let ending = |ends| Tags { ends, ..THINK };
+        let more = [
+            (first, "<|tool_call_start|>"),
+            (ending(&["<tool_call>"]), "<tool_call>"),
+            (ending(&["<tool_call>", "<x>"]), "<x>"),
+            (
+                Tags {
+                    ends: &["<|START_ACTION|>", "<|START_TEXT|>"],
+                    ..COHERE
+                },
+                "<|START_ACTION|>",
+            ),
+        ];
+        for (t, call) in ALL.into_iter().zip(calls).chain(more) {
             let mut pieces = vec![t.open, t.close, call, "x", " ", "\n", "{", "\"name\""];
+            pieces.extend(t.ends);
             pieces.extend(pieces_of(t.open).into_iter().skip(t.open.len()));
             pieces.extend(pieces_of(t.close).into_iter().skip(t.close.len()));
-            for start in [
+            // (a block's `ends` are the openings of calls that start with a word)
+            let starts = [
                 LazyStart::Word(call),
                 LazyStart::ReplyStart(r#"\{\s*"name""#),
-            ] {
+            ];
+            for start in &starts[..if t.ends.is_empty() { 2 } else { 1 }] {
+                let start = *start;
                 for opened in [false, true] {
                     let patterns = t.after_block(start, opened);
                     for p in &patterns {
@@ -791,6 +988,24 @@ mod trigger_tests {
         assert_eq!(at(&json, "</mm:think></mm:think>{"), None);
         let json = THINK.after_block(LazyStart::ReplyStart(r"\{"), false);
         assert_eq!(at(&json, "</think>{"), None);
+        // A call's opening that ends a block left open: its first one there.
+        let qwen = Tags {
+            ends: &["<tool_call>"],
+            ..THINK
+        };
+        let word = qwen.after_block(LazyStart::Word("<tool_call>"), false);
+        assert_eq!(
+            at(&word, "<think>a <tool_call> b</think> <tool_call>"),
+            Some(9)
+        );
+        assert_eq!(at(&word, "<think>a</think> b <tool_call>"), Some(19));
+        let opened = qwen.after_block(LazyStart::Word("<tool_call>"), true);
+        assert_eq!(at(&opened, "a <tool_call> <tool_call></think>"), Some(2));
+        // LFM2's: a block after whitespace is the reply's text.
+        let word = first.after_block(LazyStart::Word("<|tool_call_start|>"), false);
+        assert_eq!(at(&word, " <think>a <|tool_call_start|>"), Some(10));
+        assert_eq!(at(&word, "<think>a <|tool_call_start|>"), None);
+        assert_eq!(at(&word, "<think>a</think> <|tool_call_start|>"), Some(17));
     }
 }
 
@@ -844,5 +1059,32 @@ mod grammar_tests {
             }
             assert!(!closed.accepts_str(&w("</think></think><tool_call>f</tool_call>")));
         }
+        // The markers that end a block are not the reasoning's text; LFM2's block starts the
+        // output.
+        let calls = "root ::= \"<tool_call>\" [a-z]+ \"</tool_call>\"\n";
+        let ends = Tags {
+            ends: &["<tool_call>", "<｜DSML｜x>"],
+            ..THINK
+        };
+        for opened in [false, true] {
+            let g = Grammar::parse(&ends.block_first(calls, opened)).unwrap();
+            let open = if opened { "" } else { "<think>" };
+            for (text, ok) in [
+                ("why</think><tool_call>f</tool_call>", true),
+                ("why <tool_call></think><tool_call>f</tool_call>", false),
+                ("why <｜DSML｜x></think><tool_call>f</tool_call>", false),
+                ("why <｜DSML｜y></think><tool_call>f</tool_call>", true),
+            ] {
+                assert_eq!(g.accepts_str(&format!("{open}{text}")), ok, "{text:?}");
+            }
+        }
+        let first = Tags {
+            open_first: true,
+            ..THINK
+        };
+        let g = Grammar::parse(&first.block_first(calls, false)).unwrap();
+        assert!(g.accepts_str("<think>a</think>\n<tool_call>f</tool_call>"));
+        assert!(!g.accepts_str(" <think>a</think>\n<tool_call>f</tool_call>"));
+        assert!(g.accepts_str("<tool_call>f</tool_call>"));
     }
 }
