@@ -584,10 +584,15 @@ pub fn read_chat_output(source: &str, body: &Map<String, Value>, text: &str) -> 
             past_ids: Default::default(),
         };
         let (p, _) = o.parse_final(text);
+        let calls: Vec<Value> = p
+            .tool_calls
+            .iter()
+            .map(|c| json!({"name": c.name, "arguments": c.arguments}))
+            .collect();
         let mut out = json!({
             "content": p.content,
             "reasoning_content": p.reasoning.clone().unwrap_or_default(),
-            "tool_calls": p.tool_calls.iter().map(|c| json!({"name": c.name, "arguments": c.arguments})).collect::<Vec<_>>(),
+            "tool_calls": calls,
         });
         if let Err(e) = o.check_stream(text, &p) {
             out["stream_error"] = e.into();
