@@ -12,7 +12,7 @@ use crate::metrics::Metrics;
 use crate::native::{self, NativeReply};
 use crate::scheduler::{Event, Finish, FinishReason, Job, Logprob, Ticket};
 use crate::slots::slots_json;
-use crate::tools::{self, think, Format, Parsed, Resume, ToolCall, ToolRequest};
+use crate::tools::{self, kimi3, think, Format, Parsed, Resume, ToolCall, ToolRequest};
 use crate::{ModelInfo, Shared};
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, Request, State};
@@ -675,7 +675,10 @@ async fn generate(
         let reasoning = reasoning_format(&f)?;
         // (ATEM's, harmony's and Gemma 4's readings split their reasoning with or without tools)
         if tools.is_some()
-            || (matches!(format, Format::Atem | Format::Harmony | Format::Gemma4) && reasoning)
+            || (matches!(
+                format,
+                Format::Atem | Format::Harmony | Format::Gemma4 | Format::KimiK3
+            ) && reasoning)
         {
             // The format's markup is output (and triggers on its tokens) even where the
             // vocabulary makes it control tokens, as llama-server preserves it.
@@ -699,13 +702,20 @@ async fn generate(
             });
         }
         let text = m.template.render_request(&req)?;
+        let continued = m.template.continued(&req)?;
+        // Kimi K3's output is read after the opening of the section its prompt leaves it in.
+        let section = kimi3::section_lead(format, &text, continued);
         if let Some(o) = &mut output {
-            o.lead = format.continued_header(m.template.continued(&req)?);
+            o.lead = section.unwrap_or_else(|| format.continued_header(continued));
+        }
+        if let (Some(lead), Some(sp)) = (section, &mut spec) {
+            around_reply(sp, kimi3::lazy_patterns(lead), |g| {
+                kimi3::reply_first(g, lead)
+            })?;
         }
         // Reasoning in the template's tags (`<think>`, `[THINK]`) is split from the reply,
         // ahead of the tool-call format; a prompt that closes the block, or that continues a
         // message's content after it, gets none.
-        let continued = m.template.continued(&req)?;
         let tags = m.template.reasoning_tags().filter(|t| {
             reasoning && !t.prompt_closes(&text) && continued != Some(Continue::Content)
         });
@@ -735,27 +745,8 @@ async fn generate(
             // grammar of the whole reply made here (forced calls, a JSON response format) lets
             // the block come first. A request's own GBNF applies as given.
             if let Some(sp) = &mut spec {
-                use constrain::{Source, SpecKind};
-                let tools_plan = matches!(sp.kind, SpecKind::Made(_, Source::Tools));
-                match (&mut sp.kind, sp.lazy.is_some()) {
-                    (_, true) if tools_plan => {
-                        if let Some(start) = format.lazy_start() {
-                            let patterns = tags.after_block(start, opened);
-                            sp.lazy = Some(
-                                patterns
-                                    .into_iter()
-                                    .map(constrain::TriggerSpec::Pattern)
-                                    .collect(),
-                            );
-                        }
-                    }
-                    (SpecKind::Made(g, _), false) => *g = tags.block_first(g, opened),
-                    (SpecKind::Schema(s, source), false) => {
-                        let g = constrain::schema_grammar(s, *source)?;
-                        sp.kind = SpecKind::Made(tags.block_first(&g, opened), *source);
-                    }
-                    _ => {}
-                }
+                let patterns = format.lazy_start().map(|s| tags.after_block(s, opened));
+                around_reply(sp, patterns, |g| tags.block_first(g, opened))?;
             }
             preserve(&mut gen.preserved, &m, &[tags.open, tags.close]);
         }
@@ -814,6 +805,37 @@ async fn generate(
     } else {
         collect(reply, rx).await.map(|v| Json(v).into_response())
     }
+}
+
+/// Makes a grammar made here wait for what comes before the reply (a reasoning block): a lazy
+/// tool-call grammar triggers on `patterns` (where given) instead of its own words, and a
+/// grammar of the whole output becomes `first` of it. A request's own GBNF applies as given.
+fn around_reply(
+    sp: &mut constrain::Spec,
+    patterns: Option<Vec<String>>,
+    first: impl Fn(&str) -> String,
+) -> Result<(), ApiError> {
+    use constrain::{Source, SpecKind};
+    let tools_plan = matches!(sp.kind, SpecKind::Made(_, Source::Tools));
+    match (&mut sp.kind, sp.lazy.is_some()) {
+        (_, true) if tools_plan => {
+            if let Some(patterns) = patterns {
+                sp.lazy = Some(
+                    patterns
+                        .into_iter()
+                        .map(constrain::TriggerSpec::Pattern)
+                        .collect(),
+                );
+            }
+        }
+        (SpecKind::Made(g, _), false) => *g = first(g),
+        (SpecKind::Schema(s, source), false) => {
+            let g = constrain::schema_grammar(s, *source)?;
+            sp.kind = SpecKind::Made(first(&g), *source);
+        }
+        _ => {}
+    }
+    Ok(())
 }
 
 /// How to write the answer to one request.
