@@ -130,6 +130,9 @@ def test_muser_answers_read_as_llama_cpp_reads_them(llamacpp_chat, tmp_path):
     # block the prompt opens, so a thinking template's answers with thinking on are mostly cut
     # by max_tokens and not compared. MUSER_READING_THINKING=on or off asks all one way.
     mode = os.environ.get("MUSER_READING_THINKING", "mixed")
+    # MUSER_READING_KWARGS='{"thinking": false}' gives every request (both readers) these
+    # template variables too (Kimi K3's template reads `thinking`, not `enable_thinking`).
+    extra = json.loads(os.environ.get("MUSER_READING_KWARGS", "{}"))
     coin = random.Random(seed + 1)
     found: dict[str, tuple] = {}
     counts: dict[str, int] = {}
@@ -147,8 +150,8 @@ def test_muser_answers_read_as_llama_cpp_reads_them(llamacpp_chat, tmp_path):
             for _ in range(rounds):
                 body = random_request(rng)
                 thinking = mode == "on" or (mode == "mixed" and coin.random() < 0.5)
-                kwargs = {} if thinking else {
-                    "chat_template_kwargs": {"enable_thinking": False}}
+                kwargs = {**extra} if thinking else {**extra, "enable_thinking": False}
+                kwargs = {"chat_template_kwargs": kwargs} if kwargs else {}
                 r = requests.post(server.url + "/v1/chat/completions", timeout=120, json={
                     **body, **kwargs, "max_tokens": 320, "temperature": 1.0,
                     "seed": rng.randrange(1 << 30), "verbose": True})
@@ -156,7 +159,8 @@ def test_muser_answers_read_as_llama_cpp_reads_them(llamacpp_chat, tmp_path):
                 j = r.json()
                 if j["choices"][0]["finish_reason"] == "length":
                     continue  # cut short: not a whole answer
-                asked.append(({**body, "enable_thinking": thinking}, j["__verbose"]["content"],
+                asked.append(({**body, **kwargs, "enable_thinking": thinking},
+                              j["__verbose"]["content"],
                               j["choices"][0]["message"]))
         finally:
             server.stop()
