@@ -696,7 +696,6 @@ KNOWN_PROMPT_DIFFERENCES: dict[str, str] = {
         "llama-server writes the opening tag twice when continuing, once from the generation "
         "prompt and once as the block's (its own test template; its analysis takes "
         "'\\n</think>' for the closing tag)",
-    "Kimi-K3.jinja": "reasoning in <|open|>think<|sep|> blocks, which Muser does not know",
     "muse-glimmer.jinja": "reasoning in a message to=self, which Muser does not split",
     "Kimi-K2-Instruct.jinja":
         "llama-server's Kimi K2 handler writes a <think> block when continuing templates that "
@@ -749,7 +748,7 @@ XML_CALL_TEMPLATES = ["ByteDance-Seed-OSS.jinja", "MiniMax-M2.jinja", "GLM-4.6.j
                       "GLM-4.7-Flash.jinja", "inclusionai-ling-3.0-flash.jinja",
                       "tencent-Hy3.jinja", "deepseek-ai-DeepSeek-V3.2.jinja",
                       "deepseek-ai-DeepSeek-V4.jinja", "deepseek-ai-DeepSeek-V4-Flash-0731.jinja",
-                      "openbmb-MiniCPM5-1B.jinja"]
+                      "openbmb-MiniCPM5-1B.jinja", "Kimi-K3.jinja"]
 # Templates of formats that write a call's name in markup and its arguments as JSON, compared
 # the same way (Solar Open writes the calls' ids, Functionary v3.2 its recipients).
 JSON_CALL_TEMPLATES = ["upstage-Solar-Open-100B.jinja", "meetkai-functionary-medium-v3.1.jinja",
