@@ -940,6 +940,48 @@ def test_every_reasoning_template_reads_replies_as_llama_server_does(tmp_path):
     assert set(found) == set(KNOWN_READING_DIFFERENCES), report
 
 
+def kimi_k3_outputs(rng: random.Random) -> dict[str, tuple[dict, str]]:
+    """Outputs Kimi K3 may write, by name, each with the template variables of its prompt:
+    with `thinking` (the template's default) the rest of the `think` section the prompt opened,
+    then the reply in a `response` section (or bare, or after a `response` opening that ends the
+    reasoning), the message's closing after it or not; without, the rest of the `response`
+    section."""
+    think_end, resp = "<|close|>think<|sep|>", "<|open|>response<|sep|>"
+    resp_end, msg_end = "<|close|>response<|sep|>", "<|close|>message<|sep|>"
+    r, a = random_text(rng), random_text(rng)
+    off = {"chat_template_kwargs": {"thinking": False}}
+    return {
+        "sections": ({}, f"{r}{think_end}{resp}{a}{resp_end}{msg_end}"),
+        "sections, open": ({}, f"{r}{think_end}{resp}{a}"),
+        "bare reply": ({}, f"{r}{think_end}{a}"),
+        "response ends the reasoning": ({}, f"{r}{resp}{a}{resp_end}"),
+        "reasoning only": ({}, r),
+        "thinking off": (off, f"{a}{resp_end}{msg_end}"),
+        "thinking off, open": (off, a),
+    }
+
+
+@pytest.mark.skipif(not (SRC and LLAMA_SERVER and LLAMA_SERVER.exists()),
+                    reason="needs llama.cpp's source (MUSER_GGML_SRC) and llama-server "
+                           "(LLAMA_CPP_BIN)")
+def test_kimi_k3_reads_replies_as_llama_server_does(tmp_path):
+    """Kimi K3's template, whose reasoning is a `think` section and whose reply a `response`
+    section: random outputs (`kimi_k3_outputs`), forced by a grammar in both servers, are split
+    into the same reasoning and reply, streamed or not."""
+    model = tiny_model(tmp_path)
+    rng = random.Random()
+    user = [{"role": "user", "content": random_text(rng)}]
+    with both_servers(model, "Kimi-K3.jinja", ctx=4096) as (muser, llama, _):
+        for _ in range(3):
+            for case, (kwargs, text) in kimi_k3_outputs(rng).items():
+                body = {"messages": user, **kwargs, "grammar": "root ::= " + gbnf_literal(text),
+                        "max_tokens": 4 * len(text.encode()) + 16}
+                want = reply(llama, body)[:2]
+                got = reply(muser, body)[:2]
+                assert got == want, (case, text)
+                assert reply(muser, body, stream=True)[:2] == got, (case, text)
+
+
 def harmony_outputs(rng: random.Random) -> dict[str, str]:
     """Outputs gpt-oss may write after its generation prompt (`<|start|>assistant`), by name:
     analysis messages (now and then after a stray commentary header) and commentary preambles,
