@@ -363,54 +363,44 @@ pub(super) fn parse_partial(text: &str, req: Option<&ToolRequest>) -> Parsed {
     p
 }
 
+/// One call as the template writes it (`index` from 1): a string argument raw, another as
+/// JSON, each with its JSON type.
+#[cfg(test)]
+pub(super) fn test_call(name: &str, index: usize, args: &Value) -> String {
+    let mut s = format!("<|open|>call tool=\"{name}\" index=\"{index}\"<|sep|>");
+    for (k, v) in args.as_object().into_iter().flatten() {
+        let raw = match v {
+            Value::String(s) => s.clone(),
+            v => v.to_string(),
+        };
+        let t = tests::json_type(v);
+        s += &format!("<|open|>argument key=\"{k}\" type=\"{t}\"<|sep|>{raw}{ARG_END}");
+    }
+    s + "<|close|>call<|sep|>"
+}
+
+/// Calls (`test_call`'s) in one `tools` section.
+#[cfg(test)]
+pub(super) fn test_block(calls: &[String]) -> String {
+    format!("{TOOLS_START}{}<|close|>tools<|sep|>", calls.concat())
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::test_util::*;
+    use super::super::xml_calls::tests::ordered;
     use super::super::{Format, Tool, ToolChoice, Trigger};
     use super::*;
     use muser_sample::Grammar;
     use serde_json::{json, Map};
 
-    /// One call as the template writes it (`index` from 1).
-    fn render_call(name: &str, index: usize, args: &Map<String, Value>) -> String {
-        let mut s = format!("<|open|>call tool=\"{name}\" index=\"{index}\"<|sep|>");
-        for (k, v) in args {
-            let (t, raw) = match v {
-                Value::String(s) => ("string", s.clone()),
-                Value::Number(_) => ("number", v.to_string()),
-                Value::Bool(_) => ("boolean", v.to_string()),
-                Value::Null => ("null", v.to_string()),
-                Value::Array(_) => ("array", v.to_string()),
-                Value::Object(_) => ("object", v.to_string()),
-            };
-            s += &format!("<|open|>argument key=\"{k}\" type=\"{t}\"<|sep|>{raw}{ARG_END}");
-        }
-        s + "<|close|>call<|sep|>"
-    }
-
     fn render_calls(calls: &[(&Tool, Map<String, Value>)]) -> String {
-        let body: String = calls
+        let calls: Vec<String> = calls
             .iter()
             .enumerate()
-            .map(|(i, (t, a))| render_call(&t.name, i + 1, a))
+            .map(|(i, (t, a))| test_call(&t.name, i + 1, &Value::Object(a.clone())))
             .collect();
-        format!("{TOOLS_START}{body}<|close|>tools<|sep|>")
-    }
-
-    /// The arguments in the order of the schema's properties (the grammar's), others after.
-    fn ordered(schema: &Value, args: &Value) -> Map<String, Value> {
-        let args = args.as_object().unwrap();
-        let props = schema["properties"].as_object().unwrap();
-        let mut m: Map<String, Value> = props
-            .keys()
-            .filter_map(|k| Some((k.clone(), args.get(k)?.clone())))
-            .collect();
-        for (k, v) in args {
-            if !props.contains_key(k) {
-                m.insert(k.clone(), v.clone());
-            }
-        }
-        m
+        test_block(&calls)
     }
 
     /// A string argument whose schema admits non-strings too is written with its JSON type
@@ -423,7 +413,7 @@ mod tests {
         })
     }
 
-    fn json_type(v: &Value) -> &'static str {
+    pub(super) fn json_type(v: &Value) -> &'static str {
         match v {
             Value::String(_) => "string",
             Value::Number(_) => "number",
@@ -655,26 +645,34 @@ mod tests {
             assert!(p.tool_calls.is_empty());
         }
         // the reasoning ends at a `response` opening too, and a reply without one is content
-        let p = Format::KimiK3.parse("<|open|>think<|sep|>a<|open|>response<|sep|>b", None);
-        assert_eq!(
-            (p.reasoning.as_deref(), p.content.as_str()),
-            (Some("a"), "b")
-        );
-        let p = Format::KimiK3.parse("<|open|>think<|sep|>a<|close|>think<|sep|>b", None);
-        assert_eq!(
-            (p.reasoning.as_deref(), p.content.as_str()),
-            (Some("a"), "b")
-        );
-        let p = Format::KimiK3.parse("<|open|>think<|sep|>all reasoning", None);
-        assert_eq!(
-            (p.reasoning.as_deref(), p.content.as_str()),
-            (Some("all reasoning"), "")
-        );
-        let p = Format::KimiK3.parse("<|open|>response<|sep|>x<|close|>think<|sep|>y", None);
-        assert_eq!(
-            (p.reasoning, p.content.as_str()),
-            (None, "x<|close|>think<|sep|>y")
-        );
+        for (text, reasoning, content) in [
+            (
+                "<|open|>think<|sep|>a<|open|>response<|sep|>b",
+                Some("a"),
+                "b",
+            ),
+            (
+                "<|open|>think<|sep|>a<|close|>think<|sep|>b",
+                Some("a"),
+                "b",
+            ),
+            (
+                "<|open|>think<|sep|>all reasoning",
+                Some("all reasoning"),
+                "",
+            ),
+            (
+                "<|open|>response<|sep|>x<|close|>think<|sep|>y",
+                None,
+                "x<|close|>think<|sep|>y",
+            ),
+        ] {
+            let p = Format::KimiK3.parse(text, None);
+            assert_eq!(
+                (p.reasoning.as_deref(), p.content.as_str()),
+                (reasoning, content)
+            );
+        }
     }
 
     /// The lazy trigger waits for the reasoning's end where the prompt opened it.

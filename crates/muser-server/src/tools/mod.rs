@@ -2198,6 +2198,7 @@ pub(crate) mod test_util {
                 }
                 s + "</tool_call:opensource>"
             }
+            Format::KimiK3 => super::kimi3::test_call(name, 1 + rng.below(9), args),
             Format::Atem => {
                 let mut s = format!("<atem:invoke name=\"{name}\">\n");
                 for (k, v) in params {
@@ -2296,6 +2297,7 @@ pub(crate) mod test_util {
                 calls.concat()
             ),
             Format::SolarOpen => format!("<|tool_calls|>{}<|calls|>", calls.concat()),
+            Format::KimiK3 => super::kimi3::test_block(&calls),
             Format::Functionary(_) => calls.concat(),
             Format::JsonList(shape) => shape.block(&calls),
             Format::Lfm2 => format!(
@@ -2416,6 +2418,7 @@ pub(crate) mod test_util {
         Format::Functionary(super::functionary::Flavor::V32),
         Format::Ling3,
         Format::Hy3,
+        Format::KimiK3,
     ];
 
     /// Every prefix of `s` at a character boundary, "" and `s` included.
@@ -2469,6 +2472,7 @@ mod tests {
                 format!("<tool_call>{name}{nl}</tool_call>")
             }
             Format::Ling3 => format!("<tool_call>{name}\n\n</tool_call>"),
+            Format::KimiK3 => kimi3::test_block(&[kimi3::test_call(name, 1, &Value::Null)]),
             Format::Hy3 => format!(
                 "<tool_calls:opensource>\n<tool_call:opensource>{name}<tool_sep:opensource>\n</tool_call:opensource>\n</tool_calls:opensource>"
             ),
@@ -2657,6 +2661,7 @@ mod tests {
         Format::Functionary(functionary::Flavor::V32),
         Format::Ling3,
         Format::Hy3,
+        Format::KimiK3,
     ];
 
     /// A call of a tool the request does not offer is text: no grammar held it, and the client

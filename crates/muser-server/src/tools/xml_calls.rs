@@ -980,7 +980,7 @@ pub(super) fn parse_partial(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::super::test_util::*;
     use super::super::{think, Format, Tool, ToolChoice, Trigger};
     use super::*;
@@ -1013,7 +1013,7 @@ mod tests {
     }
 
     /// The arguments in the order of the schema's properties (the grammar's), others after.
-    fn ordered(schema: &Value, args: &Value) -> Map<String, Value> {
+    pub(in super::super) fn ordered(schema: &Value, args: &Value) -> Map<String, Value> {
         let args = args.as_object().unwrap();
         let props = schema["properties"].as_object().unwrap();
         let mut m: Map<String, Value> = props
