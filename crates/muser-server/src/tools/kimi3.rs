@@ -26,7 +26,11 @@
 //! as the XML call formats read theirs (`xml_calls::parse`): well-formed `tools` sections of
 //! offered tools are the calls, the rest is content (its trailing whitespace trimmed).
 //! llama.cpp reads the same where the output follows the layout (text after the message's
-//! end, or a second `tools` section, it refuses to read at all).
+//! end, or a second `tools` section, it refuses to read at all). A value is read by its
+//! schema's types (`xml_args`): raw where strings are admitted, else JSON; llama.cpp reads it
+//! as JSON only where the schema's `type` is one name other than `string`, so a value of a
+//! schema without one (`anyOf` of non-strings, a list of types) that it reads raw, as a
+//! string, Muser reads as the JSON its grammar wrote.
 //!
 //! Streaming holds back what may still become one of those tags, and reads the reply's calls
 //! as `xml_calls::parse_partial` does.
@@ -310,7 +314,7 @@ fn settled_len(reply: &str) -> usize {
     let mut end = reply.len();
     // (the trailer whole, or a start of it)
     let trailer = format!("{MSG_END}{END_OF_MSG}");
-    if let Some(at) = (0..=reply.len())
+    if let Some(at) = (reply.len().saturating_sub(trailer.len())..=reply.len())
         .filter(|&i| reply.is_char_boundary(i))
         .find(|&i| {
             let t = &reply[i..];
