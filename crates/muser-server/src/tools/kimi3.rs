@@ -679,6 +679,57 @@ mod tests {
         }
     }
 
+    /// Outputs after a prompt that opened the `think` section, with calls, read as llama.cpp's
+    /// Kimi K3 parser reads them (its readings, taken from `tests/python/llamacpp_chat.cpp`):
+    /// the reasoning, the reply in its `response` section or bare, the calls.
+    #[test]
+    fn thinking_outputs_with_calls_read_as_llama_cpp_reads_them() {
+        let r = req(
+            vec![
+                tool(
+                    "get_weather",
+                    json!({"type": "object", "properties": {"city": {"type": "string"},
+                        "days": {"type": "integer"}, "unit": {"enum": ["C", "F"]}}}),
+                ),
+                tool("ping", json!({"type": "object", "properties": {}})),
+            ],
+            ToolChoice::Auto,
+            true,
+        );
+        let block = test_block(&[
+            test_call(
+                "get_weather",
+                1,
+                &json!({"city": "Pa ris\n<x>", "days": 3, "unit": "C"}),
+            ),
+            test_call("ping", 2, &json!({})),
+        ]);
+        let want = vec![
+            call(
+                "get_weather",
+                r#"{"city":"Pa ris\n<x>","days":3,"unit":"C"}"#,
+            ),
+            call("ping", "{}"),
+        ];
+        for (text, content) in [
+            (
+                format!("Hmm.{THINK_END}{RESP_START}Sure.{RESP_END}{block}{MSG_END}"),
+                "Sure.",
+            ),
+            (format!("Hmm.{THINK_END}{block}"), ""),
+            (
+                format!("Hmm.{RESP_START}{RESP_END}{block}{MSG_END}{END_OF_MSG}"),
+                "",
+            ),
+            (format!("Hmm.{THINK_END}Sure.{block}"), "Sure."),
+        ] {
+            let p = Format::KimiK3.parse_final(&format!("{THINK_START}{text}"), Some(&r));
+            assert_eq!(p.reasoning.as_deref(), Some("Hmm."), "{text:?}");
+            assert_eq!(p.content, content, "{text:?}");
+            assert_eq!(p.tool_calls, want, "{text:?}");
+        }
+    }
+
     /// The lazy trigger waits for the reasoning's end where the prompt opened it.
     #[test]
     fn lazy_trigger_waits_for_the_reasoning() {
