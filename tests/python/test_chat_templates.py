@@ -967,11 +967,12 @@ def kimi_k3_outputs(rng: random.Random) -> dict[str, tuple[dict, str]]:
 def test_kimi_k3_reads_replies_as_llama_server_does(tmp_path):
     """Kimi K3's template, whose reasoning is a `think` section and whose reply a `response`
     section: random outputs (`kimi_k3_outputs`), forced by a grammar in both servers, are split
-    into the same reasoning and reply, streamed or not."""
+    into the same reasoning and reply, streamed or not; its prompts with thinking off are
+    llama-server's."""
     model = tiny_model(tmp_path)
     rng = random.Random()
     user = [{"role": "user", "content": random_text(rng)}]
-    with both_servers(model, "Kimi-K3.jinja", ctx=4096) as (muser, llama, _):
+    with both_servers(model, "Kimi-K3.jinja", ctx=4096) as (muser, llama, bos):
         for _ in range(3):
             for case, (kwargs, text) in kimi_k3_outputs(rng).items():
                 body = {"messages": user, **kwargs, "grammar": "root ::= " + gbnf_literal(text),
@@ -980,6 +981,11 @@ def test_kimi_k3_reads_replies_as_llama_server_does(tmp_path):
                 got = reply(muser, body)[:2]
                 assert got == want, (case, text)
                 assert reply(muser, body, stream=True)[:2] == got, (case, text)
+            # Its prompts with thinking off (the template reads `thinking`, not
+            # `enable_thinking`), the same as llama-server's, continued messages included.
+            off = {case: {**body, "chat_template_kwargs": {"thinking": False}}
+                   for case, body in family_bodies(rng).items()}
+            assert not prompt_differences(muser, llama, bos, off)
 
 
 def harmony_outputs(rng: random.Random) -> dict[str, str]:
