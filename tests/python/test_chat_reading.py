@@ -132,10 +132,10 @@ def test_muser_answers_read_as_llama_cpp_reads_them(llamacpp_chat, tmp_path):
     # MUSER_READING_TEMPLATES=a,b keeps the templates whose file names contain a or b.
     only = [w for w in os.environ.get("MUSER_READING_TEMPLATES", "").split(",") if w]
     # Half the requests ask with `enable_thinking` false (and the format's own THINKING_OFF;
-    # both readers), drawn apart from the rest so that the other draws stay as they were:
-    # the tiny model seldom closes a reasoning
-    # block the prompt opens, so a thinking template's answers with thinking on are mostly cut
-    # by max_tokens and not compared. MUSER_READING_THINKING=on or off asks all one way.
+    # both readers), drawn apart from the rest so that the other draws stay as they were: the
+    # tiny model seldom closes a reasoning block the prompt opens, so a thinking template's
+    # answers with thinking on are mostly cut by max_tokens and not compared.
+    # MUSER_READING_THINKING=on or off asks all one way.
     mode = os.environ.get("MUSER_READING_THINKING", "mixed")
     # MUSER_READING_KWARGS='{"thinking": false}' gives every request (both readers) these
     # template variables too.
