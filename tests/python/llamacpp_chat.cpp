@@ -1,6 +1,7 @@
 // llama.cpp's reading of a chat answer, the oracle of test_chat_reading.py: one JSON request per
 // line on stdin, {"template": PATH, "messages": [...], "tools": [...], "tool_choice": ...,
-// "parallel_tool_calls": BOOL, "enable_thinking": BOOL (default true), "text": RAW OUTPUT}; one JSON line per request on stdout, the
+// "parallel_tool_calls": BOOL, "enable_thinking": BOOL (default true), "chat_template_kwargs":
+// {...} (optional), "text": RAW OUTPUT}; one JSON line per request on stdout, the
 // message llama-server would answer ({"content", "reasoning_content", "tool_calls": [{"name",
 // "arguments"}]}) or {"error": WHAT}. The chat parameters are made as llama-server makes them for
 // a chat request (its default reasoning format, thinking on unless the request turns it off),
@@ -46,6 +47,11 @@ static json answer(const json & req, std::map<std::string, common_chat_templates
     in.add_generation_prompt = true;
     in.reasoning_format = COMMON_REASONING_FORMAT_DEEPSEEK;
     in.enable_thinking = req.value("enable_thinking", true);
+    // As llama-server: each of the request's template variables as its JSON text.
+    const json kwargs = req.value("chat_template_kwargs", json::object());
+    for (const auto & [k, v] : kwargs.items()) {
+        in.chat_template_kwargs[k] = v.dump();
+    }
     const common_chat_params params = common_chat_templates_apply(it->second.get(), in);
 
     common_chat_parser_params pp(params);

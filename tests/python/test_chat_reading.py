@@ -52,6 +52,12 @@ KNOWN_DIFFERENCES: dict[str, str] = {
         "message)",
 }
 
+# The template variables that turn thinking off besides `enable_thinking`, by format (asked in
+# the requests with thinking off, to both readers).
+THINKING_OFF: dict[str, dict] = {
+    "kimi-k3": {"thinking": False},
+}
+
 
 @pytest.fixture(scope="module")
 def llamacpp_chat(tmp_path_factory) -> Path:
@@ -126,11 +132,15 @@ def test_muser_answers_read_as_llama_cpp_reads_them(llamacpp_chat, tmp_path):
     rounds = int(os.environ.get("MUSER_READING_ROUNDS", "16"))
     # MUSER_READING_TEMPLATES=a,b keeps the templates whose file names contain a or b.
     only = [w for w in os.environ.get("MUSER_READING_TEMPLATES", "").split(",") if w]
-    # Half the requests ask with `enable_thinking` false (both readers), drawn apart from the
-    # rest so that the other draws stay as they were: the tiny model seldom closes a reasoning
-    # block the prompt opens, so a thinking template's answers with thinking on are mostly cut
-    # by max_tokens and not compared. MUSER_READING_THINKING=on or off asks all one way.
+    # Half the requests ask with `enable_thinking` false (and the format's own THINKING_OFF;
+    # both readers), drawn apart from the rest so that the other draws stay as they were: the
+    # tiny model seldom closes a reasoning block the prompt opens, so a thinking template's
+    # answers with thinking on are mostly cut by max_tokens and not compared.
+    # MUSER_READING_THINKING=on or off asks all one way.
     mode = os.environ.get("MUSER_READING_THINKING", "mixed")
+    # MUSER_READING_KWARGS='{"thinking": false}' gives every request (both readers) these
+    # template variables too.
+    extra = json.loads(os.environ.get("MUSER_READING_KWARGS", "{}"))
     coin = random.Random(seed + 1)
     found: dict[str, tuple] = {}
     counts: dict[str, int] = {}
@@ -148,8 +158,9 @@ def test_muser_answers_read_as_llama_cpp_reads_them(llamacpp_chat, tmp_path):
             for _ in range(rounds):
                 body = random_request(rng)
                 thinking = mode == "on" or (mode == "mixed" and coin.random() < 0.5)
-                kwargs = {} if thinking else {
-                    "chat_template_kwargs": {"enable_thinking": False}}
+                kwargs = {**extra} if thinking else {**extra, "enable_thinking": False,
+                                                     **THINKING_OFF.get(fmt, {})}
+                kwargs = {"chat_template_kwargs": kwargs} if kwargs else {}
                 r = requests.post(server.url + "/v1/chat/completions", timeout=120, json={
                     **body, **kwargs, "max_tokens": 320, "temperature": 1.0,
                     "seed": rng.randrange(1 << 30), "verbose": True})
@@ -157,7 +168,8 @@ def test_muser_answers_read_as_llama_cpp_reads_them(llamacpp_chat, tmp_path):
                 j = r.json()
                 if j["choices"][0]["finish_reason"] == "length":
                     continue  # cut short: not a whole answer
-                asked.append(({**body, "enable_thinking": thinking}, j["__verbose"]["content"],
+                asked.append(({**body, **kwargs, "enable_thinking": thinking},
+                              j["__verbose"]["content"],
                               j["choices"][0]["message"]))
         finally:
             server.stop()

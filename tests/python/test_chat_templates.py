@@ -696,7 +696,6 @@ KNOWN_PROMPT_DIFFERENCES: dict[str, str] = {
         "llama-server writes the opening tag twice when continuing, once from the generation "
         "prompt and once as the block's (its own test template; its analysis takes "
         "'\\n</think>' for the closing tag)",
-    "Kimi-K3.jinja": "reasoning in <|open|>think<|sep|> blocks, which Muser does not know",
     "muse-glimmer.jinja": "reasoning in a message to=self, which Muser does not split",
     "Kimi-K2-Instruct.jinja":
         "llama-server's Kimi K2 handler writes a <think> block when continuing templates that "
@@ -749,7 +748,7 @@ XML_CALL_TEMPLATES = ["ByteDance-Seed-OSS.jinja", "MiniMax-M2.jinja", "GLM-4.6.j
                       "GLM-4.7-Flash.jinja", "inclusionai-ling-3.0-flash.jinja",
                       "tencent-Hy3.jinja", "deepseek-ai-DeepSeek-V3.2.jinja",
                       "deepseek-ai-DeepSeek-V4.jinja", "deepseek-ai-DeepSeek-V4-Flash-0731.jinja",
-                      "openbmb-MiniCPM5-1B.jinja"]
+                      "openbmb-MiniCPM5-1B.jinja", "Kimi-K3.jinja"]
 # Templates of formats that write a call's name in markup and its arguments as JSON, compared
 # the same way (Solar Open writes the calls' ids, Functionary v3.2 its recipients).
 JSON_CALL_TEMPLATES = ["upstage-Solar-Open-100B.jinja", "meetkai-functionary-medium-v3.1.jinja",
@@ -939,6 +938,54 @@ def test_every_reasoning_template_reads_replies_as_llama_server_does(tmp_path):
     report = "\n".join(f"{n} / {c}: {t!r}\n  llama: {w!r}\n  muser: {g!r}"
                        for n, (c, t, w, g) in sorted(found.items()))
     assert set(found) == set(KNOWN_READING_DIFFERENCES), report
+
+
+def kimi_k3_outputs(rng: random.Random) -> dict[str, tuple[dict, str]]:
+    """Outputs Kimi K3 may write, by name, each with the template variables of its prompt:
+    with `thinking` (the template's default) the rest of the `think` section the prompt opened,
+    then the reply in a `response` section (or bare, or after a `response` opening that ends the
+    reasoning), the message's closing after it or not; without, the rest of the `response`
+    section."""
+    think_end, resp = "<|close|>think<|sep|>", "<|open|>response<|sep|>"
+    resp_end, msg_end = "<|close|>response<|sep|>", "<|close|>message<|sep|>"
+    r, a = random_text(rng), random_text(rng)
+    off = {"chat_template_kwargs": {"thinking": False}}
+    return {
+        "sections": ({}, f"{r}{think_end}{resp}{a}{resp_end}{msg_end}"),
+        "sections, open": ({}, f"{r}{think_end}{resp}{a}"),
+        "bare reply": ({}, f"{r}{think_end}{a}"),
+        "response ends the reasoning": ({}, f"{r}{resp}{a}{resp_end}"),
+        "reasoning only": ({}, r),
+        "thinking off": (off, f"{a}{resp_end}{msg_end}"),
+        "thinking off, open": (off, a),
+    }
+
+
+@pytest.mark.skipif(not (SRC and LLAMA_SERVER and LLAMA_SERVER.exists()),
+                    reason="needs llama.cpp's source (MUSER_GGML_SRC) and llama-server "
+                           "(LLAMA_CPP_BIN)")
+def test_kimi_k3_reads_replies_as_llama_server_does(tmp_path):
+    """Kimi K3's template, whose reasoning is a `think` section and whose reply a `response`
+    section: random outputs (`kimi_k3_outputs`), forced by a grammar in both servers, are split
+    into the same reasoning and reply, streamed or not; its prompts with thinking off are
+    llama-server's."""
+    model = tiny_model(tmp_path)
+    rng = random.Random()
+    user = [{"role": "user", "content": random_text(rng)}]
+    with both_servers(model, "Kimi-K3.jinja", ctx=4096) as (muser, llama, bos):
+        for _ in range(3):
+            for case, (kwargs, text) in kimi_k3_outputs(rng).items():
+                body = {"messages": user, **kwargs, "grammar": "root ::= " + gbnf_literal(text),
+                        "max_tokens": 4 * len(text.encode()) + 16}
+                want = reply(llama, body)[:2]
+                got = reply(muser, body)[:2]
+                assert got == want, (case, text)
+                assert reply(muser, body, stream=True)[:2] == got, (case, text)
+            # Its prompts with thinking off (the template reads `thinking`, not
+            # `enable_thinking`), the same as llama-server's, continued messages included.
+            off = {case: {**body, "chat_template_kwargs": {"thinking": False}}
+                   for case, body in family_bodies(rng).items()}
+            assert not prompt_differences(muser, llama, bos, off)
 
 
 def harmony_outputs(rng: random.Random) -> dict[str, str]:

@@ -145,6 +145,7 @@ def template_files(tmp: Path) -> dict[str, Path | None]:
                           ("meetkai-functionary-medium-v3.2.jinja", "functionary-v3.2"),
                           ("inclusionai-ling-3.0-flash.jinja", "ling-3"),
                           ("tencent-Hy3.jinja", "hy3"),
+                          ("Kimi-K3.jinja", "kimi-k3"),
                           ("unsloth-Apriel-1.5.jinja", "apriel"),
                           ("Apriel-1.6-15b-Thinker-fixed.jinja", "apriel-think"),
                           ("fireworks-ai-llama-3-firefunction-v2.jinja", "firefunction-v2"),
@@ -180,13 +181,14 @@ def client_of(server) -> openai.OpenAI:
 # model here never closes the block by itself, so a forced call after it may be cut by
 # max_tokens). Granite 3.3's template names <think> in its system prompt; Apriel 1.6 reasons
 # up to [BEGIN FINAL RESPONSE]. Hy3 thinks only when asked, but its long tags, spelt out in this
-# model's tokens, may run a call past max_tokens.
+# model's tokens, may run a call past max_tokens. Kimi K3's template opens its think section
+# unless asked not to.
 THINKING = {"atem", "hermes-think", "qwen3-coder-think", "mistral-think", "deepseek-r1",
             "deepseek-v3.1", "gemma4-think", "gemma4-interleaved", "kimi-k2-think",
             "nemotron-v2-think", "command-r7b", "cohere2moe", "granite", "harmony",
             "minimax-m2-think", "glm-4.5", "glm-4.5-think", "seed-oss", "lfm2-think",
             "deepseek-v3.2-think", "deepseek-v4-think", "minicpm5-think", "ling-3", "hy3",
-            "apriel-think"}
+            "apriel-think", "kimi-k3"}
 
 # Formats whose forced calls may come after content: gpt-oss's commentary preambles.
 PREAMBLES = {"harmony"}

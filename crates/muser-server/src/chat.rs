@@ -65,6 +65,9 @@ pub struct ChatTemplate {
     /// The template writes gpt-oss's harmony channels (`tools::Format::Harmony`): a message's
     /// reasoning is its `thinking`, and a continued message is written in channels.
     harmony: bool,
+    /// The template writes Kimi K3's sections (`tools::Format::KimiK3`): a continued message
+    /// is written in them (`kimi3::continued`).
+    kimi3: bool,
 }
 
 /// How a template writes a message's reasoning: its tags, the text before and after the
@@ -173,11 +176,13 @@ impl ChatTemplate {
             gemma4: false,
             merge_tool_responses: false,
             harmony: false,
+            kimi3: false,
         };
         let src = t.compiled.borrow_owner();
         t.gemma4 = gemma4::detect(src);
         t.merge_tool_responses = gemma4::reads_tool_responses(src);
         t.harmony = crate::tools::Format::detect(Some(src)) == crate::tools::Format::Harmony;
+        t.kimi3 = crate::tools::Format::detect(Some(src)) == crate::tools::Format::KimiK3;
         t.object_arguments = t.object_arguments();
         t.null_call_content = t.null_call_content();
         t.reasoning = t.reasoning(t.compiled.borrow_owner());
@@ -253,7 +258,7 @@ impl ChatTemplate {
         let Some(p) = &req.prefill else {
             return Ok(None);
         };
-        let thinks = self.reasoning.is_some() || self.harmony;
+        let thinks = self.reasoning.is_some() || self.harmony || self.kimi3;
         if p.what == Continue::Reasoning && !thinks {
             return Err(ApiError::param(
                 "continue_final_message",
@@ -356,6 +361,10 @@ impl ChatTemplate {
         let before = &req.messages[..req.messages.len() - 1];
         if self.harmony {
             return self.harmony_continued(req, before, prefill, continued);
+        }
+        if self.kimi3 {
+            let prompt = self.render_with(before, false, req.tools.as_ref(), &req.kwargs)?;
+            return Ok(crate::tools::kimi3::continued(prompt, prefill, continued));
         }
         let mut prompt =
             self.render_with(before, continued.is_some(), req.tools.as_ref(), &req.kwargs)?;

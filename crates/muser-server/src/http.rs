@@ -12,7 +12,7 @@ use crate::metrics::Metrics;
 use crate::native::{self, NativeReply};
 use crate::scheduler::{Event, Finish, FinishReason, Job, Logprob, Ticket};
 use crate::slots::slots_json;
-use crate::tools::{self, think, Format, Parsed, Resume, ToolCall, ToolRequest};
+use crate::tools::{self, kimi3, think, Format, Parsed, Resume, ToolCall, ToolRequest};
 use crate::{ModelInfo, Shared};
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, Request, State};
@@ -559,6 +559,13 @@ fn reasoning_block(
     Ok(Some((tags, opened)))
 }
 
+/// What the output of a chat prompt is read after: the opening of the section Kimi K3's
+/// prompt leaves it in, else the header of a continued message (`Format::continued_header`).
+fn output_lead(format: Format, prompt: &str, continued: Option<Continue>) -> &'static str {
+    kimi3::section_lead(format, prompt, continued)
+        .unwrap_or_else(|| format.continued_header(continued))
+}
+
 /// Muser's reading of `text` as the output of the chat request `body` (its messages, tools,
 /// `tool_choice`, `reasoning_format`, `chat_template_kwargs` ...) under the chat template
 /// `source`, as `muser serve` reads an answer: `{"content", "reasoning_content", "tool_calls":
@@ -577,7 +584,7 @@ pub fn read_chat_output(source: &str, body: &Map<String, Value>, text: &str) -> 
         let reasoning = reasoning_format(&Fields(body))?;
         let o = Output {
             format,
-            lead: format.continued_header(template.continued(&req)?),
+            lead: output_lead(format, &prompt, template.continued(&req)?),
             think: reasoning_block(&template, format, &req, &prompt, reasoning, calls)?,
             tools,
             call_seed: 0,
@@ -757,7 +764,10 @@ async fn generate(
         let reasoning = reasoning_format(&f)?;
         // (ATEM's, harmony's and Gemma 4's readings split their reasoning with or without tools)
         if tools.is_some()
-            || (matches!(format, Format::Atem | Format::Harmony | Format::Gemma4) && reasoning)
+            || (matches!(
+                format,
+                Format::Atem | Format::Harmony | Format::Gemma4 | Format::KimiK3
+            ) && reasoning)
         {
             // The format's markup is output (and triggers on its tokens) even where the
             // vocabulary makes it control tokens, as llama-server preserves it.
@@ -781,8 +791,16 @@ async fn generate(
             });
         }
         let text = m.template.render_request(&req)?;
+        let continued = m.template.continued(&req)?;
+        // Kimi K3's output is read after the opening of the section its prompt leaves it in.
+        let section = kimi3::section_lead(format, &text, continued);
         if let Some(o) = &mut output {
-            o.lead = format.continued_header(m.template.continued(&req)?);
+            o.lead = output_lead(format, &text, continued);
+        }
+        if let (Some(lead), Some(sp)) = (section, &mut spec) {
+            around_reply(sp, kimi3::lazy_patterns(lead), |g| {
+                kimi3::reply_first(g, lead)
+            })?;
         }
         let block = reasoning_block(&m.template, format, &req, &text, reasoning, calls)?;
         if let Some((tags, opened)) = block {
@@ -799,27 +817,8 @@ async fn generate(
             // grammar of the whole reply made here (forced calls, a JSON response format) lets
             // the block come first. A request's own GBNF applies as given.
             if let Some(sp) = &mut spec {
-                use constrain::{Source, SpecKind};
-                let tools_plan = matches!(sp.kind, SpecKind::Made(_, Source::Tools));
-                match (&mut sp.kind, sp.lazy.is_some()) {
-                    (_, true) if tools_plan => {
-                        if let Some(start) = format.lazy_start() {
-                            let patterns = tags.after_block(start, opened);
-                            sp.lazy = Some(
-                                patterns
-                                    .into_iter()
-                                    .map(constrain::TriggerSpec::Pattern)
-                                    .collect(),
-                            );
-                        }
-                    }
-                    (SpecKind::Made(g, _), false) => *g = tags.block_first(g, opened),
-                    (SpecKind::Schema(s, source), false) => {
-                        let g = constrain::schema_grammar(s, *source)?;
-                        sp.kind = SpecKind::Made(tags.block_first(&g, opened), *source);
-                    }
-                    _ => {}
-                }
+                let patterns = format.lazy_start().map(|s| tags.after_block(s, opened));
+                around_reply(sp, patterns, |g| tags.block_first(g, opened))?;
             }
             preserve(&mut gen.preserved, &m, &[tags.open, tags.close]);
         }
@@ -878,6 +877,37 @@ async fn generate(
     } else {
         collect(reply, rx).await.map(|v| Json(v).into_response())
     }
+}
+
+/// Makes a grammar made here wait for what comes before the reply (a reasoning block): a lazy
+/// tool-call grammar triggers on `patterns` (where given) instead of its own words, and a
+/// grammar of the whole output becomes `first` of it. A request's own GBNF applies as given.
+fn around_reply(
+    sp: &mut constrain::Spec,
+    patterns: Option<Vec<String>>,
+    first: impl Fn(&str) -> String,
+) -> Result<(), ApiError> {
+    use constrain::{Source, SpecKind};
+    let tools_plan = matches!(sp.kind, SpecKind::Made(_, Source::Tools));
+    match (&mut sp.kind, sp.lazy.is_some()) {
+        (_, true) if tools_plan => {
+            if let Some(patterns) = patterns {
+                sp.lazy = Some(
+                    patterns
+                        .into_iter()
+                        .map(constrain::TriggerSpec::Pattern)
+                        .collect(),
+                );
+            }
+        }
+        (SpecKind::Made(g, _), false) => *g = first(g),
+        (SpecKind::Schema(s, source), false) => {
+            let g = constrain::schema_grammar(s, *source)?;
+            sp.kind = SpecKind::Made(first(&g), *source);
+        }
+        _ => {}
+    }
+    Ok(())
 }
 
 /// How to write the answer to one request.

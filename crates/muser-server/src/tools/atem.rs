@@ -65,7 +65,7 @@ const ATTR_END: &str = "\">";
 const SYNTAX: Syntax = Syntax {
     format: "ATEM",
     prefix: "atem",
-    open: |k, _| format!("{PARAM_OPEN}{k}{ATTR_END}"),
+    open: |k, _, _| format!("{PARAM_OPEN}{k}{ATTR_END}"),
     close: PARAM_CLOSE,
     end_tag: PARAM_CLOSE,
     name_stops: &['"'],

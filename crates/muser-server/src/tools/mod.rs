@@ -25,6 +25,7 @@ mod generic;
 mod harmony;
 mod hermes;
 mod json_list;
+pub(crate) mod kimi3;
 mod llama3;
 mod mistral;
 mod partial;
@@ -176,6 +177,9 @@ pub enum Format {
     Ling3,
     /// Tencent Hy3: `<tool_calls:opensource>\n<tool_call:opensource>NAME<tool_sep:opensource>\n<arg_key:opensource>K</arg_key:opensource>\n<arg_value:opensource>V</arg_value:opensource>\n</tool_call:opensource>\n</tool_calls:opensource>`.
     Hy3,
+    /// Kimi K3: `<|open|>tools<|sep|><|open|>call tool="NAME" index="N"<|sep|><|open|>argument key="K" type="T"<|sep|>V<|close|>argument<|sep|>...<|close|>call<|sep|><|close|>tools<|sep|>`,
+    /// after `think` and `response` sections.
+    KimiK3,
 }
 
 /// Where a lazy call grammar of a format starts, so that it can be made to wait for the end of
@@ -209,6 +213,8 @@ impl Format {
         };
         if t.contains("<atem:function_calls>") && t.contains("<|eom|>") {
             Format::Atem
+        } else if kimi3::detect(t) {
+            Format::KimiK3
         } else if harmony::detect(t) {
             Format::Harmony
         } else if gemma4::detect(t) {
@@ -271,6 +277,7 @@ impl Format {
             Format::Functionary(functionary::Flavor::V32) => "functionary-v3.2",
             Format::Ling3 => "ling-3",
             Format::Hy3 => "hy3",
+            Format::KimiK3 => "kimi-k3",
         }
     }
 
@@ -288,7 +295,8 @@ impl Format {
             | Format::DeepSeekDsml { .. }
             | Format::MiniCpm5
             | Format::Ling3
-            | Format::Hy3 => Some(self.xml_shape().lazy_start()),
+            | Format::Hy3
+            | Format::KimiK3 => Some(self.xml_shape().lazy_start()),
             Format::Llama3 { .. } => Some(llama3::LAZY_START),
             Format::MistralNemo | Format::Mistral { .. } => Some(mistral::LAZY_START),
             Format::DeepSeekR1 | Format::DeepSeekV31 => Some(deepseek::LAZY_START),
@@ -343,7 +351,8 @@ impl Format {
             | Format::DeepSeekDsml { .. }
             | Format::MiniCpm5
             | Format::Ling3
-            | Format::Hy3 => self.xml_shape().markup,
+            | Format::Hy3
+            | Format::KimiK3 => self.xml_shape().markup,
             Format::Llama3 {
                 builtin_tools: false,
             } => llama3::MARKUP,
@@ -474,6 +483,7 @@ impl Format {
             | Format::MiniCpm5
             | Format::Ling3
             | Format::Hy3 => xml_calls::plan(self.xml_shape(), req),
+            Format::KimiK3 => kimi3::plan(req),
             Format::Llama3 { builtin_tools } => llama3::plan(req, builtin_tools),
             Format::MistralNemo => mistral::plan(req, mistral::Flavor::Nemo),
             Format::Mistral { call_id } => mistral::plan(req, mistral::Flavor::Args { call_id }),
@@ -504,6 +514,7 @@ impl Format {
             | Format::MiniCpm5
             | Format::Ling3
             | Format::Hy3 => xml_calls::parse(self.xml_shape(), text, req),
+            Format::KimiK3 => kimi3::parse(text, req),
             Format::Llama3 { builtin_tools } => llama3::parse(text, req, builtin_tools),
             Format::MistralNemo => mistral::parse(text, req, mistral::Flavor::Nemo),
             Format::Mistral { call_id } => {
@@ -562,6 +573,7 @@ impl Format {
             | Format::MiniCpm5
             | Format::Ling3
             | Format::Hy3 => xml_calls::parse_partial(self.xml_shape(), text, req, from),
+            Format::KimiK3 => kimi3::parse_partial(text, req),
             Format::Llama3 { builtin_tools } => llama3::parse_partial(text, req, builtin_tools),
             Format::MistralNemo => mistral::parse_partial(text, req, mistral::Flavor::Nemo, from),
             Format::Mistral { call_id } => {
@@ -591,6 +603,7 @@ impl Format {
             Format::MiniCpm5 => &xml_calls::MINICPM5,
             Format::Ling3 => &xml_calls::LING3,
             Format::Hy3 => &xml_calls::HY3,
+            Format::KimiK3 => &kimi3::SHAPE,
             _ => &xml_calls::QWEN,
         }
     }
@@ -2212,6 +2225,7 @@ pub(crate) mod test_util {
                 }
                 s + "</tool_call:opensource>"
             }
+            Format::KimiK3 => super::kimi3::test_call(name, 1 + rng.below(9), args),
             Format::Atem => {
                 let mut s = format!("<atem:invoke name=\"{name}\">\n");
                 for (k, v) in params {
@@ -2310,6 +2324,7 @@ pub(crate) mod test_util {
                 calls.concat()
             ),
             Format::SolarOpen => format!("<|tool_calls|>{}<|calls|>", calls.concat()),
+            Format::KimiK3 => super::kimi3::test_block(&calls),
             Format::Functionary(_) => calls.concat(),
             Format::JsonList(shape) => shape.block(&calls),
             Format::Lfm2 => format!(
@@ -2430,6 +2445,7 @@ pub(crate) mod test_util {
         Format::Functionary(super::functionary::Flavor::V32),
         Format::Ling3,
         Format::Hy3,
+        Format::KimiK3,
     ];
 
     /// Every prefix of `s` at a character boundary, "" and `s` included.
@@ -2483,6 +2499,7 @@ mod tests {
                 format!("<tool_call>{name}{nl}</tool_call>")
             }
             Format::Ling3 => format!("<tool_call>{name}\n\n</tool_call>"),
+            Format::KimiK3 => kimi3::test_block(&[kimi3::test_call(name, 1, &Value::Null)]),
             Format::Hy3 => format!(
                 "<tool_calls:opensource>\n<tool_call:opensource>{name}<tool_sep:opensource>\n</tool_call:opensource>\n</tool_calls:opensource>"
             ),
@@ -2671,6 +2688,7 @@ mod tests {
         Format::Functionary(functionary::Flavor::V32),
         Format::Ling3,
         Format::Hy3,
+        Format::KimiK3,
     ];
 
     /// A call of a tool the request does not offer is text: no grammar held it, and the client
@@ -2863,7 +2881,7 @@ mod tests {
             ("Kimi-K2-Instruct.jinja", Format::KimiK2),
             ("Kimi-K2-Thinking.jinja", Format::KimiK2),
             ("moonshotai-Kimi-K2.jinja", Format::KimiK2),
-            ("Kimi-K3.jinja", Format::Generic),
+            ("Kimi-K3.jinja", Format::KimiK3),
             (
                 "NVIDIA-Nemotron-Nano-v2.jinja",
                 Format::JsonList(&json_list::NEMOTRON_V2),

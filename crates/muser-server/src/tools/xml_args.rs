@@ -23,8 +23,8 @@ pub(super) struct Syntax {
     /// The start of the shared rules' names (`{prefix}-ws`, `{prefix}-str`, `{prefix}-t0-p0`).
     pub prefix: &'static str,
     /// The text before the value of parameter `key`, given whether its schema admits strings
-    /// (DeepSeek's DSML says so in the tag).
-    pub open: fn(&str, bool) -> String,
+    /// (DeepSeek's DSML says so in the tag) and the schema itself (Kimi K3 writes its type).
+    pub open: fn(&str, bool, &Value) -> String,
     /// The text after a value.
     pub close: &'static str,
     /// The closing tag, which a raw value cannot contain.
@@ -136,7 +136,7 @@ impl<'s> Params<'s> {
             let kv = format!("{}-t{i}-p{j}", sx.prefix);
             self.rules.push_str(&format!(
                 "{kv} ::= {} {value} {} {}\n",
-                literal(&(sx.open)(k, may_str)),
+                literal(&(sx.open)(k, may_str, schema)),
                 literal(sx.close),
                 self.sep()
             ));

@@ -85,6 +85,11 @@ pub(super) struct Shape {
     pub function: &'static str,
     /// The text after a call's name; empty where the name ends at whitespace or `<` (GLM).
     pub name_end: &'static str,
+    /// Attributes a call's tag carries after its name (Kimi K3's ` index="N"`): their GBNF,
+    /// which the grammar writes after `name_end`, and the text that ends the tag, up to which
+    /// the reading passes over them (any text without a line break); both empty for the others.
+    pub call_attrs: &'static str,
+    pub tag_end: &'static str,
     /// What the grammar writes after the call's name (and `name_end`) where it is not the
     /// separator written after each parameter (Ling 3 writes a newline there and none between
     /// its parameters); None: that separator.
@@ -145,7 +150,7 @@ pub(super) const QWEN: Shape = Shape {
     syntax: Syntax {
         format: "Qwen XML",
         prefix: "qwen",
-        open: |k, _| format!("<parameter={k}>\n"),
+        open: |k, _, _| format!("<parameter={k}>\n"),
         close: "\n</parameter>",
         end_tag: "</parameter>",
         name_stops: ANGLE_STOPS,
@@ -157,6 +162,8 @@ pub(super) const QWEN: Shape = Shape {
     close: "</tool_call>",
     function: "<function=",
     name_end: ">",
+    call_attrs: "",
+    tag_end: "",
     after_name: None,
     before_end: "",
     function_close: "</function>",
@@ -185,7 +192,7 @@ pub(super) const SEED: Shape = Shape {
     syntax: Syntax {
         format: "Seed-OSS",
         prefix: "seed",
-        open: |k, _| format!("<parameter={k}>"),
+        open: |k, _, _| format!("<parameter={k}>"),
         close: "</parameter>",
         sep: None,
         required_first: false,
@@ -210,7 +217,7 @@ pub(super) const MINIMAX_M2: Shape = Shape {
     syntax: Syntax {
         format: "MiniMax M2",
         prefix: "minimax",
-        open: |k, _| format!("<parameter name=\"{k}\">"),
+        open: |k, _, _| format!("<parameter name=\"{k}\">"),
         close: "</parameter>",
         end_tag: "</parameter>",
         name_stops: QUOTE_STOPS,
@@ -222,6 +229,8 @@ pub(super) const MINIMAX_M2: Shape = Shape {
     close: "</minimax:tool_call>",
     function: "<invoke name=\"",
     name_end: "\">",
+    call_attrs: "",
+    tag_end: "",
     after_name: None,
     before_end: "",
     function_close: "</invoke>",
@@ -266,7 +275,7 @@ const GLM_TIGHT: Shape = Shape {
     syntax: Syntax {
         format: "GLM",
         prefix: "glm",
-        open: |k, _| format!("<arg_key>{k}</arg_key><arg_value>"),
+        open: |k, _, _| format!("<arg_key>{k}</arg_key><arg_value>"),
         close: "</arg_value>",
         end_tag: "</arg_value>",
         name_stops: TAG_STOPS,
@@ -279,6 +288,8 @@ const GLM_TIGHT: Shape = Shape {
     close: "</tool_call>",
     function: "",
     name_end: "",
+    call_attrs: "",
+    tag_end: "",
     after_name: None,
     before_end: "",
     function_close: "",
@@ -297,7 +308,7 @@ const GLM_TIGHT: Shape = Shape {
 /// call with a space there).
 const GLM_NEWLINES: Shape = Shape {
     syntax: Syntax {
-        open: |k, _| format!("<arg_key>{k}</arg_key>\n<arg_value>"),
+        open: |k, _, _| format!("<arg_key>{k}</arg_key>\n<arg_value>"),
         sep: Some("\n"),
         ..GLM_TIGHT.syntax
     },
@@ -311,7 +322,7 @@ pub(super) const DSML_V32: Shape = Shape {
     syntax: Syntax {
         format: "DeepSeek DSML",
         prefix: "dsml",
-        open: |k, s| format!("<｜DSML｜parameter name=\"{k}\" string=\"{s}\">"),
+        open: |k, s, _| format!("<｜DSML｜parameter name=\"{k}\" string=\"{s}\">"),
         close: "</｜DSML｜parameter>",
         end_tag: "</｜DSML｜parameter>",
         name_stops: QUOTE_STOPS,
@@ -323,6 +334,8 @@ pub(super) const DSML_V32: Shape = Shape {
     close: "</｜DSML｜function_calls>",
     function: "<｜DSML｜invoke name=\"",
     name_end: "\">",
+    call_attrs: "",
+    tag_end: "",
     after_name: None,
     before_end: "",
     function_close: "</｜DSML｜invoke>",
@@ -375,7 +388,7 @@ pub(super) const MINICPM5: Shape = Shape {
     syntax: Syntax {
         format: "MiniCPM5",
         prefix: "minicpm",
-        open: |k, _| format!("<param name=\"{k}\">"),
+        open: |k, _, _| format!("<param name=\"{k}\">"),
         close: "</param>",
         end_tag: "</param>",
         name_stops: QUOTE_STOPS,
@@ -387,6 +400,8 @@ pub(super) const MINICPM5: Shape = Shape {
     close: "</function>",
     function: "",
     name_end: "\">",
+    call_attrs: "",
+    tag_end: "",
     after_name: None,
     before_end: "",
     function_close: "",
@@ -434,7 +449,7 @@ pub(super) const HY3: Shape = Shape {
     syntax: Syntax {
         format: "Hy3",
         prefix: "hy",
-        open: |k, _| {
+        open: |k, _, _| {
             format!("<arg_key:opensource>{k}</arg_key:opensource>\n<arg_value:opensource>")
         },
         close: "</arg_value:opensource>",
@@ -564,8 +579,9 @@ pub(super) fn plan(sh: &Shape, req: &ToolRequest) -> Result<Option<Plan>, String
         };
         let after_name = sh.after_name.map_or_else(|| sep.clone(), literal);
         rules.push_str(&format!(
-            "{rule} ::= {} {after_name} {seq} {} {end}\n",
+            "{rule} ::= {} {} {after_name} {seq} {} {end}\n",
             literal(&format!("{}{}{}", sh.function, tool.name, sh.name_end)),
+            sh.call_attrs,
             literal(sh.before_end),
         ));
         alts.push(rule);
@@ -605,6 +621,17 @@ fn tag_name<'s>(s: &'s str, end: &str) -> Option<(&'s str, usize)> {
     let at = s.find(end)?;
     let name = &s[..at];
     (!name.contains(['\n', '\r'])).then_some((name, at + end.len()))
+}
+
+/// The length of the attributes after a call's name and of the text that ends its tag
+/// (`Shape::tag_end`; 0 where the shape has none); None where the tag does not end before a
+/// line break or the text's end.
+fn attrs_len(sh: &Shape, s: &str) -> Option<usize> {
+    if sh.tag_end.is_empty() {
+        return Some(0);
+    }
+    let at = s.find(sh.tag_end)?;
+    (!s[..at].contains(['\n', '\r'])).then_some(at + sh.tag_end.len())
 }
 
 /// Whether text after a name's opening that `tag_name` does not read yet may still become a
@@ -682,7 +709,7 @@ type RawCall<'t> = (&'t str, Vec<(String, String)>);
 /// The call block whose opening tag ends right before `rest`: its calls and the length of
 /// `rest` it spans (through the closing tag, or to the end for an unclosed final block whose
 /// calls are closed). None when the block is malformed.
-fn read_block<'t>(sh: &Shape, rest: &'t str) -> Option<(Vec<RawCall<'t>>, usize)> {
+pub(super) fn read_block<'t>(sh: &Shape, rest: &'t str) -> Option<(Vec<RawCall<'t>>, usize)> {
     let mut p = 0;
     let mut calls = Vec::new();
     loop {
@@ -694,6 +721,7 @@ fn read_block<'t>(sh: &Shape, rest: &'t str) -> Option<(Vec<RawCall<'t>>, usize)
             .then_some(sh.function.len())?;
         let (name, n) = tag_name(&rest[p..], sh.name_end)?;
         p += n;
+        p += attrs_len(sh, &rest[p..])?;
         let mut args = Vec::new();
         loop {
             p += ws_len(&rest[p..]);
@@ -838,7 +866,7 @@ fn known_raw<'v>(sh: &Shape, v: &'v str) -> &'v str {
 /// (`StreamedArgs`), a parameter whose schema admits strings only by its characters too. A
 /// repeated parameter name's value is read past and left out (`arguments` keeps the first
 /// value), and the parameters after it go on streaming.
-fn read_block_partial(sh: &Shape, rest: &str, req: Option<&ToolRequest>) -> BlockStep {
+pub(super) fn read_block_partial(sh: &Shape, rest: &str, req: Option<&ToolRequest>) -> BlockStep {
     let mut p = 0;
     let mut done: Vec<ToolCall> = Vec::new();
     loop {
@@ -858,6 +886,11 @@ fn read_block_partial(sh: &Shape, rest: &str, req: Option<&ToolRequest>) -> Bloc
             };
         };
         p += n;
+        match attrs_len(sh, &rest[p..]) {
+            Some(n) => p += n,
+            None if name_open(&rest[p..], sh.tag_end) => return BlockStep::Open(done),
+            None => return BlockStep::Broken(done),
+        }
         let mut args = StreamedArgs::new(&sh.syntax, name, req);
         let begun = |mut done: Vec<ToolCall>, args: StreamedArgs| {
             done.push(ToolCall {
@@ -947,7 +980,7 @@ pub(super) fn parse_partial(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::super::test_util::*;
     use super::super::{think, Format, Tool, ToolChoice, Trigger};
     use super::*;
@@ -980,7 +1013,7 @@ mod tests {
     }
 
     /// The arguments in the order of the schema's properties (the grammar's), others after.
-    fn ordered(schema: &Value, args: &Value) -> Map<String, Value> {
+    pub(in super::super) fn ordered(schema: &Value, args: &Value) -> Map<String, Value> {
         let args = args.as_object().unwrap();
         let props = schema["properties"].as_object().unwrap();
         let mut m: Map<String, Value> = props
