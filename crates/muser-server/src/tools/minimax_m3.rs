@@ -1099,4 +1099,302 @@ mod tests {
         }
         assert!(nested > 100 && refused > 100, "{nested} {refused}");
     }
+
+    /// llama.cpp's rendering of an assistant message with two calls (`/tmp/fmt/r`): a string,
+    /// an integer, an integer and an array.
+    const TEMPLATE_TEXT: &str = "Sure.]<]minimax[>[<tool_call>\n]<]minimax[>[<invoke name=\"get_weather\">]<]minimax[>[<city>Paris]<]minimax[>[</city>]<]minimax[>[<days>3]<]minimax[>[</days>]<]minimax[>[</invoke>\n]<]minimax[>[<invoke name=\"add\">]<]minimax[>[<a>1]<]minimax[>[</a>]<]minimax[>[<b>]<]minimax[>[<item>2]<]minimax[>[</item>]<]minimax[>[<item>x]<]minimax[>[</item>]<]minimax[>[</b>]<]minimax[>[</invoke>\n]<]minimax[>[</tool_call>";
+
+    fn template_tools() -> Vec<Tool> {
+        vec![
+            tool(
+                "get_weather",
+                json!({"type": "object", "properties": {"city": {"type": "string"},
+                    "days": {"type": "integer"}}, "required": ["city"]}),
+            ),
+            tool(
+                "add",
+                json!({"type": "object", "properties": {"a": {"type": "integer"},
+                    "b": {"type": "array", "items": {"type": "string"}}}}),
+            ),
+        ]
+    }
+
+    #[test]
+    fn minimax_m3_template_rendering_is_accepted_and_read_back() {
+        let calls = &TEMPLATE_TEXT[TEMPLATE_TEXT.find(OPEN).unwrap()..];
+        for choice in [ToolChoice::Auto, ToolChoice::Required] {
+            let r = req(template_tools(), choice, true);
+            let g = grammar(&F.plan(&r).unwrap().unwrap());
+            assert!(g.accepts_str(calls), "{calls:?}");
+            assert!(!g.accepts_str(TEMPLATE_TEXT));
+            let p = F.parse(TEMPLATE_TEXT, Some(&r));
+            check_parsed(
+                &p,
+                "Sure.",
+                &[
+                    call("get_weather", r#"{"city":"Paris","days":3}"#),
+                    call("add", r#"{"a":1,"b":["2","x"]}"#),
+                ],
+                TEMPLATE_TEXT,
+            );
+            check_stream_calls(F, TEMPLATE_TEXT, &r);
+        }
+        let r = req(template_tools(), ToolChoice::Auto, false);
+        let g = grammar(&F.plan(&r).unwrap().unwrap());
+        assert!(!g.accepts_str(calls));
+        // the template writes the values of `to_xml`, as the tests' renderer does
+        let args = json!({"a": 1, "b": ["2", "x"]});
+        assert!(calls.contains(&render_call("add", &args)));
+        check_verbatim(F, TEMPLATE_TEXT, &r.tools);
+    }
+
+    fn case_tools() -> Vec<Tool> {
+        vec![
+            tool(
+                "f",
+                json!({"type": "object", "properties": {
+                    "s": {"type": "string"}, "i": {"type": "integer"},
+                    "o": {"type": "object", "properties": {
+                        "a": {"type": "integer"},
+                        "t": {"type": "array", "items": {"type": "string"}}}},
+                    "n": {"anyOf": [{"type": "object", "properties": {"x": {"type": "boolean"}}},
+                                    {"type": "null"}]},
+                    "j": {"type": "object"},
+                    "u": {"type": "array"}}}),
+            ),
+            tool("g", json!({"type": "object", "properties": {}})),
+        ]
+    }
+
+    /// An element `NS<k>v NS</k>`.
+    fn el(k: &str, v: &str) -> String {
+        format!("{NS}<{k}>{v}{NS}</{k}>")
+    }
+
+    fn block(name: &str, members: &str) -> String {
+        format!("{OPEN}\n{INVOKE}{name}\">{members}{INVOKE_END}\n{CLOSE}")
+    }
+
+    #[test]
+    fn minimax_m3_parse_cases() {
+        let r = req(case_tools(), ToolChoice::Auto, true);
+        let item = |v: &str| el("item", v);
+        let cases: Vec<(String, String, Vec<ToolCall>)> = vec![
+            ("Hello \n".into(), "Hello".into(), vec![]),
+            (format!("Hi\n{}", block("g", "")), "Hi".into(), vec![call("g", "{}")]),
+            // values by the schema: raw text, JSON, nested members and items, a choice
+            (
+                block(
+                    "f",
+                    &(el("s", "12")
+                        + &el("i", "12")
+                        + &el("o", &(el("a", "1") + &el("t", &(item("x") + &item("")))))
+                        + &el("n", "null")
+                        + &el("j", "{\"z\": [1]}")
+                        + &el("u", &(item("1") + &item("\"q\"") + &item("{}")))),
+                ),
+                "".into(),
+                vec![call(
+                    "f",
+                    r#"{"s":"12","i":12,"o":{"a":1,"t":["x",""]},"n":null,"j":{"z":[1]},"u":[1,"q",{}]}"#,
+                )],
+            ),
+            (
+                block("f", &(el("n", &el("x", "true")) + &el("o", ""))),
+                "".into(),
+                vec![call("f", r#"{"n":{"x":true},"o":{}}"#)],
+            ),
+            // whitespace between the tags, members in any order, a repeat keeps the first
+            (
+                format!(
+                    "{OPEN} \n{INVOKE}f\">\n{}\n {}{}\n{INVOKE_END}\n\n{INVOKE}g\">{INVOKE_END}{CLOSE}",
+                    el("o", &format!(" {} ", el("t", &format!("\n{}\n", item(" a "))))),
+                    el("i", " 5 "),
+                    el("i", "6"),
+                ),
+                "".into(),
+                vec![call("f", r#"{"o":{"t":[" a "]},"i":5}"#), call("g", "{}")],
+            ),
+            // raw text with markup, the namespace token, a closing tag inside JSON
+            (
+                block(
+                    "f",
+                    &(el("s", &format!("a<s>{NS}b\n"))
+                        + &el("j", &format!("{{\"a\": \"{NS}</j>\"}}"))),
+                ),
+                "".into(),
+                vec![call("f", r#"{"s":"a<s>]<]minimax[>[b\n","j":{"a":"]<]minimax[>[</j>"}}"#)],
+            ),
+            // not JSON where JSON is due, an undeclared member, a tool not offered, text after
+            // the block, an unclosed block: content; good blocks after them are read
+            (
+                format!("{} {}", block("f", &el("i", "twelve")), block("g", "")),
+                block("f", &el("i", "twelve")),
+                vec![call("g", "{}")],
+            ),
+            (
+                block("f", &el("zz", "1")),
+                block("f", &el("zz", "1")),
+                vec![],
+            ),
+            (
+                format!("{}\n{}", block("h", ""), block("g", "")),
+                block("h", ""),
+                vec![call("g", "{}")],
+            ),
+            (
+                format!("{} trailing", block("g", "")),
+                " trailing".into(),
+                vec![call("g", "{}")],
+            ),
+            (
+                block("g", "").replace(CLOSE, ""),
+                block("g", "").replace(CLOSE, "").trim_end().into(),
+                vec![],
+            ),
+            // JSON is read whatever its type, as llama.cpp reads it
+            (
+                block("f", &el("o", &el("a", "[1]"))),
+                "".into(),
+                vec![call("f", r#"{"o":{"a":[1]}}"#)],
+            ),
+        ];
+        for (text, content, calls) in &cases {
+            check_parsed(&F.parse(text, Some(&r)), content, calls, text);
+            check_partial_prefixes(F, text, Some(&r));
+        }
+        // streamed as written: the name once whole, each parameter once its element is
+        // closed, a raw text's characters as they come
+        let f = format!("Hi {OPEN}\n{INVOKE}f\">");
+        let i = format!("{f}{NS}<i>12");
+        let s = format!("{i}{NS}</i>{NS}<s>Pa\"ris");
+        for (t, args) in [
+            (format!("Hi {OPEN}\n{INVOKE}f"), None),
+            (f.clone(), Some("{")),
+            (i.clone(), Some("{")),
+            (format!("{i}{NS}</i"), Some("{")),
+            (format!("{i}{NS}</i>"), Some(r#"{"i":12"#)),
+            (format!("{i}{NS}</i>{NS}<s"), Some(r#"{"i":12"#)),
+            (s.clone(), Some(r#"{"i":12,"s":"Pa\"ris"#)),
+            (format!("{s}{NS}</"), Some(r#"{"i":12,"s":"Pa\"ris"#)),
+            (format!("{s}{NS}<x"), Some(r#"{"i":12,"s":"Pa\"ris]<]minimax[>[<x"#)),
+            (format!("{s}{NS}</s>{NS}<o>{NS}<a>1{NS}</a>"), Some(r#"{"i":12,"s":"Pa\"ris""#)),
+            (
+                format!("{s}{NS}</s>{NS}<o>{NS}<a>1{NS}</a>{NS}</o>"),
+                Some(r#"{"i":12,"s":"Pa\"ris","o":{"a":1}"#),
+            ),
+            (format!("{i}{NS}</i>{INVOKE_END}"), Some(r#"{"i":12}"#)),
+        ] {
+            let p = F.parse_partial(&t, Some(&r));
+            let want: Vec<ToolCall> = args.map(|a| call("f", a)).into_iter().collect();
+            check_parsed(&p, "Hi", &want, &t);
+        }
+    }
+
+    /// Random outputs, well formed or edited as a model without a grammar may slip, with
+    /// random schemas: streaming never takes back what it sent, and reading on agrees with
+    /// reading again.
+    #[test]
+    fn minimax_m3_random_outputs_stream_without_taking_back() {
+        let pieces = [
+            NS,
+            OPEN,
+            CLOSE,
+            INVOKE,
+            INVOKE_END,
+            ITEM,
+            ITEM_END,
+            "<i>",
+            "</i>",
+            "\">",
+            "{\"a\": \"",
+            "1",
+            "\n",
+            " ",
+            "é",
+        ];
+        let mut rng = Rng(0x5EED_3304);
+        let (mut checked, mut with_calls) = (0usize, 0usize);
+        for round in 0..160 {
+            let r = super::super::test_util::random_req(&mut rng, round, true);
+            let mut text = random_output(&mut rng, F, &r);
+            if round % 3 != 0 {
+                for _ in 0..1 + rng.below(3) {
+                    mutate(&mut rng, &mut text, &pieces, 24);
+                }
+            }
+            for q in [Some(&r), None] {
+                let (full, n) = check_partial_prefixes(F, &text, q);
+                checked += n;
+                with_calls += usize::from(!full.tool_calls.is_empty());
+            }
+            if round % 4 == 0 {
+                checked += check_read_on(&mut rng, F, &text, Some(&r));
+            }
+        }
+        assert!(checked > 20_000 && with_calls > 60, "{checked} {with_calls}");
+    }
+
+    #[test]
+    fn minimax_m3_detect_and_plan_refusals() {
+        check_detect_all(
+            |t| detect(t).then_some(F),
+            &[("MiniMax-M3.jinja", Format::MiniMaxM3)],
+        );
+        assert!(!detect("<minimax:tool_call><invoke name=\"f\">"));
+        let plan_err = |props: Value| {
+            let r = req(
+                vec![tool(
+                    "f",
+                    json!({"type": "object", "properties": props,
+                           "$defs": {"d": {"type": "integer"}}}),
+                )],
+                ToolChoice::Required,
+                false,
+            );
+            F.plan(&r).err()
+        };
+        for bad in [
+            json!({"s": {"type": "string", "pattern": "^a+$"}}),
+            json!({"a": {"type": "array", "items": {"type": "integer"}, "uniqueItems": true}}),
+            json!({"o": {"type": "object", "properties": {"x": {}}, "minProperties": 1}}),
+            json!({"o": {"type": ["object", "string"], "properties": {"x": {}}}}),
+            json!({"o": {"type": "object", "properties": {"a<b": {"type": "integer"}}}}),
+            json!({"e": {"enum": [1, 2], "type": ["string", "integer"], "const": 3}}),
+        ] {
+            assert!(plan_err(bad.clone()).is_some(), "{bad}");
+        }
+        for good in [
+            json!({"s": {"type": "string", "maxLength": 3}}),
+            json!({"a": {"type": "array", "items": {"type": "integer"}, "maxItems": 2}}),
+            json!({"o": {"type": ["integer", "null"]}}),
+            json!({"e": {"enum": ["x", 1]}}),
+            json!({"r": {"$ref": "#/$defs/d"}}),
+        ] {
+            assert_eq!(plan_err(good.clone()), None, "{good}");
+        }
+        // a mixed enum is read as text, so the grammar writes its strings only
+        let r = req(
+            vec![tool("f", json!({"type": "object", "properties": {"e": {"enum": ["x", 1]}}}))],
+            ToolChoice::Required,
+            false,
+        );
+        let g = grammar(&F.plan(&r).unwrap().unwrap());
+        assert!(g.accepts_str(&block("f", &el("e", "x"))));
+        assert!(!g.accepts_str(&block("f", &el("e", "1"))));
+        // a string's lengths
+        let r = req(
+            vec![tool(
+                "f",
+                json!({"type": "object", "properties": {"s": {"type": "string", "maxLength": 3}},
+                       "required": ["s"]}),
+            )],
+            ToolChoice::Required,
+            false,
+        );
+        let g = grammar(&F.plan(&r).unwrap().unwrap());
+        assert!(g.accepts_str(&block("f", &el("s", "abc"))));
+        assert!(!g.accepts_str(&block("f", &el("s", "abcd"))));
+        assert!(!g.accepts_str(&block("f", "")));
+    }
 }
