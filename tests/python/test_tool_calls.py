@@ -132,6 +132,7 @@ def template_files(tmp: Path) -> dict[str, Path | None]:
                           ("openai-gpt-oss-120b.jinja", "harmony"),
                           ("ByteDance-Seed-OSS.jinja", "seed-oss"),
                           ("MiniMax-M2.jinja", "minimax-m2-think"),
+                          ("MiniMax-M3.jinja", "minimax-m3"),
                           ("GLM-4.6.jinja", "glm-4.5"),
                           ("GLM-4.7-Flash.jinja", "glm-4.5-think"),
                           ("LFM2-8B-A1B.jinja", "lfm2"),

@@ -47,8 +47,8 @@ use serde_json::{Map, Value};
 use super::partial::{self, Json};
 use super::xml_args::{child_ptr, raw_string_rule, tail_len, text_without, ws_len};
 use super::{
-    allowed_tools, parse_blocks, parse_blocks_partial, BlockStep, Blocks, LazyStart, Parsed,
-    Plan, ToolCall, ToolRequest,
+    allowed_tools, parse_blocks, parse_blocks_partial, BlockStep, Blocks, LazyStart, Parsed, Plan,
+    ToolCall, ToolRequest,
 };
 use muser_jsonschema::gbnf_literal as literal;
 
@@ -119,8 +119,7 @@ fn at<'d>(doc: &'d Value, ptr: &str) -> Option<&'d Value> {
 /// Whether a schema declares an object's members (llama.cpp's test for an object schema).
 fn has_properties(o: &Map<String, Value>) -> bool {
     o.contains_key("properties")
-        || o
-            .get("additionalProperties")
+        || o.get("additionalProperties")
             .is_some_and(|a| a != &Value::Bool(true))
 }
 
@@ -215,7 +214,13 @@ fn node(doc: &Value, ptr: String, depth: usize) -> Node {
     };
     if let Some(Value::Array(alts)) = o.get(kw) {
         let alts: Vec<Node> = (0..alts.len())
-            .map(|i| node(doc, child_ptr(&child_ptr(&ptr, kw), &i.to_string()), depth + 1))
+            .map(|i| {
+                node(
+                    doc,
+                    child_ptr(&child_ptr(&ptr, kw), &i.to_string()),
+                    depth + 1,
+                )
+            })
             .collect();
         return if alts.iter().all(|a| matches!(a, Node::Json(_))) {
             Node::Json(Some(ptr))
@@ -404,13 +409,14 @@ impl Rules<'_> {
                     "an object",
                     &["type", "properties", "required", "additionalProperties"],
                 )?;
-                if let Some(Value::Array(req)) = at(self.doc, ptr).and_then(|s| s.get("required"))
-                {
+                if let Some(Value::Array(req)) = at(self.doc, ptr).and_then(|s| s.get("required")) {
                     if let Some(r) = req
                         .iter()
                         .find(|r| !ms.iter().any(|m| Value::from(m.name.as_str()) == **r))
                     {
-                        return Err(format!("`{ptr}`: required member {r} is not in `properties`"));
+                        return Err(format!(
+                            "`{ptr}`: required member {r} is not in `properties`"
+                        ));
                     }
                 }
                 let body = self.members(ms)?;
@@ -467,7 +473,9 @@ impl Rules<'_> {
             (None, Some(Value::Array(e))) => Some(e.iter().collect()),
             _ => None,
         };
-        let leaf = ["$ref", "anyOf", "oneOf"].iter().all(|k| schema.get(k).is_none());
+        let leaf = ["$ref", "anyOf", "oneOf"]
+            .iter()
+            .all(|k| schema.get(k).is_none());
         if let Some(members) = members.filter(|_| leaf) {
             // (read as text, a member of another type would come back a string)
             let ok: Vec<String> = members
@@ -489,7 +497,8 @@ impl Rules<'_> {
                 ));
             }
         }
-        match raw_string_rule(schema, self.doc, "MiniMax M3").map_err(|e| format!("`{ptr}`: {e}"))?
+        match raw_string_rule(schema, self.doc, "MiniMax M3")
+            .map_err(|e| format!("`{ptr}`: {e}"))?
         {
             Some(rule) => Ok(rule),
             None => {
@@ -924,7 +933,11 @@ mod tests {
             1 => Value::from(random_string(rng)),
             2 => json!(rng.coin()),
             3 => json!(null),
-            4 => Value::Array((0..rng.below(3)).map(|_| random_json(rng, depth + 1)).collect()),
+            4 => Value::Array(
+                (0..rng.below(3))
+                    .map(|_| random_json(rng, depth + 1))
+                    .collect(),
+            ),
             _ => {
                 let mut o = Map::new();
                 for i in 0..rng.below(3) {
@@ -970,7 +983,9 @@ mod tests {
                 Value::Object(o)
             }
             Node::Array(ptr, item) => {
-                let min = at(doc, ptr).and_then(|s| s["minItems"].as_u64()).unwrap_or(0);
+                let min = at(doc, ptr)
+                    .and_then(|s| s["minItems"].as_u64())
+                    .unwrap_or(0);
                 let n = min as usize + rng.below(3);
                 Value::Array((0..n).map(|_| random_value(rng, doc, item)).collect())
             }
@@ -990,7 +1005,12 @@ mod tests {
                 .iter()
                 .filter_map(|m| {
                     let x = o.get(&m.name)?;
-                    Some(format!("{NS}<{}>{}{NS}</{}>", m.name, write(&m.node, x), m.name))
+                    Some(format!(
+                        "{NS}<{}>{}{NS}</{}>",
+                        m.name,
+                        write(&m.node, x),
+                        m.name
+                    ))
                 })
                 .collect(),
             (Node::Array(_, item), Value::Array(a)) => a
@@ -1277,8 +1297,14 @@ mod tests {
             (format!("{i}{NS}</i>{NS}<s"), Some(r#"{"i":12"#)),
             (s.clone(), Some(r#"{"i":12,"s":"Pa\"ris"#)),
             (format!("{s}{NS}</"), Some(r#"{"i":12,"s":"Pa\"ris"#)),
-            (format!("{s}{NS}<x"), Some(r#"{"i":12,"s":"Pa\"ris]<]minimax[>[<x"#)),
-            (format!("{s}{NS}</s>{NS}<o>{NS}<a>1{NS}</a>"), Some(r#"{"i":12,"s":"Pa\"ris""#)),
+            (
+                format!("{s}{NS}<x"),
+                Some(r#"{"i":12,"s":"Pa\"ris]<]minimax[>[<x"#),
+            ),
+            (
+                format!("{s}{NS}</s>{NS}<o>{NS}<a>1{NS}</a>"),
+                Some(r#"{"i":12,"s":"Pa\"ris""#),
+            ),
             (
                 format!("{s}{NS}</s>{NS}<o>{NS}<a>1{NS}</a>{NS}</o>"),
                 Some(r#"{"i":12,"s":"Pa\"ris","o":{"a":1}"#),
@@ -1332,7 +1358,10 @@ mod tests {
                 checked += check_read_on(&mut rng, F, &text, Some(&r));
             }
         }
-        assert!(checked > 20_000 && with_calls > 60, "{checked} {with_calls}");
+        assert!(
+            checked > 20_000 && with_calls > 60,
+            "{checked} {with_calls}"
+        );
     }
 
     #[test]
@@ -1375,7 +1404,10 @@ mod tests {
         }
         // a mixed enum is read as text, so the grammar writes its strings only
         let r = req(
-            vec![tool("f", json!({"type": "object", "properties": {"e": {"enum": ["x", 1]}}}))],
+            vec![tool(
+                "f",
+                json!({"type": "object", "properties": {"e": {"enum": ["x", 1]}}}),
+            )],
             ToolChoice::Required,
             false,
         );

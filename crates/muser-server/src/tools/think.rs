@@ -41,6 +41,10 @@ pub struct Tags {
     /// break (llama.cpp reads Apriel 1.6's so: its analysis of the template takes the
     /// generation prompt's `Here are my reasoning steps:` line for the reasoning's first).
     pub lead_in_reasoning: bool,
+    /// A block (or a bare closing tag) is read only at the very start of the output, with no
+    /// whitespace before it: whitespace first makes it all reply (llama.cpp's MiniMax M3
+    /// handler).
+    pub at_start: bool,
 }
 
 /// A pair of tags read as most templates' are.
@@ -51,6 +55,7 @@ const fn pair(open: &'static str, close: &'static str) -> Tags {
         trim_reasoning: false,
         bare_close: false,
         lead_in_reasoning: false,
+        at_start: false,
     }
 }
 
@@ -64,10 +69,12 @@ pub const BRACKETS: Tags = pair("[THINK]", "[/THINK]");
 pub const SEED: Tags = pair("<seed:think>", "</seed:think>");
 
 /// MiniMax M3's, whose replies without reasoning start with a bare closing tag (and whose
-/// handler in llama.cpp skips the whitespace that starts the reasoning).
+/// handler in llama.cpp skips the whitespace that starts the reasoning, and reads a block or
+/// a bare closing tag only at the output's very start).
 pub const MINIMAX: Tags = Tags {
     bare_close: true,
     trim_reasoning: true,
+    at_start: true,
     ..pair("<mm:think>", "</mm:think>")
 };
 
@@ -171,7 +178,7 @@ impl Tags {
     /// gives for every continuation of `text`.
     pub fn split_partial(self, text: &str, opened: bool) -> (Option<String>, Option<&str>) {
         if !opened {
-            let t = text.trim_start();
+            let t = self.lead(text);
             let starts = |tag: &str| t.len() < tag.len() && tag.starts_with(t);
             if starts(self.open) || self.bare_close && starts(self.close) {
                 // Nothing yet, or the start of a block (or of a bare closing tag): wait.
@@ -206,7 +213,7 @@ impl Tags {
         let body = if opened {
             text
         } else {
-            text.trim_start().strip_prefix(self.open)?
+            self.lead(text).strip_prefix(self.open)?
         };
         Some(if self.trim_reasoning {
             body.trim_start()
@@ -221,8 +228,17 @@ impl Tags {
         if !self.bare_close || opened {
             return None;
         }
-        let rest = text.trim_start().strip_prefix(self.close)?;
+        let rest = self.lead(text).strip_prefix(self.close)?;
         Some(rest.trim_start())
+    }
+
+    /// Where a block may start in an output: after its whitespace, or at once (`at_start`).
+    fn lead(self, text: &str) -> &str {
+        if self.at_start {
+            text
+        } else {
+            text.trim_start()
+        }
     }
 
     /// The trigger patterns (for `Trigger::Pattern`, tried in order) that find a call's
@@ -243,6 +259,8 @@ impl Tags {
             fancy_regex::escape(self.open),
             fancy_regex::escape(self.close),
         );
+        // (whitespace before the block, where it may come)
+        let ws = if self.at_start { "" } else { r"\s*" };
         match start {
             LazyStart::Word(w) => {
                 let w = fancy_regex::escape(w);
@@ -259,31 +277,35 @@ impl Tags {
                 let broken = (0..self.open.len())
                     .map(|n| {
                         let next = class_char(&self.open[n..n + 1]);
-                        let not = if n == 0 { format!(r"\s{next}") } else { next };
+                        let not = if n == 0 && !self.at_start {
+                            format!(r"\s{next}")
+                        } else {
+                            next
+                        };
                         format!("{}[^{not}]", fancy_regex::escape(&self.open[..n]))
                     })
                     .collect::<Vec<_>>()
                     .join("|");
                 let mut patterns = vec![
-                    format!(r"^\s*{open}{body}{close}[\s\S]*?({w})"),
-                    format!(r"^\s*({w})"),
-                    format!(r"^\s*(?:{partial})({w})"),
+                    format!(r"^{ws}{open}{body}{close}[\s\S]*?({w})"),
+                    format!(r"^{ws}({w})"),
+                    format!(r"^{ws}(?:{partial})({w})"),
                 ];
                 if self.bare_close {
-                    patterns.push(format!(r"^\s*{close}[\s\S]*?({w})"));
+                    patterns.push(format!(r"^{ws}{close}[\s\S]*?({w})"));
                 }
-                patterns.push(format!(r"^\s*(?:{broken})[\s\S]*?({w})"));
+                patterns.push(format!(r"^{ws}(?:{broken})[\s\S]*?({w})"));
                 patterns
             }
             LazyStart::ReplyStart(re) if opened => vec![format!(r"^{body}{close}\s*({re})")],
             LazyStart::ReplyStart(re) => {
                 let mut patterns = vec![
-                    format!(r"^\s*{open}{body}{close}\s*({re})"),
+                    format!(r"^{ws}{open}{body}{close}\s*({re})"),
                     format!(r"^\s*({re})"),
                 ];
                 if self.bare_close {
                     // (a reply without reasoning after a bare closing tag)
-                    patterns.push(format!(r"^\s*{close}\s*({re})"));
+                    patterns.push(format!(r"^{ws}{close}\s*({re})"));
                 }
                 patterns
             }
@@ -339,13 +361,14 @@ impl Tags {
             .collect::<Vec<_>>()
             .join("\n");
         let (open, close) = (literal(self.open), literal(self.close));
+        let lead = if self.at_start { "" } else { "[ \\t\\n]{0,4}" };
         let block = if opened {
             format!("{p}-text {close} {p}-ws")
         } else if self.bare_close {
             // (or a bare closing tag, before a reply without reasoning)
-            format!("( [ \\t\\n]{{0,4}} ( {open} {p}-text {close} | {close} ) {p}-ws )?")
+            format!("( {lead} ( {open} {p}-text {close} | {close} ) {p}-ws )?")
         } else {
-            format!("( [ \\t\\n]{{0,4}} {open} {p}-text {close} {p}-ws )?")
+            format!("( {lead} {open} {p}-text {close} {p}-ws )?")
         };
         format!(
             "root ::= {block} {p}-calls\n{p}-ws ::= [ \\t\\n]{{0,4}}\n{}{calls}\n",
@@ -395,10 +418,13 @@ mod tests {
                 t.split(&w("<think>a b</think>\n\nHi"), false),
                 (Some("a b".into()), "Hi")
             );
-            assert_eq!(
-                t.split(&w("  <think>x</think>"), false),
-                (Some("x".into()), "")
-            );
+            // (whitespace first makes it all reply where the block must start the output)
+            let spaced = w("  <think>x</think>");
+            let want = match t.at_start {
+                true => (None, spaced.as_str()),
+                false => (Some("x".into()), ""),
+            };
+            assert_eq!(t.split(&spaced, false), want);
             let inside = w("Hi <think>x</think>");
             assert_eq!(t.split(&inside, false), (None, inside.as_str()));
             assert_eq!(
@@ -551,7 +577,8 @@ mod tests {
                 let text = if opened {
                     format!("{reasoning}{}{gap}{reply}", t.close)
                 } else {
-                    format!("{gap}{}{reasoning}{}{gap}{reply}", t.open, t.close)
+                    let lead = if t.at_start { "" } else { gap };
+                    format!("{lead}{}{reasoning}{}{gap}{reply}", t.open, t.close)
                 };
                 let reasoning = match t.trim_reasoning {
                     true => reasoning.trim_start(),
@@ -573,7 +600,8 @@ mod tests {
                 );
                 // A reply after a bare closing tag: no reasoning where the family writes one
                 // so, else all of it is the reply.
-                let bare = format!("{gap}{}{gap}{reply}", t.close);
+                let lead = if t.at_start { "" } else { gap };
+                let bare = format!("{lead}{}{gap}{reply}", t.close);
                 let want = match t.bare_close {
                     true => (None, reply.as_str()),
                     false => (None, bare.as_str()),
@@ -614,7 +642,10 @@ mod trigger_tests {
     /// the whole text, when it does not start with a block; undecided while it may still
     /// become one), then the word anywhere in it or the regex at its start.
     fn reference(t: Tags, start: LazyStart, opened: bool, text: &str) -> Option<usize> {
-        let lead = text.len() - text.trim_start().len();
+        let lead = match t.at_start {
+            true => 0,
+            false => text.len() - text.trim_start().len(),
+        };
         let reply = if opened || text[lead..].starts_with(t.open) {
             text.find(t.close)? + t.close.len()
         } else if t.open.starts_with(&text[lead..]) {
@@ -731,7 +762,8 @@ mod trigger_tests {
         // MiniMax M3's reply without reasoning, after a bare closing tag.
         let json = MINIMAX.after_block(LazyStart::ReplyStart(r"\{"), false);
         assert_eq!(at(&json, "</mm:think>\n{"), Some(12));
-        assert_eq!(at(&json, " </mm:think>{"), Some(12));
+        // (MiniMax M3's bare closing tag only at the very start)
+        assert_eq!(at(&json, " </mm:think>{"), None);
         assert_eq!(at(&json, "</mm:think>a{"), None);
         assert_eq!(at(&json, "</mm:think></mm:think>{"), None);
         let json = THINK.after_block(LazyStart::ReplyStart(r"\{"), false);
@@ -756,7 +788,7 @@ mod grammar_tests {
                     "<think>why <tool_call> not</think>\n<tool_call>f</tool_call>",
                     true,
                 ),
-                ("\n<think></think><tool_call>f</tool_call>", true),
+                ("\n<think></think><tool_call>f</tool_call>", !t.at_start),
                 ("<think>never closed <tool_call>f</tool_call>", false),
                 ("text<tool_call>f</tool_call>", false),
                 ("<think>a</think>b</think><tool_call>f</tool_call>", false),
@@ -781,11 +813,13 @@ mod grammar_tests {
             assert!(!g.accepts_str(&w("x y</think>\na")));
             // A bare closing tag before the calls, where the family writes one (MiniMax M3
             // without reasoning, as llama.cpp's grammar for it takes), and only there.
-            for text in [
-                "</think><tool_call>f</tool_call>",
-                " </think>\n<tool_call>f</tool_call>",
+            // (after whitespace where the block may start there)
+            for (text, spaced) in [
+                ("</think><tool_call>f</tool_call>", false),
+                (" </think>\n<tool_call>f</tool_call>", true),
             ] {
-                assert_eq!(closed.accepts_str(&w(text)), t.bare_close, "{t:?} {text:?}");
+                let ok = t.bare_close && !(spaced && t.at_start);
+                assert_eq!(closed.accepts_str(&w(text)), ok, "{t:?} {text:?}");
             }
             assert!(!closed.accepts_str(&w("</think></think><tool_call>f</tool_call>")));
         }
