@@ -847,7 +847,51 @@ pub(super) fn render_call(name: &str, args: &Value) -> String {
     format!("{INVOKE}{name}\">{}{INVOKE_END}", to_xml(args))
 }
 
-/// Calls (`render_call`'s) in a block as the template writes it, for the tests.
+#[cfg(test)]
+/// A value as the template writes it by its schema's shape `node` (JSON where the shape
+/// is JSON, unlike `to_xml`; the branch of a choice by the value's type).
+fn write(node: &Node, v: &Value) -> String {
+    match (node, v) {
+        (Node::Text(_), Value::String(s)) => s.clone(),
+        (Node::Object(_, ms), Value::Object(o)) => ms
+            .iter()
+            .filter_map(|m| {
+                let x = o.get(&m.name)?;
+                Some(format!(
+                    "{NS}<{}>{}{NS}</{}>",
+                    m.name,
+                    write(&m.node, x),
+                    m.name
+                ))
+            })
+            .collect(),
+        (Node::Array(_, item), Value::Array(a)) => a
+            .iter()
+            .map(|x| format!("{ITEM}{}{ITEM_END}", write(item, x)))
+            .collect(),
+        (Node::Choice(alts), v) => {
+            let fits = |a: &&Node| match a {
+                Node::Object(..) => v.is_object(),
+                Node::Array(..) => v.is_array(),
+                Node::Text(_) => v.is_string(),
+                Node::Json(_) => !v.is_object() && !v.is_array(),
+                Node::Choice(_) => false,
+            };
+            write(alts.iter().find(fits).unwrap(), v)
+        }
+        (_, v) => v.to_string(),
+    }
+}
+
+/// A call of `t` as the template writes it, its values by their schemas' shapes (`write`),
+/// for the tests.
+#[cfg(test)]
+pub(super) fn render_tool_call(t: &super::Tool, args: &Value) -> String {
+    let root = Node::Object("#".into(), tool_members(&t.parameters));
+    format!("{INVOKE}{}\">{}{INVOKE_END}", t.name, write(&root, args))
+}
+
+/// Calls (`render_call`'s, `render_tool_call`'s) in a block as the template writes it, for the tests.
 #[cfg(test)]
 pub(super) fn render_block(calls: &[String]) -> String {
     let mut s = format!("{OPEN}\n");
@@ -996,46 +1040,6 @@ mod tests {
         }
     }
 
-    /// A value as the template writes it by its schema's shape `node` (JSON where the shape
-    /// is JSON, unlike `to_xml`; the branch of a choice by the value's type).
-    fn write(node: &Node, v: &Value) -> String {
-        match (node, v) {
-            (Node::Text(_), Value::String(s)) => s.clone(),
-            (Node::Object(_, ms), Value::Object(o)) => ms
-                .iter()
-                .filter_map(|m| {
-                    let x = o.get(&m.name)?;
-                    Some(format!(
-                        "{NS}<{}>{}{NS}</{}>",
-                        m.name,
-                        write(&m.node, x),
-                        m.name
-                    ))
-                })
-                .collect(),
-            (Node::Array(_, item), Value::Array(a)) => a
-                .iter()
-                .map(|x| format!("{ITEM}{}{ITEM_END}", write(item, x)))
-                .collect(),
-            (Node::Choice(alts), v) => {
-                let fits = |a: &&Node| match a {
-                    Node::Object(..) => v.is_object(),
-                    Node::Array(..) => v.is_array(),
-                    Node::Text(_) => v.is_string(),
-                    Node::Json(_) => !v.is_object() && !v.is_array(),
-                    Node::Choice(_) => false,
-                };
-                write(alts.iter().find(fits).unwrap(), v)
-            }
-            (_, v) => v.to_string(),
-        }
-    }
-
-    fn write_call(t: &Tool, args: &Value) -> String {
-        let root = Node::Object("#".into(), tool_members(&t.parameters));
-        format!("{INVOKE}{}\">{}{INVOKE_END}", t.name, write(&root, args))
-    }
-
     fn random_req(rng: &mut Rng, round: usize) -> ToolRequest {
         let tools = random_tools(rng);
         let choice = match round % 3 {
@@ -1066,7 +1070,7 @@ mod tests {
                     (t, random_value(&mut rng, &t.parameters, &root))
                 })
                 .collect();
-            let written: Vec<String> = calls.iter().map(|(t, a)| write_call(t, a)).collect();
+            let written: Vec<String> = calls.iter().map(|(t, a)| render_tool_call(t, a)).collect();
             let text = render_block(&written);
             assert!(g.accepts_str(&text), "round {round}: {text:?}\n{}", p.gbnf);
             let parsed = F.parse(&text, Some(&r));
@@ -1079,8 +1083,8 @@ mod tests {
             check_text_around(F, &r, &g, &text, calls.len());
             check_stream_calls(F, &text, &r);
             let (t, a) = &calls[0];
-            let one = render_block(&[write_call(t, a)]);
-            let two = render_block(&[write_call(t, a), write_call(t, a)]);
+            let one = render_block(&[render_tool_call(t, a)]);
+            let two = render_block(&[render_tool_call(t, a), render_tool_call(t, a)]);
             assert_eq!(g.accepts_str(&two), r.parallel);
             assert!(!g.accepts_str(&format!("{one}\n")));
             assert!(!g.accepts_str(&render_block(&[render_call("no_such", &json!({}))])));
@@ -1091,7 +1095,7 @@ mod tests {
             if let Some(o) = other {
                 let root = Node::Object("#".into(), tool_members(&o.parameters));
                 let oa = random_value(&mut rng, &o.parameters, &root);
-                assert!(!g.accepts_str(&render_block(&[write_call(o, &oa)])));
+                assert!(!g.accepts_str(&render_block(&[render_tool_call(o, &oa)])));
             }
             // broken arguments: a required member left out, a nested object or array written
             // as JSON
@@ -1100,7 +1104,7 @@ mod tests {
                 let mut b = a.as_object().unwrap().clone();
                 if m["required"].as_array().unwrap().contains(&json!(k)) {
                     b.shift_remove(k);
-                    let bad = render_block(&[write_call(t, &Value::Object(b))]);
+                    let bad = render_block(&[render_tool_call(t, &Value::Object(b))]);
                     assert!(!g.accepts_str(&bad), "took {bad:?}");
                     refused += 1;
                 }

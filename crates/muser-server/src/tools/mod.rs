@@ -2108,10 +2108,12 @@ pub(crate) mod test_util {
                     if !blocks.last().unwrap().is_empty() && rng.coin() {
                         blocks.push(Vec::new());
                     }
-                    blocks
-                        .last_mut()
-                        .unwrap()
-                        .push(render_one(rng, format, &t.name, a));
+                    // (MiniMax M3's values by their schemas)
+                    let one = match format {
+                        Format::MiniMaxM3 => super::minimax_m3::render_tool_call(t, a),
+                        _ => render_one(rng, format, &t.name, a),
+                    };
+                    blocks.last_mut().unwrap().push(one);
                 }
                 let between = ["", "\n", " ok ", "\n\nThen "];
                 let blocks: Vec<String> =
@@ -2197,7 +2199,6 @@ pub(crate) mod test_util {
                 }
                 s + "</tool_call:opensource>"
             }
-            Format::MiniMaxM3 => super::minimax_m3::render_call(name, args),
             Format::Atem => {
                 let mut s = format!("<atem:invoke name=\"{name}\">\n");
                 for (k, v) in params {
@@ -2490,6 +2491,9 @@ mod tests {
                 format!("<function={name}>{{}}</function>")
             }
             Format::Functionary(_) => format!("{name}\n{{}}"),
+            Format::MiniMaxM3 => {
+                minimax_m3::render_block(&[minimax_m3::render_call(name, &json!({}))])
+            }
             other => unreachable!("{other:?}"),
         }
     }
