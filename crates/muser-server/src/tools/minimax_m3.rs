@@ -412,7 +412,7 @@ impl Rules<'_> {
                 if let Some(Value::Array(req)) = at(self.doc, ptr).and_then(|s| s.get("required")) {
                     if let Some(r) = req
                         .iter()
-                        .find(|r| !ms.iter().any(|m| Value::from(m.name.as_str()) == **r))
+                        .find(|r| !ms.iter().any(|m| r.as_str() == Some(m.name.as_str())))
                     {
                         return Err(format!(
                             "`{ptr}`: required member {r} is not in `properties`"
