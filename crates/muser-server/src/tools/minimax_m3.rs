@@ -45,7 +45,8 @@
 use serde_json::{Map, Value};
 
 use super::partial::{self, Json};
-use super::xml_args::{child_ptr, raw_string_rule, tail_len, text_without, ws_len};
+use super::xml_args::{child_ptr, raw_string_rule, tail_len, text_without, ws_len, ANNOTATIONS};
+use super::xml_calls::starts;
 use super::{
     allowed_tools, parse_blocks, parse_blocks_partial, BlockStep, Blocks, LazyStart, Parsed, Plan,
     ToolCall, ToolRequest,
@@ -311,18 +312,6 @@ fn tool_members(params: &Value) -> Vec<Member> {
 // ---------------------------------------------------------------------------------------------
 // Plan
 
-/// Annotations: keywords that constrain nothing.
-const ANNOTATIONS: &[&str] = &[
-    "description",
-    "title",
-    "examples",
-    "default",
-    "$comment",
-    "deprecated",
-    "readOnly",
-    "writeOnly",
-];
-
 /// The grammar's rules for one plan.
 struct Rules<'d> {
     doc: &'d Value,
@@ -568,18 +557,6 @@ enum Got<T> {
     More,
     /// No text that starts so is the piece.
     Bad,
-}
-
-/// How `s` starts against the tag `tag`: with it (Some(true)), with a proper prefix of it
-/// (None), or otherwise (Some(false)).
-fn starts(s: &str, tag: &str) -> Option<bool> {
-    if s.starts_with(tag) {
-        Some(true)
-    } else if tag.starts_with(s) {
-        None
-    } else {
-        Some(false)
-    }
 }
 
 /// A member of an object being read: its name, and where its value starts.

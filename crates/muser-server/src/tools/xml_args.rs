@@ -253,7 +253,7 @@ fn string_choices(schema: &Value) -> Option<Vec<String>> {
 }
 
 /// Annotations: keywords that constrain nothing.
-const ANNOTATIONS: &[&str] = &[
+pub(super) const ANNOTATIONS: &[&str] = &[
     "description",
     "title",
     "examples",
