@@ -15,7 +15,9 @@
 //! its branches are tried in order. A schema may be a string where it says `string`, a
 //! string `const` or `enum` member, or a string-only keyword (`pattern`, `minLength`, ...), in
 //! a branch, a `$ref`'s target or every constrained `allOf` member: llama.cpp's reading, which
-//! takes such a value as its text whatever it spells (`12` is "12").
+//! takes such a value as its text whatever it spells (`12` is "12"). (Where the schema
+//! leaves a value open, the template's `to_xml` would still nest a mapping or a list, but
+//! llama.cpp's reader takes only JSON there, and so do the grammar and the reading here.)
 //!
 //! # Plan (grammar)
 //!
@@ -24,16 +26,18 @@
 //! whitespace elsewhere, one call or with `parallel` one or more); an object's required
 //! members first, in the schema's order, then the optional ones (llama.cpp's reader takes the
 //! required ones first), no others; an array's items within `minItems` / `maxItems`; raw text
-//! never holds `NS` (so it never holds its closing tag), a string-only `enum` / `const` one of
-//! its members, a string with lengths that many characters but `<`; JSON per the schema
+//! never holds `NS` (so it never holds its closing tag), an `enum` / `const` one of its string
+//! members (one of another type would read back a string), a string with lengths that many
+//! characters but `<`; JSON per the schema
 //! (muser-jsonschema). What the XML cannot carry (a raw string's `pattern`, an array's
-//! `uniqueItems`, an object's `minProperties`, a `type` list with `object` or `array` in it,
-//! a member name with `<`, `>` or `/`) is refused.
+//! `uniqueItems`, an object's `minProperties`, a member name with `<`, `>` or `/`) is refused.
 //!
 //! # Parse
 //!
-//! A block is read where it follows the layout (any whitespace between tags, members in any
-//! order, a repeated member keeping its first value) and every call names a tool offered with
+//! A block is read where it follows the layout (any whitespace between tags and around a JSON
+//! value, members in any order, a repeated member keeping its first value: more than
+//! llama.cpp's reader takes, which refuses whitespace around JSON and passes a repeated
+//! member's values on) and every call names a tool offered with
 //! members its schema declares; values are read by the schema as above (raw text up to the
 //! first closing tag of its element; JSON, then the closing tag). Else the opening tag stays
 //! in the content and the text after it is read on.
@@ -477,14 +481,6 @@ impl Rules<'_> {
                 return Err(format!("`{ptr}`: no allowed value can be written raw"));
             }
             return Ok(format!("( {} )", ok.join(" | ")));
-        }
-        if let Some(Value::Array(types)) = schema.get("type") {
-            if types.iter().any(|t| t == "object" || t == "array") {
-                return Err(format!(
-                    "`{ptr}`: a `type` list with `object` or `array` in it is not supported in \
-                     the MiniMax M3 format (give `anyOf`)"
-                ));
-            }
         }
         match raw_string_rule(schema, self.doc, "MiniMax M3")
             .map_err(|e| format!("`{ptr}`: {e}"))?
