@@ -1294,6 +1294,48 @@ mod tests {
         }
     }
 
+    /// Values llama.cpp's reader (`peg-minimax-m3`) gives for these texts, read the same: an
+    /// array of objects, a mixed enum's member as text, a `$ref`'s value as JSON, a type list
+    /// without strings as JSON, an object whose members are all left out.
+    #[test]
+    fn minimax_m3_reads_as_llama_cpp_reads() {
+        let r = req(
+            vec![tool(
+                "f",
+                json!({"type": "object", "properties": {
+                    "ao": {"type": "array", "items": {"type": "object",
+                                                      "properties": {"k": {"type": "string"}}}},
+                    "e": {"enum": ["x", 1]}, "r": {"$ref": "#/$defs/d"},
+                    "tn": {"type": ["integer", "null"]},
+                    "n": {"anyOf": [{"type": "object", "properties": {"x": {"type": "boolean"}}},
+                                    {"type": "null"}]}},
+                    "$defs": {"d": {"type": "object", "properties": {"z": {"type": "integer"}}}}}),
+            )],
+            ToolChoice::Auto,
+            true,
+        );
+        // (the grammar writes them so, but the mixed enum's `1`: it writes its strings only)
+        for (members, args, written) in [
+            (
+                el("ao", &(el("item", &el("k", "v")) + &el("item", ""))),
+                r#"{"ao":[{"k":"v"},{}]}"#,
+                true,
+            ),
+            (el("e", "1"), r#"{"e":"1"}"#, false),
+            (el("r", "{\"z\": 3}"), r#"{"r":{"z":3}}"#, true),
+            (
+                el("tn", "null") + &el("n", ""),
+                r#"{"tn":null,"n":{}}"#,
+                true,
+            ),
+        ] {
+            let text = block("f", &members);
+            check_parsed(&F.parse(&text, Some(&r)), "", &[call("f", args)], &text);
+            let g = grammar(&F.plan(&r).unwrap().unwrap());
+            assert_eq!(g.accepts_str(&text), written, "{text:?}");
+        }
+    }
+
     /// Random outputs, well formed or edited as a model without a grammar may slip, with
     /// random schemas: streaming never takes back what it sent, and reading on agrees with
     /// reading again.
