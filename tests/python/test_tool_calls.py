@@ -177,9 +177,9 @@ def client_of(server) -> openai.OpenAI:
     return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
 
 
-# Formats whose templates think in <think> tags, Seed-OSS's <seed:think>, MiniMax M3's <mm:think> or Cohere's (the
-# model here never closes the block by itself, so a forced call after it may be cut by
-# max_tokens). Granite 3.3's template names <think> in its system prompt; Apriel 1.6 reasons
+# Formats whose templates think in <think> tags, Seed-OSS's <seed:think>, MiniMax M3's
+# <mm:think> or Cohere's (the model here never closes the block by itself, so a forced call
+# after it may be cut by max_tokens). Granite 3.3's template names <think> in its system prompt; Apriel 1.6 reasons
 # up to [BEGIN FINAL RESPONSE]. Hy3 thinks only when asked, but its long tags, spelt out in this
 # model's tokens, may run a call past max_tokens.
 THINKING = {"atem", "hermes-think", "qwen3-coder-think", "mistral-think", "deepseek-r1",
