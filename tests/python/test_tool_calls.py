@@ -179,9 +179,9 @@ def client_of(server) -> openai.OpenAI:
 
 # Formats whose templates think in <think> tags, Seed-OSS's <seed:think>, MiniMax M3's
 # <mm:think> or Cohere's (the model here never closes the block by itself, so a forced call
-# after it may be cut by max_tokens). Granite 3.3's template names <think> in its system prompt; Apriel 1.6 reasons
-# up to [BEGIN FINAL RESPONSE]. Hy3 thinks only when asked, but its long tags, spelt out in this
-# model's tokens, may run a call past max_tokens.
+# after it may be cut by max_tokens). Granite 3.3's template names <think> in its system
+# prompt; Apriel 1.6 reasons up to [BEGIN FINAL RESPONSE]. Hy3 thinks only when asked, but its
+# long tags, spelt out in this model's tokens, may run a call past max_tokens.
 THINKING = {"atem", "hermes-think", "qwen3-coder-think", "mistral-think", "deepseek-r1",
             "deepseek-v3.1", "gemma4-think", "gemma4-interleaved", "kimi-k2-think",
             "nemotron-v2-think", "command-r7b", "cohere2moe", "granite", "harmony",
