@@ -303,3 +303,62 @@ def test_calls_in_reasoning_read_as_llama_cpp_reads_them(llamacpp_chat, muser_ch
         print(report)
     assert compared > 0
     assert not set(found) - set(KNOWN_THINKING_DIFFERENCES), report
+
+
+# A tool whose arguments nest objects and arrays (MiniMax M3 writes them as nested XML, by the
+# schema): arrays of objects with arrays in them, a union of an object and null, an object
+# left open (JSON), booleans in an array.
+NESTED = {"type": "function", "function": {"name": "plan_trip", "parameters": {
+    "type": "object", "properties": {
+        "stops": {"type": "array", "maxItems": 3, "items": {"type": "object", "properties": {
+            "city": {"type": "string", "maxLength": 8},
+            "nights": {"type": "integer", "minimum": 0, "maximum": 9},
+            "tags": {"type": "array", "maxItems": 2, "items": {"enum": ["sea", "ski", "art"]}}},
+            "required": ["city"]}},
+        "budget": {"anyOf": [{"type": "object", "properties": {
+            "max": {"type": "number"}, "cur": {"enum": ["EUR", "USD"]}}, "required": ["max"]},
+            {"type": "null"}]},
+        "meta": {"type": "object"},
+        "flags": {"type": "array", "maxItems": 3, "items": {"type": "boolean"}},
+        "who": {"type": "object", "properties": {
+            "name": {"type": "string", "maxLength": 6},
+            "age": {"type": "integer", "minimum": 0, "maximum": 99}}}},
+    "required": ["stops", "who"]}}}
+
+
+@pytest.mark.skipif(not TEMPLATES, reason="llama.cpp's source (MUSER_GGML_SRC) is not here")
+def test_minimax_m3_nested_values_read_as_llama_cpp_reads_them(llamacpp_chat, tmp_path):
+    """MiniMax M3's calls of a tool with nested objects and arrays, forced on the tiny model,
+    read as llama.cpp reads them (MUSER_READING_SEED and MUSER_READING_ROUNDS as above)."""
+    path = next((p for p in TEMPLATES if p.name == "MiniMax-M3.jinja"), None)
+    if path is None:
+        pytest.skip("no MiniMax-M3.jinja")
+    seed = int(os.environ.get("MUSER_READING_SEED", "2026"))
+    rng = random.Random(seed)
+    server = ServerProcess("--chat-template-file", str(path), "--ctx-size", "4096",
+                           model=tiny_model(tmp_path))
+    asked = []
+    try:
+        for _ in range(int(os.environ.get("MUSER_READING_ROUNDS", "16"))):
+            choice = rng.choice(["required", {"type": "function",
+                                              "function": {"name": "plan_trip"}}])
+            body = {"messages": [{"role": "user", "content": "Plan a trip."}],
+                    "tools": [NESTED, PING] if rng.random() < 0.5 else [NESTED],
+                    "tool_choice": choice, "parallel_tool_calls": rng.random() < 0.5}
+            r = requests.post(server.url + "/v1/chat/completions", timeout=300, json={
+                **body, "max_tokens": 1200, "temperature": 1.0,
+                "seed": rng.randrange(1 << 30), "verbose": True}).json()
+            if r["choices"][0]["finish_reason"] != "length":
+                asked.append((body, r["__verbose"]["content"], r["choices"][0]["message"]))
+    finally:
+        server.stop()
+    theirs = read_by_llamacpp(llamacpp_chat, [
+        {"template": str(path), **body, "enable_thinking": True, "text": text}
+        for body, text, _ in asked])
+    nested = 0
+    for (body, text, message), want in zip(asked, theirs):
+        got = muser_reading(message)
+        assert "error" not in want and reading(want) == got, (text, want, got)
+        nested += any(isinstance(a, dict) and a.get("stops") for _, a in got[2])
+    print(f"{len(asked)} answers compared, {nested} with nested stops")
+    assert asked and nested

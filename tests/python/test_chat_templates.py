@@ -742,10 +742,10 @@ def test_every_template_prompts_as_llama_server_does(tmp_path):
     assert set(found) == set(KNOWN_PROMPT_DIFFERENCES), report
 
 
-# The templates of the XML call formats (seed-oss, minimax-m2, glm-4.5, ling-3, hy3, DSML,
-# minicpm5) whose calls and results in the history are compared.
-XML_CALL_TEMPLATES = ["ByteDance-Seed-OSS.jinja", "MiniMax-M2.jinja", "GLM-4.6.jinja",
-                      "GLM-4.7-Flash.jinja", "inclusionai-ling-3.0-flash.jinja",
+# The templates of the XML call formats (seed-oss, minimax-m2, minimax-m3, glm-4.5, ling-3,
+# hy3, DSML, minicpm5) whose calls and results in the history are compared.
+XML_CALL_TEMPLATES = ["ByteDance-Seed-OSS.jinja", "MiniMax-M2.jinja", "MiniMax-M3.jinja",
+                      "GLM-4.6.jinja", "GLM-4.7-Flash.jinja", "inclusionai-ling-3.0-flash.jinja",
                       "tencent-Hy3.jinja", "deepseek-ai-DeepSeek-V3.2.jinja",
                       "deepseek-ai-DeepSeek-V4.jinja", "deepseek-ai-DeepSeek-V4-Flash-0731.jinja",
                       "openbmb-MiniCPM5-1B.jinja", "Kimi-K3.jinja"]

@@ -132,6 +132,7 @@ def template_files(tmp: Path) -> dict[str, Path | None]:
                           ("openai-gpt-oss-120b.jinja", "harmony"),
                           ("ByteDance-Seed-OSS.jinja", "seed-oss"),
                           ("MiniMax-M2.jinja", "minimax-m2-think"),
+                          ("MiniMax-M3.jinja", "minimax-m3-think"),
                           ("GLM-4.6.jinja", "glm-4.5"),
                           ("GLM-4.7-Flash.jinja", "glm-4.5-think"),
                           ("LFM2-8B-A1B.jinja", "lfm2"),
@@ -177,18 +178,18 @@ def client_of(server) -> openai.OpenAI:
     return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
 
 
-# Formats whose templates think in <think> tags, Seed-OSS's <seed:think> or Cohere's (the
-# model here never closes the block by itself, so a forced call after it may be cut by
-# max_tokens). Granite 3.3's template names <think> in its system prompt; Apriel 1.6 reasons
-# up to [BEGIN FINAL RESPONSE]. Hy3 thinks only when asked, but its long tags, spelt out in this
-# model's tokens, may run a call past max_tokens. Kimi K3's template opens its think section
-# unless asked not to.
+# Formats whose templates think in <think> tags, Seed-OSS's <seed:think>, MiniMax M3's
+# <mm:think> or Cohere's (the model here never closes the block by itself, so a forced call
+# after it may be cut by max_tokens). Granite 3.3's template names <think> in its system
+# prompt; Apriel 1.6 reasons up to [BEGIN FINAL RESPONSE]. Hy3 thinks only when asked, but its
+# long tags, spelt out in this model's tokens, may run a call past max_tokens. Kimi K3's
+# template opens its think section unless asked not to.
 THINKING = {"atem", "hermes-think", "qwen3-coder-think", "mistral-think", "deepseek-r1",
             "deepseek-v3.1", "gemma4-think", "gemma4-interleaved", "kimi-k2-think",
             "nemotron-v2-think", "command-r7b", "cohere2moe", "granite", "harmony",
-            "minimax-m2-think", "glm-4.5", "glm-4.5-think", "seed-oss", "lfm2-think",
-            "deepseek-v3.2-think", "deepseek-v4-think", "minicpm5-think", "ling-3", "hy3",
-            "apriel-think", "kimi-k3"}
+            "minimax-m2-think", "minimax-m3-think", "glm-4.5", "glm-4.5-think", "seed-oss",
+            "lfm2-think", "deepseek-v3.2-think", "deepseek-v4-think", "minicpm5-think", "ling-3",
+            "hy3", "apriel-think", "kimi-k3"}
 
 # Formats whose forced calls may come after content: gpt-oss's commentary preambles.
 PREAMBLES = {"harmony"}

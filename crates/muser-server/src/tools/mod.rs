@@ -27,6 +27,7 @@ mod hermes;
 mod json_list;
 pub(crate) mod kimi3;
 mod llama3;
+mod minimax_m3;
 mod mistral;
 mod partial;
 mod pythonic;
@@ -156,6 +157,9 @@ pub enum Format {
     SeedOss,
     /// MiniMax M2: `<minimax:tool_call>\n<invoke name="NAME">\n<parameter name="K">V</parameter>\n</invoke>\n</minimax:tool_call>`.
     MiniMaxM2,
+    /// MiniMax M3: `]<]minimax[>[<tool_call>\n]<]minimax[>[<invoke name="NAME">]<]minimax[>[<K>V]<]minimax[>[</K>...`,
+    /// values nested XML by the tool's schema.
+    MiniMaxM3,
     /// GLM 4.5 to 4.7: `<tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value></tool_call>`,
     /// with a newline after the name and after each tag pair where the template writes them.
     Glm { newlines: bool },
@@ -219,6 +223,8 @@ impl Format {
             Format::Harmony
         } else if gemma4::detect(t) {
             Format::Gemma4
+        } else if minimax_m3::detect(t) {
+            Format::MiniMaxM3
         } else if xml_calls::detect_qwen(t) {
             Format::QwenXml
         } else if let Some(f) = xml_calls::detect(t) {
@@ -268,6 +274,7 @@ impl Format {
             Format::Harmony => "harmony",
             Format::SeedOss => "seed-oss",
             Format::MiniMaxM2 => "minimax-m2",
+            Format::MiniMaxM3 => "minimax-m3",
             Format::Glm { .. } => "glm-4.5",
             Format::Lfm2 => "lfm2",
             Format::DeepSeekDsml { v4 } => ["deepseek-v3.2", "deepseek-v4"][usize::from(v4)],
@@ -297,6 +304,7 @@ impl Format {
             | Format::Ling3
             | Format::Hy3
             | Format::KimiK3 => Some(self.xml_shape().lazy_start()),
+            Format::MiniMaxM3 => Some(minimax_m3::LAZY_START),
             Format::Llama3 { .. } => Some(llama3::LAZY_START),
             Format::MistralNemo | Format::Mistral { .. } => Some(mistral::LAZY_START),
             Format::DeepSeekR1 | Format::DeepSeekV31 => Some(deepseek::LAZY_START),
@@ -328,10 +336,12 @@ impl Format {
         };
         think::Tags {
             ends,
-            open_first: matches!(
-                self,
-                Format::Lfm2 | Format::KimiK2 | Format::Mistral { .. } | Format::MistralNemo
-            ),
+            // (MiniMax M3's tags read a block only at the output's start whatever the format)
+            open_first: tags.open_first
+                || matches!(
+                    self,
+                    Format::Lfm2 | Format::KimiK2 | Format::Mistral { .. } | Format::MistralNemo
+                ),
             ..tags
         }
     }
@@ -353,6 +363,7 @@ impl Format {
             | Format::Ling3
             | Format::Hy3
             | Format::KimiK3 => self.xml_shape().markup,
+            Format::MiniMaxM3 => minimax_m3::MARKUP,
             Format::Llama3 {
                 builtin_tools: false,
             } => llama3::MARKUP,
@@ -484,6 +495,7 @@ impl Format {
             | Format::Ling3
             | Format::Hy3 => xml_calls::plan(self.xml_shape(), req),
             Format::KimiK3 => kimi3::plan(req),
+            Format::MiniMaxM3 => minimax_m3::plan(req),
             Format::Llama3 { builtin_tools } => llama3::plan(req, builtin_tools),
             Format::MistralNemo => mistral::plan(req, mistral::Flavor::Nemo),
             Format::Mistral { call_id } => mistral::plan(req, mistral::Flavor::Args { call_id }),
@@ -515,6 +527,7 @@ impl Format {
             | Format::Ling3
             | Format::Hy3 => xml_calls::parse(self.xml_shape(), text, req),
             Format::KimiK3 => kimi3::parse(text, req),
+            Format::MiniMaxM3 => minimax_m3::parse(text, req),
             Format::Llama3 { builtin_tools } => llama3::parse(text, req, builtin_tools),
             Format::MistralNemo => mistral::parse(text, req, mistral::Flavor::Nemo),
             Format::Mistral { call_id } => {
@@ -574,6 +587,7 @@ impl Format {
             | Format::Ling3
             | Format::Hy3 => xml_calls::parse_partial(self.xml_shape(), text, req, from),
             Format::KimiK3 => kimi3::parse_partial(text, req),
+            Format::MiniMaxM3 => minimax_m3::parse_partial(text, req, from),
             Format::Llama3 { builtin_tools } => llama3::parse_partial(text, req, builtin_tools),
             Format::MistralNemo => mistral::parse_partial(text, req, mistral::Flavor::Nemo, from),
             Format::Mistral { call_id } => {
@@ -2136,10 +2150,12 @@ pub(crate) mod test_util {
                     if !blocks.last().unwrap().is_empty() && rng.coin() {
                         blocks.push(Vec::new());
                     }
-                    blocks
-                        .last_mut()
-                        .unwrap()
-                        .push(render_one(rng, format, &t.name, a));
+                    // (MiniMax M3's values by their schemas)
+                    let one = match format {
+                        Format::MiniMaxM3 => super::minimax_m3::render_tool_call(t, a),
+                        _ => render_one(rng, format, &t.name, a),
+                    };
+                    blocks.last_mut().unwrap().push(one);
                 }
                 let between = ["", "\n", " ok ", "\n\nThen "];
                 let blocks: Vec<String> =
@@ -2307,6 +2323,7 @@ pub(crate) mod test_util {
                 "<tool_calls:opensource>\n{}\n</tool_calls:opensource>",
                 calls.join("\n")
             ),
+            Format::MiniMaxM3 => super::minimax_m3::render_block(&calls),
             Format::Mistral { .. } => calls.iter().map(|c| format!("[TOOL_CALLS]{c}")).collect(),
             Format::Atem => {
                 let name = calls[0].split('"').nth(1).unwrap_or_default().to_string();
@@ -2446,6 +2463,7 @@ pub(crate) mod test_util {
         Format::Ling3,
         Format::Hy3,
         Format::KimiK3,
+        Format::MiniMaxM3,
     ];
 
     /// Every prefix of `s` at a character boundary, "" and `s` included.
@@ -2519,6 +2537,9 @@ mod tests {
                 format!("<function={name}>{{}}</function>")
             }
             Format::Functionary(_) => format!("{name}\n{{}}"),
+            Format::MiniMaxM3 => {
+                minimax_m3::render_block(&[minimax_m3::render_call(name, &json!({}))])
+            }
             other => unreachable!("{other:?}"),
         }
     }
@@ -2689,6 +2710,7 @@ mod tests {
         Format::Ling3,
         Format::Hy3,
         Format::KimiK3,
+        Format::MiniMaxM3,
     ];
 
     /// A call of a tool the request does not offer is text: no grammar held it, and the client
@@ -2871,7 +2893,7 @@ mod tests {
             ("ByteDance-Seed-OSS.jinja", Format::SeedOss),
             ("inclusionai-ling-3.0-flash.jinja", Format::Ling3),
             ("tencent-Hy3.jinja", Format::Hy3),
-            ("MiniMax-M3.jinja", Format::Generic),
+            ("MiniMax-M3.jinja", Format::MiniMaxM3),
             (
                 "poolside-Laguna-S-2.1.jinja",
                 Format::Glm { newlines: false },

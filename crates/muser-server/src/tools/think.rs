@@ -19,7 +19,7 @@
 //! [`Tags::ends`] (the call's opening, set by `Format::reasoning_tags`) then ends the reasoning
 //! and starts the reply, as a closing tag would. Whitespace may come before a block, except in
 //! the families whose handler reads a block only at the output's start ([`Tags::open_first`]:
-//! LFM2, Kimi K2, Ministral 3). The reply after the block starts at its first non-whitespace
+//! LFM2, Kimi K2, Ministral 3, MiniMax M3). The reply after the block starts at its first non-whitespace
 //! character; MiniMax M3's reply without
 //! reasoning follows a bare closing tag ([`Tags::bare_close`]), which is not part of it.
 //! (llama-server keeps whitespace after a closing tag beyond what its analysis of the template
@@ -51,9 +51,9 @@ pub struct Tags {
     /// the template's format ends the reasoning there and reads the call
     /// (`Format::reasoning_tags` sets them). None by default: the call is reasoning.
     pub ends: &'static [&'static str],
-    /// The opening tag starts a block only as the output's very first text: after whitespace
-    /// it is the reply's (as llama.cpp's LFM2 handler reads it). Otherwise whitespace may come
-    /// before the block.
+    /// The opening tag (or a bare closing tag, `bare_close`) starts a block only as the
+    /// output's very first text: after whitespace it is the reply's (as llama.cpp's LFM2 and
+    /// MiniMax M3 handlers read it). Otherwise whitespace may come before the block.
     pub open_first: bool,
 }
 
@@ -80,10 +80,12 @@ pub const BRACKETS: Tags = pair("[THINK]", "[/THINK]");
 pub const SEED: Tags = pair("<seed:think>", "</seed:think>");
 
 /// MiniMax M3's, whose replies without reasoning start with a bare closing tag (and whose
-/// handler in llama.cpp skips the whitespace that starts the reasoning).
+/// handler in llama.cpp skips the whitespace that starts the reasoning, and reads a block or
+/// a bare closing tag only at the output's very start).
 pub const MINIMAX: Tags = Tags {
     bare_close: true,
     trim_reasoning: true,
+    open_first: true,
     ..pair("<mm:think>", "</mm:think>")
 };
 
@@ -215,11 +217,7 @@ impl Tags {
     /// gives for every continuation of `text`.
     pub fn split_partial(self, text: &str, opened: bool) -> (Option<String>, Option<&str>) {
         if !opened {
-            let t = if self.open_first {
-                text
-            } else {
-                text.trim_start()
-            };
+            let t = self.lead(text);
             let starts = |tag: &str| t.len() < tag.len() && tag.starts_with(t);
             if starts(self.open) || self.bare_close && starts(self.close) {
                 // Nothing yet, or the start of a block (or of a bare closing tag): wait.
@@ -249,10 +247,8 @@ impl Tags {
     fn body_start(self, text: &str, opened: bool) -> Option<&str> {
         let body = if opened {
             text
-        } else if self.open_first {
-            text.strip_prefix(self.open)?
         } else {
-            text.trim_start().strip_prefix(self.open)?
+            self.lead(text).strip_prefix(self.open)?
         };
         Some(if self.trim_reasoning {
             body.trim_start()
@@ -267,8 +263,17 @@ impl Tags {
         if !self.bare_close || opened {
             return None;
         }
-        let rest = text.trim_start().strip_prefix(self.close)?;
+        let rest = self.lead(text).strip_prefix(self.close)?;
         Some(rest.trim_start())
+    }
+
+    /// Where a block may start in an output: after its whitespace, or at once (`open_first`).
+    fn lead(self, text: &str) -> &str {
+        if self.open_first {
+            text
+        } else {
+            text.trim_start()
+        }
     }
 
     /// The trigger patterns (for `Trigger::Pattern`, tried in order) that find a call's
@@ -333,7 +338,7 @@ impl Tags {
                     format!(r"^{lead}(?:{partial})({w})"),
                 ]);
                 if self.bare_close {
-                    patterns.push(format!(r"^\s*{close}[\s\S]*?({w})"));
+                    patterns.push(format!(r"^{lead}{close}[\s\S]*?({w})"));
                 }
                 patterns.push(format!(r"^{lead}(?:{broken})[\s\S]*?({w})"));
                 patterns
@@ -346,7 +351,7 @@ impl Tags {
                 ];
                 if self.bare_close {
                     // (a reply without reasoning after a bare closing tag)
-                    patterns.push(format!(r"^\s*{close}\s*({re})"));
+                    patterns.push(format!(r"^{lead}{close}\s*({re})"));
                 }
                 patterns
             }
@@ -696,7 +701,8 @@ mod tests {
                 );
                 // A reply after a bare closing tag: no reasoning where the family writes one
                 // so, else all of it is the reply.
-                let bare = format!("{gap}{}{gap}{reply}", t.close);
+                let lead = if t.open_first { "" } else { gap };
+                let bare = format!("{lead}{}{gap}{reply}", t.close);
                 let want = match t.bare_close {
                     true => (None, reply.as_str()),
                     false => (None, bare.as_str()),
@@ -983,7 +989,8 @@ mod trigger_tests {
         // MiniMax M3's reply without reasoning, after a bare closing tag.
         let json = MINIMAX.after_block(LazyStart::ReplyStart(r"\{"), false);
         assert_eq!(at(&json, "</mm:think>\n{"), Some(12));
-        assert_eq!(at(&json, " </mm:think>{"), Some(12));
+        // (MiniMax M3's bare closing tag only at the very start)
+        assert_eq!(at(&json, " </mm:think>{"), None);
         assert_eq!(at(&json, "</mm:think>a{"), None);
         assert_eq!(at(&json, "</mm:think></mm:think>{"), None);
         let json = THINK.after_block(LazyStart::ReplyStart(r"\{"), false);
@@ -1026,7 +1033,7 @@ mod grammar_tests {
                     "<think>why <tool_call> not</think>\n<tool_call>f</tool_call>",
                     true,
                 ),
-                ("\n<think></think><tool_call>f</tool_call>", true),
+                ("\n<think></think><tool_call>f</tool_call>", !t.open_first),
                 ("<think>never closed <tool_call>f</tool_call>", false),
                 ("text<tool_call>f</tool_call>", false),
                 ("<think>a</think>b</think><tool_call>f</tool_call>", false),
@@ -1051,11 +1058,13 @@ mod grammar_tests {
             assert!(!g.accepts_str(&w("x y</think>\na")));
             // A bare closing tag before the calls, where the family writes one (MiniMax M3
             // without reasoning, as llama.cpp's grammar for it takes), and only there.
-            for text in [
-                "</think><tool_call>f</tool_call>",
-                " </think>\n<tool_call>f</tool_call>",
+            // (after whitespace where the block may start there)
+            for (text, spaced) in [
+                ("</think><tool_call>f</tool_call>", false),
+                (" </think>\n<tool_call>f</tool_call>", true),
             ] {
-                assert_eq!(closed.accepts_str(&w(text)), t.bare_close, "{t:?} {text:?}");
+                let ok = t.bare_close && !(spaced && t.open_first);
+                assert_eq!(closed.accepts_str(&w(text)), ok, "{t:?} {text:?}");
             }
             assert!(!closed.accepts_str(&w("</think></think><tool_call>f</tool_call>")));
         }

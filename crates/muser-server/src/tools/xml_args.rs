@@ -253,7 +253,7 @@ fn string_choices(schema: &Value) -> Option<Vec<String>> {
 }
 
 /// Annotations: keywords that constrain nothing.
-const ANNOTATIONS: &[&str] = &[
+pub(super) const ANNOTATIONS: &[&str] = &[
     "description",
     "title",
     "examples",
@@ -273,7 +273,11 @@ const MAX_RAW_LENGTH: u64 = 2000;
 /// `[^<]{min,max}` (no `<` in the value) for a plain string with lengths; anything else (a
 /// `pattern`, a `format`, a reference or a combination that may constrain the string) is
 /// refused, since raw text cannot carry it and a value the schema rejects must never come back.
-fn raw_string_rule(schema: &Value, doc: &Value, format: &str) -> Result<Option<String>, String> {
+pub(super) fn raw_string_rule(
+    schema: &Value,
+    doc: &Value,
+    format: &str,
+) -> Result<Option<String>, String> {
     // A schema that is only a local reference is its target's (a few levels deep).
     let mut schema = schema;
     for _ in 0..8 {

@@ -780,7 +780,7 @@ pub(super) fn parse(sh: &Shape, text: &str, req: Option<&ToolRequest>) -> Parsed
 
 /// How `s` starts against the literal `lit`: with it (Some(true)), with a proper prefix of it
 /// (None: what follows decides), or otherwise (Some(false)).
-fn starts(s: &str, lit: &str) -> Option<bool> {
+pub(super) fn starts(s: &str, lit: &str) -> Option<bool> {
     if s.starts_with(lit) {
         Some(true)
     } else if lit.starts_with(s) {
