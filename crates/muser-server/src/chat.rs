@@ -156,6 +156,26 @@ impl ChatTemplate {
                     .or_else(|_| Ok::<_, Error>(default.unwrap_or(0.0.into())))
             },
         );
+        // jinja2's: each item as `str()` writes it (floats as they print, `text::str_of`).
+        env.add_filter(
+            "join",
+            |v: &minijinja::Value, joiner: Option<String>| -> Result<String, Error> {
+                let joiner = joiner.unwrap_or_default();
+                Ok(match v.kind() {
+                    ValueKind::Undefined | ValueKind::None => String::new(),
+                    ValueKind::String => {
+                        let chars: Vec<String> =
+                            v.as_str().unwrap_or("").chars().map(String::from).collect();
+                        chars.join(&joiner)
+                    }
+                    _ => v
+                        .try_iter()?
+                        .map(|item| text::str_of(&item))
+                        .collect::<Vec<_>>()
+                        .join(&joiner),
+                })
+            },
+        );
         env.add_filter("wordcount", |v: &str| {
             v.split(|c: char| !(c.is_alphanumeric() || c == '_'))
                 .filter(|w| !w.is_empty())
@@ -2943,6 +2963,10 @@ mod tests {
             ("{{ '{:>4}'.format('a') }}", "   a"),
             ("{{ 'x'|int }}|{{ 'x'|int(7) }}|{{ '3'|int }}|{{ 2.5|int }}|{{ 'q'|float }}|{{ '2.5'|float }}", "0|7|3|2|0.0|2.5"),
             ("{{ 'a b_c, d'|wordcount }}", "3"),
+            (
+                "{{ [2.0, 1e-07, none, 'a', [1]]|join(',') }}|{{ 'ab'|join('-') }}|{{ nothing|join }}",
+                "2.0,1e-07,None,a,[1]|a-b|",
+            ),
             ("{{ raise_exception is callable }}|{{ 'a' is callable }}", "True|False"),
         ] {
             assert_eq!(render_with_kwargs(src, json!({})).unwrap(), want, "{src}");
