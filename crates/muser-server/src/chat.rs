@@ -118,71 +118,9 @@ impl ChatTemplate {
             };
             empty.ok_or_else(|| Error::from(ErrorKind::UnknownMethod))
         });
-        // How values are printed, `~` and `|string`: as llama-server writes them where it
-        // keeps the value, else as jinja2 (`text`).
-        env.set_formatter(|out, _state, value| {
-            out.write_str(&text::printed(value))
-                .map_err(|_| Error::new(ErrorKind::WriteFailure, "formatting failed"))
-        });
-        env.add_filter("string", |v: &minijinja::Value| text::string(v));
+        methods::add_filters(&mut env);
         env.add_function(CONCAT, |a: &minijinja::Value, b: &minijinja::Value| {
             text::printed(a) + &text::printed(b)
-        });
-        // llama-server: None takes the default as undefined does (jinja2 keeps None).
-        env.add_filter(
-            "default",
-            |state: &minijinja::State,
-             v: &minijinja::Value,
-             args: minijinja::value::Rest<minijinja::Value>| {
-                match args.first() {
-                    Some(d) if v.is_none() && args.len() == 1 => Ok(d.clone()),
-                    None if v.is_none() => Ok(minijinja::Value::from("")),
-                    _ => minijinja::filters::default(state, v, args),
-                }
-            },
-        );
-        // jinja2 and llama-server: a value that is not a number gives the default (0).
-        env.add_filter(
-            "int",
-            |state: &minijinja::State, v: &minijinja::Value, default: Option<minijinja::Value>| {
-                minijinja::filters::int(state, v)
-                    .or_else(|_| Ok::<_, Error>(default.unwrap_or(0.into())))
-            },
-        );
-        env.add_filter(
-            "float",
-            |state: &minijinja::State, v: &minijinja::Value, default: Option<minijinja::Value>| {
-                minijinja::filters::float(state, v)
-                    .or_else(|_| Ok::<_, Error>(default.unwrap_or(0.0.into())))
-            },
-        );
-        // jinja2's: each item as `str()` writes it (floats as they print, `text::str_of`).
-        env.add_filter(
-            "join",
-            |v: &minijinja::Value, joiner: Option<String>| -> Result<String, Error> {
-                let joiner = joiner.unwrap_or_default();
-                Ok(match v.kind() {
-                    ValueKind::Undefined | ValueKind::None => String::new(),
-                    ValueKind::String => {
-                        let chars: Vec<String> =
-                            v.as_str().unwrap_or("").chars().map(String::from).collect();
-                        chars.join(&joiner)
-                    }
-                    _ => v
-                        .try_iter()?
-                        .map(|item| text::str_of(&item))
-                        .collect::<Vec<_>>()
-                        .join(&joiner),
-                })
-            },
-        );
-        env.add_filter("wordcount", |v: &str| {
-            v.split(|c: char| !(c.is_alphanumeric() || c == '_'))
-                .filter(|w| !w.is_empty())
-                .count()
-        });
-        env.add_test("callable", |v: &minijinja::Value| {
-            v.kind() == ValueKind::Plain
         });
         env.add_function("raise_exception", |msg: String| -> Result<String, Error> {
             Err(Error::new(ErrorKind::InvalidOperation, msg))

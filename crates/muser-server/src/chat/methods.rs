@@ -1,10 +1,73 @@
-//! Methods of template values that minijinja lacks, as llama-server and Python have them
-//! (`ChatTemplate::new` hands them the methods minijinja does not know).
+//! Methods, filters and tests of template values where minijinja lacks them or differs, as
+//! llama-server and Python have them (`ChatTemplate::new` adds the filters, and hands [`call`]
+//! the methods minijinja does not know).
 
 use super::list::List;
 use super::text;
-use minijinja::value::{from_args, Value, ValueKind};
-use minijinja::{Error, ErrorKind, State};
+use minijinja::value::{from_args, Rest, Value, ValueKind};
+use minijinja::{Environment, Error, ErrorKind, State};
+
+/// Adds to `env` how values print (its formatter) and the filters and tests whose results
+/// differ from minijinja's, as llama-server and jinja2 have them: `string`, `default`,
+/// `int`, `float`, `join`, `wordcount` and the test `callable`.
+pub fn add_filters(env: &mut Environment<'static>) {
+    // How values are printed, `~` and `|string`: as llama-server writes them where it
+    // keeps the value, else as jinja2 (`text`).
+    env.set_formatter(|out, _state, value| {
+        match value.as_str() {
+            Some(s) => out.write_str(s),
+            None => out.write_str(&text::printed(value)),
+        }
+        .map_err(|_| Error::new(ErrorKind::WriteFailure, "formatting failed"))
+    });
+    env.add_filter("string", |v: &Value| text::string(v));
+    // llama-server: None takes the default as undefined does (jinja2 keeps None).
+    env.add_filter(
+        "default",
+        |state: &State, v: &Value, args: Rest<Value>| match args.first() {
+            Some(d) if v.is_none() && args.len() == 1 => Ok(d.clone()),
+            None if v.is_none() => Ok(Value::from("")),
+            _ => minijinja::filters::default(state, v, args),
+        },
+    );
+    // jinja2 and llama-server: a value that is not a number gives the default (0).
+    env.add_filter("int", |state: &State, v: &Value, default: Option<Value>| {
+        minijinja::filters::int(state, v).or_else(|_| Ok::<_, Error>(default.unwrap_or(0.into())))
+    });
+    env.add_filter(
+        "float",
+        |state: &State, v: &Value, default: Option<Value>| {
+            minijinja::filters::float(state, v)
+                .or_else(|_| Ok::<_, Error>(default.unwrap_or(0.0.into())))
+        },
+    );
+    // jinja2's: each item as `str()` writes it (floats as they print, `text::str_of`).
+    env.add_filter(
+        "join",
+        |v: &Value, joiner: Option<String>| -> Result<String, Error> {
+            let joiner = joiner.unwrap_or_default();
+            Ok(match v.kind() {
+                ValueKind::Undefined | ValueKind::None => String::new(),
+                ValueKind::String => {
+                    let chars: Vec<String> =
+                        v.as_str().unwrap_or("").chars().map(String::from).collect();
+                    chars.join(&joiner)
+                }
+                _ => v
+                    .try_iter()?
+                    .map(|item| text::str_of(&item))
+                    .collect::<Vec<_>>()
+                    .join(&joiner),
+            })
+        },
+    );
+    env.add_filter("wordcount", |v: &str| {
+        v.split(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .filter(|w| !w.is_empty())
+            .count()
+    });
+    env.add_test("callable", |v: &Value| v.kind() == ValueKind::Plain);
+}
 
 /// The method `method` of a value minijinja has no such method for: a list's `sort` and
 /// `reverse` as llama-server's (its filters: a new list, sorted or reversed; the list stays
