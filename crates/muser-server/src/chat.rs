@@ -20,8 +20,16 @@
 //!
 //! Lists the template writes (`[]`, `x|list`) can change, as in jinja2 and llama-server:
 //! `append`, `pop`, `extend`... (`list`).
+//!
+//! Values become text as llama-server writes them where it keeps the value, else as jinja2
+//! does (`text`: floats, None, lists and mappings printed, `~`, `|string`, `tojson`'s
+//! floats); a string added to another value (`'a' + 5`) is joined as text, and None's
+//! `items()`, a list's `sort()` and `reverse()`, a string's `rsplit()` work as in
+//! llama-server, where jinja2 or minijinja refuse them (`methods`).
 
 mod list;
+mod methods;
+mod text;
 
 use crate::error::ApiError;
 use crate::tools::gemma4;
@@ -106,11 +114,16 @@ impl ChatTemplate {
     pub fn new(source: Option<&str>, bos: &str, eos: &str) -> anyhow::Result<ChatTemplate> {
         let mut env = Environment::new();
         env.set_unknown_method_callback(|state, value, method, args| {
-            if value.is_undefined() {
-                of_undefined(method).ok_or_else(|| Error::from(ErrorKind::UnknownMethod))
-            } else {
-                minijinja_contrib::pycompat::unknown_method_callback(state, value, method, args)
-            }
+            let empty = match value.kind() {
+                ValueKind::Undefined => of_undefined(method),
+                ValueKind::None => of_none(method),
+                _ => return methods::call(state, value, method, args),
+            };
+            empty.ok_or_else(|| Error::from(ErrorKind::UnknownMethod))
+        });
+        methods::add_filters(&mut env);
+        env.add_function(CONCAT, |a: &minijinja::Value, b: &minijinja::Value| {
+            text::printed(a) + &text::printed(b)
         });
         env.add_function("raise_exception", |msg: String| -> Result<String, Error> {
             Err(Error::new(ErrorKind::InvalidOperation, msg))
@@ -134,7 +147,7 @@ impl ChatTemplate {
         // llama-server's: the items, first and last of an undefined value (minijinja's refuse it).
         env.add_filter("items", |v: &minijinja::Value| {
             match of_undefined("items") {
-                Some(empty) if v.is_undefined() => Ok(empty),
+                Some(empty) if v.is_undefined() || v.is_none() => Ok(empty),
                 _ => minijinja::filters::items(v),
             }
         });
@@ -303,9 +316,11 @@ impl ChatTemplate {
 
     /// Whether the template reads a tool call's `arguments` as an object, as llama.cpp probes
     /// it: a conversation whose call has object arguments is rendered, and the template reads
-    /// them when the argument's value is in the prompt. Such a template is then given OpenAI's
-    /// JSON-string arguments as the object they hold (as llama.cpp gives them); another gets
-    /// the string.
+    /// them when the argument's value is in the prompt, but not where it writes the whole
+    /// mapping as text (Functionary v3.2's `'\n' + arguments`, `{{ arguments }}`): llama.cpp
+    /// counts only a read into the arguments (an item, `items()`, `tojson`). Such a template
+    /// is then given OpenAI's JSON-string arguments as the object they hold (as llama.cpp gives
+    /// them); another gets the string.
     fn object_arguments(&self) -> bool {
         let messages = [
             serde_json::json!({"role": "user", "content": "User message"}),
@@ -317,8 +332,11 @@ impl ChatTemplate {
             serde_json::json!({"role": "assistant", "content": "The tool response was 'x'"}),
             serde_json::json!({"role": "user", "content": "User message"}),
         ];
+        let as_text = text::repr(&minijinja::Value::from_serialize(
+            serde_json::json!({ "arg": PROBE_VALUE }),
+        ));
         self.render_with(&messages, true, None, &Map::new())
-            .is_ok_and(|p| p.contains(PROBE_VALUE))
+            .is_ok_and(|p| p.contains(PROBE_VALUE) && !p.contains(&as_text))
     }
 
     /// Whether the template reads tool-call arguments as objects (`object_arguments`).
@@ -483,7 +501,7 @@ impl ChatTemplate {
         // or as a list's function, which no template can name, would replace `+` or a list.)
         for (k, v) in kwargs
             .iter()
-            .filter(|(k, _)| *k != ADD && !list::is_internal(k))
+            .filter(|(k, _)| *k != ADD && *k != CONCAT && !list::is_internal(k))
         {
             ctx.retain(|(name, _)| name != k);
             ctx.push((k, minijinja::Value::from_serialize(v)));
@@ -706,6 +724,18 @@ fn of_undefined(name: &str) -> Option<minijinja::Value> {
     })
 }
 
+/// What llama-server's template engine gives for the filter or method `name` of None
+/// (`none.items()`, a null field's `items()`): an empty list; None for a name it has none
+/// for. (jinja2 refuses them: a template that reads a null this way works in llama-server.)
+fn of_none(name: &str) -> Option<minijinja::Value> {
+    match name {
+        "items" | "map" | "reject" | "rejectattr" | "select" | "selectattr" | "unique" => {
+            Some(minijinja::Value::from(Vec::<minijinja::Value>::new()))
+        }
+        _ => None,
+    }
+}
+
 self_cell::self_cell!(
     /// A template's source and its compiled instructions, which borrow from it.
     struct Compiled {
@@ -743,6 +773,7 @@ fn compile<'s>(
             let Some(op) = code.get_mut(i) else { break };
             match op {
                 Instruction::Add => *op = Instruction::CallFunction(ADD, Some(2)),
+                Instruction::StringConcat => *op = Instruction::CallFunction(CONCAT, Some(2)),
                 Instruction::BuildList(Some(n)) => {
                     if let Ok(n) = u16::try_from(*n) {
                         *op = Instruction::CallFunction(list::BUILD, Some(n));
@@ -763,11 +794,17 @@ fn compile<'s>(
 /// template can write, so that none reads or replaces it.
 const ADD: &str = "+";
 
+/// The function every `~` of a template calls (`compile`): its operands as they print
+/// (`text::printed`: None as "", as llama-server joins it; jinja2 writes `None`).
+const CONCAT: &str = "~";
+
 /// `a + b` as llama-server's template engine adds them: an undefined or null operand beside a
 /// string is "" (FireFunction v2's `system_prompt_suffix + "\n" + functions` with no
-/// `functions`), where jinja2 and minijinja refuse the sum; any other sum as minijinja's `+`
-/// (two undefined values, or one beside a number, are still an error, as in llama-server),
-/// but two lists make a new list (`list::concat`).
+/// `functions`), where jinja2 and minijinja refuse the sum; a string and another value are
+/// joined as they print (`'a' + 5` is `a5`, `'a' + [1]` is `a[1]`: llama-server's, where
+/// jinja2 refuses them, so that a template that adds them works in Muser as in llama-server);
+/// any other sum as minijinja's `+` (two undefined values, or one beside a number, are still
+/// an error, as in llama-server), but two lists make a new list (`list::concat`).
 fn add(a: minijinja::Value, b: minijinja::Value) -> Result<minijinja::Value, Error> {
     if a.kind() == ValueKind::Seq && b.kind() == ValueKind::Seq {
         return list::concat(&a, &b);
@@ -777,6 +814,11 @@ fn add(a: minijinja::Value, b: minijinja::Value) -> Result<minijinja::Value, Err
         (Some(x), Some(y)) => return Ok(minijinja::Value::from([x, y].concat())),
         (Some(_), None) if blank(&b) => return Ok(a),
         (None, Some(_)) if blank(&a) => return Ok(b),
+        (Some(_), None) | (None, Some(_)) => {
+            return Ok(minijinja::Value::from(
+                text::printed(&a) + &text::printed(&b),
+            ))
+        }
         _ => {}
     }
     // minijinja's own sum, as its compiler folds `a + b` of constants (an error gives none):
@@ -839,7 +881,9 @@ where
 /// transformers' `tojson`: `json.dumps(value, ensure_ascii=False, indent=None,
 /// separators=None, sort_keys=False)`, each option also by position in that order. Python's
 /// output exactly: `", "` and `": "` between items (`","` when indenting), no HTML escaping,
-/// keys in the map's order, floats as Python writes them (`1.0`, `1e+16`).
+/// keys in the map's order; but floats as llama-server writes them where that keeps the
+/// number (`text::json_float`: `1` for 1.0, `1e+16`; Python's `repr` where llama-server's 6
+/// digits would change it).
 fn tojson(
     value: &minijinja::Value,
     ensure_ascii: Option<minijinja::Value>,
@@ -926,7 +970,7 @@ impl JsonWriter {
         match v.kind() {
             ValueKind::None => out.push_str("null"),
             ValueKind::Bool => out.push_str(if v.is_true() { "true" } else { "false" }),
-            ValueKind::Number => out.push_str(&number(v)),
+            ValueKind::Number => out.push_str(&text::number(v, text::json_float)),
             ValueKind::String => self.string(v.as_str().unwrap_or(""), out),
             ValueKind::Seq | ValueKind::Iterable => {
                 let items: Vec<minijinja::Value> = v.try_iter()?.collect();
@@ -993,7 +1037,7 @@ impl JsonWriter {
     fn key(&self, k: &minijinja::Value) -> Result<String, Error> {
         Ok(match k.kind() {
             ValueKind::String => k.as_str().unwrap_or("").to_string(),
-            ValueKind::Number => number(k),
+            ValueKind::Number => text::number(k, text::json_float),
             ValueKind::Bool => (if k.is_true() { "true" } else { "false" }).to_string(),
             ValueKind::None => "null".to_string(),
             other => {
@@ -1006,72 +1050,7 @@ impl JsonWriter {
     }
 
     fn string(&self, s: &str, out: &mut String) {
-        out.push('"');
-        for c in s.chars() {
-            match c {
-                '"' => out.push_str("\\\""),
-                '\\' => out.push_str("\\\\"),
-                '\n' => out.push_str("\\n"),
-                '\r' => out.push_str("\\r"),
-                '\t' => out.push_str("\\t"),
-                '\u{8}' => out.push_str("\\b"),
-                '\u{c}' => out.push_str("\\f"),
-                c if (c as u32) < 0x20 || (self.ensure_ascii && !(' '..='~').contains(&c)) => {
-                    let mut units = [0u16; 2];
-                    for u in c.encode_utf16(&mut units) {
-                        out.push_str(&format!("\\u{u:04x}"));
-                    }
-                }
-                c => out.push(c),
-            }
-        }
-        out.push('"');
-    }
-}
-
-/// A number as Python's `json` writes it: integers in full, floats as `repr` (shortest
-/// round-trip digits; exponent form below 1e-4 and from 1e16: `1e-05`, `1.5e+16`).
-fn number(v: &minijinja::Value) -> String {
-    if v.is_integer() {
-        return v.to_string();
-    }
-    let x = f64::try_from(v.clone()).unwrap_or(f64::NAN);
-    if x.is_nan() {
-        return "NaN".into();
-    }
-    if x.is_infinite() {
-        return if x > 0.0 { "Infinity" } else { "-Infinity" }.into();
-    }
-    // `{:e}` gives the shortest round-trip digits: "-1.2345e-5".
-    let sci = format!("{x:e}");
-    let (mantissa, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
-    let exp: i32 = exp.parse().unwrap_or(0);
-    let (sign, mantissa) = match mantissa.strip_prefix('-') {
-        Some(m) => ("-", m),
-        None => ("", mantissa),
-    };
-    let digits: String = mantissa.chars().filter(|c| *c != '.').collect();
-    if (-4..16).contains(&exp) {
-        if exp < 0 {
-            format!("{sign}0.{}{digits}", "0".repeat((-exp - 1) as usize))
-        } else {
-            let point = exp as usize + 1;
-            let (int, frac) = if digits.len() > point {
-                (digits[..point].to_string(), digits[point..].to_string())
-            } else {
-                (format!("{digits:0<point$}"), "0".to_string())
-            };
-            format!("{sign}{int}.{frac}")
-        }
-    } else {
-        let (first, rest) = digits.split_at(1);
-        let rest = if rest.is_empty() {
-            String::new()
-        } else {
-            format!(".{rest}")
-        };
-        let esign = if exp < 0 { '-' } else { '+' };
-        format!("{sign}{first}{rest}e{esign}{:02}", exp.abs())
+        text::json_string(s, self.ensure_ascii, out);
     }
 }
 
@@ -1409,7 +1388,9 @@ pub fn parse_messages(v: Option<&Value>) -> Result<Vec<Value>, ApiError> {
         };
         let content = match obj.get("content") {
             Some(Value::String(s)) => s.clone(),
-            None | Some(Value::Null) if role == "assistant" => String::new(),
+            // llama-server takes a null content as "" for every role.
+            Some(Value::Null) => String::new(),
+            None if role == "assistant" => String::new(),
             Some(Value::Array(parts)) => {
                 for (j, p) in parts.iter().enumerate() {
                     match (p.get("type").and_then(Value::as_str), p.get("text")) {
@@ -1548,7 +1529,9 @@ mod tests {
             ),
             (
                 "{{ [1.0, 0.1, 1e16, 1.5e-05, 0.0001, -0.0, 123456789.0, 2e-7] | tojson }}",
-                "[1.0, 0.1, 1e+16, 1.5e-05, 0.0001, -0.0, 123456789.0, 2e-07]",
+                // (floats as llama-server writes them where that keeps the number: 1.0 as
+                // `1`, -0.0 as `-0`; Python's where its 6 digits would not: 123456789.0)
+                "[1, 0.1, 1e+16, 1.5e-05, 0.0001, -0, 123456789.0, 2e-07]",
             ),
             (
                 "{{ {1: 'x', none: 'y'} | tojson }}",
@@ -2349,7 +2332,8 @@ mod tests {
     /// `+` of an undefined or null value and a string is the string, an attribute or item of an
     /// undefined value is undefined, its `items()`, `strip()`, `first`... are empty, as
     /// llama-server's undefined value has them (a method it lacks is an error). Other sums are
-    /// as before (numbers, lists, strings), and those llama-server refuses (undefined beside a
+    /// as before (numbers, lists, strings), a string and a number are joined as text (as in
+    /// llama-server; jinja2 refuses it), and those llama-server refuses (undefined beside a
     /// number, two undefined values) are errors.
     /// Random strings and numbers, through `chat_template_kwargs`.
     #[test]
@@ -2389,6 +2373,8 @@ mod tests {
                     format!("{} [{n}, {m}] {a}{b}", n + m),
                 ),
                 ("{{ n + 0.5 }}", format!("{}", n as f64 + 0.5)),
+                // llama-server joins a string and a number as text (jinja2 refuses it).
+                ("{{ a + n }}|{{ m + b }}", format!("{a}{n}|{m}{b}")),
             ] {
                 assert_eq!(go(src, kw.clone()).unwrap(), want, "{src} {kw}");
             }
@@ -2397,7 +2383,6 @@ mod tests {
                 "{{ nothing + n }}",
                 "{{ n + x }}",
                 "{{ nothing + nothing }}",
-                "{{ a + n }}",
             ] {
                 let e = go(src, kw.clone()).unwrap_err();
                 assert_eq!(e.status, 400, "{src}");
@@ -2592,6 +2577,389 @@ mod tests {
         assert!(!t.null_call_content);
         let out = t.render(&conv(Value::Null)).unwrap();
         assert_eq!(out, "user: hi;assistant:  CALL f;tool: 42;");
+    }
+
+    /// A random float and the text llama-server writes for it printed (`{{ x }}`, C's `%f`
+    /// trimmed) and as JSON (`tojson`, `|string`: C's `%g`), where that text is the number,
+    /// else Python's `repr` (Muser's rule, `text`): eighths (exact in both: `-12.375`, and
+    /// `3` for 3.0 as JSON), long fractions (`%f` and `%g` round them: Python's), tiny
+    /// (`%f` writes `0.0`: Python's `3e-09`; `%g` writes it), millions (`%g`: `1.2e+08`).
+    /// The expected texts are built from the digits, not by the code under test.
+    fn random_float(rng: &mut crate::tools::test_util::Rng) -> (f64, String, String) {
+        match rng.below(4) {
+            0 => {
+                let k = rng.below(16000) as i64 - 8000;
+                let frac = ["0", "125", "25", "375", "5", "625", "75", "875"];
+                let sign = if k < 0 { "-" } else { "" };
+                let (q, r) = (k.abs() / 8, (k.abs() % 8) as usize);
+                let printed = format!("{sign}{q}.{}", frac[r]);
+                let json = if r == 0 {
+                    format!("{sign}{q}")
+                } else {
+                    printed.clone()
+                };
+                (k as f64 / 8.0, printed, json)
+            }
+            1 => {
+                let n = 100_000_000 + rng.next() % 900_000_000 / 10 * 10 + 1 + rng.below(9) as u64;
+                let x = n as f64 / 10f64.powi(rng.below(5) as i32 + 7);
+                // Python's repr, in this range, is the shortest digits without an exponent.
+                (x, x.to_string(), x.to_string())
+            }
+            2 => {
+                let text = format!("{}e-{:02}", rng.below(9) + 1, rng.below(6) + 7);
+                (text.parse().unwrap(), text.clone(), text)
+            }
+            _ => {
+                let m = rng.below(999) + 1;
+                let digits = m.to_string();
+                let mantissa = digits.trim_end_matches('0');
+                let mantissa = if mantissa.len() > 1 {
+                    format!("{}.{}", &mantissa[..1], &mantissa[1..])
+                } else {
+                    mantissa.to_string()
+                };
+                let json = format!("{mantissa}e+{:02}", 6 + digits.len() - 1);
+                (m as f64 * 1e6, format!("{m}000000.0"), json)
+            }
+        }
+    }
+
+    /// Floats from a request (`chat_template_kwargs`, and a tool call's arguments in the
+    /// history) print, join and turn into JSON as llama-server writes them where its text is
+    /// the number, and as Python where llama-server's would change it (a choice: llama-server
+    /// writes 3.14159265 as `3.141593` printed and `3.14159` as JSON, 1e-07 printed as `0.0`;
+    /// Muser never shows the model another number than the request's). Random floats of each
+    /// kind; every text reads back as the number.
+    #[test]
+    fn floats_are_written_as_llama_server_writes_them_where_it_keeps_them() {
+        let mut rng = crate::tools::test_util::Rng(0xF10A_7E57);
+        let calls = "{% for m in messages %}{% for c in m.tool_calls or [] %}\
+                     {% for k, v in c.function.arguments.items() %}{{ k }}={{ v }}|{{ v|tojson }}|\
+                     {{ v|string }};{% endfor %}{% endfor %}{% endfor %}";
+        let t = ChatTemplate::new(Some(calls), "", "").unwrap();
+        assert!(t.object_arguments);
+        for _ in 0..300 {
+            let (x, printed, json) = random_float(&mut rng);
+            assert_eq!(printed.parse::<f64>().unwrap(), x, "{printed}");
+            assert_eq!(json.parse::<f64>().unwrap(), x, "{json}");
+            let a = random_text(&mut rng);
+            let got = render_with_kwargs(
+                "{{ x }}#{{ x|string }}#{{ x|tojson }}#{{ a + x }}#{{ x ~ a }}#{{ [x]|string }}\
+                 #{{ {'k': x} }}#{{ [x, x]|tojson }}#{{ '{}'.format(x) }}",
+                json!({"x": x, "a": a}),
+            )
+            .unwrap();
+            let want = format!(
+                "{printed}#{json}#{json}#{a}{printed}#{printed}{a}#[{printed}]#{{'k': {printed}}}\
+                 #[{json}, {json}]#{printed}"
+            );
+            assert_eq!(got, want, "{x:e}");
+            // In a call's arguments (a JSON string the template reads as an object).
+            let args = serde_json::to_string(&json!({"x": x})).unwrap();
+            let body = json!({"messages": [{"role": "user", "content": "hi"},
+                {"role": "assistant", "content": null, "tool_calls": [{"id": "c1",
+                 "type": "function", "function": {"name": "f", "arguments": args}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "ok"}]});
+            let got = render_body(&t, body).unwrap();
+            assert_eq!(got, format!("x={printed}|{json}|{json};"), "{args}");
+        }
+    }
+
+    /// A value's text in a list or mapping (`|string`, or printed), as both engines write it
+    /// (Python's `repr`: `None`, `True`, `[..]`, `{..}`) with strings quoted as llama-server
+    /// quotes them: `'…'` as they are, or a JSON string where they hold a `'` (jinja2 would
+    /// escape a newline in the first). Values measured through llama-server, and random nested
+    /// values from the request against a model of that text (strings quoted by serde_json).
+    #[test]
+    fn lists_and_mappings_are_written_as_pythons_repr() {
+        let go = render_with_kwargs;
+        let kw = json!({"l": [1, 2.0, null, "a", true],
+                        "d": {"a": 1.5, "b": null, "c": [2.0, "it's"]},
+                        "ws": ["a\nb", "it's", "q\"x", "both'\"", "back\\s", "é😀\t"]});
+        // llama-server's `|string` of each (b0.3.36); printing a list or mapping, which
+        // llama-server writes as its items run together or nothing, writes the same.
+        for (src, want) in [
+            ("{{ l|string }}", "[1, 2.0, None, 'a', True]"),
+            (
+                "{{ d|string }}",
+                "{'a': 1.5, 'b': None, 'c': [2.0, \"it's\"]}",
+            ),
+            (
+                "{{ ws|string }}",
+                "['a\nb', \"it's\", 'q\"x', \"both'\\\"\", 'back\\s', 'é😀\t']",
+            ),
+            (
+                "{{ [[1, 'a'], {'k': none}]|string }}",
+                "[[1, 'a'], {'k': None}]",
+            ),
+            (
+                "{{ l }}|{{ d }}",
+                "[1, 2.0, None, 'a', True]|{'a': 1.5, 'b': None, 'c': [2.0, \"it's\"]}",
+            ),
+            ("{{ 'a' + l }}", "a[1, 2.0, None, 'a', True]"),
+            ("{{ [] }}{{ {} }}{{ d.keys()|list }}", "[]{}['a', 'b', 'c']"),
+        ] {
+            assert_eq!(go(src, kw.clone()).unwrap(), want, "{src}");
+        }
+        fn quoted(s: &str) -> String {
+            if s.contains('\'') {
+                serde_json::to_string(s).unwrap()
+            } else {
+                format!("'{s}'")
+            }
+        }
+        fn model(v: &Value, floats: &std::collections::HashMap<String, String>) -> String {
+            match v {
+                Value::Null => "None".into(),
+                Value::Bool(b) => (if *b { "True" } else { "False" }).into(),
+                Value::Number(n) if n.is_f64() => floats[&n.to_string()].clone(),
+                Value::Number(n) => n.to_string(),
+                Value::String(s) => quoted(s),
+                Value::Array(a) => {
+                    let items: Vec<String> = a.iter().map(|v| model(v, floats)).collect();
+                    format!("[{}]", items.join(", "))
+                }
+                Value::Object(o) => {
+                    let items: Vec<String> = o
+                        .iter()
+                        .map(|(k, v)| format!("{}: {}", quoted(k), model(v, floats)))
+                        .collect();
+                    format!("{{{}}}", items.join(", "))
+                }
+            }
+        }
+        fn random_value(
+            rng: &mut crate::tools::test_util::Rng,
+            depth: usize,
+            floats: &mut std::collections::HashMap<String, String>,
+        ) -> Value {
+            match rng.below(if depth > 2 { 5 } else { 7 }) {
+                0 => Value::Null,
+                1 => json!(rng.coin()),
+                2 => json!(rng.below(2000) as i64 - 1000),
+                3 => {
+                    let (x, printed, _) = random_float(rng);
+                    let v = json!(x);
+                    floats.insert(v.to_string(), printed);
+                    v
+                }
+                4 => {
+                    let q = ["", "'", "\"", "\\", "'\"", "\u{1}"][rng.below(6)];
+                    json!(format!("{}{q}{}", random_text(rng), random_text(rng)))
+                }
+                5 => Value::Array(
+                    (0..rng.below(4))
+                        .map(|_| random_value(rng, depth + 1, floats))
+                        .collect(),
+                ),
+                _ => Value::Object(
+                    (0..rng.below(4))
+                        .map(|i| {
+                            (
+                                format!("{}{i}", random_text(rng)),
+                                random_value(rng, depth + 1, floats),
+                            )
+                        })
+                        .collect(),
+                ),
+            }
+        }
+        let mut rng = crate::tools::test_util::Rng(0x5E3D_0555);
+        for _ in 0..200 {
+            let mut floats = std::collections::HashMap::new();
+            let v = Value::Array(
+                (0..rng.below(4) + 1)
+                    .map(|_| random_value(&mut rng, 0, &mut floats))
+                    .collect(),
+            );
+            let want = model(&v, &floats);
+            assert_eq!(go("{{ v|string }}", json!({ "v": v })).unwrap(), want);
+            assert_eq!(go("{{ v }}", json!({ "v": v })).unwrap(), want);
+        }
+    }
+
+    /// None (a null from the request, `none`) as llama-server takes it: printed or joined with
+    /// `~` it is "" (a choice: jinja2 writes `None`; llama-server writes nothing for a null
+    /// field), `|string` is `None` (both), `default` replaces it (llama-server's; jinja2 keeps
+    /// it), its `items()` and `|items` are empty (llama-server's; jinja2 refuses them), and a
+    /// message's null content is "" whatever its role (llama-server's; the request is not
+    /// refused). Random strings.
+    #[test]
+    fn none_is_taken_as_in_llama_server() {
+        let mut rng = crate::tools::test_util::Rng(0x0000_90DE);
+        for _ in 0..30 {
+            let a = random_text(&mut rng);
+            let got = render_with_kwargs(
+                "[{{ n }}][{{ n ~ a }}][{{ a ~ n }}][{{ n|string }}][{{ [n, a]|string }}]\
+                 [{{ n|default(a) }}][{{ n|default(a, true) }}][{{ nothing|default(a) }}]\
+                 [{% for k, v in n.items() %}x{% endfor %}{{ n|items|length }}]\
+                 [{{ a + n }}][{{ {'k': n}.get('k') }}]",
+                json!({"n": null, "a": a}),
+            )
+            .unwrap();
+            assert_eq!(
+                got,
+                format!("[][{a}][{a}][None][[None, '{a}']][{a}][{a}][{a}][0][{a}][]")
+            );
+            let body = json!({"messages": [{"role": "system", "content": null},
+                {"role": "user", "content": null}, {"role": "tool", "tool_call_id": "c",
+                "content": null}, {"role": "user", "content": a}]});
+            let src = "{% for m in messages %}{{ m.role }}:{{ m.content }}|{% endfor %}";
+            assert_eq!(
+                render(src, body).unwrap(),
+                format!("system:|user:|tool:|user:{a}|")
+            );
+        }
+        // A missing content is still refused, as llama-server refuses it.
+        let e = parse_messages(Some(&json!([{"role": "user"}]))).unwrap_err();
+        assert!(e.message.contains("content"), "{}", e.message);
+    }
+
+    /// A list's `sort()` and `reverse()` as llama-server's (its filters): a new list, sorted
+    /// (by `attribute`, `reverse=true`) or reversed, which the template can change; the list
+    /// itself is left as it was (a choice: Python sorts in place and gives None; jinja2's
+    /// sandbox, transformers', refuses both). Random lists from the request, and lists the
+    /// template writes.
+    #[test]
+    fn list_sort_and_reverse_are_llama_servers() {
+        let mut rng = crate::tools::test_util::Rng(0x5027_11A7);
+        for _ in 0..40 {
+            let l: Vec<i64> = (0..rng.below(6) + 1)
+                .map(|_| rng.below(100) as i64 - 50)
+                .collect();
+            let mut sorted = l.clone();
+            sorted.sort();
+            let mut down = sorted.clone();
+            down.reverse();
+            let reversed: Vec<i64> = l.iter().rev().cloned().collect();
+            let objs: Vec<Value> = l.iter().map(|k| json!({ "t": k })).collect();
+            let by_t: Vec<Value> = sorted.iter().map(|k| json!({ "t": k })).collect();
+            let got = render_with_kwargs(
+                "{% set u = l.sort() %}{% set _ = u.append(1000) %}{{ u|tojson }}|{{ l|tojson }}|\
+                 {{ l.sort(reverse=true)|tojson }}|{{ l.reverse()|tojson }}|\
+                 {{ o.sort(attribute='t')|tojson }}|{% set w = l|list %}\
+                 {{ w.sort()|tojson }}{{ w.reverse()|tojson }}{{ w|tojson }}",
+                json!({"l": l, "o": objs}),
+            )
+            .unwrap();
+            let mut appended = sorted.clone();
+            appended.push(1000);
+            // (Python's `json.dumps` of lists of integers and of `{"t": k}`)
+            let j = |v: Value| {
+                serde_json::to_string(&v)
+                    .unwrap()
+                    .replace(',', ", ")
+                    .replace(':', ": ")
+            };
+            let want = format!(
+                "{}|{}|{}|{}|{}|{}{}{}",
+                j(json!(appended)),
+                j(json!(l)),
+                j(json!(down)),
+                j(json!(reversed)),
+                j(json!(by_t)),
+                j(json!(sorted)),
+                j(json!(reversed)),
+                j(json!(l))
+            );
+            assert_eq!(got, want);
+        }
+    }
+
+    /// String methods and filters minijinja lacks, as Python and llama-server have them:
+    /// `rsplit` (random strings against a model of Python's), `format` with plain fields
+    /// (floats as they print), `int` and `float` of text that is no number (the default, 0),
+    /// `wordcount`, the test `callable`.
+    #[test]
+    fn python_methods_and_filters_minijinja_lacks() {
+        let mut rng = crate::tools::test_util::Rng(0x0025_9117);
+        for _ in 0..60 {
+            let s: String = (0..rng.below(12))
+                .map(|_| ["a", "b", ",", " ", ",,"][rng.below(5)])
+                .collect();
+            let max = rng.below(4) as i64 - 1;
+            // Python: `s.split(',')`, the first parts joined back where `max` limits it.
+            let all: Vec<&str> = s.split(',').collect();
+            let want: Vec<String> = match usize::try_from(max) {
+                Ok(m) if all.len() > m + 1 => std::iter::once(all[..all.len() - m].join(","))
+                    .chain(all[all.len() - m..].iter().map(|p| p.to_string()))
+                    .collect(),
+                _ => all.iter().map(|p| p.to_string()).collect(),
+            };
+            let got = render_with_kwargs(
+                "{{ s.rsplit(',', m)|join('|') }}#{{ s.rsplit(',', m)|length }}#\
+                 {{ s.rsplit()|join('|') }}#{{ s.rsplit()|length }}",
+                json!({"s": s, "m": max}),
+            )
+            .unwrap();
+            let words: Vec<&str> = s.split_whitespace().collect();
+            let want = format!(
+                "{}#{}#{}#{}",
+                want.join("|"),
+                want.len(),
+                words.join("|"),
+                words.len()
+            );
+            assert_eq!(got, want, "{s:?} {max}");
+        }
+        for (src, want) in [
+            ("{{ '  a b  c  '.rsplit(none, 1)|tojson }}", r#"["  a b", "c"]"#),
+            ("{{ 'a,b,c'.rsplit(',', 1)|tojson }}", r#"["a,b", "c"]"#),
+            ("{{ '{}-{}|{1}{0}|{{}}'.format(2.0, none) }}", "2.0-None|None2.0|{}"),
+            ("{{ '{:>4}'.format('a') }}", "   a"),
+            ("{{ 'x'|int }}|{{ 'x'|int(7) }}|{{ '3'|int }}|{{ 2.5|int }}|{{ 'q'|float }}|{{ '2.5'|float }}", "0|7|3|2|0.0|2.5"),
+            ("{{ 'a b_c, d'|wordcount }}", "3"),
+            (
+                "{{ [2.0, 1e-07, none, 'a', [1]]|join(',') }}|{{ 'ab'|join('-') }}|{{ nothing|join }}",
+                "2.0,1e-07,None,a,[1]|a-b|",
+            ),
+            ("{{ raise_exception is callable }}|{{ 'a' is callable }}", "True|False"),
+        ] {
+            assert_eq!(render_with_kwargs(src, json!({})).unwrap(), want, "{src}");
+        }
+    }
+
+    /// A template that writes a call's whole arguments as text (Functionary v3.2's
+    /// `'\n' + arguments`, `{{ arguments }}`) gets the request's JSON string, as llama.cpp gives
+    /// it (its probe counts only a read into the arguments); one that reads an item gets the
+    /// object. Random arguments with floats, through each.
+    #[test]
+    fn arguments_written_whole_stay_the_requests_string() {
+        let mut rng = crate::tools::test_util::Rng(0xA2C5_7E47);
+        let whole = [
+            "{% for m in messages %}{% for c in m.tool_calls or [] %}\
+             {{ '>>>' + c.function.name + '\n' + c.function.arguments }}{% endfor %}{% endfor %}",
+            "{% for m in messages %}{% for c in m.tool_calls or [] %}\
+             >>>{{ c.function.name }}\n{{ c.function.arguments }}{% endfor %}{% endfor %}",
+        ];
+        let item = "{% for m in messages %}{% for c in m.tool_calls or [] %}\
+                    >>>{{ c.function.name }}\n{% for k, v in c.function.arguments.items() %}\
+                    {{ k }}={{ v }};{% endfor %}{% endfor %}{% endfor %}";
+        for _ in 0..20 {
+            let (x, printed, _) = random_float(&mut rng);
+            let a = random_text(&mut rng);
+            let args = serde_json::to_string(&json!({"x": x, "a": a, "n": null})).unwrap();
+            let body = json!({"messages": [{"role": "user", "content": "hi"},
+                {"role": "assistant", "content": null, "tool_calls": [{"id": "c1",
+                 "type": "function", "function": {"name": "f", "arguments": args}}]},
+                {"role": "user", "content": "ok"}]});
+            for src in whole {
+                let t = ChatTemplate::new(Some(src), "", "").unwrap();
+                assert!(!t.object_arguments, "{src}");
+                assert_eq!(
+                    render_body(&t, body.clone()).unwrap(),
+                    format!(">>>f\n{args}")
+                );
+            }
+            let t = ChatTemplate::new(Some(item), "", "").unwrap();
+            assert!(t.object_arguments);
+            // (None printed as "", llama-server's)
+            assert_eq!(
+                render_body(&t, body).unwrap(),
+                format!(">>>f\nx={printed};a={a};n=;")
+            );
+        }
     }
 
     #[test]

@@ -197,10 +197,13 @@ impl Object for List {
                     self.snapshot().iter().filter(|v| **v == item).count(),
                 ))
             }
+            // llama-server's `reverse` (its filter's): a new list, reversed; this one stays as
+            // it is. (Python's reverses the list in place; jinja2's sandbox refuses it.)
             "reverse" => {
                 let () = from_args(args)?;
-                self.items().reverse();
-                Ok(none)
+                let mut items = self.snapshot();
+                items.reverse();
+                Ok(List::value(items))
             }
             "copy" => {
                 let () = from_args(args)?;
@@ -265,7 +268,9 @@ mod tests {
 
     /// Random runs of `append`, `extend`, `insert`, `pop`, `remove`, `index`, `count`,
     /// `reverse` and `+` leave the list, and give the results, that Python's list methods
-    /// would (the model below: Python's rules for negative and out-of-range indexes).
+    /// would (the model below: Python's rules for negative and out-of-range indexes), but
+    /// `reverse` as llama-server's: a reversed copy, the list left as it was (Python's
+    /// reverses in place; jinja2's sandbox, transformers', refuses it).
     #[test]
     fn list_methods_do_as_pythons() {
         let mut rng = Rng(0x115_7A99E);
@@ -320,8 +325,9 @@ mod tests {
                         }
                     }
                     7 => {
-                        src += "{%- set _ = xs.reverse() -%}";
-                        xs.reverse();
+                        // llama-server's: a reversed copy, `xs` as it was.
+                        src += "{%- set _ = out.append(xs.reverse()) -%}";
+                        out.push(Value::Array(xs.iter().rev().cloned().collect()));
                     }
                     _ => {
                         // A sum is a new list: what is later added to `xs` is not in it.
