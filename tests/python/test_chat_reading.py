@@ -362,3 +362,44 @@ def test_minimax_m3_nested_values_read_as_llama_cpp_reads_them(llamacpp_chat, tm
         nested += any(isinstance(a, dict) and a.get("stops") for _, a in got[2])
     print(f"{len(asked)} answers compared, {nested} with nested stops")
     assert asked and nested
+
+
+@pytest.mark.skipif(not TEMPLATES, reason="llama.cpp's source (MUSER_GGML_SRC) is not here")
+def test_minimax_m2_calls_read_as_llama_cpp_reads_them(llamacpp_chat, tmp_path):
+    """MiniMax M2's template opens a <think> block in every generation prompt, which the tiny
+    model never closes, so the test above compares none of its answers. Here the request
+    prefills the assistant message with a closed block (llama-server's assistant prefill), the
+    grammar forces one call from the reply's start, and llama.cpp reads the reasoning and the
+    call as the output after its own prompt. Its reader takes only the template's exact layout
+    (each tag on its own line, nothing after the block) and, whatever the layout, one call a
+    reply: requests here ask for one."""
+    path = next((p for p in TEMPLATES if p.name == "MiniMax-M2.jinja"), None)
+    if path is None:
+        pytest.skip("no MiniMax-M2.jinja")
+    rng = random.Random(int(os.environ.get("MUSER_READING_SEED", "2026")))
+    server = ServerProcess("--chat-template-file", str(path), "--ctx-size", "4096",
+                           model=tiny_model(tmp_path))
+    asked = []
+    try:
+        for _ in range(int(os.environ.get("MUSER_READING_ROUNDS", "16"))):
+            body = {**random_request(rng), "parallel_tool_calls": False}
+            if body["tool_choice"] == "auto":
+                body["tool_choice"] = "required"
+            reason = random_text(rng)
+            prefill = {"role": "assistant", "content": f"<think>\n{reason}\n</think>\n\n"}
+            r = requests.post(server.url + "/v1/chat/completions", timeout=300, json={
+                **body, "messages": body["messages"] + [prefill], "max_tokens": 600,
+                "temperature": 1.0, "seed": rng.randrange(1 << 30), "verbose": True}).json()
+            if r["choices"][0]["finish_reason"] != "length":
+                asked.append((body, reason, r["__verbose"]["content"], r["choices"][0]["message"]))
+    finally:
+        server.stop()
+    theirs = read_by_llamacpp(llamacpp_chat, [
+        {"template": str(path), **body, "enable_thinking": True,
+         "text": f"{reason}\n</think>\n\n{text}"} for body, reason, text, _ in asked])
+    for (body, reason, text, message), want in zip(asked, theirs):
+        content, _, calls = muser_reading(message)
+        assert "error" not in want and reading(want) == (content, reason.strip(), calls), \
+            (text, want, message)
+    print(f"{len(asked)} answers compared")
+    assert asked

@@ -212,7 +212,8 @@ pub(super) const SEED: Shape = Shape {
     ..QWEN
 };
 
-/// MiniMax M2's `<invoke name="NAME">` calls and `<parameter name="K">V</parameter>`.
+/// MiniMax M2's `<invoke name="NAME">` calls and `<parameter name="K">V</parameter>`, each tag on
+/// its own line.
 pub(super) const MINIMAX_M2: Shape = Shape {
     syntax: Syntax {
         format: "MiniMax M2",
@@ -222,7 +223,9 @@ pub(super) const MINIMAX_M2: Shape = Shape {
         end_tag: "</parameter>",
         name_stops: QUOTE_STOPS,
         python: false,
-        sep: None,
+        // (each tag on its own line, exactly as the template writes them: llama.cpp reads no
+        // call with other whitespace between them)
+        sep: Some("\n"),
         required_first: false,
     },
     open: "<minimax:tool_call>",
@@ -241,7 +244,8 @@ pub(super) const MINIMAX_M2: Shape = Shape {
     framed: false,
     cdata: false,
     many: true,
-    ends_at_close: false,
+    // (nothing after the block: llama.cpp's reader takes no whitespace there)
+    ends_at_close: true,
     markup: &[
         "<minimax:tool_call>",
         "</minimax:tool_call>",
