@@ -403,3 +403,53 @@ def test_minimax_m2_calls_read_as_llama_cpp_reads_them(llamacpp_chat, tmp_path):
             (text, want, message)
     print(f"{len(asked)} answers compared")
     assert asked
+
+
+# MiniMax M2's generation prompt always opens a reasoning block: llama.cpp is given its outputs
+# after a closed one (`OPENS_BLOCK`), whose reasoning it must read as well.
+OPENS_BLOCK = {"MiniMax-M2.jinja": ("ok", "\n</think>\n\n")}
+
+
+@pytest.mark.skipif(not TEMPLATES, reason="llama.cpp's source (MUSER_GGML_SRC) is not here")
+def test_xml_random_outputs_read_as_llama_cpp_reads_them(llamacpp_chat, tmp_path):
+    """Random outputs of the XML call formats (Seed-OSS, MiniMax M2, GLM 4.6 and 4.7, DSML,
+    MiniCPM5, Ling 3, Hy3: text before the calls, values of every JSON type, strings with markup-like and non-ASCII text),
+    with Muser's final reading of each, are read by llama.cpp's parser into the same content
+    and calls. Each output is written in the layout and parameter order Muser's grammar
+    writes (required parameters first: llama.cpp refuses an optional one before them), and
+    llama.cpp must read every one. (Formerly `xml_calls_oracle.py`, which had llama-server
+    continue each output.)"""
+    dump = tmp_path / "xml.jsonl"
+    subprocess.run(["cargo", "test", "-q", "-p", "muser-server", "--lib",
+                    "dump_outputs_for_the_llama_server_comparison"], cwd=REPO, check=True,
+                   capture_output=True,
+                   env={**os.environ, "MUSER_XML_DUMP": str(dump),
+                        "MUSER_XML_DUMP_N": os.environ.get("MUSER_READING_ROUNDS", "40"),
+                        "MUSER_XML_DUMP_SEED": os.environ.get("MUSER_READING_SEED", "7")})
+    cases = [json.loads(line) for line in dump.read_text().splitlines()]
+    by_name = {p.name: p for p in TEMPLATES}
+    cases = [c for c in cases if c["template"] in by_name]
+    theirs = read_by_llamacpp(llamacpp_chat, [
+        {"template": str(by_name[c["template"]]),
+         "messages": [{"role": "user", "content": "hi"}], "tools": c["tools"],
+         "tool_choice": "required", "parallel_tool_calls": True, "enable_thinking": False,
+         "text": "".join(OPENS_BLOCK.get(c["template"], ())) + c["text"]} for c in cases])
+    tally: dict[str, dict[str, int]] = {}
+    differ = []
+    for c, want in zip(cases, theirs):
+        t = tally.setdefault(c["template"], {"same": 0, "refused": 0, "differ": 0})
+        if "error" in want:
+            t["refused"] += 1
+            continue
+        got = (c["content"].strip(), OPENS_BLOCK.get(c["template"], ("",))[0],
+               [(x["name"], json_or_text(x["arguments"])) for x in c["calls"]])
+        if reading(want) == got:
+            t["same"] += 1
+        else:
+            t["differ"] += 1
+            differ.append((c["text"], want, got))
+    print(tally)
+    for d in differ[:6]:
+        print(repr(d[0]), "\n  llama:", d[1], "\n  muser:", d[2])
+    assert not differ, differ[:4]
+    assert all(t["refused"] == 0 and t["same"] > 0 for t in tally.values()), tally

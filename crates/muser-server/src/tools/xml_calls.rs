@@ -195,7 +195,8 @@ pub(super) const SEED: Shape = Shape {
         open: |k, _, _| format!("<parameter={k}>"),
         close: "</parameter>",
         sep: None,
-        required_first: false,
+        // (llama.cpp's reader refuses an optional parameter before a required one)
+        required_first: true,
         ..QWEN.syntax
     },
     open: "<seed:tool_call>",
@@ -226,7 +227,8 @@ pub(super) const MINIMAX_M2: Shape = Shape {
         // (each tag on its own line, exactly as the template writes them: llama.cpp reads no
         // call with other whitespace between them)
         sep: Some("\n"),
-        required_first: false,
+        // (llama.cpp's reader refuses an optional parameter before a required one)
+        required_first: true,
     },
     open: "<minimax:tool_call>",
     close: "</minimax:tool_call>",
@@ -286,7 +288,8 @@ const GLM_TIGHT: Shape = Shape {
         python: false,
         // (no whitespace between the tags: llama.cpp reads no call with a line break there)
         sep: Some(""),
-        required_first: false,
+        // (llama.cpp's reader refuses an optional parameter before a required one)
+        required_first: true,
     },
     open: "<tool_call>",
     close: "</tool_call>",
@@ -2190,10 +2193,11 @@ pub(super) mod tests {
         }
     }
 
-    /// Not a check: with `MUSER_XML_DUMP` set to a path, writes random outputs of Seed-OSS,
-    /// MiniMax M2 and GLM (text, then calls as the templates write them) with their requests'
-    /// tools and Muser's final reading, one JSON object
-    /// a line, for the comparison with llama-server (`tests/python/xml_calls_oracle.py`).
+    /// Not a check: with `MUSER_XML_DUMP` set to a path, writes random outputs of the XML
+    /// formats (text, then calls in their templates' layout) with their requests' tools and
+    /// Muser's final reading, one JSON object a line, which
+    /// `tests/python/test_chat_reading.py` has llama.cpp's parser read
+    /// (`test_xml_random_outputs_read_as_llama_cpp_reads_them`).
     #[test]
     fn dump_outputs_for_the_llama_server_comparison() {
         let Some(path) = std::env::var_os("MUSER_XML_DUMP") else {
@@ -2207,20 +2211,27 @@ pub(super) mod tests {
             (Format::MiniMaxM2, "MiniMax-M2.jinja"),
             (Format::Glm { newlines: true }, "GLM-4.6.jinja"),
             (Format::Glm { newlines: false }, "GLM-4.7-Flash.jinja"),
+            (
+                Format::DeepSeekDsml { v4: false },
+                "deepseek-ai-DeepSeek-V3.2.jinja",
+            ),
+            (
+                Format::DeepSeekDsml { v4: true },
+                "deepseek-ai-DeepSeek-V4.jinja",
+            ),
+            (Format::MiniCpm5, "openbmb-MiniCPM5-1B.jinja"),
+            (Format::Ling3, "inclusionai-ling-3.0-flash.jinja"),
+            (Format::Hy3, "tencent-Hy3.jinja"),
         ] {
-            // (llama-server's grammar takes calls in the schema's order, no text between
-            // blocks, and MiniMax's calls separated by ", ": one call there)
-            let ws = if format == (Format::Glm { newlines: false }) {
-                ""
-            } else {
-                "\n"
-            };
+            // (the template's own whitespace between the tags; llama.cpp reads one MiniMax M2
+            // call a reply)
+            let ws = template_ws(format).unwrap_or("\n");
             for round in 0..n {
                 let r = random_req(&mut rng, 1 + 3 * round, format != Format::MiniMaxM2);
-                // (the required parameters first, as llama-server's grammar has them)
                 let calls: Vec<(&str, Map<String, Value>)> = random_calls(&mut rng, &r)
                     .into_iter()
-                    .map(|(t, a)| (t.name.as_str(), a.as_object().unwrap().clone()))
+                    // (in the order the grammar writes them)
+                    .map(|(t, a)| (t.name.as_str(), ordered_for(format, &t.parameters, &a)))
                     .collect();
                 let before = ["", "Sure.", "Let me check.\n\n", " a < b ", "é 😀 "];
                 let text = format!(
