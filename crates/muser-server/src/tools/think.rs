@@ -19,9 +19,9 @@
 //! [`Tags::ends`] (the call's opening, set by `Format::reasoning_tags`) then ends the reasoning
 //! and starts the reply, as a closing tag would. Whitespace may come before a block, except in
 //! the families whose handler reads a block only at the output's start ([`Tags::open_first`]:
-//! LFM2, Kimi K2, Ministral 3, MiniMax M3). The reply after the block starts at its first non-whitespace
-//! character; MiniMax M3's reply without
-//! reasoning follows a bare closing tag ([`Tags::bare_close`]), which is not part of it.
+//! LFM2, Kimi K2, Ministral 3, MiniMax M3). The reply after the block starts at its first
+//! non-whitespace character; MiniMax M3's reply without reasoning follows a bare closing tag
+//! ([`Tags::bare_close`]), which is not part of it.
 //! (llama-server keeps whitespace after a closing tag beyond what its analysis of the template
 //! puts in the tag, and, where a template's generation prompt has whitespace after an opening
 //! tag, that whitespace in the reasoning; Muser's reply and reasoning start as above.)
