@@ -4,7 +4,9 @@
 //! formats, against the reading without calls (`tool_choice` none: the text as it is), and
 //! whole streams read after every 4 bytes (a token's worth): a 16 KiB call, 64 calls of 256
 //! bytes of text each, and 16 KiB of text before a short call; each read all again at every
-//! token (`parse_partial`) and read on from the last whole block (`parse_partial_on`).
+//! token (`parse_partial`) and read on (`parse_partial_on`: from the last whole block, and
+//! inside the block being written from what the last reading read of its long strings), and
+//! a 64 KiB call read on.
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
 use muser_server::tools::{Format, Resume, Tool, ToolChoice, ToolRequest};
 use serde_json::json;
@@ -97,6 +99,19 @@ fn bench(c: &mut Criterion) {
         }
         let t = call_text(format, 16 << 10);
         bench_stream(c, format, "16 KiB", &t, &calls);
+        // (read all again, 64 KiB takes seconds a stream: read on only)
+        let t = call_text(format, 64 << 10);
+        c.bench_function(
+            &format!("{} whole stream read on, 64 KiB", format.name()),
+            |b| {
+                b.iter(|| {
+                    let mut resume = Resume::default();
+                    for i in (0..t.len()).step_by(4).filter(|&i| t.is_char_boundary(i)) {
+                        black_box(format.parse_partial_on(&t[..i], Some(&calls), &mut resume));
+                    }
+                })
+            },
+        );
         let many: String = (0..64).map(|_| whole_call(format, 256) + "\n").collect();
         bench_stream(c, format, "64 calls", &many, &calls);
         let after_text = file_text(16 << 10) + "\n" + &whole_call(format, 64);

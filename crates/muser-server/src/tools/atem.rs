@@ -44,6 +44,7 @@
 //! string-only parameter's characters as they come, and `}` at `</atem:invoke>`; a parameter
 //! given again is read past (`parse` keeps its first value) and the ones after it stream on.
 
+use super::partial::Memo;
 use super::xml_args::{arguments, tail_len, text_without, ws_len, Params, StreamedArgs, Syntax};
 use super::{allowed_tools, Parsed, Plan, Tool, ToolCall, ToolChoice, ToolRequest, Trigger};
 use muser_jsonschema::gbnf_literal as literal;
@@ -217,6 +218,8 @@ struct Begun<'r> {
     stopped: bool,
     /// The parameter being read repeats a name of its call: its value is left out.
     repeat: bool,
+    /// The long values streamed so far (escaped once, `Memo::push_text`).
+    memo: Memo,
 }
 
 impl<'r> Begun<'r> {
@@ -264,8 +267,11 @@ impl<'r> Begun<'r> {
 
     /// The parameter `key`, its raw text still open and starting with `known`.
     fn open(&mut self, key: &str, known: &str) {
-        if let Some(a) = self.value_args() {
-            a.push_open(key, known);
+        if self.repeat || self.stopped {
+            return;
+        }
+        if let Some((_, a)) = self.calls.last_mut() {
+            a.push_open(key, known, &mut self.memo);
         }
     }
 
@@ -448,9 +454,10 @@ fn held_back(s: &str) -> usize {
 /// `req`: the request's tools; a call message is read as calls only when it calls offered tools
 /// and `tool_choice` is not `none` (else it breaks the format, and from there the text is
 /// content, verbatim).
-fn scan<'r>(text: &str, complete: bool, req: Option<&'r ToolRequest>) -> Scan<'r> {
+fn scan<'r>(text: &str, complete: bool, req: Option<&'r ToolRequest>, memo: Memo) -> Scan<'r> {
     let mut out = Scan::default();
     out.begun.req = req;
+    out.begun.memo = memo;
     // start of the current message's header
     let mut pos = 0;
     // where the verbatim rest starts if the current message breaks the format
@@ -536,7 +543,7 @@ fn scan<'r>(text: &str, complete: bool, req: Option<&'r ToolRequest>) -> Scan<'r
 }
 
 pub(super) fn parse(text: &str, req: Option<&ToolRequest>) -> Parsed {
-    let s = scan(text, true, req);
+    let s = scan(text, true, req, Memo::default());
     Parsed {
         content: s.content,
         reasoning: (!s.reasoning.is_empty()).then_some(s.reasoning),
@@ -553,8 +560,16 @@ pub(super) fn parse(text: &str, req: Option<&ToolRequest>) -> Parsed {
 }
 
 /// Content and reasoning as far as no continuation changes them; the calls begun (`Begun`).
+#[cfg(test)]
 pub(super) fn parse_partial(text: &str, req: Option<&ToolRequest>) -> Parsed {
-    let s = scan(text, false, req);
+    parse_partial_on(text, req, &mut Memo::default())
+}
+
+/// `parse_partial` of `text`, the long values its calls stream escaped once (`memo`, kept
+/// between the readings of one output as it grows).
+pub(super) fn parse_partial_on(text: &str, req: Option<&ToolRequest>, memo: &mut Memo) -> Parsed {
+    let mut s = scan(text, false, req, std::mem::take(memo));
+    *memo = std::mem::take(&mut s.begun.memo);
     Parsed {
         content: s.content,
         reasoning: (!s.reasoning.is_empty()).then_some(s.reasoning),

@@ -396,7 +396,13 @@ enum CallStep<'s> {
 /// The call of `name` (with the id the model wrote), begun: its arguments (a JSON object, in a
 /// ```` ```json ```` fence or not, as `read_args` reads them) as far as they are written in
 /// `s`.
-fn read_args_partial<'s>(name: &str, id: Option<String>, s: &'s str, m: &Marks) -> CallStep<'s> {
+fn read_args_partial<'s>(
+    name: &str,
+    id: Option<String>,
+    s: &'s str,
+    m: &Marks,
+    memo: &mut partial::Memo,
+) -> CallStep<'s> {
     let mut call = ToolCall {
         id,
         name: name.to_string(),
@@ -412,8 +418,8 @@ fn read_args_partial<'s>(name: &str, id: Option<String>, s: &'s str, m: &Marks) 
             None => (false, s),
         },
     };
-    let r = partial::read(body);
-    call.arguments = r.json.stable_object();
+    let r = partial::read_on(body, memo);
+    call.arguments = r.json.stable_object_on(Some(memo));
     let end = match r.json {
         Json::Whole(Value::Object(_), end) => end,
         Json::Whole(..) => return CallStep::Broken(Some(call)),
@@ -448,7 +454,7 @@ fn read_args_partial<'s>(name: &str, id: Option<String>, s: &'s str, m: &Marks) 
 /// How far streaming has read the call at the start of `t` (not empty; its opening markup may
 /// be missing, as `read_one` reads it). The call is begun once its name is whole: R1's at the
 /// newline after it, V3.1's and Kimi's at the separator after it.
-fn read_one_partial(t: &str, flavor: Flavor) -> CallStep<'_> {
+fn read_one_partial<'t>(t: &'t str, flavor: Flavor, memo: &mut partial::Memo) -> CallStep<'t> {
     let m = flavor.marks();
     let s = match markup(t, m.call_begin) {
         Markup::Past(rest) => rest,
@@ -476,7 +482,7 @@ fn read_one_partial(t: &str, flavor: Flavor) -> CallStep<'_> {
         },
     };
     match call_name(head, flavor) {
-        Some((name, id)) => read_args_partial(name, id, after, m),
+        Some((name, id)) => read_args_partial(name, id, after, m, memo),
         None => CallStep::Broken(None),
     }
 }
@@ -484,7 +490,7 @@ fn read_one_partial(t: &str, flavor: Flavor) -> CallStep<'_> {
 /// How far streaming has read the block whose opening ends right before `s`: its calls one by
 /// one, each begun once its name is whole and its arguments growing as they are written; the
 /// block is whole at its closing markup (an unclosed block stays open: more calls may come).
-fn read_block_partial(s: &str, flavor: Flavor) -> BlockStep {
+fn read_block_partial(s: &str, flavor: Flavor, memo: &mut partial::Memo) -> BlockStep {
     let mut calls = Vec::new();
     let mut rest = s;
     loop {
@@ -499,7 +505,7 @@ fn read_block_partial(s: &str, flavor: Flavor) -> BlockStep {
             Markup::Inside => return BlockStep::Open(calls),
             Markup::Not => {}
         }
-        match read_one_partial(t, flavor) {
+        match read_one_partial(t, flavor, memo) {
             CallStep::Done(call, after) => {
                 calls.push(call);
                 rest = after;
@@ -524,7 +530,7 @@ pub(super) fn parse_partial(
     flavor: Flavor,
     from: &mut Blocks,
 ) -> Parsed {
-    let read = |after: &str| read_block_partial(after, flavor);
+    let read = |after: &str, memo: &mut partial::Memo| read_block_partial(after, flavor, memo);
     parse_blocks_partial(text, req, flavor.marks().openings, read, from)
 }
 

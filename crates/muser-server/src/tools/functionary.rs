@@ -160,7 +160,7 @@ fn read_call(s: &str) -> Option<(ToolCall, usize)> {
 
 /// How far streaming has read the v3.1 call whose `<function=` ends right before `s`: begun
 /// once its name is whole, its arguments as far as they are written.
-fn read_call_partial(s: &str) -> BlockStep {
+fn read_call_partial(s: &str, memo: &mut partial::Memo) -> BlockStep {
     let Some(gt) = s.find('>') else {
         // the name is not whole yet
         return if s.trim().is_empty() || read_name(s).is_some() {
@@ -173,11 +173,11 @@ fn read_call_partial(s: &str) -> BlockStep {
         return BlockStep::Broken(Vec::new());
     };
     let body = &s[gt + 1..];
-    let r = partial::read(body);
+    let r = partial::read_on(body, memo);
     let call = ToolCall {
         id: None,
         name: name.to_string(),
-        arguments: r.json.stable_object(),
+        arguments: r.json.stable_object_on(Some(memo)),
     };
     match r.json {
         Json::Whole(Value::Object(_), end) => {

@@ -230,7 +230,7 @@ fn call_step(v: &Json, req: Option<&ToolRequest>, calls: &mut Vec<ToolCall>) -> 
         }
         _ => return false,
     };
-    match begun_call(v, "arguments") {
+    match begun_call(v, "arguments", None) {
         Some(c) if !offered(req, &c.name) => false,
         Some(c) => {
             calls.push(c);

@@ -84,9 +84,9 @@ pub(super) fn parse(text: &str, req: Option<&ToolRequest>) -> Parsed {
 }
 
 /// How far streaming has read the call block whose `<tool_call>` ends right before `rest`.
-fn read_block_partial(rest: &str) -> BlockStep {
-    let r = partial::read(rest);
-    let Some(call) = begun_call(&r.json, "arguments") else {
+fn read_block_partial(rest: &str, memo: &mut partial::Memo) -> BlockStep {
+    let r = partial::read_on(rest, memo);
+    let Some(call) = begun_call(&r.json, "arguments", Some(memo)) else {
         // no call yet; a whole object without a name is none (`parse` leaves it in the content)
         return if r.broken || matches!(r.json, Json::Whole(..)) {
             BlockStep::Broken(Vec::new())

@@ -340,9 +340,10 @@ pub(super) fn read_array(
 pub(super) fn read_array_partial(
     rest: &str,
     item: impl Fn(&Value) -> Option<ToolCall>,
-    open_item: impl Fn(&Json) -> Option<ToolCall>,
+    open_item: impl Fn(&Json, Option<&partial::Memo>) -> Option<ToolCall>,
+    memo: &mut partial::Memo,
 ) -> BlockStep {
-    let r = partial::read(rest);
+    let r = partial::read_on(rest, memo);
     let (whole, last): (Vec<&Value>, Option<&Json>) = match &r.json {
         Json::Whole(Value::Array(a), _) => (a.iter().collect(), None),
         Json::Open(Open::Arr(items)) => {
@@ -363,7 +364,7 @@ pub(super) fn read_array_partial(
         // for it while it was open (its name whole, its arguments not an object or not the
         // tool's) stays, so that nothing sent is taken back.
         let bad = whole[begun.len()];
-        begun.extend(open_item(&partial::read(&bad.to_string()).json));
+        begun.extend(open_item(&partial::read(&bad.to_string()).json, None));
         return BlockStep::Broken(begun);
     }
     if let Json::Whole(..) = r.json {
@@ -373,7 +374,7 @@ pub(super) fn read_array_partial(
         };
     }
     if let Some(open) = last.filter(|j| !matches!(j, Json::Whole(..))) {
-        begun.extend(open_item(open));
+        begun.extend(open_item(open, Some(memo)));
     }
     if r.broken {
         BlockStep::Broken(begun)
@@ -439,14 +440,14 @@ fn read_objects(rest: &str, shape: &Shape) -> Option<(Vec<ToolCall>, usize)> {
 
 /// How far streaming has read the bare call objects at the start of `rest` (`read_objects`'s
 /// reading once whole); the closing tag after them is `closed`'s to read.
-fn read_objects_partial(rest: &str, shape: &Shape) -> BlockStep {
-    let begun = |j: &Json| begun_call_keyed(j, shape.name_key, shape.args_key);
+fn read_objects_partial(rest: &str, shape: &Shape, memo: &mut partial::Memo) -> BlockStep {
+    let begun = |j: &Json, memo| begun_call_keyed(j, shape.name_key, shape.args_key, memo);
     let mut calls = Vec::new();
     let mut at = 0;
     loop {
-        let r = partial::read(&rest[at..]);
+        let r = partial::read_on(&rest[at..], memo);
         let Json::Whole(v, used) = &r.json else {
-            calls.extend(begun(&r.json));
+            calls.extend(begun(&r.json, Some(memo)));
             return if r.broken {
                 BlockStep::Broken(calls)
             } else {
@@ -455,7 +456,7 @@ fn read_objects_partial(rest: &str, shape: &Shape) -> BlockStep {
         };
         let Some(call) = shape.call(v) else {
             // not a call: the call streaming began for it while it was open stays
-            calls.extend(begun(&partial::read(&v.to_string()).json));
+            calls.extend(begun(&partial::read(&v.to_string()).json, None));
             return BlockStep::Broken(calls);
         };
         calls.push(call);
@@ -485,14 +486,15 @@ pub(super) fn parse(text: &str, req: Option<&ToolRequest>, shape: &Shape) -> Par
 }
 
 /// How far streaming has read the block whose opening ends right before `rest`.
-fn read_block_partial(rest: &str, shape: &Shape) -> BlockStep {
+fn read_block_partial(rest: &str, shape: &Shape, memo: &mut partial::Memo) -> BlockStep {
     let step = match shape.items {
         Items::Array => read_array_partial(
             rest,
             |v| shape.call(v),
-            |open| begun_call_keyed(open, shape.name_key, shape.args_key),
+            |open, memo| begun_call_keyed(open, shape.name_key, shape.args_key, memo),
+            memo,
         ),
-        Items::Lines | Items::One => read_objects_partial(rest, shape),
+        Items::Lines | Items::One => read_objects_partial(rest, shape, memo),
     };
     match (step, shape.close) {
         (BlockStep::Whole(calls, used), Some(close)) => {
@@ -521,7 +523,7 @@ pub(super) fn parse_partial(
     shape: &Shape,
     from: &mut Blocks,
 ) -> Parsed {
-    let read = |after: &str| read_block_partial(after, shape);
+    let read = |after: &str, memo: &mut partial::Memo| read_block_partial(after, shape, memo);
     let mut p = parse_blocks_partial(text, req, &[shape.open], read, from);
     if let Some(tags) = shape.reply {
         p.content = unwrap_reply(&p.content, tags, true);

@@ -328,7 +328,7 @@ fn begun(text: &str) -> Option<ToolCall> {
     } else {
         "parameters"
     };
-    begun_call(&Json::Open(Open::Obj(fit)), args_key)
+    begun_call(&Json::Open(Open::Obj(fit)), args_key, None)
 }
 
 /// Nothing while the reply may still be a call, else the reply so far less its trailing
@@ -349,8 +349,13 @@ pub(super) fn parse_partial(text: &str, req: Option<&ToolRequest>, builtin: bool
     if let Some(b) = builtins {
         // (a reply holds one call: nothing to read on from)
         let mut fresh = Blocks::default();
-        let mut p =
-            parse_blocks_partial(text, req, &[PYTHON_TAG], |after| b.step(after), &mut fresh);
+        let mut p = parse_blocks_partial(
+            text,
+            req,
+            &[PYTHON_TAG],
+            |after, _| b.step(after),
+            &mut fresh,
+        );
         if may_be_call(text) {
             p.content.clear();
         }

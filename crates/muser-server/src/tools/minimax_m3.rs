@@ -785,7 +785,7 @@ pub(super) fn parse_partial(text: &str, req: Option<&ToolRequest>, from: &mut Bl
         text,
         req,
         &[OPEN],
-        |rest| match read_block(rest, req) {
+        |rest, _| match read_block(rest, req) {
             (Got::Done((), used), calls) => BlockStep::Whole(calls, used),
             (Got::More, calls) => BlockStep::Open(calls),
             (Got::Bad, calls) => BlockStep::Broken(calls),

@@ -203,15 +203,15 @@ pub(super) fn parse(text: &str, req: Option<&ToolRequest>, flavor: Flavor) -> Pa
 /// How far streaming has read the Nemo array whose `[TOOL_CALLS]` ends right before `rest`. A
 /// call is begun once its item is whole: its id may come after its arguments, so only then
 /// are its name and id final (its arguments come whole with them).
-fn read_nemo_partial(rest: &str) -> BlockStep {
-    json_list::read_array_partial(rest, nemo_call, |_| None)
+fn read_nemo_partial(rest: &str, memo: &mut partial::Memo) -> BlockStep {
+    json_list::read_array_partial(rest, nemo_call, |_, _| None, memo)
 }
 
 /// How far streaming has read the Args call whose `[TOOL_CALLS]` ends right before `rest`. The
 /// call is begun once its name and id are final (as `read_args` reads them): at the `[ARGS]`
 /// after its name, or with `[CALL_ID]` at the `[` that ends its id. Its arguments then grow as
 /// the JSON after `[ARGS]` is written.
-fn read_args_partial(rest: &str) -> BlockStep {
+fn read_args_partial(rest: &str, memo: &mut partial::Memo) -> BlockStep {
     let s = rest.trim_start();
     let name_len = match s.find(|c: char| !name_char(c)) {
         Some(0) => return BlockStep::Broken(Vec::new()),
@@ -244,8 +244,8 @@ fn read_args_partial(rest: &str) -> BlockStep {
             BlockStep::Broken(vec![call])
         };
     };
-    let r = partial::read(json);
-    call.arguments = r.json.stable_object();
+    let r = partial::read_on(json, memo);
+    call.arguments = r.json.stable_object_on(Some(memo));
     match r.json {
         Json::Whole(..) => match read_args(rest) {
             Some((call, used)) => BlockStep::Whole(vec![call], used),
@@ -264,9 +264,9 @@ pub(super) fn parse_partial(
     flavor: Flavor,
     from: &mut Blocks,
 ) -> Parsed {
-    let read = |after: &str| match flavor {
-        Flavor::Nemo => read_nemo_partial(after),
-        Flavor::Args { .. } => read_args_partial(after),
+    let read = |after: &str, memo: &mut partial::Memo| match flavor {
+        Flavor::Nemo => read_nemo_partial(after, memo),
+        Flavor::Args { .. } => read_args_partial(after, memo),
     };
     parse_blocks_partial(text, req, &[OPEN], read, from)
 }

@@ -558,7 +558,11 @@ impl Format {
     /// settled: `text` must start with the text of the last reading with `resume` (the same
     /// output, grown; a new output takes a new `Resume`). It gives exactly what
     /// `parse_partial` gives, parsing only the text after the last whole call block (what it
-    /// settled before is copied into the reading, not read again).
+    /// settled before is copied into the reading, not read again). Inside the block being
+    /// written, the JSON formats' long strings are read on from where the last reading left
+    /// them, and the XML formats' and ATEM's long values are escaped into the arguments once
+    /// (`partial::Memo`), so that a call with a long argument (a file's text) streams in time
+    /// about linear in its length.
     ///
     /// Only the formats whose call blocks are read one after another, each on its own
     /// (`parse_blocks_partial`: hermes, qwen3-coder, mistral, mistral-nemo, deepseek-r1 and
@@ -575,7 +579,7 @@ impl Format {
     ) -> Parsed {
         let from = &mut resume.blocks;
         match self {
-            Format::Atem => atem::parse_partial(text, req),
+            Format::Atem => atem::parse_partial_on(text, req, &mut from.memo),
             Format::Generic => generic::parse_partial(text, req),
             Format::Hermes => hermes::parse_partial(text, req, from),
             Format::QwenXml
@@ -1302,6 +1306,8 @@ pub(super) struct Blocks {
     /// A whole block before `at` was passed over (its first call is of a tool not offered):
     /// `parse_blocks` reads what follows differently, and the content grows no more.
     passed: bool,
+    /// The long strings read so far in the block being written (its reader's `partial::read_on`).
+    memo: partial::Memo,
 }
 
 impl Blocks {
@@ -1331,7 +1337,8 @@ impl Blocks {
 /// builds it up to the first block not yet whole, less a tail that may be the start of an
 /// opening, and less trailing whitespace (which `parse_blocks` trims when a block follows it);
 /// and the calls begun so far, block by block
-/// (`read` takes the text right after an opening). A call of a tool not offered is never
+/// (`read` takes the text right after an opening, and a memo for its JSON readings,
+/// `partial::read_on`, anchored to that text). A call of a tool not offered is never
 /// begun: a whole block that starts with one is passed over (it is content to
 /// `parse_blocks`), and one after a call begun ends the reading.
 ///
@@ -1341,7 +1348,7 @@ fn parse_blocks_partial(
     text: &str,
     req: Option<&ToolRequest>,
     openings: &[&str],
-    mut read: impl FnMut(&str) -> BlockStep,
+    mut read: impl FnMut(&str, &mut partial::Memo) -> BlockStep,
     from: &mut Blocks,
 ) -> Parsed {
     if !calls_wanted(req) {
@@ -1370,7 +1377,8 @@ fn parse_blocks_partial(
         // The opening at `i` is the first, whatever follows.
         st.take(rest, i);
         let after = &rest[i + open.len()..];
-        let step = read(after);
+        st.memo.anchor(after);
+        let step = read(after, &mut st.memo);
         let (BlockStep::Whole(calls, _) | BlockStep::Open(calls) | BlockStep::Broken(calls)) =
             &step;
         let begun = calls.iter().take_while(|c| offered(req, &c.name)).count();
@@ -1379,12 +1387,14 @@ fn parse_blocks_partial(
             BlockStep::Whole(calls, used) if begun == calls.len() => {
                 st.tool_calls.extend(calls);
                 st.at += open.len() + used;
+                st.memo = partial::Memo::default();
             }
             // One whose first call is of a tool not offered is passed over (`parse_blocks`
             // leaves it in the content).
             BlockStep::Whole(_, used) if begun == 0 => {
                 st.passed = true;
                 st.at += open.len() + used;
+                st.memo = partial::Memo::default();
             }
             // A block with a call of a tool not offered after one that is offered is content
             // to `parse_blocks`, but the calls before it were begun while the block was open:
@@ -1398,16 +1408,25 @@ fn parse_blocks_partial(
 
 /// The call a JSON object begun so far makes, once its `name` is whole: its arguments (the
 /// member `args_key`) as far as they are known.
-fn begun_call(call: &partial::Json, args_key: &str) -> Option<ToolCall> {
-    begun_call_keyed(call, "name", args_key)
+fn begun_call(
+    call: &partial::Json,
+    args_key: &str,
+    memo: Option<&partial::Memo>,
+) -> Option<ToolCall> {
+    begun_call_keyed(call, "name", args_key, memo)
 }
 
 /// `begun_call` of a call whose name is the member `name_key`.
-fn begun_call_keyed(call: &partial::Json, name_key: &str, args_key: &str) -> Option<ToolCall> {
+fn begun_call_keyed(
+    call: &partial::Json,
+    name_key: &str,
+    args_key: &str,
+    memo: Option<&partial::Memo>,
+) -> Option<ToolCall> {
     let name = call.get(name_key)?.whole_str()?.to_string();
     let arguments = call
         .get(args_key)
-        .map(|a| a.stable_object())
+        .map(|a| a.stable_object_on(memo))
         .unwrap_or_default();
     Some(ToolCall {
         id: None,

@@ -17,6 +17,13 @@
 //! JSON of valid UTF-8 for every client. (serde_json refuses such a string; llama-server passes
 //! the model's arguments text through with the escape as written.) A leading surrogate is held
 //! until what follows shows whether it is half of a pair.
+//!
+//! Streaming reads a call's text again after every token. A long string (a file's text as an
+//! argument) would make each reading as long as the text, and the whole stream quadratic, so a
+//! `Memo` kept between the readings of one block (`read_on`) remembers the long strings read so
+//! far: a later reading that finds one of them at the same place, its text grown or closed, reads
+//! on from where the last reading stopped. What it remembers is checked against the text, never
+//! trusted, so a memo of another text only costs the time it saves.
 
 use serde_json::Value;
 
@@ -58,13 +65,161 @@ pub(super) struct Read {
 /// number at its very end may go on. A text that is not JSON reads as far as it is: the value
 /// open where it breaks, `broken` set.
 pub(super) fn read(s: &str) -> Read {
-    Reader::new(s, false).read()
+    Reader::new(s, false, None).read()
+}
+
+/// Strings shorter than this are read again at every reading (remembering them costs more).
+/// The tests remember nearly every string, so that every format's streaming tests go through
+/// the memo.
+const MEMO_MIN: usize = if cfg!(test) { 2 } else { 256 };
+/// At most this many strings (and as many texts) are remembered, the first ones met; the rest
+/// are read again. (Few in the tests, which then meet the limit too.)
+const MEMO_MAX: usize = if cfg!(test) { 3 } else { 64 };
+
+/// The long strings earlier readings of a text found (`read_on`), for the readings of that text
+/// grown.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Memo {
+    /// The text the readings are of (`anchor`): its address and length, only compared with the
+    /// texts read, never followed.
+    block: (usize, usize),
+    strings: Vec<Seen>,
+    /// Long texts written into JSON strings (`push_text`), with their JSON text.
+    texts: Vec<(String, String)>,
+}
+
+/// A string read before: where its opening quote was in the anchored text, its text after the
+/// quote as far as it was read (whole escapes only), the characters that text makes, and their
+/// compact JSON text (`push_str_text`'s, for the stable text).
+#[derive(Clone, Debug)]
+struct Seen {
+    at: usize,
+    src: String,
+    chars: String,
+    json: String,
+}
+
+impl Memo {
+    /// The readings until the next `anchor` are of `block` grown, or of texts inside it: the
+    /// strings they find are remembered by their place in `block`.
+    pub(super) fn anchor(&mut self, block: &str) {
+        self.block = (block.as_ptr() as usize, block.len());
+    }
+
+    /// Where `s` starts in the anchored text, if it lies inside it.
+    fn base(&self, s: &str) -> Option<usize> {
+        let (at, len) = self.block;
+        let p = s.as_ptr() as usize;
+        (p >= at && p + s.len() <= at + len).then(|| p - at)
+    }
+
+    /// Where reading the string whose opening quote is at `at` in `s` goes on (`base` being
+    /// where `s` starts in the anchored text): after the text remembered of it, if `s` still
+    /// has that text there; else None.
+    fn find(&self, s: &str, base: usize, at: usize) -> Option<usize> {
+        let seen = self.strings.iter().find(|m| m.at == base + at)?;
+        let from = at + 1;
+        s.as_bytes()[from..]
+            .starts_with(seen.src.as_bytes())
+            .then_some(from + seen.src.len())
+    }
+
+    /// The characters of the string at `at` of `s` read as far as `end` (not into an escape),
+    /// `new` being those of its text from `from`: from `find`'s place (`resumed`) the
+    /// remembered ones and `new`, else `new` alone. The memo learns them.
+    fn grow(
+        &mut self,
+        s: &str,
+        base: usize,
+        at: usize,
+        from: usize,
+        end: usize,
+        new: String,
+    ) -> String {
+        let i = self.strings.iter().position(|m| m.at == base + at);
+        let resumed =
+            i.is_some_and(|i| from == at + 1 + self.strings[i].src.len()) && from > at + 1;
+        let full = self.strings.len() == MEMO_MAX;
+        match i.map(|i| &mut self.strings[i]) {
+            Some(seen) if resumed => {
+                seen.src.push_str(&s[from..end]);
+                push_str_text(&mut seen.json, &new);
+                seen.chars.push_str(&new);
+                seen.chars.clone()
+            }
+            _ if end - at < MEMO_MIN || (i.is_none() && full) => new,
+            _ => {
+                let mut json = String::new();
+                push_str_text(&mut json, &new);
+                let seen = Seen {
+                    at: base + at,
+                    src: s[at + 1..end].to_string(),
+                    chars: new.clone(),
+                    json,
+                };
+                match i {
+                    Some(i) => self.strings[i] = seen,
+                    None => self.strings.push(seen),
+                }
+                new
+            }
+        }
+    }
+
+    /// Appends `push_str_text` of `chars`, a text that grows from one reading to the next (a
+    /// raw parameter value being written): the part remembered from the last reading is
+    /// copied, only the rest escaped, and the memo learns the whole.
+    pub(super) fn push_text(&mut self, out: &mut String, chars: &str) {
+        if chars.len() < MEMO_MIN {
+            push_str_text(out, chars);
+            return;
+        }
+        let grown = self
+            .texts
+            .iter_mut()
+            .filter(|(known, _)| chars.starts_with(known.as_str()))
+            .max_by_key(|(known, _)| known.len());
+        match grown {
+            Some((known, json)) => {
+                push_str_text(json, &chars[known.len()..]);
+                known.push_str(&chars[known.len()..]);
+                out.push_str(json);
+            }
+            None => {
+                let at = out.len();
+                push_str_text(out, chars);
+                if self.texts.len() < MEMO_MAX {
+                    self.texts.push((chars.to_string(), out[at..].to_string()));
+                }
+            }
+        }
+    }
+
+    /// The JSON text of the longest string remembered whose characters begin `chars`, and how
+    /// many bytes of `chars` it writes.
+    fn json_of(&self, chars: &str) -> Option<(&str, usize)> {
+        self.strings
+            .iter()
+            .filter(|m| chars.starts_with(m.chars.as_str()))
+            .max_by_key(|m| m.chars.len())
+            .map(|m| (m.json.as_str(), m.chars.len()))
+    }
+}
+
+/// `read(s)`, `s` being the text `memo` was last anchored to, or a text inside it, which
+/// earlier readings with `memo` read shorter (the same text grown): the long strings they read
+/// are not read again, only what was written after them. It gives exactly what `read` gives.
+pub(super) fn read_on(s: &str, memo: &mut Memo) -> Read {
+    match memo.base(s) {
+        Some(base) => Reader::new(s, false, Some((memo, base))).read(),
+        None => read(s),
+    }
 }
 
 /// The whole JSON value at the start of `s` (after whitespace) and the offset where it ends,
 /// `s` being finished; None when it is not a whole value there.
 pub(super) fn value(s: &str) -> Option<(Value, usize)> {
-    match Reader::new(s, true).read().json {
+    match Reader::new(s, true, None).read().json {
         Json::Whole(v, end) => Some((v, end)),
         Json::Open(_) => None,
     }
@@ -80,12 +235,14 @@ pub(super) fn whole(s: &str) -> Option<Value> {
         .then_some(v)
 }
 
-struct Reader<'s> {
+struct Reader<'s, 'm> {
     s: &'s str,
     b: &'s [u8],
     /// The text is finished: a number at its end is whole.
     finished: bool,
     broken: bool,
+    /// The memo of `read_on`, and where `s` starts in the text it is anchored to.
+    memo: Option<(&'m mut Memo, usize)>,
 }
 
 /// The UTF-16 unit that the four hex digits `h` write, if they are four hex digits.
@@ -141,13 +298,14 @@ fn unescape(body: &str) -> String {
     out
 }
 
-impl<'s> Reader<'s> {
-    fn new(s: &'s str, finished: bool) -> Reader<'s> {
+impl<'s, 'm> Reader<'s, 'm> {
+    fn new(s: &'s str, finished: bool, memo: Option<(&'m mut Memo, usize)>) -> Reader<'s, 'm> {
         Reader {
             s,
             b: s.as_bytes(),
             finished,
             broken: false,
+            memo,
         }
     }
 
@@ -201,35 +359,55 @@ impl<'s> Reader<'s> {
         }
     }
 
-    fn open_string(&mut self, start: usize, end: usize, broken: bool) -> Json {
-        let open = Open::Str(unescape(&self.s[start + 1..end]));
-        if broken {
-            self.bad(open)
-        } else {
-            Json::Open(open)
+    /// The characters of the string at `start` up to `end` (not inside an escape), its text
+    /// before `from` being what the memo holds of it (`Reader::from`).
+    fn chars(&mut self, start: usize, from: usize, end: usize) -> String {
+        let new = unescape(&self.s[from..end]);
+        match &mut self.memo {
+            Some((m, base)) => m.grow(self.s, *base, start, from, end, new),
+            None => new,
         }
+    }
+
+    /// Where reading the string at `start` goes on: after what the memo holds of it, or right
+    /// after its opening quote.
+    fn from(&self, start: usize) -> usize {
+        self.memo
+            .as_ref()
+            .and_then(|(m, base)| m.find(self.s, *base, start))
+            .unwrap_or(start + 1)
     }
 
     fn string(&mut self, start: usize) -> Json {
         let b = self.b;
-        let mut j = start + 1;
+        let from = self.from(start);
+        let open = |r: &mut Self, end: usize, broken: bool| {
+            let o = Open::Str(r.chars(start, from, end));
+            if broken {
+                r.bad(o)
+            } else {
+                Json::Open(o)
+            }
+        };
+        let mut j = from;
         while j < b.len() {
             match b[j] {
                 b'"' => {
-                    return Json::Whole(Value::String(unescape(&self.s[start + 1..j])), j + 1);
+                    let chars = self.chars(start, from, j);
+                    return Json::Whole(Value::String(chars), j + 1);
                 }
                 b'\\' => {
                     let Some(&e) = b.get(j + 1) else {
-                        return self.open_string(start, j, false);
+                        return open(self, j, false);
                     };
                     match e {
                         b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => j += 2,
                         b'u' => {
                             if j + 6 > b.len() {
-                                return self.open_string(start, j, false);
+                                return open(self, j, false);
                             }
                             let Some(unit) = hex_unit(&b[j + 2..j + 6]) else {
-                                return self.open_string(start, j, true);
+                                return open(self, j, true);
                             };
                             if !LEAD.contains(&unit) {
                                 j += 6;
@@ -241,7 +419,7 @@ impl<'s> Reader<'s> {
                                 let fits = written.iter().zip(b"\\u").all(|(a, b)| a == b)
                                     && written.iter().skip(2).all(u8::is_ascii_hexdigit);
                                 if fits {
-                                    return self.open_string(start, j, false);
+                                    return open(self, j, false);
                                 }
                             }
                             let pair = j + 12 <= b.len()
@@ -250,14 +428,14 @@ impl<'s> Reader<'s> {
                             // (a lone one reads as U+FFFD)
                             j += if pair { 12 } else { 6 };
                         }
-                        _ => return self.open_string(start, j, true),
+                        _ => return open(self, j, true),
                     }
                 }
-                c if c < 0x20 => return self.open_string(start, j, true),
+                c if c < 0x20 => return open(self, j, true),
                 _ => j += 1,
             }
         }
-        self.open_string(start, j, false)
+        open(self, j, false)
     }
 
     fn number(&mut self, start: usize) -> Json {
@@ -390,21 +568,115 @@ impl<'s> Reader<'s> {
     }
 }
 
+/// Appends `v`'s compact JSON text (serde_json's, as `Value::to_string` writes it); long
+/// strings that `memo` remembers are not escaped again.
+pub(super) fn push_compact(out: &mut String, v: &Value, memo: Option<&Memo>) {
+    match v {
+        Value::String(t) => {
+            out.push('"');
+            push_string(out, t, memo);
+            out.push('"');
+        }
+        Value::Array(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                push_compact(out, item, memo);
+            }
+            out.push(']');
+        }
+        Value::Object(members) => {
+            out.push('{');
+            for (i, (k, item)) in members.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push('"');
+                push_str_text(out, k);
+                out.push_str("\":");
+                push_compact(out, item, memo);
+            }
+            out.push('}');
+        }
+        other => out.push_str(&other.to_string()),
+    }
+}
+
+/// `push_str_text` of `t`, the part of it that `memo` remembers copied.
+fn push_string(out: &mut String, t: &str, memo: Option<&Memo>) {
+    let known = match memo
+        .filter(|_| t.len() >= MEMO_MIN)
+        .and_then(|m| m.json_of(t))
+    {
+        Some((json, n)) => {
+            out.push_str(json);
+            n
+        }
+        None => 0,
+    };
+    push_str_text(out, &t[known..]);
+}
+
+/// Appends the text of a JSON string of the characters `s`, without its quotes, escaped as
+/// serde_json escapes it: `"` and `\` by a backslash, the control characters below U+0020 as
+/// `\b \t \n \f \r` or `\u00xx`, the rest as it is. Runs that need no escape are copied
+/// a block at a time, so a long string costs about a copy.
+pub(super) fn push_str_text(out: &mut String, s: &str) {
+    const BLOCK: usize = 32;
+    let needs = |c: u8| c < 0x20 || c == b'"' || c == b'\\';
+    let b = s.as_bytes();
+    out.reserve(b.len());
+    let mut run = 0;
+    for (k, block) in b.chunks(BLOCK).enumerate() {
+        // (an `any` of every byte of the block, which vectorizes)
+        if !block.iter().fold(false, |a, &c| a | needs(c)) {
+            continue;
+        }
+        for (i, &c) in block.iter().enumerate() {
+            if !needs(c) {
+                continue;
+            }
+            let i = k * BLOCK + i;
+            out.push_str(&s[run..i]);
+            match c {
+                b'"' => out.push_str("\\\""),
+                b'\\' => out.push_str("\\\\"),
+                0x08 => out.push_str("\\b"),
+                0x09 => out.push_str("\\t"),
+                0x0a => out.push_str("\\n"),
+                0x0c => out.push_str("\\f"),
+                0x0d => out.push_str("\\r"),
+                _ => {
+                    const HEX: &[u8; 16] = b"0123456789abcdef";
+                    out.push_str("\\u00");
+                    out.push(HEX[usize::from(c >> 4)] as char);
+                    out.push(HEX[usize::from(c & 15)] as char);
+                }
+            }
+            run = i + 1;
+        }
+    }
+    out.push_str(&s[run..]);
+}
+
 impl Json {
     /// The compact JSON text that begins this value's final compact text whatever follows.
     pub(super) fn stable(&self) -> String {
         let mut out = String::new();
-        self.stable_into(&mut out);
+        self.stable_into(&mut out, None);
         out
     }
 
-    fn stable_into(&self, out: &mut String) {
+    /// `stable`, with the long strings `memo` remembers (`read_on`'s) not escaped again.
+    fn stable_into(&self, out: &mut String, memo: Option<&Memo>) {
         match self {
-            Json::Whole(v, _) => out.push_str(&v.to_string()),
+            Json::Whole(v, _) => push_compact(out, v, memo),
             Json::Open(Open::Pending) => {}
             Json::Open(Open::Str(t)) => {
-                let q = Value::String(t.clone()).to_string();
-                out.push_str(&q[..q.len() - 1]);
+                out.push('"');
+                push_string(out, t, memo);
             }
             Json::Open(Open::Obj(members)) => {
                 out.push('{');
@@ -412,9 +684,10 @@ impl Json {
                     if i > 0 {
                         out.push(',');
                     }
-                    out.push_str(&Value::String(k.clone()).to_string());
-                    out.push(':');
-                    v.stable_into(out);
+                    out.push('"');
+                    push_str_text(out, k);
+                    out.push_str("\":");
+                    v.stable_into(out, memo);
                 }
             }
             Json::Open(Open::Arr(items)) => {
@@ -423,7 +696,7 @@ impl Json {
                     if i > 0 {
                         out.push(',');
                     }
-                    v.stable_into(out);
+                    v.stable_into(out, memo);
                 }
             }
         }
@@ -454,10 +727,16 @@ impl Json {
     /// nothing for a value not begun, and nothing for any other value (then `parse` reads no
     /// call, and what streaming sent stands as the call's arguments).
     pub(super) fn stable_object(&self) -> String {
-        match self {
-            Json::Whole(Value::Object(_), _) | Json::Open(Open::Obj(_)) => self.stable(),
-            _ => String::new(),
+        self.stable_object_on(None)
+    }
+
+    /// `stable_object`, with the long strings `memo` remembers not escaped again.
+    pub(super) fn stable_object_on(&self, memo: Option<&Memo>) -> String {
+        let mut out = String::new();
+        if let Json::Whole(Value::Object(_), _) | Json::Open(Open::Obj(_)) = self {
+            self.stable_into(&mut out, memo);
         }
+        out
     }
 }
 
@@ -651,5 +930,103 @@ mod tests {
         assert_eq!(r.json.get("a"), Some(Json::Whole(json!(1), 7)));
         assert_eq!(r.json.get("b").unwrap().stable_object(), r#"{"c":[2,"#);
         assert_eq!(r.json.get("x"), None);
+    }
+
+    /// Random texts of long strings (escapes, surrogate pairs and lone halves, non-ASCII)
+    /// in objects and arrays, read on with one memo at every prefix and at random pieces'
+    /// ends: each reading equals `read`'s, and its stable text (`stable_object_on` with the
+    /// memo) equals `stable`'s. The memo, fed other texts between (another value, the same
+    /// text shifted, a string changed behind what was read), still reads each as `read` does.
+    #[test]
+    fn reading_on_with_a_memo_equals_reading_again() {
+        const PIECES: &[&str] = &[
+            "a",
+            "é",
+            "😀",
+            " ",
+            "\\n",
+            "\\\\",
+            "\\\"",
+            "\\u0041",
+            "\\ud83d\\ude00",
+            "\\ud800",
+            "\\udc00",
+            "\\/",
+            "\\t",
+            "<x>",
+            "{",
+            "]",
+        ];
+        let mut rng = Rng(0x5EED_3E30);
+        let mut long = || -> String {
+            (0..rng.below(40))
+                .map(|_| PIECES[rng.below(PIECES.len())])
+                .collect()
+        };
+        let mut checked = 0;
+        for round in 0..120 {
+            let (a, b, c) = (long(), long(), long());
+            let text = match round % 4 {
+                0 => format!(r#"{{"path": "{a}", "text": "{b}"}}"#),
+                1 => format!(r#"{{"k": ["{a}", {{"x": "{b}", "y": 12}}, "{c}"], "z": "{a}"}}"#),
+                2 => format!(r#"["{a}", "{b}", "{c}", "{a}{b}"]"#),
+                _ => format!(r#"{{"a": "{a}", "a": "{b}", "b": "{c}""#),
+            };
+            let other = format!(r#"{{"q": "{c}{a}"}}"#);
+            let mut memo = Memo::default();
+            for (i, p) in prefixes(&text).enumerate() {
+                memo.anchor(p);
+                let on = read_on(p, &mut memo);
+                let again = read(p);
+                assert_eq!(on, again, "{p:?}");
+                assert_eq!(
+                    on.json.stable_object_on(Some(&memo)),
+                    again.json.stable_object(),
+                    "{p:?}"
+                );
+                assert_eq!(on.json.stable(), again.json.stable(), "{p:?}");
+                checked += 1;
+                if i % 17 == 5 {
+                    // other texts read with the same memo between
+                    for t in [other.as_str(), &format!(" {p}"), &p.replacen('a', "b", 1)] {
+                        memo.anchor(t);
+                        assert_eq!(read_on(t, &mut memo), read(t), "{t:?}");
+                    }
+                }
+            }
+        }
+        assert!(checked > 10_000, "{checked}");
+    }
+
+    /// A text written into a JSON string as it grows (`Memo::push_text`) gives
+    /// `push_str_text`'s JSON text at every length, with others between; and `push_str_text`
+    /// escapes as serde_json does, every control character included.
+    #[test]
+    fn texts_pushed_on_are_escaped_as_serde_json_escapes_them() {
+        let mut rng = Rng(0x5EED_7E47);
+        let chars: Vec<char> = (0u32..0x30)
+            .chain([0x7f, 0x80, 0xe9, 0x2028, 0x1f600])
+            .filter_map(char::from_u32)
+            .chain("\"\\/abc <>".chars())
+            .collect();
+        let mut memo = Memo::default();
+        for _ in 0..200 {
+            let text: String = (0..rng.below(300))
+                .map(|_| chars[rng.below(chars.len())])
+                .collect();
+            let q = serde_json::to_string(&text).unwrap();
+            let mut plain = String::new();
+            push_str_text(&mut plain, &text);
+            assert_eq!(plain, q[1..q.len() - 1]);
+            for cut in (0..=text.len())
+                .filter(|&c| text.is_char_boundary(c))
+                .step_by(7)
+            {
+                let (mut got, mut want) = (String::new(), String::new());
+                memo.push_text(&mut got, &text[..cut]);
+                push_str_text(&mut want, &text[..cut]);
+                assert_eq!(got, want);
+            }
+        }
     }
 }

@@ -526,7 +526,7 @@ pub(super) fn parse(text: &str, req: Option<&ToolRequest>) -> Parsed {
 /// begun, each once its name is whole (its `(` written), its arguments as far as they are
 /// written.
 pub(super) fn parse_partial(text: &str, req: Option<&ToolRequest>, from: &mut Blocks) -> Parsed {
-    let read = |rest: &str| {
+    let read = |rest: &str, _: &mut _| {
         let s = scan(rest);
         match s.state {
             State::Whole(used) => BlockStep::Whole(s.calls, used),

@@ -13,6 +13,7 @@ use std::collections::HashSet;
 
 use serde_json::{Map, Value};
 
+use super::partial::{push_compact, push_str_text, Memo};
 use super::{Tool, ToolRequest, WS_BODY};
 use muser_jsonschema::gbnf_literal as literal;
 
@@ -698,30 +699,30 @@ impl<'r> StreamedArgs<'r> {
             self.text.push(',');
         }
         self.keys.insert(key.to_string());
-        self.text
-            .push_str(&Value::String(key.to_string()).to_string());
-        self.text.push(':');
+        self.text.push('"');
+        push_str_text(&mut self.text, key);
+        self.text.push_str("\":");
     }
 
     /// A parameter (a new name) whose raw text is final.
     pub fn push(&mut self, key: &str, raw: &str) {
         let v = arg_value(self.syntax, self.tool, key, raw);
         self.push_key(key);
-        self.text.push_str(&v.to_string());
+        push_compact(&mut self.text, &v, None);
     }
 
     /// The last parameter (a new name), still open, whose raw text starts with `known`: where
     /// its schema admits strings only (its value is then the raw text itself), its key and
     /// the value's start (`"` and the characters so far); else nothing yet.
-    pub fn push_open(&mut self, key: &str, known: &str) {
+    pub fn push_open(&mut self, key: &str, known: &str, memo: &mut Memo) {
         let only_strings = match (param_schema(self.tool, key), self.tool) {
             (Some(s), Some(t)) => value_types(s, &t.parameters, 0) == T_STR,
             _ => false,
         };
         if only_strings {
             self.push_key(key);
-            let s = Value::String(known.to_string()).to_string();
-            self.text.push_str(&s[..s.len() - 1]);
+            self.text.push('"');
+            memo.push_text(&mut self.text, known);
         }
     }
 

@@ -67,11 +67,13 @@
 //! parameter's characters as they come, and `}` at the call's end. A parameter given again is
 //! read past (its first value is the one `parse` keeps) and the parameters after it stream on.
 
+use super::partial;
 use super::xml_args::{arguments, tail_len, ws_len, Params, StreamedArgs, Syntax};
 use super::{
     allowed_tools, json_prefix, offered, parse_blocks, parse_blocks_partial, BlockStep, Blocks,
     Format, LazyStart, Parsed, Plan, ToolCall, ToolRequest,
 };
+use memchr::memmem;
 use muser_jsonschema::gbnf_literal as literal;
 
 /// The tags of one format of the family.
@@ -702,7 +704,7 @@ fn value_len(sh: &Shape, s: &str) -> Option<usize> {
     }
     let mut from = 0;
     loop {
-        let at = from + s[from..].find(sh.param_close)?;
+        let at = from + memmem::find(&s.as_bytes()[from..], sh.param_close.as_bytes())?;
         if closes_at(at) {
             return Some(at);
         }
@@ -841,7 +843,7 @@ fn value_len_partial(sh: &Shape, s: &str) -> Option<usize> {
     // then the first closing tag that closes
     let mut from = 0;
     loop {
-        let at = from + s[from..].find(sh.param_close)?;
+        let at = from + memmem::find(&s.as_bytes()[from..], sh.param_close.as_bytes())?;
         if closes_at(sh, s, at)? {
             return Some(at);
         }
@@ -857,8 +859,7 @@ fn known_raw<'v>(sh: &Shape, v: &'v str) -> &'v str {
     if sh.cdata && (v.starts_with(CDATA_OPEN) || CDATA_OPEN.starts_with(v)) {
         return "";
     }
-    let limit = v
-        .find(sh.param_close)
+    let limit = memmem::find(v.as_bytes(), sh.param_close.as_bytes())
         .unwrap_or_else(|| v.len() - tail_len(v, sh.param_close));
     if !sh.framed {
         return &v[..limit];
@@ -873,7 +874,12 @@ fn known_raw<'v>(sh: &Shape, v: &'v str) -> &'v str {
 /// (`StreamedArgs`), a parameter whose schema admits strings only by its characters too. A
 /// repeated parameter name's value is read past and left out (`arguments` keeps the first
 /// value), and the parameters after it go on streaming.
-pub(super) fn read_block_partial(sh: &Shape, rest: &str, req: Option<&ToolRequest>) -> BlockStep {
+pub(super) fn read_block_partial(
+    sh: &Shape,
+    rest: &str,
+    req: Option<&ToolRequest>,
+    memo: &mut partial::Memo,
+) -> BlockStep {
     let mut p = 0;
     let mut done: Vec<ToolCall> = Vec::new();
     loop {
@@ -933,7 +939,7 @@ pub(super) fn read_block_partial(sh: &Shape, rest: &str, req: Option<&ToolReques
                 let value = &after[v..];
                 let Some(len) = value_len_partial(sh, value) else {
                     if new {
-                        args.push_open(key, known_raw(sh, value));
+                        args.push_open(key, known_raw(sh, value), memo);
                     }
                     return BlockStep::Open(begun(done, args));
                 };
@@ -981,7 +987,7 @@ pub(super) fn parse_partial(
         text,
         req,
         &[sh.open],
-        |rest| read_block_partial(sh, rest, req),
+        |rest, memo| read_block_partial(sh, rest, req, memo),
         from,
     )
 }
