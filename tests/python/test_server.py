@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import random
 import re
 import subprocess
 import threading
@@ -183,6 +184,68 @@ def test_sampling_parameters_and_seed(client):
     a = client.completions.create(seed=5, **kw).choices[0].text
     b = client.completions.create(seed=5, **kw).choices[0].text
     assert a == b  # a seed reproduces the draw
+
+
+def test_several_choices_are_each_the_solo_request_with_its_seed(server, client):
+    """`n` choices: choice i is what the same request alone draws with the seed plus i (as
+    llama-server seeds its choices; decode groups keep each row's bits), streamed or not;
+    usage counts the prompt once and the completions of all; a stream gives each choice its
+    chunks, its role and its finish, and [DONE] once all have ended."""
+    rng = random.Random()
+    for _ in range(2):
+        seed = rng.randrange(1 << 30)
+        n = rng.randrange(2, 6)
+        kw = dict(model=MODEL_ID, prompt=rng.choice(PROMPTS), temperature=1.0,
+                  max_tokens=rng.randrange(8, 40), logprobs=2)
+        many = client.completions.create(n=n, seed=seed, **kw)
+        assert [c.index for c in many.choices] == list(range(n))
+        solo = [client.completions.create(seed=seed + i, **kw) for i in range(n)]
+        for c, s in zip(many.choices, solo):
+            assert (c.text, c.finish_reason) == (s.choices[0].text, s.choices[0].finish_reason)
+            assert c.logprobs.tokens == s.choices[0].logprobs.tokens
+        assert many.usage.prompt_tokens == solo[0].usage.prompt_tokens
+        assert many.usage.completion_tokens == sum(s.usage.completion_tokens for s in solo)
+        texts, finishes, usage = [""] * n, [None] * n, None
+        for ch in client.completions.create(n=n, seed=seed, stream=True,
+                                            stream_options={"include_usage": True}, **kw):
+            if not ch.choices:
+                usage = ch.usage
+            for c in ch.choices:
+                assert finishes[c.index] is None, "a chunk after its choice's finish"
+                texts[c.index] += c.text
+                finishes[c.index] = c.finish_reason
+        assert texts == [c.text for c in many.choices]
+        assert finishes == [c.finish_reason for c in many.choices]
+        assert usage.completion_tokens == many.usage.completion_tokens
+
+    msgs = [{"role": "user", "content": rng.choice(PROMPTS)}]
+    kw = dict(model=MODEL_ID, messages=msgs, temperature=1.0, max_tokens=24, seed=seed)
+    many = client.chat.completions.create(n=3, **kw)
+    solo = [client.chat.completions.create(**{**kw, "seed": seed + i}) for i in range(3)]
+    assert [c.message.content for c in many.choices] == \
+        [s.choices[0].message.content for s in solo]
+    roles, texts = {}, ["", "", ""]
+    for ch in client.chat.completions.create(n=3, stream=True, **kw):
+        for c in ch.choices:
+            if c.delta.role:
+                roles[c.index] = c.delta.role
+            texts[c.index] += c.delta.content or ""
+    assert roles == {0: "assistant", 1: "assistant", 2: "assistant"}
+    assert texts == [c.message.content for c in many.choices]
+    # Several prompts: prompt p's i-th choice is index p * n + i; usage counts each prompt.
+    prompts = rng.sample(PROMPTS, 3)
+    kw = dict(model=MODEL_ID, temperature=1.0, max_tokens=16, seed=seed)
+    many = client.completions.create(prompt=prompts, n=2, **kw)
+    assert [c.index for c in many.choices] == list(range(6))
+    for p, prompt in enumerate(prompts):
+        for i in range(2):
+            s = client.completions.create(prompt=prompt, **{**kw, "seed": seed + i})
+            assert many.choices[2 * p + i].text == s.choices[0].text, (p, i)
+    assert many.usage.prompt_tokens == sum(len(tokenize(server, p)) for p in prompts)
+    # Without a seed each choice draws with a seed of its own.
+    free = client.completions.create(model=MODEL_ID, prompt="Once", temperature=1.5,
+                                     max_tokens=32, n=4)
+    assert len({c.text for c in free.choices}) > 1
 
 
 def test_logprobs(client):
@@ -816,7 +879,11 @@ BAD = [
     ("token id out of range", "/v1/completions", {"prompt": [1, 2, 4096]}, 400, "prompt"),
     ("negative token id", "/v1/completions", {"prompt": [-1]}, 400, "prompt"),
     ("tokens and text mixed", "/completion", {"prompt": [1, "hi"]}, 400, "prompt"),
-    ("two prompts", "/v1/completions", {"prompt": ["a", "b"]}, 400, "prompt"),
+    ("two prompts on /completion", "/completion", {"prompt": ["a", "b"]}, 400, "prompt"),
+    ("a bad prompt among several", "/v1/completions", {"prompt": ["a", [1, "x"]]}, 400,
+     "prompt"),
+    ("more choices than the server takes", "/v1/completions",
+     {"prompt": ["a"] * 20, "n": 16}, 400, "prompt"),
     ("grammar that does not parse", "/completion", {"prompt": "hi", "grammar": "root ::= \"a"},
      400, "grammar"),
     ("grammar with an undefined rule", "/v1/completions",
@@ -842,7 +909,12 @@ BAD = [
      "response_format"),
     ("unknown model", "/v1/completions", {"model": "gpt-5", "prompt": "hi"}, 404,
      "model_not_found"),
-    ("n > 1", "/v1/completions", {"prompt": "hi", "n": 3}, 400, "n"),
+    ("n past the slots", "/v1/completions", {"prompt": "hi", "n": 17}, 400, "n"),
+    ("n of 0", "/v1/chat/completions",
+     {"messages": [{"role": "user", "content": "hi"}], "n": 0}, 400, "n"),
+    ("n_cmpl past the slots", "/v1/completions", {"prompt": "hi", "n_cmpl": 40}, 400,
+     "n_cmpl"),
+    ("n on /completion", "/completion", {"prompt": "hi", "n": 2}, 400, "n"),
     ("no messages", "/v1/chat/completions", {"messages": []}, 400, "messages"),
     ("bad role", "/v1/chat/completions", {"messages": [{"role": "x", "content": "hi"}]}, 400,
      "messages"),

@@ -166,6 +166,41 @@ pub struct Generation {
     pub preserved: Vec<u32>,
 }
 
+/// How many choices a request asks for: OpenAI's `n` (llama-server's `n_cmpl`, which it reads
+/// first), from 1 to `parallel`, the server's slots, as llama-server bounds it: each choice
+/// runs in a slot of its own.
+pub fn parse_choices(f: &Fields, parallel: usize) -> Result<usize, ApiError> {
+    let mut n = 1;
+    let most = i64::try_from(parallel).unwrap_or(i64::MAX);
+    for key in ["n", "n_cmpl"] {
+        if let Some(v) = f.integer(key, i64::MIN, i64::MAX)? {
+            if v < 1 || v > most {
+                return Err(ApiError::param(
+                    key,
+                    format!(
+                        "{key} must be from 1 to {parallel} (the server's --parallel: each \
+                         choice takes a slot of its own), got {v}"
+                    ),
+                ));
+            }
+            n = v as usize;
+        }
+    }
+    Ok(n)
+}
+
+/// The sampling seed of choice `i` of a request (`parse_choices`) whose first choice has
+/// `seed`: llama-server's rule, the seed plus `i` where the request gave one, else `random`, a
+/// seed of its own.
+pub fn choice_seed(f: &Fields, seed: u64, i: usize, random: impl FnOnce() -> u64) -> u64 {
+    let given = matches!(f.get("seed"), Some(v) if v.as_i64().is_some_and(|s| s != -1));
+    match (i, given) {
+        (0, _) => seed,
+        (_, true) => seed.wrapping_add(i as u64),
+        (_, false) => random(),
+    }
+}
+
 /// Most entries a request's `logit_bias` may hold (a bound on the per-token work of a request).
 pub const MAX_LOGIT_BIAS: usize = 300;
 
@@ -349,14 +384,6 @@ pub fn parse_generation(
     n_vocab: usize,
 ) -> Result<Generation, ApiError> {
     refuse_unsupported(f, chat)?;
-    if let Some(n) = f.integer("n", i64::MIN, i64::MAX)? {
-        if n != 1 {
-            return Err(ApiError::param(
-                "n",
-                format!("n must be 1 (one choice per request), got {n}"),
-            ));
-        }
-    }
     if f.boolean("echo")? == Some(true) {
         return Err(ApiError::param("echo", "echo is not supported"));
     }
@@ -521,8 +548,8 @@ pub fn parse_prompt(
         }
         Some(Value::Array(a)) => {
             return Err(err(format!(
-                "prompt holds {} prompts; send one prompt per request (a string or an array \
-                 of token ids)",
+                "prompt holds {} prompts; send one prompt per request here (a string or an \
+                 array of token ids), or several to /v1/completions",
                 a.len()
             )))
         }
@@ -537,6 +564,37 @@ pub fn parse_prompt(
         return Err(err("prompt has no tokens".into()));
     }
     Ok(tokens)
+}
+
+/// The prompts of a completions request: one (`parse_prompt`'s forms), or several as OpenAI's
+/// completions take them, an array of strings or of token-id arrays; each is read as one
+/// prompt (errors name it: "prompt[2] ...").
+pub fn parse_prompts(
+    v: Option<&Value>,
+    tok: &Tokenizer,
+    n_vocab: usize,
+) -> Result<Vec<Vec<u32>>, ApiError> {
+    let Some(Value::Array(a)) = v else {
+        return Ok(vec![parse_prompt(v, tok, n_vocab)?]);
+    };
+    if a.len() < 2 || a.iter().any(Value::is_number) {
+        return Ok(vec![parse_prompt(v, tok, n_vocab)?]);
+    }
+    a.iter()
+        .enumerate()
+        .map(|(i, p)| {
+            if matches!(p, Value::Array(items) if items.iter().any(|x| !x.is_number())) {
+                return Err(ApiError::param(
+                    "prompt",
+                    format!("prompt[{i}] must be a string or an array of token ids"),
+                ));
+            }
+            parse_prompt(Some(p), tok, n_vocab).map_err(|e| {
+                let message = e.message.replacen("prompt", &format!("prompt[{i}]"), 1);
+                ApiError::param("prompt", message)
+            })
+        })
+        .collect()
 }
 
 /// Token ids of a JSON array, each checked against the vocabulary; the error text continues
@@ -628,6 +686,44 @@ mod tests {
         assert_eq!((window(0), window(128), window(-1)), (0, 128, usize::MAX));
     }
 
+    /// `n` (or llama-server's `n_cmpl`) from 1 to the slots; out of range or not an integer, a
+    /// 400 naming the field. Choice i's seed is the request's plus i where it gave one (-1 is
+    /// none), else a seed of its own; choice 0 keeps the request's.
+    #[test]
+    fn choices_and_their_seeds() {
+        let mut rng = crate::tools::test_util::Rng(0x0C40_1CE5);
+        for _ in 0..200 {
+            let parallel = 1 + rng.below(16);
+            let n = rng.below(parallel + 3) as i64 - 1;
+            let key = ["n", "n_cmpl"][rng.below(2)];
+            let body = json!({ key: n });
+            let got = parse_choices(&Fields(body.as_object().unwrap()), parallel);
+            if (1..=parallel as i64).contains(&n) {
+                assert_eq!(got.unwrap(), n as usize);
+            } else {
+                let e = got.unwrap_err();
+                assert_eq!(e.status, 400, "{body}");
+                assert_eq!(e.param.as_deref(), Some(key), "{body}");
+            }
+            let seed = rng.next() >> 1;
+            let i = rng.below(8);
+            let fresh = rng.next();
+            for (req, want) in [
+                (json!({"seed": seed}), seed.wrapping_add(i as u64)),
+                (json!({"seed": -1}), if i == 0 { seed } else { fresh }),
+                (json!({}), if i == 0 { seed } else { fresh }),
+            ] {
+                let f = Fields(req.as_object().unwrap());
+                assert_eq!(choice_seed(&f, seed, i, || fresh), want, "{req} {i}");
+            }
+        }
+        for body in [json!({"n": "2"}), json!({"n": 1.5}), json!({"n_cmpl": [1]})] {
+            let e = parse_choices(&Fields(body.as_object().unwrap()), 8).unwrap_err();
+            assert_eq!(e.status, 400, "{body}");
+        }
+        assert_eq!(parse_choices(&Fields(&Map::new()), 1).unwrap(), 1);
+    }
+
     #[test]
     fn wrong_types_and_ranges_name_the_field() {
         for (body, field) in [
@@ -647,7 +743,6 @@ mod tests {
             (json!({"stream": "yes"}), "stream"),
             (json!({"ignore_eos": 1}), "ignore_eos"),
             (json!({"logprobs": 50}), "logprobs"),
-            (json!({"n": 2}), "n"),
             (json!({"repetition_penalty": 0}), "repetition_penalty"),
             (json!({"stream_options": 1}), "stream_options"),
             (json!({"repeat_last_n": -2}), "repeat_last_n"),

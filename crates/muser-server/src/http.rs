@@ -139,9 +139,19 @@ impl Shared {
         gen: api::Generation,
         max_tokens: usize,
     ) -> Result<UnboundedReceiver<Event>, ApiError> {
+        let mut rx = self.run_choices(vec![(prompt, gen, max_tokens)])?;
+        Ok(rx.remove(0))
+    }
+
+    /// `run` of the choices of one request (each its prompt, its settings and its most
+    /// tokens), admitted together or not at all; their receivers in order.
+    fn run_choices(
+        &self,
+        choices: Vec<(Vec<u32>, api::Generation, usize)>,
+    ) -> Result<Vec<UnboundedReceiver<Event>>, ApiError> {
         let m = &self.metrics;
         let limit = self.config.parallel.saturating_add(self.max_queue);
-        let Some(ticket) = Ticket::admit(&self.admitted, limit) else {
+        let Some(tickets) = Ticket::admit_many(&self.admitted, limit, choices.len()) else {
             Metrics::add(&m.requests_rejected, 1);
             return Err(ApiError::unavailable(format!(
                 "the server is busy: all {} slots are in use and {} requests are waiting; retry later",
@@ -149,20 +159,25 @@ impl Shared {
             ))
             .with_code("server_overloaded"));
         };
-        m.queued.fetch_add(1, Relaxed);
-        let (events, rx) = unbounded_channel();
-        let job = Job {
-            prompt,
-            gen,
-            max_tokens,
-            events,
-            ticket,
-        };
-        self.jobs.send(job).map_err(|_| {
-            m.queued.fetch_sub(1, Relaxed);
-            ApiError::internal("the engine has stopped")
-        })?;
-        Ok(rx)
+        let mut rxs = Vec::with_capacity(choices.len());
+        for ((prompt, gen, max_tokens), ticket) in choices.into_iter().zip(tickets) {
+            m.queued.fetch_add(1, Relaxed);
+            let (events, rx) = unbounded_channel();
+            let job = Job {
+                prompt,
+                gen,
+                max_tokens,
+                events,
+                ticket,
+            };
+            // (the choices sent before are dropped with their receivers: the engine ends them)
+            self.jobs.send(job).map_err(|_| {
+                m.queued.fetch_sub(1, Relaxed);
+                ApiError::internal("the engine has stopped")
+            })?;
+            rxs.push(rx);
+        }
+        Ok(rxs)
     }
 
     /// A request's JSON object, once the model is ready (503 before), with the model.
@@ -678,6 +693,22 @@ async fn completion_native(
     let (m, obj) = sh.request(&headers, body).await?;
     let (obj, native) = native::translate(obj)?;
     let f = Fields(&obj);
+    // (llama-server answers several completions here as an array of answers; Muser's
+    // /completion gives one: several choices are asked of the OpenAI endpoints)
+    if api::parse_choices(&f, usize::MAX)? != 1 {
+        let key = if f.get("n_cmpl").is_some() {
+            "n_cmpl"
+        } else {
+            "n"
+        };
+        return Err(ApiError::param(
+            key,
+            format!(
+                "{key} above 1 is not supported on /completion (one completion a request): \
+                 ask /v1/completions or /v1/chat/completions for several choices"
+            ),
+        ));
+    }
     let mut gen = parse_generation(&f, false, sh.next_seed(), m.n_vocab)?;
     gen.preserved = constrain::preserved_tokens(&f, &m.tokenizer)?;
     gen.grammar = constrain::build(constrain::read(&f, &m.tokenizer, &gen.preserved)?, &m).await?;
@@ -728,10 +759,11 @@ async fn generate(
     // silently ignored.
     native::refuse_unsupported(&f)?;
     let mut gen = parse_generation(&f, chat, sh.next_seed(), m.n_vocab)?;
+    let n = api::parse_choices(&f, sh.config.parallel)?;
     gen.preserved = constrain::preserved_tokens(&f, &m.tokenizer)?;
     let mut spec = constrain::read(&f, &m.tokenizer, &gen.preserved)?;
     let mut output = None;
-    let prompt = if chat {
+    let prompts = if chat {
         // A JSON response format beside tools holds the reply that calls no tool (the calls
         // have their own grammar); a raw or lazy grammar cannot be combined with them.
         let (response, response_source) = tools_response(spec.as_ref(), &obj)?;
@@ -839,12 +871,31 @@ async fn generate(
         if p.is_empty() {
             return Err(ApiError::param("messages", "the messages have no tokens"));
         }
-        p
+        vec![p]
     } else {
-        parse_prompt(f.get("prompt"), &m.tokenizer, m.n_vocab)?
+        api::parse_prompts(f.get("prompt"), &m.tokenizer, m.n_vocab)?
     };
+    // Each prompt's choices, as llama-server runs them (choice `p * n + i`: prompt p's i-th).
+    let room = sh.config.parallel.saturating_add(sh.max_queue);
+    if prompts.len() * n > room {
+        return Err(ApiError::param(
+            "prompt",
+            format!(
+                "{} prompts x n = {n} asks for {} choices, more than the server takes at once \
+                 ({} slots and {} waiting): send fewer per request",
+                prompts.len(),
+                prompts.len() * n,
+                sh.config.parallel,
+                sh.max_queue
+            ),
+        ));
+    }
     gen.grammar = constrain::build(spec, &m).await?;
-    let max_tokens = fit_context(prompt.len(), gen.max_tokens, m.n_ctx)?;
+    let max_tokens = prompts
+        .iter()
+        .map(|p| fit_context(p.len(), gen.max_tokens, m.n_ctx))
+        .collect::<Result<Vec<usize>, ApiError>>()?;
+    let prompt = &prompts[0];
 
     // llama-server's `verbose`: the answer also carries `__verbose`, what its own /completion
     // answers for the same generation (the raw generated text in `content`, the prompt, the
@@ -852,7 +903,7 @@ async fn generate(
     let verbose = f
         .boolean("verbose")?
         .unwrap_or(false)
-        .then(|| NativeReply::new(m.clone(), native::Native::default(), &gen, &prompt));
+        .then(|| NativeReply::new(m.clone(), native::Native::default(), &gen, prompt));
     let reply = Reply {
         id: format!(
             "{}-{:016x}",
@@ -869,13 +920,25 @@ async fn generate(
         info: m.clone(),
         output,
         verbose,
+        n,
     };
     let stream = gen.stream;
-    let rx = sh.run(prompt, gen, max_tokens)?;
+    // The choices: each prompt's n, each with a seed of its own (`api::choice_seed`).
+    let choices = prompts
+        .into_iter()
+        .zip(max_tokens)
+        .flat_map(|(p, max)| (0..n).map(move |i| (p.clone(), i, max)))
+        .map(|(p, i, max)| {
+            let mut g = gen.clone();
+            g.params.seed = api::choice_seed(&f, gen.params.seed, i, || sh.next_seed());
+            (p, g, max)
+        })
+        .collect();
+    let rxs = sh.run_choices(choices)?;
     if stream {
-        Ok(Sse::new(sse_stream(reply, rx)).into_response())
+        Ok(Sse::new(sse_stream(reply, rxs)).into_response())
     } else {
-        collect(reply, rx).await.map(|v| Json(v).into_response())
+        collect(reply, rxs).await.map(|v| Json(v).into_response())
     }
 }
 
@@ -923,11 +986,14 @@ struct Reply {
     output: Option<Output>,
     /// `verbose`: how to write the `__verbose` object of an answer that does not stream.
     verbose: Option<NativeReply>,
+    /// The choices of each prompt (`n`): choice `p * n + i` is prompt p's i-th.
+    n: usize,
 }
 
 /// How a chat answer's text is read: its format, the request's tools, the seed of the ids its
 /// tool calls get, and whether reasoning in a block of tags comes first (Some: the template's
 /// tags, and whether the prompt opened the block).
+#[derive(Clone)]
 struct Output {
     format: Format,
     tools: Option<ToolRequest>,
@@ -1169,16 +1235,42 @@ pub(crate) fn timings(f: &Finish) -> Value {
     })
 }
 
-fn usage(f: &Finish) -> Value {
+/// The usage of a request's choices (each one's `Finish`; `n` choices a prompt), as OpenAI
+/// counts it: each prompt once (its first choice's count, cached tokens included), the
+/// completion tokens of all.
+fn usage(fs: &[&Finish], n: usize) -> Value {
+    let firsts = || fs.iter().step_by(n.max(1));
+    let prompt: usize = firsts().map(|f| f.prompt_tokens).sum();
+    let cached: usize = firsts().map(|f| f.cached_tokens).sum();
+    let completion: usize = fs.iter().map(|f| f.completion_tokens).sum();
     json!({
-        "prompt_tokens": f.prompt_tokens,
-        "completion_tokens": f.completion_tokens,
-        "total_tokens": f.prompt_tokens + f.completion_tokens,
-        "prompt_tokens_details": { "cached_tokens": f.cached_tokens },
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": { "cached_tokens": cached },
     })
 }
 
+/// One choice's answer as the engine gave it: its text, generated tokens, logprobs with the
+/// offsets of their text, and how it ended.
+struct Answer {
+    text: String,
+    ids: Vec<u32>,
+    lps: Vec<Logprob>,
+    offsets: Vec<usize>,
+    finish: Finish,
+}
+
 impl Reply {
+    /// How choice `i`'s text is read: the request's `output`, whose call ids for choice i > 0
+    /// come from a seed of their own (no id is given twice in one answer).
+    fn output_of(&self, i: usize) -> Option<Output> {
+        self.output.as_ref().map(|o| Output {
+            call_seed: o.call_seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+            ..o.clone()
+        })
+    }
+
     /// `logprobs` of a choice for these tokens; `offsets[i]` is the byte length of the text
     /// released before token i (the same figure whether the answer streams or not).
     fn logprobs(&self, lps: &[Logprob], offsets: &[usize]) -> Value {
@@ -1240,9 +1332,10 @@ impl Reply {
         })
     }
 
-    /// One streamed chunk: text, the token's logprobs, or the finish reason.
+    /// One streamed chunk of choice `index`: text, the token's logprobs, or the finish reason.
     fn chunk(
         &self,
+        index: usize,
         text: Option<&str>,
         lps: &[Logprob],
         offset: usize,
@@ -1253,12 +1346,14 @@ impl Reply {
         if let Some(t) = text {
             delta.insert("content".into(), json!(t));
         }
-        self.delta_chunk(delta, lps, offset, finish, role)
+        self.delta_chunk(index, delta, lps, offset, finish, role)
     }
 
-    /// A streamed chunk with `delta` (chat; a completion's chunk takes its `content` as text).
+    /// A streamed chunk of choice `index` with `delta` (chat; a completion's chunk takes its
+    /// `content` as text).
     fn delta_chunk(
         &self,
+        index: usize,
         mut delta: Map<String, Value>,
         lps: &[Logprob],
         offset: usize,
@@ -1266,7 +1361,7 @@ impl Reply {
         role: bool,
     ) -> Value {
         let mut choice = json!({
-            "index": 0,
+            "index": index,
             "logprobs": if lps.is_empty() {
                 Value::Null
             } else {
@@ -1293,22 +1388,16 @@ impl Reply {
         v
     }
 
-    /// The whole answer (`ids`: the generated tokens).
-    fn complete(
-        &self,
-        text: String,
-        ids: &[u32],
-        lps: &[Logprob],
-        offsets: &[usize],
-        f: &Finish,
-    ) -> Value {
+    /// Choice `index` of the whole answer.
+    fn choice(&self, index: usize, a: &Answer) -> Value {
+        let f = &a.finish;
         let mut choice = json!({
-            "index": 0,
-            "logprobs": self.logprobs(lps, offsets),
+            "index": index,
+            "logprobs": self.logprobs(&a.lps, &a.offsets),
             "finish_reason": f.reason.as_str(),
         });
-        if let (true, Some(o)) = (self.chat, &self.output) {
-            let (p, whole) = o.parse_final(&text);
+        if let (true, Some(o)) = (self.chat, &self.output_of(index)) {
+            let (p, whole) = o.parse_final(&a.text);
             let mut msg = json!({"role": "assistant", "content": p.content});
             if p.content.is_empty() && !p.tool_calls.is_empty() {
                 msg["content"] = Value::Null;
@@ -1326,21 +1415,48 @@ impl Reply {
             }
             choice["message"] = msg;
         } else if self.chat {
-            choice["message"] = json!({"role": "assistant", "content": text});
+            choice["message"] = json!({"role": "assistant", "content": a.text});
         } else {
-            choice["text"] = json!(text);
+            choice["text"] = json!(a.text);
         }
-        let mut v = self.envelope(false, json!([choice]));
-        v["usage"] = usage(f);
-        v["timings"] = timings(f);
-        if let Some(n) = &self.verbose {
-            v["__verbose"] = n.last(&text, text.contains('\n'), ids, lps, f, false);
+        choice
+    }
+
+    /// The whole answer: its choices, the usage of all, and the first choice's `timings` and
+    /// `__verbose` (llama-server's answer with several choices is its first one's, with the
+    /// others' choices added).
+    fn complete(&self, answers: &[Answer]) -> Value {
+        let choices: Vec<Value> = answers
+            .iter()
+            .enumerate()
+            .map(|(i, a)| self.choice(i, a))
+            .collect();
+        let mut v = self.envelope(false, Value::Array(choices));
+        v["usage"] = usage(
+            &answers.iter().map(|a| &a.finish).collect::<Vec<_>>(),
+            self.n,
+        );
+        if let Some(a) = answers.first() {
+            v["timings"] = timings(&a.finish);
+            if let Some(n) = &self.verbose {
+                let text = &a.text;
+                v["__verbose"] =
+                    n.last(text, text.contains('\n'), &a.ids, &a.lps, &a.finish, false);
+            }
         }
         v
     }
 }
 
-async fn collect(reply: Reply, mut rx: UnboundedReceiver<Event>) -> Result<Value, ApiError> {
+/// The answers of a request's choices, gathered side by side: the first error ends them all
+/// (the others' receivers dropped, the engine ends them).
+async fn collect(reply: Reply, rxs: Vec<UnboundedReceiver<Event>>) -> Result<Value, ApiError> {
+    let answers = futures_util::future::try_join_all(rxs.into_iter().map(answer)).await?;
+    Ok(reply.complete(&answers))
+}
+
+/// One choice's answer, once its events end.
+async fn answer(mut rx: UnboundedReceiver<Event>) -> Result<Answer, ApiError> {
     let mut text = String::new();
     let (mut ids, mut lps) = (Vec::new(), Vec::new());
     while let Some(ev) = rx.recv().await {
@@ -1357,9 +1473,16 @@ async fn collect(reply: Reply, mut rx: UnboundedReceiver<Event>) -> Result<Value
                 text.push_str(&t);
             }
             Event::Done(f) => {
-                let offsets: Vec<usize> = lps.iter().map(|&(_, o)| o).collect();
+                let mut offsets: Vec<usize> = lps.iter().map(|&(_, o)| o).collect();
                 let lps = crate::scheduler::before_stop(lps, &text, &f);
-                return Ok(reply.complete(text, &ids, &lps, &offsets[..lps.len()], &f));
+                offsets.truncate(lps.len());
+                return Ok(Answer {
+                    text,
+                    ids,
+                    lps,
+                    offsets,
+                    finish: f,
+                });
             }
             Event::Error(e) => return Err(e),
         }
@@ -1432,36 +1555,63 @@ fn call_news(sent: &mut Vec<ToolCall>, ids: &mut Option<Ids>, now: Vec<ToolCall>
     out
 }
 
-/// Server-sent events: a chunk per token (text and logprobs), a chunk with the finish reason
-/// (and llama-server's `timings`), the usage chunk if asked for, then `[DONE]`. Dropping the stream (the client went away)
-/// drops the receiver, which the engine notices at its next step.
+/// Server-sent events: for each choice, a chunk per token (text and logprobs) and a chunk with
+/// the finish reason (and llama-server's `timings`), the choices' chunks as their tokens come;
+/// once every choice has ended, the usage chunk if asked for, then `[DONE]`. Dropping the
+/// stream (the client went away) drops the receivers, which the engine notices at its next
+/// step; an error ends the stream (and the other choices).
 fn sse_stream(
     reply: Reply,
-    rx: UnboundedReceiver<Event>,
+    rxs: Vec<UnboundedReceiver<Event>>,
 ) -> impl Stream<Item = Result<SseEvent, Infallible>> {
-    struct St {
-        reply: Reply,
-        rx: UnboundedReceiver<Event>,
-        first: bool,
-        ended: bool,
-        /// With an `output` format: the text so far (it only grows) and what its readings
-        /// settled, and how much of its content and reasoning has been sent.
+    /// One choice as it streams: with an `output` format, the text so far (it only grows) and
+    /// what its readings settled, how much of its content and reasoning has been sent, and
+    /// the ids of the calls sent; its finish once it has ended.
+    struct Choice {
+        output: Option<Output>,
         text: String,
         settled: Settled,
         sent: Parsed,
-        /// The ids of the calls sent.
         ids: Option<Ids>,
+        finish: Option<Finish>,
+    }
+    struct St<S> {
+        reply: Reply,
+        events: S,
+        choices: Vec<Choice>,
+        first: bool,
+        ended: bool,
     }
     let data = |v: Value| SseEvent::default().data(v.to_string());
+    let choices = (0..rxs.len())
+        .map(|i| {
+            let output = reply.output_of(i);
+            Choice {
+                ids: output.as_ref().map(Ids::new),
+                output,
+                text: String::new(),
+                settled: Settled::default(),
+                sent: Parsed::default(),
+                finish: None,
+            }
+        })
+        .collect();
+    // each choice's events, tagged with its index, and None once its receiver closes
+    let events = stream::select_all(rxs.into_iter().enumerate().map(|(i, rx)| {
+        Box::pin(stream::unfold(Some(rx), move |rx| async move {
+            let mut rx = rx?;
+            match rx.recv().await {
+                Some(ev) => Some(((i, Some(ev)), Some(rx))),
+                None => Some(((i, None), None)),
+            }
+        }))
+    }));
     let st = St {
-        rx,
+        reply,
+        events,
+        choices,
         first: true,
         ended: false,
-        text: String::new(),
-        settled: Settled::default(),
-        sent: Parsed::default(),
-        ids: reply.output.as_ref().map(Ids::new),
-        reply,
     };
     stream::unfold(st, move |mut st| async move {
         if st.ended {
@@ -1470,10 +1620,21 @@ fn sse_stream(
         let mut out = Vec::new();
         let r = &st.reply;
         if st.first && r.chat {
-            out.push(data(r.chunk(Some(""), &[], 0, None, true)));
+            for i in 0..st.choices.len() {
+                out.push(data(r.chunk(i, Some(""), &[], 0, None, true)));
+            }
         }
         st.first = false;
-        match st.rx.recv().await {
+        let Some((i, ev)) = st.events.next().await else {
+            // (every choice's events have ended: after their Done, which ends the stream)
+            out.push(data(
+                ApiError::internal("the engine stopped before the answer was complete").body(),
+            ));
+            st.ended = true;
+            return Some((stream::iter(out.into_iter().map(Ok)), st));
+        };
+        let c = &mut st.choices[i];
+        match ev {
             Some(Event::Token {
                 text,
                 logprob,
@@ -1481,47 +1642,53 @@ fn sse_stream(
                 ..
             }) => {
                 let lps: Vec<Logprob> = logprob.into_iter().collect();
-                if let Some(o) = &r.output {
-                    st.text.push_str(&text);
-                    let now = o.read_on(&st.text, &mut st.settled);
-                    let delta = news(&mut st.sent, &mut st.ids, now);
+                if let Some(o) = &c.output {
+                    c.text.push_str(&text);
+                    let now = o.read_on(&c.text, &mut c.settled);
+                    let delta = news(&mut c.sent, &mut c.ids, now);
                     if !delta.is_empty() || !lps.is_empty() {
-                        out.push(data(r.delta_chunk(delta, &lps, offset, None, false)));
+                        out.push(data(r.delta_chunk(i, delta, &lps, offset, None, false)));
                     }
                 } else if !text.is_empty() || !lps.is_empty() {
-                    out.push(data(r.chunk(Some(&text), &lps, offset, None, false)));
+                    out.push(data(r.chunk(i, Some(&text), &lps, offset, None, false)));
                 }
             }
             Some(Event::Done(f)) => {
                 let mut reason = f.reason.as_str();
-                if let Some(o) = &r.output {
+                if let Some(o) = &c.output {
                     // The whole answer read at last: what its content, reasoning and calls
                     // gained since the last token.
-                    let (p, whole) = o.parse_final(&st.text);
+                    let (p, whole) = o.parse_final(&c.text);
                     let has_calls = whole && !p.tool_calls.is_empty();
-                    let delta = news(&mut st.sent, &mut st.ids, p);
+                    let delta = news(&mut c.sent, &mut c.ids, p);
                     if !delta.is_empty() {
-                        out.push(data(r.delta_chunk(delta, &[], 0, None, false)));
+                        out.push(data(r.delta_chunk(i, delta, &[], 0, None, false)));
                     }
                     if has_calls && f.reason == FinishReason::Stop {
                         reason = "tool_calls";
                     }
                 }
-                let mut last = r.chunk(None, &[], 0, Some(reason), false);
+                let mut last = r.chunk(i, None, &[], 0, Some(reason), false);
                 last["timings"] = timings(&f);
                 out.push(data(last));
-                if r.include_usage {
-                    let mut u = r.envelope(true, json!([]));
-                    u["usage"] = usage(&f);
-                    out.push(data(u));
+                c.finish = Some(f);
+                if st.choices.iter().all(|c| c.finish.is_some()) {
+                    if r.include_usage {
+                        let fs: Vec<&Finish> = st.choices.iter().flat_map(|c| &c.finish).collect();
+                        let mut u = r.envelope(true, json!([]));
+                        u["usage"] = usage(&fs, r.n);
+                        out.push(data(u));
+                    }
+                    out.push(SseEvent::default().data("[DONE]"));
+                    st.ended = true;
                 }
-                out.push(SseEvent::default().data("[DONE]"));
-                st.ended = true;
             }
             Some(Event::Error(e)) => {
                 out.push(data(e.body()));
                 st.ended = true;
             }
+            // a choice's events end after its Done
+            None if c.finish.is_some() => {}
             None => {
                 out.push(data(
                     ApiError::internal("the engine stopped before the answer was complete").body(),

@@ -45,11 +45,7 @@ pub(crate) fn refuse_unsupported(f: &Fields) -> Result<(), ApiError> {
             format!("{k} {} is not supported by Muser", show(v)),
         ))
     };
-    for (k, off) in [
-        ("t_max_predict_ms", 0.0),
-        ("n_indent", 0.0),
-        ("n_cmpl", 1.0),
-    ] {
+    for (k, off) in [("t_max_predict_ms", 0.0), ("n_indent", 0.0)] {
         match f.get(k) {
             Some(v) if v.as_f64() != Some(off) => return refuse(k, v),
             _ => {}

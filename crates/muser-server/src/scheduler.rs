@@ -66,10 +66,16 @@ pub struct Ticket(Option<Arc<AtomicUsize>>);
 impl Ticket {
     /// A ticket if fewer than `limit` are out, else None (the total is left as it was).
     pub fn admit(total: &Arc<AtomicUsize>, limit: usize) -> Option<Ticket> {
+        Ticket::admit_many(total, limit, 1).map(|mut t| t.remove(0))
+    }
+
+    /// `k` tickets at once if fewer than `limit - k` are out, else None (the total is left
+    /// as it was): the choices of one request are admitted together or not at all.
+    pub fn admit_many(total: &Arc<AtomicUsize>, limit: usize, k: usize) -> Option<Vec<Ticket>> {
         total
-            .fetch_update(Relaxed, Relaxed, |n| (n < limit).then_some(n + 1))
+            .fetch_update(Relaxed, Relaxed, |n| (n + k <= limit).then_some(n + k))
             .ok()
-            .map(|_| Ticket(Some(total.clone())))
+            .map(|_| (0..k).map(|_| Ticket(Some(total.clone()))).collect())
     }
 }
 
