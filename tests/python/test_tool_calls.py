@@ -326,6 +326,27 @@ def test_forced_calls_name_a_tool_and_validate_streamed_or_not(servers, choice):
             assert in_pieces, (fmt, long_args)
 
 
+def test_several_choices_call_as_their_solo_requests_with_ids_of_their_own(servers):
+    """`n` choices with forced calls: choice i's calls are the solo request's with the seed
+    plus i, and no call id is given twice in the answer."""
+    rng = random.Random()
+    for fmt, server in servers.items():
+        client = client_of(server)
+        seed = rng.randrange(1 << 30)
+        kw = dict(model="muse-default", messages=MESSAGES, tools=TOOLS, tool_choice="required",
+                  parallel_tool_calls=True, temperature=0.9, max_tokens=200)
+        r = client.chat.completions.create(n=3, seed=seed, **kw)
+        ids = []
+        for i, ch in enumerate(r.choices):
+            solo = client.chat.completions.create(seed=seed + i, **kw).choices[0]
+            assert ch.index == i and ch.finish_reason == solo.finish_reason, (fmt, i)
+            calls = [(c.function.name, c.function.arguments) for c in ch.message.tool_calls or []]
+            assert calls == [(c.function.name, c.function.arguments)
+                             for c in solo.message.tool_calls or []], (fmt, i)
+            ids += [c.id for c in ch.message.tool_calls or []]
+        assert len(ids) == len(set(ids)), (fmt, ids)
+
+
 def test_auto_answers_or_calls(servers):
     rng = random.Random()
     for fmt, server in servers.items():
