@@ -1868,6 +1868,40 @@ impl Backend for CudaBackend {
         }
         self.read_staged(buf, n, |at, src| copy_into_parts(outs, at, src));
     }
+    fn kv_copy_prefix(&self, src: &CudaKv, dst: &mut CudaKv, n: usize) {
+        assert_eq!(
+            src.layers.len(),
+            dst.layers.len(),
+            "KV copy between other models"
+        );
+        self.timed(
+            || "kv_copy_prefix".to_string(),
+            || {
+                for (d, s) in dst.layers.iter_mut().zip(&src.layers) {
+                    assert_eq!(d.spec, s.spec, "KV copy between layers of other shapes");
+                    // [slots][n_kv * head_dim] per layer: positions 0..n are its first rows
+                    let spec = s.spec;
+                    let rows = if spec.is_ring() {
+                        spec.slots
+                    } else {
+                        n.min(spec.slots)
+                    };
+                    let len = rows * spec.n_head_kv * spec.head_dim;
+                    if len == 0 {
+                        continue;
+                    }
+                    for (from, to) in [(&s.k, &mut d.k), (&s.v, &mut d.v)] {
+                        ck(
+                            self.gpu
+                                .stream
+                                .memcpy_dtod(&from.slice(..len), &mut to.slice_mut(..len)),
+                            "KV copy",
+                        );
+                    }
+                }
+            },
+        )
+    }
     fn copy_rows(
         &self,
         src: &CudaBuf,

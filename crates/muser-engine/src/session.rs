@@ -200,12 +200,38 @@ impl<'m, B: Backend> Session<'m, B> {
         let n = n.min(self.pos);
         // A ring of `slots` keeps positions pos - slots .. pos - 1; position n (and a chunk
         // after it, which the ring's size allows for) sees positions from n - window + 1 on.
-        let kept = self.specs.iter().all(|s| match s.window {
-            Some(w) => (n + 1).saturating_sub(w) >= self.pos.saturating_sub(s.slots),
-            None => true,
-        });
+        let kept = self.keeps(n);
         self.pos = if kept { n } else { 0 };
         kept
+    }
+
+    /// Whether going back to position `n` (<= pos) keeps what position n sees: a sliding
+    /// layer's ring still holds the positions before n within its window.
+    fn keeps(&self, n: usize) -> bool {
+        self.specs.iter().all(|s| match s.window {
+            Some(w) => (n + 1).saturating_sub(w) >= self.pos.saturating_sub(s.slots),
+            None => true,
+        })
+    }
+
+    /// Takes `src`'s first `n` positions (a session of the same model and context): this
+    /// session's cache holds their entries, as `src` computed them, and it stands at position
+    /// n, as if it had processed them itself (the same bits: a cache entry depends only on the
+    /// positions up to its own). Another sequence's shared prefix (a prompt many requests
+    /// begin with) is then copied instead of computed again. False, with nothing changed, where
+    /// `src` holds fewer than n positions, is of another model or shape, or its sliding
+    /// layers no longer hold what position n sees.
+    pub fn copy_prefix_from(&mut self, src: &Session<'_, B>, n: usize) -> bool {
+        let fits = std::ptr::eq(self.model, src.model)
+            && self.specs == src.specs
+            && n <= src.pos
+            && n <= self.n_ctx
+            && src.keeps(n);
+        if fits {
+            self.model.backend.kv_copy_prefix(&src.kv, &mut self.kv, n);
+            self.pos = n;
+        }
+        fits
     }
 
     pub(crate) fn check(&self, tokens: &[u32]) -> Result<()> {

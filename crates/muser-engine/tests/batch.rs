@@ -418,6 +418,77 @@ fn rewind_refuses_positions_a_ring_overwrote() {
     assert_eq!(s.pos(), 100);
 }
 
+/// A session that takes another's prefix (`copy_prefix_from`: a random cut, the other
+/// session having gone on past it with other tokens, prompt and decoded) and goes on from
+/// there gives the logits of a session that computed it all, bit for bit, on sliding (muse)
+/// and full (llama) layers, prefill and decode alike; a ring that overwrote what the cut
+/// sees, another model's session or positions the source lacks are refused, moving nothing.
+#[test]
+fn a_copied_prefix_goes_on_as_the_computed_one() {
+    let mut rng_seed = 0x5EED_C0B7u64;
+    for arch in ["muse", "llama"] {
+        let t = Tiny::new(arch);
+        let m = t.model();
+        for round in 0..6 {
+            rng_seed += 1;
+            let a = random_tokens(50, t.n_vocab, rng_seed);
+            let cut = 1 + (rng_seed as usize * 7 + round * 5) % 45;
+            let mut b = a[..cut].to_vec();
+            b.extend(random_tokens(9, t.n_vocab, rng_seed + 100));
+            let mut fresh = Session::new(&m, 64).unwrap();
+            let want = bits(fresh.prefill(&b).unwrap());
+            let want_next = bits(fresh.decode(b[0]).unwrap());
+
+            let mut src = Session::new(&m, 64).unwrap();
+            src.prefill(&a).unwrap();
+            src.decode(a[1]).unwrap();
+            let mut dst = Session::new(&m, 64).unwrap();
+            dst.prefill(&random_tokens(20, t.n_vocab, rng_seed + 200))
+                .unwrap();
+            assert!(dst.copy_prefix_from(&src, cut), "{arch} cut {cut}");
+            assert_eq!(dst.pos(), cut);
+            assert_eq!(
+                bits(dst.prefill(&b[cut..]).unwrap()),
+                want,
+                "{arch} cut {cut}"
+            );
+            assert_eq!(
+                bits(dst.decode(b[0]).unwrap()),
+                want_next,
+                "{arch} cut {cut}"
+            );
+        }
+        // more positions than the source holds
+        let mut src = Session::new(&m, 64).unwrap();
+        src.prefill(&random_tokens(10, t.n_vocab, 5)).unwrap();
+        let mut dst = Session::new(&m, 64).unwrap();
+        dst.prefill(&random_tokens(3, t.n_vocab, 6)).unwrap();
+        assert!(!dst.copy_prefix_from(&src, 11));
+        assert_eq!(dst.pos(), 3);
+        // another context size (other ring slots)
+        let mut other = Session::new(&m, 32).unwrap();
+        assert!(!other.copy_prefix_from(&src, 5));
+    }
+    // a ring that overwrote positions the cut sees (as `rewind_refuses_positions_a_ring_overwrote`)
+    let mut t = Tiny::new("muse");
+    t.n_layer = 2;
+    let m = t.model();
+    let toks = random_tokens(590, t.n_vocab, 4);
+    let mut src = Session::new(&m, 600).unwrap();
+    src.extend(&toks).unwrap();
+    let mut dst = Session::new(&m, 600).unwrap();
+    assert!(!dst.copy_prefix_from(&src, 20));
+    assert_eq!(dst.pos(), 0);
+    assert!(dst.copy_prefix_from(&src, 100));
+    // another model's session, even of the same shape
+    let m2 = t.model();
+    let mut foreign = Session::new(&m2, 600).unwrap();
+    foreign.extend(&toks[..50]).unwrap();
+    let mut dst = Session::new(&m, 600).unwrap();
+    assert!(!dst.copy_prefix_from(&foreign, 10));
+    assert_eq!(dst.pos(), 0);
+}
+
 #[test]
 fn bad_groups_are_refused_and_move_nothing() {
     let t = Tiny::new("llama");
@@ -529,6 +600,9 @@ impl muser_engine::Backend for RowByRow {
         layers: &[muser_engine::backend::KvLayerSpec],
     ) -> muser_engine::Result<Self::Kv> {
         self.0.kv_cache(layers)
+    }
+    fn kv_copy_prefix(&self, src: &Self::Kv, dst: &mut Self::Kv, n: usize) {
+        self.0.kv_copy_prefix(src, dst, n)
     }
     fn embed(&self, table: &Self::Weight, tokens: &[u32], out: &mut Self::Buf) {
         self.0.embed(table, tokens, out)

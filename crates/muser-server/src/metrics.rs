@@ -11,6 +11,8 @@ pub struct Metrics {
     pub prompt_tokens: AtomicU64,
     /// Prompt tokens served from a slot's cache.
     pub cached_tokens: AtomicU64,
+    /// Of those, the ones copied from another slot's cache (its prefix shared with the prompt).
+    pub copied_tokens: AtomicU64,
     pub generated_tokens: AtomicU64,
     /// Nanoseconds spent in prefill chunks and in decode steps.
     pub prefill_ns: AtomicU64,
@@ -56,7 +58,7 @@ impl Metrics {
             }
         };
         let kv_cap = g(&self.kv_capacity).max(1);
-        let rows: [(&str, &str, &str, String); 19] = [
+        let rows: [(&str, &str, &str, String); 20] = [
             (
                 "prompt_tokens_total",
                 "counter",
@@ -68,6 +70,12 @@ impl Metrics {
                 "counter",
                 "Prompt tokens reused from a slot's cache.",
                 g(&self.cached_tokens).to_string(),
+            ),
+            (
+                "prompt_tokens_copied_total",
+                "counter",
+                "Prompt tokens copied from another slot's cache (counted in the cached ones).",
+                g(&self.copied_tokens).to_string(),
             ),
             (
                 "tokens_predicted_total",

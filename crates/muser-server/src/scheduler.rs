@@ -4,10 +4,14 @@
 //! 1. drops requests whose client went away (their receiver is gone), freeing the slot;
 //! 2. gives waiting requests idle slots, preferring the slot whose cache shares the longest
 //!    prefix with the prompt (those positions are not computed again: "cached tokens"). Where
-//!    the backend computes a prompt position's cache entries with other bits than a decoded
+//!    another slot's cache shares a longer one (`MIN_SHARED` positions more), it is copied into
+//!    the slot (`Session::copy_prefix_from`); and a request whose prompt shares such a prefix
+//!    with a prompt being prefilled waits for that prefill, then copies it: the choices of one
+//!    request (`n`), and requests with one long system prompt, compute it once. Where the
+//!    backend computes a prompt position's cache entries with other bits than a decoded
 //!    position's (`Backend::prefill_matches_decode`: CUDA's f16 prefill tiles), only the
-//!    prefilled part of a slot's cache is reused, so a request gets the bits it would get in a
-//!    fresh slot;
+//!    prefilled part of a cache is reused, so a request gets the bits it would get in a fresh
+//!    slot;
 //! 3. advances every decoding slot by one token in one decode group (one forward pass);
 //! 4. prefills waiting prompts, oldest first, up to 512 tokens when no slot is decoding and 64
 //!    when one is, so running streams keep their pace while a long prompt comes in; the parts
@@ -42,6 +46,11 @@ use tokio::sync::mpsc::UnboundedSender;
 /// A slot's next token as drawn, with its logprob when asked for; None when no token could be
 /// picked.
 type Pick = Option<(u32, Option<Logprob>)>;
+
+/// Positions another slot's cache must share with a prompt beyond what the slot taking it
+/// holds for them to be copied, or waited for while they are prefilled (shorter prefixes, a
+/// chat template's header, are computed again).
+pub const MIN_SHARED: usize = 32;
 
 /// Prefill chunk when no decode waits, and when one does.
 pub const CHUNK_IDLE: usize = 512;
@@ -386,12 +395,19 @@ impl<'m, B: Backend> Engine<'m, B> {
         });
     }
 
-    /// Waiting requests into idle slots, each into the idle slot sharing the longest prefix
-    /// with its prompt (the least recently used among equals).
+    /// Waiting requests into idle slots, oldest first, each into the idle slot sharing the
+    /// longest prefix with its prompt (the least recently used among equals), with a longer
+    /// prefix copied from another slot where one holds it; a request whose prompt shares a
+    /// longer prefix with one being prefilled waits for it (`awaits_prefix`).
     fn assign(&mut self) {
         let same = self.model.backend().prefill_matches_decode();
-        while !self.queue.is_empty() {
-            let job = &self.queue[0];
+        loop {
+            let Some(k) =
+                (0..self.queue.len()).find(|&k| !self.awaits_prefix(&self.queue[k].prompt, same))
+            else {
+                return;
+            };
+            let job = &self.queue[k];
             let best = self
                 .slots
                 .iter()
@@ -400,9 +416,10 @@ impl<'m, B: Backend> Engine<'m, B> {
                 .max_by_key(|(_, s)| (reusable(s, &job.prompt, same), std::cmp::Reverse(s.used)))
                 .map(|(i, _)| i);
             let Some(i) = best else { return };
-            let job = self.queue.pop_front().expect("queue is not empty");
+            let job = self.queue.remove(k).expect("a waiting request");
             self.metrics.queued.fetch_sub(1, Relaxed);
             self.clock += 1;
+            self.copy_shared_prefix(i, &job.prompt, same);
             let slot = &mut self.slots[i];
             slot.used = self.clock;
 
@@ -456,6 +473,62 @@ impl<'m, B: Backend> Engine<'m, B> {
             self.metrics.slots.set(i, task.shown(true));
             slot.task = Some(task);
         }
+    }
+
+    /// The longest prefix of `prompt` (less its last position, which must run) that a slot
+    /// other than `except` holds for it, and that slot.
+    fn donor(&self, prompt: &[u32], same: bool, except: usize) -> Option<(usize, usize)> {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter(|&(d, _)| d != except)
+            .map(|(d, s)| (d, reusable(s, prompt, same).min(prompt.len() - 1)))
+            .max_by_key(|&(_, c)| c)
+    }
+
+    /// Copies into slot `i`, taking a request for `prompt`, the longest prefix another slot
+    /// holds for it, where that is `MIN_SHARED` positions more than slot i holds.
+    fn copy_shared_prefix(&mut self, i: usize, prompt: &[u32], same: bool) {
+        let own = reusable(&self.slots[i], prompt, same).min(prompt.len() - 1);
+        let Some((d, c)) = self.donor(prompt, same, i) else {
+            return;
+        };
+        if c < own + MIN_SHARED {
+            return;
+        }
+        let (dst, src) = if i < d {
+            let (a, b) = self.slots.split_at_mut(d);
+            (&mut a[i], &b[0])
+        } else {
+            let (a, b) = self.slots.split_at_mut(i);
+            (&mut b[0], &a[d])
+        };
+        if dst.session.copy_prefix_from(&src.session, c) {
+            dst.cached = src.cached[..c].to_vec();
+            dst.prefilled = c.min(src.prefilled);
+            Metrics::add(&self.metrics.copied_tokens, c as u64);
+        }
+    }
+
+    /// Whether a request for `prompt` should wait: a slot is prefilling a prompt that shares
+    /// `MIN_SHARED` positions more with it than any cache holds now, so that they are copied
+    /// once computed rather than computed again beside it.
+    fn awaits_prefix(&self, prompt: &[u32], same: bool) -> bool {
+        let last = prompt.len() - 1;
+        let held = self
+            .slots
+            .iter()
+            .map(|s| reusable(s, prompt, same).min(last))
+            .max()
+            .unwrap_or(0);
+        let coming = self
+            .slots
+            .iter()
+            .filter_map(|s| s.task.as_ref().filter(|t| t.next.is_none()))
+            .map(|t| shared_len(&t.job.prompt, prompt).min(last))
+            .max()
+            .unwrap_or(0);
+        coming >= held + MIN_SHARED
     }
 
     fn decode_step(&mut self) {
@@ -724,13 +797,14 @@ fn reusable<B: Backend>(slot: &Slot<'_, B>, prompt: &[u32], same: bool) -> usize
     reusable_prefix(&slot.cached, slot.prefilled, prompt, same)
 }
 
+/// How many leading tokens `a` and `b` share.
+fn shared_len(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
 /// `reusable` over a cache's tokens, the first `prefilled` of them from a prefill.
 fn reusable_prefix(cached: &[u32], prefilled: usize, prompt: &[u32], same: bool) -> usize {
-    let common = cached
-        .iter()
-        .zip(prompt)
-        .take_while(|(a, b)| a == b)
-        .count();
+    let common = shared_len(cached, prompt);
     if same {
         common
     } else {

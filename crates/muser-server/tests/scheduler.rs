@@ -525,6 +525,71 @@ fn a_cached_prefix_is_reused_and_reported() {
     assert_eq!(reused, fresh[0]);
 }
 
+/// Requests sharing a long prefix (a request's choices, one long system prompt) arriving
+/// together: the first computes it, the others wait for that prefill and copy it into their
+/// slots instead of computing it again (reported as cached and copied tokens), and each gets
+/// what it gets alone, bit for bit.
+#[test]
+fn a_shared_prefix_is_computed_once_and_copied() {
+    let (m, tok) = model();
+    for (len, cut) in [(300, 200), (480, 450), (90, 40)] {
+        let base = long_prompt(&tok, len);
+        let mut other = base[..cut].to_vec();
+        other.extend(tok.encode(" and then a nap", false, false));
+        let prompts = [base.clone(), base.clone(), other.clone(), base.clone()];
+        let metrics = Metrics::default();
+        let mut e = Engine::new(&m, &tok, &metrics, 4, 2048).unwrap();
+        let mut rxs: Vec<_> = prompts
+            .iter()
+            .map(|p| submit(&mut e, &metrics, p.clone(), greedy(8)))
+            .collect();
+        let mut answers: Vec<Answer> = prompts.iter().map(|_| answer()).collect();
+        let mut cached = vec![None; prompts.len()];
+        while e.busy() {
+            e.step();
+            for (i, rx) in rxs.iter_mut().enumerate() {
+                while let Ok(ev) = rx.try_recv() {
+                    match ev {
+                        Event::Done(f) => {
+                            cached[i] = Some(f.cached_tokens);
+                            answers[i].finish =
+                                Some((f.reason, f.prompt_tokens, f.completion_tokens));
+                        }
+                        Event::Token {
+                            id, text, logprob, ..
+                        } => {
+                            answers[i].text.push_str(&text);
+                            if let (Some(_), Some(l)) = (id, logprob) {
+                                answers[i].logprobs.push((
+                                    l.id,
+                                    l.logprob.to_bits(),
+                                    l.top.iter().map(|&(t, p)| (t, p.to_bits())).collect(),
+                                ));
+                            }
+                        }
+                        Event::Error(e) => panic!("{e:?}"),
+                    }
+                }
+            }
+        }
+        for (p, got) in prompts.iter().zip(&answers) {
+            let alone = run_together(&m, &tok, 1, std::slice::from_ref(p), 8);
+            assert_eq!(got, &alone[0], "len {len}");
+        }
+        let want = [0, len - 1, cut, len - 1];
+        assert_eq!(cached, want.map(Some), "len {len}");
+        let copied = (len - 1) * 2 + cut;
+        assert_eq!(metrics.copied_tokens.load(Relaxed) as usize, copied);
+        // each prompt position computed once
+        let computed = len + 1 + (other.len() - cut) + 1;
+        assert_eq!(
+            metrics.prompt_tokens.load(Relaxed) as usize,
+            computed,
+            "len {len}"
+        );
+    }
+}
+
 #[test]
 fn a_client_that_goes_away_frees_its_slot_within_one_step() {
     let (m, tok) = model();

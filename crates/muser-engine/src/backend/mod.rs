@@ -119,6 +119,10 @@ pub trait Backend: Send + Sync + Sized {
     }
     /// An empty KV cache of these layers, or an error naming the bytes it could not get.
     fn kv_cache(&self, layers: &[KvLayerSpec]) -> Result<Self::Kv>;
+    /// `dst`'s cache entries of positions `0..n` become `src`'s (two caches of the same
+    /// layers): a full layer's first n positions, a sliding layer's whole ring. The caller
+    /// checks that `src` holds what those positions need.
+    fn kv_copy_prefix(&self, src: &Self::Kv, dst: &mut Self::Kv, n: usize);
 
     /// out[t] = embedding row tokens[t] (dequantized).
     fn embed(&self, table: &Self::Weight, tokens: &[u32], out: &mut Self::Buf);

@@ -105,6 +105,30 @@ impl KvLayer {
         (kh * self.spec.slots + self.slot(pos)) * self.spec.head_dim
     }
 
+    /// This layer's positions `0..n` (a ring: all its slots) become `src`'s, a layer of the
+    /// same spec.
+    pub fn copy_prefix(&mut self, src: &KvLayer, n: usize) {
+        assert_eq!(
+            self.spec, src.spec,
+            "KV copy between layers of other shapes"
+        );
+        let (slots, hd) = (self.spec.slots, self.spec.head_dim);
+        let len = if self.spec.is_ring() {
+            slots
+        } else {
+            n.min(slots)
+        };
+        for kh in 0..self.spec.n_head_kv {
+            let at = kh * slots * hd;
+            let r = at..at + len * hd;
+            self.k.get_mut()[r.clone()].copy_from_slice(&src.k.get()[r.clone()]);
+            self.v.get_mut()[r.clone()].copy_from_slice(&src.v.get()[r]);
+        }
+        if !self.spec.is_ring() {
+            self.filled = self.filled.max(len);
+        }
+    }
+
     /// Whether position `pos` can be read: stored (full layers) or in the ring.
     pub fn holds(&self, pos: usize) -> bool {
         self.slot(pos) < self.filled

@@ -367,6 +367,16 @@ impl Backend for CpuBackend {
     fn read(&self, buf: &CpuBuf, out: &mut [f32]) {
         out.copy_from_slice(&buf.data);
     }
+    fn kv_copy_prefix(&self, src: &CpuKv, dst: &mut CpuKv, n: usize) {
+        assert_eq!(
+            src.layers.len(),
+            dst.layers.len(),
+            "KV copy between other models"
+        );
+        for (d, s) in dst.layers.iter_mut().zip(&src.layers) {
+            d.copy_prefix(s, n);
+        }
+    }
     fn copy_rows(&self, src: &CpuBuf, src_row: usize, dst: &mut CpuBuf, dst_row: usize, n: usize) {
         crate::backend::check_copy_rows(
             (src.rows, src.cols),
