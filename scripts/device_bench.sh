@@ -14,6 +14,9 @@
 #
 # JOB=serve: serve_benches alone.
 #
+# JOB=choices: `muser serve` on CUDA checked by scripts/serve_choices_check.py (n choices, a
+# shared prefix copied between slots) on muse-mid and llama-1b.
+#
 # JOB=steptrace: one decode step (1 and 8 streams) kernel by kernel inside its CUDA graph
 # (MUSER_CUDA_STEP_TRACE, crates/muser-cuda/src/steptrace.rs); TRACE_DEPTHS at context depths.
 #
@@ -237,6 +240,25 @@ serve_benches() {
     fi
     return 0
 }
+
+if [ "${JOB:-}" = choices ]; then
+    # `muser serve` on CUDA: a request's n choices each the solo request with its seed, and a
+    # shared long prefix copied between slots' caches (scripts/serve_choices_check.py), on a
+    # model with sliding layers (muse-mid) and one with full layers only (llama-1b).
+    for preset in muse-mid llama-1b; do
+        G=$MODELS/$preset.gguf
+        step "synth-$preset" 120 "$BIN" synth "$preset" "$G"
+        "$BIN" serve -m "$G" --backend cuda --parallel 8 -c 4096 --port 8090 > "$OUT/serve-$preset.log" 2>&1 &
+        pid=$!
+        for i in $(seq 1 150); do curl -sf http://127.0.0.1:8090/health > /dev/null 2>&1 && break; sleep 1; done
+        step "choices-$preset" 240 python3 scripts/serve_choices_check.py --url http://127.0.0.1:8090
+        kill "$pid"
+        wait "$pid" 2> /dev/null
+        echo "$preset: $(tail -1 "$OUT/choices-$preset.log")"
+        grep FAIL "$OUT/choices-$preset.log"
+    done
+    exit 0
+fi
 
 if [ "${JOB:-}" = serve ]; then
     # `muser serve` alone (serve_benches) on a synthesized llama-glimmer.

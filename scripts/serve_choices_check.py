@@ -1,0 +1,117 @@
+"""Checks a running `muser serve` (any backend; the device job runs it on CUDA) for what the
+Python tests check on the CPU: a request's `n` choices are each what the same request alone
+draws with the seed plus i, streamed or not, and requests sharing a long prompt prefix compute it
+once (the others copy it from a slot's cache: `prompt_tokens_copied_total`) and still get what
+they get alone, bit for bit. Standard library only (the device has no `requests`).
+
+    python3 scripts/serve_choices_check.py --url http://127.0.0.1:8090
+
+Prints one line a check and `CHOICES PASS` or `CHOICES FAIL` last; exits 1 on a failure."""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import threading
+import urllib.request
+
+WORDS = ("the of and to in is was for on that with as by at from his her it an were are "
+         "which this be or has had not but also their one first its new after who they two "
+         "time river city house light water stone night garden market music winter road").split()
+
+
+def post(url: str, body: dict) -> dict:
+    req = urllib.request.Request(url + "/v1/completions", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=600) as r:
+        return json.loads(r.read())
+
+
+def stream(url: str, body: dict) -> tuple[list[str], list[str]]:
+    """Each choice's streamed text and finish reason."""
+    req = urllib.request.Request(url + "/v1/completions",
+                                 json.dumps({**body, "stream": True}).encode(),
+                                 {"Content-Type": "application/json"})
+    n = body.get("n", 1)
+    texts, finishes = [""] * n, [""] * n
+    with urllib.request.urlopen(req, timeout=600) as r:
+        for line in r:
+            line = line.decode().strip()
+            if not line.startswith("data: {"):
+                continue
+            for c in json.loads(line[6:]).get("choices", []):
+                texts[c["index"]] += c.get("text", "")
+                finishes[c["index"]] = c.get("finish_reason") or finishes[c["index"]]
+    return texts, finishes
+
+
+def metric(url: str, name: str) -> float:
+    with urllib.request.urlopen(url + "/metrics", timeout=60) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith("muser:" + name + " "):
+                return float(line.split()[1])
+    return float("nan")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--url", default="http://127.0.0.1:8090")
+    ap.add_argument("--rounds", type=int, default=3)
+    a = ap.parse_args()
+    rng = random.Random(7)
+    fails = 0
+
+    def check(what: str, ok: bool, detail: str = "") -> None:
+        nonlocal fails
+        fails += not ok
+        print(f"{'ok  ' if ok else 'FAIL'} {what} {detail}".rstrip(), flush=True)
+
+    for r in range(a.rounds):
+        seed = rng.randrange(1 << 30)
+        n = rng.randrange(2, 6)
+        body = {"prompt": " ".join(rng.choice(WORDS) for _ in range(rng.randrange(3, 40))),
+                "temperature": 1.0, "max_tokens": rng.randrange(8, 48), "n": n, "seed": seed}
+        many = post(a.url, body)
+        solo = [post(a.url, {**body, "n": 1, "seed": seed + i})["choices"][0]
+                for i in range(n)]
+        same = sum(c["text"] == s["text"] and c["finish_reason"] == s["finish_reason"]
+                   for c, s in zip(many["choices"], solo))
+        check(f"round {r}: n={n} choices each the solo request with seed+i", same == n,
+              f"({same} of {n})")
+        texts, finishes = stream(a.url, body)
+        check(f"round {r}: streamed choices", texts == [c["text"] for c in many["choices"]]
+              and finishes == [c["finish_reason"] for c in many["choices"]])
+
+    # A long shared prefix: n greedy choices, and concurrent requests with other tails.
+    long = " ".join(rng.choice(WORDS) for _ in range(700))
+    before = metric(a.url, "prompt_tokens_copied_total")
+    greedy = {"prompt": long, "temperature": 0, "max_tokens": 16}
+    tails = [long + " " + " ".join(rng.choice(WORDS) for _ in range(5)) for _ in range(3)]
+    got: dict[int, str] = {}
+
+    def one(i: int, body: dict) -> None:
+        got[i] = post(a.url, body)["choices"]
+
+    threads = [threading.Thread(target=one, args=(0, {**greedy, "n": 4}))]
+    threads += [threading.Thread(target=one, args=(1 + k, {**greedy, "prompt": t}))
+                for k, t in enumerate(tails)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    copied = metric(a.url, "prompt_tokens_copied_total") - before
+    alone = post(a.url, greedy)["choices"][0]["text"]
+    check("shared prefix: the 4 greedy choices equal the solo answer",
+          [c["text"] for c in got[0]] == [alone] * 4)
+    for k, t in enumerate(tails):
+        want = post(a.url, {**greedy, "prompt": t})["choices"][0]["text"]
+        check(f"shared prefix: request {k} with another tail equals its solo answer",
+              got[1 + k][0]["text"] == want)
+    check("shared prefix: copied, not computed again", copied > 3 * 500, f"({copied:.0f} tokens)")
+    print("CHOICES PASS" if fails == 0 else f"CHOICES FAIL ({fails})", flush=True)
+    return 1 if fails else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
