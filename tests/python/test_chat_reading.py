@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import string
 import subprocess
 from pathlib import Path
 
@@ -516,6 +517,37 @@ def nemotron_v2_output(rng: random.Random, calls: list, text: str) -> str:
     return f"{text}<TOOLCALL>[{items}]</TOOLCALL>"
 
 
+def hermes_output(rng: random.Random, calls: list, text: str) -> str:
+    return text + "\n".join(
+        f"<tool_call>\n{json_layout(rng, {'name': n, 'arguments': a})}\n</tool_call>"
+        for n, a in calls)
+
+
+def listed_output(open_: str, close: str, name: str = "name", args: str = "arguments",
+                  sep: str = ", ", ids: bool = False):
+    """Outputs of a format that writes its calls as a list of objects between `open_` and
+    `close` (`sep` between them, `name` and `args` their keys, then an `id` of 9 letters and
+    digits where `ids`)."""
+    def item(rng: random.Random, n: str, a: dict) -> str:
+        o = {name: n, args: a}
+        if ids:
+            o["id"] = "".join(rng.choices(string.ascii_letters + string.digits, k=9))
+        return json_layout(rng, o)
+
+    def output(rng: random.Random, calls: list, text: str) -> str:
+        return text + open_ + sep.join(item(rng, n, a) for n, a in calls) + close
+    return output
+
+
+def each_output(call, between: str = "", block: tuple[str, str] = ("", "")):
+    """Outputs of a format that writes each call alone (`call(name, arguments as JSON)`),
+    `between` them, the calls between `block`'s tags."""
+    def output(rng: random.Random, calls: list, text: str) -> str:
+        items = between.join(call(n, json_layout(rng, a)) for n, a in calls)
+        return f"{text}{block[0]}{items}{block[1]}"
+    return output
+
+
 def cohere_output(start: str, end: str):
     """Command R7B's and Cohere2MoE's outputs: a reply between the template's reply marks, or
     an action's list of calls."""
@@ -542,7 +574,8 @@ GEMMA4_TOOLS = [
 
 
 class Gemma4Writer:
-    """Random texts in Gemma 4's notation (what scripts/gemma4_oracle/gen_fixture.py wrote)."""
+    """Random texts in Gemma 4's notation (as the fixture tools/testdata/gemma4-llama-cpp.json's
+    `cases` were written)."""
     Q = '<|"|>'
 
     def __init__(self, rng: random.Random):
@@ -634,6 +667,7 @@ KNOWN_JSON_DIFFERENCES = {
     for name in ("google-gemma-4-31B-it.jinja", "google-gemma-4-31B-it-interleaved.jinja")}
 
 
+GEMMA4_TEMPLATES = ("google-gemma-4-31B-it.jinja", "google-gemma-4-31B-it-interleaved.jinja")
 # The templates of the JSON-argument formats with a writer of random outputs (calls and the
 # text before them) each; Gemma 4's outputs are written whole by Gemma4Writer.
 JSON_WRITERS = {
@@ -644,8 +678,43 @@ JSON_WRITERS = {
     "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja":
         cohere_output("<|START_RESPONSE|>", "<|END_RESPONSE|>"),
     "Cohere2MoE.jinja": cohere_output("<|START_TEXT|>", "<|END_TEXT|>"),
+    "Qwen-Qwen2.5-7B-Instruct.jinja": hermes_output,
+    "Qwen-Qwen3-0.6B.jinja": hermes_output,
+    "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja": hermes_output,
+    "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja": hermes_output,
+    "ibm-granite-granite-4.0.jinja": hermes_output,
+    "ibm-granite-granite-4.1.jinja": hermes_output,
+    "mistralai-Mistral-Nemo-Instruct-2407.jinja": listed_output("[TOOL_CALLS][", "]", ids=True),
+    "Mistral-Small-3.2-24B-Instruct-2506.jinja":
+        each_output(lambda n, a: f"[TOOL_CALLS]{n}[CALL_ID]abcDEF123[ARGS]{a}"),
+    "unsloth-mistral-Devstral-Small-2507.jinja":
+        each_output(lambda n, a: f"[TOOL_CALLS]{n}[ARGS]{a}"),
+    "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja": each_output(
+        lambda n, a: f"<｜tool▁call▁begin｜>function<｜tool▁sep｜>{n}\n```json\n{a}\n```"
+                     "<｜tool▁call▁end｜>", "\n", ("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>")),
+    "deepseek-ai-DeepSeek-V3.1.jinja": each_output(
+        lambda n, a: f"<｜tool▁call▁begin｜>{n}<｜tool▁sep｜>{a}<｜tool▁call▁end｜>", "",
+        ("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>")),
+    # (a call is the whole reply)
+    "meta-llama-Llama-3.2-3B-Instruct.jinja":
+        lambda rng, calls, _: listed_output("", "", args="parameters")(rng, calls, ""),
+    "unsloth-Apriel-1.5.jinja": listed_output("<tool_calls>[", "]</tool_calls>"),
+    "Apriel-1.6-15b-Thinker-fixed.jinja": listed_output("<tool_calls>[", "]</tool_calls>"),
+    "fireworks-ai-llama-3-firefunction-v2.jinja": listed_output(" functools[", "]"),
+    "MiniMax-M1.jinja": listed_output("<tool_calls>\n", "\n</tool_calls>", sep=",\n"),
+    "GigaChat3-10B-A1.8B.jinja":
+        listed_output("<|message_sep|>\n\nfunction call<|role_sep|>\n", ""),
+    "GigaChat3.1-10B-A1.8B.jinja": listed_output("<|function_call|>", ""),
+    "meetkai-functionary-medium-v3.1.jinja":
+        each_output(lambda n, a: f"<function={n}>{a}</function>"),
 }
-GEMMA4_TEMPLATES = ("google-gemma-4-31B-it.jinja", "google-gemma-4-31B-it-interleaved.jinja")
+# Templates asked with thinking on (their outputs start after the generation prompt's
+# opening of a reasoning block, if any); the others are asked with it off.
+THINKING_ON = {"Kimi-K2-Instruct.jinja", "Kimi-K2-Thinking.jinja", "moonshotai-Kimi-K2.jinja",
+               *GEMMA4_TEMPLATES}
+# Templates whose replies hold one call at most.
+ONE_CALL = {"meta-llama-Llama-3.2-3B-Instruct.jinja", "GigaChat3-10B-A1.8B.jinja",
+            "GigaChat3.1-10B-A1.8B.jinja"}
 
 
 def json_random_requests(rng: random.Random, path: Path, rounds: int) -> list[dict]:
@@ -656,29 +725,37 @@ def json_random_requests(rng: random.Random, path: Path, rounds: int) -> list[di
             tools, text = GEMMA4_TOOLS, Gemma4Writer(rng).output()
         else:
             tools = JSON_TOOLS
-            calls = [t["function"]["name"] for t in rng.choices(tools, k=rng.randrange(1, 4))]
+            most = 1 if path.name in ONE_CALL else 3
+            calls = [t["function"]["name"] for t in rng.choices(tools, k=rng.randrange(1, most + 1))]
             before = rng.choice(["", "", "Sure. ", random_text(rng) + "\n"])
             text = JSON_WRITERS[path.name](rng, [(n, json_args(rng, n)) for n in calls], before)
         out.append({"template": str(path), "messages": [{"role": "user", "content": "hi"}],
-                    "tools": tools, "tool_choice": "auto", "parallel_tool_calls": True,
-                    "enable_thinking": True, "text": text})
+                    "tools": tools, "tool_choice": "auto",
+                    "parallel_tool_calls": path.name not in ONE_CALL,
+                    "enable_thinking": path.name in THINKING_ON, "text": text})
     return out
 
 
 @pytest.mark.skipif(not TEMPLATES, reason="llama.cpp's source (MUSER_GGML_SRC) is not here")
 def test_json_random_outputs_read_as_llama_cpp_reads_them(llamacpp_chat, muser_chat_read):
-    """Random outputs of the JSON-argument call formats (Kimi K2, Nemotron Nano v2, Command
-    R7B, Cohere2MoE: text before the calls, the calls' JSON in random layouts, with the
-    leniencies llama.cpp's grammars allow) and of Gemma 4's notation (thought channels,
-    strings in <|"|>, keys no schema names) are read by llama.cpp's parser and by Muser's
-    (examples/chat_read.rs) into the same calls, content and reasoning. Outputs llama.cpp
-    refuses to read are not compared. (Formerly scripts/llama_call_readings.py, which had
+    """Random outputs of the JSON-argument call formats (JSON_WRITERS: Kimi K2, Nemotron Nano
+    v2, Command R7B, Cohere2MoE, Hermes, Mistral Nemo and Small 3.2, Devstral, DeepSeek R1
+    and V3.1, Llama 3.2, Apriel, FireFunction v2, MiniMax M1, GigaChat 3 and 3.1, Functionary
+    v3.1: text before the calls, the calls' JSON in random layouts, with the leniencies
+    llama.cpp's grammars allow) and of Gemma 4's notation (thought channels, strings in
+    <|"|>, keys no schema names) are read by llama.cpp's parser and by Muser's
+    (examples/chat_read.rs, whole and streamed) into the same calls, content and reasoning.
+    Outputs llama.cpp refuses to read are not compared; KNOWN_JSON_DIFFERENCES says where
+    llama.cpp's reading is wrong. MUSER_READING_ROUNDS outputs a template (MUSER_READING_SEED,
+    MUSER_READING_TEMPLATES as above). (Formerly scripts/llama_call_readings.py, which had
     llama-server continue each output, and scripts/gemma4_oracle, which recorded llama.cpp's
     readings in the fixture tools/testdata/gemma4-llama-cpp.json.)"""
     rng = random.Random(int(os.environ.get("MUSER_READING_SEED", "2026")))
     rounds = int(os.environ.get("MUSER_READING_ROUNDS", "40"))
     by_name = {p.name: p for p in TEMPLATES}
-    asked = [r for name in [*JSON_WRITERS, *GEMMA4_TEMPLATES] if name in by_name
+    only = [w for w in os.environ.get("MUSER_READING_TEMPLATES", "").split(",") if w]
+    asked = [r for name in [*JSON_WRITERS, *GEMMA4_TEMPLATES]
+             if name in by_name and not (only and not any(w in name for w in only))
              for r in json_random_requests(rng, by_name[name], rounds)]
     theirs = read_by_llamacpp(llamacpp_chat, asked)
     ours = read_by_llamacpp(muser_chat_read, asked)
@@ -700,7 +777,8 @@ def test_json_random_outputs_read_as_llama_cpp_reads_them(llamacpp_chat, muser_c
         else:
             t["differ"] += 1
             differ.append((name, req["text"], want, got))
-    print(tally)
+    for name, t in tally.items():
+        print(f"{name}: {t}")
     for d in differ[:8]:
         print(d[0], repr(d[1]), "\n  llama:", d[2], "\n  muser:", d[3])
     assert not differ, differ[:4]
