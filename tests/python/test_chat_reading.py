@@ -695,9 +695,9 @@ JSON_WRITERS = {
     "deepseek-ai-DeepSeek-V3.1.jinja": each_output(
         lambda n, a: f"<｜tool▁call▁begin｜>{n}<｜tool▁sep｜>{a}<｜tool▁call▁end｜>", "",
         ("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>")),
-    # (a call is the whole reply)
-    "meta-llama-Llama-3.2-3B-Instruct.jinja":
-        lambda rng, calls, _: listed_output("", "", args="parameters")(rng, calls, ""),
+    "meta-llama-Llama-3.1-8B-Instruct.jinja": listed_output("", "", args="parameters"),
+    "meta-llama-Llama-3.2-3B-Instruct.jinja": listed_output("", "", args="parameters"),
+    "meta-llama-Llama-3.3-70B-Instruct.jinja": listed_output("", "", args="parameters"),
     "unsloth-Apriel-1.5.jinja": listed_output("<tool_calls>[", "]</tool_calls>"),
     "Apriel-1.6-15b-Thinker-fixed.jinja": listed_output("<tool_calls>[", "]</tool_calls>"),
     "fireworks-ai-llama-3-firefunction-v2.jinja": listed_output(" functools[", "]"),
@@ -713,7 +713,8 @@ JSON_WRITERS = {
 THINKING_ON = {"Kimi-K2-Instruct.jinja", "Kimi-K2-Thinking.jinja", "moonshotai-Kimi-K2.jinja",
                *GEMMA4_TEMPLATES}
 # Templates whose replies hold one call at most.
-ONE_CALL = {"meta-llama-Llama-3.2-3B-Instruct.jinja", "GigaChat3-10B-A1.8B.jinja",
+ONE_CALL = {"meta-llama-Llama-3.1-8B-Instruct.jinja", "meta-llama-Llama-3.2-3B-Instruct.jinja",
+            "meta-llama-Llama-3.3-70B-Instruct.jinja", "GigaChat3-10B-A1.8B.jinja",
             "GigaChat3.1-10B-A1.8B.jinja"}
 
 
@@ -740,7 +741,7 @@ def json_random_requests(rng: random.Random, path: Path, rounds: int) -> list[di
 def test_json_random_outputs_read_as_llama_cpp_reads_them(llamacpp_chat, muser_chat_read):
     """Random outputs of the JSON-argument call formats (JSON_WRITERS: Kimi K2, Nemotron Nano
     v2, Command R7B, Cohere2MoE, Hermes, Mistral Nemo and Small 3.2, Devstral, DeepSeek R1
-    and V3.1, Llama 3.2, Apriel, FireFunction v2, MiniMax M1, GigaChat 3 and 3.1, Functionary
+    and V3.1, Llama 3.x, Apriel, FireFunction v2, MiniMax M1, GigaChat 3 and 3.1, Functionary
     v3.1: text before the calls, the calls' JSON in random layouts, with the leniencies
     llama.cpp's grammars allow) and of Gemma 4's notation (thought channels, strings in
     <|"|>, keys no schema names) are read by llama.cpp's parser and by Muser's
