@@ -491,7 +491,27 @@ def json_args(rng: random.Random, name: str) -> dict:
     if rng.random() < 0.5:
         a["detail"] = {"hourly": rng.random() < 0.5,
                        "tags": [random_text(rng) for _ in range(rng.randrange(3))]}
+    if rng.random() < 0.3:
+        a["extra"] = json_value(rng)
     return a
+
+
+def json_value(rng: random.Random, depth: int = 0):
+    """A random JSON value of any type (numbers with fractions and exponents, integers of up
+    to 64 bits: Muser reads larger ones as serde_json does, as the nearest double, where
+    llama.cpp passes their text through)."""
+    r = rng.random() * (0.7 if depth > 2 else 1)
+    if r < 0.2:
+        return random_text(rng)
+    if r < 0.3:
+        return rng.choice([None, True, False])
+    if r < 0.4:
+        return rng.randrange(-min(10**rng.randrange(1, 20), 2**63), 10**rng.randrange(1, 20))
+    if r < 0.55:
+        return rng.choice([-1, 1]) * rng.random() * 10**rng.randrange(-8, 12)
+    if r < 0.7:
+        return [json_value(rng, depth + 1) for _ in range(rng.randrange(4))]
+    return {random_text(rng): json_value(rng, depth + 1) for _ in range(rng.randrange(4))}
 
 
 def json_layout(rng: random.Random, v) -> str:
@@ -719,9 +739,14 @@ ONE_CALL = {"meta-llama-Llama-3.1-8B-Instruct.jinja", "meta-llama-Llama-3.2-3B-I
 
 
 def json_random_requests(rng: random.Random, path: Path, rounds: int) -> list[dict]:
-    """`rounds` chat requests of the template with a random output each to read."""
+    """`rounds` chat requests of the template with a random output each to read. A reasoning
+    template's are asked with thinking on half the time, the output then starting with a
+    closed reasoning block (its opening tag written or left to the prompt)."""
+    tags = reasoning_tags_of(path.read_text()) if path.name in reasoning_family_templates() \
+        else None
     out = []
     for _ in range(rounds):
+        thinking = path.name in THINKING_ON
         if path.name in GEMMA4_TEMPLATES:
             tools, text = GEMMA4_TOOLS, Gemma4Writer(rng).output()
         else:
@@ -730,10 +755,14 @@ def json_random_requests(rng: random.Random, path: Path, rounds: int) -> list[di
             calls = [t["function"]["name"] for t in rng.choices(tools, k=rng.randrange(1, most + 1))]
             before = rng.choice(["", "", "Sure. ", random_text(rng) + "\n"])
             text = JSON_WRITERS[path.name](rng, [(n, json_args(rng, n)) for n in calls], before)
+            if tags and rng.random() < 0.5:
+                thinking = True
+                text = (rng.choice(["", tags[0]]) + random_text(rng) + tags[1]
+                        + rng.choice(["", "\n", "\n\n"]) + text)
         out.append({"template": str(path), "messages": [{"role": "user", "content": "hi"}],
                     "tools": tools, "tool_choice": "auto",
                     "parallel_tool_calls": path.name not in ONE_CALL,
-                    "enable_thinking": path.name in THINKING_ON, "text": text})
+                    "enable_thinking": thinking, "text": text})
     return out
 
 
