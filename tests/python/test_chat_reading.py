@@ -749,6 +749,7 @@ def json_random_requests(rng: random.Random, path: Path, rounds: int) -> list[di
         thinking = path.name in THINKING_ON
         if path.name in GEMMA4_TEMPLATES:
             tools, text = GEMMA4_TOOLS, Gemma4Writer(rng).output()
+            calls = [None] * text.count("<|tool_call>")
         else:
             tools = JSON_TOOLS
             most = 1 if path.name in ONE_CALL else 3
@@ -759,10 +760,15 @@ def json_random_requests(rng: random.Random, path: Path, rounds: int) -> list[di
                 thinking = True
                 text = (rng.choice(["", tags[0]]) + random_text(rng) + tags[1]
                         + rng.choice(["", "\n", "\n\n"]) + text)
+        # parallel calls asked for where there are several (llama.cpp's readers take one
+        # call without, or refuse more), and at random where there is one; calls required at
+        # times (Gemma 4's outputs, mostly text or unfinished calls, under auto)
+        parallel = path.name not in ONE_CALL and (len(calls) > 1 or rng.random() < 0.5)
+        required = path.name not in GEMMA4_TEMPLATES and rng.random() < 0.3
         out.append({"template": str(path), "messages": [{"role": "user", "content": "hi"}],
-                    "tools": tools, "tool_choice": "auto",
-                    "parallel_tool_calls": path.name not in ONE_CALL,
-                    "enable_thinking": thinking, "text": text})
+                    "tools": tools, "tool_choice": "required" if required else "auto",
+                    "parallel_tool_calls": parallel, "enable_thinking": thinking,
+                    "text": text})
     return out
 
 
