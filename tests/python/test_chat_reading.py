@@ -585,7 +585,8 @@ def cohere_output(start: str, end: str):
 # no schema asks for, thought channels before and between the replies.
 GEMMA4_TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}},
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}},
     {"type": "function", "function": {"name": "add", "parameters": {
         "type": "object", "properties": {"a": {"type": "number"}}}}},
     {"type": "function", "function": {"name": "ping"}},
@@ -616,7 +617,8 @@ class Gemma4Writer:
 
     def number(self) -> str:
         rng = self.rng
-        s = rng.choice(["", "-"]) + rng.choice(["0", str(rng.randrange(1, 10**rng.randrange(1, 8)))])
+        s = rng.choice(["", "-"]) + rng.choice(
+            ["0", str(rng.randrange(1, 10**rng.randrange(1, 8)))])
         if rng.random() < 0.3:
             s += "." + str(rng.randrange(0, 1000)).zfill(rng.randrange(1, 4))
         if rng.random() < 0.15:
@@ -688,6 +690,7 @@ KNOWN_JSON_DIFFERENCES = {
 
 
 GEMMA4_TEMPLATES = ("google-gemma-4-31B-it.jinja", "google-gemma-4-31B-it-interleaved.jinja")
+DEEPSEEK_CALLS = ("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>")
 # The templates of the JSON-argument formats with a writer of random outputs (calls and the
 # text before them) each; Gemma 4's outputs are written whole by Gemma4Writer.
 JSON_WRITERS = {
@@ -711,10 +714,10 @@ JSON_WRITERS = {
         each_output(lambda n, a: f"[TOOL_CALLS]{n}[ARGS]{a}"),
     "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja": each_output(
         lambda n, a: f"<｜tool▁call▁begin｜>function<｜tool▁sep｜>{n}\n```json\n{a}\n```"
-                     "<｜tool▁call▁end｜>", "\n", ("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>")),
+                     "<｜tool▁call▁end｜>", "\n", DEEPSEEK_CALLS),
     "deepseek-ai-DeepSeek-V3.1.jinja": each_output(
         lambda n, a: f"<｜tool▁call▁begin｜>{n}<｜tool▁sep｜>{a}<｜tool▁call▁end｜>", "",
-        ("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>")),
+        DEEPSEEK_CALLS),
     "meta-llama-Llama-3.1-8B-Instruct.jinja": listed_output("", "", args="parameters"),
     "meta-llama-Llama-3.2-3B-Instruct.jinja": listed_output("", "", args="parameters"),
     "meta-llama-Llama-3.3-70B-Instruct.jinja": listed_output("", "", args="parameters"),
@@ -728,8 +731,9 @@ JSON_WRITERS = {
     "meetkai-functionary-medium-v3.1.jinja":
         each_output(lambda n, a: f"<function={n}>{a}</function>"),
 }
-# Templates asked with thinking on (their outputs start after the generation prompt's
-# opening of a reasoning block, if any); the others are asked with it off.
+# Templates always asked with thinking on (their outputs start after the generation prompt's
+# opening of a reasoning block, if any); the other reasoning templates half the time, with a
+# reasoning block then (`json_random_requests`), the rest with thinking off.
 THINKING_ON = {"Kimi-K2-Instruct.jinja", "Kimi-K2-Thinking.jinja", "moonshotai-Kimi-K2.jinja",
                *GEMMA4_TEMPLATES}
 # Templates whose replies hold one call at most.
@@ -753,7 +757,8 @@ def json_random_requests(rng: random.Random, path: Path, rounds: int) -> list[di
         else:
             tools = JSON_TOOLS
             most = 1 if path.name in ONE_CALL else 3
-            calls = [t["function"]["name"] for t in rng.choices(tools, k=rng.randrange(1, most + 1))]
+            calls = [t["function"]["name"]
+                     for t in rng.choices(tools, k=rng.randrange(1, most + 1))]
             before = rng.choice(["", "", "Sure. ", random_text(rng) + "\n"])
             text = JSON_WRITERS[path.name](rng, [(n, json_args(rng, n)) for n in calls], before)
             if tags and rng.random() < 0.5:
