@@ -523,9 +523,10 @@ def json_layout(rng: random.Random, v) -> str:
 
 def kimi_k2_output(rng: random.Random, calls: list, text: str) -> str:
     """Kimi K2's section of calls, the section's and calls' ends left out at times (llama.cpp's
-    grammar lets the model leave them out)."""
+    grammar lets the model leave them out), the calls' numbers in order or not."""
     body = "".join(
-        f"<|tool_call_begin|>functions.{n}:{i}<|tool_call_argument_begin|>{json_layout(rng, a)}"
+        f"<|tool_call_begin|>functions.{n}:{rng.choice([i, rng.randrange(100)])}"
+        f"<|tool_call_argument_begin|>{json_layout(rng, a)}"
         + ("<|tool_call_end|>" if rng.random() < 0.85 else "") for i, (n, a) in enumerate(calls))
     begin = "<|tool_calls_section_begin|>" if rng.random() < 0.8 else ""
     end = "<|tool_calls_section_end|>" if rng.random() < 0.8 else ""
