@@ -1456,8 +1456,10 @@ mod tests {
     }
 
     /// Outputs llama.cpp's own parser read (random texts, llama.cpp's reading of each recorded
-    /// by `scripts/gemma4_oracle`): Muser reads the same calls (names, arguments as JSON
-    /// values), reasoning and content (up to the whitespace around it, which Muser trims).
+    /// in the fixture, so that this runs without llama.cpp; the live comparison on fresh
+    /// random texts is `test_json_random_outputs_read_as_llama_cpp_reads_them` in
+    /// tests/python/test_chat_reading.py): Muser reads the same calls (names, arguments as
+    /// JSON values), reasoning and content (up to the whitespace around it, which Muser trims).
     #[test]
     fn outputs_read_as_llama_cpp_reads_them() {
         let fixture: Value =

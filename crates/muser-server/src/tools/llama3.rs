@@ -1,6 +1,9 @@
 //! The Llama 3.x format (Llama 3.1, 3.2, 3.3): a call is the whole reply, the JSON object
 //! `{"name": NAME, "parameters": {...}}`, which the model ends with `<|eom_id|>` or
 //! `<|eot_id|>` (end tokens, where the engine stops). The chat template shows the tools itself.
+//! Text before the object is read as llama.cpp reads it: the content up to the reply's first
+//! `{`, and a call if the object from there is one and ends the reply (the grammar writes
+//! the object alone).
 //!
 //! The templates take one call per assistant message, so a reply holds one call even when
 //! `parallel_tool_calls` asks for more.
@@ -22,8 +25,9 @@
 //! before the tag (content); nothing but whitespace after the call. The grammar takes each
 //! form, besides the JSON call, and under `auto` also starts at the tag.
 //!
-//! Streaming begins the call once the reply (or the text after the tag) is an object whose
-//! `name` is whole and whose keys so far are a call's; its arguments grow as they are written.
+//! Streaming begins the call once the reply from its first `{` (or the text after the tag)
+//! is an object whose `name` is whole and whose keys so far are a call's; its arguments grow
+//! as they are written.
 //! A built-in call begins once `NAME.call(` is whole (its arguments grow member by member, as
 //! JSON's), and raw code once the text after the tag cannot become a `NAME.call(` of an
 //! offered built-in or a JSON call (the code grows as written, its trailing whitespace held
@@ -223,17 +227,27 @@ fn read_reply(text: &str) -> Option<ToolCall> {
     }
 }
 
-/// A reply that is one call object gives the call and no content; where the template has
-/// built-in tools (`builtin`), a call after `<|python_tag|>` (`Builtins::read`) gives the call
-/// and the text before the tag as content; any other reply is content (its trailing whitespace
-/// trimmed).
+/// A reply's text before its first `{` and the rest. llama.cpp reads a call after text: the
+/// content up to the first `{`, then one call object to the reply's end.
+fn split_reply(text: &str) -> (&str, &str) {
+    text.split_at(text.find('{').unwrap_or(text.len()))
+}
+
+/// A reply that is one call object gives the call and no content; one whose text before its
+/// first `{` is followed by a call object to the end gives the call and that text as content
+/// (as llama.cpp reads it). Where the template has built-in tools (`builtin`), a call after
+/// `<|python_tag|>` (`Builtins::read`) gives the call and the text before the tag as content;
+/// any other reply is content (its trailing whitespace trimmed).
 pub(super) fn parse(text: &str, req: Option<&ToolRequest>, builtin: bool) -> Parsed {
     if !calls_wanted(req) {
         return verbatim(text);
     }
-    if let Some(call) = read_reply(text).filter(|c| offered(req, &c.name)) {
+    let (before, rest) = split_reply(text);
+    let json_call = read_reply(rest).filter(|c| offered(req, &c.name));
+    // (a call after the built-ins' tag is theirs)
+    if let Some(call) = json_call.filter(|_| !before.contains(PYTHON_TAG)) {
         return Parsed {
-            content: String::new(),
+            content: before.trim_end().to_string(),
             reasoning: None,
             tool_calls: vec![call],
         };
@@ -331,8 +345,9 @@ fn begun(text: &str) -> Option<ToolCall> {
     begun_call(&Json::Open(Open::Obj(fit)), args_key, None)
 }
 
-/// Nothing while the reply may still be a call, else the reply so far less its trailing
-/// whitespace; the call once begun (`begun`), if its tool is offered. Where the template has
+/// The text before the reply's first `{` while the rest may still be a call, else the reply
+/// so far, less their trailing whitespace; the call once begun (`begun`), if its tool is
+/// offered. Where the template has
 /// built-in tools and the JSON call's name was not whole before the first `<|python_tag|>`,
 /// the built-in call after the tag instead (`parse_blocks_partial`), the content before the
 /// tag (less a tail that may begin the tag) held while the reply may still be a JSON call.
@@ -344,8 +359,10 @@ pub(super) fn parse_partial(text: &str, req: Option<&ToolRequest>, builtin: bool
     let builtins = Builtins::offered(req, builtin).filter(|_| {
         // the JSON call is the reply's when its name was whole before the tag
         let before_tag = text.find(PYTHON_TAG).map_or(text, |i| &text[..i]);
-        json_call(before_tag).is_none()
+        json_call(split_reply(before_tag).1).is_none()
     });
+    // the text before the first `{` is content; from the `{` on, the reply may be a call
+    let (before, rest) = split_reply(text);
     if let Some(b) = builtins {
         // (a reply holds one call: nothing to read on from)
         let mut fresh = Blocks::default();
@@ -358,18 +375,16 @@ pub(super) fn parse_partial(text: &str, req: Option<&ToolRequest>, builtin: bool
         );
         if may_be_call(text) {
             p.content.clear();
+        } else if !rest.is_empty() && !text.contains(PYTHON_TAG) && may_be_call(rest) {
+            p.content = before.trim_end().to_string();
         }
         return p;
     }
-    let content = if may_be_call(text) {
-        String::new()
-    } else {
-        text.trim_end().to_string()
-    };
+    let content = if may_be_call(rest) { before } else { text };
     Parsed {
-        content,
+        content: content.trim_end().to_string(),
         reasoning: None,
-        tool_calls: json_call(text).into_iter().collect(),
+        tool_calls: json_call(rest).into_iter().collect(),
     }
 }
 
@@ -708,12 +723,15 @@ mod tests {
                         // text from its `{` on
                         let reply = format!(" \n{text}");
                         assert_eq!(triggered(&p, &reply), Some(text.as_str()));
-                        // text before the object: no trigger, and no call
+                        // text before the object: no trigger, but the call is read after
+                        // the text (as llama.cpp reads it)
                         let late = format!("Sure: {text}");
                         assert_eq!(triggered(&p, &late), None);
                         let parsed = L3.parse(&late, Some(&r));
-                        assert_eq!(parsed.content, late);
-                        assert!(parsed.tool_calls.is_empty());
+                        assert_eq!(parsed.content, "Sure:");
+                        assert_eq!(parsed.tool_calls.len(), 1);
+                        assert_call(&parsed.tool_calls[0], &t.name, &a, None);
+                        check_stream_calls(L3, &late, &r);
                     }
                     // nothing may follow the object, not even a second call
                     assert!(!g.accepts_str(&format!("{text}\nMore")));
@@ -850,9 +868,26 @@ mod tests {
                 r#"{"name": "f", "parameters": {"#,
                 vec![],
             ),
+            // text before the call is content, as llama.cpp reads it: up to the first `{`,
+            // the call from there to the end
             (
                 "Sure: {\"name\": \"f\", \"parameters\": {}}",
-                "Sure: {\"name\": \"f\", \"parameters\": {}}",
+                "Sure:",
+                call("f", "{}"),
+            ),
+            (
+                "Sure } \n{\"type\": \"function\", \"name\": \"f\", \"parameters\": {}}\n",
+                "Sure }",
+                call("f", "{}"),
+            ),
+            (
+                "a {b} {\"name\": \"f\", \"parameters\": {}}",
+                "a {b} {\"name\": \"f\", \"parameters\": {}}",
+                vec![],
+            ),
+            (
+                "Sure: {\"name\": \"f\", \"parameters\": {}} done",
+                "Sure: {\"name\": \"f\", \"parameters\": {}} done",
                 vec![],
             ),
             (
@@ -889,7 +924,10 @@ mod tests {
             ("{\"a\": 1} ", "{\"a\": 1}"),
             ("{1", "{1"),
             ("{}", "{}"),
-            ("Hi {\"name\"", "Hi {\"name\""),
+            ("Hi {\"name\"", "Hi"),
+            ("Hi \n{\"na", "Hi"),
+            ("Hi {\"a\"", "Hi {\"a\""),
+            ("Hi {b} {\"name\"", "Hi {b} {\"name\""),
             ("Hi\n\n", "Hi"),
         ] {
             let p = L3.parse_partial(t, Some(&r));
@@ -907,6 +945,10 @@ mod tests {
                 call("f", r#"{"a":"#),
             ),
             (open, call("f", r#"{"a":[1,"Pé"#)),
+            (
+                r#"Sure: {"name": "f", "parameters": {"a": 1"#,
+                call("f", r#"{"a":"#),
+            ),
             (
                 "\n{\"arguments\": {\"a\": 1}, \"name\": \"f\"",
                 call("f", r#"{"a":1}"#),
@@ -1785,8 +1827,12 @@ mod tests {
             }
             // Llama 3.2's template (no tag) takes none of it
             assert!(!grammar(&L3.plan(&r).unwrap().unwrap()).accepts_str(&text));
-            for before in ["", "Let me check.\n"] {
-                let reply = format!("{before}{text}\n");
+            // after the tag, and without it after text (as llama.cpp reads it)
+            let replies = ["", "Let me check.\n"]
+                .map(|before| (before, format!("{before}{text}\n")))
+                .into_iter()
+                .chain(["Sure } ", "Let me check.\n"].map(|b| (b, format!("{b}{json_call}\n"))));
+            for (before, reply) in replies {
                 let parsed = L31.parse(&reply, Some(&r));
                 assert_eq!(parsed.content, before.trim_end(), "{reply}");
                 assert_eq!(parsed.tool_calls.len(), 1, "{reply}");
