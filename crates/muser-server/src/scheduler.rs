@@ -402,6 +402,10 @@ impl<'m, B: Backend> Engine<'m, B> {
     fn assign(&mut self) {
         let same = self.model.backend().prefill_matches_decode();
         loop {
+            // (no idle slot: nothing to look for in the queue)
+            if self.slots.iter().all(|s| s.task.is_some()) {
+                return;
+            }
             let Some(k) =
                 (0..self.queue.len()).find(|&k| !self.awaits_prefix(&self.queue[k].prompt, same))
             else {
