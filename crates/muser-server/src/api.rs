@@ -193,7 +193,12 @@ pub fn parse_choices(f: &Fields, parallel: usize) -> Result<usize, ApiError> {
 /// `seed`: llama-server's rule, the seed plus `i` where the request gave one, else `random`, a
 /// seed of its own.
 pub fn choice_seed(f: &Fields, seed: u64, i: usize, random: impl FnOnce() -> u64) -> u64 {
-    let given = matches!(f.get("seed"), Some(v) if v.as_i64().is_some_and(|s| s != -1));
+    // (read as `parse_generation` reads it: a whole float counts)
+    let given = f
+        .integer("seed", i64::MIN, i64::MAX)
+        .ok()
+        .flatten()
+        .is_some_and(|s| s != -1);
     match (i, given) {
         (0, _) => seed,
         (_, true) => seed.wrapping_add(i as u64),
@@ -705,11 +710,12 @@ mod tests {
                 assert_eq!(e.status, 400, "{body}");
                 assert_eq!(e.param.as_deref(), Some(key), "{body}");
             }
-            let seed = rng.next() >> 1;
+            let seed = rng.next() >> 34; // (30 bits: exact as a float too)
             let i = rng.below(8);
             let fresh = rng.next();
             for (req, want) in [
                 (json!({"seed": seed}), seed.wrapping_add(i as u64)),
+                (json!({"seed": seed as f64}), seed.wrapping_add(i as u64)),
                 (json!({"seed": -1}), if i == 0 { seed } else { fresh }),
                 (json!({}), if i == 0 { seed } else { fresh }),
             ] {
