@@ -1807,7 +1807,9 @@ fn moved_columns(
 /// and 32 (the wide groups' `mmw_*` tiles, whose activations the producers lay out) with
 /// each step replayed from a recorded graph; every step's logits must have the bits of the
 /// request's first solo run (each request is fed its solo run's tokens), and the GPU's argmax
-/// (`decode_greedy`) must pick the token the host picks from those logits.
+/// (`decode_greedy`) must pick the token the host picks from those logits. A prompt on a prefix
+/// copied from another session (`Session::copy_prefix_from`) must give the bits of the prompt
+/// computed whole.
 fn check_invariance(
     rows: &mut Vec<Row>,
     path: &PathBuf,
@@ -1879,6 +1881,69 @@ fn check_invariance(
         r.op,
         r.shape,
         n_req * steps
+    )?;
+    rows.push(r);
+    // A prompt prefix copied from another session (`copy_prefix_from`, serve's shared
+    // prefixes and `n` choices), the source having prefilled a longer prompt and decoded on:
+    // the rest of the prompt prefilled and one step decoded must give the bits of the prompt
+    // computed whole.
+    let mut copies_differ = 0;
+    for (i, p) in prompts
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| p.len() >= 2)
+        .take(12)
+    {
+        let mut whole = Session::new(&m, n_ctx)?;
+        let first = whole
+            .prefill(p)?
+            .iter()
+            .map(|v| v.to_bits())
+            .collect::<Vec<_>>();
+        let next = whole
+            .decode(fed[i][0])?
+            .iter()
+            .map(|v| v.to_bits())
+            .collect::<Vec<_>>();
+        let cut = 1 + (i * 29) % (p.len() - 1);
+        let mut longer = p[..cut].to_vec();
+        longer.extend((0..1 + i % 40).map(|_| rng.below(nv as u32)));
+        let mut src = Session::new(&m, n_ctx)?;
+        let t = argmax(src.prefill(&longer)?) as u32;
+        src.decode(t)?;
+        let mut dst = Session::new(&m, n_ctx)?;
+        dst.prefill(&prompts[(i + 1) % n_req])?;
+        if !dst.copy_prefix_from(&src, cut) {
+            copies_differ += 1;
+            continue;
+        }
+        let got = dst
+            .prefill(&p[cut..])?
+            .iter()
+            .map(|v| v.to_bits())
+            .collect::<Vec<_>>();
+        let got_next = dst
+            .decode(fed[i][0])?
+            .iter()
+            .map(|v| v.to_bits())
+            .collect::<Vec<_>>();
+        copies_differ += usize::from(got != first || got_next != next);
+    }
+    let r = Row {
+        op: "kv_copy_prefix".into(),
+        shape: format!("{name} copied prefixes"),
+        nmse: if copies_differ == 0 {
+            0.0
+        } else {
+            f64::INFINITY
+        },
+        threshold: 0.0,
+    };
+    outln!(
+        "{:<5} {:<22} {:<34} {copies_differ} of 12 prompts on a copied prefix differ from the prompt computed whole",
+        if r.pass() { "ok" } else { "FAIL" },
+        r.op,
+        r.shape,
     )?;
     rows.push(r);
     // Prompts sharing prefill passes (`prefill_runs`, serve's prefill), each shorter than
