@@ -248,6 +248,9 @@ if [ "${JOB:-}" = choices ]; then
     for preset in muse-mid llama-1b; do
         G=$MODELS/$preset.gguf
         step "synth-$preset" 120 "$BIN" synth "$preset" "$G"
+        # batch invariance and the copied prefixes (`kv_copy_prefix`) on this model, bit for bit
+        step "invariance-$preset" 200 "$BIN" check --backend cuda --no-ops --invariance "$G"
+        grep -hE "^FAIL|kv_copy_prefix|decode_greedy" "$OUT/invariance-$preset.log"
         "$BIN" serve -m "$G" --backend cuda --parallel 8 -c 4096 --port 8090 > "$OUT/serve-$preset.log" 2>&1 &
         pid=$!
         for i in $(seq 1 150); do curl -sf http://127.0.0.1:8090/health > /dev/null 2>&1 && break; sleep 1; done
