@@ -78,8 +78,8 @@ impl Ticket {
         Ticket::admit_many(total, limit, 1).map(|mut t| t.remove(0))
     }
 
-    /// `k` tickets at once if fewer than `limit - k` are out, else None (the total is left
-    /// as it was): the choices of one request are admitted together or not at all.
+    /// `k` tickets at once if the total stays within `limit` with them, else None (the total
+    /// is left as it was): the choices of one request are admitted together or not at all.
     pub fn admit_many(total: &Arc<AtomicUsize>, limit: usize, k: usize) -> Option<Vec<Ticket>> {
         total
             .fetch_update(Relaxed, Relaxed, |n| (n + k <= limit).then_some(n + k))
