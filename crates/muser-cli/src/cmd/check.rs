@@ -1802,6 +1802,31 @@ fn moved_columns(
     p.read_gpu(&y)[PRE * rows..].to_vec()
 }
 
+/// A whole-model check whose cases must agree bit for bit, `differ` of them not: its row in
+/// `rows` and its line ("ok"/"FAIL", op, shape, `differ` and `what`).
+fn count_row(
+    rows: &mut Vec<Row>,
+    op: &str,
+    shape: String,
+    differ: usize,
+    what: &str,
+) -> std::io::Result<()> {
+    let r = Row {
+        op: op.into(),
+        shape,
+        nmse: if differ == 0 { 0.0 } else { f64::INFINITY },
+        threshold: 0.0,
+    };
+    outln!(
+        "{:<5} {:<22} {:<34} {differ} {what}",
+        if r.pass() { "ok" } else { "FAIL" },
+        r.op,
+        r.shape
+    )?;
+    rows.push(r);
+    Ok(())
+}
+
 /// Batch invariance of a whole model on CUDA: 32 greedy requests (prompts of 1 to ~150 tokens)
 /// decoded alone op by op (no graphs), then alone again and in decode groups of 2, 8, 16, 24
 /// and 32 (the wide groups' `mmw_*` tiles, whose activations the producers lay out) with
@@ -1865,29 +1890,22 @@ fn check_invariance(
             }
         }
     }
-    let r = Row {
-        op: "decode_greedy".into(),
-        shape: format!("{name} GPU argmax"),
-        nmse: if argmax_differ == 0 {
-            0.0
-        } else {
-            f64::INFINITY
-        },
-        threshold: 0.0,
-    };
-    outln!(
-        "{:<5} {:<22} {:<34} {argmax_differ} of {} steps pick another token than the host",
-        if r.pass() { "ok" } else { "FAIL" },
-        r.op,
-        r.shape,
-        n_req * steps
+    count_row(
+        rows,
+        "decode_greedy",
+        format!("{name} GPU argmax"),
+        argmax_differ,
+        &format!(
+            "of {} steps pick another token than the host",
+            n_req * steps
+        ),
     )?;
-    rows.push(r);
     // A prompt prefix copied from another session (`copy_prefix_from`, serve's shared
     // prefixes and `n` choices), the source having prefilled a longer prompt and decoded on:
     // the rest of the prompt prefilled and one step decoded must give the bits of the prompt
     // computed whole.
     let mut copies_differ = 0;
+    let bits = |l: &[f32]| l.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
     for (i, p) in prompts
         .iter()
         .enumerate()
@@ -1895,16 +1913,8 @@ fn check_invariance(
         .take(12)
     {
         let mut whole = Session::new(&m, n_ctx)?;
-        let first = whole
-            .prefill(p)?
-            .iter()
-            .map(|v| v.to_bits())
-            .collect::<Vec<_>>();
-        let next = whole
-            .decode(fed[i][0])?
-            .iter()
-            .map(|v| v.to_bits())
-            .collect::<Vec<_>>();
+        let first = bits(whole.prefill(p)?);
+        let next = bits(whole.decode(fed[i][0])?);
         let cut = 1 + (i * 29) % (p.len() - 1);
         let mut longer = p[..cut].to_vec();
         longer.extend((0..1 + i % 40).map(|_| rng.below(nv as u32)));
@@ -1917,35 +1927,17 @@ fn check_invariance(
             copies_differ += 1;
             continue;
         }
-        let got = dst
-            .prefill(&p[cut..])?
-            .iter()
-            .map(|v| v.to_bits())
-            .collect::<Vec<_>>();
-        let got_next = dst
-            .decode(fed[i][0])?
-            .iter()
-            .map(|v| v.to_bits())
-            .collect::<Vec<_>>();
+        let got = bits(dst.prefill(&p[cut..])?);
+        let got_next = bits(dst.decode(fed[i][0])?);
         copies_differ += usize::from(got != first || got_next != next);
     }
-    let r = Row {
-        op: "kv_copy_prefix".into(),
-        shape: format!("{name} copied prefixes"),
-        nmse: if copies_differ == 0 {
-            0.0
-        } else {
-            f64::INFINITY
-        },
-        threshold: 0.0,
-    };
-    outln!(
-        "{:<5} {:<22} {:<34} {copies_differ} of 12 prompts on a copied prefix differ from the prompt computed whole",
-        if r.pass() { "ok" } else { "FAIL" },
-        r.op,
-        r.shape,
+    count_row(
+        rows,
+        "kv_copy_prefix",
+        format!("{name} copied prefixes"),
+        copies_differ,
+        "of 12 prompts on a copied prefix differ from the prompt computed whole",
     )?;
-    rows.push(r);
     // Prompts sharing prefill passes (`prefill_runs`, serve's prefill), each shorter than
     // `exact_prefill_rows`: the logits of each prompt's own prefill and of the decode after it.
     let short: Vec<Vec<u32>> = (0..n_req)
@@ -2017,19 +2009,16 @@ fn check_invariance(
             runs_differ += usize::from(!(same(&x.0, &y.0) && same(&x.1, &y.1)));
         }
     }
-    let r = Row {
-        op: "prefill_runs".into(),
-        shape: format!("{name} 8 prompts a pass"),
-        nmse: if runs_differ == 0 { 0.0 } else { f64::INFINITY },
-        threshold: 0.0,
-    };
-    outln!(
-        "{:<5} {:<22} {:<34} {runs_differ} of {runs_checked} prompts differ from their own prefill or another cut (logits or the next decode)",
-        if r.pass() { "ok" } else { "FAIL" },
-        r.op,
-        r.shape,
+    count_row(
+        rows,
+        "prefill_runs",
+        format!("{name} 8 prompts a pass"),
+        runs_differ,
+        &format!(
+            "of {runs_checked} prompts differ from their own prefill or another cut (logits or \
+             the next decode)"
+        ),
     )?;
-    rows.push(r);
     let mut summary = Vec::new();
     for size in [1usize, 2, 8, 16, 24, 32] {
         let mut sessions = prompts

@@ -593,15 +593,20 @@ pub(super) fn push_compact(out: &mut String, v: &Value, memo: Option<&Memo>) {
                 if i > 0 {
                     out.push(',');
                 }
-                out.push('"');
-                push_str_text(out, k);
-                out.push_str("\":");
+                push_key(out, k);
                 push_compact(out, item, memo);
             }
             out.push('}');
         }
         other => out.push_str(&other.to_string()),
     }
+}
+
+/// Appends an object member's key and colon, `"k":`.
+pub(super) fn push_key(out: &mut String, k: &str) {
+    out.push('"');
+    push_str_text(out, k);
+    out.push_str("\":");
 }
 
 /// `push_str_text` of `t`, the part of it that `memo` remembers copied.
@@ -684,9 +689,7 @@ impl Json {
                     if i > 0 {
                         out.push(',');
                     }
-                    out.push('"');
-                    push_str_text(out, k);
-                    out.push_str("\":");
+                    push_key(out, k);
                     v.stable_into(out, memo);
                 }
             }

@@ -13,7 +13,7 @@ use std::collections::HashSet;
 
 use serde_json::{Map, Value};
 
-use super::partial::{push_compact, push_str_text, Memo};
+use super::partial::{push_compact, push_key, Memo};
 use super::{Tool, ToolRequest, WS_BODY};
 use muser_jsonschema::gbnf_literal as literal;
 
@@ -699,9 +699,7 @@ impl<'r> StreamedArgs<'r> {
             self.text.push(',');
         }
         self.keys.insert(key.to_string());
-        self.text.push('"');
-        push_str_text(&mut self.text, key);
-        self.text.push_str("\":");
+        push_key(&mut self.text, key);
     }
 
     /// A parameter (a new name) whose raw text is final.
