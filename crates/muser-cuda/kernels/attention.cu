@@ -4,22 +4,20 @@
 // Cache layout per layer: K and V are [slots][n_kv * D] f16. A sliding layer keeps a ring
 // (position p in slot p % slots), a full layer a plane (slot = p).
 //
-// attn_partial: grid (n_kv * chunks, n_rows, n_splits), 128 threads. A block takes one KV head,
-// one query row (at position pos0 + row) and one split of the positions that row sees; it serves
-// G of the n_head / n_kv query heads that share the KV head (all 16 on Muse Glimmer in prefill,
-// fewer per block in decode when more blocks are needed to fill the GPU), so each K/V row is
-// read once per chunk of heads. Positions go in tiles of 32 through shared memory (K, V converted to f32,
-// K rows padded so the 32 lanes of a score read different banks); softmax is online (running
-// max and sum per head). The block writes its unnormalised output, max and sum; attn_combine
-// (grid (n_head, n_rows), D threads) merges the splits. Decode (one row) uses many splits so
-// that ~2 blocks per SM run; prefill rows (many) use few.
-// Head dims: 64, 128, 256 (template), G * D <= 4096.
-//
-// Decode groups (row t the next token of its own sequence): kv_store_rows and attn_rows_partial
-// take each row's position from `pos` and its cache from `tab` (per row: K and V addresses and
-// the slot count of this layer). Each row is split over the sequence exactly as it would be
-// alone (`solo_split`, the plan of a one-row batch), and the grid's extra splits of shorter rows
-// write an empty partial that attn_combine skips, so a row's output does not depend on the group.
+// attn_rows_{D}: grid (n_kv * chunks, n_rows, splits), 128 threads. Row t is at position
+// pos[t] of its own cache tab[t] (per row: K and V addresses and the slot count of this layer):
+// the rows of a decode group, each the next token of its own sequence, or the rows of a prefill
+// chunk, all on one cache. A block takes one KV head, one row and one split of the positions that
+// row sees; it serves G of the n_head / n_kv query heads that share the KV head (fewer per block
+// when more blocks are needed to fill the GPU), so each K/V row is read once per chunk of heads.
+// Positions go in tiles of 32 through shared memory (K, V converted to f32, K rows padded so the
+// 32 lanes of a score read different banks); softmax is online (running max and sum per head).
+// The block writes its unnormalised output, max and sum; attn_rows_combine (grid (n_head,
+// n_rows)) merges the row's splits. Each row is split by its own position only (`solo_split`,
+// with the launch's `solo`: a decode row as it would be alone, a prefill row at most 8 ways), and
+// the grid's extra splits of shorter rows do nothing, so a row's output depends on neither the
+// group nor the chunk it came in. Head dims: 64, 128, 256 (template), G * D <= 4096.
+// (Until 2026-12-07 a prefill chunk took attn_partial, whose plan was the chunk's.)
 // Measured on the H200 (2026-11-29), Muse Glimmer, 52 layers, each call synchronized (~8 us of
 // that is the synchronization): decode at depth ~150 1.49 ms per token (split plan v1, 128
 // positions per split and no head chunks: 3.2 ms); decode at depth 8192 costs per token
@@ -411,23 +409,6 @@ __device__ void attn_block(const float* __restrict__ qrow, const __half* __restr
         }
     }
     for (int g = tid; g < G; g += 128) ml_part[base + (size_t)g * n_splits] = make_float2(mrow[g], lrow[g]);
-}
-
-// A batch of one sequence: row at position pos0 + row; grid (n_kv * chunks, n_rows, n_splits).
-template <int D>
-__device__ void attn_partial(const float* __restrict__ q, const __half* __restrict__ kc, const __half* __restrict__ vc,
-                             float* __restrict__ o_part, float2* __restrict__ ml_part, int n_head, int n_kv, int G,
-                             int pos0, int window, int slots, int ring, float scale, int split_len) {
-    // Block x = (KV head, chunk of its query heads): G heads of the group's n_head / n_kv.
-    const int n_chunks = n_head / n_kv / G;
-    const int kvh = blockIdx.x / n_chunks, h0 = kvh * (n_head / n_kv) + (blockIdx.x % n_chunks) * G;
-    const int row = blockIdx.y, split = blockIdx.z;
-    const int p = pos0 + row;
-    const int lo = window > 0 ? max(0, p - window + 1) : 0;
-    const int start = lo + split * split_len;
-    const int end = min(p + 1, start + split_len);
-    attn_block<D>(q + (size_t)row * n_head * D + (size_t)h0 * D, kc, vc, o_part, ml_part, row, n_head, n_kv, G, kvh,
-                  h0, split, gridDim.z, start, end, slots, ring, scale);
 }
 
 // A decode group: row t at position pos[t] of its own cache tab[t]; grid (n_kv * chunks,
@@ -965,14 +946,6 @@ extern "C" __global__ void CLUSTER_DIMS_8 __launch_bounds__(128) attn_rows_mma_f
     pdl_wait_attn_rows_mma<4, 8>(MMA_ROWS_PASS, FIN_PASS, blockIdx.z, gridDim.z, false);
 }
 
-#define ATT_ARGS const float* __restrict__ q, const __half* __restrict__ kc, const __half* __restrict__ vc, \
-    float* __restrict__ o_part, float2* __restrict__ ml_part, int n_head, int n_kv, int G, int pos0, int window, \
-    int slots, int ring, float scale, int split_len
-#define ATT_PASS q, kc, vc, o_part, ml_part, n_head, n_kv, G, pos0, window, slots, ring, scale, split_len
-extern "C" __global__ void __launch_bounds__(128) attn_partial_64(ATT_ARGS) { pdl_wait(); attn_partial<64>(ATT_PASS); }
-extern "C" __global__ void __launch_bounds__(128) attn_partial_128(ATT_ARGS) { pdl_wait(); attn_partial<128>(ATT_PASS); }
-extern "C" __global__ void __launch_bounds__(128) attn_partial_256(ATT_ARGS) { pdl_wait(); attn_partial<256>(ATT_PASS); }
-
 #define ROWS_ARGS const float* __restrict__ q, const RowKv* __restrict__ tab, const int* __restrict__ pos, \
     float* __restrict__ o_part, float2* __restrict__ ml_part, int n_head, int n_kv, int G, int window, int ring, \
     float scale, int solo, int min_tiles
@@ -1030,16 +1003,7 @@ __device__ __forceinline__ float merge_splits(const float* __restrict__ o_part, 
     return num / den;
 }
 
-// out[row][h][d] = sum_s e^(m_s - M) o_s[d] / sum_s e^(m_s - M) l_s, in split order, skipping
-// empty splits (max -inf). Launch: grid (n_head, n_rows), D threads.
-extern "C" __global__ void attn_combine(const float* __restrict__ o_part, const float2* __restrict__ ml_part,
-                                        float* __restrict__ out, int n_head, int n_splits, int D) { pdl_wait();
-    const int h = blockIdx.x, row = blockIdx.y, d = threadIdx.x;
-    const size_t base = ((size_t)row * n_head + h) * n_splits;
-    out[((size_t)row * n_head + h) * D + d] = merge_splits<1>(o_part, ml_part, base, n_splits, D, d);
-}
-
-// Decode groups: as attn_combine over row t's own splits (solo_split of the positions it sees,
+// out[row][h][d] = sum_s e^(m_s - M) o_s[d] / sum_s e^(m_s - M) l_s over row t's own splits (solo_split of the positions it sees,
 // in split order, so a row gets the bits of its one-row attention), times sigmoid(gate) when a
 // gate is given (sigmoid_gate's arithmetic). Launch: grid (n_head, n_rows), D threads; or, with
 // q non-null (256 a multiple of D, n_head * D of 256), grid (n_head * D / 256, n_rows) and 256

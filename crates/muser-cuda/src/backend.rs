@@ -520,6 +520,13 @@ pub fn attn_max_splits() -> usize {
 /// depth 32,768 the attention took 20.0 us a layer and the merge 6.5.
 pub const ATTN_MAX_SPLITS: usize = 48;
 
+/// The most splits of a prefill row's attention on the split kernels (`attn_rows_{d}`; the
+/// tensor-core kernel takes one): a row's plan is `row_split(count, PREFILL_SPLITS,
+/// attn_split_tiles())`, of its own position only. Eight keeps the split merge in one batch
+/// (attention.cu: merge_splits) and a serve chunk of a few rows deep in its context on many
+/// blocks; the partials of 512 rows take 512 x n_head x 8 x d floats (34 MB for 32 heads of 64).
+pub const PREFILL_SPLITS: usize = 8;
+
 /// (n_splits, split_len) of a row that sees `count` positions (`solo_split` in attention.cu,
 /// the same integer arithmetic) when at most `solo` splits are asked for: one split per tile of
 /// ATT_T positions up to T = `min_tiles` splits, past T splits at least T tiles each; splits of
@@ -574,19 +581,9 @@ fn attn_early() -> bool {
     *ON.get_or_init(|| std::env::var("MUSER_ATTN_EARLY").as_deref() != Ok("0"))
 }
 
-/// Dynamic shared memory of attn_partial for G query heads per KV head of width d.
+/// Dynamic shared memory of attn_rows_{d} for G query heads per KV head of width d.
 pub fn attention_smem(g: usize, d: usize) -> usize {
     4 * (g * d + ATT_T * (d + 4) + ATT_T * d + g * ATT_T + 3 * g)
-}
-
-/// The attn_partial instantiation for a head width, if any.
-pub fn attention_kernel(head_dim: usize) -> Option<&'static str> {
-    match head_dim {
-        64 => Some("attn_partial_64"),
-        128 => Some("attn_partial_128"),
-        256 => Some("attn_partial_256"),
-        _ => None,
-    }
 }
 
 /// Shared memory of the tensor-core decode attention with `w` merge slots (its warps, or 8 for
@@ -1315,6 +1312,55 @@ impl CudaBackend {
         ck(unsafe { b.launch(cfg) }, "attn_rows_mma");
     }
 
+    /// The split attention (`attn_rows_{d}`, kernel `name`) over the rows of `a` (query `qp`,
+    /// [n][n_head * d] f32): one block per (KV head, chunk of `g_block` of its query heads, row,
+    /// split), each row split by its own plan (`row_split(count, a.solo, a.min_tiles)`); a row's
+    /// bits depend on neither the chunks nor the other rows.
+    fn attn_rows_split(
+        &self,
+        a: &RowsAttn,
+        name: &str,
+        d: usize,
+        g_block: usize,
+        qp: u64,
+        scale: f32,
+    ) {
+        let smem = attention_smem(g_block, d);
+        let f = ck(self.gpu.kernel_smem(name, smem), "attention shared memory");
+        let chunks = a.n_head / a.n_kv / g_block;
+        let (nh, nk, gb, window, ring, so, mt) = (
+            a.n_head as i32,
+            a.n_kv as i32,
+            g_block as i32,
+            a.window as i32,
+            i32::from(a.ring),
+            a.solo as i32,
+            a.min_tiles as i32,
+        );
+        let cfg = LaunchConfig {
+            grid_dim: ((a.n_kv * chunks) as u32, a.n as u32, a.splits as u32),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: smem as u32,
+        };
+        let mut b = self.gpu.stream.launch_builder(f);
+        b.arg(&qp)
+            .arg(&a.tab)
+            .arg(&a.pos)
+            .arg(&a.parts.0)
+            .arg(&a.parts.1)
+            .arg(&nh)
+            .arg(&nk)
+            .arg(&gb)
+            .arg(&window)
+            .arg(&ring)
+            .arg(&scale)
+            .arg(&so)
+            .arg(&mt);
+        // SAFETY: the partials hold n * n_head * splits entries (splits at least any row's own);
+        // each row reads its own cache within its slots.
+        ck(unsafe { b.launch(cfg) }, "attn_rows");
+    }
+
     /// attn_rows_combine: each row's own splits of `a`'s partials merged into `outp` ([n][n_head *
     /// d]), times sigmoid(gate) where `gp` is not 0.
     /// With the fused quantization on (`fuse_quant`) and heads that tile Q8_K blocks, blocks of
@@ -1462,28 +1508,6 @@ impl CudaBackend {
     }
 
     /// Merges the `n_splits` partials of each (row, head) into `out` (`[rows][n_head * d]`).
-    fn attn_combine(
-        &self,
-        ws: &Workspace,
-        rows: usize,
-        n_head: usize,
-        n_splits: usize,
-        d: usize,
-        out: &mut CudaBuf,
-    ) {
-        let (op, mp) = (self.p(&ws.o_part), self.p(&ws.ml_part));
-        let (outp, nh, ns, dd) = (self.p(&out.data), n_head as i32, n_splits as i32, d as i32);
-        let cfg = LaunchConfig {
-            grid_dim: (n_head as u32, rows as u32, 1),
-            block_dim: (d as u32, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let mut b = self.gpu.stream.launch_builder(self.kernel("attn_combine"));
-        b.arg(&op).arg(&mp).arg(&outp).arg(&nh).arg(&ns).arg(&dd);
-        // SAFETY: the partials hold rows * n_head * n_splits entries; out is [rows][n_head * d].
-        ck(unsafe { b.launch(cfg) }, "attn_combine");
-    }
-
     fn upload_progress(&self, bytes: usize) {
         if let Some(pb) = self.upload.lock().unwrap().as_ref() {
             pb.inc(bytes as u64);
@@ -2229,23 +2253,6 @@ impl Backend for CudaBackend {
         scale: f32,
         out: &mut CudaBuf,
     ) {
-        let exact = self.gpu.exact_rows();
-        let (d, n_kv) = (
-            kv.layers[layer].spec.head_dim,
-            kv.layers[layer].spec.n_head_kv,
-        );
-        let mma = self.attn_mma() && mma_attention_fits(d, (q.cols / d) / n_kv.max(1));
-        if exact && !mma && q.rows > 1 {
-            // Exact columns (serve's prefill) on the split kernels, whose plan depends on the
-            // chunk: one row at a time, so a row's plan depends on its own position only.
-            let (mut q1, mut o1) = (self.buf(1, q.cols), self.buf(1, out.cols));
-            for t in 0..q.rows {
-                self.copy_rows(q, t, &mut q1, 0, 1);
-                self.attention(&q1, kv, layer, pos0 + t, scale, &mut o1);
-                self.copy_rows(&o1, 0, out, t, 1);
-            }
-            return;
-        }
         self.timed(
             || "attention".to_string(),
             || {
@@ -2253,102 +2260,64 @@ impl Backend for CudaBackend {
                 let (d, n_kv) = (l.spec.head_dim, l.spec.n_head_kv);
                 let n_head = q.cols / d;
                 let g = n_head / n_kv;
-                let name = attention_kernel(d).unwrap_or_else(|| {
+                let name = attention_rows_kernel(d).unwrap_or_else(|| {
                     panic!("CUDA attention: head dim {d} (64, 128, 256 supported)")
                 });
                 assert!(
                     g * d <= 4096,
                     "CUDA attention: {g} query heads of {d} per KV head (at most 4096 values)"
                 );
-                let p_last = pos0 + q.rows - 1;
-                let lo = l.spec.window.map_or(0, |w| (p_last + 1).saturating_sub(w));
-                let count = p_last + 1 - lo;
+                // The rows as a decode group of one sequence, each row planned by its own
+                // position only, so its bits do not depend on the chunk it came in (a prompt
+                // prefilled whole, cut into parts, or sharing a pass with others).
+                let (pp, tab) = self.prefill_tables(kv, layer, pos0, q.rows);
                 // Every row of a prefill chunk on the per-row tensor-core kernel whatever the
-                // count, so a row's bits depend on its own position only (not on the chunk it
-                // came in). Until 2026-12-01 rows seeing more than 512 positions took the split
-                // kernels (attn_partial_*) instead; H200, llama-glimmer, same call: pp512 at
-                // depth 2048 2,076.50 -> 5,027.39 tokens/s, at depth 8192 773.53 -> 3,783.52,
-                // at depth 0 unchanged (5,684.03).
-                if self.attn_mma() && mma_attention_fits(d, g) {
-                    // The rows as a decode group of one sequence on the tensor cores, each row
-                    // whole in one block: the rows give the grid its width. (Split as a lone
-                    // decode row is, up to 16 splits of 32 positions at pp512, the partials took
-                    // up to 134 MB per layer; H200 pp512: 3199 tokens/s, 3368 with one split.)
-                    let (solo, splits) = (1, 1);
-                    let (pp, tab) = self.prefill_tables(kv, layer, pos0, q.rows);
-                    let mut ws = self.ws.lock().unwrap();
-                    let parts = q.rows * n_head * splits;
-                    grow(&self.gpu, &mut ws.o_part, parts * d);
-                    grow(&self.gpu, &mut ws.ml_part, parts * 2);
-                    let a = RowsAttn {
-                        pos: pp,
-                        tab,
-                        parts: (self.p(&ws.o_part), self.p(&ws.ml_part)),
-                        n: q.rows,
-                        n_head,
-                        n_kv,
-                        splits,
-                        solo,
-                        min_tiles: 1,
-                        window: l.spec.window.unwrap_or(0),
-                        ring: l.spec.is_ring(),
-                        early: false,
-                    };
-                    self.attn_rows_mma(&a, self.p(&q.data), scale, false, None);
-                    self.attn_rows_combine(&mut ws, &a, d, 0, self.p(&out.data));
-                    return;
-                }
-                let plan = attention_plan(count, q.rows, n_kv, g, self.gpu.sms);
-                let g_block = g / plan.chunks;
-                let parts = q.rows * n_head * plan.n_splits;
+                // count, each row whole in one block. Until 2026-12-01 rows seeing more than
+                // 512 positions took the split kernels instead; H200, llama-glimmer, same call:
+                // pp512 at depth 2048 2,076.50 -> 5,027.39 tokens/s, at depth 8192 773.53 ->
+                // 3,783.52, at depth 0 unchanged (5,684.03). (Split as a lone decode row is, up
+                // to 16 splits of 32 positions at pp512, the partials took up to 134 MB per
+                // layer; H200 pp512: 3199 tokens/s, 3368 with one split.)
+                let mma = self.attn_mma() && mma_attention_fits(d, g);
+                // Otherwise the split kernels, each row at most PREFILL_SPLITS splits of its own
+                // (`row_split`): until 2026-12-07 the chunk's plan depended on its row count, and
+                // a prompt of head width 64 got other bits whole than cut (the exact passes took
+                // one row per launch instead).
+                let (solo, min_tiles) = if mma {
+                    (1, 1)
+                } else {
+                    (PREFILL_SPLITS, attn_split_tiles())
+                };
+                let splits = (pos0..pos0 + q.rows)
+                    .map(|p| row_split(visible(&l.spec, p), solo, min_tiles).0)
+                    .max()
+                    .unwrap_or(1);
                 let mut ws = self.ws.lock().unwrap();
+                let parts = q.rows * n_head * splits;
                 grow(&self.gpu, &mut ws.o_part, parts * d);
                 grow(&self.gpu, &mut ws.ml_part, parts * 2);
-                let smem = attention_smem(g_block, d);
-                let f = ck(self.gpu.kernel_smem(name, smem), "attention shared memory");
-                let (qp, kc, vc, op, mp) = (
-                    self.p(&q.data),
-                    self.p(&l.k),
-                    self.p(&l.v),
-                    self.p(&ws.o_part),
-                    self.p(&ws.ml_part),
-                );
-                let window = l.spec.window.unwrap_or(0) as i32;
-                let (nh, nk, gb, p0, slots, ring, sl) = (
-                    n_head as i32,
-                    n_kv as i32,
-                    g_block as i32,
-                    pos0 as i32,
-                    l.spec.slots as i32,
-                    i32::from(l.spec.is_ring()),
-                    plan.split_len as i32,
-                );
-                let cfg = LaunchConfig {
-                    grid_dim: (
-                        (n_kv * plan.chunks) as u32,
-                        q.rows as u32,
-                        plan.n_splits as u32,
-                    ),
-                    block_dim: (128, 1, 1),
-                    shared_mem_bytes: smem as u32,
+                let a = RowsAttn {
+                    pos: pp,
+                    tab,
+                    parts: (self.p(&ws.o_part), self.p(&ws.ml_part)),
+                    n: q.rows,
+                    n_head,
+                    n_kv,
+                    splits,
+                    solo,
+                    min_tiles,
+                    window: l.spec.window.unwrap_or(0),
+                    ring: l.spec.is_ring(),
+                    early: false,
                 };
-                let mut b = self.gpu.stream.launch_builder(f);
-                b.arg(&qp)
-                    .arg(&kc)
-                    .arg(&vc)
-                    .arg(&op)
-                    .arg(&mp)
-                    .arg(&nh)
-                    .arg(&nk)
-                    .arg(&gb)
-                    .arg(&p0)
-                    .arg(&window)
-                    .arg(&slots)
-                    .arg(&ring);
-                b.arg(&scale).arg(&sl);
-                // SAFETY: partials hold rows * n_head * n_splits entries; cache reads stay within slots.
-                ck(unsafe { b.launch(cfg) }, "attn_partial");
-                self.attn_combine(&ws, q.rows, n_head, plan.n_splits, d, out);
+                if mma {
+                    self.attn_rows_mma(&a, self.p(&q.data), scale, false, None);
+                } else {
+                    let count = visible(&l.spec, pos0 + q.rows - 1);
+                    let chunks = attention_plan(count, q.rows, n_kv, g, self.gpu.sms).chunks;
+                    self.attn_rows_split(&a, name, d, g / chunks, self.p(&q.data), scale);
+                }
+                self.attn_rows_combine(&mut ws, &a, d, 0, self.p(&out.data));
             },
         )
     }
@@ -2691,38 +2660,7 @@ impl Backend for CudaBackend {
                     self.attn_rows_mma(&a, qp, scale, wide, None);
                 } else {
                     let chunks = self.rows_chunks(&spec, pos);
-                    let g_block = g / chunks;
-                    let smem = attention_smem(g_block, d);
-                    let f = ck(self.gpu.kernel_smem(name, smem), "attention shared memory");
-                    let (nh, nk, gb, window, ring, so) = (
-                        n_head as i32,
-                        n_kv as i32,
-                        g_block as i32,
-                        a.window as i32,
-                        i32::from(a.ring),
-                        solo as i32,
-                    );
-                    let cfg = LaunchConfig {
-                        grid_dim: ((n_kv * chunks) as u32, n as u32, max_splits as u32),
-                        block_dim: (128, 1, 1),
-                        shared_mem_bytes: smem as u32,
-                    };
-                    let mut b = self.gpu.stream.launch_builder(f);
-                    b.arg(&qp)
-                        .arg(&a.tab)
-                        .arg(&a.pos)
-                        .arg(&a.parts.0)
-                        .arg(&a.parts.1)
-                        .arg(&nh)
-                        .arg(&nk)
-                        .arg(&gb)
-                        .arg(&window)
-                        .arg(&ring);
-                    let mt = a.min_tiles as i32;
-                    b.arg(&scale).arg(&so).arg(&mt);
-                    // SAFETY: partials hold n * n_head * max_splits entries; each row reads its own
-                    // cache within its slots.
-                    ck(unsafe { b.launch(cfg) }, "attn_rows");
+                    self.attn_rows_split(&a, name, d, g / chunks, qp, scale);
                 }
                 self.attn_rows_combine(&mut ws, &a, d, gp, self.p(&out.data));
             },
@@ -2861,10 +2799,10 @@ mod tests {
     #[test]
     fn glimmer_attention_routes_to_the_128_kernel_within_48k_of_shared_memory() {
         // 32 query heads over 2 KV heads of 128: G = 16.
-        assert_eq!(attention_kernel(128), Some("attn_partial_128"));
+        assert_eq!(attention_rows_kernel(128), Some("attn_rows_128"));
         assert!(attention_smem(16, 128) <= 48 * 1024);
-        assert_eq!(attention_kernel(64), Some("attn_partial_64"));
-        assert_eq!(attention_kernel(96), None);
+        assert_eq!(attention_rows_kernel(64), Some("attn_rows_64"));
+        assert_eq!(attention_rows_kernel(96), None);
     }
 
     /// One step of the tests' xorshift generator.
