@@ -293,6 +293,76 @@ def test_text_offsets_index_the_text_streamed_or_not(server):
     assert streamed == offsets
 
 
+def test_echo_scores_the_prompt_as_decoding_scores_its_tokens(server, client):
+    """`echo` with `logprobs` (an evaluation's loglikelihood request): the answer starts with
+    the prompt, each prompt token with its logprob given the tokens before it (the first has
+    none). Scored in passes of 64 positions, a prompt's tokens get the logprobs, bit for bit,
+    that the same tokens get when generated one at a time; streamed or not; with max_tokens 1
+    the token after the prompt is the one a request without echo gets."""
+    rng = random.Random(11)
+    words = "the of and to in is was for on that with as by at from river stone".split()
+    prompt = " ".join(rng.choice(words) for _ in range(110))
+    ids = tokenize(server, prompt)
+    assert len(ids) > 100  # several passes of 64
+    opts = {"temperature": 0, "logprobs": 3, "extra_body": {"ignore_eos": True}}
+    gen = completion_native(server, {"prompt": ids, "n_predict": 20, "temperature": 0,
+                                     "return_tokens": True, "ignore_eos": True})["tokens"]
+    ref = client.completions.create(model=MODEL_ID, prompt=ids, max_tokens=20, **opts)
+    ref_lp = ref.choices[0].logprobs
+    full = ids + gen
+    r = post(server, "/v1/completions", {"prompt": full, "max_tokens": 0, "echo": True,
+                                         "temperature": 0, "logprobs": 3})
+    assert r.status_code == 200, r.text
+    a = r.json()
+    c, lp = a["choices"][0], a["choices"][0]["logprobs"]
+    assert c["finish_reason"] == "length"
+    assert a["usage"]["completion_tokens"] == 0 and a["usage"]["prompt_tokens"] == len(full)
+    assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["text_offset"]) == len(full)
+    assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    assert lp["token_logprobs"][len(ids):] == ref_lp.token_logprobs
+    assert lp["top_logprobs"][len(ids):] == ref_lp.top_logprobs
+    assert c["text"].endswith(ref.choices[0].text) and prompt.strip() in c["text"]
+    offsets = lp["text_offset"]
+    assert offsets == sorted(offsets) and offsets[-1] <= len(c["text"].encode())
+    for p, top in zip(lp["token_logprobs"][1:], lp["top_logprobs"][1:]):
+        assert p <= max(top.values()) <= 0 and len(top) == 3
+    # Not vacuous: the prompt's random words are not what the model would have said.
+    assert sum(p < max(t.values()) for p, t in zip(lp["token_logprobs"][1:len(ids)],
+                                                    lp["top_logprobs"][1:len(ids)])) > 10
+
+    # One token after the echo: the first token of the request without echo, its text after
+    # the prompt's, its offset past it.
+    one = post(server, "/v1/completions", {"prompt": ids, "max_tokens": 1, "echo": True,
+                                           "temperature": 0, "logprobs": 3}).json()
+    c1 = one["choices"][0]
+    assert c1["logprobs"]["token_logprobs"][:len(ids)] == lp["token_logprobs"][:len(ids)]
+    assert c1["logprobs"]["token_logprobs"][-1] == ref_lp.token_logprobs[0]
+    assert c1["logprobs"]["tokens"][-1] == ref_lp.tokens[0]
+    prompt_text = c["text"][:len(c["text"]) - len(ref.choices[0].text)]
+    assert c1["text"] == prompt_text + ref_lp.tokens[0]
+    assert c1["logprobs"]["text_offset"][-1] == len(prompt_text.encode())
+
+    # Streamed: the prompt comes first, with its logprobs; the chunks make the same answer.
+    raw = post(server, "/v1/completions", {"prompt": ids, "max_tokens": 4, "echo": True,
+                                           "temperature": 0, "logprobs": 3,
+                                           "stream": True}).text
+    chunks = [json.loads(line[6:])["choices"][0] for line in raw.split("\n")
+              if line.startswith("data: {")]
+    whole = post(server, "/v1/completions", {"prompt": ids, "max_tokens": 4, "echo": True,
+                                             "temperature": 0, "logprobs": 3}).json()
+    w = whole["choices"][0]
+    assert chunks[0]["text"] == prompt_text
+    assert "".join(ch["text"] for ch in chunks) == w["text"]
+    for key in ["tokens", "token_logprobs", "top_logprobs", "text_offset"]:
+        got = [x for ch in chunks if ch["logprobs"] for x in ch["logprobs"][key]]
+        assert got == w["logprobs"][key], key
+
+    # Echo without logprobs: the text only; with the OpenAI client too.
+    e = client.completions.create(model=MODEL_ID, prompt=ids, max_tokens=4, temperature=0,
+                                  echo=True)
+    assert e.choices[0].text == w["text"] and e.choices[0].logprobs is None
+
+
 def test_model_retrieve(server, client):
     m = client.models.retrieve(MODEL_ID)
     assert m.id == MODEL_ID and m.object == "model"
@@ -916,6 +986,10 @@ BAD = [
      "n_cmpl"),
     ("n on /completion", "/completion", {"prompt": "hi", "n": 2}, 400, "n"),
     ("no messages", "/v1/chat/completions", {"messages": []}, 400, "messages"),
+    ("echo on chat", "/v1/chat/completions",
+     {"messages": [{"role": "user", "content": "hi"}], "echo": True}, 400, "echo"),
+    ("max_tokens 0 without echo", "/v1/completions", {"prompt": "hi", "max_tokens": 0}, 400,
+     "max_tokens"),
     ("bad role", "/v1/chat/completions", {"messages": [{"role": "x", "content": "hi"}]}, 400,
      "messages"),
     ("top_logprobs > 20", "/v1/chat/completions",

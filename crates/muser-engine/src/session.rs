@@ -297,7 +297,8 @@ impl<'m, B: Backend> Session<'m, B> {
         Ok(())
     }
 
-    /// Processes tokens and returns the logits of every position: `[n_tokens, n_vocab]`.
+    /// Processes tokens and returns the logits of every position: `[n_tokens, n_vocab]`;
+    /// `logits()` then holds the last position's, as after `prefill`.
     pub fn prefill_all(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
         self.check(tokens)?;
         let nv = self.model.config.n_vocab;
@@ -310,6 +311,9 @@ impl<'m, B: Backend> Session<'m, B> {
                 &mut all[done * nv..(done + chunk.len()) * nv],
             );
             done += chunk.len();
+        }
+        if let Some(last) = all.chunks_exact(nv).last() {
+            self.logits.copy_from_slice(last);
         }
         Ok(all)
     }

@@ -11,6 +11,11 @@ fn prefill_vs_decode(t: &Tiny, n: usize, n_ctx: usize) {
     let mut s = Session::new(&m, n_ctx).unwrap();
     let all = s.prefill_all(&toks).unwrap();
     assert_eq!(s.pos(), n);
+    assert_eq!(
+        s.logits(),
+        &all[(n - 1) * t.n_vocab..],
+        "logits() after prefill_all"
+    );
     let mut s2 = Session::new(&m, n_ctx).unwrap();
     let nv = t.n_vocab;
     for (i, &tok) in toks.iter().enumerate() {

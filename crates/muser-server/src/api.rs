@@ -151,6 +151,10 @@ pub struct Generation {
     pub stop: Vec<String>,
     /// Some(n): report each token's log-probability and its n most likely alternatives.
     pub logprobs: Option<usize>,
+    /// /v1/completions' `echo`: the answer's text starts with the prompt's, and with `logprobs`
+    /// its logprobs start with the prompt tokens', each given the tokens before it (the first
+    /// none).
+    pub echo: bool,
     pub stream: bool,
     /// Streams end with a chunk that carries the usage (`stream_options.include_usage`).
     pub include_usage: bool,
@@ -389,8 +393,12 @@ pub fn parse_generation(
     n_vocab: usize,
 ) -> Result<Generation, ApiError> {
     refuse_unsupported(f, chat)?;
-    if f.boolean("echo")? == Some(true) {
-        return Err(ApiError::param("echo", "echo is not supported"));
+    let echo = f.boolean("echo")?.unwrap_or(false);
+    if echo && chat {
+        return Err(ApiError::param(
+            "echo",
+            "echo is only read on /v1/completions (a chat answer does not repeat its messages)",
+        ));
     }
     if f.string("suffix")?.is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::param("suffix", "suffix is not supported"));
@@ -447,7 +455,8 @@ pub fn parse_generation(
 
     let mut max_tokens = None;
     for key in ["max_tokens", "max_completion_tokens", "n_predict"] {
-        if let Some(n) = f.integer(key, 1, i32::MAX as i64)? {
+        // 0 with echo: the prompt scored, nothing generated (an evaluation's loglikelihood).
+        if let Some(n) = f.integer(key, i64::from(!echo), i32::MAX as i64)? {
             max_tokens = Some(n as usize);
         }
     }
@@ -520,6 +529,7 @@ pub fn parse_generation(
         max_tokens,
         stop,
         logprobs,
+        echo,
         stream,
         ignore_eos,
         grammar: None,

@@ -10,7 +10,7 @@ use crate::constrain;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::native::{self, NativeReply};
-use crate::scheduler::{Event, Finish, FinishReason, Job, Logprob, Ticket};
+use crate::scheduler::{Echo, Event, Finish, FinishReason, Job, Logprob, Ticket};
 use crate::slots::slots_json;
 use crate::tools::{self, kimi3, think, Format, Parsed, Resume, ToolCall, ToolRequest};
 use crate::{ModelInfo, Shared};
@@ -1211,6 +1211,35 @@ fn piece(m: &ModelInfo, id: u32) -> String {
     String::from_utf8_lossy(m.piece_bytes(id)).into_owned()
 }
 
+/// A completion's `logprobs` object for tokens given as (id, logprob if any, text offset): a
+/// token without one (an echoed prompt's first) has null for its logprob and alternatives.
+fn completion_logprobs<'a>(
+    m: &ModelInfo,
+    entries: impl Iterator<Item = (u32, Option<&'a Logprob>, usize)>,
+) -> Value {
+    let (mut tokens, mut token_logprobs, mut top, mut offsets) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for (id, l, o) in entries {
+        tokens.push(piece(m, id));
+        token_logprobs.push(l.map_or(Value::Null, |l| json!(l.logprob)));
+        top.push(l.map_or(Value::Null, |l| {
+            let alts: Map<String, Value> = l
+                .top
+                .iter()
+                .map(|&(id, lp)| (piece(m, id), json!(lp)))
+                .collect();
+            Value::Object(alts)
+        }));
+        offsets.push(o);
+    }
+    json!({
+        "tokens": tokens,
+        "token_logprobs": token_logprobs,
+        "top_logprobs": top,
+        "text_offset": offsets,
+    })
+}
+
 /// llama-server's `timings` of a request: the prompt positions computed (`prompt_n`, those
 /// reused from the slot's cache are `cache_n`) and the tokens generated (`predicted_n`), each
 /// with its milliseconds, per token and per second (null where a count or a time is zero).
@@ -1259,6 +1288,8 @@ struct Answer {
     lps: Vec<Logprob>,
     offsets: Vec<usize>,
     finish: Finish,
+    /// The prompt the answer starts with (`echo`).
+    echo: Option<Echo>,
 }
 
 impl Reply {
@@ -1290,27 +1321,32 @@ impl Reply {
                 .collect();
             json!({ "content": content })
         } else {
-            let mut tokens = Vec::new();
-            let mut token_logprobs = Vec::new();
-            let mut top = Vec::new();
-            for l in lps {
-                let p = piece(m, l.id);
-                tokens.push(p);
-                token_logprobs.push(l.logprob);
-                let alts: Map<String, Value> = l
-                    .top
-                    .iter()
-                    .map(|&(id, lp)| (piece(m, id), json!(lp)))
-                    .collect();
-                top.push(alts);
-            }
-            json!({
-                "tokens": tokens,
-                "token_logprobs": token_logprobs,
-                "top_logprobs": top,
-                "text_offset": offsets,
-            })
+            let entries = lps.iter().zip(offsets).map(|(l, &o)| (l.id, Some(l), o));
+            completion_logprobs(m, entries)
         }
+    }
+
+    /// A completion's `logprobs` for its echoed prompt `e` and the generated tokens after it
+    /// (their offsets counted from the end of the prompt's text); null unless asked for.
+    fn echo_logprobs(&self, e: &Echo, lps: &[Logprob], offsets: &[usize]) -> Value {
+        if !self.logprobs {
+            return Value::Null;
+        }
+        let prompt = e
+            .ids
+            .iter()
+            .zip(&e.offsets)
+            .enumerate()
+            .map(|(k, (&id, &o))| {
+                let lp = e.lps.as_ref().and_then(|l| l.get(k)?.as_ref());
+                (id, lp, o)
+            });
+        let shift = e.text.len();
+        let generated = lps
+            .iter()
+            .zip(offsets)
+            .map(|(l, &o)| (l.id, Some(l), o + shift));
+        completion_logprobs(&self.info, prompt.chain(generated))
     }
 
     fn object(&self, stream: bool) -> &'static str {
@@ -1416,6 +1452,9 @@ impl Reply {
             choice["message"] = msg;
         } else if self.chat {
             choice["message"] = json!({"role": "assistant", "content": a.text});
+        } else if let Some(e) = &a.echo {
+            choice["text"] = json!(format!("{}{}", e.text, a.text));
+            choice["logprobs"] = self.echo_logprobs(e, &a.lps, &a.offsets);
         } else {
             choice["text"] = json!(a.text);
         }
@@ -1458,9 +1497,10 @@ async fn collect(reply: Reply, rxs: Vec<UnboundedReceiver<Event>>) -> Result<Val
 /// One choice's answer, once its events end.
 async fn answer(mut rx: UnboundedReceiver<Event>) -> Result<Answer, ApiError> {
     let mut text = String::new();
-    let (mut ids, mut lps) = (Vec::new(), Vec::new());
+    let (mut ids, mut lps, mut echo) = (Vec::new(), Vec::new(), None);
     while let Some(ev) = rx.recv().await {
         match ev {
+            Event::Prompt(e) => echo = Some(e),
             Event::Token {
                 id,
                 text: t,
@@ -1482,6 +1522,7 @@ async fn answer(mut rx: UnboundedReceiver<Event>) -> Result<Answer, ApiError> {
                     lps,
                     offsets,
                     finish: f,
+                    echo,
                 });
             }
             Event::Error(e) => return Err(e),
@@ -1574,6 +1615,8 @@ fn sse_stream(
         sent: Parsed,
         ids: Option<Ids>,
         finish: Option<Finish>,
+        /// The bytes of its echoed prompt, which its tokens' offsets count from.
+        shift: usize,
     }
     struct St<S> {
         reply: Reply,
@@ -1593,6 +1636,7 @@ fn sse_stream(
                 settled: Settled::default(),
                 sent: Parsed::default(),
                 finish: None,
+                shift: 0,
             }
         })
         .collect();
@@ -1635,12 +1679,20 @@ fn sse_stream(
         };
         let c = &mut st.choices[i];
         match ev {
+            Some(Event::Prompt(e)) => {
+                // (completions only: the prompt's text and logprobs as the first chunk)
+                let mut v = r.chunk(i, Some(&e.text), &[], 0, None, false);
+                v["choices"][0]["logprobs"] = r.echo_logprobs(&e, &[], &[]);
+                out.push(data(v));
+                c.shift = e.text.len();
+            }
             Some(Event::Token {
                 text,
                 logprob,
                 offset,
                 ..
             }) => {
+                let offset = offset + c.shift;
                 let lps: Vec<Logprob> = logprob.into_iter().collect();
                 if let Some(o) = &c.output {
                     c.text.push_str(&text);

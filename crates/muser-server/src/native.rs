@@ -152,6 +152,8 @@ pub fn translate(mut obj: Map<String, Value>) -> Result<(Map<String, Value>, Nat
         obj.insert("temperature".into(), json!(0));
     }
     obj.remove("logprobs");
+    // llama-server's /completion has no echo.
+    obj.remove("echo");
     if n_probs > 0 {
         obj.insert("logprobs".into(), json!(n_probs));
     }
@@ -357,6 +359,8 @@ pub async fn collect(
                 return Ok(reply.last(&text, new_line, &ids, &lps, &f, false));
             }
             Event::Error(e) => return Err(e),
+            // (never sent: `translate` drops echo, which llama-server's /completion lacks)
+            Event::Prompt(_) => {}
         }
     }
     Err(ApiError::internal(
@@ -378,25 +382,30 @@ pub fn sse(
             if ended {
                 return None;
             }
-            let (v, end) = match rx.recv().await {
-                Some(Event::Token {
-                    id,
-                    text,
-                    logprob,
-                    slot,
-                    ..
-                }) => {
-                    n += usize::from(id.is_some());
-                    new_line |= text.contains('\n');
-                    let lps: Vec<Logprob> = logprob.into_iter().collect();
-                    (reply.event(&text, id, &lps, n, slot), false)
-                }
-                Some(Event::Done(f)) => (reply.last("", new_line, &[], &[], &f, true), true),
-                Some(Event::Error(e)) => (e.body(), true),
-                None => (
-                    ApiError::internal("the engine stopped before the answer was complete").body(),
-                    true,
-                ),
+            let (v, end) = loop {
+                break match rx.recv().await {
+                    Some(Event::Token {
+                        id,
+                        text,
+                        logprob,
+                        slot,
+                        ..
+                    }) => {
+                        n += usize::from(id.is_some());
+                        new_line |= text.contains('\n');
+                        let lps: Vec<Logprob> = logprob.into_iter().collect();
+                        (reply.event(&text, id, &lps, n, slot), false)
+                    }
+                    Some(Event::Done(f)) => (reply.last("", new_line, &[], &[], &f, true), true),
+                    Some(Event::Error(e)) => (e.body(), true),
+                    // (never sent: `translate` drops echo)
+                    Some(Event::Prompt(_)) => continue,
+                    None => (
+                        ApiError::internal("the engine stopped before the answer was complete")
+                            .body(),
+                        true,
+                    ),
+                };
             };
             Some((data(v), (reply, rx, n, new_line, end)))
         },

@@ -56,6 +56,10 @@ pub const MIN_SHARED: usize = 32;
 pub const CHUNK_IDLE: usize = 512;
 pub const CHUNK_BUSY: usize = 64;
 
+/// Prompt positions a pass scores at most (`Job` with echo and logprobs): each position's
+/// logits are read back (64 x the vocabulary's floats: 67 MB for 262,144).
+pub const CHUNK_SCORED: usize = 64;
+
 /// A checked request, ready to run: the prompt fits the context with `max_tokens` after it.
 pub struct Job {
     pub prompt: Vec<u32>,
@@ -110,10 +114,24 @@ pub enum Event {
         offset: usize,
         slot: usize,
     },
+    /// The prompt of a request with `echo`, once prefilled, before any token.
+    Prompt(Echo),
     Done(Finish),
     /// The request ended without an answer: a 500 for what went wrong in the engine, a 400 for
     /// what the request asked that cannot be done (a grammar past the engine's bounds).
     Error(crate::error::ApiError),
+}
+
+/// The prompt as an echoing request's answer starts with it: `text` its tokens' text as the
+/// generated text is decoded (control tokens give none), `offsets[i]` the bytes of it before
+/// token i, and with `logprobs` asked for, each token's logprob given the tokens before it (the
+/// first has none).
+#[derive(Debug, Clone)]
+pub struct Echo {
+    pub ids: Vec<u32>,
+    pub text: String,
+    pub offsets: Vec<usize>,
+    pub lps: Option<Vec<Option<Logprob>>>,
 }
 
 #[derive(Debug, Clone)]
@@ -194,6 +212,16 @@ struct Task {
     /// When its first prefill part started, and when its last one ended.
     prefill_start: Option<Instant>,
     prefill_end: Option<Instant>,
+    /// An echo with logprobs: the logprobs of the prompt tokens scored so far, from the second.
+    scored: Vec<Logprob>,
+}
+
+impl Job {
+    /// Whether its prompt is scored: every position's logits give the next prompt token's
+    /// logprob (echo with logprobs), so no position can come from a cache.
+    fn scored(&self) -> bool {
+        self.gen.echo && self.gen.logprobs.is_some()
+    }
 }
 
 impl Task {
@@ -406,9 +434,10 @@ impl<'m, B: Backend> Engine<'m, B> {
             if self.slots.iter().all(|s| s.task.is_some()) {
                 return;
             }
-            let Some(k) =
-                (0..self.queue.len()).find(|&k| !self.awaits_prefix(&self.queue[k].prompt, same))
-            else {
+            let Some(k) = (0..self.queue.len()).find(|&k| {
+                let job = &self.queue[k];
+                job.scored() || !self.awaits_prefix(&job.prompt, same)
+            }) else {
                 return;
             };
             let job = &self.queue[k];
@@ -423,13 +452,19 @@ impl<'m, B: Backend> Engine<'m, B> {
             let job = self.queue.remove(k).expect("a waiting request");
             self.metrics.queued.fetch_sub(1, Relaxed);
             self.clock += 1;
-            self.copy_shared_prefix(i, &job.prompt, same);
+            if !job.scored() {
+                self.copy_shared_prefix(i, &job.prompt, same);
+            }
             let slot = &mut self.slots[i];
             slot.used = self.clock;
 
             // Keep the shared prefix, less one token: the last prompt position must run to
-            // give the logits of the first generated token.
-            let common = reusable(slot, &job.prompt, same).min(job.prompt.len() - 1);
+            // give the logits of the first generated token. A scored prompt keeps none.
+            let common = if job.scored() {
+                0
+            } else {
+                reusable(slot, &job.prompt, same).min(job.prompt.len() - 1)
+            };
             slot.session.rewind(common);
             slot.cached.truncate(slot.session.pos());
             slot.prefilled = slot.prefilled.min(slot.session.pos());
@@ -473,6 +508,7 @@ impl<'m, B: Backend> Engine<'m, B> {
                 slot: i,
                 prefill_start: None,
                 prefill_end: None,
+                scored: Vec::new(),
             };
             self.metrics.slots.set(i, task.shown(true));
             slot.task = Some(task);
@@ -646,6 +682,12 @@ impl<'m, B: Backend> Engine<'m, B> {
             })
             .collect();
         waiting.sort_by_key(|&i| self.slots[i].task.as_ref().unwrap().seq);
+        // A scored prompt runs alone once it is the oldest, and waits till then.
+        let scored = |i: &usize| self.slots[*i].task.as_ref().unwrap().job.scored();
+        if let Some(i) = waiting.first().filter(|i| scored(i)) {
+            return self.score_step(*i, budget.min(CHUNK_SCORED));
+        }
+        waiting.retain(|i| !scored(i));
         // (slot, tokens of this part, whether it ends the prompt)
         let mut parts: Vec<(usize, usize, bool)> = Vec::new();
         for i in waiting {
@@ -690,29 +732,76 @@ impl<'m, B: Backend> Engine<'m, B> {
         Metrics::add(&m.prefill_ns, t0.elapsed().as_nanos() as u64);
         Metrics::add(&m.prefill_passes, 1);
         for (i, n, last) in parts {
-            let slot = &mut self.slots[i];
             match &result {
-                Ok(()) => {
-                    Metrics::add(&m.prompt_tokens, n as u64);
-                    let at = slot.session.pos() - n;
-                    let task = slot.task.as_mut().unwrap();
-                    task.n_processed += n;
-                    slot.cached.extend_from_slice(&task.job.prompt[at..at + n]);
-                    slot.prefilled = slot.session.pos();
-                    if last {
-                        slot.task.as_mut().unwrap().prefill_end = Some(Instant::now());
-                        self.after_logits(i, None);
-                    }
-                }
+                Ok(()) => self.prefilled(i, n, last),
                 // Prompts are checked by the handler (ids, room); this is a bug, not a hang.
-                Err(e) => {
-                    slot.session.reset();
-                    slot.cached.clear();
-                    slot.prefilled = 0;
-                    self.fail(i, format!("prefill failed: {e}"));
-                }
+                Err(e) => self.prefill_failed(i, e),
             }
         }
+    }
+
+    /// Scores the next `n` positions (at most) of slot i's prompt, a request with echo and
+    /// logprobs, in a pass of their own that reads back every position's logits: each gives
+    /// the next prompt token's logprob (the last, the first generated token's logits).
+    fn score_step(&mut self, i: usize, n: usize) {
+        use rayon::prelude::*;
+        let t0 = Instant::now();
+        let nv = self.model.config.n_vocab;
+        let slot = &mut self.slots[i];
+        let task = slot.task.as_mut().unwrap();
+        task.prefill_start.get_or_insert(t0);
+        let at = slot.session.pos();
+        let prompt = &task.job.prompt;
+        let rest = prompt.len() - at;
+        let n = n.min(rest);
+        let result = slot.session.prefill_all(&prompt[at..at + n]);
+        let m = self.metrics;
+        Metrics::add(&m.prefill_ns, t0.elapsed().as_nanos() as u64);
+        Metrics::add(&m.prefill_passes, 1);
+        match result {
+            Ok(all) => {
+                let top = task.job.gen.logprobs.unwrap_or(0);
+                // row j (position at + j) gives token at + j + 1, where the prompt has one
+                let next = &prompt[at + 1..(at + n + 1).min(prompt.len())];
+                let lps: Vec<Logprob> = all
+                    .par_chunks_exact(nv)
+                    .zip(next.par_iter())
+                    .map(|(row, &id)| logprob(row, id, top))
+                    .collect();
+                task.scored.extend(lps);
+                self.prefilled(i, n, n == rest);
+            }
+            Err(e) => self.prefill_failed(i, &e),
+        }
+    }
+
+    /// Books `n` positions of slot i's prompt as computed; `last`: the prompt is done, and its
+    /// first token is drawn (after its echo, where asked for).
+    fn prefilled(&mut self, i: usize, n: usize, last: bool) {
+        Metrics::add(&self.metrics.prompt_tokens, n as u64);
+        let slot = &mut self.slots[i];
+        let at = slot.session.pos() - n;
+        let task = slot.task.as_mut().unwrap();
+        task.n_processed += n;
+        slot.cached.extend_from_slice(&task.job.prompt[at..at + n]);
+        slot.prefilled = slot.session.pos();
+        if last {
+            task.prefill_end = Some(Instant::now());
+            if task.job.gen.echo {
+                // (a client gone by now is noticed when its first token or end is sent)
+                let e = echo(task, self.tok);
+                let _ = task.job.events.send(Event::Prompt(e));
+            }
+            self.after_logits(i, None);
+        }
+    }
+
+    fn prefill_failed(&mut self, i: usize, e: &muser_engine::EngineError) {
+        let slot = &mut self.slots[i];
+        slot.session.reset();
+        slot.cached.clear();
+        slot.prefilled = 0;
+        self.fail(i, format!("prefill failed: {e}"));
     }
 
     /// Hands slot i's next token to the client: `pick` (already drawn from its session's
@@ -723,6 +812,11 @@ impl<'m, B: Backend> Engine<'m, B> {
         let slot = &mut self.slots[i];
         let pos = slot.session.pos();
         let task = slot.task.as_mut().unwrap();
+        if task.job.max_tokens == 0 {
+            // (echo with max_tokens 0: the prompt was all that was asked for)
+            let outcome = finish(task, FinishReason::Length, true, None, self.metrics);
+            return self.settle(i, outcome);
+        }
         let pick = pick.unwrap_or_else(|| {
             let logits = slot.session.logits();
             let id = task.sampler.try_sample(logits)?;
@@ -756,7 +850,12 @@ impl<'m, B: Backend> Engine<'m, B> {
             );
         }
         let outcome = emit(task, lp, id, self.tok, pos, self.n_ctx, self.metrics);
-        let m = self.metrics;
+        self.settle(i, outcome);
+    }
+
+    /// Frees slot i where its request has ended (`outcome` of its last event).
+    fn settle(&mut self, i: usize, outcome: Outcome) {
+        let (slot, m) = (&mut self.slots[i], self.metrics);
         match outcome {
             Outcome::Continue => {}
             Outcome::Finished => {
@@ -829,6 +928,30 @@ pub fn before_stop(lps: Vec<(Logprob, usize)>, text: &str, f: &Finish) -> Vec<Lo
 
 /// Takes the sampled token `id` (its sampler has accepted it), releases its text and decides
 /// whether the request goes on.
+/// The echo of a request's prompt (`Event::Prompt`): its tokens decoded as generated text is
+/// (control tokens the request does not preserve give none), with the scored logprobs.
+fn echo(task: &mut Task, tok: &Tokenizer) -> Echo {
+    let mut dec = StreamDecoder::new();
+    let (mut text, mut offsets) = (String::new(), Vec::new());
+    for &id in &task.job.prompt {
+        offsets.push(text.len());
+        let special = task.job.gen.preserved.binary_search(&id).is_ok();
+        text.push_str(&dec.push_special(tok, id, special).unwrap_or_default());
+    }
+    text.push_str(&dec.flush());
+    let lps = task.job.scored().then(|| {
+        std::iter::once(None)
+            .chain(task.scored.drain(..).map(Some))
+            .collect()
+    });
+    Echo {
+        ids: task.job.prompt.clone(),
+        text,
+        offsets,
+        lps,
+    }
+}
+
 fn emit(
     task: &mut Task,
     logprob: Option<Logprob>,
@@ -1060,6 +1183,7 @@ mod tests {
                     max_tokens: Some(5),
                     stop: Vec::new(),
                     logprobs: None,
+                    echo: false,
                     stream: true,
                     include_usage: false,
                     ignore_eos: true,
@@ -1223,6 +1347,7 @@ mod tests {
                     max_tokens: Some(12),
                     stop: Vec::new(),
                     logprobs,
+                    echo: false,
                     stream: true,
                     include_usage: false,
                     ignore_eos: true,

@@ -122,6 +122,7 @@ mod tests {
                 max_tokens: Some(10),
                 stop: vec!["\n\n".into()],
                 logprobs: Some(2),
+                echo: false,
                 stream: true,
                 include_usage: false,
                 ignore_eos: true,

@@ -35,6 +35,7 @@ fn greedy(max_tokens: usize) -> Generation {
         max_tokens: Some(max_tokens),
         stop: Vec::new(),
         logprobs: Some(2),
+        echo: false,
         stream: true,
         include_usage: false,
         ignore_eos: false,
@@ -71,6 +72,13 @@ struct Answer {
     text: String,
     logprobs: Vec<TokenBits>,
     finish: Option<(FinishReason, usize, usize)>,
+    /// An echo's text and its tokens' logprobs (the first none).
+    echo: Option<(String, Vec<Option<TokenBits>>)>,
+}
+
+fn bits(l: &muser_server::scheduler::Logprob) -> TokenBits {
+    let top = l.top.iter().map(|&(i, p)| (i, p.to_bits())).collect();
+    (l.id, l.logprob.to_bits(), top)
 }
 
 fn drain(rx: &mut UnboundedReceiver<Event>, a: &mut Answer) -> usize {
@@ -84,8 +92,7 @@ fn drain(rx: &mut UnboundedReceiver<Event>, a: &mut Answer) -> usize {
                 if let Some(l) = logprob {
                     assert_eq!(id, Some(l.id), "a token's event names the token it carries");
                     tokens += 1;
-                    let top = l.top.iter().map(|&(i, p)| (i, p.to_bits())).collect();
-                    a.logprobs.push((l.id, l.logprob.to_bits(), top));
+                    a.logprobs.push(bits(&l));
                 }
             }
             Event::Done(Finish {
@@ -95,6 +102,18 @@ fn drain(rx: &mut UnboundedReceiver<Event>, a: &mut Answer) -> usize {
                 ..
             }) => a.finish = Some((reason, prompt_tokens, completion_tokens)),
             Event::Error(e) => panic!("engine error: {e}"),
+            Event::Prompt(e) => {
+                assert!(
+                    a.echo.is_none() && a.text.is_empty(),
+                    "the echo comes first, once"
+                );
+                let lps = e.lps.unwrap_or_default();
+                assert!(lps
+                    .iter()
+                    .zip(&e.ids)
+                    .all(|(l, &id)| l.as_ref().is_none_or(|l| l.id == id)));
+                a.echo = Some((e.text, lps.iter().map(|l| l.as_ref().map(bits)).collect()));
+            }
         }
     }
     tokens
@@ -105,6 +124,7 @@ fn answer() -> Answer {
         text: String::new(),
         logprobs: Vec::new(),
         finish: None,
+        echo: None,
     }
 }
 
@@ -560,14 +580,11 @@ fn a_shared_prefix_is_computed_once_and_copied() {
                         } => {
                             answers[i].text.push_str(&text);
                             if let (Some(_), Some(l)) = (id, logprob) {
-                                answers[i].logprobs.push((
-                                    l.id,
-                                    l.logprob.to_bits(),
-                                    l.top.iter().map(|&(t, p)| (t, p.to_bits())).collect(),
-                                ));
+                                answers[i].logprobs.push(bits(&l));
                             }
                         }
                         Event::Error(e) => panic!("{e:?}"),
+                        Event::Prompt(_) => panic!("no echo was asked for"),
                     }
                 }
             }
@@ -685,4 +702,58 @@ fn a_request_with_no_token_to_pick_ends_with_an_error() {
     );
     assert_eq!(plain, run_together(&m, &tok, 1, &[p], 8).remove(0));
     assert_eq!(metrics.running.load(Relaxed), 0);
+}
+
+#[test]
+fn a_scored_prompt_gets_the_logprobs_its_tokens_get_when_generated() {
+    // Echo with logprobs and max_tokens 0: each prompt token's logprob given the tokens before
+    // it, scored in passes of CHUNK_SCORED positions; those of a greedy request's own output
+    // are, bit for bit, the logprobs it got generating them, alone or beside decoding requests.
+    let (m, tok) = model();
+    let p = long_prompt(&tok, 150);
+    let to_40 = Generation {
+        ignore_eos: true,
+        ..greedy(40)
+    };
+    let solo = run_gens(&m, &tok, 1, std::slice::from_ref(&p), vec![to_40]);
+    let generated: Vec<u32> = solo[0].logprobs.iter().map(|t| t.0).collect();
+    assert_eq!(generated.len(), 40);
+    let full: Vec<u32> = p.iter().chain(&generated).copied().collect();
+    let scored = Generation {
+        echo: true,
+        ..greedy(0)
+    };
+    let alone = run_gens(
+        &m,
+        &tok,
+        1,
+        std::slice::from_ref(&full),
+        vec![scored.clone()],
+    );
+    let (text, lps) = alone[0].echo.clone().expect("an echo");
+    assert_eq!(lps.len(), full.len());
+    assert!(lps[0].is_none() && lps[1..].iter().all(Option::is_some));
+    let tail: Vec<TokenBits> = lps[p.len()..].iter().flatten().cloned().collect();
+    assert_eq!(tail, solo[0].logprobs);
+    assert_eq!(alone[0].finish, Some((FinishReason::Length, full.len(), 0)));
+    assert!(alone[0].text.is_empty() && alone[0].logprobs.is_empty());
+    // (the prompt's BOS, a control token, gives no text, as in generated text)
+    assert_eq!(Some(full[0]), tok.bos());
+    assert_eq!(text.as_bytes(), tok.decode(&full[1..]).unwrap());
+    // Beside eight decoding requests that came first: the same echo, and their own answers.
+    let mut prompts: Vec<Vec<u32>> = TEXTS[..8]
+        .iter()
+        .map(|t| tok.encode(t, true, true))
+        .collect();
+    prompts.push(full);
+    let mut gens: Vec<Generation> = (0..8).map(|_| greedy(30)).collect();
+    gens.push(scored);
+    let together = run_gens(&m, &tok, 9, &prompts, gens);
+    assert_eq!(together[8], alone[0]);
+    for (p, got) in prompts[..8].iter().zip(&together) {
+        assert_eq!(
+            got,
+            &run_together(&m, &tok, 1, std::slice::from_ref(p), 30)[0]
+        );
+    }
 }
