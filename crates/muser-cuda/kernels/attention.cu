@@ -14,7 +14,8 @@
 // 32 lanes of a score read different banks); softmax is online (running max and sum per head).
 // The block writes its unnormalised output, max and sum; attn_rows_combine (grid (n_head,
 // n_rows)) merges the row's splits. Each row is split by its own position only (`solo_split`,
-// with the launch's `solo`: a decode row as it would be alone, a prefill row at most 8 ways), and
+// with the launch's `solo` and `min_tiles`: a decode row as it would be alone, a prefill row in
+// splits of at least 512 positions, at most 8), and
 // the grid's extra splits of shorter rows do nothing, so a row's output depends on neither the
 // group nor the chunk it came in. Head dims: 64, 128, 256 (template), G * D <= 4096.
 // (Until 2026-12-07 a prefill chunk took attn_partial, whose plan was the chunk's.)
@@ -267,11 +268,13 @@ extern "C" __global__ void __launch_bounds__(128) qkv_rows(float* __restrict__ q
 // arithmetic; solo = ceil(2 * SMs / n_kv), the splits a one-row batch asks for: one split per
 // tile of ATT_T positions up to T = min_tiles splits, and past T splits at least T tiles each.
 // SPLIT_FLOOR in min_tiles: past T splits, floor(tiles / T) of them instead of the ceiling.
+// SPLIT_LONG (a prefill row's plan): every split at least T tiles, up to solo splits.
 #define SPLIT_FLOOR 256
+#define SPLIT_LONG 512
 __device__ __forceinline__ int2 solo_split(int count, int solo, int min_tiles) {
     const int T = max(1, min_tiles & (SPLIT_FLOOR - 1)), tiles = (count + ATT_T - 1) / ATT_T;
     const int past = (min_tiles & SPLIT_FLOOR) ? tiles / T : (tiles + T - 1) / T;
-    int n = max(1, min(solo, min(tiles, max(T, past))));
+    int n = max(1, (min_tiles & SPLIT_LONG) ? min(solo, past) : min(solo, min(tiles, max(T, past))));
     const int len = ((count + n - 1) / n + ATT_T - 1) / ATT_T * ATT_T;
     n = max(1, (count + len - 1) / len);
     return make_int2(n, len);

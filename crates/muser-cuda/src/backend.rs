@@ -472,22 +472,26 @@ pub fn attention_plan(
     group: usize,
     sms: usize,
 ) -> AttnPlan {
-    let target = 2 * sms;
     let base = (n_rows * n_kv).max(1);
     // About 2 x SMs blocks over the (row, KV head) pairs, at most `attn_max_splits` a row.
     let (n_splits, split_len) = row_split(count, solo_splits(base, sms), attn_split_tiles());
-    let mut chunks = 1;
-    while base * n_splits * chunks < target
-        && group.is_multiple_of(chunks * 2)
-        && group / (chunks * 2) >= 2
-    {
-        chunks *= 2;
-    }
     AttnPlan {
         n_splits,
         split_len,
-        chunks,
+        chunks: head_chunks(base * n_splits, group, sms),
     }
+}
+
+/// Chunks of a KV head's `group` query heads, each a block of its own, for a launch of `blocks`
+/// (KV head, row, split) triples: doubled while the launch has fewer than 2 blocks an SM and each
+/// chunk keeps 2 heads or more. A head's bits do not depend on its chunk.
+pub fn head_chunks(blocks: usize, group: usize, sms: usize) -> usize {
+    let mut chunks = 1;
+    while blocks * chunks < 2 * sms && group.is_multiple_of(chunks * 2) && group / (chunks * 2) >= 2
+    {
+        chunks *= 2;
+    }
+    chunks
 }
 
 /// The splits a one-row batch asks for (`solo` of `row_split`): about two blocks per SM, at most
@@ -520,12 +524,14 @@ pub fn attn_max_splits() -> usize {
 /// depth 32,768 the attention took 20.0 us a layer and the merge 6.5.
 pub const ATTN_MAX_SPLITS: usize = 48;
 
-/// The most splits of a prefill row's attention on the split kernels (`attn_rows_{d}`; the
-/// tensor-core kernel takes one): a row's plan is `row_split(count, PREFILL_SPLITS,
-/// attn_split_tiles())`, of its own position only. Eight keeps the split merge in one batch
-/// (attention.cu: merge_splits) and a serve chunk of a few rows deep in its context on many
-/// blocks; the partials of 512 rows take 512 x n_head x 8 x d floats (34 MB for 32 heads of 64).
+/// A prefill row's plan on the split kernels (`attn_rows_{d}`; the tensor-core kernel takes
+/// one split): `row_split(count, PREFILL_SPLITS, PREFILL_TILES)`, of its own position only,
+/// floor(tiles / 16) splits, at least 1 and at most 8 (so none shorter than 512 positions). Rows of a 512-token prompt at depth 0
+/// take one each, as the chunk's plan gave them before (2026-12-07); deep rows are spread over
+/// 8 blocks a (KV head, row), so a serve chunk of a few rows deep in its context fills the GPU;
+/// the partials of 512 rows take 512 x n_head x 8 x d floats (34 MB for 32 heads of 64).
 pub const PREFILL_SPLITS: usize = 8;
+pub const PREFILL_TILES: usize = 16 | SPLIT_LONG | SPLIT_FLOOR;
 
 /// (n_splits, split_len) of a row that sees `count` positions (`solo_split` in attention.cu,
 /// the same integer arithmetic) when at most `solo` splits are asked for: one split per tile of
@@ -544,7 +550,12 @@ pub fn row_split(count: usize, solo: usize, min_tiles: usize) -> (usize, usize) 
     } else {
         tiles.div_ceil(t)
     };
-    let n = solo.min(tiles.min(t.max(past))).max(1);
+    let n = if min_tiles & SPLIT_LONG != 0 {
+        solo.min(past)
+    } else {
+        solo.min(tiles.min(t.max(past)))
+    }
+    .max(1);
     let len = count.div_ceil(n).div_ceil(ATT_T) * ATT_T;
     (count.div_ceil(len).max(1), len)
 }
@@ -573,6 +584,10 @@ pub fn attn_split_tiles() -> usize {
 
 /// The rounding flag of `row_split`'s `min_tiles` (attention.cu: `SPLIT_FLOOR`).
 pub const SPLIT_FLOOR: usize = 1 << 8;
+
+/// `row_split`'s flag for a prefill row (attention.cu: `SPLIT_LONG`): splits of at least T
+/// tiles each, at most `solo` of them (short rows are not cut into one tile a split).
+pub const SPLIT_LONG: usize = 1 << 9;
 
 /// Whether decode rows' tensor-core attention asks for its first K/V steps before waiting for
 /// the kernel before (`MUSER_ATTN_EARLY=0`: after; the same loads, so the same bits).
@@ -1973,8 +1988,9 @@ impl Backend for CudaBackend {
     }
     fn prefill_matches_decode(&self) -> bool {
         // A prefill chunk on `mmh` (f16 tiles) gets other bits than the decode step's integer
-        // kernels.
-        !self.gpu.mmh_prefill()
+        // kernels, and its attention splits a row by the prefill plan (one split on the tensor
+        // cores, `PREFILL_TILES` on the split kernels), not by the decode row's.
+        false
     }
     fn read_rows(&self, buf: &CudaBuf, n_rows: usize, rows: &[usize], outs: &mut [&mut [f32]]) {
         let cols = buf.cols;
@@ -2286,7 +2302,7 @@ impl Backend for CudaBackend {
                 let (solo, min_tiles) = if mma {
                     (1, 1)
                 } else {
-                    (PREFILL_SPLITS, attn_split_tiles())
+                    (PREFILL_SPLITS, PREFILL_TILES)
                 };
                 let splits = (pos0..pos0 + q.rows)
                     .map(|p| row_split(visible(&l.spec, p), solo, min_tiles).0)
@@ -2313,8 +2329,7 @@ impl Backend for CudaBackend {
                 if mma {
                     self.attn_rows_mma(&a, self.p(&q.data), scale, false, None);
                 } else {
-                    let count = visible(&l.spec, pos0 + q.rows - 1);
-                    let chunks = attention_plan(count, q.rows, n_kv, g, self.gpu.sms).chunks;
+                    let chunks = head_chunks(n_kv * q.rows * splits, g, self.gpu.sms);
                     self.attn_rows_split(&a, name, d, g / chunks, self.p(&q.data), scale);
                 }
                 self.attn_rows_combine(&mut ws, &a, d, 0, self.p(&out.data));
@@ -2810,6 +2825,36 @@ mod tests {
         *s ^= *s << 13;
         *s ^= *s >> 7;
         *s ^= *s << 17;
+    }
+
+    #[test]
+    fn prefill_row_splits_are_long_and_cover_every_position_once() {
+        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+        let t = PREFILL_TILES & (SPLIT_FLOOR - 1);
+        for _ in 0..2000 {
+            xorshift(&mut rng);
+            let count = 1 + (rng % 70_000) as usize;
+            let (n, len) = row_split(count, PREFILL_SPLITS, PREFILL_TILES);
+            assert!((1..=PREFILL_SPLITS).contains(&n) && len.is_multiple_of(ATT_T));
+            assert!(
+                n * len >= count && (n - 1) * len < count,
+                "{count}: {n} x {len}"
+            );
+            // No split shorter than T tiles but where the row is shorter; fewer than the most
+            // splits only while the row has fewer than that many runs of T tiles.
+            assert!(
+                len >= (t * ATT_T).min(count.div_ceil(ATT_T) * ATT_T),
+                "{count}: {len}"
+            );
+            let runs = (count.div_ceil(ATT_T) / t).clamp(1, PREFILL_SPLITS);
+            assert!(
+                n <= runs && (n == runs || (n + 1) * len > count),
+                "{count}: {n} x {len}"
+            );
+        }
+        // A 512-token prompt at depth 0: one split a row.
+        assert!((1..=512).all(|c| row_split(c, PREFILL_SPLITS, PREFILL_TILES).0 == 1));
+        assert_eq!(row_split(4096 + 512, PREFILL_SPLITS, PREFILL_TILES).0, 8);
     }
 
     #[test]
