@@ -1196,3 +1196,33 @@ def test_free_slots_take_requests_with_no_queue():
         assert ok.status_code == 200, ok.text
     finally:
         s.stop()
+
+
+def test_a_conversation_comes_back_from_the_host_cache():
+    """One slot: a long prompt, then another that takes the slot, then the first again with a
+    new tail: its prefix comes back from host memory (`--cache-ram`), counted in the cached
+    tokens and in `prompt_tokens_restored_total`, and the answer is the one computed without."""
+    first = ("It was the best of times, it was the worst of times, it was the age of wisdom, "
+             "it was the age of foolishness, it was the epoch of belief. ") * 3
+    second = "Call me Ishmael. Some years ago, never mind how long precisely. " * 4
+    runs = {}
+    for mib in ["64", "0"]:
+        s = ServerProcess("--parallel", "1", "--cache-ram", mib, "--threads", "2")
+        try:
+            c = openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0)
+            ask = lambda p: c.completions.create(model=MODEL_ID, prompt=p, max_tokens=8,
+                                                 temperature=0)
+            n_first = ask(first).usage.prompt_tokens
+            ask(second)
+            again = ask(first + "So it goes.")
+            runs[mib] = (again, n_first, s.metrics())
+        finally:
+            s.stop()
+    (on, n_first, m_on), (off, _, m_off) = runs["64"], runs["0"]
+    assert on.choices[0].text == off.choices[0].text
+    cached = on.usage.prompt_tokens_details.cached_tokens
+    assert n_first - 3 <= cached <= n_first  # the shared prefix (a token may merge at the seam)
+    assert m_on["prompt_tokens_restored_total"] == cached
+    assert m_on["prompt_cache_tokens"] >= n_first and m_on["prompt_cache_bytes"] > 0
+    assert off.usage.prompt_tokens_details.cached_tokens <= 1  # BOS at most
+    assert m_off["prompt_tokens_restored_total"] == 0 and m_off["prompt_cache_bytes"] == 0

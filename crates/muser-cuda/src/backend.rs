@@ -25,7 +25,7 @@ use crate::device::{CudaError, Gpu};
 use crate::graph::{pdl_enabled, StepGraph};
 use crate::matvec::{dptr, ActScratch, DeviceMatrix, Job};
 use cudarc::driver::{sys, CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits};
-use muser_engine::backend::{Backend, Heads, KvLayerSpec, NormArgs};
+use muser_engine::backend::{Backend, Heads, KvHost, KvLayerSpec, NormArgs};
 use muser_engine::config::{RopeParams, RopeStyle};
 use muser_engine::weights::TensorView;
 use muser_engine::{EngineError, Result};
@@ -1920,12 +1920,7 @@ impl Backend for CudaBackend {
                     assert_eq!(d.spec, s.spec, "KV copy between layers of other shapes");
                     // [slots][n_kv * head_dim] per layer: positions 0..n are its first rows
                     let spec = s.spec;
-                    let rows = if spec.is_ring() {
-                        spec.slots
-                    } else {
-                        n.min(spec.slots)
-                    };
-                    let len = rows * spec.n_head_kv * spec.head_dim;
+                    let len = spec.prefix_slots(n) * spec.n_head_kv * spec.head_dim;
                     if len == 0 {
                         continue;
                     }
@@ -1940,6 +1935,53 @@ impl Backend for CudaBackend {
                 }
             },
         )
+    }
+    fn kv_save(&self, kv: &CudaKv, n: usize) -> KvHost {
+        // [slots][n_kv * head_dim] per layer: positions 0..n are its first rows
+        let layers = kv
+            .layers
+            .iter()
+            .map(|l| {
+                let len = l.spec.prefix_slots(n) * l.spec.n_head_kv * l.spec.head_dim;
+                [&l.k, &l.v].map(|plane| {
+                    let mut host = vec![0u16; len];
+                    if len > 0 {
+                        ck(
+                            self.gpu.stream.memcpy_dtoh(&plane.slice(..len), &mut host),
+                            "KV save",
+                        );
+                    }
+                    host
+                })
+            })
+            .collect();
+        KvHost { layers }
+    }
+    fn kv_load(&self, host: &KvHost, kv: &mut CudaKv) {
+        assert_eq!(
+            host.layers.len(),
+            kv.layers.len(),
+            "KV load of another model"
+        );
+        for (l, h) in kv.layers.iter_mut().zip(&host.layers) {
+            let width = l.spec.n_head_kv * l.spec.head_dim;
+            assert!(
+                h[0].len() == h[1].len()
+                    && h[0].len().is_multiple_of(width.max(1))
+                    && h[0].len() <= l.spec.slots * width,
+                "KV load of another layer's shape"
+            );
+            for (values, plane) in [(&h[0], &mut l.k), (&h[1], &mut l.v)] {
+                if !values.is_empty() {
+                    ck(
+                        self.gpu
+                            .stream
+                            .memcpy_htod(values, &mut plane.slice_mut(..values.len())),
+                        "KV load",
+                    );
+                }
+            }
+        }
     }
     fn copy_rows(
         &self,

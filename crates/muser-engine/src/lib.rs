@@ -23,4 +23,4 @@ pub use backend::Backend;
 pub use batch::{prefill_runs, DecodeGroup, RowGot, RowNeed};
 pub use config::{ModelConfig, RopeStyle, ARCHITECTURES};
 pub use error::{EngineError, Result};
-pub use session::{LoadOptions, Model, Session, PREFILL_CHUNK};
+pub use session::{LoadOptions, Model, Session, Snapshot, PREFILL_CHUNK};

@@ -2,7 +2,7 @@
 //! its KV cache, position, and the prefill/decode calls the CLI and the server use).
 
 use crate::backend::cpu::CpuBackend;
-use crate::backend::{Backend, KvLayerSpec};
+use crate::backend::{Backend, KvHost, KvLayerSpec};
 use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};
 use crate::graph::{self, Scratch};
@@ -142,6 +142,31 @@ impl<B: Backend> Model<B> {
     }
 }
 
+/// A session's first positions' cache entries in host memory (`Session::save`), to be taken
+/// back by a session of the same model and context (`Session::restore`): a server keeps the
+/// prompts its slots had to give up.
+pub struct Snapshot {
+    /// The address of the model it came from (which it only goes back to).
+    model: usize,
+    specs: Vec<KvLayerSpec>,
+    n: usize,
+    host: KvHost,
+}
+
+impl Snapshot {
+    /// The positions it holds.
+    pub fn len(&self) -> usize {
+        self.n
+    }
+    pub fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+    /// Its host memory.
+    pub fn bytes(&self) -> usize {
+        self.host.bytes()
+    }
+}
+
 /// One sequence on a model: KV cache, position, logits.
 pub struct Session<'m, B: Backend = CpuBackend> {
     pub(crate) model: &'m Model<B>,
@@ -230,6 +255,32 @@ impl<'m, B: Backend> Session<'m, B> {
         if fits {
             self.model.backend.kv_copy_prefix(&src.kv, &mut self.kv, n);
             self.pos = n;
+        }
+        fits
+    }
+
+    /// Its first `n` positions' cache entries copied to host memory, for `restore` into a
+    /// session of the same model and context; None where it holds fewer than n positions or
+    /// its sliding layers no longer hold what position n sees.
+    pub fn save(&self, n: usize) -> Option<Snapshot> {
+        (n <= self.pos && self.keeps(n)).then(|| Snapshot {
+            model: self.model as *const Model<B> as usize,
+            specs: self.specs.clone(),
+            n,
+            host: self.model.backend.kv_save(&self.kv, n),
+        })
+    }
+
+    /// Takes back a snapshot's positions (`save`): the session then stands at its position n
+    /// with the entries its source computed for them, the same bits. False, with nothing
+    /// changed, for a snapshot of another model or cache shape.
+    pub fn restore(&mut self, snap: &Snapshot) -> bool {
+        let fits = snap.model == self.model as *const Model<B> as usize
+            && snap.specs == self.specs
+            && snap.n <= self.n_ctx;
+        if fits {
+            self.model.backend.kv_load(&snap.host, &mut self.kv);
+            self.pos = snap.n;
         }
         fits
     }

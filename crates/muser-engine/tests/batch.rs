@@ -604,6 +604,12 @@ impl muser_engine::Backend for RowByRow {
     fn kv_copy_prefix(&self, src: &Self::Kv, dst: &mut Self::Kv, n: usize) {
         self.0.kv_copy_prefix(src, dst, n)
     }
+    fn kv_save(&self, kv: &Self::Kv, n: usize) -> muser_engine::backend::KvHost {
+        self.0.kv_save(kv, n)
+    }
+    fn kv_load(&self, host: &muser_engine::backend::KvHost, kv: &mut Self::Kv) {
+        self.0.kv_load(host, kv)
+    }
     fn embed(&self, table: &Self::Weight, tokens: &[u32], out: &mut Self::Buf) {
         self.0.embed(table, tokens, out)
     }
@@ -797,4 +803,64 @@ fn a_group_step_says_whether_its_logits_are_read() {
             "session step {i}"
         );
     }
+}
+
+#[test]
+fn a_saved_prefix_restored_goes_on_as_the_computed_one() {
+    // A session's first positions saved to host memory and taken back, into a session that
+    // held another sequence, continue as that prefix computed there: the same bits.
+    let mut seed = 0x5A7E_D00Du64;
+    for arch in ["muse", "llama"] {
+        let t = Tiny::new(arch);
+        let m = t.model();
+        for round in 0..6 {
+            seed += 1;
+            let a = random_tokens(50, t.n_vocab, seed);
+            let cut = 1 + (seed as usize * 11 + round * 7) % 45;
+            let mut b = a[..cut].to_vec();
+            b.extend(random_tokens(9, t.n_vocab, seed + 100));
+            let mut fresh = Session::new(&m, 64).unwrap();
+            let want = bits(fresh.prefill(&b).unwrap());
+            let want_next = bits(fresh.decode(b[1]).unwrap());
+
+            let mut src = Session::new(&m, 64).unwrap();
+            src.prefill(&a).unwrap();
+            let snap = src.save(cut).expect("a prefix the session holds");
+            assert_eq!(snap.len(), cut);
+            assert!(snap.bytes() > 0);
+            // the source goes on to other positions: the snapshot is a copy
+            src.decode(a[2]).unwrap();
+            let mut dst = Session::new(&m, 64).unwrap();
+            dst.prefill(&random_tokens(30, t.n_vocab, seed + 200))
+                .unwrap();
+            assert!(dst.restore(&snap), "{arch} cut {cut}");
+            assert_eq!(dst.pos(), cut);
+            let got = bits(dst.prefill(&b[cut..]).unwrap());
+            assert_eq!(got, want, "{arch} cut {cut}");
+            assert_eq!(
+                bits(dst.decode(b[1]).unwrap()),
+                want_next,
+                "{arch} cut {cut}"
+            );
+        }
+        let mut src = Session::new(&m, 64).unwrap();
+        src.prefill(&random_tokens(10, t.n_vocab, 5)).unwrap();
+        // more positions than the session holds
+        assert!(src.save(11).is_none());
+        // another context size (other ring slots), another model of the same shape
+        let snap = src.save(8).unwrap();
+        assert!(!Session::new(&m, 32).unwrap().restore(&snap));
+        let m2 = t.model();
+        let mut foreign = Session::new(&m2, 64).unwrap();
+        assert!(!foreign.restore(&snap));
+        assert_eq!(foreign.pos(), 0);
+    }
+    // a ring that overwrote positions the cut sees
+    let mut t = Tiny::new("muse");
+    t.n_layer = 2;
+    let m = t.model();
+    let mut src = Session::new(&m, 600).unwrap();
+    src.extend(&random_tokens(590, t.n_vocab, 4)).unwrap();
+    assert!(src.save(20).is_none());
+    assert!(src.save(100).is_some());
 }

@@ -16,6 +16,7 @@ pub mod api;
 pub mod chat;
 pub mod constrain;
 pub mod error;
+pub mod host_cache;
 mod http;
 pub use http::read_chat_output;
 pub mod metrics;
@@ -56,6 +57,8 @@ pub struct ServerConfig {
     /// A chat template to use instead of the GGUF's `tokenizer.chat_template` (its Jinja
     /// source, as llama-server's `--chat-template-file` reads it).
     pub chat_template: Option<String>,
+    /// Bytes of host memory for the prefixes the slots give up (`HostCache`; 0: none).
+    pub cache_ram: usize,
 }
 
 impl Default for ServerConfig {
@@ -70,6 +73,7 @@ impl Default for ServerConfig {
             body_limit: 8 << 20,
             model_path: PathBuf::from("model.gguf"),
             chat_template: None,
+            cache_ram: 8192 << 20,
         }
     }
 }
@@ -214,7 +218,8 @@ impl Server {
             &sh.metrics,
             sh.config.parallel,
             info.n_ctx,
-        )?;
+        )?
+        .with_host_cache(sh.config.cache_ram);
         eprintln!(
             "muser serve: {} ready on http://{} ({} slots of {} tokens, {})",
             info.id, self.addr, sh.config.parallel, info.n_ctx, info.backend

@@ -13,6 +13,11 @@ pub struct Metrics {
     pub cached_tokens: AtomicU64,
     /// Of those, the ones copied from another slot's cache (its prefix shared with the prompt).
     pub copied_tokens: AtomicU64,
+    /// Of those, the ones taken back from the host cache (`--cache-ram`).
+    pub restored_tokens: AtomicU64,
+    /// The host cache's snapshots: bytes and positions.
+    pub host_bytes: AtomicU64,
+    pub host_tokens: AtomicU64,
     pub generated_tokens: AtomicU64,
     /// Nanoseconds spent in prefill chunks and in decode steps.
     pub prefill_ns: AtomicU64,
@@ -58,7 +63,7 @@ impl Metrics {
             }
         };
         let kv_cap = g(&self.kv_capacity).max(1);
-        let rows: [(&str, &str, &str, String); 20] = [
+        let rows: [(&str, &str, &str, String); 23] = [
             (
                 "prompt_tokens_total",
                 "counter",
@@ -76,6 +81,24 @@ impl Metrics {
                 "counter",
                 "Prompt tokens copied from another slot's cache (counted in the cached ones).",
                 g(&self.copied_tokens).to_string(),
+            ),
+            (
+                "prompt_tokens_restored_total",
+                "counter",
+                "Prompt tokens taken back from the host cache (counted in the cached ones).",
+                g(&self.restored_tokens).to_string(),
+            ),
+            (
+                "prompt_cache_bytes",
+                "gauge",
+                "Host memory of the prefixes the slots gave up (--cache-ram).",
+                g(&self.host_bytes).to_string(),
+            ),
+            (
+                "prompt_cache_tokens",
+                "gauge",
+                "Positions of the prefixes held in the host cache.",
+                g(&self.host_tokens).to_string(),
             ),
             (
                 "tokens_predicted_total",

@@ -11,7 +11,9 @@
 //!    backend computes a prompt position's cache entries with other bits than a decoded
 //!    position's (`Backend::prefill_matches_decode`: CUDA's f16 prefill tiles), only the
 //!    prefilled part of a cache is reused, so a request gets the bits it would get in a fresh
-//!    slot;
+//!    slot. A slot's computed prefix that its new request gives up is saved to host memory first
+//!    (`HostCache`, `with_host_cache`), and a request whose prompt shares `MIN_SHARED` positions
+//!    more with a saved prefix than with any slot's cache takes it back (`Session::restore`);
 //! 3. advances every decoding slot by one token in one decode group (one forward pass);
 //! 4. prefills waiting prompts, oldest first, up to 512 tokens when no slot is decoding and 64
 //!    when one is, so running streams keep their pace while a long prompt comes in; the parts
@@ -29,6 +31,7 @@
 //! ones, at the end of every step.
 
 use crate::api::Generation;
+use crate::host_cache::HostCache;
 use crate::metrics::Metrics;
 use crate::slots::{SlotBoard, SlotInfo, SlotTask};
 use crate::text::StopBuffer;
@@ -284,6 +287,8 @@ pub struct Engine<'m, B: Backend> {
     /// DRY's breakers by breaker list, built when a DRY request first brings the list, most
     /// recently used first (`MAX_DRY_LISTS` in all).
     dry: Vec<(Vec<String>, Arc<DryBreakers>)>,
+    /// Prefixes the slots gave up, in host memory (`with_host_cache`).
+    host: HostCache,
 }
 
 /// How many breaker lists `Engine::dry` keeps.
@@ -352,7 +357,15 @@ impl<'m, B: Backend> Engine<'m, B> {
             n_ctx,
             clock: 0,
             dry: Vec::new(),
+            host: HostCache::new(0),
         })
+    }
+
+    /// Keeps up to `bytes` of the prefixes slots give up in host memory (`HostCache`; 0, the
+    /// default: none).
+    pub fn with_host_cache(mut self, bytes: usize) -> Self {
+        self.host = HostCache::new(bytes);
+        self
     }
 
     /// Runs until the job channel closes and the last request is done.
@@ -452,6 +465,9 @@ impl<'m, B: Backend> Engine<'m, B> {
             let job = self.queue.remove(k).expect("a waiting request");
             self.metrics.queued.fetch_sub(1, Relaxed);
             self.clock += 1;
+            // (a scored prompt keeps none of the slot's cache)
+            let keeps: &[u32] = if job.scored() { &[] } else { &job.prompt };
+            self.stash(i, keeps, same);
             if !job.scored() {
                 self.copy_shared_prefix(i, &job.prompt, same);
             }
@@ -526,16 +542,59 @@ impl<'m, B: Backend> Engine<'m, B> {
             .max_by_key(|&(_, c)| c)
     }
 
-    /// Copies into slot `i`, taking a request for `prompt`, the longest prefix another slot
-    /// holds for it, where that is `MIN_SHARED` positions more than slot i holds.
-    fn copy_shared_prefix(&mut self, i: usize, prompt: &[u32], same: bool) {
-        let own = reusable(&self.slots[i], prompt, same).min(prompt.len() - 1);
-        let Some((d, c)) = self.donor(prompt, same, i) else {
-            return;
+    /// Saves slot `i`'s computed prefix to the host cache before a request for `prompt` takes
+    /// the slot, where the request keeps `MIN_SHARED` positions fewer of it and neither the
+    /// host cache nor another slot holds it.
+    fn stash(&mut self, i: usize, prompt: &[u32], same: bool) {
+        let slot = &self.slots[i];
+        let valid = if same {
+            slot.cached.len()
+        } else {
+            slot.prefilled
         };
-        if c < own + MIN_SHARED {
+        if !self.host.is_on() || valid < reusable(slot, prompt, same) + MIN_SHARED {
             return;
         }
+        let tokens = &slot.cached[..valid];
+        let elsewhere =
+            self.slots.iter().enumerate().any(|(d, s)| {
+                d != i && reusable_prefix(&s.cached, s.prefilled, tokens, same) == valid
+            });
+        if elsewhere || self.host.holds(tokens) {
+            return;
+        }
+        if let Some(snap) = slot.session.save(valid) {
+            self.host.insert(tokens.to_vec(), snap, self.clock);
+            self.metrics
+                .host_bytes
+                .store(self.host.bytes() as u64, Relaxed);
+            self.metrics
+                .host_tokens
+                .store(self.host.tokens() as u64, Relaxed);
+        }
+    }
+
+    /// Gives slot `i`, taking a request for `prompt`, the longest prefix another slot or the
+    /// host cache holds for it, where that is `MIN_SHARED` positions more than slot i holds: a
+    /// copy of the other slot's cache, or the host cache's entry taken back.
+    fn copy_shared_prefix(&mut self, i: usize, prompt: &[u32], same: bool) {
+        let own = reusable(&self.slots[i], prompt, same).min(prompt.len() - 1);
+        let donor = self.donor(prompt, same, i);
+        let host = self.host.best(prompt, prompt.len() - 1);
+        let (c, h) = (donor.map_or(0, |d| d.1), host.map_or(0, |h| h.1));
+        if let Some((e, h)) = host.filter(|_| h > c && h >= own + MIN_SHARED) {
+            let (tokens, snap) = self.host.take(e, self.clock);
+            let slot = &mut self.slots[i];
+            if slot.session.restore(snap) {
+                slot.cached = tokens.to_vec();
+                slot.prefilled = tokens.len();
+                Metrics::add(&self.metrics.restored_tokens, h as u64);
+            }
+            return;
+        }
+        let Some((d, c)) = donor.filter(|_| c >= own + MIN_SHARED) else {
+            return;
+        };
         let (dst, src) = if i < d {
             let (a, b) = self.slots.split_at_mut(d);
             (&mut a[i], &b[0])
@@ -559,6 +618,7 @@ impl<'m, B: Backend> Engine<'m, B> {
             .slots
             .iter()
             .map(|s| reusable(s, prompt, same).min(last))
+            .chain(self.host.best(prompt, last).map(|h| h.1))
             .max()
             .unwrap_or(0);
         let coming = self
@@ -901,7 +961,7 @@ fn reusable<B: Backend>(slot: &Slot<'_, B>, prompt: &[u32], same: bool) -> usize
 }
 
 /// How many leading tokens `a` and `b` share.
-fn shared_len(a: &[u32], b: &[u32]) -> usize {
+pub(crate) fn shared_len(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 

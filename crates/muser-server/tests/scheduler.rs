@@ -757,3 +757,71 @@ fn a_scored_prompt_gets_the_logprobs_its_tokens_get_when_generated() {
         );
     }
 }
+
+#[test]
+fn a_prefix_given_up_comes_back_from_the_host_cache() {
+    // Two slots. A conversation's prompt, then two other prompts that take both slots (the
+    // conversation's cache is saved to host memory as its slot is given up), then the
+    // conversation's prompt with a new tail: its prefix comes back from the host cache,
+    // reported as cached, and the answer is bit for bit the one computed from scratch.
+    let (m, tok) = model();
+    let a = long_prompt(&tok, 200);
+    let other = |i: usize| {
+        let text = TEXTS[i..].join(" | ").repeat(3);
+        tok.encode(&text, true, true)[..150].to_vec()
+    };
+    let (b, c) = (other(3), other(7));
+    assert!(
+        a[1..]
+            .iter()
+            .zip(&b[1..])
+            .take_while(|(x, y)| x == y)
+            .count()
+            < 4
+    );
+    let mut a2 = a[..180].to_vec();
+    a2.extend(tok.encode(" and so the story ends", false, false));
+    let run = |cache: usize| {
+        let metrics = Metrics::default();
+        let mut e = Engine::new(&m, &tok, &metrics, 2, 512)
+            .unwrap()
+            .with_host_cache(cache);
+        let mut go = |prompts: &[&Vec<u32>]| -> Vec<(Answer, usize)> {
+            let mut rxs: Vec<_> = prompts
+                .iter()
+                .map(|p| submit(&mut e, &metrics, (*p).clone(), greedy(6)))
+                .collect();
+            let mut got: Vec<(Answer, usize)> = prompts.iter().map(|_| (answer(), 0)).collect();
+            while e.busy() {
+                e.step();
+                for (rx, (a, _)) in rxs.iter_mut().zip(&mut got) {
+                    drain(rx, a);
+                }
+            }
+            got
+        };
+        go(&[&a]);
+        go(&[&b, &c]);
+        let got = go(&[&a2]).remove(0).0;
+        let f = got.finish.unwrap();
+        (got, f, metrics)
+    };
+    let (with, _, mw) = run(64 << 20);
+    let (without, _, mo) = run(0);
+    assert_eq!(with, without);
+    assert_eq!(
+        with,
+        run_together(&m, &tok, 1, std::slice::from_ref(&a2), 6)[0]
+    );
+    // a's 200 positions were saved when b or c took its slot, and those a2 shares came back.
+    let shared = a.iter().zip(&a2).take_while(|(x, y)| x == y).count();
+    assert!(shared >= 180);
+    assert_eq!(mw.restored_tokens.load(Relaxed) as usize, shared);
+    // (and c's BOS, which b's slot held)
+    let cached = mw.cached_tokens.load(Relaxed) as usize;
+    assert!(cached >= shared && cached < shared + 4, "{cached}");
+    assert_eq!(mo.restored_tokens.load(Relaxed), 0);
+    assert!(mo.cached_tokens.load(Relaxed) < 4);
+    assert!(mw.host_tokens.load(Relaxed) >= 200);
+    assert!(mw.host_bytes.load(Relaxed) > 0);
+}

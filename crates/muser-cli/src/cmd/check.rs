@@ -1902,7 +1902,8 @@ fn check_invariance(
     // prefixes and `n` choices), the source having prefilled a longer prompt and decoded on:
     // the rest of the prompt prefilled and one step decoded must give the bits of the prompt
     // computed whole.
-    let mut copies_differ = 0;
+    // (and the same prefix saved to host memory and taken back: `kv_save`, `kv_load`)
+    let (mut copies_differ, mut restores_differ) = (0, 0);
     let bits = |l: &[f32]| l.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
     for (i, p) in prompts
         .iter()
@@ -1919,15 +1920,25 @@ fn check_invariance(
         let mut src = Session::new(&m, n_ctx)?;
         let t = argmax(src.prefill(&longer)?) as u32;
         src.decode(t)?;
+        let snap = src.save(cut);
         let mut dst = Session::new(&m, n_ctx)?;
         dst.prefill(&prompts[(i + 1) % n_req])?;
-        if !dst.copy_prefix_from(&src, cut) {
+        if dst.copy_prefix_from(&src, cut) {
+            let got = bits(dst.prefill(&p[cut..])?);
+            let got_next = bits(dst.decode(fed[i][0])?);
+            copies_differ += usize::from(got != first || got_next != next);
+        } else {
             copies_differ += 1;
-            continue;
         }
-        let got = bits(dst.prefill(&p[cut..])?);
-        let got_next = bits(dst.decode(fed[i][0])?);
-        copies_differ += usize::from(got != first || got_next != next);
+        // the snapshot into a session that went on to other positions since
+        dst.decode(fed[i][0])?;
+        if let Some(true) = snap.as_ref().map(|sn| dst.restore(sn)) {
+            let got = bits(dst.prefill(&p[cut..])?);
+            let got_next = bits(dst.decode(fed[i][0])?);
+            restores_differ += usize::from(got != first || got_next != next);
+        } else {
+            restores_differ += 1;
+        }
     }
     count_row(
         rows,
@@ -1935,6 +1946,13 @@ fn check_invariance(
         format!("{name} copied prefixes"),
         copies_differ,
         "of 12 prompts on a copied prefix differ from the prompt computed whole",
+    )?;
+    count_row(
+        rows,
+        "kv_save_load",
+        format!("{name} saved prefixes"),
+        restores_differ,
+        "of 12 prompts on a prefix saved to host memory differ from the prompt computed whole",
     )?;
     // Prompts sharing prefill passes (`prefill_runs`, serve's prefill), each shorter than
     // `exact_prefill_rows`: the logits of each prompt's own prefill and of the decode after it.

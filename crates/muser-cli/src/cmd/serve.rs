@@ -39,6 +39,11 @@ pub struct Args {
     /// CPU threads (default: one per core).
     #[arg(short = 't', long)]
     pub threads: Option<usize>,
+    /// Host memory for the prompts the slots give up, MiB (0: none): a later request whose
+    /// prompt shares a longer prefix with one of them than with any slot's cache takes its
+    /// KV cache entries back instead of computing them (llama-server's --cache-ram).
+    #[arg(long = "cache-ram", default_value_t = 8192)]
+    pub cache_ram: usize,
     /// A Jinja chat template to use instead of the model's `tokenizer.chat_template`.
     #[arg(long = "chat-template-file")]
     pub chat_template_file: Option<PathBuf>,
@@ -67,6 +72,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         body_limit: args.body_limit,
         model_path: path.clone(),
         chat_template,
+        cache_ram: args.cache_ram.saturating_mul(1 << 20),
     })?;
     eprintln!(
         "muser serve: listening on http://{} (loading {})",

@@ -34,6 +34,32 @@ impl KvLayerSpec {
     pub fn is_ring(&self) -> bool {
         self.window.is_some()
     }
+    /// The slots a copy of positions 0..n takes (`Backend::kv_copy_prefix`, `kv_save`): a
+    /// full layer's first n, a ring's all.
+    pub fn prefix_slots(&self, n: usize) -> usize {
+        if self.is_ring() {
+            self.slots
+        } else {
+            n.min(self.slots)
+        }
+    }
+}
+
+/// A KV cache's entries of its first positions in host memory (`Backend::kv_save`): per
+/// layer, its K and V values (f16 bits) in the backend's own layout, which only `kv_load` of
+/// the same backend reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KvHost {
+    pub layers: Vec<[Vec<u16>; 2]>,
+}
+
+impl KvHost {
+    pub fn bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|[k, v]| 2 * (k.len() + v.len()))
+            .sum()
+    }
 }
 
 /// The attention heads of a layer: `n_head` query heads of `head_dim` values, n_head /
@@ -123,6 +149,12 @@ pub trait Backend: Send + Sync + Sized {
     /// layers): a full layer's first n positions, a sliding layer's whole ring. The caller
     /// checks that `src` holds what those positions need.
     fn kv_copy_prefix(&self, src: &Self::Kv, dst: &mut Self::Kv, n: usize);
+    /// `kv`'s entries of positions `0..n` (as `kv_copy_prefix` takes them) copied to host
+    /// memory.
+    fn kv_save(&self, kv: &Self::Kv, n: usize) -> KvHost;
+    /// `kv`'s entries become those `host` holds (saved by `kv_save` from a cache of the same
+    /// layers).
+    fn kv_load(&self, host: &KvHost, kv: &mut Self::Kv);
 
     /// out[t] = embedding row tokens[t] (dequantized).
     fn embed(&self, table: &Self::Weight, tokens: &[u32], out: &mut Self::Buf);

@@ -113,16 +113,49 @@ impl KvLayer {
             "KV copy between layers of other shapes"
         );
         let (slots, hd) = (self.spec.slots, self.spec.head_dim);
-        let len = if self.spec.is_ring() {
-            slots
-        } else {
-            n.min(slots)
-        };
+        let len = self.spec.prefix_slots(n);
         for kh in 0..self.spec.n_head_kv {
             let at = kh * slots * hd;
             let r = at..at + len * hd;
             self.k.get_mut()[r.clone()].copy_from_slice(&src.k.get()[r.clone()]);
             self.v.get_mut()[r.clone()].copy_from_slice(&src.v.get()[r]);
+        }
+        if !self.spec.is_ring() {
+            self.filled = self.filled.max(len);
+        }
+    }
+
+    /// Positions `0..n` (a ring: all its slots) in host memory: each KV head's rows of K, then
+    /// of V (`load` takes them back).
+    pub fn save(&self, n: usize) -> [Vec<u16>; 2] {
+        let (slots, hd) = (self.spec.slots, self.spec.head_dim);
+        let len = self.spec.prefix_slots(n);
+        let take = |plane: &[f16]| -> Vec<u16> {
+            let mut out = Vec::with_capacity(self.spec.n_head_kv * len * hd);
+            for kh in 0..self.spec.n_head_kv {
+                let rows = &plane[kh * slots * hd..(kh * slots + len) * hd];
+                out.extend_from_slice(bytemuck::cast_slice(rows));
+            }
+            out
+        };
+        [take(self.k.get()), take(self.v.get())]
+    }
+
+    /// The positions `save` kept become this layer's (a layer of the same spec).
+    pub fn load(&mut self, host: &[Vec<u16>; 2]) {
+        let (slots, hd, heads) = (self.spec.slots, self.spec.head_dim, self.spec.n_head_kv);
+        let len = host[0].len() / (heads * hd).max(1);
+        assert!(
+            host[0].len() == heads * len * hd && host[1].len() == host[0].len() && len <= slots,
+            "KV load of another layer's shape"
+        );
+        for (plane, values) in [(self.k.get_mut(), &host[0]), (self.v.get_mut(), &host[1])] {
+            for kh in 0..heads {
+                let dst = &mut plane[kh * slots * hd..(kh * slots + len) * hd];
+                dst.copy_from_slice(bytemuck::cast_slice(
+                    &values[kh * len * hd..(kh + 1) * len * hd],
+                ));
+            }
         }
         if !self.spec.is_ring() {
             self.filled = self.filled.max(len);

@@ -131,7 +131,7 @@ pub mod tile_q8_0;
 #[cfg(target_arch = "x86_64")]
 pub mod x16;
 
-use crate::backend::{Backend, KvLayerSpec, NormArgs};
+use crate::backend::{Backend, KvHost, KvLayerSpec, NormArgs};
 use crate::config::RopeParams;
 use crate::error::{EngineError, Result};
 use crate::weights::{TensorView, MATRIX_TYPES};
@@ -375,6 +375,21 @@ impl Backend for CpuBackend {
         );
         for (d, s) in dst.layers.iter_mut().zip(&src.layers) {
             d.copy_prefix(s, n);
+        }
+    }
+    fn kv_save(&self, kv: &CpuKv, n: usize) -> KvHost {
+        KvHost {
+            layers: kv.layers.iter().map(|l| l.save(n)).collect(),
+        }
+    }
+    fn kv_load(&self, host: &KvHost, kv: &mut CpuKv) {
+        assert_eq!(
+            host.layers.len(),
+            kv.layers.len(),
+            "KV load of another model"
+        );
+        for (l, h) in kv.layers.iter_mut().zip(&host.layers) {
+            l.load(h);
         }
     }
     fn copy_rows(&self, src: &CpuBuf, src_row: usize, dst: &mut CpuBuf, dst_row: usize, n: usize) {
