@@ -2,7 +2,8 @@
 Python tests check on the CPU: a request's `n` choices are each what the same request alone
 draws with the seed plus i, streamed or not, and requests sharing a long prompt prefix compute it
 once (the others copy it from a slot's cache: `prompt_tokens_copied_total`) and still get what
-they get alone, bit for bit. Standard library only (the device has no `requests`).
+they get alone, bit for bit; a prompt whose slot was given up comes back from the host cache
+(`--cache-ram`) with the same answer. Standard library only (the device has no `requests`).
 
     python3 scripts/serve_choices_check.py --url http://127.0.0.1:8090
 
@@ -58,6 +59,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--url", default="http://127.0.0.1:8090")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--slots", type=int, default=8, help="the server's --parallel")
     a = ap.parse_args()
     rng = random.Random(7)
     fails = 0
@@ -109,6 +111,22 @@ def main() -> int:
         check(f"shared prefix: request {k} with another tail equals its solo answer",
               got[1 + k][0]["text"] == want)
     check("shared prefix: copied, not computed again", copied > 3 * 500, f"({copied:.0f} tokens)")
+
+    # The host cache (--cache-ram): a long prompt, then more other prompts than the server has
+    # slots, then the first again: its prefix comes back from host memory, and so does its
+    # answer, bit for bit.
+    restored = metric(a.url, "prompt_tokens_restored_total")
+    convo = {**greedy, "prompt": " ".join(rng.choice(WORDS) for _ in range(600))}
+    first = post(a.url, convo)["choices"][0]["text"]
+    for _ in range(a.slots + 1):
+        post(a.url, {**greedy, "max_tokens": 2,
+                     "prompt": " ".join(rng.choice(WORDS) for _ in range(300))})
+    back = post(a.url, convo)
+    restored = metric(a.url, "prompt_tokens_restored_total") - restored
+    cached = back["usage"]["prompt_tokens_details"]["cached_tokens"]
+    check("host cache: the prefix came back", restored == cached == back["usage"]["prompt_tokens"] - 1,
+          f"({restored:.0f} restored, {cached} cached of {back['usage']['prompt_tokens']})")
+    check("host cache: the same answer", back["choices"][0]["text"] == first)
     print("CHOICES PASS" if fails == 0 else f"CHOICES FAIL ({fails})", flush=True)
     return 1 if fails else 0
 
