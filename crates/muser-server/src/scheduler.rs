@@ -585,10 +585,16 @@ impl<'m, B: Backend> Engine<'m, B> {
         if let Some((e, h)) = host.filter(|_| h > c && h >= own + MIN_SHARED) {
             let (tokens, snap) = self.host.take(e, self.clock);
             let slot = &mut self.slots[i];
-            if slot.session.restore(snap) {
-                slot.cached = tokens.to_vec();
-                slot.prefilled = tokens.len();
+            // (back to the h positions the prompt shares: a ring that no longer holds what
+            // position h sees leaves the slot empty, nothing restored)
+            if slot.session.restore(snap) && slot.session.rewind(h) {
+                slot.cached = tokens[..h].to_vec();
+                slot.prefilled = h;
                 Metrics::add(&self.metrics.restored_tokens, h as u64);
+            } else {
+                slot.session.reset();
+                slot.cached.clear();
+                slot.prefilled = 0;
             }
             return;
         }
