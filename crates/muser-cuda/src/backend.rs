@@ -325,8 +325,8 @@ fn staged(n: usize) -> bool {
     n * 4 >= STAGED_READ_MIN
 }
 
-/// One launch of the per-row attention kernels (decode groups, and prefill chunks on the tensor
-/// cores): device tables, partials, and the split plan.
+/// One launch of the per-row attention kernels (decode groups, and prefill chunks: every row by
+/// its own position): device tables, partials, and the split plan.
 struct RowsAttn {
     /// Device addresses of the rows' positions ([n] i32) and cache table ([n] RowKv).
     pos: u64,
@@ -464,7 +464,8 @@ pub struct AttnPlan {
 
 /// About two blocks per SM when the batch allows: splits of at least one tile (32 positions),
 /// then the `group` query heads of a KV head over several blocks (at least 2 heads each).
-/// `count` is the longest visible range of the batch.
+/// `count` is the longest visible range of the batch. A decode row's splits (`n_rows` 1) are its
+/// plan in any group; a decode group takes its head chunks from this (`rows_chunks`).
 pub fn attention_plan(
     count: usize,
     n_rows: usize,
@@ -3025,7 +3026,7 @@ mod tests {
                 "{count}: an empty split in {p:?}"
             );
         }
-        // Decode over a long context fills the machine; a prefill chunk does not split.
+        // Decode over a long context fills the machine; 512 rows at once need no split.
         assert!(attention_plan(8192, 1, 2, 16, 132).n_splits >= 32);
         assert_eq!(
             attention_plan(512, 512, 2, 16, 132),
