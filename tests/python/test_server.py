@@ -1226,3 +1226,51 @@ def test_a_conversation_comes_back_from_the_host_cache():
     assert m_on["prompt_cache_tokens"] >= n_first and m_on["prompt_cache_bytes"] > 0
     assert off.usage.prompt_tokens_details.cached_tokens <= 1  # BOS at most
     assert m_off["prompt_tokens_restored_total"] == 0 and m_off["prompt_cache_bytes"] == 0
+
+
+def test_slot_files_save_restore_and_erase(server, tmp_path):
+    """llama-server's slot actions under `--slot-save-path`: a slot's cache saved to a file,
+    the slot erased, the file taken back, by this server and by a fresh one: a request with the
+    prompt then reuses it (cached) and answers as computed from scratch. Bad names, actions,
+    slots and files are refused by name; a server without the path answers 501."""
+    prompt = ("It was the best of times, it was the worst of times, it was the age of wisdom, "
+              "it was the age of foolishness. ") * 3
+    runs = []
+    for fresh in [False, True]:
+        s = ServerProcess("--parallel", "1", "--slot-save-path", str(tmp_path), "--cache-ram",
+                          "0", "--threads", "2")
+        try:
+            c = openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0)
+            ask = lambda p: c.completions.create(model=MODEL_ID, prompt=p, max_tokens=8,
+                                                 temperature=0)
+            if not fresh:
+                first = ask(prompt)
+                n = first.usage.prompt_tokens
+                saved = post(s, "/slots/0?action=save", {"filename": "a.bin"}).json()
+                assert saved["id_slot"] == 0 and saved["filename"] == "a.bin"
+                assert saved["n_saved"] >= n  # the prompt and the tokens decoded after it
+                assert saved["n_written"] == (tmp_path / "a.bin").stat().st_size
+                erased = post(s, "/slots/0?action=erase", {}).json()
+                assert erased == {"id_slot": 0, "n_erased": saved["n_saved"]}
+                assert ask(prompt).usage.prompt_tokens_details.cached_tokens <= 1
+                for body, param in [({"filename": "../a.bin"}, "filename"), ({}, "filename"),
+                                    ({"filename": "none.bin"}, "filename")]:
+                    r = post(s, "/slots/0?action=restore", body)
+                    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+                (tmp_path / "bad.bin").write_bytes(b"MUSERKV1" + b"\xff" * 40)
+                r = post(s, "/slots/0?action=restore", {"filename": "bad.bin"})
+                assert r.status_code == 400 and "header" in r.json()["error"]["message"], r.text
+                r = post(s, "/slots/0?action=rename", {"filename": "a.bin"})
+                assert r.status_code == 400 and r.json()["error"]["param"] == "action"
+                r = post(s, "/slots/3?action=save", {"filename": "b.bin"})
+                assert r.status_code == 400 and r.json()["error"]["param"] == "id_slot"
+            restored = post(s, "/slots/0?action=restore", {"filename": "a.bin"}).json()
+            assert restored["n_restored"] == saved["n_saved"]
+            assert restored["n_read"] == saved["n_written"]
+            back = ask(prompt)
+            runs.append((back.choices[0].text, back.usage.prompt_tokens_details.cached_tokens))
+        finally:
+            s.stop()
+    assert runs == [(first.choices[0].text, n - 1)] * 2
+    r = post(server, "/slots/0?action=save", {"filename": "a.bin"})
+    assert r.status_code == 501 and r.json()["error"]["code"] == "not_supported"

@@ -146,14 +146,33 @@ impl<B: Backend> Model<B> {
 /// back by a session of the same model and context (`Session::restore`): a server keeps the
 /// prompts its slots had to give up.
 pub struct Snapshot {
-    /// The address of the model it came from (which it only goes back to).
-    model: usize,
+    /// The address of the model it came from (which it only goes back to); None for one made
+    /// from its parts (a file), which goes to any session of the same layers.
+    model: Option<usize>,
     specs: Vec<KvLayerSpec>,
     n: usize,
     host: KvHost,
 }
 
 impl Snapshot {
+    /// A snapshot of `n` positions of a cache of these layers (a file's: `specs`, `n` and
+    /// `host` as another snapshot's accessors gave them). `restore` takes it into a session
+    /// whose layers have the same heads, windows and ring sizes, and room for n positions;
+    /// that it came from the same model is the caller's to know.
+    pub fn from_parts(specs: Vec<KvLayerSpec>, n: usize, host: KvHost) -> Snapshot {
+        Snapshot {
+            model: None,
+            specs,
+            n,
+            host,
+        }
+    }
+    pub fn specs(&self) -> &[KvLayerSpec] {
+        &self.specs
+    }
+    pub fn host(&self) -> &KvHost {
+        &self.host
+    }
     /// The positions it holds.
     pub fn len(&self) -> usize {
         self.n
@@ -264,7 +283,7 @@ impl<'m, B: Backend> Session<'m, B> {
     /// its sliding layers no longer hold what position n sees.
     pub fn save(&self, n: usize) -> Option<Snapshot> {
         (n <= self.pos && self.keeps(n)).then(|| Snapshot {
-            model: self.model as *const Model<B> as usize,
+            model: Some(self.model as *const Model<B> as usize),
             specs: self.specs.clone(),
             n,
             host: self.model.backend.kv_save(&self.kv, n),
@@ -273,11 +292,41 @@ impl<'m, B: Backend> Session<'m, B> {
 
     /// Takes back a snapshot's positions (`save`): the session then stands at its position n
     /// with the entries its source computed for them, the same bits. False, with nothing
-    /// changed, for a snapshot of another model or cache shape.
+    /// changed, for a snapshot of another model or cache shape (one made from parts: of other
+    /// layers, or more positions than this session holds).
     pub fn restore(&mut self, snap: &Snapshot) -> bool {
-        let fits = snap.model == self.model as *const Model<B> as usize
-            && snap.specs == self.specs
-            && snap.n <= self.n_ctx;
+        let same_layers = |a: &KvLayerSpec, b: &KvLayerSpec| {
+            (a.n_head, a.n_head_kv, a.head_dim, a.window)
+                == (b.n_head, b.n_head_kv, b.head_dim, b.window)
+                && (if a.is_ring() {
+                    a.slots == b.slots
+                } else {
+                    snap.n <= b.slots
+                })
+        };
+        let fits = snap.n <= self.n_ctx
+            && match snap.model {
+                Some(m) => m == self.model as *const Model<B> as usize && snap.specs == self.specs,
+                None => {
+                    snap.specs.len() == self.specs.len()
+                        && snap
+                            .specs
+                            .iter()
+                            .zip(&self.specs)
+                            .all(|(a, b)| same_layers(a, b))
+                        && snap.host.layers.len() == self.specs.len()
+                        && snap
+                            .host
+                            .layers
+                            .iter()
+                            .zip(&self.specs)
+                            .all(|([k, v], sp)| {
+                                k.len() == v.len()
+                                    && k.len()
+                                        == sp.prefix_slots(snap.n) * sp.n_head_kv * sp.head_dim
+                            })
+                }
+            };
         if fits {
             self.model.backend.kv_load(&snap.host, &mut self.kv);
             self.pos = snap.n;

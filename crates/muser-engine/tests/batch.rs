@@ -5,7 +5,7 @@
 mod common;
 use common::*;
 use muser_engine::{
-    prefill_runs, CpuBackend, DecodeGroup, LoadOptions, Model, RowGot, RowNeed, Session,
+    prefill_runs, CpuBackend, DecodeGroup, LoadOptions, Model, RowGot, RowNeed, Session, Snapshot,
 };
 use muser_sample::{greedy, top_k_logits};
 
@@ -842,6 +842,17 @@ fn a_saved_prefix_restored_goes_on_as_the_computed_one() {
                 want_next,
                 "{arch} cut {cut}"
             );
+            // made again from its parts (as read from a file), into a fresh session (llama's
+            // of a longer context: larger full layers; muse's rings take the context's size)
+            let parts =
+                Snapshot::from_parts(snap.specs().to_vec(), snap.len(), snap.host().clone());
+            let mut wide = Session::new(&m, if arch == "llama" { 128 } else { 64 }).unwrap();
+            assert!(wide.restore(&parts), "{arch} cut {cut}");
+            assert_eq!(
+                bits(wide.prefill(&b[cut..]).unwrap()),
+                want,
+                "{arch} cut {cut}"
+            );
         }
         let mut src = Session::new(&m, 64).unwrap();
         src.prefill(&random_tokens(10, t.n_vocab, 5)).unwrap();
@@ -854,6 +865,12 @@ fn a_saved_prefix_restored_goes_on_as_the_computed_one() {
         let mut foreign = Session::new(&m2, 64).unwrap();
         assert!(!foreign.restore(&snap));
         assert_eq!(foreign.pos(), 0);
+        // from parts: more positions than a session holds, or other layers, are refused
+        let parts = Snapshot::from_parts(snap.specs().to_vec(), 8, snap.host().clone());
+        assert!(!Session::new(&m, 4).unwrap().restore(&parts));
+        let mut other = snap.specs().to_vec();
+        other[0].head_dim *= 2;
+        assert!(!src.restore(&Snapshot::from_parts(other, 8, snap.host().clone())));
     }
     // a ring that overwrote positions the cut sees
     let mut t = Tiny::new("muse");

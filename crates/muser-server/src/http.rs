@@ -10,7 +10,9 @@ use crate::constrain;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::native::{self, NativeReply};
-use crate::scheduler::{Echo, Event, Finish, FinishReason, Job, Logprob, Ticket};
+use crate::scheduler::{
+    Echo, Event, Finish, FinishReason, Job, Logprob, SlotAction, SlotRequest, Ticket, Work,
+};
 use crate::slots::slots_json;
 use crate::tools::{self, kimi3, think, Format, Parsed, Resume, ToolCall, ToolRequest};
 use crate::{ModelInfo, Shared};
@@ -51,6 +53,7 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route("/metrics", get(metrics))
         .route("/props", get(props).post(set_props))
         .route("/slots", get(slots))
+        .route("/slots/{id}", post(slot_action))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(shared.clone(), auth))
@@ -171,7 +174,7 @@ impl Shared {
                 ticket,
             };
             // (the choices sent before are dropped with their receivers: the engine ends them)
-            self.jobs.send(job).map_err(|_| {
+            self.jobs.send(Work::Job(Box::new(job))).map_err(|_| {
                 m.queued.fetch_sub(1, Relaxed);
                 ApiError::internal("the engine has stopped")
             })?;
@@ -349,6 +352,77 @@ async fn slots(State(sh): AppState, uri: Uri) -> Result<Json<Value>, ApiError> {
         return Err(ApiError::unavailable("no slot available").with_code("no_slot_available"));
     }
     Ok(Json(slots_json(&board, m.n_ctx)))
+}
+
+/// llama-server's `POST /slots/{id}?action=save|restore|erase`: slot id's cache saved to the
+/// file `filename` (a plain name) under `--slot-save-path`, taken back from one, or emptied.
+/// Without `--slot-save-path`, 501.
+async fn slot_action(
+    State(sh): AppState,
+    Path(id): Path<String>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Json<Value>, ApiError> {
+    let action = uri
+        .query()
+        .unwrap_or("")
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .find(|(k, _)| *k == "action")
+        .map(|(_, v)| v.to_string())
+        .unwrap_or_default();
+    let Some(dir) = sh.config.slot_save_path.clone() else {
+        return Err(ApiError::new(
+            StatusCode::NOT_IMPLEMENTED,
+            "not_supported_error",
+            "this server keeps no slot files: start it with --slot-save-path DIR",
+        )
+        .with_code("not_supported"));
+    };
+    let slot: usize = id
+        .parse()
+        .map_err(|_| ApiError::param("id_slot", format!("slot id {id:?} is not a number")))?;
+    let (_, obj) = if action == "erase" {
+        (sh.ready()?, Map::new())
+    } else {
+        sh.request(&headers, body).await?
+    };
+    let file = |obj: &Map<String, Value>| -> Result<(std::path::PathBuf, String), ApiError> {
+        let name = Fields(obj)
+            .string("filename")?
+            .ok_or_else(|| ApiError::param("filename", "filename is required"))?;
+        if !crate::slot_file::valid_name(name) {
+            return Err(ApiError::param(
+                "filename",
+                format!("{name:?} is not a plain file name (no path, not hidden)"),
+            ));
+        }
+        Ok((dir.join(name), name.to_string()))
+    };
+    let action = match action.as_str() {
+        "save" => file(&obj).map(|(path, filename)| SlotAction::Save { path, filename })?,
+        "restore" => file(&obj).map(|(path, filename)| SlotAction::Restore { path, filename })?,
+        "erase" => SlotAction::Erase,
+        other => {
+            return Err(ApiError::param(
+                "action",
+                format!("action must be save, restore or erase, got {other:?}"),
+            ))
+        }
+    };
+    let (reply, rx) = tokio::sync::oneshot::channel();
+    sh.jobs
+        .send(Work::Slot(SlotRequest {
+            slot,
+            action,
+            reply,
+        }))
+        .map_err(|_| ApiError::internal("the engine has stopped"))?;
+    let v = rx
+        .await
+        .map_err(|_| ApiError::internal("the engine has stopped"))??;
+    Ok(Json(v))
 }
 
 async fn tokenize(

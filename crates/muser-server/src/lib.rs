@@ -22,6 +22,7 @@ pub use http::read_chat_output;
 pub mod metrics;
 mod native;
 pub mod scheduler;
+pub mod slot_file;
 pub mod slots;
 pub mod text;
 pub mod tools;
@@ -31,7 +32,7 @@ use chat::ChatTemplate;
 use metrics::Metrics;
 use muser_engine::{Backend, Model};
 use muser_tokenizer::Tokenizer;
-use scheduler::{Engine, Job};
+use scheduler::{Engine, Work};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize};
@@ -59,6 +60,9 @@ pub struct ServerConfig {
     pub chat_template: Option<String>,
     /// Bytes of host memory for the prefixes the slots give up (`HostCache`; 0: none).
     pub cache_ram: usize,
+    /// Where `POST /slots/{id}?action=save|restore` keeps its files (None: those actions are
+    /// not served), llama-server's `--slot-save-path`.
+    pub slot_save_path: Option<PathBuf>,
 }
 
 impl Default for ServerConfig {
@@ -74,6 +78,7 @@ impl Default for ServerConfig {
             model_path: PathBuf::from("model.gguf"),
             chat_template: None,
             cache_ram: 8192 << 20,
+            slot_save_path: None,
         }
     }
 }
@@ -132,14 +137,14 @@ pub(crate) struct Shared {
     pub model: OnceLock<Arc<ModelInfo>>,
     pub load_error: OnceLock<String>,
     pub metrics: Metrics,
-    pub jobs: mpsc::Sender<Job>,
+    pub jobs: mpsc::Sender<Work>,
     /// Seeds for requests that give none, and response ids.
     pub counter: AtomicU64,
 }
 
 pub struct Server {
     shared: Arc<Shared>,
-    jobs: mpsc::Receiver<Job>,
+    jobs: mpsc::Receiver<Work>,
     addr: SocketAddr,
     _runtime: tokio::runtime::Runtime,
 }

@@ -74,6 +74,34 @@ pub struct Job {
     pub ticket: Ticket,
 }
 
+/// What the engine thread is sent: a request, or an action on a slot's cache.
+pub enum Work {
+    Job(Box<Job>),
+    Slot(SlotRequest),
+}
+
+/// `POST /slots/{id}?action=...`: slot `slot`'s cache saved to a file, taken from one, or
+/// emptied, answered on `reply` (llama-server's JSON, or an error).
+pub struct SlotRequest {
+    pub slot: usize,
+    pub action: SlotAction,
+    pub reply: tokio::sync::oneshot::Sender<Result<serde_json::Value, crate::error::ApiError>>,
+}
+
+#[derive(Debug, Clone)]
+pub enum SlotAction {
+    /// To this file (`filename` is its name as the request gave it).
+    Save {
+        path: std::path::PathBuf,
+        filename: String,
+    },
+    Restore {
+        path: std::path::PathBuf,
+        filename: String,
+    },
+    Erase,
+}
+
 /// One admitted request, counted in a shared total from `admit` until dropped; the default
 /// ticket counts nowhere.
 #[derive(Default)]
@@ -369,23 +397,104 @@ impl<'m, B: Backend> Engine<'m, B> {
     }
 
     /// Runs until the job channel closes and the last request is done.
-    pub fn run(&mut self, jobs: Receiver<Job>) {
+    pub fn run(&mut self, jobs: Receiver<Work>) {
         loop {
             if !self.busy() {
                 match jobs.recv() {
-                    Ok(j) => self.push(j),
+                    Ok(w) => self.take(w),
                     Err(_) => return,
                 }
             }
             loop {
                 match jobs.try_recv() {
-                    Ok(j) => self.push(j),
+                    Ok(w) => self.take(w),
                     Err(TryRecvError::Empty) => break,
                     Err(TryRecvError::Disconnected) if self.busy() => break,
                     Err(TryRecvError::Disconnected) => return,
                 }
             }
             self.step();
+        }
+    }
+
+    fn take(&mut self, w: Work) {
+        match w {
+            Work::Job(j) => self.push(*j),
+            Work::Slot(r) => {
+                let _ = r.reply.send(self.slot_action(r.slot, &r.action));
+            }
+        }
+    }
+
+    /// Saves slot `i`'s computed positions to a file, takes them from one, or empties the
+    /// slot (llama-server's answers: `n_saved` / `n_restored` with the bytes and milliseconds,
+    /// `n_erased`). A slot running a request is busy (503).
+    pub fn slot_action(
+        &mut self,
+        i: usize,
+        action: &SlotAction,
+    ) -> Result<serde_json::Value, crate::error::ApiError> {
+        use crate::error::ApiError;
+        use serde_json::json;
+        let same = self.model.backend().prefill_matches_decode();
+        let n_vocab = self.model.config.n_vocab;
+        let n_ctx = self.n_ctx;
+        let Some(slot) = self.slots.get_mut(i) else {
+            return Err(ApiError::param(
+                "id_slot",
+                format!("there is no slot {i} (the server has {})", self.slots.len()),
+            ));
+        };
+        if slot.task.is_some() {
+            return Err(ApiError::unavailable(format!(
+                "slot {i} is running a request: try again when it is done"
+            )));
+        }
+        let t0 = Instant::now();
+        let ms = || t0.elapsed().as_secs_f64() * 1e3;
+        match action {
+            SlotAction::Save { path, filename } => {
+                let valid = if same {
+                    slot.cached.len()
+                } else {
+                    slot.prefilled
+                };
+                let snap = slot.session.save(valid).ok_or_else(|| {
+                    ApiError::internal(format!("slot {i}'s cache no longer holds its positions"))
+                })?;
+                let written = crate::slot_file::write(path, &slot.cached[..valid], &snap, n_vocab)
+                    .map_err(|e| ApiError::internal(format!("cannot write {filename}: {e}")))?;
+                Ok(json!({"id_slot": i, "filename": filename, "n_saved": valid,
+                          "n_written": written, "timings": {"save_ms": ms()}}))
+            }
+            SlotAction::Restore { path, filename } => {
+                let bad = |why: String| ApiError::param("filename", format!("{filename}: {why}"));
+                let (snap, tokens, file_vocab, read) = crate::slot_file::read(path).map_err(bad)?;
+                if file_vocab != n_vocab || tokens.iter().any(|&t| t as usize >= n_vocab) {
+                    return Err(bad(format!(
+                        "it was saved for a vocabulary of {file_vocab} tokens, this model has                          {n_vocab}"
+                    )));
+                }
+                if !slot.session.restore(&snap) {
+                    return Err(bad(format!(
+                        "its {} positions and layers do not fit this model's cache of {n_ctx}                          positions",
+                        tokens.len()
+                    )));
+                }
+                slot.cached = tokens;
+                slot.prefilled = slot.cached.len();
+                Ok(
+                    json!({"id_slot": i, "filename": filename, "n_restored": slot.cached.len(),
+                          "n_read": read, "timings": {"restore_ms": ms()}}),
+                )
+            }
+            SlotAction::Erase => {
+                let n = slot.session.pos();
+                slot.session.reset();
+                slot.cached.clear();
+                slot.prefilled = 0;
+                Ok(json!({"id_slot": i, "n_erased": n}))
+            }
         }
     }
 

@@ -44,6 +44,10 @@ pub struct Args {
     /// KV cache entries back instead of computing them (llama-server's --cache-ram).
     #[arg(long = "cache-ram", default_value_t = 8192)]
     pub cache_ram: usize,
+    /// A directory for slot files: `POST /slots/{id}?action=save|restore` with a `filename`
+    /// keeps a slot's cache there and takes it back (llama-server's --slot-save-path).
+    #[arg(long = "slot-save-path")]
+    pub slot_save_path: Option<PathBuf>,
     /// A Jinja chat template to use instead of the model's `tokenizer.chat_template`.
     #[arg(long = "chat-template-file")]
     pub chat_template_file: Option<PathBuf>,
@@ -62,6 +66,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         None => None,
     };
+    if let Some(dir) = &args.slot_save_path {
+        if !dir.is_dir() {
+            anyhow::bail!("--slot-save-path {}: not a directory", dir.display());
+        }
+    }
     let server = Server::start(ServerConfig {
         host: args.host.clone(),
         port: args.port,
@@ -73,6 +82,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         model_path: path.clone(),
         chat_template,
         cache_ram: args.cache_ram.saturating_mul(1 << 20),
+        slot_save_path: args.slot_save_path.clone(),
     })?;
     eprintln!(
         "muser serve: listening on http://{} (loading {})",

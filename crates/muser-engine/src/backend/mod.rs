@@ -46,8 +46,9 @@ impl KvLayerSpec {
 }
 
 /// A KV cache's entries of its first positions in host memory (`Backend::kv_save`): per
-/// layer, its K and V values (f16 bits) in the backend's own layout, which only `kv_load` of
-/// the same backend reads.
+/// layer, its K and V values (f16 bits) of slots 0..len, slot by slot, each slot's KV heads in
+/// order (`[len][n_head_kv * head_dim]`), whichever backend wrote them; any backend's `kv_load`
+/// reads them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KvHost {
     pub layers: Vec<[Vec<u16>; 2]>,

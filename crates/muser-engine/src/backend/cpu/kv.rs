@@ -125,23 +125,26 @@ impl KvLayer {
         }
     }
 
-    /// Positions `0..n` (a ring: all its slots) in host memory: each KV head's rows of K, then
-    /// of V (`load` takes them back).
+    /// Positions `0..n` (a ring: all its slots) in host memory, K then V, each in the layout
+    /// every backend's `kv_save` writes (`KvHost`): slot by slot, its KV heads in order.
     pub fn save(&self, n: usize) -> [Vec<u16>; 2] {
-        let (slots, hd) = (self.spec.slots, self.spec.head_dim);
+        let (slots, hd, heads) = (self.spec.slots, self.spec.head_dim, self.spec.n_head_kv);
         let len = self.spec.prefix_slots(n);
         let take = |plane: &[f16]| -> Vec<u16> {
-            let mut out = Vec::with_capacity(self.spec.n_head_kv * len * hd);
-            for kh in 0..self.spec.n_head_kv {
-                let rows = &plane[kh * slots * hd..(kh * slots + len) * hd];
-                out.extend_from_slice(bytemuck::cast_slice(rows));
+            let mut out = Vec::with_capacity(heads * len * hd);
+            for slot in 0..len {
+                for kh in 0..heads {
+                    let at = (kh * slots + slot) * hd;
+                    out.extend_from_slice(bytemuck::cast_slice(&plane[at..at + hd]));
+                }
             }
             out
         };
         [take(self.k.get()), take(self.v.get())]
     }
 
-    /// The positions `save` kept become this layer's (a layer of the same spec).
+    /// The slots `save` (of any backend) wrote become this layer's (a layer of the same heads
+    /// and, for a ring, slots).
     pub fn load(&mut self, host: &[Vec<u16>; 2]) {
         let (slots, hd, heads) = (self.spec.slots, self.spec.head_dim, self.spec.n_head_kv);
         let len = host[0].len() / (heads * hd).max(1);
@@ -150,11 +153,10 @@ impl KvLayer {
             "KV load of another layer's shape"
         );
         for (plane, values) in [(self.k.get_mut(), &host[0]), (self.v.get_mut(), &host[1])] {
-            for kh in 0..heads {
-                let dst = &mut plane[kh * slots * hd..(kh * slots + len) * hd];
-                dst.copy_from_slice(bytemuck::cast_slice(
-                    &values[kh * len * hd..(kh + 1) * len * hd],
-                ));
+            for (row, src) in values.chunks_exact(hd).enumerate() {
+                let (slot, kh) = (row / heads, row % heads);
+                let at = (kh * slots + slot) * hd;
+                plane[at..at + hd].copy_from_slice(bytemuck::cast_slice(src));
             }
         }
         if !self.spec.is_ring() {
