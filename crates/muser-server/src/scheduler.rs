@@ -59,9 +59,16 @@ pub const MIN_SHARED: usize = 32;
 pub const CHUNK_IDLE: usize = 512;
 pub const CHUNK_BUSY: usize = 64;
 
-/// Prompt positions a pass scores at most (`Job` with echo and logprobs): each position's
-/// logits are read back (64 x the vocabulary's floats: 67 MB for 262,144).
-pub const CHUNK_SCORED: usize = 64;
+/// Logits a scoring pass reads back at most (`Job` with echo and logprobs: every position's),
+/// 64 MB of f32: 512 positions a pass for a vocabulary of 32,768, 64 for 262,144
+/// (`scored_chunk`).
+pub const SCORED_FLOATS: usize = 1 << 24;
+
+/// Prompt positions a scoring pass takes when no decode waits: `SCORED_FLOATS` worth of logits,
+/// from `CHUNK_BUSY` to `CHUNK_IDLE` positions.
+pub fn scored_chunk(n_vocab: usize) -> usize {
+    (SCORED_FLOATS / n_vocab.max(1)).clamp(CHUNK_BUSY, CHUNK_IDLE)
+}
 
 /// A checked request, ready to run: the prompt fits the context with `max_tokens` after it.
 pub struct Job {
@@ -860,7 +867,8 @@ impl<'m, B: Backend> Engine<'m, B> {
         // A scored prompt runs alone once it is the oldest, and waits till then.
         let scored = |i: &usize| self.slots[*i].task.as_ref().unwrap().job.scored();
         if let Some(i) = waiting.first().filter(|i| scored(i)) {
-            return self.score_step(*i, budget.min(CHUNK_SCORED));
+            let n_vocab = self.model.config.n_vocab;
+            return self.score_step(*i, budget.min(scored_chunk(n_vocab)));
         }
         waiting.retain(|i| !scored(i));
         // (slot, tokens of this part, whether it ends the prompt)

@@ -7,7 +7,7 @@ use muser_engine::{LoadOptions, Model};
 use muser_sample::SamplerParams;
 use muser_server::api::Generation;
 use muser_server::metrics::Metrics;
-use muser_server::scheduler::{Engine, Event, Finish, FinishReason, Job};
+use muser_server::scheduler::{scored_chunk, Engine, Event, Finish, FinishReason, Job, CHUNK_IDLE};
 use muser_tokenizer::Tokenizer;
 use std::sync::atomic::Ordering::Relaxed;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
@@ -148,6 +148,17 @@ fn run_gens(
     prompts: &[Vec<u32>],
     gens: Vec<Generation>,
 ) -> Vec<Answer> {
+    run_counted(m, tok, parallel, prompts, gens).0
+}
+
+/// `run_gens`, with the engine's metrics at the end.
+fn run_counted(
+    m: &Model,
+    tok: &Tokenizer,
+    parallel: usize,
+    prompts: &[Vec<u32>],
+    gens: Vec<Generation>,
+) -> (Vec<Answer>, Metrics) {
     let metrics = Metrics::default();
     let mut e = Engine::new(m, tok, &metrics, parallel, 512).unwrap();
     let mut rxs: Vec<_> = prompts
@@ -166,12 +177,13 @@ fn run_gens(
             drain(rx, a);
         }
     }
+    drop(e);
     assert_eq!(metrics.queued.load(Relaxed), 0);
     assert_eq!(
         metrics.requests_finished.load(Relaxed) as usize,
         prompts.len()
     );
-    answers
+    (answers, metrics)
 }
 
 const TEXTS: [&str; 16] = [
@@ -707,8 +719,9 @@ fn a_request_with_no_token_to_pick_ends_with_an_error() {
 #[test]
 fn a_scored_prompt_gets_the_logprobs_its_tokens_get_when_generated() {
     // Echo with logprobs and max_tokens 0: each prompt token's logprob given the tokens before
-    // it, scored in passes of CHUNK_SCORED positions; those of a greedy request's own output
-    // are, bit for bit, the logprobs it got generating them, alone or beside decoding requests.
+    // it, scored in passes (one of `scored_chunk` alone, of `CHUNK_BUSY` beside decodes); those
+    // of a greedy request's own output are, bit for bit, the logprobs it got generating them,
+    // alone or beside decoding requests.
     let (m, tok) = model();
     let p = long_prompt(&tok, 150);
     let to_40 = Generation {
@@ -740,6 +753,17 @@ fn a_scored_prompt_gets_the_logprobs_its_tokens_get_when_generated() {
     // (the prompt's BOS, a control token, gives no text, as in generated text)
     assert_eq!(Some(full[0]), tok.bos());
     assert_eq!(text.as_bytes(), tok.decode(&full[1..]).unwrap());
+    // alone: the 190 positions in one pass (a vocabulary small enough for 512 a pass)
+    assert_eq!(scored_chunk(m.config.n_vocab), CHUNK_IDLE);
+    let (again, metrics) = run_counted(
+        &m,
+        &tok,
+        1,
+        std::slice::from_ref(&full),
+        vec![scored.clone()],
+    );
+    assert_eq!(again[0], alone[0]);
+    assert_eq!(metrics.prefill_passes.load(Relaxed), 1);
     // Beside eight decoding requests that came first: the same echo, and their own answers.
     let mut prompts: Vec<Vec<u32>> = TEXTS[..8]
         .iter()
