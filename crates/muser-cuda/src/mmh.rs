@@ -196,11 +196,6 @@ impl Gpu {
     pub fn set_exact(&self, on: bool) {
         self.exact.store(on, Ordering::Relaxed);
     }
-    /// Whether the ops issued now must give every row the bits it gets alone: a decode step or
-    /// exact columns.
-    pub fn exact_rows(&self) -> bool {
-        self.decoding.load(Ordering::Relaxed) || self.exact.load(Ordering::Relaxed)
-    }
 
     /// Converts `ncols` columns of `k` f32 values at address `x` to the f16 activation of `mmh`
     /// in tiles of `tn` columns; returns the addresses of the values and of the column scales.
