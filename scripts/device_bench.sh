@@ -251,10 +251,11 @@ if [ "${JOB:-}" = choices ]; then
         # batch invariance and the copied prefixes (`kv_copy_prefix`) on this model, bit for bit
         step "invariance-$preset" 200 "$BIN" check --backend cuda --no-ops --invariance "$G"
         grep -hE "^FAIL|kv_copy_prefix|decode_greedy" "$OUT/invariance-$preset.log"
-        "$BIN" serve -m "$G" --backend cuda --parallel 8 -c 4096 --port 8090 > "$OUT/serve-$preset.log" 2>&1 &
+        rm -rf /tmp/muser-slots && mkdir -p /tmp/muser-slots
+        "$BIN" serve -m "$G" --backend cuda --parallel 8 -c 4096 --port 8090 --slot-save-path /tmp/muser-slots > "$OUT/serve-$preset.log" 2>&1 &
         pid=$!
         for i in $(seq 1 150); do curl -sf http://127.0.0.1:8090/health > /dev/null 2>&1 && break; sleep 1; done
-        step "choices-$preset" 240 python3 scripts/serve_choices_check.py --url http://127.0.0.1:8090
+        step "choices-$preset" 240 python3 scripts/serve_choices_check.py --url http://127.0.0.1:8090 --slot-files
         kill "$pid"
         wait "$pid" 2> /dev/null
         echo "$preset: $(tail -1 "$OUT/choices-$preset.log")"

@@ -3,7 +3,8 @@ Python tests check on the CPU: a request's `n` choices are each what the same re
 draws with the seed plus i, streamed or not, and requests sharing a long prompt prefix compute it
 once (the others copy it from a slot's cache: `prompt_tokens_copied_total`) and still get what
 they get alone, bit for bit; a prompt whose slot was given up comes back from the host cache
-(`--cache-ram`) with the same answer. Standard library only (the device has no `requests`).
+(`--cache-ram`) with the same answer; with `--slot-files` (the server started with
+`--slot-save-path`), a slot saved to a file, erased and restored answers as before. Standard library only (the device has no `requests`).
 
     python3 scripts/serve_choices_check.py --url http://127.0.0.1:8090
 
@@ -22,8 +23,8 @@ WORDS = ("the of and to in is was for on that with as by at from his her it an w
          "time river city house light water stone night garden market music winter road").split()
 
 
-def post(url: str, body: dict) -> dict:
-    req = urllib.request.Request(url + "/v1/completions", json.dumps(body).encode(),
+def post(url: str, body: dict, path: str = "/v1/completions") -> dict:
+    req = urllib.request.Request(url + path, json.dumps(body).encode(),
                                  {"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=600) as r:
         return json.loads(r.read())
@@ -60,6 +61,8 @@ def main() -> int:
     ap.add_argument("--url", default="http://127.0.0.1:8090")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--slots", type=int, default=8, help="the server's --parallel")
+    ap.add_argument("--slot-files", action="store_true",
+                    help="the server has --slot-save-path: check save, erase and restore")
     a = ap.parse_args()
     rng = random.Random(7)
     fails = 0
@@ -127,6 +130,28 @@ def main() -> int:
     check("host cache: the prefix came back", restored == cached == back["usage"]["prompt_tokens"] - 1,
           f"({restored:.0f} restored, {cached} cached of {back['usage']['prompt_tokens']})")
     check("host cache: the same answer", back["choices"][0]["text"] == first)
+
+    if a.slot_files:
+        # A slot's cache to a file and back (POST /slots/{id}?action=save|erase|restore): the
+        # restored slot gives the same prompt its prefix, not the host cache, and the same answer.
+        native = {"prompt": convo["prompt"], "n_predict": 8, "temperature": 0}
+        was = post(a.url, native, "/completion")
+        slot = was["id_slot"]
+        saved = post(a.url, {"filename": "choices.bin"}, f"/slots/{slot}?action=save")
+        erased = post(a.url, {}, f"/slots/{slot}?action=erase")
+        restored = post(a.url, {"filename": "choices.bin"}, f"/slots/{slot}?action=restore")
+        check("slot file: saved, erased and restored whole",
+              saved["n_saved"] == erased["n_erased"] == restored["n_restored"] > 600
+              and restored["n_read"] == saved["n_written"], f"({saved}, {restored})")
+        from_host = metric(a.url, "prompt_tokens_restored_total")
+        again = post(a.url, native, "/completion")
+        from_host = metric(a.url, "prompt_tokens_restored_total") - from_host
+        check("slot file: the prefix came from the file",
+              again["id_slot"] == slot and from_host == 0
+              and again["tokens_cached"] == again["tokens_evaluated"] - 1,
+              f"(slot {again['id_slot']} of {slot}, {from_host:.0f} from host, "
+              f"{again['tokens_cached']} cached of {again['tokens_evaluated']})")
+        check("slot file: the same answer", again["content"] == was["content"])
     print("CHOICES PASS" if fails == 0 else f"CHOICES FAIL ({fails})", flush=True)
     return 1 if fails else 0
 
