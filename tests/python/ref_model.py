@@ -207,6 +207,18 @@ class RefModel:
 
     def logits(self, tokens) -> np.ndarray:
         cfg = self.cfg
+        x = self.hidden(tokens)
+        head = "output.weight" if self.has("output.weight") else "token_embd.weight"
+        logits = x @ self.weight(head).T
+        logits = logits * cfg.logit_scale
+        if cfg.softcap > 0:
+            logits = cfg.softcap * np.tanh(logits / cfg.softcap)
+        return logits
+
+    def hidden(self, tokens) -> np.ndarray:
+        """Every position's last hidden state with the output norm applied (the LM head's
+        input; a decoder model's token embeddings): (T, n_embd)."""
+        cfg = self.cfg
         tokens = np.asarray(tokens, dtype=np.int64)
         T = len(tokens)
         pos = np.arange(T)
@@ -242,13 +254,7 @@ class RefModel:
                 f = rmsnorm(f, w("post_ffw_norm"), cfg.post_norm_eps)
             h = h + f
 
-        x = rmsnorm(h, self.weight("output_norm.weight"), cfg.eps)
-        head = "output.weight" if self.has("output.weight") else "token_embd.weight"
-        logits = x @ self.weight(head).T
-        logits = logits * cfg.logit_scale
-        if cfg.softcap > 0:
-            logits = cfg.softcap * np.tanh(logits / cfg.softcap)
-        return logits
+        return rmsnorm(h, self.weight("output_norm.weight"), cfg.eps)
 
 
 def main():

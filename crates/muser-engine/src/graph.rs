@@ -45,6 +45,12 @@ impl<B: Backend> Scratch<B> {
             n_out,
         }
     }
+
+    /// After a forward pass: every row's last hidden state with the output norm applied (the
+    /// LM head's input), `(n, n_embd)`: what a decoder model gives as token embeddings.
+    pub fn hidden(&self) -> &B::Buf {
+        &self.x
+    }
 }
 
 /// Which sequence and position each row of a forward pass belongs to.

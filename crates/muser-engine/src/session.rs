@@ -418,6 +418,25 @@ impl<'m, B: Backend> Session<'m, B> {
         Ok(all)
     }
 
+    /// Processes tokens (in chunks of 512) and returns every position's last hidden state
+    /// with the output norm applied (the LM head's input, no logits computed): `[n_tokens,
+    /// n_embd]`, the token embeddings a decoder model gives (`muser serve --embeddings`).
+    pub fn embed(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        self.check(tokens)?;
+        let ne = self.model.config.n_embd;
+        let mut all = vec![0f32; tokens.len() * ne];
+        let mut done = 0;
+        for chunk in tokens.chunks(PREFILL_CHUNK) {
+            self.run_chunk(chunk, 0, &mut []);
+            // A chunk without logits always runs on the batch scratch (`run_chunk`).
+            let s = self.batch.as_ref().expect("run_chunk keeps its scratch");
+            let dst = &mut all[done * ne..(done + chunk.len()) * ne];
+            self.model.backend.read(s.hidden(), dst);
+            done += chunk.len();
+        }
+        Ok(all)
+    }
+
     /// Appends one token and returns the logits of its position.
     pub fn decode(&mut self, token: u32) -> Result<&[f32]> {
         self.step(token, true)?;

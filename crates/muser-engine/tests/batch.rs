@@ -881,3 +881,57 @@ fn a_saved_prefix_restored_goes_on_as_the_computed_one() {
     assert!(src.save(20).is_none());
     assert!(src.save(100).is_some());
 }
+
+#[test]
+fn embeddings_are_the_lm_heads_normed_input() {
+    // `Session::embed` gives every position's hidden state after the output norm: each row
+    // divided by the norm's weight has an RMS of 1, and (llama: no logit scale or softcap) the
+    // rows times the tied output matrix give the logits `prefill_all` gives, up to the LM
+    // head's Q8_K rounding of its input.
+    for (arch, seed) in [("muse", 31u64), ("llama", 32)] {
+        let t = Tiny::new(arch);
+        let m = t.model();
+        let ne = t.n_embd;
+        let tokens = random_tokens(700, t.n_vocab, seed); // two chunks
+        let mut s = Session::new(&m, 1024).unwrap();
+        let e = s.embed(&tokens).unwrap();
+        assert_eq!(e.len(), tokens.len() * ne);
+        assert_eq!(s.pos(), tokens.len());
+        let f = m.gguf();
+        let norm_t = f.tensor("output_norm.weight").unwrap();
+        let mut norm = vec![0f32; ne];
+        muser_quant::dequantize_row(norm_t.ggml_type, f.tensor_data(norm_t), &mut norm).unwrap();
+        for (i, row) in e.chunks_exact(ne).enumerate() {
+            let ms = row
+                .iter()
+                .zip(&norm)
+                .map(|(x, w)| ((x / w) as f64).powi(2))
+                .sum::<f64>()
+                / ne as f64;
+            assert!(
+                (ms.sqrt() - 1.0).abs() < 1e-3,
+                "{arch} row {i}: rms {}",
+                ms.sqrt()
+            );
+        }
+        if arch != "llama" {
+            continue;
+        }
+        let mut fresh = Session::new(&m, 1024).unwrap();
+        let logits = fresh.prefill_all(&tokens).unwrap();
+        let w_t = f.tensor("token_embd.weight").unwrap();
+        let mut w = vec![0f32; t.n_vocab * ne];
+        muser_quant::dequantize_row(w_t.ggml_type, f.tensor_data(w_t), &mut w).unwrap();
+        let mut want = vec![0f32; tokens.len() * t.n_vocab];
+        for (i, row) in e.chunks_exact(ne).enumerate() {
+            for (j, wr) in w.chunks_exact(ne).enumerate() {
+                want[i * t.n_vocab + j] = row.iter().zip(wr).map(|(a, b)| a * b).sum();
+            }
+        }
+        let err = nmse(&logits, &want);
+        assert!(err < 1e-4, "{arch}: logits from the embeddings, NMSE {err}");
+        // the same tokens embedded again: the same bits (nothing of the first pass lingers)
+        let mut again = Session::new(&m, 1024).unwrap();
+        assert_eq!(bits(&again.embed(&tokens).unwrap()), bits(&e));
+    }
+}

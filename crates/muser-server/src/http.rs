@@ -48,6 +48,9 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/chat/completions", post(chat_completions))
         .route("/chat/completions", post(chat_completions))
         .route("/apply-template", post(apply_template))
+        .route("/v1/embeddings", post(embeddings_openai))
+        .route("/embeddings", post(embeddings_native))
+        .route("/embedding", post(embeddings_native))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .route("/metrics", get(metrics))
@@ -423,6 +426,74 @@ async fn slot_action(
         .await
         .map_err(|_| ApiError::internal("the engine has stopped"))??;
     Ok(Json(v))
+}
+
+/// OpenAI's `POST /v1/embeddings` (`crate::embed`): one pooled vector a text.
+async fn embeddings_openai(
+    State(sh): AppState,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Json<Value>, ApiError> {
+    embeddings(sh, headers, body, true).await
+}
+
+/// llama-server's `POST /embedding` and `/embeddings`: each text's vectors (one a token with
+/// pooling `none`).
+async fn embeddings_native(
+    State(sh): AppState,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Json<Value>, ApiError> {
+    embeddings(sh, headers, body, false).await
+}
+
+async fn embeddings(
+    sh: Arc<Shared>,
+    headers: HeaderMap,
+    body: Body,
+    openai: bool,
+) -> Result<Json<Value>, ApiError> {
+    if !sh.config.embeddings {
+        return Err(ApiError::new(
+            StatusCode::NOT_IMPLEMENTED,
+            "not_supported_error",
+            "this server does not serve embeddings: start it with --embeddings",
+        )
+        .with_code("not_supported"));
+    }
+    let (m, obj) = sh.request(&headers, body).await?;
+    let f = Fields(&obj);
+    if let Some(name) = f.string("model")? {
+        if !name.is_empty() && !m.knows(name) {
+            return Err(unknown_model(name, &m).with_param("model"));
+        }
+    }
+    let (inputs, field) = crate::embed::parse_inputs(&obj, &m.tokenizer, m.n_vocab, m.n_ctx)?;
+    // llama-server's `content` is its own field: the answer takes its own shape.
+    let openai = openai && field == "input";
+    if openai && m.pooling == crate::embed::Pooling::None {
+        return Err(ApiError::bad_request(
+            "the server's pooling is none (one vector a token), which OpenAI's embeddings do              not have: start it with --pooling mean, cls or last, or ask /embedding",
+        ));
+    }
+    let (normalize, base64) = crate::embed::parse_options(&f)?;
+    let (reply, rx) = tokio::sync::oneshot::channel();
+    let job = crate::embed::EmbedJob {
+        inputs,
+        normalize,
+        pooling: m.pooling,
+    };
+    sh.jobs
+        .send(Work::Embed(crate::embed::EmbedRequest { job, reply }))
+        .map_err(|_| ApiError::internal("the engine has stopped"))?;
+    let got = rx
+        .await
+        .map_err(|_| ApiError::internal("the engine has stopped"))??;
+    Ok(Json(if openai {
+        crate::embed::openai_json(&m.id, &got, base64)
+    } else {
+        crate::embed::native_json(&got)
+    }))
 }
 
 async fn tokenize(

@@ -15,6 +15,7 @@
 pub mod api;
 pub mod chat;
 pub mod constrain;
+pub mod embed;
 pub mod error;
 pub mod host_cache;
 mod http;
@@ -63,6 +64,11 @@ pub struct ServerConfig {
     /// Where `POST /slots/{id}?action=save|restore` keeps its files (None: those actions are
     /// not served), llama-server's `--slot-save-path`.
     pub slot_save_path: Option<PathBuf>,
+    /// Serve `/v1/embeddings` and `/embedding(s)` (llama-server's `--embeddings`).
+    pub embeddings: bool,
+    /// How a text's token states make its embedding (None: as the GGUF's
+    /// `{arch}.pooling_type` says; none where it says nothing).
+    pub pooling: Option<embed::Pooling>,
 }
 
 impl Default for ServerConfig {
@@ -79,6 +85,8 @@ impl Default for ServerConfig {
             chat_template: None,
             cache_ram: 8192 << 20,
             slot_save_path: None,
+            embeddings: false,
+            pooling: None,
         }
     }
 }
@@ -106,6 +114,8 @@ pub struct ModelInfo {
     pub n_ctx_train: usize,
     pub n_vocab: usize,
     pub n_embd: usize,
+    /// The embeddings' pooling (`ServerConfig::pooling`, else the model's).
+    pub pooling: embed::Pooling,
     pub n_params: u64,
     pub size: u64,
     /// Unix time the model became ready.
@@ -259,6 +269,11 @@ fn model_info<B: Backend>(model: &Model<B>, config: &ServerConfig) -> anyhow::Re
         }
     })?;
     let template_source = template_src.unwrap_or(chat::FALLBACK_TEMPLATE).to_string();
+    let pooling = match config.pooling {
+        Some(p) => p,
+        None if config.embeddings => embed::Pooling::of_model(gguf).map_err(anyhow::Error::msg)?,
+        None => embed::Pooling::of_model(gguf).unwrap_or(embed::Pooling::None),
+    };
     let c = &model.config;
     let n_ctx = config.n_ctx.unwrap_or(c.n_ctx_train);
     if n_ctx == 0 {
@@ -290,6 +305,7 @@ fn model_info<B: Backend>(model: &Model<B>, config: &ServerConfig) -> anyhow::Re
         n_ctx_train: c.n_ctx_train,
         n_vocab: c.n_vocab,
         n_embd: c.n_embd,
+        pooling,
         n_params: model.n_params(),
         size: model.weight_bytes(),
         created: std::time::SystemTime::now()

@@ -85,6 +85,7 @@ pub struct Job {
 pub enum Work {
     Job(Box<Job>),
     Slot(SlotRequest),
+    Embed(crate::embed::EmbedRequest),
 }
 
 /// `POST /slots/{id}?action=...`: slot `slot`'s cache saved to a file, taken from one, or
@@ -430,7 +431,41 @@ impl<'m, B: Backend> Engine<'m, B> {
             Work::Slot(r) => {
                 let _ = r.reply.send(self.slot_action(r.slot, &r.action));
             }
+            Work::Embed(r) => {
+                let _ = r.reply.send(self.embed(&r.job));
+            }
         }
+    }
+
+    /// Each text of an embeddings request run whole on a session of its own (no slot's cache
+    /// is touched), its tokens' states pooled and normalized (`crate::embed`).
+    pub fn embed(
+        &mut self,
+        job: &crate::embed::EmbedJob,
+    ) -> Result<Vec<crate::embed::Embedded>, crate::error::ApiError> {
+        use crate::embed::{normalize, Embedded, Pooling};
+        let n_embd = self.model.config.n_embd;
+        job.inputs
+            .iter()
+            .map(|tokens| {
+                let fail = |e: muser_engine::EngineError| {
+                    crate::error::ApiError::internal(format!("embedding failed: {e}"))
+                };
+                let mut session = Session::new(self.model, tokens.len()).map_err(fail)?;
+                let states = session.embed(tokens).map_err(fail)?;
+                let mut vectors = job.pooling.pool(&states, n_embd);
+                if job.pooling != Pooling::None {
+                    vectors = vectors
+                        .iter()
+                        .map(|v| normalize(v, job.normalize))
+                        .collect();
+                }
+                Ok(Embedded {
+                    vectors,
+                    n_tokens: tokens.len(),
+                })
+            })
+            .collect()
     }
 
     /// Saves slot `i`'s computed positions to a file, takes them from one, or empties the
@@ -479,12 +514,12 @@ impl<'m, B: Backend> Engine<'m, B> {
                 let (snap, tokens, file_vocab, read) = crate::slot_file::read(path).map_err(bad)?;
                 if file_vocab != n_vocab || tokens.iter().any(|&t| t as usize >= n_vocab) {
                     return Err(bad(format!(
-                        "it was saved for a vocabulary of {file_vocab} tokens, this model has                          {n_vocab}"
+                        "it was saved for a vocabulary of {file_vocab} tokens, this model has {n_vocab}"
                     )));
                 }
                 if !slot.session.restore(&snap) {
                     return Err(bad(format!(
-                        "its {} positions and layers do not fit this model's cache of {n_ctx}                          positions",
+                        "its {} positions and layers do not fit this model's cache of {n_ctx} positions",
                         tokens.len()
                     )));
                 }

@@ -2247,6 +2247,20 @@ fn argmax(v: &[f32]) -> usize {
 
 /// Whole-model parity of one GGUF: prompt logits, then a greedy continuation where both
 /// backends are fed the CPU's tokens and every step's logits and top-1 are compared.
+/// A whole-model row, printed and kept.
+fn model_row(rows: &mut Vec<Row>, r: Row) -> anyhow::Result<()> {
+    outln!(
+        "{:<5} {:<22} {:<34} nmse {:>10.3e} (<= {:.0e})",
+        if r.pass() { "ok" } else { "FAIL" },
+        r.op,
+        r.shape,
+        r.nmse,
+        r.threshold
+    )?;
+    rows.push(r);
+    Ok(())
+}
+
 fn check_model(
     rows: &mut Vec<Row>,
     path: &PathBuf,
@@ -2278,21 +2292,18 @@ fn check_model(
     let mut sg = Session::new(&cuda, n_ctx)?;
     let lc = sc.prefill_all(&prompt)?;
     let lg = sg.prefill_all(&prompt)?;
-    let r = Row {
-        op: "model prompt logits".into(),
+    let whole = |op: &str, got: &[f32], want: &[f32]| Row {
+        op: op.into(),
         shape: format!("{name} {} pos", prompt.len()),
-        nmse: nmse(&lg, &lc),
+        nmse: nmse(got, want),
         threshold: LOGITS_NMSE,
     };
-    outln!(
-        "{:<5} {:<22} {:<34} nmse {:>10.3e} (<= {:.0e})",
-        if r.pass() { "ok" } else { "FAIL" },
-        r.op,
-        r.shape,
-        r.nmse,
-        r.threshold
-    )?;
-    rows.push(r);
+    model_row(rows, whole("model prompt logits", &lg, &lc))?;
+    // Every position's output-normed hidden state (`Session::embed`, what `muser serve
+    // --embeddings` pools), on fresh sessions.
+    let ec = Session::new(&cpu, n_ctx)?.embed(&prompt)?;
+    let eg = Session::new(&cuda, n_ctx)?.embed(&prompt)?;
+    model_row(rows, whole("model embeddings", &eg, &ec))?;
 
     // Greedy continuation: the CPU picks, both are fed its token.
     let nv = c.n_vocab;
@@ -2344,15 +2355,7 @@ fn check_model(
         nmse: num / den.max(f64::MIN_POSITIVE),
         threshold: LOGITS_NMSE,
     };
-    outln!(
-        "{:<5} {:<22} {:<34} nmse {:>10.3e} (<= {:.0e})",
-        if r.pass() { "ok" } else { "FAIL" },
-        r.op,
-        r.shape,
-        r.nmse,
-        r.threshold
-    )?;
-    rows.push(r);
+    model_row(rows, r)?;
     outln!(
         "      greedy top-1 agreement {agree}/{}{}",
         args.tokens,

@@ -48,6 +48,14 @@ pub struct Args {
     /// keeps a slot's cache there and takes it back (llama-server's --slot-save-path).
     #[arg(long = "slot-save-path")]
     pub slot_save_path: Option<PathBuf>,
+    /// Serve embeddings: `POST /v1/embeddings` (OpenAI's) and `/embedding` (llama-server's).
+    #[arg(long)]
+    pub embeddings: bool,
+    /// How a text's token states make its embedding: mean, cls (the first token's), last, or
+    /// none (every token's, `/embedding` only). Default: the model's `{arch}.pooling_type`,
+    /// none where the model names none.
+    #[arg(long)]
+    pub pooling: Option<muser_server::embed::Pooling>,
     /// A Jinja chat template to use instead of the model's `tokenizer.chat_template`.
     #[arg(long = "chat-template-file")]
     pub chat_template_file: Option<PathBuf>,
@@ -83,6 +91,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         chat_template,
         cache_ram: args.cache_ram.saturating_mul(1 << 20),
         slot_save_path: args.slot_save_path.clone(),
+        embeddings: args.embeddings,
+        pooling: args.pooling,
     })?;
     eprintln!(
         "muser serve: listening on http://{} (loading {})",
