@@ -43,6 +43,7 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/models/{id}", get(model))
         .route("/models/{id}", get(model))
         .route("/completion", post(completion_native))
+        .route("/infill", post(infill))
         .route("/v1/completions", post(completions))
         .route("/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
@@ -836,6 +837,27 @@ async fn completion_native(
     body: Body,
 ) -> Result<Response, ApiError> {
     let (m, obj) = sh.request(&headers, body).await?;
+    native_answer(sh, m, obj).await
+}
+
+/// llama-server's `POST /infill` (`crate::infill`): the fill-in-the-middle prompt made from
+/// `input_prefix`, `input_suffix` and `input_extra`, then answered as `/completion` answers.
+async fn infill(State(sh): AppState, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
+    let (m, mut obj) = sh.request(&headers, body).await?;
+    let prompt = crate::infill::prompt(&m.tokenizer, &obj, m.n_ctx, sh.config.spm_infill)?;
+    for key in crate::infill::FIELDS {
+        obj.remove(key);
+    }
+    obj.insert("prompt".into(), json!(prompt));
+    native_answer(sh, m, obj).await
+}
+
+/// `/completion`'s answer to a request's fields.
+async fn native_answer(
+    sh: Arc<Shared>,
+    m: Arc<ModelInfo>,
+    obj: Map<String, Value>,
+) -> Result<Response, ApiError> {
     let (obj, native) = native::translate(obj)?;
     let f = Fields(&obj);
     // (llama-server answers several completions here as an array of answers; Muser's

@@ -19,6 +19,7 @@ pub mod embed;
 pub mod error;
 pub mod host_cache;
 mod http;
+pub mod infill;
 pub use http::read_chat_output;
 pub mod metrics;
 mod native;
@@ -69,6 +70,9 @@ pub struct ServerConfig {
     /// How a text's token states make its embedding (None: as the GGUF's
     /// `{arch}.pooling_type` says; none where it says nothing).
     pub pooling: Option<embed::Pooling>,
+    /// `/infill` lays out suffix, prefix, middle instead of prefix, suffix, middle
+    /// (llama-server's `--spm-infill`).
+    pub spm_infill: bool,
 }
 
 impl Default for ServerConfig {
@@ -87,6 +91,7 @@ impl Default for ServerConfig {
             slot_save_path: None,
             embeddings: false,
             pooling: None,
+            spm_infill: false,
         }
     }
 }

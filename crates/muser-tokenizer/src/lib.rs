@@ -17,4 +17,4 @@ pub use byte_unicode::ByteUnicode;
 pub use data::{TokenType, TokenizerData, TokenizerModel};
 pub use error::TokenizerError;
 pub use stream::StreamDecoder;
-pub use tokenizer::Tokenizer;
+pub use tokenizer::{Fim, Tokenizer};

@@ -33,6 +33,7 @@ pub struct Tokenizer {
     eom: Option<u32>,
     /// Every token that ends generation, ascending.
     eog: Vec<u32>,
+    fim: Fim,
     unk: Option<u32>,
     pad: Option<u32>,
     add_bos: bool,
@@ -156,6 +157,7 @@ impl Tokenizer {
             eot,
             eom,
             eog: found.eog,
+            fim: found.fim,
             unk,
             pad,
             add_bos,
@@ -305,6 +307,11 @@ impl Tokenizer {
     pub fn eog_ids(&self) -> &[u32] {
         &self.eog
     }
+
+    /// The fill-in-the-middle tokens the model has.
+    pub fn fim(&self) -> Fim {
+        self.fim
+    }
 }
 
 // llama.cpp finds special tokens a file does not name by their text (its `llama_vocab` load,
@@ -397,6 +404,24 @@ struct FoundSpecials {
     eot: Option<u32>,
     eom: Option<u32>,
     eog: Vec<u32>,
+    fim: Fim,
+}
+
+/// The fill-in-the-middle tokens (`Tokenizer::fim`): named by the file
+/// (`tokenizer.ggml.fim_*_token_id`) or found by their known texts, as llama.cpp finds them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Fim {
+    /// Before the code that comes before the gap.
+    pub pre: Option<u32>,
+    /// Before the code that comes after it.
+    pub suf: Option<u32>,
+    /// Where the model writes the middle.
+    pub mid: Option<u32>,
+    pub pad: Option<u32>,
+    /// Before a repository's name (repo-level prompts).
+    pub rep: Option<u32>,
+    /// Before each file's name (repo-level prompts).
+    pub sep: Option<u32>,
 }
 
 /// Fills in EOT, EOM and the FIM tokens the file does not name from their texts, builds the
@@ -457,7 +482,20 @@ fn find_special_tokens(
             types[s as usize] = TokenType::Normal;
         }
     }
-    FoundSpecials { eot, eom, eog }
+    let [pre, suf, mid, pad, rep, sep] = fim_found;
+    FoundSpecials {
+        eot,
+        eom,
+        eog,
+        fim: Fim {
+            pre,
+            suf,
+            mid,
+            pad,
+            rep,
+            sep,
+        },
+    }
 }
 
 /// Appends the bytes one token decodes to.

@@ -582,6 +582,12 @@ fn end_of_turn_tokens_are_found_by_text_as_llama_cpp_does() {
     assert_eq!((t.eot(), t.eom()), (Some(256), Some(257)));
     assert_eq!(t.eog_ids(), [256, 257, 259, 260, 261]);
     assert_eq!(t.token_type(258).unwrap(), TokenType::Control);
+    let fim = t.fim();
+    assert_eq!(
+        (fim.pre, fim.pad, fim.rep, fim.sep),
+        (Some(258), Some(259), Some(260), Some(261))
+    );
+    assert_eq!((fim.suf, fim.mid), (None, None));
     // A vocabulary with none of the texts ends generation at EOS alone.
     let mut d = with_specials(&[("<|stop|>", TokenType::Control)]);
     d.eos = Some(256);

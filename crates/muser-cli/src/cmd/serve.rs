@@ -56,6 +56,10 @@ pub struct Args {
     /// none where the model names none.
     #[arg(long)]
     pub pooling: Option<muser_server::embed::Pooling>,
+    /// `POST /infill` writes the suffix before the prefix (suffix-prefix-middle, for models
+    /// trained so), as llama-server's --spm-infill.
+    #[arg(long = "spm-infill")]
+    pub spm_infill: bool,
     /// A Jinja chat template to use instead of the model's `tokenizer.chat_template`.
     #[arg(long = "chat-template-file")]
     pub chat_template_file: Option<PathBuf>,
@@ -93,6 +97,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         slot_save_path: args.slot_save_path.clone(),
         embeddings: args.embeddings,
         pooling: args.pooling,
+        spm_infill: args.spm_infill,
     })?;
     eprintln!(
         "muser serve: listening on http://{} (loading {})",
