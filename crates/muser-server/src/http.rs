@@ -1126,6 +1126,24 @@ pub(crate) struct Output {
 }
 
 impl Output {
+    /// A reading of `format` with `tools` and a reasoning block first or not (for other
+    /// modules' tests).
+    #[cfg(test)]
+    pub(crate) fn for_test(
+        format: Format,
+        tools: Option<ToolRequest>,
+        think: Option<(think::Tags, bool)>,
+    ) -> Output {
+        Output {
+            format,
+            tools,
+            call_seed: 1,
+            think,
+            lead: "",
+            past_ids: Default::default(),
+        }
+    }
+
     /// The text the format reads: `lead`, then the output.
     fn led<'t>(&self, text: &'t str) -> std::borrow::Cow<'t, str> {
         if self.lead.is_empty() {

@@ -1172,3 +1172,226 @@ fn events(
     })
     .flatten()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tools::test_util::{piece_ends, random_output, random_req, Rng};
+    use crate::tools::{think, Format};
+
+    fn head() -> Head {
+        Head {
+            id: "resp_0123".into(),
+            created: 1,
+            model: "m".into(),
+            temperature: 0.8,
+            top_p: 0.95,
+            echo: Echoed::default(),
+        }
+    }
+
+    fn finish(reason: FinishReason, n: usize) -> Finish {
+        Finish {
+            reason,
+            stop_word: None,
+            slot: 0,
+            prompt_tokens: 5,
+            completion_tokens: n,
+            cached_tokens: 0,
+            prompt_ms: 1.0,
+            predicted_ms: 1.0,
+        }
+    }
+
+    /// Random Hermes answers (reasoning in <think> tags first or not, text and calls, some cut
+    /// short), streamed in random pieces: the events are numbered in order, each item is added
+    /// at the next index and done before the next one is added, its deltas add up to what its
+    /// done event and the last response give, and the items together hold the text, reasoning
+    /// and calls of chat's final reading of the same text.
+    #[test]
+    fn events_rebuild_the_items_and_the_chat_reading() {
+        let mut rng = Rng(0x2E5_9015);
+        let (mut calls_seen, mut reasoned, mut text_after_calls) = (0, 0, 0);
+        for round in 0..200 {
+            let parallel = rng.coin();
+            let r = random_req(&mut rng, round, parallel);
+            let think = [None, Some(true), Some(false)][rng.below(3)];
+            let output = Output::for_test(
+                Format::Hermes,
+                Some(r.clone()),
+                think.map(|o| (think::THINK, o)),
+            );
+            let mut text = match think {
+                None => String::new(),
+                Some(true) => "Weighing it.</think>".to_string(),
+                Some(false) => "<think>Weighing it.</think>".to_string(),
+            };
+            text += &random_output(&mut rng, Format::Hermes, &r);
+            if rng.coin() {
+                // text after the calls: an item of its own, after theirs
+                text += " Then more.";
+            }
+            if rng.coin() {
+                let mut cut = rng.below(text.len() + 1);
+                while !text.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                text.truncate(cut);
+            }
+            let mut run = Run::new(head(), Some(output.clone()));
+            let mut events = run.start();
+            let mut last = 0;
+            let ends = piece_ends(&mut rng, &text, 7);
+            for &at in &ends {
+                events.extend(run.token(Some(0), &text[last..at]));
+                last = at;
+            }
+            let reason = [FinishReason::Stop, FinishReason::Length][rng.below(2)];
+            events.extend(run.finish(&finish(reason, ends.len())));
+
+            for (i, e) in events.iter().enumerate() {
+                assert_eq!(e["sequence_number"], json!(i));
+            }
+            let (mut items, mut open): (Vec<(Value, String)>, Option<usize>) = (Vec::new(), None);
+            for e in &events[2..events.len() - 1] {
+                let at = e["output_index"].as_u64().unwrap() as usize;
+                match e["type"].as_str().unwrap() {
+                    "response.output_item.added" => {
+                        assert_eq!((open, at), (None, items.len()), "{text:?}");
+                        items.push((e["item"].clone(), String::new()));
+                        open = Some(at);
+                    }
+                    "response.output_item.done" => {
+                        assert_eq!(open, Some(at));
+                        let (item, sent) = &mut items[at];
+                        *item = e["item"].clone();
+                        let whole = match item["type"].as_str().unwrap() {
+                            "function_call" => &item["arguments"],
+                            _ => &item["content"][0]["text"],
+                        };
+                        assert_eq!(whole, &json!(sent));
+                        open = None;
+                    }
+                    t if t.ends_with(".delta") => {
+                        assert_eq!(open, Some(at));
+                        assert_eq!(e["item_id"], items[at].0["id"]);
+                        items[at].1 += e["delta"].as_str().unwrap();
+                    }
+                    _ => assert_eq!(open, Some(at)),
+                }
+            }
+            assert_eq!(open, None);
+            let end = events.last().unwrap();
+            let status = match reason {
+                FinishReason::Stop => "completed",
+                FinishReason::Length => "incomplete",
+            };
+            assert_eq!(end["type"], json!(format!("response.{status}")));
+            let out: Vec<Value> = items.iter().map(|(i, _)| i.clone()).collect();
+            assert_eq!(end["response"]["output"], json!(out));
+
+            let (p, _) = output.parse_final(&text);
+            let joined = |kind: &str| -> String {
+                out.iter()
+                    .filter(|i| i["type"] == kind)
+                    .map(|i| i["content"][0]["text"].as_str().unwrap().to_string())
+                    .collect()
+            };
+            assert_eq!(joined("message"), p.content, "{text:?}");
+            assert_eq!(joined("reasoning"), p.reasoning.clone().unwrap_or_default());
+            let calls: Vec<(String, String)> = out
+                .iter()
+                .filter(|i| i["type"] == "function_call")
+                .map(|i| {
+                    let s = |k: &str| i[k].as_str().unwrap().to_string();
+                    (s("name"), s("arguments"))
+                })
+                .collect();
+            let want: Vec<(String, String)> = p
+                .tool_calls
+                .iter()
+                .map(|c| (c.name.clone(), c.arguments.clone()))
+                .collect();
+            assert_eq!(calls, want, "{text:?}");
+            let kinds: Vec<&str> = out.iter().map(|i| i["type"].as_str().unwrap()).collect();
+            let after = kinds.windows(2).any(|w| w == ["function_call", "message"]);
+            text_after_calls += usize::from(after);
+            calls_seen += calls.len();
+            reasoned += usize::from(p.reasoning.is_some());
+        }
+        assert!(
+            calls_seen > 100 && reasoned > 50 && text_after_calls > 10,
+            "{calls_seen} {reasoned} {text_after_calls}"
+        );
+    }
+
+    /// Every kind of input item becomes its chat message: instructions a system message first,
+    /// the assistant's reasoning, text and calls one message, call outputs tool messages.
+    #[test]
+    fn input_items_become_chat_messages() {
+        let body = json!({
+            "instructions": "Be brief.",
+            "input": [
+                {"role": "developer", "content": "Rules."},
+                {"type": "message", "role": "user",
+                 "content": [{"type": "input_text", "text": "a"}, {"type": "input_text", "text": "b"}]},
+                {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "hm"}]},
+                {"role": "assistant", "content": "Let me see."},
+                {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+                {"type": "function_call", "call_id": "c2", "name": "g", "arguments": "{\"x\":1}"},
+                {"type": "function_call_output", "call_id": "c1", "output": "1"},
+                {"type": "function_call_output", "call_id": "c2",
+                 "output": [{"type": "input_text", "text": "2"}]},
+                {"type": "message", "role": "assistant",
+                 "content": [{"type": "output_text", "text": "Done."}, {"type": "refusal", "refusal": "No."}]},
+            ],
+            "max_output_tokens": 7,
+            "tools": [{"type": "function", "name": "f", "parameters": {}}],
+            "tool_choice": {"type": "function", "name": "f"},
+            "text": {"format": {"type": "json_schema", "name": "s", "schema": {"type": "object"}}},
+            "reasoning": {"effort": "low"},
+            "temperature": 0.5,
+        });
+        let (chat, _) = translate(body.as_object().unwrap()).unwrap();
+        let text = |t: &str| json!({"type": "text", "text": t});
+        assert_eq!(
+            chat["messages"],
+            json!([
+                {"role": "system", "content": "Be brief."},
+                {"role": "developer", "content": [text("Rules.")]},
+                {"role": "user", "content": [text("a"), text("b")]},
+                {"role": "assistant", "content": [text("Let me see.")], "reasoning_content": "hm",
+                 "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}},
+                    {"id": "c2", "type": "function", "function": {"name": "g", "arguments": "{\"x\":1}"}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "1"},
+                {"role": "tool", "tool_call_id": "c2", "content": [text("2")]},
+                {"role": "assistant", "content": [text("Done."), text("No.")]},
+            ])
+        );
+        assert_eq!(chat["max_tokens"], json!(7));
+        assert_eq!(
+            chat["tools"],
+            json!([{"type": "function", "function": {"name": "f", "parameters": {}}}])
+        );
+        assert_eq!(
+            chat["tool_choice"],
+            json!({"type": "function", "function": {"name": "f"}})
+        );
+        assert_eq!(
+            chat["response_format"],
+            json!({"type": "json_schema", "json_schema": {"name": "s", "schema": {"type": "object"}}})
+        );
+        assert_eq!(chat["reasoning_effort"], json!("low"));
+        assert_eq!(chat["temperature"], json!(0.5));
+        for k in [
+            "input",
+            "instructions",
+            "max_output_tokens",
+            "text",
+            "reasoning",
+        ] {
+            assert!(!chat.contains_key(k), "{k}");
+        }
+    }
+}
