@@ -20,7 +20,7 @@ import openai
 import pytest
 
 from test_server import ServerProcess, post
-from test_tool_calls import HERMES, THINK
+from test_tool_calls import HERMES, THINK, servers  # noqa: F401 (a fixture)
 
 MODEL_ID = "muse-default"
 WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city.",
@@ -218,6 +218,32 @@ def test_forced_calls_are_function_call_items(client, choice):
             seed=seed).choices[0].message
         assert [(c.function.name, c.function.arguments) for c in m.tool_calls] == \
             [(c.name, c.arguments) for c in calls]
+
+
+def test_every_formats_calls_and_reasoning_are_chats(servers):
+    """In every tool-call format (each chat template test_tool_calls.py runs), a forced call
+    through the Responses API is what chat completions gives for the same seed: the reasoning
+    item's text its reasoning_content, the message's text its content, the function_call items
+    its calls; streamed, the events add up to the same response."""
+    rng = random.Random()
+    for fmt, server in servers.items():
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+        seed, temperature = rng.randrange(1 << 30), rng.choice([0.0, 0.8])
+        common = dict(model=MODEL_ID, temperature=temperature)
+        where = f"{fmt} seed {seed} t {temperature}"
+        kw = dict(input=INPUTS[1], tools=TOOLS, tool_choice="required", max_output_tokens=300,
+                  extra_body={"seed": seed}, **common)
+        r = client.responses.create(**kw)
+        m = client.chat.completions.create(
+            messages=[{"role": "user", "content": INPUTS[1]}], tools=[chat_tool(t) for t in TOOLS],
+            tool_choice="required", max_tokens=300, seed=seed, **common).choices[0].message
+        reasoning = "".join(i.content[0].text for i in r.output if i.type == "reasoning")
+        assert reasoning == ((m.model_extra or {}).get("reasoning_content") or ""), where
+        assert r.output_text == (m.content or ""), where
+        assert [(i.name, i.arguments) for i in r.output if i.type == "function_call"] == \
+            [(c.function.name, c.function.arguments) for c in m.tool_calls or []], where
+        _, streamed = events_of(client.responses.create(stream=True, **kw))
+        same_output(streamed, r)
 
 
 def test_text_format_holds_the_answer_to_a_schema(client):
