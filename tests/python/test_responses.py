@@ -381,6 +381,8 @@ BAD = [
      "previous_response_id"),
     ("background", {"input": "hi", "background": True}, "background"),
     ("conversation", {"input": "hi", "conversation": "conv_1"}, "conversation"),
+    ("context_management", {"input": "hi", "context_management": [{"type": "compaction"}]},
+     "context_management"),
     ("built-in tool", {"input": "hi", "tools": [{"type": "web_search"}]}, "tools[0].type"),
     ("tools not an array", {"input": "hi", "tools": {"type": "function"}}, "tools"),
     ("tool without a name", {"input": "hi", "tools": [{"type": "function",

@@ -107,14 +107,24 @@ struct Echoed {
 }
 
 /// Fields of the Responses API that need what Muser does not have (stored responses and
-/// conversations, background runs, prompt templates, server-side truncation), with the value
-/// that asks for nothing: any other value is a 400.
+/// conversations, background runs, stored prompt templates, built-in tools, compaction of the
+/// context), and why: a value other than null, false or "" is a 400.
 const REFUSED: &[(&str, &str)] = &[
-    ("previous_response_id", "stored responses"),
-    ("conversation", "stored conversations"),
-    ("background", "background responses"),
-    ("prompt", "stored prompt templates"),
-    ("max_tool_calls", "a limit on built-in tool calls"),
+    (
+        "previous_response_id",
+        "this server keeps no stored responses",
+    ),
+    ("conversation", "this server keeps no stored conversations"),
+    ("background", "this server runs no background responses"),
+    ("prompt", "this server keeps no stored prompt templates"),
+    (
+        "max_tool_calls",
+        "this server has no built-in tools to limit",
+    ),
+    (
+        "context_management",
+        "this server never compacts the context",
+    ),
 ];
 
 /// Chat-completions fields that have a Responses API field of their own: a 400 pointing to it
@@ -134,17 +144,14 @@ const CHAT_ONLY: &[(&str, &str)] = &[
 /// they are), and what its answer repeats of it.
 fn translate(obj: &Map<String, Value>) -> Result<(Map<String, Value>, Echoed), ApiError> {
     let f = Fields(obj);
-    for &(k, what) in REFUSED {
+    for &(k, why) in REFUSED {
         match f.get(k) {
             None | Some(Value::Bool(false)) => {}
             Some(Value::String(s)) if s.is_empty() => {}
             Some(v) => {
                 return Err(ApiError::param(
                     k,
-                    format!(
-                        "{k} is not supported: this server keeps no {what} (got {})",
-                        show(v)
-                    ),
+                    format!("{k} is not supported: {why} (got {})", show(v)),
                 ))
             }
         }
