@@ -282,3 +282,115 @@ def test_props_and_slots_agree_with_llama_servers_values(servers):
     assert [(s["id"], s["n_ctx"], s["is_processing"]) for s in got] == \
         [(s["id"], s["n_ctx"], s["is_processing"]) for s in want] == [(0, 1024, False),
                                                                       (1, 1024, False)]
+
+
+# --- the Responses API ------------------------------------------------------------------------
+
+def responses_events(url: str, body: dict) -> list[tuple[str, dict]]:
+    """A streamed /v1/responses answer: each event's `event:` name and its JSON; the stream
+    ends after the last (no [DONE] in this API, on either server)."""
+    r = requests.post(url + "/v1/responses", json=dict(body, stream=True), timeout=60,
+                      stream=True)
+    assert r.status_code == 200, r.text
+    out, name = [], None
+    for line in r.iter_lines(decode_unicode=True):
+        if line.startswith("event: "):
+            name = line[7:]
+        elif line.startswith("data: "):
+            assert line != "data: [DONE]"
+            data = json.loads(line[6:])
+            assert data["type"] == name
+            out.append((name, data))
+    return out
+
+
+# What differs in the Responses API's answers, and why (field paths as `shape` writes them).
+RESPONSES_DIFFERENCES = {
+    # llama-server's own telemetry on the last event; Muser's stream has no timings.
+    ("response.completed", ".timings*"),
+}
+
+
+def test_responses_have_llama_servers_fields_and_events(tmp_path):
+    """Both servers on one file with one chat template: /v1/responses/input_tokens counts the
+    same prompt for an input of every item kind; the answer has every field of llama-server's
+    with the same JSON type; a stream's events come in llama-server's order, each type with
+    llama-server's fields (Muser adds OpenAI's `sequence_number`, `output_index`,
+    `content_index` and the full response object); a refused `previous_response_id` is a 400
+    on both. llama-server says "completed" for an answer max_output_tokens cut; Muser, as
+    OpenAI, "incomplete" (with response.incomplete as the last event)."""
+    model = tmp_path / "llama-tiny.gguf"
+    subprocess.run([str(muser_bin()), "synth", "llama-tiny", str(model)], check=True,
+                   capture_output=True)
+    from test_tool_calls import HERMES
+    template = tmp_path / "hermes.jinja"
+    template.write_text(HERMES)
+    muser = ServerProcess("--ctx-size", "2048", "--chat-template-file", str(template),
+                          model=model)
+    try:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        llama = LlamaServer(model, port, "--jinja", "--chat-template-file", str(template))
+    except Exception:
+        muser.stop()
+        raise
+    try:
+        tool = {"type": "function", "name": "f", "description": "F.",
+                "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}}}
+        items = [{"role": "developer", "content": "Be brief."},
+                 {"role": "user", "content": [{"type": "input_text", "text": "a"},
+                                              {"type": "input_text", "text": "b"}]},
+                 {"type": "function_call", "call_id": "c1", "name": "f",
+                  "arguments": "{\"a\": 1}"},
+                 {"type": "function_call_output", "call_id": "c1", "output": "42"},
+                 {"type": "message", "role": "assistant",
+                  "content": [{"type": "output_text", "text": "It is 42."}]},
+                 {"role": "user", "content": "And b?"}]
+        body = {"input": items, "instructions": "Be nice.", "tools": [tool]}
+        counts = [requests.post(s.url + "/v1/responses/input_tokens", json=body,
+                                timeout=60).json() for s in (muser, llama)]
+        assert counts[0] == counts[1] and counts[0]["input_tokens"] > 20, counts
+
+        ask = {"input": "Hello there", "instructions": "Be brief.", "max_output_tokens": 6,
+               "temperature": 0}
+        got, want = (requests.post(s.url + "/v1/responses", json=ask, timeout=60)
+                     for s in (muser, llama))
+        assert got.status_code == want.status_code == 200
+        g, w = shape(got.json()), shape(want.json())
+        assert not [p for p in w if p not in g], [p for p in w if p not in g]
+        assert not [p for p in w if "null" not in (w[p], g[p]) and w[p] != g[p]]
+        assert want.json()["status"] == "completed" and got.json()["status"] == "incomplete"
+        assert got.json()["output"][0]["content"][0]["text"]
+
+        got, want = (responses_events(s.url, ask) for s in (muser, llama))
+        # (runs of deltas as one: the texts differ, each engine's own draw)
+        def order(events):
+            names = [n for n, _ in events]
+            return [n for i, n in enumerate(names) if i == 0 or n != names[i - 1]]
+        mapped = [n.replace("response.incomplete", "response.completed") for n in order(got)]
+        assert mapped == order(want), (order(got), order(want))
+        fields_g, fields_w = {}, {}
+        for events, fields in ((got, fields_g), (want, fields_w)):
+            for name, data in events:
+                name = name.replace("response.incomplete", "response.completed")
+                fields.setdefault(name, {}).update(shape(data))
+        for name, w in fields_w.items():
+            g = fields_g[name]
+            missing = [p for p in w if p not in g and not any(
+                n == name and (p == q or (q.endswith("*") and p.startswith(q[:-1])))
+                for n, q in RESPONSES_DIFFERENCES)]
+            assert not missing, (name, missing)
+            assert not [p for p in w if p in g and "null" not in (w[p], g[p])
+                        and w[p] != g[p]], name
+        assert all(d["sequence_number"] == i for i, (_, d) in enumerate(got))
+
+        for s in (muser, llama):
+            r = requests.post(s.url + "/v1/responses",
+                              json={"input": "hi", "previous_response_id": "resp_1"}, timeout=60)
+            assert r.status_code == 400
+            e = r.json()["error"]
+            assert e["type"] == "invalid_request_error" and "previous_response_id" in e["message"]
+    finally:
+        muser.stop()
+        llama.stop()

@@ -10,6 +10,7 @@ use crate::constrain;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::native::{self, NativeReply};
+use crate::responses;
 use crate::scheduler::{
     Echo, Event, Finish, FinishReason, Job, Logprob, SlotAction, SlotRequest, Ticket, Work,
 };
@@ -48,6 +49,10 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route("/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/chat/completions", post(chat_completions))
+        .route("/v1/responses", post(responses::create))
+        .route("/responses", post(responses::create))
+        .route("/v1/responses/input_tokens", post(responses::input_tokens))
+        .route("/responses/input_tokens", post(responses::input_tokens))
         .route("/apply-template", post(apply_template))
         .route("/v1/embeddings", post(embeddings_openai))
         .route("/embeddings", post(embeddings_native))
@@ -118,7 +123,7 @@ async fn not_found(req: Request) -> ApiError {
 
 impl Shared {
     /// The model, or 503 while it loads (500 if it failed to).
-    fn ready(&self) -> Result<Arc<ModelInfo>, ApiError> {
+    pub(crate) fn ready(&self) -> Result<Arc<ModelInfo>, ApiError> {
         if let Some(m) = self.model.get() {
             return Ok(m.clone());
         }
@@ -128,7 +133,7 @@ impl Shared {
         }
     }
 
-    fn next_id(&self) -> u64 {
+    pub(crate) fn next_id(&self) -> u64 {
         self.counter.fetch_add(1, Relaxed)
     }
 
@@ -152,7 +157,7 @@ impl Shared {
 
     /// `run` of the choices of one request (each its prompt, its settings and its most
     /// tokens), admitted together or not at all; their receivers in order.
-    fn run_choices(
+    pub(crate) fn run_choices(
         &self,
         choices: Vec<(Vec<u32>, api::Generation, usize)>,
     ) -> Result<Vec<UnboundedReceiver<Event>>, ApiError> {
@@ -188,7 +193,7 @@ impl Shared {
     }
 
     /// A request's JSON object, once the model is ready (503 before), with the model.
-    async fn request(
+    pub(crate) async fn request(
         &self,
         headers: &HeaderMap,
         body: Body,
@@ -563,13 +568,30 @@ async fn apply_template(
     body: Body,
 ) -> Result<Json<Value>, ApiError> {
     let (m, obj) = sh.request(&headers, body).await?;
+    Ok(Json(json!({ "prompt": render_chat(&m, &obj)? })))
+}
+
+/// The prompt text the chat template makes of a chat request (its messages, tools, response
+/// format ...), as /v1/chat/completions renders it, without running the model.
+pub(crate) fn render_chat(m: &ModelInfo, obj: &Map<String, Value>) -> Result<String, ApiError> {
     // The response format matters to the prompt where the generic tool format describes it.
-    let f = Fields(&obj);
+    let f = Fields(obj);
     let preserved = constrain::preserved_tokens(&f, &m.tokenizer)?;
     let spec = constrain::read(&f, &m.tokenizer, &preserved)?;
-    let (response, _) = tools_response(spec.as_ref(), &obj)?;
-    let (req, _, _) = chat_request(&m.template, m.chat_format, &obj, response.as_ref())?;
-    Ok(Json(json!({ "prompt": m.template.render_request(&req)? })))
+    let (response, _) = tools_response(spec.as_ref(), obj)?;
+    let (req, _, _) = chat_request(&m.template, m.chat_format, obj, response.as_ref())?;
+    m.template.render_request(&req)
+}
+
+/// The tokens of a rendered chat prompt: BOS first where the model asks for it, unless the
+/// template wrote it itself; control tokens parsed.
+pub(crate) fn chat_tokens(m: &ModelInfo, text: &str) -> Vec<u32> {
+    let bos_written = m
+        .tokenizer
+        .bos()
+        .and_then(|b| m.tokenizer.token_text(b).ok())
+        .is_some_and(|b| !b.is_empty() && text.starts_with(b));
+    m.tokenizer.encode(text, !bos_written, true)
 }
 
 /// The JSON schema of the reply that calls no tool, when a request gives tools and a JSON
@@ -915,7 +937,34 @@ async fn generate(
     chat: bool,
 ) -> Result<Response, ApiError> {
     let (m, obj) = sh.request(&headers, body).await?;
-    let f = Fields(&obj);
+    let p = prepare(&sh, m, &obj, chat).await?;
+    let rxs = sh.run_choices(p.choices)?;
+    if p.stream {
+        Ok(Sse::new(sse_stream(p.reply, rxs)).into_response())
+    } else {
+        collect(p.reply, rxs).await.map(|v| Json(v).into_response())
+    }
+}
+
+/// A chat or completion request made ready for the engine: how to write its answer, and its
+/// choices (each its prompt, settings and most tokens), not yet admitted.
+pub(crate) struct Prepared {
+    pub(crate) reply: Reply,
+    pub(crate) choices: Vec<(Vec<u32>, api::Generation, usize)>,
+    pub(crate) stream: bool,
+}
+
+/// Reads a /v1/completions or /v1/chat/completions request (`chat`): its settings checked,
+/// the chat template rendered with the tools and the reasoning block, the grammar built, the
+/// prompts tokenized and fitted to the context. Other APIs over chat (the Responses API:
+/// responses.rs) translate their requests into a chat request's object and come here too.
+pub(crate) async fn prepare(
+    sh: &Shared,
+    m: Arc<ModelInfo>,
+    obj: &Map<String, Value>,
+    chat: bool,
+) -> Result<Prepared, ApiError> {
+    let f = Fields(obj);
     if let Some(name) = f.string("model")? {
         if !name.is_empty() && !m.knows(name) {
             return Err(unknown_model(name, &m).with_param("model"));
@@ -933,9 +982,9 @@ async fn generate(
     let prompts = if chat {
         // A JSON response format beside tools holds the reply that calls no tool (the calls
         // have their own grammar); a raw or lazy grammar cannot be combined with them.
-        let (response, response_source) = tools_response(spec.as_ref(), &obj)?;
+        let (response, response_source) = tools_response(spec.as_ref(), obj)?;
         if let (Some(_), Format::Atem, Some(source)) = (&response, m.chat_format, response_source) {
-            let t = tools::parse_tools(&obj)?;
+            let t = tools::parse_tools(obj)?;
             if t.is_some_and(|t| t.choice == tools::ToolChoice::Auto) {
                 let field = source.field();
                 return Err(ApiError::param(
@@ -947,7 +996,7 @@ async fn generate(
                 ));
             }
         }
-        let (req, tools, plan) = chat_request(&m.template, m.chat_format, &obj, response.as_ref())?;
+        let (req, tools, plan) = chat_request(&m.template, m.chat_format, obj, response.as_ref())?;
         let format = m.chat_format;
         let calls = reads_calls(tools.as_ref());
         if let (Some(t), Some(_)) = (&tools, &spec) {
@@ -1029,12 +1078,7 @@ async fn generate(
             }
         }
         // A template that writes BOS itself gets no second one.
-        let bos_written = m
-            .tokenizer
-            .bos()
-            .and_then(|b| m.tokenizer.token_text(b).ok())
-            .is_some_and(|b| !b.is_empty() && text.starts_with(b));
-        let p = m.tokenizer.encode(&text, !bos_written, true);
+        let p = chat_tokens(&m, &text);
         if p.is_empty() {
             return Err(ApiError::param("messages", "the messages have no tokens"));
         }
@@ -1101,12 +1145,11 @@ async fn generate(
             (p, g, max)
         })
         .collect();
-    let rxs = sh.run_choices(choices)?;
-    if stream {
-        Ok(Sse::new(sse_stream(reply, rxs)).into_response())
-    } else {
-        collect(reply, rxs).await.map(|v| Json(v).into_response())
-    }
+    Ok(Prepared {
+        reply,
+        choices,
+        stream,
+    })
 }
 
 /// Makes a grammar made here wait for what comes before the reply (a reasoning block): a lazy
@@ -1141,10 +1184,10 @@ fn around_reply(
 }
 
 /// How to write the answer to one request.
-struct Reply {
+pub(crate) struct Reply {
     id: String,
     created: u64,
-    model: String,
+    pub(crate) model: String,
     chat: bool,
     logprobs: bool,
     include_usage: bool,
@@ -1161,7 +1204,7 @@ struct Reply {
 /// tool calls get, and whether reasoning in a block of tags comes first (Some: the template's
 /// tags, and whether the prompt opened the block).
 #[derive(Clone)]
-struct Output {
+pub(crate) struct Output {
     format: Format,
     tools: Option<ToolRequest>,
     call_seed: u64,
@@ -1176,6 +1219,24 @@ struct Output {
 }
 
 impl Output {
+    /// A reading of `format` with `tools` and a reasoning block first or not (for other
+    /// modules' tests).
+    #[cfg(test)]
+    pub(crate) fn for_test(
+        format: Format,
+        tools: Option<ToolRequest>,
+        think: Option<(think::Tags, bool)>,
+    ) -> Output {
+        Output {
+            format,
+            tools,
+            call_seed: 1,
+            think,
+            lead: "",
+            past_ids: Default::default(),
+        }
+    }
+
     /// The text the format reads: `lead`, then the output.
     fn led<'t>(&self, text: &'t str) -> std::borrow::Cow<'t, str> {
         if self.lead.is_empty() {
@@ -1208,7 +1269,7 @@ impl Output {
     /// it is closed and its reply has begun (neither changes after that), and what the
     /// format's reading settled of the reply (`Format::parse_partial_on`), kept while the reply
     /// starts where it did (a reply of whitespace so far moves on as it grows).
-    fn read_on(&self, text: &str, s: &mut Settled) -> Parsed {
+    pub(crate) fn read_on(&self, text: &str, s: &mut Settled) -> Parsed {
         let led = self.led(text);
         let text: &str = &led;
         let (reasoning, reply) = match (self.think, &s.split) {
@@ -1240,7 +1301,7 @@ impl Output {
     /// (then the calls as streaming read them: `Parsed::settle`), so that a streamed answer and
     /// the same answer whole agree; and whether it is `parse`'s (its calls whole: only then is
     /// the finish reason `tool_calls`).
-    fn parse_final(&self, text: &str) -> (Parsed, bool) {
+    pub(crate) fn parse_final(&self, text: &str) -> (Parsed, bool) {
         Parsed::settle(self.parse(text), self.parse_partial(text))
     }
 
@@ -1303,7 +1364,7 @@ fn joined(first: Option<String>, then: Option<String>) -> Option<String> {
 
 /// What `Output::read_on`'s readings of one streamed answer settled.
 #[derive(Default)]
-struct Settled {
+pub(crate) struct Settled {
     /// The reasoning (None: no block) and where the reply after it starts in `text`, once both
     /// are final (`think::split_partial` gives the same for all that follows).
     split: Option<(Option<String>, usize)>,
@@ -1317,7 +1378,7 @@ struct Settled {
 /// apart by id); otherwise one made from the request's seed and the call's index, or, when
 /// that one is taken too, from indices no call has. The same calls in the same order get the
 /// same ids, streamed or whole.
-struct Ids {
+pub(crate) struct Ids {
     format: Format,
     seed: u64,
     seen: std::collections::HashSet<String>,
@@ -1325,7 +1386,7 @@ struct Ids {
 }
 
 impl Ids {
-    fn new(o: &Output) -> Ids {
+    pub(crate) fn new(o: &Output) -> Ids {
         Ids {
             format: o.format,
             seed: o.call_seed,
@@ -1462,7 +1523,7 @@ struct Answer {
 impl Reply {
     /// How choice `i`'s text is read: the request's `output`, whose call ids for choice i > 0
     /// come from a seed of their own (no id is given twice in one answer).
-    fn output_of(&self, i: usize) -> Option<Output> {
+    pub(crate) fn output_of(&self, i: usize) -> Option<Output> {
         self.output.as_ref().map(|o| Output {
             call_seed: o.call_seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
             ..o.clone()
@@ -1704,7 +1765,7 @@ async fn answer(mut rx: UnboundedReceiver<Event>) -> Result<Answer, ApiError> {
 /// `sent` then becomes. A format's partial reads only grow, so the new text is the tail; a
 /// read that is not an extension of what was sent (which the formats rule out) sends nothing
 /// rather than text twice.
-fn news(sent: &mut Parsed, ids: &mut Option<Ids>, now: Parsed) -> Map<String, Value> {
+pub(crate) fn news(sent: &mut Parsed, ids: &mut Option<Ids>, now: Parsed) -> Map<String, Value> {
     let mut delta = Map::new();
     let sent_reasoning = sent.reasoning.as_deref().unwrap_or("");
     if let Some(r) = &now.reasoning {

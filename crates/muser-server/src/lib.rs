@@ -23,6 +23,7 @@ pub mod infill;
 pub use http::read_chat_output;
 pub mod metrics;
 mod native;
+mod responses;
 pub mod scheduler;
 pub mod slot_file;
 pub mod slots;
