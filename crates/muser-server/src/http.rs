@@ -4,6 +4,7 @@
 //! `/completion` in its own shape: native.rs). llama-server's read-only `/props` and `/slots`
 //! (slots.rs) describe the server and its slots.
 
+use crate::anthropic;
 use crate::api::{self, fit_context, parse_generation, parse_object, parse_prompt, Fields};
 use crate::chat::{ChatRequest, ChatTemplate, Continue};
 use crate::constrain;
@@ -47,6 +48,14 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route("/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/chat/completions", post(chat_completions))
+        .route(
+            "/v1/messages",
+            post(anthropic::messages).fallback(anthropic::method_not_allowed),
+        )
+        .route(
+            "/v1/messages/count_tokens",
+            post(anthropic::count_tokens).fallback(anthropic::method_not_allowed),
+        )
         .route("/apply-template", post(apply_template))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
@@ -60,7 +69,8 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .with_state(shared)
 }
 
-/// `--api-key`: every route but /health and the model list needs `Authorization: Bearer KEY`.
+/// `--api-key`: every route but /health and the model list needs `Authorization: Bearer KEY`
+/// or, as Anthropic's clients send it, `x-api-key: KEY` (llama-server takes either).
 async fn auth(State(sh): AppState, req: Request, next: Next) -> Response {
     let Some(key) = &sh.config.api_key else {
         return next.run(req).await;
@@ -81,16 +91,24 @@ async fn auth(State(sh): AppState, req: Request, next: Next) -> Response {
         .and_then(|v| v.trim().split_once(' '))
         .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
         .map(|(_, token)| token.trim());
-    if given == Some(key.as_str()) {
+    let x_api_key = req
+        .headers()
+        .get("x-api-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim);
+    if given == Some(key.as_str()) || x_api_key == Some(key.as_str()) {
         return next.run(req).await;
     }
-    ApiError::new(
+    let e = ApiError::new(
         StatusCode::UNAUTHORIZED,
         "authentication_error",
-        "invalid or missing API key (Authorization: Bearer <key>)",
+        "invalid or missing API key (Authorization: Bearer <key>, or x-api-key: <key>)",
     )
-    .with_code("invalid_api_key")
-    .into_response()
+    .with_code("invalid_api_key");
+    if anthropic::is_anthropic_path(path) {
+        return anthropic::error_response(e);
+    }
+    e.into_response()
 }
 
 /// A known path asked with the wrong method: 405 as OpenAI-shaped JSON, not an empty body.
@@ -184,7 +202,7 @@ impl Shared {
     }
 
     /// A request's JSON object, once the model is ready (503 before), with the model.
-    async fn request(
+    pub(crate) async fn request(
         &self,
         headers: &HeaderMap,
         body: Body,
@@ -582,7 +600,7 @@ fn template_tools(obj: &Map<String, Value>) -> Value {
 /// template as `tools`, with the format's own variables: Llama 3.1's `builtin_tools`) and their
 /// plan in the model's format (whose system text, the generic format's, is added to the system
 /// prompt).
-fn chat_request(
+pub(crate) fn chat_request(
     template: &ChatTemplate,
     format: Format,
     obj: &Map<String, Value>,
@@ -822,12 +840,60 @@ async fn generate(
     chat: bool,
 ) -> Result<Response, ApiError> {
     let (m, obj) = sh.request(&headers, body).await?;
-    let f = Fields(&obj);
-    if let Some(name) = f.string("model")? {
+    if let Some(name) = Fields(&obj).string("model")? {
         if !name.is_empty() && !m.knows(name) {
             return Err(unknown_model(name, &m).with_param("model"));
         }
     }
+    let how = Prepare {
+        chat,
+        id_prefix: if chat { "chatcmpl-" } else { "cmpl-" },
+        cap_max_tokens: false,
+    };
+    let p = prepare(&sh, m, &obj, how).await?;
+    if p.stream {
+        Ok(Sse::new(sse_stream(p.reply, p.rxs)).into_response())
+    } else {
+        collect(p.reply, p.rxs)
+            .await
+            .map(|v| Json(v).into_response())
+    }
+}
+
+/// How `prepare` takes a request: as a chat or a completions request, the start of its
+/// answer's id, and whether `max_tokens` past the context is cut to the room left (as
+/// llama-server's n_predict, where another API translated onto this one expects it) rather
+/// than refused.
+pub(crate) struct Prepare {
+    pub chat: bool,
+    pub id_prefix: &'static str,
+    pub cap_max_tokens: bool,
+}
+
+/// A request handed to the engine: how to write its answer, its choices' events, whether it
+/// streams, and the tokens of its first prompt and the most tokens its first choice generates.
+pub(crate) struct Prepared {
+    pub reply: Reply,
+    pub rxs: Vec<UnboundedReceiver<Event>>,
+    pub stream: bool,
+    pub prompt_tokens: usize,
+    pub max_tokens: usize,
+}
+
+/// The OpenAI request `obj` (completions, or chat with its templating, tools, reasoning split,
+/// sampling and stop strings) checked and handed to the engine. Its `model` is not read here.
+pub(crate) async fn prepare(
+    sh: &Arc<Shared>,
+    m: Arc<ModelInfo>,
+    obj: &Map<String, Value>,
+    how: Prepare,
+) -> Result<Prepared, ApiError> {
+    let Prepare {
+        chat,
+        id_prefix,
+        cap_max_tokens,
+    } = how;
+    let f = Fields(obj);
     // llama-server reads its own fields on its OpenAI endpoints too: its samplers are read here
     // as on /completion (`parse_generation`), and what Muser lacks is refused by name, never
     // silently ignored.
@@ -935,17 +1001,7 @@ async fn generate(
                 sp.kind = constrain::SpecKind::Made(g, *source);
             }
         }
-        // A template that writes BOS itself gets no second one.
-        let bos_written = m
-            .tokenizer
-            .bos()
-            .and_then(|b| m.tokenizer.token_text(b).ok())
-            .is_some_and(|b| !b.is_empty() && text.starts_with(b));
-        let p = m.tokenizer.encode(&text, !bos_written, true);
-        if p.is_empty() {
-            return Err(ApiError::param("messages", "the messages have no tokens"));
-        }
-        vec![p]
+        vec![chat_prompt_tokens(&m, &text)?]
     } else {
         api::parse_prompts(f.get("prompt"), &m.tokenizer, m.n_vocab)?
     };
@@ -967,7 +1023,11 @@ async fn generate(
     gen.grammar = constrain::build(spec, &m).await?;
     let max_tokens = prompts
         .iter()
-        .map(|p| fit_context(p.len(), gen.max_tokens, m.n_ctx))
+        .map(|p| match cap_max_tokens {
+            true => fit_context(p.len(), None, m.n_ctx)
+                .map(|room| gen.max_tokens.map_or(room, |n| n.min(room))),
+            false => fit_context(p.len(), gen.max_tokens, m.n_ctx),
+        })
         .collect::<Result<Vec<usize>, ApiError>>()?;
     let prompt = &prompts[0];
 
@@ -979,11 +1039,7 @@ async fn generate(
         .unwrap_or(false)
         .then(|| NativeReply::new(m.clone(), native::Native::default(), &gen, prompt));
     let reply = Reply {
-        id: format!(
-            "{}-{:016x}",
-            if chat { "chatcmpl" } else { "cmpl" },
-            sh.next_id()
-        ),
+        id: format!("{id_prefix}{:016x}", sh.next_id()),
         created: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
@@ -997,6 +1053,7 @@ async fn generate(
         n,
     };
     let stream = gen.stream;
+    let (prompt_tokens, first_max) = (prompts[0].len(), max_tokens[0]);
     // The choices: each prompt's n, each with a seed of its own (`api::choice_seed`).
     let choices = prompts
         .into_iter()
@@ -1008,12 +1065,35 @@ async fn generate(
             (p, g, max)
         })
         .collect();
-    let rxs = sh.run_choices(choices)?;
-    if stream {
-        Ok(Sse::new(sse_stream(reply, rxs)).into_response())
-    } else {
-        collect(reply, rxs).await.map(|v| Json(v).into_response())
+    Ok(Prepared {
+        reply,
+        rxs: sh.run_choices(choices)?,
+        stream,
+        prompt_tokens,
+        max_tokens: first_max,
+    })
+}
+
+/// The prompt tokens of the chat request `obj` (one without a response format), as
+/// `prepare` makes them, without running it.
+pub(crate) fn chat_prompt(m: &ModelInfo, obj: &Map<String, Value>) -> Result<Vec<u32>, ApiError> {
+    let (req, _, _) = chat_request(&m.template, m.chat_format, obj, None)?;
+    chat_prompt_tokens(m, &m.template.render_request(&req)?)
+}
+
+/// The prompt tokens of a chat prompt's text, as the chat endpoints run it: BOS first unless
+/// the template writes it itself (no second one); a 400 for a prompt of no tokens.
+pub(crate) fn chat_prompt_tokens(m: &ModelInfo, text: &str) -> Result<Vec<u32>, ApiError> {
+    let bos_written = m
+        .tokenizer
+        .bos()
+        .and_then(|b| m.tokenizer.token_text(b).ok())
+        .is_some_and(|b| !b.is_empty() && text.starts_with(b));
+    let p = m.tokenizer.encode(text, !bos_written, true);
+    if p.is_empty() {
+        return Err(ApiError::param("messages", "the messages have no tokens"));
     }
+    Ok(p)
 }
 
 /// Makes a grammar made here wait for what comes before the reply (a reasoning block): a lazy
@@ -1048,8 +1128,8 @@ fn around_reply(
 }
 
 /// How to write the answer to one request.
-struct Reply {
-    id: String,
+pub(crate) struct Reply {
+    pub id: String,
     created: u64,
     model: String,
     chat: bool,
@@ -1356,12 +1436,12 @@ fn usage(fs: &[&Finish], n: usize) -> Value {
 
 /// One choice's answer as the engine gave it: its text, generated tokens, logprobs with the
 /// offsets of their text, and how it ended.
-struct Answer {
+pub(crate) struct Answer {
     text: String,
     ids: Vec<u32>,
     lps: Vec<Logprob>,
     offsets: Vec<usize>,
-    finish: Finish,
+    pub finish: Finish,
     /// The prompt the answer starts with (`echo`).
     echo: Option<Echo>,
 }
@@ -1499,7 +1579,7 @@ impl Reply {
     }
 
     /// Choice `index` of the whole answer.
-    fn choice(&self, index: usize, a: &Answer) -> Value {
+    pub(crate) fn choice(&self, index: usize, a: &Answer) -> Value {
         let f = &a.finish;
         let mut choice = json!({
             "index": index,
@@ -1569,7 +1649,7 @@ async fn collect(reply: Reply, rxs: Vec<UnboundedReceiver<Event>>) -> Result<Val
 }
 
 /// One choice's answer, once its events end.
-async fn answer(mut rx: UnboundedReceiver<Event>) -> Result<Answer, ApiError> {
+pub(crate) async fn answer(mut rx: UnboundedReceiver<Event>) -> Result<Answer, ApiError> {
     let mut text = String::new();
     let (mut ids, mut lps, mut echo) = (Vec::new(), Vec::new(), None);
     while let Some(ev) = rx.recv().await {
@@ -1670,15 +1750,42 @@ fn call_news(sent: &mut Vec<ToolCall>, ids: &mut Option<Ids>, now: Vec<ToolCall>
     out
 }
 
-/// Server-sent events: for each choice, a chunk per token (text and logprobs) and a chunk with
-/// the finish reason (and llama-server's `timings`), the choices' chunks as their tokens come;
-/// once every choice has ended, the usage chunk if asked for, then `[DONE]`. Dropping the
-/// stream (the client went away) drops the receivers, which the engine notices at its next
-/// step; an error ends the stream (and the other choices).
+/// One piece of a streamed answer, as `chunks` gives them.
+pub(crate) enum Chunk {
+    /// A chunk as OpenAI streams it.
+    Data(Value),
+    /// The last chunk of a choice (its finish reason and `timings`), and how it ended.
+    End(Value, Finish),
+    /// The error that ends the stream.
+    Error(ApiError),
+    /// Every choice has ended (`[DONE]`).
+    Done,
+}
+
+/// Server-sent events: `chunks` as OpenAI streams them, ending in `data: [DONE]` (or an
+/// error's object).
 fn sse_stream(
     reply: Reply,
     rxs: Vec<UnboundedReceiver<Event>>,
 ) -> impl Stream<Item = Result<SseEvent, Infallible>> {
+    chunks(reply, rxs).map(|c| {
+        Ok(match c {
+            Chunk::Data(v) | Chunk::End(v, _) => SseEvent::default().data(v.to_string()),
+            Chunk::Error(e) => SseEvent::default().data(e.body().to_string()),
+            Chunk::Done => SseEvent::default().data("[DONE]"),
+        })
+    })
+}
+
+/// A streamed answer: for each choice, a chunk per token (text and logprobs) and a chunk with
+/// the finish reason (and llama-server's `timings`), the choices' chunks as their tokens come;
+/// once every choice has ended, the usage chunk if asked for, then `Done`. Dropping the
+/// stream (the client went away) drops the receivers, which the engine notices at its next
+/// step; an error ends the stream (and the other choices).
+pub(crate) fn chunks(
+    reply: Reply,
+    rxs: Vec<UnboundedReceiver<Event>>,
+) -> impl Stream<Item = Chunk> {
     /// One choice as it streams: with an `output` format, the text so far (it only grows) and
     /// what its readings settled, how much of its content and reasoning has been sent, and
     /// the ids of the calls sent; its finish once it has ended.
@@ -1699,7 +1806,7 @@ fn sse_stream(
         first: bool,
         ended: bool,
     }
-    let data = |v: Value| SseEvent::default().data(v.to_string());
+    let data = Chunk::Data;
     let choices = (0..rxs.len())
         .map(|i| {
             let output = reply.output_of(i);
@@ -1745,11 +1852,11 @@ fn sse_stream(
         st.first = false;
         let Some((i, ev)) = st.events.next().await else {
             // (every choice's events have ended: after their Done, which ends the stream)
-            out.push(data(
-                ApiError::internal("the engine stopped before the answer was complete").body(),
-            ));
+            out.push(Chunk::Error(ApiError::internal(
+                "the engine stopped before the answer was complete",
+            )));
             st.ended = true;
-            return Some((stream::iter(out.into_iter().map(Ok)), st));
+            return Some((stream::iter(out), st));
         };
         let c = &mut st.choices[i];
         match ev {
@@ -1796,7 +1903,7 @@ fn sse_stream(
                 }
                 let mut last = r.chunk(i, None, &[], 0, Some(reason), false);
                 last["timings"] = timings(&f);
-                out.push(data(last));
+                out.push(Chunk::End(last, f.clone()));
                 c.finish = Some(f);
                 if st.choices.iter().all(|c| c.finish.is_some()) {
                     if r.include_usage {
@@ -1805,24 +1912,24 @@ fn sse_stream(
                         u["usage"] = usage(&fs, r.n);
                         out.push(data(u));
                     }
-                    out.push(SseEvent::default().data("[DONE]"));
+                    out.push(Chunk::Done);
                     st.ended = true;
                 }
             }
             Some(Event::Error(e)) => {
-                out.push(data(e.body()));
+                out.push(Chunk::Error(e));
                 st.ended = true;
             }
             // a choice's events end after its Done
             None if c.finish.is_some() => {}
             None => {
-                out.push(data(
-                    ApiError::internal("the engine stopped before the answer was complete").body(),
-                ));
+                out.push(Chunk::Error(ApiError::internal(
+                    "the engine stopped before the answer was complete",
+                )));
                 st.ended = true;
             }
         }
-        Some((stream::iter(out.into_iter().map(Ok)), st))
+        Some((stream::iter(out), st))
     })
     .flatten()
 }
