@@ -166,11 +166,11 @@ fn block_string<'a>(
     }
 }
 
+/// A content block: where it is (for errors: "messages[2].content[0]"), its type, its fields.
+type Located<'a> = (String, &'a str, &'a Map<String, Value>);
+
 /// The blocks of an array of content blocks, each an object with a string `type`.
-fn blocks<'a>(
-    a: &'a [Value],
-    at: &str,
-) -> Result<Vec<(String, &'a str, &'a Map<String, Value>)>, ApiError> {
+fn blocks<'a>(a: &'a [Value], at: &str) -> Result<Vec<Located<'a>>, ApiError> {
     a.iter()
         .enumerate()
         .map(|(j, b)| {
@@ -311,7 +311,8 @@ fn user_blocks(a: &[Value], at: &str, out: &mut Vec<Value>) -> Result<(), ApiErr
                         ))
                     }
                 };
-                out.push(json!({"role": "tool", "tool_call_id": from_tool_use_id(id), "content": content}));
+                let tool_call_id = from_tool_use_id(id);
+                out.push(json!({"role": "tool", "tool_call_id": tool_call_id, "content": content}));
             }
             "image" | "document" => return Err(no_media(&at, ty)),
             other => {
@@ -376,7 +377,11 @@ fn assistant_blocks(a: &[Value], at: &str, out: &mut Vec<Value>) -> Result<(), A
     if texts.is_empty() && calls.is_empty() && reasoning.is_empty() {
         return Ok(());
     }
-    let mut msg = json!({"role": "assistant", "content": if texts.is_empty() { json!("") } else { Value::Array(texts) }});
+    let content = match texts.is_empty() {
+        true => json!(""),
+        false => Value::Array(texts),
+    };
+    let mut msg = json!({"role": "assistant", "content": content});
     if !calls.is_empty() {
         msg["tool_calls"] = Value::Array(calls);
     }
@@ -419,13 +424,19 @@ fn chat_messages(f: &Fields) -> Result<Vec<Value>, ApiError> {
             Some(Value::String(r)) if r == "system" => {
                 return Err(param(
                     "messages",
-                    format!("{at}.role \"system\" is not a message role here: give the system prompt in the top-level system field"),
+                    format!(
+                        "{at}.role \"system\" is not a message role here: give the system \
+                         prompt in the top-level system field"
+                    ),
                 ))
             }
             Some(v) => {
                 return Err(param(
                     "messages",
-                    format!("{at}.role must be \"user\" or \"assistant\", got {}", show(v)),
+                    format!(
+                        "{at}.role must be \"user\" or \"assistant\", got {}",
+                        show(v)
+                    ),
                 ))
             }
             None => return Err(param("messages", format!("{at}.role is required"))),
@@ -753,7 +764,11 @@ impl Info {
             json!({"type": "message_start", "message": {
                 "id": self.id, "type": "message", "role": "assistant", "model": self.model,
                 "content": [], "stop_reason": null, "stop_sequence": null,
-                "usage": {"input_tokens": prompt_tokens, "cache_read_input_tokens": 0, "output_tokens": 0},
+                "usage": {
+                    "input_tokens": prompt_tokens,
+                    "cache_read_input_tokens": 0,
+                    "output_tokens": 0,
+                },
             }}),
         )
     }
@@ -978,7 +993,8 @@ mod tests {
                     {"type": "text", "text": "Let me look."},
                     {"type": "tool_use", "id": "toolu_1", "name": "w", "input": {"c": "P"}}]},
                 {"role": "user", "content": [
-                    {"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "sun"}]},
+                    {"type": "tool_result", "tool_use_id": "toolu_1",
+                     "content": [{"type": "text", "text": "sun"}]},
                     {"type": "text", "text": "Thanks", "cache_control": {"type": "ephemeral"}}]},
             ],
             "stop_sequences": ["END"],
@@ -994,16 +1010,19 @@ mod tests {
             json!({
                 "max_tokens": 5,
                 "messages": [
-                    {"role": "system", "content": [{"type": "text", "text": "Be brief."}, {"type": "text", "text": "Be kind."}]},
+                    {"role": "system", "content": [{"type": "text", "text": "Be brief."},
+                                                   {"type": "text", "text": "Be kind."}]},
                     {"role": "user", "content": "Weather?"},
                     {"role": "assistant", "content": [{"type": "text", "text": "Let me look."}],
                      "tool_calls": [{"id": "call_1", "type": "function",
                                      "function": {"name": "w", "arguments": "{\"c\":\"P\"}"}}],
                      "reasoning_content": "hmm"},
-                    {"role": "tool", "tool_call_id": "call_1", "content": [{"type": "text", "text": "sun"}]},
+                    {"role": "tool", "tool_call_id": "call_1",
+                     "content": [{"type": "text", "text": "sun"}]},
                     {"role": "user", "content": [{"type": "text", "text": "Thanks"}]},
                 ],
-                "tools": [{"type": "function", "function": {"name": "w", "description": "", "parameters": {"type": "object"}}}],
+                "tools": [{"type": "function", "function": {
+                    "name": "w", "description": "", "parameters": {"type": "object"}}}],
                 "tool_choice": {"type": "function", "function": {"name": "w"}},
                 "parallel_tool_calls": false,
                 "stop": ["END"],
@@ -1018,6 +1037,11 @@ mod tests {
     #[test]
     fn bad_requests_name_what_is_wrong() {
         let user = json!([{"role": "user", "content": "hi"}]);
+        // A request of one message whose content is this block.
+        let one = |role: &str, block: Value| {
+            let message = json!({"role": role, "content": [block]});
+            json!({"max_tokens": 5, "messages": [message]})
+        };
         for (body, field, says) in [
             (
                 json!({"messages": user}),
@@ -1046,27 +1070,33 @@ mod tests {
                 "top-level system",
             ),
             (
-                json!({"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}),
+                one("user", json!({"type": "image", "source": {}})),
                 "messages",
                 "messages[0].content[0]: image blocks are not supported",
             ),
             (
-                json!({"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "tool_use", "id": "a", "name": "b", "input": {}}]}]}),
+                one(
+                    "user",
+                    json!({"type": "tool_use", "id": "a", "name": "b", "input": {}}),
+                ),
                 "messages",
                 "not a block of a user message",
             ),
             (
-                json!({"max_tokens": 5, "messages": [{"role": "assistant", "content": [{"type": "tool_use", "id": "a", "name": "b", "input": []}]}]}),
+                one(
+                    "assistant",
+                    json!({"type": "tool_use", "id": "a", "name": "b", "input": []}),
+                ),
                 "messages",
                 "messages[0].content[0].input must be an object",
             ),
             (
-                json!({"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "tool_result"}]}]}),
+                one("user", json!({"type": "tool_result"})),
                 "messages",
                 "tool_use_id is required",
             ),
             (
-                json!({"max_tokens": 5, "messages": [{"role": "user", "content": [{"text": "x"}]}]}),
+                one("user", json!({"text": "x"})),
                 "messages",
                 "messages[0].content[0].type is required",
             ),
@@ -1091,7 +1121,8 @@ mod tests {
                 "input_schema is required",
             ),
             (
-                json!({"max_tokens": 5, "messages": user, "tools": [{"type": "web_search_20250305", "name": "web_search"}]}),
+                json!({"max_tokens": 5, "messages": user,
+                        "tools": [{"type": "web_search_20250305", "name": "web_search"}]}),
                 "tools",
                 "only custom tools",
             ),

@@ -906,9 +906,9 @@ pub(crate) async fn prepare(
     let prompts = if chat {
         // A JSON response format beside tools holds the reply that calls no tool (the calls
         // have their own grammar); a raw or lazy grammar cannot be combined with them.
-        let (response, response_source) = tools_response(spec.as_ref(), &obj)?;
+        let (response, response_source) = tools_response(spec.as_ref(), obj)?;
         if let (Some(_), Format::Atem, Some(source)) = (&response, m.chat_format, response_source) {
-            let t = tools::parse_tools(&obj)?;
+            let t = tools::parse_tools(obj)?;
             if t.is_some_and(|t| t.choice == tools::ToolChoice::Auto) {
                 let field = source.field();
                 return Err(ApiError::param(
@@ -920,7 +920,7 @@ pub(crate) async fn prepare(
                 ));
             }
         }
-        let (req, tools, plan) = chat_request(&m.template, m.chat_format, &obj, response.as_ref())?;
+        let (req, tools, plan) = chat_request(&m.template, m.chat_format, obj, response.as_ref())?;
         let format = m.chat_format;
         let calls = reads_calls(tools.as_ref());
         if let (Some(t), Some(_)) = (&tools, &spec) {
