@@ -121,7 +121,9 @@ async fn generate(sh: Arc<Shared>, headers: HeaderMap, body: Body) -> Result<Res
             calls: Vec::new(),
         };
         let events = http::chunks(p.reply, vec![rx]).flat_map(move |c| stream::iter(st.on(c)));
-        let all = stream::iter([start]).chain(events).map(Ok::<_, Infallible>);
+        let all = stream::iter([start])
+            .chain(events)
+            .map(|e| Ok::<_, Infallible>(sse_event(e)));
         Ok(Sse::new(all).into_response())
     } else {
         let a = http::answer(rx).await?;
@@ -758,7 +760,7 @@ impl Info {
 
     /// The message before any content, `message_start`'s: the prompt's tokens all counted as
     /// input until the end tells how many came from the cache.
-    fn start(&self, prompt_tokens: usize) -> SseEvent {
+    fn start(&self, prompt_tokens: usize) -> Named {
         event(
             "message_start",
             json!({"type": "message_start", "message": {
@@ -814,7 +816,15 @@ fn tool_use_start(call: &Value) -> Value {
     })
 }
 
-fn event(name: &str, data: Value) -> SseEvent {
+/// An event of Anthropic's stream: its name and its data.
+type Named = (&'static str, Value);
+
+fn event(name: &'static str, data: Value) -> Named {
+    (name, data)
+}
+
+/// The server-sent event `event: NAME` with `data: JSON`.
+fn sse_event((name, data): Named) -> SseEvent {
     SseEvent::default().event(name).data(data.to_string())
 }
 
@@ -842,7 +852,7 @@ struct Streamer {
 
 impl Streamer {
     /// The events of one chunk of the chat machinery's stream.
-    fn on(&mut self, c: Chunk) -> Vec<SseEvent> {
+    fn on(&mut self, c: Chunk) -> Vec<Named> {
         let mut out = Vec::new();
         match c {
             Chunk::Data(v) => {
@@ -911,12 +921,7 @@ impl Streamer {
 
     /// The index of the open block of `kind`, started (after the open one is stopped) where
     /// another is open.
-    fn begin(
-        &mut self,
-        kind: Block,
-        block: impl FnOnce() -> Value,
-        out: &mut Vec<SseEvent>,
-    ) -> usize {
+    fn begin(&mut self, kind: Block, block: impl FnOnce() -> Value, out: &mut Vec<Named>) -> usize {
         if let Some((open, at)) = self.open {
             if open == kind {
                 return at;
@@ -934,7 +939,7 @@ impl Streamer {
     }
 
     /// Stops the open block; a thinking block gets its (empty) signature first.
-    fn close(&mut self, out: &mut Vec<SseEvent>) {
+    fn close(&mut self, out: &mut Vec<Named>) {
         if let Some((kind, at)) = self.open.take() {
             if kind == Block::Thinking {
                 out.push(block_delta(
@@ -950,7 +955,7 @@ impl Streamer {
     }
 }
 
-fn block_delta(at: usize, delta: Value) -> SseEvent {
+fn block_delta(at: usize, delta: Value) -> Named {
     event(
         "content_block_delta",
         json!({"type": "content_block_delta", "index": at, "delta": delta}),
@@ -963,6 +968,169 @@ mod tests {
 
     fn chat(v: Value) -> Result<Map<String, Value>, ApiError> {
         to_chat(v.as_object().unwrap(), true)
+    }
+
+    /// A message rebuilt from its stream's events, as Anthropic's clients add them up.
+    fn rebuilt(events: &[Named]) -> Value {
+        let mut msg = events[0].1["message"].clone();
+        let mut open = None;
+        let mut json_of: Vec<String> = Vec::new();
+        for (name, d) in &events[1..] {
+            let at = d["index"].as_u64().unwrap_or(0) as usize;
+            match *name {
+                "content_block_start" => {
+                    assert_eq!((open, at), (None, msg["content"].as_array().unwrap().len()));
+                    open = Some(at);
+                    msg["content"]
+                        .as_array_mut()
+                        .unwrap()
+                        .push(d["content_block"].clone());
+                    json_of.push(String::new());
+                }
+                "content_block_delta" => {
+                    assert_eq!(open, Some(at), "{events:?}");
+                    let b = &mut msg["content"][at];
+                    let delta = &d["delta"];
+                    match delta["type"].as_str().unwrap() {
+                        "text_delta" => {
+                            b["text"] = json!(
+                                b["text"].as_str().unwrap().to_string()
+                                    + delta["text"].as_str().unwrap()
+                            )
+                        }
+                        "thinking_delta" => {
+                            b["thinking"] = json!(
+                                b["thinking"].as_str().unwrap().to_string()
+                                    + delta["thinking"].as_str().unwrap()
+                            )
+                        }
+                        "signature_delta" => b["signature"] = delta["signature"].clone(),
+                        "input_json_delta" => {
+                            json_of[at] += delta["partial_json"].as_str().unwrap();
+                            b["input"] = serde_json::from_str(&json_of[at]).unwrap_or(json!({}));
+                        }
+                        other => panic!("{other}"),
+                    }
+                }
+                "content_block_stop" => {
+                    assert_eq!(open.take(), Some(at));
+                }
+                "message_delta" => {
+                    assert_eq!(open, None);
+                    msg["stop_reason"] = d["delta"]["stop_reason"].clone();
+                    msg["stop_sequence"] = d["delta"]["stop_sequence"].clone();
+                    msg["usage"] = d["usage"].clone();
+                }
+                "message_stop" => {}
+                other => panic!("{other}"),
+            }
+        }
+        msg
+    }
+
+    fn finish(reason: FinishReason, stop_word: Option<&str>) -> Finish {
+        Finish {
+            reason,
+            stop_word: stop_word.map(str::to_string),
+            slot: 0,
+            prompt_tokens: 40,
+            completion_tokens: 17,
+            cached_tokens: 9,
+            prompt_ms: 1.0,
+            predicted_ms: 1.0,
+        }
+    }
+
+    /// Random answers (reasoning, text, calls, each split into random deltas as the chat
+    /// stream sends them): the events come in Anthropic's order and add up to the whole message
+    /// `Info::whole` makes of the same answer, its stop reason and usage included.
+    #[test]
+    fn streamed_events_add_up_to_the_whole_message() {
+        let mut rng = crate::tools::test_util::Rng(0xA27_4B1C);
+        let pieces = |rng: &mut crate::tools::test_util::Rng, text: &str| -> Vec<String> {
+            let chars: Vec<char> = text.chars().collect();
+            let mut out = Vec::new();
+            let mut i = 0;
+            while i < chars.len() {
+                let n = 1 + rng.below(4);
+                out.push(chars[i..(i + n).min(chars.len())].iter().collect());
+                i += n;
+            }
+            out
+        };
+        for round in 0..300 {
+            let reasoning = ["", "let me think", "héllo wörld"][rng.below(3)];
+            let content = ["", "Sure.", "It is \"sunny\"\n"][rng.below(3)];
+            let n_calls = rng.below(3);
+            let calls: Vec<Value> = (0..n_calls)
+                .map(|i| {
+                    let args = json!({"city": format!("c{}", rng.below(100)), "n": i}).to_string();
+                    json!({"id": format!("call_{i}{round}"), "type": "function",
+                           "function": {"name": format!("f{i}"), "arguments": args}})
+                })
+                .collect();
+            let chunk = |delta: Value| Chunk::Data(json!({"choices": [{"delta": delta}]}));
+            let mut chunks = vec![chunk(json!({"role": "assistant", "content": ""}))];
+            for p in pieces(&mut rng, reasoning) {
+                chunks.push(chunk(json!({"reasoning_content": p})));
+            }
+            for p in pieces(&mut rng, content) {
+                chunks.push(chunk(json!({"content": p})));
+            }
+            for (i, c) in calls.iter().enumerate() {
+                let args = c["function"]["arguments"].as_str().unwrap();
+                let parts = pieces(&mut rng, args);
+                let function = json!({"name": c["function"]["name"], "arguments": parts[0]});
+                let first = json!({"index": i, "id": c["id"], "type": "function",
+                                   "function": function});
+                chunks.push(chunk(json!({"tool_calls": [first]})));
+                for p in &parts[1..] {
+                    chunks.push(chunk(
+                        json!({"tool_calls": [{"index": i, "function": {"arguments": p}}]}),
+                    ));
+                }
+            }
+            let (reason, f) = match rng.below(4) {
+                0 if n_calls > 0 => ("tool_calls", finish(FinishReason::Stop, None)),
+                1 => ("length", finish(FinishReason::Length, None)),
+                2 => ("stop", finish(FinishReason::Stop, Some("END"))),
+                _ => ("stop", finish(FinishReason::Stop, None)),
+            };
+            let last = json!({"choices": [{"delta": {}, "finish_reason": reason}]});
+            chunks.push(Chunk::End(last, f.clone()));
+            chunks.push(Chunk::Done);
+            let info = Info {
+                id: "msg_1".into(),
+                model: "m".into(),
+                capped: rng.below(2) == 0,
+            };
+            let mut message = json!({"role": "assistant", "content": content,
+                                     "reasoning_content": reasoning});
+            if !calls.is_empty() {
+                message["tool_calls"] = Value::Array(calls);
+            }
+            let whole = info.whole(&json!({"message": message, "finish_reason": reason}), &f);
+            let mut st = Streamer {
+                info,
+                next: 0,
+                open: None,
+                calls: Vec::new(),
+            };
+            let mut events = vec![st.info.start(40)];
+            for c in chunks {
+                events.extend(st.on(c));
+            }
+            assert_eq!(rebuilt(&events), whole, "{events:?}");
+            assert_eq!(events.last().unwrap().0, "message_stop");
+            let stop = whole["stop_reason"].as_str().unwrap();
+            assert_eq!(stop == "tool_use", reason == "tool_calls");
+            assert_eq!(stop == "stop_sequence", whole["stop_sequence"] == "END");
+            assert_eq!(
+                whole["usage"],
+                json!({"input_tokens": 31, "cache_read_input_tokens": 9,
+                                              "output_tokens": 17})
+            );
+        }
     }
 
     #[test]
