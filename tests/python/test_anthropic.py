@@ -430,6 +430,51 @@ def test_thinking_switch_reaches_the_template(tmp_path):
         s.stop()
 
 
+def test_a_claude_code_request(servers):
+    """A request shaped as Claude Code sends them (its billing header in the system prompt,
+    cache_control marks, beta headers, fields this server does not use) streams; the header's
+    `cch` value, new in each request, does not keep the next request from reusing the prompt
+    from the slot's cache."""
+    s = servers["hermes"]
+
+    def body(cch: str) -> dict:
+        return {
+            "model": "claude-sonnet-4-5", "max_tokens": 32000, "stream": True,
+            "system": [{"type": "text", "text": f"x-anthropic-billing-header: cc_version=2.1.5; "
+                                                f"cc_entrypoint=cli; cch={cch};"},
+                       {"type": "text", "text": "You are Claude Code.",
+                        "cache_control": {"type": "ephemeral"}}],
+            "messages": [{"role": "user", "content": [
+                {"type": "text", "text": "List the files.",
+                 "cache_control": {"type": "ephemeral"}}]}],
+            "tools": [{"name": "Bash", "description": "Runs a command.",
+                       "input_schema": {"$schema": "http://json-schema.org/draft-07/schema#",
+                                        "type": "object", "additionalProperties": False,
+                                        "properties": {"command": {"type": "string"}},
+                                        "required": ["command"]}}],
+            "metadata": {"user_id": "user_abc"}, "thinking": {"type": "adaptive"},
+            "context_management": {"edits": []}, "output_config": {"effort": "high"},
+            "temperature": 1,
+        }
+
+    headers = {"anthropic-version": "2023-06-01", "anthropic-beta": "claude-code-20250219",
+               "x-api-key": "unused"}
+    usages = []
+    for cch in ["a5145", "07e2c"]:
+        r = requests.post(s.url + "/v1/messages", json=body(cch), headers=headers, timeout=120,
+                          stream=True)
+        assert r.status_code == 200, r.text
+        events = [json.loads(line[6:]) for line in r.iter_lines(decode_unicode=True)
+                  if line.startswith("data: ")]
+        assert [e["type"] for e in events[-2:]] == ["message_delta", "message_stop"]
+        usages.append(events[-2]["usage"])
+    first, second = usages
+    prompt = first["input_tokens"] + first["cache_read_input_tokens"]
+    assert second["input_tokens"] + second["cache_read_input_tokens"] == prompt
+    # (a slot keeps the whole prompt, but the last token is always computed again)
+    assert second["cache_read_input_tokens"] >= prompt - 1, usages
+
+
 # --- errors and keys --------------------------------------------------------------------------
 
 USER = [{"role": "user", "content": "hi"}]
