@@ -509,7 +509,7 @@ BAD = [
     ("bad temperature", {"max_tokens": 5, "messages": USER, "temperature": "hot"}, 400,
      "temperature"),
     ("past the context", {"max_tokens": 5, "messages": [
-        {"role": "user", "content": "cat " * (2 * N_CTX)}]}, 400, "context"),
+        {"role": "user", "content": "cat " * (2 * N_CTX)}]}, 400, "prompt is too long: "),
     ("not json", "{\"max_tokens\": 5,", 400, "not valid JSON"),
 ]
 
@@ -536,6 +536,17 @@ def test_bad_requests_get_anthropics_error_shape(servers, name, body, status, sa
         with pytest.raises(anthropic.BadRequestError, match=re.escape(says)):
             claude(s).messages.create(model=MODEL_ID, max_tokens=body["max_tokens"],
                                       messages=body["messages"], extra_body=rest)
+
+
+def test_a_prompt_past_the_context_is_too_long_as_anthropic_says_it(servers):
+    """Claude Code compacts its conversation when told "prompt is too long: N tokens > M
+    maximum"; N is what count_tokens counts."""
+    s = servers["plain"]
+    body = {"max_tokens": 5, "messages": [{"role": "user", "content": "cat " * (2 * N_CTX)}]}
+    n = post(s, "/v1/messages/count_tokens", body).json()["input_tokens"]
+    assert n > N_CTX
+    e = post(s, "/v1/messages", body).json()["error"]
+    assert e["message"].startswith(f"prompt is too long: {n} tokens > {N_CTX - 1} maximum"), e
 
 
 def test_other_methods_get_anthropics_error_shape(servers):

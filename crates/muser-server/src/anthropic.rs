@@ -103,7 +103,9 @@ async fn generate(sh: Arc<Shared>, headers: HeaderMap, body: Body) -> Result<Res
         id_prefix: "msg_",
         cap_max_tokens: true,
     };
-    let p = http::prepare(&sh, m.clone(), &chat, how).await?;
+    let p = http::prepare(&sh, m.clone(), &chat, how)
+        .await
+        .map_err(too_long)?;
     let asked = chat["max_tokens"].as_u64().unwrap_or(0) as usize;
     let info = Info {
         id: p.reply.id.clone(),
@@ -129,6 +131,24 @@ async fn generate(sh: Arc<Shared>, headers: HeaderMap, body: Body) -> Result<Res
         let a = http::answer(rx).await?;
         let choice = p.reply.choice(0, &a);
         Ok(Json(info.whole(&choice, &a.finish)).into_response())
+    }
+}
+
+/// A prompt that leaves no room in the context, said as Anthropic says it ("prompt is too long:
+/// N tokens > M maximum"), which clients such as Claude Code read to compact the conversation;
+/// other errors as they are.
+fn too_long(e: ApiError) -> ApiError {
+    let count = |k: &str| e.extra.get(k).and_then(Value::as_u64);
+    match (e.code, count("n_prompt_tokens"), count("n_ctx")) {
+        (Some("context_length_exceeded"), Some(n), Some(ctx)) => {
+            let message = format!(
+                "prompt is too long: {n} tokens > {} maximum ({})",
+                ctx.saturating_sub(1),
+                e.message
+            );
+            ApiError { message, ..e }
+        }
+        _ => e,
     }
 }
 

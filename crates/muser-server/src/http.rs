@@ -1,8 +1,9 @@
 //! The routes: request bodies are read under the size limit, parsed (`api`, `chat`), checked
 //! against the context, handed to the engine, and the engine's events are answered as one
 //! OpenAI response object or as server-sent events ending in `data: [DONE]` (llama-server's own
-//! `/completion` in its own shape: native.rs). llama-server's read-only `/props` and `/slots`
-//! (slots.rs) describe the server and its slots.
+//! `/completion` in its own shape: native.rs; Anthropic's Messages API translated onto the chat
+//! answers: anthropic.rs). llama-server's read-only `/props` and `/slots` (slots.rs) describe
+//! the server and its slots.
 
 use crate::anthropic;
 use crate::api::{self, fit_context, parse_generation, parse_object, parse_prompt, Fields};
