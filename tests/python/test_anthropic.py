@@ -186,6 +186,20 @@ def test_usage_and_count_tokens_equal_the_chat_endpoints(servers):
     assert 0 < shorter.input_tokens < counted.input_tokens
 
 
+def test_a_final_assistant_message_is_continued(servers):
+    """Anthropic's prefill: the reply goes on from a final assistant message, its text the
+    chat endpoint's continuation of the same messages."""
+    s = servers["plain"]
+    msgs = [{"role": "user", "content": "Tell me a story."},
+            {"role": "assistant", "content": "Once upon a time"}]
+    chat = gpt(s).chat.completions.create(model=MODEL_ID, messages=msgs, max_tokens=12,
+                                          temperature=0)
+    msg = claude(s).messages.create(model=MODEL_ID, messages=msgs, max_tokens=12,
+                                    extra_body=GREEDY)
+    assert msg.content[0].text == chat.choices[0].message.content
+    assert msg.usage.output_tokens == chat.usage.completion_tokens
+
+
 def test_max_tokens_and_stop_sequences(servers):
     s = servers["plain"]
     c = claude(s)
@@ -461,8 +475,9 @@ def test_a_claude_code_request(servers):
                "x-api-key": "unused"}
     usages = []
     for cch in ["a5145", "07e2c"]:
-        r = requests.post(s.url + "/v1/messages", json=body(cch), headers=headers, timeout=120,
-                          stream=True)
+        # (Claude Code asks with ?beta=true)
+        r = requests.post(s.url + "/v1/messages?beta=true", json=body(cch), headers=headers,
+                          timeout=120, stream=True)
         assert r.status_code == 200, r.text
         events = [json.loads(line[6:]) for line in r.iter_lines(decode_unicode=True)
                   if line.startswith("data: ")]
