@@ -573,6 +573,36 @@ def test_other_methods_get_anthropics_error_shape(servers):
     assert claude(s).messages.create(model=MODEL_ID, max_tokens=2, messages=USER).content
 
 
+def test_busy_server_and_large_body_refusals():
+    """Every slot busy and no queue: 503 overloaded_error; a body past the limit: 413
+    request_too_large; both in Anthropic's shape."""
+    s = ServerProcess("--parallel", "1", "--max-queue", "0", "--ctx-size", "8192",
+                      "--threads", "2")
+    try:
+        big = json.dumps({"max_tokens": 5, "messages": [{"role": "user",
+                                                         "content": "x" * (9 << 20)}]})
+        r = post(s, "/v1/messages", big)
+        assert r.status_code == 413
+        assert r.json()["error"]["type"] == "request_too_large", r.text
+        # ignore_eos: the stream holds the only slot until it is closed.
+        hold = requests.post(s.url + "/v1/completions", stream=True, timeout=60, json={
+            "prompt": "Once upon a time", "max_tokens": 8000, "stream": True,
+            "ignore_eos": True})
+        lines = hold.iter_lines()
+        for line in lines:
+            if line.startswith(b"data: {"):
+                break
+        r = post(s, "/v1/messages", {"max_tokens": 5, "messages": USER})
+        assert r.status_code == 503
+        assert r.json()["type"] == "error" and r.json()["error"]["type"] == "overloaded_error"
+        hold.close()
+        del lines
+        s.wait_metric("requests_processing", lambda v: v == 0)
+        assert claude(s).messages.create(model=MODEL_ID, max_tokens=2, messages=USER).content
+    finally:
+        s.stop()
+
+
 def test_x_api_key(tmp_path):
     s = ServerProcess("--api-key", "sesame", "--ctx-size", "512", "--threads", "2")
     try:
