@@ -11,7 +11,7 @@
 use crate::api::{show, type_name, Fields, MAX_STOPS};
 use crate::error::ApiError;
 use crate::http::{self, Chunk, Prepare};
-use crate::scheduler::{Finish, FinishReason};
+use crate::scheduler::{Event, Finish, FinishReason};
 use crate::Shared;
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -23,6 +23,7 @@ use futures_util::stream::{self, StreamExt};
 use serde_json::{json, Map, Value};
 use std::convert::Infallible;
 use std::sync::Arc;
+use tokio::sync::mpsc::unbounded_channel;
 
 /// Whether `path` is one of this API's routes (their refusals take Anthropic's shape).
 pub(crate) fn is_anthropic_path(path: &str) -> bool {
@@ -112,26 +113,48 @@ async fn generate(sh: Arc<Shared>, headers: HeaderMap, body: Body) -> Result<Res
         model: m.id.clone(),
         capped: p.max_tokens < asked,
     };
+    let start = info.start(p.prompt_tokens);
+    let mut st = Streamer {
+        info,
+        next: 0,
+        open: None,
+        calls: Vec::new(),
+    };
     let mut rxs = p.rxs;
-    let rx = rxs.remove(0);
     if p.stream {
-        let start = info.start(p.prompt_tokens);
-        let mut st = Streamer {
-            info,
-            next: 0,
-            open: None,
-            calls: Vec::new(),
-        };
-        let events = http::chunks(p.reply, vec![rx]).flat_map(move |c| stream::iter(st.on(c)));
+        let events = http::chunks(p.reply, rxs).flat_map(move |c| stream::iter(st.on(c)));
         let all = stream::iter([start])
             .chain(events)
             .map(|e| Ok::<_, Infallible>(sse_event(e)));
-        Ok(Sse::new(all).into_response())
-    } else {
-        let a = http::answer(rx).await?;
-        let choice = p.reply.choice(0, &a);
-        Ok(Json(info.whole(&choice, &a.finish)).into_response())
+        return Ok(Sse::new(all).into_response());
     }
+    // The engine's events, once the answer is whole, read as a stream reads them: the message
+    // is what the stream's events add up to, its blocks in the order the model wrote them.
+    let mut rx = rxs.remove(0);
+    let (tx, replay) = unbounded_channel();
+    loop {
+        match rx.recv().await {
+            Some(Event::Error(e)) => return Err(e),
+            Some(ev @ Event::Done(_)) => {
+                let _ = tx.send(ev);
+                break;
+            }
+            Some(ev) => {
+                let _ = tx.send(ev);
+            }
+            None => {
+                return Err(ApiError::internal(
+                    "the engine stopped before the answer was complete",
+                ))
+            }
+        }
+    }
+    drop(tx);
+    let events: Vec<Named> = http::chunks(p.reply, vec![replay])
+        .flat_map(|c| stream::iter(st.on(c)))
+        .collect()
+        .await;
+    Ok(Json(assemble(std::iter::once(&start).chain(&events))).into_response())
 }
 
 /// A prompt that leaves no room in the context, said as Anthropic says it ("prompt is too long:
@@ -794,36 +817,6 @@ impl Info {
             }}),
         )
     }
-
-    /// The whole message of an answer: the chat machinery's `choice` (OpenAI's) as content
-    /// blocks, a thinking block (its signature empty: nothing signs a local model's thinking),
-    /// a text block and a tool_use block per call, each present only where it has something.
-    fn whole(&self, choice: &Value, f: &Finish) -> Value {
-        let msg = &choice["message"];
-        let mut content = Vec::new();
-        if let Some(r) = msg["reasoning_content"].as_str().filter(|r| !r.is_empty()) {
-            content.push(json!({"type": "thinking", "thinking": r, "signature": ""}));
-        }
-        if let Some(t) = msg["content"].as_str().filter(|t| !t.is_empty()) {
-            content.push(json!({"type": "text", "text": t}));
-        }
-        for call in msg["tool_calls"].as_array().into_iter().flatten() {
-            let input = call["function"]["arguments"].as_str().unwrap_or("");
-            let mut block = tool_use_start(call);
-            block["input"] = match serde_json::from_str(input) {
-                Ok(v @ Value::Object(_)) => v,
-                _ => json!({}),
-            };
-            content.push(block);
-        }
-        let (stop_reason, stop_sequence) =
-            self.stop(choice["finish_reason"].as_str().unwrap_or(""), f);
-        json!({
-            "id": self.id, "type": "message", "role": "assistant", "model": self.model,
-            "content": content, "stop_reason": stop_reason, "stop_sequence": stop_sequence,
-            "usage": Info::usage(f),
-        })
-    }
 }
 
 /// A tool_use block as it starts, from an OpenAI tool call (its input still empty).
@@ -982,6 +975,62 @@ fn block_delta(at: usize, delta: Value) -> Named {
     )
 }
 
+/// The message that a stream's events add up to, as Anthropic's clients add them: the blocks
+/// as they started, each with its deltas' text appended (a tool_use block's `input` the object
+/// its JSON pieces spell, {} where they spell none: a call cut short), and the stop reason and
+/// usage of `message_delta`.
+fn assemble<'a>(events: impl IntoIterator<Item = &'a Named>) -> Value {
+    fn append(v: &mut Value, more: &Value) {
+        if let (Value::String(s), Some(more)) = (v, more.as_str()) {
+            s.push_str(more);
+        }
+    }
+    let mut msg = Value::Null;
+    let mut inputs: Vec<Option<String>> = Vec::new();
+    for (name, d) in events {
+        match *name {
+            "message_start" => msg = d["message"].clone(),
+            "content_block_start" => {
+                let block = &d["content_block"];
+                inputs.push((block["type"] == "tool_use").then(String::new));
+                if let Some(content) = msg["content"].as_array_mut() {
+                    content.push(block.clone());
+                }
+            }
+            "content_block_delta" => {
+                let at = d["index"].as_u64().unwrap_or(0) as usize;
+                let (delta, block) = (&d["delta"], &mut msg["content"][at]);
+                match delta["type"].as_str().unwrap_or("") {
+                    "text_delta" => append(&mut block["text"], &delta["text"]),
+                    "thinking_delta" => append(&mut block["thinking"], &delta["thinking"]),
+                    "signature_delta" => block["signature"] = delta["signature"].clone(),
+                    "input_json_delta" => {
+                        if let Some(Some(json)) = inputs.get_mut(at) {
+                            json.push_str(delta["partial_json"].as_str().unwrap_or(""));
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            "message_delta" => {
+                msg["stop_reason"] = d["delta"]["stop_reason"].clone();
+                msg["stop_sequence"] = d["delta"]["stop_sequence"].clone();
+                msg["usage"] = d["usage"].clone();
+            }
+            _ => {}
+        }
+    }
+    for (at, json) in inputs.iter().enumerate() {
+        if let Some(json) = json {
+            msg["content"][at]["input"] = match serde_json::from_str(json) {
+                Ok(v @ Value::Object(_)) => v,
+                _ => json!({}),
+            };
+        }
+    }
+    msg
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -990,62 +1039,26 @@ mod tests {
         to_chat(v.as_object().unwrap(), true)
     }
 
-    /// A message rebuilt from its stream's events, as Anthropic's clients add them up.
-    fn rebuilt(events: &[Named]) -> Value {
-        let mut msg = events[0].1["message"].clone();
-        let mut open = None;
-        let mut json_of: Vec<String> = Vec::new();
-        for (name, d) in &events[1..] {
-            let at = d["index"].as_u64().unwrap_or(0) as usize;
+    /// Checks Anthropic's order: message_start, blocks each started, given deltas and stopped
+    /// (indices 0, 1, ... in turn, one open at a time), message_delta, message_stop.
+    fn check_order(events: &[Named]) {
+        let names: Vec<&str> = events.iter().map(|e| e.0).collect();
+        assert_eq!(names[0], "message_start");
+        assert_eq!(names[names.len() - 2..], ["message_delta", "message_stop"]);
+        let (mut open, mut next) = (None, 0);
+        for (name, d) in &events[1..events.len() - 2] {
+            let at = d["index"].as_u64().unwrap() as usize;
             match *name {
                 "content_block_start" => {
-                    assert_eq!((open, at), (None, msg["content"].as_array().unwrap().len()));
-                    open = Some(at);
-                    msg["content"]
-                        .as_array_mut()
-                        .unwrap()
-                        .push(d["content_block"].clone());
-                    json_of.push(String::new());
+                    assert_eq!((open, at), (None, next), "{names:?}");
+                    (open, next) = (Some(at), next + 1);
                 }
-                "content_block_delta" => {
-                    assert_eq!(open, Some(at), "{events:?}");
-                    let b = &mut msg["content"][at];
-                    let delta = &d["delta"];
-                    match delta["type"].as_str().unwrap() {
-                        "text_delta" => {
-                            b["text"] = json!(
-                                b["text"].as_str().unwrap().to_string()
-                                    + delta["text"].as_str().unwrap()
-                            )
-                        }
-                        "thinking_delta" => {
-                            b["thinking"] = json!(
-                                b["thinking"].as_str().unwrap().to_string()
-                                    + delta["thinking"].as_str().unwrap()
-                            )
-                        }
-                        "signature_delta" => b["signature"] = delta["signature"].clone(),
-                        "input_json_delta" => {
-                            json_of[at] += delta["partial_json"].as_str().unwrap();
-                            b["input"] = serde_json::from_str(&json_of[at]).unwrap_or(json!({}));
-                        }
-                        other => panic!("{other}"),
-                    }
-                }
-                "content_block_stop" => {
-                    assert_eq!(open.take(), Some(at));
-                }
-                "message_delta" => {
-                    assert_eq!(open, None);
-                    msg["stop_reason"] = d["delta"]["stop_reason"].clone();
-                    msg["stop_sequence"] = d["delta"]["stop_sequence"].clone();
-                    msg["usage"] = d["usage"].clone();
-                }
-                "message_stop" => {}
+                "content_block_delta" => assert_eq!(open, Some(at), "{names:?}"),
+                "content_block_stop" => assert_eq!(open.take(), Some(at), "{names:?}"),
                 other => panic!("{other}"),
             }
         }
-        msg
+        assert_eq!(open, None);
     }
 
     fn finish(reason: FinishReason, stop_word: Option<&str>) -> Finish {
@@ -1062,10 +1075,11 @@ mod tests {
     }
 
     /// Random answers (reasoning, text, calls, each split into random deltas as the chat
-    /// stream sends them): the events come in Anthropic's order and add up to the whole message
-    /// `Info::whole` makes of the same answer, its stop reason and usage included.
+    /// stream sends them; the text before the calls or after them): the events come in
+    /// Anthropic's order and add up to the message with those blocks in the order they were
+    /// written, its stop reason and usage.
     #[test]
-    fn streamed_events_add_up_to_the_whole_message() {
+    fn streamed_events_add_up_to_the_message() {
         let mut rng = crate::tools::test_util::Rng(0xA27_4B1C);
         let pieces = |rng: &mut crate::tools::test_util::Rng, text: &str| -> Vec<String> {
             let chars: Vec<char> = text.chars().collect();
@@ -1078,30 +1092,40 @@ mod tests {
             }
             out
         };
+        let chunk = |delta: Value| Chunk::Data(json!({"choices": [{"delta": delta}]}));
         for round in 0..300 {
             let reasoning = ["", "let me think", "héllo wörld"][rng.below(3)];
             let content = ["", "Sure.", "It is \"sunny\"\n"][rng.below(3)];
+            let text_last = rng.below(4) == 0;
             let n_calls = rng.below(3);
-            let calls: Vec<Value> = (0..n_calls)
-                .map(|i| {
-                    let args = json!({"city": format!("c{}", rng.below(100)), "n": i}).to_string();
-                    json!({"id": format!("call_{i}{round}"), "type": "function",
-                           "function": {"name": format!("f{i}"), "arguments": args}})
-                })
-                .collect();
-            let chunk = |delta: Value| Chunk::Data(json!({"choices": [{"delta": delta}]}));
+            let mut thinking = Vec::new();
+            let mut text = Vec::new();
+            let mut uses = Vec::new();
             let mut chunks = vec![chunk(json!({"role": "assistant", "content": ""}))];
+            if !reasoning.is_empty() {
+                thinking.push(json!({"type": "thinking", "thinking": reasoning, "signature": ""}));
+            }
             for p in pieces(&mut rng, reasoning) {
                 chunks.push(chunk(json!({"reasoning_content": p})));
             }
-            for p in pieces(&mut rng, content) {
-                chunks.push(chunk(json!({"content": p})));
+            let mut text_chunks = Vec::new();
+            if !content.is_empty() {
+                text.push(json!({"type": "text", "text": content}));
             }
-            for (i, c) in calls.iter().enumerate() {
-                let args = c["function"]["arguments"].as_str().unwrap();
-                let parts = pieces(&mut rng, args);
-                let function = json!({"name": c["function"]["name"], "arguments": parts[0]});
-                let first = json!({"index": i, "id": c["id"], "type": "function",
+            for p in pieces(&mut rng, content) {
+                text_chunks.push(chunk(json!({"content": p})));
+            }
+            if !text_last {
+                chunks.append(&mut text_chunks);
+            }
+            for i in 0..n_calls {
+                let input = json!({"city": format!("c{}", rng.below(100)), "n": i});
+                let id = format!("call_{i}x{round}");
+                uses.push(json!({"type": "tool_use", "id": tool_use_id(&id),
+                                 "name": format!("f{i}"), "input": input}));
+                let parts = pieces(&mut rng, &input.to_string());
+                let function = json!({"name": format!("f{i}"), "arguments": parts[0]});
+                let first = json!({"index": i, "id": id, "type": "function",
                                    "function": function});
                 chunks.push(chunk(json!({"tool_calls": [first]})));
                 for p in &parts[1..] {
@@ -1110,26 +1134,34 @@ mod tests {
                     ));
                 }
             }
-            let (reason, f) = match rng.below(4) {
-                0 if n_calls > 0 => ("tool_calls", finish(FinishReason::Stop, None)),
-                1 => ("length", finish(FinishReason::Length, None)),
-                2 => ("stop", finish(FinishReason::Stop, Some("END"))),
-                _ => ("stop", finish(FinishReason::Stop, None)),
+            chunks.append(&mut text_chunks);
+            let capped = rng.below(2) == 0;
+            let (reason, f, stop, sequence) = match rng.below(4) {
+                0 if n_calls > 0 => ("tool_calls", (FinishReason::Stop, None), "tool_use", None),
+                1 if capped => (
+                    "length",
+                    (FinishReason::Length, None),
+                    "model_context_window_exceeded",
+                    None,
+                ),
+                1 => ("length", (FinishReason::Length, None), "max_tokens", None),
+                2 => (
+                    "stop",
+                    (FinishReason::Stop, Some("END")),
+                    "stop_sequence",
+                    Some("END"),
+                ),
+                _ => ("stop", (FinishReason::Stop, None), "end_turn", None),
             };
+            let f = finish(f.0, f.1);
             let last = json!({"choices": [{"delta": {}, "finish_reason": reason}]});
-            chunks.push(Chunk::End(last, f.clone()));
+            chunks.push(Chunk::End(last, f));
             chunks.push(Chunk::Done);
             let info = Info {
                 id: "msg_1".into(),
                 model: "m".into(),
-                capped: rng.below(2) == 0,
+                capped,
             };
-            let mut message = json!({"role": "assistant", "content": content,
-                                     "reasoning_content": reasoning});
-            if !calls.is_empty() {
-                message["tool_calls"] = Value::Array(calls);
-            }
-            let whole = info.whole(&json!({"message": message, "finish_reason": reason}), &f);
             let mut st = Streamer {
                 info,
                 next: 0,
@@ -1140,16 +1172,17 @@ mod tests {
             for c in chunks {
                 events.extend(st.on(c));
             }
-            assert_eq!(rebuilt(&events), whole, "{events:?}");
-            assert_eq!(events.last().unwrap().0, "message_stop");
-            let stop = whole["stop_reason"].as_str().unwrap();
-            assert_eq!(stop == "tool_use", reason == "tool_calls");
-            assert_eq!(stop == "stop_sequence", whole["stop_sequence"] == "END");
-            assert_eq!(
-                whole["usage"],
-                json!({"input_tokens": 31, "cache_read_input_tokens": 9,
-                                              "output_tokens": 17})
-            );
+            check_order(&events);
+            let blocks: Vec<Value> = match text_last {
+                true => [thinking, uses, text].concat(),
+                false => [thinking, text, uses].concat(),
+            };
+            let want = json!({
+                "id": "msg_1", "type": "message", "role": "assistant", "model": "m",
+                "content": blocks, "stop_reason": stop, "stop_sequence": sequence,
+                "usage": {"input_tokens": 31, "cache_read_input_tokens": 9, "output_tokens": 17},
+            });
+            assert_eq!(assemble(&events), want, "{events:?}");
         }
     }
 

@@ -1437,12 +1437,12 @@ fn usage(fs: &[&Finish], n: usize) -> Value {
 
 /// One choice's answer as the engine gave it: its text, generated tokens, logprobs with the
 /// offsets of their text, and how it ended.
-pub(crate) struct Answer {
+struct Answer {
     text: String,
     ids: Vec<u32>,
     lps: Vec<Logprob>,
     offsets: Vec<usize>,
-    pub finish: Finish,
+    finish: Finish,
     /// The prompt the answer starts with (`echo`).
     echo: Option<Echo>,
 }
@@ -1580,7 +1580,7 @@ impl Reply {
     }
 
     /// Choice `index` of the whole answer.
-    pub(crate) fn choice(&self, index: usize, a: &Answer) -> Value {
+    fn choice(&self, index: usize, a: &Answer) -> Value {
         let f = &a.finish;
         let mut choice = json!({
             "index": index,
@@ -1650,7 +1650,7 @@ async fn collect(reply: Reply, rxs: Vec<UnboundedReceiver<Event>>) -> Result<Val
 }
 
 /// One choice's answer, once its events end.
-pub(crate) async fn answer(mut rx: UnboundedReceiver<Event>) -> Result<Answer, ApiError> {
+async fn answer(mut rx: UnboundedReceiver<Event>) -> Result<Answer, ApiError> {
     let mut text = String::new();
     let (mut ids, mut lps, mut echo) = (Vec::new(), Vec::new(), None);
     while let Some(ev) = rx.recv().await {
