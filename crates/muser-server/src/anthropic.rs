@@ -2,11 +2,12 @@
 //! `POST /v1/messages` and `POST /v1/messages/count_tokens`. A request is translated into a
 //! chat-completions request and run by the same machinery (http.rs `prepare`: the chat template,
 //! tools and their grammar, the reasoning split, sampling, stop strings, the streaming of
-//! partial tool calls); its answer is translated back into Anthropic's message: content blocks
-//! (`thinking`, `text`, `tool_use`), `stop_reason`, `stop_sequence` and `usage`, or, streamed,
+//! partial tool calls); the chat stream's chunks (http.rs `chunks`) are translated into
 //! Anthropic's named server-sent events (`message_start`, `content_block_start`,
-//! `content_block_delta`, `content_block_stop`, `message_delta`, `message_stop`). Errors take
-//! Anthropic's shape, `{"type": "error", "error": {"type", "message"}}`.
+//! `content_block_delta`, `content_block_stop`, `message_delta`, `message_stop`), and a message
+//! that does not stream is what those events add up to: content blocks (`thinking`, `text`,
+//! `tool_use`) in the order the model wrote them, `stop_reason`, `stop_sequence` and `usage`.
+//! Errors take Anthropic's shape, `{"type": "error", "error": {"type", "message"}}`.
 
 use crate::api::{show, type_name, Fields, MAX_STOPS};
 use crate::error::ApiError;
@@ -114,12 +115,7 @@ async fn generate(sh: Arc<Shared>, headers: HeaderMap, body: Body) -> Result<Res
         capped: p.max_tokens < asked,
     };
     let start = info.start(p.prompt_tokens);
-    let mut st = Streamer {
-        info,
-        next: 0,
-        open: None,
-        calls: Vec::new(),
-    };
+    let mut st = Streamer::new(info);
     let mut rxs = p.rxs;
     if p.stream {
         let events = http::chunks(p.reply, rxs).flat_map(move |c| stream::iter(st.on(c)));
@@ -864,6 +860,15 @@ struct Streamer {
 }
 
 impl Streamer {
+    fn new(info: Info) -> Streamer {
+        Streamer {
+            info,
+            next: 0,
+            open: None,
+            calls: Vec::new(),
+        }
+    }
+
     /// The events of one chunk of the chat machinery's stream.
     fn on(&mut self, c: Chunk) -> Vec<Named> {
         let mut out = Vec::new();
@@ -1162,12 +1167,7 @@ mod tests {
                 model: "m".into(),
                 capped,
             };
-            let mut st = Streamer {
-                info,
-                next: 0,
-                open: None,
-                calls: Vec::new(),
-            };
+            let mut st = Streamer::new(info);
             let mut events = vec![st.info.start(40)];
             for c in chunks {
                 events.extend(st.on(c));
