@@ -1,9 +1,11 @@
 //! The routes: request bodies are read under the size limit, parsed (`api`, `chat`), checked
 //! against the context, handed to the engine, and the engine's events are answered as one
 //! OpenAI response object or as server-sent events ending in `data: [DONE]` (llama-server's own
-//! `/completion` in its own shape: native.rs). llama-server's read-only `/props` and `/slots`
-//! (slots.rs) describe the server and its slots.
+//! `/completion` in its own shape: native.rs; Anthropic's Messages API translated onto the chat
+//! answers: anthropic.rs). llama-server's read-only `/props` and `/slots` (slots.rs) describe
+//! the server and its slots.
 
+use crate::anthropic;
 use crate::api::{self, fit_context, parse_generation, parse_object, parse_prompt, Fields};
 use crate::chat::{ChatRequest, ChatTemplate, Continue};
 use crate::constrain;
@@ -53,6 +55,14 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route("/responses", post(responses::create))
         .route("/v1/responses/input_tokens", post(responses::input_tokens))
         .route("/responses/input_tokens", post(responses::input_tokens))
+        .route(
+            "/v1/messages",
+            post(anthropic::messages).fallback(anthropic::method_not_allowed),
+        )
+        .route(
+            "/v1/messages/count_tokens",
+            post(anthropic::count_tokens).fallback(anthropic::method_not_allowed),
+        )
         .route("/apply-template", post(apply_template))
         .route("/v1/embeddings", post(embeddings_openai))
         .route("/embeddings", post(embeddings_native))
@@ -69,7 +79,8 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .with_state(shared)
 }
 
-/// `--api-key`: every route but /health and the model list needs `Authorization: Bearer KEY`.
+/// `--api-key`: every route but /health and the model list needs `Authorization: Bearer KEY`
+/// or, as Anthropic's clients send it, `x-api-key: KEY` (llama-server takes either).
 async fn auth(State(sh): AppState, req: Request, next: Next) -> Response {
     let Some(key) = &sh.config.api_key else {
         return next.run(req).await;
@@ -90,16 +101,24 @@ async fn auth(State(sh): AppState, req: Request, next: Next) -> Response {
         .and_then(|v| v.trim().split_once(' '))
         .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
         .map(|(_, token)| token.trim());
-    if given == Some(key.as_str()) {
+    let x_api_key = req
+        .headers()
+        .get("x-api-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim);
+    if given == Some(key.as_str()) || x_api_key == Some(key.as_str()) {
         return next.run(req).await;
     }
-    ApiError::new(
+    let e = ApiError::new(
         StatusCode::UNAUTHORIZED,
         "authentication_error",
-        "invalid or missing API key (Authorization: Bearer <key>)",
+        "invalid or missing API key (Authorization: Bearer <key>, or x-api-key: <key>)",
     )
-    .with_code("invalid_api_key")
-    .into_response()
+    .with_code("invalid_api_key");
+    if anthropic::is_anthropic_path(path) {
+        return anthropic::error_response(e);
+    }
+    e.into_response()
 }
 
 /// A known path asked with the wrong method: 405 as OpenAI-shaped JSON, not an empty body.
@@ -676,7 +695,7 @@ fn template_tools(obj: &Map<String, Value>) -> Value {
 /// template as `tools`, with the format's own variables: Llama 3.1's `builtin_tools`) and their
 /// plan in the model's format (whose system text, the generic format's, is added to the system
 /// prompt).
-fn chat_request(
+pub(crate) fn chat_request(
     template: &ChatTemplate,
     format: Format,
     obj: &Map<String, Value>,
@@ -937,12 +956,34 @@ async fn generate(
     chat: bool,
 ) -> Result<Response, ApiError> {
     let (m, obj) = sh.request(&headers, body).await?;
-    let p = prepare(&sh, m, &obj, chat).await?;
+    let p = prepare(&sh, m, &obj, Prepare::openai(chat)).await?;
     let rxs = sh.run_choices(p.choices)?;
     if p.stream {
         Ok(Sse::new(sse_stream(p.reply, rxs)).into_response())
     } else {
         collect(p.reply, rxs).await.map(|v| Json(v).into_response())
+    }
+}
+
+/// How `prepare` takes a request: as a chat or a completions request, the start of its
+/// answer's id, and whether `max_tokens` past the context is cut to the room left (as
+/// llama-server's n_predict, where another API translated onto this one expects it) rather
+/// than refused.
+pub(crate) struct Prepare {
+    pub chat: bool,
+    pub id_prefix: &'static str,
+    pub cap_max_tokens: bool,
+}
+
+impl Prepare {
+    /// As OpenAI's own endpoints take a request: `chatcmpl-` or `cmpl-` ids, `max_tokens` past
+    /// the context refused.
+    pub(crate) fn openai(chat: bool) -> Prepare {
+        Prepare {
+            chat,
+            id_prefix: if chat { "chatcmpl-" } else { "cmpl-" },
+            cap_max_tokens: false,
+        }
     }
 }
 
@@ -954,16 +995,22 @@ pub(crate) struct Prepared {
     pub(crate) stream: bool,
 }
 
-/// Reads a /v1/completions or /v1/chat/completions request (`chat`): its settings checked,
-/// the chat template rendered with the tools and the reasoning block, the grammar built, the
-/// prompts tokenized and fitted to the context. Other APIs over chat (the Responses API:
-/// responses.rs) translate their requests into a chat request's object and come here too.
+/// Reads a /v1/completions or /v1/chat/completions request (`how`): its model and settings
+/// checked, the chat template rendered with the tools and the reasoning block, the grammar
+/// built, the prompts tokenized and fitted to the context. Other APIs over chat (the
+/// Responses API: responses.rs; Anthropic's Messages: anthropic.rs) translate their requests
+/// into a chat request's object and come here too.
 pub(crate) async fn prepare(
     sh: &Shared,
     m: Arc<ModelInfo>,
     obj: &Map<String, Value>,
-    chat: bool,
+    how: Prepare,
 ) -> Result<Prepared, ApiError> {
+    let Prepare {
+        chat,
+        id_prefix,
+        cap_max_tokens,
+    } = how;
     let f = Fields(obj);
     if let Some(name) = f.string("model")? {
         if !name.is_empty() && !m.knows(name) {
@@ -1104,7 +1151,11 @@ pub(crate) async fn prepare(
     gen.grammar = constrain::build(spec, &m).await?;
     let max_tokens = prompts
         .iter()
-        .map(|p| fit_context(p.len(), gen.max_tokens, m.n_ctx))
+        .map(|p| match cap_max_tokens {
+            true => fit_context(p.len(), None, m.n_ctx)
+                .map(|room| gen.max_tokens.map_or(room, |n| n.min(room))),
+            false => fit_context(p.len(), gen.max_tokens, m.n_ctx),
+        })
         .collect::<Result<Vec<usize>, ApiError>>()?;
     let prompt = &prompts[0];
 
@@ -1116,11 +1167,7 @@ pub(crate) async fn prepare(
         .unwrap_or(false)
         .then(|| NativeReply::new(m.clone(), native::Native::default(), &gen, prompt));
     let reply = Reply {
-        id: format!(
-            "{}-{:016x}",
-            if chat { "chatcmpl" } else { "cmpl" },
-            sh.next_id()
-        ),
+        id: format!("{id_prefix}{:016x}", sh.next_id()),
         created: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
@@ -1185,7 +1232,7 @@ fn around_reply(
 
 /// How to write the answer to one request.
 pub(crate) struct Reply {
-    id: String,
+    pub id: String,
     created: u64,
     pub(crate) model: String,
     chat: bool,
@@ -1824,15 +1871,42 @@ fn call_news(sent: &mut Vec<ToolCall>, ids: &mut Option<Ids>, now: Vec<ToolCall>
     out
 }
 
-/// Server-sent events: for each choice, a chunk per token (text and logprobs) and a chunk with
-/// the finish reason (and llama-server's `timings`), the choices' chunks as their tokens come;
-/// once every choice has ended, the usage chunk if asked for, then `[DONE]`. Dropping the
-/// stream (the client went away) drops the receivers, which the engine notices at its next
-/// step; an error ends the stream (and the other choices).
+/// One piece of a streamed answer, as `chunks` gives them.
+pub(crate) enum Chunk {
+    /// A chunk as OpenAI streams it.
+    Data(Value),
+    /// The last chunk of a choice (its finish reason and `timings`), and how it ended.
+    End(Value, Finish),
+    /// The error that ends the stream.
+    Error(ApiError),
+    /// Every choice has ended (`[DONE]`).
+    Done,
+}
+
+/// Server-sent events: `chunks` as OpenAI streams them, ending in `data: [DONE]` (or an
+/// error's object).
 fn sse_stream(
     reply: Reply,
     rxs: Vec<UnboundedReceiver<Event>>,
 ) -> impl Stream<Item = Result<SseEvent, Infallible>> {
+    chunks(reply, rxs).map(|c| {
+        Ok(match c {
+            Chunk::Data(v) | Chunk::End(v, _) => SseEvent::default().data(v.to_string()),
+            Chunk::Error(e) => SseEvent::default().data(e.body().to_string()),
+            Chunk::Done => SseEvent::default().data("[DONE]"),
+        })
+    })
+}
+
+/// A streamed answer: for each choice, a chunk per token (text and logprobs) and a chunk with
+/// the finish reason (and llama-server's `timings`), the choices' chunks as their tokens come;
+/// once every choice has ended, the usage chunk if asked for, then `Done`. Dropping the
+/// stream (the client went away) drops the receivers, which the engine notices at its next
+/// step; an error ends the stream (and the other choices).
+pub(crate) fn chunks(
+    reply: Reply,
+    rxs: Vec<UnboundedReceiver<Event>>,
+) -> impl Stream<Item = Chunk> {
     /// One choice as it streams: with an `output` format, the text so far (it only grows) and
     /// what its readings settled, how much of its content and reasoning has been sent, and
     /// the ids of the calls sent; its finish once it has ended.
@@ -1853,7 +1927,7 @@ fn sse_stream(
         first: bool,
         ended: bool,
     }
-    let data = |v: Value| SseEvent::default().data(v.to_string());
+    let data = Chunk::Data;
     let choices = (0..rxs.len())
         .map(|i| {
             let output = reply.output_of(i);
@@ -1899,11 +1973,11 @@ fn sse_stream(
         st.first = false;
         let Some((i, ev)) = st.events.next().await else {
             // (every choice's events have ended: after their Done, which ends the stream)
-            out.push(data(
-                ApiError::internal("the engine stopped before the answer was complete").body(),
-            ));
+            out.push(Chunk::Error(ApiError::internal(
+                "the engine stopped before the answer was complete",
+            )));
             st.ended = true;
-            return Some((stream::iter(out.into_iter().map(Ok)), st));
+            return Some((stream::iter(out), st));
         };
         let c = &mut st.choices[i];
         match ev {
@@ -1950,7 +2024,7 @@ fn sse_stream(
                 }
                 let mut last = r.chunk(i, None, &[], 0, Some(reason), false);
                 last["timings"] = timings(&f);
-                out.push(data(last));
+                out.push(Chunk::End(last, f.clone()));
                 c.finish = Some(f);
                 if st.choices.iter().all(|c| c.finish.is_some()) {
                     if r.include_usage {
@@ -1959,24 +2033,24 @@ fn sse_stream(
                         u["usage"] = usage(&fs, r.n);
                         out.push(data(u));
                     }
-                    out.push(SseEvent::default().data("[DONE]"));
+                    out.push(Chunk::Done);
                     st.ended = true;
                 }
             }
             Some(Event::Error(e)) => {
-                out.push(data(e.body()));
+                out.push(Chunk::Error(e));
                 st.ended = true;
             }
             // a choice's events end after its Done
             None if c.finish.is_some() => {}
             None => {
-                out.push(data(
-                    ApiError::internal("the engine stopped before the answer was complete").body(),
-                ));
+                out.push(Chunk::Error(ApiError::internal(
+                    "the engine stopped before the answer was complete",
+                )));
                 st.ended = true;
             }
         }
-        Some((stream::iter(out.into_iter().map(Ok)), st))
+        Some((stream::iter(out), st))
     })
     .flatten()
 }

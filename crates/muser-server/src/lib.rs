@@ -12,6 +12,7 @@
 //! server.serve_model(model)?; // runs until the process ends
 //! ```
 
+mod anthropic;
 pub mod api;
 pub mod chat;
 pub mod constrain;

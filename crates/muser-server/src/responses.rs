@@ -43,7 +43,7 @@ pub(crate) async fn create(
 async fn respond(sh: Arc<Shared>, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
     let (m, obj) = sh.request(&headers, body).await?;
     let (chat, echo) = translate(&obj)?;
-    let p = http::prepare(&sh, m, &chat, true)
+    let p = http::prepare(&sh, m, &chat, http::Prepare::openai(true))
         .await
         .map_err(responses_param)?;
     let created = now();
