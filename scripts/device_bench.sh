@@ -15,7 +15,9 @@
 # JOB=serve: serve_benches alone.
 #
 # JOB=choices: `muser serve` on CUDA checked by scripts/serve_choices_check.py (n choices, a
-# shared prefix copied between slots) on muse-mid and llama-1b.
+# shared prefix copied between slots, the host cache, slot files) on muse-mid and llama-1b
+# (PRESETS), after `muser check --model` on each (whole-model parity with embeddings, invariance,
+# the KV copies).
 #
 # JOB=steptrace: one decode step (1 and 8 streams) kernel by kernel inside its CUDA graph
 # (MUSER_CUDA_STEP_TRACE, crates/muser-cuda/src/steptrace.rs); TRACE_DEPTHS at context depths.
@@ -245,12 +247,14 @@ if [ "${JOB:-}" = choices ]; then
     # `muser serve` on CUDA: a request's n choices each the solo request with its seed, and a
     # shared long prefix copied between slots' caches (scripts/serve_choices_check.py), on a
     # model with sliding layers (muse-mid) and one with full layers only (llama-1b).
-    for preset in muse-mid llama-1b; do
+    for preset in ${PRESETS:-muse-mid llama-1b}; do
         G=$MODELS/$preset.gguf
         step "synth-$preset" 120 "$BIN" synth "$preset" "$G"
-        # batch invariance and the copied prefixes (`kv_copy_prefix`) on this model, bit for bit
-        step "invariance-$preset" 200 "$BIN" check --backend cuda --no-ops --invariance "$G"
-        grep -hE "^FAIL|kv_copy_prefix|decode_greedy" "$OUT/invariance-$preset.log"
+        # whole-model parity against the CPU (prompt logits, `model embeddings`, greedy decode),
+        # batch invariance, the copied prefixes (`kv_copy_prefix`) and the prefixes saved to host
+        # memory and taken back (`kv_save_load`) on this model, bit for bit
+        step "invariance-$preset" 200 "$BIN" check --backend cuda --no-ops --model "$G" --tokens 8
+        grep -hE "^FAIL|kv_copy_prefix|kv_save_load|model (embeddings|prompt)" "$OUT/invariance-$preset.log"
         rm -rf /tmp/muser-slots && mkdir -p /tmp/muser-slots
         "$BIN" serve -m "$G" --backend cuda --parallel 8 -c 4096 --port 8090 --slot-save-path /tmp/muser-slots > "$OUT/serve-$preset.log" 2>&1 &
         pid=$!
