@@ -140,9 +140,12 @@ def main() -> int:
         saved = post(a.url, {"filename": "choices.bin"}, f"/slots/{slot}?action=save")
         erased = post(a.url, {}, f"/slots/{slot}?action=erase")
         restored = post(a.url, {"filename": "choices.bin"}, f"/slots/{slot}?action=restore")
+        # (a backend whose prefill and decode differ in bits saves only the prompt's positions;
+        # erasing empties every position the slot held, the decoded ones too)
         check("slot file: saved, erased and restored whole",
-              saved["n_saved"] == erased["n_erased"] == restored["n_restored"] > 600
-              and restored["n_read"] == saved["n_written"], f"({saved}, {restored})")
+              saved["n_saved"] == restored["n_restored"] > 600
+              and erased["n_erased"] >= saved["n_saved"]
+              and restored["n_read"] == saved["n_written"], f"({saved}, {erased}, {restored})")
         from_host = metric(a.url, "prompt_tokens_restored_total")
         again = post(a.url, native, "/completion")
         from_host = metric(a.url, "prompt_tokens_restored_total") - from_host
