@@ -85,6 +85,18 @@ impl Row {
     fn pass(&self) -> bool {
         self.nmse.is_finite() && self.nmse <= self.threshold
     }
+
+    /// The row as the report prints it: verdict, op, shape, NMSE and its threshold.
+    fn line(&self) -> String {
+        format!(
+            "{:<5} {:<22} {:<34} nmse {:>10.3e} (<= {:.0e})",
+            if self.pass() { "ok" } else { "FAIL" },
+            self.op,
+            self.shape,
+            self.nmse,
+            self.threshold
+        )
+    }
 }
 
 /// A bit-for-bit comparison: a row that passes (threshold 0, NMSE 0) when every value of `got`
@@ -153,15 +165,7 @@ impl Pair {
             nmse: nmse(got, want),
             threshold,
         };
-        let line = format!(
-            "{:<5} {:<22} {:<34} nmse {:>10.3e} (<= {:.0e})",
-            if r.pass() { "ok" } else { "FAIL" },
-            r.op,
-            r.shape,
-            r.nmse,
-            r.threshold
-        );
-        self.say(&line);
+        self.say(&r.line());
         self.rows.push(r);
     }
 
@@ -2245,22 +2249,15 @@ fn argmax(v: &[f32]) -> usize {
     best
 }
 
-/// Whole-model parity of one GGUF: prompt logits, then a greedy continuation where both
-/// backends are fed the CPU's tokens and every step's logits and top-1 are compared.
 /// A whole-model row, printed and kept.
 fn model_row(rows: &mut Vec<Row>, r: Row) -> anyhow::Result<()> {
-    outln!(
-        "{:<5} {:<22} {:<34} nmse {:>10.3e} (<= {:.0e})",
-        if r.pass() { "ok" } else { "FAIL" },
-        r.op,
-        r.shape,
-        r.nmse,
-        r.threshold
-    )?;
+    outln!("{}", r.line())?;
     rows.push(r);
     Ok(())
 }
 
+/// Whole-model parity of one GGUF: prompt logits, then a greedy continuation where both
+/// backends are fed the CPU's tokens and every step's logits and top-1 are compared.
 fn check_model(
     rows: &mut Vec<Row>,
     path: &PathBuf,
